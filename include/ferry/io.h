@@ -1,0 +1,173 @@
+/*
+ * ferry/io.h - I/O engines: move byte ranges between memory and files.
+ *
+ * An engine (ferry_io) owns a queue of requests in flight:
+ *  - "posix":  pread/pwrite on a thread pool of `depth` workers.
+ *  - "uring":  io_uring (liburing) with O_DIRECT, registered files and
+ *              buffers, `depth` entries, batched submission.
+ *  - "cufile": NVIDIA cuFile (GPUDirect Storage), libcufile.so.0 loaded
+ *              with dlopen; device buffers move by DMA, no bounce.
+ *  - "auto":   the fastest that works here: cufile when the device is cuda
+ *              and cuFile opens, else uring when the kernel allows it, else
+ *              posix. ferry_io_reason() says why. Env FERRY_IO_ENGINE
+ *              (posix|uring|cufile) overrides "auto" (not an explicit name).
+ *
+ * Files are opened through an engine. With FERRY_FILE_DIRECT the file is
+ * opened O_DIRECT; when the file system refuses it (tmpfs, some overlayfs)
+ * or cuFile cannot register the handle, the file falls back (buffered I/O,
+ * or the CPU path) and ferry_file_fallback_reason() says why; the reason is
+ * also logged at warn level.
+ *
+ * Requests are split at the engine's cap (ferry_io_options.max_request;
+ * 16 MiB for cufile). Short transfers are continued and EINTR retried
+ * inside the engine: a request completes with its full length or with a
+ * negative code, never with a partial count.
+ *
+ * Device buffers: with cufile they move by DMA. Otherwise the CPU path
+ * stages them through two page-aligned pinned bounce buffers, so the file
+ * I/O of one segment overlaps the device copy of the next.
+ *
+ * O_DIRECT needs buffer address, file offset and length aligned to 4096
+ * (FERRY_IO_ALIGN): a misaligned request fails with FERRY_EALIGN and a
+ * message naming the file, offset, length and buffer.
+ *
+ * Thread-safety: one ferry_io may be driven by one thread at a time
+ * (submit/reap); different ferry_io objects are independent.
+ */
+#ifndef FERRY_IO_H
+#define FERRY_IO_H
+
+#include "core.h"
+#include "device.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FERRY_IO_ALIGN 4096u
+
+typedef struct ferry_io ferry_io;
+typedef struct ferry_file ferry_file;
+
+typedef struct ferry_io_options {
+    size_t size;            /**< sizeof(ferry_io_options) */
+    const char *engine;     /**< "auto" (NULL), "posix", "uring", "cufile" */
+    unsigned depth;         /**< requests in flight (posix: threads); 0 -> 8 */
+    size_t max_request;     /**< split cap in bytes; 0 -> engine default */
+    ferry_device *device;   /**< needed for device buffers; may be NULL */
+    size_t bounce_bytes;    /**< CPU-path segment size; 0 -> 8 MiB */
+} ferry_io_options;
+#define FERRY_IO_OPTIONS_INIT {sizeof(ferry_io_options), NULL, 0, 0, NULL, 0}
+
+/** Open an engine. FERRY_ENODEV when a forced engine cannot work here. */
+FERRY_API int ferry_io_open(const ferry_io_options *opt, ferry_io **out);
+/** Waits for requests in flight, then frees. NULL does nothing. */
+FERRY_API void ferry_io_close(ferry_io *io);
+/** "posix", "uring" or "cufile". */
+FERRY_API const char *ferry_io_engine(const ferry_io *io);
+/** Why this engine was chosen (and why the faster ones were not). */
+FERRY_API const char *ferry_io_reason(const ferry_io *io);
+FERRY_API const char *ferry_io_last_error(const ferry_io *io);
+FERRY_API unsigned ferry_io_depth(const ferry_io *io);
+
+/**
+ * Whether an engine can work on this host (and, when dir is non-NULL, on
+ * files in dir). Returns 0 if usable, else a negative code and a reason in
+ * why[0..why_len).
+ */
+FERRY_API int ferry_io_engine_probe(const char *engine, const char *dir, char *why,
+                                    size_t why_len);
+/** Whether the file system of dir accepts O_DIRECT; same convention. */
+FERRY_API int ferry_io_direct_probe(const char *dir, char *why, size_t why_len);
+
+/* ---- files ---- */
+enum ferry_file_flags {
+    FERRY_FILE_READ = 1u << 0,
+    FERRY_FILE_WRITE = 1u << 1,
+    FERRY_FILE_CREATE = 1u << 2,
+    FERRY_FILE_TRUNC = 1u << 3,
+    FERRY_FILE_DIRECT = 1u << 4,          /**< O_DIRECT, falling back if refused */
+    FERRY_FILE_REQUIRE_DIRECT = 1u << 5   /**< O_DIRECT or fail */
+};
+FERRY_API int ferry_file_open(ferry_io *io, const char *path, unsigned flags, ferry_file **out);
+/** Close (waits for nothing: reap its requests first). NULL does nothing. */
+FERRY_API int ferry_file_close(ferry_file *f);
+FERRY_API const char *ferry_file_path(const ferry_file *f);
+FERRY_API int ferry_file_fd(const ferry_file *f);
+/** 1 when the file is open with O_DIRECT. */
+FERRY_API int ferry_file_is_direct(const ferry_file *f);
+/** Why a requested direct/GDS mode fell back, or NULL when it did not. */
+FERRY_API const char *ferry_file_fallback_reason(const ferry_file *f);
+FERRY_API int ferry_file_size(ferry_file *f, uint64_t *out);
+/** Reserve [off, off+len) on disk (posix_fallocate). -ENOSPC when full. */
+FERRY_API int ferry_file_allocate(ferry_file *f, uint64_t off, uint64_t len);
+FERRY_API int ferry_file_truncate(ferry_file *f, uint64_t len);
+/** fdatasync. */
+FERRY_API int ferry_file_sync(ferry_file *f);
+
+/* ---- buffers ---- */
+/**
+ * Register host memory with the engine (io_uring fixed buffers, cuFile
+ * buffer registration); later requests inside it use the fast path. Other
+ * engines accept and ignore it. Unregister before freeing the memory.
+ */
+FERRY_API int ferry_io_register_buffer(ferry_io *io, void *buf, size_t len);
+FERRY_API int ferry_io_unregister_buffer(ferry_io *io, void *buf);
+/** Allocate len bytes aligned to FERRY_IO_ALIGN (pinned when the engine has a
+ * device); free with ferry_io_buffer_free. */
+FERRY_API int ferry_io_buffer_alloc(ferry_io *io, size_t len, void **out);
+FERRY_API void ferry_io_buffer_free(ferry_io *io, void *buf);
+
+/* ---- asynchronous requests ---- */
+enum ferry_io_op {
+    FERRY_IO_READ = 0,   /**< file -> memory */
+    FERRY_IO_WRITE = 1   /**< memory -> file */
+};
+typedef struct ferry_io_req {
+    int op;              /**< FERRY_IO_READ or FERRY_IO_WRITE */
+    ferry_file *file;
+    void *buf;           /**< host memory; NULL to use dev */
+    ferry_devptr dev;    /**< device memory, when buf is NULL */
+    size_t len;
+    uint64_t offset;     /**< file offset */
+    void *user;          /**< the caller's */
+    int64_t result;      /**< on completion: len, or a negative code */
+    /* private to the engine from submit until reaped */
+    uint64_t priv_[4];
+} ferry_io_req;
+
+/**
+ * Queue n requests. The requests (and their buffers) stay the caller's
+ * property but must not be touched until reaped. Returns the number
+ * queued (which may be < n when the queue is full) or a negative code.
+ */
+FERRY_API int ferry_io_submit(ferry_io *io, ferry_io_req *const *reqs, unsigned n);
+/**
+ * Wait until at least min requests have completed (or timeout_ms passes;
+ * -1 = forever) and hand back up to max of them in done[]. Returns the
+ * count (possibly 0 on timeout) or a negative code.
+ */
+FERRY_API int ferry_io_reap(ferry_io *io, ferry_io_req **done, unsigned min, unsigned max,
+                            int timeout_ms);
+/** Requests submitted and not yet reaped. */
+FERRY_API unsigned ferry_io_inflight(const ferry_io *io);
+
+/* ---- synchronous helpers (split, run `depth` at a time, wait; 0 on success) ---- */
+FERRY_API int ferry_io_pread(ferry_io *io, ferry_file *f, void *buf, size_t len, uint64_t off);
+FERRY_API int ferry_io_pwrite(ferry_io *io, ferry_file *f, const void *buf, size_t len,
+                              uint64_t off);
+/**
+ * Device memory <-> file. cufile: DMA. Otherwise the double-buffered CPU
+ * path, with device copies on stream s (NULL: the engine's own stream).
+ * Returns when the whole transfer is done (bytes landed in device memory
+ * for reads, on the file for writes).
+ */
+FERRY_API int ferry_io_read_dev(ferry_io *io, ferry_file *f, ferry_stream *s, ferry_devptr dst,
+                                size_t len, uint64_t off);
+FERRY_API int ferry_io_write_dev(ferry_io *io, ferry_file *f, ferry_stream *s, ferry_devptr src,
+                                 size_t len, uint64_t off);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

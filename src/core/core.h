@@ -1,0 +1,66 @@
+/*
+ * core.h - private helpers every layer uses: allocation through the hook,
+ * error recording, logging, time. Not installed.
+ *
+ * Error recording: ferry__err_set() formats a message into a handle's
+ * ferry__errbuf (may be NULL) and into the calling thread's buffer, logs it
+ * at debug level and returns the code, so failures read
+ *     return ferry__err_set(&f->err, -EIO, "file %s: read of %zu bytes at %llu: %s", ...);
+ */
+#ifndef FERRY_SRC_CORE_H
+#define FERRY_SRC_CORE_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry/core.h"
+
+#define FERRY__ERRMSG_MAX 512
+
+typedef struct ferry__errbuf {
+    int code;
+    char msg[FERRY__ERRMSG_MAX];
+} ferry__errbuf;
+
+/* allocation through the installed hook */
+void *ferry__malloc(size_t n);
+void *ferry__calloc(size_t n, size_t size);
+void *ferry__realloc(void *p, size_t n);
+/* alignment: power of two; size rounded up internally as needed */
+void *ferry__aligned_alloc(size_t alignment, size_t n);
+void ferry__free(void *p);
+char *ferry__strdup(const char *s);
+
+#if defined(__GNUC__)
+#define FERRY__PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define FERRY__PRINTF(a, b)
+#endif
+
+/* record an error on eb (may be NULL) and the thread; returns code */
+int ferry__err_set(ferry__errbuf *eb, int code, const char *fmt, ...) FERRY__PRINTF(3, 4);
+int ferry__err_vset(ferry__errbuf *eb, int code, const char *fmt, va_list ap);
+/* copy the thread's last message into eb (after a lower layer failed); returns code */
+int ferry__err_pass(ferry__errbuf *eb, int code);
+const char *ferry__err_msg(const ferry__errbuf *eb);
+
+void ferry__log(int level, const char *fmt, ...) FERRY__PRINTF(2, 3);
+int ferry__log_enabled(int level);
+#define FERRY_LOGE(...) ferry__log(FERRY_LOG_ERROR, __VA_ARGS__)
+#define FERRY_LOGW(...) ferry__log(FERRY_LOG_WARN, __VA_ARGS__)
+#define FERRY_LOGI(...) ferry__log(FERRY_LOG_INFO, __VA_ARGS__)
+#define FERRY_LOGD(...) ferry__log(FERRY_LOG_DEBUG, __VA_ARGS__)
+
+/* monotonic clock */
+uint64_t ferry__now_ns(void);
+/* process CPU time (user + system), seconds */
+double ferry__cpu_seconds(void);
+
+#define FERRY__MIN(a, b) ((a) < (b) ? (a) : (b))
+#define FERRY__MAX(a, b) ((a) > (b) ? (a) : (b))
+#define FERRY__ALIGN_UP(x, a) (((x) + ((a)-1)) & ~((__typeof__(x))(a)-1))
+#define FERRY__IS_ALIGNED(x, a) ((((uint64_t)(x)) & ((uint64_t)(a)-1)) == 0)
+#define FERRY__ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+#endif

@@ -1,0 +1,122 @@
+/*
+ * error.c - error codes, names and the per-thread / per-handle messages.
+ *
+ * One X-macro list (ferry/core.h) generates the enum, the text and the
+ * names, so a new code cannot be half-added. System errors are -errno and
+ * are described by strerror_r into a per-thread buffer, so ferry_strerror
+ * never returns NULL and is safe to call from any thread.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core.h"
+
+static _Thread_local char tls_last[FERRY__ERRMSG_MAX];
+static _Thread_local char tls_strerr[128];
+
+const char *ferry_strerror(int code)
+{
+    if (code == 0)
+        return "success";
+    switch (code) {
+#define FERRY__ERR_TEXT(name, value, text) \
+    case value:                            \
+        return text;
+        FERRY_ERRORS(FERRY__ERR_TEXT)
+#undef FERRY__ERR_TEXT
+    default:
+        break;
+    }
+    if (code < 0 && code > -4096) {
+        /* XSI and GNU strerror_r differ; strerror is thread-safe in glibc
+         * for known codes, but copy into our buffer to be safe. */
+        const char *s = strerror(-code);
+        snprintf(tls_strerr, sizeof tls_strerr, "%s", s ? s : "unknown error");
+        return tls_strerr;
+    }
+    snprintf(tls_strerr, sizeof tls_strerr, "unknown error %d", code);
+    return tls_strerr;
+}
+
+static const char *errno_name(int e)
+{
+    switch (e) {
+#define N(x) \
+    case x:  \
+        return #x;
+        N(EPERM) N(ENOENT) N(EINTR) N(EIO) N(ENXIO) N(EBADF) N(EAGAIN) N(ENOMEM) N(EACCES)
+        N(EFAULT) N(EBUSY) N(EEXIST) N(ENODEV) N(ENOTDIR) N(EISDIR) N(EINVAL) N(ENFILE)
+        N(EMFILE) N(EFBIG) N(ENOSPC) N(ESPIPE) N(EROFS) N(EPIPE) N(ERANGE) N(ENOSYS)
+        N(EOVERFLOW) N(EOPNOTSUPP) N(ETIMEDOUT) N(ECONNREFUSED) N(ECONNRESET) N(ECANCELED)
+        N(EDQUOT) N(ENAMETOOLONG) N(ENOTCONN) N(EPROTO) N(EMSGSIZE)
+#undef N
+    default:
+        return NULL;
+    }
+}
+
+const char *ferry_err_name(int code)
+{
+    if (code == 0)
+        return "FERRY_OK";
+    switch (code) {
+#define FERRY__ERR_NAME(name, value, text) \
+    case value:                            \
+        return "FERRY_" #name;
+        FERRY_ERRORS(FERRY__ERR_NAME)
+#undef FERRY__ERR_NAME
+    default:
+        break;
+    }
+    if (code < 0 && code > -4096) {
+        const char *n = errno_name(-code);
+        if (n)
+            return n;
+    }
+    return "FERRY_EUNKNOWN";
+}
+
+const char *ferry_last_error(void)
+{
+    return tls_last;
+}
+
+int ferry__err_vset(ferry__errbuf *eb, int code, const char *fmt, va_list ap)
+{
+    char tmp[FERRY__ERRMSG_MAX];
+    vsnprintf(tmp, sizeof tmp, fmt, ap);
+    memcpy(tls_last, tmp, sizeof tls_last);
+    if (eb) {
+        eb->code = code;
+        memcpy(eb->msg, tmp, sizeof eb->msg);
+    }
+    ferry__log(FERRY_LOG_DEBUG, "error %s: %s", ferry_err_name(code), tmp);
+    return code;
+}
+
+int ferry__err_set(ferry__errbuf *eb, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ferry__err_vset(eb, code, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+int ferry__err_pass(ferry__errbuf *eb, int code)
+{
+    if (eb) {
+        eb->code = code;
+        if (tls_last[0])
+            memcpy(eb->msg, tls_last, sizeof eb->msg);
+        else
+            snprintf(eb->msg, sizeof eb->msg, "%s", ferry_strerror(code));
+    }
+    return code;
+}
+
+const char *ferry__err_msg(const ferry__errbuf *eb)
+{
+    return eb ? eb->msg : "";
+}

@@ -1,0 +1,173 @@
+/*
+ * ferry_test.c - shared test helpers: a counting, failing allocator and
+ * temporary directories.
+ */
+#include <ftw.h>
+#include <malloc.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ferry_test.h"
+
+static atomic_uint_fast64_t g_count, g_fail_at, g_failures;
+static atomic_int_fast64_t g_live;
+static int g_sticky;
+
+static int should_fail(void)
+{
+    uint64_t n = atomic_fetch_add(&g_count, 1) + 1;
+    uint64_t at = atomic_load(&g_fail_at);
+    if (at && (n == at || (g_sticky && n > at))) {
+        atomic_fetch_add(&g_failures, 1);
+        return 1;
+    }
+    return 0;
+}
+
+/* each block carries a 64-byte header holding the raw pointer, so free
+ * works for every kind of allocation and live counts are exact */
+#define HDR 64
+static void *wrap(void *raw, size_t off)
+{
+    if (!raw)
+        return NULL;
+    char *p = (char *)raw + off;
+    ((void **)p)[-1] = raw;
+    atomic_fetch_add(&g_live, 1);
+    return p;
+}
+static void *t_malloc(size_t n, void *c)
+{
+    (void)c;
+    if (should_fail())
+        return NULL;
+    return wrap(malloc(n + HDR), HDR);
+}
+static void *t_calloc(size_t n, size_t s, void *c)
+{
+    (void)c;
+    if (should_fail())
+        return NULL;
+    if (s && n > (SIZE_MAX - HDR) / s)
+        return NULL;
+    return wrap(calloc(1, n * s + HDR), HDR);
+}
+static void t_free(void *p, void *c)
+{
+    (void)c;
+    if (!p)
+        return;
+    atomic_fetch_sub(&g_live, 1);
+    free(((void **)p)[-1]);
+}
+static void *t_aligned(size_t a, size_t n, void *c)
+{
+    (void)c;
+    if (should_fail())
+        return NULL;
+    if (a < HDR)
+        a = HDR;
+    void *raw = NULL;
+    if (posix_memalign(&raw, a, n + a) != 0)
+        return NULL;
+    return wrap(raw, a);
+}
+static void *t_realloc(void *p, size_t n, void *c)
+{
+    if (!p)
+        return t_malloc(n, c);
+    if (should_fail())
+        return NULL;
+    /* copy: we do not know the old size, so allocate new and copy n bytes at
+     * most of what usable size allows */
+    void *raw = ((void **)p)[-1];
+    size_t off = (size_t)((char *)p - (char *)raw);
+    void *np = malloc(n + HDR);
+    if (!np)
+        return NULL;
+    size_t old = malloc_usable_size(raw) - off;
+    memcpy((char *)np + HDR, p, old < n ? old : n);
+    free(raw);
+    ((void **)((char *)np + HDR))[-1] = np;
+    return (char *)np + HDR;
+}
+
+void ft_alloc_install(uint64_t fail_at, int sticky)
+{
+    atomic_store(&g_count, 0);
+    atomic_store(&g_failures, 0);
+    atomic_store(&g_live, 0);
+    atomic_store(&g_fail_at, fail_at);
+    g_sticky = sticky;
+    ferry_allocator a = {t_malloc, t_calloc, t_realloc, t_aligned, t_free, NULL};
+    ferry_set_allocator(&a);
+}
+void ft_alloc_reset(void)
+{
+    ferry_set_allocator(NULL);
+}
+uint64_t ft_alloc_count(void)
+{
+    return atomic_load(&g_count);
+}
+int64_t ft_alloc_live(void)
+{
+    return atomic_load(&g_live);
+}
+uint64_t ft_alloc_failures(void)
+{
+    return atomic_load(&g_failures);
+}
+
+char *ft_tmpdir(char *buf, size_t len)
+{
+    const char *base = getenv("FERRY_TEST_TMPDIR");
+    if (!base || !*base)
+        base = "/var/tmp";
+    snprintf(buf, len, "%s/ferry-test-XXXXXX", base);
+    if (!mkdtemp(buf)) {
+        snprintf(buf, len, "/tmp/ferry-test-XXXXXX");
+        if (!mkdtemp(buf))
+            buf[0] = 0;
+    }
+    return buf;
+}
+
+static int rm_cb(const char *p, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(p);
+}
+void ft_rmtree(const char *path)
+{
+    if (path && strstr(path, "ferry-test-"))
+        nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+void ft_fill_pattern(void *buf, size_t len, unsigned seed)
+{
+    unsigned char *p = buf;
+    unsigned v = seed % 251;
+    for (size_t i = 0; i < len; i++) {
+        p[i] = (unsigned char)v;
+        if (++v == 251)
+            v = 0;
+    }
+}
+long ft_check_pattern(const void *buf, size_t len, unsigned seed)
+{
+    const unsigned char *p = buf;
+    unsigned v = seed % 251;
+    for (size_t i = 0; i < len; i++) {
+        if (p[i] != v)
+            return (long)i;
+        if (++v == 251)
+            v = 0;
+    }
+    return -1;
+}

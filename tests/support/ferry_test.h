@@ -1,0 +1,50 @@
+/*
+ * ferry_test.h - shared helpers for the cmocka tests.
+ *
+ * Include after <stdarg.h>, <stddef.h>, <setjmp.h> (cmocka's prerequisites);
+ * this header includes them itself for convenience.
+ */
+#ifndef FERRY_TEST_H
+#define FERRY_TEST_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "ferry.h"
+
+/* ---- allocation fault injection through ferry_set_allocator ---- */
+/* Install a counting allocator; allocation number fail_at (1-based) and,
+ * when sticky, every later one returns NULL. fail_at 0 = never fail. */
+void ft_alloc_install(uint64_t fail_at, int sticky);
+/* Restore the default allocator. */
+void ft_alloc_reset(void);
+/* Allocations made since install, and blocks still live (leaks if > 0 at the end). */
+uint64_t ft_alloc_count(void);
+int64_t ft_alloc_live(void);
+/* Number of allocations that failed. */
+uint64_t ft_alloc_failures(void);
+
+/* ---- temporary directories ---- */
+/* mkdtemp under $FERRY_TEST_TMPDIR or /var/tmp (a real disk, O_DIRECT-capable)
+ * into buf; returns buf. */
+char *ft_tmpdir(char *buf, size_t len);
+/* rm -rf path (only paths ft_tmpdir made). */
+void ft_rmtree(const char *path);
+
+/* Fill with a position-dependent pattern: byte i = (seed + i) % 251. */
+void ft_fill_pattern(void *buf, size_t len, unsigned seed);
+/* Index of the first byte that differs from the pattern, or -1. */
+long ft_check_pattern(const void *buf, size_t len, unsigned seed);
+
+#define FT_ASSERT_OK(expr)                                                        \
+    do {                                                                          \
+        int ft_rc_ = (expr);                                                      \
+        if (ft_rc_ < 0)                                                           \
+            fail_msg("%s -> %d (%s): %s", #expr, ft_rc_, ferry_strerror(ft_rc_),  \
+                     ferry_last_error());                                         \
+    } while (0)
+
+#endif

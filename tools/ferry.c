@@ -1,0 +1,49 @@
+/*
+ * ferry.c - the `ferry` command: dispatches to the subcommands listed below.
+ * Two-word commands ("bench io") are matched on their first two arguments.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const cli_command commands[] = {
+    {"info", cmd_info, "library version, device backends and I/O engines usable here"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: ferry <command> [options]   (ferry <command> --help)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\nenv: FERRY_LOG=error|warn|info|debug|trace, FERRY_IO_ENGINE=posix|uring|cufile\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") ||
+        !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        printf("ferry %s\n", ferry_version());
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        const char *name = commands[i].name;
+        const char *sp = strchr(name, ' ');
+        if (!sp) {
+            if (!strcmp(argv[1], name))
+                return commands[i].run(argc - 1, argv + 1);
+            continue;
+        }
+        size_t n = (size_t)(sp - name);
+        if (strlen(argv[1]) == n && !strncmp(argv[1], name, n) && argc >= 3 &&
+            !strcmp(argv[2], sp + 1))
+            return commands[i].run(argc - 2, argv + 2);
+    }
+    fprintf(stderr, "ferry: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
