@@ -13,5 +13,7 @@
 #include "ferry/core.h"
 #include "ferry/device.h"
 #include "ferry/io.h"
+#include "ferry/slab.h"
+#include "ferry/gds.h"
 
 #endif

@@ -1,0 +1,267 @@
+/*
+ * ferry/gds.h - the NVMe slab tier: a GPUDirect Storage context.
+ *
+ * A ferry_gds keeps one preallocated slab file ("ferry_slab.bin") in each
+ * configured directory (one per drive; the slab is striped across them) and
+ * moves byte ranges of it to and from device buffers and host buffers. It
+ * is LMCache's GDS context (facts.md section 2), in C:
+ *
+ *  - Life: ferry_gds_create() gives a context that is OFF: registering and
+ *    deregistering are no-ops that call nothing. ferry_gds_init() turns it
+ *    on (creates, preallocates and opens the slab files, O_DIRECT when the
+ *    file system allows it and a logged fallback when not); a second init is
+ *    FERRY_ESTATE. ferry_gds_close() releases every region, stream and
+ *    handle. ferry_gds_open() is create + init.
+ *  - Device buffers are registered in regions of at most region_cap bytes
+ *    (16 MiB: 40 MiB -> 16 + 16 + 8), kept sorted. Each distinct stream is
+ *    registered with the driver once (flags FERRY_GDS_STREAM_FLAGS) and
+ *    deregistered when its last region goes.
+ *  - A transfer of (slab offset, length, device buffer slice) resolves the
+ *    slice to (region base, offset in region), splits where it crosses a
+ *    region boundary or a stripe boundary, and passes the driver the region
+ *    base plus an offset, never an interior pointer. A slice outside every
+ *    registered region is FERRY_EBOUNDS.
+ *  - The driver is a table of calls (ferry_gds_driver below). ferry ships
+ *    "cufile" (libcufile.so.0), "hipfile" (libhipfile.so), both loaded with
+ *    dlopen, and "cpu" (the I/O engines of ferry/io.h plus the
+ *    double-buffered bounce path for device memory). "auto" picks cufile,
+ *    then hipfile, when the device is cuda and the library opens, else cpu.
+ *    A test or another vendor supplies its own table.
+ *  - Host buffers always move through the I/O engines (one ferry_io queue
+ *    per drive, driven concurrently), whatever the driver.
+ *
+ * The context also owns a ferry_slab allocator over the slab's bytes
+ * (ferry_gds_slab()); extents from it are what callers transfer.
+ *
+ * Alignment: slab offsets and lengths must be multiples of the alignment
+ * (4096); host buffers must be too when the slab is open with O_DIRECT.
+ *
+ * Thread-safety: registration, deregistration and close take the context's
+ * lock; transfers look regions up under it and may run from several
+ * threads at once, each with its own stream. A ferry_stream is used by one
+ * thread at a time (ferry/device.h). cuFile's stream registration is
+ * process-wide: keep one context per process when the driver is cufile.
+ */
+#ifndef FERRY_GDS_H
+#define FERRY_GDS_H
+
+#include "core.h"
+#include "device.h"
+#include "io.h"
+#include "slab.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FERRY_GDS_SLAB_NAME "ferry_slab.bin"
+#define FERRY_GDS_REGION_CAP_DEFAULT (16u << 20)
+#define FERRY_GDS_ALIGN_DEFAULT 4096u
+#define FERRY_GDS_STRIPE_DEFAULT (1u << 20)
+/** Stream registration flags: fixed buffer offset | fixed file offset | fixed size. */
+#define FERRY_GDS_STREAM_FLAGS 0x7u
+/** An argument batch is closed by a checkpoint event every this many async submissions. */
+#define FERRY_GDS_CHECKPOINT_EVERY 64u
+#define FERRY_GDS_MAX_DIRS 16
+
+/** File directions, as cuFile's: READ = slab -> memory, WRITE = memory -> slab. */
+enum ferry_gds_dir { FERRY_GDS_READ = 0, FERRY_GDS_WRITE = 1 };
+
+/* ---- the driver table ---- */
+
+/** One I/O of a batch: what cuFileBatchIOSubmit takes, in ferry's types. */
+typedef struct ferry_gds_io {
+    int op;                 /**< FERRY_GDS_READ or FERRY_GDS_WRITE */
+    void *handle;           /**< from handle_register */
+    ferry_devptr base;      /**< a registered region's base */
+    size_t size;
+    int64_t file_off;
+    int64_t buf_off;        /**< offset from base */
+    int64_t result;         /**< out: size, or a negative code */
+} ferry_gds_io;
+
+/**
+ * The calls a GDS driver makes. Every call gets the table's ctx first.
+ * Returns: 0 (or a byte count for read/write) on success, a negative ferry
+ * code on failure, with a message recorded through ferry_last_error()'s
+ * thread buffer when the driver can say more. Entries marked optional may
+ * be NULL. The table is copied by ferry_gds_init(); ctx must outlive the
+ * context.
+ */
+typedef struct ferry_gds_driver {
+    size_t size;            /**< sizeof(ferry_gds_driver) */
+    const char *name;       /**< "cufile", "hipfile", "cpu", "fake", ... */
+    void *ctx;
+    /** optional: at init, before any other call. dev may be NULL. */
+    int (*open)(void *ctx, ferry_device *dev);
+    /** optional: at close, after every deregistration. */
+    void (*close)(void *ctx);
+    /** Register an open slab file; *handle is passed back to I/O calls. */
+    int (*handle_register)(void *ctx, ferry_file *f, void **handle);
+    void (*handle_deregister)(void *ctx, void *handle);
+    /** Register device memory [base, base+len) (one region, len <= region cap). */
+    int (*buf_register)(void *ctx, ferry_devptr base, size_t len, int flags);
+    int (*buf_deregister)(void *ctx, ferry_devptr base);
+    /** s may be NULL (the default stream); raw = ferry_stream_handle(s) or 0. */
+    int (*stream_register)(void *ctx, ferry_stream *s, uint64_t raw, unsigned flags);
+    int (*stream_deregister)(void *ctx, ferry_stream *s, uint64_t raw);
+    /** Synchronous I/O of size bytes at base + buf_off. Returns bytes done
+     *  (the context continues short transfers) or a negative code. */
+    int64_t (*read)(void *ctx, void *handle, ferry_devptr base, size_t size, int64_t file_off,
+                    int64_t buf_off);
+    int64_t (*write)(void *ctx, void *handle, ferry_devptr base, size_t size, int64_t file_off,
+                     int64_t buf_off);
+    /**
+     * Asynchronous I/O queued on stream s (cuFileReadAsync): the argument
+     * pointers are read when the stream reaches the op and *done receives
+     * the bytes done or a negative code; the context keeps them alive until
+     * a checkpoint event after the op has completed. Optional: when NULL
+     * the context synchronizes s and calls read/write.
+     */
+    int (*read_async)(void *ctx, void *handle, ferry_devptr base, size_t *size,
+                      int64_t *file_off, int64_t *buf_off, int64_t *done, ferry_stream *s);
+    int (*write_async)(void *ctx, void *handle, ferry_devptr base, size_t *size,
+                       int64_t *file_off, int64_t *buf_off, int64_t *done, ferry_stream *s);
+    /** Optional: run n I/Os concurrently and wait for all; each gets its
+     *  result. Returns 0 when all succeeded, else the first failure's code. */
+    int (*batch)(void *ctx, ferry_gds_io *ios, unsigned n);
+} ferry_gds_driver;
+
+/* ---- the context ---- */
+typedef struct ferry_gds ferry_gds;
+
+typedef struct ferry_gds_config {
+    size_t size;                /**< sizeof(ferry_gds_config) */
+    const char *const *dirs;    /**< directories, one per drive (created if missing) */
+    unsigned n_dirs;            /**< 1..FERRY_GDS_MAX_DIRS */
+    uint64_t bytes;             /**< slab size in all; rounded up to the alignment */
+    int direct;                 /**< 1: O_DIRECT, falling back when refused; 0: buffered */
+    size_t alignment;           /**< 0 -> 4096 */
+    size_t region_cap;          /**< 0 -> 16 MiB; a multiple of the alignment */
+    const char *driver;         /**< "auto" (NULL), "cufile", "hipfile", "cpu" */
+    const ferry_gds_driver *custom_driver; /**< when set, used instead of `driver` */
+    ferry_device *device;       /**< device of the buffers; NULL: host buffers only */
+    const char *engine;         /**< I/O engine per drive: NULL/"auto", "posix", "uring" */
+    unsigned depth;             /**< requests in flight per drive; 0 -> 8 */
+    size_t stripe_bytes;        /**< stripe unit across drives; 0 -> 1 MiB */
+} ferry_gds_config;
+#define FERRY_GDS_CONFIG_INIT \
+    {sizeof(ferry_gds_config), NULL, 0, 0, 1, 0, 0, NULL, NULL, NULL, NULL, 0, 0}
+
+/** Create a context that is off. Errors: -ENOMEM. Free with ferry_gds_close(). */
+FERRY_API int ferry_gds_create(ferry_gds **out);
+/**
+ * Turn the context on. cfg NULL leaves it off and returns 0. Creates each
+ * directory (mkdir -p), creates and truncates dir/ferry_slab.bin, reserves
+ * its share of the slab with posix_fallocate, opens it (O_DIRECT when
+ * cfg->direct, falling back to buffered with a warning and
+ * ferry_gds_fallback_reason() when the file system refuses), opens the
+ * driver and registers each file. On failure everything done is undone
+ * and the context stays off. Errors: FERRY_ESTATE (already on), -EINVAL
+ * (size 0, bad alignment, no dirs), -ENOSPC (size larger than the free
+ * disk), FERRY_ENODEV (forced driver not here), driver and system errors.
+ */
+FERRY_API int ferry_gds_init(ferry_gds *g, const ferry_gds_config *cfg);
+/** create + init. */
+FERRY_API int ferry_gds_open(const ferry_gds_config *cfg, ferry_gds **out);
+/**
+ * Synchronize every known stream, deregister all regions, streams and file
+ * handles, close the driver and the files, free the context. The slab
+ * files stay on disk (the next init truncates them). NULL does nothing.
+ */
+FERRY_API void ferry_gds_close(ferry_gds *g);
+
+/** 1 when on (initialized). */
+FERRY_API int ferry_gds_is_on(const ferry_gds *g);
+/** The driver in use ("cufile", "hipfile", "cpu", a custom name); "off" when off. */
+FERRY_API const char *ferry_gds_driver_name(const ferry_gds *g);
+/** The I/O engine of the drive queues ("posix", "uring"); "off" when off. */
+FERRY_API const char *ferry_gds_engine(const ferry_gds *g);
+/** Why O_DIRECT (or the requested driver) fell back, or NULL. */
+FERRY_API const char *ferry_gds_fallback_reason(const ferry_gds *g);
+/** The message of this context's last failure, "" if none. */
+FERRY_API const char *ferry_gds_last_error(const ferry_gds *g);
+/** Slab size in bytes (after rounding); 0 when off. */
+FERRY_API uint64_t ferry_gds_size(const ferry_gds *g);
+/** The allocator over [0, size) the context owns; NULL when off. */
+FERRY_API ferry_slab *ferry_gds_slab(ferry_gds *g);
+
+/* ---- registration of device buffers ---- */
+/**
+ * Register device memory [buf, buf+len) used with stream s (NULL: the
+ * default stream) in regions of at most region_cap. Off: returns 0 and
+ * calls nothing. All or nothing: when a driver call fails, what was
+ * registered by this call is deregistered again. Errors: -EINVAL (len 0),
+ * FERRY_EEXIST (overlaps a registered buffer), driver codes, -ENOMEM.
+ */
+FERRY_API int ferry_gds_register(ferry_gds *g, ferry_devptr buf, size_t len, ferry_stream *s);
+/**
+ * Deregister the buffer registered at buf: synchronize its stream,
+ * deregister each of its regions (driver errors are logged, not returned),
+ * and the stream when its last region goes. Off: returns 0, calls nothing.
+ * Errors: FERRY_ENOTFOUND (no buffer registered at buf).
+ */
+FERRY_API int ferry_gds_deregister(ferry_gds *g, ferry_devptr buf);
+
+/* ---- transfers ---- */
+/**
+ * Move len bytes between the slab at slab_off and device memory at buf
+ * (inside registered regions), in direction dir. Returns when the bytes
+ * are in place (on the slab for writes, in device memory for reads).
+ * Errors: FERRY_ESTATE (off), FERRY_EALIGN (slab_off or len not aligned),
+ * -EINVAL (len 0), FERRY_EBOUNDS (the slice leaves the registered regions,
+ * or slab_off + len is past the slab's end), driver and I/O codes (with a
+ * message naming the drive's file, the offset, the size and the cause).
+ */
+FERRY_API int ferry_gds_transfer(ferry_gds *g, int dir, uint64_t slab_off, size_t len,
+                                 ferry_devptr buf, ferry_stream *s);
+/**
+ * The same, queued on stream s (the stream the buffer was registered with,
+ * or any other registered one): returns once queued; the bytes move when
+ * the stream reaches the ops. Complete with ferry_gds_stream_sync() (or by
+ * synchronizing s and then calling ferry_gds_stream_sync() to collect
+ * errors). The buffer must not be touched until then. Same errors, found
+ * before anything is queued; I/O errors surface at ferry_gds_stream_sync().
+ */
+FERRY_API int ferry_gds_transfer_async(ferry_gds *g, int dir, uint64_t slab_off, size_t len,
+                                       ferry_devptr buf, ferry_stream *s);
+/**
+ * Wait until every async transfer queued on s is done and release their
+ * argument blocks. Returns 0, or the first error any of them reported.
+ */
+FERRY_API int ferry_gds_stream_sync(ferry_gds *g, ferry_stream *s);
+
+/** Host memory -> slab at slab_off, striped over the drives concurrently. */
+FERRY_API int ferry_gds_pwrite(ferry_gds *g, const void *buf, size_t len, uint64_t slab_off);
+/** Slab at slab_off -> host memory. */
+FERRY_API int ferry_gds_pread(ferry_gds *g, void *buf, size_t len, uint64_t slab_off);
+
+/* ---- extents (from ferry_gds_slab()) ---- */
+/** ferry_gds_transfer over a whole extent (e->size bytes at e->offset). */
+FERRY_API int ferry_gds_extent_transfer(ferry_gds *g, int dir, const ferry_extent *e,
+                                        ferry_devptr buf, ferry_stream *s);
+FERRY_API int ferry_gds_extent_transfer_async(ferry_gds *g, int dir, const ferry_extent *e,
+                                              ferry_devptr buf, ferry_stream *s);
+/** Host buffer of at least e->size bytes <-> a whole extent. */
+FERRY_API int ferry_gds_extent_pwrite(ferry_gds *g, const ferry_extent *e, const void *buf);
+FERRY_API int ferry_gds_extent_pread(ferry_gds *g, const ferry_extent *e, void *buf);
+
+/* ---- accounting ---- */
+typedef struct ferry_gds_stats {
+    unsigned drives;
+    unsigned regions;          /**< registered regions */
+    unsigned buffers;          /**< registered buffers */
+    unsigned streams;          /**< registered streams */
+    uint64_t bytes_read;       /**< slab -> memory, all paths */
+    uint64_t bytes_written;    /**< memory -> slab */
+    uint64_t driver_ios;       /**< I/Os handed to the driver */
+    uint64_t engine_ios;       /**< host-buffer I/Os handed to the engines */
+    uint64_t async_pending;    /**< async argument blocks not yet released */
+    uint64_t checkpoints;      /**< checkpoint events recorded */
+} ferry_gds_stats;
+FERRY_API int ferry_gds_stats_get(ferry_gds *g, ferry_gds_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
