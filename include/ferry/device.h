@@ -43,8 +43,11 @@ typedef struct ferry_device_options {
                                report FERRY_ESHORT */
     /** which calls fail_nth counts: FERRY_FAULT_* bits; 0 = all */
     unsigned fault_mask;
+    /** cap on the device bytes this handle may hold at once (any backend);
+        an allocation past it fails with -ENOMEM. 0 = no cap. */
+    uint64_t mem_limit;
 } ferry_device_options;
-#define FERRY_DEVICE_OPTIONS_INIT {sizeof(ferry_device_options), NULL, 0, 0, 0, 0, 0}
+#define FERRY_DEVICE_OPTIONS_INIT {sizeof(ferry_device_options), NULL, 0, 0, 0, 0, 0, 0}
 
 enum ferry_fault_kind {
     FERRY_FAULT_ALLOC = 1u << 0,  /**< device alloc, host pinned alloc, pin */
