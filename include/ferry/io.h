@@ -69,6 +69,9 @@ FERRY_API const char *ferry_io_engine(const ferry_io *io);
 FERRY_API const char *ferry_io_reason(const ferry_io *io);
 FERRY_API const char *ferry_io_last_error(const ferry_io *io);
 FERRY_API unsigned ferry_io_depth(const ferry_io *io);
+/** The split cap in bytes: ferry_io_options.max_request, or the engine's
+ * default (posix, uring: 32 MiB; cufile: 16 MiB), a multiple of 4096. */
+FERRY_API size_t ferry_io_max_request(const ferry_io *io);
 
 /**
  * Whether an engine can work on this host (and, when dir is non-NULL, on
@@ -98,12 +101,21 @@ FERRY_API int ferry_file_fd(const ferry_file *f);
 FERRY_API int ferry_file_is_direct(const ferry_file *f);
 /** Why a requested direct/GDS mode fell back, or NULL when it did not. */
 FERRY_API const char *ferry_file_fallback_reason(const ferry_file *f);
+/** 1 when device memory moves to and from this file by DMA (cufile engine,
+ * handle registered); 0 when it takes the CPU bounce path. */
+FERRY_API int ferry_file_is_gds(const ferry_file *f);
 FERRY_API int ferry_file_size(ferry_file *f, uint64_t *out);
 /** Reserve [off, off+len) on disk (posix_fallocate). -ENOSPC when full. */
 FERRY_API int ferry_file_allocate(ferry_file *f, uint64_t off, uint64_t len);
 FERRY_API int ferry_file_truncate(ferry_file *f, uint64_t len);
 /** fdatasync. */
 FERRY_API int ferry_file_sync(ferry_file *f);
+/**
+ * Make the next reads of f come from the disk: on a buffered (fallen back)
+ * file, fdatasync then posix_fadvise(DONTNEED) over the whole file; on an
+ * O_DIRECT file nothing to do. Benchmarks call it between write and read.
+ */
+FERRY_API int ferry_file_drop_cache(ferry_file *f);
 
 /* ---- buffers ---- */
 /**
@@ -113,6 +125,15 @@ FERRY_API int ferry_file_sync(ferry_file *f);
  */
 FERRY_API int ferry_io_register_buffer(ferry_io *io, void *buf, size_t len);
 FERRY_API int ferry_io_unregister_buffer(ferry_io *io, void *buf);
+/**
+ * Register device memory with the engine (cufile: cuFileBufRegister of the
+ * whole range). Later device transfers inside it are issued as (base,
+ * offset) of the registration. Other engines accept and ignore it.
+ * Errors: FERRY_EEXIST when p is already registered, cuFile errors mapped
+ * to ferry codes. Unregister before freeing the device memory.
+ */
+FERRY_API int ferry_io_register_dev(ferry_io *io, ferry_devptr p, size_t len);
+FERRY_API int ferry_io_unregister_dev(ferry_io *io, ferry_devptr p);
 /** Allocate len bytes aligned to FERRY_IO_ALIGN (pinned when the engine has a
  * device); free with ferry_io_buffer_free. */
 FERRY_API int ferry_io_buffer_alloc(ferry_io *io, size_t len, void **out);

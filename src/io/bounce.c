@@ -1,0 +1,190 @@
+/*
+ * bounce.c - the CPU path for device memory: file <-> pinned bounce buffer
+ * <-> device, double-buffered.
+ *
+ * Invariant: a bounce buffer is written by one party at a time. Reads
+ * (file -> device): segment i is read from the file into buffer i%2 while
+ * the device copy of segment i-1 drains from the other buffer; before the
+ * file read of segment i+2 reuses buffer i%2, the host waits on the event
+ * recorded after segment i's copy. Writes (device -> file): the device
+ * copy of segment i+1 into one buffer runs while segment i is written from
+ * the other; the file write of segment i starts only after the event of
+ * its copy completed. So the file I/O of one segment overlaps the device
+ * copy of the next, which KvikIO, DeepSpeed and LMCache do not do.
+ *
+ * O_DIRECT files: reads are padded to a multiple of 4096 inside the bounce
+ * buffer (end of file inside the padding is fine; only the requested bytes
+ * reach the device). Writes cannot be padded without writing bytes the
+ * caller did not give, so a direct-file write whose length is not a
+ * multiple of 4096 fails with FERRY_EALIGN before anything moves. File
+ * offsets must be 4096-aligned for direct files in both directions.
+ *
+ * On any failure the stream is drained before returning, so no copy still
+ * touches a bounce buffer when the next transfer starts.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "io_impl.h"
+
+struct ferry__bounce {
+    void *buf[2];
+    size_t bytes;
+    ferry_stream *stream;
+    ferry_event *ev[2];
+};
+
+void ferry__bounce_free(ferry_io *io)
+{
+    struct ferry__bounce *b = io->bounce;
+    if (!b)
+        return;
+    if (b->stream)
+        ferry_stream_destroy(b->stream);
+    ferry_event_destroy(b->ev[0]);
+    ferry_event_destroy(b->ev[1]);
+    for (int i = 0; i < 2; i++)
+        if (b->buf[i])
+            ferry_device_host_free(io->device, b->buf[i]);
+    ferry__free(b);
+    io->bounce = NULL;
+}
+
+static int bounce_get(ferry_io *io, struct ferry__bounce **out)
+{
+    if (io->bounce) {
+        *out = io->bounce;
+        return 0;
+    }
+    struct ferry__bounce *b = ferry__calloc(1, sizeof *b);
+    if (!b)
+        return ferry__err_set(&io->err, -ENOMEM, "io: out of memory for the bounce path");
+    io->bounce = b;
+    b->bytes = io->bounce_bytes;
+    int rc = 0;
+    for (int i = 0; i < 2 && rc == 0; i++)
+        rc = ferry_device_host_alloc(io->device, b->bytes, &b->buf[i]);
+    if (rc == 0)
+        rc = ferry_stream_create(io->device, &b->stream);
+    for (int i = 0; i < 2 && rc == 0; i++)
+        rc = ferry_event_create(io->device, &b->ev[i]);
+    if (rc < 0) {
+        ferry__err_set(&io->err, rc, "io: setting up two %zu-byte pinned bounce buffers: %s",
+                       b->bytes, ferry_last_error());
+        ferry__bounce_free(io);
+        return rc;
+    }
+    *out = b;
+    return 0;
+}
+
+static int dev_fail(ferry_io *io, ferry_file *f, int op, size_t len, uint64_t off, size_t seg,
+                    size_t seglen, const char *what, int rc)
+{
+    return ferry__err_set(&io->err, rc,
+                          "file %s: device %s of %zu bytes at offset %llu: %s of segment %zu "
+                          "(%zu bytes) failed: %s (%s)", f->path, ferry__op_name(op), len,
+                          (unsigned long long)off, what, seg, seglen, ferry_err_name(rc),
+                          ferry_last_error());
+}
+
+static int bounce_read(ferry_io *io, struct ferry__bounce *b, ferry_file *f, ferry_stream *s,
+                       ferry_devptr dst, size_t len, uint64_t off)
+{
+    size_t B = b->bytes, nseg = (len + B - 1) / B;
+    int pending[2] = {0, 0};
+    for (size_t i = 0; i < nseg; i++) {
+        int k = (int)(i & 1);
+        size_t pos = i * B, seglen = FERRY__MIN(B, len - pos);
+        if (pending[k]) {
+            pending[k] = 0;
+            int rc = ferry_event_sync(b->ev[k]);
+            if (rc < 0)
+                return dev_fail(io, f, FERRY_IO_READ, len, off, i - 2, B, "device copy", rc);
+        }
+        size_t rlen = f->direct ? FERRY__ALIGN_UP(seglen, (size_t)FERRY_IO_ALIGN) : seglen;
+        int rc = ferry__io_rw(io, f, FERRY_IO_READ, b->buf[k], 0, rlen, off + pos, seglen);
+        if (rc < 0)
+            return rc;
+        rc = ferry_memcpy_htod_async(s, dst + pos, b->buf[k], seglen);
+        if (rc < 0)
+            return dev_fail(io, f, FERRY_IO_READ, len, off, i, seglen, "device copy", rc);
+        rc = ferry_event_record(b->ev[k], s);
+        if (rc < 0)
+            return dev_fail(io, f, FERRY_IO_READ, len, off, i, seglen, "event record", rc);
+        pending[k] = 1;
+    }
+    return 0;
+}
+
+static int issue_dtoh(ferry_io *io, struct ferry__bounce *b, ferry_file *f, ferry_stream *s,
+                      ferry_devptr src, size_t len, uint64_t off, size_t i)
+{
+    size_t B = b->bytes, pos = i * B, seglen = FERRY__MIN(B, len - pos);
+    int k = (int)(i & 1);
+    int rc = ferry_memcpy_dtoh_async(s, b->buf[k], src + pos, seglen);
+    if (rc < 0)
+        return dev_fail(io, f, FERRY_IO_WRITE, len, off, i, seglen, "device copy", rc);
+    rc = ferry_event_record(b->ev[k], s);
+    if (rc < 0)
+        return dev_fail(io, f, FERRY_IO_WRITE, len, off, i, seglen, "event record", rc);
+    return 0;
+}
+
+static int bounce_write(ferry_io *io, struct ferry__bounce *b, ferry_file *f, ferry_stream *s,
+                        ferry_devptr src, size_t len, uint64_t off)
+{
+    size_t B = b->bytes, nseg = (len + B - 1) / B;
+    int rc = issue_dtoh(io, b, f, s, src, len, off, 0);
+    if (rc < 0)
+        return rc;
+    for (size_t i = 0; i < nseg; i++) {
+        int k = (int)(i & 1);
+        size_t pos = i * B, seglen = FERRY__MIN(B, len - pos);
+        rc = ferry_event_sync(b->ev[k]);
+        if (rc < 0)
+            return dev_fail(io, f, FERRY_IO_WRITE, len, off, i, seglen, "device copy", rc);
+        if (i + 1 < nseg) {
+            rc = issue_dtoh(io, b, f, s, src, len, off, i + 1);
+            if (rc < 0)
+                return rc;
+        }
+        rc = ferry__io_rw(io, f, FERRY_IO_WRITE, b->buf[k], 0, seglen, off + pos, seglen);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+int ferry__bounce_rw(ferry_io *io, ferry_file *f, ferry_stream *s, int op, ferry_devptr p,
+                     size_t len, uint64_t off)
+{
+    if (!io->device)
+        return ferry__err_set(&io->err, -EINVAL,
+                              "file %s: device %s of %zu bytes at offset %llu: the engine has no "
+                              "device (ferry_io_options.device)", f->path, ferry__op_name(op), len,
+                              (unsigned long long)off);
+    if (f->direct && (!FERRY__IS_ALIGNED(off, FERRY_IO_ALIGN) ||
+                      (op == FERRY_IO_WRITE && !FERRY__IS_ALIGNED(len, FERRY_IO_ALIGN))))
+        return ferry__err_set(&io->err, FERRY_EALIGN,
+                              "file %s: O_DIRECT device %s of %zu bytes at offset %llu: the offset "
+                              "%smust be a multiple of %u", f->path, ferry__op_name(op), len,
+                              (unsigned long long)off,
+                              op == FERRY_IO_WRITE ? "and the length " : "", FERRY_IO_ALIGN);
+    struct ferry__bounce *b = NULL;
+    int rc = bounce_get(io, &b);
+    if (rc < 0)
+        return rc;
+    ferry_stream *st = s ? s : b->stream;
+    rc = op == FERRY_IO_READ ? bounce_read(io, b, f, st, p, len, off)
+                             : bounce_write(io, b, f, st, p, len, off);
+    /* drain: on success the data has landed; on failure nothing may still
+     * be copying into or out of a bounce buffer */
+    int src = ferry_stream_sync(st);
+    if (rc == 0 && src < 0)
+        rc = ferry__err_set(&io->err, src,
+                            "file %s: device %s of %zu bytes at offset %llu: stream failed: %s",
+                            f->path, ferry__op_name(op), len, (unsigned long long)off,
+                            ferry_last_error());
+    return rc;
+}

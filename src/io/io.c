@@ -1,0 +1,1050 @@
+/*
+ * io.c - the I/O front: engine selection, files, validation, splitting,
+ * continuation and the synchronous helpers.
+ *
+ * Invariant: a request handed to ferry_io_submit completes exactly once,
+ * with result == len or a negative code, never a partial count. The front
+ * keeps that promise for every engine by owning the judgement of results:
+ * engines report raw syscall-style results per part, and the front
+ * continues short transfers, retries EINTR/EAGAIN, turns end of file into
+ * FERRY_ESHORT and stops dispatching the rest of a request after its first
+ * error. A request is finished when it is fully dispatched (or failed) and
+ * none of its parts is still in the engine, so its buffer is never touched
+ * after the caller reaps it.
+ *
+ * Submit and reap never allocate: pending and done requests are linked
+ * through the request's own private words, and parts come from a pool
+ * sized at open.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "io_impl.h"
+#include "sys.h"
+
+/* ---- per-request private state, overlaid on ferry_io_req.priv_ ---- */
+enum {
+    RQ_PENDING = 1u << 0,  /* on the pending list (not fully dispatched) */
+    RQ_DONE = 1u << 1,     /* finished */
+    RQ_INTERNAL = 1u << 2, /* a synchronous helper's: never on the done list */
+    RQ_EOF_OK = 1u << 3    /* end of file after len - pad bytes is success */
+};
+typedef struct rq_priv {
+    ferry_io_req *next;
+    uint64_t cursor;      /* bytes handed to parts */
+    uint32_t outstanding; /* parts in the engine */
+    uint32_t piece;       /* split size */
+    uint16_t flags;
+    uint16_t pad;         /* RQ_EOF_OK: bytes at the end that may lie past EOF */
+    uint32_t spare;
+} rq_priv;
+_Static_assert(sizeof(rq_priv) <= sizeof(((ferry_io_req *)0)->priv_), "rq_priv fits priv_");
+
+static rq_priv *P(ferry_io_req *r)
+{
+    return (rq_priv *)(void *)r->priv_;
+}
+
+#define RETRY_MAX 1000u      /* consecutive EINTR/EAGAIN on one part */
+#define ZERO_WRITE_MAX 8u    /* consecutive zero-byte writes before giving up */
+#define MAX_REQUEST_CAP (1ull << 30)
+
+const char *ferry__op_name(int op)
+{
+    return op == FERRY_IO_READ ? "read" : "write";
+}
+
+/* ---- engine table ---- */
+static const ferry__io_ops *engine_by_name(const char *n)
+{
+    if (!strcmp(n, "posix"))
+        return &ferry__io_posix_ops;
+    if (!strcmp(n, "uring"))
+        return &ferry__io_uring_ops;
+    if (!strcmp(n, "cufile"))
+        return &ferry__io_cufile_ops;
+    return NULL;
+}
+
+/* ---- open / close ---- */
+static int io_create(const ferry__io_ops *ops, const ferry_io_options *o, ferry_io **out)
+{
+    ferry_io *io = ferry__calloc(1, sizeof *io);
+    if (!io)
+        return ferry__err_set(NULL, -ENOMEM, "io: out of memory allocating the %s engine",
+                              ops->name);
+    io->ops = ops;
+    io->depth = o->depth ? o->depth : 8;
+    if (io->depth > 4096)
+        io->depth = 4096;
+    size_t mr = o->max_request ? o->max_request : ops->default_max_request;
+    if (mr > MAX_REQUEST_CAP)
+        mr = MAX_REQUEST_CAP;
+    mr &= ~(size_t)(FERRY_IO_ALIGN - 1);
+    io->max_request = mr ? mr : FERRY_IO_ALIGN;
+    size_t bb = o->bounce_bytes ? o->bounce_bytes : (size_t)8 << 20;
+    if (bb > MAX_REQUEST_CAP)
+        bb = MAX_REQUEST_CAP;
+    io->bounce_bytes = FERRY__ALIGN_UP(bb, (size_t)FERRY_IO_ALIGN);
+    io->device = o->device;
+    io->nparts = ops->slots ? ops->slots(io->depth) : io->depth;
+    io->parts = ferry__calloc(io->nparts, sizeof *io->parts);
+    io->scratch = ferry__calloc(io->nparts, sizeof *io->scratch);
+    if (!io->parts || !io->scratch) {
+        ferry__free(io->parts);
+        ferry__free(io->scratch);
+        ferry__free(io);
+        return ferry__err_set(NULL, -ENOMEM, "io: out of memory allocating %u request slots",
+                              io->nparts);
+    }
+    for (unsigned i = 0; i < io->nparts; i++) {
+        io->parts[i].next = io->free_parts;
+        io->free_parts = &io->parts[i];
+    }
+    int rc = ops->init(io);
+    if (rc < 0) {
+        ferry__free(io->parts);
+        ferry__free(io->scratch);
+        ferry__free(io);
+        return rc; /* init recorded the message */
+    }
+    *out = io;
+    return 0;
+}
+
+int ferry_io_open(const ferry_io_options *opt, ferry_io **out)
+{
+    ferry_io_options o = FERRY_IO_OPTIONS_INIT;
+    if (!out)
+        return ferry__err_set(NULL, -EINVAL, "ferry_io_open: out is NULL");
+    if (opt) {
+        if (opt->size < sizeof(size_t) || opt->size > sizeof o)
+            return ferry__err_set(NULL, -EINVAL, "ferry_io_open: options size %zu is not %zu",
+                                  opt->size, sizeof o);
+        memcpy(&o, opt, opt->size);
+        o.size = sizeof o;
+    }
+    const char *name = o.engine && *o.engine ? o.engine : "auto";
+    char reason[512];
+    if (!strcmp(name, "auto")) {
+        const char *env = getenv("FERRY_IO_ENGINE");
+        if (env && *env && strcmp(env, "auto") != 0) {
+            const ferry__io_ops *ops = engine_by_name(env);
+            if (!ops)
+                return ferry__err_set(NULL, -EINVAL,
+                                      "FERRY_IO_ENGINE=%s: unknown engine (posix|uring|cufile)",
+                                      env);
+            ferry_io *io = NULL;
+            int rc = io_create(ops, &o, &io);
+            if (rc < 0)
+                return rc;
+            snprintf(io->reason, sizeof io->reason, "%s: forced by env FERRY_IO_ENGINE=%s",
+                     ops->name, env);
+            *out = io;
+            return 0;
+        }
+        /* fastest first: cufile (device must be cuda), uring, posix */
+        char why_cf[256] = "", why_ur[256] = "";
+        size_t used = 0;
+        int cf_ok = 0;
+        if (!o.device)
+            snprintf(why_cf, sizeof why_cf, "cufile not tried: no device given");
+        else if (strcmp(ferry_device_backend(o.device), "cuda") != 0)
+            snprintf(why_cf, sizeof why_cf, "cufile not tried: device backend is %s, not cuda",
+                     ferry_device_backend(o.device));
+        else {
+            char w[200] = "";
+            if (ferry__cufile_probe(w, sizeof w) == 0)
+                cf_ok = 1;
+            else
+                snprintf(why_cf, sizeof why_cf, "cufile not usable: %s", w);
+        }
+        ferry_io *io = NULL;
+        if (cf_ok) {
+            int rc = io_create(&ferry__io_cufile_ops, &o, &io);
+            if (rc == 0) {
+                snprintf(io->reason, sizeof io->reason,
+                         "cufile: auto, cuda device and cuFile driver open");
+                *out = io;
+                return 0;
+            }
+            snprintf(why_cf, sizeof why_cf, "cufile failed to open: %s", ferry_last_error());
+        }
+        char w[200] = "";
+        int urc = ferry__uring_probe(w, sizeof w);
+        if (urc == 0) {
+            int rc = io_create(&ferry__io_uring_ops, &o, &io);
+            if (rc == 0) {
+                snprintf(io->reason, sizeof io->reason, "uring: auto, io_uring works here; %s",
+                         why_cf);
+                *out = io;
+                return 0;
+            }
+            snprintf(why_ur, sizeof why_ur, "uring failed to open: %s", ferry_last_error());
+        } else
+            snprintf(why_ur, sizeof why_ur, "uring not usable: %s", w);
+        int rc = io_create(&ferry__io_posix_ops, &o, &io);
+        if (rc < 0)
+            return rc;
+        used = (size_t)snprintf(reason, sizeof reason, "posix: auto; %s; %s", why_ur, why_cf);
+        (void)used;
+        snprintf(io->reason, sizeof io->reason, "%s", reason);
+        *out = io;
+        return 0;
+    }
+    const ferry__io_ops *ops = engine_by_name(name);
+    if (!ops)
+        return ferry__err_set(NULL, -EINVAL, "ferry_io_open: unknown engine '%s' "
+                              "(auto|posix|uring|cufile)", name);
+    ferry_io *io = NULL;
+    int rc = io_create(ops, &o, &io);
+    if (rc < 0)
+        return rc;
+    snprintf(io->reason, sizeof io->reason, "%s: chosen by the caller", ops->name);
+    *out = io;
+    return 0;
+}
+
+static void pump(ferry_io *io, int timeout_ms);
+
+void ferry_io_close(ferry_io *io)
+{
+    if (!io)
+        return;
+    while (io->parts_busy || io->pend_head)
+        pump(io, -1);
+    if (io->nfiles)
+        FERRY_LOGW("io %s: closed with %u file(s) still open; close files first", io->ops->name,
+                   io->nfiles);
+    ferry__bounce_free(io);
+    io->ops->fini(io);
+    ferry__free(io->parts);
+    ferry__free(io->scratch);
+    ferry__free(io);
+}
+
+const char *ferry_io_engine(const ferry_io *io)
+{
+    return io ? io->ops->name : "";
+}
+const char *ferry_io_reason(const ferry_io *io)
+{
+    return io ? io->reason : "";
+}
+const char *ferry_io_last_error(const ferry_io *io)
+{
+    return io ? ferry__err_msg(&io->err) : "";
+}
+unsigned ferry_io_depth(const ferry_io *io)
+{
+    return io ? io->depth : 0;
+}
+unsigned ferry_io_inflight(const ferry_io *io)
+{
+    return io ? io->inflight : 0;
+}
+size_t ferry_io_max_request(const ferry_io *io)
+{
+    return io ? io->max_request : 0;
+}
+
+/* ---- files ---- */
+static const char *access_name(unsigned flags)
+{
+    if ((flags & FERRY_FILE_READ) && (flags & FERRY_FILE_WRITE))
+        return "read/write";
+    return (flags & FERRY_FILE_WRITE) ? "write" : "read";
+}
+
+int ferry_file_open(ferry_io *io, const char *path, unsigned flags, ferry_file **out)
+{
+    if (!io || !path || !*path || !out)
+        return ferry__err_set(io ? &io->err : NULL, -EINVAL,
+                              "ferry_file_open: io, path and out must be given");
+    if (!(flags & (FERRY_FILE_READ | FERRY_FILE_WRITE)))
+        return ferry__err_set(&io->err, -EINVAL,
+                              "file %s: open needs FERRY_FILE_READ and/or FERRY_FILE_WRITE", path);
+    if (flags & ~(unsigned)0x3f)
+        return ferry__err_set(&io->err, -EINVAL, "file %s: unknown open flags 0x%x", path,
+                              flags & ~(unsigned)0x3f);
+    ferry_file *f = ferry__calloc(1, sizeof *f);
+    char *p = ferry__strdup(path);
+    if (!f || !p) {
+        ferry__free(f);
+        ferry__free(p);
+        return ferry__err_set(&io->err, -ENOMEM, "file %s: out of memory", path);
+    }
+    int of = O_CLOEXEC;
+    if ((flags & FERRY_FILE_READ) && (flags & FERRY_FILE_WRITE))
+        of |= O_RDWR;
+    else if (flags & FERRY_FILE_WRITE)
+        of |= O_WRONLY;
+    else
+        of |= O_RDONLY;
+    if (flags & FERRY_FILE_CREATE)
+        of |= O_CREAT;
+    if (flags & FERRY_FILE_TRUNC)
+        of |= O_TRUNC;
+    const ferry__sys *sys = ferry__sys_get();
+    int want_direct = (flags & (FERRY_FILE_DIRECT | FERRY_FILE_REQUIRE_DIRECT)) != 0;
+    int fd = -1, e = 0, direct = 0;
+    if (want_direct) {
+        fd = sys->open(path, of | O_DIRECT, 0644);
+        e = errno;
+        if (fd >= 0)
+            direct = 1;
+        else if (e == EINVAL && !(flags & FERRY_FILE_REQUIRE_DIRECT)) {
+            fd = sys->open(path, of, 0644);
+            e = errno;
+            if (fd >= 0) {
+                snprintf(f->fallback, sizeof f->fallback,
+                         "O_DIRECT refused by the file system (open: EINVAL); using buffered "
+                         "I/O through the page cache");
+                FERRY_LOGW("file %s: %s", path, f->fallback);
+            }
+        } else if (e == EINVAL) {
+            ferry__free(p);
+            ferry__free(f);
+            return ferry__err_set(&io->err, -EINVAL,
+                                  "file %s: open for %s with O_DIRECT refused by the file system "
+                                  "(EINVAL) and FERRY_FILE_REQUIRE_DIRECT was given",
+                                  path, access_name(flags));
+        }
+    } else {
+        fd = sys->open(path, of, 0644);
+        e = errno;
+    }
+    if (fd < 0) {
+        ferry__free(p);
+        ferry__free(f);
+        if (e == 0)
+            e = EIO;
+        return ferry__err_set(&io->err, -e, "file %s: open for %s%s failed: %s (%s)", path,
+                              access_name(flags), (flags & FERRY_FILE_CREATE) ? " (create)" : "",
+                              ferry_err_name(-e), strerror(e));
+    }
+    f->io = io;
+    f->path = p;
+    f->fd = fd;
+    f->flags = flags;
+    f->direct = direct;
+    f->slot = -1;
+    int rc = io->ops->file_open ? io->ops->file_open(io, f) : 0;
+    if (rc < 0) {
+        sys->close(fd);
+        ferry__free(p);
+        ferry__free(f);
+        return rc;
+    }
+    io->nfiles++;
+    *out = f;
+    return 0;
+}
+
+int ferry_file_close(ferry_file *f)
+{
+    if (!f)
+        return 0;
+    ferry_io *io = f->io;
+    if (io->ops->file_close)
+        io->ops->file_close(io, f);
+    int rc = 0;
+    if (ferry__sys_get()->close(f->fd) != 0) {
+        int e = errno;
+        rc = ferry__err_set(&io->err, -e, "file %s: close failed: %s", f->path, strerror(e));
+    }
+    io->nfiles--;
+    ferry__free(f->path);
+    ferry__free(f);
+    return rc;
+}
+
+const char *ferry_file_path(const ferry_file *f)
+{
+    return f ? f->path : "";
+}
+int ferry_file_fd(const ferry_file *f)
+{
+    return f ? f->fd : -1;
+}
+int ferry_file_is_direct(const ferry_file *f)
+{
+    return f ? f->direct : 0;
+}
+const char *ferry_file_fallback_reason(const ferry_file *f)
+{
+    return f && f->fallback[0] ? f->fallback : NULL;
+}
+int ferry_file_is_gds(const ferry_file *f)
+{
+    return f ? f->gds : 0;
+}
+
+int ferry_file_size(ferry_file *f, uint64_t *out)
+{
+    if (!f || !out)
+        return ferry__err_set(NULL, -EINVAL, "ferry_file_size: file and out must be given");
+    struct stat st;
+    if (ferry__sys_get()->fstat(f->fd, &st) != 0) {
+        int e = errno;
+        return ferry__err_set(&f->io->err, -e, "file %s: fstat failed: %s", f->path, strerror(e));
+    }
+    *out = (uint64_t)st.st_size;
+    return 0;
+}
+
+int ferry_file_allocate(ferry_file *f, uint64_t off, uint64_t len)
+{
+    if (!f)
+        return ferry__err_set(NULL, -EINVAL, "ferry_file_allocate: file is NULL");
+    if (len == 0 || off > (uint64_t)INT64_MAX || len > (uint64_t)INT64_MAX - off)
+        return ferry__err_set(&f->io->err, -EINVAL,
+                              "file %s: allocate of %llu bytes at offset %llu: bad range", f->path,
+                              (unsigned long long)len, (unsigned long long)off);
+    int e = ferry__sys_get()->fallocate(f->fd, (off_t)off, (off_t)len);
+    if (e != 0)
+        return ferry__err_set(&f->io->err, -e,
+                              "file %s: allocate of %llu bytes at offset %llu failed: %s (%s)",
+                              f->path, (unsigned long long)len, (unsigned long long)off,
+                              ferry_err_name(-e), strerror(e));
+    return 0;
+}
+
+int ferry_file_truncate(ferry_file *f, uint64_t len)
+{
+    if (!f)
+        return ferry__err_set(NULL, -EINVAL, "ferry_file_truncate: file is NULL");
+    if (len > (uint64_t)INT64_MAX)
+        return ferry__err_set(&f->io->err, -EINVAL, "file %s: truncate to %llu: too large",
+                              f->path, (unsigned long long)len);
+    if (ferry__sys_get()->ftruncate(f->fd, (off_t)len) != 0) {
+        int e = errno;
+        return ferry__err_set(&f->io->err, -e, "file %s: truncate to %llu bytes failed: %s (%s)",
+                              f->path, (unsigned long long)len, ferry_err_name(-e), strerror(e));
+    }
+    return 0;
+}
+
+int ferry_file_sync(ferry_file *f)
+{
+    if (!f)
+        return ferry__err_set(NULL, -EINVAL, "ferry_file_sync: file is NULL");
+    if (ferry__sys_get()->fdatasync(f->fd) != 0) {
+        int e = errno;
+        return ferry__err_set(&f->io->err, -e, "file %s: fdatasync failed: %s (%s)", f->path,
+                              ferry_err_name(-e), strerror(e));
+    }
+    return 0;
+}
+
+int ferry_file_drop_cache(ferry_file *f)
+{
+    if (!f)
+        return ferry__err_set(NULL, -EINVAL, "ferry_file_drop_cache: file is NULL");
+    if (f->direct)
+        return 0;
+    const ferry__sys *sys = ferry__sys_get();
+    if (sys->fdatasync(f->fd) != 0) {
+        int e = errno;
+        return ferry__err_set(&f->io->err, -e, "file %s: fdatasync failed: %s", f->path,
+                              strerror(e));
+    }
+    int e = sys->fadvise(f->fd, 0, 0, POSIX_FADV_DONTNEED);
+    if (e != 0)
+        return ferry__err_set(&f->io->err, -e, "file %s: posix_fadvise(DONTNEED) failed: %s",
+                              f->path, strerror(e));
+    return 0;
+}
+
+/* ---- buffers ---- */
+int ferry_io_register_buffer(ferry_io *io, void *buf, size_t len)
+{
+    if (!io || !buf || !len)
+        return ferry__err_set(io ? &io->err : NULL, -EINVAL,
+                              "io: register_buffer needs a buffer and a length");
+    return io->ops->buf_register ? io->ops->buf_register(io, buf, len) : 0;
+}
+
+int ferry_io_unregister_buffer(ferry_io *io, void *buf)
+{
+    if (!io || !buf)
+        return ferry__err_set(io ? &io->err : NULL, -EINVAL,
+                              "io: unregister_buffer needs a buffer");
+    return io->ops->buf_unregister ? io->ops->buf_unregister(io, buf) : 0;
+}
+
+int ferry_io_register_dev(ferry_io *io, ferry_devptr p, size_t len)
+{
+    if (!io || !p || !len)
+        return ferry__err_set(io ? &io->err : NULL, -EINVAL,
+                              "io: register_dev needs a device pointer and a length");
+    return io->ops->dev_register ? io->ops->dev_register(io, p, len) : 0;
+}
+
+int ferry_io_unregister_dev(ferry_io *io, ferry_devptr p)
+{
+    if (!io || !p)
+        return ferry__err_set(io ? &io->err : NULL, -EINVAL,
+                              "io: unregister_dev needs a device pointer");
+    return io->ops->dev_unregister ? io->ops->dev_unregister(io, p) : 0;
+}
+
+int ferry_io_buffer_alloc(ferry_io *io, size_t len, void **out)
+{
+    if (!io || !len || !out)
+        return ferry__err_set(io ? &io->err : NULL, -EINVAL,
+                              "io: buffer_alloc needs a length and out");
+    size_t n = FERRY__ALIGN_UP(len, (size_t)FERRY_IO_ALIGN);
+    if (n < len)
+        return ferry__err_set(&io->err, -EINVAL, "io: buffer_alloc of %zu bytes: too large", len);
+    void *p = NULL;
+    if (io->device) {
+        int rc = ferry_device_host_alloc(io->device, n, &p);
+        if (rc < 0)
+            return ferry__err_pass(&io->err, rc);
+    } else {
+        p = ferry__aligned_alloc(FERRY_IO_ALIGN, n);
+        if (!p)
+            return ferry__err_set(&io->err, -ENOMEM, "io: out of memory allocating a %zu-byte "
+                                  "aligned buffer", n);
+    }
+    /* best effort: a registered buffer takes the engine's fast path */
+    if (io->ops->buf_register && io->ops->buf_register(io, p, n) < 0)
+        FERRY_LOGD("io %s: buffer %p not registered: %s", io->ops->name, p,
+                   ferry__err_msg(&io->err));
+    *out = p;
+    return 0;
+}
+
+void ferry_io_buffer_free(ferry_io *io, void *buf)
+{
+    if (!io || !buf)
+        return;
+    if (io->ops->buf_unregister)
+        io->ops->buf_unregister(io, buf);
+    if (io->device)
+        ferry_device_host_free(io->device, buf);
+    else
+        ferry__free(buf);
+}
+
+/* ---- requests ---- */
+static int validate(ferry_io *io, ferry_io_req *r)
+{
+    if (!r)
+        return ferry__err_set(&io->err, -EINVAL, "io: request is NULL");
+    ferry_file *f = r->file;
+    if (!f || f->io != io)
+        return ferry__err_set(&io->err, -EINVAL,
+                              "io: request's file is NULL or was opened on another engine");
+    const char *opn = r->op == FERRY_IO_READ ? "read" : r->op == FERRY_IO_WRITE ? "write" : NULL;
+    if (!opn)
+        return ferry__err_set(&io->err, -EINVAL, "file %s: unknown op %d", f->path, r->op);
+    if (r->len == 0)
+        return ferry__err_set(&io->err, -EINVAL, "file %s: %s of 0 bytes at offset %llu: zero "
+                              "length", f->path, opn, (unsigned long long)r->offset);
+    if (r->offset > (uint64_t)INT64_MAX || r->len > (uint64_t)INT64_MAX - r->offset)
+        return ferry__err_set(&io->err, -EINVAL,
+                              "file %s: %s of %zu bytes at offset %llu: range past the largest "
+                              "file offset", f->path, opn, r->len, (unsigned long long)r->offset);
+    if (r->op == FERRY_IO_READ && !(f->flags & FERRY_FILE_READ))
+        return ferry__err_set(&io->err, -EBADF, "file %s: read of %zu bytes at offset %llu: file "
+                              "not opened for reading", f->path, r->len,
+                              (unsigned long long)r->offset);
+    if (r->op == FERRY_IO_WRITE && !(f->flags & FERRY_FILE_WRITE))
+        return ferry__err_set(&io->err, -EBADF, "file %s: write of %zu bytes at offset %llu: file "
+                              "not opened for writing", f->path, r->len,
+                              (unsigned long long)r->offset);
+    if (!r->buf) {
+        if (!r->dev)
+            return ferry__err_set(&io->err, -EINVAL, "file %s: %s of %zu bytes at offset %llu: "
+                                  "no buffer (buf and dev are both 0)", f->path, opn, r->len,
+                                  (unsigned long long)r->offset);
+        if (!io->ops->dev_ok || !io->ops->dev_ok(io, f))
+            return ferry__err_set(&io->err, FERRY_ENOTSUP,
+                                  "file %s: %s of %zu bytes at offset %llu: device memory in an "
+                                  "asynchronous request needs the cufile engine on a GDS file "
+                                  "(engine %s%s); use ferry_io_read_dev/write_dev",
+                                  f->path, opn, r->len, (unsigned long long)r->offset,
+                                  io->ops->name, f->fallback[0] ? ", file fell back" : "");
+        return 0; /* cuFile aligns device transfers itself */
+    }
+    if (f->direct && (!FERRY__IS_ALIGNED(r->buf, FERRY_IO_ALIGN) ||
+                      !FERRY__IS_ALIGNED(r->offset, FERRY_IO_ALIGN) ||
+                      !FERRY__IS_ALIGNED(r->len, FERRY_IO_ALIGN)))
+        return ferry__err_set(&io->err, FERRY_EALIGN,
+                              "file %s: O_DIRECT %s of %zu bytes at offset %llu from buffer %p: "
+                              "buffer, offset and length must be multiples of %u (%s%s%s)",
+                              f->path, opn, r->len, (unsigned long long)r->offset, r->buf,
+                              FERRY_IO_ALIGN,
+                              FERRY__IS_ALIGNED(r->buf, FERRY_IO_ALIGN) ? "" : "buffer ",
+                              FERRY__IS_ALIGNED(r->offset, FERRY_IO_ALIGN) ? "" : "offset ",
+                              FERRY__IS_ALIGNED(r->len, FERRY_IO_ALIGN) ? "" : "length ");
+    return 0;
+}
+
+static void enqueue(ferry_io *io, ferry_io_req *r, uint32_t piece, uint16_t flags, uint16_t pad)
+{
+    rq_priv *p = P(r);
+    memset(p, 0, sizeof *p);
+    p->piece = piece;
+    p->flags = (uint16_t)(flags | RQ_PENDING);
+    p->pad = pad;
+    r->result = 0;
+    if (io->pend_tail)
+        P(io->pend_tail)->next = r;
+    else
+        io->pend_head = r;
+    io->pend_tail = r;
+}
+
+static void pend_pop(ferry_io *io)
+{
+    ferry_io_req *r = io->pend_head;
+    io->pend_head = P(r)->next;
+    if (!io->pend_head)
+        io->pend_tail = NULL;
+    P(r)->next = NULL;
+    P(r)->flags &= (uint16_t)~RQ_PENDING;
+}
+
+static void req_finish(ferry_io *io, ferry_io_req *r)
+{
+    rq_priv *p = P(r);
+    if (r->result == 0)
+        r->result = (int64_t)r->len;
+    p->flags |= RQ_DONE;
+    if (p->flags & RQ_INTERNAL)
+        return;
+    p->next = NULL;
+    if (io->done_tail)
+        P(io->done_tail)->next = r;
+    else
+        io->done_head = r;
+    io->done_tail = r;
+    io->ndone++;
+}
+
+static void part_release(ferry_io *io, ferry__part *pt)
+{
+    ferry_io_req *r = pt->parent;
+    pt->parent = NULL;
+    pt->next = io->free_parts;
+    io->free_parts = pt;
+    io->parts_busy--;
+    rq_priv *p = P(r);
+    p->outstanding--;
+    if (p->outstanding == 0 && !(p->flags & RQ_PENDING))
+        req_finish(io, r);
+}
+
+static void part_fail(ferry_io *io, ferry__part *pt, int code, const char *cause)
+{
+    ferry_io_req *r = pt->parent;
+    const char *opn = ferry__op_name(pt->op);
+    if (r->result == 0) {
+        r->result = code;
+        if (cause)
+            ferry__err_set(&io->err, code,
+                           "file %s: %s of %zu bytes at offset %llu: %s (request of %zu bytes at "
+                           "offset %llu)", pt->file->path, opn, pt->len,
+                           (unsigned long long)pt->off, cause, r->len,
+                           (unsigned long long)r->offset);
+        else
+            ferry__err_set(&io->err, code,
+                           "file %s: %s of %zu bytes at offset %llu failed: %s (%s) (request of "
+                           "%zu bytes at offset %llu)", pt->file->path, opn, pt->len,
+                           (unsigned long long)pt->off, ferry_err_name(code),
+                           ferry_strerror(code), r->len, (unsigned long long)r->offset);
+    }
+    part_release(io, pt);
+}
+
+static void parts_submit(ferry_io *io, ferry__part **parts, unsigned n)
+{
+    int k = io->ops->submit(io, parts, n);
+    int err = k < 0 ? k : -EIO; /* an engine that takes fewer recorded why */
+    if (k < 0)
+        k = 0;
+    for (unsigned i = (unsigned)k; i < n; i++)
+        part_fail(io, parts[i], err, NULL);
+}
+
+static void dispatch(ferry_io *io)
+{
+    unsigned n = 0;
+    while (io->pend_head && io->free_parts) {
+        ferry_io_req *r = io->pend_head;
+        rq_priv *p = P(r);
+        if (r->result < 0) { /* failed: dispatch nothing more of it */
+            pend_pop(io);
+            if (p->outstanding == 0)
+                req_finish(io, r);
+            continue;
+        }
+        size_t chunk = FERRY__MIN((size_t)p->piece, r->len - (size_t)p->cursor);
+        ferry__part *pt = io->free_parts;
+        io->free_parts = pt->next;
+        io->parts_busy++;
+        pt->next = NULL;
+        pt->parent = r;
+        pt->file = r->file;
+        pt->op = r->op;
+        pt->fd = r->file->fd;
+        pt->buf = r->buf ? (char *)r->buf + p->cursor : NULL;
+        pt->dev = r->buf ? 0 : r->dev + p->cursor;
+        pt->len = chunk;
+        pt->off = r->offset + p->cursor;
+        pt->done = 0;
+        pt->retries = 0;
+        pt->res = 0;
+        p->cursor += chunk;
+        p->outstanding++;
+        if (p->cursor == r->len)
+            pend_pop(io);
+        io->scratch[n++] = pt;
+    }
+    if (n)
+        parts_submit(io, io->scratch, n);
+}
+
+static void resubmit(ferry_io *io, ferry__part *pt)
+{
+    ferry__part *one[1] = {pt};
+    parts_submit(io, one, 1);
+}
+
+static void part_eof(ferry_io *io, ferry__part *pt)
+{
+    ferry_io_req *r = pt->parent;
+    rq_priv *p = P(r);
+    if ((p->flags & RQ_EOF_OK) && pt->off >= r->offset + r->len - p->pad) {
+        part_release(io, pt);
+        return;
+    }
+    char cause[160];
+    snprintf(cause, sizeof cause, "end of file at offset %llu (FERRY_ESHORT)",
+             (unsigned long long)pt->off);
+    part_fail(io, pt, FERRY_ESHORT, cause);
+}
+
+static void part_result(ferry_io *io, ferry__part *pt)
+{
+    int64_t res = pt->res;
+    if (res == -EINTR || res == -EAGAIN) {
+        if (++pt->retries <= RETRY_MAX) {
+            resubmit(io, pt);
+            return;
+        }
+        part_fail(io, pt, (int)res, NULL);
+        return;
+    }
+    if (res < 0) {
+        part_fail(io, pt, res < INT32_MIN ? -EIO : (int)res, NULL);
+        return;
+    }
+    if (res == 0) {
+        if (pt->op == FERRY_IO_READ) {
+            part_eof(io, pt);
+            return;
+        }
+        if (++pt->retries <= ZERO_WRITE_MAX) {
+            resubmit(io, pt);
+            return;
+        }
+        part_fail(io, pt, FERRY_ESHORT, "the write made no progress (0 bytes written, "
+                  "FERRY_ESHORT)");
+        return;
+    }
+    size_t n = (size_t)res > pt->len ? pt->len : (size_t)res;
+    pt->done += n;
+    pt->len -= n;
+    pt->off += n;
+    if (pt->buf)
+        pt->buf += n;
+    else
+        pt->dev += n;
+    pt->retries = 0;
+    if (pt->len == 0) {
+        part_release(io, pt);
+        return;
+    }
+    /* O_DIRECT reads come back short only at end of file; continuing at an
+     * unaligned offset would fail with EINVAL */
+    if (pt->op == FERRY_IO_READ && pt->file->direct && pt->buf &&
+        !FERRY__IS_ALIGNED(pt->off, FERRY_IO_ALIGN)) {
+        part_eof(io, pt);
+        return;
+    }
+    resubmit(io, pt);
+}
+
+static void pump(ferry_io *io, int timeout_ms)
+{
+    dispatch(io);
+    if (io->parts_busy == 0)
+        return;
+    int n = io->ops->wait(io, io->scratch, 1, io->nparts, timeout_ms);
+    for (int i = 0; i < n; i++)
+        part_result(io, io->scratch[i]);
+    dispatch(io);
+}
+
+int ferry_io_submit(ferry_io *io, ferry_io_req *const *reqs, unsigned n)
+{
+    if (!io || (!reqs && n))
+        return ferry__err_set(io ? &io->err : NULL, -EINVAL, "ferry_io_submit: io or reqs is "
+                              "NULL");
+    unsigned k = 0;
+    int rc = 0;
+    for (; k < n; k++) {
+        rc = validate(io, reqs[k]);
+        if (rc < 0)
+            break;
+        enqueue(io, reqs[k], (uint32_t)io->max_request, 0, 0);
+        io->inflight++;
+    }
+    dispatch(io);
+    return k ? (int)k : rc;
+}
+
+int ferry_io_reap(ferry_io *io, ferry_io_req **done, unsigned min, unsigned max, int timeout_ms)
+{
+    if (!io || (!done && max))
+        return ferry__err_set(io ? &io->err : NULL, -EINVAL, "ferry_io_reap: io or done is NULL");
+    if (min > max)
+        return ferry__err_set(&io->err, -EINVAL, "ferry_io_reap: min %u > max %u", min, max);
+    if (min > io->inflight)
+        min = io->inflight;
+    uint64_t deadline = timeout_ms < 0 ? 0 : ferry__now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    if (io->ndone < max)
+        pump(io, 0); /* collect what has finished without waiting */
+    while (io->ndone < min) {
+        int left = -1;
+        if (timeout_ms >= 0) {
+            uint64_t now = ferry__now_ns();
+            left = now >= deadline ? 0 : (int)((deadline - now + 999999) / 1000000);
+        }
+        pump(io, left);
+        if (timeout_ms >= 0 && ferry__now_ns() >= deadline)
+            break;
+    }
+    unsigned k = 0;
+    while (k < max && io->done_head) {
+        ferry_io_req *r = io->done_head;
+        io->done_head = P(r)->next;
+        if (!io->done_head)
+            io->done_tail = NULL;
+        P(r)->next = NULL;
+        io->ndone--;
+        io->inflight--;
+        done[k++] = r;
+    }
+    return (int)k;
+}
+
+/* ---- synchronous helpers ---- */
+static uint32_t sync_piece(const ferry_io *io, size_t len)
+{
+    size_t piece = (len + io->depth - 1) / io->depth;
+    piece = FERRY__ALIGN_UP(piece, (size_t)FERRY_IO_ALIGN);
+    if (piece < ((size_t)128 << 10))
+        piece = (size_t)128 << 10;
+    if (piece > io->max_request)
+        piece = io->max_request;
+    return (uint32_t)piece;
+}
+
+int ferry__io_rw(ferry_io *io, ferry_file *f, int op, void *buf, ferry_devptr dev, size_t len,
+                 uint64_t off, size_t min_len)
+{
+    ferry_io_req r;
+    memset(&r, 0, sizeof r);
+    r.op = op;
+    r.file = f;
+    r.buf = buf;
+    r.dev = buf ? 0 : dev;
+    r.len = len;
+    r.offset = off;
+    int rc = validate(io, &r);
+    if (rc < 0)
+        return rc;
+    uint16_t flags = RQ_INTERNAL, pad = 0;
+    if (op == FERRY_IO_READ && min_len < len && len - min_len < 65536) {
+        flags |= RQ_EOF_OK;
+        pad = (uint16_t)(len - min_len);
+    }
+    enqueue(io, &r, sync_piece(io, len), flags, pad);
+    while (!(P(&r)->flags & RQ_DONE))
+        pump(io, -1);
+    return r.result < 0 ? (int)r.result : 0;
+}
+
+int ferry_io_pread(ferry_io *io, ferry_file *f, void *buf, size_t len, uint64_t off)
+{
+    if (!io)
+        return ferry__err_set(NULL, -EINVAL, "ferry_io_pread: io is NULL");
+    if (!buf)
+        return ferry__err_set(&io->err, -EINVAL, "ferry_io_pread: buf is NULL");
+    return ferry__io_rw(io, f, FERRY_IO_READ, buf, 0, len, off, len);
+}
+
+int ferry_io_pwrite(ferry_io *io, ferry_file *f, const void *buf, size_t len, uint64_t off)
+{
+    if (!io)
+        return ferry__err_set(NULL, -EINVAL, "ferry_io_pwrite: io is NULL");
+    if (!buf)
+        return ferry__err_set(&io->err, -EINVAL, "ferry_io_pwrite: buf is NULL");
+    return ferry__io_rw(io, f, FERRY_IO_WRITE, (void *)(uintptr_t)buf, 0, len, off, len);
+}
+
+static int dev_rw(ferry_io *io, ferry_file *f, ferry_stream *s, int op, ferry_devptr p,
+                  size_t len, uint64_t off)
+{
+    if (!io)
+        return ferry__err_set(NULL, -EINVAL, "ferry_io_%s_dev: io is NULL", ferry__op_name(op));
+    if (!f || f->io != io)
+        return ferry__err_set(&io->err, -EINVAL, "ferry_io_%s_dev: file is NULL or was opened "
+                              "on another engine", ferry__op_name(op));
+    if (!p)
+        return ferry__err_set(&io->err, -EINVAL, "file %s: device %s of %zu bytes at offset "
+                              "%llu: device pointer is 0", f->path, ferry__op_name(op), len,
+                              (unsigned long long)off);
+    if (len == 0)
+        return ferry__err_set(&io->err, -EINVAL, "file %s: device %s of 0 bytes at offset %llu: "
+                              "zero length", f->path, ferry__op_name(op),
+                              (unsigned long long)off);
+    if (off > (uint64_t)INT64_MAX || len > (uint64_t)INT64_MAX - off)
+        return ferry__err_set(&io->err, -EINVAL, "file %s: device %s of %zu bytes at offset "
+                              "%llu: range past the largest file offset", f->path,
+                              ferry__op_name(op), len, (unsigned long long)off);
+    unsigned need = op == FERRY_IO_READ ? FERRY_FILE_READ : FERRY_FILE_WRITE;
+    if (!(f->flags & need))
+        return ferry__err_set(&io->err, -EBADF, "file %s: device %s of %zu bytes at offset "
+                              "%llu: file not opened for %s", f->path, ferry__op_name(op), len,
+                              (unsigned long long)off, op == FERRY_IO_READ ? "reading" : "writing");
+    if (io->ops->dev_rw && f->gds) {
+        int rc = io->ops->dev_rw(io, f, s, op, p, len, off);
+        if (rc != FERRY_ENOTSUP)
+            return rc;
+    }
+    return ferry__bounce_rw(io, f, s, op, p, len, off);
+}
+
+int ferry_io_read_dev(ferry_io *io, ferry_file *f, ferry_stream *s, ferry_devptr dst, size_t len,
+                      uint64_t off)
+{
+    return dev_rw(io, f, s, FERRY_IO_READ, dst, len, off);
+}
+
+int ferry_io_write_dev(ferry_io *io, ferry_file *f, ferry_stream *s, ferry_devptr src, size_t len,
+                       uint64_t off)
+{
+    return dev_rw(io, f, s, FERRY_IO_WRITE, src, len, off);
+}
+
+/* ---- probes ---- */
+static int dir_writable(const char *dir, char *why, size_t why_len)
+{
+    if (access(dir, W_OK | X_OK) != 0) {
+        int e = errno;
+        snprintf(why, why_len, "directory %s is not usable: %s (%s)", dir, ferry_err_name(-e),
+                 strerror(e));
+        return -e;
+    }
+    return 0;
+}
+
+int ferry_io_direct_probe(const char *dir, char *why, size_t why_len)
+{
+    char dummy[8];
+    if (!why || !why_len) {
+        why = dummy;
+        why_len = sizeof dummy;
+    }
+    why[0] = 0;
+    if (!dir || !*dir) {
+        snprintf(why, why_len, "no directory given");
+        return -EINVAL;
+    }
+    static unsigned counter;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/.ferry-direct-probe-%d-%u", dir, (int)getpid(),
+             __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
+    const ferry__sys *sys = ferry__sys_get();
+    int fd = sys->open(path, O_CREAT | O_EXCL | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        int e = errno;
+        if (e == EINVAL) {
+            snprintf(why, why_len, "O_DIRECT refused by the file system of %s (open: EINVAL)",
+                     dir);
+            return -EINVAL;
+        }
+        snprintf(why, why_len, "cannot create a file in %s: %s (%s)", dir, ferry_err_name(-e),
+                 strerror(e));
+        return -e;
+    }
+    int rc = 0;
+    void *buf = NULL;
+    if (posix_memalign(&buf, FERRY_IO_ALIGN, FERRY_IO_ALIGN) != 0) {
+        rc = -ENOMEM;
+        snprintf(why, why_len, "out of memory");
+    } else {
+        memset(buf, 0, FERRY_IO_ALIGN);
+        ssize_t w = sys->pwrite(fd, buf, FERRY_IO_ALIGN, 0);
+        if (w != (ssize_t)FERRY_IO_ALIGN) {
+            int e = w < 0 ? errno : EIO;
+            rc = -e;
+            snprintf(why, why_len, "O_DIRECT write of %u bytes in %s failed: %s (%s)",
+                     FERRY_IO_ALIGN, dir, ferry_err_name(-e), strerror(e));
+        } else {
+            ssize_t r = sys->pread(fd, buf, FERRY_IO_ALIGN, 0);
+            if (r != (ssize_t)FERRY_IO_ALIGN) {
+                int e = r < 0 ? errno : EIO;
+                rc = -e;
+                snprintf(why, why_len, "O_DIRECT read of %u bytes in %s failed: %s (%s)",
+                         FERRY_IO_ALIGN, dir, ferry_err_name(-e), strerror(e));
+            }
+        }
+        free(buf);
+    }
+    sys->close(fd);
+    unlink(path);
+    if (rc == 0)
+        snprintf(why, why_len, "O_DIRECT works in %s (4096-byte write and read)", dir);
+    return rc;
+}
+
+int ferry_io_engine_probe(const char *engine, const char *dir, char *why, size_t why_len)
+{
+    char dummy[8];
+    if (!why || !why_len) {
+        why = dummy;
+        why_len = sizeof dummy;
+    }
+    why[0] = 0;
+    if (!engine || !*engine || !strcmp(engine, "auto")) {
+        snprintf(why, why_len, "name an engine: posix, uring or cufile");
+        return -EINVAL;
+    }
+    int rc;
+    if (!strcmp(engine, "posix")) {
+        rc = 0;
+        snprintf(why, why_len, "pread/pwrite on a thread pool: always available");
+    } else if (!strcmp(engine, "uring"))
+        rc = ferry__uring_probe(why, why_len);
+    else if (!strcmp(engine, "cufile"))
+        rc = ferry__cufile_probe(why, why_len);
+    else {
+        snprintf(why, why_len, "unknown engine '%s' (posix|uring|cufile)", engine);
+        return -EINVAL;
+    }
+    if (rc == 0 && dir && *dir)
+        rc = dir_writable(dir, why, why_len);
+    return rc;
+}
