@@ -13,6 +13,8 @@
 #include "ferry/core.h"
 #include "ferry/device.h"
 #include "ferry/io.h"
+#include "ferry/remote.h"
+#include "ferry/moe.h"
 #include "ferry/slab.h"
 #include "ferry/gds.h"
 

@@ -1,0 +1,240 @@
+/*
+ * ferry/remote.h - the shared remote tier: chunks kept in Redis or Valkey.
+ *
+ * A ferry_remote is a client of one Redis/Valkey deployment (a single
+ * server or a Redis Cluster) reached through hiredis. Several ferry
+ * processes (or machines) that open the same URL share what they store.
+ *
+ * Keys and values
+ *  - A key is an opaque byte string (the KV store builds it from model, TP
+ *    rank/world, chunk hash and salt). The server key is
+ *    options.key_prefix followed by the key bytes.
+ *  - A value is the caller's payload behind a small header: magic "FRYV",
+ *    format version, the layout fingerprint given at open
+ *    (options.layout, up to FERRY_REMOTE_LAYOUT_MAX bytes: whatever
+ *    identifies model, dtype and KV shape), an XXH3-64 of the key, an
+ *    XXH3-64 of the payload, the payload length and an XXH3-64 of the
+ *    header itself. A value whose layout or key hash differs from the
+ *    reader's is refused with FERRY_EMISMATCH, a value that fails a
+ *    checksum or is malformed with FERRY_ECORRUPT, one from a newer format
+ *    with FERRY_EVERSION; none of them is ever returned as data.
+ *
+ * URLs (ferry_remote_url_validate says what is wrong with one)
+ *    redis://[[user]:password@]host[:port][/db][?query]
+ *    unix:///path/to/socket[?db=N&user=U&password=P]
+ *    redis+unix://[[user]:password@]/path/to/socket[?query]
+ *  valkey:// and valkey+unix:// are synonyms. host is a name, an IPv4
+ *  address or [IPv6]; port defaults to 6379, db to 0. user and password
+ *  are percent-decoded. query keys: db (unix forms), user, password,
+ *  cluster=auto|yes|no (default auto: a server with cluster support
+ *  enabled is used through the cluster path). rediss:// (TLS) is not
+ *  supported: the Debian hiredis 0.14 has no TLS; run a TLS tunnel
+ *  (stunnel, spiped) on loopback and point a redis:// URL at it.
+ *
+ * Redis Cluster: the client reads the slot map (CLUSTER SLOTS), routes each
+ *  key to its master by CRC16 slot (hash tags honoured), follows MOVED
+ *  (updating its map) and ASK (ASKING + retry) redirections, and pipelines
+ *  per node. Only masters are used; db must be 0.
+ *
+ * Failure model: a transport failure (refused, reset, timed out) marks the
+ *  remote down for a backoff period that starts at backoff_initial_ms and
+ *  doubles up to backoff_max_ms. While it is down every call answers as a
+ *  miss at once, without I/O (metrics.degraded counts them), and the
+ *  writer thread drops what it is handed. After the period one caller
+ *  probes (reconnects, with connect_timeout_ms); others keep answering
+ *  misses until the probe succeeds. A connection found dead by EOF or
+ *  reset (a restarted server) is reconnected and the command retried once
+ *  before the remote is marked down. A single cluster node down makes the
+ *  whole remote down for the period (no per-node health).
+ *
+ * Thread-safety: every function may be called from any thread on one
+ *  handle at the same time, except close. Synchronous calls take one of
+ *  options.connections connections (waiting for a free one); puts are
+ *  written by one background thread with its own connection.
+ *
+ * Memory: ferry's own bookkeeping (queue items, buffers) goes through the
+ *  allocation hook; hiredis allocates with libc malloc (0.14 has no hook).
+ */
+#ifndef FERRY_REMOTE_H
+#define FERRY_REMOTE_H
+
+#include "core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ferry_remote ferry_remote;
+
+/** Longest layout fingerprint a value header carries. */
+#define FERRY_REMOTE_LAYOUT_MAX 1024u
+/** Longest key (key_prefix included). */
+#define FERRY_REMOTE_KEY_MAX 4096u
+/** Bytes of a value header before the layout bytes. */
+#define FERRY_REMOTE_HEADER_FIXED 48u
+/** Number of Redis Cluster hash slots. */
+#define FERRY_REMOTE_SLOTS 16384u
+
+enum ferry_remote_flags {
+    /** Open succeeds even when the server cannot be reached (the handle
+     *  starts down and probes after backoff). Without it, open fails. */
+    FERRY_REMOTE_LAZY = 1u << 0
+};
+
+typedef struct ferry_remote_options {
+    size_t size;                 /**< sizeof(ferry_remote_options) */
+    uint32_t connect_timeout_ms; /**< TCP/unix connect; 0 -> 500 */
+    uint32_t command_timeout_ms; /**< each socket read/write; 0 -> 1000 */
+    uint32_t backoff_initial_ms; /**< first down period; 0 -> 50 */
+    uint32_t backoff_max_ms;     /**< cap of the doubling; 0 -> 5000 */
+    uint32_t queue_max_items;    /**< puts waiting to be written; 0 -> 1024 */
+    uint64_t queue_max_bytes;    /**< their encoded bytes; 0 -> 256 MiB */
+    uint32_t connections;        /**< for synchronous calls; 0 -> 4 */
+    uint32_t ttl_s;              /**< expire stored values after; 0 = never */
+    const char *key_prefix;      /**< prepended to every key; NULL = none; copied */
+    const void *layout;          /**< layout fingerprint; may be NULL; copied */
+    size_t layout_len;           /**< <= FERRY_REMOTE_LAYOUT_MAX */
+    uint32_t flags;              /**< ferry_remote_flags */
+} ferry_remote_options;
+#define FERRY_REMOTE_OPTIONS_INIT \
+    {sizeof(ferry_remote_options), 0, 0, 0, 0, 0, 0, 0, 0, NULL, NULL, 0, 0}
+
+/** One key of a batch. */
+typedef struct ferry_remote_key {
+    const void *data;
+    size_t len;
+} ferry_remote_key;
+
+typedef struct ferry_remote_metrics {
+    size_t size;            /**< set by the caller: sizeof(ferry_remote_metrics) */
+    uint64_t puts;          /**< puts accepted (queued or written synchronously) */
+    uint64_t puts_written;  /**< values the server acknowledged */
+    uint64_t gets;          /**< get calls */
+    uint64_t hits;          /**< gets that returned data */
+    uint64_t misses;        /**< gets answered as a miss (absent, down, refused) */
+    uint64_t errors;        /**< transport failures and error replies */
+    uint64_t dropped;       /**< puts dropped: queue full or remote down */
+    uint64_t reconnects;    /**< connections made again after a failure */
+    uint64_t degraded;      /**< calls answered at once because the remote was down */
+    uint64_t corrupt;       /**< values refused by a checksum/format check */
+    uint64_t mismatched;    /**< values refused for another layout or key */
+    uint64_t redirects;     /**< cluster MOVED/ASK redirections followed */
+    uint64_t bytes_written; /**< value bytes (header included) sent by puts */
+    uint64_t bytes_read;    /**< value bytes (header included) received by gets */
+    uint64_t exists_calls;  /**< ferry_remote_exists calls */
+    uint64_t deletes;       /**< keys deleted */
+    uint64_t queue_items;   /**< puts waiting now */
+    uint64_t queue_bytes;   /**< their bytes now */
+    uint32_t down;          /**< 1 while the remote is marked down */
+    uint32_t cluster;       /**< 1 when the cluster path is in use */
+} ferry_remote_metrics;
+
+/**
+ * Connect to the server named by url (see the grammar above) with opt
+ * (NULL: defaults): AUTH when a password is given, SELECT db, detect a
+ * cluster, start the writer thread.
+ * Errors: FERRY_EPARSE (bad URL; the message quotes it with the password
+ * hidden), FERRY_ENOTSUP (rediss://), -EINVAL (bad options), FERRY_EREMOTE
+ * (the server refused AUTH/SELECT/CLUSTER SLOTS: its message is quoted),
+ * -ECONNREFUSED/-ETIMEDOUT/-ECONNRESET/-EHOSTUNREACH (cannot reach it,
+ * unless FERRY_REMOTE_LAZY), -ENOMEM. *out is set only on success.
+ * Ownership: close the handle with ferry_remote_close.
+ */
+FERRY_API int ferry_remote_open(const char *url, const ferry_remote_options *opt,
+                                ferry_remote **out);
+
+/**
+ * Stop the writer after it wrote what is queued (or dropped it, when the
+ * remote is down; each write bounded by the command timeout), close the
+ * connections and free. NULL does nothing. No call may be in progress on
+ * the handle.
+ */
+FERRY_API void ferry_remote_close(ferry_remote *r);
+
+/**
+ * Store data[0..len) under key, asynchronously: the value is encoded
+ * (copied) and queued, and the writer thread sends it. Never blocks on the
+ * network. Returns 0 when queued; FERRY_ENOSPACE when the queue is full
+ * (the put is dropped and counted); -ENOMEM (dropped); -EINVAL for a
+ * NULL/empty key, a key over FERRY_REMOTE_KEY_MAX or data NULL with len > 0.
+ * A later put of the same key replaces the value.
+ */
+FERRY_API int ferry_remote_put(ferry_remote *r, const void *key, size_t key_len,
+                               const void *data, size_t len);
+
+/**
+ * Store data under key now, waiting for the server's answer. Returns 0.
+ * Errors: FERRY_EREMOTE (error reply, e.g. OOM, quoted),
+ * -ECONNREFUSED/-ETIMEDOUT/... (transport; the remote is marked down),
+ * -EAGAIN (the remote is down and backing off: nothing was sent), -EINVAL.
+ */
+FERRY_API int ferry_remote_put_sync(ferry_remote *r, const void *key, size_t key_len,
+                                    const void *data, size_t len);
+
+/**
+ * Fetch the value of key into dst[0..cap). Returns the payload length
+ * (>= 0) on a hit. A miss is FERRY_ENOTFOUND: the key is absent, or the
+ * remote is down (answered at once while backing off, or after at most the
+ * timeouts when the failure happens during this call; the message says
+ * which). FERRY_EMISMATCH: the value was stored for another layout or key.
+ * FERRY_ECORRUPT: it failed a checksum or is malformed. FERRY_EVERSION: a
+ * newer format. FERRY_EREMOTE: the server answered an error (e.g.
+ * WRONGTYPE). -ENOBUFS: cap is smaller than the payload (the message says
+ * how big it is). On every failure dst may have been written to but holds
+ * nothing the caller should use.
+ */
+FERRY_API int ferry_remote_get(ferry_remote *r, const void *key, size_t key_len, void *dst,
+                               size_t cap);
+
+/**
+ * Prefix lookup: how many of keys[0..n), counted from the first, are
+ * present with a valid header for this handle's layout and their key. All
+ * n are asked in one pipelined round trip (one per node in a cluster), each
+ * reading only the value header. Returns that count (0..n); 0 when the
+ * remote is down (a miss). -EINVAL for a bad key.
+ */
+FERRY_API int ferry_remote_exists(ferry_remote *r, const ferry_remote_key *keys, size_t n);
+
+/**
+ * Delete keys[0..n) (pipelined). Returns how many existed and were
+ * deleted. Errors: -EAGAIN (down, nothing sent), transport codes,
+ * FERRY_EREMOTE, -EINVAL.
+ */
+FERRY_API int ferry_remote_delete(ferry_remote *r, const ferry_remote_key *keys, size_t n);
+
+/**
+ * Wait until every put queued before this call was written or dropped.
+ * Returns 0, or -ETIMEDOUT after timeout_ms (0 = wait without limit).
+ */
+FERRY_API int ferry_remote_flush(ferry_remote *r, uint32_t timeout_ms);
+
+/**
+ * Copy the counters into *m (m->size must be set; fields beyond it are
+ * not written). Returns 0 or -EINVAL.
+ */
+FERRY_API int ferry_remote_metrics_get(ferry_remote *r, ferry_remote_metrics *m);
+
+/** The handle's last failure message ("" if none). With several threads
+ *  on one handle prefer ferry_last_error(), which is per thread. */
+FERRY_API const char *ferry_remote_last_error(const ferry_remote *r);
+
+/** The URL the handle was opened with, password replaced by "***". */
+FERRY_API const char *ferry_remote_url(const ferry_remote *r);
+
+/**
+ * Check a URL without connecting. Returns 0, FERRY_EPARSE or FERRY_ENOTSUP;
+ * the reason is in ferry_last_error(). Thread-safe.
+ */
+FERRY_API int ferry_remote_url_validate(const char *url);
+
+/**
+ * The Redis Cluster hash slot (0..16383) of a key, honouring a {hash tag}:
+ * CRC16-CCITT (XMODEM) of the tag or the whole key, mod 16384. The slot is
+ * computed over key_prefix + key by the handle; give the full key here.
+ */
+FERRY_API unsigned ferry_remote_key_slot(const void *key, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,145 @@
+/*
+ * remote_int.h - private pieces of the remote tier (src/kv/remote*.c).
+ *
+ *  remote_url.c      strict URL parser (fuzzed: fuzz/fuzz_remote_url.c)
+ *  remote_value.c    value header codec (fuzzed: fuzz/fuzz_remote_value.c)
+ *  remote_conn.c     one hiredis connection: connect with timeouts, AUTH,
+ *                    SELECT, pipelined exchange, hiredis error -> code
+ *  remote_single.c   topology backend: one server
+ *  remote_cluster.c  topology backend: Redis Cluster (slot map, MOVED/ASK)
+ *  remote.c          the handle: connection pool, health/backoff, writer
+ *                    thread and queue, the public API, metrics
+ *
+ * A "session" is one topology instance (its connections and, for a
+ * cluster, its own slot map) used by one thread at a time; the handle keeps
+ * a pool of them. Topology backends sit behind ferry__rtopo_ops.
+ */
+#ifndef FERRY_KV_REMOTE_INT_H
+#define FERRY_KV_REMOTE_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core.h"
+#include "ferry/remote.h"
+
+/* ---- URL ---- */
+enum { FERRY__RURL_HOST_MAX = 256, FERRY__RURL_PATH_MAX = 108, FERRY__RURL_CRED_MAX = 256 };
+enum ferry__rurl_cluster { FERRY__RCLUSTER_AUTO = -1, FERRY__RCLUSTER_NO = 0, FERRY__RCLUSTER_YES = 1 };
+
+typedef struct ferry__rurl {
+    int is_unix;                            /* 1: path, else host:port */
+    char host[FERRY__RURL_HOST_MAX];        /* without [] for IPv6 */
+    int port;                               /* 1..65535 */
+    char path[FERRY__RURL_PATH_MAX];        /* unix socket path */
+    int has_user, has_password;
+    char user[FERRY__RURL_CRED_MAX];        /* decoded */
+    char password[FERRY__RURL_CRED_MAX];    /* decoded */
+    int db;                                 /* 0..(1<<24) */
+    int cluster;                            /* enum ferry__rurl_cluster */
+    char redacted[1024];                    /* the URL with the password as *** */
+} ferry__rurl;
+
+/* Parse url[0..len) (need not be NUL-terminated; an embedded NUL is an
+ * error). Returns 0, FERRY_EPARSE or FERRY_ENOTSUP with a message in eb. */
+int ferry__rurl_parse(const char *url, size_t len, ferry__rurl *out, ferry__errbuf *eb);
+
+/* ---- value codec ---- */
+#define FERRY__RVALUE_MAGIC "FRYV"
+#define FERRY__RVALUE_VERSION 1u
+
+typedef struct ferry__rvalue_hdr {
+    uint16_t version;
+    uint16_t header_len;      /* FERRY_REMOTE_HEADER_FIXED + layout_len */
+    uint32_t flags;
+    uint32_t layout_len;
+    uint64_t payload_len;
+    uint64_t payload_sum;     /* XXH3-64 of the payload */
+    uint64_t key_sum;         /* XXH3-64 of the caller's key */
+    const uint8_t *layout;    /* points into the parsed buffer */
+} ferry__rvalue_hdr;
+
+size_t ferry__rvalue_header_size(size_t layout_len);
+/* Write the header for payload[0..len) into dst (header_size bytes). */
+void ferry__rvalue_encode_header(void *dst, const void *layout, size_t layout_len,
+                                 uint64_t key_sum, const void *payload, size_t len);
+/* Parse and check a header from buf[0..len) (len may be just the header:
+ * the payload is not looked at). 0 or FERRY_ECORRUPT/FERRY_EVERSION. */
+int ferry__rvalue_parse_header(const void *buf, size_t len, ferry__rvalue_hdr *h,
+                               ferry__errbuf *eb);
+/* Check a header against what the reader expects: layout bytes and key
+ * hash. 0 or FERRY_EMISMATCH. */
+int ferry__rvalue_match(const ferry__rvalue_hdr *h, const void *layout, size_t layout_len,
+                        uint64_t key_sum, ferry__errbuf *eb);
+/* Full decode: header, total length, expected layout/key, payload checksum.
+ * On success *payload points into buf. */
+int ferry__rvalue_decode(const void *buf, size_t len, const void *layout, size_t layout_len,
+                         uint64_t key_sum, const void **payload, size_t *payload_len,
+                         ferry__errbuf *eb);
+uint64_t ferry__rvalue_key_sum(const void *key, size_t len);
+
+/* ---- commands and connections ---- */
+struct redisContext;
+struct redisReply;
+
+#define FERRY__RCMD_ARGS 6
+typedef struct ferry__rcmd {
+    int argc;
+    const char *argv[FERRY__RCMD_ARGS];
+    size_t argvlen[FERRY__RCMD_ARGS];
+    int key_arg;                /* index of the key in argv (cluster routing); -1 none */
+    struct redisReply *reply;   /* out; freed with ferry__rcmd_release */
+} ferry__rcmd;
+void ferry__rcmd_release(ferry__rcmd *cmds, size_t n);
+
+typedef struct ferry__rconf {
+    const ferry__rurl *url;
+    uint32_t connect_timeout_ms, command_timeout_ms;
+} ferry__rconf;
+
+typedef struct ferry__rconn {
+    struct redisContext *c;
+    char host[FERRY__RURL_HOST_MAX];
+    int port;
+} ferry__rconn;
+
+/* Connect to host:port (or the URL's unix path when host is NULL), set
+ * timeouts, AUTH, SELECT (when select_db). Transport codes or
+ * FERRY_EREMOTE. */
+int ferry__rconn_open(ferry__rconn *c, const ferry__rconf *cf, const char *host, int port,
+                      int select_db, ferry__errbuf *eb);
+void ferry__rconn_close(ferry__rconn *c);
+/* Send cmds (pointers) in one pipeline, read every reply into cmd->reply.
+ * Returns 0 when every reply arrived (some may be error replies), else a
+ * transport code; the connection is then closed. */
+int ferry__rconn_exchange(ferry__rconn *c, ferry__rcmd **cmds, size_t n, ferry__errbuf *eb);
+/* 1 when code means the connection was found dead (EOF, reset, broken
+ * pipe): worth one reconnect and retry. */
+int ferry__rconn_stale_code(int code);
+
+/* ---- topology backends ---- */
+typedef struct ferry__rsession ferry__rsession;
+typedef struct ferry__rtopo_ops {
+    const char *name;
+    /* make a session (no I/O) */
+    int (*create)(const ferry__rconf *cf, void **state, ferry__errbuf *eb);
+    /* (re)connect; 0 or a code */
+    int (*connect)(void *state, ferry__errbuf *eb);
+    int (*connected)(void *state);
+    /* run cmds; 0 when each has a reply (error replies included) */
+    int (*exec)(void *state, ferry__rcmd *cmds, size_t n, uint64_t *redirects, ferry__errbuf *eb);
+    /* drop the connections (after a failure) */
+    void (*reset)(void *state);
+    void (*destroy)(void *state);
+} ferry__rtopo_ops;
+
+extern const ferry__rtopo_ops ferry__rtopo_single;
+extern const ferry__rtopo_ops ferry__rtopo_cluster;
+
+/* Probe a connected server: 1 when cluster support is enabled, 0 when not,
+ * negative on failure. */
+int ferry__rcluster_probe(ferry__rconn *c, ferry__errbuf *eb);
+/* CRC16-CCITT/XMODEM as Redis Cluster uses it. */
+uint16_t ferry__rcluster_crc16(const void *buf, size_t len);
+
+#endif
