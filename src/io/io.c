@@ -96,11 +96,11 @@ static int io_create(const ferry__io_ops *ops, const ferry_io_options *o, ferry_
     io->parts = ferry__calloc(io->nparts, sizeof *io->parts);
     io->scratch = ferry__calloc(io->nparts, sizeof *io->scratch);
     if (!io->parts || !io->scratch) {
+        unsigned n = io->nparts;
         ferry__free(io->parts);
         ferry__free(io->scratch);
         ferry__free(io);
-        return ferry__err_set(NULL, -ENOMEM, "io: out of memory allocating %u request slots",
-                              io->nparts);
+        return ferry__err_set(NULL, -ENOMEM, "io: out of memory allocating %u request slots", n);
     }
     for (unsigned i = 0; i < io->nparts; i++) {
         io->parts[i].next = io->free_parts;
