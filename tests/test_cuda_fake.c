@@ -1,0 +1,757 @@
+/*
+ * test_cuda_fake.c - the cuda backend's logic over a fake driver table
+ * that records every call: which driver function each ferry call reaches
+ * and with which arguments, how CUresult errors become ferry codes and
+ * messages, the context being made current on every thread, close giving
+ * back leftovers, and the missing-driver paths (no library, missing
+ * symbol). Where the CUDA toolkit's cuda.h is installed, the prototypes
+ * ferry declares for itself are checked against it at compile time.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/cuda_api.h"
+#include "device/device_impl.h"
+#include "ferry_test.h"
+
+/* ---- compile-time check of the prototypes against the real cuda.h ---- */
+#if defined(__has_include)
+#if __has_include("/usr/local/cuda/include/cuda.h")
+#include "/usr/local/cuda/include/cuda.h"
+#define HAVE_REAL_CUDA_H 1
+#endif
+#endif
+
+#ifdef HAVE_REAL_CUDA_H
+/* each entry of ferry's list, re-expanded with the real types, must be the
+ * type of the real function (cuda.h's macros map names to _v2 symbols) */
+#define CHECK_PROTO(name, R, params)                                                      \
+    _Static_assert(__builtin_types_compatible_p(__typeof__(&name), R(*) params),          \
+                   "ferry's prototype of " #name " differs from cuda.h");
+FERRY__CUDA_API_LIST(CHECK_PROTO, CUresult, CUdevice, CUcontext, CUstream, CUevent, CUdeviceptr)
+#undef CHECK_PROTO
+/* and ferry's stand-in types have the real types' representation */
+_Static_assert(sizeof(CUresult) == sizeof(ferry__CUresult), "CUresult size");
+_Static_assert(__builtin_types_compatible_p(CUdevice, ferry__CUdevice), "CUdevice");
+_Static_assert(__builtin_types_compatible_p(CUdeviceptr, ferry__CUdeviceptr), "CUdeviceptr");
+_Static_assert(sizeof(CUcontext) == sizeof(ferry__CUcontext), "CUcontext");
+_Static_assert(sizeof(CUstream) == sizeof(ferry__CUstream), "CUstream");
+_Static_assert(sizeof(CUevent) == sizeof(ferry__CUevent), "CUevent");
+_Static_assert(CUDA_SUCCESS == FERRY__CUDA_SUCCESS, "CUDA_SUCCESS");
+_Static_assert(CUDA_ERROR_INVALID_VALUE == FERRY__CUDA_ERROR_INVALID_VALUE, "INVALID_VALUE");
+_Static_assert(CUDA_ERROR_OUT_OF_MEMORY == FERRY__CUDA_ERROR_OUT_OF_MEMORY, "OUT_OF_MEMORY");
+_Static_assert(CUDA_ERROR_NOT_INITIALIZED == FERRY__CUDA_ERROR_NOT_INITIALIZED, "NOT_INIT");
+_Static_assert(CUDA_ERROR_NO_DEVICE == FERRY__CUDA_ERROR_NO_DEVICE, "NO_DEVICE");
+_Static_assert(CUDA_ERROR_INVALID_DEVICE == FERRY__CUDA_ERROR_INVALID_DEVICE, "INVALID_DEVICE");
+_Static_assert(CUDA_ERROR_NOT_READY == FERRY__CUDA_ERROR_NOT_READY, "NOT_READY");
+_Static_assert(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED ==
+                   FERRY__CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+               "ALREADY_REGISTERED");
+_Static_assert(CU_MEMHOSTREGISTER_PORTABLE == FERRY__CU_MEMHOSTREGISTER_PORTABLE, "PORTABLE");
+_Static_assert(CU_STREAM_NON_BLOCKING == FERRY__CU_STREAM_NON_BLOCKING, "NON_BLOCKING");
+_Static_assert(CU_EVENT_DEFAULT == FERRY__CU_EVENT_DEFAULT, "EVENT_DEFAULT");
+#endif
+
+/* ---- the fake driver ---- */
+
+#define FAKE_CTX ((ferry__CUcontext)(uintptr_t)0xc0c0)
+#define FAKE_DEV_BASE 10
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static char g_log[256][160];
+static int g_nlog;
+static char g_fail_fn[64];   /* the function that fails next */
+static ferry__CUresult g_fail_res;
+static int g_query_not_ready; /* cuEventQuery / ElapsedTime answer NOT_READY */
+static int g_live_dev, g_live_host, g_live_reg, g_live_streams, g_live_events;
+static int g_nstreams;
+static _Thread_local ferry__CUcontext t_current;
+static float g_clock_ms;
+
+struct fake_event {
+    float t_ms;
+    int recorded;
+};
+
+static void logf_(const char *fmt, ...) FERRY__PRINTF(1, 2);
+static void logf_(const char *fmt, ...)
+{
+    pthread_mutex_lock(&g_mu);
+    if (g_nlog < 256) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(g_log[g_nlog++], sizeof g_log[0], fmt, ap);
+        va_end(ap);
+    }
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* a call fails when it is the chosen one (once) */
+static ferry__CUresult injected(const char *fn)
+{
+    pthread_mutex_lock(&g_mu);
+    ferry__CUresult r = 0;
+    if (g_fail_fn[0] && strcmp(g_fail_fn, fn) == 0) {
+        r = g_fail_res;
+        g_fail_fn[0] = 0;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
+#define CTX_REQUIRED()                                                                      \
+    do {                                                                                    \
+        if (t_current != FAKE_CTX)                                                          \
+            return 201; /* CUDA_ERROR_INVALID_CONTEXT */                                    \
+    } while (0)
+
+static ferry__CUresult f_cuInit(unsigned int flags)
+{
+    logf_("cuInit(%u)", flags);
+    return injected("cuInit");
+}
+static ferry__CUresult f_cuDeviceGetCount(int *count)
+{
+    logf_("cuDeviceGetCount");
+    *count = 1;
+    return injected("cuDeviceGetCount");
+}
+static ferry__CUresult f_cuDeviceGet(ferry__CUdevice *d, int ordinal)
+{
+    logf_("cuDeviceGet(%d)", ordinal);
+    if (ordinal != 0)
+        return 101;
+    *d = FAKE_DEV_BASE + ordinal;
+    return injected("cuDeviceGet");
+}
+static ferry__CUresult f_cuDeviceGetName(char *name, int len, ferry__CUdevice d)
+{
+    logf_("cuDeviceGetName(%d, %d)", len, d);
+    snprintf(name, (size_t)len, "Fake GPU %d", d);
+    return injected("cuDeviceGetName");
+}
+static ferry__CUresult f_cuDevicePrimaryCtxRetain(ferry__CUcontext *c, ferry__CUdevice d)
+{
+    logf_("cuDevicePrimaryCtxRetain(%d)", d);
+    ferry__CUresult r = injected("cuDevicePrimaryCtxRetain");
+    if (r == 0)
+        *c = FAKE_CTX;
+    return r;
+}
+static ferry__CUresult f_cuDevicePrimaryCtxRelease_v2(ferry__CUdevice d)
+{
+    logf_("cuDevicePrimaryCtxRelease_v2(%d)", d);
+    return injected("cuDevicePrimaryCtxRelease_v2");
+}
+static ferry__CUresult f_cuCtxSetCurrent(ferry__CUcontext c)
+{
+    /* not logged: it precedes every call */
+    ferry__CUresult r = injected("cuCtxSetCurrent");
+    if (r == 0)
+        t_current = c;
+    return r;
+}
+static ferry__CUresult f_cuMemAlloc_v2(ferry__CUdeviceptr *p, size_t n)
+{
+    CTX_REQUIRED();
+    logf_("cuMemAlloc_v2(%zu)", n);
+    ferry__CUresult r = injected("cuMemAlloc_v2");
+    if (r)
+        return r;
+    void *m = NULL;
+    if (posix_memalign(&m, 256, n) != 0)
+        return 2;
+    __atomic_add_fetch(&g_live_dev, 1, __ATOMIC_SEQ_CST);
+    *p = (ferry__CUdeviceptr)(uintptr_t)m;
+    return 0;
+}
+static ferry__CUresult f_cuMemFree_v2(ferry__CUdeviceptr p)
+{
+    CTX_REQUIRED();
+    logf_("cuMemFree_v2(0x%llx)", p);
+    __atomic_sub_fetch(&g_live_dev, 1, __ATOMIC_SEQ_CST);
+    free((void *)(uintptr_t)p);
+    return injected("cuMemFree_v2");
+}
+static ferry__CUresult f_cuMemAllocHost_v2(void **pp, size_t n)
+{
+    CTX_REQUIRED();
+    logf_("cuMemAllocHost_v2(%zu)", n);
+    ferry__CUresult r = injected("cuMemAllocHost_v2");
+    if (r)
+        return r;
+    if (posix_memalign(pp, 4096, n) != 0)
+        return 2;
+    g_live_host++;
+    return 0;
+}
+static ferry__CUresult f_cuMemFreeHost(void *p)
+{
+    CTX_REQUIRED();
+    logf_("cuMemFreeHost(%p)", p);
+    g_live_host--;
+    free(p);
+    return injected("cuMemFreeHost");
+}
+static ferry__CUresult f_cuMemHostRegister_v2(void *p, size_t n, unsigned int flags)
+{
+    CTX_REQUIRED();
+    logf_("cuMemHostRegister_v2(%p, %zu, %u)", p, n, flags);
+    ferry__CUresult r = injected("cuMemHostRegister_v2");
+    if (r == 0)
+        g_live_reg++;
+    return r;
+}
+static ferry__CUresult f_cuMemHostUnregister(void *p)
+{
+    CTX_REQUIRED();
+    logf_("cuMemHostUnregister(%p)", p);
+    g_live_reg--;
+    return injected("cuMemHostUnregister");
+}
+static ferry__CUresult f_cuMemsetD8_v2(ferry__CUdeviceptr d, unsigned char uc, size_t n)
+{
+    CTX_REQUIRED();
+    logf_("cuMemsetD8_v2(0x%llx, %u, %zu)", d, uc, n);
+    memset((void *)(uintptr_t)d, uc, n);
+    return injected("cuMemsetD8_v2");
+}
+static ferry__CUresult f_cuMemcpyHtoDAsync_v2(ferry__CUdeviceptr d, const void *s, size_t n,
+                                              ferry__CUstream st)
+{
+    CTX_REQUIRED();
+    logf_("cuMemcpyHtoDAsync_v2(0x%llx, %p, %zu, %p)", d, s, n, (void *)st);
+    ferry__CUresult r = injected("cuMemcpyHtoDAsync_v2");
+    if (r == 0)
+        memcpy((void *)(uintptr_t)d, s, n);
+    return r;
+}
+static ferry__CUresult f_cuMemcpyDtoHAsync_v2(void *d, ferry__CUdeviceptr s, size_t n,
+                                              ferry__CUstream st)
+{
+    CTX_REQUIRED();
+    logf_("cuMemcpyDtoHAsync_v2(%p, 0x%llx, %zu, %p)", d, s, n, (void *)st);
+    ferry__CUresult r = injected("cuMemcpyDtoHAsync_v2");
+    if (r == 0)
+        memcpy(d, (void *)(uintptr_t)s, n);
+    return r;
+}
+static ferry__CUresult f_cuMemcpyDtoDAsync_v2(ferry__CUdeviceptr d, ferry__CUdeviceptr s,
+                                              size_t n, ferry__CUstream st)
+{
+    CTX_REQUIRED();
+    logf_("cuMemcpyDtoDAsync_v2(0x%llx, 0x%llx, %zu, %p)", d, s, n, (void *)st);
+    ferry__CUresult r = injected("cuMemcpyDtoDAsync_v2");
+    if (r == 0)
+        memmove((void *)(uintptr_t)d, (void *)(uintptr_t)s, n);
+    return r;
+}
+static ferry__CUresult f_cuStreamCreate(ferry__CUstream *st, unsigned int flags)
+{
+    CTX_REQUIRED();
+    logf_("cuStreamCreate(%u)", flags);
+    ferry__CUresult r = injected("cuStreamCreate");
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_mu);
+    *st = (ferry__CUstream)(uintptr_t)(0x5000 + 0x10 * ++g_nstreams);
+    g_live_streams++;
+    pthread_mutex_unlock(&g_mu);
+    return 0;
+}
+static ferry__CUresult f_cuStreamDestroy_v2(ferry__CUstream st)
+{
+    CTX_REQUIRED();
+    logf_("cuStreamDestroy_v2(%p)", (void *)st);
+    g_live_streams--;
+    return injected("cuStreamDestroy_v2");
+}
+static ferry__CUresult f_cuStreamSynchronize(ferry__CUstream st)
+{
+    CTX_REQUIRED();
+    logf_("cuStreamSynchronize(%p)", (void *)st);
+    return injected("cuStreamSynchronize");
+}
+static ferry__CUresult f_cuStreamWaitEvent(ferry__CUstream st, ferry__CUevent e, unsigned flags)
+{
+    CTX_REQUIRED();
+    logf_("cuStreamWaitEvent(%p, %p, %u)", (void *)st, (void *)e, flags);
+    return injected("cuStreamWaitEvent");
+}
+static ferry__CUresult f_cuEventCreate(ferry__CUevent *e, unsigned int flags)
+{
+    CTX_REQUIRED();
+    logf_("cuEventCreate(%u)", flags);
+    ferry__CUresult r = injected("cuEventCreate");
+    if (r)
+        return r;
+    *e = (ferry__CUevent)calloc(1, sizeof(struct fake_event));
+    g_live_events++;
+    return 0;
+}
+static ferry__CUresult f_cuEventDestroy_v2(ferry__CUevent e)
+{
+    CTX_REQUIRED();
+    logf_("cuEventDestroy_v2(%p)", (void *)e);
+    g_live_events--;
+    free(e);
+    return injected("cuEventDestroy_v2");
+}
+static ferry__CUresult f_cuEventRecord(ferry__CUevent e, ferry__CUstream st)
+{
+    CTX_REQUIRED();
+    logf_("cuEventRecord(%p, %p)", (void *)e, (void *)st);
+    struct fake_event *fe = (struct fake_event *)e;
+    fe->recorded = 1;
+    g_clock_ms += 1.5f;
+    fe->t_ms = g_clock_ms;
+    return injected("cuEventRecord");
+}
+static ferry__CUresult f_cuEventQuery(ferry__CUevent e)
+{
+    CTX_REQUIRED();
+    logf_("cuEventQuery(%p)", (void *)e);
+    return g_query_not_ready ? 600 : injected("cuEventQuery");
+}
+static ferry__CUresult f_cuEventSynchronize(ferry__CUevent e)
+{
+    CTX_REQUIRED();
+    logf_("cuEventSynchronize(%p)", (void *)e);
+    return injected("cuEventSynchronize");
+}
+static ferry__CUresult f_cuEventElapsedTime(float *ms, ferry__CUevent a, ferry__CUevent b)
+{
+    CTX_REQUIRED();
+    logf_("cuEventElapsedTime(%p, %p)", (void *)a, (void *)b);
+    if (g_query_not_ready)
+        return 600;
+    ferry__CUresult r = injected("cuEventElapsedTime");
+    if (r == 0)
+        *ms = ((struct fake_event *)b)->t_ms - ((struct fake_event *)a)->t_ms;
+    return r;
+}
+static ferry__CUresult f_cuGetErrorName(ferry__CUresult e, const char **s)
+{
+    switch (e) {
+    case 2: *s = "CUDA_ERROR_OUT_OF_MEMORY"; return 0;
+    case 101: *s = "CUDA_ERROR_INVALID_DEVICE"; return 0;
+    case 201: *s = "CUDA_ERROR_INVALID_CONTEXT"; return 0;
+    case 600: *s = "CUDA_ERROR_NOT_READY"; return 0;
+    case 700: *s = "CUDA_ERROR_ILLEGAL_ADDRESS"; return 0;
+    case 712: *s = "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"; return 0;
+    default: *s = NULL; return 1;
+    }
+}
+static ferry__CUresult f_cuGetErrorString(ferry__CUresult e, const char **s)
+{
+    if (e == 700) {
+        *s = "an illegal memory access was encountered";
+        return 0;
+    }
+    *s = NULL;
+    return 1;
+}
+
+static const struct ferry__cuda_api fake_api = {
+#define FAKE_MEMBER(name, R, params) .p_##name = f_##name,
+    FERRY__CUDA_API_LIST(FAKE_MEMBER, ferry__CUresult, ferry__CUdevice, ferry__CUcontext,
+                         ferry__CUstream, ferry__CUevent, ferry__CUdeviceptr)
+#undef FAKE_MEMBER
+};
+
+static void fake_reset(void)
+{
+    pthread_mutex_lock(&g_mu);
+    g_nlog = 0;
+    g_fail_fn[0] = 0;
+    g_query_not_ready = 0;
+    pthread_mutex_unlock(&g_mu);
+}
+
+static void fake_fail_next(const char *fn, ferry__CUresult r)
+{
+    pthread_mutex_lock(&g_mu);
+    snprintf(g_fail_fn, sizeof g_fail_fn, "%s", fn);
+    g_fail_res = r;
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* index of the first log line at or after `from` equal to line, or -1 */
+static int log_find(int from, const char *line)
+{
+    for (int i = from; i < g_nlog; i++)
+        if (strcmp(g_log[i], line) == 0)
+            return i;
+    return -1;
+}
+
+/* index of the first log line starting with prefix, or -1 */
+static int log_prefix(int from, const char *prefix)
+{
+    for (int i = from; i < g_nlog; i++)
+        if (strncmp(g_log[i], prefix, strlen(prefix)) == 0)
+            return i;
+    return -1;
+}
+
+static void assert_logged(const char *fmt, ...) FERRY__PRINTF(1, 2);
+static void assert_logged(const char *fmt, ...)
+{
+    char line[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (log_find(0, line) < 0) {
+        for (int i = 0; i < g_nlog; i++)
+            fprintf(stderr, "  log[%d] %s\n", i, g_log[i]);
+        fail_msg("driver call '%s' was not made", line);
+    }
+}
+
+static void assert_msg_has(const char *msg, const char *needle)
+{
+    if (!strstr(msg, needle))
+        fail_msg("message '%s' does not contain '%s'", msg, needle);
+}
+
+static int setup_fake(void **state)
+{
+    (void)state;
+    ferry__cuda_set_api_for_test(&fake_api);
+    fake_reset();
+    return 0;
+}
+
+static int teardown_fake(void **state)
+{
+    (void)state;
+    ferry__cuda_set_api_for_test(NULL);
+    return 0;
+}
+
+static ferry_device *open_cuda(void)
+{
+    ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
+    o.backend = "cuda";
+    ferry_device *dev = NULL;
+    FT_ASSERT_OK(ferry_device_open(&o, &dev));
+    return dev;
+}
+
+/* ---- tests ---- */
+
+static void no_driver_is_enodev_never_a_crash(void **state)
+{
+    (void)state;
+    ferry__cuda_set_api_for_test(NULL);
+    ferry__cuda_set_library_for_test("libferry-test-no-such-cuda.so.1");
+    ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
+    o.backend = "cuda";
+    ferry_device *dev = NULL;
+    assert_int_equal(ferry_device_open(&o, &dev), FERRY_ENODEV);
+    assert_null(dev);
+    assert_msg_has(ferry_last_error(), "libferry-test-no-such-cuda.so.1 not found: ");
+    const char *why = NULL;
+    assert_false(ferry_device_backend_available("cuda", &why));
+    assert_msg_has(why, "libferry-test-no-such-cuda.so.1 not found");
+    /* auto falls back to host */
+    FT_ASSERT_OK(ferry_device_open(NULL, &dev));
+    assert_string_equal(ferry_device_backend(dev), "host");
+    ferry_device_close(dev);
+    dev = NULL;
+
+    /* a library that loads but is not a CUDA driver */
+    ferry__cuda_set_library_for_test("libc.so.6");
+    assert_int_equal(ferry_device_open(&o, &dev), FERRY_ENODEV);
+    assert_msg_has(ferry_last_error(), "libc.so.6: symbol cuInit missing");
+    assert_null(dev);
+    ferry__cuda_set_library_for_test(NULL);
+}
+
+static void open_and_close_call_the_driver(void **state)
+{
+    (void)state;
+    ferry_device *dev = open_cuda();
+    assert_string_equal(ferry_device_backend(dev), "cuda");
+    assert_string_equal(ferry_device_name(dev), "Fake GPU 10");
+    assert_int_equal(log_find(0, "cuInit(0)"), 0);
+    assert_int_equal(log_find(0, "cuDeviceGet(0)"), 1);
+    assert_int_equal(log_find(0, "cuDeviceGetName(128, 10)"), 2);
+    assert_int_equal(log_find(0, "cuDevicePrimaryCtxRetain(10)"), 3);
+    assert_ptr_equal(ferry__cuda_context(dev), FAKE_CTX);
+    assert_int_equal(ferry__cuda_device_ordinal(dev), 10);
+    const char *why = NULL;
+    assert_true(ferry_device_backend_available("cuda", &why));
+    assert_string_equal(why, "");
+    /* fault injection is the host backend's */
+    assert_int_equal(ferry_device_set_faults(dev, 1, 0, 0, 0), FERRY_ENOTSUP);
+    ferry_device_close(dev);
+    assert_logged("cuDevicePrimaryCtxRelease_v2(10)");
+
+    /* auto picks cuda when the driver opens */
+    FT_ASSERT_OK(ferry_device_open(NULL, &dev));
+    assert_string_equal(ferry_device_backend(dev), "cuda");
+    ferry_device_close(dev);
+
+    /* a device that does not exist */
+    ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
+    o.backend = "cuda";
+    o.ordinal = 3;
+    dev = NULL;
+    assert_int_equal(ferry_device_open(&o, &dev), FERRY_ENODEV);
+    assert_msg_has(ferry_last_error(), "cuDeviceGet(ordinal=3): CUDA_ERROR_INVALID_DEVICE (101)");
+    assert_null(dev);
+    /* context retain fails: nothing leaks, nothing released that was not retained */
+    fake_reset();
+    fake_fail_next("cuDevicePrimaryCtxRetain", 700);
+    o.ordinal = 0;
+    assert_int_equal(ferry_device_open(&o, &dev), FERRY_EDRIVER);
+    assert_int_equal(log_find(0, "cuDevicePrimaryCtxRelease_v2(10)"), -1);
+}
+
+static void memory_calls_reach_the_right_functions(void **state)
+{
+    (void)state;
+    ferry_device *dev = open_cuda();
+    ferry_devptr d = 0;
+    FT_ASSERT_OK(ferry_device_alloc(dev, 4096, &d));
+    assert_logged("cuMemAlloc_v2(4096)");
+    assert_null(ferry_devptr_host(dev, d)); /* never dereferenceable on cuda */
+    void *h = NULL;
+    FT_ASSERT_OK(ferry_device_host_alloc(dev, 8192, &h));
+    assert_logged("cuMemAllocHost_v2(8192)");
+    char *buf = malloc(1 << 16);
+    FT_ASSERT_OK(ferry_device_pin(dev, buf, 1 << 16));
+    assert_logged("cuMemHostRegister_v2(%p, %d, 1)", (void *)buf, 1 << 16);
+    FT_ASSERT_OK(ferry_device_memset(dev, d, 0x11, 4096));
+    assert_logged("cuMemsetD8_v2(0x%llx, 17, 4096)", (unsigned long long)d);
+    assert_logged("cuStreamSynchronize((nil))");
+
+    /* an unknown pointer never reaches the driver */
+    int before = g_nlog;
+    assert_int_equal(ferry_device_free(dev, d + 64), -EINVAL);
+    assert_int_equal(ferry_device_unpin(dev, buf + 1), -EINVAL);
+    assert_int_equal(g_nlog, before);
+
+    FT_ASSERT_OK(ferry_device_unpin(dev, buf));
+    assert_logged("cuMemHostUnregister(%p)", (void *)buf);
+    FT_ASSERT_OK(ferry_device_host_free(dev, h));
+    assert_logged("cuMemFreeHost(%p)", h);
+    FT_ASSERT_OK(ferry_device_free(dev, d));
+    assert_logged("cuMemFree_v2(0x%llx)", (unsigned long long)d);
+    assert_int_equal(g_live_dev, 0);
+    assert_int_equal(g_live_host, 0);
+    assert_int_equal(g_live_reg, 0);
+    ferry_device_close(dev);
+    free(buf);
+}
+
+static void copies_and_events_reach_the_right_functions(void **state)
+{
+    (void)state;
+    ferry_device *dev = open_cuda();
+    const size_t n = 4096;
+    unsigned char src[4096], out[4096];
+    ft_fill_pattern(src, n, 5);
+    ferry_devptr a = 0, b = 0;
+    FT_ASSERT_OK(ferry_device_alloc(dev, n, &a));
+    FT_ASSERT_OK(ferry_device_alloc(dev, n, &b));
+    ferry_stream *s = NULL;
+    FT_ASSERT_OK(ferry_stream_create(dev, &s));
+    assert_logged("cuStreamCreate(1)"); /* non-blocking */
+    void *st = (void *)(uintptr_t)ferry_stream_handle(s);
+    assert_non_null(st);
+    ferry_event *e1 = NULL, *e2 = NULL;
+    FT_ASSERT_OK(ferry_event_create(dev, &e1));
+    FT_ASSERT_OK(ferry_event_create(dev, &e2));
+    assert_logged("cuEventCreate(0)");
+
+    FT_ASSERT_OK(ferry_event_record(e1, s));
+    FT_ASSERT_OK(ferry_memcpy_htod_async(s, a, src, n));
+    assert_logged("cuMemcpyHtoDAsync_v2(0x%llx, %p, 4096, %p)", (unsigned long long)a,
+                  (void *)src, st);
+    FT_ASSERT_OK(ferry_memcpy_dtod_async(s, b, a, n));
+    assert_logged("cuMemcpyDtoDAsync_v2(0x%llx, 0x%llx, 4096, %p)", (unsigned long long)b,
+                  (unsigned long long)a, st);
+    FT_ASSERT_OK(ferry_memcpy_dtoh_async(s, out, b, n));
+    assert_logged("cuMemcpyDtoHAsync_v2(%p, 0x%llx, 4096, %p)", (void *)out,
+                  (unsigned long long)b, st);
+    FT_ASSERT_OK(ferry_event_record(e2, s));
+    assert_logged("cuEventRecord(%p, %p)", e2->impl, st);
+    FT_ASSERT_OK(ferry_stream_wait_event(s, e1));
+    assert_logged("cuStreamWaitEvent(%p, %p, 0)", st, e1->impl);
+    FT_ASSERT_OK(ferry_event_sync(e2));
+    assert_logged("cuEventSynchronize(%p)", e2->impl);
+    assert_int_equal(ferry_event_query(e2), 0);
+    float ms = 0;
+    FT_ASSERT_OK(ferry_event_elapsed_ms(e1, e2, &ms));
+    assert_true(ms == 1.5f);
+    FT_ASSERT_OK(ferry_stream_sync(s));
+    assert_logged("cuStreamSynchronize(%p)", st);
+    assert_int_equal(ft_check_pattern(out, n, 5), -1);
+
+    /* upload/download go through an internal stream and wait for it */
+    memset(out, 0, n);
+    FT_ASSERT_OK(ferry_device_download(dev, out, a, n));
+    assert_int_equal(ft_check_pattern(out, n, 5), -1);
+
+    ferry_event_destroy(e1);
+    ferry_event_destroy(e2);
+    assert_int_equal(g_live_events, 0);
+    FT_ASSERT_OK(ferry_stream_destroy(s));
+    assert_logged("cuStreamDestroy_v2(%p)", st);
+    ferry_device_close(dev);
+    assert_int_equal(g_live_streams, 0);
+    assert_int_equal(g_live_dev, 0);
+}
+
+static void cuda_errors_become_codes_with_names(void **state)
+{
+    (void)state;
+    ferry_device *dev = open_cuda();
+    ferry_devptr d = 0;
+    FT_ASSERT_OK(ferry_device_alloc(dev, 4096, &d));
+    ferry_stream *s = NULL;
+    FT_ASSERT_OK(ferry_stream_create(dev, &s));
+    char src[4096] = {0};
+
+    fake_fail_next("cuMemcpyHtoDAsync_v2", 700);
+    assert_int_equal(ferry_memcpy_htod_async(s, d, src, sizeof src), FERRY_EDRIVER);
+    const char *m = ferry_device_last_error(dev);
+    assert_msg_has(m, "cuMemcpyHtoDAsync_v2(");
+    assert_msg_has(m, "4096 bytes");
+    assert_msg_has(m, "CUDA_ERROR_ILLEGAL_ADDRESS (700): an illegal memory access");
+    assert_string_equal(ferry_last_error(), m);
+
+    /* out of memory is -ENOMEM and names the size */
+    ferry_devptr big = 77;
+    fake_fail_next("cuMemAlloc_v2", 2);
+    assert_int_equal(ferry_device_alloc(dev, 1ull << 40, &big), -ENOMEM);
+    assert_int_equal(big, 77);
+    assert_msg_has(ferry_device_last_error(dev), "cuMemAlloc_v2(bytes=1099511627776)");
+    assert_msg_has(ferry_device_last_error(dev), "CUDA_ERROR_OUT_OF_MEMORY");
+    /* the failed allocation is not tracked: close has nothing extra to free */
+
+    /* an error code the driver cannot name */
+    fake_fail_next("cuStreamSynchronize", 9999);
+    assert_int_equal(ferry_stream_sync(s), FERRY_EDRIVER);
+    assert_msg_has(ferry_device_last_error(dev), "CUDA_ERROR_UNKNOWN_CODE (9999)");
+
+    /* already registered memory */
+    char buf[4096];
+    fake_fail_next("cuMemHostRegister_v2", 712);
+    assert_int_equal(ferry_device_pin(dev, buf, sizeof buf), FERRY_EEXIST);
+    /* ...and the failed pin left nothing behind: pinning again works */
+    FT_ASSERT_OK(ferry_device_pin(dev, buf, sizeof buf));
+    FT_ASSERT_OK(ferry_device_unpin(dev, buf));
+
+    /* not ready is -EAGAIN, without touching the device's message */
+    ferry_event *a = NULL, *b = NULL;
+    FT_ASSERT_OK(ferry_event_create(dev, &a));
+    FT_ASSERT_OK(ferry_event_create(dev, &b));
+    FT_ASSERT_OK(ferry_event_record(a, s));
+    FT_ASSERT_OK(ferry_event_record(b, s));
+    g_query_not_ready = 1;
+    assert_int_equal(ferry_event_query(a), -EAGAIN);
+    float ms = 3;
+    assert_int_equal(ferry_event_elapsed_ms(a, b, &ms), -EAGAIN);
+    assert_true(ms == 3);
+    g_query_not_ready = 0;
+
+    /* failing to make the context current fails the call, naming it */
+    fake_fail_next("cuCtxSetCurrent", 201);
+    assert_int_equal(ferry_event_record(a, s), FERRY_EDRIVER);
+    assert_msg_has(ferry_device_last_error(dev), "cuCtxSetCurrent(ctx=");
+    assert_msg_has(ferry_device_last_error(dev), "CUDA_ERROR_INVALID_CONTEXT");
+
+    ferry_event_destroy(a);
+    ferry_event_destroy(b);
+    FT_ASSERT_OK(ferry_stream_destroy(s));
+    FT_ASSERT_OK(ferry_device_free(dev, d));
+    ferry_device_close(dev);
+}
+
+struct thread_arg {
+    ferry_device *dev;
+    int rc;
+};
+
+static void *other_thread(void *p)
+{
+    struct thread_arg *a = p;
+    ferry_devptr d = 0;
+    a->rc = ferry_device_alloc(a->dev, 256, &d); /* the fake refuses without a context */
+    if (a->rc == 0)
+        a->rc = ferry_device_free(a->dev, d);
+    return NULL;
+}
+
+static void every_thread_gets_the_context(void **state)
+{
+    (void)state;
+    ferry_device *dev = open_cuda();
+    struct thread_arg a = {dev, -1};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, other_thread, &a), 0);
+    pthread_join(th, NULL);
+    FT_ASSERT_OK(a.rc);
+    ferry_device_close(dev);
+}
+
+static void close_gives_back_leftovers(void **state)
+{
+    (void)state;
+    int level = ferry_log_get_level();
+    ferry_log_set_level(FERRY_LOG_ERROR);
+    ferry_device *dev = open_cuda();
+    ferry_devptr d = 0;
+    void *h = NULL;
+    static char pinme[4096];
+    ferry_stream *s = NULL;
+    ferry_event *e = NULL;
+    FT_ASSERT_OK(ferry_device_alloc(dev, 1024, &d));
+    FT_ASSERT_OK(ferry_device_host_alloc(dev, 1024, &h));
+    FT_ASSERT_OK(ferry_device_pin(dev, pinme, sizeof pinme));
+    FT_ASSERT_OK(ferry_stream_create(dev, &s));
+    FT_ASSERT_OK(ferry_event_create(dev, &e));
+    fake_reset();
+    ferry_device_close(dev);
+    /* streams go before the memory their queued copies might touch */
+    assert_true(log_prefix(0, "cuStreamDestroy_v2(") >= 0);
+    assert_true(log_prefix(0, "cuStreamDestroy_v2(") < log_prefix(0, "cuMemFree_v2("));
+    assert_true(log_prefix(0, "cuEventDestroy_v2(") >= 0);
+    assert_true(log_prefix(0, "cuMemFreeHost(") >= 0);
+    assert_true(log_prefix(0, "cuMemHostUnregister(") >= 0);
+    assert_int_equal(g_live_dev, 0);
+    assert_int_equal(g_live_host, 0);
+    assert_int_equal(g_live_reg, 0);
+    assert_int_equal(g_live_streams, 0);
+    assert_int_equal(g_live_events, 0);
+    /* the context is released last */
+    assert_int_equal(log_find(0, "cuDevicePrimaryCtxRelease_v2(10)"), g_nlog - 1);
+    ferry_log_set_level(level);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(no_driver_is_enodev_never_a_crash),
+        cmocka_unit_test_setup_teardown(open_and_close_call_the_driver, setup_fake,
+                                        teardown_fake),
+        cmocka_unit_test_setup_teardown(memory_calls_reach_the_right_functions, setup_fake,
+                                        teardown_fake),
+        cmocka_unit_test_setup_teardown(copies_and_events_reach_the_right_functions, setup_fake,
+                                        teardown_fake),
+        cmocka_unit_test_setup_teardown(cuda_errors_become_codes_with_names, setup_fake,
+                                        teardown_fake),
+        cmocka_unit_test_setup_teardown(every_thread_gets_the_context, setup_fake,
+                                        teardown_fake),
+        cmocka_unit_test_setup_teardown(close_gives_back_leftovers, setup_fake, teardown_fake),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
