@@ -96,8 +96,9 @@ typedef struct ferry_gds_driver {
     int (*open)(void *ctx, ferry_device *dev);
     /** optional: at close, after every deregistration. */
     void (*close)(void *ctx);
-    /** Register an open slab file; *handle is passed back to I/O calls. */
-    int (*handle_register)(void *ctx, ferry_file *f, void **handle);
+    /** Register an open slab file (opened through engine io, the drive's
+     *  queue); *handle is passed back to I/O calls. */
+    int (*handle_register)(void *ctx, ferry_io *io, ferry_file *f, void **handle);
     void (*handle_deregister)(void *ctx, void *handle);
     /** Register device memory [base, base+len) (one region, len <= region cap). */
     int (*buf_register)(void *ctx, ferry_devptr base, size_t len, int flags);

@@ -1,0 +1,58 @@
+/*
+ * driver.h - the GDS drivers ferry ships (private).
+ *
+ * The table itself (ferry_gds_driver) is public, in ferry/gds.h, so a test
+ * or a vendor can supply one. The shipped drivers are built here, one per
+ * file: drv_cpu.c (ferry's I/O engines and the bounce path), drv_cufile.c
+ * and drv_hipfile.c (thin specs over gdsdl.c, which loads any library
+ * shaped like cuFile with dlopen and resolves its symbols by prefix:
+ * hipFile mirrors cuFile one to one).
+ *
+ * Contract of a builtin: the constructor fills *out (ctx allocated) and
+ * *destroy; the context calls out->open once, out->close iff open
+ * succeeded, then destroy(ctx) always. A call the loaded library lacks
+ * (async and stream calls before cuFile 1.7, the batch API) returns
+ * FERRY_ENOTSUP, and the context falls back (stream sync + synchronous
+ * I/O, one I/O at a time, no stream registration).
+ */
+#ifndef FERRY_SRC_GDS_DRIVER_H
+#define FERRY_SRC_GDS_DRIVER_H
+
+#include <stddef.h>
+
+#include "core.h"
+#include "ferry/gds.h"
+
+typedef void (*ferry__gds_destroy_fn)(void *ctx);
+
+int ferry__gds_cpu_driver(ferry_gds_driver *out, ferry__gds_destroy_fn *destroy);
+int ferry__gds_cufile_driver(ferry_gds_driver *out, ferry__gds_destroy_fn *destroy);
+int ferry__gds_hipfile_driver(ferry_gds_driver *out, ferry__gds_destroy_fn *destroy);
+
+/*
+ * cufile and hipfile share one implementation (gdsdl.c) over the cuFile
+ * function table of src/io/cufile_api.h (hipFile mirrors it one to one):
+ * the library is dlopened and every symbol resolved by prefix ("cuFile" +
+ * "Read", "hipFile" + "Read"). Error numbers are translated with the I/O
+ * layer's ferry__cufile_code(), messages name them with
+ * ferry__cufile_strerror().
+ */
+typedef struct ferry__gdsdl_spec {
+    const char *driver_name;   /* "cufile" */
+    const char *const *libs;   /* sonames to try, NULL-terminated */
+    const char *prefix;        /* "cuFile" */
+} ferry__gdsdl_spec;
+
+int ferry__gdsdl_driver(const ferry__gdsdl_spec *spec, ferry_gds_driver *out,
+                        ferry__gds_destroy_fn *destroy);
+
+struct ferry__cufile_api;
+/*
+ * Tests: make the driver named driver_name ("cufile" or "hipfile") use
+ * this function table instead of loading its library (NULL restores the
+ * library). The table must outlive the contexts opened while installed.
+ * allow_host_device lets the driver run against the host device backend.
+ */
+void ferry__gdsdl_set_api(const char *driver_name, const struct ferry__cufile_api *api);
+
+#endif

@@ -1,0 +1,16 @@
+/*
+ * drv_cufile.c - the "cufile" GDS driver: NVIDIA cuFile (GPUDirect
+ * Storage), libcufile.so.0 loaded with dlopen when a context opens it.
+ * The calls themselves are gdsdl.c's, shared with hipFile; this file only
+ * names the library and the prefix of its symbols, so that the driver
+ * list stays one file per backend.
+ */
+#include "driver.h"
+
+static const char *const cufile_libs[] = {"libcufile.so.0", "libcufile.so", NULL};
+static const ferry__gdsdl_spec cufile_spec = {"cufile", cufile_libs, "cuFile"};
+
+int ferry__gds_cufile_driver(ferry_gds_driver *out, ferry__gds_destroy_fn *destroy)
+{
+    return ferry__gdsdl_driver(&cufile_spec, out, destroy);
+}
