@@ -17,6 +17,24 @@
  * Thread-safety: a ferry_device may be used from several threads; a
  * ferry_stream is used by one thread at a time (as CUDA streams are in
  * practice); events may be queried from any thread.
+ *
+ * Errors: every call returns 0 or a negative code and records a message on
+ * the device (ferry_device_last_error) and the thread (ferry_last_error).
+ * Common to all calls: -EINVAL for a NULL handle/out-parameter or a pointer
+ * this device did not hand out; FERRY_EDRIVER for any other CUDA failure
+ * (the message names the call, its arguments and the CUDA error name).
+ *
+ * Asynchronous errors: a copy that fails after it was queued (host fault
+ * injection; on cuda, the driver's sticky errors) is reported by the next
+ * ferry_stream_sync on that stream (once), and by ferry_event_sync /
+ * ferry_event_query of an event recorded after it on that stream.
+ *
+ * Host backend specifics: device memory is 4096-byte aligned host memory;
+ * every device range a copy or memset touches must lie inside one live
+ * allocation of the device (FERRY_EBOUNDS otherwise, with the allocation
+ * named), so an overrun fails cleanly instead of corrupting the heap.
+ * Freeing device memory, pinned memory or unpinning first waits for all
+ * queued work on the device's streams (as cuMemFree does).
  */
 #ifndef FERRY_DEVICE_H
 #define FERRY_DEVICE_H
@@ -44,11 +62,27 @@ typedef struct ferry_device_options {
     /** which calls fail_nth counts: FERRY_FAULT_* bits; 0 = all */
     unsigned fault_mask;
     /** cap on the device bytes this handle may hold at once (any backend);
-        an allocation past it fails with -ENOMEM. 0 = no cap. */
+        an allocation past it fails with -ENOMEM. 0 = no cap. (Added after
+        fault_mask: read only when size covers it.) */
     uint64_t mem_limit;
 } ferry_device_options;
 #define FERRY_DEVICE_OPTIONS_INIT {sizeof(ferry_device_options), NULL, 0, 0, 0, 0, 0, 0}
 
+/*
+ * Host fault injection. Counted calls, by kind:
+ *  - ALLOC: ferry_device_alloc, ferry_device_host_alloc, ferry_device_pin;
+ *    the Nth fails at once with fail_code, allocating nothing.
+ *  - COPY: ferry_memcpy_*_async, ferry_device_upload/download (one each);
+ *    the Nth is still queued but moves nothing, and its error is reported
+ *    asynchronously (see above); upload/download return it directly.
+ *  - SYNC: ferry_stream_sync, ferry_event_sync (not the helpers' internal
+ *    sync); the Nth still WAITS for the work (so the caller may release its
+ *    buffers) and then returns fail_code.
+ *  - EVENT: ferry_event_record; the Nth records nothing.
+ * Only the Nth counted call fails (a retry succeeds). short_copy applies to
+ * every copy larger than it: short_copy bytes move and FERRY_ESHORT is
+ * reported as an asynchronous error. memset is never counted.
+ */
 enum ferry_fault_kind {
     FERRY_FAULT_ALLOC = 1u << 0,  /**< device alloc, host pinned alloc, pin */
     FERRY_FAULT_COPY = 1u << 1,   /**< any memcpy */
@@ -56,9 +90,21 @@ enum ferry_fault_kind {
     FERRY_FAULT_EVENT = 1u << 3   /**< event record */
 };
 
-/** Open a device. Errors: FERRY_ENODEV (no such backend/driver), -EINVAL. */
+/**
+ * Open a device. opt may be NULL (auto, ordinal 0, no faults). Backend
+ * "auto" (or NULL) takes env FERRY_DEVICE when set, else cuda when it opens,
+ * else host; an explicit backend is never overridden.
+ * Errors: FERRY_ENODEV (no driver: "libcuda.so.1 not found: ...", no such
+ * ordinal), -EINVAL (unknown backend, options size too small, negative
+ * ordinal), -ENOMEM, FERRY_EDRIVER. *out is untouched on failure.
+ */
 FERRY_API int ferry_device_open(const ferry_device_options *opt, ferry_device **out);
-/** Close; frees what is still allocated. NULL does nothing. */
+/**
+ * Close: destroys the streams and events still alive (waiting for their
+ * work), then frees device memory and pinned memory still allocated and
+ * unpins what is still pinned. Handles from this device are invalid after.
+ * NULL does nothing. Not concurrent with other calls on dev.
+ */
 FERRY_API void ferry_device_close(ferry_device *dev);
 /** "host" or "cuda". */
 FERRY_API const char *ferry_device_backend(const ferry_device *dev);
@@ -71,31 +117,73 @@ FERRY_API const char *ferry_device_last_error(const ferry_device *dev);
  * static or per-process string saying why ("libcuda.so.1 not found: ...").
  */
 FERRY_API int ferry_device_backend_available(const char *backend, const char **why);
-/** Reconfigure host fault injection on an open device (the counter restarts). */
+/**
+ * Reconfigure host fault injection on an open device (the counter
+ * restarts; all zero clears it). fail_code must be <= 0 (0: FERRY_EINJECTED).
+ * Errors: FERRY_ENOTSUP on cuda (unless clearing), -EINVAL.
+ */
 FERRY_API int ferry_device_set_faults(ferry_device *dev, uint64_t fail_nth, int fail_code,
                                       size_t short_copy, unsigned fault_mask);
 
-/** Allocate device memory (256-byte aligned at least). -ENOMEM when exhausted. */
+/**
+ * Allocate device memory (256-byte aligned at least; 4096 on host). The
+ * device owns it until ferry_device_free or close.
+ * Errors: -EINVAL (0 bytes), -ENOMEM (exhausted, or over mem_limit).
+ */
 FERRY_API int ferry_device_alloc(ferry_device *dev, size_t bytes, ferry_devptr *out);
-/** Free device memory from ferry_device_alloc. Unknown pointer: -EINVAL. */
+/**
+ * Free device memory from ferry_device_alloc (waits for queued work on host).
+ * Errors: -EINVAL for an unknown, interior or already freed pointer (the
+ * driver is never called with it).
+ */
 FERRY_API int ferry_device_free(ferry_device *dev, ferry_devptr ptr);
-/** Allocate page-aligned pinned (page-locked, DMA-able) host memory. */
+/**
+ * Allocate page-aligned pinned (page-locked, DMA-able) host memory
+ * (cuMemAllocHost; on host: page-aligned memory, mlock best effort).
+ * Errors: -EINVAL (0 bytes), -ENOMEM.
+ */
 FERRY_API int ferry_device_host_alloc(ferry_device *dev, size_t bytes, void **out);
+/** Free memory from ferry_device_host_alloc. Unknown/interior/double: -EINVAL. */
 FERRY_API int ferry_device_host_free(ferry_device *dev, void *ptr);
-/** Pin (page-lock and register for DMA) caller memory; unpin undoes it. */
+/**
+ * Pin (page-lock and register for DMA) caller memory; the caller keeps
+ * ownership and must unpin before freeing it. Errors: -EINVAL (NULL, 0
+ * bytes), FERRY_EEXIST (overlaps a range already pinned or a pinned
+ * allocation of this device). On host: mlock best effort.
+ */
 FERRY_API int ferry_device_pin(ferry_device *dev, void *host, size_t bytes);
+/** Unpin a range pinned with ferry_device_pin, by its start. Unknown: -EINVAL. */
 FERRY_API int ferry_device_unpin(ferry_device *dev, void *host);
-/** On the host backend: the host address behind a device pointer; NULL on cuda. */
+/**
+ * On the host backend: the host address behind a device pointer inside a
+ * live allocation; NULL otherwise and always on cuda.
+ */
 FERRY_API void *ferry_devptr_host(const ferry_device *dev, ferry_devptr ptr);
 
-/** Synchronous helpers (on an internal stream): set, upload, download. */
+/*
+ * Synchronous helpers: set, upload, download; they return when the bytes
+ * are in place. Upload/download run on an internal stream (serialized
+ * between threads); memset on host first waits for all queued work, on cuda
+ * it runs on the legacy stream (not ordered with work queued on ferry
+ * streams: sync those first). n == 0 does nothing. Errors: -EINVAL,
+ * FERRY_EBOUNDS (host), FERRY_ESHORT / injected codes (host faults),
+ * FERRY_EDRIVER.
+ */
 FERRY_API int ferry_device_memset(ferry_device *dev, ferry_devptr dst, int byte, size_t n);
 FERRY_API int ferry_device_upload(ferry_device *dev, ferry_devptr dst, const void *src, size_t n);
 FERRY_API int ferry_device_download(ferry_device *dev, void *dst, ferry_devptr src, size_t n);
 
 /* ---- streams ---- */
+/**
+ * Create a stream: an in-order queue of copies and event marks (on cuda a
+ * non-blocking CUstream; on host a worker thread). Errors: -ENOMEM,
+ * -EAGAIN (no thread), FERRY_EDRIVER.
+ */
 FERRY_API int ferry_stream_create(ferry_device *dev, ferry_stream **out);
-/** Waits for queued work, then destroys. NULL does nothing. */
+/**
+ * Waits for queued work, then destroys; returns an asynchronous error not
+ * yet reported (the stream is destroyed anyway). NULL does nothing (0).
+ */
 FERRY_API int ferry_stream_destroy(ferry_stream *s);
 /** Block until all work queued on s is done; returns the first async error. */
 FERRY_API int ferry_stream_sync(ferry_stream *s);
@@ -103,24 +191,42 @@ FERRY_API int ferry_stream_sync(ferry_stream *s);
 FERRY_API uint64_t ferry_stream_handle(const ferry_stream *s);
 FERRY_API ferry_device *ferry_stream_device(const ferry_stream *s);
 
-/* Asynchronous copies: queued on s, in order. Host memory should be pinned
- * for the copy to be truly asynchronous on cuda. */
+/* Asynchronous copies: queued on s, in order; the call returns before the
+ * bytes move, and both buffers must stay valid until a sync/event says the
+ * copy is done. Host memory should be pinned for the copy to be truly
+ * asynchronous on cuda. n == 0 does nothing. Errors at queue time: -EINVAL
+ * (NULL buffer, device pointer 0), FERRY_EBOUNDS (host: range outside
+ * every allocation), -ENOMEM, FERRY_EDRIVER; later ones at sync. dtod
+ * ranges may overlap on host (memmove), not on cuda. */
 FERRY_API int ferry_memcpy_htod_async(ferry_stream *s, ferry_devptr dst, const void *src, size_t n);
 FERRY_API int ferry_memcpy_dtoh_async(ferry_stream *s, void *dst, ferry_devptr src, size_t n);
 FERRY_API int ferry_memcpy_dtod_async(ferry_stream *s, ferry_devptr dst, ferry_devptr src, size_t n);
 
 /* ---- events ---- */
+/** Create an event (timing enabled). A never-recorded event counts as complete. */
 FERRY_API int ferry_event_create(ferry_device *dev, ferry_event **out);
+/** Destroy; safe while a record of it is still queued. NULL does nothing. */
 FERRY_API void ferry_event_destroy(ferry_event *e);
-/** Mark the point in s's queue; the event completes when s passes it. */
+/**
+ * Mark the point in s's queue; the event completes when s passes it.
+ * Re-recording moves the mark (the event is pending again). The stream must
+ * belong to the event's device (-EINVAL).
+ */
 FERRY_API int ferry_event_record(ferry_event *e, ferry_stream *s);
 /** 0 when complete, -EAGAIN when not yet, another negative code on error. */
 FERRY_API int ferry_event_query(ferry_event *e);
-/** Block until the event completes. */
+/** Block until the event completes; returns an async error before the mark. */
 FERRY_API int ferry_event_sync(ferry_event *e);
-/** Make s wait (on the device, not the host) until e completes. */
+/**
+ * Make s wait (on the device, not the host) until the record of e made
+ * before this call completes; work queued on s later starts after it.
+ */
 FERRY_API int ferry_stream_wait_event(ferry_stream *s, ferry_event *e);
-/** Milliseconds between two completed events. */
+/**
+ * Milliseconds between two completed events (negative if end came first).
+ * Errors: -EAGAIN (one not complete), FERRY_ESTATE (host: one never
+ * recorded), FERRY_EDRIVER. *ms is untouched on failure.
+ */
 FERRY_API int ferry_event_elapsed_ms(ferry_event *start, ferry_event *end, float *ms);
 
 #ifdef __cplusplus
