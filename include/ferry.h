@@ -16,5 +16,6 @@
 #include "ferry/remote.h"
 #include "ferry/slab.h"
 #include "ferry/gds.h"
+#include "ferry/kv.h"
 
 #endif

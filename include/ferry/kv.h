@@ -1,0 +1,412 @@
+/*
+ * ferry/kv.h - the tiered KV-cache store: chunk keys, prefix lookup, a
+ * pinned host tier (L1) and an NVMe slab tier (L2), eviction, metrics.
+ *
+ * An inference engine calls ferry after a prefill to store the KV cache of
+ * a prompt, and before the next prefill to learn how many leading tokens
+ * are already cached and to load them into its own buffers instead of
+ * recomputing them (LMCache's job, facts.md section 2).
+ *
+ * Keys. A prompt's token ids are cut into chunks of chunk_tokens (256 by
+ * default). Chunk i's hash is chained over the previous one:
+ *     h_0 = XXH3_128(seed, 16 zero bytes || tokens_0)
+ *     h_i = XXH3_128(seed, h_{i-1} || tokens_i)
+ * where a hash is its 16 bytes little-endian (low 64 bits first) and tokens
+ * are int32 little-endian, so the hash is the same in every process and on
+ * every machine. A chunk's key is (model, TP rank, TP world size, chunk
+ * hash, optional cache salt); the salt isolates tenants. A partial last
+ * chunk (fewer than chunk_tokens tokens) is stored and found only when the
+ * request asks for it (FERRY_KV_PARTIAL).
+ *
+ * Chunk data. One chunk holds, for chunk_tokens tokens, the K and V of
+ * every layer as one tensor [kv][layers][chunk_tokens][heads * head_dim] of
+ * the layout's dtype (LMCache's KV_2LTD). Llama-3-8B (32 layers, 8 KV
+ * heads, head_dim 128, bf16): 2*32*256*8*128*2 = 32 MiB per chunk.
+ *
+ * Tiers. L1 is a pool of host memory (pinned through the store's device
+ * when it has one) carved into chunk slots. L2, when configured, is an
+ * NVMe slab (ferry/gds.h) divided into chunk extents. A store goes to L1
+ * and, when L2 is configured, is written through to L2 in the background
+ * (ferry_kv_flush() waits for it). A lookup or retrieve that finds a chunk
+ * only in L2 promotes it to L1. Chunks move engine buffer <-> L1 with the
+ * device's asynchronous copies and L1 <-> L2 through the slab's I/O
+ * engines; the copies of one chunk overlap the disk I/O of the next.
+ *
+ * States. A chunk goes absent -> being written (invisible: lookups and
+ * retrieves miss it) -> ready -> read-locked (counted, by retrieves in
+ * flight and by ferry_kv_pin()). Locks carry a TTL (write 600 s, read
+ * 300 s by default): a lock older than its TTL is ignored, so a crashed
+ * writer or a reader that never unpinned does not hold memory forever.
+ * Deleting a locked chunk answers FERRY_ELOCKED.
+ *
+ * Eviction. Each tier has its own policy (LRU or S3-FIFO). When a tier's
+ * usage reaches the watermark (0.8), chunks are evicted until usage is
+ * watermark - evict_fraction (0.6); a locked chunk is never evicted. A
+ * chunk evicted from L1 that is still in L2 stays findable (in L2).
+ *
+ * Thread-safety: every function may be called from several threads at once
+ * on one store, except ferry_kv_close(). Buffers given to an asynchronous
+ * call stay the caller's and must not be touched (or freed) until the
+ * operation completes.
+ */
+#ifndef FERRY_KV_H
+#define FERRY_KV_H
+
+#include "core.h"
+#include "device.h"
+#include "slab.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FERRY_KV_CHUNK_TOKENS_DEFAULT 256u
+/** The default hash seed (any 64-bit value; stores that share chunks must agree). */
+#define FERRY_KV_HASH_SEED_DEFAULT 0x66657272794b5631ull /* "ferryKV1" */
+#define FERRY_KV_WRITE_TTL_MS_DEFAULT 600000u
+#define FERRY_KV_READ_TTL_MS_DEFAULT 300000u
+
+/* ---- chunk hashes and keys ---- */
+
+/** A 128-bit chunk hash (XXH3-128): lo = low 64 bits. */
+typedef struct ferry_kv_hash {
+    uint64_t lo;
+    uint64_t hi;
+} ferry_kv_hash;
+
+/**
+ * Hash tokens[0..n) into chained chunk hashes (see the top of this file).
+ * Full chunks always; a partial last chunk too when `partial` is nonzero.
+ * Writes at most max hashes to out (out may be NULL when max is 0).
+ * Returns the number of chunks the tokens make (which may exceed max).
+ * Errors: -EINVAL (tokens NULL with n > 0, chunk_tokens 0). Thread-safe.
+ */
+FERRY_API int ferry_kv_hash_chunks(uint64_t seed, const int32_t *tokens, size_t n,
+                                   uint32_t chunk_tokens, int partial, ferry_kv_hash *out,
+                                   size_t max);
+
+/** The full key of one chunk. */
+typedef struct ferry_kv_key {
+    const char *model;
+    uint32_t tp_rank;
+    uint32_t tp_world;
+    ferry_kv_hash hash;
+    const void *salt;   /**< NULL or salt_len bytes */
+    size_t salt_len;
+} ferry_kv_key;
+
+/**
+ * The key as a printable, stable string (what a remote or persistent tier
+ * stores under): "ferry1:<model>:<rank>/<world>:<hash hex 32>[:<salt hex 16>]"
+ * where the salt part is the XXH3-64 of the salt bytes. Writes at most len
+ * bytes (NUL-terminated when len > 0); returns the length the full string
+ * needs (excluding the NUL), like snprintf. Errors: -EINVAL (key or model NULL).
+ */
+FERRY_API int ferry_kv_key_format(const ferry_kv_key *key, char *buf, size_t len);
+
+/* ---- layouts and buffers ---- */
+
+/** The shape of the engine's KV cache for one TP rank. */
+typedef struct ferry_kv_layout {
+    size_t size;           /**< sizeof(ferry_kv_layout) */
+    uint32_t num_layers;
+    uint32_t kv;           /**< 2 (K and V) or 1 (one latent, MLA) */
+    uint32_t num_heads;    /**< KV heads on this rank */
+    uint32_t head_dim;
+    int dtype;             /**< enum ferry_dtype (ferry/slab.h) */
+} ferry_kv_layout;
+/** Llama-3-8B: 32 layers, K and V, 8 KV heads, head_dim 128, bf16. */
+#define FERRY_KV_LAYOUT_INIT {sizeof(ferry_kv_layout), 32, 2, 8, 128, FERRY_DTYPE_BF16}
+
+/**
+ * Bytes of one chunk of chunk_tokens tokens in layout l. Errors: -EINVAL
+ * (NULL, a zero dimension, kv not 1 or 2, unknown dtype), -EOVERFLOW.
+ */
+FERRY_API int ferry_kv_layout_chunk_bytes(const ferry_kv_layout *l, uint32_t chunk_tokens,
+                                          uint64_t *out);
+
+enum ferry_kv_mem {
+    FERRY_KV_MEM_HOST = 0,    /**< addresses are host pointers */
+    FERRY_KV_MEM_DEVICE = 1   /**< addresses are ferry_devptr of the store's device */
+};
+enum ferry_kv_form {
+    /** One tensor [kv][layers][capacity_tokens][heads*head_dim] at base. */
+    FERRY_KV_CONTIGUOUS = 0,
+    /**
+     * vLLM-style paged blocks: for each (kv, layer) a cache of blocks, each
+     * [block_tokens][heads*head_dim], block b at block_bases[kv*layers +
+     * layer] + b * block_stride; token t of the sequence lives in block
+     * block_table[t / block_tokens] at row t % block_tokens.
+     */
+    FERRY_KV_PAGED = 1
+};
+
+/**
+ * Where an engine's KV cache is: the source of a store, the destination of
+ * a retrieve. Token t of the request is token t of the buffer.
+ */
+typedef struct ferry_kv_buffer {
+    size_t size;                 /**< sizeof(ferry_kv_buffer) */
+    ferry_kv_layout layout;      /**< must equal the store's: else FERRY_EMISMATCH */
+    int mem;                     /**< enum ferry_kv_mem */
+    int form;                    /**< enum ferry_kv_form */
+    /* FERRY_KV_CONTIGUOUS */
+    uint64_t base;               /**< host address ((uintptr_t)p) or ferry_devptr */
+    uint64_t capacity_tokens;    /**< tokens the tensor holds */
+    /* FERRY_KV_PAGED */
+    const uint64_t *block_bases; /**< kv * num_layers addresses */
+    uint32_t block_tokens;       /**< tokens per block (vLLM's block_size) */
+    uint64_t block_stride;       /**< bytes between blocks; 0 = block_tokens * token bytes */
+    uint64_t num_blocks;         /**< blocks in each cache (block ids must be below) */
+    const int32_t *block_table;  /**< the sequence's block ids */
+    size_t table_len;            /**< entries in block_table */
+} ferry_kv_buffer;
+#define FERRY_KV_BUFFER_INIT \
+    {sizeof(ferry_kv_buffer), FERRY_KV_LAYOUT_INIT, FERRY_KV_MEM_HOST, FERRY_KV_CONTIGUOUS, \
+     0, 0, NULL, 0, 0, 0, NULL, 0}
+
+/* ---- the store ---- */
+
+enum ferry_kv_policy {
+    FERRY_KV_EVICT_LRU = 0,
+    FERRY_KV_EVICT_S3FIFO = 1
+};
+
+/** Tiers, as reported per chunk by lookups and in metrics. */
+enum ferry_kv_tier {
+    FERRY_KV_TIER_NONE = 0,
+    FERRY_KV_TIER_L1 = 1,       /**< host memory */
+    FERRY_KV_TIER_L2 = 2,       /**< NVMe slab */
+    FERRY_KV_TIER_REMOTE = 3,   /**< reserved for the remote tier */
+    FERRY_KV_TIERS = 4
+};
+
+typedef struct ferry_kv_config {
+    size_t size;                 /**< sizeof(ferry_kv_config) */
+    const char *model;           /**< model name (part of every key); required */
+    uint32_t tp_rank;            /**< tensor-parallel rank */
+    uint32_t tp_world;           /**< tensor-parallel world size; 0 -> 1 */
+    ferry_kv_layout layout;      /**< the engine's KV shape on this rank */
+    uint32_t chunk_tokens;       /**< 0 -> 256 */
+    uint64_t hash_seed;          /**< 0 -> FERRY_KV_HASH_SEED_DEFAULT */
+    uint64_t l1_bytes;           /**< host pool; at least one chunk */
+    const char *l2_dir;          /**< NVMe slab directory; NULL: no L2 */
+    uint64_t l2_bytes;           /**< slab size (with l2_dir) */
+    int l2_direct;               /**< O_DIRECT on the slab (falls back when refused) */
+    const char *l2_engine;       /**< I/O engine for the slab: NULL/"auto", "posix", "uring" */
+    int l1_policy;               /**< enum ferry_kv_policy */
+    int l2_policy;
+    double watermark;            /**< evict when usage >= this; 0 -> 0.8 */
+    double evict_fraction;       /**< ... down to watermark - this; 0 -> 0.2 */
+    uint32_t write_ttl_ms;       /**< 0 -> 600000 */
+    uint32_t read_ttl_ms;        /**< 0 -> 300000 */
+    ferry_device *device;        /**< for device buffers and a pinned L1; NULL: host only */
+    uint64_t prefetch_max_bytes; /**< bound on prefetch bytes in flight; 0 -> l1_bytes / 4 */
+    unsigned workers;            /**< threads for async ops and write-through; 0 -> 2 */
+} ferry_kv_config;
+#define FERRY_KV_CONFIG_INIT \
+    {sizeof(ferry_kv_config), NULL, 0, 1, FERRY_KV_LAYOUT_INIT, 0, 0, 0, NULL, 0, 1, NULL, \
+     FERRY_KV_EVICT_LRU, FERRY_KV_EVICT_LRU, 0, 0, 0, 0, NULL, 0, 0}
+
+typedef struct ferry_kv ferry_kv;
+
+/**
+ * Open a store. Allocates the L1 pool (pinned through cfg->device when it
+ * is set) and, with l2_dir, creates the slab (ferry_gds_open). Errors:
+ * -EINVAL (NULL, no model, bad layout, l1_bytes below one chunk, a
+ * watermark outside (0, 1]), -ENOMEM, and the slab's errors. *out owned by
+ * the caller: ferry_kv_close().
+ */
+FERRY_API int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out);
+/**
+ * Wait for every operation and background write, then free the store and
+ * its tiers. Operations not yet freed stay valid handles (their wait
+ * returns their result). NULL does nothing. Not thread-safe with other calls.
+ */
+FERRY_API void ferry_kv_close(ferry_kv *kv);
+/** The message of this store's last failure, "" if none. */
+FERRY_API const char *ferry_kv_last_error(const ferry_kv *kv);
+/** Bytes of one chunk of this store. */
+FERRY_API uint64_t ferry_kv_chunk_bytes(const ferry_kv *kv);
+/** Tokens per chunk of this store. */
+FERRY_API uint32_t ferry_kv_chunk_tokens(const ferry_kv *kv);
+
+enum ferry_kv_flags {
+    /** Include a partial last chunk (fewer than chunk_tokens tokens). */
+    FERRY_KV_PARTIAL = 1u << 0
+};
+
+/**
+ * Per-request options and optional per-chunk results. NULL means: no salt,
+ * no flags, no per-chunk results.
+ */
+typedef struct ferry_kv_req {
+    size_t size;            /**< sizeof(ferry_kv_req) */
+    const void *salt;       /**< cache salt (tenant); NULL or salt_len bytes */
+    size_t salt_len;
+    unsigned flags;         /**< enum ferry_kv_flags */
+    /** Out, optional: per chunk, the tier it was found in (lookup) or
+     *  FERRY_KV_TIER_NONE. max_chunks entries. */
+    uint8_t *tiers;
+    /** Out, optional: per chunk, 0 (stored/retrieved/already present) or
+     *  the code that chunk failed with (FERRY_ENOTFOUND for a miss). */
+    int *status;
+    size_t max_chunks;      /**< entries in tiers/status */
+} ferry_kv_req;
+#define FERRY_KV_REQ_INIT {sizeof(ferry_kv_req), NULL, 0, 0, NULL, NULL, 0}
+
+/**
+ * How many leading tokens of tokens[0..n) are cached (in whole chunks, plus
+ * a partial last chunk with FERRY_KV_PARTIAL). req->tiers (if set) gets the
+ * tier of each chunk looked at (the first miss gets NONE; later entries are
+ * not written). Takes no locks: a chunk may be evicted before a retrieve
+ * (pin it with ferry_kv_pin() to prevent that). Errors: -EINVAL (tokens
+ * NULL, n 0).
+ */
+FERRY_API int ferry_kv_lookup(ferry_kv *kv, const int32_t *tokens, size_t n,
+                              const ferry_kv_req *req);
+
+/**
+ * Store the KV of tokens[0..n) from src (token t at src's token t). Chunks
+ * already present are skipped (counted as stored); chunks another writer
+ * is writing are skipped and not counted. Returns the number of leading
+ * tokens present after the call. Stops at the first chunk it cannot place
+ * (memory exhausted: the chunk is declined, nothing half-written becomes
+ * visible); req->status says why per chunk. Errors: -EINVAL (tokens NULL,
+ * n 0, bad buffer), FERRY_EMISMATCH (src->layout differs from the store's),
+ * -ENOBUFS (src holds fewer tokens than n), FERRY_ENODEV (device memory
+ * without a device), FERRY_ENOSPACE / -ENOMEM (not even the first chunk
+ * could be placed), device copy errors.
+ */
+FERRY_API int ferry_kv_store(ferry_kv *kv, const int32_t *tokens, size_t n,
+                             const ferry_kv_req *req, const ferry_kv_buffer *src);
+
+/**
+ * Load the cached KV of tokens[0..n) into dst. Every chunk that is present
+ * is copied (L2 hits are promoted to L1 first);
+ * req->status gets 0 or FERRY_ENOTFOUND per chunk (a chunk evicted since a
+ * lookup, or whose L2 read failed, is a miss: its bytes in dst are not
+ * written). Returns the number of leading tokens loaded. Errors: as
+ * ferry_kv_store (dst too small: -ENOBUFS), device copy errors.
+ */
+FERRY_API int ferry_kv_retrieve(ferry_kv *kv, const int32_t *tokens, size_t n,
+                                const ferry_kv_req *req, const ferry_kv_buffer *dst);
+
+/* ---- asynchronous forms ---- */
+typedef struct ferry_kv_op ferry_kv_op;
+
+/**
+ * Queue a store/retrieve on the store's workers. The tokens and salt are
+ * hashed before the call returns (they may be reused at once); src/dst,
+ * its block table and req's out-arrays must stay valid until the op
+ * completes. Returns 0 and *op, to be freed with ferry_kv_op_free(). Errors
+ * found before queueing: as the blocking forms, -ENOMEM.
+ */
+FERRY_API int ferry_kv_store_async(ferry_kv *kv, const int32_t *tokens, size_t n,
+                                   const ferry_kv_req *req, const ferry_kv_buffer *src,
+                                   ferry_kv_op **op);
+FERRY_API int ferry_kv_retrieve_async(ferry_kv *kv, const int32_t *tokens, size_t n,
+                                      const ferry_kv_req *req, const ferry_kv_buffer *dst,
+                                      ferry_kv_op **op);
+/**
+ * Wait up to timeout_ms (-1: forever) for op. Returns its result (as the
+ * blocking form would), or -ETIMEDOUT when still running. Thread-safe.
+ */
+FERRY_API int ferry_kv_op_wait(ferry_kv_op *op, int timeout_ms);
+/** ferry_kv_op_wait(op, 0) but -EAGAIN while running. */
+FERRY_API int ferry_kv_op_test(ferry_kv_op *op);
+/** Wait for op if it is still running, then free it. NULL does nothing. */
+FERRY_API void ferry_kv_op_free(ferry_kv_op *op);
+
+/**
+ * Bring the leading chunks of tokens that are only in L2 up to L1 in the
+ * background, up to cfg->prefetch_max_bytes in flight (chunks beyond the
+ * bound are not queued). Returns the number of leading tokens that are in
+ * L1 or on their way. Errors: -EINVAL.
+ */
+FERRY_API int ferry_kv_prefetch(ferry_kv *kv, const int32_t *tokens, size_t n,
+                                const ferry_kv_req *req);
+
+/**
+ * Read-lock the leading cached chunks of tokens so that no eviction or
+ * delete takes them (until ferry_kv_unpin() or the read TTL). Returns the
+ * number of leading tokens pinned. ferry_kv_unpin() drops one pin from
+ * each of the leading pinned chunks and returns the tokens unpinned.
+ */
+FERRY_API int ferry_kv_pin(ferry_kv *kv, const int32_t *tokens, size_t n,
+                           const ferry_kv_req *req);
+FERRY_API int ferry_kv_unpin(ferry_kv *kv, const int32_t *tokens, size_t n,
+                             const ferry_kv_req *req);
+
+/**
+ * Delete the chunks of tokens from every tier. Returns the number of
+ * chunks deleted. A chunk that is locked (pinned, being read or written)
+ * is left in place and the call returns FERRY_ELOCKED after deleting the
+ * others.
+ */
+FERRY_API int ferry_kv_delete(ferry_kv *kv, const int32_t *tokens, size_t n,
+                              const ferry_kv_req *req);
+/** Delete every unlocked chunk. Returns the number deleted, or FERRY_ELOCKED
+ *  when locked chunks remain (the others are deleted). */
+FERRY_API int ferry_kv_clear(ferry_kv *kv);
+/** Wait until every queued op, write-through and prefetch is done. */
+FERRY_API int ferry_kv_flush(ferry_kv *kv);
+
+/* ---- metrics ---- */
+#define FERRY_KV_HIST_BUCKETS 40   /**< bucket b counts latencies in [2^b, 2^(b+1)) ns */
+
+typedef struct ferry_kv_tier_stats {
+    uint64_t hits;             /**< chunks found in this tier by lookups and retrieves */
+    uint64_t evictions;        /**< chunks evicted from it */
+    uint64_t bytes_written;    /**< into this tier */
+    uint64_t bytes_read;       /**< out of it */
+    uint64_t used_bytes;       /**< now */
+    uint64_t capacity_bytes;
+    uint64_t chunks;           /**< resident now */
+    double usage;              /**< used / capacity */
+    uint64_t failures;         /**< allocation or I/O failures in this tier */
+} ferry_kv_tier_stats;
+
+typedef struct ferry_kv_stats {
+    size_t size;               /**< set by ferry_kv_metrics(): sizeof(ferry_kv_stats) */
+    uint64_t lookups;          /**< lookup calls */
+    uint64_t lookup_tokens;    /**< tokens asked about */
+    uint64_t hit_tokens;       /**< tokens found */
+    uint64_t stores;           /**< store calls */
+    uint64_t stored_chunks;    /**< chunks written (not counting ones already present) */
+    uint64_t stored_bytes;
+    uint64_t retrieves;        /**< retrieve calls */
+    uint64_t retrieved_chunks;
+    uint64_t retrieved_bytes;
+    uint64_t misses;           /**< chunks asked of retrieve and not found */
+    uint64_t prefetched_chunks;
+    uint64_t deleted_chunks;
+    uint64_t failures;         /**< calls or chunks that failed (any cause) */
+    uint64_t alloc_failures;   /**< stores declined for lack of memory */
+    uint64_t lock_expired;     /**< locks ignored after their TTL */
+    uint64_t chunks;           /**< chunks in the index now */
+    ferry_kv_tier_stats tier[FERRY_KV_TIERS]; /**< index by enum ferry_kv_tier */
+    uint64_t lookup_ns[FERRY_KV_HIST_BUCKETS];
+    uint64_t store_ns[FERRY_KV_HIST_BUCKETS];
+    uint64_t retrieve_ns[FERRY_KV_HIST_BUCKETS];
+} ferry_kv_stats;
+
+/** A snapshot of the store's counters into *out (all of it). Errors: -EINVAL (NULL). */
+FERRY_API int ferry_kv_metrics(ferry_kv *kv, ferry_kv_stats *out);
+/**
+ * The q-quantile (0..1) of a latency histogram, in nanoseconds (the upper
+ * edge of the bucket it falls in, interpolated); 0 when the histogram is empty.
+ */
+FERRY_API double ferry_kv_hist_quantile(const uint64_t hist[FERRY_KV_HIST_BUCKETS], double q);
+/**
+ * The metrics as Prometheus text exposition (ferry_kv_* families, tier
+ * labels, histograms in seconds). Writes at most len bytes, NUL-terminated
+ * when len > 0; returns the length of the whole text (like snprintf), or
+ * -EINVAL.
+ */
+FERRY_API int ferry_kv_metrics_prometheus(ferry_kv *kv, char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

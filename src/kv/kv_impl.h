@@ -1,0 +1,257 @@
+/*
+ * kv_impl.h - the KV store's private structures: index entries, the tier
+ * interface (an ops table that L1, L2 and later the remote tier implement),
+ * the eviction-policy interface, and test seams. Not installed.
+ *
+ * Locking: one mutex (kv->mu) guards the index, every entry's state, the
+ * tiers' bookkeeping (reserve/release, used counts) and the policies. It is
+ * held for hash-table work only, never across a copy or an I/O; bytes move
+ * while the entry is protected by its state (WRITING for its writer) or by
+ * a read lock (readers > 0), which eviction and delete respect.
+ */
+#ifndef FERRY_SRC_KV_IMPL_H
+#define FERRY_SRC_KV_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "core.h"
+#include "ferry/kv.h"
+
+typedef struct ferry__kv_entry ferry__kv_entry;
+typedef struct ferry__kv_tier ferry__kv_tier;
+typedef struct ferry__kv_policy ferry__kv_policy;
+typedef uint64_t (*ferry__kv_clock_fn)(void *ctx);
+
+enum { FERRY__KV_WRITING = 1, FERRY__KV_READY = 2 };
+
+/* a policy's links for one tier, inside the entry */
+typedef struct ferry__kv_node {
+    ferry__kv_entry *prev, *next;
+    uint8_t queue;   /* which list (policy-specific); 0 = not linked */
+    uint8_t freq;    /* S3-FIFO access counter */
+} ferry__kv_node;
+
+struct ferry__kv_entry {
+    ferry_kv_hash id;          /* chunk hash ^ namespace digest: the index key */
+    ferry__kv_entry *hnext;    /* hash chain */
+    ferry__kv_entry *dnext;    /* doomed list */
+    uint32_t state;            /* FERRY__KV_WRITING / READY */
+    uint32_t readers;          /* read locks (ops in flight + pins) */
+    uint32_t refs;             /* internal pointers held by ops in flight */
+    uint32_t tokens;           /* tokens the chunk covers */
+    uint64_t write_deadline;   /* ns; WRITING only */
+    uint64_t read_deadline;    /* ns; latest read lock + TTL */
+    uint8_t resident;          /* bit (1 << tier) per tier holding the bytes */
+    uint8_t l1_loading;        /* an L2 -> L1 promotion is in flight */
+    uint8_t l2_writing;        /* a write-through is in flight */
+    uint8_t doomed;            /* unlinked from the index; freed when refs == 0 */
+    uint64_t loc[FERRY_KV_TIERS];
+    ferry__kv_node node[FERRY_KV_TIERS];
+};
+
+/* ---- tiers ---- */
+/*
+ * A tier stores whole chunks at locations it hands out. All calls but
+ * read/write run under kv->mu; read/write run without it (the caller holds
+ * the entry), possibly from several threads at once.
+ */
+typedef struct ferry__kv_tier_ops {
+    const char *name;
+    /* room for one chunk; FERRY_ENOSPACE when the tier is full */
+    int (*reserve)(ferry__kv_tier *t, uint64_t *loc);
+    void (*release)(ferry__kv_tier *t, uint64_t loc);
+    /* host memory <-> the chunk at loc (len <= the tier's chunk size) */
+    int (*write)(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, const void *src,
+                 size_t len);
+    int (*read)(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, void *dst,
+                size_t len);
+    /* the host address of the chunk at loc, or NULL when not host-addressable */
+    void *(*host_ptr)(ferry__kv_tier *t, uint64_t loc);
+    void (*close)(ferry__kv_tier *t);
+} ferry__kv_tier_ops;
+
+struct ferry__kv_tier {
+    const ferry__kv_tier_ops *ops;
+    void *impl;
+    int id;                    /* enum ferry_kv_tier */
+    uint64_t slot_bytes;       /* bytes one chunk takes in this tier */
+    uint64_t capacity;         /* chunks */
+    uint64_t used;             /* chunks reserved (under kv->mu) */
+    ferry__kv_policy *policy;
+    /* fault seam (tests): fail the Nth read / write (1-based) with code */
+    atomic_uint_fast64_t n_reads, n_writes;
+    uint64_t fail_read_nth, fail_write_nth;
+    int fail_code;
+    int fail_sticky;
+    /* counters */
+    atomic_uint_fast64_t hits, evictions, bytes_written, bytes_read, failures;
+};
+
+/* L1: a host pool of capacity chunks of slot_bytes (pinned through dev when set) */
+int ferry__kv_tier_l1_open(ferry_device *dev, uint64_t slot_bytes, uint64_t capacity,
+                           ferry__errbuf *eb, ferry__kv_tier **out);
+/* L2: an NVMe slab of `bytes` in dir through the GDS context */
+int ferry__kv_tier_l2_open(const char *dir, uint64_t bytes, int direct, const char *engine,
+                           uint64_t slot_bytes, ferry__errbuf *eb, ferry__kv_tier **out);
+void ferry__kv_tier_free(ferry__kv_tier *t);
+
+/* ---- eviction policies ---- */
+typedef int (*ferry__kv_evictable_fn)(ferry__kv_entry *e, void *ctx);
+
+typedef struct ferry__kv_policy_ops {
+    const char *name;
+    int (*init)(ferry__kv_policy *p, uint64_t capacity);
+    void (*fini)(ferry__kv_policy *p);
+    void (*insert)(ferry__kv_policy *p, ferry__kv_entry *e);   /* became resident */
+    void (*touch)(ferry__kv_policy *p, ferry__kv_entry *e);    /* was used */
+    void (*remove)(ferry__kv_policy *p, ferry__kv_entry *e);   /* left, not by eviction */
+    /* choose a victim that ok() accepts and unlink it; NULL when none */
+    ferry__kv_entry *(*victim)(ferry__kv_policy *p, ferry__kv_evictable_fn ok, void *ctx);
+} ferry__kv_policy_ops;
+
+struct ferry__kv_policy {
+    const ferry__kv_policy_ops *ops;
+    int tier;                  /* which node[] of the entry is ours */
+    uint64_t capacity;
+    void *state;
+};
+
+extern const ferry__kv_policy_ops ferry__kv_policy_lru;
+extern const ferry__kv_policy_ops ferry__kv_policy_s3fifo;
+int ferry__kv_policy_create(int policy, int tier, uint64_t capacity, ferry__kv_policy **out);
+void ferry__kv_policy_destroy(ferry__kv_policy *p);
+
+/* intrusive doubly linked list over node[tier] (used by the policies) */
+typedef struct ferry__kv_list {
+    ferry__kv_entry *head, *tail;
+    uint64_t count;
+} ferry__kv_list;
+void ferry__kv_list_push_head(ferry__kv_list *l, int tier, ferry__kv_entry *e);
+void ferry__kv_list_unlink(ferry__kv_list *l, int tier, ferry__kv_entry *e);
+
+/* ---- hashing ---- */
+/* chained chunk hashes; returns the number of chunks; writes min(that, max) */
+size_t ferry__kv_hash_chain(uint64_t seed, const int32_t *tokens, size_t n, uint32_t chunk_tokens,
+                            int partial, ferry_kv_hash *out, size_t max);
+/* the namespace digest of (model, rank, world, salt) */
+ferry_kv_hash ferry__kv_namespace(uint64_t seed, const char *model, uint32_t rank,
+                                  uint32_t world, const void *salt, size_t salt_len);
+
+/* ---- moving a chunk between an engine buffer and host memory ---- */
+/* validate buf against layout and n tokens; 0 or a code with a message in eb */
+int ferry__kv_buffer_check(const ferry_kv_buffer *buf, const ferry_kv_layout *layout,
+                           ferry_device *dev, size_t n, const char *what, ferry__errbuf *eb);
+/*
+ * Copy tokens [tok0, tok0 + ntok) between buf and a chunk image at host
+ * address chunk (layout [kv][layers][chunk_tokens][token bytes]). to_chunk:
+ * buf -> chunk. Device buffers: queued on s (the caller syncs it).
+ */
+int ferry__kv_xfer(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
+                   uint32_t ntok, void *chunk, int to_chunk, ferry_stream *s, ferry__errbuf *eb);
+
+/* ---- the store ---- */
+enum { FERRY__KV_JOB_OP = 1, FERRY__KV_JOB_L2WRITE = 2, FERRY__KV_JOB_PREFETCH = 3 };
+enum { FERRY__KV_OP_STORE = 1, FERRY__KV_OP_RETRIEVE = 2 };
+
+typedef struct ferry__kv_job {
+    struct ferry__kv_job *next;
+    int kind;
+    ferry_kv_op *op;           /* JOB_OP */
+    ferry__kv_entry *e;        /* L2WRITE / PREFETCH: held (refs, readers) */
+    uint64_t l1_loc, l2_loc;
+} ferry__kv_job;
+
+struct ferry_kv_op {
+    ferry_kv *kv;
+    int kind;
+    ferry_kv_hash *ids;
+    size_t nchunks, n;
+    ferry_kv_req req;
+    ferry_kv_buffer buf;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;
+    int result;
+};
+
+typedef struct ferry__kv_hist {
+    atomic_uint_fast64_t b[FERRY_KV_HIST_BUCKETS];
+    atomic_uint_fast64_t sum_ns;
+} ferry__kv_hist;
+
+struct ferry_kv {
+    ferry__errbuf err;
+    char *model;
+    uint32_t tp_rank, tp_world;
+    ferry_kv_layout layout;
+    uint32_t chunk_tokens;
+    uint64_t seed;
+    uint64_t chunk_bytes, slot_bytes;
+    ferry_kv_hash ns0;             /* namespace digest without salt */
+    ferry_device *dev;
+    double watermark, low;
+    uint64_t write_ttl_ns, read_ttl_ns;
+    ferry__kv_clock_fn clock;
+    void *clock_ctx;
+
+    pthread_mutex_t mu;            /* see the top of this file */
+    pthread_cond_t loaded;         /* an L1 promotion finished */
+    ferry__kv_entry **buckets;
+    uint64_t nbuckets, count;
+    ferry__kv_entry *doomed;
+    ferry__kv_tier *tier[FERRY_KV_TIERS];
+    ferry_stream **streams;        /* idle streams (under mu) */
+    unsigned nstreams, cap_streams;
+    uint64_t prefetch_inflight, prefetch_max;
+
+    /* workers */
+    pthread_mutex_t qmu;
+    pthread_cond_t qcv, idle;
+    ferry__kv_job *qhead, *qtail;
+    unsigned active;
+    int stopping;
+    pthread_t *threads;
+    unsigned nthreads;
+
+    /* counters */
+    atomic_uint_fast64_t lookups, lookup_tokens, hit_tokens, stores, stored_chunks,
+        stored_bytes, retrieves, retrieved_chunks, retrieved_bytes, misses, prefetched,
+        deleted, failures, alloc_failures, lock_expired;
+    ferry__kv_hist h_lookup, h_store, h_retrieve;
+};
+
+/* store.c: the operations behind the blocking and async calls */
+int ferry__kv_do_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nchunks, size_t n,
+                       const ferry_kv_req *req, const ferry_kv_buffer *buf);
+int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nchunks, size_t n,
+                          const ferry_kv_req *req, const ferry_kv_buffer *buf);
+/* finish a job's L2 write or prefetch read (store.c) */
+void ferry__kv_job_run(ferry_kv *kv, ferry__kv_job *j);
+/* async.c: start/stop the workers, queue a job */
+int ferry__kv_workers_start(ferry_kv *kv, unsigned n);
+void ferry__kv_workers_stop(ferry_kv *kv);
+void ferry__kv_enqueue(ferry_kv *kv, ferry__kv_job *j);
+void ferry__kv_hist_record(ferry__kv_hist *h, uint64_t ns);
+
+/* ---- test seams ---- */
+/* replace the store's clock (lock TTLs); NULL restores the monotonic clock */
+void ferry__kv_set_clock(ferry_kv *kv, ferry__kv_clock_fn fn, void *ctx);
+/* fail the nth (1-based, from now) read or write of tier `tier` with code;
+ * sticky: and every later one; nth 0 clears */
+void ferry__kv_set_tier_fault(ferry_kv *kv, int tier, int write, uint64_t nth, int code,
+                              int sticky);
+/* place WRITING entries for the chunks of tokens as a writer that died
+ * before finishing would leave them (slot reserved, nobody holding them);
+ * returns the number placed */
+int ferry__kv_test_abandon_write(ferry_kv *kv, const int32_t *tokens, size_t n,
+                                 const ferry_kv_req *req);
+/* walk the index and the tiers: counts agree, every resident chunk is in
+ * its policy, no free slot is used twice. 0 or FERRY_ECORRUPT + message */
+int ferry__kv_check(ferry_kv *kv);
+/* the state of the chunk with chunk hash h under salt (ns applied inside):
+ * -1 absent, else FERRY__KV_* state; *resident and *readers when non-NULL */
+int ferry__kv_chunk_state(ferry_kv *kv, ferry_kv_hash h, const void *salt, size_t salt_len,
+                          uint8_t *resident, uint32_t *readers);
+
+#endif

@@ -1,0 +1,1342 @@
+/*
+ * store.c - the tiered KV store: index, chunk states, tiers, eviction, and
+ * the store / retrieve / lookup / prefetch / pin / delete operations.
+ *
+ * Design. One hash index maps a chunk id (chunk hash ^ namespace digest of
+ * model, TP rank and world, salt) to an entry that records which tiers hold
+ * the chunk's bytes and where. One mutex (kv->mu) guards the index, every
+ * entry's fields, the tiers' reservations and the policies; it is held for
+ * table work only. Bytes move outside it, under one of two protections:
+ *  - a WRITING entry belongs to its writer: no reader sees it (lookups and
+ *    retrieves treat it as absent) and nothing evicts it;
+ *  - a READY entry with readers > 0 (a retrieve in flight, a write-through
+ *    or promotion reading it, a pin) is never evicted or deleted.
+ * Both protections expire after their TTL (write 600 s, read 300 s) so a
+ * writer or pinner that died does not hold memory forever; past it the
+ * entry may be reclaimed and its slots reused.
+ *
+ * Entry lifetime: an entry is either in the index or "doomed" (removed, its
+ * tier space released). A doomed entry is freed when the last operation
+ * holding a pointer to it (refs) lets go, so nobody ever touches freed
+ * memory, and a retrieve that finds its chunk gone reports a miss for
+ * exactly that chunk rather than reading bytes that now belong to another.
+ *
+ * Nothing half-written becomes visible: an entry turns READY only after all
+ * its bytes landed (device copies synchronized); if any copy fails, the
+ * entries of that call are removed and their slots released.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_impl.h"
+
+#define STACK_CHUNKS 512
+
+static uint64_t now_ns(ferry_kv *kv)
+{
+    return kv->clock ? kv->clock(kv->clock_ctx) : ferry__now_ns();
+}
+
+void ferry__kv_set_clock(ferry_kv *kv, ferry__kv_clock_fn fn, void *ctx)
+{
+    pthread_mutex_lock(&kv->mu);
+    kv->clock = fn;
+    kv->clock_ctx = ctx;
+    pthread_mutex_unlock(&kv->mu);
+}
+
+void ferry__kv_set_tier_fault(ferry_kv *kv, int tier, int write, uint64_t nth, int code,
+                              int sticky)
+{
+    pthread_mutex_lock(&kv->mu);
+    ferry__kv_tier *t = tier > 0 && tier < FERRY_KV_TIERS ? kv->tier[tier] : NULL;
+    if (t) {
+        if (write) {
+            atomic_store(&t->n_writes, 0);
+            t->fail_write_nth = nth;
+        } else {
+            atomic_store(&t->n_reads, 0);
+            t->fail_read_nth = nth;
+        }
+        t->fail_code = code ? code : FERRY_EINJECTED;
+        t->fail_sticky = sticky;
+    }
+    pthread_mutex_unlock(&kv->mu);
+}
+
+/* a tier read or write through the fault seam; outside kv->mu */
+static int tier_io(ferry_kv *kv, ferry__kv_tier *t, int write, uint64_t loc,
+                   const ferry_kv_hash *id, void *buf, size_t len)
+{
+    uint64_t n = atomic_fetch_add(write ? &t->n_writes : &t->n_reads, 1) + 1;
+    pthread_mutex_lock(&kv->mu);
+    uint64_t nth = write ? t->fail_write_nth : t->fail_read_nth;
+    int code = t->fail_code, sticky = t->fail_sticky;
+    pthread_mutex_unlock(&kv->mu);
+    int rc;
+    if (nth && (n == nth || (sticky && n > nth)))
+        rc = ferry__err_set(NULL, code, "kv %s: injected %s fault at location %llu (%zu bytes)",
+                            t->ops->name, write ? "write" : "read", (unsigned long long)loc,
+                            len);
+    else
+        rc = write ? t->ops->write(t, loc, id, buf, len) : t->ops->read(t, loc, id, buf, len);
+    if (rc < 0) {
+        atomic_fetch_add(&t->failures, 1);
+        atomic_fetch_add(&kv->failures, 1);
+        FERRY_LOGW("kv %s: %s of chunk %016llx%016llx at %llu failed: %s", t->ops->name,
+                   write ? "write" : "read", (unsigned long long)id->hi,
+                   (unsigned long long)id->lo, (unsigned long long)loc, ferry_last_error());
+        return rc;
+    }
+    atomic_fetch_add(write ? &t->bytes_written : &t->bytes_read, len);
+    return 0;
+}
+
+/* ---- the index (under mu) ---- */
+
+static uint64_t bucket_of(const ferry_kv *kv, ferry_kv_hash id)
+{
+    return (id.lo ^ (id.hi >> 17)) & (kv->nbuckets - 1);
+}
+
+static ferry__kv_entry *find(ferry_kv *kv, ferry_kv_hash id)
+{
+    for (ferry__kv_entry *e = kv->buckets[bucket_of(kv, id)]; e; e = e->hnext)
+        if (e->id.lo == id.lo && e->id.hi == id.hi)
+            return e;
+    return NULL;
+}
+
+static void index_grow(ferry_kv *kv)
+{
+    uint64_t nb = kv->nbuckets * 2;
+    ferry__kv_entry **b = ferry__calloc(nb, sizeof *b);
+    if (!b)
+        return; /* longer chains, still correct */
+    ferry__kv_entry **old = kv->buckets;
+    uint64_t onb = kv->nbuckets;
+    kv->buckets = b;
+    kv->nbuckets = nb;
+    for (uint64_t i = 0; i < onb; i++) {
+        for (ferry__kv_entry *e = old[i], *next; e; e = next) {
+            next = e->hnext;
+            uint64_t k = bucket_of(kv, e->id);
+            e->hnext = b[k];
+            b[k] = e;
+        }
+    }
+    ferry__free(old);
+}
+
+static void index_insert(ferry_kv *kv, ferry__kv_entry *e)
+{
+    if (kv->count >= 2 * kv->nbuckets)
+        index_grow(kv);
+    uint64_t k = bucket_of(kv, e->id);
+    e->hnext = kv->buckets[k];
+    kv->buckets[k] = e;
+    kv->count++;
+}
+
+static void index_remove(ferry_kv *kv, ferry__kv_entry *e)
+{
+    ferry__kv_entry **pp = &kv->buckets[bucket_of(kv, e->id)];
+    while (*pp && *pp != e)
+        pp = &(*pp)->hnext;
+    if (*pp) {
+        *pp = e->hnext;
+        kv->count--;
+    }
+    e->hnext = NULL;
+}
+
+/* ---- entry state (under mu) ---- */
+
+static int read_locked(ferry_kv *kv, const ferry__kv_entry *e, uint64_t now)
+{
+    return e->readers > 0 && now < e->read_deadline;
+}
+
+static int write_locked(const ferry__kv_entry *e, uint64_t now)
+{
+    return e->state == FERRY__KV_WRITING && now < e->write_deadline;
+}
+
+static int locked(ferry_kv *kv, const ferry__kv_entry *e, uint64_t now)
+{
+    if (e->l1_loading || e->l2_writing)
+        return 1;
+    if (write_locked(e, now) || read_locked(kv, e, now))
+        return 1;
+    if (e->readers > 0 || e->state == FERRY__KV_WRITING)
+        atomic_fetch_add(&kv->lock_expired, 1);
+    return 0;
+}
+
+static void read_lock(ferry_kv *kv, ferry__kv_entry *e, uint64_t now)
+{
+    e->readers++;
+    uint64_t d = now + kv->read_ttl_ns;
+    if (d > e->read_deadline)
+        e->read_deadline = d;
+}
+
+static void read_unlock(ferry__kv_entry *e)
+{
+    if (e->readers > 0)
+        e->readers--;
+}
+
+static void tier_release(ferry_kv *kv, int tier, uint64_t loc)
+{
+    ferry__kv_tier *t = kv->tier[tier];
+    t->ops->release(t, loc);
+    t->used--;
+}
+
+/* drop one tier's copy of e (policy, space) */
+static void drop_tier(ferry_kv *kv, ferry__kv_entry *e, int tier)
+{
+    if (!(e->resident & (1u << tier)))
+        return;
+    ferry__kv_tier *t = kv->tier[tier];
+    t->policy->ops->remove(t->policy, e);
+    tier_release(kv, tier, e->loc[tier]);
+    e->resident &= (uint8_t) ~(1u << tier);
+}
+
+static void entry_free(ferry_kv *kv, ferry__kv_entry *e)
+{
+    (void)kv;
+    ferry__free(e);
+}
+
+/* remove e from the index and every tier; free it when nobody holds it */
+static void doom(ferry_kv *kv, ferry__kv_entry *e)
+{
+    if (e->doomed)
+        return;
+    for (int t = 1; t < FERRY_KV_TIERS; t++)
+        if (kv->tier[t])
+            drop_tier(kv, e, t);
+    if (e->state == FERRY__KV_WRITING && (e->resident == 0) && e->loc[FERRY_KV_TIER_L1] != UINT64_MAX) {
+        /* a writer's reserved (not yet resident) L1 slot: reclaimed with the
+         * expired write lock */
+        tier_release(kv, FERRY_KV_TIER_L1, e->loc[FERRY_KV_TIER_L1]);
+        e->loc[FERRY_KV_TIER_L1] = UINT64_MAX;
+    }
+    index_remove(kv, e);
+    e->doomed = 1;
+    if (e->refs == 0) {
+        entry_free(kv, e);
+        return;
+    }
+    e->dnext = kv->doomed;
+    kv->doomed = e;
+}
+
+/* let go of a pointer to e */
+static void put(ferry_kv *kv, ferry__kv_entry *e)
+{
+    if (e->refs > 0)
+        e->refs--;
+    if (!e->doomed || e->refs)
+        return;
+    ferry__kv_entry **pp = &kv->doomed;
+    while (*pp && *pp != e)
+        pp = &(*pp)->dnext;
+    if (*pp)
+        *pp = e->dnext;
+    entry_free(kv, e);
+}
+
+typedef struct evict_ctx {
+    ferry_kv *kv;
+    uint64_t now;
+} evict_ctx;
+
+static int evictable(ferry__kv_entry *e, void *ctx)
+{
+    evict_ctx *c = ctx;
+    return e->state == FERRY__KV_READY && !locked(c->kv, e, c->now);
+}
+
+/* evict one chunk from tier; 1 when one went */
+static int evict_one(ferry_kv *kv, int tier, uint64_t now)
+{
+    ferry__kv_tier *t = kv->tier[tier];
+    evict_ctx c = {kv, now};
+    ferry__kv_entry *v = t->policy->ops->victim(t->policy, evictable, &c);
+    if (!v)
+        return 0;
+    /* the policy already unlinked it */
+    tier_release(kv, tier, v->loc[tier]);
+    v->resident &= (uint8_t) ~(1u << tier);
+    atomic_fetch_add(&t->evictions, 1);
+    if (!v->resident)
+        doom(kv, v);
+    return 1;
+}
+
+/* reserve room for one chunk in tier, evicting by the watermark and when
+ * full. 0 and *loc, or FERRY_ENOSPACE (everything left is locked) / -ENOMEM */
+static int reserve(ferry_kv *kv, int tier, uint64_t now, uint64_t *loc)
+{
+    ferry__kv_tier *t = kv->tier[tier];
+    double cap = (double)t->capacity;
+    if ((double)(t->used + 1) >= kv->watermark * cap && (double)t->used > kv->low * cap) {
+        while ((double)t->used > kv->low * cap && evict_one(kv, tier, now))
+            ;
+    }
+    for (;;) {
+        int rc = t->used < t->capacity ? t->ops->reserve(t, loc) : FERRY_ENOSPACE;
+        if (rc == 0) {
+            t->used++;
+            return 0;
+        }
+        if (rc != FERRY_ENOSPACE || !evict_one(kv, tier, now)) {
+            atomic_fetch_add(&t->failures, 1);
+            return rc;
+        }
+    }
+}
+
+/* ---- streams for device buffers ---- */
+
+static int stream_get(ferry_kv *kv, ferry_stream **out)
+{
+    pthread_mutex_lock(&kv->mu);
+    if (kv->nstreams) {
+        *out = kv->streams[--kv->nstreams];
+        pthread_mutex_unlock(&kv->mu);
+        return 0;
+    }
+    pthread_mutex_unlock(&kv->mu);
+    int rc = ferry_stream_create(kv->dev, out);
+    if (rc < 0)
+        return ferry__err_set(&kv->err, rc, "kv: creating a stream on %s: %s",
+                              ferry_device_name(kv->dev), ferry_last_error());
+    return 0;
+}
+
+static void stream_put(ferry_kv *kv, ferry_stream *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&kv->mu);
+    if (kv->nstreams == kv->cap_streams) {
+        unsigned nc = kv->cap_streams ? 2 * kv->cap_streams : 4;
+        ferry_stream **n = ferry__realloc(kv->streams, nc * sizeof *n);
+        if (!n) {
+            pthread_mutex_unlock(&kv->mu);
+            ferry_stream_destroy(s);
+            return;
+        }
+        kv->streams = n;
+        kv->cap_streams = nc;
+    }
+    kv->streams[kv->nstreams++] = s;
+    pthread_mutex_unlock(&kv->mu);
+}
+
+/* ---- helpers ---- */
+
+static uint32_t chunk_ntok(const ferry_kv *kv, size_t i, size_t n)
+{
+    uint64_t start = (uint64_t)i * kv->chunk_tokens;
+    return (uint32_t)FERRY__MIN((uint64_t)kv->chunk_tokens, n - start);
+}
+
+static ferry_kv_hash ns_of(ferry_kv *kv, const ferry_kv_req *req)
+{
+    if (!req || !req->salt || !req->salt_len)
+        return kv->ns0;
+    return ferry__kv_namespace(kv->seed, kv->model, kv->tp_rank, kv->tp_world, req->salt,
+                               req->salt_len);
+}
+
+static int req_ok(ferry_kv *kv, const ferry_kv_req *req, const char *what)
+{
+    if (req && req->size < sizeof(ferry_kv_req))
+        return ferry__err_set(&kv->err, -EINVAL, "kv %s: request size field %zu is too small",
+                              what, req->size);
+    if (req && req->salt_len && !req->salt)
+        return ferry__err_set(&kv->err, -EINVAL, "kv %s: salt_len %zu with a NULL salt", what,
+                              req->salt_len);
+    return 0;
+}
+
+/* hash tokens into ids (stack buffer when it fits); *ids must be freed when
+ * != stack. Returns the number of chunks or a negative code. */
+static int make_ids(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
+                    const char *what, ferry_kv_hash *stack, ferry_kv_hash **ids)
+{
+    int rc = req_ok(kv, req, what);
+    if (rc < 0)
+        return rc;
+    if (!tokens || n == 0)
+        return ferry__err_set(&kv->err, -EINVAL, "kv %s: no tokens (tokens %p, n %zu)", what,
+                              (const void *)tokens, n);
+    int partial = req && (req->flags & FERRY_KV_PARTIAL);
+    size_t nch = n / kv->chunk_tokens + (partial && n % kv->chunk_tokens ? 1 : 0);
+    if (nch > INT32_MAX / 2)
+        return ferry__err_set(&kv->err, -EINVAL, "kv %s: %zu tokens is too many", what, n);
+    ferry_kv_hash *out = stack;
+    if (nch > STACK_CHUNKS) {
+        out = ferry__malloc(nch * sizeof *out);
+        if (!out)
+            return ferry__err_set(&kv->err, -ENOMEM, "kv %s: out of memory for %zu chunk ids",
+                                  what, nch);
+    }
+    ferry__kv_hash_chain(kv->seed, tokens, n, kv->chunk_tokens, partial, out, nch);
+    ferry_kv_hash ns = ns_of(kv, req);
+    for (size_t i = 0; i < nch; i++) {
+        out[i].lo ^= ns.lo;
+        out[i].hi ^= ns.hi;
+    }
+    *ids = out;
+    return (int)nch;
+}
+
+static void set_status(const ferry_kv_req *req, size_t i, int code)
+{
+    if (req && req->status && i < req->max_chunks)
+        req->status[i] = code;
+}
+
+static void set_tier(const ferry_kv_req *req, size_t i, int tier)
+{
+    if (req && req->tiers && i < req->max_chunks)
+        req->tiers[i] = (uint8_t)tier;
+}
+
+/* ---- lookup ---- */
+
+int ferry_kv_lookup(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv lookup: store is NULL");
+    uint64_t t0 = ferry__now_ns();
+    ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
+    int nch = make_ids(kv, tokens, n, req, "lookup", stack, &ids);
+    if (nch < 0)
+        return nch;
+    size_t hit = 0, i;
+    uint64_t hits[FERRY_KV_TIERS] = {0};
+    pthread_mutex_lock(&kv->mu);
+    for (i = 0; i < (size_t)nch; i++) {
+        ferry__kv_entry *e = find(kv, ids[i]);
+        if (!e || e->state != FERRY__KV_READY || !e->resident)
+            break;
+        int tier = (e->resident & (1u << FERRY_KV_TIER_L1)) ? FERRY_KV_TIER_L1
+                   : (e->resident & (1u << FERRY_KV_TIER_L2)) ? FERRY_KV_TIER_L2
+                                                              : FERRY_KV_TIER_REMOTE;
+        ferry__kv_tier *t = kv->tier[tier];
+        if (t)
+            t->policy->ops->touch(t->policy, e);
+        hits[tier]++;
+        set_tier(req, i, tier);
+        hit += chunk_ntok(kv, i, n);
+    }
+    pthread_mutex_unlock(&kv->mu);
+    if (i < (size_t)nch)
+        set_tier(req, i, FERRY_KV_TIER_NONE);
+    if (ids != stack)
+        ferry__free(ids);
+    for (int t = 1; t < FERRY_KV_TIERS; t++)
+        if (hits[t] && kv->tier[t])
+            atomic_fetch_add(&kv->tier[t]->hits, hits[t]);
+    atomic_fetch_add(&kv->lookups, 1);
+    atomic_fetch_add(&kv->lookup_tokens, n);
+    atomic_fetch_add(&kv->hit_tokens, hit);
+    ferry__kv_hist_record(&kv->h_lookup, ferry__now_ns() - t0);
+    return (int)hit;
+}
+
+/* ---- store ---- */
+
+typedef struct pend {
+    ferry__kv_entry *e;
+    size_t chunk;
+    ferry__kv_job *job; /* write-through, when L2 is configured */
+} pend;
+
+int ferry__kv_do_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
+                       const ferry_kv_req *req, const ferry_kv_buffer *buf)
+{
+    uint64_t t0 = ferry__now_ns();
+    atomic_fetch_add(&kv->stores, 1);
+    ferry_stream *s = NULL;
+    int rc = 0;
+    if (buf->mem == FERRY_KV_MEM_DEVICE && (rc = stream_get(kv, &s)) < 0) {
+        atomic_fetch_add(&kv->failures, 1);
+        return rc;
+    }
+    pend *p = ferry__calloc(nch, sizeof *p);
+    if (!p) {
+        stream_put(kv, s);
+        atomic_fetch_add(&kv->failures, 1);
+        atomic_fetch_add(&kv->alloc_failures, 1);
+        return ferry__err_set(&kv->err, -ENOMEM, "kv store: out of memory for %zu chunks", nch);
+    }
+    int *st = ferry__malloc(nch * sizeof *st);
+    if (!st) {
+        ferry__free(p);
+        stream_put(kv, s);
+        atomic_fetch_add(&kv->failures, 1);
+        atomic_fetch_add(&kv->alloc_failures, 1);
+        return ferry__err_set(&kv->err, -ENOMEM, "kv store: out of memory for %zu chunks", nch);
+    }
+    size_t np = 0, i;
+    int place_rc = 0;
+    for (i = 0; i < nch; i++)
+        st[i] = FERRY_ENOTFOUND;
+
+    /* 1. place: reserve an L1 slot per missing chunk, WRITING (invisible) */
+    pthread_mutex_lock(&kv->mu);
+    uint64_t now = now_ns(kv);
+    for (i = 0; i < nch; i++) {
+        ferry__kv_entry *e = find(kv, ids[i]);
+        if (e && e->state == FERRY__KV_READY) {
+            for (int t = 1; t < FERRY_KV_TIERS; t++)
+                if (kv->tier[t] && (e->resident & (1u << t)))
+                    kv->tier[t]->policy->ops->touch(kv->tier[t]->policy, e);
+            st[i] = 0;
+            continue;
+        }
+        if (e && write_locked(e, now)) {
+            st[i] = FERRY_ELOCKED;
+            continue;
+        }
+        if (e) {
+            atomic_fetch_add(&kv->lock_expired, 1);
+            doom(kv, e);
+        }
+        ferry__kv_entry *ne = ferry__calloc(1, sizeof *ne);
+        if (!ne) {
+            place_rc = ferry__err_set(&kv->err, -ENOMEM,
+                                      "kv store: out of memory for the entry of chunk %zu", i);
+            break;
+        }
+        uint64_t loc;
+        int r = reserve(kv, FERRY_KV_TIER_L1, now, &loc);
+        if (r < 0) {
+            ferry__free(ne);
+            place_rc = ferry__err_set(&kv->err, r,
+                                      "kv store: no L1 slot for chunk %zu (%llu of %llu slots "
+                                      "used, the rest locked)",
+                                      i, (unsigned long long)kv->tier[FERRY_KV_TIER_L1]->used,
+                                      (unsigned long long)kv->tier[FERRY_KV_TIER_L1]->capacity);
+            break;
+        }
+        ne->id = ids[i];
+        ne->state = FERRY__KV_WRITING;
+        ne->write_deadline = now + kv->write_ttl_ns;
+        ne->refs = 1;
+        ne->tokens = chunk_ntok(kv, i, n);
+        for (int t = 0; t < FERRY_KV_TIERS; t++)
+            ne->loc[t] = UINT64_MAX;
+        ne->loc[FERRY_KV_TIER_L1] = loc;
+        index_insert(kv, ne);
+        p[np].e = ne;
+        p[np].chunk = i;
+        np++;
+    }
+    pthread_mutex_unlock(&kv->mu);
+    if (place_rc < 0) {
+        st[i] = place_rc;
+        atomic_fetch_add(&kv->alloc_failures, 1);
+        atomic_fetch_add(&kv->failures, 1);
+    }
+
+    /* 2. copy the bytes in (device: queued, then one synchronization) */
+    ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
+    int copy_rc = 0;
+    for (size_t k = 0; k < np && copy_rc == 0; k++) {
+        size_t c = p[k].chunk;
+        void *slot = l1->ops->host_ptr(l1, p[k].e->loc[FERRY_KV_TIER_L1]);
+        copy_rc = ferry__kv_xfer(buf, kv->chunk_tokens, (uint64_t)c * kv->chunk_tokens,
+                                 p[k].e->tokens, slot, 1, s, &kv->err);
+    }
+    if (s) {
+        int r = ferry_stream_sync(s);
+        if (r < 0 && copy_rc == 0)
+            copy_rc = ferry__err_set(&kv->err, r, "kv store: device copies from %s failed: %s",
+                                     ferry_device_name(kv->dev), ferry_last_error());
+    }
+    /* write-through jobs, allocated before taking the lock */
+    if (kv->tier[FERRY_KV_TIER_L2] && copy_rc == 0)
+        for (size_t k = 0; k < np; k++)
+            p[k].job = ferry__calloc(1, sizeof(ferry__kv_job));
+
+    /* 3. commit: READY (visible), or remove everything this call placed */
+    ferry__kv_job *jobs = NULL;
+    uint64_t stored = 0;
+    pthread_mutex_lock(&kv->mu);
+    now = now_ns(kv);
+    for (size_t k = 0; k < np; k++) {
+        ferry__kv_entry *e = p[k].e;
+        size_t c = p[k].chunk;
+        if (copy_rc < 0 || e->doomed) {
+            st[c] = copy_rc < 0 ? copy_rc : FERRY_ELOCKED;
+            if (!e->doomed) {
+                tier_release(kv, FERRY_KV_TIER_L1, e->loc[FERRY_KV_TIER_L1]);
+                e->loc[FERRY_KV_TIER_L1] = UINT64_MAX;
+                doom(kv, e);
+            }
+            put(kv, e);
+            ferry__free(p[k].job);
+            continue;
+        }
+        e->state = FERRY__KV_READY;
+        e->resident |= 1u << FERRY_KV_TIER_L1;
+        l1->policy->ops->insert(l1->policy, e);
+        st[c] = 0;
+        stored++;
+        ferry__kv_job *j = p[k].job;
+        uint64_t l2loc;
+        if (j && reserve(kv, FERRY_KV_TIER_L2, now, &l2loc) == 0) {
+            e->l2_writing = 1;
+            read_lock(kv, e, now);
+            e->refs++;
+            j->kind = FERRY__KV_JOB_L2WRITE;
+            j->e = e;
+            j->l1_loc = e->loc[FERRY_KV_TIER_L1];
+            j->l2_loc = l2loc;
+            j->next = jobs;
+            jobs = j;
+        } else {
+            ferry__free(j);
+        }
+        put(kv, e);
+    }
+    pthread_mutex_unlock(&kv->mu);
+    for (ferry__kv_job *j = jobs, *next; j; j = next) {
+        next = j->next;
+        ferry__kv_enqueue(kv, j);
+    }
+    stream_put(kv, s);
+    atomic_fetch_add(&l1->bytes_written, stored * kv->chunk_bytes);
+    atomic_fetch_add(&kv->stored_chunks, stored);
+    atomic_fetch_add(&kv->stored_bytes, stored * kv->chunk_bytes);
+
+    size_t lead = 0;
+    for (i = 0; i < nch && st[i] == 0; i++)
+        lead += chunk_ntok(kv, i, n);
+    for (i = 0; i < nch; i++)
+        set_status(req, i, st[i]);
+    int first = st[0];
+    ferry__free(st);
+    ferry__free(p);
+    ferry__kv_hist_record(&kv->h_store, ferry__now_ns() - t0);
+    if (copy_rc < 0) {
+        atomic_fetch_add(&kv->failures, 1);
+        return copy_rc;
+    }
+    if (lead == 0 && place_rc < 0 && first == place_rc)
+        return place_rc;
+    return (int)lead;
+}
+
+/* ---- promotion L2 -> L1 (retrieve, prefetch) ---- */
+
+/* under mu, after the L2 read into the reserved slot finished with rc */
+static void promote_finish(ferry_kv *kv, ferry__kv_entry *e, uint64_t slot, int rc)
+{
+    e->l1_loading = 0;
+    pthread_cond_broadcast(&kv->loaded);
+    if (rc == 0 && !e->doomed && (e->resident & (1u << FERRY_KV_TIER_L2))) {
+        ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
+        e->loc[FERRY_KV_TIER_L1] = slot;
+        e->resident |= 1u << FERRY_KV_TIER_L1;
+        l1->policy->ops->insert(l1->policy, e);
+        return;
+    }
+    tier_release(kv, FERRY_KV_TIER_L1, slot);
+    if (rc < 0 && !e->doomed) {
+        /* the L2 copy is unreadable: the chunk becomes a miss */
+        drop_tier(kv, e, FERRY_KV_TIER_L2);
+        if (!e->resident)
+            doom(kv, e);
+    }
+}
+
+void ferry__kv_job_run(ferry_kv *kv, ferry__kv_job *j)
+{
+    ferry__kv_entry *e = j->e;
+    ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1], *l2 = kv->tier[FERRY_KV_TIER_L2];
+    void *slot = l1->ops->host_ptr(l1, j->l1_loc);
+    if (j->kind == FERRY__KV_JOB_L2WRITE) {
+        int rc = tier_io(kv, l2, 1, j->l2_loc, &e->id, slot, kv->slot_bytes);
+        pthread_mutex_lock(&kv->mu);
+        e->l2_writing = 0;
+        if (rc == 0 && !e->doomed) {
+            e->loc[FERRY_KV_TIER_L2] = j->l2_loc;
+            e->resident |= 1u << FERRY_KV_TIER_L2;
+            l2->policy->ops->insert(l2->policy, e);
+        } else {
+            tier_release(kv, FERRY_KV_TIER_L2, j->l2_loc);
+        }
+        read_unlock(e);
+        put(kv, e);
+        pthread_mutex_unlock(&kv->mu);
+        return;
+    }
+    /* prefetch */
+    int rc = tier_io(kv, l2, 0, e->loc[FERRY_KV_TIER_L2], &e->id, slot, kv->slot_bytes);
+    pthread_mutex_lock(&kv->mu);
+    promote_finish(kv, e, j->l1_loc, rc);
+    if (rc == 0)
+        atomic_fetch_add(&kv->prefetched, 1);
+    kv->prefetch_inflight -= kv->slot_bytes;
+    read_unlock(e);
+    put(kv, e);
+    pthread_mutex_unlock(&kv->mu);
+}
+
+/* ---- retrieve ---- */
+
+int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
+                          const ferry_kv_req *req, const ferry_kv_buffer *buf)
+{
+    uint64_t t0 = ferry__now_ns();
+    atomic_fetch_add(&kv->retrieves, 1);
+    ferry_stream *s = NULL;
+    int rc = 0;
+    if (buf->mem == FERRY_KV_MEM_DEVICE && (rc = stream_get(kv, &s)) < 0) {
+        atomic_fetch_add(&kv->failures, 1);
+        return rc;
+    }
+    ferry__kv_entry **held = ferry__calloc(nch, sizeof *held);
+    int *st = ferry__malloc(nch * sizeof *st);
+    if (!held || !st) {
+        ferry__free(held);
+        ferry__free(st);
+        stream_put(kv, s);
+        atomic_fetch_add(&kv->failures, 1);
+        return ferry__err_set(&kv->err, -ENOMEM, "kv retrieve: out of memory for %zu chunks",
+                              nch);
+    }
+    ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1], *l2 = kv->tier[FERRY_KV_TIER_L2];
+    int copy_rc = 0;
+    uint64_t hits[FERRY_KV_TIERS] = {0}, misses = 0, got = 0;
+    for (size_t i = 0; i < nch; i++) {
+        st[i] = FERRY_ENOTFOUND;
+        if (copy_rc < 0)
+            continue;
+        pthread_mutex_lock(&kv->mu);
+        ferry__kv_entry *e;
+        uint64_t now;
+        for (;;) {
+            now = now_ns(kv);
+            e = find(kv, ids[i]);
+            if (!e || e->state != FERRY__KV_READY || !e->l1_loading)
+                break;
+            pthread_cond_wait(&kv->loaded, &kv->mu);
+        }
+        if (!e || e->state != FERRY__KV_READY || !e->resident) {
+            pthread_mutex_unlock(&kv->mu);
+            misses++;
+            continue;
+        }
+        read_lock(kv, e, now);
+        e->refs++;
+        if (!(e->resident & (1u << FERRY_KV_TIER_L1))) {
+            /* only in L2: promote into a fresh L1 slot */
+            uint64_t slot;
+            int r = l2 ? reserve(kv, FERRY_KV_TIER_L1, now, &slot) : FERRY_ENOTFOUND;
+            if (r < 0) {
+                read_unlock(e);
+                put(kv, e);
+                pthread_mutex_unlock(&kv->mu);
+                st[i] = r == FERRY_ENOTFOUND ? r : FERRY_ENOSPACE;
+                misses++;
+                continue;
+            }
+            e->l1_loading = 1;
+            uint64_t l2loc = e->loc[FERRY_KV_TIER_L2];
+            pthread_mutex_unlock(&kv->mu);
+            r = tier_io(kv, l2, 0, l2loc, &e->id, l1->ops->host_ptr(l1, slot), kv->slot_bytes);
+            pthread_mutex_lock(&kv->mu);
+            promote_finish(kv, e, slot, r);
+            if (!(e->resident & (1u << FERRY_KV_TIER_L1))) {
+                read_unlock(e);
+                put(kv, e);
+                pthread_mutex_unlock(&kv->mu);
+                misses++;
+                continue;
+            }
+            hits[FERRY_KV_TIER_L2]++;
+        } else {
+            hits[FERRY_KV_TIER_L1]++;
+        }
+        l1->policy->ops->touch(l1->policy, e);
+        void *src = l1->ops->host_ptr(l1, e->loc[FERRY_KV_TIER_L1]);
+        pthread_mutex_unlock(&kv->mu);
+        held[i] = e;
+        copy_rc = ferry__kv_xfer(buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
+                                 chunk_ntok(kv, i, n), src, 0, s, &kv->err);
+        if (copy_rc == 0) {
+            st[i] = 0;
+            got++;
+        } else {
+            st[i] = copy_rc;
+        }
+    }
+    if (s) {
+        int r = ferry_stream_sync(s);
+        if (r < 0 && copy_rc == 0)
+            copy_rc = ferry__err_set(&kv->err, r, "kv retrieve: device copies to %s failed: %s",
+                                     ferry_device_name(kv->dev), ferry_last_error());
+        if (copy_rc < 0)
+            for (size_t i = 0; i < nch; i++)
+                if (st[i] == 0)
+                    st[i] = copy_rc;
+    }
+    pthread_mutex_lock(&kv->mu);
+    for (size_t i = 0; i < nch; i++) {
+        if (held[i]) {
+            read_unlock(held[i]);
+            put(kv, held[i]);
+        }
+    }
+    pthread_mutex_unlock(&kv->mu);
+    stream_put(kv, s);
+    for (int t = 1; t < FERRY_KV_TIERS; t++)
+        if (hits[t] && kv->tier[t])
+            atomic_fetch_add(&kv->tier[t]->hits, hits[t]);
+    atomic_fetch_add(&l1->bytes_read, got * kv->chunk_bytes);
+    atomic_fetch_add(&kv->misses, misses);
+    atomic_fetch_add(&kv->retrieved_chunks, got);
+    atomic_fetch_add(&kv->retrieved_bytes, got * kv->chunk_bytes);
+    size_t lead = 0;
+    for (size_t i = 0; i < nch && st[i] == 0; i++)
+        lead += chunk_ntok(kv, i, n);
+    for (size_t i = 0; i < nch; i++)
+        set_status(req, i, st[i]);
+    ferry__free(st);
+    ferry__free(held);
+    ferry__kv_hist_record(&kv->h_retrieve, ferry__now_ns() - t0);
+    if (copy_rc < 0) {
+        atomic_fetch_add(&kv->failures, 1);
+        return copy_rc;
+    }
+    return (int)lead;
+}
+
+/* ---- the public blocking forms ---- */
+
+static int prepare(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
+                   const ferry_kv_buffer *buf, const char *what, ferry_kv_hash *stack,
+                   ferry_kv_hash **ids)
+{
+    int nch = make_ids(kv, tokens, n, req, what, stack, ids);
+    if (nch < 0)
+        return nch;
+    int rc = ferry__kv_buffer_check(buf, &kv->layout, kv->dev, n, what, &kv->err);
+    if (rc < 0) {
+        if (*ids != stack)
+            ferry__free(*ids);
+        return rc;
+    }
+    return nch;
+}
+
+int ferry_kv_store(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
+                   const ferry_kv_buffer *src)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv store: store is NULL");
+    ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
+    int nch = prepare(kv, tokens, n, req, src, "store", stack, &ids);
+    if (nch < 0)
+        return nch;
+    int rc = nch ? ferry__kv_do_store(kv, ids, (size_t)nch, n, req, src) : 0;
+    if (ids != stack)
+        ferry__free(ids);
+    return rc;
+}
+
+int ferry_kv_retrieve(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
+                      const ferry_kv_buffer *dst)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv retrieve: store is NULL");
+    ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
+    int nch = prepare(kv, tokens, n, req, dst, "retrieve", stack, &ids);
+    if (nch < 0)
+        return nch;
+    int rc = nch ? ferry__kv_do_retrieve(kv, ids, (size_t)nch, n, req, dst) : 0;
+    if (ids != stack)
+        ferry__free(ids);
+    return rc;
+}
+
+static int op_submit(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
+                     const ferry_kv_req *req, const ferry_kv_buffer *buf, ferry_kv_op **out)
+{
+    const char *what = kind == FERRY__KV_OP_STORE ? "store_async" : "retrieve_async";
+    if (!kv || !out)
+        return ferry__err_set(kv ? &kv->err : NULL, -EINVAL, "kv %s: store or op is NULL", what);
+    ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
+    int nch = prepare(kv, tokens, n, req, buf, what, stack, &ids);
+    if (nch < 0)
+        return nch;
+    ferry_kv_op *op = ferry__calloc(1, sizeof *op);
+    ferry__kv_job *j = ferry__calloc(1, sizeof *j);
+    ferry_kv_hash *copy = nch ? ferry__malloc((size_t)nch * sizeof *copy) : NULL;
+    if (!op || !j || (nch && !copy)) {
+        ferry__free(op);
+        ferry__free(j);
+        ferry__free(copy);
+        if (ids != stack)
+            ferry__free(ids);
+        return ferry__err_set(&kv->err, -ENOMEM, "kv %s: out of memory for the operation",
+                              what);
+    }
+    memcpy(copy, ids, (size_t)nch * sizeof *copy);
+    if (ids != stack)
+        ferry__free(ids);
+    op->kv = kv;
+    op->kind = kind;
+    op->ids = copy;
+    op->nchunks = (size_t)nch;
+    op->n = n;
+    if (req)
+        op->req = *req;
+    else
+        op->req.size = sizeof op->req;
+    op->req.salt = NULL; /* already folded into the ids */
+    op->req.salt_len = 0;
+    op->buf = *buf;
+    pthread_mutex_init(&op->mu, NULL);
+    pthread_cond_init(&op->cv, NULL);
+    j->kind = FERRY__KV_JOB_OP;
+    j->op = op;
+    ferry__kv_enqueue(kv, j);
+    *out = op;
+    return 0;
+}
+
+int ferry_kv_store_async(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
+                         const ferry_kv_buffer *src, ferry_kv_op **op)
+{
+    return op_submit(kv, FERRY__KV_OP_STORE, tokens, n, req, src, op);
+}
+
+int ferry_kv_retrieve_async(ferry_kv *kv, const int32_t *tokens, size_t n,
+                            const ferry_kv_req *req, const ferry_kv_buffer *dst, ferry_kv_op **op)
+{
+    return op_submit(kv, FERRY__KV_OP_RETRIEVE, tokens, n, req, dst, op);
+}
+
+/* ---- prefetch, pin, delete, clear ---- */
+
+int ferry_kv_prefetch(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv prefetch: store is NULL");
+    ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
+    int nch = make_ids(kv, tokens, n, req, "prefetch", stack, &ids);
+    if (nch < 0)
+        return nch;
+    size_t lead = 0;
+    ferry__kv_job *jobs = NULL;
+    pthread_mutex_lock(&kv->mu);
+    uint64_t now = now_ns(kv);
+    for (size_t i = 0; i < (size_t)nch; i++) {
+        ferry__kv_entry *e = find(kv, ids[i]);
+        if (!e || e->state != FERRY__KV_READY || !e->resident)
+            break;
+        if ((e->resident & (1u << FERRY_KV_TIER_L1)) || e->l1_loading) {
+            lead += chunk_ntok(kv, i, n);
+            continue;
+        }
+        if (!kv->tier[FERRY_KV_TIER_L2] || !(e->resident & (1u << FERRY_KV_TIER_L2)))
+            break;
+        if (kv->prefetch_inflight + kv->slot_bytes > kv->prefetch_max)
+            break;
+        ferry__kv_job *j = ferry__calloc(1, sizeof *j);
+        uint64_t slot;
+        if (!j || reserve(kv, FERRY_KV_TIER_L1, now, &slot) < 0) {
+            ferry__free(j);
+            break;
+        }
+        e->l1_loading = 1;
+        read_lock(kv, e, now);
+        e->refs++;
+        kv->prefetch_inflight += kv->slot_bytes;
+        j->kind = FERRY__KV_JOB_PREFETCH;
+        j->e = e;
+        j->l1_loc = slot;
+        j->next = jobs;
+        jobs = j;
+        lead += chunk_ntok(kv, i, n);
+    }
+    pthread_mutex_unlock(&kv->mu);
+    for (ferry__kv_job *j = jobs, *next; j; j = next) {
+        next = j->next;
+        ferry__kv_enqueue(kv, j);
+    }
+    if (ids != stack)
+        ferry__free(ids);
+    return (int)lead;
+}
+
+static int pin_common(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
+                      int pin)
+{
+    const char *what = pin ? "pin" : "unpin";
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv %s: store is NULL", what);
+    ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
+    int nch = make_ids(kv, tokens, n, req, what, stack, &ids);
+    if (nch < 0)
+        return nch;
+    size_t lead = 0;
+    pthread_mutex_lock(&kv->mu);
+    uint64_t now = now_ns(kv);
+    for (size_t i = 0; i < (size_t)nch; i++) {
+        ferry__kv_entry *e = find(kv, ids[i]);
+        if (!e || e->state != FERRY__KV_READY || (!pin && e->readers == 0))
+            break;
+        if (pin)
+            read_lock(kv, e, now);
+        else
+            read_unlock(e);
+        lead += chunk_ntok(kv, i, n);
+    }
+    pthread_mutex_unlock(&kv->mu);
+    if (ids != stack)
+        ferry__free(ids);
+    return (int)lead;
+}
+
+int ferry_kv_pin(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+{
+    return pin_common(kv, tokens, n, req, 1);
+}
+
+int ferry_kv_unpin(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+{
+    return pin_common(kv, tokens, n, req, 0);
+}
+
+int ferry_kv_delete(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv delete: store is NULL");
+    ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
+    int nch = make_ids(kv, tokens, n, req, "delete", stack, &ids);
+    if (nch < 0)
+        return nch;
+    int deleted = 0;
+    size_t locked_at = SIZE_MAX;
+    pthread_mutex_lock(&kv->mu);
+    uint64_t now = now_ns(kv);
+    for (size_t i = 0; i < (size_t)nch; i++) {
+        ferry__kv_entry *e = find(kv, ids[i]);
+        if (!e)
+            continue;
+        if (locked(kv, e, now)) {
+            if (locked_at == SIZE_MAX)
+                locked_at = i;
+            continue;
+        }
+        doom(kv, e);
+        deleted++;
+    }
+    pthread_mutex_unlock(&kv->mu);
+    if (ids != stack)
+        ferry__free(ids);
+    atomic_fetch_add(&kv->deleted, (uint64_t)deleted);
+    if (locked_at != SIZE_MAX)
+        return ferry__err_set(&kv->err, FERRY_ELOCKED,
+                              "kv delete: chunk %zu (and maybe others) is locked (pinned, read or "
+                              "being written); %d other chunks deleted",
+                              locked_at, deleted);
+    return deleted;
+}
+
+int ferry_kv_clear(ferry_kv *kv)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv clear: store is NULL");
+    int deleted = 0, left = 0;
+    pthread_mutex_lock(&kv->mu);
+    uint64_t now = now_ns(kv);
+    for (uint64_t b = 0; b < kv->nbuckets; b++) {
+        for (ferry__kv_entry *e = kv->buckets[b], *next; e; e = next) {
+            next = e->hnext;
+            if (locked(kv, e, now)) {
+                left++;
+                continue;
+            }
+            doom(kv, e);
+            deleted++;
+        }
+    }
+    pthread_mutex_unlock(&kv->mu);
+    atomic_fetch_add(&kv->deleted, (uint64_t)deleted);
+    if (left)
+        return ferry__err_set(&kv->err, FERRY_ELOCKED,
+                              "kv clear: %d chunks are locked and stay; %d deleted", left,
+                              deleted);
+    return deleted;
+}
+
+/* ---- open / close ---- */
+
+static void kv_free(ferry_kv *kv)
+{
+    for (uint64_t b = 0; kv->buckets && b < kv->nbuckets; b++) {
+        for (ferry__kv_entry *e = kv->buckets[b], *next; e; e = next) {
+            next = e->hnext;
+            ferry__free(e);
+        }
+    }
+    for (ferry__kv_entry *e = kv->doomed, *next; e; e = next) {
+        next = e->dnext;
+        ferry__free(e);
+    }
+    ferry__free(kv->buckets);
+    for (unsigned i = 0; i < kv->nstreams; i++)
+        ferry_stream_destroy(kv->streams[i]);
+    ferry__free(kv->streams);
+    for (int t = 1; t < FERRY_KV_TIERS; t++)
+        ferry__kv_tier_free(kv->tier[t]);
+    pthread_mutex_destroy(&kv->mu);
+    pthread_cond_destroy(&kv->loaded);
+    pthread_mutex_destroy(&kv->qmu);
+    pthread_cond_destroy(&kv->qcv);
+    pthread_cond_destroy(&kv->idle);
+    ferry__free(kv->model);
+    ferry__free(kv);
+}
+
+int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out)
+{
+    if (!cfg || !out || cfg->size < sizeof(ferry_kv_config) || !cfg->model)
+        return ferry__err_set(NULL, -EINVAL,
+                              "kv open: config or out is NULL, config size is wrong, or no model");
+    uint32_t ct = cfg->chunk_tokens ? cfg->chunk_tokens : FERRY_KV_CHUNK_TOKENS_DEFAULT;
+    uint64_t chunk_bytes;
+    int rc = ferry_kv_layout_chunk_bytes(&cfg->layout, ct, &chunk_bytes);
+    if (rc < 0)
+        return rc;
+    double wm = cfg->watermark > 0 ? cfg->watermark : 0.8;
+    double frac = cfg->evict_fraction > 0 ? cfg->evict_fraction : 0.2;
+    if (wm > 1.0 || frac > wm)
+        return ferry__err_set(NULL, -EINVAL,
+                              "kv open: watermark %.3f / evict fraction %.3f out of range "
+                              "(0 < fraction <= watermark <= 1)",
+                              wm, frac);
+    uint64_t slot = FERRY__ALIGN_UP(chunk_bytes, (uint64_t)4096);
+    if (cfg->l1_bytes < slot)
+        return ferry__err_set(NULL, -EINVAL,
+                              "kv open: l1_bytes %llu is below one chunk of %llu bytes "
+                              "(%u tokens)",
+                              (unsigned long long)cfg->l1_bytes, (unsigned long long)slot, ct);
+    ferry_kv *kv = ferry__calloc(1, sizeof *kv);
+    if (!kv)
+        return ferry__err_set(NULL, -ENOMEM, "kv open: out of memory");
+    pthread_mutex_init(&kv->mu, NULL);
+    pthread_cond_init(&kv->loaded, NULL);
+    pthread_mutex_init(&kv->qmu, NULL);
+    pthread_cond_init(&kv->qcv, NULL);
+    pthread_cond_init(&kv->idle, NULL);
+    kv->model = ferry__strdup(cfg->model);
+    if (!kv->model) {
+        kv_free(kv);
+        return ferry__err_set(NULL, -ENOMEM, "kv open: out of memory");
+    }
+    kv->tp_rank = cfg->tp_rank;
+    kv->tp_world = cfg->tp_world ? cfg->tp_world : 1;
+    kv->layout = cfg->layout;
+    kv->chunk_tokens = ct;
+    kv->seed = cfg->hash_seed ? cfg->hash_seed : FERRY_KV_HASH_SEED_DEFAULT;
+    kv->chunk_bytes = chunk_bytes;
+    kv->slot_bytes = slot;
+    kv->dev = cfg->device;
+    kv->watermark = wm;
+    kv->low = wm - frac;
+    kv->write_ttl_ns =
+        (uint64_t)(cfg->write_ttl_ms ? cfg->write_ttl_ms : FERRY_KV_WRITE_TTL_MS_DEFAULT) * 1000000u;
+    kv->read_ttl_ns =
+        (uint64_t)(cfg->read_ttl_ms ? cfg->read_ttl_ms : FERRY_KV_READ_TTL_MS_DEFAULT) * 1000000u;
+    kv->ns0 = ferry__kv_namespace(kv->seed, kv->model, kv->tp_rank, kv->tp_world, NULL, 0);
+    kv->prefetch_max = cfg->prefetch_max_bytes ? cfg->prefetch_max_bytes : cfg->l1_bytes / 4;
+    if (kv->prefetch_max < slot)
+        kv->prefetch_max = slot;
+
+    ferry__errbuf *eb = &kv->err;
+    rc = ferry__kv_tier_l1_open(cfg->device, slot, cfg->l1_bytes / slot, eb,
+                                &kv->tier[FERRY_KV_TIER_L1]);
+    if (rc == 0 && cfg->l2_dir)
+        rc = ferry__kv_tier_l2_open(cfg->l2_dir, cfg->l2_bytes, cfg->l2_direct, cfg->l2_engine,
+                                    slot, eb, &kv->tier[FERRY_KV_TIER_L2]);
+    uint64_t chunks = 0;
+    for (int t = 1; rc == 0 && t < FERRY_KV_TIERS; t++) {
+        ferry__kv_tier *tr = kv->tier[t];
+        if (!tr)
+            continue;
+        int pol = t == FERRY_KV_TIER_L1 ? cfg->l1_policy : cfg->l2_policy;
+        rc = ferry__kv_policy_create(pol, t, tr->capacity, &tr->policy);
+        chunks += tr->capacity;
+    }
+    if (rc == 0) {
+        kv->nbuckets = 64;
+        while (kv->nbuckets < chunks)
+            kv->nbuckets <<= 1;
+        kv->buckets = ferry__calloc(kv->nbuckets, sizeof *kv->buckets);
+        if (!kv->buckets)
+            rc = ferry__err_set(eb, -ENOMEM, "kv open: out of memory for the index");
+    }
+    if (rc == 0)
+        rc = ferry__kv_workers_start(kv, cfg->workers ? cfg->workers : 2);
+    if (rc < 0) {
+        ferry__err_pass(NULL, rc);
+        kv_free(kv);
+        return rc;
+    }
+    *out = kv;
+    return 0;
+}
+
+void ferry_kv_close(ferry_kv *kv)
+{
+    if (!kv)
+        return;
+    ferry__kv_workers_stop(kv);
+    kv_free(kv);
+}
+
+const char *ferry_kv_last_error(const ferry_kv *kv)
+{
+    return kv ? ferry__err_msg(&kv->err) : "";
+}
+
+uint64_t ferry_kv_chunk_bytes(const ferry_kv *kv)
+{
+    return kv ? kv->chunk_bytes : 0;
+}
+
+uint32_t ferry_kv_chunk_tokens(const ferry_kv *kv)
+{
+    return kv ? kv->chunk_tokens : 0;
+}
+
+/* ---- test seams: state and a consistency walk ---- */
+
+int ferry__kv_chunk_state(ferry_kv *kv, ferry_kv_hash h, const void *salt, size_t salt_len,
+                          uint8_t *resident, uint32_t *readers)
+{
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.salt = salt;
+    r.salt_len = salt_len;
+    ferry_kv_hash ns = ns_of(kv, &r);
+    h.lo ^= ns.lo;
+    h.hi ^= ns.hi;
+    pthread_mutex_lock(&kv->mu);
+    ferry__kv_entry *e = find(kv, h);
+    int st = e ? (int)e->state : -1;
+    if (e && resident)
+        *resident = e->resident;
+    if (e && readers)
+        *readers = e->readers;
+    pthread_mutex_unlock(&kv->mu);
+    return st;
+}
+
+int ferry__kv_test_abandon_write(ferry_kv *kv, const int32_t *tokens, size_t n,
+                                 const ferry_kv_req *req)
+{
+    ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
+    int nch = make_ids(kv, tokens, n, req, "abandon", stack, &ids);
+    if (nch < 0)
+        return nch;
+    int placed = 0;
+    pthread_mutex_lock(&kv->mu);
+    uint64_t now = now_ns(kv);
+    for (int i = 0; i < nch; i++) {
+        if (find(kv, ids[i]))
+            continue;
+        ferry__kv_entry *e = ferry__calloc(1, sizeof *e);
+        uint64_t loc;
+        if (!e || reserve(kv, FERRY_KV_TIER_L1, now, &loc) < 0) {
+            ferry__free(e);
+            break;
+        }
+        e->id = ids[i];
+        e->state = FERRY__KV_WRITING;
+        e->write_deadline = now + kv->write_ttl_ns;
+        e->tokens = chunk_ntok(kv, (size_t)i, n);
+        for (int t = 0; t < FERRY_KV_TIERS; t++)
+            e->loc[t] = UINT64_MAX;
+        e->loc[FERRY_KV_TIER_L1] = loc;
+        index_insert(kv, e);
+        placed++;
+    }
+    pthread_mutex_unlock(&kv->mu);
+    if (ids != stack)
+        ferry__free(ids);
+    return placed;
+}
+
+int ferry__kv_check(ferry_kv *kv)
+{
+    int rc = 0;
+    pthread_mutex_lock(&kv->mu);
+    uint64_t count = 0, res[FERRY_KV_TIERS] = {0};
+    for (uint64_t b = 0; b < kv->nbuckets && rc == 0; b++) {
+        for (ferry__kv_entry *e = kv->buckets[b]; e && rc == 0; e = e->hnext) {
+            count++;
+            if (e->doomed)
+                rc = ferry__err_set(&kv->err, FERRY_ECORRUPT, "kv check: doomed entry in index");
+            if (bucket_of(kv, e->id) != b)
+                rc = ferry__err_set(&kv->err, FERRY_ECORRUPT, "kv check: entry in wrong bucket");
+            for (int t = 1; t < FERRY_KV_TIERS; t++) {
+                if (!(e->resident & (1u << t)))
+                    continue;
+                if (!kv->tier[t])
+                    rc = ferry__err_set(&kv->err, FERRY_ECORRUPT,
+                                        "kv check: entry resident in absent tier %d", t);
+                else if (!e->node[t].queue)
+                    rc = ferry__err_set(&kv->err, FERRY_ECORRUPT,
+                                        "kv check: resident entry not in tier %d's policy", t);
+                res[t]++;
+            }
+            if (e->state == FERRY__KV_READY && !e->resident && !e->l1_loading)
+                rc = ferry__err_set(&kv->err, FERRY_ECORRUPT,
+                                    "kv check: READY entry resident nowhere");
+        }
+    }
+    if (rc == 0 && count != kv->count)
+        rc = ferry__err_set(&kv->err, FERRY_ECORRUPT, "kv check: index count %llu, walked %llu",
+                            (unsigned long long)kv->count, (unsigned long long)count);
+    for (int t = 1; rc == 0 && t < FERRY_KV_TIERS; t++) {
+        ferry__kv_tier *tr = kv->tier[t];
+        if (!tr)
+            continue;
+        if (tr->used > tr->capacity || res[t] > tr->used)
+            rc = ferry__err_set(&kv->err, FERRY_ECORRUPT,
+                                "kv check: tier %s uses %llu of %llu, %llu resident",
+                                tr->ops->name, (unsigned long long)tr->used,
+                                (unsigned long long)tr->capacity, (unsigned long long)res[t]);
+    }
+    /* with no operation in flight, used == resident */
+    int idle = 1;
+    for (uint64_t b = 0; b < kv->nbuckets && idle; b++)
+        for (ferry__kv_entry *e = kv->buckets[b]; e; e = e->hnext)
+            if (e->refs || e->l1_loading || e->l2_writing || e->state != FERRY__KV_READY)
+                idle = 0;
+    for (int t = 1; rc == 0 && idle && !kv->doomed && t < FERRY_KV_TIERS; t++)
+        if (kv->tier[t] && kv->tier[t]->used != res[t])
+            rc = ferry__err_set(&kv->err, FERRY_ECORRUPT,
+                                "kv check: tier %s has %llu slots reserved but %llu resident",
+                                kv->tier[t]->ops->name, (unsigned long long)kv->tier[t]->used,
+                                (unsigned long long)res[t]);
+    pthread_mutex_unlock(&kv->mu);
+    return rc;
+}

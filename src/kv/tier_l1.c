@@ -1,0 +1,144 @@
+/*
+ * tier_l1.c - L1: a pool of host memory carved into chunk slots.
+ *
+ * The pool is one allocation (pinned through the store's device when it has
+ * one, so device copies are truly asynchronous and DMA-able; page-aligned
+ * host memory otherwise), split into `capacity` slots of slot_bytes, each a
+ * multiple of 4096 so a slot is also a valid O_DIRECT buffer for the L2
+ * write-through. Free slots are a stack of indices.
+ *
+ * Invariant: a slot index is either on the free stack or reserved, never
+ * both (reserve/release run under the store's mutex); the bytes of a
+ * reserved slot are only touched by whoever holds its chunk.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "kv_impl.h"
+
+typedef struct l1 {
+    ferry_device *dev;     /* NULL: pool from the allocation hook */
+    unsigned char *pool;
+    uint64_t *free_stack;
+    uint64_t nfree;
+} l1;
+
+static int l1_reserve(ferry__kv_tier *t, uint64_t *loc)
+{
+    l1 *p = t->impl;
+    if (!p->nfree)
+        return FERRY_ENOSPACE;
+    *loc = p->free_stack[--p->nfree];
+    return 0;
+}
+
+static void l1_release(ferry__kv_tier *t, uint64_t loc)
+{
+    l1 *p = t->impl;
+    p->free_stack[p->nfree++] = loc;
+}
+
+static void *l1_host_ptr(ferry__kv_tier *t, uint64_t loc)
+{
+    l1 *p = t->impl;
+    return p->pool + loc * t->slot_bytes;
+}
+
+static int l1_write(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, const void *src,
+                    size_t len)
+{
+    (void)id;
+    memcpy(l1_host_ptr(t, loc), src, len);
+    return 0;
+}
+
+static int l1_read(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, void *dst, size_t len)
+{
+    (void)id;
+    memcpy(dst, l1_host_ptr(t, loc), len);
+    return 0;
+}
+
+static void l1_close(ferry__kv_tier *t)
+{
+    l1 *p = t->impl;
+    if (!p)
+        return;
+    if (p->pool) {
+        if (p->dev)
+            ferry_device_host_free(p->dev, p->pool);
+        else
+            ferry__free(p->pool);
+    }
+    ferry__free(p->free_stack);
+    ferry__free(p);
+    t->impl = NULL;
+}
+
+static const ferry__kv_tier_ops l1_ops = {
+    "l1", l1_reserve, l1_release, l1_write, l1_read, l1_host_ptr, l1_close,
+};
+
+int ferry__kv_tier_l1_open(ferry_device *dev, uint64_t slot_bytes, uint64_t capacity,
+                           ferry__errbuf *eb, ferry__kv_tier **out)
+{
+    if (!capacity || !slot_bytes || slot_bytes % 4096)
+        return ferry__err_set(eb, -EINVAL, "kv L1: bad geometry (%llu slots of %llu bytes)",
+                              (unsigned long long)capacity, (unsigned long long)slot_bytes);
+    if (capacity > SIZE_MAX / slot_bytes)
+        return ferry__err_set(eb, -EOVERFLOW, "kv L1: %llu slots of %llu bytes overflow",
+                              (unsigned long long)capacity, (unsigned long long)slot_bytes);
+    ferry__kv_tier *t = ferry__calloc(1, sizeof *t);
+    l1 *p = ferry__calloc(1, sizeof *p);
+    if (!t || !p) {
+        ferry__free(t);
+        ferry__free(p);
+        return ferry__err_set(eb, -ENOMEM, "kv L1: out of memory for the tier");
+    }
+    t->ops = &l1_ops;
+    t->impl = p;
+    t->id = FERRY_KV_TIER_L1;
+    t->slot_bytes = slot_bytes;
+    t->capacity = capacity;
+    p->dev = dev;
+    size_t bytes = (size_t)(capacity * slot_bytes);
+    p->free_stack = ferry__malloc(capacity * sizeof *p->free_stack);
+    if (!p->free_stack) {
+        ferry__kv_tier_free(t);
+        return ferry__err_set(eb, -ENOMEM, "kv L1: out of memory for %llu slot indices",
+                              (unsigned long long)capacity);
+    }
+    if (dev) {
+        void *mem = NULL;
+        int rc = ferry_device_host_alloc(dev, bytes, &mem);
+        if (rc < 0) {
+            ferry__kv_tier_free(t);
+            return ferry__err_set(eb, rc, "kv L1: pinned pool of %zu bytes on %s: %s", bytes,
+                                  ferry_device_name(dev), ferry_last_error());
+        }
+        p->pool = mem;
+    } else {
+        p->pool = ferry__aligned_alloc(4096, bytes);
+        if (!p->pool) {
+            ferry__kv_tier_free(t);
+            return ferry__err_set(eb, -ENOMEM, "kv L1: out of memory for a pool of %zu bytes",
+                                  bytes);
+        }
+    }
+    /* hand out low slots first: the stack pops from its end */
+    for (uint64_t i = 0; i < capacity; i++)
+        p->free_stack[i] = capacity - 1 - i;
+    p->nfree = capacity;
+    *out = t;
+    return 0;
+}
+
+void ferry__kv_tier_free(ferry__kv_tier *t)
+{
+    if (!t)
+        return;
+    if (t->ops && t->ops->close)
+        t->ops->close(t);
+    ferry__kv_policy_destroy(t->policy);
+    ferry__free(t);
+}

@@ -1,0 +1,126 @@
+/*
+ * tier_l2.c - L2: chunks on an NVMe slab through the GDS context.
+ *
+ * The slab (ferry/gds.h) owns a first-fit allocator over its bytes; every
+ * chunk takes one extent of slot_bytes (a multiple of 4096), so the slab
+ * never fragments and capacity is slab size / slot_bytes. Chunks move
+ * between an L1 slot (4096-aligned host memory) and their extent with the
+ * slab's host path (its I/O engines, O_DIRECT when the file system allows).
+ *
+ * Invariant: an extent is allocated exactly while some entry's loc[L2]
+ * names it (reserved under the store's mutex, freed on eviction/delete).
+ */
+#include <errno.h>
+
+#include "ferry/gds.h"
+#include "kv_impl.h"
+
+typedef struct l2 {
+    ferry_gds *gds;
+    ferry_slab *slab;
+} l2;
+
+static int l2_reserve(ferry__kv_tier *t, uint64_t *loc)
+{
+    l2 *p = t->impl;
+    ferry_extent e;
+    int rc = ferry_slab_alloc_bytes(p->slab, t->slot_bytes, &e);
+    if (rc < 0)
+        return rc == -ENOMEM ? rc : FERRY_ENOSPACE;
+    *loc = e.offset;
+    return 0;
+}
+
+static void l2_release(ferry__kv_tier *t, uint64_t loc)
+{
+    l2 *p = t->impl;
+    ferry_extent e = {loc, t->slot_bytes};
+    int rc = ferry_slab_free(p->slab, &e);
+    if (rc < 0)
+        FERRY_LOGW("kv L2: freeing the extent at %llu: %s", (unsigned long long)loc,
+                   ferry_last_error());
+}
+
+static int l2_write(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, const void *src,
+                    size_t len)
+{
+    (void)id;
+    (void)len;
+    l2 *p = t->impl;
+    ferry_extent e = {loc, t->slot_bytes};
+    return ferry_gds_extent_pwrite(p->gds, &e, src);
+}
+
+static int l2_read(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, void *dst, size_t len)
+{
+    (void)id;
+    (void)len;
+    l2 *p = t->impl;
+    ferry_extent e = {loc, t->slot_bytes};
+    return ferry_gds_extent_pread(p->gds, &e, dst);
+}
+
+static void *l2_host_ptr(ferry__kv_tier *t, uint64_t loc)
+{
+    (void)t;
+    (void)loc;
+    return NULL;
+}
+
+static void l2_close(ferry__kv_tier *t)
+{
+    l2 *p = t->impl;
+    if (!p)
+        return;
+    ferry_gds_close(p->gds);
+    ferry__free(p);
+    t->impl = NULL;
+}
+
+static const ferry__kv_tier_ops l2_ops = {
+    "l2", l2_reserve, l2_release, l2_write, l2_read, l2_host_ptr, l2_close,
+};
+
+int ferry__kv_tier_l2_open(const char *dir, uint64_t bytes, int direct, const char *engine,
+                           uint64_t slot_bytes, ferry__errbuf *eb, ferry__kv_tier **out)
+{
+    if (!dir || !slot_bytes || slot_bytes % 4096 || bytes < slot_bytes)
+        return ferry__err_set(eb, -EINVAL,
+                              "kv L2: slab of %llu bytes in %s cannot hold a chunk of %llu bytes",
+                              (unsigned long long)bytes, dir ? dir : "(null)",
+                              (unsigned long long)slot_bytes);
+    ferry__kv_tier *t = ferry__calloc(1, sizeof *t);
+    l2 *p = ferry__calloc(1, sizeof *p);
+    if (!t || !p) {
+        ferry__free(t);
+        ferry__free(p);
+        return ferry__err_set(eb, -ENOMEM, "kv L2: out of memory for the tier");
+    }
+    t->ops = &l2_ops;
+    t->impl = p;
+    t->id = FERRY_KV_TIER_L2;
+    t->slot_bytes = slot_bytes;
+    ferry_gds_config cfg = FERRY_GDS_CONFIG_INIT;
+    const char *dirs[1] = {dir};
+    cfg.dirs = dirs;
+    cfg.n_dirs = 1;
+    cfg.bytes = bytes - bytes % slot_bytes;
+    cfg.direct = direct;
+    cfg.driver = "cpu";
+    cfg.engine = engine;
+    int rc = ferry_gds_open(&cfg, &p->gds);
+    if (rc < 0) {
+        ferry__kv_tier_free(t);
+        return ferry__err_set(eb, rc, "kv L2: opening the slab of %llu bytes in %s: %s",
+                              (unsigned long long)cfg.bytes, dir, ferry_last_error());
+    }
+    p->slab = ferry_gds_slab(p->gds);
+    t->capacity = ferry_slab_capacity(p->slab) / slot_bytes;
+    if (!t->capacity) {
+        ferry__kv_tier_free(t);
+        return ferry__err_set(eb, -EINVAL, "kv L2: slab in %s holds no chunk of %llu bytes", dir,
+                              (unsigned long long)slot_bytes);
+    }
+    *out = t;
+    return 0;
+}

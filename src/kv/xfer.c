@@ -1,0 +1,165 @@
+/*
+ * xfer.c - moving one chunk between an engine's KV buffer and a chunk image
+ * in host memory.
+ *
+ * A chunk image is [kv][layers][chunk_tokens][heads*head_dim]; the engine's
+ * buffer is either one contiguous tensor [kv][layers][capacity][...] or
+ * vLLM's paged blocks. Either way the copy is a list of runs, one per
+ * (kv, layer) for a contiguous buffer and one per (kv, layer, block) for a
+ * paged one; each run is a memcpy (host) or an asynchronous device copy
+ * queued on the caller's stream (device), so the runs of a chunk and of
+ * the next chunk overlap with whatever the caller does meanwhile.
+ *
+ * Invariant: a buffer is validated whole (layout, capacity, every block id
+ * the request touches) before the first byte moves, so a bad request never
+ * leaves a half-written destination.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "kv_impl.h"
+
+static uint64_t token_bytes(const ferry_kv_layout *l)
+{
+    return (uint64_t)l->num_heads * l->head_dim * ferry_dtype_size(l->dtype);
+}
+
+int ferry_kv_layout_chunk_bytes(const ferry_kv_layout *l, uint32_t chunk_tokens, uint64_t *out)
+{
+    if (!l || !out || !l->num_layers || !l->num_heads || !l->head_dim || !chunk_tokens ||
+        (l->kv != 1 && l->kv != 2) || !ferry_dtype_size(l->dtype))
+        return ferry__err_set(NULL, -EINVAL,
+                              "kv layout: bad layout (layers %u, kv %u, heads %u, head_dim %u, "
+                              "dtype %d, chunk_tokens %u)",
+                              l ? l->num_layers : 0, l ? l->kv : 0, l ? l->num_heads : 0,
+                              l ? l->head_dim : 0, l ? l->dtype : -1, chunk_tokens);
+    __uint128_t b = (__uint128_t)l->kv * l->num_layers * chunk_tokens * l->num_heads *
+                    l->head_dim * ferry_dtype_size(l->dtype);
+    if (b > (__uint128_t)INT64_MAX)
+        return ferry__err_set(NULL, -EOVERFLOW, "kv layout: chunk size overflows");
+    *out = (uint64_t)b;
+    return 0;
+}
+
+static int same_layout(const ferry_kv_layout *a, const ferry_kv_layout *b)
+{
+    return a->num_layers == b->num_layers && a->kv == b->kv && a->num_heads == b->num_heads &&
+           a->head_dim == b->head_dim && a->dtype == b->dtype;
+}
+
+int ferry__kv_buffer_check(const ferry_kv_buffer *buf, const ferry_kv_layout *layout,
+                           ferry_device *dev, size_t n, const char *what, ferry__errbuf *eb)
+{
+    if (!buf || buf->size < sizeof(ferry_kv_buffer))
+        return ferry__err_set(eb, -EINVAL, "kv %s: buffer is NULL or its size field is wrong",
+                              what);
+    const ferry_kv_layout *l = &buf->layout;
+    if (!same_layout(l, layout))
+        return ferry__err_set(eb, FERRY_EMISMATCH,
+                              "kv %s: buffer layout (layers %u, kv %u, heads %u, head_dim %u, %s) "
+                              "differs from the store's (layers %u, kv %u, heads %u, head_dim %u, "
+                              "%s)",
+                              what, l->num_layers, l->kv, l->num_heads, l->head_dim,
+                              ferry_dtype_name(l->dtype), layout->num_layers, layout->kv,
+                              layout->num_heads, layout->head_dim,
+                              ferry_dtype_name(layout->dtype));
+    if (buf->mem != FERRY_KV_MEM_HOST && buf->mem != FERRY_KV_MEM_DEVICE)
+        return ferry__err_set(eb, -EINVAL, "kv %s: unknown memory kind %d", what, buf->mem);
+    if (buf->mem == FERRY_KV_MEM_DEVICE && !dev)
+        return ferry__err_set(eb, FERRY_ENODEV,
+                              "kv %s: device buffer but the store was opened without a device",
+                              what);
+    uint64_t tb = token_bytes(layout);
+    if (buf->form == FERRY_KV_CONTIGUOUS) {
+        if (!buf->base)
+            return ferry__err_set(eb, -EINVAL, "kv %s: contiguous buffer has no base address",
+                                  what);
+        if (buf->capacity_tokens < n)
+            return ferry__err_set(eb, -ENOBUFS,
+                                  "kv %s: buffer holds %llu tokens, the request has %zu", what,
+                                  (unsigned long long)buf->capacity_tokens, n);
+        return 0;
+    }
+    if (buf->form != FERRY_KV_PAGED)
+        return ferry__err_set(eb, -EINVAL, "kv %s: unknown buffer form %d", what, buf->form);
+    if (!buf->block_bases || !buf->block_table || !buf->block_tokens)
+        return ferry__err_set(eb, -EINVAL,
+                              "kv %s: paged buffer needs block_bases, block_table and "
+                              "block_tokens",
+                              what);
+    if (buf->block_stride && buf->block_stride < buf->block_tokens * tb)
+        return ferry__err_set(eb, -EINVAL,
+                              "kv %s: block stride %llu is below one block (%llu bytes)", what,
+                              (unsigned long long)buf->block_stride,
+                              (unsigned long long)(buf->block_tokens * tb));
+    uint64_t need = (n + buf->block_tokens - 1) / buf->block_tokens;
+    if (buf->table_len < need)
+        return ferry__err_set(eb, -ENOBUFS,
+                              "kv %s: block table has %zu blocks of %u tokens, the request needs "
+                              "%llu for %zu tokens",
+                              what, buf->table_len, buf->block_tokens, (unsigned long long)need,
+                              n);
+    for (uint32_t i = 0; i < layout->kv * layout->num_layers; i++)
+        if (!buf->block_bases[i])
+            return ferry__err_set(eb, -EINVAL, "kv %s: block base %u is 0", what, i);
+    for (uint64_t b = 0; b < need; b++)
+        if (buf->block_table[b] < 0 || (uint64_t)buf->block_table[b] >= buf->num_blocks)
+            return ferry__err_set(eb, -EINVAL,
+                                  "kv %s: block table entry %llu is %d, outside [0, %llu)", what,
+                                  (unsigned long long)b, buf->block_table[b],
+                                  (unsigned long long)buf->num_blocks);
+    return 0;
+}
+
+static int run(const ferry_kv_buffer *buf, uint64_t addr, unsigned char *img, uint64_t len,
+               int to_chunk, ferry_stream *s, ferry__errbuf *eb)
+{
+    if (buf->mem == FERRY_KV_MEM_HOST) {
+        if (to_chunk)
+            memcpy(img, (const void *)(uintptr_t)addr, len);
+        else
+            memcpy((void *)(uintptr_t)addr, img, len);
+        return 0;
+    }
+    int rc = to_chunk ? ferry_memcpy_dtoh_async(s, img, (ferry_devptr)addr, len)
+                      : ferry_memcpy_htod_async(s, (ferry_devptr)addr, img, len);
+    if (rc < 0)
+        return ferry__err_set(eb, rc, "kv: device copy of %llu bytes %s 0x%llx: %s",
+                              (unsigned long long)len, to_chunk ? "from" : "to",
+                              (unsigned long long)addr, ferry_last_error());
+    return 0;
+}
+
+int ferry__kv_xfer(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
+                   uint32_t ntok, void *chunk, int to_chunk, ferry_stream *s, ferry__errbuf *eb)
+{
+    const ferry_kv_layout *l = &buf->layout;
+    uint64_t tb = token_bytes(l);
+    unsigned char *img = chunk;
+    for (uint32_t kvi = 0; kvi < l->kv; kvi++) {
+        for (uint32_t layer = 0; layer < l->num_layers; layer++) {
+            uint64_t plane = (uint64_t)kvi * l->num_layers + layer;
+            unsigned char *part = img + plane * chunk_tokens * tb;
+            if (buf->form == FERRY_KV_CONTIGUOUS) {
+                uint64_t addr = buf->base + (plane * buf->capacity_tokens + tok0) * tb;
+                int rc = run(buf, addr, part, (uint64_t)ntok * tb, to_chunk, s, eb);
+                if (rc < 0)
+                    return rc;
+                continue;
+            }
+            uint64_t stride = buf->block_stride ? buf->block_stride : buf->block_tokens * tb;
+            uint64_t t = tok0, end = tok0 + ntok;
+            while (t < end) {
+                uint64_t blk = t / buf->block_tokens, row = t % buf->block_tokens;
+                uint64_t k = FERRY__MIN(end - t, buf->block_tokens - row);
+                uint64_t addr = buf->block_bases[plane] +
+                                (uint64_t)buf->block_table[blk] * stride + row * tb;
+                int rc = run(buf, addr, part + (t - tok0) * tb, k * tb, to_chunk, s, eb);
+                if (rc < 0)
+                    return rc;
+                t += k;
+            }
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,1147 @@
+/*
+ * test_kv.c - the tiered KV store: chunk hashes and keys, store / lookup /
+ * retrieve over contiguous and paged host and device buffers, bad input,
+ * chunk states and lock TTLs, eviction (LRU, S3-FIFO, watermark, locked
+ * chunks), the L2 slab tier (write-through, promotion, prefetch, I/O
+ * errors), async ops, metrics and out-of-memory at every allocation.
+ */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ferry/kv.h"
+#include "ferry_test.h"
+#include "kv/kv_impl.h"
+
+/* a small layout: 2 layers, K and V, 2 heads of 16 bf16: 64 bytes per token
+ * and plane, 16-token chunks of 4096 bytes */
+#define CT 16
+#define TB 64u
+#define PLANES 4u
+#define CHUNK (PLANES * CT * TB)
+
+static ferry_kv_layout small_layout(void)
+{
+    ferry_kv_layout l = FERRY_KV_LAYOUT_INIT;
+    l.num_layers = 2;
+    l.kv = 2;
+    l.num_heads = 2;
+    l.head_dim = 16;
+    l.dtype = FERRY_DTYPE_BF16;
+    return l;
+}
+
+static ferry_kv_config small_config(uint64_t l1_chunks)
+{
+    ferry_kv_config c = FERRY_KV_CONFIG_INIT;
+    c.model = "test-model";
+    c.layout = small_layout();
+    c.chunk_tokens = CT;
+    c.l1_bytes = l1_chunks * CHUNK;
+    c.workers = 2;
+    return c;
+}
+
+/* a host contiguous tensor [kv][layers][cap][64 bytes] */
+typedef struct hbuf {
+    ferry_kv_buffer b;
+    unsigned char *mem;
+    uint64_t cap;
+} hbuf;
+
+static void hbuf_init(hbuf *h, uint64_t cap, unsigned seed)
+{
+    ferry_kv_buffer b = FERRY_KV_BUFFER_INIT;
+    b.layout = small_layout();
+    h->cap = cap;
+    h->mem = malloc(PLANES * cap * TB);
+    assert_non_null(h->mem);
+    ft_fill_pattern(h->mem, PLANES * cap * TB, seed);
+    b.base = (uint64_t)(uintptr_t)h->mem;
+    b.capacity_tokens = cap;
+    h->b = b;
+}
+
+static const unsigned char *tok_at(const hbuf *h, unsigned plane, uint64_t t)
+{
+    return h->mem + ((uint64_t)plane * h->cap + t) * TB;
+}
+
+/* tokens [from, to) of a and b agree in every plane */
+static int same_tokens(const hbuf *a, const hbuf *b, uint64_t from, uint64_t to)
+{
+    for (unsigned p = 0; p < PLANES; p++)
+        if (memcmp(tok_at(a, p, from), tok_at(b, p, from), (to - from) * TB))
+            return 0;
+    return 1;
+}
+
+static void make_tokens(int32_t *t, size_t n, int32_t base)
+{
+    for (size_t i = 0; i < n; i++)
+        t[i] = base + (int32_t)(i * 7919 % 32000);
+}
+
+/* ---- hashes and keys ---- */
+
+static void hash_chain_matches_the_definition(void **state)
+{
+    (void)state;
+    int32_t tok[3 * CT + 5];
+    make_tokens(tok, 3 * CT + 5, 11);
+    ferry_kv_hash h[8];
+    assert_int_equal(ferry_kv_hash_chunks(42, tok, 3 * CT + 5, CT, 0, h, 8), 3);
+    /* recompute one-shot from the little-endian definition */
+    unsigned char buf[16 + 4 * CT];
+    uint64_t lo = 0, hi = 0;
+    for (int c = 0; c < 3; c++) {
+        for (int i = 0; i < 8; i++) {
+            buf[i] = (unsigned char)(lo >> (8 * i));
+            buf[8 + i] = (unsigned char)(hi >> (8 * i));
+        }
+        for (int i = 0; i < CT; i++) {
+            uint32_t v = (uint32_t)tok[c * CT + i];
+            for (int k = 0; k < 4; k++)
+                buf[16 + 4 * i + k] = (unsigned char)(v >> (8 * k));
+        }
+        XXH128_hash_t x = XXH3_128bits_withSeed(buf, sizeof buf, 42);
+        lo = x.low64;
+        hi = x.high64;
+        assert_true(h[c].lo == lo && h[c].hi == hi);
+    }
+    /* a pinned vector: the hash of tokens 0..15 under the default seed never
+     * changes (other processes and machines must agree) */
+    int32_t z[CT];
+    for (int i = 0; i < CT; i++)
+        z[i] = i;
+    ferry_kv_hash v;
+    assert_int_equal(ferry_kv_hash_chunks(FERRY_KV_HASH_SEED_DEFAULT, z, CT, CT, 0, &v, 1), 1);
+    unsigned char b2[16 + 4 * CT] = {0};
+    for (int i = 0; i < CT; i++)
+        b2[16 + 4 * i] = (unsigned char)i;
+    XXH128_hash_t x = XXH3_128bits_withSeed(b2, sizeof b2, FERRY_KV_HASH_SEED_DEFAULT);
+    assert_true(v.lo == x.low64 && v.hi == x.high64);
+}
+
+static void hash_prefix_and_partial(void **state)
+{
+    (void)state;
+    int32_t tok[4 * CT + 3];
+    make_tokens(tok, 4 * CT + 3, 5);
+    ferry_kv_hash a[8], b[8];
+    assert_int_equal(ferry_kv_hash_chunks(1, tok, 4 * CT + 3, CT, 0, a, 8), 4);
+    assert_int_equal(ferry_kv_hash_chunks(1, tok, 4 * CT + 3, CT, 1, b, 8), 5);
+    /* a prefix hashes to the leading hashes of the longer prompt */
+    assert_memory_equal(a, b, 4 * sizeof a[0]);
+    ferry_kv_hash c[2];
+    assert_int_equal(ferry_kv_hash_chunks(1, tok, 2 * CT, CT, 0, c, 2), 2);
+    assert_memory_equal(a, c, 2 * sizeof a[0]);
+    /* changing one token of chunk 1 changes chunk 1 and every later hash */
+    tok[CT + 3]++;
+    assert_int_equal(ferry_kv_hash_chunks(1, tok, 4 * CT, CT, 0, c, 2), 4);
+    assert_memory_equal(&a[0], &c[0], sizeof a[0]);
+    assert_memory_not_equal(&a[1], &c[1], sizeof a[0]);
+    /* count only, and bad arguments */
+    assert_int_equal(ferry_kv_hash_chunks(1, tok, 10 * CT, CT, 0, NULL, 0), 10);
+    assert_int_equal(ferry_kv_hash_chunks(1, tok, CT, 0, 0, c, 1), -EINVAL);
+    assert_int_equal(ferry_kv_hash_chunks(1, NULL, CT, CT, 0, c, 1), -EINVAL);
+}
+
+static void key_format_is_stable_and_salted(void **state)
+{
+    (void)state;
+    ferry_kv_key k = {"llama", 1, 4, {0x1122334455667788ull, 0x99aabbccddeeff00ull}, NULL, 0};
+    char buf[128];
+    int n = ferry_kv_key_format(&k, buf, sizeof buf);
+    assert_string_equal(buf, "ferry1:llama:1/4:99aabbccddeeff001122334455667788");
+    assert_int_equal(n, (int)strlen(buf));
+    k.salt = "tenant-a";
+    k.salt_len = 8;
+    char s1[128], s2[128];
+    ferry_kv_key_format(&k, s1, sizeof s1);
+    k.salt = "tenant-b";
+    ferry_kv_key_format(&k, s2, sizeof s2);
+    assert_string_not_equal(s1, s2);
+    assert_int_equal(strncmp(s1, buf, strlen(buf)), 0);
+    /* snprintf semantics: truncated, full length reported */
+    char tiny[8];
+    assert_int_equal(ferry_kv_key_format(&k, tiny, sizeof tiny), (int)strlen(s2));
+    assert_int_equal(strlen(tiny), 7);
+    k.model = NULL;
+    assert_int_equal(ferry_kv_key_format(&k, buf, sizeof buf), -EINVAL);
+}
+
+static void layout_chunk_bytes(void **state)
+{
+    (void)state;
+    ferry_kv_layout l = FERRY_KV_LAYOUT_INIT;
+    uint64_t b = 0;
+    FT_ASSERT_OK(ferry_kv_layout_chunk_bytes(&l, 256, &b));
+    assert_int_equal(b, 32ull << 20); /* Llama-3-8B: 32 MiB per 256 tokens */
+    l.kv = 3;
+    assert_int_equal(ferry_kv_layout_chunk_bytes(&l, 256, &b), -EINVAL);
+    l.kv = 2;
+    l.dtype = 999;
+    assert_int_equal(ferry_kv_layout_chunk_bytes(&l, 256, &b), -EINVAL);
+}
+
+/* ---- open ---- */
+
+static void open_rejects_bad_configs(void **state)
+{
+    (void)state;
+    ferry_kv *kv = NULL;
+    ferry_kv_config c = small_config(4);
+    c.model = NULL;
+    assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
+    c = small_config(4);
+    c.l1_bytes = CHUNK - 1;
+    assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "l1_bytes"));
+    c = small_config(4);
+    c.watermark = 1.5;
+    assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
+    c = small_config(4);
+    c.layout.num_heads = 0;
+    assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
+    c = small_config(4);
+    c.l1_policy = 77;
+    assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
+    assert_null(kv);
+    ferry_kv_close(NULL);
+    c = small_config(4);
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    assert_int_equal(ferry_kv_chunk_bytes(kv), CHUNK);
+    assert_int_equal(ferry_kv_chunk_tokens(kv), CT);
+    ferry_kv_close(kv);
+}
+
+/* ---- store / lookup / retrieve on host memory ---- */
+
+static void store_lookup_retrieve_contiguous(void **state)
+{
+    (void)state;
+    ferry_kv_config c = small_config(16);
+    ferry_kv *kv;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    size_t n = 3 * CT + 5;
+    int32_t tok[3 * CT + 5];
+    make_tokens(tok, n, 100);
+    hbuf src, dst;
+    hbuf_init(&src, n, 3);
+    hbuf_init(&dst, n, 0);
+    memset(dst.mem, 0xEE, PLANES * n * TB);
+
+    assert_int_equal(ferry_kv_lookup(kv, tok, n, NULL), 0);
+    int st[4] = {9, 9, 9, 9};
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = 4;
+    assert_int_equal(ferry_kv_store(kv, tok, n, &r, &src.b), 3 * CT);
+    assert_int_equal(st[0], 0);
+    assert_int_equal(st[2], 0);
+    assert_int_equal(st[3], 9); /* no partial chunk without FERRY_KV_PARTIAL */
+
+    uint8_t tiers[4] = {9, 9, 9, 9};
+    ferry_kv_req lr = FERRY_KV_REQ_INIT;
+    lr.tiers = tiers;
+    lr.max_chunks = 4;
+    assert_int_equal(ferry_kv_lookup(kv, tok, n, &lr), 3 * CT);
+    assert_int_equal(tiers[0], FERRY_KV_TIER_L1);
+    assert_int_equal(tiers[2], FERRY_KV_TIER_L1);
+    /* a prefix finds its whole chunks */
+    assert_int_equal(ferry_kv_lookup(kv, tok, 2 * CT + 3, NULL), 2 * CT);
+
+    assert_int_equal(ferry_kv_retrieve(kv, tok, n, &r, &dst.b), 3 * CT);
+    assert_true(same_tokens(&src, &dst, 0, 3 * CT));
+    /* the tail beyond the cached chunks is not written */
+    for (unsigned p = 0; p < PLANES; p++)
+        for (uint64_t t = 3 * CT; t < n; t++)
+            assert_int_equal(tok_at(&dst, p, t)[0], 0xEE);
+
+    /* the partial last chunk, when asked */
+    ferry_kv_req pr = FERRY_KV_REQ_INIT;
+    pr.flags = FERRY_KV_PARTIAL;
+    assert_int_equal(ferry_kv_lookup(kv, tok, n, &pr), 3 * CT);
+    assert_int_equal(ferry_kv_store(kv, tok, n, &pr, &src.b), (int)n);
+    assert_int_equal(ferry_kv_lookup(kv, tok, n, &pr), (int)n);
+    assert_int_equal(ferry_kv_lookup(kv, tok, n, NULL), 3 * CT);
+    assert_int_equal(ferry_kv_retrieve(kv, tok, n, &pr, &dst.b), (int)n);
+    assert_true(same_tokens(&src, &dst, 0, n));
+
+    /* a second store of the same tokens writes nothing new */
+    ferry_kv_stats m;
+    FT_ASSERT_OK(ferry_kv_metrics(kv, &m));
+    uint64_t stored = m.stored_chunks;
+    assert_int_equal(ferry_kv_store(kv, tok, n, NULL, &src.b), 3 * CT);
+    FT_ASSERT_OK(ferry_kv_metrics(kv, &m));
+    assert_int_equal(m.stored_chunks, stored);
+    assert_int_equal(stored, 4);
+    FT_ASSERT_OK(ferry__kv_check(kv));
+    ferry_kv_close(kv);
+    free(src.mem);
+    free(dst.mem);
+}
+
+/* a paged cache: per plane, num_blocks blocks of 4 tokens */
+#define BT 4
+#define NBLK 40
+typedef struct pbuf {
+    ferry_kv_buffer b;
+    unsigned char *mem[PLANES];
+    uint64_t bases[PLANES];
+    int32_t table[NBLK];
+} pbuf;
+
+static void pbuf_init(pbuf *p, unsigned seed)
+{
+    ferry_kv_buffer b = FERRY_KV_BUFFER_INIT;
+    b.layout = small_layout();
+    b.form = FERRY_KV_PAGED;
+    for (unsigned i = 0; i < PLANES; i++) {
+        p->mem[i] = calloc(NBLK, BT * TB);
+        assert_non_null(p->mem[i]);
+        p->bases[i] = (uint64_t)(uintptr_t)p->mem[i];
+    }
+    /* a scrambled block table: sequence block k lives in cache block (k*7+3) % 40 */
+    for (int k = 0; k < NBLK; k++)
+        p->table[k] = (k * 7 + 3) % NBLK;
+    (void)seed;
+    b.block_bases = p->bases;
+    b.block_tokens = BT;
+    b.num_blocks = NBLK;
+    b.block_table = p->table;
+    b.table_len = NBLK;
+    p->b = b;
+}
+
+static unsigned char *ptok(pbuf *p, unsigned plane, uint64_t t)
+{
+    return p->mem[plane] + ((uint64_t)p->table[t / BT] * BT + t % BT) * TB;
+}
+
+static void pbuf_free(pbuf *p)
+{
+    for (unsigned i = 0; i < PLANES; i++)
+        free(p->mem[i]);
+}
+
+static void paged_blocks_round_trip(void **state)
+{
+    (void)state;
+    ferry_kv_config c = small_config(16);
+    ferry_kv *kv;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    size_t n = 4 * CT;
+    int32_t tok[4 * CT];
+    make_tokens(tok, n, 7);
+    hbuf src, back;
+    hbuf_init(&src, n, 9);
+    hbuf_init(&back, n, 0);
+    /* contiguous -> store -> paged */
+    assert_int_equal(ferry_kv_store(kv, tok, n, NULL, &src.b), (int)n);
+    pbuf pg;
+    pbuf_init(&pg, 0);
+    assert_int_equal(ferry_kv_retrieve(kv, tok, n, NULL, &pg.b), (int)n);
+    for (unsigned p = 0; p < PLANES; p++)
+        for (uint64_t t = 0; t < n; t++)
+            assert_memory_equal(ptok(&pg, p, t), tok_at(&src, p, t), TB);
+    /* paged -> store (other tokens) -> contiguous */
+    int32_t tok2[4 * CT];
+    make_tokens(tok2, n, 900);
+    assert_int_equal(ferry_kv_store(kv, tok2, n, NULL, &pg.b), (int)n);
+    assert_int_equal(ferry_kv_retrieve(kv, tok2, n, NULL, &back.b), (int)n);
+    assert_true(same_tokens(&src, &back, 0, n));
+    /* a block stride larger than a block (vLLM's K/V interleaving) */
+    pbuf wide;
+    pbuf_init(&wide, 0);
+    for (unsigned i = 0; i < PLANES; i++) {
+        free(wide.mem[i]);
+        wide.mem[i] = calloc(NBLK, 2 * BT * TB);
+        wide.bases[i] = (uint64_t)(uintptr_t)wide.mem[i];
+    }
+    wide.b.block_stride = 2 * BT * TB;
+    assert_int_equal(ferry_kv_retrieve(kv, tok, n, NULL, &wide.b), (int)n);
+    for (unsigned p = 0; p < PLANES; p++)
+        for (uint64_t t = 0; t < n; t++)
+            assert_memory_equal(wide.mem[p] + ((uint64_t)wide.table[t / BT] * 2 * BT + t % BT) * TB,
+                                tok_at(&src, p, t), TB);
+    ferry_kv_close(kv);
+    pbuf_free(&pg);
+    pbuf_free(&wide);
+    free(src.mem);
+    free(back.mem);
+}
+
+static void bad_input_has_clear_codes(void **state)
+{
+    (void)state;
+    ferry_kv_config c = small_config(8);
+    ferry_kv *kv;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    int32_t tok[2 * CT];
+    make_tokens(tok, 2 * CT, 1);
+    hbuf h;
+    hbuf_init(&h, 2 * CT, 1);
+    /* zero-length tokens */
+    assert_int_equal(ferry_kv_lookup(kv, tok, 0, NULL), -EINVAL);
+    assert_int_equal(ferry_kv_store(kv, tok, 0, NULL, &h.b), -EINVAL);
+    assert_int_equal(ferry_kv_retrieve(kv, NULL, 5, NULL, &h.b), -EINVAL);
+    /* a layout that is not the store's */
+    ferry_kv_buffer bad = h.b;
+    bad.layout.num_heads = 4;
+    assert_int_equal(ferry_kv_store(kv, tok, 2 * CT, NULL, &bad), FERRY_EMISMATCH);
+    assert_non_null(strstr(ferry_kv_last_error(kv), "layout"));
+    bad = h.b;
+    bad.layout.dtype = FERRY_DTYPE_F16;
+    assert_int_equal(ferry_kv_retrieve(kv, tok, 2 * CT, NULL, &bad), FERRY_EMISMATCH);
+    /* a destination too small */
+    bad = h.b;
+    bad.capacity_tokens = CT;
+    assert_int_equal(ferry_kv_retrieve(kv, tok, 2 * CT, NULL, &bad), -ENOBUFS);
+    assert_non_null(strstr(ferry_kv_last_error(kv), "holds 16 tokens"));
+    /* device memory on a store without a device */
+    bad = h.b;
+    bad.mem = FERRY_KV_MEM_DEVICE;
+    assert_int_equal(ferry_kv_store(kv, tok, 2 * CT, NULL, &bad), FERRY_ENODEV);
+    /* paged: short table, block id out of range */
+    pbuf pg;
+    pbuf_init(&pg, 0);
+    pg.b.table_len = 3;
+    assert_int_equal(ferry_kv_retrieve(kv, tok, 2 * CT, NULL, &pg.b), -ENOBUFS);
+    pg.b.table_len = NBLK;
+    pg.table[2] = NBLK;
+    assert_int_equal(ferry_kv_store(kv, tok, 2 * CT, NULL, &pg.b), -EINVAL);
+    pg.table[2] = -1;
+    assert_int_equal(ferry_kv_store(kv, tok, 2 * CT, NULL, &pg.b), -EINVAL);
+    /* none of it stored anything */
+    assert_int_equal(ferry_kv_lookup(kv, tok, 2 * CT, NULL), 0);
+    /* a salt length without a salt */
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.salt_len = 3;
+    assert_int_equal(ferry_kv_lookup(kv, tok, 2 * CT, &r), -EINVAL);
+    ferry_kv_close(kv);
+    pbuf_free(&pg);
+    free(h.mem);
+}
+
+static void salt_and_model_isolate_keys(void **state)
+{
+    (void)state;
+    ferry_kv_config c = small_config(8);
+    ferry_kv *kv;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    int32_t tok[2 * CT];
+    make_tokens(tok, 2 * CT, 1);
+    hbuf h;
+    hbuf_init(&h, 2 * CT, 1);
+    ferry_kv_req a = FERRY_KV_REQ_INIT, b = FERRY_KV_REQ_INIT;
+    a.salt = "tenant-a";
+    a.salt_len = 8;
+    b.salt = "tenant-b";
+    b.salt_len = 8;
+    assert_int_equal(ferry_kv_store(kv, tok, 2 * CT, &a, &h.b), 2 * CT);
+    assert_int_equal(ferry_kv_lookup(kv, tok, 2 * CT, &a), 2 * CT);
+    assert_int_equal(ferry_kv_lookup(kv, tok, 2 * CT, &b), 0);
+    assert_int_equal(ferry_kv_lookup(kv, tok, 2 * CT, NULL), 0);
+    ferry_kv_close(kv);
+    /* another model, or another TP rank, does not see the chunks */
+    ferry_kv *k1, *k2;
+    c = small_config(8);
+    FT_ASSERT_OK(ferry_kv_open(&c, &k1));
+    c.tp_world = 2;
+    c.tp_rank = 1;
+    FT_ASSERT_OK(ferry_kv_open(&c, &k2));
+    assert_int_equal(ferry_kv_store(k1, tok, 2 * CT, NULL, &h.b), 2 * CT);
+    ferry_kv_hash hs[2];
+    ferry_kv_hash_chunks(FERRY_KV_HASH_SEED_DEFAULT, tok, 2 * CT, CT, 0, hs, 2);
+    assert_int_equal(ferry__kv_chunk_state(k1, hs[1], NULL, 0, NULL, NULL), 2);
+    assert_int_equal(ferry__kv_chunk_state(k2, hs[1], NULL, 0, NULL, NULL), -1);
+    ferry_kv_close(k1);
+    ferry_kv_close(k2);
+    free(h.mem);
+}
+
+/* ---- states, locks, TTLs ---- */
+
+static uint64_t g_clock;
+static uint64_t fake_clock(void *ctx)
+{
+    (void)ctx;
+    return g_clock;
+}
+
+static void delete_of_locked_chunk_and_pin_ttl(void **state)
+{
+    (void)state;
+    ferry_kv_config c = small_config(8);
+    c.read_ttl_ms = 1000;
+    ferry_kv *kv;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    g_clock = 1000000000ull;
+    ferry__kv_set_clock(kv, fake_clock, NULL);
+    int32_t tok[2 * CT];
+    make_tokens(tok, 2 * CT, 3);
+    hbuf h;
+    hbuf_init(&h, 2 * CT, 1);
+    assert_int_equal(ferry_kv_store(kv, tok, 2 * CT, NULL, &h.b), 2 * CT);
+    assert_int_equal(ferry_kv_pin(kv, tok, CT, NULL), CT); /* chunk 0 only */
+    assert_int_equal(ferry_kv_delete(kv, tok, 2 * CT, NULL), FERRY_ELOCKED);
+    assert_non_null(strstr(ferry_kv_last_error(kv), "locked"));
+    /* the unlocked chunk 1 went, the pinned chunk 0 stayed */
+    assert_int_equal(ferry_kv_lookup(kv, tok, 2 * CT, NULL), CT);
+    assert_int_equal(ferry_kv_clear(kv), FERRY_ELOCKED);
+    assert_int_equal(ferry_kv_lookup(kv, tok, CT, NULL), CT);
+    /* past the read TTL the pin no longer holds */
+    g_clock += 1000000000ull + 1;
+    assert_int_equal(ferry_kv_delete(kv, tok, CT, NULL), 1);
+    assert_int_equal(ferry_kv_lookup(kv, tok, CT, NULL), 0);
+    ferry_kv_stats m;
+    FT_ASSERT_OK(ferry_kv_metrics(kv, &m));
+    assert_true(m.lock_expired >= 1);
+    /* pin / unpin balance; unpin of an unpinned chunk does nothing */
+    assert_int_equal(ferry_kv_store(kv, tok, 2 * CT, NULL, &h.b), 2 * CT);
+    assert_int_equal(ferry_kv_pin(kv, tok, 2 * CT, NULL), 2 * CT);
+    assert_int_equal(ferry_kv_unpin(kv, tok, 2 * CT, NULL), 2 * CT);
+    assert_int_equal(ferry_kv_unpin(kv, tok, 2 * CT, NULL), 0);
+    assert_int_equal(ferry_kv_clear(kv), 2);
+    FT_ASSERT_OK(ferry__kv_check(kv));
+    ferry_kv_close(kv);
+    free(h.mem);
+}
+
+static void crashed_writer_is_invisible_then_reclaimed(void **state)
+{
+    (void)state;
+    ferry_kv_config c = small_config(4);
+    c.write_ttl_ms = 5000;
+    c.watermark = 1.0;
+    c.evict_fraction = 0.25;
+    ferry_kv *kv;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    g_clock = 5000000000ull;
+    ferry__kv_set_clock(kv, fake_clock, NULL);
+    int32_t tok[2 * CT];
+    make_tokens(tok, 2 * CT, 8);
+    hbuf h, d;
+    hbuf_init(&h, 2 * CT, 1);
+    hbuf_init(&d, 2 * CT, 0);
+    /* a writer placed both chunks (WRITING) and died */
+    assert_int_equal(ferry__kv_test_abandon_write(kv, tok, 2 * CT, NULL), 2);
+    assert_int_equal(ferry_kv_lookup(kv, tok, 2 * CT, NULL), 0);       /* invisible */
+    int st[2];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = 2;
+    assert_int_equal(ferry_kv_retrieve(kv, tok, 2 * CT, &r, &d.b), 0);
+    assert_int_equal(st[0], FERRY_ENOTFOUND);
+    /* another store skips chunks being written; delete calls them locked */
+    assert_int_equal(ferry_kv_store(kv, tok, 2 * CT, &r, &h.b), 0);
+    assert_int_equal(st[0], FERRY_ELOCKED);
+    assert_int_equal(ferry_kv_delete(kv, tok, 2 * CT, NULL), FERRY_ELOCKED);
+    /* their slots are not evictable: only 2 of 4 left */
+    ferry_kv_stats m;
+    FT_ASSERT_OK(ferry_kv_metrics(kv, &m));
+    assert_int_equal(m.tier[FERRY_KV_TIER_L1].chunks, 2);
+    /* after the write TTL the store reclaims them */
+    g_clock += 5000000000ull + 1;
+    assert_int_equal(ferry_kv_store(kv, tok, 2 * CT, &r, &h.b), 2 * CT);
+    assert_int_equal(ferry_kv_retrieve(kv, tok, 2 * CT, NULL, &d.b), 2 * CT);
+    assert_true(same_tokens(&h, &d, 0, 2 * CT));
+    FT_ASSERT_OK(ferry_kv_metrics(kv, &m));
+    assert_int_equal(m.tier[FERRY_KV_TIER_L1].chunks, 2); /* the dead writer's slots came back */
+    assert_true(m.lock_expired >= 2);
+    FT_ASSERT_OK(ferry__kv_check(kv));
+    ferry_kv_close(kv);
+    free(h.mem);
+    free(d.mem);
+}
+
+/* ---- eviction ---- */
+
+/* store k one-chunk prompts, prompt i made of tokens base+i */
+static void store_singles(ferry_kv *kv, int32_t base, int k, hbuf *h)
+{
+    for (int i = 0; i < k; i++) {
+        int32_t tok[CT];
+        make_tokens(tok, CT, base + i * 1000);
+        assert_int_equal(ferry_kv_store(kv, tok, CT, NULL, &h->b), CT);
+    }
+}
+
+static int single_cached(ferry_kv *kv, int32_t base, int i)
+{
+    int32_t tok[CT];
+    make_tokens(tok, CT, base + i * 1000);
+    return ferry_kv_lookup(kv, tok, CT, NULL) == CT;
+}
+
+static void lru_watermark_evicts_oldest_unlocked(void **state)
+{
+    (void)state;
+    ferry_kv_config c = small_config(10); /* watermark 0.8 -> down to 0.6 */
+    ferry_kv *kv;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    hbuf h;
+    hbuf_init(&h, CT, 1);
+    store_singles(kv, 0, 7, &h);
+    ferry_kv_stats m;
+    FT_ASSERT_OK(ferry_kv_metrics(kv, &m));
+    assert_int_equal(m.tier[FERRY_KV_TIER_L1].chunks, 7);
+    assert_int_equal(m.tier[FERRY_KV_TIER_L1].evictions, 0);
+    /* pin the oldest: it must survive */
+    int32_t t0[CT];
+    make_tokens(t0, CT, 0);
+    assert_int_equal(ferry_kv_pin(kv, t0, CT, NULL), CT);
+    /* the 8th reaches the watermark: evict down to 6 before placing it */
+    store_singles(kv, 7000, 1, &h);
+    FT_ASSERT_OK(ferry_kv_metrics(kv, &m));
+    assert_int_equal(m.tier[FERRY_KV_TIER_L1].evictions, 1);
+    assert_int_equal(m.tier[FERRY_KV_TIER_L1].chunks, 7);
+    assert_true(single_cached(kv, 0, 0));  /* pinned, kept */
+    assert_false(single_cached(kv, 0, 1)); /* the least recently used unlocked one */
+    assert_true(single_cached(kv, 0, 2));
+    assert_true(single_cached(kv, 7000, 0));
+    FT_ASSERT_OK(ferry__kv_check(kv));
+    /* everything pinned and the pool full: the store declines cleanly */
+    ferry_kv_close(kv);
+    c = small_config(2);
+    c.watermark = 1.0;
+    c.evict_fraction = 0.5;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    store_singles(kv, 0, 2, &h);
+    int32_t a[CT], b[CT], x[CT];
+    make_tokens(a, CT, 0);
+    make_tokens(b, CT, 1000);
+    make_tokens(x, CT, 99000);
+    ferry_kv_pin(kv, a, CT, NULL);
+    ferry_kv_pin(kv, b, CT, NULL);
+    assert_int_equal(ferry_kv_store(kv, x, CT, NULL, &h.b), FERRY_ENOSPACE);
+    assert_int_equal(ferry_kv_lookup(kv, x, CT, NULL), 0);
+    FT_ASSERT_OK(ferry_kv_metrics(kv, &m));
+    assert_int_equal(m.alloc_failures, 1);
+    FT_ASSERT_OK(ferry__kv_check(kv));
+    ferry_kv_close(kv);
+    free(h.mem);
+}
+
+/* A chunk used once more than the stream of one-hit chunks that follows:
+ * S3-FIFO keeps it (it moved to the main queue), LRU does not. */
+static int survivor_after_scan(int policy)
+{
+    ferry_kv_config c = small_config(10);
+    c.l1_policy = policy;
+    c.watermark = 1.0;
+    c.evict_fraction = 0.1;
+    ferry_kv *kv;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    hbuf h, d;
+    hbuf_init(&h, CT, 1);
+    hbuf_init(&d, CT, 0);
+    int32_t hot[CT];
+    make_tokens(hot, CT, 424242);
+    assert_int_equal(ferry_kv_store(kv, hot, CT, NULL, &h.b), CT);
+    assert_int_equal(ferry_kv_retrieve(kv, hot, CT, NULL, &d.b), CT);
+    store_singles(kv, 0, 30, &h);
+    int kept = ferry_kv_lookup(kv, hot, CT, NULL) == CT;
+    FT_ASSERT_OK(ferry__kv_check(kv));
+    ferry_kv_close(kv);
+    free(h.mem);
+    free(d.mem);
+    return kept;
+}
+
+static void s3fifo_keeps_reused_chunk_through_a_scan(void **state)
+{
+    (void)state;
+    assert_true(survivor_after_scan(FERRY_KV_EVICT_S3FIFO));
+    assert_false(survivor_after_scan(FERRY_KV_EVICT_LRU));
+}
+
+static void evicted_between_lookup_and_retrieve_is_a_miss(void **state)
+{
+    (void)state;
+    ferry_kv_config c = small_config(8);
+    ferry_kv *kv;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    int32_t tok[3 * CT];
+    make_tokens(tok, 3 * CT, 77);
+    hbuf h, d;
+    hbuf_init(&h, 3 * CT, 5);
+    hbuf_init(&d, 3 * CT, 0);
+    memset(d.mem, 0xEE, PLANES * 3 * CT * TB);
+    assert_int_equal(ferry_kv_store(kv, tok, 3 * CT, NULL, &h.b), 3 * CT);
+    assert_int_equal(ferry_kv_lookup(kv, tok, 3 * CT, NULL), 3 * CT);
+    /* chunk 1 disappears (here deleted; eviction takes the same path) */
+    int32_t sub[2 * CT];
+    memcpy(sub, tok, sizeof sub);
+    ferry_kv_hash hs[3];
+    ferry_kv_hash_chunks(FERRY_KV_HASH_SEED_DEFAULT, tok, 3 * CT, CT, 0, hs, 3);
+    assert_int_equal(ferry_kv_delete(kv, sub, 2 * CT, NULL), 2);
+    assert_int_equal(ferry_kv_store(kv, tok, CT, NULL, &h.b), CT); /* chunk 0 back */
+    int st[3];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = 3;
+    assert_int_equal(ferry_kv_retrieve(kv, tok, 3 * CT, &r, &d.b), CT);
+    assert_int_equal(st[0], 0);
+    assert_int_equal(st[1], FERRY_ENOTFOUND);
+    assert_int_equal(st[2], 0);
+    assert_true(same_tokens(&h, &d, 0, CT));
+    assert_true(same_tokens(&h, &d, 2 * CT, 3 * CT));
+    for (unsigned p = 0; p < PLANES; p++)
+        for (uint64_t t = CT; t < 2 * CT; t++)
+            assert_int_equal(tok_at(&d, p, t)[0], 0xEE); /* never stale bytes */
+    ferry_kv_stats m;
+    FT_ASSERT_OK(ferry_kv_metrics(kv, &m));
+    assert_int_equal(m.misses, 1);
+    ferry_kv_close(kv);
+    free(h.mem);
+    free(d.mem);
+}
+
+/* ---- L2: write-through, promotion, prefetch, I/O errors ---- */
+
+typedef struct l2fix {
+    char dir[256];
+    ferry_kv *kv;
+    hbuf h, d;
+} l2fix;
+
+static void l2_open(l2fix *f, uint64_t l1_chunks, uint64_t l2_chunks, uint64_t prefetch_chunks)
+{
+    ft_tmpdir(f->dir, sizeof f->dir);
+    assert_true(f->dir[0] != 0);
+    ferry_kv_config c = small_config(l1_chunks);
+    c.l2_dir = f->dir;
+    c.l2_bytes = l2_chunks * CHUNK;
+    c.l2_engine = "posix";
+    c.prefetch_max_bytes = prefetch_chunks * CHUNK;
+    c.watermark = 1.0;
+    c.evict_fraction = 0.25;
+    FT_ASSERT_OK(ferry_kv_open(&c, &f->kv));
+    hbuf_init(&f->h, 8 * CT, 21);
+    hbuf_init(&f->d, 8 * CT, 0);
+}
+
+static void l2_close(l2fix *f)
+{
+    FT_ASSERT_OK(ferry__kv_check(f->kv));
+    ferry_kv_close(f->kv);
+    ft_rmtree(f->dir);
+    free(f->h.mem);
+    free(f->d.mem);
+}
+
+static void l2_write_through_and_promotion(void **state)
+{
+    (void)state;
+    l2fix f;
+    l2_open(&f, 4, 64, 4);
+    int32_t tok[8 * CT];
+    make_tokens(tok, 8 * CT, 31);
+    /* 8 chunks into an L1 of 4: all reach L2, the first ones leave L1 */
+    assert_int_equal(ferry_kv_store(f.kv, tok, 4 * CT, NULL, &f.h.b), 4 * CT);
+    FT_ASSERT_OK(ferry_kv_flush(f.kv));
+    int32_t tok2[8 * CT];
+    make_tokens(tok2, 8 * CT, 5000);
+    hbuf h2;
+    hbuf_init(&h2, 8 * CT, 99);
+    assert_int_equal(ferry_kv_store(f.kv, tok2, 4 * CT, NULL, &h2.b), 4 * CT);
+    FT_ASSERT_OK(ferry_kv_flush(f.kv));
+    uint8_t tiers[4];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.tiers = tiers;
+    r.max_chunks = 4;
+    assert_int_equal(ferry_kv_lookup(f.kv, tok, 4 * CT, &r), 4 * CT);
+    int in_l2 = 0;
+    for (int i = 0; i < 4; i++)
+        in_l2 += tiers[i] == FERRY_KV_TIER_L2;
+    assert_true(in_l2 >= 1);
+    /* retrieve reads them back from L2 byte for byte and promotes them */
+    assert_int_equal(ferry_kv_retrieve(f.kv, tok, 4 * CT, NULL, &f.d.b), 4 * CT);
+    assert_true(same_tokens(&f.h, &f.d, 0, 4 * CT));
+    ferry_kv_stats m;
+    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m));
+    assert_true(m.tier[FERRY_KV_TIER_L2].hits >= (uint64_t)in_l2);
+    assert_int_equal(m.tier[FERRY_KV_TIER_L2].chunks, 8);
+    assert_int_equal(m.tier[FERRY_KV_TIER_L2].bytes_written, 8 * CHUNK);
+    assert_true(m.tier[FERRY_KV_TIER_L2].bytes_read >= (uint64_t)in_l2 * CHUNK);
+    assert_int_equal(ferry_kv_lookup(f.kv, tok, CT, &r), CT);
+    assert_int_equal(tiers[0], FERRY_KV_TIER_L1);
+    free(h2.mem);
+    l2_close(&f);
+}
+
+static void l2_io_error_makes_a_miss_and_store_keeps_serving(void **state)
+{
+    (void)state;
+    l2fix f;
+    l2_open(&f, 4, 64, 4);
+    int32_t a[4 * CT], b[4 * CT];
+    make_tokens(a, 4 * CT, 1);
+    make_tokens(b, 4 * CT, 70000);
+    assert_int_equal(ferry_kv_store(f.kv, a, 4 * CT, NULL, &f.h.b), 4 * CT);
+    FT_ASSERT_OK(ferry_kv_flush(f.kv));
+    assert_int_equal(ferry_kv_store(f.kv, b, 4 * CT, NULL, &f.h.b), 4 * CT);
+    FT_ASSERT_OK(ferry_kv_flush(f.kv));
+    /* a's chunks are now only in L2 (L1 holds 4 and b came last) */
+    uint8_t tiers[4];
+    ferry_kv_req lr = FERRY_KV_REQ_INIT;
+    lr.tiers = tiers;
+    lr.max_chunks = 4;
+    assert_int_equal(ferry_kv_lookup(f.kv, a, 4 * CT, &lr), 4 * CT);
+    int first_l2 = -1;
+    for (int i = 0; i < 4; i++)
+        if (tiers[i] == FERRY_KV_TIER_L2 && first_l2 < 0)
+            first_l2 = i;
+    assert_true(first_l2 >= 0);
+    /* the first L2 read fails: that chunk is a miss, the rest load */
+    ferry__kv_set_tier_fault(f.kv, FERRY_KV_TIER_L2, 0, 1, -EIO, 0);
+    memset(f.d.mem, 0xEE, PLANES * 8 * CT * TB);
+    int st[4];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = 4;
+    int got = ferry_kv_retrieve(f.kv, a, 4 * CT, &r, &f.d.b);
+    assert_int_equal(got, first_l2 * CT);
+    assert_int_equal(st[first_l2], FERRY_ENOTFOUND);
+    for (int i = 0; i < 4; i++) {
+        if (i == first_l2)
+            continue;
+        assert_int_equal(st[i], 0);
+        assert_true(same_tokens(&f.h, &f.d, (uint64_t)i * CT, (uint64_t)(i + 1) * CT));
+    }
+    for (unsigned p = 0; p < PLANES; p++)
+        assert_int_equal(tok_at(&f.d, p, (uint64_t)first_l2 * CT)[0], 0xEE);
+    /* the bad chunk is gone from the index; storing it again works */
+    assert_int_equal(ferry_kv_lookup(f.kv, a, 4 * CT, NULL), first_l2 * CT);
+    ferry_kv_stats m;
+    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m));
+    assert_int_equal(m.tier[FERRY_KV_TIER_L2].failures, 1);
+    assert_int_equal(ferry_kv_store(f.kv, a, 4 * CT, NULL, &f.h.b), 4 * CT);
+    FT_ASSERT_OK(ferry_kv_flush(f.kv));
+    /* a failed write-through leaves the chunk in L1 only, still served */
+    ferry__kv_set_tier_fault(f.kv, FERRY_KV_TIER_L2, 1, 1, -EIO, 1);
+    int32_t c3[CT];
+    make_tokens(c3, CT, 123456);
+    assert_int_equal(ferry_kv_store(f.kv, c3, CT, NULL, &f.h.b), CT);
+    FT_ASSERT_OK(ferry_kv_flush(f.kv));
+    assert_int_equal(ferry_kv_lookup(f.kv, c3, CT, &lr), CT);
+    assert_int_equal(tiers[0], FERRY_KV_TIER_L1);
+    ferry__kv_set_tier_fault(f.kv, FERRY_KV_TIER_L2, 1, 0, 0, 0);
+    l2_close(&f);
+}
+
+static void prefetch_brings_l2_chunks_up_within_its_bound(void **state)
+{
+    (void)state;
+    l2fix f;
+    l2_open(&f, 8, 64, 2);
+    int32_t a[4 * CT], b[8 * CT];
+    make_tokens(a, 4 * CT, 1);
+    make_tokens(b, 8 * CT, 70000);
+    assert_int_equal(ferry_kv_store(f.kv, a, 4 * CT, NULL, &f.h.b), 4 * CT);
+    FT_ASSERT_OK(ferry_kv_flush(f.kv));
+    assert_int_equal(ferry_kv_store(f.kv, b, 8 * CT, NULL, &f.h.b), 8 * CT);
+    FT_ASSERT_OK(ferry_kv_flush(f.kv));
+    uint8_t tiers[4];
+    ferry_kv_req lr = FERRY_KV_REQ_INIT;
+    lr.tiers = tiers;
+    lr.max_chunks = 4;
+    assert_int_equal(ferry_kv_lookup(f.kv, a, 4 * CT, &lr), 4 * CT);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(tiers[i], FERRY_KV_TIER_L2);
+    /* at most 2 chunks in flight: the first two are queued */
+    assert_int_equal(ferry_kv_prefetch(f.kv, a, 4 * CT, NULL), 2 * CT);
+    FT_ASSERT_OK(ferry_kv_flush(f.kv));
+    assert_int_equal(ferry_kv_lookup(f.kv, a, 4 * CT, &lr), 4 * CT);
+    assert_int_equal(tiers[0], FERRY_KV_TIER_L1);
+    assert_int_equal(tiers[1], FERRY_KV_TIER_L1);
+    assert_int_equal(tiers[2], FERRY_KV_TIER_L2);
+    /* the next call continues where the bound stopped */
+    assert_int_equal(ferry_kv_prefetch(f.kv, a, 4 * CT, NULL), 4 * CT);
+    FT_ASSERT_OK(ferry_kv_flush(f.kv));
+    ferry_kv_stats m;
+    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m));
+    assert_int_equal(m.prefetched_chunks, 4);
+    assert_int_equal(ferry_kv_retrieve(f.kv, a, 4 * CT, NULL, &f.d.b), 4 * CT);
+    assert_true(same_tokens(&f.h, &f.d, 0, 4 * CT));
+    l2_close(&f);
+}
+
+/* ---- device buffers (host backend) ---- */
+
+static void device_buffers_round_trip_and_copy_faults(void **state)
+{
+    (void)state;
+    ferry_device_options dopt = FERRY_DEVICE_OPTIONS_INIT;
+    dopt.backend = "host";
+    ferry_device *dev;
+    FT_ASSERT_OK(ferry_device_open(&dopt, &dev));
+    ferry_kv_config c = small_config(8);
+    c.device = dev;
+    ferry_kv *kv;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    size_t n = 3 * CT;
+    int32_t tok[3 * CT];
+    make_tokens(tok, n, 17);
+    hbuf h;
+    hbuf_init(&h, n, 4);
+    ferry_devptr src, dst;
+    FT_ASSERT_OK(ferry_device_alloc(dev, PLANES * n * TB, &src));
+    FT_ASSERT_OK(ferry_device_alloc(dev, PLANES * n * TB, &dst));
+    FT_ASSERT_OK(ferry_device_upload(dev, src, h.mem, PLANES * n * TB));
+    FT_ASSERT_OK(ferry_device_memset(dev, dst, 0, PLANES * n * TB));
+    ferry_kv_buffer b = h.b;
+    b.mem = FERRY_KV_MEM_DEVICE;
+    b.base = src;
+    assert_int_equal(ferry_kv_store(kv, tok, n, NULL, &b), (int)n);
+    b.base = dst;
+    assert_int_equal(ferry_kv_retrieve(kv, tok, n, NULL, &b), (int)n);
+    hbuf back;
+    hbuf_init(&back, n, 0);
+    FT_ASSERT_OK(ferry_device_download(dev, back.mem, dst, PLANES * n * TB));
+    assert_true(same_tokens(&h, &back, 0, n));
+
+    /* paged device blocks */
+    ferry_devptr cache[PLANES];
+    uint64_t bases[PLANES];
+    int32_t table[3 * CT / BT];
+    for (unsigned p = 0; p < PLANES; p++) {
+        FT_ASSERT_OK(ferry_device_alloc(dev, NBLK * BT * TB, &cache[p]));
+        bases[p] = cache[p];
+    }
+    for (unsigned k = 0; k < 3 * CT / BT; k++)
+        table[k] = (int32_t)((k * 11 + 5) % NBLK);
+    ferry_kv_buffer pb = FERRY_KV_BUFFER_INIT;
+    pb.layout = small_layout();
+    pb.mem = FERRY_KV_MEM_DEVICE;
+    pb.form = FERRY_KV_PAGED;
+    pb.block_bases = bases;
+    pb.block_tokens = BT;
+    pb.num_blocks = NBLK;
+    pb.block_table = table;
+    pb.table_len = 3 * CT / BT;
+    assert_int_equal(ferry_kv_retrieve(kv, tok, n, NULL, &pb), (int)n);
+    for (unsigned p = 0; p < PLANES; p++) {
+        const unsigned char *m = ferry_devptr_host(dev, cache[p]);
+        for (uint64_t t = 0; t < n; t++)
+            assert_memory_equal(m + ((uint64_t)table[t / BT] * BT + t % BT) * TB,
+                                tok_at(&h, p, t), TB);
+    }
+
+    /* a failing device copy: the store fails and nothing becomes visible */
+    int32_t tok2[3 * CT];
+    make_tokens(tok2, n, 5555);
+    FT_ASSERT_OK(ferry_device_set_faults(dev, 3, -EIO, 0, FERRY_FAULT_COPY));
+    b.base = src;
+    int rc = ferry_kv_store(kv, tok2, n, NULL, &b);
+    assert_true(rc < 0);
+    FT_ASSERT_OK(ferry_device_set_faults(dev, 0, 0, 0, 0));
+    assert_int_equal(ferry_kv_lookup(kv, tok2, n, NULL), 0);
+    FT_ASSERT_OK(ferry__kv_check(kv));
+    /* and it works again once the fault is gone */
+    assert_int_equal(ferry_kv_store(kv, tok2, n, NULL, &b), (int)n);
+    ferry_kv_close(kv);
+    for (unsigned p = 0; p < PLANES; p++)
+        ferry_device_free(dev, cache[p]);
+    ferry_device_free(dev, src);
+    ferry_device_free(dev, dst);
+    ferry_device_close(dev);
+    free(h.mem);
+    free(back.mem);
+}
+
+/* ---- async ---- */
+
+static void async_store_and_retrieve(void **state)
+{
+    (void)state;
+    ferry_kv_config c = small_config(16);
+    ferry_kv *kv;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    size_t n = 4 * CT;
+    int32_t tok[4 * CT];
+    make_tokens(tok, n, 44);
+    hbuf h, d;
+    hbuf_init(&h, n, 12);
+    hbuf_init(&d, n, 0);
+    ferry_kv_op *op = NULL;
+    FT_ASSERT_OK(ferry_kv_store_async(kv, tok, n, NULL, &h.b, &op));
+    memset(tok, 0, sizeof tok); /* tokens may be reused at once */
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)n);
+    assert_int_equal(ferry_kv_op_test(op), (int)n);
+    ferry_kv_op_free(op);
+    make_tokens(tok, n, 44);
+    int st[4] = {1, 1, 1, 1};
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = 4;
+    FT_ASSERT_OK(ferry_kv_retrieve_async(kv, tok, n, &r, &d.b, &op));
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)n);
+    ferry_kv_op_free(op);
+    assert_int_equal(st[3], 0);
+    assert_true(same_tokens(&h, &d, 0, n));
+    /* bad input is reported before anything is queued */
+    ferry_kv_buffer bad = h.b;
+    bad.layout.head_dim = 8;
+    op = NULL;
+    assert_int_equal(ferry_kv_store_async(kv, tok, n, NULL, &bad, &op), FERRY_EMISMATCH);
+    assert_null(op);
+    ferry_kv_op_free(NULL);
+    ferry_kv_close(kv);
+    free(h.mem);
+    free(d.mem);
+}
+
+/* ---- metrics ---- */
+
+static void metrics_struct_and_prometheus(void **state)
+{
+    (void)state;
+    ferry_kv_config c = small_config(8);
+    ferry_kv *kv;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    int32_t tok[2 * CT];
+    make_tokens(tok, 2 * CT, 9);
+    hbuf h;
+    hbuf_init(&h, 2 * CT, 1);
+    ferry_kv_lookup(kv, tok, 2 * CT, NULL);
+    ferry_kv_store(kv, tok, 2 * CT, NULL, &h.b);
+    ferry_kv_lookup(kv, tok, 2 * CT, NULL);
+    ferry_kv_lookup(kv, tok, CT, NULL);
+    ferry_kv_retrieve(kv, tok, 2 * CT, NULL, &h.b);
+    ferry_kv_stats m;
+    FT_ASSERT_OK(ferry_kv_metrics(kv, &m));
+    assert_int_equal(m.size, sizeof m);
+    assert_int_equal(m.lookups, 3);
+    assert_int_equal(m.lookup_tokens, 5 * CT);
+    assert_int_equal(m.hit_tokens, 3 * CT);
+    assert_int_equal(m.stores, 1);
+    assert_int_equal(m.stored_chunks, 2);
+    assert_int_equal(m.stored_bytes, 2 * CHUNK);
+    assert_int_equal(m.retrieves, 1);
+    assert_int_equal(m.retrieved_chunks, 2);
+    assert_int_equal(m.chunks, 2);
+    assert_int_equal(m.tier[FERRY_KV_TIER_L1].hits, 5); /* 3 by lookups, 2 by the retrieve */
+    assert_int_equal(m.tier[FERRY_KV_TIER_L1].used_bytes, 2 * CHUNK);
+    assert_int_equal(m.tier[FERRY_KV_TIER_L1].capacity_bytes, 8 * CHUNK);
+    assert_true(m.tier[FERRY_KV_TIER_L1].usage > 0.24 && m.tier[FERRY_KV_TIER_L1].usage < 0.26);
+    uint64_t cnt = 0;
+    for (int b = 0; b < FERRY_KV_HIST_BUCKETS; b++)
+        cnt += m.lookup_ns[b];
+    assert_int_equal(cnt, 3);
+    assert_true(ferry_kv_hist_quantile(m.lookup_ns, 0.5) > 0);
+    uint64_t hist[FERRY_KV_HIST_BUCKETS] = {0};
+    assert_true(ferry_kv_hist_quantile(hist, 0.5) == 0);
+    hist[10] = 100; /* all in [1024, 2048) ns */
+    double p50 = ferry_kv_hist_quantile(hist, 0.5);
+    assert_true(p50 >= 1024 && p50 <= 2048);
+
+    int need = ferry_kv_metrics_prometheus(kv, NULL, 0);
+    assert_true(need > 0);
+    char *text = malloc((size_t)need + 1);
+    assert_int_equal(ferry_kv_metrics_prometheus(kv, text, (size_t)need + 1), need);
+    assert_non_null(strstr(text, "# TYPE ferry_kv_lookups_total counter\nferry_kv_lookups_total 3\n"));
+    assert_non_null(strstr(text, "ferry_kv_hit_tokens_total 48\n"));
+    assert_non_null(strstr(text, "ferry_kv_tier_hits_total{tier=\"l1\"} 5\n"));
+    assert_non_null(strstr(text, "ferry_kv_tier_used_bytes{tier=\"l1\"} 8192\n"));
+    assert_non_null(strstr(text, "ferry_kv_lookup_seconds_bucket{le=\"+Inf\"} 3\n"));
+    assert_non_null(strstr(text, "ferry_kv_lookup_seconds_count 3\n"));
+    assert_null(strstr(text, "tier=\"l2\"")); /* no L2 configured */
+    char small[32];
+    assert_int_equal(ferry_kv_metrics_prometheus(kv, small, sizeof small), need);
+    assert_int_equal(strlen(small), sizeof small - 1);
+    free(text);
+    ferry_kv_close(kv);
+    free(h.mem);
+}
+
+/* ---- out of memory at every allocation ---- */
+
+static void out_of_memory_at_every_allocation(void **state)
+{
+    (void)state;
+    int32_t tok[3 * CT];
+    make_tokens(tok, 3 * CT, 600);
+    hbuf h, d;
+    hbuf_init(&h, 3 * CT, 8);
+    hbuf_init(&d, 3 * CT, 0);
+    int opened = 0, full = 0;
+    for (uint64_t at = 1; at < 400 && !full; at++) {
+        ft_alloc_install(at, 0);
+        ferry_kv_config c = small_config(8);
+        ferry_kv *kv = NULL;
+        int rc = ferry_kv_open(&c, &kv);
+        if (rc < 0) {
+            assert_true(rc == -ENOMEM || rc == -EAGAIN);
+            assert_null(kv);
+            ft_alloc_reset();
+            assert_int_equal(ft_alloc_live(), 0);
+            continue;
+        }
+        opened++;
+        int st[3] = {1, 1, 1};
+        ferry_kv_req r = FERRY_KV_REQ_INIT;
+        r.status = st;
+        r.max_chunks = 3;
+        rc = ferry_kv_store(kv, tok, 3 * CT, &r, &h.b);
+        /* whatever failed, what is visible is whole and exact */
+        int lead = ferry_kv_lookup(kv, tok, 3 * CT, NULL);
+        if (rc >= 0)
+            assert_int_equal(lead, rc);
+        else
+            assert_true(rc == -ENOMEM);
+        if (lead > 0) {
+            memset(d.mem, 0, PLANES * 3 * CT * TB);
+            int got = ferry_kv_retrieve(kv, tok, 3 * CT, NULL, &d.b);
+            if (got >= 0) {
+                assert_true(got >= 0 && got <= lead);
+                assert_true(same_tokens(&h, &d, 0, (uint64_t)got));
+            }
+        }
+        FT_ASSERT_OK(ferry__kv_check(kv));
+        if (rc == 3 * CT && ft_alloc_failures() == 0)
+            full = 1;
+        ferry_kv_close(kv);
+        ft_alloc_reset();
+        assert_int_equal(ft_alloc_live(), 0);
+    }
+    assert_true(opened > 0);
+    assert_true(full);
+    free(h.mem);
+    free(d.mem);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(hash_chain_matches_the_definition),
+        cmocka_unit_test(hash_prefix_and_partial),
+        cmocka_unit_test(key_format_is_stable_and_salted),
+        cmocka_unit_test(layout_chunk_bytes),
+        cmocka_unit_test(open_rejects_bad_configs),
+        cmocka_unit_test(store_lookup_retrieve_contiguous),
+        cmocka_unit_test(paged_blocks_round_trip),
+        cmocka_unit_test(bad_input_has_clear_codes),
+        cmocka_unit_test(salt_and_model_isolate_keys),
+        cmocka_unit_test(delete_of_locked_chunk_and_pin_ttl),
+        cmocka_unit_test(crashed_writer_is_invisible_then_reclaimed),
+        cmocka_unit_test(lru_watermark_evicts_oldest_unlocked),
+        cmocka_unit_test(s3fifo_keeps_reused_chunk_through_a_scan),
+        cmocka_unit_test(evicted_between_lookup_and_retrieve_is_a_miss),
+        cmocka_unit_test(l2_write_through_and_promotion),
+        cmocka_unit_test(l2_io_error_makes_a_miss_and_store_keeps_serving),
+        cmocka_unit_test(prefetch_brings_l2_chunks_up_within_its_bound),
+        cmocka_unit_test(device_buffers_round_trip_and_copy_faults),
+        cmocka_unit_test(async_store_and_retrieve),
+        cmocka_unit_test(metrics_struct_and_prometheus),
+        cmocka_unit_test(out_of_memory_at_every_allocation),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
