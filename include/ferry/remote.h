@@ -25,7 +25,7 @@
  *    redis+unix://[[user]:password@]/path/to/socket[?query]
  *  valkey:// and valkey+unix:// are synonyms. host is a name, an IPv4
  *  address or [IPv6]; port defaults to 6379, db to 0. user and password
- *  are percent-decoded. query keys: db (unix forms), user, password,
+ *  are percent-decoded. query keys: db (or /db, not both), user, password,
  *  cluster=auto|yes|no (default auto: a server with cluster support
  *  enabled is used through the cluster path). rediss:// (TLS) is not
  *  supported: the Debian hiredis 0.14 has no TLS; run a TLS tunnel

@@ -164,7 +164,7 @@ static int health_enter(ferry_remote *r, char *why, size_t len)
         return H_PROBE;
     }
     uint64_t left = now < r->down_until_ns ? r->down_until_ns - now : 0;
-    snprintf(why, len, "down for %llu ms more (probe in progress: %s) after: %s",
+    snprintf(why, len, "down for %llu ms more (probe in progress: %s) after: %.400s",
              (unsigned long long)(left / 1000000), r->probing ? "yes" : "no", r->down_reason);
     pthread_mutex_unlock(&r->health_mu);
     return H_DOWN;

@@ -143,9 +143,12 @@ int ferry__rconn_exchange(ferry__rconn *c, ferry__rcmd **cmds, size_t n, ferry__
     int code = map_err(c->c, saved);
     char w[300];
     where(c, NULL, w, sizeof w);
-    rc = ferry__err_set(eb, code, "remote %s: %zu pipelined command(s) (first %.*s): %s",
+    char extra[64] = "";
+    if (code == -ETIMEDOUT)
+        snprintf(extra, sizeof extra, " (timed out: no answer within %u ms)", c->timeout_ms);
+    rc = ferry__err_set(eb, code, "remote %s: %zu pipelined command(s) (first %.*s): %s%s",
                         c->port ? w : "unix socket", n, (int)cmds[0]->argvlen[0],
-                        cmds[0]->argv[0], c->c->errstr);
+                        cmds[0]->argv[0], c->c->errstr, extra);
     for (size_t i = 0; i < n; i++)
         if (cmds[i]->reply) {
             freeReplyObject(cmds[i]->reply);
@@ -180,6 +183,7 @@ int ferry__rconn_open(ferry__rconn *c, const ferry__rconf *cf, const char *host,
                       int select_db, ferry__errbuf *eb)
 {
     ferry__rconn_close(c);
+    c->timeout_ms = cf->command_timeout_ms;
     struct timeval ct = tv_ms(cf->connect_timeout_ms);
     redisContext *ctx;
     if (host) {

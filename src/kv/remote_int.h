@@ -101,6 +101,7 @@ typedef struct ferry__rconn {
     struct redisContext *c;
     char host[FERRY__RURL_HOST_MAX];
     int port;
+    uint32_t timeout_ms; /* command timeout, for messages */
 } ferry__rconn;
 
 /* Connect to host:port (or the URL's unix path when host is NULL), set

@@ -1,0 +1,1042 @@
+/*
+ * test_remote.c - the remote tier against real redis-server processes
+ * (started here on free loopback ports; skipped with 77 when redis-server
+ * is not installed), plus its URL parser and value codec.
+ */
+/* ferry-test-labels: concurrent */
+/* ferry-test-timeout: 300 */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+#include <xxhash.h>
+
+#include "ferry_test.h"
+#include "kv/remote_int.h"
+#include "redis_server.h"
+
+static ft_redis g_srv; /* shared by the tests that do not stop it */
+static const char LAYOUT_A[] = "llama-3-8b|bf16|L32|kv2|h8x128|tp0/1";
+static const char LAYOUT_B[] = "mistral-7b|bf16|L32|kv2|h8x128|tp0/1";
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static ferry_remote_options opts_a(void)
+{
+    ferry_remote_options o = FERRY_REMOTE_OPTIONS_INIT;
+    o.layout = LAYOUT_A;
+    o.layout_len = sizeof LAYOUT_A - 1;
+    o.connect_timeout_ms = 300;
+    o.command_timeout_ms = 300;
+    o.backoff_initial_ms = 20;
+    o.backoff_max_ms = 100;
+    return o;
+}
+
+static ferry_remote *open_a(const ft_redis *s, int db, const char *prefix)
+{
+    char url[128];
+    ferry_remote_options o = opts_a();
+    o.key_prefix = prefix;
+    ferry_remote *r = NULL;
+    FT_ASSERT_OK(ferry_remote_open(ft_redis_url(s, db, url, sizeof url), &o, &r));
+    return r;
+}
+
+static ferry_remote_metrics metrics(ferry_remote *r)
+{
+    ferry_remote_metrics m;
+    memset(&m, 0, sizeof m);
+    m.size = sizeof m;
+    FT_ASSERT_OK(ferry_remote_metrics_get(r, &m));
+    return m;
+}
+
+/* ---- URL parser ---- */
+
+static void url_valid_forms(void **state)
+{
+    (void)state;
+    ferry__rurl u;
+    assert_int_equal(ferry__rurl_parse("redis://h1:7000/3", 17, &u, NULL), 0);
+    assert_string_equal(u.host, "h1");
+    assert_int_equal(u.port, 7000);
+    assert_int_equal(u.db, 3);
+    assert_int_equal(u.is_unix, 0);
+    assert_int_equal(u.has_password, 0);
+    assert_int_equal(u.cluster, FERRY__RCLUSTER_AUTO);
+
+    const char *s = "redis://alice:p%40ss%3Aw0rd@127.0.0.1";
+    assert_int_equal(ferry__rurl_parse(s, strlen(s), &u, NULL), 0);
+    assert_string_equal(u.user, "alice");
+    assert_string_equal(u.password, "p@ss:w0rd");
+    assert_int_equal(u.port, 6379);
+    assert_int_equal(u.db, 0);
+    assert_null(strstr(u.redacted, "p%40ss"));
+    assert_non_null(strstr(u.redacted, "***"));
+
+    s = "redis://:secret@[::1]:6380/0?cluster=no";
+    assert_int_equal(ferry__rurl_parse(s, strlen(s), &u, NULL), 0);
+    assert_string_equal(u.host, "::1");
+    assert_int_equal(u.port, 6380);
+    assert_int_equal(u.has_user, 0);
+    assert_string_equal(u.password, "secret");
+    assert_int_equal(u.cluster, FERRY__RCLUSTER_NO);
+
+    s = "redis://onlypassword@host"; /* no ':' -> a password, as redis-cli reads it */
+    assert_int_equal(ferry__rurl_parse(s, strlen(s), &u, NULL), 0);
+    assert_int_equal(u.has_user, 0);
+    assert_string_equal(u.password, "onlypassword");
+
+    s = "unix:///var/run/redis/redis.sock?db=5&password=pw";
+    assert_int_equal(ferry__rurl_parse(s, strlen(s), &u, NULL), 0);
+    assert_int_equal(u.is_unix, 1);
+    assert_string_equal(u.path, "/var/run/redis/redis.sock");
+    assert_int_equal(u.db, 5);
+    assert_string_equal(u.password, "pw");
+    assert_null(strstr(u.redacted, "pw"));
+
+    s = "redis+unix://bob:pw@/tmp/r.sock";
+    assert_int_equal(ferry__rurl_parse(s, strlen(s), &u, NULL), 0);
+    assert_string_equal(u.user, "bob");
+    assert_string_equal(u.path, "/tmp/r.sock");
+
+    s = "valkey://cache.example.com:6390/";
+    assert_int_equal(ferry__rurl_parse(s, strlen(s), &u, NULL), 0);
+    assert_string_equal(u.host, "cache.example.com");
+    assert_int_equal(u.db, 0);
+    assert_int_equal(ferry_remote_url_validate("redis://localhost"), 0);
+}
+
+static void url_invalid_forms(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {
+        "",
+        "localhost:6379",
+        "http://localhost",
+        "redis://",
+        "redis://:6379",
+        "redis://host:0",
+        "redis://host:65536",
+        "redis://host:12ab",
+        "redis://host:",
+        "redis://host/abc",
+        "redis://host/1/2",
+        "redis://host/99999999999",
+        "redis://ho st",
+        "redis://host#frag",
+        "redis://[::1",
+        "redis://[]:5",
+        "redis://[::1]x",
+        "redis://user:@host",
+        "redis://a@b@host",
+        "redis://host/1?db=2",
+        "redis://host?foo=bar",
+        "redis://host?cluster=maybe",
+        "redis://host?",
+        "redis://host?db",
+        "redis://host?db=",
+        "redis://host?cluster=yes&cluster=no",
+        "redis://host/1?cluster=yes",
+        "redis://p%zzw@host",
+        "redis://p%4@host",
+        "redis://p%00w@host",
+        "unix://",
+        "unix://host/path",
+        "unix:///",
+        "unix:///tmp/dir/",
+        "unix:///tmp/s?cluster=yes",
+        "redis://-host",
+        "redis://host?user=bob",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ferry__rurl u;
+        memset(&u, 0x5a, sizeof u);
+        ferry__errbuf eb;
+        int rc = ferry__rurl_parse(bad[i], strlen(bad[i]), &u, &eb);
+        if (rc != FERRY_EPARSE)
+            fail_msg("'%s' -> %d, expected FERRY_EPARSE", bad[i], rc);
+        assert_non_null(strstr(eb.msg, "remote URL"));
+        assert_int_equal(u.port, 0x5a5a5a5a); /* untouched on failure */
+    }
+    /* a message never shows the password */
+    ferry__rurl u;
+    ferry__errbuf eb;
+    const char *s = "redis://user:hunter2@host:99999";
+    assert_int_equal(ferry__rurl_parse(s, strlen(s), &u, &eb), FERRY_EPARSE);
+    assert_null(strstr(eb.msg, "hunter2"));
+    assert_non_null(strstr(eb.msg, "99999"));
+    s = "redis://host/0?password=hunter2&bogus=1";
+    assert_int_equal(ferry__rurl_parse(s, strlen(s), &u, &eb), FERRY_EPARSE);
+    assert_null(strstr(eb.msg, "hunter2"));
+    assert_non_null(strstr(eb.msg, "bogus"));
+    /* an embedded NUL is refused, not truncated */
+    assert_int_equal(ferry__rurl_parse("redis://h\0st", 12, &u, NULL), FERRY_EPARSE);
+    /* TLS is named as unsupported */
+    assert_int_equal(ferry_remote_url_validate("rediss://host:6380"), FERRY_ENOTSUP);
+    assert_non_null(strstr(ferry_last_error(), "TLS"));
+    assert_int_equal(ferry_remote_url_validate(NULL), FERRY_EPARSE);
+}
+
+/* ---- value codec ---- */
+
+static uint8_t *encode(const char *layout, const void *key, size_t klen, const void *pl,
+                       size_t plen, size_t *len)
+{
+    size_t hl = ferry__rvalue_header_size(strlen(layout));
+    uint8_t *v = malloc(hl + plen + 1);
+    ferry__rvalue_encode_header(v, layout, strlen(layout), ferry__rvalue_key_sum(key, klen), pl,
+                                plen);
+    memcpy(v + hl, pl, plen);
+    *len = hl + plen;
+    return v;
+}
+
+static void value_codec_checks_every_field(void **state)
+{
+    (void)state;
+    uint8_t payload[1000];
+    ft_fill_pattern(payload, sizeof payload, 7);
+    size_t len;
+    uint8_t *v = encode(LAYOUT_A, "k1", 2, payload, sizeof payload, &len);
+    uint64_t ks = ferry__rvalue_key_sum("k1", 2);
+    const void *pl;
+    size_t plen;
+    assert_int_equal(ferry__rvalue_decode(v, len, LAYOUT_A, strlen(LAYOUT_A), ks, &pl, &plen, NULL),
+                     0);
+    assert_int_equal(plen, sizeof payload);
+    assert_memory_equal(pl, payload, sizeof payload);
+
+    /* other layout, other key */
+    assert_int_equal(ferry__rvalue_decode(v, len, LAYOUT_B, strlen(LAYOUT_B), ks, &pl, &plen, NULL),
+                     FERRY_EMISMATCH);
+    assert_int_equal(ferry__rvalue_decode(v, len, LAYOUT_A, 5, ks, &pl, &plen, NULL),
+                     FERRY_EMISMATCH);
+    assert_int_equal(ferry__rvalue_decode(v, len, LAYOUT_A, strlen(LAYOUT_A),
+                                          ferry__rvalue_key_sum("k2", 2), &pl, &plen, NULL),
+                     FERRY_EMISMATCH);
+    /* every single-byte flip anywhere is refused */
+    for (size_t i = 0; i < len; i += (i < 200 ? 1 : 97)) {
+        v[i] ^= 0x10;
+        int rc = ferry__rvalue_decode(v, len, LAYOUT_A, strlen(LAYOUT_A), ks, &pl, &plen, NULL);
+        if (rc != FERRY_ECORRUPT && rc != FERRY_EVERSION && rc != FERRY_EMISMATCH)
+            fail_msg("flip at %zu -> %d", i, rc);
+        v[i] ^= 0x10;
+    }
+    /* truncated and extended values */
+    for (size_t cut = 0; cut < len; cut += 37)
+        assert_int_equal(
+            ferry__rvalue_decode(v, cut, LAYOUT_A, strlen(LAYOUT_A), ks, &pl, &plen, NULL),
+            FERRY_ECORRUPT);
+    uint8_t *big = malloc(len + 1);
+    memcpy(big, v, len);
+    big[len] = 0;
+    assert_int_equal(
+        ferry__rvalue_decode(big, len + 1, LAYOUT_A, strlen(LAYOUT_A), ks, &pl, &plen, NULL),
+        FERRY_ECORRUPT);
+    free(big);
+    /* a newer version with a valid header checksum is EVERSION */
+    v[4] = 2;
+    uint8_t tmp[40 + sizeof LAYOUT_A];
+    memcpy(tmp, v, 40);
+    memcpy(tmp + 40, LAYOUT_A, strlen(LAYOUT_A));
+    /* re-seal the header checksum as a newer writer would */
+    ferry__rvalue_hdr h;
+    {
+        uint64_t hs = XXH3_64bits(tmp, 40 + strlen(LAYOUT_A));
+        for (int i = 0; i < 8; i++)
+            v[40 + i] = (uint8_t)(hs >> (8 * i));
+    }
+    ferry__errbuf eb;
+    assert_int_equal(ferry__rvalue_parse_header(v, len, &h, &eb), FERRY_EVERSION);
+    assert_non_null(strstr(eb.msg, "version 2"));
+    free(v);
+
+    /* empty payload and empty layout */
+    v = encode("", "k", 1, "", 0, &len);
+    assert_int_equal(len, FERRY_REMOTE_HEADER_FIXED);
+    assert_int_equal(
+        ferry__rvalue_decode(v, len, "", 0, ferry__rvalue_key_sum("k", 1), &pl, &plen, NULL), 0);
+    assert_int_equal(plen, 0);
+    free(v);
+}
+
+static void key_slot_known_vectors(void **state)
+{
+    (void)state;
+    /* CRC16/XMODEM check value */
+    assert_int_equal(ferry__rcluster_crc16("123456789", 9), 0x31c3);
+    /* values from CLUSTER KEYSLOT on a real Redis */
+    assert_int_equal(ferry_remote_key_slot("foo", 3), 12182);
+    assert_int_equal(ferry_remote_key_slot("bar", 3), 5061);
+    assert_int_equal(ferry_remote_key_slot("hello", 5), 866);
+    /* hash tags: only the part between the first { and the next } counts */
+    assert_int_equal(ferry_remote_key_slot("{user1000}.following", 20),
+                     ferry_remote_key_slot("{user1000}.followers", 20));
+    assert_int_equal(ferry_remote_key_slot("x{foo}y", 7), 12182);
+    /* empty tag: the whole key */
+    assert_int_equal(ferry_remote_key_slot("foo{}{bar}", 10),
+                     ferry__rcluster_crc16("foo{}{bar}", 10) & 16383);
+    assert_int_equal(ferry_remote_key_slot("foo{{bar}}zap", 13),
+                     ferry__rcluster_crc16("{bar", 4) & 16383);
+    assert_int_equal(ferry_remote_key_slot("{bar", 4), ferry__rcluster_crc16("{bar", 4) & 16383);
+}
+
+/* ---- against a real server ---- */
+
+static int srv_setup(void **state)
+{
+    (void)state;
+    return ft_redis_start(&g_srv, NULL) == 0 ? 0 : -1;
+}
+static int srv_teardown(void **state)
+{
+    (void)state;
+    ft_redis_destroy(&g_srv);
+    return 0;
+}
+
+static void round_trip_sync_and_async(void **state)
+{
+    (void)state;
+    ferry_remote *r = open_a(&g_srv, 0, "rt:");
+    size_t n = 256 * 1024;
+    uint8_t *src = malloc(n), *dst = malloc(n);
+    ft_fill_pattern(src, n, 1);
+    FT_ASSERT_OK(ferry_remote_put_sync(r, "chunk-1", 7, src, n));
+    memset(dst, 0, n);
+    assert_int_equal(ferry_remote_get(r, "chunk-1", 7, dst, n), (int)n);
+    assert_int_equal(ft_check_pattern(dst, n, 1), -1);
+
+    ft_fill_pattern(src, n, 2);
+    FT_ASSERT_OK(ferry_remote_put(r, "chunk-2", 7, src, n));
+    FT_ASSERT_OK(ferry_remote_put(r, "empty", 5, NULL, 0));
+    FT_ASSERT_OK(ferry_remote_flush(r, 5000));
+    assert_int_equal(ferry_remote_get(r, "chunk-2", 7, dst, n), (int)n);
+    assert_int_equal(ft_check_pattern(dst, n, 2), -1);
+    assert_int_equal(ferry_remote_get(r, "empty", 5, dst, n), 0);
+    /* a destination one byte short is refused and says how big */
+    assert_int_equal(ferry_remote_get(r, "chunk-2", 7, dst, n - 1), -ENOBUFS);
+    assert_non_null(strstr(ferry_remote_last_error(r), "262144"));
+
+    ferry_remote_metrics m = metrics(r);
+    assert_int_equal(m.puts, 3);
+    assert_int_equal(m.puts_written, 3);
+    assert_int_equal(m.hits, 3);
+    assert_int_equal(m.gets, 4);
+    assert_int_equal(m.dropped, 0);
+    assert_int_equal(m.cluster, 0);
+    assert_true(m.bytes_read >= 2 * n);
+    /* the server key carries the prefix */
+    char out[64];
+    static const char *const ex[] = {"EXISTS", "rt:chunk-1", NULL};
+    ft_redis_cmd(&g_srv, out, sizeof out, ex);
+    assert_string_equal(out, "1");
+    free(src);
+    free(dst);
+    ferry_remote_close(r);
+}
+
+static void missing_key_is_a_miss(void **state)
+{
+    (void)state;
+    ferry_remote *r = open_a(&g_srv, 0, "miss:");
+    char buf[16];
+    assert_int_equal(ferry_remote_get(r, "nope", 4, buf, sizeof buf), FERRY_ENOTFOUND);
+    assert_non_null(strstr(ferry_remote_last_error(r), "no such key"));
+    ferry_remote_metrics m = metrics(r);
+    assert_int_equal(m.misses, 1);
+    assert_int_equal(m.hits, 0);
+    assert_int_equal(m.errors, 0);
+    ferry_remote_close(r);
+}
+
+/* read the raw stored value, let f damage it, write it back raw */
+static void tamper(const char *key, void (*f)(char *v, size_t *len))
+{
+    redisContext *c = redisConnect("127.0.0.1", g_srv.port);
+    assert_non_null(c);
+    assert_int_equal(c->err, 0);
+    redisReply *rep = redisCommand(c, "GET %s", key);
+    assert_int_equal(rep->type, REDIS_REPLY_STRING);
+    size_t len = rep->len;
+    char *v = malloc(len + 64);
+    memcpy(v, rep->str, len);
+    freeReplyObject(rep);
+    f(v, &len);
+    rep = redisCommand(c, "SET %s %b", key, v, len);
+    assert_int_equal(rep->type, REDIS_REPLY_STATUS);
+    freeReplyObject(rep);
+    free(v);
+    redisFree(c);
+}
+static void flip_payload(char *v, size_t *len)
+{
+    v[*len - 100] ^= 1;
+}
+static void truncate_value(char *v, size_t *len)
+{
+    (void)v;
+    *len -= 10;
+}
+static void flip_header(char *v, size_t *len)
+{
+    (void)len;
+    v[20] ^= 0x80; /* payload length */
+}
+
+static void corruption_is_detected(void **state)
+{
+    (void)state;
+    ferry_remote *r = open_a(&g_srv, 0, "cor:");
+    uint8_t src[4096], dst[4096];
+    ft_fill_pattern(src, sizeof src, 3);
+    const char *names[] = {"c1", "c2", "c3"};
+    void (*how[])(char *, size_t *) = {flip_payload, truncate_value, flip_header};
+    for (int i = 0; i < 3; i++) {
+        FT_ASSERT_OK(ferry_remote_put_sync(r, names[i], 2, src, sizeof src));
+        char full[16];
+        snprintf(full, sizeof full, "cor:%s", names[i]);
+        tamper(full, how[i]);
+        memset(dst, 0, sizeof dst);
+        assert_int_equal(ferry_remote_get(r, names[i], 2, dst, sizeof dst), FERRY_ECORRUPT);
+        assert_non_null(strstr(ferry_remote_last_error(r), names[i]));
+    }
+    /* a foreign value (not ferry's) under the key */
+    static const char *const set[] = {
+        "SET", "cor:foreign", "some other application stored this string here, not ferry", NULL};
+    ft_redis_cmd(&g_srv, NULL, 0, set);
+    assert_int_equal(ferry_remote_get(r, "foreign", 7, dst, sizeof dst), FERRY_ECORRUPT);
+    assert_non_null(strstr(ferry_remote_last_error(r), "not a ferry value"));
+    ferry_remote_metrics m = metrics(r);
+    assert_int_equal(m.corrupt, 4);
+    assert_int_equal(m.hits, 0);
+    assert_int_equal(m.misses, 4);
+    /* the header-only prefix check refuses the damaged header and the foreign value */
+    ferry_remote_key k3 = {"c3", 2}, kf = {"foreign", 7}, k1 = {"c1", 2};
+    assert_int_equal(ferry_remote_exists(r, &k3, 1), 0);
+    assert_int_equal(ferry_remote_exists(r, &kf, 1), 0);
+    /* (a payload flip is only seen by a full read) */
+    assert_int_equal(ferry_remote_exists(r, &k1, 1), 1);
+    ferry_remote_close(r);
+}
+
+static void other_layout_or_key_is_refused(void **state)
+{
+    (void)state;
+    char url[128];
+    ferry_remote *a = open_a(&g_srv, 0, "lay:");
+    ferry_remote_options ob = opts_a();
+    ob.layout = LAYOUT_B;
+    ob.layout_len = sizeof LAYOUT_B - 1;
+    ob.key_prefix = "lay:";
+    ferry_remote *b = NULL;
+    FT_ASSERT_OK(ferry_remote_open(ft_redis_url(&g_srv, 0, url, sizeof url), &ob, &b));
+    uint8_t src[1024], dst[1024];
+    ft_fill_pattern(src, sizeof src, 4);
+    FT_ASSERT_OK(ferry_remote_put_sync(a, "shared-key", 10, src, sizeof src));
+    assert_int_equal(ferry_remote_get(b, "shared-key", 10, dst, sizeof dst), FERRY_EMISMATCH);
+    assert_non_null(strstr(ferry_remote_last_error(b), "another layout"));
+    ferry_remote_key k = {"shared-key", 10};
+    assert_int_equal(ferry_remote_exists(b, &k, 1), 0);
+    assert_int_equal(ferry_remote_exists(a, &k, 1), 1);
+    assert_int_equal(metrics(b).mismatched, 2);
+
+    /* the same bytes copied under another key are refused too */
+    static const char *const copy[] = {"COPY", "lay:shared-key", "lay:other-key", NULL};
+    char out[32];
+    assert_int_equal(ft_redis_cmd(&g_srv, out, sizeof out, copy), REDIS_REPLY_INTEGER);
+    assert_int_equal(ferry_remote_get(a, "other-key", 9, dst, sizeof dst), FERRY_EMISMATCH);
+    assert_non_null(strstr(ferry_remote_last_error(a), "another key"));
+    assert_int_equal(ferry_remote_get(a, "shared-key", 10, dst, sizeof dst), (int)sizeof src);
+    ferry_remote_close(a);
+    ferry_remote_close(b);
+}
+
+static void server_error_replies(void **state)
+{
+    (void)state;
+    ferry_remote *r = open_a(&g_srv, 0, "err:");
+    static const char *const lpush[] = {"LPUSH", "err:list", "x", NULL};
+    ft_redis_cmd(&g_srv, NULL, 0, lpush);
+    char dst[64];
+    assert_int_equal(ferry_remote_get(r, "list", 4, dst, sizeof dst), FERRY_EREMOTE);
+    assert_non_null(strstr(ferry_remote_last_error(r), "WRONGTYPE"));
+    ferry_remote_key k = {"list", 4};
+    assert_int_equal(ferry_remote_exists(r, &k, 1), 0);
+    assert_non_null(strstr(ferry_remote_last_error(r), "WRONGTYPE"));
+
+    /* out of memory on the server: SET is refused with its message */
+    static const char *const lim[] = {"CONFIG", "SET", "maxmemory", "1", NULL};
+    static const char *const unlim[] = {"CONFIG", "SET", "maxmemory", "0", NULL};
+    ft_redis_cmd(&g_srv, NULL, 0, lim);
+    assert_int_equal(ferry_remote_put_sync(r, "big", 3, "abc", 3), FERRY_EREMOTE);
+    assert_non_null(strstr(ferry_remote_last_error(r), "OOM"));
+    /* an async put refused the same way is counted, not retried forever */
+    FT_ASSERT_OK(ferry_remote_put(r, "big2", 4, "abc", 3));
+    FT_ASSERT_OK(ferry_remote_flush(r, 5000));
+    ft_redis_cmd(&g_srv, NULL, 0, unlim);
+    ferry_remote_metrics m = metrics(r);
+    assert_int_equal(m.dropped, 1);
+    assert_int_equal(m.puts_written, 0);
+    assert_true(m.errors >= 4);
+    assert_int_equal(m.down, 0); /* error replies are not a dead remote */
+    FT_ASSERT_OK(ferry_remote_put_sync(r, "big", 3, "abc", 3));
+    ferry_remote_close(r);
+}
+
+static void exists_counts_leading_keys_and_delete(void **state)
+{
+    (void)state;
+    ferry_remote *r = open_a(&g_srv, 0, "pre:");
+    char names[10][8];
+    ferry_remote_key keys[10];
+    for (int i = 0; i < 10; i++) {
+        snprintf(names[i], sizeof names[i], "k%d", i);
+        keys[i].data = names[i];
+        keys[i].len = strlen(names[i]);
+        if (i != 6)
+            FT_ASSERT_OK(ferry_remote_put(r, names[i], keys[i].len, names[i], keys[i].len));
+    }
+    FT_ASSERT_OK(ferry_remote_flush(r, 5000));
+    assert_int_equal(ferry_remote_exists(r, keys, 10), 6);
+    assert_int_equal(ferry_remote_exists(r, keys, 3), 3);
+    assert_int_equal(ferry_remote_exists(r, keys + 6, 4), 0);
+    assert_int_equal(ferry_remote_exists(r, keys + 7, 3), 3);
+    assert_int_equal(ferry_remote_exists(r, keys, 0), 0);
+    assert_int_equal(ferry_remote_delete(r, keys, 2), 2);
+    assert_int_equal(ferry_remote_delete(r, keys, 2), 0);
+    assert_int_equal(ferry_remote_exists(r, keys, 10), 0);
+    assert_int_equal(ferry_remote_exists(r, keys + 2, 8), 4);
+    char dst[8];
+    assert_int_equal(ferry_remote_get(r, "k0", 2, dst, sizeof dst), FERRY_ENOTFOUND);
+    ferry_remote_metrics m = metrics(r);
+    assert_int_equal(m.deletes, 2);
+    assert_int_equal(m.exists_calls, 7);
+    ferry_remote_key bad = {NULL, 0};
+    assert_int_equal(ferry_remote_exists(r, &bad, 1), -EINVAL);
+    ferry_remote_close(r);
+}
+
+static void two_processes_share_chunks(void **state)
+{
+    (void)state;
+    /* the child writes before this process opens anything (no threads yet
+     * to fork across); then each reads what the other wrote */
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char url[128];
+        ferry_remote_options o = opts_a();
+        o.key_prefix = "share:";
+        ferry_remote *c = NULL;
+        if (ferry_remote_open(ft_redis_url(&g_srv, 0, url, sizeof url), &o, &c))
+            _exit(2);
+        uint8_t buf[8192];
+        for (unsigned i = 0; i < 20; i++) {
+            char k[16];
+            snprintf(k, sizeof k, "child-%u", i);
+            ft_fill_pattern(buf, sizeof buf, 100 + i);
+            if (ferry_remote_put(c, k, strlen(k), buf, sizeof buf))
+                _exit(3);
+        }
+        if (ferry_remote_flush(c, 5000))
+            _exit(4);
+        ferry_remote_close(c);
+        _exit(0);
+    }
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    ferry_remote *r = open_a(&g_srv, 0, "share:");
+    uint8_t buf[8192];
+    for (unsigned i = 0; i < 20; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "child-%u", i);
+        assert_int_equal(ferry_remote_get(r, k, strlen(k), buf, sizeof buf), (int)sizeof buf);
+        assert_int_equal(ft_check_pattern(buf, sizeof buf, 100 + i), -1);
+    }
+    ft_fill_pattern(buf, sizeof buf, 77);
+    FT_ASSERT_OK(ferry_remote_put_sync(r, "parent", 6, buf, sizeof buf));
+    ferry_remote_close(r);
+    /* a second process reads what this one wrote */
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char url[128];
+        ferry_remote_options o = opts_a();
+        o.key_prefix = "share:";
+        ferry_remote *c = NULL;
+        if (ferry_remote_open(ft_redis_url(&g_srv, 0, url, sizeof url), &o, &c))
+            _exit(2);
+        uint8_t b2[8192];
+        int rc = ferry_remote_get(c, "parent", 6, b2, sizeof b2);
+        ferry_remote_close(c);
+        _exit(rc == (int)sizeof b2 && ft_check_pattern(b2, sizeof b2, 77) == -1 ? 0 : 5);
+    }
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
+static void unix_socket_and_database(void **state)
+{
+    (void)state;
+    char url[512];
+    snprintf(url, sizeof url, "unix://%s?db=2", g_srv.sock);
+    ferry_remote_options o = opts_a();
+    ferry_remote *u = NULL;
+    FT_ASSERT_OK(ferry_remote_open(url, &o, &u));
+    FT_ASSERT_OK(ferry_remote_put_sync(u, "in-db2", 6, "xyz", 3));
+    char dst[8];
+    assert_int_equal(ferry_remote_get(u, "in-db2", 6, dst, sizeof dst), 3);
+    assert_memory_equal(dst, "xyz", 3);
+    ferry_remote *d0 = open_a(&g_srv, 0, NULL);
+    ferry_remote *d2 = open_a(&g_srv, 2, NULL);
+    assert_int_equal(ferry_remote_get(d0, "in-db2", 6, dst, sizeof dst), FERRY_ENOTFOUND);
+    assert_int_equal(ferry_remote_get(d2, "in-db2", 6, dst, sizeof dst), 3);
+    ferry_remote_close(u);
+    ferry_remote_close(d0);
+    ferry_remote_close(d2);
+    /* a database the server does not have: SELECT's error is quoted */
+    ferry_remote *bad = NULL;
+    assert_int_equal(ferry_remote_open(ft_redis_url(&g_srv, 999, url, sizeof url), &o, &bad),
+                     FERRY_EREMOTE);
+    assert_null(bad);
+    assert_non_null(strstr(ferry_last_error(), "SELECT 999"));
+}
+
+static void ttl_is_applied(void **state)
+{
+    (void)state;
+    char url[128];
+    ferry_remote_options o = opts_a();
+    o.ttl_s = 1000;
+    o.key_prefix = "ttl:";
+    ferry_remote *r = NULL;
+    FT_ASSERT_OK(ferry_remote_open(ft_redis_url(&g_srv, 0, url, sizeof url), &o, &r));
+    FT_ASSERT_OK(ferry_remote_put(r, "a", 1, "x", 1));
+    FT_ASSERT_OK(ferry_remote_flush(r, 5000));
+    static const char *const ttl[] = {"TTL", "ttl:a", NULL};
+    char out[32];
+    assert_int_equal(ft_redis_cmd(&g_srv, out, sizeof out, ttl), REDIS_REPLY_INTEGER);
+    assert_true(atoi(out) > 900 && atoi(out) <= 1000);
+    ferry_remote_close(r);
+}
+
+static void bad_arguments(void **state)
+{
+    (void)state;
+    char url[128];
+    ferry_remote *r = NULL;
+    ferry_remote_options o = opts_a();
+    o.layout_len = FERRY_REMOTE_LAYOUT_MAX + 1;
+    assert_int_equal(ferry_remote_open(ft_redis_url(&g_srv, 0, url, sizeof url), &o, &r), -EINVAL);
+    o = opts_a();
+    o.size = 8;
+    assert_int_equal(ferry_remote_open(url, &o, &r), -EINVAL);
+    assert_int_equal(ferry_remote_open("redis://x:99999", NULL, &r), FERRY_EPARSE);
+    assert_int_equal(ferry_remote_open("rediss://x", NULL, &r), FERRY_ENOTSUP);
+    assert_null(r);
+    r = open_a(&g_srv, 0, NULL);
+    char big[FERRY_REMOTE_KEY_MAX + 1];
+    memset(big, 'k', sizeof big);
+    assert_int_equal(ferry_remote_put(r, big, sizeof big, "x", 1), -EINVAL);
+    assert_int_equal(ferry_remote_put(r, "", 0, "x", 1), -EINVAL);
+    assert_int_equal(ferry_remote_put(r, "k", 1, NULL, 5), -EINVAL);
+    assert_int_equal(ferry_remote_get(r, NULL, 3, big, 1), -EINVAL);
+    ferry_remote_metrics m;
+    memset(&m, 0, sizeof m);
+    assert_int_equal(ferry_remote_metrics_get(r, &m), -EINVAL);
+    ferry_remote_close(r);
+    ferry_remote_close(NULL);
+}
+
+static void out_of_memory_drops_and_leaks_nothing(void **state)
+{
+    (void)state;
+    char url[128];
+    ft_redis_url(&g_srv, 0, url, sizeof url);
+    ferry_remote_options o = opts_a();
+    /* open fails cleanly at every allocation until it succeeds */
+    int opened = 0;
+    for (uint64_t n = 1; n < 40 && !opened; n++) {
+        ft_alloc_install(n, 1);
+        ferry_remote *r = NULL;
+        int rc = ferry_remote_open(url, &o, &r);
+        if (rc == 0) {
+            ft_alloc_install(0, 0); /* close frees through the same allocator */
+            ferry_remote_close(r);
+            opened = 1;
+        } else {
+            assert_int_equal(rc, -ENOMEM);
+            assert_null(r);
+            assert_int_equal(ft_alloc_live(), 0);
+        }
+    }
+    assert_true(opened);
+    /* a put whose queue item cannot be allocated is dropped and counted */
+    ft_alloc_install(0, 0);
+    ferry_remote *r = NULL;
+    FT_ASSERT_OK(ferry_remote_open(url, &o, &r));
+    ft_alloc_install(1, 0); /* counters restart: fail the very next allocation */
+    assert_int_equal(ferry_remote_put(r, "oom", 3, "abc", 3), -ENOMEM);
+    assert_int_equal(ft_alloc_failures(), 1);
+    ft_alloc_install(0, 0);
+    assert_int_equal(metrics(r).dropped, 1);
+    ferry_remote_close(r);
+    ft_alloc_reset();
+}
+
+/* ---- a server that goes away ---- */
+
+static void stopped_server_degrades_then_reconnects(void **state)
+{
+    (void)state;
+    ft_redis s;
+    assert_int_equal(ft_redis_start(&s, NULL), 0);
+    char url[128];
+    ferry_remote_options o = opts_a();
+    o.backoff_initial_ms = 300; /* long enough for the checks made while down */
+    o.backoff_max_ms = 300;
+    ferry_remote *r = NULL;
+    FT_ASSERT_OK(ferry_remote_open(ft_redis_url(&s, 0, url, sizeof url), &o, &r));
+    char dst[16];
+    FT_ASSERT_OK(ferry_remote_put_sync(r, "k", 1, "before", 6));
+    assert_int_equal(ferry_remote_get(r, "k", 1, dst, sizeof dst), 6);
+
+    ft_redis_stop(&s);
+    /* the first call finds the connection dead: a miss, and the remote down */
+    assert_int_equal(ferry_remote_get(r, "k", 1, dst, sizeof dst), FERRY_ENOTFOUND);
+    ferry_remote_metrics m = metrics(r);
+    assert_int_equal(m.down, 1);
+    assert_true(m.errors >= 1);
+    /* while backing off, calls answer at once without touching the network */
+    uint64_t deg = m.degraded;
+    assert_int_equal(ferry_remote_get(r, "k", 1, dst, sizeof dst), FERRY_ENOTFOUND);
+    assert_non_null(strstr(ferry_last_error(), "answered as a miss"));
+    ferry_remote_key k = {"k", 1};
+    assert_int_equal(ferry_remote_exists(r, &k, 1), 0);
+    assert_int_equal(ferry_remote_put_sync(r, "k2", 2, "x", 1), -EAGAIN);
+    assert_int_equal(ferry_remote_delete(r, &k, 1), -EAGAIN);
+    assert_int_equal(metrics(r).degraded, deg + 4);
+
+    /* back on the same port (empty: no persistence): the client reconnects */
+    assert_int_equal(ft_redis_restart(&s), 0);
+    int ok = 0;
+    for (int i = 0; i < 400 && !ok; i++) {
+        ok = ferry_remote_put_sync(r, "k", 1, "after", 5) == 0;
+        if (!ok)
+            sleep_ms(10);
+    }
+    assert_true(ok);
+    assert_int_equal(ferry_remote_get(r, "k", 1, dst, sizeof dst), 5);
+    assert_memory_equal(dst, "after", 5);
+    m = metrics(r);
+    assert_int_equal(m.down, 0);
+    assert_true(m.reconnects >= 1);
+
+    /* a restart without a pause in between: the dead connection is noticed
+     * by EOF, reconnected and the call retried, without a miss */
+    ft_redis_stop(&s);
+    assert_int_equal(ft_redis_restart(&s), 0);
+    FT_ASSERT_OK(ferry_remote_put_sync(r, "k", 1, "again", 5));
+    assert_int_equal(ferry_remote_get(r, "k", 1, dst, sizeof dst), 5);
+    ferry_remote_close(r);
+    ft_redis_destroy(&s);
+}
+
+static void hung_server_times_out_then_answers_misses(void **state)
+{
+    (void)state;
+    ft_redis s;
+    assert_int_equal(ft_redis_start(&s, NULL), 0);
+    char url[128];
+    ferry_remote_options o = opts_a();
+    o.command_timeout_ms = 200;
+    o.backoff_initial_ms = 60000; /* stays down for the rest of the test */
+    o.backoff_max_ms = 60000;
+    ferry_remote *r = NULL;
+    FT_ASSERT_OK(ferry_remote_open(ft_redis_url(&s, 0, url, sizeof url), &o, &r));
+    FT_ASSERT_OK(ferry_remote_put_sync(r, "h", 1, "v", 1));
+    ft_redis_pause(&s);
+    char dst[4];
+    /* the first call waits for its timeout and fails as a miss */
+    assert_int_equal(ferry_remote_get(r, "h", 1, dst, sizeof dst), FERRY_ENOTFOUND);
+    assert_non_null(strstr(ferry_last_error(), "no answer within 200 ms"));
+    /* then every call is answered without waiting: none reaches the network */
+    uint64_t deg = metrics(r).degraded;
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(ferry_remote_get(r, "h", 1, dst, sizeof dst), FERRY_ENOTFOUND);
+    ferry_remote_metrics m = metrics(r);
+    assert_int_equal(m.degraded, deg + 100);
+    assert_int_equal(m.errors, 1);
+    ft_redis_resume(&s);
+    ferry_remote_close(r);
+    ft_redis_destroy(&s);
+}
+
+static void bounded_queue_drops_under_stopped_server(void **state)
+{
+    (void)state;
+    ft_redis s;
+    assert_int_equal(ft_redis_start(&s, NULL), 0);
+    char url[128];
+    ferry_remote_options o = opts_a();
+    o.queue_max_items = 4;
+    o.command_timeout_ms = 200;
+    ferry_remote *r = NULL;
+    FT_ASSERT_OK(ferry_remote_open(ft_redis_url(&s, 0, url, sizeof url), &o, &r));
+    uint8_t v[1000];
+    ft_fill_pattern(v, sizeof v, 9);
+    /* a hung server: the writer waits on its timeout, the queue fills and
+     * further puts are refused at once */
+    ft_redis_pause(&s);
+    int queued = 0, full = 0;
+    for (int i = 0; i < 200; i++) {
+        int rc = ferry_remote_put(r, "q", 1, v, sizeof v);
+        if (rc == 0)
+            queued++;
+        else {
+            assert_int_equal(rc, FERRY_ENOSPACE);
+            full++;
+        }
+    }
+    assert_true(full > 0);
+    assert_true(queued >= 4);
+    ferry_remote_metrics m = metrics(r);
+    assert_true(m.queue_items <= 4);
+    assert_true(m.queue_bytes <= 4 * (sizeof v + 200));
+    /* stopped outright: everything queued is dropped, nothing blocks */
+    ft_redis_stop(&s);
+    for (int i = 0; i < 200; i++) {
+        int rc = ferry_remote_put(r, "q", 1, v, sizeof v);
+        assert_true(rc == 0 || rc == FERRY_ENOSPACE);
+        if (rc == 0)
+            queued++;
+        else
+            full++;
+    }
+    FT_ASSERT_OK(ferry_remote_flush(r, 10000));
+    m = metrics(r);
+    assert_int_equal(m.puts, (uint64_t)queued);
+    assert_int_equal(m.puts_written + m.dropped, 400);
+    assert_true(m.dropped >= (uint64_t)full);
+    assert_int_equal(m.queue_items, 0);
+    assert_int_equal(m.queue_bytes, 0);
+    ferry_remote_close(r);
+    ft_redis_destroy(&s);
+}
+
+static void unreachable_server_lazy_or_not(void **state)
+{
+    (void)state;
+    ft_redis s;
+    assert_int_equal(ft_redis_start(&s, NULL), 0);
+    char url[128];
+    ft_redis_url(&s, 0, url, sizeof url);
+    ft_redis_stop(&s); /* nobody listens on that port now */
+    ferry_remote_options o = opts_a();
+    ferry_remote *r = NULL;
+    assert_int_equal(ferry_remote_open(url, &o, &r), -ECONNREFUSED);
+    assert_null(r);
+    assert_non_null(strstr(ferry_last_error(), "connect"));
+    o.flags = FERRY_REMOTE_LAZY;
+    FT_ASSERT_OK(ferry_remote_open(url, &o, &r));
+    char dst[4];
+    assert_int_equal(ferry_remote_get(r, "k", 1, dst, sizeof dst), FERRY_ENOTFOUND);
+    assert_int_equal(metrics(r).down, 1);
+    assert_int_equal(ft_redis_restart(&s), 0);
+    int ok = 0;
+    for (int i = 0; i < 400 && !ok; i++) {
+        ok = ferry_remote_put_sync(r, "k", 1, "v", 1) == 0;
+        if (!ok)
+            sleep_ms(10);
+    }
+    assert_true(ok);
+    assert_int_equal(ferry_remote_get(r, "k", 1, dst, sizeof dst), 1);
+    ferry_remote_close(r);
+    ft_redis_destroy(&s);
+}
+
+static void passwords_and_acl_users(void **state)
+{
+    (void)state;
+    static const char *const args[] = {"--requirepass", "s3cret", NULL};
+    ft_redis s;
+    assert_int_equal(ft_redis_start(&s, args), 0);
+    ferry_remote_options o = opts_a();
+    ferry_remote *r = NULL;
+    char url[256];
+    snprintf(url, sizeof url, "redis://:wrong@127.0.0.1:%d/0", s.port);
+    assert_int_equal(ferry_remote_open(url, &o, &r), FERRY_EREMOTE);
+    assert_null(r);
+    assert_non_null(strstr(ferry_last_error(), "AUTH"));
+    assert_non_null(strstr(ferry_last_error(), "WRONGPASS"));
+    assert_null(strstr(ferry_last_error(), "wrong"));
+    /* a wrong password is refused even with FERRY_REMOTE_LAZY: it is not transient */
+    o.flags = FERRY_REMOTE_LAZY;
+    assert_int_equal(ferry_remote_open(url, &o, &r), FERRY_EREMOTE);
+    o.flags = 0;
+
+    snprintf(url, sizeof url, "redis://:s3cret@127.0.0.1:%d/0", s.port);
+    FT_ASSERT_OK(ferry_remote_open(url, &o, &r));
+    assert_null(strstr(ferry_remote_url(r), "s3cret"));
+    FT_ASSERT_OK(ferry_remote_put_sync(r, "p", 1, "ok", 2));
+    ferry_remote_close(r);
+
+    /* no password: the server's NOAUTH comes back as FERRY_EREMOTE */
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d/0", s.port);
+    FT_ASSERT_OK(ferry_remote_open(url, &o, &r));
+    char dst[4];
+    assert_int_equal(ferry_remote_get(r, "p", 1, dst, sizeof dst), FERRY_EREMOTE);
+    assert_non_null(strstr(ferry_remote_last_error(r), "NOAUTH"));
+    ferry_remote_close(r);
+
+    /* an ACL user */
+    static const char *const acl[] = {"AUTH", "s3cret", NULL};
+    (void)acl;
+    redisContext *c = redisConnect("127.0.0.1", s.port);
+    redisReply *rep = redisCommand(c, "AUTH s3cret");
+    freeReplyObject(rep);
+    rep = redisCommand(c, "ACL SETUSER alice on >al1ce ~* +@all");
+    assert_int_equal(rep->type, REDIS_REPLY_STATUS);
+    freeReplyObject(rep);
+    redisFree(c);
+    snprintf(url, sizeof url, "redis://alice:al1ce@127.0.0.1:%d/0", s.port);
+    FT_ASSERT_OK(ferry_remote_open(url, &o, &r));
+    assert_int_equal(ferry_remote_get(r, "p", 1, dst, sizeof dst), 2);
+    ferry_remote_close(r);
+    snprintf(url, sizeof url, "redis://alice:nope@127.0.0.1:%d/0", s.port);
+    assert_int_equal(ferry_remote_open(url, &o, &r), FERRY_EREMOTE);
+    assert_non_null(strstr(ferry_last_error(), "AUTH as user alice"));
+    ft_redis_destroy(&s);
+}
+
+/* ---- threads ---- */
+
+typedef struct worker_arg {
+    ferry_remote *r;
+    unsigned seed;
+    int bad;
+} worker_arg;
+
+#define NKEYS 16
+#define VLEN 4096
+
+static void *worker(void *p)
+{
+    worker_arg *a = p;
+    uint8_t buf[VLEN];
+    for (int i = 0; i < 150; i++) {
+        unsigned k = rand_r(&a->seed) % NKEYS;
+        char key[16];
+        snprintf(key, sizeof key, "t%u", k);
+        int op = (int)(rand_r(&a->seed) % 4);
+        if (op == 0) {
+            ft_fill_pattern(buf, VLEN, k); /* the value of a key never changes */
+            int rc = ferry_remote_put(a->r, key, strlen(key), buf, VLEN);
+            if (rc != 0 && rc != FERRY_ENOSPACE)
+                a->bad++;
+        } else if (op == 1) {
+            int rc = ferry_remote_get(a->r, key, strlen(key), buf, VLEN);
+            if (rc == VLEN) {
+                if (ft_check_pattern(buf, VLEN, k) != -1)
+                    a->bad++;
+            } else if (rc != FERRY_ENOTFOUND)
+                a->bad++;
+        } else if (op == 2) {
+            ferry_remote_key ks[4];
+            char names[4][16];
+            for (int j = 0; j < 4; j++) {
+                snprintf(names[j], sizeof names[j], "t%u", (k + (unsigned)j) % NKEYS);
+                ks[j].data = names[j];
+                ks[j].len = strlen(names[j]);
+            }
+            int rc = ferry_remote_exists(a->r, ks, 4);
+            if (rc < 0 || rc > 4)
+                a->bad++;
+        } else {
+            ferry_remote_key kk = {key, strlen(key)};
+            int rc = ferry_remote_delete(a->r, &kk, 1);
+            if (rc < 0 || rc > 1)
+                a->bad++;
+        }
+    }
+    return NULL;
+}
+
+static void threads_share_one_handle(void **state)
+{
+    (void)state;
+    char url[128];
+    ferry_remote_options o = opts_a();
+    o.connections = 2; /* fewer connections than threads: they wait their turn */
+    o.key_prefix = "thr:";
+    ferry_remote *r = NULL;
+    FT_ASSERT_OK(ferry_remote_open(ft_redis_url(&g_srv, 0, url, sizeof url), &o, &r));
+    pthread_t th[4];
+    worker_arg args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (worker_arg){r, (unsigned)i * 7919u + 1, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, worker, &args[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(args[i].bad, 0);
+    }
+    FT_ASSERT_OK(ferry_remote_flush(r, 10000));
+    ferry_remote_metrics m = metrics(r);
+    assert_int_equal(m.errors, 0);
+    assert_int_equal(m.corrupt + m.mismatched, 0);
+    assert_int_equal(m.puts, m.puts_written);
+    ferry_remote_close(r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest offline[] = {
+        cmocka_unit_test(url_valid_forms),
+        cmocka_unit_test(url_invalid_forms),
+        cmocka_unit_test(value_codec_checks_every_field),
+        cmocka_unit_test(key_slot_known_vectors),
+    };
+    const struct CMUnitTest online[] = {
+        cmocka_unit_test(round_trip_sync_and_async),
+        cmocka_unit_test(missing_key_is_a_miss),
+        cmocka_unit_test(corruption_is_detected),
+        cmocka_unit_test(other_layout_or_key_is_refused),
+        cmocka_unit_test(server_error_replies),
+        cmocka_unit_test(exists_counts_leading_keys_and_delete),
+        cmocka_unit_test(two_processes_share_chunks),
+        cmocka_unit_test(unix_socket_and_database),
+        cmocka_unit_test(ttl_is_applied),
+        cmocka_unit_test(bad_arguments),
+        cmocka_unit_test(out_of_memory_drops_and_leaks_nothing),
+        cmocka_unit_test(stopped_server_degrades_then_reconnects),
+        cmocka_unit_test(hung_server_times_out_then_answers_misses),
+        cmocka_unit_test(bounded_queue_drops_under_stopped_server),
+        cmocka_unit_test(unreachable_server_lazy_or_not),
+        cmocka_unit_test(passwords_and_acl_users),
+        cmocka_unit_test(threads_share_one_handle),
+    };
+    int rc = cmocka_run_group_tests_name("remote_offline", offline, NULL, NULL);
+    if (!ft_redis_available()) {
+        fprintf(stderr, "redis-server not installed: skipping the server tests\n");
+        return rc ? rc : 77;
+    }
+    return rc | cmocka_run_group_tests_name("remote_server", online, srv_setup, srv_teardown);
+}
