@@ -14,6 +14,7 @@
 #include "ferry/device.h"
 #include "ferry/io.h"
 #include "ferry/remote.h"
+#include "ferry/moe.h"
 #include "ferry/slab.h"
 #include "ferry/gds.h"
 #include "ferry/kv.h"

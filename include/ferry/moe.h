@@ -1,0 +1,430 @@
+/*
+ * ferry/moe.h - the MoE expert slot cache: routing traces, a planner with
+ * pluggable eviction policies, an executor that moves expert rows into
+ * device slots, and trace replay against Belady's MIN.
+ *
+ * The model: num_layers MoE layers of num_experts experts each, top_k
+ * experts routed per token per layer. An expert's global id is
+ * layer * num_experts + expert. One pool of `slots` device slots is shared
+ * by all layers; slots >= num_experts so that a prefill layer fits.
+ *
+ * The planner (ferry_moe_planner) decides residency and holds no device
+ * memory. For each layer of each step the engine calls
+ * ferry_moe_planner_ensure() with the router's choice and gets a slot per
+ * route plus a copy plan (dst slots, layer-local source rows). The executor
+ * (ferry_moe_slots) validates a copy plan whole, then moves the rows from a
+ * rows source (pinned host banks or an NVMe file) into the slots through a
+ * slot device (ops table: the core's ferry_device, or your own). After a
+ * failed write or flush the executor reports which slots are unknown and
+ * the caller tells the planner to forget them (ferry_moe_planner_forget),
+ * so the two always agree on every occupant (ferry_moe_check walks both).
+ *
+ * Thread-safety: every object here is used by one thread at a time; distinct
+ * objects are independent. Traces are immutable after loading and may be
+ * read from several threads.
+ */
+#ifndef FERRY_MOE_H
+#define FERRY_MOE_H
+
+#include "core.h"
+#include "device.h"
+#include "io.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** No expert / no slot. */
+#define FERRY_MOE_NONE UINT32_MAX
+/** Most banks (gate, up, down, ...) an expert row may have. */
+#define FERRY_MOE_MAX_BANKS 4
+
+/* ======================================================================
+ * Routing traces
+ * ====================================================================== */
+
+typedef struct ferry_moe_trace ferry_moe_trace;
+
+/** A trace's model shape (the header record). */
+typedef struct ferry_moe_model {
+    char name[64];         /**< "deepseek-v3", "capture", ... */
+    uint32_t num_layers;
+    uint32_t num_experts;  /**< per layer */
+    uint32_t top_k;        /**< widest route seen or declared */
+    uint64_t expert_bytes; /**< bytes of one expert (all banks); 0 if unknown */
+} ferry_moe_model;
+
+/**
+ * Load a routing trace (JSON Lines) from path. Two forms are read:
+ *  - ferry's: a header {"model":S,"num_layers":N,"num_experts":N,"top_k":N
+ *    [,"expert_bytes":N]} then one {"token":T,"layer":L,"experts":[..]}
+ *    per token per layer;
+ *  - vLLM-style captures: {"layer":"model.layers.N.mlp.gate","topk_ids":
+ *    [[..],[..]]}, one list per token of a batch; the token index is the
+ *    count of tokens seen before at that layer. A header is optional; the
+ *    shape is inferred from the largest layer and expert ids when absent.
+ * Steps are replayed in (token, layer) order, file order within ties.
+ * Blank lines are skipped. Errors: FERRY_EPARSE with a message naming the
+ * line number and the field (a malformed line, an expert id >= num_experts,
+ * a layer >= num_layers, an empty route); -errno when the file cannot be
+ * read; -ENOMEM. *out is the caller's, freed with ferry_moe_trace_destroy.
+ */
+FERRY_API int ferry_moe_trace_load(const char *path, ferry_moe_trace **out);
+/** The same from a buffer (len bytes; need not be NUL-terminated). */
+FERRY_API int ferry_moe_trace_parse(const char *buf, size_t len, ferry_moe_trace **out);
+/** An empty trace of the given shape, to append to. */
+FERRY_API int ferry_moe_trace_create(const ferry_moe_model *model, ferry_moe_trace **out);
+/**
+ * Append one step (token, layer, n experts). Errors: -EINVAL for a layer or
+ * expert out of range or n == 0 (nothing appended); -ENOMEM.
+ */
+FERRY_API int ferry_moe_trace_append(ferry_moe_trace *t, uint32_t token, uint32_t layer,
+                                     const uint32_t *experts, uint32_t n);
+/** Write t as ferry JSON Lines (header first). -errno on I/O failure. */
+FERRY_API int ferry_moe_trace_save(const ferry_moe_trace *t, const char *path);
+/** NULL does nothing. */
+FERRY_API void ferry_moe_trace_destroy(ferry_moe_trace *t);
+FERRY_API const ferry_moe_model *ferry_moe_trace_model(const ferry_moe_trace *t);
+/** Number of steps (one token at one layer). */
+FERRY_API size_t ferry_moe_trace_steps(const ferry_moe_trace *t);
+/** Number of distinct tokens (max token index + 1). */
+FERRY_API uint32_t ferry_moe_trace_tokens(const ferry_moe_trace *t);
+/**
+ * Step i in replay order: its token, layer and routed experts (pointer
+ * into the trace, valid while it lives). -EINVAL when i is out of range.
+ */
+FERRY_API int ferry_moe_trace_step(const ferry_moe_trace *t, size_t i, uint32_t *token,
+                                   uint32_t *layer, const uint32_t **experts, uint32_t *n);
+
+/** Options of the synthetic trace generator. */
+typedef struct ferry_moe_gen_options {
+    size_t size;          /**< sizeof(ferry_moe_gen_options) */
+    const char *model;    /**< preset: "deepseek-v3" (NULL), "qwen3-30b-a3b",
+                               "mixtral-8x7b", "small" */
+    uint32_t tokens;      /**< tokens to generate; 0 -> 512 */
+    uint64_t seed;        /**< same seed, same trace */
+    /* 0 keeps the preset's value */
+    uint32_t num_layers, num_experts, top_k;
+} ferry_moe_gen_options;
+#define FERRY_MOE_GEN_OPTIONS_INIT {sizeof(ferry_moe_gen_options), NULL, 0, 1, 0, 0, 0}
+
+/**
+ * Generate a realistic synthetic routing trace, calibrated to published
+ * routing statistics: per-layer popularity skew (Zipf), temporal reuse
+ * (about 45% of selections repeat at the next token, 80% within 8, median
+ * reuse distance about 2 tokens), cross-layer correlation (an expert at
+ * layer l pulls a fixed partner at layer l+1) and locality that is weaker
+ * at the first and last layers (U-shaped miss rates over depth).
+ * Deterministic for a given seed. Errors: -EINVAL (unknown preset, zero
+ * sizes, top_k > num_experts), -ENOMEM.
+ */
+FERRY_API int ferry_moe_trace_generate(const ferry_moe_gen_options *opt, ferry_moe_trace **out);
+/** The generator's preset names, NULL-terminated. */
+FERRY_API const char *const *ferry_moe_gen_presets(void);
+
+/* ======================================================================
+ * Planner
+ * ====================================================================== */
+
+typedef struct ferry_moe_planner ferry_moe_planner;
+
+typedef struct ferry_moe_planner_options {
+    size_t size;           /**< sizeof(ferry_moe_planner_options) */
+    uint32_t num_layers;
+    uint32_t num_experts;  /**< per layer */
+    uint32_t slots;        /**< >= num_experts */
+    const char *policy;    /**< see ferry_moe_policies(); NULL -> "lru" */
+    /** The future, for "belady" only (required there, ignored otherwise):
+     * ensure() must then be called with exactly this trace's steps in order. */
+    const ferry_moe_trace *oracle;
+} ferry_moe_planner_options;
+#define FERRY_MOE_PLANNER_OPTIONS_INIT {sizeof(ferry_moe_planner_options), 0, 0, 0, NULL, NULL}
+
+/** Policy names, NULL-terminated: "lru", "lru-layer", "lfu", "lfru",
+ * "s3fifo", "routing", "belady". */
+FERRY_API const char *const *ferry_moe_policies(void);
+/** One line describing a policy, or NULL when unknown. */
+FERRY_API const char *ferry_moe_policy_describe(const char *name);
+
+/** A copy plan: row src_rows[i] of `layer` goes into slot dst_slots[i]. */
+typedef struct ferry_moe_copy_plan {
+    uint32_t layer;
+    uint32_t n;
+    const uint32_t *dst_slots;
+    const uint32_t *src_rows;  /**< layer-local expert indices */
+} ferry_moe_copy_plan;
+
+/** A gather plan: slot src_slots[i] is copied onto dst_slots[i] on the device. */
+typedef struct ferry_moe_gather_plan {
+    uint32_t n;
+    const uint32_t *dst_slots;
+    const uint32_t *src_slots;
+} ferry_moe_gather_plan;
+
+/** What one ensure() decided. */
+typedef struct ferry_moe_counts {
+    uint32_t active;   /**< distinct experts routed */
+    uint32_t missing;  /**< of those, not resident when the step started */
+    uint32_t fetched;  /**< rows the copy plan moves (== missing) */
+    uint32_t prefetch_hits; /**< of the resident ones, brought in by a prefetch */
+} ferry_moe_counts;
+
+/** Running totals of a planner. */
+typedef struct ferry_moe_planner_stats {
+    uint64_t steps, routes, hits, misses, evictions, forgotten;
+    uint64_t prefetch_requests; /**< experts asked for by prefetch() */
+    uint64_t prefetch_fetched;  /**< of those, rows planned (not resident) */
+    uint64_t prefetch_hits;     /**< prefetched experts later routed while resident */
+    uint64_t prefetch_wasted;   /**< prefetched experts evicted or forgotten unused */
+} ferry_moe_planner_stats;
+
+/**
+ * Create a planner. Errors: -EINVAL (zero sizes, slots < num_experts,
+ * unknown policy, "belady" without an oracle or with an oracle of another
+ * shape), -ENOMEM. Destroy with ferry_moe_planner_destroy.
+ */
+FERRY_API int ferry_moe_planner_create(const ferry_moe_planner_options *opt,
+                                       ferry_moe_planner **out);
+FERRY_API void ferry_moe_planner_destroy(ferry_moe_planner *p);
+FERRY_API const char *ferry_moe_planner_last_error(const ferry_moe_planner *p);
+FERRY_API const char *ferry_moe_planner_policy(const ferry_moe_planner *p);
+FERRY_API uint32_t ferry_moe_planner_slots(const ferry_moe_planner *p);
+
+/**
+ * One layer of one step: make every routed expert resident. Duplicate
+ * routes are collapsed; every expert of this step is unevictable while the
+ * step's misses are placed; free slots go lowest index first, victims come
+ * from the policy (ties: lowest slot index). slots_out[i] (n entries, may
+ * be NULL) gets the slot of experts[i]; *plan (may be NULL) gets the copy
+ * plan, whose arrays are the planner's and valid until its next call;
+ * *counts (may be NULL) gets the counts. Returns the number of rows to copy.
+ * Errors (nothing changes): -EINVAL for layer >= num_layers, n == 0, an
+ * expert >= num_experts, or (belady) a step that is not the oracle's next.
+ */
+FERRY_API int ferry_moe_planner_ensure(ferry_moe_planner *p, uint32_t layer,
+                                       const uint32_t *experts, uint32_t n, uint32_t *slots_out,
+                                       ferry_moe_copy_plan *plan, ferry_moe_counts *counts);
+/**
+ * Bring predicted experts of `layer` in ahead of need (e.g. the next
+ * layer's likely routes). Experts already resident are left alone; a
+ * prefetch never evicts an expert of the current step (the last ensure())
+ * nor one named in this call. Does not advance the step and counts no
+ * hits or misses. *plan as for ensure(). Returns the rows to copy.
+ * Errors as ensure(); -ENOTSUP for "belady".
+ */
+FERRY_API int ferry_moe_planner_prefetch(ferry_moe_planner *p, uint32_t layer,
+                                         const uint32_t *experts, uint32_t n,
+                                         ferry_moe_copy_plan *plan);
+/**
+ * Materialise a whole layer (prefill): ensure() of every expert of layer.
+ * Same returns and plan as ensure().
+ */
+FERRY_API int ferry_moe_planner_prefill(ferry_moe_planner *p, uint32_t layer,
+                                        ferry_moe_copy_plan *plan, ferry_moe_counts *counts);
+/**
+ * The slot's occupant is no longer trusted (its copy failed): it becomes
+ * free and the expert non-resident. Forgetting a free slot is a no-op.
+ * -EINVAL when slot >= slots.
+ */
+FERRY_API int ferry_moe_planner_forget(ferry_moe_planner *p, uint32_t slot);
+/**
+ * Change the slot budget. Growing adds free slots. Shrinking drops the
+ * occupants of slots >= new_slots (returns how many were dropped; the
+ * executor must be resized to match). -EINVAL when new_slots < num_experts,
+ * -ENOMEM (nothing changes).
+ */
+FERRY_API int ferry_moe_planner_resize(ferry_moe_planner *p, uint32_t new_slots);
+/** The global expert id in slot, or FERRY_MOE_NONE (also when out of range). */
+FERRY_API uint32_t ferry_moe_planner_occupant(const ferry_moe_planner *p, uint32_t slot);
+/** The slot holding (layer, expert), or FERRY_MOE_NONE. */
+FERRY_API uint32_t ferry_moe_planner_lookup(const ferry_moe_planner *p, uint32_t layer,
+                                            uint32_t expert);
+FERRY_API void ferry_moe_planner_get_stats(const ferry_moe_planner *p,
+                                           ferry_moe_planner_stats *out);
+
+/* ======================================================================
+ * Executor: expert slots on a device
+ * ====================================================================== */
+
+/** How a plan's rows are laid out in host memory (ferrox's CopyRoute). */
+enum ferry_moe_route {
+    FERRY_MOE_ROUTE_PER_ROW = 0,            /**< pinned rows, one copy each */
+    FERRY_MOE_ROUTE_WHOLE_LAYER_PAGEABLE = 1 /**< a pageable layer staged whole */
+};
+
+/**
+ * A slot device: where slot memory lives and how bytes get there (the
+ * seed's SlotDevice). Every function returns 0 or a negative code and
+ * should record a message with ferry_last_error()'s thread buffer (any
+ * ferry call that failed does). write_slot/copy_slot may be asynchronous:
+ * they only have to have landed when flush returns 0.
+ */
+typedef struct ferry_moe_slot_device_ops {
+    size_t size;  /**< sizeof(ferry_moe_slot_device_ops) */
+    /** Called once per non-empty plan before its first copy. */
+    int (*begin_plan)(void *ctx, int route);
+    /** Copy n host bytes into bank's slot. */
+    int (*write_slot)(void *ctx, uint32_t bank, uint32_t slot, const void *src, size_t n);
+    /** Copy bank's slot src onto slot dst (never equal), on the device. */
+    int (*copy_slot)(void *ctx, uint32_t bank, uint32_t dst, uint32_t src);
+    /** Read n bytes of file at off straight into bank's slot; NULL: the
+     * executor stages through host memory and calls write_slot. */
+    int (*read_file)(void *ctx, uint32_t bank, uint32_t slot, ferry_io *io, ferry_file *f,
+                     uint64_t off, size_t n);
+    /** Wait until every copy since begin_plan has landed. */
+    int (*flush)(void *ctx);
+    /** Free the context (called by ferry_moe_slots_destroy); may be NULL. */
+    void (*destroy)(void *ctx);
+} ferry_moe_slot_device_ops;
+
+/** The slot pool's geometry (ferrox's SlotGeometry). */
+typedef struct ferry_moe_geometry {
+    size_t size;        /**< sizeof(ferry_moe_geometry) */
+    uint32_t num_layers;
+    uint32_t num_experts; /**< rows per layer in a rows source */
+    uint32_t slots;
+    uint32_t banks;     /**< 1..FERRY_MOE_MAX_BANKS */
+    size_t row_bytes[FERRY_MOE_MAX_BANKS];
+} ferry_moe_geometry;
+#define FERRY_MOE_GEOMETRY_INIT {sizeof(ferry_moe_geometry), 0, 0, 0, 0, {0, 0, 0, 0}}
+
+/**
+ * Open a slot device on a ferry_device: the pool is ONE device allocation
+ * per bank (an arena of slots * row_bytes, each row 256-byte aligned),
+ * allocated up front; copies are queued on a stream of dev and flush
+ * synchronises it; read_file reads through ferry_io_read_dev. Works on the
+ * host and cuda backends. The ops and ctx go to ferry_moe_slots_create,
+ * which then owns ctx. Errors: -EINVAL, -ENOMEM, device errors.
+ */
+FERRY_API int ferry_moe_device_slots_open(ferry_device *dev, const ferry_moe_geometry *g,
+                                          const ferry_moe_slot_device_ops **ops, void **ctx);
+/** The device address of bank's slot in such a context (0 when out of range). */
+FERRY_API ferry_devptr ferry_moe_device_slot_ptr(void *ctx, uint32_t bank, uint32_t slot);
+
+/** A rows source: where the experts' rows come from. */
+typedef struct ferry_moe_rows ferry_moe_rows;
+
+/**
+ * Host banks: the caller's memory, bank b of layer l row r at
+ * base[b] + ((size_t)l * num_experts + r) * row_bytes[b]. The memory stays
+ * the caller's and must outlive the source. With dev non-NULL the banks
+ * are pinned with ferry_device_pin up to pin_budget bytes (0: env
+ * FERRY_MOE_PIN_BUDGET, else unlimited); layers that do not fit fall back
+ * to mlock ("locked"), then stay pageable; ferry_moe_rows_class() says
+ * which. Errors: -EINVAL, -ENOMEM.
+ */
+FERRY_API int ferry_moe_rows_host(const ferry_moe_geometry *g, void *const *base,
+                                  ferry_device *dev, uint64_t pin_budget, ferry_moe_rows **out);
+/**
+ * An NVMe file holding the rows in the same layout as host banks, bank
+ * after bank: bank b starts at file offset bank_off[b] (NULL: packed, bank
+ * b after bank b-1). Rows are read through io straight into slots when the
+ * slot device can (read_file), else through a staging buffer. The file is
+ * opened by this call (FERRY_FILE_DIRECT when every row is 4096-aligned)
+ * and closed by ferry_moe_rows_destroy. Errors: -errno, -EINVAL,
+ * FERRY_EMISMATCH (file too short for the geometry).
+ */
+FERRY_API int ferry_moe_rows_file(const ferry_moe_geometry *g, ferry_io *io, const char *path,
+                                  const uint64_t *bank_off, ferry_moe_rows **out);
+/** NULL does nothing. Unpins/unlocks what ferry_moe_rows_host pinned. */
+FERRY_API void ferry_moe_rows_destroy(ferry_moe_rows *r);
+
+enum ferry_moe_residency {
+    FERRY_MOE_PINNED = 0,   /**< page-locked and registered for DMA */
+    FERRY_MOE_LOCKED = 1,   /**< mlock'ed, not registered */
+    FERRY_MOE_PAGEABLE = 2, /**< ordinary memory */
+    FERRY_MOE_ON_FILE = 3   /**< rows on NVMe */
+};
+/** The residency class of a layer's rows (FERRY_MOE_*), -EINVAL if out of range. */
+FERRY_API int ferry_moe_rows_class(const ferry_moe_rows *r, uint32_t layer);
+
+typedef struct ferry_moe_slots ferry_moe_slots;
+
+/** Executor totals. */
+typedef struct ferry_moe_slots_stats {
+    uint64_t plans, warm_plans, gather_plans;
+    uint64_t host_rows, host_bytes;     /**< crossed the link (host or file -> slot) */
+    uint64_t device_rows, device_bytes; /**< slot -> slot on the device */
+    uint64_t failed_writes, failed_flushes;
+} ferry_moe_slots_stats;
+
+/**
+ * The executor over a slot device. Takes ownership of ctx (ops->destroy is
+ * called on it by ferry_moe_slots_destroy, and on failure here). Errors:
+ * -EINVAL (geometry: zero layers/slots, banks outside 1..4, a zero row
+ * width; ops without write_slot, copy_slot or flush), -ENOMEM.
+ */
+FERRY_API int ferry_moe_slots_create(const ferry_moe_geometry *g,
+                                     const ferry_moe_slot_device_ops *ops, void *ctx,
+                                     ferry_moe_slots **out);
+FERRY_API void ferry_moe_slots_destroy(ferry_moe_slots *s);
+FERRY_API const char *ferry_moe_slots_last_error(const ferry_moe_slots *s);
+/** The device context the executor was created with. */
+FERRY_API void *ferry_moe_slots_device(const ferry_moe_slots *s);
+
+/**
+ * Apply a copy plan: validated whole first (-EINVAL, nothing moves: halves
+ * of the plan are one array pair so only n is checked, layer in range,
+ * every slot in range and none named twice, every row present in rows and
+ * exactly its bank's width - FERRY_EMISMATCH for a width). An empty plan is
+ * a warm step: no device call at all. Each slot's occupant is cleared
+ * before its first write and set after all its banks landed and the plan
+ * flushed. A failed write leaves that slot (and the plan's later slots)
+ * unknown; a failed flush leaves every slot of the plan unknown.
+ * unknown_out (may be NULL, room for plan->n) receives the slots left
+ * unknown by a failure and *n_unknown their count: pass each to
+ * ferry_moe_planner_forget(). Returns the rows applied (0 for warm).
+ */
+FERRY_API int ferry_moe_slots_apply(ferry_moe_slots *s, const ferry_moe_copy_plan *plan,
+                                    const ferry_moe_rows *rows, uint32_t *unknown_out,
+                                    uint32_t *n_unknown);
+/**
+ * Apply a gather plan (slot -> slot on the device). Refuses (-EINVAL,
+ * nothing moves) a source whose occupant is unknown, a slot out of range,
+ * a destination named twice, a destination that is also a source, or
+ * src == dst. Billed to device bytes, never host bytes. Failures as apply.
+ */
+FERRY_API int ferry_moe_slots_gather(ferry_moe_slots *s, const ferry_moe_gather_plan *plan,
+                                     uint32_t *unknown_out, uint32_t *n_unknown);
+/** Occupant (global expert id) of slot, FERRY_MOE_NONE when unknown. */
+FERRY_API uint32_t ferry_moe_slots_occupant(const ferry_moe_slots *s, uint32_t slot);
+/** Mark a slot unknown (e.g. after the planner dropped it). */
+FERRY_API int ferry_moe_slots_invalidate(ferry_moe_slots *s, uint32_t slot);
+FERRY_API void ferry_moe_slots_get_stats(const ferry_moe_slots *s, ferry_moe_slots_stats *out);
+
+/**
+ * Walk planner and executor and check they agree on every occupant: each
+ * slot the executor knows holds what the planner says, and each slot the
+ * planner holds is known to the executor. Returns 0, or FERRY_EMISMATCH
+ * with a message naming the first slot where they disagree.
+ */
+FERRY_API int ferry_moe_check(const ferry_moe_planner *p, const ferry_moe_slots *s);
+
+/* ======================================================================
+ * Replay
+ * ====================================================================== */
+
+typedef struct ferry_moe_replay_result {
+    char policy[32];
+    uint32_t slots;
+    uint64_t steps, hits, misses;
+    double hit_rate;      /**< hits / (hits + misses) */
+    uint64_t host_bytes;  /**< misses * expert_bytes */
+    uint64_t evictions;
+    double ns_per_step;   /**< planner time per step */
+} ferry_moe_replay_result;
+
+/**
+ * Replay trace t through a planner of `slots` slots and `policy` (belady
+ * included): a step is one token at one layer; hits and misses count the
+ * step's distinct experts, a hit being resident when the step starts.
+ * host_bytes uses expert_bytes (0: the trace's). Errors as
+ * ferry_moe_planner_create.
+ */
+FERRY_API int ferry_moe_replay(const ferry_moe_trace *t, const char *policy, uint32_t slots,
+                               uint64_t expert_bytes, ferry_moe_replay_result *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

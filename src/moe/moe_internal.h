@@ -1,0 +1,142 @@
+/*
+ * moe_internal.h - private pieces of the MoE layer: an indexed heap over
+ * slots and the eviction-policy interface the planner drives.
+ *
+ * A policy sees slots, never device memory. The planner owns occupancy
+ * (which expert is in which slot) and pinning (pin_step[slot] == *step
+ * means the slot holds an expert of the current step and must not be
+ * evicted); a policy only orders resident slots and names a victim. Every
+ * victim choice is O(log n) or O(1) amortised: heaps with a (key, slot)
+ * order, or intrusive FIFO lists.
+ */
+#ifndef FERRY_MOE_INTERNAL_H
+#define FERRY_MOE_INTERNAL_H
+
+#include <stdint.h>
+
+#include "core.h"
+#include "ferry/moe.h"
+
+/* ---- indexed binary min-heap over slot numbers ----
+ * Order: key ascending, then slot ascending (the deterministic tie-break
+ * ferrox uses, so a GPU kernel and a CPU reference agree). pos[] and key[]
+ * may be shared by several heaps whose members are disjoint (per-layer
+ * heaps): each slot is in at most one of them. */
+typedef struct ferry__heap {
+    uint32_t *h;    /* heap array of slots */
+    uint32_t n, cap;
+    uint32_t *pos;  /* pos[slot] = index in h, UINT32_MAX if absent */
+    double *key;    /* key[slot] */
+} ferry__heap;
+
+int ferry__heap_init(ferry__heap *hp, uint32_t cap, uint32_t *pos, double *key);
+void ferry__heap_fini(ferry__heap *hp);
+/* insert or update; -ENOMEM only when a growable heap cannot grow */
+int ferry__heap_set(ferry__heap *hp, uint32_t slot, double key);
+void ferry__heap_remove(ferry__heap *hp, uint32_t slot);
+int ferry__heap_contains(const ferry__heap *hp, uint32_t slot);
+/* the minimum's slot, UINT32_MAX when empty */
+uint32_t ferry__heap_top(const ferry__heap *hp);
+/* the least slot for which pinned(slot) is false, without removing it;
+ * pops pinned ones into scratch and pushes them back (O(p log n) for p
+ * pinned). UINT32_MAX when every member is pinned. */
+uint32_t ferry__heap_first_unpinned(ferry__heap *hp, const uint64_t *pin_step, uint64_t step,
+                                    uint32_t *scratch, uint32_t scratch_cap);
+
+/* ---- policies ---- */
+typedef struct ferry__policy ferry__policy;
+
+/* What a policy may read of the planner. */
+typedef struct ferry__policy_env {
+    uint32_t num_layers, num_experts, slots;
+    const uint64_t *pin_step;  /* per slot */
+    const uint64_t *step;      /* current step (1-based; 0 before the first) */
+    const uint32_t *token;     /* current token index (decode order) */
+    const uint32_t *occupant;  /* per slot: global id or FERRY_MOE_NONE */
+    const uint32_t *where;     /* per global id: slot or FERRY_MOE_NONE */
+    const ferry_moe_trace *oracle;
+} ferry__policy_env;
+
+typedef struct ferry__policy_ops {
+    const char *name;
+    const char *describe;
+    size_t state_size;  /* bytes of the policy struct (starts with ferry__policy) */
+    /* allocate per-slot state; -ENOMEM */
+    int (*init)(ferry__policy *p);
+    void (*fini)(ferry__policy *p);
+    /* a step of `layer` begins with these (deduplicated) ids; -EINVAL when a
+     * policy cannot follow (belady off its oracle). May be NULL. */
+    int (*begin_step)(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint32_t n);
+    /* after all placements of a step. May be NULL. */
+    void (*end_step)(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint32_t n);
+    void (*hit)(ferry__policy *p, uint32_t slot, uint32_t id);
+    /* slot now holds id (fresh, or after a prefetch when prefetch != 0) */
+    int (*insert)(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch);
+    /* slot leaves the cache: evicted (evicted=1) or forgotten */
+    void (*remove)(ferry__policy *p, uint32_t slot, uint32_t id, int evicted);
+    /* choose where id goes: return 1 to take the lowest free slot (only
+     * offered when have_free), 0 with *slot = an unpinned resident slot to
+     * evict, or -1 when no slot can be had. */
+    int (*victim)(ferry__policy *p, uint32_t id, int have_free, uint32_t *slot);
+} ferry__policy_ops;
+
+struct ferry__policy {
+    const ferry__policy_ops *ops;
+    ferry__policy_env env;
+};
+
+static inline int ferry__pinned(const ferry__policy *p, uint32_t slot)
+{
+    return p->env.pin_step[slot] == *p->env.step;
+}
+
+/* the registry */
+const ferry__policy_ops *ferry__policy_find(const char *name);
+
+extern const ferry__policy_ops ferry__policy_lru;
+extern const ferry__policy_ops ferry__policy_lru_layer;
+extern const ferry__policy_ops ferry__policy_lfu;
+extern const ferry__policy_ops ferry__policy_lfru;
+extern const ferry__policy_ops ferry__policy_s3fifo;
+extern const ferry__policy_ops ferry__policy_routing;
+extern const ferry__policy_ops ferry__policy_belady;
+
+/* ---- traces ---- */
+struct ferry_moe_trace {
+    ferry_moe_model model;
+    size_t n_steps, cap_steps;
+    uint32_t *tok, *layer;  /* per step */
+    size_t *off;            /* per step + 1: start in ex[] */
+    uint32_t *ex;
+    size_t n_ex, cap_ex;
+    uint32_t n_tokens;
+    int sorted;             /* steps are in (token, layer) order */
+};
+
+/* sort steps into (token, layer) order, stable; -ENOMEM */
+int ferry__trace_sort(ferry_moe_trace *t);
+
+/* routing statistics of a trace (what the generator is calibrated to) */
+typedef struct ferry__trace_stats {
+    double top1_share;    /* mean over layers: routes of the top expert / routes */
+    double top32_cover;   /* mean over layers: routes of the top 32 / routes (E >= 64) */
+    double repeat_next;   /* selections at token t also routed at t-1, same layer */
+    double within8;       /* selections whose previous route is <= 8 tokens back */
+    double median_reuse;  /* median distance (tokens) to the previous route */
+    double cross_lift;    /* P(best partner at l | a at l-1) / P(partner at l) */
+    double *layer_repeat; /* per layer repeat_next (num_layers), caller frees */
+} ferry__trace_stats;
+int ferry__trace_stats_compute(const ferry_moe_trace *t, ferry__trace_stats *out);
+
+/* ---- deterministic RNG (xoshiro256**) shared by the generator and tests ---- */
+typedef struct ferry__rng {
+    uint64_t s[4];
+} ferry__rng;
+void ferry__rng_seed(ferry__rng *r, uint64_t seed);
+uint64_t ferry__rng_next(ferry__rng *r);
+/* uniform in [0, n) */
+uint32_t ferry__rng_below(ferry__rng *r, uint32_t n);
+/* uniform in [0, 1) */
+double ferry__rng_unit(ferry__rng *r);
+
+#endif

@@ -1,0 +1,527 @@
+/*
+ * planner.c - which expert lives in which slot (ferrox's ExpertCache).
+ *
+ * Invariants:
+ *  - occupant[] and where[] are inverse maps: occupant[s] == id exactly
+ *    when where[id] == s; a slot with no occupant is in the free heap and
+ *    in no policy structure; a resident slot is in its policy's structure.
+ *  - Every expert of the current step has pin_step[slot] == step and is
+ *    never a victim; a prefetch pins what it names with the same step, so
+ *    it can neither evict the current step's experts nor its own.
+ *  - A call that fails validation changes nothing: ensure() checks the
+ *    whole route (and, for belady, the oracle) before the step advances.
+ * Free slots are handed out lowest index first (a min-heap), the same
+ * tie-break as the policies, so a run is a function of its inputs alone.
+ * The planner holds no device memory; the executor (slots.c) does, and
+ * forget() is how its failures reach the planner.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "moe/moe_internal.h"
+
+struct ferry_moe_planner {
+    ferry__errbuf err;
+    uint32_t L, E, slots;
+    uint32_t *occupant;   /* per slot */
+    uint32_t *where;      /* per id */
+    uint64_t *pin_step;   /* per slot */
+    uint8_t *prefetched;  /* per slot: brought by prefetch, not routed since */
+    ferry__heap freeh;
+    uint32_t *free_pos;
+    double *free_key;     /* all zero: free slots order by index */
+    uint64_t *seen;       /* per id: gen of the call that last saw it */
+    uint64_t gen, step;
+    uint32_t token, last_layer;
+    int started;
+    uint32_t *uniq, *miss, *plan_dst, *plan_row, *iota;  /* E each */
+    ferry__policy *pol;
+    const ferry__policy_ops *pops;
+    const ferry_moe_trace *oracle;
+    ferry_moe_planner_stats st;
+};
+
+static const ferry__policy_ops *const registry[] = {
+    &ferry__policy_lru,    &ferry__policy_lru_layer, &ferry__policy_lfu,
+    &ferry__policy_lfru,   &ferry__policy_s3fifo,    &ferry__policy_routing,
+    &ferry__policy_belady,
+};
+
+static const char *const policy_names[] = {"lru",    "lru-layer", "lfu",    "lfru",
+                                           "s3fifo", "routing",   "belady", NULL};
+
+const char *const *ferry_moe_policies(void)
+{
+    return policy_names;
+}
+
+const ferry__policy_ops *ferry__policy_find(const char *name)
+{
+    for (size_t i = 0; i < FERRY__ARRAY_LEN(registry); i++)
+        if (!strcmp(registry[i]->name, name))
+            return registry[i];
+    return NULL;
+}
+
+const char *ferry_moe_policy_describe(const char *name)
+{
+    const ferry__policy_ops *o = name ? ferry__policy_find(name) : NULL;
+    return o ? o->describe : NULL;
+}
+
+static void policy_destroy(ferry__policy *pol)
+{
+    if (!pol)
+        return;
+    pol->ops->fini(pol);
+    ferry__free(pol);
+}
+
+/* a policy over `slots` slots reading the given planner arrays */
+static int policy_create(ferry_moe_planner *p, uint32_t slots, const uint64_t *pin_step,
+                         const uint32_t *occupant, ferry__policy **out)
+{
+    ferry__policy *pol = ferry__calloc(1, p->pops->state_size);
+    if (!pol)
+        return -ENOMEM;
+    pol->ops = p->pops;
+    pol->env.num_layers = p->L;
+    pol->env.num_experts = p->E;
+    pol->env.slots = slots;
+    pol->env.pin_step = pin_step;
+    pol->env.step = &p->step;
+    pol->env.token = &p->token;
+    pol->env.occupant = occupant;
+    pol->env.where = p->where;
+    pol->env.oracle = p->oracle;
+    int rc = pol->ops->init(pol);
+    if (rc < 0) {
+        ferry__free(pol);
+        return rc;
+    }
+    *out = pol;
+    return 0;
+}
+
+void ferry_moe_planner_destroy(ferry_moe_planner *p)
+{
+    if (!p)
+        return;
+    policy_destroy(p->pol);
+    ferry__heap_fini(&p->freeh);
+    ferry__free(p->occupant);
+    ferry__free(p->where);
+    ferry__free(p->pin_step);
+    ferry__free(p->prefetched);
+    ferry__free(p->free_pos);
+    ferry__free(p->free_key);
+    ferry__free(p->seen);
+    ferry__free(p->uniq);
+    ferry__free(p->miss);
+    ferry__free(p->plan_dst);
+    ferry__free(p->plan_row);
+    ferry__free(p->iota);
+    ferry__free(p);
+}
+
+/* slot arrays for n slots, all free */
+static int slot_arrays(uint32_t n, uint32_t **occ, uint64_t **pin, uint8_t **pf, uint32_t **fpos,
+                       double **fkey, ferry__heap *fh)
+{
+    *occ = ferry__malloc((size_t)n * sizeof **occ);
+    *pin = ferry__malloc((size_t)n * sizeof **pin);
+    *pf = ferry__calloc(n, 1);
+    *fpos = ferry__malloc((size_t)n * sizeof **fpos);
+    *fkey = ferry__calloc(n, sizeof **fkey);
+    if (!*occ || !*pin || !*pf || !*fpos || !*fkey || ferry__heap_init(fh, n, *fpos, *fkey) < 0) {
+        ferry__free(*occ);
+        ferry__free(*pin);
+        ferry__free(*pf);
+        ferry__free(*fpos);
+        ferry__free(*fkey);
+        return -ENOMEM;
+    }
+    memset(*occ, 0xff, (size_t)n * sizeof **occ);
+    memset(*pin, 0xff, (size_t)n * sizeof **pin);
+    memset(*fpos, 0xff, (size_t)n * sizeof **fpos);
+    /* slots pushed in index order make a valid heap without sifting */
+    for (uint32_t s = 0; s < n; s++) {
+        fh->h[s] = s;
+        (*fpos)[s] = s;
+    }
+    fh->n = n;
+    return 0;
+}
+
+int ferry_moe_planner_create(const ferry_moe_planner_options *opt, ferry_moe_planner **out)
+{
+    if (!opt || !out || opt->size < sizeof(ferry_moe_planner_options))
+        return ferry__err_set(NULL, -EINVAL, "moe planner: options missing or too old");
+    if (!opt->num_layers || !opt->num_experts)
+        return ferry__err_set(NULL, -EINVAL, "moe planner: %u layers of %u experts", opt->num_layers,
+                              opt->num_experts);
+    if ((uint64_t)opt->num_layers * opt->num_experts >= UINT32_MAX)
+        return ferry__err_set(NULL, -EINVAL, "moe planner: %u x %u experts overflow the id space",
+                              opt->num_layers, opt->num_experts);
+    if (opt->slots < opt->num_experts)
+        return ferry__err_set(NULL, -EINVAL,
+                              "moe planner: %u slots cannot hold one layer of %u experts (prefill)",
+                              opt->slots, opt->num_experts);
+    const char *name = opt->policy ? opt->policy : "lru";
+    const ferry__policy_ops *ops = ferry__policy_find(name);
+    if (!ops)
+        return ferry__err_set(NULL, -EINVAL, "moe planner: unknown policy '%s'", name);
+    if (ops == &ferry__policy_belady) {
+        if (!opt->oracle)
+            return ferry__err_set(NULL, -EINVAL, "moe planner: policy belady needs the trace (oracle)");
+        const ferry_moe_model *m = &opt->oracle->model;
+        if (m->num_layers != opt->num_layers || m->num_experts != opt->num_experts)
+            return ferry__err_set(NULL, -EINVAL,
+                                  "moe planner: oracle trace is %u x %u experts, planner %u x %u",
+                                  m->num_layers, m->num_experts, opt->num_layers, opt->num_experts);
+    }
+    ferry_moe_planner *p = ferry__calloc(1, sizeof *p);
+    if (!p)
+        return ferry__err_set(NULL, -ENOMEM, "moe planner: out of memory");
+    p->L = opt->num_layers;
+    p->E = opt->num_experts;
+    p->slots = opt->slots;
+    p->pops = ops;
+    p->oracle = ops == &ferry__policy_belady ? opt->oracle : NULL;
+    size_t ids = (size_t)p->L * p->E;
+    int rc = slot_arrays(p->slots, &p->occupant, &p->pin_step, &p->prefetched, &p->free_pos,
+                         &p->free_key, &p->freeh);
+    if (rc < 0)
+        goto oom;
+    p->where = ferry__malloc(ids * sizeof *p->where);
+    p->seen = ferry__calloc(ids, sizeof *p->seen);
+    p->uniq = ferry__malloc((size_t)p->E * sizeof(uint32_t));
+    p->miss = ferry__malloc((size_t)p->E * sizeof(uint32_t));
+    p->plan_dst = ferry__malloc((size_t)p->E * sizeof(uint32_t));
+    p->plan_row = ferry__malloc((size_t)p->E * sizeof(uint32_t));
+    p->iota = ferry__malloc((size_t)p->E * sizeof(uint32_t));
+    if (!p->where || !p->seen || !p->uniq || !p->miss || !p->plan_dst || !p->plan_row || !p->iota)
+        goto oom;
+    memset(p->where, 0xff, ids * sizeof *p->where);
+    for (uint32_t e = 0; e < p->E; e++)
+        p->iota[e] = e;
+    rc = policy_create(p, p->slots, p->pin_step, p->occupant, &p->pol);
+    if (rc < 0)
+        goto oom;
+    *out = p;
+    return 0;
+oom:
+    ferry_moe_planner_destroy(p);
+    return ferry__err_set(NULL, -ENOMEM, "moe planner: out of memory for %u slots, %u x %u experts",
+                          opt->slots, opt->num_layers, opt->num_experts);
+}
+
+const char *ferry_moe_planner_last_error(const ferry_moe_planner *p)
+{
+    return p ? ferry__err_msg(&p->err) : "";
+}
+
+const char *ferry_moe_planner_policy(const ferry_moe_planner *p)
+{
+    return p->pops->name;
+}
+
+uint32_t ferry_moe_planner_slots(const ferry_moe_planner *p)
+{
+    return p->slots;
+}
+
+/* validate a route and collect its distinct global ids into p->uniq */
+static int collect(ferry_moe_planner *p, const char *what, uint32_t layer, const uint32_t *experts,
+                   uint32_t n, uint32_t *nu)
+{
+    if (layer >= p->L)
+        return ferry__err_set(&p->err, -EINVAL, "moe %s: layer %u out of range (model has %u)", what,
+                              layer, p->L);
+    if (n == 0 || !experts)
+        return ferry__err_set(&p->err, -EINVAL, "moe %s: empty route at layer %u", what, layer);
+    for (uint32_t i = 0; i < n; i++)
+        if (experts[i] >= p->E)
+            return ferry__err_set(&p->err, -EINVAL,
+                                  "moe %s: layer %u route %u names expert %u, model has %u", what,
+                                  layer, i, experts[i], p->E);
+    uint64_t gen = ++p->gen;
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t id = layer * p->E + experts[i];
+        if (p->seen[id] == gen)
+            continue;
+        p->seen[id] = gen;
+        p->uniq[k++] = id;
+    }
+    *nu = k;
+    return 0;
+}
+
+/* drop slot's occupant (evicted = chosen as a victim, else forgotten) */
+static void drop(ferry_moe_planner *p, uint32_t slot, int evicted)
+{
+    uint32_t id = p->occupant[slot];
+    p->pol->ops->remove(p->pol, slot, id, evicted);
+    p->where[id] = FERRY_MOE_NONE;
+    p->occupant[slot] = FERRY_MOE_NONE;
+    if (p->prefetched[slot]) {
+        p->st.prefetch_wasted++;
+        p->prefetched[slot] = 0;
+    }
+}
+
+/* find a home for id: a free slot or a victim; returns the slot or NONE */
+static uint32_t place(ferry_moe_planner *p, uint32_t id)
+{
+    uint32_t slot = FERRY_MOE_NONE;
+    int r = p->pol->ops->victim(p->pol, id, p->freeh.n > 0, &slot);
+    if (r == 1 && p->freeh.n) {
+        slot = ferry__heap_top(&p->freeh);
+        ferry__heap_remove(&p->freeh, slot);
+        return slot;
+    }
+    if (r != 0 || slot >= p->slots || p->occupant[slot] == FERRY_MOE_NONE ||
+        p->pin_step[slot] == p->step)
+        return FERRY_MOE_NONE;
+    drop(p, slot, 1);
+    p->st.evictions++;
+    return slot;
+}
+
+/* place the misses p->miss[0..nm) of layer; fills the plan */
+static int place_misses(ferry_moe_planner *p, const char *what, uint32_t layer, uint32_t nm,
+                        int prefetch)
+{
+    for (uint32_t i = 0; i < nm; i++) {
+        uint32_t id = p->miss[i];
+        uint32_t slot = place(p, id);
+        if (slot == FERRY_MOE_NONE)
+            return ferry__err_set(&p->err, FERRY_ENOSPACE,
+                                  "moe %s: layer %u expert %u: every one of %u slots is pinned by "
+                                  "the current step",
+                                  what, layer, id % p->E, p->slots);
+        p->occupant[slot] = id;
+        p->where[id] = slot;
+        p->pin_step[slot] = p->step;
+        p->prefetched[slot] = (uint8_t)(prefetch != 0);
+        int rc = p->pol->ops->insert(p->pol, slot, id, prefetch);
+        if (rc < 0) {
+            p->where[id] = FERRY_MOE_NONE;
+            p->occupant[slot] = FERRY_MOE_NONE;
+            p->prefetched[slot] = 0;
+            p->pin_step[slot] = UINT64_MAX;
+            (void)ferry__heap_set(&p->freeh, slot, 0);
+            return ferry__err_set(&p->err, rc, "moe %s: layer %u expert %u: policy %s: %s", what,
+                                  layer, id % p->E, p->pops->name, ferry_strerror(rc));
+        }
+        p->plan_dst[i] = slot;
+        p->plan_row[i] = id % p->E;
+    }
+    return 0;
+}
+
+static void fill_plan(ferry_moe_planner *p, uint32_t layer, uint32_t n, ferry_moe_copy_plan *plan)
+{
+    if (!plan)
+        return;
+    plan->layer = layer;
+    plan->n = n;
+    plan->dst_slots = p->plan_dst;
+    plan->src_rows = p->plan_row;
+}
+
+int ferry_moe_planner_ensure(ferry_moe_planner *p, uint32_t layer, const uint32_t *experts,
+                             uint32_t n, uint32_t *slots_out, ferry_moe_copy_plan *plan,
+                             ferry_moe_counts *counts)
+{
+    if (!p)
+        return ferry__err_set(NULL, -EINVAL, "moe ensure: no planner");
+    uint32_t nu;
+    int rc = collect(p, "ensure", layer, experts, n, &nu);
+    if (rc < 0)
+        return rc;
+    if (p->pol->ops->begin_step && (rc = p->pol->ops->begin_step(p->pol, layer, p->uniq, nu)) < 0)
+        return ferry__err_set(&p->err, rc,
+                              "moe ensure: policy %s cannot follow step %llu (layer %u, %u "
+                              "experts): not the next step of its trace",
+                              p->pops->name, (unsigned long long)p->step + 1, layer, nu);
+    if (p->started && layer <= p->last_layer)
+        p->token++;
+    p->started = 1;
+    p->last_layer = layer;
+    p->step++;
+
+    uint32_t nm = 0, pf_hits = 0;
+    for (uint32_t i = 0; i < nu; i++) {
+        uint32_t id = p->uniq[i], slot = p->where[id];
+        if (slot == FERRY_MOE_NONE) {
+            p->miss[nm++] = id;
+            continue;
+        }
+        p->pin_step[slot] = p->step;
+        if (p->prefetched[slot]) {
+            p->prefetched[slot] = 0;
+            pf_hits++;
+        }
+        p->pol->ops->hit(p->pol, slot, id);
+    }
+    rc = place_misses(p, "ensure", layer, nm, 0);
+    if (rc < 0)
+        return rc;
+    if (slots_out)
+        for (uint32_t i = 0; i < n; i++)
+            slots_out[i] = p->where[layer * p->E + experts[i]];
+    if (p->pol->ops->end_step)
+        p->pol->ops->end_step(p->pol, layer, p->uniq, nu);
+    p->st.steps++;
+    p->st.routes += nu;
+    p->st.hits += nu - nm;
+    p->st.misses += nm;
+    p->st.prefetch_hits += pf_hits;
+    fill_plan(p, layer, nm, plan);
+    if (counts) {
+        counts->active = nu;
+        counts->missing = nm;
+        counts->fetched = nm;
+        counts->prefetch_hits = pf_hits;
+    }
+    return (int)nm;
+}
+
+int ferry_moe_planner_prefetch(ferry_moe_planner *p, uint32_t layer, const uint32_t *experts,
+                               uint32_t n, ferry_moe_copy_plan *plan)
+{
+    if (!p)
+        return ferry__err_set(NULL, -EINVAL, "moe prefetch: no planner");
+    if (p->pops == &ferry__policy_belady)
+        return ferry__err_set(&p->err, FERRY_ENOTSUP,
+                              "moe prefetch: policy belady replays a fixed trace");
+    uint32_t nu;
+    int rc = collect(p, "prefetch", layer, experts, n, &nu);
+    if (rc < 0)
+        return rc;
+    uint32_t nm = 0;
+    for (uint32_t i = 0; i < nu; i++) {
+        uint32_t id = p->uniq[i], slot = p->where[id];
+        if (slot == FERRY_MOE_NONE)
+            p->miss[nm++] = id;
+        else
+            p->pin_step[slot] = p->step;  /* named here: not a victim now */
+    }
+    rc = place_misses(p, "prefetch", layer, nm, 1);
+    if (rc < 0)
+        return rc;
+    p->st.prefetch_requests += nu;
+    p->st.prefetch_fetched += nm;
+    fill_plan(p, layer, nm, plan);
+    return (int)nm;
+}
+
+int ferry_moe_planner_prefill(ferry_moe_planner *p, uint32_t layer, ferry_moe_copy_plan *plan,
+                              ferry_moe_counts *counts)
+{
+    if (!p)
+        return ferry__err_set(NULL, -EINVAL, "moe prefill: no planner");
+    return ferry_moe_planner_ensure(p, layer, p->iota, p->E, NULL, plan, counts);
+}
+
+int ferry_moe_planner_forget(ferry_moe_planner *p, uint32_t slot)
+{
+    if (!p || slot >= p->slots)
+        return ferry__err_set(p ? &p->err : NULL, -EINVAL, "moe forget: slot %u out of range (%u)",
+                              slot, p ? p->slots : 0);
+    if (p->occupant[slot] == FERRY_MOE_NONE)
+        return 0;
+    drop(p, slot, 0);
+    p->pin_step[slot] = UINT64_MAX;
+    (void)ferry__heap_set(&p->freeh, slot, 0);
+    p->st.forgotten++;
+    return 0;
+}
+
+int ferry_moe_planner_resize(ferry_moe_planner *p, uint32_t new_slots)
+{
+    if (!p)
+        return ferry__err_set(NULL, -EINVAL, "moe resize: no planner");
+    if (new_slots < p->E)
+        return ferry__err_set(&p->err, -EINVAL,
+                              "moe resize: %u slots cannot hold one layer of %u experts", new_slots,
+                              p->E);
+    if (p->pops == &ferry__policy_belady)
+        return ferry__err_set(&p->err, FERRY_ENOTSUP,
+                              "moe resize: policy belady replays a fixed trace");
+    uint32_t *occ, *fpos;
+    uint64_t *pin;
+    uint8_t *pf;
+    double *fkey;
+    ferry__heap fh;
+    if (slot_arrays(new_slots, &occ, &pin, &pf, &fpos, &fkey, &fh) < 0)
+        return ferry__err_set(&p->err, -ENOMEM, "moe resize: out of memory for %u slots", new_slots);
+    ferry__policy *pol;
+    int rc = policy_create(p, new_slots, pin, occ, &pol);
+    if (rc < 0) {
+        ferry__heap_fini(&fh);
+        ferry__free(occ);
+        ferry__free(pin);
+        ferry__free(pf);
+        ferry__free(fpos);
+        ferry__free(fkey);
+        return ferry__err_set(&p->err, rc, "moe resize: policy %s for %u slots: %s", p->pops->name,
+                              new_slots, ferry_strerror(rc));
+    }
+    /* the policy's history restarts; survivors keep their slots, in slot
+     * order, as if used now */
+    int dropped = 0;
+    for (uint32_t s = 0; s < p->slots; s++) {
+        uint32_t id = p->occupant[s];
+        if (id == FERRY_MOE_NONE)
+            continue;
+        if (s >= new_slots) {
+            p->where[id] = FERRY_MOE_NONE;
+            if (p->prefetched[s])
+                p->st.prefetch_wasted++;
+            dropped++;
+            continue;
+        }
+        occ[s] = id;
+        pf[s] = p->prefetched[s];
+        ferry__heap_remove(&fh, s);
+        (void)pol->ops->insert(pol, s, id, 1);
+    }
+    policy_destroy(p->pol);
+    ferry__heap_fini(&p->freeh);
+    ferry__free(p->occupant);
+    ferry__free(p->pin_step);
+    ferry__free(p->prefetched);
+    ferry__free(p->free_pos);
+    ferry__free(p->free_key);
+    p->pol = pol;
+    p->occupant = occ;
+    p->pin_step = pin;
+    p->prefetched = pf;
+    p->free_pos = fpos;
+    p->free_key = fkey;
+    p->freeh = fh;
+    p->slots = new_slots;
+    p->st.evictions += (uint64_t)dropped;
+    return dropped;
+}
+
+uint32_t ferry_moe_planner_occupant(const ferry_moe_planner *p, uint32_t slot)
+{
+    return p && slot < p->slots ? p->occupant[slot] : FERRY_MOE_NONE;
+}
+
+uint32_t ferry_moe_planner_lookup(const ferry_moe_planner *p, uint32_t layer, uint32_t expert)
+{
+    if (!p || layer >= p->L || expert >= p->E)
+        return FERRY_MOE_NONE;
+    return p->where[layer * p->E + expert];
+}
+
+void ferry_moe_planner_get_stats(const ferry_moe_planner *p, ferry_moe_planner_stats *out)
+{
+    if (p && out)
+        *out = p->st;
+}

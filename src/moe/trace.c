@@ -1,0 +1,580 @@
+/*
+ * trace.c - routing traces: JSON Lines in, JSON Lines out.
+ *
+ * A trace is a flat structure of arrays (token, layer, offset per step and
+ * one array of layer-local expert ids) so replaying a million steps touches
+ * memory in order. Invariants kept for every trace that leaves this file:
+ * every layer < model.num_layers, every expert < model.num_experts, every
+ * step has at least one expert, and (after loading) steps are in
+ * (token, layer) order - the order a decoder visits them - with file order
+ * kept among equal keys. Parsing is all-or-nothing: the first bad line
+ * fails the whole load with FERRY_EPARSE and a message naming the line
+ * number and the field, and nothing is leaked. The reader is fuzzed
+ * (fuzz/fuzz_trace.c), so it never trusts a length, an index or a type.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "moe/moe_internal.h"
+
+/* bounds on an inferred or declared shape: the planner keeps dense arrays
+ * over layers * experts, so a hostile trace must not ask for terabytes */
+#define MAX_LAYERS 4096u
+#define MAX_EXPERTS 65536u
+
+static int trace_new(ferry_moe_trace **out)
+{
+    ferry_moe_trace *t = ferry__calloc(1, sizeof *t);
+    if (!t)
+        return -ENOMEM;
+    t->off = ferry__malloc(sizeof *t->off);
+    if (!t->off) {
+        ferry__free(t);
+        return -ENOMEM;
+    }
+    t->off[0] = 0;
+    t->sorted = 1;
+    *out = t;
+    return 0;
+}
+
+void ferry_moe_trace_destroy(ferry_moe_trace *t)
+{
+    if (!t)
+        return;
+    ferry__free(t->tok);
+    ferry__free(t->layer);
+    ferry__free(t->off);
+    ferry__free(t->ex);
+    ferry__free(t);
+}
+
+/* append without checking the shape (the callers have) */
+static int push_step(ferry_moe_trace *t, uint32_t token, uint32_t layer, const uint32_t *experts,
+                     uint32_t n)
+{
+    if (t->n_steps == t->cap_steps) {
+        size_t nc = t->cap_steps ? t->cap_steps * 2 : 256;
+        uint32_t *tok = ferry__realloc(t->tok, nc * sizeof *tok);
+        if (!tok)
+            return -ENOMEM;
+        t->tok = tok;
+        uint32_t *lay = ferry__realloc(t->layer, nc * sizeof *lay);
+        if (!lay)
+            return -ENOMEM;
+        t->layer = lay;
+        size_t *off = ferry__realloc(t->off, (nc + 1) * sizeof *off);
+        if (!off)
+            return -ENOMEM;
+        t->off = off;
+        t->cap_steps = nc;
+    }
+    if (t->n_ex + n > t->cap_ex) {
+        size_t nc = t->cap_ex ? t->cap_ex : 1024;
+        while (nc < t->n_ex + n)
+            nc *= 2;
+        uint32_t *ex = ferry__realloc(t->ex, nc * sizeof *ex);
+        if (!ex)
+            return -ENOMEM;
+        t->ex = ex;
+        t->cap_ex = nc;
+    }
+    if (t->n_steps) {
+        uint32_t pt = t->tok[t->n_steps - 1], pl = t->layer[t->n_steps - 1];
+        if (token < pt || (token == pt && layer < pl))
+            t->sorted = 0;
+    }
+    memcpy(t->ex + t->n_ex, experts, (size_t)n * sizeof *experts);
+    t->n_ex += n;
+    t->tok[t->n_steps] = token;
+    t->layer[t->n_steps] = layer;
+    t->n_steps++;
+    t->off[t->n_steps] = t->n_ex;
+    if (token + 1 > t->n_tokens)
+        t->n_tokens = token + 1;
+    if (n > t->model.top_k)
+        t->model.top_k = n;
+    return 0;
+}
+
+int ferry_moe_trace_create(const ferry_moe_model *model, ferry_moe_trace **out)
+{
+    if (!model || !out || !model->num_layers || !model->num_experts ||
+        model->num_layers > MAX_LAYERS || model->num_experts > MAX_EXPERTS)
+        return ferry__err_set(NULL, -EINVAL, "moe trace: shape %u layers x %u experts not in 1..%u x 1..%u",
+                              model ? model->num_layers : 0, model ? model->num_experts : 0,
+                              MAX_LAYERS, MAX_EXPERTS);
+    ferry_moe_trace *t;
+    if (trace_new(&t) < 0)
+        return ferry__err_set(NULL, -ENOMEM, "moe trace: out of memory");
+    t->model = *model;
+    t->model.name[sizeof t->model.name - 1] = 0;
+    *out = t;
+    return 0;
+}
+
+int ferry_moe_trace_append(ferry_moe_trace *t, uint32_t token, uint32_t layer,
+                           const uint32_t *experts, uint32_t n)
+{
+    if (!t || !experts || n == 0)
+        return ferry__err_set(NULL, -EINVAL, "moe trace: empty route at token %u layer %u", token,
+                              layer);
+    if (layer >= t->model.num_layers)
+        return ferry__err_set(NULL, -EINVAL, "moe trace: token %u: layer %u >= %u", token, layer,
+                              t->model.num_layers);
+    for (uint32_t i = 0; i < n; i++)
+        if (experts[i] >= t->model.num_experts)
+            return ferry__err_set(NULL, -EINVAL, "moe trace: token %u layer %u: expert %u >= %u",
+                                  token, layer, experts[i], t->model.num_experts);
+    if (push_step(t, token, layer, experts, n) < 0)
+        return ferry__err_set(NULL, -ENOMEM, "moe trace: out of memory at step %zu", t->n_steps);
+    return 0;
+}
+
+const ferry_moe_model *ferry_moe_trace_model(const ferry_moe_trace *t)
+{
+    return &t->model;
+}
+
+size_t ferry_moe_trace_steps(const ferry_moe_trace *t)
+{
+    return t ? t->n_steps : 0;
+}
+
+uint32_t ferry_moe_trace_tokens(const ferry_moe_trace *t)
+{
+    return t ? t->n_tokens : 0;
+}
+
+int ferry_moe_trace_step(const ferry_moe_trace *t, size_t i, uint32_t *token, uint32_t *layer,
+                         const uint32_t **experts, uint32_t *n)
+{
+    if (!t || i >= t->n_steps)
+        return ferry__err_set(NULL, -EINVAL, "moe trace: step %zu out of range (%zu)", i,
+                              t ? t->n_steps : 0);
+    if (token)
+        *token = t->tok[i];
+    if (layer)
+        *layer = t->layer[i];
+    if (experts)
+        *experts = t->ex + t->off[i];
+    if (n)
+        *n = (uint32_t)(t->off[i + 1] - t->off[i]);
+    return 0;
+}
+
+/* ---- sorting into (token, layer) order ---- */
+typedef struct sort_key {
+    uint64_t key;  /* token << 32 | layer */
+    size_t idx;
+} sort_key;
+
+static int cmp_key(const void *a, const void *b)
+{
+    const sort_key *x = a, *y = b;
+    if (x->key != y->key)
+        return x->key < y->key ? -1 : 1;
+    return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+int ferry__trace_sort(ferry_moe_trace *t)
+{
+    if (t->sorted)
+        return 0;
+    size_t n = t->n_steps;
+    sort_key *k = ferry__malloc(n * sizeof *k);
+    uint32_t *tok = ferry__malloc(n * sizeof *tok);
+    uint32_t *lay = ferry__malloc(n * sizeof *lay);
+    size_t *off = ferry__malloc((n + 1) * sizeof *off);
+    uint32_t *ex = ferry__malloc((t->n_ex ? t->n_ex : 1) * sizeof *ex);
+    if (!k || !tok || !lay || !off || !ex) {
+        ferry__free(k);
+        ferry__free(tok);
+        ferry__free(lay);
+        ferry__free(off);
+        ferry__free(ex);
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        k[i].key = (uint64_t)t->tok[i] << 32 | t->layer[i];
+        k[i].idx = i;
+    }
+    qsort(k, n, sizeof *k, cmp_key);
+    size_t pos = 0;
+    off[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t s = k[i].idx, len = t->off[s + 1] - t->off[s];
+        tok[i] = t->tok[s];
+        lay[i] = t->layer[s];
+        memcpy(ex + pos, t->ex + t->off[s], len * sizeof *ex);
+        pos += len;
+        off[i + 1] = pos;
+    }
+    ferry__free(k);
+    ferry__free(t->tok);
+    ferry__free(t->layer);
+    ferry__free(t->off);
+    ferry__free(t->ex);
+    t->tok = tok;
+    t->layer = lay;
+    t->off = off;
+    t->ex = ex;
+    t->cap_steps = n;
+    t->cap_ex = t->n_ex ? t->n_ex : 1;
+    t->sorted = 1;
+    return 0;
+}
+
+/* ---- parsing ---- */
+typedef struct parser {
+    ferry_moe_trace *t;
+    int have_header, have_routes, declared_k;
+    uint32_t max_layer, max_expert;
+    uint32_t *vtok;     /* vLLM form: tokens seen per layer */
+    uint32_t vtok_cap;
+    uint32_t *buf;      /* one route */
+    uint32_t buf_cap;
+} parser;
+
+#define PERR(line, fmt, ...) \
+    ferry__err_set(NULL, FERRY_EPARSE, "moe trace line %zu: " fmt, (size_t)(line), ##__VA_ARGS__)
+
+static int get_uint(json_t *o, const char *field, uint64_t max, size_t line, uint64_t *out,
+                    int required)
+{
+    json_t *v = json_object_get(o, field);
+    if (!v) {
+        if (required)
+            return PERR(line, "field '%s' missing", field);
+        return 1;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+        (uint64_t)json_integer_value(v) > max)
+        return PERR(line, "field '%s': expected an integer in 0..%" PRIu64, field, max);
+    *out = (uint64_t)json_integer_value(v);
+    return 0;
+}
+
+static int parse_header(parser *ps, json_t *o, size_t line)
+{
+    ferry_moe_model *m = &ps->t->model;
+    if (ps->have_header || ps->have_routes)
+        return PERR(line, "header record after %s", ps->have_header ? "a header" : "routes");
+    uint64_t v;
+    int rc;
+    if ((rc = get_uint(o, "num_layers", MAX_LAYERS, line, &v, 1)) < 0)
+        return rc;
+    if (v == 0)
+        return PERR(line, "field 'num_layers': must be at least 1");
+    m->num_layers = (uint32_t)v;
+    if ((rc = get_uint(o, "num_experts", MAX_EXPERTS, line, &v, 1)) < 0)
+        return rc;
+    if (v == 0)
+        return PERR(line, "field 'num_experts': must be at least 1");
+    m->num_experts = (uint32_t)v;
+    rc = get_uint(o, "top_k", m->num_experts, line, &v, 0);
+    if (rc < 0)
+        return rc;
+    if (rc == 0) {
+        if (v == 0)
+            return PERR(line, "field 'top_k': must be at least 1");
+        m->top_k = (uint32_t)v;
+        ps->declared_k = 1;
+    }
+    rc = get_uint(o, "expert_bytes", UINT64_MAX >> 1, line, &v, 0);
+    if (rc < 0)
+        return rc;
+    if (rc == 0)
+        m->expert_bytes = v;
+    json_t *name = json_object_get(o, "model");
+    if (name) {
+        if (!json_is_string(name))
+            return PERR(line, "field 'model': expected a string");
+        snprintf(m->name, sizeof m->name, "%s", json_string_value(name));
+    }
+    ps->have_header = 1;
+    return 0;
+}
+
+/* read an array of expert ids into ps->buf; returns the count or < 0 */
+static int read_route(parser *ps, json_t *arr, const char *field, size_t line)
+{
+    if (!json_is_array(arr))
+        return PERR(line, "field '%s': expected an array of expert ids", field);
+    size_t n = json_array_size(arr);
+    if (n == 0)
+        return PERR(line, "field '%s': empty route", field);
+    uint32_t limit = ps->have_header ? ps->t->model.num_experts : MAX_EXPERTS;
+    if (ps->declared_k && n > ps->t->model.top_k)
+        return PERR(line, "field '%s': %zu experts, header top_k is %u", field, n,
+                    ps->t->model.top_k);
+    if (n > MAX_EXPERTS)
+        return PERR(line, "field '%s': %zu experts", field, n);
+    if (n > ps->buf_cap) {
+        uint32_t *nb = ferry__realloc(ps->buf, n * sizeof *nb);
+        if (!nb)
+            return ferry__err_set(NULL, -ENOMEM, "moe trace line %zu: out of memory", line);
+        ps->buf = nb;
+        ps->buf_cap = (uint32_t)n;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(arr, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0)
+            return PERR(line, "field '%s'[%zu]: expected a non-negative integer", field, i);
+        if ((uint64_t)json_integer_value(v) >= limit)
+            return PERR(line, "field '%s'[%zu]: expert %" JSON_INTEGER_FORMAT " >= %u experts",
+                        field, i, json_integer_value(v), limit);
+        ps->buf[i] = (uint32_t)json_integer_value(v);
+        if (ps->buf[i] > ps->max_expert)
+            ps->max_expert = ps->buf[i];
+    }
+    return (int)n;
+}
+
+static int check_layer(parser *ps, uint64_t layer, size_t line)
+{
+    uint32_t limit = ps->have_header ? ps->t->model.num_layers : MAX_LAYERS;
+    if (layer >= limit)
+        return PERR(line, "field 'layer': layer %" PRIu64 " >= %u layers", layer, limit);
+    if (layer > ps->max_layer)
+        ps->max_layer = (uint32_t)layer;
+    return 0;
+}
+
+static int add(parser *ps, uint32_t token, uint32_t layer, uint32_t n, size_t line)
+{
+    if (push_step(ps->t, token, layer, ps->buf, n) < 0)
+        return ferry__err_set(NULL, -ENOMEM, "moe trace line %zu: out of memory", line);
+    ps->have_routes = 1;
+    return 0;
+}
+
+static int parse_ferry(parser *ps, json_t *o, size_t line)
+{
+    uint64_t token, layer;
+    int rc;
+    if ((rc = get_uint(o, "token", UINT32_MAX - 1, line, &token, 1)) < 0)
+        return rc;
+    if ((rc = get_uint(o, "layer", UINT32_MAX, line, &layer, 1)) < 0)
+        return rc;
+    if ((rc = check_layer(ps, layer, line)) < 0)
+        return rc;
+    int n = read_route(ps, json_object_get(o, "experts"), "experts", line);
+    if (n < 0)
+        return n;
+    return add(ps, (uint32_t)token, (uint32_t)layer, (uint32_t)n, line);
+}
+
+/* "model.layers.12.mlp.gate" -> 12 */
+static int module_layer(const char *s, uint64_t *out)
+{
+    const char *p = s;
+    while ((p = strstr(p, "layers.")) != NULL) {
+        p += 7;
+        if (*p >= '0' && *p <= '9') {
+            uint64_t v = 0;
+            while (*p >= '0' && *p <= '9' && v <= UINT32_MAX)
+                v = v * 10 + (uint64_t)(*p++ - '0');
+            if (*p && *p != '.')
+                continue;
+            *out = v;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int parse_vllm(parser *ps, json_t *o, size_t line)
+{
+    json_t *lv = json_object_get(o, "layer");
+    uint64_t layer;
+    if (!lv)
+        return PERR(line, "field 'layer' missing");
+    if (json_is_integer(lv) && json_integer_value(lv) >= 0)
+        layer = (uint64_t)json_integer_value(lv);
+    else if (!json_is_string(lv) || module_layer(json_string_value(lv), &layer) < 0)
+        return PERR(line, "field 'layer': expected a module path holding 'layers.N' or an integer");
+    int rc = check_layer(ps, layer, line);
+    if (rc < 0)
+        return rc;
+    json_t *ids = json_object_get(o, "topk_ids");
+    if (!json_is_array(ids) || json_array_size(ids) == 0)
+        return PERR(line, "field 'topk_ids': expected a non-empty list of per-token lists");
+    if (layer >= ps->vtok_cap) {
+        uint32_t nc = (uint32_t)layer + 1;
+        uint32_t *nv = ferry__realloc(ps->vtok, (size_t)nc * sizeof *nv);
+        if (!nv)
+            return ferry__err_set(NULL, -ENOMEM, "moe trace line %zu: out of memory", line);
+        memset(nv + ps->vtok_cap, 0, (size_t)(nc - ps->vtok_cap) * sizeof *nv);
+        ps->vtok = nv;
+        ps->vtok_cap = nc;
+    }
+    for (size_t i = 0; i < json_array_size(ids); i++) {
+        char field[32];
+        snprintf(field, sizeof field, "topk_ids[%zu]", i);
+        int n = read_route(ps, json_array_get(ids, i), field, line);
+        if (n < 0)
+            return n;
+        if (ps->vtok[layer] == UINT32_MAX - 1)
+            return PERR(line, "field 'topk_ids': too many tokens at layer %" PRIu64, layer);
+        if ((rc = add(ps, ps->vtok[layer]++, (uint32_t)layer, (uint32_t)n, line)) < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int parse_line(parser *ps, const char *s, size_t len, size_t line)
+{
+    json_error_t je;
+    json_t *o = json_loadb(s, len, JSON_REJECT_DUPLICATES, &je);
+    if (!o)
+        return PERR(line, "not JSON: %s (column %d)", je.text, je.column);
+    int rc;
+    if (!json_is_object(o))
+        rc = PERR(line, "expected a JSON object");
+    else if (json_object_get(o, "experts"))
+        rc = parse_ferry(ps, o, line);
+    else if (json_object_get(o, "topk_ids"))
+        rc = parse_vllm(ps, o, line);
+    else if (json_object_get(o, "num_layers") || json_object_get(o, "num_experts"))
+        rc = parse_header(ps, o, line);
+    else
+        rc = PERR(line, "neither a header nor a route record (no 'experts' or 'topk_ids' field)");
+    json_decref(o);
+    return rc;
+}
+
+int ferry_moe_trace_parse(const char *buf, size_t len, ferry_moe_trace **out)
+{
+    if (!out || (!buf && len))
+        return ferry__err_set(NULL, -EINVAL, "moe trace: no buffer");
+    parser ps = {0};
+    if (trace_new(&ps.t) < 0)
+        return ferry__err_set(NULL, -ENOMEM, "moe trace: out of memory");
+    snprintf(ps.t->model.name, sizeof ps.t->model.name, "capture");
+    int rc = 0;
+    size_t line = 0, pos = 0;
+    while (pos < len) {
+        const char *s = buf + pos;
+        const char *nl = memchr(s, '\n', len - pos);
+        size_t n = nl ? (size_t)(nl - s) : len - pos;
+        pos += n + (nl ? 1 : 0);
+        line++;
+        size_t m = n;
+        while (m && (s[m - 1] == '\r' || s[m - 1] == ' ' || s[m - 1] == '\t'))
+            m--;
+        size_t b = 0;
+        while (b < m && (s[b] == ' ' || s[b] == '\t'))
+            b++;
+        if (b == m)
+            continue;
+        if ((rc = parse_line(&ps, s + b, m - b, line)) < 0)
+            break;
+    }
+    if (rc == 0 && !ps.have_routes)
+        rc = ferry__err_set(NULL, FERRY_EPARSE, "moe trace: no route records in %zu lines", line);
+    if (rc == 0 && !ps.have_header) {
+        ps.t->model.num_layers = ps.max_layer + 1;
+        ps.t->model.num_experts = ps.max_expert + 1;
+    }
+    if (rc == 0 && ferry__trace_sort(ps.t) < 0)
+        rc = ferry__err_set(NULL, -ENOMEM, "moe trace: out of memory sorting %zu steps",
+                            ps.t->n_steps);
+    ferry__free(ps.vtok);
+    ferry__free(ps.buf);
+    if (rc < 0) {
+        ferry_moe_trace_destroy(ps.t);
+        return rc;
+    }
+    *out = ps.t;
+    return 0;
+}
+
+int ferry_moe_trace_load(const char *path, ferry_moe_trace **out)
+{
+    if (!path || !out)
+        return ferry__err_set(NULL, -EINVAL, "moe trace: no path");
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        int e = errno;
+        return ferry__err_set(NULL, -e, "moe trace %s: open: %s", path, strerror(e));
+    }
+    size_t cap = 1 << 16, len = 0;
+    char *buf = ferry__malloc(cap);
+    int rc = 0;
+    while (buf) {
+        if (len == cap) {
+            char *nb = ferry__realloc(buf, cap * 2);
+            if (!nb) {
+                ferry__free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (got == 0) {
+            if (ferror(f))
+                rc = ferry__err_set(NULL, -EIO, "moe trace %s: read error at byte %zu", path, len);
+            break;
+        }
+    }
+    fclose(f);
+    if (!buf)
+        return ferry__err_set(NULL, -ENOMEM, "moe trace %s: out of memory reading it", path);
+    if (rc == 0) {
+        rc = ferry_moe_trace_parse(buf, len, out);
+        if (rc < 0) {
+            char msg[FERRY__ERRMSG_MAX];
+            snprintf(msg, sizeof msg, "%s", ferry_last_error());
+            ferry__err_set(NULL, rc, "%s: %s", path, msg);
+        }
+    }
+    ferry__free(buf);
+    return rc;
+}
+
+int ferry_moe_trace_save(const ferry_moe_trace *t, const char *path)
+{
+    if (!t || !path)
+        return ferry__err_set(NULL, -EINVAL, "moe trace save: no trace or path");
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        int e = errno;
+        return ferry__err_set(NULL, -e, "moe trace save %s: open: %s", path, strerror(e));
+    }
+    json_t *h = json_pack("{s:s,s:i,s:i,s:i,s:I}", "model", t->model.name, "num_layers",
+                          (int)t->model.num_layers, "num_experts", (int)t->model.num_experts,
+                          "top_k", (int)t->model.top_k, "expert_bytes",
+                          (json_int_t)t->model.expert_bytes);
+    char *hs = h ? json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(h);
+    if (!hs) {
+        fclose(f);
+        return ferry__err_set(NULL, -ENOMEM, "moe trace save %s: out of memory", path);
+    }
+    fprintf(f, "%s\n", hs);
+    free(hs);
+    for (size_t i = 0; i < t->n_steps; i++) {
+        fprintf(f, "{\"token\":%u,\"layer\":%u,\"experts\":[", t->tok[i], t->layer[i]);
+        for (size_t j = t->off[i]; j < t->off[i + 1]; j++) {
+            if (j != t->off[i])
+                fputc(',', f);
+            fprintf(f, "%u", t->ex[j]);
+        }
+        fputs("]}\n", f);
+    }
+    int bad = ferror(f);
+    if (fclose(f) != 0 || bad) {
+        int e = errno ? errno : EIO;
+        return ferry__err_set(NULL, -e, "moe trace save %s: write: %s", path, strerror(e));
+    }
+    return 0;
+}

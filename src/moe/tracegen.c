@@ -1,0 +1,390 @@
+/*
+ * tracegen.c - seeded synthetic routing traces, and the statistics they are
+ * calibrated against.
+ *
+ * The generator draws each token's top-k set at each layer one expert at a
+ * time from a mixture whose weights are the calibration knobs:
+ *   - with probability r1(l): an expert of the previous token's set at this
+ *     layer (temporal locality: ~45% of selections repeat at the next token);
+ *   - with probability r2(l): an expert of the set 2..8 tokens back
+ *     (medium-range reuse: ~80% within 8 tokens, median distance ~2);
+ *   - with probability c: the fixed partner, at this layer, of an expert of
+ *     this token's set at the previous layer (cross-layer correlation);
+ *   - otherwise: the layer's own Zipf popularity over a random permutation
+ *     of experts (skew: the top expert of 8 takes 14-19% of routes, the top
+ *     32 of 256 cover 58-76%).
+ * r1 and r2 are scaled by a depth factor that is lowest at the first and
+ * last layers, so locality is weaker there and miss rates over depth are
+ * U-shaped, as measured on real models. A candidate already in the set is
+ * redrawn. The whole trace is a function of (preset, sizes, tokens, seed):
+ * one xoshiro256** stream drives every choice.
+ *
+ * ferry__trace_stats_compute() measures those same statistics on any trace
+ * (generated or captured); the calibration test and `ferry moe gen` use it.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe/moe_internal.h"
+
+typedef struct preset {
+    const char *name;
+    uint32_t layers, experts, top_k;
+    uint64_t expert_bytes;
+    double zipf_s, r1, r2, cross, edge_drop;
+} preset;
+
+/* expert_bytes: gate + up + down of one expert at the model's usual
+ * inference precision (fp8 for DeepSeek-V3, bf16 otherwise) */
+static const preset presets[] = {
+    {"deepseek-v3", 58, 256, 8, 3ull * 7168 * 2048, 1.3, 0.33, 0.42, 0.15, 0.35},
+    {"qwen3-30b-a3b", 48, 128, 8, 3ull * 2048 * 768 * 2, 1.1, 0.33, 0.42, 0.15, 0.35},
+    {"mixtral-8x7b", 32, 8, 2, 3ull * 4096 * 14336 * 2, 0.25, 0.26, 0.20, 0.15, 0.35},
+    {"small", 4, 16, 2, 3ull * 4096, 1.0, 0.33, 0.42, 0.15, 0.35},
+};
+
+static const char *const preset_names[] = {"deepseek-v3", "qwen3-30b-a3b", "mixtral-8x7b", "small",
+                                           NULL};
+
+const char *const *ferry_moe_gen_presets(void)
+{
+    return preset_names;
+}
+
+#define HIST 9 /* tokens of history kept: this one and 8 back */
+
+typedef struct gen {
+    const preset *ps;
+    uint32_t L, E, K;
+    ferry__rng rng;
+    double *cdf;      /* [L][E] cumulative popularity by rank */
+    uint32_t *rank;   /* [L][E] rank -> expert */
+    uint32_t *partner;/* [L][E] expert at l-1 -> partner at l */
+    uint32_t *hist;   /* [HIST][L][K] ring of sets */
+    uint32_t *stamp;  /* [E] membership of the set being built */
+    uint32_t gen_no;
+} gen;
+
+static void gen_free(gen *g)
+{
+    ferry__free(g->cdf);
+    ferry__free(g->rank);
+    ferry__free(g->partner);
+    ferry__free(g->hist);
+    ferry__free(g->stamp);
+}
+
+static void shuffle(ferry__rng *r, uint32_t *a, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        a[i] = i;
+    for (uint32_t i = n; i > 1; i--) {
+        uint32_t j = ferry__rng_below(r, i);
+        uint32_t t = a[i - 1];
+        a[i - 1] = a[j];
+        a[j] = t;
+    }
+}
+
+static uint32_t popular(gen *g, uint32_t l)
+{
+    const double *c = g->cdf + (size_t)l * g->E;
+    double u = ferry__rng_unit(&g->rng) * c[g->E - 1];
+    uint32_t lo = 0, hi = g->E - 1;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2;
+        if (c[mid] > u)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return g->rank[(size_t)l * g->E + lo];
+}
+
+static uint32_t *set_at(gen *g, uint32_t t, uint32_t l)
+{
+    return g->hist + (((size_t)(t % HIST) * g->L + l) * g->K);
+}
+
+int ferry_moe_trace_generate(const ferry_moe_gen_options *opt, ferry_moe_trace **out)
+{
+    if (!opt || !out || opt->size < sizeof(ferry_moe_gen_options))
+        return ferry__err_set(NULL, -EINVAL, "moe gen: options missing or too old");
+    const char *name = opt->model ? opt->model : "deepseek-v3";
+    const preset *ps = NULL;
+    for (size_t i = 0; i < FERRY__ARRAY_LEN(presets); i++)
+        if (!strcmp(presets[i].name, name))
+            ps = &presets[i];
+    if (!ps)
+        return ferry__err_set(NULL, -EINVAL, "moe gen: unknown model preset '%s'", name);
+    gen g = {0};
+    g.ps = ps;
+    g.L = opt->num_layers ? opt->num_layers : ps->layers;
+    g.E = opt->num_experts ? opt->num_experts : ps->experts;
+    g.K = opt->top_k ? opt->top_k : ps->top_k;
+    uint32_t tokens = opt->tokens ? opt->tokens : 512;
+    if (g.K > g.E || g.L > 4096 || g.E > 65536)
+        return ferry__err_set(NULL, -EINVAL, "moe gen: top_k %u of %u experts x %u layers", g.K,
+                              g.E, g.L);
+    ferry_moe_model m = {0};
+    snprintf(m.name, sizeof m.name, "%s", ps->name);
+    m.num_layers = g.L;
+    m.num_experts = g.E;
+    m.top_k = g.K;
+    m.expert_bytes = ps->expert_bytes;
+    ferry_moe_trace *t;
+    int rc = ferry_moe_trace_create(&m, &t);
+    if (rc < 0)
+        return rc;
+    size_t le = (size_t)g.L * g.E;
+    g.cdf = ferry__malloc(le * sizeof *g.cdf);
+    g.rank = ferry__malloc(le * sizeof *g.rank);
+    g.partner = ferry__malloc(le * sizeof *g.partner);
+    g.hist = ferry__malloc((size_t)HIST * g.L * g.K * sizeof *g.hist);
+    g.stamp = ferry__calloc(g.E, sizeof *g.stamp);
+    if (!g.cdf || !g.rank || !g.partner || !g.hist || !g.stamp) {
+        gen_free(&g);
+        ferry_moe_trace_destroy(t);
+        return ferry__err_set(NULL, -ENOMEM, "moe gen: out of memory for %u x %u experts", g.L, g.E);
+    }
+    ferry__rng_seed(&g.rng, opt->seed);
+    for (uint32_t l = 0; l < g.L; l++) {
+        shuffle(&g.rng, g.rank + (size_t)l * g.E, g.E);
+        shuffle(&g.rng, g.partner + (size_t)l * g.E, g.E);
+        double acc = 0;
+        for (uint32_t r = 0; r < g.E; r++) {
+            acc += 1.0 / pow(r + 1.0, ps->zipf_s);
+            g.cdf[(size_t)l * g.E + r] = acc;
+        }
+    }
+    for (uint32_t tk = 0; tk < tokens && rc == 0; tk++) {
+        for (uint32_t l = 0; l < g.L && rc == 0; l++) {
+            double x = g.L > 1 ? 2.0 * l / (g.L - 1) - 1.0 : 0.0;
+            double f = 1.0 - ps->edge_drop * x * x;
+            double r1 = ps->r1 * f, r2 = ps->r2 * f;
+            uint32_t *cur = set_at(&g, tk, l);
+            uint32_t gn = ++g.gen_no;
+            for (uint32_t j = 0; j < g.K; j++) {
+                uint32_t cand = 0;
+                int ok = 0;
+                for (int attempt = 0; attempt < 8 && !ok; attempt++) {
+                    double u = ferry__rng_unit(&g.rng);
+                    if (tk >= 1 && u < r1)
+                        cand = set_at(&g, tk - 1, l)[ferry__rng_below(&g.rng, g.K)];
+                    else if (tk >= 2 && u < r1 + r2) {
+                        uint32_t back = tk - 1 < HIST - 1 ? tk - 1 : HIST - 1;
+                        uint32_t d = 2 + ferry__rng_below(&g.rng, back - 1 ? back - 1 : 1);
+                        if (d > tk)
+                            d = tk;
+                        cand = set_at(&g, tk - d, l)[ferry__rng_below(&g.rng, g.K)];
+                    } else if (l >= 1 && u < r1 + r2 + ps->cross) {
+                        uint32_t a = set_at(&g, tk, l - 1)[ferry__rng_below(&g.rng, g.K)];
+                        cand = g.partner[(size_t)l * g.E + a];
+                    } else
+                        cand = popular(&g, l);
+                    ok = g.stamp[cand] != gn;
+                }
+                while (!ok) { /* a set nearly as wide as the layer: take the next free */
+                    cand = (cand + 1) % g.E;
+                    ok = g.stamp[cand] != gn;
+                }
+                g.stamp[cand] = gn;
+                cur[j] = cand;
+            }
+            rc = ferry_moe_trace_append(t, tk, l, cur, g.K);
+        }
+    }
+    gen_free(&g);
+    if (rc < 0) {
+        ferry_moe_trace_destroy(t);
+        return rc;
+    }
+    *out = t;
+    return 0;
+}
+
+/* ---- statistics ---- */
+static int cmp_desc(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+int ferry__trace_stats_compute(const ferry_moe_trace *t, ferry__trace_stats *out)
+{
+    uint32_t L = t->model.num_layers, E = t->model.num_experts, T = t->n_tokens;
+    size_t ids = (size_t)L * E;
+    memset(out, 0, sizeof *out);
+    uint64_t *count = ferry__calloc(ids, sizeof *count);
+    uint32_t *last = ferry__malloc(ids * sizeof *last);
+    uint64_t *stamp = ferry__calloc(ids, sizeof *stamp);
+    uint64_t *dist = ferry__calloc(65, sizeof *dist); /* 1..64, 64 = more */
+    uint64_t *sorted = ferry__malloc((size_t)E * sizeof *sorted);
+    uint64_t *lrep = ferry__calloc(L, sizeof *lrep), *ltot = ferry__calloc(L, sizeof *ltot);
+    double *layer_repeat = ferry__calloc(L, sizeof *layer_repeat);
+    int do_pairs = E <= 512 && T >= 4;
+    uint32_t *pairs = do_pairs ? ferry__calloc((size_t)L * E * E, sizeof *pairs) : NULL;
+    uint32_t *best = do_pairs ? ferry__malloc(ids * sizeof *best) : NULL;
+    uint64_t *count_half = do_pairs ? ferry__calloc(ids, sizeof *count_half) : NULL;
+    if (!count || !last || !stamp || !dist || !sorted || !lrep || !ltot || !layer_repeat ||
+        (do_pairs && (!pairs || !best || !count_half))) {
+        ferry__free(count_half);
+        ferry__free(count);
+        ferry__free(last);
+        ferry__free(stamp);
+        ferry__free(dist);
+        ferry__free(sorted);
+        ferry__free(lrep);
+        ferry__free(ltot);
+        ferry__free(layer_repeat);
+        ferry__free(pairs);
+        ferry__free(best);
+        return -ENOMEM;
+    }
+    memset(last, 0xff, ids * sizeof *last);
+    uint64_t rep = 0, rep_tot = 0, w8 = 0, w8_tot = 0;
+    uint32_t half = T / 2;
+    /* pass 1: counts, reuse, pairs on the first half */
+    for (size_t i = 0; i < t->n_steps; i++) {
+        uint32_t tk = t->tok[i], l = t->layer[i];
+        for (size_t j = t->off[i]; j < t->off[i + 1]; j++) {
+            size_t id = (size_t)l * E + t->ex[j];
+            if (stamp[id] == i + 1)
+                continue;
+            stamp[id] = i + 1;
+            count[id]++;
+            if (do_pairs && tk < half)
+                count_half[id]++;
+            if (tk >= 1) {
+                rep_tot++;
+                ltot[l]++;
+                if (last[id] == tk - 1) {
+                    rep++;
+                    lrep[l]++;
+                }
+            }
+            if (last[id] != UINT32_MAX && tk > last[id]) {
+                uint32_t d = tk - last[id];
+                dist[d > 64 ? 64 : d]++;
+            }
+            if (tk >= 8) {
+                w8_tot++;
+                if (last[id] != UINT32_MAX && tk - last[id] <= 8)
+                    w8++;
+            }
+            last[id] = tk;
+        }
+        /* pairs with the previous step when it is layer l-1 of this token */
+        if (do_pairs && tk < half && i > 0 && l > 0 && t->tok[i - 1] == tk &&
+            t->layer[i - 1] == l - 1)
+            for (size_t a = t->off[i - 1]; a < t->off[i]; a++)
+                for (size_t b = t->off[i]; b < t->off[i + 1]; b++)
+                    pairs[((size_t)l * E + t->ex[a]) * E + t->ex[b]]++;
+    }
+    double top1 = 0, top32 = 0;
+    for (uint32_t l = 0; l < L; l++) {
+        uint64_t tot = 0;
+        for (uint32_t e = 0; e < E; e++) {
+            sorted[e] = count[(size_t)l * E + e];
+            tot += sorted[e];
+        }
+        qsort(sorted, E, sizeof *sorted, cmp_desc);
+        uint64_t c32 = 0;
+        for (uint32_t e = 0; e < E && e < 32; e++)
+            c32 += sorted[e];
+        if (tot) {
+            top1 += (double)sorted[0] / tot;
+            top32 += (double)c32 / tot;
+        }
+        layer_repeat[l] = ltot[l] ? (double)lrep[l] / ltot[l] : 0;
+    }
+    out->top1_share = top1 / L;
+    out->top32_cover = E >= 64 ? top32 / L : 0;
+    out->repeat_next = rep_tot ? (double)rep / rep_tot : 0;
+    out->within8 = w8_tot ? (double)w8 / w8_tot : 0;
+    uint64_t dtot = 0, acc = 0;
+    for (int d = 1; d <= 64; d++)
+        dtot += dist[d];
+    for (int d = 1; d <= 64; d++) {
+        acc += dist[d];
+        if (2 * acc >= dtot && dtot) {
+            out->median_reuse = d;
+            break;
+        }
+    }
+    if (do_pairs) {
+        /* learn each expert's best partner on the first half, measure on
+         * the second: an unbiased lift */
+        for (size_t id = 0; id < ids; id++) {
+            uint32_t l = (uint32_t)(id / E);
+            best[id] = UINT32_MAX;
+            if (l + 1 >= L)
+                continue;
+            /* the partner co-occurring most in excess of chance (count
+             * minus what independence predicts): a raw count would name
+             * the layer's most popular expert, a ratio a rare one */
+            const uint32_t *row = pairs + ((size_t)(l + 1) * E + id % E) * E;
+            double bl = 0, ca = (double)count_half[id];
+            for (uint32_t b = 0; b < E; b++) {
+                double cb = (double)count_half[(size_t)(l + 1) * E + b];
+                double excess = row[b] - ca * cb / (half ? half : 1);
+                if (row[b] >= 3 && excess > bl) {
+                    bl = excess;
+                    best[id] = b;
+                }
+            }
+        }
+        uint64_t hit = 0, tries = 0, steps_l = 0;
+        uint64_t *present = ferry__calloc(ids, sizeof *present);
+        if (present) {
+            for (size_t i = 0; i < t->n_steps; i++) {
+                uint32_t tk = t->tok[i], l = t->layer[i];
+                if (tk < half)
+                    continue;
+                for (size_t j = t->off[i]; j < t->off[i + 1]; j++)
+                    present[(size_t)l * E + t->ex[j]] = i + 1;
+                if (l == 0 || i == 0 || t->tok[i - 1] != tk || t->layer[i - 1] != l - 1)
+                    continue;
+                steps_l++;
+                for (size_t a = t->off[i - 1]; a < t->off[i]; a++) {
+                    uint32_t b = best[(size_t)(l - 1) * E + t->ex[a]];
+                    if (b == UINT32_MAX)
+                        continue;
+                    tries++;
+                    hit += present[(size_t)l * E + b] == i + 1;
+                }
+            }
+            ferry__free(present);
+            /* chance: the partner is just one of the layer's experts, routed
+             * with that expert's share of this layer's steps */
+            double p_cond = tries ? (double)hit / tries : 0;
+            double p_base = 0;
+            uint64_t n_base = 0;
+            for (size_t id = 0; id < ids; id++) {
+                if (best[id] == UINT32_MAX)
+                    continue;
+                uint32_t l = (uint32_t)(id / E) + 1;
+                p_base += (double)count[(size_t)l * E + best[id]] / (T ? T : 1);
+                n_base++;
+            }
+            p_base = n_base ? p_base / n_base : 0;
+            out->cross_lift = p_base > 0 ? p_cond / p_base : 0;
+            (void)steps_l;
+        }
+    }
+    out->layer_repeat = layer_repeat;
+    ferry__free(count);
+    ferry__free(last);
+    ferry__free(stamp);
+    ferry__free(dist);
+    ferry__free(sorted);
+    ferry__free(lrep);
+    ferry__free(ltot);
+    ferry__free(pairs);
+    ferry__free(best);
+    ferry__free(count_half);
+    return 0;
+}
