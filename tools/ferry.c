@@ -9,6 +9,7 @@
 
 static const cli_command commands[] = {
     {"info", cmd_info, "library version, device backends and I/O engines usable here"},
+    {"bench io", cmd_bench_io, "write then read a file per I/O engine: GB/s, IOPS, p50/p99, CPU"},
 };
 
 static void usage(FILE *f)
