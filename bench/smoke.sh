@@ -10,3 +10,4 @@ run() { echo "+ $*"; "$@"; }
 export FERRY_NO_PROGRESS=1
 
 run "$build/ferry" info --dir "$dir"
+run "$build/bench_device" --backend host --size 32M --chunk 4M --rounds 1
