@@ -707,11 +707,12 @@ int ferry_gds_register(ferry_gds *g, ferry_devptr buf, size_t len, ferry_stream 
         } else if (rc < 0) {
             char m[FERRY__ERRMSG_MAX];
             snprintf(m, sizeof m, "%s", ferry_last_error());
+            uint64_t raw = st->raw;
             if (new_stream)
                 ferry__free(st);
             rc = ferry__err_set(&g->err, rc,
                                 "gds: register 0x%llx: stream 0x%llx registration failed: %s",
-                                (unsigned long long)buf, (unsigned long long)st->raw, m);
+                                (unsigned long long)buf, (unsigned long long)raw, m);
             goto out;
         } else {
             st->registered = 1;
