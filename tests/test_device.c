@@ -353,6 +353,36 @@ static void events_elapsed_needs_records(void **state)
     free(h);
 }
 
+static void objects_of_two_devices_do_not_mix(void **state)
+{
+    (void)state;
+    ferry_device *d1 = open_host(), *d2 = open_host();
+    ferry_stream *s1 = NULL, *s2 = NULL;
+    ferry_event *e1 = NULL, *e2 = NULL;
+    FT_ASSERT_OK(ferry_stream_create(d1, &s1));
+    FT_ASSERT_OK(ferry_stream_create(d2, &s2));
+    FT_ASSERT_OK(ferry_event_create(d1, &e1));
+    FT_ASSERT_OK(ferry_event_create(d2, &e2));
+    assert_int_equal(ferry_event_record(e1, s2), -EINVAL);
+    assert_msg_has(ferry_device_last_error(d1), "another device");
+    assert_int_equal(ferry_stream_wait_event(s1, e2), -EINVAL);
+    float ms = 0;
+    assert_int_equal(ferry_event_elapsed_ms(e1, e2, &ms), -EINVAL);
+    /* a pointer of one device is unknown to the other */
+    ferry_devptr p = 0;
+    FT_ASSERT_OK(ferry_device_alloc(d1, 4096, &p));
+    assert_int_equal(ferry_device_free(d2, p), -EINVAL);
+    char buf[16] = {0};
+    assert_int_equal(ferry_memcpy_htod_async(s2, p, buf, sizeof buf), FERRY_EBOUNDS);
+    FT_ASSERT_OK(ferry_device_free(d1, p));
+    ferry_event_destroy(e1);
+    ferry_event_destroy(e2);
+    FT_ASSERT_OK(ferry_stream_destroy(s1));
+    FT_ASSERT_OK(ferry_stream_destroy(s2));
+    ferry_device_close(d1);
+    ferry_device_close(d2);
+}
+
 /* ---- fault injection ---- */
 
 static void fail_nth_alloc_then_retry(void **state)
@@ -674,6 +704,7 @@ int main(void)
         cmocka_unit_test(copies_outside_allocations_are_refused),
         cmocka_unit_test(async_copies_and_cross_stream_order),
         cmocka_unit_test(events_elapsed_needs_records),
+        cmocka_unit_test(objects_of_two_devices_do_not_mix),
         cmocka_unit_test(fail_nth_alloc_then_retry),
         cmocka_unit_test(injected_copy_fails_at_sync_then_retry_works),
         cmocka_unit_test(short_copies_report_eshort),

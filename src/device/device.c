@@ -267,7 +267,12 @@ int ferry_device_open(const ferry_device_options *opt, ferry_device **out)
             return 0;
         if (rc == -ENOMEM)
             return rc;
-        FERRY_LOGI("device auto: cuda unusable (%s); using host", ferry_last_error());
+        /* no driver or no device is the normal case on a CPU machine; a
+         * driver that is there but fails deserves a warning */
+        if (rc == FERRY_ENODEV)
+            FERRY_LOGI("device auto: cuda unusable (%s); using host", ferry_last_error());
+        else
+            FERRY_LOGW("device auto: cuda failed (%s); using host", ferry_last_error());
         return device_try_open(&ferry__device_host_ops, opt, out);
     }
     const struct ferry__device_ops *ops = backend_by_name(name);
@@ -278,9 +283,6 @@ int ferry_device_open(const ferry_device_options *opt, ferry_device **out)
                               name, from);
     return device_try_open(ops, opt, out);
 }
-
-static void stream_free(ferry_stream *s);
-static void event_free(ferry_event *e);
 
 void ferry_device_close(ferry_device *dev)
 {
@@ -678,11 +680,6 @@ int ferry_stream_create(ferry_device *dev, ferry_stream **out)
     return 0;
 }
 
-static void stream_free(ferry_stream *s)
-{
-    ferry__free(s);
-}
-
 int ferry_stream_destroy(ferry_stream *s)
 {
     if (!s)
@@ -697,7 +694,7 @@ int ferry_stream_destroy(ferry_stream *s)
         s->next->prev = s->prev;
     pthread_mutex_unlock(&dev->lock);
     int rc = dev->ops->stream_destroy(s);
-    stream_free(s);
+    ferry__free(s);
     return rc < 0 ? dev_pass(dev, rc) : 0;
 }
 
@@ -878,11 +875,6 @@ int ferry_event_create(ferry_device *dev, ferry_event **out)
     return 0;
 }
 
-static void event_free(ferry_event *e)
-{
-    ferry__free(e);
-}
-
 void ferry_event_destroy(ferry_event *e)
 {
     if (!e)
@@ -897,7 +889,7 @@ void ferry_event_destroy(ferry_event *e)
         e->next->prev = e->prev;
     pthread_mutex_unlock(&dev->lock);
     dev->ops->event_destroy(e);
-    event_free(e);
+    ferry__free(e);
 }
 
 int ferry_event_record(ferry_event *e, ferry_stream *s)
