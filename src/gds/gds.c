@@ -1061,9 +1061,9 @@ static int run_sync(ferry_gds *g, int dir, segv *sv)
                 ios[i] = (ferry_gds_io){dir,     g->drives[s->drive].handle, s->base, s->size,
                                         s->file_off, s->buf_off,           -1};
             }
-            atomic_fetch_add(&g->driver_ios, sv->n);
             rc = g->drv.batch(g->drv.ctx, ios, (unsigned)sv->n);
             if (rc != FERRY_ENOTSUP) {
+                atomic_fetch_add(&g->driver_ios, sv->n);
                 /* continue short ones; report the first failure */
                 rc = 0;
                 for (size_t i = 0; i < sv->n && rc == 0; i++) {
@@ -1086,6 +1086,7 @@ static int run_sync(ferry_gds *g, int dir, segv *sv)
             }
             if (ios != small)
                 ferry__free(ios);
+            rc = 0; /* no batch API in this library: one at a time */
         }
     }
     for (size_t i = 0; i < sv->n && rc == 0; i++)

@@ -1,0 +1,615 @@
+/*
+ * test_gds_roundtrip.c - bytes through the GDS context to disk and back,
+ * on every host: the host device backend (device memory simulated, real
+ * asynchronous streams) with the cpu driver, and the cufile and hipfile
+ * drivers' own code driven by a fake cuFile library that does real file
+ * I/O. LMCache's three round trips (8 MiB of 0xAB; 24 MiB of i % 251
+ * across the 16 MiB region boundary; two streams with 0xA1 and 0xB2),
+ * then striping over several directories (checked in the files
+ * themselves), the host-buffer path, extents from the context's slab, a
+ * device fault in the middle of a transfer, and driver selection.
+ */
+/* ferry-test-labels: concurrent */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core.h"
+#include "ferry_test.h"
+#include "gds/driver.h"
+#include "io/cufile_api.h"
+
+#define MiB (1u << 20)
+
+static char g_dir[4][256];
+static const char *g_dirs[4];
+static ferry_device *g_dev;
+
+static int setup(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 4; i++) {
+        ft_tmpdir(g_dir[i], sizeof g_dir[i]);
+        g_dirs[i] = g_dir[i];
+    }
+    ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
+    o.backend = "host";
+    return ferry_device_open(&o, &g_dev) < 0 ? -1 : 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    ferry_device_close(g_dev);
+    for (int i = 0; i < 4; i++)
+        ft_rmtree(g_dir[i]);
+    return 0;
+}
+
+static ferry_gds_config config(unsigned ndirs, const char *driver)
+{
+    ferry_gds_config c = FERRY_GDS_CONFIG_INIT;
+    c.dirs = g_dirs;
+    c.n_dirs = ndirs;
+    c.bytes = 64 * MiB;
+    c.device = g_dev;
+    c.driver = driver;
+    return c;
+}
+
+static ferry_extent alloc_chunk(ferry_gds *g, size_t bytes)
+{
+    ferry_shape sh = {1, {bytes}};
+    int dt = FERRY_DTYPE_U8;
+    ferry_layout l = {1, &sh, 1, &dt};
+    ferry_extent e = {0, 0};
+    assert_int_equal(ferry_slab_alloc(ferry_gds_slab(g), &l, 1, &e), 1);
+    return e;
+}
+
+static void assert_all(const unsigned char *p, size_t n, unsigned char v)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != v)
+            fail_msg("byte %zu is 0x%02x, not 0x%02x", i, p[i], v);
+}
+
+/* the byte at file offset off of dir's slab file */
+static void read_slab_file(const char *dir, void *buf, size_t len, uint64_t off)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", dir, FERRY_GDS_SLAB_NAME);
+    int fd = open(p, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(pread(fd, buf, len, (off_t)off), (ssize_t)len);
+    close(fd);
+}
+
+/* LMCache's test_gds_write_read_roundtrip */
+static void write_read_roundtrip(void **state)
+{
+    (void)state;
+    ferry_gds_config c = config(1, "cpu");
+    ferry_gds *g = NULL;
+    FT_ASSERT_OK(ferry_gds_open(&c, &g));
+    assert_string_equal(ferry_gds_driver_name(g), "cpu");
+    const size_t n = 8 * MiB;
+    ferry_stream *s;
+    FT_ASSERT_OK(ferry_stream_create(g_dev, &s));
+    ferry_devptr buf;
+    FT_ASSERT_OK(ferry_device_alloc(g_dev, n, &buf));
+    FT_ASSERT_OK(ferry_gds_register(g, buf, n, s));
+    ferry_extent e = alloc_chunk(g, n);
+    FT_ASSERT_OK(ferry_device_memset(g_dev, buf, 0xAB, n));
+    FT_ASSERT_OK(ferry_gds_extent_transfer_async(g, FERRY_GDS_WRITE, &e, buf, s));
+    FT_ASSERT_OK(ferry_gds_stream_sync(g, s));
+    FT_ASSERT_OK(ferry_device_memset(g_dev, buf, 0, n));
+    FT_ASSERT_OK(ferry_gds_extent_transfer_async(g, FERRY_GDS_READ, &e, buf, s));
+    FT_ASSERT_OK(ferry_gds_stream_sync(g, s));
+    unsigned char *host = malloc(n);
+    FT_ASSERT_OK(ferry_device_download(g_dev, host, buf, n));
+    assert_all(host, n, 0xAB);
+    /* and the bytes are on disk, where the extent says */
+    memset(host, 0, n);
+    read_slab_file(g_dir[0], host, n, e.offset);
+    assert_all(host, n, 0xAB);
+    free(host);
+    FT_ASSERT_OK(ferry_gds_deregister(g, buf));
+    ferry_gds_close(g);
+    FT_ASSERT_OK(ferry_device_free(g_dev, buf));
+    ferry_stream_destroy(s);
+}
+
+/* LMCache's test_gds_chunk_larger_than_region_roundtrip */
+static void chunk_larger_than_region_roundtrip(void **state)
+{
+    (void)state;
+    ferry_gds_config c = config(1, "cpu");
+    ferry_gds *g = NULL;
+    FT_ASSERT_OK(ferry_gds_open(&c, &g));
+    const size_t n = 24 * MiB;
+    ferry_devptr buf;
+    FT_ASSERT_OK(ferry_device_alloc(g_dev, n, &buf));
+    FT_ASSERT_OK(ferry_gds_register(g, buf, n, NULL));
+    ferry_extent pad = alloc_chunk(g, 4096); /* so the chunk is not at offset 0 */
+    ferry_extent e = alloc_chunk(g, n);
+    assert_int_equal(e.offset, pad.size);
+    unsigned char *pat = malloc(n), *back = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        pat[i] = (unsigned char)(i % 251);
+    FT_ASSERT_OK(ferry_device_upload(g_dev, buf, pat, n));
+    ferry_gds_stats st0, st1;
+    FT_ASSERT_OK(ferry_gds_stats_get(g, &st0));
+    FT_ASSERT_OK(ferry_gds_extent_transfer(g, FERRY_GDS_WRITE, &e, buf, NULL));
+    FT_ASSERT_OK(ferry_gds_stats_get(g, &st1));
+    assert_int_equal(st1.driver_ios - st0.driver_ios, 2); /* 16 MiB + 8 MiB */
+    FT_ASSERT_OK(ferry_device_memset(g_dev, buf, 0, n));
+    FT_ASSERT_OK(ferry_gds_extent_transfer(g, FERRY_GDS_READ, &e, buf, NULL));
+    FT_ASSERT_OK(ferry_device_download(g_dev, back, buf, n));
+    assert_memory_equal(back, pat, n);
+    free(pat);
+    free(back);
+    ferry_gds_close(g); /* deregisters the buffer itself */
+    FT_ASSERT_OK(ferry_device_free(g_dev, buf));
+}
+
+/* LMCache's test_gds_two_stream_write_read */
+static void two_stream_write_read(void **state)
+{
+    (void)state;
+    ferry_gds_config c = config(1, "cpu");
+    ferry_gds *g = NULL;
+    FT_ASSERT_OK(ferry_gds_open(&c, &g));
+    const size_t n = 8 * MiB;
+    ferry_stream *s[2];
+    ferry_devptr buf[2];
+    ferry_extent e[2];
+    const unsigned char pat[2] = {0xA1, 0xB2};
+    for (int i = 0; i < 2; i++) {
+        FT_ASSERT_OK(ferry_stream_create(g_dev, &s[i]));
+        FT_ASSERT_OK(ferry_device_alloc(g_dev, n, &buf[i]));
+        FT_ASSERT_OK(ferry_gds_register(g, buf[i], n, s[i]));
+        e[i] = alloc_chunk(g, n);
+        FT_ASSERT_OK(ferry_device_memset(g_dev, buf[i], pat[i], n));
+        FT_ASSERT_OK(ferry_gds_extent_transfer_async(g, FERRY_GDS_WRITE, &e[i], buf[i], s[i]));
+    }
+    for (int i = 0; i < 2; i++)
+        FT_ASSERT_OK(ferry_gds_stream_sync(g, s[i]));
+    unsigned char *host = malloc(n);
+    for (int i = 0; i < 2; i++) {
+        FT_ASSERT_OK(ferry_device_memset(g_dev, buf[i], 0, n));
+        FT_ASSERT_OK(ferry_gds_extent_transfer_async(g, FERRY_GDS_READ, &e[i], buf[i], s[i]));
+        FT_ASSERT_OK(ferry_gds_stream_sync(g, s[i]));
+        FT_ASSERT_OK(ferry_device_download(g_dev, host, buf[i], n));
+        assert_all(host, n, pat[i]);
+    }
+    free(host);
+    for (int i = 0; i < 2; i++) {
+        FT_ASSERT_OK(ferry_gds_deregister(g, buf[i]));
+        FT_ASSERT_OK(ferry_device_free(g_dev, buf[i]));
+    }
+    ferry_gds_stats st;
+    FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
+    assert_int_equal(st.regions, 0);
+    assert_int_equal(st.async_pending, 0);
+    ferry_gds_close(g);
+    for (int i = 0; i < 2; i++)
+        ferry_stream_destroy(s[i]);
+}
+
+/* the slab striped over two directories: each file holds every other 1 MiB */
+static void striped_over_two_dirs(void **state)
+{
+    (void)state;
+    ferry_gds_config c = config(2, "cpu");
+    ferry_gds *g = NULL;
+    FT_ASSERT_OK(ferry_gds_open(&c, &g));
+    ferry_gds_stats st;
+    FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
+    assert_int_equal(st.drives, 2);
+    const size_t n = 24 * MiB;
+    ferry_devptr buf;
+    FT_ASSERT_OK(ferry_device_alloc(g_dev, n, &buf));
+    FT_ASSERT_OK(ferry_gds_register(g, buf, n, NULL));
+    unsigned char *pat = malloc(n), *back = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        pat[i] = (unsigned char)(i % 251);
+    FT_ASSERT_OK(ferry_device_upload(g_dev, buf, pat, n));
+    const uint64_t at = 3 * MiB; /* starts on drive 1 */
+    FT_ASSERT_OK(ferry_gds_transfer(g, FERRY_GDS_WRITE, at, n, buf, NULL));
+    /* unit k of the slab is on drive k % 2 at file offset (k / 2) MiB */
+    unsigned char *unit = malloc(MiB);
+    for (uint64_t k = at / MiB; k < (at + n) / MiB; k++) {
+        read_slab_file(g_dir[k % 2], unit, MiB, (k / 2) * MiB);
+        assert_memory_equal(unit, pat + (k * MiB - at), MiB);
+    }
+    FT_ASSERT_OK(ferry_device_memset(g_dev, buf, 0, n));
+    FT_ASSERT_OK(ferry_gds_transfer(g, FERRY_GDS_READ, at, n, buf, NULL));
+    FT_ASSERT_OK(ferry_device_download(g_dev, back, buf, n));
+    assert_memory_equal(back, pat, n);
+    free(unit);
+    free(pat);
+    free(back);
+    ferry_gds_close(g);
+    FT_ASSERT_OK(ferry_device_free(g_dev, buf));
+}
+
+/* host buffers go to the drive queues directly, striped over three drives */
+static void host_path_striped_three_drives(void **state)
+{
+    (void)state;
+    ferry_gds_config c = config(3, "cpu");
+    c.bytes = 30 * MiB + 8192; /* drive 0 holds 10 MiB + 8 KiB, the others 10 MiB */
+    ferry_gds *g = NULL;
+    FT_ASSERT_OK(ferry_gds_open(&c, &g));
+    assert_int_equal(ferry_gds_size(g), 30 * MiB + 8192);
+    const size_t n = 10 * MiB + 12288;
+    unsigned char *pat = aligned_alloc(4096, n), *back = aligned_alloc(4096, n);
+    ft_fill_pattern(pat, n, 7);
+    const uint64_t at = 20 * MiB - 4096; /* mid-unit start, runs to the slab's end */
+    FT_ASSERT_OK(ferry_gds_pwrite(g, pat, n, at));
+    memset(back, 0, n);
+    FT_ASSERT_OK(ferry_gds_pread(g, back, n, at));
+    assert_int_equal(ft_check_pattern(back, n, 7), -1);
+    /* the last, partial unit (30 MiB .. +8 KiB) is unit 30 -> drive 0 */
+    unsigned char tail[8192];
+    read_slab_file(g_dir[0], tail, sizeof tail, 10 * MiB);
+    assert_memory_equal(tail, pat + (30 * MiB - at), sizeof tail);
+    /* extents of the context's slab through the host path */
+    ferry_extent e = alloc_chunk(g, 3 * MiB);
+    FT_ASSERT_OK(ferry_gds_extent_pwrite(g, &e, pat));
+    memset(back, 0, n);
+    FT_ASSERT_OK(ferry_gds_extent_pread(g, &e, back));
+    assert_memory_equal(back, pat, 3 * MiB);
+    /* misaligned host buffer with O_DIRECT, past the end, unaligned offset */
+    if (!ferry_gds_fallback_reason(g) || !strstr(ferry_gds_fallback_reason(g), "O_DIRECT"))
+        assert_int_equal(ferry_gds_pwrite(g, pat + 1, 4096, 0), FERRY_EALIGN);
+    assert_int_equal(ferry_gds_pwrite(g, pat, 16384, ferry_gds_size(g) - 8192), FERRY_EBOUNDS);
+    assert_int_equal(ferry_gds_pread(g, back, 4096, 100), FERRY_EALIGN);
+    ferry_gds_stats st;
+    FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
+    assert_int_equal(st.bytes_written, n + 3 * MiB);
+    assert_true(st.engine_ios >= 11);
+    free(pat);
+    free(back);
+    ferry_gds_close(g);
+}
+
+/* the device copy fails in the middle of a transfer: a clear error, then a retry works */
+static void device_fault_mid_transfer(void **state)
+{
+    (void)state;
+    ferry_gds_config c = config(1, "cpu");
+    ferry_gds *g = NULL;
+    FT_ASSERT_OK(ferry_gds_open(&c, &g));
+    const size_t n = 24 * MiB;
+    ferry_devptr buf;
+    FT_ASSERT_OK(ferry_device_alloc(g_dev, n, &buf));
+    FT_ASSERT_OK(ferry_gds_register(g, buf, n, NULL));
+    FT_ASSERT_OK(ferry_device_memset(g_dev, buf, 0x5C, n));
+    FT_ASSERT_OK(ferry_device_set_faults(g_dev, 3, 0, 0, FERRY_FAULT_COPY));
+    int rc = ferry_gds_transfer(g, FERRY_GDS_WRITE, 0, n, buf, NULL);
+    FT_ASSERT_OK(ferry_device_set_faults(g_dev, 0, 0, 0, 0));
+    assert_int_equal(rc, FERRY_EINJECTED);
+    assert_non_null(strstr(ferry_gds_last_error(g), "write of"));
+    assert_non_null(strstr(ferry_gds_last_error(g), g_dir[0]));
+    FT_ASSERT_OK(ferry_gds_transfer(g, FERRY_GDS_WRITE, 0, n, buf, NULL));
+    FT_ASSERT_OK(ferry_device_memset(g_dev, buf, 0, n));
+    FT_ASSERT_OK(ferry_gds_transfer(g, FERRY_GDS_READ, 0, n, buf, NULL));
+    unsigned char *host = malloc(n);
+    FT_ASSERT_OK(ferry_device_download(g_dev, host, buf, n));
+    assert_all(host, n, 0x5C);
+    free(host);
+    ferry_gds_close(g);
+    FT_ASSERT_OK(ferry_device_free(g_dev, buf));
+}
+
+static void driver_selection(void **state)
+{
+    (void)state;
+    ferry_gds *g = NULL;
+    ferry_gds_config c = config(1, NULL); /* auto on the host device: cpu, and why */
+    FT_ASSERT_OK(ferry_gds_open(&c, &g));
+    assert_string_equal(ferry_gds_driver_name(g), "cpu");
+    assert_non_null(strstr(ferry_gds_fallback_reason(g), "not cuda"));
+    assert_true(!strcmp(ferry_gds_engine(g), "uring") || !strcmp(ferry_gds_engine(g), "posix"));
+    ferry_gds_close(g);
+    g = NULL;
+    c.driver = "cufile"; /* forced, no cuda device and no library */
+    assert_int_equal(ferry_gds_open(&c, &g), FERRY_ENODEV);
+    assert_non_null(strstr(ferry_last_error(), "cufile"));
+    assert_null(g);
+    c.driver = "hipfile";
+    assert_int_equal(ferry_gds_open(&c, &g), FERRY_ENODEV);
+    c.driver = "cpu";
+    c.engine = "cufile"; /* the drive queues are posix/uring; cuFile is the driver's */
+    assert_int_equal(ferry_gds_open(&c, &g), -EINVAL);
+}
+
+/* ---- a fake cuFile library that moves real bytes ---- */
+typedef struct fcf {
+    int opens, closes, handles, handle_deregs, bufregs, bufderegs, sregs, sderegs;
+    unsigned sflags;
+    int reads, writes, asyncs, batches;
+    int fail_handle;
+    size_t regsizes[8];
+} fcf;
+static fcf C;
+
+static ferry__CUfileError_t ok(void)
+{
+    ferry__CUfileError_t e = {0, 0};
+    return e;
+}
+static ferry__CUfileError_t c_open(void)
+{
+    C.opens++;
+    return ok();
+}
+static ferry__CUfileError_t c_close(void)
+{
+    C.closes++;
+    return ok();
+}
+static ferry__CUfileError_t c_hreg(ferry__CUfileHandle_t *fh, ferry__CUfileDescr_t *d)
+{
+    if (C.fail_handle) {
+        ferry__CUfileError_t e = {FERRY__CU_FILE_INTERNAL_ERROR, 0};
+        return e;
+    }
+    assert_int_equal(d->type, FERRY__CU_FILE_HANDLE_TYPE_OPAQUE_FD);
+    /* our own descriptor without O_DIRECT: the fake's buffers are not aligned */
+    char p[64];
+    snprintf(p, sizeof p, "/proc/self/fd/%d", d->handle.fd);
+    int fd = open(p, O_RDWR);
+    assert_true(fd >= 0);
+    C.handles++;
+    *fh = (void *)(intptr_t)(fd + 1);
+    return ok();
+}
+static void c_hdereg(ferry__CUfileHandle_t fh)
+{
+    C.handle_deregs++;
+    close((int)(intptr_t)fh - 1);
+}
+static ferry__CUfileError_t c_breg(const void *base, size_t len, int flags)
+{
+    (void)base, (void)flags;
+    if (C.bufregs < 8)
+        C.regsizes[C.bufregs] = len;
+    C.bufregs++;
+    return ok();
+}
+static ferry__CUfileError_t c_bdereg(const void *base)
+{
+    (void)base;
+    C.bufderegs++;
+    return ok();
+}
+static ssize_t c_read(ferry__CUfileHandle_t fh, void *base, size_t size, off_t fo, off_t bo)
+{
+    C.reads++;
+    return pread((int)(intptr_t)fh - 1, (char *)base + bo, size, fo);
+}
+static ssize_t c_write(ferry__CUfileHandle_t fh, const void *base, size_t size, off_t fo, off_t bo)
+{
+    C.writes++;
+    return pwrite((int)(intptr_t)fh - 1, (const char *)base + bo, size, fo);
+}
+static ferry__CUfileError_t c_rasync(ferry__CUfileHandle_t fh, void *base, size_t *size,
+                                     off_t *fo, off_t *bo, ssize_t *done, void *stream)
+{
+    (void)stream;
+    C.asyncs++;
+    *done = c_read(fh, base, *size, *fo, *bo);
+    return ok();
+}
+static ferry__CUfileError_t c_wasync(ferry__CUfileHandle_t fh, void *base, size_t *size,
+                                     off_t *fo, off_t *bo, ssize_t *done, void *stream)
+{
+    (void)stream;
+    C.asyncs++;
+    *done = c_write(fh, base, *size, *fo, *bo);
+    return ok();
+}
+static ferry__CUfileError_t c_sreg(void *stream, unsigned flags)
+{
+    (void)stream;
+    C.sregs++;
+    C.sflags = flags;
+    return ok();
+}
+static ferry__CUfileError_t c_sdereg(void *stream)
+{
+    (void)stream;
+    C.sderegs++;
+    return ok();
+}
+typedef struct cbatch {
+    unsigned n, given;
+    ferry__CUfileIOEvents_t ev[128];
+} cbatch;
+static ferry__CUfileError_t c_bsetup(ferry__CUfileBatchHandle_t *id, unsigned nr)
+{
+    assert_true(nr <= 128);
+    *id = calloc(1, sizeof(cbatch));
+    return ok();
+}
+static ferry__CUfileError_t c_bsubmit(ferry__CUfileBatchHandle_t id, unsigned nr,
+                                      ferry__CUfileIOParams_t *p, unsigned flags)
+{
+    (void)flags;
+    cbatch *b = id;
+    C.batches++;
+    for (unsigned i = 0; i < nr; i++) {
+        assert_int_equal(p[i].mode, FERRY__CUFILE_BATCH);
+        ssize_t r = p[i].opcode == FERRY__CUFILE_READ
+                        ? c_read(p[i].fh, p[i].u.batch.devPtr_base, p[i].u.batch.size,
+                                 p[i].u.batch.file_offset, p[i].u.batch.devPtr_offset)
+                        : c_write(p[i].fh, p[i].u.batch.devPtr_base, p[i].u.batch.size,
+                                  p[i].u.batch.file_offset, p[i].u.batch.devPtr_offset);
+        b->ev[b->n].cookie = p[i].cookie;
+        b->ev[b->n].status = r >= 0 ? FERRY__CUFILE_COMPLETE : FERRY__CUFILE_FAILED;
+        b->ev[b->n++].ret = r >= 0 ? (size_t)r : 0;
+    }
+    return ok();
+}
+static ferry__CUfileError_t c_bstatus(ferry__CUfileBatchHandle_t id, unsigned min_nr,
+                                      unsigned *nr, ferry__CUfileIOEvents_t *ev,
+                                      struct timespec *to)
+{
+    (void)min_nr, (void)to;
+    cbatch *b = id;
+    unsigned k = 0;
+    while (k < *nr && b->given < b->n)
+        ev[k++] = b->ev[b->given++];
+    *nr = k;
+    return ok();
+}
+static ferry__CUfileError_t c_bcancel(ferry__CUfileBatchHandle_t id)
+{
+    (void)id;
+    return ok();
+}
+static void c_bdestroy(ferry__CUfileBatchHandle_t id)
+{
+    free(id);
+}
+
+static ferry__cufile_api fake_api(int with_async)
+{
+    ferry__cufile_api a;
+    memset(&a, 0, sizeof a);
+    a.DriverOpen = c_open;
+    a.DriverClose = c_close;
+    a.HandleRegister = c_hreg;
+    a.HandleDeregister = c_hdereg;
+    a.BufRegister = c_breg;
+    a.BufDeregister = c_bdereg;
+    a.Read = c_read;
+    a.Write = c_write;
+    if (with_async) {
+        a.ReadAsync = c_rasync;
+        a.WriteAsync = c_wasync;
+        a.StreamRegister = c_sreg;
+        a.StreamDeregister = c_sdereg;
+        a.BatchIOSetUp = c_bsetup;
+        a.BatchIOSubmit = c_bsubmit;
+        a.BatchIOGetStatus = c_bstatus;
+        a.BatchIOCancel = c_bcancel;
+        a.BatchIODestroy = c_bdestroy;
+    }
+    a.allow_host_device = 1;
+    return a;
+}
+
+static void roundtrip_on(const char *driver, int with_async)
+{
+    memset(&C, 0, sizeof C);
+    ferry__cufile_api api = fake_api(with_async);
+    ferry__gdsdl_set_api(driver, &api);
+    ferry_gds_config c = config(1, driver);
+    ferry_gds *g = NULL;
+    int rc = ferry_gds_open(&c, &g);
+    if (rc < 0)
+        ferry__gdsdl_set_api(driver, NULL);
+    FT_ASSERT_OK(rc);
+    assert_string_equal(ferry_gds_driver_name(g), driver);
+    assert_int_equal(C.opens, 1);
+    assert_int_equal(C.handles, 1);
+    const size_t n = 24 * MiB;
+    ferry_stream *s;
+    FT_ASSERT_OK(ferry_stream_create(g_dev, &s));
+    ferry_devptr buf;
+    FT_ASSERT_OK(ferry_device_alloc(g_dev, n, &buf));
+    FT_ASSERT_OK(ferry_gds_register(g, buf, n, s));
+    assert_int_equal(C.bufregs, 2);
+    assert_int_equal(C.regsizes[0], 16 * MiB);
+    assert_int_equal(C.regsizes[1], 8 * MiB);
+    assert_int_equal(C.sregs, with_async ? 1 : 0);
+    if (with_async)
+        assert_int_equal(C.sflags, 0x7);
+    unsigned char *pat = malloc(n), *back = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        pat[i] = (unsigned char)(i % 251);
+    FT_ASSERT_OK(ferry_device_upload(g_dev, buf, pat, n));
+    /* synchronous write: two segments, through the batch API when there is one */
+    FT_ASSERT_OK(ferry_gds_transfer(g, FERRY_GDS_WRITE, 4096, n, buf, s));
+    assert_int_equal(C.batches, with_async ? 1 : 0);
+    FT_ASSERT_OK(ferry_device_memset(g_dev, buf, 0, n));
+    /* asynchronous read (or its synchronous fallback) */
+    FT_ASSERT_OK(ferry_gds_transfer_async(g, FERRY_GDS_READ, 4096, n, buf, s));
+    FT_ASSERT_OK(ferry_gds_stream_sync(g, s));
+    assert_int_equal(C.asyncs, with_async ? 2 : 0);
+    FT_ASSERT_OK(ferry_device_download(g_dev, back, buf, n));
+    assert_memory_equal(back, pat, n);
+    FT_ASSERT_OK(ferry_gds_deregister(g, buf));
+    assert_int_equal(C.bufderegs, 2);
+    assert_int_equal(C.sderegs, with_async ? 1 : 0);
+    ferry_gds_close(g);
+    assert_int_equal(C.handle_deregs, 1);
+    assert_int_equal(C.closes, 1);
+    ferry__gdsdl_set_api(driver, NULL);
+    free(pat);
+    free(back);
+    FT_ASSERT_OK(ferry_device_free(g_dev, buf));
+    ferry_stream_destroy(s);
+}
+
+static void cufile_driver_over_fake_library(void **state)
+{
+    (void)state;
+    roundtrip_on("cufile", 1);
+}
+
+static void cufile_driver_over_old_library(void **state)
+{
+    (void)state;
+    roundtrip_on("cufile", 0); /* no stream, async or batch calls (cuFile < 1.7) */
+}
+
+static void hipfile_driver_over_fake_library(void **state)
+{
+    (void)state;
+    roundtrip_on("hipfile", 1);
+}
+
+static void cufile_handle_registration_failure(void **state)
+{
+    (void)state;
+    memset(&C, 0, sizeof C);
+    C.fail_handle = 1;
+    ferry__cufile_api api = fake_api(1);
+    ferry__gdsdl_set_api("cufile", &api);
+    ferry_gds_config c = config(1, "cufile");
+    ferry_gds *g = NULL;
+    int rc = ferry_gds_open(&c, &g);
+    ferry__gdsdl_set_api("cufile", NULL);
+    assert_true(rc < 0);
+    assert_null(g);
+    assert_non_null(strstr(ferry_last_error(), "cuFileHandleRegister"));
+    assert_non_null(strstr(ferry_last_error(), "5030"));
+    assert_int_equal(C.opens, 1);
+    assert_int_equal(C.closes, 1); /* nothing left open */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(write_read_roundtrip, setup, teardown),
+        cmocka_unit_test_setup_teardown(chunk_larger_than_region_roundtrip, setup, teardown),
+        cmocka_unit_test_setup_teardown(two_stream_write_read, setup, teardown),
+        cmocka_unit_test_setup_teardown(striped_over_two_dirs, setup, teardown),
+        cmocka_unit_test_setup_teardown(host_path_striped_three_drives, setup, teardown),
+        cmocka_unit_test_setup_teardown(device_fault_mid_transfer, setup, teardown),
+        cmocka_unit_test_setup_teardown(driver_selection, setup, teardown),
+        cmocka_unit_test_setup_teardown(cufile_driver_over_fake_library, setup, teardown),
+        cmocka_unit_test_setup_teardown(cufile_driver_over_old_library, setup, teardown),
+        cmocka_unit_test_setup_teardown(hipfile_driver_over_fake_library, setup, teardown),
+        cmocka_unit_test_setup_teardown(cufile_handle_registration_failure, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
