@@ -101,7 +101,7 @@ typedef struct ferry_moe_gen_options {
     size_t size;          /**< sizeof(ferry_moe_gen_options) */
     const char *model;    /**< preset: "deepseek-v3" (NULL), "qwen3-30b-a3b",
                                "mixtral-8x7b", "small" */
-    uint32_t tokens;      /**< tokens to generate; 0 -> 512 */
+    uint32_t tokens;      /**< tokens to generate; 0 -> 2048 */
     uint64_t seed;        /**< same seed, same trace */
     /* 0 keeps the preset's value */
     uint32_t num_layers, num_experts, top_k;

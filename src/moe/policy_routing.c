@@ -3,46 +3,50 @@
  * built from the structure of MoE routing.
  *
  * Belady evicts the resident expert whose next use is furthest away. This
- * policy predicts that next use and evicts the furthest prediction, in
- * absolute steps (token * num_layers + layer). Measuring in steps is what
- * global LRU gets backwards: layers run in a cycle, so while layer l runs,
- * the experts layer l+1 used at the previous token are the OLDEST in LRU
- * order and yet the soonest needed. The prediction comes from:
+ * policy estimates, for every expert, the probability lambda that it is
+ * routed at its layer's next turn, predicts its next use at
+ *     (token of its layer's next turn + 1/lambda - 1) * num_layers + layer
+ * (the mean of a geometric wait, in steps) and evicts the furthest.
  *
- *  - the reuse-distance distribution, learned online: a histogram of the
- *    gaps (in tokens) between consecutive routes of the same expert, kept
- *    per frequency class; from it, the expected remaining time to the next
- *    route GIVEN the tokens already waited, E[gap - a | gap > a]. Routing
- *    reuse is bursty (a route at the next token is far likelier than at any
- *    later one), so this conditional expectation grows as an expert waits,
- *    which plain recency or frequency cannot express;
- *  - the frequency class: an expert's route count decayed with a half-life
- *    of HALF_LIFE tokens, in half-octaves; hot experts and one-off ones
- *    have very different gap distributions, so each class has its own;
- *  - cross-layer correlation: a space-saving table learns, for each expert
- *    at layer l, the experts most often routed with it at layer l+1 on the
- *    same token (in excess of the partner's own rate); when it is routed,
- *    its strongest resident partner is predicted for the very next step.
+ * Measuring in steps is what global LRU gets backwards: layers run in a
+ * cycle, so while layer l runs, the experts layer l+1 used at the previous
+ * token are the OLDEST in LRU order and yet the soonest needed.
  *
- * A prediction changes only when the expert is routed or has waited past a
- * check point (ages 1, 2, 4, 8, ... tokens, or its predicted token): a
- * per-layer min-heap on the check token finds those when their layer runs,
- * so keys never change with time alone, the eviction heap stays valid, and
- * each route costs O(log n) amortised. Ties go to the lowest slot index.
+ * lambda is learned online, not assumed. Each expert of a layer sits in one
+ * cell of a small table of routing features:
+ *   - whether it was routed at its layer's last turn (next-token reuse);
+ *   - how many of the 7 turns before that routed it (burst reuse within 8
+ *     tokens);
+ *   - its long-run share of the layer's routes, in half-octaves around
+ *     the uniform share (popularity skew);
+ *   - whether an expert routed just before, at the previous layer of the
+ *     same token, names it as its learned partner (cross-layer correlation).
+ * At every turn of a layer, each of its experts is one opportunity for its
+ * cell and each routed one a use; lambda(cell) = uses / opportunities.
+ * Counting opportunities costs one add per cell per turn: the table keeps
+ * how many experts each layer has in each cell, and an expert changes cell
+ * only when routed, when one of its routes leaves the last turn or the
+ * 8-turn window, or when hinted - events found from the last 9 routed sets
+ * of its layer, so each route costs O(1) amortised events.
+ *
+ * Within a layer, every expert's next turn is the same token, so experts
+ * are ordered by 1/lambda alone in a per-layer heap whose keys change only
+ * on those events; across layers the victim is the best of the layer heap
+ * tops once each layer's next-turn token is added - O(num_layers) per
+ * eviction plus O(log n) heap work, no scan of the slots. Ties go to the
+ * lowest slot index.
  */
 #include <errno.h>
 #include <math.h>
 #include <string.h>
 
 #include "moe/moe_internal.h"
-#include <stdlib.h>
-static int knob(const char *n, int d) { const char *v = getenv(n); return v ? atoi(v) : d; }
 
+#define WIN 8           /* turns of history: the last one + 7 before */
+#define RING (WIN + 1)  /* routed sets kept per layer */
+#define POP_B 8         /* popularity buckets */
+#define CELLS (2 * WIN * POP_B * 2)
 #define SUCC_WAYS 4
-#define CLASSES 8
-#define MAX_GAP 64           /* gaps >= MAX_GAP share the last bucket */
-#define HALF_LIFE 4.0        /* tokens */
-#define REFRESH_ROUTES 2048u /* rebuild the expectation tables this often */
 
 typedef struct succ_entry {
     uint32_t id;     /* layer-local expert of the next layer, NONE if empty */
@@ -51,84 +55,57 @@ typedef struct succ_entry {
 
 typedef struct routing {
     ferry__policy base;
-    ferry__heap evict;        /* key: -(predicted step) -> top = furthest */
-    ferry__heap *due;         /* per layer, key: token of the next check */
-    uint32_t *pos_e, *pos_d, *scratch;
-    double *key_e, *key_d;
-    uint32_t *last_tok;       /* per id: token of the last route, NONE never */
-    float *cnt;               /* per id: decayed route count at last_tok */
-    uint8_t *cls;             /* per id: frequency class at the last route */
-    double hist[CLASSES][MAX_GAP + 1];
-    double ovf_sum[CLASSES];  /* sum of the gaps in the last bucket */
-    double erem[CLASSES][MAX_GAP + 1]; /* E[gap - a | gap > a] */
-    double phor[CLASSES][MAX_GAP + 1]; /* P(gap <= a + H | gap > a) */
-    uint32_t since_refresh;
-    succ_entry *succ;         /* [(layer * E + e) * SUCC_WAYS] */
-    uint32_t *prev_ids;       /* previous step's ids (for learning pairs) */
+    ferry__heap *lh;           /* per layer, key: -(1/lambda - 1) * L */
+    uint32_t *pos, *scratch;
+    double *key;
+    /* per id */
+    uint32_t *last_tok;        /* token of the last route, NONE never */
+    uint32_t *bits;            /* bit d: routed d turns before last_tok */
+    uint32_t *cnt;             /* routes */
+    uint16_t *cell;            /* cell it is counted in */
+    uint32_t *hint_tok;        /* hinted for this token's turn, NONE none */
+    /* per layer */
+    uint32_t *cell_count;      /* [L][CELLS] */
+    uint64_t *routes;          /* routes seen */
+    uint32_t *turn_tok;        /* token of its last turn, NONE none */
+    uint32_t *ring;            /* [L][RING][E] routed sets */
+    uint32_t *ring_n, *ring_tok; /* [L][RING] */
+    /* learned */
+    double opps[CELLS], uses[CELLS]; /* learned over all layers */
+    succ_entry *succ;          /* [(layer * E + e) * SUCC_WAYS] */
+    uint32_t *prev_ids;
     uint32_t prev_n, prev_layer, prev_tok;
     int have_prev;
 } routing;
 
-#include <stdio.h>
 static void rt_fini(ferry__policy *p)
 {
     routing *s = (routing *)p;
-    if (knob("RT_DUMP", 0) && s->due) for (int c = 0; c < CLASSES; c++) { fprintf(stderr, "c%d n=%.0f:", c, s->hist[c][1]); for (int a = 0; a < 12; a++) fprintf(stderr, " %.2f", s->erem[c][a]); fprintf(stderr, "\n"); }
-    ferry__heap_fini(&s->evict);
-    if (s->due)
+    if (s->lh)
         for (uint32_t l = 0; l < p->env.num_layers; l++)
-            ferry__heap_fini(&s->due[l]);
-    ferry__free(s->due);
-    ferry__free(s->pos_e);
-    ferry__free(s->pos_d);
+            ferry__heap_fini(&s->lh[l]);
+    ferry__free(s->lh);
+    ferry__free(s->pos);
     ferry__free(s->scratch);
-    ferry__free(s->key_e);
-    ferry__free(s->key_d);
+    ferry__free(s->key);
     ferry__free(s->last_tok);
+    ferry__free(s->bits);
     ferry__free(s->cnt);
-    ferry__free(s->cls);
+    ferry__free(s->cell);
+    ferry__free(s->hint_tok);
+    ferry__free(s->cell_count);
+    ferry__free(s->routes);
+    ferry__free(s->turn_tok);
+    ferry__free(s->ring);
+    ferry__free(s->ring_n);
+    ferry__free(s->ring_tok);
     ferry__free(s->succ);
     ferry__free(s->prev_ids);
 }
 
-/* the expectation tables from the histograms; a class with no data yet
- * borrows a geometric prior with mean 4 tokens */
-static void refresh(routing *s)
+static uint16_t cell_of(int last, uint32_t win, uint32_t pop, int hinted)
 {
-    for (int c = 0; c < CLASSES; c++) {
-        double h_last = s->hist[c][MAX_GAP];
-        double mean_last = h_last > 0 ? s->ovf_sum[c] / h_last : 2.0 * MAX_GAP;
-        double s0 = 0, s1 = 0; /* count and sum of the gaps > a */
-        s->erem[c][MAX_GAP] = h_last >= 4 ? mean_last - MAX_GAP : MAX_GAP;
-        for (int a = MAX_GAP - 1; a >= 0; a--) {
-            double h = s->hist[c][a + 1];
-            s0 += h;
-            s1 += h * (a + 1 == MAX_GAP ? mean_last : a + 1);
-            /* with little data, a prior: the longer waited, the longer to go */
-            double e = s0 >= 4 ? s1 / s0 - a : 4.0 + a;
-            s->erem[c][a] = e < 0.5 ? 0.5 : e;
-        }
-        if (s->erem[c][MAX_GAP] < 0.5)
-            s->erem[c][MAX_GAP] = 0.5;
-        int H = knob("RT_H", 8);
-        for (int a = 0; a <= MAX_GAP; a++) {
-            double tot = 0, in = 0;
-            for (int g = a + 1; g <= MAX_GAP; g++) { tot += s->hist[c][g]; if (g <= a + H) in += s->hist[c][g]; }
-            s->phor[c][a] = tot >= 4 ? in / tot : 0.5 / (1 + a);
-        }
-        int q = knob("RT_Q", 0);
-        if (q) {
-            for (int a = 0; a < MAX_GAP; a++) {
-                double tot = 0;
-                for (int g = a + 1; g <= MAX_GAP; g++) tot += s->hist[c][g];
-                if (tot < 4) continue;
-                double acc = 0; int g;
-                for (g = a + 1; g < MAX_GAP; g++) { acc += s->hist[c][g]; if (acc >= tot * q / 100.0) break; }
-                s->erem[c][a] = g - a;
-            }
-        }
-    }
-    s->since_refresh = 0;
+    return (uint16_t)((((uint32_t)last * WIN + win) * POP_B + pop) * 2 + (uint32_t)hinted);
 }
 
 static int rt_init(ferry__policy *p)
@@ -136,129 +113,122 @@ static int rt_init(ferry__policy *p)
     routing *s = (routing *)p;
     uint32_t n = p->env.slots, L = p->env.num_layers, E = p->env.num_experts;
     size_t ids = (size_t)L * E;
-    s->due = ferry__calloc(L, sizeof *s->due);
-    s->pos_e = ferry__malloc((size_t)n * sizeof(uint32_t));
-    s->pos_d = ferry__malloc((size_t)n * sizeof(uint32_t));
+    s->lh = ferry__calloc(L, sizeof *s->lh);
+    s->pos = ferry__malloc((size_t)n * sizeof(uint32_t));
     s->scratch = ferry__malloc((size_t)n * sizeof(uint32_t));
-    s->key_e = ferry__calloc(n, sizeof(double));
-    s->key_d = ferry__calloc(n, sizeof(double));
+    s->key = ferry__calloc(n, sizeof(double));
     s->last_tok = ferry__malloc(ids * sizeof(uint32_t));
-    s->cnt = ferry__calloc(ids, sizeof(float));
-    s->cls = ferry__calloc(ids, 1);
+    s->bits = ferry__calloc(ids, sizeof(uint32_t));
+    s->cnt = ferry__calloc(ids, sizeof(uint32_t));
+    s->cell = ferry__calloc(ids, sizeof(uint16_t));
+    s->hint_tok = ferry__malloc(ids * sizeof(uint32_t));
+    s->cell_count = ferry__calloc((size_t)L * CELLS, sizeof(uint32_t));
+    s->routes = ferry__calloc(L, sizeof(uint64_t));
+    s->turn_tok = ferry__malloc((size_t)L * sizeof(uint32_t));
+    s->ring = ferry__malloc((size_t)L * RING * E * sizeof(uint32_t));
+    s->ring_n = ferry__calloc((size_t)L * RING, sizeof(uint32_t));
+    s->ring_tok = ferry__malloc((size_t)L * RING * sizeof(uint32_t));
     s->succ = ferry__malloc(ids * SUCC_WAYS * sizeof(succ_entry));
     s->prev_ids = ferry__malloc((size_t)E * sizeof(uint32_t));
-    if (!s->due || !s->pos_e || !s->pos_d || !s->scratch || !s->key_e || !s->key_d ||
-        !s->last_tok || !s->cnt || !s->cls || !s->succ || !s->prev_ids ||
-        ferry__heap_init(&s->evict, n, s->pos_e, s->key_e) < 0) {
+    if (!s->lh || !s->pos || !s->scratch || !s->key || !s->last_tok || !s->bits || !s->cnt ||
+        !s->cell || !s->hint_tok || !s->cell_count || !s->routes || !s->turn_tok || !s->ring ||
+        !s->ring_n || !s->ring_tok || !s->succ || !s->prev_ids) {
         rt_fini(p);
         return -ENOMEM;
-    }
-    memset(s->pos_e, 0xff, (size_t)n * sizeof(uint32_t));
-    memset(s->pos_d, 0xff, (size_t)n * sizeof(uint32_t));
-    memset(s->last_tok, 0xff, ids * sizeof(uint32_t));
-    for (size_t i = 0; i < ids * SUCC_WAYS; i++) {
-        s->succ[i].id = FERRY_MOE_NONE;
-        s->succ[i].count = 0;
     }
     /* room for every slot in each layer's heap, so an insert never fails
      * half-way through a step */
     for (uint32_t l = 0; l < L; l++)
-        if (ferry__heap_init(&s->due[l], n, s->pos_d, s->key_d) < 0) {
+        if (ferry__heap_init(&s->lh[l], n, s->pos, s->key) < 0) {
             rt_fini(p);
             return -ENOMEM;
         }
-    memset(s->hist, 0, sizeof s->hist);
-    memset(s->ovf_sum, 0, sizeof s->ovf_sum);
-    refresh(s);
+    memset(s->pos, 0xff, (size_t)n * sizeof(uint32_t));
+    memset(s->last_tok, 0xff, ids * sizeof(uint32_t));
+    memset(s->hint_tok, 0xff, ids * sizeof(uint32_t));
+    memset(s->turn_tok, 0xff, (size_t)L * sizeof(uint32_t));
+    memset(s->ring_tok, 0xff, (size_t)L * RING * sizeof(uint32_t));
+    for (size_t i = 0; i < ids * SUCC_WAYS; i++) {
+        s->succ[i].id = FERRY_MOE_NONE;
+        s->succ[i].count = 0;
+    }
+    /* every expert starts never routed, unpopular, unhinted */
+    uint16_t c0 = cell_of(0, 0, 0, 0);
+    for (uint32_t l = 0; l < L; l++)
+        s->cell_count[(size_t)l * CELLS + c0] = E;
+    for (size_t i = 0; i < ids; i++)
+        s->cell[i] = c0;
     return 0;
 }
 
-/* slot (holding id) is predicted for token `tok`; check it again at `check` */
-static int predict(routing *s, uint32_t slot, uint32_t id, double tok, double check, uint32_t age)
+/* the cell of id after its layer's turn at token `tok` */
+static uint16_t compute_cell(const routing *s, uint32_t id, uint32_t tok)
 {
-    ferry__policy *p = &s->base;
-    uint32_t layer = id / p->env.num_experts;
-    double key = knob("RT_CYC", 1) ? -(tok * p->env.num_layers + layer) : -tok;
-    if (knob("RT_MODE", 0) == 1) {
-        key = s->phor[s->cls[id]][age < MAX_GAP ? age : MAX_GAP];
+    uint32_t E = s->base.env.num_experts, layer = id / E;
+    uint32_t last = s->last_tok[id], aligned = 0;
+    if (last != UINT32_MAX && tok >= last && tok - last < 32)
+        aligned = s->bits[id] << (tok - last);
+    int was_last = aligned & 1u;
+    uint32_t win = (uint32_t)__builtin_popcount(aligned & 0xfeu); /* turns 1..7 back */
+    if (win >= WIN)
+        win = WIN - 1;
+    uint32_t pop = 0;
+    if (s->cnt[id] && s->routes[layer]) {
+        double r = (double)s->cnt[id] * E / (double)s->routes[layer];
+        int b = (int)floor(2.0 * log2(r)) + POP_B / 2;
+        pop = b < 0 ? 0 : b >= POP_B ? POP_B - 1 : (uint32_t)b;
     }
-    int rc = ferry__heap_set(&s->evict, slot, key);
-    if (rc == 0)
-        rc = ferry__heap_set(&s->due[layer], slot, check);
-    return rc;
+    int hinted = s->hint_tok[id] == tok + 1;
+    return cell_of(was_last, win, pop, hinted);
 }
 
-/* prediction for id, which has waited `age` tokens since its last route */
-static void forecast(routing *s, uint32_t id, uint32_t now, uint32_t age, double *tok,
-                     double *check)
+static double lambda(const routing *s, uint16_t c)
 {
-    int c = s->cls[id];
-    double e = s->erem[c][age < MAX_GAP ? age : MAX_GAP];
-    if (age >= MAX_GAP)
-        e += age - MAX_GAP;
-    *tok = now + e;
-    /* look again at the next power-of-two age, or at the predicted token */
-    uint32_t next_age = (knob("RT_EVERY", 0) || age < 16) ? age + 1 : age ? age * 2 : 1;
-    double at = (double)(now - age) + next_age;
-    double pt = ceil(*tok);
-    *check = pt < at ? pt : at;
-    if (*check <= now)
-        *check = now + 1;
+    /* a weak prior of 1 use in 8 opportunities for an empty cell */
+    return (s->uses[c] + 0.125) / (s->opps[c] + 1.0);
 }
 
-/* a route of id at the current token */
-static void observe(routing *s, uint32_t id)
+/* re-key a resident slot from its cell */
+static void rekey(routing *s, uint32_t slot, uint32_t id)
 {
-    uint32_t now = *s->base.env.token;
-    uint32_t last = s->last_tok[id];
-    double c = 1.0;
-    if (last != UINT32_MAX && now > last) {
-        uint32_t g = now - last;
-        int cl = s->cls[id];
-        s->hist[cl][g < MAX_GAP ? g : MAX_GAP] += 1;
-        if (g >= MAX_GAP)
-            s->ovf_sum[cl] += g;
-        c += s->cnt[id] * exp2(-(double)g / HALF_LIFE);
-    } else if (last == now)
-        c = s->cnt[id];
-    s->cnt[id] = (float)c;
-    int cl = (int)floor(2.0 * log2(c));
-    s->cls[id] = (uint8_t)(cl < 0 ? 0 : cl >= CLASSES ? CLASSES - 1 : cl);
-    s->last_tok[id] = now;
-    if (++s->since_refresh >= REFRESH_ROUTES)
-        refresh(s);
+    uint32_t L = s->base.env.num_layers;
+    double wait = 1.0 / lambda(s, s->cell[id]) - 1.0;
+    (void)ferry__heap_set(&s->lh[id / s->base.env.num_experts], slot, -wait * L);
 }
 
-static void routed(routing *s, uint32_t slot, uint32_t id)
+/* move id to the cell it is in after its layer's turn at tok */
+static void recell(routing *s, uint32_t id, uint32_t tok)
 {
-    observe(s, id);
-    double tok, check;
-    forecast(s, id, *s->base.env.token, 0, &tok, &check);
-    (void)predict(s, slot, id, tok, check, 0);
+    uint32_t layer = id / s->base.env.num_experts;
+    uint16_t c = compute_cell(s, id, tok);
+    if (c != s->cell[id]) {
+        s->cell_count[(size_t)layer * CELLS + s->cell[id]]--;
+        s->cell_count[(size_t)layer * CELLS + c]++;
+        s->cell[id] = c;
+    }
+    uint32_t slot = s->base.env.where[id];
+    if (slot != FERRY_MOE_NONE)
+        rekey(s, slot, id);
 }
 
 static void rt_hit(ferry__policy *p, uint32_t slot, uint32_t id)
 {
-    routed((routing *)p, slot, id);
+    /* re-keyed in end_step, once the turn is accounted */
 }
 
 static int rt_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
 {
     routing *s = (routing *)p;
-    uint32_t now = *p->env.token;
-    if (prefetch) /* wanted within the token by whoever predicted it */
-        return predict(s, slot, id, now, now + 1, 0);
-    observe(s, id);
-    double tok, check;
-    forecast(s, id, now, 0, &tok, &check);
-    return predict(s, slot, id, tok, check, 0);
+    /* keyed from its cell; a routed expert is re-keyed in end_step, and a
+     * prefetched one is protected by its pin until the next step */
+    double wait = 1.0 / lambda(s, s->cell[id]) - 1.0;
+    return ferry__heap_set(&s->lh[id / p->env.num_experts], slot, -wait * p->env.num_layers);
 }
 
 static void rt_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
 {
     routing *s = (routing *)p;
-    ferry__heap_remove(&s->evict, slot);
-    ferry__heap_remove(&s->due[id / p->env.num_experts], slot);
+    ferry__heap_remove(&s->lh[id / p->env.num_experts], slot);
 }
 
 static int rt_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slot)
@@ -266,11 +236,28 @@ static int rt_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slo
     routing *s = (routing *)p;
     if (have_free)
         return 1;
-    uint32_t v = ferry__heap_first_unpinned(&s->evict, p->env.pin_step, *p->env.step, s->scratch,
-                                            p->env.slots);
-    if (v == UINT32_MAX)
+    uint32_t L = p->env.num_layers, tok = *p->env.token;
+    uint32_t best = UINT32_MAX;
+    double best_step = -INFINITY;
+    for (uint32_t m = 0; m < L; m++) {
+        if (!s->lh[m].n)
+            continue;
+        uint32_t v = ferry__heap_first_unpinned(&s->lh[m], p->env.pin_step, *p->env.step,
+                                                s->scratch, p->env.slots);
+        if (v == UINT32_MAX)
+            continue;
+        /* its layer's next turn: this token if it has not run yet */
+        uint32_t next = s->turn_tok[m] == UINT32_MAX || s->turn_tok[m] < tok ? tok
+                                                                             : s->turn_tok[m] + 1;
+        double step = (double)next * L + m - s->key[v];
+        if (step > best_step || (step == best_step && v < best)) {
+            best_step = step;
+            best = v;
+        }
+    }
+    if (best == UINT32_MAX)
         return -1;
-    *slot = v;
+    *slot = best;
     return 0;
 }
 
@@ -291,27 +278,61 @@ static void learn(routing *s, uint32_t layer, uint32_t a, uint32_t b)
     t[min_i].count++;
 }
 
+static const uint32_t *ring_set(const routing *s, uint32_t layer, uint32_t tok, uint32_t *n)
+{
+    size_t r = (size_t)layer * RING + tok % RING;
+    if (s->ring_tok[r] != tok) {
+        *n = 0;
+        return NULL;
+    }
+    *n = s->ring_n[r];
+    return s->ring + r * s->base.env.num_experts;
+}
+
 static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint32_t n)
 {
     routing *s = (routing *)p;
     uint32_t E = p->env.num_experts, L = p->env.num_layers;
     uint32_t tok = *p->env.token;
+    uint32_t *cc = s->cell_count + (size_t)layer * CELLS;
 
-    /* check points reached: residents of this layer not routed now (those
-     * routed were just re-predicted, with checks after now) */
-    ferry__heap *d = &s->due[layer];
-    while (d->n) {
-        uint32_t slot = ferry__heap_top(d);
-        if (s->key_d[slot] > (double)tok)
-            break;
-        uint32_t id = p->env.occupant[slot];
-        uint32_t last = s->last_tok[id];
-        uint32_t age = last == UINT32_MAX || last > tok ? 1 : tok - last;
-        double pt, check;
-        forecast(s, id, tok, age, &pt, &check);
-        if (predict(s, slot, id, pt, check, age) < 0)
-            break;
+    if (s->turn_tok[layer] == tok) /* a second ensure of the same turn: learn nothing twice */
+        goto routed;
+    /* the turn as an opportunity for every expert of the layer, a use for
+     * each routed one, counted in the cells they were in before it */
+    for (uint32_t c = 0; c < CELLS; c++)
+        s->opps[c] += cc[c];
+    for (uint32_t j = 0; j < n; j++)
+        s->uses[s->cell[ids[j]]] += 1;
+routed:
+    s->routes[layer] += n;
+    for (uint32_t j = 0; j < n; j++) {
+        uint32_t id = ids[j], last = s->last_tok[id];
+        if (last == tok)
+            continue;
+        s->bits[id] = last != UINT32_MAX && tok - last < 32 ? (s->bits[id] << (tok - last)) | 1u : 1u;
+        s->last_tok[id] = tok;
+        s->cnt[id]++;
     }
+    s->turn_tok[layer] = tok;
+    /* experts whose features changed: routed now, routed at the previous
+     * turn (leave "last"), routed 8 turns back (leave the window), hinted
+     * for this turn (hint expires) */
+    for (uint32_t j = 0; j < n; j++)
+        recell(s, ids[j], tok);
+    uint32_t m;
+    const uint32_t *set;
+    if (tok >= 1 && (set = ring_set(s, layer, tok - 1, &m)) != NULL)
+        for (uint32_t j = 0; j < m; j++)
+            recell(s, set[j], tok);
+    if (tok >= WIN && (set = ring_set(s, layer, tok - WIN, &m)) != NULL)
+        for (uint32_t j = 0; j < m; j++)
+            recell(s, set[j], tok);
+    /* remember this turn's set */
+    size_t r = (size_t)layer * RING + tok % RING;
+    memcpy(s->ring + r * E, ids, (size_t)n * sizeof *ids);
+    s->ring_n[r] = n;
+    s->ring_tok[r] = tok;
 
     /* cross-layer: learn pairs (previous layer -> this layer) of this token */
     if (s->have_prev && s->prev_tok == tok && s->prev_layer + 1 == layer) {
@@ -319,21 +340,48 @@ static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, u
             for (uint32_t j = 0; j < n; j++)
                 learn(s, s->prev_layer, s->prev_ids[i] % E, ids[j] % E);
     }
-    /* hint: each routed expert's strongest partner at the next layer is
-     * predicted for the next step */
-    if (layer + 1 < L && knob("RT_HINT", 1)) {
+    /* hint: each routed expert's strongest partner at the next layer, in
+     * excess of that partner's own popularity */
+    if (layer + 1 < L) {
+        uint32_t next = layer + 1;
         for (uint32_t j = 0; j < n; j++) {
             const succ_entry *t = &s->succ[((size_t)layer * E + ids[j] % E) * SUCC_WAYS];
-            uint32_t best = 0;
-            for (uint32_t i = 1; i < SUCC_WAYS; i++)
-                if (t[i].count > t[best].count)
-                    best = i;
-            if (t[best].id == FERRY_MOE_NONE || t[best].count < 3)
+            uint32_t best = FERRY_MOE_NONE;
+            double best_x = 2.0;
+            double ca = s->cnt[ids[j]];
+            for (uint32_t i = 0; i < SUCC_WAYS; i++) {
+                if (t[i].id == FERRY_MOE_NONE)
+                    continue;
+                double cb = s->cnt[next * E + t[i].id];
+                double x = t[i].count - ca * cb / (s->routes[next] ? s->routes[next] : 1) * 8;
+                if (x > best_x) {
+                    best_x = x;
+                    best = t[i].id;
+                }
+            }
+            if (best == FERRY_MOE_NONE)
                 continue;
-            uint32_t pid = (layer + 1) * E + t[best].id;
-            uint32_t slot = p->env.where[pid];
-            if (slot != FERRY_MOE_NONE && !ferry__pinned(p, slot))
-                (void)ferry__heap_set(&s->evict, slot, -((double)tok * L + layer + 1));
+            uint32_t pid = next * E + best;
+            if (s->hint_tok[pid] == tok)
+                continue;
+            /* hinted for its turn at this token: counted before that turn,
+             * in its hinted cell */
+            uint32_t ptok = s->turn_tok[next] == UINT32_MAX ? tok : s->turn_tok[next];
+            if (ptok + 1 != tok)
+                continue;
+            s->hint_tok[pid] = tok;
+            recell(s, pid, ptok);
+            /* it leaves the hinted cell at its turn: make sure that turn
+             * revisits it (the previous-turn ring holds it, or add it) */
+            size_t rr = (size_t)next * RING + ptok % RING;
+            if (s->ring_tok[rr] == ptok && s->ring_n[rr] < E) {
+                uint32_t *set2 = s->ring + rr * E;
+                int found = 0;
+                for (uint32_t i = 0; i < s->ring_n[rr] && !found; i++)
+                    found = set2[i] == best + next * E;
+                if (!found)
+                    set2[s->ring_n[rr]++] = pid;
+            }
         }
     }
     memcpy(s->prev_ids, ids, (size_t)n * sizeof *ids);
@@ -345,8 +393,8 @@ static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, u
 
 const ferry__policy_ops ferry__policy_routing = {
     .name = "routing",
-    .describe = "predicted next use from the learned reuse-distance distribution per frequency "
-                "class and cross-layer partners; evicts the furthest prediction",
+    .describe = "learned reuse probability per routing-feature cell (last turn, 8-turn window, "
+                "popularity, cross-layer partner); evicts the furthest predicted use in steps",
     .state_size = sizeof(routing),
     .init = rt_init,
     .fini = rt_fini,
