@@ -11,7 +11,9 @@
  *
  * With --device, buffers are device memory: on cufile (GDS file) the same
  * asynchronous loop runs with device requests; otherwise each call moves
- * depth chunks through the double-buffered bounce path, and the bench also
+ * 2 x depth chunks through the double-buffered bounce path (segments of
+ * depth chunks, so as many bytes are in flight as in the host loop), and
+ * the bench also
  * measures the parts alone (file I/O from host memory, device copies
  * alone) so the overlap shows as (file_s + copy_s) / total_s.
  */
@@ -172,11 +174,12 @@ out:
     return rc;
 }
 
-/* device memory on the CPU path: each call moves up to depth chunks */
+/* device memory on the CPU path: each call moves 2 * depth chunks (two
+ * bounce segments of depth chunks) */
 static int run_bounce(ferry_io *io, ferry_file *f, int op, ferry_devptr dbuf, const opts *o,
                       phase *out, const char *label)
 {
-    size_t per = (size_t)o->chunk * o->depth;
+    size_t per = (size_t)o->chunk * o->depth * 2;
     uint64_t ncall = (o->size + per - 1) / per, nchunks = (o->size + o->chunk - 1) / o->chunk;
     double *lat = malloc(nchunks * sizeof *lat);
     if (!lat)
@@ -203,19 +206,25 @@ static int run_bounce(ferry_io *io, ferry_file *f, int op, ferry_devptr dbuf, co
     return rc;
 }
 
-/* the device copies alone: the same bytes through one pinned buffer */
+/* the device copies alone: the same bytes, in chunk pieces, through a
+ * pinned buffer as large as a bounce segment (a small buffer would stay in
+ * the CPU cache and flatter the copies) */
 static int copy_only(ferry_device *dev, ferry_devptr dbuf, const opts *o, int op, double *secs)
 {
+    size_t seg = (size_t)o->chunk * o->depth;
     void *h = NULL;
     ferry_stream *s = NULL;
-    int rc = ferry_device_host_alloc(dev, (size_t)o->chunk, &h);
-    if (rc == 0)
+    int rc = ferry_device_host_alloc(dev, seg, &h);
+    if (rc == 0) {
+        memset(h, 0x5a, seg);
         rc = ferry_stream_create(dev, &s);
+    }
     double t0 = now_s();
     for (uint64_t off = 0; rc == 0 && off < o->size; off += o->chunk) {
         size_t n = (size_t)(o->size - off < o->chunk ? o->size - off : o->chunk);
-        rc = op == FERRY_IO_WRITE ? ferry_memcpy_dtoh_async(s, h, dbuf, n)
-                                  : ferry_memcpy_htod_async(s, dbuf, h, n);
+        size_t at = (size_t)(off % seg);
+        rc = op == FERRY_IO_WRITE ? ferry_memcpy_dtoh_async(s, (char *)h + at, dbuf + at, n)
+                                  : ferry_memcpy_htod_async(s, dbuf + at, (char *)h + at, n);
     }
     if (rc == 0)
         rc = ferry_stream_sync(s);
@@ -255,7 +264,8 @@ static int bench_one(const char *engine, const opts *o, size_t chunk, result *re
     io_o.engine = strcmp(engine, "auto") ? engine : NULL;
     io_o.depth = o->depth;
     io_o.device = dev;
-    io_o.bounce_bytes = chunk;
+    /* one bounce segment carries what the host loop keeps in flight */
+    io_o.bounce_bytes = chunk * o->depth;
     rc = ferry_io_open(&io_o, &io);
     if (rc < 0) {
         snprintf(res->note, sizeof res->note, "%s", ferry_last_error());
@@ -280,6 +290,8 @@ static int bench_one(const char *engine, const opts *o, size_t chunk, result *re
         if (dev) {
             rc = ferry_device_alloc(dev, blen, &dbuf);
             if (rc == 0)
+                rc = ferry_device_memset(dev, dbuf, 0x5a, blen);
+            if (rc == 0)
                 rc = ferry_io_register_dev(io, dbuf, blen);
         } else {
             rc = ferry_io_buffer_alloc(io, blen, (void **)&hbuf);
@@ -295,34 +307,40 @@ static int bench_one(const char *engine, const opts *o, size_t chunk, result *re
         if (rc == 0)
             rc = run_async(io, f, FERRY_IO_READ, hbuf, dbuf, &oc, &res->r, "read");
     } else {
-        /* the bounce path, and its parts alone */
+        /* the bounce path, and its parts alone. The file is written once
+         * first (unmeasured) so every measured write overwrites allocated
+         * blocks: the parts and the whole then compare like with like. */
         size_t blen = chunk * o->depth;
-        rc = ferry_device_alloc(dev, blen, &dbuf);
+        phase fw, fr, prefill;
+        rc = ferry_device_alloc(dev, 2 * blen, &dbuf);
+        if (rc == 0) /* touch it: first-touch page faults are not the bounce path's cost */
+            rc = ferry_device_memset(dev, dbuf, 0x5a, 2 * blen);
+        if (rc == 0)
+            rc = ferry_io_buffer_alloc(io, blen, (void **)&hbuf);
         if (rc < 0)
             goto fail;
+        memset(hbuf, 0x5a, blen);
         res->bounce = 1;
-        rc = run_bounce(io, f, FERRY_IO_WRITE, dbuf, &oc, &res->w, "write");
+        rc = run_async(io, f, FERRY_IO_WRITE, hbuf, 0, &oc, &prefill, "prefill");
+        if (rc == 0)
+            rc = run_async(io, f, FERRY_IO_WRITE, hbuf, 0, &oc, &fw, "file write");
+        if (rc == 0)
+            rc = run_bounce(io, f, FERRY_IO_WRITE, dbuf, &oc, &res->w, "write");
+        if (rc == 0)
+            rc = ferry_file_drop_cache(f);
+        if (rc == 0)
+            rc = run_async(io, f, FERRY_IO_READ, hbuf, 0, &oc, &fr, "file read");
         if (rc == 0)
             rc = ferry_file_drop_cache(f);
         if (rc == 0)
             rc = run_bounce(io, f, FERRY_IO_READ, dbuf, &oc, &res->r, "read");
-        if (rc == 0) {
-            phase fw, fr;
-            rc = ferry_io_buffer_alloc(io, blen, (void **)&hbuf);
-            if (rc == 0)
-                rc = run_async(io, f, FERRY_IO_WRITE, hbuf, 0, &oc, &fw, "file write");
-            if (rc == 0)
-                rc = ferry_file_drop_cache(f);
-            if (rc == 0)
-                rc = run_async(io, f, FERRY_IO_READ, hbuf, 0, &oc, &fr, "file read");
-            double cw = 0, cr = 0;
-            if (rc == 0)
-                rc = copy_only(dev, dbuf, &oc, FERRY_IO_WRITE, &cw);
-            if (rc == 0)
-                rc = copy_only(dev, dbuf, &oc, FERRY_IO_READ, &cr);
-            res->bw = (bounce_parts){fw.secs, cw, res->w.secs};
-            res->br = (bounce_parts){fr.secs, cr, res->r.secs};
-        }
+        double cw = 0, cr = 0;
+        if (rc == 0)
+            rc = copy_only(dev, dbuf, &oc, FERRY_IO_WRITE, &cw);
+        if (rc == 0)
+            rc = copy_only(dev, dbuf, &oc, FERRY_IO_READ, &cr);
+        res->bw = (bounce_parts){fw.secs, cw, res->w.secs};
+        res->br = (bounce_parts){fr.secs, cr, res->r.secs};
     }
     if (rc == 0)
         goto out;

@@ -2,15 +2,18 @@
  * bounce.c - the CPU path for device memory: file <-> pinned bounce buffer
  * <-> device, double-buffered.
  *
- * Invariant: a bounce buffer is written by one party at a time. Reads
- * (file -> device): segment i is read from the file into buffer i%2 while
- * the device copy of segment i-1 drains from the other buffer; before the
- * file read of segment i+2 reuses buffer i%2, the host waits on the event
- * recorded after segment i's copy. Writes (device -> file): the device
- * copy of segment i+1 into one buffer runs while segment i is written from
- * the other; the file write of segment i starts only after the event of
- * its copy completed. So the file I/O of one segment overlaps the device
- * copy of the next, which KvikIO, DeepSpeed and LMCache do not do.
+ * Invariant: a bounce buffer is used by one party at a time, handed over
+ * only at a completion the host has seen. Reads (file -> device): the file
+ * reads of segments i and i+1 are in flight together; segment i's device
+ * copy starts when its read finished, and buffer i%2 is refilled (segment
+ * i+2) only after the event recorded behind that copy completed. Writes
+ * (device -> file): segment i's file write starts once the event of its
+ * copy completed; the copy of segment i+1 goes into the other buffer once
+ * that buffer's file write (segment i-1) finished. So the file I/O of one
+ * segment overlaps the device copy of the next, and file requests never
+ * drain between segments, which KvikIO, DeepSpeed and LMCache do not do.
+ * File requests started here are always finished before returning, even
+ * on failure: they point into the caller's stack and the bounce buffers.
  *
  * O_DIRECT files: reads are padded to a multiple of 4096 inside the bounce
  * buffer (end of file inside the padding is fine; only the requested bytes
@@ -88,33 +91,71 @@ static int dev_fail(ferry_io *io, ferry_file *f, int op, size_t len, uint64_t of
                           ferry_last_error());
 }
 
+/* finish every file request still in flight (after a failure), so no
+ * request outlives the stack frame or the buffer it points into */
+static void drain_files(ferry_io *io, ferry_io_req *fr, int *started)
+{
+    for (int k = 0; k < 2; k++)
+        if (started[k]) {
+            ferry__io_finish(io, &fr[k]);
+            started[k] = 0;
+        }
+}
+
+static int start_read(ferry_io *io, struct ferry__bounce *b, ferry_file *f, ferry_io_req *fr,
+                      int *started, size_t len, uint64_t off, size_t i)
+{
+    int k = (int)(i & 1);
+    size_t pos = i * b->bytes, seglen = FERRY__MIN(b->bytes, len - pos);
+    size_t rlen = f->direct ? FERRY__ALIGN_UP(seglen, (size_t)FERRY_IO_ALIGN) : seglen;
+    int rc = ferry__io_start(io, &fr[k], f, FERRY_IO_READ, b->buf[k], 0, rlen, off + pos, seglen);
+    if (rc == 0)
+        started[k] = 1;
+    return rc;
+}
+
+/*
+ * Reads: the file reads of two segments are in flight while the device
+ * copy of the one before drains; a buffer is refilled from the file only
+ * after the event recorded behind its last copy completed.
+ */
 static int bounce_read(ferry_io *io, struct ferry__bounce *b, ferry_file *f, ferry_stream *s,
                        ferry_devptr dst, size_t len, uint64_t off)
 {
     size_t B = b->bytes, nseg = (len + B - 1) / B;
-    int pending[2] = {0, 0};
-    for (size_t i = 0; i < nseg; i++) {
+    ferry_io_req fr[2];
+    int started[2] = {0, 0};
+    int rc = start_read(io, b, f, fr, started, len, off, 0);
+    if (rc == 0 && nseg > 1)
+        rc = start_read(io, b, f, fr, started, len, off, 1);
+    for (size_t i = 0; i < nseg && rc == 0; i++) {
         int k = (int)(i & 1);
         size_t pos = i * B, seglen = FERRY__MIN(B, len - pos);
-        if (pending[k]) {
-            pending[k] = 0;
-            int rc = ferry_event_sync(b->ev[k]);
-            if (rc < 0)
-                return dev_fail(io, f, FERRY_IO_READ, len, off, i - 2, B, "device copy", rc);
-        }
-        size_t rlen = f->direct ? FERRY__ALIGN_UP(seglen, (size_t)FERRY_IO_ALIGN) : seglen;
-        int rc = ferry__io_rw(io, f, FERRY_IO_READ, b->buf[k], 0, rlen, off + pos, seglen);
+        started[k] = 0;
+        rc = ferry__io_finish(io, &fr[k]);
         if (rc < 0)
-            return rc;
+            break;
         rc = ferry_memcpy_htod_async(s, dst + pos, b->buf[k], seglen);
-        if (rc < 0)
-            return dev_fail(io, f, FERRY_IO_READ, len, off, i, seglen, "device copy", rc);
+        if (rc < 0) {
+            rc = dev_fail(io, f, FERRY_IO_READ, len, off, i, seglen, "device copy", rc);
+            break;
+        }
         rc = ferry_event_record(b->ev[k], s);
-        if (rc < 0)
-            return dev_fail(io, f, FERRY_IO_READ, len, off, i, seglen, "event record", rc);
-        pending[k] = 1;
+        if (rc < 0) {
+            rc = dev_fail(io, f, FERRY_IO_READ, len, off, i, seglen, "event record", rc);
+            break;
+        }
+        if (i + 2 < nseg) {
+            rc = ferry_event_sync(b->ev[k]);
+            if (rc < 0) {
+                rc = dev_fail(io, f, FERRY_IO_READ, len, off, i, seglen, "device copy", rc);
+                break;
+            }
+            rc = start_read(io, b, f, fr, started, len, off, i + 2);
+        }
     }
-    return 0;
+    drain_files(io, fr, started);
+    return rc;
 }
 
 static int issue_dtoh(ferry_io *io, struct ferry__bounce *b, ferry_file *f, ferry_stream *s,
@@ -131,29 +172,51 @@ static int issue_dtoh(ferry_io *io, struct ferry__bounce *b, ferry_file *f, ferr
     return 0;
 }
 
+/*
+ * Writes: once the copy of segment i landed, its file write starts; the
+ * copy of segment i+1 goes into the other buffer as soon as that buffer's
+ * previous file write (segment i-1) finished. So the file writes of two
+ * segments overlap each other and the device copy of the next.
+ */
 static int bounce_write(ferry_io *io, struct ferry__bounce *b, ferry_file *f, ferry_stream *s,
                         ferry_devptr src, size_t len, uint64_t off)
 {
     size_t B = b->bytes, nseg = (len + B - 1) / B;
+    ferry_io_req fr[2];
+    int started[2] = {0, 0};
     int rc = issue_dtoh(io, b, f, s, src, len, off, 0);
-    if (rc < 0)
-        return rc;
-    for (size_t i = 0; i < nseg; i++) {
+    for (size_t i = 0; i < nseg && rc == 0; i++) {
         int k = (int)(i & 1);
         size_t pos = i * B, seglen = FERRY__MIN(B, len - pos);
         rc = ferry_event_sync(b->ev[k]);
-        if (rc < 0)
-            return dev_fail(io, f, FERRY_IO_WRITE, len, off, i, seglen, "device copy", rc);
-        if (i + 1 < nseg) {
-            rc = issue_dtoh(io, b, f, s, src, len, off, i + 1);
-            if (rc < 0)
-                return rc;
+        if (rc < 0) {
+            rc = dev_fail(io, f, FERRY_IO_WRITE, len, off, i, seglen, "device copy", rc);
+            break;
         }
-        rc = ferry__io_rw(io, f, FERRY_IO_WRITE, b->buf[k], 0, seglen, off + pos, seglen);
+        rc = ferry__io_start(io, &fr[k], f, FERRY_IO_WRITE, b->buf[k], 0, seglen, off + pos,
+                             seglen);
         if (rc < 0)
-            return rc;
+            break;
+        started[k] = 1;
+        if (i + 1 < nseg) {
+            int k2 = (int)((i + 1) & 1);
+            if (started[k2]) {
+                started[k2] = 0;
+                rc = ferry__io_finish(io, &fr[k2]);
+                if (rc < 0)
+                    break;
+            }
+            rc = issue_dtoh(io, b, f, s, src, len, off, i + 1);
+        }
     }
-    return 0;
+    for (int k = 0; k < 2; k++)
+        if (started[k]) {
+            started[k] = 0;
+            int r2 = ferry__io_finish(io, &fr[k]);
+            if (rc == 0)
+                rc = r2;
+        }
+    return rc;
 }
 
 int ferry__bounce_rw(ferry_io *io, ferry_file *f, ferry_stream *s, int op, ferry_devptr p,

@@ -860,18 +860,17 @@ static uint32_t sync_piece(const ferry_io *io, size_t len)
     return (uint32_t)piece;
 }
 
-int ferry__io_rw(ferry_io *io, ferry_file *f, int op, void *buf, ferry_devptr dev, size_t len,
-                 uint64_t off, size_t min_len)
+int ferry__io_start(ferry_io *io, ferry_io_req *r, ferry_file *f, int op, void *buf,
+                    ferry_devptr dev, size_t len, uint64_t off, size_t min_len)
 {
-    ferry_io_req r;
-    memset(&r, 0, sizeof r);
-    r.op = op;
-    r.file = f;
-    r.buf = buf;
-    r.dev = buf ? 0 : dev;
-    r.len = len;
-    r.offset = off;
-    int rc = validate(io, &r);
+    memset(r, 0, sizeof *r);
+    r->op = op;
+    r->file = f;
+    r->buf = buf;
+    r->dev = buf ? 0 : dev;
+    r->len = len;
+    r->offset = off;
+    int rc = validate(io, r);
     if (rc < 0)
         return rc;
     uint16_t flags = RQ_INTERNAL, pad = 0;
@@ -879,10 +878,24 @@ int ferry__io_rw(ferry_io *io, ferry_file *f, int op, void *buf, ferry_devptr de
         flags |= RQ_EOF_OK;
         pad = (uint16_t)(len - min_len);
     }
-    enqueue(io, &r, sync_piece(io, len), flags, pad);
-    while (!(P(&r)->flags & RQ_DONE))
+    enqueue(io, r, sync_piece(io, len), flags, pad);
+    dispatch(io);
+    return 0;
+}
+
+int ferry__io_finish(ferry_io *io, ferry_io_req *r)
+{
+    while (!(P(r)->flags & RQ_DONE))
         pump(io, -1);
-    return r.result < 0 ? (int)r.result : 0;
+    return r->result < 0 ? (int)r->result : 0;
+}
+
+int ferry__io_rw(ferry_io *io, ferry_file *f, int op, void *buf, ferry_devptr dev, size_t len,
+                 uint64_t off, size_t min_len)
+{
+    ferry_io_req r;
+    int rc = ferry__io_start(io, &r, f, op, buf, dev, len, off, min_len);
+    return rc < 0 ? rc : ferry__io_finish(io, &r);
 }
 
 int ferry_io_pread(ferry_io *io, ferry_file *f, void *buf, size_t len, uint64_t off)

@@ -133,6 +133,16 @@ int ferry__cufile_probe(char *why, size_t why_len);
 int ferry__io_rw(ferry_io *io, ferry_file *f, int op, void *buf, ferry_devptr dev, size_t len,
                  uint64_t off, size_t min_len);
 
+/*
+ * The same in two halves: start queues the transfer in r (the caller's,
+ * untouched until finish returns) and returns at once; finish drives the
+ * engine until r is done and returns 0 or its error. Every started request
+ * must be finished before r or its buffer goes away.
+ */
+int ferry__io_start(ferry_io *io, ferry_io_req *r, ferry_file *f, int op, void *buf,
+                    ferry_devptr dev, size_t len, uint64_t off, size_t min_len);
+int ferry__io_finish(ferry_io *io, ferry_io_req *r);
+
 /* the CPU path for device memory (bounce.c) */
 int ferry__bounce_rw(ferry_io *io, ferry_file *f, ferry_stream *s, int op, ferry_devptr p,
                      size_t len, uint64_t off);
