@@ -17,6 +17,7 @@
 #include "ferry/moe.h"
 #include "ferry/slab.h"
 #include "ferry/gds.h"
+#include "ferry/pslab.h"
 #include "ferry/kv.h"
 
 #endif

@@ -1,0 +1,239 @@
+/*
+ * ferry/pslab.h - the persistent slab: a crash-safe chunk store on NVMe.
+ *
+ * A ferry_pslab keeps chunks (a key of up to FERRY_PSLAB_KEY_MAX bytes ->
+ * up to capacity bytes of data) in preallocated slab files, one per
+ * directory (drive; the slab is striped across them), and an index of
+ * every chunk in an append-only journal next to the first slab file:
+ *
+ *     dir[0]/ferry_pslab.bin   header block, then the data (striped)
+ *     dir[i]/ferry_pslab.bin   header block, then drive i's share
+ *     dir[0]/ferry_pslab.idx   journal: header, then records
+ *
+ * Each slab file opens with a versioned header (magic, format version,
+ * geometry: capacity, alignment, drives, stripe, this file's drive index;
+ * a creation id shared by every file of one slab; an XXH3-64 checksum).
+ * Each journal record (put: key, slab offset, length, payload XXH3-64,
+ * sequence; delete: key, sequence) carries its own XXH3-64 checksum seeded
+ * with the creation id. Reopening replays the journal, rebuilds the index
+ * and the allocator from it, and ends at the first record that fails its
+ * checksum (a torn tail after a crash): the journal is cut there.
+ *
+ * Durability (docs/DURABILITY.md): a put is acknowledged when
+ * ferry_pslab_put() returns 0 in FERRY_PSLAB_SYNC_FULL mode (the default):
+ * its data was written and the slab files fdatasync'ed, then its record
+ * appended to the journal and the journal fdatasync'ed. Concurrent puts
+ * share these syncs (group commit); ferry_pslab_put_many() makes a batch
+ * durable with one pair of syncs. A crash (kill -9, power loss) loses only
+ * unacknowledged puts and deletes, and never makes a chunk return bytes
+ * that its writer did not store: every get verifies the payload checksum,
+ * and a mismatch is FERRY_ECORRUPT for that key (counted, the entry
+ * dropped), never data.
+ *
+ * After a failed journal write or sync the store refuses further puts and
+ * deletes (FERRY_ESTATE) - the kernel may have dropped the unsynced pages,
+ * so only a reopen (which replays what really reached the disk) is safe.
+ *
+ * Thread-safety: every function may be called from several threads at once
+ * on the same store, except close. Gets and puts run their I/O in parallel
+ * up to `lanes` at a time.
+ */
+#ifndef FERRY_PSLAB_H
+#define FERRY_PSLAB_H
+
+#include "core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FERRY_PSLAB_FILE "ferry_pslab.bin"
+#define FERRY_PSLAB_JOURNAL "ferry_pslab.idx"
+/** The format this library writes; a newer one is refused with FERRY_EVERSION. */
+#define FERRY_PSLAB_FORMAT 1u
+#define FERRY_PSLAB_KEY_MAX 1024u
+#define FERRY_PSLAB_MAX_DIRS 16u
+
+typedef struct ferry_pslab ferry_pslab;
+
+enum ferry_pslab_flags {
+    /** Create the store when dir[0] holds none (no journal). */
+    FERRY_PSLAB_CREATE = 1u << 0,
+    /** Open for reading and checking only: no put, delete, repair or
+     *  journal truncation; the files are not modified. */
+    FERRY_PSLAB_READONLY = 1u << 1
+};
+
+enum ferry_pslab_sync {
+    /** put/delete return after their data and record are on stable storage. */
+    FERRY_PSLAB_SYNC_FULL = 0,
+    /** put/delete return after write(); nothing is acknowledged until a
+     *  later ferry_pslab_sync() returns 0 (or close). */
+    FERRY_PSLAB_SYNC_NONE = 1
+};
+
+typedef struct ferry_pslab_options {
+    size_t size;               /**< sizeof(ferry_pslab_options) */
+    const char *const *dirs;   /**< one directory per drive (created if missing) */
+    unsigned n_dirs;           /**< 1..FERRY_PSLAB_MAX_DIRS */
+    /** Data capacity in bytes. Creating: required (rounded up to the
+     *  alignment, and to stripe * n_dirs with several drives). Opening:
+     *  0 accepts the stored one, anything else must match it. */
+    uint64_t bytes;
+    size_t alignment;          /**< 0 -> 4096 (create) / the stored one (open) */
+    size_t stripe_bytes;       /**< 0 -> 1 MiB (create) / the stored one (open) */
+    int direct;                /**< 1: slab files O_DIRECT (falls back when refused) */
+    const char *engine;        /**< I/O engine: NULL/"auto", "posix", "uring" */
+    unsigned flags;            /**< FERRY_PSLAB_CREATE | FERRY_PSLAB_READONLY */
+    int sync;                  /**< enum ferry_pslab_sync */
+    unsigned lanes;            /**< concurrent data I/Os; 0 -> 2 */
+    /** Compact the journal when it holds more than this many bytes and
+     *  more dead than live records; 0 -> 4 MiB. */
+    uint64_t compact_bytes;
+} ferry_pslab_options;
+#define FERRY_PSLAB_OPTIONS_INIT \
+    {sizeof(ferry_pslab_options), NULL, 0, 0, 0, 0, 1, NULL, 0, FERRY_PSLAB_SYNC_FULL, 0, 0}
+
+/**
+ * Open (recover) the store in opt->dirs, or create it when there is none
+ * and FERRY_PSLAB_CREATE is set. Recovery checks every header and replays
+ * the journal; records after the first bad one are dropped (and cut off
+ * the journal unless READONLY), records naming extents outside the slab or
+ * overlapping a newer one are dropped; ferry_pslab_stats() counts both.
+ * Payloads are not read at open (ferry_pslab_verify() reads them all).
+ * Errors: -EINVAL (bad options), -ENOENT (no store and no CREATE, or a
+ * slab file missing), FERRY_EVERSION (a newer format), FERRY_EMISMATCH
+ * (geometry differs from opt, another slab's file, drives in another
+ * order), FERRY_ECORRUPT (bad magic or header checksum, a slab file
+ * shorter than its geometry), -ENOSPC (creating: the disk is too small),
+ * -ENOMEM, I/O errors. Every failure names the file and the cause
+ * (ferry_last_error()). *out owned by the caller: ferry_pslab_close().
+ */
+FERRY_API int ferry_pslab_open(const ferry_pslab_options *opt, ferry_pslab **out);
+/**
+ * Sync what is pending (SYNC_NONE), compact the journal when worthwhile,
+ * close the files and free. Returns 0, or the first error of the final
+ * sync (the store is freed either way). NULL does nothing.
+ */
+FERRY_API int ferry_pslab_close(ferry_pslab *p);
+/** The message of this store's last failure, "" if none. */
+FERRY_API const char *ferry_pslab_last_error(const ferry_pslab *p);
+
+/**
+ * Store len bytes (1..capacity) under key[0..klen) (klen 1..KEY_MAX),
+ * replacing any chunk under that key once the new one is durable. Returns
+ * 0 when acknowledged (see the sync modes). data stays the caller's.
+ * Errors: -EINVAL, FERRY_ENOSPACE (no free extent fits), FERRY_ESTATE
+ * (read-only, or a journal write failed earlier), -ENOMEM, I/O errors.
+ * On failure no entry is visible and the old chunk under key, if any, stays.
+ */
+FERRY_API int ferry_pslab_put(ferry_pslab *p, const void *key, size_t klen, const void *data,
+                              size_t len);
+
+/** One chunk of ferry_pslab_put_many(). result: 0 or the code of its put. */
+typedef struct ferry_pslab_item {
+    const void *key;
+    size_t klen;
+    const void *data;
+    size_t len;
+    int result;
+} ferry_pslab_item;
+/**
+ * Put n chunks, made durable together by one group commit. Returns the
+ * number stored (each item's result says which failed), or a negative code
+ * when nothing could be stored (the journal failed: every result is set).
+ */
+FERRY_API int ferry_pslab_put_many(ferry_pslab *p, ferry_pslab_item *items, size_t n);
+
+/**
+ * Read the chunk under key into buf[0..cap), checking its XXH3-64: *len
+ * gets its length. Errors: FERRY_ENOTFOUND, -ENOBUFS (cap < length; *len
+ * untouched: ask ferry_pslab_stat()), FERRY_ECORRUPT (the stored bytes fail
+ * their checksum: nothing is returned, the entry is dropped and counted),
+ * -EINVAL, I/O errors. buf need not be aligned (an aligned buf with cap >=
+ * the length rounded up to the alignment is read into directly).
+ */
+FERRY_API int ferry_pslab_get(ferry_pslab *p, const void *key, size_t klen, void *buf,
+                              size_t cap, size_t *len);
+
+/** What the index knows of one chunk. */
+typedef struct ferry_pslab_info {
+    uint64_t offset;     /**< slab offset of its extent */
+    uint64_t length;     /**< bytes stored */
+    uint64_t checksum;   /**< XXH3-64 of the bytes */
+    uint64_t seq;        /**< sequence number of its put */
+} ferry_pslab_info;
+/** The index entry of key (no I/O). FERRY_ENOTFOUND, -EINVAL. */
+FERRY_API int ferry_pslab_stat(ferry_pslab *p, const void *key, size_t klen,
+                               ferry_pslab_info *out);
+
+/**
+ * Delete the chunk under key; durable like a put. FERRY_ENOTFOUND,
+ * FERRY_ESTATE (read-only or failed journal), I/O errors.
+ */
+FERRY_API int ferry_pslab_delete(ferry_pslab *p, const void *key, size_t klen);
+
+/**
+ * Make every put and delete returned so far durable (one group commit).
+ * In SYNC_FULL mode they already are; returns 0.
+ */
+FERRY_API int ferry_pslab_sync(ferry_pslab *p);
+
+/**
+ * Call fn for every chunk in the index (no particular order), under the
+ * store's lock: fn must not call into this store. A non-zero return from
+ * fn stops the walk and is returned. Returns 0 after a full walk.
+ */
+typedef int (*ferry_pslab_iter_fn)(const void *key, size_t klen, const ferry_pslab_info *info,
+                                   void *ctx);
+FERRY_API int ferry_pslab_iterate(ferry_pslab *p, ferry_pslab_iter_fn fn, void *ctx);
+
+/**
+ * Read every chunk and check its checksum (what `ferry slab check` does).
+ * *bad gets the number that failed; with repair (not READONLY) they are
+ * deleted durably, else they stay. report (may be NULL) is called for
+ * each bad one. Returns 0 or an I/O / state error.
+ */
+typedef void (*ferry_pslab_bad_fn)(const void *key, size_t klen, const ferry_pslab_info *info,
+                                   int code, void *ctx);
+FERRY_API int ferry_pslab_verify(ferry_pslab *p, int repair, uint64_t *bad,
+                                 ferry_pslab_bad_fn report, void *ctx);
+
+/** Rewrite the journal as one record per live chunk (atomic rename). */
+FERRY_API int ferry_pslab_compact(ferry_pslab *p);
+
+typedef struct ferry_pslab_stats {
+    uint64_t capacity;          /**< data bytes */
+    size_t alignment;
+    unsigned drives;
+    uint64_t stripe_bytes;
+    uint64_t creation_id;
+    uint64_t chunks;            /**< in the index */
+    uint64_t bytes_stored;      /**< sum of their lengths */
+    uint64_t bytes_used;        /**< extents held (aligned) */
+    double fragmentation;       /**< of the free space, as ferry_slab_stats */
+    uint64_t journal_bytes;
+    uint64_t journal_records;   /**< records in the journal (live and dead) */
+    uint64_t generation;        /**< compactions since creation */
+    /* recovery at open */
+    uint64_t recovered;         /**< chunks found at open */
+    uint64_t replayed_records;
+    uint64_t dropped_records;   /**< records refused at open (range, overlap) */
+    uint64_t torn_bytes;        /**< journal bytes cut at open (torn or bad tail) */
+    uint64_t open_ns;           /**< time open took */
+    /* since open */
+    uint64_t puts, gets, hits, misses, deletes;
+    uint64_t corrupt;           /**< gets (and verifies) that failed the checksum */
+    uint64_t commits;           /**< group commits (journal syncs) */
+    uint64_t committed_records; /**< records made durable by them */
+    uint64_t compactions;
+    uint64_t failures;
+    int failed;                 /**< 1 when a journal write failed (writes refused) */
+    int direct;                 /**< 1 when the slab files are O_DIRECT */
+} ferry_pslab_stats;
+FERRY_API int ferry_pslab_stats_get(ferry_pslab *p, ferry_pslab_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,539 @@
+/*
+ * pslab_fmt.c - the persistent slab's format codec, its in-memory index and
+ * the journal replay that rebuilds both the index and the allocator.
+ *
+ * Invariant kept by the loader: what comes out describes only records that
+ * a matching writer produced (magic, length bounds and an XXH3-64 seeded
+ * with the slab's creation id all hold), in journal order, with extents
+ * inside [0, capacity), aligned, and pairwise disjoint - so the allocator
+ * rebuilt from them can never hand out bytes a live chunk still uses. The
+ * first bad record ends the replay: records are appended in order and
+ * synced in batches, so a bad one is a torn tail (or damage), and nothing
+ * after it can be trusted to be complete.
+ *
+ * The allocator is rebuilt through ferry_slab's public calls only: first
+ * fit on an empty slab hands out extents in address order, so allocating
+ * each gap and each live extent in turn, then freeing the gaps, recreates
+ * exactly the layout the journal describes.
+ *
+ * Everything here works on memory, never on files: the fuzz targets feed it
+ * arbitrary bytes.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "slab/pslab_int.h"
+
+static const char hdr_magic[8] = {'F', 'E', 'R', 'R', 'Y', 'P', 'S', 'B'};
+static const char jhdr_magic[8] = {'F', 'E', 'R', 'R', 'Y', 'P', 'J', 'L'};
+
+static void put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint16_t get16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static int why_set(char *why, size_t why_len, int code, const char *fmt, ...)
+    FERRY__PRINTF(4, 5);
+static int why_set(char *why, size_t why_len, int code, const char *fmt, ...)
+{
+    if (why && why_len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, why_len, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+uint64_t ferry__pslab_data_off(uint32_t alignment)
+{
+    return alignment > FERRY__PSLAB_HDR_BLOCK ? alignment : FERRY__PSLAB_HDR_BLOCK;
+}
+
+static int pow2(uint64_t v)
+{
+    return v && !(v & (v - 1));
+}
+
+int ferry__pslab_geom_check(const ferry__pslab_geom *g, char *why, size_t why_len)
+{
+    if (!pow2(g->alignment) || g->alignment < 512 || g->alignment > (1u << 30))
+        return why_set(why, why_len, FERRY_ECORRUPT, "alignment %u is not a power of two in "
+                       "[512, 1 GiB]", g->alignment);
+    if (g->drives < 1 || g->drives > FERRY_PSLAB_MAX_DIRS)
+        return why_set(why, why_len, FERRY_ECORRUPT, "drive count %u outside 1..%u", g->drives,
+                       FERRY_PSLAB_MAX_DIRS);
+    if (!g->stripe || g->stripe % g->alignment || g->stripe > ((uint64_t)1 << 40))
+        return why_set(why, why_len, FERRY_ECORRUPT,
+                       "stripe %llu is not a multiple of the alignment %u",
+                       (unsigned long long)g->stripe, g->alignment);
+    if (!g->capacity || g->capacity % g->alignment || g->capacity > ((uint64_t)1 << 56))
+        return why_set(why, why_len, FERRY_ECORRUPT,
+                       "capacity %llu is 0, unaligned to %u or beyond 2^56",
+                       (unsigned long long)g->capacity, g->alignment);
+    if (g->drives > 1 && g->capacity % (g->stripe * g->drives))
+        return why_set(why, why_len, FERRY_ECORRUPT,
+                       "capacity %llu is not a multiple of stripe %llu x %u drives",
+                       (unsigned long long)g->capacity, (unsigned long long)g->stripe,
+                       g->drives);
+    return 0;
+}
+
+void ferry__pslab_hdr_encode(const ferry__pslab_hdr *h, uint8_t out[FERRY__PSLAB_HDR_BYTES])
+{
+    memset(out, 0, FERRY__PSLAB_HDR_BYTES);
+    memcpy(out, hdr_magic, 8);
+    put32(out + 8, h->version);
+    put32(out + 12, FERRY__PSLAB_HDR_BYTES);
+    put64(out + 16, h->g.capacity);
+    put32(out + 24, h->g.alignment);
+    put32(out + 28, h->g.drives);
+    put32(out + 32, h->drive);
+    put32(out + 36, 0);
+    put64(out + 40, h->g.stripe);
+    put64(out + 48, h->g.creation_id);
+    put64(out + 56, h->created_ns);
+    put64(out + 120, XXH3_64bits(out, 120));
+}
+
+int ferry__pslab_hdr_decode(const void *buf, size_t len, ferry__pslab_hdr *out, char *why,
+                            size_t why_len)
+{
+    const uint8_t *p = buf;
+    if (!p || len < FERRY__PSLAB_HDR_BYTES)
+        return why_set(why, why_len, FERRY_ECORRUPT, "header is %zu bytes, needs %u", len,
+                       FERRY__PSLAB_HDR_BYTES);
+    if (memcmp(p, hdr_magic, 8))
+        return why_set(why, why_len, FERRY_ECORRUPT, "bad magic (not a ferry persistent slab)");
+    uint32_t version = get32(p + 8);
+    /* a newer writer may lay the rest out differently: the version decides first */
+    if (version > FERRY_PSLAB_FORMAT)
+        return why_set(why, why_len, FERRY_EVERSION,
+                       "format version %u is newer than this library's %u", version,
+                       FERRY_PSLAB_FORMAT);
+    if (XXH3_64bits(p, 120) != get64(p + 120))
+        return why_set(why, why_len, FERRY_ECORRUPT, "header checksum mismatch");
+    if (version == 0 || get32(p + 12) != FERRY__PSLAB_HDR_BYTES || get32(p + 36) != 0)
+        return why_set(why, why_len, FERRY_ECORRUPT, "header version %u / size %u / flags %u "
+                       "invalid", version, get32(p + 12), get32(p + 36));
+    ferry__pslab_hdr h;
+    h.version = version;
+    h.g.capacity = get64(p + 16);
+    h.g.alignment = get32(p + 24);
+    h.g.drives = get32(p + 28);
+    h.drive = get32(p + 32);
+    h.g.stripe = get64(p + 40);
+    h.g.creation_id = get64(p + 48);
+    h.created_ns = get64(p + 56);
+    int rc = ferry__pslab_geom_check(&h.g, why, why_len);
+    if (rc < 0)
+        return rc;
+    if (h.drive >= h.g.drives)
+        return why_set(why, why_len, FERRY_ECORRUPT, "drive index %u of %u drives", h.drive,
+                       h.g.drives);
+    *out = h;
+    return 0;
+}
+
+void ferry__pslab_jhdr_encode(const ferry__pslab_jhdr *h, uint8_t out[FERRY__PSLAB_JHDR_BYTES])
+{
+    memset(out, 0, FERRY__PSLAB_JHDR_BYTES);
+    memcpy(out, jhdr_magic, 8);
+    put32(out + 8, h->version);
+    put32(out + 12, FERRY__PSLAB_JHDR_BYTES);
+    put64(out + 16, h->g.creation_id);
+    put64(out + 24, h->g.capacity);
+    put64(out + 32, h->generation);
+    put32(out + 40, h->g.alignment);
+    put32(out + 44, h->g.drives);
+    put64(out + 48, h->g.stripe);
+    put64(out + 56, XXH3_64bits(out, 56));
+}
+
+int ferry__pslab_jhdr_decode(const void *buf, size_t len, ferry__pslab_jhdr *out, char *why,
+                             size_t why_len)
+{
+    const uint8_t *p = buf;
+    if (!p || len < FERRY__PSLAB_JHDR_BYTES)
+        return why_set(why, why_len, FERRY_ECORRUPT, "journal header is %zu bytes, needs %u",
+                       len, FERRY__PSLAB_JHDR_BYTES);
+    if (memcmp(p, jhdr_magic, 8))
+        return why_set(why, why_len, FERRY_ECORRUPT, "bad journal magic");
+    uint32_t version = get32(p + 8);
+    if (version > FERRY_PSLAB_FORMAT)
+        return why_set(why, why_len, FERRY_EVERSION,
+                       "journal format version %u is newer than this library's %u", version,
+                       FERRY_PSLAB_FORMAT);
+    if (XXH3_64bits(p, 56) != get64(p + 56))
+        return why_set(why, why_len, FERRY_ECORRUPT, "journal header checksum mismatch");
+    if (version == 0 || get32(p + 12) != FERRY__PSLAB_JHDR_BYTES)
+        return why_set(why, why_len, FERRY_ECORRUPT, "journal header version %u / size %u "
+                       "invalid", version, get32(p + 12));
+    ferry__pslab_jhdr h;
+    h.version = version;
+    h.g.creation_id = get64(p + 16);
+    h.g.capacity = get64(p + 24);
+    h.generation = get64(p + 32);
+    h.g.alignment = get32(p + 40);
+    h.g.drives = get32(p + 44);
+    h.g.stripe = get64(p + 48);
+    int rc = ferry__pslab_geom_check(&h.g, why, why_len);
+    if (rc < 0)
+        return rc;
+    *out = h;
+    return 0;
+}
+
+void ferry__pslab_rec_encode(const ferry__pslab_rec *r, uint64_t seed, uint8_t *out)
+{
+    put16(out, FERRY__PSLAB_REC_MAGIC);
+    out[2] = (uint8_t)r->type;
+    out[3] = 0;
+    put32(out + 4, r->klen);
+    put64(out + 8, r->seq);
+    put64(out + 16, r->offset);
+    put64(out + 24, r->length);
+    put64(out + 32, r->sum);
+    memcpy(out + FERRY__PSLAB_REC_HEAD, r->key, r->klen);
+    size_t n = FERRY__PSLAB_REC_HEAD + r->klen;
+    put64(out + n, XXH3_64bits_withSeed(out, n, seed));
+}
+
+int ferry__pslab_rec_decode(const uint8_t *buf, size_t avail, uint64_t seed,
+                            ferry__pslab_rec *r, size_t *used)
+{
+    if (avail < FERRY__PSLAB_REC_FIXED)
+        return FERRY_ECORRUPT;
+    if (get16(buf) != FERRY__PSLAB_REC_MAGIC || buf[3] != 0)
+        return FERRY_ECORRUPT;
+    int type = buf[2];
+    uint32_t klen = get32(buf + 4);
+    if ((type != FERRY__PSLAB_PUT && type != FERRY__PSLAB_DEL) || klen == 0 ||
+        klen > FERRY_PSLAB_KEY_MAX)
+        return FERRY_ECORRUPT;
+    size_t n = FERRY__PSLAB_REC_HEAD + klen;
+    if (avail < n + 8)
+        return FERRY_ECORRUPT;
+    if (XXH3_64bits_withSeed(buf, n, seed) != get64(buf + n))
+        return FERRY_ECORRUPT;
+    r->type = type;
+    r->klen = klen;
+    r->key = buf + FERRY__PSLAB_REC_HEAD;
+    r->seq = get64(buf + 8);
+    r->offset = get64(buf + 16);
+    r->length = get64(buf + 24);
+    r->sum = get64(buf + 32);
+    *used = n + 8;
+    return 0;
+}
+
+/* ---- index ---- */
+uint64_t ferry__pslab_key_hash(const void *key, size_t klen)
+{
+    return XXH3_64bits(key, klen);
+}
+
+ferry__pslab_ent *ferry__pslab_ent_new(const void *key, size_t klen)
+{
+    ferry__pslab_ent *e = ferry__calloc(1, sizeof *e + klen);
+    if (!e)
+        return NULL;
+    memcpy(e->key, key, klen);
+    e->klen = (uint32_t)klen;
+    e->hash = ferry__pslab_key_hash(key, klen);
+    return e;
+}
+
+int ferry__pslab_index_init(ferry__pslab_index *ix, size_t hint)
+{
+    size_t nb = 1024;
+    while (nb < hint && nb < ((size_t)1 << 30))
+        nb <<= 1;
+    memset(ix, 0, sizeof *ix);
+    ix->b = ferry__calloc(nb, sizeof *ix->b);
+    if (!ix->b)
+        return -ENOMEM;
+    ix->nb = nb;
+    return 0;
+}
+
+void ferry__pslab_index_fini(ferry__pslab_index *ix)
+{
+    if (!ix->b)
+        return;
+    for (size_t i = 0; i < ix->nb; i++) {
+        ferry__pslab_ent *e = ix->b[i];
+        while (e) {
+            ferry__pslab_ent *n = e->hnext;
+            ferry__free(e);
+            e = n;
+        }
+    }
+    ferry__free(ix->b);
+    memset(ix, 0, sizeof *ix);
+}
+
+ferry__pslab_ent *ferry__pslab_index_find(ferry__pslab_index *ix, const void *key, size_t klen,
+                                          uint64_t hash)
+{
+    for (ferry__pslab_ent *e = ix->b[hash & (ix->nb - 1)]; e; e = e->hnext)
+        if (e->hash == hash && e->klen == klen && !memcmp(e->key, key, klen))
+            return e;
+    return NULL;
+}
+
+static void index_grow(ferry__pslab_index *ix)
+{
+    size_t nb = ix->nb * 2;
+    ferry__pslab_ent **b = ferry__calloc(nb, sizeof *b);
+    if (!b)
+        return; /* keep the longer chains: still correct */
+    for (size_t i = 0; i < ix->nb; i++) {
+        ferry__pslab_ent *e = ix->b[i];
+        while (e) {
+            ferry__pslab_ent *n = e->hnext;
+            size_t j = e->hash & (nb - 1);
+            e->hnext = b[j];
+            b[j] = e;
+            e = n;
+        }
+    }
+    ferry__free(ix->b);
+    ix->b = b;
+    ix->nb = nb;
+}
+
+void ferry__pslab_index_insert(ferry__pslab_index *ix, ferry__pslab_ent *e)
+{
+    if (ix->count >= ix->nb && ix->nb < ((size_t)1 << 30))
+        index_grow(ix);
+    size_t j = e->hash & (ix->nb - 1);
+    e->hnext = ix->b[j];
+    ix->b[j] = e;
+    ix->count++;
+    ix->bytes_stored += e->length;
+    ix->bytes_used += e->ext;
+}
+
+void ferry__pslab_index_unlink(ferry__pslab_index *ix, ferry__pslab_ent *e)
+{
+    ferry__pslab_ent **pp = &ix->b[e->hash & (ix->nb - 1)];
+    while (*pp && *pp != e)
+        pp = &(*pp)->hnext;
+    if (!*pp)
+        return;
+    *pp = e->hnext;
+    e->hnext = NULL;
+    ix->count--;
+    ix->bytes_stored -= e->length;
+    ix->bytes_used -= e->ext;
+}
+
+/* ---- replay ---- */
+static int by_offset(const void *a, const void *b)
+{
+    const ferry__pslab_ent *x = *(ferry__pslab_ent *const *)a;
+    const ferry__pslab_ent *y = *(ferry__pslab_ent *const *)b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+static int geom_equal(const ferry__pslab_geom *a, const ferry__pslab_geom *b)
+{
+    return a->capacity == b->capacity && a->alignment == b->alignment &&
+           a->drives == b->drives && a->stripe == b->stripe &&
+           a->creation_id == b->creation_id;
+}
+
+/* rebuild an allocator holding exactly the (sorted, disjoint) extents v[0..n) */
+static int rebuild_alloc(const ferry__pslab_geom *g, ferry__pslab_ent **v, size_t n,
+                         ferry_slab **out, char *why, size_t why_len)
+{
+    ferry_slab_options so = FERRY_SLAB_OPTIONS_INIT;
+    so.capacity = g->capacity;
+    so.alignment = g->alignment;
+    ferry_slab *s = NULL;
+    int rc = ferry_slab_create(&so, &s);
+    if (rc < 0)
+        return why_set(why, why_len, rc, "allocator over %llu bytes: %s",
+                       (unsigned long long)g->capacity, ferry_strerror(rc));
+    ferry_extent *gaps = n ? ferry__malloc(n * sizeof *gaps) : NULL;
+    if (n && !gaps) {
+        ferry_slab_destroy(s);
+        return why_set(why, why_len, -ENOMEM, "out of memory rebuilding the allocator");
+    }
+    size_t ngaps = 0;
+    uint64_t cursor = 0;
+    for (size_t i = 0; i < n && rc >= 0; i++) {
+        ferry_extent x;
+        if (v[i]->offset > cursor) {
+            rc = ferry_slab_alloc_bytes(s, v[i]->offset - cursor, &x);
+            if (rc >= 0 && x.offset != cursor)
+                rc = FERRY_ECORRUPT;
+            if (rc >= 0)
+                gaps[ngaps++] = x;
+        }
+        if (rc >= 0) {
+            rc = ferry_slab_alloc_bytes(s, v[i]->ext, &x);
+            if (rc >= 0 && x.offset != v[i]->offset)
+                rc = FERRY_ECORRUPT;
+        }
+        if (rc >= 0 && (rc = ferry_slab_commit(s, x.offset)) >= 0)
+            cursor = v[i]->offset + v[i]->ext;
+    }
+    for (size_t i = 0; i < ngaps && rc >= 0; i++)
+        rc = ferry_slab_free(s, &gaps[i]);
+    ferry__free(gaps);
+    if (rc < 0) {
+        ferry_slab_destroy(s);
+        return why_set(why, why_len, rc, "rebuilding the allocator from the index: %s",
+                       ferry_strerror(rc));
+    }
+    *out = s;
+    return 0;
+}
+
+int ferry__pslab_index_load(const uint8_t *buf, size_t len, const ferry__pslab_geom *expect,
+                            ferry__pslab_index *ix, ferry_slab **alloc, ferry__pslab_load *st,
+                            char *why, size_t why_len)
+{
+    ferry__pslab_load L;
+    memset(&L, 0, sizeof L);
+    int rc = ferry__pslab_jhdr_decode(buf, len, &L.jh, why, why_len);
+    if (rc < 0)
+        return rc;
+    if (expect && !geom_equal(expect, &L.jh.g))
+        return why_set(why, why_len, FERRY_EMISMATCH,
+                       "journal belongs to another slab or geometry (creation id %016llx, "
+                       "capacity %llu; the slab's: %016llx, %llu)",
+                       (unsigned long long)L.jh.g.creation_id,
+                       (unsigned long long)L.jh.g.capacity,
+                       (unsigned long long)expect->creation_id,
+                       (unsigned long long)expect->capacity);
+    const ferry__pslab_geom *g = &L.jh.g;
+    ferry__pslab_index x;
+    size_t hint = len / (FERRY__PSLAB_REC_FIXED + 16);
+    if ((rc = ferry__pslab_index_init(&x, hint)) < 0)
+        return why_set(why, why_len, rc, "out of memory for the index");
+    size_t pos = FERRY__PSLAB_JHDR_BYTES;
+    L.next_seq = 1;
+    while (pos < len) {
+        ferry__pslab_rec r;
+        size_t used = 0;
+        if (ferry__pslab_rec_decode(buf + pos, len - pos, g->creation_id, &r, &used) < 0)
+            break;
+        pos += used;
+        L.records++;
+        if (r.seq >= L.next_seq)
+            L.next_seq = r.seq + 1;
+        uint64_t h = ferry__pslab_key_hash(r.key, r.klen);
+        ferry__pslab_ent *old = ferry__pslab_index_find(&x, r.key, r.klen, h);
+        if (r.type == FERRY__PSLAB_DEL) {
+            if (old && old->seq == r.sum) {
+                ferry__pslab_index_unlink(&x, old);
+                ferry__free(old);
+            }
+            continue;
+        }
+        uint64_t ext = r.length + (g->alignment - 1);
+        ext -= ext % g->alignment;
+        if (!r.length || r.length > g->capacity || r.offset % g->alignment ||
+            r.offset > g->capacity - ext) {
+            L.dropped++;
+            continue;
+        }
+        if (old && old->seq > r.seq) {
+            L.dropped++;
+            continue;
+        }
+        ferry__pslab_ent *e = ferry__pslab_ent_new(r.key, r.klen);
+        if (!e) {
+            ferry__pslab_index_fini(&x);
+            return why_set(why, why_len, -ENOMEM, "out of memory replaying the journal");
+        }
+        e->offset = r.offset;
+        e->length = r.length;
+        e->ext = ext;
+        e->sum = r.sum;
+        e->seq = r.seq;
+        if (old) {
+            ferry__pslab_index_unlink(&x, old);
+            ferry__free(old);
+        }
+        ferry__pslab_index_insert(&x, e);
+    }
+    L.good_end = pos;
+    L.bad_off = pos;
+    L.torn = pos < len;
+
+    /* the extents, by address: drop the older of two that overlap */
+    ferry__pslab_ent **v = x.count ? ferry__malloc(x.count * sizeof *v) : NULL;
+    if (x.count && !v) {
+        ferry__pslab_index_fini(&x);
+        return why_set(why, why_len, -ENOMEM, "out of memory sorting the index");
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < x.nb; i++)
+        for (ferry__pslab_ent *e = x.b[i]; e; e = e->hnext)
+            v[n++] = e;
+    if (n > 1)
+        qsort(v, n, sizeof *v, by_offset);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        ferry__pslab_ent *e = v[i];
+        if (k && e->offset < v[k - 1]->offset + v[k - 1]->ext) {
+            ferry__pslab_ent *prev = v[k - 1];
+            ferry__pslab_ent *loser = prev->seq < e->seq ? prev : e;
+            L.dropped++;
+            ferry__pslab_index_unlink(&x, loser);
+            ferry__free(loser);
+            if (loser == prev)
+                v[k - 1] = e;
+            continue;
+        }
+        v[k++] = e;
+    }
+    ferry_slab *s = NULL;
+    rc = rebuild_alloc(g, v, k, &s, why, why_len);
+    ferry__free(v);
+    if (rc < 0) {
+        ferry__pslab_index_fini(&x);
+        return rc;
+    }
+    *ix = x;
+    *alloc = s;
+    if (st)
+        *st = L;
+    return 0;
+}

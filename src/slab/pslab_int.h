@@ -1,0 +1,159 @@
+/*
+ * pslab_int.h - the persistent slab's on-disk format and in-memory index
+ * (private). The codec and the index loader work on memory buffers only,
+ * so the fuzz targets drive them without files.
+ *
+ * Slab file header (little endian, FERRY__PSLAB_HDR_BYTES, then zeros up
+ * to the data offset = max(4096, alignment)):
+ *     0  magic "FERRYPSB"          8  u32 format version
+ *    12  u32 header bytes (128)    16  u64 capacity (all drives)
+ *    24  u32 alignment             28  u32 drives
+ *    32  u32 this file's drive     36  u32 flags (0)
+ *    40  u64 stripe bytes          48  u64 creation id
+ *    56  u64 created (ns, realtime) 64..119 zero
+ *   120  u64 XXH3-64 of bytes [0, 120)
+ *
+ * Journal header (FERRY__PSLAB_JHDR_BYTES):
+ *     0  magic "FERRYPJL"          8  u32 format version
+ *    12  u32 header bytes (64)     16  u64 creation id
+ *    24  u64 capacity              32  u64 generation (compactions)
+ *    40  u32 alignment             44  u32 drives
+ *    48  u64 stripe bytes          56  u64 XXH3-64 of bytes [0, 56)
+ *
+ * Record (FERRY__PSLAB_REC_FIXED + key bytes):
+ *     0  u16 magic 0xF5E7   2 u8 type (1 put, 2 delete)   3 u8 0
+ *     4  u32 key bytes      8 u64 sequence
+ *    16  u64 slab offset (put) / 0       24 u64 length (put) / 0
+ *    32  u64 payload XXH3-64 (put) / the deleted put's sequence (delete)
+ *    40  key bytes
+ *    40 + k  u64 XXH3-64 of bytes [0, 40 + k), seeded with the creation id
+ */
+#ifndef FERRY_SRC_PSLAB_INT_H
+#define FERRY_SRC_PSLAB_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core.h"
+#include "ferry/pslab.h"
+#include "ferry/slab.h"
+
+#define FERRY__PSLAB_HDR_BYTES 128u
+#define FERRY__PSLAB_HDR_BLOCK 4096u
+#define FERRY__PSLAB_JHDR_BYTES 64u
+#define FERRY__PSLAB_REC_HEAD 40u
+#define FERRY__PSLAB_REC_FIXED 48u
+#define FERRY__PSLAB_REC_MAGIC 0xF5E7u
+#define FERRY__PSLAB_JOURNAL_TMP FERRY_PSLAB_JOURNAL ".tmp"
+
+enum { FERRY__PSLAB_PUT = 1, FERRY__PSLAB_DEL = 2 };
+
+typedef struct ferry__pslab_geom {
+    uint64_t capacity;
+    uint32_t alignment;
+    uint32_t drives;
+    uint64_t stripe;
+    uint64_t creation_id;
+} ferry__pslab_geom;
+
+typedef struct ferry__pslab_hdr {
+    uint32_t version;
+    ferry__pslab_geom g;
+    uint32_t drive;
+    uint64_t created_ns;
+} ferry__pslab_hdr;
+
+typedef struct ferry__pslab_jhdr {
+    uint32_t version;
+    ferry__pslab_geom g;
+    uint64_t generation;
+} ferry__pslab_jhdr;
+
+typedef struct ferry__pslab_rec {
+    int type;
+    uint32_t klen;
+    const uint8_t *key;
+    uint64_t seq, offset, length, sum; /* sum: payload checksum, or the deleted seq */
+} ferry__pslab_rec;
+
+/* bytes of the data area's offset in each slab file */
+uint64_t ferry__pslab_data_off(uint32_t alignment);
+/* sanity of a geometry (powers of two, sizes, bounds); 0 or FERRY_ECORRUPT + why */
+int ferry__pslab_geom_check(const ferry__pslab_geom *g, char *why, size_t why_len);
+
+void ferry__pslab_hdr_encode(const ferry__pslab_hdr *h, uint8_t out[FERRY__PSLAB_HDR_BYTES]);
+/* 0, FERRY_ECORRUPT (short, magic, checksum, geometry) or FERRY_EVERSION; why says which */
+int ferry__pslab_hdr_decode(const void *buf, size_t len, ferry__pslab_hdr *out, char *why,
+                            size_t why_len);
+void ferry__pslab_jhdr_encode(const ferry__pslab_jhdr *h, uint8_t out[FERRY__PSLAB_JHDR_BYTES]);
+int ferry__pslab_jhdr_decode(const void *buf, size_t len, ferry__pslab_jhdr *out, char *why,
+                             size_t why_len);
+
+static inline size_t ferry__pslab_rec_size(uint32_t klen)
+{
+    return FERRY__PSLAB_REC_FIXED + (size_t)klen;
+}
+/* writes ferry__pslab_rec_size(r->klen) bytes to out */
+void ferry__pslab_rec_encode(const ferry__pslab_rec *r, uint64_t seed, uint8_t *out);
+/*
+ * Decode the record at buf[0..avail): 0 and *used on success (r->key
+ * points into buf); FERRY_ECORRUPT when it is incomplete, malformed or
+ * fails its checksum.
+ */
+int ferry__pslab_rec_decode(const uint8_t *buf, size_t avail, uint64_t seed,
+                            ferry__pslab_rec *r, size_t *used);
+
+/* ---- the in-memory index ---- */
+typedef struct ferry__pslab_ent {
+    struct ferry__pslab_ent *hnext;
+    uint64_t hash;
+    uint64_t offset, length, ext, sum, seq;
+    uint32_t klen;
+    uint32_t pins;     /* gets reading its extent */
+    uint8_t doomed;    /* unlinked; extent freed when pins reaches 0 */
+    uint8_t key[];
+} ferry__pslab_ent;
+
+typedef struct ferry__pslab_index {
+    ferry__pslab_ent **b;
+    size_t nb;            /* power of two */
+    size_t count;
+    uint64_t bytes_stored, bytes_used;
+} ferry__pslab_index;
+
+uint64_t ferry__pslab_key_hash(const void *key, size_t klen);
+ferry__pslab_ent *ferry__pslab_ent_new(const void *key, size_t klen);
+int ferry__pslab_index_init(ferry__pslab_index *ix, size_t hint);
+/* frees every entry still linked */
+void ferry__pslab_index_fini(ferry__pslab_index *ix);
+ferry__pslab_ent *ferry__pslab_index_find(ferry__pslab_index *ix, const void *key, size_t klen,
+                                          uint64_t hash);
+/* link e (no entry with its key may be linked); grows the table when it can */
+void ferry__pslab_index_insert(ferry__pslab_index *ix, ferry__pslab_ent *e);
+void ferry__pslab_index_unlink(ferry__pslab_index *ix, ferry__pslab_ent *e);
+
+typedef struct ferry__pslab_load {
+    ferry__pslab_jhdr jh;
+    uint64_t good_end;        /* journal bytes up to the end of the last good record */
+    uint64_t records;         /* good records replayed */
+    uint64_t dropped;         /* good records refused (range, overlap) */
+    uint64_t next_seq;        /* 1 + the largest sequence seen */
+    uint64_t bad_off;         /* offset of the first bad record (== good_end), if any */
+    int torn;                 /* 1 when bytes after good_end were cut */
+} ferry__pslab_load;
+
+/*
+ * Replay the journal image buf[0..len): check its header (against expect
+ * when non-NULL: FERRY_EMISMATCH if its geometry or creation id differ),
+ * apply the good records in order to an empty index, stop at the first bad
+ * one, drop records whose extent leaves [0, capacity) or is misaligned,
+ * then drop the older of any two overlapping extents and rebuild an
+ * allocator holding exactly the indexed extents. On success *ix is
+ * initialized and owned by the caller, *alloc too. Errors: header errors
+ * (FERRY_ECORRUPT, FERRY_EVERSION, FERRY_EMISMATCH), -ENOMEM; why says more.
+ */
+int ferry__pslab_index_load(const uint8_t *buf, size_t len, const ferry__pslab_geom *expect,
+                            ferry__pslab_index *ix, ferry_slab **alloc, ferry__pslab_load *st,
+                            char *why, size_t why_len);
+
+#endif
