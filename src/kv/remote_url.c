@@ -67,12 +67,16 @@ static void redact(const char *url, size_t len, char *out, size_t cap)
         const char *ae = ss;
         while (ae < end && *ae != '?' && *ae != '#')
             ae++;
-        const char *at = NULL;
+        const char *at = NULL, *first_at = NULL;
         for (const char *q = ss; q < ae; q++)
-            if (*q == '@')
+            if (*q == '@') {
                 at = q;
+                if (!first_at)
+                    first_at = q;
+            }
         if (at) {
-            const char *colon = memchr(ss, ':', (size_t)(at - ss));
+            /* the user/password colon precedes the first '@' */
+            const char *colon = memchr(ss, ':', (size_t)(first_at - ss));
             pw_a = colon ? colon + 1 : ss;
             pw_b = at;
         }
