@@ -6,8 +6,14 @@
 # drive temperature, page cache state) hits both alike. Prints each round
 # and the median ratio ferry/fio for write and read per engine.
 #
+# fio gets the same io_uring features ferry's uring engine uses (registered
+# buffers and files: --fio-opts "--fixedbufs=1 --registerfiles=1" by
+# default), so the reference is fio at its best, not its defaults; pass
+# --fio-opts "" for fio's defaults.
+#
 # usage: bench/vs_fio.sh [--ferry PATH] [--size 2G] [--chunk 8M] [--depth 8]
 #                        [--dir /var/tmp] [--rounds 5] [--engines "uring posix"]
+#                        [--fio-opts "--fixedbufs=1 --registerfiles=1"]
 # needs: fio, jq
 set -euo pipefail
 
@@ -18,6 +24,7 @@ depth=8
 dir=/var/tmp
 rounds=5
 engines="uring posix"
+fio_opts="--fixedbufs=1 --registerfiles=1"
 while [ $# -gt 0 ]; do
     case "$1" in
     --ferry) ferry=$2; shift 2 ;;
@@ -27,7 +34,8 @@ while [ $# -gt 0 ]; do
     --dir) dir=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --engines) engines=$2; shift 2 ;;
-    -h | --help) sed -n '2,13p' "$0"; exit 0 ;;
+    --fio-opts) fio_opts=$2; shift 2 ;;
+    -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "vs_fio.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -42,7 +50,7 @@ export FERRY_NO_PROGRESS=1
 
 fio_run() { # rw -> GB/s
     fio --name=ferry-ref --filename="$work/fio.bin" --rw="$1" --bs="$chunk" --iodepth="$depth" \
-        --size="$size" --direct=1 --ioengine=io_uring --output-format=json 2>/dev/null |
+        --size="$size" --direct=1 --ioengine=io_uring $fio_opts --output-format=json 2>/dev/null |
         jq -r --arg rw "$1" '.jobs[0][if $rw == "write" then "write" else "read" end].bw_bytes / 1e9'
 }
 
@@ -72,7 +80,7 @@ done
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END {
     if (NR == 0) { print "n/a"; exit } print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 echo
-echo "median ferry/fio over $rounds rounds (size $size, chunk $chunk, depth $depth, $dir):"
+echo "median ferry/fio over $rounds rounds (size $size, chunk $chunk, depth $depth, $dir, fio $fio_opts):"
 for e in $engines; do
     printf '  %-6s write %s  read %s\n' "$e" "$(echo "${ratios[$e.w]:-}" | median)" \
         "$(echo "${ratios[$e.r]:-}" | median)"
