@@ -1,12 +1,18 @@
 /*
  * async.c - the store's worker threads: asynchronous store/retrieve
- * operations, L2 write-through and prefetch reads.
+ * operations on one queue, L2 write-throughs and prefetch reads on another.
  *
- * Invariant: every job queued is run exactly once, by one worker; close
- * (and flush) wait until the queue is empty and no worker is busy, so no
- * job outlives the store and every write-through has landed (or failed and
- * released its extent) before the tiers are torn down. An operation's
- * handle is freed only by its owner (ferry_kv_op_free), after it is done.
+ * Why two queues: a retrieve that finds its chunk being promoted into L1
+ * waits for that promotion. If prefetch reads shared a queue with
+ * operations, every worker could be such a retrieve, waiting for a
+ * prefetch queued behind it: a deadlock. I/O jobs never wait for anything
+ * but the store's mutex, so their queue always drains.
+ *
+ * Invariant: every job queued is run exactly once; flush and close wait
+ * until both queues are empty and no worker is busy, so no job outlives the
+ * store and every write-through has landed (or failed and released its
+ * extent) before the tiers are torn down. An operation's handle is freed
+ * only by its owner (ferry_kv_op_free), after it is done.
  */
 #include <errno.h>
 #include <time.h>
@@ -36,25 +42,31 @@ static void run_job(ferry_kv *kv, ferry__kv_job *j)
     ferry__free(j);
 }
 
+static int all_idle(const ferry_kv *kv)
+{
+    return !kv->q[0].head && !kv->q[1].head && !kv->q[0].active && !kv->q[1].active;
+}
+
 static void *worker(void *arg)
 {
-    ferry_kv *kv = arg;
+    struct ferry__kv_queue *q = arg;
+    ferry_kv *kv = q->kv;
     pthread_mutex_lock(&kv->qmu);
     for (;;) {
-        while (!kv->qhead && !kv->stopping)
-            pthread_cond_wait(&kv->qcv, &kv->qmu);
-        if (!kv->qhead)
+        while (!q->head && !kv->stopping)
+            pthread_cond_wait(&q->cv, &kv->qmu);
+        if (!q->head)
             break;
-        ferry__kv_job *j = kv->qhead;
-        kv->qhead = j->next;
-        if (!kv->qhead)
-            kv->qtail = NULL;
-        kv->active++;
+        ferry__kv_job *j = q->head;
+        q->head = j->next;
+        if (!q->head)
+            q->tail = NULL;
+        q->active++;
         pthread_mutex_unlock(&kv->qmu);
         run_job(kv, j);
         pthread_mutex_lock(&kv->qmu);
-        kv->active--;
-        if (!kv->qhead && !kv->active)
+        q->active--;
+        if (all_idle(kv))
             pthread_cond_broadcast(&kv->idle);
     }
     pthread_mutex_unlock(&kv->qmu);
@@ -63,30 +75,37 @@ static void *worker(void *arg)
 
 void ferry__kv_enqueue(ferry_kv *kv, ferry__kv_job *j)
 {
+    struct ferry__kv_queue *q = &kv->q[j->kind == FERRY__KV_JOB_OP ? 0 : 1];
     j->next = NULL;
     pthread_mutex_lock(&kv->qmu);
-    if (kv->qtail)
-        kv->qtail->next = j;
+    if (q->tail)
+        q->tail->next = j;
     else
-        kv->qhead = j;
-    kv->qtail = j;
-    pthread_cond_signal(&kv->qcv);
+        q->head = j;
+    q->tail = j;
+    pthread_cond_signal(&q->cv);
     pthread_mutex_unlock(&kv->qmu);
 }
 
 int ferry__kv_workers_start(ferry_kv *kv, unsigned n)
 {
-    kv->threads = ferry__calloc(n, sizeof *kv->threads);
-    if (!kv->threads)
-        return ferry__err_set(&kv->err, -ENOMEM, "kv open: out of memory for %u workers", n);
-    for (unsigned i = 0; i < n; i++) {
-        int rc = pthread_create(&kv->threads[i], NULL, worker, kv);
-        if (rc != 0) {
+    for (int k = 0; k < 2; k++) {
+        struct ferry__kv_queue *q = &kv->q[k];
+        q->kv = kv;
+        q->threads = ferry__calloc(n, sizeof *q->threads);
+        if (!q->threads) {
             ferry__kv_workers_stop(kv);
-            return ferry__err_set(&kv->err, -rc, "kv open: starting worker %u of %u failed", i,
-                                  n);
+            return ferry__err_set(&kv->err, -ENOMEM, "kv open: out of memory for %u workers", n);
         }
-        kv->nthreads++;
+        for (unsigned i = 0; i < n; i++) {
+            int rc = pthread_create(&q->threads[i], NULL, worker, q);
+            if (rc != 0) {
+                ferry__kv_workers_stop(kv);
+                return ferry__err_set(&kv->err, -rc, "kv open: starting worker %u of %u failed",
+                                      i, n);
+            }
+            q->nthreads++;
+        }
     }
     return 0;
 }
@@ -96,7 +115,7 @@ int ferry_kv_flush(ferry_kv *kv)
     if (!kv)
         return ferry__err_set(NULL, -EINVAL, "kv flush: store is NULL");
     pthread_mutex_lock(&kv->qmu);
-    while (kv->qhead || kv->active)
+    while (!all_idle(kv))
         pthread_cond_wait(&kv->idle, &kv->qmu);
     pthread_mutex_unlock(&kv->qmu);
     return 0;
@@ -104,25 +123,33 @@ int ferry_kv_flush(ferry_kv *kv)
 
 void ferry__kv_workers_stop(ferry_kv *kv)
 {
-    if (!kv->threads)
-        return;
-    if (kv->nthreads)
+    if (kv->q[0].nthreads && kv->q[1].nthreads)
         ferry_kv_flush(kv);
     pthread_mutex_lock(&kv->qmu);
     kv->stopping = 1;
-    pthread_cond_broadcast(&kv->qcv);
+    pthread_cond_broadcast(&kv->q[0].cv);
+    pthread_cond_broadcast(&kv->q[1].cv);
     pthread_mutex_unlock(&kv->qmu);
-    for (unsigned i = 0; i < kv->nthreads; i++)
-        pthread_join(kv->threads[i], NULL);
-    kv->nthreads = 0;
-    /* with no worker, nothing can still be queued: run leftovers inline */
-    for (ferry__kv_job *j = kv->qhead, *next; j; j = next) {
-        next = j->next;
-        run_job(kv, j);
+    for (int k = 0; k < 2; k++) {
+        struct ferry__kv_queue *q = &kv->q[k];
+        for (unsigned i = 0; i < q->nthreads; i++)
+            pthread_join(q->threads[i], NULL);
+        q->nthreads = 0;
     }
-    kv->qhead = kv->qtail = NULL;
-    ferry__free(kv->threads);
-    kv->threads = NULL;
+    /* with no worker left, run what is still queued inline (I/O jobs last:
+     * an operation may queue more of them) */
+    for (int k = 0; k < 2; k++) {
+        struct ferry__kv_queue *q = &kv->q[k];
+        while (q->head) {
+            ferry__kv_job *j = q->head;
+            q->head = j->next;
+            if (!q->head)
+                q->tail = NULL;
+            run_job(kv, j);
+        }
+        ferry__free(q->threads);
+        q->threads = NULL;
+    }
 }
 
 int ferry_kv_op_wait(ferry_kv_op *op, int timeout_ms)

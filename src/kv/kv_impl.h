@@ -196,7 +196,7 @@ struct ferry_kv {
     void *clock_ctx;
 
     pthread_mutex_t mu;            /* see the top of this file */
-    pthread_cond_t loaded;         /* an L1 promotion finished */
+    pthread_cond_t loaded;         /* a promotion or a write-through finished */
     ferry__kv_entry **buckets;
     uint64_t nbuckets, count;
     ferry__kv_entry *doomed;
@@ -204,15 +204,23 @@ struct ferry_kv {
     ferry_stream **streams;        /* idle streams (under mu) */
     unsigned nstreams, cap_streams;
     uint64_t prefetch_inflight, prefetch_max;
+    uint64_t l2_writes_inflight;   /* write-throughs holding an L1 slot */
 
-    /* workers */
+    /* workers: q[0] runs async operations (which may wait for a chunk's
+     * promotion), q[1] runs write-throughs and prefetch reads (which never
+     * wait for anything but kv->mu), so an operation never waits on work
+     * stuck behind it in its own queue */
     pthread_mutex_t qmu;
-    pthread_cond_t qcv, idle;
-    ferry__kv_job *qhead, *qtail;
-    unsigned active;
+    pthread_cond_t idle;
+    struct ferry__kv_queue {
+        ferry__kv_job *head, *tail;
+        pthread_cond_t cv;
+        unsigned active;
+        pthread_t *threads;
+        unsigned nthreads;
+        ferry_kv *kv;
+    } q[2];
     int stopping;
-    pthread_t *threads;
-    unsigned nthreads;
 
     /* counters */
     atomic_uint_fast64_t lookups, lookup_tokens, hit_tokens, stores, stored_chunks,

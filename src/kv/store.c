@@ -280,8 +280,10 @@ static int evict_one(ferry_kv *kv, int tier, uint64_t now)
 }
 
 /* reserve room for one chunk in tier, evicting by the watermark and when
- * full. 0 and *loc, or FERRY_ENOSPACE (everything left is locked) / -ENOMEM */
-static int reserve(ferry_kv *kv, int tier, uint64_t now, uint64_t *loc)
+ * full. 0 and *loc, or FERRY_ENOSPACE (everything left is locked) / -ENOMEM,
+ * or (may_wait) -EAGAIN after waiting for a write-through to free a slot:
+ * kv->mu was released, the caller must look its entry up again. */
+static int reserve(ferry_kv *kv, int tier, uint64_t now, uint64_t *loc, int may_wait)
 {
     ferry__kv_tier *t = kv->tier[tier];
     double cap = (double)t->capacity;
@@ -295,10 +297,18 @@ static int reserve(ferry_kv *kv, int tier, uint64_t now, uint64_t *loc)
             t->used++;
             return 0;
         }
-        if (rc != FERRY_ENOSPACE || !evict_one(kv, tier, now)) {
-            atomic_fetch_add(&t->failures, 1);
-            return rc;
+        if (rc == FERRY_ENOSPACE && evict_one(kv, tier, now))
+            continue;
+        /* L1 full of chunks whose write-through is in flight: those finish
+         * without waiting for anyone, so wait for one rather than decline.
+         * The mutex was released meanwhile: the caller starts over. */
+        if (rc == FERRY_ENOSPACE && may_wait && tier == FERRY_KV_TIER_L1 &&
+            kv->l2_writes_inflight) {
+            pthread_cond_wait(&kv->loaded, &kv->mu);
+            return -EAGAIN;
         }
+        atomic_fetch_add(&t->failures, 1);
+        return rc;
     }
 }
 
@@ -520,7 +530,13 @@ int ferry__kv_do_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
             break;
         }
         uint64_t loc;
-        int r = reserve(kv, FERRY_KV_TIER_L1, now, &loc);
+        int r = reserve(kv, FERRY_KV_TIER_L1, now, &loc, 1);
+        if (r == -EAGAIN) {
+            ferry__free(ne);
+            now = now_ns(kv);
+            i--; /* look chunk i up again: another writer may have placed it */
+            continue;
+        }
         if (r < 0) {
             ferry__free(ne);
             place_rc = ferry__err_set(&kv->err, r,
@@ -596,8 +612,9 @@ int ferry__kv_do_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
         stored++;
         ferry__kv_job *j = p[k].job;
         uint64_t l2loc;
-        if (j && reserve(kv, FERRY_KV_TIER_L2, now, &l2loc) == 0) {
+        if (j && reserve(kv, FERRY_KV_TIER_L2, now, &l2loc, 0) == 0) {
             e->l2_writing = 1;
+            kv->l2_writes_inflight++;
             read_lock(kv, e, now);
             e->refs++;
             j->kind = FERRY__KV_JOB_L2WRITE;
@@ -671,6 +688,8 @@ void ferry__kv_job_run(ferry_kv *kv, ferry__kv_job *j)
         int rc = tier_io(kv, l2, 1, j->l2_loc, &e->id, slot, kv->slot_bytes);
         pthread_mutex_lock(&kv->mu);
         e->l2_writing = 0;
+        kv->l2_writes_inflight--;
+        pthread_cond_broadcast(&kv->loaded);
         if (rc == 0 && !e->doomed) {
             e->loc[FERRY_KV_TIER_L2] = j->l2_loc;
             e->resident |= 1u << FERRY_KV_TIER_L2;
@@ -745,7 +764,15 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
         if (!(e->resident & (1u << FERRY_KV_TIER_L1))) {
             /* only in L2: promote into a fresh L1 slot */
             uint64_t slot;
-            int r = l2 ? reserve(kv, FERRY_KV_TIER_L1, now, &slot) : FERRY_ENOTFOUND;
+            int r = l2 ? reserve(kv, FERRY_KV_TIER_L1, now, &slot, 1) : FERRY_ENOTFOUND;
+            if (r == -EAGAIN) {
+                /* the mutex was released: start this chunk over */
+                read_unlock(e);
+                put(kv, e);
+                pthread_mutex_unlock(&kv->mu);
+                i--;
+                continue;
+            }
             if (r < 0) {
                 read_unlock(e);
                 put(kv, e);
@@ -959,7 +986,7 @@ int ferry_kv_prefetch(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry
             break;
         ferry__kv_job *j = ferry__calloc(1, sizeof *j);
         uint64_t slot;
-        if (!j || reserve(kv, FERRY_KV_TIER_L1, now, &slot) < 0) {
+        if (!j || reserve(kv, FERRY_KV_TIER_L1, now, &slot, 0) < 0) {
             ferry__free(j);
             break;
         }
@@ -1109,7 +1136,8 @@ static void kv_free(ferry_kv *kv)
     pthread_mutex_destroy(&kv->mu);
     pthread_cond_destroy(&kv->loaded);
     pthread_mutex_destroy(&kv->qmu);
-    pthread_cond_destroy(&kv->qcv);
+    pthread_cond_destroy(&kv->q[0].cv);
+    pthread_cond_destroy(&kv->q[1].cv);
     pthread_cond_destroy(&kv->idle);
     ferry__free(kv->model);
     ferry__free(kv);
@@ -1144,7 +1172,8 @@ int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out)
     pthread_mutex_init(&kv->mu, NULL);
     pthread_cond_init(&kv->loaded, NULL);
     pthread_mutex_init(&kv->qmu, NULL);
-    pthread_cond_init(&kv->qcv, NULL);
+    pthread_cond_init(&kv->q[0].cv, NULL);
+    pthread_cond_init(&kv->q[1].cv, NULL);
     pthread_cond_init(&kv->idle, NULL);
     kv->model = ferry__strdup(cfg->model);
     if (!kv->model) {
@@ -1264,7 +1293,7 @@ int ferry__kv_test_abandon_write(ferry_kv *kv, const int32_t *tokens, size_t n,
             continue;
         ferry__kv_entry *e = ferry__calloc(1, sizeof *e);
         uint64_t loc;
-        if (!e || reserve(kv, FERRY_KV_TIER_L1, now, &loc) < 0) {
+        if (!e || reserve(kv, FERRY_KV_TIER_L1, now, &loc, 0) < 0) {
             ferry__free(e);
             break;
         }
