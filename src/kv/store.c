@@ -716,6 +716,9 @@ void ferry__kv_job_run(ferry_kv *kv, ferry__kv_job *j)
 
 /* ---- retrieve ---- */
 
+static size_t prefetch_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
+                           int leading, uint8_t *queued);
+
 int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
                           const ferry_kv_req *req, const ferry_kv_buffer *buf)
 {
@@ -729,9 +732,11 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
     }
     ferry__kv_entry **held = ferry__calloc(nch, sizeof *held);
     int *st = ferry__malloc(nch * sizeof *st);
-    if (!held || !st) {
+    uint8_t *ahead = ferry__calloc(nch, 1);
+    if (!held || !st || !ahead) {
         ferry__free(held);
         ferry__free(st);
+        ferry__free(ahead);
         stream_put(kv, s);
         atomic_fetch_add(&kv->failures, 1);
         return ferry__err_set(&kv->err, -ENOMEM, "kv retrieve: out of memory for %zu chunks",
@@ -740,6 +745,10 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
     ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1], *l2 = kv->tier[FERRY_KV_TIER_L2];
     int copy_rc = 0;
     uint64_t hits[FERRY_KV_TIERS] = {0}, misses = 0, got = 0;
+    /* read ahead: the L2 reads of later chunks run on the I/O workers
+     * while this thread copies the earlier ones out */
+    if (l2)
+        prefetch_ids(kv, ids, nch, n, 0, ahead);
     for (size_t i = 0; i < nch; i++) {
         st[i] = FERRY_ENOTFOUND;
         if (copy_rc < 0)
@@ -796,7 +805,7 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
             }
             hits[FERRY_KV_TIER_L2]++;
         } else {
-            hits[FERRY_KV_TIER_L1]++;
+            hits[ahead[i] ? FERRY_KV_TIER_L2 : FERRY_KV_TIER_L1]++;
         }
         l1->policy->ops->touch(l1->policy, e);
         void *src = l1->ops->host_ptr(l1, e->loc[FERRY_KV_TIER_L1]);
@@ -844,6 +853,7 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
         set_status(req, i, st[i]);
     ferry__free(st);
     ferry__free(held);
+    ferry__free(ahead);
     ferry__kv_hist_record(&kv->h_retrieve, ferry__now_ns() - t0);
     if (copy_rc < 0) {
         atomic_fetch_add(&kv->failures, 1);
@@ -960,35 +970,41 @@ int ferry_kv_retrieve_async(ferry_kv *kv, const int32_t *tokens, size_t n,
 
 /* ---- prefetch, pin, delete, clear ---- */
 
-int ferry_kv_prefetch(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+/*
+ * Queue L2 -> L1 reads for the chunks ids[0..nch) that are only in L2, up
+ * to prefetch_max bytes in flight, in order. Leading mode (the public
+ * prefetch) stops at the first chunk that is not cached or does not fit;
+ * otherwise (a retrieve's read-ahead) it skips those. queued[i] (when
+ * non-NULL) is set for each chunk queued. Returns the leading tokens that
+ * are in L1 or on their way.
+ */
+static size_t prefetch_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
+                           int leading, uint8_t *queued)
 {
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv prefetch: store is NULL");
-    ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
-    int nch = make_ids(kv, tokens, n, req, "prefetch", stack, &ids);
-    if (nch < 0)
-        return nch;
     size_t lead = 0;
-    ferry__kv_job *jobs = NULL;
+    int in_lead = 1;
+    ferry__kv_job *head = NULL, **tail = &head;
     pthread_mutex_lock(&kv->mu);
     uint64_t now = now_ns(kv);
-    for (size_t i = 0; i < (size_t)nch; i++) {
+    for (size_t i = 0; i < nch; i++) {
         ferry__kv_entry *e = find(kv, ids[i]);
-        if (!e || e->state != FERRY__KV_READY || !e->resident)
-            break;
-        if ((e->resident & (1u << FERRY_KV_TIER_L1)) || e->l1_loading) {
-            lead += chunk_ntok(kv, i, n);
+        int ok = e && e->state == FERRY__KV_READY && e->resident;
+        if (ok && ((e->resident & (1u << FERRY_KV_TIER_L1)) || e->l1_loading)) {
+            if (in_lead)
+                lead += chunk_ntok(kv, i, n);
             continue;
         }
-        if (!kv->tier[FERRY_KV_TIER_L2] || !(e->resident & (1u << FERRY_KV_TIER_L2)))
+        ok = ok && kv->tier[FERRY_KV_TIER_L2] && (e->resident & (1u << FERRY_KV_TIER_L2));
+        if (ok && kv->prefetch_inflight + kv->slot_bytes > kv->prefetch_max)
             break;
-        if (kv->prefetch_inflight + kv->slot_bytes > kv->prefetch_max)
-            break;
-        ferry__kv_job *j = ferry__calloc(1, sizeof *j);
+        ferry__kv_job *j = ok ? ferry__calloc(1, sizeof *j) : NULL;
         uint64_t slot;
         if (!j || reserve(kv, FERRY_KV_TIER_L1, now, &slot, 0) < 0) {
             ferry__free(j);
-            break;
+            if (leading)
+                break;
+            in_lead = 0;
+            continue;
         }
         e->l1_loading = 1;
         read_lock(kv, e, now);
@@ -997,15 +1013,30 @@ int ferry_kv_prefetch(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry
         j->kind = FERRY__KV_JOB_PREFETCH;
         j->e = e;
         j->l1_loc = slot;
-        j->next = jobs;
-        jobs = j;
-        lead += chunk_ntok(kv, i, n);
+        *tail = j;
+        tail = &j->next;
+        if (queued)
+            queued[i] = 1;
+        if (in_lead)
+            lead += chunk_ntok(kv, i, n);
     }
     pthread_mutex_unlock(&kv->mu);
-    for (ferry__kv_job *j = jobs, *next; j; j = next) {
+    for (ferry__kv_job *j = head, *next; j; j = next) {
         next = j->next;
         ferry__kv_enqueue(kv, j);
     }
+    return lead;
+}
+
+int ferry_kv_prefetch(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv prefetch: store is NULL");
+    ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
+    int nch = make_ids(kv, tokens, n, req, "prefetch", stack, &ids);
+    if (nch < 0)
+        return nch;
+    size_t lead = prefetch_ids(kv, ids, (size_t)nch, n, 1, NULL);
     if (ids != stack)
         ferry__free(ids);
     return (int)lead;
