@@ -326,6 +326,16 @@ FERRY_API int ferry_moe_rows_host(const ferry_moe_geometry *g, void *const *base
  */
 FERRY_API int ferry_moe_rows_file(const ferry_moe_geometry *g, ferry_io *io, const char *path,
                                   const uint64_t *bank_off, ferry_moe_rows **out);
+/**
+ * The caller's own rows (the seed's ExpertRows): fn returns the host bytes
+ * of row `row` of `layer` in `bank` and sets *len to their length, or
+ * returns NULL when it has no such row. The bytes must stay valid until the
+ * plan using them has been applied. Errors: -EINVAL, -ENOMEM.
+ */
+typedef const void *(*ferry_moe_row_fn)(void *ctx, uint32_t bank, uint32_t layer, uint32_t row,
+                                        size_t *len);
+FERRY_API int ferry_moe_rows_fn(const ferry_moe_geometry *g, ferry_moe_row_fn fn, void *ctx,
+                                ferry_moe_rows **out);
 /** NULL does nothing. Unpins/unlocks what ferry_moe_rows_host pinned. */
 FERRY_API void ferry_moe_rows_destroy(ferry_moe_rows *r);
 

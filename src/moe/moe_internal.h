@@ -116,6 +116,27 @@ struct ferry_moe_trace {
 /* sort steps into (token, layer) order, stable; -ENOMEM */
 int ferry__trace_sort(ferry_moe_trace *t);
 
+/* ---- rows sources: one backend per file (rows_host.c, rows_file.c) ---- */
+typedef struct ferry__rows_ops {
+    const char *name;
+    /* host bytes of a row and their length; NULL when absent or on a file */
+    const void *(*host_row)(const ferry_moe_rows *r, uint32_t bank, uint32_t layer, uint32_t row,
+                            size_t *len);
+    /* file location of a row (NULL for host sources): 0, -EINVAL if absent */
+    int (*file_row)(const ferry_moe_rows *r, uint32_t bank, uint32_t layer, uint32_t row,
+                    ferry_io **io, ferry_file **f, uint64_t *off);
+    int (*klass)(const ferry_moe_rows *r, uint32_t layer);
+    void (*destroy)(ferry_moe_rows *r);
+} ferry__rows_ops;
+
+struct ferry_moe_rows {
+    const ferry__rows_ops *ops;
+    ferry_moe_geometry g;
+};
+
+/* checks a geometry's shape for a rows source or an executor */
+int ferry__geometry_check(const ferry_moe_geometry *g, const char *what, int need_slots);
+
 /* routing statistics of a trace (what the generator is calibrated to) */
 typedef struct ferry__trace_stats {
     double top1_share;    /* mean over layers: routes of the top expert / routes */

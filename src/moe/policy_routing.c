@@ -53,17 +53,21 @@ typedef struct succ_entry {
     uint32_t count;
 } succ_entry;
 
+/* what is known of one expert, kept together: each event touches them all */
+typedef struct xinfo {
+    uint32_t last_tok; /* token of the last route, NONE never */
+    uint32_t bits;     /* bit d: routed d turns before last_tok */
+    uint32_t cnt;      /* routes */
+    uint32_t hint_tok; /* hinted for this token's turn, NONE none */
+    uint16_t cell;     /* cell it is counted in */
+} xinfo;
+
 typedef struct routing {
     ferry__policy base;
     ferry__heap *lh;           /* per layer, key: -(1/lambda - 1) * L */
     uint32_t *pos, *scratch;
     double *key;
-    /* per id */
-    uint32_t *last_tok;        /* token of the last route, NONE never */
-    uint32_t *bits;            /* bit d: routed d turns before last_tok */
-    uint32_t *cnt;             /* routes */
-    uint16_t *cell;            /* cell it is counted in */
-    uint32_t *hint_tok;        /* hinted for this token's turn, NONE none */
+    xinfo *x;                  /* per id, one cache line's worth each */
     /* per layer */
     uint32_t *cell_count;      /* [L][CELLS] */
     uint64_t *routes;          /* routes seen */
@@ -88,11 +92,7 @@ static void rt_fini(ferry__policy *p)
     ferry__free(s->pos);
     ferry__free(s->scratch);
     ferry__free(s->key);
-    ferry__free(s->last_tok);
-    ferry__free(s->bits);
-    ferry__free(s->cnt);
-    ferry__free(s->cell);
-    ferry__free(s->hint_tok);
+    ferry__free(s->x);
     ferry__free(s->cell_count);
     ferry__free(s->routes);
     ferry__free(s->turn_tok);
@@ -117,11 +117,7 @@ static int rt_init(ferry__policy *p)
     s->pos = ferry__malloc((size_t)n * sizeof(uint32_t));
     s->scratch = ferry__malloc((size_t)n * sizeof(uint32_t));
     s->key = ferry__calloc(n, sizeof(double));
-    s->last_tok = ferry__malloc(ids * sizeof(uint32_t));
-    s->bits = ferry__calloc(ids, sizeof(uint32_t));
-    s->cnt = ferry__calloc(ids, sizeof(uint32_t));
-    s->cell = ferry__calloc(ids, sizeof(uint16_t));
-    s->hint_tok = ferry__malloc(ids * sizeof(uint32_t));
+    s->x = ferry__calloc(ids, sizeof(xinfo));
     s->cell_count = ferry__calloc((size_t)L * CELLS, sizeof(uint32_t));
     s->routes = ferry__calloc(L, sizeof(uint64_t));
     s->turn_tok = ferry__malloc((size_t)L * sizeof(uint32_t));
@@ -130,8 +126,7 @@ static int rt_init(ferry__policy *p)
     s->ring_tok = ferry__malloc((size_t)L * RING * sizeof(uint32_t));
     s->succ = ferry__malloc(ids * SUCC_WAYS * sizeof(succ_entry));
     s->prev_ids = ferry__malloc((size_t)E * sizeof(uint32_t));
-    if (!s->lh || !s->pos || !s->scratch || !s->key || !s->last_tok || !s->bits || !s->cnt ||
-        !s->cell || !s->hint_tok || !s->cell_count || !s->routes || !s->turn_tok || !s->ring ||
+    if (!s->lh || !s->pos || !s->scratch || !s->key || !s->x || !s->cell_count || !s->routes || !s->turn_tok || !s->ring ||
         !s->ring_n || !s->ring_tok || !s->succ || !s->prev_ids) {
         rt_fini(p);
         return -ENOMEM;
@@ -144,8 +139,6 @@ static int rt_init(ferry__policy *p)
             return -ENOMEM;
         }
     memset(s->pos, 0xff, (size_t)n * sizeof(uint32_t));
-    memset(s->last_tok, 0xff, ids * sizeof(uint32_t));
-    memset(s->hint_tok, 0xff, ids * sizeof(uint32_t));
     memset(s->turn_tok, 0xff, (size_t)L * sizeof(uint32_t));
     memset(s->ring_tok, 0xff, (size_t)L * RING * sizeof(uint32_t));
     for (size_t i = 0; i < ids * SUCC_WAYS; i++) {
@@ -156,8 +149,11 @@ static int rt_init(ferry__policy *p)
     uint16_t c0 = cell_of(0, 0, 0, 0);
     for (uint32_t l = 0; l < L; l++)
         s->cell_count[(size_t)l * CELLS + c0] = E;
-    for (size_t i = 0; i < ids; i++)
-        s->cell[i] = c0;
+    for (size_t i = 0; i < ids; i++) {
+        s->x[i].last_tok = UINT32_MAX;
+        s->x[i].hint_tok = UINT32_MAX;
+        s->x[i].cell = c0;
+    }
     return 0;
 }
 
@@ -165,20 +161,23 @@ static int rt_init(ferry__policy *p)
 static uint16_t compute_cell(const routing *s, uint32_t id, uint32_t tok)
 {
     uint32_t E = s->base.env.num_experts, layer = id / E;
-    uint32_t last = s->last_tok[id], aligned = 0;
+    uint32_t last = s->x[id].last_tok, aligned = 0;
     if (last != UINT32_MAX && tok >= last && tok - last < 32)
-        aligned = s->bits[id] << (tok - last);
+        aligned = s->x[id].bits << (tok - last);
     int was_last = aligned & 1u;
     uint32_t win = (uint32_t)__builtin_popcount(aligned & 0xfeu); /* turns 1..7 back */
     if (win >= WIN)
         win = WIN - 1;
+    /* popularity bucket floor(2 log2(share * E)) + POP_B/2, clamped: the
+     * number of half-octave thresholds the share reaches (no log, no
+     * division on this path) */
+    static const double thr[POP_B - 1] = {0.35355339, 0.5, 0.70710678, 1.0,
+                                          1.41421356, 2.0, 2.82842712};
     uint32_t pop = 0;
-    if (s->cnt[id] && s->routes[layer]) {
-        double r = (double)s->cnt[id] * E / (double)s->routes[layer];
-        int b = (int)floor(2.0 * log2(r)) + POP_B / 2;
-        pop = b < 0 ? 0 : b >= POP_B ? POP_B - 1 : (uint32_t)b;
-    }
-    int hinted = s->hint_tok[id] == tok + 1;
+    double share_e = (double)s->x[id].cnt * E, routes = (double)s->routes[layer];
+    while (pop < POP_B - 1 && share_e >= thr[pop] * routes && routes > 0)
+        pop++;
+    int hinted = s->x[id].hint_tok == tok + 1;
     return cell_of(was_last, win, pop, hinted);
 }
 
@@ -192,19 +191,21 @@ static double lambda(const routing *s, uint16_t c)
 static void rekey(routing *s, uint32_t slot, uint32_t id)
 {
     uint32_t L = s->base.env.num_layers;
-    double wait = 1.0 / lambda(s, s->cell[id]) - 1.0;
+    double wait = 1.0 / lambda(s, s->x[id].cell) - 1.0;
     (void)ferry__heap_set(&s->lh[id / s->base.env.num_experts], slot, -wait * L);
 }
 
 /* move id to the cell it is in after its layer's turn at tok */
-static void recell(routing *s, uint32_t id, uint32_t tok)
+static void recell(routing *s, uint32_t id, uint32_t tok, int routed)
 {
     uint32_t layer = id / s->base.env.num_experts;
     uint16_t c = compute_cell(s, id, tok);
-    if (c != s->cell[id]) {
-        s->cell_count[(size_t)layer * CELLS + s->cell[id]]--;
+    if (c == s->x[id].cell && !routed)
+        return; /* same cell, same key: nothing to do */
+    if (c != s->x[id].cell) {
+        s->cell_count[(size_t)layer * CELLS + s->x[id].cell]--;
         s->cell_count[(size_t)layer * CELLS + c]++;
-        s->cell[id] = c;
+        s->x[id].cell = c;
     }
     uint32_t slot = s->base.env.where[id];
     if (slot != FERRY_MOE_NONE)
@@ -221,7 +222,7 @@ static int rt_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
     routing *s = (routing *)p;
     /* keyed from its cell; a routed expert is re-keyed in end_step, and a
      * prefetched one is protected by its pin until the next step */
-    double wait = 1.0 / lambda(s, s->cell[id]) - 1.0;
+    double wait = 1.0 / lambda(s, s->x[id].cell) - 1.0;
     return ferry__heap_set(&s->lh[id / p->env.num_experts], slot, -wait * p->env.num_layers);
 }
 
@@ -303,31 +304,31 @@ static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, u
     for (uint32_t c = 0; c < CELLS; c++)
         s->opps[c] += cc[c];
     for (uint32_t j = 0; j < n; j++)
-        s->uses[s->cell[ids[j]]] += 1;
+        s->uses[s->x[ids[j]].cell] += 1;
 routed:
     s->routes[layer] += n;
     for (uint32_t j = 0; j < n; j++) {
-        uint32_t id = ids[j], last = s->last_tok[id];
+        uint32_t id = ids[j], last = s->x[id].last_tok;
         if (last == tok)
             continue;
-        s->bits[id] = last != UINT32_MAX && tok - last < 32 ? (s->bits[id] << (tok - last)) | 1u : 1u;
-        s->last_tok[id] = tok;
-        s->cnt[id]++;
+        s->x[id].bits = last != UINT32_MAX && tok - last < 32 ? (s->x[id].bits << (tok - last)) | 1u : 1u;
+        s->x[id].last_tok = tok;
+        s->x[id].cnt++;
     }
     s->turn_tok[layer] = tok;
     /* experts whose features changed: routed now, routed at the previous
      * turn (leave "last"), routed 8 turns back (leave the window), hinted
      * for this turn (hint expires) */
     for (uint32_t j = 0; j < n; j++)
-        recell(s, ids[j], tok);
+        recell(s, ids[j], tok, 1);
     uint32_t m;
     const uint32_t *set;
     if (tok >= 1 && (set = ring_set(s, layer, tok - 1, &m)) != NULL)
         for (uint32_t j = 0; j < m; j++)
-            recell(s, set[j], tok);
+            recell(s, set[j], tok, 0);
     if (tok >= WIN && (set = ring_set(s, layer, tok - WIN, &m)) != NULL)
         for (uint32_t j = 0; j < m; j++)
-            recell(s, set[j], tok);
+            recell(s, set[j], tok, 0);
     /* remember this turn's set */
     size_t r = (size_t)layer * RING + tok % RING;
     memcpy(s->ring + r * E, ids, (size_t)n * sizeof *ids);
@@ -335,10 +336,12 @@ routed:
     s->ring_tok[r] = tok;
 
     /* cross-layer: learn pairs (previous layer -> this layer) of this token */
-    if (s->have_prev && s->prev_tok == tok && s->prev_layer + 1 == layer) {
-        for (uint32_t i = 0; i < s->prev_n; i++)
-            for (uint32_t j = 0; j < n; j++)
-                learn(s, s->prev_layer, s->prev_ids[i] % E, ids[j] % E);
+    if (s->have_prev && s->prev_tok == tok && s->prev_layer + 1 == layer && s->prev_n) {
+        /* one pair per routed expert, the partner taken round-robin: every
+         * pair is sampled at the same rate, at n updates per step rather
+         * than n * prev_n */
+        for (uint32_t j = 0; j < n; j++)
+            learn(s, s->prev_layer, s->prev_ids[(j + tok) % s->prev_n] % E, ids[j] % E);
     }
     /* hint: each routed expert's strongest partner at the next layer, in
      * excess of that partner's own popularity */
@@ -348,11 +351,11 @@ routed:
             const succ_entry *t = &s->succ[((size_t)layer * E + ids[j] % E) * SUCC_WAYS];
             uint32_t best = FERRY_MOE_NONE;
             double best_x = 2.0;
-            double ca = s->cnt[ids[j]];
+            double ca = s->x[ids[j]].cnt;
             for (uint32_t i = 0; i < SUCC_WAYS; i++) {
                 if (t[i].id == FERRY_MOE_NONE)
                     continue;
-                double cb = s->cnt[next * E + t[i].id];
+                double cb = s->x[next * E + t[i].id].cnt;
                 double x = t[i].count - ca * cb / (s->routes[next] ? s->routes[next] : 1) * 8;
                 if (x > best_x) {
                     best_x = x;
@@ -362,15 +365,15 @@ routed:
             if (best == FERRY_MOE_NONE)
                 continue;
             uint32_t pid = next * E + best;
-            if (s->hint_tok[pid] == tok)
+            if (s->x[pid].hint_tok == tok)
                 continue;
             /* hinted for its turn at this token: counted before that turn,
              * in its hinted cell */
             uint32_t ptok = s->turn_tok[next] == UINT32_MAX ? tok : s->turn_tok[next];
             if (ptok + 1 != tok)
                 continue;
-            s->hint_tok[pid] = tok;
-            recell(s, pid, ptok);
+            s->x[pid].hint_tok = tok;
+            recell(s, pid, ptok, 0);
             /* it leaves the hinted cell at its turn: make sure that turn
              * revisits it (the previous-turn ring holds it, or add it) */
             size_t rr = (size_t)next * RING + ptok % RING;

@@ -1,0 +1,108 @@
+/*
+ * rows_file.c - expert rows on NVMe: one file, bank after bank, each bank
+ * laid out as the host banks are (layer-major, row-minor, fixed width).
+ *
+ * Invariant: every row the executor may ask for lies inside the file - the
+ * size is checked against the whole geometry when the source opens, so a
+ * short file is FERRY_EMISMATCH up front, never a short read mid-plan. The
+ * file is opened O_DIRECT exactly when every row offset and width is a
+ * multiple of FERRY_IO_ALIGN (otherwise the engine would have to pad every
+ * read); the I/O engine then moves rows straight into device slots (GDS
+ * when the engine is cufile, its bounce path otherwise) - the third tier,
+ * below pinned host memory, that no anchor library offers for experts.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "moe/moe_internal.h"
+
+typedef struct file_rows {
+    ferry_moe_rows base;
+    ferry_io *io;
+    ferry_file *f;
+    uint64_t bank_off[FERRY_MOE_MAX_BANKS];
+} file_rows;
+
+static int file_row(const ferry_moe_rows *r, uint32_t bank, uint32_t layer, uint32_t row,
+                    ferry_io **io, ferry_file **f, uint64_t *off)
+{
+    const file_rows *fr = (const file_rows *)r;
+    const ferry_moe_geometry *g = &r->g;
+    if (bank >= g->banks || layer >= g->num_layers || row >= g->num_experts)
+        return -EINVAL;
+    *io = fr->io;
+    *f = fr->f;
+    *off = fr->bank_off[bank] + ((uint64_t)layer * g->num_experts + row) * g->row_bytes[bank];
+    return 0;
+}
+
+static int file_class(const ferry_moe_rows *r, uint32_t layer)
+{
+    return layer < r->g.num_layers ? FERRY_MOE_ON_FILE : -EINVAL;
+}
+
+static void file_destroy(ferry_moe_rows *r)
+{
+    file_rows *fr = (file_rows *)r;
+    (void)ferry_file_close(fr->f);
+    ferry__free(fr);
+}
+
+static const ferry__rows_ops file_ops = {
+    .name = "file",
+    .file_row = file_row,
+    .klass = file_class,
+    .destroy = file_destroy,
+};
+
+int ferry_moe_rows_file(const ferry_moe_geometry *g, ferry_io *io, const char *path,
+                        const uint64_t *bank_off, ferry_moe_rows **out)
+{
+    int rc = ferry__geometry_check(g, "file rows", 0);
+    if (rc < 0)
+        return rc;
+    if (!io || !path || !out)
+        return ferry__err_set(NULL, -EINVAL, "moe file rows: no engine, path or out-parameter");
+    file_rows *fr = ferry__calloc(1, sizeof *fr);
+    if (!fr)
+        return ferry__err_set(NULL, -ENOMEM, "moe file rows %s: out of memory", path);
+    fr->base.ops = &file_ops;
+    fr->base.g = *g;
+    fr->io = io;
+    uint64_t end = 0, off = 0;
+    int aligned = 1;
+    for (uint32_t b = 0; b < g->banks; b++) {
+        uint64_t bytes = (uint64_t)g->num_layers * g->num_experts * g->row_bytes[b];
+        fr->bank_off[b] = bank_off ? bank_off[b] : off;
+        off = fr->bank_off[b] + bytes;
+        if (off > end)
+            end = off;
+        if (!FERRY__IS_ALIGNED(fr->bank_off[b], FERRY_IO_ALIGN) ||
+            !FERRY__IS_ALIGNED(g->row_bytes[b], FERRY_IO_ALIGN))
+            aligned = 0;
+    }
+    unsigned flags = FERRY_FILE_READ | (aligned ? FERRY_FILE_DIRECT : 0u);
+    rc = ferry_file_open(io, path, flags, &fr->f);
+    if (rc < 0) {
+        char cause[FERRY__ERRMSG_MAX];
+        snprintf(cause, sizeof cause, "%s", ferry_last_error());
+        ferry__free(fr);
+        return ferry__err_set(NULL, rc, "moe file rows %s: %s", path, cause);
+    }
+    uint64_t size = 0;
+    rc = ferry_file_size(fr->f, &size);
+    if (rc == 0 && size < end)
+        rc = ferry__err_set(NULL, FERRY_EMISMATCH,
+                            "moe file rows %s: %llu bytes, the geometry (%u layers x %u experts, "
+                            "%u banks) needs %llu",
+                            path, (unsigned long long)size, g->num_layers, g->num_experts, g->banks,
+                            (unsigned long long)end);
+    if (rc < 0) {
+        (void)ferry_file_close(fr->f);
+        ferry__free(fr);
+        return rc;
+    }
+    *out = &fr->base;
+    return 0;
+}

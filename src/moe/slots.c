@@ -1,0 +1,445 @@
+/*
+ * slots.c - the executor (ferrox's ExpertSlots): applies copy and gather
+ * plans to a slot device and knows which expert each slot holds.
+ *
+ * Invariant: occupant[s] names an expert only when every bank of slot s is
+ * known to hold that expert's row - the copy landed and the device said so
+ * (flush returned 0). So:
+ *  - a plan is validated WHOLE before the first byte moves: a plan that
+ *    would fail half-way because of its own content never starts;
+ *  - an empty plan is a warm step: no device call at all (the zero-copy
+ *    fast path decode steps take once the cache is warm);
+ *  - an occupant is cleared before its slot's first write and set only
+ *    after the plan's flush: a batching device cannot say which copies
+ *    landed when flush fails, so a failed flush leaves EVERY slot of the
+ *    plan unknown, and a failed write leaves that slot and the plan's later
+ *    ones unknown (the earlier ones count only if a flush then succeeds).
+ * The slots left unknown are handed back so the caller can make the
+ * planner forget them; ferry_moe_check() then finds both sides agreeing.
+ * Bytes are billed by where they came from: host (or file) rows cross the
+ * link, slot-to-slot gathers stay on the device.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "moe/moe_internal.h"
+
+struct ferry_moe_slots {
+    ferry__errbuf err;
+    ferry_moe_geometry g;
+    const ferry_moe_slot_device_ops *ops;
+    void *ctx;
+    uint32_t *occupant;
+    uint32_t *stamp;     /* per slot: gen of the plan that named it */
+    uint32_t gen;
+    size_t row_total;    /* sum of row_bytes over banks */
+    void *staging;       /* one row, for file rows without read_file */
+    size_t staging_len;
+    ferry_io *staging_io;
+    ferry_moe_slots_stats st;
+};
+
+int ferry__geometry_check(const ferry_moe_geometry *g, const char *what, int need_slots)
+{
+    if (!g || g->size < sizeof(ferry_moe_geometry))
+        return ferry__err_set(NULL, -EINVAL, "moe %s: geometry missing or too old", what);
+    if (!g->num_layers || !g->num_experts || (need_slots && !g->slots))
+        return ferry__err_set(NULL, -EINVAL, "moe %s: geometry of %u layers, %u experts, %u slots",
+                              what, g->num_layers, g->num_experts, g->slots);
+    if ((uint64_t)g->num_layers * g->num_experts >= UINT32_MAX)
+        return ferry__err_set(NULL, -EINVAL, "moe %s: %u x %u experts overflow the id space", what,
+                              g->num_layers, g->num_experts);
+    if (g->banks < 1 || g->banks > FERRY_MOE_MAX_BANKS)
+        return ferry__err_set(NULL, -EINVAL, "moe %s: %u banks (1..%d)", what, g->banks,
+                              FERRY_MOE_MAX_BANKS);
+    for (uint32_t b = 0; b < g->banks; b++)
+        if (!g->row_bytes[b])
+            return ferry__err_set(NULL, -EINVAL, "moe %s: bank %u has rows of 0 bytes", what, b);
+    return 0;
+}
+
+int ferry_moe_slots_create(const ferry_moe_geometry *g, const ferry_moe_slot_device_ops *ops,
+                           void *ctx, ferry_moe_slots **out)
+{
+    int rc = ferry__geometry_check(g, "slots", 1);
+    if (rc == 0 && (!ops || ops->size < sizeof(ferry_moe_slot_device_ops) || !ops->write_slot ||
+                    !ops->copy_slot || !ops->flush || !out))
+        rc = ferry__err_set(NULL, -EINVAL,
+                            "moe slots: device ops need write_slot, copy_slot and flush");
+    ferry_moe_slots *s = NULL;
+    if (rc == 0) {
+        s = ferry__calloc(1, sizeof *s);
+        if (s) {
+            s->occupant = ferry__malloc((size_t)g->slots * sizeof *s->occupant);
+            s->stamp = ferry__calloc(g->slots, sizeof *s->stamp);
+        }
+        if (!s || !s->occupant || !s->stamp)
+            rc = ferry__err_set(NULL, -ENOMEM, "moe slots: out of memory for %u slots", g->slots);
+    }
+    if (rc < 0) {
+        if (s) {
+            ferry__free(s->occupant);
+            ferry__free(s->stamp);
+            ferry__free(s);
+        }
+        if (ops && ops->destroy && ctx)
+            ops->destroy(ctx);
+        return rc;
+    }
+    s->g = *g;
+    s->ops = ops;
+    s->ctx = ctx;
+    memset(s->occupant, 0xff, (size_t)g->slots * sizeof *s->occupant);
+    for (uint32_t b = 0; b < g->banks; b++)
+        s->row_total += g->row_bytes[b];
+    *out = s;
+    return 0;
+}
+
+void ferry_moe_slots_destroy(ferry_moe_slots *s)
+{
+    if (!s)
+        return;
+    if (s->staging)
+        ferry_io_buffer_free(s->staging_io, s->staging);
+    if (s->ops->destroy && s->ctx)
+        s->ops->destroy(s->ctx);
+    ferry__free(s->occupant);
+    ferry__free(s->stamp);
+    ferry__free(s);
+}
+
+const char *ferry_moe_slots_last_error(const ferry_moe_slots *s)
+{
+    return s ? ferry__err_msg(&s->err) : "";
+}
+
+void *ferry_moe_slots_device(const ferry_moe_slots *s)
+{
+    return s ? s->ctx : NULL;
+}
+
+uint32_t ferry_moe_slots_occupant(const ferry_moe_slots *s, uint32_t slot)
+{
+    return s && slot < s->g.slots ? s->occupant[slot] : FERRY_MOE_NONE;
+}
+
+int ferry_moe_slots_invalidate(ferry_moe_slots *s, uint32_t slot)
+{
+    if (!s || slot >= s->g.slots)
+        return ferry__err_set(s ? &s->err : NULL, -EINVAL, "moe slots: slot %u out of range (%u)",
+                              slot, s ? s->g.slots : 0);
+    s->occupant[slot] = FERRY_MOE_NONE;
+    return 0;
+}
+
+void ferry_moe_slots_get_stats(const ferry_moe_slots *s, ferry_moe_slots_stats *out)
+{
+    if (s && out)
+        *out = s->st;
+}
+
+/* a fresh generation for duplicate detection */
+static uint32_t next_gen(ferry_moe_slots *s)
+{
+    if (++s->gen == 0) {
+        memset(s->stamp, 0, (size_t)s->g.slots * sizeof *s->stamp);
+        s->gen = 1;
+    }
+    return s->gen;
+}
+
+static void report_unknown(const uint32_t *slots, uint32_t from, uint32_t to, uint32_t *unknown_out,
+                           uint32_t *n_unknown)
+{
+    uint32_t k = n_unknown ? *n_unknown : 0;
+    for (uint32_t i = from; i < to; i++)
+        if (unknown_out)
+            unknown_out[k++] = slots[i];
+        else
+            k++;
+    if (n_unknown)
+        *n_unknown = k;
+}
+
+static int validate_copy(ferry_moe_slots *s, const ferry_moe_copy_plan *plan,
+                         const ferry_moe_rows *rows)
+{
+    const ferry_moe_geometry *g = &s->g;
+    if (plan->layer >= g->num_layers)
+        return ferry__err_set(&s->err, -EINVAL, "moe apply: layer %u out of range (%u layers)",
+                              plan->layer, g->num_layers);
+    if (!plan->dst_slots || !plan->src_rows)
+        return ferry__err_set(&s->err, -EINVAL, "moe apply: plan of %u rows without arrays",
+                              plan->n);
+    if (!rows)
+        return ferry__err_set(&s->err, -EINVAL, "moe apply: layer %u: no rows source", plan->layer);
+    if (rows->g.banks != g->banks)
+        return ferry__err_set(&s->err, FERRY_EMISMATCH,
+                              "moe apply: rows source has %u banks, slots have %u", rows->g.banks,
+                              g->banks);
+    uint32_t gen = next_gen(s);
+    for (uint32_t i = 0; i < plan->n; i++) {
+        uint32_t d = plan->dst_slots[i], r = plan->src_rows[i];
+        if (d >= g->slots)
+            return ferry__err_set(&s->err, -EINVAL, "moe apply: entry %u: slot %u out of range (%u)",
+                                  i, d, g->slots);
+        if (s->stamp[d] == gen)
+            return ferry__err_set(&s->err, -EINVAL,
+                                  "moe apply: layer %u: slot %u is written twice by one plan",
+                                  plan->layer, d);
+        s->stamp[d] = gen;
+        if (r >= g->num_experts)
+            return ferry__err_set(&s->err, -EINVAL,
+                                  "moe apply: entry %u: row %u out of range (%u experts)", i, r,
+                                  g->num_experts);
+        for (uint32_t b = 0; b < g->banks; b++) {
+            if (rows->ops->file_row) {
+                ferry_io *io;
+                ferry_file *f;
+                uint64_t off;
+                if (rows->ops->file_row(rows, b, plan->layer, r, &io, &f, &off) < 0)
+                    return ferry__err_set(&s->err, -EINVAL,
+                                          "moe apply: layer %u row %u bank %u: not in the file",
+                                          plan->layer, r, b);
+                if (rows->g.row_bytes[b] != g->row_bytes[b])
+                    return ferry__err_set(&s->err, FERRY_EMISMATCH,
+                                          "moe apply: bank %u: file rows are %zu bytes, slots %zu", b,
+                                          rows->g.row_bytes[b], g->row_bytes[b]);
+                continue;
+            }
+            size_t len = 0;
+            const void *p = rows->ops->host_row(rows, b, plan->layer, r, &len);
+            if (!p)
+                return ferry__err_set(&s->err, -EINVAL,
+                                      "moe apply: layer %u row %u bank %u: no such row", plan->layer,
+                                      r, b);
+            if (len != g->row_bytes[b])
+                return ferry__err_set(&s->err, FERRY_EMISMATCH,
+                                      "moe apply: layer %u row %u bank %u is %zu bytes, the bank's "
+                                      "width is %zu",
+                                      plan->layer, r, b, len, g->row_bytes[b]);
+        }
+    }
+    return 0;
+}
+
+/* one bank of one row into its slot */
+static int write_row(ferry_moe_slots *s, const ferry_moe_rows *rows, uint32_t b, uint32_t layer,
+                     uint32_t row, uint32_t slot)
+{
+    size_t n = s->g.row_bytes[b];
+    if (!rows->ops->file_row) {
+        size_t len;
+        const void *p = rows->ops->host_row(rows, b, layer, row, &len);
+        return s->ops->write_slot(s->ctx, b, slot, p, n);
+    }
+    ferry_io *io;
+    ferry_file *f;
+    uint64_t off;
+    int rc = rows->ops->file_row(rows, b, layer, row, &io, &f, &off);
+    if (rc < 0)
+        return rc;
+    if (s->ops->read_file)
+        return s->ops->read_file(s->ctx, b, slot, io, f, off, n);
+    /* stage through one aligned host row; the device may copy it
+     * asynchronously, so flush before the buffer is reused */
+    size_t need = FERRY__ALIGN_UP(n, (size_t)FERRY_IO_ALIGN);
+    if (s->staging_len < need || s->staging_io != io) {
+        if (s->staging)
+            ferry_io_buffer_free(s->staging_io, s->staging);
+        s->staging = NULL;
+        s->staging_len = 0;
+        rc = ferry_io_buffer_alloc(io, need, &s->staging);
+        if (rc < 0)
+            return rc;
+        s->staging_len = need;
+        s->staging_io = io;
+    }
+    rc = ferry_io_pread(io, f, s->staging, n, off);
+    if (rc < 0)
+        return rc;
+    rc = s->ops->write_slot(s->ctx, b, slot, s->staging, n);
+    if (rc == 0)
+        rc = s->ops->flush(s->ctx);
+    return rc;
+}
+
+int ferry_moe_slots_apply(ferry_moe_slots *s, const ferry_moe_copy_plan *plan,
+                          const ferry_moe_rows *rows, uint32_t *unknown_out, uint32_t *n_unknown)
+{
+    if (n_unknown)
+        *n_unknown = 0;
+    if (!s || !plan)
+        return ferry__err_set(s ? &s->err : NULL, -EINVAL, "moe apply: no slots or plan");
+    if (plan->n == 0) {
+        s->st.plans++;
+        s->st.warm_plans++;
+        return 0;
+    }
+    int rc = validate_copy(s, plan, rows);
+    if (rc < 0)
+        return rc;
+    int route = FERRY_MOE_ROUTE_PER_ROW;
+    if (rows->ops->klass && rows->ops->klass(rows, plan->layer) == FERRY_MOE_PAGEABLE)
+        route = FERRY_MOE_ROUTE_WHOLE_LAYER_PAGEABLE;
+    if (s->ops->begin_plan && (rc = s->ops->begin_plan(s->ctx, route)) < 0)
+        return ferry__err_set(&s->err, rc, "moe apply: layer %u: device refused the plan: %s",
+                              plan->layer, ferry_last_error());
+    s->st.plans++;
+    uint32_t i;
+    for (i = 0; i < plan->n; i++) {
+        uint32_t d = plan->dst_slots[i];
+        s->occupant[d] = FERRY_MOE_NONE;
+        for (uint32_t b = 0; b < s->g.banks && rc == 0; b++)
+            rc = write_row(s, rows, b, plan->layer, plan->src_rows[i], d);
+        if (rc < 0)
+            break;
+    }
+    if (rc < 0) {
+        char cause[FERRY__ERRMSG_MAX];
+        snprintf(cause, sizeof cause, "%s", ferry_last_error());
+        s->st.failed_writes++;
+        /* the later slots were given to new experts by the planner and are
+         * not written: they are unknown too */
+        for (uint32_t j = i; j < plan->n; j++)
+            s->occupant[plan->dst_slots[j]] = FERRY_MOE_NONE;
+        report_unknown(plan->dst_slots, i, plan->n, unknown_out, n_unknown);
+        int frc = s->ops->flush(s->ctx);
+        if (frc < 0) {
+            s->st.failed_flushes++;
+            report_unknown(plan->dst_slots, 0, i, unknown_out, n_unknown);
+        } else {
+            for (uint32_t j = 0; j < i; j++)
+                s->occupant[plan->dst_slots[j]] = plan->layer * s->g.num_experts + plan->src_rows[j];
+            s->st.host_rows += i;
+            s->st.host_bytes += (uint64_t)i * s->row_total;
+        }
+        return ferry__err_set(&s->err, rc,
+                              "moe apply: layer %u row %u into slot %u failed (%u of %u slots now "
+                              "unknown): %s",
+                              plan->layer, plan->src_rows[i], plan->dst_slots[i],
+                              n_unknown ? *n_unknown : plan->n - i, plan->n, cause);
+    }
+    rc = s->ops->flush(s->ctx);
+    if (rc < 0) {
+        char cause[FERRY__ERRMSG_MAX];
+        snprintf(cause, sizeof cause, "%s", ferry_last_error());
+        s->st.failed_flushes++;
+        report_unknown(plan->dst_slots, 0, plan->n, unknown_out, n_unknown);
+        return ferry__err_set(&s->err, rc,
+                              "moe apply: layer %u: flush of %u rows failed, every slot of the plan "
+                              "is unknown: %s",
+                              plan->layer, plan->n, cause);
+    }
+    for (i = 0; i < plan->n; i++)
+        s->occupant[plan->dst_slots[i]] = plan->layer * s->g.num_experts + plan->src_rows[i];
+    s->st.host_rows += plan->n;
+    s->st.host_bytes += (uint64_t)plan->n * s->row_total;
+    return (int)plan->n;
+}
+
+int ferry_moe_slots_gather(ferry_moe_slots *s, const ferry_moe_gather_plan *plan,
+                           uint32_t *unknown_out, uint32_t *n_unknown)
+{
+    if (n_unknown)
+        *n_unknown = 0;
+    if (!s || !plan)
+        return ferry__err_set(s ? &s->err : NULL, -EINVAL, "moe gather: no slots or plan");
+    if (plan->n == 0) {
+        s->st.gather_plans++;
+        s->st.warm_plans++;
+        return 0;
+    }
+    if (!plan->dst_slots || !plan->src_slots)
+        return ferry__err_set(&s->err, -EINVAL, "moe gather: plan of %u without arrays", plan->n);
+    uint32_t gen = next_gen(s);
+    for (uint32_t i = 0; i < plan->n; i++) {
+        uint32_t d = plan->dst_slots[i], src = plan->src_slots[i];
+        if (d >= s->g.slots || src >= s->g.slots)
+            return ferry__err_set(&s->err, -EINVAL, "moe gather: entry %u: slot %u <- %u out of range (%u)",
+                                  i, d, src, s->g.slots);
+        if (d == src)
+            return ferry__err_set(&s->err, -EINVAL, "moe gather: entry %u copies slot %u onto itself",
+                                  i, d);
+        if (s->occupant[src] == FERRY_MOE_NONE)
+            return ferry__err_set(&s->err, -EINVAL,
+                                  "moe gather: entry %u: source slot %u holds no known expert", i,
+                                  src);
+        if (s->stamp[d] == gen)
+            return ferry__err_set(&s->err, -EINVAL, "moe gather: slot %u is written twice", d);
+        s->stamp[d] = gen;
+    }
+    for (uint32_t i = 0; i < plan->n; i++)
+        if (s->stamp[plan->src_slots[i]] == gen)
+            return ferry__err_set(&s->err, -EINVAL,
+                                  "moe gather: slot %u is both a source and a destination",
+                                  plan->src_slots[i]);
+    int rc = 0;
+    if (s->ops->begin_plan && (rc = s->ops->begin_plan(s->ctx, FERRY_MOE_ROUTE_PER_ROW)) < 0)
+        return ferry__err_set(&s->err, rc, "moe gather: device refused the plan: %s",
+                              ferry_last_error());
+    s->st.gather_plans++;
+    /* sources are never destinations, so their occupants are stable here */
+    uint32_t i;
+    for (i = 0; i < plan->n && rc == 0; i++) {
+        uint32_t d = plan->dst_slots[i];
+        s->occupant[d] = FERRY_MOE_NONE;
+        for (uint32_t b = 0; b < s->g.banks && rc == 0; b++)
+            rc = s->ops->copy_slot(s->ctx, b, d, plan->src_slots[i]);
+    }
+    if (rc < 0)
+        i--; /* the failed entry */
+    int frc = s->ops->flush(s->ctx);
+    if (rc < 0 || frc < 0) {
+        char cause[FERRY__ERRMSG_MAX];
+        snprintf(cause, sizeof cause, "%s", ferry_last_error());
+        if (rc < 0)
+            s->st.failed_writes++;
+        if (frc < 0)
+            s->st.failed_flushes++;
+        uint32_t from = frc < 0 ? 0 : i;
+        for (uint32_t j = from; j < plan->n; j++)
+            s->occupant[plan->dst_slots[j]] = FERRY_MOE_NONE;
+        report_unknown(plan->dst_slots, from, plan->n, unknown_out, n_unknown);
+        for (uint32_t j = 0; j < from; j++)
+            s->occupant[plan->dst_slots[j]] = s->occupant[plan->src_slots[j]];
+        s->st.device_rows += from;
+        s->st.device_bytes += (uint64_t)from * s->row_total;
+        return ferry__err_set(&s->err, rc < 0 ? rc : frc,
+                              "moe gather: %s failed, %u of %u slots unknown: %s",
+                              rc < 0 ? "slot copy" : "flush", plan->n - from, plan->n, cause);
+    }
+    for (i = 0; i < plan->n; i++)
+        s->occupant[plan->dst_slots[i]] = s->occupant[plan->src_slots[i]];
+    s->st.device_rows += plan->n;
+    s->st.device_bytes += (uint64_t)plan->n * s->row_total;
+    return (int)plan->n;
+}
+
+int ferry_moe_check(const ferry_moe_planner *p, const ferry_moe_slots *s)
+{
+    if (!p || !s)
+        return ferry__err_set(NULL, -EINVAL, "moe check: no planner or slots");
+    uint32_t ps = ferry_moe_planner_slots(p);
+    if (ps != s->g.slots)
+        return ferry__err_set(NULL, FERRY_EMISMATCH, "moe check: planner has %u slots, executor %u",
+                              ps, s->g.slots);
+    for (uint32_t slot = 0; slot < ps; slot++) {
+        uint32_t po = ferry_moe_planner_occupant(p, slot), so = s->occupant[slot];
+        if (so != FERRY_MOE_NONE && so != po)
+            return ferry__err_set(NULL, FERRY_EMISMATCH,
+                                  "moe check: slot %u holds expert %u (layer %u, expert %u) but the "
+                                  "planner says %s%u",
+                                  slot, so, so / s->g.num_experts, so % s->g.num_experts,
+                                  po == FERRY_MOE_NONE ? "it is free" : "expert ",
+                                  po == FERRY_MOE_NONE ? 0 : po);
+        if (po != FERRY_MOE_NONE && so == FERRY_MOE_NONE)
+            return ferry__err_set(NULL, FERRY_EMISMATCH,
+                                  "moe check: the planner puts expert %u (layer %u, expert %u) in "
+                                  "slot %u, which the executor does not know",
+                                  po, po / s->g.num_experts, po % s->g.num_experts, slot);
+    }
+    return 0;
+}
