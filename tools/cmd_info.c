@@ -61,6 +61,21 @@ int cmd_info(int argc, char **argv)
         if (!json)
             printf("  %-8s %-10s %s\n", engines[i], rc == 0 ? "usable" : "unusable", why);
     }
+    /* what "auto" picks here, and why (no device given) */
+    ferry_io *io = NULL;
+    json_t *ja = json_object();
+    if (ferry_io_open(NULL, &io) == 0) {
+        json_object_set_new(ja, "engine", json_string(ferry_io_engine(io)));
+        json_object_set_new(ja, "reason", json_string(ferry_io_reason(io)));
+        if (!json)
+            printf("  auto  -> %s\n", ferry_io_reason(io));
+        ferry_io_close(io);
+    } else {
+        json_object_set_new(ja, "error", json_string(ferry_last_error()));
+        if (!json)
+            printf("  auto  -> none: %s\n", ferry_last_error());
+    }
+    json_object_set_new(root, "io_auto", ja);
     char dwhy[512] = "";
     int drc = ferry_io_direct_probe(dir, dwhy, sizeof dwhy);
     json_t *jd = json_object();

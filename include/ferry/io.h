@@ -31,6 +31,22 @@
  * (FERRY_IO_ALIGN): a misaligned request fails with FERRY_EALIGN and a
  * message naming the file, offset, length and buffer.
  *
+ * Errors of requests (in req->result, or returned by the helpers), each
+ * with a message naming the file, offset, length and cause:
+ *  -EINVAL zero length, no buffer, a range past INT64_MAX, unknown op;
+ *  -EBADF  a read on a file not opened for reading (or a write ...);
+ *  FERRY_EALIGN  see above;
+ *  FERRY_ESHORT  a read that reaches end of file before len bytes (the
+ *          message gives the offset where the file ended), or a write the
+ *          kernel keeps refusing to make progress on;
+ *  -ENOSPC, -EIO, ... what the kernel reported, after short transfers
+ *          were continued and EINTR/EAGAIN retried. A request that failed
+ *          may have moved part of its bytes.
+ *  FERRY_ENOTSUP device memory in an asynchronous request on an engine or
+ *          file without GDS (use ferry_io_read_dev/write_dev).
+ * Opening a file: -errno of open(2) (-ENOENT for a missing directory,
+ * -EACCES for an unwritable one) with the path in the message.
+ *
  * Thread-safety: one ferry_io may be driven by one thread at a time
  * (submit/reap); different ferry_io objects are independent.
  */
@@ -119,9 +135,14 @@ FERRY_API int ferry_file_drop_cache(ferry_file *f);
 
 /* ---- buffers ---- */
 /**
- * Register host memory with the engine (io_uring fixed buffers, cuFile
- * buffer registration); later requests inside it use the fast path. Other
- * engines accept and ignore it. Unregister before freeing the memory.
+ * Register host memory with the engine (io_uring fixed buffers, up to 64
+ * slots of at most 1 GiB each; a larger buffer takes several); later
+ * requests that lie inside one registration use READ_FIXED/WRITE_FIXED.
+ * posix and cufile accept and ignore it. Registering the same (buf, len)
+ * again is a no-op. Errors (uring): FERRY_ENOTSUP when the kernel refused
+ * a fixed-buffer table, -ENOSPC when the slots are used up, FERRY_EEXIST
+ * for buf registered with another length; unregister of an unknown buf:
+ * -ENOENT. Unregister before freeing the memory.
  */
 FERRY_API int ferry_io_register_buffer(ferry_io *io, void *buf, size_t len);
 FERRY_API int ferry_io_unregister_buffer(ferry_io *io, void *buf);
@@ -135,7 +156,8 @@ FERRY_API int ferry_io_unregister_buffer(ferry_io *io, void *buf);
 FERRY_API int ferry_io_register_dev(ferry_io *io, ferry_devptr p, size_t len);
 FERRY_API int ferry_io_unregister_dev(ferry_io *io, ferry_devptr p);
 /** Allocate len bytes aligned to FERRY_IO_ALIGN (pinned when the engine has a
- * device); free with ferry_io_buffer_free. */
+ * device) and register them with the engine when it can (best effort);
+ * free with ferry_io_buffer_free. */
 FERRY_API int ferry_io_buffer_alloc(ferry_io *io, size_t len, void **out);
 FERRY_API void ferry_io_buffer_free(ferry_io *io, void *buf);
 
@@ -159,8 +181,12 @@ typedef struct ferry_io_req {
 
 /**
  * Queue n requests. The requests (and their buffers) stay the caller's
- * property but must not be touched until reaped. Returns the number
- * queued (which may be < n when the queue is full) or a negative code.
+ * property but must not be touched until reaped. The queue has no fixed
+ * bound (requests are linked through their private words; submit never
+ * allocates): all valid requests are queued and the engine runs `depth`
+ * at a time. Returns the number queued, or a negative code when reqs[0]
+ * is invalid; a count k < n means reqs[k] was invalid (the message says
+ * why) and reqs[k..n) were not queued.
  */
 FERRY_API int ferry_io_submit(ferry_io *io, ferry_io_req *const *reqs, unsigned n);
 /**
@@ -173,15 +199,31 @@ FERRY_API int ferry_io_reap(ferry_io *io, ferry_io_req **done, unsigned min, uns
 /** Requests submitted and not yet reaped. */
 FERRY_API unsigned ferry_io_inflight(const ferry_io *io);
 
-/* ---- synchronous helpers (split, run `depth` at a time, wait; 0 on success) ---- */
+/*
+ * ---- synchronous helpers (split, run `depth` at a time, wait; 0 on success) ----
+ * The transfer is cut into about `depth` pieces (at least 128 KiB, at most
+ * max_request) that run concurrently. Requests of the caller's still in
+ * flight are not disturbed: their completions stay for ferry_io_reap.
+ */
 FERRY_API int ferry_io_pread(ferry_io *io, ferry_file *f, void *buf, size_t len, uint64_t off);
 FERRY_API int ferry_io_pwrite(ferry_io *io, ferry_file *f, const void *buf, size_t len,
                               uint64_t off);
 /**
- * Device memory <-> file. cufile: DMA. Otherwise the double-buffered CPU
- * path, with device copies on stream s (NULL: the engine's own stream).
+ * Device memory <-> file. cufile: DMA (s NULL: the batch API with depth
+ * requests in flight; s given: cuFileRead/WriteAsync on s, then s is
+ * synchronized). Otherwise the double-buffered CPU path, with device
+ * copies on stream s (NULL: the engine's own stream), in segments of
+ * bounce_bytes whose file I/O overlaps the device copy of the next.
  * Returns when the whole transfer is done (bytes landed in device memory
  * for reads, on the file for writes).
+ * O_DIRECT files on the CPU path: off must be a multiple of 4096; a read
+ * of any length works (the last segment is padded inside the bounce
+ * buffer; only len bytes reach the device), a write whose length is not a
+ * multiple of 4096 fails with FERRY_EALIGN before anything moves (it
+ * cannot be padded without writing bytes the caller did not give).
+ * Errors: as for requests, plus the device layer's codes for a failed
+ * copy or event (e.g. FERRY_EINJECTED, FERRY_ESHORT on the host backend),
+ * and -EINVAL when the engine was opened without a device.
  */
 FERRY_API int ferry_io_read_dev(ferry_io *io, ferry_file *f, ferry_stream *s, ferry_devptr dst,
                                 size_t len, uint64_t off);
