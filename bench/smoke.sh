@@ -14,3 +14,4 @@ run "$build/bench_device" --backend host --size 32M --chunk 4M --rounds 1
 run "$build/ferry" bench io --size 64M --dir "$dir"
 run "$build/ferry" bench io --engine all --size 16M --chunk 1M --depth 4 --device host --json --dir "$dir"
 run bench/vs_fio.sh --ferry "$build/ferry" --size 64M --rounds 2 --dir "$dir"
+if command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; then run bench/remote_vs_redis_benchmark.sh "$build" --quick; fi

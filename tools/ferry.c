@@ -10,6 +10,7 @@
 static const cli_command commands[] = {
     {"info", cmd_info, "library version, device backends and I/O engines usable here"},
     {"bench io", cmd_bench_io, "write then read a file per I/O engine: GB/s, IOPS, p50/p99, CPU"},
+    {"bench remote", cmd_bench_remote, "remote tier (Redis/Valkey) retrieve throughput vs redis-benchmark GET"},
     {"moe gen", cmd_moe_gen, "write a synthetic MoE routing trace calibrated to real models"},
     {"moe replay", cmd_moe_replay, "replay a routing trace through an expert cache policy vs Belady"},
     {"moe bench", cmd_moe_bench, "expert planner cost per layer-step and slot-write throughput"},

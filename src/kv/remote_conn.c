@@ -80,11 +80,17 @@ static void where(const ferry__rconn *c, const ferry__rconf *cf, char *buf, size
 
 typedef struct sigpipe_guard {
     sigset_t old;
-    int was_pending;
+    int was_pending, active;
 } sigpipe_guard;
 
 static void sigpipe_block(sigpipe_guard *g)
 {
+    /* most hosts (Python, so vLLM and SGLang) ignore SIGPIPE already: then
+     * one query replaces the four calls of the mask dance */
+    struct sigaction sa;
+    g->active = !(sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_IGN);
+    if (!g->active)
+        return;
     sigset_t set, pend;
     sigemptyset(&set);
     sigaddset(&set, SIGPIPE);
@@ -96,6 +102,8 @@ static void sigpipe_block(sigpipe_guard *g)
 
 static void sigpipe_unblock(sigpipe_guard *g)
 {
+    if (!g->active)
+        return;
     if (!g->was_pending) {
         sigset_t set, pend;
         sigemptyset(&set);

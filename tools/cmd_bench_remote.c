@@ -1,0 +1,324 @@
+/*
+ * cmd_bench_remote.c - `ferry bench remote`: retrieve throughput of the
+ * remote tier against what redis-benchmark reports for GET of the same
+ * value size on the same server, in one run.
+ *
+ *   ferry bench remote --url URL [--value 1M] [--count 400] [--keys 8]
+ *                      [--clients 1] [--rounds 3] [--no-redis-benchmark] [--json]
+ *
+ * ferry side: `clients` threads share one handle (one connection each)
+ * and call ferry_remote_get (full value, checksums verified, copied into
+ * the caller's buffer) `count` times in all over `keys` stored values.
+ * Reference: redis-benchmark -c clients -n count -d value -t set,get
+ * (its GET reads the value its SET stored) against the same host, port
+ * or socket, password and database. The two alternate for `rounds`
+ * rounds and the best of each is kept, so a burst of load from other
+ * processes on the machine does not decide the ratio. The ratio is ferry
+ * GET/s over redis-benchmark GET/s.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "cli.h"
+#include "core.h"
+#include "kv/remote_int.h"
+
+typedef struct bench_thread {
+    ferry_remote *r;
+    uint64_t ops, keys;
+    size_t value;
+    unsigned idx;
+    int rc;
+    uint64_t bytes;
+} bench_thread;
+
+static void *bench_get(void *p)
+{
+    bench_thread *t = p;
+    uint8_t *buf = malloc(t->value);
+    if (!buf) {
+        t->rc = -ENOMEM;
+        return NULL;
+    }
+    for (uint64_t i = 0; i < t->ops; i++) {
+        char key[48];
+        snprintf(key, sizeof key, "ferry-bench:%llu",
+                 (unsigned long long)((i * 7 + t->idx) % t->keys));
+        int rc = ferry_remote_get(t->r, key, strlen(key), buf, t->value);
+        if (rc != (int)t->value) {
+            t->rc = rc < 0 ? rc : -EIO;
+            break;
+        }
+        t->bytes += (uint64_t)rc;
+    }
+    free(buf);
+    return NULL;
+}
+
+/* run redis-benchmark; returns GET requests/s or a negative value */
+static double run_redis_benchmark(const ferry__rurl *u, unsigned clients, uint64_t count,
+                                  uint64_t value, char *why, size_t whylen)
+{
+    char port[16], c_s[16], n_s[24], d_s[24], db_s[16];
+    snprintf(port, sizeof port, "%d", u->port);
+    snprintf(c_s, sizeof c_s, "%u", clients);
+    snprintf(n_s, sizeof n_s, "%llu", (unsigned long long)count);
+    snprintf(d_s, sizeof d_s, "%llu", (unsigned long long)value);
+    snprintf(db_s, sizeof db_s, "%d", u->db);
+    const char *argv[32];
+    int n = 0;
+    argv[n++] = "redis-benchmark";
+    if (u->is_unix) {
+        argv[n++] = "-s";
+        argv[n++] = u->path;
+    } else {
+        argv[n++] = "-h";
+        argv[n++] = u->host;
+        argv[n++] = "-p";
+        argv[n++] = port;
+    }
+    if (u->has_user) {
+        argv[n++] = "--user";
+        argv[n++] = u->user;
+    }
+    if (u->has_password) {
+        argv[n++] = "-a";
+        argv[n++] = u->password;
+    }
+    argv[n++] = "--dbnum";
+    argv[n++] = db_s;
+    argv[n++] = "-c";
+    argv[n++] = c_s;
+    argv[n++] = "-n";
+    argv[n++] = n_s;
+    argv[n++] = "-d";
+    argv[n++] = d_s;
+    argv[n++] = "-t";
+    argv[n++] = "set,get";
+    argv[n++] = "--csv";
+    argv[n] = NULL;
+    int fds[2];
+    if (pipe(fds) != 0) {
+        snprintf(why, whylen, "pipe: %s", strerror(errno));
+        return -1;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        snprintf(why, whylen, "fork: %s", strerror(errno));
+        close(fds[0]);
+        close(fds[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        execvp("redis-benchmark", (char *const *)argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    char out[8192];
+    size_t got = 0;
+    ssize_t k;
+    while (got + 1 < sizeof out && (k = read(fds[0], out + got, sizeof out - 1 - got)) > 0)
+        got += (size_t)k;
+    out[got] = 0;
+    close(fds[0]);
+    int st;
+    waitpid(pid, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        snprintf(why, whylen, "redis-benchmark failed (status %d%s)",
+                 WIFEXITED(st) ? WEXITSTATUS(st) : -1,
+                 WIFEXITED(st) && WEXITSTATUS(st) == 127 ? ": not installed" : "");
+        return -1;
+    }
+    const char *g = strstr(out, "\"GET\",\"");
+    if (!g) {
+        snprintf(why, whylen, "no GET line in redis-benchmark's output");
+        return -1;
+    }
+    return strtod(g + 7, NULL);
+}
+
+static int usage_remote(FILE *f)
+{
+    fprintf(f, "usage: ferry bench remote --url URL [--value SIZE] [--count N] [--keys K]\n"
+               "                          [--clients C] [--rounds R] [--no-redis-benchmark]\n"
+               "                          [--json]\n"
+               "  retrieve throughput of the remote tier vs redis-benchmark GET, alternating\n"
+               "  for R rounds, best of each (defaults: --value 1M --count 400 --keys 8\n"
+               "  --clients 1 --rounds 3)\n");
+    return f == stdout ? 0 : 2;
+}
+
+int cmd_bench_remote(int argc, char **argv)
+{
+    const char *url = NULL;
+    uint64_t value = 1 << 20, count = 400, keys = 8, clients = 1, rounds = 3;
+    int json = 0, with_rb = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0;
+        if (!strcmp(a, "--url") && v)
+            url = argv[++i];
+        else if (!strcmp(a, "--value"))
+            rc = cli_size("bench remote", a, v, &value), i++;
+        else if (!strcmp(a, "--count"))
+            rc = cli_size("bench remote", a, v, &count), i++;
+        else if (!strcmp(a, "--keys"))
+            rc = cli_size("bench remote", a, v, &keys), i++;
+        else if (!strcmp(a, "--clients"))
+            rc = cli_size("bench remote", a, v, &clients), i++;
+        else if (!strcmp(a, "--rounds"))
+            rc = cli_size("bench remote", a, v, &rounds), i++;
+        else if (!strcmp(a, "--json"))
+            json = 1;
+        else if (!strcmp(a, "--no-redis-benchmark"))
+            with_rb = 0;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help"))
+            return usage_remote(stdout);
+        else
+            return cli_usage("bench remote", "unknown option '%s' (see --help)", a);
+        if (rc)
+            return rc;
+    }
+    if (!url)
+        return cli_usage("bench remote", "--url is required (e.g. redis://127.0.0.1:6379/0)");
+    if (value == 0 || value > (256u << 20) || count == 0 || keys == 0 || clients == 0 ||
+        clients > 256 || rounds == 0 || rounds > 100)
+        return cli_usage("bench remote", "need 0 < --value <= 256M, --count > 0, --keys > 0, "
+                                         "0 < --clients <= 256, 0 < --rounds <= 100");
+    ferry__rurl u;
+    if (ferry__rurl_parse(url, strlen(url), &u, NULL) != 0)
+        return cli_fail("bench remote", "--url", FERRY_EPARSE);
+
+    ferry_remote_options o = FERRY_REMOTE_OPTIONS_INIT;
+    static const char layout[] = "ferry-bench";
+    o.layout = layout;
+    o.layout_len = sizeof layout - 1;
+    o.connections = (uint32_t)clients;
+    o.command_timeout_ms = 10000;
+    ferry_remote *r = NULL;
+    int rc = ferry_remote_open(url, &o, &r);
+    if (rc)
+        return cli_fail("bench remote", "open", rc);
+    uint8_t *buf = malloc(value);
+    if (!buf) {
+        ferry_remote_close(r);
+        return cli_fail("bench remote", "buffer", -ENOMEM);
+    }
+    for (uint64_t k = 0; k < keys; k++) {
+        char key[48];
+        snprintf(key, sizeof key, "ferry-bench:%llu", (unsigned long long)k);
+        for (uint64_t b = 0; b < value; b++)
+            buf[b] = (uint8_t)(b * 31 + k);
+        rc = ferry_remote_put_sync(r, key, strlen(key), buf, value);
+        if (rc) {
+            free(buf);
+            ferry_remote_close(r);
+            return cli_fail("bench remote", "store", rc);
+        }
+    }
+    free(buf);
+
+    /* warm up: every connection once */
+    bench_thread *t = calloc(clients, sizeof *t);
+    pthread_t *th = calloc(clients, sizeof *th);
+    if (!t || !th) {
+        free(t);
+        free(th);
+        ferry_remote_close(r);
+        return cli_fail("bench remote", "threads", -ENOMEM);
+    }
+    double ferry_ops = 0, ferry_gbs = 0, rb_ops = -1;
+    char why[256] = "";
+    for (uint64_t round = 0; round < rounds; round++) {
+        /* pass 0 warms every connection up; pass 1 is measured */
+        for (int pass = 0; pass < 2; pass++) {
+            uint64_t per = pass == 0 ? 2 : count / clients, extra = pass == 0 ? 0 : count % clients;
+            uint64_t t0 = ferry__now_ns();
+            for (unsigned i = 0; i < clients; i++) {
+                t[i] = (bench_thread){r, per + (i < extra), keys, (size_t)value, i, 0, 0};
+                pthread_create(&th[i], NULL, bench_get, &t[i]);
+            }
+            for (unsigned i = 0; i < clients; i++)
+                pthread_join(th[i], NULL);
+            double secs = (double)(ferry__now_ns() - t0) / 1e9;
+            uint64_t bytes = 0;
+            for (unsigned i = 0; i < clients; i++) {
+                if (t[i].rc) {
+                    rc = t[i].rc;
+                    free(t);
+                    free(th);
+                    ferry_remote_close(r);
+                    return cli_fail("bench remote", "get", rc);
+                }
+                bytes += t[i].bytes;
+            }
+            if (pass == 1 && (double)count / secs > ferry_ops) {
+                ferry_ops = (double)count / secs;
+                ferry_gbs = (double)bytes / secs / 1e9;
+            }
+        }
+        if (with_rb) {
+            double v = run_redis_benchmark(&u, (unsigned)clients, count, value, why, sizeof why);
+            if (v < 0) {
+                rb_ops = -1;
+                with_rb = 0;
+            } else if (v > rb_ops)
+                rb_ops = v;
+        }
+    }
+    free(t);
+    free(th);
+
+    /* remove what the benchmark stored */
+    for (uint64_t k = 0; k < keys; k++) {
+        char key[48];
+        snprintf(key, sizeof key, "ferry-bench:%llu", (unsigned long long)k);
+        ferry_remote_key kk = {key, strlen(key)};
+        ferry_remote_delete(r, &kk, 1);
+    }
+    ferry_remote_close(r);
+
+    double ratio = rb_ops > 0 ? ferry_ops / rb_ops : -1;
+    if (json) {
+        json_t *j = json_object();
+        json_object_set_new(j, "url", json_string(u.redacted));
+        json_object_set_new(j, "value_bytes", json_integer((json_int_t)value));
+        json_object_set_new(j, "count", json_integer((json_int_t)count));
+        json_object_set_new(j, "clients", json_integer((json_int_t)clients));
+        json_object_set_new(j, "rounds", json_integer((json_int_t)rounds));
+        json_object_set_new(j, "ferry_get_per_s", json_real(ferry_ops));
+        json_object_set_new(j, "ferry_get_gb_per_s", json_real(ferry_gbs));
+        json_object_set_new(j, "redis_benchmark_get_per_s", rb_ops > 0 ? json_real(rb_ops)
+                                                                         : json_null());
+        json_object_set_new(j, "ratio", ratio > 0 ? json_real(ratio) : json_null());
+        if (why[0])
+            json_object_set_new(j, "redis_benchmark_error", json_string(why));
+        char *s = json_dumps(j, JSON_INDENT(2));
+        printf("%s\n", s);
+        free(s);
+        json_decref(j);
+    } else {
+        printf("remote %s, value %llu bytes, %llu gets, %llu client(s), best of %llu round(s)\n",
+               u.redacted, (unsigned long long)value, (unsigned long long)count,
+               (unsigned long long)clients, (unsigned long long)rounds);
+        printf("  ferry_remote_get:     %10.1f GET/s  %6.3f GB/s\n", ferry_ops, ferry_gbs);
+        if (rb_ops > 0) {
+            printf("  redis-benchmark GET:  %10.1f GET/s  %6.3f GB/s\n", rb_ops,
+                   rb_ops * (double)value / 1e9);
+            printf("  ratio ferry/redis-benchmark: %.2fx (target >= 0.8x)\n", ratio);
+        } else if (why[0]) {
+            printf("  redis-benchmark: %s\n", why);
+        }
+    }
+    return 0;
+}
