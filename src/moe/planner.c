@@ -139,6 +139,11 @@ static int slot_arrays(uint32_t n, uint32_t **occ, uint64_t **pin, uint8_t **pf,
         ferry__free(*pf);
         ferry__free(*fpos);
         ferry__free(*fkey);
+        *occ = NULL;
+        *pin = NULL;
+        *pf = NULL;
+        *fpos = NULL;
+        *fkey = NULL;
         return -ENOMEM;
     }
     memset(*occ, 0xff, (size_t)n * sizeof **occ);

@@ -1,0 +1,615 @@
+/*
+ * test_moe.c - the expert planner and its policies, routing traces (both
+ * formats, malformed input), replay and Belady.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ferry_test.h"
+#include "moe/moe_internal.h"
+
+static ferry_moe_planner *mk(uint32_t L, uint32_t E, uint32_t slots, const char *policy,
+                             const ferry_moe_trace *oracle)
+{
+    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
+    o.num_layers = L;
+    o.num_experts = E;
+    o.slots = slots;
+    o.policy = policy;
+    o.oracle = oracle;
+    ferry_moe_planner *p = NULL;
+    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
+    return p;
+}
+
+/* occupant and lookup are inverse maps, and no expert is in two slots */
+static void assert_consistent(const ferry_moe_planner *p, uint32_t L, uint32_t E)
+{
+    uint32_t n = ferry_moe_planner_slots(p);
+    for (uint32_t s = 0; s < n; s++) {
+        uint32_t id = ferry_moe_planner_occupant(p, s);
+        if (id == FERRY_MOE_NONE)
+            continue;
+        assert_true(id < L * E);
+        assert_int_equal(ferry_moe_planner_lookup(p, id / E, id % E), s);
+    }
+    for (uint32_t l = 0; l < L; l++)
+        for (uint32_t e = 0; e < E; e++) {
+            uint32_t s = ferry_moe_planner_lookup(p, l, e);
+            if (s != FERRY_MOE_NONE)
+                assert_int_equal(ferry_moe_planner_occupant(p, s), l * E + e);
+        }
+}
+
+static void ensure_collapses_duplicates_and_counts(void **state)
+{
+    (void)state;
+    ferry_moe_planner *p = mk(2, 8, 8, "lru", NULL);
+    uint32_t route[] = {5, 2, 5, 7}, slots[4];
+    ferry_moe_copy_plan plan;
+    ferry_moe_counts c;
+    assert_int_equal(ferry_moe_planner_ensure(p, 1, route, 4, slots, &plan, &c), 3);
+    assert_int_equal(c.active, 3);
+    assert_int_equal(c.missing, 3);
+    assert_int_equal(c.fetched, 3);
+    /* free slots go lowest first, in route order; the duplicate shares */
+    assert_int_equal(slots[0], 0);
+    assert_int_equal(slots[1], 1);
+    assert_int_equal(slots[2], 0);
+    assert_int_equal(slots[3], 2);
+    assert_int_equal(plan.layer, 1);
+    assert_int_equal(plan.n, 3);
+    assert_int_equal(plan.dst_slots[0], 0);
+    assert_int_equal(plan.src_rows[0], 5); /* layer-local row */
+    assert_int_equal(plan.src_rows[1], 2);
+    assert_int_equal(plan.src_rows[2], 7);
+    assert_int_equal(ferry_moe_planner_occupant(p, 0), 1 * 8 + 5);
+    assert_consistent(p, 2, 8);
+    ferry_moe_planner_destroy(p);
+}
+
+static void a_resident_route_is_a_warm_step_with_an_empty_plan(void **state)
+{
+    (void)state;
+    ferry_moe_planner *p = mk(1, 4, 4, "lru", NULL);
+    uint32_t route[] = {1, 3}, slots[2];
+    ferry_moe_copy_plan plan;
+    ferry_moe_counts c;
+    assert_int_equal(ferry_moe_planner_ensure(p, 0, route, 2, NULL, NULL, NULL), 2);
+    assert_int_equal(ferry_moe_planner_ensure(p, 0, route, 2, slots, &plan, &c), 0);
+    assert_int_equal(plan.n, 0);
+    assert_int_equal(c.active, 2);
+    assert_int_equal(c.missing, 0);
+    assert_int_equal(slots[0], 0);
+    assert_int_equal(slots[1], 1);
+    ferry_moe_planner_stats st;
+    ferry_moe_planner_get_stats(p, &st);
+    assert_int_equal(st.hits, 2);
+    assert_int_equal(st.misses, 2);
+    assert_int_equal(st.steps, 2);
+    ferry_moe_planner_destroy(p);
+}
+
+static void lru_evicts_least_recent_with_lowest_slot_ties(void **state)
+{
+    (void)state;
+    /* 2 layers x 2 experts, 2 slots: each layer's step needs both slots */
+    ferry_moe_planner *p = mk(2, 2, 2, "lru", NULL);
+    uint32_t a[] = {0}, b[] = {1}, slots[1];
+    assert_int_equal(ferry_moe_planner_ensure(p, 0, a, 1, slots, NULL, NULL), 1);
+    assert_int_equal(slots[0], 0);
+    assert_int_equal(ferry_moe_planner_ensure(p, 0, b, 1, slots, NULL, NULL), 1);
+    assert_int_equal(slots[0], 1);
+    /* layer 1 expert 0: victim is slot 0 (used at step 1, older) */
+    assert_int_equal(ferry_moe_planner_ensure(p, 1, a, 1, slots, NULL, NULL), 1);
+    assert_int_equal(slots[0], 0);
+    assert_int_equal(ferry_moe_planner_lookup(p, 0, 0), FERRY_MOE_NONE);
+    /* touch (0,1) again, then a new expert evicts (1,0) in slot 0 */
+    assert_int_equal(ferry_moe_planner_ensure(p, 0, b, 1, slots, NULL, NULL), 0);
+    assert_int_equal(ferry_moe_planner_ensure(p, 1, b, 1, slots, NULL, NULL), 1);
+    assert_int_equal(slots[0], 0);
+    assert_int_equal(ferry_moe_planner_lookup(p, 0, 1), 1);
+    ferry_moe_planner_destroy(p);
+}
+
+/* random routes through every online policy: every routed expert ends the
+ * step resident in the slot ensure() named, nothing of the step was
+ * evicted by its own misses, the maps stay inverse */
+static void every_policy_keeps_the_current_step_resident(void **state)
+{
+    (void)state;
+    const char *const *pols = ferry_moe_policies();
+    const uint32_t L = 6, E = 16, K = 4;
+    for (int i = 0; pols[i]; i++) {
+        if (!strcmp(pols[i], "belady"))
+            continue;
+        for (uint32_t slots = E; slots <= 3 * E; slots += E) {
+            ferry_moe_planner *p = mk(L, E, slots, pols[i], NULL);
+            ferry__rng r;
+            ferry__rng_seed(&r, 42 + slots);
+            for (int t = 0; t < 300; t++) {
+                for (uint32_t l = 0; l < L; l++) {
+                    uint32_t route[K], out[K];
+                    for (uint32_t k = 0; k < K; k++)
+                        route[k] = ferry__rng_below(&r, k == 0 ? 3 : E); /* some skew */
+                    ferry_moe_counts c;
+                    ferry_moe_copy_plan plan;
+                    int rc = ferry_moe_planner_ensure(p, l, route, K, out, &plan, &c);
+                    if (rc < 0)
+                        fail_msg("%s: %s", pols[i], ferry_last_error());
+                    for (uint32_t k = 0; k < K; k++)
+                        assert_int_equal(ferry_moe_planner_occupant(p, out[k]), l * E + route[k]);
+                    for (uint32_t j = 0; j < plan.n; j++)
+                        assert_int_equal(ferry_moe_planner_occupant(p, plan.dst_slots[j]),
+                                         l * E + plan.src_rows[j]);
+                }
+                if (t % 50 == 0)
+                    assert_consistent(p, L, E);
+            }
+            /* a prefill layer fits and stays whole */
+            ferry_moe_copy_plan plan;
+            assert_true(ferry_moe_planner_prefill(p, 2, &plan, NULL) >= 0);
+            for (uint32_t e = 0; e < E; e++)
+                assert_int_not_equal(ferry_moe_planner_lookup(p, 2, e), FERRY_MOE_NONE);
+            assert_consistent(p, L, E);
+            ferry_moe_planner_destroy(p);
+        }
+    }
+}
+
+static void bad_routes_fail_and_change_nothing(void **state)
+{
+    (void)state;
+    ferry_moe_planner *p = mk(2, 4, 4, "routing", NULL);
+    uint32_t ok[] = {1}, big[] = {1, 4};
+    assert_int_equal(ferry_moe_planner_ensure(p, 0, ok, 1, NULL, NULL, NULL), 1);
+    ferry_moe_planner_stats before, after;
+    ferry_moe_planner_get_stats(p, &before);
+    assert_int_equal(ferry_moe_planner_ensure(p, 0, big, 2, NULL, NULL, NULL), -EINVAL);
+    assert_non_null(strstr(ferry_moe_planner_last_error(p), "expert 4"));
+    assert_int_equal(ferry_moe_planner_ensure(p, 2, ok, 1, NULL, NULL, NULL), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "layer 2"));
+    assert_int_equal(ferry_moe_planner_ensure(p, 1, ok, 0, NULL, NULL, NULL), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "empty route"));
+    ferry_moe_planner_get_stats(p, &after);
+    assert_memory_equal(&before, &after, sizeof before);
+    assert_int_equal(ferry_moe_planner_lookup(p, 0, 1), 0);
+    assert_int_equal(ferry_moe_planner_occupant(p, 1), FERRY_MOE_NONE);
+    ferry_moe_planner_destroy(p);
+
+    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
+    ferry_moe_planner *q = NULL;
+    o.num_layers = 2;
+    o.num_experts = 8;
+    o.slots = 7;
+    assert_int_equal(ferry_moe_planner_create(&o, &q), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "prefill"));
+    o.slots = 8;
+    o.policy = "mru";
+    assert_int_equal(ferry_moe_planner_create(&o, &q), -EINVAL);
+    o.policy = "belady";
+    assert_int_equal(ferry_moe_planner_create(&o, &q), -EINVAL);
+    assert_null(q);
+}
+
+static void forget_frees_the_slot_and_the_expert_misses_again(void **state)
+{
+    (void)state;
+    ferry_moe_planner *p = mk(1, 4, 4, "s3fifo", NULL);
+    uint32_t route[] = {2, 3}, slots[2];
+    assert_int_equal(ferry_moe_planner_ensure(p, 0, route, 2, slots, NULL, NULL), 2);
+    FT_ASSERT_OK(ferry_moe_planner_forget(p, slots[0]));
+    assert_int_equal(ferry_moe_planner_occupant(p, slots[0]), FERRY_MOE_NONE);
+    assert_int_equal(ferry_moe_planner_lookup(p, 0, 2), FERRY_MOE_NONE);
+    FT_ASSERT_OK(ferry_moe_planner_forget(p, slots[0])); /* free already: no-op */
+    assert_int_equal(ferry_moe_planner_forget(p, 4), -EINVAL);
+    ferry_moe_counts c;
+    assert_int_equal(ferry_moe_planner_ensure(p, 0, route, 2, NULL, NULL, &c), 1);
+    assert_int_equal(c.missing, 1);
+    ferry_moe_planner_stats st;
+    ferry_moe_planner_get_stats(p, &st);
+    assert_int_equal(st.forgotten, 1);
+    assert_consistent(p, 1, 4);
+    ferry_moe_planner_destroy(p);
+}
+
+static void resize_grows_and_drops_occupants_past_the_end(void **state)
+{
+    (void)state;
+    ferry_moe_planner *p = mk(2, 4, 8, "lfu", NULL);
+    ferry_moe_copy_plan plan;
+    assert_int_equal(ferry_moe_planner_prefill(p, 0, &plan, NULL), 4);
+    assert_int_equal(ferry_moe_planner_prefill(p, 1, &plan, NULL), 4);
+    assert_int_equal(ferry_moe_planner_resize(p, 3), -EINVAL);
+    assert_int_equal(ferry_moe_planner_resize(p, 6), 2);
+    assert_int_equal(ferry_moe_planner_slots(p), 6);
+    assert_int_equal(ferry_moe_planner_lookup(p, 1, 2), FERRY_MOE_NONE);
+    assert_int_equal(ferry_moe_planner_lookup(p, 1, 1), 5);
+    assert_consistent(p, 2, 4);
+    assert_int_equal(ferry_moe_planner_resize(p, 10), 0);
+    uint32_t r[] = {2, 3};
+    uint32_t slots[2];
+    assert_int_equal(ferry_moe_planner_ensure(p, 1, r, 2, slots, NULL, NULL), 2);
+    assert_int_equal(slots[0], 6); /* the new free slots, lowest first */
+    assert_int_equal(slots[1], 7);
+    assert_consistent(p, 2, 4);
+    ferry_moe_planner_destroy(p);
+}
+
+static void prefetch_brings_experts_in_without_evicting_the_step(void **state)
+{
+    (void)state;
+    const char *pols[] = {"lru", "lru-layer", "lfu", "lfru", "s3fifo", "routing"};
+    for (size_t i = 0; i < sizeof pols / sizeof pols[0]; i++) {
+        ferry_moe_planner *p = mk(2, 4, 4, pols[i], NULL);
+        uint32_t step[] = {0, 1}, next[] = {0, 1, 2};
+        assert_int_equal(ferry_moe_planner_ensure(p, 0, step, 2, NULL, NULL, NULL), 2);
+        /* 2 free slots, 3 asked: the third would need a victim, and the
+         * only residents are the current step's: refused */
+        ferry_moe_copy_plan plan;
+        assert_int_equal(ferry_moe_planner_prefetch(p, 1, next, 3, &plan), FERRY_ENOSPACE);
+        assert_int_not_equal(ferry_moe_planner_lookup(p, 0, 0), FERRY_MOE_NONE);
+        assert_int_not_equal(ferry_moe_planner_lookup(p, 0, 1), FERRY_MOE_NONE);
+        assert_consistent(p, 2, 4);
+        ferry_moe_planner_destroy(p);
+
+        p = mk(2, 4, 6, pols[i], NULL);
+        assert_int_equal(ferry_moe_planner_ensure(p, 0, step, 2, NULL, NULL, NULL), 2);
+        assert_int_equal(ferry_moe_planner_prefetch(p, 1, next, 3, &plan), 3);
+        assert_int_equal(plan.layer, 1);
+        assert_int_equal(plan.n, 3);
+        assert_int_not_equal(ferry_moe_planner_lookup(p, 0, 0), FERRY_MOE_NONE);
+        ferry_moe_counts c;
+        uint32_t used[] = {1, 2};
+        assert_int_equal(ferry_moe_planner_ensure(p, 1, used, 2, NULL, NULL, &c), 0);
+        assert_int_equal(c.prefetch_hits, 2);
+        ferry_moe_planner_stats st;
+        ferry_moe_planner_get_stats(p, &st);
+        assert_int_equal(st.prefetch_requests, 3);
+        assert_int_equal(st.prefetch_fetched, 3);
+        assert_int_equal(st.prefetch_hits, 2);
+        assert_int_equal(st.prefetch_wasted, 0);
+        /* fill up: the unused prefetched expert (1,0) is evicted unused
+         * sooner or later, and is billed as wasted */
+        for (uint32_t e = 0; e < 4; e++) {
+            uint32_t r[] = {e}, three[] = {3};
+            assert_true(ferry_moe_planner_ensure(p, 0, r, 1, NULL, NULL, NULL) >= 0);
+            assert_true(ferry_moe_planner_ensure(p, 1, three, 1, NULL, NULL, NULL) >= 0);
+        }
+        FT_ASSERT_OK(ferry_moe_planner_prefill(p, 0, NULL, NULL));
+        ferry_moe_planner_get_stats(p, &st);
+        if (ferry_moe_planner_lookup(p, 1, 0) == FERRY_MOE_NONE)
+            assert_int_equal(st.prefetch_wasted, 1);
+        else
+            assert_int_equal(st.prefetch_wasted, 0);
+        assert_consistent(p, 2, 4);
+        ferry_moe_planner_destroy(p);
+    }
+}
+
+/* ---- traces ---- */
+static const char good_ferry[] =
+    "{\"model\":\"tiny\",\"num_layers\":2,\"num_experts\":4,\"top_k\":2,\"expert_bytes\":1000}\n"
+    "{\"token\":1,\"layer\":0,\"experts\":[3,1]}\n"
+    "\n"
+    "{\"token\":0,\"layer\":1,\"experts\":[2]}\r\n"
+    "{\"token\":0,\"layer\":0,\"experts\":[0,1]}\n";
+
+static void ferry_traces_load_in_token_layer_order(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = NULL;
+    FT_ASSERT_OK(ferry_moe_trace_parse(good_ferry, strlen(good_ferry), &t));
+    const ferry_moe_model *m = ferry_moe_trace_model(t);
+    assert_string_equal(m->name, "tiny");
+    assert_int_equal(m->num_layers, 2);
+    assert_int_equal(m->num_experts, 4);
+    assert_int_equal(m->top_k, 2);
+    assert_int_equal(m->expert_bytes, 1000);
+    assert_int_equal(ferry_moe_trace_steps(t), 3);
+    assert_int_equal(ferry_moe_trace_tokens(t), 2);
+    uint32_t tok, layer, n;
+    const uint32_t *ex;
+    FT_ASSERT_OK(ferry_moe_trace_step(t, 0, &tok, &layer, &ex, &n));
+    assert_int_equal(tok, 0);
+    assert_int_equal(layer, 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(ex[0], 0);
+    FT_ASSERT_OK(ferry_moe_trace_step(t, 1, &tok, &layer, &ex, &n));
+    assert_int_equal(layer, 1);
+    assert_int_equal(ex[0], 2);
+    FT_ASSERT_OK(ferry_moe_trace_step(t, 2, &tok, &layer, &ex, &n));
+    assert_int_equal(tok, 1);
+    assert_int_equal(ex[0], 3);
+    assert_int_equal(ferry_moe_trace_step(t, 3, &tok, &layer, &ex, &n), -EINVAL);
+    ferry_moe_trace_destroy(t);
+}
+
+static void vllm_captures_read_module_paths_and_token_lists(void **state)
+{
+    (void)state;
+    static const char cap[] =
+        "{\"layer\":\"model.layers.1.mlp.gate\",\"topk_ids\":[[5,6],[7,8]]}\n"
+        "{\"layer\":\"model.layers.0.mlp.gate\",\"topk_ids\":[[1,2],[3,4]]}\n"
+        "{\"layer\":\"model.layers.0.mlp.gate\",\"topk_ids\":[[9,1]]}\n";
+    ferry_moe_trace *t = NULL;
+    FT_ASSERT_OK(ferry_moe_trace_parse(cap, strlen(cap), &t));
+    const ferry_moe_model *m = ferry_moe_trace_model(t);
+    assert_int_equal(m->num_layers, 2);
+    assert_int_equal(m->num_experts, 10); /* inferred: largest id + 1 */
+    assert_int_equal(m->top_k, 2);
+    assert_int_equal(ferry_moe_trace_steps(t), 5);
+    assert_int_equal(ferry_moe_trace_tokens(t), 3);
+    uint32_t tok, layer, n;
+    const uint32_t *ex;
+    /* (0,0) [1,2]; (0,1) [5,6]; (1,0) [3,4]; (1,1) [7,8]; (2,0) [9,1] */
+    FT_ASSERT_OK(ferry_moe_trace_step(t, 1, &tok, &layer, &ex, &n));
+    assert_int_equal(tok, 0);
+    assert_int_equal(layer, 1);
+    assert_int_equal(ex[0], 5);
+    FT_ASSERT_OK(ferry_moe_trace_step(t, 4, &tok, &layer, &ex, &n));
+    assert_int_equal(tok, 2);
+    assert_int_equal(layer, 0);
+    assert_int_equal(ex[0], 9);
+    ferry_moe_trace_destroy(t);
+}
+
+static void expect_parse_error(const char *text, const char *needle1, const char *needle2)
+{
+    ferry_moe_trace *t = NULL;
+    int rc = ferry_moe_trace_parse(text, strlen(text), &t);
+    if (rc != FERRY_EPARSE)
+        fail_msg("'%s' -> %d, expected FERRY_EPARSE", text, rc);
+    assert_null(t);
+    const char *msg = ferry_last_error();
+    if (!strstr(msg, needle1) || (needle2 && !strstr(msg, needle2)))
+        fail_msg("'%s': message '%s' lacks '%s' / '%s'", text, msg, needle1,
+                 needle2 ? needle2 : "");
+}
+
+#define HDR "{\"model\":\"m\",\"num_layers\":2,\"num_experts\":4,\"top_k\":2}\n"
+
+static void malformed_traces_name_the_line_and_field(void **state)
+{
+    (void)state;
+    ft_alloc_install(0, 0);
+    expect_parse_error(HDR "{\"token\":0,\"layer\":0,\"experts\":[1]}\n{\"token\":1,", "line 3",
+                       "not JSON");
+    expect_parse_error(HDR "{\"token\":0,\"layer\":0,\"experts\":[4]}\n", "line 2", "'experts'[0]");
+    expect_parse_error(HDR "{\"token\":0,\"layer\":0,\"experts\":[]}\n", "line 2", "empty route");
+    expect_parse_error(HDR "{\"token\":0,\"layer\":2,\"experts\":[1]}\n", "line 2", "'layer'");
+    expect_parse_error(HDR "{\"token\":-1,\"layer\":0,\"experts\":[1]}\n", "line 2", "'token'");
+    expect_parse_error(HDR "{\"layer\":0,\"experts\":[1]}\n", "line 2", "'token' missing");
+    expect_parse_error(HDR "{\"token\":0,\"layer\":0,\"experts\":[1,2,3]}\n", "line 2", "top_k");
+    expect_parse_error(HDR "{\"token\":0,\"layer\":0,\"experts\":[\"1\"]}\n", "line 2",
+                       "'experts'[0]");
+    expect_parse_error(HDR "{\"token\":0,\"layer\":0,\"experts\":5}\n", "line 2", "'experts'");
+    expect_parse_error("{\"token\":0,\"layer\":0,\"experts\":[1]}\n" HDR, "line 2", "header");
+    expect_parse_error(HDR "[1,2]\n", "line 2", "object");
+    expect_parse_error(HDR "{\"foo\":1}\n", "line 2", "neither");
+    expect_parse_error("{\"num_layers\":0,\"num_experts\":4}\n", "line 1", "'num_layers'");
+    expect_parse_error("{\"layer\":\"model.mlp\",\"topk_ids\":[[1]]}\n", "line 1", "'layer'");
+    expect_parse_error("{\"layer\":\"model.layers.0.mlp\",\"topk_ids\":[[1],[]]}\n", "line 1",
+                       "'topk_ids[1]'");
+    expect_parse_error("{\"layer\":\"model.layers.0.mlp\",\"topk_ids\":[]}\n", "line 1", "'topk_ids'");
+    expect_parse_error("\n\n", "no route records", NULL);
+    expect_parse_error("{\"token\":0,\"layer\":0,\"experts\":[99999999]}\n", "line 1", "experts");
+    assert_int_equal(ft_alloc_live(), 0);
+    ft_alloc_reset();
+}
+
+static void traces_survive_out_of_memory_at_every_allocation(void **state)
+{
+    (void)state;
+    int ok = 0;
+    for (uint64_t n = 1; n < 200 && !ok; n++) {
+        ft_alloc_install(n, 1);
+        ferry_moe_trace *t = NULL;
+        int rc = ferry_moe_trace_parse(good_ferry, strlen(good_ferry), &t);
+        if (rc == 0) {
+            ok = 1;
+            ferry_moe_trace_destroy(t);
+        } else {
+            assert_int_equal(rc, -ENOMEM);
+            assert_null(t);
+        }
+        assert_int_equal(ft_alloc_live(), 0);
+        ft_alloc_reset();
+    }
+    assert_true(ok);
+    ok = 0;
+    for (uint64_t n = 1; n < 200 && !ok; n++) {
+        ft_alloc_install(n, 1);
+        ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
+        o.num_layers = 3;
+        o.num_experts = 8;
+        o.slots = 12;
+        o.policy = "routing";
+        ferry_moe_planner *p = NULL;
+        int rc = ferry_moe_planner_create(&o, &p);
+        if (rc == 0) {
+            ok = 1;
+            ferry_moe_planner_destroy(p);
+        } else
+            assert_int_equal(rc, -ENOMEM);
+        assert_int_equal(ft_alloc_live(), 0);
+        ft_alloc_reset();
+    }
+    assert_true(ok);
+    /* a resize that runs out of memory changes nothing and leaks nothing
+     * (re-installing the hook restarts its counts, so live counts only
+     * the resize's own blocks) */
+    ok = 0;
+    for (uint64_t n = 1; n < 100 && !ok; n++) {
+        ft_alloc_install(0, 0);
+        ferry_moe_planner *p = mk(3, 8, 12, "lru-layer", NULL);
+        FT_ASSERT_OK(ferry_moe_planner_prefill(p, 1, NULL, NULL));
+        ft_alloc_install(n, 1);
+        int rc = ferry_moe_planner_resize(p, 9);
+        if (rc >= 0)
+            ok = 1;
+        else {
+            assert_int_equal(rc, -ENOMEM);
+            assert_int_equal(ft_alloc_live(), 0);
+            assert_int_equal(ferry_moe_planner_slots(p), 12);
+            for (uint32_t e = 0; e < 8; e++)
+                assert_int_equal(ferry_moe_planner_lookup(p, 1, e), e);
+        }
+        ft_alloc_install(0, 0);
+        ferry_moe_planner_destroy(p);
+        ft_alloc_reset();
+    }
+    assert_true(ok);
+}
+
+static void saved_traces_load_back_identical(void **state)
+{
+    (void)state;
+    char dir[256], path[300];
+    ft_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/t.jsonl", dir);
+    ferry_moe_gen_options g = FERRY_MOE_GEN_OPTIONS_INIT;
+    g.model = "small";
+    g.tokens = 40;
+    g.seed = 9;
+    ferry_moe_trace *a = NULL, *b = NULL;
+    FT_ASSERT_OK(ferry_moe_trace_generate(&g, &a));
+    FT_ASSERT_OK(ferry_moe_trace_save(a, path));
+    FT_ASSERT_OK(ferry_moe_trace_load(path, &b));
+    assert_int_equal(ferry_moe_trace_steps(a), ferry_moe_trace_steps(b));
+    const ferry_moe_model *ma = ferry_moe_trace_model(a), *mb = ferry_moe_trace_model(b);
+    assert_string_equal(ma->name, mb->name);
+    assert_int_equal(ma->num_layers, mb->num_layers);
+    assert_int_equal(ma->num_experts, mb->num_experts);
+    assert_int_equal(ma->top_k, mb->top_k);
+    assert_int_equal(ma->expert_bytes, mb->expert_bytes);
+    for (size_t i = 0; i < ferry_moe_trace_steps(a); i++) {
+        uint32_t ta, la, na, tb, lb, nb;
+        const uint32_t *ea, *eb;
+        FT_ASSERT_OK(ferry_moe_trace_step(a, i, &ta, &la, &ea, &na));
+        FT_ASSERT_OK(ferry_moe_trace_step(b, i, &tb, &lb, &eb, &nb));
+        assert_int_equal(ta, tb);
+        assert_int_equal(la, lb);
+        assert_int_equal(na, nb);
+        assert_memory_equal(ea, eb, na * sizeof *ea);
+    }
+    snprintf(path, sizeof path, "%s/missing.jsonl", dir);
+    assert_int_equal(ferry_moe_trace_load(path, &b), -ENOENT);
+    assert_non_null(strstr(ferry_last_error(), "missing.jsonl"));
+    ferry_moe_trace_destroy(a);
+    ferry_moe_trace_destroy(b);
+    ft_rmtree(dir);
+}
+
+/* ---- replay and Belady ---- */
+static ferry_moe_trace *tiny_trace(void)
+{
+    ferry_moe_model m = {0};
+    snprintf(m.name, sizeof m.name, "hand");
+    m.num_layers = 2;
+    m.num_experts = 2;
+    m.expert_bytes = 100;
+    ferry_moe_trace *t = NULL;
+    FT_ASSERT_OK(ferry_moe_trace_create(&m, &t));
+    static const uint32_t seq[][2] = {{0, 0}, {1, 0}, {0, 0}, {1, 1}, {0, 1}, {1, 0}};
+    for (uint32_t i = 0; i < 6; i++)
+        FT_ASSERT_OK(ferry_moe_trace_append(t, i / 2, seq[i][0], &seq[i][1], 1));
+    return t;
+}
+
+static void replay_counts_match_a_hand_computed_trace(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = tiny_trace();
+    ferry_moe_replay_result r;
+    FT_ASSERT_OK(ferry_moe_replay(t, "lru", 2, 0, &r));
+    assert_string_equal(r.policy, "lru");
+    assert_int_equal(r.steps, 6);
+    assert_int_equal(r.hits, 1);
+    assert_int_equal(r.misses, 5);
+    assert_int_equal(r.host_bytes, 500);
+    FT_ASSERT_OK(ferry_moe_replay(t, "belady", 2, 7, &r));
+    assert_int_equal(r.hits, 2);
+    assert_int_equal(r.misses, 4);
+    assert_int_equal(r.host_bytes, 28);
+    assert_true(r.hit_rate > 0.33 && r.hit_rate < 0.34);
+    uint32_t bad = 2;
+    assert_int_equal(ferry_moe_trace_append(t, 3, 0, &bad, 1), -EINVAL);
+    assert_int_equal(ferry_moe_trace_append(t, 3, 2, &bad, 0), -EINVAL);
+    ferry_moe_trace_destroy(t);
+}
+
+static void belady_refuses_steps_off_its_trace(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = tiny_trace();
+    ferry_moe_planner *p = mk(2, 2, 2, "belady", t);
+    uint32_t e0 = 0, e1 = 1;
+    assert_int_equal(ferry_moe_planner_ensure(p, 1, &e0, 1, NULL, NULL, NULL), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "belady"));
+    FT_ASSERT_OK(ferry_moe_planner_ensure(p, 0, &e0, 1, NULL, NULL, NULL));
+    assert_int_equal(ferry_moe_planner_ensure(p, 1, &e1, 1, NULL, NULL, NULL), -EINVAL);
+    FT_ASSERT_OK(ferry_moe_planner_ensure(p, 1, &e0, 1, NULL, NULL, NULL));
+    assert_int_equal(ferry_moe_planner_prefetch(p, 1, &e1, 1, NULL), FERRY_ENOTSUP);
+    assert_int_equal(ferry_moe_planner_resize(p, 4), FERRY_ENOTSUP);
+    ferry_moe_planner_destroy(p);
+    ferry_moe_trace_destroy(t);
+}
+
+/* on generated traces the offline bound is never beaten, every policy is
+ * deterministic, and a larger budget never hurts LRU */
+static void belady_bounds_every_policy_on_generated_traces(void **state)
+{
+    (void)state;
+    ferry_moe_gen_options g = FERRY_MOE_GEN_OPTIONS_INIT;
+    g.model = "qwen3-30b-a3b";
+    g.num_layers = 8;
+    g.tokens = 200;
+    g.seed = 3;
+    ferry_moe_trace *t = NULL;
+    FT_ASSERT_OK(ferry_moe_trace_generate(&g, &t));
+    uint32_t all = 8 * 128;
+    for (uint32_t slots = all / 8; slots <= all / 2; slots *= 2) {
+        ferry_moe_replay_result b, r, r2;
+        FT_ASSERT_OK(ferry_moe_replay(t, "belady", slots, 0, &b));
+        for (const char *const *p = ferry_moe_policies(); *p; p++) {
+            FT_ASSERT_OK(ferry_moe_replay(t, *p, slots, 0, &r));
+            FT_ASSERT_OK(ferry_moe_replay(t, *p, slots, 0, &r2));
+            if (r.hits > b.hits)
+                fail_msg("%s beats belady at %u slots: %llu > %llu", *p, slots,
+                         (unsigned long long)r.hits, (unsigned long long)b.hits);
+            assert_int_equal(r.hits, r2.hits);
+            assert_int_equal(r.hits + r.misses, b.hits + b.misses);
+        }
+    }
+    ferry_moe_replay_result small, big;
+    FT_ASSERT_OK(ferry_moe_replay(t, "lru", all / 8, 0, &small));
+    FT_ASSERT_OK(ferry_moe_replay(t, "lru", all / 2, 0, &big));
+    assert_true(big.hits >= small.hits);
+    ferry_moe_trace_destroy(t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(ensure_collapses_duplicates_and_counts),
+        cmocka_unit_test(a_resident_route_is_a_warm_step_with_an_empty_plan),
+        cmocka_unit_test(lru_evicts_least_recent_with_lowest_slot_ties),
+        cmocka_unit_test(every_policy_keeps_the_current_step_resident),
+        cmocka_unit_test(bad_routes_fail_and_change_nothing),
+        cmocka_unit_test(forget_frees_the_slot_and_the_expert_misses_again),
+        cmocka_unit_test(resize_grows_and_drops_occupants_past_the_end),
+        cmocka_unit_test(prefetch_brings_experts_in_without_evicting_the_step),
+        cmocka_unit_test(ferry_traces_load_in_token_layer_order),
+        cmocka_unit_test(vllm_captures_read_module_paths_and_token_lists),
+        cmocka_unit_test(malformed_traces_name_the_line_and_field),
+        cmocka_unit_test(traces_survive_out_of_memory_at_every_allocation),
+        cmocka_unit_test(saved_traces_load_back_identical),
+        cmocka_unit_test(replay_counts_match_a_hand_computed_trace),
+        cmocka_unit_test(belady_refuses_steps_off_its_trace),
+        cmocka_unit_test(belady_bounds_every_policy_on_generated_traces),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
