@@ -842,6 +842,39 @@ static int recover(ferry_pslab *p, const ferry_pslab_options *o)
     return 0;
 }
 
+/*
+ * No journal in dirs[0]: before creating (which truncates the slab files),
+ * make sure the directories do not hold another store given in another
+ * order - a journal in a later directory, or a valid slab header in
+ * dirs[0] that says it is not drive 0.
+ */
+static int refuse_foreign(ferry_pslab *p)
+{
+    for (unsigned i = 0; i < p->n_dirs; i++) {
+        char path[PATH_MAX_];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", p->dirs[i], FERRY_PSLAB_JOURNAL);
+        if (i > 0 && stat(path, &st) == 0)
+            return fail(p, FERRY_EMISMATCH, "pslab: directory %u (%s) holds the journal of a "
+                        "store (its first drive): directories in another order?", i,
+                        p->dirs[i]);
+        slab_path(p, i, path, sizeof path);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        uint8_t blk[FERRY__PSLAB_HDR_BYTES];
+        ssize_t n = pread(fd, blk, sizeof blk, 0);
+        close(fd);
+        ferry__pslab_hdr h;
+        if (n == (ssize_t)sizeof blk &&
+            ferry__pslab_hdr_decode(blk, sizeof blk, &h, NULL, 0) == 0 && h.drive != i)
+            return fail(p, FERRY_EMISMATCH, "pslab: slab file %s is drive %u of a store but "
+                        "was given as directory %u (directories in another order)", path,
+                        h.drive, i);
+    }
+    return 0;
+}
+
 static void pslab_free(ferry_pslab *p)
 {
     for (unsigned i = 0; i < p->nlanes; i++)
@@ -929,11 +962,14 @@ int ferry_pslab_open(const ferry_pslab_options *o, ferry_pslab **out)
     }
     struct stat jst;
     if (stat(p->jpath, &jst) != 0) {
-        if (errno != ENOENT || !(o->flags & FERRY_PSLAB_CREATE) ||
+        int e = errno;
+        if (e == ENOENT && (rc = refuse_foreign(p)) < 0)
+            goto out;
+        if (e != ENOENT || !(o->flags & FERRY_PSLAB_CREATE) ||
             (o->flags & FERRY_PSLAB_READONLY)) {
-            rc = ferry__err_set(&p->err, -errno, "pslab: no store in %s (journal %s: %s)%s",
-                                p->dirs[0], p->jpath, strerror(errno),
-                                errno == ENOENT ? "; FERRY_PSLAB_CREATE creates one" : "");
+            rc = ferry__err_set(&p->err, -e, "pslab: no store in %s (journal %s: %s)%s",
+                                p->dirs[0], p->jpath, strerror(e),
+                                e == ENOENT ? "; FERRY_PSLAB_CREATE creates one" : "");
             goto out;
         }
         if (!o->bytes) {
@@ -973,17 +1009,16 @@ int ferry_pslab_open(const ferry_pslab_options *o, ferry_pslab **out)
     if ((rc = recover(p, o)) < 0)
         goto out;
 
-    p->nlanes = o->lanes ? o->lanes : 2;
-    p->lanes = ferry__calloc(p->nlanes, sizeof *p->lanes);
+    unsigned nlanes = o->lanes ? o->lanes : 2;
+    p->lanes = ferry__calloc(nlanes, sizeof *p->lanes);
     if (!p->lanes) {
         rc = ferry__err_set(&p->err, -ENOMEM, "pslab %s: out of memory", p->dirs[0]);
         goto out;
     }
-    for (unsigned i = 0; i < p->nlanes; i++) {
-        if ((rc = lane_open(p, &p->lanes[i], o->engine, 4)) < 0) {
-            p->nlanes = i;
+    for (unsigned i = 0; i < nlanes; i++) {
+        if ((rc = lane_open(p, &p->lanes[i], o->engine, 4)) < 0)
             goto out;
-        }
+        p->nlanes = i + 1;
         p->free_lanes |= 1u << i;
     }
     p->st.open_ns = ferry__now_ns() - t0;

@@ -1,0 +1,1195 @@
+/*
+ * test_pslab.c - the persistent slab: restart, overwrite/delete, geometry
+ * and version checks, truncated files, corruption of header, journal and
+ * payload, compaction, ENOSPACE, threads, OOM at every allocation, and
+ * power loss simulated through the I/O layer's syscall seam.
+ */
+/* ferry-test-labels: concurrent */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ferry_test.h"
+#include "io/sys.h"
+#include "slab/pslab_int.h"
+#include "test_pslab_model.h"
+
+#define MiB (1024ull * 1024)
+
+static ferry_pslab_options opts(const char *const *dirs, unsigned n, uint64_t bytes)
+{
+    ferry_pslab_options o = FERRY_PSLAB_OPTIONS_INIT;
+    o.dirs = dirs;
+    o.n_dirs = n;
+    o.bytes = bytes;
+    o.flags = FERRY_PSLAB_CREATE;
+    return o;
+}
+
+static ferry_pslab *open_ok(const ferry_pslab_options *o)
+{
+    ferry_pslab *p = NULL;
+    FT_ASSERT_OK(ferry_pslab_open(o, &p));
+    assert_non_null(p);
+    return p;
+}
+
+static void put_k(ferry_pslab *p, int k, int64_t ver)
+{
+    uint8_t *buf = malloc(PM_MAX_LEN);
+    char key[32];
+    size_t kl = pm_key(k, key);
+    size_t n = pm_fill(k, ver, buf);
+    FT_ASSERT_OK(ferry_pslab_put(p, key, kl, buf, n));
+    free(buf);
+}
+
+/* 1 when key k holds exactly version ver */
+static int has_k(ferry_pslab *p, int k, int64_t ver)
+{
+    uint8_t *buf = malloc(PM_MAX_LEN), *want = malloc(PM_MAX_LEN);
+    char key[32];
+    size_t kl = pm_key(k, key), len = 0;
+    int rc = ferry_pslab_get(p, key, kl, buf, PM_MAX_LEN, &len);
+    size_t n = pm_fill(k, ver, want);
+    int ok = rc == 0 && len == n && !memcmp(buf, want, n);
+    free(buf);
+    free(want);
+    return ok;
+}
+
+static int get_rc(ferry_pslab *p, int k)
+{
+    uint8_t *buf = malloc(PM_MAX_LEN);
+    char key[32];
+    size_t kl = pm_key(k, key), len = 0;
+    int rc = ferry_pslab_get(p, key, kl, buf, PM_MAX_LEN, &len);
+    free(buf);
+    return rc;
+}
+
+static void path_in(const char *dir, const char *name, char *out, size_t n)
+{
+    snprintf(out, n, "%s/%s", dir, name);
+}
+
+static void flip_byte(const char *path, uint64_t off)
+{
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    uint8_t b = 0;
+    assert_int_equal(pread(fd, &b, 1, (off_t)off), 1);
+    b ^= 0x5a;
+    assert_int_equal(pwrite(fd, &b, 1, (off_t)off), 1);
+    close(fd);
+}
+
+static uint64_t file_size(const char *path)
+{
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    return (uint64_t)st.st_size;
+}
+
+/* ---- restart ---- */
+static void test_clean_restart_finds_every_chunk(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = opts(dirs, 1, 32 * MiB);
+    ferry_pslab *p = open_ok(&o);
+    for (int k = 0; k < 300; k++)
+        put_k(p, k, k);
+    for (int k = 0; k < 300; k++)
+        assert_true(has_k(p, k, k));
+    FT_ASSERT_OK(ferry_pslab_close(p));
+
+    o.flags = 0;
+    o.bytes = 0;
+    p = open_ok(&o);
+    ferry_pslab_stats s;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+    assert_int_equal(s.recovered, 300);
+    assert_int_equal(s.chunks, 300);
+    assert_int_equal(s.torn_bytes, 0);
+    assert_int_equal(s.dropped_records, 0);
+    for (int k = 0; k < 300; k++)
+        assert_true(has_k(p, k, k));
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(d);
+}
+
+static void test_overwrite_and_delete_survive_reopen(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = opts(dirs, 1, 8 * MiB);
+    ferry_pslab *p = open_ok(&o);
+    put_k(p, 1, 10);
+    put_k(p, 2, 20);
+    put_k(p, 3, 30);
+    put_k(p, 1, 11);
+    char key[32];
+    size_t kl = pm_key(2, key);
+    FT_ASSERT_OK(ferry_pslab_delete(p, key, kl));
+    assert_int_equal(ferry_pslab_delete(p, key, kl), FERRY_ENOTFOUND);
+    assert_int_equal(get_rc(p, 2), FERRY_ENOTFOUND);
+    assert_true(has_k(p, 1, 11));
+    ferry_pslab_stats s;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+    uint64_t used = s.bytes_used;
+    FT_ASSERT_OK(ferry_pslab_close(p));
+
+    o.flags = 0;
+    p = open_ok(&o);
+    assert_true(has_k(p, 1, 11));
+    assert_int_equal(get_rc(p, 2), FERRY_ENOTFOUND);
+    assert_true(has_k(p, 3, 30));
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+    assert_int_equal(s.chunks, 2);
+    /* the allocator rebuilt from the index holds exactly the live extents */
+    assert_int_equal(s.bytes_used, used);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(d);
+}
+
+static void test_get_unaligned_buffer_and_small_buffer(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = opts(dirs, 1, 8 * MiB);
+    ferry_pslab *p = open_ok(&o);
+    uint8_t *src = malloc(10001), *dst = malloc(10001 + 1);
+    ft_fill_pattern(src, 10001, 7);
+    FT_ASSERT_OK(ferry_pslab_put(p, "odd", 3, src + 1, 10000));
+    size_t len = 0;
+    assert_int_equal(ferry_pslab_get(p, "odd", 3, dst + 1, 9999, &len), -ENOBUFS);
+    assert_int_equal(len, 0);
+    FT_ASSERT_OK(ferry_pslab_get(p, "odd", 3, dst + 1, 10000, &len));
+    assert_int_equal(len, 10000);
+    assert_memory_equal(dst + 1, src + 1, 10000);
+    ferry_pslab_info info;
+    FT_ASSERT_OK(ferry_pslab_stat(p, "odd", 3, &info));
+    assert_int_equal(info.length, 10000);
+    assert_int_equal(info.offset % 4096, 0);
+    assert_int_equal(ferry_pslab_stat(p, "nope", 4, &info), FERRY_ENOTFOUND);
+    assert_int_equal(ferry_pslab_put(p, "", 0, src, 1), -EINVAL);
+    assert_int_equal(ferry_pslab_put(p, "k", 1, src, 0), -EINVAL);
+    free(src);
+    free(dst);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(d);
+}
+
+static int count_cb(const void *key, size_t klen, const ferry_pslab_info *info, void *ctx)
+{
+    (void)key;
+    (void)klen;
+    (void)info;
+    (*(int *)ctx)++;
+    return 0;
+}
+
+static void test_iterate_and_put_many(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = opts(dirs, 1, 16 * MiB);
+    ferry_pslab *p = open_ok(&o);
+    ferry_pslab_item items[40];
+    char keys[40][32];
+    uint8_t *bufs = malloc(40 * 5000);
+    for (int i = 0; i < 40; i++) {
+        items[i].klen = pm_key(i, keys[i]);
+        items[i].key = keys[i];
+        ft_fill_pattern(bufs + i * 5000, 5000, (unsigned)i);
+        items[i].data = bufs + i * 5000;
+        items[i].len = 5000;
+    }
+    items[7].len = 0; /* bad: this one alone fails */
+    ferry_pslab_stats s0, s1;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s0));
+    assert_int_equal(ferry_pslab_put_many(p, items, 40), 39);
+    assert_int_equal(items[7].result, -EINVAL);
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s1));
+    /* one group commit for the whole batch */
+    assert_int_equal(s1.commits - s0.commits, 1);
+    int n = 0;
+    FT_ASSERT_OK(ferry_pslab_iterate(p, count_cb, &n));
+    assert_int_equal(n, 39);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    o.flags = 0;
+    p = open_ok(&o);
+    uint8_t got[5000];
+    for (int i = 0; i < 40; i++) {
+        size_t len = 0;
+        int rc = ferry_pslab_get(p, keys[i], items[i].klen, got, sizeof got, &len);
+        if (i == 7) {
+            assert_int_equal(rc, FERRY_ENOTFOUND);
+            continue;
+        }
+        FT_ASSERT_OK(rc);
+        assert_int_equal(ft_check_pattern(got, 5000, (unsigned)i), -1);
+    }
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    free(bufs);
+    ft_rmtree(d);
+}
+
+static void test_two_drives_striped_restart(void **state)
+{
+    (void)state;
+    char d0[256], d1[256];
+    ft_tmpdir(d0, sizeof d0);
+    ft_tmpdir(d1, sizeof d1);
+    const char *dirs[] = {d0, d1};
+    ferry_pslab_options o = opts(dirs, 2, 8 * MiB);
+    o.stripe_bytes = 64 * 1024;
+    ferry_pslab *p = open_ok(&o);
+    uint8_t *big = malloc(300000), *got = malloc(300000);
+    ft_fill_pattern(big, 300000, 3);
+    FT_ASSERT_OK(ferry_pslab_put(p, "big", 3, big, 300000)); /* crosses 5 stripes */
+    for (int k = 0; k < 50; k++)
+        put_k(p, k, k);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    o.flags = 0;
+    p = open_ok(&o);
+    size_t len = 0;
+    FT_ASSERT_OK(ferry_pslab_get(p, "big", 3, got, 300000, &len));
+    assert_int_equal(len, 300000);
+    assert_int_equal(ft_check_pattern(got, len, 3), -1);
+    for (int k = 0; k < 50; k++)
+        assert_true(has_k(p, k, k));
+    FT_ASSERT_OK(ferry_pslab_close(p));
+
+    /* both drives hold part of the data */
+    char s0[300], s1[300];
+    path_in(d0, FERRY_PSLAB_FILE, s0, sizeof s0);
+    path_in(d1, FERRY_PSLAB_FILE, s1, sizeof s1);
+    assert_int_equal(file_size(s0), file_size(s1));
+
+    /* directories given in the other order */
+    const char *swapped[] = {d1, d0};
+    o.dirs = swapped;
+    p = NULL;
+    assert_int_equal(ferry_pslab_open(&o, &p), FERRY_EMISMATCH);
+    assert_null(p);
+    assert_non_null(strstr(ferry_last_error(), "another order"));
+    /* one drive missing from the list */
+    o.dirs = dirs;
+    o.n_dirs = 1;
+    assert_int_equal(ferry_pslab_open(&o, &p), FERRY_EMISMATCH);
+    free(big);
+    free(got);
+    ft_rmtree(d0);
+    ft_rmtree(d1);
+}
+
+/* ---- bad input ---- */
+static void test_open_without_store_is_enoent(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = opts(dirs, 1, 0);
+    o.flags = 0;
+    ferry_pslab *p = NULL;
+    assert_int_equal(ferry_pslab_open(&o, &p), -ENOENT);
+    assert_null(p);
+    o.flags = FERRY_PSLAB_CREATE; /* creating needs a size */
+    assert_int_equal(ferry_pslab_open(&o, &p), -EINVAL);
+    ft_rmtree(d);
+}
+
+static void make_store(const char *d, int nchunks)
+{
+    const char *dirs[] = {d};
+    ferry_pslab_options o = opts(dirs, 1, 4 * MiB);
+    ferry_pslab *p = open_ok(&o);
+    for (int k = 0; k < nchunks; k++)
+        put_k(p, k, k);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+}
+
+static int reopen_rc(const char *d, uint64_t bytes)
+{
+    const char *dirs[] = {d};
+    ferry_pslab_options o = opts(dirs, 1, bytes);
+    o.flags = 0;
+    ferry_pslab *p = NULL;
+    int rc = ferry_pslab_open(&o, &p);
+    if (rc == 0)
+        ferry_pslab_close(p);
+    else
+        assert_null(p);
+    return rc;
+}
+
+static void test_newer_format_version_is_eversion(void **state)
+{
+    (void)state;
+    char d[256], path[300];
+    ft_tmpdir(d, sizeof d);
+    make_store(d, 3);
+    path_in(d, FERRY_PSLAB_FILE, path, sizeof path);
+    uint8_t blk[FERRY__PSLAB_HDR_BYTES];
+    int fd = open(path, O_RDWR);
+    assert_int_equal(pread(fd, blk, sizeof blk, 0), (ssize_t)sizeof blk);
+    ferry__pslab_hdr h;
+    FT_ASSERT_OK(ferry__pslab_hdr_decode(blk, sizeof blk, &h, NULL, 0));
+    h.version = FERRY_PSLAB_FORMAT + 1;
+    ferry__pslab_hdr_encode(&h, blk); /* a well-formed header of a newer writer */
+    assert_int_equal(pwrite(fd, blk, sizeof blk, 0), (ssize_t)sizeof blk);
+    close(fd);
+    assert_int_equal(reopen_rc(d, 0), FERRY_EVERSION);
+    assert_non_null(strstr(ferry_last_error(), "newer"));
+    ft_rmtree(d);
+}
+
+static void test_truncated_files_are_ecorrupt(void **state)
+{
+    (void)state;
+    char d[256], path[300];
+    ft_tmpdir(d, sizeof d);
+    make_store(d, 3);
+    path_in(d, FERRY_PSLAB_FILE, path, sizeof path);
+    assert_int_equal(truncate(path, 2 * MiB), 0);
+    assert_int_equal(reopen_rc(d, 0), FERRY_ECORRUPT);
+    assert_non_null(strstr(ferry_last_error(), "truncated"));
+    assert_int_equal(truncate(path, 100), 0);
+    assert_int_equal(reopen_rc(d, 0), FERRY_ECORRUPT);
+    ft_rmtree(d);
+
+    /* a journal cut inside its header */
+    ft_tmpdir(d, sizeof d);
+    make_store(d, 3);
+    path_in(d, FERRY_PSLAB_JOURNAL, path, sizeof path);
+    assert_int_equal(truncate(path, 20), 0);
+    assert_int_equal(reopen_rc(d, 0), FERRY_ECORRUPT);
+    ft_rmtree(d);
+}
+
+static void test_other_geometry_is_emismatch(void **state)
+{
+    (void)state;
+    char d[256], e[256], pj[300], pe[300];
+    ft_tmpdir(d, sizeof d);
+    make_store(d, 3);
+    assert_int_equal(reopen_rc(d, 8 * MiB), FERRY_EMISMATCH);
+    assert_int_equal(reopen_rc(d, 4 * MiB), 0);
+    {
+        const char *dirs[] = {d};
+        ferry_pslab_options o = opts(dirs, 1, 0);
+        o.flags = 0;
+        o.alignment = 8192;
+        ferry_pslab *p = NULL;
+        assert_int_equal(ferry_pslab_open(&o, &p), FERRY_EMISMATCH);
+    }
+    /* the journal of another slab next to this slab file */
+    ft_tmpdir(e, sizeof e);
+    make_store(e, 3);
+    path_in(d, FERRY_PSLAB_JOURNAL, pj, sizeof pj);
+    path_in(e, FERRY_PSLAB_JOURNAL, pe, sizeof pe);
+    assert_int_equal(rename(pe, pj), 0);
+    assert_int_equal(reopen_rc(d, 0), FERRY_EMISMATCH);
+    ft_rmtree(d);
+    ft_rmtree(e);
+}
+
+/* ---- corruption ---- */
+static void test_header_corruption_is_detected(void **state)
+{
+    (void)state;
+    char d[256], path[300];
+    ft_tmpdir(d, sizeof d);
+    make_store(d, 2);
+    path_in(d, FERRY_PSLAB_FILE, path, sizeof path);
+    static const uint64_t offs[] = {0, 5, 9, 12, 17, 24, 28, 33, 41, 50, 60, 70, 121};
+    for (size_t i = 0; i < FERRY__ARRAY_LEN(offs); i++) {
+        flip_byte(path, offs[i]);
+        int rc = reopen_rc(d, 0);
+        if (offs[i] == 9) /* the version field: a higher version reads as a newer format */
+            assert_true(rc == FERRY_EVERSION || rc == FERRY_ECORRUPT);
+        else
+            assert_int_equal(rc, FERRY_ECORRUPT);
+        flip_byte(path, offs[i]);
+        assert_int_equal(reopen_rc(d, 0), 0);
+    }
+    /* the journal's header too */
+    path_in(d, FERRY_PSLAB_JOURNAL, path, sizeof path);
+    for (uint64_t off = 0; off < FERRY__PSLAB_JHDR_BYTES; off += 7) {
+        flip_byte(path, off);
+        int rc = reopen_rc(d, 0);
+        assert_true(rc == FERRY_ECORRUPT || rc == FERRY_EVERSION);
+        flip_byte(path, off);
+    }
+    assert_int_equal(reopen_rc(d, 0), 0);
+    ft_rmtree(d);
+}
+
+static void test_payload_corruption_is_a_counted_miss(void **state)
+{
+    (void)state;
+    char d[256], path[300];
+    ft_tmpdir(d, sizeof d);
+    make_store(d, 20);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = opts(dirs, 1, 0);
+    o.flags = 0;
+    ferry_pslab *p = open_ok(&o);
+    char key[32];
+    size_t kl = pm_key(5, key);
+    ferry_pslab_info info;
+    FT_ASSERT_OK(ferry_pslab_stat(p, key, kl, &info));
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    path_in(d, FERRY_PSLAB_FILE, path, sizeof path);
+    flip_byte(path, ferry__pslab_data_off(4096) + info.offset + info.length / 2);
+
+    p = open_ok(&o);
+    uint8_t *buf = malloc(PM_MAX_LEN);
+    memset(buf, 0xee, PM_MAX_LEN);
+    size_t len = 777;
+    assert_int_equal(ferry_pslab_get(p, key, kl, buf, PM_MAX_LEN, &len), FERRY_ECORRUPT);
+    assert_int_equal(len, 777);
+    /* nothing of the bad bytes is handed out */
+    for (size_t i = 0; i < info.length; i++)
+        assert_int_equal(buf[i], 0);
+    ferry_pslab_stats s;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+    assert_int_equal(s.corrupt, 1);
+    assert_int_equal(s.chunks, 19);
+    assert_int_equal(ferry_pslab_get(p, key, kl, buf, PM_MAX_LEN, &len), FERRY_ENOTFOUND);
+    for (int k = 0; k < 20; k++)
+        if (k != 5)
+            assert_true(has_k(p, k, k));
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    /* the drop was journaled: it stays dropped */
+    p = open_ok(&o);
+    assert_int_equal(get_rc(p, 5), FERRY_ENOTFOUND);
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+    assert_int_equal(s.chunks, 19);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    free(buf);
+    ft_rmtree(d);
+}
+
+static void test_verify_finds_and_repairs_bad_payloads(void **state)
+{
+    (void)state;
+    char d[256], path[300];
+    ft_tmpdir(d, sizeof d);
+    make_store(d, 30);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = opts(dirs, 1, 0);
+    o.flags = FERRY_PSLAB_READONLY;
+    ferry_pslab *p = open_ok(&o);
+    int bad_keys[] = {3, 17, 29};
+    path_in(d, FERRY_PSLAB_FILE, path, sizeof path);
+    for (int i = 0; i < 3; i++) {
+        char key[32];
+        size_t kl = pm_key(bad_keys[i], key);
+        ferry_pslab_info info;
+        FT_ASSERT_OK(ferry_pslab_stat(p, key, kl, &info));
+        flip_byte(path, ferry__pslab_data_off(4096) + info.offset);
+    }
+    ferry_pslab_close(p);
+
+    p = open_ok(&o);
+    uint64_t bad = 0;
+    FT_ASSERT_OK(ferry_pslab_verify(p, 0, &bad, NULL, NULL));
+    assert_int_equal(bad, 3);
+    assert_int_equal(ferry_pslab_verify(p, 1, &bad, NULL, NULL), FERRY_ESTATE);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    o.flags = 0;
+    p = open_ok(&o);
+    FT_ASSERT_OK(ferry_pslab_verify(p, 1, &bad, NULL, NULL));
+    assert_int_equal(bad, 3);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    p = open_ok(&o);
+    FT_ASSERT_OK(ferry_pslab_verify(p, 0, &bad, NULL, NULL));
+    assert_int_equal(bad, 0);
+    ferry_pslab_stats s;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+    assert_int_equal(s.chunks, 27);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(d);
+}
+
+static void test_journal_corruption_drops_the_tail_never_returns_wrong_bytes(void **state)
+{
+    (void)state;
+    char d[256], path[300];
+    ft_tmpdir(d, sizeof d);
+    make_store(d, 40);
+    path_in(d, FERRY_PSLAB_JOURNAL, path, sizeof path);
+    uint64_t jlen = file_size(path);
+    /* flip one byte in each of several records, one at a time */
+    for (uint64_t off = FERRY__PSLAB_JHDR_BYTES + 3; off < jlen; off += jlen / 9) {
+        char c[256];
+        ft_tmpdir(c, sizeof c);
+        char cmd[1400];
+        snprintf(cmd, sizeof cmd, "cp %s/%s %s/%s %s/", d, FERRY_PSLAB_FILE, d,
+                 FERRY_PSLAB_JOURNAL, c);
+        assert_int_equal(system(cmd), 0);
+        char cj[300];
+        path_in(c, FERRY_PSLAB_JOURNAL, cj, sizeof cj);
+        flip_byte(cj, off);
+        const char *dirs[] = {c};
+        ferry_pslab_options o = opts(dirs, 1, 0);
+        o.flags = 0;
+        ferry_pslab *p = open_ok(&o);
+        ferry_pslab_stats s;
+        FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+        assert_true(s.torn_bytes > 0);          /* detected */
+        assert_true(s.chunks < 40);
+        assert_int_equal(file_size(cj), jlen - s.torn_bytes); /* cut */
+        int present = 0;
+        for (int k = 0; k < 40; k++) {
+            int rc = get_rc(p, k);
+            assert_true(rc == 0 || rc == FERRY_ENOTFOUND);
+            if (rc == 0) {
+                assert_true(has_k(p, k, k));
+                present++;
+            }
+        }
+        assert_int_equal(present, (int)s.chunks);
+        FT_ASSERT_OK(ferry_pslab_close(p));
+        ft_rmtree(c);
+    }
+    ft_rmtree(d);
+}
+
+static void test_torn_tail_is_cut(void **state)
+{
+    (void)state;
+    char d[256], path[300];
+    ft_tmpdir(d, sizeof d);
+    make_store(d, 10);
+    path_in(d, FERRY_PSLAB_JOURNAL, path, sizeof path);
+    uint64_t jlen = file_size(path);
+    assert_int_equal(truncate(path, (off_t)(jlen - 5)), 0);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = opts(dirs, 1, 0);
+    o.flags = FERRY_PSLAB_READONLY;
+    ferry_pslab *p = open_ok(&o);
+    ferry_pslab_stats s;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+    assert_int_equal(s.chunks, 9);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    assert_int_equal(file_size(path), jlen - 5); /* read-only leaves it */
+    o.flags = 0;
+    p = open_ok(&o);
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+    assert_int_equal(s.chunks, 9);
+    assert_true(s.torn_bytes > 0);
+    assert_int_equal(get_rc(p, 9), FERRY_ENOTFOUND);
+    put_k(p, 9, 99); /* appends after the cut, readable after reopen */
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    p = open_ok(&o);
+    assert_true(has_k(p, 9, 99));
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+    assert_int_equal(s.torn_bytes, 0);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(d);
+}
+
+/* ---- compaction, space, threads ---- */
+static void test_compaction_keeps_the_index_small(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = opts(dirs, 1, 16 * MiB);
+    o.compact_bytes = 16 * 1024;
+    ferry_pslab *p = open_ok(&o);
+    for (int round = 0; round < 40; round++)
+        for (int k = 0; k < 20; k++)
+            put_k(p, k, round * 100 + k);
+    ferry_pslab_stats s;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+    assert_true(s.compactions > 0);
+    assert_int_equal(s.generation, s.compactions);
+    assert_true(s.journal_records < 800);
+    FT_ASSERT_OK(ferry_pslab_compact(p));
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+    assert_int_equal(s.journal_records, 20);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    o.flags = 0;
+    p = open_ok(&o);
+    for (int k = 0; k < 20; k++)
+        assert_true(has_k(p, k, 3900 + k));
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+    assert_int_equal(s.replayed_records, 20);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(d);
+}
+
+static void test_full_slab_is_enospace_and_keeps_old_data(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = opts(dirs, 1, 64 * 1024);
+    ferry_pslab *p = open_ok(&o);
+    uint8_t buf[4096];
+    ft_fill_pattern(buf, sizeof buf, 1);
+    for (int i = 0; i < 16; i++) {
+        char key[32];
+        size_t kl = pm_key(i, key);
+        FT_ASSERT_OK(ferry_pslab_put(p, key, kl, buf, sizeof buf));
+    }
+    assert_int_equal(ferry_pslab_put(p, "more", 4, buf, 1), FERRY_ENOSPACE);
+    /* overwriting a key needs room for the new copy first: refused, old kept */
+    assert_int_equal(ferry_pslab_put(p, "key-3", 5, buf, 10), FERRY_ENOSPACE);
+    uint8_t got[4096];
+    size_t len = 0;
+    FT_ASSERT_OK(ferry_pslab_get(p, "key-3", 5, got, sizeof got, &len));
+    assert_int_equal(len, 4096);
+    FT_ASSERT_OK(ferry_pslab_delete(p, "key-3", 5));
+    FT_ASSERT_OK(ferry_pslab_put(p, "more", 4, buf, 1));
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(d);
+}
+
+typedef struct thr_arg {
+    ferry_pslab *p;
+    int base;
+} thr_arg;
+
+static void *writer_thread(void *arg)
+{
+    thr_arg *a = arg;
+    uint8_t *buf = malloc(PM_MAX_LEN), *got = malloc(PM_MAX_LEN);
+    for (int i = 0; i < 60; i++) {
+        int k = a->base + i;
+        char key[32];
+        size_t kl = pm_key(k, key);
+        size_t n = pm_fill(k, k, buf);
+        if (ferry_pslab_put(a->p, key, kl, buf, n) != 0)
+            break;
+        size_t len = 0;
+        if (ferry_pslab_get(a->p, key, kl, got, PM_MAX_LEN, &len) != 0 || len != n ||
+            memcmp(got, buf, n))
+            break;
+        if (i % 5 == 4 && ferry_pslab_delete(a->p, key, kl) != 0)
+            break;
+    }
+    free(buf);
+    free(got);
+    return NULL;
+}
+
+static void test_threads_share_group_commits(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = opts(dirs, 1, 32 * MiB);
+    o.lanes = 3;
+    ferry_pslab *p = open_ok(&o);
+    pthread_t t[4];
+    thr_arg a[4];
+    for (int i = 0; i < 4; i++) {
+        a[i].p = p;
+        a[i].base = i * 1000;
+        pthread_create(&t[i], NULL, writer_thread, &a[i]);
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    ferry_pslab_stats s;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+    assert_int_equal(s.puts, 240);
+    assert_int_equal(s.deletes, 48);
+    assert_int_equal(s.committed_records, 288);
+    assert_int_equal(s.chunks, 192);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    o.flags = 0;
+    p = open_ok(&o);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 60; j++) {
+            int k = i * 1000 + j;
+            if (j % 5 == 4)
+                assert_int_equal(get_rc(p, k), FERRY_ENOTFOUND);
+            else
+                assert_true(has_k(p, k, k));
+        }
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(d);
+}
+
+static void test_sync_none_acknowledges_at_sync(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = opts(dirs, 1, 8 * MiB);
+    o.sync = FERRY_PSLAB_SYNC_NONE;
+    ferry_pslab *p = open_ok(&o);
+    ferry_pslab_stats s0, s1;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s0));
+    for (int k = 0; k < 10; k++)
+        put_k(p, k, k);
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s1));
+    /* no synced commit yet: records were written without fdatasync */
+    assert_int_equal(s1.committed_records - s0.committed_records, 10);
+    FT_ASSERT_OK(ferry_pslab_sync(p));
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    o.flags = 0;
+    p = open_ok(&o);
+    for (int k = 0; k < 10; k++)
+        assert_true(has_k(p, k, k));
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(d);
+}
+
+/* ---- OOM ---- */
+static int oom_sequence(const char *d, int create)
+{
+    const char *dirs[] = {d};
+    ferry_pslab_options o = opts(dirs, 1, 4 * MiB);
+    if (!create)
+        o.flags = 0;
+    ferry_pslab *p = NULL;
+    int rc = ferry_pslab_open(&o, &p);
+    if (rc < 0) {
+        assert_null(p);
+        return rc;
+    }
+    uint8_t buf[6000];
+    ft_fill_pattern(buf, sizeof buf, 9);
+    for (int i = 0; i < 3 && rc == 0; i++) {
+        char key[32];
+        size_t kl = pm_key(i + (create ? 0 : 10), key);
+        rc = ferry_pslab_put(p, key, kl, buf, sizeof buf);
+    }
+    if (rc == 0) {
+        uint8_t got[6000];
+        size_t len = 0;
+        char key[32];
+        size_t kl = pm_key(create ? 0 : 10, key);
+        rc = ferry_pslab_get(p, key, kl, got, sizeof got, &len);
+        if (rc == 0)
+            assert_memory_equal(got, buf, sizeof buf);
+    }
+    if (rc == 0)
+        rc = ferry_pslab_delete(p, "key-1", 5);
+    int crc = ferry_pslab_close(p);
+    return rc < 0 ? rc : crc;
+}
+
+static void test_oom_at_every_allocation_of_open_and_put(void **state)
+{
+    (void)state;
+    for (int create = 1; create >= 0; create--) {
+        char base[256];
+        ft_tmpdir(base, sizeof base);
+        if (!create)
+            make_store(base, 4);
+        int done = 0;
+        for (uint64_t n = 1; !done && n < 2000; n++) {
+            char d[300];
+            snprintf(d, sizeof d, "%s/s%llu", base, (unsigned long long)n);
+            if (!create) {
+                char cmd[1400];
+                snprintf(cmd, sizeof cmd, "mkdir %s && cp %s/%s %s/%s %s/", d, base,
+                         FERRY_PSLAB_FILE, base, FERRY_PSLAB_JOURNAL, d);
+                assert_int_equal(system(cmd), 0);
+            }
+            ft_alloc_install(n, 0);
+            int rc = oom_sequence(d, create);
+            uint64_t failures = ft_alloc_failures();
+            int64_t live = ft_alloc_live();
+            ft_alloc_reset();
+            ft_rmtree(d);
+            if (live != 0)
+                fail_msg("allocation %llu (create %d): %lld blocks leaked",
+                         (unsigned long long)n, create, (long long)live);
+            if (failures == 0) {
+                FT_ASSERT_OK(rc);
+                done = 1;
+            } else if (rc != -ENOMEM && rc != 0) { /* 0: a fallback absorbed it */
+                fail_msg("allocation %llu (create %d) failed: rc %d %s", (unsigned long long)n,
+                         create, rc, ferry_last_error());
+            }
+        }
+        assert_true(done);
+        ft_rmtree(base);
+    }
+}
+
+/* ---- power loss through the syscall seam ---- */
+/*
+ * A syscall table that keeps every write in a volatile overlay until
+ * fdatasync of its file moves it to the real file, and at "power loss"
+ * (the Nth mutating call) lets a random part of the unsynced writes reach
+ * the disk - whole, torn at a 512-byte boundary, or not at all - and
+ * fails every later write and sync with EIO.
+ */
+typedef struct ov_write {
+    uint64_t ino;
+    uint64_t off;
+    size_t len;
+    uint8_t *data;
+} ov_write;
+
+static struct {
+    pthread_mutex_t mu;
+    uint64_t fd_ino[1024];
+    int ino_fd[64]; /* our own write fd per inode: survives rename and close */
+    uint64_t inos[64];
+    int ninos;
+    ov_write *w;
+    size_t nw, cap;
+    uint64_t calls, crash_at, rng;
+    int dead;
+} ov = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static const ferry__sys *real_sys(void)
+{
+    return ferry__sys_default();
+}
+
+static int ov_inode_slot(uint64_t ino)
+{
+    for (int i = 0; i < ov.ninos; i++)
+        if (ov.inos[i] == ino)
+            return i;
+    return -1;
+}
+
+static void ov_apply_real(const ov_write *w, size_t len)
+{
+    int i = ov_inode_slot(w->ino);
+    if (i < 0 || !len)
+        return;
+    ssize_t r = pwrite(ov.ino_fd[i], w->data, len, (off_t)w->off);
+    (void)r;
+}
+
+static uint64_t ov_rand(void)
+{
+    ov.rng = pm_mix(ov.rng + 0x9e3779b97f4a7c15ull);
+    return ov.rng;
+}
+
+/* mu held: power fails now */
+static void ov_power_loss(void)
+{
+    for (size_t i = 0; i < ov.nw; i++) {
+        uint64_t r = ov_rand() % 10;
+        size_t keep = 0;
+        if (r < 3)
+            keep = ov.w[i].len;
+        else if (r < 5)
+            keep = (size_t)(ov_rand() % (ov.w[i].len / 512 + 1)) * 512;
+        if (keep > ov.w[i].len)
+            keep = ov.w[i].len;
+        ov_apply_real(&ov.w[i], keep);
+        free(ov.w[i].data);
+    }
+    ov.nw = 0;
+    ov.dead = 1;
+}
+
+/* mu held: count a mutating call; 1 when the power is (now) off */
+static int ov_tick(void)
+{
+    if (ov.dead)
+        return 1;
+    if (++ov.calls >= ov.crash_at) {
+        ov_power_loss();
+        return 1;
+    }
+    return 0;
+}
+
+static int ov_open(const char *path, int flags, mode_t mode)
+{
+    int fd = real_sys()->open(path, flags, mode);
+    if (fd < 0 || fd >= 1024)
+        return fd;
+    struct stat st;
+    fstat(fd, &st);
+    pthread_mutex_lock(&ov.mu);
+    uint64_t ino = (uint64_t)st.st_ino;
+    ov.fd_ino[fd] = ino;
+    int i = ov_inode_slot(ino);
+    if (i < 0 && ov.ninos < 64) {
+        i = ov.ninos++;
+        ov.inos[i] = ino;
+        char self[64];
+        snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+        ov.ino_fd[i] = open(self, O_WRONLY | O_CLOEXEC);
+    }
+    if (flags & O_TRUNC) { /* metadata: immediate; its pending writes are gone */
+        size_t k = 0;
+        for (size_t j = 0; j < ov.nw; j++) {
+            if (ov.w[j].ino == ino)
+                free(ov.w[j].data);
+            else
+                ov.w[k++] = ov.w[j];
+        }
+        ov.nw = k;
+    }
+    pthread_mutex_unlock(&ov.mu);
+    return fd;
+}
+
+static ssize_t ov_pread(int fd, void *buf, size_t n, off_t off)
+{
+    ssize_t r = real_sys()->pread(fd, buf, n, off);
+    if (r < 0)
+        return r;
+    pthread_mutex_lock(&ov.mu);
+    uint64_t ino = ov.fd_ino[fd];
+    size_t got = (size_t)r;
+    memset((uint8_t *)buf + got, 0, n - got);
+    for (size_t j = 0; j < ov.nw; j++) {
+        ov_write *w = &ov.w[j];
+        if (w->ino != ino)
+            continue;
+        uint64_t a = FERRY__MAX(w->off, (uint64_t)off);
+        uint64_t b = FERRY__MIN(w->off + w->len, (uint64_t)off + n);
+        if (a >= b)
+            continue;
+        memcpy((uint8_t *)buf + (a - (uint64_t)off), w->data + (a - w->off), b - a);
+        if (b - (uint64_t)off > got)
+            got = b - (uint64_t)off;
+    }
+    pthread_mutex_unlock(&ov.mu);
+    return (ssize_t)got;
+}
+
+static ssize_t ov_pwrite(int fd, const void *buf, size_t n, off_t off)
+{
+    pthread_mutex_lock(&ov.mu);
+    if (ov_tick()) {
+        pthread_mutex_unlock(&ov.mu);
+        errno = EIO;
+        return -1;
+    }
+    if (ov.nw == ov.cap) {
+        ov.cap = ov.cap ? ov.cap * 2 : 64;
+        ov.w = realloc(ov.w, ov.cap * sizeof *ov.w);
+    }
+    ov_write *w = &ov.w[ov.nw++];
+    w->ino = ov.fd_ino[fd];
+    w->off = (uint64_t)off;
+    w->len = n;
+    w->data = malloc(n ? n : 1);
+    memcpy(w->data, buf, n);
+    pthread_mutex_unlock(&ov.mu);
+    return (ssize_t)n;
+}
+
+static int ov_fdatasync(int fd)
+{
+    pthread_mutex_lock(&ov.mu);
+    if (ov_tick()) {
+        pthread_mutex_unlock(&ov.mu);
+        errno = EIO;
+        return -1;
+    }
+    uint64_t ino = ov.fd_ino[fd];
+    size_t k = 0;
+    for (size_t j = 0; j < ov.nw; j++) {
+        if (ov.w[j].ino == ino) {
+            ov_apply_real(&ov.w[j], ov.w[j].len);
+            free(ov.w[j].data);
+        } else {
+            ov.w[k++] = ov.w[j];
+        }
+    }
+    ov.nw = k;
+    pthread_mutex_unlock(&ov.mu);
+    return 0;
+}
+
+static int ov_fstat(int fd, struct stat *st)
+{
+    int r = real_sys()->fstat(fd, st);
+    if (r != 0)
+        return r;
+    pthread_mutex_lock(&ov.mu);
+    for (size_t j = 0; j < ov.nw; j++)
+        if (ov.w[j].ino == (uint64_t)st->st_ino &&
+            ov.w[j].off + ov.w[j].len > (uint64_t)st->st_size)
+            st->st_size = (off_t)(ov.w[j].off + ov.w[j].len);
+    pthread_mutex_unlock(&ov.mu);
+    return 0;
+}
+
+static int ov_ftruncate(int fd, off_t len)
+{
+    pthread_mutex_lock(&ov.mu);
+    if (ov_tick()) {
+        pthread_mutex_unlock(&ov.mu);
+        errno = EIO;
+        return -1;
+    }
+    uint64_t ino = ov.fd_ino[fd];
+    for (size_t j = 0; j < ov.nw; j++)
+        if (ov.w[j].ino == ino && ov.w[j].off + ov.w[j].len > (uint64_t)len)
+            ov.w[j].len = ov.w[j].off >= (uint64_t)len ? 0 : (size_t)((uint64_t)len - ov.w[j].off);
+    pthread_mutex_unlock(&ov.mu);
+    return real_sys()->ftruncate(fd, len);
+}
+
+static int ov_fallocate(int fd, off_t off, off_t len)
+{
+    pthread_mutex_lock(&ov.mu);
+    int dead = ov_tick();
+    pthread_mutex_unlock(&ov.mu);
+    return dead ? EIO : real_sys()->fallocate(fd, off, len);
+}
+
+static void ov_install(uint64_t crash_at, uint64_t seed)
+{
+    pthread_mutex_lock(&ov.mu);
+    ov.calls = 0;
+    ov.crash_at = crash_at;
+    ov.rng = seed;
+    ov.dead = 0;
+    pthread_mutex_unlock(&ov.mu);
+    static ferry__sys t;
+    t = *real_sys();
+    t.open = ov_open;
+    t.pread = ov_pread;
+    t.pwrite = ov_pwrite;
+    t.fdatasync = ov_fdatasync;
+    t.fstat = ov_fstat;
+    t.ftruncate = ov_ftruncate;
+    t.fallocate = ov_fallocate;
+    ferry__sys_set(&t);
+}
+
+static void ov_uninstall(void)
+{
+    ferry__sys_set(NULL);
+    pthread_mutex_lock(&ov.mu);
+    for (size_t j = 0; j < ov.nw; j++)
+        free(ov.w[j].data);
+    ov.nw = 0;
+    for (int i = 0; i < ov.ninos; i++)
+        close(ov.ino_fd[i]);
+    ov.ninos = 0;
+    free(ov.w);
+    ov.w = NULL;
+    ov.cap = 0;
+    pthread_mutex_unlock(&ov.mu);
+}
+
+static void test_power_loss_keeps_every_acknowledged_chunk(void **state)
+{
+    (void)state;
+    enum { PRE = 30, OPS = 40 };
+    uint8_t *buf = malloc(PM_MAX_LEN);
+    int cases = 0, crashed = 0;
+    for (uint64_t crash_at = 1; crash_at < 400; crash_at += 3) {
+        char d[256];
+        ft_tmpdir(d, sizeof d);
+        const char *dirs[] = {d};
+        pm_state st;
+        pm_init(&st);
+        int64_t vctr = 1;
+        pm_op pre[PRE], ops[OPS];
+        pm_script(&st, 1000 + crash_at, pre, PRE, &vctr);
+        ferry_pslab_options o = opts(dirs, 1, 8 * MiB);
+        o.engine = "posix";
+        o.compact_bytes = 2048; /* compactions happen inside the crash window */
+        ferry_pslab *p = open_ok(&o);
+        for (int i = 0; i < PRE; i++) {
+            FT_ASSERT_OK(pm_do(p, &pre[i], buf));
+            pm_apply(&st, &pre[i]);
+        }
+        FT_ASSERT_OK(ferry_pslab_close(p));
+
+        pm_script(&st, 7 * crash_at, ops, OPS, &vctr);
+        ov_install(crash_at, crash_at * 31 + 5);
+        pm_state acked = st;
+        int done = 0, inflight = -1;
+        p = NULL;
+        o.flags = 0;
+        if (ferry_pslab_open(&o, &p) == 0) {
+            for (; done < OPS; done++) {
+                if (pm_do(p, &ops[done], buf) != 0) {
+                    inflight = done;
+                    break;
+                }
+                pm_apply(&acked, &ops[done]);
+            }
+            ferry_pslab_close(p);
+        }
+        pthread_mutex_lock(&ov.mu);
+        int died = ov.dead;
+        if (!died)
+            ov_power_loss(); /* the power goes after the last op in any case */
+        pthread_mutex_unlock(&ov.mu);
+        ov_uninstall();
+        crashed += died;
+
+        pm_state maybe = acked;
+        if (inflight >= 0)
+            pm_apply(&maybe, &ops[inflight]);
+        p = open_ok(&o);
+        int wrong = 0, corrupt = 0;
+        int m = pm_match(p, &acked, &maybe, &wrong, &corrupt);
+        if (!m || wrong || corrupt)
+            fail_msg("power loss at mutating call %llu (after %d acked ops, op %d in flight): "
+                     "store matches %d, %d wrong, %d corrupt", (unsigned long long)crash_at,
+                     done, inflight, m, wrong, corrupt);
+        FT_ASSERT_OK(ferry_pslab_close(p));
+        ft_rmtree(d);
+        cases++;
+        if (!died)
+            break; /* the whole script ran before the crash point: later points are the same */
+    }
+    assert_true(cases > 20);
+    assert_true(crashed > 20);
+    free(buf);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_clean_restart_finds_every_chunk),
+        cmocka_unit_test(test_overwrite_and_delete_survive_reopen),
+        cmocka_unit_test(test_get_unaligned_buffer_and_small_buffer),
+        cmocka_unit_test(test_iterate_and_put_many),
+        cmocka_unit_test(test_two_drives_striped_restart),
+        cmocka_unit_test(test_open_without_store_is_enoent),
+        cmocka_unit_test(test_newer_format_version_is_eversion),
+        cmocka_unit_test(test_truncated_files_are_ecorrupt),
+        cmocka_unit_test(test_other_geometry_is_emismatch),
+        cmocka_unit_test(test_header_corruption_is_detected),
+        cmocka_unit_test(test_payload_corruption_is_a_counted_miss),
+        cmocka_unit_test(test_verify_finds_and_repairs_bad_payloads),
+        cmocka_unit_test(test_journal_corruption_drops_the_tail_never_returns_wrong_bytes),
+        cmocka_unit_test(test_torn_tail_is_cut),
+        cmocka_unit_test(test_compaction_keeps_the_index_small),
+        cmocka_unit_test(test_full_slab_is_enospace_and_keeps_old_data),
+        cmocka_unit_test(test_threads_share_group_commits),
+        cmocka_unit_test(test_sync_none_acknowledges_at_sync),
+        cmocka_unit_test(test_oom_at_every_allocation_of_open_and_put),
+        cmocka_unit_test(test_power_loss_keeps_every_acknowledged_chunk),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
