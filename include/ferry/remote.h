@@ -155,8 +155,11 @@ FERRY_API void ferry_remote_close(ferry_remote *r);
  * Store data[0..len) under key, asynchronously: the value is encoded
  * (copied) and queued, and the writer thread sends it. Never blocks on the
  * network. Returns 0 when queued; FERRY_ENOSPACE when the queue is full
- * (the put is dropped and counted); -ENOMEM (dropped); -EINVAL for a
- * NULL/empty key, a key over FERRY_REMOTE_KEY_MAX or data NULL with len > 0.
+ * (the put is dropped and counted); -EAGAIN when the remote is down and
+ * backing off (dropped without copying, counted); -ENOMEM (dropped);
+ * -EINVAL for a NULL/empty key, a key over FERRY_REMOTE_KEY_MAX or data
+ * NULL with len > 0. A queued put may still be dropped by the writer when
+ * the remote goes down or refuses it (metrics.dropped). Thread-safe.
  * A later put of the same key replaces the value.
  */
 FERRY_API int ferry_remote_put(ferry_remote *r, const void *key, size_t key_len,
@@ -214,8 +217,10 @@ FERRY_API int ferry_remote_flush(ferry_remote *r, uint32_t timeout_ms);
  */
 FERRY_API int ferry_remote_metrics_get(ferry_remote *r, ferry_remote_metrics *m);
 
-/** The handle's last failure message ("" if none). With several threads
- *  on one handle prefer ferry_last_error(), which is per thread. */
+/** A copy of the handle's last failure message ("" if none), valid in the
+ *  calling thread until its next call of this function. With several
+ *  threads on one handle the last failure may be another thread's (or the
+ *  writer's); ferry_last_error() is the calling thread's own. */
 FERRY_API const char *ferry_remote_last_error(const ferry_remote *r);
 
 /** The URL the handle was opened with, password replaced by "***". */

@@ -627,6 +627,16 @@ int ferry_remote_put(ferry_remote *r, const void *key, size_t key_len, const voi
         return rc;
     size_t klen = r->prefix_len + key_len, vlen = r->header_len + len;
     char ks[80];
+    /* down and backing off: the writer would drop it; do not copy it first */
+    pthread_mutex_lock(&r->health_mu);
+    int down = r->down && ferry__now_ns() < r->down_until_ns;
+    pthread_mutex_unlock(&r->health_mu);
+    if (down) {
+        INC(r->dropped);
+        INC(r->degraded);
+        return rfail(r, -EAGAIN, "remote %s: put %s (%zu bytes) dropped: the remote is down",
+                     r->url.redacted, key_str(key, key_len, ks, sizeof ks), len);
+    }
     pthread_mutex_lock(&r->q_mu);
     int full = r->q_items + 1 > r->queue_max_items || r->q_bytes + klen + vlen > r->queue_max_bytes;
     uint64_t items = r->q_items, bytes = r->q_bytes;
@@ -1011,7 +1021,15 @@ int ferry_remote_metrics_get(ferry_remote *r, ferry_remote_metrics *m)
 
 const char *ferry_remote_last_error(const ferry_remote *r)
 {
-    return r ? r->err.msg : "";
+    /* a per-thread copy: the writer thread may record a failure meanwhile */
+    static _Thread_local char copy[FERRY__ERRMSG_MAX];
+    if (!r)
+        return "";
+    ferry_remote *m = (ferry_remote *)(uintptr_t)r;
+    pthread_mutex_lock(&m->err_mu);
+    memcpy(copy, m->err.msg, sizeof copy);
+    pthread_mutex_unlock(&m->err_mu);
+    return copy;
 }
 
 const char *ferry_remote_url(const ferry_remote *r)
