@@ -838,6 +838,31 @@ static void l2_io_error_makes_a_miss_and_store_keeps_serving(void **state)
     l2_close(&f);
 }
 
+static void prompt_longer_than_l1_streams_through_it(void **state)
+{
+    (void)state;
+    l2fix f;
+    l2_open(&f, 4, 64, 2);
+    size_t n = 12 * CT;
+    int32_t tok[12 * CT];
+    make_tokens(tok, n, 4242);
+    hbuf h, d;
+    hbuf_init(&h, n, 77);
+    hbuf_init(&d, n, 0);
+    assert_int_equal(ferry_kv_store(f.kv, tok, n, NULL, &h.b), (int)n);
+    FT_ASSERT_OK(ferry_kv_flush(f.kv));
+    assert_int_equal(ferry_kv_lookup(f.kv, tok, n, NULL), (int)n);
+    assert_int_equal(ferry_kv_retrieve(f.kv, tok, n, NULL, &d.b), (int)n);
+    assert_true(same_tokens(&h, &d, 0, n));
+    ferry_kv_stats m;
+    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m));
+    assert_int_equal(m.tier[FERRY_KV_TIER_L2].chunks, 12);
+    assert_true(m.tier[FERRY_KV_TIER_L2].hits >= 8);
+    free(h.mem);
+    free(d.mem);
+    l2_close(&f);
+}
+
 static void prefetch_brings_l2_chunks_up_within_its_bound(void **state)
 {
     (void)state;
@@ -1138,6 +1163,7 @@ int main(void)
         cmocka_unit_test(evicted_between_lookup_and_retrieve_is_a_miss),
         cmocka_unit_test(l2_write_through_and_promotion),
         cmocka_unit_test(l2_io_error_makes_a_miss_and_store_keeps_serving),
+        cmocka_unit_test(prompt_longer_than_l1_streams_through_it),
         cmocka_unit_test(prefetch_brings_l2_chunks_up_within_its_bound),
         cmocka_unit_test(device_buffers_round_trip_and_copy_faults),
         cmocka_unit_test(async_store_and_retrieve),

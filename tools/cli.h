@@ -20,6 +20,7 @@ typedef struct cli_command {
 } cli_command;
 
 int cmd_info(int argc, char **argv);
+int cmd_kv_bench(int argc, char **argv);
 int cmd_bench_remote(int argc, char **argv);
 int cmd_bench_io(int argc, char **argv);
 int cmd_moe_gen(int argc, char **argv);

@@ -9,6 +9,7 @@
 
 static const cli_command commands[] = {
     {"info", cmd_info, "library version, device backends and I/O engines usable here"},
+    {"kv bench", cmd_kv_bench, "KV store under QA/chat workloads: hit rate, GB/s, lookup latency vs references"},
     {"bench io", cmd_bench_io, "write then read a file per I/O engine: GB/s, IOPS, p50/p99, CPU"},
     {"bench remote", cmd_bench_remote, "remote tier (Redis/Valkey) retrieve throughput vs redis-benchmark GET"},
     {"moe gen", cmd_moe_gen, "write a synthetic MoE routing trace calibrated to real models"},

@@ -269,8 +269,11 @@ FERRY_API int ferry_kv_lookup(ferry_kv *kv, const int32_t *tokens, size_t n,
 /**
  * Store the KV of tokens[0..n) from src (token t at src's token t). Chunks
  * already present are skipped (counted as stored); chunks another writer
- * is writing are skipped and not counted. Returns the number of leading
- * tokens present after the call. Stops at the first chunk it cannot place
+ * is writing are skipped and not counted. Chunks move in batches of at most
+ * half of L1, so a prompt longer than L1 streams through it (to L2 when
+ * configured; without L2 its first chunks are evicted by its last).
+ * Returns the number of leading tokens stored or already present. Stops at
+ * the first chunk it cannot place
  * (memory exhausted: the chunk is declined, nothing half-written becomes
  * visible); req->status says why per chunk. Errors: -EINVAL (tokens NULL,
  * n 0, bad buffer), FERRY_EMISMATCH (src->layout differs from the store's),

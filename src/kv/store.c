@@ -472,6 +472,12 @@ typedef struct pend {
     ferry__kv_job *job; /* write-through, when L2 is configured */
 } pend;
 
+/*
+ * Store in batches of at most half of L1: place (reserve slots, WRITING),
+ * copy, commit, queue the write-throughs, next batch. A prompt longer than
+ * L1 thus streams through it (each batch's write-through overlaps the next
+ * batch's copies) instead of needing all its slots at once.
+ */
 int ferry__kv_do_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
                        const ferry_kv_req *req, const ferry_kv_buffer *buf)
 {
@@ -483,155 +489,157 @@ int ferry__kv_do_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
         atomic_fetch_add(&kv->failures, 1);
         return rc;
     }
-    pend *p = ferry__calloc(nch, sizeof *p);
-    if (!p) {
-        stream_put(kv, s);
-        atomic_fetch_add(&kv->failures, 1);
-        atomic_fetch_add(&kv->alloc_failures, 1);
-        return ferry__err_set(&kv->err, -ENOMEM, "kv store: out of memory for %zu chunks", nch);
-    }
+    ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
+    size_t batch_max = (size_t)FERRY__MAX(l1->capacity / 2, 1);
+    size_t pcap = FERRY__MIN(nch, batch_max);
+    pend *p = ferry__calloc(pcap, sizeof *p);
     int *st = ferry__malloc(nch * sizeof *st);
-    if (!st) {
+    if (!p || !st) {
         ferry__free(p);
+        ferry__free(st);
         stream_put(kv, s);
         atomic_fetch_add(&kv->failures, 1);
         atomic_fetch_add(&kv->alloc_failures, 1);
         return ferry__err_set(&kv->err, -ENOMEM, "kv store: out of memory for %zu chunks", nch);
     }
-    size_t np = 0, i;
-    int place_rc = 0;
+    size_t i;
+    int place_rc = 0, copy_rc = 0;
+    uint64_t stored = 0;
     for (i = 0; i < nch; i++)
         st[i] = FERRY_ENOTFOUND;
-
-    /* 1. place: reserve an L1 slot per missing chunk, WRITING (invisible) */
-    pthread_mutex_lock(&kv->mu);
-    uint64_t now = now_ns(kv);
-    for (i = 0; i < nch; i++) {
-        ferry__kv_entry *e = find(kv, ids[i]);
-        if (e && e->state == FERRY__KV_READY) {
-            for (int t = 1; t < FERRY_KV_TIERS; t++)
-                if (kv->tier[t] && (e->resident & (1u << t)))
-                    kv->tier[t]->policy->ops->touch(kv->tier[t]->policy, e);
-            st[i] = 0;
-            continue;
-        }
-        if (e && write_locked(e, now)) {
-            st[i] = FERRY_ELOCKED;
-            continue;
-        }
-        if (e) {
-            atomic_fetch_add(&kv->lock_expired, 1);
-            doom(kv, e);
-        }
-        ferry__kv_entry *ne = ferry__calloc(1, sizeof *ne);
-        if (!ne) {
-            place_rc = ferry__err_set(&kv->err, -ENOMEM,
-                                      "kv store: out of memory for the entry of chunk %zu", i);
-            break;
-        }
-        uint64_t loc;
-        int r = reserve(kv, FERRY_KV_TIER_L1, now, &loc, 1);
-        if (r == -EAGAIN) {
-            ferry__free(ne);
-            now = now_ns(kv);
-            i--; /* look chunk i up again: another writer may have placed it */
-            continue;
-        }
-        if (r < 0) {
-            ferry__free(ne);
-            place_rc = ferry__err_set(&kv->err, r,
-                                      "kv store: no L1 slot for chunk %zu (%llu of %llu slots "
-                                      "used, the rest locked)",
-                                      i, (unsigned long long)kv->tier[FERRY_KV_TIER_L1]->used,
-                                      (unsigned long long)kv->tier[FERRY_KV_TIER_L1]->capacity);
-            break;
-        }
-        ne->id = ids[i];
-        ne->state = FERRY__KV_WRITING;
-        ne->write_deadline = now + kv->write_ttl_ns;
-        ne->refs = 1;
-        ne->tokens = chunk_ntok(kv, i, n);
-        for (int t = 0; t < FERRY_KV_TIERS; t++)
-            ne->loc[t] = UINT64_MAX;
-        ne->loc[FERRY_KV_TIER_L1] = loc;
-        index_insert(kv, ne);
-        p[np].e = ne;
-        p[np].chunk = i;
-        np++;
-    }
-    pthread_mutex_unlock(&kv->mu);
-    if (place_rc < 0) {
-        st[i] = place_rc;
-        atomic_fetch_add(&kv->alloc_failures, 1);
-        atomic_fetch_add(&kv->failures, 1);
-    }
-
-    /* 2. copy the bytes in (device: queued, then one synchronization) */
-    ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
-    int copy_rc = 0;
-    for (size_t k = 0; k < np && copy_rc == 0; k++) {
-        size_t c = p[k].chunk;
-        void *slot = l1->ops->host_ptr(l1, p[k].e->loc[FERRY_KV_TIER_L1]);
-        copy_rc = ferry__kv_xfer(buf, kv->chunk_tokens, (uint64_t)c * kv->chunk_tokens,
-                                 p[k].e->tokens, slot, 1, s, &kv->err);
-    }
-    if (s) {
-        int r = ferry_stream_sync(s);
-        if (r < 0 && copy_rc == 0)
-            copy_rc = ferry__err_set(&kv->err, r, "kv store: device copies from %s failed: %s",
-                                     ferry_device_name(kv->dev), ferry_last_error());
-    }
-    /* write-through jobs, allocated before taking the lock */
-    if (kv->tier[FERRY_KV_TIER_L2] && copy_rc == 0)
-        for (size_t k = 0; k < np; k++)
-            p[k].job = ferry__calloc(1, sizeof(ferry__kv_job));
-
-    /* 3. commit: READY (visible), or remove everything this call placed */
-    ferry__kv_job *jobs = NULL;
-    uint64_t stored = 0;
-    pthread_mutex_lock(&kv->mu);
-    now = now_ns(kv);
-    for (size_t k = 0; k < np; k++) {
-        ferry__kv_entry *e = p[k].e;
-        size_t c = p[k].chunk;
-        if (copy_rc < 0 || e->doomed) {
-            st[c] = copy_rc < 0 ? copy_rc : FERRY_ELOCKED;
-            if (!e->doomed) {
-                tier_release(kv, FERRY_KV_TIER_L1, e->loc[FERRY_KV_TIER_L1]);
-                e->loc[FERRY_KV_TIER_L1] = UINT64_MAX;
+    size_t next = 0;
+    while (next < nch && place_rc == 0 && copy_rc == 0) {
+        /* 1. place: an L1 slot per missing chunk, WRITING (invisible) */
+        size_t np = 0;
+        pthread_mutex_lock(&kv->mu);
+        uint64_t now = now_ns(kv);
+        for (i = next; i < nch && np < batch_max; i++) {
+            ferry__kv_entry *e = find(kv, ids[i]);
+            if (e && e->state == FERRY__KV_READY) {
+                for (int t = 1; t < FERRY_KV_TIERS; t++)
+                    if (kv->tier[t] && (e->resident & (1u << t)))
+                        kv->tier[t]->policy->ops->touch(kv->tier[t]->policy, e);
+                st[i] = 0;
+                continue;
+            }
+            if (e && write_locked(e, now)) {
+                st[i] = FERRY_ELOCKED;
+                continue;
+            }
+            if (e) {
+                atomic_fetch_add(&kv->lock_expired, 1);
                 doom(kv, e);
             }
+            ferry__kv_entry *ne = ferry__calloc(1, sizeof *ne);
+            if (!ne) {
+                place_rc = ferry__err_set(&kv->err, -ENOMEM,
+                                          "kv store: out of memory for the entry of chunk %zu", i);
+                break;
+            }
+            uint64_t loc;
+            int r = reserve(kv, FERRY_KV_TIER_L1, now, &loc, 1);
+            if (r == -EAGAIN) {
+                ferry__free(ne);
+                now = now_ns(kv);
+                i--; /* look chunk i up again: another writer may have placed it */
+                continue;
+            }
+            if (r < 0) {
+                ferry__free(ne);
+                place_rc = ferry__err_set(&kv->err, r,
+                                          "kv store: no L1 slot for chunk %zu (%llu of %llu slots "
+                                          "used, the rest locked)",
+                                          i, (unsigned long long)l1->used,
+                                          (unsigned long long)l1->capacity);
+                break;
+            }
+            ne->id = ids[i];
+            ne->state = FERRY__KV_WRITING;
+            ne->write_deadline = now + kv->write_ttl_ns;
+            ne->refs = 1;
+            ne->tokens = chunk_ntok(kv, i, n);
+            for (int t = 0; t < FERRY_KV_TIERS; t++)
+                ne->loc[t] = UINT64_MAX;
+            ne->loc[FERRY_KV_TIER_L1] = loc;
+            index_insert(kv, ne);
+            p[np].e = ne;
+            p[np].chunk = i;
+            p[np].job = NULL;
+            np++;
+        }
+        pthread_mutex_unlock(&kv->mu);
+        if (place_rc < 0) {
+            st[i] = place_rc;
+            atomic_fetch_add(&kv->alloc_failures, 1);
+            atomic_fetch_add(&kv->failures, 1);
+        }
+        next = i;
+
+        /* 2. copy the bytes in (device: queued, then one synchronization) */
+        for (size_t k = 0; k < np && copy_rc == 0; k++) {
+            size_t c = p[k].chunk;
+            void *slot = l1->ops->host_ptr(l1, p[k].e->loc[FERRY_KV_TIER_L1]);
+            copy_rc = ferry__kv_xfer(buf, kv->chunk_tokens, (uint64_t)c * kv->chunk_tokens,
+                                     p[k].e->tokens, slot, 1, s, &kv->err);
+        }
+        if (s && np) {
+            int r = ferry_stream_sync(s);
+            if (r < 0 && copy_rc == 0)
+                copy_rc = ferry__err_set(&kv->err, r,
+                                         "kv store: device copies from %s failed: %s",
+                                         ferry_device_name(kv->dev), ferry_last_error());
+        }
+        /* write-through jobs, allocated before taking the lock */
+        if (kv->tier[FERRY_KV_TIER_L2] && copy_rc == 0)
+            for (size_t k = 0; k < np; k++)
+                p[k].job = ferry__calloc(1, sizeof(ferry__kv_job));
+
+        /* 3. commit: READY (visible), or remove what this batch placed */
+        ferry__kv_job *head = NULL, **tail = &head;
+        pthread_mutex_lock(&kv->mu);
+        now = now_ns(kv);
+        for (size_t k = 0; k < np; k++) {
+            ferry__kv_entry *e = p[k].e;
+            size_t c = p[k].chunk;
+            if (copy_rc < 0 || e->doomed) {
+                st[c] = copy_rc < 0 ? copy_rc : FERRY_ELOCKED;
+                if (!e->doomed) {
+                    tier_release(kv, FERRY_KV_TIER_L1, e->loc[FERRY_KV_TIER_L1]);
+                    e->loc[FERRY_KV_TIER_L1] = UINT64_MAX;
+                    doom(kv, e);
+                }
+                put(kv, e);
+                ferry__free(p[k].job);
+                continue;
+            }
+            e->state = FERRY__KV_READY;
+            e->resident |= 1u << FERRY_KV_TIER_L1;
+            l1->policy->ops->insert(l1->policy, e);
+            st[c] = 0;
+            stored++;
+            ferry__kv_job *j = p[k].job;
+            uint64_t l2loc;
+            if (j && reserve(kv, FERRY_KV_TIER_L2, now, &l2loc, 0) == 0) {
+                e->l2_writing = 1;
+                kv->l2_writes_inflight++;
+                read_lock(kv, e, now);
+                e->refs++;
+                j->kind = FERRY__KV_JOB_L2WRITE;
+                j->e = e;
+                j->l1_loc = e->loc[FERRY_KV_TIER_L1];
+                j->l2_loc = l2loc;
+                *tail = j;
+                tail = &j->next;
+            } else {
+                ferry__free(j);
+            }
             put(kv, e);
-            ferry__free(p[k].job);
-            continue;
         }
-        e->state = FERRY__KV_READY;
-        e->resident |= 1u << FERRY_KV_TIER_L1;
-        l1->policy->ops->insert(l1->policy, e);
-        st[c] = 0;
-        stored++;
-        ferry__kv_job *j = p[k].job;
-        uint64_t l2loc;
-        if (j && reserve(kv, FERRY_KV_TIER_L2, now, &l2loc, 0) == 0) {
-            e->l2_writing = 1;
-            kv->l2_writes_inflight++;
-            read_lock(kv, e, now);
-            e->refs++;
-            j->kind = FERRY__KV_JOB_L2WRITE;
-            j->e = e;
-            j->l1_loc = e->loc[FERRY_KV_TIER_L1];
-            j->l2_loc = l2loc;
-            j->next = jobs;
-            jobs = j;
-        } else {
-            ferry__free(j);
+        pthread_mutex_unlock(&kv->mu);
+        for (ferry__kv_job *j = head, *nx; j; j = nx) {
+            nx = j->next;
+            ferry__kv_enqueue(kv, j);
         }
-        put(kv, e);
-    }
-    pthread_mutex_unlock(&kv->mu);
-    for (ferry__kv_job *j = jobs, *next; j; j = next) {
-        next = j->next;
-        ferry__kv_enqueue(kv, j);
     }
     stream_put(kv, s);
     atomic_fetch_add(&l1->bytes_written, stored * kv->chunk_bytes);
@@ -716,6 +724,39 @@ void ferry__kv_job_run(ferry_kv *kv, ferry__kv_job *j)
 
 /* ---- retrieve ---- */
 
+/* wait for the device copies of chunks [from, to) (s may be NULL: host
+ * copies, already done), then drop their read locks. A failed copy fails
+ * every chunk of the window. Returns how many chunks that un-loaded. */
+static int retrieve_sync(ferry_kv *kv, ferry_stream *s, ferry__kv_entry **held, int *st,
+                         size_t from, size_t to, int *copy_rc)
+{
+    int lost = 0;
+    if (s && from < to) {
+        int r = ferry_stream_sync(s);
+        if (r < 0) {
+            if (*copy_rc == 0)
+                *copy_rc = ferry__err_set(&kv->err, r,
+                                          "kv retrieve: device copies to %s failed: %s",
+                                          ferry_device_name(kv->dev), ferry_last_error());
+            for (size_t i = from; i < to; i++)
+                if (st[i] == 0) {
+                    st[i] = *copy_rc;
+                    lost++;
+                }
+        }
+    }
+    pthread_mutex_lock(&kv->mu);
+    for (size_t i = from; i < to; i++) {
+        if (held[i]) {
+            read_unlock(held[i]);
+            put(kv, held[i]);
+            held[i] = NULL;
+        }
+    }
+    pthread_mutex_unlock(&kv->mu);
+    return lost;
+}
+
 static size_t prefetch_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
                            int leading, uint8_t *queued);
 
@@ -745,6 +786,7 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
     ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1], *l2 = kv->tier[FERRY_KV_TIER_L2];
     int copy_rc = 0;
     uint64_t hits[FERRY_KV_TIERS] = {0}, misses = 0, got = 0;
+    size_t batch_max = (size_t)FERRY__MAX(l1->capacity / 2, 1), nheld = 0, synced = 0;
     /* read ahead: the L2 reads of later chunks run on the I/O workers
      * while this thread copies the earlier ones out */
     if (l2)
@@ -819,25 +861,17 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
         } else {
             st[i] = copy_rc;
         }
-    }
-    if (s) {
-        int r = ferry_stream_sync(s);
-        if (r < 0 && copy_rc == 0)
-            copy_rc = ferry__err_set(&kv->err, r, "kv retrieve: device copies to %s failed: %s",
-                                     ferry_device_name(kv->dev), ferry_last_error());
-        if (copy_rc < 0)
-            for (size_t i = 0; i < nch; i++)
-                if (st[i] == 0)
-                    st[i] = copy_rc;
-    }
-    pthread_mutex_lock(&kv->mu);
-    for (size_t i = 0; i < nch; i++) {
-        if (held[i]) {
-            read_unlock(held[i]);
-            put(kv, held[i]);
+        /* hold read locks only while copies may still read the slots: host
+         * copies are done now; device copies at the next synchronization,
+         * every half of L1, so a prompt longer than L1 streams through it */
+        if (!s || ++nheld >= batch_max) {
+            int r = retrieve_sync(kv, s, held, st, synced, i + 1, &copy_rc);
+            got -= (uint64_t)r;
+            synced = i + 1;
+            nheld = 0;
         }
     }
-    pthread_mutex_unlock(&kv->mu);
+    got -= (uint64_t)retrieve_sync(kv, s, held, st, synced, nch, &copy_rc);
     stream_put(kv, s);
     for (int t = 1; t < FERRY_KV_TIERS; t++)
         if (hits[t] && kv->tier[t])

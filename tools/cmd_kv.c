@@ -1,0 +1,979 @@
+/*
+ * cmd_kv.c - `ferry kv bench`: the KV store under the workloads LMCache
+ * measures, over a real model's KV shape, plus the reference figures its
+ * targets are judged against, measured in the same run.
+ *
+ * Workloads (token ids are random, so only reuse makes hits):
+ *  - qa:   D documents of T tokens; Q questions, each a document picked
+ *          with Zipf popularity followed by a fresh question of q tokens.
+ *  - chat: S sessions of N turns interleaved; each turn's prompt is the
+ *          previous prompt plus a reply and a new message (t tokens).
+ * Each prompt does what an engine does: lookup, retrieve the cached
+ * prefix into the engine's buffer, store the whole prompt.
+ *
+ * References (same process, same buffers): memcpy bandwidth (L1 store and
+ * retrieve >= 0.8x), hashing GB/s (>= 5), lookup of a 32k-token prompt with
+ * its 128 chunks indexed (<= 20 us), and with --dir the read throughput of
+ * the slab's I/O engine for chunk-size requests, as `ferry bench io` reads
+ * (L2 retrieve >= 0.9x). --plot sweeps L1/L2 sizes (with a small stand-in
+ * layout of the same chunk count, so only hit rates are drawn) and writes a
+ * gnuplot PNG of hit rate against them.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "cli.h"
+
+#define CMD "kv bench"
+
+typedef struct opts {
+    const char *workload, *model, *dir, *policy, *engine, *plot;
+    uint64_t l1, l2;
+    unsigned docs, doc_tokens, questions, qtokens;
+    unsigned sessions, turns, turn_tokens;
+    unsigned chunk_tokens;
+    unsigned layers, heads, head_dim;
+    double zipf;
+    uint64_t seed;
+    int json, refs;
+} opts;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t x = *s;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *s = x;
+    return x * 0x2545F4914F6CDD1Dull;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, size_t n, double q)
+{
+    if (!n)
+        return 0;
+    qsort(v, n, sizeof *v, cmp_d);
+    size_t i = (size_t)(q * (double)(n - 1) + 0.5);
+    return v[i < n ? i : n - 1];
+}
+
+static int layout_for(const opts *o, ferry_kv_layout *l)
+{
+    ferry_kv_layout d = FERRY_KV_LAYOUT_INIT;
+    if (!strcmp(o->model, "llama3-8b")) {
+        /* the default: 32 layers, 8 KV heads, head_dim 128, bf16 */
+    } else if (!strcmp(o->model, "qwen2.5-0.5b")) {
+        d.num_layers = 24;
+        d.num_heads = 2;
+        d.head_dim = 64;
+    } else if (!strcmp(o->model, "tiny")) {
+        d.num_layers = 2;
+        d.num_heads = 2;
+        d.head_dim = 64;
+    } else {
+        return -1;
+    }
+    if (o->layers)
+        d.num_layers = o->layers;
+    if (o->heads)
+        d.num_heads = o->heads;
+    if (o->head_dim)
+        d.head_dim = o->head_dim;
+    *l = d;
+    return 0;
+}
+
+/* ---- the workload: a list of prompts ---- */
+typedef struct prompt {
+    const int32_t *tok;
+    size_t n;
+} prompt;
+
+typedef struct workload {
+    int32_t *pool;     /* every prompt's tokens */
+    prompt *p;
+    size_t np;
+    size_t max_tokens;
+    uint64_t unique_chunks; /* chunks a cache of infinite size would hold */
+} workload;
+
+static void workload_free(workload *w)
+{
+    free(w->pool);
+    free(w->p);
+}
+
+static int make_workload(const opts *o, workload *w)
+{
+    uint64_t s = o->seed * 0x9E3779B97F4A7C15ull + 1;
+    memset(w, 0, sizeof *w);
+    if (!strcmp(o->workload, "qa")) {
+        size_t dt = o->doc_tokens, qt = o->qtokens;
+        size_t pool = (size_t)o->docs * dt + (size_t)o->questions * (dt + qt);
+        w->pool = malloc(pool * sizeof(int32_t));
+        w->p = calloc(o->questions, sizeof *w->p);
+        if (!w->pool || !w->p)
+            return -ENOMEM;
+        int32_t *docs = w->pool, *q = w->pool + (size_t)o->docs * dt;
+        for (size_t i = 0; i < (size_t)o->docs * dt; i++)
+            docs[i] = (int32_t)(rng_next(&s) % 128000);
+        double *cdf = malloc(o->docs * sizeof *cdf), tot = 0;
+        if (!cdf)
+            return -ENOMEM;
+        for (unsigned d = 0; d < o->docs; d++)
+            cdf[d] = (tot += 1.0 / pow((double)(d + 1), o->zipf));
+        for (unsigned i = 0; i < o->questions; i++) {
+            double u = (double)(rng_next(&s) >> 11) / 9007199254740992.0 * tot;
+            unsigned d = 0;
+            while (d + 1 < o->docs && cdf[d] < u)
+                d++;
+            memcpy(q, docs + (size_t)d * dt, dt * sizeof(int32_t));
+            for (size_t k = 0; k < qt; k++)
+                q[dt + k] = (int32_t)(rng_next(&s) % 128000);
+            w->p[i].tok = q;
+            w->p[i].n = dt + qt;
+            q += dt + qt;
+        }
+        free(cdf);
+        w->np = o->questions;
+        w->max_tokens = dt + qt;
+        w->unique_chunks = (uint64_t)o->docs * (dt / o->chunk_tokens) +
+                           (uint64_t)o->questions * ((dt + qt) / o->chunk_tokens - dt / o->chunk_tokens);
+        return 0;
+    }
+    if (!strcmp(o->workload, "chat")) {
+        size_t per = (size_t)o->turns * o->turn_tokens;
+        size_t np = (size_t)o->sessions * o->turns;
+        w->pool = malloc((size_t)o->sessions * per * sizeof(int32_t));
+        w->p = calloc(np, sizeof *w->p);
+        if (!w->pool || !w->p)
+            return -ENOMEM;
+        for (size_t i = 0; i < (size_t)o->sessions * per; i++)
+            w->pool[i] = (int32_t)(rng_next(&s) % 128000);
+        /* turn k of session j: the first (k+1) * turn_tokens tokens of the
+         * session's conversation; sessions interleave turn by turn */
+        size_t k = 0;
+        for (unsigned t = 0; t < o->turns; t++)
+            for (unsigned j = 0; j < o->sessions; j++) {
+                w->p[k].tok = w->pool + (size_t)j * per;
+                w->p[k].n = (size_t)(t + 1) * o->turn_tokens;
+                k++;
+            }
+        w->np = np;
+        w->max_tokens = per;
+        w->unique_chunks = (uint64_t)o->sessions * (per / o->chunk_tokens);
+        return 0;
+    }
+    return -EINVAL;
+}
+
+/* ---- one run of the workload on one store ---- */
+typedef struct run_result {
+    uint64_t prompt_tokens, hit_tokens, retrieved_tokens;
+    double store_s, retrieve_s;
+    uint64_t stored_bytes, retrieved_bytes;
+    double lookup_p50_us, lookup_p99_us;
+    ferry_kv_stats m;
+} run_result;
+
+static int run_workload(ferry_kv *kv, const workload *w, ferry_kv_buffer *buf, int quiet,
+                        run_result *r)
+{
+    memset(r, 0, sizeof *r);
+    double *lat = malloc(w->np * sizeof *lat);
+    if (!lat)
+        return -ENOMEM;
+    ferry_kv_stats a, b;
+    ferry_kv_metrics(kv, &a);
+    for (size_t i = 0; i < w->np; i++) {
+        const prompt *p = &w->p[i];
+        double t0 = now_s();
+        int hit = ferry_kv_lookup(kv, p->tok, p->n, NULL);
+        lat[i] = (now_s() - t0) * 1e6;
+        if (hit < 0) {
+            free(lat);
+            return hit;
+        }
+        r->prompt_tokens += p->n;
+        r->hit_tokens += (uint64_t)hit;
+        if (hit > 0) {
+            t0 = now_s();
+            int got = ferry_kv_retrieve(kv, p->tok, (size_t)hit, NULL, buf);
+            r->retrieve_s += now_s() - t0;
+            if (got < 0) {
+                free(lat);
+                return got;
+            }
+            r->retrieved_tokens += (uint64_t)got;
+        }
+        t0 = now_s();
+        int st = ferry_kv_store(kv, p->tok, p->n, NULL, buf);
+        r->store_s += now_s() - t0;
+        if (st < 0 && st != FERRY_ENOSPACE) {
+            free(lat);
+            return st;
+        }
+        if (!quiet)
+            cli_progress("kv bench", i + 1, w->np);
+    }
+    if (!quiet)
+        cli_progress_end();
+    ferry_kv_flush(kv);
+    ferry_kv_metrics(kv, &b);
+    r->stored_bytes = b.stored_bytes - a.stored_bytes;
+    r->retrieved_bytes = b.retrieved_bytes - a.retrieved_bytes;
+    r->lookup_p50_us = pct(lat, w->np, 0.5);
+    r->lookup_p99_us = pct(lat, w->np, 0.99);
+    r->m = b;
+    free(lat);
+    return 0;
+}
+
+static int open_store(const opts *o, const ferry_kv_layout *l, uint64_t l1, uint64_t l2,
+                      const char *dir, ferry_kv **kv)
+{
+    ferry_kv_config c = FERRY_KV_CONFIG_INIT;
+    c.model = o->model;
+    c.layout = *l;
+    c.chunk_tokens = o->chunk_tokens;
+    c.l1_bytes = l1;
+    c.l1_policy = c.l2_policy =
+        !strcmp(o->policy, "s3fifo") ? FERRY_KV_EVICT_S3FIFO : FERRY_KV_EVICT_LRU;
+    if (dir && l2) {
+        c.l2_dir = dir;
+        c.l2_bytes = l2;
+        c.l2_direct = 1;
+        c.l2_engine = o->engine;
+    }
+    c.workers = 2;
+    return ferry_kv_open(&c, kv);
+}
+
+/* a contiguous host buffer of cap tokens in layout l */
+static int engine_buffer(const ferry_kv_layout *l, uint64_t cap, ferry_kv_buffer *b, void **mem)
+{
+    uint64_t tb = (uint64_t)l->num_heads * l->head_dim * ferry_dtype_size(l->dtype);
+    size_t bytes = (size_t)(l->kv * l->num_layers * cap * tb);
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, bytes))
+        return -ENOMEM;
+    unsigned char *c = p;
+    for (size_t i = 0; i < bytes; i += 4096)
+        c[i] = (unsigned char)(i >> 12);
+    ferry_kv_buffer d = FERRY_KV_BUFFER_INIT;
+    d.layout = *l;
+    d.base = (uint64_t)(uintptr_t)p;
+    d.capacity_tokens = cap;
+    *b = d;
+    *mem = p;
+    return 0;
+}
+
+/* ---- references ---- */
+typedef struct refs {
+    double memcpy_gbps, l1_store_gbps, l1_retrieve_gbps;
+    double hash_gbps;
+    double lookup32k_p50_us, lookup32k_p99_us, lookup32k_mean_us;
+    double io_read_gbps, l2_retrieve_gbps;
+    const char *io_engine;
+    int have_l2;
+} refs;
+
+static void ref_hash(refs *r)
+{
+    size_t n = 8u << 20; /* 32 MiB of token ids, 32768 chunks of 256 */
+    int32_t *t = malloc(n * sizeof *t);
+    ferry_kv_hash *all = malloc((n / 256) * sizeof *all);
+    if (!t || !all) {
+        free(t);
+        free(all);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        t[i] = (int32_t)(i * 2654435761u);
+    unsigned reps = 0;
+    double t0 = now_s(), el;
+    do {
+        ferry_kv_hash_chunks(FERRY_KV_HASH_SEED_DEFAULT + reps, t, n, 256, 0, all, n / 256);
+        reps++;
+        el = now_s() - t0;
+    } while (el < 0.4);
+    r->hash_gbps = (double)n * 4 * reps / el / 1e9;
+    free(all);
+    free(t);
+}
+
+static void ref_lookup32k(const opts *o, refs *r)
+{
+    ferry_kv_layout l = FERRY_KV_LAYOUT_INIT;
+    l.num_layers = 1;
+    l.num_heads = 1;
+    l.head_dim = 64;
+    ferry_kv *kv;
+    uint64_t chunk = 2ull * 256 * 64 * 2;
+    opts so = *o;
+    so.chunk_tokens = 256;
+    if (open_store(&so, &l, 200 * chunk, 0, NULL, &kv) < 0)
+        return;
+    size_t n = 32768;
+    int32_t *t = malloc(n * sizeof *t);
+    ferry_kv_buffer b;
+    void *mem = NULL;
+    if (!t || engine_buffer(&l, n, &b, &mem) < 0) {
+        free(t);
+        ferry_kv_close(kv);
+        return;
+    }
+    uint64_t s = 77;
+    for (size_t i = 0; i < n; i++)
+        t[i] = (int32_t)(rng_next(&s) % 128000);
+    if (ferry_kv_store(kv, t, n, NULL, &b) == (int)n) {
+        enum { REPS = 4000 };
+        double *lat = malloc(REPS * sizeof *lat), sum = 0;
+        for (int i = 0; lat && i < REPS; i++) {
+            double t0 = now_s();
+            int hit = ferry_kv_lookup(kv, t, n, NULL);
+            lat[i] = (now_s() - t0) * 1e6;
+            sum += lat[i];
+            if (hit != (int)n)
+                lat[i] = 1e9;
+        }
+        if (lat) {
+            r->lookup32k_mean_us = sum / REPS;
+            r->lookup32k_p50_us = pct(lat, REPS, 0.5);
+            r->lookup32k_p99_us = pct(lat, REPS, 0.99);
+        }
+        free(lat);
+    }
+    free(t);
+    free(mem);
+    ferry_kv_close(kv);
+}
+
+/* L1 store / retrieve of N chunks vs memcpy of the same bytes */
+static void ref_l1(const opts *o, const ferry_kv_layout *l, uint64_t chunk, refs *r)
+{
+    unsigned nch = 16;
+    while (nch > 2 && (uint64_t)nch * chunk > (1ull << 30))
+        nch /= 2;
+    size_t n = (size_t)nch * o->chunk_tokens, bytes = (size_t)nch * chunk;
+    ferry_kv *kv;
+    if (open_store(o, l, (uint64_t)(nch * 2 + 2) * chunk, 0, NULL, &kv) < 0)
+        return;
+    ferry_kv_buffer b, d;
+    void *mb = NULL, *md = NULL;
+    int32_t *t = malloc(n * sizeof *t);
+    unsigned char *dst = NULL;
+    if (!t || engine_buffer(l, n, &b, &mb) < 0 || engine_buffer(l, n, &d, &md) < 0 ||
+        posix_memalign((void **)&dst, 4096, bytes)) {
+        free(t);
+        free(mb);
+        free(md);
+        ferry_kv_close(kv);
+        return;
+    }
+    memset(dst, 1, bytes);
+    double best_cp = 1e9, best_st = 1e9, best_rt = 1e9;
+    for (int rep = 0; rep < 4; rep++) {
+        for (size_t i = 0; i < n; i++)
+            t[i] = (int32_t)(rep * 1000003 + (int)i);
+        double t0 = now_s();
+        memcpy(dst, mb, bytes);
+        double cp = now_s() - t0;
+        t0 = now_s();
+        int st = ferry_kv_store(kv, t, n, NULL, &b);
+        double ts = now_s() - t0;
+        t0 = now_s();
+        int rt = ferry_kv_retrieve(kv, t, n, NULL, &d);
+        double tr = now_s() - t0;
+        ferry_kv_clear(kv);
+        if (rep == 0 || st != (int)n || rt != (int)n)
+            continue; /* the first round faults the pool's pages in */
+        best_cp = cp < best_cp ? cp : best_cp;
+        best_st = ts < best_st ? ts : best_st;
+        best_rt = tr < best_rt ? tr : best_rt;
+    }
+    r->memcpy_gbps = (double)bytes / best_cp / 1e9;
+    r->l1_store_gbps = best_st < 1e9 ? (double)bytes / best_st / 1e9 : 0;
+    r->l1_retrieve_gbps = best_rt < 1e9 ? (double)bytes / best_rt / 1e9 : 0;
+    free(t);
+    free(mb);
+    free(md);
+    free(dst);
+    ferry_kv_close(kv);
+}
+
+/* read throughput of the slab's engine for chunk-size requests (bench io's
+ * read loop), then the store's retrieve of chunks that are only in L2 */
+static void ref_l2(const opts *o, const ferry_kv_layout *l, uint64_t chunk, refs *r)
+{
+    unsigned nch = 24;
+    while (nch > 6 && (uint64_t)nch * chunk > (3ull << 30))
+        nch /= 2;
+    uint64_t slot = (chunk + 4095) & ~4095ull;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/ferry-kv-bench-ref.bin", o->dir);
+    ferry_io_options io_opt = FERRY_IO_OPTIONS_INIT;
+    io_opt.engine = o->engine;
+    ferry_io *io = NULL;
+    ferry_file *f = NULL;
+    void *buf = NULL;
+    if (ferry_io_open(&io_opt, &io) < 0)
+        return;
+    r->io_engine = ferry_io_engine(io);
+    unsigned depth = ferry_io_depth(io);
+    if (ferry_file_open(io, path,
+                        FERRY_FILE_READ | FERRY_FILE_WRITE | FERRY_FILE_CREATE | FERRY_FILE_TRUNC |
+                            FERRY_FILE_DIRECT,
+                        &f) < 0 ||
+        ferry_io_buffer_alloc(io, (size_t)slot * depth, &buf) < 0)
+        goto out;
+    memset(buf, 7, (size_t)slot * depth);
+    ferry_file_allocate(f, 0, slot * nch);
+    for (unsigned i = 0; i < nch; i++)
+        if (ferry_io_pwrite(io, f, (char *)buf + (size_t)(i % depth) * slot, slot, i * slot) < 0)
+            goto out;
+    ferry_file_sync(f);
+    {
+        /* depth chunk reads in flight, as `ferry bench io` keeps them */
+        ferry_io_req *reqs = calloc(depth, sizeof *reqs);
+        ferry_io_req **ptrs = calloc(depth, sizeof *ptrs), **done = calloc(depth, sizeof *done);
+        if (!reqs || !ptrs || !done) {
+            free(reqs);
+            free(ptrs);
+            free(done);
+            goto out;
+        }
+        double best = 1e9;
+        for (int rep = 0; rep < 3; rep++) {
+            double t0 = now_s();
+            unsigned next = 0, inflight = 0, completed = 0;
+            int bad = 0;
+            for (unsigned k = 0; k < depth && next < nch; k++, next++) {
+                reqs[k] = (ferry_io_req){FERRY_IO_READ, f, (char *)buf + (size_t)k * slot, 0,
+                                         (size_t)slot, next * slot, NULL, 0, {0}};
+                ptrs[k] = &reqs[k];
+                inflight++;
+            }
+            if (ferry_io_submit(io, ptrs, inflight) != (int)inflight)
+                bad = 1;
+            while (!bad && completed < nch) {
+                int got = ferry_io_reap(io, done, 1, depth, -1);
+                if (got <= 0) {
+                    bad = 1;
+                    break;
+                }
+                for (int k = 0; k < got; k++) {
+                    completed++;
+                    if (done[k]->result < 0)
+                        bad = 1;
+                    if (next < nch) {
+                        done[k]->offset = next * slot;
+                        next++;
+                        ferry_io_req *one = done[k];
+                        if (ferry_io_submit(io, &one, 1) != 1)
+                            bad = 1;
+                    }
+                }
+            }
+            double el = now_s() - t0;
+            if (!bad && el < best)
+                best = el;
+        }
+        if (best < 1e9)
+            r->io_read_gbps = (double)nch * slot / best / 1e9;
+        free(reqs);
+        free(ptrs);
+        free(done);
+    }
+out:
+    if (buf)
+        ferry_io_buffer_free(io, buf);
+    ferry_file_close(f);
+    ferry_io_close(io);
+    unlink(path);
+
+    /* the store: nch chunks pushed out of an L1 of 8 by 8 more, then read back */
+    ferry_kv *kv;
+    if (open_store(o, l, 10 * slot, (uint64_t)(nch + 12) * slot, o->dir, &kv) < 0)
+        return;
+    size_t n = (size_t)nch * o->chunk_tokens, m = 8 * (size_t)o->chunk_tokens;
+    int32_t *t = malloc((n + m) * sizeof *t);
+    ferry_kv_buffer b;
+    void *mem = NULL;
+    if (t && engine_buffer(l, n, &b, &mem) == 0) {
+        for (size_t i = 0; i < n + m; i++)
+            t[i] = (int32_t)(i * 7 + 3);
+        if (ferry_kv_store(kv, t, n, NULL, &b) == (int)n && ferry_kv_flush(kv) == 0 &&
+            ferry_kv_store(kv, t + n, m, NULL, &b) == (int)m && ferry_kv_flush(kv) == 0) {
+            ferry_kv_stats a, z;
+            ferry_kv_metrics(kv, &a);
+            double t0 = now_s();
+            int got = ferry_kv_retrieve(kv, t, n, NULL, &b);
+            double el = now_s() - t0;
+            ferry_kv_metrics(kv, &z);
+            uint64_t from_l2 = z.tier[FERRY_KV_TIER_L2].bytes_read - a.tier[FERRY_KV_TIER_L2].bytes_read;
+            if (got == (int)n && from_l2)
+                r->l2_retrieve_gbps = (double)from_l2 / el / 1e9;
+            r->have_l2 = 1;
+        }
+    }
+    free(t);
+    free(mem);
+    ferry_kv_close(kv);
+}
+
+/* ---- the hit-rate sweep and its plot ---- */
+typedef struct point {
+    uint64_t l1_chunks, l2_chunks;
+    double hit_rate;
+} point;
+
+static int sweep(const opts *o, const workload *w, uint64_t chunk, point **out, size_t *np)
+{
+    ferry_kv_layout l = FERRY_KV_LAYOUT_INIT;
+    l.num_layers = 1;
+    l.num_heads = 1;
+    l.head_dim = 64; /* a stand-in of 64 KiB per 256 tokens: same chunk counts */
+    ferry_kv_buffer b;
+    void *mem = NULL;
+    int rc = engine_buffer(&l, w->max_tokens, &b, &mem);
+    if (rc < 0)
+        return rc;
+    uint64_t small = 2ull * o->chunk_tokens * 64 * 2, sslot = (small + 4095) & ~4095ull;
+    uint64_t ws = w->unique_chunks ? w->unique_chunks : 1;
+    static const double l1f[] = {1.0 / 16, 1.0 / 8, 1.0 / 4, 1.0 / 2, 1.0, 1.5};
+    static const double l2f[] = {0, 0.25, 0.5, 1.0};
+    size_t nl2 = o->dir ? 4 : 1;
+    point *p = calloc(6 * nl2, sizeof *p);
+    if (!p) {
+        free(mem);
+        return -ENOMEM;
+    }
+    size_t k = 0;
+    (void)chunk;
+    for (size_t j = 0; j < nl2; j++) {
+        for (size_t i = 0; i < 6; i++) {
+            uint64_t c1 = (uint64_t)((double)ws * l1f[i]), c2 = (uint64_t)((double)ws * l2f[j]);
+            if (c1 < 2)
+                c1 = 2;
+            ferry_kv *kv;
+            opts so = *o;
+            so.model = "sweep";
+            rc = open_store(&so, &l, c1 * sslot, c2 * sslot, c2 ? o->dir : NULL, &kv);
+            if (rc < 0)
+                break;
+            run_result rr;
+            rc = run_workload(kv, w, &b, 1, &rr);
+            ferry_kv_close(kv);
+            if (rc < 0)
+                break;
+            p[k].l1_chunks = c1;
+            p[k].l2_chunks = c2;
+            p[k].hit_rate = rr.prompt_tokens ? (double)rr.hit_tokens / (double)rr.prompt_tokens : 0;
+            k++;
+            if (!o->json)
+                cli_progress("sweep", k, 6 * nl2);
+        }
+        if (rc < 0)
+            break;
+    }
+    if (!o->json)
+        cli_progress_end();
+    free(mem);
+    *out = p;
+    *np = k;
+    return rc < 0 ? rc : 0;
+}
+
+static int plot(const opts *o, const point *p, size_t np, uint64_t chunk)
+{
+    char dat[] = "/tmp/ferry-kv-plot-XXXXXX";
+    int fd = mkstemp(dat);
+    if (fd < 0)
+        return -errno;
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        close(fd);
+        return -errno;
+    }
+    uint64_t last = UINT64_MAX;
+    unsigned blocks = 0;
+    for (size_t i = 0; i < np; i++) {
+        if (p[i].l2_chunks != last) {
+            if (last != UINT64_MAX)
+                fprintf(f, "\n\n");
+            fprintf(f, "# l2 %.3f GiB\n", (double)p[i].l2_chunks * (double)chunk / (1 << 30));
+            last = p[i].l2_chunks;
+            blocks++;
+        }
+        fprintf(f, "%.4f %.4f\n", (double)p[i].l1_chunks * (double)chunk / (1 << 30), p[i].hit_rate);
+    }
+    fclose(f);
+    char gp[] = "/tmp/ferry-kv-gp-XXXXXX";
+    fd = mkstemp(gp);
+    if (fd < 0) {
+        unlink(dat);
+        return -errno;
+    }
+    f = fdopen(fd, "w");
+    if (!f) {
+        close(fd);
+        unlink(dat);
+        unlink(gp);
+        return -errno;
+    }
+    fprintf(f, "set terminal png size 900,600\nset output '%s'\n", o->plot);
+    fprintf(f, "set title 'ferry kv bench: %s, %s: hit rate vs tier sizes'\n", o->workload,
+            o->model);
+    fprintf(f, "set xlabel 'L1 (GiB of KV)'\nset ylabel 'hit rate (tokens)'\nset yrange [0:1]\n"
+               "set logscale x 2\nset key bottom right\nset grid\n");
+    fprintf(f, "plot ");
+    last = UINT64_MAX;
+    unsigned b = 0;
+    for (size_t i = 0; i < np; i++) {
+        if (p[i].l2_chunks == last)
+            continue;
+        last = p[i].l2_chunks;
+        fprintf(f, "%s'%s' index %u using 1:2 with linespoints title 'L2 %.2f GiB'",
+                b ? ", " : "", dat, b, (double)p[i].l2_chunks * (double)chunk / (1 << 30));
+        b++;
+    }
+    fprintf(f, "\n");
+    fclose(f);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "gnuplot '%s' 2>&1", gp);
+    int rc = system(cmd);
+    unlink(dat);
+    unlink(gp);
+    (void)blocks;
+    return rc == 0 ? 0 : -ENOEXEC;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: ferry kv bench [options]\n"
+            "  --workload qa|chat       long-document QA (default) or multi-turn chat\n"
+            "  --docs D --doc-tokens T --questions Q --zipf S --question-tokens q\n"
+            "                           qa: D documents of T tokens asked Q times (8, 4096, 64, 1.0, 64)\n"
+            "  --sessions S --turns N --turn-tokens t\n"
+            "                           chat: S sessions of N turns adding t tokens each (8, 6, 512)\n"
+            "  --model llama3-8b|qwen2.5-0.5b|tiny   KV shape (default llama3-8b: 32 MiB/256 tokens)\n"
+            "  --layers L --heads H --head-dim D     override the shape\n"
+            "  --chunk-tokens N         tokens per chunk (256)\n"
+            "  --l1 SIZE                host tier (default 2G)\n"
+            "  --dir DIR --l2 SIZE      NVMe slab tier in DIR (default size 8G)\n"
+            "  --engine auto|posix|uring  the slab's I/O engine\n"
+            "  --policy lru|s3fifo      eviction (default lru)\n"
+            "  --seed N  --no-refs  --json  --plot FILE.png\n");
+}
+
+static int parse(int argc, char **argv, opts *o)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        uint64_t x;
+#define NUM(flag, field)                                                       \
+    if (!strcmp(a, flag)) {                                                    \
+        if (!v || ferry_parse_size(v, &x) < 0 || x > UINT32_MAX)               \
+            return cli_usage(CMD, "%s needs a number", flag);                  \
+        o->field = (unsigned)x;                                                \
+        i++;                                                                   \
+        continue;                                                              \
+    }
+        NUM("--docs", docs)
+        NUM("--doc-tokens", doc_tokens)
+        NUM("--questions", questions)
+        NUM("--question-tokens", qtokens)
+        NUM("--sessions", sessions)
+        NUM("--turns", turns)
+        NUM("--turn-tokens", turn_tokens)
+        NUM("--chunk-tokens", chunk_tokens)
+        NUM("--layers", layers)
+        NUM("--heads", heads)
+        NUM("--head-dim", head_dim)
+#undef NUM
+        if (!strcmp(a, "--l1") || !strcmp(a, "--l2")) {
+            int rc = cli_size(CMD, a, v, a[3] == '1' ? &o->l1 : &o->l2);
+            if (rc)
+                return rc;
+            i++;
+        } else if (!strcmp(a, "--zipf") && v) {
+            o->zipf = atof(v);
+            i++;
+        } else if (!strcmp(a, "--seed") && v) {
+            o->seed = strtoull(v, NULL, 0);
+            i++;
+        } else if (!strcmp(a, "--workload") && v) {
+            o->workload = argv[++i];
+        } else if (!strcmp(a, "--model") && v) {
+            o->model = argv[++i];
+        } else if (!strcmp(a, "--dir") && v) {
+            o->dir = argv[++i];
+        } else if (!strcmp(a, "--policy") && v) {
+            o->policy = argv[++i];
+        } else if (!strcmp(a, "--engine") && v) {
+            o->engine = argv[++i];
+        } else if (!strcmp(a, "--plot") && v) {
+            o->plot = argv[++i];
+        } else if (!strcmp(a, "--json")) {
+            o->json = 1;
+        } else if (!strcmp(a, "--no-refs")) {
+            o->refs = 0;
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return -1;
+        } else {
+            return cli_usage(CMD, "unknown option or missing value '%s' (see --help)", a);
+        }
+    }
+    if (strcmp(o->workload, "qa") && strcmp(o->workload, "chat"))
+        return cli_usage(CMD, "--workload must be qa or chat");
+    if (strcmp(o->policy, "lru") && strcmp(o->policy, "s3fifo"))
+        return cli_usage(CMD, "--policy must be lru or s3fifo");
+    if (!o->chunk_tokens || !o->docs || !o->doc_tokens || !o->questions || !o->sessions ||
+        !o->turns || !o->turn_tokens)
+        return cli_usage(CMD, "counts must be positive");
+    return 0;
+}
+
+static json_t *tier_json(const ferry_kv_tier_stats *t)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "hits", json_integer((json_int_t)t->hits));
+    json_object_set_new(o, "evictions", json_integer((json_int_t)t->evictions));
+    json_object_set_new(o, "bytes_written", json_integer((json_int_t)t->bytes_written));
+    json_object_set_new(o, "bytes_read", json_integer((json_int_t)t->bytes_read));
+    json_object_set_new(o, "capacity_bytes", json_integer((json_int_t)t->capacity_bytes));
+    json_object_set_new(o, "used_bytes", json_integer((json_int_t)t->used_bytes));
+    json_object_set_new(o, "failures", json_integer((json_int_t)t->failures));
+    return o;
+}
+
+static double ratio(double a, double b)
+{
+    return b > 0 ? a / b : 0;
+}
+
+int cmd_kv_bench(int argc, char **argv)
+{
+    opts o = {"qa", "llama3-8b", NULL, "lru", NULL, NULL, 2ull << 30, 8ull << 30, 8, 4096, 64, 64,
+              8, 6, 512, 256, 0, 0, 0, 1.0, 1, 0, 1};
+    int prc = parse(argc, argv, &o);
+    if (prc)
+        return prc < 0 ? 0 : prc;
+    ferry_kv_layout l;
+    if (layout_for(&o, &l) < 0)
+        return cli_usage(CMD, "unknown --model '%s' (llama3-8b, qwen2.5-0.5b, tiny)", o.model);
+    uint64_t chunk;
+    if (ferry_kv_layout_chunk_bytes(&l, o.chunk_tokens, &chunk) < 0)
+        return cli_fail(CMD, "layout", -EINVAL);
+    workload w;
+    int rc = make_workload(&o, &w);
+    if (rc < 0)
+        return cli_fail(CMD, "building the workload", rc);
+    if (!o.json) {
+        printf("ferry kv bench: %s", o.workload);
+        if (!strcmp(o.workload, "qa"))
+            printf(" (%u docs x %u tokens, %u questions of +%u tokens, zipf %.2f)", o.docs,
+                   o.doc_tokens, o.questions, o.qtokens, o.zipf);
+        else
+            printf(" (%u sessions x %u turns of %u tokens)", o.sessions, o.turns, o.turn_tokens);
+        printf("\n  shape %s: %u layers x %u KV heads x %u dims, %s: %.2f MiB per %u-token chunk\n",
+               o.model, l.num_layers, l.num_heads, l.head_dim, ferry_dtype_name(l.dtype),
+               (double)chunk / (1 << 20), o.chunk_tokens);
+        printf("  tiers: L1 %.2f GiB (%s)", (double)o.l1 / (1 << 30), o.policy);
+        if (o.dir)
+            printf(", L2 %.2f GiB in %s", (double)o.l2 / (1 << 30), o.dir);
+        printf("\n");
+        fflush(stdout);
+    }
+
+    ferry_kv *kv;
+    rc = open_store(&o, &l, o.l1, o.l2, o.dir, &kv);
+    if (rc < 0) {
+        workload_free(&w);
+        return cli_fail(CMD, "opening the store", rc);
+    }
+    ferry_kv_buffer buf;
+    void *mem = NULL;
+    rc = engine_buffer(&l, w.max_tokens, &buf, &mem);
+    if (rc < 0) {
+        ferry_kv_close(kv);
+        workload_free(&w);
+        return cli_fail(CMD, "allocating the engine buffer", rc);
+    }
+    run_result rr;
+    double t0 = now_s();
+    rc = run_workload(kv, &w, &buf, o.json, &rr);
+    double wall = now_s() - t0;
+    char *prom = NULL;
+    ferry_kv_close(kv);
+    free(mem);
+    if (rc < 0) {
+        workload_free(&w);
+        return cli_fail(CMD, "running the workload", rc);
+    }
+    (void)prom;
+
+    refs rf;
+    memset(&rf, 0, sizeof rf);
+    if (o.refs) {
+        ref_hash(&rf);
+        ref_lookup32k(&o, &rf);
+        ref_l1(&o, &l, chunk, &rf);
+        if (o.dir)
+            ref_l2(&o, &l, chunk, &rf);
+    }
+    point *pts = NULL;
+    size_t npts = 0;
+    int plot_rc = 0;
+    if (o.plot) {
+        plot_rc = sweep(&o, &w, chunk, &pts, &npts);
+        if (plot_rc == 0)
+            plot_rc = plot(&o, pts, npts, chunk);
+    }
+
+    double hit_rate = rr.prompt_tokens ? (double)rr.hit_tokens / (double)rr.prompt_tokens : 0;
+    double st_gbps = rr.store_s > 0 ? (double)rr.stored_bytes / rr.store_s / 1e9 : 0;
+    double rt_gbps = rr.retrieve_s > 0 ? (double)rr.retrieved_bytes / rr.retrieve_s / 1e9 : 0;
+    const ferry_kv_tier_stats *t1 = &rr.m.tier[FERRY_KV_TIER_L1], *t2 = &rr.m.tier[FERRY_KV_TIER_L2];
+    if (o.json) {
+        json_t *j = json_object();
+        json_object_set_new(j, "workload", json_string(o.workload));
+        json_object_set_new(j, "model", json_string(o.model));
+        json_object_set_new(j, "chunk_tokens", json_integer(o.chunk_tokens));
+        json_object_set_new(j, "chunk_bytes", json_integer((json_int_t)chunk));
+        json_object_set_new(j, "policy", json_string(o.policy));
+        json_object_set_new(j, "l1_bytes", json_integer((json_int_t)o.l1));
+        json_object_set_new(j, "l2_bytes", json_integer(o.dir ? (json_int_t)o.l2 : 0));
+        json_object_set_new(j, "prompts", json_integer((json_int_t)w.np));
+        json_object_set_new(j, "prompt_tokens", json_integer((json_int_t)rr.prompt_tokens));
+        json_object_set_new(j, "hit_tokens", json_integer((json_int_t)rr.hit_tokens));
+        json_object_set_new(j, "hit_rate", json_real(hit_rate));
+        json_object_set_new(j, "recompute_avoided_tokens",
+                            json_integer((json_int_t)rr.retrieved_tokens));
+        json_object_set_new(j, "store_gb_per_s", json_real(st_gbps));
+        json_object_set_new(j, "retrieve_gb_per_s", json_real(rt_gbps));
+        json_object_set_new(j, "stored_bytes", json_integer((json_int_t)rr.stored_bytes));
+        json_object_set_new(j, "retrieved_bytes", json_integer((json_int_t)rr.retrieved_bytes));
+        json_object_set_new(j, "lookup_p50_us", json_real(rr.lookup_p50_us));
+        json_object_set_new(j, "lookup_p99_us", json_real(rr.lookup_p99_us));
+        json_object_set_new(j, "wall_s", json_real(wall));
+        json_t *tiers = json_object();
+        json_object_set_new(tiers, "l1", tier_json(t1));
+        if (o.dir)
+            json_object_set_new(tiers, "l2", tier_json(t2));
+        json_object_set_new(j, "tiers", tiers);
+        if (o.refs) {
+            json_t *r = json_object();
+            json_object_set_new(r, "memcpy_gb_per_s", json_real(rf.memcpy_gbps));
+            json_object_set_new(r, "l1_store_gb_per_s", json_real(rf.l1_store_gbps));
+            json_object_set_new(r, "l1_retrieve_gb_per_s", json_real(rf.l1_retrieve_gbps));
+            json_object_set_new(r, "l1_store_ratio", json_real(ratio(rf.l1_store_gbps, rf.memcpy_gbps)));
+            json_object_set_new(r, "l1_retrieve_ratio",
+                                json_real(ratio(rf.l1_retrieve_gbps, rf.memcpy_gbps)));
+            json_object_set_new(r, "hash_gb_per_s", json_real(rf.hash_gbps));
+            json_object_set_new(r, "lookup_32k_p50_us", json_real(rf.lookup32k_p50_us));
+            json_object_set_new(r, "lookup_32k_p99_us", json_real(rf.lookup32k_p99_us));
+            json_object_set_new(r, "lookup_32k_mean_us", json_real(rf.lookup32k_mean_us));
+            if (o.dir) {
+                json_object_set_new(r, "io_engine", json_string(rf.io_engine ? rf.io_engine : ""));
+                json_object_set_new(r, "io_read_gb_per_s", json_real(rf.io_read_gbps));
+                json_object_set_new(r, "l2_retrieve_gb_per_s", json_real(rf.l2_retrieve_gbps));
+                json_object_set_new(r, "l2_retrieve_ratio",
+                                    json_real(ratio(rf.l2_retrieve_gbps, rf.io_read_gbps)));
+            }
+            json_object_set_new(j, "references", r);
+        }
+        if (o.plot) {
+            json_t *a = json_array();
+            for (size_t i = 0; i < npts; i++) {
+                json_t *p = json_object();
+                json_object_set_new(p, "l1_bytes", json_integer((json_int_t)(pts[i].l1_chunks * chunk)));
+                json_object_set_new(p, "l2_bytes", json_integer((json_int_t)(pts[i].l2_chunks * chunk)));
+                json_object_set_new(p, "hit_rate", json_real(pts[i].hit_rate));
+                json_array_append_new(a, p);
+            }
+            json_object_set_new(j, "sweep", a);
+            json_object_set_new(j, "plot", json_string(plot_rc == 0 ? o.plot : ""));
+        }
+        char *s = json_dumps(j, JSON_COMPACT);
+        printf("%s\n", s ? s : "{}");
+        free(s);
+        json_decref(j);
+    } else {
+        printf("\nresults (%zu prompts, %.1f s)\n", w.np, wall);
+        printf("  hit rate            %.4f  (%llu of %llu prompt tokens cached)\n", hit_rate,
+               (unsigned long long)rr.hit_tokens, (unsigned long long)rr.prompt_tokens);
+        printf("  recompute avoided   %llu tokens\n", (unsigned long long)rr.retrieved_tokens);
+        printf("  store               %.2f GB/s (%.2f GiB new chunks)\n", st_gbps,
+               (double)rr.stored_bytes / (1 << 30));
+        printf("  retrieve            %.2f GB/s (%.2f GiB)\n", rt_gbps,
+               (double)rr.retrieved_bytes / (1 << 30));
+        printf("  lookup              p50 %.2f us, p99 %.2f us\n", rr.lookup_p50_us,
+               rr.lookup_p99_us);
+        printf("  L1                  hits %llu, evictions %llu, written %.2f GiB, read %.2f GiB\n",
+               (unsigned long long)t1->hits, (unsigned long long)t1->evictions,
+               (double)t1->bytes_written / (1 << 30), (double)t1->bytes_read / (1 << 30));
+        if (o.dir)
+            printf("  L2                  hits %llu, evictions %llu, written %.2f GiB, read %.2f "
+                   "GiB, failures %llu\n",
+                   (unsigned long long)t2->hits, (unsigned long long)t2->evictions,
+                   (double)t2->bytes_written / (1 << 30), (double)t2->bytes_read / (1 << 30),
+                   (unsigned long long)t2->failures);
+        if (o.refs) {
+            printf("\nreferences (same run)\n");
+            printf("  memcpy              %.2f GB/s\n", rf.memcpy_gbps);
+            printf("  L1 store            %.2f GB/s = %.2fx memcpy (target >= 0.8x)\n",
+                   rf.l1_store_gbps, ratio(rf.l1_store_gbps, rf.memcpy_gbps));
+            printf("  L1 retrieve         %.2f GB/s = %.2fx memcpy (target >= 0.8x)\n",
+                   rf.l1_retrieve_gbps, ratio(rf.l1_retrieve_gbps, rf.memcpy_gbps));
+            printf("  hashing             %.2f GB/s of token ids (target >= 5)\n", rf.hash_gbps);
+            printf("  lookup 32k tokens   p50 %.2f us, p99 %.2f us, mean %.2f us with 128 chunks "
+                   "indexed (target <= 20 us)\n",
+                   rf.lookup32k_p50_us, rf.lookup32k_p99_us, rf.lookup32k_mean_us);
+            if (o.dir)
+                printf("  L2 retrieve         %.2f GB/s vs %s chunk reads %.2f GB/s = %.2fx "
+                       "(target >= 0.9x)\n",
+                       rf.l2_retrieve_gbps, rf.io_engine ? rf.io_engine : "?", rf.io_read_gbps,
+                       ratio(rf.l2_retrieve_gbps, rf.io_read_gbps));
+        }
+        if (o.plot) {
+            printf("\nhit rate by tier size (%s)\n", plot_rc == 0 ? o.plot : "plot failed");
+            for (size_t i = 0; i < npts; i++)
+                printf("  L1 %8.2f GiB  L2 %8.2f GiB  hit rate %.4f\n",
+                       (double)(pts[i].l1_chunks * chunk) / (1 << 30),
+                       (double)(pts[i].l2_chunks * chunk) / (1 << 30), pts[i].hit_rate);
+        }
+    }
+    free(pts);
+    workload_free(&w);
+    if (o.plot && plot_rc < 0) {
+        fprintf(stderr, "ferry %s: the plot failed (%s); is gnuplot installed?\n", CMD,
+                ferry_strerror(plot_rc));
+        return 1;
+    }
+    return 0;
+}
