@@ -40,7 +40,7 @@ typedef struct preset {
 /* expert_bytes: gate + up + down of one expert at the model's usual
  * inference precision (fp8 for DeepSeek-V3, bf16 otherwise) */
 static const preset presets[] = {
-    {"deepseek-v3", 58, 256, 8, 3ull * 7168 * 2048, 1.3, 0.33, 0.42, 0.15, 0.35},
+    {"deepseek-v3", 58, 256, 8, 3ull * 7168 * 2048, 1.38, 0.31, 0.42, 0.15, 0.35},
     {"qwen3-30b-a3b", 48, 128, 8, 3ull * 2048 * 768 * 2, 1.1, 0.33, 0.42, 0.15, 0.35},
     {"mixtral-8x7b", 32, 8, 2, 3ull * 4096 * 14336 * 2, 0.25, 0.26, 0.20, 0.15, 0.35},
     {"small", 4, 16, 2, 3ull * 4096, 1.0, 0.33, 0.42, 0.15, 0.35},

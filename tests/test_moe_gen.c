@@ -1,0 +1,217 @@
+/*
+ * test_moe_gen.c - the synthetic routing-trace generator measured against
+ * the published routing statistics it is calibrated to (facts.md section
+ * 6), within tolerances: popularity skew, reuse distance, cross-layer
+ * correlation, U-shaped miss rates over depth; and determinism by seed.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ferry_test.h"
+#include "moe/moe_internal.h"
+
+/* ferry-test-timeout: 120 */
+
+static ferry_moe_trace *gen(const char *model, uint32_t tokens, uint64_t seed)
+{
+    ferry_moe_gen_options o = FERRY_MOE_GEN_OPTIONS_INIT;
+    o.model = model;
+    o.tokens = tokens;
+    o.seed = seed;
+    ferry_moe_trace *t = NULL;
+    FT_ASSERT_OK(ferry_moe_trace_generate(&o, &t));
+    return t;
+}
+
+static void in_range(const char *what, double v, double lo, double hi)
+{
+    if (v < lo || v > hi)
+        fail_msg("%s = %.4f, outside [%.3f, %.3f]", what, v, lo, hi);
+}
+
+/* Qwen3 / DeepSeek-style 256-expert top-8 routing: the top 32 experts of
+ * a layer cover 58-76% of its routes; 45% of selections repeat at the next
+ * token, 80% within 8, median reuse distance about 2 tokens */
+static void deepseek_preset_matches_published_statistics(void **state)
+{
+    (void)state;
+    for (uint64_t seed = 1; seed <= 2; seed++) {
+        ferry_moe_trace *t = gen("deepseek-v3", 1024, seed);
+        const ferry_moe_model *m = ferry_moe_trace_model(t);
+        assert_int_equal(m->num_experts, 256);
+        assert_int_equal(m->top_k, 8);
+        ferry__trace_stats st;
+        FT_ASSERT_OK(ferry__trace_stats_compute(t, &st));
+        in_range("top-32 cover", st.top32_cover, 0.58, 0.76);
+        in_range("repeat at next token", st.repeat_next, 0.40, 0.50);
+        in_range("within 8 tokens", st.within8, 0.75, 0.88);
+        in_range("median reuse distance", st.median_reuse, 1.5, 2.5);
+        /* an expert's learned partner at the next layer is routed with it
+         * far more often than chance (an uncorrelated trace measures ~1) */
+        in_range("cross-layer lift", st.cross_lift, 1.4, 100);
+        ferry__free(st.layer_repeat);
+        ferry_moe_trace_destroy(t);
+    }
+}
+
+/* Mixtral 8 experts top-2: the top expert of a layer takes 14-19% of the
+ * routes (uniform would be 12.5%) */
+static void mixtral_preset_matches_its_top_expert_share(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = gen("mixtral-8x7b", 1024, 4);
+    ferry__trace_stats st;
+    FT_ASSERT_OK(ferry__trace_stats_compute(t, &st));
+    in_range("top expert share", st.top1_share, 0.14, 0.19);
+    in_range("repeat at next token", st.repeat_next, 0.35, 0.50);
+    ferry__free(st.layer_repeat);
+    ferry_moe_trace_destroy(t);
+}
+
+/* control: a uniform random trace of the same shape is far from every
+ * target, so the tolerances above do discriminate */
+static void a_uniform_trace_fails_the_same_checks(void **state)
+{
+    (void)state;
+    ferry_moe_model m = {0};
+    m.num_layers = 8;
+    m.num_experts = 256;
+    m.top_k = 8;
+    ferry_moe_trace *t;
+    FT_ASSERT_OK(ferry_moe_trace_create(&m, &t));
+    ferry__rng r;
+    ferry__rng_seed(&r, 1);
+    for (uint32_t tok = 0; tok < 512; tok++)
+        for (uint32_t l = 0; l < 8; l++) {
+            uint32_t ex[8];
+            for (int k = 0; k < 8; k++)
+                ex[k] = ferry__rng_below(&r, 256);
+            FT_ASSERT_OK(ferry_moe_trace_append(t, tok, l, ex, 8));
+        }
+    ferry__trace_stats st;
+    FT_ASSERT_OK(ferry__trace_stats_compute(t, &st));
+    assert_true(st.top32_cover < 0.3);
+    assert_true(st.repeat_next < 0.1);
+    assert_true(st.cross_lift < 1.3);
+    ferry__free(st.layer_repeat);
+    ferry_moe_trace_destroy(t);
+}
+
+/* miss rates are U-shaped over depth: the first and last layers miss more
+ * than the middle ones, under the same per-layer LRU budget */
+static void miss_rates_are_u_shaped_over_depth(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = gen("qwen3-30b-a3b", 512, 7);
+    const ferry_moe_model *m = ferry_moe_trace_model(t);
+    uint32_t L = m->num_layers;
+    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
+    o.num_layers = L;
+    o.num_experts = m->num_experts;
+    o.slots = L * m->num_experts / 4;
+    o.policy = "lru-layer";
+    ferry_moe_planner *p;
+    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
+    double *miss = calloc(L, sizeof *miss), *act = calloc(L, sizeof *act);
+    for (size_t i = 0; i < ferry_moe_trace_steps(t); i++) {
+        uint32_t tok, layer, n;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &n));
+        ferry_moe_counts c;
+        assert_true(ferry_moe_planner_ensure(p, layer, ex, n, NULL, NULL, &c) >= 0);
+        if (tok >= 64) { /* past the cold start */
+            miss[layer] += c.missing;
+            act[layer] += c.active;
+        }
+    }
+    double edge = 0, mid = 0;
+    int ne = 0, nm = 0;
+    for (uint32_t l = 0; l < L; l++) {
+        double rate = miss[l] / act[l];
+        if (l < L / 8 || l >= L - L / 8) {
+            edge += rate;
+            ne++;
+        } else if (l >= 3 * L / 8 && l < 5 * L / 8) {
+            mid += rate;
+            nm++;
+        }
+    }
+    edge /= ne;
+    mid /= nm;
+    if (!(edge > 1.3 * mid))
+        fail_msg("edge layers miss %.3f, middle %.3f: not U-shaped", edge, mid);
+    ferry__trace_stats st;
+    FT_ASSERT_OK(ferry__trace_stats_compute(t, &st));
+    assert_true(st.layer_repeat[0] < st.layer_repeat[L / 2]);
+    assert_true(st.layer_repeat[L - 1] < st.layer_repeat[L / 2]);
+    ferry__free(st.layer_repeat);
+    free(miss);
+    free(act);
+    ferry_moe_planner_destroy(p);
+    ferry_moe_trace_destroy(t);
+}
+
+static int same(const ferry_moe_trace *a, const ferry_moe_trace *b)
+{
+    if (ferry_moe_trace_steps(a) != ferry_moe_trace_steps(b))
+        return 0;
+    for (size_t i = 0; i < ferry_moe_trace_steps(a); i++) {
+        uint32_t na, nb, la, lb;
+        const uint32_t *ea, *eb;
+        ferry_moe_trace_step(a, i, NULL, &la, &ea, &na);
+        ferry_moe_trace_step(b, i, NULL, &lb, &eb, &nb);
+        if (la != lb || na != nb || memcmp(ea, eb, na * sizeof *ea))
+            return 0;
+    }
+    return 1;
+}
+
+static void a_seed_determines_the_trace(void **state)
+{
+    (void)state;
+    ferry_moe_trace *a = gen("small", 100, 11), *b = gen("small", 100, 11), *c = gen("small", 100, 12);
+    assert_true(same(a, b));
+    assert_false(same(a, c));
+    /* every route is top_k distinct experts in range */
+    const ferry_moe_model *m = ferry_moe_trace_model(a);
+    for (size_t i = 0; i < ferry_moe_trace_steps(a); i++) {
+        uint32_t n;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(a, i, NULL, NULL, &ex, &n));
+        assert_int_equal(n, m->top_k);
+        for (uint32_t x = 0; x < n; x++) {
+            assert_true(ex[x] < m->num_experts);
+            for (uint32_t y = 0; y < x; y++)
+                assert_int_not_equal(ex[x], ex[y]);
+        }
+    }
+    ferry_moe_trace_destroy(a);
+    ferry_moe_trace_destroy(b);
+    ferry_moe_trace_destroy(c);
+    ferry_moe_gen_options o = FERRY_MOE_GEN_OPTIONS_INIT;
+    ferry_moe_trace *t = NULL;
+    o.model = "gpt-9";
+    assert_int_equal(ferry_moe_trace_generate(&o, &t), -EINVAL);
+    o.model = "small";
+    o.top_k = 17;
+    assert_int_equal(ferry_moe_trace_generate(&o, &t), -EINVAL);
+    assert_null(t);
+    /* a top-k as wide as the layer still yields distinct experts */
+    o.top_k = 16;
+    o.tokens = 5;
+    FT_ASSERT_OK(ferry_moe_trace_generate(&o, &t));
+    ferry_moe_trace_destroy(t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(deepseek_preset_matches_published_statistics),
+        cmocka_unit_test(mixtral_preset_matches_its_top_expert_share),
+        cmocka_unit_test(a_uniform_trace_fails_the_same_checks),
+        cmocka_unit_test(miss_rates_are_u_shaped_over_depth),
+        cmocka_unit_test(a_seed_determines_the_trace),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
