@@ -1,0 +1,57 @@
+/*
+ * fuzz_trace.c - the routing-trace reader (both JSON Lines forms) on
+ * arbitrary bytes.
+ *
+ * Checks beyond "no crash": a refusal is FERRY_EPARSE (or -ENOMEM) with a
+ * message naming a line; an accepted trace keeps its invariants (every
+ * layer and expert in the model's range, no empty route, steps in
+ * (token, layer) order), and small accepted traces replay through the
+ * planner under LRU and Belady without error, Belady never worse.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe/moe_internal.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    ferry_moe_trace *t = NULL;
+    int rc = ferry_moe_trace_parse((const char *)data, size, &t);
+    if (rc != 0) {
+        if ((rc != FERRY_EPARSE && rc != -ENOMEM) || t != NULL || ferry_last_error()[0] == 0)
+            abort();
+        return 0;
+    }
+    const ferry_moe_model *m = ferry_moe_trace_model(t);
+    if (!m->num_layers || !m->num_experts || !ferry_moe_trace_steps(t))
+        abort();
+    uint32_t pt = 0, pl = 0;
+    for (size_t i = 0; i < ferry_moe_trace_steps(t); i++) {
+        uint32_t tok, layer, n;
+        const uint32_t *ex;
+        if (ferry_moe_trace_step(t, i, &tok, &layer, &ex, &n) != 0 || n == 0 ||
+            layer >= m->num_layers || n > m->top_k || tok >= ferry_moe_trace_tokens(t))
+            abort();
+        for (uint32_t k = 0; k < n; k++)
+            if (ex[k] >= m->num_experts)
+                abort();
+        if (i && (tok < pt || (tok == pt && layer < pl)))
+            abort();
+        pt = tok;
+        pl = layer;
+    }
+    if ((uint64_t)m->num_layers * m->num_experts <= 4096 && ferry_moe_trace_steps(t) <= 4096) {
+        uint32_t slots = m->num_experts + (m->num_layers > 1 ? 1 : 0);
+        ferry_moe_replay_result a, b;
+        if (ferry_moe_replay(t, "lru", slots, 0, &a) != 0 ||
+            ferry_moe_replay(t, "belady", slots, 0, &b) != 0 || b.hits < a.hits ||
+            a.hits + a.misses != b.hits + b.misses)
+            abort();
+    }
+    ferry_moe_trace_destroy(t);
+    return 0;
+}
