@@ -15,3 +15,7 @@ run "$build/ferry" bench io --size 64M --dir "$dir"
 run "$build/ferry" bench io --engine all --size 16M --chunk 1M --depth 4 --device host --json --dir "$dir"
 run bench/vs_fio.sh --ferry "$build/ferry" --size 64M --rounds 2 --dir "$dir"
 if command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; then run bench/remote_vs_redis_benchmark.sh "$build" --quick; fi
+run "$build/ferry" moe gen --model small --tokens 64 -o "$dir/moe_trace.jsonl"
+run "$build/ferry" moe replay "$dir/moe_trace.jsonl" --slots 25% --policy routing --json
+run "$build/ferry" moe replay "$dir/moe_trace.jsonl" --sweep --budgets 25%,50% --policies lru,routing,belady
+run "$build/ferry" moe bench --quick
