@@ -91,7 +91,7 @@ static void test_sigkill_at_random_points_loses_nothing_acknowledged(void **stat
         }
         close(pfd[1]);
         r = pm_mix(r + 1);
-        usleep((useconds_t)(2000 + r % 60000));
+        usleep((useconds_t)(2000 + r % 100000));
         kill(pid, SIGKILL);
         int ws = 0;
         assert_int_equal(waitpid(pid, &ws, 0), pid);
@@ -114,7 +114,7 @@ static void test_sigkill_at_random_points_loses_nothing_acknowledged(void **stat
         ferry_pslab_options o = opts(dirs, FERRY_PSLAB_READONLY);
         ferry_pslab *p = NULL;
         int rc = ferry_pslab_open(&o, &p);
-        if (rc == -ENOENT && rounds == 0 && acked == 0) {
+        if (rc == -ENOENT && acked_total == 0 && acked == 0) {
             rounds++; /* killed before the store was created */
             continue;
         }
