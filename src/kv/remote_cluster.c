@@ -7,8 +7,11 @@
  * whole map re-read before the next batch; ASK: this one key is being
  * migrated, ask the target once after ASKING) and the command is sent
  * again, at most FERRY__RCLUSTER_HOPS times. So a resharding cluster costs
- * extra round trips, never a wrong answer. Batches are split by node and
- * pipelined per node (one round trip per node involved).
+ * extra round trips, never a wrong answer. A batch is split by node, every
+ * node's pipeline is written out before any reply is read, so the nodes
+ * answer in parallel (one round trip for the batch). After a transport
+ * failure every connection of the session is closed, because replies left
+ * unread on another node would answer the next commands.
  *
  * The slot of a key is CRC16-CCITT (XMODEM) of the key, or of the first
  * non-empty {hash tag} in it, mod 16384, exactly as Redis computes it
@@ -302,8 +305,17 @@ static int c_exec(void *state, ferry__rcmd *cmds, size_t n, uint64_t *redirects,
             unsigned s = k >= 0 ? ferry_remote_key_slot(cmds[i].argv[k], cmds[i].argvlen[k]) : 0;
             target[i] = c->slot_node[s] == NO_NODE ? 0 : c->slot_node[s];
         }
-        for (size_t nd = 0; nd < c->nnodes; nd++) {
-            size_t m = 0;
+        /* group by node, send every node's pipeline, then read them all:
+         * the nodes work in parallel, one round trip for the batch */
+        size_t m = 0, nn = c->nnodes;
+        size_t *start = ferry__calloc(2 * nn + 1, sizeof *start), *cnt = start + nn;
+        if (!start) {
+            ferry__rcmd_release(cmds, n);
+            rc = ferry__err_set(eb, -ENOMEM, "remote cluster: out of memory");
+            goto out;
+        }
+        for (size_t nd = 0; nd < nn; nd++) {
+            start[nd] = m;
             for (size_t i = 0; i < n; i++) {
                 if (done[i] || target[i] != (int)nd)
                     continue;
@@ -311,16 +323,25 @@ static int c_exec(void *state, ferry__rcmd *cmds, size_t n, uint64_t *redirects,
                     ptrs[m++] = &asking[i];
                 ptrs[m++] = &cmds[i];
             }
-            if (!m)
+            cnt[nd] = m - start[nd];
+        }
+        for (size_t nd = 0; nd < nn && rc == 0; nd++) {
+            if (!cnt[nd])
                 continue;
             rc = node_conn(c, (int)nd, eb);
             if (rc == 0)
-                rc = ferry__rconn_exchange(&c->nodes[nd].conn, ptrs, m, eb);
-            ferry__rcmd_release(asking, n);
-            if (rc) {
-                ferry__rcmd_release(cmds, n);
-                goto out;
-            }
+                rc = ferry__rconn_send(&c->nodes[nd].conn, ptrs + start[nd], cnt[nd], eb);
+        }
+        for (size_t nd = 0; nd < nn && rc == 0; nd++)
+            if (cnt[nd])
+                rc = ferry__rconn_recv(&c->nodes[nd].conn, ptrs + start[nd], cnt[nd], eb);
+        ferry__free(start);
+        ferry__rcmd_release(asking, n);
+        if (rc) {
+            /* other nodes may hold replies we will not read: start afresh */
+            ferry__rcmd_release(cmds, n);
+            c_reset(c);
+            goto out;
         }
         for (size_t i = 0; i < n; i++) {
             if (done[i] || !cmds[i].reply)

@@ -118,33 +118,44 @@ static void sigpipe_unblock(sigpipe_guard *g)
     pthread_sigmask(SIG_SETMASK, &g->old, NULL);
 }
 
-static int send_recv(redisContext *ctx, ferry__rcmd **cmds, size_t n, int *saved_errno)
+/* phase: 1 send (append + write out), 2 receive, 3 both */
+static int xfer(redisContext *ctx, ferry__rcmd **cmds, size_t n, int phase, int *saved_errno)
 {
-    for (size_t i = 0; i < n; i++)
-        if (redisAppendCommandArgv(ctx, cmds[i]->argc, cmds[i]->argv, cmds[i]->argvlen) !=
-            REDIS_OK) {
-            *saved_errno = errno;
-            return -1;
-        }
-    for (size_t i = 0; i < n; i++) {
-        void *rep = NULL;
-        if (redisGetReply(ctx, &rep) != REDIS_OK) {
-            *saved_errno = errno;
-            return -1;
-        }
-        cmds[i]->reply = rep;
+    if (phase & 1) {
+        for (size_t i = 0; i < n; i++)
+            if (redisAppendCommandArgv(ctx, cmds[i]->argc, cmds[i]->argv, cmds[i]->argvlen) !=
+                REDIS_OK) {
+                *saved_errno = errno;
+                return -1;
+            }
+        int done = 0;
+        while (!done)
+            if (redisBufferWrite(ctx, &done) != REDIS_OK) {
+                *saved_errno = errno;
+                return -1;
+            }
     }
+    if (phase & 2)
+        for (size_t i = 0; i < n; i++) {
+            void *rep = NULL;
+            if (redisGetReply(ctx, &rep) != REDIS_OK) {
+                *saved_errno = errno;
+                return -1;
+            }
+            cmds[i]->reply = rep;
+        }
     return 0;
 }
 
-int ferry__rconn_exchange(ferry__rconn *c, ferry__rcmd **cmds, size_t n, ferry__errbuf *eb)
+static int xfer_checked(ferry__rconn *c, ferry__rcmd **cmds, size_t n, int phase,
+                        ferry__errbuf *eb)
 {
     if (!c->c)
         return ferry__err_set(eb, -ENOTCONN, "remote %s:%d: not connected", c->host, c->port);
     sigpipe_guard g;
     sigpipe_block(&g);
     int saved = 0;
-    int rc = send_recv(c->c, cmds, n, &saved);
+    int rc = xfer(c->c, cmds, n, phase, &saved);
     sigpipe_unblock(&g);
     if (rc == 0)
         return 0;
@@ -164,6 +175,21 @@ int ferry__rconn_exchange(ferry__rconn *c, ferry__rcmd **cmds, size_t n, ferry__
         }
     ferry__rconn_close(c);
     return rc;
+}
+
+int ferry__rconn_exchange(ferry__rconn *c, ferry__rcmd **cmds, size_t n, ferry__errbuf *eb)
+{
+    return xfer_checked(c, cmds, n, 3, eb);
+}
+
+int ferry__rconn_send(ferry__rconn *c, ferry__rcmd **cmds, size_t n, ferry__errbuf *eb)
+{
+    return xfer_checked(c, cmds, n, 1, eb);
+}
+
+int ferry__rconn_recv(ferry__rconn *c, ferry__rcmd **cmds, size_t n, ferry__errbuf *eb)
+{
+    return xfer_checked(c, cmds, n, 2, eb);
 }
 
 /* one command during the handshake; returns 0, a transport code or

@@ -114,6 +114,11 @@ void ferry__rconn_close(ferry__rconn *c);
  * Returns 0 when every reply arrived (some may be error replies), else a
  * transport code; the connection is then closed. */
 int ferry__rconn_exchange(ferry__rconn *c, ferry__rcmd **cmds, size_t n, ferry__errbuf *eb);
+/* The two halves of an exchange, so that several connections can have
+ * their pipelines in flight at once: send writes every command out, recv
+ * reads their replies. Same failure rules. */
+int ferry__rconn_send(ferry__rconn *c, ferry__rcmd **cmds, size_t n, ferry__errbuf *eb);
+int ferry__rconn_recv(ferry__rconn *c, ferry__rcmd **cmds, size_t n, ferry__errbuf *eb);
 /* 1 when code means the connection was found dead (EOF, reset, broken
  * pipe): worth one reconnect and retry. */
 int ferry__rconn_stale_code(int code);
