@@ -224,7 +224,11 @@ FERRY_API int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out);
  * returns their result). NULL does nothing. Not thread-safe with other calls.
  */
 FERRY_API void ferry_kv_close(ferry_kv *kv);
-/** The message of this store's last failure, "" if none. */
+/**
+ * The message of this store's last failure, "" if none. With several
+ * threads on one store it may be another thread's failure and may change
+ * while it is read: ferry_last_error() is the calling thread's own.
+ */
 FERRY_API const char *ferry_kv_last_error(const ferry_kv *kv);
 /** Bytes of one chunk of this store. */
 FERRY_API uint64_t ferry_kv_chunk_bytes(const ferry_kv *kv);

@@ -95,13 +95,13 @@ int ferry__kv_workers_start(ferry_kv *kv, unsigned n)
         q->threads = ferry__calloc(n, sizeof *q->threads);
         if (!q->threads) {
             ferry__kv_workers_stop(kv);
-            return ferry__err_set(&kv->err, -ENOMEM, "kv open: out of memory for %u workers", n);
+            return ferry__kv_err(kv, -ENOMEM, "kv open: out of memory for %u workers", n);
         }
         for (unsigned i = 0; i < n; i++) {
             int rc = pthread_create(&q->threads[i], NULL, worker, q);
             if (rc != 0) {
                 ferry__kv_workers_stop(kv);
-                return ferry__err_set(&kv->err, -rc, "kv open: starting worker %u of %u failed",
+                return ferry__kv_err(kv, -rc, "kv open: starting worker %u of %u failed",
                                       i, n);
             }
             q->nthreads++;

@@ -181,7 +181,8 @@ typedef struct ferry__kv_hist {
 } ferry__kv_hist;
 
 struct ferry_kv {
-    ferry__errbuf err;
+    ferry__errbuf err;             /* last failure; written under err_mu */
+    pthread_mutex_t err_mu;
     char *model;
     uint32_t tp_rank, tp_world;
     ferry_kv_layout layout;
@@ -228,6 +229,11 @@ struct ferry_kv {
         deleted, failures, alloc_failures, lock_expired;
     ferry__kv_hist h_lookup, h_store, h_retrieve;
 };
+
+/* record a failure on the store (and the thread), under err_mu; returns code */
+int ferry__kv_err(ferry_kv *kv, int code, const char *fmt, ...) FERRY__PRINTF(3, 4);
+/* copy the thread's last message onto the store; returns code */
+int ferry__kv_err_pass(ferry_kv *kv, int code);
 
 /* store.c: the operations behind the blocking and async calls */
 int ferry__kv_do_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nchunks, size_t n,

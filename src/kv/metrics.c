@@ -60,7 +60,7 @@ static void hist_copy(uint64_t *out, const ferry__kv_hist *h)
 int ferry_kv_metrics(ferry_kv *kv, ferry_kv_stats *out)
 {
     if (!kv || !out)
-        return ferry__err_set(kv ? &kv->err : NULL, -EINVAL, "kv metrics: store or out is NULL");
+        return ferry__err_set(NULL, -EINVAL, "kv metrics: store or out is NULL");
     ferry_kv_stats m;
     memset(&m, 0, sizeof m);
     m.size = sizeof m;
@@ -227,6 +227,6 @@ int ferry_kv_metrics_prometheus(ferry_kv *kv, char *buf, size_t len)
     histogram(&b, "store", "Store latency.", m.store_ns, &kv->h_store);
     histogram(&b, "retrieve", "Retrieve latency.", m.retrieve_ns, &kv->h_retrieve);
     if (b.pos > INT32_MAX)
-        return ferry__err_set(&kv->err, -EOVERFLOW, "kv metrics: text too long");
+        return ferry__kv_err(kv, -EOVERFLOW, "kv metrics: text too long");
     return (int)b.pos;
 }

@@ -26,12 +26,32 @@
  * entries of that call are removed and their slots released.
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kv_impl.h"
 
 #define STACK_CHUNKS 512
+
+int ferry__kv_err(ferry_kv *kv, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    pthread_mutex_lock(&kv->err_mu);
+    int rc = ferry__err_vset(&kv->err, code, fmt, ap);
+    pthread_mutex_unlock(&kv->err_mu);
+    va_end(ap);
+    return rc;
+}
+
+int ferry__kv_err_pass(ferry_kv *kv, int code)
+{
+    pthread_mutex_lock(&kv->err_mu);
+    int rc = ferry__err_pass(&kv->err, code);
+    pthread_mutex_unlock(&kv->err_mu);
+    return rc;
+}
 
 static uint64_t now_ns(ferry_kv *kv)
 {
@@ -325,7 +345,7 @@ static int stream_get(ferry_kv *kv, ferry_stream **out)
     pthread_mutex_unlock(&kv->mu);
     int rc = ferry_stream_create(kv->dev, out);
     if (rc < 0)
-        return ferry__err_set(&kv->err, rc, "kv: creating a stream on %s: %s",
+        return ferry__kv_err(kv, rc, "kv: creating a stream on %s: %s",
                               ferry_device_name(kv->dev), ferry_last_error());
     return 0;
 }
@@ -369,10 +389,10 @@ static ferry_kv_hash ns_of(ferry_kv *kv, const ferry_kv_req *req)
 static int req_ok(ferry_kv *kv, const ferry_kv_req *req, const char *what)
 {
     if (req && req->size < sizeof(ferry_kv_req))
-        return ferry__err_set(&kv->err, -EINVAL, "kv %s: request size field %zu is too small",
+        return ferry__kv_err(kv, -EINVAL, "kv %s: request size field %zu is too small",
                               what, req->size);
     if (req && req->salt_len && !req->salt)
-        return ferry__err_set(&kv->err, -EINVAL, "kv %s: salt_len %zu with a NULL salt", what,
+        return ferry__kv_err(kv, -EINVAL, "kv %s: salt_len %zu with a NULL salt", what,
                               req->salt_len);
     return 0;
 }
@@ -386,17 +406,17 @@ static int make_ids(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_k
     if (rc < 0)
         return rc;
     if (!tokens || n == 0)
-        return ferry__err_set(&kv->err, -EINVAL, "kv %s: no tokens (tokens %p, n %zu)", what,
+        return ferry__kv_err(kv, -EINVAL, "kv %s: no tokens (tokens %p, n %zu)", what,
                               (const void *)tokens, n);
     int partial = req && (req->flags & FERRY_KV_PARTIAL);
     size_t nch = n / kv->chunk_tokens + (partial && n % kv->chunk_tokens ? 1 : 0);
     if (nch > INT32_MAX / 2)
-        return ferry__err_set(&kv->err, -EINVAL, "kv %s: %zu tokens is too many", what, n);
+        return ferry__kv_err(kv, -EINVAL, "kv %s: %zu tokens is too many", what, n);
     ferry_kv_hash *out = stack;
     if (nch > STACK_CHUNKS) {
         out = ferry__malloc(nch * sizeof *out);
         if (!out)
-            return ferry__err_set(&kv->err, -ENOMEM, "kv %s: out of memory for %zu chunk ids",
+            return ferry__kv_err(kv, -ENOMEM, "kv %s: out of memory for %zu chunk ids",
                                   what, nch);
     }
     ferry__kv_hash_chain(kv->seed, tokens, n, kv->chunk_tokens, partial, out, nch);
@@ -500,7 +520,7 @@ int ferry__kv_do_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
         stream_put(kv, s);
         atomic_fetch_add(&kv->failures, 1);
         atomic_fetch_add(&kv->alloc_failures, 1);
-        return ferry__err_set(&kv->err, -ENOMEM, "kv store: out of memory for %zu chunks", nch);
+        return ferry__kv_err(kv, -ENOMEM, "kv store: out of memory for %zu chunks", nch);
     }
     size_t i;
     int place_rc = 0, copy_rc = 0;
@@ -532,7 +552,7 @@ int ferry__kv_do_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
             }
             ferry__kv_entry *ne = ferry__calloc(1, sizeof *ne);
             if (!ne) {
-                place_rc = ferry__err_set(&kv->err, -ENOMEM,
+                place_rc = ferry__kv_err(kv, -ENOMEM,
                                           "kv store: out of memory for the entry of chunk %zu", i);
                 break;
             }
@@ -546,7 +566,7 @@ int ferry__kv_do_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
             }
             if (r < 0) {
                 ferry__free(ne);
-                place_rc = ferry__err_set(&kv->err, r,
+                place_rc = ferry__kv_err(kv, r,
                                           "kv store: no L1 slot for chunk %zu (%llu of %llu slots "
                                           "used, the rest locked)",
                                           i, (unsigned long long)l1->used,
@@ -580,12 +600,14 @@ int ferry__kv_do_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
             size_t c = p[k].chunk;
             void *slot = l1->ops->host_ptr(l1, p[k].e->loc[FERRY_KV_TIER_L1]);
             copy_rc = ferry__kv_xfer(buf, kv->chunk_tokens, (uint64_t)c * kv->chunk_tokens,
-                                     p[k].e->tokens, slot, 1, s, &kv->err);
+                                     p[k].e->tokens, slot, 1, s, NULL);
+            if (copy_rc < 0)
+                ferry__kv_err_pass(kv, copy_rc);
         }
         if (s && np) {
             int r = ferry_stream_sync(s);
             if (r < 0 && copy_rc == 0)
-                copy_rc = ferry__err_set(&kv->err, r,
+                copy_rc = ferry__kv_err(kv, r,
                                          "kv store: device copies from %s failed: %s",
                                          ferry_device_name(kv->dev), ferry_last_error());
         }
@@ -735,7 +757,7 @@ static int retrieve_sync(ferry_kv *kv, ferry_stream *s, ferry__kv_entry **held, 
         int r = ferry_stream_sync(s);
         if (r < 0) {
             if (*copy_rc == 0)
-                *copy_rc = ferry__err_set(&kv->err, r,
+                *copy_rc = ferry__kv_err(kv, r,
                                           "kv retrieve: device copies to %s failed: %s",
                                           ferry_device_name(kv->dev), ferry_last_error());
             for (size_t i = from; i < to; i++)
@@ -780,7 +802,7 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
         ferry__free(ahead);
         stream_put(kv, s);
         atomic_fetch_add(&kv->failures, 1);
-        return ferry__err_set(&kv->err, -ENOMEM, "kv retrieve: out of memory for %zu chunks",
+        return ferry__kv_err(kv, -ENOMEM, "kv retrieve: out of memory for %zu chunks",
                               nch);
     }
     ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1], *l2 = kv->tier[FERRY_KV_TIER_L2];
@@ -854,7 +876,9 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
         pthread_mutex_unlock(&kv->mu);
         held[i] = e;
         copy_rc = ferry__kv_xfer(buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
-                                 chunk_ntok(kv, i, n), src, 0, s, &kv->err);
+                                 chunk_ntok(kv, i, n), src, 0, s, NULL);
+        if (copy_rc < 0)
+            ferry__kv_err_pass(kv, copy_rc);
         if (copy_rc == 0) {
             st[i] = 0;
             got++;
@@ -905,8 +929,9 @@ static int prepare(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv
     int nch = make_ids(kv, tokens, n, req, what, stack, ids);
     if (nch < 0)
         return nch;
-    int rc = ferry__kv_buffer_check(buf, &kv->layout, kv->dev, n, what, &kv->err);
+    int rc = ferry__kv_buffer_check(buf, &kv->layout, kv->dev, n, what, NULL);
     if (rc < 0) {
+        ferry__kv_err_pass(kv, rc);
         if (*ids != stack)
             ferry__free(*ids);
         return rc;
@@ -949,7 +974,8 @@ static int op_submit(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
 {
     const char *what = kind == FERRY__KV_OP_STORE ? "store_async" : "retrieve_async";
     if (!kv || !out)
-        return ferry__err_set(kv ? &kv->err : NULL, -EINVAL, "kv %s: store or op is NULL", what);
+        return kv ? ferry__kv_err(kv, -EINVAL, "kv %s: store or op is NULL", what)
+                  : ferry__err_set(NULL, -EINVAL, "kv %s: store or op is NULL", what);
     ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
     int nch = prepare(kv, tokens, n, req, buf, what, stack, &ids);
     if (nch < 0)
@@ -963,7 +989,7 @@ static int op_submit(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
         ferry__free(copy);
         if (ids != stack)
             ferry__free(ids);
-        return ferry__err_set(&kv->err, -ENOMEM, "kv %s: out of memory for the operation",
+        return ferry__kv_err(kv, -ENOMEM, "kv %s: out of memory for the operation",
                               what);
     }
     memcpy(copy, ids, (size_t)nch * sizeof *copy);
@@ -1144,7 +1170,7 @@ int ferry_kv_delete(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_k
         ferry__free(ids);
     atomic_fetch_add(&kv->deleted, (uint64_t)deleted);
     if (locked_at != SIZE_MAX)
-        return ferry__err_set(&kv->err, FERRY_ELOCKED,
+        return ferry__kv_err(kv, FERRY_ELOCKED,
                               "kv delete: chunk %zu (and maybe others) is locked (pinned, read or "
                               "being written); %d other chunks deleted",
                               locked_at, deleted);
@@ -1172,7 +1198,7 @@ int ferry_kv_clear(ferry_kv *kv)
     pthread_mutex_unlock(&kv->mu);
     atomic_fetch_add(&kv->deleted, (uint64_t)deleted);
     if (left)
-        return ferry__err_set(&kv->err, FERRY_ELOCKED,
+        return ferry__kv_err(kv, FERRY_ELOCKED,
                               "kv clear: %d chunks are locked and stay; %d deleted", left,
                               deleted);
     return deleted;
@@ -1199,6 +1225,7 @@ static void kv_free(ferry_kv *kv)
     for (int t = 1; t < FERRY_KV_TIERS; t++)
         ferry__kv_tier_free(kv->tier[t]);
     pthread_mutex_destroy(&kv->mu);
+    pthread_mutex_destroy(&kv->err_mu);
     pthread_cond_destroy(&kv->loaded);
     pthread_mutex_destroy(&kv->qmu);
     pthread_cond_destroy(&kv->q[0].cv);
@@ -1235,6 +1262,7 @@ int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out)
     if (!kv)
         return ferry__err_set(NULL, -ENOMEM, "kv open: out of memory");
     pthread_mutex_init(&kv->mu, NULL);
+    pthread_mutex_init(&kv->err_mu, NULL);
     pthread_cond_init(&kv->loaded, NULL);
     pthread_mutex_init(&kv->qmu, NULL);
     pthread_cond_init(&kv->q[0].cv, NULL);
@@ -1387,34 +1415,34 @@ int ferry__kv_check(ferry_kv *kv)
         for (ferry__kv_entry *e = kv->buckets[b]; e && rc == 0; e = e->hnext) {
             count++;
             if (e->doomed)
-                rc = ferry__err_set(&kv->err, FERRY_ECORRUPT, "kv check: doomed entry in index");
+                rc = ferry__kv_err(kv, FERRY_ECORRUPT, "kv check: doomed entry in index");
             if (bucket_of(kv, e->id) != b)
-                rc = ferry__err_set(&kv->err, FERRY_ECORRUPT, "kv check: entry in wrong bucket");
+                rc = ferry__kv_err(kv, FERRY_ECORRUPT, "kv check: entry in wrong bucket");
             for (int t = 1; t < FERRY_KV_TIERS; t++) {
                 if (!(e->resident & (1u << t)))
                     continue;
                 if (!kv->tier[t])
-                    rc = ferry__err_set(&kv->err, FERRY_ECORRUPT,
+                    rc = ferry__kv_err(kv, FERRY_ECORRUPT,
                                         "kv check: entry resident in absent tier %d", t);
                 else if (!e->node[t].queue)
-                    rc = ferry__err_set(&kv->err, FERRY_ECORRUPT,
+                    rc = ferry__kv_err(kv, FERRY_ECORRUPT,
                                         "kv check: resident entry not in tier %d's policy", t);
                 res[t]++;
             }
             if (e->state == FERRY__KV_READY && !e->resident && !e->l1_loading)
-                rc = ferry__err_set(&kv->err, FERRY_ECORRUPT,
+                rc = ferry__kv_err(kv, FERRY_ECORRUPT,
                                     "kv check: READY entry resident nowhere");
         }
     }
     if (rc == 0 && count != kv->count)
-        rc = ferry__err_set(&kv->err, FERRY_ECORRUPT, "kv check: index count %llu, walked %llu",
+        rc = ferry__kv_err(kv, FERRY_ECORRUPT, "kv check: index count %llu, walked %llu",
                             (unsigned long long)kv->count, (unsigned long long)count);
     for (int t = 1; rc == 0 && t < FERRY_KV_TIERS; t++) {
         ferry__kv_tier *tr = kv->tier[t];
         if (!tr)
             continue;
         if (tr->used > tr->capacity || res[t] > tr->used)
-            rc = ferry__err_set(&kv->err, FERRY_ECORRUPT,
+            rc = ferry__kv_err(kv, FERRY_ECORRUPT,
                                 "kv check: tier %s uses %llu of %llu, %llu resident",
                                 tr->ops->name, (unsigned long long)tr->used,
                                 (unsigned long long)tr->capacity, (unsigned long long)res[t]);
@@ -1427,7 +1455,7 @@ int ferry__kv_check(ferry_kv *kv)
                 idle = 0;
     for (int t = 1; rc == 0 && idle && !kv->doomed && t < FERRY_KV_TIERS; t++)
         if (kv->tier[t] && kv->tier[t]->used != res[t])
-            rc = ferry__err_set(&kv->err, FERRY_ECORRUPT,
+            rc = ferry__kv_err(kv, FERRY_ECORRUPT,
                                 "kv check: tier %s has %llu slots reserved but %llu resident",
                                 kv->tier[t]->ops->name, (unsigned long long)kv->tier[t]->used,
                                 (unsigned long long)res[t]);

@@ -11,6 +11,7 @@
  * names it (reserved under the store's mutex, freed on eviction/delete).
  */
 #include <errno.h>
+#include <pthread.h>
 
 #include "ferry/gds.h"
 #include "kv_impl.h"
@@ -18,6 +19,13 @@
 typedef struct l2 {
     ferry_gds *gds;
     ferry_slab *slab;
+    /* one host transfer on the context at a time. The context documents
+     * concurrent transfers, but its synchronous host path (gds.c deliver())
+     * reads a finished caller's stack-allocated request state after the
+     * last completion is counted, which TSan reports and which can corrupt
+     * memory; each transfer still keeps `depth` requests in flight on the
+     * drive queue. Drop this lock once that is fixed. */
+    pthread_mutex_t io_mu;
 } l2;
 
 static int l2_reserve(ferry__kv_tier *t, uint64_t *loc)
@@ -48,7 +56,10 @@ static int l2_write(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, co
     (void)len;
     l2 *p = t->impl;
     ferry_extent e = {loc, t->slot_bytes};
-    return ferry_gds_extent_pwrite(p->gds, &e, src);
+    pthread_mutex_lock(&p->io_mu);
+    int rc = ferry_gds_extent_pwrite(p->gds, &e, src);
+    pthread_mutex_unlock(&p->io_mu);
+    return rc;
 }
 
 static int l2_read(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, void *dst, size_t len)
@@ -57,7 +68,10 @@ static int l2_read(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, voi
     (void)len;
     l2 *p = t->impl;
     ferry_extent e = {loc, t->slot_bytes};
-    return ferry_gds_extent_pread(p->gds, &e, dst);
+    pthread_mutex_lock(&p->io_mu);
+    int rc = ferry_gds_extent_pread(p->gds, &e, dst);
+    pthread_mutex_unlock(&p->io_mu);
+    return rc;
 }
 
 static void *l2_host_ptr(ferry__kv_tier *t, uint64_t loc)
@@ -73,6 +87,7 @@ static void l2_close(ferry__kv_tier *t)
     if (!p)
         return;
     ferry_gds_close(p->gds);
+    pthread_mutex_destroy(&p->io_mu);
     ferry__free(p);
     t->impl = NULL;
 }
@@ -96,6 +111,7 @@ int ferry__kv_tier_l2_open(const char *dir, uint64_t bytes, int direct, const ch
         ferry__free(p);
         return ferry__err_set(eb, -ENOMEM, "kv L2: out of memory for the tier");
     }
+    pthread_mutex_init(&p->io_mu, NULL);
     t->ops = &l2_ops;
     t->impl = p;
     t->id = FERRY_KV_TIER_L2;
