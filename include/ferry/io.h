@@ -77,7 +77,12 @@ typedef struct ferry_io_options {
 
 /** Open an engine. FERRY_ENODEV when a forced engine cannot work here. */
 FERRY_API int ferry_io_open(const ferry_io_options *opt, ferry_io **out);
-/** Waits for requests in flight, then frees. NULL does nothing. */
+/**
+ * Waits for requests in flight, then frees (completions not yet reaped are
+ * dropped; their buffers are the caller's again). Close the engine's files
+ * first, and close the engine before the device it was given (it frees
+ * its bounce buffers and stream there). NULL does nothing.
+ */
 FERRY_API void ferry_io_close(ferry_io *io);
 /** "posix", "uring" or "cufile". */
 FERRY_API const char *ferry_io_engine(const ferry_io *io);
