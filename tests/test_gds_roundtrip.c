@@ -12,6 +12,7 @@
 /* ferry-test-labels: concurrent */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -329,6 +330,118 @@ static void driver_selection(void **state)
     assert_int_equal(ferry_gds_open(&c, &g), -EINVAL);
 }
 
+
+/* asynchronous host requests: many in flight over three drives, reaped in any order */
+static void async_host_requests(void **state)
+{
+    (void)state;
+    ferry_gds_config c = config(3, "cpu");
+    ferry_gds *g = NULL;
+    FT_ASSERT_OK(ferry_gds_open(&c, &g));
+    enum { N = 12 };
+    const size_t chunk = 3 * MiB + 4096; /* never a whole number of stripe units */
+    unsigned char *mem = aligned_alloc(4096, N * chunk), *back = aligned_alloc(4096, N * chunk);
+    ft_fill_pattern(mem, N * chunk, 11);
+    ferry_gds_req rq[N], *ptrs[N], *done[N];
+    for (int i = 0; i < N; i++) {
+        rq[i] = (ferry_gds_req){FERRY_GDS_WRITE, mem + i * chunk, chunk, i * chunk, (void *)(uintptr_t)i,
+                                1, NULL};
+        ptrs[i] = &rq[i];
+    }
+    assert_int_equal(ferry_gds_submit(g, ptrs, N), N);
+    int seen = 0;
+    while (seen < N) {
+        int k = ferry_gds_reap(g, done, 1, N, -1);
+        assert_true(k > 0);
+        for (int j = 0; j < k; j++)
+            FT_ASSERT_OK(done[j]->result);
+        seen += k;
+    }
+    assert_int_equal(ferry_gds_reap(g, done, 1, N, -1), 0); /* nothing outstanding */
+    for (int i = 0; i < N; i++) {
+        rq[i].dir = FERRY_GDS_READ;
+        rq[i].buf = back + i * chunk;
+    }
+    assert_int_equal(ferry_gds_submit(g, ptrs, N), N);
+    for (seen = 0; seen < N;) {
+        int k = ferry_gds_reap(g, done, N - seen, N, -1);
+        assert_true(k > 0);
+        seen += k;
+    }
+    assert_int_equal(ft_check_pattern(back, N * chunk, 11), -1);
+    /* an invalid request stops the batch there: the ones before it are queued */
+    rq[1].slab_off = 100;
+    assert_int_equal(ferry_gds_submit(g, ptrs, 3), 1);
+    assert_non_null(strstr(ferry_gds_last_error(g), "multiples of 4096"));
+    assert_int_equal(ferry_gds_submit(g, ptrs + 1, 1), FERRY_EALIGN);
+    assert_int_equal(ferry_gds_reap(g, done, 1, N, -1), 1);
+    assert_ptr_equal(done[0], &rq[0]);
+    /* requests still in flight at close are waited for, then dropped */
+    rq[1].slab_off = 4096;
+    assert_int_equal(ferry_gds_submit(g, ptrs, 4), 4);
+    ferry_gds_close(g);
+    free(mem);
+    free(back);
+}
+
+/* threads storing and loading their own extents at once; thread 0 mixes in async reads */
+typedef struct tjob {
+    ferry_gds *g;
+    ferry_extent e;
+    unsigned seed;
+    int rc;
+} tjob;
+
+static void *tjob_run(void *arg)
+{
+    tjob *j = arg;
+    size_t n = (size_t)j->e.size;
+    unsigned char *a = aligned_alloc(4096, n), *b = aligned_alloc(4096, n);
+    j->rc = -1;
+    for (int round = 0; round < 4; round++) {
+        ft_fill_pattern(a, n, j->seed + (unsigned)round);
+        if (ferry_gds_extent_pwrite(j->g, &j->e, a) < 0)
+            goto out;
+        if (j->seed == 0 && round % 2) {
+            /* the one thread that reaps: its completions may be delivered by
+             * the others' synchronous calls, and still reach it here */
+            ferry_gds_req q = {FERRY_GDS_READ, b, n, j->e.offset, NULL, 1, NULL}, *qp = &q, *d;
+            if (ferry_gds_submit(j->g, &qp, 1) != 1)
+                goto out;
+            if (ferry_gds_reap(j->g, &d, 1, 1, -1) != 1 || d != &q || q.result < 0)
+                goto out;
+        } else if (ferry_gds_extent_pread(j->g, &j->e, b) < 0) {
+            goto out;
+        }
+        if (ft_check_pattern(b, n, j->seed + (unsigned)round) != -1)
+            goto out;
+    }
+    j->rc = 0;
+out:
+    free(a);
+    free(b);
+    return NULL;
+}
+
+static void threads_share_the_drive_queues(void **state)
+{
+    (void)state;
+    ferry_gds_config c = config(2, "cpu");
+    ferry_gds *g = NULL;
+    FT_ASSERT_OK(ferry_gds_open(&c, &g));
+    tjob jobs[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (tjob){g, alloc_chunk(g, 2 * MiB + 8192), (unsigned)i * 7, -1};
+        assert_int_equal(pthread_create(&th[i], NULL, tjob_run, &jobs[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(jobs[i].rc, 0);
+    }
+    ferry_gds_close(g);
+}
+
 /* ---- a fake cuFile library that moves real bytes ---- */
 typedef struct fcf {
     int opens, closes, handles, handle_deregs, bufregs, bufderegs, sregs, sderegs;
@@ -606,6 +719,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(host_path_striped_three_drives, setup, teardown),
         cmocka_unit_test_setup_teardown(device_fault_mid_transfer, setup, teardown),
         cmocka_unit_test_setup_teardown(driver_selection, setup, teardown),
+        cmocka_unit_test_setup_teardown(async_host_requests, setup, teardown),
+        cmocka_unit_test_setup_teardown(threads_share_the_drive_queues, setup, teardown),
         cmocka_unit_test_setup_teardown(cufile_driver_over_fake_library, setup, teardown),
         cmocka_unit_test_setup_teardown(cufile_driver_over_old_library, setup, teardown),
         cmocka_unit_test_setup_teardown(hipfile_driver_over_fake_library, setup, teardown),

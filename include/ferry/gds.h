@@ -237,6 +237,39 @@ FERRY_API int ferry_gds_pwrite(ferry_gds *g, const void *buf, size_t len, uint64
 /** Slab at slab_off -> host memory. */
 FERRY_API int ferry_gds_pread(ferry_gds *g, void *buf, size_t len, uint64_t slab_off);
 
+/* ---- asynchronous host transfers ---- */
+/** One host-memory transfer for ferry_gds_submit. */
+typedef struct ferry_gds_req {
+    int dir;            /**< FERRY_GDS_READ (slab -> buf) or FERRY_GDS_WRITE */
+    void *buf;          /**< host memory of len bytes (4096-aligned with O_DIRECT) */
+    size_t len;         /**< a multiple of the alignment */
+    uint64_t slab_off;  /**< a multiple of the alignment */
+    void *user;         /**< the caller's */
+    int result;         /**< on completion: 0, or a negative code (message:
+                             ferry_gds_last_error after the reap) */
+    void *priv_;        /**< the context's, from submit until reaped */
+} ferry_gds_req;
+
+/**
+ * Queue n host transfers on the drive queues (striped, each drive's share
+ * in flight at once). The requests and their buffers stay the caller's but
+ * must not be touched until reaped. Keep several in flight to reach the
+ * drives' bandwidth (as `ferry bench io` does with its depth). Returns the
+ * number queued (fewer than n when request k is invalid: the code of its
+ * failure is then in ferry_gds_last_error) or a negative code when none
+ * was. Thread-safe; any thread may reap any request.
+ */
+FERRY_API int ferry_gds_submit(ferry_gds *g, ferry_gds_req *const *reqs, unsigned n);
+/**
+ * Wait until at least min submitted requests have completed (timeout_ms;
+ * -1 = forever) and hand back up to max of them in done[], each with its
+ * result. Returns the count (0 on timeout or when none is outstanding) or
+ * a negative code when a drive queue broke. ferry_gds_close() waits for
+ * requests in flight and drops unreaped ones.
+ */
+FERRY_API int ferry_gds_reap(ferry_gds *g, ferry_gds_req **done, unsigned min, unsigned max,
+                             int timeout_ms);
+
 /* ---- extents (from ferry_gds_slab()) ---- */
 /** ferry_gds_transfer over a whole extent (e->size bytes at e->offset). */
 FERRY_API int ferry_gds_extent_transfer(ferry_gds *g, int dir, const ferry_extent *e,

@@ -110,6 +110,7 @@ struct ferry_gds {
     unsigned ndrives;
     uint64_t size;
     size_t align, cap, stripe;
+    unsigned depth;
     char fallback[640];
     ferry_slab *slab;
     region *regions;
@@ -119,6 +120,11 @@ struct ferry_gds {
     unsigned nstreams;
     uint64_t async_pending; /* under mu */
     _Atomic uint64_t bytes_read, bytes_written, driver_ios, engine_ios, checkpoints;
+    /* asynchronous host requests: completed ones wait here for ferry_gds_reap */
+    pthread_mutex_t amu;
+    struct hop *done_head, *done_tail;
+    unsigned ndone;
+    _Atomic unsigned async_hops; /* submitted and not yet reaped */
 };
 
 static const char *dirname_of(int dir)
@@ -136,6 +142,7 @@ int ferry_gds_create(ferry_gds **out)
     if (!g)
         return ferry__err_set(NULL, -ENOMEM, "gds: out of memory creating the context");
     pthread_mutex_init(&g->mu, NULL);
+    pthread_mutex_init(&g->amu, NULL);
     *out = g;
     return 0;
 }
@@ -393,6 +400,7 @@ static int init_locked(ferry_gds *g, const ferry_gds_config *cfg)
     g->align = align;
     g->cap = cap;
     g->stripe = stripe;
+    g->depth = cfg->depth ? cfg->depth : 8;
     g->size = FERRY__ALIGN_UP(cfg->bytes, (uint64_t)align);
     g->fallback[0] = 0;
     g->ndrives = cfg->n_dirs;
@@ -814,10 +822,13 @@ out:
     return rc;
 }
 
+static void async_drain(ferry_gds *g);
+
 void ferry_gds_close(ferry_gds *g)
 {
     if (!g)
         return;
+    async_drain(g);
     pthread_mutex_lock(&g->mu);
     if (g->on) {
         for (gstream *st = g->streams; st; st = st->next) {
@@ -844,6 +855,7 @@ void ferry_gds_close(ferry_gds *g)
     ferry__free(g->regions);
     pthread_mutex_unlock(&g->mu);
     pthread_mutex_destroy(&g->mu);
+    pthread_mutex_destroy(&g->amu);
     ferry__free(g);
 }
 
@@ -1277,13 +1289,44 @@ int ferry_gds_stream_sync(ferry_gds *g, ferry_stream *s)
     return rc;
 }
 
-/* ---- host buffers: straight to the drive queues ---- */
+/* ---- host buffers: straight to the drive queues ----
+ *
+ * A host transfer ("hop") is cut into engine requests per stripe run; each
+ * request's user field points back at its hop. Whoever reaps a drive's
+ * queue (under that drive's lock: a ferry_io is single-threaded) delivers
+ * every completion to its own hop, whichever thread or call it belongs
+ * to; a synchronous call waits until its own hop has nothing left, an
+ * asynchronous one lands on the context's done list for ferry_gds_reap.
+ */
 
-static int host_rw(ferry_gds *g, int dir, void *buf, size_t len, uint64_t slab_off)
+typedef struct hop {
+    struct hop *next;          /* done list */
+    ferry_gds_req *req;        /* async: the caller's request; NULL when synchronous */
+    ferry_io_req *io;          /* n engine requests */
+    size_t n;
+    size_t left[FERRY_GDS_MAX_DIRS];
+    _Atomic size_t left_total;
+    int err;                   /* first failure's code */
+    size_t bad;                /* its request's index */
+    int dir;
+    size_t len;
+    uint64_t slab_off;
+    ferry_io_req small[8];
+} hop;
+
+static unsigned req_drive(const ferry_gds *g, const ferry_io_req *r)
+{
+    for (unsigned d = 0; d < g->ndrives; d++)
+        if (g->drives[d].f == r->file)
+            return d;
+    return 0;
+}
+
+static int host_check(ferry_gds *g, int dir, const void *buf, size_t len, uint64_t slab_off)
 {
     const char *what = dirname_of(dir);
-    if (!g)
-        return ferry__err_set(NULL, -EINVAL, "gds: %s on a NULL context", what);
+    if (dir != FERRY_GDS_READ && dir != FERRY_GDS_WRITE)
+        return ferry__err_set(&g->err, -EINVAL, "gds: host transfer direction %d", dir);
     if (!buf)
         return ferry__err_set(&g->err, -EINVAL, "gds: %s at slab offset %llu: NULL buffer", what,
                               (unsigned long long)slab_off);
@@ -1295,113 +1338,185 @@ static int host_rw(ferry_gds *g, int dir, void *buf, size_t len, uint64_t slab_o
                               "gds: %s of %zu bytes at slab offset %llu: host buffer %p is not "
                               "%zu-aligned (the slab is open with O_DIRECT)",
                               what, len, (unsigned long long)slab_off, buf, g->align);
-    /* one request per stripe run; with one drive, one request in all */
-    size_t nreq = 0;
-    for (size_t pos = 0; pos < len;) {
+    return 0;
+}
+
+/* cut [slab_off, +len) into engine requests of at most `piece` bytes that
+ * never cross a stripe unit; -ENOMEM leaves h empty */
+static int hop_build(ferry_gds *g, hop *h, int dir, void *buf, size_t len, uint64_t slab_off,
+                     size_t piece)
+{
+    memset(h, 0, offsetof(hop, small));
+    h->dir = dir;
+    h->len = len;
+    h->slab_off = slab_off;
+    size_t n = 0;
+    for (size_t pos = 0; pos < len; n++) {
         unsigned d;
         uint64_t foff, run;
         stripe_map(g, slab_off + pos, &d, &foff, &run);
-        pos += (size_t)FERRY__MIN((uint64_t)(len - pos), run);
-        nreq++;
+        pos += (size_t)FERRY__MIN((uint64_t)FERRY__MIN(len - pos, piece), run);
     }
-    ferry_io_req small[32], *reqs = small;
-    ferry_io_req *ptr_small[32], **ptrs = ptr_small;
-    if (nreq > FERRY__ARRAY_LEN(small)) {
-        reqs = ferry__calloc(nreq, sizeof *reqs);
-        ptrs = ferry__malloc(nreq * sizeof *ptrs);
-        if (!reqs || !ptrs) {
-            ferry__free(reqs);
-            ferry__free(ptrs);
-            return ferry__err_set(&g->err, -ENOMEM, "gds: %s of %zu bytes: out of memory", what,
-                                  len);
-        }
-    }
-    unsigned char used[FERRY_GDS_MAX_DIRS] = {0};
-    size_t per[FERRY_GDS_MAX_DIRS] = {0};
+    h->io = h->small;
+    if (n > FERRY__ARRAY_LEN(h->small) && !(h->io = ferry__calloc(n, sizeof *h->io)))
+        return ferry__err_set(&g->err, -ENOMEM, "gds: %s of %zu bytes: out of memory",
+                              dirname_of(dir), len);
     size_t i = 0;
     for (size_t pos = 0; pos < len; i++) {
         unsigned d;
         uint64_t foff, run;
         stripe_map(g, slab_off + pos, &d, &foff, &run);
-        size_t n = (size_t)FERRY__MIN((uint64_t)(len - pos), run);
-        reqs[i] = (ferry_io_req){dir == FERRY_GDS_READ ? FERRY_IO_READ : FERRY_IO_WRITE,
-                                 g->drives[d].f,
-                                 (char *)buf + pos,
-                                 0,
-                                 n,
-                                 foff,
-                                 (void *)(uintptr_t)d,
-                                 0,
-                                 {0}};
-        used[d] = 1;
-        per[d]++;
-        pos += n;
+        size_t k = (size_t)FERRY__MIN((uint64_t)FERRY__MIN(len - pos, piece), run);
+        ferry_io_req *r = &h->io[i];
+        memset(r, 0, sizeof *r);
+        r->op = dir == FERRY_GDS_READ ? FERRY_IO_READ : FERRY_IO_WRITE;
+        r->file = g->drives[d].f;
+        r->buf = (char *)buf + pos;
+        r->len = k;
+        r->offset = foff;
+        r->user = h;
+        h->left[d]++;
+        pos += k;
     }
-    lock_drives(g, used);
-    /* submit to every drive before waiting on any: the drives work at once */
-    size_t sub[FERRY_GDS_MAX_DIRS] = {0}, got[FERRY_GDS_MAX_DIRS] = {0};
-    for (unsigned d = 0; d < g->ndrives && rc == 0; d++) {
-        if (!per[d])
-            continue;
-        size_t k = 0;
-        for (size_t j = 0; j < nreq; j++)
-            if ((uintptr_t)reqs[j].user == d)
-                ptrs[k++] = &reqs[j];
-        while (sub[d] < per[d]) {
-            int n = ferry_io_submit(g->drives[d].io, ptrs + sub[d], (unsigned)(per[d] - sub[d]));
-            if (n < 0) {
-                rc = ferry__err_set(&g->err, n, "gds: %s: drive %u (%s): submit: %s", what, d,
-                                    g->drives[d].path, ferry_last_error());
-                break;
-            }
-            sub[d] += (size_t)n;
-            if (n == 0) {
-                /* queue full: make room by waiting for one of ours */
-                ferry_io_req *done[1];
-                int m = ferry_io_reap(g->drives[d].io, done, 1, 1, -1);
-                if (m < 0) {
-                    rc = ferry__err_set(&g->err, m, "gds: %s: drive %u: reap: %s", what, d,
-                                        ferry_last_error());
-                    break;
-                }
-                got[d] += (size_t)m;
-            }
+    h->n = n;
+    atomic_store(&h->left_total, n);
+    return 0;
+}
+
+static void hop_free_parts(hop *h)
+{
+    if (h->io != h->small)
+        ferry__free(h->io);
+    h->io = NULL;
+}
+
+/* the hop's outcome: 0, or its first failure with a message */
+static int hop_result(ferry_gds *g, const hop *h)
+{
+    if (!h->err)
+        return 0;
+    const ferry_io_req *r = &h->io[h->bad];
+    unsigned d = req_drive(g, r);
+    return ferry__err_set(&g->err, h->err,
+                          "gds: %s of %zu bytes at slab offset %llu: drive %u (%s) %s of %zu "
+                          "bytes at file offset %llu: %s",
+                          dirname_of(h->dir), h->len, (unsigned long long)h->slab_off, d,
+                          g->drives[d].path, dirname_of(h->dir), r->len,
+                          (unsigned long long)r->offset, ferry_strerror(h->err));
+}
+
+/* a completed engine request reaches its hop (caller holds drive d's lock) */
+static void deliver(ferry_gds *g, unsigned d, ferry_io_req *r)
+{
+    hop *h = r->user;
+    if (r->result != (int64_t)r->len) {
+        /* parts of one hop complete on several drives' threads at once */
+        pthread_mutex_lock(&g->amu);
+        if (!h->err) {
+            h->err = r->result < 0 ? (int)r->result : FERRY_ESHORT;
+            h->bad = (size_t)(r - h->io);
         }
-        atomic_fetch_add(&g->engine_ios, sub[d]);
+        pthread_mutex_unlock(&g->amu);
     }
+    h->left[d]--;
+    if (atomic_fetch_sub(&h->left_total, 1) != 1 || !h->req)
+        return;
+    /* an async hop is complete: hand it to ferry_gds_reap */
+    h->req->result = h->err ? hop_result(g, h) : 0;
+    if (!h->err)
+        atomic_fetch_add(h->dir == FERRY_GDS_READ ? &g->bytes_read : &g->bytes_written, h->len);
+    pthread_mutex_lock(&g->amu);
+    h->next = NULL;
+    if (g->done_tail)
+        g->done_tail->next = h;
+    else
+        g->done_head = h;
+    g->done_tail = h;
+    g->ndone++;
+    pthread_mutex_unlock(&g->amu);
+}
+
+/* reap drive d once (caller holds its lock); returns completions or a code */
+static int pump_drive(ferry_gds *g, unsigned d, unsigned min, int timeout_ms)
+{
+    ferry_io_req *done[32];
+    int k = ferry_io_reap(g->drives[d].io, done, min, 32, timeout_ms);
+    if (k < 0)
+        return ferry__err_set(&g->err, k, "gds: drive %u (%s): reap: %s", d, g->drives[d].path,
+                              ferry_last_error());
+    for (int i = 0; i < k; i++)
+        deliver(g, d, done[i]);
+    return k;
+}
+
+/* hand a built hop's requests to the drive queues */
+static int hop_submit(ferry_gds *g, hop *h)
+{
+    int rc = 0;
     for (unsigned d = 0; d < g->ndrives; d++) {
-        while (got[d] < sub[d]) {
-            ferry_io_req *done[32];
-            int m = ferry_io_reap(g->drives[d].io, done, 1, 32, -1);
-            if (m < 0) {
-                if (rc == 0)
-                    rc = ferry__err_set(&g->err, m, "gds: %s: drive %u: reap: %s", what, d,
-                                        ferry_last_error());
+        if (!h->left[d])
+            continue;
+        ferry_io_req *ptrs[64];
+        pthread_mutex_lock(&g->drives[d].mu);
+        size_t j = 0;
+        while (j < h->n) {
+            unsigned k = 0;
+            for (; j < h->n && k < FERRY__ARRAY_LEN(ptrs); j++)
+                if (h->io[j].file == g->drives[d].f)
+                    ptrs[k++] = &h->io[j];
+            if (!k)
                 break;
+            int m = ferry_io_submit(g->drives[d].io, ptrs, k);
+            if (m < 0 || (unsigned)m < k) {
+                /* refused by validation: those requests complete as failures */
+                int code = m < 0 ? m : FERRY_EDRIVER;
+                if (rc == 0)
+                    rc = ferry__err_set(&g->err, code, "gds: drive %u (%s): submit: %s", d,
+                                        g->drives[d].path, ferry_last_error());
+                for (unsigned q = m < 0 ? 0 : (unsigned)m; q < k; q++) {
+                    ptrs[q]->result = code;
+                    deliver(g, d, ptrs[q]);
+                }
             }
-            got[d] += (size_t)m;
+            atomic_fetch_add(&g->engine_ios, (uint64_t)(m < 0 ? 0 : m));
+        }
+        pthread_mutex_unlock(&g->drives[d].mu);
+    }
+    return rc;
+}
+
+static int host_rw(ferry_gds *g, int dir, void *buf, size_t len, uint64_t slab_off)
+{
+    if (!g)
+        return ferry__err_set(NULL, -EINVAL, "gds: %s on a NULL context", dirname_of(dir));
+    int rc = host_check(g, dir, buf, len, slab_off);
+    if (rc < 0)
+        return rc;
+    /* a synchronous call brings its own parallelism: pieces so that each
+     * drive has about `depth` requests in flight, as the engines' own
+     * synchronous helpers do (one 32 MiB chunk at depth 8: 8 x 4 MiB) */
+    size_t piece = (len + (size_t)g->ndrives * g->depth - 1) / ((size_t)g->ndrives * g->depth);
+    piece = FERRY__ALIGN_UP(piece, g->align);
+    if (piece < ((size_t)128 << 10))
+        piece = (size_t)128 << 10;
+    hop h;
+    if ((rc = hop_build(g, &h, dir, buf, len, slab_off, piece)) < 0)
+        return rc;
+    hop_submit(g, &h);
+    /* wait for our own requests, delivering whatever else completes too */
+    while (rc == 0 && atomic_load(&h.left_total) > 0) {
+        /* h.left[d] changes only under drive d's lock */
+        for (unsigned d = 0; d < g->ndrives && rc == 0; d++) {
+            pthread_mutex_lock(&g->drives[d].mu);
+            int k = h.left[d] ? pump_drive(g, d, 1, -1) : 0;
+            pthread_mutex_unlock(&g->drives[d].mu);
+            if (k < 0)
+                rc = k; /* the engine broke: nothing more will complete */
         }
     }
-    unlock_drives(g, used);
-    for (size_t j = 0; j < nreq && rc == 0; j++) {
-        const ferry_io_req *r = &reqs[j];
-        if (r->result != (int64_t)r->len) {
-            unsigned d = (unsigned)(uintptr_t)r->user;
-            int code = r->result < 0 ? (int)r->result : FERRY_ESHORT;
-            rc = ferry__err_set(&g->err, code,
-                                "gds: %s of %zu bytes at slab offset %llu: drive %u (%s) %s of "
-                                "%zu bytes at file offset %llu: %s",
-                                what, len, (unsigned long long)slab_off, d, g->drives[d].path,
-                                what, r->len, (unsigned long long)r->offset,
-                                ferry_strerror(code));
-        }
-    }
-    if (reqs != small) {
-        ferry__free(reqs);
-        ferry__free(ptrs);
-    }
-    if (rc == 0)
+    if (rc == 0 && (rc = hop_result(g, &h)) == 0)
         atomic_fetch_add(dir == FERRY_GDS_READ ? &g->bytes_read : &g->bytes_written, len);
+    hop_free_parts(&h);
     return rc;
 }
 
@@ -1413,6 +1528,116 @@ int ferry_gds_pwrite(ferry_gds *g, const void *buf, size_t len, uint64_t slab_of
 int ferry_gds_pread(ferry_gds *g, void *buf, size_t len, uint64_t slab_off)
 {
     return host_rw(g, FERRY_GDS_READ, buf, len, slab_off);
+}
+
+/* close: host requests still in flight land first; unreaped ones are dropped */
+static void async_drain(ferry_gds *g)
+{
+    if (g->on) {
+        int broken = 0;
+        while (!broken && atomic_load(&g->async_hops) > g->ndone) {
+            for (unsigned d = 0; d < g->ndrives; d++) {
+                pthread_mutex_lock(&g->drives[d].mu);
+                int k = ferry_io_inflight(g->drives[d].io) ? pump_drive(g, d, 1, 10) : 0;
+                pthread_mutex_unlock(&g->drives[d].mu);
+                if (k < 0)
+                    broken = 1;
+            }
+        }
+        while (g->done_head) {
+            hop *h = g->done_head;
+            g->done_head = h->next;
+            h->req->priv_ = NULL;
+            hop_free_parts(h);
+            ferry__free(h);
+        }
+    }
+}
+
+int ferry_gds_submit(ferry_gds *g, ferry_gds_req *const *reqs, unsigned n)
+{
+    if (!g || (!reqs && n))
+        return ferry__err_set(g ? &g->err : NULL, -EINVAL, "gds: submit: NULL context or reqs");
+    unsigned k = 0;
+    int rc = 0;
+    for (; k < n; k++) {
+        ferry_gds_req *q = reqs[k];
+        if (!q) {
+            rc = ferry__err_set(&g->err, -EINVAL, "gds: submit: request %u is NULL", k);
+            break;
+        }
+        if ((rc = host_check(g, q->dir, q->buf, q->len, q->slab_off)) < 0)
+            break;
+        hop *h = ferry__malloc(sizeof *h);
+        if (!h) {
+            rc = ferry__err_set(&g->err, -ENOMEM, "gds: submit: out of memory");
+            break;
+        }
+        /* the caller keeps `depth` requests in flight: no extra cutting */
+        if ((rc = hop_build(g, h, q->dir, q->buf, q->len, q->slab_off, SIZE_MAX)) < 0) {
+            ferry__free(h);
+            break;
+        }
+        h->req = q;
+        q->result = 0;
+        q->priv_ = h;
+        atomic_fetch_add(&g->async_hops, 1);
+        hop_submit(g, h); /* a refused request completes with its error */
+    }
+    return k ? (int)k : rc;
+}
+
+int ferry_gds_reap(ferry_gds *g, ferry_gds_req **done, unsigned min, unsigned max,
+                   int timeout_ms)
+{
+    if (!g || (!done && max))
+        return ferry__err_set(g ? &g->err : NULL, -EINVAL, "gds: reap: NULL context or done");
+    if (min > max)
+        return ferry__err_set(&g->err, -EINVAL, "gds: reap: min %u > max %u", min, max);
+    uint64_t deadline = timeout_ms < 0 ? 0 : ferry__now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    unsigned got = 0, turn = 0;
+    /* collect what has finished without waiting (min 0 is a poll) */
+    for (unsigned d = 0; d < g->ndrives; d++) {
+        pthread_mutex_lock(&g->drives[d].mu);
+        int k = ferry_io_inflight(g->drives[d].io) ? pump_drive(g, d, 0, 0) : 0;
+        pthread_mutex_unlock(&g->drives[d].mu);
+        if (k < 0)
+            return k;
+    }
+    for (;;) {
+        pthread_mutex_lock(&g->amu);
+        while (got < max && g->done_head) {
+            hop *h = g->done_head;
+            g->done_head = h->next;
+            if (!g->done_head)
+                g->done_tail = NULL;
+            g->ndone--;
+            done[got++] = h->req;
+            h->req->priv_ = NULL;
+            hop_free_parts(h);
+            ferry__free(h);
+            atomic_fetch_sub(&g->async_hops, 1);
+        }
+        unsigned waiting = (unsigned)atomic_load(&g->async_hops) - g->ndone;
+        pthread_mutex_unlock(&g->amu);
+        if (got >= min || got == max || waiting == 0)
+            return (int)got;
+        int left = -1;
+        if (timeout_ms >= 0) {
+            uint64_t now = ferry__now_ns();
+            if (now >= deadline)
+                return (int)got;
+            left = (int)((deadline - now + 999999) / 1000000);
+        }
+        /* one drive: block on it; several: short turns round the drives */
+        unsigned d = turn++ % g->ndrives;
+        int slice = g->ndrives == 1 ? left : (left < 0 || left > 1 ? 1 : left);
+        pthread_mutex_lock(&g->drives[d].mu);
+        int k = ferry_io_inflight(g->drives[d].io) ? pump_drive(g, d, 1, slice) : 0;
+        pthread_mutex_unlock(&g->drives[d].mu);
+        if (k < 0)
+            return got ? (int)got : k;
+    }
 }
 
 /* ---- extents ---- */
