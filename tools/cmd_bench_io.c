@@ -457,7 +457,7 @@ static int plot(const char *png, const result *res, size_t n)
         size_t j = 0;
         while (j < ne && strcmp(engines[j], res[i].engine))
             j++;
-        if (j == ne && ne < 8)
+        if (j == ne && ne < 8 && res[i].rc == 0) /* engines with points only */
             engines[ne++] = res[i].engine;
     }
     for (size_t e = 0; e < ne; e++)
@@ -585,13 +585,15 @@ int cmd_bench_io(int argc, char **argv)
             if (chunks[c] > o.size)
                 continue;
             int rc = bench_one(engines[e], &o, chunks[c], &res[n]);
-            /* an engine that cannot work here is reported, not fatal, under "all" */
-            if (rc < 0)
-                failures++;
-            else
-                ok++;
             print_result(&res[n], &o);
             n++;
+            /* an engine that cannot work here is reported once, not fatal
+             * under "all"; the rest of its sweep is skipped */
+            if (rc < 0) {
+                failures++;
+                break;
+            }
+            ok++;
         }
     int st = ok ? 0 : 1;
     if (failures && ne == 1)
