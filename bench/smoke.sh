@@ -19,3 +19,5 @@ run "$build/ferry" moe gen --model small --tokens 64 -o "$dir/moe_trace.jsonl"
 run "$build/ferry" moe replay "$dir/moe_trace.jsonl" --slots 25% --policy routing --json
 run "$build/ferry" moe replay "$dir/moe_trace.jsonl" --sweep --budgets 25%,50% --policies lru,routing,belady
 run "$build/ferry" moe bench --quick
+run "$build/ferry" kv bench --model tiny --docs 4 --doc-tokens 2048 --questions 16 --l1 8M --dir "$dir" --l2 32M --json
+run "$build/ferry" kv bench --workload chat --model tiny --sessions 4 --turns 4 --turn-tokens 512 --l1 4M --policy s3fifo --no-refs --plot "$dir/kv_hit_rate.png"

@@ -32,6 +32,7 @@
 #include "cli.h"
 
 #define CMD "kv bench"
+#define FERRY_MAXU(a, b) ((a) > (b) ? (a) : (b))
 
 typedef struct opts {
     const char *workload, *model, *dir, *policy, *engine, *plot;
@@ -644,17 +645,22 @@ static int plot(const opts *o, const point *p, size_t np, uint64_t chunk)
         close(fd);
         return -errno;
     }
+    uint64_t maxb = 0;
+    for (size_t i = 0; i < np; i++)
+        maxb = FERRY_MAXU(maxb, FERRY_MAXU(p[i].l1_chunks, p[i].l2_chunks) * chunk);
+    double unit = maxb >= (1ull << 30) ? (double)(1ull << 30) : (double)(1ull << 20);
+    const char *uname = maxb >= (1ull << 30) ? "GiB" : "MiB";
     uint64_t last = UINT64_MAX;
     unsigned blocks = 0;
     for (size_t i = 0; i < np; i++) {
         if (p[i].l2_chunks != last) {
             if (last != UINT64_MAX)
                 fprintf(f, "\n\n");
-            fprintf(f, "# l2 %.3f GiB\n", (double)p[i].l2_chunks * (double)chunk / (1 << 30));
+            fprintf(f, "# l2 %.3f %s\n", (double)p[i].l2_chunks * (double)chunk / unit, uname);
             last = p[i].l2_chunks;
             blocks++;
         }
-        fprintf(f, "%.4f %.4f\n", (double)p[i].l1_chunks * (double)chunk / (1 << 30), p[i].hit_rate);
+        fprintf(f, "%.4f %.4f\n", (double)p[i].l1_chunks * (double)chunk / unit, p[i].hit_rate);
     }
     fclose(f);
     char gp[] = "/tmp/ferry-kv-gp-XXXXXX";
@@ -673,8 +679,9 @@ static int plot(const opts *o, const point *p, size_t np, uint64_t chunk)
     fprintf(f, "set terminal png size 900,600\nset output '%s'\n", o->plot);
     fprintf(f, "set title 'ferry kv bench: %s, %s: hit rate vs tier sizes'\n", o->workload,
             o->model);
-    fprintf(f, "set xlabel 'L1 (GiB of KV)'\nset ylabel 'hit rate (tokens)'\nset yrange [0:1]\n"
-               "set logscale x 2\nset key bottom right\nset grid\n");
+    fprintf(f, "set xlabel 'L1 (%s of KV)'\nset ylabel 'hit rate (tokens)'\nset yrange [0:1]\n"
+               "set logscale x 2\nset key bottom right\nset grid\n",
+            uname);
     fprintf(f, "plot ");
     last = UINT64_MAX;
     unsigned b = 0;
@@ -682,8 +689,8 @@ static int plot(const opts *o, const point *p, size_t np, uint64_t chunk)
         if (p[i].l2_chunks == last)
             continue;
         last = p[i].l2_chunks;
-        fprintf(f, "%s'%s' index %u using 1:2 with linespoints title 'L2 %.2f GiB'",
-                b ? ", " : "", dat, b, (double)p[i].l2_chunks * (double)chunk / (1 << 30));
+        fprintf(f, "%s'%s' index %u using 1:2 with linespoints title 'L2 %.1f %s'",
+                b ? ", " : "", dat, b, (double)p[i].l2_chunks * (double)chunk / unit, uname);
         b++;
     }
     fprintf(f, "\n");
@@ -1003,9 +1010,9 @@ int cmd_kv_bench(int argc, char **argv)
         if (o.plot) {
             printf("\nhit rate by tier size (%s)\n", plot_rc == 0 ? o.plot : "plot failed");
             for (size_t i = 0; i < npts; i++)
-                printf("  L1 %8.2f GiB  L2 %8.2f GiB  hit rate %.4f\n",
-                       (double)(pts[i].l1_chunks * chunk) / (1 << 30),
-                       (double)(pts[i].l2_chunks * chunk) / (1 << 30), pts[i].hit_rate);
+                printf("  L1 %10.1f MiB  L2 %10.1f MiB  hit rate %.4f\n",
+                       (double)(pts[i].l1_chunks * chunk) / (1 << 20),
+                       (double)(pts[i].l2_chunks * chunk) / (1 << 20), pts[i].hit_rate);
         }
     }
     free(pts);
