@@ -189,6 +189,86 @@ static void layout_chunk_bytes(void **state)
     assert_int_equal(ferry_kv_layout_chunk_bytes(&l, 256, &b), -EINVAL);
 }
 
+/* ---- eviction policies, directly ---- */
+
+static ferry__kv_entry *pent(uint64_t id)
+{
+    ferry__kv_entry *e = calloc(1, sizeof *e);
+    assert_non_null(e);
+    e->id.lo = id;
+    e->id.hi = ~id;
+    return e;
+}
+
+static const ferry__kv_entry *g_refuse;
+static int ok_unless_refused(ferry__kv_entry *e, void *ctx)
+{
+    (void)ctx;
+    return e != g_refuse;
+}
+
+static void lru_policy_order_and_skips(void **state)
+{
+    (void)state;
+    ferry__kv_policy *p;
+    FT_ASSERT_OK(ferry__kv_policy_create(FERRY_KV_EVICT_LRU, 1, 8, &p));
+    ferry__kv_entry *a = pent(1), *b = pent(2), *c = pent(3);
+    p->ops->insert(p, a);
+    p->ops->insert(p, b);
+    p->ops->insert(p, c);
+    p->ops->touch(p, a); /* order now a, c, b (b least recent) */
+    g_refuse = NULL;
+    assert_ptr_equal(p->ops->victim(p, ok_unless_refused, NULL), b);
+    g_refuse = c; /* a locked chunk is skipped, not evicted */
+    assert_ptr_equal(p->ops->victim(p, ok_unless_refused, NULL), a);
+    assert_null(p->ops->victim(p, ok_unless_refused, NULL));
+    assert_int_equal(c->node[1].queue != 0, 1);
+    p->ops->remove(p, c);
+    assert_int_equal(c->node[1].queue, 0);
+    ferry__kv_policy_destroy(p);
+    free(a);
+    free(b);
+    free(c);
+}
+
+static void s3fifo_policy_small_main_and_ghost(void **state)
+{
+    (void)state;
+    ferry__kv_policy *p;
+    FT_ASSERT_OK(ferry__kv_policy_create(FERRY_KV_EVICT_S3FIFO, 2, 10, &p)); /* S target 1 */
+    ferry__kv_entry *a = pent(1), *b = pent(2), *c = pent(3), *d = pent(4);
+    g_refuse = NULL;
+    p->ops->insert(p, a);
+    p->ops->insert(p, b);
+    /* S holds both; the oldest unused one leaves and is remembered */
+    assert_ptr_equal(p->ops->victim(p, ok_unless_refused, NULL), a);
+    /* stored again while remembered: straight into M (queue 2) */
+    p->ops->insert(p, a);
+    assert_int_equal(a->node[2].queue, 2);
+    p->ops->insert(p, c);
+    p->ops->touch(p, c);
+    p->ops->insert(p, d);
+    /* S = d, c, b over its target: b (unused) goes */
+    assert_ptr_equal(p->ops->victim(p, ok_unless_refused, NULL), b);
+    /* S = d, c still over: c (used) moves to M; S is then at its target,
+     * so M's unused tail a goes */
+    assert_ptr_equal(p->ops->victim(p, ok_unless_refused, NULL), a);
+    assert_int_equal(c->node[2].queue, 2);
+    assert_int_equal(d->node[2].queue, 1);
+    /* M is a CLOCK: c, used again, gets another round before it goes */
+    p->ops->touch(p, c);
+    g_refuse = d;
+    assert_ptr_equal(p->ops->victim(p, ok_unless_refused, NULL), c);
+    /* only a locked chunk is left: nothing to evict */
+    assert_null(p->ops->victim(p, ok_unless_refused, NULL));
+    assert_int_equal(d->node[2].queue, 1);
+    ferry__kv_policy_destroy(p);
+    free(a);
+    free(b);
+    free(c);
+    free(d);
+}
+
 /* ---- open ---- */
 
 static void open_rejects_bad_configs(void **state)
@@ -1151,6 +1231,8 @@ int main(void)
         cmocka_unit_test(hash_prefix_and_partial),
         cmocka_unit_test(key_format_is_stable_and_salted),
         cmocka_unit_test(layout_chunk_bytes),
+        cmocka_unit_test(lru_policy_order_and_skips),
+        cmocka_unit_test(s3fifo_policy_small_main_and_ghost),
         cmocka_unit_test(open_rejects_bad_configs),
         cmocka_unit_test(store_lookup_retrieve_contiguous),
         cmocka_unit_test(paged_blocks_round_trip),

@@ -185,13 +185,14 @@ static int write_locked(const ferry__kv_entry *e, uint64_t now)
 
 static int locked(ferry_kv *kv, const ferry__kv_entry *e, uint64_t now)
 {
-    if (e->l1_loading || e->l2_writing)
-        return 1;
-    if (write_locked(e, now) || read_locked(kv, e, now))
-        return 1;
+    return e->l1_loading || e->l2_writing || write_locked(e, now) || read_locked(kv, e, now);
+}
+
+/* e is about to go although it holds a lock: the lock outlived its TTL */
+static void count_expired(ferry_kv *kv, const ferry__kv_entry *e)
+{
     if (e->readers > 0 || e->state == FERRY__KV_WRITING)
         atomic_fetch_add(&kv->lock_expired, 1);
-    return 0;
 }
 
 static void read_lock(ferry_kv *kv, ferry__kv_entry *e, uint64_t now)
@@ -291,6 +292,7 @@ static int evict_one(ferry_kv *kv, int tier, uint64_t now)
     if (!v)
         return 0;
     /* the policy already unlinked it */
+    count_expired(kv, v);
     tier_release(kv, tier, v->loc[tier]);
     v->resident &= (uint8_t) ~(1u << tier);
     atomic_fetch_add(&t->evictions, 1);
@@ -1162,6 +1164,7 @@ int ferry_kv_delete(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_k
                 locked_at = i;
             continue;
         }
+        count_expired(kv, e);
         doom(kv, e);
         deleted++;
     }
@@ -1191,6 +1194,7 @@ int ferry_kv_clear(ferry_kv *kv)
                 left++;
                 continue;
             }
+            count_expired(kv, e);
             doom(kv, e);
             deleted++;
         }
