@@ -23,6 +23,8 @@ int cmd_info(int argc, char **argv);
 int cmd_kv_bench(int argc, char **argv);
 int cmd_bench_remote(int argc, char **argv);
 int cmd_bench_io(int argc, char **argv);
+int cmd_slab_check(int argc, char **argv);
+int cmd_slab_bench(int argc, char **argv);
 int cmd_moe_gen(int argc, char **argv);
 int cmd_moe_replay(int argc, char **argv);
 int cmd_moe_bench(int argc, char **argv);

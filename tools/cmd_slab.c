@@ -1,0 +1,514 @@
+/*
+ * cmd_slab.c - the persistent slab's commands:
+ *
+ *   ferry slab check DIR [DIR...] [--repair] [--json]
+ *       Verify a persistent slab: every slab file's header, the journal
+ *       (records replayed, records refused, a bad or torn tail) and every
+ *       chunk's payload checksum. Without --repair nothing is modified (the
+ *       store is opened read-only). --repair cuts the journal after its last
+ *       good record, deletes the chunks whose bytes fail their checksum and
+ *       compacts the journal so refused records are gone too. Exit status:
+ *       0 clean, 1 problems found (with --repair: found and repaired, each
+ *       listed), 2 usage error or a slab that cannot be read at all (no
+ *       store, a newer format, a foreign or corrupt header).
+ *
+ *   ferry slab bench [--dir DIR] [--chunks 100000] [--small 4K]
+ *                    [--size 4M] [--count 64] [--batch 8] [--engine E] [--json]
+ *       (1) creates a slab of `chunks` chunks of `small` bytes, closes it and
+ *       times the reopen (index replay + allocator rebuild); (2) stores
+ *       `count` chunks of `size` bytes through the non-persistent GDS slab
+ *       (the reference, same engine, O_DIRECT) and through the persistent
+ *       slab with group commit (`batch` chunks per commit) and one put at a
+ *       time, and reports each GB/s and the ratio to the reference.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "cli.h"
+#include "core.h"
+
+/* ---- check ---- */
+typedef struct bad_list {
+    json_t *arr;
+    int json;
+    int repair;
+} bad_list;
+
+static void key_text(const void *key, size_t klen, char *out, size_t n)
+{
+    const unsigned char *k = key;
+    int printable = 1;
+    for (size_t i = 0; i < klen; i++)
+        if (k[i] < 0x20 || k[i] > 0x7e)
+            printable = 0;
+    if (printable) {
+        snprintf(out, n, "%.*s", (int)(klen < n - 1 ? klen : n - 1), (const char *)k);
+        return;
+    }
+    size_t o = 0;
+    out[o++] = '0';
+    out[o++] = 'x';
+    for (size_t i = 0; i < klen && o + 3 < n; i++)
+        o += (size_t)snprintf(out + o, n - o, "%02x", k[i]);
+    out[o] = 0;
+}
+
+static void on_bad(const void *key, size_t klen, const ferry_pslab_info *info, int code, void *ctx)
+{
+    bad_list *b = ctx;
+    char k[128];
+    key_text(key, klen, k, sizeof k);
+    if (b->json) {
+        json_t *o = json_object();
+        json_object_set_new(o, "key", json_string(k));
+        json_object_set_new(o, "offset", json_integer((json_int_t)info->offset));
+        json_object_set_new(o, "length", json_integer((json_int_t)info->length));
+        json_object_set_new(o, "seq", json_integer((json_int_t)info->seq));
+        json_object_set_new(o, "error", json_string(ferry_err_name(code)));
+        json_array_append_new(b->arr, o);
+    } else {
+        printf("  bad chunk: key %s, %llu bytes at slab offset %llu (sequence %llu): %s%s\n", k,
+               (unsigned long long)info->length, (unsigned long long)info->offset,
+               (unsigned long long)info->seq, ferry_strerror(code),
+               b->repair ? " -> deleted" : "");
+    }
+}
+
+static int slab_check(int argc, char **argv)
+{
+    int json = 0, repair = 0;
+    const char *dirs[FERRY_PSLAB_MAX_DIRS];
+    unsigned nd = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json"))
+            json = 1;
+        else if (!strcmp(argv[i], "--repair"))
+            repair = 1;
+        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: ferry slab check DIR [DIR...] [--repair] [--json]\n"
+                   "exit status: 0 clean, 1 problems found (repaired with --repair), "
+                   "2 usage or unreadable slab\n");
+            return 0;
+        } else if (argv[i][0] == '-')
+            return cli_usage("slab check", "unknown option '%s'", argv[i]);
+        else if (nd < FERRY_PSLAB_MAX_DIRS)
+            dirs[nd++] = argv[i];
+        else
+            return cli_usage("slab check", "at most %u directories", FERRY_PSLAB_MAX_DIRS);
+    }
+    if (!nd)
+        return cli_usage("slab check", "which directory? (ferry slab check DIR [--repair])");
+
+    ferry_pslab_options o = FERRY_PSLAB_OPTIONS_INIT;
+    o.dirs = dirs;
+    o.n_dirs = nd;
+    o.flags = repair ? 0 : FERRY_PSLAB_READONLY;
+    o.engine = "posix";
+    ferry_pslab *p = NULL;
+    int rc = ferry_pslab_open(&o, &p);
+    if (rc < 0) {
+        if (json) {
+            json_t *root = json_object();
+            json_object_set_new(root, "dir", json_string(dirs[0]));
+            json_object_set_new(root, "readable", json_false());
+            json_object_set_new(root, "error", json_string(ferry_err_name(rc)));
+            json_object_set_new(root, "message", json_string(ferry_last_error()));
+            json_dumpf(root, stdout, JSON_INDENT(2));
+            printf("\n");
+            json_decref(root);
+        } else {
+            fprintf(stderr, "ferry slab check: %s: cannot read the slab: %s (%s)\n", dirs[0],
+                    ferry_last_error(), ferry_err_name(rc));
+        }
+        return 2;
+    }
+    ferry_pslab_stats s0;
+    ferry_pslab_stats_get(p, &s0);
+    if (!json) {
+        printf("slab %s: format %u, %u drive(s), %llu bytes, alignment %zu, stripe %llu, "
+               "creation id %016llx, generation %llu\n", dirs[0], FERRY_PSLAB_FORMAT,
+               s0.drives, (unsigned long long)s0.capacity, s0.alignment,
+               (unsigned long long)s0.stripe_bytes, (unsigned long long)s0.creation_id,
+               (unsigned long long)s0.generation);
+        printf("headers: ok\n");
+        printf("journal: %llu records replayed, %llu refused (out of range or overlapping), "
+               "%llu bytes of bad or torn tail%s\n",
+               (unsigned long long)s0.replayed_records, (unsigned long long)s0.dropped_records,
+               (unsigned long long)s0.torn_bytes,
+               s0.torn_bytes && repair ? " -> cut" : "");
+        printf("index: %llu chunks, %llu bytes stored in %llu bytes of extents (opened in "
+               "%.3f ms)\n", (unsigned long long)s0.recovered,
+               (unsigned long long)s0.bytes_stored, (unsigned long long)s0.bytes_used,
+               (double)s0.open_ns / 1e6);
+        printf("payloads:\n");
+    }
+    bad_list bl = {json_array(), json, repair};
+    uint64_t bad = 0;
+    rc = ferry_pslab_verify(p, repair, &bad, on_bad, &bl);
+    int io_failed = rc < 0;
+    if (io_failed)
+        fprintf(stderr, "ferry slab check: %s: reading the payloads: %s (%s)\n", dirs[0],
+                ferry_last_error(), ferry_err_name(rc));
+    int compacted = 0;
+    if (!io_failed && repair && (s0.dropped_records || bad)) {
+        rc = ferry_pslab_compact(p);
+        if (rc < 0)
+            fprintf(stderr, "ferry slab check: %s: compacting the journal: %s\n", dirs[0],
+                    ferry_last_error());
+        else
+            compacted = 1;
+    }
+    ferry_pslab_stats s1;
+    ferry_pslab_stats_get(p, &s1);
+    int crc = ferry_pslab_close(p);
+    int problems = s0.torn_bytes || s0.dropped_records || bad || io_failed;
+    if (json) {
+        json_t *root = json_object();
+        json_object_set_new(root, "dir", json_string(dirs[0]));
+        json_object_set_new(root, "readable", json_true());
+        json_object_set_new(root, "format", json_integer(FERRY_PSLAB_FORMAT));
+        json_object_set_new(root, "drives", json_integer(s0.drives));
+        json_object_set_new(root, "capacity", json_integer((json_int_t)s0.capacity));
+        json_object_set_new(root, "alignment", json_integer((json_int_t)s0.alignment));
+        json_object_set_new(root, "stripe", json_integer((json_int_t)s0.stripe_bytes));
+        char id[32];
+        snprintf(id, sizeof id, "%016llx", (unsigned long long)s0.creation_id);
+        json_object_set_new(root, "creation_id", json_string(id));
+        json_object_set_new(root, "generation", json_integer((json_int_t)s0.generation));
+        json_object_set_new(root, "records", json_integer((json_int_t)s0.replayed_records));
+        json_object_set_new(root, "refused_records", json_integer((json_int_t)s0.dropped_records));
+        json_object_set_new(root, "torn_bytes", json_integer((json_int_t)s0.torn_bytes));
+        json_object_set_new(root, "chunks", json_integer((json_int_t)s0.recovered));
+        json_object_set_new(root, "bad_chunks", bl.arr);
+        json_object_set_new(root, "chunks_after", json_integer((json_int_t)s1.chunks));
+        json_object_set_new(root, "open_ms", json_real((double)s0.open_ns / 1e6));
+        json_object_set_new(root, "clean", json_boolean(!problems));
+        json_object_set_new(root, "repaired", json_boolean(repair && problems && !io_failed));
+        json_dumpf(root, stdout, JSON_INDENT(2));
+        printf("\n");
+        json_decref(root);
+    } else {
+        json_decref(bl.arr);
+        printf("  %llu chunks read, %llu failed their checksum%s\n",
+               (unsigned long long)s0.recovered, (unsigned long long)bad,
+               bad && repair ? " (deleted)" : "");
+        if (!problems)
+            printf("clean\n");
+        else if (repair && !io_failed)
+            printf("repaired:%s%s%s%s%s; %llu chunks remain\n",
+                   s0.torn_bytes ? " journal cut after its last good record" : "",
+                   s0.torn_bytes && bad ? "," : "",
+                   bad ? " bad chunks deleted" : "",
+                   compacted ? "," : "",
+                   compacted ? " journal compacted (refused and deleted records gone)" : "",
+                   (unsigned long long)s1.chunks);
+        else
+            printf("problems found: run with --repair to drop what is bad\n");
+    }
+    if (crc < 0)
+        fprintf(stderr, "ferry slab check: %s: closing: %s\n", dirs[0], ferry_last_error());
+    return problems ? 1 : 0;
+}
+
+/* ---- bench ---- */
+typedef struct bench_opts {
+    const char *dir;
+    uint64_t chunks, small, size, count, batch;
+    const char *engine;
+    int json;
+} bench_opts;
+
+static int mkdir_in(const char *base, const char *name, char *out, size_t n)
+{
+    snprintf(out, n, "%s/%s", base, name);
+    return 0;
+}
+
+static void rm_store(const char *d)
+{
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", d, FERRY_PSLAB_FILE);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/%s", d, FERRY_PSLAB_JOURNAL);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/%s", d, FERRY_GDS_SLAB_NAME);
+    unlink(p);
+    rmdir(d);
+}
+
+/* reopen time of a slab of o->chunks small chunks; seconds, or < 0 */
+static int bench_reopen(const bench_opts *o, const char *d, double *create_s, double *reopen_s,
+                        ferry_pslab_stats *st)
+{
+    const char *dirs[] = {d};
+    ferry_pslab_options po = FERRY_PSLAB_OPTIONS_INIT;
+    po.dirs = dirs;
+    po.n_dirs = 1;
+    po.bytes = o->chunks * FERRY__ALIGN_UP(o->small, 4096) + (64u << 20);
+    po.flags = FERRY_PSLAB_CREATE;
+    po.engine = o->engine;
+    ferry_pslab *p = NULL;
+    int rc = ferry_pslab_open(&po, &p);
+    if (rc < 0)
+        return cli_fail("slab bench", "creating the slab", rc);
+    uint8_t *buf = malloc(o->small);
+    enum { B = 1024 };
+    ferry_pslab_item *items = calloc(B, sizeof *items);
+    char(*keys)[40] = calloc(B, 40);
+    for (uint64_t i = 0; i < o->small; i++)
+        buf[i] = (uint8_t)(i * 31);
+    uint64_t t0 = ferry__now_ns();
+    for (uint64_t i = 0; i < o->chunks && rc >= 0; i += B) {
+        unsigned n = (unsigned)FERRY__MIN((uint64_t)B, o->chunks - i);
+        for (unsigned j = 0; j < n; j++) {
+            items[j].klen = (size_t)snprintf(keys[j], 40, "model/chunk/%016llx",
+                                             (unsigned long long)(i + j));
+            items[j].key = keys[j];
+            items[j].data = buf;
+            items[j].len = o->small;
+        }
+        rc = ferry_pslab_put_many(p, items, n);
+        if (rc >= 0 && (unsigned)rc != n)
+            rc = items[0].result < 0 ? items[0].result : -EIO;
+        cli_progress("creating", i + n, o->chunks);
+    }
+    cli_progress_end();
+    free(items);
+    free(keys);
+    free(buf);
+    if (rc < 0) {
+        rc = cli_fail("slab bench", "storing the small chunks", rc);
+        ferry_pslab_close(p);
+        return rc;
+    }
+    *create_s = (double)(ferry__now_ns() - t0) / 1e9;
+    if ((rc = ferry_pslab_close(p)) < 0)
+        return cli_fail("slab bench", "closing", rc);
+    po.flags = 0;
+    po.bytes = 0;
+    t0 = ferry__now_ns();
+    rc = ferry_pslab_open(&po, &p);
+    if (rc < 0)
+        return cli_fail("slab bench", "reopening", rc);
+    *reopen_s = (double)(ferry__now_ns() - t0) / 1e9;
+    ferry_pslab_stats_get(p, st);
+    ferry_pslab_close(p);
+    return st->recovered == o->chunks ? 0 : cli_fail("slab bench", "reopen lost chunks", -EIO);
+}
+
+/* store o->count chunks of o->size through the non-persistent GDS slab: GB/s */
+static int bench_gds(const bench_opts *o, const char *d, const void *buf, double *gbs)
+{
+    const char *dirs[] = {d};
+    ferry_gds_config c = FERRY_GDS_CONFIG_INIT;
+    c.dirs = dirs;
+    c.n_dirs = 1;
+    c.bytes = o->count * FERRY__ALIGN_UP(o->size, 4096);
+    c.direct = 1;
+    c.driver = "cpu";
+    c.engine = o->engine;
+    ferry_gds *g = NULL;
+    int rc = ferry_gds_open(&c, &g);
+    if (rc < 0)
+        return cli_fail("slab bench", "opening the GDS slab (reference)", rc);
+    ferry_slab *s = ferry_gds_slab(g);
+    uint64_t t0 = ferry__now_ns();
+    for (uint64_t i = 0; i < o->count && rc >= 0; i++) {
+        ferry_extent e;
+        rc = ferry_slab_alloc_bytes(s, o->size, &e);
+        if (rc >= 0)
+            rc = ferry_gds_extent_pwrite(g, &e, buf);
+    }
+    double t = (double)(ferry__now_ns() - t0) / 1e9;
+    if (rc < 0)
+        rc = cli_fail("slab bench", "storing through the GDS slab", rc);
+    ferry_gds_close(g);
+    if (rc < 0)
+        return rc;
+    *gbs = (double)o->count * (double)o->size / t / 1e9;
+    return 0;
+}
+
+/* the same through the persistent slab, batch chunks per group commit: GB/s */
+static int bench_pslab(const bench_opts *o, const char *d, const void *buf, uint64_t batch,
+                       double *gbs, uint64_t *commits)
+{
+    const char *dirs[] = {d};
+    ferry_pslab_options po = FERRY_PSLAB_OPTIONS_INIT;
+    po.dirs = dirs;
+    po.n_dirs = 1;
+    po.bytes = o->count * FERRY__ALIGN_UP(o->size, 4096);
+    po.flags = FERRY_PSLAB_CREATE;
+    po.engine = o->engine;
+    ferry_pslab *p = NULL;
+    int rc = ferry_pslab_open(&po, &p);
+    if (rc < 0)
+        return cli_fail("slab bench", "creating the persistent slab", rc);
+    ferry_pslab_item *items = calloc(batch, sizeof *items);
+    char(*keys)[40] = calloc(batch, 40);
+    uint64_t t0 = ferry__now_ns();
+    for (uint64_t i = 0; i < o->count && rc >= 0; i += batch) {
+        unsigned n = (unsigned)FERRY__MIN(batch, o->count - i);
+        for (unsigned j = 0; j < n; j++) {
+            items[j].klen = (size_t)snprintf(keys[j], 40, "chunk-%llu",
+                                             (unsigned long long)(i + j));
+            items[j].key = keys[j];
+            items[j].data = buf;
+            items[j].len = o->size;
+        }
+        if (batch == 1) {
+            rc = ferry_pslab_put(p, items[0].key, items[0].klen, buf, o->size);
+        } else {
+            rc = ferry_pslab_put_many(p, items, n);
+            if (rc >= 0 && (unsigned)rc != n)
+                rc = -EIO;
+        }
+    }
+    double t = (double)(ferry__now_ns() - t0) / 1e9;
+    free(items);
+    free(keys);
+    ferry_pslab_stats st;
+    ferry_pslab_stats_get(p, &st);
+    if (rc < 0)
+        rc = cli_fail("slab bench", "storing through the persistent slab", rc);
+    ferry_pslab_close(p);
+    if (rc < 0)
+        return rc;
+    *gbs = (double)o->count * (double)o->size / t / 1e9;
+    *commits = st.commits;
+    return 0;
+}
+
+static int slab_bench(int argc, char **argv)
+{
+    bench_opts o = {NULL, 100000, 4096, 4u << 20, 64, 8, NULL, 0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0;
+        if (!strcmp(a, "--json"))
+            o.json = 1;
+        else if (!strcmp(a, "--dir") && v)
+            o.dir = v, i++;
+        else if (!strcmp(a, "--engine") && v)
+            o.engine = v, i++;
+        else if (!strcmp(a, "--chunks"))
+            rc = cli_size("slab bench", a, v, &o.chunks), i++;
+        else if (!strcmp(a, "--small"))
+            rc = cli_size("slab bench", a, v, &o.small), i++;
+        else if (!strcmp(a, "--size"))
+            rc = cli_size("slab bench", a, v, &o.size), i++;
+        else if (!strcmp(a, "--count"))
+            rc = cli_size("slab bench", a, v, &o.count), i++;
+        else if (!strcmp(a, "--batch"))
+            rc = cli_size("slab bench", a, v, &o.batch), i++;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: ferry slab bench [--dir DIR] [--chunks 100000] [--small 4K] "
+                   "[--size 4M] [--count 64] [--batch 8] [--engine posix|uring] [--json]\n");
+            return 0;
+        } else
+            return cli_usage("slab bench", "unknown option '%s'", a);
+        if (rc)
+            return rc;
+    }
+    if (!o.chunks || !o.small || !o.size || !o.count || !o.batch)
+        return cli_usage("slab bench", "sizes and counts must be > 0");
+    char base[4096];
+    snprintf(base, sizeof base, "%s/ferry-slab-bench-XXXXXX",
+             o.dir ? o.dir : (getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp"));
+    if (!mkdtemp(base)) {
+        fprintf(stderr, "ferry slab bench: mkdtemp %s: %s\n", base, strerror(errno));
+        return 2;
+    }
+    char d1[4200], d2[4200], d3[4200], d4[4200];
+    mkdir_in(base, "reopen", d1, sizeof d1);
+    mkdir_in(base, "ref", d2, sizeof d2);
+    mkdir_in(base, "group", d3, sizeof d3);
+    mkdir_in(base, "single", d4, sizeof d4);
+
+    double create_s = 0, reopen_s = 0, ref1 = 0, ref2 = 0, grp = 0, one = 0;
+    uint64_t cgrp = 0, cone = 0;
+    ferry_pslab_stats st;
+    memset(&st, 0, sizeof st);
+    int rc = bench_reopen(&o, d1, &create_s, &reopen_s, &st);
+    rm_store(d1);
+    void *buf = NULL;
+    if (rc == 0 && posix_memalign(&buf, 4096, FERRY__ALIGN_UP(o.size, 4096)) != 0)
+        rc = cli_fail("slab bench", "allocating the chunk buffer", -ENOMEM);
+    if (rc == 0) {
+        for (uint64_t i = 0; i < o.size; i++)
+            ((uint8_t *)buf)[i] = (uint8_t)(i * 7 + 1);
+        /* reference before and after, so drift of the disk shows */
+        if ((rc = bench_gds(&o, d2, buf, &ref1)) == 0) {
+            rm_store(d2);
+            if ((rc = bench_pslab(&o, d3, buf, o.batch, &grp, &cgrp)) == 0) {
+                rm_store(d3);
+                if ((rc = bench_pslab(&o, d4, buf, 1, &one, &cone)) == 0) {
+                    rm_store(d4);
+                    rc = bench_gds(&o, d2, buf, &ref2);
+                }
+            }
+        }
+    }
+    rm_store(d2);
+    rm_store(d3);
+    rm_store(d4);
+    rmdir(base);
+    free(buf);
+    if (rc)
+        return rc;
+    double ref = (ref1 + ref2) / 2;
+    if (o.json) {
+        json_t *r = json_object();
+        json_object_set_new(r, "chunks", json_integer((json_int_t)o.chunks));
+        json_object_set_new(r, "small_bytes", json_integer((json_int_t)o.small));
+        json_object_set_new(r, "create_s", json_real(create_s));
+        json_object_set_new(r, "reopen_s", json_real(reopen_s));
+        json_object_set_new(r, "journal_bytes", json_integer((json_int_t)st.journal_bytes));
+        json_object_set_new(r, "chunk_bytes", json_integer((json_int_t)o.size));
+        json_object_set_new(r, "count", json_integer((json_int_t)o.count));
+        json_object_set_new(r, "batch", json_integer((json_int_t)o.batch));
+        json_object_set_new(r, "ref_gbs", json_real(ref));
+        json_object_set_new(r, "ref_gbs_before", json_real(ref1));
+        json_object_set_new(r, "ref_gbs_after", json_real(ref2));
+        json_object_set_new(r, "group_gbs", json_real(grp));
+        json_object_set_new(r, "group_commits", json_integer((json_int_t)cgrp));
+        json_object_set_new(r, "single_gbs", json_real(one));
+        json_object_set_new(r, "single_commits", json_integer((json_int_t)cone));
+        json_object_set_new(r, "group_ratio", json_real(ref > 0 ? grp / ref : 0));
+        json_object_set_new(r, "single_ratio", json_real(ref > 0 ? one / ref : 0));
+        json_object_set_new(r, "direct", json_boolean(st.direct));
+        json_dumpf(r, stdout, JSON_INDENT(2));
+        printf("\n");
+        json_decref(r);
+    } else {
+        printf("reopen: %llu chunks of %llu bytes: created in %.3f s, reopened in %.3f s "
+               "(journal %llu bytes)%s\n", (unsigned long long)o.chunks,
+               (unsigned long long)o.small, create_s, reopen_s,
+               (unsigned long long)st.journal_bytes, reopen_s < 1.0 ? "" : "  [> 1 s]");
+        printf("store %llu chunks of %llu bytes (O_DIRECT%s):\n", (unsigned long long)o.count,
+               (unsigned long long)o.size, st.direct ? "" : " refused: buffered");
+        printf("  non-persistent GDS slab (reference) %8.3f GB/s  (%.3f before, %.3f after)\n",
+               ref, ref1, ref2);
+        printf("  persistent, group commit of %-4llu    %8.3f GB/s  %.3f x reference, %llu "
+               "commits\n", (unsigned long long)o.batch, grp, ref > 0 ? grp / ref : 0,
+               (unsigned long long)cgrp);
+        printf("  persistent, one put at a time        %8.3f GB/s  %.3f x reference, %llu "
+               "commits\n", one, ref > 0 ? one / ref : 0, (unsigned long long)cone);
+    }
+    return 0;
+}
+
+int cmd_slab_check(int argc, char **argv)
+{
+    return slab_check(argc, argv);
+}
+
+int cmd_slab_bench(int argc, char **argv)
+{
+    return slab_bench(argc, argv);
+}
