@@ -327,15 +327,23 @@ static void round_trip_sync_and_async(void **state)
     assert_int_equal(ferry_remote_get(r, "chunk-2", 7, dst, n), (int)n);
     assert_int_equal(ft_check_pattern(dst, n, 2), -1);
     assert_int_equal(ferry_remote_get(r, "empty", 5, dst, n), 0);
+    /* keys are bytes: NUL, 0xff and spaces are kept as they are */
+    static const char bin1[] = {'a', 0, 'b', (char)0xff, ' '}, bin2[] = {'a', 0, 'c', (char)0xff, ' '};
+    FT_ASSERT_OK(ferry_remote_put_sync(r, bin1, sizeof bin1, "one", 3));
+    FT_ASSERT_OK(ferry_remote_put_sync(r, bin2, sizeof bin2, "two", 3));
+    assert_int_equal(ferry_remote_get(r, bin1, sizeof bin1, dst, n), 3);
+    assert_memory_equal(dst, "one", 3);
+    assert_int_equal(ferry_remote_get(r, bin2, sizeof bin2, dst, n), 3);
+    assert_memory_equal(dst, "two", 3);
     /* a destination one byte short is refused and says how big */
     assert_int_equal(ferry_remote_get(r, "chunk-2", 7, dst, n - 1), -ENOBUFS);
     assert_non_null(strstr(ferry_remote_last_error(r), "262144"));
 
     ferry_remote_metrics m = metrics(r);
-    assert_int_equal(m.puts, 3);
-    assert_int_equal(m.puts_written, 3);
-    assert_int_equal(m.hits, 3);
-    assert_int_equal(m.gets, 4);
+    assert_int_equal(m.puts, 5);
+    assert_int_equal(m.puts_written, 5);
+    assert_int_equal(m.hits, 5);
+    assert_int_equal(m.gets, 6);
     assert_int_equal(m.dropped, 0);
     assert_int_equal(m.cluster, 0);
     assert_true(m.bytes_read >= 2 * n);
@@ -928,6 +936,32 @@ static void passwords_and_acl_users(void **state)
     ft_redis_destroy(&s);
 }
 
+/* the server CI starts (.ci/run exports FERRY_TEST_REDIS_URL), when there is one */
+static void ci_server_round_trip(void **state)
+{
+    (void)state;
+    const char *url = getenv("FERRY_TEST_REDIS_URL");
+    if (!url || !*url) {
+        skip();
+        return;
+    }
+    ferry_remote_options o = opts_a();
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "ferry-test-%d:", (int)getpid());
+    o.key_prefix = prefix;
+    ferry_remote *r = NULL;
+    FT_ASSERT_OK(ferry_remote_open(url, &o, &r));
+    uint8_t src[10000], dst[10000];
+    ft_fill_pattern(src, sizeof src, 5);
+    FT_ASSERT_OK(ferry_remote_put(r, "ci", 2, src, sizeof src));
+    FT_ASSERT_OK(ferry_remote_flush(r, 5000));
+    assert_int_equal(ferry_remote_get(r, "ci", 2, dst, sizeof dst), (int)sizeof dst);
+    assert_int_equal(ft_check_pattern(dst, sizeof dst, 5), -1);
+    ferry_remote_key k = {"ci", 2};
+    assert_int_equal(ferry_remote_delete(r, &k, 1), 1);
+    ferry_remote_close(r);
+}
+
 /* ---- threads ---- */
 
 typedef struct worker_arg {
@@ -1034,6 +1068,7 @@ int main(void)
         cmocka_unit_test(unreachable_server_lazy_or_not),
         cmocka_unit_test(passwords_and_acl_users),
         cmocka_unit_test(threads_share_one_handle),
+        cmocka_unit_test(ci_server_round_trip),
     };
     int rc = cmocka_run_group_tests_name("remote_offline", offline, NULL, NULL);
     if (!ft_redis_available()) {
