@@ -556,7 +556,7 @@ int cmd_moe_bench(int argc, char **argv)
     }
     ferry_moe_trace_destroy(t);
     exec_bench eb = {0};
-    rc = bench_executor(cmd, (size_t)row_bytes, quick ? 16 : 64, quick ? 2 : 5, &eb);
+    rc = bench_executor(cmd, (size_t)row_bytes, quick ? 16 : 64, quick ? 2 : 12, &eb);
     if (rc != 0) {
         json_decref(root);
         json_decref(pl);
