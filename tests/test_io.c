@@ -5,13 +5,15 @@
  * directories, faults injected through the syscall seam (posix) and the
  * completion seam (uring): ENOSPC, EIO, short transfers, EINTR, EAGAIN;
  * O_DIRECT fallback, engine selection and probes, out-of-memory at every
- * allocation of open and submit.
+ * allocation of open and submit, reap timeouts with a request held in the
+ * seam, and independent engines on several threads at once.
  *
  * Every engine-dependent test runs once per engine (the prestate names it).
  */
 /* ferry-test-labels: concurrent */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -305,6 +307,8 @@ static void registered_buffers_round_trip(void **state)
     const char *eng = engine_of(state);
     ferry_io *io = open_io(eng, 8, 0);
     ferry_file *f = open_file(io, "reg.bin", FERRY_FILE_DIRECT | FERRY_FILE_TRUNC);
+    if (!strcmp(eng, "uring"))
+        assert_true(f->slot >= 0); /* a registered (fixed) file */
     size_t n = 4 << 20;
     char *a = NULL;
     FT_ASSERT_OK(ferry_io_buffer_alloc(io, n, (void **)&a)); /* registered by the engine */
@@ -728,6 +732,110 @@ static void sync_helper_leaves_async_completions(void **state)
     free(c);
 }
 
+/* a pread that blocks until the test lets it go (posix only: uring's I/O
+ * runs in the kernel) */
+static pthread_mutex_t g_gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_gate_cv = PTHREAD_COND_INITIALIZER;
+static int g_gate_open;
+static ssize_t gated_pread(int fd, void *b, size_t n, off_t o)
+{
+    pthread_mutex_lock(&g_gate_mu);
+    while (!g_gate_open)
+        pthread_cond_wait(&g_gate_cv, &g_gate_mu);
+    pthread_mutex_unlock(&g_gate_mu);
+    return ferry__sys_default()->pread(fd, b, n, o);
+}
+
+static void reap_timeout_returns_zero_then_completes(void **state)
+{
+    (void)state;
+    ferry_io *io = open_io("posix", 2, 0);
+    ferry_file *f = open_file(io, "gate.bin", FERRY_FILE_TRUNC);
+    char b[4096];
+    memset(b, 1, sizeof b);
+    FT_ASSERT_OK(ferry_io_pwrite(io, f, b, sizeof b, 0));
+    static ferry__sys gate;
+    gate = *ferry__sys_default();
+    gate.pread = gated_pread;
+    g_gate_open = 0;
+    ferry__sys_set(&gate);
+    ferry_io_req r = {.op = FERRY_IO_READ, .file = f, .buf = b, .len = sizeof b};
+    ferry_io_req *p = &r, *d = NULL;
+    assert_int_equal(ferry_io_submit(io, &p, 1), 1);
+    assert_int_equal(ferry_io_reap(io, &d, 1, 1, 0), 0);  /* poll */
+    assert_int_equal(ferry_io_reap(io, &d, 1, 1, 20), 0); /* timed out */
+    assert_int_equal(ferry_io_inflight(io), 1);
+    pthread_mutex_lock(&g_gate_mu);
+    g_gate_open = 1;
+    pthread_cond_broadcast(&g_gate_cv);
+    pthread_mutex_unlock(&g_gate_mu);
+    assert_int_equal(ferry_io_reap(io, &d, 1, 1, -1), 1);
+    assert_ptr_equal(d, &r);
+    assert_int_equal(r.result, 4096);
+    ferry__sys_set(NULL);
+    FT_ASSERT_OK(ferry_file_close(f));
+    ferry_io_close(io);
+}
+
+/* independent engines driven from several threads at once (TSan) */
+typedef struct worker_arg {
+    const char *engine;
+    int id;
+    int failures;
+} worker_arg;
+static void *engine_worker(void *argp)
+{
+    worker_arg *a = argp;
+    ferry_io_options o = FERRY_IO_OPTIONS_INIT;
+    o.engine = a->engine;
+    o.depth = 4;
+    ferry_io *io = NULL;
+    if (ferry_io_open(&o, &io) < 0) {
+        a->failures++;
+        return NULL;
+    }
+    char name[64];
+    snprintf(name, sizeof name, "thread-%d.bin", a->id);
+    ferry_file *f = NULL;
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s", g_dir, name);
+    size_t n = 1 << 20;
+    char *src = NULL, *dst = NULL;
+    if (ferry_file_open(io, p, FERRY_FILE_READ | FERRY_FILE_WRITE | FERRY_FILE_CREATE |
+                                   FERRY_FILE_DIRECT, &f) < 0 ||
+        ferry_io_buffer_alloc(io, n, (void **)&src) < 0 ||
+        ferry_io_buffer_alloc(io, n, (void **)&dst) < 0)
+        a->failures++;
+    for (int round = 0; round < 8 && !a->failures; round++) {
+        ft_fill_pattern(src, n, (unsigned)(a->id * 10 + round));
+        if (ferry_io_pwrite(io, f, src, n, (uint64_t)round * n) < 0 ||
+            ferry_io_pread(io, f, dst, n, (uint64_t)round * n) < 0 ||
+            ft_check_pattern(dst, n, (unsigned)(a->id * 10 + round)) != -1)
+            a->failures++;
+    }
+    ferry_io_buffer_free(io, src);
+    ferry_io_buffer_free(io, dst);
+    ferry_file_close(f);
+    ferry_io_close(io);
+    return NULL;
+}
+
+static void engines_on_several_threads(void **state)
+{
+    (void)state;
+    enum { T = 4 };
+    pthread_t th[T];
+    worker_arg args[T];
+    for (int i = 0; i < T; i++) {
+        args[i] = (worker_arg){i % 2 ? "uring" : "posix", i, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, engine_worker, &args[i]), 0);
+    }
+    for (int i = 0; i < T; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(args[i].failures, 0);
+    }
+}
+
 /* ---- selection and probes (engine-independent) ---- */
 static void selection_env_and_reasons(void **state)
 {
@@ -828,6 +936,8 @@ int main(void)
         PER_ENGINE(direct_fallback_with_reason),
         PER_ENGINE(oom_everywhere_without_leaks),
         PER_ENGINE(sync_helper_leaves_async_completions),
+        cmocka_unit_test(reap_timeout_returns_zero_then_completes),
+        cmocka_unit_test(engines_on_several_threads),
         cmocka_unit_test(selection_env_and_reasons),
         cmocka_unit_test(probes_really_try),
     };
