@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "cufile_api.h"
+#include "device/cuda_api.h"
 #include "io_impl.h"
 #include "sys.h"
 
@@ -281,6 +282,20 @@ typedef struct cf_st {
     ferry__part *imm_head, *imm_tail; /* failed at submit: handed back by wait */
 } cf_st;
 
+/*
+ * cuFile works in the calling thread's CUDA context: make the device's
+ * context current before each group of cuFile calls (a thread-local store,
+ * as the device layer does before its own driver calls). Nothing to do
+ * for the host device the fake tests use.
+ */
+static void ctx_enter(ferry_io *io)
+{
+    ferry__CUcontext c = ferry__cuda_context(io->device);
+    const struct ferry__cuda_api *api = NULL;
+    if (c && ferry__cuda_load(&api) == 0 && api->p_cuCtxSetCurrent(c) != 0)
+        FERRY_LOGW("io cufile: cuCtxSetCurrent failed; cuFile may not see the device");
+}
+
 static unsigned cf_slots(unsigned depth)
 {
     return depth * 2;
@@ -311,6 +326,7 @@ static int cf_init(ferry_io *io)
     st->batches = b;
     st->nbatches = nb;
     st->batch_cap = FERRY__MIN(io->nparts, CF_BATCH_MAX);
+    ctx_enter(io);
     int rc = driver_ref(a, why, sizeof why);
     if (rc < 0) {
         ferry__free(b);
@@ -358,6 +374,7 @@ static void cf_fini(ferry_io *io)
 static int cf_file_open(ferry_io *io, ferry_file *f)
 {
     cf_st *st = io->eng;
+    ctx_enter(io);
     ferry__CUfileDescr_t d;
     memset(&d, 0, sizeof d);
     d.type = FERRY__CU_FILE_HANDLE_TYPE_OPAQUE_FD;
@@ -409,6 +426,7 @@ static int cf_dev_register(ferry_io *io, ferry_devptr p, size_t len)
     if (slot < 0)
         return ferry__err_set(&io->err, -ENOSPC, "io cufile: all %u buffer registrations in use",
                               CF_REGS);
+    ctx_enter(io);
     ferry__CUfileError_t e = st->api->BufRegister((const void *)(uintptr_t)p, len, 0);
     if (e.err != 0)
         return ferry__err_set(&io->err, ferry__cufile_code(e.err),
@@ -543,8 +561,10 @@ static int cf_submit(ferry_io *io, ferry__part **parts, unsigned n)
             memmove(&parts[ng + 1], &parts[ng], (i - ng) * sizeof *parts);
             parts[ng++] = t;
         }
-    if (ng)
+    if (ng) {
+        ctx_enter(io);
         submit_gpu(io, st, parts, ng);
+    }
     if (n > ng) {
         ferry__posix_submit(st->cpu, parts + ng, n - ng);
         st->cpu_busy += n - ng;
@@ -752,6 +772,7 @@ static int cf_dev_rw(ferry_io *io, ferry_file *f, ferry_stream *s, int op, ferry
         return FERRY_ENOTSUP;
     if (!s || !st->api->ReadAsync || !st->api->WriteAsync)
         return ferry__io_rw(io, f, op, NULL, p, len, off, len); /* batch API, depth in flight */
+    ctx_enter(io);
     void *cs = stream_reg(io, st, s);
     /* cuFile reads these through pointers when the stream reaches the op:
      * they live until the stream is synchronized below */
