@@ -34,13 +34,16 @@
  * Redis Cluster: the client reads the slot map (CLUSTER SLOTS), routes each
  *  key to its master by CRC16 slot (hash tags honoured), follows MOVED
  *  (updating its map) and ASK (ASKING + retry) redirections, and pipelines
- *  per node. Only masters are used; db must be 0.
+ *  per node (every node's pipeline is in flight at once). Only masters are
+ *  used; db must be 0. A key_prefix holding a {hash tag} puts every key
+ *  in one slot, so on one node: leave tags out of the prefix unless that is
+ *  what you want.
  *
  * Failure model: a transport failure (refused, reset, timed out) marks the
  *  remote down for a backoff period that starts at backoff_initial_ms and
- *  doubles up to backoff_max_ms. While it is down every call answers as a
- *  miss at once, without I/O (metrics.degraded counts them), and the
- *  writer thread drops what it is handed. After the period one caller
+ *  doubles up to backoff_max_ms, plus up to 25% random jitter. While it
+ *  is down every call answers as a miss at once, without I/O
+ *  (metrics.degraded counts them), and puts are dropped. After the period one caller
  *  probes (reconnects, with connect_timeout_ms); others keep answering
  *  misses until the probe succeeds. A connection found dead by EOF or
  *  reset (a restarted server) is reconnected and the command retried once

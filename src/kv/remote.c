@@ -75,7 +75,7 @@ struct ferry_remote {
     /* health */
     pthread_mutex_t health_mu;
     int down, probing;
-    uint64_t down_until_ns, backoff_ns;
+    uint64_t down_until_ns, backoff_ns, jitter;
     int down_code;
     char down_reason[FERRY__ERRMSG_MAX];
 
@@ -177,8 +177,14 @@ static void health_fail(ferry_remote *r, int code, const char *msg, int probe)
         r->probing = 0;
     int was_down = r->down;
     if (!r->down || probe) {
+        /* up to +25% jitter, so that many clients of one server that went
+         * down together do not all probe it at the same instant */
+        r->jitter ^= r->jitter << 13;
+        r->jitter ^= r->jitter >> 7;
+        r->jitter ^= r->jitter << 17;
+        uint64_t period = r->backoff_ns + (r->jitter % (r->backoff_ns / 4 + 1));
         r->down = 1;
-        r->down_until_ns = ferry__now_ns() + r->backoff_ns;
+        r->down_until_ns = ferry__now_ns() + period;
         uint64_t next = r->backoff_ns * 2, cap = (uint64_t)r->backoff_max_ms * 1000000ull;
         r->backoff_ns = next > cap ? cap : next;
     }
@@ -542,6 +548,7 @@ int ferry_remote_open(const char *url, const ferry_remote_options *opt, ferry_re
     if (r->backoff_max_ms < r->backoff_initial_ms)
         r->backoff_max_ms = r->backoff_initial_ms;
     r->backoff_ns = (uint64_t)r->backoff_initial_ms * 1000000ull;
+    r->jitter = (ferry__now_ns() ^ (uint64_t)(uintptr_t)r) | 1;
     r->queue_max_items = o.queue_max_items ? o.queue_max_items : 1024;
     r->queue_max_bytes = o.queue_max_bytes ? o.queue_max_bytes : (256ull << 20);
     r->ttl_s = o.ttl_s;
