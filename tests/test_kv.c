@@ -367,6 +367,36 @@ static void store_lookup_retrieve_contiguous(void **state)
     free(dst.mem);
 }
 
+static void lookup_stops_at_the_first_miss_across_blocks(void **state)
+{
+    (void)state;
+    ferry_kv_config c = small_config(64);
+    ferry_kv *kv;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    size_t n = 40 * CT;
+    int32_t *tok = malloc(n * sizeof *tok);
+    make_tokens(tok, n, 31337);
+    hbuf h;
+    hbuf_init(&h, n, 2);
+    assert_int_equal(ferry_kv_store(kv, tok, 20 * CT, NULL, &h.b), 20 * CT);
+    uint8_t tiers[40];
+    memset(tiers, 9, sizeof tiers);
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.tiers = tiers;
+    r.max_chunks = 40;
+    assert_int_equal(ferry_kv_lookup(kv, tok, n, &r), 20 * CT);
+    assert_int_equal(tiers[19], FERRY_KV_TIER_L1);
+    assert_int_equal(tiers[20], FERRY_KV_TIER_NONE);
+    assert_int_equal(tiers[21], 9); /* not looked at */
+    /* a chunk missing in the middle hides everything after it */
+    assert_int_equal(ferry_kv_delete(kv, tok + 0, 18 * CT, NULL) >= 0, 1);
+    assert_int_equal(ferry_kv_store(kv, tok, 17 * CT, NULL, &h.b), 17 * CT);
+    assert_int_equal(ferry_kv_lookup(kv, tok, n, NULL), 17 * CT);
+    ferry_kv_close(kv);
+    free(tok);
+    free(h.mem);
+}
+
 /* a paged cache: per plane, num_blocks blocks of 4 tokens */
 #define BT 4
 #define NBLK 40
@@ -1235,6 +1265,7 @@ int main(void)
         cmocka_unit_test(s3fifo_policy_small_main_and_ghost),
         cmocka_unit_test(open_rejects_bad_configs),
         cmocka_unit_test(store_lookup_retrieve_contiguous),
+        cmocka_unit_test(lookup_stops_at_the_first_miss_across_blocks),
         cmocka_unit_test(paged_blocks_round_trip),
         cmocka_unit_test(bad_input_has_clear_codes),
         cmocka_unit_test(salt_and_model_isolate_keys),

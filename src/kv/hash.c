@@ -59,17 +59,15 @@ static void update_tokens(XXH3_state_t *st, const int32_t *tok, size_t n)
 #endif
 }
 
-size_t ferry__kv_hash_chain(uint64_t seed, const int32_t *tokens, size_t n, uint32_t chunk_tokens,
-                            int partial, ferry_kv_hash *out, size_t max)
+void ferry__kv_hash_step(uint64_t seed, const int32_t *tokens, size_t n, uint32_t chunk_tokens,
+                         size_t first, size_t count, ferry_kv_hash *prev_io, ferry_kv_hash *out)
 {
     size_t full = n / chunk_tokens, rest = n % chunk_tokens;
-    size_t chunks = full + (partial && rest ? 1 : 0);
-    size_t todo = FERRY__MIN(chunks, max);
-    ferry_kv_hash prev = {0, 0};
+    ferry_kv_hash prev = *prev_io;
     XXH3_state_t st;
     unsigned char le[16];
     memset(&st, 0, sizeof st); /* quiets a false maybe-uninitialized in xxhash.h */
-    for (size_t i = 0; i < todo; i++) {
+    for (size_t i = first; i < first + count; i++) {
         size_t len = i < full ? chunk_tokens : rest;
         XXH3_128bits_reset_withSeed(&st, seed);
         hash_le(le, prev);
@@ -78,8 +76,19 @@ size_t ferry__kv_hash_chain(uint64_t seed, const int32_t *tokens, size_t n, uint
         XXH128_hash_t h = XXH3_128bits_digest(&st);
         prev.lo = h.low64;
         prev.hi = h.high64;
-        out[i] = prev;
+        out[i - first] = prev;
     }
+    *prev_io = prev;
+}
+
+size_t ferry__kv_hash_chain(uint64_t seed, const int32_t *tokens, size_t n, uint32_t chunk_tokens,
+                            int partial, ferry_kv_hash *out, size_t max)
+{
+    size_t full = n / chunk_tokens, rest = n % chunk_tokens;
+    size_t chunks = full + (partial && rest ? 1 : 0);
+    size_t todo = FERRY__MIN(chunks, max);
+    ferry_kv_hash prev = {0, 0};
+    ferry__kv_hash_step(seed, tokens, n, chunk_tokens, 0, todo, &prev, out);
     return chunks;
 }
 

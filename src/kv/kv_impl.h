@@ -134,6 +134,10 @@ void ferry__kv_list_unlink(ferry__kv_list *l, int tier, ferry__kv_entry *e);
 /* chained chunk hashes; returns the number of chunks; writes min(that, max) */
 size_t ferry__kv_hash_chain(uint64_t seed, const int32_t *tokens, size_t n, uint32_t chunk_tokens,
                             int partial, ferry_kv_hash *out, size_t max);
+/* hash chunks [first, first + count) of tokens[0..n), chaining from *prev
+ * (chunk first - 1's hash; zeros before chunk 0), which is updated */
+void ferry__kv_hash_step(uint64_t seed, const int32_t *tokens, size_t n, uint32_t chunk_tokens,
+                         size_t first, size_t count, ferry_kv_hash *prev, ferry_kv_hash *out);
 /* the namespace digest of (model, rank, world, salt) */
 ferry_kv_hash ferry__kv_namespace(uint64_t seed, const char *model, uint32_t rank,
                                   uint32_t world, const void *salt, size_t salt_len);

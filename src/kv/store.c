@@ -445,37 +445,54 @@ static void set_tier(const ferry_kv_req *req, size_t i, int tier)
 
 /* ---- lookup ---- */
 
+/* Lookup hashes as it goes, a block of chunks at a time, and stops at the
+ * first miss: a cold prompt costs one block of hashing, not all of it. */
+#define LOOKUP_BLOCK 16
+
 int ferry_kv_lookup(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
 {
     if (!kv)
         return ferry__err_set(NULL, -EINVAL, "kv lookup: store is NULL");
     uint64_t t0 = ferry__now_ns();
-    ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
-    int nch = make_ids(kv, tokens, n, req, "lookup", stack, &ids);
-    if (nch < 0)
-        return nch;
-    size_t hit = 0, i;
+    int rc = req_ok(kv, req, "lookup");
+    if (rc < 0)
+        return rc;
+    if (!tokens || n == 0)
+        return ferry__kv_err(kv, -EINVAL, "kv lookup: no tokens (tokens %p, n %zu)",
+                             (const void *)tokens, n);
+    int partial = req && (req->flags & FERRY_KV_PARTIAL);
+    size_t nch = n / kv->chunk_tokens + (partial && n % kv->chunk_tokens ? 1 : 0);
+    if (nch > INT32_MAX / 2)
+        return ferry__kv_err(kv, -EINVAL, "kv lookup: %zu tokens is too many", n);
+    ferry_kv_hash ns = ns_of(kv, req), prev = {0, 0}, blk[LOOKUP_BLOCK];
+    size_t hit = 0, i = 0;
+    int missed = 0;
     uint64_t hits[FERRY_KV_TIERS] = {0};
-    pthread_mutex_lock(&kv->mu);
-    for (i = 0; i < (size_t)nch; i++) {
-        ferry__kv_entry *e = find(kv, ids[i]);
-        if (!e || e->state != FERRY__KV_READY || !e->resident)
-            break;
-        int tier = (e->resident & (1u << FERRY_KV_TIER_L1)) ? FERRY_KV_TIER_L1
-                   : (e->resident & (1u << FERRY_KV_TIER_L2)) ? FERRY_KV_TIER_L2
-                                                              : FERRY_KV_TIER_REMOTE;
-        ferry__kv_tier *t = kv->tier[tier];
-        if (t)
-            t->policy->ops->touch(t->policy, e);
-        hits[tier]++;
-        set_tier(req, i, tier);
-        hit += chunk_ntok(kv, i, n);
+    while (i < nch && !missed) {
+        size_t k = FERRY__MIN((size_t)LOOKUP_BLOCK, nch - i);
+        ferry__kv_hash_step(kv->seed, tokens, n, kv->chunk_tokens, i, k, &prev, blk);
+        pthread_mutex_lock(&kv->mu);
+        for (size_t j = 0; j < k; j++, i++) {
+            ferry_kv_hash id = {blk[j].lo ^ ns.lo, blk[j].hi ^ ns.hi};
+            ferry__kv_entry *e = find(kv, id);
+            if (!e || e->state != FERRY__KV_READY || !e->resident) {
+                missed = 1;
+                break;
+            }
+            int tier = (e->resident & (1u << FERRY_KV_TIER_L1))   ? FERRY_KV_TIER_L1
+                       : (e->resident & (1u << FERRY_KV_TIER_L2)) ? FERRY_KV_TIER_L2
+                                                                  : FERRY_KV_TIER_REMOTE;
+            ferry__kv_tier *t = kv->tier[tier];
+            if (t)
+                t->policy->ops->touch(t->policy, e);
+            hits[tier]++;
+            set_tier(req, i, tier);
+            hit += chunk_ntok(kv, i, n);
+        }
+        pthread_mutex_unlock(&kv->mu);
     }
-    pthread_mutex_unlock(&kv->mu);
-    if (i < (size_t)nch)
+    if (missed)
         set_tier(req, i, FERRY_KV_TIER_NONE);
-    if (ids != stack)
-        ferry__free(ids);
     for (int t = 1; t < FERRY_KV_TIERS; t++)
         if (hits[t] && kv->tier[t])
             atomic_fetch_add(&kv->tier[t]->hits, hits[t]);
