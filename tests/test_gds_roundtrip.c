@@ -331,6 +331,42 @@ static void driver_selection(void **state)
 }
 
 
+
+/* host buffers registered with the drive queues: the fast path, same bytes */
+static void registered_host_buffers(void **state)
+{
+    (void)state;
+    ferry_gds_config c = config(2, "cpu");
+    ferry_gds *g = NULL;
+    FT_ASSERT_OK(ferry_gds_open(&c, &g));
+    unsigned char *a = NULL, *b = NULL;
+    FT_ASSERT_OK(ferry_gds_buffer_alloc(g, 4 * MiB, (void **)&a));
+    assert_true(((uintptr_t)a & 4095) == 0);
+    unsigned char *mine = aligned_alloc(4096, 4 * MiB);
+    FT_ASSERT_OK(ferry_gds_host_register(g, mine, 4 * MiB));
+    b = mine;
+    ft_fill_pattern(a, 4 * MiB, 5);
+    FT_ASSERT_OK(ferry_gds_pwrite(g, a, 4 * MiB, 8 * MiB));
+    memset(b, 0, 4 * MiB);
+    FT_ASSERT_OK(ferry_gds_pread(g, b, 4 * MiB, 8 * MiB));
+    assert_int_equal(ft_check_pattern(b, 4 * MiB, 5), -1);
+    /* a slice inside a registered buffer works as well */
+    FT_ASSERT_OK(ferry_gds_pread(g, b + 4096, 8192, 8 * MiB + 4096));
+    FT_ASSERT_OK(ferry_gds_host_unregister(g, mine));
+    if (strcmp(ferry_gds_engine(g), "uring") == 0)
+        assert_int_equal(ferry_gds_host_unregister(g, mine), FERRY_ENOTFOUND);
+    assert_int_equal(ferry_gds_host_register(g, NULL, 4096), -EINVAL);
+    ferry_gds_buffer_free(g, a);
+    ferry_gds_close(g);
+    free(mine);
+    /* off: refused */
+    ferry_gds *off = NULL;
+    FT_ASSERT_OK(ferry_gds_create(&off));
+    void *p = NULL;
+    assert_int_equal(ferry_gds_buffer_alloc(off, 4096, &p), FERRY_ESTATE);
+    ferry_gds_close(off);
+}
+
 /* asynchronous host requests: many in flight over three drives, reaped in any order */
 static void async_host_requests(void **state)
 {
@@ -719,6 +755,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(host_path_striped_three_drives, setup, teardown),
         cmocka_unit_test_setup_teardown(device_fault_mid_transfer, setup, teardown),
         cmocka_unit_test_setup_teardown(driver_selection, setup, teardown),
+        cmocka_unit_test_setup_teardown(registered_host_buffers, setup, teardown),
         cmocka_unit_test_setup_teardown(async_host_requests, setup, teardown),
         cmocka_unit_test_setup_teardown(threads_share_the_drive_queues, setup, teardown),
         cmocka_unit_test_setup_teardown(cufile_driver_over_fake_library, setup, teardown),

@@ -237,6 +237,27 @@ FERRY_API int ferry_gds_pwrite(ferry_gds *g, const void *buf, size_t len, uint64
 /** Slab at slab_off -> host memory. */
 FERRY_API int ferry_gds_pread(ferry_gds *g, void *buf, size_t len, uint64_t slab_off);
 
+/* ---- host buffers ---- */
+/**
+ * Register host memory [buf, buf+len) with every drive queue (io_uring
+ * fixed buffers): transfers from inside it skip the kernel's per-I/O page
+ * pinning, which is most of the cost of large O_DIRECT requests. Engines
+ * without registration accept and ignore it. Unregister before freeing the
+ * memory. Errors: FERRY_ESTATE (off), -EINVAL, the engine's codes (-ENOSPC
+ * when its fixed-buffer table is full); on failure nothing stays
+ * registered.
+ */
+FERRY_API int ferry_gds_host_register(ferry_gds *g, void *buf, size_t len);
+/** Undo ferry_gds_host_register. FERRY_ENOTFOUND when buf was not registered. */
+FERRY_API int ferry_gds_host_unregister(ferry_gds *g, void *buf);
+/**
+ * Allocate len bytes of host memory aligned for the slab (pinned when the
+ * context has a device) and registered with the drive queues; free with
+ * ferry_gds_buffer_free before closing the context.
+ */
+FERRY_API int ferry_gds_buffer_alloc(ferry_gds *g, size_t len, void **out);
+FERRY_API void ferry_gds_buffer_free(ferry_gds *g, void *buf);
+
 /* ---- asynchronous host transfers ---- */
 /** One host-memory transfer for ferry_gds_submit. */
 typedef struct ferry_gds_req {

@@ -1640,6 +1640,96 @@ int ferry_gds_reap(ferry_gds *g, ferry_gds_req **done, unsigned min, unsigned ma
     }
 }
 
+/* ---- registered host buffers ---- */
+
+int ferry_gds_host_register(ferry_gds *g, void *buf, size_t len)
+{
+    if (!g || !buf || !len)
+        return ferry__err_set(g ? &g->err : NULL, -EINVAL,
+                              "gds: host register needs a buffer and a length");
+    if (!g->on)
+        return ferry__err_set(&g->err, FERRY_ESTATE, "gds: host register: the context is off");
+    int rc = 0;
+    unsigned d = 0;
+    for (; d < g->ndrives && rc == 0; d++) {
+        pthread_mutex_lock(&g->drives[d].mu);
+        rc = ferry_io_register_buffer(g->drives[d].io, buf, len);
+        pthread_mutex_unlock(&g->drives[d].mu);
+    }
+    if (rc == FERRY_ENOTSUP)
+        rc = 0; /* this engine has no fixed buffers: nothing to gain, nothing to do */
+    if (rc < 0) {
+        char m[FERRY__ERRMSG_MAX];
+        snprintf(m, sizeof m, "%s", ferry_last_error());
+        for (unsigned j = 0; j + 1 < d; j++) {
+            pthread_mutex_lock(&g->drives[j].mu);
+            ferry_io_unregister_buffer(g->drives[j].io, buf);
+            pthread_mutex_unlock(&g->drives[j].mu);
+        }
+        return ferry__err_set(&g->err, rc, "gds: host register %p (%zu bytes) on drive %u: %s",
+                              buf, len, d - 1, m);
+    }
+    return 0;
+}
+
+int ferry_gds_host_unregister(ferry_gds *g, void *buf)
+{
+    if (!g || !buf)
+        return ferry__err_set(g ? &g->err : NULL, -EINVAL, "gds: host unregister of NULL");
+    if (!g->on)
+        return ferry__err_set(&g->err, FERRY_ESTATE, "gds: host unregister: the context is off");
+    int rc = 0;
+    for (unsigned d = 0; d < g->ndrives; d++) {
+        pthread_mutex_lock(&g->drives[d].mu);
+        int r = ferry_io_unregister_buffer(g->drives[d].io, buf);
+        pthread_mutex_unlock(&g->drives[d].mu);
+        if (r < 0 && r != FERRY_ENOTSUP && rc == 0)
+            rc = ferry__err_set(&g->err, r == -ENOENT ? FERRY_ENOTFOUND : r,
+                                "gds: host unregister %p on drive %u: %s", buf, d,
+                                ferry_last_error());
+    }
+    return rc;
+}
+
+int ferry_gds_buffer_alloc(ferry_gds *g, size_t len, void **out)
+{
+    if (!g || !len || !out)
+        return ferry__err_set(g ? &g->err : NULL, -EINVAL, "gds: buffer alloc needs a length");
+    if (!g->on)
+        return ferry__err_set(&g->err, FERRY_ESTATE, "gds: buffer alloc: the context is off");
+    size_t n = FERRY__ALIGN_UP(len, g->align);
+    void *p = NULL;
+    if (g->dev) {
+        int rc = ferry_device_host_alloc(g->dev, n, &p);
+        if (rc < 0)
+            return ferry__err_pass(&g->err, rc);
+    } else if (!(p = ferry__aligned_alloc(g->align, n))) {
+        return ferry__err_set(&g->err, -ENOMEM, "gds: out of memory for a %zu-byte buffer", n);
+    }
+    /* best effort, as the engines' own buffers: unregistered still works */
+    if (ferry_gds_host_register(g, p, n) < 0)
+        FERRY_LOGD("gds: buffer %p not registered: %s", p, ferry__err_msg(&g->err));
+    *out = p;
+    return 0;
+}
+
+void ferry_gds_buffer_free(ferry_gds *g, void *buf)
+{
+    if (!g || !buf)
+        return;
+    if (g->on) {
+        for (unsigned d = 0; d < g->ndrives; d++) {
+            pthread_mutex_lock(&g->drives[d].mu);
+            ferry_io_unregister_buffer(g->drives[d].io, buf);
+            pthread_mutex_unlock(&g->drives[d].mu);
+        }
+    }
+    if (g->dev)
+        ferry_device_host_free(g->dev, buf);
+    else
+        ferry__free(buf);
+}
+
 /* ---- extents ---- */
 
 static int ext_ok(ferry_gds *g, const ferry_extent *e)

@@ -1,0 +1,642 @@
+/*
+ * cmd_bench_gds.c - `ferry bench gds`: store and load N chunks of a KV
+ * layout through the GDS context, and in the same run the two references
+ * its figures are judged against.
+ *
+ *  1. The context: allocate N extents of one chunk (Llama-3-8B: 32 MiB per
+ *     256 tokens) from the context's slab, store each chunk (host buffers
+ *     through the drive queues, or --device buffers through registered
+ *     regions and the driver), then load each back; GB/s and p50/p99
+ *     latency per chunk, the driver and engine in use.
+ *  2. `ferry bench io`'s measurement with the same engine, chunk size and
+ *     depth: `depth` chunk requests in flight on one file per drive
+ *     directory; the ratio context / io says what the context's
+ *     bookkeeping costs (target >= 0.9x).
+ *  3. The allocator: allocate and free on a slab of 100,000 chunks (half
+ *     full, extents of 1..4 chunks, random order); operations per second
+ *     (target >= 1M/s) and the fragmentation figure afterwards.
+ *
+ * Rounds alternate context and reference so that drive state drifts hit
+ * both; the medians are reported. Loaded bytes are checked against what
+ * was stored (a wrong byte fails the command).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "cli.h"
+
+#define CMD "bench gds"
+#define MAX_DIRS 16
+#define MAX_ROUNDS 15
+
+typedef struct phase {
+    double gbps, p50_ms, p99_ms, secs;
+} phase;
+
+typedef struct gopts {
+    const char *dirs[MAX_DIRS];
+    unsigned ndirs;
+    uint64_t chunk, size;
+    unsigned depth, rounds;
+    const char *driver, *engine, *device;
+    uint64_t alloc_chunks, alloc_ops;
+    int json, no_ref;
+} gopts;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void finish(phase *p, double *lat, size_t n, uint64_t bytes, double secs)
+{
+    qsort(lat, n, sizeof *lat, cmp_d);
+    p->secs = secs;
+    p->gbps = secs > 0 ? (double)bytes / secs / 1e9 : 0;
+    p->p50_ms = n ? lat[(n - 1) / 2] * 1e3 : 0;
+    p->p99_ms = n ? lat[(size_t)((double)(n - 1) * 0.99)] * 1e3 : 0;
+}
+
+static double median(double *v, unsigned n)
+{
+    qsort(v, n, sizeof *v, cmp_d);
+    return n ? (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2) : 0;
+}
+
+/* ---- 1. the context ---- */
+typedef struct ctx_run {
+    ferry_gds *g;
+    ferry_device *dev;
+    ferry_devptr dbuf;  /* device mode: one chunk, registered */
+    unsigned char *hbuf; /* host mode: one chunk, 4 KiB aligned */
+    ferry_extent *ext;
+    uint64_t n;
+} ctx_run;
+
+static void stamp(unsigned char *p, size_t len, uint64_t k)
+{
+    /* a cheap per-chunk mark at the start of every 4 KiB block */
+    for (size_t i = 0; i < len; i += 4096)
+        memcpy(p + i, &k, sizeof k);
+}
+
+/* device buffers: one chunk at a time through the registered region */
+static int ctx_phase_dev(ctx_run *r, const gopts *o, int dir, phase *out)
+{
+    double *lat = malloc(r->n * sizeof *lat);
+    if (!lat)
+        return -ENOMEM;
+    int rc = 0;
+    double t0 = now_s();
+    for (uint64_t k = 0; k < r->n && rc == 0; k++) {
+        double t = now_s();
+        rc = ferry_gds_extent_transfer(r->g, dir, &r->ext[k], r->dbuf, NULL);
+        lat[k] = now_s() - t;
+        cli_progress(dir == FERRY_GDS_WRITE ? "gds store" : "gds load", k + 1, r->n);
+    }
+    double secs = now_s() - t0;
+    cli_progress_end();
+    if (rc == 0)
+        finish(out, lat, (size_t)r->n, r->n * o->chunk, secs);
+    free(lat);
+    return rc;
+}
+
+/* host buffers: `depth` chunk requests in flight, as bench io keeps them */
+static int ctx_phase(ctx_run *r, const gopts *o, int dir, phase *out)
+{
+    if (r->dev)
+        return ctx_phase_dev(r, o, dir, out);
+    size_t chunk = (size_t)o->chunk;
+    unsigned depth = o->depth;
+    double *lat = malloc(r->n * sizeof *lat);
+    ferry_gds_req *rq = calloc(depth, sizeof *rq);
+    double *tsub = calloc(depth, sizeof *tsub);
+    uint64_t *which = calloc(depth, sizeof *which);
+    if (!lat || !rq || !tsub || !which) {
+        free(lat);
+        free(rq);
+        free(tsub);
+        free(which);
+        return -ENOMEM;
+    }
+    uint64_t next = 0, ndone = 0;
+    unsigned char busy[64] = {0};
+    int rc = 0;
+    double t0 = now_s();
+    while (ndone < r->n && rc == 0) {
+        ferry_gds_req *ptrs[64];
+        unsigned n = 0;
+        for (unsigned sl = 0; sl < depth && next < r->n; sl++) {
+            if (busy[sl])
+                continue;
+            unsigned char *b = r->hbuf + (size_t)sl * chunk;
+            if (dir == FERRY_GDS_WRITE)
+                stamp(b, chunk, next);
+            rq[sl] = (ferry_gds_req){dir, b, chunk, r->ext[next].offset,
+                                     (void *)(uintptr_t)sl, 0, NULL};
+            which[sl] = next++;
+            tsub[sl] = now_s();
+            busy[sl] = 1;
+            ptrs[n++] = &rq[sl];
+        }
+        if (n && ferry_gds_submit(r->g, ptrs, n) != (int)n) {
+            rc = FERRY_EDRIVER;
+            break;
+        }
+        ferry_gds_req *done[64];
+        int k = ferry_gds_reap(r->g, done, 1, depth, -1);
+        if (k < 0) {
+            rc = k;
+            break;
+        }
+        double tr = now_s();
+        for (int i = 0; i < k; i++) {
+            unsigned sl = (unsigned)(uintptr_t)done[i]->user;
+            if (done[i]->result < 0 && rc == 0)
+                rc = done[i]->result;
+            if (dir == FERRY_GDS_READ && rc == 0) {
+                uint64_t got;
+                memcpy(&got, (unsigned char *)done[i]->buf + chunk - 4096, sizeof got);
+                if (got != which[sl]) {
+                    fprintf(stderr, "ferry %s: chunk %llu read back as chunk %llu\n", CMD,
+                            (unsigned long long)which[sl], (unsigned long long)got);
+                    rc = FERRY_ECORRUPT;
+                }
+            }
+            lat[ndone++] = tr - tsub[sl];
+            busy[sl] = 0;
+        }
+        cli_progress(dir == FERRY_GDS_WRITE ? "gds store" : "gds load", ndone, r->n);
+    }
+    double secs = now_s() - t0;
+    cli_progress_end();
+    /* collect what is still in flight after an error */
+    ferry_gds_req *rest[64];
+    while (ferry_gds_reap(r->g, rest, 1, 64, -1) > 0)
+        ;
+    if (rc == 0)
+        finish(out, lat, (size_t)r->n, r->n * chunk, secs);
+    free(lat);
+    free(rq);
+    free(tsub);
+    free(which);
+    return rc;
+}
+
+/* ---- 2. the reference: bench io's loop, depth chunks in flight per file ---- */
+typedef struct ref_run {
+    ferry_io *io[MAX_DIRS];
+    ferry_file *f[MAX_DIRS];
+    unsigned char *buf; /* depth chunks */
+    uint64_t per_file;  /* chunks per file */
+} ref_run;
+
+static int ref_phase(ref_run *r, const gopts *o, int op, phase *out)
+{
+    size_t chunk = (size_t)o->chunk;
+    unsigned depth = o->depth, nd = o->ndirs;
+    uint64_t total = r->per_file * nd;
+    double *lat = malloc(total * sizeof *lat);
+    ferry_io_req *reqs = calloc((size_t)depth * nd, sizeof *reqs);
+    double *tsub = calloc((size_t)depth * nd, sizeof *tsub);
+    if (!lat || !reqs || !tsub) {
+        free(lat);
+        free(reqs);
+        free(tsub);
+        return -ENOMEM;
+    }
+    uint64_t next[MAX_DIRS] = {0}, ndone = 0;
+    unsigned busy[MAX_DIRS] = {0};
+    int rc = 0;
+    double t0 = now_s();
+    /* every file gets depth requests, then each completion is refilled */
+    while (ndone < total && rc == 0) {
+        for (unsigned d = 0; d < nd && rc == 0; d++) {
+            ferry_io_req *ptrs[64];
+            unsigned n = 0;
+            for (unsigned s = 0; s < depth && next[d] < r->per_file; s++) {
+                ferry_io_req *q = &reqs[d * depth + s];
+                if (q->user) /* in flight */
+                    continue;
+                memset(q, 0, sizeof *q);
+                q->op = op;
+                q->file = r->f[d];
+                q->buf = r->buf + (size_t)s * chunk;
+                q->len = chunk;
+                q->offset = next[d]++ * chunk;
+                q->user = (void *)1;
+                tsub[d * depth + s] = now_s();
+                ptrs[n++] = q;
+            }
+            if (n) {
+                int k = ferry_io_submit(r->io[d], ptrs, n);
+                if (k != (int)n)
+                    rc = k < 0 ? k : -EAGAIN;
+                busy[d] += n;
+            }
+        }
+        for (unsigned d = 0; d < nd && rc == 0; d++) {
+            if (!busy[d])
+                continue;
+            ferry_io_req *done[64];
+            int k = ferry_io_reap(r->io[d], done, 1, depth, d + 1 == nd ? -1 : 0);
+            if (k < 0) {
+                rc = k;
+                break;
+            }
+            double tr = now_s();
+            for (int i = 0; i < k; i++) {
+                if (done[i]->result != (int64_t)done[i]->len)
+                    rc = done[i]->result < 0 ? (int)done[i]->result : -EIO;
+                lat[ndone++] = tr - tsub[done[i] - reqs];
+                done[i]->user = NULL;
+            }
+            busy[d] -= (unsigned)k;
+        }
+        cli_progress(op == FERRY_IO_WRITE ? "io write" : "io read", ndone, total);
+    }
+    double secs = now_s() - t0;
+    cli_progress_end();
+    for (unsigned d = 0; d < nd; d++)
+        while (ferry_io_inflight(r->io[d])) {
+            ferry_io_req *done[64];
+            if (ferry_io_reap(r->io[d], done, 1, 64, -1) < 0)
+                break;
+        }
+    if (rc == 0)
+        finish(out, lat, (size_t)total, total * chunk, secs);
+    free(lat);
+    free(reqs);
+    free(tsub);
+    return rc;
+}
+
+static int ref_open(ref_run *r, const gopts *o, const char *engine)
+{
+    memset(r, 0, sizeof *r);
+    r->per_file = (o->size / o->chunk + o->ndirs - 1) / o->ndirs;
+    for (unsigned d = 0; d < o->ndirs; d++) {
+        ferry_io_options io = FERRY_IO_OPTIONS_INIT;
+        io.engine = engine;
+        io.depth = o->depth;
+        int rc = ferry_io_open(&io, &r->io[d]);
+        if (rc < 0)
+            return rc;
+        char p[4096];
+        snprintf(p, sizeof p, "%s/ferry_bench_io_ref.bin", o->dirs[d]);
+        rc = ferry_file_open(r->io[d], p,
+                             FERRY_FILE_READ | FERRY_FILE_WRITE | FERRY_FILE_CREATE |
+                                 FERRY_FILE_TRUNC | FERRY_FILE_DIRECT,
+                             &r->f[d]);
+        if (rc < 0)
+            return rc;
+        if ((rc = ferry_file_allocate(r->f[d], 0, r->per_file * o->chunk)) < 0)
+            return rc;
+    }
+    return ferry_io_buffer_alloc(r->io[0], (size_t)o->chunk * o->depth, (void **)&r->buf);
+}
+
+static void ref_close(ref_run *r, const gopts *o)
+{
+    if (r->buf)
+        ferry_io_buffer_free(r->io[0], r->buf);
+    for (unsigned d = 0; d < o->ndirs; d++) {
+        if (r->f[d]) {
+            char p[4096];
+            snprintf(p, sizeof p, "%s", ferry_file_path(r->f[d]));
+            ferry_file_close(r->f[d]);
+            remove(p);
+        }
+        ferry_io_close(r->io[d]);
+    }
+}
+
+/* ---- 3. the allocator ---- */
+typedef struct alloc_res {
+    double ops_per_s, fragmentation;
+    uint64_t ops, free_blocks, used_blocks;
+} alloc_res;
+
+static int bench_alloc(const gopts *o, alloc_res *out)
+{
+    ferry_slab_options so = FERRY_SLAB_OPTIONS_INIT;
+    so.capacity = o->alloc_chunks * o->chunk;
+    ferry_slab *s;
+    int rc = ferry_slab_create(&so, &s);
+    if (rc < 0)
+        return rc;
+    uint64_t cap = o->alloc_chunks; /* live extents never exceed the chunk count */
+    ferry_extent *live = malloc(cap * sizeof *live);
+    if (!live) {
+        ferry_slab_destroy(s);
+        return -ENOMEM;
+    }
+    uint64_t n = 0, x = 88172645463325252ull;
+#define RND() (x ^= x << 13, x ^= x >> 7, x ^= x << 17, x)
+    /* half full, extents of 1..4 chunks */
+    while (rc >= 0) {
+        ferry_slab_stats st;
+        ferry_slab_stats_get(s, &st);
+        if (st.usage >= 0.5)
+            break;
+        rc = ferry_slab_alloc_bytes(s, (1 + RND() % 4) * o->chunk, &live[n]);
+        if (rc == 1)
+            n++;
+    }
+    uint64_t ops = 0;
+    double t0 = now_s();
+    for (uint64_t i = 0; i < o->alloc_ops && rc >= 0; i++) {
+        uint64_t k = RND() % n;
+        if ((rc = ferry_slab_free(s, &live[k])) < 0)
+            break;
+        live[k] = live[--n];
+        ops++;
+        rc = ferry_slab_alloc_bytes(s, (1 + RND() % 4) * o->chunk, &live[n]);
+        if (rc == 1)
+            n++;
+        else if (rc == FERRY_ENOSPACE)
+            rc = 0;
+        ops++;
+    }
+#undef RND
+    double secs = now_s() - t0;
+    if (rc >= 0)
+        rc = ferry_slab_check(s);
+    ferry_slab_stats st;
+    ferry_slab_stats_get(s, &st);
+    out->ops = ops;
+    out->ops_per_s = secs > 0 ? (double)ops / secs : 0;
+    out->fragmentation = st.fragmentation;
+    out->free_blocks = st.free_blocks;
+    out->used_blocks = st.used_blocks;
+    free(live);
+    ferry_slab_destroy(s);
+    return rc < 0 ? rc : 0;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: ferry bench gds [--dir DIR]... [--chunk 32M] [--size 1G] [--depth 8]\n"
+            "                       [--driver auto|cpu|cufile|hipfile] [--engine auto|posix|uring]\n"
+            "                       [--device none|host|cuda] [--rounds 3] [--alloc-chunks 100000]\n"
+            "                       [--alloc-ops 2000000] [--no-ref] [--json]\n"
+            "Stores and loads size/chunk chunks through the GDS context (host buffers unless\n"
+            "--device), runs `ferry bench io`'s loop with the same engine, chunk and depth for\n"
+            "the ratio, and measures the slab allocator on a slab of --alloc-chunks chunks.\n");
+}
+
+int cmd_bench_gds(int argc, char **argv)
+{
+    gopts o = {0};
+    o.chunk = 32u << 20;
+    o.size = 1ull << 30;
+    o.depth = 8;
+    o.rounds = 3;
+    o.alloc_chunks = 100000;
+    o.alloc_ops = 2000000;
+    o.device = "none";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        uint64_t n;
+        if (!strcmp(a, "--json"))
+            o.json = 1;
+        else if (!strcmp(a, "--no-ref"))
+            o.no_ref = 1;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--dir") && v) {
+            if (o.ndirs == MAX_DIRS)
+                return cli_usage(CMD, "at most %d --dir", MAX_DIRS);
+            o.dirs[o.ndirs++] = v;
+            i++;
+        } else if (!strcmp(a, "--chunk") || !strcmp(a, "--size")) {
+            if (cli_size(CMD, a, v, &n))
+                return 2;
+            *(a[2] == 'c' ? &o.chunk : &o.size) = n;
+            i++;
+        } else if ((!strcmp(a, "--depth") || !strcmp(a, "--rounds") ||
+                    !strcmp(a, "--alloc-chunks") || !strcmp(a, "--alloc-ops")) &&
+                   v) {
+            char *end;
+            unsigned long long x = strtoull(v, &end, 10);
+            if (*end || x == 0)
+                return cli_usage(CMD, "%s: bad number '%s'", a, v);
+            if (!strcmp(a, "--depth"))
+                o.depth = x > 64 ? 64 : (unsigned)x;
+            else if (!strcmp(a, "--rounds"))
+                o.rounds = x > MAX_ROUNDS ? MAX_ROUNDS : (unsigned)x;
+            else if (!strcmp(a, "--alloc-chunks"))
+                o.alloc_chunks = x;
+            else
+                o.alloc_ops = x;
+            i++;
+        } else if (!strcmp(a, "--driver") && v) {
+            o.driver = v;
+            i++;
+        } else if (!strcmp(a, "--engine") && v) {
+            o.engine = v;
+            i++;
+        } else if (!strcmp(a, "--device") && v) {
+            o.device = v;
+            i++;
+        } else {
+            usage(stderr);
+            return cli_usage(CMD, "unknown option '%s'", a);
+        }
+    }
+    if (!o.ndirs)
+        o.dirs[o.ndirs++] = getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
+    if (o.chunk % 4096 || o.chunk == 0)
+        return cli_usage(CMD, "--chunk must be a multiple of 4096");
+    if (o.size < o.chunk)
+        o.size = o.chunk;
+    o.size -= o.size % o.chunk;
+
+    int rc, status = 1;
+    ferry_device *dev = NULL;
+    ferry_gds *g = NULL;
+    ctx_run cr = {0};
+    ref_run rr;
+    memset(&rr, 0, sizeof rr);
+    int have_ref = 0;
+    json_t *root = NULL;
+    if (strcmp(o.device, "none")) {
+        ferry_device_options dopt = FERRY_DEVICE_OPTIONS_INIT;
+        dopt.backend = o.device;
+        if ((rc = ferry_device_open(&dopt, &dev)) < 0) {
+            status = cli_fail(CMD, "open device", rc);
+            goto out;
+        }
+    }
+    ferry_gds_config c = FERRY_GDS_CONFIG_INIT;
+    c.dirs = o.dirs;
+    c.n_dirs = o.ndirs;
+    c.bytes = o.size;
+    c.driver = o.driver;
+    c.engine = o.engine;
+    c.depth = o.depth;
+    c.device = dev;
+    if ((rc = ferry_gds_open(&c, &g)) < 0) {
+        status = cli_fail(CMD, "open the GDS context", rc);
+        goto out;
+    }
+    cr.g = g;
+    cr.dev = dev;
+    cr.n = o.size / o.chunk;
+    cr.ext = calloc(cr.n, sizeof *cr.ext);
+    if (!cr.ext) {
+        status = cli_fail(CMD, "allocate", -ENOMEM);
+        goto out;
+    }
+    ferry_shape sh = {1, {o.chunk}};
+    int u8 = FERRY_DTYPE_U8;
+    ferry_layout lay = {1, &sh, 1, &u8};
+    if ((rc = ferry_slab_alloc(ferry_gds_slab(g), &lay, (unsigned)cr.n, cr.ext)) < 0) {
+        status = cli_fail(CMD, "allocate the chunks' extents", rc);
+        goto out;
+    }
+    if (dev) {
+        if ((rc = ferry_device_alloc(dev, (size_t)o.chunk, &cr.dbuf)) < 0 ||
+            (rc = ferry_device_memset(dev, cr.dbuf, 0x5A, (size_t)o.chunk)) < 0 ||
+            (rc = ferry_gds_register(g, cr.dbuf, (size_t)o.chunk, NULL)) < 0) {
+            status = cli_fail(CMD, "device buffer", rc);
+            goto out;
+        }
+    } else if ((rc = ferry_gds_buffer_alloc(g, (size_t)o.chunk * o.depth,
+                                            (void **)&cr.hbuf)) < 0) {
+        status = cli_fail(CMD, "allocate the chunk buffers", rc);
+        goto out;
+    }
+    if (!o.no_ref && !dev) {
+        if ((rc = ref_open(&rr, &o, ferry_gds_engine(g))) < 0) {
+            status = cli_fail(CMD, "open the bench io reference", rc);
+            goto out;
+        }
+        have_ref = 1;
+    }
+
+    double sw[MAX_ROUNDS], sr[MAX_ROUNDS], iw[MAX_ROUNDS], ir[MAX_ROUNDS];
+    phase pw = {0}, pr = {0}, qw = {0}, qr = {0};
+    for (unsigned r = 0; r < o.rounds; r++) {
+        if ((rc = ctx_phase(&cr, &o, FERRY_GDS_WRITE, &pw)) < 0 ||
+            (rc = ctx_phase(&cr, &o, FERRY_GDS_READ, &pr)) < 0) {
+            status = cli_fail(CMD, "store/load through the context", rc);
+            goto out;
+        }
+        sw[r] = pw.gbps;
+        sr[r] = pr.gbps;
+        if (have_ref) {
+            if ((rc = ref_phase(&rr, &o, FERRY_IO_WRITE, &qw)) < 0 ||
+                (rc = ref_phase(&rr, &o, FERRY_IO_READ, &qr)) < 0) {
+                status = cli_fail(CMD, "bench io reference", rc);
+                goto out;
+            }
+            iw[r] = qw.gbps;
+            ir[r] = qr.gbps;
+        }
+    }
+    double m_sw = median(sw, o.rounds), m_sr = median(sr, o.rounds);
+    double m_iw = have_ref ? median(iw, o.rounds) : 0, m_ir = have_ref ? median(ir, o.rounds) : 0;
+    alloc_res ar = {0};
+    if ((rc = bench_alloc(&o, &ar)) < 0) {
+        status = cli_fail(CMD, "allocator benchmark", rc);
+        goto out;
+    }
+    ferry_gds_stats gst;
+    ferry_gds_stats_get(g, &gst);
+    const char *fb = ferry_gds_fallback_reason(g);
+
+    if (o.json) {
+        root = json_object();
+        json_object_set_new(root, "driver", json_string(ferry_gds_driver_name(g)));
+        json_object_set_new(root, "engine", json_string(ferry_gds_engine(g)));
+        json_object_set_new(root, "drives", json_integer(o.ndirs));
+        json_object_set_new(root, "buffers", json_string(dev ? o.device : "host"));
+        json_object_set_new(root, "chunk_bytes", json_integer((json_int_t)o.chunk));
+        json_object_set_new(root, "chunks", json_integer((json_int_t)cr.n));
+        json_object_set_new(root, "depth", json_integer(o.depth));
+        json_object_set_new(root, "rounds", json_integer(o.rounds));
+        json_object_set_new(root, "fallback", fb ? json_string(fb) : json_null());
+        json_t *js = json_pack("{s:f, s:f, s:f}", "gb_per_s", m_sw, "p50_ms", pw.p50_ms, "p99_ms",
+                               pw.p99_ms);
+        json_t *jl = json_pack("{s:f, s:f, s:f}", "gb_per_s", m_sr, "p50_ms", pr.p50_ms, "p99_ms",
+                               pr.p99_ms);
+        json_object_set_new(root, "store", js);
+        json_object_set_new(root, "load", jl);
+        if (have_ref) {
+            json_object_set_new(root, "io_ref",
+                                json_pack("{s:f, s:f}", "write_gb_per_s", m_iw, "read_gb_per_s",
+                                          m_ir));
+            json_object_set_new(root, "ratio",
+                                json_pack("{s:f, s:f}", "store", m_iw > 0 ? m_sw / m_iw : 0,
+                                          "load", m_ir > 0 ? m_sr / m_ir : 0));
+        }
+        json_object_set_new(root, "alloc",
+                            json_pack("{s:I, s:I, s:f, s:f, s:I}", "slab_chunks",
+                                      (json_int_t)o.alloc_chunks, "ops", (json_int_t)ar.ops,
+                                      "ops_per_s", ar.ops_per_s, "fragmentation",
+                                      ar.fragmentation, "free_blocks",
+                                      (json_int_t)ar.free_blocks));
+        char *str = json_dumps(root, JSON_INDENT(2));
+        printf("%s\n", str);
+        free(str);
+    } else {
+        printf("ferry bench gds: driver %s, engine %s, %u drive(s), %s buffers, chunk %llu KiB "
+               "x %llu, depth %u, %u round(s)\n",
+               ferry_gds_driver_name(g), ferry_gds_engine(g), o.ndirs, dev ? o.device : "host",
+               (unsigned long long)(o.chunk >> 10), (unsigned long long)cr.n, o.depth, o.rounds);
+        if (fb)
+            printf("  fallback: %s\n", fb);
+        printf("  store  %7.2f GB/s   p50 %8.2f ms   p99 %8.2f ms\n", m_sw, pw.p50_ms, pw.p99_ms);
+        printf("  load   %7.2f GB/s   p50 %8.2f ms   p99 %8.2f ms\n", m_sr, pr.p50_ms, pr.p99_ms);
+        if (have_ref) {
+            printf("  bench io (%s, same chunk and depth): write %.2f GB/s, read %.2f GB/s\n",
+                   ferry_gds_engine(g), m_iw, m_ir);
+            printf("  ratio  store %.3fx   load %.3fx   (target >= 0.9x)\n",
+                   m_iw > 0 ? m_sw / m_iw : 0, m_ir > 0 ? m_sr / m_ir : 0);
+        }
+        printf("  allocator: slab of %llu chunks, %llu alloc+free ops: %.2f M ops/s (target >= "
+               "1M/s), %llu free blocks, fragmentation %.3f\n",
+               (unsigned long long)o.alloc_chunks, (unsigned long long)ar.ops,
+               ar.ops_per_s / 1e6, (unsigned long long)ar.free_blocks, ar.fragmentation);
+        printf("  context: %llu driver I/Os, %llu engine I/Os\n",
+               (unsigned long long)gst.driver_ios, (unsigned long long)gst.engine_ios);
+    }
+    status = 0;
+out:
+    json_decref(root);
+    if (have_ref || rr.io[0])
+        ref_close(&rr, &o);
+    if (g && cr.dbuf)
+        ferry_gds_deregister(g, cr.dbuf);
+    if (cr.hbuf)
+        ferry_gds_buffer_free(g, cr.hbuf);
+    ferry_gds_close(g);
+    if (dev && cr.dbuf)
+        ferry_device_free(dev, cr.dbuf);
+    ferry_device_close(dev);
+    free(cr.ext);
+    /* the slab files stay for a next run to truncate; remove them here */
+    for (unsigned d = 0; d < o.ndirs; d++) {
+        char p[4096];
+        snprintf(p, sizeof p, "%s/%s", o.dirs[d], FERRY_GDS_SLAB_NAME);
+        remove(p);
+    }
+    return status;
+}
