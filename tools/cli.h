@@ -23,6 +23,7 @@ int cmd_info(int argc, char **argv);
 int cmd_kv_bench(int argc, char **argv);
 int cmd_bench_remote(int argc, char **argv);
 int cmd_bench_io(int argc, char **argv);
+int cmd_bench_gds(int argc, char **argv);
 int cmd_slab_check(int argc, char **argv);
 int cmd_slab_bench(int argc, char **argv);
 int cmd_moe_gen(int argc, char **argv);

@@ -12,6 +12,7 @@ static const cli_command commands[] = {
     {"kv bench", cmd_kv_bench, "KV store under QA/chat workloads: hit rate, GB/s, lookup latency vs references"},
     {"bench io", cmd_bench_io, "write then read a file per I/O engine: GB/s, IOPS, p50/p99, CPU"},
     {"bench remote", cmd_bench_remote, "remote tier (Redis/Valkey) retrieve throughput vs redis-benchmark GET"},
+    {"bench gds", cmd_bench_gds, "store/load KV chunks through the GDS slab tier vs bench io; allocator ops/s"},
     {"slab check", cmd_slab_check, "verify a persistent slab (headers, journal, every checksum); --repair"},
     {"slab bench", cmd_slab_bench, "persistent slab: reopen time of 100,000 chunks, store GB/s vs the GDS slab"},
     {"moe gen", cmd_moe_gen, "write a synthetic MoE routing trace calibrated to real models"},
