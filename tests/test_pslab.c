@@ -1122,6 +1122,54 @@ static void ov_uninstall(void)
     pthread_mutex_unlock(&ov.mu);
 }
 
+static void test_forget_is_durable_with_the_next_commit_only(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = opts(dirs, 1, 4 * MiB);
+    o.engine = "posix";
+    ferry_pslab *p = open_ok(&o);
+    for (int k = 0; k < 4; k++)
+        put_k(p, k, k);
+    ferry_pslab_stats s0;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s0));
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    o.flags = 0;
+
+    /* forgotten, then the power fails before any commit: the chunk comes back intact */
+    ov_install(UINT64_MAX, 1);
+    p = open_ok(&o);
+    char key[32];
+    size_t kl = pm_key(1, key);
+    FT_ASSERT_OK(ferry_pslab_forget(p, key, kl));
+    assert_int_equal(get_rc(p, 1), FERRY_ENOTFOUND);
+    assert_int_equal(ferry_pslab_forget(p, key, kl), FERRY_ENOTFOUND);
+    pthread_mutex_lock(&ov.mu);
+    ov_power_loss();
+    pthread_mutex_unlock(&ov.mu);
+    ferry_pslab_close(p);
+    ov_uninstall();
+    p = open_ok(&o);
+    assert_true(has_k(p, 1, 1));
+
+    /* forgotten, then a put commits: the forget is durable with it */
+    FT_ASSERT_OK(ferry_pslab_forget(p, key, kl));
+    put_k(p, 9, 9);
+    ferry_pslab_stats s;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+    /* the forgotten extent was freed once its record was durable; key 9 took one */
+    assert_int_equal(s.bytes_used, s0.bytes_used - 4096 * ((pm_len(1, 1) + 4095) / 4096) +
+                                       4096 * ((pm_len(9, 9) + 4095) / 4096));
+    ferry_pslab_close(p);
+    p = open_ok(&o);
+    assert_int_equal(get_rc(p, 1), FERRY_ENOTFOUND);
+    assert_true(has_k(p, 9, 9));
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(d);
+}
+
 static void test_power_loss_keeps_every_acknowledged_chunk(void **state)
 {
     (void)state;
@@ -1215,6 +1263,7 @@ int main(void)
         cmocka_unit_test(test_threads_share_group_commits),
         cmocka_unit_test(test_sync_none_acknowledges_at_sync),
         cmocka_unit_test(test_oom_at_every_allocation_of_open_and_put),
+        cmocka_unit_test(test_forget_is_durable_with_the_next_commit_only),
         cmocka_unit_test(test_power_loss_keeps_every_acknowledged_chunk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -174,6 +174,16 @@ FERRY_API int ferry_pslab_stat(ferry_pslab *p, const void *key, size_t klen,
 FERRY_API int ferry_pslab_delete(ferry_pslab *p, const void *key, size_t klen);
 
 /**
+ * Delete without waiting for the disk: the chunk leaves the index at once
+ * (gets miss it), and its delete record rides with the next commit (the
+ * next put, delete or sync, or close). A crash before that brings the
+ * chunk back intact. Its extent is reused only after the record is
+ * durable. For caches whose evictions need not survive a crash (the KV
+ * store's persistent tier). Errors as ferry_pslab_delete.
+ */
+FERRY_API int ferry_pslab_forget(ferry_pslab *p, const void *key, size_t klen);
+
+/**
  * Make every put and delete returned so far durable (one group commit).
  * In SYNC_FULL mode they already are; returns 0.
  */

@@ -58,7 +58,8 @@ typedef struct lane {
 
 typedef struct pend_op {
     int type;
-    ferry__pslab_ent *e; /* put: the new entry; delete: key, seq = the put it deletes */
+    ferry__pslab_ent *e;      /* put: the new entry; delete: key, seq = the put it deletes */
+    ferry__pslab_ent *victim; /* forget: the entry already out of the index */
 } pend_op;
 
 typedef struct pend {
@@ -360,6 +361,7 @@ static int pend_add(ferry_pslab *p, int type, ferry__pslab_ent *e, uint64_t del_
     p->cur.len += sz;
     p->cur.ops[p->cur.n].type = type;
     p->cur.ops[p->cur.n].e = e;
+    p->cur.ops[p->cur.n].victim = NULL;
     p->cur.n++;
     return 0;
 }
@@ -371,7 +373,9 @@ static void pend_apply(ferry_pslab *p, pend *q)
         ferry__pslab_ent *e = q->ops[i].e;
         ferry__pslab_ent *old = ferry__pslab_index_find(&p->idx, e->key, e->klen, e->hash);
         if (q->ops[i].type == FERRY__PSLAB_DEL) {
-            if (old && old->seq == e->seq) {
+            if (q->ops[i].victim) {
+                ent_release(p, q->ops[i].victim);
+            } else if (old && old->seq == e->seq) {
                 ferry__pslab_index_unlink(&p->idx, old);
                 ent_release(p, old);
             }
@@ -391,8 +395,11 @@ static void pend_apply(ferry_pslab *p, pend *q)
 /* mu held: the batch will never be durable: give its extents back */
 static void pend_discard(ferry_pslab *p, pend *q)
 {
-    for (size_t i = 0; i < q->n; i++)
+    for (size_t i = 0; i < q->n; i++) {
         ent_release(p, q->ops[i].e);
+        if (q->ops[i].victim)
+            ent_release(p, q->ops[i].victim);
+    }
     q->n = 0;
     q->len = 0;
 }
@@ -1244,6 +1251,43 @@ int ferry_pslab_delete(ferry_pslab *p, const void *key, size_t klen)
         p->st.deletes++;
         pthread_mutex_unlock(&p->mu);
     }
+    return rc;
+}
+
+int ferry_pslab_forget(ferry_pslab *p, const void *key, size_t klen)
+{
+    if (!p)
+        return ferry__err_set(NULL, -EINVAL, "ferry_pslab_forget: NULL store");
+    int rc = writable(p);
+    if (rc < 0 || (rc = check_key(p, key, klen)) < 0)
+        return rc;
+    ferry__pslab_ent *d = ferry__pslab_ent_new(key, klen);
+    if (!d)
+        return ferry__err_set(&p->err, -ENOMEM, "pslab %s: out of memory", p->dirs[0]);
+    pthread_mutex_lock(&p->cmu);
+    if (p->failed) {
+        pthread_mutex_unlock(&p->cmu);
+        ferry__free(d);
+        return ferry__err_set(&p->err, FERRY_ESTATE, "pslab %s: the journal failed earlier",
+                              p->dirs[0]);
+    }
+    pthread_mutex_lock(&p->mu);
+    ferry__pslab_ent *e = ferry__pslab_index_find(&p->idx, key, klen, d->hash);
+    if (e && (rc = pend_add(p, FERRY__PSLAB_DEL, d, e->seq)) == 0) {
+        /* out of the index now; its extent is freed once the delete is durable */
+        p->cur.ops[p->cur.n - 1].victim = e;
+        ferry__pslab_index_unlink(&p->idx, e);
+        p->st.deletes++;
+    }
+    pthread_mutex_unlock(&p->mu);
+    pthread_mutex_unlock(&p->cmu);
+    if (!e) {
+        ferry__free(d);
+        return ferry__err_set(&p->err, FERRY_ENOTFOUND, "pslab %s: forget: key not found",
+                              p->dirs[0]);
+    }
+    if (rc < 0)
+        ferry__free(d);
     return rc;
 }
 

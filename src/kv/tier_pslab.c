@@ -1,0 +1,317 @@
+/*
+ * tier_pslab.c - the KV store's persistent L2: chunks in a ferry_pslab.
+ *
+ * The store speaks in locations (reserve a slot, write/read it, release
+ * it); the persistent slab speaks in keys. A location here is a slot
+ * number in [0, capacity) and the key of the chunk in it is its 16-byte
+ * chunk id (chunk hash ^ namespace digest, little endian lo then hi), so
+ * the slab's index *is* the tier's content and survives a restart.
+ *
+ * Invariant: a slot is either free (on the free stack) or reserved; a
+ * reserved slot that was written names the id it holds (ids[loc]), and
+ * the slab holds at most one chunk per written slot. release forgets the
+ * id's chunk without waiting for the disk: an eviction lost in a crash
+ * brings back a chunk whose bytes are still right for its id (ids are
+ * content hashes), so it costs space, never correctness.
+ *
+ * Reads check everything the slab checks (payload XXH3) and the length:
+ * a chunk of another length under the same id (another layout) is a miss.
+ *
+ * Locking: reserve/release run under the store's mutex, write/read
+ * without it and concurrently; the slot table has its own mutex (taken
+ * alone, never around slab I/O).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "ferry/pslab.h"
+#include "kv/tier_pslab.h"
+
+typedef struct tp {
+    ferry_pslab *ps;
+    pthread_mutex_t mu;
+    uint64_t *free_stack;
+    uint64_t nfree;
+    ferry_kv_hash *ids;
+    uint8_t *written;
+} tp;
+
+#define KEY_BYTES 16
+#define BAD_MAX 64
+
+static void id_key(const ferry_kv_hash *id, uint8_t k[KEY_BYTES])
+{
+    for (int i = 0; i < 8; i++) {
+        k[i] = (uint8_t)(id->lo >> (8 * i));
+        k[8 + i] = (uint8_t)(id->hi >> (8 * i));
+    }
+}
+
+static void key_id(const uint8_t k[KEY_BYTES], ferry_kv_hash *id)
+{
+    id->lo = id->hi = 0;
+    for (int i = 7; i >= 0; i--) {
+        id->lo = (id->lo << 8) | k[i];
+        id->hi = (id->hi << 8) | k[8 + i];
+    }
+}
+
+static int tp_reserve(ferry__kv_tier *t, uint64_t *loc)
+{
+    tp *p = t->impl;
+    pthread_mutex_lock(&p->mu);
+    int rc = FERRY_ENOSPACE;
+    if (p->nfree) {
+        *loc = p->free_stack[--p->nfree];
+        p->written[*loc] = 0;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+static void tp_release(ferry__kv_tier *t, uint64_t loc)
+{
+    tp *p = t->impl;
+    if (loc >= t->capacity)
+        return;
+    pthread_mutex_lock(&p->mu);
+    int had = p->written[loc];
+    ferry_kv_hash id = p->ids[loc];
+    p->written[loc] = 0;
+    p->free_stack[p->nfree++] = loc;
+    pthread_mutex_unlock(&p->mu);
+    if (had) {
+        uint8_t k[KEY_BYTES];
+        id_key(&id, k);
+        int rc = ferry_pslab_forget(p->ps, k, sizeof k);
+        if (rc < 0 && rc != FERRY_ENOTFOUND)
+            FERRY_LOGW("kv persistent L2: forgetting the chunk in slot %llu: %s",
+                       (unsigned long long)loc, ferry_pslab_last_error(p->ps));
+    }
+}
+
+static int tp_write(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, const void *src,
+                    size_t len)
+{
+    tp *p = t->impl;
+    if (loc >= t->capacity || !id || !src || len == 0 || len > t->slot_bytes)
+        return ferry__err_set(NULL, -EINVAL, "kv persistent L2: write of %zu bytes to slot %llu "
+                              "(capacity %llu slots of %llu bytes)", len,
+                              (unsigned long long)loc, (unsigned long long)t->capacity,
+                              (unsigned long long)t->slot_bytes);
+    uint8_t k[KEY_BYTES];
+    id_key(id, k);
+    int rc = ferry_pslab_put(p->ps, k, sizeof k, src, len);
+    if (rc < 0)
+        return ferry__err_set(NULL, rc, "kv persistent L2: storing slot %llu: %s",
+                              (unsigned long long)loc, ferry_pslab_last_error(p->ps));
+    pthread_mutex_lock(&p->mu);
+    p->ids[loc] = *id;
+    p->written[loc] = 1;
+    pthread_mutex_unlock(&p->mu);
+    return 0;
+}
+
+static int tp_read(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, void *dst, size_t len)
+{
+    tp *p = t->impl;
+    if (!id || !dst || len == 0)
+        return ferry__err_set(NULL, -EINVAL, "kv persistent L2: read of %zu bytes", len);
+    uint8_t k[KEY_BYTES];
+    id_key(id, k);
+    size_t got = 0;
+    int rc = ferry_pslab_get(p->ps, k, sizeof k, dst, len, &got);
+    if (rc == -ENOBUFS || (rc == 0 && got != len)) {
+        ferry_pslab_forget(p->ps, k, sizeof k);
+        return ferry__err_set(NULL, FERRY_EMISMATCH, "kv persistent L2: slot %llu holds a chunk "
+                              "of another length than the %zu bytes asked (another layout)",
+                              (unsigned long long)loc, len);
+    }
+    if (rc < 0)
+        return ferry__err_set(NULL, rc, "kv persistent L2: reading slot %llu: %s",
+                              (unsigned long long)loc, ferry_pslab_last_error(p->ps));
+    return 0;
+}
+
+static void *tp_host_ptr(ferry__kv_tier *t, uint64_t loc)
+{
+    (void)t;
+    (void)loc;
+    return NULL;
+}
+
+static void tp_close(ferry__kv_tier *t)
+{
+    tp *p = t->impl;
+    if (!p)
+        return;
+    if (p->ps && ferry_pslab_close(p->ps) < 0)
+        FERRY_LOGW("kv persistent L2: closing: %s", ferry_last_error());
+    pthread_mutex_destroy(&p->mu);
+    ferry__free(p->free_stack);
+    ferry__free(p->ids);
+    ferry__free(p->written);
+    ferry__free(p);
+    t->impl = NULL;
+}
+
+static const ferry__kv_tier_ops tp_ops = {
+    "l2-persistent", tp_reserve, tp_release, tp_write, tp_read, tp_host_ptr, tp_close,
+};
+
+int ferry__kv_tier_pslab_open(const char *dir, uint64_t bytes, int direct, const char *engine,
+                              uint64_t slot_bytes, ferry__errbuf *eb, ferry__kv_tier **out)
+{
+    if (!dir || !out || !slot_bytes || slot_bytes % 4096 || bytes < slot_bytes)
+        return ferry__err_set(eb, -EINVAL, "kv persistent L2: a slab of %llu bytes in %s cannot "
+                              "hold chunks of %llu bytes", (unsigned long long)bytes,
+                              dir ? dir : "(null)", (unsigned long long)slot_bytes);
+    ferry__kv_tier *t = ferry__calloc(1, sizeof *t);
+    tp *p = ferry__calloc(1, sizeof *p);
+    if (!t || !p) {
+        ferry__free(t);
+        ferry__free(p);
+        return ferry__err_set(eb, -ENOMEM, "kv persistent L2: out of memory for the tier");
+    }
+    pthread_mutex_init(&p->mu, NULL);
+    t->ops = &tp_ops;
+    t->impl = p;
+    t->id = FERRY_KV_TIER_L2;
+    t->slot_bytes = slot_bytes;
+    t->capacity = bytes / slot_bytes;
+    const char *dirs[1] = {dir};
+    ferry_pslab_options o = FERRY_PSLAB_OPTIONS_INIT;
+    o.dirs = dirs;
+    o.n_dirs = 1;
+    o.bytes = t->capacity * slot_bytes;
+    o.direct = direct;
+    o.engine = engine;
+    o.flags = FERRY_PSLAB_CREATE;
+    o.lanes = 4;
+    int rc = ferry_pslab_open(&o, &p->ps);
+    if (rc == FERRY_EMISMATCH) {
+        /* a slab of another size: keep its chunks, size the tier by it */
+        o.bytes = 0;
+        rc = ferry_pslab_open(&o, &p->ps);
+        if (rc == 0) {
+            ferry_pslab_stats s;
+            ferry_pslab_stats_get(p->ps, &s);
+            t->capacity = s.capacity / slot_bytes;
+            FERRY_LOGW("kv persistent L2: %s holds a slab of %llu bytes, not the %llu "
+                       "configured: using it as it is", dir, (unsigned long long)s.capacity,
+                       (unsigned long long)bytes);
+        }
+    }
+    if (rc < 0) {
+        rc = ferry__err_set(eb, rc, "kv persistent L2: %s", ferry_last_error());
+        ferry__kv_tier_free(t);
+        return rc;
+    }
+    p->free_stack = ferry__malloc((t->capacity ? t->capacity : 1) * sizeof *p->free_stack);
+    p->ids = ferry__calloc(t->capacity ? t->capacity : 1, sizeof *p->ids);
+    p->written = ferry__calloc(t->capacity ? t->capacity : 1, 1);
+    if (!p->free_stack || !p->ids || !p->written || !t->capacity) {
+        rc = ferry__err_set(eb, t->capacity ? -ENOMEM : -EINVAL,
+                            "kv persistent L2: %s for %llu slots in %s",
+                            t->capacity ? "out of memory" : "no room",
+                            (unsigned long long)t->capacity, dir);
+        ferry__kv_tier_free(t);
+        return rc;
+    }
+    for (uint64_t i = 0; i < t->capacity; i++)
+        p->free_stack[i] = t->capacity - 1 - i; /* slot 0 on top */
+    p->nfree = t->capacity;
+    *out = t;
+    return 0;
+}
+
+ferry_pslab *ferry__kv_tier_pslab_store(ferry__kv_tier *t)
+{
+    return t && t->ops == &tp_ops ? ((tp *)t->impl)->ps : NULL;
+}
+
+typedef struct found {
+    ferry_kv_hash *ids;
+    uint64_t *lens;
+    size_t n, cap;
+    uint8_t (*bad)[FERRY_PSLAB_KEY_MAX];
+    size_t *bad_len;
+    size_t nbad;
+    uint64_t slot_bytes;
+    int oom;
+} found;
+
+static int collect(const void *key, size_t klen, const ferry_pslab_info *info, void *ctx)
+{
+    found *f = ctx;
+    if (klen == KEY_BYTES && info->length <= f->slot_bytes && f->n < f->cap) {
+        key_id(key, &f->ids[f->n]);
+        f->lens[f->n++] = info->length;
+    } else if (f->nbad < BAD_MAX) {
+        memcpy(f->bad[f->nbad], key, klen);
+        f->bad_len[f->nbad++] = klen;
+    }
+    return 0;
+}
+
+int ferry__kv_tier_pslab_recover(ferry__kv_tier *t, ferry__kv_tier_recover_fn fn, void *ctx)
+{
+    tp *p = t ? t->impl : NULL;
+    if (!p || !fn || t->ops != &tp_ops)
+        return ferry__err_set(NULL, -EINVAL, "kv persistent L2: recover: not a persistent tier");
+    ferry_pslab_stats s;
+    ferry_pslab_stats_get(p->ps, &s);
+    found f;
+    memset(&f, 0, sizeof f);
+    f.slot_bytes = t->slot_bytes;
+    f.cap = (size_t)s.chunks;
+    size_t n0 = f.cap ? f.cap : 1;
+    f.ids = ferry__malloc(n0 * sizeof *f.ids);
+    f.lens = ferry__malloc(n0 * sizeof *f.lens);
+    f.bad = ferry__malloc(BAD_MAX * sizeof *f.bad);
+    f.bad_len = ferry__malloc(BAD_MAX * sizeof *f.bad_len);
+    int rc = 0;
+    if (!f.ids || !f.lens || !f.bad || !f.bad_len)
+        rc = ferry__err_set(NULL, -ENOMEM, "kv persistent L2: out of memory recovering %zu "
+                            "chunks", f.cap);
+    /* chunks that cannot be this tier's (other key size, too long) go, BAD_MAX a pass */
+    do {
+        f.n = f.nbad = 0;
+        if (rc == 0)
+            rc = ferry_pslab_iterate(p->ps, collect, &f);
+        for (size_t i = 0; rc == 0 && i < f.nbad; i++)
+            ferry_pslab_forget(p->ps, f.bad[i], f.bad_len[i]);
+    } while (rc == 0 && f.nbad == BAD_MAX);
+    size_t reported = 0;
+    for (size_t i = 0; rc == 0 && i < f.n; i++) {
+        uint8_t k[KEY_BYTES];
+        id_key(&f.ids[i], k);
+        uint64_t loc = 0;
+        if (tp_reserve(t, &loc) < 0) {
+            ferry_pslab_forget(p->ps, k, sizeof k);
+            continue;
+        }
+        pthread_mutex_lock(&p->mu);
+        p->ids[loc] = f.ids[i];
+        p->written[loc] = 1;
+        pthread_mutex_unlock(&p->mu);
+        int r = fn(&f.ids[i], loc, f.lens[i], ctx);
+        if (r != 0) {
+            tp_release(t, loc);
+            for (size_t j = i + 1; j < f.n; j++) {
+                id_key(&f.ids[j], k);
+                ferry_pslab_forget(p->ps, k, sizeof k);
+            }
+            rc = r;
+            break;
+        }
+        reported++;
+    }
+    ferry__free(f.ids);
+    ferry__free(f.lens);
+    ferry__free(f.bad);
+    ferry__free(f.bad_len);
+    return rc < 0 || rc > 0 ? rc : (int)reported;
+}
