@@ -382,9 +382,10 @@ static int cf_file_open(ferry_io *io, ferry_file *f)
     ferry__CUfileHandle_t fh = NULL;
     ferry__CUfileError_t e = st->api->HandleRegister(&fh, &d);
     if (e.err != 0) {
-        snprintf(f->fallback, sizeof f->fallback,
-                 "cuFile handle registration failed: %d (%s)%s; device transfers take the CPU "
-                 "bounce path", e.err, ferry__cufile_strerror(e.err),
+        size_t used = strlen(f->fallback); /* keep an O_DIRECT fallback's reason */
+        snprintf(f->fallback + used, sizeof f->fallback - used,
+                 "%scuFile handle registration failed: %d (%s)%s; device transfers take the CPU "
+                 "bounce path", used ? "; " : "", e.err, ferry__cufile_strerror(e.err),
                  e.err == FERRY__CU_FILE_INTERNAL_ERROR || e.err == FERRY__CU_FILE_IO_NOT_SUPPORTED
                      ? " (overlayfs, LVM, or no /run/udev in a container?)"
                      : "");
