@@ -70,6 +70,9 @@ int ferry__heap_init(ferry__heap *hp, uint32_t cap, uint32_t *pos, double *key)
         hp->h = ferry__malloc((size_t)cap * sizeof *hp->h);
         if (!hp->h)
             return -ENOMEM;
+        /* touch it now: a page fault in the middle of a decode step costs
+         * more than the step */
+        memset(hp->h, 0xff, (size_t)cap * sizeof *hp->h);
         hp->cap = cap;
     }
     return 0;

@@ -29,6 +29,11 @@
  * 8-turn window, or when hinted - events found from the last 9 routed sets
  * of its layer, so each route costs O(1) amortised events.
  *
+ * Two values are cached because they drift slowly and dividing for every
+ * event would dominate a step: each cell's expected wait (refreshed every
+ * REFRESH turns) and each expert's popularity bucket (refreshed when it
+ * is routed).
+ *
  * Within a layer, every expert's next turn is the same token, so experts
  * are ordered by 1/lambda alone in a per-layer heap whose keys change only
  * on those events; across layers the victim is the best of the layer heap
@@ -46,11 +51,13 @@
 #define RING (WIN + 1)  /* routed sets kept per layer */
 #define POP_B 8         /* popularity buckets */
 #define CELLS (2 * WIN * POP_B * 2)
-#define SUCC_WAYS 4
+#define SUCC_WAYS 2
+#define SUCC_EMPTY UINT16_MAX
 
+/* 4 bytes a way, 8 an expert: the table stays cache-resident */
 typedef struct succ_entry {
-    uint32_t id;     /* layer-local expert of the next layer, NONE if empty */
-    uint32_t count;
+    uint16_t id;     /* layer-local expert of the next layer, SUCC_EMPTY if none */
+    uint16_t count;  /* halved with its neighbour when it would overflow */
 } succ_entry;
 
 /* what is known of one expert, kept together: each event touches them all */
@@ -60,6 +67,7 @@ typedef struct xinfo {
     uint32_t cnt;      /* routes */
     uint32_t hint_tok; /* hinted for this token's turn, NONE none */
     uint16_t cell;     /* cell it is counted in */
+    uint8_t pop;       /* popularity bucket, as of its last route */
 } xinfo;
 
 typedef struct routing {
@@ -76,6 +84,8 @@ typedef struct routing {
     uint32_t *ring_n, *ring_tok; /* [L][RING] */
     /* learned */
     double opps[CELLS], uses[CELLS]; /* learned over all layers */
+    double wait[CELLS];              /* cached 1/lambda - 1 */
+    uint32_t turns;
     succ_entry *succ;          /* [(layer * E + e) * SUCC_WAYS] */
     uint32_t *prev_ids;
     uint32_t prev_n, prev_layer, prev_tok;
@@ -106,6 +116,36 @@ static void rt_fini(ferry__policy *p)
 static uint16_t cell_of(int last, uint32_t win, uint32_t pop, int hinted)
 {
     return (uint16_t)((((uint32_t)last * WIN + win) * POP_B + pop) * 2 + (uint32_t)hinted);
+}
+
+/* popularity bucket floor(2 log2(share * E)) + POP_B/2, clamped: the
+ * number of half-octave thresholds the expert's share of its layer's
+ * routes reaches. Refreshed when it is routed: shares drift slowly. */
+static uint8_t pop_bucket(const routing *s, uint32_t id)
+{
+    static const double thr[POP_B - 1] = {0.35355339, 0.5, 0.70710678, 1.0,
+                                          1.41421356, 2.0, 2.82842712};
+    uint32_t E = s->base.env.num_experts;
+    double share_e = (double)s->x[id].cnt * E, routes = (double)s->routes[id / E];
+    uint8_t pop = 0;
+    while (pop < POP_B - 1 && routes > 0 && share_e >= thr[pop] * routes)
+        pop++;
+    return pop;
+}
+
+/* the expected wait, in turns, of a cell: 1/lambda - 1 with lambda =
+ * uses / opportunities (a weak prior of 1 in 8 for an empty cell);
+ * cached, refreshed every REFRESH turns since lambda drifts slowly */
+#define REFRESH 16
+static double cell_wait(routing *s, uint16_t c)
+{
+    return s->wait[c];
+}
+
+static void refresh_waits(routing *s)
+{
+    for (uint32_t c = 0; c < CELLS; c++)
+        s->wait[c] = (s->opps[c] + 1.0) / (s->uses[c] + 0.125) - 1.0;
 }
 
 static int rt_init(ferry__policy *p)
@@ -141,14 +181,16 @@ static int rt_init(ferry__policy *p)
     memset(s->pos, 0xff, (size_t)n * sizeof(uint32_t));
     memset(s->turn_tok, 0xff, (size_t)L * sizeof(uint32_t));
     memset(s->ring_tok, 0xff, (size_t)L * RING * sizeof(uint32_t));
+    memset(s->ring, 0, (size_t)L * RING * E * sizeof(uint32_t)); /* fault it in now */
     for (size_t i = 0; i < ids * SUCC_WAYS; i++) {
-        s->succ[i].id = FERRY_MOE_NONE;
+        s->succ[i].id = SUCC_EMPTY;
         s->succ[i].count = 0;
     }
     /* every expert starts never routed, unpopular, unhinted */
     uint16_t c0 = cell_of(0, 0, 0, 0);
     for (uint32_t l = 0; l < L; l++)
         s->cell_count[(size_t)l * CELLS + c0] = E;
+    refresh_waits(s);
     for (size_t i = 0; i < ids; i++) {
         s->x[i].last_tok = UINT32_MAX;
         s->x[i].hint_tok = UINT32_MAX;
@@ -160,38 +202,26 @@ static int rt_init(ferry__policy *p)
 /* the cell of id after its layer's turn at token `tok` */
 static uint16_t compute_cell(const routing *s, uint32_t id, uint32_t tok)
 {
-    uint32_t E = s->base.env.num_experts, layer = id / E;
     uint32_t last = s->x[id].last_tok, aligned = 0;
     if (last != UINT32_MAX && tok >= last && tok - last < 32)
         aligned = s->x[id].bits << (tok - last);
     int was_last = aligned & 1u;
-    uint32_t win = (uint32_t)__builtin_popcount(aligned & 0xfeu); /* turns 1..7 back */
+    static const uint8_t pop4[16] = {0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4};
+    uint32_t win = pop4[(aligned >> 1) & 15u] + pop4[(aligned >> 5) & 7u]; /* turns 1..7 back */
     if (win >= WIN)
         win = WIN - 1;
-    /* popularity bucket floor(2 log2(share * E)) + POP_B/2, clamped: the
-     * number of half-octave thresholds the share reaches (no log, no
-     * division on this path) */
-    static const double thr[POP_B - 1] = {0.35355339, 0.5, 0.70710678, 1.0,
-                                          1.41421356, 2.0, 2.82842712};
-    uint32_t pop = 0;
-    double share_e = (double)s->x[id].cnt * E, routes = (double)s->routes[layer];
-    while (pop < POP_B - 1 && share_e >= thr[pop] * routes && routes > 0)
-        pop++;
+    uint32_t pop = s->x[id].pop;
     int hinted = s->x[id].hint_tok == tok + 1;
     return cell_of(was_last, win, pop, hinted);
 }
 
-static double lambda(const routing *s, uint16_t c)
-{
-    /* a weak prior of 1 use in 8 opportunities for an empty cell */
-    return (s->uses[c] + 0.125) / (s->opps[c] + 1.0);
-}
+
 
 /* re-key a resident slot from its cell */
 static void rekey(routing *s, uint32_t slot, uint32_t id)
 {
     uint32_t L = s->base.env.num_layers;
-    double wait = 1.0 / lambda(s, s->x[id].cell) - 1.0;
+    double wait = cell_wait(s, s->x[id].cell);
     (void)ferry__heap_set(&s->lh[id / s->base.env.num_experts], slot, -wait * L);
 }
 
@@ -222,7 +252,7 @@ static int rt_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
     routing *s = (routing *)p;
     /* keyed from its cell; a routed expert is re-keyed in end_step, and a
      * prefetched one is protected by its pin until the next step */
-    double wait = 1.0 / lambda(s, s->x[id].cell) - 1.0;
+    double wait = cell_wait(s, s->x[id].cell);
     return ferry__heap_set(&s->lh[id / p->env.num_experts], slot, -wait * p->env.num_layers);
 }
 
@@ -267,15 +297,21 @@ static void learn(routing *s, uint32_t layer, uint32_t a, uint32_t b)
 {
     succ_entry *t = &s->succ[((size_t)layer * s->base.env.num_experts + a) * SUCC_WAYS];
     uint32_t min_i = 0;
+    if (b >= SUCC_EMPTY) /* models of 65536 experts a layer go without partners */
+        return;
     for (uint32_t i = 0; i < SUCC_WAYS; i++) {
         if (t[i].id == b) {
-            t[i].count++;
-            return;
+            min_i = i;
+            goto bump;
         }
         if (t[i].count < t[min_i].count)
             min_i = i;
     }
-    t[min_i].id = b;
+    t[min_i].id = (uint16_t)b;
+bump:
+    if (t[min_i].count == UINT16_MAX)
+        for (uint32_t i = 0; i < SUCC_WAYS; i++)
+            t[i].count /= 2;
     t[min_i].count++;
 }
 
@@ -305,6 +341,8 @@ static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, u
         s->opps[c] += cc[c];
     for (uint32_t j = 0; j < n; j++)
         s->uses[s->x[ids[j]].cell] += 1;
+    if (++s->turns % REFRESH == 0)
+        refresh_waits(s);
 routed:
     s->routes[layer] += n;
     for (uint32_t j = 0; j < n; j++) {
@@ -314,6 +352,7 @@ routed:
         s->x[id].bits = last != UINT32_MAX && tok - last < 32 ? (s->x[id].bits << (tok - last)) | 1u : 1u;
         s->x[id].last_tok = tok;
         s->x[id].cnt++;
+        s->x[id].pop = pop_bucket(s, id);
     }
     s->turn_tok[layer] = tok;
     /* experts whose features changed: routed now, routed at the previous
@@ -353,7 +392,7 @@ routed:
             double best_x = 2.0;
             double ca = s->x[ids[j]].cnt;
             for (uint32_t i = 0; i < SUCC_WAYS; i++) {
-                if (t[i].id == FERRY_MOE_NONE)
+                if (t[i].id == SUCC_EMPTY)
                     continue;
                 double cb = s->x[next * E + t[i].id].cnt;
                 double x = t[i].count - ca * cb / (s->routes[next] ? s->routes[next] : 1) * 8;
