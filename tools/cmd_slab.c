@@ -391,6 +391,54 @@ static int bench_pslab(const bench_opts *o, const char *d, const void *buf, uint
     return 0;
 }
 
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* latency of n puts of o->small bytes, one at a time: p50, p99 in microseconds */
+static int bench_latency(const bench_opts *o, const char *d, int sync, unsigned n, double *p50,
+                         double *p99, uint64_t *syncs)
+{
+    const char *dirs[] = {d};
+    ferry_pslab_options po = FERRY_PSLAB_OPTIONS_INIT;
+    po.dirs = dirs;
+    po.n_dirs = 1;
+    po.bytes = (uint64_t)n * FERRY__ALIGN_UP(o->small, 4096);
+    po.flags = FERRY_PSLAB_CREATE;
+    po.engine = o->engine;
+    po.sync = sync;
+    ferry_pslab *p = NULL;
+    int rc = ferry_pslab_open(&po, &p);
+    if (rc < 0)
+        return cli_fail("slab bench", "creating the latency slab", rc);
+    uint8_t *buf = malloc(o->small);
+    uint64_t *lat = malloc(n * sizeof *lat);
+    memset(buf, 0x5a, o->small);
+    for (unsigned i = 0; i < n && rc >= 0; i++) {
+        char k[32];
+        int kl = snprintf(k, sizeof k, "lat-%u", i);
+        uint64_t t0 = ferry__now_ns();
+        rc = ferry_pslab_put(p, k, (size_t)kl, buf, o->small);
+        lat[i] = ferry__now_ns() - t0;
+    }
+    ferry_pslab_stats st;
+    ferry_pslab_stats_get(p, &st);
+    *syncs = st.commits;
+    if (rc < 0)
+        rc = cli_fail("slab bench", "timing puts", rc);
+    ferry_pslab_close(p);
+    if (rc == 0) {
+        qsort(lat, n, sizeof *lat, cmp_u64);
+        *p50 = (double)lat[n / 2] / 1e3;
+        *p99 = (double)lat[(size_t)n * 99 / 100] / 1e3;
+    }
+    free(buf);
+    free(lat);
+    return rc;
+}
+
 static int slab_bench(int argc, char **argv)
 {
     bench_opts o = {NULL, 100000, 4096, 4u << 20, 64, 8, NULL, 0};
@@ -443,6 +491,14 @@ static int slab_bench(int argc, char **argv)
     memset(&st, 0, sizeof st);
     int rc = bench_reopen(&o, d1, &create_s, &reopen_s, &st);
     rm_store(d1);
+    double l50 = 0, l99 = 0, n50 = 0, n99 = 0;
+    uint64_t lsync = 0, nsync = 0;
+    if (rc == 0)
+        rc = bench_latency(&o, d1, FERRY_PSLAB_SYNC_FULL, 200, &l50, &l99, &lsync);
+    rm_store(d1);
+    if (rc == 0)
+        rc = bench_latency(&o, d1, FERRY_PSLAB_SYNC_NONE, 200, &n50, &n99, &nsync);
+    rm_store(d1);
     void *buf = NULL;
     if (rc == 0 && posix_memalign(&buf, 4096, FERRY__ALIGN_UP(o.size, 4096)) != 0)
         rc = cli_fail("slab bench", "allocating the chunk buffer", -ENOMEM);
@@ -479,6 +535,10 @@ static int slab_bench(int argc, char **argv)
         json_object_set_new(r, "create_s", json_real(create_s));
         json_object_set_new(r, "reopen_s", json_real(reopen_s));
         json_object_set_new(r, "journal_bytes", json_integer((json_int_t)st.journal_bytes));
+        json_object_set_new(r, "put_us_p50", json_real(l50));
+        json_object_set_new(r, "put_us_p99", json_real(l99));
+        json_object_set_new(r, "put_nosync_us_p50", json_real(n50));
+        json_object_set_new(r, "put_nosync_us_p99", json_real(n99));
         json_object_set_new(r, "chunk_bytes", json_integer((json_int_t)o.size));
         json_object_set_new(r, "count", json_integer((json_int_t)o.count));
         json_object_set_new(r, "batch", json_integer((json_int_t)o.batch));
@@ -500,6 +560,9 @@ static int slab_bench(int argc, char **argv)
                "(journal %llu bytes)%s\n", (unsigned long long)o.chunks,
                (unsigned long long)o.small, create_s, reopen_s,
                (unsigned long long)st.journal_bytes, reopen_s < 1.0 ? "" : "  [> 1 s]");
+        printf("put of %llu bytes, one at a time: durable p50 %.0f us, p99 %.0f us; without "
+               "fdatasync p50 %.0f us, p99 %.0f us (the fdatasync pair costs %.0f us)\n",
+               (unsigned long long)o.small, l50, l99, n50, n99, l50 - n50);
         printf("store %llu chunks of %llu bytes, O_DIRECT, one writer:\n",
                (unsigned long long)o.count, (unsigned long long)o.size);
         printf("  GDS slab (non-persistent, for scale)  %8.3f GB/s\n", gds);
