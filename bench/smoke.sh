@@ -23,3 +23,4 @@ run "$build/ferry" kv bench --model tiny --docs 4 --doc-tokens 2048 --questions 
 run "$build/ferry" kv bench --workload chat --model tiny --sessions 4 --turns 4 --turn-tokens 512 --l1 4M --policy s3fifo --no-refs --plot "$dir/kv_hit_rate.png"
 run "$build/ferry" bench gds --dir "$dir" --size 64M --chunk 8M --rounds 1 --alloc-ops 200000
 run "$build/ferry" bench gds --dir "$dir/d0" --dir "$dir/d1" --size 32M --chunk 4M --device host --rounds 1 --alloc-ops 100000 --json
+run "$build/ferry" slab bench --dir "$dir" --chunks 5000 --count 8 --size 1M --batch 4 --json
