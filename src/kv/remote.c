@@ -302,7 +302,21 @@ enum { RUN_OK = 0, RUN_DOWN = 1 };
  * why; nothing is in cmds. Negative: a failure that is not the remote's
  * health (out of memory, a cluster that redirects forever).
  */
-static int run(ferry_remote *r, rsession *ws, ferry__rcmd *cmds, size_t n, ferry__errbuf *eb)
+typedef struct work {
+    ferry__rcmd *cmds;
+    size_t n;
+    ferry__rget *get; /* non-NULL: a GET into the caller's memory */
+} work;
+
+static int do_work(const ferry__rtopo_ops *ops, void *st, work *w, uint64_t *redirects,
+                   ferry__errbuf *eb)
+{
+    if (w->get)
+        return ops->get_into(st, w->get, eb);
+    return ops->exec(st, w->cmds, w->n, redirects, eb);
+}
+
+static int run_work(ferry_remote *r, rsession *ws, work *w, ferry__errbuf *eb)
 {
     char why[FERRY__ERRMSG_MAX];
     int h = health_enter(r, why, sizeof why);
@@ -323,13 +337,13 @@ static int run(ferry_remote *r, rsession *ws, ferry__rcmd *cmds, size_t n, ferry
     int was_connected = s->st && ops->connected(s->st);
     rc = session_ready(r, s, eb);
     if (rc == 0) {
-        rc = ops->exec(s->st, cmds, n, &redirects, eb);
+        rc = do_work(ops, s->st, w, &redirects, eb);
         if (rc && was_connected && ferry__rconn_stale_code(rc)) {
             /* found dead by EOF/reset: most likely a restarted server */
             ops->reset(s->st);
             rc = session_ready(r, s, eb);
             if (rc == 0)
-                rc = ops->exec(s->st, cmds, n, &redirects, eb);
+                rc = do_work(ops, s->st, w, &redirects, eb);
         }
     }
     if (redirects)
@@ -353,6 +367,12 @@ static int run(ferry_remote *r, rsession *ws, ferry__rcmd *cmds, size_t n, ferry
     }
     health_ok(r, h == H_PROBE);
     return RUN_OK;
+}
+
+static int run(ferry_remote *r, rsession *ws, ferry__rcmd *cmds, size_t n, ferry__errbuf *eb)
+{
+    work w = {cmds, n, NULL};
+    return run_work(r, ws, &w, eb);
 }
 
 /* ---- keys and values ---- */
@@ -744,6 +764,34 @@ int ferry_remote_put_sync(ferry_remote *r, const void *key, size_t key_len, cons
     return rc;
 }
 
+/* the outcome of a GET that came back whole, as ferry_remote_get reports it */
+static int get_outcome(ferry_remote *r, const void *key, size_t key_len, const ferry__rget *g)
+{
+    char ks[80];
+    key_str(key, key_len, ks, sizeof ks);
+    if (g->kind == FERRY__RGET_NIL) {
+        INC(r->misses);
+        return rfail(r, FERRY_ENOTFOUND, "remote %s: get %s: no such key", r->url.redacted, ks);
+    }
+    if (g->kind == FERRY__RGET_ERROR) {
+        INC(r->errors);
+        INC(r->misses);
+        return rfail(r, FERRY_EREMOTE, "remote %s: GET %s: %s", r->url.redacted, ks, g->msg);
+    }
+    ADD(r->bytes_read, g->value_len);
+    if (g->code) {
+        INC(r->misses);
+        if (g->code == FERRY_EMISMATCH)
+            INC(r->mismatched);
+        else if (g->code != -ENOBUFS)
+            INC(r->corrupt);
+        return rfail(r, g->code, "remote %s: get %s (%zu bytes): %s", r->url.redacted, ks,
+                     g->value_len, g->msg);
+    }
+    INC(r->hits);
+    return (int)g->payload_len;
+}
+
 int ferry_remote_get(ferry_remote *r, const void *key, size_t key_len, void *dst, size_t cap)
 {
     if (!r)
@@ -757,15 +805,29 @@ int ferry_remote_get(ferry_remote *r, const void *key, size_t key_len, void *dst
     INC(r->gets);
     char ks[80];
     uint8_t kb[FERRY_REMOTE_KEY_MAX];
-    ferry__rcmd cmd = {0};
+    ferry__rget g;
+    memset(&g, 0, sizeof g);
+    g.key = kb;
+    g.key_len = full_key(r, key, key_len, kb);
+    g.layout = r->layout;
+    g.layout_len = r->layout_len;
+    g.key_sum = ferry__rvalue_key_sum(key, key_len);
+    g.dst = dst;
+    g.cap = cap;
+    ferry__rcmd cmd;
+    memset(&cmd, 0, sizeof cmd);
     cmd.argc = 2;
     cmd.argv[0] = "GET";
     cmd.argvlen[0] = 3;
     cmd.argv[1] = (const char *)kb;
-    cmd.argvlen[1] = full_key(r, key, key_len, kb);
+    cmd.argvlen[1] = g.key_len;
     cmd.key_arg = 1;
+    /* the direct path when the topology has one, else a generic exchange */
+    const ferry__rtopo_ops *ops = atomic_load(&r->ops);
+    int direct = ops && ops->get_into;
+    work w = {&cmd, 1, direct ? &g : NULL};
     ferry__errbuf eb;
-    rc = run(r, NULL, &cmd, 1, &eb);
+    rc = run_work(r, NULL, &w, &eb);
     if (rc == RUN_DOWN) {
         INC(r->misses);
         return rfail(r, FERRY_ENOTFOUND, "remote get %s: answered as a miss: %s",
@@ -775,50 +837,38 @@ int ferry_remote_get(ferry_remote *r, const void *key, size_t key_len, void *dst
         INC(r->misses);
         return publish(r, &eb, rc);
     }
+    if (direct)
+        return get_outcome(r, key, key_len, &g);
     redisReply *rep = cmd.reply;
     if (rep->type == REDIS_REPLY_NIL) {
-        rc = rfail(r, FERRY_ENOTFOUND, "remote %s: get %s: no such key", r->url.redacted,
-                   key_str(key, key_len, ks, sizeof ks));
-        INC(r->misses);
+        g.kind = FERRY__RGET_NIL;
     } else if (rep->type == REDIS_REPLY_ERROR) {
-        INC(r->errors);
-        INC(r->misses);
-        rc = rfail(r, FERRY_EREMOTE, "remote %s: GET %s: %s", r->url.redacted,
-                   key_str(key, key_len, ks, sizeof ks), rep->str);
+        g.kind = FERRY__RGET_ERROR;
+        snprintf(g.msg, sizeof g.msg, "%s", rep->str);
     } else if (rep->type != REDIS_REPLY_STRING) {
-        INC(r->errors);
-        INC(r->misses);
-        rc = rfail(r, FERRY_EREMOTE, "remote %s: GET %s: unexpected reply type %d",
-                   r->url.redacted, key_str(key, key_len, ks, sizeof ks), rep->type);
+        g.kind = FERRY__RGET_ERROR;
+        snprintf(g.msg, sizeof g.msg, "unexpected reply type %d", rep->type);
     } else {
-        ADD(r->bytes_read, rep->len);
+        g.kind = FERRY__RGET_VALUE;
+        g.value_len = rep->len;
         const void *pl;
         size_t plen;
-        rc = ferry__rvalue_decode(rep->str, rep->len, r->layout, r->layout_len,
-                                  ferry__rvalue_key_sum(key, key_len), &pl, &plen, &eb);
-        if (rc) {
-            INC(r->misses);
-            if (rc == FERRY_EMISMATCH)
-                INC(r->mismatched);
-            else
-                INC(r->corrupt);
-            rc = rfail(r, rc, "remote %s: get %s (%zu bytes): %s", r->url.redacted,
-                       key_str(key, key_len, ks, sizeof ks), (size_t)rep->len, eb.msg);
-        } else if (plen > cap) {
-            INC(r->misses);
-            rc = rfail(r, -ENOBUFS,
-                       "remote %s: get %s: value of %zu bytes does not fit the %zu-byte "
-                       "destination",
-                       r->url.redacted, key_str(key, key_len, ks, sizeof ks), plen, cap);
+        g.code = ferry__rvalue_decode(rep->str, rep->len, r->layout, r->layout_len, g.key_sum,
+                                      &pl, &plen, &eb);
+        if (g.code)
+            memcpy(g.msg, eb.msg, sizeof g.msg);
+        else if (plen > cap) {
+            g.code = -ENOBUFS;
+            snprintf(g.msg, sizeof g.msg,
+                     "value of %zu bytes does not fit the %zu-byte destination", plen, cap);
         } else {
             if (plen)
                 memcpy(dst, pl, plen);
-            INC(r->hits);
-            rc = (int)plen;
+            g.payload_len = plen;
         }
     }
     ferry__rcmd_release(&cmd, 1);
-    return rc;
+    return get_outcome(r, key, key_len, &g);
 }
 
 /* build one command per key: argv0 [key] extra... into cmds; keys into kbuf */

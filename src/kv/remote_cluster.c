@@ -399,5 +399,5 @@ static void c_destroy(void *state)
 }
 
 const ferry__rtopo_ops ferry__rtopo_cluster = {
-    "cluster", c_create, c_connect, c_connected, c_exec, c_reset, c_destroy,
+    "cluster", c_create, c_connect, c_connected, c_exec, NULL, c_reset, c_destroy,
 };

@@ -23,6 +23,8 @@
 #include <time.h>
 
 #include <hiredis/hiredis.h>
+#include <unistd.h>
+#include <xxhash.h>
 
 #include "remote_int.h"
 
@@ -190,6 +192,231 @@ int ferry__rconn_send(ferry__rconn *c, ferry__rcmd **cmds, size_t n, ferry__errb
 int ferry__rconn_recv(ferry__rconn *c, ferry__rcmd **cmds, size_t n, ferry__errbuf *eb)
 {
     return xfer_checked(c, cmds, n, 2, eb);
+}
+
+/* ---- GET straight into the caller's memory ----
+ * hiredis would read the reply in 16 KiB pieces into its buffer, copy it
+ * into a freshly allocated reply object, and the caller would copy it
+ * again. Here the header goes through a small buffer and the payload is
+ * read from the socket into dst. The connection stays in sync on every
+ * outcome that consumes the whole reply (absent, error reply, refused
+ * value); any other failure closes it. */
+#define RD_BUF 16384
+
+typedef struct rd {
+    int fd;
+    size_t pos, len;
+    char buf[RD_BUF];
+} rd;
+
+static int rd_errno(ssize_t n)
+{
+    if (n == 0)
+        return -ECONNRESET;
+    return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
+}
+
+static int rd_fill(rd *r)
+{
+    for (;;) {
+        ssize_t n = read(r->fd, r->buf, RD_BUF);
+        if (n > 0) {
+            r->pos = 0;
+            r->len = (size_t)n;
+            return 0;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        return rd_errno(n);
+    }
+}
+
+/* exactly n bytes into dst (NULL: skip them) */
+static int rd_take(rd *r, void *dst, size_t n)
+{
+    uint8_t *d = dst;
+    while (n) {
+        if (r->pos < r->len) {
+            size_t k = FERRY__MIN(n, r->len - r->pos);
+            if (d) {
+                memcpy(d, r->buf + r->pos, k);
+                d += k;
+            }
+            r->pos += k;
+            n -= k;
+            continue;
+        }
+        if (d && n >= RD_BUF) {
+            ssize_t got = read(r->fd, d, n);
+            if (got > 0) {
+                d += got;
+                n -= (size_t)got;
+                continue;
+            }
+            if (got < 0 && errno == EINTR)
+                continue;
+            return rd_errno(got);
+        }
+        int rc = rd_fill(r);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* one line without its CRLF into out (truncated to cap - 1, NUL-ended) */
+static int rd_line(rd *r, char *out, size_t cap)
+{
+    size_t o = 0;
+    char prev = 0;
+    for (;;) {
+        if (r->pos == r->len) {
+            int rc = rd_fill(r);
+            if (rc)
+                return rc;
+        }
+        char ch = r->buf[r->pos++];
+        if (ch == '\n' && prev == '\r') {
+            if (o && o < cap && out[o - 1] == '\r')
+                o--;
+            out[o < cap ? o : cap - 1] = 0;
+            return 0;
+        }
+        if (o + 1 < cap)
+            out[o++] = ch;
+        prev = ch;
+    }
+}
+
+static uint16_t le16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static int get_fail(ferry__rconn *c, int code, const char *what, ferry__errbuf *eb)
+{
+    char extra[64] = "";
+    if (code == -ETIMEDOUT)
+        snprintf(extra, sizeof extra, " (timed out: no answer within %u ms)", c->timeout_ms);
+    int rc = ferry__err_set(eb, code, "remote %s:%d: GET reply: %s%s", c->port ? c->host : "unix",
+                            c->port, what, extra);
+    ferry__rconn_close(c);
+    return rc;
+}
+
+static void read_value(rd *r, ferry__rget *g, size_t vlen, int *io)
+{
+    uint8_t hb[FERRY_REMOTE_HEADER_FIXED + FERRY_REMOTE_LAYOUT_MAX];
+    size_t have = FERRY__MIN(vlen, (size_t)FERRY_REMOTE_HEADER_FIXED);
+    if ((*io = rd_take(r, hb, have)) != 0)
+        return;
+    if (have == FERRY_REMOTE_HEADER_FIXED) {
+        size_t hl = le16(hb + 6);
+        if (hl > FERRY_REMOTE_HEADER_FIXED && hl <= sizeof hb && hl <= vlen) {
+            if ((*io = rd_take(r, hb + have, hl - have)) != 0)
+                return;
+            have = hl;
+        }
+    }
+    size_t rest = vlen - have;
+    ferry__errbuf veb;
+    ferry__rvalue_hdr h;
+    int code = ferry__rvalue_parse_header(hb, have, &h, &veb);
+    if (code == 0 && h.payload_len != rest)
+        code = ferry__err_set(&veb, FERRY_ECORRUPT,
+                              "remote value: header says %llu payload bytes, %zu arrived",
+                              (unsigned long long)h.payload_len, rest);
+    if (code == 0)
+        code = ferry__rvalue_match(&h, g->layout, g->layout_len, g->key_sum, &veb);
+    if (code == 0 && rest > g->cap)
+        code = ferry__err_set(&veb, -ENOBUFS,
+                              "value of %zu bytes does not fit the %zu-byte destination", rest,
+                              g->cap);
+    if (code) {
+        g->code = code;
+        memcpy(g->msg, veb.msg, sizeof g->msg);
+        *io = rd_take(r, NULL, rest);
+        return;
+    }
+    if ((*io = rd_take(r, g->dst, rest)) != 0)
+        return;
+    uint64_t sum = XXH3_64bits(rest ? g->dst : (const void *)"", rest);
+    if (sum != h.payload_sum) {
+        g->code = ferry__err_set(&veb, FERRY_ECORRUPT,
+                                 "remote value: payload checksum %016llx over %zu bytes, stored "
+                                 "%016llx",
+                                 (unsigned long long)sum, rest,
+                                 (unsigned long long)h.payload_sum);
+        memcpy(g->msg, veb.msg, sizeof g->msg);
+        return;
+    }
+    g->code = 0;
+    g->payload_len = rest;
+}
+
+int ferry__rconn_get_into(ferry__rconn *c, ferry__rget *g, ferry__errbuf *eb)
+{
+    g->kind = 0;
+    g->code = 0;
+    if (!c->c)
+        return ferry__err_set(eb, -ENOTCONN, "remote %s:%d: not connected", c->host, c->port);
+    redisReader *rr = c->c->reader;
+    if (rr->len > rr->pos) {
+        /* bytes nobody asked for: never expected; start afresh */
+        return get_fail(c, -ECONNABORTED, "unread bytes left on the connection", eb);
+    }
+    ferry__rcmd cmd;
+    memset(&cmd, 0, sizeof cmd);
+    cmd.argc = 2;
+    cmd.argv[0] = "GET";
+    cmd.argvlen[0] = 3;
+    cmd.argv[1] = g->key;
+    cmd.argvlen[1] = g->key_len;
+    ferry__rcmd *p = &cmd;
+    int rc = xfer_checked(c, &p, 1, 1, eb);
+    if (rc)
+        return rc;
+    rd *r = ferry__malloc(sizeof *r);
+    if (!r)
+        return get_fail(c, -ENOMEM, "out of memory for the read buffer", eb);
+    r->fd = c->c->fd;
+    r->pos = r->len = 0;
+    char line[FERRY__ERRMSG_MAX];
+    int io = rd_line(r, line, sizeof line);
+    if (io == 0) {
+        if (line[0] == '-') {
+            g->kind = FERRY__RGET_ERROR;
+            snprintf(g->msg, sizeof g->msg, "%s", line + 1);
+        } else if (line[0] == '$' && !strcmp(line + 1, "-1")) {
+            g->kind = FERRY__RGET_NIL;
+        } else if (line[0] == '$' && line[1] >= '0' && line[1] <= '9' && strlen(line) <= 11) {
+            char *end;
+            unsigned long long v = strtoull(line + 1, &end, 10);
+            if (*end || v > (1ull << 30)) {
+                io = -EPROTO;
+            } else {
+                g->kind = FERRY__RGET_VALUE;
+                g->value_len = (size_t)v;
+                read_value(r, g, (size_t)v, &io);
+                char crlf[2] = {0, 0};
+                if (io == 0)
+                    io = rd_take(r, crlf, 2);
+                if (io == 0 && (crlf[0] != '\r' || crlf[1] != '\n'))
+                    io = -EPROTO;
+            }
+        } else {
+            io = -EPROTO;
+        }
+    }
+    size_t left = r->len - r->pos;
+    ferry__free(r);
+    if (io)
+        return get_fail(c, io, io == -EPROTO ? "not a bulk string, nil or error reply"
+                                             : strerror(-io),
+                        eb);
+    if (left)
+        ferry__rconn_close(c); /* more bytes than one reply: resync by reconnecting */
+    return 0;
 }
 
 /* one command during the handshake; returns 0, a transport code or

@@ -119,6 +119,30 @@ int ferry__rconn_exchange(ferry__rconn *c, ferry__rcmd **cmds, size_t n, ferry__
  * reads their replies. Same failure rules. */
 int ferry__rconn_send(ferry__rconn *c, ferry__rcmd **cmds, size_t n, ferry__errbuf *eb);
 int ferry__rconn_recv(ferry__rconn *c, ferry__rcmd **cmds, size_t n, ferry__errbuf *eb);
+/* GET straight into the caller's memory (no hiredis reply object, no
+ * intermediate copies): the value header is read and checked first, then
+ * the payload lands in dst and its checksum is verified there. */
+enum { FERRY__RGET_VALUE = 1, FERRY__RGET_NIL = 2, FERRY__RGET_ERROR = 3 };
+typedef struct ferry__rget {
+    /* in */
+    const void *key;
+    size_t key_len;
+    const void *layout;
+    size_t layout_len;
+    uint64_t key_sum;
+    void *dst;
+    size_t cap;
+    /* out */
+    int kind;            /* FERRY__RGET_* */
+    int code;            /* VALUE: 0, FERRY_ECORRUPT/EMISMATCH/EVERSION or -ENOBUFS */
+    size_t value_len;    /* VALUE: bytes the server sent */
+    size_t payload_len;  /* VALUE, code 0: bytes in dst */
+    char msg[FERRY__ERRMSG_MAX]; /* ERROR: the server's text; VALUE: why refused */
+} ferry__rget;
+/* 0 when the whole reply was consumed (g filled in), else a transport
+ * code and the connection is closed. */
+int ferry__rconn_get_into(ferry__rconn *c, ferry__rget *g, ferry__errbuf *eb);
+
 /* 1 when code means the connection was found dead (EOF, reset, broken
  * pipe): worth one reconnect and retry. */
 int ferry__rconn_stale_code(int code);
@@ -134,6 +158,9 @@ typedef struct ferry__rtopo_ops {
     int (*connected)(void *state);
     /* run cmds; 0 when each has a reply (error replies included) */
     int (*exec)(void *state, ferry__rcmd *cmds, size_t n, uint64_t *redirects, ferry__errbuf *eb);
+    /* GET into the caller's memory (ferry__rconn_get_into); NULL when the
+     * backend has no such path (the caller then uses exec) */
+    int (*get_into)(void *state, ferry__rget *g, ferry__errbuf *eb);
     /* drop the connections (after a failure) */
     void (*reset)(void *state);
     void (*destroy)(void *state);

@@ -56,6 +56,11 @@ static int s_exec(void *state, ferry__rcmd *cmds, size_t n, uint64_t *redirects,
     return rc;
 }
 
+static int s_get_into(void *state, ferry__rget *g, ferry__errbuf *eb)
+{
+    return ferry__rconn_get_into(&((single *)state)->conn, g, eb);
+}
+
 static void s_reset(void *state)
 {
     ferry__rconn_close(&((single *)state)->conn);
@@ -70,5 +75,5 @@ static void s_destroy(void *state)
 }
 
 const ferry__rtopo_ops ferry__rtopo_single = {
-    "single", s_create, s_connect, s_connected, s_exec, s_reset, s_destroy,
+    "single", s_create, s_connect, s_connected, s_exec, s_get_into, s_reset, s_destroy,
 };
