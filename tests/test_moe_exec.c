@@ -25,6 +25,7 @@ typedef struct fake {
     uint8_t *mem[FERRY_MOE_MAX_BANKS]; /* slots * width */
     int calls, begins, writes, copies, flushes, last_route;
     int fail_write_at, fail_flush_at;  /* 1-based counts; 0 never */
+    int pflushes, fail_pflush_at, prefetch_routes;
 } fake;
 
 static int fk_begin(void *c, int route)
@@ -33,6 +34,17 @@ static int fk_begin(void *c, int route)
     f->calls++;
     f->begins++;
     f->last_route = route;
+    if (route == FERRY_MOE_ROUTE_PREFETCH)
+        f->prefetch_routes++;
+    return 0;
+}
+
+static int fk_flush_prefetch(void *c)
+{
+    fake *f = c;
+    f->calls++;
+    if (++f->pflushes == f->fail_pflush_at)
+        return ferry__err_set(NULL, -EIO, "fake: prefetch flush %d failed", f->pflushes);
     return 0;
 }
 
@@ -73,6 +85,15 @@ static const ferry_moe_slot_device_ops fake_ops = {
     .write_slot = fk_write,
     .copy_slot = fk_copy,
     .flush = fk_flush,
+};
+
+static const ferry_moe_slot_device_ops fake_ops2 = {
+    .size = sizeof(ferry_moe_slot_device_ops),
+    .begin_plan = fk_begin,
+    .write_slot = fk_write,
+    .copy_slot = fk_copy,
+    .flush = fk_flush,
+    .flush_prefetch = fk_flush_prefetch,
 };
 
 static void fake_init(fake *f, const ferry_moe_geometry *g)
@@ -653,6 +674,108 @@ static void out_of_memory_and_device_faults_leak_nothing(void **state)
     ferry_device_close(dev);
 }
 
+/* prefetch: the planner brings the next layer's predicted experts in on
+ * the device's prefetch stream while nothing waits; the executor refuses
+ * other plans until it is finished; the experts then hit */
+static void a_prefetch_overlaps_and_then_hits(void **state)
+{
+    (void)state;
+    ferry_device *dev = host_dev();
+    ferry_moe_geometry g = geom(2, 8, 10, W);
+    named rows_mem;
+    named_init(&rows_mem, 2, 8, W);
+    ferry_moe_rows *rows;
+    FT_ASSERT_OK(ferry_moe_rows_fn(&g, named_row, &rows_mem, &rows));
+    const ferry_moe_slot_device_ops *ops;
+    void *ctx;
+    ferry_moe_slots *s;
+    FT_ASSERT_OK(ferry_moe_device_slots_open(dev, &g, &ops, &ctx));
+    FT_ASSERT_OK(ferry_moe_slots_create(&g, ops, ctx, &s));
+    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
+    o.num_layers = 2;
+    o.num_experts = 8;
+    o.slots = 10;
+    o.policy = "routing";
+    o.expert_bytes = W;
+    ferry_moe_planner *p;
+    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
+    uint32_t now[] = {0, 1, 2}, next[] = {5, 6, 7}, unknown[16], nu;
+    ferry_moe_copy_plan plan;
+    assert_int_equal(ferry_moe_planner_ensure(p, 0, now, 3, NULL, &plan, NULL), 3);
+    assert_int_equal(ferry_moe_slots_apply(s, &plan, rows, unknown, &nu), 3);
+    assert_int_equal(ferry_moe_planner_prefetch(p, 1, next, 3, &plan), 3);
+    assert_int_equal(ferry_moe_slots_prefetch_start(s, &plan, rows, unknown, &nu), 3);
+    /* pending: nothing else may touch the slots */
+    ferry_moe_copy_plan other = plan;
+    assert_int_equal(ferry_moe_slots_apply(s, &other, rows, NULL, NULL), FERRY_ESTATE);
+    assert_non_null(strstr(ferry_last_error(), "pending"));
+    assert_int_equal(ferry_moe_slots_occupant(s, plan.dst_slots[0]), FERRY_MOE_NONE);
+    assert_int_equal(ferry_moe_slots_prefetch_finish(s, unknown, &nu), 3);
+    assert_int_equal(ferry_moe_slots_prefetch_finish(s, unknown, &nu), 0);
+    FT_ASSERT_OK(ferry_moe_check(p, s));
+    ferry_moe_counts c;
+    uint32_t used[] = {5, 6, 3};
+    assert_int_equal(ferry_moe_planner_ensure(p, 1, used, 3, NULL, &plan, &c), 1);
+    assert_int_equal(c.prefetch_hits, 2);
+    assert_int_equal(ferry_moe_slots_apply(s, &plan, rows, unknown, &nu), 1);
+    FT_ASSERT_OK(ferry_moe_check(p, s));
+    uint8_t buf[W];
+    for (int i = 0; i < 3; i++) {
+        uint32_t slot = ferry_moe_planner_lookup(p, 1, used[i]);
+        read_slot(dev, ctx, 0, slot, buf, W);
+        assert_memory_equal(buf, rows_mem.rows + (size_t)(8 + used[i]) * W, W);
+    }
+    ferry_moe_slots_stats st;
+    ferry_moe_slots_get_stats(s, &st);
+    assert_int_equal(st.prefetch_plans, 1);
+    assert_int_equal(st.prefetch_rows, 3);
+    assert_int_equal(st.prefetch_bytes, 3 * W);
+    assert_int_equal(st.host_rows, 7);
+    ferry_moe_planner_stats ps;
+    ferry_moe_planner_get_stats(p, &ps);
+    assert_int_equal(ps.prefetch_bytes, 3 * W);
+    ferry_moe_planner_destroy(p);
+    ferry_moe_slots_destroy(s);
+
+    /* a prefetch whose stream fails: every slot of it is unknown */
+    fake f;
+    fake_init(&f, &g);
+    FT_ASSERT_OK(ferry_moe_slots_create(&g, &fake_ops2, &f, &s));
+    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
+    assert_int_equal(ferry_moe_planner_ensure(p, 0, now, 3, NULL, &plan, NULL), 3);
+    assert_int_equal(ferry_moe_slots_apply(s, &plan, rows, unknown, &nu), 3);
+    assert_int_equal(ferry_moe_planner_prefetch(p, 1, next, 3, &plan), 3);
+    assert_int_equal(ferry_moe_slots_prefetch_start(s, &plan, rows, unknown, &nu), 3);
+    assert_int_equal(f.prefetch_routes, 1);
+    f.fail_pflush_at = 1;
+    assert_int_equal(ferry_moe_slots_prefetch_finish(s, unknown, &nu), -EIO);
+    assert_int_equal(nu, 3);
+    for (uint32_t i = 0; i < nu; i++)
+        FT_ASSERT_OK(ferry_moe_planner_forget(p, unknown[i]));
+    FT_ASSERT_OK(ferry_moe_check(p, s));
+    ferry_moe_planner_get_stats(p, &ps);
+    assert_int_equal(ps.prefetch_wasted, 3);
+    assert_int_equal(ps.prefetch_wasted_bytes, 3 * W);
+    ferry_moe_planner_destroy(p);
+    ferry_moe_slots_destroy(s);
+    fake_fini(&f);
+
+    /* a one-stream device completes a prefetch in its start call */
+    fake_init(&f, &g);
+    FT_ASSERT_OK(ferry_moe_slots_create(&g, &fake_ops, &f, &s));
+    uint32_t d[] = {4}, r[] = {2};
+    ferry_moe_copy_plan one = {1, 1, d, r};
+    assert_int_equal(ferry_moe_slots_prefetch_start(s, &one, rows, unknown, &nu), 1);
+    assert_int_equal(ferry_moe_slots_occupant(s, 4), 8 + 2);
+    assert_int_equal(ferry_moe_slots_prefetch_finish(s, unknown, &nu), 0);
+    assert_int_equal(f.flushes, 1);
+    ferry_moe_slots_destroy(s);
+    fake_fini(&f);
+    ferry_moe_rows_destroy(rows);
+    free(rows_mem.rows);
+    ferry_device_close(dev);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -665,6 +788,7 @@ int main(void)
         cmocka_unit_test(a_pin_budget_splits_layers_into_classes),
         cmocka_unit_test(nvme_rows_land_in_their_slots),
         cmocka_unit_test(out_of_memory_and_device_faults_leak_nothing),
+        cmocka_unit_test(a_prefetch_overlaps_and_then_hits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

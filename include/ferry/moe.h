@@ -137,8 +137,11 @@ typedef struct ferry_moe_planner_options {
     /** The future, for "belady" only (required there, ignored otherwise):
      * ensure() must then be called with exactly this trace's steps in order. */
     const ferry_moe_trace *oracle;
+    /** bytes of one expert (all banks), for the byte figures in the stats;
+     * 0: they stay 0 */
+    uint64_t expert_bytes;
 } ferry_moe_planner_options;
-#define FERRY_MOE_PLANNER_OPTIONS_INIT {sizeof(ferry_moe_planner_options), 0, 0, 0, NULL, NULL}
+#define FERRY_MOE_PLANNER_OPTIONS_INIT {sizeof(ferry_moe_planner_options), 0, 0, 0, NULL, NULL, 0}
 
 /** Policy names, NULL-terminated: "lru", "lru-layer", "lfu", "lfru",
  * "s3fifo", "routing", "belady". */
@@ -176,6 +179,8 @@ typedef struct ferry_moe_planner_stats {
     uint64_t prefetch_fetched;  /**< of those, rows planned (not resident) */
     uint64_t prefetch_hits;     /**< prefetched experts later routed while resident */
     uint64_t prefetch_wasted;   /**< prefetched experts evicted or forgotten unused */
+    uint64_t prefetch_bytes;    /**< prefetch_fetched * expert_bytes */
+    uint64_t prefetch_wasted_bytes; /**< prefetch_wasted * expert_bytes */
 } ferry_moe_planner_stats;
 
 /**
@@ -248,8 +253,11 @@ FERRY_API void ferry_moe_planner_get_stats(const ferry_moe_planner *p,
 
 /** How a plan's rows are laid out in host memory (ferrox's CopyRoute). */
 enum ferry_moe_route {
-    FERRY_MOE_ROUTE_PER_ROW = 0,            /**< pinned rows, one copy each */
-    FERRY_MOE_ROUTE_WHOLE_LAYER_PAGEABLE = 1 /**< a pageable layer staged whole */
+    FERRY_MOE_ROUTE_PER_ROW = 0,             /**< pinned rows, one copy each */
+    FERRY_MOE_ROUTE_WHOLE_LAYER_PAGEABLE = 1, /**< a pageable layer staged whole */
+    /** a prefetch plan: queue its copies on the prefetch stream (until the
+     * next begin_plan) and complete them in flush_prefetch */
+    FERRY_MOE_ROUTE_PREFETCH = 2
 };
 
 /**
@@ -275,6 +283,10 @@ typedef struct ferry_moe_slot_device_ops {
     int (*flush)(void *ctx);
     /** Free the context (called by ferry_moe_slots_destroy); may be NULL. */
     void (*destroy)(void *ctx);
+    /** Wait until every copy of the last prefetch plan has landed. NULL:
+     * the device has one stream; prefetch plans then complete in their
+     * start call, through flush. */
+    int (*flush_prefetch)(void *ctx);
 } ferry_moe_slot_device_ops;
 
 /** The slot pool's geometry (ferrox's SlotGeometry). */
@@ -356,6 +368,7 @@ typedef struct ferry_moe_slots_stats {
     uint64_t host_rows, host_bytes;     /**< crossed the link (host or file -> slot) */
     uint64_t device_rows, device_bytes; /**< slot -> slot on the device */
     uint64_t failed_writes, failed_flushes;
+    uint64_t prefetch_plans, prefetch_rows, prefetch_bytes; /**< also in host_* */
 } ferry_moe_slots_stats;
 
 /**
@@ -373,7 +386,7 @@ FERRY_API const char *ferry_moe_slots_last_error(const ferry_moe_slots *s);
 FERRY_API void *ferry_moe_slots_device(const ferry_moe_slots *s);
 
 /**
- * Apply a copy plan: validated whole first (-EINVAL, nothing moves: halves
+ * Apply a copy plan (FERRY_ESTATE while a prefetch is pending): validated whole first (-EINVAL, nothing moves: halves
  * of the plan are one array pair so only n is checked, layer in range,
  * every slot in range and none named twice, every row present in rows and
  * exactly its bank's width - FERRY_EMISMATCH for a width). An empty plan is
@@ -396,6 +409,25 @@ FERRY_API int ferry_moe_slots_apply(ferry_moe_slots *s, const ferry_moe_copy_pla
  */
 FERRY_API int ferry_moe_slots_gather(ferry_moe_slots *s, const ferry_moe_gather_plan *plan,
                                      uint32_t *unknown_out, uint32_t *n_unknown);
+/**
+ * Prefetch: start applying a plan from ferry_moe_planner_prefetch() on the
+ * device's prefetch stream (FERRY_MOE_ROUTE_PREFETCH) and return without
+ * waiting, so the copies overlap the caller's compute. Validated as apply;
+ * its slots are unknown until ferry_moe_slots_prefetch_finish() (which any
+ * later apply, gather or prefetch_start calls first, so plans never race
+ * on a slot). At most one prefetch is pending. Returns the rows queued.
+ * A device without flush_prefetch completes the plan here.
+ */
+FERRY_API int ferry_moe_slots_prefetch_start(ferry_moe_slots *s, const ferry_moe_copy_plan *plan,
+                                             const ferry_moe_rows *rows, uint32_t *unknown_out,
+                                             uint32_t *n_unknown);
+/**
+ * Wait for the pending prefetch and set its occupants; on failure every slot
+ * of that plan is unknown and listed in unknown_out as for apply. No
+ * pending prefetch: returns 0 at once. Returns the rows that landed.
+ */
+FERRY_API int ferry_moe_slots_prefetch_finish(ferry_moe_slots *s, uint32_t *unknown_out,
+                                              uint32_t *n_unknown);
 /** Occupant (global expert id) of slot, FERRY_MOE_NONE when unknown. */
 FERRY_API uint32_t ferry_moe_slots_occupant(const ferry_moe_slots *s, uint32_t slot);
 /** Mark a slot unknown (e.g. after the planner dropped it). */

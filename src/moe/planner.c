@@ -38,6 +38,7 @@ struct ferry_moe_planner {
     ferry__policy *pol;
     const ferry__policy_ops *pops;
     const ferry_moe_trace *oracle;
+    uint64_t expert_bytes;
     ferry_moe_planner_stats st;
 };
 
@@ -193,6 +194,7 @@ int ferry_moe_planner_create(const ferry_moe_planner_options *opt, ferry_moe_pla
     p->slots = opt->slots;
     p->pops = ops;
     p->oracle = ops == &ferry__policy_belady ? opt->oracle : NULL;
+    p->expert_bytes = opt->expert_bytes;
     size_t ids = (size_t)p->L * p->E;
     int rc = slot_arrays(p->slots, &p->occupant, &p->pin_step, &p->prefetched, &p->free_pos,
                          &p->free_key, &p->freeh);
@@ -527,6 +529,9 @@ uint32_t ferry_moe_planner_lookup(const ferry_moe_planner *p, uint32_t layer, ui
 
 void ferry_moe_planner_get_stats(const ferry_moe_planner *p, ferry_moe_planner_stats *out)
 {
-    if (p && out)
+    if (p && out) {
         *out = p->st;
+        out->prefetch_bytes = p->st.prefetch_fetched * p->expert_bytes;
+        out->prefetch_wasted_bytes = p->st.prefetch_wasted * p->expert_bytes;
+    }
 }

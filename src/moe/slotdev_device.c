@@ -20,7 +20,8 @@
  * Copies are asynchronous on the context's stream; flush synchronises it
  * and returns the first error any queued copy met, which is exactly the
  * contract the executor relies on (a failed flush: nothing of the plan is
- * trusted).
+ * trusted). Prefetch plans use a second stream, synchronised by
+ * flush_prefetch, so they overlap what the engine does next.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -32,7 +33,9 @@
 
 typedef struct devslots {
     ferry_device *dev;
-    ferry_stream *stream;
+    ferry_stream *stream;   /* plans */
+    ferry_stream *pstream;  /* prefetch plans */
+    ferry_stream *cur;      /* where the current plan's copies go */
     uint32_t slots, banks;
     size_t row_bytes[FERRY_MOE_MAX_BANKS], pitch[FERRY_MOE_MAX_BANKS];
     ferry_devptr base[FERRY_MOE_MAX_BANKS];
@@ -45,6 +48,8 @@ static void ds_destroy(void *ctx)
         return;
     if (d->stream)
         (void)ferry_stream_destroy(d->stream);
+    if (d->pstream)
+        (void)ferry_stream_destroy(d->pstream);
     for (uint32_t b = 0; b < d->banks; b++)
         if (d->base[b])
             (void)ferry_device_free(d->dev, d->base[b]);
@@ -53,8 +58,11 @@ static void ds_destroy(void *ctx)
 
 static int ds_begin(void *ctx, int route)
 {
-    /* nothing to arrange: pageable rows are copied from where they are
-     * (the driver stages them), pinned rows go by DMA */
+    /* pageable rows are copied from where they are (the driver stages
+     * them), pinned rows go by DMA; a prefetch goes on its own stream so
+     * it overlaps the plans and compute that follow */
+    devslots *d = ctx;
+    d->cur = route == FERRY_MOE_ROUTE_PREFETCH ? d->pstream : d->stream;
     return 0;
 }
 
@@ -76,7 +84,7 @@ static int ds_write(void *ctx, uint32_t bank, uint32_t slot, const void *src, si
         return ferry__err_set(NULL, FERRY_EMISMATCH,
                               "moe device slots: bank %u slot %u is %zu bytes, the row offered is %zu",
                               bank, slot, d->row_bytes[bank], n);
-    return ferry_memcpy_htod_async(d->stream, d->base[bank] + (ferry_devptr)slot * d->pitch[bank],
+    return ferry_memcpy_htod_async(d->cur, d->base[bank] + (ferry_devptr)slot * d->pitch[bank],
                                    src, n);
 }
 
@@ -90,7 +98,7 @@ static int ds_copy(void *ctx, uint32_t bank, uint32_t dst, uint32_t src)
         return rc;
     if (dst == src)
         return 0;
-    return ferry_memcpy_dtod_async(d->stream, d->base[bank] + (ferry_devptr)dst * d->pitch[bank],
+    return ferry_memcpy_dtod_async(d->cur, d->base[bank] + (ferry_devptr)dst * d->pitch[bank],
                                    d->base[bank] + (ferry_devptr)src * d->pitch[bank],
                                    d->row_bytes[bank]);
 }
@@ -108,7 +116,7 @@ static int ds_read_file(void *ctx, uint32_t bank, uint32_t slot, ferry_io *io, f
                               bank, slot, d->row_bytes[bank], n);
     /* GDS moves it by DMA; otherwise the engine's bounce path copies on
      * our stream, so it is ordered with the plan's other copies */
-    return ferry_io_read_dev(io, f, d->stream,
+    return ferry_io_read_dev(io, f, d->cur,
                              d->base[bank] + (ferry_devptr)slot * d->pitch[bank], n, off);
 }
 
@@ -116,6 +124,12 @@ static int ds_flush(void *ctx)
 {
     devslots *d = ctx;
     return ferry_stream_sync(d->stream);
+}
+
+static int ds_flush_prefetch(void *ctx)
+{
+    devslots *d = ctx;
+    return ferry_stream_sync(d->pstream);
 }
 
 static const ferry_moe_slot_device_ops device_ops = {
@@ -126,6 +140,7 @@ static const ferry_moe_slot_device_ops device_ops = {
     .read_file = ds_read_file,
     .flush = ds_flush,
     .destroy = ds_destroy,
+    .flush_prefetch = ds_flush_prefetch,
 };
 
 int ferry_moe_device_slots_open(ferry_device *dev, const ferry_moe_geometry *g,
@@ -161,6 +176,9 @@ int ferry_moe_device_slots_open(ferry_device *dev, const ferry_moe_geometry *g,
         }
     }
     rc = ferry_stream_create(dev, &d->stream);
+    if (rc == 0)
+        rc = ferry_stream_create(dev, &d->pstream);
+    d->cur = d->stream;
     if (rc < 0) {
         char cause[FERRY__ERRMSG_MAX];
         snprintf(cause, sizeof cause, "%s", ferry_last_error());

@@ -37,6 +37,9 @@ struct ferry_moe_slots {
     void *staging;       /* one row, for file rows without read_file */
     size_t staging_len;
     ferry_io *staging_io;
+    int pending;         /* a prefetch plan is in flight */
+    uint32_t pend_layer, pend_n;
+    uint32_t *pend_dst, *pend_row; /* slots each */
     ferry_moe_slots_stats st;
 };
 
@@ -73,14 +76,18 @@ int ferry_moe_slots_create(const ferry_moe_geometry *g, const ferry_moe_slot_dev
         if (s) {
             s->occupant = ferry__malloc((size_t)g->slots * sizeof *s->occupant);
             s->stamp = ferry__calloc(g->slots, sizeof *s->stamp);
+            s->pend_dst = ferry__malloc((size_t)g->slots * sizeof *s->pend_dst);
+            s->pend_row = ferry__malloc((size_t)g->slots * sizeof *s->pend_row);
         }
-        if (!s || !s->occupant || !s->stamp)
+        if (!s || !s->occupant || !s->stamp || !s->pend_dst || !s->pend_row)
             rc = ferry__err_set(NULL, -ENOMEM, "moe slots: out of memory for %u slots", g->slots);
     }
     if (rc < 0) {
         if (s) {
             ferry__free(s->occupant);
             ferry__free(s->stamp);
+            ferry__free(s->pend_dst);
+            ferry__free(s->pend_row);
             ferry__free(s);
         }
         if (ops && ops->destroy && ctx)
@@ -103,10 +110,14 @@ void ferry_moe_slots_destroy(ferry_moe_slots *s)
         return;
     if (s->staging)
         ferry_io_buffer_free(s->staging_io, s->staging);
+    if (s->pending && s->ops->flush_prefetch)
+        (void)s->ops->flush_prefetch(s->ctx); /* its buffers must not be freed under it */
     if (s->ops->destroy && s->ctx)
         s->ops->destroy(s->ctx);
     ferry__free(s->occupant);
     ferry__free(s->stamp);
+    ferry__free(s->pend_dst);
+    ferry__free(s->pend_row);
     ferry__free(s);
 }
 
@@ -266,13 +277,71 @@ static int write_row(ferry_moe_slots *s, const ferry_moe_rows *rows, uint32_t b,
     return rc;
 }
 
+static int refuse_pending(ferry_moe_slots *s, const char *what)
+{
+    return ferry__err_set(&s->err, FERRY_ESTATE,
+                          "moe %s: a prefetch of %u rows (layer %u) is pending: "
+                          "ferry_moe_slots_prefetch_finish() first",
+                          what, s->pend_n, s->pend_layer);
+}
+
+static int apply_plan(ferry_moe_slots *s, const ferry_moe_copy_plan *plan,
+                      const ferry_moe_rows *rows, uint32_t *unknown_out, uint32_t *n_unknown,
+                      int prefetch);
+
 int ferry_moe_slots_apply(ferry_moe_slots *s, const ferry_moe_copy_plan *plan,
                           const ferry_moe_rows *rows, uint32_t *unknown_out, uint32_t *n_unknown)
 {
+    return apply_plan(s, plan, rows, unknown_out, n_unknown, 0);
+}
+
+int ferry_moe_slots_prefetch_start(ferry_moe_slots *s, const ferry_moe_copy_plan *plan,
+                                   const ferry_moe_rows *rows, uint32_t *unknown_out,
+                                   uint32_t *n_unknown)
+{
+    return apply_plan(s, plan, rows, unknown_out, n_unknown, 1);
+}
+
+int ferry_moe_slots_prefetch_finish(ferry_moe_slots *s, uint32_t *unknown_out, uint32_t *n_unknown)
+{
+    if (n_unknown)
+        *n_unknown = 0;
+    if (!s)
+        return ferry__err_set(NULL, -EINVAL, "moe prefetch finish: no slots");
+    if (!s->pending)
+        return 0;
+    s->pending = 0;
+    int rc = s->ops->flush_prefetch(s->ctx);
+    if (rc < 0) {
+        char cause[FERRY__ERRMSG_MAX];
+        snprintf(cause, sizeof cause, "%s", ferry_last_error());
+        s->st.failed_flushes++;
+        report_unknown(s->pend_dst, 0, s->pend_n, unknown_out, n_unknown);
+        return ferry__err_set(&s->err, rc,
+                              "moe prefetch: layer %u: %u rows did not land, every slot of the "
+                              "plan is unknown: %s",
+                              s->pend_layer, s->pend_n, cause);
+    }
+    for (uint32_t i = 0; i < s->pend_n; i++)
+        s->occupant[s->pend_dst[i]] = s->pend_layer * s->g.num_experts + s->pend_row[i];
+    s->st.host_rows += s->pend_n;
+    s->st.host_bytes += (uint64_t)s->pend_n * s->row_total;
+    s->st.prefetch_rows += s->pend_n;
+    s->st.prefetch_bytes += (uint64_t)s->pend_n * s->row_total;
+    return (int)s->pend_n;
+}
+
+static int apply_plan(ferry_moe_slots *s, const ferry_moe_copy_plan *plan,
+                      const ferry_moe_rows *rows, uint32_t *unknown_out, uint32_t *n_unknown,
+                      int prefetch)
+{
+    const char *what = prefetch ? "prefetch" : "apply";
     if (n_unknown)
         *n_unknown = 0;
     if (!s || !plan)
-        return ferry__err_set(s ? &s->err : NULL, -EINVAL, "moe apply: no slots or plan");
+        return ferry__err_set(s ? &s->err : NULL, -EINVAL, "moe %s: no slots or plan", what);
+    if (s->pending)
+        return refuse_pending(s, what);
     if (plan->n == 0) {
         s->st.plans++;
         s->st.warm_plans++;
@@ -284,10 +353,15 @@ int ferry_moe_slots_apply(ferry_moe_slots *s, const ferry_moe_copy_plan *plan,
     int route = FERRY_MOE_ROUTE_PER_ROW;
     if (rows->ops->klass && rows->ops->klass(rows, plan->layer) == FERRY_MOE_PAGEABLE)
         route = FERRY_MOE_ROUTE_WHOLE_LAYER_PAGEABLE;
+    int async = prefetch && s->ops->flush_prefetch;
+    if (async)
+        route = FERRY_MOE_ROUTE_PREFETCH;
     if (s->ops->begin_plan && (rc = s->ops->begin_plan(s->ctx, route)) < 0)
         return ferry__err_set(&s->err, rc, "moe apply: layer %u: device refused the plan: %s",
                               plan->layer, ferry_last_error());
     s->st.plans++;
+    if (prefetch)
+        s->st.prefetch_plans++;
     uint32_t i;
     for (i = 0; i < plan->n; i++) {
         uint32_t d = plan->dst_slots[i];
@@ -306,7 +380,7 @@ int ferry_moe_slots_apply(ferry_moe_slots *s, const ferry_moe_copy_plan *plan,
         for (uint32_t j = i; j < plan->n; j++)
             s->occupant[plan->dst_slots[j]] = FERRY_MOE_NONE;
         report_unknown(plan->dst_slots, i, plan->n, unknown_out, n_unknown);
-        int frc = s->ops->flush(s->ctx);
+        int frc = async ? s->ops->flush_prefetch(s->ctx) : s->ops->flush(s->ctx);
         if (frc < 0) {
             s->st.failed_flushes++;
             report_unknown(plan->dst_slots, 0, i, unknown_out, n_unknown);
@@ -315,12 +389,26 @@ int ferry_moe_slots_apply(ferry_moe_slots *s, const ferry_moe_copy_plan *plan,
                 s->occupant[plan->dst_slots[j]] = plan->layer * s->g.num_experts + plan->src_rows[j];
             s->st.host_rows += i;
             s->st.host_bytes += (uint64_t)i * s->row_total;
+            if (prefetch) {
+                s->st.prefetch_rows += i;
+                s->st.prefetch_bytes += (uint64_t)i * s->row_total;
+            }
         }
         return ferry__err_set(&s->err, rc,
-                              "moe apply: layer %u row %u into slot %u failed (%u of %u slots now "
+                              "moe %s: layer %u row %u into slot %u failed (%u of %u slots now "
                               "unknown): %s",
-                              plan->layer, plan->src_rows[i], plan->dst_slots[i],
+                              what, plan->layer, plan->src_rows[i], plan->dst_slots[i],
                               n_unknown ? *n_unknown : plan->n - i, plan->n, cause);
+    }
+    if (async) {
+        /* in flight on the prefetch stream: the occupants are set when
+         * prefetch_finish sees it land */
+        memcpy(s->pend_dst, plan->dst_slots, (size_t)plan->n * sizeof *s->pend_dst);
+        memcpy(s->pend_row, plan->src_rows, (size_t)plan->n * sizeof *s->pend_row);
+        s->pend_n = plan->n;
+        s->pend_layer = plan->layer;
+        s->pending = 1;
+        return (int)plan->n;
     }
     rc = s->ops->flush(s->ctx);
     if (rc < 0) {
@@ -329,14 +417,18 @@ int ferry_moe_slots_apply(ferry_moe_slots *s, const ferry_moe_copy_plan *plan,
         s->st.failed_flushes++;
         report_unknown(plan->dst_slots, 0, plan->n, unknown_out, n_unknown);
         return ferry__err_set(&s->err, rc,
-                              "moe apply: layer %u: flush of %u rows failed, every slot of the plan "
+                              "moe %s: layer %u: flush of %u rows failed, every slot of the plan "
                               "is unknown: %s",
-                              plan->layer, plan->n, cause);
+                              what, plan->layer, plan->n, cause);
     }
     for (i = 0; i < plan->n; i++)
         s->occupant[plan->dst_slots[i]] = plan->layer * s->g.num_experts + plan->src_rows[i];
     s->st.host_rows += plan->n;
     s->st.host_bytes += (uint64_t)plan->n * s->row_total;
+    if (prefetch) {
+        s->st.prefetch_rows += plan->n;
+        s->st.prefetch_bytes += (uint64_t)plan->n * s->row_total;
+    }
     return (int)plan->n;
 }
 
@@ -347,6 +439,8 @@ int ferry_moe_slots_gather(ferry_moe_slots *s, const ferry_moe_gather_plan *plan
         *n_unknown = 0;
     if (!s || !plan)
         return ferry__err_set(s ? &s->err : NULL, -EINVAL, "moe gather: no slots or plan");
+    if (s->pending)
+        return refuse_pending(s, "gather");
     if (plan->n == 0) {
         s->st.gather_plans++;
         s->st.warm_plans++;
