@@ -338,12 +338,15 @@ static void round_trip_sync_and_async(void **state)
     /* a destination one byte short is refused and says how big */
     assert_int_equal(ferry_remote_get(r, "chunk-2", 7, dst, n - 1), -ENOBUFS);
     assert_non_null(strstr(ferry_remote_last_error(r), "262144"));
+    /* the refused reply was consumed whole: the connection is still in step */
+    assert_int_equal(ferry_remote_get(r, "chunk-1", 7, dst, n), (int)n);
+    assert_int_equal(ft_check_pattern(dst, n, 1), -1);
 
     ferry_remote_metrics m = metrics(r);
     assert_int_equal(m.puts, 5);
     assert_int_equal(m.puts_written, 5);
-    assert_int_equal(m.hits, 5);
-    assert_int_equal(m.gets, 6);
+    assert_int_equal(m.hits, 6);
+    assert_int_equal(m.gets, 7);
     assert_int_equal(m.dropped, 0);
     assert_int_equal(m.cluster, 0);
     assert_true(m.bytes_read >= 2 * n);
@@ -761,6 +764,12 @@ static void stopped_server_degrades_then_reconnects(void **state)
 
     /* a restart without a pause in between: the dead connection is noticed
      * by EOF, reconnected and the call retried, without a miss */
+    ft_redis_stop(&s);
+    assert_int_equal(ft_redis_restart(&s), 0);
+    uint64_t rec = metrics(r).reconnects;
+    assert_int_equal(ferry_remote_get(r, "k", 1, dst, sizeof dst), FERRY_ENOTFOUND);
+    assert_non_null(strstr(ferry_last_error(), "no such key")); /* asked, not degraded */
+    assert_int_equal(metrics(r).reconnects, rec + 1);
     ft_redis_stop(&s);
     assert_int_equal(ft_redis_restart(&s), 0);
     FT_ASSERT_OK(ferry_remote_put_sync(r, "k", 1, "again", 5));
