@@ -745,6 +745,44 @@ static void cufile_handle_registration_failure(void **state)
     assert_int_equal(C.closes, 1); /* nothing left open */
 }
 
+
+/* auto: cuFile opens but refuses the slab file (overlayfs, LVM: LMCache
+ * issues 5030/5008): fall back to the cpu driver, say so, keep working */
+static void auto_falls_back_when_cufile_refuses_the_file(void **state)
+{
+    (void)state;
+    memset(&C, 0, sizeof C);
+    C.fail_handle = 1;
+    ferry__cufile_api api = fake_api(1);
+    ferry__gdsdl_set_api("cufile", &api);
+    ferry_gds_config c = config(1, NULL);
+    ferry_gds *g = NULL;
+    int rc = ferry_gds_open(&c, &g);
+    ferry__gdsdl_set_api("cufile", NULL);
+    FT_ASSERT_OK(rc);
+    assert_string_equal(ferry_gds_driver_name(g), "cpu");
+    const char *why = ferry_gds_fallback_reason(g);
+    assert_non_null(why);
+    assert_non_null(strstr(why, "cuFileHandleRegister"));
+    assert_non_null(strstr(why, "using the cpu driver"));
+    assert_int_equal(C.opens, 1);
+    assert_int_equal(C.closes, 1); /* cuFile closed again before the cpu driver took over */
+    const size_t n = 4 * MiB;
+    ferry_devptr buf;
+    FT_ASSERT_OK(ferry_device_alloc(g_dev, n, &buf));
+    FT_ASSERT_OK(ferry_gds_register(g, buf, n, NULL));
+    FT_ASSERT_OK(ferry_device_memset(g_dev, buf, 0x3C, n));
+    FT_ASSERT_OK(ferry_gds_transfer(g, FERRY_GDS_WRITE, 0, n, buf, NULL));
+    FT_ASSERT_OK(ferry_device_memset(g_dev, buf, 0, n));
+    FT_ASSERT_OK(ferry_gds_transfer(g, FERRY_GDS_READ, 0, n, buf, NULL));
+    unsigned char *host = malloc(n);
+    FT_ASSERT_OK(ferry_device_download(g_dev, host, buf, n));
+    assert_all(host, n, 0x3C);
+    free(host);
+    ferry_gds_close(g);
+    FT_ASSERT_OK(ferry_device_free(g_dev, buf));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -762,6 +800,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(cufile_driver_over_old_library, setup, teardown),
         cmocka_unit_test_setup_teardown(hipfile_driver_over_fake_library, setup, teardown),
         cmocka_unit_test_setup_teardown(cufile_handle_registration_failure, setup, teardown),
+        cmocka_unit_test_setup_teardown(auto_falls_back_when_cufile_refuses_the_file, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -54,5 +54,8 @@ struct ferry__cufile_api;
  * allow_host_device lets the driver run against the host device backend.
  */
 void ferry__gdsdl_set_api(const char *driver_name, const struct ferry__cufile_api *api);
+/* 1 when a test table with allow_host_device is installed for driver_name:
+ * "auto" then tries that driver on a non-cuda device too */
+int ferry__gdsdl_test_override(const char *driver_name);
 
 #endif

@@ -428,9 +428,12 @@ static int init_locked(ferry_gds *g, const ferry_gds_config *cfg)
         auto_pick = 1;
         const char *be = g->dev ? ferry_device_backend(g->dev) : "none";
         rc = -1;
-        if (!strcmp(be, "cuda")) {
-            static const char *const tries[] = {"cufile", "hipfile"};
+        static const char *const tries[] = {"cufile", "hipfile"};
+        int cuda = !strcmp(be, "cuda");
+        if (cuda || ferry__gdsdl_test_override(tries[0]) || ferry__gdsdl_test_override(tries[1])) {
             for (size_t i = 0; i < 2 && rc < 0; i++) {
+                if (!cuda && !ferry__gdsdl_test_override(tries[i]))
+                    continue;
                 rc = driver_pick(g, tries[i], why, sizeof why);
                 if (rc < 0)
                     add_fallback(g, "%s driver: %s", tries[i], why);

@@ -63,6 +63,12 @@ static const ferry__cufile_api *override_for(const char *name)
     return a;
 }
 
+int ferry__gdsdl_test_override(const char *driver_name)
+{
+    const ferry__cufile_api *a = override_for(driver_name);
+    return a && a->allow_host_device;
+}
+
 static void *sym(dl_drv *d, const char *suffix)
 {
     char name[96];
