@@ -55,6 +55,20 @@ struct ferry__kv_entry {
  * A tier stores whole chunks at locations it hands out. All calls but
  * read/write run under kv->mu; read/write run without it (the caller holds
  * the entry), possibly from several threads at once.
+ *
+ * Adding a tier (the remote tier of issue 6 over ferry/remote.h) is adding
+ * a file with these ops and a slot in kv->tier[]: reserve hands out a
+ * dummy location (the server keeps the bytes), write is ferry_remote_put
+ * under a key made from `id` (the chunk hash xor the namespace digest of
+ * model, TP rank/world and salt, so every process agrees on it), read is
+ * ferry_remote_get, release deletes or lets the server's TTL do it. The
+ * store already falls through by residency bits (lookup reports
+ * FERRY_KV_TIER_REMOTE for a chunk resident only there; retrieve and
+ * prefetch promote the copy of the nearest tier below L1); what a remote
+ * tier adds is finding chunks this
+ * process never indexed: on a local miss, lookup would ask the remote
+ * (ferry_remote_exists, pipelined) and index what it finds as resident in
+ * FERRY_KV_TIER_REMOTE only.
  */
 typedef struct ferry__kv_tier_ops {
     const char *name;
@@ -164,6 +178,7 @@ typedef struct ferry__kv_job {
     ferry_kv_op *op;           /* JOB_OP */
     ferry__kv_entry *e;        /* L2WRITE / PREFETCH: held (refs, readers) */
     uint64_t l1_loc, l2_loc;
+    int src_tier;              /* PREFETCH: the tier read from */
 } ferry__kv_job;
 
 struct ferry_kv_op {

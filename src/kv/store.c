@@ -705,14 +705,24 @@ int ferry__kv_do_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
     return (int)lead;
 }
 
-/* ---- promotion L2 -> L1 (retrieve, prefetch) ---- */
+/* ---- promotion into L1 (retrieve, prefetch) ---- */
 
-/* under mu, after the L2 read into the reserved slot finished with rc */
-static void promote_finish(ferry_kv *kv, ferry__kv_entry *e, uint64_t slot, int rc)
+/* the nearest tier below L1 holding e, or 0 */
+static int lower_tier(const ferry_kv *kv, const ferry__kv_entry *e)
+{
+    for (int t = FERRY_KV_TIER_L2; t < FERRY_KV_TIERS; t++)
+        if (kv->tier[t] && (e->resident & (1u << t)))
+            return t;
+    return 0;
+}
+
+/* under mu, after the read from tier src into the reserved slot finished
+ * with rc */
+static void promote_finish(ferry_kv *kv, ferry__kv_entry *e, uint64_t slot, int rc, int src)
 {
     e->l1_loading = 0;
     pthread_cond_broadcast(&kv->loaded);
-    if (rc == 0 && !e->doomed && (e->resident & (1u << FERRY_KV_TIER_L2))) {
+    if (rc == 0 && !e->doomed && (e->resident & (1u << src))) {
         ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
         e->loc[FERRY_KV_TIER_L1] = slot;
         e->resident |= 1u << FERRY_KV_TIER_L1;
@@ -721,8 +731,8 @@ static void promote_finish(ferry_kv *kv, ferry__kv_entry *e, uint64_t slot, int 
     }
     tier_release(kv, FERRY_KV_TIER_L1, slot);
     if (rc < 0 && !e->doomed) {
-        /* the L2 copy is unreadable: the chunk becomes a miss */
-        drop_tier(kv, e, FERRY_KV_TIER_L2);
+        /* that copy is unreadable: without another one the chunk is a miss */
+        drop_tier(kv, e, src);
         if (!e->resident)
             doom(kv, e);
     }
@@ -751,10 +761,11 @@ void ferry__kv_job_run(ferry_kv *kv, ferry__kv_job *j)
         pthread_mutex_unlock(&kv->mu);
         return;
     }
-    /* prefetch */
-    int rc = tier_io(kv, l2, 0, e->loc[FERRY_KV_TIER_L2], &e->id, slot, kv->slot_bytes);
+    /* prefetch: the entry is read-locked, its location in src is stable */
+    int src = j->src_tier;
+    int rc = tier_io(kv, kv->tier[src], 0, e->loc[src], &e->id, slot, kv->slot_bytes);
     pthread_mutex_lock(&kv->mu);
-    promote_finish(kv, e, j->l1_loc, rc);
+    promote_finish(kv, e, j->l1_loc, rc, src);
     if (rc == 0)
         atomic_fetch_add(&kv->prefetched, 1);
     kv->prefetch_inflight -= kv->slot_bytes;
@@ -824,13 +835,16 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
         return ferry__kv_err(kv, -ENOMEM, "kv retrieve: out of memory for %zu chunks",
                               nch);
     }
-    ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1], *l2 = kv->tier[FERRY_KV_TIER_L2];
+    ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
     int copy_rc = 0;
     uint64_t hits[FERRY_KV_TIERS] = {0}, misses = 0, got = 0;
     size_t batch_max = (size_t)FERRY__MAX(l1->capacity / 2, 1), nheld = 0, synced = 0;
     /* read ahead: the L2 reads of later chunks run on the I/O workers
      * while this thread copies the earlier ones out */
-    if (l2)
+    int lower = 0;
+    for (int t = FERRY_KV_TIER_L2; t < FERRY_KV_TIERS; t++)
+        lower |= kv->tier[t] != NULL;
+    if (lower)
         prefetch_ids(kv, ids, nch, n, 0, ahead);
     for (size_t i = 0; i < nch; i++) {
         st[i] = FERRY_ENOTFOUND;
@@ -854,9 +868,10 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
         read_lock(kv, e, now);
         e->refs++;
         if (!(e->resident & (1u << FERRY_KV_TIER_L1))) {
-            /* only in L2: promote into a fresh L1 slot */
+            /* only in a lower tier: promote into a fresh L1 slot */
             uint64_t slot;
-            int r = l2 ? reserve(kv, FERRY_KV_TIER_L1, now, &slot, 1) : FERRY_ENOTFOUND;
+            int src = lower_tier(kv, e);
+            int r = src ? reserve(kv, FERRY_KV_TIER_L1, now, &slot, 1) : FERRY_ENOTFOUND;
             if (r == -EAGAIN) {
                 /* the mutex was released: start this chunk over */
                 read_unlock(e);
@@ -874,11 +889,12 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
                 continue;
             }
             e->l1_loading = 1;
-            uint64_t l2loc = e->loc[FERRY_KV_TIER_L2];
+            uint64_t srcloc = e->loc[src];
             pthread_mutex_unlock(&kv->mu);
-            r = tier_io(kv, l2, 0, l2loc, &e->id, l1->ops->host_ptr(l1, slot), kv->slot_bytes);
+            r = tier_io(kv, kv->tier[src], 0, srcloc, &e->id, l1->ops->host_ptr(l1, slot),
+                        kv->slot_bytes);
             pthread_mutex_lock(&kv->mu);
-            promote_finish(kv, e, slot, r);
+            promote_finish(kv, e, slot, r, src);
             if (!(e->resident & (1u << FERRY_KV_TIER_L1))) {
                 read_unlock(e);
                 put(kv, e);
@@ -886,9 +902,9 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
                 misses++;
                 continue;
             }
-            hits[FERRY_KV_TIER_L2]++;
+            hits[src]++;
         } else {
-            hits[ahead[i] ? FERRY_KV_TIER_L2 : FERRY_KV_TIER_L1]++;
+            hits[ahead[i] ? ahead[i] : FERRY_KV_TIER_L1]++;
         }
         l1->policy->ops->touch(l1->policy, e);
         void *src = l1->ops->host_ptr(l1, e->loc[FERRY_KV_TIER_L1]);
@@ -1054,7 +1070,7 @@ int ferry_kv_retrieve_async(ferry_kv *kv, const int32_t *tokens, size_t n,
  * to prefetch_max bytes in flight, in order. Leading mode (the public
  * prefetch) stops at the first chunk that is not cached or does not fit;
  * otherwise (a retrieve's read-ahead) it skips those. queued[i] (when
- * non-NULL) is set for each chunk queued. Returns the leading tokens that
+ * non-NULL) gets the source tier of each chunk queued. Returns the leading tokens that
  * are in L1 or on their way.
  */
 static size_t prefetch_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
@@ -1073,7 +1089,8 @@ static size_t prefetch_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, s
                 lead += chunk_ntok(kv, i, n);
             continue;
         }
-        ok = ok && kv->tier[FERRY_KV_TIER_L2] && (e->resident & (1u << FERRY_KV_TIER_L2));
+        int src = ok ? lower_tier(kv, e) : 0;
+        ok = ok && src;
         if (ok && kv->prefetch_inflight + kv->slot_bytes > kv->prefetch_max)
             break;
         ferry__kv_job *j = ok ? ferry__calloc(1, sizeof *j) : NULL;
@@ -1092,10 +1109,11 @@ static size_t prefetch_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, s
         j->kind = FERRY__KV_JOB_PREFETCH;
         j->e = e;
         j->l1_loc = slot;
+        j->src_tier = src;
         *tail = j;
         tail = &j->next;
         if (queued)
-            queued[i] = 1;
+            queued[i] = (uint8_t)src;
         if (in_lead)
             lead += chunk_ntok(kv, i, n);
     }
