@@ -290,11 +290,14 @@ FERRY_API int ferry_kv_store(ferry_kv *kv, const int32_t *tokens, size_t n,
 
 /**
  * Load the cached KV of tokens[0..n) into dst. Every chunk that is present
- * is copied (L2 hits are promoted to L1 first);
- * req->status gets 0 or FERRY_ENOTFOUND per chunk (a chunk evicted since a
- * lookup, or whose L2 read failed, is a miss: its bytes in dst are not
- * written). Returns the number of leading tokens loaded. Errors: as
- * ferry_kv_store (dst too small: -ENOBUFS), device copy errors.
+ * is copied (L2 hits are promoted to L1 first, the L2 reads of later
+ * chunks running ahead on the store's workers while earlier ones are
+ * copied out); req->status gets 0 or FERRY_ENOTFOUND per chunk (a chunk
+ * evicted since a lookup, or whose L2 read failed, is a miss: its bytes in
+ * dst are not written), or FERRY_ENOSPACE (in L2, but every L1 slot is
+ * locked so it could not be promoted). Returns the number of leading
+ * tokens loaded. Errors: as ferry_kv_store (dst too small: -ENOBUFS),
+ * device copy errors (the chunks of the failed window report the code).
  */
 FERRY_API int ferry_kv_retrieve(ferry_kv *kv, const int32_t *tokens, size_t n,
                                 const ferry_kv_req *req, const ferry_kv_buffer *dst);
