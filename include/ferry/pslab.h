@@ -149,9 +149,11 @@ FERRY_API int ferry_pslab_put_many(ferry_pslab *p, ferry_pslab_item *items, size
  * Read the chunk under key into buf[0..cap), checking its XXH3-64: *len
  * gets its length. Errors: FERRY_ENOTFOUND, -ENOBUFS (cap < length; *len
  * untouched: ask ferry_pslab_stat()), FERRY_ECORRUPT (the stored bytes fail
- * their checksum: nothing is returned, the entry is dropped and counted),
- * -EINVAL, I/O errors. buf need not be aligned (an aligned buf with cap >=
- * the length rounded up to the alignment is read into directly).
+ * their checksum: nothing is returned, the entry is dropped and counted,
+ * buf[0..length) is zeroed), -EINVAL, I/O errors. buf need not be aligned;
+ * an aligned buf with cap >= the length rounded up to the alignment is
+ * read into directly (O_DIRECT), so bytes of buf past *len, up to that
+ * rounded length, may be overwritten.
  */
 FERRY_API int ferry_pslab_get(ferry_pslab *p, const void *key, size_t klen, void *buf,
                               size_t cap, size_t *len);
