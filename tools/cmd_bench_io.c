@@ -327,6 +327,9 @@ static int bench_one(const char *engine, const opts *o, size_t chunk, result *re
          * blocks: the parts and the whole then compare like with like. */
         size_t blen = chunk * o->depth;
         phase fw, fr, prefill;
+        double cw = 0, cr = 0;
+        memset(&fw, 0, sizeof fw);
+        memset(&fr, 0, sizeof fr);
         rc = ferry_device_alloc(dev, 2 * blen, &dbuf);
         if (rc == 0) /* touch it: first-touch page faults are not the bounce path's cost */
             rc = ferry_device_memset(dev, dbuf, 0x5a, 2 * blen);
@@ -339,23 +342,42 @@ static int bench_one(const char *engine, const opts *o, size_t chunk, result *re
         rc = run_async(io, f, FERRY_IO_WRITE, hbuf, 0, &oc, &prefill, "prefill");
         if (rc == 0) /* set up the bounce buffers and stream outside the timing */
             rc = ferry_io_read_dev(io, f, NULL, dbuf, 4096, 0);
-        if (rc == 0)
-            rc = run_async(io, f, FERRY_IO_WRITE, hbuf, 0, &oc, &fw, "file write");
-        if (rc == 0)
-            rc = run_bounce(io, f, FERRY_IO_WRITE, dbuf, &oc, &res->w, "write");
-        if (rc == 0)
-            rc = ferry_file_drop_cache(f);
-        if (rc == 0)
-            rc = run_async(io, f, FERRY_IO_READ, hbuf, 0, &oc, &fr, "file read");
-        if (rc == 0)
-            rc = ferry_file_drop_cache(f);
-        if (rc == 0)
-            rc = run_bounce(io, f, FERRY_IO_READ, dbuf, &oc, &res->r, "read");
-        double cw = 0, cr = 0;
-        if (rc == 0)
-            rc = copy_only(dev, dbuf, &oc, FERRY_IO_WRITE, &cw);
-        if (rc == 0)
-            rc = copy_only(dev, dbuf, &oc, FERRY_IO_READ, &cr);
+        /* each part and the whole twice, alternating, keeping the faster
+         * run of each: the order of runs (write-back of the previous one,
+         * other load) moves single figures more than the overlap does */
+        for (int rep = 0; rep < 2 && rc == 0; rep++) {
+            phase a, b, c, d;
+            double cpw = 0, cpr = 0;
+            rc = run_async(io, f, FERRY_IO_WRITE, hbuf, 0, &oc, &a, "file write");
+            if (rc == 0)
+                rc = run_bounce(io, f, FERRY_IO_WRITE, dbuf, &oc, &b, "write");
+            if (rc == 0)
+                rc = ferry_file_drop_cache(f);
+            if (rc == 0)
+                rc = run_async(io, f, FERRY_IO_READ, hbuf, 0, &oc, &c, "file read");
+            if (rc == 0)
+                rc = ferry_file_drop_cache(f);
+            if (rc == 0)
+                rc = run_bounce(io, f, FERRY_IO_READ, dbuf, &oc, &d, "read");
+            if (rc == 0)
+                rc = copy_only(dev, dbuf, &oc, FERRY_IO_WRITE, &cpw);
+            if (rc == 0)
+                rc = copy_only(dev, dbuf, &oc, FERRY_IO_READ, &cpr);
+            if (rc < 0)
+                break;
+            if (rep == 0 || a.secs < fw.secs)
+                fw = a;
+            if (rep == 0 || b.secs < res->w.secs)
+                res->w = b;
+            if (rep == 0 || c.secs < fr.secs)
+                fr = c;
+            if (rep == 0 || d.secs < res->r.secs)
+                res->r = d;
+            if (rep == 0 || cpw < cw)
+                cw = cpw;
+            if (rep == 0 || cpr < cr)
+                cr = cpr;
+        }
         res->bw = (bounce_parts){fw.secs, cw, res->w.secs};
         res->br = (bounce_parts){fr.secs, cr, res->r.secs};
     }
