@@ -43,9 +43,10 @@
  *  remote down for a backoff period that starts at backoff_initial_ms and
  *  doubles up to backoff_max_ms, plus up to 25% random jitter. While it
  *  is down every call answers as a miss at once, without I/O
- *  (metrics.degraded counts them), and puts are dropped. After the period one caller
- *  probes (reconnects, with connect_timeout_ms); others keep answering
- *  misses until the probe succeeds. A connection found dead by EOF or
+ *  (metrics.degraded counts them), and puts are dropped. After the period
+ *  one caller probes (reconnects, with connect_timeout_ms); others keep
+ *  answering misses until the probe succeeds. Error replies (WRONGTYPE,
+ *  OOM, NOAUTH...) are FERRY_EREMOTE and do not mark the remote down. A connection found dead by EOF or
  *  reset (a restarted server) is reconnected and the command retried once
  *  before the remote is marked down. A single cluster node down makes the
  *  whole remote down for the period (no per-node health).
@@ -57,6 +58,14 @@
  *
  * Memory: ferry's own bookkeeping (queue items, buffers) goes through the
  *  allocation hook; hiredis allocates with libc malloc (0.14 has no hook).
+ *  On a single server a GET reads the payload from the socket straight
+ *  into the caller's buffer; the cluster path goes through hiredis's reply
+ *  objects (one more copy).
+ *
+ * Signals: hiredis writes with write(2); ferry blocks SIGPIPE in the
+ *  calling thread around each exchange (and consumes one it caused), unless
+ *  the process already ignores SIGPIPE, so a server that hangs up never
+ *  kills the host process.
  */
 #ifndef FERRY_REMOTE_H
 #define FERRY_REMOTE_H
@@ -195,7 +204,8 @@ FERRY_API int ferry_remote_get(ferry_remote *r, const void *key, size_t key_len,
 /**
  * Prefix lookup: how many of keys[0..n), counted from the first, are
  * present with a valid header for this handle's layout and their key. All
- * n are asked in one pipelined round trip (one per node in a cluster), each
+ * n are asked in one pipelined round trip (in a cluster every node's
+ * pipeline is in flight at once), each
  * reading only the value header. Returns that count (0..n); 0 when the
  * remote is down (a miss). -EINVAL for a bad key.
  */
