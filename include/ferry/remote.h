@@ -205,9 +205,10 @@ FERRY_API int ferry_remote_get(ferry_remote *r, const void *key, size_t key_len,
  * Prefix lookup: how many of keys[0..n), counted from the first, are
  * present with a valid header for this handle's layout and their key. All
  * n are asked in one pipelined round trip (in a cluster every node's
- * pipeline is in flight at once), each
- * reading only the value header. Returns that count (0..n); 0 when the
- * remote is down (a miss). -EINVAL for a bad key.
+ * pipeline is in flight at once), each reading only the value header, so
+ * a value whose payload is damaged still counts here and is refused by
+ * ferry_remote_get. Returns that count (0..n); 0 when the remote is down
+ * (a miss). -EINVAL for a bad key. Thread-safe.
  */
 FERRY_API int ferry_remote_exists(ferry_remote *r, const ferry_remote_key *keys, size_t n);
 
