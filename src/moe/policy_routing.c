@@ -16,7 +16,8 @@
  * cell of a small table of routing features:
  *   - whether it was routed at its layer's last turn (next-token reuse);
  *   - how many of the 7 turns before that routed it (burst reuse within 8
- *     tokens);
+ *     tokens), or, out of that window, whether its last route is less
+ *     than COLD turns old (recency beyond the burst);
  *   - its long-run share of the layer's routes, in half-octaves around
  *     the uniform share (popularity skew);
  *   - whether an expert routed just before, at the previous layer of the
@@ -25,9 +26,10 @@
  * cell and each routed one a use; lambda(cell) = uses / opportunities.
  * Counting opportunities costs one add per cell per turn: the table keeps
  * how many experts each layer has in each cell, and an expert changes cell
- * only when routed, when one of its routes leaves the last turn or the
- * 8-turn window, or when hinted - events found from the last 9 routed sets
- * of its layer, so each route costs O(1) amortised events.
+ * only when routed, when one of its routes leaves the last turn, the
+ * 8-turn window or the COLD horizon, or when hinted - events found from
+ * the last COLD+1 routed sets of its layer, so each route costs O(1)
+ * amortised events.
  *
  * Two values are cached because they drift slowly and dividing for every
  * event would dominate a step: each cell's expected wait (refreshed every
@@ -48,9 +50,11 @@
 #include "moe/moe_internal.h"
 
 #define WIN 8           /* turns of history: the last one + 7 before */
-#define RING (WIN + 1)  /* routed sets kept per layer */
+#define COLD 16         /* turns after which an expert counts as long cold */
+#define RING (COLD + 1) /* routed sets kept per layer */
+#define WINV (WIN + 2)  /* window values: counts 0..7, cold < COLD, colder */
 #define POP_B 8         /* popularity buckets */
-#define CELLS (2 * WIN * POP_B * 2)
+#define CELLS (2 * WINV * POP_B * 2)
 #define SUCC_WAYS 2
 #define SUCC_EMPTY UINT16_MAX
 
@@ -115,7 +119,7 @@ static void rt_fini(ferry__policy *p)
 
 static uint16_t cell_of(int last, uint32_t win, uint32_t pop, int hinted)
 {
-    return (uint16_t)((((uint32_t)last * WIN + win) * POP_B + pop) * 2 + (uint32_t)hinted);
+    return (uint16_t)((((uint32_t)last * WINV + win) * POP_B + pop) * 2 + (uint32_t)hinted);
 }
 
 /* popularity bucket floor(2 log2(share * E)) + POP_B/2, clamped: the
@@ -187,7 +191,7 @@ static int rt_init(ferry__policy *p)
         s->succ[i].count = 0;
     }
     /* every expert starts never routed, unpopular, unhinted */
-    uint16_t c0 = cell_of(0, 0, 0, 0);
+    uint16_t c0 = cell_of(0, WIN + 1, 0, 0);
     for (uint32_t l = 0; l < L; l++)
         s->cell_count[(size_t)l * CELLS + c0] = E;
     refresh_waits(s);
@@ -210,6 +214,8 @@ static uint16_t compute_cell(const routing *s, uint32_t id, uint32_t tok)
     uint32_t win = pop4[(aligned >> 1) & 15u] + pop4[(aligned >> 5) & 7u]; /* turns 1..7 back */
     if (win >= WIN)
         win = WIN - 1;
+    if (!was_last && win == 0) /* out of the window: how long? */
+        win = last != UINT32_MAX && tok - last < COLD ? WIN : WIN + 1;
     uint32_t pop = s->x[id].pop;
     int hinted = s->x[id].hint_tok == tok + 1;
     return cell_of(was_last, win, pop, hinted);
@@ -363,6 +369,9 @@ routed:
     uint32_t m;
     const uint32_t *set;
     if (tok >= 1 && (set = ring_set(s, layer, tok - 1, &m)) != NULL)
+        for (uint32_t j = 0; j < m; j++)
+            recell(s, set[j], tok, 0);
+    if (tok >= COLD && (set = ring_set(s, layer, tok - COLD, &m)) != NULL)
         for (uint32_t j = 0; j < m; j++)
             recell(s, set[j], tok, 0);
     if (tok >= WIN && (set = ring_set(s, layer, tok - WIN, &m)) != NULL)
