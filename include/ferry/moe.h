@@ -143,8 +143,22 @@ typedef struct ferry_moe_planner_options {
 } ferry_moe_planner_options;
 #define FERRY_MOE_PLANNER_OPTIONS_INIT {sizeof(ferry_moe_planner_options), 0, 0, 0, NULL, NULL, 0}
 
-/** Policy names, NULL-terminated: "lru", "lru-layer", "lfu", "lfru",
- * "s3fifo", "routing", "belady". */
+/**
+ * Policy names, NULL-terminated:
+ *  - "lru": global least recently used (the ferrox / mixtral-offloading
+ *    baseline); victim O(log slots).
+ *  - "lru-layer": LRU inside a per-layer quota of slots / num_layers
+ *    (llama.cpp); O(log slots), O(num_layers) on its rare fallback.
+ *  - "lfu": least frequently used with a 16-token half-life; O(log slots).
+ *  - "lfru": frequency-weighted LRU (vLLM proposal); O(log slots).
+ *  - "s3fifo": S3-FIFO; O(1) amortised.
+ *  - "routing": learned reuse probability per routing-feature cell (last
+ *    turn, 8-turn window, recency, popularity, cross-layer partner),
+ *    evicting the furthest predicted use in steps; O(num_layers + log slots).
+ *  - "belady": Belady's MIN, offline (needs the trace as oracle).
+ * Every victim is unpinned (never an expert of the current step); ties go
+ * to the lowest slot index.
+ */
 FERRY_API const char *const *ferry_moe_policies(void);
 /** One line describing a policy, or NULL when unknown. */
 FERRY_API const char *ferry_moe_policy_describe(const char *name);
