@@ -305,6 +305,7 @@ static int engine_buffer(const ferry_kv_layout *l, uint64_t cap, ferry_kv_buffer
 /* ---- references ---- */
 typedef struct refs {
     double memcpy_gbps, l1_store_gbps, l1_retrieve_gbps;
+    double memcpy_gbps_cpu, l1_store_gbps_cpu, l1_retrieve_gbps_cpu;
     double hash_gbps, hash_gbps_cpu;
     double lookup32k_p50_us, lookup32k_p99_us, lookup32k_mean_us, lookup32k_cpu_us;
     double io_read_gbps, l2_retrieve_gbps, l2_promote_gbps;
@@ -409,29 +410,42 @@ static void ref_l1(const opts *o, const ferry_kv_layout *l, uint64_t chunk, refs
         return;
     }
     memset(dst, 1, bytes);
-    double best_cp = 1e9, best_st = 1e9, best_rt = 1e9;
-    for (int rep = 0; rep < 4; rep++) {
+    /* best of several rounds, by wall time and by this thread's CPU time
+     * (all three copy on this thread: on a loaded machine the CPU-time
+     * figures are the ones that compare like with like) */
+    double best[3] = {1e9, 1e9, 1e9}, best_cpu[3] = {1e9, 1e9, 1e9};
+    for (int rep = 0; rep < 7; rep++) {
         for (size_t i = 0; i < n; i++)
             t[i] = (int32_t)(rep * 1000003 + (int)i);
-        double t0 = now_s();
+        double w[3], c[3];
+        double t0 = now_s(), c0 = cpu_now_s();
         memcpy(dst, mb, bytes);
-        double cp = now_s() - t0;
+        w[0] = now_s() - t0;
+        c[0] = cpu_now_s() - c0;
         t0 = now_s();
+        c0 = cpu_now_s();
         int st = ferry_kv_store(kv, t, n, NULL, &b);
-        double ts = now_s() - t0;
+        w[1] = now_s() - t0;
+        c[1] = cpu_now_s() - c0;
         t0 = now_s();
+        c0 = cpu_now_s();
         int rt = ferry_kv_retrieve(kv, t, n, NULL, &d);
-        double tr = now_s() - t0;
+        w[2] = now_s() - t0;
+        c[2] = cpu_now_s() - c0;
         ferry_kv_clear(kv);
         if (rep == 0 || st != (int)n || rt != (int)n)
             continue; /* the first round faults the pool's pages in */
-        best_cp = cp < best_cp ? cp : best_cp;
-        best_st = ts < best_st ? ts : best_st;
-        best_rt = tr < best_rt ? tr : best_rt;
+        for (int k = 0; k < 3; k++) {
+            best[k] = w[k] < best[k] ? w[k] : best[k];
+            best_cpu[k] = c[k] > 0 && c[k] < best_cpu[k] ? c[k] : best_cpu[k];
+        }
     }
-    r->memcpy_gbps = (double)bytes / best_cp / 1e9;
-    r->l1_store_gbps = best_st < 1e9 ? (double)bytes / best_st / 1e9 : 0;
-    r->l1_retrieve_gbps = best_rt < 1e9 ? (double)bytes / best_rt / 1e9 : 0;
+    double *outs[3] = {&r->memcpy_gbps, &r->l1_store_gbps, &r->l1_retrieve_gbps};
+    double *outc[3] = {&r->memcpy_gbps_cpu, &r->l1_store_gbps_cpu, &r->l1_retrieve_gbps_cpu};
+    for (int k = 0; k < 3; k++) {
+        *outs[k] = best[k] < 1e9 ? (double)bytes / best[k] / 1e9 : 0;
+        *outc[k] = best_cpu[k] < 1e9 ? (double)bytes / best_cpu[k] / 1e9 : 0;
+    }
     free(t);
     free(mb);
     free(md);
@@ -947,6 +961,13 @@ int cmd_kv_bench(int argc, char **argv)
             json_object_set_new(r, "l1_store_ratio", json_real(ratio(rf.l1_store_gbps, rf.memcpy_gbps)));
             json_object_set_new(r, "l1_retrieve_ratio",
                                 json_real(ratio(rf.l1_retrieve_gbps, rf.memcpy_gbps)));
+            json_object_set_new(r, "memcpy_gb_per_cpu_s", json_real(rf.memcpy_gbps_cpu));
+            json_object_set_new(r, "l1_store_gb_per_cpu_s", json_real(rf.l1_store_gbps_cpu));
+            json_object_set_new(r, "l1_retrieve_gb_per_cpu_s", json_real(rf.l1_retrieve_gbps_cpu));
+            json_object_set_new(r, "l1_store_ratio_cpu",
+                                json_real(ratio(rf.l1_store_gbps_cpu, rf.memcpy_gbps_cpu)));
+            json_object_set_new(r, "l1_retrieve_ratio_cpu",
+                                json_real(ratio(rf.l1_retrieve_gbps_cpu, rf.memcpy_gbps_cpu)));
             json_object_set_new(r, "hash_gb_per_s", json_real(rf.hash_gbps));
             json_object_set_new(r, "hash_gb_per_cpu_s", json_real(rf.hash_gbps_cpu));
             json_object_set_new(r, "lookup_32k_cpu_us", json_real(rf.lookup32k_cpu_us));
@@ -1011,11 +1032,16 @@ int cmd_kv_bench(int argc, char **argv)
                 la[0] = 0;
             printf("\nreferences (same run; load average %.2f on %ld CPUs)\n", la[0],
                    sysconf(_SC_NPROCESSORS_ONLN));
-            printf("  memcpy              %.2f GB/s\n", rf.memcpy_gbps);
-            printf("  L1 store            %.2f GB/s = %.2fx memcpy (target >= 0.8x)\n",
-                   rf.l1_store_gbps, ratio(rf.l1_store_gbps, rf.memcpy_gbps));
-            printf("  L1 retrieve         %.2f GB/s = %.2fx memcpy (target >= 0.8x)\n",
-                   rf.l1_retrieve_gbps, ratio(rf.l1_retrieve_gbps, rf.memcpy_gbps));
+            printf("  memcpy              %.2f GB/s, %.2f GB per CPU second\n", rf.memcpy_gbps,
+                   rf.memcpy_gbps_cpu);
+            printf("  L1 store            %.2f GB/s = %.2fx memcpy; per CPU second %.2f = %.2fx "
+                   "(target >= 0.8x)\n",
+                   rf.l1_store_gbps, ratio(rf.l1_store_gbps, rf.memcpy_gbps),
+                   rf.l1_store_gbps_cpu, ratio(rf.l1_store_gbps_cpu, rf.memcpy_gbps_cpu));
+            printf("  L1 retrieve         %.2f GB/s = %.2fx memcpy; per CPU second %.2f = %.2fx "
+                   "(target >= 0.8x)\n",
+                   rf.l1_retrieve_gbps, ratio(rf.l1_retrieve_gbps, rf.memcpy_gbps),
+                   rf.l1_retrieve_gbps_cpu, ratio(rf.l1_retrieve_gbps_cpu, rf.memcpy_gbps_cpu));
             printf("  hashing             %.2f GB/s of token ids, %.2f GB per CPU second "
                    "(target >= 5)\n",
                    rf.hash_gbps, rf.hash_gbps_cpu);

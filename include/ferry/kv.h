@@ -27,7 +27,12 @@
  * when it has one) carved into chunk slots. L2, when configured, is an
  * NVMe slab (ferry/gds.h) divided into chunk extents. A store goes to L1
  * and, when L2 is configured, is written through to L2 in the background
- * (ferry_kv_flush() waits for it). A lookup or retrieve that finds a chunk
+ * (ferry_kv_flush() waits for it). Write-through is best effort: a chunk
+ * keeps its L1 slot read-locked until its L2 write lands, and when all of
+ * L2 is taken by chunks resident there or writes still in flight, the
+ * chunk stays in L1 only (counted in the L2 tier's failures); a store that
+ * finds L1 full of chunks waiting for their write waits for one to land.
+ * A lookup or retrieve that finds a chunk
  * only in L2 promotes it to L1. Chunks move engine buffer <-> L1 with the
  * device's asynchronous copies and L1 <-> L2 through the slab's I/O
  * engines; the copies of one chunk overlap the disk I/O of the next.
