@@ -214,6 +214,45 @@ static void test_get_unaligned_buffer_and_small_buffer(void **state)
     ft_rmtree(d);
 }
 
+static void test_aligned_buffers_move_without_staging(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = opts(dirs, 1, 8 * MiB);
+    ferry_pslab *p = open_ok(&o);
+    uint8_t *src = NULL, *dst = NULL;
+    assert_int_equal(posix_memalign((void **)&src, 4096, 3 * 4096), 0);
+    assert_int_equal(posix_memalign((void **)&dst, 4096, 3 * 4096), 0);
+    for (unsigned i = 0; i < 4; i++) {
+        char key[32];
+        size_t kl = pm_key((int)i, key);
+        ft_fill_pattern(src, 3 * 4096, i);
+        /* i & 1: aligned length (written from src itself), else a tail to pad */
+        size_t n = (i & 1) ? 3 * 4096 : 3 * 4096 - 100;
+        FT_ASSERT_OK(ferry_pslab_put(p, key, kl, src, n));
+        memset(dst, 0, 3 * 4096);
+        size_t len = 0;
+        FT_ASSERT_OK(ferry_pslab_get(p, key, kl, dst, 3 * 4096, &len));
+        assert_int_equal(len, n);
+        assert_int_equal(ft_check_pattern(dst, n, i), -1);
+    }
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    o.flags = 0;
+    p = open_ok(&o);
+    for (unsigned i = 0; i < 4; i++) {
+        char key[32];
+        size_t kl = pm_key((int)i, key), len = 0;
+        FT_ASSERT_OK(ferry_pslab_get(p, key, kl, dst, 3 * 4096, &len));
+        assert_int_equal(ft_check_pattern(dst, len, i), -1);
+    }
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    free(src);
+    free(dst);
+    ft_rmtree(d);
+}
+
 static int count_cb(const void *key, size_t klen, const ferry_pslab_info *info, void *ctx)
 {
     (void)key;
@@ -1247,6 +1286,7 @@ int main(void)
         cmocka_unit_test(test_clean_restart_finds_every_chunk),
         cmocka_unit_test(test_overwrite_and_delete_survive_reopen),
         cmocka_unit_test(test_get_unaligned_buffer_and_small_buffer),
+        cmocka_unit_test(test_aligned_buffers_move_without_staging),
         cmocka_unit_test(test_iterate_and_put_many),
         cmocka_unit_test(test_two_drives_striped_restart),
         cmocka_unit_test(test_open_without_store_is_enoent),

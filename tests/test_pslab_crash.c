@@ -78,6 +78,7 @@ static void test_sigkill_at_random_points_loses_nothing_acknowledged(void **stat
     print_message("seed %llu (FERRY_TEST_SEED to repeat)\n", (unsigned long long)seed);
     uint64_t r = seed;
     int rounds = 0, acked_total = 0, inflight_durable = 0;
+    uint64_t slow_us = 0;
     uint64_t t0 = now_ms();
     while (rounds < 60 && now_ms() - t0 < 12000) {
         pm_script(st, seed + (uint64_t)rounds * 7919, ops, OPS, &vctr);
@@ -91,7 +92,9 @@ static void test_sigkill_at_random_points_loses_nothing_acknowledged(void **stat
         }
         close(pfd[1]);
         r = pm_mix(r + 1);
-        usleep((useconds_t)(2000 + r % 100000));
+        /* slow hosts (sanitizers) need longer to open the store: grow the window
+         * while rounds end before the first acknowledgement */
+        usleep((useconds_t)(2000 + slow_us + r % 100000));
         kill(pid, SIGKILL);
         int ws = 0;
         assert_int_equal(waitpid(pid, &ws, 0), pid);
@@ -103,6 +106,8 @@ static void test_sigkill_at_random_points_loses_nothing_acknowledged(void **stat
             acked++;
         }
         close(pfd[0]);
+        if (acked == 0 && slow_us < 2000000)
+            slow_us += 50000;
 
         *a = *st;
         for (int i = 0; i < acked; i++)

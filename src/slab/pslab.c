@@ -1111,6 +1111,7 @@ static int put_data(ferry_pslab *p, const void *key, size_t klen, const void *da
     }
     e->offset = x.offset;
     e->ext = x.size;
+    rc = 0; /* ferry_slab_alloc_bytes returned its count */
     lane *l = lane_get(p);
     const void *src = data;
     size_t wlen = len;
