@@ -4,8 +4,9 @@
  * worker threads: byte-exact round trips with sizes that are not a
  * multiple of the segment, O_DIRECT tails (reads padded, writes refused
  * with FERRY_EALIGN), faults in the device copy and in the file I/O, and
- * the overlap itself, observed deterministically through the host
- * backend's hold seam.
+ * the overlap itself in both directions, observed deterministically
+ * through the host backend's hold seam (reads) and a held file write
+ * (writes).
  */
 /* ferry-test-labels: concurrent */
 #include <errno.h>
@@ -288,6 +289,68 @@ static void read_overlaps_file_io_with_device_copy(void **state)
     close_env(&e);
 }
 
+/* The write path copies segment 1 out of the device while segment 0 is
+ * being written: the first file write of segment 0 is held in the seam
+ * until bounce buffer 1 holds segment 1's bytes. Without overlap the copy
+ * of segment 1 would only start after that write returned; the hold then
+ * gives up after a long grace period (a failsafe, not a timing assertion)
+ * and the test fails on the flag. Reading the buffer while the stream
+ * worker fills it is a deliberate (benign) race, so TSan builds skip. */
+static ferry_io *g_wio;
+static const unsigned char *g_want; /* segment 1's first bytes */
+static atomic_int g_w_overlapped, g_w_held;
+static ssize_t hold_first_write(int fd, const void *b, size_t n, off_t o)
+{
+    if (o == 0 && !atomic_exchange(&g_w_held, 1)) {
+        const unsigned char *b1 = ferry__bounce_buffer(g_wio, 1);
+        for (int i = 0; i < 20000 && b1; i++) { /* up to 20 s */
+            if (memcmp(b1, g_want, 64) == 0) {
+                atomic_store(&g_w_overlapped, 1);
+                break;
+            }
+            usleep(1000);
+        }
+    }
+    return ferry__sys_default()->pwrite(fd, b, n, o);
+}
+
+static void write_overlaps_device_copy_with_file_io(void **state)
+{
+    (void)state;
+#if defined(__SANITIZE_THREAD__)
+    skip();
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+    skip();
+#endif
+#endif
+    env e = open_env("posix");
+    g_wio = e.io;
+    ferry_file *f = open_file(e.io, "woverlap.bin", 0);
+    size_t n = 3 * SEG;
+    ferry_devptr src = dev_pattern(e.dev, n, 41);
+    unsigned char want[64];
+    ft_fill_pattern(want, sizeof want, 41 + SEG);
+    g_want = want;
+    atomic_store(&g_w_overlapped, 0);
+    atomic_store(&g_w_held, 0);
+    g_table = *ferry__sys_default();
+    g_table.pwrite = hold_first_write;
+    ferry__sys_set(&g_table);
+    FT_ASSERT_OK(ferry_io_write_dev(e.io, f, NULL, src, n, 0));
+    ferry__sys_set(NULL);
+    assert_true(atomic_load(&g_w_held));
+    assert_true(atomic_load(&g_w_overlapped));
+    ferry_devptr back = 0;
+    FT_ASSERT_OK(ferry_device_alloc(e.dev, n, &back));
+    FT_ASSERT_OK(ferry_io_read_dev(e.io, f, NULL, back, n, 0));
+    assert_int_equal(dev_check(e.dev, back, n, 41), -1);
+    ferry_device_free(e.dev, src);
+    ferry_device_free(e.dev, back);
+    FT_ASSERT_OK(ferry_file_close(f));
+    close_env(&e);
+}
+
 static void no_device_and_bad_arguments(void **state)
 {
     (void)state;
@@ -360,6 +423,7 @@ int main(void)
         PER_ENGINE(device_copy_faults_surface),
         PER_ENGINE(file_faults_surface),
         cmocka_unit_test(read_overlaps_file_io_with_device_copy),
+        cmocka_unit_test(write_overlaps_device_copy_with_file_io),
         cmocka_unit_test(no_device_and_bad_arguments),
         cmocka_unit_test(oom_in_bounce_setup_without_leaks),
     };

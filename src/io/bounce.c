@@ -37,6 +37,11 @@ struct ferry__bounce {
     ferry_event *ev[2];
 };
 
+void *ferry__bounce_buffer(const ferry_io *io, int k)
+{
+    return io->bounce && (k == 0 || k == 1) ? io->bounce->buf[k] : NULL;
+}
+
 void ferry__bounce_free(ferry_io *io)
 {
     struct ferry__bounce *b = io->bounce;

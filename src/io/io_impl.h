@@ -147,6 +147,8 @@ int ferry__io_finish(ferry_io *io, ferry_io_req *r);
 int ferry__bounce_rw(ferry_io *io, ferry_file *f, ferry_stream *s, int op, ferry_devptr p,
                      size_t len, uint64_t off);
 void ferry__bounce_free(ferry_io *io);
+/* test seam: bounce buffer k (0 or 1), NULL before the first transfer */
+void *ferry__bounce_buffer(const ferry_io *io, int k);
 
 /* the file's description for messages: "file PATH" */
 const char *ferry__op_name(int op);
