@@ -4,7 +4,7 @@
 # something is missing; does nothing when everything is there.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config liburing-dev libxxhash-dev libhiredis-dev
-      libjansson-dev libcmocka-dev gnuplot-nox fio redis-server clang
+      libjansson-dev libcmocka-dev gnuplot-nox fio jq redis-server redis-tools clang
       libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
