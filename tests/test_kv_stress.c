@@ -27,7 +27,7 @@
 #define DOCS 6
 #define DOC_CHUNKS 6
 #define THREADS 8
-#define ITERS 400
+#define ITERS 250
 
 static ferry_kv *g_kv;
 static int32_t g_docs[DOCS][DOC_CHUNKS * CT];
