@@ -253,11 +253,22 @@ static void rt_hit(ferry__policy *p, uint32_t slot, uint32_t id)
     /* re-keyed in end_step, once the turn is accounted */
 }
 
+static void hint(routing *s, uint32_t id, uint32_t tok);
+
 static int rt_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
 {
     routing *s = (routing *)p;
-    /* keyed from its cell; a routed expert is re-keyed in end_step, and a
-     * prefetched one is protected by its pin until the next step */
+    /* keyed from its cell; a routed expert is re-keyed in end_step. A
+     * prefetched one was predicted by the engine for its layer's next
+     * turn: hinted, so it is not the first victim of the steps before */
+    if (prefetch) {
+        uint32_t m = id / p->env.num_experts, tok = *p->env.token;
+        uint32_t next = s->turn_tok[m] == UINT32_MAX || s->turn_tok[m] < tok ? tok : tok + 1;
+        int rc = ferry__heap_set(&s->lh[m], slot, -cell_wait(s, s->x[id].cell) * p->env.num_layers);
+        if (rc == 0 && p->env.where[id] == slot)
+            hint(s, id, next);
+        return rc;
+    }
     double wait = cell_wait(s, s->x[id].cell);
     return ferry__heap_set(&s->lh[id / p->env.num_experts], slot, -wait * p->env.num_layers);
 }
@@ -330,6 +341,31 @@ static const uint32_t *ring_set(const routing *s, uint32_t layer, uint32_t tok, 
     }
     *n = s->ring_n[r];
     return s->ring + r * s->base.env.num_experts;
+}
+
+/* id (of layer m) is expected at m's next turn: count it there in its
+ * hinted cell. Only a turn at token `tok` can be hinted (the layer's last
+ * turn must be tok - 1, so its cell can be re-read as of that turn). */
+static void hint(routing *s, uint32_t id, uint32_t tok)
+{
+    uint32_t E = s->base.env.num_experts, m = id / E;
+    if (s->x[id].hint_tok == tok || tok == 0)
+        return;
+    uint32_t ptok = s->turn_tok[m] == UINT32_MAX ? tok - 1 : s->turn_tok[m];
+    if (ptok + 1 != tok)
+        return;
+    s->x[id].hint_tok = tok;
+    recell(s, id, ptok, 0);
+    /* it leaves the hinted cell at its turn: make sure that turn revisits
+     * it (the previous turn's ring set holds it, or gets it) */
+    size_t rr = (size_t)m * RING + ptok % RING;
+    if (s->ring_tok[rr] == ptok && s->ring_n[rr] < E) {
+        uint32_t *set = s->ring + rr * E;
+        for (uint32_t i = 0; i < s->ring_n[rr]; i++)
+            if (set[i] == id)
+                return;
+        set[s->ring_n[rr]++] = id;
+    }
 }
 
 static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint32_t n)
@@ -412,27 +448,7 @@ routed:
             }
             if (best == FERRY_MOE_NONE)
                 continue;
-            uint32_t pid = next * E + best;
-            if (s->x[pid].hint_tok == tok)
-                continue;
-            /* hinted for its turn at this token: counted before that turn,
-             * in its hinted cell */
-            uint32_t ptok = s->turn_tok[next] == UINT32_MAX ? tok : s->turn_tok[next];
-            if (ptok + 1 != tok)
-                continue;
-            s->x[pid].hint_tok = tok;
-            recell(s, pid, ptok, 0);
-            /* it leaves the hinted cell at its turn: make sure that turn
-             * revisits it (the previous-turn ring holds it, or add it) */
-            size_t rr = (size_t)next * RING + ptok % RING;
-            if (s->ring_tok[rr] == ptok && s->ring_n[rr] < E) {
-                uint32_t *set2 = s->ring + rr * E;
-                int found = 0;
-                for (uint32_t i = 0; i < s->ring_n[rr] && !found; i++)
-                    found = set2[i] == best + next * E;
-                if (!found)
-                    set2[s->ring_n[rr]++] = pid;
-            }
+            hint(s, next * E + best, tok);
         }
     }
     memcpy(s->prev_ids, ids, (size_t)n * sizeof *ids);
