@@ -1010,6 +1010,54 @@ static void prefetch_brings_l2_chunks_up_within_its_bound(void **state)
     l2_close(&f);
 }
 
+static void persistent_l2_survives_a_reopen(void **state)
+{
+    (void)state;
+    char dir[256];
+    ft_tmpdir(dir, sizeof dir);
+    ferry_kv_config c = small_config(4);
+    c.l2_dir = dir;
+    c.l2_bytes = 64 * CHUNK;
+    c.l2_engine = "posix";
+    c.l2_persistent = 1;
+    size_t n = 6 * CT;
+    int32_t tok[6 * CT];
+    make_tokens(tok, n, 2024);
+    hbuf h, d;
+    hbuf_init(&h, n, 55);
+    hbuf_init(&d, n, 0);
+    ferry_kv *kv;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    assert_int_equal(ferry_kv_lookup(kv, tok, n, NULL), 0);
+    assert_int_equal(ferry_kv_store(kv, tok, n, NULL, &h.b), (int)n);
+    FT_ASSERT_OK(ferry_kv_flush(kv));
+    ferry_kv_close(kv);
+    /* a new store over the same slab finds every chunk, in L2, byte for byte */
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    uint8_t tiers[6];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.tiers = tiers;
+    r.max_chunks = 6;
+    assert_int_equal(ferry_kv_lookup(kv, tok, n, &r), (int)n);
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(tiers[i], FERRY_KV_TIER_L2);
+    assert_int_equal(ferry_kv_retrieve(kv, tok, n, NULL, &d.b), (int)n);
+    assert_true(same_tokens(&h, &d, 0, n));
+    ferry_kv_stats m;
+    FT_ASSERT_OK(ferry_kv_metrics(kv, &m));
+    assert_int_equal(m.tier[FERRY_KV_TIER_L2].chunks, 6);
+    FT_ASSERT_OK(ferry__kv_check(kv));
+    ferry_kv_close(kv);
+    /* another model over the same slab sees none of it (other ids) */
+    c.model = "another-model";
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    assert_int_equal(ferry_kv_lookup(kv, tok, n, NULL), 0);
+    ferry_kv_close(kv);
+    ft_rmtree(dir);
+    free(h.mem);
+    free(d.mem);
+}
+
 /* ---- device buffers (host backend) ---- */
 
 static void device_buffers_round_trip_and_copy_faults(void **state)
@@ -1278,6 +1326,7 @@ int main(void)
         cmocka_unit_test(l2_io_error_makes_a_miss_and_store_keeps_serving),
         cmocka_unit_test(prompt_longer_than_l1_streams_through_it),
         cmocka_unit_test(prefetch_brings_l2_chunks_up_within_its_bound),
+        cmocka_unit_test(persistent_l2_survives_a_reopen),
         cmocka_unit_test(device_buffers_round_trip_and_copy_faults),
         cmocka_unit_test(async_store_and_retrieve),
         cmocka_unit_test(metrics_struct_and_prometheus),

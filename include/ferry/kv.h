@@ -208,10 +208,17 @@ typedef struct ferry_kv_config {
     ferry_device *device;        /**< for device buffers and a pinned L1; NULL: host only */
     uint64_t prefetch_max_bytes; /**< bound on prefetch bytes in flight; 0 -> l1_bytes / 4 */
     unsigned workers;            /**< threads for async ops and write-through; 0 -> 2 */
+    /**
+     * 1: the L2 slab is persistent (ferry/pslab.h): chunks written through
+     * before the store was closed (or the process died, once their write
+     * was acknowledged) are found again by the next ferry_kv_open of the
+     * same l2_dir with the same model, TP rank/world, layout and chunk size.
+     */
+    int l2_persistent;
 } ferry_kv_config;
 #define FERRY_KV_CONFIG_INIT \
     {sizeof(ferry_kv_config), NULL, 0, 1, FERRY_KV_LAYOUT_INIT, 0, 0, 0, NULL, 0, 1, NULL, \
-     FERRY_KV_EVICT_LRU, FERRY_KV_EVICT_LRU, 0, 0, 0, 0, NULL, 0, 0}
+     FERRY_KV_EVICT_LRU, FERRY_KV_EVICT_LRU, 0, 0, 0, 0, NULL, 0, 0, 0}
 
 typedef struct ferry_kv ferry_kv;
 

@@ -26,11 +26,14 @@
  * entries of that call are removed and their slots released.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ferry/pslab.h"
 #include "kv_impl.h"
+#include "tier_pslab.h"
 
 #define STACK_CHUNKS 512
 
@@ -1245,6 +1248,32 @@ int ferry_kv_clear(ferry_kv *kv)
 
 /* ---- open / close ---- */
 
+/* a chunk the persistent L2 kept from the last run: READY, in L2 only */
+static int recover_one(const ferry_kv_hash *id, uint64_t loc, uint64_t len, void *ctx)
+{
+    ferry_kv *kv = ctx;
+    ferry__kv_tier *t = kv->tier[FERRY_KV_TIER_L2];
+    if (len != kv->slot_bytes || find(kv, *id)) {
+        /* written by a store of another geometry: not ours, forget it */
+        t->ops->release(t, loc);
+        return 0;
+    }
+    ferry__kv_entry *e = ferry__calloc(1, sizeof *e);
+    if (!e)
+        return -ENOMEM;
+    e->id = *id;
+    e->state = FERRY__KV_READY;
+    e->tokens = kv->chunk_tokens;
+    for (int k = 0; k < FERRY_KV_TIERS; k++)
+        e->loc[k] = UINT64_MAX;
+    e->loc[FERRY_KV_TIER_L2] = loc;
+    e->resident = 1u << FERRY_KV_TIER_L2;
+    index_insert(kv, e);
+    t->policy->ops->insert(t->policy, e);
+    t->used++;
+    return 0;
+}
+
 static void kv_free(ferry_kv *kv)
 {
     for (uint64_t b = 0; kv->buckets && b < kv->nbuckets; b++) {
@@ -1334,9 +1363,15 @@ int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out)
     ferry__errbuf *eb = &kv->err;
     rc = ferry__kv_tier_l1_open(cfg->device, slot, cfg->l1_bytes / slot, eb,
                                 &kv->tier[FERRY_KV_TIER_L1]);
+    int persistent = cfg->size >= offsetof(ferry_kv_config, l2_persistent) + sizeof(int) &&
+                     cfg->l2_persistent;
     if (rc == 0 && cfg->l2_dir)
-        rc = ferry__kv_tier_l2_open(cfg->l2_dir, cfg->l2_bytes, cfg->l2_direct, cfg->l2_engine,
-                                    slot, eb, &kv->tier[FERRY_KV_TIER_L2]);
+        rc = persistent ? ferry__kv_tier_pslab_open(cfg->l2_dir, cfg->l2_bytes, cfg->l2_direct,
+                                                    cfg->l2_engine, slot, eb,
+                                                    &kv->tier[FERRY_KV_TIER_L2])
+                        : ferry__kv_tier_l2_open(cfg->l2_dir, cfg->l2_bytes, cfg->l2_direct,
+                                                 cfg->l2_engine, slot, eb,
+                                                 &kv->tier[FERRY_KV_TIER_L2]);
     uint64_t chunks = 0;
     for (int t = 1; rc == 0 && t < FERRY_KV_TIERS; t++) {
         ferry__kv_tier *tr = kv->tier[t];
@@ -1353,6 +1388,15 @@ int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out)
         kv->buckets = ferry__calloc(kv->nbuckets, sizeof *kv->buckets);
         if (!kv->buckets)
             rc = ferry__err_set(eb, -ENOMEM, "kv open: out of memory for the index");
+    }
+    if (rc == 0 && persistent && kv->tier[FERRY_KV_TIER_L2]) {
+        int r = ferry__kv_tier_pslab_recover(kv->tier[FERRY_KV_TIER_L2], recover_one, kv);
+        if (r < 0)
+            rc = ferry__err_set(eb, r, "kv open: recovering the persistent L2 in %s: %s",
+                                cfg->l2_dir, ferry_last_error());
+        else
+            FERRY_LOGI("kv open: %d chunks recovered from the persistent L2 in %s", r,
+                       cfg->l2_dir);
     }
     if (rc == 0)
         rc = ferry__kv_workers_start(kv, cfg->workers ? cfg->workers : 2);
