@@ -10,19 +10,20 @@
  * so a hung server costs at most that per call, never a stall.
  *
  * hiredis 0.14 writes with write(2), which raises SIGPIPE on a socket the
- * server has closed. A library must not kill its host process nor change
- * its signal dispositions, so each exchange blocks SIGPIPE in the calling
- * thread, and consumes a SIGPIPE it caused before restoring the mask (the
- * technique libcurl and OpenSSL users apply).
+ * server has closed, and a library must neither kill its host process nor
+ * change its signal dispositions. So ferry never lets hiredis write: the
+ * commands hiredis formats into its output buffer are sent here with
+ * send(MSG_NOSIGNAL), and hiredis finds the buffer empty when it reads the
+ * replies. A closed socket is then just -EPIPE.
  */
 #include <errno.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
 #include <hiredis/hiredis.h>
+#include <hiredis/sds.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -80,69 +81,49 @@ static void where(const ferry__rconn *c, const ferry__rconf *cf, char *buf, size
         snprintf(buf, len, "unix:%s", cf && cf->url ? cf->url->path : "?");
 }
 
-typedef struct sigpipe_guard {
-    sigset_t old;
-    int was_pending, active;
-} sigpipe_guard;
-
-static void sigpipe_block(sigpipe_guard *g)
+/* write hiredis's output buffer out without SIGPIPE; 0 or -errno */
+static int flush_out(redisContext *ctx)
 {
-    /* most hosts (Python, so vLLM and SGLang) ignore SIGPIPE already: then
-     * one query replaces the four calls of the mask dance */
-    struct sigaction sa;
-    g->active = !(sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_IGN);
-    if (!g->active)
-        return;
-    sigset_t set, pend;
-    sigemptyset(&set);
-    sigaddset(&set, SIGPIPE);
-    sigemptyset(&pend);
-    sigpending(&pend);
-    g->was_pending = sigismember(&pend, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &set, &g->old);
-}
-
-static void sigpipe_unblock(sigpipe_guard *g)
-{
-    if (!g->active)
-        return;
-    if (!g->was_pending) {
-        sigset_t set, pend;
-        sigemptyset(&set);
-        sigaddset(&set, SIGPIPE);
-        sigemptyset(&pend);
-        if (sigpending(&pend) == 0 && sigismember(&pend, SIGPIPE)) {
-            struct timespec zero = {0, 0};
-            while (sigtimedwait(&set, NULL, &zero) < 0 && errno == EINTR) {
-            }
+    size_t len = sdslen(ctx->obuf), off = 0;
+    while (off < len) {
+        ssize_t n = send(ctx->fd, ctx->obuf + off, len - off, MSG_NOSIGNAL);
+        if (n > 0) {
+            off += (size_t)n;
+            continue;
         }
+        if (n < 0 && errno == EINTR)
+            continue;
+        int e = n < 0 ? errno : EPIPE;
+        sdsrange(ctx->obuf, (int)off, -1);
+        return e == EAGAIN || e == EWOULDBLOCK ? -ETIMEDOUT : -e;
     }
-    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+    sdsclear(ctx->obuf);
+    return 0;
 }
 
-/* phase: 1 send (append + write out), 2 receive, 3 both */
-static int xfer(redisContext *ctx, ferry__rcmd **cmds, size_t n, int phase, int *saved_errno)
+/* phase: 1 send (append + write out), 2 receive, 3 both. 0, or a code
+ * (*what says what failed) */
+static int xfer(redisContext *ctx, ferry__rcmd **cmds, size_t n, int phase, const char **what)
 {
     if (phase & 1) {
         for (size_t i = 0; i < n; i++)
             if (redisAppendCommandArgv(ctx, cmds[i]->argc, cmds[i]->argv, cmds[i]->argvlen) !=
                 REDIS_OK) {
-                *saved_errno = errno;
-                return -1;
+                *what = ctx->errstr;
+                return map_err(ctx, errno);
             }
-        int done = 0;
-        while (!done)
-            if (redisBufferWrite(ctx, &done) != REDIS_OK) {
-                *saved_errno = errno;
-                return -1;
-            }
+        int rc = flush_out(ctx);
+        if (rc) {
+            *what = strerror(-rc == ETIMEDOUT ? EAGAIN : -rc);
+            return rc;
+        }
     }
     if (phase & 2)
         for (size_t i = 0; i < n; i++) {
             void *rep = NULL;
             if (redisGetReply(ctx, &rep) != REDIS_OK) {
-                *saved_errno = errno;
-                return -1;
+                *what = ctx->errstr;
+                return map_err(ctx, errno);
             }
             cmds[i]->reply = rep;
         }
@@ -154,22 +135,18 @@ static int xfer_checked(ferry__rconn *c, ferry__rcmd **cmds, size_t n, int phase
 {
     if (!c->c)
         return ferry__err_set(eb, -ENOTCONN, "remote %s:%d: not connected", c->host, c->port);
-    sigpipe_guard g;
-    sigpipe_block(&g);
-    int saved = 0;
-    int rc = xfer(c->c, cmds, n, phase, &saved);
-    sigpipe_unblock(&g);
-    if (rc == 0)
+    const char *what = "";
+    int code = xfer(c->c, cmds, n, phase, &what);
+    if (code == 0)
         return 0;
-    int code = map_err(c->c, saved);
     char w[300];
     where(c, NULL, w, sizeof w);
     char extra[64] = "";
     if (code == -ETIMEDOUT)
         snprintf(extra, sizeof extra, " (timed out: no answer within %u ms)", c->timeout_ms);
-    rc = ferry__err_set(eb, code, "remote %s: %zu pipelined command(s) (first %.*s): %s%s",
-                        c->port ? w : "unix socket", n, (int)cmds[0]->argvlen[0],
-                        cmds[0]->argv[0], c->c->errstr, extra);
+    int rc = ferry__err_set(eb, code, "remote %s: %zu pipelined command(s) (first %.*s): %s%s",
+                            c->port ? w : "unix socket", n, (int)cmds[0]->argvlen[0],
+                            cmds[0]->argv[0], what, extra);
     for (size_t i = 0; i < n; i++)
         if (cmds[i]->reply) {
             freeReplyObject(cmds[i]->reply);
