@@ -62,10 +62,10 @@
  *  into the caller's buffer; the cluster path goes through hiredis's reply
  *  objects (one more copy).
  *
- * Signals: hiredis writes with write(2); ferry blocks SIGPIPE in the
- *  calling thread around each exchange (and consumes one it caused), unless
- *  the process already ignores SIGPIPE, so a server that hangs up never
- *  kills the host process.
+ * Signals: ferry sends every command itself with send(MSG_NOSIGNAL)
+ *  (never hiredis's write(2)), so a server that hangs up is -EPIPE, never a
+ *  SIGPIPE that kills the host process; signal dispositions and masks are
+ *  left alone.
  */
 #ifndef FERRY_REMOTE_H
 #define FERRY_REMOTE_H
