@@ -9,6 +9,7 @@
 #ifndef FERRY_SRC_KV_TIER_PSLAB_H
 #define FERRY_SRC_KV_TIER_PSLAB_H
 
+#include "ferry/pslab.h"
 #include "kv_impl.h"
 
 /*
