@@ -43,7 +43,7 @@ typedef struct opts {
     unsigned layers, heads, head_dim;
     double zipf;
     uint64_t seed;
-    int json, refs;
+    int json, refs, persistent;
 } opts;
 
 static double now_s(void)
@@ -277,6 +277,7 @@ static int open_store(const opts *o, const ferry_kv_layout *l, uint64_t l1, uint
         c.l2_bytes = l2;
         c.l2_direct = 1;
         c.l2_engine = o->engine;
+        c.l2_persistent = o->persistent;
     }
     c.workers = 2;
     return ferry_kv_open(&c, kv);
@@ -641,6 +642,7 @@ static int sweep(const opts *o, const workload *w, uint64_t chunk, point **out, 
             ferry_kv *kv;
             opts so = *o;
             so.model = "sweep";
+            so.persistent = 0; /* each point starts empty */
             rc = open_store(&so, &l, c1 * sslot, c2 * sslot, c2 ? o->dir : NULL, &kv);
             if (rc < 0)
                 break;
@@ -752,6 +754,7 @@ static void usage(FILE *f)
             "  --l1 SIZE                host tier (default 2G)\n"
             "  --dir DIR --l2 SIZE      NVMe slab tier in DIR (default size 8G)\n"
             "  --engine auto|posix|uring  the slab's I/O engine\n"
+            "  --persistent             the L2 slab survives restarts (ferry/pslab.h)\n"
             "  --policy lru|s3fifo      eviction (default lru)\n"
             "  --seed N  --no-refs  --json  --plot FILE.png\n");
 }
@@ -808,6 +811,8 @@ static int parse(int argc, char **argv, opts *o)
             o->json = 1;
         } else if (!strcmp(a, "--no-refs")) {
             o->refs = 0;
+        } else if (!strcmp(a, "--persistent")) {
+            o->persistent = 1;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return -1;
@@ -846,7 +851,7 @@ static double ratio(double a, double b)
 int cmd_kv_bench(int argc, char **argv)
 {
     opts o = {"qa", "llama3-8b", NULL, "lru", NULL, NULL, 2ull << 30, 8ull << 30, 8, 4096, 64, 64,
-              8, 6, 512, 256, 0, 0, 0, 1.0, 1, 0, 1};
+              8, 6, 512, 256, 0, 0, 0, 1.0, 1, 0, 1, 0};
     int prc = parse(argc, argv, &o);
     if (prc)
         return prc < 0 ? 0 : prc;
@@ -872,7 +877,8 @@ int cmd_kv_bench(int argc, char **argv)
                (double)chunk / (1 << 20), o.chunk_tokens);
         printf("  tiers: L1 %.2f GiB (%s)", (double)o.l1 / (1 << 30), o.policy);
         if (o.dir)
-            printf(", L2 %.2f GiB in %s", (double)o.l2 / (1 << 30), o.dir);
+            printf(", L2 %.2f GiB in %s%s", (double)o.l2 / (1 << 30), o.dir,
+                   o.persistent ? " (persistent)" : "");
         printf("\n");
         fflush(stdout);
     }
@@ -906,7 +912,9 @@ int cmd_kv_bench(int argc, char **argv)
 
     refs rf;
     memset(&rf, 0, sizeof rf);
+    int persistent = o.persistent;
     if (o.refs) {
+        o.persistent = 0; /* references start from empty tiers */
         ref_hash(&rf);
         ref_lookup32k(&o, &rf);
         ref_l1(&o, &l, chunk, &rf);
@@ -935,6 +943,7 @@ int cmd_kv_bench(int argc, char **argv)
         json_object_set_new(j, "policy", json_string(o.policy));
         json_object_set_new(j, "l1_bytes", json_integer((json_int_t)o.l1));
         json_object_set_new(j, "l2_bytes", json_integer(o.dir ? (json_int_t)o.l2 : 0));
+        json_object_set_new(j, "l2_persistent", json_boolean(o.dir && persistent));
         json_object_set_new(j, "prompts", json_integer((json_int_t)w.np));
         json_object_set_new(j, "prompt_tokens", json_integer((json_int_t)rr.prompt_tokens));
         json_object_set_new(j, "hit_tokens", json_integer((json_int_t)rr.hit_tokens));
