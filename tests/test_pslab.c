@@ -828,9 +828,11 @@ static void test_sync_none_acknowledges_at_sync(void **state)
 static int oom_sequence(const char *d, int create)
 {
     const char *dirs[] = {d};
-    ferry_pslab_options o = opts(dirs, 1, 4 * MiB);
-    if (!create)
+    ferry_pslab_options o = opts(dirs, 1, 1 * MiB);
+    if (!create) {
         o.flags = 0;
+        o.bytes = 0;
+    }
     ferry_pslab *p = NULL;
     int rc = ferry_pslab_open(&o, &p);
     if (rc < 0) {
@@ -1215,7 +1217,7 @@ static void test_power_loss_keeps_every_acknowledged_chunk(void **state)
     enum { PRE = 30, OPS = 40 };
     uint8_t *buf = malloc(PM_MAX_LEN);
     int cases = 0, crashed = 0;
-    for (uint64_t crash_at = 1; crash_at < 400; crash_at += 3) {
+    for (uint64_t crash_at = 1; crash_at < 400; crash_at += 4) {
         char d[256];
         ft_tmpdir(d, sizeof d);
         const char *dirs[] = {d};
