@@ -64,6 +64,8 @@ typedef struct ferry_moe_model {
  *    count of tokens seen before at that layer. A header is optional; the
  *    shape is inferred from the largest layer and expert ids when absent.
  * Steps are replayed in (token, layer) order, file order within ties.
+ * Shapes are bounded (num_layers <= 1024, num_experts <= 16384) so that a
+ * hostile file cannot make the planner's dense per-expert arrays huge.
  * Blank lines are skipped. Errors: FERRY_EPARSE with a message naming the
  * line number and the field (a malformed line, an expert id >= num_experts,
  * a layer >= num_layers, an empty route); -errno when the file cannot be

@@ -53,6 +53,8 @@
 #define COLD 16         /* turns after which an expert counts as long cold */
 #define RING (COLD + 1) /* routed sets kept per layer */
 #define WINV (WIN + 2)  /* window values: counts 0..7, cold < COLD, colder */
+#define RING_CAP 256u   /* experts of one routed set kept for events: wider
+                           (prefill) sets only miss some cell refreshes */
 #define POP_B 8         /* popularity buckets */
 #define CELLS (2 * WINV * POP_B * 2)
 #define SUCC_WAYS 2
@@ -84,7 +86,8 @@ typedef struct routing {
     uint32_t *cell_count;      /* [L][CELLS] */
     uint64_t *routes;          /* routes seen */
     uint32_t *turn_tok;        /* token of its last turn, NONE none */
-    uint32_t *ring;            /* [L][RING][E] routed sets */
+    uint32_t *ring;            /* [L][RING][ring_cap] routed sets */
+    uint32_t ring_cap;         /* min(E, RING_CAP): a prefill set is cut */
     uint32_t *ring_n, *ring_tok; /* [L][RING] */
     /* learned */
     double opps[CELLS], uses[CELLS]; /* learned over all layers */
@@ -165,7 +168,8 @@ static int rt_init(ferry__policy *p)
     s->cell_count = ferry__calloc((size_t)L * CELLS, sizeof(uint32_t));
     s->routes = ferry__calloc(L, sizeof(uint64_t));
     s->turn_tok = ferry__malloc((size_t)L * sizeof(uint32_t));
-    s->ring = ferry__malloc((size_t)L * RING * E * sizeof(uint32_t));
+    s->ring_cap = E < RING_CAP ? E : RING_CAP;
+    s->ring = ferry__malloc((size_t)L * RING * s->ring_cap * sizeof(uint32_t));
     s->ring_n = ferry__calloc((size_t)L * RING, sizeof(uint32_t));
     s->ring_tok = ferry__malloc((size_t)L * RING * sizeof(uint32_t));
     s->succ = ferry__malloc(ids * SUCC_WAYS * sizeof(succ_entry));
@@ -185,7 +189,7 @@ static int rt_init(ferry__policy *p)
     memset(s->pos, 0xff, (size_t)n * sizeof(uint32_t));
     memset(s->turn_tok, 0xff, (size_t)L * sizeof(uint32_t));
     memset(s->ring_tok, 0xff, (size_t)L * RING * sizeof(uint32_t));
-    memset(s->ring, 0, (size_t)L * RING * E * sizeof(uint32_t)); /* fault it in now */
+    memset(s->ring, 0, (size_t)L * RING * s->ring_cap * sizeof(uint32_t)); /* fault it in now */
     for (size_t i = 0; i < ids * SUCC_WAYS; i++) {
         s->succ[i].id = SUCC_EMPTY;
         s->succ[i].count = 0;
@@ -340,7 +344,7 @@ static const uint32_t *ring_set(const routing *s, uint32_t layer, uint32_t tok, 
         return NULL;
     }
     *n = s->ring_n[r];
-    return s->ring + r * s->base.env.num_experts;
+    return s->ring + r * s->ring_cap;
 }
 
 /* id (of layer m) is expected at m's next turn: count it there in its
@@ -359,8 +363,8 @@ static void hint(routing *s, uint32_t id, uint32_t tok)
     /* it leaves the hinted cell at its turn: make sure that turn revisits
      * it (the previous turn's ring set holds it, or gets it) */
     size_t rr = (size_t)m * RING + ptok % RING;
-    if (s->ring_tok[rr] == ptok && s->ring_n[rr] < E) {
-        uint32_t *set = s->ring + rr * E;
+    if (s->ring_tok[rr] == ptok && s->ring_n[rr] < s->ring_cap) {
+        uint32_t *set = s->ring + rr * s->ring_cap;
         for (uint32_t i = 0; i < s->ring_n[rr]; i++)
             if (set[i] == id)
                 return;
@@ -415,8 +419,9 @@ routed:
             recell(s, set[j], tok, 0);
     /* remember this turn's set */
     size_t r = (size_t)layer * RING + tok % RING;
-    memcpy(s->ring + r * E, ids, (size_t)n * sizeof *ids);
-    s->ring_n[r] = n;
+    uint32_t keep = n < s->ring_cap ? n : s->ring_cap;
+    memcpy(s->ring + r * s->ring_cap, ids, (size_t)keep * sizeof *ids);
+    s->ring_n[r] = keep;
     s->ring_tok[r] = tok;
 
     /* cross-layer: learn pairs (previous layer -> this layer) of this token */

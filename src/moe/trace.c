@@ -24,8 +24,8 @@
 
 /* bounds on an inferred or declared shape: the planner keeps dense arrays
  * over layers * experts, so a hostile trace must not ask for terabytes */
-#define MAX_LAYERS 4096u
-#define MAX_EXPERTS 65536u
+#define MAX_LAYERS 1024u
+#define MAX_EXPERTS 16384u
 
 static int trace_new(ferry_moe_trace **out)
 {

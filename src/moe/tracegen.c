@@ -126,7 +126,7 @@ int ferry_moe_trace_generate(const ferry_moe_gen_options *opt, ferry_moe_trace *
     g.E = opt->num_experts ? opt->num_experts : ps->experts;
     g.K = opt->top_k ? opt->top_k : ps->top_k;
     uint32_t tokens = opt->tokens ? opt->tokens : 2048;
-    if (g.K > g.E || g.L > 4096 || g.E > 65536)
+    if (g.K > g.E || g.L > 1024 || g.E > 16384)
         return ferry__err_set(NULL, -EINVAL, "moe gen: top_k %u of %u experts x %u layers", g.K,
                               g.E, g.L);
     ferry_moe_model m = {0};
