@@ -1423,10 +1423,13 @@ static void deliver(ferry_gds *g, unsigned d, ferry_io_req *r)
         pthread_mutex_unlock(&g->amu);
     }
     h->left[d]--;
-    if (atomic_fetch_sub(&h->left_total, 1) != 1 || !h->req)
+    /* read req before the last decrement: once left_total reaches 0 a
+     * synchronous caller may return and its stack-held hop is gone */
+    ferry_gds_req *req = h->req;
+    if (atomic_fetch_sub(&h->left_total, 1) != 1 || !req)
         return;
     /* an async hop is complete: hand it to ferry_gds_reap */
-    h->req->result = h->err ? hop_result(g, h) : 0;
+    req->result = h->err ? hop_result(g, h) : 0;
     if (!h->err)
         atomic_fetch_add(h->dir == FERRY_GDS_READ ? &g->bytes_read : &g->bytes_written, h->len);
     pthread_mutex_lock(&g->amu);
