@@ -1281,6 +1281,185 @@ static void test_power_loss_keeps_every_acknowledged_chunk(void **state)
     free(buf);
 }
 
+/* ---- SYNC_BATCH ---- */
+static void test_batch_puts_are_visible_at_once_and_durable_at_commit(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = opts(dirs, 1, 8 * MiB);
+    o.engine = "posix";
+    o.sync = FERRY_PSLAB_SYNC_BATCH;
+    o.batch_bytes = 64 * MiB;
+    o.batch_ms = 600000; /* only sync() commits here */
+    ferry_pslab *p = open_ok(&o);
+    for (int k = 0; k < 5; k++)
+        put_k(p, k, k);
+    FT_ASSERT_OK(ferry_pslab_sync(p));
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    o.flags = 0;
+
+    ov_install(UINT64_MAX, 3);
+    p = open_ok(&o);
+    ferry_pslab_stats s0, s1;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s0));
+    put_k(p, 1, 101);  /* overwrite */
+    put_k(p, 7, 7);    /* new */
+    char key[32];
+    size_t kl = pm_key(3, key);
+    FT_ASSERT_OK(ferry_pslab_forget(p, key, kl));
+    assert_true(has_k(p, 1, 101)); /* visible before any commit */
+    assert_true(has_k(p, 7, 7));
+    assert_int_equal(get_rc(p, 3), FERRY_ENOTFOUND);
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s1));
+    assert_int_equal(s1.commits, s0.commits);
+    pthread_mutex_lock(&ov.mu);
+    ov_power_loss(); /* nothing of that was committed */
+    pthread_mutex_unlock(&ov.mu);
+    ferry_pslab_close(p);
+    ov_uninstall();
+    p = open_ok(&o);
+    for (int k = 0; k < 5; k++)
+        assert_true(has_k(p, k, k)); /* the old chunks, intact */
+    assert_int_equal(get_rc(p, 7), FERRY_ENOTFOUND);
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s1));
+    assert_int_equal(s1.chunks, 5);
+    assert_int_equal(s1.corrupt, 0);
+
+    /* the same, committed by sync: all of it survives */
+    put_k(p, 1, 101);
+    put_k(p, 7, 7);
+    FT_ASSERT_OK(ferry_pslab_forget(p, key, kl));
+    FT_ASSERT_OK(ferry_pslab_sync(p));
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    p = open_ok(&o);
+    assert_true(has_k(p, 1, 101));
+    assert_true(has_k(p, 7, 7));
+    assert_int_equal(get_rc(p, 3), FERRY_ENOTFOUND);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(d);
+}
+
+static void test_batch_commits_when_full_and_when_old(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = opts(dirs, 1, 8 * MiB);
+    o.sync = FERRY_PSLAB_SYNC_BATCH;
+    o.batch_bytes = 64 * 1024;
+    o.batch_ms = 600000;
+    ferry_pslab *p = open_ok(&o);
+    uint8_t buf[8192];
+    memset(buf, 7, sizeof buf);
+    for (int i = 0; i < 20; i++) {
+        char key[32];
+        size_t kl = pm_key(i, key);
+        FT_ASSERT_OK(ferry_pslab_put(p, key, kl, buf, sizeof buf));
+    }
+    ferry_pslab_stats s;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+    /* 8 puts of 8 KiB fill a 64 KiB batch: two commits, 16 records */
+    assert_int_equal(s.commits, 2);
+    assert_int_equal(s.committed_records, 16);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+
+    /* by age: the flusher commits a lone put */
+    o.flags = 0;
+    o.batch_ms = 5;
+    p = open_ok(&o);
+    FT_ASSERT_OK(ferry_pslab_put(p, "lone", 4, buf, 100));
+    for (int i = 0; i < 2000; i++) { /* waits for the event, up to 20 s */
+        FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+        if (s.committed_records >= 1)
+            break;
+        usleep(10000);
+    }
+    assert_int_equal(s.committed_records, 1);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(d);
+}
+
+static void test_power_loss_in_batch_mode_keeps_every_synced_chunk(void **state)
+{
+    (void)state;
+    enum { OPS = 40 };
+    uint8_t *buf = malloc(PM_MAX_LEN);
+    int crashed = 0;
+    for (uint64_t crash_at = 1; crash_at < 300; crash_at += 5) {
+        char d[256];
+        ft_tmpdir(d, sizeof d);
+        const char *dirs[] = {d};
+        pm_state st;
+        pm_init(&st);
+        int64_t vctr = 1;
+        pm_op ops[OPS];
+        pm_script(&st, 99 + crash_at, ops, OPS, &vctr);
+        ferry_pslab_options o = opts(dirs, 1, 8 * MiB);
+        o.engine = "posix";
+        o.sync = FERRY_PSLAB_SYNC_BATCH;
+        o.batch_bytes = 48 * 1024; /* commits by size inside the window too */
+        o.batch_ms = 600000;
+        o.compact_bytes = 2048;
+        ov_install(crash_at, crash_at * 17 + 1);
+        ferry_pslab *p = NULL;
+        int synced = 0, done = 0;
+        if (ferry_pslab_open(&o, &p) == 0) {
+            for (; done < OPS; done++) {
+                if (pm_do(p, &ops[done], buf) != 0)
+                    break;
+                if (done % 6 == 5) {
+                    if (ferry_pslab_sync(p) != 0)
+                        break;
+                    synced = done + 1;
+                }
+            }
+            ferry_pslab_close(p);
+        }
+        pthread_mutex_lock(&ov.mu);
+        int died = ov.dead;
+        if (!died)
+            ov_power_loss();
+        pthread_mutex_unlock(&ov.mu);
+        ov_uninstall();
+        crashed += died;
+        if (!died && done == OPS)
+            synced = OPS; /* close committed everything */
+
+        /* the store must be the state after some prefix k, synced <= k <= done + 1 */
+        o.flags = 0;
+        p = NULL;
+        int rc = ferry_pslab_open(&o, &p);
+        if (rc == -ENOENT && synced == 0) {
+            ft_rmtree(d);
+            continue;
+        }
+        FT_ASSERT_OK(rc);
+        pm_state a = st;
+        for (int i = 0; i < synced; i++)
+            pm_apply(&a, &ops[i]);
+        int matched = -1;
+        for (int k = synced; k <= done + 1 && k <= OPS && matched < 0; k++) {
+            int wrong = 0, corrupt = 0;
+            if (pm_match(p, &a, &a, &wrong, &corrupt) && !wrong && !corrupt)
+                matched = k;
+            else if (k < OPS)
+                pm_apply(&a, &ops[k]);
+        }
+        if (matched < 0)
+            fail_msg("batch mode, power loss at call %llu: %d ops done, %d synced: the store "
+                     "matches no prefix in between", (unsigned long long)crash_at, done, synced);
+        FT_ASSERT_OK(ferry_pslab_close(p));
+        ft_rmtree(d);
+        if (!died)
+            break;
+    }
+    assert_true(crashed > 10);
+    free(buf);
+}
+
 int main(void)
 {
     fast_sys_install();
@@ -1307,6 +1486,9 @@ int main(void)
         cmocka_unit_test(test_oom_at_every_allocation_of_open_and_put),
         cmocka_unit_test(test_forget_is_durable_with_the_next_commit_only),
         cmocka_unit_test(test_power_loss_keeps_every_acknowledged_chunk),
+        cmocka_unit_test(test_batch_puts_are_visible_at_once_and_durable_at_commit),
+        cmocka_unit_test(test_batch_commits_when_full_and_when_old),
+        cmocka_unit_test(test_power_loss_in_batch_mode_keeps_every_synced_chunk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -69,7 +69,18 @@ enum ferry_pslab_sync {
     FERRY_PSLAB_SYNC_FULL = 0,
     /** put/delete return after write(); nothing is acknowledged until a
      *  later ferry_pslab_sync() returns 0 (or close). */
-    FERRY_PSLAB_SYNC_NONE = 1
+    FERRY_PSLAB_SYNC_NONE = 1,
+    /**
+     * put returns once its data is written and its record queued: the chunk
+     * is visible at once, and durable with the next group commit, which
+     * runs (with the full ordering of SYNC_FULL) when batch_bytes of data
+     * are queued, or batch_ms after the oldest queued put (a background
+     * thread sees to it), or at ferry_pslab_sync() / close. A crash loses
+     * at most the puts of the last batch_ms / batch_bytes, never returns
+     * their bytes torn, and never loses an older chunk. delete and
+     * put_many still wait for their commit. For caches (the KV store).
+     */
+    FERRY_PSLAB_SYNC_BATCH = 2
 };
 
 typedef struct ferry_pslab_options {
@@ -90,9 +101,13 @@ typedef struct ferry_pslab_options {
     /** Compact the journal when it holds more than this many bytes and
      *  more dead than live records; 0 -> 4 MiB. */
     uint64_t compact_bytes;
+    /** SYNC_BATCH: commit when this much data is queued; 0 -> 64 MiB */
+    uint64_t batch_bytes;
+    /** SYNC_BATCH: commit at most this long after the oldest queued put; 0 -> 100 */
+    unsigned batch_ms;
 } ferry_pslab_options;
 #define FERRY_PSLAB_OPTIONS_INIT \
-    {sizeof(ferry_pslab_options), NULL, 0, 0, 0, 0, 1, NULL, 0, FERRY_PSLAB_SYNC_FULL, 0, 0}
+    {sizeof(ferry_pslab_options), NULL, 0, 0, 0, 0, 1, NULL, 0, FERRY_PSLAB_SYNC_FULL, 0, 0, 0, 0}
 
 /**
  * Open (recover) the store in opt->dirs, or create it when there is none

@@ -58,8 +58,9 @@ typedef struct lane {
 
 typedef struct pend_op {
     int type;
+    int inserted;             /* SYNC_BATCH put: e is in the index already */
     ferry__pslab_ent *e;      /* put: the new entry; delete: key, seq = the put it deletes */
-    ferry__pslab_ent *victim; /* forget: the entry already out of the index */
+    ferry__pslab_ent *victim; /* forget, batch put: the entry it took out of the index */
 } pend_op;
 
 typedef struct pend {
@@ -102,6 +103,11 @@ struct ferry_pslab {
     int committing;
     int failed;
     int dirty;       /* SYNC_NONE: written since the last sync */
+    uint64_t cur_data, cur_t0;   /* SYNC_BATCH: data bytes queued, time of the first */
+    uint64_t batch_bytes, batch_ns;
+    pthread_t flusher;
+    pthread_cond_t fcv;
+    int flusher_on, stopping;
     lane cl;         /* commit lane: journal engine, slab files for fdatasync */
     ferry_file *jf;
     uint64_t jsize, jrecords, generation;
@@ -297,7 +303,8 @@ static int data_rw(ferry_pslab *p, lane *l, int op, void *buf, uint64_t len, uin
 /* ---- entries ---- */
 static void ent_release(ferry_pslab *p, ferry__pslab_ent *e)
 {
-    if (e->pins) {
+    /* a reader holds it, or its own record is still queued: the last one frees it */
+    if (e->pins || e->pending) {
         e->doomed = 1;
         return;
     }
@@ -360,6 +367,7 @@ static int pend_add(ferry_pslab *p, int type, ferry__pslab_ent *e, uint64_t del_
     ferry__pslab_rec_encode(&r, p->g.creation_id, p->cur.buf + p->cur.len);
     p->cur.len += sz;
     p->cur.ops[p->cur.n].type = type;
+    p->cur.ops[p->cur.n].inserted = 0;
     p->cur.ops[p->cur.n].e = e;
     p->cur.ops[p->cur.n].victim = NULL;
     p->cur.n++;
@@ -382,6 +390,15 @@ static void pend_apply(ferry_pslab *p, pend *q)
             ferry__free(e);
             continue;
         }
+        if (q->ops[i].inserted) {
+            /* in the index since its put: now durable */
+            e->pending = 0;
+            if (q->ops[i].victim)
+                ent_release(p, q->ops[i].victim);
+            if (e->doomed)
+                ent_release(p, e);
+            continue;
+        }
         if (old) {
             ferry__pslab_index_unlink(&p->idx, old);
             ent_release(p, old);
@@ -395,10 +412,25 @@ static void pend_apply(ferry_pslab *p, pend *q)
 /* mu held: the batch will never be durable: give its extents back */
 static void pend_discard(ferry_pslab *p, pend *q)
 {
-    for (size_t i = 0; i < q->n; i++) {
-        ent_release(p, q->ops[i].e);
-        if (q->ops[i].victim)
-            ent_release(p, q->ops[i].victim);
+    /* newest first, so each victim goes back where its successor was */
+    for (size_t i = q->n; i-- > 0;) {
+        pend_op *o = &q->ops[i];
+        ferry__pslab_ent *e = o->e, *v = o->victim;
+        if (o->inserted) {
+            e->pending = 0;
+            if (e->linked)
+                ferry__pslab_index_unlink(&p->idx, e);
+        }
+        if (v) {
+            if (!v->doomed && !ferry__pslab_index_find(&p->idx, v->key, v->klen, v->hash))
+                ferry__pslab_index_insert(&p->idx, v);
+            else
+                ent_release(p, v);
+        }
+        if (o->type == FERRY__PSLAB_DEL)
+            ferry__free(e);
+        else
+            ent_release(p, e);
     }
     q->n = 0;
     q->len = 0;
@@ -430,10 +462,11 @@ static void run_commit(ferry_pslab *p, int force_sync)
     p->cur = p->spare;
     p->cur.n = 0;
     p->cur.len = 0;
+    p->cur_data = 0;
     int had_dirty = p->dirty;
     pthread_mutex_unlock(&p->cmu);
 
-    int full = p->sync_mode == FERRY_PSLAB_SYNC_FULL || force_sync;
+    int full = p->sync_mode != FERRY_PSLAB_SYNC_NONE || force_sync;
     int has_put = 0;
     for (size_t i = 0; i < q.n && !has_put; i++)
         has_put = q.ops[i].type == FERRY__PSLAB_PUT;
@@ -452,8 +485,9 @@ static void run_commit(ferry_pslab *p, int force_sync)
             rc = fail_io(p, rc, "pslab: fdatasync of journal %s", p->jpath);
     }
     size_t nrec = q.n;
-    pthread_mutex_lock(&p->mu);
+    int want_compact = 0;
     if (rc == 0) {
+        pthread_mutex_lock(&p->mu);
         p->jsize += q.len;
         pend_apply(p, &q);
         p->jrecords += nrec;
@@ -461,26 +495,25 @@ static void run_commit(ferry_pslab *p, int force_sync)
             p->st.commits++;
             p->st.committed_records += nrec;
         }
-    } else {
-        pend_discard(p, &q);
-        p->st.failures++;
+        want_compact = p->jsize > p->compact_bytes && p->jrecords > 2 * (uint64_t)p->idx.count + 64;
+        pthread_mutex_unlock(&p->mu);
     }
-    int want_compact = rc == 0 && p->jsize > p->compact_bytes &&
-                       p->jrecords > 2 * (uint64_t)p->idx.count + 64;
-    pthread_mutex_unlock(&p->mu);
     if (want_compact) {
         int crc = compact_locked(p);
-        if (crc < 0 && !p->failed)
+        if (crc < 0)
             FERRY_LOGW("%s", ferry__err_msg(&p->err));
     }
 
     pthread_mutex_lock(&p->cmu);
-    p->spare = q;
     if (rc < 0) {
+        /* nothing queued will become durable: undo newest first (later batch, then ours) */
         p->failed = rc;
         pthread_mutex_lock(&p->mu);
         pend_discard(p, &p->cur);
+        pend_discard(p, &q);
+        p->st.failures++;
         pthread_mutex_unlock(&p->mu);
+        p->cur_data = 0;
         p->batch_open++;
     } else {
         p->durable = batch;
@@ -489,6 +522,7 @@ static void run_commit(ferry_pslab *p, int force_sync)
         else if (q.len)
             p->dirty = 1;
     }
+    p->spare = q;
     p->committing = 0;
     pthread_cond_broadcast(&p->ccv);
 }
@@ -511,6 +545,58 @@ static int commit_wait(ferry_pslab *p, uint64_t mine)
     }
 }
 
+/*
+ * cmu held, SYNC_BATCH: queue the put of e and make it visible at once; the
+ * entry it replaces leaves the index now and is freed when e is durable.
+ */
+static int pend_add_visible(ferry_pslab *p, ferry__pslab_ent *e)
+{
+    int rc = pend_add(p, FERRY__PSLAB_PUT, e, 0);
+    if (rc < 0)
+        return rc;
+    pend_op *o = &p->cur.ops[p->cur.n - 1];
+    o->inserted = 1;
+    pthread_mutex_lock(&p->mu);
+    e->pending = 1;
+    ferry__pslab_ent *old = ferry__pslab_index_find(&p->idx, e->key, e->klen, e->hash);
+    if (old) {
+        ferry__pslab_index_unlink(&p->idx, old);
+        o->victim = old;
+    }
+    ferry__pslab_index_insert(&p->idx, e);
+    pthread_mutex_unlock(&p->mu);
+    if (p->cur.n == 1)
+        p->cur_t0 = ferry__now_ns();
+    p->cur_data += e->length;
+    return 0;
+}
+
+/* cmu held, SYNC_BATCH: whether the queued batch is due */
+static int batch_due(const ferry_pslab *p)
+{
+    return p->cur.n &&
+           (p->cur_data >= p->batch_bytes || ferry__now_ns() - p->cur_t0 >= p->batch_ns);
+}
+
+static void *flusher_main(void *arg)
+{
+    ferry_pslab *p = arg;
+    pthread_mutex_lock(&p->cmu);
+    while (!p->stopping) {
+        if (!p->committing && !p->failed && batch_due(p))
+            run_commit(p, 0);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t wait = p->batch_ns / 2 ? p->batch_ns / 2 : 1000000;
+        uint64_t ns = (uint64_t)ts.tv_nsec + wait % 1000000000ull;
+        ts.tv_sec += (time_t)(wait / 1000000000ull + ns / 1000000000ull);
+        ts.tv_nsec = (long)(ns % 1000000000ull);
+        pthread_cond_timedwait(&p->fcv, &p->cmu, &ts);
+    }
+    pthread_mutex_unlock(&p->cmu);
+    return NULL;
+}
+
 static int writable(ferry_pslab *p)
 {
     if (p->flags & FERRY_PSLAB_READONLY)
@@ -528,14 +614,26 @@ static int compact_locked(ferry_pslab *p)
 {
     char tmp[PATH_MAX_];
     snprintf(tmp, sizeof tmp, "%s/%s", p->dirs[0], FERRY__PSLAB_JOURNAL_TMP);
+    /*
+     * The snapshot is what is durable now: every indexed entry but the
+     * SYNC_BATCH ones whose records are still queued, plus the durable
+     * entries that queued records took out of the index (their records
+     * follow the snapshot into the new journal, in order).
+     */
+    pthread_mutex_lock(&p->cmu);
     pthread_mutex_lock(&p->mu);
     size_t bytes = FERRY__PSLAB_JHDR_BYTES;
     for (size_t i = 0; i < p->idx.nb; i++)
         for (ferry__pslab_ent *e = p->idx.b[i]; e; e = e->hnext)
-            bytes += ferry__pslab_rec_size(e->klen);
+            if (!e->pending)
+                bytes += ferry__pslab_rec_size(e->klen);
+    for (size_t i = 0; i < p->cur.n; i++)
+        if (p->cur.ops[i].victim && !p->cur.ops[i].victim->pending)
+            bytes += ferry__pslab_rec_size(p->cur.ops[i].victim->klen);
     uint8_t *buf = ferry__malloc(bytes);
     if (!buf) {
         pthread_mutex_unlock(&p->mu);
+        pthread_mutex_unlock(&p->cmu);
         return ferry__err_set(&p->err, -ENOMEM,
                               "pslab %s: out of memory compacting the journal (%zu bytes)",
                               p->jpath, bytes);
@@ -549,13 +647,26 @@ static int compact_locked(ferry_pslab *p)
     uint64_t n = 0;
     for (size_t i = 0; i < p->idx.nb; i++)
         for (ferry__pslab_ent *e = p->idx.b[i]; e; e = e->hnext) {
+            if (e->pending)
+                continue;
             ferry__pslab_rec r = {FERRY__PSLAB_PUT, e->klen, e->key, e->seq, e->offset,
                                   e->length, e->sum};
             ferry__pslab_rec_encode(&r, p->g.creation_id, buf + pos);
             pos += ferry__pslab_rec_size(e->klen);
             n++;
         }
+    for (size_t i = 0; i < p->cur.n; i++) {
+        ferry__pslab_ent *e = p->cur.ops[i].victim;
+        if (!e || e->pending)
+            continue;
+        ferry__pslab_rec r = {FERRY__PSLAB_PUT, e->klen, e->key, e->seq, e->offset, e->length,
+                              e->sum};
+        ferry__pslab_rec_encode(&r, p->g.creation_id, buf + pos);
+        pos += ferry__pslab_rec_size(e->klen);
+        n++;
+    }
     pthread_mutex_unlock(&p->mu);
+    pthread_mutex_unlock(&p->cmu);
 
     ferry_file *nf = NULL;
     int rc = ferry_file_open(p->cl.io, tmp,
@@ -907,6 +1018,7 @@ static void pslab_free(ferry_pslab *p)
     pthread_mutex_destroy(&p->cmu);
     pthread_cond_destroy(&p->lcv);
     pthread_cond_destroy(&p->ccv);
+    pthread_cond_destroy(&p->fcv);
     ferry__free(p);
 }
 
@@ -925,7 +1037,8 @@ int ferry_pslab_open(const ferry_pslab_options *o, ferry_pslab **out)
     if (o->alignment && (o->alignment & (o->alignment - 1) || o->alignment < 512))
         return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: alignment %zu is not a power "
                               "of two >= 512", o->alignment);
-    if (o->sync != FERRY_PSLAB_SYNC_FULL && o->sync != FERRY_PSLAB_SYNC_NONE)
+    if (o->sync != FERRY_PSLAB_SYNC_FULL && o->sync != FERRY_PSLAB_SYNC_NONE &&
+        o->sync != FERRY_PSLAB_SYNC_BATCH)
         return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: unknown sync mode %d", o->sync);
     if (o->flags & ~(unsigned)(FERRY_PSLAB_CREATE | FERRY_PSLAB_READONLY))
         return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: unknown flags 0x%x", o->flags);
@@ -948,6 +1061,9 @@ int ferry_pslab_open(const ferry_pslab_options *o, ferry_pslab **out)
     p->direct = o->direct ? 1 : 0;
     p->st.direct = p->direct;
     p->compact_bytes = o->compact_bytes ? o->compact_bytes : (4u << 20);
+    p->batch_bytes = o->batch_bytes ? o->batch_bytes : (64u << 20);
+    p->batch_ns = (uint64_t)(o->batch_ms ? o->batch_ms : 100) * 1000000u;
+    pthread_cond_init(&p->fcv, NULL);
     p->batch_open = 1;
     int rc = 0;
     for (unsigned i = 0; i < o->n_dirs; i++)
@@ -1028,6 +1144,14 @@ int ferry_pslab_open(const ferry_pslab_options *o, ferry_pslab **out)
         p->nlanes = i + 1;
         p->free_lanes |= 1u << i;
     }
+    if (p->sync_mode == FERRY_PSLAB_SYNC_BATCH && !(p->flags & FERRY_PSLAB_READONLY)) {
+        if (pthread_create(&p->flusher, NULL, flusher_main, p) != 0) {
+            rc = ferry__err_set(&p->err, -EAGAIN, "pslab %s: cannot start the batch flusher "
+                                "thread", p->dirs[0]);
+            goto out;
+        }
+        p->flusher_on = 1;
+    }
     p->st.open_ns = ferry__now_ns() - t0;
     *out = p;
     return 0;
@@ -1045,6 +1169,14 @@ int ferry_pslab_close(ferry_pslab *p)
     if (!p)
         return 0;
     int rc = 0;
+    if (p->flusher_on) {
+        pthread_mutex_lock(&p->cmu);
+        p->stopping = 1;
+        pthread_cond_signal(&p->fcv);
+        pthread_mutex_unlock(&p->cmu);
+        pthread_join(p->flusher, NULL);
+        p->flusher_on = 0;
+    }
     if (!(p->flags & FERRY_PSLAB_READONLY) && !p->failed) {
         pthread_mutex_lock(&p->cmu);
         if (p->cur.n || p->dirty)
@@ -1153,7 +1285,18 @@ int ferry_pslab_put(ferry_pslab *p, const void *key, size_t klen, const void *da
     if (p->failed) {
         rc = ferry__err_set(&p->err, FERRY_ESTATE, "pslab %s: the journal failed earlier (%s); "
                             "reopen the store", p->dirs[0], ferry_err_name(p->failed));
-    } else if ((rc = pend_add(p, FERRY__PSLAB_PUT, e, 0)) == 0) {
+    } else if (p->sync_mode == FERRY_PSLAB_SYNC_BATCH &&
+               (rc = pend_add_visible(p, e)) == 0) {
+        /* the put that fills the batch commits it; the flusher sees to the age */
+        if (!p->committing && p->cur_data >= p->batch_bytes)
+            run_commit(p, 0);
+        pthread_mutex_unlock(&p->cmu);
+        pthread_mutex_lock(&p->mu);
+        p->st.puts++;
+        pthread_mutex_unlock(&p->mu);
+        return 0;
+    } else if (p->sync_mode != FERRY_PSLAB_SYNC_BATCH &&
+               (rc = pend_add(p, FERRY__PSLAB_PUT, e, 0)) == 0) {
         rc = commit_wait(p, p->batch_open);
         pthread_mutex_unlock(&p->cmu);
         pthread_mutex_lock(&p->mu);
@@ -1190,6 +1333,8 @@ int ferry_pslab_put_many(ferry_pslab *p, ferry_pslab_item *items, size_t n)
             continue;
         if (p->failed)
             items[i].result = FERRY_ESTATE;
+        else if (p->sync_mode == FERRY_PSLAB_SYNC_BATCH)
+            items[i].result = pend_add_visible(p, ents[i]);
         else
             items[i].result = pend_add(p, FERRY__PSLAB_PUT, ents[i], 0);
         if (items[i].result < 0) {

@@ -342,6 +342,7 @@ void ferry__pslab_index_insert(ferry__pslab_index *ix, ferry__pslab_ent *e)
     size_t j = e->hash & (ix->nb - 1);
     e->hnext = ix->b[j];
     ix->b[j] = e;
+    e->linked = 1;
     ix->count++;
     ix->bytes_stored += e->length;
     ix->bytes_used += e->ext;
@@ -356,6 +357,7 @@ void ferry__pslab_index_unlink(ferry__pslab_index *ix, ferry__pslab_ent *e)
         return;
     *pp = e->hnext;
     e->hnext = NULL;
+    e->linked = 0;
     ix->count--;
     ix->bytes_stored -= e->length;
     ix->bytes_used -= e->ext;

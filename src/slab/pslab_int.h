@@ -110,7 +110,9 @@ typedef struct ferry__pslab_ent {
     uint64_t offset, length, ext, sum, seq;
     uint32_t klen;
     uint32_t pins;     /* gets reading its extent */
-    uint8_t doomed;    /* unlinked; extent freed when pins reaches 0 */
+    uint8_t doomed;    /* unlinked; extent freed when pins reaches 0 (and not pending) */
+    uint8_t pending;   /* SYNC_BATCH: in the index, its record not yet durable */
+    uint8_t linked;    /* in the index's hash table */
     uint8_t key[];
 } ferry__pslab_ent;
 
