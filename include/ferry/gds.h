@@ -28,7 +28,12 @@
  *    then hipfile, when the device is cuda and the library opens, else cpu.
  *    A test or another vendor supplies its own table.
  *  - Host buffers always move through the I/O engines (one ferry_io queue
- *    per drive, driven concurrently), whatever the driver.
+ *    per drive, driven concurrently), whatever the driver: synchronously
+ *    (ferry_gds_pwrite/pread, cut so each drive has `depth` requests in
+ *    flight) or asynchronously (ferry_gds_submit/reap, the caller keeping
+ *    several in flight). Buffers from ferry_gds_buffer_alloc, or caller
+ *    memory passed to ferry_gds_host_register, take the engines' fast path
+ *    (io_uring fixed buffers, huge pages).
  *
  * The context also owns a ferry_slab allocator over the slab's bytes
  * (ferry_gds_slab()); extents from it are what callers transfer.
@@ -207,8 +212,11 @@ FERRY_API int ferry_gds_deregister(ferry_gds *g, ferry_devptr buf);
 /* ---- transfers ---- */
 /**
  * Move len bytes between the slab at slab_off and device memory at buf
- * (inside registered regions), in direction dir. Returns when the bytes
- * are in place (on the slab for writes, in device memory for reads).
+ * (inside registered regions), in direction dir. s (may be NULL) is
+ * synchronized first, so work queued on it before (a kernel filling buf)
+ * is done. Returns when the bytes are in place (on the slab for writes, in
+ * device memory for reads). Segments on different drives move at once
+ * (the driver's batch call).
  * Errors: FERRY_ESTATE (off), FERRY_EALIGN (slab_off or len not aligned),
  * -EINVAL (len 0), FERRY_EBOUNDS (the slice leaves the registered regions,
  * or slab_off + len is past the slab's end), driver and I/O codes (with a
