@@ -708,6 +708,17 @@ static void out_of_memory_drops_and_leaks_nothing(void **state)
     assert_int_equal(ft_alloc_failures(), 1);
     ft_alloc_install(0, 0);
     assert_int_equal(metrics(r).dropped, 1);
+    /* a get whose read buffer cannot be allocated fails before sending:
+     * the connection stays usable */
+    FT_ASSERT_OK(ferry_remote_put_sync(r, "oom-get", 7, "abc", 3));
+    ft_alloc_install(1, 0);
+    char dst[8];
+    assert_int_equal(ferry_remote_get(r, "oom-get", 7, dst, sizeof dst), -ENOMEM);
+    ft_alloc_install(0, 0);
+    uint64_t rec = metrics(r).reconnects;
+    assert_int_equal(ferry_remote_get(r, "oom-get", 7, dst, sizeof dst), 3);
+    assert_int_equal(metrics(r).reconnects, rec);
+    assert_int_equal(metrics(r).down, 0);
     ferry_remote_close(r);
     ft_alloc_reset();
 }

@@ -350,12 +350,15 @@ int ferry__rconn_get_into(ferry__rconn *c, ferry__rget *g, ferry__errbuf *eb)
     cmd.argv[1] = g->key;
     cmd.argvlen[1] = g->key_len;
     ferry__rcmd *p = &cmd;
-    int rc = xfer_checked(c, &p, 1, 1, eb);
-    if (rc)
-        return rc;
     rd *r = ferry__malloc(sizeof *r);
     if (!r)
-        return get_fail(c, -ENOMEM, "out of memory for the read buffer", eb);
+        return ferry__err_set(eb, -ENOMEM, "remote %s:%d: GET: out of memory for the read buffer",
+                              c->host, c->port);
+    int rc = xfer_checked(c, &p, 1, 1, eb);
+    if (rc) {
+        ferry__free(r);
+        return rc;
+    }
     r->fd = c->c->fd;
     r->pos = r->len = 0;
     char line[FERRY__ERRMSG_MAX];
