@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "ferry_test.h"
+#include "slab/slab_impl.h"
 
 #define K4 4096u
 
@@ -396,6 +397,64 @@ static void matches_a_bitmap_model_at_random(void **state)
     ferry_slab_destroy(s);
 }
 
+
+static used_ent *find_used(ferry_slab *s, uint64_t off)
+{
+    for (uint64_t i = 0; i < s->ucap; i++)
+        if (s->used[i].size && s->used[i].off == off)
+            return &s->used[i];
+    return NULL;
+}
+
+static void expect_corrupt(ferry_slab *s, const char *what)
+{
+    assert_int_equal(ferry_slab_check(s), FERRY_ECORRUPT);
+    if (!strstr(ferry_slab_last_error(s), what))
+        fail_msg("check said '%s', expected '%s'", ferry_slab_last_error(s), what);
+}
+
+/* the walker really looks: each broken invariant is caught and named */
+static void check_names_broken_invariants(void **state)
+{
+    (void)state;
+    ferry_slab *s = mk(8 * K4);
+    ferry_extent x0 = alloc1(s, K4), x1 = alloc1(s, K4), x2 = alloc1(s, K4);
+    (void)x2;
+    FT_ASSERT_OK(ferry_slab_free(s, &x0)); /* free: [0,4K) and [12K,32K) */
+    CHECK(s);
+    /* a stale cached maximum */
+    s->nodes[s->root].max += K4;
+    expect_corrupt(s, "cached maximum");
+    s->nodes[s->root].max -= K4;
+    CHECK(s);
+    /* an extent whose recorded size runs into its neighbour */
+    used_ent *u = find_used(s, x1.offset);
+    assert_non_null(u);
+    u->size = 2 * K4;
+    expect_corrupt(s, "extents tile the slab but 2 are recorded"); /* x2 hidden under it */
+    u->size = K4;
+    CHECK(s);
+    /* bytes that belong to nobody: an extent forgotten by the table */
+    used_ent saved = *u;
+    u->size = 0;
+    s->ucount--;
+    expect_corrupt(s, "belong to no block");
+    *u = saved;
+    s->ucount++;
+    CHECK(s);
+    /* the free-block count disagrees with the tree */
+    s->free_blocks++;
+    expect_corrupt(s, "free blocks in the tree");
+    s->free_blocks--;
+    CHECK(s);
+    /* used bytes that do not add up */
+    s->used_bytes += K4;
+    expect_corrupt(s, "do not add up");
+    s->used_bytes -= K4;
+    CHECK(s);
+    ferry_slab_destroy(s);
+}
+
 static ferry_slab *g_shared;
 static void *hammer(void *arg)
 {
@@ -457,6 +516,7 @@ int main(void)
         cmocka_unit_test(fragmentation_figure),
         cmocka_unit_test(out_of_memory_leaves_the_slab_unchanged),
         cmocka_unit_test(matches_a_bitmap_model_at_random),
+        cmocka_unit_test(check_names_broken_invariants),
         cmocka_unit_test(threads_allocate_and_free_concurrently),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
