@@ -373,8 +373,9 @@ static int bench_pslab(const bench_opts *o, const char *d, const void *buf, uint
                 rc = -EIO;
         }
     }
-    /* the non-durable reference still has to reach the disk: one flush at the end */
-    if (rc >= 0 && sync == FERRY_PSLAB_SYNC_NONE)
+    /* the non-durable reference still has to reach the disk: one flush at the
+     * end; batch mode: the last batch too */
+    if (rc >= 0 && sync != FERRY_PSLAB_SYNC_FULL)
         rc = ferry_pslab_sync(p);
     double t = (double)(ferry__now_ns() - t0) / 1e9;
     free(items);
@@ -485,8 +486,8 @@ static int slab_bench(int argc, char **argv)
     mkdir_in(base, "group", d3, sizeof d3);
     mkdir_in(base, "single", d4, sizeof d4);
 
-    double create_s = 0, reopen_s = 0, gds = 0, none1 = 0, none2 = 0, grp = 0, one = 0;
-    uint64_t cgrp = 0, cone = 0, cnone = 0;
+    double create_s = 0, reopen_s = 0, gds = 0, none1 = 0, none2 = 0, grp = 0, one = 0, bat = 0;
+    uint64_t cgrp = 0, cone = 0, cnone = 0, cbat = 0;
     ferry_pslab_stats st;
     memset(&st, 0, sizeof st);
     int rc = bench_reopen(&o, d1, &create_s, &reopen_s, &st);
@@ -516,6 +517,9 @@ static int slab_bench(int argc, char **argv)
         rm_store(d3);
         if (rc == 0)
             rc = bench_pslab(&o, d4, buf, 1, FERRY_PSLAB_SYNC_FULL, &one, &cone);
+        rm_store(d4);
+        if (rc == 0)
+            rc = bench_pslab(&o, d4, buf, 1, FERRY_PSLAB_SYNC_BATCH, &bat, &cbat);
         rm_store(d4);
         if (rc == 0)
             rc = bench_pslab(&o, d2, buf, o.batch, FERRY_PSLAB_SYNC_NONE, &none2, &cnone);
@@ -550,6 +554,9 @@ static int slab_bench(int argc, char **argv)
         json_object_set_new(r, "group_commits", json_integer((json_int_t)cgrp));
         json_object_set_new(r, "single_gbs", json_real(one));
         json_object_set_new(r, "single_commits", json_integer((json_int_t)cone));
+        json_object_set_new(r, "batch_mode_gbs", json_real(bat));
+        json_object_set_new(r, "batch_mode_commits", json_integer((json_int_t)cbat));
+        json_object_set_new(r, "batch_mode_ratio", json_real(ref > 0 ? bat / ref : 0));
         json_object_set_new(r, "group_ratio", json_real(ref > 0 ? grp / ref : 0));
         json_object_set_new(r, "single_ratio", json_real(ref > 0 ? one / ref : 0));
         json_dumpf(r, stdout, JSON_INDENT(2));
@@ -573,6 +580,8 @@ static int slab_bench(int argc, char **argv)
                (unsigned long long)cgrp);
         printf("  durable, one put at a time            %8.3f GB/s  %.3f x ref, %llu commits\n",
                one, ref > 0 ? one / ref : 0, (unsigned long long)cone);
+        printf("  SYNC_BATCH (64 MiB / 100 ms), one put %8.3f GB/s  %.3f x ref, %llu commits\n",
+               bat, ref > 0 ? bat / ref : 0, (unsigned long long)cbat);
     }
     return 0;
 }

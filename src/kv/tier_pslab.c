@@ -14,6 +14,14 @@
  * brings back a chunk whose bytes are still right for its id (ids are
  * content hashes), so it costs space, never correctness.
  *
+ * Durability: the slab runs in SYNC_BATCH mode - a chunk is readable as
+ * soon as write returns and durable with the next group commit (64 MiB or
+ * 8 chunks of data, or 200 ms, or close). The store acknowledges a store
+ * once the chunk is in L1 and writes through to L2 in the background
+ * anyway, so a per-chunk fdatasync would only slow the write-through; a
+ * crash loses at most the last 200 ms of write-through, never returns a
+ * torn chunk, and never loses an older one.
+ *
  * Reads check everything the slab checks (payload XXH3) and the length:
  * a chunk of another length under the same id (another layout) is a miss.
  *
@@ -190,6 +198,11 @@ int ferry__kv_tier_pslab_open(const char *dir, uint64_t bytes, int direct, const
     o.engine = engine;
     o.flags = FERRY_PSLAB_CREATE;
     o.lanes = 4;
+    /* the store acknowledges a chunk when it is in L1; its write-through need
+     * not wait for the disk: batch the syncs (data still before records) */
+    o.sync = FERRY_PSLAB_SYNC_BATCH;
+    o.batch_bytes = FERRY__MAX((uint64_t)64 << 20, 8 * slot_bytes);
+    o.batch_ms = 200;
     int rc = ferry_pslab_open(&o, &p->ps);
     if (rc == FERRY_EMISMATCH) {
         /* a slab of another size: keep its chunks, size the tier by it */
