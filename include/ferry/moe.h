@@ -156,7 +156,8 @@ typedef struct ferry_moe_planner_options {
  *  - "s3fifo": S3-FIFO; O(1) amortised.
  *  - "routing": learned reuse probability per routing-feature cell (last
  *    turn, 8-turn window, recency, popularity, cross-layer partner),
- *    evicting the furthest predicted use in steps; O(num_layers + log slots).
+ *    evicting the furthest predicted use in steps; O(log num_layers +
+ *    log slots).
  *  - "belady": Belady's MIN, offline (needs the trace as oracle).
  * Every victim is unpinned (never an expert of the current step); ties go
  * to the lowest slot index.

@@ -38,10 +38,11 @@
  *
  * Within a layer, every expert's next turn is the same token, so experts
  * are ordered by 1/lambda alone in a per-layer heap whose keys change only
- * on those events; across layers the victim is the best of the layer heap
- * tops once each layer's next-turn token is added - O(num_layers) per
- * eviction plus O(log n) heap work, no scan of the slots. Ties go to the
- * lowest slot index.
+ * on those events; across layers a tournament tree over the layer heap
+ * tops, each with its layer's next-turn offset added, names the victim:
+ * O(log num_layers + log n) per eviction and per top change, no scan of the
+ * slots (a pinned best top - only a prefetch can leave one there - falls
+ * back to comparing every layer). Ties go to the lowest slot index.
  */
 #include <errno.h>
 #include <math.h>
@@ -88,6 +89,11 @@ typedef struct routing {
     uint32_t *turn_tok;        /* token of its last turn, NONE none */
     uint32_t *ring;            /* [L][RING][ring_cap] routed sets */
     uint32_t ring_cap;         /* min(E, RING_CAP): a prefill set is cut */
+    /* tournament over layers: the layer whose heap top is predicted
+     * furthest (its next-turn offset included), O(log L) per change */
+    uint32_t *seg;             /* [2 * seg_p] layer of the best leaf below */
+    uint32_t seg_p, seg_tok;
+    double *lval;              /* per layer: value of its top, -inf if empty */
     uint32_t *ring_n, *ring_tok; /* [L][RING] */
     /* learned */
     double opps[CELLS], uses[CELLS]; /* learned over all layers */
@@ -118,6 +124,8 @@ static void rt_fini(ferry__policy *p)
     ferry__free(s->ring_tok);
     ferry__free(s->succ);
     ferry__free(s->prev_ids);
+    ferry__free(s->seg);
+    ferry__free(s->lval);
 }
 
 static uint16_t cell_of(int last, uint32_t win, uint32_t pop, int hinted)
@@ -155,6 +163,8 @@ static void refresh_waits(routing *s)
         s->wait[c] = (s->opps[c] + 1.0) / (s->uses[c] + 0.125) - 1.0;
 }
 
+static void seg_rebuild(routing *s);
+
 static int rt_init(ferry__policy *p)
 {
     routing *s = (routing *)p;
@@ -174,7 +184,11 @@ static int rt_init(ferry__policy *p)
     s->ring_tok = ferry__malloc((size_t)L * RING * sizeof(uint32_t));
     s->succ = ferry__malloc(ids * SUCC_WAYS * sizeof(succ_entry));
     s->prev_ids = ferry__malloc((size_t)E * sizeof(uint32_t));
-    if (!s->lh || !s->pos || !s->scratch || !s->key || !s->x || !s->cell_count || !s->routes || !s->turn_tok || !s->ring ||
+    for (s->seg_p = 1; s->seg_p < L; s->seg_p *= 2)
+        ;
+    s->seg = ferry__malloc(2 * (size_t)s->seg_p * sizeof(uint32_t));
+    s->lval = ferry__malloc((size_t)L * sizeof(double));
+    if (!s->seg || !s->lval ||!s->lh || !s->pos || !s->scratch || !s->key || !s->x || !s->cell_count || !s->routes || !s->turn_tok || !s->ring ||
         !s->ring_n || !s->ring_tok || !s->succ || !s->prev_ids) {
         rt_fini(p);
         return -ENOMEM;
@@ -199,6 +213,7 @@ static int rt_init(ferry__policy *p)
     for (uint32_t l = 0; l < L; l++)
         s->cell_count[(size_t)l * CELLS + c0] = E;
     refresh_waits(s);
+    seg_rebuild(s);
     for (size_t i = 0; i < ids; i++) {
         s->x[i].last_tok = UINT32_MAX;
         s->x[i].hint_tok = UINT32_MAX;
@@ -227,12 +242,79 @@ static uint16_t compute_cell(const routing *s, uint32_t id, uint32_t tok)
 
 
 
+/* ---- the tournament over layers ----
+ * A layer's value is its heap top's predicted use, in steps from the start
+ * of the current token: (its next turn - token) * L + layer + wait * L. It
+ * changes when the layer's heap top changes, when the layer runs (its next
+ * turn moves a token on) and when the token changes (every layer's offset
+ * drops by L: a rebuild, O(L) once per token, O(1) amortised per step). */
+static double layer_value(const routing *s, uint32_t m)
+{
+    const ferry__heap *h = &s->lh[m];
+    if (!h->n)
+        return -INFINITY;
+    uint32_t L = s->base.env.num_layers, tok = *s->base.env.token;
+    uint32_t off = s->turn_tok[m] != UINT32_MAX && s->turn_tok[m] >= tok ? 1 : 0;
+    return (double)off * L + m - s->key[ferry__heap_top(h)];
+}
+
+static int seg_better(const routing *s, uint32_t a, uint32_t b)
+{
+    if (b == UINT32_MAX)
+        return a != UINT32_MAX;
+    if (a == UINT32_MAX)
+        return 0;
+    if (s->lval[a] != s->lval[b])
+        return s->lval[a] > s->lval[b];
+    return ferry__heap_top(&s->lh[a]) < ferry__heap_top(&s->lh[b]);
+}
+
+static void seg_pull(routing *s, size_t i)
+{
+    uint32_t a = s->seg[2 * i], b = s->seg[2 * i + 1];
+    s->seg[i] = seg_better(s, a, b) ? a : b;
+}
+
+static void seg_update(routing *s, uint32_t m)
+{
+    s->lval[m] = layer_value(s, m);
+    size_t i = s->seg_p + m;
+    s->seg[i] = s->lh[m].n ? m : UINT32_MAX;
+    for (i /= 2; i >= 1; i /= 2)
+        seg_pull(s, i);
+}
+
+static void seg_rebuild(routing *s)
+{
+    uint32_t L = s->base.env.num_layers;
+    for (uint32_t i = 0; i < s->seg_p; i++) {
+        if (i < L)
+            s->lval[i] = layer_value(s, i);
+        s->seg[s->seg_p + i] = i < L && s->lh[i].n ? i : UINT32_MAX;
+    }
+    for (size_t i = s->seg_p - 1; i >= 1; i--)
+        seg_pull(s, i);
+    s->seg_tok = *s->base.env.token;
+}
+
+/* set or drop a slot's key in its layer heap, keeping the tournament */
+static int lh_set(routing *s, uint32_t m, uint32_t slot, double key)
+{
+    uint32_t old_top = ferry__heap_top(&s->lh[m]);
+    int rc = ferry__heap_set(&s->lh[m], slot, key);
+    /* most re-keys move a slot below the top: the layer's value stands */
+    if (slot != old_top && ferry__heap_top(&s->lh[m]) == old_top)
+        return rc;
+    seg_update(s, m);
+    return rc;
+}
+
 /* re-key a resident slot from its cell */
 static void rekey(routing *s, uint32_t slot, uint32_t id)
 {
     uint32_t L = s->base.env.num_layers;
     double wait = cell_wait(s, s->x[id].cell);
-    (void)ferry__heap_set(&s->lh[id / s->base.env.num_experts], slot, -wait * L);
+    (void)lh_set(s, id / s->base.env.num_experts, slot, -wait * L);
 }
 
 /* move id to the cell it is in after its layer's turn at tok */
@@ -254,7 +336,9 @@ static void recell(routing *s, uint32_t id, uint32_t tok, int routed)
 
 static void rt_hit(ferry__policy *p, uint32_t slot, uint32_t id)
 {
-    /* re-keyed in end_step, once the turn is accounted */
+    /* re-keyed in end_step, once the turn is accounted; until then +inf
+     * (it is pinned) keeps it off its layer's top */
+    (void)lh_set((routing *)p, id / p->env.num_experts, slot, INFINITY);
 }
 
 static void hint(routing *s, uint32_t id, uint32_t tok);
@@ -268,19 +352,23 @@ static int rt_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
     if (prefetch) {
         uint32_t m = id / p->env.num_experts, tok = *p->env.token;
         uint32_t next = s->turn_tok[m] == UINT32_MAX || s->turn_tok[m] < tok ? tok : tok + 1;
-        int rc = ferry__heap_set(&s->lh[m], slot, -cell_wait(s, s->x[id].cell) * p->env.num_layers);
+        int rc = lh_set(s, m, slot, -cell_wait(s, s->x[id].cell) * p->env.num_layers);
         if (rc == 0 && p->env.where[id] == slot)
             hint(s, id, next);
         return rc;
     }
-    double wait = cell_wait(s, s->x[id].cell);
-    return ferry__heap_set(&s->lh[id / p->env.num_experts], slot, -wait * p->env.num_layers);
+    /* provisional: pinned for this step, re-keyed in end_step; +inf keeps
+     * it off its layer's top so the tournament never names it */
+    return lh_set(s, id / p->env.num_experts, slot, INFINITY);
 }
 
 static void rt_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
 {
     routing *s = (routing *)p;
-    ferry__heap_remove(&s->lh[id / p->env.num_experts], slot);
+    uint32_t m = id / p->env.num_experts, old_top = ferry__heap_top(&s->lh[m]);
+    ferry__heap_remove(&s->lh[m], slot);
+    if (slot == old_top)
+        seg_update(s, m);
 }
 
 static int rt_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slot)
@@ -289,19 +377,29 @@ static int rt_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slo
     if (have_free)
         return 1;
     uint32_t L = p->env.num_layers, tok = *p->env.token;
+    if (s->seg_tok != tok)
+        seg_rebuild(s);
+    uint32_t m = s->seg[1];
+    if (m == UINT32_MAX)
+        return -1;
+    uint32_t v = ferry__heap_top(&s->lh[m]);
+    if (!ferry__pinned(p, v)) {
+        *slot = v;
+        return 0;
+    }
+    /* the best top is pinned (a prefetch, or a layer all pinned): compare
+     * every layer's first unpinned - O(L), off the common path */
     uint32_t best = UINT32_MAX;
     double best_step = -INFINITY;
-    for (uint32_t m = 0; m < L; m++) {
+    for (m = 0; m < L; m++) {
         if (!s->lh[m].n)
             continue;
-        uint32_t v = ferry__heap_first_unpinned(&s->lh[m], p->env.pin_step, *p->env.step,
-                                                s->scratch, p->env.slots);
+        v = ferry__heap_first_unpinned(&s->lh[m], p->env.pin_step, *p->env.step, s->scratch,
+                                       p->env.slots);
         if (v == UINT32_MAX)
             continue;
-        /* its layer's next turn: this token if it has not run yet */
-        uint32_t next = s->turn_tok[m] == UINT32_MAX || s->turn_tok[m] < tok ? tok
-                                                                             : s->turn_tok[m] + 1;
-        double step = (double)next * L + m - s->key[v];
+        uint32_t off = s->turn_tok[m] != UINT32_MAX && s->turn_tok[m] >= tok ? 1 : 0;
+        double step = (double)off * L + m - s->key[v];
         if (step > best_step || (step == best_step && v < best)) {
             best_step = step;
             best = v;
@@ -401,6 +499,7 @@ routed:
         s->x[id].pop = pop_bucket(s, id);
     }
     s->turn_tok[layer] = tok;
+    seg_update(s, layer);
     /* experts whose features changed: routed now, routed at the previous
      * turn (leave "last"), routed 8 turns back (leave the window), hinted
      * for this turn (hint expires) */
