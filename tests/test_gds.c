@@ -861,6 +861,37 @@ static void out_of_memory_registers_nothing(void **state)
     }
 }
 
+
+static void out_of_memory_in_init_leaves_nothing(void **state)
+{
+    (void)state;
+    /* every allocation point of init in turn fails (and all after it): the
+     * context stays off, the driver was closed again, and nothing leaks */
+    int succeeded = 0;
+    for (uint64_t n = 1; n < 60 && !succeeded; n++) {
+        memset(&F, 0, sizeof F);
+        X.drv = fake_table();
+        X.cfg.custom_driver = &X.drv;
+        ft_alloc_install(n, 1);
+        ferry_gds *g = NULL;
+        int rc = ferry_gds_open(&X.cfg, &g);
+        if (rc == 0) {
+            succeeded = 1;
+            ferry_gds_close(g);
+        } else {
+            assert_null(g);
+            assert_int_equal(F.opened, F.closed);
+            assert_int_equal(F.handles, F.handle_deregs);
+        }
+        int64_t live = ft_alloc_live();
+        ft_alloc_reset();
+        if (live != 0)
+            fail_msg("n=%llu: %lld blocks leaked (rc %d: %s)", (unsigned long long)n,
+                     (long long)live, rc, ferry_last_error());
+    }
+    assert_true(succeeded); /* the loop reached the end of init's allocations */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -889,6 +920,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(slab_larger_than_free_disk, setup, teardown),
         cmocka_unit_test_setup_teardown(odirect_refused_falls_back_and_says_so, setup, teardown),
         cmocka_unit_test_setup_teardown(out_of_memory_registers_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(out_of_memory_in_init_leaves_nothing, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
