@@ -295,13 +295,7 @@ static int session_ready(ferry_remote *r, rsession *s, ferry__errbuf *eb)
 
 enum { RUN_OK = 0, RUN_DOWN = 1 };
 
-/*
- * Run cmds on a session (the writer's when ws is non-NULL, else one from
- * the pool) under the health rules. RUN_OK: every cmd has its reply.
- * RUN_DOWN: the remote is down, or went down during this call; eb says
- * why; nothing is in cmds. Negative: a failure that is not the remote's
- * health (out of memory, a cluster that redirects forever).
- */
+/* what a call asks of a session */
 typedef struct work {
     ferry__rcmd *cmds;
     size_t n;
@@ -316,6 +310,14 @@ static int do_work(const ferry__rtopo_ops *ops, void *st, work *w, uint64_t *red
     return ops->exec(st, w->cmds, w->n, redirects, eb);
 }
 
+/*
+ * Run w on a session (the writer's when ws is non-NULL, else one from the
+ * pool) under the health rules. RUN_OK: every command has its reply (or
+ * the GET's outcome is in w->get). RUN_DOWN: the remote is down, or went
+ * down during this call; eb says why; no replies are held. Negative: a
+ * failure that is not the remote's health (out of memory, a cluster that
+ * redirects forever).
+ */
 static int run_work(ferry_remote *r, rsession *ws, work *w, ferry__errbuf *eb)
 {
     char why[FERRY__ERRMSG_MAX];
