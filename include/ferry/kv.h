@@ -44,6 +44,30 @@
  * writer or a reader that never unpinned does not hold memory forever.
  * Deleting a locked chunk answers FERRY_ELOCKED.
  *
+ * Remote tier. With remote_url, a Redis/Valkey server (ferry/remote.h) is
+ * a third tier below L1 and L2, shared by every store (in any process or
+ * machine) that opens the same URL with the same model, TP rank/world,
+ * layout, chunk size and hash seed. A chunk's server key is the remote's
+ * key_prefix ("ferry:kv:" by default) and the 32 hex digits of its id
+ * (chunk hash xor the namespace digest of model, TP rank/world, salt), and
+ * its value carries a layout fingerprint, so a value written for another
+ * layout under the same key is refused (a miss). A store writes each new
+ * chunk through to the remote asynchronously (queued by a worker; never
+ * waiting on the network; dropped when the remote is down or its queue is
+ * full). A lookup that misses the local index asks the remote, in one
+ * pipelined round trip, about all the chunks from the first local miss
+ * on, and indexes those it has as resident in FERRY_KV_TIER_REMOTE; a
+ * retrieve (or prefetch) does the same for chunks it does not find
+ * locally, then fetches each remote chunk into an L1 slot (promotion;
+ * checksums verified by the remote module) before copying it out. A value
+ * that is gone, refused (other layout, corrupt) or unreachable is a miss
+ * for exactly that chunk, never bytes. While the remote is down (after a
+ * timeout or refused connection, for its backoff period) every remote
+ * question is answered as a miss at once. The index remembers at most
+ * remote_index_chunks remote-only chunks (forgetting one never deletes it
+ * on the server). ferry_kv_delete deletes the chunks' remote copies too;
+ * ferry_kv_clear is local only.
+ *
  * Eviction. Each tier has its own policy (LRU or S3-FIFO). When a tier's
  * usage reaches the watermark (0.8), chunks are evicted until usage is
  * watermark - evict_fraction (0.6); a locked chunk is never evicted. A
@@ -59,6 +83,7 @@
 
 #include "core.h"
 #include "device.h"
+#include "remote.h"
 #include "slab.h"
 
 #ifdef __cplusplus
@@ -182,7 +207,7 @@ enum ferry_kv_tier {
     FERRY_KV_TIER_NONE = 0,
     FERRY_KV_TIER_L1 = 1,       /**< host memory */
     FERRY_KV_TIER_L2 = 2,       /**< NVMe slab */
-    FERRY_KV_TIER_REMOTE = 3,   /**< reserved for the remote tier */
+    FERRY_KV_TIER_REMOTE = 3,   /**< Redis/Valkey (remote_url) */
     FERRY_KV_TIERS = 4
 };
 
@@ -215,10 +240,25 @@ typedef struct ferry_kv_config {
      * same l2_dir with the same model, TP rank/world, layout and chunk size.
      */
     int l2_persistent;
+    /**
+     * The remote tier: a Redis/Valkey URL (ferry/remote.h's grammar), NULL:
+     * none. ferry_kv_open connects (and fails when it cannot, unless
+     * remote_options->flags has FERRY_REMOTE_LAZY).
+     */
+    const char *remote_url;
+    /**
+     * Options of the remote client (timeouts, backoff, write queue bounds,
+     * TTL, connections, key_prefix, flags); NULL: the defaults. The store
+     * supplies the layout fingerprint (options->layout is ignored) and,
+     * when key_prefix is NULL, "ferry:kv:". Copied at open.
+     */
+    const ferry_remote_options *remote_options;
+    /** Remote-only chunks the index remembers at most; 0 -> 65536. */
+    uint64_t remote_index_chunks;
 } ferry_kv_config;
 #define FERRY_KV_CONFIG_INIT \
     {sizeof(ferry_kv_config), NULL, 0, 1, FERRY_KV_LAYOUT_INIT, 0, 0, 0, NULL, 0, 1, NULL, \
-     FERRY_KV_EVICT_LRU, FERRY_KV_EVICT_LRU, 0, 0, 0, 0, NULL, 0, 0, 0}
+     FERRY_KV_EVICT_LRU, FERRY_KV_EVICT_LRU, 0, 0, 0, 0, NULL, 0, 0, 0, NULL, NULL, 0}
 
 typedef struct ferry_kv ferry_kv;
 
@@ -276,8 +316,10 @@ typedef struct ferry_kv_req {
  * a partial last chunk with FERRY_KV_PARTIAL). req->tiers (if set) gets the
  * tier of each chunk looked at (the first miss gets NONE; later entries are
  * not written). Takes no locks: a chunk may be evicted before a retrieve
- * (pin it with ferry_kv_pin() to prevent that). Errors: -EINVAL (tokens
- * NULL, n 0).
+ * (pin it with ferry_kv_pin() to prevent that). With a remote tier, a
+ * local miss costs one pipelined round trip to the server (none while it
+ * is down: a miss at once); a chunk the remote has is reported as
+ * FERRY_KV_TIER_REMOTE. Errors: -EINVAL (tokens NULL, n 0).
  */
 FERRY_API int ferry_kv_lookup(ferry_kv *kv, const int32_t *tokens, size_t n,
                               const ferry_kv_req *req);
@@ -341,8 +383,8 @@ FERRY_API int ferry_kv_op_test(ferry_kv_op *op);
 FERRY_API void ferry_kv_op_free(ferry_kv_op *op);
 
 /**
- * Bring the leading chunks of tokens that are only in L2 up to L1 in the
- * background, up to cfg->prefetch_max_bytes in flight (chunks beyond the
+ * Bring the leading chunks of tokens that are only in L2 (or the remote
+ * tier, asked as a lookup asks it) up to L1 in the background, up to cfg->prefetch_max_bytes in flight (chunks beyond the
  * bound are not queued). Returns the number of leading tokens that are in
  * L1 or on their way. Errors: -EINVAL.
  */
@@ -362,16 +404,23 @@ FERRY_API int ferry_kv_unpin(ferry_kv *kv, const int32_t *tokens, size_t n,
 
 /**
  * Delete the chunks of tokens from every tier. Returns the number of
- * chunks deleted. A chunk that is locked (pinned, being read or written)
- * is left in place and the call returns FERRY_ELOCKED after deleting the
- * others.
+ * chunks deleted (from at least one tier). A chunk that is locked (pinned,
+ * being read or written) is left in place and the call returns
+ * FERRY_ELOCKED after deleting the others. With a remote tier the chunks'
+ * server copies are deleted too (one pipelined round trip); while the
+ * remote is down they stay there, and a write-through of the same chunk
+ * still queued may land after the delete.
  */
 FERRY_API int ferry_kv_delete(ferry_kv *kv, const int32_t *tokens, size_t n,
                               const ferry_kv_req *req);
-/** Delete every unlocked chunk. Returns the number deleted, or FERRY_ELOCKED
- *  when locked chunks remain (the others are deleted). */
+/** Delete every unlocked chunk from the local tiers (the remote tier's
+ *  server copies stay: other stores may share them). Returns the number
+ *  deleted, or FERRY_ELOCKED when locked chunks remain (the others are
+ *  deleted). */
 FERRY_API int ferry_kv_clear(ferry_kv *kv);
-/** Wait until every queued op, write-through and prefetch is done. */
+/** Wait until every queued op, write-through and prefetch is done and,
+ *  with a remote tier, every write-through queued for the server was
+ *  written or dropped (each write bounded by the remote's timeouts). */
 FERRY_API int ferry_kv_flush(ferry_kv *kv);
 
 /* ---- metrics ---- */
@@ -411,6 +460,23 @@ typedef struct ferry_kv_stats {
     uint64_t lookup_ns[FERRY_KV_HIST_BUCKETS];
     uint64_t store_ns[FERRY_KV_HIST_BUCKETS];
     uint64_t retrieve_ns[FERRY_KV_HIST_BUCKETS];
+    /* the remote tier (all 0 without one); tier[FERRY_KV_TIER_REMOTE] has
+     * its hits (chunks lookups and retrieves found only there), bytes and
+     * the remote-only chunks the index remembers */
+    uint64_t remote_lookups;       /**< round trips asking which chunks the remote has */
+    uint64_t remote_lookup_chunks; /**< chunks asked about */
+    uint64_t remote_found_chunks;  /**< chunks it had (a leading run of those asked) */
+    uint64_t remote_puts;          /**< write-throughs queued for the remote */
+    uint64_t remote_put_bytes;     /**< their payload bytes */
+    uint64_t remote_written;       /**< values the server acknowledged */
+    uint64_t remote_dropped;       /**< write-throughs dropped (remote down, queue full) */
+    uint64_t remote_gets;          /**< chunk fetches */
+    uint64_t remote_get_bytes;     /**< payload bytes fetched and verified */
+    uint64_t remote_misses;        /**< fetches that found nothing (gone, or remote down) */
+    uint64_t remote_refused;       /**< values refused: other layout or key, corrupt, newer format */
+    uint64_t remote_errors;        /**< transport failures and error replies */
+    uint64_t remote_degraded;      /**< remote calls answered at once because it was down */
+    uint32_t remote_down;          /**< 1 while the remote is marked down */
 } ferry_kv_stats;
 
 /** A snapshot of the store's counters into *out (all of it). Errors: -EINVAL (NULL). */

@@ -118,6 +118,9 @@ int ferry_kv_flush(ferry_kv *kv)
     while (!all_idle(kv))
         pthread_cond_wait(&kv->idle, &kv->qmu);
     pthread_mutex_unlock(&kv->qmu);
+    /* the write-throughs the workers handed to the remote's queue */
+    if (kv->tier[FERRY_KV_TIER_REMOTE])
+        ferry__kv_remote_flush(kv->tier[FERRY_KV_TIER_REMOTE]);
     return 0;
 }
 

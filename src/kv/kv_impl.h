@@ -56,19 +56,19 @@ struct ferry__kv_entry {
  * read/write run under kv->mu; read/write run without it (the caller holds
  * the entry), possibly from several threads at once.
  *
- * Adding a tier (the remote tier of issue 6 over ferry/remote.h) is adding
- * a file with these ops and a slot in kv->tier[]: reserve hands out a
- * dummy location (the server keeps the bytes), write is ferry_remote_put
- * under a key made from `id` (the chunk hash xor the namespace digest of
- * model, TP rank/world and salt, so every process agrees on it), read is
- * ferry_remote_get, release deletes or lets the server's TTL do it. The
- * store already falls through by residency bits (lookup reports
- * FERRY_KV_TIER_REMOTE for a chunk resident only there; retrieve and
- * prefetch promote the copy of the nearest tier below L1); what a remote
- * tier adds is finding chunks this
- * process never indexed: on a local miss, lookup would ask the remote
- * (ferry_remote_exists, pipelined) and index what it finds as resident in
- * FERRY_KV_TIER_REMOTE only.
+ * The remote tier (tier_remote.c, over ferry/remote.h) implements the same
+ * ops: reserve hands out a dummy location (the server keeps the bytes),
+ * write is ferry_remote_put under a key made from `id` (the chunk hash xor
+ * the namespace digest of model, TP rank/world and salt, so every process
+ * agrees on it), read is ferry_remote_get, release only forgets. The store
+ * falls through by residency bits (lookup reports FERRY_KV_TIER_REMOTE for
+ * a chunk resident only there; retrieve and prefetch promote the copy of
+ * the nearest tier below L1); on a local miss, lookup / retrieve /
+ * prefetch ask the remote (ferry__kv_remote_exists, pipelined) and index
+ * what it has as resident in FERRY_KV_TIER_REMOTE only. Stored chunks are
+ * written through (a JOB_RWRITE per chunk) but not marked resident there:
+ * the put may still be dropped, so only the server's answer makes a chunk
+ * remote-resident.
  */
 typedef struct ferry__kv_tier_ops {
     const char *name;
@@ -109,6 +109,23 @@ int ferry__kv_tier_l1_open(ferry_device *dev, uint64_t slot_bytes, uint64_t capa
 int ferry__kv_tier_l2_open(const char *dir, uint64_t bytes, int direct, const char *engine,
                            uint64_t slot_bytes, ferry__errbuf *eb, ferry__kv_tier **out);
 void ferry__kv_tier_free(ferry__kv_tier *t);
+/* the remote tier: a ferry_remote on url with opt (layout and key prefix
+ * already set); capacity = remote-only chunks the index may remember */
+int ferry__kv_tier_remote_open(const char *url, const ferry_remote_options *opt,
+                               uint64_t chunk_bytes, uint64_t slot_bytes, uint64_t capacity,
+                               ferry__errbuf *eb, ferry__kv_tier **out);
+/* how many of ids[0..n), counted from the first, the server has (one
+ * pipelined round trip; 0 while it is down); outside kv->mu */
+int ferry__kv_remote_exists(ferry__kv_tier *t, const ferry_kv_hash *ids, size_t n);
+/* delete ids[0..n) on the server; how many existed, or a code */
+int ferry__kv_remote_delete(ferry__kv_tier *t, const ferry_kv_hash *ids, size_t n);
+/* wait until the puts queued so far were written or dropped */
+int ferry__kv_remote_flush(ferry__kv_tier *t);
+/* fill m's remote_* fields */
+void ferry__kv_remote_counts(ferry__kv_tier *t, ferry_kv_stats *m);
+/* the server key of a chunk id, without the prefix: 32 hex digits (hi
+ * then lo) and a NUL; len >= 33. Returns 32 or -EINVAL. */
+int ferry__kv_remote_key(const ferry_kv_hash *id, char *buf, size_t len);
 
 /* ---- eviction policies ---- */
 typedef int (*ferry__kv_evictable_fn)(ferry__kv_entry *e, void *ctx);
@@ -169,7 +186,12 @@ int ferry__kv_xfer(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t t
                    uint32_t ntok, void *chunk, int to_chunk, ferry_stream *s, ferry__errbuf *eb);
 
 /* ---- the store ---- */
-enum { FERRY__KV_JOB_OP = 1, FERRY__KV_JOB_L2WRITE = 2, FERRY__KV_JOB_PREFETCH = 3 };
+enum {
+    FERRY__KV_JOB_OP = 1,
+    FERRY__KV_JOB_L2WRITE = 2,
+    FERRY__KV_JOB_PREFETCH = 3,
+    FERRY__KV_JOB_RWRITE = 4 /* write-through to the remote tier from the L1 slot */
+};
 enum { FERRY__KV_OP_STORE = 1, FERRY__KV_OP_RETRIEVE = 2 };
 
 typedef struct ferry__kv_job {
@@ -224,7 +246,7 @@ struct ferry_kv {
     ferry_stream **streams;        /* idle streams (under mu) */
     unsigned nstreams, cap_streams;
     uint64_t prefetch_inflight, prefetch_max;
-    uint64_t l2_writes_inflight;   /* write-throughs holding an L1 slot */
+    uint64_t l2_writes_inflight;   /* write-throughs (L2 or remote) holding an L1 slot */
 
     /* workers: q[0] runs async operations (which may wait for a chunk's
      * promotion), q[1] runs write-throughs and prefetch reads (which never

@@ -103,6 +103,8 @@ int ferry_kv_metrics(ferry_kv *kv, ferry_kv_stats *out)
         ts->bytes_read = LD(tr->bytes_read);
         ts->failures = LD(tr->failures);
     }
+    if (kv->tier[FERRY_KV_TIER_REMOTE])
+        ferry__kv_remote_counts(kv->tier[FERRY_KV_TIER_REMOTE], &m);
     hist_copy(m.lookup_ns, &kv->h_lookup);
     hist_copy(m.store_ns, &kv->h_store);
     hist_copy(m.retrieve_ns, &kv->h_retrieve);
@@ -223,6 +225,34 @@ int ferry_kv_metrics_prometheus(ferry_kv *kv, char *buf, size_t len)
                 offsetof(ferry_kv_tier_stats, chunks), 0);
     tier_family(&b, kv, &m, "usage_ratio", "gauge", "Used over capacity.",
                 offsetof(ferry_kv_tier_stats, usage), 1);
+    if (kv->tier[FERRY_KV_TIER_REMOTE]) {
+        counter(&b, "remote_lookups_total", "Round trips asking the remote which chunks it has.",
+                m.remote_lookups);
+        counter(&b, "remote_lookup_chunks_total", "Chunks asked of the remote.",
+                m.remote_lookup_chunks);
+        counter(&b, "remote_found_chunks_total", "Chunks the remote had.", m.remote_found_chunks);
+        counter(&b, "remote_puts_total", "Write-throughs queued for the remote.", m.remote_puts);
+        counter(&b, "remote_put_bytes_total", "Payload bytes of write-throughs queued.",
+                m.remote_put_bytes);
+        counter(&b, "remote_written_total", "Values the remote server acknowledged.",
+                m.remote_written);
+        counter(&b, "remote_dropped_total", "Write-throughs dropped (remote down, queue full).",
+                m.remote_dropped);
+        counter(&b, "remote_gets_total", "Chunk fetches from the remote.", m.remote_gets);
+        counter(&b, "remote_get_bytes_total", "Payload bytes fetched and verified.",
+                m.remote_get_bytes);
+        counter(&b, "remote_misses_total", "Fetches that found nothing (gone, or remote down).",
+                m.remote_misses);
+        counter(&b, "remote_refused_total",
+                "Values refused (other layout or key, corrupt, newer format).", m.remote_refused);
+        counter(&b, "remote_errors_total", "Remote transport failures and error replies.",
+                m.remote_errors);
+        counter(&b, "remote_degraded_total", "Remote calls answered at once while it was down.",
+                m.remote_degraded);
+        put(&b, "# HELP ferry_kv_remote_down 1 while the remote is marked down.\n"
+                "# TYPE ferry_kv_remote_down gauge\nferry_kv_remote_down %u\n",
+            m.remote_down);
+    }
     histogram(&b, "lookup", "Lookup latency.", m.lookup_ns, &kv->h_lookup);
     histogram(&b, "store", "Store latency.", m.store_ns, &kv->h_store);
     histogram(&b, "retrieve", "Retrieve latency.", m.retrieve_ns, &kv->h_retrieve);

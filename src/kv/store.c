@@ -24,10 +24,19 @@
  * Nothing half-written becomes visible: an entry turns READY only after all
  * its bytes landed (device copies synchronized); if any copy fails, the
  * entries of that call are removed and their slots released.
+ *
+ * The remote tier (tier_remote.c) never makes the engine wait on the
+ * network except for what it asked: a lookup or retrieve that misses
+ * locally asks the server once (pipelined) about the rest of the request,
+ * and the chunks it reads are promoted into L1 slots like L2's. Its
+ * write-throughs are queued on the I/O workers, which hand them to the
+ * remote's own bounded queue. A chunk only becomes remote-resident in the
+ * index on the server's word (exists), never because a put was queued.
  */
 #include <errno.h>
 #include <stddef.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -105,6 +114,12 @@ static int tier_io(ferry_kv *kv, ferry__kv_tier *t, int write, uint64_t loc,
     else
         rc = write ? t->ops->write(t, loc, id, buf, len) : t->ops->read(t, loc, id, buf, len);
     if (rc < 0) {
+        /* the remote answering "not there" or dropping a write-through
+         * while it is down is a miss, counted by that tier, not a failure
+         * (and no warning per chunk for as long as it is down) */
+        if (t->id == FERRY_KV_TIER_REMOTE &&
+            (rc == FERRY_ENOTFOUND || rc == -EAGAIN || rc == FERRY_ENOSPACE))
+            return rc;
         atomic_fetch_add(&t->failures, 1);
         atomic_fetch_add(&kv->failures, 1);
         FERRY_LOGW("kv %s: %s of chunk %016llx%016llx at %llu failed: %s", t->ops->name,
@@ -446,11 +461,125 @@ static void set_tier(const ferry_kv_req *req, size_t i, int tier)
         req->tiers[i] = (uint8_t)tier;
 }
 
+/* ---- the remote tier: finding chunks this process never indexed ---- */
+
+/* the tier a lookup reports for e (the nearest holding it) */
+static int top_tier(const ferry__kv_entry *e)
+{
+    return (e->resident & (1u << FERRY_KV_TIER_L1))   ? FERRY_KV_TIER_L1
+           : (e->resident & (1u << FERRY_KV_TIER_L2)) ? FERRY_KV_TIER_L2
+                                                      : FERRY_KV_TIER_REMOTE;
+}
+
+/* usable by a lookup or retrieve: ready, and held by a tier or on its way to L1 */
+static int present(const ferry__kv_entry *e)
+{
+    return e && e->state == FERRY__KV_READY && (e->resident || e->l1_loading);
+}
+
+/*
+ * Ask the remote which of ids[0..cnt) (chunks first.. of a request of n
+ * tokens) it has, counted from the first, and record that in the index:
+ * a chunk not indexed gets a READY entry resident in the remote tier only,
+ * an indexed ready one gains the remote bit. Stops at a chunk being
+ * written here (invisible until its writer commits). One round trip,
+ * outside kv->mu; nothing at all while the remote is down. Returns how
+ * many leading chunks of ids the remote has and the index now shows.
+ */
+static size_t remote_discover(ferry_kv *kv, const ferry_kv_hash *ids, size_t cnt, size_t first,
+                              size_t n)
+{
+    ferry__kv_tier *rt = kv->tier[FERRY_KV_TIER_REMOTE];
+    if (!rt || !cnt)
+        return 0;
+    int got = ferry__kv_remote_exists(rt, ids, cnt);
+    if (got <= 0)
+        return 0;
+    size_t i;
+    pthread_mutex_lock(&kv->mu);
+    uint64_t now = now_ns(kv);
+    for (i = 0; i < (size_t)got; i++) {
+        ferry__kv_entry *e = find(kv, ids[i]);
+        if (e && e->state != FERRY__KV_READY && write_locked(e, now))
+            break;
+        if (e && (e->resident & (1u << FERRY_KV_TIER_REMOTE)))
+            continue;
+        if (e && e->state != FERRY__KV_READY) {
+            /* a writer that outlived its lock: reclaim its entry */
+            atomic_fetch_add(&kv->lock_expired, 1);
+            doom(kv, e);
+            e = NULL;
+        }
+        ferry__kv_entry *ne = e ? NULL : ferry__calloc(1, sizeof *ne);
+        uint64_t loc;
+        if ((!e && !ne) || reserve(kv, FERRY_KV_TIER_REMOTE, now, &loc, 0) < 0) {
+            ferry__free(ne);
+            break;
+        }
+        if (!e) {
+            ne->id = ids[i];
+            ne->state = FERRY__KV_READY;
+            ne->tokens = chunk_ntok(kv, first + i, n);
+            for (int t = 0; t < FERRY_KV_TIERS; t++)
+                ne->loc[t] = UINT64_MAX;
+            index_insert(kv, ne);
+            e = ne;
+        }
+        e->loc[FERRY_KV_TIER_REMOTE] = loc;
+        e->resident |= 1u << FERRY_KV_TIER_REMOTE;
+        rt->policy->ops->insert(rt->policy, e);
+    }
+    pthread_mutex_unlock(&kv->mu);
+    return i;
+}
+
+/* with a remote tier: discover from the first of ids[0..nch) that is not
+ * present locally (retrieve and prefetch ask before they read) */
+static void remote_discover_missing(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n)
+{
+    if (!kv->tier[FERRY_KV_TIER_REMOTE])
+        return;
+    size_t first = nch;
+    pthread_mutex_lock(&kv->mu);
+    for (size_t i = 0; i < nch; i++)
+        if (!present(find(kv, ids[i]))) {
+            first = i;
+            break;
+        }
+    pthread_mutex_unlock(&kv->mu);
+    if (first < nch)
+        remote_discover(kv, ids + first, nch - first, first, n);
+}
+
 /* ---- lookup ---- */
 
 /* Lookup hashes as it goes, a block of chunks at a time, and stops at the
- * first miss: a cold prompt costs one block of hashing, not all of it. */
+ * first miss: a cold prompt costs one block of hashing, not all of it.
+ * With a remote tier, the first local miss hashes the rest of the prompt
+ * and asks the remote about all of it in one round trip, then walks the
+ * index once more from there. */
 #define LOOKUP_BLOCK 16
+
+/* walk ids[0..cnt) (chunks first..) under mu: count leading present
+ * chunks, touching and reporting each; returns how many */
+static size_t lookup_walk(ferry_kv *kv, const ferry_kv_hash *ids, size_t cnt, size_t first,
+                          size_t n, const ferry_kv_req *req, uint64_t *hits, size_t *tokens)
+{
+    size_t j;
+    for (j = 0; j < cnt; j++) {
+        ferry__kv_entry *e = find(kv, ids[j]);
+        if (!e || e->state != FERRY__KV_READY || !e->resident)
+            break;
+        int tier = top_tier(e);
+        ferry__kv_tier *t = kv->tier[tier];
+        if (t)
+            t->policy->ops->touch(t->policy, e);
+        hits[tier]++;
+        set_tier(req, first + j, tier);
+        *tokens += chunk_ntok(kv, first + j, n);
+    }
+    return j;
+}
 
 int ferry_kv_lookup(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
 {
@@ -468,33 +597,46 @@ int ferry_kv_lookup(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_k
     if (nch > INT32_MAX / 2)
         return ferry__kv_err(kv, -EINVAL, "kv lookup: %zu tokens is too many", n);
     ferry_kv_hash ns = ns_of(kv, req), prev = {0, 0}, blk[LOOKUP_BLOCK];
-    size_t hit = 0, i = 0;
-    int missed = 0;
+    size_t hit = 0, i = 0, k = 0, got = 0;
     uint64_t hits[FERRY_KV_TIERS] = {0};
-    while (i < nch && !missed) {
-        size_t k = FERRY__MIN((size_t)LOOKUP_BLOCK, nch - i);
+    while (i < nch) {
+        k = FERRY__MIN((size_t)LOOKUP_BLOCK, nch - i);
         ferry__kv_hash_step(kv->seed, tokens, n, kv->chunk_tokens, i, k, &prev, blk);
-        pthread_mutex_lock(&kv->mu);
-        for (size_t j = 0; j < k; j++, i++) {
-            ferry_kv_hash id = {blk[j].lo ^ ns.lo, blk[j].hi ^ ns.hi};
-            ferry__kv_entry *e = find(kv, id);
-            if (!e || e->state != FERRY__KV_READY || !e->resident) {
-                missed = 1;
-                break;
-            }
-            int tier = (e->resident & (1u << FERRY_KV_TIER_L1))   ? FERRY_KV_TIER_L1
-                       : (e->resident & (1u << FERRY_KV_TIER_L2)) ? FERRY_KV_TIER_L2
-                                                                  : FERRY_KV_TIER_REMOTE;
-            ferry__kv_tier *t = kv->tier[tier];
-            if (t)
-                t->policy->ops->touch(t->policy, e);
-            hits[tier]++;
-            set_tier(req, i, tier);
-            hit += chunk_ntok(kv, i, n);
+        for (size_t j = 0; j < k; j++) {
+            blk[j].lo ^= ns.lo;
+            blk[j].hi ^= ns.hi;
         }
+        pthread_mutex_lock(&kv->mu);
+        got = lookup_walk(kv, blk, k, i, n, req, hits, &hit);
         pthread_mutex_unlock(&kv->mu);
+        i += got;
+        if (got < k)
+            break;
     }
-    if (missed)
+    if (i < nch && kv->tier[FERRY_KV_TIER_REMOTE]) {
+        /* ids of chunks i..nch: the rest of this block, then hash the rest */
+        size_t cnt = nch - i, have = k - got;
+        ferry_kv_hash stack[STACK_CHUNKS], *ids = stack;
+        if (cnt > STACK_CHUNKS)
+            ids = ferry__malloc(cnt * sizeof *ids);
+        if (ids) {
+            memcpy(ids, blk + got, have * sizeof *ids);
+            if (cnt > have)
+                ferry__kv_hash_step(kv->seed, tokens, n, kv->chunk_tokens, i + have, cnt - have,
+                                    &prev, ids + have);
+            for (size_t j = have; j < cnt; j++) {
+                ids[j].lo ^= ns.lo;
+                ids[j].hi ^= ns.hi;
+            }
+            remote_discover(kv, ids, cnt, i, n);
+            pthread_mutex_lock(&kv->mu);
+            i += lookup_walk(kv, ids, cnt, i, n, req, hits, &hit);
+            pthread_mutex_unlock(&kv->mu);
+            if (ids != stack)
+                ferry__free(ids);
+        }
+    }
+    if (i < nch)
         set_tier(req, i, FERRY_KV_TIER_NONE);
     for (int t = 1; t < FERRY_KV_TIERS; t++)
         if (hits[t] && kv->tier[t])
@@ -511,7 +653,8 @@ int ferry_kv_lookup(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_k
 typedef struct pend {
     ferry__kv_entry *e;
     size_t chunk;
-    ferry__kv_job *job; /* write-through, when L2 is configured */
+    ferry__kv_job *job;  /* write-through, when L2 is configured */
+    ferry__kv_job *rjob; /* write-through to the remote tier, when configured */
 } pend;
 
 /*
@@ -607,6 +750,7 @@ int ferry__kv_do_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
             p[np].e = ne;
             p[np].chunk = i;
             p[np].job = NULL;
+            p[np].rjob = NULL;
             np++;
         }
         pthread_mutex_unlock(&kv->mu);
@@ -637,6 +781,9 @@ int ferry__kv_do_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
         if (kv->tier[FERRY_KV_TIER_L2] && copy_rc == 0)
             for (size_t k = 0; k < np; k++)
                 p[k].job = ferry__calloc(1, sizeof(ferry__kv_job));
+        if (kv->tier[FERRY_KV_TIER_REMOTE] && copy_rc == 0)
+            for (size_t k = 0; k < np; k++)
+                p[k].rjob = ferry__calloc(1, sizeof(ferry__kv_job));
 
         /* 3. commit: READY (visible), or remove what this batch placed */
         ferry__kv_job *head = NULL, **tail = &head;
@@ -654,6 +801,7 @@ int ferry__kv_do_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
                 }
                 put(kv, e);
                 ferry__free(p[k].job);
+                ferry__free(p[k].rjob);
                 continue;
             }
             e->state = FERRY__KV_READY;
@@ -676,6 +824,18 @@ int ferry__kv_do_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
                 tail = &j->next;
             } else {
                 ferry__free(j);
+            }
+            if ((j = p[k].rjob) != NULL) {
+                /* the worker hands the L1 copy to the remote's queue; the
+                 * slot stays read-locked until then */
+                kv->l2_writes_inflight++;
+                read_lock(kv, e, now);
+                e->refs++;
+                j->kind = FERRY__KV_JOB_RWRITE;
+                j->e = e;
+                j->l1_loc = e->loc[FERRY_KV_TIER_L1];
+                *tail = j;
+                tail = &j->next;
             }
             put(kv, e);
         }
@@ -746,6 +906,18 @@ void ferry__kv_job_run(ferry_kv *kv, ferry__kv_job *j)
     ferry__kv_entry *e = j->e;
     ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1], *l2 = kv->tier[FERRY_KV_TIER_L2];
     void *slot = l1->ops->host_ptr(l1, j->l1_loc);
+    if (j->kind == FERRY__KV_JOB_RWRITE) {
+        /* a failure is counted (a drop while the remote is down is not a
+         * failure); the chunk is not marked remote-resident either way */
+        tier_io(kv, kv->tier[FERRY_KV_TIER_REMOTE], 1, 0, &e->id, slot, kv->chunk_bytes);
+        pthread_mutex_lock(&kv->mu);
+        kv->l2_writes_inflight--;
+        pthread_cond_broadcast(&kv->loaded);
+        read_unlock(e);
+        put(kv, e);
+        pthread_mutex_unlock(&kv->mu);
+        return;
+    }
     if (j->kind == FERRY__KV_JOB_L2WRITE) {
         int rc = tier_io(kv, l2, 1, j->l2_loc, &e->id, slot, kv->slot_bytes);
         pthread_mutex_lock(&kv->mu);
@@ -847,6 +1019,7 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
     int lower = 0;
     for (int t = FERRY_KV_TIER_L2; t < FERRY_KV_TIERS; t++)
         lower |= kv->tier[t] != NULL;
+    remote_discover_missing(kv, ids, nch, n);
     if (lower)
         prefetch_ids(kv, ids, nch, n, 0, ahead);
     for (size_t i = 0; i < nch; i++) {
@@ -1136,6 +1309,7 @@ int ferry_kv_prefetch(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry
     int nch = make_ids(kv, tokens, n, req, "prefetch", stack, &ids);
     if (nch < 0)
         return nch;
+    remote_discover_missing(kv, ids, (size_t)nch, n);
     size_t lead = prefetch_ids(kv, ids, (size_t)nch, n, 1, NULL);
     if (ids != stack)
         ferry__free(ids);
@@ -1191,12 +1365,20 @@ int ferry_kv_delete(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_k
         return nch;
     int deleted = 0;
     size_t locked_at = SIZE_MAX;
+    ferry__kv_tier *rt = kv->tier[FERRY_KV_TIER_REMOTE];
+    /* with a remote: the ids to delete there, those deleted here first
+     * (ngone), then those not indexed here (counted by the server) */
+    ferry_kv_hash *rids = rt ? ferry__malloc((size_t)nch * sizeof *rids) : NULL;
+    size_t ngone = 0, nabsent = 0;
     pthread_mutex_lock(&kv->mu);
     uint64_t now = now_ns(kv);
     for (size_t i = 0; i < (size_t)nch; i++) {
         ferry__kv_entry *e = find(kv, ids[i]);
-        if (!e)
+        if (!e) {
+            if (rids)
+                rids[(size_t)nch - 1 - nabsent++] = ids[i];
             continue;
+        }
         if (locked(kv, e, now)) {
             if (locked_at == SIZE_MAX)
                 locked_at = i;
@@ -1205,10 +1387,24 @@ int ferry_kv_delete(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_k
         count_expired(kv, e);
         doom(kv, e);
         deleted++;
+        if (rids)
+            rids[ngone++] = ids[i];
     }
     pthread_mutex_unlock(&kv->mu);
     if (ids != stack)
         ferry__free(ids);
+    if (rt && !rids) {
+        FERRY_LOGW("kv delete: out of memory for %d remote keys; the remote copies stay", nch);
+    } else if (rt) {
+        int r1 = ferry__kv_remote_delete(rt, rids, ngone);
+        int r2 = ferry__kv_remote_delete(rt, rids + (size_t)nch - nabsent, nabsent);
+        if (r2 > 0)
+            deleted += r2;
+        if (r1 < 0 || r2 < 0)
+            FERRY_LOGD("kv delete: the remote copies of some chunks stay: %s",
+                       ferry_last_error());
+        ferry__free(rids);
+    }
     atomic_fetch_add(&kv->deleted, (uint64_t)deleted);
     if (locked_at != SIZE_MAX)
         return ferry__kv_err(kv, FERRY_ELOCKED,
@@ -1303,6 +1499,39 @@ static void kv_free(ferry_kv *kv)
     ferry__free(kv);
 }
 
+/* the remote tier: the caller's options with the store's layout
+ * fingerprint and key prefix */
+static int open_remote(ferry_kv *kv, const ferry_kv_config *cfg, const char *url)
+{
+    ferry_remote_options ro = FERRY_REMOTE_OPTIONS_INIT;
+    const ferry_remote_options *uo = cfg->remote_options;
+    if (uo) {
+        if (uo->size < offsetof(ferry_remote_options, flags) + sizeof(uint32_t) ||
+            uo->size > sizeof ro)
+            return ferry__err_set(&kv->err, -EINVAL,
+                                  "kv open: remote_options size field %zu is not %zu", uo->size,
+                                  sizeof ro);
+        memcpy(&ro, uo, uo->size);
+    }
+    ro.size = sizeof ro;
+    if (!ro.key_prefix)
+        ro.key_prefix = "ferry:kv:";
+    /* everything that makes the bytes of a chunk mean something: a value
+     * written under another fingerprint is refused as a miss */
+    char fp[FERRY_REMOTE_LAYOUT_MAX];
+    int fl = snprintf(fp, sizeof fp,
+                      "ferry-kv/1;layers=%u;kv=%u;heads=%u;head_dim=%u;dtype=%s;chunk_tokens=%u;"
+                      "seed=%016llx;tp=%u/%u;model=%s",
+                      kv->layout.num_layers, kv->layout.kv, kv->layout.num_heads,
+                      kv->layout.head_dim, ferry_dtype_name(kv->layout.dtype), kv->chunk_tokens,
+                      (unsigned long long)kv->seed, kv->tp_rank, kv->tp_world, kv->model);
+    ro.layout = fp;
+    ro.layout_len = fl < 0 ? 0 : FERRY__MIN((size_t)fl, sizeof fp - 1);
+    uint64_t cap = cfg->remote_index_chunks ? cfg->remote_index_chunks : 65536;
+    return ferry__kv_tier_remote_open(url, &ro, kv->chunk_bytes, kv->slot_bytes, cap, &kv->err,
+                                      &kv->tier[FERRY_KV_TIER_REMOTE]);
+}
+
 int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out)
 {
     if (!cfg || !out || cfg->size < sizeof(ferry_kv_config) || !cfg->model)
@@ -1372,14 +1601,23 @@ int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out)
                         : ferry__kv_tier_l2_open(cfg->l2_dir, cfg->l2_bytes, cfg->l2_direct,
                                                  cfg->l2_engine, slot, eb,
                                                  &kv->tier[FERRY_KV_TIER_L2]);
+    const char *remote_url =
+        cfg->size >= offsetof(ferry_kv_config, remote_index_chunks) + sizeof(uint64_t)
+            ? cfg->remote_url
+            : NULL;
+    if (rc == 0 && remote_url)
+        rc = open_remote(kv, cfg, remote_url);
     uint64_t chunks = 0;
     for (int t = 1; rc == 0 && t < FERRY_KV_TIERS; t++) {
         ferry__kv_tier *tr = kv->tier[t];
         if (!tr)
             continue;
-        int pol = t == FERRY_KV_TIER_L1 ? cfg->l1_policy : cfg->l2_policy;
+        int pol = t == FERRY_KV_TIER_L1   ? cfg->l1_policy
+                  : t == FERRY_KV_TIER_L2 ? cfg->l2_policy
+                                          : FERRY_KV_EVICT_LRU;
         rc = ferry__kv_policy_create(pol, t, tr->capacity, &tr->policy);
-        chunks += tr->capacity;
+        if (t != FERRY_KV_TIER_REMOTE) /* the index grows as it needs to */
+            chunks += tr->capacity;
     }
     if (rc == 0) {
         kv->nbuckets = 64;
