@@ -1625,8 +1625,9 @@ int ferry_gds_reap(ferry_gds *g, ferry_gds_req **done, unsigned min, unsigned ma
         return ferry__err_set(&g->err, -EINVAL, "gds: reap: min %u > max %u", min, max);
     uint64_t deadline = timeout_ms < 0 ? 0 : ferry__now_ns() + (uint64_t)timeout_ms * 1000000ull;
     unsigned got = 0, turn = 0;
-    /* collect what has finished without waiting (min 0 is a poll) */
-    for (unsigned d = 0; d < g->ndrives; d++) {
+    /* a poll (min 0) collects what has finished without waiting; a wait
+     * goes straight to the drives below, which collect it anyway */
+    for (unsigned d = 0; min == 0 && d < g->ndrives; d++) {
         pthread_mutex_lock(&g->drives[d].mu);
         int k = ferry_io_inflight(g->drives[d].io) ? pump_drive(g, d, 0, 0) : 0;
         pthread_mutex_unlock(&g->drives[d].mu);
