@@ -798,6 +798,49 @@ static void test_threads_share_group_commits(void **state)
     ft_rmtree(d);
 }
 
+static void test_threads_in_batch_mode_with_the_flusher(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = opts(dirs, 1, 32 * MiB);
+    o.lanes = 3;
+    o.sync = FERRY_PSLAB_SYNC_BATCH;
+    o.batch_bytes = 96 * 1024; /* commits by size and by age race with the writers */
+    o.batch_ms = 1;
+    o.compact_bytes = 8192;    /* and compactions with both */
+    ferry_pslab *p = open_ok(&o);
+    pthread_t t[4];
+    thr_arg a[4];
+    for (int i = 0; i < 4; i++) {
+        a[i].p = p;
+        a[i].base = i * 1000;
+        pthread_create(&t[i], NULL, writer_thread, &a[i]);
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    ferry_pslab_stats s;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+    assert_int_equal(s.puts, 240);
+    assert_int_equal(s.deletes, 48);
+    assert_int_equal(s.chunks, 192);
+    assert_int_equal(s.corrupt, 0);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    o.flags = 0;
+    p = open_ok(&o);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 60; j++) {
+            int k = i * 1000 + j;
+            if (j % 5 == 4)
+                assert_int_equal(get_rc(p, k), FERRY_ENOTFOUND);
+            else
+                assert_true(has_k(p, k, k));
+        }
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(d);
+}
+
 static void test_sync_none_acknowledges_at_sync(void **state)
 {
     (void)state;
@@ -1482,6 +1525,7 @@ int main(void)
         cmocka_unit_test(test_compaction_keeps_the_index_small),
         cmocka_unit_test(test_full_slab_is_enospace_and_keeps_old_data),
         cmocka_unit_test(test_threads_share_group_commits),
+        cmocka_unit_test(test_threads_in_batch_mode_with_the_flusher),
         cmocka_unit_test(test_sync_none_acknowledges_at_sync),
         cmocka_unit_test(test_oom_at_every_allocation_of_open_and_put),
         cmocka_unit_test(test_forget_is_durable_with_the_next_commit_only),
