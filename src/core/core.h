@@ -40,7 +40,7 @@ char *ferry__strdup(const char *s);
 
 /* record an error on eb (may be NULL) and the thread; returns code */
 int ferry__err_set(ferry__errbuf *eb, int code, const char *fmt, ...) FERRY__PRINTF(3, 4);
-int ferry__err_vset(ferry__errbuf *eb, int code, const char *fmt, va_list ap);
+int ferry__err_vset(ferry__errbuf *eb, int code, const char *fmt, va_list ap) FERRY__PRINTF(3, 0);
 /* copy the thread's last message into eb (after a lower layer failed); returns code */
 int ferry__err_pass(ferry__errbuf *eb, int code);
 const char *ferry__err_msg(const ferry__errbuf *eb);
