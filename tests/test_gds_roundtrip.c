@@ -206,6 +206,7 @@ static void striped_over_two_dirs(void **state)
 {
     (void)state;
     ferry_gds_config c = config(2, "cpu");
+    c.stripe_bytes = MiB;
     ferry_gds *g = NULL;
     FT_ASSERT_OK(ferry_gds_open(&c, &g));
     ferry_gds_stats st;
@@ -243,6 +244,7 @@ static void host_path_striped_three_drives(void **state)
 {
     (void)state;
     ferry_gds_config c = config(3, "cpu");
+    c.stripe_bytes = MiB;
     c.bytes = 30 * MiB + 8192; /* drive 0 holds 10 MiB + 8 KiB, the others 10 MiB */
     ferry_gds *g = NULL;
     FT_ASSERT_OK(ferry_gds_open(&c, &g));

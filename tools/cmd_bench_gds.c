@@ -43,7 +43,7 @@ typedef struct phase {
 typedef struct gopts {
     const char *dirs[MAX_DIRS];
     unsigned ndirs;
-    uint64_t chunk, size;
+    uint64_t chunk, size, stripe;
     unsigned depth, rounds;
     const char *driver, *engine, *device;
     uint64_t alloc_chunks, alloc_ops;
@@ -94,6 +94,7 @@ typedef struct ctx_run {
     unsigned char *hbuf; /* host mode: one chunk, 4 KiB aligned */
     ferry_extent *ext;
     uint64_t n;
+    unsigned inflight; /* chunk requests in flight: depth per drive, as the reference */
 } ctx_run;
 
 static void stamp(unsigned char *p, size_t len, uint64_t k)
@@ -133,7 +134,7 @@ static int ctx_phase(ctx_run *r, const gopts *o, int dir, int verify, phase *out
     if (r->dev)
         return ctx_phase_dev(r, o, dir, out);
     size_t chunk = (size_t)o->chunk;
-    unsigned depth = o->depth;
+    unsigned depth = r->inflight;
     double *lat = malloc(r->n * sizeof *lat);
     ferry_gds_req *rq = calloc(depth, sizeof *rq);
     double *tsub = calloc(depth, sizeof *tsub);
@@ -407,7 +408,7 @@ static int bench_alloc(const gopts *o, alloc_res *out)
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: ferry bench gds [--dir DIR]... [--chunk 32M] [--size 1G] [--depth 8]\n"
+            "usage: ferry bench gds [--dir DIR]... [--chunk 32M] [--size 1G] [--depth 8] [--stripe CHUNK]\n"
             "                       [--driver auto|cpu|cufile|hipfile] [--engine auto|posix|uring]\n"
             "                       [--device none|host|cuda] [--rounds 4] [--alloc-chunks 100000]\n"
             "                       [--alloc-ops 2000000] [--no-ref] [--json]\n"
@@ -441,10 +442,10 @@ int cmd_bench_gds(int argc, char **argv)
                 return cli_usage(CMD, "at most %d --dir", MAX_DIRS);
             o.dirs[o.ndirs++] = v;
             i++;
-        } else if (!strcmp(a, "--chunk") || !strcmp(a, "--size")) {
+        } else if (!strcmp(a, "--chunk") || !strcmp(a, "--size") || !strcmp(a, "--stripe")) {
             if (cli_size(CMD, a, v, &n))
                 return 2;
-            *(a[2] == 'c' ? &o.chunk : &o.size) = n;
+            *(a[2] == 'c' ? &o.chunk : a[3] == 'i' ? &o.size : &o.stripe) = n;
             i++;
         } else if ((!strcmp(a, "--depth") || !strcmp(a, "--rounds") ||
                     !strcmp(a, "--alloc-chunks") || !strcmp(a, "--alloc-ops")) &&
@@ -480,6 +481,8 @@ int cmd_bench_gds(int argc, char **argv)
         o.dirs[o.ndirs++] = getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
     if (o.chunk % 4096 || o.chunk == 0)
         return cli_usage(CMD, "--chunk must be a multiple of 4096");
+    if (o.stripe % 4096)
+        return cli_usage(CMD, "--stripe must be a multiple of 4096");
     if (o.size < o.chunk)
         o.size = o.chunk;
     o.size -= o.size % o.chunk;
@@ -508,6 +511,9 @@ int cmd_bench_gds(int argc, char **argv)
     c.engine = o.engine;
     c.depth = o.depth;
     c.device = dev;
+    /* per-chunk striping unless told: each chunk one request to one drive,
+     * the drives kept busy by the chunks in flight (as the reference) */
+    c.stripe_bytes = o.stripe ? o.stripe : o.chunk;
     if ((rc = ferry_gds_open(&c, &g)) < 0) {
         status = cli_fail(CMD, "open the GDS context", rc);
         goto out;
@@ -515,6 +521,13 @@ int cmd_bench_gds(int argc, char **argv)
     cr.g = g;
     cr.dev = dev;
     cr.n = o.size / o.chunk;
+    /* the reference keeps depth chunks in flight on each drive's file: so
+     * does the context, over all drives (at most 1 GiB of buffers) */
+    cr.inflight = o.depth * o.ndirs;
+    if (cr.inflight > 64)
+        cr.inflight = 64;
+    while (cr.inflight > 1 && (uint64_t)cr.inflight * o.chunk > (1ull << 30))
+        cr.inflight--;
     cr.ext = calloc(cr.n, sizeof *cr.ext);
     if (!cr.ext) {
         status = cli_fail(CMD, "allocate", -ENOMEM);
@@ -534,7 +547,7 @@ int cmd_bench_gds(int argc, char **argv)
             status = cli_fail(CMD, "device buffer", rc);
             goto out;
         }
-    } else if ((rc = ferry_gds_buffer_alloc(g, (size_t)o.chunk * o.depth,
+    } else if ((rc = ferry_gds_buffer_alloc(g, (size_t)o.chunk * cr.inflight,
                                             (void **)&cr.hbuf)) < 0) {
         status = cli_fail(CMD, "allocate the chunk buffers", rc);
         goto out;
@@ -605,10 +618,12 @@ int cmd_bench_gds(int argc, char **argv)
         json_object_set_new(root, "driver", json_string(ferry_gds_driver_name(g)));
         json_object_set_new(root, "engine", json_string(ferry_gds_engine(g)));
         json_object_set_new(root, "drives", json_integer(o.ndirs));
-        json_object_set_new(root, "buffers", json_string(dev ? o.device : "host"));
+        json_object_set_new(root, "buffers", json_string(dev ? "device" : "host"));
+        json_object_set_new(root, "device", json_string(dev ? o.device : "none"));
         json_object_set_new(root, "chunk_bytes", json_integer((json_int_t)o.chunk));
         json_object_set_new(root, "chunks", json_integer((json_int_t)cr.n));
         json_object_set_new(root, "depth", json_integer(o.depth));
+        json_object_set_new(root, "stripe_bytes", json_integer((json_int_t)(o.stripe ? o.stripe : o.chunk)));
         json_object_set_new(root, "rounds", json_integer(o.rounds));
         json_object_set_new(root, "fallback", fb ? json_string(fb) : json_null());
         json_t *js = json_pack("{s:f, s:f, s:f}", "gb_per_s", m_sw, "p50_ms", pw.p50_ms, "p99_ms",
@@ -635,8 +650,9 @@ int cmd_bench_gds(int argc, char **argv)
         free(str);
     } else {
         printf("ferry bench gds: driver %s, engine %s, %u drive(s), %s buffers, chunk %llu KiB "
-               "x %llu, depth %u, %u round(s)\n",
-               ferry_gds_driver_name(g), ferry_gds_engine(g), o.ndirs, dev ? o.device : "host",
+               "x %llu, depth %u per drive, %u round(s)\n",
+               ferry_gds_driver_name(g), ferry_gds_engine(g), o.ndirs,
+               dev ? (strcmp(o.device, "host") ? "device" : "device (host backend)") : "host",
                (unsigned long long)(o.chunk >> 10), (unsigned long long)cr.n, o.depth, o.rounds);
         if (fb)
             printf("  fallback: %s\n", fb);

@@ -62,7 +62,7 @@ extern "C" {
 #define FERRY_GDS_SLAB_NAME "ferry_slab.bin"
 #define FERRY_GDS_REGION_CAP_DEFAULT (16u << 20)
 #define FERRY_GDS_ALIGN_DEFAULT 4096u
-#define FERRY_GDS_STRIPE_DEFAULT (1u << 20)
+#define FERRY_GDS_STRIPE_DEFAULT (4u << 20)
 /** Stream registration flags: fixed buffer offset | fixed file offset | fixed size. */
 #define FERRY_GDS_STREAM_FLAGS 0x7u
 /** An argument batch is closed by a checkpoint event every this many async submissions. */
@@ -149,7 +149,7 @@ typedef struct ferry_gds_config {
     ferry_device *device;       /**< device of the buffers; NULL: host buffers only */
     const char *engine;         /**< I/O engine per drive: NULL/"auto", "posix", "uring" */
     unsigned depth;             /**< requests in flight per drive; 0 -> 8 */
-    size_t stripe_bytes;        /**< stripe unit across drives; 0 -> 1 MiB */
+    size_t stripe_bytes;        /**< stripe unit across drives; 0 -> 4 MiB */
 } ferry_gds_config;
 #define FERRY_GDS_CONFIG_INIT \
     {sizeof(ferry_gds_config), NULL, 0, 0, 1, 0, 0, NULL, NULL, NULL, NULL, 0, 0}
