@@ -1,5 +1,5 @@
 # ferry: the two set-up commands.
-#   make run   - install missing Debian packages, build, run `ferry info` and a short benchmark
+#   make run   - install missing Debian packages, build, run `ferry info`, short `bench io` and `bench gds`
 #   make test  - the same set-up, then every test (CTest)
 BUILD ?= build
 CMAKE_FLAGS ?=
@@ -19,6 +19,7 @@ build: deps
 run: build
 	$(BUILD)/ferry info --dir $(RUN_DIR)
 	$(BUILD)/ferry bench io --engine all --size 256M --chunk 8M --depth 8 --dir $(RUN_DIR)
+	$(BUILD)/ferry bench gds --size 256M --chunk 32M --rounds 2 --alloc-ops 1000000 --dir $(RUN_DIR)
 	rm -rf $(RUN_DIR)
 
 test: build
