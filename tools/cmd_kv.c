@@ -18,6 +18,14 @@
  * (L2 retrieve >= 0.9x). --plot sweeps L1/L2 sizes (with a small stand-in
  * layout of the same chunk count, so only hit rates are drawn) and writes a
  * gnuplot PNG of hit rate against them.
+ *
+ * --remote URL adds the Redis/Valkey tier (keys under a prefix unique to
+ * the run, with a 1-hour TTL): the run's stores write through to it and
+ * chunks evicted locally are found there again. Its reference is a second
+ * store with empty local tiers (another engine sharing the server) that
+ * looks up and retrieves every prompt from the server, clearing its local
+ * tiers after each, against ferry_remote_get of the same value size on
+ * the same server; the run's keys are deleted at the end.
  */
 #include <errno.h>
 #include <math.h>
@@ -44,6 +52,8 @@ typedef struct opts {
     double zipf;
     uint64_t seed;
     int json, refs, persistent;
+    const char *remote;      /* --remote URL */
+    char remote_prefix[64];  /* this run's key prefix */
 } opts;
 
 static double now_s(void)
@@ -261,6 +271,16 @@ static int run_workload(ferry_kv *kv, const workload *w, ferry_kv_buffer *buf, i
 
 static uint64_t g_prefetch_max; /* 0: the store's default */
 
+/* the remote client's options for a run (key prefix unique to it, values
+ * expire after an hour so an interrupted run leaves nothing for long) */
+static ferry_remote_options remote_opts(const opts *o)
+{
+    ferry_remote_options ro = FERRY_REMOTE_OPTIONS_INIT;
+    ro.key_prefix = o->remote_prefix;
+    ro.ttl_s = 3600;
+    return ro;
+}
+
 static int open_store(const opts *o, const ferry_kv_layout *l, uint64_t l1, uint64_t l2,
                       const char *dir, ferry_kv **kv)
 {
@@ -278,6 +298,11 @@ static int open_store(const opts *o, const ferry_kv_layout *l, uint64_t l1, uint
         c.l2_direct = 1;
         c.l2_engine = o->engine;
         c.l2_persistent = o->persistent;
+    }
+    ferry_remote_options ro = remote_opts(o);
+    if (o->remote) {
+        c.remote_url = o->remote;
+        c.remote_options = &ro;
     }
     c.workers = 2;
     return ferry_kv_open(&c, kv);
@@ -312,6 +337,10 @@ typedef struct refs {
     double io_read_gbps, l2_retrieve_gbps, l2_promote_gbps;
     const char *io_engine;
     int have_l2;
+    /* --remote */
+    double remote_retrieve_gbps, remote_get_gbps, remote_hit_rate, remote_lookup_p50_us;
+    uint64_t remote_retrieved_bytes;
+    int have_remote;
 } refs;
 
 static void ref_hash(refs *r)
@@ -605,6 +634,88 @@ out:
     ferry_kv_close(kv);
 }
 
+/* a second store, local tiers empty, retrieves every prompt from the
+ * server (clearing its local tiers after each); then ferry_remote_get of
+ * one value of the chunk size, as many times, on the same server */
+static void ref_remote(const opts *o, const char *url, const ferry_kv_layout *l, uint64_t chunk,
+                       const workload *w, refs *r)
+{
+    opts so = *o;
+    so.remote = url;
+    so.persistent = 0;
+    ferry_kv *kv;
+    if (open_store(&so, l, o->l1, 0, NULL, &kv) < 0) {
+        fprintf(stderr, "ferry %s: remote reference: opening the store: %s\n", CMD,
+                ferry_last_error());
+        return;
+    }
+    ferry_kv_buffer b;
+    void *mem = NULL;
+    double *lat = malloc(w->np * sizeof *lat);
+    if (!lat || engine_buffer(l, w->max_tokens, &b, &mem) < 0) {
+        free(lat);
+        ferry_kv_close(kv);
+        return;
+    }
+    double el = 0;
+    uint64_t bytes = 0, hit = 0, asked = 0;
+    for (size_t i = 0; i < w->np; i++) {
+        const prompt *p = &w->p[i];
+        double t0 = now_s();
+        int h = ferry_kv_lookup(kv, p->tok, p->n, NULL);
+        lat[i] = (now_s() - t0) * 1e6;
+        asked += p->n;
+        if (h <= 0)
+            continue;
+        hit += (uint64_t)h;
+        ferry_kv_stats a, z;
+        ferry_kv_metrics(kv, &a);
+        t0 = now_s();
+        int got = ferry_kv_retrieve(kv, p->tok, (size_t)h, NULL, &b);
+        double d = now_s() - t0;
+        ferry_kv_metrics(kv, &z);
+        if (got > 0) {
+            el += d;
+            bytes += z.retrieved_bytes - a.retrieved_bytes;
+        }
+        ferry_kv_clear(kv); /* local only: the next prompt comes from the server again */
+    }
+    r->remote_retrieve_gbps = el > 0 ? (double)bytes / el / 1e9 : 0;
+    r->remote_retrieved_bytes = bytes;
+    r->remote_hit_rate = asked ? (double)hit / (double)asked : 0;
+    r->remote_lookup_p50_us = pct(lat, w->np, 0.5);
+    /* leave nothing behind: delete this run's chunks on the server */
+    for (size_t i = 0; i < w->np; i++)
+        ferry_kv_delete(kv, w->p[i].tok, w->p[i].n, NULL);
+    ferry_kv_close(kv);
+    free(lat);
+
+    /* the reference: the remote client alone, same value size and server */
+    ferry_remote_options ro = remote_opts(o);
+    char key[96];
+    snprintf(key, sizeof key, "ref");
+    ferry_remote *rc = NULL;
+    if (ferry_remote_open(url, &ro, &rc) == 0 && ferry_remote_put_sync(rc, key, 3, mem, chunk) == 0) {
+        uint64_t reps = bytes / chunk;
+        if (reps < 8)
+            reps = 8;
+        double t0 = now_s();
+        uint64_t ok = 0;
+        for (uint64_t i = 0; i < reps; i++)
+            ok += ferry_remote_get(rc, key, 3, mem, chunk) == (int)chunk;
+        double d = now_s() - t0;
+        if (ok == reps && d > 0)
+            r->remote_get_gbps = (double)(reps * chunk) / d / 1e9;
+        ferry_remote_key k = {key, 3};
+        ferry_remote_delete(rc, &k, 1);
+    } else {
+        fprintf(stderr, "ferry %s: remote reference: %s\n", CMD, ferry_last_error());
+    }
+    ferry_remote_close(rc);
+    free(mem);
+    r->have_remote = 1;
+}
+
 /* ---- the hit-rate sweep and its plot ---- */
 typedef struct point {
     uint64_t l1_chunks, l2_chunks;
@@ -756,6 +867,7 @@ static void usage(FILE *f)
             "  --engine auto|posix|uring  the slab's I/O engine\n"
             "  --persistent             the L2 slab survives restarts (ferry/pslab.h)\n"
             "  --policy lru|s3fifo      eviction (default lru)\n"
+            "  --remote URL             Redis/Valkey tier (redis://host:port/db, unix:///path)\n"
             "  --seed N  --no-refs  --json  --plot FILE.png\n");
 }
 
@@ -813,6 +925,10 @@ static int parse(int argc, char **argv, opts *o)
             o->refs = 0;
         } else if (!strcmp(a, "--persistent")) {
             o->persistent = 1;
+        } else if (!strcmp(a, "--remote") && v) {
+            o->remote = argv[++i];
+            if (ferry_remote_url_validate(o->remote) < 0)
+                return cli_usage(CMD, "--remote %s: %s", o->remote, ferry_last_error());
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return -1;
@@ -851,10 +967,12 @@ static double ratio(double a, double b)
 int cmd_kv_bench(int argc, char **argv)
 {
     opts o = {"qa", "llama3-8b", NULL, "lru", NULL, NULL, 2ull << 30, 8ull << 30, 8, 4096, 64, 64,
-              8, 6, 512, 256, 0, 0, 0, 1.0, 1, 0, 1, 0};
+              8, 6, 512, 256, 0, 0, 0, 1.0, 1, 0, 1, 0, NULL, ""};
     int prc = parse(argc, argv, &o);
     if (prc)
         return prc < 0 ? 0 : prc;
+    snprintf(o.remote_prefix, sizeof o.remote_prefix, "ferry:kvbench:%ld:%llx:", (long)getpid(),
+             (unsigned long long)time(NULL));
     ferry_kv_layout l;
     if (layout_for(&o, &l) < 0)
         return cli_usage(CMD, "unknown --model '%s' (llama3-8b, qwen2.5-0.5b, tiny)", o.model);
@@ -879,6 +997,8 @@ int cmd_kv_bench(int argc, char **argv)
         if (o.dir)
             printf(", L2 %.2f GiB in %s%s", (double)o.l2 / (1 << 30), o.dir,
                    o.persistent ? " (persistent)" : "");
+        if (o.remote)
+            printf(", remote %s", o.remote);
         printf("\n");
         fflush(stdout);
     }
@@ -913,6 +1033,10 @@ int cmd_kv_bench(int argc, char **argv)
     refs rf;
     memset(&rf, 0, sizeof rf);
     int persistent = o.persistent;
+    const char *remote = o.remote;
+    o.remote = NULL; /* references and the sweep run on local tiers */
+    if (o.refs && remote)
+        ref_remote(&o, remote, &l, chunk, &w, &rf);
     if (o.refs) {
         o.persistent = 0; /* references start from empty tiers */
         ref_hash(&rf);
@@ -961,7 +1085,24 @@ int cmd_kv_bench(int argc, char **argv)
         json_object_set_new(tiers, "l1", tier_json(t1));
         if (o.dir)
             json_object_set_new(tiers, "l2", tier_json(t2));
+        if (remote)
+            json_object_set_new(tiers, "remote", tier_json(&rr.m.tier[FERRY_KV_TIER_REMOTE]));
         json_object_set_new(j, "tiers", tiers);
+        if (remote) {
+            json_t *x = json_object();
+            json_object_set_new(x, "lookups", json_integer((json_int_t)rr.m.remote_lookups));
+            json_object_set_new(x, "found_chunks",
+                                json_integer((json_int_t)rr.m.remote_found_chunks));
+            json_object_set_new(x, "puts", json_integer((json_int_t)rr.m.remote_puts));
+            json_object_set_new(x, "written", json_integer((json_int_t)rr.m.remote_written));
+            json_object_set_new(x, "dropped", json_integer((json_int_t)rr.m.remote_dropped));
+            json_object_set_new(x, "gets", json_integer((json_int_t)rr.m.remote_gets));
+            json_object_set_new(x, "get_bytes", json_integer((json_int_t)rr.m.remote_get_bytes));
+            json_object_set_new(x, "misses", json_integer((json_int_t)rr.m.remote_misses));
+            json_object_set_new(x, "refused", json_integer((json_int_t)rr.m.remote_refused));
+            json_object_set_new(x, "errors", json_integer((json_int_t)rr.m.remote_errors));
+            json_object_set_new(j, "remote", x);
+        }
         if (o.refs) {
             json_t *r = json_object();
             json_object_set_new(r, "memcpy_gb_per_s", json_real(rf.memcpy_gbps));
@@ -992,6 +1133,15 @@ int cmd_kv_bench(int argc, char **argv)
                 json_object_set_new(r, "l2_promote_gb_per_s", json_real(rf.l2_promote_gbps));
                 json_object_set_new(r, "l2_promote_ratio",
                                     json_real(ratio(rf.l2_promote_gbps, rf.io_read_gbps)));
+            }
+            if (rf.have_remote) {
+                json_object_set_new(r, "remote_cold_hit_rate", json_real(rf.remote_hit_rate));
+                json_object_set_new(r, "remote_lookup_p50_us", json_real(rf.remote_lookup_p50_us));
+                json_object_set_new(r, "remote_retrieve_gb_per_s",
+                                    json_real(rf.remote_retrieve_gbps));
+                json_object_set_new(r, "remote_get_gb_per_s", json_real(rf.remote_get_gbps));
+                json_object_set_new(r, "remote_retrieve_ratio",
+                                    json_real(ratio(rf.remote_retrieve_gbps, rf.remote_get_gbps)));
             }
             double la[3] = {0, 0, 0};
             if (getloadavg(la, 3) < 0)
@@ -1035,6 +1185,17 @@ int cmd_kv_bench(int argc, char **argv)
                    (unsigned long long)t2->hits, (unsigned long long)t2->evictions,
                    (double)t2->bytes_written / (1 << 30), (double)t2->bytes_read / (1 << 30),
                    (unsigned long long)t2->failures);
+        if (remote)
+            printf("  remote              hits %llu, %llu lookups found %llu chunks, fetched %.2f "
+                   "GiB; %llu puts (%llu written, %llu dropped), %llu misses, %llu refused, "
+                   "%llu errors\n",
+                   (unsigned long long)rr.m.tier[FERRY_KV_TIER_REMOTE].hits,
+                   (unsigned long long)rr.m.remote_lookups,
+                   (unsigned long long)rr.m.remote_found_chunks,
+                   (double)rr.m.remote_get_bytes / (1 << 30), (unsigned long long)rr.m.remote_puts,
+                   (unsigned long long)rr.m.remote_written, (unsigned long long)rr.m.remote_dropped,
+                   (unsigned long long)rr.m.remote_misses, (unsigned long long)rr.m.remote_refused,
+                   (unsigned long long)rr.m.remote_errors);
         if (o.refs) {
             double la[3] = {0, 0, 0};
             if (getloadavg(la, 3) < 0)
@@ -1067,6 +1228,14 @@ int cmd_kv_bench(int argc, char **argv)
                 printf("  L2 retrieve         %.2f GB/s = %.2fx (target >= 0.9x; slab -> L1 -> "
                        "engine buffer, the last leg a memcpy here, a DMA on a GPU)\n",
                        rf.l2_retrieve_gbps, ratio(rf.l2_retrieve_gbps, rf.io_read_gbps));
+            }
+            if (rf.have_remote) {
+                printf("  remote, cold store  hit rate %.4f, lookup p50 %.1f us (one round trip)\n",
+                       rf.remote_hit_rate, rf.remote_lookup_p50_us);
+                printf("  remote retrieve     %.2f GB/s = %.2fx ferry_remote_get of the same value "
+                       "size (%.2f GB/s; server -> L1 -> engine buffer, %.2f GiB)\n",
+                       rf.remote_retrieve_gbps, ratio(rf.remote_retrieve_gbps, rf.remote_get_gbps),
+                       rf.remote_get_gbps, (double)rf.remote_retrieved_bytes / (1 << 30));
             }
         }
         if (o.plot) {
