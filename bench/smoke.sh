@@ -24,3 +24,9 @@ run "$build/ferry" kv bench --workload chat --model tiny --sessions 4 --turns 4 
 run "$build/ferry" bench gds --dir "$dir" --size 64M --chunk 8M --rounds 1 --alloc-ops 200000
 run "$build/ferry" bench gds --dir "$dir/d0" --dir "$dir/d1" --size 32M --chunk 4M --device host --rounds 1 --alloc-ops 100000 --json
 run "$build/ferry" slab bench --dir "$dir" --chunks 5000 --count 8 --size 1M --batch 4 --json
+if command -v redis-server >/dev/null; then (
+  redis-server --port 0 --unixsocket "$dir/kv-redis.sock" --save '' --appendonly no --dir "$dir" --logfile "$dir/kv-redis.log" & rpid=$!
+  trap 'kill $rpid 2>/dev/null; wait $rpid 2>/dev/null || true' EXIT
+  for _ in $(seq 250); do [ -S "$dir/kv-redis.sock" ] && break; sleep 0.02; done
+  run "$build/ferry" kv bench --model tiny --docs 4 --doc-tokens 2048 --questions 16 --l1 1M --remote "unix://$dir/kv-redis.sock" --json
+); fi
