@@ -4,7 +4,6 @@
 BUILD ?= build
 CMAKE_FLAGS ?=
 JOBS ?= $(shell nproc)
-RUN_DIR ?= $(shell mktemp -d -p /var/tmp ferry-run-XXXXXX)
 
 .PHONY: all deps build run test clean
 all: build
@@ -17,10 +16,12 @@ build: deps
 	cmake --build $(BUILD) -j $(JOBS)
 
 run: build
-	$(BUILD)/ferry info --dir $(RUN_DIR)
-	$(BUILD)/ferry bench io --engine all --size 256M --chunk 8M --depth 8 --dir $(RUN_DIR)
-	$(BUILD)/ferry bench gds --size 256M --chunk 32M --rounds 2 --alloc-ops 1000000 --dir $(RUN_DIR)
-	rm -rf $(RUN_DIR)
+	@set -e; dir=$${RUN_DIR:-$$(mktemp -d -p /var/tmp ferry-run-XXXXXX)}; \
+	trap 'rm -rf "$$dir"' EXIT; \
+	set -x; \
+	$(BUILD)/ferry info --dir "$$dir"; \
+	$(BUILD)/ferry bench io --engine all --size 256M --chunk 8M --depth 8 --dir "$$dir"; \
+	$(BUILD)/ferry bench gds --size 256M --chunk 32M --rounds 2 --alloc-ops 1000000 --dir "$$dir"
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
