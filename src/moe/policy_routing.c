@@ -60,6 +60,9 @@
 #define CELLS (2 * WINV * POP_B * 2)
 #define SUCC_WAYS 2
 #define SUCC_EMPTY UINT16_MAX
+#define BMW ((CELLS + 63) / 64)
+#define CELL_NONE UINT16_MAX
+#define NONE UINT32_MAX
 
 /* 4 bytes a way, 8 an expert: the table stays cache-resident */
 typedef struct succ_entry {
@@ -79,9 +82,15 @@ typedef struct xinfo {
 
 typedef struct routing {
     ferry__policy base;
-    ferry__heap *lh;           /* per layer, key: -(1/lambda - 1) * L */
-    uint32_t *pos, *scratch;
-    double *key;
+    /* resident slots by cell: per (layer, cell) a FIFO list of the slots
+     * whose expert is in that cell; per layer a bitmap over cell ranks
+     * (rank 0: the longest wait) of its non-empty lists */
+    uint32_t *nxt, *prv;       /* per slot, NONE at the ends */
+    uint16_t *scell;           /* per slot: the cell it is listed in, CELL_NONE */
+    uint32_t *head, *tail;     /* [L][CELLS] */
+    uint64_t *bm;              /* [L][BMW] */
+    uint64_t *ccbm;            /* [L][BMW] by cell: cell_count non-zero */
+    uint16_t rank[CELLS], at_rank[CELLS];
     xinfo *x;                  /* per id, one cache line's worth each */
     /* per layer */
     uint32_t *cell_count;      /* [L][CELLS] */
@@ -94,9 +103,10 @@ typedef struct routing {
     uint32_t *seg;             /* [2 * seg_p] layer of the best leaf below */
     uint32_t seg_p, seg_tok;
     double *lval;              /* per layer: value of its top, -inf if empty */
+    uint32_t *ltop;            /* per layer: its candidate slot, NONE if none */
     uint32_t *ring_n, *ring_tok; /* [L][RING] */
     /* learned */
-    double opps[CELLS], uses[CELLS]; /* learned over all layers */
+    uint64_t opps[CELLS], uses[CELLS]; /* learned over all layers */
     double wait[CELLS];              /* cached 1/lambda - 1 */
     uint32_t turns;
     succ_entry *succ;          /* [(layer * E + e) * SUCC_WAYS] */
@@ -108,13 +118,13 @@ typedef struct routing {
 static void rt_fini(ferry__policy *p)
 {
     routing *s = (routing *)p;
-    if (s->lh)
-        for (uint32_t l = 0; l < p->env.num_layers; l++)
-            ferry__heap_fini(&s->lh[l]);
-    ferry__free(s->lh);
-    ferry__free(s->pos);
-    ferry__free(s->scratch);
-    ferry__free(s->key);
+    ferry__free(s->nxt);
+    ferry__free(s->prv);
+    ferry__free(s->scell);
+    ferry__free(s->head);
+    ferry__free(s->tail);
+    ferry__free(s->bm);
+    ferry__free(s->ccbm);
     ferry__free(s->x);
     ferry__free(s->cell_count);
     ferry__free(s->routes);
@@ -126,6 +136,7 @@ static void rt_fini(ferry__policy *p)
     ferry__free(s->prev_ids);
     ferry__free(s->seg);
     ferry__free(s->lval);
+    ferry__free(s->ltop);
 }
 
 static uint16_t cell_of(int last, uint32_t win, uint32_t pop, int hinted)
@@ -151,16 +162,49 @@ static uint8_t pop_bucket(const routing *s, uint32_t id)
 /* the expected wait, in turns, of a cell: 1/lambda - 1 with lambda =
  * uses / opportunities (a weak prior of 1 in 8 for an empty cell);
  * cached, refreshed every REFRESH turns since lambda drifts slowly */
-#define REFRESH 16
-static double cell_wait(routing *s, uint16_t c)
+#define REFRESH 64
+
+/* cell a goes before cell b in rank order: longer wait first, ties by cell */
+static int rank_before(const routing *s, uint32_t a, uint32_t b)
 {
-    return s->wait[c];
+    if (s->wait[a] != s->wait[b])
+        return s->wait[a] > s->wait[b];
+    return a < b;
 }
 
+/* recompute the waits and the cells' rank order, and carry every layer's
+ * bitmap over to the new ranks. The order drifts little between refreshes,
+ * so an insertion sort of the previous order costs O(CELLS + inversions);
+ * with the bitmaps, O(L * non-empty lists) every REFRESH turns. */
 static void refresh_waits(routing *s)
 {
+    uint16_t old_at[CELLS];
     for (uint32_t c = 0; c < CELLS; c++)
-        s->wait[c] = (s->opps[c] + 1.0) / (s->uses[c] + 0.125) - 1.0;
+        s->wait[c] = ((double)s->opps[c] + 1.0) / ((double)s->uses[c] + 0.125) - 1.0;
+    memcpy(old_at, s->at_rank, sizeof old_at);
+    for (uint32_t r = 1; r < CELLS; r++) {
+        uint16_t c = s->at_rank[r];
+        uint32_t i = r;
+        for (; i > 0 && rank_before(s, c, s->at_rank[i - 1]); i--)
+            s->at_rank[i] = s->at_rank[i - 1];
+        s->at_rank[i] = c;
+    }
+    int same = 1;
+    for (uint32_t r = 0; r < CELLS; r++) {
+        same &= s->at_rank[r] == old_at[r];
+        s->rank[s->at_rank[r]] = (uint16_t)r;
+    }
+    if (same)
+        return;
+    for (uint32_t l = 0; l < s->base.env.num_layers; l++) {
+        uint64_t *bm = s->bm + (size_t)l * BMW, nb[BMW] = {0};
+        for (uint32_t w = 0; w < BMW; w++)
+            for (uint64_t b = bm[w]; b; b &= b - 1) {
+                uint32_t nr = s->rank[old_at[w * 64 + (uint32_t)__builtin_ctzll(b)]];
+                nb[nr / 64] |= 1ull << (nr % 64);
+            }
+        memcpy(bm, nb, sizeof nb);
+    }
 }
 
 static void seg_rebuild(routing *s);
@@ -170,10 +214,13 @@ static int rt_init(ferry__policy *p)
     routing *s = (routing *)p;
     uint32_t n = p->env.slots, L = p->env.num_layers, E = p->env.num_experts;
     size_t ids = (size_t)L * E;
-    s->lh = ferry__calloc(L, sizeof *s->lh);
-    s->pos = ferry__malloc((size_t)n * sizeof(uint32_t));
-    s->scratch = ferry__malloc((size_t)n * sizeof(uint32_t));
-    s->key = ferry__calloc(n, sizeof(double));
+    s->nxt = ferry__malloc((size_t)n * sizeof(uint32_t));
+    s->prv = ferry__malloc((size_t)n * sizeof(uint32_t));
+    s->scell = ferry__malloc((size_t)n * sizeof(uint16_t));
+    s->head = ferry__malloc((size_t)L * CELLS * sizeof(uint32_t));
+    s->tail = ferry__malloc((size_t)L * CELLS * sizeof(uint32_t));
+    s->bm = ferry__calloc((size_t)L * BMW, sizeof(uint64_t));
+    s->ccbm = ferry__calloc((size_t)L * BMW, sizeof(uint64_t));
     s->x = ferry__calloc(ids, sizeof(xinfo));
     s->cell_count = ferry__calloc((size_t)L * CELLS, sizeof(uint32_t));
     s->routes = ferry__calloc(L, sizeof(uint64_t));
@@ -188,19 +235,19 @@ static int rt_init(ferry__policy *p)
         ;
     s->seg = ferry__malloc(2 * (size_t)s->seg_p * sizeof(uint32_t));
     s->lval = ferry__malloc((size_t)L * sizeof(double));
-    if (!s->seg || !s->lval ||!s->lh || !s->pos || !s->scratch || !s->key || !s->x || !s->cell_count || !s->routes || !s->turn_tok || !s->ring ||
+    s->ltop = ferry__malloc((size_t)L * sizeof(uint32_t));
+    if (!s->seg || !s->lval || !s->ltop || !s->nxt || !s->prv || !s->scell || !s->head || !s->tail || !s->bm || !s->ccbm || !s->x || !s->cell_count || !s->routes || !s->turn_tok || !s->ring ||
         !s->ring_n || !s->ring_tok || !s->succ || !s->prev_ids) {
         rt_fini(p);
         return -ENOMEM;
     }
-    /* room for every slot in each layer's heap, so an insert never fails
-     * half-way through a step */
-    for (uint32_t l = 0; l < L; l++)
-        if (ferry__heap_init(&s->lh[l], n, s->pos, s->key) < 0) {
-            rt_fini(p);
-            return -ENOMEM;
-        }
-    memset(s->pos, 0xff, (size_t)n * sizeof(uint32_t));
+    /* every list is allocated whole: an insert never fails half-way
+     * through a step */
+    memset(s->scell, 0xff, (size_t)n * sizeof(uint16_t));
+    memset(s->head, 0xff, (size_t)L * CELLS * sizeof(uint32_t));
+    memset(s->tail, 0xff, (size_t)L * CELLS * sizeof(uint32_t));
+    for (uint32_t c = 0; c < CELLS; c++)
+        s->at_rank[c] = s->rank[c] = (uint16_t)c;
     memset(s->turn_tok, 0xff, (size_t)L * sizeof(uint32_t));
     memset(s->ring_tok, 0xff, (size_t)L * RING * sizeof(uint32_t));
     memset(s->ring, 0, (size_t)L * RING * s->ring_cap * sizeof(uint32_t)); /* fault it in now */
@@ -210,8 +257,10 @@ static int rt_init(ferry__policy *p)
     }
     /* every expert starts never routed, unpopular, unhinted */
     uint16_t c0 = cell_of(0, WIN + 1, 0, 0);
-    for (uint32_t l = 0; l < L; l++)
+    for (uint32_t l = 0; l < L; l++) {
         s->cell_count[(size_t)l * CELLS + c0] = E;
+        s->ccbm[(size_t)l * BMW + c0 / 64] |= 1ull << (c0 % 64);
+    }
     refresh_waits(s);
     seg_rebuild(s);
     for (size_t i = 0; i < ids; i++) {
@@ -242,20 +291,83 @@ static uint16_t compute_cell(const routing *s, uint32_t id, uint32_t tok)
 
 
 
+/* ---- per-layer lists by cell ----
+ * A layer's eviction candidate is the head of its non-empty list of the
+ * lowest rank (the longest expected wait): the slot that entered that
+ * cell first. Moving a slot between cells is O(1): unlink, append, and a
+ * bit set or cleared when a list empties or fills. A routed expert is
+ * unlisted from its hit (or insert) until end_step lists it again, so the
+ * current step's experts are never candidates; only a prefetched one can
+ * be listed and pinned. */
+static uint32_t layer_top_cell(const routing *s, uint32_t m)
+{
+    const uint64_t *bm = s->bm + (size_t)m * BMW;
+    for (uint32_t w = 0; w < BMW; w++)
+        if (bm[w])
+            return s->at_rank[w * 64 + (uint32_t)__builtin_ctzll(bm[w])];
+    return CELL_NONE;
+}
+
+static uint32_t layer_top(const routing *s, uint32_t m)
+{
+    uint32_t c = layer_top_cell(s, m);
+    return c == CELL_NONE ? NONE : s->head[(size_t)m * CELLS + c];
+}
+
+static void unlist(routing *s, uint32_t m, uint32_t slot)
+{
+    uint16_t c = s->scell[slot];
+    if (c == CELL_NONE)
+        return;
+    size_t lc = (size_t)m * CELLS + c;
+    uint32_t a = s->prv[slot], b = s->nxt[slot];
+    if (a != NONE)
+        s->nxt[a] = b;
+    else
+        s->head[lc] = b;
+    if (b != NONE)
+        s->prv[b] = a;
+    else
+        s->tail[lc] = a;
+    s->scell[slot] = CELL_NONE;
+    if (s->head[lc] == NONE) {
+        uint32_t r = s->rank[c];
+        s->bm[(size_t)m * BMW + r / 64] &= ~(1ull << (r % 64));
+    }
+}
+
+static void enlist(routing *s, uint32_t m, uint32_t slot, uint16_t c)
+{
+    size_t lc = (size_t)m * CELLS + c;
+    uint32_t t = s->tail[lc];
+    s->prv[slot] = t;
+    s->nxt[slot] = NONE;
+    if (t != NONE)
+        s->nxt[t] = slot;
+    else {
+        s->head[lc] = slot;
+        uint32_t r = s->rank[c];
+        s->bm[(size_t)m * BMW + r / 64] |= 1ull << (r % 64);
+    }
+    s->tail[lc] = slot;
+    s->scell[slot] = c;
+}
+
 /* ---- the tournament over layers ----
- * A layer's value is its heap top's predicted use, in steps from the start
+ * A layer's value is its candidate's predicted use, in steps from the start
  * of the current token: (its next turn - token) * L + layer + wait * L. It
- * changes when the layer's heap top changes, when the layer runs (its next
- * turn moves a token on) and when the token changes (every layer's offset
- * drops by L: a rebuild, O(L) once per token, O(1) amortised per step). */
+ * changes when the layer's candidate changes, when the layer runs (its next
+ * turn moves a token on), when the waits are refreshed, and when the token
+ * changes (every layer's offset drops by L: a rebuild, O(L) once per token,
+ * O(1) amortised per step). */
 static double layer_value(const routing *s, uint32_t m)
 {
-    const ferry__heap *h = &s->lh[m];
-    if (!h->n)
+    uint32_t c = layer_top_cell(s, m);
+    if (c == CELL_NONE)
         return -INFINITY;
     uint32_t L = s->base.env.num_layers, tok = *s->base.env.token;
     uint32_t off = s->turn_tok[m] != UINT32_MAX && s->turn_tok[m] >= tok ? 1 : 0;
-    return (double)off * L + m - s->key[ferry__heap_top(h)];
+    return (double)off * L + m + s->wait[c] * L;
 }
 
 static int seg_better(const routing *s, uint32_t a, uint32_t b)
@@ -266,7 +378,7 @@ static int seg_better(const routing *s, uint32_t a, uint32_t b)
         return 0;
     if (s->lval[a] != s->lval[b])
         return s->lval[a] > s->lval[b];
-    return ferry__heap_top(&s->lh[a]) < ferry__heap_top(&s->lh[b]);
+    return s->ltop[a] < s->ltop[b];
 }
 
 static void seg_pull(routing *s, size_t i)
@@ -278,8 +390,9 @@ static void seg_pull(routing *s, size_t i)
 static void seg_update(routing *s, uint32_t m)
 {
     s->lval[m] = layer_value(s, m);
+    s->ltop[m] = layer_top(s, m);
     size_t i = s->seg_p + m;
-    s->seg[i] = s->lh[m].n ? m : UINT32_MAX;
+    s->seg[i] = s->ltop[m] != NONE ? m : UINT32_MAX;
     for (i /= 2; i >= 1; i /= 2)
         seg_pull(s, i);
 }
@@ -288,33 +401,43 @@ static void seg_rebuild(routing *s)
 {
     uint32_t L = s->base.env.num_layers;
     for (uint32_t i = 0; i < s->seg_p; i++) {
-        if (i < L)
+        if (i < L) {
             s->lval[i] = layer_value(s, i);
-        s->seg[s->seg_p + i] = i < L && s->lh[i].n ? i : UINT32_MAX;
+            s->ltop[i] = layer_top(s, i);
+        }
+        s->seg[s->seg_p + i] = i < L && s->ltop[i] != NONE ? i : UINT32_MAX;
     }
     for (size_t i = s->seg_p - 1; i >= 1; i--)
         seg_pull(s, i);
     s->seg_tok = *s->base.env.token;
 }
 
-/* set or drop a slot's key in its layer heap, keeping the tournament */
-static int lh_set(routing *s, uint32_t m, uint32_t slot, double key)
+/* list slot in cell c (CELL_NONE: unlist it), keeping the tournament */
+static void place(routing *s, uint32_t m, uint32_t slot, uint16_t c)
 {
-    uint32_t old_top = ferry__heap_top(&s->lh[m]);
-    int rc = ferry__heap_set(&s->lh[m], slot, key);
-    /* most re-keys move a slot below the top: the layer's value stands */
-    if (slot != old_top && ferry__heap_top(&s->lh[m]) == old_top)
-        return rc;
+    if (s->scell[slot] == c && c != CELL_NONE) {
+        /* same cell: a routed expert goes to the back of its list */
+        if (s->nxt[slot] == NONE)
+            return;
+    }
+    uint32_t old_top = s->ltop[m];
+    unlist(s, m, slot);
+    if (c != CELL_NONE)
+        enlist(s, m, slot, c);
+    /* most moves happen below the candidate: the layer's value stands
+     * unless the candidate itself moved or the slot went to a list ranked
+     * before the candidate's (appended to the candidate's own list, it
+     * is behind the candidate) */
+    if (slot != old_top &&
+        (c == CELL_NONE || (old_top != NONE && s->rank[c] >= s->rank[s->scell[old_top]])))
+        return;
     seg_update(s, m);
-    return rc;
 }
 
-/* re-key a resident slot from its cell */
+/* re-list a resident slot under its expert's cell */
 static void rekey(routing *s, uint32_t slot, uint32_t id)
 {
-    uint32_t L = s->base.env.num_layers;
-    double wait = cell_wait(s, s->x[id].cell);
-    (void)lh_set(s, id / s->base.env.num_experts, slot, -wait * L);
+    place(s, id / s->base.env.num_experts, slot, s->x[id].cell);
 }
 
 /* move id to the cell it is in after its layer's turn at tok */
@@ -325,8 +448,13 @@ static void recell(routing *s, uint32_t id, uint32_t tok, int routed)
     if (c == s->x[id].cell && !routed)
         return; /* same cell, same key: nothing to do */
     if (c != s->x[id].cell) {
-        s->cell_count[(size_t)layer * CELLS + s->x[id].cell]--;
-        s->cell_count[(size_t)layer * CELLS + c]++;
+        uint32_t *cc = s->cell_count + (size_t)layer * CELLS;
+        uint64_t *nz = s->ccbm + (size_t)layer * BMW;
+        uint16_t o = s->x[id].cell;
+        if (--cc[o] == 0)
+            nz[o / 64] &= ~(1ull << (o % 64));
+        if (cc[c]++ == 0)
+            nz[c / 64] |= 1ull << (c % 64);
         s->x[id].cell = c;
     }
     uint32_t slot = s->base.env.where[id];
@@ -336,9 +464,9 @@ static void recell(routing *s, uint32_t id, uint32_t tok, int routed)
 
 static void rt_hit(ferry__policy *p, uint32_t slot, uint32_t id)
 {
-    /* re-keyed in end_step, once the turn is accounted; until then +inf
-     * (it is pinned) keeps it off its layer's top */
-    (void)lh_set((routing *)p, id / p->env.num_experts, slot, INFINITY);
+    /* re-listed in end_step, once the turn is accounted; until then (it
+     * is pinned) it is in no list, so never a candidate */
+    place((routing *)p, id / p->env.num_experts, slot, CELL_NONE);
 }
 
 static void hint(routing *s, uint32_t id, uint32_t tok);
@@ -346,34 +474,33 @@ static void hint(routing *s, uint32_t id, uint32_t tok);
 static int rt_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
 {
     routing *s = (routing *)p;
-    /* keyed from its cell; a routed expert is re-keyed in end_step. A
+    uint32_t m = id / p->env.num_experts;
+    /* listed under its cell; a routed expert is listed in end_step. A
      * prefetched one was predicted by the engine for its layer's next
      * turn: hinted, so it is not the first victim of the steps before */
     if (prefetch) {
-        uint32_t m = id / p->env.num_experts, tok = *p->env.token;
+        uint32_t tok = *p->env.token;
         uint32_t next = s->turn_tok[m] == UINT32_MAX || s->turn_tok[m] < tok ? tok : tok + 1;
-        int rc = lh_set(s, m, slot, -cell_wait(s, s->x[id].cell) * p->env.num_layers);
-        if (rc == 0 && p->env.where[id] == slot)
+        place(s, m, slot, s->x[id].cell);
+        if (p->env.where[id] == slot)
             hint(s, id, next);
-        return rc;
+        return 0;
     }
-    /* provisional: pinned for this step, re-keyed in end_step; +inf keeps
-     * it off its layer's top so the tournament never names it */
-    return lh_set(s, id / p->env.num_experts, slot, INFINITY);
+    /* routed now: pinned for this step, listed in end_step */
+    place(s, m, slot, CELL_NONE);
+    return 0;
 }
 
 static void rt_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
 {
-    routing *s = (routing *)p;
-    uint32_t m = id / p->env.num_experts, old_top = ferry__heap_top(&s->lh[m]);
-    ferry__heap_remove(&s->lh[m], slot);
-    if (slot == old_top)
-        seg_update(s, m);
+    (void)evicted;
+    place((routing *)p, id / p->env.num_experts, slot, CELL_NONE);
 }
 
 static int rt_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slot)
 {
     routing *s = (routing *)p;
+    (void)id;
     if (have_free)
         return 1;
     uint32_t L = p->env.num_layers, tok = *p->env.token;
@@ -382,27 +509,37 @@ static int rt_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slo
     uint32_t m = s->seg[1];
     if (m == UINT32_MAX)
         return -1;
-    uint32_t v = ferry__heap_top(&s->lh[m]);
+    uint32_t v = s->ltop[m];
     if (!ferry__pinned(p, v)) {
         *slot = v;
         return 0;
     }
-    /* the best top is pinned (a prefetch, or a layer all pinned): compare
-     * every layer's first unpinned - O(L), off the common path */
+    /* the best candidate is pinned (only a prefetch lists a pinned slot):
+     * take every layer's first unpinned in rank and list order - O(L +
+     * pinned), off the common path */
     uint32_t best = UINT32_MAX;
     double best_step = -INFINITY;
     for (m = 0; m < L; m++) {
-        if (!s->lh[m].n)
-            continue;
-        v = ferry__heap_first_unpinned(&s->lh[m], p->env.pin_step, *p->env.step, s->scratch,
-                                       p->env.slots);
-        if (v == UINT32_MAX)
+        const uint64_t *bm = s->bm + (size_t)m * BMW;
+        uint32_t found = NONE;
+        uint16_t fc = CELL_NONE;
+        for (uint32_t w = 0; w < BMW && found == NONE; w++)
+            for (uint64_t b = bm[w]; b && found == NONE; b &= b - 1) {
+                uint16_t c = s->at_rank[w * 64 + (uint32_t)__builtin_ctzll(b)];
+                for (v = s->head[(size_t)m * CELLS + c]; v != NONE; v = s->nxt[v])
+                    if (!ferry__pinned(p, v)) {
+                        found = v;
+                        fc = c;
+                        break;
+                    }
+            }
+        if (found == NONE)
             continue;
         uint32_t off = s->turn_tok[m] != UINT32_MAX && s->turn_tok[m] >= tok ? 1 : 0;
-        double step = (double)off * L + m - s->key[v];
-        if (step > best_step || (step == best_step && v < best)) {
+        double step = (double)off * L + m + s->wait[fc] * L;
+        if (step > best_step || (step == best_step && found < best)) {
             best_step = step;
-            best = v;
+            best = found;
         }
     }
     if (best == UINT32_MAX)
@@ -481,12 +618,18 @@ static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, u
         goto routed;
     /* the turn as an opportunity for every expert of the layer, a use for
      * each routed one, counted in the cells they were in before it */
-    for (uint32_t c = 0; c < CELLS; c++)
-        s->opps[c] += cc[c];
+    const uint64_t *nz = s->ccbm + (size_t)layer * BMW;
+    for (uint32_t w = 0; w < BMW; w++)
+        for (uint64_t b = nz[w]; b; b &= b - 1) {
+            uint32_t c = w * 64 + (uint32_t)__builtin_ctzll(b);
+            s->opps[c] += cc[c];
+        }
     for (uint32_t j = 0; j < n; j++)
         s->uses[s->x[ids[j]].cell] += 1;
-    if (++s->turns % REFRESH == 0)
+    if (++s->turns % REFRESH == 0) {
         refresh_waits(s);
+        seg_rebuild(s);
+    }
 routed:
     s->routes[layer] += n;
     for (uint32_t j = 0; j < n; j++) {
@@ -507,12 +650,16 @@ routed:
         recell(s, ids[j], tok, 1);
     uint32_t m;
     const uint32_t *set;
+    /* (routed again now: already in its cell as of this turn) */
     if (tok >= 1 && (set = ring_set(s, layer, tok - 1, &m)) != NULL)
         for (uint32_t j = 0; j < m; j++)
-            recell(s, set[j], tok, 0);
+            if (s->x[set[j]].last_tok != tok)
+                recell(s, set[j], tok, 0);
+    /* only an expert not routed since turns cold now */
     if (tok >= COLD && (set = ring_set(s, layer, tok - COLD, &m)) != NULL)
         for (uint32_t j = 0; j < m; j++)
-            recell(s, set[j], tok, 0);
+            if (s->x[set[j]].last_tok == tok - COLD)
+                recell(s, set[j], tok, 0);
     if (tok >= WIN && (set = ring_set(s, layer, tok - WIN, &m)) != NULL)
         for (uint32_t j = 0; j < m; j++)
             recell(s, set[j], tok, 0);
