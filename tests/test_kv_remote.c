@@ -683,6 +683,48 @@ static void stopped_server_degrades_then_recovers(void **state)
     ft_redis_destroy(&s);
 }
 
+/* a server that stops answering (SIGSTOP: it still accepts connections):
+ * calls come back after the timeouts as misses, then at once while down */
+static void hung_server_answers_misses(void **state)
+{
+    (void)state;
+    ft_redis s;
+    assert_int_equal(ft_redis_start(&s, NULL), 0);
+    char url[128];
+    ferry_kv_config c = remote_config(&s, url, sizeof url, "hung:", 16);
+    g_ro.backoff_initial_ms = 1000;
+    g_ro.backoff_max_ms = 1000;
+    ferry_kv *a = NULL, *b = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &a));
+    FT_ASSERT_OK(ferry_kv_open(&c, &b));
+    enum { N = 3 * CT };
+    int32_t t1[N], t2[N];
+    make_tokens(t1, N, 50);
+    make_tokens(t2, N, 51);
+    store_prompt(a, t1, N, NULL);
+    assert_int_equal(ferry_kv_lookup(b, t1, N, NULL), N);
+    ft_redis_pause(&s);
+    hbuf d;
+    hbuf_init(&d, N);
+    /* b's fetch of what it indexed times out: a miss per chunk, no bytes */
+    assert_int_equal(ferry_kv_retrieve(b, t1, N, NULL, &d.b), 0);
+    assert_true(hbuf_untouched(&d, 0, N));
+    assert_int_equal(stats(b).remote_down, 1);
+    uint64_t deg = stats(b).remote_degraded;
+    assert_int_equal(ferry_kv_lookup(b, t2, N, NULL), 0);
+    assert_int_equal(stats(b).remote_degraded, deg + 1);
+    /* a stores and finds locally; its write-throughs never wait */
+    store_prompt(a, t2, N, NULL);
+    assert_int_equal(ferry_kv_lookup(a, t2, N, NULL), N);
+    assert_int_equal(ferry_kv_retrieve(a, t2, N, NULL, &d.b), N);
+    assert_true(hbuf_ok(&d, t2, 0, N));
+    ft_redis_resume(&s);
+    hbuf_free(&d);
+    ferry_kv_close(a);
+    ferry_kv_close(b);
+    ft_redis_destroy(&s);
+}
+
 /* ---- configuration ---- */
 
 static void bad_and_unreachable_remotes(void **state)
@@ -888,6 +930,7 @@ int main(void)
         cmocka_unit_test(damaged_value_is_a_miss_for_that_chunk),
         cmocka_unit_test(delete_removes_remote_copies),
         cmocka_unit_test(stopped_server_degrades_then_recovers),
+        cmocka_unit_test(hung_server_answers_misses),
         cmocka_unit_test(bad_and_unreachable_remotes),
         cmocka_unit_test(metrics_and_prometheus),
         cmocka_unit_test(remote_index_is_bounded),

@@ -250,7 +250,10 @@ typedef struct ferry_kv_config {
      * Options of the remote client (timeouts, backoff, write queue bounds,
      * TTL, connections, key_prefix, flags); NULL: the defaults. The store
      * supplies the layout fingerprint (options->layout is ignored) and,
-     * when key_prefix is NULL, "ferry:kv:". Copied at open.
+     * when key_prefix is NULL, "ferry:kv:"; zero timeouts become 200 ms to
+     * connect and 300 ms per socket read or write (the longest an engine
+     * thread waits on a hung server, once per backoff period). Copied at
+     * open.
      */
     const ferry_remote_options *remote_options;
     /** Remote-only chunks the index remembers at most; 0 -> 65536. */

@@ -1516,6 +1516,12 @@ static int open_remote(ferry_kv *kv, const ferry_kv_config *cfg, const char *url
     ro.size = sizeof ro;
     if (!ro.key_prefix)
         ro.key_prefix = "ferry:kv:";
+    /* an engine thread asking a hung server waits at most these, once per
+     * backoff period (a socket read/write, not a whole 32 MiB value) */
+    if (!ro.connect_timeout_ms)
+        ro.connect_timeout_ms = 200;
+    if (!ro.command_timeout_ms)
+        ro.command_timeout_ms = 300;
     /* everything that makes the bytes of a chunk mean something: a value
      * written under another fingerprint is refused as a miss */
     char fp[FERRY_REMOTE_LAYOUT_MAX];
