@@ -26,41 +26,9 @@
 
 #include <xxhash.h>
 
-#include "remote_int.h"
+#include "le.h"
 
-static void put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
+#include "remote_int.h"
 
 static uint64_t header_sum(const uint8_t *hdr, const void *layout, size_t layout_len)
 {
@@ -86,16 +54,16 @@ void ferry__rvalue_encode_header(void *dst, const void *layout, size_t layout_le
 {
     uint8_t *h = dst;
     memcpy(h, FERRY__RVALUE_MAGIC, 4);
-    put16(h + 4, FERRY__RVALUE_VERSION);
-    put16(h + 6, (uint16_t)(FERRY_REMOTE_HEADER_FIXED + layout_len));
-    put32(h + 8, 0);
-    put32(h + 12, (uint32_t)layout_len);
-    put64(h + 16, len);
-    put64(h + 24, XXH3_64bits(len ? payload : "", len));
-    put64(h + 32, key_sum);
+    ferry__put16(h + 4, FERRY__RVALUE_VERSION);
+    ferry__put16(h + 6, (uint16_t)(FERRY_REMOTE_HEADER_FIXED + layout_len));
+    ferry__put32(h + 8, 0);
+    ferry__put32(h + 12, (uint32_t)layout_len);
+    ferry__put64(h + 16, len);
+    ferry__put64(h + 24, XXH3_64bits(len ? payload : "", len));
+    ferry__put64(h + 32, key_sum);
     if (layout_len)
         memcpy(h + FERRY_REMOTE_HEADER_FIXED, layout, layout_len);
-    put64(h + 40, header_sum(h, layout, layout_len));
+    ferry__put64(h + 40, header_sum(h, layout, layout_len));
 }
 
 int ferry__rvalue_parse_header(const void *buf, size_t len, ferry__rvalue_hdr *out,
@@ -111,13 +79,13 @@ int ferry__rvalue_parse_header(const void *buf, size_t len, ferry__rvalue_hdr *o
                               "remote value: bad magic %02x %02x %02x %02x (not a ferry value)",
                               p[0], p[1], p[2], p[3]);
     ferry__rvalue_hdr h;
-    h.version = get16(p + 4);
-    h.header_len = get16(p + 6);
-    h.flags = get32(p + 8);
-    h.layout_len = get32(p + 12);
-    h.payload_len = get64(p + 16);
-    h.payload_sum = get64(p + 24);
-    h.key_sum = get64(p + 32);
+    h.version = ferry__get16(p + 4);
+    h.header_len = ferry__get16(p + 6);
+    h.flags = ferry__get32(p + 8);
+    h.layout_len = ferry__get32(p + 12);
+    h.payload_len = ferry__get64(p + 16);
+    h.payload_sum = ferry__get64(p + 24);
+    h.key_sum = ferry__get64(p + 32);
     if (h.version == 0)
         return ferry__err_set(eb, FERRY_ECORRUPT, "remote value: format version 0");
     if (h.version > FERRY__RVALUE_VERSION)
@@ -135,7 +103,7 @@ int ferry__rvalue_parse_header(const void *buf, size_t len, ferry__rvalue_hdr *o
                               "remote value: %zu bytes, shorter than its %u-byte header", len,
                               h.header_len);
     h.layout = p + FERRY_REMOTE_HEADER_FIXED;
-    uint64_t want = get64(p + 40), got = header_sum(p, h.layout, h.layout_len);
+    uint64_t want = ferry__get64(p + 40), got = header_sum(p, h.layout, h.layout_len);
     if (want != got)
         return ferry__err_set(eb, FERRY_ECORRUPT,
                               "remote value: header checksum %016llx, stored %016llx",

@@ -25,44 +25,12 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "le.h"
+
 #include "slab/pslab_int.h"
 
 static const char hdr_magic[8] = {'F', 'E', 'R', 'R', 'Y', 'P', 'S', 'B'};
 static const char jhdr_magic[8] = {'F', 'E', 'R', 'R', 'Y', 'P', 'J', 'L'};
-
-static void put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
 
 static int why_set(char *why, size_t why_len, int code, const char *fmt, ...)
     FERRY__PRINTF(4, 5);
@@ -115,17 +83,17 @@ void ferry__pslab_hdr_encode(const ferry__pslab_hdr *h, uint8_t out[FERRY__PSLAB
 {
     memset(out, 0, FERRY__PSLAB_HDR_BYTES);
     memcpy(out, hdr_magic, 8);
-    put32(out + 8, h->version);
-    put32(out + 12, FERRY__PSLAB_HDR_BYTES);
-    put64(out + 16, h->g.capacity);
-    put32(out + 24, h->g.alignment);
-    put32(out + 28, h->g.drives);
-    put32(out + 32, h->drive);
-    put32(out + 36, 0);
-    put64(out + 40, h->g.stripe);
-    put64(out + 48, h->g.creation_id);
-    put64(out + 56, h->created_ns);
-    put64(out + 120, XXH3_64bits(out, 120));
+    ferry__put32(out + 8, h->version);
+    ferry__put32(out + 12, FERRY__PSLAB_HDR_BYTES);
+    ferry__put64(out + 16, h->g.capacity);
+    ferry__put32(out + 24, h->g.alignment);
+    ferry__put32(out + 28, h->g.drives);
+    ferry__put32(out + 32, h->drive);
+    ferry__put32(out + 36, 0);
+    ferry__put64(out + 40, h->g.stripe);
+    ferry__put64(out + 48, h->g.creation_id);
+    ferry__put64(out + 56, h->created_ns);
+    ferry__put64(out + 120, XXH3_64bits(out, 120));
 }
 
 int ferry__pslab_hdr_decode(const void *buf, size_t len, ferry__pslab_hdr *out, char *why,
@@ -137,26 +105,26 @@ int ferry__pslab_hdr_decode(const void *buf, size_t len, ferry__pslab_hdr *out, 
                        FERRY__PSLAB_HDR_BYTES);
     if (memcmp(p, hdr_magic, 8))
         return why_set(why, why_len, FERRY_ECORRUPT, "bad magic (not a ferry persistent slab)");
-    uint32_t version = get32(p + 8);
+    uint32_t version = ferry__get32(p + 8);
     /* a newer writer may lay the rest out differently: the version decides first */
     if (version > FERRY_PSLAB_FORMAT)
         return why_set(why, why_len, FERRY_EVERSION,
                        "format version %u is newer than this library's %u", version,
                        FERRY_PSLAB_FORMAT);
-    if (XXH3_64bits(p, 120) != get64(p + 120))
+    if (XXH3_64bits(p, 120) != ferry__get64(p + 120))
         return why_set(why, why_len, FERRY_ECORRUPT, "header checksum mismatch");
-    if (version == 0 || get32(p + 12) != FERRY__PSLAB_HDR_BYTES || get32(p + 36) != 0)
+    if (version == 0 || ferry__get32(p + 12) != FERRY__PSLAB_HDR_BYTES || ferry__get32(p + 36) != 0)
         return why_set(why, why_len, FERRY_ECORRUPT, "header version %u / size %u / flags %u "
-                       "invalid", version, get32(p + 12), get32(p + 36));
+                       "invalid", version, ferry__get32(p + 12), ferry__get32(p + 36));
     ferry__pslab_hdr h;
     h.version = version;
-    h.g.capacity = get64(p + 16);
-    h.g.alignment = get32(p + 24);
-    h.g.drives = get32(p + 28);
-    h.drive = get32(p + 32);
-    h.g.stripe = get64(p + 40);
-    h.g.creation_id = get64(p + 48);
-    h.created_ns = get64(p + 56);
+    h.g.capacity = ferry__get64(p + 16);
+    h.g.alignment = ferry__get32(p + 24);
+    h.g.drives = ferry__get32(p + 28);
+    h.drive = ferry__get32(p + 32);
+    h.g.stripe = ferry__get64(p + 40);
+    h.g.creation_id = ferry__get64(p + 48);
+    h.created_ns = ferry__get64(p + 56);
     int rc = ferry__pslab_geom_check(&h.g, why, why_len);
     if (rc < 0)
         return rc;
@@ -171,15 +139,15 @@ void ferry__pslab_jhdr_encode(const ferry__pslab_jhdr *h, uint8_t out[FERRY__PSL
 {
     memset(out, 0, FERRY__PSLAB_JHDR_BYTES);
     memcpy(out, jhdr_magic, 8);
-    put32(out + 8, h->version);
-    put32(out + 12, FERRY__PSLAB_JHDR_BYTES);
-    put64(out + 16, h->g.creation_id);
-    put64(out + 24, h->g.capacity);
-    put64(out + 32, h->generation);
-    put32(out + 40, h->g.alignment);
-    put32(out + 44, h->g.drives);
-    put64(out + 48, h->g.stripe);
-    put64(out + 56, XXH3_64bits(out, 56));
+    ferry__put32(out + 8, h->version);
+    ferry__put32(out + 12, FERRY__PSLAB_JHDR_BYTES);
+    ferry__put64(out + 16, h->g.creation_id);
+    ferry__put64(out + 24, h->g.capacity);
+    ferry__put64(out + 32, h->generation);
+    ferry__put32(out + 40, h->g.alignment);
+    ferry__put32(out + 44, h->g.drives);
+    ferry__put64(out + 48, h->g.stripe);
+    ferry__put64(out + 56, XXH3_64bits(out, 56));
 }
 
 int ferry__pslab_jhdr_decode(const void *buf, size_t len, ferry__pslab_jhdr *out, char *why,
@@ -191,24 +159,24 @@ int ferry__pslab_jhdr_decode(const void *buf, size_t len, ferry__pslab_jhdr *out
                        len, FERRY__PSLAB_JHDR_BYTES);
     if (memcmp(p, jhdr_magic, 8))
         return why_set(why, why_len, FERRY_ECORRUPT, "bad journal magic");
-    uint32_t version = get32(p + 8);
+    uint32_t version = ferry__get32(p + 8);
     if (version > FERRY_PSLAB_FORMAT)
         return why_set(why, why_len, FERRY_EVERSION,
                        "journal format version %u is newer than this library's %u", version,
                        FERRY_PSLAB_FORMAT);
-    if (XXH3_64bits(p, 56) != get64(p + 56))
+    if (XXH3_64bits(p, 56) != ferry__get64(p + 56))
         return why_set(why, why_len, FERRY_ECORRUPT, "journal header checksum mismatch");
-    if (version == 0 || get32(p + 12) != FERRY__PSLAB_JHDR_BYTES)
+    if (version == 0 || ferry__get32(p + 12) != FERRY__PSLAB_JHDR_BYTES)
         return why_set(why, why_len, FERRY_ECORRUPT, "journal header version %u / size %u "
-                       "invalid", version, get32(p + 12));
+                       "invalid", version, ferry__get32(p + 12));
     ferry__pslab_jhdr h;
     h.version = version;
-    h.g.creation_id = get64(p + 16);
-    h.g.capacity = get64(p + 24);
-    h.generation = get64(p + 32);
-    h.g.alignment = get32(p + 40);
-    h.g.drives = get32(p + 44);
-    h.g.stripe = get64(p + 48);
+    h.g.creation_id = ferry__get64(p + 16);
+    h.g.capacity = ferry__get64(p + 24);
+    h.generation = ferry__get64(p + 32);
+    h.g.alignment = ferry__get32(p + 40);
+    h.g.drives = ferry__get32(p + 44);
+    h.g.stripe = ferry__get64(p + 48);
     int rc = ferry__pslab_geom_check(&h.g, why, why_len);
     if (rc < 0)
         return rc;
@@ -218,17 +186,17 @@ int ferry__pslab_jhdr_decode(const void *buf, size_t len, ferry__pslab_jhdr *out
 
 void ferry__pslab_rec_encode(const ferry__pslab_rec *r, uint64_t seed, uint8_t *out)
 {
-    put16(out, FERRY__PSLAB_REC_MAGIC);
+    ferry__put16(out, FERRY__PSLAB_REC_MAGIC);
     out[2] = (uint8_t)r->type;
     out[3] = 0;
-    put32(out + 4, r->klen);
-    put64(out + 8, r->seq);
-    put64(out + 16, r->offset);
-    put64(out + 24, r->length);
-    put64(out + 32, r->sum);
+    ferry__put32(out + 4, r->klen);
+    ferry__put64(out + 8, r->seq);
+    ferry__put64(out + 16, r->offset);
+    ferry__put64(out + 24, r->length);
+    ferry__put64(out + 32, r->sum);
     memcpy(out + FERRY__PSLAB_REC_HEAD, r->key, r->klen);
     size_t n = FERRY__PSLAB_REC_HEAD + r->klen;
-    put64(out + n, XXH3_64bits_withSeed(out, n, seed));
+    ferry__put64(out + n, XXH3_64bits_withSeed(out, n, seed));
 }
 
 int ferry__pslab_rec_decode(const uint8_t *buf, size_t avail, uint64_t seed,
@@ -236,25 +204,25 @@ int ferry__pslab_rec_decode(const uint8_t *buf, size_t avail, uint64_t seed,
 {
     if (avail < FERRY__PSLAB_REC_FIXED)
         return FERRY_ECORRUPT;
-    if (get16(buf) != FERRY__PSLAB_REC_MAGIC || buf[3] != 0)
+    if (ferry__get16(buf) != FERRY__PSLAB_REC_MAGIC || buf[3] != 0)
         return FERRY_ECORRUPT;
     int type = buf[2];
-    uint32_t klen = get32(buf + 4);
+    uint32_t klen = ferry__get32(buf + 4);
     if ((type != FERRY__PSLAB_PUT && type != FERRY__PSLAB_DEL) || klen == 0 ||
         klen > FERRY_PSLAB_KEY_MAX)
         return FERRY_ECORRUPT;
     size_t n = FERRY__PSLAB_REC_HEAD + klen;
     if (avail < n + 8)
         return FERRY_ECORRUPT;
-    if (XXH3_64bits_withSeed(buf, n, seed) != get64(buf + n))
+    if (XXH3_64bits_withSeed(buf, n, seed) != ferry__get64(buf + n))
         return FERRY_ECORRUPT;
     r->type = type;
     r->klen = klen;
     r->key = buf + FERRY__PSLAB_REC_HEAD;
-    r->seq = get64(buf + 8);
-    r->offset = get64(buf + 16);
-    r->length = get64(buf + 24);
-    r->sum = get64(buf + 32);
+    r->seq = ferry__get64(buf + 8);
+    r->offset = ferry__get64(buf + 16);
+    r->length = ferry__get64(buf + 24);
+    r->sum = ferry__get64(buf + 32);
     *used = n + 8;
     return 0;
 }
