@@ -604,7 +604,7 @@ static int wait_remote_up(ferry_kv *kv, unsigned seed)
 {
     int32_t t[CT];
     make_tokens(t, CT, seed);
-    for (int i = 0; i < 400; i++) {
+    for (int i = 0; i < 800; i++) {
         ferry_kv_lookup(kv, t, CT, NULL);
         if (stats(kv).remote_down == 0)
             return 1;
@@ -621,8 +621,8 @@ static void stopped_server_degrades_then_recovers(void **state)
     const char *pfx = "stop:";
     char url[128];
     ferry_kv_config c = remote_config(&s, url, sizeof url, pfx, 16);
-    g_ro.backoff_initial_ms = 1000; /* long enough for the checks made while down */
-    g_ro.backoff_max_ms = 1000;
+    g_ro.backoff_initial_ms = 2000; /* long enough for the checks made while down */
+    g_ro.backoff_max_ms = 2000;
     ferry_kv *a = NULL, *b = NULL;
     FT_ASSERT_OK(ferry_kv_open(&c, &a));
     FT_ASSERT_OK(ferry_kv_open(&c, &b));
@@ -692,8 +692,8 @@ static void hung_server_answers_misses(void **state)
     assert_int_equal(ft_redis_start(&s, NULL), 0);
     char url[128];
     ferry_kv_config c = remote_config(&s, url, sizeof url, "hung:", 16);
-    g_ro.backoff_initial_ms = 1000;
-    g_ro.backoff_max_ms = 1000;
+    g_ro.backoff_initial_ms = 2000;
+    g_ro.backoff_max_ms = 2000;
     ferry_kv *a = NULL, *b = NULL;
     FT_ASSERT_OK(ferry_kv_open(&c, &a));
     FT_ASSERT_OK(ferry_kv_open(&c, &b));
