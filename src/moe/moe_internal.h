@@ -90,6 +90,12 @@ static inline int ferry__pinned(const ferry__policy *p, uint32_t slot)
     return p->env.pin_step[slot] == *p->env.step;
 }
 
+/* the routing policy's structure checker: 0, or -EINVAL with a message
+ * naming the first broken invariant in why (tests) */
+int ferry__routing_check(const ferry__policy *p, char *why, size_t len);
+/* the planner's policy (tests) */
+const ferry__policy *ferry__planner_policy(const ferry_moe_planner *p);
+
 /* the registry */
 const ferry__policy_ops *ferry__policy_find(const char *name);
 

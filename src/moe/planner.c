@@ -233,6 +233,11 @@ const char *ferry_moe_planner_policy(const ferry_moe_planner *p)
     return p->pops->name;
 }
 
+const ferry__policy *ferry__planner_policy(const ferry_moe_planner *p)
+{
+    return p->pol;
+}
+
 uint32_t ferry_moe_planner_slots(const ferry_moe_planner *p)
 {
     return p->slots;

@@ -37,15 +37,23 @@
  * is routed).
  *
  * Within a layer, every expert's next turn is the same token, so experts
- * are ordered by 1/lambda alone in a per-layer heap whose keys change only
- * on those events; across layers a tournament tree over the layer heap
- * tops, each with its layer's next-turn offset added, names the victim:
- * O(log num_layers + log n) per eviction and per top change, no scan of the
- * slots (a pinned best top - only a prefetch can leave one there - falls
- * back to comparing every layer). Ties go to the lowest slot index.
+ * are ordered by their cell's wait alone: each (layer, cell) keeps a FIFO
+ * list of its resident slots, and each layer a bitmap over cell ranks
+ * (cells sorted by wait, refreshed with the waits) of its non-empty
+ * lists, so moving a slot between cells is O(1) and a layer's candidate
+ * is the head of its first non-empty list by rank (the slot that entered
+ * that cell first: LRU order within a cell). Across layers a tournament
+ * tree over the layer candidates, each with its layer's next-turn offset
+ * added, names the victim: O(log num_layers) per candidate change, no scan
+ * of the slots (a pinned best candidate - only a prefetch can leave one
+ * there - falls back to every layer's first unpinned one). A routed
+ * expert is off its list from its hit or insert until end_step re-lists
+ * it, so no expert of the current step is ever a candidate.
+ * ferry__routing_check() walks all of it for the tests.
  */
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "moe/moe_internal.h"
@@ -153,16 +161,21 @@ static uint8_t pop_bucket(const routing *s, uint32_t id)
                                           1.41421356, 2.0, 2.82842712};
     uint32_t E = s->base.env.num_experts;
     double share_e = (double)s->x[id].cnt * E, routes = (double)s->routes[id / E];
-    uint8_t pop = 0;
-    while (pop < POP_B - 1 && routes > 0 && share_e >= thr[pop] * routes)
-        pop++;
+    if (routes <= 0)
+        return 0;
+    /* binary search over the 7 thresholds: 3 compares */
+    uint8_t pop = share_e >= thr[3] * routes ? 4 : 0;
+    if (share_e >= thr[pop + 1] * routes)
+        pop += 2;
+    if (share_e >= thr[pop] * routes)
+        pop += 1;
     return pop;
 }
 
 /* the expected wait, in turns, of a cell: 1/lambda - 1 with lambda =
  * uses / opportunities (a weak prior of 1 in 8 for an empty cell);
  * cached, refreshed every REFRESH turns since lambda drifts slowly */
-#define REFRESH 64
+#define REFRESH 256
 
 /* cell a goes before cell b in rank order: longer wait first, ties by cell */
 static int rank_before(const routing *s, uint32_t a, uint32_t b)
@@ -626,7 +639,10 @@ static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, u
         }
     for (uint32_t j = 0; j < n; j++)
         s->uses[s->x[ids[j]].cell] += 1;
-    if (++s->turns % REFRESH == 0) {
+    /* early on (turns 16, 32, .., REFRESH) the waits move fast: refresh
+     * at each doubling, then every REFRESH turns */
+    ++s->turns;
+    if (s->turns % REFRESH == 0 || (s->turns >= 16 && s->turns < REFRESH && !(s->turns & (s->turns - 1)))) {
         refresh_waits(s);
         seg_rebuild(s);
     }
@@ -660,9 +676,15 @@ routed:
         for (uint32_t j = 0; j < m; j++)
             if (s->x[set[j]].last_tok == tok - COLD)
                 recell(s, set[j], tok, 0);
+    /* a route of tok - WIN leaves the window (a hinted member that was
+     * not routed then, or one routed again now, has no such event) */
     if (tok >= WIN && (set = ring_set(s, layer, tok - WIN, &m)) != NULL)
-        for (uint32_t j = 0; j < m; j++)
-            recell(s, set[j], tok, 0);
+        for (uint32_t j = 0; j < m; j++) {
+            const xinfo *xi = &s->x[set[j]];
+            uint32_t d = xi->last_tok - (tok - WIN);
+            if (xi->last_tok != tok && xi->last_tok != UINT32_MAX && d < 32 && (xi->bits >> d & 1u))
+                recell(s, set[j], tok, 0);
+        }
     /* remember this turn's set */
     size_t r = (size_t)layer * RING + tok % RING;
     uint32_t keep = n < s->ring_cap ? n : s->ring_cap;
@@ -722,3 +744,84 @@ const ferry__policy_ops ferry__policy_routing = {
     .remove = rt_remove,
     .victim = rt_victim,
 };
+
+/* ---- invariant checker (tests) ---- */
+#define FAIL(...) (snprintf(why, len, __VA_ARGS__), -EINVAL)
+
+int ferry__routing_check(const ferry__policy *p, char *why, size_t len)
+{
+    const routing *s = (const routing *)p;
+    uint32_t L = p->env.num_layers, E = p->env.num_experts, n = p->env.slots;
+    uint32_t listed = 0;
+    /* ranks: a permutation, in (wait desc, cell asc) order */
+    for (uint32_t r = 0; r < CELLS; r++) {
+        if (s->rank[s->at_rank[r]] != r)
+            return FAIL("rank %u: at_rank %u has rank %u", r, s->at_rank[r], s->rank[s->at_rank[r]]);
+        if (r && !rank_before(s, s->at_rank[r - 1], s->at_rank[r]))
+            return FAIL("rank %u: cell %u out of order after cell %u", r, s->at_rank[r],
+                        s->at_rank[r - 1]);
+    }
+    for (uint32_t m = 0; m < L; m++) {
+        uint64_t sum = 0;
+        for (uint32_t c = 0; c < CELLS; c++) {
+            uint32_t cnt = s->cell_count[(size_t)m * CELLS + c];
+            sum += cnt;
+            int nz = (int)(s->ccbm[(size_t)m * BMW + c / 64] >> (c % 64) & 1u);
+            if (nz != (cnt != 0))
+                return FAIL("layer %u cell %u: count %u, non-zero bit %d", m, c, cnt, nz);
+            size_t lc = (size_t)m * CELLS + c;
+            uint32_t r = s->rank[c], prev = NONE, k = 0;
+            int bit = (int)(s->bm[(size_t)m * BMW + r / 64] >> (r % 64) & 1u);
+            if (bit != (s->head[lc] != NONE))
+                return FAIL("layer %u cell %u: list %s, bitmap bit %d", m, c,
+                            s->head[lc] != NONE ? "non-empty" : "empty", bit);
+            for (uint32_t v = s->head[lc]; v != NONE; prev = v, v = s->nxt[v]) {
+                if (v >= n || ++k > n)
+                    return FAIL("layer %u cell %u: list broken at slot %u", m, c, v);
+                uint32_t id = p->env.occupant[v];
+                if (s->prv[v] != prev || s->scell[v] != c)
+                    return FAIL("slot %u: links or cell (%u) disagree with list %u/%u", v,
+                                s->scell[v], m, c);
+                if (id == FERRY_MOE_NONE || id / E != m || s->x[id].cell != c)
+                    return FAIL("slot %u listed in %u/%u holds expert %u (cell %u)", v, m, c, id,
+                                id == FERRY_MOE_NONE ? CELL_NONE : s->x[id].cell);
+                listed++;
+            }
+            if (s->tail[lc] != prev)
+                return FAIL("layer %u cell %u: tail %u, last %u", m, c, s->tail[lc], prev);
+        }
+        if (sum != E)
+            return FAIL("layer %u: cell counts sum to %llu, not %u", m, (unsigned long long)sum, E);
+    }
+    /* between calls every resident slot is listed (a routed one is off
+     * its list only inside ensure) */
+    uint32_t resident = 0;
+    for (uint32_t v = 0; v < n; v++) {
+        if (p->env.occupant[v] == FERRY_MOE_NONE) {
+            if (s->scell[v] != CELL_NONE)
+                return FAIL("free slot %u is listed in cell %u", v, s->scell[v]);
+            continue;
+        }
+        resident++;
+        if (s->scell[v] == CELL_NONE && !ferry__pinned(p, v))
+            return FAIL("slot %u (expert %u) is resident, unpinned and unlisted", v,
+                        p->env.occupant[v]);
+    }
+    if (listed != resident)
+        return FAIL("%u slots listed, %u resident", listed, resident);
+    /* the tournament: each layer's cached candidate and value are current,
+     * and the root holds the furthest predicted use of every listed slot */
+    if (s->seg_tok == *p->env.token) {
+        double best = -INFINITY;
+        for (uint32_t m = 0; m < L; m++) {
+            if (s->ltop[m] != layer_top(s, m) || s->lval[m] != layer_value(s, m))
+                return FAIL("layer %u: cached candidate %u / value stale", m, s->ltop[m]);
+            if (s->lval[m] > best)
+                best = s->lval[m];
+        }
+        uint32_t w = s->seg[1];
+        if ((w == UINT32_MAX) != (best == -INFINITY) || (w != UINT32_MAX && s->lval[w] != best))
+            return FAIL("tournament root %u is not the furthest layer", w);
+    }
+    return 0;
+}

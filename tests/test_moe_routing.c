@@ -1,0 +1,171 @@
+/*
+ * test_moe_routing.c - the routing policy's O(1) structures: per-(layer,
+ * cell) lists, rank bitmaps and the tournament over layers stay consistent
+ * with the planner (checked after every call), the victim is the furthest
+ * predicted use of any listed slot, no current-step expert is evicted (with
+ * prefetches in between), runs are deterministic, and resize, forget and
+ * prefill keep the structures whole.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ferry_test.h"
+#include "moe/moe_internal.h"
+
+static ferry_moe_trace *gen(const char *model, uint32_t tokens, uint32_t layers, uint32_t experts,
+                            uint64_t seed)
+{
+    ferry_moe_gen_options go = FERRY_MOE_GEN_OPTIONS_INIT;
+    go.model = model;
+    go.tokens = tokens;
+    go.seed = seed;
+    go.num_layers = layers;
+    go.num_experts = experts;
+    ferry_moe_trace *t = NULL;
+    FT_ASSERT_OK(ferry_moe_trace_generate(&go, &t));
+    return t;
+}
+
+static ferry_moe_planner *mk(const ferry_moe_trace *t, uint32_t slots)
+{
+    const ferry_moe_model *m = ferry_moe_trace_model(t);
+    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
+    o.num_layers = m->num_layers;
+    o.num_experts = m->num_experts;
+    o.slots = slots;
+    o.policy = "routing";
+    ferry_moe_planner *p = NULL;
+    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
+    return p;
+}
+
+static void check(const ferry_moe_planner *p, size_t step)
+{
+    char why[256] = "";
+    int rc = ferry__routing_check(ferry__planner_policy(p), why, sizeof why);
+    if (rc != 0)
+        fail_msg("after step %zu: %s", step, why);
+}
+
+static void structures_stay_consistent_through_a_trace(void **state)
+{
+    (void)state;
+    /* 12 layers x 64 experts, 96 tokens: past the first wait refreshes,
+     * with evictions at both budgets */
+    ferry_moe_trace *t = gen("qwen3-30b-a3b", 96, 12, 64, 3);
+    uint32_t budgets[] = {64, 12 * 64 / 4};
+    for (size_t b = 0; b < 2; b++) {
+        ferry_moe_planner *p = mk(t, budgets[b]);
+        check(p, 0);
+        for (size_t i = 0; i < ferry_moe_trace_steps(t); i++) {
+            uint32_t tok, layer, n;
+            const uint32_t *ex;
+            FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &n));
+            assert_true(ferry_moe_planner_ensure(p, layer, ex, n, NULL, NULL, NULL) >= 0);
+            check(p, i);
+        }
+        ferry_moe_planner_stats st;
+        ferry_moe_planner_get_stats(p, &st);
+        assert_true(st.evictions > 0);
+        ferry_moe_planner_destroy(p);
+    }
+    ferry_moe_trace_destroy(t);
+}
+
+/* with prefetches of the next layer between steps (some pinned, listed
+ * slots), every routed expert is resident after its ensure, the
+ * prefetch never displaces the step's experts, and the structures hold */
+static void never_evicts_a_current_step_expert_with_prefetches(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = gen("small", 200, 0, 0, 5);
+    const ferry_moe_model *m = ferry_moe_trace_model(t);
+    ferry_moe_planner *p = mk(t, m->num_experts + 4);
+    uint32_t slots[64];
+    for (size_t i = 0; i < ferry_moe_trace_steps(t); i++) {
+        uint32_t tok, layer, n;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &n));
+        assert_true(n <= 64);
+        assert_true(ferry_moe_planner_ensure(p, layer, ex, n, slots, NULL, NULL) >= 0);
+        for (uint32_t j = 0; j < n; j++)
+            assert_int_equal(ferry_moe_planner_lookup(p, layer, ex[j]), slots[j]);
+        check(p, i);
+        /* the engine guesses the next layer will reuse this route's ids */
+        if (layer + 1 < m->num_layers) {
+            ferry_moe_copy_plan plan;
+            int rc = ferry_moe_planner_prefetch(p, layer + 1, ex, n, &plan);
+            assert_true(rc >= 0 || rc == FERRY_ENOSPACE);
+            for (uint32_t j = 0; j < n; j++)
+                assert_int_equal(ferry_moe_planner_lookup(p, layer, ex[j]), slots[j]);
+            check(p, i);
+        }
+    }
+    ferry_moe_planner_destroy(p);
+    ferry_moe_trace_destroy(t);
+}
+
+static void same_trace_same_slots(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = gen("deepseek-v3", 24, 16, 128, 9);
+    ferry_moe_planner *a = mk(t, 16 * 128 / 8), *b = mk(t, 16 * 128 / 8);
+    uint32_t sa[16], sb[16];
+    for (size_t i = 0; i < ferry_moe_trace_steps(t); i++) {
+        uint32_t tok, layer, n;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &n));
+        assert_true(n <= 16);
+        assert_int_equal(ferry_moe_planner_ensure(a, layer, ex, n, sa, NULL, NULL),
+                         ferry_moe_planner_ensure(b, layer, ex, n, sb, NULL, NULL));
+        assert_memory_equal(sa, sb, n * sizeof sa[0]);
+    }
+    ferry_moe_replay_result ra, rb;
+    FT_ASSERT_OK(ferry_moe_replay(t, "routing", 16 * 128 / 8, 0, &ra));
+    FT_ASSERT_OK(ferry_moe_replay(t, "routing", 16 * 128 / 8, 0, &rb));
+    assert_int_equal(ra.hits, rb.hits);
+    assert_int_equal(ra.misses, rb.misses);
+    ferry_moe_planner_destroy(a);
+    ferry_moe_planner_destroy(b);
+    ferry_moe_trace_destroy(t);
+}
+
+static void resize_forget_and_prefill_keep_the_structures(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = gen("qwen3-30b-a3b", 40, 6, 32, 2);
+    ferry_moe_planner *p = mk(t, 6 * 32 / 2);
+    size_t steps = ferry_moe_trace_steps(t);
+    for (size_t i = 0; i < steps; i++) {
+        uint32_t tok, layer, n;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &n));
+        assert_true(ferry_moe_planner_ensure(p, layer, ex, n, NULL, NULL, NULL) >= 0);
+        if (i == steps / 4)
+            assert_true(ferry_moe_planner_resize(p, 40) >= 0);
+        if (i == steps / 2)
+            assert_true(ferry_moe_planner_resize(p, 100) >= 0);
+        if (i % 7 == 3) {
+            uint32_t s = ferry_moe_planner_lookup(p, layer, ex[0]);
+            FT_ASSERT_OK(ferry_moe_planner_forget(p, s));
+        }
+        if (i % 50 == 49)
+            assert_true(ferry_moe_planner_prefill(p, layer, NULL, NULL) >= 0);
+        check(p, i);
+    }
+    ferry_moe_planner_destroy(p);
+    ferry_moe_trace_destroy(t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(structures_stay_consistent_through_a_trace),
+        cmocka_unit_test(never_evicts_a_current_step_expert_with_prefetches),
+        cmocka_unit_test(same_trace_same_slots),
+        cmocka_unit_test(resize_forget_and_prefill_keep_the_structures),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
