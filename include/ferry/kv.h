@@ -53,8 +53,12 @@
  * its value carries a layout fingerprint, so a value written for another
  * layout under the same key is refused (a miss). A store writes each new
  * chunk through to the remote asynchronously (queued by a worker; never
- * waiting on the network; dropped when the remote is down or its queue is
- * full). A lookup that misses the local index asks the remote, in one
+ * waiting on the network; dropped when the remote is down or its bounded
+ * queue is full: remote_dropped). Other stores see a chunk once its write
+ * has landed (ferry_kv_flush waits for that), and this store counts a
+ * chunk as remote-resident only on the server's word, never because its
+ * put was queued: a chunk evicted locally before its write landed is a
+ * miss until it has. A lookup that misses the local index asks the remote, in one
  * pipelined round trip, about all the chunks from the first local miss
  * on, and indexes those it has as resident in FERRY_KV_TIER_REMOTE; a
  * retrieve (or prefetch) does the same for chunks it does not find
