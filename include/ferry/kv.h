@@ -468,8 +468,10 @@ typedef struct ferry_kv_stats {
     uint64_t store_ns[FERRY_KV_HIST_BUCKETS];
     uint64_t retrieve_ns[FERRY_KV_HIST_BUCKETS];
     /* the remote tier (all 0 without one); tier[FERRY_KV_TIER_REMOTE] has
-     * its hits (chunks lookups and retrieves found only there), bytes and
-     * the remote-only chunks the index remembers */
+     * its hits (chunks lookups and retrieves found only there), bytes, the
+     * remote-resident chunks the index remembers (chunks, used_bytes; usage
+     * is their share of remote_index_chunks) and capacity_bytes 0 (the
+     * server's is not known here) */
     uint64_t remote_lookups;       /**< round trips asking which chunks the remote has */
     uint64_t remote_lookup_chunks; /**< chunks asked about */
     uint64_t remote_found_chunks;  /**< chunks it had (a leading run of those asked) */

@@ -88,7 +88,9 @@ int ferry_kv_metrics(ferry_kv *kv, ferry_kv_stats *out)
         ferry_kv_tier_stats *ts = &m.tier[t];
         ts->chunks = tr->used;
         ts->used_bytes = tr->used * kv->chunk_bytes;
-        ts->capacity_bytes = tr->capacity * kv->chunk_bytes;
+        /* the remote tier's capacity is the server's, unknown here; its
+         * chunks are the remote-resident ones the index remembers */
+        ts->capacity_bytes = t == FERRY_KV_TIER_REMOTE ? 0 : tr->capacity * kv->chunk_bytes;
         ts->usage = tr->capacity ? (double)tr->used / (double)tr->capacity : 0;
     }
     pthread_mutex_unlock(&kv->mu);
