@@ -819,6 +819,55 @@ static void remote_index_is_bounded(void **state)
     ferry_kv_close(b);
 }
 
+/* an allocation failure anywhere in open, lookup or retrieve of remote
+ * chunks: a clear code or a miss, never wrong bytes, nothing leaked */
+static void out_of_memory_anywhere(void **state)
+{
+    (void)state;
+    const char *pfx = "oom:";
+    ferry_kv *a = open_store(&g_srv, pfx, 16);
+    enum { N = 3 * CT };
+    int32_t t[N];
+    make_tokens(t, N, 60);
+    store_prompt(a, t, N, NULL);
+    ferry_kv_close(a);
+    hbuf d;
+    hbuf_init(&d, N);
+    char url[128];
+    int opened = 0, full = 0;
+    for (uint64_t at = 1; at < 600 && !full; at++) {
+        ferry_kv_config c = remote_config(&g_srv, url, sizeof url, pfx, 8);
+        ft_alloc_install(at, 0);
+        ferry_kv *kv = NULL;
+        int rc = ferry_kv_open(&c, &kv);
+        if (rc < 0) {
+            assert_int_equal(rc, -ENOMEM);
+            assert_null(kv);
+            ft_alloc_reset();
+            assert_int_equal(ft_alloc_live(), 0);
+            continue;
+        }
+        opened++;
+        int lead = ferry_kv_lookup(kv, t, N, NULL);
+        assert_true(lead >= 0 && lead <= N && lead % CT == 0);
+        memset(d.mem, 0xEE, PLANES * N * TB);
+        int got = ferry_kv_retrieve(kv, t, N, NULL, &d.b);
+        if (got < 0)
+            assert_int_equal(got, -ENOMEM);
+        else
+            assert_true(hbuf_ok(&d, t, 0, (size_t)got));
+        FT_ASSERT_OK(ferry__kv_check(kv));
+        if (got == N && lead == N && ft_alloc_failures() == 0)
+            full = 1;
+        ferry_kv_close(kv);
+        ft_alloc_reset();
+        assert_int_equal(ft_alloc_live(), 0);
+    }
+    assert_true(opened > 0);
+    assert_true(full);
+    hbuf_free(&d);
+}
+
 /* ---- threads: one store writes, another reads what lands ---- */
 
 enum { TP = 16, TN = 4 * CT };
@@ -934,6 +983,7 @@ int main(void)
         cmocka_unit_test(bad_and_unreachable_remotes),
         cmocka_unit_test(metrics_and_prometheus),
         cmocka_unit_test(remote_index_is_bounded),
+        cmocka_unit_test(out_of_memory_anywhere),
         cmocka_unit_test(threads_share_through_the_server),
     };
     return cmocka_run_group_tests_name("kv_remote", tests, srv_setup, srv_teardown);
