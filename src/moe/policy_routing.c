@@ -91,9 +91,9 @@ typedef struct routing {
     /* resident slots by cell: per (layer, cell) a FIFO list of the slots
      * whose expert is in that cell; per layer a bitmap over cell ranks
      * (rank 0: the longest wait) of its non-empty lists */
-    uint32_t *nxt, *prv;       /* per slot, NONE at the ends */
+    uint32_t *lk;              /* per slot: next, prev (NONE at the ends) */
     uint16_t *scell;           /* per slot: the cell it is listed in, CELL_NONE */
-    uint32_t *head, *tail;     /* [L][CELLS] */
+    uint32_t *ht;              /* [L][CELLS]: head, tail (one cache line) */
     uint64_t *bm;              /* [L][BMW] */
     uint64_t *ccbm;            /* [L][BMW] by cell: cell_count non-zero */
     uint16_t rank[CELLS], at_rank[CELLS];
@@ -120,11 +120,9 @@ typedef struct routing {
 static void rt_fini(ferry__policy *p)
 {
     routing *s = (routing *)p;
-    ferry__free(s->nxt);
-    ferry__free(s->prv);
+    ferry__free(s->lk);
     ferry__free(s->scell);
-    ferry__free(s->head);
-    ferry__free(s->tail);
+    ferry__free(s->ht);
     ferry__free(s->bm);
     ferry__free(s->ccbm);
     ferry__free(s->x);
@@ -219,11 +217,9 @@ static int rt_init(ferry__policy *p)
     routing *s = (routing *)p;
     uint32_t n = p->env.slots, L = p->env.num_layers, E = p->env.num_experts;
     size_t ids = (size_t)L * E;
-    s->nxt = ferry__malloc((size_t)n * sizeof(uint32_t));
-    s->prv = ferry__malloc((size_t)n * sizeof(uint32_t));
+    s->lk = ferry__malloc((size_t)n * 2 * sizeof(uint32_t));
     s->scell = ferry__malloc((size_t)n * sizeof(uint16_t));
-    s->head = ferry__malloc((size_t)L * CELLS * sizeof(uint32_t));
-    s->tail = ferry__malloc((size_t)L * CELLS * sizeof(uint32_t));
+    s->ht = ferry__malloc((size_t)L * CELLS * 2 * sizeof(uint32_t));
     s->bm = ferry__calloc((size_t)L * BMW, sizeof(uint64_t));
     s->ccbm = ferry__calloc((size_t)L * BMW, sizeof(uint64_t));
     s->x = ferry__calloc(ids, sizeof(xinfo));
@@ -239,7 +235,7 @@ static int rt_init(ferry__policy *p)
     s->seg = ferry__malloc(2 * (size_t)s->seg_p * sizeof(uint32_t));
     s->lval = ferry__malloc((size_t)L * sizeof(double));
     s->ltop = ferry__malloc((size_t)L * sizeof(uint32_t));
-    if (!s->seg || !s->lval || !s->ltop || !s->nxt || !s->prv || !s->scell || !s->head || !s->tail || !s->bm || !s->ccbm || !s->x || !s->cell_count || !s->routes || !s->turn_tok || !s->ring ||
+    if (!s->seg || !s->lval || !s->ltop || !s->lk || !s->scell || !s->ht || !s->bm || !s->ccbm || !s->x || !s->cell_count || !s->routes || !s->turn_tok || !s->ring ||
         !s->ring_n || !s->ring_tok) {
         rt_fini(p);
         return -ENOMEM;
@@ -247,8 +243,7 @@ static int rt_init(ferry__policy *p)
     /* every list is allocated whole: an insert never fails half-way
      * through a step */
     memset(s->scell, 0xff, (size_t)n * sizeof(uint16_t));
-    memset(s->head, 0xff, (size_t)L * CELLS * sizeof(uint32_t));
-    memset(s->tail, 0xff, (size_t)L * CELLS * sizeof(uint32_t));
+    memset(s->ht, 0xff, (size_t)L * CELLS * 2 * sizeof(uint32_t));
     for (uint32_t c = 0; c < CELLS; c++)
         s->at_rank[c] = s->rank[c] = (uint16_t)c;
     memset(s->turn_tok, 0xff, (size_t)L * sizeof(uint32_t));
@@ -310,7 +305,7 @@ static uint32_t layer_top_cell(const routing *s, uint32_t m)
 static uint32_t layer_top(const routing *s, uint32_t m)
 {
     uint32_t c = layer_top_cell(s, m);
-    return c == CELL_NONE ? NONE : s->head[(size_t)m * CELLS + c];
+    return c == CELL_NONE ? NONE : s->ht[2 * ((size_t)m * CELLS + c)];
 }
 
 static void unlist(routing *s, uint32_t m, uint32_t slot)
@@ -319,17 +314,17 @@ static void unlist(routing *s, uint32_t m, uint32_t slot)
     if (c == CELL_NONE)
         return;
     size_t lc = (size_t)m * CELLS + c;
-    uint32_t a = s->prv[slot], b = s->nxt[slot];
+    uint32_t a = s->lk[2 * slot + 1], b = s->lk[2 * slot];
     if (a != NONE)
-        s->nxt[a] = b;
+        s->lk[2 * a] = b;
     else
-        s->head[lc] = b;
+        s->ht[2 * lc] = b;
     if (b != NONE)
-        s->prv[b] = a;
+        s->lk[2 * b + 1] = a;
     else
-        s->tail[lc] = a;
+        s->ht[2 * lc + 1] = a;
     s->scell[slot] = CELL_NONE;
-    if (s->head[lc] == NONE) {
+    if (s->ht[2 * lc] == NONE) {
         uint32_t r = s->rank[c];
         s->bm[(size_t)m * BMW + r / 64] &= ~(1ull << (r % 64));
     }
@@ -338,17 +333,17 @@ static void unlist(routing *s, uint32_t m, uint32_t slot)
 static void enlist(routing *s, uint32_t m, uint32_t slot, uint16_t c)
 {
     size_t lc = (size_t)m * CELLS + c;
-    uint32_t t = s->tail[lc];
-    s->prv[slot] = t;
-    s->nxt[slot] = NONE;
+    uint32_t t = s->ht[2 * lc + 1];
+    s->lk[2 * slot + 1] = t;
+    s->lk[2 * slot] = NONE;
     if (t != NONE)
-        s->nxt[t] = slot;
+        s->lk[2 * t] = slot;
     else {
-        s->head[lc] = slot;
+        s->ht[2 * lc] = slot;
         uint32_t r = s->rank[c];
         s->bm[(size_t)m * BMW + r / 64] |= 1ull << (r % 64);
     }
-    s->tail[lc] = slot;
+    s->ht[2 * lc + 1] = slot;
     s->scell[slot] = c;
 }
 
@@ -416,7 +411,7 @@ static void place(routing *s, uint32_t m, uint32_t slot, uint16_t c)
 {
     if (s->scell[slot] == c && c != CELL_NONE) {
         /* same cell: a routed expert goes to the back of its list */
-        if (s->nxt[slot] == NONE)
+        if (s->lk[2 * slot] == NONE)
             return;
     }
     uint32_t old_top = s->ltop[m];
@@ -525,7 +520,7 @@ static int rt_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slo
         for (uint32_t w = 0; w < BMW && found == NONE; w++)
             for (uint64_t b = bm[w]; b && found == NONE; b &= b - 1) {
                 uint16_t c = s->at_rank[w * 64 + (uint32_t)__builtin_ctzll(b)];
-                for (v = s->head[(size_t)m * CELLS + c]; v != NONE; v = s->nxt[v])
+                for (v = s->ht[2 * ((size_t)m * CELLS + c)]; v != NONE; v = s->lk[2 * v])
                     if (!ferry__pinned(p, v)) {
                         found = v;
                         fc = c;
@@ -696,14 +691,14 @@ int ferry__routing_check(const ferry__policy *p, char *why, size_t len)
             size_t lc = (size_t)m * CELLS + c;
             uint32_t r = s->rank[c], prev = NONE, k = 0;
             int bit = (int)(s->bm[(size_t)m * BMW + r / 64] >> (r % 64) & 1u);
-            if (bit != (s->head[lc] != NONE))
+            if (bit != (s->ht[2 * lc] != NONE))
                 return FAIL("layer %u cell %u: list %s, bitmap bit %d", m, c,
-                            s->head[lc] != NONE ? "non-empty" : "empty", bit);
-            for (uint32_t v = s->head[lc]; v != NONE; prev = v, v = s->nxt[v]) {
+                            s->ht[2 * lc] != NONE ? "non-empty" : "empty", bit);
+            for (uint32_t v = s->ht[2 * lc]; v != NONE; prev = v, v = s->lk[2 * v]) {
                 if (v >= n || ++k > n)
                     return FAIL("layer %u cell %u: list broken at slot %u", m, c, v);
                 uint32_t id = p->env.occupant[v];
-                if (s->prv[v] != prev || s->scell[v] != c)
+                if (s->lk[2 * v + 1] != prev || s->scell[v] != c)
                     return FAIL("slot %u: links or cell (%u) disagree with list %u/%u", v,
                                 s->scell[v], m, c);
                 if (id == FERRY_MOE_NONE || id / E != m || s->x[id].cell != c)
@@ -711,8 +706,8 @@ int ferry__routing_check(const ferry__policy *p, char *why, size_t len)
                                 id == FERRY_MOE_NONE ? CELL_NONE : s->x[id].cell);
                 listed++;
             }
-            if (s->tail[lc] != prev)
-                return FAIL("layer %u cell %u: tail %u, last %u", m, c, s->tail[lc], prev);
+            if (s->ht[2 * lc + 1] != prev)
+                return FAIL("layer %u cell %u: tail %u, last %u", m, c, s->ht[2 * lc + 1], prev);
         }
         if (sum != E)
             return FAIL("layer %u: cell counts sum to %llu, not %u", m, (unsigned long long)sum, E);
