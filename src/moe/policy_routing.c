@@ -383,12 +383,25 @@ static void seg_pull(routing *s, size_t i)
 
 static void seg_update(routing *s, uint32_t m)
 {
-    s->lval[m] = layer_value(s, m);
-    s->ltop[m] = layer_top(s, m);
+    uint32_t c = layer_top_cell(s, m);
+    if (c == CELL_NONE) {
+        s->lval[m] = -INFINITY;
+        s->ltop[m] = NONE;
+    } else {
+        uint32_t L = s->base.env.num_layers, tok = *s->base.env.token;
+        uint32_t off = s->turn_tok[m] != UINT32_MAX && s->turn_tok[m] >= tok ? 1 : 0;
+        s->lval[m] = (double)off * L + m + s->wait[c] * L;
+        s->ltop[m] = s->ht[2 * ((size_t)m * CELLS + c)];
+    }
     size_t i = s->seg_p + m;
     s->seg[i] = s->ltop[m] != NONE ? m : UINT32_MAX;
-    for (i /= 2; i >= 1; i /= 2)
+    /* a node whose winner stays another layer: nothing above changes */
+    for (i /= 2; i >= 1; i /= 2) {
+        uint32_t was = s->seg[i];
         seg_pull(s, i);
+        if (s->seg[i] == was && was != m)
+            break;
+    }
 }
 
 static void seg_rebuild(routing *s)
