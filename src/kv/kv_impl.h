@@ -109,6 +109,11 @@ int ferry__kv_tier_l1_open(ferry_device *dev, uint64_t slot_bytes, uint64_t capa
 int ferry__kv_tier_l2_open(const char *dir, uint64_t bytes, int direct, const char *engine,
                            uint64_t slot_bytes, ferry__errbuf *eb, ferry__kv_tier **out);
 void ferry__kv_tier_free(ferry__kv_tier *t);
+/* register the L1 pool [pool, pool + len) with the L2 tier's drive queues
+ * (fixed buffers) / undo it (a no-op when not registered); the pool must
+ * outlive the registration. 0 or the context's code (message set). */
+int ferry__kv_tier_l2_register(ferry__kv_tier *t, void *pool, size_t len);
+void ferry__kv_tier_l2_unregister(ferry__kv_tier *t);
 /* the remote tier: a ferry_remote on url with opt (layout and key prefix
  * already set); capacity = remote-only chunks the index may remember */
 int ferry__kv_tier_remote_open(const char *url, const ferry_remote_options *opt,
@@ -243,6 +248,7 @@ struct ferry_kv {
     uint64_t nbuckets, count;
     ferry__kv_entry *doomed;
     ferry__kv_tier *tier[FERRY_KV_TIERS];
+    int l2_registered;             /* the L1 pool is registered with the L2 slab */
     ferry_stream **streams;        /* idle streams (under mu) */
     unsigned nstreams, cap_streams;
     uint64_t prefetch_inflight, prefetch_max;

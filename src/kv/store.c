@@ -1486,6 +1486,9 @@ static void kv_free(ferry_kv *kv)
     for (unsigned i = 0; i < kv->nstreams; i++)
         ferry_stream_destroy(kv->streams[i]);
     ferry__free(kv->streams);
+    /* the L1 pool is registered with L2's drive queues: undo that first */
+    if (kv->l2_registered)
+        ferry__kv_tier_l2_unregister(kv->tier[FERRY_KV_TIER_L2]);
     for (int t = 1; t < FERRY_KV_TIERS; t++)
         ferry__kv_tier_free(kv->tier[t]);
     pthread_mutex_destroy(&kv->mu);
@@ -1607,6 +1610,21 @@ int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out)
                         : ferry__kv_tier_l2_open(cfg->l2_dir, cfg->l2_bytes, cfg->l2_direct,
                                                  cfg->l2_engine, slot, eb,
                                                  &kv->tier[FERRY_KV_TIER_L2]);
+    if (rc == 0 && cfg->l2_dir && !persistent) {
+        /* L2 reads land in L1 slots and write-throughs leave from them:
+         * register the pool for the engines' fixed-buffer path. Optional:
+         * an engine that cannot (memlock limit, table full) still works */
+        ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
+        int r = ferry__kv_tier_l2_register(kv->tier[FERRY_KV_TIER_L2],
+                                           l1->ops->host_ptr(l1, 0),
+                                           (size_t)(l1->capacity * l1->slot_bytes));
+        if (r < 0)
+            FERRY_LOGI("kv open: L1 pool not registered with the L2 slab in %s (%s): "
+                       "L2 transfers take the engine's plain path",
+                       cfg->l2_dir, ferry_last_error());
+        else
+            kv->l2_registered = 1;
+    }
     const char *remote_url =
         cfg->size >= offsetof(ferry_kv_config, remote_index_chunks) + sizeof(uint64_t)
             ? cfg->remote_url

@@ -9,6 +9,13 @@
  *
  * Invariant: an extent is allocated exactly while some entry's loc[L2]
  * names it (reserved under the store's mutex, freed on eviction/delete).
+ *
+ * Transfers run concurrently from any number of threads (the context's
+ * host path is thread-safe since gds.c's deliver() fix, e67ae31): the
+ * store's read-ahead keeps several chunk reads in flight that way. The L1
+ * pool is registered with the context (ferry__kv_tier_l2_register) so
+ * reads into and write-throughs from L1 slots take the engines' fixed-
+ * buffer path; it is unregistered before the pool is freed.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -19,13 +26,7 @@
 typedef struct l2 {
     ferry_gds *gds;
     ferry_slab *slab;
-    /* one host transfer on the context at a time. The context documents
-     * concurrent transfers, but its synchronous host path (gds.c deliver())
-     * reads a finished caller's stack-allocated request state after the
-     * last completion is counted, which TSan reports and which can corrupt
-     * memory; each transfer still keeps `depth` requests in flight on the
-     * drive queue. Drop this lock once that is fixed. */
-    pthread_mutex_t io_mu;
+    void *registered;       /* the L1 pool while registered, else NULL */
 } l2;
 
 static int l2_reserve(ferry__kv_tier *t, uint64_t *loc)
@@ -56,10 +57,7 @@ static int l2_write(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, co
     (void)len;
     l2 *p = t->impl;
     ferry_extent e = {loc, t->slot_bytes};
-    pthread_mutex_lock(&p->io_mu);
-    int rc = ferry_gds_extent_pwrite(p->gds, &e, src);
-    pthread_mutex_unlock(&p->io_mu);
-    return rc;
+    return ferry_gds_extent_pwrite(p->gds, &e, src);
 }
 
 static int l2_read(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, void *dst, size_t len)
@@ -68,10 +66,7 @@ static int l2_read(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, voi
     (void)len;
     l2 *p = t->impl;
     ferry_extent e = {loc, t->slot_bytes};
-    pthread_mutex_lock(&p->io_mu);
-    int rc = ferry_gds_extent_pread(p->gds, &e, dst);
-    pthread_mutex_unlock(&p->io_mu);
-    return rc;
+    return ferry_gds_extent_pread(p->gds, &e, dst);
 }
 
 static void *l2_host_ptr(ferry__kv_tier *t, uint64_t loc)
@@ -86,10 +81,32 @@ static void l2_close(ferry__kv_tier *t)
     l2 *p = t->impl;
     if (!p)
         return;
+    ferry__kv_tier_l2_unregister(t);
     ferry_gds_close(p->gds);
-    pthread_mutex_destroy(&p->io_mu);
     ferry__free(p);
     t->impl = NULL;
+}
+
+int ferry__kv_tier_l2_register(ferry__kv_tier *t, void *pool, size_t len)
+{
+    l2 *p = t->impl;
+    if (p->registered)
+        return 0;
+    int rc = ferry_gds_host_register(p->gds, pool, len);
+    if (rc < 0)
+        return rc;
+    p->registered = pool;
+    return 0;
+}
+
+void ferry__kv_tier_l2_unregister(ferry__kv_tier *t)
+{
+    l2 *p = t ? t->impl : NULL;
+    if (!p || !p->registered)
+        return;
+    if (ferry_gds_host_unregister(p->gds, p->registered) < 0)
+        FERRY_LOGW("kv L2: unregistering the L1 pool: %s", ferry_last_error());
+    p->registered = NULL;
 }
 
 static const ferry__kv_tier_ops l2_ops = {
@@ -111,7 +128,6 @@ int ferry__kv_tier_l2_open(const char *dir, uint64_t bytes, int direct, const ch
         ferry__free(p);
         return ferry__err_set(eb, -ENOMEM, "kv L2: out of memory for the tier");
     }
-    pthread_mutex_init(&p->io_mu, NULL);
     t->ops = &l2_ops;
     t->impl = p;
     t->id = FERRY_KV_TIER_L2;
