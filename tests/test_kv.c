@@ -887,6 +887,74 @@ static void l2_write_through_and_promotion(void **state)
     l2_close(&f);
 }
 
+/* A's 4 chunks stored, then pushed out of an L1 of 8 by B's 8: A is in L2 only */
+static void l2_only_prompt(l2fix *f, int32_t *a, int32_t *b)
+{
+    make_tokens(a, 4 * CT, 41);
+    make_tokens(b, 8 * CT, 90000);
+    assert_int_equal(ferry_kv_store(f->kv, a, 4 * CT, NULL, &f->h.b), 4 * CT);
+    FT_ASSERT_OK(ferry_kv_flush(f->kv));
+    hbuf hb;
+    hbuf_init(&hb, 8 * CT, 77);
+    assert_int_equal(ferry_kv_store(f->kv, b, 8 * CT, NULL, &hb.b), 8 * CT);
+    FT_ASSERT_OK(ferry_kv_flush(f->kv));
+    free(hb.mem);
+    uint8_t tiers[4];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.tiers = tiers;
+    r.max_chunks = 4;
+    assert_int_equal(ferry_kv_lookup(f->kv, a, 4 * CT, &r), 4 * CT);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(tiers[i], FERRY_KV_TIER_L2);
+}
+
+static void l2_retrieve_reads_ahead_past_the_prefetch_budget(void **state)
+{
+    (void)state;
+    l2fix f;
+    /* a read-ahead budget of one chunk: the retrieve queues chunk 0, then
+     * tops the read-ahead up as reads land (chunk 2 at least, once chunk
+     * 0's read has finished), instead of reading every later chunk itself */
+    l2_open(&f, 8, 64, 1);
+    int32_t a[4 * CT], b[8 * CT];
+    l2_only_prompt(&f, a, b);
+    ferry_kv_stats m0, m1;
+    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m0));
+    assert_int_equal(ferry_kv_retrieve(f.kv, a, 4 * CT, NULL, &f.d.b), 4 * CT);
+    assert_true(same_tokens(&f.h, &f.d, 0, 4 * CT));
+    FT_ASSERT_OK(ferry_kv_flush(f.kv));
+    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m1));
+    assert_true(m1.prefetched_chunks - m0.prefetched_chunks >= 2);
+    assert_int_equal(m1.tier[FERRY_KV_TIER_L2].hits - m0.tier[FERRY_KV_TIER_L2].hits, 4);
+    assert_int_equal(m1.tier[FERRY_KV_TIER_L2].bytes_read - m0.tier[FERRY_KV_TIER_L2].bytes_read,
+                     4 * CHUNK);
+    l2_close(&f);
+}
+
+static void l2_with_the_default_engine_reads_back_into_the_registered_pool(void **state)
+{
+    (void)state;
+    /* the default engine (io_uring where the kernel has it) with the L1
+     * pool registered as fixed buffers: write-throughs leave from and
+     * reads land in registered slots, byte for byte */
+    l2fix f;
+    ft_tmpdir(f.dir, sizeof f.dir);
+    assert_true(f.dir[0] != 0);
+    ferry_kv_config c = small_config(8);
+    c.l2_dir = f.dir;
+    c.l2_bytes = 64 * CHUNK;
+    c.watermark = 1.0;
+    c.evict_fraction = 0.25;
+    FT_ASSERT_OK(ferry_kv_open(&c, &f.kv));
+    hbuf_init(&f.h, 8 * CT, 23);
+    hbuf_init(&f.d, 8 * CT, 0);
+    int32_t a[4 * CT], b[8 * CT];
+    l2_only_prompt(&f, a, b);
+    assert_int_equal(ferry_kv_retrieve(f.kv, a, 4 * CT, NULL, &f.d.b), 4 * CT);
+    assert_true(same_tokens(&f.h, &f.d, 0, 4 * CT));
+    l2_close(&f);
+}
+
 static void l2_io_error_makes_a_miss_and_store_keeps_serving(void **state)
 {
     (void)state;
@@ -1323,6 +1391,8 @@ int main(void)
         cmocka_unit_test(s3fifo_keeps_reused_chunk_through_a_scan),
         cmocka_unit_test(evicted_between_lookup_and_retrieve_is_a_miss),
         cmocka_unit_test(l2_write_through_and_promotion),
+        cmocka_unit_test(l2_retrieve_reads_ahead_past_the_prefetch_budget),
+        cmocka_unit_test(l2_with_the_default_engine_reads_back_into_the_registered_pool),
         cmocka_unit_test(l2_io_error_makes_a_miss_and_store_keeps_serving),
         cmocka_unit_test(prompt_longer_than_l1_streams_through_it),
         cmocka_unit_test(prefetch_brings_l2_chunks_up_within_its_bound),

@@ -1026,6 +1026,12 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
         st[i] = FERRY_ENOTFOUND;
         if (copy_rc < 0)
             continue;
+        /* top the read-ahead up as earlier reads land: chunks past the
+         * prefetch budget get queued once room frees, instead of being read
+         * here one at a time (chunks queued or in L1 are skipped) */
+        if (lower && i > 0 && i + 1 < nch)
+            prefetch_ids(kv, ids + i + 1, nch - i - 1, n - (i + 1) * kv->chunk_tokens, 0,
+                         ahead + i + 1);
         pthread_mutex_lock(&kv->mu);
         ferry__kv_entry *e;
         uint64_t now;
