@@ -236,8 +236,7 @@ typedef struct ferry_kv_config {
     uint32_t read_ttl_ms;        /**< 0 -> 300000 */
     ferry_device *device;        /**< for device buffers and a pinned L1; NULL: host only */
     uint64_t prefetch_max_bytes; /**< bound on prefetch bytes in flight; 0 -> l1_bytes / 4 */
-    unsigned workers;            /**< threads for async ops; 0 -> 2 (write-throughs and
-                                      read-ahead get max(workers, 4)) */
+    unsigned workers;            /**< threads for async ops and write-through; 0 -> 2 */
     /**
      * 1: the L2 slab is persistent (ferry/pslab.h): chunks written through
      * before the store was closed (or the process died, once their write

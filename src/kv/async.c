@@ -87,16 +87,9 @@ void ferry__kv_enqueue(ferry_kv *kv, ferry__kv_job *j)
     pthread_mutex_unlock(&kv->qmu);
 }
 
-/* threads on the I/O queue at least: each runs one synchronous chunk
- * transfer (itself `depth` requests deep), so this many chunk reads of a
- * retrieve's read-ahead are in flight while the caller copies earlier ones
- * out; they sleep in the kernel, so they cost no CPU */
-#define FERRY__KV_IO_WORKERS_MIN 4u
-
-int ferry__kv_workers_start(ferry_kv *kv, unsigned nops)
+int ferry__kv_workers_start(ferry_kv *kv, unsigned n)
 {
     for (int k = 0; k < 2; k++) {
-        unsigned n = k == 1 ? FERRY__MAX(nops, FERRY__KV_IO_WORKERS_MIN) : nops;
         struct ferry__kv_queue *q = &kv->q[k];
         q->kv = kv;
         q->threads = ferry__calloc(n, sizeof *q->threads);
