@@ -233,13 +233,11 @@ static int mkdir_in(const char *base, const char *name, char *out, size_t n)
 
 static void rm_store(const char *d)
 {
+    static const char *const names[] = {FERRY_PSLAB_FILE, FERRY_PSLAB_JOURNAL, FERRY_GDS_SLAB_NAME};
     char p[4200];
-    snprintf(p, sizeof p, "%s/%s", d, FERRY_PSLAB_FILE);
-    unlink(p);
-    snprintf(p, sizeof p, "%s/%s", d, FERRY_PSLAB_JOURNAL);
-    unlink(p);
-    snprintf(p, sizeof p, "%s/%s", d, FERRY_GDS_SLAB_NAME);
-    unlink(p);
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (snprintf(p, sizeof p, "%s/%s", d, names[i]) < (int)sizeof p)
+            unlink(p);
     rmdir(d);
 }
 
