@@ -116,6 +116,12 @@ int ferry__pslab_hdr_decode(const void *buf, size_t len, ferry__pslab_hdr *out, 
     if (version == 0 || ferry__get32(p + 12) != FERRY__PSLAB_HDR_BYTES || ferry__get32(p + 36) != 0)
         return why_set(why, why_len, FERRY_ECORRUPT, "header version %u / size %u / flags %u "
                        "invalid", version, ferry__get32(p + 12), ferry__get32(p + 36));
+    /* bytes 64..119 are reserved and every writer leaves them zero: a header
+     * that carries anything there was not written by this format */
+    for (unsigned i = 64; i < 120; i++)
+        if (p[i] != 0)
+            return why_set(why, why_len, FERRY_ECORRUPT, "reserved header byte %u is 0x%02x, "
+                           "not 0", i, p[i]);
     ferry__pslab_hdr h;
     h.version = version;
     h.g.capacity = ferry__get64(p + 16);
