@@ -798,13 +798,16 @@ int ferry_device_memset(ferry_device *dev, ferry_devptr dst, int byte, size_t n)
     return rc < 0 ? dev_pass(dev, rc) : 0;
 }
 
-int ferry_device_upload(ferry_device *dev, ferry_devptr dst, const void *src, size_t n)
+/* upload and download: one copy on the device's helper stream, waited for */
+static int sync_copy(ferry_device *dev, int to_device, ferry_devptr dptr, void *host, size_t n)
 {
-    if (!dev || !src)
-        return ferry__err_set(NULL, -EINVAL, "device upload: %s is NULL", dev ? "src" : "dev");
+    const char *what = to_device ? "upload" : "download";
+    if (!dev || !host)
+        return ferry__err_set(NULL, -EINVAL, "device %s: %s is NULL", what,
+                              !dev ? "dev" : to_device ? "src" : "dst");
     if (n == 0)
         return 0;
-    int rc = check_range(dev, dst, n, "upload", "destination");
+    int rc = check_range(dev, dptr, n, what, to_device ? "destination" : "source");
     if (rc < 0)
         return rc;
     pthread_mutex_lock(&dev->helper_lock);
@@ -812,7 +815,8 @@ int ferry_device_upload(ferry_device *dev, ferry_devptr dst, const void *src, si
     rc = helper_stream(dev, &s);
     if (rc == 0) {
         struct ferry__copy_fault f;
-        rc = dev->ops->memcpy_htod(s, dst, src, n, copy_fault(dev, n, &f));
+        rc = to_device ? dev->ops->memcpy_htod(s, dptr, host, n, copy_fault(dev, n, &f))
+                       : dev->ops->memcpy_dtoh(s, host, dptr, n, copy_fault(dev, n, &f));
         int rs = dev->ops->stream_sync(s);
         if (rc == 0)
             rc = rs;
@@ -823,30 +827,14 @@ int ferry_device_upload(ferry_device *dev, ferry_devptr dst, const void *src, si
     return rc;
 }
 
+int ferry_device_upload(ferry_device *dev, ferry_devptr dst, const void *src, size_t n)
+{
+    return sync_copy(dev, 1, dst, (void *)(uintptr_t)src, n);
+}
+
 int ferry_device_download(ferry_device *dev, void *dst, ferry_devptr src, size_t n)
 {
-    if (!dev || !dst)
-        return ferry__err_set(NULL, -EINVAL, "device download: %s is NULL",
-                              dev ? "dst" : "dev");
-    if (n == 0)
-        return 0;
-    int rc = check_range(dev, src, n, "download", "source");
-    if (rc < 0)
-        return rc;
-    pthread_mutex_lock(&dev->helper_lock);
-    ferry_stream *s = NULL;
-    rc = helper_stream(dev, &s);
-    if (rc == 0) {
-        struct ferry__copy_fault f;
-        rc = dev->ops->memcpy_dtoh(s, dst, src, n, copy_fault(dev, n, &f));
-        int rs = dev->ops->stream_sync(s);
-        if (rc == 0)
-            rc = rs;
-        if (rc < 0)
-            dev_pass(dev, rc);
-    }
-    pthread_mutex_unlock(&dev->helper_lock);
-    return rc;
+    return sync_copy(dev, 0, src, dst, n);
 }
 
 /* ---- events ---- */
