@@ -57,3 +57,15 @@ void cli_progress_end(void)
     if (cli_isatty())
         fprintf(stderr, "\r%60s\r", "");
 }
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+double cli_median(double *v, unsigned n)
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    return n ? (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2) : 0;
+}

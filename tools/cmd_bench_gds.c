@@ -80,12 +80,6 @@ static void finish(phase *p, double *lat, size_t n, uint64_t bytes, double secs)
     p->p99_ms = n ? lat[(size_t)((double)(n - 1) * 0.99)] * 1e3 : 0;
 }
 
-static double median(double *v, unsigned n)
-{
-    qsort(v, n, sizeof *v, cmp_d);
-    return n ? (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2) : 0;
-}
-
 /* ---- 1. the context ---- */
 typedef struct ctx_run {
     ferry_gds *g;
@@ -601,9 +595,9 @@ int cmd_bench_gds(int argc, char **argv)
         rw[r] = iw[r] > 0 ? sw[r] / iw[r] : 0;
         rr_[r] = ir[r] > 0 ? sr[r] / ir[r] : 0;
     }
-    double ratio_w = median(rw, o.rounds), ratio_r = median(rr_, o.rounds);
-    double m_sw = median(sw, o.rounds), m_sr = median(sr, o.rounds);
-    double m_iw = have_ref ? median(iw, o.rounds) : 0, m_ir = have_ref ? median(ir, o.rounds) : 0;
+    double ratio_w = cli_median(rw, o.rounds), ratio_r = cli_median(rr_, o.rounds);
+    double m_sw = cli_median(sw, o.rounds), m_sr = cli_median(sr, o.rounds);
+    double m_iw = have_ref ? cli_median(iw, o.rounds) : 0, m_ir = have_ref ? cli_median(ir, o.rounds) : 0;
     alloc_res ar = {0};
     if ((rc = bench_alloc(&o, &ar)) < 0) {
         status = cli_fail(CMD, "allocator benchmark", rc);

@@ -388,6 +388,7 @@ static double now_s(void)
 
 typedef struct exec_bench {
     double slot_gbs, memcpy_gbs, warm_ns;
+    double ratio; /* median of the paired rounds' ratios */
     size_t row_bytes;
     uint32_t rows;
 } exec_bench;
@@ -438,25 +439,31 @@ static int bench_executor(const char *cmd, size_t row_bytes, uint32_t nrows, int
         srcs[i] = (i * 7 + 3) % nrows; /* a permutation: rows land out of order */
     }
     ferry_moe_copy_plan plan = {0, nrows, dsts, srcs};
-    double best_slot = 1e30, best_mem = 1e30;
+    double ts[64], tm[64], tr[64];
+    if (rounds > 64)
+        rounds = 64;
     /* one untimed pass each to fault the pages in */
     rc = ferry_moe_slots_apply(slots, &plan, rows, NULL, NULL);
     for (uint32_t i = 0; i < nrows * 3; i++)
         memcpy((char *)dst + (size_t)i * row_bytes, (char *)banks[i % 3] + (size_t)srcs[i / 3] * row_bytes,
                row_bytes);
+    /* paired rounds, the order alternating, so drift and a neighbour's load
+     * hit both sides: the ratio is the median of the rounds' own ratios */
     for (int r = 0; r < rounds && rc >= 0; r++) {
-        double t0 = now_s();
-        rc = ferry_moe_slots_apply(slots, &plan, rows, NULL, NULL);
-        double t1 = now_s();
-        for (uint32_t i = 0; i < nrows; i++)
-            for (int b = 0; b < 3; b++)
-                memcpy((char *)dst + ((size_t)i * 3 + b) * row_bytes,
-                       (char *)banks[b] + (size_t)srcs[i] * row_bytes, row_bytes);
-        double t2 = now_s();
-        if (t1 - t0 < best_slot)
-            best_slot = t1 - t0;
-        if (t2 - t1 < best_mem)
-            best_mem = t2 - t1;
+        for (int side = 0; side < 2 && rc >= 0; side++) {
+            double t0 = now_s();
+            if ((side ^ (r & 1)) == 0) {
+                rc = ferry_moe_slots_apply(slots, &plan, rows, NULL, NULL);
+                ts[r] = now_s() - t0;
+            } else {
+                for (uint32_t i = 0; i < nrows; i++)
+                    for (int b = 0; b < 3; b++)
+                        memcpy((char *)dst + ((size_t)i * 3 + b) * row_bytes,
+                               (char *)banks[b] + (size_t)srcs[i] * row_bytes, row_bytes);
+                tm[r] = now_s() - t0;
+            }
+        }
+        tr[r] = tm[r] / ts[r];
     }
     if (rc < 0) {
         rc = cli_fail(cmd, "apply", rc);
@@ -468,8 +475,9 @@ static int bench_executor(const char *cmd, size_t row_bytes, uint32_t nrows, int
         (void)ferry_moe_slots_apply(slots, &warm, rows, NULL, NULL);
     uint64_t w1 = ferry__now_ns();
     double bytes = (double)bank_bytes * 3;
-    out->slot_gbs = bytes / best_slot / 1e9;
-    out->memcpy_gbs = bytes / best_mem / 1e9;
+    out->slot_gbs = bytes / cli_median(ts, (unsigned)rounds) / 1e9;
+    out->memcpy_gbs = bytes / cli_median(tm, (unsigned)rounds) / 1e9;
+    out->ratio = cli_median(tr, (unsigned)rounds);
     out->warm_ns = (double)(w1 - w0) / 100000;
     out->row_bytes = row_bytes;
     out->rows = nrows;
@@ -556,13 +564,13 @@ int cmd_moe_bench(int argc, char **argv)
     }
     ferry_moe_trace_destroy(t);
     exec_bench eb = {0};
-    rc = bench_executor(cmd, (size_t)row_bytes, quick ? 16 : 64, quick ? 2 : 12, &eb);
+    rc = bench_executor(cmd, (size_t)row_bytes, quick ? 16 : 64, quick ? 3 : 31, &eb);
     if (rc != 0) {
         json_decref(root);
         json_decref(pl);
         return rc;
     }
-    double ratio = eb.slot_gbs / eb.memcpy_gbs;
+    double ratio = eb.ratio;
     if (json) {
         json_object_set_new(root, "planner", pl);
         json_object_set_new(root, "executor",

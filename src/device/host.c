@@ -71,6 +71,11 @@ struct host_stream {
     pthread_cond_t work_cv;
     struct host_op *head, *tail;
     uint64_t enq_seq, done_seq;
+    /* lowest done_seq a waiter on done_cv needs (UINT64_MAX: none). The
+     * worker wakes the waiters only when it is reached, at a mark, or when
+     * the queue empties: a broadcast per copy would cost a futex wake (and
+     * a waiter's context switch) on the copying thread for every op. */
+    uint64_t want_seq;
     int stop;
     int held; /* test seam: start nothing new */
     int err;
@@ -98,15 +103,22 @@ static void event_unref(struct host_event *ev)
         ferry__free(ev);
 }
 
+/* with hd->lock held: wait until s has finished its first target ops */
+static void wait_done_locked(struct host_stream *s, uint64_t target)
+{
+    while (s->done_seq < target) {
+        if (target < s->want_seq)
+            s->want_seq = target;
+        pthread_cond_wait(&s->hd->done_cv, &s->hd->lock);
+    }
+}
+
 /* with hd->lock held: wait until every stream finished what it had queued */
 static void drain_all(struct host_dev *hd)
 {
     hd->draining++;
-    for (struct host_stream *s = hd->streams; s; s = s->next) {
-        uint64_t target = s->enq_seq;
-        while (s->done_seq < target)
-            pthread_cond_wait(&hd->done_cv, &hd->lock);
-    }
+    for (struct host_stream *s = hd->streams; s; s = s->next)
+        wait_done_locked(s, s->enq_seq);
     if (--hd->draining == 0)
         pthread_cond_broadcast(&hd->done_cv);
 }
@@ -167,10 +179,14 @@ static void *stream_worker(void *arg)
         if (!s->head)
             s->tail = NULL;
         s->done_seq++;
+        int wake = op->type == OP_MARK || !s->head || s->done_seq >= s->want_seq;
         if (op->ev)
             event_unref(op->ev);
         ferry__free(op);
-        pthread_cond_broadcast(&hd->done_cv);
+        if (wake) {
+            s->want_seq = UINT64_MAX;
+            pthread_cond_broadcast(&hd->done_cv);
+        }
     }
     pthread_mutex_unlock(&hd->lock);
     return NULL;
@@ -304,6 +320,7 @@ static int h_stream_create(ferry_device *dev, ferry_stream *fs)
     if (!s)
         return ferry__err_set(NULL, -ENOMEM, "device host: stream create: out of memory");
     s->hd = hd;
+    s->want_seq = UINT64_MAX;
     pthread_cond_init(&s->work_cv, NULL);
     int e = pthread_create(&s->thread, NULL, stream_worker, s);
     if (e != 0) {
@@ -325,9 +342,7 @@ static int h_stream_create(ferry_device *dev, ferry_stream *fs)
 /* with hd->lock held: wait for the queue; report and clear the async error */
 static int stream_wait_locked(struct host_stream *s)
 {
-    uint64_t target = s->enq_seq;
-    while (s->done_seq < target)
-        pthread_cond_wait(&s->hd->done_cv, &s->hd->lock);
+    wait_done_locked(s, s->enq_seq);
     int rc = s->err;
     if (rc) {
         ferry__err_set(NULL, rc, "%s", s->errmsg);
