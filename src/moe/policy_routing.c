@@ -113,6 +113,13 @@ typedef struct routing {
     uint32_t *ring_n, *ring_tok; /* [L][RING] */
     /* learned */
     uint64_t opps[CELLS], uses[CELLS]; /* learned over all layers */
+    /* opportunities are counted without a pass over the cells per turn:
+     * a layer's count in cell c, held from its turn t1 to t2, adds
+     * count * (t2 - t1), so opps[c] = sum over layers of count * turns
+     * minus, for every change of a count by d at the layer's turn t,
+     * d * t (kept in corr[c]); folded into opps at each refresh */
+    uint64_t corr[CELLS];
+    uint32_t *lturns;          /* per layer: turns taken */
     double wait[CELLS];              /* cached 1/lambda - 1 */
     uint32_t turns;
 } routing;
@@ -127,6 +134,7 @@ static void rt_fini(ferry__policy *p)
     ferry__free(s->ccbm);
     ferry__free(s->x);
     ferry__free(s->cell_count);
+    ferry__free(s->lturns);
     ferry__free(s->routes);
     ferry__free(s->turn_tok);
     ferry__free(s->ring);
@@ -175,6 +183,24 @@ static int rank_before(const routing *s, uint32_t a, uint32_t b)
     return a < b;
 }
 
+/* fold the counts held since the last refresh into opps, and restart */
+static void opps_fold(routing *s)
+{
+    for (uint32_t l = 0; l < s->base.env.num_layers; l++) {
+        const uint64_t *nz = s->ccbm + (size_t)l * BMW;
+        const uint32_t *cc = s->cell_count + (size_t)l * CELLS;
+        for (uint32_t w = 0; w < BMW; w++)
+            for (uint64_t b = nz[w]; b; b &= b - 1) {
+                uint32_t c = w * 64 + (uint32_t)__builtin_ctzll(b);
+                s->opps[c] += (uint64_t)cc[c] * s->lturns[l];
+            }
+        s->lturns[l] = 0;
+    }
+    for (uint32_t c = 0; c < CELLS; c++)
+        s->opps[c] -= s->corr[c];
+    memset(s->corr, 0, sizeof s->corr);
+}
+
 /* recompute the waits and the cells' rank order, and carry every layer's
  * bitmap over to the new ranks. The order drifts little between refreshes,
  * so an insertion sort of the previous order costs O(CELLS + inversions);
@@ -182,6 +208,7 @@ static int rank_before(const routing *s, uint32_t a, uint32_t b)
 static void refresh_waits(routing *s)
 {
     uint16_t old_at[CELLS];
+    opps_fold(s);
     for (uint32_t c = 0; c < CELLS; c++)
         s->wait[c] = ((double)s->opps[c] + 1.0) / ((double)s->uses[c] + 0.125) - 1.0;
     memcpy(old_at, s->at_rank, sizeof old_at);
@@ -224,6 +251,7 @@ static int rt_init(ferry__policy *p)
     s->ccbm = ferry__calloc((size_t)L * BMW, sizeof(uint64_t));
     s->x = ferry__calloc(ids, sizeof(xinfo));
     s->cell_count = ferry__calloc((size_t)L * CELLS, sizeof(uint32_t));
+    s->lturns = ferry__calloc(L, sizeof(uint32_t));
     s->routes = ferry__calloc(L, sizeof(uint64_t));
     s->turn_tok = ferry__malloc((size_t)L * sizeof(uint32_t));
     s->ring_cap = E < RING_CAP ? E : RING_CAP;
@@ -235,7 +263,7 @@ static int rt_init(ferry__policy *p)
     s->seg = ferry__malloc(2 * (size_t)s->seg_p * sizeof(uint32_t));
     s->lval = ferry__malloc((size_t)L * sizeof(double));
     s->ltop = ferry__malloc((size_t)L * sizeof(uint32_t));
-    if (!s->seg || !s->lval || !s->ltop || !s->lk || !s->scell || !s->ht || !s->bm || !s->ccbm || !s->x || !s->cell_count || !s->routes || !s->turn_tok || !s->ring ||
+    if (!s->seg || !s->lval || !s->ltop || !s->lk || !s->scell || !s->ht || !s->bm || !s->ccbm || !s->x || !s->cell_count || !s->lturns || !s->routes || !s->turn_tok || !s->ring ||
         !s->ring_n || !s->ring_tok) {
         rt_fini(p);
         return -ENOMEM;
@@ -458,6 +486,9 @@ static void recell(routing *s, uint32_t id, uint32_t tok, int routed)
         uint32_t *cc = s->cell_count + (size_t)layer * CELLS;
         uint64_t *nz = s->ccbm + (size_t)layer * BMW;
         uint16_t o = s->x[id].cell;
+        uint64_t t = s->lturns[layer];
+        s->corr[o] -= t; /* (unsigned: wraps, and the fold wraps back) */
+        s->corr[c] += t;
         if (--cc[o] == 0)
             nz[o / 64] &= ~(1ull << (o % 64));
         if (cc[c]++ == 0)
@@ -595,18 +626,13 @@ static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, u
 {
     routing *s = (routing *)p;
     uint32_t tok = *p->env.token;
-    uint32_t *cc = s->cell_count + (size_t)layer * CELLS;
 
     if (s->turn_tok[layer] == tok) /* a second ensure of the same turn: learn nothing twice */
         goto routed;
-    /* the turn as an opportunity for every expert of the layer, a use for
-     * each routed one, counted in the cells they were in before it */
-    const uint64_t *nz = s->ccbm + (size_t)layer * BMW;
-    for (uint32_t w = 0; w < BMW; w++)
-        for (uint64_t b = nz[w]; b; b &= b - 1) {
-            uint32_t c = w * 64 + (uint32_t)__builtin_ctzll(b);
-            s->opps[c] += cc[c];
-        }
+    /* the turn as an opportunity for every expert of the layer (counted
+     * without visiting the cells: see corr), a use for each routed one,
+     * counted in the cells they were in before it */
+    s->lturns[layer]++;
     for (uint32_t j = 0; j < n; j++)
         s->uses[s->x[ids[j]].cell] += 1;
     /* early on (turns 16, 32, .., REFRESH) the waits move fast: refresh
