@@ -155,6 +155,23 @@ typedef struct ferry__trace_stats {
 } ferry__trace_stats;
 int ferry__trace_stats_compute(const ferry_moe_trace *t, ferry__trace_stats *out);
 
+/* ---- the trace generator, one set at a time (tracegen.c) ----
+ * ferry_moe_trace_generate() is open + next for every (token, layer) in
+ * order + close; the evaluation bench (bench/moe_ceiling.c) also asks the
+ * generator how likely an expert is at its layer's next turn, which is
+ * what an online policy could know at best. */
+typedef struct ferry__gen ferry__gen;
+int ferry__gen_open(const ferry_moe_gen_options *opt, ferry__gen **out, ferry_moe_model *model);
+/* draw the next set in (token, layer) order: top_k distinct experts, valid
+ * until the same layer is drawn HIST (9) tokens later */
+const uint32_t *ferry__gen_next(ferry__gen *g);
+/* P(expert e is routed at layer l's turn at token tk), given every set drawn
+ * so far; tk must be l's next turn (the one not yet drawn). Exact for the
+ * mixture except the redraw of duplicates; the partner term, when layer
+ * l-1 of tk is not drawn yet, uses its own probability without partner */
+double ferry__gen_prob(const ferry__gen *g, uint32_t tk, uint32_t l, uint32_t e);
+void ferry__gen_close(ferry__gen *g);
+
 /* ---- deterministic RNG (xoshiro256**) shared by the generator and tests ---- */
 typedef struct ferry__rng {
     uint64_t s[4];

@@ -56,25 +56,33 @@ const char *const *ferry_moe_gen_presets(void)
 
 #define HIST 9 /* tokens of history kept: this one and 8 back */
 
-typedef struct gen {
+struct ferry__gen {
     const preset *ps;
     uint32_t L, E, K;
     ferry__rng rng;
     double *cdf;      /* [L][E] cumulative popularity by rank */
+    double *share;    /* [L][E] popularity of each expert (sums to 1) */
     uint32_t *rank;   /* [L][E] rank -> expert */
     uint32_t *partner;/* [L][E] expert at l-1 -> partner at l */
+    uint32_t *inv;    /* [L][E] partner at l -> expert at l-1 */
     uint32_t *hist;   /* [HIST][L][K] ring of sets */
     uint32_t *stamp;  /* [E] membership of the set being built */
     uint32_t gen_no;
-} gen;
+    uint32_t tk, l;   /* the next set to draw */
+};
 
-static void gen_free(gen *g)
+void ferry__gen_close(ferry__gen *g)
 {
+    if (!g)
+        return;
     ferry__free(g->cdf);
+    ferry__free(g->share);
     ferry__free(g->rank);
     ferry__free(g->partner);
+    ferry__free(g->inv);
     ferry__free(g->hist);
     ferry__free(g->stamp);
+    ferry__free(g);
 }
 
 static void shuffle(ferry__rng *r, uint32_t *a, uint32_t n)
@@ -89,7 +97,7 @@ static void shuffle(ferry__rng *r, uint32_t *a, uint32_t n)
     }
 }
 
-static uint32_t popular(gen *g, uint32_t l)
+static uint32_t popular(ferry__gen *g, uint32_t l)
 {
     const double *c = g->cdf + (size_t)l * g->E;
     double u = ferry__rng_unit(&g->rng) * c[g->E - 1];
@@ -104,14 +112,14 @@ static uint32_t popular(gen *g, uint32_t l)
     return g->rank[(size_t)l * g->E + lo];
 }
 
-static uint32_t *set_at(gen *g, uint32_t t, uint32_t l)
+static uint32_t *set_at(const ferry__gen *g, uint32_t t, uint32_t l)
 {
     return g->hist + (((size_t)(t % HIST) * g->L + l) * g->K);
 }
 
-int ferry_moe_trace_generate(const ferry_moe_gen_options *opt, ferry_moe_trace **out)
+int ferry__gen_open(const ferry_moe_gen_options *opt, ferry__gen **out, ferry_moe_model *model)
 {
-    if (!opt || !out || opt->size < sizeof(ferry_moe_gen_options))
+    if (!opt || !out || !model || opt->size < sizeof(ferry_moe_gen_options))
         return ferry__err_set(NULL, -EINVAL, "moe gen: options missing or too old");
     const char *name = opt->model ? opt->model : "deepseek-v3";
     const preset *ps = NULL;
@@ -120,84 +128,182 @@ int ferry_moe_trace_generate(const ferry_moe_gen_options *opt, ferry_moe_trace *
             ps = &presets[i];
     if (!ps)
         return ferry__err_set(NULL, -EINVAL, "moe gen: unknown model preset '%s'", name);
-    gen g = {0};
-    g.ps = ps;
-    g.L = opt->num_layers ? opt->num_layers : ps->layers;
-    g.E = opt->num_experts ? opt->num_experts : ps->experts;
-    g.K = opt->top_k ? opt->top_k : ps->top_k;
-    uint32_t tokens = opt->tokens ? opt->tokens : 2048;
-    if (g.K > g.E || g.L > 1024 || g.E > 16384)
-        return ferry__err_set(NULL, -EINVAL, "moe gen: top_k %u of %u experts x %u layers", g.K,
-                              g.E, g.L);
-    ferry_moe_model m = {0};
-    snprintf(m.name, sizeof m.name, "%s", ps->name);
-    m.num_layers = g.L;
-    m.num_experts = g.E;
-    m.top_k = g.K;
-    m.expert_bytes = ps->expert_bytes;
-    ferry_moe_trace *t;
-    int rc = ferry_moe_trace_create(&m, &t);
+    uint32_t L = opt->num_layers ? opt->num_layers : ps->layers;
+    uint32_t E = opt->num_experts ? opt->num_experts : ps->experts;
+    uint32_t K = opt->top_k ? opt->top_k : ps->top_k;
+    if (K == 0 || K > E || L == 0 || L > 1024 || E > 16384)
+        return ferry__err_set(NULL, -EINVAL, "moe gen: top_k %u of %u experts x %u layers", K, E,
+                              L);
+    ferry__gen *g = ferry__calloc(1, sizeof *g);
+    if (!g)
+        return ferry__err_set(NULL, -ENOMEM, "moe gen: out of memory");
+    g->ps = ps;
+    g->L = L;
+    g->E = E;
+    g->K = K;
+    size_t le = (size_t)L * E;
+    g->cdf = ferry__malloc(le * sizeof *g->cdf);
+    g->share = ferry__malloc(le * sizeof *g->share);
+    g->rank = ferry__malloc(le * sizeof *g->rank);
+    g->partner = ferry__malloc(le * sizeof *g->partner);
+    g->inv = ferry__malloc(le * sizeof *g->inv);
+    g->hist = ferry__malloc((size_t)HIST * L * K * sizeof *g->hist);
+    g->stamp = ferry__calloc(E, sizeof *g->stamp);
+    if (!g->cdf || !g->share || !g->rank || !g->partner || !g->inv || !g->hist || !g->stamp) {
+        ferry__gen_close(g);
+        return ferry__err_set(NULL, -ENOMEM, "moe gen: out of memory for %u x %u experts", L, E);
+    }
+    ferry__rng_seed(&g->rng, opt->seed);
+    for (uint32_t l = 0; l < L; l++) {
+        uint32_t *rk = g->rank + (size_t)l * E, *pt = g->partner + (size_t)l * E;
+        shuffle(&g->rng, rk, E);
+        shuffle(&g->rng, pt, E);
+        double acc = 0;
+        for (uint32_t r = 0; r < E; r++) {
+            acc += 1.0 / pow(r + 1.0, ps->zipf_s);
+            g->cdf[(size_t)l * E + r] = acc;
+        }
+        for (uint32_t r = 0; r < E; r++) {
+            g->share[(size_t)l * E + rk[r]] = 1.0 / pow(r + 1.0, ps->zipf_s) / acc;
+            g->inv[(size_t)l * E + pt[r]] = r;
+        }
+    }
+    memset(model, 0, sizeof *model);
+    snprintf(model->name, sizeof model->name, "%s", ps->name);
+    model->num_layers = L;
+    model->num_experts = E;
+    model->top_k = K;
+    model->expert_bytes = ps->expert_bytes;
+    *out = g;
+    return 0;
+}
+
+/* the mixture weights of layer l: previous token, 2..8 back, partner */
+static void weights(const ferry__gen *g, uint32_t l, double *r1, double *r2)
+{
+    double x = g->L > 1 ? 2.0 * l / (g->L - 1) - 1.0 : 0.0;
+    double f = 1.0 - g->ps->edge_drop * x * x;
+    *r1 = g->ps->r1 * f;
+    *r2 = g->ps->r2 * f;
+}
+
+const uint32_t *ferry__gen_next(ferry__gen *g)
+{
+    uint32_t tk = g->tk, l = g->l;
+    double r1, r2;
+    weights(g, l, &r1, &r2);
+    uint32_t *cur = set_at(g, tk, l);
+    uint32_t gn = ++g->gen_no;
+    for (uint32_t j = 0; j < g->K; j++) {
+        uint32_t cand = 0;
+        int ok = 0;
+        for (int attempt = 0; attempt < 8 && !ok; attempt++) {
+            double u = ferry__rng_unit(&g->rng);
+            if (tk >= 1 && u < r1)
+                cand = set_at(g, tk - 1, l)[ferry__rng_below(&g->rng, g->K)];
+            else if (tk >= 2 && u < r1 + r2) {
+                uint32_t back = tk - 1 < HIST - 1 ? tk - 1 : HIST - 1;
+                uint32_t d = 2 + ferry__rng_below(&g->rng, back - 1 ? back - 1 : 1);
+                if (d > tk)
+                    d = tk;
+                cand = set_at(g, tk - d, l)[ferry__rng_below(&g->rng, g->K)];
+            } else if (l >= 1 && u < r1 + r2 + g->ps->cross) {
+                uint32_t a = set_at(g, tk, l - 1)[ferry__rng_below(&g->rng, g->K)];
+                cand = g->partner[(size_t)l * g->E + a];
+            } else
+                cand = popular(g, l);
+            ok = g->stamp[cand] != gn;
+        }
+        while (!ok) { /* a set nearly as wide as the layer: take the next free */
+            cand = (cand + 1) % g->E;
+            ok = g->stamp[cand] != gn;
+        }
+        g->stamp[cand] = gn;
+        cur[j] = cand;
+    }
+    if (++g->l == g->L) {
+        g->l = 0;
+        g->tk++;
+    }
+    return cur;
+}
+
+static uint32_t count_in(const ferry__gen *g, uint32_t t, uint32_t l, uint32_t e)
+{
+    const uint32_t *set = set_at(g, t, l);
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < g->K; k++)
+        n += set[k] == e;
+    return n;
+}
+
+/* the probability one draw of (tk, l) picks e, from what is drawn so far;
+ * with_cross = 0 leaves out the partner term (its set is not drawn yet) */
+static double draw_prob(const ferry__gen *g, uint32_t tk, uint32_t l, uint32_t e, int with_cross)
+{
+    double r1, r2, c = l >= 1 ? g->ps->cross : 0.0, q = 0.0;
+    weights(g, l, &r1, &r2);
+    if (tk < 1)
+        r1 = 0;
+    if (tk < 2)
+        r2 = 0;
+    if (r1 > 0)
+        q += r1 * count_in(g, tk - 1, l, e) / g->K;
+    if (r2 > 0) {
+        uint32_t back = tk - 1 < HIST - 1 ? tk - 1 : HIST - 1;
+        uint32_t nd = back - 1 ? back - 1 : 1;
+        double n = 0;
+        for (uint32_t d = 2; d < 2 + nd; d++)
+            n += count_in(g, tk - (d > tk ? tk : d), l, e);
+        q += r2 * n / ((double)g->K * nd);
+    }
+    if (c > 0 && with_cross) {
+        uint32_t a = g->inv[(size_t)l * g->E + e]; /* the one expert at l-1 whose partner is e */
+        int drawn = tk < g->tk || (tk == g->tk && l - 1 < g->l);
+        double pa;
+        if (drawn)
+            pa = count_in(g, tk, l - 1, a) ? 1.0 : 0.0;
+        else {
+            double qa = draw_prob(g, tk, l - 1, a, 0);
+            pa = 1.0 - pow(1.0 - qa, g->K);
+        }
+        q += c * pa / g->K;
+    }
+    double rest = 1.0 - r1 - r2 - c;
+    if (rest > 0)
+        q += rest * g->share[(size_t)l * g->E + e];
+    return q;
+}
+
+double ferry__gen_prob(const ferry__gen *g, uint32_t tk, uint32_t l, uint32_t e)
+{
+    /* the layer's next turn: tk's sets 1..8 back are all in the ring */
+    if (l >= g->L || e >= g->E || tk + 1 < g->tk || tk > g->tk + 1)
+        return 0.0;
+    double q = draw_prob(g, tk, l, e, 1);
+    return 1.0 - pow(1.0 - (q < 1.0 ? q : 1.0), g->K);
+}
+
+int ferry_moe_trace_generate(const ferry_moe_gen_options *opt, ferry_moe_trace **out)
+{
+    if (!out)
+        return ferry__err_set(NULL, -EINVAL, "moe gen: options missing or too old");
+    ferry_moe_model m;
+    ferry__gen *g;
+    int rc = ferry__gen_open(opt, &g, &m);
     if (rc < 0)
         return rc;
-    size_t le = (size_t)g.L * g.E;
-    g.cdf = ferry__malloc(le * sizeof *g.cdf);
-    g.rank = ferry__malloc(le * sizeof *g.rank);
-    g.partner = ferry__malloc(le * sizeof *g.partner);
-    g.hist = ferry__malloc((size_t)HIST * g.L * g.K * sizeof *g.hist);
-    g.stamp = ferry__calloc(g.E, sizeof *g.stamp);
-    if (!g.cdf || !g.rank || !g.partner || !g.hist || !g.stamp) {
-        gen_free(&g);
-        ferry_moe_trace_destroy(t);
-        return ferry__err_set(NULL, -ENOMEM, "moe gen: out of memory for %u x %u experts", g.L, g.E);
+    uint32_t tokens = opt->tokens ? opt->tokens : 2048;
+    ferry_moe_trace *t;
+    rc = ferry_moe_trace_create(&m, &t);
+    if (rc < 0) {
+        ferry__gen_close(g);
+        return rc;
     }
-    ferry__rng_seed(&g.rng, opt->seed);
-    for (uint32_t l = 0; l < g.L; l++) {
-        shuffle(&g.rng, g.rank + (size_t)l * g.E, g.E);
-        shuffle(&g.rng, g.partner + (size_t)l * g.E, g.E);
-        double acc = 0;
-        for (uint32_t r = 0; r < g.E; r++) {
-            acc += 1.0 / pow(r + 1.0, ps->zipf_s);
-            g.cdf[(size_t)l * g.E + r] = acc;
-        }
-    }
-    for (uint32_t tk = 0; tk < tokens && rc == 0; tk++) {
-        for (uint32_t l = 0; l < g.L && rc == 0; l++) {
-            double x = g.L > 1 ? 2.0 * l / (g.L - 1) - 1.0 : 0.0;
-            double f = 1.0 - ps->edge_drop * x * x;
-            double r1 = ps->r1 * f, r2 = ps->r2 * f;
-            uint32_t *cur = set_at(&g, tk, l);
-            uint32_t gn = ++g.gen_no;
-            for (uint32_t j = 0; j < g.K; j++) {
-                uint32_t cand = 0;
-                int ok = 0;
-                for (int attempt = 0; attempt < 8 && !ok; attempt++) {
-                    double u = ferry__rng_unit(&g.rng);
-                    if (tk >= 1 && u < r1)
-                        cand = set_at(&g, tk - 1, l)[ferry__rng_below(&g.rng, g.K)];
-                    else if (tk >= 2 && u < r1 + r2) {
-                        uint32_t back = tk - 1 < HIST - 1 ? tk - 1 : HIST - 1;
-                        uint32_t d = 2 + ferry__rng_below(&g.rng, back - 1 ? back - 1 : 1);
-                        if (d > tk)
-                            d = tk;
-                        cand = set_at(&g, tk - d, l)[ferry__rng_below(&g.rng, g.K)];
-                    } else if (l >= 1 && u < r1 + r2 + ps->cross) {
-                        uint32_t a = set_at(&g, tk, l - 1)[ferry__rng_below(&g.rng, g.K)];
-                        cand = g.partner[(size_t)l * g.E + a];
-                    } else
-                        cand = popular(&g, l);
-                    ok = g.stamp[cand] != gn;
-                }
-                while (!ok) { /* a set nearly as wide as the layer: take the next free */
-                    cand = (cand + 1) % g.E;
-                    ok = g.stamp[cand] != gn;
-                }
-                g.stamp[cand] = gn;
-                cur[j] = cand;
-            }
-            rc = ferry_moe_trace_append(t, tk, l, cur, g.K);
-        }
-    }
-    gen_free(&g);
+    for (uint32_t tk = 0; tk < tokens && rc == 0; tk++)
+        for (uint32_t l = 0; l < m.num_layers && rc == 0; l++)
+            rc = ferry_moe_trace_append(t, tk, l, ferry__gen_next(g), m.top_k);
+    ferry__gen_close(g);
     if (rc < 0) {
         ferry_moe_trace_destroy(t);
         return rc;
