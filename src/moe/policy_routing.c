@@ -110,6 +110,10 @@ typedef struct routing {
     uint32_t seg_p, seg_tok;
     double *lval;              /* per layer: value of its top, -inf if empty */
     uint32_t *ltop;            /* per layer: its candidate slot, NONE if none */
+    /* pinned slots met at the top and taken off their lists until the
+     * step is over (a hit stays listed: most are never a candidate) */
+    uint32_t *parked, n_parked;
+    uint64_t park_step;
     uint32_t *ring_n, *ring_tok; /* [L][RING] */
     /* learned */
     uint64_t opps[CELLS], uses[CELLS]; /* learned over all layers */
@@ -143,6 +147,7 @@ static void rt_fini(ferry__policy *p)
     ferry__free(s->seg);
     ferry__free(s->lval);
     ferry__free(s->ltop);
+    ferry__free(s->parked);
 }
 
 static uint16_t cell_of(int last, uint32_t win, uint32_t pop, int hinted)
@@ -258,12 +263,13 @@ static int rt_init(ferry__policy *p)
     s->ring = ferry__malloc((size_t)L * RING * s->ring_cap * sizeof(uint32_t));
     s->ring_n = ferry__calloc((size_t)L * RING, sizeof(uint32_t));
     s->ring_tok = ferry__malloc((size_t)L * RING * sizeof(uint32_t));
+    s->parked = ferry__malloc((size_t)n * sizeof(uint32_t));
     for (s->seg_p = 1; s->seg_p < L; s->seg_p *= 2)
         ;
     s->seg = ferry__malloc(2 * (size_t)s->seg_p * sizeof(uint32_t));
     s->lval = ferry__malloc((size_t)L * sizeof(double));
     s->ltop = ferry__malloc((size_t)L * sizeof(uint32_t));
-    if (!s->seg || !s->lval || !s->ltop || !s->lk || !s->scell || !s->ht || !s->bm || !s->ccbm || !s->x || !s->cell_count || !s->lturns || !s->routes || !s->turn_tok || !s->ring ||
+    if (!s->seg || !s->lval || !s->ltop || !s->parked || !s->lk || !s->scell || !s->ht || !s->bm || !s->ccbm || !s->x || !s->cell_count || !s->lturns || !s->routes || !s->turn_tok || !s->ring ||
         !s->ring_n || !s->ring_tok) {
         rt_fini(p);
         return -ENOMEM;
@@ -502,9 +508,23 @@ static void recell(routing *s, uint32_t id, uint32_t tok, int routed)
 
 static void rt_hit(ferry__policy *p, uint32_t slot, uint32_t id)
 {
-    /* re-listed in end_step, once the turn is accounted; until then (it
-     * is pinned) it is in no list, so never a candidate */
-    place((routing *)p, id / p->env.num_experts, slot, CELL_NONE);
+    /* stays listed: pinned, it is never a victim (rt_victim parks it if it
+     * comes to the top), and end_step moves it to its new cell */
+    (void)p;
+    (void)slot;
+    (void)id;
+}
+
+/* list the parked slots again: under their expert's cell, or not at all
+ * when they left (forgotten) or are listed already (routed and re-keyed) */
+static void unpark(routing *s)
+{
+    for (uint32_t i = 0; i < s->n_parked; i++) {
+        uint32_t v = s->parked[i], id = s->base.env.occupant[v];
+        if (id != FERRY_MOE_NONE && s->scell[v] == CELL_NONE)
+            place(s, id / s->base.env.num_experts, v, s->x[id].cell);
+    }
+    s->n_parked = 0;
 }
 
 static void hint(routing *s, uint32_t id, uint32_t tok);
@@ -541,49 +561,28 @@ static int rt_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slo
     (void)id;
     if (have_free)
         return 1;
-    uint32_t L = p->env.num_layers, tok = *p->env.token;
+    uint32_t tok = *p->env.token;
     if (s->seg_tok != tok)
         seg_rebuild(s);
-    uint32_t m = s->seg[1];
-    if (m == UINT32_MAX)
-        return -1;
-    uint32_t v = s->ltop[m];
-    if (!ferry__pinned(p, v)) {
-        *slot = v;
-        return 0;
-    }
-    /* the best candidate is pinned (only a prefetch lists a pinned slot):
-     * take every layer's first unpinned in rank and list order - O(L +
-     * pinned), off the common path */
-    uint32_t best = UINT32_MAX;
-    double best_step = -INFINITY;
-    for (m = 0; m < L; m++) {
-        const uint64_t *bm = s->bm + (size_t)m * BMW;
-        uint32_t found = NONE;
-        uint16_t fc = CELL_NONE;
-        for (uint32_t w = 0; w < BMW && found == NONE; w++)
-            for (uint64_t b = bm[w]; b && found == NONE; b &= b - 1) {
-                uint16_t c = s->at_rank[w * 64 + (uint32_t)__builtin_ctzll(b)];
-                for (v = s->ht[2 * ((size_t)m * CELLS + c)]; v != NONE; v = s->lk[2 * v])
-                    if (!ferry__pinned(p, v)) {
-                        found = v;
-                        fc = c;
-                        break;
-                    }
-            }
-        if (found == NONE)
-            continue;
-        uint32_t off = s->turn_tok[m] != UINT32_MAX && s->turn_tok[m] >= tok ? 1 : 0;
-        double step = (double)off * L + m + s->wait[fc] * L;
-        if (step > best_step || (step == best_step && found < best)) {
-            best_step = step;
-            best = found;
+    if (s->n_parked && s->park_step != *p->env.step)
+        unpark(s);
+    /* the furthest predicted use; a pinned one (an expert of this step, or
+     * named by the prefetch in progress) is parked off its list until the
+     * step is over, and the next best is asked: O(log L) per pinned slot,
+     * at most the step's experts */
+    for (;;) {
+        uint32_t m = s->seg[1];
+        if (m == UINT32_MAX)
+            return -1;
+        uint32_t v = s->ltop[m];
+        if (!ferry__pinned(p, v)) {
+            *slot = v;
+            return 0;
         }
+        place(s, m, v, CELL_NONE);
+        s->parked[s->n_parked++] = v;
+        s->park_step = *p->env.step;
     }
-    if (best == UINT32_MAX)
-        return -1;
-    *slot = best;
-    return 0;
 }
 
 static const uint32_t *ring_set(const routing *s, uint32_t layer, uint32_t tok, uint32_t *n)
@@ -660,6 +659,8 @@ routed:
      * for this turn (hint expires) */
     for (uint32_t j = 0; j < n; j++)
         recell(s, ids[j], tok, 1);
+    if (s->n_parked)
+        unpark(s); /* (the routed ones are listed again already) */
     uint32_t m;
     const uint32_t *set;
     /* (routed again now: already in its cell as of this turn) */
@@ -751,8 +752,8 @@ int ferry__routing_check(const ferry__policy *p, char *why, size_t len)
         if (sum != E)
             return FAIL("layer %u: cell counts sum to %llu, not %u", m, (unsigned long long)sum, E);
     }
-    /* between calls every resident slot is listed (a routed one is off
-     * its list only inside ensure) */
+    /* between calls every resident slot is listed, but for the pinned ones
+     * a victim choice parked (after a prefetch, until the next step) */
     uint32_t resident = 0;
     for (uint32_t v = 0; v < n; v++) {
         if (p->env.occupant[v] == FERRY_MOE_NONE) {
@@ -760,10 +761,17 @@ int ferry__routing_check(const ferry__policy *p, char *why, size_t len)
                 return FAIL("free slot %u is listed in cell %u", v, s->scell[v]);
             continue;
         }
-        resident++;
-        if (s->scell[v] == CELL_NONE && !ferry__pinned(p, v))
-            return FAIL("slot %u (expert %u) is resident, unpinned and unlisted", v,
-                        p->env.occupant[v]);
+        if (s->scell[v] != CELL_NONE) {
+            resident++;
+            continue;
+        }
+        /* off its list: only a pinned slot parked by a victim choice */
+        int parked = 0;
+        for (uint32_t i = 0; i < s->n_parked && !parked; i++)
+            parked = s->parked[i] == v;
+        if (!ferry__pinned(p, v) || !parked)
+            return FAIL("slot %u (expert %u) is resident and unlisted, %s", v, p->env.occupant[v],
+                        ferry__pinned(p, v) ? "pinned but not parked" : "unpinned");
     }
     if (listed != resident)
         return FAIL("%u slots listed, %u resident", listed, resident);
