@@ -4,6 +4,7 @@
  * forget, and the chunks it hands back after a restart.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -180,6 +181,105 @@ static void test_bad_geometry_is_einval(void **state)
     ft_rmtree(d);
 }
 
+/* copy a file as it is now (what a crash at this moment leaves: the
+ * page cache's view, which includes every write made so far) */
+static void copy_file(const char *from, const char *to)
+{
+    FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
+    assert_non_null(a);
+    assert_non_null(b);
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, a)) > 0)
+        assert_int_equal(fwrite(buf, 1, n, b), n);
+    fclose(a);
+    assert_int_equal(fclose(b), 0);
+}
+
+/* the KV store's ferry_kv_sync: everything written through is committed
+ * when it returns, with no wait for the batch's size or age */
+static void test_kv_sync_commits_the_write_throughs(void **state)
+{
+    (void)state;
+    char d[256], snap[256];
+    ft_tmpdir(d, sizeof d);
+    ft_tmpdir(snap, sizeof snap);
+    /* 2 layers x K,V x 16 tokens x 2 heads x 16 bf16 = 4096 bytes a chunk */
+    ferry_kv_layout l = FERRY_KV_LAYOUT_INIT;
+    l.num_layers = 2;
+    l.num_heads = 2;
+    l.head_dim = 16;
+    ferry_kv_config c = FERRY_KV_CONFIG_INIT;
+    c.model = "sync-test";
+    c.layout = l;
+    c.chunk_tokens = 16;
+    c.l1_bytes = 64 * 4096;
+    c.l2_dir = d;
+    c.l2_bytes = 64 * 4096;
+    c.l2_engine = "posix";
+    c.l2_persistent = 1;
+    c.workers = 2;
+    enum { N = 8 * 16 };
+    int32_t tok[N];
+    for (int i = 0; i < N; i++)
+        tok[i] = 1000 + i * 7;
+    uint8_t *mem = malloc(N * 4 * 64);
+    assert_non_null(mem);
+    ft_fill_pattern(mem, N * 4 * 64, 9);
+    ferry_kv_buffer b = FERRY_KV_BUFFER_INIT;
+    b.layout = l;
+    b.base = (uint64_t)(uintptr_t)mem;
+    b.capacity_tokens = N;
+
+    assert_int_equal(ferry_kv_sync(NULL), -EINVAL);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    ferry_pslab *ps = ferry__kv_tier_pslab_store(kv->tier[FERRY_KV_TIER_L2]);
+    assert_non_null(ps);
+    assert_int_equal(ferry_kv_store(kv, tok, N, NULL, &b), N);
+    FT_ASSERT_OK(ferry_kv_sync(kv));
+    ferry_pslab_stats s;
+    FT_ASSERT_OK(ferry_pslab_stats_get(ps, &s));
+    assert_int_equal(s.puts, 8);
+    assert_int_equal(s.committed_records, 8); /* none left queued */
+    assert_true(s.commits >= 1);
+    /* the files as they are now, with the store still open: all 8 chunks */
+    char from[300], to[300];
+    snprintf(from, sizeof from, "%s/%s", d, FERRY_PSLAB_FILE);
+    snprintf(to, sizeof to, "%s/%s", snap, FERRY_PSLAB_FILE);
+    copy_file(from, to);
+    snprintf(from, sizeof from, "%s/%s", d, FERRY_PSLAB_JOURNAL);
+    snprintf(to, sizeof to, "%s/%s", snap, FERRY_PSLAB_JOURNAL);
+    copy_file(from, to);
+    const char *dirs[] = {snap};
+    ferry_pslab_options o = FERRY_PSLAB_OPTIONS_INIT;
+    o.dirs = dirs;
+    o.n_dirs = 1;
+    o.flags = FERRY_PSLAB_READONLY;
+    ferry_pslab *cp = NULL;
+    FT_ASSERT_OK(ferry_pslab_open(&o, &cp));
+    ferry_pslab_stats cs;
+    FT_ASSERT_OK(ferry_pslab_stats_get(cp, &cs));
+    assert_int_equal(cs.chunks, 8);
+    uint64_t bad = 99;
+    FT_ASSERT_OK(ferry_pslab_verify(cp, 0, &bad, NULL, NULL));
+    assert_int_equal(bad, 0);
+    FT_ASSERT_OK(ferry_pslab_close(cp));
+    ferry_kv_close(kv);
+
+    /* without a persistent L2 there is nothing more to commit */
+    c.l2_persistent = 0;
+    c.l2_dir = NULL;
+    c.l2_bytes = 0;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    assert_int_equal(ferry_kv_store(kv, tok, N, NULL, &b), N);
+    FT_ASSERT_OK(ferry_kv_sync(kv));
+    ferry_kv_close(kv);
+    free(mem);
+    ft_rmtree(d);
+    ft_rmtree(snap);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -187,6 +287,7 @@ int main(void)
         cmocka_unit_test(test_restart_hands_back_the_chunks),
         cmocka_unit_test(test_recover_stopped_forgets_the_rest),
         cmocka_unit_test(test_bad_geometry_is_einval),
+        cmocka_unit_test(test_kv_sync_commits_the_write_throughs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -429,6 +429,14 @@ FERRY_API int ferry_kv_clear(ferry_kv *kv);
  *  with a remote tier, every write-through queued for the server was
  *  written or dropped (each write bounded by the remote's timeouts). */
 FERRY_API int ferry_kv_flush(ferry_kv *kv);
+/** ferry_kv_flush(), then, with a persistent L2 (l2_persistent), make
+ *  every chunk written through so far durable: the slab's group commit
+ *  (slab fdatasync, journal append, journal fdatasync) of what its
+ *  write-throughs queued. Returns 0 (also without a persistent L2, where
+ *  there is nothing more to do), or the commit's error (the persistent L2
+ *  then refuses further write-throughs until the store is reopened; see
+ *  docs/DURABILITY.md). */
+FERRY_API int ferry_kv_sync(ferry_kv *kv);
 
 /* ---- metrics ---- */
 #define FERRY_KV_HIST_BUCKETS 40   /**< bucket b counts latencies in [2^b, 2^(b+1)) ns */

@@ -73,12 +73,16 @@ enum ferry_pslab_sync {
     /**
      * put returns once its data is written and its record queued: the chunk
      * is visible at once, and durable with the next group commit, which
-     * runs (with the full ordering of SYNC_FULL) when batch_bytes of data
-     * are queued, or batch_ms after the oldest queued put (a background
-     * thread sees to it), or at ferry_pslab_sync() / close. A crash loses
-     * at most the puts of the last batch_ms / batch_bytes, never returns
-     * their bytes torn, and never loses an older chunk. delete and
-     * put_many still wait for their commit. For caches (the KV store).
+     * runs (with the full ordering of SYNC_FULL) on a background thread
+     * when batch_bytes of data are queued or batch_ms after the oldest
+     * queued put, or on the caller's thread at ferry_pslab_sync() / close.
+     * A put that finds 2 x batch_bytes queued waits for the commit that
+     * takes them, so a crash loses at most the puts of the commit in
+     * flight and of the two batches queued behind it (about 4 x
+     * batch_bytes, and never more than batch_ms old once the disk keeps
+     * up), never returns their bytes torn, and never loses an older chunk.
+     * delete and put_many still wait for their commit. For caches (the KV
+     * store).
      */
     FERRY_PSLAB_SYNC_BATCH = 2
 };
@@ -105,9 +109,12 @@ typedef struct ferry_pslab_options {
     uint64_t batch_bytes;
     /** SYNC_BATCH: commit at most this long after the oldest queued put; 0 -> 100 */
     unsigned batch_ms;
+    /** Requests in flight for one put or get (a chunk is split in that many
+     *  pieces, at least 128 KiB each); 0 -> 4, at most 1024. */
+    unsigned depth;
 } ferry_pslab_options;
 #define FERRY_PSLAB_OPTIONS_INIT \
-    {sizeof(ferry_pslab_options), NULL, 0, 0, 0, 0, 1, NULL, 0, FERRY_PSLAB_SYNC_FULL, 0, 0, 0, 0}
+    {sizeof(ferry_pslab_options), NULL, 0, 0, 0, 0, 1, NULL, 0, FERRY_PSLAB_SYNC_FULL, 0, 0, 0, 0, 0}
 
 /**
  * Open (recover) the store in opt->dirs, or create it when there is none

@@ -16,11 +16,17 @@
  *
  * Durability: the slab runs in SYNC_BATCH mode - a chunk is readable as
  * soon as write returns and durable with the next group commit (64 MiB or
- * 8 chunks of data, or 200 ms, or close). The store acknowledges a store
- * once the chunk is in L1 and writes through to L2 in the background
- * anyway, so a per-chunk fdatasync would only slow the write-through; a
- * crash loses at most the last 200 ms of write-through, never returns a
- * torn chunk, and never loses an older one.
+ * 8 chunks of data, or 200 ms, or close; the slab's flusher thread runs
+ * it, so a write-through never waits for an fdatasync unless two batches
+ * are already queued). The store acknowledges a store once the chunk is
+ * in L1 and writes through to L2 in the background anyway, so a per-chunk
+ * fdatasync would only slow the write-through; a crash loses at most the
+ * write-throughs of the commit in flight and the two batches behind it,
+ * never returns a torn chunk, and never loses an older one.
+ * ferry_kv_sync() (at the end of this file) commits what is queued.
+ *
+ * A write is 16 requests in flight (o.depth), as the non-persistent L2
+ * (tier_l2.c) moves a chunk; the slab hashes the chunk while they run.
  *
  * Reads check everything the slab checks (payload XXH3) and the length:
  * a chunk of another length under the same id (another layout) is a miss.
@@ -203,6 +209,8 @@ int ferry__kv_tier_pslab_open(const char *dir, uint64_t bytes, int direct, const
     o.sync = FERRY_PSLAB_SYNC_BATCH;
     o.batch_bytes = FERRY__MAX((uint64_t)64 << 20, 8 * slot_bytes);
     o.batch_ms = 200;
+    /* 16 requests per chunk, as the non-persistent L2 (tier_l2.c) */
+    o.depth = 16;
     int rc = ferry_pslab_open(&o, &p->ps);
     if (rc == FERRY_EMISMATCH) {
         /* a slab of another size: keep its chunks, size the tier by it */
@@ -327,4 +335,21 @@ int ferry__kv_tier_pslab_recover(ferry__kv_tier *t, ferry__kv_tier_recover_fn fn
     ferry__free(f.bad);
     ferry__free(f.bad_len);
     return rc < 0 || rc > 0 ? rc : (int)reported;
+}
+
+int ferry_kv_sync(ferry_kv *kv)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv sync: store is NULL");
+    int rc = ferry_kv_flush(kv);
+    if (rc < 0)
+        return rc;
+    ferry_pslab *ps = ferry__kv_tier_pslab_store(kv->tier[FERRY_KV_TIER_L2]);
+    if (!ps)
+        return 0;
+    rc = ferry_pslab_sync(ps);
+    if (rc < 0)
+        return ferry__kv_err(kv, rc, "kv sync: committing the persistent L2: %s",
+                             ferry_pslab_last_error(ps));
+    return 0;
 }

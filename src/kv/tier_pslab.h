@@ -17,8 +17,9 @@
  * chunks of slot_bytes (a multiple of 4096): capacity = bytes / slot_bytes
  * locations. write = a put under the chunk id (16 bytes), readable at
  * once and durable with the slab's next group commit (SYNC_BATCH: 64 MiB
- * or 8 chunks queued, 200 ms, or close; ferry_pslab_sync() on
- * ferry__kv_tier_pslab_store() forces it), read = a checked get (a chunk of another length under that id, or one failing
+ * or 8 chunks queued, 200 ms, or close; ferry_kv_sync(), or
+ * ferry_pslab_sync() on ferry__kv_tier_pslab_store(), forces it), read =
+ * a checked get (a chunk of another length under that id, or one failing
  * its checksum, is a miss: FERRY_EMISMATCH / FERRY_ECORRUPT / FERRY_ENOTFOUND),
  * release = ferry_pslab_forget (the eviction need not survive a crash: a
  * chunk that comes back is still the right bytes for its id).

@@ -25,7 +25,11 @@
  * cmu; the first caller to find no commit running becomes the leader, takes
  * the batch, does the syncs and the append without holding any lock, and
  * wakes everyone whose batch it carried. Records that arrive meanwhile form
- * the next batch, so N concurrent writers share each fdatasync pair.
+ * the next batch, so N concurrent writers share each fdatasync pair. In
+ * SYNC_BATCH mode the leader is the flusher thread (woken by the put that
+ * fills a batch, or by the batch's age), so writers never wait for a sync
+ * unless two batches are queued already; ferry_pslab_sync() leads on the
+ * caller's thread.
  *
  * Lock order: cmu before mu; lmu is taken alone. mu guards the index, the
  * allocator calls made on its behalf, and the counters.
@@ -45,6 +49,7 @@
 #include "core.h"
 #include "ferry/io.h"
 #include "ferry/pslab.h"
+#include "io/io_impl.h"
 #include "slab/pslab_int.h"
 
 #define PATH_MAX_ 4096
@@ -300,6 +305,69 @@ static int data_rw(ferry_pslab *p, lane *l, int op, void *buf, uint64_t len, uin
     return 0;
 }
 
+/*
+ * data_rw's write, with the payload's XXH3-64 computed while the write is
+ * in flight: the first NSEG stripe segments are started, data[0..dlen) is
+ * hashed, then they are finished (and the next ones run). The hash of a
+ * 32 MiB chunk is a few ms of CPU; started first, the drive works through
+ * it instead of waiting for it. buf and data stay unchanged throughout (the
+ * caller's or the lane's staging copy), so the sum is of what is written.
+ */
+static int data_write_sum(ferry_pslab *p, lane *l, const void *buf, uint64_t len, uint64_t off,
+                          const void *data, size_t dlen, uint64_t *sum)
+{
+    enum { NSEG = 16 };
+    ferry_io_req r[NSEG];
+    uint64_t soff[NSEG], slen[NSEG], foffs[NSEG];
+    unsigned sdrv[NSEG];
+    const uint8_t *b = buf;
+    int hashed = 0, rc = 0;
+    while (len && rc == 0) {
+        unsigned n = 0;
+        while (n < NSEG && len) {
+            unsigned d = 0;
+            uint64_t seg = len, foff = p->data_off + off;
+            if (p->g.drives > 1) {
+                uint64_t unit = off / p->g.stripe, within = off % p->g.stripe;
+                d = (unsigned)(unit % p->g.drives);
+                seg = FERRY__MIN(len, p->g.stripe - within);
+                foff = p->data_off + (unit / p->g.drives) * p->g.stripe + within;
+            }
+            rc = ferry__io_start(l->io, &r[n], l->f[d], FERRY_IO_WRITE, (void *)(uintptr_t)b, 0,
+                                 (size_t)seg, foff, (size_t)seg);
+            if (rc < 0) {
+                rc = fail_io(p, rc, "pslab: write of %llu bytes at slab offset %llu (file %s, "
+                             "offset %llu)", (unsigned long long)seg, (unsigned long long)off,
+                             ferry_file_path(l->f[d]), (unsigned long long)foff);
+                break;
+            }
+            soff[n] = off;
+            slen[n] = seg;
+            foffs[n] = foff;
+            sdrv[n] = d;
+            n++;
+            b += seg;
+            off += seg;
+            len -= seg;
+        }
+        if (!hashed) {
+            *sum = XXH3_64bits(data, dlen);
+            hashed = 1;
+        }
+        for (unsigned i = 0; i < n; i++) {
+            int r2 = ferry__io_finish(l->io, &r[i]);
+            if (r2 < 0 && rc == 0)
+                rc = fail_io(p, r2, "pslab: write of %llu bytes at slab offset %llu (file %s, "
+                             "offset %llu)", (unsigned long long)slen[i],
+                             (unsigned long long)soff[i], ferry_file_path(l->f[sdrv[i]]),
+                             (unsigned long long)foffs[i]);
+        }
+    }
+    if (!hashed)
+        *sum = XXH3_64bits(data, dlen);
+    return rc;
+}
+
 /* ---- entries ---- */
 static void ent_release(ferry_pslab *p, ferry__pslab_ent *e)
 {
@@ -525,6 +593,8 @@ static void run_commit(ferry_pslab *p, int force_sync)
     p->spare = q;
     p->committing = 0;
     pthread_cond_broadcast(&p->ccv);
+    if (p->flusher_on && p->cur_data >= p->batch_bytes)
+        pthread_cond_signal(&p->fcv);
 }
 
 /* cmu held: wait until batch `mine` is durable (leading a commit if needed) */
@@ -583,8 +653,10 @@ static void *flusher_main(void *arg)
     ferry_pslab *p = arg;
     pthread_mutex_lock(&p->cmu);
     while (!p->stopping) {
-        if (!p->committing && !p->failed && batch_due(p))
+        if (!p->committing && !p->failed && batch_due(p)) {
             run_commit(p, 0);
+            continue; /* the next batch may be due already */
+        }
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         uint64_t wait = p->batch_ns / 2 ? p->batch_ns / 2 : 1000000;
@@ -1042,6 +1114,9 @@ int ferry_pslab_open(const ferry_pslab_options *o, ferry_pslab **out)
         return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: unknown sync mode %d", o->sync);
     if (o->flags & ~(unsigned)(FERRY_PSLAB_CREATE | FERRY_PSLAB_READONLY))
         return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: unknown flags 0x%x", o->flags);
+    if (o->depth > 1024)
+        return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: depth %u (at most 1024)",
+                              o->depth);
     if (o->lanes > 32)
         return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: %u lanes (at most 32)",
                               o->lanes);
@@ -1139,7 +1214,7 @@ int ferry_pslab_open(const ferry_pslab_options *o, ferry_pslab **out)
         goto out;
     }
     for (unsigned i = 0; i < nlanes; i++) {
-        if ((rc = lane_open(p, &p->lanes[i], o->engine, 4)) < 0)
+        if ((rc = lane_open(p, &p->lanes[i], o->engine, o->depth ? o->depth : 4)) < 0)
             goto out;
         p->nlanes = i + 1;
         p->free_lanes |= 1u << i;
@@ -1223,7 +1298,6 @@ static int put_data(ferry_pslab *p, const void *key, size_t klen, const void *da
         return ferry__err_set(&p->err, -ENOMEM, "pslab %s: out of memory for an entry",
                               p->dirs[0]);
     e->length = len;
-    e->sum = XXH3_64bits(data, len);
     ferry_extent x;
     pthread_mutex_lock(&p->mu);
     rc = ferry_slab_alloc_bytes(p->alloc, len, &x);
@@ -1258,7 +1332,7 @@ static int put_data(ferry_pslab *p, const void *key, size_t klen, const void *da
     if (p->direct)
         wlen = x.size;
     if (rc == 0)
-        rc = data_rw(p, l, FERRY_IO_WRITE, (void *)(uintptr_t)src, wlen, x.offset);
+        rc = data_write_sum(p, l, src, wlen, x.offset, data, len, &e->sum);
     lane_put(p, l);
     if (rc < 0) {
         pthread_mutex_lock(&p->mu);
@@ -1287,9 +1361,15 @@ int ferry_pslab_put(ferry_pslab *p, const void *key, size_t klen, const void *da
                             "reopen the store", p->dirs[0], ferry_err_name(p->failed));
     } else if (p->sync_mode == FERRY_PSLAB_SYNC_BATCH &&
                (rc = pend_add_visible(p, e)) == 0) {
-        /* the put that fills the batch commits it; the flusher sees to the age */
-        if (!p->committing && p->cur_data >= p->batch_bytes)
-            run_commit(p, 0);
+        /* the flusher commits a full batch (and one that is batch_ms old),
+         * so the writer goes on while the fdatasyncs run */
+        if (p->cur_data >= p->batch_bytes)
+            pthread_cond_signal(&p->fcv);
+        /* but never more than two batches queued: the writer waits for
+         * the commit that takes them, which bounds what a crash can lose
+         * (and how far the writers run ahead of the disk) */
+        while (!p->failed && !p->stopping && p->cur_data >= 2 * p->batch_bytes)
+            pthread_cond_wait(&p->ccv, &p->cmu);
         pthread_mutex_unlock(&p->cmu);
         pthread_mutex_lock(&p->mu);
         p->st.puts++;
