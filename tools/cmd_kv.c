@@ -40,6 +40,7 @@
 #include "cli.h"
 
 #define CMD "kv bench"
+#define PC_MAX_ROUNDS 64 /* --persist-rounds */
 #define FERRY_MAXU(a, b) ((a) > (b) ? (a) : (b))
 
 typedef struct opts {
@@ -54,6 +55,7 @@ typedef struct opts {
     int json, refs, persistent;
     const char *remote;      /* --remote URL */
     char remote_prefix[64];  /* this run's key prefix */
+    unsigned persist_rounds; /* --persistent: rounds of each mode in the cost figure */
 } opts;
 
 static double now_s(void)
@@ -892,7 +894,10 @@ static void usage(FILE *f)
             "  --l1 SIZE                host tier (default 2G)\n"
             "  --dir DIR --l2 SIZE      NVMe slab tier in DIR (default size 8G)\n"
             "  --engine auto|posix|uring  the slab's I/O engine\n"
-            "  --persistent             the L2 slab survives restarts (ferry/pslab.h)\n"
+            "  --persistent             the L2 slab survives restarts (ferry/pslab.h); also\n"
+            "                           measures what that costs: the store workload against\n"
+            "                           a non-persistent and a persistent L2 in alternating rounds\n"
+            "  --persist-rounds N       rounds of each for that figure (default 5, 0: skip)\n"
             "  --policy lru|s3fifo      eviction (default lru)\n"
             "  --remote URL             Redis/Valkey tier (redis://host:port/db, unix:///path)\n"
             "  --seed N  --no-refs  --json  --plot FILE.png\n");
@@ -922,6 +927,7 @@ static int parse(int argc, char **argv, opts *o)
         NUM("--layers", layers)
         NUM("--heads", heads)
         NUM("--head-dim", head_dim)
+        NUM("--persist-rounds", persist_rounds)
 #undef NUM
         if (!strcmp(a, "--l1") || !strcmp(a, "--l2")) {
             int rc = cli_size(CMD, a, v, a[3] == '1' ? &o->l1 : &o->l2);
@@ -970,6 +976,8 @@ static int parse(int argc, char **argv, opts *o)
     if (!o->chunk_tokens || !o->docs || !o->doc_tokens || !o->questions || !o->sessions ||
         !o->turns || !o->turn_tokens)
         return cli_usage(CMD, "counts must be positive");
+    if (o->persist_rounds > PC_MAX_ROUNDS)
+        return cli_usage(CMD, "--persist-rounds: at most %d", PC_MAX_ROUNDS);
     return 0;
 }
 
@@ -991,10 +999,179 @@ static double ratio(double a, double b)
     return b > 0 ? a / b : 0;
 }
 
+/* ---- --persistent: what persistence costs, measured in this run ----
+ *
+ * The same store workload (every prompt's ferry_kv_store, in order; no
+ * lookups or retrieves) on a fresh store whose L2 is the non-persistent
+ * slab (A, ferry/gds.h) or the persistent one (B, ferry/pslab.h), in
+ * alternating rounds A B A B ... in one directory on one drive
+ * (DIR/ferry-kv-bench-persist, emptied before each round and removed at
+ * the end). Timed, per round, from the first store until every chunk is
+ * on the slab: the store calls, then ferry_kv_flush (every write-through's
+ * write has returned), then for B ferry_kv_sync (the last group commit:
+ * slab fdatasync, journal append, journal fdatasync). B's clock thus
+ * stops at the durable commit point; A's stops when its O_DIRECT writes
+ * have returned, with no sync (the non-persistent slab promises nothing
+ * across a crash, and on a host-cached virtual disk its bytes may still
+ * be in the host's cache then). Not timed: opening the store (creating
+ * and preallocating the slab files), closing it, removing the files.
+ * Throughput = bytes written to L2 / that time; the figure is the
+ * median of B's rounds over the median of A's.
+ */
+#define PC_SUBDIR "ferry-kv-bench-persist"
+
+typedef struct pc_round {
+    int persistent;
+    double gbps, store_s, drain_s, sync_s;
+    uint64_t l2_bytes, l2_failures, stored_bytes;
+} pc_round;
+
+typedef struct persist_cost {
+    unsigned n;                 /* rounds run (both modes) */
+    pc_round r[2 * PC_MAX_ROUNDS];
+    double median[2], ratio, load[3];
+    int rc;
+} persist_cost;
+
+static void pc_clean(const char *sub)
+{
+    static const char *const names[] = {FERRY_GDS_SLAB_NAME, FERRY_PSLAB_FILE,
+                                        FERRY_PSLAB_JOURNAL, FERRY_PSLAB_JOURNAL ".tmp"};
+    char path[4200];
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", sub, names[i]);
+        unlink(path);
+    }
+}
+
+static int pc_round_run(const opts *o, const ferry_kv_layout *l, const workload *w,
+                        ferry_kv_buffer *buf, const char *sub, int persistent, pc_round *r)
+{
+    opts so = *o;
+    so.persistent = persistent;
+    so.remote = NULL;
+    memset(r, 0, sizeof *r);
+    r->persistent = persistent;
+    pc_clean(sub);
+    ferry_kv *kv;
+    int rc = open_store(&so, l, o->l1, o->l2, sub, &kv);
+    if (rc < 0)
+        return rc;
+    ferry_kv_stats a, b;
+    ferry_kv_metrics(kv, &a);
+    double t0 = now_s();
+    for (size_t i = 0; i < w->np && rc >= 0; i++) {
+        rc = ferry_kv_store(kv, w->p[i].tok, w->p[i].n, NULL, buf);
+        if (rc == FERRY_ENOSPACE)
+            rc = 0;
+    }
+    double t1 = now_s();
+    if (rc >= 0)
+        rc = ferry_kv_flush(kv);
+    double t2 = now_s();
+    if (rc >= 0 && persistent)
+        rc = ferry_kv_sync(kv);
+    double t3 = now_s();
+    ferry_kv_metrics(kv, &b);
+    ferry_kv_close(kv);
+    pc_clean(sub);
+    if (rc < 0)
+        return rc;
+    r->store_s = t1 - t0;
+    r->drain_s = t2 - t1;
+    r->sync_s = t3 - t2;
+    r->l2_bytes = b.tier[FERRY_KV_TIER_L2].bytes_written - a.tier[FERRY_KV_TIER_L2].bytes_written;
+    r->l2_failures = b.tier[FERRY_KV_TIER_L2].failures - a.tier[FERRY_KV_TIER_L2].failures;
+    r->stored_bytes = b.stored_bytes - a.stored_bytes;
+    r->gbps = t3 > t0 ? (double)r->l2_bytes / (t3 - t0) / 1e9 : 0;
+    return 0;
+}
+
+static void persist_cost_run(const opts *o, const ferry_kv_layout *l, const workload *w,
+                             persist_cost *pc)
+{
+    memset(pc, 0, sizeof *pc);
+    char sub[4096];
+    snprintf(sub, sizeof sub, "%s/%s", o->dir, PC_SUBDIR);
+    ferry_kv_buffer buf;
+    void *mem = NULL;
+    pc->rc = engine_buffer(l, w->max_tokens, &buf, &mem);
+    double v[2][PC_MAX_ROUNDS];
+    unsigned nv[2] = {0, 0};
+    for (unsigned i = 0; pc->rc == 0 && i < 2 * o->persist_rounds; i++) {
+        int p = (int)(i & 1); /* A B A B ... */
+        if (!o->json)
+            fprintf(stderr, "  persistence cost: round %u of %u (%s)\r", i + 1,
+                    2 * o->persist_rounds, p ? "persistent" : "non-persistent");
+        pc->rc = pc_round_run(o, l, w, &buf, sub, p, &pc->r[i]);
+        if (pc->rc == 0) {
+            v[p][nv[p]++] = pc->r[i].gbps;
+            pc->n = i + 1;
+        }
+    }
+    if (!o->json)
+        fprintf(stderr, "%60s\r", "");
+    rmdir(sub);
+    free(mem);
+    pc->median[0] = pct(v[0], nv[0], 0.5);
+    pc->median[1] = pct(v[1], nv[1], 0.5);
+    pc->ratio = ratio(pc->median[1], pc->median[0]);
+    if (getloadavg(pc->load, 3) < 0)
+        pc->load[0] = pc->load[1] = pc->load[2] = 0;
+}
+
+static json_t *persist_cost_json(const persist_cost *pc)
+{
+    json_t *j = json_object(), *a = json_array();
+    for (unsigned i = 0; i < pc->n; i++) {
+        const pc_round *r = &pc->r[i];
+        json_t *x = json_object();
+        json_object_set_new(x, "persistent", json_boolean(r->persistent));
+        json_object_set_new(x, "gb_per_s", json_real(r->gbps));
+        json_object_set_new(x, "store_s", json_real(r->store_s));
+        json_object_set_new(x, "drain_s", json_real(r->drain_s));
+        json_object_set_new(x, "sync_s", json_real(r->sync_s));
+        json_object_set_new(x, "l2_bytes", json_integer((json_int_t)r->l2_bytes));
+        json_object_set_new(x, "l2_failures", json_integer((json_int_t)r->l2_failures));
+        json_object_set_new(x, "stored_bytes", json_integer((json_int_t)r->stored_bytes));
+        json_array_append_new(a, x);
+    }
+    json_object_set_new(j, "rounds", a);
+    json_object_set_new(j, "nonpersistent_median_gb_per_s", json_real(pc->median[0]));
+    json_object_set_new(j, "persistent_median_gb_per_s", json_real(pc->median[1]));
+    json_object_set_new(j, "persist_store_ratio", json_real(pc->ratio));
+    json_object_set_new(j, "load_average", json_real(pc->load[0]));
+    if (pc->rc < 0)
+        json_object_set_new(j, "error", json_string(ferry_last_error()));
+    return j;
+}
+
+static void persist_cost_print(const persist_cost *pc)
+{
+    printf("\npersistence cost (same run: the store workload on a fresh store, L2 non-persistent "
+           "(A) and persistent (B) in alternating rounds; load average %.2f %.2f %.2f on %ld "
+           "CPUs)\n",
+           pc->load[0], pc->load[1], pc->load[2], sysconf(_SC_NPROCESSORS_ONLN));
+    printf("  timed: stores + drain of the write-through (+ B's last durable commit)\n");
+    for (unsigned i = 0; i < pc->n; i++) {
+        const pc_round *r = &pc->r[i];
+        printf("  round %2u %s  %6.2f GB/s  (%.2f GiB to L2 in %.3f s: stores %.3f, drain %.3f, "
+               "sync %.3f; L2 failures %llu)\n",
+               i + 1, r->persistent ? "B persistent    " : "A non-persistent", r->gbps,
+               (double)r->l2_bytes / (1 << 30), r->store_s + r->drain_s + r->sync_s, r->store_s,
+               r->drain_s, r->sync_s, (unsigned long long)r->l2_failures);
+    }
+    if (pc->rc < 0)
+        printf("  stopped: %s\n", ferry_last_error());
+    printf("  median              A %.2f GB/s, B %.2f GB/s: persistent / non-persistent = %.3f "
+           "(target >= 0.90)\n",
+           pc->median[0], pc->median[1], pc->ratio);
+}
+
 int cmd_kv_bench(int argc, char **argv)
 {
     opts o = {"qa", "llama3-8b", NULL, "lru", NULL, NULL, 2ull << 30, 8ull << 30, 8, 4096, 64, 64,
-              8, 6, 512, 256, 0, 0, 0, 1.0, 1, 0, 1, 0, NULL, ""};
+              8, 6, 512, 256, 0, 0, 0, 1.0, 1, 0, 1, 0, NULL, "", 5};
     int prc = parse(argc, argv, &o);
     if (prc)
         return prc < 0 ? 0 : prc;
@@ -1072,6 +1249,10 @@ int cmd_kv_bench(int argc, char **argv)
         if (o.dir)
             ref_l2(&o, &l, chunk, &rf);
     }
+    persist_cost pcost;
+    int have_pcost = persistent && o.dir && o.persist_rounds > 0;
+    if (have_pcost)
+        persist_cost_run(&o, &l, &w, &pcost);
     point *pts = NULL;
     size_t npts = 0;
     int plot_rc = 0;
@@ -1176,6 +1357,10 @@ int cmd_kv_bench(int argc, char **argv)
             json_object_set_new(r, "load_average", json_real(la[0]));
             json_object_set_new(j, "references", r);
         }
+        if (have_pcost) {
+            json_object_set_new(j, "persistence", persist_cost_json(&pcost));
+            json_object_set_new(j, "persist_store_ratio", json_real(pcost.ratio));
+        }
         if (o.plot) {
             json_t *a = json_array();
             for (size_t i = 0; i < npts; i++) {
@@ -1265,6 +1450,8 @@ int cmd_kv_bench(int argc, char **argv)
                        rf.remote_get_gbps, (double)rf.remote_retrieved_bytes / (1 << 30));
             }
         }
+        if (have_pcost)
+            persist_cost_print(&pcost);
         if (o.plot) {
             printf("\nhit rate by tier size (%s)\n", plot_rc == 0 ? o.plot : "plot failed");
             for (size_t i = 0; i < npts; i++)
@@ -1275,6 +1462,11 @@ int cmd_kv_bench(int argc, char **argv)
     }
     free(pts);
     workload_free(&w);
+    if (have_pcost && pcost.rc < 0) {
+        fprintf(stderr, "ferry %s: the persistence-cost rounds failed: %s\n", CMD,
+                ferry_strerror(pcost.rc));
+        return 1;
+    }
     if (o.plot && plot_rc < 0) {
         fprintf(stderr, "ferry %s: the plot failed (%s); is gnuplot installed?\n", CMD,
                 ferry_strerror(plot_rc));
