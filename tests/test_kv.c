@@ -15,6 +15,7 @@
 
 #include "ferry/kv.h"
 #include "ferry_test.h"
+#include "io/sys.h"
 #include "kv/kv_impl.h"
 
 /* a small layout: 2 layers, K and V, 2 heads of 16 bf16: 64 bytes per token
@@ -908,27 +909,339 @@ static void l2_only_prompt(l2fix *f, int32_t *a, int32_t *b)
         assert_int_equal(tiers[i], FERRY_KV_TIER_L2);
 }
 
-static void l2_retrieve_reads_ahead_past_the_prefetch_budget(void **state)
+static void l2_retrieve_keeps_reads_in_flight_past_the_prefetch_budget(void **state)
 {
     (void)state;
     l2fix f;
-    /* a read-ahead budget of one chunk: the retrieve queues chunk 0, then
-     * tops the read-ahead up as reads land (chunk 2 at least, once chunk
-     * 0's read has finished), instead of reading every later chunk itself */
+    /* a prefetch budget of one chunk does not bound a retrieve: it keeps
+     * whole-chunk reads in flight itself (here 2: a quarter of an L1 of 8)
+     * and copies each chunk out as it lands */
     l2_open(&f, 8, 64, 1);
     int32_t a[4 * CT], b[8 * CT];
     l2_only_prompt(&f, a, b);
     ferry_kv_stats m0, m1;
     FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m0));
+    atomic_store(&f.kv->tier[FERRY_KV_TIER_L2]->aread_peak, 0);
     assert_int_equal(ferry_kv_retrieve(f.kv, a, 4 * CT, NULL, &f.d.b), 4 * CT);
     assert_true(same_tokens(&f.h, &f.d, 0, 4 * CT));
     FT_ASSERT_OK(ferry_kv_flush(f.kv));
     FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m1));
-    assert_true(m1.prefetched_chunks - m0.prefetched_chunks >= 2);
+    assert_int_equal(atomic_load(&f.kv->tier[FERRY_KV_TIER_L2]->aread_peak), 2);
+    assert_int_equal(m1.prefetched_chunks, m0.prefetched_chunks); /* not prefetches */
     assert_int_equal(m1.tier[FERRY_KV_TIER_L2].hits - m0.tier[FERRY_KV_TIER_L2].hits, 4);
     assert_int_equal(m1.tier[FERRY_KV_TIER_L2].bytes_read - m0.tier[FERRY_KV_TIER_L2].bytes_read,
                      4 * CHUNK);
+    /* promoted: the next lookup finds every chunk in L1 */
+    uint8_t tiers[4];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.tiers = tiers;
+    r.max_chunks = 4;
+    assert_int_equal(ferry_kv_lookup(f.kv, a, 4 * CT, &r), 4 * CT);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(tiers[i], FERRY_KV_TIER_L1);
     l2_close(&f);
+}
+
+/* ---- L2 batches: many chunks in flight, faults in the middle ---- */
+
+#define BIG 24 /* chunks */
+
+typedef struct bigfix {
+    char dir[256];
+    ferry_kv *kv;
+    hbuf h, d;
+    int32_t a[BIG * CT], fill[2 * BIG * CT];
+} bigfix;
+
+/* an L1 of l1_chunks, the posix engine, the device dev (may be NULL);
+ * prompt a (na chunks) stored and pushed out of L1 by two prompts of BIG
+ * chunks */
+static void big_open_dev(bigfix *f, uint64_t l1_chunks, size_t na, ferry_device *dev)
+{
+    ft_tmpdir(f->dir, sizeof f->dir);
+    assert_true(f->dir[0] != 0);
+    ferry_kv_config c = small_config(l1_chunks);
+    c.device = dev;
+    c.l2_dir = f->dir;
+    c.l2_bytes = 4 * BIG * CHUNK;
+    c.l2_engine = "posix";
+    c.watermark = 1.0;
+    c.evict_fraction = 0.25;
+    FT_ASSERT_OK(ferry_kv_open(&c, &f->kv));
+    hbuf_init(&f->h, 2 * BIG * CT, 61);
+    hbuf_init(&f->d, 2 * BIG * CT, 0);
+    make_tokens(f->a, BIG * CT, 3);
+    make_tokens(f->fill, 2 * BIG * CT, 500000);
+    assert_int_equal(ferry_kv_store(f->kv, f->a, na * CT, NULL, &f->h.b), (int)(na * CT));
+    FT_ASSERT_OK(ferry_kv_flush(f->kv));
+    hbuf x;
+    hbuf_init(&x, 2 * BIG * CT, 9);
+    assert_int_equal(ferry_kv_store(f->kv, f->fill, 2 * BIG * CT, NULL, &x.b), 2 * BIG * CT);
+    FT_ASSERT_OK(ferry_kv_flush(f->kv));
+    free(x.mem);
+    uint8_t tiers[BIG];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.tiers = tiers;
+    r.max_chunks = BIG;
+    assert_int_equal(ferry_kv_lookup(f->kv, f->a, na * CT, &r), (int)(na * CT));
+    for (size_t i = 0; i < na; i++)
+        assert_int_equal(tiers[i], FERRY_KV_TIER_L2);
+    memset(f->d.mem, 0xEE, PLANES * 2 * BIG * CT * TB);
+    atomic_store(&f->kv->tier[FERRY_KV_TIER_L2]->aread_peak, 0);
+}
+
+static void big_open(bigfix *f, uint64_t l1_chunks, size_t na)
+{
+    big_open_dev(f, l1_chunks, na, NULL);
+}
+
+static void big_close(bigfix *f)
+{
+    FT_ASSERT_OK(ferry__kv_check(f->kv));
+    ferry_kv_close(f->kv);
+    ft_rmtree(f->dir);
+    free(f->h.mem);
+    free(f->d.mem);
+}
+
+/* the L2 location of chunk k of tokens[0..n) (no salt) */
+static uint64_t l2_loc_of(ferry_kv *kv, const int32_t *tok, size_t n, size_t k)
+{
+    ferry_kv_hash h[BIG];
+    assert_true((size_t)ferry_kv_hash_chunks(kv->seed, tok, n, CT, 0, h, BIG) > k);
+    ferry_kv_hash id = {h[k].lo ^ kv->ns0.lo, h[k].hi ^ kv->ns0.hi};
+    uint64_t loc = UINT64_MAX;
+    pthread_mutex_lock(&kv->mu);
+    for (uint64_t b = 0; b < kv->nbuckets && loc == UINT64_MAX; b++)
+        for (ferry__kv_entry *e = kv->buckets[b]; e; e = e->hnext)
+            if (e->id.lo == id.lo && e->id.hi == id.hi)
+                loc = e->loc[FERRY_KV_TIER_L2];
+    pthread_mutex_unlock(&kv->mu);
+    assert_true(loc != UINT64_MAX);
+    return loc;
+}
+
+static void l2_batch_of_many_chunks_lands_byte_exact(void **state)
+{
+    (void)state;
+    bigfix f;
+    big_open(&f, 40, BIG); /* reads 8 at a time (a quarter of 40, at most 8) */
+    int st[BIG];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = BIG;
+    ferry_kv_stats m0, m1;
+    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m0));
+    assert_int_equal(ferry_kv_retrieve(f.kv, f.a, BIG * CT, &r, &f.d.b), BIG * CT);
+    for (int i = 0; i < BIG; i++)
+        assert_int_equal(st[i], 0);
+    /* f.h holds a's bytes in its first BIG * CT tokens; f.d is as wide */
+    assert_true(same_tokens(&f.h, &f.d, 0, BIG * CT));
+    for (unsigned p = 0; p < PLANES; p++)
+        for (uint64_t t = BIG * CT; t < 2 * BIG * CT; t++)
+            assert_int_equal(tok_at(&f.d, p, t)[0], 0xEE); /* nothing past the prompt */
+    assert_int_equal(atomic_load(&f.kv->tier[FERRY_KV_TIER_L2]->aread_peak), 8);
+    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m1));
+    assert_int_equal(m1.tier[FERRY_KV_TIER_L2].hits - m0.tier[FERRY_KV_TIER_L2].hits, BIG);
+    assert_int_equal(m1.tier[FERRY_KV_TIER_L2].bytes_read - m0.tier[FERRY_KV_TIER_L2].bytes_read,
+                     BIG * CHUNK);
+    assert_int_equal(m1.retrieved_chunks - m0.retrieved_chunks, BIG);
+    assert_int_equal(m1.tier[FERRY_KV_TIER_L2].failures, 0);
+    big_close(&f);
+}
+
+/* the syscall seam: a pread at one file offset fails with EIO */
+static _Atomic long long g_eio_off = -1;
+static _Atomic int g_eio_hits;
+
+static ssize_t eio_pread(int fd, void *buf, size_t n, off_t off)
+{
+    if ((long long)off == atomic_load(&g_eio_off)) {
+        atomic_fetch_add(&g_eio_hits, 1);
+        errno = EIO;
+        return -1;
+    }
+    return ferry__sys_default()->pread(fd, buf, n, off);
+}
+
+static void l2_read_error_in_the_middle_of_a_batch(void **state)
+{
+    (void)state;
+    bigfix f;
+    big_open(&f, 40, 12);
+    /* the disk fails the read of chunk 5 while 4 and 6.. are in flight */
+    atomic_store(&g_eio_off, (long long)l2_loc_of(f.kv, f.a, 12 * CT, 5));
+    atomic_store(&g_eio_hits, 0);
+    ferry_kv_stats m0, m;
+    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m0));
+    ferry__sys sys = *ferry__sys_default();
+    sys.pread = eio_pread;
+    ferry__sys_set(&sys);
+    int st[12];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = 12;
+    int got = ferry_kv_retrieve(f.kv, f.a, 12 * CT, &r, &f.d.b);
+    ferry__sys_set(NULL);
+    atomic_store(&g_eio_off, -1);
+    assert_int_equal(atomic_load(&g_eio_hits), 1);
+    assert_int_equal(got, 5 * CT); /* the leading chunks before the miss */
+    for (int i = 0; i < 12; i++) {
+        if (i == 5) {
+            assert_int_equal(st[i], FERRY_ENOTFOUND);
+            continue;
+        }
+        assert_int_equal(st[i], 0);
+        assert_true(same_tokens(&f.h, &f.d, (uint64_t)i * CT, (uint64_t)(i + 1) * CT));
+    }
+    for (unsigned p = 0; p < PLANES; p++)
+        for (uint64_t t = 5 * CT; t < 6 * CT; t++)
+            assert_int_equal(tok_at(&f.d, p, t)[0], 0xEE); /* never stale bytes */
+    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m));
+    assert_int_equal(m.tier[FERRY_KV_TIER_L2].failures, 1);
+    assert_int_equal(m.tier[FERRY_KV_TIER_L2].hits - m0.tier[FERRY_KV_TIER_L2].hits, 11);
+    assert_int_equal(m.misses - m0.misses, 1);
+    FT_ASSERT_OK(ferry__kv_check(f.kv));
+    /* the unreadable chunk left the index, the others are in L1 now */
+    uint8_t tiers[12];
+    ferry_kv_req lr = FERRY_KV_REQ_INIT;
+    lr.tiers = tiers;
+    lr.max_chunks = 12;
+    assert_int_equal(ferry_kv_lookup(f.kv, f.a, 12 * CT, &lr), 5 * CT);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(tiers[i], FERRY_KV_TIER_L1);
+    /* and the store keeps serving: stored again, read back whole */
+    assert_int_equal(ferry_kv_store(f.kv, f.a, 12 * CT, NULL, &f.h.b), 12 * CT);
+    FT_ASSERT_OK(ferry_kv_flush(f.kv));
+    assert_int_equal(ferry_kv_retrieve(f.kv, f.a, 12 * CT, NULL, &f.d.b), 12 * CT);
+    assert_true(same_tokens(&f.h, &f.d, 0, 12 * CT));
+    big_close(&f);
+}
+
+static void l2_refused_reads_in_a_batch_are_misses(void **state)
+{
+    (void)state;
+    bigfix f;
+    big_open(&f, 40, 12);
+    /* the 3rd and every later read refused before it reaches the disk
+     * (the tier's fault seam): two chunks load, the rest are misses */
+    ferry__kv_set_tier_fault(f.kv, FERRY_KV_TIER_L2, 0, 3, -EIO, 1);
+    int st[12];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = 12;
+    assert_int_equal(ferry_kv_retrieve(f.kv, f.a, 12 * CT, &r, &f.d.b), 2 * CT);
+    ferry__kv_set_tier_fault(f.kv, FERRY_KV_TIER_L2, 0, 0, 0, 0);
+    assert_int_equal(st[0], 0);
+    assert_int_equal(st[1], 0);
+    assert_true(same_tokens(&f.h, &f.d, 0, 2 * CT));
+    for (int i = 2; i < 12; i++)
+        assert_int_equal(st[i], FERRY_ENOTFOUND);
+    for (unsigned p = 0; p < PLANES; p++)
+        for (uint64_t t = 2 * CT; t < 12 * CT; t++)
+            assert_int_equal(tok_at(&f.d, p, t)[0], 0xEE);
+    ferry_kv_stats m;
+    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m));
+    assert_int_equal(m.tier[FERRY_KV_TIER_L2].failures, 10);
+    assert_int_equal(ferry_kv_lookup(f.kv, f.a, 12 * CT, NULL), 2 * CT);
+    big_close(&f);
+}
+
+static void l2_retrieve_into_an_unaligned_buffer(void **state)
+{
+    (void)state;
+    bigfix f;
+    big_open(&f, 40, 12);
+    /* the engine's tensor one byte past an aligned address */
+    unsigned char *raw = malloc(PLANES * 12 * CT * TB + 1);
+    assert_non_null(raw);
+    hbuf u = {f.d.b, raw + 1, 12 * CT};
+    u.b.base = (uint64_t)(uintptr_t)u.mem;
+    u.b.capacity_tokens = 12 * CT;
+    assert_int_equal(ferry_kv_retrieve(f.kv, f.a, 12 * CT, NULL, &u.b), 12 * CT);
+    hbuf a = {f.h.b, f.h.mem, f.h.cap};
+    for (unsigned p = 0; p < PLANES; p++)
+        assert_memory_equal(tok_at(&a, p, 0), tok_at(&u, p, 0), 12 * CT * TB);
+    free(raw);
+    big_close(&f);
+}
+
+static void l2_batch_into_a_device_buffer(void **state)
+{
+    (void)state;
+    /* device copies are queued as chunks land and synchronized every half
+     * of L1 (here 8 of 16) while later reads are still in flight */
+    ferry_device_options dopt = FERRY_DEVICE_OPTIONS_INIT;
+    dopt.backend = "host";
+    ferry_device *dev;
+    FT_ASSERT_OK(ferry_device_open(&dopt, &dev));
+    bigfix f;
+    big_open_dev(&f, 16, BIG, dev);
+    size_t bytes = PLANES * 2 * BIG * CT * TB;
+    ferry_devptr dst;
+    FT_ASSERT_OK(ferry_device_alloc(dev, bytes, &dst));
+    FT_ASSERT_OK(ferry_device_memset(dev, dst, 0xEE, bytes));
+    ferry_kv_buffer b = f.d.b;
+    b.mem = FERRY_KV_MEM_DEVICE;
+    b.base = dst;
+    int st[BIG];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = BIG;
+    assert_int_equal(ferry_kv_retrieve(f.kv, f.a, BIG * CT, &r, &b), BIG * CT);
+    for (int i = 0; i < BIG; i++)
+        assert_int_equal(st[i], 0);
+    assert_int_equal(atomic_load(&f.kv->tier[FERRY_KV_TIER_L2]->aread_peak), 4);
+    FT_ASSERT_OK(ferry_device_download(dev, f.d.mem, dst, bytes));
+    assert_true(same_tokens(&f.h, &f.d, 0, BIG * CT));
+    FT_ASSERT_OK(ferry_device_free(dev, dst));
+    big_close(&f);
+    ferry_device_close(dev);
+}
+
+/* several threads retrieve the same L2-only prompt at once: every chunk
+ * is read from L2 once (a thread finding it on its way waits for it) and
+ * every thread gets every byte */
+typedef struct rtarg {
+    bigfix *f;
+    hbuf d;
+    int got;
+} rtarg;
+
+static void *retrieve_thread(void *p)
+{
+    rtarg *a = p;
+    a->got = ferry_kv_retrieve(a->f->kv, a->f->a, BIG * CT, NULL, &a->d.b);
+    return NULL;
+}
+
+static void l2_concurrent_retrieves_share_the_reads(void **state)
+{
+    (void)state;
+    bigfix f;
+    big_open(&f, 40, BIG);
+    enum { NT = 4 };
+    rtarg args[NT];
+    pthread_t th[NT];
+    ferry_kv_stats m0, m1;
+    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m0));
+    for (int i = 0; i < NT; i++) {
+        args[i].f = &f;
+        hbuf_init(&args[i].d, 2 * BIG * CT, 0);
+        assert_int_equal(pthread_create(&th[i], NULL, retrieve_thread, &args[i]), 0);
+    }
+    for (int i = 0; i < NT; i++)
+        pthread_join(th[i], NULL);
+    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m1));
+    for (int i = 0; i < NT; i++) {
+        assert_int_equal(args[i].got, BIG * CT);
+        assert_true(same_tokens(&f.h, &args[i].d, 0, BIG * CT));
+        free(args[i].d.mem);
+    }
+    assert_int_equal(m1.tier[FERRY_KV_TIER_L2].bytes_read - m0.tier[FERRY_KV_TIER_L2].bytes_read,
+                     BIG * CHUNK);
+    assert_int_equal(m1.tier[FERRY_KV_TIER_L2].hits - m0.tier[FERRY_KV_TIER_L2].hits, BIG);
+    big_close(&f);
 }
 
 static void l2_with_the_default_engine_reads_back_into_the_registered_pool(void **state)
@@ -1391,7 +1704,13 @@ int main(void)
         cmocka_unit_test(s3fifo_keeps_reused_chunk_through_a_scan),
         cmocka_unit_test(evicted_between_lookup_and_retrieve_is_a_miss),
         cmocka_unit_test(l2_write_through_and_promotion),
-        cmocka_unit_test(l2_retrieve_reads_ahead_past_the_prefetch_budget),
+        cmocka_unit_test(l2_retrieve_keeps_reads_in_flight_past_the_prefetch_budget),
+        cmocka_unit_test(l2_batch_of_many_chunks_lands_byte_exact),
+        cmocka_unit_test(l2_read_error_in_the_middle_of_a_batch),
+        cmocka_unit_test(l2_refused_reads_in_a_batch_are_misses),
+        cmocka_unit_test(l2_retrieve_into_an_unaligned_buffer),
+        cmocka_unit_test(l2_batch_into_a_device_buffer),
+        cmocka_unit_test(l2_concurrent_retrieves_share_the_reads),
         cmocka_unit_test(l2_with_the_default_engine_reads_back_into_the_registered_pool),
         cmocka_unit_test(l2_io_error_makes_a_miss_and_store_keeps_serving),
         cmocka_unit_test(prompt_longer_than_l1_streams_through_it),

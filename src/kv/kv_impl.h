@@ -85,8 +85,50 @@ typedef struct ferry__kv_tier_ops {
     void (*close)(ferry__kv_tier *t);
 } ferry__kv_tier_ops;
 
+/*
+ * Asynchronous chunk reads, for tiers that have them (L2): a retrieve
+ * keeps several whole-chunk reads in flight into reserved L1 slots and
+ * copies each chunk out as it lands, in whatever order they land, so the
+ * copies overlap the reads still in flight. The reads of every thread
+ * share the tier's completion queue: whichever waiting thread reaps hands
+ * each completion to the batch that submitted it (leader/followers), so a
+ * thread never takes another's completion for its own.
+ */
+typedef struct ferry__kv_abatch ferry__kv_abatch;
+
+typedef struct ferry__kv_aread {
+    struct ferry__kv_aread *next;  /* the batch's ready list (the tier's while in flight) */
+    ferry__kv_abatch *batch;
+    size_t idx;                    /* the caller's: which chunk */
+    int result;                    /* once ready: 0 or a negative code */
+    const char *why;               /* once ready with result < 0: the message */
+} ferry__kv_aread;
+
+struct ferry__kv_abatch {
+    ferry__kv_aread *ready;        /* completed, not yet taken (under the tier's lock) */
+    unsigned inflight;             /* submitted, not yet completed (likewise) */
+};
+
+typedef struct ferry__kv_tier_aops {
+    /* chunk reads worth keeping in flight for one batch */
+    unsigned depth;
+    /* a request from the tier's pool (NULL: out of memory) / back to it */
+    ferry__kv_aread *(*get)(ferry__kv_tier *t);
+    void (*put)(ferry__kv_tier *t, ferry__kv_aread *r);
+    /* start reading the chunk at loc (slot_bytes) into dst; 0, or a code
+     * with the message set and nothing started */
+    int (*submit)(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread *r, uint64_t loc,
+                  void *dst);
+    /* wait until a read of b completed: 0 and *out, every completed read
+     * of b not yet taken, linked by next (NULL when b has none in flight),
+     * or a negative code when the tier's queue broke (b's reads in flight
+     * are lost to it: never put them back) */
+    int (*wait)(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread **out);
+} ferry__kv_tier_aops;
+
 struct ferry__kv_tier {
     const ferry__kv_tier_ops *ops;
+    const ferry__kv_tier_aops *aops;   /* NULL: reads are synchronous only */
     void *impl;
     int id;                    /* enum ferry_kv_tier */
     uint64_t slot_bytes;       /* bytes one chunk takes in this tier */
@@ -100,6 +142,7 @@ struct ferry__kv_tier {
     int fail_sticky;
     /* counters */
     atomic_uint_fast64_t hits, evictions, bytes_written, bytes_read, failures;
+    atomic_uint_fast64_t aread_peak;   /* most asynchronous reads one retrieve had in flight */
 };
 
 /* L1: a host pool of capacity chunks of slot_bytes (pinned through dev when set) */

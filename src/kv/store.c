@@ -97,22 +97,25 @@ void ferry__kv_set_tier_fault(ferry_kv *kv, int tier, int write, uint64_t nth, i
     pthread_mutex_unlock(&kv->mu);
 }
 
-/* a tier read or write through the fault seam; outside kv->mu */
-static int tier_io(ferry_kv *kv, ferry__kv_tier *t, int write, uint64_t loc,
-                   const ferry_kv_hash *id, void *buf, size_t len)
+/* the fault seam: the code the nth read or write of t is to fail with, or 0 */
+static int tier_fault(ferry_kv *kv, ferry__kv_tier *t, int write, uint64_t loc, size_t len)
 {
     uint64_t n = atomic_fetch_add(write ? &t->n_writes : &t->n_reads, 1) + 1;
     pthread_mutex_lock(&kv->mu);
     uint64_t nth = write ? t->fail_write_nth : t->fail_read_nth;
     int code = t->fail_code, sticky = t->fail_sticky;
     pthread_mutex_unlock(&kv->mu);
-    int rc;
     if (nth && (n == nth || (sticky && n > nth)))
-        rc = ferry__err_set(NULL, code, "kv %s: injected %s fault at location %llu (%zu bytes)",
-                            t->ops->name, write ? "write" : "read", (unsigned long long)loc,
-                            len);
-    else
-        rc = write ? t->ops->write(t, loc, id, buf, len) : t->ops->read(t, loc, id, buf, len);
+        return ferry__err_set(NULL, code, "kv %s: injected %s fault at location %llu (%zu bytes)",
+                              t->ops->name, write ? "write" : "read", (unsigned long long)loc,
+                              len);
+    return 0;
+}
+
+/* count a finished tier read or write (rc 0 or its code, message set) */
+static int tier_io_done(ferry_kv *kv, ferry__kv_tier *t, int write, uint64_t loc,
+                        const ferry_kv_hash *id, size_t len, int rc)
+{
     if (rc < 0) {
         /* the remote answering "not there" or dropping a write-through
          * while it is down is a miss, counted by that tier, not a failure
@@ -129,6 +132,16 @@ static int tier_io(ferry_kv *kv, ferry__kv_tier *t, int write, uint64_t loc,
     }
     atomic_fetch_add(write ? &t->bytes_written : &t->bytes_read, len);
     return 0;
+}
+
+/* a tier read or write through the fault seam; outside kv->mu */
+static int tier_io(ferry_kv *kv, ferry__kv_tier *t, int write, uint64_t loc,
+                   const ferry_kv_hash *id, void *buf, size_t len)
+{
+    int rc = tier_fault(kv, t, write, loc, len);
+    if (rc == 0)
+        rc = write ? t->ops->write(t, loc, id, buf, len) : t->ops->read(t, loc, id, buf, len);
+    return tier_io_done(kv, t, write, loc, id, len, rc);
 }
 
 /* ---- the index (under mu) ---- */
@@ -951,188 +964,413 @@ void ferry__kv_job_run(ferry_kv *kv, ferry__kv_job *j)
 
 /* ---- retrieve ---- */
 
-/* wait for the device copies of chunks [from, to) (s may be NULL: host
- * copies, already done), then drop their read locks. A failed copy fails
- * every chunk of the window. Returns how many chunks that un-loaded. */
-static int retrieve_sync(ferry_kv *kv, ferry_stream *s, ferry__kv_entry **held, int *st,
-                         size_t from, size_t to, int *copy_rc)
+/*
+ * One retrieve. Chunks resolve in any order: a chunk whose bytes are in L1
+ * (or on their way there by another operation) is copied out in prompt
+ * order; a chunk only in a tier with asynchronous reads (L2) gets an L1
+ * slot and a whole-chunk read, several in flight at once (the tier's
+ * depth, as `ferry bench io` keeps them), and is copied out as soon as it
+ * lands, whatever the order, while the later reads go on. Chunks only in a
+ * tier without them (the remote, the persistent slab) are read ahead on
+ * the I/O workers (prefetch jobs) and copied out in order.
+ */
+enum { RT_OPEN = 0, RT_READING = 1, RT_LANDED = 2, RT_DONE = 3 };
+
+typedef struct rtv {
+    ferry_kv *kv;
+    const ferry_kv_buffer *buf;
+    ferry_stream *s;
+    size_t nch, n;
+    ferry__kv_entry **held;     /* read-locked while a copy may still read its slot */
+    size_t *hidx;               /* the chunks held, nheld of them */
+    ferry__kv_entry **pend;     /* RT_READING: the entry (read-locked, referenced) */
+    uint64_t *slot;             /* RT_READING: the L1 slot the read lands in */
+    int *st;
+    uint8_t *ahead;             /* the tier a worker read-ahead was queued from */
+    uint8_t *fate;              /* RT_* */
+    int *res;                   /* RT_LANDED: the read's result */
+    uint64_t hits[FERRY_KV_TIERS], misses, got;
+    int copy_rc;
+    size_t nheld, batch_max;
+    ferry__kv_tier *at;         /* the tier whose reads are asynchronous, or NULL */
+    ferry__kv_abatch batch;
+    unsigned inflight, depth;
+} rtv;
+
+/* wait for the device copies of the held chunks (none for host buffers:
+ * their copies are done), then drop their read locks. A failed copy fails
+ * every chunk it may have touched. */
+static void rt_sync(rtv *r)
 {
-    int lost = 0;
-    if (s && from < to) {
-        int r = ferry_stream_sync(s);
-        if (r < 0) {
-            if (*copy_rc == 0)
-                *copy_rc = ferry__kv_err(kv, r,
-                                          "kv retrieve: device copies to %s failed: %s",
-                                          ferry_device_name(kv->dev), ferry_last_error());
-            for (size_t i = from; i < to; i++)
-                if (st[i] == 0) {
-                    st[i] = *copy_rc;
-                    lost++;
+    ferry_kv *kv = r->kv;
+    if (r->s && r->nheld) {
+        int rc = ferry_stream_sync(r->s);
+        if (rc < 0) {
+            if (r->copy_rc == 0)
+                r->copy_rc = ferry__kv_err(kv, rc, "kv retrieve: device copies to %s failed: %s",
+                                           ferry_device_name(kv->dev), ferry_last_error());
+            for (size_t k = 0; k < r->nheld; k++)
+                if (r->st[r->hidx[k]] == 0) {
+                    r->st[r->hidx[k]] = r->copy_rc;
+                    r->got--;
                 }
         }
     }
     pthread_mutex_lock(&kv->mu);
-    for (size_t i = from; i < to; i++) {
-        if (held[i]) {
-            read_unlock(held[i]);
-            put(kv, held[i]);
-            held[i] = NULL;
-        }
+    for (size_t k = 0; k < r->nheld; k++) {
+        ferry__kv_entry **h = &r->held[r->hidx[k]];
+        read_unlock(*h);
+        put(kv, *h);
+        *h = NULL;
     }
     pthread_mutex_unlock(&kv->mu);
-    return lost;
+    r->nheld = 0;
+}
+
+/* chunk i, read-locked and resident in L1, into the engine's buffer.
+ * Called with kv->mu held; returns with it released. */
+static void rt_copy_out(rtv *r, size_t i, ferry__kv_entry *e)
+{
+    ferry_kv *kv = r->kv;
+    ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
+    l1->policy->ops->touch(l1->policy, e);
+    void *src = l1->ops->host_ptr(l1, e->loc[FERRY_KV_TIER_L1]);
+    pthread_mutex_unlock(&kv->mu);
+    r->held[i] = e;
+    r->hidx[r->nheld++] = i;
+    int rc = ferry__kv_xfer(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
+                            chunk_ntok(kv, i, r->n), src, 0, r->s, NULL);
+    if (rc < 0) {
+        r->copy_rc = ferry__kv_err_pass(kv, rc);
+        r->st[i] = rc;
+    } else {
+        r->st[i] = 0;
+        r->got++;
+    }
+    /* hold read locks only while copies may still read the slots: host
+     * copies are done now; device copies at the next synchronization,
+     * every half of L1, so a prompt longer than L1 streams through it */
+    if (!r->s || r->nheld >= r->batch_max)
+        rt_sync(r);
+}
+
+static void rt_read_done(rtv *r, size_t i, int rc);
+
+/* start the asynchronous read of chunk i when it is only in the async
+ * tier: 1 started (or already finished, failed), 0 not such a chunk, -1 no
+ * room or memory for it now */
+static int rt_issue(rtv *r, const ferry_kv_hash *ids, size_t i)
+{
+    ferry_kv *kv = r->kv;
+    ferry__kv_tier *t = r->at;
+    ferry__kv_aread *a = t->aops->get(t);
+    if (!a)
+        return -1;
+    pthread_mutex_lock(&kv->mu);
+    uint64_t now = now_ns(kv);
+    ferry__kv_entry *e = find(kv, ids[i]);
+    if (!e || e->state != FERRY__KV_READY || !e->resident ||
+        (e->resident & (1u << FERRY_KV_TIER_L1)) || e->l1_loading ||
+        kv->tier[lower_tier(kv, e)] != t) {
+        pthread_mutex_unlock(&kv->mu);
+        t->aops->put(t, a);
+        return 0;
+    }
+    uint64_t slot;
+    if (reserve(kv, FERRY_KV_TIER_L1, now, &slot, 0) < 0) {
+        pthread_mutex_unlock(&kv->mu);
+        t->aops->put(t, a);
+        return -1;
+    }
+    e->l1_loading = 1;
+    read_lock(kv, e, now);
+    e->refs++;
+    uint64_t loc = e->loc[t->id];
+    ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
+    void *dst = l1->ops->host_ptr(l1, slot);
+    pthread_mutex_unlock(&kv->mu);
+    r->fate[i] = RT_READING;
+    r->pend[i] = e;
+    r->slot[i] = slot;
+    a->idx = i;
+    int rc = tier_fault(kv, t, 0, loc, t->slot_bytes);
+    if (rc == 0)
+        rc = t->aops->submit(t, &r->batch, a, loc, dst);
+    if (rc == 0) {
+        r->inflight++;
+        uint64_t peak = atomic_load(&t->aread_peak);
+        while (r->inflight > peak &&
+               !atomic_compare_exchange_weak(&t->aread_peak, &peak, r->inflight))
+            ;
+        return 1;
+    }
+    t->aops->put(t, a);
+    tier_io_done(kv, t, 0, loc, &e->id, t->slot_bytes, rc);
+    rt_read_done(r, i, rc);
+    return 1;
+}
+
+/* chunk i's read finished with rc: promote it, copy it out (or count the miss) */
+static void rt_read_done(rtv *r, size_t i, int rc)
+{
+    ferry_kv *kv = r->kv;
+    ferry__kv_entry *e = r->pend[i];
+    r->pend[i] = NULL;
+    r->fate[i] = RT_DONE;
+    pthread_mutex_lock(&kv->mu);
+    promote_finish(kv, e, r->slot[i], rc, r->at->id);
+    if (r->copy_rc < 0 || !(e->resident & (1u << FERRY_KV_TIER_L1))) {
+        if (r->copy_rc == 0)
+            r->misses++;
+        read_unlock(e);
+        put(kv, e);
+        pthread_mutex_unlock(&kv->mu);
+        return;
+    }
+    r->hits[r->at->id]++;
+    rt_copy_out(r, i, e);
+}
+
+/* wait for this retrieve's reads that landed (at least one): their
+ * results in r->res, RT_LANDED; returns how many */
+static unsigned rt_reap(rtv *r)
+{
+    ferry__kv_tier *t = r->at;
+    ferry__kv_aread *a = NULL;
+    int rc = t->aops->wait(t, &r->batch, &a);
+    unsigned k = 0;
+    if (rc < 0) {
+        /* the tier's queue broke: every read of ours still in flight is lost */
+        ferry__kv_err_pass(r->kv, rc);
+        for (size_t i = 0; i < r->nch; i++) {
+            if (r->fate[i] != RT_READING)
+                continue;
+            tier_io_done(r->kv, t, 0, r->pend[i]->loc[t->id], &r->pend[i]->id, t->slot_bytes, rc);
+            r->res[i] = rc;
+            r->fate[i] = RT_LANDED;
+            k++;
+        }
+        r->inflight = 0;
+        return k;
+    }
+    for (ferry__kv_aread *next; a; a = next) {
+        next = a->next;
+        size_t i = a->idx;
+        rc = a->result;
+        if (rc < 0)
+            ferry__err_set(NULL, rc, "%s", a->why ? a->why : ferry_strerror(rc));
+        t->aops->put(t, a);
+        r->inflight--;
+        ferry__kv_entry *e = r->pend[i];
+        tier_io_done(r->kv, t, 0, e->loc[t->id], &e->id, t->slot_bytes, rc);
+        r->res[i] = rc;
+        r->fate[i] = RT_LANDED;
+        k++;
+    }
+    return k;
+}
+
+/* keep depth reads in flight, from the first open chunk k on (*ic: the
+ * next chunk to consider; *blocked: L1 had no room, the rest in order) */
+static void rt_fill(rtv *r, const ferry_kv_hash *ids, size_t k, size_t *ic, int *blocked)
+{
+    if (!r->at || *blocked || r->copy_rc < 0)
+        return;
+    if (*ic < k)
+        *ic = k;
+    while (r->inflight < r->depth && *ic < r->nch) {
+        if (r->fate[*ic] == RT_OPEN && rt_issue(r, ids, *ic) < 0) {
+            *blocked = 1;
+            return;
+        }
+        (*ic)++;
+    }
 }
 
 static size_t prefetch_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
                            int leading, uint8_t *queued);
+
+/* chunk i in prompt order, from wherever it is: 1 resolved, 0 start it over */
+static int rt_one(rtv *r, const ferry_kv_hash *ids, size_t i)
+{
+    ferry_kv *kv = r->kv;
+    ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
+    pthread_mutex_lock(&kv->mu);
+    ferry__kv_entry *e;
+    uint64_t now;
+    for (;;) {
+        now = now_ns(kv);
+        e = find(kv, ids[i]);
+        if (!e || e->state != FERRY__KV_READY || !e->l1_loading)
+            break;
+        pthread_cond_wait(&kv->loaded, &kv->mu);
+    }
+    if (!e || e->state != FERRY__KV_READY || !e->resident) {
+        pthread_mutex_unlock(&kv->mu);
+        r->misses++;
+        return 1;
+    }
+    read_lock(kv, e, now);
+    e->refs++;
+    if (!(e->resident & (1u << FERRY_KV_TIER_L1))) {
+        /* only in a lower tier: promote into a fresh L1 slot */
+        uint64_t slot;
+        int src = lower_tier(kv, e);
+        int rc = src ? reserve(kv, FERRY_KV_TIER_L1, now, &slot, 1) : FERRY_ENOTFOUND;
+        if (rc == -EAGAIN) {
+            /* the mutex was released: start this chunk over */
+            read_unlock(e);
+            put(kv, e);
+            pthread_mutex_unlock(&kv->mu);
+            return 0;
+        }
+        if (rc < 0) {
+            read_unlock(e);
+            put(kv, e);
+            pthread_mutex_unlock(&kv->mu);
+            r->st[i] = rc == FERRY_ENOTFOUND ? rc : FERRY_ENOSPACE;
+            r->misses++;
+            return 1;
+        }
+        e->l1_loading = 1;
+        uint64_t srcloc = e->loc[src];
+        pthread_mutex_unlock(&kv->mu);
+        rc = tier_io(kv, kv->tier[src], 0, srcloc, &e->id, l1->ops->host_ptr(l1, slot),
+                     kv->slot_bytes);
+        pthread_mutex_lock(&kv->mu);
+        promote_finish(kv, e, slot, rc, src);
+        if (!(e->resident & (1u << FERRY_KV_TIER_L1))) {
+            read_unlock(e);
+            put(kv, e);
+            pthread_mutex_unlock(&kv->mu);
+            r->misses++;
+            return 1;
+        }
+        r->hits[src]++;
+    } else {
+        r->hits[r->ahead[i] ? r->ahead[i] : FERRY_KV_TIER_L1]++;
+    }
+    rt_copy_out(r, i, e);
+    return 1;
+}
 
 int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
                           const ferry_kv_req *req, const ferry_kv_buffer *buf)
 {
     uint64_t t0 = ferry__now_ns();
     atomic_fetch_add(&kv->retrieves, 1);
-    ferry_stream *s = NULL;
+    rtv r = {0};
+    r.kv = kv;
+    r.buf = buf;
+    r.nch = nch;
+    r.n = n;
     int rc = 0;
-    if (buf->mem == FERRY_KV_MEM_DEVICE && (rc = stream_get(kv, &s)) < 0) {
+    if (buf->mem == FERRY_KV_MEM_DEVICE && (rc = stream_get(kv, &r.s)) < 0) {
         atomic_fetch_add(&kv->failures, 1);
         return rc;
     }
-    ferry__kv_entry **held = ferry__calloc(nch, sizeof *held);
-    int *st = ferry__malloc(nch * sizeof *st);
-    uint8_t *ahead = ferry__calloc(nch, 1);
-    if (!held || !st || !ahead) {
-        ferry__free(held);
-        ferry__free(st);
-        ferry__free(ahead);
-        stream_put(kv, s);
+    r.held = ferry__calloc(nch, sizeof *r.held);
+    r.hidx = ferry__malloc(nch * sizeof *r.hidx);
+    r.pend = ferry__calloc(nch, sizeof *r.pend);
+    r.slot = ferry__calloc(nch, sizeof *r.slot);
+    r.st = ferry__malloc(nch * sizeof *r.st);
+    r.ahead = ferry__calloc(nch, 1);
+    r.fate = ferry__calloc(nch, 1);
+    r.res = ferry__calloc(nch, sizeof *r.res);
+    if (!r.held || !r.hidx || !r.pend || !r.slot || !r.st || !r.ahead || !r.fate || !r.res) {
+        ferry__free(r.hidx);
+        ferry__free(r.res);
+        ferry__free(r.held);
+        ferry__free(r.pend);
+        ferry__free(r.slot);
+        ferry__free(r.st);
+        ferry__free(r.ahead);
+        ferry__free(r.fate);
+        stream_put(kv, r.s);
         atomic_fetch_add(&kv->failures, 1);
-        return ferry__kv_err(kv, -ENOMEM, "kv retrieve: out of memory for %zu chunks",
-                              nch);
+        return ferry__kv_err(kv, -ENOMEM, "kv retrieve: out of memory for %zu chunks", nch);
     }
     ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
-    int copy_rc = 0;
-    uint64_t hits[FERRY_KV_TIERS] = {0}, misses = 0, got = 0;
-    size_t batch_max = (size_t)FERRY__MAX(l1->capacity / 2, 1), nheld = 0, synced = 0;
-    /* read ahead: the L2 reads of later chunks run on the I/O workers
-     * while this thread copies the earlier ones out */
+    for (size_t i = 0; i < nch; i++)
+        r.st[i] = FERRY_ENOTFOUND;
+    r.batch_max = (size_t)FERRY__MAX(l1->capacity / 2, 1);
+    /* asynchronous reads: at most a quarter of L1 in flight, so they never
+     * crowd out the slots the copies hold */
+    r.at = kv->tier[FERRY_KV_TIER_L2] && kv->tier[FERRY_KV_TIER_L2]->aops
+               ? kv->tier[FERRY_KV_TIER_L2]
+               : NULL;
+    if (r.at)
+        r.depth = (unsigned)FERRY__MIN((uint64_t)r.at->aops->depth,
+                                       FERRY__MAX(l1->capacity / 4, 1));
+    /* read ahead on the workers from the tiers without asynchronous reads */
     int lower = 0;
     for (int t = FERRY_KV_TIER_L2; t < FERRY_KV_TIERS; t++)
-        lower |= kv->tier[t] != NULL;
+        lower |= kv->tier[t] != NULL && kv->tier[t] != r.at;
     remote_discover_missing(kv, ids, nch, n);
     if (lower)
-        prefetch_ids(kv, ids, nch, n, 0, ahead);
-    for (size_t i = 0; i < nch; i++) {
-        st[i] = FERRY_ENOTFOUND;
-        if (copy_rc < 0)
-            continue;
-        /* top the read-ahead up as earlier reads land: chunks past the
-         * prefetch budget get queued once room frees, instead of being read
-         * here one at a time (chunks queued or in L1 are skipped) */
-        if (lower && i > 0 && i + 1 < nch)
-            prefetch_ids(kv, ids + i + 1, nch - i - 1, n - (i + 1) * kv->chunk_tokens, 0,
-                         ahead + i + 1);
-        pthread_mutex_lock(&kv->mu);
-        ferry__kv_entry *e;
-        uint64_t now;
-        for (;;) {
-            now = now_ns(kv);
-            e = find(kv, ids[i]);
-            if (!e || e->state != FERRY__KV_READY || !e->l1_loading)
-                break;
-            pthread_cond_wait(&kv->loaded, &kv->mu);
-        }
-        if (!e || e->state != FERRY__KV_READY || !e->resident) {
-            pthread_mutex_unlock(&kv->mu);
-            misses++;
+        prefetch_ids(kv, ids, nch, n, 0, r.ahead);
+    size_t k = 0, ic = 0;
+    int blocked = 0;
+    while (k < nch) {
+        if (r.fate[k] == RT_DONE) {
+            k++;
             continue;
         }
-        read_lock(kv, e, now);
-        e->refs++;
-        if (!(e->resident & (1u << FERRY_KV_TIER_L1))) {
-            /* only in a lower tier: promote into a fresh L1 slot */
-            uint64_t slot;
-            int src = lower_tier(kv, e);
-            int r = src ? reserve(kv, FERRY_KV_TIER_L1, now, &slot, 1) : FERRY_ENOTFOUND;
-            if (r == -EAGAIN) {
-                /* the mutex was released: start this chunk over */
-                read_unlock(e);
-                put(kv, e);
-                pthread_mutex_unlock(&kv->mu);
-                i--;
-                continue;
-            }
-            if (r < 0) {
-                read_unlock(e);
-                put(kv, e);
-                pthread_mutex_unlock(&kv->mu);
-                st[i] = r == FERRY_ENOTFOUND ? r : FERRY_ENOSPACE;
-                misses++;
-                continue;
-            }
-            e->l1_loading = 1;
-            uint64_t srcloc = e->loc[src];
-            pthread_mutex_unlock(&kv->mu);
-            r = tier_io(kv, kv->tier[src], 0, srcloc, &e->id, l1->ops->host_ptr(l1, slot),
-                        kv->slot_bytes);
-            pthread_mutex_lock(&kv->mu);
-            promote_finish(kv, e, slot, r, src);
-            if (!(e->resident & (1u << FERRY_KV_TIER_L1))) {
-                read_unlock(e);
-                put(kv, e);
-                pthread_mutex_unlock(&kv->mu);
-                misses++;
-                continue;
-            }
-            hits[src]++;
-        } else {
-            hits[ahead[i] ? ahead[i] : FERRY_KV_TIER_L1]++;
+        if (r.fate[k] == RT_OPEN && r.copy_rc < 0) {
+            r.fate[k++] = RT_DONE;
+            continue;
         }
-        l1->policy->ops->touch(l1->policy, e);
-        void *src = l1->ops->host_ptr(l1, e->loc[FERRY_KV_TIER_L1]);
-        pthread_mutex_unlock(&kv->mu);
-        held[i] = e;
-        copy_rc = ferry__kv_xfer(buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
-                                 chunk_ntok(kv, i, n), src, 0, s, NULL);
-        if (copy_rc < 0)
-            ferry__kv_err_pass(kv, copy_rc);
-        if (copy_rc == 0) {
-            st[i] = 0;
-            got++;
-        } else {
-            st[i] = copy_rc;
+        rt_fill(&r, ids, k, &ic, &blocked);
+        if (r.fate[k] == RT_READING || r.fate[k] == RT_LANDED) {
+            /* take what landed, refill, then copy those out (in landing
+             * order, not prompt order) while the new reads go on */
+            if (r.fate[k] == RT_READING && rt_reap(&r))
+                rt_fill(&r, ids, k, &ic, &blocked);
+            for (size_t j = k; j < ic; j++)
+                if (r.fate[j] == RT_LANDED)
+                    rt_read_done(&r, j, r.res[j]);
+            continue;
         }
-        /* hold read locks only while copies may still read the slots: host
-         * copies are done now; device copies at the next synchronization,
-         * every half of L1, so a prompt longer than L1 streams through it */
-        if (!s || ++nheld >= batch_max) {
-            int r = retrieve_sync(kv, s, held, st, synced, i + 1, &copy_rc);
-            got -= (uint64_t)r;
-            synced = i + 1;
-            nheld = 0;
-        }
+        /* top the workers' read-ahead up as earlier reads land: chunks past
+         * the prefetch budget get queued once room frees, instead of being
+         * read here one at a time (chunks queued or in L1 are skipped) */
+        if (lower && k > 0 && k + 1 < nch)
+            prefetch_ids(kv, ids + k + 1, nch - k - 1, n - (k + 1) * kv->chunk_tokens, 0,
+                         r.ahead + k + 1);
+        if (rt_one(&r, ids, k))
+            r.fate[k++] = RT_DONE;
     }
-    got -= (uint64_t)retrieve_sync(kv, s, held, st, synced, nch, &copy_rc);
-    stream_put(kv, s);
+    while (r.inflight) /* cannot be: every read was waited for above */
+        for (unsigned got = rt_reap(&r); got; got = 0)
+            for (size_t j = 0; j < nch; j++)
+                if (r.fate[j] == RT_LANDED)
+                    rt_read_done(&r, j, r.res[j]);
+    rt_sync(&r);
+    stream_put(kv, r.s);
     for (int t = 1; t < FERRY_KV_TIERS; t++)
-        if (hits[t] && kv->tier[t])
-            atomic_fetch_add(&kv->tier[t]->hits, hits[t]);
-    atomic_fetch_add(&l1->bytes_read, got * kv->chunk_bytes);
-    atomic_fetch_add(&kv->misses, misses);
-    atomic_fetch_add(&kv->retrieved_chunks, got);
-    atomic_fetch_add(&kv->retrieved_bytes, got * kv->chunk_bytes);
+        if (r.hits[t] && kv->tier[t])
+            atomic_fetch_add(&kv->tier[t]->hits, r.hits[t]);
+    atomic_fetch_add(&l1->bytes_read, r.got * kv->chunk_bytes);
+    atomic_fetch_add(&kv->misses, r.misses);
+    atomic_fetch_add(&kv->retrieved_chunks, r.got);
+    atomic_fetch_add(&kv->retrieved_bytes, r.got * kv->chunk_bytes);
     size_t lead = 0;
-    for (size_t i = 0; i < nch && st[i] == 0; i++)
+    for (size_t i = 0; i < nch && r.st[i] == 0; i++)
         lead += chunk_ntok(kv, i, n);
     for (size_t i = 0; i < nch; i++)
-        set_status(req, i, st[i]);
-    ferry__free(st);
-    ferry__free(held);
-    ferry__free(ahead);
+        set_status(req, i, r.st[i]);
+    ferry__free(r.held);
+    ferry__free(r.hidx);
+    ferry__free(r.pend);
+    ferry__free(r.slot);
+    ferry__free(r.st);
+    ferry__free(r.ahead);
+    ferry__free(r.fate);
+    ferry__free(r.res);
     ferry__kv_hist_record(&kv->h_retrieve, ferry__now_ns() - t0);
-    if (copy_rc < 0) {
+    if (r.copy_rc < 0) {
         atomic_fetch_add(&kv->failures, 1);
-        return copy_rc;
+        return r.copy_rc;
     }
     return (int)lead;
 }
@@ -1273,6 +1511,8 @@ static size_t prefetch_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, s
         }
         int src = ok ? lower_tier(kv, e) : 0;
         ok = ok && src;
+        if (ok && !leading && kv->tier[src]->aops)
+            continue; /* a retrieve reads these itself, asynchronously */
         if (ok && kv->prefetch_inflight + kv->slot_bytes > kv->prefetch_max)
             break;
         ferry__kv_job *j = ok ? ferry__calloc(1, sizeof *j) : NULL;
