@@ -331,12 +331,18 @@ static int engine_buffer(const ferry_kv_layout *l, uint64_t cap, ferry_kv_buffer
 }
 
 /* ---- references ---- */
+#define L2_ROUNDS 7 /* measured rounds of the L2 reference, after one warm-up */
 typedef struct refs {
     double memcpy_gbps, l1_store_gbps, l1_retrieve_gbps;
     double memcpy_gbps_cpu, l1_store_gbps_cpu, l1_retrieve_gbps_cpu;
     double hash_gbps, hash_gbps_cpu;
     double lookup32k_p50_us, lookup32k_p99_us, lookup32k_mean_us, lookup32k_cpu_us;
+    /* L2: medians over alternating rounds (io read, retrieve, prefetch),
+     * the ratios the medians of each round's own ratio */
     double io_read_gbps, l2_retrieve_gbps, l2_promote_gbps;
+    double l2_retrieve_ratio, l2_promote_ratio, l2_retrieve_ratio_min, l2_retrieve_ratio_max;
+    double l2_round[L2_ROUNDS][3]; /* GB/s: io read, retrieve, prefetch */
+    unsigned l2_rounds;
     const char *io_engine;
     int have_l2;
     /* --remote */
@@ -485,8 +491,56 @@ static void ref_l1(const opts *o, const ferry_kv_layout *l, uint64_t chunk, refs
     ferry_kv_close(kv);
 }
 
-/* read throughput of the slab's engine for chunk-size requests (bench io's
- * read loop), then the store's retrieve of chunks that are only in L2 */
+/* one pass of `ferry bench io`'s read loop over nch chunk-size requests,
+ * depth in flight: GB/s, 0 on a failure */
+static double io_read_pass(ferry_io *io, ferry_file *f, char *buf, unsigned depth, unsigned nch,
+                           uint64_t slot, ferry_io_req *reqs, ferry_io_req **ptrs,
+                           ferry_io_req **done)
+{
+    double t0 = now_s();
+    unsigned next = 0, inflight = 0, completed = 0;
+    for (unsigned k = 0; k < depth && next < nch; k++, next++) {
+        reqs[k] = (ferry_io_req){FERRY_IO_READ, f, buf + (size_t)k * slot, 0, (size_t)slot,
+                                 next * slot, NULL, 0, {0}};
+        ptrs[k] = &reqs[k];
+        inflight++;
+    }
+    if (ferry_io_submit(io, ptrs, inflight) != (int)inflight)
+        return 0;
+    int bad = 0;
+    while (completed < inflight) {
+        int got = ferry_io_reap(io, done, 1, depth, -1);
+        if (got <= 0)
+            return 0; /* requests may still be in flight: the caller stops */
+        for (int k = 0; k < got; k++) {
+            completed++;
+            if (done[k]->result != (int64_t)slot)
+                bad = 1;
+            if (next < nch && !bad) {
+                done[k]->offset = next * slot;
+                next++;
+                ferry_io_req *one = done[k];
+                if (ferry_io_submit(io, &one, 1) == 1)
+                    inflight++;
+                else
+                    bad = 1;
+            }
+        }
+    }
+    double el = now_s() - t0;
+    return bad || next < nch ? 0 : (double)nch * slot / el / 1e9;
+}
+
+/*
+ * The L2 reference, in alternating rounds so both sides see the same
+ * machine (the disk is a shared virtio device, the CPUs shared too): each
+ * round reads nch chunk-size requests with the slab's engine as `ferry
+ * bench io` does (depth in flight), then retrieves a prompt of nch chunks
+ * that is only in L2 (slab -> L1 -> engine buffer), then prefetches
+ * another (slab -> L1 only: the slab leg alone). Three prompts take turns
+ * (retrieve A, prefetch B, retrieve C, prefetch A, ...), so each is two
+ * prompts old, out of an L1 of nch + 10 chunks, when its turn comes.
+ */
 static void ref_l2(const opts *o, const ferry_kv_layout *l, uint64_t chunk, refs *r)
 {
     unsigned nch = 24;
@@ -499,7 +553,10 @@ static void ref_l2(const opts *o, const ferry_kv_layout *l, uint64_t chunk, refs
     io_opt.engine = o->engine;
     ferry_io *io = NULL;
     ferry_file *f = NULL;
-    void *buf = NULL;
+    void *buf = NULL, *mem = NULL;
+    ferry_kv *kv = NULL;
+    int32_t *t = NULL;
+    ferry_io_req *reqs = NULL, **ptrs = NULL, **done = NULL;
     if (ferry_io_open(&io_opt, &io) < 0)
         return;
     r->io_engine = ferry_io_engine(io);
@@ -516,69 +573,12 @@ static void ref_l2(const opts *o, const ferry_kv_layout *l, uint64_t chunk, refs
         if (ferry_io_pwrite(io, f, (char *)buf + (size_t)(i % depth) * slot, slot, i * slot) < 0)
             goto out;
     ferry_file_sync(f);
-    {
-        /* depth chunk reads in flight, as `ferry bench io` keeps them */
-        ferry_io_req *reqs = calloc(depth, sizeof *reqs);
-        ferry_io_req **ptrs = calloc(depth, sizeof *ptrs), **done = calloc(depth, sizeof *done);
-        if (!reqs || !ptrs || !done) {
-            free(reqs);
-            free(ptrs);
-            free(done);
-            goto out;
-        }
-        double best = 1e9;
-        for (int rep = 0; rep < 3; rep++) {
-            double t0 = now_s();
-            unsigned next = 0, inflight = 0, completed = 0;
-            int bad = 0;
-            for (unsigned k = 0; k < depth && next < nch; k++, next++) {
-                reqs[k] = (ferry_io_req){FERRY_IO_READ, f, (char *)buf + (size_t)k * slot, 0,
-                                         (size_t)slot, next * slot, NULL, 0, {0}};
-                ptrs[k] = &reqs[k];
-                inflight++;
-            }
-            if (ferry_io_submit(io, ptrs, inflight) != (int)inflight)
-                bad = 1;
-            while (!bad && completed < nch) {
-                int got = ferry_io_reap(io, done, 1, depth, -1);
-                if (got <= 0) {
-                    bad = 1;
-                    break;
-                }
-                for (int k = 0; k < got; k++) {
-                    completed++;
-                    if (done[k]->result < 0)
-                        bad = 1;
-                    if (next < nch) {
-                        done[k]->offset = next * slot;
-                        next++;
-                        ferry_io_req *one = done[k];
-                        if (ferry_io_submit(io, &one, 1) != 1)
-                            bad = 1;
-                    }
-                }
-            }
-            double el = now_s() - t0;
-            if (!bad && el < best)
-                best = el;
-        }
-        if (best < 1e9)
-            r->io_read_gbps = (double)nch * slot / best / 1e9;
-        free(reqs);
-        free(ptrs);
-        free(done);
-    }
-out:
-    if (buf)
-        ferry_io_buffer_free(io, buf);
-    ferry_file_close(f);
-    ferry_io_close(io);
-    unlink(path);
+    reqs = calloc(depth, sizeof *reqs);
+    ptrs = calloc(depth, sizeof *ptrs);
+    done = calloc(depth, sizeof *done);
+    if (!reqs || !ptrs || !done)
+        goto out;
 
-    /* the store: A (nch chunks) pushed out of L1 by B, read back by a
-     * retrieve (L2 -> L1 -> engine buffer); pushed out again by C and
-     * brought up by prefetch (L2 -> L1 only: the slab leg alone) */
-    ferry_kv *kv;
     g_prefetch_max = (uint64_t)nch * slot;
     int orc = open_store(o, l, (uint64_t)(nch + 10) * slot, (uint64_t)(nch + 8) * 4 * slot,
                          o->dir, &kv);
@@ -586,54 +586,91 @@ out:
     if (orc < 0) {
         fprintf(stderr, "ferry %s: L2 reference: opening the store: %s\n", CMD,
                 ferry_last_error());
-        return;
+        kv = NULL;
+        goto out;
     }
     size_t n = (size_t)nch * o->chunk_tokens;
-    int32_t *t = malloc(3 * n * sizeof *t);
+    t = malloc(3 * n * sizeof *t);
     ferry_kv_buffer b;
-    void *mem = NULL;
-    if (t && engine_buffer(l, n, &b, &mem) == 0) {
-        for (size_t i = 0; i < 3 * n; i++)
-            t[i] = (int32_t)(i * 7 + 3);
-        int s1 = ferry_kv_store(kv, t, n, NULL, &b);
+    if (!t || engine_buffer(l, n, &b, &mem) < 0)
+        goto out;
+    for (size_t i = 0; i < 3 * n; i++)
+        t[i] = (int32_t)(i * 7 + 3);
+    for (int p = 0; p < 3; p++) {
+        int s = ferry_kv_store(kv, t + (size_t)p * n, n, NULL, &b);
         ferry_kv_flush(kv);
-        int s2 = ferry_kv_store(kv, t + n, n, NULL, &b);
-        ferry_kv_flush(kv);
-        if (s1 != (int)n || s2 != (int)n)
-            fprintf(stderr, "ferry %s: L2 reference: storing 2 x %zu tokens gave %d, %d: %s\n",
-                    CMD, n, s1, s2, ferry_last_error());
-        else {
-            ferry_kv_stats a, z;
-            ferry_kv_metrics(kv, &a);
-            double t0 = now_s();
-            int got = ferry_kv_retrieve(kv, t, n, NULL, &b);
-            double el = now_s() - t0;
-            ferry_kv_metrics(kv, &z);
-            uint64_t from_l2 = z.tier[FERRY_KV_TIER_L2].bytes_read - a.tier[FERRY_KV_TIER_L2].bytes_read;
-            if (got == (int)n && from_l2)
-                r->l2_retrieve_gbps = (double)from_l2 / el / 1e9;
-            else
-                fprintf(stderr,
-                        "ferry %s: L2 reference: retrieve of %zu tokens gave %d, %llu bytes "
-                        "from L2: %s\n",
-                        CMD, n, got, (unsigned long long)from_l2, ferry_last_error());
-            ferry_kv_store(kv, t + 2 * n, n, NULL, &b);
-            ferry_kv_flush(kv);
-            ferry_kv_metrics(kv, &a);
-            t0 = now_s();
-            ferry_kv_prefetch(kv, t, n, NULL);
-            ferry_kv_flush(kv);
-            el = now_s() - t0;
-            ferry_kv_metrics(kv, &z);
-            from_l2 = z.tier[FERRY_KV_TIER_L2].bytes_read - a.tier[FERRY_KV_TIER_L2].bytes_read;
-            if (from_l2)
-                r->l2_promote_gbps = (double)from_l2 / el / 1e9;
-            r->have_l2 = 1;
+        if (s != (int)n) {
+            fprintf(stderr, "ferry %s: L2 reference: storing prompt %d of %zu tokens gave %d: %s\n",
+                    CMD, p, n, s, ferry_last_error());
+            goto out;
         }
     }
+    double ratios[L2_ROUNDS], pratios[L2_ROUNDS], col[3][L2_ROUNDS];
+    unsigned m = 0;
+    for (unsigned round = 0; round <= L2_ROUNDS; round++) {
+        double io_gbps = io_read_pass(io, f, buf, depth, nch, slot, reqs, ptrs, done);
+        if (io_gbps <= 0) {
+            fprintf(stderr, "ferry %s: L2 reference: slab read pass failed: %s\n", CMD,
+                    ferry_last_error());
+            goto out;
+        }
+        const int32_t *rt = t + (size_t)((2 * round) % 3) * n;
+        const int32_t *pf = t + (size_t)((2 * round + 1) % 3) * n;
+        ferry_kv_stats a, z;
+        ferry_kv_metrics(kv, &a);
+        double t0 = now_s();
+        int got = ferry_kv_retrieve(kv, rt, n, NULL, &b);
+        double el = now_s() - t0;
+        ferry_kv_metrics(kv, &z);
+        uint64_t from_l2 = z.tier[FERRY_KV_TIER_L2].bytes_read - a.tier[FERRY_KV_TIER_L2].bytes_read;
+        if (got != (int)n || from_l2 < (uint64_t)nch * chunk) {
+            fprintf(stderr,
+                    "ferry %s: L2 reference: round %u: retrieve of %zu tokens gave %d, %llu bytes "
+                    "from L2: %s\n",
+                    CMD, round, n, got, (unsigned long long)from_l2, ferry_last_error());
+            goto out;
+        }
+        double rt_gbps = (double)from_l2 / el / 1e9;
+        ferry_kv_metrics(kv, &a);
+        t0 = now_s();
+        ferry_kv_prefetch(kv, pf, n, NULL);
+        ferry_kv_flush(kv);
+        el = now_s() - t0;
+        ferry_kv_metrics(kv, &z);
+        from_l2 = z.tier[FERRY_KV_TIER_L2].bytes_read - a.tier[FERRY_KV_TIER_L2].bytes_read;
+        double pf_gbps = (double)from_l2 / el / 1e9;
+        if (round == 0)
+            continue; /* warm-up */
+        r->l2_round[m][0] = col[0][m] = io_gbps;
+        r->l2_round[m][1] = col[1][m] = rt_gbps;
+        r->l2_round[m][2] = col[2][m] = pf_gbps;
+        ratios[m] = rt_gbps / io_gbps;
+        pratios[m] = pf_gbps / io_gbps;
+        m++;
+    }
+    if (m == 0)
+        goto out;
+    r->l2_rounds = m;
+    r->io_read_gbps = pct(col[0], m, 0.5);
+    r->l2_retrieve_gbps = pct(col[1], m, 0.5);
+    r->l2_promote_gbps = pct(col[2], m, 0.5);
+    r->l2_retrieve_ratio = pct(ratios, m, 0.5); /* sorts ratios */
+    r->l2_retrieve_ratio_min = ratios[0];
+    r->l2_retrieve_ratio_max = ratios[m - 1];
+    r->l2_promote_ratio = pct(pratios, m, 0.5);
+    r->have_l2 = 1;
+out:
     free(t);
     free(mem);
     ferry_kv_close(kv);
+    free(reqs);
+    free(ptrs);
+    free(done);
+    if (buf)
+        ferry_io_buffer_free(io, buf);
+    ferry_file_close(f);
+    ferry_io_close(io);
+    unlink(path);
 }
 
 /* a second store, local tiers empty, retrieves every prompt from the
@@ -1423,11 +1460,18 @@ int cmd_kv_bench(int argc, char **argv)
                 json_object_set_new(r, "io_engine", json_string(rf.io_engine ? rf.io_engine : ""));
                 json_object_set_new(r, "io_read_gb_per_s", json_real(rf.io_read_gbps));
                 json_object_set_new(r, "l2_retrieve_gb_per_s", json_real(rf.l2_retrieve_gbps));
-                json_object_set_new(r, "l2_retrieve_ratio",
-                                    json_real(ratio(rf.l2_retrieve_gbps, rf.io_read_gbps)));
+                json_object_set_new(r, "l2_retrieve_ratio", json_real(rf.l2_retrieve_ratio));
                 json_object_set_new(r, "l2_promote_gb_per_s", json_real(rf.l2_promote_gbps));
-                json_object_set_new(r, "l2_promote_ratio",
-                                    json_real(ratio(rf.l2_promote_gbps, rf.io_read_gbps)));
+                json_object_set_new(r, "l2_promote_ratio", json_real(rf.l2_promote_ratio));
+                json_t *rounds = json_array();
+                for (unsigned i = 0; i < rf.l2_rounds; i++) {
+                    json_t *x = json_object();
+                    json_object_set_new(x, "io_read_gb_per_s", json_real(rf.l2_round[i][0]));
+                    json_object_set_new(x, "l2_retrieve_gb_per_s", json_real(rf.l2_round[i][1]));
+                    json_object_set_new(x, "l2_promote_gb_per_s", json_real(rf.l2_round[i][2]));
+                    json_array_append_new(rounds, x);
+                }
+                json_object_set_new(r, "l2_rounds", rounds);
             }
             if (rf.have_remote) {
                 json_object_set_new(r, "remote_cold_hit_rate", json_real(rf.remote_hit_rate));
@@ -1519,14 +1563,21 @@ int cmd_kv_bench(int argc, char **argv)
                    rf.lookup32k_p50_us, rf.lookup32k_p99_us, rf.lookup32k_mean_us,
                    rf.lookup32k_cpu_us);
             if (o.dir) {
-                printf("  slab reads          %s, %.2f GB/s in chunk-size requests at depth 8 "
-                       "(as ferry bench io)\n",
-                       rf.io_engine ? rf.io_engine : "?", rf.io_read_gbps);
-                printf("  L2 -> L1            %.2f GB/s = %.2fx (prefetch: the slab leg)\n",
-                       rf.l2_promote_gbps, ratio(rf.l2_promote_gbps, rf.io_read_gbps));
-                printf("  L2 retrieve         %.2f GB/s = %.2fx (target >= 0.9x; slab -> L1 -> "
-                       "engine buffer, the last leg a memcpy here, a DMA on a GPU)\n",
-                       rf.l2_retrieve_gbps, ratio(rf.l2_retrieve_gbps, rf.io_read_gbps));
+                printf("  L2, %u alternating rounds (GB/s: slab reads as ferry bench io, %s, "
+                       "chunk-size requests at depth 8 / L2 retrieve / L2 -> L1 prefetch):\n   ",
+                       rf.l2_rounds, rf.io_engine ? rf.io_engine : "?");
+                for (unsigned i = 0; i < rf.l2_rounds; i++)
+                    printf(" %.2f/%.2f/%.2f", rf.l2_round[i][0], rf.l2_round[i][1],
+                           rf.l2_round[i][2]);
+                printf("\n  slab reads          %.2f GB/s (median)\n", rf.io_read_gbps);
+                printf("  L2 -> L1            %.2f GB/s, median ratio %.2fx (prefetch: the slab "
+                       "leg)\n",
+                       rf.l2_promote_gbps, rf.l2_promote_ratio);
+                printf("  L2 retrieve         %.2f GB/s, median ratio %.2fx, rounds %.2f..%.2fx "
+                       "(target >= 0.9x; slab -> L1 -> engine buffer, the last leg a memcpy "
+                       "here, a DMA on a GPU)\n",
+                       rf.l2_retrieve_gbps, rf.l2_retrieve_ratio, rf.l2_retrieve_ratio_min,
+                       rf.l2_retrieve_ratio_max);
             }
             if (rf.have_remote) {
                 printf("  remote, cold store  hit rate %.4f, lookup p50 %.1f us (one round trip)\n",
