@@ -36,6 +36,8 @@ static void run_job(ferry_kv *kv, ferry__kv_job *j)
                      ? ferry__kv_do_store(kv, op->ids, op->nchunks, op->n, &op->req, &op->buf)
                      : ferry__kv_do_retrieve(kv, op->ids, op->nchunks, op->n, &op->req, &op->buf);
         op_finish(op, rc);
+    } else if (j->kind == FERRY__KV_JOB_COPY) {
+        j->copy(j->ctx, j->idx);
     } else {
         ferry__kv_job_run(kv, j);
     }

@@ -238,7 +238,8 @@ enum {
     FERRY__KV_JOB_OP = 1,
     FERRY__KV_JOB_L2WRITE = 2,
     FERRY__KV_JOB_PREFETCH = 3,
-    FERRY__KV_JOB_RWRITE = 4 /* write-through to the remote tier from the L1 slot */
+    FERRY__KV_JOB_RWRITE = 4, /* write-through to the remote tier from the L1 slot */
+    FERRY__KV_JOB_COPY = 5    /* a retrieve's copy-out of one chunk to a host buffer */
 };
 enum { FERRY__KV_OP_STORE = 1, FERRY__KV_OP_RETRIEVE = 2 };
 
@@ -249,6 +250,9 @@ typedef struct ferry__kv_job {
     ferry__kv_entry *e;        /* L2WRITE / PREFETCH: held (refs, readers) */
     uint64_t l1_loc, l2_loc;
     int src_tier;              /* PREFETCH: the tier read from */
+    void (*copy)(void *ctx, size_t idx); /* COPY: run copy(ctx, idx) */
+    void *ctx;
+    size_t idx;
 } ferry__kv_job;
 
 struct ferry_kv_op {

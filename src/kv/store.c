@@ -995,6 +995,14 @@ typedef struct rtv {
     ferry__kv_tier *at;         /* the tier whose reads are asynchronous, or NULL */
     ferry__kv_abatch batch;
     unsigned inflight, depth;
+    /* host copy-outs handed to an I/O worker (one at a time), so two CPUs
+     * copy while the next reads are in flight: under cmu, the copy's
+     * outcome (st, got, copy_rc) and whether one is pending */
+    int wcopy;                  /* copies may go to a worker */
+    pthread_mutex_t cmu;
+    pthread_cond_t ccv;
+    unsigned wpending;
+    const void **csrc;          /* chunk i's L1 bytes, for the worker */
 } rtv;
 
 /* wait for the device copies of the held chunks (none for host buffers:
@@ -1003,6 +1011,12 @@ typedef struct rtv {
 static void rt_sync(rtv *r)
 {
     ferry_kv *kv = r->kv;
+    if (r->wcopy) {
+        pthread_mutex_lock(&r->cmu);
+        while (r->wpending)
+            pthread_cond_wait(&r->ccv, &r->cmu);
+        pthread_mutex_unlock(&r->cmu);
+    }
     if (r->s && r->nheld) {
         int rc = ferry_stream_sync(r->s);
         if (rc < 0) {
@@ -1027,6 +1041,49 @@ static void rt_sync(rtv *r)
     r->nheld = 0;
 }
 
+/* the copy of chunk i from its L1 bytes into the engine's buffer, and its
+ * outcome (under cmu when a worker may run copies too) */
+static void rt_copy_chunk(rtv *r, size_t i, const void *src)
+{
+    ferry_kv *kv = r->kv;
+    int rc = ferry__kv_xfer(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
+                            chunk_ntok(kv, i, r->n), (void *)(uintptr_t)src, 0, r->s, NULL);
+    if (r->wcopy)
+        pthread_mutex_lock(&r->cmu);
+    if (rc < 0) {
+        if (r->copy_rc == 0)
+            r->copy_rc = ferry__kv_err_pass(kv, rc);
+        r->st[i] = rc;
+    } else {
+        r->st[i] = 0;
+        r->got++;
+    }
+    if (r->wcopy)
+        pthread_mutex_unlock(&r->cmu);
+}
+
+/* a copy failed (the first failure's code), read safely while a worker copies */
+static int rt_failed(rtv *r)
+{
+    if (!r->wcopy)
+        return r->copy_rc;
+    pthread_mutex_lock(&r->cmu);
+    int rc = r->copy_rc;
+    pthread_mutex_unlock(&r->cmu);
+    return rc;
+}
+
+/* a worker's copy job */
+static void rt_copy_job(void *ctx, size_t i)
+{
+    rtv *r = ctx;
+    rt_copy_chunk(r, i, r->csrc[i]);
+    pthread_mutex_lock(&r->cmu);
+    r->wpending--;
+    pthread_cond_broadcast(&r->ccv);
+    pthread_mutex_unlock(&r->cmu);
+}
+
 /* chunk i, read-locked and resident in L1, into the engine's buffer.
  * Called with kv->mu held; returns with it released. */
 static void rt_copy_out(rtv *r, size_t i, ferry__kv_entry *e)
@@ -1038,19 +1095,34 @@ static void rt_copy_out(rtv *r, size_t i, ferry__kv_entry *e)
     pthread_mutex_unlock(&kv->mu);
     r->held[i] = e;
     r->hidx[r->nheld++] = i;
-    int rc = ferry__kv_xfer(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
-                            chunk_ntok(kv, i, r->n), src, 0, r->s, NULL);
-    if (rc < 0) {
-        r->copy_rc = ferry__kv_err_pass(kv, rc);
-        r->st[i] = rc;
-    } else {
-        r->st[i] = 0;
-        r->got++;
+    /* a worker takes the copy when it has none, this thread the next one:
+     * the read lock is kept until rt_sync has waited for it */
+    int handed = 0;
+    if (r->wcopy) {
+        pthread_mutex_lock(&r->cmu);
+        int idle = r->wpending == 0;
+        pthread_mutex_unlock(&r->cmu);
+        ferry__kv_job *j = idle ? ferry__calloc(1, sizeof *j) : NULL;
+        if (j) {
+            r->csrc[i] = src;
+            j->kind = FERRY__KV_JOB_COPY;
+            j->copy = rt_copy_job;
+            j->ctx = r;
+            j->idx = i;
+            pthread_mutex_lock(&r->cmu);
+            r->wpending++;
+            pthread_mutex_unlock(&r->cmu);
+            ferry__kv_enqueue(kv, j);
+            handed = 1;
+        }
     }
+    if (!handed)
+        rt_copy_chunk(r, i, src);
     /* hold read locks only while copies may still read the slots: host
-     * copies are done now; device copies at the next synchronization,
-     * every half of L1, so a prompt longer than L1 streams through it */
-    if (!r->s || r->nheld >= r->batch_max)
+     * copies on this thread are done now; device and worker copies at the
+     * next synchronization, every half of L1, so a prompt longer than L1
+     * streams through it */
+    if ((!r->s && !r->wcopy) || r->nheld >= r->batch_max)
         rt_sync(r);
 }
 
@@ -1119,8 +1191,9 @@ static void rt_read_done(rtv *r, size_t i, int rc)
     r->fate[i] = RT_DONE;
     pthread_mutex_lock(&kv->mu);
     promote_finish(kv, e, r->slot[i], rc, r->at->id);
-    if (r->copy_rc < 0 || !(e->resident & (1u << FERRY_KV_TIER_L1))) {
-        if (r->copy_rc == 0)
+    int failed = rt_failed(r);
+    if (failed < 0 || !(e->resident & (1u << FERRY_KV_TIER_L1))) {
+        if (failed == 0)
             r->misses++;
         read_unlock(e);
         put(kv, e);
@@ -1174,7 +1247,7 @@ static unsigned rt_reap(rtv *r)
  * next chunk to consider; *blocked: L1 had no room, the rest in order) */
 static void rt_fill(rtv *r, const ferry_kv_hash *ids, size_t k, size_t *ic, int *blocked)
 {
-    if (!r->at || *blocked || r->copy_rc < 0)
+    if (!r->at || *blocked || rt_failed(r) < 0)
         return;
     if (*ic < k)
         *ic = k;
@@ -1302,6 +1375,13 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
     if (r.at)
         r.depth = (unsigned)FERRY__MIN((uint64_t)r.at->aops->depth,
                                        FERRY__MAX(l1->capacity / 4, 1));
+    /* several chunks landing from L2 into a host buffer: an I/O worker
+     * copies every other one out, so the copies keep pace with the reads */
+    if (r.at && !r.s && nch > 1 && (r.csrc = ferry__calloc(nch, sizeof *r.csrc)) != NULL) {
+        r.wcopy = 1;
+        pthread_mutex_init(&r.cmu, NULL);
+        pthread_cond_init(&r.ccv, NULL);
+    }
     /* read ahead on the workers from the tiers without asynchronous reads */
     int lower = 0;
     for (int t = FERRY_KV_TIER_L2; t < FERRY_KV_TIERS; t++)
@@ -1316,7 +1396,7 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
             k++;
             continue;
         }
-        if (r.fate[k] == RT_OPEN && r.copy_rc < 0) {
+        if (r.fate[k] == RT_OPEN && rt_failed(&r) < 0) {
             r.fate[k++] = RT_DONE;
             continue;
         }
@@ -1346,6 +1426,11 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
                 if (r.fate[j] == RT_LANDED)
                     rt_read_done(&r, j, r.res[j]);
     rt_sync(&r);
+    if (r.wcopy) {
+        pthread_mutex_destroy(&r.cmu);
+        pthread_cond_destroy(&r.ccv);
+        ferry__free(r.csrc);
+    }
     stream_put(kv, r.s);
     for (int t = 1; t < FERRY_KV_TIERS; t++)
         if (r.hits[t] && kv->tier[t])
