@@ -278,19 +278,30 @@ static int lane_stage(ferry_pslab *p, lane *l, size_t n)
     return 0;
 }
 
+/* where slab bytes [off, off+len) start: drive *d at file offset *foff,
+ * for *seg bytes up to the next stripe boundary */
+static void stripe_at(const ferry_pslab *p, uint64_t off, uint64_t len, unsigned *d,
+                      uint64_t *seg, uint64_t *foff)
+{
+    *d = 0;
+    *seg = len;
+    *foff = p->data_off + off;
+    if (p->g.drives > 1) {
+        uint64_t unit = off / p->g.stripe, within = off % p->g.stripe;
+        *d = (unsigned)(unit % p->g.drives);
+        *seg = FERRY__MIN(len, p->g.stripe - within);
+        *foff = p->data_off + (unit / p->g.drives) * p->g.stripe + within;
+    }
+}
+
 /* slab bytes [off, off+len) <-> buf through lane l, split at stripe boundaries */
 static int data_rw(ferry_pslab *p, lane *l, int op, void *buf, uint64_t len, uint64_t off)
 {
     uint8_t *b = buf;
     while (len) {
-        unsigned d = 0;
-        uint64_t seg = len, foff = p->data_off + off;
-        if (p->g.drives > 1) {
-            uint64_t unit = off / p->g.stripe, within = off % p->g.stripe;
-            d = (unsigned)(unit % p->g.drives);
-            seg = FERRY__MIN(len, p->g.stripe - within);
-            foff = p->data_off + (unit / p->g.drives) * p->g.stripe + within;
-        }
+        unsigned d;
+        uint64_t seg, foff;
+        stripe_at(p, off, len, &d, &seg, &foff);
         int rc = op == FERRY_IO_WRITE ? ferry_io_pwrite(l->io, l->f[d], b, seg, foff)
                                       : ferry_io_pread(l->io, l->f[d], b, seg, foff);
         if (rc < 0)
@@ -325,14 +336,9 @@ static int data_write_sum(ferry_pslab *p, lane *l, const void *buf, uint64_t len
     while (len && rc == 0) {
         unsigned n = 0;
         while (n < NSEG && len) {
-            unsigned d = 0;
-            uint64_t seg = len, foff = p->data_off + off;
-            if (p->g.drives > 1) {
-                uint64_t unit = off / p->g.stripe, within = off % p->g.stripe;
-                d = (unsigned)(unit % p->g.drives);
-                seg = FERRY__MIN(len, p->g.stripe - within);
-                foff = p->data_off + (unit / p->g.drives) * p->g.stripe + within;
-            }
+            unsigned d;
+            uint64_t seg, foff;
+            stripe_at(p, off, len, &d, &seg, &foff);
             rc = ferry__io_start(l->io, &r[n], l->f[d], FERRY_IO_WRITE, (void *)(uintptr_t)b, 0,
                                  (size_t)seg, foff, (size_t)seg);
             if (rc < 0) {
