@@ -89,6 +89,15 @@ void ferry__kv_enqueue(ferry_kv *kv, ferry__kv_job *j)
     pthread_mutex_unlock(&kv->qmu);
 }
 
+int ferry__kv_io_worker_idle(ferry_kv *kv)
+{
+    pthread_mutex_lock(&kv->qmu);
+    struct ferry__kv_queue *q = &kv->q[1];
+    int idle = !q->head && q->active < q->nthreads && !kv->stopping;
+    pthread_mutex_unlock(&kv->qmu);
+    return idle;
+}
+
 int ferry__kv_workers_start(ferry_kv *kv, unsigned n)
 {
     for (int k = 0; k < 2; k++) {

@@ -340,6 +340,10 @@ void ferry__kv_job_run(ferry_kv *kv, ferry__kv_job *j);
 int ferry__kv_workers_start(ferry_kv *kv, unsigned n);
 void ferry__kv_workers_stop(ferry_kv *kv);
 void ferry__kv_enqueue(ferry_kv *kv, ferry__kv_job *j);
+/* 1 when an I/O worker would start a job queued now at once (nothing
+ * queued, one of them free): a retrieve's copy-out never waits behind
+ * write-throughs or prefetch reads */
+int ferry__kv_io_worker_idle(ferry_kv *kv);
 void ferry__kv_hist_record(ferry__kv_hist *h, uint64_t ns);
 
 /* ---- test seams ---- */

@@ -1102,7 +1102,8 @@ static void rt_copy_out(rtv *r, size_t i, ferry__kv_entry *e)
         pthread_mutex_lock(&r->cmu);
         int idle = r->wpending == 0;
         pthread_mutex_unlock(&r->cmu);
-        ferry__kv_job *j = idle ? ferry__calloc(1, sizeof *j) : NULL;
+        ferry__kv_job *j =
+            idle && ferry__kv_io_worker_idle(kv) ? ferry__calloc(1, sizeof *j) : NULL;
         if (j) {
             r->csrc[i] = src;
             j->kind = FERRY__KV_JOB_COPY;
