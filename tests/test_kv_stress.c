@@ -265,12 +265,107 @@ static void eight_threads_l1_only(void **state)
     run(FERRY_KV_EVICT_LRU, 0);
 }
 
+/* ---- retrieves only, L2-only prompts longer than a quarter of L1 ----
+ * Each retrieve keeps up to a quarter of L1 in reads and holds the slots
+ * its copies read: four at once over an L1 of 16 chunks must still each
+ * get the whole prompt (waiting for room, never reporting a stored chunk
+ * as a miss for want of L1 slots), byte for byte. */
+#define RP 16 /* prompts */
+#define RC 12 /* chunks each */
+#define RTHREADS 4
+#define RITERS 60
+
+static int32_t g_rtok[RP][RC * CT];
+static unsigned char *g_rsrc;
+static atomic_long g_short, g_bad;
+
+static unsigned char rbyte(size_t i)
+{
+    return (unsigned char)((i * 131 + 7) ^ (i >> 13));
+}
+
+static void *retriever(void *arg)
+{
+    unsigned seed = *(unsigned *)arg;
+    size_t pb = (size_t)PLANES * RC * CT * TB;
+    unsigned char *mem = malloc(pb);
+    ferry_kv_buffer b = FERRY_KV_BUFFER_INIT;
+    b.layout = small_layout();
+    b.base = (uint64_t)(uintptr_t)mem;
+    b.capacity_tokens = RC * CT;
+    for (int it = 0; mem && it < RITERS; it++) {
+        int p = (int)(rnd(&seed) % RP);
+        memset(mem, 0, pb);
+        int got = ferry_kv_retrieve(g_kv, g_rtok[p], RC * CT, NULL, &b);
+        if (got != RC * CT)
+            atomic_fetch_add(&g_short, 1);
+        if (got > 0 && memcmp(mem, g_rsrc + (size_t)p * pb, pb) != 0)
+            atomic_fetch_add(&g_bad, 1);
+    }
+    free(mem);
+    return NULL;
+}
+
+static void four_retrieves_of_l2_prompts_each_get_all(void **state)
+{
+    (void)state;
+    char dir[256] = "";
+    ft_tmpdir(dir, sizeof dir);
+    ferry_kv_config c = FERRY_KV_CONFIG_INIT;
+    c.model = "rstress";
+    c.layout = small_layout();
+    c.chunk_tokens = CT;
+    c.l1_bytes = 16 * CHUNK;
+    c.workers = 2;
+    c.l2_dir = dir;
+    c.l2_bytes = 512 * CHUNK;
+    c.l2_engine = "posix";
+    FT_ASSERT_OK(ferry_kv_open(&c, &g_kv));
+    size_t pb = (size_t)PLANES * RC * CT * TB;
+    g_rsrc = malloc((size_t)RP * pb);
+    assert_non_null(g_rsrc);
+    for (size_t i = 0; i < (size_t)RP * pb; i++)
+        g_rsrc[i] = rbyte(i);
+    for (int p = 0; p < RP; p++) {
+        for (int i = 0; i < RC * CT; i++)
+            g_rtok[p][i] = p * 100000 + i * 7 + 1;
+        ferry_kv_buffer b = FERRY_KV_BUFFER_INIT;
+        b.layout = small_layout();
+        b.base = (uint64_t)(uintptr_t)(g_rsrc + (size_t)p * pb);
+        b.capacity_tokens = RC * CT;
+        assert_int_equal(ferry_kv_store(g_kv, g_rtok[p], RC * CT, NULL, &b), RC * CT);
+        FT_ASSERT_OK(ferry_kv_flush(g_kv));
+    }
+    atomic_store(&g_short, 0);
+    atomic_store(&g_bad, 0);
+    pthread_t th[RTHREADS];
+    unsigned seeds[RTHREADS];
+    for (int i = 0; i < RTHREADS; i++) {
+        seeds[i] = 17u + (unsigned)i * 7919u;
+        assert_int_equal(pthread_create(&th[i], NULL, retriever, &seeds[i]), 0);
+    }
+    for (int i = 0; i < RTHREADS; i++)
+        pthread_join(th[i], NULL);
+    ferry_kv_stats m;
+    FT_ASSERT_OK(ferry_kv_metrics(g_kv, &m));
+    assert_int_equal(atomic_load(&g_bad), 0);
+    assert_int_equal(atomic_load(&g_short), 0);
+    assert_true(m.tier[FERRY_KV_TIER_L2].hits > 0);
+    FT_ASSERT_OK(ferry__kv_check(g_kv));
+    ferry_kv_close(g_kv);
+    g_kv = NULL;
+    free(g_rsrc);
+    g_rsrc = NULL;
+    ft_rmtree(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(eight_threads_lru_with_l2),
         cmocka_unit_test(eight_threads_s3fifo_with_l2),
         cmocka_unit_test(eight_threads_l1_only),
+        cmocka_unit_test(four_retrieves_of_l2_prompts_each_get_all),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

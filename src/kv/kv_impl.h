@@ -300,6 +300,7 @@ struct ferry_kv {
     unsigned nstreams, cap_streams;
     uint64_t prefetch_inflight, prefetch_max;
     uint64_t l2_writes_inflight;   /* write-throughs (L2 or remote) holding an L1 slot */
+    uint64_t l1_reading;           /* L1 slots reserved for retrieves' async reads in flight */
 
     /* workers: q[0] runs async operations (which may wait for a chunk's
      * promotion), q[1] runs write-throughs and prefetch reads (which never

@@ -336,6 +336,14 @@ static int evict_one(ferry_kv *kv, int tier, uint64_t now)
  * full. 0 and *loc, or FERRY_ENOSPACE (everything left is locked) / -ENOMEM,
  * or (may_wait) -EAGAIN after waiting for a write-through to free a slot:
  * kv->mu was released, the caller must look its entry up again. */
+/* may_wait: 1 wait for a write-through to free L1 (-EAGAIN: start over),
+ * 0 decline at once (a failure), RESERVE_TRY decline at once without
+ * counting a failure (an opportunistic read-ahead that falls back),
+ * RESERVE_WAIT_READS also wait for the async reads of other retrieves
+ * (only for a caller with no read of its own in flight: those land only
+ * when it reaps them) */
+#define RESERVE_TRY 2
+#define RESERVE_WAIT_READS 3
 static int reserve(ferry_kv *kv, int tier, uint64_t now, uint64_t *loc, int may_wait)
 {
     ferry__kv_tier *t = kv->tier[tier];
@@ -355,12 +363,14 @@ static int reserve(ferry_kv *kv, int tier, uint64_t now, uint64_t *loc, int may_
         /* L1 full of chunks whose write-through is in flight: those finish
          * without waiting for anyone, so wait for one rather than decline.
          * The mutex was released meanwhile: the caller starts over. */
-        if (rc == FERRY_ENOSPACE && may_wait && tier == FERRY_KV_TIER_L1 &&
-            kv->l2_writes_inflight) {
+        if (rc == FERRY_ENOSPACE && tier == FERRY_KV_TIER_L1 &&
+            ((may_wait == 1 && kv->l2_writes_inflight) ||
+             (may_wait == RESERVE_WAIT_READS && (kv->l2_writes_inflight || kv->l1_reading)))) {
             pthread_cond_wait(&kv->loaded, &kv->mu);
             return -EAGAIN;
         }
-        atomic_fetch_add(&t->failures, 1);
+        if (may_wait != RESERVE_TRY)
+            atomic_fetch_add(&t->failures, 1);
         return rc;
     }
 }
@@ -1120,10 +1130,12 @@ static void rt_copy_out(rtv *r, size_t i, ferry__kv_entry *e)
     if (!handed)
         rt_copy_chunk(r, i, src);
     /* hold read locks only while copies may still read the slots: host
-     * copies on this thread are done now; device and worker copies at the
-     * next synchronization, every half of L1, so a prompt longer than L1
+     * copies on this thread are done now, a worker's with the next one
+     * (a retrieve holds at most two slots, so concurrent retrieves do not
+     * fill L1 with locked chunks); device copies at the next
+     * synchronization, every half of L1, so a prompt longer than L1
      * streams through it */
-    if ((!r->s && !r->wcopy) || r->nheld >= r->batch_max)
+    if ((!r->s && (!r->wcopy || r->nheld >= 2)) || r->nheld >= r->batch_max)
         rt_sync(r);
 }
 
@@ -1150,12 +1162,13 @@ static int rt_issue(rtv *r, const ferry_kv_hash *ids, size_t i)
         return 0;
     }
     uint64_t slot;
-    if (reserve(kv, FERRY_KV_TIER_L1, now, &slot, 0) < 0) {
+    if (reserve(kv, FERRY_KV_TIER_L1, now, &slot, RESERVE_TRY) < 0) {
         pthread_mutex_unlock(&kv->mu);
         t->aops->put(t, a);
         return -1;
     }
     e->l1_loading = 1;
+    kv->l1_reading++;
     read_lock(kv, e, now);
     e->refs++;
     uint64_t loc = e->loc[t->id];
@@ -1191,7 +1204,8 @@ static void rt_read_done(rtv *r, size_t i, int rc)
     r->pend[i] = NULL;
     r->fate[i] = RT_DONE;
     pthread_mutex_lock(&kv->mu);
-    promote_finish(kv, e, r->slot[i], rc, r->at->id);
+    kv->l1_reading--;
+    promote_finish(kv, e, r->slot[i], rc, r->at->id); /* (wakes reserve's waiters) */
     int failed = rt_failed(r);
     if (failed < 0 || !(e->resident & (1u << FERRY_KV_TIER_L1))) {
         if (failed == 0)
@@ -1264,7 +1278,8 @@ static void rt_fill(rtv *r, const ferry_kv_hash *ids, size_t k, size_t *ic, int 
 static size_t prefetch_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
                            int leading, uint8_t *queued);
 
-/* chunk i in prompt order, from wherever it is: 1 resolved, 0 start it over */
+/* chunk i in prompt order, from wherever it is: 1 resolved, 0 start it
+ * over, -1 no L1 room until this retrieve's own reads in flight land */
 static int rt_one(rtv *r, const ferry_kv_hash *ids, size_t i)
 {
     ferry_kv *kv = r->kv;
@@ -1290,13 +1305,23 @@ static int rt_one(rtv *r, const ferry_kv_hash *ids, size_t i)
         /* only in a lower tier: promote into a fresh L1 slot */
         uint64_t slot;
         int src = lower_tier(kv, e);
-        int rc = src ? reserve(kv, FERRY_KV_TIER_L1, now, &slot, 1) : FERRY_ENOTFOUND;
+        int rc = src ? reserve(kv, FERRY_KV_TIER_L1, now, &slot,
+                               r->inflight ? 1 : RESERVE_WAIT_READS)
+                     : FERRY_ENOTFOUND;
         if (rc == -EAGAIN) {
             /* the mutex was released: start this chunk over */
             read_unlock(e);
             put(kv, e);
             pthread_mutex_unlock(&kv->mu);
             return 0;
+        }
+        if (rc == FERRY_ENOSPACE && r->inflight) {
+            /* L1 is full and some of it is our own reads in flight: they
+             * land (and free their locks) before this chunk is tried again */
+            read_unlock(e);
+            put(kv, e);
+            pthread_mutex_unlock(&kv->mu);
+            return -1;
         }
         if (rc < 0) {
             read_unlock(e);
@@ -1412,14 +1437,28 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
                     rt_read_done(&r, j, r.res[j]);
             continue;
         }
+        if (blocked && r.inflight) {
+            /* L1 is full: our own reads land first (their slots then hold
+             * promoted, unlocked chunks), and read-ahead is tried again */
+            if (rt_reap(&r))
+                for (size_t j = k; j < ic; j++)
+                    if (r.fate[j] == RT_LANDED)
+                        rt_read_done(&r, j, r.res[j]);
+            blocked = 0;
+            continue;
+        }
         /* top the workers' read-ahead up as earlier reads land: chunks past
          * the prefetch budget get queued once room frees, instead of being
          * read here one at a time (chunks queued or in L1 are skipped) */
         if (lower && k > 0 && k + 1 < nch)
             prefetch_ids(kv, ids + k + 1, nch - k - 1, n - (k + 1) * kv->chunk_tokens, 0,
                          r.ahead + k + 1);
-        if (rt_one(&r, ids, k))
+        int one = rt_one(&r, ids, k);
+        if (one > 0) {
             r.fate[k++] = RT_DONE;
+            blocked = 0; /* its slot's lock is gone: read ahead again */
+        } else if (one < 0)
+            blocked = 1; /* no room: reap our reads, then try again */
     }
     while (r.inflight) /* cannot be: every read was waited for above */
         for (unsigned got = rt_reap(&r); got; got = 0)
