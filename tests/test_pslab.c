@@ -1502,6 +1502,87 @@ static void test_batch_commits_run_on_the_flusher_and_bound_the_queue(void **sta
     ft_rmtree(d);
 }
 
+/* a put held back by the two-batch bound while the commit ahead of it fails
+ * is taken back out of the index with its batch: it must not report 0.
+ * The commit's fdatasync waits at a gate until the writer is held. */
+static atomic_int g_gate_open, g_gate_fail, g_put_done;
+static int g_put_rc[64];
+static int gated_fdatasync(int fd)
+{
+    (void)fd;
+    while (!atomic_load(&g_gate_open))
+        usleep(1000);
+    if (atomic_load(&g_gate_fail)) {
+        errno = EIO;
+        return -1;
+    }
+    return 0;
+}
+
+static void *gated_writer(void *arg)
+{
+    ferry_pslab *p = arg;
+    uint8_t buf[8192];
+    memset(buf, 9, sizeof buf);
+    for (int i = 0; i < 64; i++) {
+        char key[32];
+        size_t kl = pm_key(i, key);
+        g_put_rc[i] = ferry_pslab_put(p, key, kl, buf, sizeof buf);
+        atomic_store(&g_put_done, i + 1);
+    }
+    return NULL;
+}
+
+static void test_a_put_waiting_on_a_failed_commit_reports_it(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = opts(dirs, 1, 8 * MiB);
+    o.sync = FERRY_PSLAB_SYNC_BATCH;
+    o.batch_bytes = 64 * 1024; /* 8 puts */
+    o.batch_ms = 600000;
+    ferry_pslab *p = open_ok(&o);
+    ferry__sys gated = *ferry__sys_default();
+    gated.fdatasync = gated_fdatasync;
+    atomic_store(&g_gate_open, 0);
+    atomic_store(&g_gate_fail, 0);
+    atomic_store(&g_put_done, 0);
+    ferry__sys_set(&gated);
+    pthread_t w;
+    assert_int_equal(pthread_create(&w, NULL, gated_writer, p), 0);
+    /* the first commit holds at the gate; the writer queues two batches
+     * behind it and is then held by the bound: no progress for a while */
+    int last = -1, still = 0;
+    for (int i = 0; i < 500 && still < 20; i++) {
+        usleep(10000);
+        int now = atomic_load(&g_put_done);
+        still = now == last ? still + 1 : 0;
+        last = now;
+    }
+    int held = atomic_load(&g_put_done); /* index of the put being held */
+    assert_true(held > 8 && held < 64);
+    atomic_store(&g_gate_fail, 1);
+    atomic_store(&g_gate_open, 1);
+    pthread_join(w, NULL);
+    fast_sys_install();
+    for (int i = 0; i < held; i++)
+        assert_int_equal(g_put_rc[i], 0);
+    /* the held put's batch was discarded by the failed commit: it says so,
+     * its key is not found, and so does every put after it */
+    assert_true(g_put_rc[held] < 0);
+    for (int i = held; i < 64; i++)
+        assert_true(g_put_rc[i] < 0);
+    char key[32];
+    size_t kl = pm_key(held, key);
+    uint8_t back[8192];
+    size_t got = 0;
+    assert_true(ferry_pslab_get(p, key, kl, back, sizeof back, &got) < 0);
+    ferry_pslab_close(p);
+    ft_rmtree(d);
+}
+
 /* a put split into more stripe segments than one round of requests
  * (data_write_sum starts 16 at a time, hashing while the first are in
  * flight), at depth 16; the checksum is of the payload and checked on read */
@@ -1655,6 +1736,7 @@ int main(void)
         cmocka_unit_test(test_batch_puts_are_visible_at_once_and_durable_at_commit),
         cmocka_unit_test(test_batch_commits_run_on_the_flusher_and_bound_the_queue),
         cmocka_unit_test(test_put_of_many_segments_at_depth_16),
+        cmocka_unit_test(test_a_put_waiting_on_a_failed_commit_reports_it),
         cmocka_unit_test(test_batch_commits_when_full_and_when_old),
         cmocka_unit_test(test_power_loss_in_batch_mode_keeps_every_synced_chunk),
     };

@@ -1374,12 +1374,26 @@ int ferry_pslab_put(ferry_pslab *p, const void *key, size_t klen, const void *da
         /* but never more than two batches queued: the writer waits for
          * the commit that takes them, which bounds what a crash can lose
          * (and how far the writers run ahead of the disk) */
-        while (!p->failed && !p->stopping && p->cur_data >= 2 * p->batch_bytes)
+        int waited = 0;
+        while (!p->failed && !p->stopping && p->cur_data >= 2 * p->batch_bytes) {
             pthread_cond_wait(&p->ccv, &p->cmu);
+            waited = 1;
+        }
+        /* a commit that failed while this put waited took every queued put
+         * back out of the index, this one with them: say so */
+        int failed = waited ? p->failed : 0;
         pthread_mutex_unlock(&p->cmu);
         pthread_mutex_lock(&p->mu);
-        p->st.puts++;
+        if (failed)
+            p->st.failures++;
+        else
+            p->st.puts++;
         pthread_mutex_unlock(&p->mu);
+        if (failed)
+            return ferry__err_set(&p->err, FERRY_ESTATE,
+                                  "pslab %s: put of %zu bytes: the commit of its batch failed "
+                                  "(%s); the chunk was not kept",
+                                  p->dirs[0], len, ferry_err_name(failed));
         return 0;
     } else if (p->sync_mode != FERRY_PSLAB_SYNC_BATCH &&
                (rc = pend_add(p, FERRY__PSLAB_PUT, e, 0)) == 0) {
