@@ -1118,6 +1118,48 @@ static void l2_read_error_in_the_middle_of_a_batch(void **state)
     big_close(&f);
 }
 
+/* the tier's read queue breaks with reads in flight (an engine failure,
+ * through the tier's seam): those chunks are misses here, their L1 slots
+ * are never handed out again (the reads may still land in them), their L2
+ * copies stay, and the rest of the prompt is read synchronously */
+static void l2_queue_breaking_mid_batch_retires_the_slots_in_flight(void **state)
+{
+    (void)state;
+    bigfix f;
+    big_open(&f, 40, BIG);
+    ferry__kv_tier_l2_break_after(f.kv->tier[FERRY_KV_TIER_L2], 1, -EIO);
+    int st[BIG];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = BIG;
+    int got = ferry_kv_retrieve(f.kv, f.a, BIG * CT, &r, &f.d.b);
+    int loaded = 0, missed = 0;
+    for (int i = 0; i < BIG; i++) {
+        uint64_t t0 = (uint64_t)i * CT;
+        if (st[i] == 0) {
+            loaded++;
+            assert_true(same_tokens(&f.h, &f.d, t0, t0 + CT));
+        } else {
+            missed++;
+            assert_int_equal(st[i], FERRY_ENOTFOUND);
+            for (unsigned p = 0; p < PLANES; p++)
+                for (uint64_t t = t0; t < t0 + CT; t++)
+                    assert_int_equal(tok_at(&f.d, p, t)[0], 0xEE);
+        }
+    }
+    assert_true(missed > 0 && missed <= 8); /* at most one batch in flight */
+    assert_true(loaded >= BIG - 8);
+    assert_true(got < BIG * CT);
+    FT_ASSERT_OK(ferry_kv_flush(f.kv));
+    /* nothing was dropped: every chunk is still found, and a second
+     * retrieve gets all of them, byte-exact, with the queue broken */
+    assert_int_equal(ferry_kv_lookup(f.kv, f.a, BIG * CT, NULL), BIG * CT);
+    memset(f.d.mem, 0xEE, PLANES * 2 * BIG * CT * TB);
+    assert_int_equal(ferry_kv_retrieve(f.kv, f.a, BIG * CT, NULL, &f.d.b), BIG * CT);
+    assert_true(same_tokens(&f.h, &f.d, 0, BIG * CT));
+    big_close(&f);
+}
+
 static void l2_refused_reads_in_a_batch_are_misses(void **state)
 {
     (void)state;
@@ -1708,6 +1750,7 @@ int main(void)
         cmocka_unit_test(l2_batch_of_many_chunks_lands_byte_exact),
         cmocka_unit_test(l2_read_error_in_the_middle_of_a_batch),
         cmocka_unit_test(l2_refused_reads_in_a_batch_are_misses),
+        cmocka_unit_test(l2_queue_breaking_mid_batch_retires_the_slots_in_flight),
         cmocka_unit_test(l2_retrieve_into_an_unaligned_buffer),
         cmocka_unit_test(l2_batch_into_a_device_buffer),
         cmocka_unit_test(l2_concurrent_retrieves_share_the_reads),

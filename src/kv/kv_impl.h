@@ -124,6 +124,8 @@ typedef struct ferry__kv_tier_aops {
      * or a negative code when the tier's queue broke (b's reads in flight
      * are lost to it: never put them back) */
     int (*wait)(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread **out);
+    /* nonzero (its code) once the queue broke: no read can be started */
+    int (*broken)(ferry__kv_tier *t);
 } ferry__kv_tier_aops;
 
 struct ferry__kv_tier {
@@ -157,6 +159,10 @@ void ferry__kv_tier_free(ferry__kv_tier *t);
  * outlive the registration. 0 or the context's code (message set). */
 int ferry__kv_tier_l2_register(ferry__kv_tier *t, void *pool, size_t len);
 void ferry__kv_tier_l2_unregister(ferry__kv_tier *t);
+/* test seam: after `reaps` more reaps that found completions, the next
+ * reap fails with code as if the engine's queue broke, its reads still in
+ * flight (they land later, into memory the tier no longer tracks) */
+void ferry__kv_tier_l2_break_after(ferry__kv_tier *t, unsigned reaps, int code);
 /* the remote tier: a ferry_remote on url with opt (layout and key prefix
  * already set); capacity = remote-only chunks the index may remember */
 int ferry__kv_tier_remote_open(const char *url, const ferry_remote_options *opt,
@@ -301,6 +307,7 @@ struct ferry_kv {
     uint64_t prefetch_inflight, prefetch_max;
     uint64_t l2_writes_inflight;   /* write-throughs (L2 or remote) holding an L1 slot */
     uint64_t l1_reading;           /* L1 slots reserved for retrieves' async reads in flight */
+    uint64_t l1_retired;           /* L1 slots a broken read queue may still write: never reused */
 
     /* workers: q[0] runs async operations (which may wait for a chunk's
      * promotion), q[1] runs write-throughs and prefetch reads (which never

@@ -999,6 +999,8 @@ typedef struct rtv {
     uint8_t *ahead;             /* the tier a worker read-ahead was queued from */
     uint8_t *fate;              /* RT_* */
     int *res;                   /* RT_LANDED: the read's result */
+    uint8_t *lost;              /* RT_LANDED: lost with a broken queue, may
+                                   still land: its L1 slot is never reused */
     uint64_t hits[FERRY_KV_TIERS], misses, got;
     int copy_rc;
     size_t nheld, batch_max;
@@ -1148,6 +1150,8 @@ static int rt_issue(rtv *r, const ferry_kv_hash *ids, size_t i)
 {
     ferry_kv *kv = r->kv;
     ferry__kv_tier *t = r->at;
+    if (t->aops->broken && t->aops->broken(t))
+        return 0; /* the queue broke: the synchronous path reads it */
     ferry__kv_aread *a = t->aops->get(t);
     if (!a)
         return -1;
@@ -1205,6 +1209,21 @@ static void rt_read_done(rtv *r, size_t i, int rc)
     r->fate[i] = RT_DONE;
     pthread_mutex_lock(&kv->mu);
     kv->l1_reading--;
+    if (r->lost[i]) {
+        /* the read may still land, into its slot: the slot stays reserved
+         * for good (L1 is one slot smaller), the L2 copy is kept (the disk
+         * did not fail, the queue did), and the chunk is a miss here */
+        e->l1_loading = 0;
+        kv->l1_retired++;
+        pthread_cond_broadcast(&kv->loaded);
+        FERRY_LOGW("kv retrieve: the L2 read queue broke with a read in flight; its L1 slot "
+                   "%llu is retired", (unsigned long long)r->slot[i]);
+        r->misses++;
+        read_unlock(e);
+        put(kv, e);
+        pthread_mutex_unlock(&kv->mu);
+        return;
+    }
     promote_finish(kv, e, r->slot[i], rc, r->at->id); /* (wakes reserve's waiters) */
     int failed = rt_failed(r);
     if (failed < 0 || !(e->resident & (1u << FERRY_KV_TIER_L1))) {
@@ -1235,6 +1254,7 @@ static unsigned rt_reap(rtv *r)
                 continue;
             tier_io_done(r->kv, t, 0, r->pend[i]->loc[t->id], &r->pend[i]->id, t->slot_bytes, rc);
             r->res[i] = rc;
+            r->lost[i] = 1;
             r->fate[i] = RT_LANDED;
             k++;
         }
@@ -1376,7 +1396,10 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
     r.ahead = ferry__calloc(nch, 1);
     r.fate = ferry__calloc(nch, 1);
     r.res = ferry__calloc(nch, sizeof *r.res);
-    if (!r.held || !r.hidx || !r.pend || !r.slot || !r.st || !r.ahead || !r.fate || !r.res) {
+    r.lost = ferry__calloc(nch, 1);
+    if (!r.held || !r.hidx || !r.pend || !r.slot || !r.st || !r.ahead || !r.fate || !r.res ||
+        !r.lost) {
+        ferry__free(r.lost);
         ferry__free(r.hidx);
         ferry__free(r.res);
         ferry__free(r.held);
@@ -1492,6 +1515,7 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
     ferry__free(r.ahead);
     ferry__free(r.fate);
     ferry__free(r.res);
+    ferry__free(r.lost);
     ferry__kv_hist_record(&kv->h_retrieve, ferry__now_ns() - t0);
     if (r.copy_rc < 0) {
         atomic_fetch_add(&kv->failures, 1);
@@ -2163,14 +2187,16 @@ int ferry__kv_check(ferry_kv *kv)
                                 tr->ops->name, (unsigned long long)tr->used,
                                 (unsigned long long)tr->capacity, (unsigned long long)res[t]);
     }
-    /* with no operation in flight, used == resident */
+    /* with no operation in flight, used == resident (+ L1 slots retired
+     * by a broken read queue) */
     int idle = 1;
     for (uint64_t b = 0; b < kv->nbuckets && idle; b++)
         for (ferry__kv_entry *e = kv->buckets[b]; e; e = e->hnext)
             if (e->refs || e->l1_loading || e->l2_writing || e->state != FERRY__KV_READY)
                 idle = 0;
     for (int t = 1; rc == 0 && idle && !kv->doomed && t < FERRY_KV_TIERS; t++)
-        if (kv->tier[t] && kv->tier[t]->used != res[t])
+        if (kv->tier[t] &&
+            kv->tier[t]->used != res[t] + (t == FERRY_KV_TIER_L1 ? kv->l1_retired : 0))
             rc = ferry__kv_err(kv, FERRY_ECORRUPT,
                                 "kv check: tier %s has %llu slots reserved but %llu resident",
                                 kv->tier[t]->ops->name, (unsigned long long)kv->tier[t]->used,

@@ -42,6 +42,8 @@ typedef struct l2 {
     pthread_cond_t acv;     /* a reaper finished its turn */
     int reaping;            /* a thread is inside ferry_gds_reap */
     int broken;             /* the drive queue broke: its code */
+    unsigned break_after;   /* test seam: reaps with completions until... */
+    int break_code;         /* ...the next one fails with this (0: off) */
     l2_rd *free_rd, *all_rd;
 } l2;
 
@@ -194,6 +196,11 @@ static int l2_await(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread **ou
         pthread_mutex_unlock(&p->amu);
         ferry_gds_req *done[32];
         int k = ferry_gds_reap(p->gds, done, 1, 32, 50);
+        if (k > 0 && p->break_code && p->break_after-- == 0) {
+            /* (the seam: these completions are lost with the queue) */
+            k = ferry__err_set(NULL, p->break_code, "kv L2: reap: injected queue failure");
+            p->break_code = 0;
+        }
         const char *why = k > 0 ? ferry_gds_last_error(p->gds) : NULL;
         pthread_mutex_lock(&p->amu);
         p->reaping = 0;
@@ -262,7 +269,26 @@ static const ferry__kv_tier_ops l2_ops = {
 
 /* whole-chunk reads at the engine's default depth, as `ferry bench io`
  * keeps them in flight */
-static const ferry__kv_tier_aops l2_aops = {8, l2_aget, l2_aput, l2_asubmit, l2_await};
+static int l2_abroken(ferry__kv_tier *t)
+{
+    l2 *p = t->impl;
+    pthread_mutex_lock(&p->amu);
+    int b = p->broken;
+    pthread_mutex_unlock(&p->amu);
+    return b;
+}
+
+void ferry__kv_tier_l2_break_after(ferry__kv_tier *t, unsigned reaps, int code)
+{
+    l2 *p = t->impl;
+    pthread_mutex_lock(&p->amu);
+    p->break_after = reaps;
+    p->break_code = code;
+    pthread_mutex_unlock(&p->amu);
+}
+
+static const ferry__kv_tier_aops l2_aops = {8, l2_aget, l2_aput, l2_asubmit, l2_await,
+                                            l2_abroken};
 
 int ferry__kv_tier_l2_open(const char *dir, uint64_t bytes, int direct, const char *engine,
                            uint64_t slot_bytes, ferry__errbuf *eb, ferry__kv_tier **out)
