@@ -58,7 +58,7 @@ void cli_progress_end(void)
         fprintf(stderr, "\r%60s\r", "");
 }
 
-static int cmp_double(const void *a, const void *b)
+int cli_cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -66,6 +66,6 @@ static int cmp_double(const void *a, const void *b)
 
 double cli_median(double *v, unsigned n)
 {
-    qsort(v, n, sizeof *v, cmp_double);
+    qsort(v, n, sizeof *v, cli_cmp_double);
     return n ? (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2) : 0;
 }

@@ -39,6 +39,8 @@ int cli_size(const char *cmd, const char *flag, const char *val, uint64_t *out);
 /* progress bar on stderr when it is a terminal: done/total, label */
 void cli_progress(const char *label, uint64_t done, uint64_t total);
 void cli_progress_end(void);
+/* qsort comparator: doubles ascending */
+int cli_cmp_double(const void *a, const void *b);
 /* median of v[0..n) (sorts v in place); 0 when n == 0 */
 double cli_median(double *v, unsigned n);
 /* 1 when stderr is a terminal and FERRY_NO_PROGRESS is unset */

@@ -65,15 +65,9 @@ static double thread_cpu_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static void finish(phase *p, double *lat, size_t n, uint64_t bytes, double secs)
 {
-    qsort(lat, n, sizeof *lat, cmp_d);
+    qsort(lat, n, sizeof *lat, cli_cmp_double);
     p->secs = secs;
     p->gbps = secs > 0 ? (double)bytes / secs / 1e9 : 0;
     p->p50_ms = n ? lat[(n - 1) / 2] * 1e3 : 0;

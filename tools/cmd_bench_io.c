@@ -86,15 +86,9 @@ static void fill_random(char *p, size_t n)
     }
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static void finish(phase *p, double *lat, size_t n, uint64_t bytes, double secs, double cpu)
 {
-    qsort(lat, n, sizeof *lat, cmp_d);
+    qsort(lat, n, sizeof *lat, cli_cmp_double);
     p->secs = secs;
     p->gbps = secs > 0 ? (double)bytes / secs / 1e9 : 0;
     p->iops = secs > 0 ? (double)n / secs : 0;

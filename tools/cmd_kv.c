@@ -84,17 +84,11 @@ static uint64_t rng_next(uint64_t *s)
     return x * 0x2545F4914F6CDD1Dull;
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static double pct(double *v, size_t n, double q)
 {
     if (!n)
         return 0;
-    qsort(v, n, sizeof *v, cmp_d);
+    qsort(v, n, sizeof *v, cli_cmp_double);
     size_t i = (size_t)(q * (double)(n - 1) + 0.5);
     return v[i < n ? i : n - 1];
 }

@@ -336,14 +336,15 @@ static int evict_one(ferry_kv *kv, int tier, uint64_t now)
  * full. 0 and *loc, or FERRY_ENOSPACE (everything left is locked) / -ENOMEM,
  * or (may_wait) -EAGAIN after waiting for a write-through to free a slot:
  * kv->mu was released, the caller must look its entry up again. */
-/* may_wait: 1 wait for a write-through to free L1 (-EAGAIN: start over),
- * 0 decline at once (a failure), RESERVE_TRY decline at once without
- * counting a failure (an opportunistic read-ahead that falls back),
- * RESERVE_WAIT_READS also wait for the async reads of other retrieves
- * (only for a caller with no read of its own in flight: those land only
- * when it reaps them) */
-#define RESERVE_TRY 2
-#define RESERVE_WAIT_READS 3
+/* what reserve does when the tier is full and nothing can be evicted */
+enum {
+    RESERVE_NOW = 0,       /* decline at once (counted as a failure) */
+    RESERVE_WAIT = 1,      /* L1: wait for a write-through to free a slot (-EAGAIN: start over) */
+    RESERVE_TRY = 2,       /* decline at once, not a failure (a read-ahead that falls back) */
+    RESERVE_WAIT_READS = 3 /* RESERVE_WAIT, and for other retrieves' async reads too (only
+                              for a caller with no read of its own in flight: those land
+                              only when it reaps them) */
+};
 static int reserve(ferry_kv *kv, int tier, uint64_t now, uint64_t *loc, int may_wait)
 {
     ferry__kv_tier *t = kv->tier[tier];
@@ -364,7 +365,7 @@ static int reserve(ferry_kv *kv, int tier, uint64_t now, uint64_t *loc, int may_
          * without waiting for anyone, so wait for one rather than decline.
          * The mutex was released meanwhile: the caller starts over. */
         if (rc == FERRY_ENOSPACE && tier == FERRY_KV_TIER_L1 &&
-            ((may_wait == 1 && kv->l2_writes_inflight) ||
+            ((may_wait == RESERVE_WAIT && kv->l2_writes_inflight) ||
              (may_wait == RESERVE_WAIT_READS && (kv->l2_writes_inflight || kv->l1_reading)))) {
             pthread_cond_wait(&kv->loaded, &kv->mu);
             return -EAGAIN;
@@ -535,7 +536,7 @@ static size_t remote_discover(ferry_kv *kv, const ferry_kv_hash *ids, size_t cnt
         }
         ferry__kv_entry *ne = e ? NULL : ferry__calloc(1, sizeof *ne);
         uint64_t loc;
-        if ((!e && !ne) || reserve(kv, FERRY_KV_TIER_REMOTE, now, &loc, 0) < 0) {
+        if ((!e && !ne) || reserve(kv, FERRY_KV_TIER_REMOTE, now, &loc, RESERVE_NOW) < 0) {
             ferry__free(ne);
             break;
         }
@@ -745,7 +746,7 @@ int ferry__kv_do_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
                 break;
             }
             uint64_t loc;
-            int r = reserve(kv, FERRY_KV_TIER_L1, now, &loc, 1);
+            int r = reserve(kv, FERRY_KV_TIER_L1, now, &loc, RESERVE_WAIT);
             if (r == -EAGAIN) {
                 ferry__free(ne);
                 now = now_ns(kv);
@@ -834,7 +835,7 @@ int ferry__kv_do_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
             stored++;
             ferry__kv_job *j = p[k].job;
             uint64_t l2loc;
-            if (j && reserve(kv, FERRY_KV_TIER_L2, now, &l2loc, 0) == 0) {
+            if (j && reserve(kv, FERRY_KV_TIER_L2, now, &l2loc, RESERVE_NOW) == 0) {
                 e->l2_writing = 1;
                 kv->l2_writes_inflight++;
                 read_lock(kv, e, now);
@@ -1326,7 +1327,7 @@ static int rt_one(rtv *r, const ferry_kv_hash *ids, size_t i)
         uint64_t slot;
         int src = lower_tier(kv, e);
         int rc = src ? reserve(kv, FERRY_KV_TIER_L1, now, &slot,
-                               r->inflight ? 1 : RESERVE_WAIT_READS)
+                               r->inflight ? RESERVE_WAIT : RESERVE_WAIT_READS)
                      : FERRY_ENOTFOUND;
         if (rc == -EAGAIN) {
             /* the mutex was released: start this chunk over */
@@ -1666,7 +1667,7 @@ static size_t prefetch_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, s
             break;
         ferry__kv_job *j = ok ? ferry__calloc(1, sizeof *j) : NULL;
         uint64_t slot;
-        if (!j || reserve(kv, FERRY_KV_TIER_L1, now, &slot, 0) < 0) {
+        if (!j || reserve(kv, FERRY_KV_TIER_L1, now, &slot, RESERVE_NOW) < 0) {
             ferry__free(j);
             if (leading)
                 break;
@@ -2126,7 +2127,7 @@ int ferry__kv_test_abandon_write(ferry_kv *kv, const int32_t *tokens, size_t n,
             continue;
         ferry__kv_entry *e = ferry__calloc(1, sizeof *e);
         uint64_t loc;
-        if (!e || reserve(kv, FERRY_KV_TIER_L1, now, &loc, 0) < 0) {
+        if (!e || reserve(kv, FERRY_KV_TIER_L1, now, &loc, RESERVE_NOW) < 0) {
             ferry__free(e);
             break;
         }
