@@ -223,7 +223,13 @@ int main(int argc, char **argv)
         for (char *save = NULL, *b = strtok_r(buf, ",", &save); b; b = strtok_r(NULL, ",", &save)) {
             char *end;
             double x = strtod(b, &end);
-            uint32_t slots = *end == '%' ? (uint32_t)(x / 100.0 * (double)all_ids) : (uint32_t)x;
+            int pct = *end == '%';
+            if (end == b || (*end && !(pct && !end[1])) || !(x > 0) || (pct && x > 100)) {
+                fprintf(stderr, "moe_ceiling: --budgets: '%s' is not a slot count or a "
+                                "percentage in (0, 100]\n", b);
+                return 2;
+            }
+            uint32_t slots = pct ? (uint32_t)(x / 100.0 * (double)all_ids) : (uint32_t)x;
             if (slots < mm->num_experts)
                 slots = mm->num_experts; /* as the planner: a prefill layer fits */
             ferry_moe_replay_result r_lru, r_rt, r_bel;
