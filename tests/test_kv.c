@@ -19,9 +19,11 @@
 #include "kv/kv_impl.h"
 
 /* a small layout: 2 layers, K and V, 2 heads of 16 bf16: 64 bytes per token
- * and plane, 16-token chunks of 4096 bytes */
+ * and plane, 16-token chunks of 4096 bytes (the tests of chunks read in
+ * pieces widen the heads to 256: chunks of 64 KiB) */
 #define CT 16
-#define TB 64u
+static unsigned g_tb = 64;
+#define TB g_tb
 #define PLANES 4u
 #define CHUNK (PLANES * CT * TB)
 
@@ -31,7 +33,7 @@ static ferry_kv_layout small_layout(void)
     l.num_layers = 2;
     l.kv = 2;
     l.num_heads = 2;
-    l.head_dim = 16;
+    l.head_dim = TB / 4;
     l.dtype = FERRY_DTYPE_BF16;
     return l;
 }
@@ -995,6 +997,15 @@ static void big_open(bigfix *f, uint64_t l1_chunks, size_t na)
     big_open_dev(f, l1_chunks, na, NULL);
 }
 
+/* likewise with chunks of 64 KiB that the L2 tier reads in pieces of
+ * `piece` bytes (0: whole chunks of 4 KiB, as big_open) */
+static void big_open_pieces(bigfix *f, uint64_t l1_chunks, size_t na, uint64_t piece)
+{
+    g_tb = piece ? 1024 : 64;
+    big_open(f, l1_chunks, na);
+    f->kv->tier[FERRY_KV_TIER_L2]->apiece = piece;
+}
+
 static void big_close(bigfix *f)
 {
     FT_ASSERT_OK(ferry__kv_check(f->kv));
@@ -1002,6 +1013,7 @@ static void big_close(bigfix *f)
     ft_rmtree(f->dir);
     free(f->h.mem);
     free(f->d.mem);
+    g_tb = 64;
 }
 
 /* the L2 location of chunk k of tokens[0..n) (no salt) */
@@ -1050,6 +1062,65 @@ static void l2_batch_of_many_chunks_lands_byte_exact(void **state)
     big_close(&f);
 }
 
+/* the syscall seam: preads of g_count_len bytes counted */
+static _Atomic size_t g_count_len;
+static _Atomic int g_counted;
+
+static ssize_t counting_pread(int fd, void *buf, size_t n, off_t off)
+{
+    if (n == atomic_load(&g_count_len))
+        atomic_fetch_add(&g_counted, 1);
+    return ferry__sys_default()->pread(fd, buf, n, off);
+}
+
+/* chunks of 64 KiB read in pieces of 16 KiB: every chunk arrives whole and
+ * byte-exact, each read as exactly 4 requests, several chunks at once */
+static void l2_chunks_read_in_pieces_land_byte_exact(void **state)
+{
+    (void)state;
+    bigfix f;
+    big_open_pieces(&f, 40, BIG, 16384);
+    ferry_kv_stats m0, m1;
+    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m0));
+    atomic_store(&g_count_len, 16384);
+    atomic_store(&g_counted, 0);
+    ferry__sys sys = *ferry__sys_default();
+    sys.pread = counting_pread;
+    ferry__sys_set(&sys);
+    int st[BIG];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = BIG;
+    int got = ferry_kv_retrieve(f.kv, f.a, BIG * CT, &r, &f.d.b);
+    ferry__sys_set(NULL);
+    assert_int_equal(got, BIG * CT);
+    for (int i = 0; i < BIG; i++)
+        assert_int_equal(st[i], 0);
+    assert_true(same_tokens(&f.h, &f.d, 0, BIG * CT));
+    for (unsigned p = 0; p < PLANES; p++)
+        for (uint64_t t = BIG * CT; t < 2 * BIG * CT; t++)
+            assert_int_equal(tok_at(&f.d, p, t)[0], 0xEE); /* nothing past the prompt */
+    assert_int_equal(atomic_load(&g_counted), 4 * BIG);
+    /* 16 pieces in flight: at least four chunks at once, never more than
+     * the 8 chunks a retrieve reads at once */
+    uint64_t peak = atomic_load(&f.kv->tier[FERRY_KV_TIER_L2]->aread_peak);
+    assert_true(peak >= 4 && peak <= 8);
+    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m1));
+    assert_int_equal(m1.tier[FERRY_KV_TIER_L2].hits - m0.tier[FERRY_KV_TIER_L2].hits, BIG);
+    assert_int_equal(m1.tier[FERRY_KV_TIER_L2].bytes_read - m0.tier[FERRY_KV_TIER_L2].bytes_read,
+                     BIG * CHUNK);
+    assert_int_equal(m1.tier[FERRY_KV_TIER_L2].failures, 0);
+    /* promoted whole: the next retrieve is served from L1 */
+    uint8_t tiers[BIG];
+    ferry_kv_req lr = FERRY_KV_REQ_INIT;
+    lr.tiers = tiers;
+    lr.max_chunks = BIG;
+    assert_int_equal(ferry_kv_lookup(f.kv, f.a, BIG * CT, &lr), BIG * CT);
+    for (int i = 0; i < BIG; i++)
+        assert_int_equal(tiers[i], FERRY_KV_TIER_L1);
+    big_close(&f);
+}
+
 /* the syscall seam: a pread at one file offset fails with EIO */
 static _Atomic long long g_eio_off = -1;
 static _Atomic int g_eio_hits;
@@ -1064,13 +1135,13 @@ static ssize_t eio_pread(int fd, void *buf, size_t n, off_t off)
     return ferry__sys_default()->pread(fd, buf, n, off);
 }
 
-static void l2_read_error_in_the_middle_of_a_batch(void **state)
+/* the disk fails the read of chunk 5 (its third piece when read in
+ * pieces) while 4 and 6.. are in flight */
+static void read_error_in_the_middle_of_a_batch(uint64_t piece)
 {
-    (void)state;
     bigfix f;
-    big_open(&f, 40, 12);
-    /* the disk fails the read of chunk 5 while 4 and 6.. are in flight */
-    atomic_store(&g_eio_off, (long long)l2_loc_of(f.kv, f.a, 12 * CT, 5));
+    big_open_pieces(&f, 40, 12, piece);
+    atomic_store(&g_eio_off, (long long)(l2_loc_of(f.kv, f.a, 12 * CT, 5) + 2 * piece));
     atomic_store(&g_eio_hits, 0);
     ferry_kv_stats m0, m;
     FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m0));
@@ -1118,15 +1189,26 @@ static void l2_read_error_in_the_middle_of_a_batch(void **state)
     big_close(&f);
 }
 
+static void l2_read_error_in_the_middle_of_a_batch(void **state)
+{
+    (void)state;
+    read_error_in_the_middle_of_a_batch(0);
+}
+
+static void l2_read_error_in_a_piece_fails_only_its_chunk(void **state)
+{
+    (void)state;
+    read_error_in_the_middle_of_a_batch(16384);
+}
+
 /* the tier's read queue breaks with reads in flight (an engine failure,
  * through the tier's seam): those chunks are misses here, their L1 slots
  * are never handed out again (the reads may still land in them), their L2
  * copies stay, and the rest of the prompt is read synchronously */
-static void l2_queue_breaking_mid_batch_retires_the_slots_in_flight(void **state)
+static void queue_breaking_mid_batch(uint64_t piece)
 {
-    (void)state;
     bigfix f;
-    big_open(&f, 40, BIG);
+    big_open_pieces(&f, 40, BIG, piece);
     ferry__kv_tier_l2_break_after(f.kv->tier[FERRY_KV_TIER_L2], 1, -EIO);
     int st[BIG];
     ferry_kv_req r = FERRY_KV_REQ_INIT;
@@ -1158,6 +1240,18 @@ static void l2_queue_breaking_mid_batch_retires_the_slots_in_flight(void **state
     assert_int_equal(ferry_kv_retrieve(f.kv, f.a, BIG * CT, NULL, &f.d.b), BIG * CT);
     assert_true(same_tokens(&f.h, &f.d, 0, BIG * CT));
     big_close(&f);
+}
+
+static void l2_queue_breaking_mid_batch_retires_the_slots_in_flight(void **state)
+{
+    (void)state;
+    queue_breaking_mid_batch(0);
+}
+
+static void l2_queue_breaking_mid_chunk_retires_the_slots_in_flight(void **state)
+{
+    (void)state;
+    queue_breaking_mid_batch(16384); /* the queue breaks after one piece landed */
 }
 
 static void l2_refused_reads_in_a_batch_are_misses(void **state)
@@ -1749,6 +1843,9 @@ int main(void)
         cmocka_unit_test(l2_retrieve_keeps_reads_in_flight_past_the_prefetch_budget),
         cmocka_unit_test(l2_batch_of_many_chunks_lands_byte_exact),
         cmocka_unit_test(l2_read_error_in_the_middle_of_a_batch),
+        cmocka_unit_test(l2_chunks_read_in_pieces_land_byte_exact),
+        cmocka_unit_test(l2_read_error_in_a_piece_fails_only_its_chunk),
+        cmocka_unit_test(l2_queue_breaking_mid_chunk_retires_the_slots_in_flight),
         cmocka_unit_test(l2_refused_reads_in_a_batch_are_misses),
         cmocka_unit_test(l2_queue_breaking_mid_batch_retires_the_slots_in_flight),
         cmocka_unit_test(l2_retrieve_into_an_unaligned_buffer),

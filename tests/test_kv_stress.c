@@ -21,7 +21,8 @@
 #include "kv/kv_impl.h"
 
 #define CT 16
-#define TB 64u
+static unsigned g_tb = 64; /* bytes per token and plane (wider for pieces) */
+#define TB g_tb
 #define PLANES 4u
 #define CHUNK (PLANES * CT * TB)
 #define DOCS 6
@@ -39,7 +40,7 @@ static ferry_kv_layout small_layout(void)
     l.num_layers = 2;
     l.kv = 2;
     l.num_heads = 2;
-    l.head_dim = 16;
+    l.head_dim = TB / 4;
     l.dtype = FERRY_DTYPE_BF16;
     return l;
 }
@@ -306,9 +307,8 @@ static void *retriever(void *arg)
     return NULL;
 }
 
-static void four_retrieves_of_l2_prompts_each_get_all(void **state)
+static void four_retrieves(uint64_t piece)
 {
-    (void)state;
     char dir[256] = "";
     ft_tmpdir(dir, sizeof dir);
     ferry_kv_config c = FERRY_KV_CONFIG_INIT;
@@ -321,6 +321,7 @@ static void four_retrieves_of_l2_prompts_each_get_all(void **state)
     c.l2_bytes = 512 * CHUNK;
     c.l2_engine = "posix";
     FT_ASSERT_OK(ferry_kv_open(&c, &g_kv));
+    g_kv->tier[FERRY_KV_TIER_L2]->apiece = piece;
     size_t pb = (size_t)PLANES * RC * CT * TB;
     g_rsrc = malloc((size_t)RP * pb);
     assert_non_null(g_rsrc);
@@ -359,6 +360,21 @@ static void four_retrieves_of_l2_prompts_each_get_all(void **state)
     ft_rmtree(dir);
 }
 
+static void four_retrieves_of_l2_prompts_each_get_all(void **state)
+{
+    (void)state;
+    four_retrieves(0);
+}
+
+/* the same with chunks of 16 KiB read in 4 pieces each */
+static void four_retrieves_of_chunks_read_in_pieces_each_get_all(void **state)
+{
+    (void)state;
+    g_tb = 256;
+    four_retrieves(4096);
+    g_tb = 64;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -366,6 +382,7 @@ int main(void)
         cmocka_unit_test(eight_threads_s3fifo_with_l2),
         cmocka_unit_test(eight_threads_l1_only),
         cmocka_unit_test(four_retrieves_of_l2_prompts_each_get_all),
+        cmocka_unit_test(four_retrieves_of_chunks_read_in_pieces_each_get_all),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

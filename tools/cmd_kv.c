@@ -325,7 +325,7 @@ static int engine_buffer(const ferry_kv_layout *l, uint64_t cap, ferry_kv_buffer
 }
 
 /* ---- references ---- */
-#define L2_ROUNDS 7 /* measured rounds of the L2 reference, after one warm-up */
+#define L2_ROUNDS 15 /* measured rounds of the L2 reference, after one warm-up */
 typedef struct refs {
     double memcpy_gbps, l1_store_gbps, l1_retrieve_gbps;
     double memcpy_gbps_cpu, l1_store_gbps_cpu, l1_retrieve_gbps_cpu;

@@ -89,13 +89,14 @@ void ferry__kv_enqueue(ferry_kv *kv, ferry__kv_job *j)
     pthread_mutex_unlock(&kv->qmu);
 }
 
-int ferry__kv_io_worker_idle(ferry_kv *kv)
+int ferry__kv_io_worker_free(ferry_kv *kv, unsigned mine)
 {
     pthread_mutex_lock(&kv->qmu);
     struct ferry__kv_queue *q = &kv->q[1];
-    int idle = !q->head && q->active < q->nthreads && !kv->stopping;
+    int free_ = !q->head && !kv->stopping &&
+                (q->active < q->nthreads || (mine > 0 && mine < q->nthreads));
     pthread_mutex_unlock(&kv->qmu);
-    return idle;
+    return free_;
 }
 
 int ferry__kv_workers_start(ferry_kv *kv, unsigned n)

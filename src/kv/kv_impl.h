@@ -112,13 +112,16 @@ struct ferry__kv_abatch {
 typedef struct ferry__kv_tier_aops {
     /* chunk reads worth keeping in flight for one batch */
     unsigned depth;
+    /* requests worth keeping in flight for one batch when chunks are read
+     * in pieces of the tier's apiece bytes */
+    unsigned pdepth;
     /* a request from the tier's pool (NULL: out of memory) / back to it */
     ferry__kv_aread *(*get)(ferry__kv_tier *t);
     void (*put)(ferry__kv_tier *t, ferry__kv_aread *r);
-    /* start reading the chunk at loc (slot_bytes) into dst; 0, or a code
-     * with the message set and nothing started */
+    /* start reading len bytes at loc (a whole chunk, or a piece of one)
+     * into dst; 0, or a code with the message set and nothing started */
     int (*submit)(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread *r, uint64_t loc,
-                  void *dst);
+                  void *dst, size_t len);
     /* wait until a read of b completed: 0 and *out, every completed read
      * of b not yet taken, linked by next (NULL when b has none in flight),
      * or a negative code when the tier's queue broke (b's reads in flight
@@ -134,6 +137,7 @@ struct ferry__kv_tier {
     void *impl;
     int id;                    /* enum ferry_kv_tier */
     uint64_t slot_bytes;       /* bytes one chunk takes in this tier */
+    uint64_t apiece;           /* async reads: bytes per request (0: the whole chunk) */
     uint64_t capacity;         /* chunks */
     uint64_t used;             /* chunks reserved (under kv->mu) */
     ferry__kv_policy *policy;
@@ -348,10 +352,11 @@ void ferry__kv_job_run(ferry_kv *kv, ferry__kv_job *j);
 int ferry__kv_workers_start(ferry_kv *kv, unsigned n);
 void ferry__kv_workers_stop(ferry_kv *kv);
 void ferry__kv_enqueue(ferry_kv *kv, ferry__kv_job *j);
-/* 1 when an I/O worker would start a job queued now at once (nothing
- * queued, one of them free): a retrieve's copy-out never waits behind
- * write-throughs or prefetch reads */
-int ferry__kv_io_worker_idle(ferry_kv *kv);
+/* 1 when a job queued now runs at once or right after the caller's own:
+ * nothing queued, and an I/O worker free or mine (> 0, fewer than the
+ * workers) of the caller's jobs running or queued. A retrieve's copy-out
+ * never waits behind write-throughs or prefetch reads */
+int ferry__kv_io_worker_free(ferry_kv *kv, unsigned mine);
 void ferry__kv_hist_record(ferry__kv_hist *h, uint64_t ns);
 
 /* ---- test seams ---- */

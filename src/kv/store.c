@@ -979,11 +979,12 @@ void ferry__kv_job_run(ferry_kv *kv, ferry__kv_job *j)
  * One retrieve. Chunks resolve in any order: a chunk whose bytes are in L1
  * (or on their way there by another operation) is copied out in prompt
  * order; a chunk only in a tier with asynchronous reads (L2) gets an L1
- * slot and a whole-chunk read, several in flight at once (the tier's
- * depth, as `ferry bench io` keeps them), and is copied out as soon as it
- * lands, whatever the order, while the later reads go on. Chunks only in a
- * tier without them (the remote, the persistent slab) are read ahead on
- * the I/O workers (prefetch jobs) and copied out in order.
+ * slot and is read into it, whole or in the tier's pieces, in prompt
+ * order, several requests in flight at once (the tier's depth), and is
+ * copied out as soon as its last piece lands, whatever the order, while
+ * the later reads go on. Chunks only in a tier without them (the remote,
+ * the persistent slab) are read ahead on the I/O workers (prefetch jobs)
+ * and copied out in order.
  */
 enum { RT_OPEN = 0, RT_READING = 1, RT_LANDED = 2, RT_DONE = 3 };
 
@@ -999,15 +1000,26 @@ typedef struct rtv {
     int *st;
     uint8_t *ahead;             /* the tier a worker read-ahead was queued from */
     uint8_t *fate;              /* RT_* */
-    int *res;                   /* RT_LANDED: the read's result */
-    uint8_t *lost;              /* RT_LANDED: lost with a broken queue, may
-                                   still land: its L1 slot is never reused */
+    int *res;                   /* RT_READING: its first failure; RT_LANDED: the read's result */
+    uint8_t *lost;              /* RT_LANDED: lost with a broken queue: 1
+                                   pieces may still land (its L1 slot is never
+                                   reused), 2 none was in flight */
+    /* RT_READING: pieces sent (npieces: all, or no more after a failure),
+     * pieces in flight, where from and where to */
+    uint32_t *sent, *left;
+    uint64_t *aloc;
+    char **adst;
+    size_t cur;                 /* the chunk with pieces still to send, or SIZE_MAX */
+    uint64_t piece;             /* bytes per request */
+    uint32_t npieces;           /* requests per chunk */
+    unsigned reading;           /* chunks RT_READING */
+    unsigned pdepth;            /* requests kept in flight */
     uint64_t hits[FERRY_KV_TIERS], misses, got;
     int copy_rc;
     size_t nheld, batch_max;
     ferry__kv_tier *at;         /* the tier whose reads are asynchronous, or NULL */
     ferry__kv_abatch batch;
-    unsigned inflight, depth;
+    unsigned inflight, depth;   /* requests in flight; chunks read at once */
     /* host copy-outs handed to an I/O worker (one at a time), so two CPUs
      * copy while the next reads are in flight: under cmu, the copy's
      * outcome (st, got, copy_rc) and whether one is pending */
@@ -1087,10 +1099,23 @@ static int rt_failed(rtv *r)
 }
 
 /* a worker's copy job */
+/* chunk i's read lock goes once its host copy is done */
+static void rt_release(rtv *r, size_t i)
+{
+    ferry_kv *kv = r->kv;
+    pthread_mutex_lock(&kv->mu);
+    read_unlock(r->held[i]);
+    put(kv, r->held[i]);
+    r->held[i] = NULL;
+    pthread_mutex_unlock(&kv->mu);
+}
+
+/* a worker's copy job: the copy, then the chunk's read lock */
 static void rt_copy_job(void *ctx, size_t i)
 {
     rtv *r = ctx;
     rt_copy_chunk(r, i, r->csrc[i]);
+    rt_release(r, i);
     pthread_mutex_lock(&r->cmu);
     r->wpending--;
     pthread_cond_broadcast(&r->ccv);
@@ -1107,16 +1132,20 @@ static void rt_copy_out(rtv *r, size_t i, ferry__kv_entry *e)
     void *src = l1->ops->host_ptr(l1, e->loc[FERRY_KV_TIER_L1]);
     pthread_mutex_unlock(&kv->mu);
     r->held[i] = e;
-    r->hidx[r->nheld++] = i;
-    /* a worker takes the copy when it has none, this thread the next one:
-     * the read lock is kept until rt_sync has waited for it */
-    int handed = 0;
-    if (r->wcopy) {
-        pthread_mutex_lock(&r->cmu);
-        int idle = r->wpending == 0;
-        pthread_mutex_unlock(&r->cmu);
-        ferry__kv_job *j =
-            idle && ferry__kv_io_worker_idle(kv) ? ferry__calloc(1, sizeof *j) : NULL;
+    if (!r->s) {
+        /* host buffer: the I/O workers take the copies while they are
+         * free for them (nothing queued, fewer of ours pending than
+         * workers), so this thread goes straight back to the reads; else
+         * this thread copies. Each copy drops its chunk's read lock when
+         * done, so a retrieve holds no more slots than copies running. */
+        ferry__kv_job *j = NULL;
+        if (r->wcopy) {
+            pthread_mutex_lock(&r->cmu);
+            unsigned mine = r->wpending;
+            pthread_mutex_unlock(&r->cmu);
+            if (ferry__kv_io_worker_free(kv, mine))
+                j = ferry__calloc(1, sizeof *j);
+        }
         if (j) {
             r->csrc[i] = src;
             j->kind = FERRY__KV_JOB_COPY;
@@ -1127,35 +1156,78 @@ static void rt_copy_out(rtv *r, size_t i, ferry__kv_entry *e)
             r->wpending++;
             pthread_mutex_unlock(&r->cmu);
             ferry__kv_enqueue(kv, j);
-            handed = 1;
+            return;
         }
-    }
-    if (!handed)
         rt_copy_chunk(r, i, src);
-    /* hold read locks only while copies may still read the slots: host
-     * copies on this thread are done now, a worker's with the next one
-     * (a retrieve holds at most two slots, so concurrent retrieves do not
-     * fill L1 with locked chunks); device copies at the next
-     * synchronization, every half of L1, so a prompt longer than L1
-     * streams through it */
-    if ((!r->s && (!r->wcopy || r->nheld >= 2)) || r->nheld >= r->batch_max)
+        rt_release(r, i);
+        return;
+    }
+    r->hidx[r->nheld++] = i;
+    rt_copy_chunk(r, i, src);
+    /* device copies hold their read locks until the next synchronization,
+     * every half of L1, so a prompt longer than L1 streams through it */
+    if (r->nheld >= r->batch_max)
         rt_sync(r);
 }
 
 static void rt_read_done(rtv *r, size_t i, int rc);
 
+/* chunk i's read is over (every piece sent has landed): count it */
+static void rt_landed(rtv *r, size_t i)
+{
+    ferry__kv_tier *t = r->at;
+    tier_io_done(r->kv, t, 0, r->aloc[i], &r->pend[i]->id, t->slot_bytes, r->res[i]);
+    r->fate[i] = RT_LANDED;
+    r->reading--;
+}
+
+/* send the next piece of chunk i; a failure ends its read (the pieces in
+ * flight still land) */
+static void rt_send(rtv *r, size_t i)
+{
+    ferry_kv *kv = r->kv;
+    ferry__kv_tier *t = r->at;
+    uint64_t off = (uint64_t)r->sent[i] * r->piece;
+    size_t len = (size_t)FERRY__MIN(r->piece, t->slot_bytes - off);
+    ferry__kv_aread *a = t->aops->get(t);
+    int rc = a ? 0 : ferry__err_set(NULL, -ENOMEM, "kv L2: out of memory for a read request");
+    if (rc == 0 && r->sent[i] == 0)
+        rc = tier_fault(kv, t, 0, r->aloc[i], t->slot_bytes);
+    if (rc == 0) {
+        a->idx = i;
+        rc = t->aops->submit(t, &r->batch, a, r->aloc[i] + off, r->adst[i] + off, len);
+    }
+    if (rc == 0) {
+        r->inflight++;
+        r->left[i]++;
+        if (++r->sent[i] == r->npieces)
+            r->cur = SIZE_MAX;
+        return;
+    }
+    t->aops->put(t, a);
+    if (r->res[i] == 0)
+        r->res[i] = rc;
+    r->sent[i] = r->npieces;
+    r->cur = SIZE_MAX;
+    if (t->aops->broken && t->aops->broken(t))
+        r->lost[i] = r->left[i] ? 1 : 2; /* the queue broke, not this chunk's copy */
+    else if (rc == -ENOMEM)
+        r->lost[i] = 2; /* nor did it: the slot goes back once its pieces landed */
+    if (r->left[i] == 0) {
+        rt_landed(r, i);
+        rt_read_done(r, i, rc);
+    }
+}
+
 /* start the asynchronous read of chunk i when it is only in the async
- * tier: 1 started (or already finished, failed), 0 not such a chunk, -1 no
- * room or memory for it now */
+ * tier (its pieces go out through rt_send): 1 started, 0 not such a
+ * chunk, -1 no room for it in L1 now */
 static int rt_issue(rtv *r, const ferry_kv_hash *ids, size_t i)
 {
     ferry_kv *kv = r->kv;
     ferry__kv_tier *t = r->at;
     if (t->aops->broken && t->aops->broken(t))
         return 0; /* the queue broke: the synchronous path reads it */
-    ferry__kv_aread *a = t->aops->get(t);
-    if (!a)
-        return -1;
     pthread_mutex_lock(&kv->mu);
     uint64_t now = now_ns(kv);
     ferry__kv_entry *e = find(kv, ids[i]);
@@ -1163,41 +1235,29 @@ static int rt_issue(rtv *r, const ferry_kv_hash *ids, size_t i)
         (e->resident & (1u << FERRY_KV_TIER_L1)) || e->l1_loading ||
         kv->tier[lower_tier(kv, e)] != t) {
         pthread_mutex_unlock(&kv->mu);
-        t->aops->put(t, a);
         return 0;
     }
     uint64_t slot;
     if (reserve(kv, FERRY_KV_TIER_L1, now, &slot, RESERVE_TRY) < 0) {
         pthread_mutex_unlock(&kv->mu);
-        t->aops->put(t, a);
         return -1;
     }
     e->l1_loading = 1;
     kv->l1_reading++;
     read_lock(kv, e, now);
     e->refs++;
-    uint64_t loc = e->loc[t->id];
+    r->aloc[i] = e->loc[t->id];
     ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
-    void *dst = l1->ops->host_ptr(l1, slot);
+    r->adst[i] = l1->ops->host_ptr(l1, slot);
     pthread_mutex_unlock(&kv->mu);
     r->fate[i] = RT_READING;
     r->pend[i] = e;
     r->slot[i] = slot;
-    a->idx = i;
-    int rc = tier_fault(kv, t, 0, loc, t->slot_bytes);
-    if (rc == 0)
-        rc = t->aops->submit(t, &r->batch, a, loc, dst);
-    if (rc == 0) {
-        r->inflight++;
-        uint64_t peak = atomic_load(&t->aread_peak);
-        while (r->inflight > peak &&
-               !atomic_compare_exchange_weak(&t->aread_peak, &peak, r->inflight))
-            ;
-        return 1;
-    }
-    t->aops->put(t, a);
-    tier_io_done(kv, t, 0, loc, &e->id, t->slot_bytes, rc);
-    rt_read_done(r, i, rc);
+    r->cur = i;
+    r->reading++;
+    uint64_t peak = atomic_load(&t->aread_peak);
+    while (r->reading > peak && !atomic_compare_exchange_weak(&t->aread_peak, &peak, r->reading))
+        ;
     return 1;
 }
 
@@ -1210,6 +1270,18 @@ static void rt_read_done(rtv *r, size_t i, int rc)
     r->fate[i] = RT_DONE;
     pthread_mutex_lock(&kv->mu);
     kv->l1_reading--;
+    if (r->lost[i] == 2) {
+        /* the queue broke before any piece of it was in flight: its slot
+         * goes back, its L2 copy is kept, the chunk is a miss here */
+        e->l1_loading = 0;
+        tier_release(kv, FERRY_KV_TIER_L1, r->slot[i]);
+        pthread_cond_broadcast(&kv->loaded);
+        r->misses++;
+        read_unlock(e);
+        put(kv, e);
+        pthread_mutex_unlock(&kv->mu);
+        return;
+    }
     if (r->lost[i]) {
         /* the read may still land, into its slot: the slot stays reserved
          * for good (L1 is one slot smaller), the L2 copy is kept (the disk
@@ -1253,41 +1325,55 @@ static unsigned rt_reap(rtv *r)
         for (size_t i = 0; i < r->nch; i++) {
             if (r->fate[i] != RT_READING)
                 continue;
-            tier_io_done(r->kv, t, 0, r->pend[i]->loc[t->id], &r->pend[i]->id, t->slot_bytes, rc);
             r->res[i] = rc;
-            r->lost[i] = 1;
-            r->fate[i] = RT_LANDED;
+            r->lost[i] = r->left[i] ? 1 : 2;
+            rt_landed(r, i);
             k++;
         }
         r->inflight = 0;
+        r->cur = SIZE_MAX;
         return k;
     }
     for (ferry__kv_aread *next; a; a = next) {
         next = a->next;
         size_t i = a->idx;
         rc = a->result;
-        if (rc < 0)
-            ferry__err_set(NULL, rc, "%s", a->why ? a->why : ferry_strerror(rc));
+        if (rc < 0 && r->res[i] == 0) /* the chunk's first failure */
+            r->res[i] = ferry__err_set(NULL, rc, "%s", a->why ? a->why : ferry_strerror(rc));
         t->aops->put(t, a);
         r->inflight--;
-        ferry__kv_entry *e = r->pend[i];
-        tier_io_done(r->kv, t, 0, e->loc[t->id], &e->id, t->slot_bytes, rc);
-        r->res[i] = rc;
-        r->fate[i] = RT_LANDED;
-        k++;
+        r->left[i]--;
+        if (rc < 0) {
+            /* its pieces not sent yet never are */
+            r->sent[i] = r->npieces;
+            if (r->cur == i)
+                r->cur = SIZE_MAX;
+        }
+        if (r->left[i] == 0 && r->sent[i] == r->npieces) {
+            rt_landed(r, i);
+            k++;
+        }
     }
     return k;
 }
 
-/* keep depth reads in flight, from the first open chunk k on (*ic: the
- * next chunk to consider; *blocked: L1 had no room, the rest in order) */
+/* keep pdepth requests in flight: the rest of the chunk being sent, then
+ * (at most depth chunks at once) chunks from the first open chunk k on
+ * (*ic: the next chunk to consider; *blocked: L1 had no room, the rest in
+ * order). A chunk started is always sent whole, so its read finishes. */
 static void rt_fill(rtv *r, const ferry_kv_hash *ids, size_t k, size_t *ic, int *blocked)
 {
-    if (!r->at || *blocked || rt_failed(r) < 0)
+    if (!r->at)
         return;
     if (*ic < k)
         *ic = k;
-    while (r->inflight < r->depth && *ic < r->nch) {
+    while (r->inflight < r->pdepth) {
+        if (r->cur != SIZE_MAX) {
+            rt_send(r, r->cur);
+            continue;
+        }
+        if (*blocked || r->reading >= r->depth || *ic >= r->nch || rt_failed(r) < 0)
+            return;
         if (r->fate[*ic] == RT_OPEN && rt_issue(r, ids, *ic) < 0) {
             *blocked = 1;
             return;
@@ -1398,8 +1484,17 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
     r.fate = ferry__calloc(nch, 1);
     r.res = ferry__calloc(nch, sizeof *r.res);
     r.lost = ferry__calloc(nch, 1);
+    r.sent = ferry__calloc(nch, sizeof *r.sent);
+    r.left = ferry__calloc(nch, sizeof *r.left);
+    r.aloc = ferry__calloc(nch, sizeof *r.aloc);
+    r.adst = ferry__calloc(nch, sizeof *r.adst);
+    r.cur = SIZE_MAX;
     if (!r.held || !r.hidx || !r.pend || !r.slot || !r.st || !r.ahead || !r.fate || !r.res ||
-        !r.lost) {
+        !r.lost || !r.sent || !r.left || !r.aloc || !r.adst) {
+        ferry__free(r.sent);
+        ferry__free(r.left);
+        ferry__free(r.aloc);
+        ferry__free(r.adst);
         ferry__free(r.lost);
         ferry__free(r.hidx);
         ferry__free(r.res);
@@ -1422,9 +1517,15 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
     r.at = kv->tier[FERRY_KV_TIER_L2] && kv->tier[FERRY_KV_TIER_L2]->aops
                ? kv->tier[FERRY_KV_TIER_L2]
                : NULL;
-    if (r.at)
+    if (r.at) {
         r.depth = (unsigned)FERRY__MIN((uint64_t)r.at->aops->depth,
                                        FERRY__MAX(l1->capacity / 4, 1));
+        r.piece = r.at->apiece && r.at->apiece < r.at->slot_bytes ? r.at->apiece
+                                                                   : r.at->slot_bytes;
+        r.npieces = (uint32_t)((r.at->slot_bytes + r.piece - 1) / r.piece);
+        r.pdepth = r.npieces > 1 ? r.at->aops->pdepth : r.depth;
+
+    }
     /* several chunks landing from L2 into a host buffer: an I/O worker
      * copies every other one out, so the copies keep pace with the reads */
     if (r.at && !r.s && nch > 1 && (r.csrc = ferry__calloc(nch, sizeof *r.csrc)) != NULL) {
@@ -1454,8 +1555,10 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
         if (r.fate[k] == RT_READING || r.fate[k] == RT_LANDED) {
             /* take what landed, refill, then copy those out (in landing
              * order, not prompt order) while the new reads go on */
-            if (r.fate[k] == RT_READING && rt_reap(&r))
+            if (r.fate[k] == RT_READING) {
+                rt_reap(&r);
                 rt_fill(&r, ids, k, &ic, &blocked);
+            }
             for (size_t j = k; j < ic; j++)
                 if (r.fate[j] == RT_LANDED)
                     rt_read_done(&r, j, r.res[j]);
@@ -1517,6 +1620,10 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
     ferry__free(r.fate);
     ferry__free(r.res);
     ferry__free(r.lost);
+    ferry__free(r.sent);
+    ferry__free(r.left);
+    ferry__free(r.aloc);
+    ferry__free(r.adst);
     ferry__kv_hist_record(&kv->h_retrieve, ferry__now_ns() - t0);
     if (r.copy_rc < 0) {
         atomic_fetch_add(&kv->failures, 1);
