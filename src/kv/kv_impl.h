@@ -87,9 +87,10 @@ typedef struct ferry__kv_tier_ops {
 
 /*
  * Asynchronous chunk reads, for tiers that have them (L2): a retrieve
- * keeps several whole-chunk reads in flight into reserved L1 slots and
- * copies each chunk out as it lands, in whatever order they land, so the
- * copies overlap the reads still in flight. The reads of every thread
+ * keeps several reads in flight into reserved L1 slots (whole chunks, or
+ * pieces of apiece bytes) and copies each chunk out as its last piece
+ * lands, in whatever order they land, so the copies overlap the reads
+ * still in flight. The reads of every thread
  * share the tier's completion queue: whichever waiting thread reaps hands
  * each completion to the batch that submitted it (leader/followers), so a
  * thread never takes another's completion for its own.

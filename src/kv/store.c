@@ -1311,8 +1311,9 @@ static void rt_read_done(rtv *r, size_t i, int rc)
     rt_copy_out(r, i, e);
 }
 
-/* wait for this retrieve's reads that landed (at least one): their
- * results in r->res, RT_LANDED; returns how many */
+/* wait until at least one of this retrieve's requests landed (none when
+ * none is in flight); chunks whose every piece has landed become
+ * RT_LANDED with their result in r->res; returns how many did */
 static unsigned rt_reap(rtv *r)
 {
     ferry__kv_tier *t = r->at;
@@ -1524,10 +1525,9 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
                                                                    : r.at->slot_bytes;
         r.npieces = (uint32_t)((r.at->slot_bytes + r.piece - 1) / r.piece);
         r.pdepth = r.npieces > 1 ? r.at->aops->pdepth : r.depth;
-
     }
-    /* several chunks landing from L2 into a host buffer: an I/O worker
-     * copies every other one out, so the copies keep pace with the reads */
+    /* several chunks landing from L2 into a host buffer: the I/O workers
+     * copy them out while this thread keeps the reads going */
     if (r.at && !r.s && nch > 1 && (r.csrc = ferry__calloc(nch, sizeof *r.csrc)) != NULL) {
         r.wcopy = 1;
         pthread_mutex_init(&r.cmu, NULL);
