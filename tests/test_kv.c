@@ -1121,6 +1121,78 @@ static void l2_chunks_read_in_pieces_land_byte_exact(void **state)
     big_close(&f);
 }
 
+/* out of memory at each allocation of a retrieve whose chunks are read in
+ * pieces: every chunk it reports is byte-exact, the others are untouched,
+ * and no L2 copy is dropped for it (memory ran out, not the disk) */
+static void l2_out_of_memory_in_a_retrieve_in_pieces_keeps_every_copy(void **state)
+{
+    (void)state;
+    int clean = 0;
+    for (uint64_t at = 1; at < 200 && !clean; at++) {
+        ft_alloc_install(0, 0); /* every block of the store through the counting allocator */
+        bigfix f;
+        big_open_pieces(&f, 40, BIG, 16384);
+        ferry_kv_stats m0, m1;
+        FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m0));
+        int st[BIG];
+        for (int i = 0; i < BIG; i++)
+            st[i] = 1;
+        ferry_kv_req r = FERRY_KV_REQ_INIT;
+        r.status = st;
+        r.max_chunks = BIG;
+        ft_alloc_install(at, 0);
+        int got = ferry_kv_retrieve(f.kv, f.a, BIG * CT, &r, &f.d.b);
+        clean = ft_alloc_failures() == 0;
+        ft_alloc_install(0, 0);
+        FT_ASSERT_OK(ferry_kv_flush(f.kv));
+        assert_true(got >= 0 || got == -ENOMEM);
+        if (got >= 0)
+            for (int i = 0; i < BIG; i++) {
+                uint64_t t0 = (uint64_t)i * CT;
+                if (st[i] == 0) {
+                    assert_true(same_tokens(&f.h, &f.d, t0, t0 + CT));
+                    continue;
+                }
+                for (unsigned p = 0; p < PLANES; p++)
+                    assert_int_equal(tok_at(&f.d, p, t0)[0], 0xEE);
+            }
+        if (clean)
+            assert_int_equal(got, BIG * CT);
+        FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m1));
+        assert_int_equal(m1.tier[FERRY_KV_TIER_L2].failures, m0.tier[FERRY_KV_TIER_L2].failures);
+        assert_int_equal(ferry_kv_lookup(f.kv, f.a, BIG * CT, NULL), BIG * CT);
+        big_close(&f);
+        ft_alloc_reset();
+    }
+    assert_true(clean);
+}
+
+/* copies on the I/O workers hold their chunks' L1 slots until they are
+ * done: over an L1 of two slots a retrieve waits for them instead of
+ * reporting stored chunks as misses for want of room */
+static void l2_retrieve_over_a_tiny_l1_waits_for_its_copies(void **state)
+{
+    (void)state;
+    bigfix f;
+    big_open_pieces(&f, 40, 8, 16384);
+    ferry_kv_close(f.kv);
+    ferry_kv_config c = small_config(2);
+    c.l2_dir = f.dir;
+    c.l2_bytes = 4 * BIG * CHUNK;
+    c.l2_engine = "posix";
+    c.l2_persistent = 0;
+    c.watermark = 1.0;
+    FT_ASSERT_OK(ferry_kv_open(&c, &f.kv));
+    assert_int_equal(ferry_kv_store(f.kv, f.a, 8 * CT, NULL, &f.h.b), 8 * CT);
+    FT_ASSERT_OK(ferry_kv_flush(f.kv));
+    for (int round = 0; round < 20; round++) {
+        memset(f.d.mem, 0xEE, PLANES * 2 * BIG * CT * TB);
+        assert_int_equal(ferry_kv_retrieve(f.kv, f.a, 8 * CT, NULL, &f.d.b), 8 * CT);
+        assert_true(same_tokens(&f.h, &f.d, 0, 8 * CT));
+    }
+    big_close(&f);
+}
+
 /* the syscall seam: a pread at one file offset fails with EIO */
 static _Atomic long long g_eio_off = -1;
 static _Atomic int g_eio_hits;
@@ -1846,6 +1918,8 @@ int main(void)
         cmocka_unit_test(l2_chunks_read_in_pieces_land_byte_exact),
         cmocka_unit_test(l2_read_error_in_a_piece_fails_only_its_chunk),
         cmocka_unit_test(l2_queue_breaking_mid_chunk_retires_the_slots_in_flight),
+        cmocka_unit_test(l2_out_of_memory_in_a_retrieve_in_pieces_keeps_every_copy),
+        cmocka_unit_test(l2_retrieve_over_a_tiny_l1_waits_for_its_copies),
         cmocka_unit_test(l2_refused_reads_in_a_batch_are_misses),
         cmocka_unit_test(l2_queue_breaking_mid_batch_retires_the_slots_in_flight),
         cmocka_unit_test(l2_retrieve_into_an_unaligned_buffer),

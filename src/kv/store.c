@@ -1009,6 +1009,7 @@ typedef struct rtv {
     uint32_t *sent, *left;
     uint64_t *aloc;
     char **adst;
+    char (*why)[FERRY__ERRMSG_MAX]; /* each chunk's first failure (allocated on the first) */
     size_t cur;                 /* the chunk with pieces still to send, or SIZE_MAX */
     uint64_t piece;             /* bytes per request */
     uint32_t npieces;           /* requests per chunk */
@@ -1173,23 +1174,48 @@ static void rt_copy_out(rtv *r, size_t i, ferry__kv_entry *e)
 static void rt_read_done(rtv *r, size_t i, int rc);
 
 /* chunk i's read is over (every piece sent has landed): count it */
+/* chunk i's first failure: its code and message (the message is logged
+ * when the chunk's last piece lands, after other chunks' failures) */
+static void rt_fail(rtv *r, size_t i, int rc, const char *why)
+{
+    if (r->res[i] != 0 && r->res[i] != -ENOMEM)
+        return;
+    if (r->res[i] == -ENOMEM && rc == -ENOMEM)
+        return;
+    r->res[i] = rc;
+    if (!r->why)
+        r->why = ferry__calloc(r->nch, sizeof *r->why);
+    if (r->why)
+        snprintf(r->why[i], sizeof r->why[i], "%s", why ? why : ferry_strerror(rc));
+}
+
+/* chunk i's read is over (every piece sent has landed): count it; out of
+ * memory for a request is a miss here, not a failure of the tier */
 static void rt_landed(rtv *r, size_t i)
 {
     ferry__kv_tier *t = r->at;
-    tier_io_done(r->kv, t, 0, r->aloc[i], &r->pend[i]->id, t->slot_bytes, r->res[i]);
+    int rc = r->res[i];
+    if (rc == -ENOMEM) {
+        atomic_fetch_add(&r->kv->failures, 1);
+    } else {
+        if (rc < 0 && r->why)
+            ferry__err_set(NULL, rc, "%s", r->why[i]);
+        tier_io_done(r->kv, t, 0, r->aloc[i], &r->pend[i]->id, t->slot_bytes, rc);
+    }
     r->fate[i] = RT_LANDED;
     r->reading--;
 }
 
-/* send the next piece of chunk i; a failure ends its read (the pieces in
- * flight still land) */
-static void rt_send(rtv *r, size_t i)
+/* send the next piece of chunk i (a: its request, or NULL to take one);
+ * a failure ends its read (the pieces in flight still land) */
+static void rt_send(rtv *r, size_t i, ferry__kv_aread *a)
 {
     ferry_kv *kv = r->kv;
     ferry__kv_tier *t = r->at;
     uint64_t off = (uint64_t)r->sent[i] * r->piece;
     size_t len = (size_t)FERRY__MIN(r->piece, t->slot_bytes - off);
-    ferry__kv_aread *a = t->aops->get(t);
+    if (!a)
+        a = t->aops->get(t);
     int rc = a ? 0 : ferry__err_set(NULL, -ENOMEM, "kv L2: out of memory for a read request");
     if (rc == 0 && r->sent[i] == 0)
         rc = tier_fault(kv, t, 0, r->aloc[i], t->slot_bytes);
@@ -1205,17 +1231,17 @@ static void rt_send(rtv *r, size_t i)
         return;
     }
     t->aops->put(t, a);
-    if (r->res[i] == 0)
-        r->res[i] = rc;
+    rt_fail(r, i, rc, ferry_last_error());
     r->sent[i] = r->npieces;
     r->cur = SIZE_MAX;
-    if (t->aops->broken && t->aops->broken(t))
-        r->lost[i] = r->left[i] ? 1 : 2; /* the queue broke, not this chunk's copy */
-    else if (rc == -ENOMEM)
-        r->lost[i] = 2; /* nor did it: the slot goes back once its pieces landed */
+    /* the queue broke, or memory ran out: not this chunk's L2 copy, which
+     * is kept, and its slot goes back once the pieces in flight landed
+     * (a break with pieces still in flight makes rt_reap retire it) */
+    if ((t->aops->broken && t->aops->broken(t)) || rc == -ENOMEM)
+        r->lost[i] = 2;
     if (r->left[i] == 0) {
         rt_landed(r, i);
-        rt_read_done(r, i, rc);
+        rt_read_done(r, i, r->res[i]);
     }
 }
 
@@ -1228,6 +1254,9 @@ static int rt_issue(rtv *r, const ferry_kv_hash *ids, size_t i)
     ferry__kv_tier *t = r->at;
     if (t->aops->broken && t->aops->broken(t))
         return 0; /* the queue broke: the synchronous path reads it */
+    ferry__kv_aread *a = t->aops->get(t); /* the first piece's, before the slot */
+    if (!a)
+        return -1;
     pthread_mutex_lock(&kv->mu);
     uint64_t now = now_ns(kv);
     ferry__kv_entry *e = find(kv, ids[i]);
@@ -1235,11 +1264,13 @@ static int rt_issue(rtv *r, const ferry_kv_hash *ids, size_t i)
         (e->resident & (1u << FERRY_KV_TIER_L1)) || e->l1_loading ||
         kv->tier[lower_tier(kv, e)] != t) {
         pthread_mutex_unlock(&kv->mu);
+        t->aops->put(t, a);
         return 0;
     }
     uint64_t slot;
     if (reserve(kv, FERRY_KV_TIER_L1, now, &slot, RESERVE_TRY) < 0) {
         pthread_mutex_unlock(&kv->mu);
+        t->aops->put(t, a);
         return -1;
     }
     e->l1_loading = 1;
@@ -1258,6 +1289,7 @@ static int rt_issue(rtv *r, const ferry_kv_hash *ids, size_t i)
     uint64_t peak = atomic_load(&t->aread_peak);
     while (r->reading > peak && !atomic_compare_exchange_weak(&t->aread_peak, &peak, r->reading))
         ;
+    rt_send(r, i, a);
     return 1;
 }
 
@@ -1339,8 +1371,12 @@ static unsigned rt_reap(rtv *r)
         next = a->next;
         size_t i = a->idx;
         rc = a->result;
-        if (rc < 0 && r->res[i] == 0) /* the chunk's first failure */
-            r->res[i] = ferry__err_set(NULL, rc, "%s", a->why ? a->why : ferry_strerror(rc));
+        if (rc < 0) {
+            /* the disk failed it: that copy is unreadable after all */
+            rt_fail(r, i, rc, a->why);
+            if (r->lost[i] == 2 && r->res[i] == rc)
+                r->lost[i] = 0;
+        }
         t->aops->put(t, a);
         r->inflight--;
         r->left[i]--;
@@ -1370,7 +1406,7 @@ static void rt_fill(rtv *r, const ferry_kv_hash *ids, size_t k, size_t *ic, int 
         *ic = k;
     while (r->inflight < r->pdepth) {
         if (r->cur != SIZE_MAX) {
-            rt_send(r, r->cur);
+            rt_send(r, r->cur, NULL);
             continue;
         }
         if (*blocked || r->reading >= r->depth || *ic >= r->nch || rt_failed(r) < 0)
@@ -1430,6 +1466,25 @@ static int rt_one(rtv *r, const ferry_kv_hash *ids, size_t i)
             put(kv, e);
             pthread_mutex_unlock(&kv->mu);
             return -1;
+        }
+        unsigned copying = 0;
+        if (rc == FERRY_ENOSPACE && r->wcopy) {
+            pthread_mutex_lock(&r->cmu);
+            copying = r->wpending;
+            pthread_mutex_unlock(&r->cmu);
+        }
+        if (copying) {
+            /* or our own copies on the workers hold the slots: one of them
+             * finishes (and drops its lock), then the chunk starts over
+             * (only this thread adds copies, so the count only falls) */
+            read_unlock(e);
+            put(kv, e);
+            pthread_mutex_unlock(&kv->mu);
+            pthread_mutex_lock(&r->cmu);
+            while (r->wpending >= copying)
+                pthread_cond_wait(&r->ccv, &r->cmu);
+            pthread_mutex_unlock(&r->cmu);
+            return 0;
         }
         if (rc < 0) {
             read_unlock(e);
@@ -1583,7 +1638,8 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
         int one = rt_one(&r, ids, k);
         if (one > 0) {
             r.fate[k++] = RT_DONE;
-            blocked = 0; /* its slot's lock is gone: read ahead again */
+            blocked = 0; /* its slot's lock is gone (or goes with its copy
+                            on a worker): read ahead again */
         } else if (one < 0)
             blocked = 1; /* no room: reap our reads, then try again */
     }
@@ -1624,6 +1680,7 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
     ferry__free(r.left);
     ferry__free(r.aloc);
     ferry__free(r.adst);
+    ferry__free(r.why);
     ferry__kv_hist_record(&kv->h_retrieve, ferry__now_ns() - t0);
     if (r.copy_rc < 0) {
         atomic_fetch_add(&kv->failures, 1);
