@@ -1195,10 +1195,10 @@ static void rt_landed(rtv *r, size_t i)
 {
     ferry__kv_tier *t = r->at;
     int rc = r->res[i];
-    if (rc == -ENOMEM) {
-        atomic_fetch_add(&r->kv->failures, 1);
+    if (rc == -ENOMEM && r->lost[i] == 2) {
+        atomic_fetch_add(&r->kv->failures, 1); /* ours, not the tier's */
     } else {
-        if (rc < 0 && r->why)
+        if (rc < 0 && r->why && r->why[i][0])
             ferry__err_set(NULL, rc, "%s", r->why[i]);
         tier_io_done(r->kv, t, 0, r->aloc[i], &r->pend[i]->id, t->slot_bytes, rc);
     }
@@ -1358,7 +1358,8 @@ static unsigned rt_reap(rtv *r)
         for (size_t i = 0; i < r->nch; i++) {
             if (r->fate[i] != RT_READING)
                 continue;
-            r->res[i] = rc;
+            r->res[i] = 0; /* the break is what this chunk's warning says */
+            rt_fail(r, i, rc, ferry_last_error());
             r->lost[i] = r->left[i] ? 1 : 2;
             rt_landed(r, i);
             k++;
@@ -1372,10 +1373,13 @@ static unsigned rt_reap(rtv *r)
         size_t i = a->idx;
         rc = a->result;
         if (rc < 0) {
-            /* the disk failed it: that copy is unreadable after all */
+            /* the read itself failed (whatever its code): that copy is
+             * unreadable after all, even if a request of this chunk ran
+             * out of memory or the queue broke since */
+            if (r->res[i] == -ENOMEM && r->lost[i] == 2)
+                r->res[i] = 0; /* (that was ours, this is the disk's) */
             rt_fail(r, i, rc, a->why);
-            if (r->lost[i] == 2 && r->res[i] == rc)
-                r->lost[i] = 0;
+            r->lost[i] = 0;
         }
         t->aops->put(t, a);
         r->inflight--;
@@ -1449,8 +1453,18 @@ static int rt_one(rtv *r, const ferry_kv_hash *ids, size_t i)
         /* only in a lower tier: promote into a fresh L1 slot */
         uint64_t slot;
         int src = lower_tier(kv, e);
+        /* with copies of ours on the workers, only try: if L1 is full
+         * this chunk waits for one of them below, no failure counted */
+        unsigned copying = 0;
+        if (src && r->wcopy) {
+            pthread_mutex_lock(&r->cmu);
+            copying = r->wpending;
+            pthread_mutex_unlock(&r->cmu);
+        }
         int rc = src ? reserve(kv, FERRY_KV_TIER_L1, now, &slot,
-                               r->inflight ? RESERVE_WAIT : RESERVE_WAIT_READS)
+                               copying       ? RESERVE_TRY
+                               : r->inflight ? RESERVE_WAIT
+                                             : RESERVE_WAIT_READS)
                      : FERRY_ENOTFOUND;
         if (rc == -EAGAIN) {
             /* the mutex was released: start this chunk over */
@@ -1467,13 +1481,7 @@ static int rt_one(rtv *r, const ferry_kv_hash *ids, size_t i)
             pthread_mutex_unlock(&kv->mu);
             return -1;
         }
-        unsigned copying = 0;
-        if (rc == FERRY_ENOSPACE && r->wcopy) {
-            pthread_mutex_lock(&r->cmu);
-            copying = r->wpending;
-            pthread_mutex_unlock(&r->cmu);
-        }
-        if (copying) {
+        if (rc == FERRY_ENOSPACE && copying) {
             /* or our own copies on the workers hold the slots: one of them
              * finishes (and drops its lock), then the chunk starts over
              * (only this thread adds copies, so the count only falls) */
