@@ -1524,6 +1524,15 @@ static int rt_one(rtv *r, const ferry_kv_hash *ids, size_t i)
     return 1;
 }
 
+/* the retrieve's per-chunk arrays (any of them may be NULL) */
+static void rt_free(rtv *r)
+{
+    void *a[] = {r->held, r->hidx, r->pend, r->slot, r->st,   r->ahead, r->fate, r->res,
+                 r->lost, r->sent, r->left, r->aloc, r->adst, r->why,   r->csrc};
+    for (size_t k = 0; k < FERRY__ARRAY_LEN(a); k++)
+        ferry__free(a[k]);
+}
+
 int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
                           const ferry_kv_req *req, const ferry_kv_buffer *buf)
 {
@@ -1555,19 +1564,7 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
     r.cur = SIZE_MAX;
     if (!r.held || !r.hidx || !r.pend || !r.slot || !r.st || !r.ahead || !r.fate || !r.res ||
         !r.lost || !r.sent || !r.left || !r.aloc || !r.adst) {
-        ferry__free(r.sent);
-        ferry__free(r.left);
-        ferry__free(r.aloc);
-        ferry__free(r.adst);
-        ferry__free(r.lost);
-        ferry__free(r.hidx);
-        ferry__free(r.res);
-        ferry__free(r.held);
-        ferry__free(r.pend);
-        ferry__free(r.slot);
-        ferry__free(r.st);
-        ferry__free(r.ahead);
-        ferry__free(r.fate);
+        rt_free(&r);
         stream_put(kv, r.s);
         atomic_fetch_add(&kv->failures, 1);
         return ferry__kv_err(kv, -ENOMEM, "kv retrieve: out of memory for %zu chunks", nch);
@@ -1660,7 +1657,6 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
     if (r.wcopy) {
         pthread_mutex_destroy(&r.cmu);
         pthread_cond_destroy(&r.ccv);
-        ferry__free(r.csrc);
     }
     stream_put(kv, r.s);
     for (int t = 1; t < FERRY_KV_TIERS; t++)
@@ -1675,20 +1671,7 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
         lead += chunk_ntok(kv, i, n);
     for (size_t i = 0; i < nch; i++)
         set_status(req, i, r.st[i]);
-    ferry__free(r.held);
-    ferry__free(r.hidx);
-    ferry__free(r.pend);
-    ferry__free(r.slot);
-    ferry__free(r.st);
-    ferry__free(r.ahead);
-    ferry__free(r.fate);
-    ferry__free(r.res);
-    ferry__free(r.lost);
-    ferry__free(r.sent);
-    ferry__free(r.left);
-    ferry__free(r.aloc);
-    ferry__free(r.adst);
-    ferry__free(r.why);
+    rt_free(&r);
     ferry__kv_hist_record(&kv->h_retrieve, ferry__now_ns() - t0);
     if (r.copy_rc < 0) {
         atomic_fetch_add(&kv->failures, 1);
