@@ -3,11 +3,17 @@
  * size parsing and the version.
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "core.h"
+#include "dirlock.h"
 #include "ferry_test.h"
 
 static void strerror_never_null_and_names_codes(void **state)
@@ -117,6 +123,87 @@ static void sizes_parse_with_suffixes(void **state)
     assert_int_equal(v, 77); /* untouched on failure */
 }
 
+/* every errno has its name, and the new library code too */
+static void every_errno_has_a_name(void **state)
+{
+    (void)state;
+    assert_string_equal(ferry_err_name(-ENOBUFS), "ENOBUFS");
+    assert_string_equal(ferry_err_name(-EHOSTUNREACH), "EHOSTUNREACH");
+    for (int e = 1; e < 134; e++) {
+        if (e == 41 || e == 58) /* unassigned on Linux */
+            continue;
+        assert_string_not_equal(ferry_err_name(-e), "FERRY_EUNKNOWN");
+    }
+    assert_string_equal(ferry_err_name(FERRY_EBUSY), "FERRY_EBUSY");
+    assert_true(strstr(ferry_strerror(FERRY_EBUSY), "owned") != NULL);
+}
+
+/* one owner per directory: a second lock in this process and one in a
+ * child are refused with FERRY_EBUSY naming the directory and our pid; the
+ * lock goes with the owner's close, and with the owner's death */
+static void directory_lock_has_one_owner(void **state)
+{
+    (void)state;
+    char dir[256], sub[300], msg[64];
+    ft_tmpdir(dir, sizeof dir);
+    snprintf(sub, sizeof sub, "%s/a/b", dir);
+    ferry__errbuf eb = {0};
+    assert_int_equal(ferry__mkdir_p(sub, 0, 0, &eb), -ENOENT); /* no --create: refused */
+    FT_ASSERT_OK(ferry__mkdir_p(sub, 0, 1, &eb));
+    struct stat st;
+    assert_int_equal(stat(sub, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0700);
+    int fd = -1, fd2 = -1;
+    FT_ASSERT_OK(ferry__dir_lock(sub, 0, 0, "test", &eb, &fd));
+    char lock[400];
+    snprintf(lock, sizeof lock, "%s/%s", sub, FERRY__LOCK_FILE);
+    assert_int_equal(stat(lock, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    assert_int_equal(ferry__dir_lock(sub, 0, 0, "test", &eb, &fd2), FERRY_EBUSY);
+    snprintf(msg, sizeof msg, "process %d", (int)getpid());
+    assert_non_null(strstr(eb.msg, msg));
+    assert_non_null(strstr(eb.msg, sub));
+    assert_int_equal(ferry__dir_lock(sub, 0, 1, "test", &eb, &fd2), FERRY_EBUSY); /* shared too */
+    assert_int_equal(ferry__dir_lock_holder(sub), (int)getpid());
+    pid_t c = fork();
+    if (c == 0) {
+        int f = -1;
+        _exit(ferry__dir_lock(sub, 0, 0, "child", NULL, &f) == FERRY_EBUSY ? 0 : 1);
+    }
+    int ws = 0;
+    assert_int_equal(waitpid(c, &ws, 0), c);
+    assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    ferry__dir_unlock(fd);
+    assert_int_equal(ferry__dir_lock_holder(sub), 0);
+    /* two shared holders (checkers) at once, and they exclude an owner */
+    FT_ASSERT_OK(ferry__dir_lock(sub, 0, 1, "check", &eb, &fd));
+    FT_ASSERT_OK(ferry__dir_lock(sub, 0, 1, "check", &eb, &fd2));
+    int fd3 = -1;
+    assert_int_equal(ferry__dir_lock(sub, 0, 0, "test", &eb, &fd3), FERRY_EBUSY);
+    ferry__dir_unlock(fd);
+    ferry__dir_unlock(fd2);
+    /* a child that takes the lock and dies with it held leaves it free */
+    c = fork();
+    if (c == 0) {
+        int f = -1;
+        if (ferry__dir_lock(sub, 0, 0, "child", NULL, &f) != 0)
+            _exit(1);
+        kill(getpid(), SIGKILL);
+        _exit(2);
+    }
+    assert_int_equal(waitpid(c, &ws, 0), c);
+    assert_true(WIFSIGNALED(ws));
+    FT_ASSERT_OK(ferry__dir_lock(sub, 0, 0, "test", &eb, &fd));
+    ferry__dir_unlock(fd);
+    /* modes: a group mode is kept, nonsense refused */
+    assert_int_equal(ferry__dir_mode(0660), 0770u);
+    assert_int_equal(ferry__file_mode(0), 0600u);
+    assert_int_equal(ferry__mode_check(0777, "x", &eb), -EINVAL);
+    assert_int_equal(ferry__mode_check(0066, "x", &eb), -EINVAL);
+    FT_ASSERT_OK(ferry__mode_check(0640, "x", &eb));
+    ft_rmtree(dir);
+}
+
 static void version_matches_macros(void **state)
 {
     (void)state;
@@ -133,6 +220,8 @@ int main(void)
         cmocka_unit_test(allocation_hook_injects_oom),
         cmocka_unit_test(sizes_parse_with_suffixes),
         cmocka_unit_test(version_matches_macros),
+        cmocka_unit_test(every_errno_has_a_name),
+        cmocka_unit_test(directory_lock_has_one_owner),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

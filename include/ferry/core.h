@@ -65,7 +65,8 @@ FERRY_API int ferry_version_number(void);
     X(EREMOTE, -4112, "the remote tier reported an error")                      \
     X(EINJECTED, -4113, "fault injected by a test")                             \
     X(EBOUNDS, -4114, "address or range outside every registered region")       \
-    X(EEXIST, -4115, "already registered or already exists")
+    X(EEXIST, -4115, "already registered or already exists")                   \
+    X(EBUSY, -4116, "the directory or resource is owned by another opener")
 
 enum ferry_error {
 #define FERRY__ERR_ENUM(name, value, text) FERRY_##name = (value),

@@ -113,7 +113,18 @@ enum ferry_file_flags {
     FERRY_FILE_DIRECT = 1u << 4,          /**< O_DIRECT, falling back if refused */
     FERRY_FILE_REQUIRE_DIRECT = 1u << 5   /**< O_DIRECT or fail */
 };
+/**
+ * Open path through io. With FERRY_FILE_CREATE a new file is made with mode
+ * 0600 (KV caches hold what prompts can be rebuilt from); -EINVAL for
+ * unknown flags or none of READ/WRITE.
+ */
 FERRY_API int ferry_file_open(ferry_io *io, const char *path, unsigned flags, ferry_file **out);
+/**
+ * ferry_file_open with the mode a new file gets: 0 means 0600; otherwise
+ * read/write bits only (0660 for a deliberate group), -EINVAL else.
+ */
+FERRY_API int ferry_file_open_mode(ferry_io *io, const char *path, unsigned flags,
+                                   unsigned mode, ferry_file **out);
 /** Close (waits for nothing: reap its requests first). NULL does nothing. */
 FERRY_API int ferry_file_close(ferry_file *f);
 FERRY_API const char *ferry_file_path(const ferry_file *f);

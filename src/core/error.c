@@ -73,6 +73,10 @@ const char *ferry_err_name(int code)
         const char *n = errno_name(-code);
         if (n)
             return n;
+        /* every other errno the C library knows by name (glibc 2.32+) */
+        n = strerrorname_np(-code);
+        if (n)
+            return n;
     }
     return "FERRY_EUNKNOWN";
 }

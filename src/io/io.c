@@ -25,6 +25,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "dirlock.h"
 #include "io_impl.h"
 #include "sys.h"
 
@@ -264,6 +265,12 @@ static const char *access_name(unsigned flags)
 
 int ferry_file_open(ferry_io *io, const char *path, unsigned flags, ferry_file **out)
 {
+    return ferry_file_open_mode(io, path, flags, 0, out);
+}
+
+int ferry_file_open_mode(ferry_io *io, const char *path, unsigned flags, unsigned mode,
+                         ferry_file **out)
+{
     if (!io || !path || !*path || !out)
         return ferry__err_set(io ? &io->err : NULL, -EINVAL,
                               "ferry_file_open: io, path and out must be given");
@@ -273,6 +280,9 @@ int ferry_file_open(ferry_io *io, const char *path, unsigned flags, ferry_file *
     if (flags & ~(unsigned)0x3f)
         return ferry__err_set(&io->err, -EINVAL, "file %s: unknown open flags 0x%x", path,
                               flags & ~(unsigned)0x3f);
+    if (ferry__mode_check(mode, path, &io->err) < 0)
+        return -EINVAL;
+    mode_t fmode = (mode_t)ferry__file_mode(mode);
     ferry_file *f = ferry__calloc(1, sizeof *f);
     char *p = ferry__strdup(path);
     if (!f || !p) {
@@ -295,12 +305,12 @@ int ferry_file_open(ferry_io *io, const char *path, unsigned flags, ferry_file *
     int want_direct = (flags & (FERRY_FILE_DIRECT | FERRY_FILE_REQUIRE_DIRECT)) != 0;
     int fd = -1, e = 0, direct = 0;
     if (want_direct) {
-        fd = sys->open(path, of | O_DIRECT, 0644);
+        fd = sys->open(path, of | O_DIRECT, fmode);
         e = errno;
         if (fd >= 0)
             direct = 1;
         else if (e == EINVAL && !(flags & FERRY_FILE_REQUIRE_DIRECT)) {
-            fd = sys->open(path, of, 0644);
+            fd = sys->open(path, of, fmode);
             e = errno;
             if (fd >= 0) {
                 snprintf(f->fallback, sizeof f->fallback,
@@ -317,7 +327,7 @@ int ferry_file_open(ferry_io *io, const char *path, unsigned flags, ferry_file *
                                   path, access_name(flags));
         }
     } else {
-        fd = sys->open(path, of, 0644);
+        fd = sys->open(path, of, fmode);
         e = errno;
     }
     if (fd < 0) {

@@ -1,0 +1,182 @@
+/*
+ * dirlock.c - one owner per tier directory, and the modes ferry creates with.
+ *
+ * A tier directory (an L2 slab, a persistent slab, a GDS context's drive)
+ * has exactly one opener at a time: two stores writing one slab file hand
+ * each other's bytes back. The owner holds an open file description lock
+ * (F_OFD_SETLK, write lock over the whole file) on DIR/ferry.lock. OFD
+ * locks belong to the open file, not the process, so a second open in the
+ * same process conflicts as one in another process does, and the kernel
+ * drops the lock when the owner dies: a crash never leaves a stale lock.
+ * The owner writes its pid into the file so a refused opener can name it
+ * (the lock itself cannot: F_OFD_GETLK reports pid -1).
+ *
+ * Modes: files 0600 and directories 0700 unless the caller gives a mode
+ * (0660 for a deliberate group, say); a directory gets the execute bit
+ * wherever the file mode has the read bit.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core.h"
+#include "dirlock.h"
+
+unsigned ferry__file_mode(unsigned mode)
+{
+    return mode ? (mode & 0666u) : 0600u;
+}
+
+unsigned ferry__dir_mode(unsigned mode)
+{
+    unsigned m = ferry__file_mode(mode);
+    return m | ((m & 0444u) >> 2);
+}
+
+int ferry__mode_check(unsigned mode, const char *what, ferry__errbuf *eb)
+{
+    if (mode & ~0666u)
+        return ferry__err_set(eb, -EINVAL,
+                              "%s: mode 0%o: only read and write bits (0666) may be given, "
+                              "0 means 0600",
+                              what, mode);
+    if (mode && !(mode & 0600u))
+        return ferry__err_set(eb, -EINVAL, "%s: mode 0%o leaves the owner without access", what,
+                              mode);
+    return 0;
+}
+
+int ferry__mkdir_p(const char *dir, unsigned mode, int create, ferry__errbuf *eb)
+{
+    char p[4096];
+    size_t n = dir ? strlen(dir) : 0;
+    if (n == 0 || n >= sizeof p)
+        return ferry__err_set(eb, -EINVAL, "directory name %s", n ? "too long" : "empty");
+    struct stat st;
+    if (!create) {
+        if (stat(dir, &st) < 0) {
+            int e = errno;
+            return ferry__err_set(eb, -e, "directory %s: %s", dir, strerror(e));
+        }
+    } else {
+        memcpy(p, dir, n + 1);
+        for (size_t i = 1; i <= n; i++) {
+            if (p[i] != '/' && p[i] != 0)
+                continue;
+            char c = p[i];
+            p[i] = 0;
+            if (mkdir(p, (mode_t)ferry__dir_mode(mode)) < 0 && errno != EEXIST) {
+                int e = errno;
+                return ferry__err_set(eb, -e, "mkdir %s: %s", p, strerror(e));
+            }
+            p[i] = c;
+        }
+        if (stat(dir, &st) < 0) {
+            int e = errno;
+            return ferry__err_set(eb, -e, "directory %s: %s", dir, strerror(e));
+        }
+    }
+    if (!S_ISDIR(st.st_mode))
+        return ferry__err_set(eb, -ENOTDIR, "%s is not a directory", dir);
+    return 0;
+}
+
+static int holder_pid(int fd)
+{
+    char b[32];
+    ssize_t k = pread(fd, b, sizeof b - 1, 0);
+    if (k <= 0)
+        return 0;
+    b[k] = 0;
+    int pid = 0;
+    return sscanf(b, "%d", &pid) == 1 && pid > 0 ? pid : 0;
+}
+
+static int lock_fd(int fd, short type, int wait)
+{
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    for (;;) {
+        if (fcntl(fd, wait ? F_OFD_SETLKW : F_OFD_SETLK, &fl) == 0)
+            return 0;
+        if (errno != EINTR)
+            return -errno;
+    }
+}
+
+int ferry__dir_lock(const char *dir, unsigned mode, int shared, const char *what,
+                    ferry__errbuf *eb, int *fd_out)
+{
+    char path[4200];
+    if (!dir || !*dir || !fd_out)
+        return ferry__err_set(eb, -EINVAL, "%s: no directory to lock", what);
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, FERRY__LOCK_FILE) >= sizeof path)
+        return ferry__err_set(eb, -ENAMETOOLONG, "%s: directory name %s too long", what, dir);
+    int fd = open(path, (shared ? O_RDONLY : O_RDWR) | O_CREAT | O_CLOEXEC,
+                  (mode_t)ferry__file_mode(mode));
+    if (fd < 0 && shared && (errno == EACCES || errno == EROFS))
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        return ferry__err_set(eb, -e, "%s: lock file %s: %s", what, path, strerror(e));
+    }
+    int rc = lock_fd(fd, shared ? F_RDLCK : F_WRLCK, 0);
+    if (rc == -EAGAIN || rc == -EACCES) {
+        int pid = holder_pid(fd);
+        close(fd);
+        if (pid)
+            return ferry__err_set(eb, FERRY_EBUSY,
+                                  "%s: directory %s is in use by process %d (lock %s); one "
+                                  "directory has one owner: give each rank and store its own",
+                                  what, dir, pid, path);
+        return ferry__err_set(eb, FERRY_EBUSY,
+                              "%s: directory %s is in use by another opener (lock %s); one "
+                              "directory has one owner: give each rank and store its own",
+                              what, dir, path);
+    }
+    if (rc < 0) {
+        close(fd);
+        return ferry__err_set(eb, rc, "%s: locking %s: %s", what, path, strerror(-rc));
+    }
+    if (!shared) {
+        char b[32];
+        int k = snprintf(b, sizeof b, "%d\n", (int)getpid());
+        if (ftruncate(fd, 0) < 0 || pwrite(fd, b, (size_t)k, 0) != k)
+            FERRY_LOGD("%s: writing the owner's pid into %s: %s", what, path, strerror(errno));
+    }
+    *fd_out = fd;
+    return 0;
+}
+
+void ferry__dir_unlock(int fd)
+{
+    if (fd >= 0)
+        close(fd); /* closing the description drops its OFD lock */
+}
+
+int ferry__dir_lock_holder(const char *dir)
+{
+    char path[4200];
+    if (!dir || (size_t)snprintf(path, sizeof path, "%s/%s", dir, FERRY__LOCK_FILE) >= sizeof path)
+        return 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    int held = 0;
+    if (fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK) {
+        held = holder_pid(fd);
+        if (!held)
+            held = -1;
+    }
+    close(fd);
+    return held;
+}
