@@ -1,8 +1,13 @@
 /*
- * cli.c - helpers shared by the subcommands: errors, sizes, a progress bar.
+ * cli.c - helpers shared by the subcommands: errors, option values, a
+ * progress bar.
  */
+#include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -26,18 +31,316 @@ int cli_fail(const char *cmd, const char *what, int code)
     return 1;
 }
 
-int cli_size(const char *cmd, const char *flag, const char *val, uint64_t *out)
+int cli_bad(const char *cmd, const char *flag, const char *val, const char *accepted,
+            const char *why, ...)
+{
+    va_list ap;
+    if (val)
+        fprintf(stderr, "ferry %s: %s %s: ", cmd, flag, val);
+    else
+        fprintf(stderr, "ferry %s: %s: ", cmd, flag);
+    va_start(ap, why);
+    vfprintf(stderr, why, ap);
+    va_end(ap);
+    fprintf(stderr, "; accepted: %s\n", accepted);
+    return 2;
+}
+
+int cli_unknown(const char *cmd, const char *arg)
+{
+    return cli_usage(cmd, "%s: unknown option; see ferry %s --help", arg, cmd);
+}
+
+const char *cli_size_str(uint64_t v, char *buf, size_t n)
+{
+    static const char suf[] = "KMGTP";
+    int i = -1;
+    while (v && v % 1024 == 0 && i < 4) {
+        v /= 1024;
+        i++;
+    }
+    if (i < 0)
+        snprintf(buf, n, "%llu", (unsigned long long)v);
+    else
+        snprintf(buf, n, "%llu%c", (unsigned long long)v, suf[i]);
+    return buf;
+}
+
+/* the number in s, with binary suffixes; 0 or a reason (static text) */
+static const char *parse_number(const char *s, int bytes, uint64_t *out)
+{
+    if (!*s)
+        return "empty";
+    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X'))
+        return "hexadecimal is not accepted";
+    if (*s < '0' || *s > '9')
+        return "not a number";
+    uint64_t ip = 0;
+    const char *p = s;
+    int big = 0;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (ip > (UINT64_MAX - 9) / 10)
+            big = 1;
+        else
+            ip = ip * 10 + (uint64_t)(*p - '0');
+    }
+    uint64_t frac = 0, scale = 1;
+    if (*p == '.') {
+        p++;
+        if (*p < '0' || *p > '9')
+            return "not a number";
+        for (; *p >= '0' && *p <= '9'; p++) {
+            if (scale == 1000000)
+                return "more than 6 decimals";
+            frac = frac * 10 + (uint64_t)(*p - '0');
+            scale *= 10;
+        }
+    }
+    uint64_t mul = 1;
+    switch (*p) {
+    case 'k': case 'K': mul = 1ull << 10; p++; break;
+    case 'm': case 'M': mul = 1ull << 20; p++; break;
+    case 'g': case 'G': mul = 1ull << 30; p++; break;
+    case 't': case 'T': mul = bytes ? 1ull << 40 : 1; p += bytes; break;
+    default: break;
+    }
+    if (bytes) {
+        if (mul > 1 && (*p == 'i' || *p == 'I') && (p[1] == 'B' || p[1] == 'b'))
+            p += 2;
+        else if (*p == 'B' || *p == 'b')
+            p++;
+    }
+    if (*p)
+        return "trailing characters";
+    if (big || (mul > 1 && ip > UINT64_MAX / mul))
+        return "too large";
+    /* frac < 1e6 and mul <= 2^40: the product fits */
+    if ((frac * mul) % scale)
+        return bytes ? "not a whole number of bytes" : "not a whole number";
+    uint64_t v = ip * mul, f = frac * mul / scale;
+    if (v > UINT64_MAX - f)
+        return "too large";
+    *out = v + f;
+    return NULL;
+}
+
+int cli_opt_size(const char *cmd, const char *flag, const char *val, uint64_t min, uint64_t max,
+                 uint64_t align, uint64_t *out)
+{
+    char a[48], b[48], c[48], acc[192];
+    if (align > 1)
+        snprintf(acc, sizeof acc, "a size %s..%s, a multiple of %s (e.g. 4K, 8M, 2G)",
+                 cli_size_str(min, a, sizeof a), cli_size_str(max, b, sizeof b),
+                 cli_size_str(align, c, sizeof c));
+    else
+        snprintf(acc, sizeof acc, "a size %s..%s (e.g. 4096, 256K, 8M, 2G)",
+                 cli_size_str(min, a, sizeof a), cli_size_str(max, b, sizeof b));
+    if (!val)
+        return cli_bad(cmd, flag, NULL, acc, "needs a value");
+    uint64_t v;
+    const char *why = parse_number(val, 1, &v);
+    if (why)
+        return cli_bad(cmd, flag, val, acc, "%s", why);
+    if (v == 0 && min > 0)
+        return cli_bad(cmd, flag, val, acc, "zero is not a size here");
+    if (v < min)
+        return cli_bad(cmd, flag, val, acc, "too small");
+    if (v > max)
+        return cli_bad(cmd, flag, val, acc, "too large");
+    if (align > 1 && v % align)
+        return cli_bad(cmd, flag, val, acc, "not a multiple of %s", cli_size_str(align, c, sizeof c));
+    *out = v;
+    return 0;
+}
+
+int cli_opt_count(const char *cmd, const char *flag, const char *val, uint64_t min, uint64_t max,
+                  uint64_t *out)
+{
+    char acc[96];
+    snprintf(acc, sizeof acc, "a whole number %llu..%llu", (unsigned long long)min,
+             (unsigned long long)max);
+    if (!val)
+        return cli_bad(cmd, flag, NULL, acc, "needs a value");
+    uint64_t v;
+    const char *why = parse_number(val, 0, &v);
+    if (why)
+        return cli_bad(cmd, flag, val, acc, "%s", why);
+    if (v == 0 && min > 0)
+        return cli_bad(cmd, flag, val, acc, "zero means nothing here");
+    if (v < min)
+        return cli_bad(cmd, flag, val, acc, "too small");
+    if (v > max)
+        return cli_bad(cmd, flag, val, acc, "too large");
+    *out = v;
+    return 0;
+}
+
+int cli_opt_u64(const char *cmd, const char *flag, const char *val, uint64_t *out)
+{
+    const char *acc = "a whole number 0..18446744073709551615";
+    if (!val)
+        return cli_bad(cmd, flag, NULL, acc, "needs a value");
+    if (val[0] == '0' && (val[1] == 'x' || val[1] == 'X'))
+        return cli_bad(cmd, flag, val, acc, "hexadecimal is not accepted");
+    uint64_t v = 0;
+    const char *p = val;
+    if (!*p)
+        return cli_bad(cmd, flag, val, acc, "empty");
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return cli_bad(cmd, flag, val, acc, p == val ? "not a number" : "trailing characters");
+        unsigned d = (unsigned)(*p - '0');
+        if (v > (UINT64_MAX - d) / 10)
+            return cli_bad(cmd, flag, val, acc, "too large");
+        v = v * 10 + d;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_opt_real(const char *cmd, const char *flag, const char *val, double min, double max,
+                 double *out)
+{
+    char acc[96];
+    snprintf(acc, sizeof acc, "a decimal number %g..%g", min, max);
+    if (!val)
+        return cli_bad(cmd, flag, NULL, acc, "needs a value");
+    /* digits, one optional point: strtod alone would take hex, inf and nan */
+    const char *p = val;
+    int digits = 0, dots = 0;
+    for (; *p; p++) {
+        if (*p >= '0' && *p <= '9')
+            digits++;
+        else if (*p == '.' && !dots)
+            dots++;
+        else
+            break;
+    }
+    if (!digits)
+        return cli_bad(cmd, flag, val, acc, "not a number");
+    if (*p)
+        return cli_bad(cmd, flag, val, acc, "trailing characters");
+    double v = strtod(val, NULL);
+    if (!isfinite(v) || v < min || v > max)
+        return cli_bad(cmd, flag, val, acc, "out of range");
+    *out = v;
+    return 0;
+}
+
+int cli_opt_percent(const char *cmd, const char *flag, const char *val, double *out)
+{
+    const char *acc = "a percentage P% with 0 < P <= 100 (e.g. 12.5%)";
+    if (!val)
+        return cli_bad(cmd, flag, NULL, acc, "needs a value");
+    size_t n = strlen(val);
+    char num[64];
+    if (n < 2 || val[n - 1] != '%' || n - 1 >= sizeof num)
+        return cli_bad(cmd, flag, val, acc, "not a percentage");
+    memcpy(num, val, n - 1);
+    num[n - 1] = 0;
+    const char *p = num;
+    int digits = 0, dots = 0;
+    for (; *p; p++) {
+        if (*p >= '0' && *p <= '9')
+            digits++;
+        else if (*p == '.' && !dots)
+            dots++;
+        else
+            break;
+    }
+    if (!digits || *p)
+        return cli_bad(cmd, flag, val, acc, "not a percentage");
+    double v = strtod(num, NULL);
+    if (v <= 0)
+        return cli_bad(cmd, flag, val, acc, "zero is no share");
+    if (v > 100)
+        return cli_bad(cmd, flag, val, acc, "more than 100%%");
+    *out = v;
+    return 0;
+}
+
+int cli_opt_choice(const char *cmd, const char *flag, const char *val,
+                   const char *const *choices, int *idx)
+{
+    char acc[256];
+    size_t off = 0, n = 0;
+    while (choices[n])
+        n++;
+    acc[0] = 0;
+    for (size_t i = 0; i < n && off < sizeof acc; i++)
+        off += (size_t)snprintf(acc + off, sizeof acc - off, "%s%s",
+                                i == 0 ? "" : i + 1 == n ? " or " : ", ", choices[i]);
+    if (!val)
+        return cli_bad(cmd, flag, NULL, acc, "needs a value");
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(val, choices[i])) {
+            *idx = (int)i;
+            return 0;
+        }
+    return cli_bad(cmd, flag, val, acc, "unknown");
+}
+
+int cli_opt_string(const char *cmd, const char *flag, const char *val, const char *what,
+                   const char **out)
 {
     if (!val)
-        return cli_usage(cmd, "%s needs a value", flag);
-    if (ferry_parse_size(val, out) < 0)
-        return cli_usage(cmd, "%s: bad size '%s' (use e.g. 4096, 256K, 8M, 2G)", flag, val);
+        return cli_bad(cmd, flag, NULL, what, "needs a value");
+    if (!*val)
+        return cli_bad(cmd, flag, "''", what, "empty");
+    *out = val;
     return 0;
+}
+
+/* mkdir -p, each new directory 0700 */
+static int mkdirs(const char *dir)
+{
+    char p[4096];
+    size_t n = strlen(dir);
+    if (n == 0 || n >= sizeof p)
+        return -ENAMETOOLONG;
+    memcpy(p, dir, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (p[i] != '/' && p[i] != 0)
+            continue;
+        char c = p[i];
+        p[i] = 0;
+        if (mkdir(p, 0700) != 0 && errno != EEXIST)
+            return -errno;
+        p[i] = c;
+    }
+    return 0;
+}
+
+int cli_opt_dir(const char *cmd, const char *flag, const char *dir, int create)
+{
+    struct stat st;
+    if (stat(dir, &st) == 0) {
+        if (!S_ISDIR(st.st_mode))
+            return cli_bad(cmd, flag, dir, "a directory", "not a directory");
+        return 0;
+    }
+    if (errno != ENOENT)
+        return cli_bad(cmd, flag, dir, "a directory this user can reach", "%s", strerror(errno));
+    if (!create)
+        return cli_bad(cmd, flag, dir, "an existing directory, or add --create",
+                       "no such directory");
+    int rc = mkdirs(dir);
+    if (rc < 0) {
+        fprintf(stderr, "ferry %s: %s %s: cannot create it: %s\n", cmd, flag, dir, strerror(-rc));
+        return 1;
+    }
+    return 0;
+}
+
+int cli_size(const char *cmd, const char *flag, const char *val, uint64_t *out)
+{
+    return cli_opt_size(cmd, flag, val, 1, 1ull << 50, 0, out);
 }
 
 int cli_isatty(void)
 {
-    return isatty(2) && !getenv("FERRY_NO_PROGRESS");
+    const char *np = getenv("FERRY_NO_PROGRESS");
+    return isatty(2) && !(np && *np && strcmp(np, "0"));
 }
 
 void cli_progress(const char *label, uint64_t done, uint64_t total)

@@ -410,7 +410,8 @@ static json_t *parts_json(const bounce_parts *b)
                      b->total_s > 0 ? (b->file_s + b->copy_s) / b->total_s : 0.0);
 }
 
-static void print_result(const result *r, const opts *o)
+/* list: where --json collects several runs; NULL prints the one run's object */
+static void print_result(const result *r, const opts *o, json_t *list)
 {
     if (o->json) {
         json_t *j = json_pack("{s:s, s:I, s:I, s:I}", "engine", r->engine, "chunk_bytes",
@@ -429,6 +430,10 @@ static void print_result(const result *r, const opts *o)
             json_object_set_new(j, "error", json_string(r->note));
         if (r->rc == 0 && r->note[0])
             json_object_set_new(j, "note", json_string(r->note));
+        if (list) {
+            json_array_append_new(list, j);
+            return;
+        }
         char *s = json_dumps(j, JSON_COMPACT);
         printf("%s\n", s);
         free(s);
@@ -510,19 +515,31 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: ferry bench io [--engine auto|posix|uring|cufile|all] [--chunk 8M] "
             "[--depth 8]\n"
-            "                      [--size 2G] [--dir DIR] [--device host|cuda] [--json]\n"
+            "                      [--size 2G] [--dir DIR [--create]] [--device host|cuda] "
+            "[--json]\n"
             "                      [--sweep] [--plot FILE.png]\n"
             "Writes then reads a file of --size in --chunk requests, --depth in flight, and\n"
             "prints GB/s, IOPS, p50/p99 latency per chunk and CPU seconds per engine.\n"
-            "--sweep runs chunk sizes 64K..64M; --plot draws the sweep with gnuplot.\n");
+            "  --chunk    4K..1G, a multiple of 4K, at most --size\n"
+            "  --size     4K..16T, a multiple of 4K (sizes: 4096, 256K, 8M, 2G; no hex)\n"
+            "  --depth    1..4096 requests in flight (--chunk x --depth at most 4G)\n"
+            "  --dir      an existing directory (default $TMPDIR or /var/tmp); --create makes it\n"
+            "  --sweep    chunk sizes 64K..64M (those up to --size; --size at least 64K);\n"
+            "             --plot draws the sweep with gnuplot\n"
+            "  --json     one JSON document: the result object of the one run, or with\n"
+            "             --engine all or --sweep {\"file_bytes\", \"depth\", \"results\": [...]}\n");
 }
 
 int cmd_bench_io(int argc, char **argv)
 {
     opts o = {"auto", NULL, NULL, NULL, (uint64_t)8 << 20, (uint64_t)2 << 30, 8, 0, 0};
+    static const char *const engine_names[] = {"auto", "posix", "uring", "cufile", "all", NULL};
+    static const char *const device_names[] = {"host", "cuda", NULL};
+    int create = 0, chunk_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         uint64_t x = 0;
+        int k = 0, rc = 0;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
@@ -530,47 +547,63 @@ int cmd_bench_io(int argc, char **argv)
             o.json = 1;
         else if (!strcmp(a, "--sweep"))
             o.sweep = 1;
-        else if (!strcmp(a, "--engine") && v) {
-            o.engine = v;
+        else if (!strcmp(a, "--create"))
+            create = 1;
+        else if (!strcmp(a, "--engine")) {
+            if ((rc = cli_opt_choice(CMD, a, v, engine_names, &k)) == 0)
+                o.engine = engine_names[k];
             i++;
-        } else if (!strcmp(a, "--dir") && v) {
-            o.dir = v;
+        } else if (!strcmp(a, "--dir")) {
+            rc = cli_opt_string(CMD, a, v, "a directory", &o.dir);
             i++;
-        } else if (!strcmp(a, "--device") && v) {
-            o.device = v;
+        } else if (!strcmp(a, "--device")) {
+            if ((rc = cli_opt_choice(CMD, a, v, device_names, &k)) == 0)
+                o.device = device_names[k];
             i++;
-        } else if (!strcmp(a, "--plot") && v) {
-            o.plot = v;
+        } else if (!strcmp(a, "--plot")) {
+            rc = cli_opt_string(CMD, a, v, "a PNG file to write", &o.plot);
             i++;
-        } else if (!strcmp(a, "--chunk") || !strcmp(a, "--size")) {
-            int rc = cli_size(CMD, a, v, &x);
-            if (rc)
-                return rc;
-            if (!strcmp(a, "--chunk"))
+        } else if (!strcmp(a, "--chunk")) {
+            if ((rc = cli_opt_size(CMD, a, v, 4096, 1ull << 30, 4096, &x)) == 0)
                 o.chunk = x;
-            else
+            chunk_given = 1;
+            i++;
+        } else if (!strcmp(a, "--size")) {
+            if ((rc = cli_opt_size(CMD, a, v, 4096, 16ull << 40, 4096, &x)) == 0)
                 o.size = x;
             i++;
-        } else if (!strcmp(a, "--depth") && v) {
-            char *end = NULL;
-            long d = strtol(v, &end, 10);
-            if (*end || d < 1 || d > 4096)
-                return cli_usage(CMD, "--depth: want 1..4096, got '%s'", v);
-            o.depth = (unsigned)d;
+        } else if (!strcmp(a, "--depth")) {
+            if ((rc = cli_opt_count(CMD, a, v, 1, 4096, &x)) == 0)
+                o.depth = (unsigned)x;
             i++;
         } else
-            return cli_usage(CMD, "unknown or incomplete option '%s' (--help)", a);
+            return cli_unknown(CMD, a);
+        if (rc)
+            return rc;
     }
-    if (!o.dir)
-        o.dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
-    if (o.chunk == 0 || o.chunk % 4096 || o.chunk > ((uint64_t)1 << 30))
-        return cli_usage(CMD, "--chunk must be a multiple of 4096 up to 1G");
-    if (o.size == 0 || o.size % 4096)
-        return cli_usage(CMD, "--size must be a positive multiple of 4096");
-    if (o.device && strcmp(o.device, "host") && strcmp(o.device, "cuda"))
-        return cli_usage(CMD, "--device: host or cuda");
+    char sz[32], ch[32];
+    if (o.sweep && chunk_given)
+        return cli_usage(CMD, "--chunk %s: --sweep picks the chunks (64K..64M); accepted: "
+                              "--chunk or --sweep, not both", cli_size_str(o.chunk, ch, sizeof ch));
+    if (!o.sweep && o.chunk > o.size)
+        return cli_usage(CMD, "--chunk %s: larger than --size %s; accepted: a chunk of at most "
+                              "--size", cli_size_str(o.chunk, ch, sizeof ch),
+                         cli_size_str(o.size, sz, sizeof sz));
+    if (o.sweep && o.size < (64u << 10))
+        return cli_usage(CMD, "--size %s: --sweep starts at 64K chunks; accepted: 64K..16T",
+                         cli_size_str(o.size, sz, sizeof sz));
+    uint64_t top = o.sweep ? (o.size < (64u << 20) ? o.size : (64u << 20)) : o.chunk;
+    if (top * o.depth > (4ull << 30))
+        return cli_usage(CMD, "--depth %u: %u chunks of %s in flight need more than 4G of "
+                              "buffers; accepted: --chunk x --depth at most 4G",
+                         o.depth, o.depth, cli_size_str(top, ch, sizeof ch));
     if (o.plot && !o.sweep)
-        return cli_usage(CMD, "--plot needs --sweep");
+        return cli_usage(CMD, "--plot %s: needs --sweep", o.plot);
+    if (!o.dir)
+        o.dir = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
+    int drc = cli_opt_dir(CMD, "--dir", o.dir, create);
+    if (drc)
+        return drc;
     const char *all[] = {"posix", "uring", "cufile"};
     const char *one[1] = {o.engine};
     const char **engines = one;
@@ -578,14 +611,13 @@ int cmd_bench_io(int argc, char **argv)
     if (!strcmp(o.engine, "all")) {
         engines = all;
         ne = 3;
-    } else if (strcmp(o.engine, "auto") && strcmp(o.engine, "posix") &&
-               strcmp(o.engine, "uring") && strcmp(o.engine, "cufile"))
-        return cli_usage(CMD, "--engine: auto, posix, uring, cufile or all");
+    }
     size_t chunks[16], nc = 0;
-    if (o.sweep)
+    if (o.sweep) {
         for (size_t c = (size_t)64 << 10; c <= ((size_t)64 << 20); c <<= 1)
-            chunks[nc++] = c;
-    else
+            if (c <= o.size)
+                chunks[nc++] = c;
+    } else
         chunks[nc++] = (size_t)o.chunk;
     result *res = calloc(ne * nc, sizeof *res);
     if (!res)
@@ -594,14 +626,15 @@ int cmd_bench_io(int argc, char **argv)
         printf("ferry bench io: %llu MiB file in %s, depth %u%s%s\n",
                (unsigned long long)(o.size >> 20), o.dir, o.depth,
                o.device ? ", device " : ", host buffers", o.device ? o.device : "");
+    /* one document in all: several runs are collected into a list */
+    int many = o.sweep || ne > 1;
+    json_t *list = o.json && many ? json_array() : NULL;
     size_t n = 0;
     int failures = 0, ok = 0;
     for (size_t e = 0; e < ne; e++)
         for (size_t c = 0; c < nc; c++) {
-            if (chunks[c] > o.size)
-                continue;
             int rc = bench_one(engines[e], &o, chunks[c], &res[n]);
-            print_result(&res[n], &o);
+            print_result(&res[n], &o, list);
             n++;
             /* an engine that cannot work here is reported once, not fatal
              * under "all"; the rest of its sweep is skipped */
@@ -614,6 +647,12 @@ int cmd_bench_io(int argc, char **argv)
     int st = ok ? 0 : 1;
     if (failures && ne == 1)
         st = 1;
+    if (st && !o.json)
+        for (size_t i = 0; i < n; i++)
+            if (res[i].rc < 0)
+                fprintf(stderr, "ferry %s: %s: %s\n", CMD, res[i].engine,
+                        res[i].note[0] ? res[i].note : ferry_strerror(res[i].rc));
+    int plotted = 0;
     if (o.plot && ok) {
         int rc = plot(o.plot, res, n);
         if (rc < 0) {
@@ -621,6 +660,20 @@ int cmd_bench_io(int argc, char **argv)
             st = 1;
         } else if (!o.json)
             printf("plot: %s\n", o.plot);
+        else
+            plotted = 1;
+    }
+    if (list) {
+        json_t *j = json_pack("{s:I, s:I, s:o}", "file_bytes", (json_int_t)o.size, "depth",
+                              (json_int_t)o.depth, "results", list);
+        if (o.device)
+            json_object_set_new(j, "device", json_string(o.device));
+        if (plotted)
+            json_object_set_new(j, "plot", json_string(o.plot));
+        char *s = json_dumps(j, JSON_COMPACT);
+        printf("%s\n", s ? s : "{}");
+        free(s);
+        json_decref(j);
     }
     free(res);
     return st;

@@ -25,7 +25,29 @@ static void usage(FILE *f)
     fprintf(f, "usage: ferry <command> [options]   (ferry <command> --help)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].summary);
-    fprintf(f, "\nenv: FERRY_LOG=error|warn|info|debug|trace, FERRY_IO_ENGINE=posix|uring|cufile\n");
+    fprintf(f, "\nexit status: 0 ok, 1 failure, 2 usage error (one line on stderr names the\n"
+               "option and what it accepts)\n"
+               "env: FERRY_LOG=error|warn|info|debug|trace, FERRY_IO_ENGINE=posix|uring|cufile,\n"
+               "     FERRY_NO_PROGRESS=1 (no progress bars on a terminal)\n");
+}
+
+/* the commands of a group ("kv", "bench", ...), or 0 when it is none */
+static int group_usage(FILE *f, const char *group)
+{
+    size_t gl = strlen(group);
+    int n = 0;
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        const char *name = commands[i].name;
+        if (strncmp(name, group, gl) || name[gl] != ' ')
+            continue;
+        if (f && !n)
+            fprintf(f, "usage: ferry %s <command> [options]   (ferry %s <command> --help)\n\n"
+                       "commands:\n", group, group);
+        if (f)
+            fprintf(f, "  %-14s %s\n", name, commands[i].summary);
+        n++;
+    }
+    return n;
 }
 
 int main(int argc, char **argv)
@@ -52,7 +74,25 @@ int main(int argc, char **argv)
             !strcmp(argv[2], sp + 1))
             return commands[i].run(argc - 2, argv + 2);
     }
-    fprintf(stderr, "ferry: unknown command '%s'\n", argv[1]);
-    usage(stderr);
+    /* a group alone or with --help: its usage; with anything else, which
+     * of its commands exist */
+    if (argc >= 3 && (!strcmp(argv[2], "-h") || !strcmp(argv[2], "--help") ||
+                      !strcmp(argv[2], "help")) && group_usage(stdout, argv[1]))
+        return 0;
+    if (argc == 2 && group_usage(stderr, argv[1]))
+        return 2;
+    if (group_usage(NULL, argv[1])) {
+        /* one line: the group's commands are what it accepts */
+        fprintf(stderr, "ferry %s: %s: unknown command; accepted:", argv[1], argv[2]);
+        for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+            const char *name = commands[i].name;
+            size_t gl = strlen(argv[1]);
+            if (!strncmp(name, argv[1], gl) && name[gl] == ' ')
+                fprintf(stderr, " %s", name + gl + 1);
+        }
+        fprintf(stderr, " (ferry %s --help)\n", argv[1]);
+        return 2;
+    }
+    fprintf(stderr, "ferry: %s: unknown command; see ferry --help\n", argv[1]);
     return 2;
 }
