@@ -396,13 +396,21 @@ static int bench_alloc(const gopts *o, alloc_res *out)
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: ferry bench gds [--dir DIR]... [--chunk 32M] [--size 1G] [--depth 8] [--stripe CHUNK]\n"
-            "                       [--driver auto|cpu|cufile|hipfile] [--engine auto|posix|uring]\n"
-            "                       [--device none|host|cuda] [--rounds 4] [--alloc-chunks 100000]\n"
-            "                       [--alloc-ops 2000000] [--no-ref] [--json]\n"
+            "usage: ferry bench gds [--dir DIR]... [--create] [--chunk 32M] [--size 1G] [--depth 8]\n"
+            "                       [--stripe CHUNK] [--driver auto|cpu|cufile|hipfile]\n"
+            "                       [--engine auto|posix|uring] [--device none|host|cuda]\n"
+            "                       [--rounds 4] [--alloc-chunks 100000] [--alloc-ops 2000000]\n"
+            "                       [--no-ref] [--json]\n"
             "Stores and loads size/chunk chunks through the GDS context (host buffers unless\n"
             "--device), runs `ferry bench io`'s loop with the same engine, chunk and depth for\n"
-            "the ratio, and measures the slab allocator on a slab of --alloc-chunks chunks.\n");
+            "the ratio, and measures the slab allocator on a slab of --alloc-chunks chunks.\n"
+            "  --dir DIR       up to %d existing directories (default $TMPDIR or /var/tmp);\n"
+            "                  --create makes missing ones\n"
+            "  --chunk         4K..1G, a multiple of 4K\n"
+            "  --size          a multiple of --chunk, --chunk..16T\n"
+            "  --stripe        4K..1G, a multiple of 4K (default: --chunk)\n"
+            "  --depth 1..64  --rounds 1..%d  --alloc-chunks 16..10000000  --alloc-ops 1..10^10\n",
+            MAX_DIRS, MAX_ROUNDS);
 }
 
 int cmd_bench_gds(int argc, char **argv)
@@ -415,65 +423,90 @@ int cmd_bench_gds(int argc, char **argv)
     o.alloc_chunks = 100000;
     o.alloc_ops = 2000000;
     o.device = "none";
+    static const char *const drivers[] = {"auto", "cpu", "cufile", "hipfile", NULL};
+    static const char *const engines[] = {"auto", "posix", "uring", NULL};
+    static const char *const devices[] = {"none", "host", "cuda", NULL};
+    int create = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        uint64_t n;
+        uint64_t n = 0;
+        int k = 0, rc = 0;
         if (!strcmp(a, "--json"))
             o.json = 1;
         else if (!strcmp(a, "--no-ref"))
             o.no_ref = 1;
+        else if (!strcmp(a, "--create"))
+            create = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(a, "--dir") && v) {
-            if (o.ndirs == MAX_DIRS)
-                return cli_usage(CMD, "at most %d --dir", MAX_DIRS);
-            o.dirs[o.ndirs++] = v;
+        } else if (!strcmp(a, "--dir")) {
+            if (o.ndirs == MAX_DIRS) {
+                char acc[48];
+                snprintf(acc, sizeof acc, "at most %d --dir", MAX_DIRS);
+                return cli_bad(CMD, a, v, acc, "one too many");
+            }
+            rc = cli_opt_string(CMD, a, v, "a directory", &o.dirs[o.ndirs]);
+            if (rc == 0)
+                o.ndirs++;
             i++;
-        } else if (!strcmp(a, "--chunk") || !strcmp(a, "--size") || !strcmp(a, "--stripe")) {
-            if (cli_size(CMD, a, v, &n))
-                return 2;
-            *(a[2] == 'c' ? &o.chunk : a[3] == 'i' ? &o.size : &o.stripe) = n;
+        } else if (!strcmp(a, "--chunk")) {
+            rc = cli_opt_size(CMD, a, v, 4096, 1ull << 30, 4096, &o.chunk);
             i++;
-        } else if ((!strcmp(a, "--depth") || !strcmp(a, "--rounds") ||
-                    !strcmp(a, "--alloc-chunks") || !strcmp(a, "--alloc-ops")) &&
-                   v) {
-            char *end;
-            unsigned long long x = strtoull(v, &end, 10);
-            if (*end || x == 0)
-                return cli_usage(CMD, "%s: bad number '%s'", a, v);
-            if (!strcmp(a, "--depth"))
-                o.depth = x > 64 ? 64 : (unsigned)x;
-            else if (!strcmp(a, "--rounds"))
-                o.rounds = x > MAX_ROUNDS ? MAX_ROUNDS : (unsigned)x;
-            else if (!strcmp(a, "--alloc-chunks"))
-                o.alloc_chunks = x;
-            else
-                o.alloc_ops = x;
+        } else if (!strcmp(a, "--stripe")) {
+            rc = cli_opt_size(CMD, a, v, 4096, 1ull << 30, 4096, &o.stripe);
             i++;
-        } else if (!strcmp(a, "--driver") && v) {
-            o.driver = v;
+        } else if (!strcmp(a, "--size")) {
+            rc = cli_opt_size(CMD, a, v, 4096, 16ull << 40, 4096, &o.size);
             i++;
-        } else if (!strcmp(a, "--engine") && v) {
-            o.engine = v;
+        } else if (!strcmp(a, "--depth")) {
+            if ((rc = cli_opt_count(CMD, a, v, 1, 64, &n)) == 0)
+                o.depth = (unsigned)n;
             i++;
-        } else if (!strcmp(a, "--device") && v) {
-            o.device = v;
+        } else if (!strcmp(a, "--rounds")) {
+            if ((rc = cli_opt_count(CMD, a, v, 1, MAX_ROUNDS, &n)) == 0)
+                o.rounds = (unsigned)n;
             i++;
-        } else {
-            usage(stderr);
-            return cli_usage(CMD, "unknown option '%s'", a);
-        }
+        } else if (!strcmp(a, "--alloc-chunks")) {
+            /* below 16 the half-full slab cannot take the 1..4-chunk extents */
+            rc = cli_opt_count(CMD, a, v, 16, 10000000, &o.alloc_chunks);
+            i++;
+        } else if (!strcmp(a, "--alloc-ops")) {
+            rc = cli_opt_count(CMD, a, v, 1, 10000000000ull, &o.alloc_ops);
+            i++;
+        } else if (!strcmp(a, "--driver")) {
+            if ((rc = cli_opt_choice(CMD, a, v, drivers, &k)) == 0)
+                o.driver = drivers[k];
+            i++;
+        } else if (!strcmp(a, "--engine")) {
+            if ((rc = cli_opt_choice(CMD, a, v, engines, &k)) == 0)
+                o.engine = engines[k];
+            i++;
+        } else if (!strcmp(a, "--device")) {
+            if ((rc = cli_opt_choice(CMD, a, v, devices, &k)) == 0)
+                o.device = devices[k];
+            i++;
+        } else
+            return cli_unknown(CMD, a);
+        if (rc)
+            return rc;
     }
-    if (!o.ndirs)
-        o.dirs[o.ndirs++] = getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
-    if (o.chunk % 4096 || o.chunk == 0)
-        return cli_usage(CMD, "--chunk must be a multiple of 4096");
-    if (o.stripe % 4096)
-        return cli_usage(CMD, "--stripe must be a multiple of 4096");
+    char c1[32], c2[32];
     if (o.size < o.chunk)
-        o.size = o.chunk;
-    o.size -= o.size % o.chunk;
+        return cli_usage(CMD, "--size %s: smaller than --chunk %s; accepted: a multiple of "
+                              "--chunk, at least one chunk", cli_size_str(o.size, c1, sizeof c1),
+                         cli_size_str(o.chunk, c2, sizeof c2));
+    if (o.size % o.chunk)
+        return cli_usage(CMD, "--size %s: not a multiple of --chunk %s; accepted: a multiple of "
+                              "--chunk", cli_size_str(o.size, c1, sizeof c1),
+                         cli_size_str(o.chunk, c2, sizeof c2));
+    if (!o.ndirs)
+        o.dirs[o.ndirs++] = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
+    for (unsigned d = 0; d < o.ndirs; d++) {
+        int rc = cli_opt_dir(CMD, "--dir", o.dirs[d], create);
+        if (rc)
+            return rc;
+    }
 
     int rc, status = 1;
     ferry_device *dev = NULL;

@@ -1,5 +1,5 @@
 /*
- * cmd_info.c - `ferry info [--json] [--dir DIR]`: what this host can do.
+ * cmd_info.c - `ferry info [--json] [--dir DIR [--create]]`: what this host can do.
  * Lists the library version, each device backend and I/O engine, whether
  * it is usable here and, when not, why; and whether DIR's file system
  * accepts O_DIRECT.
@@ -16,21 +16,32 @@ static const char *const engines[] = {"posix", "uring", "cufile"};
 
 int cmd_info(int argc, char **argv)
 {
-    int json = 0;
+    int json = 0, create = 0;
     const char *dir = NULL;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json"))
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--json"))
             json = 1;
-        else if (!strcmp(argv[i], "--dir") && i + 1 < argc)
-            dir = argv[++i];
-        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: ferry info [--json] [--dir DIR]\n");
+        else if (!strcmp(a, "--create"))
+            create = 1;
+        else if (!strcmp(a, "--dir")) {
+            int rc = cli_opt_string("info", a, v, "a directory", &dir);
+            if (rc)
+                return rc;
+            i++;
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: ferry info [--json] [--dir DIR [--create]]\n"
+                   "  --dir   the existing directory whose file system is probed (default\n"
+                   "          $TMPDIR or /var/tmp); --create makes it first\n");
             return 0;
         } else
-            return cli_usage("info", "unknown option '%s'", argv[i]);
+            return cli_unknown("info", a);
     }
     if (!dir)
-        dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
+        dir = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
+    int drc0 = cli_opt_dir("info", "--dir", dir, create);
+    if (drc0)
+        return drc0;
 
     json_t *root = json_object();
     json_object_set_new(root, "version", json_string(ferry_version()));
