@@ -9,6 +9,9 @@
 #include <xxhash.h>
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1414,6 +1417,202 @@ static void l2_batch_into_a_device_buffer(void **state)
     ferry_device_close(dev);
 }
 
+
+/* ---- every byte read from below L1 is verified ---- */
+
+/* overwrite part of chunk k's bytes in the L2 slab file behind the store's
+ * back (another process writing the file, a torn write, rot) */
+static void corrupt_l2_chunk(bigfix *f, size_t k)
+{
+    char path[400];
+    snprintf(path, sizeof path, "%s/%s", f->dir, FERRY_GDS_SLAB_NAME);
+    int fd = open(path, O_WRONLY);
+    assert_true(fd >= 0);
+    unsigned char junk[100];
+    memset(junk, 0x5A, sizeof junk);
+    uint64_t loc = l2_loc_of(f->kv, f->a, BIG * CT, k);
+    assert_int_equal(pwrite(fd, junk, sizeof junk, (off_t)(loc + CHUNK / 2)), sizeof junk);
+    assert_int_equal(fsync(fd), 0);
+    close(fd);
+}
+
+/* a retrieve of the whole prompt after chunk 5 was corrupted: 5 chunks,
+ * chunk 5 FERRY_ECORRUPT, every reported chunk byte-exact, counted once,
+ * and that copy is gone (the next lookup stops at it) */
+static void check_corrupt_chunk_is_a_miss(bigfix *f, const ferry_kv_buffer *b, hbuf *out)
+{
+    ferry_kv_stats m0, m1;
+    FT_ASSERT_OK(ferry_kv_metrics(f->kv, &m0));
+    int st[BIG];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = BIG;
+    assert_int_equal(ferry_kv_retrieve(f->kv, f->a, BIG * CT, &r, b), 5 * CT);
+    for (int i = 0; i < BIG; i++)
+        assert_int_equal(st[i], i == 5 ? FERRY_ECORRUPT : 0);
+    FT_ASSERT_OK(ferry_kv_flush(f->kv));
+    FT_ASSERT_OK(ferry_kv_metrics(f->kv, &m1));
+    assert_int_equal(m1.corrupt_chunks - m0.corrupt_chunks, 1);
+    assert_int_equal(m1.tier[FERRY_KV_TIER_L2].failures - m0.tier[FERRY_KV_TIER_L2].failures, 1);
+    assert_int_equal(m1.misses - m0.misses, 1);
+    assert_int_equal(m1.retrieved_chunks - m0.retrieved_chunks, BIG - 1);
+    if (out) {
+        assert_true(same_tokens(&f->h, out, 0, 5 * CT));
+        assert_true(same_tokens(&f->h, out, 6 * CT, BIG * CT));
+    }
+    ferry_kv_req lr = FERRY_KV_REQ_INIT;
+    assert_int_equal(ferry_kv_lookup(f->kv, f->a, BIG * CT, &lr), 5 * CT);
+    /* and again: still a miss, never the bad bytes */
+    assert_int_equal(ferry_kv_retrieve(f->kv, f->a, BIG * CT, &r, b), 5 * CT);
+    assert_int_equal(st[5], FERRY_ENOTFOUND);
+}
+
+static void corrupt_chunk_in_a_batch(uint64_t piece)
+{
+    bigfix f;
+    big_open_pieces(&f, 40, BIG, piece);
+    corrupt_l2_chunk(&f, 5);
+    check_corrupt_chunk_is_a_miss(&f, &f.d.b, &f.d);
+    big_close(&f);
+}
+
+static void l2_corrupt_chunk_in_a_batch_is_a_miss_never_bytes(void **state)
+{
+    (void)state;
+    corrupt_chunk_in_a_batch(0);
+}
+
+static void l2_corrupt_chunk_read_in_pieces_is_a_miss_never_bytes(void **state)
+{
+    (void)state;
+    corrupt_chunk_in_a_batch(16 << 10);
+}
+
+/* one retrieve of one chunk (no worker copies): the retrieving thread's
+ * own checked copy */
+static void l2_corrupt_single_chunk_retrieve_is_a_miss(void **state)
+{
+    (void)state;
+    bigfix f;
+    big_open(&f, 40, BIG);
+    corrupt_l2_chunk(&f, 0);
+    int st[1];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = 1;
+    assert_int_equal(ferry_kv_retrieve(f.kv, f.a, CT, &r, &f.d.b), 0);
+    assert_int_equal(st[0], FERRY_ECORRUPT);
+    ferry_kv_stats m;
+    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m));
+    assert_int_equal(m.corrupt_chunks, 1);
+    /* its L1 slot was never published: nothing finds the chunk anywhere */
+    uint8_t tiers[1];
+    ferry_kv_req lr = FERRY_KV_REQ_INIT;
+    lr.tiers = tiers;
+    lr.max_chunks = 1;
+    assert_int_equal(ferry_kv_lookup(f.kv, f.a, CT, &lr), 0);
+    big_close(&f);
+}
+
+/* a device destination: the slot is checked before it is promoted or copied */
+static void l2_corrupt_chunk_into_a_device_buffer_is_a_miss(void **state)
+{
+    (void)state;
+    ferry_device_options dopt = FERRY_DEVICE_OPTIONS_INIT;
+    dopt.backend = "host";
+    ferry_device *dev;
+    FT_ASSERT_OK(ferry_device_open(&dopt, &dev));
+    bigfix f;
+    big_open_dev(&f, 16, BIG, dev);
+    corrupt_l2_chunk(&f, 5);
+    size_t bytes = PLANES * 2 * BIG * CT * TB;
+    ferry_devptr dst;
+    FT_ASSERT_OK(ferry_device_alloc(dev, bytes, &dst));
+    ferry_kv_buffer b = f.d.b;
+    b.mem = FERRY_KV_MEM_DEVICE;
+    b.base = dst;
+    check_corrupt_chunk_is_a_miss(&f, &b, NULL);
+    FT_ASSERT_OK(ferry_device_download(dev, f.d.mem, dst, bytes));
+    assert_true(same_tokens(&f.h, &f.d, 0, 5 * CT));
+    FT_ASSERT_OK(ferry_device_free(dev, dst));
+    big_close(&f);
+    ferry_device_close(dev);
+}
+
+/* the synchronous read (a prefetch on the workers) checks too */
+static void l2_corrupt_chunk_prefetched_is_dropped(void **state)
+{
+    (void)state;
+    bigfix f;
+    big_open(&f, 40, 8);
+    corrupt_l2_chunk(&f, 3);
+    ferry_kv_stats m0, m1;
+    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m0));
+    assert_true(ferry_kv_prefetch(f.kv, f.a, 8 * CT, NULL) >= 0);
+    FT_ASSERT_OK(ferry_kv_flush(f.kv));
+    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m1));
+    assert_int_equal(m1.corrupt_chunks - m0.corrupt_chunks, 1);
+    ferry_kv_req lr = FERRY_KV_REQ_INIT;
+    assert_int_equal(ferry_kv_lookup(f.kv, f.a, 8 * CT, &lr), 3 * CT);
+    assert_int_equal(ferry_kv_retrieve(f.kv, f.a, 8 * CT, NULL, &f.d.b), 3 * CT);
+    assert_true(same_tokens(&f.h, &f.d, 0, 3 * CT));
+    big_close(&f);
+}
+
+/* one L2 directory has one owner: two stores on it (the ordinary mistake
+ * of one cache directory for every TP rank) are refused, not mixed */
+static void two_stores_on_one_l2_directory_are_refused(void **state)
+{
+    (void)state;
+    char dir[256];
+    ft_tmpdir(dir, sizeof dir);
+    ferry_kv_config c = small_config(8);
+    c.l2_dir = dir;
+    c.l2_bytes = 64 * CHUNK;
+    c.l2_engine = "posix";
+    c.tp_world = 2;
+    c.tp_rank = 0;
+    ferry_kv *a = NULL, *b = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &a));
+    c.tp_rank = 1;
+    assert_int_equal(ferry_kv_open(&c, &b), FERRY_EBUSY);
+    assert_null(b);
+    assert_non_null(strstr(ferry_last_error(), dir));
+    char pid[32];
+    snprintf(pid, sizeof pid, "%d", (int)getpid());
+    assert_non_null(strstr(ferry_last_error(), pid));
+    /* a persistent L2 on it is refused as well */
+    c.l2_persistent = 1;
+    assert_int_equal(ferry_kv_open(&c, &b), FERRY_EBUSY);
+    c.l2_persistent = 0;
+    /* and another process */
+    pid_t ch = fork();
+    if (ch == 0) {
+        ferry_kv *x = NULL;
+        _exit(ferry_kv_open(&c, &x) == FERRY_EBUSY ? 0 : 1);
+    }
+    int ws = 0;
+    assert_int_equal(waitpid(ch, &ws, 0), ch);
+    assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    /* rank 0's chunks are still its own */
+    hbuf h, d;
+    hbuf_init(&h, 4 * CT, 3);
+    hbuf_init(&d, 4 * CT, 0);
+    int32_t tok[4 * CT];
+    make_tokens(tok, 4 * CT, 700);
+    assert_int_equal(ferry_kv_store(a, tok, 4 * CT, NULL, &h.b), 4 * CT);
+    FT_ASSERT_OK(ferry_kv_flush(a));
+    assert_int_equal(ferry_kv_retrieve(a, tok, 4 * CT, NULL, &d.b), 4 * CT);
+    assert_true(same_tokens(&h, &d, 0, 4 * CT));
+    ferry_kv_close(a);
+    /* the directory is free again once its owner closed */
+    FT_ASSERT_OK(ferry_kv_open(&c, &b));
+    ferry_kv_close(b);
+    free(h.mem);
+    free(d.mem);
+    ft_rmtree(dir);
+}
+
 /* several threads retrieve the same L2-only prompt at once: every chunk
  * is read from L2 once (a thread finding it on its way waits for it) and
  * every thread gets every byte */
@@ -1931,6 +2130,12 @@ int main(void)
         cmocka_unit_test(l2_queue_breaking_mid_batch_retires_the_slots_in_flight),
         cmocka_unit_test(l2_retrieve_into_an_unaligned_buffer),
         cmocka_unit_test(l2_batch_into_a_device_buffer),
+        cmocka_unit_test(l2_corrupt_chunk_in_a_batch_is_a_miss_never_bytes),
+        cmocka_unit_test(l2_corrupt_chunk_read_in_pieces_is_a_miss_never_bytes),
+        cmocka_unit_test(l2_corrupt_single_chunk_retrieve_is_a_miss),
+        cmocka_unit_test(l2_corrupt_chunk_into_a_device_buffer_is_a_miss),
+        cmocka_unit_test(l2_corrupt_chunk_prefetched_is_dropped),
+        cmocka_unit_test(two_stores_on_one_l2_directory_are_refused),
         cmocka_unit_test(l2_concurrent_retrieves_share_the_reads),
         cmocka_unit_test(l2_with_the_default_engine_reads_back_into_the_registered_pool),
         cmocka_unit_test(l2_io_error_makes_a_miss_and_store_keeps_serving),

@@ -494,6 +494,9 @@ typedef struct ferry_kv_stats {
     uint64_t remote_errors;        /**< transport failures and error replies */
     uint64_t remote_degraded;      /**< remote calls answered at once because it was down */
     uint32_t remote_down;          /**< 1 while the remote is marked down */
+    /** chunks read from L2 or the remote whose key or checksum did not match
+     *  what was stored: each became a miss (and lost that copy), never bytes */
+    uint64_t corrupt_chunks;
 } ferry_kv_stats;
 
 /** A snapshot of the store's counters into *out (all of it). Errors: -EINVAL (NULL). */

@@ -130,6 +130,11 @@ typedef struct ferry__kv_tier_aops {
     int (*wait)(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread **out);
     /* nonzero (its code) once the queue broke: no read can be started */
     int (*broken)(ferry__kv_tier *t);
+    /* the chunk read from loc is chunk id and its image (chunk_bytes)
+     * has checksum sum (ferry__kv_sum): 0, or FERRY_ECORRUPT with the
+     * message set. NULL: the tier's reads need no check. An async read's
+     * bytes count as a hit only after this passed. */
+    int (*verify)(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, uint64_t sum);
 } ferry__kv_tier_aops;
 
 struct ferry__kv_tier {
@@ -138,6 +143,7 @@ struct ferry__kv_tier {
     void *impl;
     int id;                    /* enum ferry_kv_tier */
     uint64_t slot_bytes;       /* bytes one chunk takes in this tier */
+    uint64_t chunk_bytes;      /* the chunk image's bytes (<= slot_bytes; 0: not set) */
     uint64_t apiece;           /* async reads: bytes per request (0: the whole chunk) */
     uint64_t capacity;         /* chunks */
     uint64_t used;             /* chunks reserved (under kv->mu) */
@@ -157,7 +163,8 @@ int ferry__kv_tier_l1_open(ferry_device *dev, uint64_t slot_bytes, uint64_t capa
                            ferry__errbuf *eb, ferry__kv_tier **out);
 /* L2: an NVMe slab of `bytes` in dir through the GDS context */
 int ferry__kv_tier_l2_open(const char *dir, uint64_t bytes, int direct, const char *engine,
-                           uint64_t slot_bytes, ferry__errbuf *eb, ferry__kv_tier **out);
+                           unsigned mode, uint64_t chunk_bytes, uint64_t slot_bytes,
+                           ferry__errbuf *eb, ferry__kv_tier **out);
 void ferry__kv_tier_free(ferry__kv_tier *t);
 /* register the L1 pool [pool, pool + len) with the L2 tier's drive queues
  * (fixed buffers) / undo it (a no-op when not registered); the pool must
@@ -243,6 +250,24 @@ int ferry__kv_buffer_check(const ferry_kv_buffer *buf, const ferry_kv_layout *la
  */
 int ferry__kv_xfer(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
                    uint32_t ntok, void *chunk, int to_chunk, ferry_stream *s, ferry__errbuf *eb);
+/* the runs of that copy, in the chunk image's address order: fn(ctx, the
+ * buffer's address, the image's, length); stops at fn's first failure */
+typedef int (*ferry__kv_run_fn)(void *ctx, uint64_t addr, unsigned char *img, uint64_t len);
+int ferry__kv_xfer_walk(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
+                        uint32_t ntok, void *chunk, ferry__kv_run_fn fn, void *ctx);
+
+/* ---- chunk checksums (sum.c) ---- */
+/* XXH3-64 of n bytes, on the widest vector unit the CPU has */
+uint64_t ferry__kv_sum(const void *p, size_t n);
+/*
+ * A whole chunk (ntok == chunk_tokens) from its image in host memory into
+ * a HOST buffer, checksumming the image as it is copied (each block is
+ * hashed, then copied while it is still in the CPU's cache): *sum is then
+ * ferry__kv_sum(chunk, the image's bytes). The runs of a whole chunk cover
+ * its image in order, which is what makes the two equal.
+ */
+int ferry__kv_xfer_out_sum(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
+                           const void *chunk, uint64_t *sum);
 
 /* ---- the store ---- */
 enum {
@@ -334,6 +359,7 @@ struct ferry_kv {
     atomic_uint_fast64_t lookups, lookup_tokens, hit_tokens, stores, stored_chunks,
         stored_bytes, retrieves, retrieved_chunks, retrieved_bytes, misses, prefetched,
         deleted, failures, alloc_failures, lock_expired;
+    atomic_uint_fast64_t corrupt; /* chunks read from below L1 that failed their check */
     ferry__kv_hist h_lookup, h_store, h_retrieve;
 };
 

@@ -79,6 +79,7 @@ int ferry_kv_metrics(ferry_kv *kv, ferry_kv_stats *out)
     m.failures = LD(kv->failures);
     m.alloc_failures = LD(kv->alloc_failures);
     m.lock_expired = LD(kv->lock_expired);
+    m.corrupt_chunks = LD(kv->corrupt);
     pthread_mutex_lock(&kv->mu);
     m.chunks = kv->count;
     for (int t = 1; t < FERRY_KV_TIERS; t++) {
@@ -206,6 +207,9 @@ int ferry_kv_metrics_prometheus(ferry_kv *kv, char *buf, size_t len)
     counter(&b, "failures_total", "Failed calls or chunks.", m.failures);
     counter(&b, "alloc_failures_total", "Stores declined for lack of memory.", m.alloc_failures);
     counter(&b, "lock_expired_total", "Locks ignored after their TTL.", m.lock_expired);
+    counter(&b, "corrupt_chunks_total",
+            "Chunks read from below L1 that failed their key or checksum check (misses).",
+            m.corrupt_chunks);
     put(&b, "# HELP ferry_kv_chunks Chunks in the index.\n# TYPE ferry_kv_chunks gauge\n"
             "ferry_kv_chunks %llu\n",
         (unsigned long long)m.chunks);

@@ -125,6 +125,8 @@ static int tier_io_done(ferry_kv *kv, ferry__kv_tier *t, int write, uint64_t loc
             return rc;
         atomic_fetch_add(&t->failures, 1);
         atomic_fetch_add(&kv->failures, 1);
+        if (rc == FERRY_ECORRUPT)
+            atomic_fetch_add(&kv->corrupt, 1);
         FERRY_LOGW("kv %s: %s of chunk %016llx%016llx at %llu failed: %s", t->ops->name,
                    write ? "write" : "read", (unsigned long long)id->hi,
                    (unsigned long long)id->lo, (unsigned long long)loc, ferry_last_error());
@@ -1028,6 +1030,7 @@ typedef struct rtv {
     pthread_mutex_t cmu;
     pthread_cond_t ccv;
     unsigned wpending;
+    uint64_t vbad;              /* chunks counted as hits that failed their check */
     const void **csrc;          /* chunk i's L1 bytes, for the worker */
 } rtv;
 
@@ -1171,6 +1174,99 @@ static void rt_copy_out(rtv *r, size_t i, ferry__kv_entry *e)
         rt_sync(r);
 }
 
+/* chunk i landed in its L1 slot from the async tier: is it the chunk that
+ * was written there (sum: its image's checksum)? A mismatch is counted and
+ * logged as a failed read of the tier */
+static int rt_check(rtv *r, size_t i, const ferry__kv_entry *e, uint64_t sum)
+{
+    ferry__kv_tier *t = r->at;
+    int rc = t->aops->verify(t, r->aloc[i], &e->id, sum);
+    if (rc < 0)
+        tier_io_done(r->kv, t, 0, r->aloc[i], &e->id, 0, rc);
+    return rc;
+}
+
+/*
+ * A whole chunk that landed from the async tier into a host buffer: copied
+ * out while it is checksummed (ferry__kv_xfer_out_sum), and only then
+ * promoted into L1, so no one else ever reads its slot before the check
+ * passed. A chunk that fails it is a miss whose L1 slot and L2 copy go.
+ * Either thread may run it (a worker's copy job, or the retrieving thread).
+ */
+static void rt_verify_copy(rtv *r, size_t i)
+{
+    ferry_kv *kv = r->kv;
+    ferry__kv_tier *t = r->at;
+    ferry__kv_entry *e = r->held[i];
+    uint64_t sum = 0;
+    int rc = ferry__kv_xfer_out_sum(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
+                                    r->adst[i], &sum);
+    if (rc < 0) /* (host copies do not fail; the slot is still checked) */
+        sum = ferry__kv_sum(r->adst[i], kv->chunk_bytes);
+    int vrc = rt_check(r, i, e, sum);
+    pthread_mutex_lock(&kv->mu);
+    kv->l1_reading--;
+    promote_finish(kv, e, r->slot[i], vrc, t->id); /* (wakes reserve's waiters) */
+    read_unlock(e);
+    put(kv, e);
+    r->held[i] = NULL;
+    pthread_mutex_unlock(&kv->mu);
+    if (r->wcopy)
+        pthread_mutex_lock(&r->cmu);
+    if (rc < 0) {
+        if (r->copy_rc == 0)
+            r->copy_rc = ferry__kv_err_pass(kv, rc);
+        r->st[i] = rc;
+    } else if (vrc < 0) {
+        r->st[i] = vrc;
+        r->vbad++;
+    } else {
+        r->st[i] = 0;
+        r->got++;
+    }
+    if (r->wcopy)
+        pthread_mutex_unlock(&r->cmu);
+}
+
+static void rt_verify_job(void *ctx, size_t i)
+{
+    rtv *r = ctx;
+    rt_verify_copy(r, i);
+    pthread_mutex_lock(&r->cmu);
+    r->wpending--;
+    pthread_cond_broadcast(&r->ccv);
+    pthread_mutex_unlock(&r->cmu);
+}
+
+/* hand rt_verify_copy of chunk i (entry e, read-locked) to a free worker,
+ * else run it here. Called with kv->mu held; returns with it released. */
+static void rt_verify_out(rtv *r, size_t i, ferry__kv_entry *e)
+{
+    ferry_kv *kv = r->kv;
+    pthread_mutex_unlock(&kv->mu);
+    r->held[i] = e;
+    ferry__kv_job *j = NULL;
+    if (r->wcopy) {
+        pthread_mutex_lock(&r->cmu);
+        unsigned mine = r->wpending;
+        pthread_mutex_unlock(&r->cmu);
+        if (ferry__kv_io_worker_free(kv, mine))
+            j = ferry__calloc(1, sizeof *j);
+    }
+    if (!j) {
+        rt_verify_copy(r, i);
+        return;
+    }
+    j->kind = FERRY__KV_JOB_COPY;
+    j->copy = rt_verify_job;
+    j->ctx = r;
+    j->idx = i;
+    pthread_mutex_lock(&r->cmu);
+    r->wpending++;
+    pthread_mutex_unlock(&r->cmu);
+    ferry__kv_enqueue(kv, j);
+}
+
 static void rt_read_done(rtv *r, size_t i, int rc);
 
 /* chunk i's read is over (every piece sent has landed): count it */
@@ -1300,7 +1396,22 @@ static void rt_read_done(rtv *r, size_t i, int rc)
     ferry__kv_entry *e = r->pend[i];
     r->pend[i] = NULL;
     r->fate[i] = RT_DONE;
+    /* its bytes count only once checked against what was written there:
+     * a whole chunk for a host buffer is checked as it is copied out, and
+     * promoted after; any other is checked here, before it is promoted */
+    int deferred = 0;
+    if (rc == 0 && !r->lost[i] && r->at->aops->verify) {
+        if (!r->s && chunk_ntok(kv, i, r->n) == kv->chunk_tokens && rt_failed(r) == 0)
+            deferred = 1;
+        else if ((rc = rt_check(r, i, e, ferry__kv_sum(r->adst[i], kv->chunk_bytes))) < 0)
+            r->st[i] = rc;
+    }
     pthread_mutex_lock(&kv->mu);
+    if (deferred) {
+        r->hits[r->at->id]++; /* (taken back if the check fails) */
+        rt_verify_out(r, i, e);
+        return;
+    }
     kv->l1_reading--;
     if (r->lost[i] == 2) {
         /* the queue broke before any piece of it was in flight: its slot
@@ -1513,6 +1624,8 @@ static int rt_one(rtv *r, const ferry_kv_hash *ids, size_t i)
             read_unlock(e);
             put(kv, e);
             pthread_mutex_unlock(&kv->mu);
+            if (rc == FERRY_ECORRUPT)
+                r->st[i] = rc;
             r->misses++;
             return 1;
         }
@@ -1654,6 +1767,10 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
                 if (r.fate[j] == RT_LANDED)
                     rt_read_done(&r, j, r.res[j]);
     rt_sync(&r);
+    if (r.vbad && r.at) {
+        r.hits[r.at->id] -= r.vbad;
+        r.misses += r.vbad;
+    }
     if (r.wcopy) {
         pthread_mutex_destroy(&r.cmu);
         pthread_cond_destroy(&r.ccv);
@@ -2159,7 +2276,7 @@ int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out)
                                                     cfg->l2_engine, slot, eb,
                                                     &kv->tier[FERRY_KV_TIER_L2])
                         : ferry__kv_tier_l2_open(cfg->l2_dir, cfg->l2_bytes, cfg->l2_direct,
-                                                 cfg->l2_engine, slot, eb,
+                                                 cfg->l2_engine, 0, kv->chunk_bytes, slot, eb,
                                                  &kv->tier[FERRY_KV_TIER_L2]);
     if (rc == 0 && cfg->l2_dir && !persistent) {
         /* L2 reads land in L1 slots and write-throughs leave from them:

@@ -10,6 +10,17 @@
  * Invariant: an extent is allocated exactly while some entry's loc[L2]
  * names it (reserved under the store's mutex, freed on eviction/delete).
  *
+ * Every chunk is verified on its way back (sum.c): the tier keeps, per
+ * slot, the id of the chunk written there and the XXH3-64 of its image,
+ * set when the write completed and cleared when the slot is released. A
+ * synchronous read checks both before it returns; an asynchronous read
+ * lands in an L1 slot the store does not publish until the copy-out that
+ * hashes it as it goes has passed l2_verify. A mismatch (another
+ * process's bytes, a torn or rotten block) is FERRY_ECORRUPT: a miss.
+ * The slot records are written by the writing thread before the store
+ * publishes the location under its mutex, and read after a reader found
+ * the location under that mutex, so they need no lock of their own.
+ *
  * Transfers run concurrently from any number of threads (the context's
  * host path is thread-safe since gds.c's deliver() fix, e67ae31): the
  * store's read-ahead keeps several chunk reads in flight that way. The L1
@@ -32,8 +43,18 @@ typedef struct l2_rd {
     char msg[256];          /* the failure's message */
 } l2_rd;
 
+/* what a slot holds: the chunk's id and the checksum of its image */
+typedef struct l2_meta {
+    ferry_kv_hash id;
+    uint64_t sum;
+    uint64_t valid;
+} l2_meta;
+
 typedef struct l2 {
     ferry_gds *gds;
+    l2_meta *meta;          /* per slot (offset / slot_bytes) */
+    uint64_t nmeta;
+    uint64_t sum_bytes;     /* the image's bytes: the chunk, not its padding */
     ferry_slab *slab;
     void *registered;       /* the L1 pool while registered, else NULL */
     /* asynchronous reads (see kv_impl.h): amu guards the pool, every
@@ -58,9 +79,20 @@ static int l2_reserve(ferry__kv_tier *t, uint64_t *loc)
     return 0;
 }
 
+/* the record of the slot at loc, or NULL when loc is not a slot's start */
+static l2_meta *meta_at(ferry__kv_tier *t, uint64_t loc)
+{
+    l2 *p = t->impl;
+    uint64_t i = loc / t->slot_bytes;
+    return loc % t->slot_bytes == 0 && i < p->nmeta ? &p->meta[i] : NULL;
+}
+
 static void l2_release(ferry__kv_tier *t, uint64_t loc)
 {
     l2 *p = t->impl;
+    l2_meta *m = meta_at(t, loc);
+    if (m)
+        m->valid = 0;
     ferry_extent e = {loc, t->slot_bytes};
     int rc = ferry_slab_free(p->slab, &e);
     if (rc < 0)
@@ -71,20 +103,60 @@ static void l2_release(ferry__kv_tier *t, uint64_t loc)
 static int l2_write(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, const void *src,
                     size_t len)
 {
-    (void)id;
     (void)len;
     l2 *p = t->impl;
+    l2_meta *m = meta_at(t, loc);
+    if (!m)
+        return ferry__err_set(NULL, -EINVAL, "kv L2: write to %llu, not the start of a slot",
+                              (unsigned long long)loc);
+    m->valid = 0;
+    /* (the write-through runs on an I/O worker, off every caller's path) */
+    uint64_t sum = ferry__kv_sum(src, p->sum_bytes);
     ferry_extent e = {loc, t->slot_bytes};
-    return ferry_gds_extent_pwrite(p->gds, &e, src);
+    int rc = ferry_gds_extent_pwrite(p->gds, &e, src);
+    if (rc == 0) {
+        m->id = *id;
+        m->sum = sum;
+        m->valid = 1;
+    }
+    return rc;
+}
+
+/* the chunk read from loc is chunk id with image checksum sum, or FERRY_ECORRUPT */
+static int l2_verify(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, uint64_t sum)
+{
+    l2_meta *m = meta_at(t, loc);
+    if (!m || !m->valid)
+        return ferry__err_set(NULL, FERRY_ECORRUPT,
+                              "kv L2: the slot at offset %llu holds no chunk the store wrote",
+                              (unsigned long long)loc);
+    if (m->id.hi != id->hi || m->id.lo != id->lo)
+        return ferry__err_set(NULL, FERRY_ECORRUPT,
+                              "kv L2: the slot at offset %llu holds chunk %016llx%016llx, not "
+                              "%016llx%016llx",
+                              (unsigned long long)loc, (unsigned long long)m->id.hi,
+                              (unsigned long long)m->id.lo, (unsigned long long)id->hi,
+                              (unsigned long long)id->lo);
+    if (m->sum != sum)
+        return ferry__err_set(NULL, FERRY_ECORRUPT,
+                              "kv L2: chunk %016llx%016llx read from offset %llu (%llu bytes) "
+                              "fails its checksum (%016llx, written %016llx): the slab file "
+                              "was changed behind the store",
+                              (unsigned long long)id->hi, (unsigned long long)id->lo,
+                              (unsigned long long)loc, (unsigned long long)t->chunk_bytes,
+                              (unsigned long long)sum, (unsigned long long)m->sum);
+    return 0;
 }
 
 static int l2_read(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, void *dst, size_t len)
 {
-    (void)id;
     (void)len;
     l2 *p = t->impl;
     ferry_extent e = {loc, t->slot_bytes};
-    return ferry_gds_extent_pread(p->gds, &e, dst);
+    int rc = ferry_gds_extent_pread(p->gds, &e, dst);
+    if (rc < 0)
+        return rc;
+    return l2_verify(t, loc, id, ferry__kv_sum(dst, p->sum_bytes));
 }
 
 static void *l2_host_ptr(ferry__kv_tier *t, uint64_t loc)
@@ -231,6 +303,7 @@ static void l2_close(ferry__kv_tier *t)
         return;
     ferry__kv_tier_l2_unregister(t);
     ferry_gds_close(p->gds); /* reads still in flight (a broken queue) land or drop here */
+    ferry__free(p->meta);
     for (l2_rd *r = p->all_rd, *next; r; r = next) {
         next = r->all;
         ferry__free(r);
@@ -294,13 +367,15 @@ void ferry__kv_tier_l2_break_after(ferry__kv_tier *t, unsigned reaps, int code)
  * and 8 whole 32 MiB reads in flight all land together, about 34 ms after
  * they were sent, which left the copies of the last 8 chunks of a
  * retrieve (about 15 ms of 117) after the last read */
-static const ferry__kv_tier_aops l2_aops = {8, 16, l2_aget, l2_aput, l2_asubmit, l2_await,
-                                            l2_abroken};
+static const ferry__kv_tier_aops l2_aops = {8,         16,         l2_aget,  l2_aput,
+                                            l2_asubmit, l2_await, l2_abroken, l2_verify};
 
 int ferry__kv_tier_l2_open(const char *dir, uint64_t bytes, int direct, const char *engine,
-                           uint64_t slot_bytes, ferry__errbuf *eb, ferry__kv_tier **out)
+                           unsigned mode, uint64_t chunk_bytes, uint64_t slot_bytes,
+                           ferry__errbuf *eb, ferry__kv_tier **out)
 {
-    if (!dir || !slot_bytes || slot_bytes % 4096 || bytes < slot_bytes)
+    if (!dir || !slot_bytes || slot_bytes % 4096 || bytes < slot_bytes || !chunk_bytes ||
+        chunk_bytes > slot_bytes)
         return ferry__err_set(eb, -EINVAL,
                               "kv L2: slab of %llu bytes in %s cannot hold a chunk of %llu bytes",
                               (unsigned long long)bytes, dir ? dir : "(null)",
@@ -319,6 +394,9 @@ int ferry__kv_tier_l2_open(const char *dir, uint64_t bytes, int direct, const ch
     pthread_cond_init(&p->acv, NULL);
     t->id = FERRY_KV_TIER_L2;
     t->slot_bytes = slot_bytes;
+    t->chunk_bytes = chunk_bytes;
+    p->sum_bytes = chunk_bytes;
+    (void)mode; /* XXX plumb into cfg.mode */
     ferry_gds_config cfg = FERRY_GDS_CONFIG_INIT;
     const char *dirs[1] = {dir};
     cfg.dirs = dirs;
@@ -348,6 +426,13 @@ int ferry__kv_tier_l2_open(const char *dir, uint64_t bytes, int direct, const ch
         ferry__kv_tier_free(t);
         return ferry__err_set(eb, -EINVAL, "kv L2: slab in %s holds no chunk of %llu bytes", dir,
                               (unsigned long long)slot_bytes);
+    }
+    p->nmeta = t->capacity;
+    p->meta = ferry__calloc(p->nmeta, sizeof *p->meta);
+    if (!p->meta) {
+        ferry__kv_tier_free(t);
+        return ferry__err_set(eb, -ENOMEM, "kv L2: out of memory for %llu slot records",
+                              (unsigned long long)p->nmeta);
     }
     *out = t;
     return 0;

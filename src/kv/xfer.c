@@ -130,8 +130,8 @@ static int run(const ferry_kv_buffer *buf, uint64_t addr, unsigned char *img, ui
     return 0;
 }
 
-int ferry__kv_xfer(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
-                   uint32_t ntok, void *chunk, int to_chunk, ferry_stream *s, ferry__errbuf *eb)
+int ferry__kv_xfer_walk(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
+                        uint32_t ntok, void *chunk, ferry__kv_run_fn fn, void *ctx)
 {
     const ferry_kv_layout *l = &buf->layout;
     uint64_t tb = token_bytes(l);
@@ -142,7 +142,7 @@ int ferry__kv_xfer(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t t
             unsigned char *part = img + plane * chunk_tokens * tb;
             if (buf->form == FERRY_KV_CONTIGUOUS) {
                 uint64_t addr = buf->base + (plane * buf->capacity_tokens + tok0) * tb;
-                int rc = run(buf, addr, part, (uint64_t)ntok * tb, to_chunk, s, eb);
+                int rc = fn(ctx, addr, part, (uint64_t)ntok * tb);
                 if (rc < 0)
                     return rc;
                 continue;
@@ -154,7 +154,7 @@ int ferry__kv_xfer(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t t
                 uint64_t k = FERRY__MIN(end - t, buf->block_tokens - row);
                 uint64_t addr = buf->block_bases[plane] +
                                 (uint64_t)buf->block_table[blk] * stride + row * tb;
-                int rc = run(buf, addr, part + (t - tok0) * tb, k * tb, to_chunk, s, eb);
+                int rc = fn(ctx, addr, part + (t - tok0) * tb, k * tb);
                 if (rc < 0)
                     return rc;
                 t += k;
@@ -162,4 +162,24 @@ int ferry__kv_xfer(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t t
         }
     }
     return 0;
+}
+
+typedef struct xctx {
+    const ferry_kv_buffer *buf;
+    int to_chunk;
+    ferry_stream *s;
+    ferry__errbuf *eb;
+} xctx;
+
+static int xrun(void *ctx, uint64_t addr, unsigned char *img, uint64_t len)
+{
+    xctx *x = ctx;
+    return run(x->buf, addr, img, len, x->to_chunk, x->s, x->eb);
+}
+
+int ferry__kv_xfer(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
+                   uint32_t ntok, void *chunk, int to_chunk, ferry_stream *s, ferry__errbuf *eb)
+{
+    xctx x = {buf, to_chunk, s, eb};
+    return ferry__kv_xfer_walk(buf, chunk_tokens, tok0, ntok, chunk, xrun, &x);
 }
