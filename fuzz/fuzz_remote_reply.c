@@ -70,7 +70,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     g.dst = dst;
     g.cap = cap;
     ferry__errbuf eb;
-    int rc = ferry__rconn_get_into(&c, &g, &eb);
+    int rc = ferry__rconn_get_into(&c, &g, 0, &eb);
     if (rc == 0) {
         if (g.kind != FERRY__RGET_VALUE && g.kind != FERRY__RGET_NIL &&
             g.kind != FERRY__RGET_ERROR)

@@ -302,12 +302,25 @@ typedef struct work {
     ferry__rget *get; /* non-NULL: a GET into the caller's memory */
 } work;
 
-static int do_work(const ferry__rtopo_ops *ops, void *st, work *w, uint64_t *redirects,
-                   ferry__errbuf *eb)
+static int do_work(const ferry__rtopo_ops *ops, void *st, work *w, uint64_t deadline,
+                   uint64_t *redirects, ferry__errbuf *eb)
 {
     if (w->get)
-        return ops->get_into(st, w->get, eb);
-    return ops->exec(st, w->cmds, w->n, redirects, eb);
+        return ops->get_into(st, w->get, deadline, eb);
+    return ops->exec(st, w->cmds, w->n, deadline, redirects, eb);
+}
+
+/* the bytes a call moves, for its deadline: what it sends and the value
+ * a GET may bring back */
+static uint64_t work_bytes(const ferry_remote *r, const work *w)
+{
+    uint64_t b = 0;
+    for (size_t i = 0; i < w->n; i++)
+        for (int a = 0; a < w->cmds[i].argc; a++)
+            b += w->cmds[i].argvlen[a];
+    if (w->get)
+        b += w->get->cap + r->header_len;
+    return b;
 }
 
 /*
@@ -339,13 +352,16 @@ static int run_work(ferry_remote *r, rsession *ws, work *w, ferry__errbuf *eb)
     int was_connected = s->st && ops->connected(s->st);
     rc = session_ready(r, s, eb);
     if (rc == 0) {
-        rc = do_work(ops, s->st, w, &redirects, eb);
+        /* one deadline for the whole call, the retry included: a server
+         * that drips its answer costs about command_timeout_ms */
+        uint64_t deadline = ferry__rdeadline(r->cf.command_timeout_ms, work_bytes(r, w));
+        rc = do_work(ops, s->st, w, deadline, &redirects, eb);
         if (rc && was_connected && ferry__rconn_stale_code(rc)) {
             /* found dead by EOF/reset: most likely a restarted server */
             ops->reset(s->st);
             rc = session_ready(r, s, eb);
             if (rc == 0)
-                rc = do_work(ops, s->st, w, &redirects, eb);
+                rc = do_work(ops, s->st, w, deadline, &redirects, eb);
         }
     }
     if (redirects)

@@ -66,7 +66,9 @@ int ferry__rcluster_probe(ferry__rconn *c, ferry__errbuf *eb)
     cmd.argvlen[0] = 7;
     cmd.argv[1] = "SLOTS";
     cmd.argvlen[1] = 5;
-    int rc = ferry__rconn_exchange(c, &p, 1, eb);
+    cmd.reply_max = FERRY__RREPLY_SLOTS;
+    cmd.reply_elems = FERRY__RREPLY_SLOTS_ELEMS;
+    int rc = ferry__rconn_exchange(c, &p, 1, 0, eb);
     if (rc)
         return rc;
     int is = cmd.reply->type == REDIS_REPLY_ARRAY;
@@ -161,8 +163,9 @@ static int parse_slots(cluster *c, const redisReply *r, ferry__errbuf *eb)
     return 0;
 }
 
-/* read the slot map from the first node that answers */
-static int refresh(cluster *c, ferry__errbuf *eb)
+/* read the slot map from the first node that answers, before deadline_ns
+ * (0: each node its own command timeout) */
+static int refresh(cluster *c, uint64_t deadline_ns, ferry__errbuf *eb)
 {
     int rc = -ENOTCONN;
     for (size_t i = 0; i < c->nnodes; i++) {
@@ -176,7 +179,9 @@ static int refresh(cluster *c, ferry__errbuf *eb)
         cmd.argvlen[0] = 7;
         cmd.argv[1] = "SLOTS";
         cmd.argvlen[1] = 5;
-        rc = ferry__rconn_exchange(&c->nodes[i].conn, &p, 1, eb);
+        cmd.reply_max = FERRY__RREPLY_SLOTS;
+        cmd.reply_elems = FERRY__RREPLY_SLOTS_ELEMS;
+        rc = ferry__rconn_exchange(&c->nodes[i].conn, &p, 1, deadline_ns, eb);
         if (rc)
             continue;
         if (cmd.reply->type != REDIS_REPLY_ARRAY) {
@@ -217,7 +222,7 @@ static int c_create(const ferry__rconf *cf, void **state, ferry__errbuf *eb)
 
 static int c_connect(void *state, ferry__errbuf *eb)
 {
-    return refresh(state, eb);
+    return refresh(state, 0, eb);
 }
 
 static int c_connected(void *state)
@@ -268,13 +273,13 @@ static int redirection(cluster *c, const redisReply *r, unsigned *slot, int *nod
     return kind;
 }
 
-static int c_exec(void *state, ferry__rcmd *cmds, size_t n, uint64_t *redirects,
-                  ferry__errbuf *eb)
+static int c_exec(void *state, ferry__rcmd *cmds, size_t n, uint64_t deadline_ns,
+                  uint64_t *redirects, ferry__errbuf *eb)
 {
     cluster *c = state;
     int rc = 0;
     if (c->need_refresh || !c->have_map) {
-        rc = refresh(c, eb);
+        rc = refresh(c, deadline_ns, eb);
         if (rc)
             return rc;
     }
@@ -330,11 +335,13 @@ static int c_exec(void *state, ferry__rcmd *cmds, size_t n, uint64_t *redirects,
                 continue;
             rc = node_conn(c, (int)nd, eb);
             if (rc == 0)
-                rc = ferry__rconn_send(&c->nodes[nd].conn, ptrs + start[nd], cnt[nd], eb);
+                rc = ferry__rconn_send(&c->nodes[nd].conn, ptrs + start[nd], cnt[nd],
+                                       deadline_ns, eb);
         }
         for (size_t nd = 0; nd < nn && rc == 0; nd++)
             if (cnt[nd])
-                rc = ferry__rconn_recv(&c->nodes[nd].conn, ptrs + start[nd], cnt[nd], eb);
+                rc = ferry__rconn_recv(&c->nodes[nd].conn, ptrs + start[nd], cnt[nd],
+                                       deadline_ns, eb);
         ferry__free(start);
         ferry__rcmd_release(asking, n);
         if (rc) {

@@ -82,15 +82,52 @@ uint64_t ferry__rvalue_key_sum(const void *key, size_t len);
 struct redisContext;
 struct redisReply;
 
+/* Bounds on a reply, checked by ferry__rframe before a byte of it is
+ * handed to hiredis: a server (hostile, broken, or a wrong port) cannot
+ * make the client buffer more than this per command. */
+enum {
+    FERRY__RREPLY_SMALL = 64 * 1024,   /* reply_max 0: status, integer, error,
+                                          a GETRANGE of a value header */
+    FERRY__RREPLY_SLOTS = 8 << 20,     /* CLUSTER SLOTS */
+    FERRY__RREPLY_SLOTS_ELEMS = 1 << 19,
+    FERRY__RREPLY_DEPTH = 7,           /* nested arrays (hiredis's own limit) */
+    FERRY__RREPLY_ENVELOPE = 64        /* "$<len>\r\n" + "\r\n" around a bulk */
+};
+
 #define FERRY__RCMD_ARGS 6
 typedef struct ferry__rcmd {
     int argc;
     const char *argv[FERRY__RCMD_ARGS];
     size_t argvlen[FERRY__RCMD_ARGS];
     int key_arg;                /* index of the key in argv (cluster routing); -1 none */
+    size_t reply_max;           /* bytes the reply may have; 0: FERRY__RREPLY_SMALL */
+    uint32_t reply_elems;       /* array elements it may have in all; 0: no array */
     struct redisReply *reply;   /* out; freed with ferry__rcmd_release */
 } ferry__rcmd;
 void ferry__rcmd_release(ferry__rcmd *cmds, size_t n);
+
+/* An incremental RESP2 scanner that frames one reply at a time within its
+ * bounds (fuzzed: fuzz/fuzz_remote_frame.c). */
+typedef struct ferry__rframe {
+    uint64_t max, used;      /* bytes the reply may have / has had so far */
+    uint64_t elems_max, elems;
+    uint64_t bulk_left;      /* payload bytes of the bulk being skipped */
+    uint64_t stack[FERRY__RREPLY_DEPTH]; /* elements not yet started, per open array */
+    int depth, state, cr;
+    unsigned nlen;
+    char type, num[24];
+} ferry__rframe;
+/* Start framing a reply of at most max bytes (0: FERRY__RREPLY_SMALL) and
+ * elems array elements in all (0: none). */
+void ferry__rframe_start(ferry__rframe *f, size_t max, uint32_t elems);
+/* Scan buf[0..len) of the reply stream. Returns 1 when the reply ends in
+ * it (*took: the bytes up to its end), 0 when all of buf belongs to it,
+ * -EPROTO (not RESP2, or nested deeper than FERRY__RREPLY_DEPTH) or
+ * -EMSGSIZE (over a bound, found from its header where it can be: a bulk
+ * or array length that cannot fit is refused before its bytes arrive);
+ * what (whatlen bytes) then says why. */
+int ferry__rframe_scan(ferry__rframe *f, const void *buf, size_t len, size_t *took, char *what,
+                       size_t whatlen);
 
 typedef struct ferry__rconf {
     const ferry__rurl *url;
@@ -104,21 +141,36 @@ typedef struct ferry__rconn {
     uint32_t timeout_ms; /* command timeout, for messages */
 } ferry__rconn;
 
+/* The deadline (ferry__now_ns, CLOCK_MONOTONIC) of a call that moves
+ * bytes bytes: now + timeout_ms + FERRY__RDEADLINE_NS_PER_BYTE per byte,
+ * so a large value on a slow link has time to cross (a floor of ~60 MB/s)
+ * while a stalled or dripping server fails after about timeout_ms. */
+#define FERRY__RDEADLINE_NS_PER_BYTE 16u
+uint64_t ferry__rdeadline(uint32_t timeout_ms, uint64_t bytes);
+
 /* Connect to host:port (or the URL's unix path when host is NULL), set
- * timeouts, AUTH, SELECT (when select_db). Transport codes or
- * FERRY_EREMOTE. */
+ * timeouts, AUTH, SELECT (when select_db), or PING when neither was sent
+ * so that a server that wants a password says so now (NOAUTH). Each
+ * handshake command has its own command_timeout_ms deadline. Transport
+ * codes or FERRY_EREMOTE (quoting the server, never the password). */
 int ferry__rconn_open(ferry__rconn *c, const ferry__rconf *cf, const char *host, int port,
                       int select_db, ferry__errbuf *eb);
 void ferry__rconn_close(ferry__rconn *c);
-/* Send cmds (pointers) in one pipeline, read every reply into cmd->reply.
+/* Send cmds (pointers) in one pipeline, read every reply into cmd->reply,
+ * each framed within its bounds (reply_max, reply_elems) before hiredis
+ * sees it, all before deadline_ns (0: now + the command timeout).
  * Returns 0 when every reply arrived (some may be error replies), else a
- * transport code; the connection is then closed. */
-int ferry__rconn_exchange(ferry__rconn *c, ferry__rcmd **cmds, size_t n, ferry__errbuf *eb);
+ * transport code (-ETIMEDOUT past the deadline, -EMSGSIZE/-EPROTO for a
+ * reply out of bounds or not RESP2); the connection is then closed. */
+int ferry__rconn_exchange(ferry__rconn *c, ferry__rcmd **cmds, size_t n, uint64_t deadline_ns,
+                          ferry__errbuf *eb);
 /* The two halves of an exchange, so that several connections can have
  * their pipelines in flight at once: send writes every command out, recv
  * reads their replies. Same failure rules. */
-int ferry__rconn_send(ferry__rconn *c, ferry__rcmd **cmds, size_t n, ferry__errbuf *eb);
-int ferry__rconn_recv(ferry__rconn *c, ferry__rcmd **cmds, size_t n, ferry__errbuf *eb);
+int ferry__rconn_send(ferry__rconn *c, ferry__rcmd **cmds, size_t n, uint64_t deadline_ns,
+                      ferry__errbuf *eb);
+int ferry__rconn_recv(ferry__rconn *c, ferry__rcmd **cmds, size_t n, uint64_t deadline_ns,
+                      ferry__errbuf *eb);
 /* GET straight into the caller's memory (no hiredis reply object, no
  * intermediate copies): the value header is read and checked first, then
  * the payload lands in dst and its checksum is verified there. */
@@ -139,9 +191,12 @@ typedef struct ferry__rget {
     size_t payload_len;  /* VALUE, code 0: bytes in dst */
     char msg[FERRY__ERRMSG_MAX]; /* ERROR: the server's text; VALUE: why refused */
 } ferry__rget;
-/* 0 when the whole reply was consumed (g filled in), else a transport
- * code and the connection is closed. */
-int ferry__rconn_get_into(ferry__rconn *c, ferry__rget *g, ferry__errbuf *eb);
+/* 0 when the reply was dealt with (g filled in; a refused value longer
+ * than cap + 64 KiB is not drained: the connection is closed instead),
+ * else a transport code (-ETIMEDOUT after deadline_ns, 0: now + the
+ * command timeout) and the connection is closed. */
+int ferry__rconn_get_into(ferry__rconn *c, ferry__rget *g, uint64_t deadline_ns,
+                          ferry__errbuf *eb);
 
 /* 1 when code means the connection was found dead (EOF, reset, broken
  * pipe): worth one reconnect and retry. */
@@ -156,11 +211,13 @@ typedef struct ferry__rtopo_ops {
     /* (re)connect; 0 or a code */
     int (*connect)(void *state, ferry__errbuf *eb);
     int (*connected)(void *state);
-    /* run cmds; 0 when each has a reply (error replies included) */
-    int (*exec)(void *state, ferry__rcmd *cmds, size_t n, uint64_t *redirects, ferry__errbuf *eb);
+    /* run cmds before deadline_ns; 0 when each has a reply (error replies
+     * included) */
+    int (*exec)(void *state, ferry__rcmd *cmds, size_t n, uint64_t deadline_ns,
+                uint64_t *redirects, ferry__errbuf *eb);
     /* GET into the caller's memory (ferry__rconn_get_into); NULL when the
      * backend has no such path (the caller then uses exec) */
-    int (*get_into)(void *state, ferry__rget *g, ferry__errbuf *eb);
+    int (*get_into)(void *state, ferry__rget *g, uint64_t deadline_ns, ferry__errbuf *eb);
     /* drop the connections (after a failure) */
     void (*reset)(void *state);
     void (*destroy)(void *state);

@@ -37,8 +37,8 @@ static int s_connected(void *state)
     return ((single *)state)->conn.c != NULL;
 }
 
-static int s_exec(void *state, ferry__rcmd *cmds, size_t n, uint64_t *redirects,
-                  ferry__errbuf *eb)
+static int s_exec(void *state, ferry__rcmd *cmds, size_t n, uint64_t deadline_ns,
+                  uint64_t *redirects, ferry__errbuf *eb)
 {
     single *s = state;
     (void)redirects;
@@ -50,15 +50,15 @@ static int s_exec(void *state, ferry__rcmd *cmds, size_t n, uint64_t *redirects,
     }
     for (size_t i = 0; i < n; i++)
         ptrs[i] = &cmds[i];
-    int rc = ferry__rconn_exchange(&s->conn, ptrs, n, eb);
+    int rc = ferry__rconn_exchange(&s->conn, ptrs, n, deadline_ns, eb);
     if (ptrs != small)
         ferry__free(ptrs);
     return rc;
 }
 
-static int s_get_into(void *state, ferry__rget *g, ferry__errbuf *eb)
+static int s_get_into(void *state, ferry__rget *g, uint64_t deadline_ns, ferry__errbuf *eb)
 {
-    return ferry__rconn_get_into(&((single *)state)->conn, g, eb);
+    return ferry__rconn_get_into(&((single *)state)->conn, g, deadline_ns, eb);
 }
 
 static void s_reset(void *state)
