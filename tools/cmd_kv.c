@@ -29,6 +29,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -933,7 +934,8 @@ static void usage(FILE *f)
             "  --layers L --heads H --head-dim D     override the shape\n"
             "  --chunk-tokens N         tokens per chunk (256)\n"
             "  --l1 SIZE                host tier (default 2G)\n"
-            "  --dir DIR --l2 SIZE      NVMe slab tier in DIR (default size 8G)\n"
+            "  --dir DIR --l2 SIZE      NVMe slab tier in DIR, an existing directory (--create\n"
+            "                           makes it); default size 8G\n"
             "  --engine auto|posix|uring  the slab's I/O engine\n"
             "  --persistent             the L2 slab survives restarts (ferry/pslab.h); also\n"
             "                           measures what that costs: the store workload against\n"
@@ -942,84 +944,144 @@ static void usage(FILE *f)
             "  --persist-rounds N       rounds of each for that figure (default 5, 0: skip)\n"
             "  --policy lru|s3fifo      eviction (default lru)\n"
             "  --remote URL             Redis/Valkey tier (redis://host:port/db, unix:///path)\n"
-            "  --seed N  --no-refs  --json  --plot FILE.png\n");
+            "  --seed N  --no-refs  --json  --plot FILE.png\n"
+            "ranges: --docs 1..65536, --doc-tokens 1..1048576, --questions 1..1000000,\n"
+            "  --question-tokens 0..65536, --sessions 1..65536, --turns 1..4096, --turn-tokens\n"
+            "  1..1048576, --chunk-tokens 1..65536, --layers 1..1024, --heads 1..1024,\n"
+            "  --head-dim 1..4096, --persist-rounds 0..%d, --zipf 0..10, --l1/--l2 4K..16T;\n"
+            "  all prompts at most 2^28 tokens, the longest prompt's KV at most 8 GiB\n",
+            PC_MAX_ROUNDS);
 }
 
+/* a count option: flag, its field, its range */
+typedef struct num_opt {
+    const char *flag;
+    size_t off;
+    unsigned min, max;
+} num_opt;
+
+static const num_opt num_opts[] = {
+    {"--docs", offsetof(opts, docs), 1, 65536},
+    {"--doc-tokens", offsetof(opts, doc_tokens), 1, 1u << 20},
+    {"--questions", offsetof(opts, questions), 1, 1000000},
+    {"--question-tokens", offsetof(opts, qtokens), 0, 65536},
+    {"--sessions", offsetof(opts, sessions), 1, 65536},
+    {"--turns", offsetof(opts, turns), 1, 4096},
+    {"--turn-tokens", offsetof(opts, turn_tokens), 1, 1u << 20},
+    {"--chunk-tokens", offsetof(opts, chunk_tokens), 1, 65536},
+    {"--layers", offsetof(opts, layers), 1, 1024},
+    {"--heads", offsetof(opts, heads), 1, 1024},
+    {"--head-dim", offsetof(opts, head_dim), 1, 4096},
+    {"--persist-rounds", offsetof(opts, persist_rounds), 0, PC_MAX_ROUNDS},
+};
+
+/* 0 to run, 2 on a usage error (printed), -1 after --help */
 static int parse(int argc, char **argv, opts *o)
 {
+    static const char *const workloads[] = {"qa", "chat", NULL};
+    static const char *const models[] = {"llama3-8b", "qwen2.5-0.5b", "tiny", NULL};
+    static const char *const policies[] = {"lru", "s3fifo", NULL};
+    static const char *const engines[] = {"auto", "posix", "uring", NULL};
+    int create = 0, l2_given = 0, engine_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        uint64_t x;
-#define NUM(flag, field)                                                       \
-    if (!strcmp(a, flag)) {                                                    \
-        if (!v || ferry_parse_size(v, &x) < 0 || x > UINT32_MAX)               \
-            return cli_usage(CMD, "%s needs a number", flag);                  \
-        o->field = (unsigned)x;                                                \
-        i++;                                                                   \
-        continue;                                                              \
-    }
-        NUM("--docs", docs)
-        NUM("--doc-tokens", doc_tokens)
-        NUM("--questions", questions)
-        NUM("--question-tokens", qtokens)
-        NUM("--sessions", sessions)
-        NUM("--turns", turns)
-        NUM("--turn-tokens", turn_tokens)
-        NUM("--chunk-tokens", chunk_tokens)
-        NUM("--layers", layers)
-        NUM("--heads", heads)
-        NUM("--head-dim", head_dim)
-        NUM("--persist-rounds", persist_rounds)
-#undef NUM
+        uint64_t x = 0;
+        int k = 0, rc = 0, done = 0;
+        for (size_t n = 0; n < sizeof num_opts / sizeof num_opts[0]; n++)
+            if (!strcmp(a, num_opts[n].flag)) {
+                rc = cli_opt_count(CMD, a, v, num_opts[n].min, num_opts[n].max, &x);
+                if (rc)
+                    return rc;
+                *(unsigned *)(void *)((char *)o + num_opts[n].off) = (unsigned)x;
+                i++;
+                done = 1;
+                break;
+            }
+        if (done)
+            continue;
         if (!strcmp(a, "--l1") || !strcmp(a, "--l2")) {
-            int rc = cli_size(CMD, a, v, a[3] == '1' ? &o->l1 : &o->l2);
-            if (rc)
-                return rc;
+            rc = cli_opt_size(CMD, a, v, 4096, 16ull << 40, 0, a[3] == '1' ? &o->l1 : &o->l2);
+            l2_given |= a[3] == '2';
             i++;
-        } else if (!strcmp(a, "--zipf") && v) {
-            o->zipf = atof(v);
+        } else if (!strcmp(a, "--zipf")) {
+            rc = cli_opt_real(CMD, a, v, 0, 10, &o->zipf);
             i++;
-        } else if (!strcmp(a, "--seed") && v) {
-            o->seed = strtoull(v, NULL, 0);
+        } else if (!strcmp(a, "--seed")) {
+            rc = cli_opt_u64(CMD, a, v, &o->seed);
             i++;
-        } else if (!strcmp(a, "--workload") && v) {
-            o->workload = argv[++i];
-        } else if (!strcmp(a, "--model") && v) {
-            o->model = argv[++i];
-        } else if (!strcmp(a, "--dir") && v) {
-            o->dir = argv[++i];
-        } else if (!strcmp(a, "--policy") && v) {
-            o->policy = argv[++i];
-        } else if (!strcmp(a, "--engine") && v) {
-            o->engine = argv[++i];
-        } else if (!strcmp(a, "--plot") && v) {
-            o->plot = argv[++i];
+        } else if (!strcmp(a, "--workload")) {
+            if ((rc = cli_opt_choice(CMD, a, v, workloads, &k)) == 0)
+                o->workload = workloads[k];
+            i++;
+        } else if (!strcmp(a, "--model")) {
+            if ((rc = cli_opt_choice(CMD, a, v, models, &k)) == 0)
+                o->model = models[k];
+            i++;
+        } else if (!strcmp(a, "--policy")) {
+            if ((rc = cli_opt_choice(CMD, a, v, policies, &k)) == 0)
+                o->policy = policies[k];
+            i++;
+        } else if (!strcmp(a, "--engine")) {
+            if ((rc = cli_opt_choice(CMD, a, v, engines, &k)) == 0)
+                o->engine = engines[k];
+            engine_given = 1;
+            i++;
+        } else if (!strcmp(a, "--dir")) {
+            rc = cli_opt_string(CMD, a, v, "a directory", &o->dir);
+            i++;
+        } else if (!strcmp(a, "--plot")) {
+            rc = cli_opt_string(CMD, a, v, "a PNG file to write", &o->plot);
+            i++;
+        } else if (!strcmp(a, "--create")) {
+            create = 1;
         } else if (!strcmp(a, "--json")) {
             o->json = 1;
         } else if (!strcmp(a, "--no-refs")) {
             o->refs = 0;
         } else if (!strcmp(a, "--persistent")) {
             o->persistent = 1;
-        } else if (!strcmp(a, "--remote") && v) {
-            o->remote = argv[++i];
-            if (ferry_remote_url_validate(o->remote) < 0)
-                return cli_usage(CMD, "--remote %s: %s", o->remote, ferry_last_error());
+        } else if (!strcmp(a, "--remote")) {
+            const char *acc = "redis://[user:password@]host:port/db or unix:///path";
+            rc = cli_opt_string(CMD, a, v, acc, &o->remote);
+            /* the URL itself is not echoed: it may hold a password */
+            if (rc == 0 && ferry_remote_url_validate(o->remote) < 0)
+                rc = cli_bad(CMD, a, NULL, acc, "%s", ferry_last_error());
+            i++;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return -1;
         } else {
-            return cli_usage(CMD, "unknown option or missing value '%s' (see --help)", a);
+            return cli_unknown(CMD, a);
         }
+        if (rc)
+            return rc;
     }
-    if (strcmp(o->workload, "qa") && strcmp(o->workload, "chat"))
-        return cli_usage(CMD, "--workload must be qa or chat");
-    if (strcmp(o->policy, "lru") && strcmp(o->policy, "s3fifo"))
-        return cli_usage(CMD, "--policy must be lru or s3fifo");
-    if (!o->chunk_tokens || !o->docs || !o->doc_tokens || !o->questions || !o->sessions ||
-        !o->turns || !o->turn_tokens)
-        return cli_usage(CMD, "counts must be positive");
-    if (o->persist_rounds > PC_MAX_ROUNDS)
-        return cli_usage(CMD, "--persist-rounds: at most %d", PC_MAX_ROUNDS);
+    char sz[32];
+    if (!o->dir && l2_given)
+        return cli_usage(CMD, "--l2 %s: the L2 tier needs --dir DIR; accepted: --dir DIR --l2 SIZE",
+                         cli_size_str(o->l2, sz, sizeof sz));
+    if (!o->dir && o->persistent)
+        return cli_usage(CMD, "--persistent: the L2 tier needs --dir DIR; accepted: --dir DIR "
+                              "--persistent");
+    if (!o->dir && engine_given)
+        return cli_usage(CMD, "--engine %s: the L2 tier needs --dir DIR; accepted: --dir DIR "
+                              "--engine ENGINE", o->engine);
+    /* the token ids of every prompt are held at once (4 bytes each) */
+    uint64_t pool = !strcmp(o->workload, "qa")
+                        ? (uint64_t)o->docs * o->doc_tokens +
+                              (uint64_t)o->questions * (o->doc_tokens + o->qtokens)
+                        : (uint64_t)o->sessions * o->turns * o->turn_tokens;
+    if (pool > (1ull << 28))
+        return cli_usage(CMD, "--%s: the workload's prompts hold %llu tokens; accepted: at most "
+                              "268435456 (1G of token ids)",
+                         !strcmp(o->workload, "qa") ? "questions x --doc-tokens"
+                                                    : "sessions x --turns x --turn-tokens",
+                         (unsigned long long)pool);
+    if (o->dir) {
+        int rc = cli_opt_dir(CMD, "--dir", o->dir, create);
+        if (rc)
+            return rc;
+    }
     return 0;
 }
 
@@ -1307,10 +1369,22 @@ int cmd_kv_bench(int argc, char **argv)
              (unsigned long long)time(NULL));
     ferry_kv_layout l;
     if (layout_for(&o, &l) < 0)
-        return cli_usage(CMD, "unknown --model '%s' (llama3-8b, qwen2.5-0.5b, tiny)", o.model);
+        return cli_usage(CMD, "--model %s: unknown; accepted: llama3-8b, qwen2.5-0.5b or tiny",
+                         o.model);
     uint64_t chunk;
     if (ferry_kv_layout_chunk_bytes(&l, o.chunk_tokens, &chunk) < 0)
-        return cli_fail(CMD, "layout", -EINVAL);
+        return cli_usage(CMD, "--chunk-tokens %u: %s; accepted: a chunk the layout can hold",
+                         o.chunk_tokens, ferry_last_error());
+    /* the engine buffer holds the longest prompt's KV */
+    uint64_t longest = !strcmp(o.workload, "qa") ? (uint64_t)o.doc_tokens + o.qtokens
+                                                 : (uint64_t)o.turns * o.turn_tokens;
+    double buf_bytes = (double)chunk / o.chunk_tokens * (double)longest;
+    if (buf_bytes > (double)(8ull << 30))
+        return cli_usage(CMD, "--%s %u: a prompt of %llu tokens needs %.1f GiB of KV in the "
+                              "engine buffer; accepted: at most 8 GiB",
+                         !strcmp(o.workload, "qa") ? "doc-tokens" : "turn-tokens",
+                         !strcmp(o.workload, "qa") ? o.doc_tokens : o.turn_tokens,
+                         (unsigned long long)longest, buf_bytes / (1 << 30));
     workload w;
     int rc = make_workload(&o, &w);
     if (rc < 0)
