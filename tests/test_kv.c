@@ -1459,6 +1459,11 @@ static void check_corrupt_chunk_is_a_miss(bigfix *f, const ferry_kv_buffer *b, h
     if (out) {
         assert_true(same_tokens(&f->h, out, 0, 5 * CT));
         assert_true(same_tokens(&f->h, out, 6 * CT, BIG * CT));
+        /* the bad chunk's bytes never stay in the engine's buffer */
+        for (unsigned p = 0; p < PLANES; p++)
+            for (uint64_t t = 5 * CT; t < 6 * CT; t++)
+                for (unsigned x = 0; x < TB; x++)
+                    assert_int_equal(tok_at(out, p, t)[x], 0);
     }
     ferry_kv_req lr = FERRY_KV_REQ_INIT;
     assert_int_equal(ferry_kv_lookup(f->kv, f->a, BIG * CT, &lr), 5 * CT);

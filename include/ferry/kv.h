@@ -37,6 +37,29 @@
  * device's asynchronous copies and L1 <-> L2 through the slab's I/O
  * engines; the copies of one chunk overlap the disk I/O of the next.
  *
+ * One owner per directory. An L2 directory belongs to one open store at a
+ * time: ferry_kv_open takes an exclusive lock on it (l2_dir/ferry.lock,
+ * dropped at ferry_kv_close and by the kernel when the process dies, so a
+ * crash never leaves it locked), and a second store on the same directory,
+ * in this process or another, gets FERRY_EBUSY naming the directory and
+ * the owner's pid. Give every TP rank and every store its own l2_dir
+ * (".../rank0", ".../rank1"); one cache shared by several processes is a
+ * server's job, not a shared directory's. Files are created 0600 and
+ * directories 0700: KV caches hold what prompts can be rebuilt from.
+ *
+ * Verified reads. No byte read from below L1 reaches an engine buffer
+ * unchecked. The L2 slab keeps, for each chunk it holds, the chunk's id
+ * and a checksum (XXH3-64) of its bytes, and every read is checked
+ * against both before the chunk counts as found: a chunk whose bytes
+ * changed on disk (another program writing the slab file, a torn or
+ * rotten block) is a miss (status FERRY_ECORRUPT), its L2 copy is
+ * dropped, and it is counted in corrupt_chunks and logged. The
+ * persistent slab and the remote tier check their own checksums the same
+ * way. A retrieve reports only the chunks it verified. A chunk it does
+ * not report leaves its destination untouched, except one that failed its
+ * check while being copied into a host buffer: its destination tokens are
+ * zeroed, so the engine never holds the bad bytes.
+ *
  * States. A chunk goes absent -> being written (invisible: lookups and
  * retrieves miss it) -> ready -> read-locked (counted, by retrieves in
  * flight and by ferry_kv_pin()). Locks carry a TTL (write 600 s, read
@@ -224,7 +247,7 @@ typedef struct ferry_kv_config {
     uint32_t chunk_tokens;       /**< 0 -> 256 */
     uint64_t hash_seed;          /**< 0 -> FERRY_KV_HASH_SEED_DEFAULT */
     uint64_t l1_bytes;           /**< host pool; at least one chunk */
-    const char *l2_dir;          /**< NVMe slab directory; NULL: no L2 */
+    const char *l2_dir;          /**< NVMe slab directory, one per store (locked); NULL: no L2 */
     uint64_t l2_bytes;           /**< slab size (with l2_dir) */
     int l2_direct;               /**< O_DIRECT on the slab (falls back when refused) */
     const char *l2_engine;       /**< I/O engine for the slab: NULL/"auto", "posix", "uring" */
@@ -271,9 +294,10 @@ typedef struct ferry_kv ferry_kv;
 
 /**
  * Open a store. Allocates the L1 pool (pinned through cfg->device when it
- * is set) and, with l2_dir, creates the slab (ferry_gds_open). Errors:
- * -EINVAL (NULL, no model, bad layout, l1_bytes below one chunk, a
- * watermark outside (0, 1]), -ENOMEM, and the slab's errors. *out owned by
+ * is set) and, with l2_dir, locks that directory and creates the slab
+ * (ferry_gds_open). Errors: -EINVAL (NULL, no model, bad layout, l1_bytes
+ * below one chunk, a watermark outside (0, 1]), FERRY_EBUSY (l2_dir is
+ * another open store's), -ENOMEM, and the slab's errors. *out owned by
  * the caller: ferry_kv_close().
  */
 FERRY_API int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out);

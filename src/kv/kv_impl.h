@@ -268,6 +268,10 @@ uint64_t ferry__kv_sum(const void *p, size_t n);
  */
 int ferry__kv_xfer_out_sum(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
                            const void *chunk, uint64_t *sum);
+/* zero tokens [tok0, tok0 + ntok) of a HOST buffer: what a chunk copied
+ * out by ferry__kv_xfer_out_sum leaves behind when its check failed */
+void ferry__kv_xfer_out_zero(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
+                             uint32_t ntok);
 
 /* ---- the store ---- */
 enum {

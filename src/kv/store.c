@@ -1204,6 +1204,9 @@ static void rt_verify_copy(rtv *r, size_t i)
     if (rc < 0) /* (host copies do not fail; the slot is still checked) */
         sum = ferry__kv_sum(r->adst[i], kv->chunk_bytes);
     int vrc = rt_check(r, i, e, sum);
+    if (vrc < 0 && rc == 0) /* the engine never holds the bad bytes */
+        ferry__kv_xfer_out_zero(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
+                                kv->chunk_tokens);
     pthread_mutex_lock(&kv->mu);
     kv->l1_reading--;
     promote_finish(kv, e, r->slot[i], vrc, t->id); /* (wakes reserve's waiters) */

@@ -41,6 +41,20 @@ static int sum_run(void *ctx, uint64_t addr, unsigned char *img, uint64_t len)
     return 0;
 }
 
+static int zero_run(void *ctx, uint64_t addr, unsigned char *img, uint64_t len)
+{
+    (void)ctx;
+    (void)img;
+    memset((void *)(uintptr_t)addr, 0, len);
+    return 0;
+}
+
+void ferry__kv_xfer_out_zero(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
+                             uint32_t ntok)
+{
+    ferry__kv_xfer_walk(buf, chunk_tokens, tok0, ntok, NULL, zero_run, NULL);
+}
+
 int ferry__kv_xfer_out_sum(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
                            const void *chunk, uint64_t *sum)
 {
