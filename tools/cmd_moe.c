@@ -3,11 +3,11 @@
  * trace replay against Belady's MIN, and the planner/executor benchmarks.
  *
  *   ferry moe gen [--model M] [--tokens N] [--seed S] [--layers N]
- *                 [--experts N] [--top-k N] -o FILE
+ *                 [--experts N] [--top-k N] [--json] -o FILE
  *   ferry moe replay TRACE [--slots N|P%] [--policy P] [--expert-bytes SIZE]
  *                 [--json] [--sweep [--budgets 6.25%,12.5%,...]
  *                 [--policies a,b,..] [--plot FILE.png]]
- *   ferry moe bench [--json] [--quick]
+ *   ferry moe bench [--json] [--quick] [--row-bytes SIZE]
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -19,87 +19,168 @@
 #include "cli.h"
 #include "moe/moe_internal.h"
 
-static int parse_u64(const char *s, uint64_t *out)
-{
-    char *end;
-    if (!s || !*s)
-        return -1;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end)
-        return -1;
-    *out = v;
-    return 0;
-}
+#define GEN_MAX_TOKENS 1048576u /* --tokens; the trace bounds hold for the presets */
 
-/* "N" or "P%" of all experts; at least one layer's worth */
-static int parse_slots(const char *cmd, const char *s, const ferry_moe_model *m, uint32_t *out)
+/* "N" (one layer's experts..all) or "P%" of all experts (at least one layer's worth) */
+static int parse_slots(const char *cmd, const char *flag, const char *s, const ferry_moe_model *m,
+                       uint32_t *out)
 {
     uint64_t all = (uint64_t)m->num_layers * m->num_experts;
     size_t n = s ? strlen(s) : 0;
     if (n > 1 && s[n - 1] == '%') {
-        char *end;
-        double pct = strtod(s, &end);
-        if (end != s + n - 1 || pct <= 0 || pct > 100)
-            return cli_usage(cmd, "--slots: bad fraction '%s'", s);
-        uint64_t v = (uint64_t)(all * pct / 100.0 + 0.5);
+        double pct;
+        if (cli_opt_percent(cmd, flag, s, &pct))
+            return 2;
+        uint64_t v = (uint64_t)((double)all * pct / 100.0 + 0.5);
         *out = (uint32_t)(v < m->num_experts ? m->num_experts : v);
         return 0;
     }
+    char acc[128];
+    snprintf(acc, sizeof acc, "a slot count %u..%llu (one layer's experts..all of the trace's) "
+                              "or a percentage P%% with 0 < P <= 100", m->num_experts,
+             (unsigned long long)all);
+    if (!s)
+        return cli_bad(cmd, flag, NULL, acc, "needs a value");
     uint64_t v;
-    if (parse_u64(s, &v) < 0 || v == 0 || v > UINT32_MAX)
-        return cli_usage(cmd, "--slots: expected a count or a percentage, got '%s'", s ? s : "");
+    /* the count parser's message names its own range; this one names the trace's */
+    const char *p = s;
+    while (*p >= '0' && *p <= '9')
+        p++;
+    if (p == s || *p || n > 19)
+        return cli_bad(cmd, flag, s, acc, "not a count or a percentage");
+    v = strtoull(s, NULL, 10);
+    if (v == 0)
+        return cli_bad(cmd, flag, s, acc, "zero slots hold nothing");
+    if (v < m->num_experts)
+        return cli_bad(cmd, flag, s, acc, "fewer slots than one layer's experts");
+    if (v > all)
+        return cli_bad(cmd, flag, s, acc, "more slots than the trace has experts");
     *out = (uint32_t)v;
     return 0;
 }
 
 /* ---------------------------------------------------------------- gen */
+static void gen_usage(void)
+{
+    printf("usage: ferry moe gen [--model M] [--tokens N] [--seed S] [--layers N] "
+           "[--experts N] [--top-k N] [--json] -o FILE\n"
+           "  --tokens   1..%u (default 2048); tokens x layers at most %zu steps and\n"
+           "             x top-k at most %zu expert ids\n"
+           "  --layers 1..1024  --experts 1..16384  --top-k 1..experts (default: the model's)\n"
+           "  --seed     0..2^64-1 (default 1)\n"
+           "  progress on stderr when it is a terminal (FERRY_NO_PROGRESS=1: none)\n"
+           "models:", GEN_MAX_TOKENS, FERRY__TRACE_MAX_STEPS, FERRY__TRACE_MAX_IDS);
+    for (const char *const *p = ferry_moe_gen_presets(); *p; p++)
+        printf(" %s", *p);
+    printf("\n");
+}
+
+/* ferry_moe_trace_generate's loop, with progress */
+static int generate(const char *cmd, const ferry_moe_gen_options *o, ferry_moe_trace **out)
+{
+    ferry_moe_model m;
+    ferry__gen *g;
+    int rc = ferry__gen_open(o, &g, &m);
+    if (rc < 0)
+        return cli_fail(cmd, "generate", rc);
+    ferry_moe_trace *t;
+    if ((rc = ferry_moe_trace_create(&m, &t)) < 0) {
+        ferry__gen_close(g);
+        return cli_fail(cmd, "generate", rc);
+    }
+    for (uint32_t tk = 0; tk < o->tokens && rc == 0; tk++) {
+        for (uint32_t l = 0; l < m.num_layers && rc == 0; l++)
+            rc = ferry_moe_trace_append(t, tk, l, ferry__gen_next(g), m.top_k);
+        if ((tk & 1023) == 1023 || tk + 1 == o->tokens)
+            cli_progress("moe gen", tk + 1, o->tokens);
+    }
+    cli_progress_end();
+    ferry__gen_close(g);
+    if (rc < 0) {
+        ferry_moe_trace_destroy(t);
+        return cli_fail(cmd, "generate", rc);
+    }
+    *out = t;
+    return 0;
+}
+
 int cmd_moe_gen(int argc, char **argv)
 {
     const char *cmd = "moe gen";
     ferry_moe_gen_options o = FERRY_MOE_GEN_OPTIONS_INIT;
+    o.tokens = 2048;
     const char *outp = NULL;
     int json = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         uint64_t x = 0;
+        int rc = 0, k = 0;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: ferry moe gen [--model M] [--tokens N] [--seed S] [--layers N] "
-                   "[--experts N] [--top-k N] [--json] -o FILE\nmodels:");
-            for (const char *const *p = ferry_moe_gen_presets(); *p; p++)
-                printf(" %s", *p);
-            printf("\n");
+            gen_usage();
             return 0;
-        } else if (!strcmp(a, "--json"))
+        } else if (!strcmp(a, "--json")) {
             json = 1;
-        else if (!v)
-            return cli_usage(cmd, "%s needs a value", a);
-        else if (!strcmp(a, "--model"))
-            o.model = v, i++;
-        else if (!strcmp(a, "-o") || !strcmp(a, "--output"))
-            outp = v, i++;
-        else if (parse_u64(v, &x) < 0 || x > UINT32_MAX)
-            return cli_usage(cmd, "%s: expected a number, got '%s'", a, v);
-        else if (!strcmp(a, "--tokens"))
-            o.tokens = (uint32_t)x, i++;
-        else if (!strcmp(a, "--seed"))
-            o.seed = x, i++;
-        else if (!strcmp(a, "--layers"))
-            o.num_layers = (uint32_t)x, i++;
-        else if (!strcmp(a, "--experts"))
-            o.num_experts = (uint32_t)x, i++;
-        else if (!strcmp(a, "--top-k"))
-            o.top_k = (uint32_t)x, i++;
-        else
-            return cli_usage(cmd, "unknown option '%s'", a);
+            continue;
+        } else if (!strcmp(a, "--model")) {
+            if ((rc = cli_opt_choice(cmd, a, v, ferry_moe_gen_presets(), &k)) == 0)
+                o.model = ferry_moe_gen_presets()[k];
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--output"))
+            rc = cli_opt_string(cmd, a, v, "a file to write", &outp);
+        else if (!strcmp(a, "--tokens")) {
+            if ((rc = cli_opt_count(cmd, a, v, 1, GEN_MAX_TOKENS, &x)) == 0)
+                o.tokens = (uint32_t)x;
+        } else if (!strcmp(a, "--seed"))
+            rc = cli_opt_u64(cmd, a, v, &o.seed);
+        else if (!strcmp(a, "--layers")) {
+            if ((rc = cli_opt_count(cmd, a, v, 1, 1024, &x)) == 0)
+                o.num_layers = (uint32_t)x;
+        } else if (!strcmp(a, "--experts")) {
+            if ((rc = cli_opt_count(cmd, a, v, 1, 16384, &x)) == 0)
+                o.num_experts = (uint32_t)x;
+        } else if (!strcmp(a, "--top-k")) {
+            if ((rc = cli_opt_count(cmd, a, v, 1, 16384, &x)) == 0)
+                o.top_k = (uint32_t)x;
+        } else
+            return cli_unknown(cmd, a);
+        if (rc)
+            return rc;
+        i++;
     }
     if (!outp)
-        return cli_usage(cmd, "-o FILE is required");
-    ferry_moe_trace *t;
-    int rc = ferry_moe_trace_generate(&o, &t);
-    if (rc < 0)
+        return cli_usage(cmd, "-o FILE is required; accepted: -o FILE (the trace to write)");
+    /* the shape the preset and overrides give, before anything is generated */
+    ferry_moe_gen_options probe = o;
+    probe.top_k = 0;
+    ferry_moe_model m;
+    ferry__gen *g0;
+    int rc = ferry__gen_open(&probe, &g0, &m);
+    if (rc < 0 && probe.num_experts == 0)
         return cli_fail(cmd, "generate", rc);
+    if (rc == 0)
+        ferry__gen_close(g0);
+    else { /* the preset's top-k above --experts: the top-k must come down */
+        probe.top_k = 1;
+        if ((rc = ferry__gen_open(&probe, &g0, &m)) < 0)
+            return cli_fail(cmd, "generate", rc);
+        ferry__gen_close(g0);
+        if (!o.top_k)
+            return cli_usage(cmd, "--experts %u: fewer than the model's top-k; accepted: --top-k "
+                                  "1..%u with it", m.num_experts, m.num_experts);
+    }
+    uint32_t k = o.top_k ? o.top_k : m.top_k;
+    if (k > m.num_experts)
+        return cli_usage(cmd, "--top-k %u: more than the %u experts; accepted: 1..%u", k,
+                         m.num_experts, m.num_experts);
+    uint64_t steps = (uint64_t)o.tokens * m.num_layers;
+    if (steps > FERRY__TRACE_MAX_STEPS || steps * k > FERRY__TRACE_MAX_IDS)
+        return cli_usage(cmd, "--tokens %u: %llu steps of %u experts at %u layers; accepted: "
+                              "tokens x layers at most %zu, x top-k at most %zu", o.tokens,
+                         (unsigned long long)steps, k, m.num_layers, FERRY__TRACE_MAX_STEPS,
+                         FERRY__TRACE_MAX_IDS);
+    ferry_moe_trace *t = NULL;
+    if ((rc = generate(cmd, &o, &t)) != 0)
+        return rc;
     rc = ferry_moe_trace_save(t, outp);
     if (rc < 0) {
         ferry_moe_trace_destroy(t);
@@ -107,12 +188,13 @@ int cmd_moe_gen(int argc, char **argv)
     }
     ferry__trace_stats st;
     rc = ferry__trace_stats_compute(t, &st);
-    const ferry_moe_model *m = ferry_moe_trace_model(t);
+    const ferry_moe_model *tm = ferry_moe_trace_model(t);
     if (json) {
-        json_t *j = json_pack("{s:s,s:s,s:i,s:i,s:i,s:i,s:I}", "file", outp, "model", m->name,
-                              "num_layers", (int)m->num_layers, "num_experts", (int)m->num_experts,
-                              "top_k", (int)m->top_k, "tokens", (int)ferry_moe_trace_tokens(t),
-                              "steps", (json_int_t)ferry_moe_trace_steps(t));
+        json_t *j = json_pack("{s:s,s:s,s:i,s:i,s:i,s:i,s:I}", "file", outp, "model", tm->name,
+                              "num_layers", (int)tm->num_layers, "num_experts",
+                              (int)tm->num_experts, "top_k", (int)tm->top_k, "tokens",
+                              (int)ferry_moe_trace_tokens(t), "steps",
+                              (json_int_t)ferry_moe_trace_steps(t));
         if (rc == 0)
             json_object_set_new(
                 j, "stats",
@@ -124,8 +206,8 @@ int cmd_moe_gen(int argc, char **argv)
         free(s);
         json_decref(j);
     } else {
-        printf("%s: %s, %u layers x %u experts, top-%u, %u tokens, %zu steps\n", outp, m->name,
-               m->num_layers, m->num_experts, m->top_k, ferry_moe_trace_tokens(t),
+        printf("%s: %s, %u layers x %u experts, top-%u, %u tokens, %zu steps\n", outp, tm->name,
+               tm->num_layers, tm->num_experts, tm->top_k, ferry_moe_trace_tokens(t),
                ferry_moe_trace_steps(t));
         if (rc == 0)
             printf("top expert share %.1f%%, top-32 cover %.1f%%, repeat at next token %.1f%%, "
@@ -160,13 +242,22 @@ static void human_bytes(uint64_t b, char *buf, size_t n)
     snprintf(buf, n, "%.1f %s", v, u[i]);
 }
 
-/* split "a,b,c" into at most max pieces (in place) */
+/* split "a,b,c" into at most max pieces (in place); -1 for an empty piece
+ * or more than max */
 static int split_list(char *s, char **out, int max)
 {
     int n = 0;
-    for (char *tok = strtok(s, ","); tok && n < max; tok = strtok(NULL, ","))
-        out[n++] = tok;
-    return n;
+    for (char *p = s;; p++) {
+        char *c = strchr(p, ',');
+        if (c)
+            *c = 0;
+        if (!*p || n == max)
+            return -1;
+        out[n++] = p;
+        if (!c)
+            return n;
+        p = c;
+    }
 }
 
 static int plot_sweep(const char *cmd, const char *png, const char *title, int nb,
@@ -215,11 +306,16 @@ static int replay_sweep(const char *cmd, const ferry_moe_trace *t, char *budgets
     char defb[] = "6.25%,12.5%,25%,37.5%,50%";
     char defp[] = "lru,lru-layer,lfu,lfru,s3fifo,routing,belady";
     char *bl[32], *pl[16];
+    char orig[256];
+    snprintf(orig, sizeof orig, "%s", budgets_s ? budgets_s : defb);
     int nb = split_list(budgets_s ? budgets_s : defb, bl, 32);
-    int np = split_list(policies_s ? policies_s : defp, pl, 16);
+    int np = split_list(policies_s ? policies_s : defp, pl, 16); /* checked by the caller */
+    if (nb < 0)
+        return cli_bad(cmd, "--budgets", orig, "1..32 comma-separated slot counts or P%",
+                       "an empty piece or more than 32");
     uint32_t budgets[32];
     for (int b = 0; b < nb; b++)
-        if (parse_slots(cmd, bl[b], m, &budgets[b]))
+        if (parse_slots(cmd, "--budgets", bl[b], m, &budgets[b]))
             return 2;
     double *rates = calloc((size_t)nb * np, sizeof *rates);
     json_t *arr = json_array();
@@ -272,57 +368,97 @@ static int replay_sweep(const char *cmd, const ferry_moe_trace *t, char *budgets
     return ret;
 }
 
+static int policy_list(char *acc, size_t n)
+{
+    size_t off = 0;
+    acc[0] = 0;
+    for (const char *const *p = ferry_moe_policies(); *p && off < n; p++)
+        off += (size_t)snprintf(acc + off, n - off, "%s%s", off ? ", " : "", *p);
+    return 0;
+}
+
 int cmd_moe_replay(int argc, char **argv)
 {
     const char *cmd = "moe replay";
-    const char *path = NULL, *slots_s = "25%", *policy = "routing", *plot = NULL;
+    const char *path = NULL, *slots_s = NULL, *policy = "routing", *plot = NULL;
     char *budgets = NULL, *policies = NULL;
     uint64_t expert_bytes = 0;
     int json = 0, sweep = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0, k = 0;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: ferry moe replay TRACE [--slots N|P%%] [--policy P] "
                    "[--expert-bytes SIZE] [--json]\n"
                    "       ferry moe replay TRACE --sweep [--budgets 6.25%%,12.5%%,..] "
-                   "[--policies a,b,..] [--plot FILE.png] [--json]\npolicies:\n");
+                   "[--policies a,b,..] [--plot FILE.png] [--json]\n"
+                   "  TRACE          a regular file or a pipe of JSON Lines (lines up to 1 MiB,\n"
+                   "                 at most %zu steps)\n"
+                   "  --slots        experts..layers x experts, or P%% with 0 < P <= 100 (default 25%%)\n"
+                   "  --expert-bytes 1..1T (default: the trace's)\n"
+                   "  --budgets      up to 32 of --slots' values; --policies up to 16 policies\n"
+                   "policies:\n", FERRY__TRACE_MAX_STEPS);
             for (const char *const *p = ferry_moe_policies(); *p; p++)
                 printf("  %-10s %s\n", *p, ferry_moe_policy_describe(*p));
             return 0;
-        } else if (!strcmp(a, "--json"))
+        } else if (!strcmp(a, "--json")) {
             json = 1;
-        else if (!strcmp(a, "--sweep"))
+            continue;
+        } else if (!strcmp(a, "--sweep")) {
             sweep = 1;
-        else if (a[0] == '-' && a[1] == '-' && !v)
-            return cli_usage(cmd, "%s needs a value", a);
-        else if (!strcmp(a, "--slots"))
-            slots_s = v, i++;
-        else if (!strcmp(a, "--policy"))
-            policy = v, i++;
-        else if (!strcmp(a, "--plot"))
-            plot = v, i++;
-        else if (!strcmp(a, "--budgets"))
-            budgets = argv[++i];
-        else if (!strcmp(a, "--policies"))
-            policies = argv[++i];
-        else if (!strcmp(a, "--expert-bytes")) {
-            if (cli_size(cmd, a, v, &expert_bytes))
-                return 2;
-            i++;
-        } else if (a[0] == '-')
-            return cli_usage(cmd, "unknown option '%s'", a);
-        else if (!path)
+            continue;
+        } else if (!strcmp(a, "--slots"))
+            rc = cli_opt_string(cmd, a, v, "a slot count N or a percentage P%", &slots_s);
+        else if (!strcmp(a, "--policy")) {
+            if ((rc = cli_opt_choice(cmd, a, v, ferry_moe_policies(), &k)) == 0)
+                policy = ferry_moe_policies()[k];
+        } else if (!strcmp(a, "--plot"))
+            rc = cli_opt_string(cmd, a, v, "a PNG file to write", &plot);
+        else if (!strcmp(a, "--budgets")) {
+            const char *b = NULL;
+            rc = cli_opt_string(cmd, a, v, "comma-separated slot counts or P%", &b);
+            budgets = (char *)(uintptr_t)b;
+        } else if (!strcmp(a, "--policies")) {
+            const char *b = NULL;
+            rc = cli_opt_string(cmd, a, v, "comma-separated policies", &b);
+            policies = (char *)(uintptr_t)b;
+        } else if (!strcmp(a, "--expert-bytes"))
+            rc = cli_opt_size(cmd, a, v, 1, 1ull << 40, 0, &expert_bytes);
+        else if (a[0] == '-' && a[1])
+            return cli_unknown(cmd, a);
+        else if (!path) {
             path = a;
-        else
-            return cli_usage(cmd, "one trace only ('%s')", a);
+            continue;
+        } else
+            return cli_usage(cmd, "%s: a second trace; accepted: one TRACE", a);
+        if (rc)
+            return rc;
+        i++;
     }
     if (!path)
-        return cli_usage(cmd, "TRACE is required (ferry moe gen -o FILE makes one)");
+        return cli_usage(cmd, "TRACE is required; accepted: a trace file (ferry moe gen -o FILE "
+                              "makes one)");
     if (plot && !sweep)
-        return cli_usage(cmd, "--plot goes with --sweep");
-    if (!ferry_moe_policy_describe(policy))
-        return cli_usage(cmd, "unknown policy '%s' (see --help)", policy);
+        return cli_usage(cmd, "--plot %s: needs --sweep", plot);
+    if (sweep && slots_s)
+        return cli_usage(cmd, "--slots %s: --sweep takes --budgets; accepted: --slots or "
+                              "--sweep [--budgets ...], not both", slots_s);
+    if (!sweep && (budgets || policies))
+        return cli_usage(cmd, "%s: needs --sweep", budgets ? "--budgets" : "--policies");
+    if (policies) {
+        char acc[256], copy[512], *pl[16];
+        policy_list(acc, sizeof acc);
+        snprintf(copy, sizeof copy, "%s", policies);
+        int np = split_list(copy, pl, 16);
+        if (np < 0)
+            return cli_bad(cmd, "--policies", policies, acc, "an empty piece or more than 16");
+        for (int p = 0; p < np; p++)
+            if (!ferry_moe_policy_describe(pl[p]))
+                return cli_bad(cmd, "--policies", policies, acc, "unknown policy '%s'", pl[p]);
+    }
+    if (!slots_s)
+        slots_s = "25%";
     ferry_moe_trace *t;
     int rc = ferry_moe_trace_load(path, &t);
     if (rc < 0)
@@ -334,7 +470,7 @@ int cmd_moe_replay(int argc, char **argv)
     }
     const ferry_moe_model *m = ferry_moe_trace_model(t);
     uint32_t slots;
-    if (parse_slots(cmd, slots_s, m, &slots)) {
+    if (parse_slots(cmd, "--slots", slots_s, m, &slots)) {
         ferry_moe_trace_destroy(t);
         return 2;
     }
@@ -500,7 +636,7 @@ int cmd_moe_bench(int argc, char **argv)
 {
     const char *cmd = "moe bench";
     int json = 0, quick = 0;
-    uint64_t row_bytes = 1 << 20;
+    uint64_t row_bytes = 0;
     uint32_t tokens = 512;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json"))
@@ -508,7 +644,9 @@ int cmd_moe_bench(int argc, char **argv)
         else if (!strcmp(argv[i], "--quick"))
             quick = 1;
         else if (!strcmp(argv[i], "--row-bytes")) {
-            if (cli_size(cmd, argv[i], i + 1 < argc ? argv[i + 1] : NULL, &row_bytes))
+            /* 64 rows x 3 banks, twice over (banks and destination): 1.5 GiB at 4M */
+            if (cli_opt_size(cmd, argv[i], i + 1 < argc ? argv[i + 1] : NULL, 64, 4u << 20, 0,
+                             &row_bytes))
                 return 2;
             i++;
         } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -516,16 +654,16 @@ int cmd_moe_bench(int argc, char **argv)
                    "planner: ns per layer-step, top-8 of 256 experts x 58 layers, 4096 slots,\n"
                    "         per policy, on the generator's deepseek-v3 trace;\n"
                    "executor: GB/s of slot writes (3 banks) on the host device vs plain memcpy\n"
-                   "         of the same bytes in the same run.\n");
+                   "         of the same bytes in the same run.\n"
+                   "  --row-bytes  64..4M (default 1M, 256K with --quick)\n");
             return 0;
         } else
-            return cli_usage(cmd, "unknown option '%s'", argv[i]);
+            return cli_unknown(cmd, argv[i]);
     }
-    if (quick) {
+    if (quick)
         tokens = 64;
-        if (row_bytes > (256 << 10))
-            row_bytes = 256 << 10;
-    }
+    if (!row_bytes) /* not given: the default of the mode */
+        row_bytes = quick ? 256u << 10 : 1u << 20;
     ferry_moe_gen_options go = FERRY_MOE_GEN_OPTIONS_INIT;
     go.tokens = tokens;
     go.seed = 1;

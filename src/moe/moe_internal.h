@@ -122,6 +122,15 @@ struct ferry_moe_trace {
 /* sort steps into (token, layer) order, stable; -ENOMEM */
 int ferry__trace_sort(ferry_moe_trace *t);
 
+/* What the trace reader accepts (FERRY_EPARSE beyond, naming the line) and
+ * what `ferry moe gen` makes: a line of at most 1 MiB, at most 2^26 steps
+ * and 2^29 expert ids (about 3 GiB of trace in memory), a file of at most
+ * 64 GiB (blank lines included). */
+#define FERRY__TRACE_MAX_LINE ((size_t)1 << 20)
+#define FERRY__TRACE_MAX_STEPS ((size_t)1 << 26)
+#define FERRY__TRACE_MAX_IDS ((size_t)1 << 29)
+#define FERRY__TRACE_MAX_BYTES ((uint64_t)64 << 30)
+
 /* ---- rows sources: one backend per file (rows_host.c, rows_file.c) ---- */
 typedef struct ferry__rows_ops {
     const char *name;

@@ -11,12 +11,18 @@
  * fails the whole load with FERRY_EPARSE and a message naming the line
  * number and the field, and nothing is leaked. The reader is fuzzed
  * (fuzz/fuzz_trace.c), so it never trusts a length, an index or a type.
+ * Its memory is bounded whatever it is given: a file is read a line at a
+ * time (never whole), a line over FERRY__TRACE_MAX_LINE and a trace over
+ * FERRY__TRACE_MAX_STEPS steps or FERRY__TRACE_MAX_IDS expert ids are
+ * refused, and only regular files and pipes are opened (a device such as
+ * /dev/zero would never end).
  */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <jansson.h>
 
@@ -348,6 +354,12 @@ static int check_layer(parser *ps, uint64_t layer, size_t line)
 
 static int add(parser *ps, uint32_t token, uint32_t layer, uint32_t n, size_t line)
 {
+    if (ps->t->n_steps >= FERRY__TRACE_MAX_STEPS)
+        return PERR(line, "more than %zu routing steps; a trace holds at most that many",
+                    FERRY__TRACE_MAX_STEPS);
+    if (ps->t->n_ex + n > FERRY__TRACE_MAX_IDS)
+        return PERR(line, "more than %zu expert ids; a trace holds at most that many",
+                    FERRY__TRACE_MAX_IDS);
     if (push_step(ps->t, token, layer, ps->buf, n) < 0)
         return ferry__err_set(NULL, -ENOMEM, "moe trace line %zu: out of memory", line);
     ps->have_routes = 1;
@@ -449,50 +461,129 @@ static int parse_line(parser *ps, const char *s, size_t len, size_t line)
     return rc;
 }
 
+static int parser_open(parser *ps)
+{
+    memset(ps, 0, sizeof *ps);
+    if (trace_new(&ps->t) < 0)
+        return ferry__err_set(NULL, -ENOMEM, "moe trace: out of memory");
+    snprintf(ps->t->model.name, sizeof ps->t->model.name, "capture");
+    return 0;
+}
+
+/* one line without its newline; blank lines are skipped */
+static int parser_line(parser *ps, const char *s, size_t n, size_t line)
+{
+    if (n > FERRY__TRACE_MAX_LINE)
+        return PERR(line, "line longer than %zu bytes", FERRY__TRACE_MAX_LINE);
+    size_t m = n;
+    while (m && (s[m - 1] == '\r' || s[m - 1] == ' ' || s[m - 1] == '\t'))
+        m--;
+    size_t b = 0;
+    while (b < m && (s[b] == ' ' || s[b] == '\t'))
+        b++;
+    if (b == m)
+        return 0;
+    return parse_line(ps, s + b, m - b, line);
+}
+
+/* rc: the parse so far; the trace goes to *out or is freed */
+static int parser_close(parser *ps, int rc, size_t lines, ferry_moe_trace **out)
+{
+    if (rc == 0 && !ps->have_routes)
+        rc = ferry__err_set(NULL, FERRY_EPARSE, "moe trace: no route records in %zu lines", lines);
+    if (rc == 0 && !ps->have_header) {
+        ps->t->model.num_layers = ps->max_layer + 1;
+        ps->t->model.num_experts = ps->max_expert + 1;
+    }
+    if (rc == 0 && ferry__trace_sort(ps->t) < 0)
+        rc = ferry__err_set(NULL, -ENOMEM, "moe trace: out of memory sorting %zu steps",
+                            ps->t->n_steps);
+    ferry__free(ps->vtok);
+    ferry__free(ps->buf);
+    if (rc < 0) {
+        ferry_moe_trace_destroy(ps->t);
+        return rc;
+    }
+    *out = ps->t;
+    return 0;
+}
+
 int ferry_moe_trace_parse(const char *buf, size_t len, ferry_moe_trace **out)
 {
     if (!out || (!buf && len))
         return ferry__err_set(NULL, -EINVAL, "moe trace: no buffer");
-    parser ps = {0};
-    if (trace_new(&ps.t) < 0)
-        return ferry__err_set(NULL, -ENOMEM, "moe trace: out of memory");
-    snprintf(ps.t->model.name, sizeof ps.t->model.name, "capture");
-    int rc = 0;
+    parser ps;
+    int rc = parser_open(&ps);
+    if (rc < 0)
+        return rc;
     size_t line = 0, pos = 0;
-    while (pos < len) {
+    while (pos < len && rc == 0) {
         const char *s = buf + pos;
         const char *nl = memchr(s, '\n', len - pos);
         size_t n = nl ? (size_t)(nl - s) : len - pos;
         pos += n + (nl ? 1 : 0);
-        line++;
-        size_t m = n;
-        while (m && (s[m - 1] == '\r' || s[m - 1] == ' ' || s[m - 1] == '\t'))
-            m--;
-        size_t b = 0;
-        while (b < m && (s[b] == ' ' || s[b] == '\t'))
-            b++;
-        if (b == m)
-            continue;
-        if ((rc = parse_line(&ps, s + b, m - b, line)) < 0)
+        rc = parser_line(&ps, s, n, ++line);
+    }
+    return parser_close(&ps, rc, line, out);
+}
+
+/* the file a line at a time: memory is the trace plus one line */
+static int load_stream(FILE *f, const char *path, parser *ps, size_t *lines)
+{
+    enum { BLOCK = 1 << 16 };
+    char *blk = ferry__malloc(BLOCK);
+    char *ln = ferry__malloc(FERRY__TRACE_MAX_LINE + 1);
+    if (!blk || !ln) {
+        ferry__free(blk);
+        ferry__free(ln);
+        return ferry__err_set(NULL, -ENOMEM, "moe trace %s: out of memory", path);
+    }
+    size_t have = 0; /* bytes of the current line in ln */
+    uint64_t total = 0;
+    int rc = 0, overlong = 0;
+    for (;;) {
+        size_t got = fread(blk, 1, BLOCK, f);
+        if (got == 0) {
+            if (ferror(f))
+                rc = ferry__err_set(NULL, -EIO, "moe trace %s: read error at byte %llu", path,
+                                    (unsigned long long)total);
+            break;
+        }
+        total += got;
+        if (total > FERRY__TRACE_MAX_BYTES) {
+            rc = ferry__err_set(NULL, FERRY_EPARSE, "moe trace %s: larger than %llu bytes", path,
+                                (unsigned long long)FERRY__TRACE_MAX_BYTES);
+            break;
+        }
+        size_t i = 0;
+        while (i < got && rc == 0) {
+            const char *nl = memchr(blk + i, '\n', got - i);
+            size_t n = nl ? (size_t)(nl - (blk + i)) : got - i;
+            if (have + n > FERRY__TRACE_MAX_LINE) {
+                /* refused as soon as it is too long, not at its end */
+                overlong = 1;
+                rc = parser_line(ps, ln, FERRY__TRACE_MAX_LINE + 1, *lines + 1);
+                break;
+            }
+            memcpy(ln + have, blk + i, n);
+            have += n;
+            i += n;
+            if (nl) {
+                i++;
+                rc = parser_line(ps, ln, have, ++*lines);
+                have = 0;
+            }
+        }
+        if (rc < 0)
             break;
     }
-    if (rc == 0 && !ps.have_routes)
-        rc = ferry__err_set(NULL, FERRY_EPARSE, "moe trace: no route records in %zu lines", line);
-    if (rc == 0 && !ps.have_header) {
-        ps.t->model.num_layers = ps.max_layer + 1;
-        ps.t->model.num_experts = ps.max_expert + 1;
-    }
-    if (rc == 0 && ferry__trace_sort(ps.t) < 0)
-        rc = ferry__err_set(NULL, -ENOMEM, "moe trace: out of memory sorting %zu steps",
-                            ps.t->n_steps);
-    ferry__free(ps.vtok);
-    ferry__free(ps.buf);
-    if (rc < 0) {
-        ferry_moe_trace_destroy(ps.t);
-        return rc;
-    }
-    *out = ps.t;
-    return 0;
+    if (rc == 0 && have)
+        rc = parser_line(ps, ln, have, ++*lines);
+    if (overlong)
+        ++*lines;
+    ferry__free(blk);
+    ferry__free(ln);
+    return rc;
 }
 
 int ferry_moe_trace_load(const char *path, ferry_moe_trace **out)
@@ -504,40 +595,36 @@ int ferry_moe_trace_load(const char *path, ferry_moe_trace **out)
         int e = errno;
         return ferry__err_set(NULL, -e, "moe trace %s: open: %s", path, strerror(e));
     }
-    size_t cap = 1 << 16, len = 0;
-    char *buf = ferry__malloc(cap);
-    int rc = 0;
-    while (buf) {
-        if (len == cap) {
-            char *nb = ferry__realloc(buf, cap * 2);
-            if (!nb) {
-                ferry__free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (got == 0) {
-            if (ferror(f))
-                rc = ferry__err_set(NULL, -EIO, "moe trace %s: read error at byte %zu", path, len);
-            break;
-        }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) {
+        int e = errno;
+        fclose(f);
+        return ferry__err_set(NULL, -e, "moe trace %s: stat: %s", path, strerror(e));
     }
+    if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode)) {
+        fclose(f);
+        return ferry__err_set(NULL, -EINVAL, "moe trace %s: not a regular file or a pipe (%s)",
+                              path, S_ISDIR(st.st_mode)    ? "a directory"
+                                    : S_ISCHR(st.st_mode)  ? "a character device"
+                                    : S_ISBLK(st.st_mode)  ? "a block device"
+                                    : S_ISSOCK(st.st_mode) ? "a socket"
+                                                           : "another kind of file");
+    }
+    parser ps;
+    int rc = parser_open(&ps);
+    if (rc < 0) {
+        fclose(f);
+        return rc;
+    }
+    size_t lines = 0;
+    rc = load_stream(f, path, &ps, &lines);
     fclose(f);
-    if (!buf)
-        return ferry__err_set(NULL, -ENOMEM, "moe trace %s: out of memory reading it", path);
-    if (rc == 0) {
-        rc = ferry_moe_trace_parse(buf, len, out);
-        if (rc < 0) {
-            char msg[FERRY__ERRMSG_MAX];
-            snprintf(msg, sizeof msg, "%s", ferry_last_error());
-            ferry__err_set(NULL, rc, "%s: %s", path, msg);
-        }
+    rc = parser_close(&ps, rc, lines, out);
+    if (rc < 0 && !strstr(ferry_last_error(), path)) {
+        char msg[FERRY__ERRMSG_MAX];
+        snprintf(msg, sizeof msg, "%s", ferry_last_error());
+        ferry__err_set(NULL, rc, "%s: %s", path, msg);
     }
-    ferry__free(buf);
     return rc;
 }
 
