@@ -39,6 +39,19 @@
  *  in one slot, so on one node: leave tags out of the prefix unless that is
  *  what you want.
  *
+ * Bounds: what a server sends is never trusted to be small. Each reply is
+ *  framed before it is buffered: a GET's within the destination size plus
+ *  the value header, CLUSTER SLOTS within 8 MiB, every other reply within
+ *  64 KiB; arrays only where one is expected, nested at most 7 deep. A
+ *  reply out of bounds or not RESP2 is a transport failure (-EMSGSIZE,
+ *  -EPROTO): the connection is dropped. Every call has one deadline for
+ *  the whole of it (command_timeout_ms, on CLOCK_MONOTONIC); a server that
+ *  answers too slowly, even a byte at a time, fails the call with
+ *  -ETIMEDOUT after about that long and its connection is dropped.
+ *
+ * Secrets: the password never appears in a message, a log line or
+ *  ferry_remote_url(): URLs are quoted as redis://user:***@host:port/db.
+ *
  * Failure model: a transport failure (refused, reset, timed out) marks the
  *  remote down for a backoff period that starts at backoff_initial_ms and
  *  doubles up to backoff_max_ms, plus up to 25% random jitter. While it
@@ -46,7 +59,10 @@
  *  (metrics.degraded counts them), and puts are dropped. After the period
  *  one caller probes (reconnects, with connect_timeout_ms); others keep
  *  answering misses until the probe succeeds. Error replies (WRONGTYPE,
- *  OOM, NOAUTH...) are FERRY_EREMOTE and do not mark the remote down. A connection found dead by EOF or
+ *  OOM, NOAUTH, READONLY...) are FERRY_EREMOTE and do not mark the remote
+ *  down; each one, and each transport failure, counts in metrics.errors
+ *  (a refused queued put in metrics.dropped too, with a warning logged at
+ *  most every 10 s). A connection found dead by EOF or
  *  reset (a restarted server) is reconnected and the command retried once
  *  before the remote is marked down. A single cluster node down makes the
  *  whole remote down for the period (no per-node health).
@@ -93,20 +109,44 @@ enum ferry_remote_flags {
     FERRY_REMOTE_LAZY = 1u << 0
 };
 
+/* The ranges ferry_remote_open accepts (0 always means the default). */
+#define FERRY_REMOTE_TIMEOUT_MAX_MS 600000u     /**< connect/command timeouts: 10 min */
+#define FERRY_REMOTE_BACKOFF_MAX_MS 3600000u    /**< backoff periods: 1 h */
+#define FERRY_REMOTE_QUEUE_ITEMS_MAX (1u << 24) /**< queue_max_items */
+#define FERRY_REMOTE_QUEUE_BYTES_MAX (1ull << 36) /**< queue_max_bytes: 64 GiB */
+#define FERRY_REMOTE_CONNECTIONS_MAX 1024u      /**< connections */
+#define FERRY_REMOTE_TTL_MAX_S 2147483647u      /**< ttl_s (Redis's EX limit) */
+
+/* Every field is range-checked by ferry_remote_open before it is used:
+ * a value outside its range is -EINVAL with a message naming the field
+ * and the range. */
 typedef struct ferry_remote_options {
     size_t size;                 /**< sizeof(ferry_remote_options) */
-    uint32_t connect_timeout_ms; /**< TCP/unix connect; 0 -> 500 */
-    uint32_t command_timeout_ms; /**< each socket read/write; 0 -> 1000 */
-    uint32_t backoff_initial_ms; /**< first down period; 0 -> 50 */
-    uint32_t backoff_max_ms;     /**< cap of the doubling; 0 -> 5000 */
-    uint32_t queue_max_items;    /**< puts waiting to be written; 0 -> 1024 */
-    uint64_t queue_max_bytes;    /**< their encoded bytes; 0 -> 256 MiB */
-    uint32_t connections;        /**< for synchronous calls; 0 -> 4 */
-    uint32_t ttl_s;              /**< expire stored values after; 0 = never */
-    const char *key_prefix;      /**< prepended to every key; NULL = none; copied */
+    uint32_t connect_timeout_ms; /**< TCP/unix connect (each handshake command
+                                      too); 0 -> 500; 1..FERRY_REMOTE_TIMEOUT_MAX_MS */
+    uint32_t command_timeout_ms; /**< deadline of a whole call (every byte sent
+                                      and every reply read, not each read), plus
+                                      16 ns per byte it moves (a floor of ~60 MB/s
+                                      for large values); 0 -> 1000;
+                                      1..FERRY_REMOTE_TIMEOUT_MAX_MS */
+    uint32_t backoff_initial_ms; /**< first down period; 0 -> 50;
+                                      1..FERRY_REMOTE_BACKOFF_MAX_MS */
+    uint32_t backoff_max_ms;     /**< cap of the doubling; 0 -> 5000 (or
+                                      backoff_initial_ms when larger);
+                                      backoff_initial_ms..FERRY_REMOTE_BACKOFF_MAX_MS */
+    uint32_t queue_max_items;    /**< puts waiting to be written; 0 -> 1024;
+                                      1..FERRY_REMOTE_QUEUE_ITEMS_MAX */
+    uint64_t queue_max_bytes;    /**< their encoded bytes; 0 -> 256 MiB;
+                                      1..FERRY_REMOTE_QUEUE_BYTES_MAX */
+    uint32_t connections;        /**< for synchronous calls; 0 -> 4;
+                                      1..FERRY_REMOTE_CONNECTIONS_MAX */
+    uint32_t ttl_s;              /**< expire stored values after; 0 = never;
+                                      1..FERRY_REMOTE_TTL_MAX_S */
+    const char *key_prefix;      /**< prepended to every key; NULL = none; copied;
+                                      shorter than FERRY_REMOTE_KEY_MAX / 2 */
     const void *layout;          /**< layout fingerprint; may be NULL; copied */
-    size_t layout_len;           /**< <= FERRY_REMOTE_LAYOUT_MAX */
-    uint32_t flags;              /**< ferry_remote_flags */
+    size_t layout_len;           /**< 0..FERRY_REMOTE_LAYOUT_MAX (0 when layout is NULL) */
+    uint32_t flags;              /**< ferry_remote_flags; other bits are -EINVAL */
 } ferry_remote_options;
 #define FERRY_REMOTE_OPTIONS_INIT \
     {sizeof(ferry_remote_options), 0, 0, 0, 0, 0, 0, 0, 0, NULL, NULL, 0, 0}
@@ -143,13 +183,16 @@ typedef struct ferry_remote_metrics {
 
 /**
  * Connect to the server named by url (see the grammar above) with opt
- * (NULL: defaults): AUTH when a password is given, SELECT db, detect a
- * cluster, start the writer thread.
+ * (NULL: defaults): AUTH when a password is given, SELECT db, or PING when
+ * neither is sent, detect a cluster, start the writer thread.
  * Errors: FERRY_EPARSE (bad URL; the message quotes it with the password
- * hidden), FERRY_ENOTSUP (rediss://), -EINVAL (bad options), FERRY_EREMOTE
- * (the server refused AUTH/SELECT/CLUSTER SLOTS: its message is quoted),
- * -ECONNREFUSED/-ETIMEDOUT/-ECONNRESET/-EHOSTUNREACH (cannot reach it,
- * unless FERRY_REMOTE_LAZY), -ENOMEM. *out is set only on success.
+ * hidden), FERRY_ENOTSUP (rediss://), -EINVAL (an option out of its range:
+ * the message names it and the range), FERRY_EREMOTE (the server refused
+ * AUTH/SELECT/PING, e.g. NOAUTH when it wants a password the URL lacks,
+ * even with FERRY_REMOTE_LAZY: its message is quoted),
+ * -ECONNREFUSED/-ETIMEDOUT/-ECONNRESET/-EHOSTUNREACH/-EPROTO/-EMSGSIZE
+ * (cannot reach it or it does not speak RESP2 within bounds, unless
+ * FERRY_REMOTE_LAZY), -ENOMEM. *out is set only on success.
  * Ownership: close the handle with ferry_remote_close.
  */
 FERRY_API int ferry_remote_open(const char *url, const ferry_remote_options *opt,

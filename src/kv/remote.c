@@ -87,6 +87,7 @@ struct ferry_remote {
     int stop;
     pthread_t worker;
     int worker_started;
+    uint64_t refused_warn_ns, refused_unlogged; /* the writer's only */
 
     counter puts, puts_written, gets, hits, misses, errors, dropped, reconnects, degraded,
         corrupt, mismatched, redirects, bytes_written, bytes_read, exists_calls, deletes;
@@ -319,7 +320,7 @@ static uint64_t work_bytes(const ferry_remote *r, const work *w)
         for (int a = 0; a < w->cmds[i].argc; a++)
             b += w->cmds[i].argvlen[a];
     if (w->get)
-        b += w->get->cap + r->header_len;
+        b += FERRY__MIN(w->get->cap, (size_t)512 << 20) + r->header_len;
     return b;
 }
 
@@ -488,6 +489,19 @@ static void *writer_main(void *arg)
                     rfail(r, FERRY_EREMOTE, "remote %s: SET %s (%zu bytes): %s",
                           r->url.redacted, key_str(batch[i]->key, batch[i]->klen, ks, sizeof ks),
                           batch[i]->vlen, cmds[i].reply->str);
+                    /* a server refusing every write (OOM, READONLY, NOAUTH
+                     * after a restart) must be seen, once in a while */
+                    uint64_t now = ferry__now_ns();
+                    if (!r->refused_warn_ns || now - r->refused_warn_ns >= 10000000000ull) {
+                        FERRY_LOGW("%s (the write is dropped; %llu more refused since the "
+                                   "last warning)",
+                                   ferry_remote_last_error(r),
+                                   (unsigned long long)r->refused_unlogged);
+                        r->refused_warn_ns = now;
+                        r->refused_unlogged = 0;
+                    } else {
+                        r->refused_unlogged++;
+                    }
                 } else {
                     INC(r->puts_written);
                     ADD(r->bytes_written, batch[i]->vlen);
@@ -515,6 +529,69 @@ static void *writer_main(void *arg)
 }
 
 /* ---- open / close ---- */
+
+/* every option within its documented range before any arithmetic on it
+ * (ferry/remote.h says the ranges); 0 values mean the defaults */
+static int check_options(const ferry_remote_options *o, const ferry__rurl *u)
+{
+    static const struct {
+        const char *name;
+        size_t off;
+        uint32_t max;
+    } ranges[] = {
+        {"connect_timeout_ms", offsetof(ferry_remote_options, connect_timeout_ms),
+         FERRY_REMOTE_TIMEOUT_MAX_MS},
+        {"command_timeout_ms", offsetof(ferry_remote_options, command_timeout_ms),
+         FERRY_REMOTE_TIMEOUT_MAX_MS},
+        {"backoff_initial_ms", offsetof(ferry_remote_options, backoff_initial_ms),
+         FERRY_REMOTE_BACKOFF_MAX_MS},
+        {"backoff_max_ms", offsetof(ferry_remote_options, backoff_max_ms),
+         FERRY_REMOTE_BACKOFF_MAX_MS},
+        {"queue_max_items", offsetof(ferry_remote_options, queue_max_items),
+         FERRY_REMOTE_QUEUE_ITEMS_MAX},
+        {"connections", offsetof(ferry_remote_options, connections),
+         FERRY_REMOTE_CONNECTIONS_MAX},
+        {"ttl_s", offsetof(ferry_remote_options, ttl_s), FERRY_REMOTE_TTL_MAX_S},
+    };
+    for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++) {
+        uint32_t v;
+        memcpy(&v, (const char *)o + ranges[i].off, sizeof v);
+        if (v > ranges[i].max)
+            return ferry__err_set(NULL, -EINVAL,
+                                  "remote %s: options.%s = %u is out of range (0 for the "
+                                  "default, or 1..%u)",
+                                  u->redacted, ranges[i].name, v, ranges[i].max);
+    }
+    if (o->queue_max_bytes > FERRY_REMOTE_QUEUE_BYTES_MAX)
+        return ferry__err_set(NULL, -EINVAL,
+                              "remote %s: options.queue_max_bytes = %llu is out of range (0 for "
+                              "the default, or 1..%llu)",
+                              u->redacted, (unsigned long long)o->queue_max_bytes,
+                              (unsigned long long)FERRY_REMOTE_QUEUE_BYTES_MAX);
+    if (o->backoff_max_ms && o->backoff_max_ms < o->backoff_initial_ms)
+        return ferry__err_set(NULL, -EINVAL,
+                              "remote %s: options.backoff_max_ms = %u is below "
+                              "backoff_initial_ms = %u",
+                              u->redacted, o->backoff_max_ms, o->backoff_initial_ms);
+    if (o->layout_len > FERRY_REMOTE_LAYOUT_MAX || (!o->layout && o->layout_len))
+        return ferry__err_set(NULL, -EINVAL,
+                              "remote %s: options.layout_len = %zu is out of range (0..%u, with "
+                              "a non-NULL layout)",
+                              u->redacted, o->layout_len, FERRY_REMOTE_LAYOUT_MAX);
+    size_t plen = o->key_prefix ? strnlen(o->key_prefix, FERRY_REMOTE_KEY_MAX) : 0;
+    if (plen >= FERRY_REMOTE_KEY_MAX / 2)
+        return ferry__err_set(NULL, -EINVAL,
+                              "remote %s: options.key_prefix of %zu%s bytes is out of range "
+                              "(0..%u)",
+                              u->redacted, plen, plen == FERRY_REMOTE_KEY_MAX ? "+" : "",
+                              FERRY_REMOTE_KEY_MAX / 2 - 1);
+    if (o->flags & ~(uint32_t)FERRY_REMOTE_LAZY)
+        return ferry__err_set(NULL, -EINVAL,
+                              "remote %s: options.flags 0x%x has unknown bits (known: "
+                              "FERRY_REMOTE_LAZY 0x%x)",
+                              u->redacted, o->flags, (unsigned)FERRY_REMOTE_LAZY);
+    return 0;
+}
 
 static void destroy(ferry_remote *r)
 {
@@ -562,17 +639,10 @@ int ferry_remote_open(const char *url, const ferry_remote_options *opt, ferry_re
     int rc = ferry__rurl_parse(url, url ? strlen(url) : 0, &u, NULL);
     if (rc)
         return rc;
-    if (o.layout_len > FERRY_REMOTE_LAYOUT_MAX || (!o.layout && o.layout_len))
-        return ferry__err_set(NULL, -EINVAL,
-                              "remote %s: layout fingerprint of %zu bytes (max %u, non-NULL)",
-                              u.redacted, o.layout_len, FERRY_REMOTE_LAYOUT_MAX);
+    rc = check_options(&o, &u);
+    if (rc)
+        return rc;
     size_t plen = o.key_prefix ? strlen(o.key_prefix) : 0;
-    if (plen >= FERRY_REMOTE_KEY_MAX / 2)
-        return ferry__err_set(NULL, -EINVAL, "remote %s: key prefix of %zu bytes (max %u)",
-                              u.redacted, plen, FERRY_REMOTE_KEY_MAX / 2 - 1);
-    if (o.flags & ~(uint32_t)FERRY_REMOTE_LAZY)
-        return ferry__err_set(NULL, -EINVAL, "remote %s: unknown flags 0x%x", u.redacted,
-                              o.flags);
 
     ferry_remote *r = ferry__calloc(1, sizeof *r);
     if (!r)
@@ -583,7 +653,7 @@ int ferry_remote_open(const char *url, const ferry_remote_options *opt, ferry_re
     r->cf.command_timeout_ms = o.command_timeout_ms ? o.command_timeout_ms : 1000;
     r->backoff_initial_ms = o.backoff_initial_ms ? o.backoff_initial_ms : 50;
     r->backoff_max_ms = o.backoff_max_ms ? o.backoff_max_ms : 5000;
-    if (r->backoff_max_ms < r->backoff_initial_ms)
+    if (r->backoff_max_ms < r->backoff_initial_ms) /* an initial above the default cap */
         r->backoff_max_ms = r->backoff_initial_ms;
     r->backoff_ns = (uint64_t)r->backoff_initial_ms * 1000000ull;
     r->jitter = (ferry__now_ns() ^ (uint64_t)(uintptr_t)r) | 1;
@@ -840,6 +910,10 @@ int ferry_remote_get(ferry_remote *r, const void *key, size_t key_len, void *dst
     cmd.argv[1] = (const char *)kb;
     cmd.argvlen[1] = g.key_len;
     cmd.key_arg = 1;
+    /* the generic path frames the reply within what dst can take */
+    cmd.reply_max = FERRY__MAX((size_t)FERRY__RREPLY_SMALL,
+                               FERRY__MIN(cap, (size_t)512 << 20) + r->header_len +
+                                   FERRY__RREPLY_ENVELOPE);
     /* the direct path when the topology has one, else a generic exchange */
     const ferry__rtopo_ops *ops = atomic_load(&r->ops);
     int direct = ops && ops->get_into;
@@ -1010,9 +1084,11 @@ int ferry_remote_delete(ferry_remote *r, const ferry_remote_key *keys, size_t n)
             redisReply *rep = cmds[i].reply;
             if (rep->type == REDIS_REPLY_INTEGER)
                 deleted += rep->integer;
-            else if (rep->type == REDIS_REPLY_ERROR && rc == 0) {
+            else if (rep->type == REDIS_REPLY_ERROR) {
                 INC(r->errors);
-                rc = rfail(r, FERRY_EREMOTE, "remote %s: DEL: %s", r->url.redacted, rep->str);
+                if (rc == 0)
+                    rc = rfail(r, FERRY_EREMOTE, "remote %s: DEL: %s", r->url.redacted,
+                               rep->str);
             }
         }
         ADD(r->deletes, deleted);

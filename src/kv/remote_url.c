@@ -48,39 +48,59 @@ static int hexval(unsigned char c)
     return -1;
 }
 
-/* Redacted, printable copy of url for messages: the userinfo password and
- * any password= query value become "***". */
-static void redact(const char *url, size_t len, char *out, size_t cap)
+/* Where the userinfo password of url[0..len) may be: [*a, *b), both NULL
+ * when there is none. wide: a URL that did not parse may have an
+ * unescaped '?' or '#' in its password, so look for its '@' up to the end
+ * (this over-redacts a '@' in a query value, harmless in a message). */
+static void secret_span(const char *url, size_t len, int wide, const char **a, const char **b)
 {
-    size_t o = 0;
-    const char *end = url + len;
-    const char *ss = NULL;
+    const char *end = url + len, *ss = NULL;
+    *a = *b = NULL;
     for (const char *q = url; q + 2 < end; q++)
         if (q[0] == ':' && q[1] == '/' && q[2] == '/') {
             ss = q + 3;
             break;
         }
-    /* password region: after the first ':' up to the last '@' before the
-     * query (over-redacting a unix path with '@' in it is harmless) */
-    const char *pw_a = NULL, *pw_b = NULL;
-    if (ss) {
-        const char *ae = ss;
-        while (ae < end && *ae != '?' && *ae != '#')
-            ae++;
-        const char *at = NULL, *first_at = NULL;
-        for (const char *q = ss; q < ae; q++)
-            if (*q == '@') {
-                at = q;
-                if (!first_at)
-                    first_at = q;
-            }
-        if (at) {
-            /* the user/password colon precedes the first '@' */
-            const char *colon = memchr(ss, ':', (size_t)(first_at - ss));
-            pw_a = colon ? colon + 1 : ss;
-            pw_b = at;
+    if (!ss)
+        return;
+    const char *ae = ss;
+    while (ae < end && (wide || (*ae != '?' && *ae != '#')))
+        ae++;
+    /* the password runs from after the first ':' up to the last '@'
+     * (over-redacting a unix path with '@' in it is harmless) */
+    const char *at = NULL, *first_at = NULL;
+    for (const char *q = ss; q < ae; q++)
+        if (*q == '@') {
+            at = q;
+            if (!first_at)
+                first_at = q;
         }
-    }
+    if (!at)
+        return;
+    /* the user/password colon precedes the first '@' */
+    const char *colon = memchr(ss, ':', (size_t)(first_at - ss));
+    *a = colon ? colon + 1 : ss;
+    *b = at;
+}
+
+/* where the first "password=" query value starts, else NULL (for a URL
+ * that did not parse it runs to the end: an unescaped '&' may be in it) */
+static const char *query_secret(const char *url, size_t len)
+{
+    for (const char *q = url; q + 9 <= url + len; q++)
+        if (q > url && (q[-1] == '?' || q[-1] == '&') && !memcmp(q, "password=", 9))
+            return q + 9;
+    return NULL;
+}
+
+/* Redacted, printable copy of url for messages: the userinfo password and
+ * any password= query value become "***". */
+static void redact(const char *url, size_t len, int wide, char *out, size_t cap)
+{
+    size_t o = 0;
+    const char *end = url + len;
+    const char *pw_a, *pw_b;
+    secret_span(url, len, wide, &pw_a, &pw_b);
     for (const char *q = url; q < end && o + 8 < cap;) {
         if (q == pw_a && pw_b) {
             o += (size_t)snprintf(out + o, cap - o, "***");
@@ -88,11 +108,11 @@ static void redact(const char *url, size_t len, char *out, size_t cap)
             continue;
         }
         /* password=... in a query */
-        if ((q == url || q[-1] == '?' || q[-1] == '&') && (size_t)(end - q) >= 9 &&
+        if (q > url && (q[-1] == '?' || q[-1] == '&') && (size_t)(end - q) >= 9 &&
             !memcmp(q, "password=", 9)) {
             o += (size_t)snprintf(out + o, cap - o, "password=***");
             q += 9;
-            while (q < end && *q != '&')
+            while (q < end && (wide || *q != '&'))
                 q++;
             continue;
         }
@@ -114,11 +134,19 @@ typedef struct pctx {
     const char *url;
     size_t len;
     ferry__errbuf *eb;
+    const char *sa, *sb, *qs; /* secret regions (wide): [sa, sb), [qs, end) */
     char shown[600];
 } pctx;
 
+static int perr_secret(pctx *c, const char *what);
+
 static int perr(pctx *c, const char *what, span s)
 {
+    /* a fragment of a URL that did not parse may be a piece of its
+     * password: never quote one that touches where a password may be */
+    if (s.p && ((c->sa && s.p < c->sb && s.p + s.n > c->sa) ||
+                (c->qs && s.p + s.n > c->qs)))
+        return perr_secret(c, what);
     char frag[80];
     size_t o = 0;
     for (size_t i = 0; i < s.n && o + 8 < sizeof frag; i++) {
@@ -352,13 +380,17 @@ static int parse_host_port(pctx *c, span hp, ferry__rurl *u)
 
 int ferry__rurl_parse(const char *url, size_t len, ferry__rurl *out, ferry__errbuf *eb)
 {
-    pctx c = {url, len, eb, ""};
+    pctx c = {url, len, eb, NULL, NULL, NULL, ""};
     ferry__rurl u;
     memset(&u, 0, sizeof u);
     u.cluster = FERRY__RCLUSTER_AUTO;
     if (!url)
         return ferry__err_set(eb, FERRY_EPARSE, "remote URL: NULL");
-    redact(url, len, c.shown, sizeof c.shown);
+    /* until it parses, quote it with everything that may be a password
+     * hidden; once it has, with exactly the password hidden */
+    redact(url, len, 1, c.shown, sizeof c.shown);
+    secret_span(url, len, 1, &c.sa, &c.sb);
+    c.qs = query_secret(url, len);
     if (memchr(url, 0, len))
         return perr(&c, "contains a NUL byte", (span){NULL, 0});
     if (len == 0)
@@ -461,7 +493,7 @@ int ferry__rurl_parse(const char *url, size_t len, ferry__rurl *out, ferry__errb
                     (span){NULL, 0});
     if (u.cluster == FERRY__RCLUSTER_YES && u.db != 0)
         return perr(&c, "a Redis Cluster has only database 0", (span){NULL, 0});
-    snprintf(u.redacted, sizeof u.redacted, "%s", c.shown);
+    redact(url, len, 0, u.redacted, sizeof u.redacted);
     *out = u;
     return 0;
 }

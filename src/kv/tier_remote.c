@@ -31,6 +31,7 @@
 
 #include "ferry/remote.h"
 #include "kv_impl.h"
+#include "remote_int.h"
 
 #define KEY_HEX 32u
 #define STACK_KEYS 64u
@@ -38,9 +39,20 @@
 typedef struct rtier {
     ferry_remote *r;
     uint64_t chunk_bytes;
+    /* errors: failures of this tier's calls that the remote module does not
+     * count itself (bad arguments, out of memory); remote_errors adds the
+     * module's count of transport failures and error replies, which covers
+     * the writer thread's refused write-throughs and dead servers */
     atomic_uint_fast64_t exists_calls, asked, found, puts, put_bytes, gets, get_bytes, misses,
         refused, errors;
 } rtier;
+
+/* codes the remote module counted in its metrics.errors */
+static int counted_by_remote(int rc)
+{
+    return rc == FERRY_EREMOTE || rc == -EAGAIN || rc == FERRY_ENOSPACE ||
+           (rc < 0 && rc > -4096 && rc != -EINVAL && rc != -ENOMEM);
+}
 
 int ferry__kv_remote_key(const ferry_kv_hash *id, char *buf, size_t len)
 {
@@ -78,7 +90,7 @@ static int r_write(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, con
         atomic_fetch_add(&p->put_bytes, len);
         return 0;
     }
-    if (rc != -EAGAIN && rc != FERRY_ENOSPACE && rc != -ENOMEM)
+    if (rc != -ENOMEM && !counted_by_remote(rc))
         atomic_fetch_add(&p->errors, 1); /* the others are counted as dropped by the remote */
     return ferry__err_set(NULL, rc, "kv remote %s: write-through of chunk %s (%zu bytes) "
                                     "dropped: %s",
@@ -111,7 +123,7 @@ static int r_read(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, void
     else if (rc == FERRY_EMISMATCH || rc == FERRY_ECORRUPT || rc == FERRY_EVERSION ||
              rc == -ENOBUFS)
         atomic_fetch_add(&p->refused, 1);
-    else
+    else if (!counted_by_remote(rc))
         atomic_fetch_add(&p->errors, 1);
     return ferry__err_set(NULL, rc, "kv remote %s: reading chunk %s: %s", ferry_remote_url(p->r),
                           key, ferry_last_error());
@@ -162,7 +174,15 @@ int ferry__kv_tier_remote_open(const char *url, const ferry_remote_options *opt,
         ferry__free(p);
         t->impl = NULL;
         ferry__kv_tier_free(t);
-        return ferry__err_set(eb, rc, "kv remote: opening %s: %s", url, ferry_last_error());
+        /* never the raw URL: it may hold the password */
+        char why[FERRY__ERRMSG_MAX];
+        snprintf(why, sizeof why, "%s", ferry_last_error());
+        ferry__rurl u;
+        ferry__errbuf peb;
+        const char *shown = "(an unparsable URL)";
+        if (ferry__rurl_parse(url, strlen(url), &u, &peb) == 0)
+            shown = u.redacted;
+        return ferry__err_set(eb, rc, "kv remote: opening %s: %s", shown, why);
     }
     *out = t;
     return 0;
@@ -217,7 +237,7 @@ int ferry__kv_remote_exists(ferry__kv_tier *t, const ferry_kv_hash *ids, size_t 
     int rc = batch(t, ids, n, ferry_remote_exists);
     if (rc > 0)
         atomic_fetch_add(&p->found, (uint64_t)rc);
-    else if (rc < 0)
+    else if (rc < 0 && !counted_by_remote(rc))
         atomic_fetch_add(&p->errors, 1);
     return rc;
 }
@@ -250,6 +270,7 @@ void ferry__kv_remote_counts(ferry__kv_tier *t, ferry_kv_stats *m)
     memset(&rm, 0, sizeof rm);
     rm.size = sizeof rm;
     if (ferry_remote_metrics_get(p->r, &rm) == 0) {
+        m->remote_errors += rm.errors;
         m->remote_degraded = rm.degraded;
         m->remote_dropped = rm.dropped;
         m->remote_written = rm.puts_written;
