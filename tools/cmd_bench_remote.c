@@ -154,7 +154,8 @@ static int usage_remote(FILE *f)
                "                          [--json]\n"
                "  retrieve throughput of the remote tier vs redis-benchmark GET, alternating\n"
                "  for R rounds, best of each (defaults: --value 1M --count 400 --keys 8\n"
-               "  --clients 1 --rounds 3)\n");
+               "  --clients 1 --rounds 3; ranges: --value 1..256M, --count 1..10^8, --keys\n"
+               "  1..10^6, --clients 1..256, --rounds 1..100, --keys x --value at most 4G)\n");
     return f == stdout ? 0 : 2;
 }
 
@@ -166,18 +167,19 @@ int cmd_bench_remote(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int rc = 0;
-        if (!strcmp(a, "--url") && v)
-            url = argv[++i];
+        if (!strcmp(a, "--url"))
+            rc = cli_opt_string("bench remote", a, v, "redis://[user:password@]host:port/db or "
+                                "unix:///path", &url), i++;
         else if (!strcmp(a, "--value"))
-            rc = cli_size("bench remote", a, v, &value), i++;
+            rc = cli_opt_size("bench remote", a, v, 1, 256u << 20, 0, &value), i++;
         else if (!strcmp(a, "--count"))
-            rc = cli_size("bench remote", a, v, &count), i++;
+            rc = cli_opt_count("bench remote", a, v, 1, 100000000, &count), i++;
         else if (!strcmp(a, "--keys"))
-            rc = cli_size("bench remote", a, v, &keys), i++;
+            rc = cli_opt_count("bench remote", a, v, 1, 1000000, &keys), i++;
         else if (!strcmp(a, "--clients"))
-            rc = cli_size("bench remote", a, v, &clients), i++;
+            rc = cli_opt_count("bench remote", a, v, 1, 256, &clients), i++;
         else if (!strcmp(a, "--rounds"))
-            rc = cli_size("bench remote", a, v, &rounds), i++;
+            rc = cli_opt_count("bench remote", a, v, 1, 100, &rounds), i++;
         else if (!strcmp(a, "--json"))
             json = 1;
         else if (!strcmp(a, "--no-redis-benchmark"))
@@ -185,19 +187,24 @@ int cmd_bench_remote(int argc, char **argv)
         else if (!strcmp(a, "-h") || !strcmp(a, "--help"))
             return usage_remote(stdout);
         else
-            return cli_usage("bench remote", "unknown option '%s' (see --help)", a);
+            return cli_unknown("bench remote", a);
         if (rc)
             return rc;
     }
     if (!url)
-        return cli_usage("bench remote", "--url is required (e.g. redis://127.0.0.1:6379/0)");
-    if (value == 0 || value > (256u << 20) || count == 0 || keys == 0 || clients == 0 ||
-        clients > 256 || rounds == 0 || rounds > 100)
-        return cli_usage("bench remote", "need 0 < --value <= 256M, --count > 0, --keys > 0, "
-                                         "0 < --clients <= 256, 0 < --rounds <= 100");
+        return cli_usage("bench remote", "--url is required; accepted: --url "
+                                         "redis://127.0.0.1:6379/0 or unix:///path");
+    /* keys x value are held on the server at once */
+    if (keys * value > (4ull << 30))
+        return cli_usage("bench remote", "--keys %llu: %llu values of %llu bytes; accepted: "
+                                         "--keys x --value at most 4G",
+                         (unsigned long long)keys, (unsigned long long)keys,
+                         (unsigned long long)value);
     ferry__rurl u;
     if (ferry__rurl_parse(url, strlen(url), &u, NULL) != 0)
-        return cli_fail("bench remote", "--url", FERRY_EPARSE);
+        return cli_bad("bench remote", "--url", NULL,
+                       "redis://[user:password@]host:port/db or unix:///path", "%s",
+                       ferry_last_error());
 
     ferry_remote_options o = FERRY_REMOTE_OPTIONS_INIT;
     static const char layout[] = "ferry-bench";
