@@ -10,6 +10,8 @@
 /* ferry-test-labels: concurrent */
 /* ferry-test-timeout: 600 */
 #include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -33,6 +35,9 @@ static unsigned g_tb = 64; /* bytes per token and plane (wider for pieces) */
 static ferry_kv *g_kv;
 static int32_t g_docs[DOCS][DOC_CHUNKS * CT];
 static atomic_long g_checked, g_loaded, g_missed, g_errors;
+/* a thread scribbling over the L2 slab file behind the store's back */
+static atomic_int g_scribble_stop;
+static int g_scribbling;
 
 static ferry_kv_layout small_layout(void)
 {
@@ -147,14 +152,21 @@ static void *worker(void *arg)
                     atomic_fetch_add(&g_loaded, 1);
                 else
                     atomic_fetch_add(&g_missed, 1);
-                if (!ok && st[c] != FERRY_ENOTFOUND && st[c] != FERRY_ENOSPACE)
+                if (!ok && st[c] != FERRY_ENOTFOUND && st[c] != FERRY_ENOSPACE &&
+                    !(g_scribbling && st[c] == FERRY_ECORRUPT))
                     atomic_fetch_add(&g_errors, 1);
+                /* a chunk that failed its check while being copied into
+                 * this host buffer was zeroed there, never left bad (one
+                 * checked before its copy is untouched) */
+                unsigned char miss = 0xEE;
+                if (st[c] == FERRY_ECORRUPT && mem[(uint64_t)c * CT * TB] == 0)
+                    miss = 0;
                 for (unsigned p = 0; p < PLANES; p++)
                     for (unsigned rr = 0; rr < CT; rr++) {
                         const unsigned char *row =
                             mem + ((uint64_t)p * cap + (uint64_t)c * CT + rr) * TB;
                         for (unsigned j = 0; j < TB; j++) {
-                            unsigned char want = ok ? content(h[c], p, rr, j) : 0xEE;
+                            unsigned char want = ok ? content(h[c], p, rr, j) : miss;
                             if (row[j] != want) {
                                 fprintf(stderr,
                                         "thread %d: doc %d chunk %d plane %u row %u byte %u: %02x, "
@@ -185,6 +197,29 @@ static void *worker(void *arg)
         }
     }
     free(mem);
+    return NULL;
+}
+
+static void *scribbler(void *arg)
+{
+    const char *dir = arg;
+    char path[400];
+    snprintf(path, sizeof path, "%s/ferry_slab.bin", dir);
+    int fd = open(path, O_WRONLY);
+    if (fd < 0) {
+        atomic_fetch_add(&g_errors, 1);
+        return NULL;
+    }
+    unsigned s = 99;
+    unsigned char junk[256];
+    while (!atomic_load(&g_scribble_stop)) {
+        memset(junk, (int)(rnd(&s) & 0xff), sizeof junk);
+        off_t off = (off_t)(rnd(&s) % (24 * CHUNK - sizeof junk));
+        if (pwrite(fd, junk, sizeof junk, off) != (ssize_t)sizeof junk)
+            atomic_fetch_add(&g_errors, 1);
+        usleep(200);
+    }
+    close(fd);
     return NULL;
 }
 
@@ -222,19 +257,31 @@ static void run(int policy, int with_l2)
         args[i].id = i;
         assert_int_equal(pthread_create(&th[i], NULL, worker, &args[i]), 0);
     }
+    pthread_t sth;
+    atomic_store(&g_scribble_stop, 0);
+    if (g_scribbling)
+        assert_int_equal(pthread_create(&sth, NULL, scribbler, dir), 0);
     for (int i = 0; i < THREADS; i++)
         pthread_join(th[i], NULL);
+    if (g_scribbling) {
+        atomic_store(&g_scribble_stop, 1);
+        pthread_join(sth, NULL);
+    }
     FT_ASSERT_OK(ferry_kv_flush(g_kv));
     ferry_kv_stats m;
     FT_ASSERT_OK(ferry_kv_metrics(g_kv, &m));
     printf("  %s%s: %ld chunks loaded and checked, %ld misses checked untouched; "
-           "evictions L1 %llu L2 %llu, L2 hits %llu, prefetched %llu\n",
+           "evictions L1 %llu L2 %llu, L2 hits %llu, prefetched %llu, corrupt %llu\n",
            policy == FERRY_KV_EVICT_LRU ? "lru" : "s3fifo", with_l2 ? "+l2" : "",
            (long)atomic_load(&g_loaded), (long)atomic_load(&g_missed),
            (unsigned long long)m.tier[FERRY_KV_TIER_L1].evictions,
            (unsigned long long)m.tier[FERRY_KV_TIER_L2].evictions,
            (unsigned long long)m.tier[FERRY_KV_TIER_L2].hits,
-           (unsigned long long)m.prefetched_chunks);
+           (unsigned long long)m.prefetched_chunks, (unsigned long long)m.corrupt_chunks);
+    if (g_scribbling)
+        assert_true(m.corrupt_chunks > 0);
+    else
+        assert_int_equal(m.corrupt_chunks, 0);
     assert_int_equal(atomic_load(&g_errors), 0);
     assert_true(atomic_load(&g_loaded) > 0);
     assert_true(atomic_load(&g_checked) == atomic_load(&g_loaded) + atomic_load(&g_missed));
@@ -252,6 +299,17 @@ static void eight_threads_lru_with_l2(void **state)
 {
     (void)state;
     run(FERRY_KV_EVICT_LRU, 1);
+}
+
+/* the same while another thread overwrites random bytes of the L2 slab
+ * file: every chunk a retrieve reports is still exact, every other one
+ * untouched (or zeroed, when it failed its check on the way out) */
+static void eight_threads_with_l2_written_behind_the_store(void **state)
+{
+    (void)state;
+    g_scribbling = 1;
+    run(FERRY_KV_EVICT_LRU, 1);
+    g_scribbling = 0;
 }
 
 static void eight_threads_s3fifo_with_l2(void **state)
@@ -381,6 +439,7 @@ int main(void)
         cmocka_unit_test(eight_threads_lru_with_l2),
         cmocka_unit_test(eight_threads_s3fifo_with_l2),
         cmocka_unit_test(eight_threads_l1_only),
+        cmocka_unit_test(eight_threads_with_l2_written_behind_the_store),
         cmocka_unit_test(four_retrieves_of_l2_prompts_each_get_all),
         cmocka_unit_test(four_retrieves_of_chunks_read_in_pieces_each_get_all),
     };
