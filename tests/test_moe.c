@@ -6,6 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "ferry_test.h"
 #include "moe/moe_internal.h"
@@ -591,6 +594,78 @@ static void belady_bounds_every_policy_on_generated_traces(void **state)
     ferry_moe_trace_destroy(t);
 }
 
+/* the reader's bounds: a device is refused at once (it would never end), a
+ * line over 1 MiB is FERRY_EPARSE naming the file and line (read a line at
+ * a time, so the refusal comes without reading the rest), and a pipe is
+ * read like a file */
+static void trace_reader_refuses_devices_and_overlong_lines(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = NULL;
+    assert_int_equal(ferry_moe_trace_load("/dev/zero", &t), -EINVAL);
+    assert_null(t);
+    assert_non_null(strstr(ferry_last_error(), "/dev/zero"));
+    assert_non_null(strstr(ferry_last_error(), "not a regular file"));
+
+    char dir[256], path[300];
+    ft_tmpdir(dir, sizeof dir);
+    assert_int_equal(ferry_moe_trace_load(dir, &t), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "a directory"));
+
+    /* line 2 is 1 MiB + 1 byte of spaces inside a valid record */
+    snprintf(path, sizeof path, "%s/long.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"token\":0,\"layer\":0,\"experts\":[1]}\n{\"token\":1,");
+    for (size_t i = 0; i < FERRY__TRACE_MAX_LINE; i++)
+        fputc(' ', f);
+    fprintf(f, "\"layer\":0,\"experts\":[2]}\n");
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(ferry_moe_trace_load(path, &t), FERRY_EPARSE);
+    assert_null(t);
+    assert_non_null(strstr(ferry_last_error(), "long.jsonl"));
+    assert_non_null(strstr(ferry_last_error(), "line 2"));
+    assert_non_null(strstr(ferry_last_error(), "longer than"));
+
+    /* the same from a buffer */
+    size_t n = FERRY__TRACE_MAX_LINE + 64;
+    char *buf = malloc(n);
+    assert_non_null(buf);
+    memset(buf, ' ', n);
+    memcpy(buf, "{\"token\":0,\"layer\":0,\"experts\":[1]}", 35);
+    assert_int_equal(ferry_moe_trace_parse(buf, n, &t), FERRY_EPARSE);
+    assert_non_null(strstr(ferry_last_error(), "line 1"));
+    /* exactly at the bound is a line like any other */
+    assert_int_equal(ferry_moe_trace_parse(buf, FERRY__TRACE_MAX_LINE, &t), 0);
+    assert_int_equal(ferry_moe_trace_steps(t), 1);
+    ferry_moe_trace_destroy(t);
+    t = NULL;
+    free(buf);
+
+    /* a pipe: a small trace written by a child */
+    snprintf(path, sizeof path, "%s/fifo", dir);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        FILE *w = fopen(path, "w");
+        if (!w)
+            _exit(1);
+        fprintf(w, "{\"num_layers\":2,\"num_experts\":4,\"top_k\":1}\n");
+        for (int i = 0; i < 100; i++)
+            fprintf(w, "{\"token\":%d,\"layer\":%d,\"experts\":[%d]}\n", i / 2, i % 2, i % 4);
+        _exit(fclose(w) == 0 ? 0 : 1);
+    }
+    assert_int_equal(ferry_moe_trace_load(path, &t), 0);
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    assert_int_equal(ferry_moe_trace_steps(t), 100);
+    assert_int_equal(ferry_moe_trace_model(t)->num_experts, 4);
+    ferry_moe_trace_destroy(t);
+    ft_rmtree(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -610,6 +685,7 @@ int main(void)
         cmocka_unit_test(replay_counts_match_a_hand_computed_trace),
         cmocka_unit_test(belady_refuses_steps_off_its_trace),
         cmocka_unit_test(belady_bounds_every_policy_on_generated_traces),
+        cmocka_unit_test(trace_reader_refuses_devices_and_overlong_lines),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
