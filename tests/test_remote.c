@@ -11,6 +11,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -61,6 +66,340 @@ static ferry_remote_metrics metrics(ferry_remote *r)
     m.size = sizeof m;
     FT_ASSERT_OK(ferry_remote_metrics_get(r, &m));
     return m;
+}
+
+/* ---- a hostile or slow fake server ----
+ * One loopback listener and one thread that serves one connection at a
+ * time: PING is answered +PONG (the handshake); the first other command
+ * gets what the mode says. */
+enum fake_mode {
+    FAKE_BIG_BULK,   /* "$335544320\r\n" then endless bytes */
+    FAKE_ENDLESS_ARRAY, /* "*2147483647\r\n" then endless "*1\r\n" */
+    FAKE_DRIP,       /* a 40-byte error reply, one byte per 100 ms */
+    FAKE_LONG_LINE,  /* a 16 MiB status line without CRLF, then silence */
+    FAKE_DEEP_ARRAY, /* "*1\r\n" nested without end */
+};
+
+typedef struct fake {
+    int lfd, port, mode;
+    atomic_int stop;
+    atomic_ullong sent;
+    pthread_t th;
+} fake;
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* the name of the first complete command in buf[0..len), or "" */
+static int fake_command(const char *buf, size_t len, char *name, size_t cap, size_t *used)
+{
+    const char *p = buf, *end = buf + len;
+    const char *nl = memchr(p, '\n', (size_t)(end - p));
+    if (!nl || *p != '*')
+        return 0;
+    long argc = strtol(p + 1, NULL, 10);
+    p = nl + 1;
+    name[0] = 0;
+    for (long i = 0; i < argc; i++) {
+        nl = p < end ? memchr(p, '\n', (size_t)(end - p)) : NULL;
+        if (!nl || *p != '$')
+            return 0;
+        long l = strtol(p + 1, NULL, 10);
+        p = nl + 1;
+        if (end - p < l + 2)
+            return 0;
+        if (i == 0)
+            snprintf(name, cap, "%.*s", (int)l, p);
+        p += l + 2;
+    }
+    *used = (size_t)(p - buf);
+    return 1;
+}
+
+static int fake_send(fake *f, int fd, const void *b, size_t n)
+{
+    size_t off = 0;
+    while (off < n && !atomic_load(&f->stop)) {
+        struct pollfd pf = {fd, POLLOUT, 0};
+        if (poll(&pf, 1, 50) <= 0)
+            continue;
+        ssize_t k = send(fd, (const char *)b + off, n - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (k < 0 && (errno == EAGAIN || errno == EINTR))
+            continue;
+        if (k <= 0)
+            return -1;
+        off += (size_t)k;
+        atomic_fetch_add(&f->sent, (unsigned long long)k);
+    }
+    return atomic_load(&f->stop) ? -1 : 0;
+}
+
+static void fake_hostile(fake *f, int fd)
+{
+    static char junk[65536];
+    memset(junk, 'x', sizeof junk);
+    const uint64_t limit = 640ull << 20; /* a client without bounds still ends */
+    switch (f->mode) {
+    case FAKE_BIG_BULK:
+        if (fake_send(f, fd, "$335544320\r\n", 12))
+            return;
+        while (atomic_load(&f->sent) < limit && fake_send(f, fd, junk, sizeof junk) == 0)
+            ;
+        return;
+    case FAKE_ENDLESS_ARRAY: {
+        if (fake_send(f, fd, "*2147483647\r\n", 13))
+            return;
+        static char ones[65536];
+        for (size_t i = 0; i + 4 <= sizeof ones; i += 4)
+            memcpy(ones + i, ":1\r\n", 4);
+        while (atomic_load(&f->sent) < limit && fake_send(f, fd, ones, sizeof ones) == 0)
+            ;
+        return;
+    }
+    case FAKE_DEEP_ARRAY: {
+        static char nest[65536];
+        for (size_t i = 0; i + 4 <= sizeof nest; i += 4)
+            memcpy(nest + i, "*1\r\n", 4);
+        while (atomic_load(&f->sent) < limit && fake_send(f, fd, nest, sizeof nest) == 0)
+            ;
+        return;
+    }
+    case FAKE_DRIP: {
+        const char *rep = "-ERR dripped one byte per 100 ms.......\r\n";
+        for (size_t i = 0; rep[i]; i++) {
+            if (fake_send(f, fd, rep + i, 1))
+                return;
+            for (int k = 0; k < 10 && !atomic_load(&f->stop); k++)
+                nanosleep(&(struct timespec){0, 10000000L}, NULL);
+        }
+        return;
+    }
+    case FAKE_LONG_LINE:
+        if (fake_send(f, fd, "+", 1))
+            return;
+        for (int i = 0; i < 256; i++)
+            if (fake_send(f, fd, junk, sizeof junk))
+                return;
+        while (!atomic_load(&f->stop)) /* and no CRLF, ever */
+            nanosleep(&(struct timespec){0, 10000000L}, NULL);
+        return;
+    }
+}
+
+static void *fake_main(void *arg)
+{
+    fake *f = arg;
+    while (!atomic_load(&f->stop)) {
+        struct pollfd pl = {f->lfd, POLLIN, 0};
+        if (poll(&pl, 1, 50) <= 0)
+            continue;
+        int fd = accept(f->lfd, NULL, NULL);
+        if (fd < 0)
+            continue;
+        char buf[8192];
+        size_t have = 0;
+        int done = 0;
+        while (!done && !atomic_load(&f->stop)) {
+            struct pollfd pc = {fd, POLLIN, 0};
+            if (poll(&pc, 1, 50) <= 0)
+                continue;
+            ssize_t k = recv(fd, buf + have, sizeof buf - have, 0);
+            if (k <= 0)
+                break;
+            have += (size_t)k;
+            char name[32];
+            size_t used;
+            while (!done && fake_command(buf, have, name, sizeof name, &used)) {
+                memmove(buf, buf + used, have - used);
+                have -= used;
+                if (!strcmp(name, "PING")) {
+                    if (fake_send(f, fd, "+PONG\r\n", 7))
+                        done = 1;
+                } else {
+                    fake_hostile(f, fd);
+                    done = 1;
+                }
+            }
+            if (have == sizeof buf)
+                have = 0; /* a large SET value: its command is not needed whole */
+        }
+        close(fd);
+    }
+    return NULL;
+}
+
+static void fake_start(fake *f, int mode)
+{
+    memset(f, 0, sizeof *f);
+    f->mode = mode;
+    f->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(f->lfd >= 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(f->lfd, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t al = sizeof a;
+    assert_int_equal(getsockname(f->lfd, (struct sockaddr *)&a, &al), 0);
+    f->port = ntohs(a.sin_port);
+    assert_int_equal(listen(f->lfd, 8), 0);
+    assert_int_equal(pthread_create(&f->th, NULL, fake_main, f), 0);
+}
+
+static void fake_stop(fake *f)
+{
+    atomic_store(&f->stop, 1);
+    pthread_join(f->th, NULL);
+    close(f->lfd);
+}
+
+static long maxrss_kib(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss;
+}
+
+enum { OP_EXISTS, OP_PUT_SYNC, OP_DELETE, OP_GET, OP_COUNT };
+static const char *const op_name[] = {"exists", "put_sync", "delete", "get"};
+
+/* One call against a fake in each mode, for each call that reads a reply:
+ * it fails (never data, never success) within about the command timeout,
+ * not per read, the client's memory stays bounded whatever the server
+ * sends, the failure is counted and the remote is down. */
+static void hostile_server_is_bounded_in_time_and_memory(void **state)
+{
+    (void)state;
+    const uint32_t timeout_ms = 300;
+    static const int modes[] = {FAKE_BIG_BULK, FAKE_ENDLESS_ARRAY, FAKE_DEEP_ARRAY, FAKE_DRIP,
+                                FAKE_LONG_LINE};
+    long rss0 = maxrss_kib();
+    for (size_t mi = 0; mi < sizeof modes / sizeof modes[0]; mi++)
+        for (int op = 0; op < OP_COUNT; op++) {
+            fake f;
+            fake_start(&f, modes[mi]);
+            char url[128];
+            snprintf(url, sizeof url, "redis://127.0.0.1:%d/0?cluster=no", f.port);
+            ferry_remote_options o = opts_a();
+            o.command_timeout_ms = timeout_ms;
+            o.backoff_initial_ms = 60000;
+            o.backoff_max_ms = 60000;
+            ferry_remote *r = NULL;
+            FT_ASSERT_OK(ferry_remote_open(url, &o, &r));
+            ferry_remote_key k = {"key", 3};
+            uint8_t dst[4096];
+            int64_t t0 = now_ms();
+            int rc = 0;
+            switch (op) {
+            case OP_EXISTS:
+                rc = ferry_remote_exists(r, &k, 1);
+                assert_int_equal(rc, 0); /* a miss, never a hit */
+                break;
+            case OP_PUT_SYNC:
+                rc = ferry_remote_put_sync(r, "key", 3, "value", 5);
+                assert_true(rc < 0);
+                break;
+            case OP_DELETE:
+                rc = ferry_remote_delete(r, &k, 1);
+                assert_true(rc < 0);
+                break;
+            case OP_GET:
+                rc = ferry_remote_get(r, "key", 3, dst, sizeof dst);
+                assert_true(rc < 0);
+                break;
+            }
+            int64_t took = now_ms() - t0;
+            ferry_remote_metrics m = metrics(r);
+            if (modes[mi] == FAKE_BIG_BULK && op == OP_GET) {
+                /* the direct GET reads the value header, refuses it and
+                 * drops the connection instead of draining 320 MiB */
+                assert_int_equal(rc, FERRY_ECORRUPT);
+                assert_int_equal(m.corrupt, 1);
+                m.errors = 1;
+                m.down = 1;
+            }
+            if (took >= 2 * (int64_t)timeout_ms || m.errors != 1 || m.down != 1)
+                fprintf(stderr, "mode %zu %s: rc %d after %lld ms, errors %llu, down %u: %s\n",
+                        mi, op_name[op], rc, (long long)took, (unsigned long long)m.errors,
+                        m.down, ferry_remote_last_error(r));
+            assert_true(took < 2 * (int64_t)timeout_ms);
+            assert_int_equal(m.errors, 1);
+            assert_int_equal(m.down, 1);
+            assert_int_equal(m.hits, 0);
+            if (modes[mi] == FAKE_DRIP)
+                assert_non_null(strstr(ferry_remote_last_error(r), "deadline"));
+            ferry_remote_close(r);
+            fake_stop(&f);
+            /* whatever was sent, the client grew by less than 48 MiB */
+            long grown = maxrss_kib() - rss0;
+            if (grown >= 48 * 1024)
+                fprintf(stderr, "mode %zu %s: max RSS grew %ld KiB (server sent %llu bytes)\n",
+                        mi, op_name[op], grown, (unsigned long long)atomic_load(&f.sent));
+            assert_true(grown < 48 * 1024);
+        }
+}
+
+/* the reply framer alone: bounds found from headers, before the bytes */
+static void reply_framer_bounds(void **state)
+{
+    (void)state;
+    ferry__rframe f;
+    char what[200];
+    size_t took;
+    static const struct {
+        const char *bytes;
+        size_t max;
+        uint32_t elems;
+        int want;
+        size_t took;
+    } cases[] = {
+        {"+OK\r\n", 0, 0, 1, 5},
+        {"+OK\r\n+NEXT\r\n", 0, 0, 1, 5},
+        {"-ERR x\r\n", 0, 0, 1, 8},
+        {":-42\r\n", 0, 0, 1, 6},
+        {"$-1\r\n", 0, 0, 1, 5},
+        {"$3\r\nabc\r\n", 0, 0, 1, 9},
+        {"$3\r\nab", 0, 0, 0, 6},
+        {"*-1\r\n", 0, 0, 1, 5},
+        {"*0\r\n", 0, 0, 1, 4},
+        {"*2\r\n:1\r\n*1\r\n$1\r\nx\r\n", 0, 3, 1, 19},
+        {"*1\r\n:1\r\n", 0, 0, -EMSGSIZE, 0},          /* no array expected */
+        {"*3\r\n", 0, 2, -EMSGSIZE, 0},                  /* more elements than allowed */
+        {"$335544320\r\n", 0, 0, -EMSGSIZE, 0},          /* over 64 KiB, from the header */
+        {"$100\r\n", 64, 0, -EMSGSIZE, 0},
+        {"*2147483647\r\n", 0, 1u << 30, -EMSGSIZE, 0},
+        {"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n", 0, 100, -EPROTO, 0},
+        {"$3\r\nabcX\n", 0, 0, -EPROTO, 0},
+        {"!3\r\n", 0, 0, -EPROTO, 0},
+        {":12a\r\n", 0, 0, -EPROTO, 0},
+        {"$-2\r\n", 0, 0, -EPROTO, 0},
+        {":99999999999999999999\r\n", 0, 0, -EPROTO, 0},
+        {"+abc", 3, 0, -EMSGSIZE, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ferry__rframe_start(&f, cases[i].max, cases[i].elems);
+        took = 12345;
+        int rc = ferry__rframe_scan(&f, cases[i].bytes, strlen(cases[i].bytes), &took, what,
+                                    sizeof what);
+        if (rc != cases[i].want)
+            fprintf(stderr, "case %zu: %d (%s)\n", i, rc, rc < 0 ? what : "");
+        assert_int_equal(rc, cases[i].want);
+        if (rc >= 0)
+            assert_int_equal(took, cases[i].took);
+    }
+    /* byte by byte is the same as all at once */
+    const char *multi = "*2\r\n$5\r\nhello\r\n*2\r\n:7\r\n+ok\r\n";
+    ferry__rframe_start(&f, 0, 16);
+    int rc = 0;
+    size_t n = strlen(multi), i = 0;
+    for (; i < n && rc == 0; i++)
+        rc = ferry__rframe_scan(&f, multi + i, 1, &took, what, sizeof what);
+    assert_int_equal(rc, 1);
+    assert_int_equal(i, n);
 }
 
 /* ---- URL parser ---- */
@@ -1087,11 +1426,14 @@ static void threads_share_one_handle(void **state)
 
 int main(void)
 {
+    /* first: the hostile-server test measures the growth of max RSS */
     const struct CMUnitTest offline[] = {
         cmocka_unit_test(url_valid_forms),
         cmocka_unit_test(url_invalid_forms),
         cmocka_unit_test(value_codec_checks_every_field),
         cmocka_unit_test(key_slot_known_vectors),
+        cmocka_unit_test(reply_framer_bounds),
+        cmocka_unit_test(hostile_server_is_bounded_in_time_and_memory),
     };
     const struct CMUnitTest online[] = {
         cmocka_unit_test(round_trip_sync_and_async),
