@@ -10,6 +10,7 @@
 /* ferry-test-timeout: 300 */
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -765,6 +766,140 @@ static void bad_and_unreachable_remotes(void **state)
     ft_redis_destroy(&s);
 }
 
+/* ---- passwords, refused writes, killed servers ---- */
+
+/* every log line (at trace level) that contains the needle */
+typedef struct logcap {
+    pthread_mutex_t mu;
+    const char *needle;
+    int lines, hits;
+} logcap;
+
+static void log_capture(int level, const char *msg, void *ctx)
+{
+    (void)level;
+    logcap *c = ctx;
+    pthread_mutex_lock(&c->mu);
+    c->lines++;
+    if (strstr(msg, c->needle))
+        c->hits++;
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* A server with requirepass: the password never appears in
+ * ferry_last_error() nor in any log line, whether it is wrong, right with
+ * a database the server refuses, or missing (then the open fails naming
+ * NOAUTH instead of dropping every write-through in silence). */
+static void passwords_never_shown_and_noauth_fails_open(void **state)
+{
+    (void)state;
+    static const char pw[] = "Sup3rS3cretPw";
+    static const char *const args[] = {"--requirepass", pw, NULL};
+    ft_redis s;
+    assert_int_equal(ft_redis_start(&s, args), 0);
+    logcap cap = {PTHREAD_MUTEX_INITIALIZER, pw, 0, 0};
+    int level = ferry_log_get_level();
+    ferry_log_set_level(FERRY_LOG_TRACE);
+    ferry_log_set_callback(log_capture, &cap);
+
+    char url[256], dummy[128];
+    ferry_kv_config c = remote_config(&s, dummy, sizeof dummy, "pw:", 4);
+    c.remote_url = url;
+    ferry_kv *kv = NULL;
+    /* a wrong password (it is quoted nowhere either) */
+    snprintf(url, sizeof url, "redis://:Wr0ng%sX@127.0.0.1:%d/0", pw, s.port);
+    assert_int_equal(ferry_kv_open(&c, &kv), FERRY_EREMOTE);
+    assert_null(kv);
+    assert_non_null(strstr(ferry_last_error(), "AUTH"));
+    assert_null(strstr(ferry_last_error(), pw));
+    assert_non_null(strstr(ferry_last_error(), "***"));
+    /* the right one with a database the server does not have */
+    snprintf(url, sizeof url, "redis://default:%s@127.0.0.1:%d/99", pw, s.port);
+    assert_int_equal(ferry_kv_open(&c, &kv), FERRY_EREMOTE);
+    assert_non_null(strstr(ferry_last_error(), "SELECT 99"));
+    assert_null(strstr(ferry_last_error(), pw));
+    /* the password as a query parameter */
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d/99?password=%s", s.port, pw);
+    assert_int_equal(ferry_kv_open(&c, &kv), FERRY_EREMOTE);
+    assert_null(strstr(ferry_last_error(), pw));
+    /* none at all: the open fails now, naming the cause */
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d/0", s.port);
+    assert_int_equal(ferry_kv_open(&c, &kv), FERRY_EREMOTE);
+    assert_null(kv);
+    assert_non_null(strstr(ferry_last_error(), "NOAUTH"));
+    /* the right one: it works, and the server refusing writes later
+     * (here: out of memory) is counted, not a silent drop */
+    snprintf(url, sizeof url, "redis://:%s@127.0.0.1:%d/0", pw, s.port);
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    enum { N = 2 * CT };
+    int32_t t[N];
+    make_tokens(t, N, 70);
+    store_prompt(kv, t, N, NULL);
+    ferry_kv_stats m = stats(kv);
+    assert_int_equal(m.remote_written, N / CT);
+    assert_int_equal(m.remote_errors, 0);
+    redisContext *rc = redisConnect("127.0.0.1", s.port);
+    assert_non_null(rc);
+    redisReply *rep = redisCommand(rc, "AUTH %s", pw);
+    freeReplyObject(rep);
+    rep = redisCommand(rc, "CONFIG SET maxmemory-policy noeviction");
+    freeReplyObject(rep);
+    rep = redisCommand(rc, "CONFIG SET maxmemory 1");
+    assert_int_equal(rep->type, REDIS_REPLY_STATUS);
+    freeReplyObject(rep);
+    make_tokens(t, N, 71);
+    store_prompt(kv, t, N, NULL);
+    m = stats(kv);
+    assert_int_equal(m.remote_written, N / CT);
+    assert_true(m.remote_errors >= N / CT);
+    assert_true(m.remote_dropped >= N / CT);
+    rep = redisCommand(rc, "CONFIG SET maxmemory 0");
+    freeReplyObject(rep);
+    redisFree(rc);
+    ferry_kv_close(kv);
+
+    ferry_log_set_callback(NULL, NULL);
+    ferry_log_set_level(level);
+    assert_true(cap.lines > 0); /* the hook saw the failures */
+    assert_int_equal(cap.hits, 0);
+    ft_redis_destroy(&s);
+}
+
+/* Each time the server is killed under a store, the store's own
+ * remote_errors moves (the remote module counted the failures; the KV
+ * metrics did not use to show them). */
+static void server_kills_count_in_remote_errors(void **state)
+{
+    (void)state;
+    ft_redis s;
+    assert_int_equal(ft_redis_start(&s, NULL), 0);
+    char url[128];
+    ferry_kv_config c = remote_config(&s, url, sizeof url, "kill:", 16);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    enum { N = 2 * CT };
+    int32_t t[N];
+    uint64_t before = stats(kv).remote_errors;
+    assert_int_equal(before, 0);
+    for (unsigned round = 0; round < 3; round++) {
+        make_tokens(t, N, 80 + round);
+        store_prompt(kv, t, N, NULL);
+        assert_int_equal(kill(s.pid, SIGKILL), 0);
+        waitpid(s.pid, NULL, 0);
+        s.pid = 0;
+        make_tokens(t, N, 90 + round);
+        assert_int_equal(ferry_kv_lookup(kv, t, N, NULL), 0); /* asks, finds it dead */
+        uint64_t now = stats(kv).remote_errors;
+        assert_true(now > before);
+        before = now;
+        assert_int_equal(stats(kv).remote_down, 1);
+        assert_int_equal(ft_redis_restart(&s), 0);
+        assert_true(wait_remote_up(kv, 100 + round));
+    }
+    ferry_kv_close(kv);
+    ft_redis_destroy(&s);
+}
+
 static void metrics_and_prometheus(void **state)
 {
     (void)state;
@@ -981,6 +1116,8 @@ int main(void)
         cmocka_unit_test(stopped_server_degrades_then_recovers),
         cmocka_unit_test(hung_server_answers_misses),
         cmocka_unit_test(bad_and_unreachable_remotes),
+        cmocka_unit_test(passwords_never_shown_and_noauth_fails_open),
+        cmocka_unit_test(server_kills_count_in_remote_errors),
         cmocka_unit_test(metrics_and_prometheus),
         cmocka_unit_test(remote_index_is_bounded),
         cmocka_unit_test(out_of_memory_anywhere),
