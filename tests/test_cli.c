@@ -1,0 +1,380 @@
+/*
+ * test_cli.c - the `ferry` command's answers to bad input, end to end:
+ * every usage error of every subcommand is exit 2 with exactly one line on
+ * stderr that names the flag and says what is accepted, and nothing on
+ * stdout; failures are exit 1; a missing --dir is refused (and not
+ * created) unless --create is given; --json prints exactly one JSON
+ * document; `ferry <group> --help` prints the group's usage with exit 0.
+ * Runs the ferry binary built next to this test (skipped when absent),
+ * with tiny sizes so the whole file runs in seconds.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "ferry_test.h"
+
+static char g_ferry[4096];
+static char g_dir[256]; /* this run's scratch directory */
+
+typedef struct run_out {
+    int status;
+    char out[1 << 16], err[1 << 14];
+} run_out;
+
+static void slurp(const char *path, char *buf, size_t n)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t got = fread(buf, 1, n - 1, f);
+    buf[got] = 0;
+    fclose(f);
+}
+
+/* run ferry with args split on spaces ("@" stands for the scratch
+ * directory); stdout and stderr kept apart */
+static void run_ferry(const char *args, run_out *r)
+{
+    char line[2048], *argv[64];
+    int argc = 0;
+    argv[argc++] = g_ferry;
+    size_t off = 0;
+    for (const char *p = args; *p && off + 300 < sizeof line; p++) {
+        if (*p == '@')
+            off += (size_t)snprintf(line + off, sizeof line - off, "%s", g_dir);
+        else
+            line[off++] = *p;
+    }
+    line[off] = 0;
+    for (char *tok = strtok(line, " "); tok && argc < 63; tok = strtok(NULL, " "))
+        argv[argc++] = tok;
+    argv[argc] = NULL;
+    char po[320], pe[320];
+    snprintf(po, sizeof po, "%s/.stdout", g_dir);
+    snprintf(pe, sizeof pe, "%s/.stderr", g_dir);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fo = open(po, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        int fe = open(pe, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fo < 0 || fe < 0)
+            _exit(126);
+        dup2(fo, 1);
+        dup2(fe, 2);
+        execv(g_ferry, argv);
+        _exit(127);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    r->status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    slurp(po, r->out, sizeof r->out);
+    slurp(pe, r->err, sizeof r->err);
+}
+
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
+}
+
+/* exit 2, nothing on stdout, one line on stderr: "ferry <cmd>: ..." (or
+ * "ferry: ..." for no command) that holds each of the given pieces */
+static void expect_usage(const char *args, const char *piece1, const char *piece2)
+{
+    run_out *r = malloc(sizeof *r);
+    assert_non_null(r);
+    run_ferry(args, r);
+    if (r->status != 2 || count_lines(r->err) != 1 || r->out[0] ||
+        strncmp(r->err, "ferry", 5) || (piece1 && !strstr(r->err, piece1)) ||
+        (piece2 && !strstr(r->err, piece2)))
+        fail_msg("ferry %s: exit %d, stdout '%.200s', stderr '%s' (want exit 2, one line with "
+                 "'%s' and '%s')", args, r->status, r->out, r->err, piece1 ? piece1 : "",
+                 piece2 ? piece2 : "");
+    free(r);
+}
+
+static int exists(const char *rel)
+{
+    char p[512];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s", g_dir, rel);
+    return stat(p, &st) == 0;
+}
+
+static void the_issue_cases_are_usage_errors(void **state)
+{
+    (void)state;
+    expect_usage("bench gds --size 0 --dir @", "--size 0", "accepted: ");
+    expect_usage("kv bench --model tiny --dir @ --l2 0", "--l2 0", "accepted: ");
+    expect_usage("bench gds --dir @/no/such/dir", "/no/such/dir: no such directory", "--create");
+    assert_false(exists("no"));
+    expect_usage("moe gen --tokens 0 -o @/t.jsonl", "--tokens 0", "accepted: a whole number 1..");
+    expect_usage("moe gen --top-k 0 -o @/t.jsonl", "--top-k 0", "accepted: ");
+    expect_usage("moe gen --tokens 99999999 -o @/t.jsonl", "--tokens 99999999", "too large");
+    assert_false(exists("t.jsonl"));
+    expect_usage("bench io --chunk 1G --size 64M --dir @", "--chunk 1G", "--size 64M");
+    expect_usage("bench io --size 0x100000 --dir @", "--size 0x100000", "hexadecimal");
+    expect_usage("moe bench --row-bytes 99999T", "--row-bytes 99999T", "accepted: ");
+}
+
+static void every_subcommand_refuses_alike(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *args, *piece;
+    } cases[] = {
+        /* unknown options and missing values, one per subcommand */
+        {"info --bogus", "--bogus"},
+        {"info --dir", "--dir"},
+        {"bench io --bogus", "--bogus"},
+        {"bench io --chunk", "--chunk"},
+        {"bench gds --bogus", "--bogus"},
+        {"bench gds --depth", "--depth"},
+        {"bench remote --bogus", "--bogus"},
+        {"bench remote --value", "--value"},
+        {"kv bench --bogus", "--bogus"},
+        {"kv bench --docs", "--docs"},
+        {"moe gen --bogus", "--bogus"},
+        {"moe gen --seed", "--seed"},
+        {"moe replay --bogus", "--bogus"},
+        {"moe replay @/x --slots", "--slots"},
+        {"moe bench --bogus", "--bogus"},
+        {"moe bench --row-bytes", "--row-bytes"},
+        /* trailing junk, zero, overflow, range, choices */
+        {"bench io --size 4Kx --dir @", "--size 4Kx"},
+        {"bench io --depth 0 --dir @", "--depth 0"},
+        {"bench io --depth 4097 --dir @", "--depth 4097"},
+        {"bench io --chunk 5000 --dir @", "--chunk 5000"},
+        {"bench io --engine nope --dir @", "--engine nope"},
+        {"bench io --device tpu --dir @", "--device tpu"},
+        {"bench io --size 99999999999999999999999 --dir @", "too large"},
+        {"bench gds --depth 65 --dir @", "--depth 65"},
+        {"bench gds --rounds 0 --dir @", "--rounds 0"},
+        {"bench gds --stripe 0 --dir @", "--stripe 0"},
+        {"bench gds --size 12M --chunk 8M --dir @", "--size 12M"},
+        {"bench gds --driver warp --dir @", "--driver warp"},
+        {"bench remote --url redis://127.0.0.1:1/0 --clients 0", "--clients 0"},
+        {"bench remote --url redis://127.0.0.1:1/0 --count 1.5", "--count 1.5"},
+        {"kv bench --l2 8M", "--l2 8M"},
+        {"kv bench --layers 0", "--layers 0"},
+        {"kv bench --zipf nan", "--zipf nan"},
+        {"kv bench --zipf 1e3", "--zipf 1e3"},
+        {"kv bench --seed 12x", "--seed 12x"},
+        {"kv bench --model gpt5", "--model gpt5"},
+        {"kv bench --policy mru", "--policy mru"},
+        {"kv bench --persist-rounds 65", "--persist-rounds 65"},
+        {"moe gen --model huge -o @/t.jsonl", "--model huge"},
+        {"moe gen --model small --top-k 17 -o @/t.jsonl", "--top-k 17"},
+        {"moe gen --layers 1025 -o @/t.jsonl", "--layers 1025"},
+        {"moe gen --model small", "-o FILE"},
+        {"moe replay @/x --policy fifo", "--policy fifo"},
+        {"moe replay @/x --expert-bytes 0", "--expert-bytes 0"},
+        {"moe replay @/x --sweep --policies lru,nope", "--policies lru,nope"},
+        {"moe replay @/x --budgets 25%", "--budgets"},
+        {"moe replay", "TRACE"},
+        {"moe bench --row-bytes 0", "--row-bytes 0"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect_usage(cases[i].args, cases[i].piece, NULL);
+}
+
+static void replay_checks_slots_against_the_trace(void **state)
+{
+    (void)state;
+    run_out *r = malloc(sizeof *r);
+    assert_non_null(r);
+    /* small: 4 layers x 16 experts */
+    run_ferry("moe gen --model small --tokens 32 -o @/small.jsonl", r);
+    assert_int_equal(r->status, 0);
+    expect_usage("moe replay @/small.jsonl --slots 0", "--slots 0", "accepted: a slot count 16..64");
+    expect_usage("moe replay @/small.jsonl --slots 15", "--slots 15", "one layer");
+    expect_usage("moe replay @/small.jsonl --slots 65", "--slots 65", "accepted: ");
+    expect_usage("moe replay @/small.jsonl --slots 0%", "--slots 0%", "accepted: ");
+    expect_usage("moe replay @/small.jsonl --slots 101%", "--slots 101%", "accepted: ");
+    expect_usage("moe replay @/small.jsonl --sweep --budgets 25%,,50%", "--budgets", "accepted: ");
+    run_ferry("moe replay @/small.jsonl --slots 16", r);
+    assert_int_equal(r->status, 0);
+    free(r);
+}
+
+/* exit 1 and one line for what fails at run time */
+static void failures_exit_1_with_one_line(void **state)
+{
+    (void)state;
+    run_out *r = malloc(sizeof *r);
+    assert_non_null(r);
+    run_ferry("moe replay /dev/zero", r);
+    assert_int_equal(r->status, 1);
+    assert_int_equal(count_lines(r->err), 1);
+    assert_non_null(strstr(r->err, "not a regular file"));
+    run_ferry("moe replay @/missing.jsonl", r);
+    assert_int_equal(r->status, 1);
+    assert_int_equal(count_lines(r->err), 1);
+    assert_non_null(strstr(r->err, "missing.jsonl"));
+    free(r);
+}
+
+static void missing_directories_need_create(void **state)
+{
+    (void)state;
+    run_out *r = malloc(sizeof *r);
+    assert_non_null(r);
+    expect_usage("bench io --size 64K --chunk 64K --dir @/a/b", "/a/b: no such directory",
+                 "--create");
+    expect_usage("info --dir @/c", "--create", NULL);
+    expect_usage("kv bench --model tiny --dir @/d --l2 1M", "--create", NULL);
+    assert_false(exists("a"));
+    assert_false(exists("c"));
+    assert_false(exists("d"));
+    run_ferry("bench io --size 64K --chunk 64K --depth 1 --engine posix --dir @/a/b --create", r);
+    if (r->status != 0)
+        fail_msg("bench io --create: exit %d: %s", r->status, r->err);
+    char p[512];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/a/b", g_dir);
+    assert_int_equal(stat(p, &st), 0);
+    assert_true(S_ISDIR(st.st_mode));
+    assert_int_equal(st.st_mode & 0777, 0700);
+    /* a file where a directory should be is not one */
+    snprintf(p, sizeof p, "%s/file", g_dir);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fclose(f);
+    expect_usage("bench io --dir @/file --create", "not a directory", NULL);
+    free(r);
+}
+
+/* stdout is exactly one JSON document (jansson refuses trailing text) */
+static json_t *one_document(const char *args, run_out *r)
+{
+    run_ferry(args, r);
+    if (r->status != 0)
+        fail_msg("ferry %s: exit %d: %s", args, r->status, r->err);
+    json_error_t je;
+    json_t *j = json_loads(r->out, 0, &je);
+    if (!j)
+        fail_msg("ferry %s: not one JSON document (%s at line %d): %.300s", args, je.text,
+                 je.line, r->out);
+    return j;
+}
+
+static void json_is_one_document(void **state)
+{
+    (void)state;
+    run_out *r = malloc(sizeof *r);
+    assert_non_null(r);
+    json_t *j = one_document(
+        "bench io --engine all --size 128K --chunk 64K --depth 2 --dir @ --json", r);
+    assert_true(json_is_object(j));
+    json_t *res = json_object_get(j, "results");
+    assert_true(json_is_array(res));
+    assert_int_equal(json_array_size(res), 3); /* posix, uring, cufile: each ran or says why */
+    json_decref(j);
+
+    j = one_document("bench io --engine posix --sweep --size 128K --depth 2 --dir @ --json", r);
+    res = json_object_get(j, "results");
+    assert_int_equal(json_array_size(res), 2); /* 64K and 128K chunks */
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(res, 1), "chunk_bytes")),
+                     128 << 10);
+    json_decref(j);
+
+    /* one engine, one chunk: the run's object itself (bench/vs_fio.sh reads it) */
+    j = one_document("bench io --engine posix --size 64K --chunk 64K --depth 1 --dir @ --json", r);
+    assert_non_null(json_object_get(j, "write"));
+    json_decref(j);
+
+    j = one_document("moe gen --model small --tokens 16 --json -o @/j.jsonl", r);
+    assert_true(json_is_object(j));
+    json_decref(j);
+    j = one_document("moe replay @/j.jsonl --sweep --budgets 25%,50% --policies lru,belady --json",
+                     r);
+    assert_true(json_is_array(j));
+    assert_int_equal(json_array_size(j), 4);
+    json_decref(j);
+    j = one_document("info --json --dir @", r);
+    assert_true(json_is_object(j));
+    json_decref(j);
+    free(r);
+}
+
+static void group_help_exits_0(void **state)
+{
+    (void)state;
+    run_out *r = malloc(sizeof *r);
+    assert_non_null(r);
+    static const char *const groups[] = {"kv", "bench", "moe", "slab"};
+    for (size_t i = 0; i < 4; i++) {
+        char args[64], want[64];
+        snprintf(want, sizeof want, "usage: ferry %s <command>", groups[i]);
+        for (int h = 0; h < 2; h++) {
+            snprintf(args, sizeof args, "%s %s", groups[i], h ? "-h" : "--help");
+            run_ferry(args, r);
+            if (r->status != 0 || !strstr(r->out, want) || r->err[0])
+                fail_msg("ferry %s: exit %d, stdout '%s', stderr '%s'", args, r->status, r->out,
+                         r->err);
+        }
+        /* the group alone: usage on stderr, exit 2 */
+        run_ferry(groups[i], r);
+        assert_int_equal(r->status, 2);
+        assert_non_null(strstr(r->err, want));
+        assert_string_equal(r->out, "");
+        /* an unknown command of the group: one line naming the group's commands */
+        snprintf(args, sizeof args, "%s nope", groups[i]);
+        expect_usage(args, "nope", "accepted:");
+    }
+    run_ferry("kv --help", r);
+    assert_non_null(strstr(r->out, "kv bench"));
+    run_ferry("slab --help", r);
+    assert_non_null(strstr(r->out, "slab check"));
+    /* every subcommand's own --help, exit 0 on stdout */
+    static const char *const cmds[] = {"info",      "bench io",   "bench gds", "bench remote",
+                                       "kv bench",  "moe gen",    "moe replay", "moe bench"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        char args[64];
+        snprintf(args, sizeof args, "%s --help", cmds[i]);
+        run_ferry(args, r);
+        if (r->status != 0 || !strstr(r->out, "usage: ferry") || r->err[0])
+            fail_msg("ferry %s: exit %d, stderr '%s'", args, r->status, r->err);
+    }
+    expect_usage("nosuch", "nosuch", NULL);
+    free(r);
+}
+
+int main(void)
+{
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        return 77;
+    self[n] = 0;
+    snprintf(g_ferry, sizeof g_ferry, "%s/../ferry", dirname(self));
+    if (access(g_ferry, X_OK) != 0) {
+        fprintf(stderr, "skip: %s not built\n", g_ferry);
+        return 77;
+    }
+    setenv("FERRY_NO_PROGRESS", "1", 1);
+    unsetenv("FERRY_IO_ENGINE");
+    ft_tmpdir(g_dir, sizeof g_dir);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(the_issue_cases_are_usage_errors),
+        cmocka_unit_test(every_subcommand_refuses_alike),
+        cmocka_unit_test(replay_checks_slots_against_the_trace),
+        cmocka_unit_test(failures_exit_1_with_one_line),
+        cmocka_unit_test(missing_directories_need_create),
+        cmocka_unit_test(json_is_one_document),
+        cmocka_unit_test(group_help_exits_0),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    ft_rmtree(g_dir);
+    return rc;
+}
