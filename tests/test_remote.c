@@ -402,6 +402,93 @@ static void reply_framer_bounds(void **state)
     assert_int_equal(i, n);
 }
 
+/* every option is range-checked before use: one past its maximum is
+ * -EINVAL naming the field and the range; the maximum itself is taken */
+static void options_are_range_checked(void **state)
+{
+    (void)state;
+    const char *url = "redis://127.0.0.1:1/0?cluster=no"; /* nobody listens */
+    static const struct {
+        const char *name;
+        size_t off;
+        uint64_t max;
+        int wide;
+    } f[] = {
+        {"connect_timeout_ms", offsetof(ferry_remote_options, connect_timeout_ms),
+         FERRY_REMOTE_TIMEOUT_MAX_MS, 0},
+        {"command_timeout_ms", offsetof(ferry_remote_options, command_timeout_ms),
+         FERRY_REMOTE_TIMEOUT_MAX_MS, 0},
+        {"backoff_initial_ms", offsetof(ferry_remote_options, backoff_initial_ms),
+         FERRY_REMOTE_BACKOFF_MAX_MS, 0},
+        {"backoff_max_ms", offsetof(ferry_remote_options, backoff_max_ms),
+         FERRY_REMOTE_BACKOFF_MAX_MS, 0},
+        {"queue_max_items", offsetof(ferry_remote_options, queue_max_items),
+         FERRY_REMOTE_QUEUE_ITEMS_MAX, 0},
+        {"queue_max_bytes", offsetof(ferry_remote_options, queue_max_bytes),
+         FERRY_REMOTE_QUEUE_BYTES_MAX, 1},
+        {"connections", offsetof(ferry_remote_options, connections),
+         FERRY_REMOTE_CONNECTIONS_MAX, 0},
+        {"ttl_s", offsetof(ferry_remote_options, ttl_s), FERRY_REMOTE_TTL_MAX_S, 0},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        for (int over = 1; over >= 0; over--) {
+            ferry_remote_options o = opts_a();
+            o.flags = FERRY_REMOTE_LAZY;
+            o.backoff_initial_ms = 0;
+            o.backoff_max_ms = 0;
+            uint64_t v = f[i].max + (uint64_t)over;
+            if (f[i].wide) {
+                memcpy((char *)&o + f[i].off, &v, sizeof v);
+            } else {
+                uint32_t v32 = (uint32_t)v;
+                if (over && f[i].max == UINT32_MAX)
+                    continue;
+                memcpy((char *)&o + f[i].off, &v32, sizeof v32);
+            }
+            if (!strcmp(f[i].name, "backoff_initial_ms"))
+                o.backoff_max_ms = FERRY_REMOTE_BACKOFF_MAX_MS;
+            ferry_remote *r = NULL;
+            int rc = ferry_remote_open(url, &o, &r);
+            if (over) {
+                assert_int_equal(rc, -EINVAL);
+                assert_null(r);
+                assert_non_null(strstr(ferry_last_error(), f[i].name));
+                assert_non_null(strstr(ferry_last_error(), "out of range"));
+            } else {
+                if (rc != 0)
+                    fprintf(stderr, "%s = %llu: %s\n", f[i].name, (unsigned long long)v,
+                            ferry_last_error());
+                assert_int_equal(rc, 0);
+                ferry_remote_close(r);
+            }
+        }
+    }
+    /* the cap below the start, a prefix too long, unknown flags */
+    ferry_remote_options o = opts_a();
+    o.backoff_initial_ms = 1000;
+    o.backoff_max_ms = 999;
+    ferry_remote *r = NULL;
+    assert_int_equal(ferry_remote_open(url, &o, &r), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "backoff_max_ms"));
+    o = opts_a();
+    char prefix[FERRY_REMOTE_KEY_MAX / 2 + 1];
+    memset(prefix, 'p', sizeof prefix - 1);
+    prefix[sizeof prefix - 1] = 0;
+    o.key_prefix = prefix;
+    assert_int_equal(ferry_remote_open(url, &o, &r), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "key_prefix"));
+    o = opts_a();
+    o.flags = 0x80;
+    assert_int_equal(ferry_remote_open(url, &o, &r), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "flags"));
+    o = opts_a();
+    o.layout = NULL;
+    o.layout_len = 3;
+    assert_int_equal(ferry_remote_open(url, &o, &r), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "layout_len"));
+    assert_null(r);
+}
+
 /* ---- URL parser ---- */
 
 static void url_valid_forms(void **state)
@@ -1433,6 +1520,7 @@ int main(void)
         cmocka_unit_test(value_codec_checks_every_field),
         cmocka_unit_test(key_slot_known_vectors),
         cmocka_unit_test(reply_framer_bounds),
+        cmocka_unit_test(options_are_range_checked),
         cmocka_unit_test(hostile_server_is_bounded_in_time_and_memory),
     };
     const struct CMUnitTest online[] = {
