@@ -173,6 +173,8 @@ static void every_subcommand_refuses_alike(void **state)
         {"kv bench --model gpt5", "--model gpt5"},
         {"kv bench --policy mru", "--policy mru"},
         {"kv bench --persist-rounds 65", "--persist-rounds 65"},
+        {"kv bench --model tiny --l1 4K", "--l1 4K"},
+        {"kv bench --model tiny --dir @ --l2 8K", "--l2 8K"},
         {"moe gen --model huge -o @/t.jsonl", "--model huge"},
         {"moe gen --model small --top-k 17 -o @/t.jsonl", "--top-k 17"},
         {"moe gen --layers 1025 -o @/t.jsonl", "--layers 1025"},

@@ -1375,6 +1375,15 @@ int cmd_kv_bench(int argc, char **argv)
     if (ferry_kv_layout_chunk_bytes(&l, o.chunk_tokens, &chunk) < 0)
         return cli_usage(CMD, "--chunk-tokens %u: %s; accepted: a chunk the layout can hold",
                          o.chunk_tokens, ferry_last_error());
+    char c1[32], c2[32];
+    if (o.l1 < chunk)
+        return cli_usage(CMD, "--l1 %s: less than one %s chunk of this layout; accepted: at "
+                              "least %s", cli_size_str(o.l1, c1, sizeof c1),
+                         cli_size_str(chunk, c2, sizeof c2), c2);
+    if (o.dir && o.l2 < chunk)
+        return cli_usage(CMD, "--l2 %s: less than one %s chunk of this layout; accepted: at "
+                              "least %s", cli_size_str(o.l2, c1, sizeof c1),
+                         cli_size_str(chunk, c2, sizeof c2), c2);
     /* the engine buffer holds the longest prompt's KV */
     uint64_t longest = !strcmp(o.workload, "qa") ? (uint64_t)o.doc_tokens + o.qtokens
                                                  : (uint64_t)o.turns * o.turn_tokens;
