@@ -6,8 +6,10 @@
  *  - The engine never waits on a dead remote. While the handle is "down"
  *    every call answers at once without I/O (a miss, 0, or -EAGAIN); only
  *    one caller at a time probes after the backoff period, so a hung server
- *    costs at most one thread one timeout per period. Transport failures
- *    during a call are bounded by the connect/command timeouts.
+ *    costs at most one thread one timeout per period. A call is bounded by
+ *    the connect timeout and one deadline for all its I/O (command
+ *    timeout plus 16 ns per byte it moves, retry included: run_work), and
+ *    what the server sends by the bounds each command gives its reply.
  *  - put() never blocks: the value is encoded into one allocation and
  *    queued; when the queue's item or byte bound would be passed, the put
  *    is dropped and counted. The bound covers items being written too, so

@@ -77,20 +77,25 @@ static int wait_fd(int fd, short ev, uint64_t deadline)
 }
 
 /* up to len bytes, at least one, before the deadline: the count,
- * -ECONNRESET (EOF), -ETIMEDOUT or -errno */
+ * -ECONNRESET (EOF), -ETIMEDOUT or -errno. Bytes already there are taken
+ * without a poll() first (a large value arrives in many pieces). */
 static ssize_t recv_dl(int fd, void *buf, size_t len, uint64_t deadline)
 {
     for (;;) {
-        int rc = wait_fd(fd, POLLIN, deadline);
-        if (rc)
-            return rc;
+        if (ferry__now_ns() >= deadline)
+            return -ETIMEDOUT;
         ssize_t n = recv(fd, buf, len, MSG_DONTWAIT);
         if (n > 0)
             return n;
         if (n == 0)
             return -ECONNRESET;
-        if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            int rc = wait_fd(fd, POLLIN, deadline);
+            if (rc)
+                return rc;
+        } else if (errno != EINTR) {
             return -errno;
+        }
     }
 }
 
@@ -296,14 +301,21 @@ static int flush_out(redisContext *ctx, uint64_t deadline)
     size_t len = sdslen(ctx->obuf), off = 0;
     int e = 0;
     while (off < len) {
-        if ((e = wait_fd(ctx->fd, POLLOUT, deadline)) != 0)
+        if (ferry__now_ns() >= deadline) {
+            e = -ETIMEDOUT;
             break;
+        }
         ssize_t n = send(ctx->fd, ctx->obuf + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) {
             off += (size_t)n;
             continue;
         }
-        if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if ((e = wait_fd(ctx->fd, POLLOUT, deadline)) != 0)
+                break;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
             continue;
         e = n < 0 ? -errno : -EPIPE;
         break;

@@ -4,7 +4,9 @@
  *  remote_url.c      strict URL parser (fuzzed: fuzz/fuzz_remote_url.c)
  *  remote_value.c    value header codec (fuzzed: fuzz/fuzz_remote_value.c)
  *  remote_conn.c     one hiredis connection: connect with timeouts, AUTH,
- *                    SELECT, pipelined exchange, hiredis error -> code
+ *                    SELECT/PING, pipelined exchange under one deadline,
+ *                    the reply framer (fuzz/fuzz_remote_frame.c), hiredis
+ *                    error -> code
  *  remote_single.c   topology backend: one server
  *  remote_cluster.c  topology backend: Redis Cluster (slot map, MOVED/ASK)
  *  remote.c          the handle: connection pool, health/backoff, writer
