@@ -40,7 +40,7 @@ static void slurp(const char *path, char *buf, size_t n)
 }
 
 /* run ferry with args split on spaces ("@" stands for the scratch
- * directory); stdout and stderr kept apart */
+ * directory, "@@" for '@'); stdout and stderr kept apart */
 static void run_ferry(const char *args, run_out *r)
 {
     char line[2048], *argv[64];
@@ -48,7 +48,9 @@ static void run_ferry(const char *args, run_out *r)
     argv[argc++] = g_ferry;
     size_t off = 0;
     for (const char *p = args; *p && off + 300 < sizeof line; p++) {
-        if (*p == '@')
+        if (p[0] == '@' && p[1] == '@')
+            line[off++] = *p++; /* "@@": a literal '@' */
+        else if (*p == '@')
             off += (size_t)snprintf(line + off, sizeof line - off, "%s", g_dir);
         else
             line[off++] = *p;
@@ -223,6 +225,14 @@ static void failures_exit_1_with_one_line(void **state)
     assert_int_equal(r->status, 1);
     assert_int_equal(count_lines(r->err), 1);
     assert_non_null(strstr(r->err, "missing.jsonl"));
+    /* a remote that cannot be reached: a failure, and its password is
+     * never printed, on either stream */
+    run_ferry("kv bench --docs 1 --doc-tokens 512 --questions 1 --l1 256M --no-refs "
+              "--remote redis://:s3kr1t-pw@@127.0.0.1:1/0", r);
+    assert_int_equal(r->status, 1);
+    assert_null(strstr(r->out, "s3kr1t-pw"));
+    assert_null(strstr(r->err, "s3kr1t-pw"));
+    assert_non_null(strstr(r->out, "redis://:***@127.0.0.1:1/0"));
     free(r);
 }
 

@@ -40,6 +40,7 @@
 #include <jansson.h>
 
 #include "cli.h"
+#include "kv/remote_int.h"
 
 #define CMD "kv bench"
 #define PC_MAX_ROUNDS 64 /* --persist-rounds */
@@ -1412,8 +1413,12 @@ int cmd_kv_bench(int argc, char **argv)
         if (o.dir)
             printf(", L2 %.2f GiB in %s%s", (double)o.l2 / (1 << 30), o.dir,
                    o.persistent ? " (persistent)" : "");
-        if (o.remote)
-            printf(", remote %s", o.remote);
+        if (o.remote) {
+            /* never the password: the URL as the remote module quotes it */
+            static ferry__rurl u;
+            if (ferry__rurl_parse(o.remote, strlen(o.remote), &u, NULL) == 0)
+                printf(", remote %s", u.redacted);
+        }
         printf("\n");
         fflush(stdout);
     }
