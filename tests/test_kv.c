@@ -9,6 +9,7 @@
 #include <xxhash.h>
 
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -296,6 +297,34 @@ static void open_rejects_bad_configs(void **state)
     assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
     c = small_config(4);
     c.l1_policy = 77;
+    assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
+    /* every option is range-checked before it is used */
+    c = small_config(4);
+    c.watermark = -0.5;
+    assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
+    c = small_config(4);
+    c.watermark = NAN;
+    assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
+    c = small_config(4);
+    c.evict_fraction = -1;
+    assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
+    c = small_config(4);
+    c.tp_world = 2;
+    c.tp_rank = 2;
+    assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "tp_rank"));
+    c = small_config(4);
+    c.tp_rank = 1; /* world 0 means 1 */
+    assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
+    c = small_config(4);
+    c.l2_policy = -1;
+    assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
+    c = small_config(4);
+    c.workers = 100000;
+    assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
+    c = small_config(4);
+    c.l2_dir = "";
+    c.l2_bytes = 64 * CHUNK;
     assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
     assert_null(kv);
     ferry_kv_close(NULL);

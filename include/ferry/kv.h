@@ -238,6 +238,8 @@ enum ferry_kv_tier {
     FERRY_KV_TIERS = 4
 };
 
+#define FERRY_KV_WORKERS_MAX 256u
+
 typedef struct ferry_kv_config {
     size_t size;                 /**< sizeof(ferry_kv_config) */
     const char *model;           /**< model name (part of every key); required */
@@ -259,7 +261,8 @@ typedef struct ferry_kv_config {
     uint32_t read_ttl_ms;        /**< 0 -> 300000 */
     ferry_device *device;        /**< for device buffers and a pinned L1; NULL: host only */
     uint64_t prefetch_max_bytes; /**< bound on prefetch bytes in flight; 0 -> l1_bytes / 4 */
-    unsigned workers;            /**< threads for async ops and write-through; 0 -> 2 */
+    unsigned workers;            /**< threads for async ops and write-through; 0 -> 2; at most
+                                      FERRY_KV_WORKERS_MAX */
     /**
      * 1: the L2 slab is persistent (ferry/pslab.h): chunks written through
      * before the store was closed (or the process died, once their write
@@ -296,8 +299,11 @@ typedef struct ferry_kv ferry_kv;
  * Open a store. Allocates the L1 pool (pinned through cfg->device when it
  * is set) and, with l2_dir, locks that directory and creates the slab
  * (ferry_gds_open). Errors: -EINVAL (NULL, no model, bad layout, l1_bytes
- * below one chunk, a watermark outside (0, 1]), FERRY_EBUSY (l2_dir is
- * another open store's), -ENOMEM, and the slab's errors. *out owned by
+ * below one chunk, watermark or evict_fraction outside [0, 1] or NaN, a
+ * fraction above the watermark, tp_rank not below tp_world, an unknown
+ * policy, more than FERRY_KV_WORKERS_MAX workers, an empty l2_dir),
+ * FERRY_EBUSY (l2_dir is another open store's), -ENOMEM, and the slab's
+ * errors. *out owned by
  * the caller: ferry_kv_close().
  */
 FERRY_API int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out);

@@ -2222,6 +2222,29 @@ int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out)
     int rc = ferry_kv_layout_chunk_bytes(&cfg->layout, ct, &chunk_bytes);
     if (rc < 0)
         return rc;
+    /* every option in range before any arithmetic on it */
+    if (!(cfg->watermark >= 0 && cfg->watermark <= 1) ||
+        !(cfg->evict_fraction >= 0 && cfg->evict_fraction <= 1))
+        return ferry__err_set(NULL, -EINVAL,
+                              "kv open: watermark %g / evict_fraction %g: each must be in "
+                              "[0, 1] (0: the default)",
+                              cfg->watermark, cfg->evict_fraction);
+    uint32_t world = cfg->tp_world ? cfg->tp_world : 1;
+    if (cfg->tp_rank >= world)
+        return ferry__err_set(NULL, -EINVAL,
+                              "kv open: tp_rank %u is not below tp_world %u (0 means 1)",
+                              cfg->tp_rank, world);
+    if ((cfg->l1_policy != FERRY_KV_EVICT_LRU && cfg->l1_policy != FERRY_KV_EVICT_S3FIFO) ||
+        (cfg->l2_policy != FERRY_KV_EVICT_LRU && cfg->l2_policy != FERRY_KV_EVICT_S3FIFO))
+        return ferry__err_set(NULL, -EINVAL,
+                              "kv open: l1_policy %d / l2_policy %d: each must be "
+                              "FERRY_KV_EVICT_LRU (0) or FERRY_KV_EVICT_S3FIFO (1)",
+                              cfg->l1_policy, cfg->l2_policy);
+    if (cfg->workers > FERRY_KV_WORKERS_MAX)
+        return ferry__err_set(NULL, -EINVAL, "kv open: workers %u: accepted 0..%u (0 means 2)",
+                              cfg->workers, FERRY_KV_WORKERS_MAX);
+    if (cfg->l2_dir && !*cfg->l2_dir)
+        return ferry__err_set(NULL, -EINVAL, "kv open: l2_dir is empty (NULL means no L2)");
     double wm = cfg->watermark > 0 ? cfg->watermark : 0.8;
     double frac = cfg->evict_fraction > 0 ? cfg->evict_fraction : 0.2;
     if (wm > 1.0 || frac > wm)
