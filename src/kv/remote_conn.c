@@ -336,6 +336,8 @@ static int recv_replies(redisContext *ctx, ferry__rcmd **cmds, size_t n, uint64_
                         char *what, size_t wl)
 {
     redisReader *rr = ctx->reader;
+    if (n == 0)
+        return 0;
     if (rr->len > rr->pos)
         return frame_err(what, wl, -ECONNABORTED,
                          "%zu unread bytes were left on the connection", rr->len - rr->pos);
