@@ -53,6 +53,96 @@ static void create_rejects_bad_options(void **state)
     ferry_slab_destroy(NULL);
 }
 
+/* -EINVAL naming the field, and out untouched */
+static void expect_refused(const ferry_slab_options *o, const char *field)
+{
+    ferry_slab *s = (ferry_slab *)0x1;
+    assert_int_equal(ferry_slab_create(o, &s), -EINVAL);
+    assert_ptr_equal(s, (ferry_slab *)0x1);
+    if (!strstr(ferry_last_error(), field))
+        fail_msg("message '%s' does not name %s", ferry_last_error(), field);
+}
+
+static void create_range_checks_every_option(void **state)
+{
+    (void)state;
+    ferry_slab_options o = FERRY_SLAB_OPTIONS_INIT;
+    o.capacity = UINT64_MAX;
+    /* the slab kin of the persistent slab's SIGFPE: 2^32 is a power of
+     * two but above what a slab accepts */
+    o.alignment = (size_t)1 << 32;
+    expect_refused(&o, "alignment");
+    assert_non_null(strstr(ferry_last_error(), "4294967296"));
+    const size_t bad_align[] = {(size_t)1 << 31, (size_t)1 << 63, SIZE_MAX, 3, 4097,
+                                (size_t)3 << 20, ((size_t)1 << 30) + 4096};
+    for (size_t i = 0; i < FERRY__ARRAY_LEN(bad_align); i++) {
+        o.alignment = bad_align[i];
+        expect_refused(&o, "alignment");
+    }
+    /* capacity below one unit of the alignment, however large the alignment */
+    o.alignment = (size_t)1 << 30;
+    o.capacity = ((uint64_t)1 << 30) - 1;
+    expect_refused(&o, "capacity");
+    o.capacity = 0;
+    o.alignment = 0;
+    expect_refused(&o, "capacity");
+    o.capacity = 1 << 20;
+    o.size = sizeof o - 1;
+    expect_refused(&o, "size");
+    o.size = 0;
+    expect_refused(&o, "size");
+
+    /* the edges of the range still work */
+    o = (ferry_slab_options)FERRY_SLAB_OPTIONS_INIT;
+    ferry_slab *s = NULL;
+    o.capacity = UINT64_MAX;
+    o.alignment = (size_t)1 << 30;
+    FT_ASSERT_OK(ferry_slab_create(&o, &s));
+    assert_int_equal(ferry_slab_capacity(s), UINT64_MAX & ~(((uint64_t)1 << 30) - 1));
+    ferry_extent e;
+    assert_int_equal(ferry_slab_alloc_bytes(s, UINT64_MAX, &e), FERRY_ENOSPACE);
+    assert_int_equal(ferry_slab_alloc_bytes(s, 1, &e), 1);
+    assert_int_equal(e.size, (uint64_t)1 << 30);
+    CHECK(s);
+    ferry_slab_destroy(s);
+    o.capacity = 1;
+    o.alignment = 1;
+    FT_ASSERT_OK(ferry_slab_create(&o, &s));
+    assert_int_equal(ferry_slab_alloc_bytes(s, 1, &e), 1);
+    CHECK(s);
+    ferry_slab_destroy(s);
+}
+
+/* a count whose extents could never fit is refused before anything is
+ * sized by it (no bookkeeping of INT32_MAX entries) */
+static void alloc_count_beyond_the_free_bytes_is_refused_early(void **state)
+{
+    (void)state;
+    ferry_slab *s = mk(10 * K4);
+    ferry_shape sh = {1, {K4}};
+    int dt = FERRY_DTYPE_U8;
+    ferry_layout l = {1, &sh, 1, &dt};
+    ferry_extent one[1];
+    ft_alloc_install(0, 0);
+    uint64_t before = ft_alloc_count();
+    assert_int_equal(ferry_slab_alloc(s, &l, INT32_MAX, one), FERRY_ENOSPACE);
+    assert_int_equal(ft_alloc_count(), before);
+    assert_non_null(strstr(ferry_slab_last_error(s), "out of space"));
+    assert_int_equal(ferry_slab_alloc(s, &l, UINT32_MAX, one), -EINVAL);
+    ft_alloc_reset();
+    /* need * count overflows 64 bits */
+    ferry_slab_options o = FERRY_SLAB_OPTIONS_INIT;
+    o.capacity = UINT64_MAX;
+    ferry_slab *big = NULL;
+    FT_ASSERT_OK(ferry_slab_create(&o, &big));
+    sh.dims[0] = (uint64_t)1 << 62;
+    assert_int_equal(ferry_slab_alloc(big, &l, 8, one), FERRY_ENOSPACE);
+    CHECK(big);
+    ferry_slab_destroy(big);
+    CHECK(s);
+    ferry_slab_destroy(s);
+}
+
 static void capacity_rounds_down_to_alignment(void **state)
 {
     (void)state;
@@ -514,6 +604,8 @@ int main(void)
         cmocka_unit_test(free_rejects_unknown_wrong_size_and_double_free),
         cmocka_unit_test(key_states_map_lmcache_status_codes),
         cmocka_unit_test(fragmentation_figure),
+        cmocka_unit_test(create_range_checks_every_option),
+        cmocka_unit_test(alloc_count_beyond_the_free_bytes_is_refused_early),
         cmocka_unit_test(out_of_memory_leaves_the_slab_unchanged),
         cmocka_unit_test(matches_a_bitmap_model_at_random),
         cmocka_unit_test(check_names_broken_invariants),

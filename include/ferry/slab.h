@@ -98,17 +98,26 @@ enum ferry_extent_state {
 
 typedef struct ferry_slab ferry_slab;
 
+/** The largest alignment a slab accepts: 1 GiB (what a persistent slab's
+ * header can hold). */
+#define FERRY_SLAB_ALIGN_MAX ((size_t)1 << 30)
+
 typedef struct ferry_slab_options {
-    size_t size;          /**< sizeof(ferry_slab_options) */
-    uint64_t capacity;    /**< bytes managed; rounded DOWN to the alignment; > 0 */
-    size_t alignment;     /**< power of two; 0 -> 4096 */
+    size_t size;          /**< sizeof(ferry_slab_options) or more */
+    /** bytes managed, 1..UINT64_MAX; rounded DOWN to the alignment, and
+     *  that must leave at least one alignment unit */
+    uint64_t capacity;
+    /** a power of two in 1..FERRY_SLAB_ALIGN_MAX (1 GiB); 0 -> 4096 */
+    size_t alignment;
 } ferry_slab_options;
 #define FERRY_SLAB_OPTIONS_INIT {sizeof(ferry_slab_options), 0, 0}
 
 /**
- * Create an allocator over [0, capacity). Errors: -EINVAL (capacity 0 after
- * rounding, alignment not a power of two), -ENOMEM. *out owned by the
- * caller: ferry_slab_destroy().
+ * Create an allocator over [0, capacity). Every option is range-checked
+ * before it is used. Errors: -EINVAL with a message naming the field, its
+ * value and the accepted range (size too small, capacity below the
+ * alignment, an alignment that is not a power of two or is above 1 GiB),
+ * -ENOMEM. *out owned by the caller: ferry_slab_destroy().
  */
 FERRY_API int ferry_slab_create(const ferry_slab_options *opt, ferry_slab **out);
 /** Free the allocator (extents need not be freed first). NULL does nothing. */
@@ -120,9 +129,11 @@ FERRY_API const char *ferry_slab_last_error(const ferry_slab *s);
  * Allocate `count` objects of layout l, each its own extent (size =
  * ferry_layout_bytes rounded up to the alignment), first fit by address,
  * into out[0..count). All-or-nothing: on failure no extent is held and out
- * is untouched. Returns count. Errors: -EINVAL (count 0, NULL), layout
- * errors (see ferry_layout_bytes), FERRY_ENOSPACE (no free block fits one
- * of them), -ENOMEM (bookkeeping). New extents are WRITING.
+ * is untouched. Returns count. Errors: -EINVAL (count 0 or above INT32_MAX,
+ * NULL), layout errors (see ferry_layout_bytes), FERRY_ENOSPACE (no free
+ * block fits one of them; refused before anything is sized by count when
+ * count objects exceed the free bytes), -ENOMEM (bookkeeping). New extents
+ * are WRITING.
  */
 FERRY_API int ferry_slab_alloc(ferry_slab *s, const ferry_layout *l, unsigned count,
                                ferry_extent *out);

@@ -351,12 +351,20 @@ static int u_reserve(ferry_slab *s, uint64_t more)
 
 int ferry_slab_create(const ferry_slab_options *opt, ferry_slab **out)
 {
-    if (!opt || !out || opt->size < sizeof(ferry_slab_options))
-        return ferry__err_set(NULL, -EINVAL, "slab: NULL or short options");
+    if (!opt || !out)
+        return ferry__err_set(NULL, -EINVAL, "slab: %s is NULL", opt ? "out" : "options");
+    if (opt->size < sizeof(ferry_slab_options))
+        return ferry__err_set(NULL, -EINVAL,
+                              "slab: options size %zu is below %zu (use FERRY_SLAB_OPTIONS_INIT)",
+                              opt->size, sizeof(ferry_slab_options));
+    /* range first: the persistent slab stores the alignment in 32 bits and
+     * divides by it, so 2^32 and beyond must not reach any arithmetic */
     uint64_t align = opt->alignment ? opt->alignment : 4096;
-    if (align & (align - 1))
-        return ferry__err_set(NULL, -EINVAL, "slab: alignment %zu is not a power of two",
-                              opt->alignment);
+    if (align > FERRY_SLAB_ALIGN_MAX || (align & (align - 1)))
+        return ferry__err_set(NULL, -EINVAL,
+                              "slab: alignment %zu: accepted a power of two in 1..%llu (0 means "
+                              "4096)",
+                              opt->alignment, (unsigned long long)FERRY_SLAB_ALIGN_MAX);
     uint64_t cap = opt->capacity & ~(align - 1);
     if (cap == 0)
         return ferry__err_set(NULL, -EINVAL,
@@ -460,13 +468,33 @@ static void give(ferry_slab *s, used_ent *e)
     }
 }
 
-static int alloc_locked(ferry_slab *s, uint64_t bytes, unsigned count, ferry_extent *out)
+/* FERRY_ENOSPACE when count objects of bytes each cannot fit in the free
+ * bytes at all: refused before any bookkeeping is sized by count */
+static int fits_at_all(ferry_slab *s, uint64_t bytes, unsigned count)
 {
     if (bytes > s->capacity)
         return ferry__err_set(&s->err, FERRY_ENOSPACE,
                               "slab: %u object(s) of %llu bytes: larger than the slab (%llu bytes)",
                               count, (unsigned long long)bytes,
                               (unsigned long long)s->capacity);
+    /* bytes <= capacity, a multiple of align: rounding up cannot wrap */
+    uint64_t need = (bytes + s->align - 1) & ~(s->align - 1), total;
+    if (__builtin_mul_overflow(need, (uint64_t)count, &total) ||
+        total > s->capacity - s->used_bytes)
+        return ferry__err_set(&s->err, FERRY_ENOSPACE,
+                              "slab: out of space: %u object(s) of %llu bytes need more than the "
+                              "%llu of %llu bytes free",
+                              count, (unsigned long long)need,
+                              (unsigned long long)(s->capacity - s->used_bytes),
+                              (unsigned long long)s->capacity);
+    return 0;
+}
+
+static int alloc_locked(ferry_slab *s, uint64_t bytes, unsigned count, ferry_extent *out)
+{
+    int rc = fits_at_all(s, bytes, count);
+    if (rc < 0)
+        return rc;
     uint64_t need = (bytes + s->align - 1) & ~(s->align - 1);
     if (u_reserve(s, count) < 0 || reserve_node(s) < 0)
         return ferry__err_set(&s->err, -ENOMEM,
@@ -504,7 +532,9 @@ int ferry_slab_alloc(ferry_slab *s, const ferry_layout *l, unsigned count, ferry
         /* out stays untouched on failure: stage the extents in a copy */
         ferry_extent small[16];
         ferry_extent *tmp = small;
-        if (count > FERRY__ARRAY_LEN(small) && !(tmp = ferry__malloc(count * sizeof *tmp)))
+        if ((rc = fits_at_all(s, bytes, count)) < 0)
+            tmp = NULL;
+        else if (count > FERRY__ARRAY_LEN(small) && !(tmp = ferry__malloc(count * sizeof *tmp)))
             rc = ferry__err_set(&s->err, -ENOMEM, "slab: out of memory staging %u extents",
                                 count);
         if (tmp) {
