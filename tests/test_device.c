@@ -7,6 +7,7 @@
  */
 /* ferry-test-labels: concurrent */
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,6 +99,61 @@ static void auto_follows_env_and_availability(void **state)
 }
 
 /* ---- memory ---- */
+
+static void open_range_checks_every_option(void **state)
+{
+    (void)state;
+    /* the field each case below spoils */
+    static const char *const field[] = {"fail_code", "fail_code", "fault_mask", "fault_mask",
+                                        "backend",   "ordinal",   "ordinal"};
+    for (size_t i = 0; i < FERRY__ARRAY_LEN(field); i++) {
+        ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
+        o.backend = "host";
+        switch (i) {
+        case 0: o.fail_code = 1; break;
+        case 1: o.fail_code = INT_MAX; break;
+        case 2: o.fault_mask = 1u << 4; break;
+        case 3: o.fault_mask = UINT_MAX; break;
+        case 4: o.backend = ""; break;
+        case 5: o.ordinal = -1; break;
+        default: o.ordinal = INT_MIN; break;
+        }
+        ferry_device *dev = (ferry_device *)0x1;
+        assert_int_equal(ferry_device_open(&o, &dev), -EINVAL);
+        assert_ptr_equal(dev, (ferry_device *)0x1);
+        assert_msg_has(ferry_last_error(), field[i]);
+        assert_msg_has(ferry_last_error(), "accepted");
+    }
+    /* every value of the fields that have no range is taken, and the
+     * hostile sizes fail cleanly later instead of wrapping */
+    ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
+    o.backend = "host";
+    o.fail_nth = UINT64_MAX;
+    o.fail_code = INT_MIN;
+    o.short_copy = SIZE_MAX;
+    o.fault_mask = FERRY_FAULT_ALLOC | FERRY_FAULT_COPY | FERRY_FAULT_SYNC | FERRY_FAULT_EVENT;
+    o.mem_limit = UINT64_MAX;
+    ferry_device *dev = NULL;
+    FT_ASSERT_OK(ferry_device_open(&o, &dev));
+    ferry_devptr p = 0;
+    assert_int_equal(ferry_device_alloc(dev, SIZE_MAX, &p), -ENOMEM);
+    void *h = NULL;
+    assert_int_equal(ferry_device_host_alloc(dev, SIZE_MAX, &h), -ENOMEM);
+    char byte = 0;
+    assert_int_equal(ferry_device_pin(dev, &byte, SIZE_MAX), -EINVAL);
+    FT_ASSERT_OK(ferry_device_alloc(dev, 4096, &p));
+    assert_int_equal(ferry_device_memset(dev, p, 0, SIZE_MAX), FERRY_EBOUNDS);
+    assert_int_equal(ferry_device_upload(dev, p + 4095, &byte, SIZE_MAX), FERRY_EBOUNDS);
+
+    /* set_faults has the same ranges */
+    assert_int_equal(ferry_device_set_faults(dev, 1, 0, 0, 1u << 31), -EINVAL);
+    assert_msg_has(ferry_device_last_error(dev), "fault_mask");
+    assert_int_equal(ferry_device_set_faults(dev, 1, 5, 0, 0), -EINVAL);
+    assert_msg_has(ferry_device_last_error(dev), "fail_code");
+    FT_ASSERT_OK(ferry_device_set_faults(dev, 0, 0, 0, 0));
+    FT_ASSERT_OK(ferry_device_free(dev, p));
+    ferry_device_close(dev);
+}
 
 static void alloc_free_and_bad_pointers(void **state)
 {
@@ -696,6 +752,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(open_host_names_and_null_close),
         cmocka_unit_test(open_rejects_bad_arguments),
+        cmocka_unit_test(open_range_checks_every_option),
         cmocka_unit_test(auto_follows_env_and_availability),
         cmocka_unit_test(alloc_free_and_bad_pointers),
         cmocka_unit_test(mem_limit_caps_device_bytes),

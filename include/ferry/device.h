@@ -51,19 +51,25 @@ typedef struct ferry_stream ferry_stream;
 typedef struct ferry_event ferry_event;
 
 typedef struct ferry_device_options {
-    size_t size;          /**< sizeof(ferry_device_options) */
-    const char *backend;  /**< "auto" (NULL), "host" or "cuda" */
-    int ordinal;          /**< device index for cuda */
+    /** sizeof(ferry_device_options); at least up to fault_mask */
+    size_t size;
+    /** "auto" (NULL), "host" or "cuda"; anything else (also "") -EINVAL */
+    const char *backend;
+    int ordinal;          /**< device index for cuda: 0..INT_MAX */
     /* host backend fault injection (ignored by cuda) */
-    uint64_t fail_nth;    /**< fail the Nth counted call (1-based); 0 = never */
-    int fail_code;        /**< code the failed call returns; 0 -> FERRY_EINJECTED */
-    size_t short_copy;    /**< if nonzero, copies move at most this many bytes and
-                               report FERRY_ESHORT */
-    /** which calls fail_nth counts: FERRY_FAULT_* bits; 0 = all */
+    uint64_t fail_nth;    /**< fail the Nth counted call (1-based), any value; 0 = never */
+    /** code the failed call returns: a negative code, or 0 -> FERRY_EINJECTED;
+     *  positive values -EINVAL */
+    int fail_code;
+    /** if nonzero, copies move at most this many bytes and report
+     *  FERRY_ESHORT; any value */
+    size_t short_copy;
+    /** which calls fail_nth counts: FERRY_FAULT_* bits (0xf); 0 = all;
+     *  other bits -EINVAL */
     unsigned fault_mask;
-    /** cap on the device bytes this handle may hold at once (any backend);
-        an allocation past it fails with -ENOMEM. 0 = no cap. (Added after
-        fault_mask: read only when size covers it.) */
+    /** cap on the device bytes this handle may hold at once (any backend),
+        any value; an allocation past it fails with -ENOMEM. 0 = no cap.
+        (Added after fault_mask: read only when size covers it.) */
     uint64_t mem_limit;
 } ferry_device_options;
 #define FERRY_DEVICE_OPTIONS_INIT {sizeof(ferry_device_options), NULL, 0, 0, 0, 0, 0, 0}
@@ -94,9 +100,12 @@ enum ferry_fault_kind {
  * Open a device. opt may be NULL (auto, ordinal 0, no faults). Backend
  * "auto" (or NULL) takes env FERRY_DEVICE when set, else cuda when it opens,
  * else host; an explicit backend is never overridden.
+ * Every option is range-checked before it is used.
  * Errors: FERRY_ENODEV (no driver: "libcuda.so.1 not found: ...", no such
- * ordinal), -EINVAL (unknown backend, options size too small, negative
- * ordinal), -ENOMEM, FERRY_EDRIVER. *out is untouched on failure.
+ * ordinal), -EINVAL with a message naming the field, its value and the
+ * accepted range (unknown or empty backend, options size too small,
+ * negative ordinal, positive fail_code, unknown fault_mask bits), -ENOMEM,
+ * FERRY_EDRIVER. *out is untouched on failure.
  */
 FERRY_API int ferry_device_open(const ferry_device_options *opt, ferry_device **out);
 /**
@@ -119,7 +128,8 @@ FERRY_API const char *ferry_device_last_error(const ferry_device *dev);
 FERRY_API int ferry_device_backend_available(const char *backend, const char **why);
 /**
  * Reconfigure host fault injection on an open device (the counter
- * restarts; all zero clears it). fail_code must be <= 0 (0: FERRY_EINJECTED).
+ * restarts; all zero clears it). The ranges are ferry_device_options':
+ * fail_code <= 0 (0: FERRY_EINJECTED), fault_mask only FERRY_FAULT_* bits.
  * Errors: FERRY_ENOTSUP on cuda (unless clearing), -EINVAL.
  */
 FERRY_API int ferry_device_set_faults(ferry_device *dev, uint64_t fail_nth, int fail_code,

@@ -211,6 +211,9 @@ int ferry_device_backend_available(const char *backend, const char **why)
     return 0;
 }
 
+#define FAULT_KNOWN                                                                     \
+    ((unsigned)(FERRY_FAULT_ALLOC | FERRY_FAULT_COPY | FERRY_FAULT_SYNC | FERRY_FAULT_EVENT))
+
 static int device_try_open(const struct ferry__device_ops *ops, const ferry_device_options *opt,
                            ferry_device **out)
 {
@@ -251,7 +254,23 @@ int ferry_device_open(const ferry_device_options *opt, ferry_device **out)
                               opt->size,
                               offsetof(ferry_device_options, fault_mask) + sizeof opt->fault_mask);
     if (opt && opt->ordinal < 0)
-        return ferry__err_set(NULL, -EINVAL, "device open: ordinal %d is negative", opt->ordinal);
+        return ferry__err_set(NULL, -EINVAL,
+                              "device open: ordinal %d is negative; accepted 0..INT_MAX",
+                              opt->ordinal);
+    if (opt && opt->fail_code > 0)
+        return ferry__err_set(NULL, -EINVAL,
+                              "device open: fail_code %d is positive; accepted a negative code, "
+                              "or 0 for FERRY_EINJECTED",
+                              opt->fail_code);
+    if (opt && (opt->fault_mask & ~FAULT_KNOWN))
+        return ferry__err_set(NULL, -EINVAL,
+                              "device open: fault_mask 0x%x has unknown bits 0x%x; accepted "
+                              "FERRY_FAULT_* bits (0x%x), 0 for all",
+                              opt->fault_mask, opt->fault_mask & ~FAULT_KNOWN, FAULT_KNOWN);
+    if (opt && opt->backend && !*opt->backend)
+        return ferry__err_set(NULL, -EINVAL,
+                              "device open: backend is empty; accepted NULL, \"auto\", "
+                              "\"host\" or \"cuda\"");
     const char *name = opt && opt->backend ? opt->backend : "auto";
     const char *from = "options";
     if (strcmp(name, "auto") == 0) {
@@ -357,6 +376,11 @@ int ferry_device_set_faults(ferry_device *dev, uint64_t fail_nth, int fail_code,
     if (fail_code > 0)
         return dev_fail(dev, -EINVAL, "device %s: set_faults: fail_code %d is not negative",
                         dev->ops->name, fail_code);
+    if (fault_mask & ~FAULT_KNOWN)
+        return dev_fail(dev, -EINVAL,
+                        "device %s: set_faults: fault_mask 0x%x has unknown bits 0x%x; accepted "
+                        "FERRY_FAULT_* bits (0x%x), 0 for all",
+                        dev->ops->name, fault_mask, fault_mask & ~FAULT_KNOWN, FAULT_KNOWN);
     pthread_mutex_lock(&dev->lock);
     dev->fail_nth = fail_nth;
     dev->fail_code = fail_code;
