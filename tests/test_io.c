@@ -13,6 +13,7 @@
 /* ferry-test-labels: concurrent */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -437,6 +438,93 @@ static void zero_length_and_bad_arguments(void **state)
     FT_ASSERT_OK(ferry_file_close(f));
     ferry_io_close(io);
     ferry_io_close(NULL);
+}
+
+/* one option spoiled: -EINVAL naming the field, out untouched */
+static void expect_open_refused(const ferry_io_options *o, const char *field)
+{
+    ferry_io *io = (ferry_io *)0x1;
+    assert_int_equal(ferry_io_open(o, &io), -EINVAL);
+    assert_ptr_equal(io, (ferry_io *)0x1);
+    assert_msg_has(ferry_last_error(), field);
+}
+
+static void open_range_checks_every_option(void **state)
+{
+    (void)state;
+    static const size_t huge[] = {FERRY_IO_REQUEST_MAX + 1, (size_t)1 << 32, (size_t)1 << 63,
+                                  SIZE_MAX};
+    for (int forced = 0; forced < 2; forced++) {
+        /* explicit engine, and "auto" forced through the environment: the
+         * ranges hold on every path to an engine */
+        if (forced)
+            setenv("FERRY_IO_ENGINE", "posix", 1);
+        ferry_io_options o = FERRY_IO_OPTIONS_INIT;
+        o.engine = forced ? NULL : "posix";
+        o.depth = FERRY_IO_DEPTH_MAX + 1;
+        expect_open_refused(&o, "depth 4097");
+        assert_msg_has(ferry_last_error(), "1..4096");
+        o.depth = UINT_MAX;
+        expect_open_refused(&o, "depth");
+        o.depth = 0;
+        for (size_t i = 0; i < FERRY__ARRAY_LEN(huge); i++) {
+            o.max_request = huge[i];
+            expect_open_refused(&o, "max_request");
+            o.max_request = 0;
+            o.bounce_bytes = huge[i];
+            expect_open_refused(&o, "bounce_bytes");
+            o.bounce_bytes = 0;
+        }
+        unsetenv("FERRY_IO_ENGINE");
+    }
+    ferry_io_options o = FERRY_IO_OPTIONS_INIT;
+    o.engine = "nvme";
+    expect_open_refused(&o, "engine 'nvme'");
+    o.engine = "posix";
+    o.size = 1;
+    expect_open_refused(&o, "options size 1");
+    o.size = sizeof o + 1;
+    expect_open_refused(&o, "options size");
+
+    /* the edges of each range open, and keep their documented rounding */
+    o = (ferry_io_options)FERRY_IO_OPTIONS_INIT;
+    o.engine = "posix";
+    o.depth = 1;
+    o.max_request = FERRY_IO_REQUEST_MAX;
+    o.bounce_bytes = FERRY_IO_BOUNCE_MAX;
+    ferry_io *io = NULL;
+    FT_ASSERT_OK(ferry_io_open(&o, &io));
+    assert_int_equal(ferry_io_depth(io), 1);
+    assert_int_equal(ferry_io_max_request(io), FERRY_IO_REQUEST_MAX);
+    ferry_io_close(io);
+    o.max_request = 1;
+    o.bounce_bytes = 1;
+    FT_ASSERT_OK(ferry_io_open(&o, &io));
+    assert_int_equal(ferry_io_max_request(io), FERRY_IO_ALIGN);
+    ferry_io_close(io);
+    o.max_request = FERRY_IO_ALIGN + 1;
+    FT_ASSERT_OK(ferry_io_open(&o, &io));
+    assert_int_equal(ferry_io_max_request(io), FERRY_IO_ALIGN);
+
+    /* sizes and counts of the other calls: refused, never wrapped */
+    char b[16];
+    uintptr_t end = UINTPTR_MAX - 15;
+    assert_int_equal(ferry_io_register_buffer(io, b, SIZE_MAX), -EINVAL);
+    assert_msg_has(ferry_io_last_error(io), "wraps");
+    assert_int_equal(ferry_io_register_buffer(io, (void *)end, 32), -EINVAL);
+    assert_int_equal(ferry_io_register_dev(io, (ferry_devptr)1 << 63, SIZE_MAX), -EINVAL);
+    assert_msg_has(ferry_io_last_error(io), "wraps");
+    void *buf = (void *)0x1;
+    assert_int_equal(ferry_io_buffer_alloc(io, SIZE_MAX, &buf), -EINVAL);
+    assert_int_equal(ferry_io_buffer_alloc(io, SIZE_MAX - FERRY_IO_ALIGN + 2, &buf), -EINVAL);
+    assert_ptr_equal(buf, (void *)0x1);
+    ferry_io_req *none[1] = {NULL};
+    assert_int_equal(ferry_io_submit(io, none, (unsigned)INT_MAX + 1), -EINVAL);
+    assert_msg_has(ferry_io_last_error(io), "n 2147483648");
+    ferry_io_req *d[1];
+    assert_int_equal(ferry_io_reap(io, d, 0, UINT_MAX, 0), 0);
+    assert_int_equal(ferry_io_reap(io, d, 0, 1, INT_MIN), 0);
+    ferry_io_close(io);
 }
 
 static void missing_and_unwritable_directories(void **state)
@@ -936,6 +1024,7 @@ int main(void)
         PER_ENGINE(direct_fallback_with_reason),
         PER_ENGINE(oom_everywhere_without_leaks),
         PER_ENGINE(sync_helper_leaves_async_completions),
+        cmocka_unit_test(open_range_checks_every_option),
         cmocka_unit_test(reap_timeout_returns_zero_then_completes),
         cmocka_unit_test(engines_on_several_threads),
         cmocka_unit_test(selection_env_and_reasons),

@@ -65,17 +65,38 @@ extern "C" {
 typedef struct ferry_io ferry_io;
 typedef struct ferry_file ferry_file;
 
+/** The largest ferry_io_options.depth. */
+#define FERRY_IO_DEPTH_MAX 4096u
+/** The largest ferry_io_options.max_request: 1 GiB. */
+#define FERRY_IO_REQUEST_MAX ((size_t)1 << 30)
+/** The largest ferry_io_options.bounce_bytes: 1 GiB (two are pinned). */
+#define FERRY_IO_BOUNCE_MAX ((size_t)1 << 30)
+
 typedef struct ferry_io_options {
-    size_t size;            /**< sizeof(ferry_io_options) */
-    const char *engine;     /**< "auto" (NULL), "posix", "uring", "cufile" */
-    unsigned depth;         /**< requests in flight (posix: threads); 0 -> 8 */
-    size_t max_request;     /**< split cap in bytes; 0 -> engine default */
+    /** sizeof(ferry_io_options); a shorter prefix (at least the size
+     *  field) leaves the rest at their defaults */
+    size_t size;
+    /** "auto" (NULL or ""), "posix", "uring", "cufile"; else -EINVAL */
+    const char *engine;
+    /** requests in flight (posix: threads): 1..FERRY_IO_DEPTH_MAX (4096);
+     *  0 -> 8 */
+    unsigned depth;
+    /** split cap in bytes: 1..FERRY_IO_REQUEST_MAX (1 GiB), rounded down
+     *  to a multiple of 4096 (at least 4096); 0 -> engine default */
+    size_t max_request;
     ferry_device *device;   /**< needed for device buffers; may be NULL */
-    size_t bounce_bytes;    /**< CPU-path segment size; 0 -> 8 MiB */
+    /** CPU-path segment size: 1..FERRY_IO_BOUNCE_MAX (1 GiB), rounded up to
+     *  a multiple of 4096; 0 -> 8 MiB */
+    size_t bounce_bytes;
 } ferry_io_options;
 #define FERRY_IO_OPTIONS_INIT {sizeof(ferry_io_options), NULL, 0, 0, NULL, 0}
 
-/** Open an engine. FERRY_ENODEV when a forced engine cannot work here. */
+/**
+ * Open an engine. Every option is range-checked before it is used:
+ * -EINVAL with a message naming the field, its value and the accepted
+ * range (options size, unknown engine, depth, max_request, bounce_bytes
+ * out of range). FERRY_ENODEV when a forced engine cannot work here.
+ */
 FERRY_API int ferry_io_open(const ferry_io_options *opt, ferry_io **out);
 /**
  * Waits for requests in flight, then frees (completions not yet reaped are
@@ -155,10 +176,11 @@ FERRY_API int ferry_file_drop_cache(ferry_file *f);
  * slots of at most 1 GiB each; a larger buffer takes several); later
  * requests that lie inside one registration use READ_FIXED/WRITE_FIXED.
  * posix and cufile accept and ignore it. Registering the same (buf, len)
- * again is a no-op. Errors (uring): FERRY_ENOTSUP when the kernel refused
- * a fixed-buffer table, -ENOSPC when the slots are used up, FERRY_EEXIST
- * for buf registered with another length; unregister of an unknown buf:
- * -ENOENT. Unregister before freeing the memory.
+ * again is a no-op. -EINVAL (all engines) for NULL, len 0 or a range
+ * that wraps around the address space. Errors (uring): FERRY_ENOTSUP when
+ * the kernel refused a fixed-buffer table, -ENOSPC when the slots are used
+ * up, FERRY_EEXIST for buf registered with another length; unregister of
+ * an unknown buf: -ENOENT. Unregister before freeing the memory.
  */
 FERRY_API int ferry_io_register_buffer(ferry_io *io, void *buf, size_t len);
 FERRY_API int ferry_io_unregister_buffer(ferry_io *io, void *buf);
@@ -166,7 +188,8 @@ FERRY_API int ferry_io_unregister_buffer(ferry_io *io, void *buf);
  * Register device memory with the engine (cufile: cuFileBufRegister of the
  * whole range). Later device transfers inside it are issued as (base,
  * offset) of the registration. Other engines accept and ignore it.
- * Errors: FERRY_EEXIST when p is already registered, cuFile errors mapped
+ * Errors: -EINVAL (0, len 0, a range that wraps around the address
+ * space), FERRY_EEXIST when p is already registered, cuFile errors mapped
  * to ferry codes. Unregister before freeing the device memory.
  */
 FERRY_API int ferry_io_register_dev(ferry_io *io, ferry_devptr p, size_t len);
@@ -200,15 +223,17 @@ typedef struct ferry_io_req {
  * property but must not be touched until reaped. The queue has no fixed
  * bound (requests are linked through their private words; submit never
  * allocates): all valid requests are queued and the engine runs `depth`
- * at a time. Returns the number queued, or a negative code when reqs[0]
- * is invalid; a count k < n means reqs[k] was invalid (the message says
+ * at a time. n: 0..INT_MAX (-EINVAL beyond). Returns the number queued,
+ * or a negative code when reqs[0] is invalid; a count k < n means reqs[k] was invalid (the message says
  * why) and reqs[k..n) were not queued.
  */
 FERRY_API int ferry_io_submit(ferry_io *io, ferry_io_req *const *reqs, unsigned n);
 /**
  * Wait until at least min requests have completed (or timeout_ms passes;
- * -1 = forever) and hand back up to max of them in done[]. Returns the
- * count (possibly 0 on timeout) or a negative code.
+ * any negative value = forever) and hand back up to max of them in
+ * done[] (at most INT_MAX per call). -EINVAL when min > max or done is
+ * NULL with max > 0. Returns the count (possibly 0 on timeout) or a
+ * negative code.
  */
 FERRY_API int ferry_io_reap(ferry_io *io, ferry_io_req **done, unsigned min, unsigned max,
                             int timeout_ms);

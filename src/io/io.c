@@ -18,6 +18,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,7 +55,6 @@ static rq_priv *P(ferry_io_req *r)
 
 #define RETRY_MAX 1000u      /* consecutive EINTR/EAGAIN on one part */
 #define ZERO_WRITE_MAX 8u    /* consecutive zero-byte writes before giving up */
-#define MAX_REQUEST_CAP (1ull << 30)
 
 const char *ferry__op_name(int op)
 {
@@ -81,17 +81,12 @@ static int io_create(const ferry__io_ops *ops, const ferry_io_options *o, ferry_
         return ferry__err_set(NULL, -ENOMEM, "io: out of memory allocating the %s engine",
                               ops->name);
     io->ops = ops;
+    /* ferry_io_open checked the ranges: nothing here can wrap */
     io->depth = o->depth ? o->depth : 8;
-    if (io->depth > 4096)
-        io->depth = 4096;
     size_t mr = o->max_request ? o->max_request : ops->default_max_request;
-    if (mr > MAX_REQUEST_CAP)
-        mr = MAX_REQUEST_CAP;
     mr &= ~(size_t)(FERRY_IO_ALIGN - 1);
     io->max_request = mr ? mr : FERRY_IO_ALIGN;
     size_t bb = o->bounce_bytes ? o->bounce_bytes : (size_t)8 << 20;
-    if (bb > MAX_REQUEST_CAP)
-        bb = MAX_REQUEST_CAP;
     io->bounce_bytes = FERRY__ALIGN_UP(bb, (size_t)FERRY_IO_ALIGN);
     io->device = o->device;
     io->nparts = ops->slots ? ops->slots(io->depth) : io->depth;
@@ -131,6 +126,22 @@ int ferry_io_open(const ferry_io_options *opt, ferry_io **out)
         memcpy(&o, opt, opt->size);
         o.size = sizeof o;
     }
+    /* every option in range before any arithmetic on it (the part pool is
+     * sized by depth, split pieces are 32-bit) */
+    if (o.depth > FERRY_IO_DEPTH_MAX)
+        return ferry__err_set(NULL, -EINVAL,
+                              "ferry_io_open: depth %u: accepted 1..%u (0 means 8)", o.depth,
+                              FERRY_IO_DEPTH_MAX);
+    if (o.max_request > FERRY_IO_REQUEST_MAX)
+        return ferry__err_set(NULL, -EINVAL,
+                              "ferry_io_open: max_request %zu: accepted 1..%zu bytes (0 means the "
+                              "engine's default)",
+                              o.max_request, (size_t)FERRY_IO_REQUEST_MAX);
+    if (o.bounce_bytes > FERRY_IO_BOUNCE_MAX)
+        return ferry__err_set(NULL, -EINVAL,
+                              "ferry_io_open: bounce_bytes %zu: accepted 1..%zu bytes (0 means "
+                              "8 MiB)",
+                              o.bounce_bytes, (size_t)FERRY_IO_BOUNCE_MAX);
     const char *name = o.engine && *o.engine ? o.engine : "auto";
     char reason[512];
     if (!strcmp(name, "auto")) {
@@ -478,6 +489,13 @@ int ferry_io_register_buffer(ferry_io *io, void *buf, size_t len)
     if (!io || !buf || !len)
         return ferry__err_set(io ? &io->err : NULL, -EINVAL,
                               "io: register_buffer needs a buffer and a length");
+    /* the engines count slots by rounding len up and compare buf + len:
+     * a range past the end of the address space must not reach them */
+    if (len > UINTPTR_MAX - (uintptr_t)buf)
+        return ferry__err_set(&io->err, -EINVAL,
+                              "io: register_buffer of %zu bytes at %p: len wraps around the "
+                              "address space",
+                              len, buf);
     return io->ops->buf_register ? io->ops->buf_register(io, buf, len) : 0;
 }
 
@@ -494,6 +512,11 @@ int ferry_io_register_dev(ferry_io *io, ferry_devptr p, size_t len)
     if (!io || !p || !len)
         return ferry__err_set(io ? &io->err : NULL, -EINVAL,
                               "io: register_dev needs a device pointer and a length");
+    if (len > UINT64_MAX - p)
+        return ferry__err_set(&io->err, -EINVAL,
+                              "io: register_dev of %zu bytes at 0x%llx: len wraps around the "
+                              "address space",
+                              len, (unsigned long long)p);
     return io->ops->dev_register ? io->ops->dev_register(io, p, len) : 0;
 }
 
@@ -818,6 +841,9 @@ int ferry_io_submit(ferry_io *io, ferry_io_req *const *reqs, unsigned n)
     if (!io || (!reqs && n))
         return ferry__err_set(io ? &io->err : NULL, -EINVAL, "ferry_io_submit: io or reqs is "
                               "NULL");
+    if (n > INT_MAX) /* the count returned must fit an int */
+        return ferry__err_set(&io->err, -EINVAL, "ferry_io_submit: n %u: accepted 0..%d", n,
+                              INT_MAX);
     unsigned k = 0;
     int rc = 0;
     for (; k < n; k++) {
@@ -837,6 +863,8 @@ int ferry_io_reap(ferry_io *io, ferry_io_req **done, unsigned min, unsigned max,
         return ferry__err_set(io ? &io->err : NULL, -EINVAL, "ferry_io_reap: io or done is NULL");
     if (min > max)
         return ferry__err_set(&io->err, -EINVAL, "ferry_io_reap: min %u > max %u", min, max);
+    if (max > INT_MAX)
+        max = INT_MAX; /* the count returned must fit an int; more are reaped next call */
     if (min > io->inflight)
         min = io->inflight;
     uint64_t deadline = timeout_ms < 0 ? 0 : ferry__now_ns() + (uint64_t)timeout_ms * 1000000ull;
