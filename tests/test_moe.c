@@ -197,6 +197,90 @@ static void bad_routes_fail_and_change_nothing(void **state)
     assert_null(q);
 }
 
+static void planner_options_are_range_checked(void **state)
+{
+    (void)state;
+    struct {
+        uint32_t layers, experts, slots;
+        const char *policy, *field;
+    } bad[] = {
+        {0, 8, 8, NULL, "num_layers 0"},
+        {1025, 8, 8, NULL, "num_layers 1025"},
+        {UINT32_MAX, 8, 8, NULL, "num_layers"},
+        {2, 0, 8, NULL, "num_experts 0"},
+        {2, 16385, 16385, NULL, "num_experts 16385"},
+        {2, UINT32_MAX, UINT32_MAX, NULL, "num_experts"},
+        /* the old check let L x E up to 2^32 through: far past any array */
+        {65536, 65535, 65535, NULL, "num_layers 65536"},
+        {2, 8, 7, NULL, "slots 7"},
+        {2, 8, 0, NULL, "slots 0"},
+        {2, 8, (1u << 24) + 1, NULL, "slots 16777217"},
+        {2, 8, UINT32_MAX, NULL, "slots 4294967295"},
+        {2, 8, 8, "mru", "policy 'mru'"},
+        {2, 8, 8, "", "policy ''"},
+    };
+    for (size_t i = 0; i < FERRY__ARRAY_LEN(bad); i++) {
+        ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
+        o.num_layers = bad[i].layers;
+        o.num_experts = bad[i].experts;
+        o.slots = bad[i].slots;
+        o.policy = bad[i].policy;
+        ferry_moe_planner *p = (ferry_moe_planner *)0x1;
+        assert_int_equal(ferry_moe_planner_create(&o, &p), -EINVAL);
+        assert_ptr_equal(p, (ferry_moe_planner *)0x1);
+        if (!strstr(ferry_last_error(), bad[i].field))
+            fail_msg("case %zu: message '%s' does not name '%s'", i, ferry_last_error(),
+                     bad[i].field);
+    }
+    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
+    o.size = 0;
+    ferry_moe_planner *p = NULL;
+    assert_int_equal(ferry_moe_planner_create(&o, &p), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "options size 0"));
+
+    /* the smallest shape; resize keeps the same slot range */
+    p = mk(1, 1, 1, "lru", NULL);
+    assert_int_equal(ferry_moe_planner_resize(p, (1u << 24) + 1), -EINVAL);
+    assert_non_null(strstr(ferry_moe_planner_last_error(p), "new_slots 16777217"));
+    assert_int_equal(ferry_moe_planner_resize(p, UINT32_MAX), -EINVAL);
+    assert_int_equal(ferry_moe_planner_slots(p), 1);
+    ferry_moe_planner_destroy(p);
+
+    /* any expert_bytes: the byte figures saturate instead of wrapping */
+    o = (ferry_moe_planner_options)FERRY_MOE_PLANNER_OPTIONS_INIT;
+    o.num_layers = 2;
+    o.num_experts = 8;
+    o.slots = 16;
+    o.expert_bytes = UINT64_MAX;
+    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
+    const uint32_t two[2] = {3, 5};
+    assert_int_equal(ferry_moe_planner_prefetch(p, 1, two, 2, NULL), 2);
+    ferry_moe_planner_stats st;
+    ferry_moe_planner_get_stats(p, &st);
+    assert_int_equal(st.prefetch_fetched, 2);
+    assert_true(st.prefetch_bytes == UINT64_MAX);
+    ferry_moe_planner_destroy(p);
+
+    /* replay takes its slot count through the same ranges */
+    ferry_moe_model m;
+    memset(&m, 0, sizeof m);
+    m.num_layers = 1;
+    m.num_experts = 4;
+    ferry_moe_trace *t = NULL;
+    FT_ASSERT_OK(ferry_moe_trace_create(&m, &t));
+    for (uint32_t tk = 0; tk < 4; tk++) {
+        const uint32_t e = tk;
+        FT_ASSERT_OK(ferry_moe_trace_append(t, tk, 0, &e, 1));
+    }
+    ferry_moe_replay_result r;
+    assert_int_equal(ferry_moe_replay(t, "lru", UINT32_MAX, 0, &r), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "slots 4294967295"));
+    FT_ASSERT_OK(ferry_moe_replay(t, "lru", 4, UINT64_MAX, &r));
+    assert_int_equal(r.misses, 4);
+    assert_true(r.host_bytes == UINT64_MAX);
+    ferry_moe_trace_destroy(t);
+}
+
 static void forget_frees_the_slot_and_the_expert_misses_again(void **state)
 {
     (void)state;
@@ -674,6 +758,7 @@ int main(void)
         cmocka_unit_test(lru_evicts_least_recent_with_lowest_slot_ties),
         cmocka_unit_test(every_policy_keeps_the_current_step_resident),
         cmocka_unit_test(bad_routes_fail_and_change_nothing),
+        cmocka_unit_test(planner_options_are_range_checked),
         cmocka_unit_test(forget_frees_the_slot_and_the_expert_misses_again),
         cmocka_unit_test(resize_grows_and_drops_occupants_past_the_end),
         cmocka_unit_test(prefetch_brings_experts_in_without_evicting_the_step),

@@ -175,6 +175,116 @@ static void read_slot(ferry_device *dev, void *ctx, uint32_t bank, uint32_t slot
 
 /* the one line of the gather path a compiler cannot check: which slot is
  * the source and which the destination, for every order of the pair */
+/* every function taking a geometry refuses it whole, naming the field,
+ * before anything is sized by it */
+static void geometries_are_range_checked(void **state)
+{
+    (void)state;
+    ferry_device *dev = host_dev();
+    ferry_io_options io_o = FERRY_IO_OPTIONS_INIT;
+    io_o.engine = "posix";
+    io_o.depth = 1;
+    ferry_io *io = NULL;
+    FT_ASSERT_OK(ferry_io_open(&io_o, &io));
+    struct {
+        uint32_t layers, experts, slots, banks;
+        size_t row;
+        const char *field;
+        int slots_only; /* only where slots are used (executor, device slots) */
+    } bad[] = {
+        {0, 8, 8, 1, 64, "num_layers 0", 0},
+        {1025, 8, 8, 1, 64, "num_layers 1025", 0},
+        {UINT32_MAX, 8, 8, 1, 64, "num_layers", 0},
+        {2, 0, 8, 1, 64, "num_experts 0", 0},
+        {2, 16385, 8, 1, 64, "num_experts 16385", 0},
+        {2, UINT32_MAX, 8, 1, 64, "num_experts", 0},
+        {2, 8, 0, 1, 64, "slots 0", 1},
+        {2, 8, (1u << 24) + 1, 1, 64, "slots 16777217", 1},
+        {2, 8, UINT32_MAX, 1, 64, "slots", 1},
+        {2, 8, 8, 0, 64, "banks 0", 0},
+        {2, 8, 8, FERRY_MOE_MAX_BANKS + 1, 64, "banks 5", 0},
+        {2, 8, 8, UINT32_MAX, 64, "banks", 0},
+        {2, 8, 8, 1, 0, "row_bytes[0] 0", 0},
+        {2, 8, 8, 1, (size_t)FERRY_MOE_MAX_ROW_BYTES + 1, "row_bytes[0]", 0},
+        {2, 8, 8, 1, SIZE_MAX, "row_bytes[0]", 0},
+        {2, 8, 8, 1, (size_t)1 << 63, "row_bytes[0]", 0},
+        /* each field in range, their product not: 2^24 rows of 1 TiB */
+        {1024, 16384, 8, 1, (size_t)FERRY_MOE_MAX_ROW_BYTES, "overflows", 0},
+        /* a bank fits, the slot arena does not: 2^24 slots x 2^39 bytes */
+        {1, 1, 1u << 24, 1, (size_t)1 << 39, "slots 16777216 x row_bytes[0]", 1},
+    };
+    for (size_t i = 0; i < FERRY__ARRAY_LEN(bad); i++) {
+        ferry_moe_geometry g = FERRY_MOE_GEOMETRY_INIT;
+        g.num_layers = bad[i].layers;
+        g.num_experts = bad[i].experts;
+        g.slots = bad[i].slots;
+        g.banks = bad[i].banks;
+        for (int b = 0; b < FERRY_MOE_MAX_BANKS; b++)
+            g.row_bytes[b] = bad[i].row;
+        /* what each entry point answers, with its name for the report */
+        int rc[5];
+        const char *who[5] = {"slots_create", "device_slots_open", "rows_host", "rows_fn",
+                              "rows_file"};
+        char *msgs[5];
+        ferry_moe_slots *s = (ferry_moe_slots *)0x1;
+        rc[0] = ferry_moe_slots_create(&g, &fake_ops, NULL, &s);
+        msgs[0] = strdup(ferry_last_error());
+        assert_ptr_equal(s, (ferry_moe_slots *)0x1);
+        const ferry_moe_slot_device_ops *ops = NULL;
+        void *ctx = NULL;
+        rc[1] = ferry_moe_device_slots_open(dev, &g, &ops, &ctx);
+        msgs[1] = strdup(ferry_last_error());
+        assert_null(ctx);
+        /* rows sources ignore slots: where only slots are wrong they may
+         * open (without a device nothing touches the bank memory) */
+        char bank[64];
+        void *base[FERRY_MOE_MAX_BANKS] = {bank, bank, bank, bank};
+        for (int k = 2; k < 5; k++) {
+            ferry_moe_rows *r = (ferry_moe_rows *)0x1;
+            if (k == 2)
+                rc[k] = ferry_moe_rows_host(&g, base, NULL, 0, &r);
+            else if (k == 3)
+                rc[k] = ferry_moe_rows_fn(&g, named_row, NULL, &r);
+            else
+                rc[k] = ferry_moe_rows_file(&g, io, "/nonexistent/rows.bin", NULL, &r);
+            msgs[k] = strdup(ferry_last_error());
+            if (rc[k] == 0)
+                ferry_moe_rows_destroy(r);
+            else
+                assert_ptr_equal(r, (ferry_moe_rows *)0x1);
+        }
+        for (int k = 0; k < 5; k++) {
+            int checked = k < 2 || !bad[i].slots_only;
+            if (checked && (rc[k] != -EINVAL || !strstr(msgs[k], bad[i].field)))
+                fail_msg("case %zu, %s: %d '%s', want -EINVAL naming '%s'", i, who[k], rc[k],
+                         msgs[k], bad[i].field);
+            if (!checked && rc[k] == -EINVAL && strstr(msgs[k], "slots"))
+                fail_msg("case %zu, %s: a rows source checked slots: '%s'", i, who[k], msgs[k]);
+            free(msgs[k]);
+        }
+    }
+    ferry_moe_geometry g = geom(1, 1, 1, 64);
+    g.size = 1;
+    assert_int_equal(ferry_moe_slots_create(&g, &fake_ops, NULL, NULL), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "geometry size 1"));
+
+    /* the sources' own sizes: a bank that wraps the address space, a file
+     * bank that would end past the largest offset */
+    g = geom(1, 1, 1, 4096);
+    void *base[1] = {(void *)(UINTPTR_MAX - 100)};
+    ferry_moe_rows *r = NULL;
+    assert_int_equal(ferry_moe_rows_host(&g, base, NULL, 0, &r), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "wraps"));
+    const uint64_t offs[2][1] = {{(uint64_t)INT64_MAX}, {UINT64_MAX}};
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(ferry_moe_rows_file(&g, io, "/nonexistent/rows.bin", offs[k], &r),
+                         -EINVAL);
+        assert_non_null(strstr(ferry_last_error(), "bank_off[0]"));
+    }
+    ferry_io_close(io);
+    ferry_device_close(dev);
+}
+
 static void a_slot_pair_copies_the_way_the_caller_asked(void **state)
 {
     (void)state;
@@ -779,6 +889,7 @@ static void a_prefetch_overlaps_and_then_hits(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(geometries_are_range_checked),
         cmocka_unit_test(a_slot_pair_copies_the_way_the_caller_asked),
         cmocka_unit_test(a_plan_lands_each_expert_in_the_slot_it_named),
         cmocka_unit_test(a_warm_step_makes_no_device_call),

@@ -167,6 +167,64 @@ static int same(const ferry_moe_trace *a, const ferry_moe_trace *b)
     return 1;
 }
 
+/* each case spoils one option: -EINVAL naming it, nothing generated */
+static void gen_options_are_range_checked(void **state)
+{
+    (void)state;
+    struct {
+        const char *model;
+        uint32_t tokens, layers, experts, top_k;
+        const char *field;
+    } bad[] = {
+        {NULL, 1, 1025, 0, 0, "num_layers 1025"},
+        {NULL, 1, UINT32_MAX, 0, 0, "num_layers"},
+        {NULL, 1, 0, 16385, 0, "num_experts 16385"},
+        {NULL, 1, 0, UINT32_MAX, 0, "num_experts"},
+        {NULL, 1, 0, 8, 9, "top_k 9"},
+        {NULL, 1, 0, 8, UINT32_MAX, "top_k"},
+        {NULL, 1, 0, 4, 0, "top_k 8 (the preset's)"}, /* deepseek routes 8 */
+        {"gpt-5", 1, 0, 0, 0, "model 'gpt-5'"},
+        {"", 1, 0, 0, 0, "model ''"},
+        {NULL, UINT32_MAX, 0, 0, 0, "tokens 4294967295"},
+        /* 58 layers: one token more than 2^26 steps hold */
+        {NULL, ((1u << 26) / 58) + 1, 0, 0, 0, "tokens"},
+        /* 2^26 steps fit, but x top_k 16 is past 2^29 ids */
+        {"small", 1u << 24, 4, 16, 16, "tokens 16777216"},
+        /* the largest shape at the largest top_k: the product, not a wrap */
+        {NULL, UINT32_MAX, 1024, 16384, 16384, "tokens"},
+    };
+    for (size_t i = 0; i < FERRY__ARRAY_LEN(bad); i++) {
+        ferry_moe_gen_options o = FERRY_MOE_GEN_OPTIONS_INIT;
+        o.model = bad[i].model;
+        o.tokens = bad[i].tokens;
+        o.num_layers = bad[i].layers;
+        o.num_experts = bad[i].experts;
+        o.top_k = bad[i].top_k;
+        ferry_moe_trace *t = (ferry_moe_trace *)0x1;
+        assert_int_equal(ferry_moe_trace_generate(&o, &t), -EINVAL);
+        assert_ptr_equal(t, (ferry_moe_trace *)0x1);
+        if (!strstr(ferry_last_error(), bad[i].field) || !strstr(ferry_last_error(), "accepted"))
+            fail_msg("case %zu: message '%s' does not name '%s' and its range", i,
+                     ferry_last_error(), bad[i].field);
+    }
+    ferry_moe_gen_options o = FERRY_MOE_GEN_OPTIONS_INIT;
+    o.size = sizeof o - 1;
+    ferry_moe_trace *t = NULL;
+    assert_int_equal(ferry_moe_trace_generate(&o, &t), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "options size"));
+
+    /* the smallest shape of every range, and the seed takes any value */
+    o = (ferry_moe_gen_options)FERRY_MOE_GEN_OPTIONS_INIT;
+    o.tokens = 1;
+    o.num_layers = 1;
+    o.num_experts = 1;
+    o.top_k = 1;
+    o.seed = UINT64_MAX;
+    FT_ASSERT_OK(ferry_moe_trace_generate(&o, &t));
+    assert_int_equal(ferry_moe_trace_steps(t), 1);
+    ferry_moe_trace_destroy(t);
+}
+
 static void a_seed_determines_the_trace(void **state)
 {
     (void)state;
@@ -292,6 +350,7 @@ int main(void)
         cmocka_unit_test(mixtral_preset_matches_its_top_expert_share),
         cmocka_unit_test(a_uniform_trace_fails_the_same_checks),
         cmocka_unit_test(miss_rates_are_u_shaped_over_depth),
+        cmocka_unit_test(gen_options_are_range_checked),
         cmocka_unit_test(a_seed_determines_the_trace),
         cmocka_unit_test(next_turn_probabilities_are_calibrated),
     };

@@ -38,6 +38,15 @@ extern "C" {
 #define FERRY_MOE_NONE UINT32_MAX
 /** Most banks (gate, up, down, ...) an expert row may have. */
 #define FERRY_MOE_MAX_BANKS 4
+/** Most MoE layers of a model (traces, generator, planner, geometry). */
+#define FERRY_MOE_MAX_LAYERS 1024u
+/** Most experts per layer (traces, generator, planner, geometry). */
+#define FERRY_MOE_MAX_EXPERTS 16384u
+/** Most slots of a planner or slot pool: every expert of the largest
+ * shape (FERRY_MOE_MAX_LAYERS x FERRY_MOE_MAX_EXPERTS). */
+#define FERRY_MOE_MAX_SLOTS (1u << 24)
+/** Most bytes of one row of one bank: 1 TiB. */
+#define FERRY_MOE_MAX_ROW_BYTES ((uint64_t)1 << 40)
 
 /* ======================================================================
  * Routing traces
@@ -100,12 +109,17 @@ FERRY_API int ferry_moe_trace_step(const ferry_moe_trace *t, size_t i, uint32_t 
 
 /** Options of the synthetic trace generator. */
 typedef struct ferry_moe_gen_options {
-    size_t size;          /**< sizeof(ferry_moe_gen_options) */
+    size_t size;          /**< sizeof(ferry_moe_gen_options) or more */
     const char *model;    /**< preset: "deepseek-v3" (NULL), "qwen3-30b-a3b",
-                               "mixtral-8x7b", "small" */
-    uint32_t tokens;      /**< tokens to generate; 0 -> 2048 */
-    uint64_t seed;        /**< same seed, same trace */
-    /* 0 keeps the preset's value */
+                               "mixtral-8x7b", "small"; else -EINVAL */
+    /** tokens to generate; 0 -> 2048. Bounded with the shape: tokens x
+     *  num_layers at most 2^26 steps, and that x top_k at most 2^29 expert
+     *  ids (what a trace holds) */
+    uint32_t tokens;
+    uint64_t seed;        /**< same seed, same trace; any value */
+    /* 0 keeps the preset's value; num_layers 1..FERRY_MOE_MAX_LAYERS,
+     * num_experts 1..FERRY_MOE_MAX_EXPERTS, top_k 1..num_experts (the
+     * preset's top_k too must not exceed num_experts) */
     uint32_t num_layers, num_experts, top_k;
 } ferry_moe_gen_options;
 #define FERRY_MOE_GEN_OPTIONS_INIT {sizeof(ferry_moe_gen_options), NULL, 0, 1, 0, 0, 0}
@@ -117,8 +131,11 @@ typedef struct ferry_moe_gen_options {
  * reuse distance about 2 tokens), cross-layer correlation (an expert at
  * layer l pulls a fixed partner at layer l+1) and locality that is weaker
  * at the first and last layers (U-shaped miss rates over depth).
- * Deterministic for a given seed. Errors: -EINVAL (unknown preset, zero
- * sizes, top_k > num_experts), -ENOMEM.
+ * Deterministic for a given seed. Every option is range-checked before
+ * anything is sized by it. Errors: -EINVAL with a message naming the
+ * field, its value and the accepted range (options size, unknown preset,
+ * num_layers, num_experts or top_k out of range, tokens past the trace
+ * bounds), -ENOMEM.
  */
 FERRY_API int ferry_moe_trace_generate(const ferry_moe_gen_options *opt, ferry_moe_trace **out);
 /** The generator's preset names, NULL-terminated. */
@@ -131,16 +148,17 @@ FERRY_API const char *const *ferry_moe_gen_presets(void);
 typedef struct ferry_moe_planner ferry_moe_planner;
 
 typedef struct ferry_moe_planner_options {
-    size_t size;           /**< sizeof(ferry_moe_planner_options) */
-    uint32_t num_layers;
-    uint32_t num_experts;  /**< per layer */
-    uint32_t slots;        /**< >= num_experts */
-    const char *policy;    /**< see ferry_moe_policies(); NULL -> "lru" */
+    size_t size;           /**< sizeof(ferry_moe_planner_options) or more */
+    uint32_t num_layers;   /**< 1..FERRY_MOE_MAX_LAYERS (1024) */
+    uint32_t num_experts;  /**< per layer: 1..FERRY_MOE_MAX_EXPERTS (16384) */
+    uint32_t slots;        /**< num_experts..FERRY_MOE_MAX_SLOTS (2^24) */
+    const char *policy;    /**< see ferry_moe_policies(); NULL -> "lru"; else -EINVAL */
     /** The future, for "belady" only (required there, ignored otherwise):
      * ensure() must then be called with exactly this trace's steps in order. */
     const ferry_moe_trace *oracle;
     /** bytes of one expert (all banks), for the byte figures in the stats;
-     * 0: they stay 0 */
+     * any value (a figure past 64 bits saturates at UINT64_MAX); 0: they
+     * stay 0 */
     uint64_t expert_bytes;
 } ferry_moe_planner_options;
 #define FERRY_MOE_PLANNER_OPTIONS_INIT {sizeof(ferry_moe_planner_options), 0, 0, 0, NULL, NULL, 0}
@@ -201,9 +219,11 @@ typedef struct ferry_moe_planner_stats {
 } ferry_moe_planner_stats;
 
 /**
- * Create a planner. Errors: -EINVAL (zero sizes, slots < num_experts,
- * unknown policy, "belady" without an oracle or with an oracle of another
- * shape), -ENOMEM. Destroy with ferry_moe_planner_destroy.
+ * Create a planner. Every option is range-checked before anything is sized
+ * by it. Errors: -EINVAL with a message naming the field, its value and
+ * the accepted range (options size, num_layers, num_experts or slots out of
+ * range, unknown policy, "belady" without an oracle or with an oracle of
+ * another shape), -ENOMEM. Destroy with ferry_moe_planner_destroy.
  */
 FERRY_API int ferry_moe_planner_create(const ferry_moe_planner_options *opt,
                                        ferry_moe_planner **out);
@@ -252,8 +272,8 @@ FERRY_API int ferry_moe_planner_forget(ferry_moe_planner *p, uint32_t slot);
 /**
  * Change the slot budget. Growing adds free slots. Shrinking drops the
  * occupants of slots >= new_slots (returns how many were dropped; the
- * executor must be resized to match). -EINVAL when new_slots < num_experts,
- * -ENOMEM (nothing changes).
+ * executor must be resized to match). -EINVAL when new_slots is outside
+ * num_experts..FERRY_MOE_MAX_SLOTS, -ENOMEM (nothing changes).
  */
 FERRY_API int ferry_moe_planner_resize(ferry_moe_planner *p, uint32_t new_slots);
 /** The global expert id in slot, or FERRY_MOE_NONE (also when out of range). */
@@ -306,13 +326,23 @@ typedef struct ferry_moe_slot_device_ops {
     int (*flush_prefetch)(void *ctx);
 } ferry_moe_slot_device_ops;
 
-/** The slot pool's geometry (ferrox's SlotGeometry). */
+/**
+ * The slot pool's geometry (ferrox's SlotGeometry). Every function taking
+ * one checks it whole before anything is sized by it: -EINVAL with a
+ * message naming the field, its value and the accepted range.
+ */
 typedef struct ferry_moe_geometry {
-    size_t size;        /**< sizeof(ferry_moe_geometry) */
-    uint32_t num_layers;
-    uint32_t num_experts; /**< rows per layer in a rows source */
+    size_t size;        /**< sizeof(ferry_moe_geometry) or more */
+    uint32_t num_layers;  /**< 1..FERRY_MOE_MAX_LAYERS (1024) */
+    uint32_t num_experts; /**< rows per layer in a rows source: 1..FERRY_MOE_MAX_EXPERTS */
+    /** 1..FERRY_MOE_MAX_SLOTS (2^24) for the executor and device slots;
+     *  ignored by rows sources */
     uint32_t slots;
     uint32_t banks;     /**< 1..FERRY_MOE_MAX_BANKS */
+    /** row_bytes[0..banks): 1..FERRY_MOE_MAX_ROW_BYTES (1 TiB) each, and
+     *  num_layers x num_experts x row_bytes[b] (a bank) and, where slots
+     *  are used, slots x row_bytes[b] rounded up to 256 (a slot arena) at
+     *  most INT64_MAX (and SIZE_MAX); entries from banks on are ignored */
     size_t row_bytes[FERRY_MOE_MAX_BANKS];
 } ferry_moe_geometry;
 #define FERRY_MOE_GEOMETRY_INIT {sizeof(ferry_moe_geometry), 0, 0, 0, 0, {0, 0, 0, 0}}
@@ -340,7 +370,8 @@ typedef struct ferry_moe_rows ferry_moe_rows;
  * are pinned with ferry_device_pin up to pin_budget bytes (0: env
  * FERRY_MOE_PIN_BUDGET, else unlimited); layers that do not fit fall back
  * to mlock ("locked"), then stay pageable; ferry_moe_rows_class() says
- * which. Errors: -EINVAL, -ENOMEM.
+ * which. Errors: -EINVAL (the geometry, a NULL bank, a bank that wraps
+ * around the address space), -ENOMEM.
  */
 FERRY_API int ferry_moe_rows_host(const ferry_moe_geometry *g, void *const *base,
                                   ferry_device *dev, uint64_t pin_budget, ferry_moe_rows **out);
@@ -350,7 +381,8 @@ FERRY_API int ferry_moe_rows_host(const ferry_moe_geometry *g, void *const *base
  * b after bank b-1). Rows are read through io straight into slots when the
  * slot device can (read_file), else through a staging buffer. The file is
  * opened by this call (FERRY_FILE_DIRECT when every row is 4096-aligned)
- * and closed by ferry_moe_rows_destroy. Errors: -errno, -EINVAL,
+ * and closed by ferry_moe_rows_destroy. Errors: -errno, -EINVAL (the
+ * geometry; a bank_off[b] whose bank would end past INT64_MAX),
  * FERRY_EMISMATCH (file too short for the geometry).
  */
 FERRY_API int ferry_moe_rows_file(const ferry_moe_geometry *g, ferry_io *io, const char *path,
@@ -391,8 +423,8 @@ typedef struct ferry_moe_slots_stats {
 /**
  * The executor over a slot device. Takes ownership of ctx (ops->destroy is
  * called on it by ferry_moe_slots_destroy, and on failure here). Errors:
- * -EINVAL (geometry: zero layers/slots, banks outside 1..4, a zero row
- * width; ops without write_slot, copy_slot or flush), -ENOMEM.
+ * -EINVAL (the geometry outside the ranges above; ops without write_slot,
+ * copy_slot or flush), -ENOMEM.
  */
 FERRY_API int ferry_moe_slots_create(const ferry_moe_geometry *g,
                                      const ferry_moe_slot_device_ops *ops, void *ctx,
@@ -477,7 +509,8 @@ typedef struct ferry_moe_replay_result {
  * Replay trace t through a planner of `slots` slots and `policy` (belady
  * included): a step is one token at one layer; hits and misses count the
  * step's distinct experts, a hit being resident when the step starts.
- * host_bytes uses expert_bytes (0: the trace's). Errors as
+ * host_bytes uses expert_bytes (0: the trace's; any value, saturating at
+ * UINT64_MAX). slots: as ferry_moe_planner_options.slots. Errors as
  * ferry_moe_planner_create.
  */
 FERRY_API int ferry_moe_replay(const ferry_moe_trace *t, const char *policy, uint32_t slots,

@@ -161,22 +161,33 @@ static int slot_arrays(uint32_t n, uint32_t **occ, uint64_t **pin, uint8_t **pf,
 
 int ferry_moe_planner_create(const ferry_moe_planner_options *opt, ferry_moe_planner **out)
 {
-    if (!opt || !out || opt->size < sizeof(ferry_moe_planner_options))
-        return ferry__err_set(NULL, -EINVAL, "moe planner: options missing or too old");
-    if (!opt->num_layers || !opt->num_experts)
-        return ferry__err_set(NULL, -EINVAL, "moe planner: %u layers of %u experts", opt->num_layers,
-                              opt->num_experts);
-    if ((uint64_t)opt->num_layers * opt->num_experts >= UINT32_MAX)
-        return ferry__err_set(NULL, -EINVAL, "moe planner: %u x %u experts overflow the id space",
-                              opt->num_layers, opt->num_experts);
-    if (opt->slots < opt->num_experts)
+    if (!opt || !out)
+        return ferry__err_set(NULL, -EINVAL, "moe planner: options missing");
+    if (opt->size < sizeof(ferry_moe_planner_options))
         return ferry__err_set(NULL, -EINVAL,
-                              "moe planner: %u slots cannot hold one layer of %u experts (prefill)",
-                              opt->slots, opt->num_experts);
+                              "moe planner: options size %zu is below %zu (use "
+                              "FERRY_MOE_PLANNER_OPTIONS_INIT)",
+                              opt->size, sizeof(ferry_moe_planner_options));
+    /* the dense per-expert and per-slot arrays are sized by these: every
+     * one in range before any product is formed */
+    if (!opt->num_layers || opt->num_layers > FERRY_MOE_MAX_LAYERS)
+        return ferry__err_set(NULL, -EINVAL, "moe planner: num_layers %u: accepted 1..%u",
+                              opt->num_layers, FERRY_MOE_MAX_LAYERS);
+    if (!opt->num_experts || opt->num_experts > FERRY_MOE_MAX_EXPERTS)
+        return ferry__err_set(NULL, -EINVAL, "moe planner: num_experts %u: accepted 1..%u",
+                              opt->num_experts, FERRY_MOE_MAX_EXPERTS);
+    if (opt->slots < opt->num_experts || opt->slots > FERRY_MOE_MAX_SLOTS)
+        return ferry__err_set(NULL, -EINVAL,
+                              "moe planner: slots %u: accepted num_experts (%u, one layer for "
+                              "prefill)..%u",
+                              opt->slots, opt->num_experts, FERRY_MOE_MAX_SLOTS);
     const char *name = opt->policy ? opt->policy : "lru";
     const ferry__policy_ops *ops = ferry__policy_find(name);
     if (!ops)
-        return ferry__err_set(NULL, -EINVAL, "moe planner: unknown policy '%s'", name);
+        return ferry__err_set(NULL, -EINVAL,
+                              "moe planner: policy '%s': unknown (see ferry_moe_policies(); NULL "
+                              "means lru)",
+                              name);
     if (ops == &ferry__policy_belady) {
         if (!opt->oracle)
             return ferry__err_set(NULL, -EINVAL, "moe planner: policy belady needs the trace (oracle)");
@@ -456,10 +467,11 @@ int ferry_moe_planner_resize(ferry_moe_planner *p, uint32_t new_slots)
 {
     if (!p)
         return ferry__err_set(NULL, -EINVAL, "moe resize: no planner");
-    if (new_slots < p->E)
+    if (new_slots < p->E || new_slots > FERRY_MOE_MAX_SLOTS)
         return ferry__err_set(&p->err, -EINVAL,
-                              "moe resize: %u slots cannot hold one layer of %u experts", new_slots,
-                              p->E);
+                              "moe resize: new_slots %u: accepted num_experts (%u, one layer for "
+                              "prefill)..%u",
+                              new_slots, p->E, FERRY_MOE_MAX_SLOTS);
     if (p->pops == &ferry__policy_belady)
         return ferry__err_set(&p->err, FERRY_ENOTSUP,
                               "moe resize: policy belady replays a fixed trace");
@@ -536,7 +548,11 @@ void ferry_moe_planner_get_stats(const ferry_moe_planner *p, ferry_moe_planner_s
 {
     if (p && out) {
         *out = p->st;
-        out->prefetch_bytes = p->st.prefetch_fetched * p->expert_bytes;
-        out->prefetch_wasted_bytes = p->st.prefetch_wasted * p->expert_bytes;
+        /* any expert_bytes is accepted: a product past 64 bits saturates */
+        if (__builtin_mul_overflow(p->st.prefetch_fetched, p->expert_bytes, &out->prefetch_bytes))
+            out->prefetch_bytes = UINT64_MAX;
+        if (__builtin_mul_overflow(p->st.prefetch_wasted, p->expert_bytes,
+                                   &out->prefetch_wasted_bytes))
+            out->prefetch_wasted_bytes = UINT64_MAX;
     }
 }

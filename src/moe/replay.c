@@ -49,7 +49,10 @@ int ferry_moe_replay(const ferry_moe_trace *t, const char *policy, uint32_t slot
     r.hits = st.hits;
     r.misses = st.misses;
     r.hit_rate = st.hits + st.misses ? (double)st.hits / (double)(st.hits + st.misses) : 0.0;
-    r.host_bytes = st.misses * (expert_bytes ? expert_bytes : t->model.expert_bytes);
+    /* any expert_bytes is accepted: a product past 64 bits saturates */
+    if (__builtin_mul_overflow(st.misses, expert_bytes ? expert_bytes : t->model.expert_bytes,
+                               &r.host_bytes))
+        r.host_bytes = UINT64_MAX;
     r.evictions = st.evictions;
     r.ns_per_step = st.steps ? (double)(t1 - t0) / (double)st.steps : 0.0;
     ferry_moe_planner_destroy(p);

@@ -111,9 +111,17 @@ int ferry_moe_rows_host(const ferry_moe_geometry *g, void *const *base, ferry_de
         return rc;
     if (!base || !out)
         return ferry__err_set(NULL, -EINVAL, "moe host rows: no banks or out-parameter");
-    for (uint32_t b = 0; b < g->banks; b++)
+    for (uint32_t b = 0; b < g->banks; b++) {
         if (!base[b])
             return ferry__err_set(NULL, -EINVAL, "moe host rows: bank %u has no memory", b);
+        /* rows are addressed as base + offset: the bank must not wrap */
+        size_t bytes = (size_t)g->num_layers * layer_bytes(g, b);
+        if (bytes > UINTPTR_MAX - (uintptr_t)base[b])
+            return ferry__err_set(NULL, -EINVAL,
+                                  "moe host rows: bank %u of %zu bytes at %p wraps around the "
+                                  "address space",
+                                  b, bytes, base[b]);
+    }
     host_rows *h = ferry__calloc(1, sizeof *h);
     uint8_t *klass = ferry__malloc(g->num_layers);
     if (!h || !klass) {

@@ -45,20 +45,54 @@ struct ferry_moe_slots {
 
 int ferry__geometry_check(const ferry_moe_geometry *g, const char *what, int need_slots)
 {
-    if (!g || g->size < sizeof(ferry_moe_geometry))
-        return ferry__err_set(NULL, -EINVAL, "moe %s: geometry missing or too old", what);
-    if (!g->num_layers || !g->num_experts || (need_slots && !g->slots))
-        return ferry__err_set(NULL, -EINVAL, "moe %s: geometry of %u layers, %u experts, %u slots",
-                              what, g->num_layers, g->num_experts, g->slots);
-    if ((uint64_t)g->num_layers * g->num_experts >= UINT32_MAX)
-        return ferry__err_set(NULL, -EINVAL, "moe %s: %u x %u experts overflow the id space", what,
-                              g->num_layers, g->num_experts);
+    if (!g)
+        return ferry__err_set(NULL, -EINVAL, "moe %s: geometry missing", what);
+    if (g->size < sizeof(ferry_moe_geometry))
+        return ferry__err_set(NULL, -EINVAL,
+                              "moe %s: geometry size %zu is below %zu (use "
+                              "FERRY_MOE_GEOMETRY_INIT)",
+                              what, g->size, sizeof(ferry_moe_geometry));
+    /* every field in range, and every product of them that is used as a
+     * size or offset checked, before anything is sized by them */
+    if (!g->num_layers || g->num_layers > FERRY_MOE_MAX_LAYERS)
+        return ferry__err_set(NULL, -EINVAL, "moe %s: num_layers %u: accepted 1..%u", what,
+                              g->num_layers, FERRY_MOE_MAX_LAYERS);
+    if (!g->num_experts || g->num_experts > FERRY_MOE_MAX_EXPERTS)
+        return ferry__err_set(NULL, -EINVAL, "moe %s: num_experts %u: accepted 1..%u", what,
+                              g->num_experts, FERRY_MOE_MAX_EXPERTS);
+    if (need_slots && (!g->slots || g->slots > FERRY_MOE_MAX_SLOTS))
+        return ferry__err_set(NULL, -EINVAL, "moe %s: slots %u: accepted 1..%u", what, g->slots,
+                              FERRY_MOE_MAX_SLOTS);
     if (g->banks < 1 || g->banks > FERRY_MOE_MAX_BANKS)
-        return ferry__err_set(NULL, -EINVAL, "moe %s: %u banks (1..%d)", what, g->banks,
+        return ferry__err_set(NULL, -EINVAL, "moe %s: banks %u: accepted 1..%d", what, g->banks,
                               FERRY_MOE_MAX_BANKS);
-    for (uint32_t b = 0; b < g->banks; b++)
-        if (!g->row_bytes[b])
-            return ferry__err_set(NULL, -EINVAL, "moe %s: bank %u has rows of 0 bytes", what, b);
+    uint64_t rows = (uint64_t)g->num_layers * g->num_experts; /* <= 2^24 */
+    /* sizes are size_t in memory and signed 64-bit as file offsets */
+    const uint64_t cap = (uint64_t)SIZE_MAX < (uint64_t)INT64_MAX ? (uint64_t)SIZE_MAX
+                                                                  : (uint64_t)INT64_MAX;
+    for (uint32_t b = 0; b < g->banks; b++) {
+        uint64_t rb = g->row_bytes[b], bank, pool;
+        if (!rb || rb > FERRY_MOE_MAX_ROW_BYTES)
+            return ferry__err_set(NULL, -EINVAL,
+                                  "moe %s: row_bytes[%u] %llu: accepted 1..%llu", what, b,
+                                  (unsigned long long)rb,
+                                  (unsigned long long)FERRY_MOE_MAX_ROW_BYTES);
+        /* a whole bank (host memory, or a stretch of the rows file) */
+        if (__builtin_mul_overflow(rows, rb, &bank) || bank > cap)
+            return ferry__err_set(NULL, -EINVAL,
+                                  "moe %s: num_layers %u x num_experts %u x row_bytes[%u] %llu "
+                                  "overflows; accepted: a bank of at most %llu bytes",
+                                  what, g->num_layers, g->num_experts, b, (unsigned long long)rb,
+                                  (unsigned long long)cap);
+        /* a device slot arena: rows at a 256-byte pitch */
+        uint64_t pitch = (rb + 255) & ~(uint64_t)255;
+        if (need_slots && (__builtin_mul_overflow((uint64_t)g->slots, pitch, &pool) || pool > cap))
+            return ferry__err_set(NULL, -EINVAL,
+                                  "moe %s: slots %u x row_bytes[%u] %llu overflows; accepted: "
+                                  "an arena of at most %llu bytes",
+                                  what, g->slots, b, (unsigned long long)rb,
+                                  (unsigned long long)cap);
+    }
     return 0;
 }
 

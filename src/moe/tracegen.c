@@ -119,21 +119,47 @@ static uint32_t *set_at(const ferry__gen *g, uint32_t t, uint32_t l)
 
 int ferry__gen_open(const ferry_moe_gen_options *opt, ferry__gen **out, ferry_moe_model *model)
 {
-    if (!opt || !out || !model || opt->size < sizeof(ferry_moe_gen_options))
-        return ferry__err_set(NULL, -EINVAL, "moe gen: options missing or too old");
+    if (!opt || !out || !model)
+        return ferry__err_set(NULL, -EINVAL, "moe gen: options missing");
+    if (opt->size < sizeof(ferry_moe_gen_options))
+        return ferry__err_set(NULL, -EINVAL,
+                              "moe gen: options size %zu is below %zu (use "
+                              "FERRY_MOE_GEN_OPTIONS_INIT)",
+                              opt->size, sizeof(ferry_moe_gen_options));
     const char *name = opt->model ? opt->model : "deepseek-v3";
     const preset *ps = NULL;
     for (size_t i = 0; i < FERRY__ARRAY_LEN(presets); i++)
         if (!strcmp(presets[i].name, name))
             ps = &presets[i];
     if (!ps)
-        return ferry__err_set(NULL, -EINVAL, "moe gen: unknown model preset '%s'", name);
+        return ferry__err_set(NULL, -EINVAL,
+                              "moe gen: model '%s': unknown preset (accepted: deepseek-v3, "
+                              "qwen3-30b-a3b, mixtral-8x7b, small; NULL means deepseek-v3)",
+                              name);
+    /* every size in range before the arrays are sized by their products */
+    if (opt->num_layers > FERRY_MOE_MAX_LAYERS)
+        return ferry__err_set(NULL, -EINVAL,
+                              "moe gen: num_layers %u: accepted 1..%u (0: the preset's %u)",
+                              opt->num_layers, FERRY_MOE_MAX_LAYERS, ps->layers);
+    if (opt->num_experts > FERRY_MOE_MAX_EXPERTS)
+        return ferry__err_set(NULL, -EINVAL,
+                              "moe gen: num_experts %u: accepted 1..%u (0: the preset's %u)",
+                              opt->num_experts, FERRY_MOE_MAX_EXPERTS, ps->experts);
     uint32_t L = opt->num_layers ? opt->num_layers : ps->layers;
     uint32_t E = opt->num_experts ? opt->num_experts : ps->experts;
     uint32_t K = opt->top_k ? opt->top_k : ps->top_k;
-    if (K == 0 || K > E || L == 0 || L > 1024 || E > 16384)
-        return ferry__err_set(NULL, -EINVAL, "moe gen: top_k %u of %u experts x %u layers", K, E,
-                              L);
+    if (K > E)
+        return ferry__err_set(NULL, -EINVAL,
+                              "moe gen: top_k %u%s: accepted 1..num_experts (%u)", K,
+                              opt->top_k ? "" : " (the preset's)", E);
+    uint32_t T = opt->tokens ? opt->tokens : 2048;
+    uint64_t steps = (uint64_t)T * L, ids = steps * K; /* < 2^32 * 2^10 * 2^14 */
+    if (steps > FERRY__TRACE_MAX_STEPS || ids > FERRY__TRACE_MAX_IDS)
+        return ferry__err_set(NULL, -EINVAL,
+                              "moe gen: tokens %u: %llu steps (tokens x %u layers) of %u experts; "
+                              "accepted: tokens x layers at most %zu and x top_k at most %zu",
+                              T, (unsigned long long)steps, L, K, FERRY__TRACE_MAX_STEPS,
+                              FERRY__TRACE_MAX_IDS);
     ferry__gen *g = ferry__calloc(1, sizeof *g);
     if (!g)
         return ferry__err_set(NULL, -ENOMEM, "moe gen: out of memory");
