@@ -8,8 +8,9 @@
  * The first byte picks a mode: even - the bytes are the journal as is;
  * odd - the bytes after it are made well-formed first (header and record
  * checksums recomputed, key lengths bounded), so the fuzzer reaches the
- * replay rules (overwrites, deletes by sequence, ranges, overlaps) instead
- * of stopping at the first checksum.
+ * replay rules (overwrites, deletes by sequence, ranges, overlaps, barrier
+ * flags, bad records before a barrier - damage - or after the last one - a
+ * torn tail) instead of stopping at the first checksum.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -39,7 +40,7 @@ static void repair(uint8_t *b, size_t n)
     if (n < FERRY__PSLAB_JHDR_BYTES)
         return;
     memcpy(b, "FERRYPJL", 8);
-    b[8] = 1, b[9] = b[10] = b[11] = 0;
+    b[8] = (uint8_t)(1 + (b[8] & 1)), b[9] = b[10] = b[11] = 0;
     b[12] = FERRY__PSLAB_JHDR_BYTES, b[13] = b[14] = b[15] = 0;
     /* a small geometry: capacity 1..256 units of 4096, one drive */
     uint64_t cap = ((rd64(b + 24) % 256) + 1) * 4096;
@@ -57,7 +58,9 @@ static void repair(uint8_t *b, size_t n)
             break;
         r[0] = 0xE7, r[1] = 0xF5;
         r[2] = (uint8_t)((r[2] & 1) + 1);
-        r[3] = 0;
+        /* bit 0: a barrier; bit 6 set: leave this record bad (damage or tail) */
+        int bad = (r[3] & 0x40) != 0;
+        r[3] &= FERRY__PSLAB_REC_BARRIER;
         r[4] = (uint8_t)klen, r[5] = r[6] = r[7] = 0;
         /* offsets and lengths near the geometry, so ranges and overlaps matter */
         wr64(r + 16, (rd64(r + 16) % 300) * 4096 / ((r[9] & 1) ? 1 : 2));
@@ -66,7 +69,7 @@ static void repair(uint8_t *b, size_t n)
         if (r[2] == 2)
             wr64(r + 32, rd64(r + 32) % 64);
         size_t m = FERRY__PSLAB_REC_HEAD + klen;
-        wr64(r + m, XXH3_64bits_withSeed(r, m, seed));
+        wr64(r + m, XXH3_64bits_withSeed(r, m, seed) ^ (bad ? 1u : 0u));
         pos += m + 8;
     }
 }
@@ -102,7 +105,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (ferry_slab_check(alloc) != 0 || ferry_slab_stats_get(alloc, &ss) != 0 ||
             ss.used != used || ss.used_blocks != ix.count || used != ix.bytes_used)
             abort();
-        if (st.good_end > n || st.good_end < FERRY__PSLAB_JHDR_BYTES)
+        if (st.good_end > n || st.good_end < FERRY__PSLAB_JHDR_BYTES ||
+            st.damaged_bytes > n || (st.damaged && st.bad_off >= st.good_end))
             abort();
         ferry__pslab_index_fini(&ix);
         ferry_slab_destroy(alloc);

@@ -49,10 +49,17 @@ extern "C" {
 
 #define FERRY_PSLAB_FILE "ferry_pslab.bin"
 #define FERRY_PSLAB_JOURNAL "ferry_pslab.idx"
-/** The format this library writes; a newer one is refused with FERRY_EVERSION. */
-#define FERRY_PSLAB_FORMAT 1u
+/** The format this library writes; a newer one is refused with FERRY_EVERSION.
+ *  2: slab headers carry the application tag, journal records the commit
+ *  barrier flag (format 1 stores are read, and their journal is rewritten
+ *  as format 2 at the first writable open). */
+#define FERRY_PSLAB_FORMAT 2u
 #define FERRY_PSLAB_KEY_MAX 1024u
 #define FERRY_PSLAB_MAX_DIRS 16u
+/** Bytes of an application tag (ferry_pslab_options.tag) at most. */
+#define FERRY_PSLAB_TAG_MAX 1024u
+/** A directory's lock file (one owner per directory; see ferry_pslab_open). */
+#define FERRY_PSLAB_LOCK "ferry.lock"
 
 typedef struct ferry_pslab ferry_pslab;
 
@@ -61,7 +68,17 @@ enum ferry_pslab_flags {
     FERRY_PSLAB_CREATE = 1u << 0,
     /** Open for reading and checking only: no put, delete, repair or
      *  journal truncation; the files are not modified. */
-    FERRY_PSLAB_READONLY = 1u << 1
+    FERRY_PSLAB_READONLY = 1u << 1,
+    /**
+     * Start empty: whatever store the directories hold is dropped (its
+     * chunks are gone) and a new one is created in its place, also when
+     * the old one has another geometry or tag or cannot be read. Geometry
+     * options left 0 (bytes, alignment, stripe_bytes) and a NULL tag are
+     * taken from the old store when its first header is readable. Never
+     * implied: without it another geometry or tag is FERRY_EMISMATCH and
+     * nothing is touched. Not with READONLY.
+     */
+    FERRY_PSLAB_RESET = 1u << 2
 };
 
 enum ferry_pslab_sync {
@@ -87,49 +104,87 @@ enum ferry_pslab_sync {
     FERRY_PSLAB_SYNC_BATCH = 2
 };
 
+/*
+ * Every field is range-checked before it is used (-EINVAL naming the field
+ * and its range); the ranges are given with each field.
+ */
 typedef struct ferry_pslab_options {
     size_t size;               /**< sizeof(ferry_pslab_options) */
-    const char *const *dirs;   /**< one directory per drive (created if missing) */
+    /** one directory per drive (created, 0700 or per `mode`, with CREATE) */
+    const char *const *dirs;
     unsigned n_dirs;           /**< 1..FERRY_PSLAB_MAX_DIRS */
-    /** Data capacity in bytes. Creating: required (rounded up to the
-     *  alignment, and to stripe * n_dirs with several drives). Opening:
-     *  0 accepts the stored one, anything else must match it. */
+    /** Data capacity in bytes, at most 2^56. Creating: required (rounded
+     *  up to the alignment, and to stripe * n_dirs with several drives).
+     *  Opening: 0 accepts the stored one, anything else must match it. */
     uint64_t bytes;
-    size_t alignment;          /**< 0 -> 4096 (create) / the stored one (open) */
-    size_t stripe_bytes;       /**< 0 -> 1 MiB (create) / the stored one (open) */
+    /** a power of two in [512, 1 GiB]; 0 -> 4096 (create) / the stored one (open) */
+    size_t alignment;
+    /** a multiple of the alignment, at most 2^40; 0 -> 1 MiB (create) / the stored one */
+    size_t stripe_bytes;
     int direct;                /**< 1: slab files O_DIRECT (falls back when refused) */
     const char *engine;        /**< I/O engine: NULL/"auto", "posix", "uring" */
-    unsigned flags;            /**< FERRY_PSLAB_CREATE | FERRY_PSLAB_READONLY */
+    unsigned flags;            /**< enum ferry_pslab_flags */
     int sync;                  /**< enum ferry_pslab_sync */
-    unsigned lanes;            /**< concurrent data I/Os; 0 -> 2 */
+    unsigned lanes;            /**< concurrent data I/Os, 0..32; 0 -> 2 */
     /** Compact the journal when it holds more than this many bytes and
-     *  more dead than live records; 0 -> 4 MiB. */
+     *  more dead than live records; 0 -> 4 MiB, at most 2^40. */
     uint64_t compact_bytes;
-    /** SYNC_BATCH: commit when this much data is queued; 0 -> 64 MiB */
+    /** SYNC_BATCH: commit when this much data is queued; 0 -> 64 MiB, at most 2^40 */
     uint64_t batch_bytes;
-    /** SYNC_BATCH: commit at most this long after the oldest queued put; 0 -> 100 */
+    /** SYNC_BATCH: commit at most this long after the oldest queued put;
+     *  0 -> 100, at most 3600000 (an hour) */
     unsigned batch_ms;
     /** Requests in flight for one put or get (a chunk is split in that many
      *  pieces, at least 128 KiB each); 0 -> 4, at most 1024. */
     unsigned depth;
+    /**
+     * Application tag: up to FERRY_PSLAB_TAG_MAX bytes that say what the
+     * chunks mean (the KV store records its layout, chunk size, hash seed
+     * and model namespace). Creating: stored in every slab header. Opening:
+     * NULL accepts any; otherwise a store with another tag (or none) is
+     * FERRY_EMISMATCH quoting both, and nothing is touched (see
+     * FERRY_PSLAB_RESET).
+     */
+    const void *tag;
+    size_t tag_len;
+    /** Mode of the files ferry creates: 0 -> 0600 (directories 0700);
+     *  read/write bits only, the owner's included (0660 for a deliberate
+     *  group; directories then get 0770). */
+    unsigned mode;
 } ferry_pslab_options;
 #define FERRY_PSLAB_OPTIONS_INIT \
-    {sizeof(ferry_pslab_options), NULL, 0, 0, 0, 0, 1, NULL, 0, FERRY_PSLAB_SYNC_FULL, 0, 0, 0, 0, 0}
+    {sizeof(ferry_pslab_options), NULL, 0, 0, 0, 0, 1, NULL, 0, FERRY_PSLAB_SYNC_FULL, 0, 0, 0, \
+     0, 0, NULL, 0, 0}
 
 /**
  * Open (recover) the store in opt->dirs, or create it when there is none
- * and FERRY_PSLAB_CREATE is set. Recovery checks every header and replays
- * the journal; records after the first bad one are dropped (and cut off
- * the journal unless READONLY), records naming extents outside the slab or
- * overlapping a newer one are dropped; ferry_pslab_stats() counts both.
- * Payloads are not read at open (ferry_pslab_verify() reads them all).
- * Errors: -EINVAL (bad options), -ENOENT (no store and no CREATE, or a
- * slab file missing), FERRY_EVERSION (a newer format), FERRY_EMISMATCH
- * (geometry differs from opt, another slab's file, drives in another
- * order), FERRY_ECORRUPT (bad magic or header checksum, a slab file
- * shorter than its geometry), -ENOSPC (creating: the disk is too small),
- * -ENOMEM, I/O errors. Every failure names the file and the cause
- * (ferry_last_error()). *out owned by the caller: ferry_pslab_close().
+ * and FERRY_PSLAB_CREATE is set.
+ *
+ * One owner per directory: before any other file is touched each
+ * directory's lock file (FERRY_PSLAB_LOCK, an OFD lock: released at close
+ * and by the kernel when the owner dies) is taken, exclusively, or shared
+ * with READONLY (read-only checkers exclude owners and are excluded by
+ * them). A second opener, in this process or another, gets FERRY_EBUSY
+ * naming the directory and the holder's pid.
+ *
+ * Recovery checks every header and replays the journal. A bad record (its
+ * checksum fails) with nothing after it that proves it was durable is a
+ * torn tail: it and what follows are dropped (and cut off the journal
+ * unless READONLY). A bad record that a later commit proves durable is
+ * damage: every chunk whose latest record may be it (every chunk recorded
+ * before it that no good record after it rewrites) is dropped, so a get
+ * misses instead of returning an older value; the journal is then
+ * rewritten (unless READONLY). Records naming extents outside the slab or
+ * overlapping a newer one are dropped; ferry_pslab_stats() counts all of
+ * these. Payloads are not read at open (ferry_pslab_verify() reads them).
+ * Errors: -EINVAL (bad options: every field is range-checked), -ENOENT
+ * (no store and no CREATE, a directory or slab file missing), FERRY_EBUSY
+ * (a directory is another opener's), FERRY_EVERSION (a newer format),
+ * FERRY_EMISMATCH (geometry or tag differs from opt, another slab's file,
+ * drives in another order), FERRY_ECORRUPT (bad magic or header checksum,
+ * a slab file shorter than its geometry), -ENOSPC (creating: the disk is
+ * too small), -ENOMEM, I/O errors. Every failure names the file and the
+ * cause (ferry_last_error()). *out owned by the caller: ferry_pslab_close().
  */
 FERRY_API int ferry_pslab_open(const ferry_pslab_options *opt, ferry_pslab **out);
 /**
@@ -145,6 +200,11 @@ FERRY_API const char *ferry_pslab_last_error(const ferry_pslab *p);
  * Store len bytes (1..capacity) under key[0..klen) (klen 1..KEY_MAX),
  * replacing any chunk under that key once the new one is durable. Returns
  * 0 when acknowledged (see the sync modes). data stays the caller's.
+ * Extents of deleted, forgotten or replaced chunks are reused once their
+ * records are durable; a put that finds no free extent while such records
+ * are queued commits them (or waits for the commit in flight) and tries
+ * again, so FERRY_ENOSPACE means the slab is full of live chunks and
+ * chunks whose records are still being written.
  * Errors: -EINVAL, FERRY_ENOSPACE (no free extent fits), FERRY_ESTATE
  * (read-only, or a journal write failed earlier), -ENOMEM, I/O errors.
  * On failure no entry is visible and the old chunk under key, if any, stays.
@@ -264,6 +324,12 @@ typedef struct ferry_pslab_stats {
     uint64_t failures;
     int failed;                 /**< 1 when a journal write failed (writes refused) */
     int direct;                 /**< 1 when the slab files are O_DIRECT */
+    /** chunks dropped at open because a bad record proven durable may have
+     *  been their latest (damage in the middle of the journal) */
+    uint64_t damaged_chunks;
+    /** commits run by puts that found no free extent while freed extents
+     *  waited for their records to become durable */
+    uint64_t space_commits;
 } ferry_pslab_stats;
 FERRY_API int ferry_pslab_stats_get(ferry_pslab *p, ferry_pslab_stats *out);
 

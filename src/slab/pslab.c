@@ -47,6 +47,7 @@
 #include <xxhash.h>
 
 #include "core.h"
+#include "core/dirlock.h"
 #include "ferry/io.h"
 #include "ferry/pslab.h"
 #include "io/io_impl.h"
@@ -82,8 +83,12 @@ struct ferry_pslab {
     unsigned flags;
     int sync_mode;
     int direct;
+    unsigned mode;   /* files ferry creates (0: 0600) */
+    int lockfd[FERRY_PSLAB_MAX_DIRS];
     uint64_t compact_bytes;
     ferry__pslab_geom g;
+    uint8_t *tag;    /* the application tag written at create (opt's copy) */
+    uint32_t tag_len;
     uint64_t data_off, share;
     char jpath[PATH_MAX_];
 
@@ -116,6 +121,9 @@ struct ferry_pslab {
     lane cl;         /* commit lane: journal engine, slab files for fdatasync */
     ferry_file *jf;
     uint64_t jsize, jrecords, generation;
+    uint32_t jversion; /* the journal's format: barriers only in 2 and later */
+    uint64_t jsynced;  /* journal bytes known fdatasync'ed (committer only) */
+    int need_compact;  /* open found damage, or a format 1 journal: rewrite it */
 };
 
 /* ---- small helpers ---- */
@@ -147,25 +155,6 @@ static int fail_io(ferry_pslab *p, int code, const char *fmt, ...)
 static uint64_t align_up(uint64_t v, uint64_t a)
 {
     return (v + a - 1) / a * a;
-}
-
-static int mkdir_p(const char *dir)
-{
-    char buf[PATH_MAX_];
-    size_t n = strlen(dir);
-    if (n == 0 || n >= sizeof buf)
-        return -EINVAL;
-    memcpy(buf, dir, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (buf[i] != '/' && buf[i] != '\0')
-            continue;
-        char c = buf[i];
-        buf[i] = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return -errno;
-        buf[i] = c;
-    }
-    return 0;
 }
 
 static int fsync_dir(const char *dir)
@@ -548,6 +537,10 @@ static void run_commit(ferry_pslab *p, int force_sync)
     if (full && (has_put || (force_sync && had_dirty)))
         rc = sync_slab_files(p);
     if (rc == 0 && q.len) {
+        /* everything before this batch is on the disk: say so in its first
+         * record, so that replay can tell damage before it from a torn tail */
+        if (p->jversion >= 2 && p->jsynced == p->jsize)
+            ferry__pslab_rec_set_barrier(q.buf, p->g.creation_id);
         rc = ferry_io_pwrite(p->cl.io, p->jf, q.buf, q.len, p->jsize);
         if (rc < 0)
             rc = fail_io(p, rc, "pslab: append of %zu journal bytes at offset %llu of %s",
@@ -557,6 +550,8 @@ static void run_commit(ferry_pslab *p, int force_sync)
         rc = ferry_file_sync(p->jf);
         if (rc < 0)
             rc = fail_io(p, rc, "pslab: fdatasync of journal %s", p->jpath);
+        else
+            p->jsynced = p->jsize + q.len;
     }
     size_t nrec = q.n;
     int want_compact = 0;
@@ -727,7 +722,7 @@ static int compact_locked(ferry_pslab *p)
         for (ferry__pslab_ent *e = p->idx.b[i]; e; e = e->hnext) {
             if (e->pending)
                 continue;
-            ferry__pslab_rec r = {FERRY__PSLAB_PUT, e->klen, e->key, e->seq, e->offset,
+            ferry__pslab_rec r = {FERRY__PSLAB_PUT, 0, e->klen, e->key, e->seq, e->offset,
                                   e->length, e->sum};
             ferry__pslab_rec_encode(&r, p->g.creation_id, buf + pos);
             pos += ferry__pslab_rec_size(e->klen);
@@ -737,7 +732,7 @@ static int compact_locked(ferry_pslab *p)
         ferry__pslab_ent *e = p->cur.ops[i].victim;
         if (!e || e->pending)
             continue;
-        ferry__pslab_rec r = {FERRY__PSLAB_PUT, e->klen, e->key, e->seq, e->offset, e->length,
+        ferry__pslab_rec r = {FERRY__PSLAB_PUT, 0, e->klen, e->key, e->seq, e->offset, e->length,
                               e->sum};
         ferry__pslab_rec_encode(&r, p->g.creation_id, buf + pos);
         pos += ferry__pslab_rec_size(e->klen);
@@ -747,9 +742,10 @@ static int compact_locked(ferry_pslab *p)
     pthread_mutex_unlock(&p->cmu);
 
     ferry_file *nf = NULL;
-    int rc = ferry_file_open(p->cl.io, tmp,
-                             FERRY_FILE_READ | FERRY_FILE_WRITE | FERRY_FILE_CREATE |
-                                 FERRY_FILE_TRUNC, &nf);
+    int rc = ferry_file_open_mode(p->cl.io, tmp,
+                                  FERRY_FILE_READ | FERRY_FILE_WRITE | FERRY_FILE_CREATE |
+                                      FERRY_FILE_TRUNC,
+                                  p->mode, &nf);
     if (rc == 0 && (rc = ferry_io_pwrite(p->cl.io, nf, buf, bytes, 0)) == 0)
         rc = ferry_file_sync(nf);
     ferry__free(buf);
@@ -771,6 +767,8 @@ static int compact_locked(ferry_pslab *p)
     p->jf = nf;
     pthread_mutex_lock(&p->mu);
     p->jsize = bytes;
+    p->jsynced = bytes;
+    p->jversion = FERRY_PSLAB_FORMAT;
     p->jrecords = n;
     p->generation++;
     p->st.compactions++;
@@ -835,7 +833,7 @@ static int create_store(ferry_pslab *p, const ferry__pslab_geom *g)
         unsigned fl = FERRY_FILE_READ | FERRY_FILE_WRITE | FERRY_FILE_CREATE | FERRY_FILE_TRUNC;
         if (p->direct)
             fl |= FERRY_FILE_DIRECT;
-        rc = ferry_file_open(l->io, path, fl, &f);
+        rc = ferry_file_open_mode(l->io, path, fl, p->mode, &f);
         if (rc < 0) {
             rc = fail_io(p, rc, "pslab: creating slab file %s", path);
             break;
@@ -846,10 +844,14 @@ static int create_store(ferry_pslab *p, const ferry__pslab_geom *g)
                          (unsigned long long)(p->data_off + p->share), path);
         } else {
             ferry__pslab_hdr h;
+            memset(&h, 0, sizeof h);
             h.version = FERRY_PSLAB_FORMAT;
             h.g = *g;
             h.drive = i;
             h.created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+            h.tag = p->tag;
+            h.tag_len = p->tag_len;
+            memset(blk, 0, p->data_off);
             ferry__pslab_hdr_encode(&h, blk);
             rc = ferry_io_pwrite(l->io, f, blk, p->data_off, 0);
             if (rc == 0)
@@ -869,9 +871,10 @@ static int create_store(ferry_pslab *p, const ferry__pslab_geom *g)
         jh.generation = 0;
         ferry__pslab_jhdr_encode(&jh, blk);
         ferry_file *f = NULL;
-        rc = ferry_file_open(l->io, tmp,
-                             FERRY_FILE_READ | FERRY_FILE_WRITE | FERRY_FILE_CREATE |
-                                 FERRY_FILE_TRUNC, &f);
+        rc = ferry_file_open_mode(l->io, tmp,
+                                  FERRY_FILE_READ | FERRY_FILE_WRITE | FERRY_FILE_CREATE |
+                                      FERRY_FILE_TRUNC,
+                                  p->mode, &f);
         if (rc == 0 && (rc = ferry_io_pwrite(l->io, f, blk, FERRY__PSLAB_JHDR_BYTES, 0)) == 0)
             rc = ferry_file_sync(f);
         if (rc < 0)
@@ -916,6 +919,42 @@ static int check_against_options(ferry_pslab *p, const ferry_pslab_options *o,
     return 0;
 }
 
+/* tag bytes as text for a message: printable as is, else hex */
+static void tag_text(const uint8_t *t, size_t n, char *out, size_t cap)
+{
+    if (!n) {
+        snprintf(out, cap, "(none)");
+        return;
+    }
+    int printable = 1;
+    for (size_t i = 0; i < n; i++)
+        printable &= t[i] >= 0x20 && t[i] < 0x7f;
+    size_t o = 0;
+    out[0] = 0;
+    if (printable) {
+        snprintf(out, cap, "\"%.*s\"", (int)FERRY__MIN(n, cap - 3), (const char *)t);
+        return;
+    }
+    for (size_t i = 0; i < n && o + 3 < cap; i++)
+        o += (size_t)snprintf(out + o, cap - o, "%02x", t[i]);
+}
+
+/* the stored tag against the one asked: equal, or FERRY_EMISMATCH quoting both */
+static int check_tag(ferry_pslab *p, const ferry_pslab_options *o, const ferry__pslab_hdr *h,
+                     const char *path)
+{
+    if (!o->tag)
+        return 0;
+    if (h->tag_len == o->tag_len && (!h->tag_len || !memcmp(h->tag, o->tag, o->tag_len)))
+        return 0;
+    char have[400], want[400];
+    tag_text(h->tag, h->tag_len, have, sizeof have);
+    tag_text(o->tag, o->tag_len, want, sizeof want);
+    return fail(p, FERRY_EMISMATCH, "pslab: %s was made for %s, not %s: refused, nothing "
+                "changed (FERRY_PSLAB_RESET, or `ferry slab check --reset`, starts it empty)",
+                path, have, want);
+}
+
 static int recover(ferry_pslab *p, const ferry_pslab_options *o)
 {
     lane *l = &p->cl;
@@ -953,7 +992,8 @@ static int recover(ferry_pslab *p, const ferry_pslab_options *o)
             break;
         }
         if (i == 0) {
-            if ((rc = check_against_options(p, o, &h.g, path)) < 0)
+            if ((rc = check_against_options(p, o, &h.g, path)) < 0 ||
+                (rc = check_tag(p, o, &h, path)) < 0)
                 break;
             p->g = h.g;
             p->data_off = ferry__pslab_data_off(h.g.alignment);
@@ -1013,6 +1053,15 @@ static int recover(ferry_pslab *p, const ferry_pslab_options *o)
     ferry__free(jb);
     if (rc < 0)
         return fail(p, rc, "pslab: journal %s: %s", p->jpath, why);
+    if (L.damaged)
+        FERRY_LOGW("pslab: journal %s: %llu bad record(s) from offset %llu (%llu bytes) that "
+                   "later commits prove durable: damage, not a torn tail; %llu chunk(s) "
+                   "recorded before them dropped (any may have been rewritten or deleted by "
+                   "them)%s", p->jpath, (unsigned long long)L.damaged,
+                   (unsigned long long)L.bad_off, (unsigned long long)L.damaged_bytes,
+                   (unsigned long long)L.damaged_chunks,
+                   (p->flags & FERRY_PSLAB_READONLY) ? " (read-only: file left as is)"
+                                                     : "; the journal is rewritten");
     if (L.torn) {
         FERRY_LOGW("pslab: journal %s: bad or torn record at offset %llu; %llu bytes after it "
                    "dropped%s", p->jpath, (unsigned long long)L.good_end,
@@ -1028,13 +1077,24 @@ static int recover(ferry_pslab *p, const ferry_pslab_options *o)
         }
     }
     p->jsize = L.good_end;
+    p->jversion = L.jh.version;
+    if (!(p->flags & FERRY_PSLAB_READONLY)) {
+        /* what a killed predecessor appended may still sit in the page
+         * cache: on the disk before a barrier may say it is */
+        rc = ferry_file_sync(p->jf);
+        if (rc < 0)
+            return fail_io(p, rc, "pslab: fdatasync of journal %s", p->jpath);
+        p->jsynced = p->jsize;
+    }
     p->jrecords = L.records;
     p->generation = L.jh.generation;
     p->next_seq = L.next_seq;
     p->st.recovered = p->idx.count;
     p->st.replayed_records = L.records;
     p->st.dropped_records = L.dropped;
-    p->st.torn_bytes = jlen - L.good_end;
+    p->st.torn_bytes = jlen - L.good_end + L.damaged_bytes;
+    p->st.damaged_chunks = L.damaged_chunks;
+    p->need_compact = !(p->flags & FERRY_PSLAB_READONLY) && (L.damaged || p->jversion < 2);
     return 0;
 }
 
@@ -1058,12 +1118,12 @@ static int refuse_foreign(ferry_pslab *p)
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0)
             continue;
-        uint8_t blk[FERRY__PSLAB_HDR_BYTES];
+        uint8_t blk[FERRY__PSLAB_HDR_BYTES + FERRY_PSLAB_TAG_MAX];
         ssize_t n = pread(fd, blk, sizeof blk, 0);
         close(fd);
         ferry__pslab_hdr h;
-        if (n == (ssize_t)sizeof blk &&
-            ferry__pslab_hdr_decode(blk, sizeof blk, &h, NULL, 0) == 0 && h.drive != i)
+        if (n >= (ssize_t)FERRY__PSLAB_HDR_BYTES &&
+            ferry__pslab_hdr_decode(blk, (size_t)n, &h, NULL, 0) == 0 && h.drive != i)
             return fail(p, FERRY_EMISMATCH, "pslab: slab file %s is drive %u of a store but "
                         "was given as directory %u (directories in another order)", path,
                         h.drive, i);
@@ -1089,8 +1149,11 @@ static void pslab_free(ferry_pslab *p)
     ferry__free(p->spare.ops);
     ferry__pslab_index_fini(&p->idx);
     ferry_slab_destroy(p->alloc);
-    for (unsigned i = 0; i < FERRY_PSLAB_MAX_DIRS; i++)
+    for (unsigned i = 0; i < FERRY_PSLAB_MAX_DIRS; i++) {
         ferry__free(p->dirs[i]);
+        ferry__dir_unlock(p->lockfd[i]);
+    }
+    ferry__free(p->tag);
     pthread_mutex_destroy(&p->mu);
     pthread_mutex_destroy(&p->lmu);
     pthread_mutex_destroy(&p->cmu);
@@ -1100,32 +1163,127 @@ static void pslab_free(ferry_pslab *p)
     ferry__free(p);
 }
 
-int ferry_pslab_open(const ferry_pslab_options *o, ferry_pslab **out)
+/* every option in range before any arithmetic on it: 0 or -EINVAL naming the field */
+static int check_options(const ferry_pslab_options *o)
 {
-    if (!o || !out || o->size < sizeof *o)
-        return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: options and out must be given "
-                              "(options.size = sizeof(ferry_pslab_options))");
     if (!o->dirs || o->n_dirs < 1 || o->n_dirs > FERRY_PSLAB_MAX_DIRS)
         return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: %u directories (1..%u)",
                               o->n_dirs, FERRY_PSLAB_MAX_DIRS);
     for (unsigned i = 0; i < o->n_dirs; i++)
         if (!o->dirs[i] || !*o->dirs[i] || strlen(o->dirs[i]) > PATH_MAX_ - 64)
             return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: directory %u is empty or "
-                                  "too long", i);
-    if (o->alignment && (o->alignment & (o->alignment - 1) || o->alignment < 512))
+                                  "too long (at most %d bytes)", i, PATH_MAX_ - 64);
+    if (o->alignment &&
+        (o->alignment & (o->alignment - 1) || o->alignment < 512 || o->alignment > (1u << 30)))
         return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: alignment %zu is not a power "
-                              "of two >= 512", o->alignment);
+                              "of two in [512, 1 GiB] (0: 4096 or the stored one)",
+                              o->alignment);
+    if (o->stripe_bytes > ((uint64_t)1 << 40) ||
+        (o->stripe_bytes && o->alignment && o->stripe_bytes % o->alignment))
+        return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: stripe_bytes %zu is not a "
+                              "multiple of the alignment %zu up to 2^40", o->stripe_bytes,
+                              o->alignment);
+    if (o->bytes > ((uint64_t)1 << 56))
+        return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: bytes %llu beyond 2^56",
+                              (unsigned long long)o->bytes);
     if (o->sync != FERRY_PSLAB_SYNC_FULL && o->sync != FERRY_PSLAB_SYNC_NONE &&
         o->sync != FERRY_PSLAB_SYNC_BATCH)
-        return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: unknown sync mode %d", o->sync);
-    if (o->flags & ~(unsigned)(FERRY_PSLAB_CREATE | FERRY_PSLAB_READONLY))
+        return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: unknown sync mode %d (0..2)",
+                              o->sync);
+    unsigned known = FERRY_PSLAB_CREATE | FERRY_PSLAB_READONLY | FERRY_PSLAB_RESET;
+    if (o->flags & ~known)
         return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: unknown flags 0x%x", o->flags);
+    if ((o->flags & FERRY_PSLAB_RESET) && (o->flags & FERRY_PSLAB_READONLY))
+        return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: FERRY_PSLAB_RESET with "
+                              "FERRY_PSLAB_READONLY");
     if (o->depth > 1024)
-        return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: depth %u (at most 1024)",
-                              o->depth);
+        return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: depth %u (0..1024)", o->depth);
     if (o->lanes > 32)
-        return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: %u lanes (at most 32)",
-                              o->lanes);
+        return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: %u lanes (0..32)", o->lanes);
+    if (o->compact_bytes > ((uint64_t)1 << 40) || o->batch_bytes > ((uint64_t)1 << 40))
+        return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: compact_bytes %llu / "
+                              "batch_bytes %llu: each at most 2^40",
+                              (unsigned long long)o->compact_bytes,
+                              (unsigned long long)o->batch_bytes);
+    if (o->batch_ms > 3600000u)
+        return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: batch_ms %u (0..3600000)",
+                              o->batch_ms);
+    if (o->tag_len > FERRY_PSLAB_TAG_MAX || (o->tag_len && !o->tag))
+        return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: tag of %zu bytes (at most %u, "
+                              "and tag must be given with tag_len)", o->tag_len,
+                              FERRY_PSLAB_TAG_MAX);
+    return ferry__mode_check(o->mode, "ferry_pslab_open", NULL);
+}
+
+/* the first drive's header, when readable: defaults for a reset */
+static int old_header(ferry_pslab *p, ferry__pslab_hdr *h, uint8_t *blk)
+{
+    char path[PATH_MAX_];
+    slab_path(p, 0, path, sizeof path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    ssize_t n = pread(fd, blk, FERRY__PSLAB_HDR_BLOCK, 0);
+    close(fd);
+    if (n < (ssize_t)FERRY__PSLAB_HDR_BYTES)
+        return FERRY_ECORRUPT;
+    return ferry__pslab_hdr_decode(blk, (size_t)n, h, NULL, 0);
+}
+
+/*
+ * FERRY_PSLAB_RESET: drop the journal first (without it the slab files are
+ * nobody's, so a crash during the reset leaves no store, never a mix), then
+ * create a new store over the old files.
+ */
+static int reset_store(ferry_pslab *p, const ferry_pslab_options *o, ferry_pslab_options *eff)
+{
+    uint8_t *blk = ferry__malloc(FERRY__PSLAB_HDR_BLOCK);
+    if (!blk)
+        return ferry__err_set(&p->err, -ENOMEM, "pslab %s: out of memory", p->dirs[0]);
+    ferry__pslab_hdr h;
+    *eff = *o;
+    int have = old_header(p, &h, blk) == 0;
+    if (have) {
+        if (!eff->bytes)
+            eff->bytes = h.g.capacity;
+        if (!eff->alignment)
+            eff->alignment = h.g.alignment;
+        if (!eff->stripe_bytes)
+            eff->stripe_bytes = h.g.stripe;
+        if (!eff->tag && h.tag_len) {
+            ferry__free(p->tag);
+            p->tag = ferry__malloc(h.tag_len);
+            if (!p->tag) {
+                ferry__free(blk);
+                return ferry__err_set(&p->err, -ENOMEM, "pslab %s: out of memory", p->dirs[0]);
+            }
+            memcpy(p->tag, h.tag, h.tag_len);
+            p->tag_len = h.tag_len;
+        }
+    }
+    ferry__free(blk);
+    char tmp[PATH_MAX_];
+    snprintf(tmp, sizeof tmp, "%s/%s", p->dirs[0], FERRY__PSLAB_JOURNAL_TMP);
+    unlink(tmp);
+    if (unlink(p->jpath) != 0 && errno != ENOENT)
+        return ferry__err_set(&p->err, -errno, "pslab: reset: removing journal %s: %s",
+                              p->jpath, strerror(errno));
+    int rc = fsync_dir(p->dirs[0]);
+    if (rc < 0)
+        return ferry__err_set(&p->err, rc, "pslab: reset: fsync of directory %s: %s",
+                              p->dirs[0], strerror(-rc));
+    FERRY_LOGI("pslab %s: reset asked: the old store (if any) is dropped", p->dirs[0]);
+    return 0;
+}
+
+int ferry_pslab_open(const ferry_pslab_options *o, ferry_pslab **out)
+{
+    if (!o || !out || o->size < sizeof *o)
+        return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: options and out must be given "
+                              "(options.size = sizeof(ferry_pslab_options))");
+    int rc = check_options(o);
+    if (rc < 0)
+        return rc;
 
     uint64_t t0 = ferry__now_ns();
     ferry_pslab *p = ferry__calloc(1, sizeof *p);
@@ -1136,25 +1294,45 @@ int ferry_pslab_open(const ferry_pslab_options *o, ferry_pslab **out)
     pthread_mutex_init(&p->cmu, NULL);
     pthread_cond_init(&p->lcv, NULL);
     pthread_cond_init(&p->ccv, NULL);
+    for (unsigned i = 0; i < FERRY_PSLAB_MAX_DIRS; i++)
+        p->lockfd[i] = -1;
     p->n_dirs = o->n_dirs;
     p->flags = o->flags;
     p->sync_mode = o->sync;
     p->direct = o->direct ? 1 : 0;
+    p->mode = o->mode;
     p->st.direct = p->direct;
     p->compact_bytes = o->compact_bytes ? o->compact_bytes : (4u << 20);
     p->batch_bytes = o->batch_bytes ? o->batch_bytes : (64u << 20);
     p->batch_ns = (uint64_t)(o->batch_ms ? o->batch_ms : 100) * 1000000u;
     pthread_cond_init(&p->fcv, NULL);
     p->batch_open = 1;
-    int rc = 0;
     for (unsigned i = 0; i < o->n_dirs; i++)
         if (!(p->dirs[i] = ferry__strdup(o->dirs[i])))
             rc = -ENOMEM;
+    if (rc == 0 && o->tag_len) {
+        if ((p->tag = ferry__malloc(o->tag_len)) != NULL) {
+            memcpy(p->tag, o->tag, o->tag_len);
+            p->tag_len = (uint32_t)o->tag_len;
+        } else {
+            rc = -ENOMEM;
+        }
+    }
     if (rc < 0) {
         pslab_free(p);
         return ferry__err_set(NULL, -ENOMEM, "pslab %s: out of memory", o->dirs[0]);
     }
     snprintf(p->jpath, sizeof p->jpath, "%s/%s", p->dirs[0], FERRY_PSLAB_JOURNAL);
+
+    /* one owner per directory, before any other file in it is touched:
+     * two stores on one slab hand each other's bytes back */
+    int ro = (o->flags & FERRY_PSLAB_READONLY) != 0;
+    int mk = !ro && (o->flags & (FERRY_PSLAB_CREATE | FERRY_PSLAB_RESET));
+    for (unsigned i = 0; i < o->n_dirs; i++) {
+        if ((rc = ferry__mkdir_p(p->dirs[i], p->mode, mk, &p->err)) < 0 ||
+            (rc = ferry__dir_lock(p->dirs[i], p->mode, ro, "pslab", &p->err, &p->lockfd[i])) < 0)
+            goto out;
+    }
 
     /* the commit lane: posix, one request at a time (the journal is appended in order) */
     ferry_io_options io = FERRY_IO_OPTIONS_INIT;
@@ -1164,13 +1342,16 @@ int ferry_pslab_open(const ferry_pslab_options *o, ferry_pslab **out)
         rc = fail_io(p, rc, "pslab %s: opening the journal's I/O engine", p->dirs[0]);
         goto out;
     }
+    ferry_pslab_options eff = *o;
+    if ((o->flags & FERRY_PSLAB_RESET) && (rc = reset_store(p, o, &eff)) < 0)
+        goto out;
+    o = &eff;
     struct stat jst;
     if (stat(p->jpath, &jst) != 0) {
         int e = errno;
-        if (e == ENOENT && (rc = refuse_foreign(p)) < 0)
+        if (e == ENOENT && !(o->flags & FERRY_PSLAB_RESET) && (rc = refuse_foreign(p)) < 0)
             goto out;
-        if (e != ENOENT || !(o->flags & FERRY_PSLAB_CREATE) ||
-            (o->flags & FERRY_PSLAB_READONLY)) {
+        if (e != ENOENT || !(o->flags & (FERRY_PSLAB_CREATE | FERRY_PSLAB_RESET)) || ro) {
             rc = ferry__err_set(&p->err, -e, "pslab: no store in %s (journal %s: %s)%s",
                                 p->dirs[0], p->jpath, strerror(e),
                                 e == ENOENT ? "; FERRY_PSLAB_CREATE creates one" : "");
@@ -1198,13 +1379,6 @@ int ferry_pslab_open(const ferry_pslab_options *o, ferry_pslab **out)
             rc = ferry__err_set(&p->err, -EINVAL, "pslab %s: %s", p->dirs[0], why);
             goto out;
         }
-        for (unsigned i = 0; i < o->n_dirs; i++) {
-            if ((rc = mkdir_p(p->dirs[i])) < 0) {
-                rc = ferry__err_set(&p->err, rc, "pslab: creating directory %s: %s",
-                                    p->dirs[i], strerror(-rc));
-                goto out;
-            }
-        }
         p->data_off = ferry__pslab_data_off(g.alignment);
         p->share = g.capacity / g.drives;
         if ((rc = create_store(p, &g)) < 0)
@@ -1212,6 +1386,19 @@ int ferry_pslab_open(const ferry_pslab_options *o, ferry_pslab **out)
     }
     if ((rc = recover(p, o)) < 0)
         goto out;
+    if (p->need_compact) {
+        /* damage dropped chunks: a rewrite keeps them dropped after the bad
+         * bytes are gone; a format 1 journal becomes format 2 (barriers) */
+        pthread_mutex_lock(&p->cmu);
+        p->committing = 1;
+        pthread_mutex_unlock(&p->cmu);
+        rc = compact_locked(p);
+        pthread_mutex_lock(&p->cmu);
+        p->committing = 0;
+        pthread_mutex_unlock(&p->cmu);
+        if (rc < 0)
+            goto out;
+    }
 
     unsigned nlanes = o->lanes ? o->lanes : 2;
     p->lanes = ferry__calloc(nlanes, sizeof *p->lanes);
@@ -1225,7 +1412,7 @@ int ferry_pslab_open(const ferry_pslab_options *o, ferry_pslab **out)
         p->nlanes = i + 1;
         p->free_lanes |= 1u << i;
     }
-    if (p->sync_mode == FERRY_PSLAB_SYNC_BATCH && !(p->flags & FERRY_PSLAB_READONLY)) {
+    if (p->sync_mode == FERRY_PSLAB_SYNC_BATCH && !ro) {
         if (pthread_create(&p->flusher, NULL, flusher_main, p) != 0) {
             rc = ferry__err_set(&p->err, -EAGAIN, "pslab %s: cannot start the batch flusher "
                                 "thread", p->dirs[0]);
@@ -1263,8 +1450,13 @@ int ferry_pslab_close(ferry_pslab *p)
         if (p->cur.n || p->dirty)
             run_commit(p, 1);
         rc = p->failed;
-        int want = !p->failed && p->jsize > p->compact_bytes &&
-                   p->jrecords > 2 * (uint64_t)p->idx.count + 64;
+        /* a journal with history (overwritten, deleted or forgotten chunks'
+         * records) is rewritten as one record per live chunk: a record
+         * damaged later can then only lose its own chunk, never let an
+         * older record of its key speak for it */
+        pthread_mutex_lock(&p->mu);
+        int want = !p->failed && p->jrecords > (uint64_t)p->idx.count;
+        pthread_mutex_unlock(&p->mu);
         pthread_mutex_unlock(&p->cmu);
         if (want && compact_locked(p) < 0)
             FERRY_LOGW("%s", ferry__err_msg(&p->err));
@@ -1289,6 +1481,48 @@ static int check_key(ferry_pslab *p, const void *key, size_t klen)
     return 0;
 }
 
+/* cmu held: whether committing the open batch would free an extent (a
+ * forget's or a replaced chunk's waits for its record to be durable) */
+static int batch_frees(const ferry_pslab *p)
+{
+    for (size_t i = 0; i < p->cur.n; i++)
+        if (p->cur.ops[i].victim || p->cur.ops[i].type == FERRY__PSLAB_DEL)
+            return 1;
+    return 0;
+}
+
+/*
+ * No free extent fits: extents of forgotten, deleted and replaced chunks
+ * come back only when their records are durable, and in SYNC_BATCH mode
+ * (the KV store's evictions are forgets) nothing else commits until the
+ * batch is big or old. So a full slab first commits what would free space
+ * - or waits for the commit in flight, which may - before a put fails.
+ * Returns 1 when a commit ran (try again), 0 when none could help.
+ */
+static int reclaim_by_commit(ferry_pslab *p)
+{
+    pthread_mutex_lock(&p->cmu);
+    int ran = 0;
+    if (!p->failed && !(p->flags & FERRY_PSLAB_READONLY)) {
+        if (p->committing) {
+            uint64_t b = p->batch_open;
+            while (p->committing && p->batch_open == b && !p->failed)
+                pthread_cond_wait(&p->ccv, &p->cmu);
+            ran = 1;
+        } else if (batch_frees(p)) {
+            run_commit(p, 0);
+            ran = !p->failed;
+        }
+    }
+    pthread_mutex_unlock(&p->cmu);
+    if (ran) {
+        pthread_mutex_lock(&p->mu);
+        p->st.space_commits++;
+        pthread_mutex_unlock(&p->mu);
+    }
+    return ran;
+}
+
 /* allocate an extent for len bytes and write data there; *out: the entry to queue */
 static int put_data(ferry_pslab *p, const void *key, size_t klen, const void *data, size_t len,
                     ferry__pslab_ent **out)
@@ -1305,13 +1539,21 @@ static int put_data(ferry_pslab *p, const void *key, size_t klen, const void *da
                               p->dirs[0]);
     e->length = len;
     ferry_extent x;
-    pthread_mutex_lock(&p->mu);
-    rc = ferry_slab_alloc_bytes(p->alloc, len, &x);
-    if (rc >= 0)
-        ferry_slab_commit(p->alloc, x.offset);
-    else
+    /* a bound on the retries: other writers may take what a commit freed */
+    for (int tries = 0;; tries++) {
+        pthread_mutex_lock(&p->mu);
+        rc = ferry_slab_alloc_bytes(p->alloc, len, &x);
+        if (rc >= 0)
+            ferry_slab_commit(p->alloc, x.offset);
+        pthread_mutex_unlock(&p->mu);
+        if (rc != FERRY_ENOSPACE || tries >= 16 || !reclaim_by_commit(p))
+            break;
+    }
+    if (rc < 0) {
+        pthread_mutex_lock(&p->mu);
         p->st.failures++;
-    pthread_mutex_unlock(&p->mu);
+        pthread_mutex_unlock(&p->mu);
+    }
     if (rc < 0) {
         ferry__free(e);
         if (rc == FERRY_ENOSPACE)

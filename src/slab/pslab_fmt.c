@@ -79,7 +79,7 @@ int ferry__pslab_geom_check(const ferry__pslab_geom *g, char *why, size_t why_le
     return 0;
 }
 
-void ferry__pslab_hdr_encode(const ferry__pslab_hdr *h, uint8_t out[FERRY__PSLAB_HDR_BYTES])
+void ferry__pslab_hdr_encode(const ferry__pslab_hdr *h, uint8_t *out)
 {
     memset(out, 0, FERRY__PSLAB_HDR_BYTES);
     memcpy(out, hdr_magic, 8);
@@ -93,6 +93,11 @@ void ferry__pslab_hdr_encode(const ferry__pslab_hdr *h, uint8_t out[FERRY__PSLAB
     ferry__put64(out + 40, h->g.stripe);
     ferry__put64(out + 48, h->g.creation_id);
     ferry__put64(out + 56, h->created_ns);
+    if (h->version >= 2 && h->tag_len) {
+        ferry__put32(out + 64, h->tag_len);
+        ferry__put64(out + 72, XXH3_64bits(h->tag, h->tag_len));
+        memcpy(out + FERRY__PSLAB_HDR_BYTES, h->tag, h->tag_len);
+    }
     ferry__put64(out + 120, XXH3_64bits(out, 120));
 }
 
@@ -116,13 +121,31 @@ int ferry__pslab_hdr_decode(const void *buf, size_t len, ferry__pslab_hdr *out, 
     if (version == 0 || ferry__get32(p + 12) != FERRY__PSLAB_HDR_BYTES || ferry__get32(p + 36) != 0)
         return why_set(why, why_len, FERRY_ECORRUPT, "header version %u / size %u / flags %u "
                        "invalid", version, ferry__get32(p + 12), ferry__get32(p + 36));
-    /* bytes 64..119 are reserved and every writer leaves them zero: a header
-     * that carries anything there was not written by this format */
-    for (unsigned i = 64; i < 120; i++)
+    /* reserved bytes are zero in every writer: a header that carries
+     * anything there was not written by this format (format 2 uses 64..79
+     * for its tag) */
+    unsigned res0 = version >= 2 ? 80 : 64;
+    for (unsigned i = res0; i < 120; i++)
         if (p[i] != 0)
             return why_set(why, why_len, FERRY_ECORRUPT, "reserved header byte %u is 0x%02x, "
                            "not 0", i, p[i]);
     ferry__pslab_hdr h;
+    memset(&h, 0, sizeof h);
+    if (version >= 2) {
+        h.tag_len = ferry__get32(p + 64);
+        uint64_t tsum = ferry__get64(p + 72);
+        if (ferry__get32(p + 68) != 0 || h.tag_len > FERRY_PSLAB_TAG_MAX || (!h.tag_len && tsum))
+            return why_set(why, why_len, FERRY_ECORRUPT, "header tag of %u bytes (at most %u) "
+                           "invalid", h.tag_len, FERRY_PSLAB_TAG_MAX);
+        if (h.tag_len) {
+            if (len < FERRY__PSLAB_HDR_BYTES + (size_t)h.tag_len)
+                return why_set(why, why_len, FERRY_ECORRUPT, "header tag of %u bytes runs past "
+                               "the %zu bytes read", h.tag_len, len);
+            h.tag = p + FERRY__PSLAB_HDR_BYTES;
+            if (XXH3_64bits(h.tag, h.tag_len) != tsum)
+                return why_set(why, why_len, FERRY_ECORRUPT, "header tag checksum mismatch");
+        }
+    }
     h.version = version;
     h.g.capacity = ferry__get64(p + 16);
     h.g.alignment = ferry__get32(p + 24);
@@ -194,7 +217,7 @@ void ferry__pslab_rec_encode(const ferry__pslab_rec *r, uint64_t seed, uint8_t *
 {
     ferry__put16(out, FERRY__PSLAB_REC_MAGIC);
     out[2] = (uint8_t)r->type;
-    out[3] = 0;
+    out[3] = (uint8_t)(r->flags & FERRY__PSLAB_REC_BARRIER);
     ferry__put32(out + 4, r->klen);
     ferry__put64(out + 8, r->seq);
     ferry__put64(out + 16, r->offset);
@@ -205,12 +228,19 @@ void ferry__pslab_rec_encode(const ferry__pslab_rec *r, uint64_t seed, uint8_t *
     ferry__put64(out + n, XXH3_64bits_withSeed(out, n, seed));
 }
 
+void ferry__pslab_rec_set_barrier(uint8_t *rec, uint64_t seed)
+{
+    size_t n = FERRY__PSLAB_REC_HEAD + ferry__get32(rec + 4);
+    rec[3] |= FERRY__PSLAB_REC_BARRIER;
+    ferry__put64(rec + n, XXH3_64bits_withSeed(rec, n, seed));
+}
+
 int ferry__pslab_rec_decode(const uint8_t *buf, size_t avail, uint64_t seed,
                             ferry__pslab_rec *r, size_t *used)
 {
     if (avail < FERRY__PSLAB_REC_FIXED)
         return FERRY_ECORRUPT;
-    if (ferry__get16(buf) != FERRY__PSLAB_REC_MAGIC || buf[3] != 0)
+    if (ferry__get16(buf) != FERRY__PSLAB_REC_MAGIC || (buf[3] & ~FERRY__PSLAB_REC_BARRIER))
         return FERRY_ECORRUPT;
     int type = buf[2];
     uint32_t klen = ferry__get32(buf + 4);
@@ -223,6 +253,7 @@ int ferry__pslab_rec_decode(const uint8_t *buf, size_t avail, uint64_t seed,
     if (XXH3_64bits_withSeed(buf, n, seed) != ferry__get64(buf + n))
         return FERRY_ECORRUPT;
     r->type = type;
+    r->flags = buf[3];
     r->klen = klen;
     r->key = buf + FERRY__PSLAB_REC_HEAD;
     r->seq = ferry__get64(buf + 8);
@@ -418,17 +449,68 @@ int ferry__pslab_index_load(const uint8_t *buf, size_t len, const ferry__pslab_g
                        (unsigned long long)expect->creation_id,
                        (unsigned long long)expect->capacity);
     const ferry__pslab_geom *g = &L.jh.g;
+    /*
+     * Where the last good barrier record starts: a bad record before it was
+     * durable when that barrier was written (the writer sets the flag only
+     * when every earlier journal byte had been fdatasync'ed), so it is
+     * damage, not a torn tail, and its key's older records must not speak
+     * for it. Found by walking the records, resynchronising byte by byte
+     * after each bad one (a good record needs the creation-id-seeded
+     * checksum, so a false resync is as unlikely as a forged record).
+     */
+    uint64_t last_barrier = 0;
+    for (size_t q = FERRY__PSLAB_JHDR_BYTES; q < len;) {
+        ferry__pslab_rec r;
+        size_t used = 0;
+        if (ferry__pslab_rec_decode(buf + q, len - q, g->creation_id, &r, &used) < 0) {
+            q++;
+            continue;
+        }
+        if (r.flags & FERRY__PSLAB_REC_BARRIER)
+            last_barrier = q;
+        q += used;
+    }
     ferry__pslab_index x;
     size_t hint = len / (FERRY__PSLAB_REC_FIXED + 16);
     if ((rc = ferry__pslab_index_init(&x, hint)) < 0)
         return why_set(why, why_len, rc, "out of memory for the index");
     size_t pos = FERRY__PSLAB_JHDR_BYTES;
     L.next_seq = 1;
+    int bad_seen = 0;
     while (pos < len) {
         ferry__pslab_rec r;
         size_t used = 0;
-        if (ferry__pslab_rec_decode(buf + pos, len - pos, g->creation_id, &r, &used) < 0)
-            break;
+        if (ferry__pslab_rec_decode(buf + pos, len - pos, g->creation_id, &r, &used) < 0) {
+            if (pos >= last_barrier)
+                break; /* nothing proves it durable: a torn tail */
+            /* damage: any indexed key may have been rewritten or deleted by
+             * the bad record, so none of them may answer with what it held
+             * before; what good records after it say still stands */
+            if (!bad_seen) {
+                L.bad_off = pos;
+                bad_seen = 1;
+            }
+            size_t q = pos + 1;
+            while (q < len &&
+                   ferry__pslab_rec_decode(buf + q, len - q, g->creation_id, &r, &used) < 0)
+                q++;
+            L.damaged++;
+            L.damaged_bytes += q - pos;
+            L.damaged_chunks += x.count;
+            for (size_t i = 0; i < x.nb; i++) {
+                ferry__pslab_ent *e = x.b[i];
+                while (e) {
+                    ferry__pslab_ent *n = e->hnext;
+                    ferry__free(e);
+                    e = n;
+                }
+                x.b[i] = NULL;
+            }
+            x.count = 0;
+            x.bytes_stored = x.bytes_used = 0;
+            pos = q;
+            continue;
+        }
         pos += used;
         L.records++;
         if (r.seq >= L.next_seq)
@@ -470,7 +552,8 @@ int ferry__pslab_index_load(const uint8_t *buf, size_t len, const ferry__pslab_g
         ferry__pslab_index_insert(&x, e);
     }
     L.good_end = pos;
-    L.bad_off = pos;
+    if (!bad_seen)
+        L.bad_off = pos;
     L.torn = pos < len;
 
     /* the extents, by address: drop the older of two that overlap */

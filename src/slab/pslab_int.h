@@ -10,8 +10,12 @@
  *    24  u32 alignment             28  u32 drives
  *    32  u32 this file's drive     36  u32 flags (0)
  *    40  u64 stripe bytes          48  u64 creation id
- *    56  u64 created (ns, realtime) 64..119 zero
+ *    56  u64 created (ns, realtime)
+ *    64  u32 tag bytes (format 2; 0 in format 1, 0..FERRY_PSLAB_TAG_MAX)
+ *    68  u32 zero                  72  u64 XXH3-64 of the tag (0 without one)
+ *    80..119 zero
  *   120  u64 XXH3-64 of bytes [0, 120)
+ *   128  the tag's bytes (format 2), then zeros
  *
  * Journal header (FERRY__PSLAB_JHDR_BYTES):
  *     0  magic "FERRYPJL"          8  u32 format version
@@ -21,7 +25,10 @@
  *    48  u64 stripe bytes          56  u64 XXH3-64 of bytes [0, 56)
  *
  * Record (FERRY__PSLAB_REC_FIXED + key bytes):
- *     0  u16 magic 0xF5E7   2 u8 type (1 put, 2 delete)   3 u8 0
+ *     0  u16 magic 0xF5E7   2 u8 type (1 put, 2 delete)
+ *     3  u8 flags: bit 0 = barrier (format 2): every journal byte before
+ *        this record had been fdatasync'ed when it was written, so a bad
+ *        record before a barrier is damage, never a torn tail
  *     4  u32 key bytes      8 u64 sequence
  *    16  u64 slab offset (put) / 0       24 u64 length (put) / 0
  *    32  u64 payload XXH3-64 (put) / the deleted put's sequence (delete)
@@ -61,7 +68,11 @@ typedef struct ferry__pslab_hdr {
     ferry__pslab_geom g;
     uint32_t drive;
     uint64_t created_ns;
+    uint32_t tag_len;
+    const uint8_t *tag; /* tag_len bytes: into the decoded buffer, or the writer's */
 } ferry__pslab_hdr;
+
+#define FERRY__PSLAB_REC_BARRIER 0x01u
 
 typedef struct ferry__pslab_jhdr {
     uint32_t version;
@@ -71,6 +82,7 @@ typedef struct ferry__pslab_jhdr {
 
 typedef struct ferry__pslab_rec {
     int type;
+    unsigned flags; /* FERRY__PSLAB_REC_BARRIER */
     uint32_t klen;
     const uint8_t *key;
     uint64_t seq, offset, length, sum; /* sum: payload checksum, or the deleted seq */
@@ -81,8 +93,10 @@ uint64_t ferry__pslab_data_off(uint32_t alignment);
 /* sanity of a geometry (powers of two, sizes, bounds); 0 or FERRY_ECORRUPT + why */
 int ferry__pslab_geom_check(const ferry__pslab_geom *g, char *why, size_t why_len);
 
-void ferry__pslab_hdr_encode(const ferry__pslab_hdr *h, uint8_t out[FERRY__PSLAB_HDR_BYTES]);
-/* 0, FERRY_ECORRUPT (short, magic, checksum, geometry) or FERRY_EVERSION; why says which */
+/* writes FERRY__PSLAB_HDR_BYTES + h->tag_len bytes to out */
+void ferry__pslab_hdr_encode(const ferry__pslab_hdr *h, uint8_t *out);
+/* 0, FERRY_ECORRUPT (short, magic, checksum, geometry, tag) or FERRY_EVERSION;
+ * why says which. A format 2 header's tag must lie within buf[0..len). */
 int ferry__pslab_hdr_decode(const void *buf, size_t len, ferry__pslab_hdr *out, char *why,
                             size_t why_len);
 void ferry__pslab_jhdr_encode(const ferry__pslab_jhdr *h, uint8_t out[FERRY__PSLAB_JHDR_BYTES]);
@@ -95,6 +109,8 @@ static inline size_t ferry__pslab_rec_size(uint32_t klen)
 }
 /* writes ferry__pslab_rec_size(r->klen) bytes to out */
 void ferry__pslab_rec_encode(const ferry__pslab_rec *r, uint64_t seed, uint8_t *out);
+/* set the barrier flag of the encoded record at rec (and its checksum) */
+void ferry__pslab_rec_set_barrier(uint8_t *rec, uint64_t seed);
 /*
  * Decode the record at buf[0..avail): 0 and *used on success (r->key
  * points into buf); FERRY_ECORRUPT when it is incomplete, malformed or
@@ -142,13 +158,21 @@ typedef struct ferry__pslab_load {
     uint64_t next_seq;        /* 1 + the largest sequence seen */
     uint64_t bad_off;         /* offset of the first bad record (== good_end), if any */
     int torn;                 /* 1 when bytes after good_end were cut */
+    uint64_t damaged;         /* bad regions proven durable (a barrier after them) */
+    uint64_t damaged_bytes;   /* their bytes */
+    uint64_t damaged_chunks;  /* chunks dropped because such a region may hold their latest */
 } ferry__pslab_load;
 
 /*
  * Replay the journal image buf[0..len): check its header (against expect
  * when non-NULL: FERRY_EMISMATCH if its geometry or creation id differ),
- * apply the good records in order to an empty index, stop at the first bad
- * one, drop records whose extent leaves [0, capacity) or is misaligned,
+ * apply the good records in order to an empty index. A bad record followed
+ * (after resynchronising on the next good record) by a good barrier record
+ * was durable: it is damage, and every entry indexed so far is dropped (any
+ * of them may have been rewritten or deleted by it), then the replay goes
+ * on after it. The first bad record with no barrier after it ends the
+ * replay (a torn tail: good_end). Records whose extent leaves [0,
+ * capacity) or is misaligned are dropped,
  * then drop the older of any two overlapping extents and rebuild an
  * allocator holding exactly the indexed extents. On success *ix is
  * initialized and owned by the caller, *alloc too. Errors: header errors
