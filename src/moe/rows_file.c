@@ -75,16 +75,16 @@ int ferry_moe_rows_file(const ferry_moe_geometry *g, ferry_io *io, const char *p
     for (uint32_t b = 0; b < g->banks; b++) {
         /* the geometry check bounded bytes to INT64_MAX */
         uint64_t bytes = (uint64_t)g->num_layers * g->num_experts * g->row_bytes[b];
-        fr->bank_off[b] = bank_off ? bank_off[b] : off;
-        if (fr->bank_off[b] > (uint64_t)INT64_MAX - bytes) {
+        uint64_t start = bank_off ? bank_off[b] : off;
+        if (start > (uint64_t)INT64_MAX - bytes) {
             ferry__free(fr);
             return ferry__err_set(NULL, -EINVAL,
                                   "moe file rows %s: bank_off[%u] %llu: its %llu bytes end past "
                                   "the largest file offset; accepted 0..%llu",
-                                  path, b, (unsigned long long)fr->bank_off[b],
-                                  (unsigned long long)bytes,
+                                  path, b, (unsigned long long)start, (unsigned long long)bytes,
                                   (unsigned long long)((uint64_t)INT64_MAX - bytes));
         }
+        fr->bank_off[b] = start;
         off = fr->bank_off[b] + bytes;
         if (off > end)
             end = off;
