@@ -2191,7 +2191,8 @@ static int open_remote(ferry_kv *kv, const ferry_kv_config *cfg, const char *url
     if (!ro.key_prefix)
         ro.key_prefix = "ferry:kv:";
     /* an engine thread asking a hung server waits at most these, once per
-     * backoff period (a socket read/write, not a whole 32 MiB value) */
+     * backoff period: the connect, and a whole call's deadline (the
+     * command timeout plus an allowance per byte moved; ferry/remote.h) */
     if (!ro.connect_timeout_ms)
         ro.connect_timeout_ms = 200;
     if (!ro.command_timeout_ms)
