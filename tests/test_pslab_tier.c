@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "ferry_test.h"
 #include "kv/tier_pslab.h"
@@ -18,7 +20,11 @@ static ferry__kv_tier *tier_open(const char *d, uint64_t slots)
     ferry__kv_tier *t = NULL;
     ferry__errbuf eb;
     memset(&eb, 0, sizeof eb);
-    FT_ASSERT_OK(ferry__kv_tier_pslab_open(d, slots * SLOT, 1, NULL, SLOT, &eb, &t));
+    FT_ASSERT_OK(ferry__kv_tier_pslab_open(&(ferry__kv_pslab_cfg){.dir = d,
+                                                                  .bytes = slots * SLOT,
+                                                                  .direct = 1,
+                                                                  .slot_bytes = SLOT},
+                                           &eb, &t));
     assert_non_null(t);
     return t;
 }
@@ -175,8 +181,11 @@ static void test_bad_geometry_is_einval(void **state)
     ferry__kv_tier *t = NULL;
     ferry__errbuf eb;
     memset(&eb, 0, sizeof eb);
-    assert_int_equal(ferry__kv_tier_pslab_open(d, 4096, 1, NULL, 8192, &eb, &t), -EINVAL);
-    assert_int_equal(ferry__kv_tier_pslab_open(d, 1 << 20, 1, NULL, 1000, &eb, &t), -EINVAL);
+    ferry__kv_pslab_cfg c = {.dir = d, .bytes = 4096, .direct = 1, .slot_bytes = 8192};
+    assert_int_equal(ferry__kv_tier_pslab_open(&c, &eb, &t), -EINVAL);
+    c.bytes = 1 << 20;
+    c.slot_bytes = 1000;
+    assert_int_equal(ferry__kv_tier_pslab_open(&c, &eb, &t), -EINVAL);
     assert_null(t);
     ft_rmtree(d);
 }
@@ -280,6 +289,247 @@ static void test_kv_sync_commits_the_write_throughs(void **state)
     ft_rmtree(snap);
 }
 
+
+/* ---- issue 11, through the public ferry_kv API ---- */
+/* 2 layers x K,V x 16 tokens x 2 heads x 16 bf16 = 4096 bytes a chunk */
+static ferry_kv_config kv_cfg(const char *dir, const char *model, uint64_t l1_chunks,
+                              uint64_t l2_chunks)
+{
+    ferry_kv_layout l = FERRY_KV_LAYOUT_INIT;
+    l.num_layers = 2;
+    l.num_heads = 2;
+    l.head_dim = 16;
+    ferry_kv_config c = FERRY_KV_CONFIG_INIT;
+    c.model = model;
+    c.layout = l;
+    c.chunk_tokens = 16;
+    c.l1_bytes = l1_chunks * 4096;
+    c.l2_dir = dir;
+    c.l2_bytes = l2_chunks * 4096;
+    c.l2_engine = "posix";
+    c.l2_persistent = 1;
+    c.workers = 2;
+    return c;
+}
+
+/* prompt i: n tokens of its own */
+static void prompt(int32_t *tok, size_t n, unsigned i)
+{
+    for (size_t t = 0; t < n; t++)
+        tok[t] = (int32_t)(i * 100003u + (unsigned)t * 7u + 1u);
+}
+
+static ferry_kv_buffer kv_buf(const ferry_kv_config *c, void *mem, size_t ntok)
+{
+    ferry_kv_buffer b = FERRY_KV_BUFFER_INIT;
+    b.layout = c->layout;
+    b.base = (uint64_t)(uintptr_t)mem;
+    b.capacity_tokens = ntok;
+    return b;
+}
+
+static void test_two_stores_on_one_persistent_l2_are_ebusy(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    ferry_kv_config c = kv_cfg(d, "m", 16, 64);
+    ferry_kv *a = NULL, *b = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &a));
+    enum { N = 64 };
+    int32_t tok[N];
+    prompt(tok, N, 1);
+    uint8_t *mem = malloc(N * 256), *got = malloc(N * 256);
+    ft_fill_pattern(mem, N * 256, 5);
+    ferry_kv_buffer src = kv_buf(&c, mem, N);
+    assert_int_equal(ferry_kv_store(a, tok, N, NULL, &src), N);
+    FT_ASSERT_OK(ferry_kv_flush(a));
+    /* rank 1 of the same engine given the same directory: refused */
+    ferry_kv_config c1 = c;
+    c1.tp_rank = 1;
+    c1.tp_world = 2;
+    assert_int_equal(ferry_kv_open(&c1, &b), FERRY_EBUSY);
+    assert_null(b);
+    assert_non_null(strstr(ferry_last_error(), d));
+    /* the first store's chunks are untouched */
+    ferry_kv_buffer dst = kv_buf(&c, got, N);
+    ferry_kv_close(a);
+    FT_ASSERT_OK(ferry_kv_open(&c, &a));
+    assert_int_equal(ferry_kv_retrieve(a, tok, N, NULL, &dst), N);
+    assert_memory_equal(got, mem, N * 256);
+    ferry_kv_close(a);
+    free(mem);
+    free(got);
+    ft_rmtree(d);
+}
+
+static void test_another_layout_is_refused_and_its_chunks_stay(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    ferry_kv_config c = kv_cfg(d, "m", 16, 128);
+    enum { N = 1024 };
+    int32_t *tok = malloc(N * sizeof *tok);
+    prompt(tok, N, 7);
+    uint8_t *mem = malloc((size_t)N * 256), *got = malloc((size_t)N * 256);
+    ft_fill_pattern(mem, (size_t)N * 256, 11);
+    ferry_kv_buffer src = kv_buf(&c, mem, N);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    assert_int_equal(ferry_kv_store(kv, tok, N, NULL, &src), N);
+    ferry_kv_close(kv);
+    /* another layout, chunk size, seed or model: FERRY_EMISMATCH naming it */
+    ferry_kv_config o = c;
+    o.layout.num_heads = 4;
+    assert_int_equal(ferry_kv_open(&o, &kv), FERRY_EMISMATCH);
+    assert_non_null(strstr(ferry_last_error(), "heads=4"));
+    assert_non_null(strstr(ferry_last_error(), "heads=2"));
+    o = c;
+    o.chunk_tokens = 32;
+    assert_int_equal(ferry_kv_open(&o, &kv), FERRY_EMISMATCH);
+    o = c;
+    o.hash_seed = 12345;
+    assert_int_equal(ferry_kv_open(&o, &kv), FERRY_EMISMATCH);
+    o = c;
+    o.model = "other";
+    assert_int_equal(ferry_kv_open(&o, &kv), FERRY_EMISMATCH);
+    assert_non_null(strstr(ferry_last_error(), "model=other"));
+    /* the original layout still finds every token, byte for byte */
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    assert_int_equal(ferry_kv_lookup(kv, tok, N, NULL), N);
+    ferry_kv_buffer dst = kv_buf(&c, got, N);
+    assert_int_equal(ferry_kv_retrieve(kv, tok, N, NULL, &dst), N);
+    assert_memory_equal(got, mem, (size_t)N * 256);
+    ferry_kv_close(kv);
+    /* only an explicit reset empties it, for the new layout */
+    o = c;
+    o.model = "other";
+    o.l2_reset = 1;
+    FT_ASSERT_OK(ferry_kv_open(&o, &kv));
+    assert_int_equal(ferry_kv_lookup(kv, tok, N, NULL), 0);
+    ferry_kv_close(kv);
+    assert_int_equal(ferry_kv_open(&c, &kv), FERRY_EMISMATCH);
+    o.l2_reset = 0;
+    FT_ASSERT_OK(ferry_kv_open(&o, &kv));
+    ferry_kv_close(kv);
+    free(tok);
+    free(mem);
+    free(got);
+    ft_rmtree(d);
+}
+
+static void test_persistent_l2_files_are_private_unless_a_mode_is_given(void **state)
+{
+    (void)state;
+    char d[256], sub[300], path[400];
+    ft_tmpdir(d, sizeof d);
+    mode_t um = umask(0);
+    const unsigned modes[2] = {0, 0660}, want[2] = {0600, 0660}, wantd[2] = {0700, 0770};
+    for (int m = 0; m < 2; m++) {
+        snprintf(sub, sizeof sub, "%s/l2-%d/x", d, m);
+        ferry_kv_config c = kv_cfg(sub, "m", 16, 16);
+        c.l2_mode = modes[m];
+        ferry_kv *kv = NULL;
+        FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+        ferry_kv_close(kv);
+        struct stat st;
+        assert_int_equal(stat(sub, &st), 0);
+        assert_int_equal(st.st_mode & 0777, wantd[m]);
+        const char *names[] = {FERRY_PSLAB_FILE, FERRY_PSLAB_JOURNAL, FERRY_PSLAB_LOCK};
+        for (int i = 0; i < 3; i++) {
+            snprintf(path, sizeof path, "%s/%s", sub, names[i]);
+            assert_int_equal(stat(path, &st), 0);
+            assert_int_equal(st.st_mode & 0777, want[m]);
+        }
+    }
+    umask(um);
+    ft_rmtree(d);
+}
+
+/*
+ * Churn without a sync: a persistent L2 of 128 chunks evicted many times
+ * over by 400 prompts of 2 chunks; every write-through must find room (the
+ * slab commits queued evictions when it is full), and the last 20 prompts
+ * must all be there, byte for byte.
+ */
+static void test_persistent_l2_keeps_caching_under_churn(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    ferry_kv_config c = kv_cfg(d, "churn", 8, 128);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    enum { P = 400, N = 32 };
+    int32_t tok[N];
+    uint8_t *mem = malloc(N * 256), *got = malloc(N * 256);
+    ferry_kv_buffer src = kv_buf(&c, mem, N), dst = kv_buf(&c, got, N);
+    for (unsigned i = 0; i < P; i++) {
+        prompt(tok, N, i);
+        ft_fill_pattern(mem, N * 256, 1000 + i);
+        assert_int_equal(ferry_kv_store(kv, tok, N, NULL, &src), N);
+        if (i % 16 == 15)
+            FT_ASSERT_OK(ferry_kv_flush(kv)); /* let write-throughs land; no sync */
+    }
+    FT_ASSERT_OK(ferry_kv_flush(kv));
+    ferry_kv_stats ms;
+    FT_ASSERT_OK(ferry_kv_metrics(kv, &ms));
+    print_message("L2: %llu failures, usage %.2f\n",
+                  (unsigned long long)ms.tier[FERRY_KV_TIER_L2].failures,
+                  ms.tier[FERRY_KV_TIER_L2].usage);
+    assert_int_equal(ms.tier[FERRY_KV_TIER_L2].failures, 0);
+    int found = 0;
+    for (unsigned i = P - 20; i < P; i++) {
+        prompt(tok, N, i);
+        if (ferry_kv_retrieve(kv, tok, N, NULL, &dst) != N)
+            continue;
+        ft_fill_pattern(mem, N * 256, 1000 + i);
+        assert_memory_equal(got, mem, N * 256);
+        found++;
+    }
+    assert_int_equal(found, 20);
+    ferry_pslab_stats s;
+    FT_ASSERT_OK(ferry_pslab_stats_get(ferry__kv_tier_pslab_store(kv->tier[FERRY_KV_TIER_L2]),
+                                       &s));
+    print_message("slab: %llu space commits, %llu failures\n",
+                  (unsigned long long)s.space_commits, (unsigned long long)s.failures);
+    assert_int_equal(s.failures, 0);
+    ferry_kv_close(kv);
+    free(mem);
+    free(got);
+    ft_rmtree(d);
+}
+
+static void test_kv_sync_says_how_many_chunks_it_made_durable(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    ferry_kv_config c = kv_cfg(d, "count", 64, 64);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    enum { N = 8 * 16 };
+    int32_t tok[N];
+    uint8_t *mem = malloc(N * 256);
+    ft_fill_pattern(mem, N * 256, 3);
+    ferry_kv_buffer src = kv_buf(&c, mem, N);
+    prompt(tok, N, 1);
+    assert_int_equal(ferry_kv_store(kv, tok, N, NULL, &src), N);
+    assert_int_equal(ferry_kv_sync(kv), 8);
+    assert_int_equal(ferry_kv_sync(kv), 0); /* nothing new */
+    prompt(tok, N, 2);
+    assert_int_equal(ferry_kv_store(kv, tok, 4 * 16, NULL, &src), 4 * 16);
+    assert_int_equal(ferry_kv_sync(kv), 4);
+    ferry_kv_close(kv);
+    /* after a reopen, the recovered chunks are durable already: not counted */
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    assert_int_equal(ferry_kv_sync(kv), 0);
+    ferry_kv_close(kv);
+    free(mem);
+    ft_rmtree(d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -288,6 +538,11 @@ int main(void)
         cmocka_unit_test(test_recover_stopped_forgets_the_rest),
         cmocka_unit_test(test_bad_geometry_is_einval),
         cmocka_unit_test(test_kv_sync_commits_the_write_throughs),
+        cmocka_unit_test(test_two_stores_on_one_persistent_l2_are_ebusy),
+        cmocka_unit_test(test_another_layout_is_refused_and_its_chunks_stay),
+        cmocka_unit_test(test_persistent_l2_files_are_private_unless_a_mode_is_given),
+        cmocka_unit_test(test_persistent_l2_keeps_caching_under_churn),
+        cmocka_unit_test(test_kv_sync_says_how_many_chunks_it_made_durable),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

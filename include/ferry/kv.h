@@ -288,10 +288,26 @@ typedef struct ferry_kv_config {
     const ferry_remote_options *remote_options;
     /** Remote-only chunks the index remembers at most; 0 -> 65536. */
     uint64_t remote_index_chunks;
+    /**
+     * With l2_persistent: 1 starts the persistent L2 empty, dropping what
+     * l2_dir holds. 0 (the default) keeps it, and a persistent L2 made for
+     * another layout, chunk size, hash seed, model or TP rank/world (the
+     * slab records them) is refused with FERRY_EMISMATCH naming what
+     * differs, its chunks left as they are (`ferry slab check DIR
+     * --reset` empties it from the command line).
+     */
+    int l2_reset;
+    /**
+     * Mode of the files ferry creates for L2 (slab, journal, lock file):
+     * 0 means 0600, directories 0700; otherwise read/write bits only, the
+     * owner's included (0660 for a deliberate group: directories 0770).
+     * Used by the persistent L2 and the non-persistent L2 slab alike.
+     */
+    unsigned l2_mode;
 } ferry_kv_config;
 #define FERRY_KV_CONFIG_INIT \
     {sizeof(ferry_kv_config), NULL, 0, 1, FERRY_KV_LAYOUT_INIT, 0, 0, 0, NULL, 0, 1, NULL, \
-     FERRY_KV_EVICT_LRU, FERRY_KV_EVICT_LRU, 0, 0, 0, 0, NULL, 0, 0, 0, NULL, NULL, 0}
+     FERRY_KV_EVICT_LRU, FERRY_KV_EVICT_LRU, 0, 0, 0, 0, NULL, 0, 0, 0, NULL, NULL, 0, 0, 0}
 
 typedef struct ferry_kv ferry_kv;
 
@@ -462,9 +478,15 @@ FERRY_API int ferry_kv_flush(ferry_kv *kv);
 /** ferry_kv_flush(), then, with a persistent L2 (l2_persistent), make
  *  every chunk written through so far durable: the slab's group commit
  *  (slab fdatasync, journal append, journal fdatasync) of what its
- *  write-throughs queued. Returns 0 (also without a persistent L2, where
- *  there is nothing more to do), or the commit's error (the persistent L2
- *  then refuses further write-throughs until the store is reopened; see
+ *  write-throughs queued. Returns the number of chunks written through
+ *  to the persistent L2 since the previous ferry_kv_sync (or the open)
+ *  that are durable now and still there (a write-through that failed, or
+ *  a chunk evicted again before the commit, is not counted; chunks stored
+ *  by other threads during the call may be), so a caller that stored n
+ *  new chunks and gets n knows all of them are durable. 0 without a
+ *  persistent L2, where there is nothing more to do. Errors: those of
+ *  ferry_kv_flush, or the commit's (the persistent L2 then refuses
+ *  further write-throughs until the store is reopened; see
  *  docs/DURABILITY.md). */
 FERRY_API int ferry_kv_sync(ferry_kv *kv);
 

@@ -330,6 +330,9 @@ typedef struct ferry_pslab_stats {
     /** commits run by puts that found no free extent while freed extents
      *  waited for their records to become durable */
     uint64_t space_commits;
+    /** every record with a sequence (ferry_pslab_info.seq) up to this one
+     *  is durable: a chunk whose seq is at most this survives a crash */
+    uint64_t durable_seq;
 } ferry_pslab_stats;
 FERRY_API int ferry_pslab_stats_get(ferry_pslab *p, ferry_pslab_stats *out);
 

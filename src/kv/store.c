@@ -2299,9 +2299,8 @@ int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out)
     int persistent = cfg->size >= offsetof(ferry_kv_config, l2_persistent) + sizeof(int) &&
                      cfg->l2_persistent;
     if (rc == 0 && cfg->l2_dir)
-        rc = persistent ? ferry__kv_tier_pslab_open(cfg->l2_dir, cfg->l2_bytes, cfg->l2_direct,
-                                                    cfg->l2_engine, slot, eb,
-                                                    &kv->tier[FERRY_KV_TIER_L2])
+        rc = persistent ? ferry__kv_tier_pslab_open_kv(kv, cfg, slot, eb,
+                                                       &kv->tier[FERRY_KV_TIER_L2])
                         : ferry__kv_tier_l2_open(cfg->l2_dir, cfg->l2_bytes, cfg->l2_direct,
                                                  cfg->l2_engine, 0, kv->chunk_bytes, slot, eb,
                                                  &kv->tier[FERRY_KV_TIER_L2]);

@@ -31,13 +31,23 @@
  * Reads check everything the slab checks (payload XXH3) and the length:
  * a chunk of another length under the same id (another layout) is a miss.
  *
+ * What the chunks mean is recorded in the slab (its application tag):
+ * layout, chunk tokens and bytes, hash seed, model and TP rank/world. A
+ * store that opens the slab with other facts is refused with
+ * FERRY_EMISMATCH quoting both, and its chunks stay; only l2_reset (or
+ * `ferry slab check --reset`) empties it. Its directory has one owner
+ * (the slab's lock): a second store on it gets FERRY_EBUSY.
+ *
  * Locking: reserve/release run under the store's mutex, write/read
  * without it and concurrently; the slot table has its own mutex (taken
  * alone, never around slab I/O).
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
+#include <time.h>
+#include <xxhash.h>
 
 #include "ferry/pslab.h"
 #include "kv/tier_pslab.h"
@@ -49,6 +59,9 @@ typedef struct tp {
     uint64_t nfree;
     ferry_kv_hash *ids;
     uint8_t *written;
+    uint64_t synced_seq; /* ferry_kv_sync: the slab's durable_seq it last saw (mu) */
+    /* forget warnings: the first few, then one a second with a count (mu) */
+    uint64_t warn_ns, warn_n, warn_quiet;
 } tp;
 
 #define KEY_BYTES 16
@@ -100,9 +113,30 @@ static void tp_release(ferry__kv_tier *t, uint64_t loc)
         uint8_t k[KEY_BYTES];
         id_key(&id, k);
         int rc = ferry_pslab_forget(p->ps, k, sizeof k);
-        if (rc < 0 && rc != FERRY_ENOTFOUND)
-            FERRY_LOGW("kv persistent L2: forgetting the chunk in slot %llu: %s",
-                       (unsigned long long)loc, ferry_pslab_last_error(p->ps));
+        if (rc < 0 && rc != FERRY_ENOTFOUND) {
+            /* a failed journal fails every forget after it: say so, not
+             * once per eviction */
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+            pthread_mutex_lock(&p->mu);
+            uint64_t quiet = 0;
+            int say = p->warn_n < 5 || now - p->warn_ns >= 1000000000ull;
+            if (say) {
+                quiet = p->warn_quiet;
+                p->warn_quiet = 0;
+                p->warn_ns = now;
+                p->warn_n++;
+            } else {
+                p->warn_quiet++;
+            }
+            pthread_mutex_unlock(&p->mu);
+            if (say)
+                FERRY_LOGW("kv persistent L2: forgetting the chunk in slot %llu: %s%s%llu%s",
+                           (unsigned long long)loc, ferry_pslab_last_error(p->ps),
+                           quiet ? " (" : "", (unsigned long long)quiet,
+                           quiet ? " more suppressed)" : "");
+        }
     }
 }
 
@@ -175,9 +209,52 @@ static const ferry__kv_tier_ops tp_ops = {
     "l2-persistent", tp_reserve, tp_release, tp_write, tp_read, tp_host_ptr, tp_close,
 };
 
-int ferry__kv_tier_pslab_open(const char *dir, uint64_t bytes, int direct, const char *engine,
-                              uint64_t slot_bytes, ferry__errbuf *eb, ferry__kv_tier **out)
+int ferry__kv_pslab_tag(const ferry_kv *kv, char *out, size_t cap)
 {
+    const ferry_kv_layout *l = &kv->layout;
+    char model[80];
+    /* a model name too long for the tag is recorded by its digest */
+    if (strlen(kv->model) < sizeof model - 1)
+        snprintf(model, sizeof model, "%s", kv->model);
+    else
+        snprintf(model, sizeof model, "xxh3:%016llx",
+                 (unsigned long long)XXH3_64bits(kv->model, strlen(kv->model)));
+    int n = snprintf(out, cap,
+                     "ferry-kv/1;layers=%u;kv=%u;heads=%u;head_dim=%u;dtype=%s;"
+                     "chunk_tokens=%u;chunk_bytes=%llu;seed=%016llx;tp=%u/%u;model=%s",
+                     l->num_layers, l->kv, l->num_heads, l->head_dim, ferry_dtype_name(l->dtype),
+                     kv->chunk_tokens, (unsigned long long)kv->chunk_bytes,
+                     (unsigned long long)kv->seed, kv->tp_rank, kv->tp_world, model);
+    return n < 0 || (size_t)n >= cap ? -ENAMETOOLONG : n;
+}
+
+int ferry__kv_tier_pslab_open_kv(const ferry_kv *kv, const ferry_kv_config *cfg,
+                                 uint64_t slot_bytes, ferry__errbuf *eb, ferry__kv_tier **out)
+{
+    char tag[FERRY_PSLAB_TAG_MAX];
+    int n = ferry__kv_pslab_tag(kv, tag, sizeof tag);
+    if (n < 0)
+        return ferry__err_set(eb, n, "kv persistent L2: the store's description does not fit "
+                              "the slab's %u-byte tag", FERRY_PSLAB_TAG_MAX);
+    ferry__kv_pslab_cfg c;
+    memset(&c, 0, sizeof c);
+    c.dir = cfg->l2_dir;
+    c.bytes = cfg->l2_bytes;
+    c.direct = cfg->l2_direct;
+    c.engine = cfg->l2_engine;
+    c.slot_bytes = slot_bytes;
+    c.tag = tag;
+    c.tag_len = (size_t)n;
+    c.mode = cfg->l2_mode;
+    c.reset = cfg->l2_reset;
+    return ferry__kv_tier_pslab_open(&c, eb, out);
+}
+
+int ferry__kv_tier_pslab_open(const ferry__kv_pslab_cfg *c, ferry__errbuf *eb,
+                              ferry__kv_tier **out)
+{
+    const char *dir = c ? c->dir : NULL;
+    uint64_t bytes = c ? c->bytes : 0, slot_bytes = c ? c->slot_bytes : 0;
     if (!dir || !out || !slot_bytes || slot_bytes % 4096 || bytes < slot_bytes)
         return ferry__err_set(eb, -EINVAL, "kv persistent L2: a slab of %llu bytes in %s cannot "
                               "hold chunks of %llu bytes", (unsigned long long)bytes,
@@ -200,9 +277,9 @@ int ferry__kv_tier_pslab_open(const char *dir, uint64_t bytes, int direct, const
     o.dirs = dirs;
     o.n_dirs = 1;
     o.bytes = t->capacity * slot_bytes;
-    o.direct = direct;
-    o.engine = engine;
-    o.flags = FERRY_PSLAB_CREATE;
+    o.direct = c->direct;
+    o.engine = c->engine;
+    o.flags = FERRY_PSLAB_CREATE | (c->reset ? FERRY_PSLAB_RESET : 0u);
     o.lanes = 4;
     /* the store acknowledges a chunk when it is in L1; its write-through need
      * not wait for the disk: batch the syncs (data still before records) */
@@ -211,9 +288,14 @@ int ferry__kv_tier_pslab_open(const char *dir, uint64_t bytes, int direct, const
     o.batch_ms = 200;
     /* 16 requests per chunk, as the non-persistent L2 (tier_l2.c) */
     o.depth = 16;
+    o.tag = c->tag;
+    o.tag_len = c->tag ? c->tag_len : 0;
+    o.mode = c->mode;
     int rc = ferry_pslab_open(&o, &p->ps);
     if (rc == FERRY_EMISMATCH) {
-        /* a slab of another size: keep its chunks, size the tier by it */
+        /* a slab of another size: keep its chunks, size the tier by it. The
+         * retry accepts any size only: another tag (layout, chunk size,
+         * seed, namespace) is refused again, by the same check */
         o.bytes = 0;
         rc = ferry_pslab_open(&o, &p->ps);
         if (rc == 0) {
@@ -244,6 +326,9 @@ int ferry__kv_tier_pslab_open(const char *dir, uint64_t bytes, int direct, const
     for (uint64_t i = 0; i < t->capacity; i++)
         p->free_stack[i] = t->capacity - 1 - i; /* slot 0 on top */
     p->nfree = t->capacity;
+    ferry_pslab_stats s;
+    ferry_pslab_stats_get(p->ps, &s);
+    p->synced_seq = s.durable_seq;
     *out = t;
     return 0;
 }
@@ -337,6 +422,19 @@ int ferry__kv_tier_pslab_recover(ferry__kv_tier *t, ferry__kv_tier_recover_fn fn
     return rc < 0 || rc > 0 ? rc : (int)reported;
 }
 
+typedef struct newer {
+    uint64_t lo, hi, n;
+} newer;
+
+static int count_newer(const void *key, size_t klen, const ferry_pslab_info *info, void *ctx)
+{
+    (void)key;
+    newer *w = ctx;
+    if (klen == KEY_BYTES && info->seq > w->lo && info->seq <= w->hi)
+        w->n++;
+    return 0;
+}
+
 int ferry_kv_sync(ferry_kv *kv)
 {
     if (!kv)
@@ -344,12 +442,25 @@ int ferry_kv_sync(ferry_kv *kv)
     int rc = ferry_kv_flush(kv);
     if (rc < 0)
         return rc;
-    ferry_pslab *ps = ferry__kv_tier_pslab_store(kv->tier[FERRY_KV_TIER_L2]);
+    ferry__kv_tier *t = kv->tier[FERRY_KV_TIER_L2];
+    ferry_pslab *ps = ferry__kv_tier_pslab_store(t);
     if (!ps)
         return 0;
     rc = ferry_pslab_sync(ps);
     if (rc < 0)
         return ferry__kv_err(kv, rc, "kv sync: committing the persistent L2: %s",
                              ferry_pslab_last_error(ps));
-    return 0;
+    /* the chunks in the slab whose put records are durable now and were not
+     * at the previous sync: what this sync (and the commits since the last
+     * one) made durable */
+    tp *p = t->impl;
+    ferry_pslab_stats s;
+    ferry_pslab_stats_get(ps, &s);
+    pthread_mutex_lock(&p->mu);
+    newer w = {p->synced_seq, s.durable_seq, 0};
+    if (s.durable_seq > p->synced_seq)
+        p->synced_seq = s.durable_seq;
+    pthread_mutex_unlock(&p->mu);
+    ferry_pslab_iterate(ps, count_newer, &w);
+    return w.n > INT32_MAX ? INT32_MAX : (int)w.n;
 }

@@ -12,21 +12,48 @@
 #include "ferry/pslab.h"
 #include "kv_impl.h"
 
+/* what the persistent tier is opened with */
+typedef struct ferry__kv_pslab_cfg {
+    const char *dir;
+    uint64_t bytes;       /* slab size; a slab of another size is used as it is */
+    int direct;
+    const char *engine;
+    uint64_t slot_bytes;  /* a multiple of 4096 */
+    /* what the chunks mean (ferry__kv_pslab_tag); NULL: not checked */
+    const char *tag;
+    size_t tag_len;
+    unsigned mode;        /* files ferry creates: 0 -> 0600 */
+    int reset;            /* 1: start empty (FERRY_PSLAB_RESET) */
+} ferry__kv_pslab_cfg;
+
 /*
- * Open (or create) the persistent slab of `bytes` in dir as an L2 tier of
- * chunks of slot_bytes (a multiple of 4096): capacity = bytes / slot_bytes
- * locations. write = a put under the chunk id (16 bytes), readable at
- * once and durable with the slab's next group commit (SYNC_BATCH: 64 MiB
- * or 8 chunks queued, 200 ms, or close; ferry_kv_sync(), or
- * ferry_pslab_sync() on ferry__kv_tier_pslab_store(), forces it), read =
- * a checked get (a chunk of another length under that id, or one failing
- * its checksum, is a miss: FERRY_EMISMATCH / FERRY_ECORRUPT / FERRY_ENOTFOUND),
- * release = ferry_pslab_forget (the eviction need not survive a crash: a
- * chunk that comes back is still the right bytes for its id).
- * Errors: those of ferry_pslab_open, -EINVAL, -ENOMEM, with a message in eb.
+ * Open (or create) the persistent slab of c->bytes in c->dir as an L2 tier
+ * of chunks of slot_bytes: capacity = bytes / slot_bytes locations. The
+ * directory is locked (FERRY_EBUSY when another store has it). The slab
+ * records c->tag at creation; a slab with another tag is FERRY_EMISMATCH
+ * and left untouched unless c->reset. write = a put under the chunk id
+ * (16 bytes), readable at once and durable with the slab's next group
+ * commit (SYNC_BATCH: 64 MiB or 8 chunks queued, 200 ms, or close;
+ * ferry_kv_sync(), or ferry_pslab_sync() on ferry__kv_tier_pslab_store(),
+ * forces it; a full slab commits queued evictions itself before a write
+ * fails), read = a checked get (a chunk of another length under that id,
+ * or one failing its checksum, is a miss: FERRY_EMISMATCH / FERRY_ECORRUPT
+ * / FERRY_ENOTFOUND), release = ferry_pslab_forget (the eviction need not
+ * survive a crash: a chunk that comes back is still the right bytes for
+ * its id). Errors: those of ferry_pslab_open, -EINVAL, -ENOMEM, with a
+ * message in eb.
  */
-int ferry__kv_tier_pslab_open(const char *dir, uint64_t bytes, int direct, const char *engine,
-                              uint64_t slot_bytes, ferry__errbuf *eb, ferry__kv_tier **out);
+int ferry__kv_tier_pslab_open(const ferry__kv_pslab_cfg *c, ferry__errbuf *eb,
+                              ferry__kv_tier **out);
+
+/* the tag of kv's chunks: layout, chunk tokens and bytes, hash seed, TP
+ * rank/world, model; its length, or -ENAMETOOLONG when cap is too small */
+int ferry__kv_pslab_tag(const ferry_kv *kv, char *out, size_t cap);
+
+/* ferry__kv_tier_pslab_open for the store kv (its tag) with cfg's l2_dir,
+ * l2_bytes, l2_direct, l2_engine, l2_mode and l2_reset */
+int ferry__kv_tier_pslab_open_kv(const ferry_kv *kv, const ferry_kv_config *cfg,
+                                 uint64_t slot_bytes, ferry__errbuf *eb, ferry__kv_tier **out);
 
 /*
  * The chunks found in the slab at open, each given a slot: fn(id, loc,

@@ -521,6 +521,7 @@ static void run_commit(ferry_pslab *p, int force_sync)
 {
     p->committing = 1;
     uint64_t batch = p->batch_open++;
+    uint64_t top = p->next_seq - 1; /* every record queued so far is in q or durable */
     pend q = p->cur;
     p->cur = p->spare;
     p->cur.n = 0;
@@ -564,6 +565,8 @@ static void run_commit(ferry_pslab *p, int force_sync)
             p->st.commits++;
             p->st.committed_records += nrec;
         }
+        if (full)
+            p->st.durable_seq = top;
         want_compact = p->jsize > p->compact_bytes && p->jrecords > 2 * (uint64_t)p->idx.count + 64;
         pthread_mutex_unlock(&p->mu);
     }
@@ -1089,6 +1092,7 @@ static int recover(ferry_pslab *p, const ferry_pslab_options *o)
     p->jrecords = L.records;
     p->generation = L.jh.generation;
     p->next_seq = L.next_seq;
+    p->st.durable_seq = L.next_seq - 1;
     p->st.recovered = p->idx.count;
     p->st.replayed_records = L.records;
     p->st.dropped_records = L.dropped;
