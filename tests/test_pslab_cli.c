@@ -2,7 +2,8 @@
  * test_pslab_cli.c - `ferry slab check DIR [--repair] [--json]` end to end:
  * the exit status (0 clean, 1 problems, 2 unreadable/usage) and what it
  * says, on a clean slab, one with bad payloads and a torn journal tail
- * (found, then repaired, then clean), one of a newer format, and none.
+ * (found, then repaired, then clean), one of a newer format, and none;
+ * a slab in use by a store (named, left alone) and --reset.
  * Runs the ferry binary built next to this test (skipped when absent).
  */
 #include <errno.h>
@@ -146,6 +147,88 @@ static void test_unreadable_and_usage_exit_2(void **state)
     ft_rmtree(d);
 }
 
+
+/* a store holding the slab: check says who and exits 1; --repair and
+ * --reset refuse; nothing is changed */
+static void test_slab_in_use_is_named_and_left_alone(void **state)
+{
+    (void)state;
+    char d[256], out[16384], args[512], pid[64];
+    ft_tmpdir(d, sizeof d);
+    make_store(d, 3);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = FERRY_PSLAB_OPTIONS_INIT;
+    o.dirs = dirs;
+    o.n_dirs = 1;
+    ferry_pslab *p = NULL;
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p));
+    snprintf(pid, sizeof pid, "in use by process %d", (int)getpid());
+    snprintf(args, sizeof args, "slab check %s", d);
+    assert_int_equal(run_ferry(args, out, sizeof out), 1);
+    assert_non_null(strstr(out, pid));
+    assert_null(strstr(out, "clean"));
+    snprintf(args, sizeof args, "slab check %s --repair", d);
+    assert_int_equal(run_ferry(args, out, sizeof out), 1);
+    assert_non_null(strstr(out, pid));
+    snprintf(args, sizeof args, "slab check %s --reset", d);
+    assert_int_equal(run_ferry(args, out, sizeof out), 1);
+    assert_non_null(strstr(out, pid));
+    snprintf(args, sizeof args, "slab check %s --json", d);
+    assert_int_equal(run_ferry(args, out, sizeof out), 1);
+    json_error_t je;
+    json_t *j = json_loads(out, 0, &je);
+    assert_non_null(j);
+    assert_true(json_is_true(json_object_get(j, "in_use")));
+    assert_int_equal(json_integer_value(json_object_get(j, "pid")), getpid());
+    json_decref(j);
+    /* the store's chunks were not touched by any of it */
+    ferry_pslab_stats s;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+    assert_int_equal(s.chunks, 3);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    snprintf(args, sizeof args, "slab check %s", d);
+    assert_int_equal(run_ferry(args, out, sizeof out), 0);
+    assert_non_null(strstr(out, "3 chunks read, 0 failed"));
+    ft_rmtree(d);
+}
+
+/* --reset empties a slab and keeps its size and tag; only when asked */
+static void test_reset_empties_the_slab_keeping_its_tag(void **state)
+{
+    (void)state;
+    char d[256], out[16384], args[512];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    const char *tag = "ferry-kv/1;layers=2;model=m";
+    ferry_pslab_options o = FERRY_PSLAB_OPTIONS_INIT;
+    o.dirs = dirs;
+    o.n_dirs = 1;
+    o.bytes = 4 << 20;
+    o.flags = FERRY_PSLAB_CREATE;
+    o.tag = tag;
+    o.tag_len = strlen(tag);
+    ferry_pslab *p = NULL;
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p));
+    FT_ASSERT_OK(ferry_pslab_put(p, "k", 1, "value", 5));
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    snprintf(args, sizeof args, "slab check %s --reset --repair", d);
+    assert_int_equal(run_ferry(args, out, sizeof out), 2);
+    snprintf(args, sizeof args, "slab check %s --reset", d);
+    assert_int_equal(run_ferry(args, out, sizeof out), 0);
+    assert_non_null(strstr(out, "reset"));
+    o.flags = 0;
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p)); /* the same tag and size still open it */
+    ferry_pslab_stats s;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+    assert_int_equal(s.chunks, 0);
+    assert_int_equal(s.capacity, 4 << 20);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    o.tag = "another";
+    o.tag_len = 7;
+    assert_int_equal(ferry_pslab_open(&o, &p), FERRY_EMISMATCH);
+    ft_rmtree(d);
+}
+
 int main(void)
 {
     char self[4096];
@@ -162,6 +245,8 @@ int main(void)
         cmocka_unit_test(test_clean_slab_exits_0),
         cmocka_unit_test(test_bad_payload_and_torn_tail_found_repaired_then_clean),
         cmocka_unit_test(test_unreadable_and_usage_exit_2),
+        cmocka_unit_test(test_slab_in_use_is_named_and_left_alone),
+        cmocka_unit_test(test_reset_empties_the_slab_keeping_its_tag),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

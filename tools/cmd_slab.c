@@ -1,15 +1,20 @@
 /*
  * cmd_slab.c - the persistent slab's commands:
  *
- *   ferry slab check DIR [DIR...] [--repair] [--json]
+ *   ferry slab check DIR [DIR...] [--repair | --reset] [--json]
  *       Verify a persistent slab: every slab file's header, the journal
  *       (records replayed, records refused, a bad or torn tail) and every
  *       chunk's payload checksum. Without --repair nothing is modified (the
- *       store is opened read-only). --repair cuts the journal after its last
- *       good record, deletes the chunks whose bytes fail their checksum and
- *       compacts the journal so refused records are gone too. Exit status:
- *       0 clean, 1 problems found (with --repair: found and repaired, each
- *       listed), 2 usage error or a slab that cannot be read at all (no
+ *       store is opened read-only, under a shared lock). --repair cuts the
+ *       journal after its last good record, deletes the chunks whose bytes
+ *       fail their checksum and compacts the journal so refused records are
+ *       gone too. --reset empties the slab (every chunk dropped), keeping
+ *       its size, geometry and tag: what a KV store refused for another
+ *       layout needs to be reused. A slab in use by a store (its directory
+ *       lock held) is neither checked, repaired nor reset: the command says
+ *       which process has it. Exit status: 0 clean (or reset), 1 problems
+ *       found (with --repair: found and repaired, each listed) or the slab
+ *       is in use, 2 usage error or a slab that cannot be read at all (no
  *       store, a newer format, a foreign or corrupt header).
  *
  *   ferry slab bench [--dir DIR] [--chunks 100000] [--small 4K]
@@ -33,6 +38,7 @@
 
 #include "cli.h"
 #include "core.h"
+#include "core/dirlock.h"
 
 /* ---- check ---- */
 typedef struct bad_list {
@@ -81,9 +87,80 @@ static void on_bad(const void *key, size_t klen, const ferry_pslab_info *info, i
     }
 }
 
+/* the open failed with FERRY_EBUSY: say who has the slab; exit 1 */
+static int in_use(const char *const *dirs, unsigned nd, int json, const char *doing)
+{
+    int pid = 0;
+    const char *dir = dirs[0];
+    for (unsigned i = 0; i < nd && !pid; i++)
+        if ((pid = ferry__dir_lock_holder(dirs[i])) != 0)
+            dir = dirs[i];
+    if (json) {
+        json_t *root = json_object();
+        json_object_set_new(root, "dir", json_string(dir));
+        json_object_set_new(root, "readable", json_false());
+        json_object_set_new(root, "in_use", json_true());
+        if (pid > 0)
+            json_object_set_new(root, "pid", json_integer(pid));
+        json_object_set_new(root, "error", json_string(ferry_err_name(FERRY_EBUSY)));
+        json_object_set_new(root, "message", json_string(ferry_last_error()));
+        json_dumpf(root, stdout, JSON_INDENT(2));
+        printf("\n");
+        json_decref(root);
+    } else if (pid > 0) {
+        fprintf(stderr, "ferry slab check: %s: the slab is in use by process %d: not %s "
+                "while a store has it open (close that store first)\n", dir, pid, doing);
+    } else {
+        fprintf(stderr, "ferry slab check: %s: the slab is in use by another process: not %s "
+                "while a store has it open (%s)\n", dir, doing, ferry_last_error());
+    }
+    return 1;
+}
+
+static int slab_reset(const char *const *dirs, unsigned nd, int json)
+{
+    ferry_pslab_options o = FERRY_PSLAB_OPTIONS_INIT;
+    o.dirs = dirs;
+    o.n_dirs = nd;
+    o.flags = FERRY_PSLAB_RESET;
+    o.engine = "posix";
+    ferry_pslab *p = NULL;
+    int rc = ferry_pslab_open(&o, &p);
+    if (rc == FERRY_EBUSY)
+        return in_use(dirs, nd, json, "resetting it");
+    if (rc < 0) {
+        fprintf(stderr, "ferry slab check: %s: reset failed: %s (%s)\n", dirs[0],
+                ferry_last_error(), ferry_err_name(rc));
+        return rc == -EINVAL ? 2 : 1;
+    }
+    ferry_pslab_stats s;
+    ferry_pslab_stats_get(p, &s);
+    rc = ferry_pslab_close(p);
+    if (rc < 0) {
+        fprintf(stderr, "ferry slab check: %s: closing after the reset: %s\n", dirs[0],
+                ferry_last_error());
+        return 1;
+    }
+    if (json) {
+        json_t *root = json_object();
+        json_object_set_new(root, "dir", json_string(dirs[0]));
+        json_object_set_new(root, "reset", json_true());
+        json_object_set_new(root, "capacity", json_integer((json_int_t)s.capacity));
+        json_object_set_new(root, "chunks", json_integer(0));
+        json_dumpf(root, stdout, JSON_INDENT(2));
+        printf("\n");
+        json_decref(root);
+    } else {
+        printf("slab %s: reset: every chunk dropped; an empty slab of %llu bytes, alignment "
+               "%zu, with its old tag, is in its place\n", dirs[0],
+               (unsigned long long)s.capacity, s.alignment);
+    }
+    return 0;
+}
+
 static int slab_check(int argc, char **argv)
 {
-    int json = 0, repair = 0;
+    int json = 0, repair = 0, reset = 0;
     const char *dirs[FERRY_PSLAB_MAX_DIRS];
     unsigned nd = 0;
     for (int i = 1; i < argc; i++) {
@@ -91,10 +168,14 @@ static int slab_check(int argc, char **argv)
             json = 1;
         else if (!strcmp(argv[i], "--repair"))
             repair = 1;
+        else if (!strcmp(argv[i], "--reset"))
+            reset = 1;
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: ferry slab check DIR [DIR...] [--repair] [--json]\n"
-                   "exit status: 0 clean, 1 problems found (repaired with --repair), "
-                   "2 usage or unreadable slab\n");
+            printf("usage: ferry slab check DIR [DIR...] [--repair | --reset] [--json]\n"
+                   "  --repair  cut a bad journal tail, delete chunks failing their checksum\n"
+                   "  --reset   drop every chunk: an empty slab of the same size and tag\n"
+                   "exit status: 0 clean (or reset), 1 problems found (repaired with "
+                   "--repair) or the slab is in use by a store, 2 usage or unreadable slab\n");
             return 0;
         } else if (argv[i][0] == '-')
             return cli_usage("slab check", "unknown option '%s'", argv[i]);
@@ -105,6 +186,10 @@ static int slab_check(int argc, char **argv)
     }
     if (!nd)
         return cli_usage("slab check", "which directory? (ferry slab check DIR [--repair])");
+    if (repair && reset)
+        return cli_usage("slab check", "--repair and --reset exclude each other");
+    if (reset)
+        return slab_reset(dirs, nd, json);
 
     ferry_pslab_options o = FERRY_PSLAB_OPTIONS_INIT;
     o.dirs = dirs;
@@ -113,6 +198,8 @@ static int slab_check(int argc, char **argv)
     o.engine = "posix";
     ferry_pslab *p = NULL;
     int rc = ferry_pslab_open(&o, &p);
+    if (rc == FERRY_EBUSY)
+        return in_use(dirs, nd, json, repair ? "repairing it" : "checking it");
     if (rc < 0) {
         if (json) {
             json_t *root = json_object();
@@ -233,7 +320,8 @@ static int mkdir_in(const char *base, const char *name, char *out, size_t n)
 
 static void rm_store(const char *d)
 {
-    static const char *const names[] = {FERRY_PSLAB_FILE, FERRY_PSLAB_JOURNAL, FERRY_GDS_SLAB_NAME};
+    static const char *const names[] = {FERRY_PSLAB_FILE, FERRY_PSLAB_JOURNAL, FERRY_GDS_SLAB_NAME,
+                                        FERRY_PSLAB_LOCK};
     char p[4200];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (snprintf(p, sizeof p, "%s/%s", d, names[i]) < (int)sizeof p)
