@@ -263,6 +263,11 @@ static void missing_directories_need_create(void **state)
     assert_non_null(f);
     fclose(f);
     expect_usage("bench io --dir @/file --create", "not a directory", NULL);
+    /* more in flight than one bounce segment may hold (1 GiB) is fine
+     * without a device: there is no bounce path then */
+    run_ferry("bench io --size 64M --chunk 64M --depth 17 --engine posix --dir @", r);
+    if (r->status != 0)
+        fail_msg("bench io 1.06 GiB in flight: exit %d: %s", r->status, r->err);
     free(r);
 }
 

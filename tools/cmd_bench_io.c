@@ -274,8 +274,12 @@ static int bench_one(const char *engine, const opts *o, size_t chunk, result *re
     io_o.engine = strcmp(engine, "auto") ? engine : NULL;
     io_o.depth = o->depth;
     io_o.device = dev;
-    /* one bounce segment carries what the host loop keeps in flight */
-    io_o.bounce_bytes = chunk * o->depth;
+    /* with a device, one bounce segment carries what the host loop keeps
+     * in flight, as far as a segment goes */
+    if (dev) {
+        uint64_t seg = (uint64_t)chunk * o->depth;
+        io_o.bounce_bytes = (size_t)(seg < FERRY_IO_BOUNCE_MAX ? seg : FERRY_IO_BOUNCE_MAX);
+    }
     rc = ferry_io_open(&io_o, &io);
     if (rc < 0) {
         snprintf(res->note, sizeof res->note, "%s", ferry_last_error());
