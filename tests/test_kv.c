@@ -326,6 +326,16 @@ static void open_rejects_bad_configs(void **state)
     c.l2_dir = "";
     c.l2_bytes = 64 * CHUNK;
     assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
+    c = small_config(4);
+    c.l2_mode = 0777; /* execute bits are not a file mode */
+    assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "l2_mode"));
+    c = small_config(4);
+    c.l2_mode = 0044; /* the owner without access */
+    assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
+    c = small_config(4);
+    c.l2_reset = 7;
+    assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
     assert_null(kv);
     ferry_kv_close(NULL);
     c = small_config(4);
@@ -1877,11 +1887,25 @@ static void persistent_l2_survives_a_reopen(void **state)
     assert_int_equal(m.tier[FERRY_KV_TIER_L2].chunks, 6);
     FT_ASSERT_OK(ferry__kv_check(kv));
     ferry_kv_close(kv);
-    /* another model over the same slab sees none of it (other ids) */
+    /* another model over the same slab is refused, naming it, and the
+     * slab is left as it was: the first model finds every chunk again */
     c.model = "another-model";
+    kv = NULL;
+    assert_int_equal(ferry_kv_open(&c, &kv), FERRY_EMISMATCH);
+    assert_null(kv);
+    assert_non_null(strstr(ferry_last_error(), "another-model"));
+    c.model = "test-model";
     FT_ASSERT_OK(ferry_kv_open(&c, &kv));
-    assert_int_equal(ferry_kv_lookup(kv, tok, n, NULL), 0);
+    assert_int_equal(ferry_kv_lookup(kv, tok, n, NULL), (int)n);
     ferry_kv_close(kv);
+    /* unless a reset is asked for */
+    c.model = "another-model";
+    c.l2_reset = 1;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    ferry_kv_close(kv);
+    c.model = "test-model";
+    c.l2_reset = 0;
+    assert_int_equal(ferry_kv_open(&c, &kv), FERRY_EMISMATCH);
     ft_rmtree(dir);
     free(h.mem);
     free(d.mem);

@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "ferry/pslab.h"
+#include "dirlock.h"
 #include "kv_impl.h"
 #include "tier_pslab.h"
 
@@ -2246,6 +2247,11 @@ int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out)
                               cfg->workers, FERRY_KV_WORKERS_MAX);
     if (cfg->l2_dir && !*cfg->l2_dir)
         return ferry__err_set(NULL, -EINVAL, "kv open: l2_dir is empty (NULL means no L2)");
+    if (ferry__mode_check(cfg->l2_mode, "kv open: l2_mode", NULL) < 0)
+        return -EINVAL;
+    if (cfg->l2_reset != 0 && cfg->l2_reset != 1)
+        return ferry__err_set(NULL, -EINVAL, "kv open: l2_reset %d: accepted 0 or 1",
+                              cfg->l2_reset);
     double wm = cfg->watermark > 0 ? cfg->watermark : 0.8;
     double frac = cfg->evict_fraction > 0 ? cfg->evict_fraction : 0.2;
     if (wm > 1.0 || frac > wm)
@@ -2302,7 +2308,8 @@ int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out)
         rc = persistent ? ferry__kv_tier_pslab_open_kv(kv, cfg, slot, eb,
                                                        &kv->tier[FERRY_KV_TIER_L2])
                         : ferry__kv_tier_l2_open(cfg->l2_dir, cfg->l2_bytes, cfg->l2_direct,
-                                                 cfg->l2_engine, 0, kv->chunk_bytes, slot, eb,
+                                                 cfg->l2_engine, cfg->l2_mode, kv->chunk_bytes,
+                                                 slot, eb,
                                                  &kv->tier[FERRY_KV_TIER_L2]);
     if (rc == 0 && cfg->l2_dir && !persistent) {
         /* L2 reads land in L1 slots and write-throughs leave from them:
