@@ -15,6 +15,11 @@
  * batches, the batch entry, close releasing everything, out-of-memory
  * through the allocation hook, init failures (bad directory, a full disk
  * through the syscall seam, O_DIRECT refused by tmpfs), second init.
+ * Issue 11: async transfers on the default (NULL) stream; one owner per
+ * directory (a second context, a directory named twice, a forked child:
+ * FERRY_EBUSY naming the directory and the pid, and the first owner's
+ * bytes intact); modes 0600/0700 and an explicit mode; every config option
+ * range-checked; the size of an older config accepted.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -22,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "core.h"
@@ -460,7 +466,10 @@ static void bad_transfers_are_refused(void **state)
     assert_int_equal(ferry_gds_transfer(g, FERRY_GDS_WRITE, UINT64_MAX - 4095, 4096, buf, NULL),
                      FERRY_EBOUNDS);
     assert_int_equal(ferry_gds_transfer(g, 7, 0, 4096, buf, NULL), -EINVAL);
-    assert_int_equal(ferry_gds_transfer_async(g, FERRY_GDS_WRITE, 0, 4096, buf, NULL), -EINVAL);
+    /* the default stream is a stream: only the length makes this -EINVAL */
+    assert_int_equal(ferry_gds_transfer_async(g, FERRY_GDS_WRITE, 0, 0, buf, NULL), -EINVAL);
+    assert_int_equal(ferry_gds_transfer_async(g, FERRY_GDS_WRITE, 100, 4096, buf, NULL),
+                     FERRY_EALIGN);
     assert_int_equal(F.calls, before);
     ferry_gds_close(g);
 }
@@ -892,6 +901,297 @@ static void out_of_memory_in_init_leaves_nothing(void **state)
     assert_true(succeeded); /* the loop reached the end of init's allocations */
 }
 
+/* ---- issue 11 ---- */
+
+/* the default stream: the transfer is done by the time the call returns,
+ * through the synchronous entries (nothing queued that could outlive an
+ * argument block), and its errors come back from the call itself */
+static void async_on_the_default_stream(void **state)
+{
+    (void)state;
+    ferry_gds *g = on_fake();
+    ferry_devptr buf = 0x7f0110000000ull;
+    FT_ASSERT_OK(ferry_gds_register(g, buf, 24 * MiB, NULL));
+    /* across the region boundary: two segments, each from its region's base */
+    FT_ASSERT_OK(ferry_gds_transfer_async(g, FERRY_GDS_WRITE, 4096, 8 * MiB, buf + 12 * MiB,
+                                          NULL));
+    assert_int_equal(F.nios, 2);
+    assert_int_equal(F.async_calls, 0);
+    assert_int_equal(F.ios[0].async, 0);
+    assert_int_equal(F.ios[0].op, FERRY_GDS_WRITE);
+    assert_int_equal(F.ios[0].base, buf);
+    assert_int_equal(F.ios[0].buf_off, 12 * MiB);
+    assert_int_equal(F.ios[0].file_off, 4096);
+    assert_int_equal(F.ios[0].size, 4 * MiB);
+    assert_int_equal(F.ios[1].base, buf + 16 * MiB);
+    assert_int_equal(F.ios[1].buf_off, 0);
+    assert_int_equal(F.ios[1].file_off, 4096 + 4 * MiB);
+    FT_ASSERT_OK(ferry_gds_stream_sync(g, NULL));
+    FT_ASSERT_OK(ferry_gds_transfer_async(g, FERRY_GDS_READ, 0, 4096, buf, NULL));
+    assert_int_equal(F.ios[2].op, FERRY_GDS_READ);
+    ferry_gds_stats st;
+    FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
+    assert_int_equal(st.async_pending, 0);
+    assert_int_equal(st.bytes_written, 8 * MiB);
+    assert_int_equal(st.bytes_read, 4096);
+    /* a failing write: returned by the call, nothing left for the sync */
+    F.fail_write_at = 1;
+    assert_int_equal(ferry_gds_transfer_async(g, FERRY_GDS_WRITE, 0, 4096, buf, NULL), -EIO);
+    assert_non_null(strstr(ferry_gds_last_error(g), "fake: write failed"));
+    FT_ASSERT_OK(ferry_gds_stream_sync(g, NULL));
+    ferry_gds_close(g);
+}
+
+static void fill_aligned(ferry_gds *g, void **out, size_t n, unsigned seed)
+{
+    FT_ASSERT_OK(ferry_gds_buffer_alloc(g, n, out));
+    ft_fill_pattern(*out, n, seed);
+}
+
+static void assert_busy_message(const char *m, const char *dir, long pid)
+{
+    char want[64];
+    snprintf(want, sizeof want, "process %ld", pid);
+    if (!strstr(m, dir) || !strstr(m, want))
+        fail_msg("'%s' does not name %s and %s", m, dir, want);
+}
+
+static void one_owner_per_directory(void **state)
+{
+    (void)state;
+    ferry_gds *g = on_fake();
+    const size_t n = 64 * 1024;
+    void *a = NULL, *back = NULL;
+    fill_aligned(g, &a, n, 11);
+    FT_ASSERT_OK(ferry_gds_pwrite(g, a, n, 0));
+    /* a second context on the same directory: refused before it truncates */
+    ferry_gds *g2 = NULL;
+    assert_int_equal(ferry_gds_open(&X.cfg, &g2), FERRY_EBUSY);
+    assert_null(g2);
+    assert_busy_message(ferry_last_error(), X.dir, (long)getpid());
+    /* the same directory spelled another way is the same directory */
+    char other[300];
+    snprintf(other, sizeof other, "%s/.", X.dir);
+    const char *dirs_other[1] = {other};
+    ferry_gds_config c = X.cfg;
+    c.dirs = dirs_other;
+    assert_int_equal(ferry_gds_open(&c, &g2), FERRY_EBUSY);
+    /* the owner's bytes are still there (the second open used to truncate) */
+    FT_ASSERT_OK(ferry_gds_buffer_alloc(g, n, &back));
+    memset(back, 0, n);
+    FT_ASSERT_OK(ferry_gds_pread(g, back, n, 0));
+    assert_int_equal(ft_check_pattern(back, n, 11), -1);
+    ferry_gds_buffer_free(g, a);
+    ferry_gds_buffer_free(g, back);
+    ferry_gds_close(g);
+    /* released at close: the directory can be opened again */
+    FT_ASSERT_OK(ferry_gds_open(&X.cfg, &g2));
+    ferry_gds_close(g2);
+    /* one config naming a directory twice owns it once: refused, and
+     * nothing stays locked by the failed init */
+    const char *twice[2] = {X.dir, X.dir};
+    c = X.cfg;
+    c.dirs = twice;
+    c.n_dirs = 2;
+    assert_int_equal(ferry_gds_open(&c, &g2), FERRY_EBUSY);
+    FT_ASSERT_OK(ferry_gds_open(&X.cfg, &g2));
+    ferry_gds_close(g2);
+}
+
+static void forked_child_is_refused(void **state)
+{
+    (void)state;
+    ferry_gds *g = on_fake();
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        /* the child shares the parent's lock file description, and still
+         * may not own the directory */
+        ferry_gds *g2 = NULL;
+        int rc = ferry_gds_open(&X.cfg, &g2);
+        char want[64];
+        snprintf(want, sizeof want, "process %ld", (long)getppid());
+        int ok = rc == FERRY_EBUSY && g2 == NULL && strstr(ferry_last_error(), X.dir) &&
+                 strstr(ferry_last_error(), want);
+        _exit(ok ? 0 : 10 + (rc == FERRY_EBUSY));
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    /* the child's exit did not take the parent's lock with it */
+    ferry_gds *g2 = NULL;
+    assert_int_equal(ferry_gds_open(&X.cfg, &g2), FERRY_EBUSY);
+    ferry_gds_close(g);
+    /* and a process that dies holding it leaves no stale lock */
+    fflush(NULL);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        ferry_gds *gc = NULL;
+        _exit(ferry_gds_open(&X.cfg, &gc) == 0 ? 0 : 1); /* dies still open */
+    }
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    FT_ASSERT_OK(ferry_gds_open(&X.cfg, &g2));
+    ferry_gds_close(g2);
+}
+
+static unsigned mode_of(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        fail_msg("stat %s: %s", path, strerror(errno));
+    return (unsigned)(st.st_mode & 07777);
+}
+
+static void created_files_and_dirs_are_private(void **state)
+{
+    (void)state;
+    mode_t old = umask(0); /* what ferry asks for, not what a umask leaves */
+    char top[300], sub[340], p[400];
+    snprintf(top, sizeof top, "%s/a", X.dir);
+    snprintf(sub, sizeof sub, "%s/a/b", X.dir);
+    const char *dirs[1] = {sub};
+    X.cfg.dirs = dirs;
+    ferry_gds *g = on_fake();
+    umask(old);
+    assert_int_equal(mode_of(top), 0700);
+    assert_int_equal(mode_of(sub), 0700);
+    snprintf(p, sizeof p, "%s/%s", sub, FERRY_GDS_SLAB_NAME);
+    assert_int_equal(mode_of(p), 0600);
+    snprintf(p, sizeof p, "%s/ferry.lock", sub);
+    assert_int_equal(mode_of(p), 0600);
+    ferry_gds_close(g);
+    X.cfg.dirs = X.dirs;
+}
+
+static void explicit_mode_is_honoured(void **state)
+{
+    (void)state;
+    mode_t old = umask(0);
+    char sub[340], p[400];
+    snprintf(sub, sizeof sub, "%s/group/slab", X.dir);
+    const char *dirs[1] = {sub};
+    X.cfg.dirs = dirs;
+    X.cfg.mode = 0660;
+    ferry_gds *g = on_fake();
+    umask(old);
+    assert_int_equal(mode_of(sub), 0770);
+    snprintf(p, sizeof p, "%s/group", X.dir);
+    assert_int_equal(mode_of(p), 0770);
+    snprintf(p, sizeof p, "%s/%s", sub, FERRY_GDS_SLAB_NAME);
+    assert_int_equal(mode_of(p), 0660);
+    ferry_gds_close(g);
+    X.cfg.dirs = X.dirs;
+    X.cfg.mode = 0;
+}
+
+/* one bad value for one option: -EINVAL, a message naming the option,
+ * nothing on disk and no driver call */
+static void expect_refused(ferry_gds_config c, const char *option)
+{
+    int calls = F.calls;
+    ferry_gds *g = NULL;
+    int rc = ferry_gds_open(&c, &g);
+    if (rc != -EINVAL)
+        fail_msg("%s: open returned %d (%s), not -EINVAL", option, rc, ferry_strerror(rc));
+    assert_null(g);
+    if (!strstr(ferry_last_error(), option))
+        fail_msg("message '%s' does not name %s", ferry_last_error(), option);
+    assert_int_equal(F.calls, calls);
+}
+
+static void bad_config_values_are_refused(void **state)
+{
+    (void)state;
+    X.drv = fake_table();
+    X.cfg.custom_driver = &X.drv;
+    ferry_gds_config c;
+    const char *null_dir[2] = {X.dir, NULL};
+    const char *empty_dir[1] = {""};
+#define REFUSED(field, value, name)                                                                \
+    do {                                                                                           \
+        c = X.cfg;                                                                                 \
+        c.field = value;                                                                           \
+        expect_refused(c, name);                                                                   \
+    } while (0)
+    REFUSED(n_dirs, 0, "n_dirs");
+    REFUSED(n_dirs, FERRY_GDS_MAX_DIRS + 1, "n_dirs");
+    c = X.cfg;
+    c.dirs = null_dir;
+    c.n_dirs = 2;
+    expect_refused(c, "dirs[1]");
+    REFUSED(dirs, empty_dir, "dirs[0]");
+    REFUSED(bytes, 0, "bytes");
+    REFUSED(bytes, FERRY_GDS_BYTES_MAX + 1, "bytes");
+    REFUSED(bytes, UINT64_MAX, "bytes");
+    REFUSED(direct, 2, "direct");
+    REFUSED(direct, -1, "direct");
+    REFUSED(alignment, 3000, "alignment");
+    REFUSED(alignment, 512, "alignment");
+    REFUSED(alignment, (size_t)1 << 31, "alignment");
+    REFUSED(alignment, (size_t)1 << 32, "alignment"); /* the divide-by-zero kin */
+    REFUSED(alignment, SIZE_MAX, "alignment");
+    REFUSED(alignment, 32 * MiB, "region_cap"); /* does not divide the default cap */
+    REFUSED(region_cap, 5000, "region_cap");
+    REFUSED(region_cap, FERRY_GDS_REGION_CAP_MAX + 4096, "region_cap");
+    REFUSED(region_cap, SIZE_MAX, "region_cap");
+    REFUSED(stripe_bytes, 4097, "stripe_bytes");
+    REFUSED(stripe_bytes, SIZE_MAX & ~(size_t)4095, "stripe_bytes");
+    REFUSED(depth, FERRY_IO_DEPTH_MAX + 1, "depth");
+    REFUSED(depth, UINT32_MAX, "depth");
+    REFUSED(mode, 0777, "mode");
+    REFUSED(mode, 01600, "mode");
+    REFUSED(mode, 0066, "mode");
+    REFUSED(size, 0, "size");
+    REFUSED(size, sizeof(ferry_gds_config) + 8, "size");
+    REFUSED(size, offsetof(ferry_gds_config, mode) - 8, "size");
+#undef REFUSED
+    /* the messages say what is accepted */
+    c = X.cfg;
+    c.depth = 5000;
+    expect_refused(c, "1..4096");
+    /* nothing was created for the refused ones, and the edges are fine */
+    c = X.cfg;
+    c.alignment = 32 * MiB;
+    c.region_cap = 32 * MiB;
+    c.stripe_bytes = 32 * MiB;
+    c.depth = FERRY_IO_DEPTH_MAX;
+    c.mode = 0600;
+    ferry_gds *g = NULL;
+    FT_ASSERT_OK(ferry_gds_open(&c, &g));
+    assert_int_equal(ferry_gds_size(g), 64 * MiB);
+    ferry_gds_close(g);
+}
+
+/* a caller built before `mode` existed passes the shorter size: accepted,
+ * mode 0 (0600), whatever follows its struct in memory */
+static void older_config_size_is_accepted(void **state)
+{
+    (void)state;
+    X.drv = fake_table();
+    struct {
+        ferry_gds_config c;
+        unsigned char junk[64];
+    } old;
+    memset(&old, 0xA5, sizeof old); /* the old struct has no mode: junk where it would be */
+    memcpy(&old.c, &X.cfg, offsetof(ferry_gds_config, mode));
+    old.c.size = offsetof(ferry_gds_config, mode);
+    old.c.custom_driver = &X.drv;
+    mode_t um = umask(0);
+    ferry_gds *g = NULL;
+    int rc = ferry_gds_open(&old.c, &g);
+    umask(um);
+    FT_ASSERT_OK(rc);
+    char p[400];
+    snprintf(p, sizeof p, "%s/%s", X.dir, FERRY_GDS_SLAB_NAME);
+    assert_int_equal(mode_of(p), 0600);
+    ferry_gds_close(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -921,6 +1221,13 @@ int main(void)
         cmocka_unit_test_setup_teardown(odirect_refused_falls_back_and_says_so, setup, teardown),
         cmocka_unit_test_setup_teardown(out_of_memory_registers_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(out_of_memory_in_init_leaves_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(async_on_the_default_stream, setup, teardown),
+        cmocka_unit_test_setup_teardown(one_owner_per_directory, setup, teardown),
+        cmocka_unit_test_setup_teardown(forked_child_is_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(created_files_and_dirs_are_private, setup, teardown),
+        cmocka_unit_test_setup_teardown(explicit_mode_is_honoured, setup, teardown),
+        cmocka_unit_test_setup_teardown(bad_config_values_are_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(older_config_size_is_accepted, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

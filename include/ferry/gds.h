@@ -38,8 +38,28 @@
  * The context also owns a ferry_slab allocator over the slab's bytes
  * (ferry_gds_slab()); extents from it are what callers transfer.
  *
+ * One owner per directory: init takes an exclusive lock on each directory
+ * (an OFD lock on dir/ferry.lock, dropped at ferry_gds_close or by the
+ * kernel when the process dies) before it creates or truncates the slab
+ * file there. A second opener of the same directory, in this process or
+ * another, gets FERRY_EBUSY naming the directory and the holder's pid: two
+ * contexts on one slab file would hand each other's bytes back. Give each
+ * rank and store its own directory.
+ *
+ * Modes: directories ferry creates get 0700 and the slab and lock files
+ * 0600 (cached KV is what prompts can be rebuilt from), unless the config
+ * gives a mode (0660 for a deliberate group: directories then 0770);
+ * the process umask applies as usual.
+ *
  * Alignment: slab offsets and lengths must be multiples of the alignment
  * (4096); host buffers must be too when the slab is open with O_DIRECT.
+ * Device buffers may sit at any address: with the cpu driver and O_DIRECT,
+ * a piece whose file offset or length is not 4096-aligned (a slice cut
+ * where it crosses a region boundary at an unaligned device address) moves
+ * its unaligned head and tail through an aligned 4096-byte staging block
+ * (read-modify-write for writes, within the transfer's own slab range), the
+ * rest through the bounce path; the bytes are exact in both directions.
+ * cuFile and hipFile align device transfers themselves.
  *
  * Thread-safety: registration, deregistration and close take the context's
  * lock; transfers look regions up under it and may run from several
@@ -136,44 +156,72 @@ typedef struct ferry_gds_driver {
 /* ---- the context ---- */
 typedef struct ferry_gds ferry_gds;
 
+/** Largest alignment, region cap and stripe unit a config may give. */
+#define FERRY_GDS_ALIGN_MAX (1u << 30)
+#define FERRY_GDS_REGION_CAP_MAX ((size_t)1 << 40)
+#define FERRY_GDS_STRIPE_MAX ((size_t)1 << 40)
+/** Largest slab: 2^62 bytes. */
+#define FERRY_GDS_BYTES_MAX (UINT64_MAX >> 2)
+
+/**
+ * Every option is range-checked before use: a value outside its range is
+ * -EINVAL with a message naming the option and the accepted range.
+ * Size-versioned: callers built before `mode` existed pass the shorter
+ * size (offsetof(ferry_gds_config, mode)) and get mode 0.
+ */
 typedef struct ferry_gds_config {
     size_t size;                /**< sizeof(ferry_gds_config) */
-    const char *const *dirs;    /**< directories, one per drive (created if missing) */
+    const char *const *dirs;    /**< directories, one per drive, none NULL or "" (created if
+                                     missing); each distinct and owned by this context alone */
     unsigned n_dirs;            /**< 1..FERRY_GDS_MAX_DIRS */
-    uint64_t bytes;             /**< slab size in all; rounded up to the alignment */
+    uint64_t bytes;             /**< slab size in all, 1..FERRY_GDS_BYTES_MAX; rounded up to
+                                     the alignment */
     int direct;                 /**< 1: O_DIRECT, falling back when refused; 0: buffered */
-    size_t alignment;           /**< 0 -> 4096 */
-    size_t region_cap;          /**< 0 -> 16 MiB; a multiple of the alignment */
+    size_t alignment;           /**< 0 -> 4096; else a power of two, 4096..FERRY_GDS_ALIGN_MAX */
+    size_t region_cap;          /**< 0 -> 16 MiB; else a multiple of the alignment, at most
+                                     FERRY_GDS_REGION_CAP_MAX */
     const char *driver;         /**< "auto" (NULL), "cufile", "hipfile", "cpu" */
     const ferry_gds_driver *custom_driver; /**< when set, used instead of `driver` */
     ferry_device *device;       /**< device of the buffers; NULL: host buffers only */
     const char *engine;         /**< I/O engine per drive: NULL/"auto", "posix", "uring" */
-    unsigned depth;             /**< requests in flight per drive; 0 -> 8 */
-    size_t stripe_bytes;        /**< stripe unit across drives; 0 -> 4 MiB */
+    unsigned depth;             /**< requests in flight per drive: 0 -> 8, else
+                                     1..FERRY_IO_DEPTH_MAX */
+    size_t stripe_bytes;        /**< stripe unit across drives; 0 -> 4 MiB; else a multiple
+                                     of the alignment, at most FERRY_GDS_STRIPE_MAX */
+    unsigned mode;              /**< files ferry creates: 0 -> 0600 (directories 0700); else
+                                     read/write bits only (<= 0666) including the owner's
+                                     (0600), e.g. 0660 (directories 0770) */
 } ferry_gds_config;
 #define FERRY_GDS_CONFIG_INIT \
-    {sizeof(ferry_gds_config), NULL, 0, 0, 1, 0, 0, NULL, NULL, NULL, NULL, 0, 0}
+    {sizeof(ferry_gds_config), NULL, 0, 0, 1, 0, 0, NULL, NULL, NULL, NULL, 0, 0, 0}
 
 /** Create a context that is off. Errors: -ENOMEM. Free with ferry_gds_close(). */
 FERRY_API int ferry_gds_create(ferry_gds **out);
 /**
  * Turn the context on. cfg NULL leaves it off and returns 0. Creates each
- * directory (mkdir -p), creates and truncates dir/ferry_slab.bin, reserves
+ * directory (mkdir -p, 0700 or the config's mode), locks it (one owner per
+ * directory, see above), creates (0600 or the config's mode) and truncates
+ * dir/ferry_slab.bin, reserves
  * its share of the slab with posix_fallocate, opens it (O_DIRECT when
  * cfg->direct, falling back to buffered with a warning and
  * ferry_gds_fallback_reason() when the file system refuses), opens the
  * driver and registers each file. On failure everything done is undone
- * and the context stays off. Errors: FERRY_ESTATE (already on), -EINVAL
- * (size 0, bad alignment, no dirs), -ENOSPC (size larger than the free
- * disk), FERRY_ENODEV (forced driver not here), driver and system errors.
+ * and the context stays off (and no directory stays locked). Errors:
+ * FERRY_ESTATE (already on), -EINVAL (an option out of its range, see
+ * ferry_gds_config), FERRY_EBUSY (a directory is owned by another
+ * context, in this process or another: the message names the directory
+ * and the owner's pid), -ENOTDIR (a directory path names a file), -ENOSPC
+ * (size larger than the free disk), FERRY_ENODEV (forced driver not
+ * here), driver and system errors.
  */
 FERRY_API int ferry_gds_init(ferry_gds *g, const ferry_gds_config *cfg);
 /** create + init. */
 FERRY_API int ferry_gds_open(const ferry_gds_config *cfg, ferry_gds **out);
 /**
  * Synchronize every known stream, deregister all regions, streams and file
- * handles, close the driver and the files, free the context. The slab
- * files stay on disk (the next init truncates them). NULL does nothing.
+ * handles, close the driver and the files, release the directory locks,
+ * free the context. The slab files stay on disk (the next init truncates
+ * them). NULL does nothing.
  */
 FERRY_API void ferry_gds_close(ferry_gds *g);
 
@@ -212,7 +260,8 @@ FERRY_API int ferry_gds_deregister(ferry_gds *g, ferry_devptr buf);
 /* ---- transfers ---- */
 /**
  * Move len bytes between the slab at slab_off and device memory at buf
- * (inside registered regions), in direction dir. s (may be NULL) is
+ * (inside registered regions; any address, aligned or not, also across a
+ * region boundary), in direction dir. s (may be NULL) is
  * synchronized first, so work queued on it before (a kernel filling buf)
  * is done. Returns when the bytes are in place (on the slab for writes, in
  * device memory for reads). Segments on different drives move at once
@@ -231,12 +280,18 @@ FERRY_API int ferry_gds_transfer(ferry_gds *g, int dir, uint64_t slab_off, size_
  * synchronizing s and then calling ferry_gds_stream_sync() to collect
  * errors). The buffer must not be touched until then. Same errors, found
  * before anything is queued; I/O errors surface at ferry_gds_stream_sync().
+ * s NULL is the default stream (cuFile's stream handle 0), with every
+ * driver: ferry's device layer queues nothing on it to wait for, so the
+ * transfer is done (through the driver's synchronous calls) when this
+ * returns, its I/O errors are returned here, and ferry_gds_stream_sync(g,
+ * NULL) has nothing left to wait for (it returns 0).
  */
 FERRY_API int ferry_gds_transfer_async(ferry_gds *g, int dir, uint64_t slab_off, size_t len,
                                        ferry_devptr buf, ferry_stream *s);
 /**
- * Wait until every async transfer queued on s is done and release their
- * argument blocks. Returns 0, or the first error any of them reported.
+ * Wait until every async transfer queued on s (NULL: the default stream)
+ * is done and release their argument blocks. Returns 0, or the first
+ * error any of them reported.
  */
 FERRY_API int ferry_gds_stream_sync(ferry_gds *g, ferry_stream *s);
 

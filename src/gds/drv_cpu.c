@@ -10,6 +10,19 @@
  * region rules (no interior pointers, EBOUNDS outside every region) hold
  * whatever the driver.
  *
+ * O_DIRECT and unaligned pieces: the bounce path needs 4096-aligned file
+ * offsets (and lengths, for writes), but the context cuts a slice where it
+ * crosses a region boundary, and a device slice at an unaligned address
+ * crosses it at an unaligned point, so a piece may start or end inside a
+ * 4096-byte block of the file. Such a head or tail moves through one
+ * aligned staging block per handle: reads read the whole block and copy
+ * out the wanted bytes; writes read the block, overlay the device's bytes
+ * and write it back. The rest of the block is the same transfer's own
+ * slab range (slab offsets and lengths are aligned, so no block is shared
+ * with another transfer), written by its neighbouring piece either before
+ * or after in the same thread, and the drive's lock in the context keeps
+ * other transfers off the handle while its staging block is in use.
+ *
  * Invariant: an async call has finished its bytes before it returns, with
  * its device copies queued on the caller's stream, so it is ordered after
  * the work already on that stream and *done is final at once. A batch
@@ -19,6 +32,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,6 +46,7 @@ typedef struct cpu_drv {
 typedef struct cpu_handle {
     ferry_io *io;
     ferry_file *f;
+    void *stage; /* FERRY_IO_ALIGN bytes, aligned; allocated at first need */
 } cpu_handle;
 
 static int cpu_open(void *ctx, ferry_device *dev)
@@ -56,7 +71,10 @@ static int cpu_handle_register(void *ctx, ferry_io *io, ferry_file *f, void **ha
 static void cpu_handle_deregister(void *ctx, void *handle)
 {
     (void)ctx;
-    ferry__free(handle);
+    cpu_handle *h = handle;
+    if (h)
+        ferry__free(h->stage);
+    ferry__free(h);
 }
 
 static int cpu_buf_register(void *ctx, ferry_devptr base, size_t len, int flags)
@@ -83,6 +101,52 @@ static int cpu_stream_deregister(void *ctx, ferry_stream *s, uint64_t raw)
     return 0;
 }
 
+/* device <-> host copy of n bytes, ordered after the work on s when s is
+ * given (as the bounce path's own copies are), and finished on return */
+static int dev_copy(cpu_drv *d, int op, ferry_stream *s, ferry_devptr p, void *host, size_t n)
+{
+    if (!s)
+        return op == FERRY_IO_READ ? ferry_device_upload(d->dev, p, host, n)
+                                   : ferry_device_download(d->dev, host, p, n);
+    int rc = op == FERRY_IO_READ ? ferry_memcpy_htod_async(s, p, host, n)
+                                 : ferry_memcpy_dtoh_async(s, host, p, n);
+    int rs = ferry_stream_sync(s); /* even after a failed enqueue: nothing may touch host */
+    return rc < 0 ? rc : rs;
+}
+
+/* n bytes at file offset off (inside one aligned block) <-> device p,
+ * through the handle's staging block */
+static int edge(cpu_drv *d, cpu_handle *h, int op, ferry_stream *s, ferry_devptr p, size_t n,
+                uint64_t off)
+{
+    const size_t blk = FERRY_IO_ALIGN;
+    uint64_t at = off & ~(uint64_t)(blk - 1);
+    size_t in = (size_t)(off - at);
+    if (!h->stage && !(h->stage = ferry__aligned_alloc(blk, blk)))
+        return ferry__err_set(NULL, -ENOMEM, "cpu driver: out of memory for a staging block");
+    const char *step = "reading the block";
+    int rc = ferry_io_pread(h->io, h->f, h->stage, blk, at);
+    if (rc == 0) {
+        step = op == FERRY_IO_READ ? "copying to the device" : "copying from the device";
+        rc = dev_copy(d, op, s, p, (char *)h->stage + in, n);
+    }
+    if (rc == 0 && op == FERRY_IO_WRITE) {
+        step = "writing the block back";
+        rc = ferry_io_pwrite(h->io, h->f, h->stage, blk, at);
+    }
+    if (rc < 0) {
+        char m[FERRY__ERRMSG_MAX];
+        snprintf(m, sizeof m, "%s", ferry_last_error());
+        return ferry__err_set(NULL, rc,
+                              "cpu driver: %s of %zu unaligned bytes at file offset %llu of %s "
+                              "(device 0x%llx) through the %zu-byte block at %llu: %s: %s",
+                              op == FERRY_IO_READ ? "read" : "write", n, (unsigned long long)off,
+                              ferry_file_path(h->f), (unsigned long long)p, blk,
+                              (unsigned long long)at, step, m);
+    }
+    return 0;
+}
+
 static int64_t rw(cpu_drv *d, cpu_handle *h, int op, ferry_stream *s, ferry_devptr base,
                   size_t size, int64_t file_off, int64_t buf_off)
 {
@@ -92,6 +156,29 @@ static int64_t rw(cpu_drv *d, cpu_handle *h, int op, ferry_stream *s, ferry_devp
                               "device (set ferry_gds_config.device)",
                               op == FERRY_IO_READ ? "read" : "write", ferry_file_path(h->f));
     ferry_devptr p = base + (uint64_t)buf_off;
+    uint64_t off = (uint64_t)file_off;
+    if (ferry_file_is_direct(h->f) &&
+        (!FERRY__IS_ALIGNED(off, FERRY_IO_ALIGN) || !FERRY__IS_ALIGNED(size, FERRY_IO_ALIGN))) {
+        /* unaligned head and tail through the staging block, the aligned
+         * middle through the bounce path */
+        for (size_t pos = 0; pos < size;) {
+            uint64_t o = off + pos;
+            size_t in = (size_t)(o & (FERRY_IO_ALIGN - 1)), n, left = size - pos;
+            int rc;
+            if (in || left < FERRY_IO_ALIGN) {
+                n = FERRY__MIN(left, (size_t)FERRY_IO_ALIGN - in);
+                rc = edge(d, h, op, s, p + pos, n, o);
+            } else {
+                n = left & ~(size_t)(FERRY_IO_ALIGN - 1);
+                rc = op == FERRY_IO_READ ? ferry_io_read_dev(h->io, h->f, s, p + pos, n, o)
+                                         : ferry_io_write_dev(h->io, h->f, s, p + pos, n, o);
+            }
+            if (rc < 0)
+                return rc;
+            pos += n;
+        }
+        return (int64_t)size;
+    }
     int rc = op == FERRY_IO_READ ? ferry_io_read_dev(h->io, h->f, s, p, size, (uint64_t)file_off)
                                  : ferry_io_write_dev(h->io, h->f, s, p, size, (uint64_t)file_off);
     return rc < 0 ? rc : (int64_t)size;

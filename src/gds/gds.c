@@ -23,6 +23,11 @@
  *    driver call, and a driver failure undoes what the call registered, so
  *    a failure never leaves a half-registered buffer behind.
  *
+ * Ownership: each drive's directory is locked (core/dirlock.c) before its
+ * slab file is created or truncated, and stays locked until the drive is
+ * closed: the truncation itself is what handed one opener's bytes to
+ * another, so the lock must come first.
+ *
  * Striping: slab offset o lives on drive (o / unit) % n at file offset
  * (o / unit / n) * unit + o % unit; with one drive the file offset is o and
  * nothing is split. Each drive has its own ferry_io queue and its own lock;
@@ -33,19 +38,24 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/types.h>
 
 #include "core.h"
+#include "dirlock.h"
 #include "driver.h"
 #include "ferry/gds.h"
 
+/* a config from before `mode` ends where mode begins */
+#define CFG_SIZE_V1 offsetof(ferry_gds_config, mode)
+
 typedef struct drive {
     char *dir, *path;
+    int lock_fd; /* the directory's lock (-1: none) */
     ferry_io *io;
     ferry_file *f;
     void *handle;
@@ -145,35 +155,6 @@ int ferry_gds_create(ferry_gds **out)
     pthread_mutex_init(&g->mu, NULL);
     pthread_mutex_init(&g->amu, NULL);
     *out = g;
-    return 0;
-}
-
-static int mkdir_p(const char *dir, char *why, size_t why_len)
-{
-    char p[4096];
-    size_t n = strlen(dir);
-    if (n == 0 || n >= sizeof p) {
-        snprintf(why, why_len, "bad directory name");
-        return -EINVAL;
-    }
-    memcpy(p, dir, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (p[i] != '/' && p[i] != 0)
-            continue;
-        char c = p[i];
-        p[i] = 0;
-        if (mkdir(p, 0755) < 0 && errno != EEXIST) {
-            int e = errno;
-            snprintf(why, why_len, "mkdir %s: %s", p, strerror(e));
-            return -e;
-        }
-        p[i] = c;
-    }
-    struct stat st;
-    if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode)) {
-        snprintf(why, why_len, "%s is not a directory", dir);
-        return -ENOTDIR;
-    }
     return 0;
 }
 
@@ -299,6 +280,7 @@ static void drives_close(ferry_gds *g)
         drive *d = &g->drives[i];
         ferry_file_close(d->f);
         ferry_io_close(d->io);
+        ferry__dir_unlock(d->lock_fd); /* after the file: nobody may open it before */
         ferry__free(d->dir);
         ferry__free(d->path);
         pthread_mutex_destroy(&d->mu);
@@ -310,14 +292,19 @@ static void drives_close(ferry_gds *g)
 static int drive_open(ferry_gds *g, const ferry_gds_config *cfg, unsigned i, const char *engine)
 {
     drive *d = &g->drives[i];
-    char why[512];
     const char *dir = cfg->dirs[i];
     int rc;
+    d->lock_fd = -1;
     pthread_mutex_init(&d->mu, NULL);
-    if (!dir || !*dir)
-        return ferry__err_set(&g->err, -EINVAL, "gds: directory %u is empty", i);
-    if ((rc = mkdir_p(dir, why, sizeof why)) < 0)
-        return ferry__err_set(&g->err, rc, "gds: slab directory %s: %s", dir, why);
+    if ((rc = ferry__mkdir_p(dir, cfg->mode, 1, &g->err)) < 0) {
+        char m[FERRY__ERRMSG_MAX];
+        snprintf(m, sizeof m, "%s", ferry__err_msg(&g->err));
+        return ferry__err_set(&g->err, rc, "gds: slab directory %s: %s", dir, m);
+    }
+    /* before the slab file is opened with O_TRUNC: truncating another
+     * owner's slab is the very thing the lock prevents */
+    if ((rc = ferry__dir_lock(dir, cfg->mode, 0, "gds", &g->err, &d->lock_fd)) < 0)
+        return rc;
     size_t n = strlen(dir) + sizeof(FERRY_GDS_SLAB_NAME) + 2;
     d->dir = ferry__strdup(dir);
     d->path = ferry__malloc(n);
@@ -341,7 +328,7 @@ static int drive_open(ferry_gds *g, const ferry_gds_config *cfg, unsigned i, con
     unsigned fl = FERRY_FILE_READ | FERRY_FILE_WRITE | FERRY_FILE_CREATE | FERRY_FILE_TRUNC;
     if (cfg->direct)
         fl |= FERRY_FILE_DIRECT;
-    if ((rc = ferry_file_open(d->io, d->path, fl, &d->f)) < 0)
+    if ((rc = ferry_file_open_mode(d->io, d->path, fl, cfg->mode, &d->f)) < 0)
         return ferry__err_pass(&g->err, rc);
     const char *fb = ferry_file_fallback_reason(d->f);
     if (cfg->direct && fb) {
@@ -363,27 +350,68 @@ static int drive_open(ferry_gds *g, const ferry_gds_config *cfg, unsigned i, con
     return 0;
 }
 
+/* every option in its range before any arithmetic on it; 0 or -EINVAL
+ * naming the option and what it accepts */
+static int config_check(ferry_gds *g, const ferry_gds_config *cfg)
+{
+    ferry__errbuf *eb = &g->err;
+    if (!cfg->dirs || cfg->n_dirs == 0 || cfg->n_dirs > FERRY_GDS_MAX_DIRS)
+        return ferry__err_set(eb, -EINVAL, "gds: n_dirs %u%s: accepted 1..%d directories",
+                              cfg->n_dirs, cfg->dirs ? "" : " (dirs is NULL)",
+                              FERRY_GDS_MAX_DIRS);
+    for (unsigned i = 0; i < cfg->n_dirs; i++)
+        if (!cfg->dirs[i] || !*cfg->dirs[i])
+            return ferry__err_set(eb, -EINVAL, "gds: dirs[%u] is %s: every directory needs a name",
+                                  i, cfg->dirs[i] ? "empty" : "NULL");
+    if (cfg->bytes == 0 || cfg->bytes > FERRY_GDS_BYTES_MAX)
+        return ferry__err_set(eb, -EINVAL, "gds: bytes %llu: accepted 1..%llu (2^62)",
+                              (unsigned long long)cfg->bytes,
+                              (unsigned long long)FERRY_GDS_BYTES_MAX);
+    if (cfg->direct != 0 && cfg->direct != 1)
+        return ferry__err_set(eb, -EINVAL, "gds: direct %d: accepted 0 (buffered) or 1 (O_DIRECT)",
+                              cfg->direct);
+    size_t align = cfg->alignment ? cfg->alignment : FERRY_GDS_ALIGN_DEFAULT;
+    if (align < FERRY_IO_ALIGN || align > FERRY_GDS_ALIGN_MAX || (align & (align - 1)))
+        return ferry__err_set(eb, -EINVAL,
+                              "gds: alignment %zu: accepted 0 (4096) or a power of two from %u "
+                              "to %u",
+                              cfg->alignment, FERRY_IO_ALIGN, FERRY_GDS_ALIGN_MAX);
+    if (cfg->region_cap &&
+        (cfg->region_cap > FERRY_GDS_REGION_CAP_MAX || cfg->region_cap % align))
+        return ferry__err_set(eb, -EINVAL,
+                              "gds: region_cap %zu: accepted 0 (16 MiB) or a multiple of the "
+                              "alignment %zu up to %zu",
+                              cfg->region_cap, align, (size_t)FERRY_GDS_REGION_CAP_MAX);
+    if (cfg->stripe_bytes &&
+        (cfg->stripe_bytes > FERRY_GDS_STRIPE_MAX || cfg->stripe_bytes % align))
+        return ferry__err_set(eb, -EINVAL,
+                              "gds: stripe_bytes %zu: accepted 0 (4 MiB) or a multiple of the "
+                              "alignment %zu up to %zu",
+                              cfg->stripe_bytes, align, (size_t)FERRY_GDS_STRIPE_MAX);
+    if (FERRY_GDS_REGION_CAP_DEFAULT % align && !cfg->region_cap)
+        return ferry__err_set(eb, -EINVAL,
+                              "gds: alignment %zu does not divide the default region_cap of "
+                              "16 MiB: give a region_cap that it divides",
+                              align);
+    if (FERRY_GDS_STRIPE_DEFAULT % align && !cfg->stripe_bytes)
+        return ferry__err_set(eb, -EINVAL,
+                              "gds: alignment %zu does not divide the default stripe_bytes of "
+                              "4 MiB: give a stripe_bytes that it divides",
+                              align);
+    if (cfg->depth > FERRY_IO_DEPTH_MAX)
+        return ferry__err_set(eb, -EINVAL, "gds: depth %u: accepted 0 (8) or 1..%u", cfg->depth,
+                              FERRY_IO_DEPTH_MAX);
+    return ferry__mode_check(cfg->mode, "gds: mode", eb);
+}
+
 static int init_locked(ferry_gds *g, const ferry_gds_config *cfg)
 {
-    if (cfg->size < sizeof(ferry_gds_config))
-        return ferry__err_set(&g->err, -EINVAL, "gds: config size %zu is too small", cfg->size);
-    if (!cfg->dirs || cfg->n_dirs == 0 || cfg->n_dirs > FERRY_GDS_MAX_DIRS)
-        return ferry__err_set(&g->err, -EINVAL, "gds: %u directories (1..%d needed)", cfg->n_dirs,
-                              FERRY_GDS_MAX_DIRS);
+    int rc = config_check(g, cfg);
+    if (rc < 0)
+        return rc;
     size_t align = cfg->alignment ? cfg->alignment : FERRY_GDS_ALIGN_DEFAULT;
     size_t cap = cfg->region_cap ? cfg->region_cap : FERRY_GDS_REGION_CAP_DEFAULT;
     size_t stripe = cfg->stripe_bytes ? cfg->stripe_bytes : FERRY_GDS_STRIPE_DEFAULT;
-    if (align & (align - 1))
-        return ferry__err_set(&g->err, -EINVAL, "gds: alignment %zu is not a power of two",
-                              align);
-    if (cap % align || stripe % align)
-        return ferry__err_set(&g->err, -EINVAL,
-                              "gds: region cap %zu and stripe %zu must be multiples of the "
-                              "alignment %zu",
-                              cap, stripe, align);
-    if (cfg->bytes == 0 || cfg->bytes > (UINT64_MAX >> 2))
-        return ferry__err_set(&g->err, -EINVAL, "gds: slab size %llu is 0 or absurd",
-                              (unsigned long long)cfg->bytes);
     const char *engine = cfg->engine && *cfg->engine && strcmp(cfg->engine, "auto") ? cfg->engine
                                                                                      : NULL;
     if (!engine) {
@@ -408,7 +436,7 @@ static int init_locked(ferry_gds *g, const ferry_gds_config *cfg)
 
     /* the driver */
     char why[FERRY__ERRMSG_MAX];
-    int rc, auto_pick = 0;
+    int auto_pick = 0;
     if (cfg->custom_driver) {
         const ferry_gds_driver *cd = cfg->custom_driver;
         if (cd->size < sizeof(ferry_gds_driver) || !cd->read || !cd->write)
@@ -498,6 +526,16 @@ int ferry_gds_init(ferry_gds *g, const ferry_gds_config *cfg)
         return ferry__err_set(NULL, -EINVAL, "gds: init of a NULL context");
     if (!cfg)
         return 0; /* LMCache: no config leaves the context off */
+    if (cfg->size < CFG_SIZE_V1 || cfg->size > sizeof(ferry_gds_config))
+        return ferry__err_set(&g->err, -EINVAL,
+                              "gds: config size %zu: accepted %zu (before `mode`) or %zu "
+                              "(sizeof(ferry_gds_config))",
+                              cfg->size, (size_t)CFG_SIZE_V1, sizeof(ferry_gds_config));
+    /* an older caller's struct ends before the newer fields: they read as 0 */
+    ferry_gds_config c;
+    memset(&c, 0, sizeof c);
+    memcpy(&c, cfg, cfg->size);
+    c.size = sizeof c;
     pthread_mutex_lock(&g->mu);
     int rc;
     if (g->on)
@@ -505,7 +543,7 @@ int ferry_gds_init(ferry_gds *g, const ferry_gds_config *cfg)
                             "gds: already initialized (driver %s, %u drive(s), %llu bytes)",
                             g->drv.name, g->ndrives, (unsigned long long)g->size);
     else
-        rc = init_locked(g, cfg);
+        rc = init_locked(g, &c);
     pthread_mutex_unlock(&g->mu);
     return rc;
 }
@@ -690,7 +728,7 @@ int ferry_gds_register(ferry_gds *g, ferry_devptr buf, size_t len, ferry_stream 
             goto out;
         }
     }
-    size_t npieces = (len + g->cap - 1) / g->cap;
+    size_t npieces = len / g->cap + (len % g->cap != 0); /* len + cap - 1 may wrap */
     /* allocate everything before the first driver call */
     if (g->nreg + npieces > g->capreg) {
         size_t nc = g->capreg ? g->capreg : 16;
@@ -1154,10 +1192,14 @@ int ferry_gds_transfer_async(ferry_gds *g, int dir, uint64_t slab_off, size_t le
         return ferry__err_set(NULL, -EINVAL, "gds: async transfer on a NULL context");
     if (dir != FERRY_GDS_READ && dir != FERRY_GDS_WRITE)
         return ferry__err_set(&g->err, -EINVAL, "gds: async transfer direction %d", dir);
-    if (!s)
-        return ferry__err_set(&g->err, -EINVAL,
-                              "gds: async %s at slab offset %llu: needs a stream",
-                              dirname_of(dir), (unsigned long long)slab_off);
+    if (!s) {
+        /* the default stream (cuFile's handle 0): ferry's device layer has
+         * no queue there to record a checkpoint on or to wait for, so an
+         * argument block handed to an async call could never be known to
+         * be released; the transfer is done now instead, as the default
+         * stream would have done it, with its errors returned here */
+        return ferry_gds_transfer(g, dir, slab_off, len, buf, NULL);
+    }
     segv sv;
     segv_init(&sv);
     pthread_mutex_lock(&g->mu);
