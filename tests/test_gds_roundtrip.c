@@ -8,6 +8,12 @@
  * then striping over several directories (checked in the files
  * themselves), the host-buffer path, extents from the context's slab, a
  * device fault in the middle of a transfer, and driver selection.
+ * Issue 11: device slices at unaligned addresses that cross a region
+ * boundary, with O_DIRECT on the cpu driver (the minimal case, sync and
+ * async, then random offsets and lengths on one and two drives), checked
+ * in the slab file and back in device memory; async transfers on the
+ * default (NULL) stream with the cpu driver and the cufile and hipfile
+ * drivers over the fake library.
  */
 /* ferry-test-labels: concurrent */
 #include <errno.h>
@@ -333,6 +339,209 @@ static void driver_selection(void **state)
 }
 
 
+
+/* ---- issue 11: unaligned device slices with O_DIRECT ---- */
+
+static int is_direct(ferry_gds *g)
+{
+    const char *why = ferry_gds_fallback_reason(g);
+    return !why || !strstr(why, "O_DIRECT");
+}
+
+/* the slab's bytes [off, off+len), gathered from the drives' files */
+static void read_slab(unsigned ndirs, uint64_t unit, void *buf, size_t len, uint64_t off)
+{
+    for (size_t pos = 0; pos < len;) {
+        uint64_t o = off + pos, k = o / unit, in = o % unit;
+        size_t n = (size_t)FERRY__MIN((uint64_t)(len - pos), unit - in);
+        uint64_t foff = ndirs == 1 ? o : (k / ndirs) * unit + in;
+        read_slab_file(g_dir[ndirs == 1 ? 0 : k % ndirs], (char *)buf + pos, n, foff);
+        pos += n;
+    }
+}
+
+typedef struct xfix {
+    ferry_gds *g;
+    ferry_stream *s;
+    ferry_devptr buf;
+    unsigned char *pat, *back;
+    unsigned ndirs;
+    uint64_t unit;
+} xfix;
+
+static const size_t XN = 24 * MiB; /* two regions: 16 MiB + 8 MiB */
+
+static void xfix_open(xfix *x, unsigned ndirs, size_t stripe)
+{
+    memset(x, 0, sizeof *x);
+    ferry_gds_config c = config(ndirs, "cpu");
+    c.direct = 1;
+    c.stripe_bytes = stripe;
+    FT_ASSERT_OK(ferry_gds_open(&c, &x->g));
+    if (!is_direct(x->g))
+        fail_msg("O_DIRECT refused in %s (%s): this test needs it (FERRY_TEST_TMPDIR)",
+                 g_dir[0], ferry_gds_fallback_reason(x->g));
+    x->ndirs = ndirs;
+    x->unit = ndirs == 1 ? UINT64_MAX : stripe;
+    FT_ASSERT_OK(ferry_stream_create(g_dev, &x->s));
+    FT_ASSERT_OK(ferry_device_alloc(g_dev, XN, &x->buf));
+    FT_ASSERT_OK(ferry_gds_register(x->g, x->buf, XN, x->s));
+    x->pat = malloc(XN);
+    x->back = malloc(XN);
+    for (size_t i = 0; i < XN; i++)
+        x->pat[i] = (unsigned char)((i * 7 + i / 4096) % 253);
+    FT_ASSERT_OK(ferry_device_upload(g_dev, x->buf, x->pat, XN));
+}
+
+static void xfix_close(xfix *x)
+{
+    ferry_gds_close(x->g);
+    FT_ASSERT_OK(ferry_device_free(g_dev, x->buf));
+    ferry_stream_destroy(x->s);
+    free(x->pat);
+    free(x->back);
+}
+
+static int xfer(xfix *x, int async, int dir, uint64_t slab_off, size_t len, size_t dev_off)
+{
+    if (!async)
+        return ferry_gds_transfer(x->g, dir, slab_off, len, x->buf + dev_off, x->s);
+    int rc = ferry_gds_transfer_async(x->g, dir, slab_off, len, x->buf + dev_off, x->s);
+    int rs = ferry_gds_stream_sync(x->g, x->s);
+    return rc < 0 ? rc : rs;
+}
+
+/* write pat[wo, wo+len) to slab_off, check the slab's bytes and that the
+ * neighbouring slab bytes kept their values, then read it back to device
+ * offset ro (zeroed first) and check device memory around it */
+static void cross_once(xfix *x, int async, uint64_t slab_off, size_t len, size_t wo, size_t ro)
+{
+    /* the slab bytes just outside the slice: known before, same after */
+    unsigned char before[2][4096], after[2][4096];
+    size_t fringe = 4096;
+    int have_lo = slab_off >= fringe, have_hi = slab_off + len + fringe <= ferry_gds_size(x->g);
+    if (have_lo)
+        read_slab(x->ndirs, x->unit, before[0], fringe, slab_off - fringe);
+    if (have_hi)
+        read_slab(x->ndirs, x->unit, before[1], fringe, slab_off + len);
+    int rc = xfer(x, async, FERRY_GDS_WRITE, slab_off, len, wo);
+    if (rc < 0)
+        fail_msg("%s write of %zu at slab %llu from device +%zu: %s", async ? "async" : "sync",
+                 len, (unsigned long long)slab_off, wo, ferry_gds_last_error(x->g));
+    unsigned char *disk = malloc(len);
+    read_slab(x->ndirs, x->unit, disk, len, slab_off);
+    assert_memory_equal(disk, x->pat + wo, len);
+    free(disk);
+    if (have_lo) {
+        read_slab(x->ndirs, x->unit, after[0], fringe, slab_off - fringe);
+        assert_memory_equal(after[0], before[0], fringe);
+    }
+    if (have_hi) {
+        read_slab(x->ndirs, x->unit, after[1], fringe, slab_off + len);
+        assert_memory_equal(after[1], before[1], fringe);
+    }
+    /* read back into another unaligned place: only [ro, ro+len) changes */
+    FT_ASSERT_OK(ferry_device_memset(g_dev, x->buf + ro, 0, len));
+    rc = xfer(x, async, FERRY_GDS_READ, slab_off, len, ro);
+    if (rc < 0)
+        fail_msg("%s read of %zu at slab %llu to device +%zu: %s", async ? "async" : "sync", len,
+                 (unsigned long long)slab_off, ro, ferry_gds_last_error(x->g));
+    size_t lo = ro >= fringe ? ro - fringe : 0, hi = FERRY__MIN(XN, ro + len + fringe);
+    FT_ASSERT_OK(ferry_device_download(g_dev, x->back, x->buf + lo, hi - lo));
+    assert_memory_equal(x->back + (ro - lo), x->pat + wo, len);
+    assert_memory_equal(x->back, x->pat + lo, ro - lo);
+    assert_memory_equal(x->back + (ro - lo) + len, x->pat + ro + len, hi - ro - len);
+    /* put the pattern back where the read landed */
+    FT_ASSERT_OK(ferry_device_upload(g_dev, x->buf + ro, x->pat + ro, len));
+}
+
+/* the issue's minimal case: 8192 bytes from 4000 before the 16 MiB
+ * region boundary, slab offset 0, sync and async */
+static void unaligned_slice_across_regions_direct(void **state)
+{
+    (void)state;
+    xfix x;
+    xfix_open(&x, 1, 0);
+    cross_once(&x, 0, 0, 8192, 16 * MiB - 4000, 16 * MiB - 4000);
+    cross_once(&x, 1, 0, 8192, 16 * MiB - 4000, 16 * MiB - 4000);
+    /* elsewhere in the slab, read back across the boundary at another point */
+    cross_once(&x, 0, 40 * MiB, 8192, 16 * MiB - 4000, 16 * MiB - 1);
+    cross_once(&x, 1, 40 * MiB + 4096, 8192, 16 * MiB - 1, 16 * MiB - 8191);
+    /* one byte short of aligned at both ends, and a large slice */
+    cross_once(&x, 0, 8192, 2 * MiB, 16 * MiB - MiB - 1, 16 * MiB - 3);
+    cross_once(&x, 1, 12 * MiB, 8 * MiB + 4096, 12 * MiB - 4097, 10 * MiB + 17);
+    /* an aligned slice still takes the plain path and stays exact */
+    cross_once(&x, 0, 4096, 64 * 1024, 16 * MiB - 32 * 1024, 16 * MiB - 8192);
+    xfix_close(&x);
+}
+
+/* random slab offsets, lengths and device addresses, every slice crossing
+ * the region boundary; on one drive and striped over two (64 KiB units,
+ * so a slice also crosses drives) */
+static void unaligned_slices_random_direct(void **state)
+{
+    (void)state;
+    unsigned seed = 1234567u;
+    for (unsigned ndirs = 1; ndirs <= 2; ndirs++) {
+        xfix x;
+        xfix_open(&x, ndirs, 64 * 1024);
+        for (int i = 0; i < 24; i++) {
+            seed = seed * 1103515245u + 12345u;
+            size_t len = 4096 * (1 + (seed >> 8) % 96);         /* 4 KiB .. 384 KiB */
+            seed = seed * 1103515245u + 12345u;
+            size_t before_w = 1 + (seed >> 4) % (len - 1);        /* bytes before the boundary */
+            seed = seed * 1103515245u + 12345u;
+            size_t before_r = 1 + (seed >> 4) % (len - 1);
+            seed = seed * 1103515245u + 12345u;
+            uint64_t slab_off = 4096 * (uint64_t)((seed >> 6) % ((64 * MiB - len) / 4096));
+            cross_once(&x, i & 1, slab_off, len, 16 * MiB - before_w, 16 * MiB - before_r);
+        }
+        xfix_close(&x);
+    }
+}
+
+/* ---- issue 11: async transfers on the default stream ---- */
+
+static void null_stream_roundtrip(const char *driver)
+{
+    ferry_gds_config c = config(1, driver);
+    ferry_gds *g = NULL;
+    FT_ASSERT_OK(ferry_gds_open(&c, &g));
+    assert_string_equal(ferry_gds_driver_name(g), driver);
+    const size_t n = 24 * MiB;
+    ferry_devptr buf;
+    FT_ASSERT_OK(ferry_device_alloc(g_dev, n, &buf));
+    FT_ASSERT_OK(ferry_gds_register(g, buf, n, NULL)); /* the default stream, as gds.h allows */
+    unsigned char *pat = malloc(n), *back = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        pat[i] = (unsigned char)(i % 241);
+    FT_ASSERT_OK(ferry_device_upload(g_dev, buf, pat, n));
+    FT_ASSERT_OK(ferry_gds_transfer_async(g, FERRY_GDS_WRITE, 8192, n, buf, NULL));
+    FT_ASSERT_OK(ferry_gds_stream_sync(g, NULL));
+    FT_ASSERT_OK(ferry_device_memset(g_dev, buf, 0, n));
+    FT_ASSERT_OK(ferry_gds_transfer_async(g, FERRY_GDS_READ, 8192, n, buf, NULL));
+    FT_ASSERT_OK(ferry_gds_stream_sync(g, NULL));
+    FT_ASSERT_OK(ferry_device_download(g_dev, back, buf, n));
+    assert_memory_equal(back, pat, n);
+    read_slab_file(g_dir[0], back, n, 8192);
+    assert_memory_equal(back, pat, n);
+    ferry_gds_stats st;
+    FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
+    assert_int_equal(st.async_pending, 0);
+    assert_int_equal(st.bytes_written, n);
+    assert_int_equal(st.bytes_read, n);
+    FT_ASSERT_OK(ferry_gds_deregister(g, buf));
+    ferry_gds_close(g);
+    free(pat);
+    free(back);
+    FT_ASSERT_OK(ferry_device_free(g_dev, buf));
+}
+
+static void async_on_default_stream_cpu(void **state)
+{
+    (void)state;
+    null_stream_roundtrip("cpu");
+}
 
 /* host buffers registered with the drive queues: the fast path, same bytes */
 static void registered_host_buffers(void **state)
@@ -728,6 +937,29 @@ static void hipfile_driver_over_fake_library(void **state)
     roundtrip_on("hipfile", 1);
 }
 
+/* the default stream with the cufile and hipfile drivers' own code */
+static void async_on_default_stream_fake_libraries(void **state)
+{
+    (void)state;
+    static const char *const drivers[] = {"cufile", "hipfile"};
+    for (int i = 0; i < 2; i++) {
+        for (int with_async = 0; with_async <= 1; with_async++) {
+            memset(&C, 0, sizeof C);
+            ferry__cufile_api api = fake_api(with_async);
+            ferry__gdsdl_set_api(drivers[i], &api);
+            null_stream_roundtrip(drivers[i]);
+            ferry__gdsdl_set_api(drivers[i], NULL);
+            assert_int_equal(C.opens, 1);
+            assert_int_equal(C.closes, 1);
+            assert_int_equal(C.bufregs, 2);
+            assert_int_equal(C.bufderegs, 2);
+            /* done in the call: the synchronous or batch entries moved it */
+            assert_int_equal(C.asyncs, 0);
+            assert_true(C.reads + C.writes + C.batches > 0);
+        }
+    }
+}
+
 static void cufile_handle_registration_failure(void **state)
 {
     (void)state;
@@ -802,6 +1034,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(cufile_driver_over_old_library, setup, teardown),
         cmocka_unit_test_setup_teardown(hipfile_driver_over_fake_library, setup, teardown),
         cmocka_unit_test_setup_teardown(cufile_handle_registration_failure, setup, teardown),
+        cmocka_unit_test_setup_teardown(unaligned_slice_across_regions_direct, setup, teardown),
+        cmocka_unit_test_setup_teardown(unaligned_slices_random_direct, setup, teardown),
+        cmocka_unit_test_setup_teardown(async_on_default_stream_cpu, setup, teardown),
+        cmocka_unit_test_setup_teardown(async_on_default_stream_fake_libraries, setup, teardown),
         cmocka_unit_test_setup_teardown(auto_falls_back_when_cufile_refuses_the_file, setup,
                                         teardown),
     };

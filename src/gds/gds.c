@@ -488,7 +488,7 @@ static int init_locked(ferry_gds *g, const ferry_gds_config *cfg)
             /* LMCache users hit this on overlayfs/LVM: fall back, say so */
             char m[FERRY__ERRMSG_MAX];
             snprintf(m, sizeof m, "%s", ferry__err_msg(&g->err));
-            FERRY_LOGW("gds: %s; falling back to the cpu driver", m);
+            FERRY_LOGW("%s; falling back to the cpu driver", m);
             add_fallback(g, "%s; using the cpu driver", m);
             driver_drop(g);
             rc = driver_pick(g, "cpu", why, sizeof why);
