@@ -123,6 +123,7 @@ struct ferry_pslab {
     uint64_t jsize, jrecords, generation;
     uint32_t jversion; /* the journal's format: barriers only in 2 and later */
     uint64_t jsynced;  /* journal bytes known fdatasync'ed (committer only) */
+    uint64_t warn_ns, warn_n, warn_quiet; /* compaction warnings (committer only) */
     int need_compact;  /* open found damage, or a format 1 journal: rewrite it */
 };
 
@@ -512,6 +513,25 @@ static int sync_slab_files(ferry_pslab *p)
 
 static int compact_locked(ferry_pslab *p);
 
+/* a failing compaction fails at every commit: the first few warnings, then
+ * one a second saying how many were suppressed */
+static void warn_compaction(ferry_pslab *p)
+{
+    uint64_t now = ferry__now_ns();
+    if (p->warn_n >= 5 && now - p->warn_ns < 1000000000ull) {
+        p->warn_quiet++;
+        return;
+    }
+    if (p->warn_quiet)
+        FERRY_LOGW("%s (%llu more suppressed)", ferry__err_msg(&p->err),
+                   (unsigned long long)p->warn_quiet);
+    else
+        FERRY_LOGW("%s", ferry__err_msg(&p->err));
+    p->warn_quiet = 0;
+    p->warn_ns = now;
+    p->warn_n++;
+}
+
 /*
  * cmu held, no commit running: become the leader for the open batch. Does
  * the I/O without locks, applies the batch, wakes the waiters. Returns with
@@ -573,7 +593,7 @@ static void run_commit(ferry_pslab *p, int force_sync)
     if (want_compact) {
         int crc = compact_locked(p);
         if (crc < 0)
-            FERRY_LOGW("%s", ferry__err_msg(&p->err));
+            warn_compaction(p);
     }
 
     pthread_mutex_lock(&p->cmu);
