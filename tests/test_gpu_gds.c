@@ -5,7 +5,10 @@
  * that do not clobber each other. Each runs with the cufile driver (real
  * cuFile DMA; skipped when libcufile.so.0 does not open or cannot
  * register the slab file) and with the cpu driver over the cuda device
- * (the double-buffered bounce path). Exits 77 (skipped) where no CUDA
+ * (the double-buffered bounce path). Issue 11: a slice at an unaligned
+ * device address across the region boundary (the cpu driver stages its
+ * unaligned head and tail with O_DIRECT), sync and async, and async
+ * transfers on the default (NULL) stream. Exits 77 (skipped) where no CUDA
  * driver or device is present. No fork: CUDA does not survive one.
  */
 /* ferry-test-labels: gpu */
@@ -205,6 +208,94 @@ static void cpu_two_streams(void **st)
     two_streams("cpu");
 }
 
+/* 8192 bytes from 4000 before the 16 MiB region boundary to slab offset
+ * 0, read back to 1 byte before it; sync (async 0) or async */
+static void unaligned_slice(const char *driver, int async)
+{
+    ferry_gds *g = open_or_skip(driver);
+    const size_t n = 24 * MiB, len = 8192, wo = 16 * MiB - 4000, ro = 16 * MiB - 1;
+    ferry_stream *s;
+    FT_ASSERT_OK(ferry_stream_create(g_dev, &s));
+    ferry_devptr buf;
+    FT_ASSERT_OK(ferry_device_alloc(g_dev, n, &buf));
+    FT_ASSERT_OK(ferry_gds_register(g, buf, n, s));
+    unsigned char *pat = malloc(n), *back = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        pat[i] = (unsigned char)(i % 251);
+    FT_ASSERT_OK(ferry_device_upload(g_dev, buf, pat, n));
+    if (async) {
+        FT_ASSERT_OK(ferry_gds_transfer_async(g, FERRY_GDS_WRITE, 0, len, buf + wo, s));
+        FT_ASSERT_OK(ferry_gds_stream_sync(g, s));
+    } else {
+        FT_ASSERT_OK(ferry_gds_transfer(g, FERRY_GDS_WRITE, 0, len, buf + wo, s));
+    }
+    FT_ASSERT_OK(ferry_device_memset(g_dev, buf, 0, n));
+    if (async) {
+        FT_ASSERT_OK(ferry_gds_transfer_async(g, FERRY_GDS_READ, 0, len, buf + ro, s));
+        FT_ASSERT_OK(ferry_gds_stream_sync(g, s));
+    } else {
+        FT_ASSERT_OK(ferry_gds_transfer(g, FERRY_GDS_READ, 0, len, buf + ro, s));
+    }
+    FT_ASSERT_OK(ferry_device_download(g_dev, back, buf + ro - 4096, len + 8192));
+    assert_memory_equal(back + 4096, pat + wo, len);
+    for (size_t i = 0; i < 4096; i++)
+        if (back[i] || back[4096 + len + i])
+            fail_msg("a byte outside the slice changed (%zu)", i);
+    free(pat);
+    free(back);
+    ferry_gds_close(g);
+    FT_ASSERT_OK(ferry_device_free(g_dev, buf));
+    ferry_stream_destroy(s);
+}
+
+/* registered with, and moved on, the default stream */
+static void default_stream(const char *driver)
+{
+    ferry_gds *g = open_or_skip(driver);
+    const size_t n = 24 * MiB;
+    ferry_devptr buf;
+    FT_ASSERT_OK(ferry_device_alloc(g_dev, n, &buf));
+    FT_ASSERT_OK(ferry_gds_register(g, buf, n, NULL));
+    unsigned char *pat = malloc(n), *back = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        pat[i] = (unsigned char)(i % 241);
+    FT_ASSERT_OK(ferry_device_upload(g_dev, buf, pat, n));
+    FT_ASSERT_OK(ferry_gds_transfer_async(g, FERRY_GDS_WRITE, 4096, n, buf, NULL));
+    FT_ASSERT_OK(ferry_gds_stream_sync(g, NULL));
+    FT_ASSERT_OK(ferry_device_memset(g_dev, buf, 0, n));
+    FT_ASSERT_OK(ferry_gds_transfer_async(g, FERRY_GDS_READ, 4096, n, buf, NULL));
+    FT_ASSERT_OK(ferry_gds_stream_sync(g, NULL));
+    FT_ASSERT_OK(ferry_device_download(g_dev, back, buf, n));
+    assert_memory_equal(back, pat, n);
+    free(pat);
+    free(back);
+    ferry_gds_close(g);
+    FT_ASSERT_OK(ferry_device_free(g_dev, buf));
+}
+
+static void cufile_unaligned_slice(void **st)
+{
+    (void)st;
+    unaligned_slice("cufile", 0);
+    unaligned_slice("cufile", 1);
+}
+static void cpu_unaligned_slice(void **st)
+{
+    (void)st;
+    unaligned_slice("cpu", 0);
+    unaligned_slice("cpu", 1);
+}
+static void cufile_default_stream(void **st)
+{
+    (void)st;
+    default_stream("cufile");
+}
+static void cpu_default_stream(void **st)
+{
+    (void)st;
+    default_stream("cpu");
+}
+
 int main(void)
 {
     const char *why = NULL;
@@ -225,6 +316,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(cpu_write_read, setup, teardown),
         cmocka_unit_test_setup_teardown(cpu_chunk_larger_than_region, setup, teardown),
         cmocka_unit_test_setup_teardown(cpu_two_streams, setup, teardown),
+        cmocka_unit_test_setup_teardown(cufile_unaligned_slice, setup, teardown),
+        cmocka_unit_test_setup_teardown(cpu_unaligned_slice, setup, teardown),
+        cmocka_unit_test_setup_teardown(cufile_default_stream, setup, teardown),
+        cmocka_unit_test_setup_teardown(cpu_default_stream, setup, teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ferry_device_close(g_dev);
