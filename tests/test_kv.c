@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <math.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <stdio.h>
@@ -1618,6 +1619,15 @@ static void two_stores_on_one_l2_directory_are_refused(void **state)
     c.tp_rank = 0;
     ferry_kv *a = NULL, *b = NULL;
     FT_ASSERT_OK(ferry_kv_open(&c, &a));
+    /* the slab and the lock are the owner's alone */
+    char path[400];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/%s", dir, FERRY_GDS_SLAB_NAME);
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0600);
+    snprintf(path, sizeof path, "%s/ferry.lock", dir);
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0600);
     c.tp_rank = 1;
     assert_int_equal(ferry_kv_open(&c, &b), FERRY_EBUSY);
     assert_null(b);
@@ -1649,8 +1659,20 @@ static void two_stores_on_one_l2_directory_are_refused(void **state)
     assert_int_equal(ferry_kv_retrieve(a, tok, 4 * CT, NULL, &d.b), 4 * CT);
     assert_true(same_tokens(&h, &d, 0, 4 * CT));
     ferry_kv_close(a);
-    /* the directory is free again once its owner closed */
+    /* the directory is free again once its owner closed; a mode given
+     * for a deliberate group is what a new directory and slab get */
     FT_ASSERT_OK(ferry_kv_open(&c, &b));
+    ferry_kv_close(b);
+    char sub[300];
+    snprintf(sub, sizeof sub, "%s/group/rank1", dir);
+    c.l2_dir = sub;
+    c.l2_mode = 0640;
+    FT_ASSERT_OK(ferry_kv_open(&c, &b));
+    snprintf(path, sizeof path, "%s/%s", sub, FERRY_GDS_SLAB_NAME);
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0640);
+    assert_int_equal(stat(sub, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0750);
     ferry_kv_close(b);
     free(h.mem);
     free(d.mem);

@@ -396,7 +396,6 @@ int ferry__kv_tier_l2_open(const char *dir, uint64_t bytes, int direct, const ch
     t->slot_bytes = slot_bytes;
     t->chunk_bytes = chunk_bytes;
     p->sum_bytes = chunk_bytes;
-    (void)mode; /* XXX plumb into cfg.mode */
     ferry_gds_config cfg = FERRY_GDS_CONFIG_INIT;
     const char *dirs[1] = {dir};
     cfg.dirs = dirs;
@@ -404,6 +403,7 @@ int ferry__kv_tier_l2_open(const char *dir, uint64_t bytes, int direct, const ch
     cfg.bytes = bytes - bytes % slot_bytes;
     cfg.direct = direct;
     cfg.driver = "cpu";
+    cfg.mode = mode; /* the slab, its lock file and new directories */
     cfg.engine = engine;
     /* 16 requests per chunk transfer (2 MiB each for a Llama-3-8B chunk of
      * 32 MiB): each of the store's I/O workers then reads its chunk at
