@@ -15,9 +15,14 @@
  * a creation id shared by every file of one slab; an XXH3-64 checksum).
  * Each journal record (put: key, slab offset, length, payload XXH3-64,
  * sequence; delete: key, sequence) carries its own XXH3-64 checksum seeded
- * with the creation id. Reopening replays the journal, rebuilds the index
- * and the allocator from it, and ends at the first record that fails its
- * checksum (a torn tail after a crash): the journal is cut there.
+ * with the creation id. Reopening replays the journal and rebuilds the
+ * index and the allocator from it. A bad record at the end (a torn tail
+ * after a crash) is cut off; one that a later commit proves durable
+ * (damage) makes every chunk recorded before it a miss, never an older
+ * value. Each directory has one owner (a lock, FERRY_EBUSY for a second
+ * opener); an application tag recorded at creation (what the chunks mean)
+ * refuses an opener with another one (FERRY_EMISMATCH) unless it asks for
+ * a reset. Files are created 0600 (directories 0700) unless a mode is given.
  *
  * Durability (docs/DURABILITY.md): a put is acknowledged when
  * ferry_pslab_put() returns 0 in FERRY_PSLAB_SYNC_FULL mode (the default):

@@ -20,6 +20,22 @@
  *  - After a failed journal write or sync the store refuses writes: the
  *    kernel may already have dropped the unsynced pages (fsyncgate), so the
  *    only trustworthy state is what a reopen finds on disk.
+ *  - One owner per directory: open takes each directory's lock before it
+ *    touches any other file there. Two owners would each rebuild the
+ *    allocator from the journal and hand out the same extents.
+ *  - The first record of a batch carries the barrier flag exactly when
+ *    every journal byte before it is known fdatasync'ed (jsynced == jsize;
+ *    open syncs what a killed predecessor left). So replay can tell a bad
+ *    record that was durable (damage: a barrier follows it) from a torn
+ *    tail, and drop every chunk the damaged record may have superseded.
+ *  - A close leaves a history-free journal (compacted when any record is
+ *    not a live chunk's put): a damaged record then costs only chunks,
+ *    never brings an older value back.
+ *  - Freed extents wait for their records to be durable; a put that finds
+ *    the slab full commits the records that would free some before it
+ *    fails (reclaim_by_commit), so in SYNC_BATCH mode evictions (forgets)
+ *    do not starve the writers until the next size- or age-triggered
+ *    commit.
  *
  * Group commit: callers append encoded records to a pending batch under
  * cmu; the first caller to find no commit running becomes the leader, takes

@@ -6,10 +6,15 @@
  * a matching writer produced (magic, length bounds and an XXH3-64 seeded
  * with the slab's creation id all hold), in journal order, with extents
  * inside [0, capacity), aligned, and pairwise disjoint - so the allocator
- * rebuilt from them can never hand out bytes a live chunk still uses. The
- * first bad record ends the replay: records are appended in order and
- * synced in batches, so a bad one is a torn tail (or damage), and nothing
- * after it can be trusted to be complete.
+ * rebuilt from them can never hand out bytes a live chunk still uses.
+ * Records are appended in order and synced in batches, so a bad record is
+ * a torn tail - it and what follows belong to a batch that was never
+ * acknowledged: replay ends there - unless a barrier record follows it: the
+ * writer sets that flag only when every byte before it was fdatasync'ed,
+ * so the bad record was durable and was damaged afterwards. Its key and
+ * type are unknowable, so every entry indexed before it is dropped (any of
+ * them may have been overwritten or deleted by it: an older value must
+ * never answer), and replay resynchronises on the next good record.
  *
  * The allocator is rebuilt through ferry_slab's public calls only: first
  * fit on an empty slab hands out extents in address order, so allocating
