@@ -204,6 +204,25 @@ static void directory_lock_has_one_owner(void **state)
     ft_rmtree(dir);
 }
 
+/* a warning at the rate of the I/O: the first few, then one a second
+ * carrying how many were held back */
+static void repeated_warnings_are_rate_limited(void **state)
+{
+    (void)state;
+    ferry__warnlim w;
+    memset(&w, 0, sizeof w);
+    uint64_t quiet = 77;
+    int said = 0;
+    for (int i = 0; i < 1000; i++)
+        said += ferry__warn_ok(&w, &quiet);
+    assert_int_equal(said, FERRY__WARN_BURST);
+    assert_int_equal(quiet, 0);
+    usleep(1100 * 1000);
+    assert_int_equal(ferry__warn_ok(&w, &quiet), 1);
+    assert_int_equal(quiet, 1000 - FERRY__WARN_BURST);
+    assert_int_equal(ferry__warn_ok(&w, &quiet), 0);
+}
+
 static void version_matches_macros(void **state)
 {
     (void)state;
@@ -222,6 +241,7 @@ int main(void)
         cmocka_unit_test(version_matches_macros),
         cmocka_unit_test(every_errno_has_a_name),
         cmocka_unit_test(directory_lock_has_one_owner),
+        cmocka_unit_test(repeated_warnings_are_rate_limited),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1604,6 +1604,41 @@ static void l2_corrupt_chunk_prefetched_is_dropped(void **state)
     big_close(&f);
 }
 
+/* a tier that fails every write (a full or dying drive) fails at the rate
+ * of the stores: its warnings are the first few, then one a second with a
+ * count, not one per chunk */
+static _Atomic int g_warns;
+static void count_warns(int level, const char *msg, void *ctx)
+{
+    (void)ctx;
+    if (level == FERRY_LOG_WARN && strstr(msg, "kv l2: write of chunk"))
+        atomic_fetch_add(&g_warns, 1);
+}
+
+static void failing_tier_warnings_are_rate_limited(void **state)
+{
+    (void)state;
+    l2fix f;
+    l2_open(&f, 8, 64, 4);
+    ferry__kv_set_tier_fault(f.kv, FERRY_KV_TIER_L2, 1, 1, -EIO, 1);
+    atomic_store(&g_warns, 0);
+    ferry_log_set_callback(count_warns, NULL);
+    int32_t tok[8 * CT];
+    for (int k = 0; k < 25; k++) {
+        make_tokens(tok, 8 * CT, 100000 + k * 1000);
+        assert_int_equal(ferry_kv_store(f.kv, tok, 8 * CT, NULL, &f.h.b), 8 * CT);
+    }
+    FT_ASSERT_OK(ferry_kv_flush(f.kv));
+    ferry_log_set_callback(NULL, NULL);
+    ferry_kv_stats m;
+    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m));
+    assert_int_equal(m.tier[FERRY_KV_TIER_L2].failures, 200); /* every one counted */
+    int w = atomic_load(&g_warns);
+    assert_true(w >= 1 && w <= FERRY__WARN_BURST + 2);
+    ferry__kv_set_tier_fault(f.kv, FERRY_KV_TIER_L2, 1, 0, 0, 0);
+    l2_close(&f);
+}
+
 /* one L2 directory has one owner: two stores on it (the ordinary mistake
  * of one cache directory for every TP rank) are refused, not mixed */
 static void two_stores_on_one_l2_directory_are_refused(void **state)
@@ -2216,6 +2251,7 @@ int main(void)
         cmocka_unit_test(l2_corrupt_chunk_into_a_device_buffer_is_a_miss),
         cmocka_unit_test(l2_corrupt_chunk_prefetched_is_dropped),
         cmocka_unit_test(two_stores_on_one_l2_directory_are_refused),
+        cmocka_unit_test(failing_tier_warnings_are_rate_limited),
         cmocka_unit_test(l2_concurrent_retrieves_share_the_reads),
         cmocka_unit_test(l2_with_the_default_engine_reads_back_into_the_registered_pool),
         cmocka_unit_test(l2_io_error_makes_a_miss_and_store_keeps_serving),

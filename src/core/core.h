@@ -52,6 +52,19 @@ int ferry__log_enabled(int level);
 #define FERRY_LOGI(...) ferry__log(FERRY_LOG_INFO, __VA_ARGS__)
 #define FERRY_LOGD(...) ferry__log(FERRY_LOG_DEBUG, __VA_ARGS__)
 
+/*
+ * A warning that can repeat at the rate of the I/O (every failed write of
+ * a full tier) is said the first FERRY__WARN_BURST times, then at most once
+ * a second with how many were held back since. Zero-initialized; safe from
+ * any number of threads.
+ */
+#define FERRY__WARN_BURST 5
+typedef struct ferry__warnlim {
+    _Atomic uint64_t said, next_ns, quiet;
+} ferry__warnlim;
+/* 1: say it now (*quiet: how many were held back before it), 0: hold it back */
+int ferry__warn_ok(ferry__warnlim *w, uint64_t *quiet);
+
 /* monotonic clock */
 uint64_t ferry__now_ns(void);
 /* process CPU time (user + system), seconds */

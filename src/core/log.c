@@ -80,3 +80,20 @@ void ferry__log(int level, const char *fmt, ...)
     }
     fprintf(stderr, "ferry %s: %s\n", tags[level > 5 ? 5 : level], msg);
 }
+
+int ferry__warn_ok(ferry__warnlim *w, uint64_t *quiet)
+{
+    uint64_t now = ferry__now_ns();
+    if (atomic_fetch_add(&w->said, 1) >= FERRY__WARN_BURST) {
+        uint64_t next = atomic_load(&w->next_ns);
+        if (now < next ||
+            !atomic_compare_exchange_strong(&w->next_ns, &next, now + 1000000000ull)) {
+            atomic_fetch_add(&w->quiet, 1);
+            return 0;
+        }
+    } else {
+        atomic_store(&w->next_ns, now + 1000000000ull);
+    }
+    *quiet = atomic_exchange(&w->quiet, 0);
+    return 1;
+}

@@ -156,6 +156,7 @@ struct ferry__kv_tier {
     /* counters */
     atomic_uint_fast64_t hits, evictions, bytes_written, bytes_read, failures;
     atomic_uint_fast64_t aread_peak;   /* most asynchronous reads one retrieve had in flight */
+    ferry__warnlim warn;               /* its failed reads' and writes' warnings */
 };
 
 /* L1: a host pool of capacity chunks of slot_bytes (pinned through dev when set) */

@@ -128,9 +128,21 @@ static int tier_io_done(ferry_kv *kv, ferry__kv_tier *t, int write, uint64_t loc
         atomic_fetch_add(&kv->failures, 1);
         if (rc == FERRY_ECORRUPT)
             atomic_fetch_add(&kv->corrupt, 1);
-        FERRY_LOGW("kv %s: %s of chunk %016llx%016llx at %llu failed: %s", t->ops->name,
-                   write ? "write" : "read", (unsigned long long)id->hi,
-                   (unsigned long long)id->lo, (unsigned long long)loc, ferry_last_error());
+        /* (a full or failing tier fails at the rate of the I/O) */
+        uint64_t quiet = 0;
+        if (ferry__warn_ok(&t->warn, &quiet)) {
+            if (quiet)
+                FERRY_LOGW("kv %s: %s of chunk %016llx%016llx at %llu failed: %s (%llu more "
+                           "failures not logged)",
+                           t->ops->name, write ? "write" : "read", (unsigned long long)id->hi,
+                           (unsigned long long)id->lo, (unsigned long long)loc,
+                           ferry_last_error(), (unsigned long long)quiet);
+            else
+                FERRY_LOGW("kv %s: %s of chunk %016llx%016llx at %llu failed: %s",
+                           t->ops->name, write ? "write" : "read", (unsigned long long)id->hi,
+                           (unsigned long long)id->lo, (unsigned long long)loc,
+                           ferry_last_error());
+        }
         return rc;
     }
     atomic_fetch_add(write ? &t->bytes_written : &t->bytes_read, len);
