@@ -89,7 +89,7 @@ struct ferry_remote {
     int stop;
     pthread_t worker;
     int worker_started;
-    uint64_t refused_warn_ns, refused_unlogged; /* the writer's only */
+    ferry__warnlim refused_warn;            /* refused writes' warnings */
 
     counter puts, puts_written, gets, hits, misses, errors, dropped, reconnects, degraded,
         corrupt, mismatched, redirects, bytes_written, bytes_read, exists_calls, deletes;
@@ -493,17 +493,11 @@ static void *writer_main(void *arg)
                           batch[i]->vlen, cmds[i].reply->str);
                     /* a server refusing every write (OOM, READONLY, NOAUTH
                      * after a restart) must be seen, once in a while */
-                    uint64_t now = ferry__now_ns();
-                    if (!r->refused_warn_ns || now - r->refused_warn_ns >= 10000000000ull) {
+                    uint64_t quiet = 0;
+                    if (ferry__warn_ok(&r->refused_warn, &quiet))
                         FERRY_LOGW("%s (the write is dropped; %llu more refused since the "
                                    "last warning)",
-                                   ferry_remote_last_error(r),
-                                   (unsigned long long)r->refused_unlogged);
-                        r->refused_warn_ns = now;
-                        r->refused_unlogged = 0;
-                    } else {
-                        r->refused_unlogged++;
-                    }
+                                   ferry_remote_last_error(r), (unsigned long long)quiet);
                 } else {
                     INC(r->puts_written);
                     ADD(r->bytes_written, batch[i]->vlen);
