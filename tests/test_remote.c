@@ -616,6 +616,8 @@ static void url_invalid_forms(void **state)
         "redis://u:hun/ter2xyz@host/0", "redis://host/0?password=hun&ter2xyz",
         "redis://:hunter2xyz@host:0/0", "redis://u:hun?ter2xyz@host?db=1",
         "unix://:hun?ter2xyz@/tmp/s",   "redis://:hunter2xyz@@host",
+        /* the '@' forgotten: the "port" is the password */
+        "redis://:hunter2xyz/tmp/host:1/0", "redis://user:hunter2xyz/0",
     };
     for (size_t i = 0; i < sizeof leaky / sizeof leaky[0]; i++) {
         memset(&eb, 0, sizeof eb);

@@ -75,8 +75,26 @@ static void secret_span(const char *url, size_t len, int wide, const char **a, c
             if (!first_at)
                 first_at = q;
         }
-    if (!at)
+    if (!at) {
+        /* no '@': a URL that did not parse may still be a password whose
+         * '@' was forgotten ("redis://:pw/..."): what follows the colon of
+         * its authority is hidden unless it is a port (digits) */
+        if (!wide)
+            return;
+        const char *aend = ss;
+        while (aend < end && *aend != '/')
+            aend++;
+        const char *colon = memchr(ss, ':', (size_t)(aend - ss));
+        if (!colon)
+            return;
+        for (const char *q = colon + 1; q < aend; q++)
+            if (*q < '0' || *q > '9') {
+                *a = colon + 1;
+                *b = aend;
+                return;
+            }
         return;
+    }
     /* the user/password colon precedes the first '@' */
     const char *colon = memchr(ss, ':', (size_t)(first_at - ss));
     *a = colon ? colon + 1 : ss;
