@@ -46,7 +46,6 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 #include <xxhash.h>
 
 #include "ferry/pslab.h"
@@ -60,8 +59,7 @@ typedef struct tp {
     ferry_kv_hash *ids;
     uint8_t *written;
     uint64_t synced_seq; /* ferry_kv_sync: the slab's durable_seq it last saw (mu) */
-    /* forget warnings: the first few, then one a second with a count (mu) */
-    uint64_t warn_ns, warn_n, warn_quiet;
+    ferry__warnlim warn; /* forget warnings: the first few, then one a second */
 } tp;
 
 #define KEY_BYTES 16
@@ -116,22 +114,8 @@ static void tp_release(ferry__kv_tier *t, uint64_t loc)
         if (rc < 0 && rc != FERRY_ENOTFOUND) {
             /* a failed journal fails every forget after it: say so, not
              * once per eviction */
-            struct timespec ts;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-            pthread_mutex_lock(&p->mu);
             uint64_t quiet = 0;
-            int say = p->warn_n < 5 || now - p->warn_ns >= 1000000000ull;
-            if (say) {
-                quiet = p->warn_quiet;
-                p->warn_quiet = 0;
-                p->warn_ns = now;
-                p->warn_n++;
-            } else {
-                p->warn_quiet++;
-            }
-            pthread_mutex_unlock(&p->mu);
-            if (say)
+            if (ferry__warn_ok(&p->warn, &quiet))
                 FERRY_LOGW("kv persistent L2: forgetting the chunk in slot %llu: %s%s%llu%s",
                            (unsigned long long)loc, ferry_pslab_last_error(p->ps),
                            quiet ? " (" : "", (unsigned long long)quiet,

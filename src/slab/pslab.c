@@ -139,7 +139,7 @@ struct ferry_pslab {
     uint64_t jsize, jrecords, generation;
     uint32_t jversion; /* the journal's format: barriers only in 2 and later */
     uint64_t jsynced;  /* journal bytes known fdatasync'ed (committer only) */
-    uint64_t warn_ns, warn_n, warn_quiet; /* compaction warnings (committer only) */
+    ferry__warnlim warn; /* compaction warnings */
     int need_compact;  /* open found damage, or a format 1 journal: rewrite it */
 };
 
@@ -533,19 +533,14 @@ static int compact_locked(ferry_pslab *p);
  * one a second saying how many were suppressed */
 static void warn_compaction(ferry_pslab *p)
 {
-    uint64_t now = ferry__now_ns();
-    if (p->warn_n >= 5 && now - p->warn_ns < 1000000000ull) {
-        p->warn_quiet++;
+    uint64_t quiet = 0;
+    if (!ferry__warn_ok(&p->warn, &quiet))
         return;
-    }
-    if (p->warn_quiet)
+    if (quiet)
         FERRY_LOGW("%s (%llu more suppressed)", ferry__err_msg(&p->err),
-                   (unsigned long long)p->warn_quiet);
+                   (unsigned long long)quiet);
     else
         FERRY_LOGW("%s", ferry__err_msg(&p->err));
-    p->warn_quiet = 0;
-    p->warn_ns = now;
-    p->warn_n++;
 }
 
 /*
