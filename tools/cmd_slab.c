@@ -230,6 +230,11 @@ static int slab_check(int argc, char **argv)
                (unsigned long long)s0.replayed_records, (unsigned long long)s0.dropped_records,
                (unsigned long long)s0.torn_bytes,
                s0.torn_bytes && repair ? " -> cut" : "");
+        if (s0.damaged_chunks)
+            printf("journal damage: a bad record that a later commit proves durable; the %llu "
+                   "chunk(s) recorded before it are dropped (any may have been rewritten or "
+                   "deleted by it)%s\n", (unsigned long long)s0.damaged_chunks,
+                   repair ? " -> journal rewritten without them" : "");
         printf("index: %llu chunks, %llu bytes stored in %llu bytes of extents (opened in "
                "%.3f ms)\n", (unsigned long long)s0.recovered,
                (unsigned long long)s0.bytes_stored, (unsigned long long)s0.bytes_used,
@@ -272,6 +277,8 @@ static int slab_check(int argc, char **argv)
         json_object_set_new(root, "records", json_integer((json_int_t)s0.replayed_records));
         json_object_set_new(root, "refused_records", json_integer((json_int_t)s0.dropped_records));
         json_object_set_new(root, "torn_bytes", json_integer((json_int_t)s0.torn_bytes));
+        json_object_set_new(root, "damaged_chunks",
+                            json_integer((json_int_t)s0.damaged_chunks));
         json_object_set_new(root, "chunks", json_integer((json_int_t)s0.recovered));
         json_object_set_new(root, "bad_chunks", bl.arr);
         json_object_set_new(root, "chunks_after", json_integer((json_int_t)s1.chunks));
@@ -290,7 +297,9 @@ static int slab_check(int argc, char **argv)
             printf("clean\n");
         else if (repair && !io_failed)
             printf("repaired:%s%s%s%s%s; %llu chunks remain\n",
-                   s0.torn_bytes ? " journal cut after its last good record" : "",
+                   s0.torn_bytes ? (s0.damaged_chunks ? " journal rewritten without its bad records"
+                                                      : " journal cut after its last good record")
+                                 : "",
                    s0.torn_bytes && bad ? "," : "",
                    bad ? " bad chunks deleted" : "",
                    compacted ? "," : "",
