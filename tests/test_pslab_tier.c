@@ -385,6 +385,9 @@ static void test_another_layout_is_refused_and_its_chunks_stay(void **state)
     assert_int_equal(ferry_kv_open(&o, &kv), FERRY_EMISMATCH);
     assert_non_null(strstr(ferry_last_error(), "heads=4"));
     assert_non_null(strstr(ferry_last_error(), "heads=2"));
+    /* and names what differs: only the heads (and the chunk bytes they make) */
+    assert_non_null(strstr(ferry_last_error(), "(heads 2 here, 4 asked; chunk_bytes 4096 "
+                                               "here, 8192 asked)"));
     o = c;
     o.chunk_tokens = 32;
     assert_int_equal(ferry_kv_open(&o, &kv), FERRY_EMISMATCH);

@@ -973,6 +973,51 @@ static void tag_text(const uint8_t *t, size_t n, char *out, size_t cap)
         o += (size_t)snprintf(out + o, cap - o, "%02x", t[i]);
 }
 
+/*
+ * For tags of "key=value" fields separated by ';' (the KV store's), name
+ * the fields that differ - "heads: 2 here, 4 asked" - so the message says
+ * what differs without a diff by eye. Empty when the tags are not of that
+ * form.
+ */
+static void tag_diff(const uint8_t *have, size_t hn, const uint8_t *want, size_t wn, char *out,
+                     size_t cap)
+{
+    size_t o = 0;
+    out[0] = 0;
+    for (size_t i = 0; i < wn && o + 64 < cap;) {
+        size_t j = i;
+        while (j < wn && want[j] != ';')
+            j++;
+        const uint8_t *eq = memchr(want + i, '=', j - i);
+        if (eq) {
+            size_t kl = (size_t)(eq - (want + i)) + 1; /* "key=" */
+            const uint8_t *hv = NULL;
+            size_t hl = 0;
+            for (size_t a = 0; a < hn;) {
+                size_t b = a;
+                while (b < hn && have[b] != ';')
+                    b++;
+                if (b - a >= kl && !memcmp(have + a, want + i, kl)) {
+                    hv = have + a + kl;
+                    hl = b - a - kl;
+                }
+                a = b + 1;
+            }
+            size_t vl = j - i - kl;
+            if (!hv || hl != vl || memcmp(hv, want + i + kl, vl)) {
+                int k = snprintf(out + o, cap - o, "%s%.*s %.*s here, %.*s asked",
+                                 o ? "; " : "", (int)(kl - 1), (const char *)(want + i),
+                                 hv ? (int)hl : 4, hv ? (const char *)hv : "none", (int)vl,
+                                 (const char *)(want + i + kl));
+                if (k < 0 || (size_t)k >= cap - o)
+                    break;
+                o += (size_t)k;
+            }
+        }
+        i = j + 1;
+    }
+}
+
 /* the stored tag against the one asked: equal, or FERRY_EMISMATCH quoting both */
 static int check_tag(ferry_pslab *p, const ferry_pslab_options *o, const ferry__pslab_hdr *h,
                      const char *path)
@@ -981,12 +1026,14 @@ static int check_tag(ferry_pslab *p, const ferry_pslab_options *o, const ferry__
         return 0;
     if (h->tag_len == o->tag_len && (!h->tag_len || !memcmp(h->tag, o->tag, o->tag_len)))
         return 0;
-    char have[400], want[400];
+    char have[400], want[400], diff[300] = "";
     tag_text(h->tag, h->tag_len, have, sizeof have);
     tag_text(o->tag, o->tag_len, want, sizeof want);
-    return fail(p, FERRY_EMISMATCH, "pslab: %s was made for %s, not %s: refused, nothing "
+    if (h->tag_len)
+        tag_diff(h->tag, h->tag_len, o->tag, o->tag_len, diff, sizeof diff);
+    return fail(p, FERRY_EMISMATCH, "pslab: %s was made for %s, not %s%s%s%s: refused, nothing "
                 "changed (FERRY_PSLAB_RESET, or `ferry slab check --reset`, starts it empty)",
-                path, have, want);
+                path, have, want, diff[0] ? " (" : "", diff, diff[0] ? ")" : "");
 }
 
 static int recover(ferry_pslab *p, const ferry_pslab_options *o)
