@@ -2079,6 +2079,66 @@ static void test_journal_byte_flip_campaign_never_returns_older_values(void **st
     free(buf);
 }
 
+
+/*
+ * Damage proven durable by a later commit: one changed byte names its
+ * record, so only that record's key is dropped; two changed bytes cannot
+ * be pinned to a key, so every chunk recorded before them is dropped.
+ * Either way no key answers with an older value, and the later records
+ * stand.
+ */
+static void test_journal_damage_drops_the_key_one_byte_names_else_all_before(void **state)
+{
+    (void)state;
+    for (int twobytes = 0; twobytes < 2; twobytes++) {
+        char d[256], c[256], jp[300];
+        ft_tmpdir(d, sizeof d);
+        ft_tmpdir(c, sizeof c);
+        const char *dirs[] = {d};
+        ferry_pslab_options o = opts(dirs, 1, 4 * MiB);
+        ferry_pslab *p = open_ok(&o);
+        for (int k = 0; k < 10; k++)
+            put_k(p, k, k);           /* records 0..9, one commit each */
+        put_k(p, 5, 55);              /* record 10: key 5 overwritten */
+        put_k(p, 8, 88);              /* record 11 */
+        copy_store(d, c);             /* as a killed owner leaves it */
+        FT_ASSERT_OK(ferry_pslab_close(p));
+        path_in(c, FERRY_PSLAB_JOURNAL, jp, sizeof jp);
+        uint64_t rec = FERRY__PSLAB_JHDR_BYTES + 10 * ferry__pslab_rec_size(5);
+        flip_byte(jp, rec + 20);      /* the overwrite of key 5: its offset */
+        if (twobytes)
+            flip_byte(jp, rec + 30);
+        const char *cd[] = {c};
+        ferry_pslab_options oc = opts(cd, 1, 0);
+        oc.flags = 0;
+        p = open_ok(&oc);
+        ferry_pslab_stats s;
+        FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+        assert_int_equal(get_rc(p, 5), FERRY_ENOTFOUND); /* never version 5 */
+        assert_true(has_k(p, 8, 88));                    /* after the damage: stands */
+        if (!twobytes) {
+            assert_int_equal(s.damaged_chunks, 1);
+            for (int k = 0; k < 10; k++)
+                if (k != 5 && k != 8)
+                    assert_true(has_k(p, k, k));
+            assert_int_equal(s.chunks, 9);
+        } else {
+            assert_int_equal(s.damaged_chunks, 10);
+            assert_int_equal(s.chunks, 1);
+        }
+        FT_ASSERT_OK(ferry_pslab_close(p));
+        /* rewritten at the open: the same answer without the bad bytes */
+        p = open_ok(&oc);
+        FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+        assert_int_equal(s.torn_bytes, 0);
+        assert_int_equal(s.chunks, twobytes ? 1 : 9);
+        assert_int_equal(get_rc(p, 5), FERRY_ENOTFOUND);
+        FT_ASSERT_OK(ferry_pslab_close(p));
+        ft_rmtree(c);
+        ft_rmtree(d);
+    }
+}
+
 int main(void)
 {
     fast_sys_install();
@@ -2118,6 +2178,7 @@ int main(void)
         cmocka_unit_test(test_another_tag_is_refused_and_reset_only_when_asked),
         cmocka_unit_test(test_full_batch_slab_reuses_forgotten_extents_without_a_sync),
         cmocka_unit_test(test_journal_byte_flip_campaign_never_returns_older_values),
+        cmocka_unit_test(test_journal_damage_drops_the_key_one_byte_names_else_all_before),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,8 +18,9 @@
  * with the creation id. Reopening replays the journal and rebuilds the
  * index and the allocator from it. A bad record at the end (a torn tail
  * after a crash) is cut off; one that a later commit proves durable
- * (damage) makes every chunk recorded before it a miss, never an older
- * value. Each directory has one owner (a lock, FERRY_EBUSY for a second
+ * (damage) makes the chunks it may have superseded misses (its own key
+ * when one changed byte explains it, else every chunk recorded before it),
+ * never older values. Each directory has one owner (a lock, FERRY_EBUSY for a second
  * opener); an application tag recorded at creation (what the chunks mean)
  * refuses an opener with another one (FERRY_EMISMATCH) unless it asks for
  * a reset. Files are created 0600 (directories 0700) unless a mode is given.
@@ -176,8 +177,9 @@ typedef struct ferry_pslab_options {
  * checksum fails) with nothing after it that proves it was durable is a
  * torn tail: it and what follows are dropped (and cut off the journal
  * unless READONLY). A bad record that a later commit proves durable is
- * damage: every chunk whose latest record may be it (every chunk recorded
- * before it that no good record after it rewrites) is dropped, so a get
+ * damage: every chunk whose latest record may be it is dropped (its key
+ * when exactly one changed byte explains the bad bytes; else every chunk
+ * recorded before it that no good record after it rewrites), so a get
  * misses instead of returning an older value; the journal is then
  * rewritten (unless READONLY). Records naming extents outside the slab or
  * overlapping a newer one are dropped; ferry_pslab_stats() counts all of

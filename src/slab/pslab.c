@@ -28,6 +28,8 @@
  *    open syncs what a killed predecessor left). So replay can tell a bad
  *    record that was durable (damage: a barrier follows it) from a torn
  *    tail, and drop every chunk the damaged record may have superseded.
+ *    A compacted journal's last record is a barrier too: the file becomes
+ *    the journal only whole and synced.
  *  - A close leaves a history-free journal (compacted when any record is
  *    not a live chunk's put): a damaged record then costs only chunks,
  *    never brings an older value back.
@@ -750,7 +752,7 @@ static int compact_locked(ferry_pslab *p)
     jh.g = p->g;
     jh.generation = p->generation + 1;
     ferry__pslab_jhdr_encode(&jh, buf);
-    size_t pos = FERRY__PSLAB_JHDR_BYTES;
+    size_t pos = FERRY__PSLAB_JHDR_BYTES, last = 0;
     uint64_t n = 0;
     for (size_t i = 0; i < p->idx.nb; i++)
         for (ferry__pslab_ent *e = p->idx.b[i]; e; e = e->hnext) {
@@ -759,6 +761,7 @@ static int compact_locked(ferry_pslab *p)
             ferry__pslab_rec r = {FERRY__PSLAB_PUT, 0, e->klen, e->key, e->seq, e->offset,
                                   e->length, e->sum};
             ferry__pslab_rec_encode(&r, p->g.creation_id, buf + pos);
+            last = pos;
             pos += ferry__pslab_rec_size(e->klen);
             n++;
         }
@@ -769,9 +772,15 @@ static int compact_locked(ferry_pslab *p)
         ferry__pslab_rec r = {FERRY__PSLAB_PUT, 0, e->klen, e->key, e->seq, e->offset, e->length,
                               e->sum};
         ferry__pslab_rec_encode(&r, p->g.creation_id, buf + pos);
+        last = pos;
         pos += ferry__pslab_rec_size(e->klen);
         n++;
     }
+    /* the new file becomes the journal only once it is whole and synced, so
+     * none of it can be a torn tail: its last record is a barrier, and a
+     * byte damaged before it later costs one key, not the records after it */
+    if (n)
+        ferry__pslab_rec_set_barrier(buf + last, p->g.creation_id);
     pthread_mutex_unlock(&p->mu);
     pthread_mutex_unlock(&p->cmu);
 
@@ -1136,11 +1145,12 @@ static int recover(ferry_pslab *p, const ferry_pslab_options *o)
         return fail(p, rc, "pslab: journal %s: %s", p->jpath, why);
     if (L.damaged)
         FERRY_LOGW("pslab: journal %s: %llu bad record(s) from offset %llu (%llu bytes) that "
-                   "later commits prove durable: damage, not a torn tail; %llu chunk(s) "
-                   "recorded before them dropped (any may have been rewritten or deleted by "
-                   "them)%s", p->jpath, (unsigned long long)L.damaged,
+                   "later commits prove durable: damage, not a torn tail (%llu identified as "
+                   "one record with one byte changed: only its key dropped; any other drops "
+                   "every chunk recorded before it); %llu chunk(s) dropped%s",
+                   p->jpath, (unsigned long long)L.damaged,
                    (unsigned long long)L.bad_off, (unsigned long long)L.damaged_bytes,
-                   (unsigned long long)L.damaged_chunks,
+                   (unsigned long long)L.damaged_known, (unsigned long long)L.damaged_chunks,
                    (p->flags & FERRY_PSLAB_READONLY) ? " (read-only: file left as is)"
                                                      : "; the journal is rewritten");
     if (L.torn) {

@@ -11,10 +11,13 @@
  * a torn tail - it and what follows belong to a batch that was never
  * acknowledged: replay ends there - unless a barrier record follows it: the
  * writer sets that flag only when every byte before it was fdatasync'ed,
- * so the bad record was durable and was damaged afterwards. Its key and
- * type are unknowable, so every entry indexed before it is dropped (any of
- * them may have been overwritten or deleted by it: an older value must
- * never answer), and replay resynchronises on the next good record.
+ * so the bad record was durable and was damaged afterwards. When exactly
+ * one single-byte change makes the bad bytes a good record, that record
+ * names the only key it may have superseded, and that key is dropped;
+ * otherwise its key and type are unknowable, so every entry indexed before
+ * it is dropped (any of them may have been overwritten or deleted by it:
+ * an older value must never answer). Replay resynchronises on the next
+ * good record.
  *
  * The allocator is rebuilt through ferry_slab's public calls only: first
  * fit on an empty slab hands out extents in address order, so allocating
@@ -388,6 +391,49 @@ static int geom_equal(const ferry__pslab_geom *a, const ferry__pslab_geom *b)
            a->creation_id == b->creation_id;
 }
 
+/*
+ * The bad bytes buf[0..n) between two good records: when they are one
+ * record with one byte changed (the common damage: a flipped bit or byte),
+ * exactly one single-byte change makes them a good record again, and that
+ * record says which key the damage may have superseded. 1 and *r (key in
+ * scratch) when exactly one change fits, else 0 (several bytes damaged,
+ * several records, or an ambiguous fit). A wrong fit needs a forged
+ * 64-bit seeded checksum among at most 273,360 tries (about 2^-46), and
+ * even then costs a stale value only for the key it misses.
+ */
+static int one_byte_fix(const uint8_t *buf, size_t n, uint64_t seed, uint8_t *scratch,
+                        ferry__pslab_rec *r)
+{
+    if (n < FERRY__PSLAB_REC_FIXED || n > FERRY__PSLAB_REC_FIXED + FERRY_PSLAB_KEY_MAX)
+        return 0;
+    memcpy(scratch, buf, n);
+    int found = 0;
+    size_t fi = 0;
+    uint8_t fv = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t orig = scratch[i];
+        for (unsigned v = 0; v < 256; v++) {
+            if (v == orig)
+                continue;
+            scratch[i] = (uint8_t)v;
+            ferry__pslab_rec t;
+            size_t used = 0;
+            if (ferry__pslab_rec_decode(scratch, n, seed, &t, &used) == 0 && used == n) {
+                if (++found > 1)
+                    return 0;
+                fi = i;
+                fv = (uint8_t)v;
+            }
+        }
+        scratch[i] = orig;
+    }
+    if (found != 1)
+        return 0;
+    scratch[fi] = fv;
+    size_t used = 0;
+    return ferry__pslab_rec_decode(scratch, n, seed, r, &used) == 0;
+}
+
 /* rebuild an allocator holding exactly the (sorted, disjoint) extents v[0..n) */
 static int rebuild_alloc(const ferry__pslab_geom *g, ferry__pslab_ent **v, size_t n,
                          ferry_slab **out, char *why, size_t why_len)
@@ -501,6 +547,24 @@ int ferry__pslab_index_load(const uint8_t *buf, size_t len, const ferry__pslab_g
                 q++;
             L.damaged++;
             L.damaged_bytes += q - pos;
+            uint8_t scratch[FERRY__PSLAB_REC_FIXED + FERRY_PSLAB_KEY_MAX];
+            ferry__pslab_rec fx;
+            if (one_byte_fix(buf + pos, q - pos, g->creation_id, scratch, &fx)) {
+                /* the damaged record is known: only its key can have been
+                 * superseded by it, and that key becomes a miss */
+                L.damaged_known++;
+                ferry__pslab_ent *k = ferry__pslab_index_find(
+                    &x, fx.key, fx.klen, ferry__pslab_key_hash(fx.key, fx.klen));
+                if (k) {
+                    ferry__pslab_index_unlink(&x, k);
+                    ferry__free(k);
+                    L.damaged_chunks++;
+                }
+                if (fx.seq >= L.next_seq)
+                    L.next_seq = fx.seq + 1;
+                pos = q;
+                continue;
+            }
             L.damaged_chunks += x.count;
             for (size_t i = 0; i < x.nb; i++) {
                 ferry__pslab_ent *e = x.b[i];

@@ -161,6 +161,8 @@ typedef struct ferry__pslab_load {
     uint64_t damaged;         /* bad regions proven durable (a barrier after them) */
     uint64_t damaged_bytes;   /* their bytes */
     uint64_t damaged_chunks;  /* chunks dropped because such a region may hold their latest */
+    uint64_t damaged_known;   /* regions found to be one record with one byte changed: only
+                               * that record's key dropped */
 } ferry__pslab_load;
 
 /*
@@ -169,8 +171,10 @@ typedef struct ferry__pslab_load {
  * apply the good records in order to an empty index. A bad record followed
  * (after resynchronising on the next good record) by a good barrier record
  * was durable: it is damage, and every entry indexed so far is dropped (any
- * of them may have been rewritten or deleted by it), then the replay goes
- * on after it. The first bad record with no barrier after it ends the
+ * of them may have been rewritten or deleted by it) - only the key of the
+ * record when the bad bytes are one record with exactly one byte changed
+ * (found by trying every single-byte change) - then the replay goes on
+ * after it. The first bad record with no barrier after it ends the
  * replay (a torn tail: good_end). Records whose extent leaves [0,
  * capacity) or is misaligned are dropped,
  * then drop the older of any two overlapping extents and rebuild an
