@@ -407,10 +407,15 @@ static int one_byte_fix(const uint8_t *buf, size_t n, uint64_t seed, uint8_t *sc
     if (n < FERRY__PSLAB_REC_FIXED || n > FERRY__PSLAB_REC_FIXED + FERRY_PSLAB_KEY_MAX)
         return 0;
     memcpy(scratch, buf, n);
+    /* a record of n bytes has a key of n - 48: if the key length field says
+     * otherwise the change is in that field, else it is anywhere else */
+    int klen_bad = ferry__get32(buf + 4) != (uint32_t)(n - FERRY__PSLAB_REC_FIXED);
     int found = 0;
     size_t fi = 0;
     uint8_t fv = 0;
     for (size_t i = 0; i < n; i++) {
+        if (klen_bad != (i >= 4 && i < 8))
+            continue;
         uint8_t orig = scratch[i];
         for (unsigned v = 0; v < 256; v++) {
             if (v == orig)
@@ -528,6 +533,10 @@ int ferry__pslab_index_load(const uint8_t *buf, size_t len, const ferry__pslab_g
     size_t pos = FERRY__PSLAB_JHDR_BYTES;
     L.next_seq = 1;
     int bad_seen = 0;
+    /* each try costs up to 273,360 checksums of up to 1 KiB (tens of ms):
+     * a journal damaged in many places drops everything before instead of
+     * making the open slow */
+    unsigned fix_tries = 16;
     while (pos < len) {
         ferry__pslab_rec r;
         size_t used = 0;
@@ -549,7 +558,12 @@ int ferry__pslab_index_load(const uint8_t *buf, size_t len, const ferry__pslab_g
             L.damaged_bytes += q - pos;
             uint8_t scratch[FERRY__PSLAB_REC_FIXED + FERRY_PSLAB_KEY_MAX];
             ferry__pslab_rec fx;
-            if (one_byte_fix(buf + pos, q - pos, g->creation_id, scratch, &fx)) {
+            int fixed = 0;
+            if (fix_tries) {
+                fix_tries--;
+                fixed = one_byte_fix(buf + pos, q - pos, g->creation_id, scratch, &fx);
+            }
+            if (fixed) {
                 /* the damaged record is known: only its key can have been
                  * superseded by it, and that key becomes a miss */
                 L.damaged_known++;
