@@ -173,6 +173,9 @@ static void test_slab_in_use_is_named_and_left_alone(void **state)
     snprintf(args, sizeof args, "slab check %s --reset", d);
     assert_int_equal(run_ferry(args, out, sizeof out), 1);
     assert_non_null(strstr(out, pid));
+    snprintf(args, sizeof args, "slab reset %s", d);
+    assert_int_equal(run_ferry(args, out, sizeof out), 1);
+    assert_non_null(strstr(out, pid));
     snprintf(args, sizeof args, "slab check %s --json", d);
     assert_int_equal(run_ferry(args, out, sizeof out), 1);
     json_error_t je;
@@ -223,6 +226,18 @@ static void test_reset_empties_the_slab_keeping_its_tag(void **state)
     assert_int_equal(s.chunks, 0);
     assert_int_equal(s.capacity, 4 << 20);
     FT_ASSERT_OK(ferry_pslab_close(p));
+    /* `slab reset DIR` is the same */
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p));
+    FT_ASSERT_OK(ferry_pslab_put(p, "k", 1, "value", 5));
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    snprintf(args, sizeof args, "slab reset %s", d);
+    assert_int_equal(run_ferry(args, out, sizeof out), 0);
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p));
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+    assert_int_equal(s.chunks, 0);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    snprintf(args, sizeof args, "slab reset %s --bogus", d);
+    assert_int_equal(run_ferry(args, out, sizeof out), 2);
     o.tag = "another";
     o.tag_len = 7;
     assert_int_equal(ferry_pslab_open(&o, &p), FERRY_EMISMATCH);

@@ -34,6 +34,7 @@ int cmd_bench_remote(int argc, char **argv);
 int cmd_bench_io(int argc, char **argv);
 int cmd_bench_gds(int argc, char **argv);
 int cmd_slab_check(int argc, char **argv);
+int cmd_slab_reset(int argc, char **argv);
 int cmd_slab_bench(int argc, char **argv);
 int cmd_moe_gen(int argc, char **argv);
 int cmd_moe_replay(int argc, char **argv);

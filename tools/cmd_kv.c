@@ -1153,7 +1153,7 @@ static void pc_clean(const char *sub)
 {
     static const char *const names[] = {FERRY_GDS_SLAB_NAME, FERRY_PSLAB_FILE,
                                         FERRY_PSLAB_JOURNAL, FERRY_PSLAB_JOURNAL ".tmp",
-                                        PC_RAW_FILE};
+                                        PC_RAW_FILE, "ferry.lock"};
     char path[4200];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", sub, names[i]);

@@ -17,6 +17,9 @@
  *       is in use, 2 usage error or a slab that cannot be read at all (no
  *       store, a newer format, a foreign or corrupt header).
  *
+ *   ferry slab reset DIR [DIR...] [--json]
+ *       The same as slab check --reset.
+ *
  *   ferry slab bench [--dir DIR] [--chunks 100000] [--small 4K]
  *                    [--size 4M] [--count 64] [--batch 8] [--engine E] [--json]
  *       (1) creates a slab of `chunks` chunks of `small` bytes, closes it and
@@ -129,7 +132,7 @@ static int slab_reset(const char *const *dirs, unsigned nd, int json)
     if (rc == FERRY_EBUSY)
         return in_use(dirs, nd, json, "resetting it");
     if (rc < 0) {
-        fprintf(stderr, "ferry slab check: %s: reset failed: %s (%s)\n", dirs[0],
+        fprintf(stderr, "ferry slab reset: %s: %s (%s)\n", dirs[0],
                 ferry_last_error(), ferry_err_name(rc));
         return rc == -EINVAL ? 2 : 1;
     }
@@ -137,7 +140,7 @@ static int slab_reset(const char *const *dirs, unsigned nd, int json)
     ferry_pslab_stats_get(p, &s);
     rc = ferry_pslab_close(p);
     if (rc < 0) {
-        fprintf(stderr, "ferry slab check: %s: closing after the reset: %s\n", dirs[0],
+        fprintf(stderr, "ferry slab reset: %s: closing after the reset: %s\n", dirs[0],
                 ferry_last_error());
         return 1;
     }
@@ -684,6 +687,34 @@ static int slab_bench(int argc, char **argv)
 int cmd_slab_check(int argc, char **argv)
 {
     return slab_check(argc, argv);
+}
+
+/* ferry slab reset DIR [DIR...] [--json]: slab check --reset by its own name */
+int cmd_slab_reset(int argc, char **argv)
+{
+    int json = 0;
+    const char *dirs[FERRY_PSLAB_MAX_DIRS];
+    unsigned nd = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json"))
+            json = 1;
+        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: ferry slab reset DIR [DIR...] [--json]\n"
+                   "  drop every chunk of a persistent slab: an empty slab of the same size,\n"
+                   "  geometry and tag (what a store refused for another layout needs to be\n"
+                   "  reused); refused while a store has it open\n"
+                   "exit status: 0 reset, 1 failed or in use, 2 usage or unreadable slab\n");
+            return 0;
+        } else if (argv[i][0] == '-')
+            return cli_usage("slab reset", "unknown option '%s'", argv[i]);
+        else if (nd < FERRY_PSLAB_MAX_DIRS)
+            dirs[nd++] = argv[i];
+        else
+            return cli_usage("slab reset", "at most %u directories", FERRY_PSLAB_MAX_DIRS);
+    }
+    if (!nd)
+        return cli_usage("slab reset", "which directory? (ferry slab reset DIR)");
+    return slab_reset(dirs, nd, json);
 }
 
 int cmd_slab_bench(int argc, char **argv)

@@ -14,6 +14,7 @@ static const cli_command commands[] = {
     {"bench remote", cmd_bench_remote, "remote tier (Redis/Valkey) retrieve throughput vs redis-benchmark GET"},
     {"bench gds", cmd_bench_gds, "store/load KV chunks through the GDS slab tier vs bench io; allocator ops/s"},
     {"slab check", cmd_slab_check, "verify a persistent slab (headers, journal, every checksum); --repair"},
+    {"slab reset", cmd_slab_reset, "empty a persistent slab a store refused for another layout"},
     {"slab bench", cmd_slab_bench, "persistent slab: reopen time of 100,000 chunks, store GB/s vs the GDS slab"},
     {"moe gen", cmd_moe_gen, "write a synthetic MoE routing trace calibrated to real models"},
     {"moe replay", cmd_moe_replay, "replay a routing trace through an expert cache policy vs Belady"},

@@ -318,8 +318,10 @@ typedef struct ferry_kv ferry_kv;
  * below one chunk, watermark or evict_fraction outside [0, 1] or NaN, a
  * fraction above the watermark, tp_rank not below tp_world, an unknown
  * policy, more than FERRY_KV_WORKERS_MAX workers, an empty l2_dir),
- * FERRY_EBUSY (l2_dir is another open store's), -ENOMEM, and the slab's
- * errors. *out owned by
+ * FERRY_EBUSY (l2_dir is another open store's), FERRY_EMISMATCH (a
+ * persistent L2 made for another layout, chunk size, hash seed, model or
+ * TP rank/world; nothing is changed, see l2_reset), -ENOMEM, and the
+ * slab's errors. *out owned by
  * the caller: ferry_kv_close().
  */
 FERRY_API int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out);
