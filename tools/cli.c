@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "dirlock.h"
 
 int cli_usage(const char *cmd, const char *fmt, ...)
 {
@@ -291,26 +292,6 @@ int cli_opt_string(const char *cmd, const char *flag, const char *val, const cha
     return 0;
 }
 
-/* mkdir -p, each new directory 0700 */
-static int mkdirs(const char *dir)
-{
-    char p[4096];
-    size_t n = strlen(dir);
-    if (n == 0 || n >= sizeof p)
-        return -ENAMETOOLONG;
-    memcpy(p, dir, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (p[i] != '/' && p[i] != 0)
-            continue;
-        char c = p[i];
-        p[i] = 0;
-        if (mkdir(p, 0700) != 0 && errno != EEXIST)
-            return -errno;
-        p[i] = c;
-    }
-    return 0;
-}
-
 int cli_opt_dir(const char *cmd, const char *flag, const char *dir, int create)
 {
     struct stat st;
@@ -324,9 +305,10 @@ int cli_opt_dir(const char *cmd, const char *flag, const char *dir, int create)
     if (!create)
         return cli_bad(cmd, flag, dir, "an existing directory, or add --create",
                        "no such directory");
-    int rc = mkdirs(dir);
+    int rc = ferry__mkdir_p(dir, 0, 1, NULL); /* each new directory 0700 */
     if (rc < 0) {
-        fprintf(stderr, "ferry %s: %s %s: cannot create it: %s\n", cmd, flag, dir, strerror(-rc));
+        fprintf(stderr, "ferry %s: %s %s: cannot create it: %s\n", cmd, flag, dir,
+                ferry_last_error());
         return 1;
     }
     return 0;

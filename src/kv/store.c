@@ -1127,16 +1127,50 @@ static void rt_release(rtv *r, size_t i)
     pthread_mutex_unlock(&kv->mu);
 }
 
+/* one of this retrieve's copy jobs finished on a worker */
+static void rt_job_done(rtv *r)
+{
+    pthread_mutex_lock(&r->cmu);
+    r->wpending--;
+    pthread_cond_broadcast(&r->ccv);
+    pthread_mutex_unlock(&r->cmu);
+}
+
 /* a worker's copy job: the copy, then the chunk's read lock */
 static void rt_copy_job(void *ctx, size_t i)
 {
     rtv *r = ctx;
     rt_copy_chunk(r, i, r->csrc[i]);
     rt_release(r, i);
+    rt_job_done(r);
+}
+
+/*
+ * Host buffer: the I/O workers take a retrieve's copies while they are
+ * free for them (nothing queued, fewer of ours pending than workers), so
+ * the retrieving thread goes straight back to the reads. 1: chunk i's copy
+ * was queued as job(r, i); 0: no worker is free, the caller copies.
+ */
+static int rt_hand_off(rtv *r, size_t i, void (*job)(void *ctx, size_t i))
+{
+    if (!r->wcopy)
+        return 0;
     pthread_mutex_lock(&r->cmu);
-    r->wpending--;
-    pthread_cond_broadcast(&r->ccv);
+    unsigned mine = r->wpending;
     pthread_mutex_unlock(&r->cmu);
+    ferry__kv_job *j =
+        ferry__kv_io_worker_free(r->kv, mine) ? ferry__calloc(1, sizeof *j) : NULL;
+    if (!j)
+        return 0;
+    j->kind = FERRY__KV_JOB_COPY;
+    j->copy = job;
+    j->ctx = r;
+    j->idx = i;
+    pthread_mutex_lock(&r->cmu);
+    r->wpending++;
+    pthread_mutex_unlock(&r->cmu);
+    ferry__kv_enqueue(r->kv, j);
+    return 1;
 }
 
 /* chunk i, read-locked and resident in L1, into the engine's buffer.
@@ -1150,31 +1184,13 @@ static void rt_copy_out(rtv *r, size_t i, ferry__kv_entry *e)
     pthread_mutex_unlock(&kv->mu);
     r->held[i] = e;
     if (!r->s) {
-        /* host buffer: the I/O workers take the copies while they are
-         * free for them (nothing queued, fewer of ours pending than
-         * workers), so this thread goes straight back to the reads; else
-         * this thread copies. Each copy drops its chunk's read lock when
-         * done, so a retrieve holds no more slots than copies running. */
-        ferry__kv_job *j = NULL;
-        if (r->wcopy) {
-            pthread_mutex_lock(&r->cmu);
-            unsigned mine = r->wpending;
-            pthread_mutex_unlock(&r->cmu);
-            if (ferry__kv_io_worker_free(kv, mine))
-                j = ferry__calloc(1, sizeof *j);
-        }
-        if (j) {
+        /* host buffer: a free worker copies, else this thread. Each copy
+         * drops its chunk's read lock when done, so a retrieve holds no
+         * more slots than copies running. */
+        if (r->csrc)
             r->csrc[i] = src;
-            j->kind = FERRY__KV_JOB_COPY;
-            j->copy = rt_copy_job;
-            j->ctx = r;
-            j->idx = i;
-            pthread_mutex_lock(&r->cmu);
-            r->wpending++;
-            pthread_mutex_unlock(&r->cmu);
-            ferry__kv_enqueue(kv, j);
+        if (rt_hand_off(r, i, rt_copy_job))
             return;
-        }
         rt_copy_chunk(r, i, src);
         rt_release(r, i);
         return;
@@ -1248,39 +1264,17 @@ static void rt_verify_job(void *ctx, size_t i)
 {
     rtv *r = ctx;
     rt_verify_copy(r, i);
-    pthread_mutex_lock(&r->cmu);
-    r->wpending--;
-    pthread_cond_broadcast(&r->ccv);
-    pthread_mutex_unlock(&r->cmu);
+    rt_job_done(r);
 }
 
 /* hand rt_verify_copy of chunk i (entry e, read-locked) to a free worker,
  * else run it here. Called with kv->mu held; returns with it released. */
 static void rt_verify_out(rtv *r, size_t i, ferry__kv_entry *e)
 {
-    ferry_kv *kv = r->kv;
-    pthread_mutex_unlock(&kv->mu);
+    pthread_mutex_unlock(&r->kv->mu);
     r->held[i] = e;
-    ferry__kv_job *j = NULL;
-    if (r->wcopy) {
-        pthread_mutex_lock(&r->cmu);
-        unsigned mine = r->wpending;
-        pthread_mutex_unlock(&r->cmu);
-        if (ferry__kv_io_worker_free(kv, mine))
-            j = ferry__calloc(1, sizeof *j);
-    }
-    if (!j) {
+    if (!rt_hand_off(r, i, rt_verify_job))
         rt_verify_copy(r, i);
-        return;
-    }
-    j->kind = FERRY__KV_JOB_COPY;
-    j->copy = rt_verify_job;
-    j->ctx = r;
-    j->idx = i;
-    pthread_mutex_lock(&r->cmu);
-    r->wpending++;
-    pthread_mutex_unlock(&r->cmu);
-    ferry__kv_enqueue(kv, j);
 }
 
 static void rt_read_done(rtv *r, size_t i, int rc);
