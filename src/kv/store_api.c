@@ -1,0 +1,333 @@
+/*
+ * store_api.c - the public operations: blocking and asynchronous store and
+ * retrieve, prefetch, pin, unpin, delete, clear.
+ *
+ * Each validates its request whole before anything moves, then hands the
+ * chunk ids to the paths in store_write.c, store_retrieve.c and
+ * store_promote.c.
+ */
+#include <errno.h>
+#include <stddef.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ferry/pslab.h"
+#include "dirlock.h"
+#include "kv_impl.h"
+#include "store_int.h"
+#include "tier_pslab.h"
+
+/* ---- the public blocking forms ---- */
+
+static int prepare(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
+                   const ferry_kv_buffer *buf, const char *what, ferry_kv_hash *stack,
+                   ferry_kv_hash **ids)
+{
+    int nch = ferry__kv_make_ids(kv, tokens, n, req, what, stack, ids);
+    if (nch < 0)
+        return nch;
+    int rc = ferry__kv_buffer_check(buf, &kv->layout, kv->dev, n, what, NULL);
+    if (rc < 0) {
+        ferry__kv_err_pass(kv, rc);
+        if (*ids != stack)
+            ferry__free(*ids);
+        return rc;
+    }
+    return nch;
+}
+
+int ferry_kv_store(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
+                   const ferry_kv_buffer *src)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv store: store is NULL");
+    ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
+    int nch = prepare(kv, tokens, n, req, src, "store", stack, &ids);
+    if (nch < 0)
+        return nch;
+    int rc = nch ? ferry__kv_do_store(kv, ids, (size_t)nch, n, req, src) : 0;
+    if (ids != stack)
+        ferry__free(ids);
+    return rc;
+}
+
+int ferry_kv_retrieve(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
+                      const ferry_kv_buffer *dst)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv retrieve: store is NULL");
+    ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
+    int nch = prepare(kv, tokens, n, req, dst, "retrieve", stack, &ids);
+    if (nch < 0)
+        return nch;
+    int rc = nch ? ferry__kv_do_retrieve(kv, ids, (size_t)nch, n, req, dst) : 0;
+    if (ids != stack)
+        ferry__free(ids);
+    return rc;
+}
+
+static int op_submit(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
+                     const ferry_kv_req *req, const ferry_kv_buffer *buf, ferry_kv_op **out)
+{
+    const char *what = kind == FERRY__KV_OP_STORE ? "store_async" : "retrieve_async";
+    if (!kv || !out)
+        return kv ? ferry__kv_err(kv, -EINVAL, "kv %s: store or op is NULL", what)
+                  : ferry__err_set(NULL, -EINVAL, "kv %s: store or op is NULL", what);
+    ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
+    int nch = prepare(kv, tokens, n, req, buf, what, stack, &ids);
+    if (nch < 0)
+        return nch;
+    ferry_kv_op *op = ferry__calloc(1, sizeof *op);
+    ferry__kv_job *j = ferry__calloc(1, sizeof *j);
+    ferry_kv_hash *copy = nch ? ferry__malloc((size_t)nch * sizeof *copy) : NULL;
+    if (!op || !j || (nch && !copy)) {
+        ferry__free(op);
+        ferry__free(j);
+        ferry__free(copy);
+        if (ids != stack)
+            ferry__free(ids);
+        return ferry__kv_err(kv, -ENOMEM, "kv %s: out of memory for the operation",
+                              what);
+    }
+    memcpy(copy, ids, (size_t)nch * sizeof *copy);
+    if (ids != stack)
+        ferry__free(ids);
+    op->kv = kv;
+    op->kind = kind;
+    op->ids = copy;
+    op->nchunks = (size_t)nch;
+    op->n = n;
+    if (req)
+        op->req = *req;
+    else
+        op->req.size = sizeof op->req;
+    op->req.salt = NULL; /* already folded into the ids */
+    op->req.salt_len = 0;
+    op->buf = *buf;
+    pthread_mutex_init(&op->mu, NULL);
+    pthread_cond_init(&op->cv, NULL);
+    j->kind = FERRY__KV_JOB_OP;
+    j->op = op;
+    ferry__kv_enqueue(kv, j);
+    *out = op;
+    return 0;
+}
+
+int ferry_kv_store_async(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
+                         const ferry_kv_buffer *src, ferry_kv_op **op)
+{
+    return op_submit(kv, FERRY__KV_OP_STORE, tokens, n, req, src, op);
+}
+
+int ferry_kv_retrieve_async(ferry_kv *kv, const int32_t *tokens, size_t n,
+                            const ferry_kv_req *req, const ferry_kv_buffer *dst, ferry_kv_op **op)
+{
+    return op_submit(kv, FERRY__KV_OP_RETRIEVE, tokens, n, req, dst, op);
+}
+
+/* ---- prefetch, pin, delete, clear ---- */
+
+/*
+ * Queue L2 -> L1 reads for the chunks ids[0..nch) that are only in L2, up
+ * to prefetch_max bytes in flight, in order. Leading mode (the public
+ * prefetch) stops at the first chunk that is not cached or does not fit;
+ * otherwise (a retrieve's read-ahead) it skips those. queued[i] (when
+ * non-NULL) gets the source tier of each chunk queued. Returns the leading tokens that
+ * are in L1 or on their way.
+ */
+size_t ferry__kv_prefetch_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
+                           int leading, uint8_t *queued)
+{
+    size_t lead = 0;
+    int in_lead = 1;
+    ferry__kv_job *head = NULL, **tail = &head;
+    pthread_mutex_lock(&kv->mu);
+    uint64_t now = ferry__kv_now_ns(kv);
+    for (size_t i = 0; i < nch; i++) {
+        ferry__kv_entry *e = ferry__kv_find(kv, ids[i]);
+        int ok = e && e->state == FERRY__KV_READY && e->resident;
+        if (ok && ((e->resident & (1u << FERRY_KV_TIER_L1)) || e->l1_loading)) {
+            if (in_lead)
+                lead += ferry__kv_chunk_ntok(kv, i, n);
+            continue;
+        }
+        int src = ok ? ferry__kv_lower_tier(kv, e) : 0;
+        ok = ok && src;
+        if (ok && !leading && kv->tier[src]->aops)
+            continue; /* a retrieve reads these itself, asynchronously */
+        if (ok && kv->prefetch_inflight + kv->slot_bytes > kv->prefetch_max)
+            break;
+        ferry__kv_job *j = ok ? ferry__calloc(1, sizeof *j) : NULL;
+        uint64_t slot;
+        if (!j || ferry__kv_reserve(kv, FERRY_KV_TIER_L1, now, &slot, RESERVE_NOW) < 0) {
+            ferry__free(j);
+            if (leading)
+                break;
+            in_lead = 0;
+            continue;
+        }
+        e->l1_loading = 1;
+        ferry__kv_read_lock(kv, e, now);
+        e->refs++;
+        kv->prefetch_inflight += kv->slot_bytes;
+        j->kind = FERRY__KV_JOB_PREFETCH;
+        j->e = e;
+        j->l1_loc = slot;
+        j->src_tier = src;
+        *tail = j;
+        tail = &j->next;
+        if (queued)
+            queued[i] = (uint8_t)src;
+        if (in_lead)
+            lead += ferry__kv_chunk_ntok(kv, i, n);
+    }
+    pthread_mutex_unlock(&kv->mu);
+    for (ferry__kv_job *j = head, *next; j; j = next) {
+        next = j->next;
+        ferry__kv_enqueue(kv, j);
+    }
+    return lead;
+}
+
+int ferry_kv_prefetch(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv prefetch: store is NULL");
+    ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
+    int nch = ferry__kv_make_ids(kv, tokens, n, req, "prefetch", stack, &ids);
+    if (nch < 0)
+        return nch;
+    ferry__kv_remote_discover_missing(kv, ids, (size_t)nch, n);
+    size_t lead = ferry__kv_prefetch_ids(kv, ids, (size_t)nch, n, 1, NULL);
+    if (ids != stack)
+        ferry__free(ids);
+    return (int)lead;
+}
+
+static int pin_common(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
+                      int pin)
+{
+    const char *what = pin ? "pin" : "unpin";
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv %s: store is NULL", what);
+    ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
+    int nch = ferry__kv_make_ids(kv, tokens, n, req, what, stack, &ids);
+    if (nch < 0)
+        return nch;
+    size_t lead = 0;
+    pthread_mutex_lock(&kv->mu);
+    uint64_t now = ferry__kv_now_ns(kv);
+    for (size_t i = 0; i < (size_t)nch; i++) {
+        ferry__kv_entry *e = ferry__kv_find(kv, ids[i]);
+        if (!e || e->state != FERRY__KV_READY || (!pin && e->readers == 0))
+            break;
+        if (pin)
+            ferry__kv_read_lock(kv, e, now);
+        else
+            ferry__kv_read_unlock(e);
+        lead += ferry__kv_chunk_ntok(kv, i, n);
+    }
+    pthread_mutex_unlock(&kv->mu);
+    if (ids != stack)
+        ferry__free(ids);
+    return (int)lead;
+}
+
+int ferry_kv_pin(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+{
+    return pin_common(kv, tokens, n, req, 1);
+}
+
+int ferry_kv_unpin(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+{
+    return pin_common(kv, tokens, n, req, 0);
+}
+
+int ferry_kv_delete(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv delete: store is NULL");
+    ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
+    int nch = ferry__kv_make_ids(kv, tokens, n, req, "delete", stack, &ids);
+    if (nch < 0)
+        return nch;
+    int deleted = 0;
+    size_t locked_at = SIZE_MAX;
+    ferry__kv_tier *rt = kv->tier[FERRY_KV_TIER_REMOTE];
+    /* with a remote: the ids to delete there, those deleted here first
+     * (ngone), then those not indexed here (counted by the server) */
+    ferry_kv_hash *rids = rt ? ferry__malloc((size_t)nch * sizeof *rids) : NULL;
+    size_t ngone = 0, nabsent = 0;
+    pthread_mutex_lock(&kv->mu);
+    uint64_t now = ferry__kv_now_ns(kv);
+    for (size_t i = 0; i < (size_t)nch; i++) {
+        ferry__kv_entry *e = ferry__kv_find(kv, ids[i]);
+        if (!e) {
+            if (rids)
+                rids[(size_t)nch - 1 - nabsent++] = ids[i];
+            continue;
+        }
+        if (ferry__kv_locked(kv, e, now)) {
+            if (locked_at == SIZE_MAX)
+                locked_at = i;
+            continue;
+        }
+        ferry__kv_count_expired(kv, e);
+        ferry__kv_doom(kv, e);
+        deleted++;
+        if (rids)
+            rids[ngone++] = ids[i];
+    }
+    pthread_mutex_unlock(&kv->mu);
+    if (ids != stack)
+        ferry__free(ids);
+    if (rt && !rids) {
+        FERRY_LOGW("kv delete: out of memory for %d remote keys; the remote copies stay", nch);
+    } else if (rt) {
+        int r1 = ferry__kv_remote_delete(rt, rids, ngone);
+        int r2 = ferry__kv_remote_delete(rt, rids + (size_t)nch - nabsent, nabsent);
+        if (r2 > 0)
+            deleted += r2;
+        if (r1 < 0 || r2 < 0)
+            FERRY_LOGD("kv delete: the remote copies of some chunks stay: %s",
+                       ferry_last_error());
+        ferry__free(rids);
+    }
+    atomic_fetch_add(&kv->deleted, (uint64_t)deleted);
+    if (locked_at != SIZE_MAX)
+        return ferry__kv_err(kv, FERRY_ELOCKED,
+                              "kv delete: chunk %zu (and maybe others) is locked (pinned, read or "
+                              "being written); %d other chunks deleted",
+                              locked_at, deleted);
+    return deleted;
+}
+
+int ferry_kv_clear(ferry_kv *kv)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv clear: store is NULL");
+    int deleted = 0, left = 0;
+    pthread_mutex_lock(&kv->mu);
+    uint64_t now = ferry__kv_now_ns(kv);
+    for (uint64_t b = 0; b < kv->nbuckets; b++) {
+        for (ferry__kv_entry *e = kv->buckets[b], *next; e; e = next) {
+            next = e->hnext;
+            if (ferry__kv_locked(kv, e, now)) {
+                left++;
+                continue;
+            }
+            ferry__kv_count_expired(kv, e);
+            ferry__kv_doom(kv, e);
+            deleted++;
+        }
+    }
+    pthread_mutex_unlock(&kv->mu);
+    atomic_fetch_add(&kv->deleted, (uint64_t)deleted);
+    if (left)
+        return ferry__kv_err(kv, FERRY_ELOCKED,
+                              "kv clear: %d chunks are locked and stay; %d deleted", left,
+                              deleted);
+    return deleted;
+}

@@ -1,0 +1,300 @@
+/*
+ * store_open.c - opening and closing a store, and its plain accessors.
+ *
+ * Every option is range-checked before any arithmetic; tiers open bottom-up
+ * and a failure closes what was opened, so a failed open leaves nothing
+ * behind (no thread, no slab, no lock).
+ */
+#include <errno.h>
+#include <stddef.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ferry/pslab.h"
+#include "dirlock.h"
+#include "kv_impl.h"
+#include "store_int.h"
+#include "tier_pslab.h"
+
+/* ---- open / close ---- */
+
+/* a chunk the persistent L2 kept from the last run: READY, in L2 only */
+static int recover_one(const ferry_kv_hash *id, uint64_t loc, uint64_t len, void *ctx)
+{
+    ferry_kv *kv = ctx;
+    ferry__kv_tier *t = kv->tier[FERRY_KV_TIER_L2];
+    if (len != kv->slot_bytes || ferry__kv_find(kv, *id)) {
+        /* written by a store of another geometry: not ours, forget it */
+        t->ops->release(t, loc);
+        return 0;
+    }
+    ferry__kv_entry *e = ferry__calloc(1, sizeof *e);
+    if (!e)
+        return -ENOMEM;
+    e->id = *id;
+    e->state = FERRY__KV_READY;
+    e->tokens = kv->chunk_tokens;
+    for (int k = 0; k < FERRY_KV_TIERS; k++)
+        e->loc[k] = UINT64_MAX;
+    e->loc[FERRY_KV_TIER_L2] = loc;
+    e->resident = 1u << FERRY_KV_TIER_L2;
+    ferry__kv_index_insert(kv, e);
+    t->policy->ops->insert(t->policy, e);
+    t->used++;
+    return 0;
+}
+
+static void kv_free(ferry_kv *kv)
+{
+    for (uint64_t b = 0; kv->buckets && b < kv->nbuckets; b++) {
+        for (ferry__kv_entry *e = kv->buckets[b], *next; e; e = next) {
+            next = e->hnext;
+            ferry__free(e);
+        }
+    }
+    for (ferry__kv_entry *e = kv->doomed, *next; e; e = next) {
+        next = e->dnext;
+        ferry__free(e);
+    }
+    ferry__free(kv->buckets);
+    for (unsigned i = 0; i < kv->nstreams; i++)
+        ferry_stream_destroy(kv->streams[i]);
+    ferry__free(kv->streams);
+    /* the L1 pool is registered with L2's drive queues: undo that first */
+    if (kv->l2_registered)
+        ferry__kv_tier_l2_unregister(kv->tier[FERRY_KV_TIER_L2]);
+    for (int t = 1; t < FERRY_KV_TIERS; t++)
+        ferry__kv_tier_free(kv->tier[t]);
+    pthread_mutex_destroy(&kv->mu);
+    pthread_mutex_destroy(&kv->err_mu);
+    pthread_cond_destroy(&kv->loaded);
+    pthread_mutex_destroy(&kv->qmu);
+    pthread_cond_destroy(&kv->q[0].cv);
+    pthread_cond_destroy(&kv->q[1].cv);
+    pthread_cond_destroy(&kv->idle);
+    ferry__free(kv->model);
+    ferry__free(kv);
+}
+
+/* the remote tier: the caller's options with the store's layout
+ * fingerprint and key prefix */
+static int open_remote(ferry_kv *kv, const ferry_kv_config *cfg, const char *url)
+{
+    ferry_remote_options ro = FERRY_REMOTE_OPTIONS_INIT;
+    const ferry_remote_options *uo = cfg->remote_options;
+    if (uo) {
+        if (uo->size < offsetof(ferry_remote_options, flags) + sizeof(uint32_t) ||
+            uo->size > sizeof ro)
+            return ferry__err_set(&kv->err, -EINVAL,
+                                  "kv open: remote_options size field %zu is not %zu", uo->size,
+                                  sizeof ro);
+        memcpy(&ro, uo, uo->size);
+    }
+    ro.size = sizeof ro;
+    if (!ro.key_prefix)
+        ro.key_prefix = "ferry:kv:";
+    /* an engine thread asking a hung server waits at most these, once per
+     * backoff period: the connect, and a whole call's deadline (the
+     * command timeout plus an allowance per byte moved; ferry/remote.h) */
+    if (!ro.connect_timeout_ms)
+        ro.connect_timeout_ms = 200;
+    if (!ro.command_timeout_ms)
+        ro.command_timeout_ms = 300;
+    /* everything that makes the bytes of a chunk mean something: a value
+     * written under another fingerprint is refused as a miss */
+    char fp[FERRY_REMOTE_LAYOUT_MAX];
+    int fl = snprintf(fp, sizeof fp,
+                      "ferry-kv/1;layers=%u;kv=%u;heads=%u;head_dim=%u;dtype=%s;chunk_tokens=%u;"
+                      "seed=%016llx;tp=%u/%u;model=%s",
+                      kv->layout.num_layers, kv->layout.kv, kv->layout.num_heads,
+                      kv->layout.head_dim, ferry_dtype_name(kv->layout.dtype), kv->chunk_tokens,
+                      (unsigned long long)kv->seed, kv->tp_rank, kv->tp_world, kv->model);
+    ro.layout = fp;
+    ro.layout_len = fl < 0 ? 0 : FERRY__MIN((size_t)fl, sizeof fp - 1);
+    uint64_t cap = cfg->remote_index_chunks ? cfg->remote_index_chunks : 65536;
+    return ferry__kv_tier_remote_open(url, &ro, kv->chunk_bytes, kv->slot_bytes, cap, &kv->err,
+                                      &kv->tier[FERRY_KV_TIER_REMOTE]);
+}
+
+int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out)
+{
+    if (!cfg || !out || cfg->size < sizeof(ferry_kv_config) || !cfg->model)
+        return ferry__err_set(NULL, -EINVAL,
+                              "kv open: config or out is NULL, config size is wrong, or no model");
+    uint32_t ct = cfg->chunk_tokens ? cfg->chunk_tokens : FERRY_KV_CHUNK_TOKENS_DEFAULT;
+    uint64_t chunk_bytes;
+    int rc = ferry_kv_layout_chunk_bytes(&cfg->layout, ct, &chunk_bytes);
+    if (rc < 0)
+        return rc;
+    /* every option in range before any arithmetic on it */
+    if (!(cfg->watermark >= 0 && cfg->watermark <= 1) ||
+        !(cfg->evict_fraction >= 0 && cfg->evict_fraction <= 1))
+        return ferry__err_set(NULL, -EINVAL,
+                              "kv open: watermark %g / evict_fraction %g: each must be in "
+                              "[0, 1] (0: the default)",
+                              cfg->watermark, cfg->evict_fraction);
+    uint32_t world = cfg->tp_world ? cfg->tp_world : 1;
+    if (cfg->tp_rank >= world)
+        return ferry__err_set(NULL, -EINVAL,
+                              "kv open: tp_rank %u is not below tp_world %u (0 means 1)",
+                              cfg->tp_rank, world);
+    if ((cfg->l1_policy != FERRY_KV_EVICT_LRU && cfg->l1_policy != FERRY_KV_EVICT_S3FIFO) ||
+        (cfg->l2_policy != FERRY_KV_EVICT_LRU && cfg->l2_policy != FERRY_KV_EVICT_S3FIFO))
+        return ferry__err_set(NULL, -EINVAL,
+                              "kv open: l1_policy %d / l2_policy %d: each must be "
+                              "FERRY_KV_EVICT_LRU (0) or FERRY_KV_EVICT_S3FIFO (1)",
+                              cfg->l1_policy, cfg->l2_policy);
+    if (cfg->workers > FERRY_KV_WORKERS_MAX)
+        return ferry__err_set(NULL, -EINVAL, "kv open: workers %u: accepted 0..%u (0 means 2)",
+                              cfg->workers, FERRY_KV_WORKERS_MAX);
+    if (cfg->l2_dir && !*cfg->l2_dir)
+        return ferry__err_set(NULL, -EINVAL, "kv open: l2_dir is empty (NULL means no L2)");
+    if (ferry__mode_check(cfg->l2_mode, "kv open: l2_mode", NULL) < 0)
+        return -EINVAL;
+    if (cfg->l2_reset != 0 && cfg->l2_reset != 1)
+        return ferry__err_set(NULL, -EINVAL, "kv open: l2_reset %d: accepted 0 or 1",
+                              cfg->l2_reset);
+    double wm = cfg->watermark > 0 ? cfg->watermark : 0.8;
+    double frac = cfg->evict_fraction > 0 ? cfg->evict_fraction : 0.2;
+    if (wm > 1.0 || frac > wm)
+        return ferry__err_set(NULL, -EINVAL,
+                              "kv open: watermark %.3f / evict fraction %.3f out of range "
+                              "(0 < fraction <= watermark <= 1)",
+                              wm, frac);
+    uint64_t slot = FERRY__ALIGN_UP(chunk_bytes, (uint64_t)4096);
+    if (cfg->l1_bytes < slot)
+        return ferry__err_set(NULL, -EINVAL,
+                              "kv open: l1_bytes %llu is below one chunk of %llu bytes "
+                              "(%u tokens)",
+                              (unsigned long long)cfg->l1_bytes, (unsigned long long)slot, ct);
+    ferry_kv *kv = ferry__calloc(1, sizeof *kv);
+    if (!kv)
+        return ferry__err_set(NULL, -ENOMEM, "kv open: out of memory");
+    pthread_mutex_init(&kv->mu, NULL);
+    pthread_mutex_init(&kv->err_mu, NULL);
+    pthread_cond_init(&kv->loaded, NULL);
+    pthread_mutex_init(&kv->qmu, NULL);
+    pthread_cond_init(&kv->q[0].cv, NULL);
+    pthread_cond_init(&kv->q[1].cv, NULL);
+    pthread_cond_init(&kv->idle, NULL);
+    kv->model = ferry__strdup(cfg->model);
+    if (!kv->model) {
+        kv_free(kv);
+        return ferry__err_set(NULL, -ENOMEM, "kv open: out of memory");
+    }
+    kv->tp_rank = cfg->tp_rank;
+    kv->tp_world = cfg->tp_world ? cfg->tp_world : 1;
+    kv->layout = cfg->layout;
+    kv->chunk_tokens = ct;
+    kv->seed = cfg->hash_seed ? cfg->hash_seed : FERRY_KV_HASH_SEED_DEFAULT;
+    kv->chunk_bytes = chunk_bytes;
+    kv->slot_bytes = slot;
+    kv->dev = cfg->device;
+    kv->watermark = wm;
+    kv->low = wm - frac;
+    kv->write_ttl_ns =
+        (uint64_t)(cfg->write_ttl_ms ? cfg->write_ttl_ms : FERRY_KV_WRITE_TTL_MS_DEFAULT) * 1000000u;
+    kv->read_ttl_ns =
+        (uint64_t)(cfg->read_ttl_ms ? cfg->read_ttl_ms : FERRY_KV_READ_TTL_MS_DEFAULT) * 1000000u;
+    kv->ns0 = ferry__kv_namespace(kv->seed, kv->model, kv->tp_rank, kv->tp_world, NULL, 0);
+    kv->prefetch_max = cfg->prefetch_max_bytes ? cfg->prefetch_max_bytes : cfg->l1_bytes / 4;
+    if (kv->prefetch_max < slot)
+        kv->prefetch_max = slot;
+
+    ferry__errbuf *eb = &kv->err;
+    rc = ferry__kv_tier_l1_open(cfg->device, slot, cfg->l1_bytes / slot, eb,
+                                &kv->tier[FERRY_KV_TIER_L1]);
+    int persistent = cfg->size >= offsetof(ferry_kv_config, l2_persistent) + sizeof(int) &&
+                     cfg->l2_persistent;
+    if (rc == 0 && cfg->l2_dir)
+        rc = persistent ? ferry__kv_tier_pslab_open_kv(kv, cfg, slot, eb,
+                                                       &kv->tier[FERRY_KV_TIER_L2])
+                        : ferry__kv_tier_l2_open(cfg->l2_dir, cfg->l2_bytes, cfg->l2_direct,
+                                                 cfg->l2_engine, cfg->l2_mode, kv->chunk_bytes,
+                                                 slot, eb,
+                                                 &kv->tier[FERRY_KV_TIER_L2]);
+    if (rc == 0 && cfg->l2_dir && !persistent) {
+        /* L2 reads land in L1 slots and write-throughs leave from them:
+         * register the pool for the engines' fixed-buffer path. Optional:
+         * an engine that cannot (memlock limit, table full) still works */
+        ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
+        int r = ferry__kv_tier_l2_register(kv->tier[FERRY_KV_TIER_L2],
+                                           l1->ops->host_ptr(l1, 0),
+                                           (size_t)(l1->capacity * l1->slot_bytes));
+        if (r < 0)
+            FERRY_LOGI("kv open: L1 pool not registered with the L2 slab in %s (%s): "
+                       "L2 transfers take the engine's plain path",
+                       cfg->l2_dir, ferry_last_error());
+        else
+            kv->l2_registered = 1;
+    }
+    const char *remote_url =
+        cfg->size >= offsetof(ferry_kv_config, remote_index_chunks) + sizeof(uint64_t)
+            ? cfg->remote_url
+            : NULL;
+    if (rc == 0 && remote_url)
+        rc = open_remote(kv, cfg, remote_url);
+    uint64_t chunks = 0;
+    for (int t = 1; rc == 0 && t < FERRY_KV_TIERS; t++) {
+        ferry__kv_tier *tr = kv->tier[t];
+        if (!tr)
+            continue;
+        int pol = t == FERRY_KV_TIER_L1   ? cfg->l1_policy
+                  : t == FERRY_KV_TIER_L2 ? cfg->l2_policy
+                                          : FERRY_KV_EVICT_LRU;
+        rc = ferry__kv_policy_create(pol, t, tr->capacity, &tr->policy);
+        if (t != FERRY_KV_TIER_REMOTE) /* the index grows as it needs to */
+            chunks += tr->capacity;
+    }
+    if (rc == 0) {
+        kv->nbuckets = 64;
+        while (kv->nbuckets < chunks)
+            kv->nbuckets <<= 1;
+        kv->buckets = ferry__calloc(kv->nbuckets, sizeof *kv->buckets);
+        if (!kv->buckets)
+            rc = ferry__err_set(eb, -ENOMEM, "kv open: out of memory for the index");
+    }
+    if (rc == 0 && persistent && kv->tier[FERRY_KV_TIER_L2]) {
+        int r = ferry__kv_tier_pslab_recover(kv->tier[FERRY_KV_TIER_L2], recover_one, kv);
+        if (r < 0)
+            rc = ferry__err_set(eb, r, "kv open: recovering the persistent L2 in %s: %s",
+                                cfg->l2_dir, ferry_last_error());
+        else
+            FERRY_LOGI("kv open: %d chunks recovered from the persistent L2 in %s", r,
+                       cfg->l2_dir);
+    }
+    if (rc == 0)
+        rc = ferry__kv_workers_start(kv, cfg->workers ? cfg->workers : 2);
+    if (rc < 0) {
+        ferry__err_pass(NULL, rc);
+        kv_free(kv);
+        return rc;
+    }
+    *out = kv;
+    return 0;
+}
+
+void ferry_kv_close(ferry_kv *kv)
+{
+    if (!kv)
+        return;
+    ferry__kv_workers_stop(kv);
+    kv_free(kv);
+}
+
+const char *ferry_kv_last_error(const ferry_kv *kv)
+{
+    return kv ? ferry__err_msg(&kv->err) : "";
+}
+
+uint64_t ferry_kv_chunk_bytes(const ferry_kv *kv)
+{
+    return kv ? kv->chunk_bytes : 0;
+}
+
+uint32_t ferry_kv_chunk_tokens(const ferry_kv *kv)
+{
+    return kv ? kv->chunk_tokens : 0;
+}

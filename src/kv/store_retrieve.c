@@ -1,0 +1,832 @@
+/*
+ * store_retrieve.c - one retrieve: chunks from wherever they are into the
+ * engine's buffer, L2 reads kept in flight and copied out as they land.
+ */
+#include <errno.h>
+#include <stddef.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ferry/pslab.h"
+#include "dirlock.h"
+#include "kv_impl.h"
+#include "store_int.h"
+#include "tier_pslab.h"
+
+/* ---- retrieve ---- */
+
+/*
+ * One retrieve. Chunks resolve in any order: a chunk whose bytes are in L1
+ * (or on their way there by another operation) is copied out in prompt
+ * order; a chunk only in a tier with asynchronous reads (L2) gets an L1
+ * slot and is read into it, whole or in the tier's pieces, in prompt
+ * order, several requests in flight at once (the tier's depth), and is
+ * copied out as soon as its last piece lands, whatever the order, while
+ * the later reads go on. Chunks only in a tier without them (the remote,
+ * the persistent slab) are read ahead on the I/O workers (prefetch jobs)
+ * and copied out in order.
+ */
+enum { RT_OPEN = 0, RT_READING = 1, RT_LANDED = 2, RT_DONE = 3 };
+
+typedef struct rtv {
+    ferry_kv *kv;
+    const ferry_kv_buffer *buf;
+    ferry_stream *s;
+    size_t nch, n;
+    ferry__kv_entry **held;     /* read-locked while a copy may still read its slot */
+    size_t *hidx;               /* the chunks held, nheld of them */
+    ferry__kv_entry **pend;     /* RT_READING: the entry (read-locked, referenced) */
+    uint64_t *slot;             /* RT_READING: the L1 slot the read lands in */
+    int *st;
+    uint8_t *ahead;             /* the tier a worker read-ahead was queued from */
+    uint8_t *fate;              /* RT_* */
+    int *res;                   /* RT_READING: its first failure; RT_LANDED: the read's result */
+    uint8_t *lost;              /* RT_LANDED: lost with a broken queue: 1
+                                   pieces may still land (its L1 slot is never
+                                   reused), 2 none was in flight */
+    /* RT_READING: pieces sent (npieces: all, or no more after a failure),
+     * pieces in flight, where from and where to */
+    uint32_t *sent, *left;
+    uint64_t *aloc;
+    char **adst;
+    char (*why)[FERRY__ERRMSG_MAX]; /* each chunk's first failure (allocated on the first) */
+    size_t cur;                 /* the chunk with pieces still to send, or SIZE_MAX */
+    uint64_t piece;             /* bytes per request */
+    uint32_t npieces;           /* requests per chunk */
+    unsigned reading;           /* chunks RT_READING */
+    unsigned pdepth;            /* requests kept in flight */
+    uint64_t hits[FERRY_KV_TIERS], misses, got;
+    int copy_rc;
+    size_t nheld, batch_max;
+    ferry__kv_tier *at;         /* the tier whose reads are asynchronous, or NULL */
+    ferry__kv_abatch batch;
+    unsigned inflight, depth;   /* requests in flight; chunks read at once */
+    /* host copy-outs handed to an I/O worker (one at a time), so two CPUs
+     * copy while the next reads are in flight: under cmu, the copy's
+     * outcome (st, got, copy_rc) and whether one is pending */
+    int wcopy;                  /* copies may go to a worker */
+    pthread_mutex_t cmu;
+    pthread_cond_t ccv;
+    unsigned wpending;
+    uint64_t vbad;              /* chunks counted as hits that failed their check */
+    const void **csrc;          /* chunk i's L1 bytes, for the worker */
+} rtv;
+
+/* wait for the device copies of the held chunks (none for host buffers:
+ * their copies are done), then drop their read locks. A failed copy fails
+ * every chunk it may have touched. */
+static void rt_sync(rtv *r)
+{
+    ferry_kv *kv = r->kv;
+    if (r->wcopy) {
+        pthread_mutex_lock(&r->cmu);
+        while (r->wpending)
+            pthread_cond_wait(&r->ccv, &r->cmu);
+        pthread_mutex_unlock(&r->cmu);
+    }
+    if (r->s && r->nheld) {
+        int rc = ferry_stream_sync(r->s);
+        if (rc < 0) {
+            if (r->copy_rc == 0)
+                r->copy_rc = ferry__kv_err(kv, rc, "kv retrieve: device copies to %s failed: %s",
+                                           ferry_device_name(kv->dev), ferry_last_error());
+            for (size_t k = 0; k < r->nheld; k++)
+                if (r->st[r->hidx[k]] == 0) {
+                    r->st[r->hidx[k]] = r->copy_rc;
+                    r->got--;
+                }
+        }
+    }
+    pthread_mutex_lock(&kv->mu);
+    for (size_t k = 0; k < r->nheld; k++) {
+        ferry__kv_entry **h = &r->held[r->hidx[k]];
+        ferry__kv_read_unlock(*h);
+        ferry__kv_put(kv, *h);
+        *h = NULL;
+    }
+    pthread_mutex_unlock(&kv->mu);
+    r->nheld = 0;
+}
+
+/* the copy of chunk i from its L1 bytes into the engine's buffer, and its
+ * outcome (under cmu when a worker may run copies too) */
+static void rt_copy_chunk(rtv *r, size_t i, const void *src)
+{
+    ferry_kv *kv = r->kv;
+    int rc = ferry__kv_xfer(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
+                            ferry__kv_chunk_ntok(kv, i, r->n), (void *)(uintptr_t)src, 0, r->s, NULL);
+    if (r->wcopy)
+        pthread_mutex_lock(&r->cmu);
+    if (rc < 0) {
+        if (r->copy_rc == 0)
+            r->copy_rc = ferry__kv_err_pass(kv, rc);
+        r->st[i] = rc;
+    } else {
+        r->st[i] = 0;
+        r->got++;
+    }
+    if (r->wcopy)
+        pthread_mutex_unlock(&r->cmu);
+}
+
+/* a copy failed (the first failure's code), read safely while a worker copies */
+static int rt_failed(rtv *r)
+{
+    if (!r->wcopy)
+        return r->copy_rc;
+    pthread_mutex_lock(&r->cmu);
+    int rc = r->copy_rc;
+    pthread_mutex_unlock(&r->cmu);
+    return rc;
+}
+
+/* a worker's copy job */
+/* chunk i's read lock goes once its host copy is done */
+static void rt_release(rtv *r, size_t i)
+{
+    ferry_kv *kv = r->kv;
+    pthread_mutex_lock(&kv->mu);
+    ferry__kv_read_unlock(r->held[i]);
+    ferry__kv_put(kv, r->held[i]);
+    r->held[i] = NULL;
+    pthread_mutex_unlock(&kv->mu);
+}
+
+/* one of this retrieve's copy jobs finished on a worker */
+static void rt_job_done(rtv *r)
+{
+    pthread_mutex_lock(&r->cmu);
+    r->wpending--;
+    pthread_cond_broadcast(&r->ccv);
+    pthread_mutex_unlock(&r->cmu);
+}
+
+/* a worker's copy job: the copy, then the chunk's read lock */
+static void rt_copy_job(void *ctx, size_t i)
+{
+    rtv *r = ctx;
+    rt_copy_chunk(r, i, r->csrc[i]);
+    rt_release(r, i);
+    rt_job_done(r);
+}
+
+/*
+ * Host buffer: the I/O workers take a retrieve's copies while they are
+ * free for them (nothing queued, fewer of ours pending than workers), so
+ * the retrieving thread goes straight back to the reads. 1: chunk i's copy
+ * was queued as job(r, i); 0: no worker is free, the caller copies.
+ */
+static int rt_hand_off(rtv *r, size_t i, void (*job)(void *ctx, size_t i))
+{
+    if (!r->wcopy)
+        return 0;
+    pthread_mutex_lock(&r->cmu);
+    unsigned mine = r->wpending;
+    pthread_mutex_unlock(&r->cmu);
+    ferry__kv_job *j =
+        ferry__kv_io_worker_free(r->kv, mine) ? ferry__calloc(1, sizeof *j) : NULL;
+    if (!j)
+        return 0;
+    j->kind = FERRY__KV_JOB_COPY;
+    j->copy = job;
+    j->ctx = r;
+    j->idx = i;
+    pthread_mutex_lock(&r->cmu);
+    r->wpending++;
+    pthread_mutex_unlock(&r->cmu);
+    ferry__kv_enqueue(r->kv, j);
+    return 1;
+}
+
+/* chunk i, read-locked and resident in L1, into the engine's buffer.
+ * Called with kv->mu held; returns with it released. */
+static void rt_copy_out(rtv *r, size_t i, ferry__kv_entry *e)
+{
+    ferry_kv *kv = r->kv;
+    ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
+    l1->policy->ops->touch(l1->policy, e);
+    void *src = l1->ops->host_ptr(l1, e->loc[FERRY_KV_TIER_L1]);
+    pthread_mutex_unlock(&kv->mu);
+    r->held[i] = e;
+    if (!r->s) {
+        /* host buffer: a free worker copies, else this thread. Each copy
+         * drops its chunk's read lock when done, so a retrieve holds no
+         * more slots than copies running. */
+        if (r->csrc)
+            r->csrc[i] = src;
+        if (rt_hand_off(r, i, rt_copy_job))
+            return;
+        rt_copy_chunk(r, i, src);
+        rt_release(r, i);
+        return;
+    }
+    r->hidx[r->nheld++] = i;
+    rt_copy_chunk(r, i, src);
+    /* device copies hold their read locks until the next synchronization,
+     * every half of L1, so a prompt longer than L1 streams through it */
+    if (r->nheld >= r->batch_max)
+        rt_sync(r);
+}
+
+/* chunk i landed in its L1 slot from the async tier: is it the chunk that
+ * was written there (sum: its image's checksum)? A mismatch is counted and
+ * logged as a failed read of the tier */
+static int rt_check(rtv *r, size_t i, const ferry__kv_entry *e, uint64_t sum)
+{
+    ferry__kv_tier *t = r->at;
+    int rc = t->aops->verify(t, r->aloc[i], &e->id, sum);
+    if (rc < 0)
+        ferry__kv_tier_io_done(r->kv, t, 0, r->aloc[i], &e->id, 0, rc);
+    return rc;
+}
+
+/*
+ * A whole chunk that landed from the async tier into a host buffer: copied
+ * out while it is checksummed (ferry__kv_xfer_out_sum), and only then
+ * promoted into L1, so no one else ever reads its slot before the check
+ * passed. A chunk that fails it is a miss whose L1 slot and L2 copy go.
+ * Either thread may run it (a worker's copy job, or the retrieving thread).
+ */
+static void rt_verify_copy(rtv *r, size_t i)
+{
+    ferry_kv *kv = r->kv;
+    ferry__kv_tier *t = r->at;
+    ferry__kv_entry *e = r->held[i];
+    uint64_t sum = 0;
+    int rc = ferry__kv_xfer_out_sum(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
+                                    r->adst[i], &sum);
+    if (rc < 0) /* (host copies do not fail; the slot is still checked) */
+        sum = ferry__kv_sum(r->adst[i], kv->chunk_bytes);
+    int vrc = rt_check(r, i, e, sum);
+    if (vrc < 0 && rc == 0) /* the engine never holds the bad bytes */
+        ferry__kv_xfer_out_zero(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
+                                kv->chunk_tokens);
+    pthread_mutex_lock(&kv->mu);
+    kv->l1_reading--;
+    ferry__kv_promote_finish(kv, e, r->slot[i], vrc, t->id); /* (wakes reserve's waiters) */
+    ferry__kv_read_unlock(e);
+    ferry__kv_put(kv, e);
+    r->held[i] = NULL;
+    pthread_mutex_unlock(&kv->mu);
+    if (r->wcopy)
+        pthread_mutex_lock(&r->cmu);
+    if (rc < 0) {
+        if (r->copy_rc == 0)
+            r->copy_rc = ferry__kv_err_pass(kv, rc);
+        r->st[i] = rc;
+    } else if (vrc < 0) {
+        r->st[i] = vrc;
+        r->vbad++;
+    } else {
+        r->st[i] = 0;
+        r->got++;
+    }
+    if (r->wcopy)
+        pthread_mutex_unlock(&r->cmu);
+}
+
+static void rt_verify_job(void *ctx, size_t i)
+{
+    rtv *r = ctx;
+    rt_verify_copy(r, i);
+    rt_job_done(r);
+}
+
+/* hand rt_verify_copy of chunk i (entry e, read-locked) to a free worker,
+ * else run it here. Called with kv->mu held; returns with it released. */
+static void rt_verify_out(rtv *r, size_t i, ferry__kv_entry *e)
+{
+    pthread_mutex_unlock(&r->kv->mu);
+    r->held[i] = e;
+    if (!rt_hand_off(r, i, rt_verify_job))
+        rt_verify_copy(r, i);
+}
+
+static void rt_read_done(rtv *r, size_t i, int rc);
+
+/* chunk i's read is over (every piece sent has landed): count it */
+/* chunk i's first failure: its code and message (the message is logged
+ * when the chunk's last piece lands, after other chunks' failures) */
+static void rt_fail(rtv *r, size_t i, int rc, const char *why)
+{
+    if (r->res[i] != 0 && r->res[i] != -ENOMEM)
+        return;
+    if (r->res[i] == -ENOMEM && rc == -ENOMEM)
+        return;
+    r->res[i] = rc;
+    if (!r->why)
+        r->why = ferry__calloc(r->nch, sizeof *r->why);
+    if (r->why)
+        snprintf(r->why[i], sizeof r->why[i], "%s", why ? why : ferry_strerror(rc));
+}
+
+/* chunk i's read is over (every piece sent has landed): count it; out of
+ * memory for a request is a miss here, not a failure of the tier */
+static void rt_landed(rtv *r, size_t i)
+{
+    ferry__kv_tier *t = r->at;
+    int rc = r->res[i];
+    if (rc == -ENOMEM && r->lost[i] == 2) {
+        atomic_fetch_add(&r->kv->failures, 1); /* ours, not the tier's */
+    } else {
+        if (rc < 0 && r->why && r->why[i][0])
+            ferry__err_set(NULL, rc, "%s", r->why[i]);
+        ferry__kv_tier_io_done(r->kv, t, 0, r->aloc[i], &r->pend[i]->id, t->slot_bytes, rc);
+    }
+    r->fate[i] = RT_LANDED;
+    r->reading--;
+}
+
+/* send the next piece of chunk i (a: its request, or NULL to take one);
+ * a failure ends its read (the pieces in flight still land) */
+static void rt_send(rtv *r, size_t i, ferry__kv_aread *a)
+{
+    ferry_kv *kv = r->kv;
+    ferry__kv_tier *t = r->at;
+    uint64_t off = (uint64_t)r->sent[i] * r->piece;
+    size_t len = (size_t)FERRY__MIN(r->piece, t->slot_bytes - off);
+    if (!a)
+        a = t->aops->get(t);
+    int rc = a ? 0 : ferry__err_set(NULL, -ENOMEM, "kv L2: out of memory for a read request");
+    if (rc == 0 && r->sent[i] == 0)
+        rc = ferry__kv_tier_fault(kv, t, 0, r->aloc[i], t->slot_bytes);
+    if (rc == 0) {
+        a->idx = i;
+        rc = t->aops->submit(t, &r->batch, a, r->aloc[i] + off, r->adst[i] + off, len);
+    }
+    if (rc == 0) {
+        r->inflight++;
+        r->left[i]++;
+        if (++r->sent[i] == r->npieces)
+            r->cur = SIZE_MAX;
+        return;
+    }
+    t->aops->put(t, a);
+    rt_fail(r, i, rc, ferry_last_error());
+    r->sent[i] = r->npieces;
+    r->cur = SIZE_MAX;
+    /* the queue broke, or memory ran out: not this chunk's L2 copy, which
+     * is kept, and its slot goes back once the pieces in flight landed
+     * (a break with pieces still in flight makes rt_reap retire it) */
+    if ((t->aops->broken && t->aops->broken(t)) || rc == -ENOMEM)
+        r->lost[i] = 2;
+    if (r->left[i] == 0) {
+        rt_landed(r, i);
+        rt_read_done(r, i, r->res[i]);
+    }
+}
+
+/* start the asynchronous read of chunk i when it is only in the async
+ * tier (its pieces go out through rt_send): 1 started, 0 not such a
+ * chunk, -1 no room for it in L1 now */
+static int rt_issue(rtv *r, const ferry_kv_hash *ids, size_t i)
+{
+    ferry_kv *kv = r->kv;
+    ferry__kv_tier *t = r->at;
+    if (t->aops->broken && t->aops->broken(t))
+        return 0; /* the queue broke: the synchronous path reads it */
+    ferry__kv_aread *a = t->aops->get(t); /* the first piece's, before the slot */
+    if (!a)
+        return -1;
+    pthread_mutex_lock(&kv->mu);
+    uint64_t now = ferry__kv_now_ns(kv);
+    ferry__kv_entry *e = ferry__kv_find(kv, ids[i]);
+    if (!e || e->state != FERRY__KV_READY || !e->resident ||
+        (e->resident & (1u << FERRY_KV_TIER_L1)) || e->l1_loading ||
+        kv->tier[ferry__kv_lower_tier(kv, e)] != t) {
+        pthread_mutex_unlock(&kv->mu);
+        t->aops->put(t, a);
+        return 0;
+    }
+    uint64_t slot;
+    if (ferry__kv_reserve(kv, FERRY_KV_TIER_L1, now, &slot, RESERVE_TRY) < 0) {
+        pthread_mutex_unlock(&kv->mu);
+        t->aops->put(t, a);
+        return -1;
+    }
+    e->l1_loading = 1;
+    kv->l1_reading++;
+    ferry__kv_read_lock(kv, e, now);
+    e->refs++;
+    r->aloc[i] = e->loc[t->id];
+    ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
+    r->adst[i] = l1->ops->host_ptr(l1, slot);
+    pthread_mutex_unlock(&kv->mu);
+    r->fate[i] = RT_READING;
+    r->pend[i] = e;
+    r->slot[i] = slot;
+    r->cur = i;
+    r->reading++;
+    uint64_t peak = atomic_load(&t->aread_peak);
+    while (r->reading > peak && !atomic_compare_exchange_weak(&t->aread_peak, &peak, r->reading))
+        ;
+    rt_send(r, i, a);
+    return 1;
+}
+
+/* chunk i's read finished with rc: promote it, copy it out (or count the miss) */
+static void rt_read_done(rtv *r, size_t i, int rc)
+{
+    ferry_kv *kv = r->kv;
+    ferry__kv_entry *e = r->pend[i];
+    r->pend[i] = NULL;
+    r->fate[i] = RT_DONE;
+    /* its bytes count only once checked against what was written there:
+     * a whole chunk for a host buffer is checked as it is copied out, and
+     * promoted after; any other is checked here, before it is promoted */
+    int deferred = 0;
+    if (rc == 0 && !r->lost[i] && r->at->aops->verify) {
+        if (!r->s && ferry__kv_chunk_ntok(kv, i, r->n) == kv->chunk_tokens && rt_failed(r) == 0)
+            deferred = 1;
+        else if ((rc = rt_check(r, i, e, ferry__kv_sum(r->adst[i], kv->chunk_bytes))) < 0)
+            r->st[i] = rc;
+    }
+    pthread_mutex_lock(&kv->mu);
+    if (deferred) {
+        r->hits[r->at->id]++; /* (taken back if the check fails) */
+        rt_verify_out(r, i, e);
+        return;
+    }
+    kv->l1_reading--;
+    if (r->lost[i] == 2) {
+        /* the queue broke before any piece of it was in flight: its slot
+         * goes back, its L2 copy is kept, the chunk is a miss here */
+        e->l1_loading = 0;
+        ferry__kv_tier_release(kv, FERRY_KV_TIER_L1, r->slot[i]);
+        pthread_cond_broadcast(&kv->loaded);
+        r->misses++;
+        ferry__kv_read_unlock(e);
+        ferry__kv_put(kv, e);
+        pthread_mutex_unlock(&kv->mu);
+        return;
+    }
+    if (r->lost[i]) {
+        /* the read may still land, into its slot: the slot stays reserved
+         * for good (L1 is one slot smaller), the L2 copy is kept (the disk
+         * did not fail, the queue did), and the chunk is a miss here */
+        e->l1_loading = 0;
+        kv->l1_retired++;
+        pthread_cond_broadcast(&kv->loaded);
+        FERRY_LOGW("kv retrieve: the L2 read queue broke with a read in flight; its L1 slot "
+                   "%llu is retired", (unsigned long long)r->slot[i]);
+        r->misses++;
+        ferry__kv_read_unlock(e);
+        ferry__kv_put(kv, e);
+        pthread_mutex_unlock(&kv->mu);
+        return;
+    }
+    ferry__kv_promote_finish(kv, e, r->slot[i], rc, r->at->id); /* (wakes reserve's waiters) */
+    int failed = rt_failed(r);
+    if (failed < 0 || !(e->resident & (1u << FERRY_KV_TIER_L1))) {
+        if (failed == 0)
+            r->misses++;
+        ferry__kv_read_unlock(e);
+        ferry__kv_put(kv, e);
+        pthread_mutex_unlock(&kv->mu);
+        return;
+    }
+    r->hits[r->at->id]++;
+    rt_copy_out(r, i, e);
+}
+
+/* wait until at least one of this retrieve's requests landed (none when
+ * none is in flight); chunks whose every piece has landed become
+ * RT_LANDED with their result in r->res; returns how many did */
+static unsigned rt_reap(rtv *r)
+{
+    ferry__kv_tier *t = r->at;
+    ferry__kv_aread *a = NULL;
+    int rc = t->aops->wait(t, &r->batch, &a);
+    unsigned k = 0;
+    if (rc < 0) {
+        /* the tier's queue broke: every read of ours still in flight is lost */
+        ferry__kv_err_pass(r->kv, rc);
+        for (size_t i = 0; i < r->nch; i++) {
+            if (r->fate[i] != RT_READING)
+                continue;
+            r->res[i] = 0; /* the break is what this chunk's warning says */
+            rt_fail(r, i, rc, ferry_last_error());
+            r->lost[i] = r->left[i] ? 1 : 2;
+            rt_landed(r, i);
+            k++;
+        }
+        r->inflight = 0;
+        r->cur = SIZE_MAX;
+        return k;
+    }
+    for (ferry__kv_aread *next; a; a = next) {
+        next = a->next;
+        size_t i = a->idx;
+        rc = a->result;
+        if (rc < 0) {
+            /* the read itself failed (whatever its code): that copy is
+             * unreadable after all, even if a request of this chunk ran
+             * out of memory or the queue broke since */
+            if (r->res[i] == -ENOMEM && r->lost[i] == 2)
+                r->res[i] = 0; /* (that was ours, this is the disk's) */
+            rt_fail(r, i, rc, a->why);
+            r->lost[i] = 0;
+        }
+        t->aops->put(t, a);
+        r->inflight--;
+        r->left[i]--;
+        if (rc < 0) {
+            /* its pieces not sent yet never are */
+            r->sent[i] = r->npieces;
+            if (r->cur == i)
+                r->cur = SIZE_MAX;
+        }
+        if (r->left[i] == 0 && r->sent[i] == r->npieces) {
+            rt_landed(r, i);
+            k++;
+        }
+    }
+    return k;
+}
+
+/* keep pdepth requests in flight: the rest of the chunk being sent, then
+ * (at most depth chunks at once) chunks from the first open chunk k on
+ * (*ic: the next chunk to consider; *blocked: L1 had no room, the rest in
+ * order). A chunk started is always sent whole, so its read finishes. */
+static void rt_fill(rtv *r, const ferry_kv_hash *ids, size_t k, size_t *ic, int *blocked)
+{
+    if (!r->at)
+        return;
+    if (*ic < k)
+        *ic = k;
+    while (r->inflight < r->pdepth) {
+        if (r->cur != SIZE_MAX) {
+            rt_send(r, r->cur, NULL);
+            continue;
+        }
+        if (*blocked || r->reading >= r->depth || *ic >= r->nch || rt_failed(r) < 0)
+            return;
+        if (r->fate[*ic] == RT_OPEN && rt_issue(r, ids, *ic) < 0) {
+            *blocked = 1;
+            return;
+        }
+        (*ic)++;
+    }
+}
+
+/* chunk i in prompt order, from wherever it is: 1 resolved, 0 start it
+ * over, -1 no L1 room until this retrieve's own reads in flight land */
+static int rt_one(rtv *r, const ferry_kv_hash *ids, size_t i)
+{
+    ferry_kv *kv = r->kv;
+    ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
+    pthread_mutex_lock(&kv->mu);
+    ferry__kv_entry *e;
+    uint64_t now;
+    for (;;) {
+        now = ferry__kv_now_ns(kv);
+        e = ferry__kv_find(kv, ids[i]);
+        if (!e || e->state != FERRY__KV_READY || !e->l1_loading)
+            break;
+        pthread_cond_wait(&kv->loaded, &kv->mu);
+    }
+    if (!e || e->state != FERRY__KV_READY || !e->resident) {
+        pthread_mutex_unlock(&kv->mu);
+        r->misses++;
+        return 1;
+    }
+    ferry__kv_read_lock(kv, e, now);
+    e->refs++;
+    if (!(e->resident & (1u << FERRY_KV_TIER_L1))) {
+        /* only in a lower tier: promote into a fresh L1 slot */
+        uint64_t slot;
+        int src = ferry__kv_lower_tier(kv, e);
+        /* with copies of ours on the workers, only try: if L1 is full
+         * this chunk waits for one of them below, no failure counted */
+        unsigned copying = 0;
+        if (src && r->wcopy) {
+            pthread_mutex_lock(&r->cmu);
+            copying = r->wpending;
+            pthread_mutex_unlock(&r->cmu);
+        }
+        int rc = src ? ferry__kv_reserve(kv, FERRY_KV_TIER_L1, now, &slot,
+                               copying       ? RESERVE_TRY
+                               : r->inflight ? RESERVE_WAIT
+                                             : RESERVE_WAIT_READS)
+                     : FERRY_ENOTFOUND;
+        if (rc == -EAGAIN) {
+            /* the mutex was released: start this chunk over */
+            ferry__kv_read_unlock(e);
+            ferry__kv_put(kv, e);
+            pthread_mutex_unlock(&kv->mu);
+            return 0;
+        }
+        if (rc == FERRY_ENOSPACE && r->inflight) {
+            /* L1 is full and some of it is our own reads in flight: they
+             * land (and free their locks) before this chunk is tried again */
+            ferry__kv_read_unlock(e);
+            ferry__kv_put(kv, e);
+            pthread_mutex_unlock(&kv->mu);
+            return -1;
+        }
+        if (rc == FERRY_ENOSPACE && copying) {
+            /* or our own copies on the workers hold the slots: one of them
+             * finishes (and drops its lock), then the chunk starts over
+             * (only this thread adds copies, so the count only falls) */
+            ferry__kv_read_unlock(e);
+            ferry__kv_put(kv, e);
+            pthread_mutex_unlock(&kv->mu);
+            pthread_mutex_lock(&r->cmu);
+            while (r->wpending >= copying)
+                pthread_cond_wait(&r->ccv, &r->cmu);
+            pthread_mutex_unlock(&r->cmu);
+            return 0;
+        }
+        if (rc < 0) {
+            ferry__kv_read_unlock(e);
+            ferry__kv_put(kv, e);
+            pthread_mutex_unlock(&kv->mu);
+            r->st[i] = rc == FERRY_ENOTFOUND ? rc : FERRY_ENOSPACE;
+            r->misses++;
+            return 1;
+        }
+        e->l1_loading = 1;
+        uint64_t srcloc = e->loc[src];
+        pthread_mutex_unlock(&kv->mu);
+        rc = ferry__kv_tier_io(kv, kv->tier[src], 0, srcloc, &e->id, l1->ops->host_ptr(l1, slot),
+                     kv->slot_bytes);
+        pthread_mutex_lock(&kv->mu);
+        ferry__kv_promote_finish(kv, e, slot, rc, src);
+        if (!(e->resident & (1u << FERRY_KV_TIER_L1))) {
+            ferry__kv_read_unlock(e);
+            ferry__kv_put(kv, e);
+            pthread_mutex_unlock(&kv->mu);
+            if (rc == FERRY_ECORRUPT)
+                r->st[i] = rc;
+            r->misses++;
+            return 1;
+        }
+        r->hits[src]++;
+    } else {
+        r->hits[r->ahead[i] ? r->ahead[i] : FERRY_KV_TIER_L1]++;
+    }
+    rt_copy_out(r, i, e);
+    return 1;
+}
+
+/* the retrieve's per-chunk arrays (any of them may be NULL) */
+static void rt_free(rtv *r)
+{
+    void *a[] = {r->held, r->hidx, r->pend, r->slot, r->st,   r->ahead, r->fate, r->res,
+                 r->lost, r->sent, r->left, r->aloc, r->adst, r->why,   r->csrc};
+    for (size_t k = 0; k < FERRY__ARRAY_LEN(a); k++)
+        ferry__free(a[k]);
+}
+
+int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
+                          const ferry_kv_req *req, const ferry_kv_buffer *buf)
+{
+    uint64_t t0 = ferry__now_ns();
+    atomic_fetch_add(&kv->retrieves, 1);
+    rtv r = {0};
+    r.kv = kv;
+    r.buf = buf;
+    r.nch = nch;
+    r.n = n;
+    int rc = 0;
+    if (buf->mem == FERRY_KV_MEM_DEVICE && (rc = ferry__kv_stream_get(kv, &r.s)) < 0) {
+        atomic_fetch_add(&kv->failures, 1);
+        return rc;
+    }
+    r.held = ferry__calloc(nch, sizeof *r.held);
+    r.hidx = ferry__malloc(nch * sizeof *r.hidx);
+    r.pend = ferry__calloc(nch, sizeof *r.pend);
+    r.slot = ferry__calloc(nch, sizeof *r.slot);
+    r.st = ferry__malloc(nch * sizeof *r.st);
+    r.ahead = ferry__calloc(nch, 1);
+    r.fate = ferry__calloc(nch, 1);
+    r.res = ferry__calloc(nch, sizeof *r.res);
+    r.lost = ferry__calloc(nch, 1);
+    r.sent = ferry__calloc(nch, sizeof *r.sent);
+    r.left = ferry__calloc(nch, sizeof *r.left);
+    r.aloc = ferry__calloc(nch, sizeof *r.aloc);
+    r.adst = ferry__calloc(nch, sizeof *r.adst);
+    r.cur = SIZE_MAX;
+    if (!r.held || !r.hidx || !r.pend || !r.slot || !r.st || !r.ahead || !r.fate || !r.res ||
+        !r.lost || !r.sent || !r.left || !r.aloc || !r.adst) {
+        rt_free(&r);
+        ferry__kv_stream_put(kv, r.s);
+        atomic_fetch_add(&kv->failures, 1);
+        return ferry__kv_err(kv, -ENOMEM, "kv retrieve: out of memory for %zu chunks", nch);
+    }
+    ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
+    for (size_t i = 0; i < nch; i++)
+        r.st[i] = FERRY_ENOTFOUND;
+    r.batch_max = (size_t)FERRY__MAX(l1->capacity / 2, 1);
+    /* asynchronous reads: at most a quarter of L1 in flight, so they never
+     * crowd out the slots the copies hold */
+    r.at = kv->tier[FERRY_KV_TIER_L2] && kv->tier[FERRY_KV_TIER_L2]->aops
+               ? kv->tier[FERRY_KV_TIER_L2]
+               : NULL;
+    if (r.at) {
+        r.depth = (unsigned)FERRY__MIN((uint64_t)r.at->aops->depth,
+                                       FERRY__MAX(l1->capacity / 4, 1));
+        r.piece = r.at->apiece && r.at->apiece < r.at->slot_bytes ? r.at->apiece
+                                                                   : r.at->slot_bytes;
+        r.npieces = (uint32_t)((r.at->slot_bytes + r.piece - 1) / r.piece);
+        r.pdepth = r.npieces > 1 ? r.at->aops->pdepth : r.depth;
+    }
+    /* several chunks landing from L2 into a host buffer: the I/O workers
+     * copy them out while this thread keeps the reads going */
+    if (r.at && !r.s && nch > 1 && (r.csrc = ferry__calloc(nch, sizeof *r.csrc)) != NULL) {
+        r.wcopy = 1;
+        pthread_mutex_init(&r.cmu, NULL);
+        pthread_cond_init(&r.ccv, NULL);
+    }
+    /* read ahead on the workers from the tiers without asynchronous reads */
+    int lower = 0;
+    for (int t = FERRY_KV_TIER_L2; t < FERRY_KV_TIERS; t++)
+        lower |= kv->tier[t] != NULL && kv->tier[t] != r.at;
+    ferry__kv_remote_discover_missing(kv, ids, nch, n);
+    if (lower)
+        ferry__kv_prefetch_ids(kv, ids, nch, n, 0, r.ahead);
+    size_t k = 0, ic = 0;
+    int blocked = 0;
+    while (k < nch) {
+        if (r.fate[k] == RT_DONE) {
+            k++;
+            continue;
+        }
+        if (r.fate[k] == RT_OPEN && rt_failed(&r) < 0) {
+            r.fate[k++] = RT_DONE;
+            continue;
+        }
+        rt_fill(&r, ids, k, &ic, &blocked);
+        if (r.fate[k] == RT_READING || r.fate[k] == RT_LANDED) {
+            /* take what landed, refill, then copy those out (in landing
+             * order, not prompt order) while the new reads go on */
+            if (r.fate[k] == RT_READING) {
+                rt_reap(&r);
+                rt_fill(&r, ids, k, &ic, &blocked);
+            }
+            for (size_t j = k; j < ic; j++)
+                if (r.fate[j] == RT_LANDED)
+                    rt_read_done(&r, j, r.res[j]);
+            continue;
+        }
+        if (blocked && r.inflight) {
+            /* L1 is full: our own reads land first (their slots then hold
+             * promoted, unlocked chunks), and read-ahead is tried again */
+            if (rt_reap(&r))
+                for (size_t j = k; j < ic; j++)
+                    if (r.fate[j] == RT_LANDED)
+                        rt_read_done(&r, j, r.res[j]);
+            blocked = 0;
+            continue;
+        }
+        /* top the workers' read-ahead up as earlier reads land: chunks past
+         * the prefetch budget get queued once room frees, instead of being
+         * read here one at a time (chunks queued or in L1 are skipped) */
+        if (lower && k > 0 && k + 1 < nch)
+            ferry__kv_prefetch_ids(kv, ids + k + 1, nch - k - 1, n - (k + 1) * kv->chunk_tokens, 0,
+                         r.ahead + k + 1);
+        int one = rt_one(&r, ids, k);
+        if (one > 0) {
+            r.fate[k++] = RT_DONE;
+            blocked = 0; /* its slot's lock is gone (or goes with its copy
+                            on a worker): read ahead again */
+        } else if (one < 0)
+            blocked = 1; /* no room: reap our reads, then try again */
+    }
+    while (r.inflight) /* cannot be: every read was waited for above */
+        for (unsigned got = rt_reap(&r); got; got = 0)
+            for (size_t j = 0; j < nch; j++)
+                if (r.fate[j] == RT_LANDED)
+                    rt_read_done(&r, j, r.res[j]);
+    rt_sync(&r);
+    if (r.vbad && r.at) {
+        r.hits[r.at->id] -= r.vbad;
+        r.misses += r.vbad;
+    }
+    if (r.wcopy) {
+        pthread_mutex_destroy(&r.cmu);
+        pthread_cond_destroy(&r.ccv);
+    }
+    ferry__kv_stream_put(kv, r.s);
+    for (int t = 1; t < FERRY_KV_TIERS; t++)
+        if (r.hits[t] && kv->tier[t])
+            atomic_fetch_add(&kv->tier[t]->hits, r.hits[t]);
+    atomic_fetch_add(&l1->bytes_read, r.got * kv->chunk_bytes);
+    atomic_fetch_add(&kv->misses, r.misses);
+    atomic_fetch_add(&kv->retrieved_chunks, r.got);
+    atomic_fetch_add(&kv->retrieved_bytes, r.got * kv->chunk_bytes);
+    size_t lead = 0;
+    for (size_t i = 0; i < nch && r.st[i] == 0; i++)
+        lead += ferry__kv_chunk_ntok(kv, i, n);
+    for (size_t i = 0; i < nch; i++)
+        ferry__kv_set_status(req, i, r.st[i]);
+    rt_free(&r);
+    ferry__kv_hist_record(&kv->h_retrieve, ferry__now_ns() - t0);
+    if (r.copy_rc < 0) {
+        atomic_fetch_add(&kv->failures, 1);
+        return r.copy_rc;
+    }
+    return (int)lead;
+}
