@@ -118,17 +118,17 @@ static int open_remote(ferry_kv *kv, const ferry_kv_config *cfg, const char *url
                                       &kv->tier[FERRY_KV_TIER_REMOTE]);
 }
 
-int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out)
+/* every option in range before any arithmetic on it: 0 and the chunk's
+ * tokens and bytes, or -EINVAL with the message set */
+static int config_check(const ferry_kv_config *cfg, uint32_t *ct, uint64_t *chunk_bytes)
 {
-    if (!cfg || !out || cfg->size < sizeof(ferry_kv_config) || !cfg->model)
+    if (!cfg || cfg->size < sizeof(ferry_kv_config) || !cfg->model)
         return ferry__err_set(NULL, -EINVAL,
                               "kv open: config or out is NULL, config size is wrong, or no model");
-    uint32_t ct = cfg->chunk_tokens ? cfg->chunk_tokens : FERRY_KV_CHUNK_TOKENS_DEFAULT;
-    uint64_t chunk_bytes;
-    int rc = ferry_kv_layout_chunk_bytes(&cfg->layout, ct, &chunk_bytes);
+    *ct = cfg->chunk_tokens ? cfg->chunk_tokens : FERRY_KV_CHUNK_TOKENS_DEFAULT;
+    int rc = ferry_kv_layout_chunk_bytes(&cfg->layout, *ct, chunk_bytes);
     if (rc < 0)
         return rc;
-    /* every option in range before any arithmetic on it */
     if (!(cfg->watermark >= 0 && cfg->watermark <= 1) ||
         !(cfg->evict_fraction >= 0 && cfg->evict_fraction <= 1))
         return ferry__err_set(NULL, -EINVAL,
@@ -163,15 +163,21 @@ int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out)
                               "kv open: watermark %.3f / evict fraction %.3f out of range "
                               "(0 < fraction <= watermark <= 1)",
                               wm, frac);
-    uint64_t slot = FERRY__ALIGN_UP(chunk_bytes, (uint64_t)4096);
+    uint64_t slot = FERRY__ALIGN_UP(*chunk_bytes, (uint64_t)4096);
     if (cfg->l1_bytes < slot)
         return ferry__err_set(NULL, -EINVAL,
                               "kv open: l1_bytes %llu is below one chunk of %llu bytes "
                               "(%u tokens)",
-                              (unsigned long long)cfg->l1_bytes, (unsigned long long)slot, ct);
+                              (unsigned long long)cfg->l1_bytes, (unsigned long long)slot, *ct);
+    return 0;
+}
+
+/* a store with the checked cfg's settings and no tiers yet, or NULL */
+static ferry_kv *kv_alloc(const ferry_kv_config *cfg, uint32_t ct, uint64_t chunk_bytes)
+{
     ferry_kv *kv = ferry__calloc(1, sizeof *kv);
     if (!kv)
-        return ferry__err_set(NULL, -ENOMEM, "kv open: out of memory");
+        return NULL;
     pthread_mutex_init(&kv->mu, NULL);
     pthread_mutex_init(&kv->err_mu, NULL);
     pthread_cond_init(&kv->loaded, NULL);
@@ -182,15 +188,17 @@ int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out)
     kv->model = ferry__strdup(cfg->model);
     if (!kv->model) {
         kv_free(kv);
-        return ferry__err_set(NULL, -ENOMEM, "kv open: out of memory");
+        return NULL;
     }
+    double wm = cfg->watermark > 0 ? cfg->watermark : 0.8;
+    double frac = cfg->evict_fraction > 0 ? cfg->evict_fraction : 0.2;
     kv->tp_rank = cfg->tp_rank;
     kv->tp_world = cfg->tp_world ? cfg->tp_world : 1;
     kv->layout = cfg->layout;
     kv->chunk_tokens = ct;
     kv->seed = cfg->hash_seed ? cfg->hash_seed : FERRY_KV_HASH_SEED_DEFAULT;
     kv->chunk_bytes = chunk_bytes;
-    kv->slot_bytes = slot;
+    kv->slot_bytes = FERRY__ALIGN_UP(chunk_bytes, (uint64_t)4096);
     kv->dev = cfg->device;
     kv->watermark = wm;
     kv->low = wm - frac;
@@ -200,21 +208,25 @@ int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out)
         (uint64_t)(cfg->read_ttl_ms ? cfg->read_ttl_ms : FERRY_KV_READ_TTL_MS_DEFAULT) * 1000000u;
     kv->ns0 = ferry__kv_namespace(kv->seed, kv->model, kv->tp_rank, kv->tp_world, NULL, 0);
     kv->prefetch_max = cfg->prefetch_max_bytes ? cfg->prefetch_max_bytes : cfg->l1_bytes / 4;
-    if (kv->prefetch_max < slot)
-        kv->prefetch_max = slot;
+    if (kv->prefetch_max < kv->slot_bytes)
+        kv->prefetch_max = kv->slot_bytes;
+    return kv;
+}
 
+/* L1, then L2 (persistent or not; the L1 pool registered with it), then
+ * the remote: 0, or the first failure (what opened is closed by kv_free) */
+static int open_tiers(ferry_kv *kv, const ferry_kv_config *cfg, int persistent)
+{
     ferry__errbuf *eb = &kv->err;
-    rc = ferry__kv_tier_l1_open(cfg->device, slot, cfg->l1_bytes / slot, eb,
-                                &kv->tier[FERRY_KV_TIER_L1]);
-    int persistent = cfg->size >= offsetof(ferry_kv_config, l2_persistent) + sizeof(int) &&
-                     cfg->l2_persistent;
+    uint64_t slot = kv->slot_bytes;
+    int rc = ferry__kv_tier_l1_open(cfg->device, slot, cfg->l1_bytes / slot, eb,
+                                    &kv->tier[FERRY_KV_TIER_L1]);
     if (rc == 0 && cfg->l2_dir)
         rc = persistent ? ferry__kv_tier_pslab_open_kv(kv, cfg, slot, eb,
                                                        &kv->tier[FERRY_KV_TIER_L2])
                         : ferry__kv_tier_l2_open(cfg->l2_dir, cfg->l2_bytes, cfg->l2_direct,
                                                  cfg->l2_engine, cfg->l2_mode, kv->chunk_bytes,
-                                                 slot, eb,
-                                                 &kv->tier[FERRY_KV_TIER_L2]);
+                                                 slot, eb, &kv->tier[FERRY_KV_TIER_L2]);
     if (rc == 0 && cfg->l2_dir && !persistent) {
         /* L2 reads land in L1 slots and write-throughs leave from them:
          * register the pool for the engines' fixed-buffer path. Optional:
@@ -236,7 +248,14 @@ int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out)
             : NULL;
     if (rc == 0 && remote_url)
         rc = open_remote(kv, cfg, remote_url);
+    return rc;
+}
+
+/* each tier's eviction policy, and an index sized for every local chunk */
+static int open_index(ferry_kv *kv, const ferry_kv_config *cfg)
+{
     uint64_t chunks = 0;
+    int rc = 0;
     for (int t = 1; rc == 0 && t < FERRY_KV_TIERS; t++) {
         ferry__kv_tier *tr = kv->tier[t];
         if (!tr)
@@ -248,18 +267,37 @@ int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out)
         if (t != FERRY_KV_TIER_REMOTE) /* the index grows as it needs to */
             chunks += tr->capacity;
     }
-    if (rc == 0) {
-        kv->nbuckets = 64;
-        while (kv->nbuckets < chunks)
-            kv->nbuckets <<= 1;
-        kv->buckets = ferry__calloc(kv->nbuckets, sizeof *kv->buckets);
-        if (!kv->buckets)
-            rc = ferry__err_set(eb, -ENOMEM, "kv open: out of memory for the index");
-    }
+    if (rc < 0)
+        return rc;
+    kv->nbuckets = 64;
+    while (kv->nbuckets < chunks)
+        kv->nbuckets <<= 1;
+    kv->buckets = ferry__calloc(kv->nbuckets, sizeof *kv->buckets);
+    if (!kv->buckets)
+        return ferry__err_set(&kv->err, -ENOMEM, "kv open: out of memory for the index");
+    return 0;
+}
+
+int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out)
+{
+    uint32_t ct = 0;
+    uint64_t chunk_bytes = 0;
+    int rc = out ? config_check(cfg, &ct, &chunk_bytes)
+                 : ferry__err_set(NULL, -EINVAL, "kv open: config or out is NULL");
+    if (rc < 0)
+        return rc;
+    ferry_kv *kv = kv_alloc(cfg, ct, chunk_bytes);
+    if (!kv)
+        return ferry__err_set(NULL, -ENOMEM, "kv open: out of memory");
+    int persistent = cfg->size >= offsetof(ferry_kv_config, l2_persistent) + sizeof(int) &&
+                     cfg->l2_persistent;
+    rc = open_tiers(kv, cfg, persistent);
+    if (rc == 0)
+        rc = open_index(kv, cfg);
     if (rc == 0 && persistent && kv->tier[FERRY_KV_TIER_L2]) {
         int r = ferry__kv_tier_pslab_recover(kv->tier[FERRY_KV_TIER_L2], recover_one, kv);
         if (r < 0)
-            rc = ferry__err_set(eb, r, "kv open: recovering the persistent L2 in %s: %s",
+            rc = ferry__err_set(&kv->err, r, "kv open: recovering the persistent L2 in %s: %s",
                                 cfg->l2_dir, ferry_last_error());
         else
             FERRY_LOGI("kv open: %d chunks recovered from the persistent L2 in %s", r,
