@@ -680,6 +680,137 @@ static void rt_free(rtv *r)
         ferry__free(a[k]);
 }
 
+/* the per-chunk arrays and the read plan of a retrieve of nch chunks:
+ * 0, or -ENOMEM with nothing held */
+static int rt_init(rtv *r, size_t nch)
+{
+    ferry_kv *kv = r->kv;
+    r->held = ferry__calloc(nch, sizeof *r->held);
+    r->hidx = ferry__malloc(nch * sizeof *r->hidx);
+    r->pend = ferry__calloc(nch, sizeof *r->pend);
+    r->slot = ferry__calloc(nch, sizeof *r->slot);
+    r->st = ferry__malloc(nch * sizeof *r->st);
+    r->ahead = ferry__calloc(nch, 1);
+    r->fate = ferry__calloc(nch, 1);
+    r->res = ferry__calloc(nch, sizeof *r->res);
+    r->lost = ferry__calloc(nch, 1);
+    r->sent = ferry__calloc(nch, sizeof *r->sent);
+    r->left = ferry__calloc(nch, sizeof *r->left);
+    r->aloc = ferry__calloc(nch, sizeof *r->aloc);
+    r->adst = ferry__calloc(nch, sizeof *r->adst);
+    r->cur = SIZE_MAX;
+    if (!r->held || !r->hidx || !r->pend || !r->slot || !r->st || !r->ahead || !r->fate ||
+        !r->res || !r->lost || !r->sent || !r->left || !r->aloc || !r->adst) {
+        rt_free(r);
+        return ferry__kv_err(kv, -ENOMEM, "kv retrieve: out of memory for %zu chunks", nch);
+    }
+    ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
+    for (size_t i = 0; i < nch; i++)
+        r->st[i] = FERRY_ENOTFOUND;
+    r->batch_max = (size_t)FERRY__MAX(l1->capacity / 2, 1);
+    /* asynchronous reads: at most a quarter of L1 in flight, so they never
+     * crowd out the slots the copies hold */
+    r->at = kv->tier[FERRY_KV_TIER_L2] && kv->tier[FERRY_KV_TIER_L2]->aops
+                ? kv->tier[FERRY_KV_TIER_L2]
+                : NULL;
+    if (r->at) {
+        r->depth = (unsigned)FERRY__MIN((uint64_t)r->at->aops->depth,
+                                        FERRY__MAX(l1->capacity / 4, 1));
+        r->piece = r->at->apiece && r->at->apiece < r->at->slot_bytes ? r->at->apiece
+                                                                       : r->at->slot_bytes;
+        r->npieces = (uint32_t)((r->at->slot_bytes + r->piece - 1) / r->piece);
+        r->pdepth = r->npieces > 1 ? r->at->aops->pdepth : r->depth;
+    }
+    /* several chunks landing from L2 into a host buffer: the I/O workers
+     * copy them out while this thread keeps the reads going */
+    if (r->at && !r->s && nch > 1 &&
+        (r->csrc = ferry__calloc(nch, sizeof *r->csrc)) != NULL) {
+        r->wcopy = 1;
+        pthread_mutex_init(&r->cmu, NULL);
+        pthread_cond_init(&r->ccv, NULL);
+    }
+    return 0;
+}
+
+/* take the chunks of ours that landed, from chunk k up to ic */
+static void rt_landed_from(rtv *r, size_t k, size_t ic)
+{
+    for (size_t j = k; j < ic; j++)
+        if (r->fate[j] == RT_LANDED)
+            rt_read_done(r, j, r->res[j]);
+}
+
+/* every chunk of ids resolved: read, copied out, or a miss */
+static void rt_run(rtv *r, const ferry_kv_hash *ids, int lower)
+{
+    ferry_kv *kv = r->kv;
+    size_t nch = r->nch, k = 0, ic = 0;
+    int blocked = 0;
+    while (k < nch) {
+        if (r->fate[k] == RT_DONE) {
+            k++;
+            continue;
+        }
+        if (r->fate[k] == RT_OPEN && rt_failed(r) < 0) {
+            r->fate[k++] = RT_DONE;
+            continue;
+        }
+        rt_fill(r, ids, k, &ic, &blocked);
+        if (r->fate[k] == RT_READING || r->fate[k] == RT_LANDED) {
+            /* take what landed, refill, then copy those out (in landing
+             * order, not prompt order) while the new reads go on */
+            if (r->fate[k] == RT_READING) {
+                rt_reap(r);
+                rt_fill(r, ids, k, &ic, &blocked);
+            }
+            rt_landed_from(r, k, ic);
+            continue;
+        }
+        if (blocked && r->inflight) {
+            /* L1 is full: our own reads land first (their slots then hold
+             * promoted, unlocked chunks), and read-ahead is tried again */
+            if (rt_reap(r))
+                rt_landed_from(r, k, ic);
+            blocked = 0;
+            continue;
+        }
+        /* top the workers' read-ahead up as earlier reads land: chunks past
+         * the prefetch budget get queued once room frees, instead of being
+         * read here one at a time (chunks queued or in L1 are skipped) */
+        if (lower && k > 0 && k + 1 < nch)
+            ferry__kv_prefetch_ids(kv, ids + k + 1, nch - k - 1,
+                                   r->n - (k + 1) * kv->chunk_tokens, 0, r->ahead + k + 1);
+        int one = rt_one(r, ids, k);
+        if (one > 0) {
+            r->fate[k++] = RT_DONE;
+            blocked = 0; /* its slot's lock is gone (or goes with its copy
+                            on a worker): read ahead again */
+        } else if (one < 0)
+            blocked = 1; /* no room: reap our reads, then try again */
+    }
+    while (r->inflight) /* cannot be: every read was waited for above */
+        for (unsigned got = rt_reap(r); got; got = 0)
+            rt_landed_from(r, 0, nch);
+    rt_sync(r);
+}
+
+/* count what the retrieve did into the store's metrics */
+static void rt_count(rtv *r)
+{
+    ferry_kv *kv = r->kv;
+    if (r->vbad && r->at) {
+        r->hits[r->at->id] -= r->vbad;
+        r->misses += r->vbad;
+    }
+    for (int t = 1; t < FERRY_KV_TIERS; t++)
+        if (r->hits[t] && kv->tier[t])
+            atomic_fetch_add(&kv->tier[t]->hits, r->hits[t]);
+    atomic_fetch_add(&kv->tier[FERRY_KV_TIER_L1]->bytes_read, r->got * kv->chunk_bytes);
+    atomic_fetch_add(&kv->misses, r->misses);
+    atomic_fetch_add(&kv->retrieved_chunks, r->got);
+    atomic_fetch_add(&kv->retrieved_bytes, r->got * kv->chunk_bytes);
+}
+
 int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
                           const ferry_kv_req *req, const ferry_kv_buffer *buf)
 {
@@ -695,50 +826,10 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
         atomic_fetch_add(&kv->failures, 1);
         return rc;
     }
-    r.held = ferry__calloc(nch, sizeof *r.held);
-    r.hidx = ferry__malloc(nch * sizeof *r.hidx);
-    r.pend = ferry__calloc(nch, sizeof *r.pend);
-    r.slot = ferry__calloc(nch, sizeof *r.slot);
-    r.st = ferry__malloc(nch * sizeof *r.st);
-    r.ahead = ferry__calloc(nch, 1);
-    r.fate = ferry__calloc(nch, 1);
-    r.res = ferry__calloc(nch, sizeof *r.res);
-    r.lost = ferry__calloc(nch, 1);
-    r.sent = ferry__calloc(nch, sizeof *r.sent);
-    r.left = ferry__calloc(nch, sizeof *r.left);
-    r.aloc = ferry__calloc(nch, sizeof *r.aloc);
-    r.adst = ferry__calloc(nch, sizeof *r.adst);
-    r.cur = SIZE_MAX;
-    if (!r.held || !r.hidx || !r.pend || !r.slot || !r.st || !r.ahead || !r.fate || !r.res ||
-        !r.lost || !r.sent || !r.left || !r.aloc || !r.adst) {
-        rt_free(&r);
+    if ((rc = rt_init(&r, nch)) < 0) {
         ferry__kv_stream_put(kv, r.s);
         atomic_fetch_add(&kv->failures, 1);
-        return ferry__kv_err(kv, -ENOMEM, "kv retrieve: out of memory for %zu chunks", nch);
-    }
-    ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
-    for (size_t i = 0; i < nch; i++)
-        r.st[i] = FERRY_ENOTFOUND;
-    r.batch_max = (size_t)FERRY__MAX(l1->capacity / 2, 1);
-    /* asynchronous reads: at most a quarter of L1 in flight, so they never
-     * crowd out the slots the copies hold */
-    r.at = kv->tier[FERRY_KV_TIER_L2] && kv->tier[FERRY_KV_TIER_L2]->aops
-               ? kv->tier[FERRY_KV_TIER_L2]
-               : NULL;
-    if (r.at) {
-        r.depth = (unsigned)FERRY__MIN((uint64_t)r.at->aops->depth,
-                                       FERRY__MAX(l1->capacity / 4, 1));
-        r.piece = r.at->apiece && r.at->apiece < r.at->slot_bytes ? r.at->apiece
-                                                                   : r.at->slot_bytes;
-        r.npieces = (uint32_t)((r.at->slot_bytes + r.piece - 1) / r.piece);
-        r.pdepth = r.npieces > 1 ? r.at->aops->pdepth : r.depth;
-    }
-    /* several chunks landing from L2 into a host buffer: the I/O workers
-     * copy them out while this thread keeps the reads going */
-    if (r.at && !r.s && nch > 1 && (r.csrc = ferry__calloc(nch, sizeof *r.csrc)) != NULL) {
-        r.wcopy = 1;
-        pthread_mutex_init(&r.cmu, NULL);
-        pthread_cond_init(&r.ccv, NULL);
+        return rc;
     }
     /* read ahead on the workers from the tiers without asynchronous reads */
     int lower = 0;
@@ -747,76 +838,13 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
     ferry__kv_remote_discover_missing(kv, ids, nch, n);
     if (lower)
         ferry__kv_prefetch_ids(kv, ids, nch, n, 0, r.ahead);
-    size_t k = 0, ic = 0;
-    int blocked = 0;
-    while (k < nch) {
-        if (r.fate[k] == RT_DONE) {
-            k++;
-            continue;
-        }
-        if (r.fate[k] == RT_OPEN && rt_failed(&r) < 0) {
-            r.fate[k++] = RT_DONE;
-            continue;
-        }
-        rt_fill(&r, ids, k, &ic, &blocked);
-        if (r.fate[k] == RT_READING || r.fate[k] == RT_LANDED) {
-            /* take what landed, refill, then copy those out (in landing
-             * order, not prompt order) while the new reads go on */
-            if (r.fate[k] == RT_READING) {
-                rt_reap(&r);
-                rt_fill(&r, ids, k, &ic, &blocked);
-            }
-            for (size_t j = k; j < ic; j++)
-                if (r.fate[j] == RT_LANDED)
-                    rt_read_done(&r, j, r.res[j]);
-            continue;
-        }
-        if (blocked && r.inflight) {
-            /* L1 is full: our own reads land first (their slots then hold
-             * promoted, unlocked chunks), and read-ahead is tried again */
-            if (rt_reap(&r))
-                for (size_t j = k; j < ic; j++)
-                    if (r.fate[j] == RT_LANDED)
-                        rt_read_done(&r, j, r.res[j]);
-            blocked = 0;
-            continue;
-        }
-        /* top the workers' read-ahead up as earlier reads land: chunks past
-         * the prefetch budget get queued once room frees, instead of being
-         * read here one at a time (chunks queued or in L1 are skipped) */
-        if (lower && k > 0 && k + 1 < nch)
-            ferry__kv_prefetch_ids(kv, ids + k + 1, nch - k - 1, n - (k + 1) * kv->chunk_tokens, 0,
-                         r.ahead + k + 1);
-        int one = rt_one(&r, ids, k);
-        if (one > 0) {
-            r.fate[k++] = RT_DONE;
-            blocked = 0; /* its slot's lock is gone (or goes with its copy
-                            on a worker): read ahead again */
-        } else if (one < 0)
-            blocked = 1; /* no room: reap our reads, then try again */
-    }
-    while (r.inflight) /* cannot be: every read was waited for above */
-        for (unsigned got = rt_reap(&r); got; got = 0)
-            for (size_t j = 0; j < nch; j++)
-                if (r.fate[j] == RT_LANDED)
-                    rt_read_done(&r, j, r.res[j]);
-    rt_sync(&r);
-    if (r.vbad && r.at) {
-        r.hits[r.at->id] -= r.vbad;
-        r.misses += r.vbad;
-    }
+    rt_run(&r, ids, lower);
     if (r.wcopy) {
         pthread_mutex_destroy(&r.cmu);
         pthread_cond_destroy(&r.ccv);
     }
     ferry__kv_stream_put(kv, r.s);
-    for (int t = 1; t < FERRY_KV_TIERS; t++)
-        if (r.hits[t] && kv->tier[t])
-            atomic_fetch_add(&kv->tier[t]->hits, r.hits[t]);
-    atomic_fetch_add(&l1->bytes_read, r.got * kv->chunk_bytes);
-    atomic_fetch_add(&kv->misses, r.misses);
-    atomic_fetch_add(&kv->retrieved_chunks, r.got);
-    atomic_fetch_add(&kv->retrieved_bytes, r.got * kv->chunk_bytes);
+    rt_count(&r);
     size_t lead = 0;
     for (size_t i = 0; i < nch && r.st[i] == 0; i++)
         lead += ferry__kv_chunk_ntok(kv, i, n);
