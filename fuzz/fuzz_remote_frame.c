@@ -19,7 +19,7 @@
 
 #include <hiredis/hiredis.h>
 
-#include "kv/remote_int.h"
+#include "remote/remote_int.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kv/remote_int.h"
+#include "remote/remote_int.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

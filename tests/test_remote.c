@@ -24,7 +24,7 @@
 #include <xxhash.h>
 
 #include "ferry_test.h"
-#include "kv/remote_int.h"
+#include "remote/remote_int.h"
 #include "redis_server.h"
 
 static ft_redis g_srv; /* shared by the tests that do not stop it */

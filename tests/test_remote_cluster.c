@@ -13,7 +13,7 @@
 #include <hiredis/hiredis.h>
 
 #include "ferry_test.h"
-#include "kv/remote_int.h"
+#include "remote/remote_int.h"
 #include "redis_server.h"
 
 static ft_redis_cluster g_cl;

@@ -28,7 +28,7 @@
 
 #include "cli.h"
 #include "core.h"
-#include "kv/remote_int.h"
+#include "remote/remote_int.h"
 
 typedef struct bench_thread {
     ferry_remote *r;

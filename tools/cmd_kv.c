@@ -40,7 +40,7 @@
 #include <jansson.h>
 
 #include "cli.h"
-#include "kv/remote_int.h"
+#include "remote/remote_int.h"
 
 #define CMD "kv bench"
 #define PC_MAX_ROUNDS 64 /* --persist-rounds */

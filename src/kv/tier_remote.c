@@ -31,7 +31,7 @@
 
 #include "ferry/remote.h"
 #include "kv_impl.h"
-#include "remote_int.h"
+#include "remote/remote_int.h"
 
 #define KEY_HEX 32u
 #define STACK_KEYS 64u

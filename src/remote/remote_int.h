@@ -1,5 +1,5 @@
 /*
- * remote_int.h - private pieces of the remote tier (src/kv/remote*.c).
+ * remote_int.h - private pieces of the Redis/Valkey client (src/remote/).
  *
  *  remote_url.c      strict URL parser (fuzzed: fuzz/fuzz_remote_url.c)
  *  remote_value.c    value header codec (fuzzed: fuzz/fuzz_remote_value.c)
@@ -16,8 +16,8 @@
  * cluster, its own slot map) used by one thread at a time; the handle keeps
  * a pool of them. Topology backends sit behind ferry__rtopo_ops.
  */
-#ifndef FERRY_KV_REMOTE_INT_H
-#define FERRY_KV_REMOTE_INT_H
+#ifndef FERRY_REMOTE_REMOTE_INT_H
+#define FERRY_REMOTE_REMOTE_INT_H
 
 #include <stddef.h>
 #include <stdint.h>
