@@ -1,0 +1,499 @@
+/*
+ * gds_host.c - host buffers to and from the slab: synchronous
+ * (ferry_gds_pread/pwrite) and the asynchronous host-I/O engine
+ * (ferry_gds_submit/reap), both straight to the drive queues; host
+ * buffer registration and allocation.
+ *
+ * Invariant: every engine request submitted to a drive completes exactly
+ * once into its own hop, whoever reaps: a synchronous hop's caller waits
+ * until its hop has nothing left; an asynchronous one lands on the done
+ * list, where exactly one ferry_gds_reap takes it (or close drops it).
+ * Why: several threads share the drive queues, and a completion reaped by
+ * one thread may belong to another's request.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "gds_impl.h"
+
+/* ---- host buffers: straight to the drive queues ----
+ *
+ * A host transfer ("hop") is cut into engine requests per stripe run; each
+ * request's user field points back at its hop. Whoever reaps a drive's
+ * queue (under that drive's lock: a ferry_io is single-threaded) delivers
+ * every completion to its own hop, whichever thread or call it belongs
+ * to; a synchronous call waits until its own hop has nothing left, an
+ * asynchronous one lands on the context's done list for ferry_gds_reap.
+ */
+
+typedef struct hop {
+    struct hop *next;          /* done list */
+    ferry_gds_req *req;        /* async: the caller's request; NULL when synchronous */
+    ferry_io_req *io;          /* n engine requests */
+    size_t n;
+    size_t left[FERRY_GDS_MAX_DIRS];
+    _Atomic size_t left_total;
+    int err;                   /* first failure's code */
+    size_t bad;                /* its request's index */
+    int dir;
+    size_t len;
+    uint64_t slab_off;
+    ferry_io_req small[8];
+} hop;
+
+static unsigned req_drive(const ferry_gds *g, const ferry_io_req *r)
+{
+    for (unsigned d = 0; d < g->ndrives; d++)
+        if (g->drives[d].f == r->file)
+            return d;
+    return 0;
+}
+
+static int host_check(ferry_gds *g, int dir, const void *buf, size_t len, uint64_t slab_off)
+{
+    const char *what = ferry__gds_dirname(dir);
+    if (dir != FERRY_GDS_READ && dir != FERRY_GDS_WRITE)
+        return ferry__err_set(&g->err, -EINVAL, "gds: host transfer direction %d", dir);
+    if (!buf)
+        return ferry__err_set(&g->err, -EINVAL, "gds: %s at slab offset %llu: NULL buffer", what,
+                              (unsigned long long)slab_off);
+    int rc = ferry__gds_check_range(g, what, slab_off, len);
+    if (rc < 0)
+        return rc;
+    if (!FERRY__IS_ALIGNED((uintptr_t)buf, g->align) && ferry_file_is_direct(g->drives[0].f))
+        return ferry__err_set(&g->err, FERRY_EALIGN,
+                              "gds: %s of %zu bytes at slab offset %llu: host buffer %p is not "
+                              "%zu-aligned (the slab is open with O_DIRECT)",
+                              what, len, (unsigned long long)slab_off, buf, g->align);
+    return 0;
+}
+
+/* cut [slab_off, +len) into engine requests of at most `piece` bytes that
+ * never cross a stripe unit; -ENOMEM leaves h empty */
+static int hop_build(ferry_gds *g, hop *h, int dir, void *buf, size_t len, uint64_t slab_off,
+                     size_t piece)
+{
+    memset(h, 0, offsetof(hop, small));
+    h->dir = dir;
+    h->len = len;
+    h->slab_off = slab_off;
+    size_t n = 0;
+    for (size_t pos = 0; pos < len; n++) {
+        unsigned d;
+        uint64_t foff, run;
+        ferry__gds_stripe_map(g, slab_off + pos, &d, &foff, &run);
+        pos += (size_t)FERRY__MIN((uint64_t)FERRY__MIN(len - pos, piece), run);
+    }
+    h->io = h->small;
+    if (n > FERRY__ARRAY_LEN(h->small) && !(h->io = ferry__calloc(n, sizeof *h->io)))
+        return ferry__err_set(&g->err, -ENOMEM, "gds: %s of %zu bytes: out of memory",
+                              ferry__gds_dirname(dir), len);
+    size_t i = 0;
+    for (size_t pos = 0; pos < len; i++) {
+        unsigned d;
+        uint64_t foff, run;
+        ferry__gds_stripe_map(g, slab_off + pos, &d, &foff, &run);
+        size_t k = (size_t)FERRY__MIN((uint64_t)FERRY__MIN(len - pos, piece), run);
+        ferry_io_req *r = &h->io[i];
+        memset(r, 0, sizeof *r);
+        r->op = dir == FERRY_GDS_READ ? FERRY_IO_READ : FERRY_IO_WRITE;
+        r->file = g->drives[d].f;
+        r->buf = (char *)buf + pos;
+        r->len = k;
+        r->offset = foff;
+        r->user = h;
+        h->left[d]++;
+        pos += k;
+    }
+    h->n = n;
+    atomic_store(&h->left_total, n);
+    return 0;
+}
+
+static void hop_free_parts(hop *h)
+{
+    if (h->io != h->small)
+        ferry__free(h->io);
+    h->io = NULL;
+}
+
+/* the hop's outcome: 0, or its first failure with a message */
+static int hop_result(ferry_gds *g, const hop *h)
+{
+    if (!h->err)
+        return 0;
+    const ferry_io_req *r = &h->io[h->bad];
+    unsigned d = req_drive(g, r);
+    return ferry__err_set(&g->err, h->err,
+                          "gds: %s of %zu bytes at slab offset %llu: drive %u (%s) %s of %zu "
+                          "bytes at file offset %llu: %s",
+                          ferry__gds_dirname(h->dir), h->len, (unsigned long long)h->slab_off, d,
+                          g->drives[d].path, ferry__gds_dirname(h->dir), r->len,
+                          (unsigned long long)r->offset, ferry_strerror(h->err));
+}
+
+/* a completed engine request reaches its hop (caller holds drive d's lock) */
+static void deliver(ferry_gds *g, unsigned d, ferry_io_req *r)
+{
+    hop *h = r->user;
+    if (r->result != (int64_t)r->len) {
+        /* parts of one hop complete on several drives' threads at once */
+        pthread_mutex_lock(&g->amu);
+        if (!h->err) {
+            h->err = r->result < 0 ? (int)r->result : FERRY_ESHORT;
+            h->bad = (size_t)(r - h->io);
+        }
+        pthread_mutex_unlock(&g->amu);
+    }
+    h->left[d]--;
+    /* read req before the last decrement: once left_total reaches 0 a
+     * synchronous caller may return and its stack-held hop is gone */
+    ferry_gds_req *req = h->req;
+    if (atomic_fetch_sub(&h->left_total, 1) != 1 || !req)
+        return;
+    /* an async hop is complete: hand it to ferry_gds_reap */
+    req->result = h->err ? hop_result(g, h) : 0;
+    if (!h->err)
+        atomic_fetch_add(h->dir == FERRY_GDS_READ ? &g->bytes_read : &g->bytes_written, h->len);
+    pthread_mutex_lock(&g->amu);
+    h->next = NULL;
+    if (g->done_tail)
+        g->done_tail->next = h;
+    else
+        g->done_head = h;
+    g->done_tail = h;
+    g->ndone++;
+    pthread_mutex_unlock(&g->amu);
+}
+
+/* reap drive d once (caller holds its lock); returns completions or a code */
+static int pump_drive(ferry_gds *g, unsigned d, unsigned min, int timeout_ms)
+{
+    ferry_io_req *done[32];
+    int k = ferry_io_reap(g->drives[d].io, done, min, 32, timeout_ms);
+    if (k < 0)
+        return ferry__err_set(&g->err, k, "gds: drive %u (%s): reap: %s", d, g->drives[d].path,
+                              ferry_last_error());
+    for (int i = 0; i < k; i++)
+        deliver(g, d, done[i]);
+    return k;
+}
+
+/* submit k engine requests to drive d (caller holds its lock); requests
+ * the engine refuses (validation) complete at once as failures */
+static void drive_flush(ferry_gds *g, unsigned d, ferry_io_req **ptrs, unsigned k, int *rc)
+{
+    int n = ferry_io_submit(g->drives[d].io, ptrs, k);
+    if (n < 0 || (unsigned)n < k) {
+        int code = n < 0 ? n : FERRY_EDRIVER;
+        if (*rc == 0)
+            *rc = ferry__err_set(&g->err, code, "gds: drive %u (%s): submit: %s", d,
+                                 g->drives[d].path, ferry_last_error());
+        for (unsigned q = n < 0 ? 0 : (unsigned)n; q < k; q++) {
+            ptrs[q]->result = code;
+            deliver(g, d, ptrs[q]);
+        }
+    }
+    atomic_fetch_add(&g->engine_ios, (uint64_t)(n < 0 ? 0 : n));
+}
+
+/* hand built hops' requests to the drive queues: per drive, one lock and
+ * one submission per 64 requests (one io_uring_submit for a batch) */
+static int hops_submit(ferry_gds *g, hop *const *hops, unsigned m)
+{
+    int rc = 0;
+    for (unsigned d = 0; d < g->ndrives; d++) {
+        ferry_io_req *ptrs[64];
+        unsigned k = 0;
+        int locked = 0;
+        for (unsigned hi = 0; hi < m; hi++) {
+            const hop *h = hops[hi];
+            if (!h->left[d])
+                continue;
+            if (!locked) {
+                pthread_mutex_lock(&g->drives[d].mu);
+                locked = 1;
+            }
+            for (size_t j = 0; j < h->n; j++) {
+                if (h->io[j].file != g->drives[d].f)
+                    continue;
+                ptrs[k++] = &h->io[j];
+                if (k == FERRY__ARRAY_LEN(ptrs)) {
+                    drive_flush(g, d, ptrs, k, &rc);
+                    k = 0;
+                }
+            }
+        }
+        if (k)
+            drive_flush(g, d, ptrs, k, &rc);
+        if (locked)
+            pthread_mutex_unlock(&g->drives[d].mu);
+    }
+    return rc;
+}
+
+static int host_rw(ferry_gds *g, int dir, void *buf, size_t len, uint64_t slab_off)
+{
+    if (!g)
+        return ferry__err_set(NULL, -EINVAL, "gds: %s on a NULL context", ferry__gds_dirname(dir));
+    int rc = host_check(g, dir, buf, len, slab_off);
+    if (rc < 0)
+        return rc;
+    /* a synchronous call brings its own parallelism: pieces so that each
+     * drive has about `depth` requests in flight, as the engines' own
+     * synchronous helpers do (one 32 MiB chunk at depth 8: 8 x 4 MiB) */
+    size_t piece = (len + (size_t)g->ndrives * g->depth - 1) / ((size_t)g->ndrives * g->depth);
+    piece = FERRY__ALIGN_UP(piece, g->align);
+    if (piece < ((size_t)128 << 10))
+        piece = (size_t)128 << 10;
+    hop h, *hp = &h;
+    if ((rc = hop_build(g, &h, dir, buf, len, slab_off, piece)) < 0)
+        return rc;
+    hops_submit(g, &hp, 1);
+    /* wait for our own requests, delivering whatever else completes too */
+    while (rc == 0 && atomic_load(&h.left_total) > 0) {
+        /* h.left[d] changes only under drive d's lock */
+        for (unsigned d = 0; d < g->ndrives && rc == 0; d++) {
+            pthread_mutex_lock(&g->drives[d].mu);
+            int k = h.left[d] ? pump_drive(g, d, 1, -1) : 0;
+            pthread_mutex_unlock(&g->drives[d].mu);
+            if (k < 0)
+                rc = k; /* the engine broke: nothing more will complete */
+        }
+    }
+    if (rc == 0 && (rc = hop_result(g, &h)) == 0)
+        atomic_fetch_add(dir == FERRY_GDS_READ ? &g->bytes_read : &g->bytes_written, len);
+    hop_free_parts(&h);
+    return rc;
+}
+
+int ferry_gds_pwrite(ferry_gds *g, const void *buf, size_t len, uint64_t slab_off)
+{
+    return host_rw(g, FERRY_GDS_WRITE, (void *)(uintptr_t)buf, len, slab_off);
+}
+
+int ferry_gds_pread(ferry_gds *g, void *buf, size_t len, uint64_t slab_off)
+{
+    return host_rw(g, FERRY_GDS_READ, buf, len, slab_off);
+}
+
+/* close: host requests still in flight land first; unreaped ones are dropped */
+void ferry__gds_async_drain(ferry_gds *g)
+{
+    if (g->on) {
+        int broken = 0;
+        while (!broken && atomic_load(&g->async_hops) > g->ndone) {
+            for (unsigned d = 0; d < g->ndrives; d++) {
+                pthread_mutex_lock(&g->drives[d].mu);
+                int k = ferry_io_inflight(g->drives[d].io) ? pump_drive(g, d, 1, 10) : 0;
+                pthread_mutex_unlock(&g->drives[d].mu);
+                if (k < 0)
+                    broken = 1;
+            }
+        }
+        while (g->done_head) {
+            hop *h = g->done_head;
+            g->done_head = h->next;
+            h->req->priv_ = NULL;
+            hop_free_parts(h);
+            ferry__free(h);
+        }
+    }
+}
+
+int ferry_gds_submit(ferry_gds *g, ferry_gds_req *const *reqs, unsigned n)
+{
+    if (!g || (!reqs && n))
+        return ferry__err_set(g ? &g->err : NULL, -EINVAL, "gds: submit: NULL context or reqs");
+    unsigned k = 0;
+    int rc = 0;
+    while (k < n && rc == 0) {
+        hop *batch[32];
+        unsigned m = 0;
+        for (; k < n && m < FERRY__ARRAY_LEN(batch); k++) {
+            ferry_gds_req *q = reqs[k];
+            if (!q) {
+                rc = ferry__err_set(&g->err, -EINVAL, "gds: submit: request %u is NULL", k);
+                break;
+            }
+            if ((rc = host_check(g, q->dir, q->buf, q->len, q->slab_off)) < 0)
+                break;
+            hop *h = ferry__malloc(sizeof *h);
+            if (!h) {
+                rc = ferry__err_set(&g->err, -ENOMEM, "gds: submit: out of memory");
+                break;
+            }
+            /* the caller keeps `depth` requests in flight: no extra cutting */
+            if ((rc = hop_build(g, h, q->dir, q->buf, q->len, q->slab_off, SIZE_MAX)) < 0) {
+                ferry__free(h);
+                break;
+            }
+            h->req = q;
+            q->result = 0;
+            q->priv_ = h;
+            batch[m++] = h;
+        }
+        atomic_fetch_add(&g->async_hops, m);
+        hops_submit(g, batch, m); /* a refused request completes with its error */
+    }
+    return k ? (int)k : rc;
+}
+
+int ferry_gds_reap(ferry_gds *g, ferry_gds_req **done, unsigned min, unsigned max,
+                   int timeout_ms)
+{
+    if (!g || (!done && max))
+        return ferry__err_set(g ? &g->err : NULL, -EINVAL, "gds: reap: NULL context or done");
+    if (min > max)
+        return ferry__err_set(&g->err, -EINVAL, "gds: reap: min %u > max %u", min, max);
+    uint64_t deadline = timeout_ms < 0 ? 0 : ferry__now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    unsigned got = 0, turn = 0;
+    /* a poll (min 0) collects what has finished without waiting; a wait
+     * goes straight to the drives below, which collect it anyway */
+    for (unsigned d = 0; min == 0 && d < g->ndrives; d++) {
+        pthread_mutex_lock(&g->drives[d].mu);
+        int k = ferry_io_inflight(g->drives[d].io) ? pump_drive(g, d, 0, 0) : 0;
+        pthread_mutex_unlock(&g->drives[d].mu);
+        if (k < 0)
+            return k;
+    }
+    for (;;) {
+        pthread_mutex_lock(&g->amu);
+        while (got < max && g->done_head) {
+            hop *h = g->done_head;
+            g->done_head = h->next;
+            if (!g->done_head)
+                g->done_tail = NULL;
+            g->ndone--;
+            done[got++] = h->req;
+            h->req->priv_ = NULL;
+            hop_free_parts(h);
+            ferry__free(h);
+            atomic_fetch_sub(&g->async_hops, 1);
+        }
+        unsigned waiting = (unsigned)atomic_load(&g->async_hops) - g->ndone;
+        pthread_mutex_unlock(&g->amu);
+        if (got >= min || got == max || waiting == 0)
+            return (int)got;
+        int left = -1;
+        if (timeout_ms >= 0) {
+            uint64_t now = ferry__now_ns();
+            if (now >= deadline)
+                return (int)got;
+            left = (int)((deadline - now + 999999) / 1000000);
+        }
+        /* one drive: block on it; several: short turns round the drives */
+        unsigned d = turn++ % g->ndrives;
+        int slice = g->ndrives == 1 ? left : (left < 0 || left > 1 ? 1 : left);
+        pthread_mutex_lock(&g->drives[d].mu);
+        int k = ferry_io_inflight(g->drives[d].io) ? pump_drive(g, d, 1, slice) : 0;
+        pthread_mutex_unlock(&g->drives[d].mu);
+        if (k < 0)
+            return got ? (int)got : k;
+    }
+}
+
+/* ---- registered host buffers ---- */
+
+int ferry_gds_host_register(ferry_gds *g, void *buf, size_t len)
+{
+    if (!g || !buf || !len)
+        return ferry__err_set(g ? &g->err : NULL, -EINVAL,
+                              "gds: host register needs a buffer and a length");
+    if (!g->on)
+        return ferry__err_set(&g->err, FERRY_ESTATE, "gds: host register: the context is off");
+    int rc = 0;
+    unsigned d = 0;
+    for (; d < g->ndrives && rc == 0; d++) {
+        pthread_mutex_lock(&g->drives[d].mu);
+        rc = ferry_io_register_buffer(g->drives[d].io, buf, len);
+        pthread_mutex_unlock(&g->drives[d].mu);
+    }
+    if (rc == FERRY_ENOTSUP)
+        rc = 0; /* this engine has no fixed buffers: nothing to gain, nothing to do */
+    if (rc < 0) {
+        char m[FERRY__ERRMSG_MAX];
+        snprintf(m, sizeof m, "%s", ferry_last_error());
+        for (unsigned j = 0; j + 1 < d; j++) {
+            pthread_mutex_lock(&g->drives[j].mu);
+            ferry_io_unregister_buffer(g->drives[j].io, buf);
+            pthread_mutex_unlock(&g->drives[j].mu);
+        }
+        return ferry__err_set(&g->err, rc, "gds: host register %p (%zu bytes) on drive %u: %s",
+                              buf, len, d - 1, m);
+    }
+    return 0;
+}
+
+int ferry_gds_host_unregister(ferry_gds *g, void *buf)
+{
+    if (!g || !buf)
+        return ferry__err_set(g ? &g->err : NULL, -EINVAL, "gds: host unregister of NULL");
+    if (!g->on)
+        return ferry__err_set(&g->err, FERRY_ESTATE, "gds: host unregister: the context is off");
+    int rc = 0;
+    for (unsigned d = 0; d < g->ndrives; d++) {
+        pthread_mutex_lock(&g->drives[d].mu);
+        int r = ferry_io_unregister_buffer(g->drives[d].io, buf);
+        pthread_mutex_unlock(&g->drives[d].mu);
+        if (r < 0 && r != FERRY_ENOTSUP && rc == 0)
+            rc = ferry__err_set(&g->err, r == -ENOENT ? FERRY_ENOTFOUND : r,
+                                "gds: host unregister %p on drive %u: %s", buf, d,
+                                ferry_last_error());
+    }
+    return rc;
+}
+
+int ferry_gds_buffer_alloc(ferry_gds *g, size_t len, void **out)
+{
+    if (!g || !len || !out)
+        return ferry__err_set(g ? &g->err : NULL, -EINVAL, "gds: buffer alloc needs a length");
+    if (!g->on)
+        return ferry__err_set(&g->err, FERRY_ESTATE, "gds: buffer alloc: the context is off");
+    size_t n = FERRY__ALIGN_UP(len, g->align);
+    void *p = NULL;
+    if (g->dev) {
+        int rc = ferry_device_host_alloc(g->dev, n, &p);
+        if (rc < 0)
+            return ferry__err_pass(&g->err, rc);
+    } else {
+        /* large buffers on 2 MiB boundaries, backed by transparent huge
+         * pages where the kernel allows (as the I/O layer's own buffers):
+         * a direct request then maps onto a few large segments instead of
+         * one per 4 KiB page, which costs real throughput (measured: 8 MiB
+         * requests at depth 8 ran ~1.7x faster from huge pages) */
+        size_t huge = (size_t)2 << 20;
+        size_t align = n >= huge ? huge : g->align;
+        if (!(p = ferry__aligned_alloc(align, n)))
+            return ferry__err_set(&g->err, -ENOMEM, "gds: out of memory for a %zu-byte buffer",
+                                  n);
+        if (n >= huge && FERRY__IS_ALIGNED(p, huge))
+            madvise(p, n & ~(huge - 1), MADV_HUGEPAGE);
+    }
+    /* best effort, as the engines' own buffers: unregistered still works */
+    if (ferry_gds_host_register(g, p, n) < 0)
+        FERRY_LOGD("gds: buffer %p not registered: %s", p, ferry__err_msg(&g->err));
+    *out = p;
+    return 0;
+}
+
+void ferry_gds_buffer_free(ferry_gds *g, void *buf)
+{
+    if (!g || !buf)
+        return;
+    if (g->on) {
+        for (unsigned d = 0; d < g->ndrives; d++) {
+            pthread_mutex_lock(&g->drives[d].mu);
+            ferry_io_unregister_buffer(g->drives[d].io, buf);
+            pthread_mutex_unlock(&g->drives[d].mu);
+        }
+    }
+    if (g->dev)
+        ferry_device_host_free(g->dev, buf);
+    else
+        ferry__free(buf);
+}
