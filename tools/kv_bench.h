@@ -1,0 +1,186 @@
+/*
+ * kv_bench.h - the parts of `ferry kv bench`, one concern per file:
+ *
+ *   kv_bench_workload.c  the workload generator (QA and chat prompts) and
+ *                        one run of it on a store; small shared helpers
+ *   kv_bench_store.c     opening a store for a run and the engine's buffer
+ *                        (host or device memory, contiguous or paged)
+ *   kv_bench_refs.c      the reference figures measured in the same run
+ *                        (memcpy, hashing, lookup, the drive, the server)
+ *   kv_bench_sweep.c     the hit-rate sweep over tier sizes and its plot
+ *   kv_bench_persist.c   --persistent: what persistence costs
+ *   kv_bench_report.c    the report, as text or as one JSON object
+ *   cmd_kv.c             the command: options, checks, the order of work
+ *
+ * Private to the CLI; the names are not the library's.
+ */
+#ifndef FERRY_KV_BENCH_H
+#define FERRY_KV_BENCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "cli.h"
+
+#define KVB_CMD "kv bench"
+#define PC_MAX_ROUNDS 64 /* --persist-rounds */
+#define L2_ROUNDS 15     /* measured rounds of the L2 reference, after one warm-up */
+
+typedef struct opts {
+    const char *workload, *model, *dir, *policy, *engine, *plot;
+    uint64_t l1, l2;
+    unsigned docs, doc_tokens, questions, qtokens;
+    unsigned sessions, turns, turn_tokens;
+    unsigned chunk_tokens;
+    unsigned layers, heads, head_dim;
+    double zipf;
+    uint64_t seed;
+    int json, refs, persistent;
+    const char *remote;      /* --remote URL */
+    char remote_prefix[64];  /* this run's key prefix */
+    unsigned persist_rounds; /* --persistent: rounds of each mode in the cost figure */
+    const char *device;      /* --device host|cuda: NULL, the engine buffer is host memory */
+    unsigned paged;          /* --paged N: the engine buffer is paged, N tokens a block; 0 not */
+    ferry_device *dev;       /* opened from device for the run */
+    uint64_t prefetch_max;   /* the store's prefetch bound; 0: its default */
+} opts;
+
+/* ---- the workload: a list of prompts (kv_bench_workload.c) ---- */
+typedef struct prompt {
+    const int32_t *tok;
+    size_t n;
+} prompt;
+
+typedef struct workload {
+    int32_t *pool; /* every prompt's tokens */
+    prompt *p;
+    size_t np;
+    size_t max_tokens;
+    uint64_t unique_chunks; /* chunks a cache of infinite size would hold */
+} workload;
+
+/* one run of the workload on one store */
+typedef struct run_result {
+    uint64_t prompt_tokens, hit_tokens, retrieved_tokens;
+    double store_s, retrieve_s;
+    uint64_t stored_bytes, retrieved_bytes;
+    double lookup_p50_us, lookup_p99_us;
+    ferry_kv_stats m;
+} run_result;
+
+double kvb_now_s(void);
+double kvb_cpu_now_s(void);
+uint64_t kvb_rng_next(uint64_t *s);
+/* the q-quantile of v[0..n) (sorts v); 0 when n == 0 */
+double kvb_pct(double *v, size_t n, double q);
+/* a / b, 0 when b is not positive */
+double kvb_ratio(double a, double b);
+/* the model's KV shape with the overrides of o; -1 for an unknown model */
+int kvb_layout_for(const opts *o, ferry_kv_layout *l);
+int kvb_make_workload(const opts *o, workload *w);
+void kvb_workload_free(workload *w);
+/* every prompt: lookup, retrieve the cached prefix into buf, store it whole */
+int kvb_run_workload(ferry_kv *kv, const workload *w, const ferry_kv_buffer *buf, int quiet,
+                     run_result *r);
+
+/* ---- the store and the engine's buffer (kv_bench_store.c) ---- */
+ferry_remote_options kvb_remote_opts(const opts *o);
+int kvb_open_store(const opts *o, const ferry_kv_layout *l, uint64_t l1, uint64_t l2,
+                   const char *dir, ferry_kv **kv);
+
+/* An engine buffer of cap tokens: host memory (2 MiB-aligned, advised for
+ * huge pages when large) or, with o->dev, device memory of that device;
+ * one tensor, or with o->paged blocks of that many tokens placed through a
+ * block table that is not the identity. */
+typedef struct engine_buf {
+    ferry_kv_buffer b;
+    ferry_device *dev; /* owner of devmem, NULL for host memory */
+    void *host;        /* host memory, NULL on a device */
+    ferry_devptr devmem;
+    uint64_t *bases;   /* paged: kv * layers cache bases */
+    int32_t *table;    /* paged: the block table */
+} engine_buf;
+
+/* with o NULL (stand-in layouts: the sweep, the lookup reference) always a
+ * contiguous host buffer */
+int kvb_buffer_alloc(const opts *o, const ferry_kv_layout *l, uint64_t cap, engine_buf *e);
+void kvb_buffer_free(engine_buf *e);
+/* "host" or the device's backend, and "contiguous" or "paged" */
+const char *kvb_buffer_mem(const opts *o);
+const char *kvb_buffer_form(const opts *o);
+
+/* ---- references (kv_bench_refs.c) ---- */
+typedef struct refs {
+    double memcpy_gbps, l1_store_gbps, l1_retrieve_gbps;
+    double memcpy_gbps_cpu, l1_store_gbps_cpu, l1_retrieve_gbps_cpu;
+    double hash_gbps, hash_gbps_cpu;
+    double lookup32k_p50_us, lookup32k_p99_us, lookup32k_mean_us, lookup32k_cpu_us;
+    /* L2: medians over alternating rounds (io read, retrieve, prefetch),
+     * the ratios the medians of each round's own ratio */
+    double io_read_gbps, l2_retrieve_gbps, l2_promote_gbps;
+    double l2_retrieve_ratio, l2_promote_ratio, l2_retrieve_ratio_min, l2_retrieve_ratio_max;
+    double l2_round[L2_ROUNDS][3]; /* GB/s: io read, retrieve, prefetch */
+    unsigned l2_rounds;
+    const char *io_engine;
+    int have_l2;
+    /* --remote */
+    double remote_retrieve_gbps, remote_get_gbps, remote_hit_rate, remote_lookup_p50_us;
+    uint64_t remote_retrieved_bytes;
+    int have_remote;
+} refs;
+
+/* every reference o asks for (o->remote NULL, o->persistent 0: they start
+ * from empty local tiers); url: the run's remote, or NULL */
+void kvb_refs_run(const opts *o, const char *url, const ferry_kv_layout *l, uint64_t chunk,
+                  const workload *w, refs *r);
+
+/* ---- the hit-rate sweep and its plot (kv_bench_sweep.c) ---- */
+typedef struct point {
+    uint64_t l1_chunks, l2_chunks;
+    double hit_rate;
+} point;
+
+int kvb_sweep(const opts *o, const workload *w, point **out, size_t *np);
+int kvb_plot(const opts *o, const point *p, size_t np, uint64_t chunk);
+
+/* ---- --persistent: what persistence costs (kv_bench_persist.c) ---- */
+typedef struct pc_round {
+    int persistent; /* 0: A, 1: B, 2: C (raw durable writes) */
+    double gbps, store_s, drain_s, sync_s;
+    uint64_t l2_bytes, l2_failures, stored_bytes;
+} pc_round;
+
+typedef struct persist_cost {
+    unsigned n; /* rounds run (both modes) */
+    pc_round r[3 * PC_MAX_ROUNDS];
+    double median[3], ratio, raw_ratio, load[3];
+    int rc;
+} persist_cost;
+
+void kvb_persist_cost_run(const opts *o, const ferry_kv_layout *l, const workload *w,
+                          uint64_t chunk, persist_cost *pc);
+json_t *kvb_persist_cost_json(const persist_cost *pc);
+void kvb_persist_cost_print(const persist_cost *pc);
+
+/* ---- the report (kv_bench_report.c) ---- */
+typedef struct report {
+    const opts *o;
+    uint64_t chunk;
+    size_t prompts;
+    const run_result *rr;
+    double wall;
+    const refs *rf;         /* when o->refs */
+    const persist_cost *pc; /* NULL: not measured */
+    const point *pts;       /* with o->plot */
+    size_t npts;
+    int plot_rc;
+    int persistent;     /* the run's L2 was persistent */
+    const char *remote; /* the run's remote URL, NULL without */
+} report;
+
+void kvb_report_json(const report *r);
+void kvb_report_text(const report *r);
+
+#endif
