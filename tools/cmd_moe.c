@@ -529,17 +529,18 @@ typedef struct exec_bench {
     uint32_t rows;
 } exec_bench;
 
-/* slot writes through the executor on the host device vs plain memcpy of
- * the same bytes, interleaved in the same run; best of `rounds` each */
-static int bench_executor(const char *cmd, size_t row_bytes, uint32_t nrows, int rounds,
-                          exec_bench *out)
+/* slot writes through the executor on a device (backend "host" or "cuda")
+ * vs plain memcpy of the same bytes in host memory, interleaved in the
+ * same run; the median of `rounds` paired rounds */
+static int bench_executor(const char *cmd, const char *backend, size_t row_bytes, uint32_t nrows,
+                          int rounds, exec_bench *out)
 {
     ferry_device_options dopt = FERRY_DEVICE_OPTIONS_INIT;
-    dopt.backend = "host";
+    dopt.backend = backend;
     ferry_device *dev = NULL;
     int rc = ferry_device_open(&dopt, &dev);
     if (rc < 0)
-        return cli_fail(cmd, "open host device", rc);
+        return cli_fail(cmd, backend, rc);
     ferry_moe_geometry g = FERRY_MOE_GEOMETRY_INIT;
     g.num_layers = 1;
     g.num_experts = nrows;
@@ -635,7 +636,9 @@ done:
 int cmd_moe_bench(int argc, char **argv)
 {
     const char *cmd = "moe bench";
-    int json = 0, quick = 0;
+    static const char *const devices[] = {"host", "cuda", NULL};
+    const char *device = "host";
+    int json = 0, quick = 0, k = 0;
     uint64_t row_bytes = 0;
     uint32_t tokens = 512;
     for (int i = 1; i < argc; i++) {
@@ -643,18 +646,23 @@ int cmd_moe_bench(int argc, char **argv)
             json = 1;
         else if (!strcmp(argv[i], "--quick"))
             quick = 1;
-        else if (!strcmp(argv[i], "--row-bytes")) {
+        else if (!strcmp(argv[i], "--device")) {
+            if (cli_opt_choice(cmd, argv[i], i + 1 < argc ? argv[i + 1] : NULL, devices, &k))
+                return 2;
+            device = devices[k];
+            i++;
+        } else if (!strcmp(argv[i], "--row-bytes")) {
             /* 64 rows x 3 banks, twice over (banks and destination): 1.5 GiB at 4M */
             if (cli_opt_size(cmd, argv[i], i + 1 < argc ? argv[i + 1] : NULL, 64, 4u << 20, 0,
                              &row_bytes))
                 return 2;
             i++;
         } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: ferry moe bench [--json] [--quick] [--row-bytes SIZE]\n"
+            printf("usage: ferry moe bench [--json] [--quick] [--row-bytes SIZE] [--device host|cuda]\n"
                    "planner: ns per layer-step, top-8 of 256 experts x 58 layers, 4096 slots,\n"
                    "         per policy, on the generator's deepseek-v3 trace;\n"
-                   "executor: GB/s of slot writes (3 banks) on the host device vs plain memcpy\n"
-                   "         of the same bytes in the same run.\n"
+                   "executor: GB/s of slot writes (3 banks) on the device (default host, the\n"
+                   "         host backend) vs plain memcpy of the same bytes in the same run.\n"
                    "  --row-bytes  64..4M (default 1M, 256K with --quick)\n");
             return 0;
         } else
@@ -702,7 +710,7 @@ int cmd_moe_bench(int argc, char **argv)
     }
     ferry_moe_trace_destroy(t);
     exec_bench eb = {0};
-    rc = bench_executor(cmd, (size_t)row_bytes, quick ? 16 : 64, quick ? 3 : 31, &eb);
+    rc = bench_executor(cmd, device, (size_t)row_bytes, quick ? 16 : 64, quick ? 3 : 31, &eb);
     if (rc != 0) {
         json_decref(root);
         json_decref(pl);
@@ -712,7 +720,7 @@ int cmd_moe_bench(int argc, char **argv)
     if (json) {
         json_object_set_new(root, "planner", pl);
         json_object_set_new(root, "executor",
-                            json_pack("{s:s,s:I,s:i,s:i,s:f,s:f,s:f,s:f}", "device", "host",
+                            json_pack("{s:s,s:I,s:i,s:i,s:f,s:f,s:f,s:f}", "device", device,
                                       "row_bytes", (json_int_t)eb.row_bytes, "banks", 3, "rows",
                                       (int)eb.rows, "slot_write_gbs", eb.slot_gbs, "memcpy_gbs",
                                       eb.memcpy_gbs, "ratio", ratio, "warm_plan_ns", eb.warm_ns));
@@ -721,7 +729,7 @@ int cmd_moe_bench(int argc, char **argv)
         free(s);
     } else {
         json_decref(pl);
-        printf("executor (host device): %u rows x 3 banks x %zu bytes per plan\n", eb.rows,
+        printf("executor (%s device): %u rows x 3 banks x %zu bytes per plan\n", device, eb.rows,
                eb.row_bytes);
         printf("  slot writes %.2f GB/s, memcpy %.2f GB/s, ratio %.2f; warm plan %.0f ns\n",
                eb.slot_gbs, eb.memcpy_gbs, ratio, eb.warm_ns);
