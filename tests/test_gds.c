@@ -33,6 +33,7 @@
 #include "core.h"
 #include "ferry_test.h"
 #include "io/sys.h"
+#include "stripe.h"
 
 #define MiB (1u << 20)
 
@@ -1192,9 +1193,46 @@ static void older_config_size_is_accepted(void **state)
     ferry_gds_close(g);
 }
 
+/* core/stripe.c: every byte of the space maps to one (drive, file offset),
+ * inside that drive's share, and the shares add up to the space */
+static void stripe_map_and_share_agree(void **state)
+{
+    (void)state;
+    static const struct {
+        uint64_t unit;
+        unsigned n;
+        uint64_t size;
+    } cases[] = {{8, 1, 77}, {8, 3, 100}, {8, 3, 96}, {16, 4, 13}, {4, 2, 4}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        uint64_t unit = cases[c].unit, size = cases[c].size;
+        unsigned n = cases[c].n;
+        uint64_t total = 0, seen[4] = {0};
+        for (unsigned d = 0; d < n; d++)
+            total += ferry__stripe_share(size, unit, n, d);
+        assert_int_equal(total, size);
+        for (uint64_t o = 0; o < size; o++) {
+            unsigned d;
+            uint64_t foff, run;
+            ferry__stripe_map(unit, n, o, &d, &foff, &run);
+            assert_true(d < n);
+            assert_true(foff < ferry__stripe_share(size, unit, n, d));
+            /* a drive's bytes arrive in file order, back to back */
+            assert_int_equal(foff, seen[d]);
+            seen[d]++;
+            if (n == 1) {
+                assert_int_equal(foff, o);
+                assert_true(run == UINT64_MAX);
+            } else {
+                assert_int_equal(run, unit - o % unit);
+            }
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(stripe_map_and_share_agree),
         cmocka_unit_test_setup_teardown(fresh_context_is_off, setup, teardown),
         cmocka_unit_test_setup_teardown(initialize_with_none_is_noop, setup, teardown),
         cmocka_unit_test_setup_teardown(register_is_noop_when_uninitialized, setup, teardown),

@@ -17,7 +17,7 @@
  * with cfg->mode (0600 / 0700 when 0).
  *
  * Striping: slab offset o lives on drive (o / unit) % n at file offset
- * (o / unit / n) * unit + o % unit (stripe_map); each drive's file
+ * (o / unit / n) * unit + o % unit (src/core/stripe.c); each drive's file
  * holds its share. The driver (gds_driver.c), the registry (gds_region.c)
  * and the transfers (gds_xfer.c, gds_host.c) live in files of their own;
  * gds_impl.h holds the state they share.
@@ -83,17 +83,6 @@ static void drives_close(ferry_gds *g)
     g->ndrives = 0;
 }
 
-static uint64_t drive_share(uint64_t size, uint64_t unit, unsigned n, unsigned d)
-{
-    if (n == 1)
-        return size;
-    uint64_t full = size / unit, rem = size % unit;
-    uint64_t b = (full / n + (d < full % n ? 1 : 0)) * unit;
-    if (rem && d == full % n)
-        b += rem;
-    return b;
-}
-
 static int drive_open(ferry_gds *g, const ferry_gds_config *cfg, unsigned i, const char *engine)
 {
     drive *d = &g->drives[i];
@@ -141,7 +130,7 @@ static int drive_open(ferry_gds *g, const ferry_gds_config *cfg, unsigned i, con
         FERRY_LOGW("gds: %s: O_DIRECT refused by the file system, using buffered I/O: %s",
                    d->path, fb);
     }
-    d->bytes = drive_share(g->size, g->stripe, g->ndrives, i);
+    d->bytes = ferry__stripe_share(g->size, g->stripe, g->ndrives, i);
     if ((rc = ferry_file_allocate(d->f, 0, d->bytes)) < 0) {
         char m[FERRY__ERRMSG_MAX];
         snprintf(m, sizeof m, "%s", ferry_last_error());

@@ -85,7 +85,7 @@ static int hop_build(ferry_gds *g, hop *h, int dir, void *buf, size_t len, uint6
     for (size_t pos = 0; pos < len; n++) {
         unsigned d;
         uint64_t foff, run;
-        ferry__gds_stripe_map(g, slab_off + pos, &d, &foff, &run);
+        ferry__stripe_map(g->stripe, g->ndrives, slab_off + pos, &d, &foff, &run);
         pos += (size_t)FERRY__MIN((uint64_t)FERRY__MIN(len - pos, piece), run);
     }
     h->io = h->small;
@@ -96,7 +96,7 @@ static int hop_build(ferry_gds *g, hop *h, int dir, void *buf, size_t len, uint6
     for (size_t pos = 0; pos < len; i++) {
         unsigned d;
         uint64_t foff, run;
-        ferry__gds_stripe_map(g, slab_off + pos, &d, &foff, &run);
+        ferry__stripe_map(g->stripe, g->ndrives, slab_off + pos, &d, &foff, &run);
         size_t k = (size_t)FERRY__MIN((uint64_t)FERRY__MIN(len - pos, piece), run);
         ferry_io_req *r = &h->io[i];
         memset(r, 0, sizeof *r);

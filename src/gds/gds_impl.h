@@ -31,6 +31,7 @@
 #include "core.h"
 #include "driver.h"
 #include "ferry/gds.h"
+#include "stripe.h"
 
 typedef struct drive {
     char *dir, *path;
@@ -127,21 +128,6 @@ typedef struct segv {
 static inline const char *ferry__gds_dirname(int dir)
 {
     return dir == FERRY_GDS_READ ? "read" : "write";
-}
-
-/* slab offset o -> drive *d, file offset *foff, *run bytes to the unit's end */
-static inline void ferry__gds_stripe_map(const ferry_gds *g, uint64_t o, unsigned *d, uint64_t *foff, uint64_t *run)
-{
-    if (g->ndrives == 1) {
-        *d = 0;
-        *foff = o;
-        *run = UINT64_MAX;
-        return;
-    }
-    uint64_t k = o / g->stripe, in = o % g->stripe;
-    *d = (unsigned)(k % g->ndrives);
-    *foff = (k / g->ndrives) * g->stripe + in;
-    *run = g->stripe - in;
 }
 
 /* gds.c */

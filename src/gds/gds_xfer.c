@@ -178,7 +178,7 @@ static int resolve(ferry_gds *g, int dir, uint64_t slab_off, size_t len, ferry_d
         while (q < in_region) {
             unsigned d;
             uint64_t foff, run;
-            ferry__gds_stripe_map(g, slab_off + pos + q, &d, &foff, &run);
+            ferry__stripe_map(g->stripe, g->ndrives, slab_off + pos + q, &d, &foff, &run);
             size_t n = (size_t)FERRY__MIN((uint64_t)(in_region - q), run);
             seg s = {d, r->base, (int64_t)(p + q - r->base), (int64_t)foff, n, slab_off + pos + q};
             if (segv_push(sv, s) < 0)
