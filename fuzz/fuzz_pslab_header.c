@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "slab/pslab_int.h"
+#include "pslab/pslab_int.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -17,7 +17,7 @@
 #include <string.h>
 #include <xxhash.h>
 
-#include "slab/pslab_int.h"
+#include "pslab/pslab_int.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -18,7 +18,7 @@
 
 #include "ferry_test.h"
 #include "io/sys.h"
-#include "slab/pslab_int.h"
+#include "pslab/pslab_int.h"
 #include "test_pslab_model.h"
 
 #define MiB (1024ull * 1024)

@@ -19,7 +19,7 @@
 #include <jansson.h>
 
 #include "ferry_test.h"
-#include "slab/pslab_int.h"
+#include "pslab/pslab_int.h"
 
 static char g_ferry[4096];
 

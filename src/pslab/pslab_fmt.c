@@ -35,7 +35,7 @@
 
 #include "le.h"
 
-#include "slab/pslab_int.h"
+#include "pslab/pslab_int.h"
 
 static const char hdr_magic[8] = {'F', 'E', 'R', 'R', 'Y', 'P', 'S', 'B'};
 static const char jhdr_magic[8] = {'F', 'E', 'R', 'R', 'Y', 'P', 'J', 'L'};

@@ -69,7 +69,7 @@
 #include "ferry/io.h"
 #include "ferry/pslab.h"
 #include "io/io_impl.h"
-#include "slab/pslab_int.h"
+#include "pslab/pslab_int.h"
 
 #define PATH_MAX_ 4096
 
