@@ -65,6 +65,19 @@ typedef struct ferry__warnlim {
 /* 1: say it now (*quiet: how many were held back before it), 0: hold it back */
 int ferry__warn_ok(ferry__warnlim *w, uint64_t *quiet);
 
+/*
+ * An invariant: checked in debug builds, where a broken one aborts with
+ * what, where and in which function; nothing in release builds (NDEBUG).
+ * Where the code also guards against the broken case for release builds,
+ * the assert says the guard is a seatbelt, not a path.
+ */
+#ifndef NDEBUG
+#define FERRY__ASSERT(c) ((c) ? (void)0 : ferry__assert_fail(#c, __FILE__, __LINE__, __func__))
+#else
+#define FERRY__ASSERT(c) ((void)0)
+#endif
+_Noreturn void ferry__assert_fail(const char *what, const char *file, int line, const char *fn);
+
 /* monotonic clock */
 uint64_t ferry__now_ns(void);
 /* process CPU time (user + system), seconds */

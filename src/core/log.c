@@ -97,3 +97,10 @@ int ferry__warn_ok(ferry__warnlim *w, uint64_t *quiet)
     *quiet = atomic_exchange(&w->quiet, 0);
     return 1;
 }
+
+void ferry__assert_fail(const char *what, const char *file, int line, const char *fn)
+{
+    fprintf(stderr, "ferry: invariant broken at %s:%d in %s(): %s\n", file, line, fn, what);
+    fflush(stderr);
+    abort();
+}

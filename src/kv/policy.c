@@ -35,6 +35,7 @@ void ferry__kv_list_unlink(ferry__kv_list *l, int tier, ferry__kv_entry *e)
     else
         l->tail = n->prev;
     n->prev = n->next = NULL;
+    FERRY__ASSERT(l->count > 0);
     l->count--;
 }
 

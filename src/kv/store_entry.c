@@ -53,6 +53,7 @@ void ferry__kv_read_lock(ferry_kv *kv, ferry__kv_entry *e, uint64_t now)
 
 void ferry__kv_read_unlock(ferry__kv_entry *e)
 {
+    FERRY__ASSERT(e->readers > 0);
     if (e->readers > 0)
         e->readers--;
 }
@@ -60,6 +61,7 @@ void ferry__kv_read_unlock(ferry__kv_entry *e)
 void ferry__kv_tier_release(ferry_kv *kv, int tier, uint64_t loc)
 {
     ferry__kv_tier *t = kv->tier[tier];
+    FERRY__ASSERT(t->used > 0);
     t->ops->release(t, loc);
     t->used--;
 }
@@ -108,6 +110,7 @@ void ferry__kv_doom(ferry_kv *kv, ferry__kv_entry *e)
 /* let go of a pointer to e */
 void ferry__kv_put(ferry_kv *kv, ferry__kv_entry *e)
 {
+    FERRY__ASSERT(e->refs > 0);
     if (e->refs > 0)
         e->refs--;
     if (!e->doomed || e->refs)

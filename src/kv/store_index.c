@@ -68,6 +68,7 @@ void ferry__kv_index_remove(ferry_kv *kv, ferry__kv_entry *e)
     ferry__kv_entry **pp = &kv->buckets[ferry__kv_bucket_of(kv, e->id)];
     while (*pp && *pp != e)
         pp = &(*pp)->hnext;
+    FERRY__ASSERT(*pp == e); /* only an indexed entry is removed */
     if (*pp) {
         *pp = e->hnext;
         kv->count--;

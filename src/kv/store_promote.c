@@ -93,6 +93,7 @@ void ferry__kv_job_run(ferry_kv *kv, ferry__kv_job *j)
     ferry__kv_promote_finish(kv, e, j->l1_loc, rc, src);
     if (rc == 0)
         atomic_fetch_add(&kv->prefetched, 1);
+    FERRY__ASSERT(kv->prefetch_inflight >= kv->slot_bytes);
     kv->prefetch_inflight -= kv->slot_bytes;
     ferry__kv_read_unlock(e);
     ferry__kv_put(kv, e);

@@ -264,6 +264,7 @@ static void rt_verify_copy(rtv *r, size_t i)
         ferry__kv_xfer_out_zero(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
                                 kv->chunk_tokens);
     pthread_mutex_lock(&kv->mu);
+    FERRY__ASSERT(kv->l1_reading > 0);
     kv->l1_reading--;
     ferry__kv_promote_finish(kv, e, r->slot[i], vrc, t->id); /* (wakes reserve's waiters) */
     ferry__kv_read_unlock(e);
@@ -449,6 +450,7 @@ static void rt_read_done(rtv *r, size_t i, int rc)
         rt_verify_out(r, i, e);
         return;
     }
+    FERRY__ASSERT(kv->l1_reading > 0);
     kv->l1_reading--;
     if (r->lost[i] == 2) {
         /* the queue broke before any piece of it was in flight: its slot
@@ -788,7 +790,8 @@ static void rt_run(rtv *r, const ferry_kv_hash *ids, int lower)
         } else if (one < 0)
             blocked = 1; /* no room: reap our reads, then try again */
     }
-    while (r->inflight) /* cannot be: every read was waited for above */
+    FERRY__ASSERT(r->inflight == 0); /* every read was waited for above */
+    while (r->inflight)
         for (unsigned got = rt_reap(r); got; got = 0)
             rt_landed_from(r, 0, nch);
     rt_sync(r);

@@ -230,6 +230,7 @@ static int l2_asubmit(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread *p
     if (rc == 1)
         return 0;
     pthread_mutex_lock(&p->amu);
+    FERRY__ASSERT(b->inflight > 0);
     b->inflight--;
     pthread_mutex_unlock(&p->amu);
     return ferry__err_set(NULL, rc < 0 ? rc : FERRY_EDRIVER,
@@ -288,6 +289,7 @@ static int l2_await(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread **ou
             }
             r->pub.next = rb->ready;
             rb->ready = &r->pub;
+            FERRY__ASSERT(rb->inflight > 0);
             rb->inflight--;
         }
         pthread_cond_broadcast(&p->acv);
