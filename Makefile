@@ -1,5 +1,6 @@
 # ferry: the two set-up commands.
-#   make run   - install missing Debian packages, build, run `ferry info`, short `bench io` and `bench gds`
+#   make run   - install missing Debian packages, build, then a short tour of the main jobs:
+#                `ferry info`, `bench io`, `bench gds`, a tiny `kv bench`, `moe gen` + `moe replay`
 #   make test  - the same set-up, then every test (CTest)
 BUILD ?= build
 CMAKE_FLAGS ?=
@@ -21,7 +22,11 @@ run: build
 	set -x; \
 	$(BUILD)/ferry info --dir "$$dir"; \
 	$(BUILD)/ferry bench io --engine all --size 256M --chunk 8M --depth 8 --dir "$$dir"; \
-	$(BUILD)/ferry bench gds --size 256M --chunk 32M --rounds 2 --alloc-ops 1000000 --dir "$$dir"
+	$(BUILD)/ferry bench gds --size 256M --chunk 32M --rounds 2 --alloc-ops 1000000 --dir "$$dir"; \
+	$(BUILD)/ferry kv bench --model tiny --docs 4 --doc-tokens 2048 --questions 16 --l1 8M \
+	  --dir "$$dir/kv" --create --l2 32M; \
+	$(BUILD)/ferry moe gen --model small --tokens 256 -o "$$dir/moe_trace.jsonl"; \
+	$(BUILD)/ferry moe replay "$$dir/moe_trace.jsonl" --slots 25% --policy routing
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
