@@ -130,9 +130,10 @@ int ferry_kv_flush(ferry_kv *kv)
     while (!all_idle(kv))
         pthread_cond_wait(&kv->idle, &kv->qmu);
     pthread_mutex_unlock(&kv->qmu);
-    /* the write-throughs the workers handed to the remote's queue */
-    if (kv->tier[FERRY_KV_TIER_REMOTE])
-        ferry__kv_remote_flush(kv->tier[FERRY_KV_TIER_REMOTE]);
+    /* the write-throughs the workers handed to a tier's own queue */
+    for (int t = 0; t < FERRY_KV_TIERS; t++)
+        if (kv->tier[t] && kv->tier[t]->ops->flush)
+            kv->tier[t]->ops->flush(kv->tier[t]);
     return 0;
 }
 

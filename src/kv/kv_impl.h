@@ -70,6 +70,11 @@ struct ferry__kv_entry {
  * the put may still be dropped, so only the server's answer makes a chunk
  * remote-resident.
  */
+/* a chunk a persistent tier kept: its id, location and length; non-zero
+ * stops the walk (that chunk and the rest are forgotten) */
+typedef int (*ferry__kv_tier_recover_fn)(const ferry_kv_hash *id, uint64_t loc, uint64_t len,
+                                         void *ctx);
+
 typedef struct ferry__kv_tier_ops {
     const char *name;
     /* room for one chunk; FERRY_ENOSPACE when the tier is full */
@@ -83,6 +88,24 @@ typedef struct ferry__kv_tier_ops {
     /* the host address of the chunk at loc, or NULL when not host-addressable */
     void *(*host_ptr)(ferry__kv_tier *t, uint64_t loc);
     void (*close)(ferry__kv_tier *t);
+    /* ---- optional (NULL: the tier has none); the store calls only these,
+     * never a particular tier's functions ---- */
+    /* a shared tier: how many of ids[0..n), counted from the first, it
+     * holds (one round trip; 0 while it is unreachable); outside kv->mu */
+    int (*exists)(ferry__kv_tier *t, const ferry_kv_hash *ids, size_t n);
+    /* a shared tier: delete ids[0..n) there; how many existed, or a code */
+    int (*forget)(ferry__kv_tier *t, const ferry_kv_hash *ids, size_t n);
+    /* wait until the writes the tier queued itself landed or were dropped */
+    int (*flush)(ferry__kv_tier *t);
+    /* a persistent tier: report every chunk it kept from an earlier run
+     * (see ferry__kv_tier_recover_fn); once, before any reserve */
+    int (*recover)(ferry__kv_tier *t, ferry__kv_tier_recover_fn fn, void *ctx);
+    /* register the L1 pool [pool, pool + len) for the tier's fixed-buffer
+     * path / undo it (a no-op when not registered) */
+    int (*reg_pool)(ferry__kv_tier *t, void *pool, size_t len);
+    void (*unreg_pool)(ferry__kv_tier *t);
+    /* fill the metrics fields that are the tier's own */
+    void (*counts)(ferry__kv_tier *t, ferry_kv_stats *m);
 } ferry__kv_tier_ops;
 
 /*

@@ -106,8 +106,9 @@ int ferry_kv_metrics(ferry_kv *kv, ferry_kv_stats *out)
         ts->bytes_read = LD(tr->bytes_read);
         ts->failures = LD(tr->failures);
     }
-    if (kv->tier[FERRY_KV_TIER_REMOTE])
-        ferry__kv_remote_counts(kv->tier[FERRY_KV_TIER_REMOTE], &m);
+    for (int t = 0; t < FERRY_KV_TIERS; t++)
+        if (kv->tier[t] && kv->tier[t]->ops->counts)
+            kv->tier[t]->ops->counts(kv->tier[t], &m);
     hist_copy(m.lookup_ns, &kv->h_lookup);
     hist_copy(m.store_ns, &kv->h_store);
     hist_copy(m.retrieve_ns, &kv->h_retrieve);

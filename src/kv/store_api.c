@@ -13,11 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ferry/pslab.h"
-#include "dirlock.h"
 #include "kv_impl.h"
 #include "store_int.h"
-#include "tier_pslab.h"
 
 /* ---- the public blocking forms ---- */
 
@@ -256,7 +253,9 @@ int ferry_kv_delete(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_k
     int deleted = 0;
     size_t locked_at = SIZE_MAX;
     ferry__kv_tier *rt = kv->tier[FERRY_KV_TIER_REMOTE];
-    /* with a remote: the ids to delete there, those deleted here first
+    if (rt && !rt->ops->forget)
+        rt = NULL;
+    /* with a shared tier: the ids to delete there, those deleted here first
      * (ngone), then those not indexed here (counted by the server) */
     ferry_kv_hash *rids = rt ? ferry__malloc((size_t)nch * sizeof *rids) : NULL;
     size_t ngone = 0, nabsent = 0;
@@ -286,8 +285,8 @@ int ferry_kv_delete(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_k
     if (rt && !rids) {
         FERRY_LOGW("kv delete: out of memory for %d remote keys; the remote copies stay", nch);
     } else if (rt) {
-        int r1 = ferry__kv_remote_delete(rt, rids, ngone);
-        int r2 = ferry__kv_remote_delete(rt, rids + (size_t)nch - nabsent, nabsent);
+        int r1 = rt->ops->forget(rt, rids, ngone);
+        int r2 = rt->ops->forget(rt, rids + (size_t)nch - nabsent, nabsent);
         if (r2 > 0)
             deleted += r2;
         if (r1 < 0 || r2 < 0)

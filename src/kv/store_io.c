@@ -14,11 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ferry/pslab.h"
-#include "dirlock.h"
 #include "kv_impl.h"
 #include "store_int.h"
-#include "tier_pslab.h"
 
 int ferry__kv_err(ferry_kv *kv, int code, const char *fmt, ...)
 {

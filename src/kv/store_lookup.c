@@ -12,11 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ferry/pslab.h"
-#include "dirlock.h"
 #include "kv_impl.h"
 #include "store_int.h"
-#include "tier_pslab.h"
 
 /* ---- the remote tier: finding chunks this process never indexed ---- */
 
@@ -49,7 +46,7 @@ static size_t remote_discover(ferry_kv *kv, const ferry_kv_hash *ids, size_t cnt
     ferry__kv_tier *rt = kv->tier[FERRY_KV_TIER_REMOTE];
     if (!rt || !cnt)
         return 0;
-    int got = ferry__kv_remote_exists(rt, ids, cnt);
+    int got = rt->ops->exists ? rt->ops->exists(rt, ids, cnt) : 0;
     if (got <= 0)
         return 0;
     size_t i;

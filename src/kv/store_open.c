@@ -64,7 +64,7 @@ static void kv_free(ferry_kv *kv)
     ferry__free(kv->streams);
     /* the L1 pool is registered with L2's drive queues: undo that first */
     if (kv->l2_registered)
-        ferry__kv_tier_l2_unregister(kv->tier[FERRY_KV_TIER_L2]);
+        kv->tier[FERRY_KV_TIER_L2]->ops->unreg_pool(kv->tier[FERRY_KV_TIER_L2]);
     for (int t = 1; t < FERRY_KV_TIERS; t++)
         ferry__kv_tier_free(kv->tier[t]);
     pthread_mutex_destroy(&kv->mu);
@@ -227,14 +227,14 @@ static int open_tiers(ferry_kv *kv, const ferry_kv_config *cfg, int persistent)
                         : ferry__kv_tier_l2_open(cfg->l2_dir, cfg->l2_bytes, cfg->l2_direct,
                                                  cfg->l2_engine, cfg->l2_mode, kv->chunk_bytes,
                                                  slot, eb, &kv->tier[FERRY_KV_TIER_L2]);
-    if (rc == 0 && cfg->l2_dir && !persistent) {
+    ferry__kv_tier *l2 = kv->tier[FERRY_KV_TIER_L2];
+    if (rc == 0 && l2 && l2->ops->reg_pool) {
         /* L2 reads land in L1 slots and write-throughs leave from them:
          * register the pool for the engines' fixed-buffer path. Optional:
          * an engine that cannot (memlock limit, table full) still works */
         ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
-        int r = ferry__kv_tier_l2_register(kv->tier[FERRY_KV_TIER_L2],
-                                           l1->ops->host_ptr(l1, 0),
-                                           (size_t)(l1->capacity * l1->slot_bytes));
+        int r = l2->ops->reg_pool(l2, l1->ops->host_ptr(l1, 0),
+                                  (size_t)(l1->capacity * l1->slot_bytes));
         if (r < 0)
             FERRY_LOGI("kv open: L1 pool not registered with the L2 slab in %s (%s): "
                        "L2 transfers take the engine's plain path",
@@ -294,8 +294,9 @@ int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out)
     rc = open_tiers(kv, cfg, persistent);
     if (rc == 0)
         rc = open_index(kv, cfg);
-    if (rc == 0 && persistent && kv->tier[FERRY_KV_TIER_L2]) {
-        int r = ferry__kv_tier_pslab_recover(kv->tier[FERRY_KV_TIER_L2], recover_one, kv);
+    ferry__kv_tier *l2 = kv->tier[FERRY_KV_TIER_L2];
+    if (rc == 0 && l2 && l2->ops->recover) {
+        int r = l2->ops->recover(l2, recover_one, kv);
         if (r < 0)
             rc = ferry__err_set(&kv->err, r, "kv open: recovering the persistent L2 in %s: %s",
                                 cfg->l2_dir, ferry_last_error());

@@ -12,11 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ferry/pslab.h"
-#include "dirlock.h"
 #include "kv_impl.h"
 #include "store_int.h"
-#include "tier_pslab.h"
 
 typedef struct evict_ctx {
     ferry_kv *kv;

@@ -93,7 +93,13 @@ static void l1_close(ferry__kv_tier *t)
 }
 
 static const ferry__kv_tier_ops l1_ops = {
-    "l1", l1_reserve, l1_release, l1_write, l1_read, l1_host_ptr, l1_close,
+    .name = "l1",
+    .reserve = l1_reserve,
+    .release = l1_release,
+    .write = l1_write,
+    .read = l1_read,
+    .host_ptr = l1_host_ptr,
+    .close = l1_close,
 };
 
 int ferry__kv_tier_l1_open(ferry_device *dev, uint64_t slot_bytes, uint64_t capacity,

@@ -341,7 +341,15 @@ void ferry__kv_tier_l2_unregister(ferry__kv_tier *t)
 #define L2_PIECE ((uint64_t)4 << 20) /* async read request of a large chunk */
 
 static const ferry__kv_tier_ops l2_ops = {
-    "l2", l2_reserve, l2_release, l2_write, l2_read, l2_host_ptr, l2_close,
+    .name = "l2",
+    .reserve = l2_reserve,
+    .release = l2_release,
+    .write = l2_write,
+    .read = l2_read,
+    .host_ptr = l2_host_ptr,
+    .close = l2_close,
+    .reg_pool = ferry__kv_tier_l2_register,
+    .unreg_pool = ferry__kv_tier_l2_unregister,
 };
 
 static int l2_abroken(ferry__kv_tier *t)

@@ -190,7 +190,14 @@ static void tp_close(ferry__kv_tier *t)
 }
 
 static const ferry__kv_tier_ops tp_ops = {
-    "l2-persistent", tp_reserve, tp_release, tp_write, tp_read, tp_host_ptr, tp_close,
+    .name = "l2-persistent",
+    .reserve = tp_reserve,
+    .release = tp_release,
+    .write = tp_write,
+    .read = tp_read,
+    .host_ptr = tp_host_ptr,
+    .close = tp_close,
+    .recover = ferry__kv_tier_pslab_recover,
 };
 
 int ferry__kv_pslab_tag(const ferry_kv *kv, char *out, size_t cap)

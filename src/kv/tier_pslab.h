@@ -64,8 +64,6 @@ int ferry__kv_tier_pslab_open_kv(const ferry_kv *kv, const ferry_kv_config *cfg,
  * stops there; that chunk and the ones not yet reported are forgotten, so
  * no slot is held by a chunk the store does not know).
  */
-typedef int (*ferry__kv_tier_recover_fn)(const ferry_kv_hash *id, uint64_t loc, uint64_t len,
-                                         void *ctx);
 int ferry__kv_tier_pslab_recover(ferry__kv_tier *t, ferry__kv_tier_recover_fn fn, void *ctx);
 
 /* the slab under the tier (tests, metrics) */

@@ -147,7 +147,17 @@ static void r_close(ferry__kv_tier *t)
 }
 
 static const ferry__kv_tier_ops remote_ops = {
-    "remote", r_reserve, r_release, r_write, r_read, r_host_ptr, r_close,
+    .name = "remote",
+    .reserve = r_reserve,
+    .release = r_release,
+    .write = r_write,
+    .read = r_read,
+    .host_ptr = r_host_ptr,
+    .close = r_close,
+    .exists = ferry__kv_remote_exists,
+    .forget = ferry__kv_remote_delete,
+    .flush = ferry__kv_remote_flush,
+    .counts = ferry__kv_remote_counts,
 };
 
 int ferry__kv_tier_remote_open(const char *url, const ferry_remote_options *opt,
