@@ -6,7 +6,9 @@
  * file: drv_cpu.c (ferry's I/O engines and the bounce path), drv_cufile.c
  * and drv_hipfile.c (thin specs over gdsdl.c, which loads any library
  * shaped like cuFile with dlopen and resolves its symbols by prefix:
- * hipFile mirrors cuFile one to one).
+ * hipFile mirrors cuFile one to one). Each file defines one
+ * ferry__gds_backend (name, probe, constructor); gds_driver.c lists them
+ * in one table, so adding a driver is adding a file and a table row.
  *
  * Contract of a builtin: the constructor fills *out (ctx allocated) and
  * *destroy; the context calls out->open once, out->close iff open
@@ -25,9 +27,27 @@
 
 typedef void (*ferry__gds_destroy_fn)(void *ctx);
 
-int ferry__gds_cpu_driver(ferry_gds_driver *out, ferry__gds_destroy_fn *destroy);
-int ferry__gds_cufile_driver(ferry_gds_driver *out, ferry__gds_destroy_fn *destroy);
-int ferry__gds_hipfile_driver(ferry_gds_driver *out, ferry__gds_destroy_fn *destroy);
+struct ferry__gdsdl_spec;
+
+/* one shipped driver: a row of the table in gds_driver.c */
+typedef struct ferry__gds_backend {
+    const char *name; /* what ferry_gds_config.driver names: "cufile" */
+    /* "auto" tries this driver with dev when probe says 1 (a cheap check:
+     * the device's backend, a test's fake library; nothing is loaded).
+     * NULL: never tried by auto (the cpu driver is auto's last resort) */
+    int (*probe)(ferry_device *dev);
+    /* the constructor: fills *out (ctx allocated) and *destroy */
+    int (*make)(ferry_gds_driver *out, ferry__gds_destroy_fn *destroy);
+    /* a cuFile-shaped library's spec (tests install fakes by name); or NULL */
+    struct ferry__gdsdl_spec *dl;
+} ferry__gds_backend;
+
+extern const ferry__gds_backend ferry__gds_backend_cpu;
+extern const ferry__gds_backend ferry__gds_backend_cufile;
+extern const ferry__gds_backend ferry__gds_backend_hipfile;
+
+/* the shipped driver named name, or NULL */
+const ferry__gds_backend *ferry__gds_backend_find(const char *name);
 
 /*
  * cufile and hipfile share one implementation (gdsdl.c) over the cuFile
@@ -37,25 +57,28 @@ int ferry__gds_hipfile_driver(ferry_gds_driver *out, ferry__gds_destroy_fn *dest
  * layer's ferry__cufile_code(), messages name them with
  * ferry__cufile_strerror().
  */
+struct ferry__cufile_api;
+
 typedef struct ferry__gdsdl_spec {
     const char *driver_name;   /* "cufile" */
     const char *const *libs;   /* sonames to try, NULL-terminated */
     const char *prefix;        /* "cuFile" */
+    const struct ferry__cufile_api *test_api; /* ferry__gdsdl_set_api's table */
 } ferry__gdsdl_spec;
 
 int ferry__gdsdl_driver(const ferry__gdsdl_spec *spec, ferry_gds_driver *out,
                         ferry__gds_destroy_fn *destroy);
+/* a backend's probe: 1 when dev is a cuda device, or a test table with
+ * allow_host_device is installed for this library */
+int ferry__gdsdl_probe(ferry__gdsdl_spec *spec, ferry_device *dev);
 
-struct ferry__cufile_api;
 /*
  * Tests: make the driver named driver_name ("cufile" or "hipfile") use
  * this function table instead of loading its library (NULL restores the
  * library). The table must outlive the contexts opened while installed.
- * allow_host_device lets the driver run against the host device backend.
+ * allow_host_device lets the driver run against the host device backend,
+ * and makes "auto" try it there.
  */
 void ferry__gdsdl_set_api(const char *driver_name, const struct ferry__cufile_api *api);
-/* 1 when a test table with allow_host_device is installed for driver_name:
- * "auto" then tries that driver on a non-cuda device too */
-int ferry__gdsdl_test_override(const char *driver_name);
 
 #endif

@@ -8,9 +8,17 @@
 #include "driver.h"
 
 static const char *const cufile_libs[] = {"libcufile.so.0", "libcufile.so", NULL};
-static const ferry__gdsdl_spec cufile_spec = {"cufile", cufile_libs, "cuFile"};
+static ferry__gdsdl_spec cufile_spec = {"cufile", cufile_libs, "cuFile", NULL};
 
-int ferry__gds_cufile_driver(ferry_gds_driver *out, ferry__gds_destroy_fn *destroy)
+static int cufile_probe(ferry_device *dev)
+{
+    return ferry__gdsdl_probe(&cufile_spec, dev);
+}
+
+static int cufile_make(ferry_gds_driver *out, ferry__gds_destroy_fn *destroy)
 {
     return ferry__gdsdl_driver(&cufile_spec, out, destroy);
 }
+
+const ferry__gds_backend ferry__gds_backend_cufile = {"cufile", cufile_probe, cufile_make,
+                                                      &cufile_spec};

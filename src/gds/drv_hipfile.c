@@ -8,9 +8,17 @@
 #include "driver.h"
 
 static const char *const hipfile_libs[] = {"libhipfile.so", "libhipfile.so.0", NULL};
-static const ferry__gdsdl_spec hipfile_spec = {"hipfile", hipfile_libs, "hipFile"};
+static ferry__gdsdl_spec hipfile_spec = {"hipfile", hipfile_libs, "hipFile", NULL};
 
-int ferry__gds_hipfile_driver(ferry_gds_driver *out, ferry__gds_destroy_fn *destroy)
+static int hipfile_probe(ferry_device *dev)
+{
+    return ferry__gdsdl_probe(&hipfile_spec, dev);
+}
+
+static int hipfile_make(ferry_gds_driver *out, ferry__gds_destroy_fn *destroy)
 {
     return ferry__gdsdl_driver(&hipfile_spec, out, destroy);
 }
+
+const ferry__gds_backend ferry__gds_backend_hipfile = {"hipfile", hipfile_probe, hipfile_make,
+                                                      &hipfile_spec};

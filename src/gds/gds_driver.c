@@ -19,23 +19,37 @@
 
 #include "gds_impl.h"
 
-/* open the driver named `name`; 0, or a code with the reason in why */
-static int driver_pick(ferry_gds *g, const char *name, char *why, size_t why_len)
+/* the shipped drivers; "auto" tries the probed ones in this order, then
+ * the cpu driver. Adding a driver: a drv_NAME.c defining its backend,
+ * and a row here. */
+static const ferry__gds_backend *const registry[] = {
+    &ferry__gds_backend_cufile,
+    &ferry__gds_backend_hipfile,
+    &ferry__gds_backend_cpu,
+};
+
+const ferry__gds_backend *ferry__gds_backend_find(const char *name)
 {
-    int (*mk)(ferry_gds_driver *, ferry__gds_destroy_fn *) = NULL;
-    if (!strcmp(name, "cpu"))
-        mk = ferry__gds_cpu_driver;
-    else if (!strcmp(name, "cufile"))
-        mk = ferry__gds_cufile_driver;
-    else if (!strcmp(name, "hipfile"))
-        mk = ferry__gds_hipfile_driver;
-    else {
-        snprintf(why, why_len, "unknown driver '%s' (auto|cufile|hipfile|cpu)", name);
-        return -EINVAL;
-    }
+    for (size_t i = 0; i < FERRY__ARRAY_LEN(registry); i++)
+        if (!strcmp(registry[i]->name, name))
+            return registry[i];
+    return NULL;
+}
+
+/* "auto|cufile|hipfile|cpu" */
+static void backend_names(char *out, size_t len)
+{
+    size_t n = (size_t)snprintf(out, len, "auto");
+    for (size_t i = 0; i < FERRY__ARRAY_LEN(registry) && n < len; i++)
+        n += (size_t)snprintf(out + n, len - n, "|%s", registry[i]->name);
+}
+
+/* construct and open backend b; 0, or a code with the reason in why */
+static int driver_pick(ferry_gds *g, const ferry__gds_backend *b, char *why, size_t why_len)
+{
     ferry_gds_driver d;
     ferry__gds_destroy_fn destroy = NULL;
-    int rc = mk(&d, &destroy);
+    int rc = b->make(&d, &destroy);
     if (rc < 0) {
         snprintf(why, why_len, "%s", ferry_last_error());
         return rc;
@@ -114,26 +128,25 @@ static int custom_open(ferry_gds *g, const ferry_gds_driver *cd)
     return 0;
 }
 
-/* auto: the GDS drivers this device can use, in order, then the cpu driver */
+/* auto: the GDS drivers this device can use, in table order, then the
+ * cpu driver; each refusal is kept in the fallback text */
 static int auto_open(ferry_gds *g)
 {
     char why[FERRY__ERRMSG_MAX];
-    const char *be = g->dev ? ferry_device_backend(g->dev) : "none";
-    int rc = -1;
-    static const char *const tries[] = {"cufile", "hipfile"};
-    int cuda = !strcmp(be, "cuda");
-    if (cuda || ferry__gdsdl_test_override(tries[0]) || ferry__gdsdl_test_override(tries[1])) {
-        for (size_t i = 0; i < 2 && rc < 0; i++) {
-            if (!cuda && !ferry__gdsdl_test_override(tries[i]))
-                continue;
-            rc = driver_pick(g, tries[i], why, sizeof why);
-            if (rc < 0)
-                ferry__gds_add_fallback(g, "%s driver: %s", tries[i], why);
-        }
-    } else {
-        ferry__gds_add_fallback(g, "GDS drivers not tried: device backend is %s, not cuda", be);
+    int rc = -1, tried = 0;
+    for (size_t i = 0; i < FERRY__ARRAY_LEN(registry) && rc < 0; i++) {
+        const ferry__gds_backend *b = registry[i];
+        if (!b->probe || !b->probe(g->dev))
+            continue;
+        tried = 1;
+        rc = driver_pick(g, b, why, sizeof why);
+        if (rc < 0)
+            ferry__gds_add_fallback(g, "%s driver: %s", b->name, why);
     }
-    if (rc < 0 && (rc = driver_pick(g, "cpu", why, sizeof why)) < 0)
+    if (!tried)
+        ferry__gds_add_fallback(g, "GDS drivers not tried: device backend is %s, not cuda",
+                                g->dev ? ferry_device_backend(g->dev) : "none");
+    if (rc < 0 && (rc = driver_pick(g, &ferry__gds_backend_cpu, why, sizeof why)) < 0)
         return ferry__err_set(&g->err, rc, "gds: cpu driver: %s", why);
     return 0;
 }
@@ -149,7 +162,16 @@ int ferry__gds_driver_select(ferry_gds *g, const ferry_gds_config *cfg, int *aut
         return auto_open(g);
     }
     char why[FERRY__ERRMSG_MAX];
-    int rc = driver_pick(g, cfg->driver, why, sizeof why);
+    const ferry__gds_backend *b = ferry__gds_backend_find(cfg->driver);
+    int rc;
+    if (!b) {
+        char names[128];
+        backend_names(names, sizeof names);
+        snprintf(why, sizeof why, "unknown driver '%s' (%s)", cfg->driver, names);
+        rc = -EINVAL;
+    } else {
+        rc = driver_pick(g, b, why, sizeof why);
+    }
     if (rc < 0)
         return ferry__err_set(&g->err, rc == -EINVAL ? rc : FERRY_ENODEV,
                               "gds: driver %s is not usable here: %s", cfg->driver, why);
@@ -161,14 +183,14 @@ int ferry__gds_driver_select(ferry_gds *g, const ferry_gds_config *cfg, int *aut
 int ferry__gds_drives_attach(ferry_gds *g, int auto_pick)
 {
     int rc = drives_register(g);
-    if (rc < 0 && auto_pick && strcmp(g->drv.name, "cpu")) {
+    if (rc < 0 && auto_pick && strcmp(g->drv.name, ferry__gds_backend_cpu.name)) {
         /* LMCache users hit this on overlayfs/LVM: fall back, say so */
         char m[FERRY__ERRMSG_MAX], why[FERRY__ERRMSG_MAX];
         snprintf(m, sizeof m, "%s", ferry__err_msg(&g->err));
         FERRY_LOGW("%s; falling back to the cpu driver", m);
         ferry__gds_add_fallback(g, "%s; using the cpu driver", m);
         ferry__gds_driver_drop(g);
-        rc = driver_pick(g, "cpu", why, sizeof why);
+        rc = driver_pick(g, &ferry__gds_backend_cpu, why, sizeof why);
         if (rc < 0)
             ferry__err_set(&g->err, rc, "gds: cpu driver: %s", why);
         else

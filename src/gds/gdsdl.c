@@ -40,32 +40,33 @@ typedef struct dl_drv {
     int driver_open;
 } dl_drv;
 
+/* guards every spec's test_api */
 static pthread_mutex_t g_api_mu = PTHREAD_MUTEX_INITIALIZER;
-static const ferry__cufile_api *g_api_cufile, *g_api_hipfile;
 
 void ferry__gdsdl_set_api(const char *driver_name, const struct ferry__cufile_api *api)
 {
+    const ferry__gds_backend *b = ferry__gds_backend_find(driver_name);
+    if (!b || !b->dl)
+        return;
     pthread_mutex_lock(&g_api_mu);
-    if (!strcmp(driver_name, "cufile"))
-        g_api_cufile = api;
-    else if (!strcmp(driver_name, "hipfile"))
-        g_api_hipfile = api;
+    b->dl->test_api = api;
     pthread_mutex_unlock(&g_api_mu);
 }
 
-static const ferry__cufile_api *override_for(const char *name)
+static const ferry__cufile_api *override_for(const ferry__gdsdl_spec *spec)
 {
     pthread_mutex_lock(&g_api_mu);
-    const ferry__cufile_api *a = !strcmp(name, "cufile")    ? g_api_cufile
-                                 : !strcmp(name, "hipfile") ? g_api_hipfile
-                                                            : NULL;
+    const ferry__cufile_api *a = spec->test_api;
     pthread_mutex_unlock(&g_api_mu);
     return a;
 }
 
-int ferry__gdsdl_test_override(const char *driver_name)
+int ferry__gdsdl_probe(ferry__gdsdl_spec *spec, ferry_device *dev)
 {
-    const ferry__cufile_api *a = override_for(driver_name);
+    const char *be = dev ? ferry_device_backend(dev) : "none";
+    if (!strcmp(be, "cuda"))
+        return 1;
+    const ferry__cufile_api *a = override_for(spec);
     return a && a->allow_host_device;
 }
 
@@ -147,7 +148,7 @@ static int fail(dl_drv *d, const char *call, ferry__CUfileError_t e, const char 
 static int dl_open(void *ctx, ferry_device *dev)
 {
     dl_drv *d = ctx;
-    const ferry__cufile_api *ov = override_for(d->spec->driver_name);
+    const ferry__cufile_api *ov = override_for(d->spec);
     if (ov)
         d->api = *ov;
     const char *be = dev ? ferry_device_backend(dev) : "none";
