@@ -19,28 +19,10 @@
 
 #include "kv_impl.h"
 
-static void op_finish(ferry_kv_op *op, int result)
-{
-    pthread_mutex_lock(&op->mu);
-    op->result = result;
-    op->done = 1;
-    pthread_cond_broadcast(&op->cv);
-    pthread_mutex_unlock(&op->mu);
-}
-
+/* a job carries what to do with it: the pool runs it, whatever it is */
 static void run_job(ferry_kv *kv, ferry__kv_job *j)
 {
-    if (j->kind == FERRY__KV_JOB_OP) {
-        ferry_kv_op *op = j->op;
-        int rc = op->kind == FERRY__KV_OP_STORE
-                     ? ferry__kv_do_store(kv, op->ids, op->nchunks, op->n, &op->req, &op->buf)
-                     : ferry__kv_do_retrieve(kv, op->ids, op->nchunks, op->n, &op->req, &op->buf);
-        op_finish(op, rc);
-    } else if (j->kind == FERRY__KV_JOB_COPY) {
-        j->copy(j->ctx, j->idx);
-    } else {
-        ferry__kv_job_run(kv, j);
-    }
+    j->run(kv, j);
     ferry__free(j);
 }
 

@@ -309,7 +309,9 @@ enum { FERRY__KV_OP_STORE = 1, FERRY__KV_OP_RETRIEVE = 2 };
 
 typedef struct ferry__kv_job {
     struct ferry__kv_job *next;
-    int kind;
+    int kind;                  /* which queue (OP: the operations'), and for reading */
+    /* what a worker does with it (then frees it): the pool calls only this */
+    void (*run)(ferry_kv *kv, struct ferry__kv_job *j);
     ferry_kv_op *op;           /* JOB_OP */
     ferry__kv_entry *e;        /* L2WRITE / PREFETCH: held (refs, readers) */
     uint64_t l1_loc, l2_loc;

@@ -65,6 +65,21 @@ int ferry_kv_retrieve(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry
     return rc;
 }
 
+/* an asynchronous operation on a worker: the store or retrieve, then its
+ * handle says done */
+static void op_run(ferry_kv *kv, ferry__kv_job *j)
+{
+    ferry_kv_op *op = j->op;
+    int rc = op->kind == FERRY__KV_OP_STORE
+                 ? ferry__kv_do_store(kv, op->ids, op->nchunks, op->n, &op->req, &op->buf)
+                 : ferry__kv_do_retrieve(kv, op->ids, op->nchunks, op->n, &op->req, &op->buf);
+    pthread_mutex_lock(&op->mu);
+    op->result = rc;
+    op->done = 1;
+    pthread_cond_broadcast(&op->cv);
+    pthread_mutex_unlock(&op->mu);
+}
+
 static int op_submit(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
                      const ferry_kv_req *req, const ferry_kv_buffer *buf, ferry_kv_op **out)
 {
@@ -106,6 +121,7 @@ static int op_submit(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
     pthread_mutex_init(&op->mu, NULL);
     pthread_cond_init(&op->cv, NULL);
     j->kind = FERRY__KV_JOB_OP;
+    j->run = op_run;
     j->op = op;
     ferry__kv_enqueue(kv, j);
     *out = op;
@@ -170,6 +186,7 @@ size_t ferry__kv_prefetch_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch
         e->refs++;
         kv->prefetch_inflight += kv->slot_bytes;
         j->kind = FERRY__KV_JOB_PREFETCH;
+        j->run = ferry__kv_job_run;
         j->e = e;
         j->l1_loc = slot;
         j->src_tier = src;

@@ -169,6 +169,13 @@ static void rt_copy_job(void *ctx, size_t i)
     rt_job_done(r);
 }
 
+/* a copy job on a worker */
+static void rt_run_copy(ferry_kv *kv, ferry__kv_job *j)
+{
+    (void)kv;
+    j->copy(j->ctx, j->idx);
+}
+
 /*
  * Host buffer: the I/O workers take a retrieve's copies while they are
  * free for them (nothing queued, fewer of ours pending than workers), so
@@ -187,6 +194,7 @@ static int rt_hand_off(rtv *r, size_t i, void (*job)(void *ctx, size_t i))
     if (!j)
         return 0;
     j->kind = FERRY__KV_JOB_COPY;
+    j->run = rt_run_copy;
     j->copy = job;
     j->ctx = r;
     j->idx = i;

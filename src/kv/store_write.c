@@ -151,6 +151,7 @@ static void wr_write_through(wr *w, size_t k, uint64_t now, ferry__kv_job ***tai
         ferry__kv_read_lock(kv, e, now);
         e->refs++;
         j->kind = FERRY__KV_JOB_L2WRITE;
+        j->run = ferry__kv_job_run;
         j->e = e;
         j->l1_loc = e->loc[FERRY_KV_TIER_L1];
         j->l2_loc = l2loc;
@@ -166,6 +167,7 @@ static void wr_write_through(wr *w, size_t k, uint64_t now, ferry__kv_job ***tai
         ferry__kv_read_lock(kv, e, now);
         e->refs++;
         j->kind = FERRY__KV_JOB_RWRITE;
+        j->run = ferry__kv_job_run;
         j->e = e;
         j->l1_loc = e->loc[FERRY_KV_TIER_L1];
         **tail = j;
