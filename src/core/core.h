@@ -80,6 +80,17 @@ _Noreturn void ferry__assert_fail(const char *what, const char *file, int line, 
 
 /* monotonic clock */
 uint64_t ferry__now_ns(void);
+
+/*
+ * Timed waits, all on the monotonic clock (a wall-clock step never makes
+ * a wait end early or hang): a condition variable made by
+ * ferry__cond_init_mono and a deadline from ferry__deadline_ms.
+ */
+#include <pthread.h>
+#include <time.h>
+int ferry__cond_init_mono(pthread_cond_t *cv);
+/* the absolute monotonic time ms milliseconds from now */
+struct timespec ferry__deadline_ms(uint64_t ms);
 /* process CPU time (user + system), seconds */
 double ferry__cpu_seconds(void);
 

@@ -94,13 +94,9 @@ int ferry__posix_create(ferry_io *io, unsigned threads, void **out)
     }
     st->threads = th;
     st->nthreads = threads;
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_mutex_init(&st->mu, NULL);
     pthread_cond_init(&st->cv_work, NULL);
-    pthread_cond_init(&st->cv_done, &ca);
-    pthread_condattr_destroy(&ca);
+    ferry__cond_init_mono(&st->cv_done);
     for (unsigned i = 0; i < threads; i++) {
         int e = pthread_create(&th[i], NULL, worker, st);
         if (e != 0) {
@@ -157,13 +153,7 @@ int ferry__posix_wait(void *p, ferry__part **out, unsigned min, unsigned max, in
     posix_st *st = p;
     struct timespec dl;
     if (timeout_ms > 0) {
-        clock_gettime(CLOCK_MONOTONIC, &dl);
-        dl.tv_sec += timeout_ms / 1000;
-        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (dl.tv_nsec >= 1000000000L) {
-            dl.tv_sec++;
-            dl.tv_nsec -= 1000000000L;
-        }
+        dl = ferry__deadline_ms((uint64_t)timeout_ms);
     }
     pthread_mutex_lock(&st->mu);
     if (min > st->busy)

@@ -159,14 +159,7 @@ int ferry_kv_op_wait(ferry_kv_op *op, int timeout_ms)
         while (!op->done)
             pthread_cond_wait(&op->cv, &op->mu);
     } else if (!op->done && timeout_ms > 0) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += timeout_ms / 1000;
-        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        struct timespec ts = ferry__deadline_ms((uint64_t)timeout_ms);
         while (!op->done)
             if (pthread_cond_timedwait(&op->cv, &op->mu, &ts) == ETIMEDOUT)
                 break;

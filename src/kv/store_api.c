@@ -119,7 +119,7 @@ static int op_submit(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
     op->req.salt_len = 0;
     op->buf = *buf;
     pthread_mutex_init(&op->mu, NULL);
-    pthread_cond_init(&op->cv, NULL);
+    ferry__cond_init_mono(&op->cv); /* (ferry_kv_op_wait's deadline) */
     j->kind = FERRY__KV_JOB_OP;
     j->run = op_run;
     j->op = op;
