@@ -19,11 +19,15 @@ run "$build/ferry" moe gen --model small --tokens 64 -o "$dir/moe_trace.jsonl"
 run "$build/ferry" moe replay "$dir/moe_trace.jsonl" --slots 25% --policy routing --json
 run "$build/ferry" moe replay "$dir/moe_trace.jsonl" --sweep --budgets 25%,50% --policies lru,routing,belady
 run "$build/ferry" moe bench --quick
+run "$build/ferry" moe bench --quick --device host --json
 run "$build/ferry" kv bench --model tiny --docs 4 --doc-tokens 2048 --questions 16 --l1 8M --dir "$dir" --l2 32M --json
 run "$build/ferry" kv bench --model tiny --docs 4 --doc-tokens 2048 --questions 16 --l1 8M --dir "$dir/kvp" --create --l2 32M --persistent --persist-rounds 1 --no-refs --json
+run "$build/ferry" kv bench --model tiny --docs 2 --doc-tokens 1024 --questions 8 --l1 8M --device host --paged 16 --no-refs --json
 run "$build/ferry" kv bench --workload chat --model tiny --sessions 4 --turns 4 --turn-tokens 512 --l1 4M --policy s3fifo --no-refs --plot "$dir/kv_hit_rate.png"
 run "$build/ferry" bench gds --dir "$dir" --size 64M --chunk 8M --rounds 1 --alloc-ops 200000
 run "$build/ferry" bench gds --dir "$dir/d0" --dir "$dir/d1" --create --size 32M --chunk 4M --device host --rounds 1 --alloc-ops 100000 --json
+FERRY_GPU_SH_DEVICE=host FERRY_GPU_SH_BUILD="$build" FERRY_GPU_SH_NO_BUILD=1 run bench/gpu.sh "$dir/gpu"
+run jq -e '.steps | length > 0' "$dir/gpu/gpu-report.json"
 run "$build/ferry" slab bench --dir "$dir" --chunks 5000 --count 8 --size 1M --batch 4 --json
 if command -v redis-server >/dev/null; then (
   redis-server --port 0 --unixsocket "$dir/kv-redis.sock" --save '' --appendonly no --dir "$dir" --logfile "$dir/kv-redis.log" & rpid=$!
