@@ -413,6 +413,332 @@ static void usage(FILE *f)
             MAX_DIRS, MAX_ROUNDS);
 }
 
+/* 0 to run, 2 on a usage error (printed), -1 after --help */
+static int parse(int argc, char **argv, gopts *o, int *create)
+{
+    static const char *const drivers[] = {"auto", "cpu", "cufile", "hipfile", NULL};
+    static const char *const engines[] = {"auto", "posix", "uring", NULL};
+    static const char *const devices[] = {"none", "host", "cuda", NULL};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        uint64_t n = 0;
+        int k = 0, rc = 0;
+        if (!strcmp(a, "--json"))
+            o->json = 1;
+        else if (!strcmp(a, "--no-ref"))
+            o->no_ref = 1;
+        else if (!strcmp(a, "--create"))
+            *create = 1;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return -1;
+        } else if (!strcmp(a, "--dir")) {
+            if (o->ndirs == MAX_DIRS) {
+                char acc[48];
+                snprintf(acc, sizeof acc, "at most %d --dir", MAX_DIRS);
+                return cli_bad(CMD, a, v, acc, "one too many");
+            }
+            rc = cli_opt_string(CMD, a, v, "a directory", &o->dirs[o->ndirs]);
+            if (rc == 0)
+                o->ndirs++;
+            i++;
+        } else if (!strcmp(a, "--chunk")) {
+            rc = cli_opt_size(CMD, a, v, 4096, 1ull << 30, 4096, &o->chunk);
+            i++;
+        } else if (!strcmp(a, "--stripe")) {
+            rc = cli_opt_size(CMD, a, v, 4096, 1ull << 30, 4096, &o->stripe);
+            i++;
+        } else if (!strcmp(a, "--size")) {
+            rc = cli_opt_size(CMD, a, v, 4096, 16ull << 40, 4096, &o->size);
+            i++;
+        } else if (!strcmp(a, "--depth")) {
+            if ((rc = cli_opt_count(CMD, a, v, 1, 64, &n)) == 0)
+                o->depth = (unsigned)n;
+            i++;
+        } else if (!strcmp(a, "--rounds")) {
+            if ((rc = cli_opt_count(CMD, a, v, 1, MAX_ROUNDS, &n)) == 0)
+                o->rounds = (unsigned)n;
+            i++;
+        } else if (!strcmp(a, "--alloc-chunks")) {
+            /* below 16 the half-full slab cannot take the 1..4-chunk extents */
+            rc = cli_opt_count(CMD, a, v, 16, 10000000, &o->alloc_chunks);
+            i++;
+        } else if (!strcmp(a, "--alloc-ops")) {
+            rc = cli_opt_count(CMD, a, v, 1, 10000000000ull, &o->alloc_ops);
+            i++;
+        } else if (!strcmp(a, "--driver")) {
+            if ((rc = cli_opt_choice(CMD, a, v, drivers, &k)) == 0)
+                o->driver = drivers[k];
+            i++;
+        } else if (!strcmp(a, "--engine")) {
+            if ((rc = cli_opt_choice(CMD, a, v, engines, &k)) == 0)
+                o->engine = engines[k];
+            i++;
+        } else if (!strcmp(a, "--device")) {
+            if ((rc = cli_opt_choice(CMD, a, v, devices, &k)) == 0)
+                o->device = devices[k];
+            i++;
+        } else
+            return cli_unknown(CMD, a);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* what no single option shows: sizes against each other, the directories */
+static int check(gopts *o, int create)
+{
+    char c1[32], c2[32];
+    if (o->size < o->chunk)
+        return cli_usage(CMD, "--size %s: smaller than --chunk %s; accepted: a multiple of "
+                              "--chunk, at least one chunk", cli_size_str(o->size, c1, sizeof c1),
+                         cli_size_str(o->chunk, c2, sizeof c2));
+    if (o->size % o->chunk)
+        return cli_usage(CMD, "--size %s: not a multiple of --chunk %s; accepted: a multiple of "
+                              "--chunk", cli_size_str(o->size, c1, sizeof c1),
+                         cli_size_str(o->chunk, c2, sizeof c2));
+    if (!o->ndirs)
+        o->dirs[o->ndirs++] = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
+    for (unsigned d = 0; d < o->ndirs; d++) {
+        int rc = cli_opt_dir(CMD, "--dir", o->dirs[d], create);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* one run: the context, its chunks and buffers, the reference, the figures */
+typedef struct gds_bench {
+    const gopts *o;
+    ferry_device *dev;
+    ferry_gds *g;
+    ctx_run cr;
+    ref_run rr;
+    int have_ref;
+    phase pw, pr, qw, qr; /* the last round's store, load, and the reference's */
+    double m_sw, m_sr, m_iw, m_ir, ratio_w, ratio_r; /* medians over the rounds */
+    alloc_res ar;
+} gds_bench;
+
+/* the device, the context, the chunks' extents and buffers, the reference:
+ * 0, or the exit status (printed) */
+static int setup(gds_bench *b)
+{
+    const gopts *o = b->o;
+    ctx_run *cr = &b->cr;
+    int rc;
+    if (strcmp(o->device, "none")) {
+        ferry_device_options dopt = FERRY_DEVICE_OPTIONS_INIT;
+        dopt.backend = o->device;
+        if ((rc = ferry_device_open(&dopt, &b->dev)) < 0)
+            return cli_fail(CMD, "open device", rc);
+    }
+    ferry_gds_config c = FERRY_GDS_CONFIG_INIT;
+    c.dirs = o->dirs;
+    c.n_dirs = o->ndirs;
+    c.bytes = o->size;
+    c.driver = o->driver;
+    c.engine = o->engine;
+    c.depth = o->depth;
+    c.device = b->dev;
+    /* per-chunk striping unless told: each chunk one request to one drive,
+     * the drives kept busy by the chunks in flight (as the reference) */
+    c.stripe_bytes = o->stripe ? o->stripe : o->chunk;
+    if ((rc = ferry_gds_open(&c, &b->g)) < 0)
+        return cli_fail(CMD, "open the GDS context", rc);
+    cr->g = b->g;
+    cr->dev = b->dev;
+    cr->n = o->size / o->chunk;
+    /* the reference keeps depth chunks in flight on each drive's file: so
+     * does the context, over all drives (at most 1 GiB of buffers) */
+    cr->inflight = o->depth * o->ndirs;
+    if (cr->inflight > 64)
+        cr->inflight = 64;
+    while (cr->inflight > 1 && (uint64_t)cr->inflight * o->chunk > (1ull << 30))
+        cr->inflight--;
+    cr->ext = calloc(cr->n, sizeof *cr->ext);
+    if (!cr->ext)
+        return cli_fail(CMD, "allocate", -ENOMEM);
+    ferry_shape sh = {1, {o->chunk}};
+    int u8 = FERRY_DTYPE_U8;
+    ferry_layout lay = {1, &sh, 1, &u8};
+    if ((rc = ferry_slab_alloc(ferry_gds_slab(b->g), &lay, (unsigned)cr->n, cr->ext)) < 0)
+        return cli_fail(CMD, "allocate the chunks' extents", rc);
+    if (b->dev) {
+        if ((rc = ferry_device_alloc(b->dev, (size_t)o->chunk, &cr->dbuf)) < 0 ||
+            (rc = ferry_device_memset(b->dev, cr->dbuf, 0x5A, (size_t)o->chunk)) < 0 ||
+            (rc = ferry_gds_register(b->g, cr->dbuf, (size_t)o->chunk, NULL)) < 0)
+            return cli_fail(CMD, "device buffer", rc);
+    } else if ((rc = ferry_gds_buffer_alloc(b->g, (size_t)o->chunk * cr->inflight,
+                                            (void **)&cr->hbuf)) < 0) {
+        return cli_fail(CMD, "allocate the chunk buffers", rc);
+    }
+    if (!o->no_ref && !b->dev) {
+        if ((rc = ref_open(&b->rr, o, ferry_gds_engine(b->g))) < 0)
+            return cli_fail(CMD, "open the bench io reference", rc);
+        b->have_ref = 1;
+    }
+    return 0;
+}
+
+/* one round: store then load, each back to back with the reference's
+ * write or read, the order swapped every round (the drive, or a virtual
+ * disk's host cache, favours whichever side wrote or read last) */
+static int round_run(gds_bench *b, unsigned r)
+{
+    int ref_first = b->have_ref && (r % 2);
+    for (int ph = 0; ph < 2; ph++) {
+        int gdir = ph == 0 ? FERRY_GDS_WRITE : FERRY_GDS_READ;
+        int iop = ph == 0 ? FERRY_IO_WRITE : FERRY_IO_READ;
+        phase *pg = ph == 0 ? &b->pw : &b->pr, *pi = ph == 0 ? &b->qw : &b->qr;
+        for (int side = 0; side < 2; side++) {
+            int ref_now = side == 0 ? ref_first : !ref_first;
+            if (ref_now && !b->have_ref)
+                continue;
+            /* the reference writes the same files: the loaded chunks are
+             * checked only when the context's store was the last write */
+            int rc = ref_now ? ref_phase(&b->rr, b->o, iop, pi)
+                             : ctx_phase(&b->cr, b->o, gdir, !b->have_ref || ref_first, pg);
+            if (rc < 0)
+                return cli_fail(CMD, ref_now ? "bench io reference" : "through the context", rc);
+        }
+    }
+    return 0;
+}
+
+/* a warm-up, the rounds, the allocator: 0, or the exit status (printed) */
+static int measure(gds_bench *b)
+{
+    const gopts *o = b->o;
+    int rc;
+    /* warm-up, untimed: the first write into preallocated space converts
+     * the file system's unwritten extents, which neither side should pay */
+    if ((rc = ctx_phase(&b->cr, o, FERRY_GDS_WRITE, 0, &b->pw)) < 0 ||
+        (b->have_ref && (rc = ref_phase(&b->rr, o, FERRY_IO_WRITE, &b->qw)) < 0))
+        return cli_fail(CMD, "warm-up write", rc);
+    /* the ratio is the median of the rounds' own ratios */
+    double sw[MAX_ROUNDS], sr[MAX_ROUNDS], iw[MAX_ROUNDS], ir[MAX_ROUNDS];
+    double rw[MAX_ROUNDS], rr_[MAX_ROUNDS];
+    for (unsigned r = 0; r < o->rounds; r++) {
+        if ((rc = round_run(b, r)) != 0)
+            return rc;
+        sw[r] = b->pw.gbps;
+        sr[r] = b->pr.gbps;
+        iw[r] = b->have_ref ? b->qw.gbps : 0;
+        ir[r] = b->have_ref ? b->qr.gbps : 0;
+        rw[r] = iw[r] > 0 ? sw[r] / iw[r] : 0;
+        rr_[r] = ir[r] > 0 ? sr[r] / ir[r] : 0;
+    }
+    b->ratio_w = cli_median(rw, o->rounds);
+    b->ratio_r = cli_median(rr_, o->rounds);
+    b->m_sw = cli_median(sw, o->rounds);
+    b->m_sr = cli_median(sr, o->rounds);
+    b->m_iw = b->have_ref ? cli_median(iw, o->rounds) : 0;
+    b->m_ir = b->have_ref ? cli_median(ir, o->rounds) : 0;
+    if ((rc = bench_alloc(o, &b->ar)) < 0)
+        return cli_fail(CMD, "allocator benchmark", rc);
+    return 0;
+}
+
+static void report_json(const gds_bench *b)
+{
+    const gopts *o = b->o;
+    const alloc_res *ar = &b->ar;
+    const char *fb = ferry_gds_fallback_reason(b->g);
+    json_t *root = json_object();
+    json_object_set_new(root, "driver", json_string(ferry_gds_driver_name(b->g)));
+    json_object_set_new(root, "engine", json_string(ferry_gds_engine(b->g)));
+    json_object_set_new(root, "drives", json_integer(o->ndirs));
+    json_object_set_new(root, "buffers", json_string(b->dev ? "device" : "host"));
+    json_object_set_new(root, "device", json_string(b->dev ? o->device : "none"));
+    json_object_set_new(root, "chunk_bytes", json_integer((json_int_t)o->chunk));
+    json_object_set_new(root, "chunks", json_integer((json_int_t)b->cr.n));
+    json_object_set_new(root, "depth", json_integer(o->depth));
+    json_object_set_new(root, "stripe_bytes", json_integer((json_int_t)(o->stripe ? o->stripe : o->chunk)));
+    json_object_set_new(root, "rounds", json_integer(o->rounds));
+    json_object_set_new(root, "fallback", fb ? json_string(fb) : json_null());
+    json_t *js = json_pack("{s:f, s:f, s:f}", "gb_per_s", b->m_sw, "p50_ms", b->pw.p50_ms,
+                           "p99_ms", b->pw.p99_ms);
+    json_t *jl = json_pack("{s:f, s:f, s:f}", "gb_per_s", b->m_sr, "p50_ms", b->pr.p50_ms,
+                           "p99_ms", b->pr.p99_ms);
+    json_object_set_new(root, "store", js);
+    json_object_set_new(root, "load", jl);
+    if (b->have_ref) {
+        json_object_set_new(root, "io_ref",
+                            json_pack("{s:f, s:f}", "write_gb_per_s", b->m_iw, "read_gb_per_s",
+                                      b->m_ir));
+        json_object_set_new(root, "ratio",
+                            json_pack("{s:f, s:f}", "store", b->ratio_w, "load", b->ratio_r));
+    }
+    json_object_set_new(root, "alloc",
+                        json_pack("{s:I, s:I, s:f, s:f, s:f, s:I}", "slab_chunks",
+                                  (json_int_t)o->alloc_chunks, "ops", (json_int_t)ar->ops,
+                                  "ops_per_s", ar->ops_per_s, "ops_per_cpu_s", ar->ops_per_cpu_s,
+                                  "fragmentation", ar->fragmentation, "free_blocks",
+                                  (json_int_t)ar->free_blocks));
+    char *str = json_dumps(root, JSON_INDENT(2));
+    printf("%s\n", str);
+    free(str);
+    json_decref(root);
+}
+
+static void report_text(const gds_bench *b)
+{
+    const gopts *o = b->o;
+    const alloc_res *ar = &b->ar;
+    const char *fb = ferry_gds_fallback_reason(b->g);
+    ferry_gds_stats gst;
+    ferry_gds_stats_get(b->g, &gst);
+    printf("ferry bench gds: driver %s, engine %s, %u drive(s), %s buffers, chunk %llu KiB "
+           "x %llu, depth %u per drive, %u round(s)\n",
+           ferry_gds_driver_name(b->g), ferry_gds_engine(b->g), o->ndirs,
+           b->dev ? (strcmp(o->device, "host") ? "device" : "device (host backend)") : "host",
+           (unsigned long long)(o->chunk >> 10), (unsigned long long)b->cr.n, o->depth,
+           o->rounds);
+    if (fb)
+        printf("  fallback: %s\n", fb);
+    printf("  store  %7.2f GB/s   p50 %8.2f ms   p99 %8.2f ms\n", b->m_sw, b->pw.p50_ms,
+           b->pw.p99_ms);
+    printf("  load   %7.2f GB/s   p50 %8.2f ms   p99 %8.2f ms\n", b->m_sr, b->pr.p50_ms,
+           b->pr.p99_ms);
+    if (b->have_ref) {
+        printf("  bench io (%s, same chunk and depth): write %.2f GB/s, read %.2f GB/s\n",
+               ferry_gds_engine(b->g), b->m_iw, b->m_ir);
+        printf("  ratio  store %.3fx   load %.3fx   (median of the rounds' ratios)\n", b->ratio_w,
+               b->ratio_r);
+    }
+    printf("  allocator: slab of %llu chunks, %llu alloc+free ops: %.2f M ops/s wall, %.2f M "
+           "ops per CPU second, %llu free blocks, fragmentation %.3f\n",
+           (unsigned long long)o->alloc_chunks, (unsigned long long)ar->ops, ar->ops_per_s / 1e6,
+           ar->ops_per_cpu_s / 1e6, (unsigned long long)ar->free_blocks, ar->fragmentation);
+    printf("  context: %llu driver I/Os, %llu engine I/Os\n", (unsigned long long)gst.driver_ios,
+           (unsigned long long)gst.engine_ios);
+}
+
+static void teardown(gds_bench *b)
+{
+    const gopts *o = b->o;
+    ctx_run *cr = &b->cr;
+    if (b->have_ref || b->rr.io[0])
+        ref_close(&b->rr, o);
+    if (b->g && cr->dbuf)
+        ferry_gds_deregister(b->g, cr->dbuf);
+    if (cr->hbuf)
+        ferry_gds_buffer_free(b->g, cr->hbuf);
+    ferry_gds_close(b->g);
+    if (b->dev && cr->dbuf)
+        ferry_device_free(b->dev, cr->dbuf);
+    ferry_device_close(b->dev);
+    free(cr->ext);
+    /* the slab files stay for a next run to truncate; remove them here */
+    for (unsigned d = 0; d < o->ndirs; d++) {
+        char p[4096];
+        snprintf(p, sizeof p, "%s/%s", o->dirs[d], FERRY_GDS_SLAB_NAME);
+        remove(p);
+    }
+}
+
 int cmd_bench_gds(int argc, char **argv)
 {
     gopts o = {0};
@@ -423,295 +749,23 @@ int cmd_bench_gds(int argc, char **argv)
     o.alloc_chunks = 100000;
     o.alloc_ops = 2000000;
     o.device = "none";
-    static const char *const drivers[] = {"auto", "cpu", "cufile", "hipfile", NULL};
-    static const char *const engines[] = {"auto", "posix", "uring", NULL};
-    static const char *const devices[] = {"none", "host", "cuda", NULL};
-    int create = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        uint64_t n = 0;
-        int k = 0, rc = 0;
-        if (!strcmp(a, "--json"))
-            o.json = 1;
-        else if (!strcmp(a, "--no-ref"))
-            o.no_ref = 1;
-        else if (!strcmp(a, "--create"))
-            create = 1;
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--dir")) {
-            if (o.ndirs == MAX_DIRS) {
-                char acc[48];
-                snprintf(acc, sizeof acc, "at most %d --dir", MAX_DIRS);
-                return cli_bad(CMD, a, v, acc, "one too many");
-            }
-            rc = cli_opt_string(CMD, a, v, "a directory", &o.dirs[o.ndirs]);
-            if (rc == 0)
-                o.ndirs++;
-            i++;
-        } else if (!strcmp(a, "--chunk")) {
-            rc = cli_opt_size(CMD, a, v, 4096, 1ull << 30, 4096, &o.chunk);
-            i++;
-        } else if (!strcmp(a, "--stripe")) {
-            rc = cli_opt_size(CMD, a, v, 4096, 1ull << 30, 4096, &o.stripe);
-            i++;
-        } else if (!strcmp(a, "--size")) {
-            rc = cli_opt_size(CMD, a, v, 4096, 16ull << 40, 4096, &o.size);
-            i++;
-        } else if (!strcmp(a, "--depth")) {
-            if ((rc = cli_opt_count(CMD, a, v, 1, 64, &n)) == 0)
-                o.depth = (unsigned)n;
-            i++;
-        } else if (!strcmp(a, "--rounds")) {
-            if ((rc = cli_opt_count(CMD, a, v, 1, MAX_ROUNDS, &n)) == 0)
-                o.rounds = (unsigned)n;
-            i++;
-        } else if (!strcmp(a, "--alloc-chunks")) {
-            /* below 16 the half-full slab cannot take the 1..4-chunk extents */
-            rc = cli_opt_count(CMD, a, v, 16, 10000000, &o.alloc_chunks);
-            i++;
-        } else if (!strcmp(a, "--alloc-ops")) {
-            rc = cli_opt_count(CMD, a, v, 1, 10000000000ull, &o.alloc_ops);
-            i++;
-        } else if (!strcmp(a, "--driver")) {
-            if ((rc = cli_opt_choice(CMD, a, v, drivers, &k)) == 0)
-                o.driver = drivers[k];
-            i++;
-        } else if (!strcmp(a, "--engine")) {
-            if ((rc = cli_opt_choice(CMD, a, v, engines, &k)) == 0)
-                o.engine = engines[k];
-            i++;
-        } else if (!strcmp(a, "--device")) {
-            if ((rc = cli_opt_choice(CMD, a, v, devices, &k)) == 0)
-                o.device = devices[k];
-            i++;
-        } else
-            return cli_unknown(CMD, a);
-        if (rc)
-            return rc;
+    int create = 0, rc = parse(argc, argv, &o, &create);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    if ((rc = check(&o, create)) != 0)
+        return rc;
+    gds_bench b;
+    memset(&b, 0, sizeof b);
+    b.o = &o;
+    rc = setup(&b);
+    if (rc == 0)
+        rc = measure(&b);
+    if (rc == 0) {
+        if (o.json)
+            report_json(&b);
+        else
+            report_text(&b);
     }
-    char c1[32], c2[32];
-    if (o.size < o.chunk)
-        return cli_usage(CMD, "--size %s: smaller than --chunk %s; accepted: a multiple of "
-                              "--chunk, at least one chunk", cli_size_str(o.size, c1, sizeof c1),
-                         cli_size_str(o.chunk, c2, sizeof c2));
-    if (o.size % o.chunk)
-        return cli_usage(CMD, "--size %s: not a multiple of --chunk %s; accepted: a multiple of "
-                              "--chunk", cli_size_str(o.size, c1, sizeof c1),
-                         cli_size_str(o.chunk, c2, sizeof c2));
-    if (!o.ndirs)
-        o.dirs[o.ndirs++] = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
-    for (unsigned d = 0; d < o.ndirs; d++) {
-        int rc = cli_opt_dir(CMD, "--dir", o.dirs[d], create);
-        if (rc)
-            return rc;
-    }
-
-    int rc, status = 1;
-    ferry_device *dev = NULL;
-    ferry_gds *g = NULL;
-    ctx_run cr = {0};
-    ref_run rr;
-    memset(&rr, 0, sizeof rr);
-    int have_ref = 0;
-    json_t *root = NULL;
-    if (strcmp(o.device, "none")) {
-        ferry_device_options dopt = FERRY_DEVICE_OPTIONS_INIT;
-        dopt.backend = o.device;
-        if ((rc = ferry_device_open(&dopt, &dev)) < 0) {
-            status = cli_fail(CMD, "open device", rc);
-            goto out;
-        }
-    }
-    ferry_gds_config c = FERRY_GDS_CONFIG_INIT;
-    c.dirs = o.dirs;
-    c.n_dirs = o.ndirs;
-    c.bytes = o.size;
-    c.driver = o.driver;
-    c.engine = o.engine;
-    c.depth = o.depth;
-    c.device = dev;
-    /* per-chunk striping unless told: each chunk one request to one drive,
-     * the drives kept busy by the chunks in flight (as the reference) */
-    c.stripe_bytes = o.stripe ? o.stripe : o.chunk;
-    if ((rc = ferry_gds_open(&c, &g)) < 0) {
-        status = cli_fail(CMD, "open the GDS context", rc);
-        goto out;
-    }
-    cr.g = g;
-    cr.dev = dev;
-    cr.n = o.size / o.chunk;
-    /* the reference keeps depth chunks in flight on each drive's file: so
-     * does the context, over all drives (at most 1 GiB of buffers) */
-    cr.inflight = o.depth * o.ndirs;
-    if (cr.inflight > 64)
-        cr.inflight = 64;
-    while (cr.inflight > 1 && (uint64_t)cr.inflight * o.chunk > (1ull << 30))
-        cr.inflight--;
-    cr.ext = calloc(cr.n, sizeof *cr.ext);
-    if (!cr.ext) {
-        status = cli_fail(CMD, "allocate", -ENOMEM);
-        goto out;
-    }
-    ferry_shape sh = {1, {o.chunk}};
-    int u8 = FERRY_DTYPE_U8;
-    ferry_layout lay = {1, &sh, 1, &u8};
-    if ((rc = ferry_slab_alloc(ferry_gds_slab(g), &lay, (unsigned)cr.n, cr.ext)) < 0) {
-        status = cli_fail(CMD, "allocate the chunks' extents", rc);
-        goto out;
-    }
-    if (dev) {
-        if ((rc = ferry_device_alloc(dev, (size_t)o.chunk, &cr.dbuf)) < 0 ||
-            (rc = ferry_device_memset(dev, cr.dbuf, 0x5A, (size_t)o.chunk)) < 0 ||
-            (rc = ferry_gds_register(g, cr.dbuf, (size_t)o.chunk, NULL)) < 0) {
-            status = cli_fail(CMD, "device buffer", rc);
-            goto out;
-        }
-    } else if ((rc = ferry_gds_buffer_alloc(g, (size_t)o.chunk * cr.inflight,
-                                            (void **)&cr.hbuf)) < 0) {
-        status = cli_fail(CMD, "allocate the chunk buffers", rc);
-        goto out;
-    }
-    if (!o.no_ref && !dev) {
-        if ((rc = ref_open(&rr, &o, ferry_gds_engine(g))) < 0) {
-            status = cli_fail(CMD, "open the bench io reference", rc);
-            goto out;
-        }
-        have_ref = 1;
-    }
-
-    double sw[MAX_ROUNDS], sr[MAX_ROUNDS], iw[MAX_ROUNDS], ir[MAX_ROUNDS];
-    phase pw = {0}, pr = {0}, qw = {0}, qr = {0};
-    /* warm-up, untimed: the first write into preallocated space converts
-     * the file system's unwritten extents, which neither side should pay */
-    if ((rc = ctx_phase(&cr, &o, FERRY_GDS_WRITE, 0, &pw)) < 0 ||
-        (have_ref && (rc = ref_phase(&rr, &o, FERRY_IO_WRITE, &qw)) < 0)) {
-        status = cli_fail(CMD, "warm-up write", rc);
-        goto out;
-    }
-    /* pairs measured back to back, the order swapped every round (the
-     * drive, or a virtual disk's host cache, favours whichever side wrote
-     * or read last); the ratio is the median of the rounds' own ratios */
-    double rw[MAX_ROUNDS], rr_[MAX_ROUNDS];
-    for (unsigned r = 0; r < o.rounds; r++) {
-        int ref_first = have_ref && (r % 2);
-        for (int ph = 0; ph < 2; ph++) {
-            int gdir = ph == 0 ? FERRY_GDS_WRITE : FERRY_GDS_READ;
-            int iop = ph == 0 ? FERRY_IO_WRITE : FERRY_IO_READ;
-            phase *pg = ph == 0 ? &pw : &pr, *pi = ph == 0 ? &qw : &qr;
-            for (int side = 0; side < 2; side++) {
-                int ref_now = side == 0 ? ref_first : !ref_first;
-                if (ref_now && !have_ref)
-                    continue;
-                /* the reference writes the same files: the loaded chunks are
-                 * checked only when the context's store was the last write */
-                rc = ref_now ? ref_phase(&rr, &o, iop, pi)
-                             : ctx_phase(&cr, &o, gdir, !have_ref || ref_first, pg);
-                if (rc < 0) {
-                    status = cli_fail(CMD, ref_now ? "bench io reference" : "through the context",
-                                      rc);
-                    goto out;
-                }
-            }
-        }
-        sw[r] = pw.gbps;
-        sr[r] = pr.gbps;
-        iw[r] = have_ref ? qw.gbps : 0;
-        ir[r] = have_ref ? qr.gbps : 0;
-        rw[r] = iw[r] > 0 ? sw[r] / iw[r] : 0;
-        rr_[r] = ir[r] > 0 ? sr[r] / ir[r] : 0;
-    }
-    double ratio_w = cli_median(rw, o.rounds), ratio_r = cli_median(rr_, o.rounds);
-    double m_sw = cli_median(sw, o.rounds), m_sr = cli_median(sr, o.rounds);
-    double m_iw = have_ref ? cli_median(iw, o.rounds) : 0, m_ir = have_ref ? cli_median(ir, o.rounds) : 0;
-    alloc_res ar = {0};
-    if ((rc = bench_alloc(&o, &ar)) < 0) {
-        status = cli_fail(CMD, "allocator benchmark", rc);
-        goto out;
-    }
-    ferry_gds_stats gst;
-    ferry_gds_stats_get(g, &gst);
-    const char *fb = ferry_gds_fallback_reason(g);
-
-    if (o.json) {
-        root = json_object();
-        json_object_set_new(root, "driver", json_string(ferry_gds_driver_name(g)));
-        json_object_set_new(root, "engine", json_string(ferry_gds_engine(g)));
-        json_object_set_new(root, "drives", json_integer(o.ndirs));
-        json_object_set_new(root, "buffers", json_string(dev ? "device" : "host"));
-        json_object_set_new(root, "device", json_string(dev ? o.device : "none"));
-        json_object_set_new(root, "chunk_bytes", json_integer((json_int_t)o.chunk));
-        json_object_set_new(root, "chunks", json_integer((json_int_t)cr.n));
-        json_object_set_new(root, "depth", json_integer(o.depth));
-        json_object_set_new(root, "stripe_bytes", json_integer((json_int_t)(o.stripe ? o.stripe : o.chunk)));
-        json_object_set_new(root, "rounds", json_integer(o.rounds));
-        json_object_set_new(root, "fallback", fb ? json_string(fb) : json_null());
-        json_t *js = json_pack("{s:f, s:f, s:f}", "gb_per_s", m_sw, "p50_ms", pw.p50_ms, "p99_ms",
-                               pw.p99_ms);
-        json_t *jl = json_pack("{s:f, s:f, s:f}", "gb_per_s", m_sr, "p50_ms", pr.p50_ms, "p99_ms",
-                               pr.p99_ms);
-        json_object_set_new(root, "store", js);
-        json_object_set_new(root, "load", jl);
-        if (have_ref) {
-            json_object_set_new(root, "io_ref",
-                                json_pack("{s:f, s:f}", "write_gb_per_s", m_iw, "read_gb_per_s",
-                                          m_ir));
-            json_object_set_new(root, "ratio",
-                                json_pack("{s:f, s:f}", "store", ratio_w, "load", ratio_r));
-        }
-        json_object_set_new(root, "alloc",
-                            json_pack("{s:I, s:I, s:f, s:f, s:f, s:I}", "slab_chunks",
-                                      (json_int_t)o.alloc_chunks, "ops", (json_int_t)ar.ops,
-                                      "ops_per_s", ar.ops_per_s, "ops_per_cpu_s",
-                                      ar.ops_per_cpu_s, "fragmentation", ar.fragmentation,
-                                      "free_blocks", (json_int_t)ar.free_blocks));
-        char *str = json_dumps(root, JSON_INDENT(2));
-        printf("%s\n", str);
-        free(str);
-    } else {
-        printf("ferry bench gds: driver %s, engine %s, %u drive(s), %s buffers, chunk %llu KiB "
-               "x %llu, depth %u per drive, %u round(s)\n",
-               ferry_gds_driver_name(g), ferry_gds_engine(g), o.ndirs,
-               dev ? (strcmp(o.device, "host") ? "device" : "device (host backend)") : "host",
-               (unsigned long long)(o.chunk >> 10), (unsigned long long)cr.n, o.depth, o.rounds);
-        if (fb)
-            printf("  fallback: %s\n", fb);
-        printf("  store  %7.2f GB/s   p50 %8.2f ms   p99 %8.2f ms\n", m_sw, pw.p50_ms, pw.p99_ms);
-        printf("  load   %7.2f GB/s   p50 %8.2f ms   p99 %8.2f ms\n", m_sr, pr.p50_ms, pr.p99_ms);
-        if (have_ref) {
-            printf("  bench io (%s, same chunk and depth): write %.2f GB/s, read %.2f GB/s\n",
-                   ferry_gds_engine(g), m_iw, m_ir);
-            printf("  ratio  store %.3fx   load %.3fx   (median of the rounds' ratios)\n", ratio_w,
-                   ratio_r);
-        }
-        printf("  allocator: slab of %llu chunks, %llu alloc+free ops: %.2f M ops/s wall, %.2f M "
-               "ops per CPU second, %llu free blocks, fragmentation %.3f\n",
-               (unsigned long long)o.alloc_chunks, (unsigned long long)ar.ops,
-               ar.ops_per_s / 1e6, ar.ops_per_cpu_s / 1e6, (unsigned long long)ar.free_blocks,
-               ar.fragmentation);
-        printf("  context: %llu driver I/Os, %llu engine I/Os\n",
-               (unsigned long long)gst.driver_ios, (unsigned long long)gst.engine_ios);
-    }
-    status = 0;
-out:
-    json_decref(root);
-    if (have_ref || rr.io[0])
-        ref_close(&rr, &o);
-    if (g && cr.dbuf)
-        ferry_gds_deregister(g, cr.dbuf);
-    if (cr.hbuf)
-        ferry_gds_buffer_free(g, cr.hbuf);
-    ferry_gds_close(g);
-    if (dev && cr.dbuf)
-        ferry_device_free(dev, cr.dbuf);
-    ferry_device_close(dev);
-    free(cr.ext);
-    /* the slab files stay for a next run to truncate; remove them here */
-    for (unsigned d = 0; d < o.ndirs; d++) {
-        char p[4096];
-        snprintf(p, sizeof p, "%s/%s", o.dirs[d], FERRY_GDS_SLAB_NAME);
-        remove(p);
-    }
-    return status;
+    teardown(&b);
+    return rc;
 }
