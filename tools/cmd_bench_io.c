@@ -245,6 +245,105 @@ static int copy_only(ferry_device *dev, ferry_devptr dbuf, const opts *o, int op
     return rc;
 }
 
+/* host buffers, or device buffers straight to the file (GDS): the write
+ * then the read of the whole file, depth chunks in flight. The buffers go
+ * to *hbuf / *dbuf for the caller to free. */
+static int bench_direct(ferry_io *io, ferry_file *f, ferry_device *dev, const opts *oc,
+                        result *res, char **hbuf, ferry_devptr *dbuf)
+{
+    int rc;
+    size_t blen = oc->chunk * oc->depth;
+    if (dev) {
+        rc = ferry_device_alloc(dev, blen, dbuf);
+        if (rc == 0)
+            rc = ferry_device_memset(dev, *dbuf, 0x5a, blen);
+        if (rc == 0)
+            rc = ferry_io_register_dev(io, *dbuf, blen);
+    } else {
+        rc = ferry_io_buffer_alloc(io, blen, (void **)hbuf);
+        if (rc == 0)
+            fill_random(*hbuf, blen);
+    }
+    if (rc < 0)
+        return rc;
+    rc = run_async(io, f, FERRY_IO_WRITE, *hbuf, *dbuf, oc, &res->w, "write");
+    if (rc == 0)
+        rc = ferry_file_drop_cache(f);
+    if (rc == 0)
+        rc = run_async(io, f, FERRY_IO_READ, *hbuf, *dbuf, oc, &res->r, "read");
+    return rc;
+}
+
+/* device buffers through the CPU path (bounce buffers), and its parts
+ * alone: the file I/O from host memory and the device copies. The buffers
+ * go to *hbufp / *dbufp for the caller to free. */
+static int bench_bounce(ferry_io *io, ferry_file *f, ferry_device *dev, const opts *oc,
+                        result *res, char **hbufp, ferry_devptr *dbufp)
+{
+    /* the bounce path, and its parts alone. The file is written once
+     * first (unmeasured) so every measured write overwrites allocated
+     * blocks: the parts and the whole then compare like with like. */
+    size_t blen = oc->chunk * oc->depth;
+    int rc;
+    phase fw, fr, prefill;
+    double cw = 0, cr = 0;
+    memset(&fw, 0, sizeof fw);
+    memset(&fr, 0, sizeof fr);
+    rc = ferry_device_alloc(dev, 2 * blen, dbufp);
+    ferry_devptr dbuf = *dbufp;
+    if (rc == 0) /* touch it: first-touch page faults are not the bounce path's cost */
+        rc = ferry_device_memset(dev, dbuf, 0x5a, 2 * blen);
+    if (rc == 0)
+        rc = ferry_io_buffer_alloc(io, blen, (void **)hbufp);
+    if (rc < 0)
+        return rc;
+    char *hbuf = *hbufp;
+    fill_random(hbuf, blen);
+    res->bounce = 1;
+    rc = run_async(io, f, FERRY_IO_WRITE, hbuf, 0, oc, &prefill, "prefill");
+    if (rc == 0) /* set up the bounce buffers and stream outside the timing */
+        rc = ferry_io_read_dev(io, f, NULL, dbuf, 4096, 0);
+    /* each part and the whole twice, alternating, keeping the faster
+     * run of each: the order of runs (write-back of the previous one,
+     * other load) moves single figures more than the overlap does */
+    for (int rep = 0; rep < 2 && rc == 0; rep++) {
+        phase a, b, c, d;
+        double cpw = 0, cpr = 0;
+        rc = run_async(io, f, FERRY_IO_WRITE, hbuf, 0, oc, &a, "file write");
+        if (rc == 0)
+            rc = run_bounce(io, f, FERRY_IO_WRITE, dbuf, oc, &b, "write");
+        if (rc == 0)
+            rc = ferry_file_drop_cache(f);
+        if (rc == 0)
+            rc = run_async(io, f, FERRY_IO_READ, hbuf, 0, oc, &c, "file read");
+        if (rc == 0)
+            rc = ferry_file_drop_cache(f);
+        if (rc == 0)
+            rc = run_bounce(io, f, FERRY_IO_READ, dbuf, oc, &d, "read");
+        if (rc == 0)
+            rc = copy_only(dev, dbuf, oc, FERRY_IO_WRITE, &cpw);
+        if (rc == 0)
+            rc = copy_only(dev, dbuf, oc, FERRY_IO_READ, &cpr);
+        if (rc < 0)
+            break;
+        if (rep == 0 || a.secs < fw.secs)
+            fw = a;
+        if (rep == 0 || b.secs < res->w.secs)
+            res->w = b;
+        if (rep == 0 || c.secs < fr.secs)
+            fr = c;
+        if (rep == 0 || d.secs < res->r.secs)
+            res->r = d;
+        if (rep == 0 || cpw < cw)
+            cw = cpw;
+        if (rep == 0 || cpr < cr)
+            cr = cpr;
+    }
+    res->bw = (bounce_parts){fw.secs, cw, res->w.secs};
+    res->br = (bounce_parts){fr.secs, cr, res->r.secs};
+    return rc;
+}
+
 static int bench_one(const char *engine, const opts *o, size_t chunk, result *res)
 {
     opts oc = *o;
@@ -298,87 +397,10 @@ static int bench_one(const char *engine, const opts *o, size_t chunk, result *re
     rc = ferry_file_allocate(f, 0, o->size);
     if (rc < 0)
         goto fail;
-    int gds = ferry_file_is_gds(f);
-    if (!dev || gds) {
-        size_t blen = chunk * o->depth;
-        if (dev) {
-            rc = ferry_device_alloc(dev, blen, &dbuf);
-            if (rc == 0)
-                rc = ferry_device_memset(dev, dbuf, 0x5a, blen);
-            if (rc == 0)
-                rc = ferry_io_register_dev(io, dbuf, blen);
-        } else {
-            rc = ferry_io_buffer_alloc(io, blen, (void **)&hbuf);
-            if (rc == 0)
-                fill_random(hbuf, blen);
-        }
-        if (rc < 0)
-            goto fail;
-        rc = run_async(io, f, FERRY_IO_WRITE, hbuf, dbuf, &oc, &res->w, "write");
-        if (rc == 0)
-            rc = ferry_file_drop_cache(f);
-        if (rc == 0)
-            rc = run_async(io, f, FERRY_IO_READ, hbuf, dbuf, &oc, &res->r, "read");
-    } else {
-        /* the bounce path, and its parts alone. The file is written once
-         * first (unmeasured) so every measured write overwrites allocated
-         * blocks: the parts and the whole then compare like with like. */
-        size_t blen = chunk * o->depth;
-        phase fw, fr, prefill;
-        double cw = 0, cr = 0;
-        memset(&fw, 0, sizeof fw);
-        memset(&fr, 0, sizeof fr);
-        rc = ferry_device_alloc(dev, 2 * blen, &dbuf);
-        if (rc == 0) /* touch it: first-touch page faults are not the bounce path's cost */
-            rc = ferry_device_memset(dev, dbuf, 0x5a, 2 * blen);
-        if (rc == 0)
-            rc = ferry_io_buffer_alloc(io, blen, (void **)&hbuf);
-        if (rc < 0)
-            goto fail;
-        fill_random(hbuf, blen);
-        res->bounce = 1;
-        rc = run_async(io, f, FERRY_IO_WRITE, hbuf, 0, &oc, &prefill, "prefill");
-        if (rc == 0) /* set up the bounce buffers and stream outside the timing */
-            rc = ferry_io_read_dev(io, f, NULL, dbuf, 4096, 0);
-        /* each part and the whole twice, alternating, keeping the faster
-         * run of each: the order of runs (write-back of the previous one,
-         * other load) moves single figures more than the overlap does */
-        for (int rep = 0; rep < 2 && rc == 0; rep++) {
-            phase a, b, c, d;
-            double cpw = 0, cpr = 0;
-            rc = run_async(io, f, FERRY_IO_WRITE, hbuf, 0, &oc, &a, "file write");
-            if (rc == 0)
-                rc = run_bounce(io, f, FERRY_IO_WRITE, dbuf, &oc, &b, "write");
-            if (rc == 0)
-                rc = ferry_file_drop_cache(f);
-            if (rc == 0)
-                rc = run_async(io, f, FERRY_IO_READ, hbuf, 0, &oc, &c, "file read");
-            if (rc == 0)
-                rc = ferry_file_drop_cache(f);
-            if (rc == 0)
-                rc = run_bounce(io, f, FERRY_IO_READ, dbuf, &oc, &d, "read");
-            if (rc == 0)
-                rc = copy_only(dev, dbuf, &oc, FERRY_IO_WRITE, &cpw);
-            if (rc == 0)
-                rc = copy_only(dev, dbuf, &oc, FERRY_IO_READ, &cpr);
-            if (rc < 0)
-                break;
-            if (rep == 0 || a.secs < fw.secs)
-                fw = a;
-            if (rep == 0 || b.secs < res->w.secs)
-                res->w = b;
-            if (rep == 0 || c.secs < fr.secs)
-                fr = c;
-            if (rep == 0 || d.secs < res->r.secs)
-                res->r = d;
-            if (rep == 0 || cpw < cw)
-                cw = cpw;
-            if (rep == 0 || cpr < cr)
-                cr = cpr;
-        }
-        res->bw = (bounce_parts){fw.secs, cw, res->w.secs};
-        res->br = (bounce_parts){fr.secs, cr, res->r.secs};
-    }
+    if (!dev || ferry_file_is_gds(f))
+        rc = bench_direct(io, f, dev, &oc, res, &hbuf, &dbuf);
+    else
+        rc = bench_bounce(io, f, dev, &oc, res, &hbuf, &dbuf);
     if (rc == 0)
         goto out;
 fail:
@@ -534,80 +556,93 @@ static void usage(FILE *f)
             "             --engine all or --sweep {\"file_bytes\", \"depth\", \"results\": [...]}\n");
 }
 
-int cmd_bench_io(int argc, char **argv)
+/* 0 to run, 2 on a usage error (printed), -1 after --help */
+static int parse(int argc, char **argv, opts *o, int *create, int *chunk_given)
 {
-    opts o = {"auto", NULL, NULL, NULL, (uint64_t)8 << 20, (uint64_t)2 << 30, 8, 0, 0};
     static const char *const engine_names[] = {"auto", "posix", "uring", "cufile", "all", NULL};
     static const char *const device_names[] = {"host", "cuda", NULL};
-    int create = 0, chunk_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         uint64_t x = 0;
         int k = 0, rc = 0;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
-            return 0;
+            return -1;
         } else if (!strcmp(a, "--json"))
-            o.json = 1;
+            o->json = 1;
         else if (!strcmp(a, "--sweep"))
-            o.sweep = 1;
+            o->sweep = 1;
         else if (!strcmp(a, "--create"))
-            create = 1;
+            *create = 1;
         else if (!strcmp(a, "--engine")) {
             if ((rc = cli_opt_choice(CMD, a, v, engine_names, &k)) == 0)
-                o.engine = engine_names[k];
+                o->engine = engine_names[k];
             i++;
         } else if (!strcmp(a, "--dir")) {
-            rc = cli_opt_string(CMD, a, v, "a directory", &o.dir);
+            rc = cli_opt_string(CMD, a, v, "a directory", &o->dir);
             i++;
         } else if (!strcmp(a, "--device")) {
             if ((rc = cli_opt_choice(CMD, a, v, device_names, &k)) == 0)
-                o.device = device_names[k];
+                o->device = device_names[k];
             i++;
         } else if (!strcmp(a, "--plot")) {
-            rc = cli_opt_string(CMD, a, v, "a PNG file to write", &o.plot);
+            rc = cli_opt_string(CMD, a, v, "a PNG file to write", &o->plot);
             i++;
         } else if (!strcmp(a, "--chunk")) {
             if ((rc = cli_opt_size(CMD, a, v, 4096, 1ull << 30, 4096, &x)) == 0)
-                o.chunk = x;
-            chunk_given = 1;
+                o->chunk = x;
+            *chunk_given = 1;
             i++;
         } else if (!strcmp(a, "--size")) {
             if ((rc = cli_opt_size(CMD, a, v, 4096, 16ull << 40, 4096, &x)) == 0)
-                o.size = x;
+                o->size = x;
             i++;
         } else if (!strcmp(a, "--depth")) {
             if ((rc = cli_opt_count(CMD, a, v, 1, 4096, &x)) == 0)
-                o.depth = (unsigned)x;
+                o->depth = (unsigned)x;
             i++;
         } else
             return cli_unknown(CMD, a);
         if (rc)
             return rc;
     }
+    return 0;
+}
+
+/* what no single option shows: the options against each other, the directory */
+static int check(opts *o, int create, int chunk_given)
+{
     char sz[32], ch[32];
-    if (o.sweep && chunk_given)
+    if (o->sweep && chunk_given)
         return cli_usage(CMD, "--chunk %s: --sweep picks the chunks (64K..64M); accepted: "
-                              "--chunk or --sweep, not both", cli_size_str(o.chunk, ch, sizeof ch));
-    if (!o.sweep && o.chunk > o.size)
+                              "--chunk or --sweep, not both", cli_size_str(o->chunk, ch, sizeof ch));
+    if (!o->sweep && o->chunk > o->size)
         return cli_usage(CMD, "--chunk %s: larger than --size %s; accepted: a chunk of at most "
-                              "--size", cli_size_str(o.chunk, ch, sizeof ch),
-                         cli_size_str(o.size, sz, sizeof sz));
-    if (o.sweep && o.size < (64u << 10))
+                              "--size", cli_size_str(o->chunk, ch, sizeof ch),
+                         cli_size_str(o->size, sz, sizeof sz));
+    if (o->sweep && o->size < (64u << 10))
         return cli_usage(CMD, "--size %s: --sweep starts at 64K chunks; accepted: 64K..16T",
-                         cli_size_str(o.size, sz, sizeof sz));
-    uint64_t top = o.sweep ? (o.size < (64u << 20) ? o.size : (64u << 20)) : o.chunk;
-    if (top * o.depth > (4ull << 30))
+                         cli_size_str(o->size, sz, sizeof sz));
+    uint64_t top = o->sweep ? (o->size < (64u << 20) ? o->size : (64u << 20)) : o->chunk;
+    if (top * o->depth > (4ull << 30))
         return cli_usage(CMD, "--depth %u: %u chunks of %s in flight need more than 4G of "
                               "buffers; accepted: --chunk x --depth at most 4G",
-                         o.depth, o.depth, cli_size_str(top, ch, sizeof ch));
-    if (o.plot && !o.sweep)
-        return cli_usage(CMD, "--plot %s: needs --sweep", o.plot);
-    if (!o.dir)
-        o.dir = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
-    int drc = cli_opt_dir(CMD, "--dir", o.dir, create);
-    if (drc)
-        return drc;
+                         o->depth, o->depth, cli_size_str(top, ch, sizeof ch));
+    if (o->plot && !o->sweep)
+        return cli_usage(CMD, "--plot %s: needs --sweep", o->plot);
+    if (!o->dir)
+        o->dir = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
+    return cli_opt_dir(CMD, "--dir", o->dir, create);
+}
+
+int cmd_bench_io(int argc, char **argv)
+{
+    opts o = {"auto", NULL, NULL, NULL, (uint64_t)8 << 20, (uint64_t)2 << 30, 8, 0, 0};
+    int create = 0, chunk_given = 0, prc = parse(argc, argv, &o, &create, &chunk_given);
+    if (prc)
+        return prc < 0 ? 0 : prc;
+    if ((prc = check(&o, create, chunk_given)) != 0)
+        return prc;
     const char *all[] = {"posix", "uring", "cufile"};
     const char *one[1] = {o.engine};
     const char **engines = one;
