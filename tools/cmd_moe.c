@@ -377,6 +377,69 @@ static int policy_list(char *acc, size_t n)
     return 0;
 }
 
+static void replay_usage(void)
+{
+    printf("usage: ferry moe replay TRACE [--slots N|P%%] [--policy P] "
+           "[--expert-bytes SIZE] [--json]\n"
+           "       ferry moe replay TRACE --sweep [--budgets 6.25%%,12.5%%,..] "
+           "[--policies a,b,..] [--plot FILE.png] [--json]\n"
+           "  TRACE          a regular file or a pipe of JSON Lines (lines up to 1 MiB,\n"
+           "                 at most %zu steps)\n"
+           "  --slots        experts..layers x experts, or P%% with 0 < P <= 100 (default 25%%)\n"
+           "  --expert-bytes 1..1T (default: the trace's)\n"
+           "  --budgets      up to 32 of --slots' values; --policies up to 16 policies\n"
+           "policies:\n", FERRY__TRACE_MAX_STEPS);
+    for (const char *const *p = ferry_moe_policies(); *p; p++)
+        printf("  %-10s %s\n", *p, ferry_moe_policy_describe(*p));
+}
+
+/* one policy and Belady's MIN on the same trace and budget */
+static int replay_one(const char *cmd, const ferry_moe_trace *t, const char *policy,
+                      const char *slots_s, uint64_t expert_bytes, int json)
+{
+    const ferry_moe_model *m = ferry_moe_trace_model(t);
+    uint32_t slots;
+    if (parse_slots(cmd, "--slots", slots_s, m, &slots))
+        return 2;
+    ferry_moe_replay_result r, b;
+    int rc = ferry_moe_replay(t, policy, slots, expert_bytes, &r);
+    if (rc == 0)
+        rc = ferry_moe_replay(t, "belady", slots, expert_bytes, &b);
+    if (rc < 0)
+        return cli_fail(cmd, "replay", rc);
+    if (json) {
+        json_t *j = result_json(&r);
+        json_object_set_new(j, "belady",
+                            json_pack("{s:I,s:I,s:f,s:I}", "hits", (json_int_t)b.hits, "misses",
+                                      (json_int_t)b.misses, "hit_rate", b.hit_rate, "host_bytes",
+                                      (json_int_t)b.host_bytes));
+        char *s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        printf("%s\n", s);
+        free(s);
+        json_decref(j);
+    } else {
+        uint64_t all = (uint64_t)m->num_layers * m->num_experts;
+        char hb[32], bb[32];
+        human_bytes(r.host_bytes, hb, sizeof hb);
+        human_bytes(b.host_bytes, bb, sizeof bb);
+        printf("trace: %s, %u layers x %u experts, top-%u, %u tokens, %llu steps\n", m->name,
+               m->num_layers, m->num_experts, m->top_k, ferry_moe_trace_tokens(t),
+               (unsigned long long)r.steps);
+        printf("slots: %u (%.1f%% of %llu experts)\n", slots, 100.0 * slots / all,
+               (unsigned long long)all);
+        printf("%-10s %12s %12s %9s %14s\n", "policy", "hits", "misses", "hit_rate",
+               "link bytes");
+        printf("%-10s %12llu %12llu %8.2f%% %14s\n", r.policy, (unsigned long long)r.hits,
+               (unsigned long long)r.misses, 100 * r.hit_rate, hb);
+        printf("%-10s %12llu %12llu %8.2f%% %14s\n", "belady", (unsigned long long)b.hits,
+               (unsigned long long)b.misses, 100 * b.hit_rate, bb);
+        if (!m->expert_bytes && !expert_bytes)
+            printf("(link bytes need --expert-bytes: the trace does not say how big an expert "
+                   "is)\n");
+    }
+    return 0;
+}
+
 int cmd_moe_replay(int argc, char **argv)
 {
     const char *cmd = "moe replay";
@@ -389,18 +452,7 @@ int cmd_moe_replay(int argc, char **argv)
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         int rc = 0, k = 0;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: ferry moe replay TRACE [--slots N|P%%] [--policy P] "
-                   "[--expert-bytes SIZE] [--json]\n"
-                   "       ferry moe replay TRACE --sweep [--budgets 6.25%%,12.5%%,..] "
-                   "[--policies a,b,..] [--plot FILE.png] [--json]\n"
-                   "  TRACE          a regular file or a pipe of JSON Lines (lines up to 1 MiB,\n"
-                   "                 at most %zu steps)\n"
-                   "  --slots        experts..layers x experts, or P%% with 0 < P <= 100 (default 25%%)\n"
-                   "  --expert-bytes 1..1T (default: the trace's)\n"
-                   "  --budgets      up to 32 of --slots' values; --policies up to 16 policies\n"
-                   "policies:\n", FERRY__TRACE_MAX_STEPS);
-            for (const char *const *p = ferry_moe_policies(); *p; p++)
-                printf("  %-10s %s\n", *p, ferry_moe_policy_describe(*p));
+            replay_usage();
             return 0;
         } else if (!strcmp(a, "--json")) {
             json = 1;
@@ -468,52 +520,9 @@ int cmd_moe_replay(int argc, char **argv)
         ferry_moe_trace_destroy(t);
         return r;
     }
-    const ferry_moe_model *m = ferry_moe_trace_model(t);
-    uint32_t slots;
-    if (parse_slots(cmd, "--slots", slots_s, m, &slots)) {
-        ferry_moe_trace_destroy(t);
-        return 2;
-    }
-    ferry_moe_replay_result r, b;
-    rc = ferry_moe_replay(t, policy, slots, expert_bytes, &r);
-    if (rc == 0)
-        rc = ferry_moe_replay(t, "belady", slots, expert_bytes, &b);
-    if (rc < 0) {
-        ferry_moe_trace_destroy(t);
-        return cli_fail(cmd, "replay", rc);
-    }
-    if (json) {
-        json_t *j = result_json(&r);
-        json_object_set_new(j, "belady",
-                            json_pack("{s:I,s:I,s:f,s:I}", "hits", (json_int_t)b.hits, "misses",
-                                      (json_int_t)b.misses, "hit_rate", b.hit_rate, "host_bytes",
-                                      (json_int_t)b.host_bytes));
-        char *s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
-        printf("%s\n", s);
-        free(s);
-        json_decref(j);
-    } else {
-        uint64_t all = (uint64_t)m->num_layers * m->num_experts;
-        char hb[32], bb[32];
-        human_bytes(r.host_bytes, hb, sizeof hb);
-        human_bytes(b.host_bytes, bb, sizeof bb);
-        printf("trace: %s, %u layers x %u experts, top-%u, %u tokens, %llu steps\n", m->name,
-               m->num_layers, m->num_experts, m->top_k, ferry_moe_trace_tokens(t),
-               (unsigned long long)r.steps);
-        printf("slots: %u (%.1f%% of %llu experts)\n", slots, 100.0 * slots / all,
-               (unsigned long long)all);
-        printf("%-10s %12s %12s %9s %14s\n", "policy", "hits", "misses", "hit_rate",
-               "link bytes");
-        printf("%-10s %12llu %12llu %8.2f%% %14s\n", r.policy, (unsigned long long)r.hits,
-               (unsigned long long)r.misses, 100 * r.hit_rate, hb);
-        printf("%-10s %12llu %12llu %8.2f%% %14s\n", "belady", (unsigned long long)b.hits,
-               (unsigned long long)b.misses, 100 * b.hit_rate, bb);
-        if (!m->expert_bytes && !expert_bytes)
-            printf("(link bytes need --expert-bytes: the trace does not say how big an expert "
-                   "is)\n");
-    }
+    rc = replay_one(cmd, t, policy, slots_s, expert_bytes, json);
     ferry_moe_trace_destroy(t);
-    return 0;
+    return rc;
 }
 
 /* ---------------------------------------------------------------- bench */
