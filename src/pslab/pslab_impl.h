@@ -3,14 +3,15 @@
  * the handle, its I/O lanes and pending batches, and the functions one
  * file offers the others.
  *
+ *  pslab_lane.c     error helpers, file paths, I/O lanes, striped data I/O
+ *  pslab_commit.c   entries' release, the pending batch, group commit, the
+ *                   batch flusher, reclaim by commit, ferry_pslab_sync
+ *  pslab_compact.c  journal compaction
  *  pslab_recover.c  checking the slab files against the options and each
  *                   other, journal replay and what it found (damage, torn
  *                   tails)
  *  pslab_open.c     options, create, reset, open and close
- *  pslab.c          error helpers, file paths, I/O lanes, striped data I/O;
- *                   the pending batch, group commit, the batch flusher,
- *                   ferry_pslab_sync; journal compaction; put, get, delete,
- *                   forget, stat, iterate, verify, stats
+ *  pslab.c          put, get, delete, forget, stat, iterate, verify, stats
  *  pslab_fmt.c      the on-disk format, the index and the replay (memory only)
  *
  * Invariants, and why:

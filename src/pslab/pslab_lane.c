@@ -1,0 +1,242 @@
+/*
+ * pslab_lane.c - the persistent slab's error helpers, file paths and I/O
+ * lanes: the data path between callers' buffers and the striped slab files.
+ *
+ * Invariant: a lane is used by one thread at a time (lane_get hands out a
+ * free one under lmu, lane_put gives it back), so its engine, its file
+ * handles and its staging buffer need no lock of their own, and the lane
+ * count bounds the data I/O in flight. Slab bytes are addressed as one
+ * space and split at stripe boundaries here only, so no caller computes a
+ * drive or a file offset. Every failure names the file, offset and length
+ * with the I/O layer's own message appended (fail_io), because that
+ * thread-local message is overwritten by the next call.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "io/io_impl.h"
+#include "pslab/pslab_impl.h"
+
+int ferry__pslab_fail(ferry_pslab *p, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = ferry__err_vset(&p->err, code, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* message with the lower layer's last error appended */
+int ferry__pslab_fail_io(ferry_pslab *p, int code, const char *fmt, ...)
+{
+    char lower[FERRY__ERRMSG_MAX];
+    snprintf(lower, sizeof lower, "%s", ferry_last_error());
+    char msg[FERRY__ERRMSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return ferry__err_set(&p->err, code, "%s: %s (%s)", msg, ferry_err_name(code),
+                          lower[0] ? lower : ferry_strerror(code));
+}
+
+int ferry__pslab_fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    int rc = fsync(fd) == 0 ? 0 : -errno;
+    close(fd);
+    return rc;
+}
+
+void ferry__pslab_slab_path(const ferry_pslab *p, unsigned i, char *out, size_t n)
+{
+    snprintf(out, n, "%s/%s", p->dirs[i], FERRY_PSLAB_FILE);
+}
+
+unsigned ferry__pslab_file_flags(const ferry_pslab *p)
+{
+    unsigned fl = FERRY_FILE_READ;
+    if (!(p->flags & FERRY_PSLAB_READONLY))
+        fl |= FERRY_FILE_WRITE;
+    if (p->direct)
+        fl |= FERRY_FILE_DIRECT;
+    return fl;
+}
+
+void ferry__pslab_lane_close(lane *l)
+{
+    for (unsigned i = 0; i < FERRY_PSLAB_MAX_DIRS; i++)
+        if (l->f[i])
+            ferry_file_close(l->f[i]);
+    if (l->stage)
+        ferry_io_buffer_free(l->io, l->stage);
+    ferry_io_close(l->io);
+    memset(l, 0, sizeof *l);
+}
+
+int ferry__pslab_lane_open(ferry_pslab *p, lane *l, const char *engine, unsigned depth)
+{
+    ferry_io_options io = FERRY_IO_OPTIONS_INIT;
+    io.engine = engine;
+    io.depth = depth;
+    int rc = ferry_io_open(&io, &l->io);
+    if (rc < 0)
+        return ferry__pslab_fail_io(p, rc, "pslab %s: opening an I/O engine (%s)", p->dirs[0],
+                                    engine ? engine : "auto");
+    for (unsigned i = 0; i < p->g.drives; i++) {
+        char path[PATH_MAX_];
+        ferry__pslab_slab_path(p, i, path, sizeof path);
+        rc = ferry_file_open(l->io, path, ferry__pslab_file_flags(p), &l->f[i]);
+        if (rc < 0) {
+            rc = ferry__pslab_fail_io(p, rc, "pslab: opening slab file %s", path);
+            ferry__pslab_lane_close(l);
+            return rc;
+        }
+        if (i == 0 && p->direct && !ferry_file_is_direct(l->f[0]))
+            p->st.direct = 0;
+    }
+    return 0;
+}
+
+lane *ferry__pslab_lane_get(ferry_pslab *p)
+{
+    pthread_mutex_lock(&p->lmu);
+    while (!p->free_lanes)
+        pthread_cond_wait(&p->lcv, &p->lmu);
+    unsigned i = (unsigned)__builtin_ctz(p->free_lanes);
+    p->free_lanes &= ~(1u << i);
+    pthread_mutex_unlock(&p->lmu);
+    return &p->lanes[i];
+}
+
+void ferry__pslab_lane_put(ferry_pslab *p, lane *l)
+{
+    pthread_mutex_lock(&p->lmu);
+    p->free_lanes |= 1u << (unsigned)(l - p->lanes);
+    pthread_cond_signal(&p->lcv);
+    pthread_mutex_unlock(&p->lmu);
+}
+
+int ferry__pslab_lane_stage(ferry_pslab *p, lane *l, size_t n)
+{
+    if (l->stage_cap >= n)
+        return 0;
+    void *b = NULL;
+    size_t cap = align_up(n, FERRY_IO_ALIGN);
+    int rc = ferry_io_buffer_alloc(l->io, cap, &b);
+    if (rc < 0)
+        return ferry__err_set(&p->err, -ENOMEM,
+                              "pslab %s: out of memory for a %zu-byte staging buffer",
+                              p->dirs[0], cap);
+    if (l->stage)
+        ferry_io_buffer_free(l->io, l->stage);
+    l->stage = b;
+    l->stage_cap = cap;
+    return 0;
+}
+
+/* where slab bytes [off, off+len) start: drive *d at file offset *foff,
+ * for *seg bytes up to the next stripe boundary */
+static void stripe_at(const ferry_pslab *p, uint64_t off, uint64_t len, unsigned *d,
+                      uint64_t *seg, uint64_t *foff)
+{
+    *d = 0;
+    *seg = len;
+    *foff = p->data_off + off;
+    if (p->g.drives > 1) {
+        uint64_t unit = off / p->g.stripe, within = off % p->g.stripe;
+        *d = (unsigned)(unit % p->g.drives);
+        *seg = FERRY__MIN(len, p->g.stripe - within);
+        *foff = p->data_off + (unit / p->g.drives) * p->g.stripe + within;
+    }
+}
+
+/* slab bytes [off, off+len) <-> buf through lane l, split at stripe boundaries */
+int ferry__pslab_data_rw(ferry_pslab *p, lane *l, int op, void *buf, uint64_t len, uint64_t off)
+{
+    uint8_t *b = buf;
+    while (len) {
+        unsigned d;
+        uint64_t seg, foff;
+        stripe_at(p, off, len, &d, &seg, &foff);
+        int rc = op == FERRY_IO_WRITE ? ferry_io_pwrite(l->io, l->f[d], b, seg, foff)
+                                      : ferry_io_pread(l->io, l->f[d], b, seg, foff);
+        if (rc < 0)
+            return ferry__pslab_fail_io(p, rc, "pslab: %s of %llu bytes at slab offset %llu "
+                                        "(file %s, offset %llu)",
+                                        op == FERRY_IO_WRITE ? "write" : "read",
+                                        (unsigned long long)seg, (unsigned long long)off,
+                                        ferry_file_path(l->f[d]), (unsigned long long)foff);
+        b += seg;
+        off += seg;
+        len -= seg;
+    }
+    return 0;
+}
+
+/*
+ * data_rw's write, with the payload's XXH3-64 computed while the write is
+ * in flight: the first NSEG stripe segments are started, data[0..dlen) is
+ * hashed, then they are finished (and the next ones run). The hash of a
+ * 32 MiB chunk is a few ms of CPU; started first, the drive works through
+ * it instead of waiting for it. buf and data stay unchanged throughout (the
+ * caller's or the lane's staging copy), so the sum is of what is written.
+ */
+int ferry__pslab_data_write_sum(ferry_pslab *p, lane *l, const void *buf, uint64_t len,
+                                uint64_t off, const void *data, size_t dlen, uint64_t *sum)
+{
+    enum { NSEG = 16 };
+    ferry_io_req r[NSEG];
+    uint64_t soff[NSEG], slen[NSEG], foffs[NSEG];
+    unsigned sdrv[NSEG];
+    const uint8_t *b = buf;
+    int hashed = 0, rc = 0;
+    while (len && rc == 0) {
+        unsigned n = 0;
+        while (n < NSEG && len) {
+            unsigned d;
+            uint64_t seg, foff;
+            stripe_at(p, off, len, &d, &seg, &foff);
+            rc = ferry__io_start(l->io, &r[n], l->f[d], FERRY_IO_WRITE, (void *)(uintptr_t)b, 0,
+                                 (size_t)seg, foff, (size_t)seg);
+            if (rc < 0) {
+                rc = ferry__pslab_fail_io(p, rc, "pslab: write of %llu bytes at slab offset "
+                                          "%llu (file %s, offset %llu)", (unsigned long long)seg,
+                                          (unsigned long long)off, ferry_file_path(l->f[d]),
+                                          (unsigned long long)foff);
+                break;
+            }
+            soff[n] = off;
+            slen[n] = seg;
+            foffs[n] = foff;
+            sdrv[n] = d;
+            n++;
+            b += seg;
+            off += seg;
+            len -= seg;
+        }
+        if (!hashed) {
+            *sum = XXH3_64bits(data, dlen);
+            hashed = 1;
+        }
+        for (unsigned i = 0; i < n; i++) {
+            int r2 = ferry__io_finish(l->io, &r[i]);
+            if (r2 < 0 && rc == 0)
+                rc = ferry__pslab_fail_io(p, r2, "pslab: write of %llu bytes at slab offset "
+                                          "%llu (file %s, offset %llu)",
+                                          (unsigned long long)slen[i], (unsigned long long)soff[i],
+                                          ferry_file_path(l->f[sdrv[i]]),
+                                          (unsigned long long)foffs[i]);
+        }
+    }
+    if (!hashed)
+        *sum = XXH3_64bits(data, dlen);
+    return rc;
+}
