@@ -487,6 +487,172 @@ static int rebuild_alloc(const ferry__pslab_geom *g, ferry__pslab_ent **v, size_
     return 0;
 }
 
+/*
+ * Where the last good barrier record starts (0: none): a bad record before
+ * it was durable when that barrier was written (the writer sets the flag
+ * only when every earlier journal byte had been fdatasync'ed), so it is
+ * damage, not a torn tail, and its key's older records must not speak for
+ * it. Found by walking the records, resynchronising byte by byte after
+ * each bad one (a good record needs the creation-id-seeded checksum, so a
+ * false resync is as unlikely as a forged record).
+ */
+static uint64_t last_barrier_at(const uint8_t *buf, size_t len, uint64_t seed)
+{
+    uint64_t last_barrier = 0;
+    for (size_t q = FERRY__PSLAB_JHDR_BYTES; q < len;) {
+        ferry__pslab_rec r;
+        size_t used = 0;
+        if (ferry__pslab_rec_decode(buf + q, len - q, seed, &r, &used) < 0) {
+            q++;
+            continue;
+        }
+        if (r.flags & FERRY__PSLAB_REC_BARRIER)
+            last_barrier = q;
+        q += used;
+    }
+    return last_barrier;
+}
+
+/* free every entry of x: it is empty after */
+static void index_clear(ferry__pslab_index *x)
+{
+    for (size_t i = 0; i < x->nb; i++) {
+        ferry__pslab_ent *e = x->b[i];
+        while (e) {
+            ferry__pslab_ent *n = e->hnext;
+            ferry__free(e);
+            e = n;
+        }
+        x->b[i] = NULL;
+    }
+    x->count = 0;
+    x->bytes_stored = x->bytes_used = 0;
+}
+
+/*
+ * The bad bytes at buf[pos] were durable (a barrier follows them): damage.
+ * Any indexed key may have been rewritten or deleted by the bad record, so
+ * none of them may answer with what it held before - only the one key of
+ * the record when one_byte_fix identifies it (while *fix_tries lasts);
+ * what good records after it say still stands. Returns where the next good
+ * record starts.
+ */
+static size_t skip_damage(const uint8_t *buf, size_t len, size_t pos, uint64_t seed,
+                          ferry__pslab_index *x, ferry__pslab_load *L, unsigned *fix_tries)
+{
+    ferry__pslab_rec r;
+    size_t used = 0;
+    size_t q = pos + 1;
+    while (q < len && ferry__pslab_rec_decode(buf + q, len - q, seed, &r, &used) < 0)
+        q++;
+    L->damaged++;
+    L->damaged_bytes += q - pos;
+    uint8_t scratch[FERRY__PSLAB_REC_FIXED + FERRY_PSLAB_KEY_MAX];
+    ferry__pslab_rec fx;
+    int fixed = 0;
+    if (*fix_tries) {
+        (*fix_tries)--;
+        fixed = one_byte_fix(buf + pos, q - pos, seed, scratch, &fx);
+    }
+    if (fixed) {
+        /* the damaged record is known: only its key can have been
+         * superseded by it, and that key becomes a miss */
+        L->damaged_known++;
+        ferry__pslab_ent *k = ferry__pslab_index_find(x, fx.key, fx.klen,
+                                                      ferry__pslab_key_hash(fx.key, fx.klen));
+        if (k) {
+            ferry__pslab_index_unlink(x, k);
+            ferry__free(k);
+            L->damaged_chunks++;
+        }
+        if (fx.seq >= L->next_seq)
+            L->next_seq = fx.seq + 1;
+        return q;
+    }
+    L->damaged_chunks += x->count;
+    index_clear(x);
+    return q;
+}
+
+/* apply the good record r to x: 0, or -ENOMEM */
+static int replay_record(ferry__pslab_index *x, ferry__pslab_load *L, const ferry__pslab_geom *g,
+                         const ferry__pslab_rec *r)
+{
+    L->records++;
+    if (r->seq >= L->next_seq)
+        L->next_seq = r->seq + 1;
+    uint64_t h = ferry__pslab_key_hash(r->key, r->klen);
+    ferry__pslab_ent *old = ferry__pslab_index_find(x, r->key, r->klen, h);
+    if (r->type == FERRY__PSLAB_DEL) {
+        if (old && old->seq == r->sum) {
+            ferry__pslab_index_unlink(x, old);
+            ferry__free(old);
+        }
+        return 0;
+    }
+    uint64_t ext = r->length + (g->alignment - 1);
+    ext -= ext % g->alignment;
+    if (!r->length || r->length > g->capacity || r->offset % g->alignment ||
+        r->offset > g->capacity - ext) {
+        L->dropped++;
+        return 0;
+    }
+    if (old && old->seq > r->seq) {
+        L->dropped++;
+        return 0;
+    }
+    ferry__pslab_ent *e = ferry__pslab_ent_new(r->key, r->klen);
+    if (!e)
+        return -ENOMEM;
+    e->offset = r->offset;
+    e->length = r->length;
+    e->ext = ext;
+    e->sum = r->sum;
+    e->seq = r->seq;
+    if (old) {
+        ferry__pslab_index_unlink(x, old);
+        ferry__free(old);
+    }
+    ferry__pslab_index_insert(x, e);
+    return 0;
+}
+
+/*
+ * x's extents by address into *out (the caller frees it), the older of any
+ * two that overlap dropped from x: *kept of them. 0, or -ENOMEM.
+ */
+static int disjoint_extents(ferry__pslab_index *x, ferry__pslab_load *L, ferry__pslab_ent ***out,
+                            size_t *kept)
+{
+    ferry__pslab_ent **v = x->count ? ferry__malloc(x->count * sizeof *v) : NULL;
+    if (x->count && !v)
+        return -ENOMEM;
+    size_t n = 0;
+    for (size_t i = 0; i < x->nb; i++)
+        for (ferry__pslab_ent *e = x->b[i]; e; e = e->hnext)
+            v[n++] = e;
+    if (n > 1)
+        qsort(v, n, sizeof *v, by_offset);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        ferry__pslab_ent *e = v[i];
+        if (k && e->offset < v[k - 1]->offset + v[k - 1]->ext) {
+            ferry__pslab_ent *prev = v[k - 1];
+            ferry__pslab_ent *loser = prev->seq < e->seq ? prev : e;
+            L->dropped++;
+            ferry__pslab_index_unlink(x, loser);
+            ferry__free(loser);
+            if (loser == prev)
+                v[k - 1] = e;
+            continue;
+        }
+        v[k++] = e;
+    }
+    *out = v;
+    *kept = k;
+    return 0;
+}
+
 int ferry__pslab_index_load(const uint8_t *buf, size_t len, const ferry__pslab_geom *expect,
                             ferry__pslab_index *ix, ferry_slab **alloc, ferry__pslab_load *st,
                             char *why, size_t why_len)
@@ -505,27 +671,7 @@ int ferry__pslab_index_load(const uint8_t *buf, size_t len, const ferry__pslab_g
                        (unsigned long long)expect->creation_id,
                        (unsigned long long)expect->capacity);
     const ferry__pslab_geom *g = &L.jh.g;
-    /*
-     * Where the last good barrier record starts: a bad record before it was
-     * durable when that barrier was written (the writer sets the flag only
-     * when every earlier journal byte had been fdatasync'ed), so it is
-     * damage, not a torn tail, and its key's older records must not speak
-     * for it. Found by walking the records, resynchronising byte by byte
-     * after each bad one (a good record needs the creation-id-seeded
-     * checksum, so a false resync is as unlikely as a forged record).
-     */
-    uint64_t last_barrier = 0;
-    for (size_t q = FERRY__PSLAB_JHDR_BYTES; q < len;) {
-        ferry__pslab_rec r;
-        size_t used = 0;
-        if (ferry__pslab_rec_decode(buf + q, len - q, g->creation_id, &r, &used) < 0) {
-            q++;
-            continue;
-        }
-        if (r.flags & FERRY__PSLAB_REC_BARRIER)
-            last_barrier = q;
-        q += used;
-    }
+    uint64_t last_barrier = last_barrier_at(buf, len, g->creation_id);
     ferry__pslab_index x;
     size_t hint = len / (FERRY__PSLAB_REC_FIXED + 16);
     if ((rc = ferry__pslab_index_init(&x, hint)) < 0)
@@ -543,96 +689,18 @@ int ferry__pslab_index_load(const uint8_t *buf, size_t len, const ferry__pslab_g
         if (ferry__pslab_rec_decode(buf + pos, len - pos, g->creation_id, &r, &used) < 0) {
             if (pos >= last_barrier)
                 break; /* nothing proves it durable: a torn tail */
-            /* damage: any indexed key may have been rewritten or deleted by
-             * the bad record, so none of them may answer with what it held
-             * before; what good records after it say still stands */
             if (!bad_seen) {
                 L.bad_off = pos;
                 bad_seen = 1;
             }
-            size_t q = pos + 1;
-            while (q < len &&
-                   ferry__pslab_rec_decode(buf + q, len - q, g->creation_id, &r, &used) < 0)
-                q++;
-            L.damaged++;
-            L.damaged_bytes += q - pos;
-            uint8_t scratch[FERRY__PSLAB_REC_FIXED + FERRY_PSLAB_KEY_MAX];
-            ferry__pslab_rec fx;
-            int fixed = 0;
-            if (fix_tries) {
-                fix_tries--;
-                fixed = one_byte_fix(buf + pos, q - pos, g->creation_id, scratch, &fx);
-            }
-            if (fixed) {
-                /* the damaged record is known: only its key can have been
-                 * superseded by it, and that key becomes a miss */
-                L.damaged_known++;
-                ferry__pslab_ent *k = ferry__pslab_index_find(
-                    &x, fx.key, fx.klen, ferry__pslab_key_hash(fx.key, fx.klen));
-                if (k) {
-                    ferry__pslab_index_unlink(&x, k);
-                    ferry__free(k);
-                    L.damaged_chunks++;
-                }
-                if (fx.seq >= L.next_seq)
-                    L.next_seq = fx.seq + 1;
-                pos = q;
-                continue;
-            }
-            L.damaged_chunks += x.count;
-            for (size_t i = 0; i < x.nb; i++) {
-                ferry__pslab_ent *e = x.b[i];
-                while (e) {
-                    ferry__pslab_ent *n = e->hnext;
-                    ferry__free(e);
-                    e = n;
-                }
-                x.b[i] = NULL;
-            }
-            x.count = 0;
-            x.bytes_stored = x.bytes_used = 0;
-            pos = q;
+            pos = skip_damage(buf, len, pos, g->creation_id, &x, &L, &fix_tries);
             continue;
         }
         pos += used;
-        L.records++;
-        if (r.seq >= L.next_seq)
-            L.next_seq = r.seq + 1;
-        uint64_t h = ferry__pslab_key_hash(r.key, r.klen);
-        ferry__pslab_ent *old = ferry__pslab_index_find(&x, r.key, r.klen, h);
-        if (r.type == FERRY__PSLAB_DEL) {
-            if (old && old->seq == r.sum) {
-                ferry__pslab_index_unlink(&x, old);
-                ferry__free(old);
-            }
-            continue;
-        }
-        uint64_t ext = r.length + (g->alignment - 1);
-        ext -= ext % g->alignment;
-        if (!r.length || r.length > g->capacity || r.offset % g->alignment ||
-            r.offset > g->capacity - ext) {
-            L.dropped++;
-            continue;
-        }
-        if (old && old->seq > r.seq) {
-            L.dropped++;
-            continue;
-        }
-        ferry__pslab_ent *e = ferry__pslab_ent_new(r.key, r.klen);
-        if (!e) {
+        if (replay_record(&x, &L, g, &r) < 0) {
             ferry__pslab_index_fini(&x);
             return why_set(why, why_len, -ENOMEM, "out of memory replaying the journal");
         }
-        e->offset = r.offset;
-        e->length = r.length;
-        e->ext = ext;
-        e->sum = r.sum;
-        e->seq = r.seq;
-        if (old) {
-            ferry__pslab_index_unlink(&x, old);
-            ferry__free(old);
-        }
-        ferry__pslab_index_insert(&x, e);
     }
     L.good_end = pos;
     if (!bad_seen)
@@ -640,31 +708,11 @@ int ferry__pslab_index_load(const uint8_t *buf, size_t len, const ferry__pslab_g
     L.torn = pos < len;
 
     /* the extents, by address: drop the older of two that overlap */
-    ferry__pslab_ent **v = x.count ? ferry__malloc(x.count * sizeof *v) : NULL;
-    if (x.count && !v) {
+    ferry__pslab_ent **v = NULL;
+    size_t k = 0;
+    if (disjoint_extents(&x, &L, &v, &k) < 0) {
         ferry__pslab_index_fini(&x);
         return why_set(why, why_len, -ENOMEM, "out of memory sorting the index");
-    }
-    size_t n = 0;
-    for (size_t i = 0; i < x.nb; i++)
-        for (ferry__pslab_ent *e = x.b[i]; e; e = e->hnext)
-            v[n++] = e;
-    if (n > 1)
-        qsort(v, n, sizeof *v, by_offset);
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        ferry__pslab_ent *e = v[i];
-        if (k && e->offset < v[k - 1]->offset + v[k - 1]->ext) {
-            ferry__pslab_ent *prev = v[k - 1];
-            ferry__pslab_ent *loser = prev->seq < e->seq ? prev : e;
-            L.dropped++;
-            ferry__pslab_index_unlink(&x, loser);
-            ferry__free(loser);
-            if (loser == prev)
-                v[k - 1] = e;
-            continue;
-        }
-        v[k++] = e;
     }
     ferry_slab *s = NULL;
     rc = rebuild_alloc(g, v, k, &s, why, why_len);
