@@ -80,12 +80,12 @@ import os, site, sys
 seen = []
 try:
     import nvidia
-    seen += [os.path.dirname(p) for p in nvidia.__path__]
+    seen += list(nvidia.__path__)
 except Exception:
     pass
 for p in site.getsitepackages() + [site.getusersitepackages()] + sys.path:
     if p and os.path.isdir(os.path.join(p, "nvidia")):
-        seen.append(p)
+        seen.append(os.path.join(p, "nvidia"))
 print(" ".join(sorted(set(seen))))
 EOF
 )"
