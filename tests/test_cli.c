@@ -329,7 +329,8 @@ static void json_is_one_document(void **state)
     /* the engine buffer in (host-backend) device memory, paged in 16-token blocks */
     j = one_document("kv bench --model tiny --docs 2 --doc-tokens 512 --questions 4 --l1 4M "
                      "--device host --paged 16 --no-refs --json", r);
-    assert_string_equal(json_string_value(json_object_get(j, "buffer_mem")), "host");
+    assert_string_equal(json_string_value(json_object_get(j, "buffer_mem")), "device");
+    assert_string_equal(json_string_value(json_object_get(j, "device")), "host");
     assert_string_equal(json_string_value(json_object_get(j, "buffer_form")), "paged");
     assert_int_equal(json_integer_value(json_object_get(j, "block_tokens")), 16);
     assert_true(json_real_value(json_object_get(j, "hit_rate")) > 0);

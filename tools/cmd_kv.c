@@ -251,7 +251,10 @@ static void print_header(const opts *o, const ferry_kv_layout *l, uint64_t chunk
     }
     printf("\n");
     if (o->dev || o->paged) {
-        printf("  engine buffer: %s memory, %s", kvb_buffer_mem(o), kvb_buffer_form(o));
+        printf("  engine buffer: %s memory", kvb_buffer_mem(o));
+        if (o->dev)
+            printf(" (%s backend)", o->device);
+        printf(", %s", kvb_buffer_form(o));
         if (o->paged)
             printf(" in blocks of %u tokens", o->paged);
         printf("\n");

@@ -107,7 +107,7 @@ typedef struct engine_buf {
  * contiguous host buffer */
 int kvb_buffer_alloc(const opts *o, const ferry_kv_layout *l, uint64_t cap, engine_buf *e);
 void kvb_buffer_free(engine_buf *e);
-/* "host" or the device's backend, and "contiguous" or "paged" */
+/* "host" or "device" (o->device names its backend), "contiguous" or "paged" */
 const char *kvb_buffer_mem(const opts *o);
 const char *kvb_buffer_form(const opts *o);
 

@@ -66,6 +66,7 @@ static void results_json(const report *rp, json_t *j)
     json_object_set_new(j, "l2_bytes", json_integer(o->dir ? (json_int_t)o->l2 : 0));
     json_object_set_new(j, "l2_persistent", json_boolean(o->dir && rp->persistent));
     json_object_set_new(j, "buffer_mem", json_string(kvb_buffer_mem(o)));
+    json_object_set_new(j, "device", o->device ? json_string(o->device) : json_null());
     json_object_set_new(j, "buffer_form", json_string(kvb_buffer_form(o)));
     if (o->paged)
         json_object_set_new(j, "block_tokens", json_integer(o->paged));

@@ -57,7 +57,7 @@ int kvb_open_store(const opts *o, const ferry_kv_layout *l, uint64_t l1, uint64_
 
 const char *kvb_buffer_mem(const opts *o)
 {
-    return o->dev ? ferry_device_backend(o->dev) : "host";
+    return o->dev ? "device" : "host";
 }
 
 const char *kvb_buffer_form(const opts *o)
