@@ -10,7 +10,8 @@
  * offset) arguments instead of interior pointers, batch status handling
  * (complete, failed, canceled, GetStatus failure), error mapping of the
  * 50xx codes, the fallback to the CPU path when handle registration fails,
- * and FERRY_ENODEV without libcufile or without a cuda device.
+ * FERRY_ENODEV without libcufile or without a cuda device, and one
+ * driver open shared by the engine and a GDS context (one loader).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -655,6 +656,33 @@ static void driver_refcounted_across_engines_and_oom(void **state)
     assert_int_equal(F.opens, F.closes); /* every driver open of a failed open was undone */
 }
 
+/* one library, one driver open per process: a cufile engine and a GDS
+ * context with the cufile driver share cuFile's load and DriverOpen */
+static void engine_and_gds_context_share_one_driver_open(void **state)
+{
+    (void)state;
+    env e = open_env(4);
+    assert_int_equal(F.opens, 1);
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/gds", g_dir);
+    const char *dirs[1] = {dir};
+    ferry_gds_config c = FERRY_GDS_CONFIG_INIT;
+    c.dirs = dirs;
+    c.n_dirs = 1;
+    c.bytes = 1 << 20;
+    c.driver = "cufile";
+    c.device = e.dev;
+    ferry_gds *g = NULL;
+    FT_ASSERT_OK(ferry_gds_open(&c, &g));
+    assert_string_equal(ferry_gds_driver_name(g), "cufile");
+    assert_int_equal(F.opens, 1); /* the engine's open serves the context too */
+    ferry_gds_close(g);
+    assert_int_equal(F.closes, 0); /* the engine still uses the driver */
+    close_env(&e);
+    assert_int_equal(F.opens, 1);
+    assert_int_equal(F.closes, 1);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -685,6 +713,7 @@ int main(void)
         T(host_buffers_take_the_cpu_side),
         T(buffer_registration_errors),
         T(driver_refcounted_across_engines_and_oom),
+        T(engine_and_gds_context_share_one_driver_open),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

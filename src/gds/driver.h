@@ -39,7 +39,7 @@ typedef struct ferry__gds_backend {
     /* the constructor: fills *out (ctx allocated) and *destroy */
     int (*make)(ferry_gds_driver *out, ferry__gds_destroy_fn *destroy);
     /* a cuFile-shaped library's spec (tests install fakes by name); or NULL */
-    struct ferry__gdsdl_spec *dl;
+    const struct ferry__gdsdl_spec *dl;
 } ferry__gds_backend;
 
 extern const ferry__gds_backend ferry__gds_backend_cpu;
@@ -53,29 +53,31 @@ const ferry__gds_backend *ferry__gds_backend_find(const char *name);
  * cufile and hipfile share one implementation (gdsdl.c) over the cuFile
  * function table of src/io/cufile_api.h (hipFile mirrors it one to one):
  * the library is dlopened and every symbol resolved by prefix ("cuFile" +
- * "Read", "hipFile" + "Read"). Error numbers are translated with the I/O
+ * "Read", "hipFile" + "Read") by the I/O layer's loader (io/cufile_lib.c),
+ * once per process: cuFile's library is the one the cufile I/O engine
+ * uses (ferry__cufile_lib_nv), so both share one load and one DriverOpen. Error numbers are translated with the I/O
  * layer's ferry__cufile_code(), messages name them with
  * ferry__cufile_strerror().
  */
 struct ferry__cufile_api;
+struct ferry__cufile_lib;
 
 typedef struct ferry__gdsdl_spec {
-    const char *driver_name;   /* "cufile" */
-    const char *const *libs;   /* sonames to try, NULL-terminated */
-    const char *prefix;        /* "cuFile" */
-    const struct ferry__cufile_api *test_api; /* ferry__gdsdl_set_api's table */
+    const char *driver_name;       /* "cufile" */
+    struct ferry__cufile_lib *lib; /* sonames, symbol prefix, the loader's state */
 } ferry__gdsdl_spec;
 
 int ferry__gdsdl_driver(const ferry__gdsdl_spec *spec, ferry_gds_driver *out,
                         ferry__gds_destroy_fn *destroy);
 /* a backend's probe: 1 when dev is a cuda device, or a test table with
  * allow_host_device is installed for this library */
-int ferry__gdsdl_probe(ferry__gdsdl_spec *spec, ferry_device *dev);
+int ferry__gdsdl_probe(const ferry__gdsdl_spec *spec, ferry_device *dev);
 
 /*
  * Tests: make the driver named driver_name ("cufile" or "hipfile") use
  * this function table instead of loading its library (NULL restores the
- * library). The table must outlive the contexts opened while installed.
+ * library). "cufile" installs it for the cufile I/O engine too (one
+ * library, one table: ferry__cufile_set_api). The table must outlive the contexts opened while installed.
  * allow_host_device lets the driver run against the host device backend,
  * and makes "auto" try it there.
  */

@@ -1,14 +1,16 @@
 /*
  * drv_cufile.c - the "cufile" GDS driver: NVIDIA cuFile (GPUDirect
- * Storage), libcufile.so.0 loaded with dlopen when a context opens it.
+ * Storage), libcufile.so.0 loaded with dlopen when a context first opens
+ * it (by the I/O layer's loader, shared with the cufile I/O engine).
  * The calls themselves are gdsdl.c's, shared with hipFile; this file only
  * names the library and the prefix of its symbols, so that the driver
  * list stays one file per backend.
  */
 #include "driver.h"
+#include "io/cufile_api.h"
 
-static const char *const cufile_libs[] = {"libcufile.so.0", "libcufile.so", NULL};
-static ferry__gdsdl_spec cufile_spec = {"cufile", cufile_libs, "cuFile", NULL};
+/* the library the cufile I/O engine loads: one load, one DriverOpen */
+static const ferry__gdsdl_spec cufile_spec = {"cufile", &ferry__cufile_lib_nv};
 
 static int cufile_probe(ferry_device *dev)
 {

@@ -6,9 +6,11 @@
  * names the library and the symbol prefix.
  */
 #include "driver.h"
+#include "io/cufile_api.h"
 
 static const char *const hipfile_libs[] = {"libhipfile.so", "libhipfile.so.0", NULL};
-static ferry__gdsdl_spec hipfile_spec = {"hipfile", hipfile_libs, "hipFile", NULL};
+static ferry__cufile_lib hipfile_lib = FERRY__CUFILE_LIB_INIT("hipFile", hipfile_libs);
+static const ferry__gdsdl_spec hipfile_spec = {"hipfile", &hipfile_lib};
 
 static int hipfile_probe(ferry_device *dev)
 {

@@ -4,7 +4,7 @@
  * whose hipFile* calls mirror cuFile's one to one). drv_cufile.c and
  * drv_hipfile.c only name the library and the symbol prefix.
  *
- * Invariants: nothing is resolved or opened until the context opens the
+ * Invariants: nothing is resolved or opened until a context opens the
  * driver, so building and loading ferry never needs the library; every
  * call the library lacks (stream and async calls before cuFile 1.7)
  * answers FERRY_ENOTSUP, on which the context falls back; every cuFile
@@ -13,10 +13,13 @@
  * own error-string function is inline in cufile.h, so it is not in the
  * library to be called).
  *
- * The function table is the I/O layer's ferry__cufile_api, so one fake
- * table drives both the cufile I/O engine and these drivers in tests.
+ * The library itself is the I/O layer's (io/cufile_lib.c): loaded once
+ * per process, its driver opened by the first user and closed after the
+ * last, so a process with cufile I/O engines and cufile GDS contexts
+ * loads and initializes cuFile once. The function table is the I/O
+ * layer's ferry__cufile_api, so one fake table drives both the cufile
+ * I/O engine and these drivers in tests.
  */
-#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -35,102 +38,24 @@ _Static_assert(sizeof(ssize_t) == sizeof(int64_t), "cuFile byte counts are 64-bi
 
 typedef struct dl_drv {
     const ferry__gdsdl_spec *spec;
-    ferry__cufile_api api;
-    void *lib;
+    const ferry__cufile_api *api; /* the table this driver opened with */
     int driver_open;
 } dl_drv;
-
-/* guards every spec's test_api */
-static pthread_mutex_t g_api_mu = PTHREAD_MUTEX_INITIALIZER;
 
 void ferry__gdsdl_set_api(const char *driver_name, const struct ferry__cufile_api *api)
 {
     const ferry__gds_backend *b = ferry__gds_backend_find(driver_name);
-    if (!b || !b->dl)
-        return;
-    pthread_mutex_lock(&g_api_mu);
-    b->dl->test_api = api;
-    pthread_mutex_unlock(&g_api_mu);
+    if (b && b->dl)
+        ferry__cufile_lib_set_api(b->dl->lib, api);
 }
 
-static const ferry__cufile_api *override_for(const ferry__gdsdl_spec *spec)
-{
-    pthread_mutex_lock(&g_api_mu);
-    const ferry__cufile_api *a = spec->test_api;
-    pthread_mutex_unlock(&g_api_mu);
-    return a;
-}
-
-int ferry__gdsdl_probe(ferry__gdsdl_spec *spec, ferry_device *dev)
+int ferry__gdsdl_probe(const ferry__gdsdl_spec *spec, ferry_device *dev)
 {
     const char *be = dev ? ferry_device_backend(dev) : "none";
     if (!strcmp(be, "cuda"))
         return 1;
-    const ferry__cufile_api *a = override_for(spec);
+    const ferry__cufile_api *a = ferry__cufile_lib_test_api(spec->lib);
     return a && a->allow_host_device;
-}
-
-static void *sym(dl_drv *d, const char *suffix)
-{
-    char name[96];
-    snprintf(name, sizeof name, "%s%s", d->spec->prefix, suffix);
-    return dlsym(d->lib, name);
-}
-
-static int load(dl_drv *d)
-{
-    const ferry__gdsdl_spec *sp = d->spec;
-    char tried[256] = "";
-    for (const char *const *l = sp->libs; *l && !d->lib; l++) {
-        d->lib = dlopen(*l, RTLD_NOW | RTLD_LOCAL);
-        if (!d->lib) {
-            const char *e = dlerror();
-            size_t n = strlen(tried);
-            snprintf(tried + n, sizeof tried - n, "%s%s", n ? "; " : "", e ? e : *l);
-        }
-    }
-    if (!d->lib)
-        return ferry__err_set(NULL, FERRY_ENODEV, "%s driver: library not found: %s",
-                              sp->driver_name, tried);
-    ferry__cufile_api *a = &d->api;
-    memset(a, 0, sizeof *a);
-    static const struct {
-        size_t off;
-        const char *suffix;
-        int required;
-    } syms[] = {
-        {offsetof(ferry__cufile_api, DriverOpen), "DriverOpen", 1},
-        {offsetof(ferry__cufile_api, HandleRegister), "HandleRegister", 1},
-        {offsetof(ferry__cufile_api, HandleDeregister), "HandleDeregister", 1},
-        {offsetof(ferry__cufile_api, BufRegister), "BufRegister", 1},
-        {offsetof(ferry__cufile_api, BufDeregister), "BufDeregister", 1},
-        {offsetof(ferry__cufile_api, Read), "Read", 1},
-        {offsetof(ferry__cufile_api, Write), "Write", 1},
-        {offsetof(ferry__cufile_api, ReadAsync), "ReadAsync", 0},
-        {offsetof(ferry__cufile_api, WriteAsync), "WriteAsync", 0},
-        {offsetof(ferry__cufile_api, StreamRegister), "StreamRegister", 0},
-        {offsetof(ferry__cufile_api, StreamDeregister), "StreamDeregister", 0},
-        {offsetof(ferry__cufile_api, BatchIOSetUp), "BatchIOSetUp", 0},
-        {offsetof(ferry__cufile_api, BatchIOSubmit), "BatchIOSubmit", 0},
-        {offsetof(ferry__cufile_api, BatchIOGetStatus), "BatchIOGetStatus", 0},
-        {offsetof(ferry__cufile_api, BatchIOCancel), "BatchIOCancel", 0},
-        {offsetof(ferry__cufile_api, BatchIODestroy), "BatchIODestroy", 0},
-    };
-    for (size_t i = 0; i < FERRY__ARRAY_LEN(syms); i++) {
-        void *p = sym(d, syms[i].suffix);
-        if (!p && syms[i].required) {
-            dlclose(d->lib);
-            d->lib = NULL;
-            return ferry__err_set(NULL, FERRY_ENODEV, "%s driver: the library lacks %s%s",
-                                  sp->driver_name, sp->prefix, syms[i].suffix);
-        }
-        memcpy((char *)a + syms[i].off, &p, sizeof p);
-    }
-    void *close_fn = sym(d, "DriverClose_v2");
-    if (!close_fn)
-        close_fn = sym(d, "DriverClose");
-    memcpy(&a->DriverClose, &close_fn, sizeof close_fn);
-    return 0;
 }
 
 /* a failed cuFile call's error as a ferry code, with a message */
@@ -139,7 +64,7 @@ static int fail(dl_drv *d, const char *call, ferry__CUfileError_t e, const char 
     int code = ferry__cufile_code(e.err);
     if (code == 0)
         code = FERRY_EDRIVER;
-    return ferry__err_set(NULL, code, "%s%s(%s): cuFile error %d (%s)%s%d", d->spec->prefix, call,
+    return ferry__err_set(NULL, code, "%s%s(%s): cuFile error %d (%s)%s%d", d->spec->lib->prefix, call,
                           what, e.err, ferry__cufile_strerror(e.err),
                           e.err == FERRY__CU_FILE_CUDA_DRIVER_ERROR ? ", CUresult " : "",
                           e.err == FERRY__CU_FILE_CUDA_DRIVER_ERROR ? e.cu_err : 0);
@@ -148,27 +73,23 @@ static int fail(dl_drv *d, const char *call, ferry__CUfileError_t e, const char 
 static int dl_open(void *ctx, ferry_device *dev)
 {
     dl_drv *d = ctx;
-    const ferry__cufile_api *ov = override_for(d->spec);
-    if (ov)
-        d->api = *ov;
+    ferry__cufile_lib *lib = d->spec->lib;
+    const ferry__cufile_api *ov = ferry__cufile_lib_test_api(lib);
     const char *be = dev ? ferry_device_backend(dev) : "none";
     if (strcmp(be, "cuda") != 0 && !(ov && ov->allow_host_device))
         return ferry__err_set(NULL, FERRY_ENODEV,
                               "%s driver: needs a cuda device (the context's device is %s)",
                               d->spec->driver_name, be);
-    if (!ov) {
-        int rc = load(d);
-        if (rc < 0)
-            return rc;
-    }
-    ferry__CUfileError_t e = d->api.DriverOpen();
-    if (e.err != 0) {
+    char why[256] = "";
+    const ferry__cufile_api *a = ferry__cufile_lib_api(lib, why, sizeof why);
+    if (!a)
+        return ferry__err_set(NULL, FERRY_ENODEV, "%s driver: %s", d->spec->driver_name, why);
+    ferry__CUfileError_t e;
+    if (ferry__cufile_lib_open(lib, a, &e) < 0) {
         int rc = fail(d, "DriverOpen", e, "");
-        if (d->lib)
-            dlclose(d->lib);
-        d->lib = NULL;
         return rc == FERRY_EDRIVER ? FERRY_ENODEV : rc;
     }
+    d->api = a;
     d->driver_open = 1;
     return 0;
 }
@@ -176,16 +97,14 @@ static int dl_open(void *ctx, ferry_device *dev)
 static void dl_close(void *ctx)
 {
     dl_drv *d = ctx;
-    if (d->driver_open && d->api.DriverClose) {
-        ferry__CUfileError_t e = d->api.DriverClose();
+    if (d->driver_open) {
+        ferry__CUfileError_t e;
+        ferry__cufile_lib_close(d->spec->lib, d->api, &e);
         if (e.err != 0)
             FERRY_LOGW("%s driver: %sDriverClose: error %d (%s)", d->spec->driver_name,
-                       d->spec->prefix, e.err, ferry__cufile_strerror(e.err));
+                       d->spec->lib->prefix, e.err, ferry__cufile_strerror(e.err));
     }
     d->driver_open = 0;
-    if (d->lib)
-        dlclose(d->lib);
-    d->lib = NULL;
 }
 
 static int dl_handle_register(void *ctx, ferry_io *io, ferry_file *f, void **handle)
@@ -197,7 +116,7 @@ static int dl_handle_register(void *ctx, ferry_io *io, ferry_file *f, void **han
     desc.type = FERRY__CU_FILE_HANDLE_TYPE_OPAQUE_FD;
     desc.handle.fd = ferry_file_fd(f);
     ferry__CUfileHandle_t fh = NULL;
-    ferry__CUfileError_t e = d->api.HandleRegister(&fh, &desc);
+    ferry__CUfileError_t e = d->api->HandleRegister(&fh, &desc);
     if (e.err != 0)
         return fail(d, "HandleRegister", e, ferry_file_path(f));
     *handle = fh;
@@ -206,13 +125,13 @@ static int dl_handle_register(void *ctx, ferry_io *io, ferry_file *f, void **han
 
 static void dl_handle_deregister(void *ctx, void *handle)
 {
-    ((dl_drv *)ctx)->api.HandleDeregister(handle);
+    ((dl_drv *)ctx)->api->HandleDeregister(handle);
 }
 
 static int dl_buf_register(void *ctx, ferry_devptr base, size_t len, int flags)
 {
     dl_drv *d = ctx;
-    ferry__CUfileError_t e = d->api.BufRegister((const void *)(uintptr_t)base, len, flags);
+    ferry__CUfileError_t e = d->api->BufRegister((const void *)(uintptr_t)base, len, flags);
     if (e.err != 0) {
         char w[64];
         snprintf(w, sizeof w, "0x%llx, %zu", (unsigned long long)base, len);
@@ -224,7 +143,7 @@ static int dl_buf_register(void *ctx, ferry_devptr base, size_t len, int flags)
 static int dl_buf_deregister(void *ctx, ferry_devptr base)
 {
     dl_drv *d = ctx;
-    ferry__CUfileError_t e = d->api.BufDeregister((const void *)(uintptr_t)base);
+    ferry__CUfileError_t e = d->api->BufDeregister((const void *)(uintptr_t)base);
     if (e.err != 0) {
         char w[32];
         snprintf(w, sizeof w, "0x%llx", (unsigned long long)base);
@@ -237,9 +156,9 @@ static int dl_stream_register(void *ctx, ferry_stream *s, uint64_t raw, unsigned
 {
     dl_drv *d = ctx;
     (void)s;
-    if (!d->api.StreamRegister)
+    if (!d->api->StreamRegister)
         return FERRY_ENOTSUP;
-    ferry__CUfileError_t e = d->api.StreamRegister((void *)(uintptr_t)raw, flags);
+    ferry__CUfileError_t e = d->api->StreamRegister((void *)(uintptr_t)raw, flags);
     if (e.err != 0) {
         char w[48];
         snprintf(w, sizeof w, "stream 0x%llx, flags 0x%x", (unsigned long long)raw, flags);
@@ -252,9 +171,9 @@ static int dl_stream_deregister(void *ctx, ferry_stream *s, uint64_t raw)
 {
     dl_drv *d = ctx;
     (void)s;
-    if (!d->api.StreamDeregister)
+    if (!d->api->StreamDeregister)
         return FERRY_ENOTSUP;
-    ferry__CUfileError_t e = d->api.StreamDeregister((void *)(uintptr_t)raw);
+    ferry__CUfileError_t e = d->api->StreamDeregister((void *)(uintptr_t)raw);
     if (e.err != 0) {
         char w[32];
         snprintf(w, sizeof w, "stream 0x%llx", (unsigned long long)raw);
@@ -269,7 +188,7 @@ static int64_t io_ret(dl_drv *d, const char *call, ssize_t ret, int saved_errno,
     if (ret >= 0)
         return ret;
     int code = ferry__cufile_ret_code(ret, saved_errno);
-    return ferry__err_set(NULL, code, "%s%s of %zu bytes at file offset %lld: %s%s", d->spec->prefix,
+    return ferry__err_set(NULL, code, "%s%s of %zu bytes at file offset %lld: %s%s", d->spec->lib->prefix,
                           call, size, (long long)file_off,
                           ret == -1 ? "errno " : "cuFile error ",
                           ret == -1 ? strerror(saved_errno ? saved_errno : EIO)
@@ -281,7 +200,7 @@ static int64_t dl_read(void *ctx, void *handle, ferry_devptr base, size_t size, 
 {
     dl_drv *d = ctx;
     errno = 0;
-    ssize_t r = d->api.Read(handle, (void *)(uintptr_t)base, size, (off_t)file_off, (off_t)buf_off);
+    ssize_t r = d->api->Read(handle, (void *)(uintptr_t)base, size, (off_t)file_off, (off_t)buf_off);
     return io_ret(d, "Read", r, errno, size, file_off);
 }
 
@@ -291,7 +210,7 @@ static int64_t dl_write(void *ctx, void *handle, ferry_devptr base, size_t size,
     dl_drv *d = ctx;
     errno = 0;
     ssize_t r =
-        d->api.Write(handle, (const void *)(uintptr_t)base, size, (off_t)file_off, (off_t)buf_off);
+        d->api->Write(handle, (const void *)(uintptr_t)base, size, (off_t)file_off, (off_t)buf_off);
     return io_ret(d, "Write", r, errno, size, file_off);
 }
 
@@ -300,7 +219,7 @@ static int dl_async(dl_drv *d, int op, void *handle, ferry_devptr base, size_t *
 {
     ferry__CUfileError_t (*fn)(ferry__CUfileHandle_t, void *, size_t *, off_t *, off_t *,
                                ssize_t *, void *) =
-        op == FERRY_GDS_READ ? d->api.ReadAsync : d->api.WriteAsync;
+        op == FERRY_GDS_READ ? d->api->ReadAsync : d->api->WriteAsync;
     if (!fn)
         return FERRY_ENOTSUP;
     void *raw = s ? (void *)(uintptr_t)ferry_stream_handle(s) : NULL;
@@ -330,7 +249,7 @@ static int dl_write_async(void *ctx, void *handle, ferry_devptr base, size_t *si
 static int batch_once(dl_drv *d, ferry_gds_io *ios, unsigned n)
 {
     ferry__CUfileBatchHandle_t id = NULL;
-    ferry__CUfileError_t e = d->api.BatchIOSetUp(&id, n);
+    ferry__CUfileError_t e = d->api->BatchIOSetUp(&id, n);
     if (e.err != 0)
         return fail(d, "BatchIOSetUp", e, "");
     ferry__CUfileIOParams_t p[BATCH_MAX];
@@ -346,10 +265,10 @@ static int batch_once(dl_drv *d, ferry_gds_io *ios, unsigned n)
         p[i].cookie = &ios[i];
         ios[i].result = FERRY_EDRIVER;
     }
-    e = d->api.BatchIOSubmit(id, n, p, 0);
+    e = d->api->BatchIOSubmit(id, n, p, 0);
     if (e.err != 0) {
         int rc = fail(d, "BatchIOSubmit", e, "");
-        d->api.BatchIODestroy(id);
+        d->api->BatchIODestroy(id);
         return rc;
     }
     unsigned got = 0;
@@ -358,11 +277,11 @@ static int batch_once(dl_drv *d, ferry_gds_io *ios, unsigned n)
         ferry__CUfileIOEvents_t ev[BATCH_MAX];
         unsigned nr = n - got;
         struct timespec to = {1, 0};
-        e = d->api.BatchIOGetStatus(id, 1, &nr, ev, &to);
+        e = d->api->BatchIOGetStatus(id, 1, &nr, ev, &to);
         if (e.err != 0) {
             rc = fail(d, "BatchIOGetStatus", e, "");
-            if (d->api.BatchIOCancel)
-                d->api.BatchIOCancel(id);
+            if (d->api->BatchIOCancel)
+                d->api->BatchIOCancel(id);
             break;
         }
         for (unsigned i = 0; i < nr; i++) {
@@ -373,20 +292,20 @@ static int batch_once(dl_drv *d, ferry_gds_io *ios, unsigned n)
             if (io->result < 0 && rc == 0)
                 rc = ferry__err_set(NULL, (int)io->result,
                                     "%sBatchIO: %s of %zu bytes at file offset %lld: status 0x%x",
-                                    d->spec->prefix, io->op == FERRY_GDS_READ ? "read" : "write",
+                                    d->spec->lib->prefix, io->op == FERRY_GDS_READ ? "read" : "write",
                                     io->size, (long long)io->file_off, ev[i].status);
         }
         got += nr;
     }
-    d->api.BatchIODestroy(id);
+    d->api->BatchIODestroy(id);
     return rc;
 }
 
 static int dl_batch(void *ctx, ferry_gds_io *ios, unsigned n)
 {
     dl_drv *d = ctx;
-    if (!d->api.BatchIOSetUp || !d->api.BatchIOSubmit || !d->api.BatchIOGetStatus ||
-        !d->api.BatchIODestroy)
+    if (!d->api->BatchIOSetUp || !d->api->BatchIOSubmit || !d->api->BatchIOGetStatus ||
+        !d->api->BatchIODestroy)
         return FERRY_ENOTSUP;
     int rc = 0;
     for (unsigned i = 0; i < n; i += BATCH_MAX) {
@@ -399,10 +318,7 @@ static int dl_batch(void *ctx, ferry_gds_io *ios, unsigned n)
 
 static void dl_destroy(void *ctx)
 {
-    dl_drv *d = ctx;
-    if (d->lib)
-        dlclose(d->lib);
-    ferry__free(d);
+    ferry__free(ctx);
 }
 
 int ferry__gdsdl_driver(const ferry__gdsdl_spec *spec, ferry_gds_driver *out,

@@ -16,12 +16,12 @@
  * (128) entries each, and reused once all their entries completed.
  *
  * libcufile.so.0 is loaded once per process and never unloaded; the
- * driver is opened by the first engine and closed by the last. All of it
- * sits behind one table of functions that a test replaces with fakes
- * (ferry__cufile_set_api), which is how this file is tested on machines
- * without a GPU.
+ * driver is opened by the first user (engine or GDS context) and closed by
+ * the last: cufile_lib.c does both, for this engine and the GDS cufile
+ * driver alike. All of it sits behind one table of functions that a test
+ * replaces with fakes (ferry__cufile_set_api), which is how this file is
+ * tested on machines without a GPU.
  */
-#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -40,205 +40,44 @@
     (FERRY__CU_FILE_STREAM_FIXED_BUF_OFFSET | FERRY__CU_FILE_STREAM_FIXED_FILE_OFFSET |       \
      FERRY__CU_FILE_STREAM_FIXED_FILE_SIZE)
 
-/* ---- error numbers ---- */
-static const struct {
-    int err;
-    const char *text;
-} cf_errs[] = {
-    {0, "success"},
-    {5001, "driver not initialized"},
-    {5002, "invalid driver properties"},
-    {5003, "driver property limit not supported"},
-    {5004, "driver version mismatch"},
-    {5005, "driver version read error"},
-    {5006, "driver is closing"},
-    {5007, "platform not supported"},
-    {5008, "I/O not supported (file system or device)"},
-    {5009, "device not supported"},
-    {5010, "nvidia-fs driver ioctl error"},
-    {5011, "CUDA driver error"},
-    {5012, "invalid CUDA device pointer"},
-    {5013, "invalid CUDA memory type"},
-    {5014, "CUDA pointer range error"},
-    {5015, "CUDA context mismatch"},
-    {5016, "access beyond the maximum pinned size"},
-    {5017, "access beyond the mapped size"},
-    {5018, "unsupported file type"},
-    {5019, "unsupported file open flags"},
-    {5020, "file not opened with O_DIRECT"},
-    {5021, "invalid value"},
-    {5022, "invalid value"},
-    {5023, "memory already registered"},
-    {5024, "memory not registered"},
-    {5025, "permission denied"},
-    {5026, "driver already open"},
-    {5027, "file handle not registered"},
-    {5028, "file handle already registered"},
-    {5029, "GPU device not found"},
-    {5030, "internal error"},
-    {5031, "failed to obtain a new file descriptor"},
-    {5033, "nvidia-fs setup error"},
-    {5034, "I/O disabled by configuration"},
-    {5035, "batch submit failed"},
-    {5036, "GPU memory pinning failed"},
-    {5037, "batch full"},
-    {5038, "async I/O not supported"},
-    {5039, "I/O max error"},
-};
+/* ---- the library: loaded and its driver opened once per process, for
+ * these engines and the GDS cufile driver alike (cufile_lib.c) ---- */
+#define CF_LIB (&ferry__cufile_lib_nv)
 
-const char *ferry__cufile_strerror(int err)
-{
-    if (err < 0)
-        err = -err;
-    for (size_t i = 0; i < FERRY__ARRAY_LEN(cf_errs); i++)
-        if (cf_errs[i].err == err)
-            return cf_errs[i].text;
-    return err > 5000 && err < 6000 ? "unknown cuFile error" : "not a cuFile error";
-}
-
-int ferry__cufile_code(int err)
-{
-    if (err < 0)
-        err = -err;
-    switch (err) {
-    case 0:
-        return 0;
-    case 5001: case 5007: case 5029:
-        return FERRY_ENODEV;
-    case 5008: case 5009: case 5018: case 5034: case 5038:
-        return FERRY_ENOTSUP;
-    case 5012: case 5013: case 5014: case 5016: case 5017:
-        return -EFAULT;
-    case 5019: case 5020: case 5021: case 5022:
-        return -EINVAL;
-    case 5023: case 5026: case 5028:
-        return FERRY_EEXIST;
-    case 5024: case 5027:
-        return FERRY_ESTATE;
-    case 5025:
-        return -EACCES;
-    case 5036:
-        return -ENOMEM;
-    default:
-        return FERRY_EDRIVER;
-    }
-}
-
-int ferry__cufile_ret_code(ssize_t ret, int saved_errno)
-{
-    if (ret >= 0)
-        return 0;
-    if (ret == -1)
-        return -(saved_errno ? saved_errno : EIO);
-    return ferry__cufile_code((int)-ret);
-}
-
-/* ---- the API table ---- */
-static const ferry__cufile_api *g_override;
-static ferry__cufile_api g_real;
-static int g_real_rc = 1; /* 1: not loaded yet */
-static char g_real_why[256];
-static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-static unsigned g_driver_refs;
-
-void ferry__cufile_set_api(const ferry__cufile_api *api)
-{
-    pthread_mutex_lock(&g_mu);
-    g_override = api;
-    g_driver_refs = 0;
-    pthread_mutex_unlock(&g_mu);
-}
-
-#define CF_SYM(field, name, required)                                                         \
-    do {                                                                                      \
-        *(void **)(&a->field) = dlsym(h, name);                                               \
-        if (!a->field && (required)) {                                                        \
-            snprintf(g_real_why, sizeof g_real_why, "libcufile.so.0 lacks %s (too old?)", name); \
-            return FERRY_ENODEV;                                                              \
-        }                                                                                     \
-    } while (0)
-
-static int load_real(void)
-{
-    ferry__cufile_api *a = &g_real;
-    void *h = dlopen("libcufile.so.0", RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        const char *e = dlerror();
-        snprintf(g_real_why, sizeof g_real_why, "libcufile.so.0 not found: %s",
-                 e ? e : "dlopen failed");
-        return FERRY_ENODEV;
-    }
-    CF_SYM(DriverOpen, "cuFileDriverOpen", 1);
-    CF_SYM(DriverClose, "cuFileDriverClose_v2", 0);
-    if (!a->DriverClose)
-        CF_SYM(DriverClose, "cuFileDriverClose", 1);
-    CF_SYM(HandleRegister, "cuFileHandleRegister", 1);
-    CF_SYM(HandleDeregister, "cuFileHandleDeregister", 1);
-    CF_SYM(BufRegister, "cuFileBufRegister", 1);
-    CF_SYM(BufDeregister, "cuFileBufDeregister", 1);
-    CF_SYM(Read, "cuFileRead", 1);
-    CF_SYM(Write, "cuFileWrite", 1);
-    CF_SYM(ReadAsync, "cuFileReadAsync", 0);
-    CF_SYM(WriteAsync, "cuFileWriteAsync", 0);
-    CF_SYM(StreamRegister, "cuFileStreamRegister", 0);
-    CF_SYM(StreamDeregister, "cuFileStreamDeregister", 0);
-    CF_SYM(BatchIOSetUp, "cuFileBatchIOSetUp", 1);
-    CF_SYM(BatchIOSubmit, "cuFileBatchIOSubmit", 1);
-    CF_SYM(BatchIOGetStatus, "cuFileBatchIOGetStatus", 1);
-    CF_SYM(BatchIOCancel, "cuFileBatchIOCancel", 1);
-    CF_SYM(BatchIODestroy, "cuFileBatchIODestroy", 1);
-    a->allow_host_device = 0;
-    return 0;
-}
-
-/* the table in force, or NULL with why[] filled */
+/* the table in force, with the batch API the engine is built on; or NULL
+ * with why[] filled */
 static const ferry__cufile_api *get_api(char *why, size_t why_len)
 {
-    pthread_mutex_lock(&g_mu);
-    const ferry__cufile_api *a = g_override;
-    if (!a) {
-        if (g_real_rc == 1)
-            g_real_rc = load_real();
-        a = g_real_rc == 0 ? &g_real : NULL;
-        if (!a && why)
-            snprintf(why, why_len, "%s", g_real_why);
+    const ferry__cufile_api *a = ferry__cufile_lib_api(CF_LIB, why, why_len);
+    if (a && !(a->BatchIOSetUp && a->BatchIOSubmit && a->BatchIOGetStatus && a->BatchIOCancel &&
+               a->BatchIODestroy)) {
+        if (why)
+            snprintf(why, why_len, "libcufile.so.0 lacks cuFileBatchIO* (too old?)");
+        return NULL;
     }
-    pthread_mutex_unlock(&g_mu);
     return a;
 }
 
 static int driver_ref(const ferry__cufile_api *a, char *why, size_t why_len)
 {
-    pthread_mutex_lock(&g_mu);
-    int rc = 0;
-    if (g_driver_refs == 0) {
-        ferry__CUfileError_t e = a->DriverOpen();
-        if (e.err != 0) {
-            snprintf(why, why_len, "cuFileDriverOpen failed: %d (%s)%s", e.err,
-                     ferry__cufile_strerror(e.err),
-                     e.err == FERRY__CU_FILE_CUDA_DRIVER_ERROR ? " (no usable CUDA driver)" : "");
-            rc = e.err == FERRY__CU_FILE_CUDA_DRIVER_ERROR ? FERRY_ENODEV
-                                                           : ferry__cufile_code(e.err);
-            if (rc == FERRY_EDRIVER || rc == FERRY_ENOTSUP)
-                rc = FERRY_ENODEV;
-        }
-    }
-    if (rc == 0)
-        g_driver_refs++;
-    pthread_mutex_unlock(&g_mu);
+    ferry__CUfileError_t e;
+    if (ferry__cufile_lib_open(CF_LIB, a, &e) == 0)
+        return 0;
+    snprintf(why, why_len, "cuFileDriverOpen failed: %d (%s)%s", e.err,
+             ferry__cufile_strerror(e.err),
+             e.err == FERRY__CU_FILE_CUDA_DRIVER_ERROR ? " (no usable CUDA driver)" : "");
+    int rc = e.err == FERRY__CU_FILE_CUDA_DRIVER_ERROR ? FERRY_ENODEV : ferry__cufile_code(e.err);
+    if (rc == FERRY_EDRIVER || rc == FERRY_ENOTSUP)
+        rc = FERRY_ENODEV;
     return rc;
 }
 
 static void driver_unref(const ferry__cufile_api *a)
 {
-    pthread_mutex_lock(&g_mu);
-    if (g_driver_refs && --g_driver_refs == 0) {
-        ferry__CUfileError_t e = a->DriverClose();
-        if (e.err != 0)
-            FERRY_LOGW("io cufile: cuFileDriverClose: %d (%s)", e.err,
-                       ferry__cufile_strerror(e.err));
-    }
-    pthread_mutex_unlock(&g_mu);
+    ferry__CUfileError_t e;
+    ferry__cufile_lib_close(CF_LIB, a, &e);
+    if (e.err != 0)
+        FERRY_LOGW("io cufile: cuFileDriverClose: %d (%s)", e.err, ferry__cufile_strerror(e.err));
 }
 
 int ferry__cufile_probe(char *why, size_t why_len)

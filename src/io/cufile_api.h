@@ -4,13 +4,15 @@
  * No cufile.h exists on build machines, so the types and functions of
  * libcufile.so.0 are declared here from NVIDIA's documentation (layouts as
  * in cufile.h; see docs facts section 3) and resolved with dlopen/dlsym at
- * run time. The resolved functions live in one table, which a test can
- * replace with fakes (ferry__cufile_set_api) to drive the whole cufile
- * engine on a machine with no GPU.
+ * run time, once per process (cufile_lib.c). The resolved functions live
+ * in one table, which a test can replace with fakes (ferry__cufile_set_api)
+ * to drive the whole cufile engine, and the GDS cufile driver, on a
+ * machine with no GPU.
  */
 #ifndef FERRY_SRC_IO_CUFILE_API_H
 #define FERRY_SRC_IO_CUFILE_API_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -114,9 +116,52 @@ typedef struct ferry__cufile_api {
 } ferry__cufile_api;
 
 /*
- * Install a fake API (NULL restores the real library). The table must
- * outlive every cufile engine opened while it is installed. Not
- * thread-safe: call with no cufile engine open.
+ * A library shaped like cuFile (cuFile itself; hipFile, whose hipFile*
+ * calls mirror it one to one), loaded with dlopen once per process on
+ * first use and never unloaded; its driver is opened by the first user
+ * (a cufile I/O engine, a GDS context) and closed after the last. The
+ * fields after sonames are the loader's (guarded by mu).
+ */
+typedef struct ferry__cufile_lib {
+    const char *prefix;               /* "cuFile": symbol names, messages */
+    const char *const *sonames;       /* tried in order, NULL-terminated */
+    pthread_mutex_t mu;
+    const ferry__cufile_api *test_api; /* a test's table, used instead of loading */
+    ferry__cufile_api real;
+    int real_rc;                      /* 1: not tried yet, 0: loaded, < 0: failed */
+    char why[256];                    /* why loading failed */
+    unsigned refs;                    /* users with the driver open */
+} ferry__cufile_lib;
+
+#define FERRY__CUFILE_LIB_INIT(prefix_, sonames_)                                           \
+    {.prefix = (prefix_), .sonames = (sonames_), .mu = PTHREAD_MUTEX_INITIALIZER, .real_rc = 1}
+
+/* NVIDIA's: libcufile.so.0 (libcufile.so), prefix "cuFile" */
+extern ferry__cufile_lib ferry__cufile_lib_nv;
+
+/* The table in force: the test's, else the library's (loaded on the first
+ * call); NULL, with why[] filled, when the library cannot be loaded. */
+const ferry__cufile_api *ferry__cufile_lib_api(ferry__cufile_lib *l, char *why, size_t why_len);
+/* The test's table, or NULL; never loads anything. */
+const ferry__cufile_api *ferry__cufile_lib_test_api(ferry__cufile_lib *l);
+/* Install a fake table (NULL restores the real library); the driver's
+ * user count restarts at 0. The table must outlive every user opened
+ * while it is installed. Call with no user open. */
+void ferry__cufile_lib_set_api(ferry__cufile_lib *l, const ferry__cufile_api *api);
+/* One more user of the driver: DriverOpen when it is the first. 0, or
+ * FERRY_EDRIVER with DriverOpen's error in *e (the user is not counted). */
+int ferry__cufile_lib_open(ferry__cufile_lib *l, const ferry__cufile_api *a,
+                           ferry__CUfileError_t *e);
+/* One user fewer: DriverClose after the last; its error in *e (err 0 when
+ * none). a is the table the user opened with. */
+void ferry__cufile_lib_close(ferry__cufile_lib *l, const ferry__cufile_api *a,
+                             ferry__CUfileError_t *e);
+
+/*
+ * Install a fake API for cuFile (ferry__cufile_lib_nv; NULL restores the
+ * real library): the cufile engine and the GDS cufile driver both use it.
+ * The table must outlive every cufile engine and GDS context opened while
+ * it is installed. Not thread-safe: call with none open.
  */
 void ferry__cufile_set_api(const ferry__cufile_api *api);
 
