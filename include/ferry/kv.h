@@ -332,9 +332,11 @@ FERRY_API int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out);
  */
 FERRY_API void ferry_kv_close(ferry_kv *kv);
 /**
- * The message of this store's last failure, "" if none. With several
- * threads on one store it may be another thread's failure and may change
- * while it is read: ferry_last_error() is the calling thread's own.
+ * The message of this store's last failure, "" if none, as the calling
+ * thread's own copy: taken whole, it does not change while it is read
+ * (valid until this thread's fourth next *_last_error call). With several
+ * threads on one store it may be another thread's failure:
+ * ferry_last_error() is the calling thread's own last failure.
  */
 FERRY_API const char *ferry_kv_last_error(const ferry_kv *kv);
 /** Bytes of one chunk of this store. */

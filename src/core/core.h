@@ -18,6 +18,8 @@
 
 #define FERRY__ERRMSG_MAX 512
 
+/* a handle's last failure; written and read only through the functions
+ * below, which serialize them (a buffer needs no initialization for that) */
 typedef struct ferry__errbuf {
     int code;
     char msg[FERRY__ERRMSG_MAX];
@@ -43,6 +45,10 @@ int ferry__err_set(ferry__errbuf *eb, int code, const char *fmt, ...) FERRY__PRI
 int ferry__err_vset(ferry__errbuf *eb, int code, const char *fmt, va_list ap) FERRY__PRINTF(3, 0);
 /* copy the thread's last message into eb (after a lower layer failed); returns code */
 int ferry__err_pass(ferry__errbuf *eb, int code);
+/* eb's message as the calling thread's own copy ("" for NULL), taken whole
+ * even while another thread records a failure on eb: every *_last_error
+ * returns this. Each thread has a few such copies in turn, so one call's
+ * result stays valid across the next three. */
 const char *ferry__err_msg(const ferry__errbuf *eb);
 
 void ferry__log(int level, const char *fmt, ...) FERRY__PRINTF(2, 3);

@@ -7,6 +7,8 @@
  * never returns NULL and is safe to call from any thread.
  */
 #include <errno.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -86,15 +88,46 @@ const char *ferry_last_error(void)
     return tls_last;
 }
 
+/* a handle's message is a few hundred bytes copied under a spin lock held
+ * only for the copy: one of a few locks chosen by the buffer's address, so
+ * a buffer on a caller's stack needs no initialization */
+static _Atomic int eb_locks[64];
+
+static _Atomic int *eb_lk(const ferry__errbuf *eb)
+{
+    uintptr_t a = (uintptr_t)eb;
+    return &eb_locks[(a >> 6 ^ a >> 12) % 64];
+}
+
+static void eb_lock(const ferry__errbuf *eb)
+{
+    _Atomic int *lk = eb_lk(eb);
+    int free_ = 0;
+    while (!atomic_compare_exchange_weak_explicit(lk, &free_, 1, memory_order_acquire,
+                                                  memory_order_relaxed))
+        free_ = 0;
+}
+
+static void eb_unlock(const ferry__errbuf *eb)
+{
+    atomic_store_explicit(eb_lk(eb), 0, memory_order_release);
+}
+
+static void eb_write(ferry__errbuf *eb, int code, const char *msg)
+{
+    eb_lock(eb);
+    eb->code = code;
+    snprintf(eb->msg, sizeof eb->msg, "%s", msg);
+    eb_unlock(eb);
+}
+
 int ferry__err_vset(ferry__errbuf *eb, int code, const char *fmt, va_list ap)
 {
     char tmp[FERRY__ERRMSG_MAX];
     vsnprintf(tmp, sizeof tmp, fmt, ap);
     memcpy(tls_last, tmp, sizeof tls_last);
-    if (eb) {
-        eb->code = code;
-        memcpy(eb->msg, tmp, sizeof eb->msg);
-    }
+    if (eb)
+        eb_write(eb, code, tmp);
     ferry__log(FERRY_LOG_DEBUG, "error %s: %s", ferry_err_name(code), tmp);
     return code;
 }
@@ -110,17 +143,20 @@ int ferry__err_set(ferry__errbuf *eb, int code, const char *fmt, ...)
 
 int ferry__err_pass(ferry__errbuf *eb, int code)
 {
-    if (eb) {
-        eb->code = code;
-        if (tls_last[0])
-            memcpy(eb->msg, tls_last, sizeof eb->msg);
-        else
-            snprintf(eb->msg, sizeof eb->msg, "%s", ferry_strerror(code));
-    }
+    if (eb)
+        eb_write(eb, code, tls_last[0] ? tls_last : ferry_strerror(code));
     return code;
 }
 
 const char *ferry__err_msg(const ferry__errbuf *eb)
 {
-    return eb ? eb->msg : "";
+    static _Thread_local char copies[4][FERRY__ERRMSG_MAX];
+    static _Thread_local unsigned turn;
+    if (!eb)
+        return "";
+    char *c = copies[turn++ % 4];
+    eb_lock(eb);
+    memcpy(c, eb->msg, FERRY__ERRMSG_MAX);
+    eb_unlock(eb);
+    return c;
 }

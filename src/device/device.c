@@ -361,7 +361,7 @@ const char *ferry_device_name(const ferry_device *dev)
 
 const char *ferry_device_last_error(const ferry_device *dev)
 {
-    return dev ? dev->err.msg : "";
+    return dev ? ferry__err_msg(&dev->err) : "";
 }
 
 int ferry_device_set_faults(ferry_device *dev, uint64_t fail_nth, int fail_code,
