@@ -345,178 +345,224 @@ static int cmp_desc(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-int ferry__trace_stats_compute(const ferry_moe_trace *t, ferry__trace_stats *out)
+/* the work arrays of ferry__trace_stats_compute over one trace */
+typedef struct tsw {
+    const ferry_moe_trace *t;
+    uint32_t L, E, T, half;
+    size_t ids;
+    uint64_t *count, *stamp, *dist, *sorted, *lrep, *ltot, *count_half;
+    uint32_t *last, *pairs, *best;
+    double *layer_repeat;
+    int do_pairs;
+    uint64_t rep, rep_tot, w8, w8_tot;
+} tsw;
+
+static void tsw_free(tsw *w)
 {
-    uint32_t L = t->model.num_layers, E = t->model.num_experts, T = t->n_tokens;
-    size_t ids = (size_t)L * E;
-    memset(out, 0, sizeof *out);
-    uint64_t *count = ferry__calloc(ids, sizeof *count);
-    uint32_t *last = ferry__malloc(ids * sizeof *last);
-    uint64_t *stamp = ferry__calloc(ids, sizeof *stamp);
-    uint64_t *dist = ferry__calloc(65, sizeof *dist); /* 1..64, 64 = more */
-    uint64_t *sorted = ferry__malloc((size_t)E * sizeof *sorted);
-    uint64_t *lrep = ferry__calloc(L, sizeof *lrep), *ltot = ferry__calloc(L, sizeof *ltot);
-    double *layer_repeat = ferry__calloc(L, sizeof *layer_repeat);
-    int do_pairs = E <= 512 && T >= 4;
-    uint32_t *pairs = do_pairs ? ferry__calloc((size_t)L * E * E, sizeof *pairs) : NULL;
-    uint32_t *best = do_pairs ? ferry__malloc(ids * sizeof *best) : NULL;
-    uint64_t *count_half = do_pairs ? ferry__calloc(ids, sizeof *count_half) : NULL;
-    if (!count || !last || !stamp || !dist || !sorted || !lrep || !ltot || !layer_repeat ||
-        (do_pairs && (!pairs || !best || !count_half))) {
-        ferry__free(count_half);
-        ferry__free(count);
-        ferry__free(last);
-        ferry__free(stamp);
-        ferry__free(dist);
-        ferry__free(sorted);
-        ferry__free(lrep);
-        ferry__free(ltot);
-        ferry__free(layer_repeat);
-        ferry__free(pairs);
-        ferry__free(best);
+    void *a[] = {w->count, w->last, w->stamp, w->dist, w->sorted, w->lrep,
+                 w->ltot,  w->pairs, w->best, w->count_half};
+    for (size_t k = 0; k < sizeof a / sizeof a[0]; k++)
+        ferry__free(a[k]);
+}
+
+static int tsw_alloc(tsw *w)
+{
+    size_t ids = w->ids;
+    uint32_t L = w->L, E = w->E;
+    w->count = ferry__calloc(ids, sizeof *w->count);
+    w->last = ferry__malloc(ids * sizeof *w->last);
+    w->stamp = ferry__calloc(ids, sizeof *w->stamp);
+    w->dist = ferry__calloc(65, sizeof *w->dist); /* 1..64, 64 = more */
+    w->sorted = ferry__malloc((size_t)E * sizeof *w->sorted);
+    w->lrep = ferry__calloc(L, sizeof *w->lrep);
+    w->ltot = ferry__calloc(L, sizeof *w->ltot);
+    w->layer_repeat = ferry__calloc(L, sizeof *w->layer_repeat);
+    w->do_pairs = E <= 512 && w->T >= 4;
+    if (w->do_pairs) {
+        w->pairs = ferry__calloc((size_t)L * E * E, sizeof *w->pairs);
+        w->best = ferry__malloc(ids * sizeof *w->best);
+        w->count_half = ferry__calloc(ids, sizeof *w->count_half);
+    }
+    if (!w->count || !w->last || !w->stamp || !w->dist || !w->sorted || !w->lrep || !w->ltot ||
+        !w->layer_repeat || (w->do_pairs && (!w->pairs || !w->best || !w->count_half))) {
+        tsw_free(w);
+        ferry__free(w->layer_repeat);
         return -ENOMEM;
     }
-    memset(last, 0xff, ids * sizeof *last);
-    uint64_t rep = 0, rep_tot = 0, w8 = 0, w8_tot = 0;
-    uint32_t half = T / 2;
-    /* pass 1: counts, reuse, pairs on the first half */
+    memset(w->last, 0xff, ids * sizeof *w->last);
+    return 0;
+}
+
+/* pass 1: counts, reuse distances, and pairs of consecutive layers on the
+ * first half of the tokens */
+static void tsw_pass(tsw *w)
+{
+    const ferry_moe_trace *t = w->t;
+    uint32_t E = w->E;
     for (size_t i = 0; i < t->n_steps; i++) {
         uint32_t tk = t->tok[i], l = t->layer[i];
         for (size_t j = t->off[i]; j < t->off[i + 1]; j++) {
             size_t id = (size_t)l * E + t->ex[j];
-            if (stamp[id] == i + 1)
+            if (w->stamp[id] == i + 1)
                 continue;
-            stamp[id] = i + 1;
-            count[id]++;
-            if (do_pairs && tk < half)
-                count_half[id]++;
+            w->stamp[id] = i + 1;
+            w->count[id]++;
+            if (w->do_pairs && tk < w->half)
+                w->count_half[id]++;
             if (tk >= 1) {
-                rep_tot++;
-                ltot[l]++;
-                if (last[id] == tk - 1) {
-                    rep++;
-                    lrep[l]++;
+                w->rep_tot++;
+                w->ltot[l]++;
+                if (w->last[id] == tk - 1) {
+                    w->rep++;
+                    w->lrep[l]++;
                 }
             }
-            if (last[id] != UINT32_MAX && tk > last[id]) {
-                uint32_t d = tk - last[id];
-                dist[d > 64 ? 64 : d]++;
+            if (w->last[id] != UINT32_MAX && tk > w->last[id]) {
+                uint32_t d = tk - w->last[id];
+                w->dist[d > 64 ? 64 : d]++;
             }
             if (tk >= 8) {
-                w8_tot++;
-                if (last[id] != UINT32_MAX && tk - last[id] <= 8)
-                    w8++;
+                w->w8_tot++;
+                if (w->last[id] != UINT32_MAX && tk - w->last[id] <= 8)
+                    w->w8++;
             }
-            last[id] = tk;
+            w->last[id] = tk;
         }
         /* pairs with the previous step when it is layer l-1 of this token */
-        if (do_pairs && tk < half && i > 0 && l > 0 && t->tok[i - 1] == tk &&
+        if (w->do_pairs && tk < w->half && i > 0 && l > 0 && t->tok[i - 1] == tk &&
             t->layer[i - 1] == l - 1)
             for (size_t a = t->off[i - 1]; a < t->off[i]; a++)
                 for (size_t b = t->off[i]; b < t->off[i + 1]; b++)
-                    pairs[((size_t)l * E + t->ex[a]) * E + t->ex[b]]++;
+                    w->pairs[((size_t)l * E + t->ex[a]) * E + t->ex[b]]++;
     }
+}
+
+/* each layer's top-1 share, top-32 cover and next-token repeat rate; the
+ * median reuse distance */
+static void tsw_shares(tsw *w, ferry__trace_stats *out)
+{
+    uint32_t L = w->L, E = w->E;
     double top1 = 0, top32 = 0;
     for (uint32_t l = 0; l < L; l++) {
         uint64_t tot = 0;
         for (uint32_t e = 0; e < E; e++) {
-            sorted[e] = count[(size_t)l * E + e];
-            tot += sorted[e];
+            w->sorted[e] = w->count[(size_t)l * E + e];
+            tot += w->sorted[e];
         }
-        qsort(sorted, E, sizeof *sorted, cmp_desc);
+        qsort(w->sorted, E, sizeof *w->sorted, cmp_desc);
         uint64_t c32 = 0;
         for (uint32_t e = 0; e < E && e < 32; e++)
-            c32 += sorted[e];
+            c32 += w->sorted[e];
         if (tot) {
-            top1 += (double)sorted[0] / tot;
+            top1 += (double)w->sorted[0] / tot;
             top32 += (double)c32 / tot;
         }
-        layer_repeat[l] = ltot[l] ? (double)lrep[l] / ltot[l] : 0;
+        w->layer_repeat[l] = w->ltot[l] ? (double)w->lrep[l] / w->ltot[l] : 0;
     }
     out->top1_share = top1 / L;
     out->top32_cover = E >= 64 ? top32 / L : 0;
-    out->repeat_next = rep_tot ? (double)rep / rep_tot : 0;
-    out->within8 = w8_tot ? (double)w8 / w8_tot : 0;
+    out->repeat_next = w->rep_tot ? (double)w->rep / w->rep_tot : 0;
+    out->within8 = w->w8_tot ? (double)w->w8 / w->w8_tot : 0;
     uint64_t dtot = 0, acc = 0;
     for (int d = 1; d <= 64; d++)
-        dtot += dist[d];
+        dtot += w->dist[d];
     for (int d = 1; d <= 64; d++) {
-        acc += dist[d];
+        acc += w->dist[d];
         if (2 * acc >= dtot && dtot) {
             out->median_reuse = d;
             break;
         }
     }
-    if (do_pairs) {
-        /* learn each expert's best partner on the first half, measure on
-         * the second: an unbiased lift */
-        for (size_t id = 0; id < ids; id++) {
-            uint32_t l = (uint32_t)(id / E);
-            best[id] = UINT32_MAX;
-            if (l + 1 >= L)
-                continue;
-            /* the partner co-occurring most in excess of chance (count
-             * minus what independence predicts): a raw count would name
-             * the layer's most popular expert, a ratio a rare one */
-            const uint32_t *row = pairs + ((size_t)(l + 1) * E + id % E) * E;
-            double bl = 0, ca = (double)count_half[id];
-            for (uint32_t b = 0; b < E; b++) {
-                double cb = (double)count_half[(size_t)(l + 1) * E + b];
-                double excess = row[b] - ca * cb / (half ? half : 1);
-                if (row[b] >= 3 && excess > bl) {
-                    bl = excess;
-                    best[id] = b;
-                }
+}
+
+/* learn each expert's best next-layer partner on the first half of the
+ * tokens: the partner co-occurring most in excess of chance (count minus
+ * what independence predicts): a raw count would name the layer's most
+ * popular expert, a ratio a rare one */
+static void tsw_partners(tsw *w)
+{
+    uint32_t L = w->L, E = w->E;
+    for (size_t id = 0; id < w->ids; id++) {
+        uint32_t l = (uint32_t)(id / E);
+        w->best[id] = UINT32_MAX;
+        if (l + 1 >= L)
+            continue;
+        const uint32_t *row = w->pairs + ((size_t)(l + 1) * E + id % E) * E;
+        double bl = 0, ca = (double)w->count_half[id];
+        for (uint32_t b = 0; b < E; b++) {
+            double cb = (double)w->count_half[(size_t)(l + 1) * E + b];
+            double excess = row[b] - ca * cb / (w->half ? w->half : 1);
+            if (row[b] >= 3 && excess > bl) {
+                bl = excess;
+                w->best[id] = b;
             }
-        }
-        uint64_t hit = 0, tries = 0, steps_l = 0;
-        uint64_t *present = ferry__calloc(ids, sizeof *present);
-        if (present) {
-            for (size_t i = 0; i < t->n_steps; i++) {
-                uint32_t tk = t->tok[i], l = t->layer[i];
-                if (tk < half)
-                    continue;
-                for (size_t j = t->off[i]; j < t->off[i + 1]; j++)
-                    present[(size_t)l * E + t->ex[j]] = i + 1;
-                if (l == 0 || i == 0 || t->tok[i - 1] != tk || t->layer[i - 1] != l - 1)
-                    continue;
-                steps_l++;
-                for (size_t a = t->off[i - 1]; a < t->off[i]; a++) {
-                    uint32_t b = best[(size_t)(l - 1) * E + t->ex[a]];
-                    if (b == UINT32_MAX)
-                        continue;
-                    tries++;
-                    hit += present[(size_t)l * E + b] == i + 1;
-                }
-            }
-            ferry__free(present);
-            /* chance: the partner is just one of the layer's experts, routed
-             * with that expert's share of this layer's steps */
-            double p_cond = tries ? (double)hit / tries : 0;
-            double p_base = 0;
-            uint64_t n_base = 0;
-            for (size_t id = 0; id < ids; id++) {
-                if (best[id] == UINT32_MAX)
-                    continue;
-                uint32_t l = (uint32_t)(id / E) + 1;
-                p_base += (double)count[(size_t)l * E + best[id]] / (T ? T : 1);
-                n_base++;
-            }
-            p_base = n_base ? p_base / n_base : 0;
-            out->cross_lift = p_base > 0 ? p_cond / p_base : 0;
-            (void)steps_l;
         }
     }
-    out->layer_repeat = layer_repeat;
-    ferry__free(count);
-    ferry__free(last);
-    ferry__free(stamp);
-    ferry__free(dist);
-    ferry__free(sorted);
-    ferry__free(lrep);
-    ferry__free(ltot);
-    ferry__free(pairs);
-    ferry__free(best);
-    ferry__free(count_half);
+}
+
+/* measure the partners on the second half against chance: an unbiased
+ * lift (0 when memory runs out for the pass) */
+static double tsw_lift(tsw *w)
+{
+    const ferry_moe_trace *t = w->t;
+    uint32_t E = w->E;
+    uint64_t hit = 0, tries = 0;
+    uint64_t *present = ferry__calloc(w->ids, sizeof *present);
+    if (!present)
+        return 0;
+    for (size_t i = 0; i < t->n_steps; i++) {
+        uint32_t tk = t->tok[i], l = t->layer[i];
+        if (tk < w->half)
+            continue;
+        for (size_t j = t->off[i]; j < t->off[i + 1]; j++)
+            present[(size_t)l * E + t->ex[j]] = i + 1;
+        if (l == 0 || i == 0 || t->tok[i - 1] != tk || t->layer[i - 1] != l - 1)
+            continue;
+        for (size_t a = t->off[i - 1]; a < t->off[i]; a++) {
+            uint32_t b = w->best[(size_t)(l - 1) * E + t->ex[a]];
+            if (b == UINT32_MAX)
+                continue;
+            tries++;
+            hit += present[(size_t)l * E + b] == i + 1;
+        }
+    }
+    ferry__free(present);
+    /* chance: the partner is just one of the layer's experts, routed with
+     * that expert's share of this layer's steps */
+    double p_cond = tries ? (double)hit / tries : 0;
+    double p_base = 0;
+    uint64_t n_base = 0;
+    for (size_t id = 0; id < w->ids; id++) {
+        if (w->best[id] == UINT32_MAX)
+            continue;
+        uint32_t l = (uint32_t)(id / E) + 1;
+        p_base += (double)w->count[(size_t)l * E + w->best[id]] / (w->T ? w->T : 1);
+        n_base++;
+    }
+    p_base = n_base ? p_base / n_base : 0;
+    return p_base > 0 ? p_cond / p_base : 0;
+}
+
+int ferry__trace_stats_compute(const ferry_moe_trace *t, ferry__trace_stats *out)
+{
+    tsw w;
+    memset(&w, 0, sizeof w);
+    memset(out, 0, sizeof *out);
+    w.t = t;
+    w.L = t->model.num_layers;
+    w.E = t->model.num_experts;
+    w.T = t->n_tokens;
+    w.half = w.T / 2;
+    w.ids = (size_t)w.L * w.E;
+    if (tsw_alloc(&w) < 0)
+        return -ENOMEM;
+    tsw_pass(&w);
+    tsw_shares(&w, out);
+    if (w.do_pairs) {
+        tsw_partners(&w);
+        out->cross_lift = tsw_lift(&w);
+    }
+    out->layer_repeat = w.layer_repeat;
+    tsw_free(&w);
     return 0;
 }
