@@ -161,101 +161,185 @@ static int slab_reset(const char *const *dirs, unsigned nd, int json)
     return 0;
 }
 
-static int slab_check(int argc, char **argv)
-{
-    int json = 0, repair = 0, reset = 0;
+/* the arguments of slab check and slab reset */
+typedef struct slab_args {
+    int json, repair, reset;
     const char *dirs[FERRY_PSLAB_MAX_DIRS];
-    unsigned nd = 0;
+    unsigned nd;
+} slab_args;
+
+/* parse cmd's arguments (modes: --repair/--reset allowed); -1 to go on,
+ * else the exit status (help printed: 0; usage error: 2) */
+static int slab_parse(const char *cmd, int modes, const char *help, int argc, char **argv,
+                      slab_args *a)
+{
+    memset(a, 0, sizeof *a);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json"))
-            json = 1;
-        else if (!strcmp(argv[i], "--repair"))
-            repair = 1;
-        else if (!strcmp(argv[i], "--reset"))
-            reset = 1;
+            a->json = 1;
+        else if (modes && !strcmp(argv[i], "--repair"))
+            a->repair = 1;
+        else if (modes && !strcmp(argv[i], "--reset"))
+            a->reset = 1;
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: ferry slab check DIR [DIR...] [--repair | --reset] [--json]\n"
-                   "  --repair  cut a bad journal tail, delete chunks failing their checksum\n"
-                   "  --reset   drop every chunk: an empty slab of the same size and tag\n"
-                   "exit status: 0 clean (or reset), 1 problems found (repaired with "
-                   "--repair) or the slab is in use by a store, 2 usage or unreadable slab\n");
+            printf("%s", help);
             return 0;
         } else if (argv[i][0] == '-')
-            return cli_usage("slab check", "unknown option '%s'", argv[i]);
-        else if (nd < FERRY_PSLAB_MAX_DIRS)
-            dirs[nd++] = argv[i];
+            return cli_usage(cmd, "unknown option '%s'", argv[i]);
+        else if (a->nd < FERRY_PSLAB_MAX_DIRS)
+            a->dirs[a->nd++] = argv[i];
         else
-            return cli_usage("slab check", "at most %u directories", FERRY_PSLAB_MAX_DIRS);
+            return cli_usage(cmd, "at most %u directories", FERRY_PSLAB_MAX_DIRS);
     }
-    if (!nd)
-        return cli_usage("slab check", "which directory? (ferry slab check DIR [--repair])");
-    if (repair && reset)
-        return cli_usage("slab check", "--repair and --reset exclude each other");
-    if (reset)
-        return slab_reset(dirs, nd, json);
+    if (!a->nd)
+        return cli_usage(cmd, "which directory? (ferry %s DIR)", cmd);
+    if (a->repair && a->reset)
+        return cli_usage(cmd, "--repair and --reset exclude each other");
+    return -1;
+}
 
+/* a slab that cannot be read at all: say why (exit 2) */
+static int slab_unreadable(const slab_args *a, int rc)
+{
+    if (a->json) {
+        json_t *root = json_object();
+        json_object_set_new(root, "dir", json_string(a->dirs[0]));
+        json_object_set_new(root, "readable", json_false());
+        json_object_set_new(root, "error", json_string(ferry_err_name(rc)));
+        json_object_set_new(root, "message", json_string(ferry_last_error()));
+        json_dumpf(root, stdout, JSON_INDENT(2));
+        printf("\n");
+        json_decref(root);
+    } else {
+        fprintf(stderr, "ferry slab check: %s: cannot read the slab: %s (%s)\n", a->dirs[0],
+                ferry_last_error(), ferry_err_name(rc));
+    }
+    return 2;
+}
+
+/* the text report's head: what the slab is and what its journal held */
+static void slab_print_head(const slab_args *a, const ferry_pslab_stats *s0)
+{
+    printf("slab %s: format %u, %u drive(s), %llu bytes, alignment %zu, stripe %llu, "
+           "creation id %016llx, generation %llu\n", a->dirs[0], FERRY_PSLAB_FORMAT,
+           s0->drives, (unsigned long long)s0->capacity, s0->alignment,
+           (unsigned long long)s0->stripe_bytes, (unsigned long long)s0->creation_id,
+           (unsigned long long)s0->generation);
+    printf("headers: ok\n");
+    printf("journal: %llu records replayed, %llu refused (out of range or overlapping), "
+           "%llu bytes of bad or torn tail%s\n",
+           (unsigned long long)s0->replayed_records, (unsigned long long)s0->dropped_records,
+           (unsigned long long)s0->torn_bytes, s0->torn_bytes && a->repair ? " -> cut" : "");
+    if (s0->damaged_chunks)
+        printf("journal damage: a bad record that a later commit proves durable; the %llu "
+               "chunk(s) recorded before it are dropped (any may have been rewritten or "
+               "deleted by it)%s\n", (unsigned long long)s0->damaged_chunks,
+               a->repair ? " -> journal rewritten without them" : "");
+    printf("index: %llu chunks, %llu bytes stored in %llu bytes of extents (opened in "
+           "%.3f ms)\n", (unsigned long long)s0->recovered,
+           (unsigned long long)s0->bytes_stored, (unsigned long long)s0->bytes_used,
+           (double)s0->open_ns / 1e6);
+    printf("payloads:\n");
+}
+
+/* what a check found, as one JSON document (takes bad_chunks) */
+static void slab_print_json(const slab_args *a, const ferry_pslab_stats *s0,
+                            const ferry_pslab_stats *s1, json_t *bad_chunks, int problems,
+                            int io_failed)
+{
+    json_t *root = json_object();
+    json_object_set_new(root, "dir", json_string(a->dirs[0]));
+    json_object_set_new(root, "readable", json_true());
+    json_object_set_new(root, "format", json_integer(FERRY_PSLAB_FORMAT));
+    json_object_set_new(root, "drives", json_integer(s0->drives));
+    json_object_set_new(root, "capacity", json_integer((json_int_t)s0->capacity));
+    json_object_set_new(root, "alignment", json_integer((json_int_t)s0->alignment));
+    json_object_set_new(root, "stripe", json_integer((json_int_t)s0->stripe_bytes));
+    char id[32];
+    snprintf(id, sizeof id, "%016llx", (unsigned long long)s0->creation_id);
+    json_object_set_new(root, "creation_id", json_string(id));
+    json_object_set_new(root, "generation", json_integer((json_int_t)s0->generation));
+    json_object_set_new(root, "records", json_integer((json_int_t)s0->replayed_records));
+    json_object_set_new(root, "refused_records", json_integer((json_int_t)s0->dropped_records));
+    json_object_set_new(root, "torn_bytes", json_integer((json_int_t)s0->torn_bytes));
+    json_object_set_new(root, "damaged_chunks", json_integer((json_int_t)s0->damaged_chunks));
+    json_object_set_new(root, "chunks", json_integer((json_int_t)s0->recovered));
+    json_object_set_new(root, "bad_chunks", bad_chunks);
+    json_object_set_new(root, "chunks_after", json_integer((json_int_t)s1->chunks));
+    json_object_set_new(root, "open_ms", json_real((double)s0->open_ns / 1e6));
+    json_object_set_new(root, "clean", json_boolean(!problems));
+    json_object_set_new(root, "repaired", json_boolean(a->repair && problems && !io_failed));
+    json_dumpf(root, stdout, JSON_INDENT(2));
+    printf("\n");
+    json_decref(root);
+}
+
+/* the text report's tail: the payloads and the verdict */
+static void slab_print_tail(const slab_args *a, const ferry_pslab_stats *s0,
+                            const ferry_pslab_stats *s1, uint64_t bad, int problems,
+                            int io_failed, int compacted)
+{
+    printf("  %llu chunks read, %llu failed their checksum%s\n",
+           (unsigned long long)s0->recovered, (unsigned long long)bad,
+           bad && a->repair ? " (deleted)" : "");
+    if (!problems)
+        printf("clean\n");
+    else if (a->repair && !io_failed)
+        printf("repaired:%s%s%s%s%s; %llu chunks remain\n",
+               s0->torn_bytes ? (s0->damaged_chunks ? " journal rewritten without its bad records"
+                                                    : " journal cut after its last good record")
+                              : "",
+               s0->torn_bytes && bad ? "," : "", bad ? " bad chunks deleted" : "",
+               compacted ? "," : "",
+               compacted ? " journal compacted (refused and deleted records gone)" : "",
+               (unsigned long long)s1->chunks);
+    else
+        printf("problems found: run with --repair to drop what is bad\n");
+}
+
+static int slab_check(int argc, char **argv)
+{
+    slab_args a;
+    int st = slab_parse("slab check", 1,
+                        "usage: ferry slab check DIR [DIR...] [--repair | --reset] [--json]\n"
+                        "  --repair  cut a bad journal tail, delete chunks failing their "
+                        "checksum\n"
+                        "  --reset   drop every chunk: an empty slab of the same size and tag\n"
+                        "exit status: 0 clean (or reset), 1 problems found (repaired with "
+                        "--repair) or the slab is in use by a store, 2 usage or unreadable "
+                        "slab\n",
+                        argc, argv, &a);
+    if (st >= 0)
+        return st;
+    if (a.reset)
+        return slab_reset(a.dirs, a.nd, a.json);
     ferry_pslab_options o = FERRY_PSLAB_OPTIONS_INIT;
-    o.dirs = dirs;
-    o.n_dirs = nd;
-    o.flags = repair ? 0 : FERRY_PSLAB_READONLY;
+    o.dirs = a.dirs;
+    o.n_dirs = a.nd;
+    o.flags = a.repair ? 0 : FERRY_PSLAB_READONLY;
     o.engine = "posix";
     ferry_pslab *p = NULL;
     int rc = ferry_pslab_open(&o, &p);
     if (rc == FERRY_EBUSY)
-        return in_use(dirs, nd, json, repair ? "repairing it" : "checking it");
-    if (rc < 0) {
-        if (json) {
-            json_t *root = json_object();
-            json_object_set_new(root, "dir", json_string(dirs[0]));
-            json_object_set_new(root, "readable", json_false());
-            json_object_set_new(root, "error", json_string(ferry_err_name(rc)));
-            json_object_set_new(root, "message", json_string(ferry_last_error()));
-            json_dumpf(root, stdout, JSON_INDENT(2));
-            printf("\n");
-            json_decref(root);
-        } else {
-            fprintf(stderr, "ferry slab check: %s: cannot read the slab: %s (%s)\n", dirs[0],
-                    ferry_last_error(), ferry_err_name(rc));
-        }
-        return 2;
-    }
+        return in_use(a.dirs, a.nd, a.json, a.repair ? "repairing it" : "checking it");
+    if (rc < 0)
+        return slab_unreadable(&a, rc);
     ferry_pslab_stats s0;
     ferry_pslab_stats_get(p, &s0);
-    if (!json) {
-        printf("slab %s: format %u, %u drive(s), %llu bytes, alignment %zu, stripe %llu, "
-               "creation id %016llx, generation %llu\n", dirs[0], FERRY_PSLAB_FORMAT,
-               s0.drives, (unsigned long long)s0.capacity, s0.alignment,
-               (unsigned long long)s0.stripe_bytes, (unsigned long long)s0.creation_id,
-               (unsigned long long)s0.generation);
-        printf("headers: ok\n");
-        printf("journal: %llu records replayed, %llu refused (out of range or overlapping), "
-               "%llu bytes of bad or torn tail%s\n",
-               (unsigned long long)s0.replayed_records, (unsigned long long)s0.dropped_records,
-               (unsigned long long)s0.torn_bytes,
-               s0.torn_bytes && repair ? " -> cut" : "");
-        if (s0.damaged_chunks)
-            printf("journal damage: a bad record that a later commit proves durable; the %llu "
-                   "chunk(s) recorded before it are dropped (any may have been rewritten or "
-                   "deleted by it)%s\n", (unsigned long long)s0.damaged_chunks,
-                   repair ? " -> journal rewritten without them" : "");
-        printf("index: %llu chunks, %llu bytes stored in %llu bytes of extents (opened in "
-               "%.3f ms)\n", (unsigned long long)s0.recovered,
-               (unsigned long long)s0.bytes_stored, (unsigned long long)s0.bytes_used,
-               (double)s0.open_ns / 1e6);
-        printf("payloads:\n");
-    }
-    bad_list bl = {json_array(), json, repair};
+    if (!a.json)
+        slab_print_head(&a, &s0);
+    bad_list bl = {json_array(), a.json, a.repair};
     uint64_t bad = 0;
-    rc = ferry_pslab_verify(p, repair, &bad, on_bad, &bl);
+    rc = ferry_pslab_verify(p, a.repair, &bad, on_bad, &bl);
     int io_failed = rc < 0;
     if (io_failed)
-        fprintf(stderr, "ferry slab check: %s: reading the payloads: %s (%s)\n", dirs[0],
+        fprintf(stderr, "ferry slab check: %s: reading the payloads: %s (%s)\n", a.dirs[0],
                 ferry_last_error(), ferry_err_name(rc));
     int compacted = 0;
-    if (!io_failed && repair && (s0.dropped_records || bad)) {
+    if (!io_failed && a.repair && (s0.dropped_records || bad)) {
         rc = ferry_pslab_compact(p);
         if (rc < 0)
-            fprintf(stderr, "ferry slab check: %s: compacting the journal: %s\n", dirs[0],
+            fprintf(stderr, "ferry slab check: %s: compacting the journal: %s\n", a.dirs[0],
                     ferry_last_error());
         else
             compacted = 1;
@@ -264,55 +348,14 @@ static int slab_check(int argc, char **argv)
     ferry_pslab_stats_get(p, &s1);
     int crc = ferry_pslab_close(p);
     int problems = s0.torn_bytes || s0.dropped_records || bad || io_failed;
-    if (json) {
-        json_t *root = json_object();
-        json_object_set_new(root, "dir", json_string(dirs[0]));
-        json_object_set_new(root, "readable", json_true());
-        json_object_set_new(root, "format", json_integer(FERRY_PSLAB_FORMAT));
-        json_object_set_new(root, "drives", json_integer(s0.drives));
-        json_object_set_new(root, "capacity", json_integer((json_int_t)s0.capacity));
-        json_object_set_new(root, "alignment", json_integer((json_int_t)s0.alignment));
-        json_object_set_new(root, "stripe", json_integer((json_int_t)s0.stripe_bytes));
-        char id[32];
-        snprintf(id, sizeof id, "%016llx", (unsigned long long)s0.creation_id);
-        json_object_set_new(root, "creation_id", json_string(id));
-        json_object_set_new(root, "generation", json_integer((json_int_t)s0.generation));
-        json_object_set_new(root, "records", json_integer((json_int_t)s0.replayed_records));
-        json_object_set_new(root, "refused_records", json_integer((json_int_t)s0.dropped_records));
-        json_object_set_new(root, "torn_bytes", json_integer((json_int_t)s0.torn_bytes));
-        json_object_set_new(root, "damaged_chunks",
-                            json_integer((json_int_t)s0.damaged_chunks));
-        json_object_set_new(root, "chunks", json_integer((json_int_t)s0.recovered));
-        json_object_set_new(root, "bad_chunks", bl.arr);
-        json_object_set_new(root, "chunks_after", json_integer((json_int_t)s1.chunks));
-        json_object_set_new(root, "open_ms", json_real((double)s0.open_ns / 1e6));
-        json_object_set_new(root, "clean", json_boolean(!problems));
-        json_object_set_new(root, "repaired", json_boolean(repair && problems && !io_failed));
-        json_dumpf(root, stdout, JSON_INDENT(2));
-        printf("\n");
-        json_decref(root);
+    if (a.json) {
+        slab_print_json(&a, &s0, &s1, bl.arr, problems, io_failed);
     } else {
         json_decref(bl.arr);
-        printf("  %llu chunks read, %llu failed their checksum%s\n",
-               (unsigned long long)s0.recovered, (unsigned long long)bad,
-               bad && repair ? " (deleted)" : "");
-        if (!problems)
-            printf("clean\n");
-        else if (repair && !io_failed)
-            printf("repaired:%s%s%s%s%s; %llu chunks remain\n",
-                   s0.torn_bytes ? (s0.damaged_chunks ? " journal rewritten without its bad records"
-                                                      : " journal cut after its last good record")
-                                 : "",
-                   s0.torn_bytes && bad ? "," : "",
-                   bad ? " bad chunks deleted" : "",
-                   compacted ? "," : "",
-                   compacted ? " journal compacted (refused and deleted records gone)" : "",
-                   (unsigned long long)s1.chunks);
-        else
-            printf("problems found: run with --repair to drop what is bad\n");
+        slab_print_tail(&a, &s0, &s1, bad, problems, io_failed, compacted);
     }
     if (crc < 0)
-        fprintf(stderr, "ferry slab check: %s: closing: %s\n", dirs[0], ferry_last_error());
+        fprintf(stderr, "ferry slab check: %s: closing: %s\n", a.dirs[0], ferry_last_error());
     return problems ? 1 : 0;
 }
 
@@ -692,29 +735,16 @@ int cmd_slab_check(int argc, char **argv)
 /* ferry slab reset DIR [DIR...] [--json]: slab check --reset by its own name */
 int cmd_slab_reset(int argc, char **argv)
 {
-    int json = 0;
-    const char *dirs[FERRY_PSLAB_MAX_DIRS];
-    unsigned nd = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json"))
-            json = 1;
-        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: ferry slab reset DIR [DIR...] [--json]\n"
-                   "  drop every chunk of a persistent slab: an empty slab of the same size,\n"
-                   "  geometry and tag (what a store refused for another layout needs to be\n"
-                   "  reused); refused while a store has it open\n"
-                   "exit status: 0 reset, 1 failed or in use, 2 usage or unreadable slab\n");
-            return 0;
-        } else if (argv[i][0] == '-')
-            return cli_usage("slab reset", "unknown option '%s'", argv[i]);
-        else if (nd < FERRY_PSLAB_MAX_DIRS)
-            dirs[nd++] = argv[i];
-        else
-            return cli_usage("slab reset", "at most %u directories", FERRY_PSLAB_MAX_DIRS);
-    }
-    if (!nd)
-        return cli_usage("slab reset", "which directory? (ferry slab reset DIR)");
-    return slab_reset(dirs, nd, json);
+    slab_args a;
+    int st = slab_parse("slab reset", 0,
+                        "usage: ferry slab reset DIR [DIR...] [--json]\n"
+                        "  drop every chunk of a persistent slab: an empty slab of the same "
+                        "size,\n  geometry and tag (what a store refused for another layout "
+                        "needs to be\n  reused); refused while a store has it open\n"
+                        "exit status: 0 reset, 1 failed or in use, 2 usage or unreadable "
+                        "slab\n",
+                        argc, argv, &a);
+    return st >= 0 ? st : slab_reset(a.dirs, a.nd, a.json);
 }
 
 int cmd_slab_bench(int argc, char **argv)
