@@ -581,39 +581,156 @@ static int bench_latency(const bench_opts *o, const char *d, int sync, unsigned 
     return rc;
 }
 
-static int slab_bench(int argc, char **argv)
+/* what slab bench measured */
+typedef struct bench_res {
+    double create_s, reopen_s, gds, none1, none2, grp, one, bat;
+    uint64_t cgrp, cone, cnone, cbat;
+    double l50, l99, n50, n99;
+    uint64_t lsync, nsync;
+    ferry_pslab_stats st;
+} bench_res;
+
+/* slab bench's options: -1 to go on, else the exit status */
+static int bench_parse(int argc, char **argv, bench_opts *o)
 {
-    bench_opts o = {NULL, 100000, 4096, 4u << 20, 64, 8, NULL, 0};
+    static const char *const engines[] = {"posix", "uring", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int rc = 0;
+        int rc = 0, idx = 0;
         if (!strcmp(a, "--json"))
-            o.json = 1;
-        else if (!strcmp(a, "--dir") && v)
-            o.dir = v, i++;
-        else if (!strcmp(a, "--engine") && v)
-            o.engine = v, i++;
-        else if (!strcmp(a, "--chunks"))
-            rc = cli_size("slab bench", a, v, &o.chunks), i++;
+            o->json = 1;
+        else if (!strcmp(a, "--dir"))
+            rc = cli_opt_string("slab bench", a, v, "a directory", &o->dir), i++;
+        else if (!strcmp(a, "--engine")) {
+            rc = cli_opt_choice("slab bench", a, v, engines, &idx), i++;
+            o->engine = engines[idx];
+        } else if (!strcmp(a, "--chunks"))
+            rc = cli_opt_count("slab bench", a, v, 1, 10000000, &o->chunks), i++;
         else if (!strcmp(a, "--small"))
-            rc = cli_size("slab bench", a, v, &o.small), i++;
+            rc = cli_opt_size("slab bench", a, v, 1, 1u << 20, 0, &o->small), i++;
         else if (!strcmp(a, "--size"))
-            rc = cli_size("slab bench", a, v, &o.size), i++;
+            rc = cli_opt_size("slab bench", a, v, 1, 1u << 30, 0, &o->size), i++;
         else if (!strcmp(a, "--count"))
-            rc = cli_size("slab bench", a, v, &o.count), i++;
+            rc = cli_opt_count("slab bench", a, v, 1, 100000, &o->count), i++;
         else if (!strcmp(a, "--batch"))
-            rc = cli_size("slab bench", a, v, &o.batch), i++;
+            rc = cli_opt_count("slab bench", a, v, 1, 100000, &o->batch), i++;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: ferry slab bench [--dir DIR] [--chunks 100000] [--small 4K] "
-                   "[--size 4M] [--count 64] [--batch 8] [--engine posix|uring] [--json]\n");
+                   "[--size 4M] [--count 64] [--batch 8] [--engine posix|uring] [--json]\n"
+                   "ranges: --chunks 1..10000000, --small 1..1M, --size 1..1G, "
+                   "--count 1..100000, --batch 1..100000\n");
             return 0;
         } else
             return cli_usage("slab bench", "unknown option '%s'", a);
         if (rc)
             return rc;
     }
-    if (!o.chunks || !o.small || !o.size || !o.count || !o.batch)
-        return cli_usage("slab bench", "sizes and counts must be > 0");
+    return -1;
+}
+
+/* every measurement, in dirs d[0..4) (each emptied after) */
+static int bench_all(const bench_opts *o, char d[4][4200], bench_res *r)
+{
+    int rc = bench_reopen(o, d[0], &r->create_s, &r->reopen_s, &r->st);
+    rm_store(d[0]);
+    if (rc == 0)
+        rc = bench_latency(o, d[0], FERRY_PSLAB_SYNC_FULL, 200, &r->l50, &r->l99, &r->lsync);
+    rm_store(d[0]);
+    if (rc == 0)
+        rc = bench_latency(o, d[0], FERRY_PSLAB_SYNC_NONE, 200, &r->n50, &r->n99, &r->nsync);
+    rm_store(d[0]);
+    void *buf = NULL;
+    if (rc == 0 && posix_memalign(&buf, 4096, FERRY__ALIGN_UP(o->size, 4096)) != 0)
+        rc = cli_fail("slab bench", "allocating the chunk buffer", -ENOMEM);
+    if (rc == 0) {
+        for (uint64_t i = 0; i < o->size; i++)
+            ((uint8_t *)buf)[i] = (uint8_t)(i * 7 + 1);
+        /* the non-persistent runs before and after, so drift of the disk shows */
+        rc = bench_gds(o, d[1], buf, &r->gds);
+        rm_store(d[1]);
+        if (rc == 0)
+            rc = bench_pslab(o, d[1], buf, o->batch, FERRY_PSLAB_SYNC_NONE, &r->none1, &r->cnone);
+        rm_store(d[1]);
+        if (rc == 0)
+            rc = bench_pslab(o, d[2], buf, o->batch, FERRY_PSLAB_SYNC_FULL, &r->grp, &r->cgrp);
+        rm_store(d[2]);
+        if (rc == 0)
+            rc = bench_pslab(o, d[3], buf, 1, FERRY_PSLAB_SYNC_FULL, &r->one, &r->cone);
+        rm_store(d[3]);
+        if (rc == 0)
+            rc = bench_pslab(o, d[3], buf, 1, FERRY_PSLAB_SYNC_BATCH, &r->bat, &r->cbat);
+        rm_store(d[3]);
+        if (rc == 0)
+            rc = bench_pslab(o, d[1], buf, o->batch, FERRY_PSLAB_SYNC_NONE, &r->none2, &r->cnone);
+    }
+    free(buf);
+    return rc;
+}
+
+static void bench_print_json(const bench_opts *o, const bench_res *r)
+{
+    double ref = (r->none1 + r->none2) / 2;
+    json_t *j = json_object();
+    json_object_set_new(j, "chunks", json_integer((json_int_t)o->chunks));
+    json_object_set_new(j, "small_bytes", json_integer((json_int_t)o->small));
+    json_object_set_new(j, "create_s", json_real(r->create_s));
+    json_object_set_new(j, "reopen_s", json_real(r->reopen_s));
+    json_object_set_new(j, "journal_bytes", json_integer((json_int_t)r->st.journal_bytes));
+    json_object_set_new(j, "put_us_p50", json_real(r->l50));
+    json_object_set_new(j, "put_us_p99", json_real(r->l99));
+    json_object_set_new(j, "put_nosync_us_p50", json_real(r->n50));
+    json_object_set_new(j, "put_nosync_us_p99", json_real(r->n99));
+    json_object_set_new(j, "chunk_bytes", json_integer((json_int_t)o->size));
+    json_object_set_new(j, "count", json_integer((json_int_t)o->count));
+    json_object_set_new(j, "batch", json_integer((json_int_t)o->batch));
+    json_object_set_new(j, "gds_gbs", json_real(r->gds));
+    json_object_set_new(j, "nosync_gbs", json_real(ref));
+    json_object_set_new(j, "nosync_gbs_before", json_real(r->none1));
+    json_object_set_new(j, "nosync_gbs_after", json_real(r->none2));
+    json_object_set_new(j, "group_gbs", json_real(r->grp));
+    json_object_set_new(j, "group_commits", json_integer((json_int_t)r->cgrp));
+    json_object_set_new(j, "single_gbs", json_real(r->one));
+    json_object_set_new(j, "single_commits", json_integer((json_int_t)r->cone));
+    json_object_set_new(j, "batch_mode_gbs", json_real(r->bat));
+    json_object_set_new(j, "batch_mode_commits", json_integer((json_int_t)r->cbat));
+    json_object_set_new(j, "batch_mode_ratio", json_real(ref > 0 ? r->bat / ref : 0));
+    json_object_set_new(j, "group_ratio", json_real(ref > 0 ? r->grp / ref : 0));
+    json_object_set_new(j, "single_ratio", json_real(ref > 0 ? r->one / ref : 0));
+    json_dumpf(j, stdout, JSON_INDENT(2));
+    printf("\n");
+    json_decref(j);
+}
+
+static void bench_print_text(const bench_opts *o, const bench_res *r)
+{
+    double ref = (r->none1 + r->none2) / 2;
+    printf("reopen: %llu chunks of %llu bytes: created in %.3f s, reopened in %.3f s "
+           "(journal %llu bytes)\n", (unsigned long long)o->chunks,
+           (unsigned long long)o->small, r->create_s, r->reopen_s,
+           (unsigned long long)r->st.journal_bytes);
+    printf("put of %llu bytes, one at a time: durable p50 %.0f us, p99 %.0f us; without "
+           "fdatasync p50 %.0f us, p99 %.0f us (the fdatasync pair costs %.0f us)\n",
+           (unsigned long long)o->small, r->l50, r->l99, r->n50, r->n99, r->l50 - r->n50);
+    printf("store %llu chunks of %llu bytes, O_DIRECT, one writer:\n",
+           (unsigned long long)o->count, (unsigned long long)o->size);
+    printf("  GDS slab (non-persistent, for scale)  %8.3f GB/s\n", r->gds);
+    printf("  persistent slab, one flush at the end %8.3f GB/s  (%.3f before, %.3f after) = ref\n",
+           ref, r->none1, r->none2);
+    printf("  durable, group commit of %-4llu         %8.3f GB/s  %.3f x ref, %llu commits\n",
+           (unsigned long long)o->batch, r->grp, ref > 0 ? r->grp / ref : 0,
+           (unsigned long long)r->cgrp);
+    printf("  durable, one put at a time            %8.3f GB/s  %.3f x ref, %llu commits\n",
+           r->one, ref > 0 ? r->one / ref : 0, (unsigned long long)r->cone);
+    printf("  SYNC_BATCH (64 MiB / 100 ms), one put %8.3f GB/s  %.3f x ref, %llu commits\n",
+           r->bat, ref > 0 ? r->bat / ref : 0, (unsigned long long)r->cbat);
+}
+
+static int slab_bench(int argc, char **argv)
+{
+    bench_opts o = {NULL, 100000, 4096, 4u << 20, 64, 8, NULL, 0};
+    int st = bench_parse(argc, argv, &o);
+    if (st >= 0)
+        return st;
     char base[4096];
     snprintf(base, sizeof base, "%s/ferry-slab-bench-XXXXXX",
              o.dir ? o.dir : (getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp"));
@@ -621,109 +738,22 @@ static int slab_bench(int argc, char **argv)
         fprintf(stderr, "ferry slab bench: mkdtemp %s: %s\n", base, strerror(errno));
         return 2;
     }
-    char d1[4200], d2[4200], d3[4200], d4[4200];
-    mkdir_in(base, "reopen", d1, sizeof d1);
-    mkdir_in(base, "ref", d2, sizeof d2);
-    mkdir_in(base, "group", d3, sizeof d3);
-    mkdir_in(base, "single", d4, sizeof d4);
-
-    double create_s = 0, reopen_s = 0, gds = 0, none1 = 0, none2 = 0, grp = 0, one = 0, bat = 0;
-    uint64_t cgrp = 0, cone = 0, cnone = 0, cbat = 0;
-    ferry_pslab_stats st;
-    memset(&st, 0, sizeof st);
-    int rc = bench_reopen(&o, d1, &create_s, &reopen_s, &st);
-    rm_store(d1);
-    double l50 = 0, l99 = 0, n50 = 0, n99 = 0;
-    uint64_t lsync = 0, nsync = 0;
-    if (rc == 0)
-        rc = bench_latency(&o, d1, FERRY_PSLAB_SYNC_FULL, 200, &l50, &l99, &lsync);
-    rm_store(d1);
-    if (rc == 0)
-        rc = bench_latency(&o, d1, FERRY_PSLAB_SYNC_NONE, 200, &n50, &n99, &nsync);
-    rm_store(d1);
-    void *buf = NULL;
-    if (rc == 0 && posix_memalign(&buf, 4096, FERRY__ALIGN_UP(o.size, 4096)) != 0)
-        rc = cli_fail("slab bench", "allocating the chunk buffer", -ENOMEM);
-    if (rc == 0) {
-        for (uint64_t i = 0; i < o.size; i++)
-            ((uint8_t *)buf)[i] = (uint8_t)(i * 7 + 1);
-        /* the non-persistent runs before and after, so drift of the disk shows */
-        rc = bench_gds(&o, d2, buf, &gds);
-        rm_store(d2);
-        if (rc == 0)
-            rc = bench_pslab(&o, d2, buf, o.batch, FERRY_PSLAB_SYNC_NONE, &none1, &cnone);
-        rm_store(d2);
-        if (rc == 0)
-            rc = bench_pslab(&o, d3, buf, o.batch, FERRY_PSLAB_SYNC_FULL, &grp, &cgrp);
-        rm_store(d3);
-        if (rc == 0)
-            rc = bench_pslab(&o, d4, buf, 1, FERRY_PSLAB_SYNC_FULL, &one, &cone);
-        rm_store(d4);
-        if (rc == 0)
-            rc = bench_pslab(&o, d4, buf, 1, FERRY_PSLAB_SYNC_BATCH, &bat, &cbat);
-        rm_store(d4);
-        if (rc == 0)
-            rc = bench_pslab(&o, d2, buf, o.batch, FERRY_PSLAB_SYNC_NONE, &none2, &cnone);
-    }
-    rm_store(d2);
-    rm_store(d3);
-    rm_store(d4);
+    static const char *const names[4] = {"reopen", "ref", "group", "single"};
+    char d[4][4200];
+    for (int i = 0; i < 4; i++)
+        mkdir_in(base, names[i], d[i], sizeof d[i]);
+    bench_res r;
+    memset(&r, 0, sizeof r);
+    int rc = bench_all(&o, d, &r);
+    for (int i = 0; i < 4; i++)
+        rm_store(d[i]);
     rmdir(base);
-    free(buf);
     if (rc)
         return rc;
-    double ref = (none1 + none2) / 2;
-    if (o.json) {
-        json_t *r = json_object();
-        json_object_set_new(r, "chunks", json_integer((json_int_t)o.chunks));
-        json_object_set_new(r, "small_bytes", json_integer((json_int_t)o.small));
-        json_object_set_new(r, "create_s", json_real(create_s));
-        json_object_set_new(r, "reopen_s", json_real(reopen_s));
-        json_object_set_new(r, "journal_bytes", json_integer((json_int_t)st.journal_bytes));
-        json_object_set_new(r, "put_us_p50", json_real(l50));
-        json_object_set_new(r, "put_us_p99", json_real(l99));
-        json_object_set_new(r, "put_nosync_us_p50", json_real(n50));
-        json_object_set_new(r, "put_nosync_us_p99", json_real(n99));
-        json_object_set_new(r, "chunk_bytes", json_integer((json_int_t)o.size));
-        json_object_set_new(r, "count", json_integer((json_int_t)o.count));
-        json_object_set_new(r, "batch", json_integer((json_int_t)o.batch));
-        json_object_set_new(r, "gds_gbs", json_real(gds));
-        json_object_set_new(r, "nosync_gbs", json_real(ref));
-        json_object_set_new(r, "nosync_gbs_before", json_real(none1));
-        json_object_set_new(r, "nosync_gbs_after", json_real(none2));
-        json_object_set_new(r, "group_gbs", json_real(grp));
-        json_object_set_new(r, "group_commits", json_integer((json_int_t)cgrp));
-        json_object_set_new(r, "single_gbs", json_real(one));
-        json_object_set_new(r, "single_commits", json_integer((json_int_t)cone));
-        json_object_set_new(r, "batch_mode_gbs", json_real(bat));
-        json_object_set_new(r, "batch_mode_commits", json_integer((json_int_t)cbat));
-        json_object_set_new(r, "batch_mode_ratio", json_real(ref > 0 ? bat / ref : 0));
-        json_object_set_new(r, "group_ratio", json_real(ref > 0 ? grp / ref : 0));
-        json_object_set_new(r, "single_ratio", json_real(ref > 0 ? one / ref : 0));
-        json_dumpf(r, stdout, JSON_INDENT(2));
-        printf("\n");
-        json_decref(r);
-    } else {
-        printf("reopen: %llu chunks of %llu bytes: created in %.3f s, reopened in %.3f s "
-               "(journal %llu bytes)%s\n", (unsigned long long)o.chunks,
-               (unsigned long long)o.small, create_s, reopen_s,
-               (unsigned long long)st.journal_bytes, reopen_s < 1.0 ? "" : "  [> 1 s]");
-        printf("put of %llu bytes, one at a time: durable p50 %.0f us, p99 %.0f us; without "
-               "fdatasync p50 %.0f us, p99 %.0f us (the fdatasync pair costs %.0f us)\n",
-               (unsigned long long)o.small, l50, l99, n50, n99, l50 - n50);
-        printf("store %llu chunks of %llu bytes, O_DIRECT, one writer:\n",
-               (unsigned long long)o.count, (unsigned long long)o.size);
-        printf("  GDS slab (non-persistent, for scale)  %8.3f GB/s\n", gds);
-        printf("  persistent slab, one flush at the end %8.3f GB/s  (%.3f before, %.3f after) = ref\n",
-               ref, none1, none2);
-        printf("  durable, group commit of %-4llu         %8.3f GB/s  %.3f x ref, %llu commits\n",
-               (unsigned long long)o.batch, grp, ref > 0 ? grp / ref : 0,
-               (unsigned long long)cgrp);
-        printf("  durable, one put at a time            %8.3f GB/s  %.3f x ref, %llu commits\n",
-               one, ref > 0 ? one / ref : 0, (unsigned long long)cone);
-        printf("  SYNC_BATCH (64 MiB / 100 ms), one put %8.3f GB/s  %.3f x ref, %llu commits\n",
-               bat, ref > 0 ? bat / ref : 0, (unsigned long long)cbat);
-    }
+    if (o.json)
+        bench_print_json(&o, &r);
+    else
+        bench_print_text(&o, &r);
     return 0;
 }
 
