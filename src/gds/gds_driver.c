@@ -11,7 +11,8 @@
  * but refuses the slab files (overlayfs, LVM: cuFile 5030/5008), the
  * context drops it and registers the files with the cpu driver instead.
  *
- * Caller holds the context's mu for everything here.
+ * Caller holds the context's mu for everything here but
+ * ferry__gds_backend_find, which reads only the constant table.
  */
 #include <errno.h>
 #include <stdio.h>
