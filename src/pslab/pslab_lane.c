@@ -21,6 +21,7 @@
 
 #include "io/io_impl.h"
 #include "pslab/pslab_impl.h"
+#include "stripe.h"
 
 int ferry__pslab_fail(ferry_pslab *p, int code, const char *fmt, ...)
 {
@@ -143,19 +144,15 @@ int ferry__pslab_lane_stage(ferry_pslab *p, lane *l, size_t n)
 }
 
 /* where slab bytes [off, off+len) start: drive *d at file offset *foff,
- * for *seg bytes up to the next stripe boundary */
+ * for *seg bytes up to the next stripe boundary (core's stripe map, after
+ * each file's header block) */
 static void stripe_at(const ferry_pslab *p, uint64_t off, uint64_t len, unsigned *d,
                       uint64_t *seg, uint64_t *foff)
 {
-    *d = 0;
-    *seg = len;
-    *foff = p->data_off + off;
-    if (p->g.drives > 1) {
-        uint64_t unit = off / p->g.stripe, within = off % p->g.stripe;
-        *d = (unsigned)(unit % p->g.drives);
-        *seg = FERRY__MIN(len, p->g.stripe - within);
-        *foff = p->data_off + (unit / p->g.drives) * p->g.stripe + within;
-    }
+    uint64_t run;
+    ferry__stripe_map(p->g.stripe, p->g.drives, off, d, foff, &run);
+    *foff += p->data_off;
+    *seg = FERRY__MIN(len, run);
 }
 
 /* slab bytes [off, off+len) <-> buf through lane l, split at stripe boundaries */
