@@ -751,46 +751,48 @@ static void direct_fallback_with_reason(void **state)
 }
 
 /* ---- out of memory at every allocation of open and submit ---- */
+typedef struct oom_io_ctx {
+    const char *eng;
+    char *b;
+} oom_io_ctx;
+
+/* open, write 1 MiB asynchronously, read it back; close whatever opened */
+static int oom_io_run(void *ctx)
+{
+    oom_io_ctx *c = ctx;
+    ferry_io_options o = FERRY_IO_OPTIONS_INIT;
+    o.engine = c->eng;
+    o.depth = 4;
+    ferry_io *io = NULL;
+    ferry_file *f = NULL;
+    int rc = ferry_io_open(&o, &io);
+    if (rc == 0)
+        rc = ferry_file_open(io, path_of("oom.bin"),
+                             FERRY_FILE_READ | FERRY_FILE_WRITE | FERRY_FILE_CREATE |
+                                 FERRY_FILE_DIRECT, &f);
+    if (rc == 0) {
+        ferry_io_req r = {.op = FERRY_IO_WRITE, .file = f, .buf = c->b, .len = 1 << 20};
+        ferry_io_req *p = &r, *d = NULL;
+        rc = ferry_io_submit(io, &p, 1);
+        if (rc == 1) {
+            assert_int_equal(ferry_io_reap(io, &d, 1, 1, -1), 1);
+            assert_int_equal(r.result, 1 << 20);
+            rc = ferry_io_pread(io, f, c->b, 1 << 20, 0);
+        }
+    }
+    if (rc < 0)
+        assert_true(strlen(ferry_last_error()) > 0);
+    ferry_file_close(f);
+    ferry_io_close(io);
+    return rc < 0 ? rc : 0;
+}
+
 static void oom_everywhere_without_leaks(void **state)
 {
-    const char *eng = engine_of(state);
-    char *b = abuf(1 << 20);
+    oom_io_ctx c = {engine_of(state), abuf(1 << 20)};
+    char *b = c.b;
     ft_fill_pattern(b, 1 << 20, 6);
-    int completed = 0;
-    for (uint64_t at = 1; at < 200 && !completed; at++) {
-        ft_alloc_install(at, 1);
-        ferry_io_options o = FERRY_IO_OPTIONS_INIT;
-        o.engine = eng;
-        o.depth = 4;
-        ferry_io *io = NULL;
-        ferry_file *f = NULL;
-        int rc = ferry_io_open(&o, &io);
-        if (rc == 0)
-            rc = ferry_file_open(io, path_of("oom.bin"),
-                                 FERRY_FILE_READ | FERRY_FILE_WRITE | FERRY_FILE_CREATE |
-                                     FERRY_FILE_DIRECT, &f);
-        if (rc == 0) {
-            ferry_io_req r = {.op = FERRY_IO_WRITE, .file = f, .buf = b, .len = 1 << 20};
-            ferry_io_req *p = &r, *d = NULL;
-            rc = ferry_io_submit(io, &p, 1);
-            if (rc == 1) {
-                assert_int_equal(ferry_io_reap(io, &d, 1, 1, -1), 1);
-                assert_int_equal(r.result, 1 << 20);
-                rc = ferry_io_pread(io, f, b, 1 << 20, 0);
-            }
-            if (rc >= 0)
-                completed = ft_alloc_failures() == 0;
-        }
-        if (rc < 0) {
-            assert_int_equal(rc, -ENOMEM);
-            assert_true(strlen(ferry_last_error()) > 0);
-        }
-        ferry_file_close(f);
-        ferry_io_close(io);
-        assert_int_equal(ft_alloc_live(), 0);
-        ft_alloc_reset();
-    }
-    assert_true(completed);
+    ft_oom_each(200, 1, oom_io_run, &c);
     assert_int_equal(ft_check_pattern(b, 1 << 20, 6), -1);
     free(b);
 }

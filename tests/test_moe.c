@@ -487,44 +487,37 @@ static void malformed_traces_name_the_line_and_field(void **state)
     ft_alloc_reset();
 }
 
+static int oom_parse(void *ctx)
+{
+    (void)ctx;
+    ferry_moe_trace *t = NULL;
+    int rc = ferry_moe_trace_parse(good_ferry, strlen(good_ferry), &t);
+    if (rc < 0)
+        assert_null(t);
+    ferry_moe_trace_destroy(t);
+    return rc;
+}
+
+static int oom_planner(void *ctx)
+{
+    (void)ctx;
+    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
+    o.num_layers = 3;
+    o.num_experts = 8;
+    o.slots = 12;
+    o.policy = "routing";
+    ferry_moe_planner *p = NULL;
+    int rc = ferry_moe_planner_create(&o, &p);
+    ferry_moe_planner_destroy(p);
+    return rc;
+}
+
 static void traces_survive_out_of_memory_at_every_allocation(void **state)
 {
     (void)state;
-    int ok = 0;
-    for (uint64_t n = 1; n < 200 && !ok; n++) {
-        ft_alloc_install(n, 1);
-        ferry_moe_trace *t = NULL;
-        int rc = ferry_moe_trace_parse(good_ferry, strlen(good_ferry), &t);
-        if (rc == 0) {
-            ok = 1;
-            ferry_moe_trace_destroy(t);
-        } else {
-            assert_int_equal(rc, -ENOMEM);
-            assert_null(t);
-        }
-        assert_int_equal(ft_alloc_live(), 0);
-        ft_alloc_reset();
-    }
-    assert_true(ok);
-    ok = 0;
-    for (uint64_t n = 1; n < 200 && !ok; n++) {
-        ft_alloc_install(n, 1);
-        ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
-        o.num_layers = 3;
-        o.num_experts = 8;
-        o.slots = 12;
-        o.policy = "routing";
-        ferry_moe_planner *p = NULL;
-        int rc = ferry_moe_planner_create(&o, &p);
-        if (rc == 0) {
-            ok = 1;
-            ferry_moe_planner_destroy(p);
-        } else
-            assert_int_equal(rc, -ENOMEM);
-        assert_int_equal(ft_alloc_live(), 0);
-        ft_alloc_reset();
-    }
-    assert_true(ok);
+    ft_oom_each(200, 1, oom_parse, NULL);
+    ft_oom_each(200, 1, oom_planner, NULL);
+    int ok;
     /* a resize that runs out of memory changes nothing and leaks nothing
      * (re-installing the hook restarts its counts, so live counts only
      * the resize's own blocks) */

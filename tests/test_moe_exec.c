@@ -741,27 +741,23 @@ static void nvme_rows_land_in_their_slots(void **state)
     ft_rmtree(dir);
 }
 
+static int oom_slots(void *ctx)
+{
+    const ferry_moe_geometry *g = ctx;
+    fake f;
+    fake_init(&f, g);
+    ferry_moe_slots *s = NULL;
+    int rc = ferry_moe_slots_create(g, &fake_ops, &f, &s);
+    ferry_moe_slots_destroy(s);
+    fake_fini(&f);
+    return rc;
+}
+
 static void out_of_memory_and_device_faults_leak_nothing(void **state)
 {
     (void)state;
     ferry_moe_geometry g = geom(2, 4, 6, W);
-    int ok = 0;
-    for (uint64_t n = 1; n < 50 && !ok; n++) {
-        ft_alloc_install(n, 1);
-        fake f;
-        fake_init(&f, &g);
-        ferry_moe_slots *s = NULL;
-        int rc = ferry_moe_slots_create(&g, &fake_ops, &f, &s);
-        if (rc == 0) {
-            ok = 1;
-            ferry_moe_slots_destroy(s);
-        } else
-            assert_int_equal(rc, -ENOMEM);
-        fake_fini(&f);
-        assert_int_equal(ft_alloc_live(), 0);
-        ft_alloc_reset();
-    }
-    assert_true(ok);
+    ft_oom_each(50, 1, oom_slots, &g);
     /* the device refuses the arena: nothing is left allocated on it */
     ferry_device *dev = host_dev();
     FT_ASSERT_OK(ferry_device_set_faults(dev, 1, -ENOMEM, 0, FERRY_FAULT_ALLOC));

@@ -5,6 +5,7 @@
 #include <ftw.h>
 #include <malloc.h>
 #include <stdatomic.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,4 +171,31 @@ long ft_check_pattern(const void *buf, size_t len, unsigned seed)
             v = 0;
     }
     return -1;
+}
+
+uint64_t ft_oom_each(uint64_t max, int sticky, int (*run)(void *ctx), void *ctx)
+{
+    for (uint64_t n = 1; n <= max; n++) {
+        ft_alloc_install(n, sticky);
+        int rc = run(ctx);
+        uint64_t failures = ft_alloc_failures();
+        int64_t live = ft_alloc_live();
+        ft_alloc_reset();
+        if (live != 0)
+            fail_msg("out of memory at allocation %llu: %lld blocks left allocated (rc %d)",
+                     (unsigned long long)n, (long long)live, rc);
+        if (failures == 0) {
+            if (rc < 0)
+                fail_msg("no allocation refused, yet the run failed: %d (%s)", rc,
+                         ferry_last_error());
+            if (n == 1)
+                fail_msg("the run allocated nothing: out of memory was never tried");
+            return n;
+        }
+        if (rc < 0 && rc != -ENOMEM)
+            fail_msg("out of memory at allocation %llu gave %d (%s), not -ENOMEM: %s",
+                     (unsigned long long)n, rc, ferry_strerror(rc), ferry_last_error());
+    }
+    fail_msg("no run was clean within %llu allocations", (unsigned long long)max);
+    return 0;
 }

@@ -26,6 +26,17 @@ uint64_t ft_alloc_count(void);
 int64_t ft_alloc_live(void);
 /* Number of allocations that failed. */
 uint64_t ft_alloc_failures(void);
+/*
+ * Out of memory at every allocation, one run each: run(ctx) with
+ * allocation n failing (and, sticky, every later one) for n = 1, 2, ...
+ * until a run in which no allocation was refused, at most max runs. A run
+ * returns 0 or more, or -ENOMEM when an allocation it needed was refused
+ * (one it could do without may be refused and the run still succeed), and
+ * leaves no block allocated. Fails the test when no run was
+ * clean within max, or when none ran out of memory at all (the loop would
+ * test nothing). Returns the clean run's n.
+ */
+uint64_t ft_oom_each(uint64_t max, int sticky, int (*run)(void *ctx), void *ctx);
 
 /* ---- temporary directories ---- */
 /* mkdtemp under $FERRY_TEST_TMPDIR or /var/tmp (a real disk, O_DIRECT-capable)
