@@ -273,6 +273,57 @@ static int redirection(cluster *c, const redisReply *r, unsigned *slot, int *nod
     return kind;
 }
 
+/*
+ * One hop of c_exec: group the commands not done by node (ASKING before
+ * each one to ask), send every node's pipeline, then read them all: the
+ * nodes work in parallel, one round trip for the batch. On a failure the
+ * commands' replies are released; after a transport failure the session
+ * starts afresh, because other nodes may hold replies it will not read.
+ */
+static int exchange(cluster *c, ferry__rcmd *cmds, size_t n, const int *target,
+                    const unsigned char *ask, ferry__rcmd *asking, ferry__rcmd **ptrs,
+                    uint64_t deadline_ns, ferry__errbuf *eb)
+{
+    const unsigned char *done = ask + n;
+    int rc = 0;
+    size_t m = 0, nn = c->nnodes;
+    size_t *start = ferry__calloc(2 * nn + 1, sizeof *start), *cnt = start + nn;
+    if (!start) {
+        ferry__rcmd_release(cmds, n);
+        return ferry__err_set(eb, -ENOMEM, "remote cluster: out of memory");
+    }
+    for (size_t nd = 0; nd < nn; nd++) {
+        start[nd] = m;
+        for (size_t i = 0; i < n; i++) {
+            if (done[i] || target[i] != (int)nd)
+                continue;
+            if (ask[i])
+                ptrs[m++] = &asking[i];
+            ptrs[m++] = &cmds[i];
+        }
+        cnt[nd] = m - start[nd];
+    }
+    for (size_t nd = 0; nd < nn && rc == 0; nd++) {
+        if (!cnt[nd])
+            continue;
+        rc = node_conn(c, (int)nd, eb);
+        if (rc == 0)
+            rc = ferry__rconn_send(&c->nodes[nd].conn, ptrs + start[nd], cnt[nd], deadline_ns,
+                                   eb);
+    }
+    for (size_t nd = 0; nd < nn && rc == 0; nd++)
+        if (cnt[nd])
+            rc = ferry__rconn_recv(&c->nodes[nd].conn, ptrs + start[nd], cnt[nd], deadline_ns,
+                                   eb);
+    ferry__free(start);
+    ferry__rcmd_release(asking, n);
+    if (rc) {
+        ferry__rcmd_release(cmds, n);
+        c_reset(c);
+    }
+    return rc;
+}
+
 static int c_exec(void *state, ferry__rcmd *cmds, size_t n, uint64_t deadline_ns,
                   uint64_t *redirects, ferry__errbuf *eb)
 {
@@ -310,46 +361,8 @@ static int c_exec(void *state, ferry__rcmd *cmds, size_t n, uint64_t deadline_ns
             unsigned s = k >= 0 ? ferry_remote_key_slot(cmds[i].argv[k], cmds[i].argvlen[k]) : 0;
             target[i] = c->slot_node[s] == NO_NODE ? 0 : c->slot_node[s];
         }
-        /* group by node, send every node's pipeline, then read them all:
-         * the nodes work in parallel, one round trip for the batch */
-        size_t m = 0, nn = c->nnodes;
-        size_t *start = ferry__calloc(2 * nn + 1, sizeof *start), *cnt = start + nn;
-        if (!start) {
-            ferry__rcmd_release(cmds, n);
-            rc = ferry__err_set(eb, -ENOMEM, "remote cluster: out of memory");
+        if ((rc = exchange(c, cmds, n, target, ask, asking, ptrs, deadline_ns, eb)) != 0)
             goto out;
-        }
-        for (size_t nd = 0; nd < nn; nd++) {
-            start[nd] = m;
-            for (size_t i = 0; i < n; i++) {
-                if (done[i] || target[i] != (int)nd)
-                    continue;
-                if (ask[i])
-                    ptrs[m++] = &asking[i];
-                ptrs[m++] = &cmds[i];
-            }
-            cnt[nd] = m - start[nd];
-        }
-        for (size_t nd = 0; nd < nn && rc == 0; nd++) {
-            if (!cnt[nd])
-                continue;
-            rc = node_conn(c, (int)nd, eb);
-            if (rc == 0)
-                rc = ferry__rconn_send(&c->nodes[nd].conn, ptrs + start[nd], cnt[nd],
-                                       deadline_ns, eb);
-        }
-        for (size_t nd = 0; nd < nn && rc == 0; nd++)
-            if (cnt[nd])
-                rc = ferry__rconn_recv(&c->nodes[nd].conn, ptrs + start[nd], cnt[nd],
-                                       deadline_ns, eb);
-        ferry__free(start);
-        ferry__rcmd_release(asking, n);
-        if (rc) {
-            /* other nodes may hold replies we will not read: start afresh */
-            ferry__rcmd_release(cmds, n);
-            c_reset(c);
-            goto out;
-        }
         for (size_t i = 0; i < n; i++) {
             if (done[i] || !cmds[i].reply)
                 continue;
