@@ -337,6 +337,18 @@ static void open_rejects_bad_configs(void **state)
     c = small_config(4);
     c.l2_reset = 7;
     assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
+    /* a config from an older header (a prefix) opens with the defaults for
+     * the rest; less than FERRY_KV_CONFIG_MIN_SIZE is refused */
+    c = small_config(4);
+    c.workers = 99999;   /* past the prefix: not read */
+    c.l2_mode = 0777;    /* likewise */
+    c.size = FERRY_KV_CONFIG_MIN_SIZE;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    ferry_kv_close(kv);
+    kv = NULL;
+    c.size = FERRY_KV_CONFIG_MIN_SIZE - 1;
+    assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "FERRY_KV_CONFIG_MIN_SIZE"));
     assert_null(kv);
     ferry_kv_close(NULL);
     c = small_config(4);

@@ -241,7 +241,7 @@ enum ferry_kv_tier {
 #define FERRY_KV_WORKERS_MAX 256u
 
 typedef struct ferry_kv_config {
-    size_t size;                 /**< sizeof(ferry_kv_config) */
+    size_t size;                 /**< sizeof(ferry_kv_config), or an older header's (a prefix) */
     const char *model;           /**< model name (part of every key); required */
     uint32_t tp_rank;            /**< tensor-parallel rank */
     uint32_t tp_world;           /**< tensor-parallel world size; 0 -> 1 */
@@ -305,9 +305,16 @@ typedef struct ferry_kv_config {
      */
     unsigned l2_mode;
 } ferry_kv_config;
+/* positional, not designated: C++ consumers (before C++20, and with
+ * -Wextra) need every member in order */
 #define FERRY_KV_CONFIG_INIT \
     {sizeof(ferry_kv_config), NULL, 0, 1, FERRY_KV_LAYOUT_INIT, 0, 0, 0, NULL, 0, 1, NULL, \
      FERRY_KV_EVICT_LRU, FERRY_KV_EVICT_LRU, 0, 0, 0, 0, NULL, 0, 0, 0, NULL, NULL, 0, 0, 0}
+/** The smallest size field ferry_kv_open takes: a config that ends at
+ *  l1_bytes (what an L1-only store needs); the fields past a caller's size
+ *  take their defaults, so a program built against an older header keeps
+ *  working. */
+#define FERRY_KV_CONFIG_MIN_SIZE (offsetof(ferry_kv_config, l1_bytes) + sizeof(uint64_t))
 
 typedef struct ferry_kv ferry_kv;
 

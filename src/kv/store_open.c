@@ -122,9 +122,8 @@ static int open_remote(ferry_kv *kv, const ferry_kv_config *cfg, const char *url
  * tokens and bytes, or -EINVAL with the message set */
 static int config_check(const ferry_kv_config *cfg, uint32_t *ct, uint64_t *chunk_bytes)
 {
-    if (!cfg || cfg->size < sizeof(ferry_kv_config) || !cfg->model)
-        return ferry__err_set(NULL, -EINVAL,
-                              "kv open: config or out is NULL, config size is wrong, or no model");
+    if (!cfg->model)
+        return ferry__err_set(NULL, -EINVAL, "kv open: no model (config->model is required)");
     *ct = cfg->chunk_tokens ? cfg->chunk_tokens : FERRY_KV_CHUNK_TOKENS_DEFAULT;
     int rc = ferry_kv_layout_chunk_bytes(&cfg->layout, *ct, chunk_bytes);
     if (rc < 0)
@@ -242,12 +241,8 @@ static int open_tiers(ferry_kv *kv, const ferry_kv_config *cfg, int persistent)
         else
             kv->l2_registered = 1;
     }
-    const char *remote_url =
-        cfg->size >= offsetof(ferry_kv_config, remote_index_chunks) + sizeof(uint64_t)
-            ? cfg->remote_url
-            : NULL;
-    if (rc == 0 && remote_url)
-        rc = open_remote(kv, cfg, remote_url);
+    if (rc == 0 && cfg->remote_url)
+        rc = open_remote(kv, cfg, cfg->remote_url);
     return rc;
 }
 
@@ -278,19 +273,27 @@ static int open_index(ferry_kv *kv, const ferry_kv_config *cfg)
     return 0;
 }
 
-int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out)
+int ferry_kv_open(const ferry_kv_config *ucfg, ferry_kv **out)
 {
+    /* any prefix the size field covers; the rest takes its defaults */
+    if (!ucfg || !out || ucfg->size < FERRY_KV_CONFIG_MIN_SIZE)
+        return ferry__err_set(NULL, -EINVAL,
+                              "kv open: config or out is NULL, or the config's size %zu is "
+                              "below %zu (FERRY_KV_CONFIG_MIN_SIZE)",
+                              ucfg ? ucfg->size : (size_t)0, (size_t)FERRY_KV_CONFIG_MIN_SIZE);
+    ferry_kv_config cfgv = FERRY_KV_CONFIG_INIT;
+    memcpy(&cfgv, ucfg, FERRY__MIN(ucfg->size, sizeof cfgv));
+    cfgv.size = sizeof cfgv;
+    const ferry_kv_config *cfg = &cfgv;
     uint32_t ct = 0;
     uint64_t chunk_bytes = 0;
-    int rc = out ? config_check(cfg, &ct, &chunk_bytes)
-                 : ferry__err_set(NULL, -EINVAL, "kv open: config or out is NULL");
+    int rc = config_check(cfg, &ct, &chunk_bytes);
     if (rc < 0)
         return rc;
     ferry_kv *kv = kv_alloc(cfg, ct, chunk_bytes);
     if (!kv)
         return ferry__err_set(NULL, -ENOMEM, "kv open: out of memory");
-    int persistent = cfg->size >= offsetof(ferry_kv_config, l2_persistent) + sizeof(int) &&
-                     cfg->l2_persistent;
+    int persistent = cfg->l2_persistent;
     rc = open_tiers(kv, cfg, persistent);
     if (rc == 0)
         rc = open_index(kv, cfg);
