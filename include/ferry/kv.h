@@ -110,7 +110,6 @@
 
 #include "core.h"
 #include "device.h"
-#include "remote.h"
 #include "slab.h"
 
 #ifdef __cplusplus
@@ -239,6 +238,9 @@ enum ferry_kv_tier {
 };
 
 #define FERRY_KV_WORKERS_MAX 256u
+
+/* the remote tier's options (ferry/remote.h); kv.h needs only the name */
+typedef struct ferry_remote_options ferry_remote_options;
 
 typedef struct ferry_kv_config {
     size_t size;                 /**< sizeof(ferry_kv_config), or an older header's (a prefix) */

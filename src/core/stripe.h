@@ -6,8 +6,8 @@
  * and each drive's file holds its units back to back. With one drive the
  * file offset is o and nothing is split (the unit is then ignored).
  *
- * Used by the GDS context (src/gds) for its slab files; the persistent
- * slab's own stripe_at() is the same arithmetic plus its data offset.
+ * Used by the GDS context (src/gds) for its slab files and by the
+ * persistent slab (src/pslab), which adds its header block's offset.
  */
 #ifndef FERRY_SRC_STRIPE_H
 #define FERRY_SRC_STRIPE_H

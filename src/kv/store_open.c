@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "ferry/pslab.h"
+#include "ferry/remote.h"
 #include "dirlock.h"
 #include "kv_impl.h"
 #include "store_int.h"
