@@ -322,12 +322,8 @@ void *ferry__pslab_flusher_main(void *arg)
             ferry__pslab_run_commit(p, 0);
             continue; /* the next batch may be due already */
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
         uint64_t wait = p->batch_ns / 2 ? p->batch_ns / 2 : 1000000;
-        uint64_t ns = (uint64_t)ts.tv_nsec + wait % 1000000000ull;
-        ts.tv_sec += (time_t)(wait / 1000000000ull + ns / 1000000000ull);
-        ts.tv_nsec = (long)(ns % 1000000000ull);
+        struct timespec ts = ferry__deadline_ms((wait + 999999) / 1000000);
         pthread_cond_timedwait(&p->fcv, &p->cmu, &ts);
     }
     pthread_mutex_unlock(&p->cmu);

@@ -314,7 +314,7 @@ static int pslab_new(const ferry_pslab_options *o, ferry_pslab **out)
     p->compact_bytes = o->compact_bytes ? o->compact_bytes : (4u << 20);
     p->batch_bytes = o->batch_bytes ? o->batch_bytes : (64u << 20);
     p->batch_ns = (uint64_t)(o->batch_ms ? o->batch_ms : 100) * 1000000u;
-    pthread_cond_init(&p->fcv, NULL);
+    ferry__cond_init_mono(&p->fcv); /* (the flusher's timed wait) */
     p->batch_open = 1;
     for (unsigned i = 0; i < o->n_dirs; i++)
         if (!(p->dirs[i] = ferry__strdup(o->dirs[i])))

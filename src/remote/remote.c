@@ -666,7 +666,7 @@ int ferry_remote_open(const char *url, const ferry_remote_options *opt, ferry_re
     pthread_mutex_init(&r->health_mu, NULL);
     pthread_mutex_init(&r->q_mu, NULL);
     pthread_cond_init(&r->q_cv, NULL);
-    pthread_cond_init(&r->q_done_cv, NULL);
+    ferry__cond_init_mono(&r->q_done_cv); /* (ferry_remote_flush's deadline) */
     pthread_mutex_init(&r->err_mu, NULL);
     r->prefix = ferry__malloc(plen + 1);
     r->layout = ferry__malloc(o.layout_len + 1);
@@ -1103,14 +1103,7 @@ int ferry_remote_flush(ferry_remote *r, uint32_t timeout_ms)
 {
     if (!r)
         return ferry__err_set(NULL, -EINVAL, "ferry_remote_flush: NULL handle");
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
+    struct timespec dl = ferry__deadline_ms((uint64_t)(timeout_ms > 0 ? timeout_ms : 0));
     int rc = 0;
     pthread_mutex_lock(&r->q_mu);
     uint64_t target = r->q_enqueued;
