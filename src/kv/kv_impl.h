@@ -173,9 +173,10 @@ struct ferry__kv_tier {
     ferry__kv_policy *policy;
     /* fault seam (tests): fail the Nth read / write (1-based) with code */
     atomic_uint_fast64_t n_reads, n_writes;
-    uint64_t fail_read_nth, fail_write_nth;
-    int fail_code;
-    int fail_sticky;
+    /* (atomics, read without a lock: the seam costs an I/O two loads) */
+    atomic_uint_fast64_t fail_read_nth, fail_write_nth;
+    atomic_int fail_code;
+    atomic_int fail_sticky;
     /* counters */
     atomic_uint_fast64_t hits, evictions, bytes_written, bytes_read, failures;
     atomic_uint_fast64_t aread_peak;   /* most asynchronous reads one retrieve had in flight */

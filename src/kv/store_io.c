@@ -55,15 +55,16 @@ void ferry__kv_set_tier_fault(ferry_kv *kv, int tier, int write, uint64_t nth, i
     pthread_mutex_lock(&kv->mu);
     ferry__kv_tier *t = tier > 0 && tier < FERRY_KV_TIERS ? kv->tier[tier] : NULL;
     if (t) {
+        atomic_store(&t->fail_code, code ? code : FERRY_EINJECTED);
+        atomic_store(&t->fail_sticky, sticky);
+        /* the count restarts, then the fault is armed (released last) */
         if (write) {
             atomic_store(&t->n_writes, 0);
-            t->fail_write_nth = nth;
+            atomic_store_explicit(&t->fail_write_nth, nth, memory_order_release);
         } else {
             atomic_store(&t->n_reads, 0);
-            t->fail_read_nth = nth;
+            atomic_store_explicit(&t->fail_read_nth, nth, memory_order_release);
         }
-        t->fail_code = code ? code : FERRY_EINJECTED;
-        t->fail_sticky = sticky;
     }
     pthread_mutex_unlock(&kv->mu);
 }
@@ -71,12 +72,14 @@ void ferry__kv_set_tier_fault(ferry_kv *kv, int tier, int write, uint64_t nth, i
 /* the fault seam: the code the nth read or write of t is to fail with, or 0 */
 int ferry__kv_tier_fault(ferry_kv *kv, ferry__kv_tier *t, int write, uint64_t loc, size_t len)
 {
+    (void)kv;
     uint64_t n = atomic_fetch_add(write ? &t->n_writes : &t->n_reads, 1) + 1;
-    pthread_mutex_lock(&kv->mu);
-    uint64_t nth = write ? t->fail_write_nth : t->fail_read_nth;
-    int code = t->fail_code, sticky = t->fail_sticky;
-    pthread_mutex_unlock(&kv->mu);
-    if (nth && (n == nth || (sticky && n > nth)))
+    uint64_t nth = atomic_load_explicit(write ? &t->fail_write_nth : &t->fail_read_nth,
+                                        memory_order_acquire);
+    if (!nth)
+        return 0;
+    int code = atomic_load(&t->fail_code), sticky = atomic_load(&t->fail_sticky);
+    if (n == nth || (sticky && n > nth))
         return ferry__err_set(NULL, code, "kv %s: injected %s fault at location %llu (%zu bytes)",
                               t->ops->name, write ? "write" : "read", (unsigned long long)loc,
                               len);
