@@ -27,27 +27,34 @@
  */
 enum { RT_OPEN = 0, RT_READING = 1, RT_LANDED = 2, RT_DONE = 3 };
 
+/* what a retrieve knows of one chunk of its prompt */
+typedef struct rt_chunk {
+    ferry__kv_entry *held;      /* read-locked while a copy may still read its slot */
+    ferry__kv_entry *pend;      /* RT_READING: the entry (read-locked, referenced) */
+    uint64_t slot;              /* RT_READING: the L1 slot the read lands in */
+    int st;                     /* its answer: 0, or why it is not retrieved */
+    uint8_t fate;               /* RT_* */
+    uint8_t lost;               /* RT_LANDED: lost with a broken queue: 1 pieces may
+                                   still land (its L1 slot is never reused), 2 none
+                                   was in flight */
+    int res;                    /* RT_READING: its first failure; RT_LANDED: the read's result */
+    /* RT_READING: pieces sent (npieces: all, or no more after a failure),
+     * pieces in flight, where from and where to */
+    uint32_t sent, left;
+    uint64_t aloc;
+    char *adst;
+    const void *csrc;           /* its L1 bytes, for a worker's copy */
+} rt_chunk;
+
 typedef struct rtv {
     ferry_kv *kv;
     const ferry_kv_buffer *buf;
     ferry_stream *s;
     size_t nch, n;
-    ferry__kv_entry **held;     /* read-locked while a copy may still read its slot */
+    rt_chunk *c;                /* per chunk of the prompt */
     size_t *hidx;               /* the chunks held, nheld of them */
-    ferry__kv_entry **pend;     /* RT_READING: the entry (read-locked, referenced) */
-    uint64_t *slot;             /* RT_READING: the L1 slot the read lands in */
-    int *st;
-    uint8_t *ahead;             /* the tier a worker read-ahead was queued from */
-    uint8_t *fate;              /* RT_* */
-    int *res;                   /* RT_READING: its first failure; RT_LANDED: the read's result */
-    uint8_t *lost;              /* RT_LANDED: lost with a broken queue: 1
-                                   pieces may still land (its L1 slot is never
-                                   reused), 2 none was in flight */
-    /* RT_READING: pieces sent (npieces: all, or no more after a failure),
-     * pieces in flight, where from and where to */
-    uint32_t *sent, *left;
-    uint64_t *aloc;
-    char **adst;
+    uint8_t *ahead;             /* per chunk: the tier a worker read-ahead was queued from
+                                   (ferry__kv_prefetch_ids fills it) */
     char (*why)[FERRY__ERRMSG_MAX]; /* each chunk's first failure (allocated on the first) */
     size_t cur;                 /* the chunk with pieces still to send, or SIZE_MAX */
     uint64_t piece;             /* bytes per request */
@@ -68,7 +75,6 @@ typedef struct rtv {
     pthread_cond_t ccv;
     unsigned wpending;
     uint64_t vbad;              /* chunks counted as hits that failed their check */
-    const void **csrc;          /* chunk i's L1 bytes, for the worker */
 } rtv;
 
 /* wait for the device copies of the held chunks (none for host buffers:
@@ -90,15 +96,15 @@ static void rt_sync(rtv *r)
                 r->copy_rc = ferry__kv_err(kv, rc, "kv retrieve: device copies to %s failed: %s",
                                            ferry_device_name(kv->dev), ferry_last_error());
             for (size_t k = 0; k < r->nheld; k++)
-                if (r->st[r->hidx[k]] == 0) {
-                    r->st[r->hidx[k]] = r->copy_rc;
+                if (r->c[r->hidx[k]].st == 0) {
+                    r->c[r->hidx[k]].st = r->copy_rc;
                     r->got--;
                 }
         }
     }
     pthread_mutex_lock(&kv->mu);
     for (size_t k = 0; k < r->nheld; k++) {
-        ferry__kv_entry **h = &r->held[r->hidx[k]];
+        ferry__kv_entry **h = &r->c[r->hidx[k]].held;
         ferry__kv_read_unlock(*h);
         ferry__kv_put(kv, *h);
         *h = NULL;
@@ -119,9 +125,9 @@ static void rt_copy_chunk(rtv *r, size_t i, const void *src)
     if (rc < 0) {
         if (r->copy_rc == 0)
             r->copy_rc = ferry__kv_err_pass(kv, rc);
-        r->st[i] = rc;
+        r->c[i].st = rc;
     } else {
-        r->st[i] = 0;
+        r->c[i].st = 0;
         r->got++;
     }
     if (r->wcopy)
@@ -145,9 +151,9 @@ static void rt_release(rtv *r, size_t i)
 {
     ferry_kv *kv = r->kv;
     pthread_mutex_lock(&kv->mu);
-    ferry__kv_read_unlock(r->held[i]);
-    ferry__kv_put(kv, r->held[i]);
-    r->held[i] = NULL;
+    ferry__kv_read_unlock(r->c[i].held);
+    ferry__kv_put(kv, r->c[i].held);
+    r->c[i].held = NULL;
     pthread_mutex_unlock(&kv->mu);
 }
 
@@ -164,7 +170,7 @@ static void rt_job_done(rtv *r)
 static void rt_copy_job(void *ctx, size_t i)
 {
     rtv *r = ctx;
-    rt_copy_chunk(r, i, r->csrc[i]);
+    rt_copy_chunk(r, i, r->c[i].csrc);
     rt_release(r, i);
     rt_job_done(r);
 }
@@ -214,13 +220,12 @@ static void rt_copy_out(rtv *r, size_t i, ferry__kv_entry *e)
     l1->policy->ops->touch(l1->policy, e);
     void *src = l1->ops->host_ptr(l1, e->loc[FERRY_KV_TIER_L1]);
     pthread_mutex_unlock(&kv->mu);
-    r->held[i] = e;
+    r->c[i].held = e;
     if (!r->s) {
         /* host buffer: a free worker copies, else this thread. Each copy
          * drops its chunk's read lock when done, so a retrieve holds no
          * more slots than copies running. */
-        if (r->csrc)
-            r->csrc[i] = src;
+        r->c[i].csrc = src;
         if (rt_hand_off(r, i, rt_copy_job))
             return;
         rt_copy_chunk(r, i, src);
@@ -241,9 +246,9 @@ static void rt_copy_out(rtv *r, size_t i, ferry__kv_entry *e)
 static int rt_check(rtv *r, size_t i, const ferry__kv_entry *e, uint64_t sum)
 {
     ferry__kv_tier *t = r->at;
-    int rc = t->aops->verify(t, r->aloc[i], &e->id, sum);
+    int rc = t->aops->verify(t, r->c[i].aloc, &e->id, sum);
     if (rc < 0)
-        ferry__kv_tier_io_done(r->kv, t, 0, r->aloc[i], &e->id, 0, rc);
+        ferry__kv_tier_io_done(r->kv, t, 0, r->c[i].aloc, &e->id, 0, rc);
     return rc;
 }
 
@@ -258,12 +263,12 @@ static void rt_verify_copy(rtv *r, size_t i)
 {
     ferry_kv *kv = r->kv;
     ferry__kv_tier *t = r->at;
-    ferry__kv_entry *e = r->held[i];
+    ferry__kv_entry *e = r->c[i].held;
     uint64_t sum = 0;
     int rc = ferry__kv_xfer_out_sum(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
-                                    r->adst[i], &sum);
+                                    r->c[i].adst, &sum);
     if (rc < 0) /* (host copies do not fail; the slot is still checked) */
-        sum = ferry__kv_sum(r->adst[i], kv->chunk_bytes);
+        sum = ferry__kv_sum(r->c[i].adst, kv->chunk_bytes);
     int vrc = rt_check(r, i, e, sum);
     if (vrc < 0 && rc == 0) /* the engine never holds the bad bytes */
         ferry__kv_xfer_out_zero(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
@@ -271,22 +276,22 @@ static void rt_verify_copy(rtv *r, size_t i)
     pthread_mutex_lock(&kv->mu);
     FERRY__ASSERT(kv->l1_reading > 0);
     kv->l1_reading--;
-    ferry__kv_promote_finish(kv, e, r->slot[i], vrc, t->id); /* (wakes reserve's waiters) */
+    ferry__kv_promote_finish(kv, e, r->c[i].slot, vrc, t->id); /* (wakes reserve's waiters) */
     ferry__kv_read_unlock(e);
     ferry__kv_put(kv, e);
-    r->held[i] = NULL;
+    r->c[i].held = NULL;
     pthread_mutex_unlock(&kv->mu);
     if (r->wcopy)
         pthread_mutex_lock(&r->cmu);
     if (rc < 0) {
         if (r->copy_rc == 0)
             r->copy_rc = ferry__kv_err_pass(kv, rc);
-        r->st[i] = rc;
+        r->c[i].st = rc;
     } else if (vrc < 0) {
-        r->st[i] = vrc;
+        r->c[i].st = vrc;
         r->vbad++;
     } else {
-        r->st[i] = 0;
+        r->c[i].st = 0;
         r->got++;
     }
     if (r->wcopy)
@@ -305,7 +310,7 @@ static void rt_verify_job(void *ctx, size_t i)
 static void rt_verify_out(rtv *r, size_t i, ferry__kv_entry *e)
 {
     pthread_mutex_unlock(&r->kv->mu);
-    r->held[i] = e;
+    r->c[i].held = e;
     if (!rt_hand_off(r, i, rt_verify_job))
         rt_verify_copy(r, i);
 }
@@ -317,11 +322,11 @@ static void rt_read_done(rtv *r, size_t i, int rc);
  * when the chunk's last piece lands, after other chunks' failures) */
 static void rt_fail(rtv *r, size_t i, int rc, const char *why)
 {
-    if (r->res[i] != 0 && r->res[i] != -ENOMEM)
+    if (r->c[i].res != 0 && r->c[i].res != -ENOMEM)
         return;
-    if (r->res[i] == -ENOMEM && rc == -ENOMEM)
+    if (r->c[i].res == -ENOMEM && rc == -ENOMEM)
         return;
-    r->res[i] = rc;
+    r->c[i].res = rc;
     if (!r->why)
         r->why = ferry__calloc(r->nch, sizeof *r->why);
     if (r->why)
@@ -333,15 +338,15 @@ static void rt_fail(rtv *r, size_t i, int rc, const char *why)
 static void rt_landed(rtv *r, size_t i)
 {
     ferry__kv_tier *t = r->at;
-    int rc = r->res[i];
-    if (rc == -ENOMEM && r->lost[i] == 2) {
+    int rc = r->c[i].res;
+    if (rc == -ENOMEM && r->c[i].lost == 2) {
         atomic_fetch_add(&r->kv->failures, 1); /* ours, not the tier's */
     } else {
         if (rc < 0 && r->why && r->why[i][0])
             ferry__err_set(NULL, rc, "%s", r->why[i]);
-        ferry__kv_tier_io_done(r->kv, t, 0, r->aloc[i], &r->pend[i]->id, t->slot_bytes, rc);
+        ferry__kv_tier_io_done(r->kv, t, 0, r->c[i].aloc, &r->c[i].pend->id, t->slot_bytes, rc);
     }
-    r->fate[i] = RT_LANDED;
+    r->c[i].fate = RT_LANDED;
     r->reading--;
 }
 
@@ -351,36 +356,36 @@ static void rt_send(rtv *r, size_t i, ferry__kv_aread *a)
 {
     ferry_kv *kv = r->kv;
     ferry__kv_tier *t = r->at;
-    uint64_t off = (uint64_t)r->sent[i] * r->piece;
+    uint64_t off = (uint64_t)r->c[i].sent * r->piece;
     size_t len = (size_t)FERRY__MIN(r->piece, t->slot_bytes - off);
     if (!a)
         a = t->aops->get(t);
     int rc = a ? 0 : ferry__err_set(NULL, -ENOMEM, "kv L2: out of memory for a read request");
-    if (rc == 0 && r->sent[i] == 0)
-        rc = ferry__kv_tier_fault(kv, t, 0, r->aloc[i], t->slot_bytes);
+    if (rc == 0 && r->c[i].sent == 0)
+        rc = ferry__kv_tier_fault(kv, t, 0, r->c[i].aloc, t->slot_bytes);
     if (rc == 0) {
         a->idx = i;
-        rc = t->aops->submit(t, &r->batch, a, r->aloc[i] + off, r->adst[i] + off, len);
+        rc = t->aops->submit(t, &r->batch, a, r->c[i].aloc + off, r->c[i].adst + off, len);
     }
     if (rc == 0) {
         r->inflight++;
-        r->left[i]++;
-        if (++r->sent[i] == r->npieces)
+        r->c[i].left++;
+        if (++r->c[i].sent == r->npieces)
             r->cur = SIZE_MAX;
         return;
     }
     t->aops->put(t, a);
     rt_fail(r, i, rc, ferry_last_error());
-    r->sent[i] = r->npieces;
+    r->c[i].sent = r->npieces;
     r->cur = SIZE_MAX;
     /* the queue broke, or memory ran out: not this chunk's L2 copy, which
      * is kept, and its slot goes back once the pieces in flight landed
      * (a break with pieces still in flight makes rt_reap retire it) */
     if ((t->aops->broken && t->aops->broken(t)) || rc == -ENOMEM)
-        r->lost[i] = 2;
-    if (r->left[i] == 0) {
+        r->c[i].lost = 2;
+    if (r->c[i].left == 0) {
         rt_landed(r, i);
-        rt_read_done(r, i, r->res[i]);
+        rt_read_done(r, i, r->c[i].res);
     }
 }
 
@@ -416,13 +421,13 @@ static int rt_issue(rtv *r, const ferry_kv_hash *ids, size_t i)
     kv->l1_reading++;
     ferry__kv_read_lock(kv, e, now);
     e->refs++;
-    r->aloc[i] = e->loc[t->id];
+    r->c[i].aloc = e->loc[t->id];
     ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
-    r->adst[i] = l1->ops->host_ptr(l1, slot);
+    r->c[i].adst = l1->ops->host_ptr(l1, slot);
     pthread_mutex_unlock(&kv->mu);
-    r->fate[i] = RT_READING;
-    r->pend[i] = e;
-    r->slot[i] = slot;
+    r->c[i].fate = RT_READING;
+    r->c[i].pend = e;
+    r->c[i].slot = slot;
     r->cur = i;
     r->reading++;
     uint64_t peak = atomic_load(&t->aread_peak);
@@ -436,18 +441,18 @@ static int rt_issue(rtv *r, const ferry_kv_hash *ids, size_t i)
 static void rt_read_done(rtv *r, size_t i, int rc)
 {
     ferry_kv *kv = r->kv;
-    ferry__kv_entry *e = r->pend[i];
-    r->pend[i] = NULL;
-    r->fate[i] = RT_DONE;
+    ferry__kv_entry *e = r->c[i].pend;
+    r->c[i].pend = NULL;
+    r->c[i].fate = RT_DONE;
     /* its bytes count only once checked against what was written there:
      * a whole chunk for a host buffer is checked as it is copied out, and
      * promoted after; any other is checked here, before it is promoted */
     int deferred = 0;
-    if (rc == 0 && !r->lost[i] && r->at->aops->verify) {
+    if (rc == 0 && !r->c[i].lost && r->at->aops->verify) {
         if (!r->s && ferry__kv_chunk_ntok(kv, i, r->n) == kv->chunk_tokens && rt_failed(r) == 0)
             deferred = 1;
-        else if ((rc = rt_check(r, i, e, ferry__kv_sum(r->adst[i], kv->chunk_bytes))) < 0)
-            r->st[i] = rc;
+        else if ((rc = rt_check(r, i, e, ferry__kv_sum(r->c[i].adst, kv->chunk_bytes))) < 0)
+            r->c[i].st = rc;
     }
     pthread_mutex_lock(&kv->mu);
     if (deferred) {
@@ -457,11 +462,11 @@ static void rt_read_done(rtv *r, size_t i, int rc)
     }
     FERRY__ASSERT(kv->l1_reading > 0);
     kv->l1_reading--;
-    if (r->lost[i] == 2) {
+    if (r->c[i].lost == 2) {
         /* the queue broke before any piece of it was in flight: its slot
          * goes back, its L2 copy is kept, the chunk is a miss here */
         e->l1_loading = 0;
-        ferry__kv_tier_release(kv, FERRY_KV_TIER_L1, r->slot[i]);
+        ferry__kv_tier_release(kv, FERRY_KV_TIER_L1, r->c[i].slot);
         pthread_cond_broadcast(&kv->loaded);
         r->misses++;
         ferry__kv_read_unlock(e);
@@ -469,7 +474,7 @@ static void rt_read_done(rtv *r, size_t i, int rc)
         pthread_mutex_unlock(&kv->mu);
         return;
     }
-    if (r->lost[i]) {
+    if (r->c[i].lost) {
         /* the read may still land, into its slot: the slot stays reserved
          * for good (L1 is one slot smaller), the L2 copy is kept (the disk
          * did not fail, the queue did), and the chunk is a miss here */
@@ -477,14 +482,14 @@ static void rt_read_done(rtv *r, size_t i, int rc)
         kv->l1_retired++;
         pthread_cond_broadcast(&kv->loaded);
         FERRY_LOGW("kv retrieve: the L2 read queue broke with a read in flight; its L1 slot "
-                   "%llu is retired", (unsigned long long)r->slot[i]);
+                   "%llu is retired", (unsigned long long)r->c[i].slot);
         r->misses++;
         ferry__kv_read_unlock(e);
         ferry__kv_put(kv, e);
         pthread_mutex_unlock(&kv->mu);
         return;
     }
-    ferry__kv_promote_finish(kv, e, r->slot[i], rc, r->at->id); /* (wakes reserve's waiters) */
+    ferry__kv_promote_finish(kv, e, r->c[i].slot, rc, r->at->id); /* (wakes reserve's waiters) */
     int failed = rt_failed(r);
     if (failed < 0 || !(e->resident & (1u << FERRY_KV_TIER_L1))) {
         if (failed == 0)
@@ -511,11 +516,11 @@ static unsigned rt_reap(rtv *r)
         /* the tier's queue broke: every read of ours still in flight is lost */
         ferry__kv_err_pass(r->kv, rc);
         for (size_t i = 0; i < r->nch; i++) {
-            if (r->fate[i] != RT_READING)
+            if (r->c[i].fate != RT_READING)
                 continue;
-            r->res[i] = 0; /* the break is what this chunk's warning says */
+            r->c[i].res = 0; /* the break is what this chunk's warning says */
             rt_fail(r, i, rc, ferry_last_error());
-            r->lost[i] = r->left[i] ? 1 : 2;
+            r->c[i].lost = r->c[i].left ? 1 : 2;
             rt_landed(r, i);
             k++;
         }
@@ -531,21 +536,21 @@ static unsigned rt_reap(rtv *r)
             /* the read itself failed (whatever its code): that copy is
              * unreadable after all, even if a request of this chunk ran
              * out of memory or the queue broke since */
-            if (r->res[i] == -ENOMEM && r->lost[i] == 2)
-                r->res[i] = 0; /* (that was ours, this is the disk's) */
+            if (r->c[i].res == -ENOMEM && r->c[i].lost == 2)
+                r->c[i].res = 0; /* (that was ours, this is the disk's) */
             rt_fail(r, i, rc, a->why);
-            r->lost[i] = 0;
+            r->c[i].lost = 0;
         }
         t->aops->put(t, a);
         r->inflight--;
-        r->left[i]--;
+        r->c[i].left--;
         if (rc < 0) {
             /* its pieces not sent yet never are */
-            r->sent[i] = r->npieces;
+            r->c[i].sent = r->npieces;
             if (r->cur == i)
                 r->cur = SIZE_MAX;
         }
-        if (r->left[i] == 0 && r->sent[i] == r->npieces) {
+        if (r->c[i].left == 0 && r->c[i].sent == r->npieces) {
             rt_landed(r, i);
             k++;
         }
@@ -570,7 +575,7 @@ static void rt_fill(rtv *r, const ferry_kv_hash *ids, size_t k, size_t *ic, int 
         }
         if (*blocked || r->reading >= r->depth || *ic >= r->nch || rt_failed(r) < 0)
             return;
-        if (r->fate[*ic] == RT_OPEN && rt_issue(r, ids, *ic) < 0) {
+        if (r->c[*ic].fate == RT_OPEN && rt_issue(r, ids, *ic) < 0) {
             *blocked = 1;
             return;
         }
@@ -650,7 +655,7 @@ static int rt_one(rtv *r, const ferry_kv_hash *ids, size_t i)
             ferry__kv_read_unlock(e);
             ferry__kv_put(kv, e);
             pthread_mutex_unlock(&kv->mu);
-            r->st[i] = rc == FERRY_ENOTFOUND ? rc : FERRY_ENOSPACE;
+            r->c[i].st = rc == FERRY_ENOTFOUND ? rc : FERRY_ENOSPACE;
             r->misses++;
             return 1;
         }
@@ -666,7 +671,7 @@ static int rt_one(rtv *r, const ferry_kv_hash *ids, size_t i)
             ferry__kv_put(kv, e);
             pthread_mutex_unlock(&kv->mu);
             if (rc == FERRY_ECORRUPT)
-                r->st[i] = rc;
+                r->c[i].st = rc;
             r->misses++;
             return 1;
         }
@@ -681,39 +686,27 @@ static int rt_one(rtv *r, const ferry_kv_hash *ids, size_t i)
 /* the retrieve's per-chunk arrays (any of them may be NULL) */
 static void rt_free(rtv *r)
 {
-    void *a[] = {r->held, r->hidx, r->pend, r->slot, r->st,   r->ahead, r->fate, r->res,
-                 r->lost, r->sent, r->left, r->aloc, r->adst, r->why,   r->csrc};
+    void *a[] = {r->c, r->hidx, r->ahead, r->why};
     for (size_t k = 0; k < FERRY__ARRAY_LEN(a); k++)
         ferry__free(a[k]);
 }
 
-/* the per-chunk arrays and the read plan of a retrieve of nch chunks:
+/* the per-chunk state and the read plan of a retrieve of nch chunks:
  * 0, or -ENOMEM with nothing held */
 static int rt_init(rtv *r, size_t nch)
 {
     ferry_kv *kv = r->kv;
-    r->held = ferry__calloc(nch, sizeof *r->held);
+    r->c = ferry__calloc(nch, sizeof *r->c);
     r->hidx = ferry__malloc(nch * sizeof *r->hidx);
-    r->pend = ferry__calloc(nch, sizeof *r->pend);
-    r->slot = ferry__calloc(nch, sizeof *r->slot);
-    r->st = ferry__malloc(nch * sizeof *r->st);
     r->ahead = ferry__calloc(nch, 1);
-    r->fate = ferry__calloc(nch, 1);
-    r->res = ferry__calloc(nch, sizeof *r->res);
-    r->lost = ferry__calloc(nch, 1);
-    r->sent = ferry__calloc(nch, sizeof *r->sent);
-    r->left = ferry__calloc(nch, sizeof *r->left);
-    r->aloc = ferry__calloc(nch, sizeof *r->aloc);
-    r->adst = ferry__calloc(nch, sizeof *r->adst);
     r->cur = SIZE_MAX;
-    if (!r->held || !r->hidx || !r->pend || !r->slot || !r->st || !r->ahead || !r->fate ||
-        !r->res || !r->lost || !r->sent || !r->left || !r->aloc || !r->adst) {
+    if (!r->c || !r->hidx || !r->ahead) {
         rt_free(r);
         return ferry__kv_err(kv, -ENOMEM, "kv retrieve: out of memory for %zu chunks", nch);
     }
     ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
     for (size_t i = 0; i < nch; i++)
-        r->st[i] = FERRY_ENOTFOUND;
+        r->c[i].st = FERRY_ENOTFOUND;
     r->batch_max = (size_t)FERRY__MAX(l1->capacity / 2, 1);
     /* asynchronous reads: at most a quarter of L1 in flight, so they never
      * crowd out the slots the copies hold */
@@ -730,8 +723,7 @@ static int rt_init(rtv *r, size_t nch)
     }
     /* several chunks landing from L2 into a host buffer: the I/O workers
      * copy them out while this thread keeps the reads going */
-    if (r->at && !r->s && nch > 1 &&
-        (r->csrc = ferry__calloc(nch, sizeof *r->csrc)) != NULL) {
+    if (r->at && !r->s && nch > 1) {
         r->wcopy = 1;
         pthread_mutex_init(&r->cmu, NULL);
         pthread_cond_init(&r->ccv, NULL);
@@ -743,8 +735,8 @@ static int rt_init(rtv *r, size_t nch)
 static void rt_landed_from(rtv *r, size_t k, size_t ic)
 {
     for (size_t j = k; j < ic; j++)
-        if (r->fate[j] == RT_LANDED)
-            rt_read_done(r, j, r->res[j]);
+        if (r->c[j].fate == RT_LANDED)
+            rt_read_done(r, j, r->c[j].res);
 }
 
 /* every chunk of ids resolved: read, copied out, or a miss */
@@ -754,19 +746,19 @@ static void rt_run(rtv *r, const ferry_kv_hash *ids, int lower)
     size_t nch = r->nch, k = 0, ic = 0;
     int blocked = 0;
     while (k < nch) {
-        if (r->fate[k] == RT_DONE) {
+        if (r->c[k].fate == RT_DONE) {
             k++;
             continue;
         }
-        if (r->fate[k] == RT_OPEN && rt_failed(r) < 0) {
-            r->fate[k++] = RT_DONE;
+        if (r->c[k].fate == RT_OPEN && rt_failed(r) < 0) {
+            r->c[k++].fate = RT_DONE;
             continue;
         }
         rt_fill(r, ids, k, &ic, &blocked);
-        if (r->fate[k] == RT_READING || r->fate[k] == RT_LANDED) {
+        if (r->c[k].fate == RT_READING || r->c[k].fate == RT_LANDED) {
             /* take what landed, refill, then copy those out (in landing
              * order, not prompt order) while the new reads go on */
-            if (r->fate[k] == RT_READING) {
+            if (r->c[k].fate == RT_READING) {
                 rt_reap(r);
                 rt_fill(r, ids, k, &ic, &blocked);
             }
@@ -789,7 +781,7 @@ static void rt_run(rtv *r, const ferry_kv_hash *ids, int lower)
                                    r->n - (k + 1) * kv->chunk_tokens, 0, r->ahead + k + 1);
         int one = rt_one(r, ids, k);
         if (one > 0) {
-            r->fate[k++] = RT_DONE;
+            r->c[k++].fate = RT_DONE;
             blocked = 0; /* its slot's lock is gone (or goes with its copy
                             on a worker): read ahead again */
         } else if (one < 0)
@@ -854,10 +846,10 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
     ferry__kv_stream_put(kv, r.s);
     rt_count(&r);
     size_t lead = 0;
-    for (size_t i = 0; i < nch && r.st[i] == 0; i++)
+    for (size_t i = 0; i < nch && r.c[i].st == 0; i++)
         lead += ferry__kv_chunk_ntok(kv, i, n);
     for (size_t i = 0; i < nch; i++)
-        ferry__kv_set_status(req, i, r.st[i]);
+        ferry__kv_set_status(req, i, r.c[i].st);
     rt_free(&r);
     ferry__kv_hist_record(&kv->h_retrieve, ferry__now_ns() - t0);
     if (r.copy_rc < 0) {
