@@ -34,13 +34,7 @@ static unsigned g_tb = 64;
 
 static ferry_kv_layout small_layout(void)
 {
-    ferry_kv_layout l = FERRY_KV_LAYOUT_INIT;
-    l.num_layers = 2;
-    l.kv = 2;
-    l.num_heads = 2;
-    l.head_dim = TB / 4;
-    l.dtype = FERRY_DTYPE_BF16;
-    return l;
+    return ft_kv_layout(TB);
 }
 
 static ferry_kv_config small_config(uint64_t l1_chunks)

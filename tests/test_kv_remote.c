@@ -43,13 +43,7 @@ static void sleep_ms(int ms)
 
 static ferry_kv_layout small_layout(void)
 {
-    ferry_kv_layout l = FERRY_KV_LAYOUT_INIT;
-    l.num_layers = 2;
-    l.kv = 2;
-    l.num_heads = 2;
-    l.head_dim = 16;
-    l.dtype = FERRY_DTYPE_BF16;
-    return l;
+    return ft_kv_layout(64);
 }
 
 static ferry_remote_options g_ro; /* short timeouts and backoff */

@@ -41,13 +41,7 @@ static int g_scribbling;
 
 static ferry_kv_layout small_layout(void)
 {
-    ferry_kv_layout l = FERRY_KV_LAYOUT_INIT;
-    l.num_layers = 2;
-    l.kv = 2;
-    l.num_heads = 2;
-    l.head_dim = TB / 4;
-    l.dtype = FERRY_DTYPE_BF16;
-    return l;
+    return ft_kv_layout(TB);
 }
 
 static unsigned char content(ferry_kv_hash h, unsigned plane, unsigned row, unsigned j)

@@ -199,3 +199,14 @@ uint64_t ft_oom_each(uint64_t max, int sticky, int (*run)(void *ctx), void *ctx)
     fail_msg("no run was clean within %llu allocations", (unsigned long long)max);
     return 0;
 }
+
+ferry_kv_layout ft_kv_layout(unsigned token_bytes)
+{
+    ferry_kv_layout l = FERRY_KV_LAYOUT_INIT;
+    l.num_layers = 2;
+    l.kv = 2;
+    l.num_heads = 2;
+    l.head_dim = token_bytes / 4;
+    l.dtype = FERRY_DTYPE_BF16;
+    return l;
+}

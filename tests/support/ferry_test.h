@@ -38,6 +38,11 @@ uint64_t ft_alloc_failures(void);
  */
 uint64_t ft_oom_each(uint64_t max, int sticky, int (*run)(void *ctx), void *ctx);
 
+/* ---- the KV tests' layout ---- */
+/* 2 layers, K and V, 2 heads of token_bytes / 4 bf16 values: token_bytes
+ * per token and plane (64 gives 16-token chunks of 4 KiB) */
+ferry_kv_layout ft_kv_layout(unsigned token_bytes);
+
 /* ---- temporary directories ---- */
 /* mkdtemp under $FERRY_TEST_TMPDIR or /var/tmp (a real disk, O_DIRECT-capable)
  * into buf; returns buf. */
