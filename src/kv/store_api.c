@@ -35,34 +35,35 @@ static int prepare(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv
     return nch;
 }
 
-int ferry_kv_store(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
-                   const ferry_kv_buffer *src)
+/* a blocking store or retrieve (kind: FERRY__KV_OP_*) on this thread */
+static int blocking(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
+                    const ferry_kv_req *req, const ferry_kv_buffer *buf)
 {
+    const char *what = kind == FERRY__KV_OP_STORE ? "store" : "retrieve";
     if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv store: store is NULL");
+        return ferry__err_set(NULL, -EINVAL, "kv %s: store is NULL", what);
     ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
-    int nch = prepare(kv, tokens, n, req, src, "store", stack, &ids);
+    int nch = prepare(kv, tokens, n, req, buf, what, stack, &ids);
     if (nch < 0)
         return nch;
-    int rc = nch ? ferry__kv_do_store(kv, ids, (size_t)nch, n, req, src) : 0;
+    int rc = !nch                         ? 0
+             : kind == FERRY__KV_OP_STORE ? ferry__kv_do_store(kv, ids, (size_t)nch, n, req, buf)
+                                          : ferry__kv_do_retrieve(kv, ids, (size_t)nch, n, req, buf);
     if (ids != stack)
         ferry__free(ids);
     return rc;
 }
 
+int ferry_kv_store(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
+                   const ferry_kv_buffer *src)
+{
+    return blocking(kv, FERRY__KV_OP_STORE, tokens, n, req, src);
+}
+
 int ferry_kv_retrieve(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
                       const ferry_kv_buffer *dst)
 {
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv retrieve: store is NULL");
-    ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
-    int nch = prepare(kv, tokens, n, req, dst, "retrieve", stack, &ids);
-    if (nch < 0)
-        return nch;
-    int rc = nch ? ferry__kv_do_retrieve(kv, ids, (size_t)nch, n, req, dst) : 0;
-    if (ids != stack)
-        ferry__free(ids);
-    return rc;
+    return blocking(kv, FERRY__KV_OP_RETRIEVE, tokens, n, req, dst);
 }
 
 /* an asynchronous operation on a worker: the store or retrieve, then its
