@@ -621,6 +621,18 @@ static void buffer_registration_errors(void **state)
     close_env(&e);
 }
 
+/* a cufile engine opened (and closed) on dev */
+static int oom_cufile_open(void *ctx)
+{
+    ferry_io_options o = FERRY_IO_OPTIONS_INIT;
+    o.engine = "cufile";
+    o.device = ctx;
+    ferry_io *io = NULL;
+    int rc = ferry_io_open(&o, &io);
+    ferry_io_close(io);
+    return rc;
+}
+
 static void driver_refcounted_across_engines_and_oom(void **state)
 {
     (void)state;
@@ -635,23 +647,7 @@ static void driver_refcounted_across_engines_and_oom(void **state)
     d.backend = "host";
     ferry_device *dev = NULL;
     FT_ASSERT_OK(ferry_device_open(&d, &dev));
-    int ok = 0;
-    for (uint64_t at = 1; at < 50 && !ok; at++) {
-        ft_alloc_install(at, 1);
-        ferry_io_options o = FERRY_IO_OPTIONS_INIT;
-        o.engine = "cufile";
-        o.device = dev;
-        ferry_io *io = NULL;
-        int rc = ferry_io_open(&o, &io);
-        if (rc == 0)
-            ok = ft_alloc_failures() == 0;
-        else
-            assert_int_equal(rc, -ENOMEM);
-        ferry_io_close(io);
-        assert_int_equal(ft_alloc_live(), 0);
-        ft_alloc_reset();
-    }
-    assert_true(ok);
+    ft_oom_each(50, 1, oom_cufile_open, dev);
     ferry_device_close(dev);
     assert_int_equal(F.opens, F.closes); /* every driver open of a failed open was undone */
 }
