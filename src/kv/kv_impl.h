@@ -38,6 +38,9 @@ struct ferry__kv_entry {
     ferry__kv_entry *dnext;    /* doomed list */
     uint32_t state;            /* FERRY__KV_WRITING / READY */
     uint32_t readers;          /* read locks (ops in flight + pins) */
+    uint32_t pins;             /* of which ferry_kv_pin's: only these can be unpinned, so
+                                  an unpin never takes an operation's lock (a pinned
+                                  entry that was dropped takes its pins with it) */
     uint32_t refs;             /* internal pointers held by ops in flight */
     uint32_t tokens;           /* tokens the chunk covers */
     uint64_t write_deadline;   /* ns; WRITING only */

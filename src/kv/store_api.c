@@ -236,12 +236,15 @@ static int pin_common(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry
     uint64_t now = ferry__kv_now_ns(kv);
     for (size_t i = 0; i < (size_t)nch; i++) {
         ferry__kv_entry *e = ferry__kv_find(kv, ids[i]);
-        if (!e || e->state != FERRY__KV_READY || (!pin && e->readers == 0))
+        if (!e || e->state != FERRY__KV_READY || (!pin && e->pins == 0))
             break;
-        if (pin)
+        if (pin) {
             ferry__kv_read_lock(kv, e, now);
-        else
+            e->pins++;
+        } else {
+            e->pins--;
             ferry__kv_read_unlock(e);
+        }
         lead += ferry__kv_chunk_ntok(kv, i, n);
     }
     pthread_mutex_unlock(&kv->mu);
