@@ -22,6 +22,7 @@
 #include "ferry_test.h"
 #include "io/sys.h"
 #include "kv/kv_impl.h"
+#include "kv/store_int.h"
 
 /* a small layout: 2 layers, K and V, 2 heads of 16 bf16: 64 bytes per token
  * and plane, 16-token chunks of 4096 bytes (the tests of chunks read in
@@ -1639,6 +1640,53 @@ static void l2_chunks_into_a_paged_buffer_pass_their_check(void **state)
     big_close(&f);
 }
 
+/* the entry of chunk k of tokens (no salt), or NULL; under the store's mutex */
+static ferry__kv_entry *entry_of(ferry_kv *kv, const int32_t *tok, size_t n, size_t k)
+{
+    ferry_kv_hash h[BIG];
+    assert_true((size_t)ferry_kv_hash_chunks(kv->seed, tok, n, CT, 0, h, BIG) > k);
+    ferry_kv_hash id = {h[k].lo ^ kv->ns0.lo, h[k].hi ^ kv->ns0.hi};
+    return ferry__kv_find(kv, id);
+}
+
+/* a pinned chunk whose only copy failed its check is dropped with its pin;
+ * when the same tokens are stored again, an unpin finds no pin on the new
+ * entry and must not take the read lock an operation holds on it */
+static void unpin_never_takes_an_operations_lock(void **state)
+{
+    (void)state;
+    bigfix f;
+    big_open(&f, 40, 4);
+    assert_int_equal(ferry_kv_pin(f.kv, f.a, CT, NULL), CT);
+    corrupt_l2_chunk(&f, 0);
+    int st[1];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = 1;
+    assert_int_equal(ferry_kv_retrieve(f.kv, f.a, CT, &r, &f.d.b), 0);
+    assert_int_equal(st[0], FERRY_ECORRUPT);
+    /* stored again: a new entry, which an operation read-locks */
+    assert_int_equal(ferry_kv_store(f.kv, f.a, CT, NULL, &f.h.b), CT);
+    FT_ASSERT_OK(ferry_kv_flush(f.kv));
+    pthread_mutex_lock(&f.kv->mu);
+    ferry__kv_entry *e = entry_of(f.kv, f.a, BIG * CT, 0);
+    assert_non_null(e);
+    ferry__kv_read_lock(f.kv, e, ferry__kv_now_ns(f.kv));
+    uint32_t held = e->readers;
+    pthread_mutex_unlock(&f.kv->mu);
+    /* the old pin went with the old entry: nothing to unpin */
+    assert_int_equal(ferry_kv_unpin(f.kv, f.a, CT, NULL), 0);
+    pthread_mutex_lock(&f.kv->mu);
+    assert_int_equal(e->readers, held);
+    ferry__kv_read_unlock(e);
+    pthread_mutex_unlock(&f.kv->mu);
+    /* a pin of the new entry is unpinned as before */
+    assert_int_equal(ferry_kv_pin(f.kv, f.a, CT, NULL), CT);
+    assert_int_equal(ferry_kv_unpin(f.kv, f.a, CT, NULL), CT);
+    assert_int_equal(ferry_kv_unpin(f.kv, f.a, CT, NULL), 0);
+    big_close(&f);
+}
+
 /* a tier that fails every write (a full or dying drive) fails at the rate
  * of the stores: its warnings are the first few, then one a second with a
  * count, not one per chunk */
@@ -2288,6 +2336,7 @@ int main(void)
         cmocka_unit_test(two_stores_on_one_l2_directory_are_refused),
         cmocka_unit_test(failing_tier_warnings_are_rate_limited),
         cmocka_unit_test(l2_chunks_into_a_paged_buffer_pass_their_check),
+        cmocka_unit_test(unpin_never_takes_an_operations_lock),
         cmocka_unit_test(l2_concurrent_retrieves_share_the_reads),
         cmocka_unit_test(l2_with_the_default_engine_reads_back_into_the_registered_pool),
         cmocka_unit_test(l2_io_error_makes_a_miss_and_store_keeps_serving),
