@@ -9,6 +9,7 @@
 #include <xxhash.h>
 
 #include <errno.h>
+#include <stddef.h>
 #include <math.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -2178,6 +2179,40 @@ static void async_store_and_retrieve(void **state)
 
 /* ---- metrics ---- */
 
+/* stats_get writes only the size the caller's header knows */
+static void stats_get_honours_the_callers_size(void **state)
+{
+    (void)state;
+    ferry_kv_config c = small_config(4);
+    ferry_kv *kv;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    int32_t tok[2 * CT];
+    make_tokens(tok, 2 * CT, 5);
+    hbuf h;
+    hbuf_init(&h, 2 * CT, 1);
+    assert_int_equal(ferry_kv_store(kv, tok, 2 * CT, NULL, &h.b), 2 * CT);
+    unsigned char raw[sizeof(ferry_kv_stats) + 16];
+    memset(raw, 0xA5, sizeof raw);
+    ferry_kv_stats *old = (ferry_kv_stats *)(void *)raw;
+    size_t old_size = offsetof(ferry_kv_stats, corrupt_chunks); /* an older header */
+    old->size = old_size;
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, old));
+    assert_int_equal(old->size, old_size);
+    assert_int_equal(old->stores, 1);
+    assert_int_equal(old->stored_chunks, 2);
+    for (size_t k = old_size; k < sizeof raw; k++)
+        assert_int_equal(raw[k], 0xA5); /* nothing past the caller's struct */
+    ferry_kv_stats full;
+    full.size = sizeof full;
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &full));
+    assert_int_equal(full.corrupt_chunks, 0);
+    full.size = 3;
+    assert_int_equal(ferry_kv_stats_get(kv, &full), -EINVAL);
+    assert_int_equal(ferry_kv_stats_get(kv, NULL), -EINVAL);
+    ferry_kv_close(kv);
+    free(h.mem);
+}
+
 static void metrics_struct_and_prometheus(void **state)
 {
     (void)state;
@@ -2346,6 +2381,7 @@ int main(void)
         cmocka_unit_test(device_buffers_round_trip_and_copy_faults),
         cmocka_unit_test(async_store_and_retrieve),
         cmocka_unit_test(metrics_struct_and_prometheus),
+        cmocka_unit_test(stats_get_honours_the_callers_size),
         cmocka_unit_test(out_of_memory_at_every_allocation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

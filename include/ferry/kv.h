@@ -564,8 +564,17 @@ typedef struct ferry_kv_stats {
     uint64_t corrupt_chunks;
 } ferry_kv_stats;
 
-/** A snapshot of the store's counters into *out (all of it). Errors: -EINVAL (NULL). */
+/** A snapshot of the store's counters into *out (all of it: out must be
+ *  this header's ferry_kv_stats). Errors: -EINVAL (NULL). */
 FERRY_API int ferry_kv_metrics(ferry_kv *kv, ferry_kv_stats *out);
+/**
+ * The same snapshot, as every ferry_<object>_stats_get: the caller sets
+ * out->size (sizeof(ferry_kv_stats) of its header) and only that many
+ * bytes are written, so a program built against an older, smaller
+ * ferry_kv_stats keeps working; out->size is left as the caller set it.
+ * Errors: -EINVAL (NULL, or a size below offsetof(ferry_kv_stats, lookups)).
+ */
+FERRY_API int ferry_kv_stats_get(ferry_kv *kv, ferry_kv_stats *out);
 /**
  * The q-quantile (0..1) of a latency histogram, in nanoseconds (the upper
  * edge of the bucket it falls in, interpolated); 0 when the histogram is empty.

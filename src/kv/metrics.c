@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "kv_impl.h"
@@ -56,6 +57,23 @@ static void hist_copy(uint64_t *out, const ferry__kv_hist *h)
 }
 
 #define LD(x) atomic_load_explicit(&(x), memory_order_relaxed)
+
+int ferry_kv_stats_get(ferry_kv *kv, ferry_kv_stats *out)
+{
+    if (!kv || !out || out->size < offsetof(ferry_kv_stats, lookups))
+        return ferry__err_set(NULL, -EINVAL,
+                              "kv stats: store or out is NULL, or out->size %zu is not set "
+                              "(sizeof(ferry_kv_stats) is %zu)",
+                              out ? out->size : (size_t)0, sizeof(ferry_kv_stats));
+    ferry_kv_stats m;
+    int rc = ferry_kv_metrics(kv, &m);
+    if (rc < 0)
+        return rc;
+    size_t want = out->size;
+    memcpy((char *)out + sizeof m.size, (const char *)&m + sizeof m.size,
+           FERRY__MIN(want, sizeof m) - sizeof m.size);
+    return 0;
+}
 
 int ferry_kv_metrics(ferry_kv *kv, ferry_kv_stats *out)
 {
