@@ -726,14 +726,20 @@ void ferry_remote_close(ferry_remote *r)
 
 /* ---- the API ---- */
 
+/* a put's handle, key and value, checked before anything is queued or sent */
+static int check_put(ferry_remote *r, const void *key, size_t key_len, const void *data,
+                     size_t len, const char *fn)
+{
+    if (!r)
+        return ferry__err_set(NULL, -EINVAL, "%s: NULL handle", fn);
+    int rc = check_key(r, key, key_len, "put");
+    return rc ? rc : check_data(r, data, len, "put");
+}
+
 int ferry_remote_put(ferry_remote *r, const void *key, size_t key_len, const void *data,
                      size_t len)
 {
-    if (!r)
-        return ferry__err_set(NULL, -EINVAL, "ferry_remote_put: NULL handle");
-    int rc = check_key(r, key, key_len, "put");
-    if (rc == 0)
-        rc = check_data(r, data, len, "put");
+    int rc = check_put(r, key, key_len, data, len, "ferry_remote_put");
     if (rc)
         return rc;
     size_t klen = r->prefix_len + key_len, vlen = r->header_len + len;
@@ -805,11 +811,7 @@ int ferry_remote_put(ferry_remote *r, const void *key, size_t key_len, const voi
 int ferry_remote_put_sync(ferry_remote *r, const void *key, size_t key_len, const void *data,
                           size_t len)
 {
-    if (!r)
-        return ferry__err_set(NULL, -EINVAL, "ferry_remote_put_sync: NULL handle");
-    int rc = check_key(r, key, key_len, "put");
-    if (rc == 0)
-        rc = check_data(r, data, len, "put");
+    int rc = check_put(r, key, key_len, data, len, "ferry_remote_put_sync");
     if (rc)
         return rc;
     char ks[80];
