@@ -29,6 +29,19 @@ extern "C" {
 #define FERRY_API
 #endif
 
+/*
+ * FERRY_FIELD(member) opens one member's value in an _INIT macro. C gets a
+ * designated initializer (".member ="), so the compiler checks each name
+ * against the struct; C++ before C++20 has no designated lists, so there
+ * the same values stand positionally. Every _INIT therefore names every
+ * member, in declaration order: both languages see a complete list.
+ */
+#ifdef __cplusplus
+#define FERRY_FIELD(member)
+#else
+#define FERRY_FIELD(member) .member =
+#endif
+
 #define FERRY_VERSION_MAJOR 0
 #define FERRY_VERSION_MINOR 1
 #define FERRY_VERSION_PATCH 0

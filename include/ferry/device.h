@@ -72,7 +72,10 @@ typedef struct ferry_device_options {
         (Added after fault_mask: read only when size covers it.) */
     uint64_t mem_limit;
 } ferry_device_options;
-#define FERRY_DEVICE_OPTIONS_INIT {sizeof(ferry_device_options), NULL, 0, 0, 0, 0, 0, 0}
+#define FERRY_DEVICE_OPTIONS_INIT \
+    {FERRY_FIELD(size) sizeof(ferry_device_options), FERRY_FIELD(backend) NULL, \
+     FERRY_FIELD(ordinal) 0, FERRY_FIELD(fail_nth) 0, FERRY_FIELD(fail_code) 0, \
+     FERRY_FIELD(short_copy) 0, FERRY_FIELD(fault_mask) 0, FERRY_FIELD(mem_limit) 0}
 
 /*
  * Host fault injection. Counted calls, by kind:

@@ -193,7 +193,11 @@ typedef struct ferry_gds_config {
                                      (0600), e.g. 0660 (directories 0770) */
 } ferry_gds_config;
 #define FERRY_GDS_CONFIG_INIT \
-    {sizeof(ferry_gds_config), NULL, 0, 0, 1, 0, 0, NULL, NULL, NULL, NULL, 0, 0, 0}
+    {FERRY_FIELD(size) sizeof(ferry_gds_config), FERRY_FIELD(dirs) NULL, FERRY_FIELD(n_dirs) 0, \
+     FERRY_FIELD(bytes) 0, FERRY_FIELD(direct) 1, FERRY_FIELD(alignment) 0, \
+     FERRY_FIELD(region_cap) 0, FERRY_FIELD(driver) NULL, FERRY_FIELD(custom_driver) NULL, \
+     FERRY_FIELD(device) NULL, FERRY_FIELD(engine) NULL, FERRY_FIELD(depth) 0, \
+     FERRY_FIELD(stripe_bytes) 0, FERRY_FIELD(mode) 0}
 
 /** Create a context that is off. Errors: -ENOMEM. Free with ferry_gds_close(). */
 FERRY_API int ferry_gds_create(ferry_gds **out);

@@ -89,7 +89,9 @@ typedef struct ferry_io_options {
      *  a multiple of 4096; 0 -> 8 MiB */
     size_t bounce_bytes;
 } ferry_io_options;
-#define FERRY_IO_OPTIONS_INIT {sizeof(ferry_io_options), NULL, 0, 0, NULL, 0}
+#define FERRY_IO_OPTIONS_INIT \
+    {FERRY_FIELD(size) sizeof(ferry_io_options), FERRY_FIELD(engine) NULL, FERRY_FIELD(depth) 0, \
+     FERRY_FIELD(max_request) 0, FERRY_FIELD(device) NULL, FERRY_FIELD(bounce_bytes) 0}
 
 /**
  * Open an engine. Every option is range-checked before it is used:

@@ -172,7 +172,9 @@ typedef struct ferry_kv_layout {
     int dtype;             /**< enum ferry_dtype (ferry/slab.h) */
 } ferry_kv_layout;
 /** Llama-3-8B: 32 layers, K and V, 8 KV heads, head_dim 128, bf16. */
-#define FERRY_KV_LAYOUT_INIT {sizeof(ferry_kv_layout), 32, 2, 8, 128, FERRY_DTYPE_BF16}
+#define FERRY_KV_LAYOUT_INIT \
+    {FERRY_FIELD(size) sizeof(ferry_kv_layout), FERRY_FIELD(num_layers) 32, FERRY_FIELD(kv) 2, \
+     FERRY_FIELD(num_heads) 8, FERRY_FIELD(head_dim) 128, FERRY_FIELD(dtype) FERRY_DTYPE_BF16}
 
 /**
  * Bytes of one chunk of chunk_tokens tokens in layout l. Errors: -EINVAL
@@ -218,8 +220,11 @@ typedef struct ferry_kv_buffer {
     size_t table_len;            /**< entries in block_table */
 } ferry_kv_buffer;
 #define FERRY_KV_BUFFER_INIT \
-    {sizeof(ferry_kv_buffer), FERRY_KV_LAYOUT_INIT, FERRY_KV_MEM_HOST, FERRY_KV_CONTIGUOUS, \
-     0, 0, NULL, 0, 0, 0, NULL, 0}
+    {FERRY_FIELD(size) sizeof(ferry_kv_buffer), FERRY_FIELD(layout) FERRY_KV_LAYOUT_INIT, \
+     FERRY_FIELD(mem) FERRY_KV_MEM_HOST, FERRY_FIELD(form) FERRY_KV_CONTIGUOUS, \
+     FERRY_FIELD(base) 0, FERRY_FIELD(capacity_tokens) 0, FERRY_FIELD(block_bases) NULL, \
+     FERRY_FIELD(block_tokens) 0, FERRY_FIELD(block_stride) 0, FERRY_FIELD(num_blocks) 0, \
+     FERRY_FIELD(block_table) NULL, FERRY_FIELD(table_len) 0}
 
 /* ---- the store ---- */
 
@@ -307,11 +312,18 @@ typedef struct ferry_kv_config {
      */
     unsigned l2_mode;
 } ferry_kv_config;
-/* positional, not designated: C++ consumers (before C++20, and with
- * -Wextra) need every member in order */
 #define FERRY_KV_CONFIG_INIT \
-    {sizeof(ferry_kv_config), NULL, 0, 1, FERRY_KV_LAYOUT_INIT, 0, 0, 0, NULL, 0, 1, NULL, \
-     FERRY_KV_EVICT_LRU, FERRY_KV_EVICT_LRU, 0, 0, 0, 0, NULL, 0, 0, 0, NULL, NULL, 0, 0, 0}
+    {FERRY_FIELD(size) sizeof(ferry_kv_config), FERRY_FIELD(model) NULL, FERRY_FIELD(tp_rank) 0, \
+     FERRY_FIELD(tp_world) 1, FERRY_FIELD(layout) FERRY_KV_LAYOUT_INIT, \
+     FERRY_FIELD(chunk_tokens) 0, FERRY_FIELD(hash_seed) 0, FERRY_FIELD(l1_bytes) 0, \
+     FERRY_FIELD(l2_dir) NULL, FERRY_FIELD(l2_bytes) 0, FERRY_FIELD(l2_direct) 1, \
+     FERRY_FIELD(l2_engine) NULL, FERRY_FIELD(l1_policy) FERRY_KV_EVICT_LRU, \
+     FERRY_FIELD(l2_policy) FERRY_KV_EVICT_LRU, FERRY_FIELD(watermark) 0, \
+     FERRY_FIELD(evict_fraction) 0, FERRY_FIELD(write_ttl_ms) 0, FERRY_FIELD(read_ttl_ms) 0, \
+     FERRY_FIELD(device) NULL, FERRY_FIELD(prefetch_max_bytes) 0, FERRY_FIELD(workers) 0, \
+     FERRY_FIELD(l2_persistent) 0, FERRY_FIELD(remote_url) NULL, \
+     FERRY_FIELD(remote_options) NULL, FERRY_FIELD(remote_index_chunks) 0, \
+     FERRY_FIELD(l2_reset) 0, FERRY_FIELD(l2_mode) 0}
 /** The smallest size field ferry_kv_open takes: a config that ends at
  *  l1_bytes (what an L1-only store needs); the fields past a caller's size
  *  take their defaults, so a program built against an older header keeps
@@ -375,7 +387,10 @@ typedef struct ferry_kv_req {
     int *status;
     size_t max_chunks;      /**< entries in tiers/status */
 } ferry_kv_req;
-#define FERRY_KV_REQ_INIT {sizeof(ferry_kv_req), NULL, 0, 0, NULL, NULL, 0}
+#define FERRY_KV_REQ_INIT \
+    {FERRY_FIELD(size) sizeof(ferry_kv_req), FERRY_FIELD(salt) NULL, FERRY_FIELD(salt_len) 0, \
+     FERRY_FIELD(flags) 0, FERRY_FIELD(tiers) NULL, FERRY_FIELD(status) NULL, \
+     FERRY_FIELD(max_chunks) 0}
 
 /**
  * How many leading tokens of tokens[0..n) are cached (in whole chunks, plus

@@ -122,7 +122,10 @@ typedef struct ferry_moe_gen_options {
      * preset's top_k too must not exceed num_experts) */
     uint32_t num_layers, num_experts, top_k;
 } ferry_moe_gen_options;
-#define FERRY_MOE_GEN_OPTIONS_INIT {sizeof(ferry_moe_gen_options), NULL, 0, 1, 0, 0, 0}
+#define FERRY_MOE_GEN_OPTIONS_INIT \
+    {FERRY_FIELD(size) sizeof(ferry_moe_gen_options), FERRY_FIELD(model) NULL, \
+     FERRY_FIELD(tokens) 0, FERRY_FIELD(seed) 1, FERRY_FIELD(num_layers) 0, \
+     FERRY_FIELD(num_experts) 0, FERRY_FIELD(top_k) 0}
 
 /**
  * Generate a realistic synthetic routing trace, calibrated to published
@@ -161,7 +164,10 @@ typedef struct ferry_moe_planner_options {
      * stay 0 */
     uint64_t expert_bytes;
 } ferry_moe_planner_options;
-#define FERRY_MOE_PLANNER_OPTIONS_INIT {sizeof(ferry_moe_planner_options), 0, 0, 0, NULL, NULL, 0}
+#define FERRY_MOE_PLANNER_OPTIONS_INIT \
+    {FERRY_FIELD(size) sizeof(ferry_moe_planner_options), FERRY_FIELD(num_layers) 0, \
+     FERRY_FIELD(num_experts) 0, FERRY_FIELD(slots) 0, FERRY_FIELD(policy) NULL, \
+     FERRY_FIELD(oracle) NULL, FERRY_FIELD(expert_bytes) 0}
 
 /**
  * Policy names, NULL-terminated:
@@ -345,7 +351,10 @@ typedef struct ferry_moe_geometry {
      *  most INT64_MAX (and SIZE_MAX); entries from banks on are ignored */
     size_t row_bytes[FERRY_MOE_MAX_BANKS];
 } ferry_moe_geometry;
-#define FERRY_MOE_GEOMETRY_INIT {sizeof(ferry_moe_geometry), 0, 0, 0, 0, {0, 0, 0, 0}}
+#define FERRY_MOE_GEOMETRY_INIT \
+    {FERRY_FIELD(size) sizeof(ferry_moe_geometry), FERRY_FIELD(num_layers) 0, \
+     FERRY_FIELD(num_experts) 0, FERRY_FIELD(slots) 0, FERRY_FIELD(banks) 0, \
+     FERRY_FIELD(row_bytes) {0, 0, 0, 0}}
 
 /**
  * Open a slot device on a ferry_device: the pool is ONE device allocation

@@ -159,8 +159,12 @@ typedef struct ferry_pslab_options {
     unsigned mode;
 } ferry_pslab_options;
 #define FERRY_PSLAB_OPTIONS_INIT \
-    {sizeof(ferry_pslab_options), NULL, 0, 0, 0, 0, 1, NULL, 0, FERRY_PSLAB_SYNC_FULL, 0, 0, 0, \
-     0, 0, NULL, 0, 0}
+    {FERRY_FIELD(size) sizeof(ferry_pslab_options), FERRY_FIELD(dirs) NULL, \
+     FERRY_FIELD(n_dirs) 0, FERRY_FIELD(bytes) 0, FERRY_FIELD(alignment) 0, \
+     FERRY_FIELD(stripe_bytes) 0, FERRY_FIELD(direct) 1, FERRY_FIELD(engine) NULL, \
+     FERRY_FIELD(flags) 0, FERRY_FIELD(sync) FERRY_PSLAB_SYNC_FULL, FERRY_FIELD(lanes) 0, \
+     FERRY_FIELD(compact_bytes) 0, FERRY_FIELD(batch_bytes) 0, FERRY_FIELD(batch_ms) 0, \
+     FERRY_FIELD(depth) 0, FERRY_FIELD(tag) NULL, FERRY_FIELD(tag_len) 0, FERRY_FIELD(mode) 0}
 
 /**
  * Open (recover) the store in opt->dirs, or create it when there is none

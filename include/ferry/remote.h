@@ -149,7 +149,12 @@ typedef struct ferry_remote_options {
     uint32_t flags;              /**< ferry_remote_flags; other bits are -EINVAL */
 } ferry_remote_options;
 #define FERRY_REMOTE_OPTIONS_INIT \
-    {sizeof(ferry_remote_options), 0, 0, 0, 0, 0, 0, 0, 0, NULL, NULL, 0, 0}
+    {FERRY_FIELD(size) sizeof(ferry_remote_options), FERRY_FIELD(connect_timeout_ms) 0, \
+     FERRY_FIELD(command_timeout_ms) 0, FERRY_FIELD(backoff_initial_ms) 0, \
+     FERRY_FIELD(backoff_max_ms) 0, FERRY_FIELD(queue_max_items) 0, \
+     FERRY_FIELD(queue_max_bytes) 0, FERRY_FIELD(connections) 0, FERRY_FIELD(ttl_s) 0, \
+     FERRY_FIELD(key_prefix) NULL, FERRY_FIELD(layout) NULL, FERRY_FIELD(layout_len) 0, \
+     FERRY_FIELD(flags) 0}
 
 /** One key of a batch. */
 typedef struct ferry_remote_key {

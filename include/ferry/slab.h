@@ -110,7 +110,9 @@ typedef struct ferry_slab_options {
     /** a power of two in 1..FERRY_SLAB_ALIGN_MAX (1 GiB); 0 -> 4096 */
     size_t alignment;
 } ferry_slab_options;
-#define FERRY_SLAB_OPTIONS_INIT {sizeof(ferry_slab_options), 0, 0}
+#define FERRY_SLAB_OPTIONS_INIT \
+    {FERRY_FIELD(size) sizeof(ferry_slab_options), FERRY_FIELD(capacity) 0, \
+     FERRY_FIELD(alignment) 0}
 
 /**
  * Create an allocator over [0, capacity). Every option is range-checked

@@ -10,6 +10,28 @@ int main(void)
         fprintf(stderr, "version mismatch: %s vs %s\n", ferry_version(), FERRY_VERSION_STRING);
         return 1;
     }
+    /* every public _INIT, so that both languages compile each one: C checks
+     * the member names, C++ (before C++20) that the list is complete */
+    ferry_io_options io_opt = FERRY_IO_OPTIONS_INIT;
+    ferry_gds_config gds_cfg = FERRY_GDS_CONFIG_INIT;
+    ferry_kv_layout kv_layout = FERRY_KV_LAYOUT_INIT;
+    ferry_kv_buffer kv_buf = FERRY_KV_BUFFER_INIT;
+    ferry_kv_config kv_cfg = FERRY_KV_CONFIG_INIT;
+    ferry_kv_req kv_req = FERRY_KV_REQ_INIT;
+    ferry_moe_gen_options gen_opt = FERRY_MOE_GEN_OPTIONS_INIT;
+    ferry_moe_planner_options plan_opt = FERRY_MOE_PLANNER_OPTIONS_INIT;
+    ferry_moe_geometry geo = FERRY_MOE_GEOMETRY_INIT;
+    ferry_pslab_options ps_opt = FERRY_PSLAB_OPTIONS_INIT;
+    ferry_remote_options rem_opt = FERRY_REMOTE_OPTIONS_INIT;
+    ferry_slab_options slab_opt = FERRY_SLAB_OPTIONS_INIT;
+    if (io_opt.size != sizeof io_opt || gds_cfg.direct != 1 || kv_layout.num_layers != 32 ||
+        kv_buf.layout.kv != 2 || kv_cfg.tp_world != 1 || kv_cfg.l2_direct != 1 ||
+        kv_req.size != sizeof kv_req || gen_opt.seed != 1 || plan_opt.policy != NULL ||
+        geo.size != sizeof geo || ps_opt.direct != 1 || rem_opt.size != sizeof rem_opt ||
+        slab_opt.size != sizeof slab_opt) {
+        fprintf(stderr, "an _INIT macro gave an unexpected value\n");
+        return 1;
+    }
     ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
     o.backend = "host";
     ferry_device *dev = NULL;
