@@ -1,0 +1,90 @@
+"""The C structs the package passes to libferry, as ctypes structures.
+
+Each is written here once, in the header's field order; tests/abi_dump
+prints the C compiler's sizeof and offsetof of the same structs and
+python/tests/test_abi.py checks every field against it, so a header
+change that is not made here fails a test instead of corrupting memory.
+"""
+import ctypes
+
+_u8, _u32, _u64, _i32 = ctypes.c_uint8, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int32
+_size, _int, _uint, _dbl = ctypes.c_size_t, ctypes.c_int, ctypes.c_uint, ctypes.c_double
+_vp, _cp = ctypes.c_void_p, ctypes.c_char_p
+
+KV_HIST_BUCKETS = 40
+KV_TIERS = 4
+
+
+class _Sized(ctypes.Structure):
+    """A struct whose first field is its own size (ferry's versioning rule)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.size = ctypes.sizeof(self)
+
+
+class KVHash(ctypes.Structure):
+    _fields_ = [("lo", _u64), ("hi", _u64)]
+
+
+class KVLayout(_Sized):
+    _fields_ = [("size", _size), ("num_layers", _u32), ("kv", _u32), ("num_heads", _u32),
+                ("head_dim", _u32), ("dtype", _int)]
+
+
+class KVBuffer(_Sized):
+    _fields_ = [("size", _size), ("layout", KVLayout), ("mem", _int), ("form", _int),
+                ("base", _u64), ("capacity_tokens", _u64),
+                ("block_bases", ctypes.POINTER(_u64)), ("block_tokens", _u32),
+                ("block_stride", _u64), ("num_blocks", _u64),
+                ("block_table", ctypes.POINTER(_i32)), ("table_len", _size)]
+
+
+class KVConfig(_Sized):
+    _fields_ = [("size", _size), ("model", _cp), ("tp_rank", _u32), ("tp_world", _u32),
+                ("layout", KVLayout), ("chunk_tokens", _u32), ("hash_seed", _u64),
+                ("l1_bytes", _u64), ("l2_dir", _cp), ("l2_bytes", _u64), ("l2_direct", _int),
+                ("l2_engine", _cp), ("l1_policy", _int), ("l2_policy", _int),
+                ("watermark", _dbl), ("evict_fraction", _dbl), ("write_ttl_ms", _u32),
+                ("read_ttl_ms", _u32), ("device", _vp), ("prefetch_max_bytes", _u64),
+                ("workers", _uint), ("l2_persistent", _int), ("remote_url", _cp),
+                ("remote_options", _vp), ("remote_index_chunks", _u64), ("l2_reset", _int),
+                ("l2_mode", _uint)]
+
+
+class KVReq(_Sized):
+    _fields_ = [("size", _size), ("salt", _vp), ("salt_len", _size), ("flags", _uint),
+                ("tiers", ctypes.POINTER(_u8)), ("status", ctypes.POINTER(_int)),
+                ("max_chunks", _size)]
+
+
+class KVTierStats(ctypes.Structure):
+    _fields_ = [("hits", _u64), ("evictions", _u64), ("bytes_written", _u64),
+                ("bytes_read", _u64), ("used_bytes", _u64), ("capacity_bytes", _u64),
+                ("chunks", _u64), ("usage", _dbl), ("failures", _u64)]
+
+
+class KVStats(_Sized):
+    _fields_ = [("size", _size)] + [(n, _u64) for n in (
+        "lookups", "lookup_tokens", "hit_tokens", "stores", "stored_chunks", "stored_bytes",
+        "retrieves", "retrieved_chunks", "retrieved_bytes", "misses", "prefetched_chunks",
+        "deleted_chunks", "failures", "alloc_failures", "lock_expired", "chunks")] + [
+        ("tier", KVTierStats * KV_TIERS),
+        ("lookup_ns", _u64 * KV_HIST_BUCKETS), ("store_ns", _u64 * KV_HIST_BUCKETS),
+        ("retrieve_ns", _u64 * KV_HIST_BUCKETS)] + [(n, _u64) for n in (
+            "remote_lookups", "remote_lookup_chunks", "remote_found_chunks", "remote_puts",
+            "remote_put_bytes", "remote_written", "remote_dropped", "remote_gets",
+            "remote_get_bytes", "remote_misses", "remote_refused", "remote_errors",
+            "remote_degraded")] + [("remote_down", _u32), ("corrupt_chunks", _u64)]
+
+
+# name -> structure, the set test_abi checks against the C compiler's view
+STRUCTS = {
+    "ferry_kv_hash": KVHash,
+    "ferry_kv_layout": KVLayout,
+    "ferry_kv_buffer": KVBuffer,
+    "ferry_kv_config": KVConfig,
+    "ferry_kv_req": KVReq,
+    "ferry_kv_tier_stats": KVTierStats,
+    "ferry_kv_stats": KVStats,
+}

@@ -1,0 +1,204 @@
+"""Turning tensors, arrays and token lists into what libferry reads.
+
+Nothing here copies payload: a buffer is the address of the caller's own
+memory (torch.Tensor.data_ptr(), a NumPy array's data pointer) plus its
+shape. Token ids and block tables are small and are converted to int32
+arrays when they are not already.
+"""
+import ctypes
+
+import numpy as np
+
+from . import _abi as A
+
+try:  # PyTorch is optional: NumPy arrays work without it
+    import torch
+except ImportError:  # pragma: no cover - exercised only where torch is absent
+    torch = None
+
+# enum ferry_dtype (ferry/slab.h)
+DTYPES = {"u8": 0, "i8": 1, "fp8": 2, "f16": 3, "bf16": 4, "i16": 5, "f32": 6, "i32": 7,
+          "f64": 8, "i64": 9}
+_DTYPE_BYTES = {0: 1, 1: 1, 2: 1, 3: 2, 4: 2, 5: 2, 6: 4, 7: 4, 8: 8, 9: 8}
+_NP = {np.dtype(np.uint8): "u8", np.dtype(np.int8): "i8", np.dtype(np.float16): "f16",
+       np.dtype(np.int16): "i16", np.dtype(np.float32): "f32", np.dtype(np.int32): "i32",
+       np.dtype(np.float64): "f64", np.dtype(np.int64): "i64"}
+_TORCH = {}
+if torch is not None:
+    _TORCH = {torch.uint8: "u8", torch.int8: "i8", torch.float16: "f16", torch.bfloat16: "bf16",
+              torch.int16: "i16", torch.float32: "f32", torch.int32: "i32",
+              torch.float64: "f64", torch.int64: "i64"}
+    for _n in ("float8_e4m3fn", "float8_e5m2"):
+        if hasattr(torch, _n):
+            _TORCH[getattr(torch, _n)] = "fp8"
+
+
+def dtype_code(dt):
+    """ferry's dtype code for a torch dtype, NumPy dtype or name ("bf16", "f32", ...)."""
+    if isinstance(dt, int) and dt in _DTYPE_BYTES:
+        return dt
+    if isinstance(dt, str) and dt in DTYPES:
+        return DTYPES[dt]
+    if torch is not None and isinstance(dt, torch.dtype):
+        if dt in _TORCH:
+            return DTYPES[_TORCH[dt]]
+    else:
+        try:
+            npdt = np.dtype(dt)
+            if npdt in _NP:
+                return DTYPES[_NP[npdt]]
+        except TypeError:
+            pass
+    raise ValueError(f"ferry: no ferry dtype for {dt!r}")
+
+
+def dtype_bytes(code):
+    return _DTYPE_BYTES[code]
+
+
+def is_torch(x):
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def describe(x):
+    """(address, shape, strides in elements, dtype code, is_device) of a tensor or array."""
+    if is_torch(x):
+        return (x.data_ptr(), tuple(x.shape), tuple(x.stride()), dtype_code(x.dtype),
+                x.device.type != "cpu")
+    if isinstance(x, np.ndarray):
+        item = x.dtype.itemsize
+        if any(s % item for s in x.strides):
+            raise ValueError("ferry: array strides are not whole elements")
+        return (x.__array_interface__["data"][0], x.shape, tuple(s // item for s in x.strides),
+                dtype_code(x.dtype), False)
+    raise TypeError(f"ferry: expected a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
+
+
+def _contiguous_strides(shape):
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+def _writable(x):
+    if isinstance(x, np.ndarray) and not x.flags.writeable:
+        raise ValueError("ferry: the destination array is read-only")
+
+
+def tokens_array(tokens):
+    """A C-contiguous int32 NumPy array of the token ids, and a ctypes pointer to it."""
+    if is_torch(tokens):
+        tokens = tokens.detach().cpu().numpy()
+    arr = np.ascontiguousarray(np.asarray(tokens), dtype=np.int32)
+    if arr.ndim != 1:
+        raise ValueError(f"ferry: token ids must be one-dimensional, got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError("ferry: no token ids")
+    return arr, arr.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+
+
+class Buffer:
+    """An engine buffer as a ferry_kv_buffer, holding references to what it points at."""
+
+    def __init__(self, layout, data, block_table=None, *, writable=False):
+        self.c = A.KVBuffer()
+        self.c.layout = layout.c
+        self._keep = [data]
+        if block_table is None:
+            self._contiguous(layout, data, writable)
+        else:
+            self._paged(layout, data, block_table, writable)
+
+    def _contiguous(self, layout, t, writable):
+        addr, shape, strides, dt, dev = describe(t)
+        lc = layout.c
+        if dev:
+            raise ValueError("ferry: device tensors need a store opened on that device")
+        if dt != lc.dtype:
+            raise ValueError(f"ferry: tensor dtype code {dt} differs from the layout's {lc.dtype}")
+        row = lc.num_heads * lc.head_dim
+        if len(shape) == 5:
+            ok = shape[3] * shape[4] == row
+        elif len(shape) == 4:
+            ok = shape[3] == row
+        else:
+            ok = False
+        if not ok or shape[0] != lc.kv or shape[1] != lc.num_layers:
+            raise ValueError(
+                f"ferry: a contiguous KV tensor is [kv={lc.kv}][layers={lc.num_layers}][tokens]"
+                f"[heads*head_dim={row}] (or [..][heads][head_dim]), got {list(shape)}")
+        if strides != _contiguous_strides(shape):
+            raise ValueError("ferry: the KV tensor must be contiguous")
+        if writable:
+            _writable(t)
+        self.c.mem = 0
+        self.c.form = 0
+        self.c.base = addr
+        self.c.capacity_tokens = shape[2]
+
+    def _paged(self, layout, caches, block_table, writable):
+        lc = layout.c
+        if is_torch(caches) or isinstance(caches, np.ndarray):
+            caches = [caches]  # one layer
+        caches = list(caches)
+        if len(caches) != lc.num_layers:
+            raise ValueError(f"ferry: {len(caches)} layer caches for a {lc.num_layers}-layer layout")
+        tb = lc.num_heads * lc.head_dim * dtype_bytes(lc.dtype)
+        bases, geom = [], None
+        per_kv = [[] for _ in range(lc.kv)]
+        for i, c in enumerate(caches):
+            addr, shape, strides, dt, dev = describe(c)
+            if dev:
+                raise ValueError("ferry: device tensors need a store opened on that device")
+            if dt != lc.dtype:
+                raise ValueError(f"ferry: layer {i} dtype code {dt} differs from the layout's {lc.dtype}")
+            if writable:
+                _writable(c)
+            item = dtype_bytes(dt)
+            if lc.kv == 2:
+                # vLLM: [2, num_blocks, block_size, num_kv_heads, head_dim]
+                if len(shape) != 5 or shape[0] != 2 or shape[3] * shape[4] != lc.num_heads * lc.head_dim:
+                    raise ValueError(f"ferry: layer {i}: a paged K/V cache is [2][num_blocks][block_size]"
+                                     f"[{lc.num_heads}][{lc.head_dim}], got {list(shape)}")
+                inner = strides[2:]
+                if inner != _contiguous_strides(shape[2:]):
+                    raise ValueError(f"ferry: layer {i}: each block must be contiguous")
+                g = (shape[1], shape[2], strides[1] * item)
+                for k in range(2):
+                    per_kv[k].append(addr + k * strides[0] * item)
+            else:
+                # MLA: [num_blocks, block_size, head_dim] or [num_blocks, block_size, 1, head_dim]
+                if len(shape) not in (3, 4) or shape[-1] * (shape[2] if len(shape) == 4 else 1) \
+                        != lc.num_heads * lc.head_dim:
+                    raise ValueError(f"ferry: layer {i}: a paged latent cache is [num_blocks]"
+                                     f"[block_size][{lc.head_dim}], got {list(shape)}")
+                if strides[1:] != _contiguous_strides(shape[1:]):
+                    raise ValueError(f"ferry: layer {i}: each block must be contiguous")
+                g = (shape[0], shape[1], strides[0] * item)
+                per_kv[0].append(addr)
+            if g[2] < g[1] * tb:
+                raise ValueError(f"ferry: layer {i}: blocks overlap (stride {g[2]} bytes)")
+            if geom is None:
+                geom = g
+            elif g != geom:
+                raise ValueError(f"ferry: layer {i} has {g[0]} blocks of {g[1]} tokens, stride {g[2]};"
+                                 f" layer 0 has {geom}: every layer must match")
+        for k in range(lc.kv):
+            bases.extend(per_kv[k])
+        self._bases = (ctypes.c_uint64 * len(bases))(*bases)
+        if is_torch(block_table):
+            block_table = block_table.detach().cpu().numpy()
+        table = np.ascontiguousarray(np.asarray(block_table), dtype=np.int32)
+        if table.ndim != 1:
+            raise ValueError(f"ferry: a block table is one-dimensional, got shape {table.shape}")
+        self._table = table
+        self._keep.append(caches)
+        c = self.c
+        c.mem = 0
+        c.form = 1
+        c.block_bases = self._bases
+        c.num_blocks, c.block_tokens, c.block_stride = geom
+        c.block_table = table.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        c.table_len = table.size

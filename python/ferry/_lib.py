@@ -1,0 +1,86 @@
+"""Loading libferry and declaring the C functions the package calls.
+
+The library is found, in order, at $FERRY_LIB, next to this package
+(ferry/libferry.so.0, where an installed wheel would put it), in the
+source tree's build directory (build/libferry.so.0 beside python/), and
+through the system's loader path (libferry.so.0).
+"""
+import ctypes
+import os
+
+from . import _abi as A
+
+_c_int, _c_size, _c_u32, _c_u64 = ctypes.c_int, ctypes.c_size_t, ctypes.c_uint32, ctypes.c_uint64
+_vp, _cp = ctypes.c_void_p, ctypes.c_char_p
+_i32p = ctypes.POINTER(ctypes.c_int32)
+
+
+def _candidates():
+    env = os.environ.get("FERRY_LIB")
+    if env:
+        yield env
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    yield os.path.join(here, "libferry.so.0")
+    yield os.path.join(os.path.dirname(os.path.dirname(here)), "build", "libferry.so.0")
+    yield "libferry.so.0"
+
+
+def _load():
+    errors = []
+    for path in _candidates():
+        if os.sep in path and not os.path.exists(path):
+            errors.append(f"{path}: no such file")
+            continue
+        try:
+            return ctypes.CDLL(path)
+        except OSError as e:
+            errors.append(f"{path}: {e}")
+    raise ImportError("ferry: cannot load libferry (set FERRY_LIB to its path): " + "; ".join(errors))
+
+
+lib = _load()
+
+# name: (restype, argtypes)
+_PROTOS = {
+    "ferry_version": (_cp, []),
+    "ferry_version_number": (_c_int, []),
+    "ferry_strerror": (_cp, [_c_int]),
+    "ferry_err_name": (_cp, [_c_int]),
+    "ferry_last_error": (_cp, []),
+    "ferry_parse_size": (_c_int, [_cp, ctypes.POINTER(_c_u64)]),
+    "ferry_log_set_level": (None, [_c_int]),
+    "ferry_kv_layout_chunk_bytes": (_c_int, [ctypes.POINTER(A.KVLayout), _c_u32, ctypes.POINTER(_c_u64)]),
+    "ferry_kv_hash_chunks": (_c_int, [_c_u64, _i32p, _c_size, _c_u32, _c_int,
+                                      ctypes.POINTER(A.KVHash), _c_size]),
+    "ferry_kv_open": (_c_int, [ctypes.POINTER(A.KVConfig), ctypes.POINTER(_vp)]),
+    "ferry_kv_close": (None, [_vp]),
+    "ferry_kv_last_error": (_cp, [_vp]),
+    "ferry_kv_chunk_bytes": (_c_u64, [_vp]),
+    "ferry_kv_chunk_tokens": (_c_u32, [_vp]),
+    "ferry_kv_lookup": (_c_int, [_vp, _i32p, _c_size, ctypes.POINTER(A.KVReq)]),
+    "ferry_kv_store": (_c_int, [_vp, _i32p, _c_size, ctypes.POINTER(A.KVReq), ctypes.POINTER(A.KVBuffer)]),
+    "ferry_kv_retrieve": (_c_int, [_vp, _i32p, _c_size, ctypes.POINTER(A.KVReq), ctypes.POINTER(A.KVBuffer)]),
+    "ferry_kv_store_async": (_c_int, [_vp, _i32p, _c_size, ctypes.POINTER(A.KVReq),
+                                      ctypes.POINTER(A.KVBuffer), ctypes.POINTER(_vp)]),
+    "ferry_kv_retrieve_async": (_c_int, [_vp, _i32p, _c_size, ctypes.POINTER(A.KVReq),
+                                         ctypes.POINTER(A.KVBuffer), ctypes.POINTER(_vp)]),
+    "ferry_kv_op_wait": (_c_int, [_vp, _c_int]),
+    "ferry_kv_op_test": (_c_int, [_vp]),
+    "ferry_kv_op_free": (None, [_vp]),
+    "ferry_kv_prefetch": (_c_int, [_vp, _i32p, _c_size, ctypes.POINTER(A.KVReq)]),
+    "ferry_kv_pin": (_c_int, [_vp, _i32p, _c_size, ctypes.POINTER(A.KVReq)]),
+    "ferry_kv_unpin": (_c_int, [_vp, _i32p, _c_size, ctypes.POINTER(A.KVReq)]),
+    "ferry_kv_delete": (_c_int, [_vp, _i32p, _c_size, ctypes.POINTER(A.KVReq)]),
+    "ferry_kv_clear": (_c_int, [_vp]),
+    "ferry_kv_flush": (_c_int, [_vp]),
+    "ferry_kv_sync": (_c_int, [_vp]),
+    "ferry_kv_stats_get": (_c_int, [_vp, ctypes.POINTER(A.KVStats)]),
+    "ferry_kv_metrics_prometheus": (_c_int, [_vp, _cp, _c_size]),
+    "ferry_kv_hist_quantile": (ctypes.c_double, [ctypes.POINTER(_c_u64), ctypes.c_double]),
+}
+
+for _name, (_res, _args) in _PROTOS.items():
+    _f = getattr(lib, _name)
+    _f.restype = _res
+    _f.argtypes = _args

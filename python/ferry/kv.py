@@ -1,0 +1,361 @@
+"""The tiered KV-cache store (ferry/kv.h) for Python engines."""
+import asyncio
+import ctypes
+import errno
+import os
+
+import numpy as np
+
+from . import _abi as A
+from ._buffers import Buffer, dtype_code, describe, tokens_array
+from ._lib import lib
+from .errors import FerryError, check
+
+TIER_NONE, TIER_L1, TIER_L2, TIER_REMOTE = 0, 1, 2, 3
+TIER_NAMES = {TIER_NONE: "none", TIER_L1: "l1", TIER_L2: "l2", TIER_REMOTE: "remote"}
+_PARTIAL = 1
+
+
+def parse_size(s):
+    """Bytes from an int or a string like "8G", "512M", "4096" (ferry's size grammar)."""
+    if isinstance(s, int):
+        if s < 0:
+            raise ValueError(f"ferry: negative size {s}")
+        return s
+    out = ctypes.c_uint64()
+    check(lib.ferry_parse_size(str(s).encode(), ctypes.byref(out)), f"size {s!r}")
+    return out.value
+
+
+class Layout:
+    """The shape of an engine's KV cache on one TP rank: layers, K and V (or
+    one MLA latent), KV heads, head_dim and dtype."""
+
+    def __init__(self, num_layers, num_heads, head_dim, dtype="bf16", kv=2):
+        self.c = A.KVLayout(num_layers=num_layers, kv=kv, num_heads=num_heads,
+                            head_dim=head_dim, dtype=dtype_code(dtype))
+        out = ctypes.c_uint64()
+        check(lib.ferry_kv_layout_chunk_bytes(ctypes.byref(self.c), 1, ctypes.byref(out)), "layout")
+        self.token_bytes = out.value
+
+    @classmethod
+    def from_model(cls, num_layers, num_kv_heads, head_dim, dtype="bf16", mla=False):
+        """A model's layout per rank (num_kv_heads already divided by the TP size)."""
+        return cls(num_layers, 1 if mla else num_kv_heads, head_dim, dtype, kv=1 if mla else 2)
+
+    @classmethod
+    def from_kv_caches(cls, kv_caches):
+        """The layout of vLLM's per-layer paged caches: [2, blocks, block_size, heads,
+        head_dim] each, or MLA's [blocks, block_size, head_dim]."""
+        caches = list(kv_caches)
+        _, shape, _, dt, _ = describe(caches[0])
+        if len(shape) == 5 and shape[0] == 2:
+            return cls(len(caches), shape[3], shape[4], dt, kv=2)
+        if len(shape) == 3:
+            return cls(len(caches), 1, shape[2], dt, kv=1)
+        raise ValueError(f"ferry: cannot read a layout from a cache of shape {list(shape)}")
+
+    def __getattr__(self, name):
+        if name in ("num_layers", "kv", "num_heads", "head_dim", "dtype"):
+            return getattr(self.c, name)
+        raise AttributeError(name)
+
+    def __eq__(self, other):
+        return isinstance(other, Layout) and bytes(self.c) == bytes(other.c)
+
+    def __repr__(self):
+        c = self.c
+        return (f"Layout(num_layers={c.num_layers}, num_heads={c.num_heads}, "
+                f"head_dim={c.head_dim}, dtype={c.dtype}, kv={c.kv})")
+
+
+class _Req:
+    """A ferry_kv_req with optional per-chunk out-arrays."""
+
+    def __init__(self, salt, partial, chunks=0):
+        self.c = A.KVReq()
+        self._salt = salt
+        if salt is not None:
+            if isinstance(salt, str):
+                salt = salt.encode()
+            self._salt = bytes(salt)
+            self.c.salt = ctypes.cast(ctypes.c_char_p(self._salt), ctypes.c_void_p)
+            self.c.salt_len = len(self._salt)
+        self.c.flags = _PARTIAL if partial else 0
+        if chunks:
+            self.tiers = (ctypes.c_uint8 * chunks)()
+            self.status = (ctypes.c_int * chunks)()
+            self.c.tiers = self.tiers
+            self.c.status = self.status
+            self.c.max_chunks = chunks
+
+    def ptr(self):
+        return ctypes.byref(self.c)
+
+
+class Op:
+    """An asynchronous store or retrieve. wait() returns the tokens moved (or
+    raises FerryError); done() tells whether it finished; `await op` works
+    in asyncio. The buffers it reads or writes stay referenced by the Op
+    until it is freed."""
+
+    def __init__(self, kv, handle, keep, call):
+        self._kv = kv
+        self._h = handle
+        self._keep = keep
+        self._call = call
+        self._result = None
+
+    def wait(self, timeout=None):
+        if self._result is not None:
+            return self._finish()
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        rc = lib.ferry_kv_op_wait(self._h, ms)
+        if rc == -errno.ETIMEDOUT:
+            raise TimeoutError(f"ferry: {self._call} still running after {timeout} s")
+        self._result = rc
+        return self._finish()
+
+    def done(self):
+        if self._result is not None:
+            return True
+        rc = lib.ferry_kv_op_test(self._h)
+        if rc == -errno.EAGAIN:
+            return False
+        self._result = rc
+        return True
+
+    def _finish(self):
+        rc = self._result
+        self.free()
+        if rc < 0:
+            raise FerryError(rc, None, self._call)
+        return rc
+
+    def free(self):
+        if self._h:
+            lib.ferry_kv_op_free(self._h)
+            self._h = None
+            self._keep = None
+
+    def __await__(self):
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(None, self.wait).__await__()
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+class KVStore:
+    """A ferry KV store opened in this process.
+
+    KVStore(model="llama3-8b", layout=Layout(...), l1="8G",
+            l2="/nvme/ferry:512G", persistent=False, ...)
+
+    l1: host pool size; l2: "DIR:SIZE" (or l2_dir= and l2_bytes=);
+    persistent: the L2 survives close and restarts (chunks written
+    through before close or sync are found again); remote: a redis://
+    URL. Use as a context manager, or call close().
+    """
+
+    def __init__(self, model, layout, l1, l2=None, *, l2_dir=None, l2_bytes=None,
+                 persistent=False, reset=False, chunk_tokens=0, hash_seed=0, tp_rank=0,
+                 tp_world=1, remote=None, workers=0, l2_engine=None, l2_direct=True,
+                 eviction="lru"):
+        if l2 is not None:
+            d, sep, sz = str(l2).rpartition(":")
+            if not sep or not d:
+                raise ValueError(f"ferry: l2 is 'DIR:SIZE', got {l2!r}")
+            l2_dir, l2_bytes = d, sz
+        self.layout = layout
+        self._strs = []
+        c = A.KVConfig()
+        c.model = self._s(model)
+        c.tp_rank, c.tp_world = tp_rank, tp_world
+        c.layout = layout.c
+        c.chunk_tokens = chunk_tokens
+        c.hash_seed = hash_seed
+        c.l1_bytes = parse_size(l1)
+        if l2_dir is not None:
+            c.l2_dir = self._s(os.fspath(l2_dir))
+            c.l2_bytes = parse_size(l2_bytes if l2_bytes is not None else 0)
+        c.l2_direct = 1 if l2_direct else 0
+        c.l2_engine = self._s(l2_engine)
+        pol = {"lru": 0, "s3fifo": 1}
+        if eviction not in pol:
+            raise ValueError(f"ferry: eviction is 'lru' or 's3fifo', got {eviction!r}")
+        c.l1_policy = c.l2_policy = pol[eviction]
+        c.workers = workers
+        c.l2_persistent = 1 if persistent else 0
+        c.l2_reset = 1 if reset else 0
+        c.remote_url = self._s(remote)
+        self._cfg = c
+        h = ctypes.c_void_p()
+        check(lib.ferry_kv_open(ctypes.byref(c), ctypes.byref(h)), "ferry_kv_open")
+        self._h = h
+        self.chunk_tokens = lib.ferry_kv_chunk_tokens(h)
+        self.chunk_bytes = lib.ferry_kv_chunk_bytes(h)
+
+    def _s(self, s):
+        if s is None:
+            return None
+        b = s.encode() if isinstance(s, str) else bytes(s)
+        self._strs.append(b)
+        return b
+
+    def _handle(self):
+        if not self._h:
+            raise FerryError(-errno.EBADF, "the store is closed", "KVStore")
+        return self._h
+
+    # -- life --
+    def close(self):
+        if getattr(self, "_h", None):
+            lib.ferry_kv_close(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    # -- lookups --
+    def lookup(self, tokens, *, salt=None, partial=False):
+        """Leading tokens of `tokens` that are cached (whole chunks)."""
+        arr, p = tokens_array(tokens)
+        req = _Req(salt, partial)
+        return check(lib.ferry_kv_lookup(self._handle(), p, arr.size, req.ptr()), "lookup")
+
+    def lookup_tiers(self, tokens, *, salt=None, partial=False):
+        """(cached tokens, [tier name per chunk up to and including the first miss])."""
+        arr, p = tokens_array(tokens)
+        n = -(-arr.size // self.chunk_tokens)
+        req = _Req(salt, partial, n)
+        hit = check(lib.ferry_kv_lookup(self._handle(), p, arr.size, req.ptr()), "lookup")
+        k = min(n, -(-hit // self.chunk_tokens) + 1)
+        return hit, [TIER_NAMES[req.tiers[i]] for i in range(k)]
+
+    # -- moving KV --
+    def _op(self, fn, name, tokens, data, block_table, salt, partial, writable, statuses):
+        arr, p = tokens_array(tokens)
+        buf = Buffer(self.layout, data, block_table, writable=writable)
+        n = -(-arr.size // self.chunk_tokens) if statuses else 0
+        req = _Req(salt, partial, n)
+        rc = check(fn(self._handle(), p, arr.size, req.ptr(), ctypes.byref(buf.c)), name)
+        if statuses:
+            return rc, list(req.status)
+        return rc
+
+    def store(self, tokens, kv, block_table=None, *, salt=None, partial=False, statuses=False):
+        """Store the KV of `tokens` from `kv`: vLLM's per-layer paged caches with
+        `block_table`, or one contiguous tensor [kv][layers][tokens][heads*head_dim].
+        Returns the leading tokens stored or already present (and per-chunk codes
+        with statuses=True)."""
+        return self._op(lib.ferry_kv_store, "store", tokens, kv, block_table, salt, partial,
+                        False, statuses)
+
+    def retrieve(self, tokens, kv, block_table=None, *, salt=None, partial=False, statuses=False):
+        """Load the cached KV of `tokens` into `kv` (same forms as store). Returns
+        the leading tokens loaded; chunks not loaded leave their destination as it was."""
+        return self._op(lib.ferry_kv_retrieve, "retrieve", tokens, kv, block_table, salt,
+                        partial, True, statuses)
+
+    def _async(self, fn, name, tokens, data, block_table, salt, partial, writable):
+        arr, p = tokens_array(tokens)
+        buf = Buffer(self.layout, data, block_table, writable=writable)
+        req = _Req(salt, partial)
+        h = ctypes.c_void_p()
+        check(fn(self._handle(), p, arr.size, req.ptr(), ctypes.byref(buf.c), ctypes.byref(h)), name)
+        return Op(self, h, (buf, req, arr), name)
+
+    def store_async(self, tokens, kv, block_table=None, *, salt=None, partial=False):
+        return self._async(lib.ferry_kv_store_async, "store_async", tokens, kv, block_table,
+                           salt, partial, False)
+
+    def retrieve_async(self, tokens, kv, block_table=None, *, salt=None, partial=False):
+        return self._async(lib.ferry_kv_retrieve_async, "retrieve_async", tokens, kv,
+                           block_table, salt, partial, True)
+
+    def _tok(self, fn, name, tokens, salt, partial):
+        arr, p = tokens_array(tokens)
+        req = _Req(salt, partial)
+        return check(fn(self._handle(), p, arr.size, req.ptr()), name)
+
+    def prefetch(self, tokens, *, salt=None, partial=False):
+        return self._tok(lib.ferry_kv_prefetch, "prefetch", tokens, salt, partial)
+
+    def pin(self, tokens, *, salt=None, partial=False):
+        return self._tok(lib.ferry_kv_pin, "pin", tokens, salt, partial)
+
+    def unpin(self, tokens, *, salt=None, partial=False):
+        return self._tok(lib.ferry_kv_unpin, "unpin", tokens, salt, partial)
+
+    def delete(self, tokens, *, salt=None, partial=False):
+        return self._tok(lib.ferry_kv_delete, "delete", tokens, salt, partial)
+
+    def clear(self):
+        return check(lib.ferry_kv_clear(self._handle()), "clear")
+
+    def flush(self):
+        return check(lib.ferry_kv_flush(self._handle()), "flush")
+
+    def sync(self):
+        return check(lib.ferry_kv_sync(self._handle()), "sync")
+
+    # -- metrics --
+    def stats(self):
+        """A snapshot of the store's counters as a dict (tiers as a nested dict)."""
+        s = A.KVStats()
+        check(lib.ferry_kv_stats_get(self._handle(), ctypes.byref(s)), "stats")
+        out = {}
+        for name, _ in A.KVStats._fields_:
+            if name == "size":
+                continue
+            v = getattr(s, name)
+            if name == "tier":
+                out[name] = {TIER_NAMES[i]: {f: getattr(v[i], f) for f, _ in A.KVTierStats._fields_}
+                             for i in range(1, A.KV_TIERS)}
+            elif name.endswith("_ns"):
+                out[name] = list(v)
+            else:
+                out[name] = v
+        return out
+
+    def prometheus(self):
+        """The store's metrics in Prometheus text exposition format."""
+        h = self._handle()
+        need = check(lib.ferry_kv_metrics_prometheus(h, None, 0), "metrics")
+        while True:
+            buf = ctypes.create_string_buffer(need + 1)
+            n = check(lib.ferry_kv_metrics_prometheus(h, buf, need + 1), "metrics")
+            if n <= need:
+                return buf.value.decode()
+            need = n
+
+
+def quantile(hist, q):
+    """The q-quantile, in nanoseconds, of one of stats()' *_ns histograms."""
+    arr = (ctypes.c_uint64 * A.KV_HIST_BUCKETS)(*hist)
+    return lib.ferry_kv_hist_quantile(arr, q)
+
+
+def hash_chunks(tokens, chunk_tokens=256, seed=0x66657272794b5631, partial=False):
+    """ferry's chained chunk hashes of `tokens` as 16-byte little-endian values."""
+    arr, p = tokens_array(tokens)
+    n = check(lib.ferry_kv_hash_chunks(seed, p, arr.size, chunk_tokens, 1 if partial else 0,
+                                       None, 0), "hash_chunks")
+    out = (A.KVHash * n)()
+    check(lib.ferry_kv_hash_chunks(seed, p, arr.size, chunk_tokens, 1 if partial else 0, out, n),
+          "hash_chunks")
+    return [h.lo.to_bytes(8, "little") + h.hi.to_bytes(8, "little") for h in out]
+
+
+__all__ = ["KVStore", "Layout", "Op", "parse_size", "quantile", "hash_chunks",
+           "TIER_NONE", "TIER_L1", "TIER_L2", "TIER_REMOTE", "np"]

@@ -1,0 +1,71 @@
+/*
+ * abi_dump: prints, as one JSON object, sizeof and the offset and size of
+ * every field of the public structs the Python package mirrors with
+ * ctypes, as this compiler lays them out. python/tests/test_abi.py
+ * compares the package's structures with it field by field.
+ */
+#include <ferry/kv.h>
+
+#include <stddef.h>
+#include <stdio.h>
+
+static int first_struct = 1, first_field;
+
+static void open_struct(const char *name, size_t size)
+{
+    printf("%s\n  \"%s\": {\"size\": %zu, \"fields\": {", first_struct ? "{" : ",", name, size);
+    first_struct = 0;
+    first_field = 1;
+}
+
+static void field(const char *name, size_t off, size_t size)
+{
+    printf("%s\"%s\": [%zu, %zu]", first_field ? "" : ", ", name, off, size);
+    first_field = 0;
+}
+
+#define S(T) open_struct(#T, sizeof(T))
+#define F(T, f) field(#f, offsetof(T, f), sizeof(((T *)0)->f))
+#define E() printf("}}")
+
+int main(void)
+{
+    S(ferry_kv_hash); F(ferry_kv_hash, lo); F(ferry_kv_hash, hi); E();
+
+#define L(f) F(ferry_kv_layout, f)
+    S(ferry_kv_layout); L(size); L(num_layers); L(kv); L(num_heads); L(head_dim); L(dtype); E();
+#undef L
+#define B(f) F(ferry_kv_buffer, f)
+    S(ferry_kv_buffer); B(size); B(layout); B(mem); B(form); B(base); B(capacity_tokens);
+    B(block_bases); B(block_tokens); B(block_stride); B(num_blocks); B(block_table);
+    B(table_len); E();
+#undef B
+#define C(f) F(ferry_kv_config, f)
+    S(ferry_kv_config); C(size); C(model); C(tp_rank); C(tp_world); C(layout);
+    C(chunk_tokens); C(hash_seed); C(l1_bytes); C(l2_dir); C(l2_bytes); C(l2_direct);
+    C(l2_engine); C(l1_policy); C(l2_policy); C(watermark); C(evict_fraction);
+    C(write_ttl_ms); C(read_ttl_ms); C(device); C(prefetch_max_bytes); C(workers);
+    C(l2_persistent); C(remote_url); C(remote_options); C(remote_index_chunks); C(l2_reset);
+    C(l2_mode); E();
+#undef C
+#define R(f) F(ferry_kv_req, f)
+    S(ferry_kv_req); R(size); R(salt); R(salt_len); R(flags); R(tiers); R(status);
+    R(max_chunks); E();
+#undef R
+#define T(f) F(ferry_kv_tier_stats, f)
+    S(ferry_kv_tier_stats); T(hits); T(evictions); T(bytes_written); T(bytes_read);
+    T(used_bytes); T(capacity_bytes); T(chunks); T(usage); T(failures); E();
+#undef T
+#define K(f) F(ferry_kv_stats, f)
+    S(ferry_kv_stats); K(size); K(lookups); K(lookup_tokens); K(hit_tokens); K(stores);
+    K(stored_chunks); K(stored_bytes); K(retrieves); K(retrieved_chunks); K(retrieved_bytes);
+    K(misses); K(prefetched_chunks); K(deleted_chunks); K(failures); K(alloc_failures);
+    K(lock_expired); K(chunks); K(tier); K(lookup_ns); K(store_ns); K(retrieve_ns);
+    K(remote_lookups); K(remote_lookup_chunks); K(remote_found_chunks); K(remote_puts);
+    K(remote_put_bytes); K(remote_written); K(remote_dropped); K(remote_gets);
+    K(remote_get_bytes); K(remote_misses); K(remote_refused); K(remote_errors);
+    K(remote_degraded); K(remote_down); K(corrupt_chunks); E();
+#undef K
+    printf("\n}\n");
+    return 0;
+}
