@@ -101,7 +101,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                     abort();
                 used += e->ext;
             }
-        ferry_slab_stats ss;
+        ferry_slab_stats ss = FERRY_SLAB_STATS_INIT;
         if (ferry_slab_check(alloc) != 0 || ferry_slab_stats_get(alloc, &ss) != 0 ||
             ss.used != used || ss.used_blocks != ix.count || used != ix.bytes_used)
             abort();

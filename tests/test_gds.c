@@ -309,7 +309,7 @@ static void register_is_noop_when_uninitialized(void **state)
     FT_ASSERT_OK(ferry_gds_deregister(g, 0x10000000));
     FT_ASSERT_OK(ferry_gds_deregister(g, 0x999)); /* even unknown: off means no-op */
     assert_int_equal(F.calls, 0);
-    ferry_gds_stats st;
+    ferry_gds_stats st = FERRY_GDS_STATS_INIT;
     FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
     assert_int_equal(st.regions, 0);
     assert_int_equal(ferry_gds_transfer(g, FERRY_GDS_WRITE, 0, 4096, 0x10000000, NULL),
@@ -332,7 +332,7 @@ static void splits_buffer_into_regions(void **state)
     assert_int_equal(F.reg_bases[0], buf);
     assert_int_equal(F.reg_bases[1], buf + 16 * MiB);
     assert_int_equal(F.reg_bases[2], buf + 32 * MiB);
-    ferry_gds_stats st;
+    ferry_gds_stats st = FERRY_GDS_STATS_INIT;
     FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
     assert_int_equal(st.regions, 3);
     assert_int_equal(st.buffers, 1);
@@ -387,7 +387,7 @@ static void register_and_deregister_per_stream(void **state)
     assert_int_equal(F.ndereg_str, 2);
     assert_int_equal(F.dereg_str[1], h11);
     assert_int_equal(F.ndereg_buf, 3); /* all three regions deregistered */
-    ferry_gds_stats st;
+    ferry_gds_stats st = FERRY_GDS_STATS_INIT;
     FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
     assert_int_equal(st.regions, 0);
     assert_int_equal(st.streams, 0);
@@ -494,7 +494,7 @@ static void double_registration_and_unknown_buffers(void **state)
     /* adjacent buffers are fine */
     FT_ASSERT_OK(ferry_gds_register(g, buf + 20 * MiB, 4096, NULL));
     FT_ASSERT_OK(ferry_gds_register(g, buf - 4096, 4096, NULL));
-    ferry_gds_stats st;
+    ferry_gds_stats st = FERRY_GDS_STATS_INIT;
     FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
     assert_int_equal(st.regions, 4);
     assert_int_equal(st.buffers, 3);
@@ -519,7 +519,7 @@ static void partial_registration_failure_rolls_back(void **state)
     assert_int_equal(F.dereg_buf[0], buf);
     assert_int_equal(F.nreg_str, 1);         /* the new stream was registered ... */
     assert_int_equal(F.ndereg_str, 1);       /* ... and deregistered */
-    ferry_gds_stats st;
+    ferry_gds_stats st = FERRY_GDS_STATS_INIT;
     FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
     assert_int_equal(st.regions, 0);
     assert_int_equal(st.streams, 0);
@@ -559,7 +559,7 @@ static void driver_failure_mid_transfer(void **state)
     /* the context is intact: the next transfer works */
     F.fail_write_at = 0;
     FT_ASSERT_OK(ferry_gds_transfer(g, FERRY_GDS_WRITE, 0, 40 * MiB, buf, NULL));
-    ferry_gds_stats st;
+    ferry_gds_stats st = FERRY_GDS_STATS_INIT;
     FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
     assert_int_equal(st.bytes_written, 40 * MiB);
     assert_int_equal(st.regions, 3);
@@ -598,7 +598,7 @@ static void async_arguments_live_until_checkpoints(void **state)
     for (int i = 0; i < 130; i++)
         FT_ASSERT_OK(ferry_gds_transfer_async(g, FERRY_GDS_WRITE, (uint64_t)i * 4096, 4096,
                                               buf + (uint64_t)(i % 256) * 4096, s));
-    ferry_gds_stats st;
+    ferry_gds_stats st = FERRY_GDS_STATS_INIT;
     FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
     assert_int_equal(st.checkpoints, 2);
     assert_true(st.async_pending >= 2 && st.async_pending <= 130);
@@ -844,7 +844,7 @@ static void out_of_memory_registers_nothing(void **state)
         int failed = ft_alloc_failures() > 0;
         live += ft_alloc_live();
         ft_alloc_install(0, 0);
-        ferry_gds_stats st;
+        ferry_gds_stats st = FERRY_GDS_STATS_INIT;
         FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
         if (rc < 0) {
             assert_int_equal(rc, -ENOMEM);
@@ -930,7 +930,7 @@ static void async_on_the_default_stream(void **state)
     FT_ASSERT_OK(ferry_gds_stream_sync(g, NULL));
     FT_ASSERT_OK(ferry_gds_transfer_async(g, FERRY_GDS_READ, 0, 4096, buf, NULL));
     assert_int_equal(F.ios[2].op, FERRY_GDS_READ);
-    ferry_gds_stats st;
+    ferry_gds_stats st = FERRY_GDS_STATS_INIT;
     FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
     assert_int_equal(st.async_pending, 0);
     assert_int_equal(st.bytes_written, 8 * MiB);

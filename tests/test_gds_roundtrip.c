@@ -148,7 +148,7 @@ static void chunk_larger_than_region_roundtrip(void **state)
     for (size_t i = 0; i < n; i++)
         pat[i] = (unsigned char)(i % 251);
     FT_ASSERT_OK(ferry_device_upload(g_dev, buf, pat, n));
-    ferry_gds_stats st0, st1;
+    ferry_gds_stats st0 = FERRY_GDS_STATS_INIT, st1 = FERRY_GDS_STATS_INIT;
     FT_ASSERT_OK(ferry_gds_stats_get(g, &st0));
     FT_ASSERT_OK(ferry_gds_extent_transfer(g, FERRY_GDS_WRITE, &e, buf, NULL));
     FT_ASSERT_OK(ferry_gds_stats_get(g, &st1));
@@ -198,7 +198,7 @@ static void two_stream_write_read(void **state)
         FT_ASSERT_OK(ferry_gds_deregister(g, buf[i]));
         FT_ASSERT_OK(ferry_device_free(g_dev, buf[i]));
     }
-    ferry_gds_stats st;
+    ferry_gds_stats st = FERRY_GDS_STATS_INIT;
     FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
     assert_int_equal(st.regions, 0);
     assert_int_equal(st.async_pending, 0);
@@ -215,7 +215,7 @@ static void striped_over_two_dirs(void **state)
     c.stripe_bytes = MiB;
     ferry_gds *g = NULL;
     FT_ASSERT_OK(ferry_gds_open(&c, &g));
-    ferry_gds_stats st;
+    ferry_gds_stats st = FERRY_GDS_STATS_INIT;
     FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
     assert_int_equal(st.drives, 2);
     const size_t n = 24 * MiB;
@@ -278,7 +278,7 @@ static void host_path_striped_three_drives(void **state)
         assert_int_equal(ferry_gds_pwrite(g, pat + 1, 4096, 0), FERRY_EALIGN);
     assert_int_equal(ferry_gds_pwrite(g, pat, 16384, ferry_gds_size(g) - 8192), FERRY_EBOUNDS);
     assert_int_equal(ferry_gds_pread(g, back, 4096, 100), FERRY_EALIGN);
-    ferry_gds_stats st;
+    ferry_gds_stats st = FERRY_GDS_STATS_INIT;
     FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
     assert_int_equal(st.bytes_written, n + 3 * MiB);
     assert_true(st.engine_ios >= 11);
@@ -525,7 +525,7 @@ static void null_stream_roundtrip(const char *driver)
     assert_memory_equal(back, pat, n);
     read_slab_file(g_dir[0], back, n, 8192);
     assert_memory_equal(back, pat, n);
-    ferry_gds_stats st;
+    ferry_gds_stats st = FERRY_GDS_STATS_INIT;
     FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
     assert_int_equal(st.async_pending, 0);
     assert_int_equal(st.bytes_written, n);

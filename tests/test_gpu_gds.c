@@ -115,7 +115,7 @@ static void chunk_larger_than_region(const char *driver)
     ferry_devptr buf;
     FT_ASSERT_OK(ferry_device_alloc(g_dev, n, &buf));
     FT_ASSERT_OK(ferry_gds_register(g, buf, n, s));
-    ferry_gds_stats st;
+    ferry_gds_stats st = FERRY_GDS_STATS_INIT;
     FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
     assert_int_equal(st.regions, 2);
     ferry_extent e = alloc_chunk(g, n);

@@ -408,11 +408,11 @@ static void store_lookup_retrieve_contiguous(void **state)
     assert_true(same_tokens(&src, &dst, 0, n));
 
     /* a second store of the same tokens writes nothing new */
-    ferry_kv_stats m;
-    FT_ASSERT_OK(ferry_kv_metrics(kv, &m));
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
     uint64_t stored = m.stored_chunks;
     assert_int_equal(ferry_kv_store(kv, tok, n, NULL, &src.b), 3 * CT);
-    FT_ASSERT_OK(ferry_kv_metrics(kv, &m));
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
     assert_int_equal(m.stored_chunks, stored);
     assert_int_equal(stored, 4);
     FT_ASSERT_OK(ferry__kv_check(kv));
@@ -664,8 +664,8 @@ static void delete_of_locked_chunk_and_pin_ttl(void **state)
     g_clock += 1000000000ull + 1;
     assert_int_equal(ferry_kv_delete(kv, tok, CT, NULL), 1);
     assert_int_equal(ferry_kv_lookup(kv, tok, CT, NULL), 0);
-    ferry_kv_stats m;
-    FT_ASSERT_OK(ferry_kv_metrics(kv, &m));
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
     assert_true(m.lock_expired >= 1);
     /* pin / unpin balance; unpin of an unpinned chunk does nothing */
     assert_int_equal(ferry_kv_store(kv, tok, 2 * CT, NULL, &h.b), 2 * CT);
@@ -708,15 +708,15 @@ static void crashed_writer_is_invisible_then_reclaimed(void **state)
     assert_int_equal(st[0], FERRY_ELOCKED);
     assert_int_equal(ferry_kv_delete(kv, tok, 2 * CT, NULL), FERRY_ELOCKED);
     /* their slots are not evictable: only 2 of 4 left */
-    ferry_kv_stats m;
-    FT_ASSERT_OK(ferry_kv_metrics(kv, &m));
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
     assert_int_equal(m.tier[FERRY_KV_TIER_L1].chunks, 2);
     /* after the write TTL the store reclaims them */
     g_clock += 5000000000ull + 1;
     assert_int_equal(ferry_kv_store(kv, tok, 2 * CT, &r, &h.b), 2 * CT);
     assert_int_equal(ferry_kv_retrieve(kv, tok, 2 * CT, NULL, &d.b), 2 * CT);
     assert_true(same_tokens(&h, &d, 0, 2 * CT));
-    FT_ASSERT_OK(ferry_kv_metrics(kv, &m));
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
     assert_int_equal(m.tier[FERRY_KV_TIER_L1].chunks, 2); /* the dead writer's slots came back */
     assert_true(m.lock_expired >= 2);
     FT_ASSERT_OK(ferry__kv_check(kv));
@@ -753,8 +753,8 @@ static void lru_watermark_evicts_oldest_unlocked(void **state)
     hbuf h;
     hbuf_init(&h, CT, 1);
     store_singles(kv, 0, 7, &h);
-    ferry_kv_stats m;
-    FT_ASSERT_OK(ferry_kv_metrics(kv, &m));
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
     assert_int_equal(m.tier[FERRY_KV_TIER_L1].chunks, 7);
     assert_int_equal(m.tier[FERRY_KV_TIER_L1].evictions, 0);
     /* pin the oldest: it must survive */
@@ -763,7 +763,7 @@ static void lru_watermark_evicts_oldest_unlocked(void **state)
     assert_int_equal(ferry_kv_pin(kv, t0, CT, NULL), CT);
     /* the 8th reaches the watermark: evict down to 6 before placing it */
     store_singles(kv, 7000, 1, &h);
-    FT_ASSERT_OK(ferry_kv_metrics(kv, &m));
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
     assert_int_equal(m.tier[FERRY_KV_TIER_L1].evictions, 1);
     assert_int_equal(m.tier[FERRY_KV_TIER_L1].chunks, 7);
     assert_true(single_cached(kv, 0, 0));  /* pinned, kept */
@@ -786,7 +786,7 @@ static void lru_watermark_evicts_oldest_unlocked(void **state)
     ferry_kv_pin(kv, b, CT, NULL);
     assert_int_equal(ferry_kv_store(kv, x, CT, NULL, &h.b), FERRY_ENOSPACE);
     assert_int_equal(ferry_kv_lookup(kv, x, CT, NULL), 0);
-    FT_ASSERT_OK(ferry_kv_metrics(kv, &m));
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
     assert_int_equal(m.alloc_failures, 1);
     FT_ASSERT_OK(ferry__kv_check(kv));
     ferry_kv_close(kv);
@@ -860,8 +860,8 @@ static void evicted_between_lookup_and_retrieve_is_a_miss(void **state)
     for (unsigned p = 0; p < PLANES; p++)
         for (uint64_t t = CT; t < 2 * CT; t++)
             assert_int_equal(tok_at(&d, p, t)[0], 0xEE); /* never stale bytes */
-    ferry_kv_stats m;
-    FT_ASSERT_OK(ferry_kv_metrics(kv, &m));
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
     assert_int_equal(m.misses, 1);
     ferry_kv_close(kv);
     free(h.mem);
@@ -929,8 +929,8 @@ static void l2_write_through_and_promotion(void **state)
     /* retrieve reads them back from L2 byte for byte and promotes them */
     assert_int_equal(ferry_kv_retrieve(f.kv, tok, 4 * CT, NULL, &f.d.b), 4 * CT);
     assert_true(same_tokens(&f.h, &f.d, 0, 4 * CT));
-    ferry_kv_stats m;
-    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m));
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m));
     assert_true(m.tier[FERRY_KV_TIER_L2].hits >= (uint64_t)in_l2);
     assert_int_equal(m.tier[FERRY_KV_TIER_L2].chunks, 8);
     assert_int_equal(m.tier[FERRY_KV_TIER_L2].bytes_written, 8 * CHUNK);
@@ -972,13 +972,13 @@ static void l2_retrieve_keeps_reads_in_flight_past_the_prefetch_budget(void **st
     l2_open(&f, 8, 64, 1);
     int32_t a[4 * CT], b[8 * CT];
     l2_only_prompt(&f, a, b);
-    ferry_kv_stats m0, m1;
-    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m0));
+    ferry_kv_stats m0 = FERRY_KV_STATS_INIT, m1 = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m0));
     atomic_store(&f.kv->tier[FERRY_KV_TIER_L2]->aread_peak, 0);
     assert_int_equal(ferry_kv_retrieve(f.kv, a, 4 * CT, NULL, &f.d.b), 4 * CT);
     assert_true(same_tokens(&f.h, &f.d, 0, 4 * CT));
     FT_ASSERT_OK(ferry_kv_flush(f.kv));
-    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m1));
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m1));
     assert_int_equal(atomic_load(&f.kv->tier[FERRY_KV_TIER_L2]->aread_peak), 2);
     assert_int_equal(m1.prefetched_chunks, m0.prefetched_chunks); /* not prefetches */
     assert_int_equal(m1.tier[FERRY_KV_TIER_L2].hits - m0.tier[FERRY_KV_TIER_L2].hits, 4);
@@ -1093,8 +1093,8 @@ static void l2_batch_of_many_chunks_lands_byte_exact(void **state)
     ferry_kv_req r = FERRY_KV_REQ_INIT;
     r.status = st;
     r.max_chunks = BIG;
-    ferry_kv_stats m0, m1;
-    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m0));
+    ferry_kv_stats m0 = FERRY_KV_STATS_INIT, m1 = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m0));
     assert_int_equal(ferry_kv_retrieve(f.kv, f.a, BIG * CT, &r, &f.d.b), BIG * CT);
     for (int i = 0; i < BIG; i++)
         assert_int_equal(st[i], 0);
@@ -1104,7 +1104,7 @@ static void l2_batch_of_many_chunks_lands_byte_exact(void **state)
         for (uint64_t t = BIG * CT; t < 2 * BIG * CT; t++)
             assert_int_equal(tok_at(&f.d, p, t)[0], 0xEE); /* nothing past the prompt */
     assert_int_equal(atomic_load(&f.kv->tier[FERRY_KV_TIER_L2]->aread_peak), 8);
-    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m1));
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m1));
     assert_int_equal(m1.tier[FERRY_KV_TIER_L2].hits - m0.tier[FERRY_KV_TIER_L2].hits, BIG);
     assert_int_equal(m1.tier[FERRY_KV_TIER_L2].bytes_read - m0.tier[FERRY_KV_TIER_L2].bytes_read,
                      BIG * CHUNK);
@@ -1131,8 +1131,8 @@ static void l2_chunks_read_in_pieces_land_byte_exact(void **state)
     (void)state;
     bigfix f;
     big_open_pieces(&f, 40, BIG, 16384);
-    ferry_kv_stats m0, m1;
-    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m0));
+    ferry_kv_stats m0 = FERRY_KV_STATS_INIT, m1 = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m0));
     atomic_store(&g_count_len, 16384);
     atomic_store(&g_counted, 0);
     ferry__sys sys = *ferry__sys_default();
@@ -1156,7 +1156,7 @@ static void l2_chunks_read_in_pieces_land_byte_exact(void **state)
      * the 8 chunks a retrieve reads at once */
     uint64_t peak = atomic_load(&f.kv->tier[FERRY_KV_TIER_L2]->aread_peak);
     assert_true(peak >= 4 && peak <= 8);
-    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m1));
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m1));
     assert_int_equal(m1.tier[FERRY_KV_TIER_L2].hits - m0.tier[FERRY_KV_TIER_L2].hits, BIG);
     assert_int_equal(m1.tier[FERRY_KV_TIER_L2].bytes_read - m0.tier[FERRY_KV_TIER_L2].bytes_read,
                      BIG * CHUNK);
@@ -1183,8 +1183,8 @@ static void l2_out_of_memory_in_a_retrieve_in_pieces_keeps_every_copy(void **sta
         ft_alloc_install(0, 0); /* every block of the store through the counting allocator */
         bigfix f;
         big_open_pieces(&f, 40, BIG, 16384);
-        ferry_kv_stats m0, m1;
-        FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m0));
+        ferry_kv_stats m0 = FERRY_KV_STATS_INIT, m1 = FERRY_KV_STATS_INIT;
+        FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m0));
         int st[BIG];
         for (int i = 0; i < BIG; i++)
             st[i] = 1;
@@ -1210,7 +1210,7 @@ static void l2_out_of_memory_in_a_retrieve_in_pieces_keeps_every_copy(void **sta
             }
         if (clean)
             assert_int_equal(got, BIG * CT);
-        FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m1));
+        FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m1));
         assert_int_equal(m1.tier[FERRY_KV_TIER_L2].failures, m0.tier[FERRY_KV_TIER_L2].failures);
         assert_int_equal(ferry_kv_lookup(f.kv, f.a, BIG * CT, NULL), BIG * CT);
         big_close(&f);
@@ -1238,15 +1238,15 @@ static void l2_retrieve_over_a_tiny_l1_waits_for_its_copies(void **state)
     f.kv->tier[FERRY_KV_TIER_L2]->apiece = 16384;
     assert_int_equal(ferry_kv_store(f.kv, f.a, 8 * CT, NULL, &f.h.b), 8 * CT);
     FT_ASSERT_OK(ferry_kv_flush(f.kv));
-    ferry_kv_stats m0, m1;
-    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m0));
+    ferry_kv_stats m0 = FERRY_KV_STATS_INIT, m1 = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m0));
     for (int round = 0; round < 20; round++) {
         memset(f.d.mem, 0xEE, PLANES * 2 * BIG * CT * TB);
         assert_int_equal(ferry_kv_retrieve(f.kv, f.a, 8 * CT, NULL, &f.d.b), 8 * CT);
         assert_true(same_tokens(&f.h, &f.d, 0, 8 * CT));
     }
     /* waiting for a copy is not an L1 failure */
-    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m1));
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m1));
     assert_int_equal(m1.tier[FERRY_KV_TIER_L1].failures, m0.tier[FERRY_KV_TIER_L1].failures);
     big_close(&f);
 }
@@ -1273,8 +1273,8 @@ static void read_error_in_the_middle_of_a_batch(uint64_t piece)
     big_open_pieces(&f, 40, 12, piece);
     atomic_store(&g_eio_off, (long long)(l2_loc_of(f.kv, f.a, 12 * CT, 5) + 2 * piece));
     atomic_store(&g_eio_hits, 0);
-    ferry_kv_stats m0, m;
-    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m0));
+    ferry_kv_stats m0 = FERRY_KV_STATS_INIT, m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m0));
     ferry__sys sys = *ferry__sys_default();
     sys.pread = eio_pread;
     ferry__sys_set(&sys);
@@ -1298,7 +1298,7 @@ static void read_error_in_the_middle_of_a_batch(uint64_t piece)
     for (unsigned p = 0; p < PLANES; p++)
         for (uint64_t t = 5 * CT; t < 6 * CT; t++)
             assert_int_equal(tok_at(&f.d, p, t)[0], 0xEE); /* never stale bytes */
-    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m));
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m));
     assert_int_equal(m.tier[FERRY_KV_TIER_L2].failures, 1);
     assert_int_equal(m.tier[FERRY_KV_TIER_L2].hits - m0.tier[FERRY_KV_TIER_L2].hits, 11);
     assert_int_equal(m.misses - m0.misses, 1);
@@ -1406,8 +1406,8 @@ static void l2_refused_reads_in_a_batch_are_misses(void **state)
     for (unsigned p = 0; p < PLANES; p++)
         for (uint64_t t = 2 * CT; t < 12 * CT; t++)
             assert_int_equal(tok_at(&f.d, p, t)[0], 0xEE);
-    ferry_kv_stats m;
-    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m));
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m));
     assert_int_equal(m.tier[FERRY_KV_TIER_L2].failures, 10);
     assert_int_equal(ferry_kv_lookup(f.kv, f.a, 12 * CT, NULL), 2 * CT);
     big_close(&f);
@@ -1489,8 +1489,8 @@ static void corrupt_l2_chunk(bigfix *f, size_t k)
  * and that copy is gone (the next lookup stops at it) */
 static void check_corrupt_chunk_is_a_miss(bigfix *f, const ferry_kv_buffer *b, hbuf *out)
 {
-    ferry_kv_stats m0, m1;
-    FT_ASSERT_OK(ferry_kv_metrics(f->kv, &m0));
+    ferry_kv_stats m0 = FERRY_KV_STATS_INIT, m1 = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(f->kv, &m0));
     int st[BIG];
     ferry_kv_req r = FERRY_KV_REQ_INIT;
     r.status = st;
@@ -1499,7 +1499,7 @@ static void check_corrupt_chunk_is_a_miss(bigfix *f, const ferry_kv_buffer *b, h
     for (int i = 0; i < BIG; i++)
         assert_int_equal(st[i], i == 5 ? FERRY_ECORRUPT : 0);
     FT_ASSERT_OK(ferry_kv_flush(f->kv));
-    FT_ASSERT_OK(ferry_kv_metrics(f->kv, &m1));
+    FT_ASSERT_OK(ferry_kv_stats_get(f->kv, &m1));
     assert_int_equal(m1.corrupt_chunks - m0.corrupt_chunks, 1);
     assert_int_equal(m1.tier[FERRY_KV_TIER_L2].failures - m0.tier[FERRY_KV_TIER_L2].failures, 1);
     assert_int_equal(m1.misses - m0.misses, 1);
@@ -1555,8 +1555,8 @@ static void l2_corrupt_single_chunk_retrieve_is_a_miss(void **state)
     r.max_chunks = 1;
     assert_int_equal(ferry_kv_retrieve(f.kv, f.a, CT, &r, &f.d.b), 0);
     assert_int_equal(st[0], FERRY_ECORRUPT);
-    ferry_kv_stats m;
-    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m));
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m));
     assert_int_equal(m.corrupt_chunks, 1);
     /* its L1 slot was never published: nothing finds the chunk anywhere */
     uint8_t tiers[1];
@@ -1599,11 +1599,11 @@ static void l2_corrupt_chunk_prefetched_is_dropped(void **state)
     bigfix f;
     big_open(&f, 40, 8);
     corrupt_l2_chunk(&f, 3);
-    ferry_kv_stats m0, m1;
-    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m0));
+    ferry_kv_stats m0 = FERRY_KV_STATS_INIT, m1 = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m0));
     assert_true(ferry_kv_prefetch(f.kv, f.a, 8 * CT, NULL) >= 0);
     FT_ASSERT_OK(ferry_kv_flush(f.kv));
-    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m1));
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m1));
     assert_int_equal(m1.corrupt_chunks - m0.corrupt_chunks, 1);
     ferry_kv_req lr = FERRY_KV_REQ_INIT;
     assert_int_equal(ferry_kv_lookup(f.kv, f.a, 8 * CT, &lr), 3 * CT);
@@ -1633,8 +1633,8 @@ static void l2_chunks_into_a_paged_buffer_pass_their_check(void **state)
     for (unsigned p = 0; p < PLANES; p++)
         for (uint64_t t = 0; t < 8 * CT; t++)
             assert_memory_equal(ptok(&pg, p, t), tok_at(&a, p, t), TB);
-    ferry_kv_stats m;
-    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m));
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m));
     assert_int_equal(m.corrupt_chunks, 0);
     assert_true(m.tier[FERRY_KV_TIER_L2].hits >= 8);
     pbuf_free(&pg);
@@ -1714,8 +1714,8 @@ static void failing_tier_warnings_are_rate_limited(void **state)
     }
     FT_ASSERT_OK(ferry_kv_flush(f.kv));
     ferry_log_set_callback(NULL, NULL);
-    ferry_kv_stats m;
-    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m));
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m));
     assert_int_equal(m.tier[FERRY_KV_TIER_L2].failures, 200); /* every one counted */
     int w = atomic_load(&g_warns);
     assert_true(w >= 1 && w <= FERRY__WARN_BURST + 2);
@@ -1822,8 +1822,8 @@ static void l2_concurrent_retrieves_share_the_reads(void **state)
     enum { NT = 4 };
     rtarg args[NT];
     pthread_t th[NT];
-    ferry_kv_stats m0, m1;
-    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m0));
+    ferry_kv_stats m0 = FERRY_KV_STATS_INIT, m1 = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m0));
     for (int i = 0; i < NT; i++) {
         args[i].f = &f;
         hbuf_init(&args[i].d, 2 * BIG * CT, 0);
@@ -1831,7 +1831,7 @@ static void l2_concurrent_retrieves_share_the_reads(void **state)
     }
     for (int i = 0; i < NT; i++)
         pthread_join(th[i], NULL);
-    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m1));
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m1));
     for (int i = 0; i < NT; i++) {
         assert_int_equal(args[i].got, BIG * CT);
         assert_true(same_tokens(&f.h, &args[i].d, 0, BIG * CT));
@@ -1906,8 +1906,8 @@ static void l2_io_error_makes_a_miss_and_store_keeps_serving(void **state)
             assert_int_equal(tok_at(&f.d, p, t)[0], 0xEE); /* never stale bytes */
     /* the unreadable chunk left the index; the store keeps serving */
     assert_int_equal(ferry_kv_lookup(f.kv, a, 4 * CT, NULL), 0);
-    ferry_kv_stats m;
-    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m));
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m));
     assert_int_equal(m.tier[FERRY_KV_TIER_L2].failures, 1);
     ferry__kv_set_tier_fault(f.kv, FERRY_KV_TIER_L2, 0, 0, 0, 0);
     assert_int_equal(ferry_kv_store(f.kv, a, 4 * CT, NULL, &f.h.b), 4 * CT);
@@ -1922,7 +1922,7 @@ static void l2_io_error_makes_a_miss_and_store_keeps_serving(void **state)
     FT_ASSERT_OK(ferry_kv_flush(f.kv));
     assert_int_equal(ferry_kv_lookup(f.kv, c3, CT, &lr), CT);
     assert_int_equal(tiers[0], FERRY_KV_TIER_L1);
-    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m));
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m));
     assert_int_equal(m.tier[FERRY_KV_TIER_L2].failures, 2);
     ferry__kv_set_tier_fault(f.kv, FERRY_KV_TIER_L2, 1, 0, 0, 0);
     l2_close(&f);
@@ -1944,8 +1944,8 @@ static void prompt_longer_than_l1_streams_through_it(void **state)
     assert_int_equal(ferry_kv_lookup(f.kv, tok, n, NULL), (int)n);
     assert_int_equal(ferry_kv_retrieve(f.kv, tok, n, NULL, &d.b), (int)n);
     assert_true(same_tokens(&h, &d, 0, n));
-    ferry_kv_stats m;
-    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m));
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m));
     assert_int_equal(m.tier[FERRY_KV_TIER_L2].chunks, 12);
     assert_true(m.tier[FERRY_KV_TIER_L2].hits >= 8);
     free(h.mem);
@@ -1982,8 +1982,8 @@ static void prefetch_brings_l2_chunks_up_within_its_bound(void **state)
     /* the next call continues where the bound stopped */
     assert_int_equal(ferry_kv_prefetch(f.kv, a, 4 * CT, NULL), 4 * CT);
     FT_ASSERT_OK(ferry_kv_flush(f.kv));
-    ferry_kv_stats m;
-    FT_ASSERT_OK(ferry_kv_metrics(f.kv, &m));
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m));
     assert_int_equal(m.prefetched_chunks, 4);
     assert_int_equal(ferry_kv_retrieve(f.kv, a, 4 * CT, NULL, &f.d.b), 4 * CT);
     assert_true(same_tokens(&f.h, &f.d, 0, 4 * CT));
@@ -2023,8 +2023,8 @@ static void persistent_l2_survives_a_reopen(void **state)
         assert_int_equal(tiers[i], FERRY_KV_TIER_L2);
     assert_int_equal(ferry_kv_retrieve(kv, tok, n, NULL, &d.b), (int)n);
     assert_true(same_tokens(&h, &d, 0, n));
-    ferry_kv_stats m;
-    FT_ASSERT_OK(ferry_kv_metrics(kv, &m));
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
     assert_int_equal(m.tier[FERRY_KV_TIER_L2].chunks, 6);
     FT_ASSERT_OK(ferry__kv_check(kv));
     ferry_kv_close(kv);
@@ -2202,7 +2202,7 @@ static void stats_get_honours_the_callers_size(void **state)
     assert_int_equal(old->stored_chunks, 2);
     for (size_t k = old_size; k < sizeof raw; k++)
         assert_int_equal(raw[k], 0xA5); /* nothing past the caller's struct */
-    ferry_kv_stats full;
+    ferry_kv_stats full = FERRY_KV_STATS_INIT;
     full.size = sizeof full;
     FT_ASSERT_OK(ferry_kv_stats_get(kv, &full));
     assert_int_equal(full.corrupt_chunks, 0);
@@ -2228,8 +2228,8 @@ static void metrics_struct_and_prometheus(void **state)
     ferry_kv_lookup(kv, tok, 2 * CT, NULL);
     ferry_kv_lookup(kv, tok, CT, NULL);
     ferry_kv_retrieve(kv, tok, 2 * CT, NULL, &h.b);
-    ferry_kv_stats m;
-    FT_ASSERT_OK(ferry_kv_metrics(kv, &m));
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
     assert_int_equal(m.size, sizeof m);
     assert_int_equal(m.lookups, 3);
     assert_int_equal(m.lookup_tokens, 5 * CT);

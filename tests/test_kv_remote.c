@@ -80,9 +80,8 @@ static ferry_kv *open_store(const ft_redis *s, const char *prefix, uint64_t l1_c
 
 static ferry_kv_stats stats(ferry_kv *kv)
 {
-    ferry_kv_stats m;
-    memset(&m, 0, sizeof m);
-    FT_ASSERT_OK(ferry_kv_metrics(kv, &m));
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
     return m;
 }
 

@@ -262,8 +262,8 @@ static void run(int policy, int with_l2)
         pthread_join(sth, NULL);
     }
     FT_ASSERT_OK(ferry_kv_flush(g_kv));
-    ferry_kv_stats m;
-    FT_ASSERT_OK(ferry_kv_metrics(g_kv, &m));
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(g_kv, &m));
     printf("  %s%s: %ld chunks loaded and checked, %ld misses checked untouched; "
            "evictions L1 %llu L2 %llu, L2 hits %llu, prefetched %llu, corrupt %llu\n",
            policy == FERRY_KV_EVICT_LRU ? "lru" : "s3fifo", with_l2 ? "+l2" : "",
@@ -399,8 +399,8 @@ static void four_retrieves(uint64_t piece)
     }
     for (int i = 0; i < RTHREADS; i++)
         pthread_join(th[i], NULL);
-    ferry_kv_stats m;
-    FT_ASSERT_OK(ferry_kv_metrics(g_kv, &m));
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(g_kv, &m));
     assert_int_equal(atomic_load(&g_bad), 0);
     assert_int_equal(atomic_load(&g_short), 0);
     assert_true(m.tier[FERRY_KV_TIER_L2].hits > 0);

@@ -87,8 +87,8 @@ static void a_resident_route_is_a_warm_step_with_an_empty_plan(void **state)
     assert_int_equal(c.missing, 0);
     assert_int_equal(slots[0], 0);
     assert_int_equal(slots[1], 1);
-    ferry_moe_planner_stats st;
-    ferry_moe_planner_get_stats(p, &st);
+    ferry_moe_planner_stats st = FERRY_MOE_PLANNER_STATS_INIT;
+    ferry_moe_planner_stats_get(p, &st);
     assert_int_equal(st.hits, 2);
     assert_int_equal(st.misses, 2);
     assert_int_equal(st.steps, 2);
@@ -168,15 +168,15 @@ static void bad_routes_fail_and_change_nothing(void **state)
     ferry_moe_planner *p = mk(2, 4, 4, "routing", NULL);
     uint32_t ok[] = {1}, big[] = {1, 4};
     assert_int_equal(ferry_moe_planner_ensure(p, 0, ok, 1, NULL, NULL, NULL), 1);
-    ferry_moe_planner_stats before, after;
-    ferry_moe_planner_get_stats(p, &before);
+    ferry_moe_planner_stats before = FERRY_MOE_PLANNER_STATS_INIT, after = FERRY_MOE_PLANNER_STATS_INIT;
+    ferry_moe_planner_stats_get(p, &before);
     assert_int_equal(ferry_moe_planner_ensure(p, 0, big, 2, NULL, NULL, NULL), -EINVAL);
     assert_non_null(strstr(ferry_moe_planner_last_error(p), "expert 4"));
     assert_int_equal(ferry_moe_planner_ensure(p, 2, ok, 1, NULL, NULL, NULL), -EINVAL);
     assert_non_null(strstr(ferry_last_error(), "layer 2"));
     assert_int_equal(ferry_moe_planner_ensure(p, 1, ok, 0, NULL, NULL, NULL), -EINVAL);
     assert_non_null(strstr(ferry_last_error(), "empty route"));
-    ferry_moe_planner_get_stats(p, &after);
+    ferry_moe_planner_stats_get(p, &after);
     assert_memory_equal(&before, &after, sizeof before);
     assert_int_equal(ferry_moe_planner_lookup(p, 0, 1), 0);
     assert_int_equal(ferry_moe_planner_occupant(p, 1), FERRY_MOE_NONE);
@@ -255,8 +255,8 @@ static void planner_options_are_range_checked(void **state)
     FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
     const uint32_t two[2] = {3, 5};
     assert_int_equal(ferry_moe_planner_prefetch(p, 1, two, 2, NULL), 2);
-    ferry_moe_planner_stats st;
-    ferry_moe_planner_get_stats(p, &st);
+    ferry_moe_planner_stats st = FERRY_MOE_PLANNER_STATS_INIT;
+    ferry_moe_planner_stats_get(p, &st);
     assert_int_equal(st.prefetch_fetched, 2);
     assert_true(st.prefetch_bytes == UINT64_MAX);
     ferry_moe_planner_destroy(p);
@@ -295,8 +295,8 @@ static void forget_frees_the_slot_and_the_expert_misses_again(void **state)
     ferry_moe_counts c;
     assert_int_equal(ferry_moe_planner_ensure(p, 0, route, 2, NULL, NULL, &c), 1);
     assert_int_equal(c.missing, 1);
-    ferry_moe_planner_stats st;
-    ferry_moe_planner_get_stats(p, &st);
+    ferry_moe_planner_stats st = FERRY_MOE_PLANNER_STATS_INIT;
+    ferry_moe_planner_stats_get(p, &st);
     assert_int_equal(st.forgotten, 1);
     assert_consistent(p, 1, 4);
     ferry_moe_planner_destroy(p);
@@ -352,8 +352,8 @@ static void prefetch_brings_experts_in_without_evicting_the_step(void **state)
         uint32_t used[] = {1, 2};
         assert_int_equal(ferry_moe_planner_ensure(p, 1, used, 2, NULL, NULL, &c), 0);
         assert_int_equal(c.prefetch_hits, 2);
-        ferry_moe_planner_stats st;
-        ferry_moe_planner_get_stats(p, &st);
+        ferry_moe_planner_stats st = FERRY_MOE_PLANNER_STATS_INIT;
+        ferry_moe_planner_stats_get(p, &st);
         assert_int_equal(st.prefetch_requests, 3);
         assert_int_equal(st.prefetch_fetched, 3);
         assert_int_equal(st.prefetch_hits, 2);
@@ -366,7 +366,7 @@ static void prefetch_brings_experts_in_without_evicting_the_step(void **state)
             assert_true(ferry_moe_planner_ensure(p, 1, three, 1, NULL, NULL, NULL) >= 0);
         }
         FT_ASSERT_OK(ferry_moe_planner_prefill(p, 0, NULL, NULL));
-        ferry_moe_planner_get_stats(p, &st);
+        ferry_moe_planner_stats_get(p, &st);
         if (ferry_moe_planner_lookup(p, 1, 0) == FERRY_MOE_NONE)
             assert_int_equal(st.prefetch_wasted, 1);
         else

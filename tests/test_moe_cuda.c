@@ -53,13 +53,13 @@ static void a_cuda_pool_lands_each_expert_in_the_slot_the_plan_named(void **stat
     FT_ASSERT_OK(ferry_device_download(dev, buf, ferry_moe_device_slot_ptr(ctx, 0, 1), WIDTH));
     assert_int_equal(ft_check_pattern(buf, WIDTH, 3 * 17), -1);
     assert_int_equal(ferry_moe_slots_occupant(s, 1), 3);
-    ferry_moe_slots_stats st;
-    ferry_moe_slots_get_stats(s, &st);
+    ferry_moe_slots_stats st = FERRY_MOE_SLOTS_STATS_INIT;
+    ferry_moe_slots_stats_get(s, &st);
     assert_int_equal(st.host_bytes, 2 * WIDTH);
     assert_int_equal(st.device_bytes, WIDTH);
     ferry_moe_copy_plan warm = {0, 0, dst, src};
     assert_int_equal(ferry_moe_slots_apply(s, &warm, rows, NULL, NULL), 0);
-    ferry_moe_slots_get_stats(s, &st);
+    ferry_moe_slots_stats_get(s, &st);
     assert_int_equal(st.host_bytes, 2 * WIDTH);
     ferry_moe_slots_destroy(s);
     ferry_moe_rows_destroy(rows);

@@ -374,8 +374,8 @@ static void a_plan_lands_each_expert_in_the_slot_it_named(void **state)
     assert_memory_equal(buf, rows_mem.rows + 3 * W, W); /* slot 0's contents, not a neighbour's */
     assert_int_equal(ferry_moe_slots_occupant(s, 1), 3);
 
-    ferry_moe_slots_stats st;
-    ferry_moe_slots_get_stats(s, &st);
+    ferry_moe_slots_stats st = FERRY_MOE_SLOTS_STATS_INIT;
+    ferry_moe_slots_stats_get(s, &st);
     assert_int_equal(st.host_rows, 2);
     assert_int_equal(st.host_bytes, 2 * W);
     assert_int_equal(st.device_rows, 1);
@@ -383,8 +383,8 @@ static void a_plan_lands_each_expert_in_the_slot_it_named(void **state)
 
     ferry_moe_copy_plan warm = {0, 0, dst, src};
     assert_int_equal(ferry_moe_slots_apply(s, &warm, rows, NULL, NULL), 0);
-    ferry_moe_slots_stats st2;
-    ferry_moe_slots_get_stats(s, &st2);
+    ferry_moe_slots_stats st2 = FERRY_MOE_SLOTS_STATS_INIT;
+    ferry_moe_slots_stats_get(s, &st2);
     assert_int_equal(st2.host_bytes, st.host_bytes);
     assert_int_equal(st2.warm_plans, 1);
     assert_int_equal(st2.plans, 2);
@@ -407,8 +407,8 @@ static void a_warm_step_makes_no_device_call(void **state)
     ferry_moe_gather_plan gwarm = {0, NULL, NULL};
     assert_int_equal(ferry_moe_slots_gather(s, &gwarm, NULL, NULL), 0);
     assert_int_equal(f.calls, 0);
-    ferry_moe_slots_stats st;
-    ferry_moe_slots_get_stats(s, &st);
+    ferry_moe_slots_stats st = FERRY_MOE_SLOTS_STATS_INIT;
+    ferry_moe_slots_stats_get(s, &st);
     assert_int_equal(st.warm_plans, 2);
     assert_int_equal(st.host_bytes + st.device_bytes, 0);
     ferry_moe_slots_destroy(s);
@@ -534,8 +534,8 @@ static void failures_leave_planner_and_executor_agreeing(void **state)
         uint32_t slot = ferry_moe_planner_lookup(p, 0, e);
         assert_memory_equal(f.mem[0] + (size_t)slot * W, rows_mem.rows + (size_t)e * W, W);
     }
-    ferry_moe_slots_stats st;
-    ferry_moe_slots_get_stats(s, &st);
+    ferry_moe_slots_stats st = FERRY_MOE_SLOTS_STATS_INIT;
+    ferry_moe_slots_stats_get(s, &st);
     assert_int_equal(st.failed_writes, 1);
     assert_int_equal(st.failed_flushes, 1);
 
@@ -710,8 +710,8 @@ static void nvme_rows_land_in_their_slots(void **state)
         read_slot(dev, ctx, 1, dst[i], buf, w1);
         assert_memory_equal(buf, img + (size_t)L * E * w0 + r * w1, w1);
     }
-    ferry_moe_slots_stats st;
-    ferry_moe_slots_get_stats(s, &st);
+    ferry_moe_slots_stats st = FERRY_MOE_SLOTS_STATS_INIT;
+    ferry_moe_slots_stats_get(s, &st);
     assert_int_equal(st.host_bytes, 2 * (w0 + w1));
     ferry_moe_slots_destroy(s);
     /* 2: a device without read_file: staged */
@@ -831,14 +831,14 @@ static void a_prefetch_overlaps_and_then_hits(void **state)
         read_slot(dev, ctx, 0, slot, buf, W);
         assert_memory_equal(buf, rows_mem.rows + (size_t)(8 + used[i]) * W, W);
     }
-    ferry_moe_slots_stats st;
-    ferry_moe_slots_get_stats(s, &st);
+    ferry_moe_slots_stats st = FERRY_MOE_SLOTS_STATS_INIT;
+    ferry_moe_slots_stats_get(s, &st);
     assert_int_equal(st.prefetch_plans, 1);
     assert_int_equal(st.prefetch_rows, 3);
     assert_int_equal(st.prefetch_bytes, 3 * W);
     assert_int_equal(st.host_rows, 7);
-    ferry_moe_planner_stats ps;
-    ferry_moe_planner_get_stats(p, &ps);
+    ferry_moe_planner_stats ps = FERRY_MOE_PLANNER_STATS_INIT;
+    ferry_moe_planner_stats_get(p, &ps);
     assert_int_equal(ps.prefetch_bytes, 3 * W);
     ferry_moe_planner_destroy(p);
     ferry_moe_slots_destroy(s);
@@ -859,7 +859,7 @@ static void a_prefetch_overlaps_and_then_hits(void **state)
     for (uint32_t i = 0; i < nu; i++)
         FT_ASSERT_OK(ferry_moe_planner_forget(p, unknown[i]));
     FT_ASSERT_OK(ferry_moe_check(p, s));
-    ferry_moe_planner_get_stats(p, &ps);
+    ferry_moe_planner_stats_get(p, &ps);
     assert_int_equal(ps.prefetch_wasted, 3);
     assert_int_equal(ps.prefetch_wasted_bytes, 3 * W);
     ferry_moe_planner_destroy(p);

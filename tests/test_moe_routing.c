@@ -66,8 +66,8 @@ static void structures_stay_consistent_through_a_trace(void **state)
             assert_true(ferry_moe_planner_ensure(p, layer, ex, n, NULL, NULL, NULL) >= 0);
             check(p, i);
         }
-        ferry_moe_planner_stats st;
-        ferry_moe_planner_get_stats(p, &st);
+        ferry_moe_planner_stats st = FERRY_MOE_PLANNER_STATS_INIT;
+        ferry_moe_planner_stats_get(p, &st);
         assert_true(st.evictions > 0);
         ferry_moe_planner_destroy(p);
     }

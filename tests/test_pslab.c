@@ -137,7 +137,7 @@ static void test_clean_restart_finds_every_chunk(void **state)
     o.flags = 0;
     o.bytes = 0;
     p = open_ok(&o);
-    ferry_pslab_stats s;
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
     assert_int_equal(s.recovered, 300);
     assert_int_equal(s.chunks, 300);
@@ -167,7 +167,7 @@ static void test_overwrite_and_delete_survive_reopen(void **state)
     assert_int_equal(ferry_pslab_delete(p, key, kl), FERRY_ENOTFOUND);
     assert_int_equal(get_rc(p, 2), FERRY_ENOTFOUND);
     assert_true(has_k(p, 1, 11));
-    ferry_pslab_stats s;
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
     uint64_t used = s.bytes_used;
     FT_ASSERT_OK(ferry_pslab_close(p));
@@ -282,7 +282,7 @@ static void test_iterate_and_put_many(void **state)
         items[i].len = 5000;
     }
     items[7].len = 0; /* bad: this one alone fails */
-    ferry_pslab_stats s0, s1;
+    ferry_pslab_stats s0 = FERRY_PSLAB_STATS_INIT, s1 = FERRY_PSLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_pslab_stats_get(p, &s0));
     uint64_t syncs0 = atomic_load(&g_syncs);
     assert_int_equal(ferry_pslab_put_many(p, items, 40), 39);
@@ -533,7 +533,7 @@ static void test_payload_corruption_is_a_counted_miss(void **state)
     /* nothing of the bad bytes is handed out */
     for (size_t i = 0; i < info.length; i++)
         assert_int_equal(buf[i], 0);
-    ferry_pslab_stats s;
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
     assert_int_equal(s.corrupt, 1);
     assert_int_equal(s.chunks, 19);
@@ -587,7 +587,7 @@ static void test_verify_finds_and_repairs_bad_payloads(void **state)
     p = open_ok(&o);
     FT_ASSERT_OK(ferry_pslab_verify(p, 0, &bad, NULL, NULL));
     assert_int_equal(bad, 0);
-    ferry_pslab_stats s;
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
     assert_int_equal(s.chunks, 27);
     FT_ASSERT_OK(ferry_pslab_close(p));
@@ -617,7 +617,7 @@ static void test_journal_corruption_drops_the_tail_never_returns_wrong_bytes(voi
         ferry_pslab_options o = opts(dirs, 1, 0);
         o.flags = 0;
         ferry_pslab *p = open_ok(&o);
-        ferry_pslab_stats s;
+        ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
         FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
         assert_true(s.torn_bytes > 0);          /* detected */
         assert_true(s.chunks < 40);
@@ -660,7 +660,7 @@ static void test_torn_tail_is_cut(void **state)
     ferry_pslab_options o = opts(dirs, 1, 0);
     o.flags = FERRY_PSLAB_READONLY;
     ferry_pslab *p = open_ok(&o);
-    ferry_pslab_stats s;
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
     assert_int_equal(s.chunks, 9);
     FT_ASSERT_OK(ferry_pslab_close(p));
@@ -694,7 +694,7 @@ static void test_compaction_keeps_the_index_small(void **state)
     for (int round = 0; round < 40; round++)
         for (int k = 0; k < 20; k++)
             put_k(p, k, round * 100 + k);
-    ferry_pslab_stats s;
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
     assert_true(s.compactions > 0);
     assert_int_equal(s.generation, s.compactions);
@@ -783,7 +783,7 @@ static void threads_on_one_store(ferry_pslab_options *o, int full_sync)
     }
     for (int i = 0; i < 4; i++)
         pthread_join(t[i], NULL);
-    ferry_pslab_stats s;
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
     assert_int_equal(s.puts, 240);
     assert_int_equal(s.deletes, 48);
@@ -842,7 +842,7 @@ static void test_sync_none_acknowledges_at_sync(void **state)
     ferry_pslab_options o = opts(dirs, 1, 8 * MiB);
     o.sync = FERRY_PSLAB_SYNC_NONE;
     ferry_pslab *p = open_ok(&o);
-    ferry_pslab_stats s0, s1;
+    ferry_pslab_stats s0 = FERRY_PSLAB_STATS_INIT, s1 = FERRY_PSLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_pslab_stats_get(p, &s0));
     for (int k = 0; k < 10; k++)
         put_k(p, k, k);
@@ -1209,7 +1209,7 @@ static void test_forget_is_durable_with_the_next_commit_only(void **state)
     ferry_pslab *p = open_ok(&o);
     for (int k = 0; k < 4; k++)
         put_k(p, k, k);
-    ferry_pslab_stats s0;
+    ferry_pslab_stats s0 = FERRY_PSLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_pslab_stats_get(p, &s0));
     FT_ASSERT_OK(ferry_pslab_close(p));
     o.flags = 0;
@@ -1233,7 +1233,7 @@ static void test_forget_is_durable_with_the_next_commit_only(void **state)
     /* forgotten, then a put commits: the forget is durable with it */
     FT_ASSERT_OK(ferry_pslab_forget(p, key, kl));
     put_k(p, 9, 9);
-    ferry_pslab_stats s;
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
     /* the forgotten extent was freed once its record was durable; key 9 took one */
     assert_int_equal(s.bytes_used, s0.bytes_used - 4096 * ((pm_len(1, 1) + 4095) / 4096) +
@@ -1337,7 +1337,7 @@ static void test_batch_puts_are_visible_at_once_and_durable_at_commit(void **sta
 
     ov_install(UINT64_MAX, 3);
     p = open_ok(&o);
-    ferry_pslab_stats s0, s1;
+    ferry_pslab_stats s0 = FERRY_PSLAB_STATS_INIT, s1 = FERRY_PSLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_pslab_stats_get(p, &s0));
     put_k(p, 1, 101);  /* overwrite */
     put_k(p, 7, 7);    /* new */
@@ -1394,7 +1394,7 @@ static void test_batch_commits_when_full_and_when_old(void **state)
         size_t kl = pm_key(i, key);
         FT_ASSERT_OK(ferry_pslab_put(p, key, kl, buf, sizeof buf));
     }
-    ferry_pslab_stats s;
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     /* 8 puts of 8 KiB fill a 64 KiB batch: the flusher commits the two full
      * ones (batch_ms is 10 minutes: no age trigger); a late flusher may
      * take the puts queued after them too */
@@ -1465,7 +1465,7 @@ static void test_batch_commits_run_on_the_flusher_and_bound_the_queue(void **sta
         char key[32];
         size_t kl = pm_key(i, key);
         FT_ASSERT_OK(ferry_pslab_put(p, key, kl, buf, sizeof buf));
-        ferry_pslab_stats s;
+        ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
         FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
         uint64_t queued = s.puts - s.committed_records;
         most = queued > most ? queued : most;
@@ -1475,7 +1475,7 @@ static void test_batch_commits_run_on_the_flusher_and_bound_the_queue(void **sta
     assert_true(most <= 4 * 8 + 2);
     /* every full batch is committed (batch_ms is 10 minutes: no age
      * trigger), what is left is less than a batch */
-    ferry_pslab_stats s;
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     for (int i = 0; i < 2000; i++) {
         FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
         if (s.committed_records > 80 - 8)
@@ -1834,7 +1834,7 @@ static void test_created_files_are_private_unless_a_mode_is_given(void **state)
 
 static int count_chunks(ferry_pslab *p)
 {
-    ferry_pslab_stats s;
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
     return (int)s.chunks;
 }
@@ -1881,7 +1881,7 @@ static void test_another_tag_is_refused_and_reset_only_when_asked(void **state)
     b.bytes = 0; /* the old size */
     p = open_ok(&b);
     assert_int_equal(count_chunks(p), 0);
-    ferry_pslab_stats s;
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
     assert_int_equal(s.capacity, 4 * MiB);
     put_k(p, 3, 33);
@@ -1935,7 +1935,7 @@ static void test_full_batch_slab_reuses_forgotten_extents_without_a_sync(void **
         memset(buf, i & 0xff, 65536);
         assert_memory_equal(got, buf, 65536);
     }
-    ferry_pslab_stats s;
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
     assert_true(s.space_commits > 0);
     assert_int_equal(s.chunks, 8);
@@ -2094,7 +2094,7 @@ static void test_journal_damage_drops_the_key_one_byte_names_else_all_before(voi
         ferry_pslab_options oc = opts(cd, 1, 0);
         oc.flags = 0;
         p = open_ok(&oc);
-        ferry_pslab_stats s;
+        ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
         FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
         assert_int_equal(get_rc(p, 5), FERRY_ENOTFOUND); /* never version 5 */
         assert_true(has_k(p, 8, 88));                    /* after the damage: stands */

@@ -185,7 +185,7 @@ static void test_slab_in_use_is_named_and_left_alone(void **state)
     assert_int_equal(json_integer_value(json_object_get(j, "pid")), getpid());
     json_decref(j);
     /* the store's chunks were not touched by any of it */
-    ferry_pslab_stats s;
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
     assert_int_equal(s.chunks, 3);
     FT_ASSERT_OK(ferry_pslab_close(p));
@@ -221,7 +221,7 @@ static void test_reset_empties_the_slab_keeping_its_tag(void **state)
     assert_non_null(strstr(out, "reset"));
     o.flags = 0;
     FT_ASSERT_OK(ferry_pslab_open(&o, &p)); /* the same tag and size still open it */
-    ferry_pslab_stats s;
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
     assert_int_equal(s.chunks, 0);
     assert_int_equal(s.capacity, 4 << 20);

@@ -168,7 +168,7 @@ static int pm_match(ferry_pslab *p, const pm_state *a, const pm_state *b, int *w
         ok_a &= ma;
         ok_b &= mb;
     }
-    ferry_pslab_stats s;
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     ferry_pslab_stats_get(p, &s);
     if (s.chunks != present) /* a key outside the model */
         ok_a = ok_b = 0, (*wrong)++;

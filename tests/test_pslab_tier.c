@@ -161,7 +161,7 @@ static void test_recover_stopped_forgets_the_rest(void **state)
     t = tier_open(d, 8);
     int calls = 0;
     assert_int_equal(ferry__kv_tier_pslab_recover(t, stop_after_one, &calls), 7);
-    ferry_pslab_stats s;
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_pslab_stats_get(ferry__kv_tier_pslab_store(t), &s));
     assert_int_equal(s.chunks, 1); /* only the one the store accepted */
     /* 7 slots free: the accepted chunk holds one */
@@ -247,7 +247,7 @@ static void test_kv_sync_commits_the_write_throughs(void **state)
     assert_non_null(ps);
     assert_int_equal(ferry_kv_store(kv, tok, N, NULL, &b), N);
     FT_ASSERT_OK(ferry_kv_sync(kv));
-    ferry_pslab_stats s;
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_pslab_stats_get(ps, &s));
     assert_int_equal(s.puts, 8);
     assert_int_equal(s.committed_records, 8); /* none left queued */
@@ -267,7 +267,7 @@ static void test_kv_sync_commits_the_write_throughs(void **state)
     o.flags = FERRY_PSLAB_READONLY;
     ferry_pslab *cp = NULL;
     FT_ASSERT_OK(ferry_pslab_open(&o, &cp));
-    ferry_pslab_stats cs;
+    ferry_pslab_stats cs = FERRY_PSLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_pslab_stats_get(cp, &cs));
     assert_int_equal(cs.chunks, 8);
     uint64_t bad = 99;
@@ -476,8 +476,8 @@ static void test_persistent_l2_keeps_caching_under_churn(void **state)
             FT_ASSERT_OK(ferry_kv_flush(kv)); /* let write-throughs land; no sync */
     }
     FT_ASSERT_OK(ferry_kv_flush(kv));
-    ferry_kv_stats ms;
-    FT_ASSERT_OK(ferry_kv_metrics(kv, &ms));
+    ferry_kv_stats ms = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &ms));
     print_message("L2: %llu failures, usage %.2f\n",
                   (unsigned long long)ms.tier[FERRY_KV_TIER_L2].failures,
                   ms.tier[FERRY_KV_TIER_L2].usage);
@@ -492,7 +492,7 @@ static void test_persistent_l2_keeps_caching_under_churn(void **state)
         found++;
     }
     assert_int_equal(found, 20);
-    ferry_pslab_stats s;
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_pslab_stats_get(ferry__kv_tier_pslab_store(kv->tier[FERRY_KV_TIER_L2]),
                                        &s));
     print_message("slab: %llu space commits, %llu failures\n",

@@ -59,12 +59,10 @@ static ferry_remote *open_a(const ft_redis *s, int db, const char *prefix)
     return r;
 }
 
-static ferry_remote_metrics metrics(ferry_remote *r)
+static ferry_remote_stats metrics(ferry_remote *r)
 {
-    ferry_remote_metrics m;
-    memset(&m, 0, sizeof m);
-    m.size = sizeof m;
-    FT_ASSERT_OK(ferry_remote_metrics_get(r, &m));
+    ferry_remote_stats m = FERRY_REMOTE_STATS_INIT;
+    FT_ASSERT_OK(ferry_remote_stats_get(r, &m));
     return m;
 }
 
@@ -313,7 +311,7 @@ static void hostile_server_is_bounded_in_time_and_memory(void **state)
                 break;
             }
             int64_t took = now_ms() - t0;
-            ferry_remote_metrics m = metrics(r);
+            ferry_remote_stats m = metrics(r);
             if (modes[mi] == FAKE_BIG_BULK && op == OP_GET) {
                 /* the direct GET reads the value header, refuses it and
                  * drops the connection instead of draining 320 MiB */
@@ -787,7 +785,7 @@ static void round_trip_sync_and_async(void **state)
     assert_int_equal(ferry_remote_get(r, "chunk-1", 7, dst, n), (int)n);
     assert_int_equal(ft_check_pattern(dst, n, 1), -1);
 
-    ferry_remote_metrics m = metrics(r);
+    ferry_remote_stats m = metrics(r);
     assert_int_equal(m.puts, 5);
     assert_int_equal(m.puts_written, 5);
     assert_int_equal(m.hits, 6);
@@ -812,7 +810,7 @@ static void missing_key_is_a_miss(void **state)
     char buf[16];
     assert_int_equal(ferry_remote_get(r, "nope", 4, buf, sizeof buf), FERRY_ENOTFOUND);
     assert_non_null(strstr(ferry_remote_last_error(r), "no such key"));
-    ferry_remote_metrics m = metrics(r);
+    ferry_remote_stats m = metrics(r);
     assert_int_equal(m.misses, 1);
     assert_int_equal(m.hits, 0);
     assert_int_equal(m.errors, 0);
@@ -876,7 +874,7 @@ static void corruption_is_detected(void **state)
     ft_redis_cmd(&g_srv, NULL, 0, set);
     assert_int_equal(ferry_remote_get(r, "foreign", 7, dst, sizeof dst), FERRY_ECORRUPT);
     assert_non_null(strstr(ferry_remote_last_error(r), "not a ferry value"));
-    ferry_remote_metrics m = metrics(r);
+    ferry_remote_stats m = metrics(r);
     assert_int_equal(m.corrupt, 4);
     assert_int_equal(m.hits, 0);
     assert_int_equal(m.misses, 4);
@@ -944,7 +942,7 @@ static void server_error_replies(void **state)
     FT_ASSERT_OK(ferry_remote_put(r, "big2", 4, "abc", 3));
     FT_ASSERT_OK(ferry_remote_flush(r, 5000));
     ft_redis_cmd(&g_srv, NULL, 0, unlim);
-    ferry_remote_metrics m = metrics(r);
+    ferry_remote_stats m = metrics(r);
     assert_int_equal(m.dropped, 1);
     assert_int_equal(m.puts_written, 0);
     assert_true(m.errors >= 4);
@@ -978,7 +976,7 @@ static void exists_counts_leading_keys_and_delete(void **state)
     assert_int_equal(ferry_remote_exists(r, keys + 2, 8), 4);
     char dst[8];
     assert_int_equal(ferry_remote_get(r, "k0", 2, dst, sizeof dst), FERRY_ENOTFOUND);
-    ferry_remote_metrics m = metrics(r);
+    ferry_remote_stats m = metrics(r);
     assert_int_equal(m.deletes, 2);
     assert_int_equal(m.exists_calls, 7);
     ferry_remote_key bad = {NULL, 0};
@@ -1114,9 +1112,9 @@ static void bad_arguments(void **state)
     assert_int_equal(ferry_remote_put(r, "", 0, "x", 1), -EINVAL);
     assert_int_equal(ferry_remote_put(r, "k", 1, NULL, 5), -EINVAL);
     assert_int_equal(ferry_remote_get(r, NULL, 3, big, 1), -EINVAL);
-    ferry_remote_metrics m;
+    ferry_remote_stats m = FERRY_REMOTE_STATS_INIT;
     memset(&m, 0, sizeof m);
-    assert_int_equal(ferry_remote_metrics_get(r, &m), -EINVAL);
+    assert_int_equal(ferry_remote_stats_get(r, &m), -EINVAL);
     ferry_remote_close(r);
     ferry_remote_close(NULL);
 }
@@ -1188,7 +1186,7 @@ static void stopped_server_degrades_then_reconnects(void **state)
     ft_redis_stop(&s);
     /* the first call finds the connection dead: a miss, and the remote down */
     assert_int_equal(ferry_remote_get(r, "k", 1, dst, sizeof dst), FERRY_ENOTFOUND);
-    ferry_remote_metrics m = metrics(r);
+    ferry_remote_stats m = metrics(r);
     assert_int_equal(m.down, 1);
     assert_true(m.errors >= 1);
     /* while backing off, calls answer at once without touching the network */
@@ -1256,7 +1254,7 @@ static void hung_server_times_out_then_answers_misses(void **state)
     uint64_t deg = metrics(r).degraded;
     for (int i = 0; i < 100; i++)
         assert_int_equal(ferry_remote_get(r, "h", 1, dst, sizeof dst), FERRY_ENOTFOUND);
-    ferry_remote_metrics m = metrics(r);
+    ferry_remote_stats m = metrics(r);
     assert_int_equal(m.degraded, deg + 100);
     assert_int_equal(m.errors, 1);
     ft_redis_resume(&s);
@@ -1292,7 +1290,7 @@ static void bounded_queue_drops_under_stopped_server(void **state)
     }
     assert_true(full > 0);
     assert_true(queued >= 4);
-    ferry_remote_metrics m = metrics(r);
+    ferry_remote_stats m = metrics(r);
     assert_true(m.queue_items <= 4);
     assert_true(m.queue_bytes <= 4 * (sizeof v + 200));
     /* stopped outright: everything queued is dropped, nothing blocks */
@@ -1506,7 +1504,7 @@ static void threads_share_one_handle(void **state)
         assert_int_equal(args[i].bad, 0);
     }
     FT_ASSERT_OK(ferry_remote_flush(r, 10000));
-    ferry_remote_metrics m = metrics(r);
+    ferry_remote_stats m = metrics(r);
     assert_int_equal(m.errors, 0);
     assert_int_equal(m.corrupt + m.mismatched, 0);
     assert_int_equal(m.puts, m.puts_written);

@@ -34,12 +34,10 @@ static ferry_remote *open_cluster(int node, const char *extra_query)
     return r;
 }
 
-static ferry_remote_metrics metrics(ferry_remote *r)
+static ferry_remote_stats metrics(ferry_remote *r)
 {
-    ferry_remote_metrics m;
-    memset(&m, 0, sizeof m);
-    m.size = sizeof m;
-    FT_ASSERT_OK(ferry_remote_metrics_get(r, &m));
+    ferry_remote_stats m = FERRY_REMOTE_STATS_INIT;
+    FT_ASSERT_OK(ferry_remote_stats_get(r, &m));
     return m;
 }
 
@@ -116,7 +114,7 @@ static void keys_spread_over_nodes_and_read_back(void **state)
     assert_int_equal(ferry_remote_exists(r, keys, N), 50);
     assert_int_equal(ferry_remote_delete(r, keys, N), N - 1);
     assert_int_equal(ferry_remote_exists(r, keys, N), 0);
-    ferry_remote_metrics m = metrics(r);
+    ferry_remote_stats m = metrics(r);
     assert_int_equal(m.errors, 0);
     assert_int_equal(m.redirects, 0); /* the slot map was right all along */
     assert_int_equal(m.puts_written, N);

@@ -181,7 +181,7 @@ static void free_coalesces_with_both_neighbours(void **state)
     ferry_extent x[4];
     for (int i = 0; i < 4; i++)
         x[i] = alloc1(s, K4);
-    ferry_slab_stats st;
+    ferry_slab_stats st = FERRY_SLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_slab_free(s, &x[0]));
     CHECK(s);
     FT_ASSERT_OK(ferry_slab_free(s, &x[2]));
@@ -217,7 +217,7 @@ static void alloc_count_is_all_or_nothing(void **state)
     assert_int_equal(ferry_slab_alloc(s, &l, 11, out), FERRY_ENOSPACE);
     assert_non_null(strstr(ferry_slab_last_error(s), "out of space"));
     CHECK(s);
-    ferry_slab_stats st;
+    ferry_slab_stats st = FERRY_SLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_slab_stats_get(s, &st));
     assert_int_equal(st.used, 0);
     assert_int_equal(st.used_blocks, 0);
@@ -350,7 +350,7 @@ static void fragmentation_figure(void **state)
 {
     (void)state;
     ferry_slab *s = mk(8 * K4);
-    ferry_slab_stats st;
+    ferry_slab_stats st = FERRY_SLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_slab_stats_get(s, &st));
     assert_true(st.fragmentation == 0.0);
     ferry_extent x[8];
@@ -424,7 +424,7 @@ static void out_of_memory_leaves_the_slab_unchanged(void **state)
             else
                 assert_int_equal(rc, -ENOMEM);
         }
-        ferry_slab_stats st;
+        ferry_slab_stats st = FERRY_SLAB_STATS_INIT;
         FT_ASSERT_OK(ferry_slab_stats_get(s, &st));
         assert_int_equal(st.used_blocks, held);
         assert_int_equal(st.used, held * K4);
@@ -474,7 +474,7 @@ static void matches_a_bitmap_model_at_random(void **state)
             }
         }
         FT_ASSERT_OK(ferry_slab_check(s));
-        ferry_slab_stats st;
+        ferry_slab_stats st = FERRY_SLAB_STATS_INIT;
         FT_ASSERT_OK(ferry_slab_stats_get(s, &st));
         uint64_t u = 0, runs = 0;
         for (int b = 0; b < BLOCKS; b++) {
@@ -584,7 +584,7 @@ static void threads_allocate_and_free_concurrently(void **state)
         assert_null(ret);
     }
     CHECK(g_shared);
-    ferry_slab_stats st;
+    ferry_slab_stats st = FERRY_SLAB_STATS_INIT;
     FT_ASSERT_OK(ferry_slab_stats_get(g_shared, &st));
     assert_int_equal(st.used, 0);
     assert_int_equal(st.free_blocks, 1);

@@ -353,7 +353,7 @@ static int bench_alloc(const gopts *o, alloc_res *out)
 #define RND() (x ^= x << 13, x ^= x >> 7, x ^= x << 17, x)
     /* half full, extents of 1..4 chunks */
     while (rc >= 0) {
-        ferry_slab_stats st;
+        ferry_slab_stats st = FERRY_SLAB_STATS_INIT;
         ferry_slab_stats_get(s, &st);
         if (st.usage >= 0.5)
             break;
@@ -380,7 +380,7 @@ static int bench_alloc(const gopts *o, alloc_res *out)
     double secs = now_s() - t0, cpu = thread_cpu_s() - c0;
     if (rc >= 0)
         rc = ferry_slab_check(s);
-    ferry_slab_stats st;
+    ferry_slab_stats st = FERRY_SLAB_STATS_INIT;
     ferry_slab_stats_get(s, &st);
     out->ops = ops;
     out->ops_per_s = secs > 0 ? (double)ops / secs : 0;
@@ -688,7 +688,7 @@ static void report_text(const gds_bench *b)
     const gopts *o = b->o;
     const alloc_res *ar = &b->ar;
     const char *fb = ferry_gds_fallback_reason(b->g);
-    ferry_gds_stats gst;
+    ferry_gds_stats gst = FERRY_GDS_STATS_INIT;
     ferry_gds_stats_get(b->g, &gst);
     printf("ferry bench gds: driver %s, engine %s, %u drive(s), %s buffers, chunk %llu KiB "
            "x %llu, depth %u per drive, %u round(s)\n",

@@ -136,7 +136,7 @@ static int slab_reset(const char *const *dirs, unsigned nd, int json)
                 ferry_last_error(), ferry_err_name(rc));
         return rc == -EINVAL ? 2 : 1;
     }
-    ferry_pslab_stats s;
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     ferry_pslab_stats_get(p, &s);
     rc = ferry_pslab_close(p);
     if (rc < 0) {
@@ -324,7 +324,7 @@ static int slab_check(int argc, char **argv)
         return in_use(a.dirs, a.nd, a.json, a.repair ? "repairing it" : "checking it");
     if (rc < 0)
         return slab_unreadable(&a, rc);
-    ferry_pslab_stats s0;
+    ferry_pslab_stats s0 = FERRY_PSLAB_STATS_INIT;
     ferry_pslab_stats_get(p, &s0);
     if (!a.json)
         slab_print_head(&a, &s0);
@@ -344,7 +344,7 @@ static int slab_check(int argc, char **argv)
         else
             compacted = 1;
     }
-    ferry_pslab_stats s1;
+    ferry_pslab_stats s1 = FERRY_PSLAB_STATS_INIT;
     ferry_pslab_stats_get(p, &s1);
     int crc = ferry_pslab_close(p);
     int problems = s0.torn_bytes || s0.dropped_records || bad || io_failed;
@@ -440,6 +440,7 @@ static int bench_reopen(const bench_opts *o, const char *d, double *create_s, do
     if (rc < 0)
         return cli_fail("slab bench", "reopening", rc);
     *reopen_s = (double)(ferry__now_ns() - t0) / 1e9;
+    st->size = sizeof *st;
     ferry_pslab_stats_get(p, st);
     ferry_pslab_close(p);
     return st->recovered == o->chunks ? 0 : cli_fail("slab bench", "reopen lost chunks", -EIO);
@@ -521,7 +522,7 @@ static int bench_pslab(const bench_opts *o, const char *d, const void *buf, uint
     double t = (double)(ferry__now_ns() - t0) / 1e9;
     free(items);
     free(keys);
-    ferry_pslab_stats st;
+    ferry_pslab_stats st = FERRY_PSLAB_STATS_INIT;
     ferry_pslab_stats_get(p, &st);
     if (rc < 0)
         rc = cli_fail("slab bench", "storing through the persistent slab", rc);
@@ -565,7 +566,7 @@ static int bench_latency(const bench_opts *o, const char *d, int sync, unsigned 
         rc = ferry_pslab_put(p, k, (size_t)kl, buf, o->small);
         lat[i] = ferry__now_ns() - t0;
     }
-    ferry_pslab_stats st;
+    ferry_pslab_stats st = FERRY_PSLAB_STATS_INIT;
     ferry_pslab_stats_get(p, &st);
     *syncs = st.commits;
     if (rc < 0)

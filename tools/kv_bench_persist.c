@@ -63,8 +63,8 @@ static int pc_round_run(const opts *o, const ferry_kv_layout *l, const workload 
     int rc = kvb_open_store(&so, l, o->l1, o->l2, sub, &kv);
     if (rc < 0)
         return rc;
-    ferry_kv_stats a, b;
-    ferry_kv_metrics(kv, &a);
+    ferry_kv_stats a = FERRY_KV_STATS_INIT, b = FERRY_KV_STATS_INIT;
+    ferry_kv_stats_get(kv, &a);
     double t0 = kvb_now_s();
     for (size_t i = 0; i < w->np && rc >= 0; i++) {
         rc = ferry_kv_store(kv, w->p[i].tok, w->p[i].n, NULL, buf);
@@ -78,7 +78,7 @@ static int pc_round_run(const opts *o, const ferry_kv_layout *l, const workload 
     if (rc >= 0 && persistent)
         rc = ferry_kv_sync(kv);
     double t3 = kvb_now_s();
-    ferry_kv_metrics(kv, &b);
+    ferry_kv_stats_get(kv, &b);
     ferry_kv_close(kv);
     pc_clean(sub);
     if (rc < 0)

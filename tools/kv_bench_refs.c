@@ -296,8 +296,8 @@ static int l2_ref_store(const opts *o, const ferry_kv_layout *l, l2_ref *x)
 /* bytes the store read from L2 since *a */
 static uint64_t l2_read_since(ferry_kv *kv, const ferry_kv_stats *a)
 {
-    ferry_kv_stats z;
-    ferry_kv_metrics(kv, &z);
+    ferry_kv_stats z = FERRY_KV_STATS_INIT;
+    ferry_kv_stats_get(kv, &z);
     return z.tier[FERRY_KV_TIER_L2].bytes_read - a->tier[FERRY_KV_TIER_L2].bytes_read;
 }
 
@@ -314,8 +314,8 @@ static int l2_ref_round(l2_ref *x, unsigned round, double gbps[3])
     }
     const int32_t *rt = x->t + (size_t)((2 * round) % 3) * x->n;
     const int32_t *pf = x->t + (size_t)((2 * round + 1) % 3) * x->n;
-    ferry_kv_stats a;
-    ferry_kv_metrics(x->kv, &a);
+    ferry_kv_stats a = FERRY_KV_STATS_INIT;
+    ferry_kv_stats_get(x->kv, &a);
     double t0 = kvb_now_s();
     int got = ferry_kv_retrieve(x->kv, rt, x->n, NULL, &x->b.b);
     double el = kvb_now_s() - t0;
@@ -328,7 +328,7 @@ static int l2_ref_round(l2_ref *x, unsigned round, double gbps[3])
         return -1;
     }
     gbps[1] = (double)from_l2 / el / 1e9;
-    ferry_kv_metrics(x->kv, &a);
+    ferry_kv_stats_get(x->kv, &a);
     t0 = kvb_now_s();
     ferry_kv_prefetch(x->kv, pf, x->n, NULL);
     ferry_kv_flush(x->kv);
@@ -428,12 +428,12 @@ static uint64_t ref_remote_store(const opts *o, const char *url, const ferry_kv_
         if (h <= 0)
             continue;
         hit += (uint64_t)h;
-        ferry_kv_stats a, z;
-        ferry_kv_metrics(kv, &a);
+        ferry_kv_stats a = FERRY_KV_STATS_INIT, z = FERRY_KV_STATS_INIT;
+        ferry_kv_stats_get(kv, &a);
         t0 = kvb_now_s();
         int got = ferry_kv_retrieve(kv, p->tok, (size_t)h, NULL, &b.b);
         double d = kvb_now_s() - t0;
-        ferry_kv_metrics(kv, &z);
+        ferry_kv_stats_get(kv, &z);
         if (got > 0 && warm++) { /* the first one is a warm-up (connections, caches) */
             el += d;
             bytes += z.retrieved_bytes - a.retrieved_bytes;

@@ -160,8 +160,8 @@ int kvb_run_workload(ferry_kv *kv, const workload *w, const ferry_kv_buffer *buf
     double *lat = malloc(w->np * sizeof *lat);
     if (!lat)
         return -ENOMEM;
-    ferry_kv_stats a, b;
-    ferry_kv_metrics(kv, &a);
+    ferry_kv_stats a = FERRY_KV_STATS_INIT, b = FERRY_KV_STATS_INIT;
+    ferry_kv_stats_get(kv, &a);
     for (size_t i = 0; i < w->np; i++) {
         const prompt *p = &w->p[i];
         double t0 = kvb_now_s();
@@ -196,7 +196,7 @@ int kvb_run_workload(ferry_kv *kv, const workload *w, const ferry_kv_buffer *buf
     if (!quiet)
         cli_progress_end();
     ferry_kv_flush(kv);
-    ferry_kv_metrics(kv, &b);
+    ferry_kv_stats_get(kv, &b);
     r->stored_bytes = b.stored_bytes - a.stored_bytes;
     r->retrieved_bytes = b.retrieved_bytes - a.retrieved_bytes;
     r->lookup_p50_us = kvb_pct(lat, w->np, 0.5);

@@ -370,6 +370,7 @@ FERRY_API int ferry_gds_extent_pread(ferry_gds *g, const ferry_extent *e, void *
 
 /* ---- accounting ---- */
 typedef struct ferry_gds_stats {
+    size_t size;               /**< set by the caller: sizeof(ferry_gds_stats) */
     unsigned drives;
     unsigned regions;          /**< registered regions */
     unsigned buffers;          /**< registered buffers */
@@ -381,7 +382,18 @@ typedef struct ferry_gds_stats {
     uint64_t async_pending;    /**< async argument blocks not yet released */
     uint64_t checkpoints;      /**< checkpoint events recorded */
 } ferry_gds_stats;
-FERRY_API int ferry_gds_stats_get(ferry_gds *g, ferry_gds_stats *out);
+#define FERRY_GDS_STATS_INIT \
+    {FERRY_FIELD(size) sizeof(ferry_gds_stats), FERRY_FIELD(drives) 0, FERRY_FIELD(regions) 0, \
+     FERRY_FIELD(buffers) 0, FERRY_FIELD(streams) 0, FERRY_FIELD(bytes_read) 0, \
+     FERRY_FIELD(bytes_written) 0, FERRY_FIELD(driver_ios) 0, FERRY_FIELD(engine_ios) 0, \
+     FERRY_FIELD(async_pending) 0, FERRY_FIELD(checkpoints) 0}
+/**
+ * A snapshot of the counters: the caller sets out->size (its header's
+ * sizeof(ferry_gds_stats), e.g. with FERRY_GDS_STATS_INIT) and only that
+ * many bytes are written; out->size stays. Errors: -EINVAL (NULL,
+ * out->size not set).
+ */
+FERRY_API int ferry_gds_stats_get(const ferry_gds *g, ferry_gds_stats *out);
 
 #ifdef __cplusplus
 }

@@ -534,7 +534,7 @@ typedef struct ferry_kv_tier_stats {
 } ferry_kv_tier_stats;
 
 typedef struct ferry_kv_stats {
-    size_t size;               /**< set by ferry_kv_metrics(): sizeof(ferry_kv_stats) */
+    size_t size;               /**< set by the caller: sizeof(ferry_kv_stats) */
     uint64_t lookups;          /**< lookup calls */
     uint64_t lookup_tokens;    /**< tokens asked about */
     uint64_t hit_tokens;       /**< tokens found */
@@ -579,24 +579,37 @@ typedef struct ferry_kv_stats {
     uint64_t corrupt_chunks;
 } ferry_kv_stats;
 
-/** A snapshot of the store's counters into *out (all of it: out must be
- *  this header's ferry_kv_stats). Errors: -EINVAL (NULL). */
-FERRY_API int ferry_kv_metrics(ferry_kv *kv, ferry_kv_stats *out);
+#define FERRY_KV_STATS_INIT \
+    {FERRY_FIELD(size) sizeof(ferry_kv_stats), FERRY_FIELD(lookups) 0, \
+     FERRY_FIELD(lookup_tokens) 0, FERRY_FIELD(hit_tokens) 0, FERRY_FIELD(stores) 0, \
+     FERRY_FIELD(stored_chunks) 0, FERRY_FIELD(stored_bytes) 0, FERRY_FIELD(retrieves) 0, \
+     FERRY_FIELD(retrieved_chunks) 0, FERRY_FIELD(retrieved_bytes) 0, FERRY_FIELD(misses) 0, \
+     FERRY_FIELD(prefetched_chunks) 0, FERRY_FIELD(deleted_chunks) 0, FERRY_FIELD(failures) 0, \
+     FERRY_FIELD(alloc_failures) 0, FERRY_FIELD(lock_expired) 0, FERRY_FIELD(chunks) 0, \
+     FERRY_FIELD(tier) {{0, 0, 0, 0, 0, 0, 0, 0, 0}}, FERRY_FIELD(lookup_ns) {0}, \
+     FERRY_FIELD(store_ns) {0}, FERRY_FIELD(retrieve_ns) {0}, FERRY_FIELD(remote_lookups) 0, \
+     FERRY_FIELD(remote_lookup_chunks) 0, FERRY_FIELD(remote_found_chunks) 0, \
+     FERRY_FIELD(remote_puts) 0, FERRY_FIELD(remote_put_bytes) 0, FERRY_FIELD(remote_written) 0, \
+     FERRY_FIELD(remote_dropped) 0, FERRY_FIELD(remote_gets) 0, FERRY_FIELD(remote_get_bytes) 0, \
+     FERRY_FIELD(remote_misses) 0, FERRY_FIELD(remote_refused) 0, FERRY_FIELD(remote_errors) 0, \
+     FERRY_FIELD(remote_degraded) 0, FERRY_FIELD(remote_down) 0, FERRY_FIELD(corrupt_chunks) 0}
+
 /**
- * The same snapshot, as every ferry_<object>_stats_get: the caller sets
- * out->size (sizeof(ferry_kv_stats) of its header) and only that many
- * bytes are written, so a program built against an older, smaller
- * ferry_kv_stats keeps working; out->size is left as the caller set it.
- * Errors: -EINVAL (NULL, or a size below offsetof(ferry_kv_stats, lookups)).
+ * A snapshot of the store's counters, as every ferry_<object>_stats_get:
+ * the caller sets out->size (sizeof(ferry_kv_stats) of its header, e.g.
+ * with FERRY_KV_STATS_INIT) and only that many bytes are written, so a
+ * program built against an older, smaller ferry_kv_stats keeps working;
+ * out->size is left as the caller set it. Errors: -EINVAL (NULL, or
+ * out->size not set).
  */
-FERRY_API int ferry_kv_stats_get(ferry_kv *kv, ferry_kv_stats *out);
+FERRY_API int ferry_kv_stats_get(const ferry_kv *kv, ferry_kv_stats *out);
 /**
  * The q-quantile (0..1) of a latency histogram, in nanoseconds (the upper
  * edge of the bucket it falls in, interpolated); 0 when the histogram is empty.
  */
 FERRY_API double ferry_kv_hist_quantile(const uint64_t hist[FERRY_KV_HIST_BUCKETS], double q);
 /**
- * The metrics as Prometheus text exposition (ferry_kv_* families, tier
+ * The same counters as Prometheus text exposition (ferry_kv_* families, tier
  * labels, histograms in seconds). Writes at most len bytes, NUL-terminated
  * when len > 0; returns the length of the whole text (like snprintf), or
  * -EINVAL.

@@ -215,6 +215,7 @@ typedef struct ferry_moe_counts {
 
 /** Running totals of a planner. */
 typedef struct ferry_moe_planner_stats {
+    size_t size;                /**< set by the caller: sizeof(ferry_moe_planner_stats) */
     uint64_t steps, routes, hits, misses, evictions, forgotten;
     uint64_t prefetch_requests; /**< experts asked for by prefetch() */
     uint64_t prefetch_fetched;  /**< of those, rows planned (not resident) */
@@ -223,6 +224,12 @@ typedef struct ferry_moe_planner_stats {
     uint64_t prefetch_bytes;    /**< prefetch_fetched * expert_bytes */
     uint64_t prefetch_wasted_bytes; /**< prefetch_wasted * expert_bytes */
 } ferry_moe_planner_stats;
+#define FERRY_MOE_PLANNER_STATS_INIT \
+    {FERRY_FIELD(size) sizeof(ferry_moe_planner_stats), FERRY_FIELD(steps) 0, \
+     FERRY_FIELD(routes) 0, FERRY_FIELD(hits) 0, FERRY_FIELD(misses) 0, FERRY_FIELD(evictions) 0, \
+     FERRY_FIELD(forgotten) 0, FERRY_FIELD(prefetch_requests) 0, FERRY_FIELD(prefetch_fetched) 0, \
+     FERRY_FIELD(prefetch_hits) 0, FERRY_FIELD(prefetch_wasted) 0, FERRY_FIELD(prefetch_bytes) 0, \
+     FERRY_FIELD(prefetch_wasted_bytes) 0}
 
 /**
  * Create a planner. Every option is range-checked before anything is sized
@@ -287,8 +294,13 @@ FERRY_API uint32_t ferry_moe_planner_occupant(const ferry_moe_planner *p, uint32
 /** The slot holding (layer, expert), or FERRY_MOE_NONE. */
 FERRY_API uint32_t ferry_moe_planner_lookup(const ferry_moe_planner *p, uint32_t layer,
                                             uint32_t expert);
-FERRY_API void ferry_moe_planner_get_stats(const ferry_moe_planner *p,
-                                           ferry_moe_planner_stats *out);
+/**
+ * The running totals: the caller sets out->size (its header's
+ * sizeof(ferry_moe_planner_stats), e.g. FERRY_MOE_PLANNER_STATS_INIT) and
+ * only that many bytes are written. Errors: -EINVAL (NULL, size not set).
+ */
+FERRY_API int ferry_moe_planner_stats_get(const ferry_moe_planner *p,
+                                          ferry_moe_planner_stats *out);
 
 /* ======================================================================
  * Executor: expert slots on a device
@@ -422,12 +434,19 @@ typedef struct ferry_moe_slots ferry_moe_slots;
 
 /** Executor totals. */
 typedef struct ferry_moe_slots_stats {
+    size_t size;                        /**< set by the caller: sizeof(ferry_moe_slots_stats) */
     uint64_t plans, warm_plans, gather_plans;
     uint64_t host_rows, host_bytes;     /**< crossed the link (host or file -> slot) */
     uint64_t device_rows, device_bytes; /**< slot -> slot on the device */
     uint64_t failed_writes, failed_flushes;
     uint64_t prefetch_plans, prefetch_rows, prefetch_bytes; /**< also in host_* */
 } ferry_moe_slots_stats;
+#define FERRY_MOE_SLOTS_STATS_INIT \
+    {FERRY_FIELD(size) sizeof(ferry_moe_slots_stats), FERRY_FIELD(plans) 0, \
+     FERRY_FIELD(warm_plans) 0, FERRY_FIELD(gather_plans) 0, FERRY_FIELD(host_rows) 0, \
+     FERRY_FIELD(host_bytes) 0, FERRY_FIELD(device_rows) 0, FERRY_FIELD(device_bytes) 0, \
+     FERRY_FIELD(failed_writes) 0, FERRY_FIELD(failed_flushes) 0, FERRY_FIELD(prefetch_plans) 0, \
+     FERRY_FIELD(prefetch_rows) 0, FERRY_FIELD(prefetch_bytes) 0}
 
 /**
  * The executor over a slot device. Takes ownership of ctx (ops->destroy is
@@ -490,7 +509,9 @@ FERRY_API int ferry_moe_slots_prefetch_finish(ferry_moe_slots *s, uint32_t *unkn
 FERRY_API uint32_t ferry_moe_slots_occupant(const ferry_moe_slots *s, uint32_t slot);
 /** Mark a slot unknown (e.g. after the planner dropped it). */
 FERRY_API int ferry_moe_slots_invalidate(ferry_moe_slots *s, uint32_t slot);
-FERRY_API void ferry_moe_slots_get_stats(const ferry_moe_slots *s, ferry_moe_slots_stats *out);
+/** The executor's totals, written as far as out->size says (as
+ *  ferry_moe_planner_stats_get). Errors: -EINVAL (NULL, size not set). */
+FERRY_API int ferry_moe_slots_stats_get(const ferry_moe_slots *s, ferry_moe_slots_stats *out);
 
 /**
  * Walk planner and executor and check they agree on every occupant: each

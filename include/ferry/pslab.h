@@ -308,6 +308,7 @@ FERRY_API int ferry_pslab_verify(ferry_pslab *p, int repair, uint64_t *bad,
 FERRY_API int ferry_pslab_compact(ferry_pslab *p);
 
 typedef struct ferry_pslab_stats {
+    size_t size;                /**< set by the caller: sizeof(ferry_pslab_stats) */
     uint64_t capacity;          /**< data bytes */
     size_t alignment;
     unsigned drives;
@@ -345,7 +346,25 @@ typedef struct ferry_pslab_stats {
      *  is durable: a chunk whose seq is at most this survives a crash */
     uint64_t durable_seq;
 } ferry_pslab_stats;
-FERRY_API int ferry_pslab_stats_get(ferry_pslab *p, ferry_pslab_stats *out);
+#define FERRY_PSLAB_STATS_INIT \
+    {FERRY_FIELD(size) sizeof(ferry_pslab_stats), FERRY_FIELD(capacity) 0, \
+     FERRY_FIELD(alignment) 0, FERRY_FIELD(drives) 0, FERRY_FIELD(stripe_bytes) 0, \
+     FERRY_FIELD(creation_id) 0, FERRY_FIELD(chunks) 0, FERRY_FIELD(bytes_stored) 0, \
+     FERRY_FIELD(bytes_used) 0, FERRY_FIELD(fragmentation) 0, FERRY_FIELD(journal_bytes) 0, \
+     FERRY_FIELD(journal_records) 0, FERRY_FIELD(generation) 0, FERRY_FIELD(recovered) 0, \
+     FERRY_FIELD(replayed_records) 0, FERRY_FIELD(dropped_records) 0, FERRY_FIELD(torn_bytes) 0, \
+     FERRY_FIELD(open_ns) 0, FERRY_FIELD(puts) 0, FERRY_FIELD(gets) 0, FERRY_FIELD(hits) 0, \
+     FERRY_FIELD(misses) 0, FERRY_FIELD(deletes) 0, FERRY_FIELD(corrupt) 0, \
+     FERRY_FIELD(commits) 0, FERRY_FIELD(committed_records) 0, FERRY_FIELD(compactions) 0, \
+     FERRY_FIELD(failures) 0, FERRY_FIELD(failed) 0, FERRY_FIELD(direct) 0, \
+     FERRY_FIELD(damaged_chunks) 0, FERRY_FIELD(space_commits) 0, FERRY_FIELD(durable_seq) 0}
+/**
+ * A snapshot of the counters: the caller sets out->size (its header's
+ * sizeof(ferry_pslab_stats), e.g. with FERRY_PSLAB_STATS_INIT) and only
+ * that many bytes are written; out->size stays. Errors: -EINVAL (NULL,
+ * out->size not set).
+ */
+FERRY_API int ferry_pslab_stats_get(const ferry_pslab *p, ferry_pslab_stats *out);
 
 #ifdef __cplusplus
 }

@@ -56,12 +56,12 @@
  *  remote down for a backoff period that starts at backoff_initial_ms and
  *  doubles up to backoff_max_ms, plus up to 25% random jitter. While it
  *  is down every call answers as a miss at once, without I/O
- *  (metrics.degraded counts them), and puts are dropped. After the period
+ *  (stats.degraded counts them), and puts are dropped. After the period
  *  one caller probes (reconnects, with connect_timeout_ms); others keep
  *  answering misses until the probe succeeds. Error replies (WRONGTYPE,
  *  OOM, NOAUTH, READONLY...) are FERRY_EREMOTE and do not mark the remote
- *  down; each one, and each transport failure, counts in metrics.errors
- *  (a refused queued put in metrics.dropped too, with a warning logged at
+ *  down; each one, and each transport failure, counts in stats.errors
+ *  (a refused queued put in stats.dropped too, with a warning logged at
  *  most every 10 s). A connection found dead by EOF or
  *  reset (a restarted server) is reconnected and the command retried once
  *  before the remote is marked down. A single cluster node down makes the
@@ -162,8 +162,8 @@ typedef struct ferry_remote_key {
     size_t len;
 } ferry_remote_key;
 
-typedef struct ferry_remote_metrics {
-    size_t size;            /**< set by the caller: sizeof(ferry_remote_metrics) */
+typedef struct ferry_remote_stats {
+    size_t size;            /**< set by the caller: sizeof(ferry_remote_stats) */
     uint64_t puts;          /**< puts accepted (queued or written synchronously) */
     uint64_t puts_written;  /**< values the server acknowledged */
     uint64_t gets;          /**< get calls */
@@ -184,7 +184,16 @@ typedef struct ferry_remote_metrics {
     uint64_t queue_bytes;   /**< their bytes now */
     uint32_t down;          /**< 1 while the remote is marked down */
     uint32_t cluster;       /**< 1 when the cluster path is in use */
-} ferry_remote_metrics;
+} ferry_remote_stats;
+#define FERRY_REMOTE_STATS_INIT \
+    {FERRY_FIELD(size) sizeof(ferry_remote_stats), FERRY_FIELD(puts) 0, \
+     FERRY_FIELD(puts_written) 0, FERRY_FIELD(gets) 0, FERRY_FIELD(hits) 0, \
+     FERRY_FIELD(misses) 0, FERRY_FIELD(errors) 0, FERRY_FIELD(dropped) 0, \
+     FERRY_FIELD(reconnects) 0, FERRY_FIELD(degraded) 0, FERRY_FIELD(corrupt) 0, \
+     FERRY_FIELD(mismatched) 0, FERRY_FIELD(redirects) 0, FERRY_FIELD(bytes_written) 0, \
+     FERRY_FIELD(bytes_read) 0, FERRY_FIELD(exists_calls) 0, FERRY_FIELD(deletes) 0, \
+     FERRY_FIELD(queue_items) 0, FERRY_FIELD(queue_bytes) 0, FERRY_FIELD(down) 0, \
+     FERRY_FIELD(cluster) 0}
 
 /**
  * Connect to the server named by url (see the grammar above) with opt
@@ -219,7 +228,7 @@ FERRY_API void ferry_remote_close(ferry_remote *r);
  * backing off (dropped without copying, counted); -ENOMEM (dropped);
  * -EINVAL for a NULL/empty key, a key over FERRY_REMOTE_KEY_MAX or data
  * NULL with len > 0. A queued put may still be dropped by the writer when
- * the remote goes down or refuses it (metrics.dropped). Thread-safe.
+ * the remote goes down or refuses it (stats.dropped). Thread-safe.
  * A later put of the same key replaces the value.
  */
 FERRY_API int ferry_remote_put(ferry_remote *r, const void *key, size_t key_len,
@@ -274,10 +283,12 @@ FERRY_API int ferry_remote_delete(ferry_remote *r, const ferry_remote_key *keys,
 FERRY_API int ferry_remote_flush(ferry_remote *r, uint32_t timeout_ms);
 
 /**
- * Copy the counters into *m (m->size must be set; fields beyond it are
- * not written). Returns 0 or -EINVAL.
+ * A snapshot of the counters, as every ferry_<object>_stats_get: the
+ * caller sets out->size (its header's sizeof(ferry_remote_stats), e.g.
+ * with FERRY_REMOTE_STATS_INIT) and only that many bytes are written;
+ * out->size stays. Errors: -EINVAL (NULL, out->size not set).
  */
-FERRY_API int ferry_remote_metrics_get(ferry_remote *r, ferry_remote_metrics *m);
+FERRY_API int ferry_remote_stats_get(const ferry_remote *r, ferry_remote_stats *out);
 
 /** A copy of the handle's last failure message ("" if none), valid in the
  *  calling thread until its next call of this function. With several

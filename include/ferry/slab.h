@@ -164,6 +164,7 @@ FERRY_API int ferry_slab_state(ferry_slab *s, uint64_t offset, unsigned *readers
 
 /* ---- accounting ---- */
 typedef struct ferry_slab_stats {
+    size_t size;             /**< set by the caller: sizeof(ferry_slab_stats) */
     uint64_t capacity;       /**< bytes managed */
     uint64_t used;           /**< bytes in allocated extents */
     uint64_t free;           /**< capacity - used */
@@ -177,7 +178,18 @@ typedef struct ferry_slab_stats {
     uint64_t frees;          /**< extents freed, lifetime */
     uint64_t failures;       /**< allocation calls that failed */
 } ferry_slab_stats;
-FERRY_API int ferry_slab_stats_get(ferry_slab *s, ferry_slab_stats *out);
+#define FERRY_SLAB_STATS_INIT \
+    {FERRY_FIELD(size) sizeof(ferry_slab_stats), FERRY_FIELD(capacity) 0, FERRY_FIELD(used) 0, \
+     FERRY_FIELD(free) 0, FERRY_FIELD(largest_free) 0, FERRY_FIELD(used_blocks) 0, \
+     FERRY_FIELD(free_blocks) 0, FERRY_FIELD(usage) 0, FERRY_FIELD(fragmentation) 0, \
+     FERRY_FIELD(allocs) 0, FERRY_FIELD(frees) 0, FERRY_FIELD(failures) 0}
+/**
+ * A snapshot of the counters, as every ferry_<object>_stats_get: the
+ * caller sets out->size (its header's sizeof(ferry_slab_stats), e.g. with
+ * FERRY_SLAB_STATS_INIT) and only that many bytes are written; out->size
+ * stays. Errors: -EINVAL (NULL, out->size not set).
+ */
+FERRY_API int ferry_slab_stats_get(const ferry_slab *s, ferry_slab_stats *out);
 FERRY_API uint64_t ferry_slab_capacity(const ferry_slab *s);
 FERRY_API size_t ferry_slab_alignment(const ferry_slab *s);
 

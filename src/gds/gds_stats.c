@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "gds_impl.h"
+#include "sized.h"
 
 /* ---- accessors ---- */
 
@@ -49,12 +50,13 @@ ferry_slab *ferry_gds_slab(ferry_gds *g)
     return g && g->on ? g->slab : NULL;
 }
 
-int ferry_gds_stats_get(ferry_gds *g, ferry_gds_stats *out)
+int ferry_gds_stats_get(const ferry_gds *cg, ferry_gds_stats *out)
 {
-    if (!g || !out)
-        return -EINVAL;
+    if (!cg || !out)
+        return ferry__err_set(NULL, -EINVAL, "ferry_gds_stats_get: context or out is NULL");
+    ferry_gds *g = (ferry_gds *)cg; /* its mutex is taken, nothing written */
     pthread_mutex_lock(&g->mu);
-    ferry_gds_stats s = {0};
+    ferry_gds_stats s = FERRY_GDS_STATS_INIT;
     s.drives = g->on ? g->ndrives : 0;
     s.regions = (unsigned)g->nreg;
     s.buffers = g->nbuffers;
@@ -67,8 +69,7 @@ int ferry_gds_stats_get(ferry_gds *g, ferry_gds_stats *out)
     s.driver_ios = atomic_load(&g->driver_ios);
     s.engine_ios = atomic_load(&g->engine_ios);
     s.checkpoints = atomic_load(&g->checkpoints);
-    *out = s;
-    return 0;
+    return ferry__stats_put(&g->err, "ferry_gds_stats_get", out, &s, sizeof s);
 }
 
 /* ---- extents ---- */

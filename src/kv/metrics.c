@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "kv_impl.h"
+#include "sized.h"
 
 void ferry__kv_hist_record(ferry__kv_hist *h, uint64_t ns)
 {
@@ -58,30 +59,10 @@ static void hist_copy(uint64_t *out, const ferry__kv_hist *h)
 
 #define LD(x) atomic_load_explicit(&(x), memory_order_relaxed)
 
-int ferry_kv_stats_get(ferry_kv *kv, ferry_kv_stats *out)
+/* the whole snapshot, this header's struct */
+static void snapshot(ferry_kv *kv, ferry_kv_stats *out)
 {
-    if (!kv || !out || out->size < offsetof(ferry_kv_stats, lookups))
-        return ferry__err_set(NULL, -EINVAL,
-                              "kv stats: store or out is NULL, or out->size %zu is not set "
-                              "(sizeof(ferry_kv_stats) is %zu)",
-                              out ? out->size : (size_t)0, sizeof(ferry_kv_stats));
-    ferry_kv_stats m;
-    int rc = ferry_kv_metrics(kv, &m);
-    if (rc < 0)
-        return rc;
-    size_t want = out->size;
-    memcpy((char *)out + sizeof m.size, (const char *)&m + sizeof m.size,
-           FERRY__MIN(want, sizeof m) - sizeof m.size);
-    return 0;
-}
-
-int ferry_kv_metrics(ferry_kv *kv, ferry_kv_stats *out)
-{
-    if (!kv || !out)
-        return ferry__err_set(NULL, -EINVAL, "kv metrics: store or out is NULL");
-    ferry_kv_stats m;
-    memset(&m, 0, sizeof m);
-    m.size = sizeof m;
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
     m.lookups = LD(kv->lookups);
     m.lookup_tokens = LD(kv->lookup_tokens);
     m.hit_tokens = LD(kv->hit_tokens);
@@ -131,7 +112,16 @@ int ferry_kv_metrics(ferry_kv *kv, ferry_kv_stats *out)
     hist_copy(m.store_ns, &kv->h_store);
     hist_copy(m.retrieve_ns, &kv->h_retrieve);
     memcpy(out, &m, sizeof m);
-    return 0;
+}
+
+int ferry_kv_stats_get(const ferry_kv *kv, ferry_kv_stats *out)
+{
+    if (!kv || !out)
+        return ferry__err_set(NULL, -EINVAL, "ferry_kv_stats_get: store or out is NULL");
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    /* the store's mutex and atomics are taken, never written through */
+    snapshot((ferry_kv *)kv, &m);
+    return ferry__stats_put(NULL, "ferry_kv_stats_get", out, &m, sizeof m);
 }
 
 /* an snprintf-style appender that keeps counting past the end */
@@ -201,12 +191,8 @@ int ferry_kv_metrics_prometheus(ferry_kv *kv, char *buf, size_t len)
 {
     if (!kv || (!buf && len))
         return ferry__err_set(NULL, -EINVAL, "kv metrics: store or buffer is NULL");
-    ferry_kv_stats m;
-    memset(&m, 0, sizeof m);
-    m.size = sizeof m;
-    int rc = ferry_kv_metrics(kv, &m);
-    if (rc < 0)
-        return rc;
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    snapshot(kv, &m);
     sb b = {buf, len, 0};
     if (len)
         buf[0] = 0;

@@ -290,7 +290,7 @@ int ferry__kv_tier_pslab_open(const ferry__kv_pslab_cfg *c, ferry__errbuf *eb,
         o.bytes = 0;
         rc = ferry_pslab_open(&o, &p->ps);
         if (rc == 0) {
-            ferry_pslab_stats s;
+            ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
             ferry_pslab_stats_get(p->ps, &s);
             t->capacity = s.capacity / slot_bytes;
             FERRY_LOGW("kv persistent L2: %s holds a slab of %llu bytes, not the %llu "
@@ -317,7 +317,7 @@ int ferry__kv_tier_pslab_open(const ferry__kv_pslab_cfg *c, ferry__errbuf *eb,
     for (uint64_t i = 0; i < t->capacity; i++)
         p->free_stack[i] = t->capacity - 1 - i; /* slot 0 on top */
     p->nfree = t->capacity;
-    ferry_pslab_stats s;
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     ferry_pslab_stats_get(p->ps, &s);
     p->synced_seq = s.durable_seq;
     *out = t;
@@ -358,7 +358,7 @@ int ferry__kv_tier_pslab_recover(ferry__kv_tier *t, ferry__kv_tier_recover_fn fn
     tp *p = t ? t->impl : NULL;
     if (!p || !fn || t->ops != &tp_ops)
         return ferry__err_set(NULL, -EINVAL, "kv persistent L2: recover: not a persistent tier");
-    ferry_pslab_stats s;
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     ferry_pslab_stats_get(p->ps, &s);
     found f;
     memset(&f, 0, sizeof f);
@@ -445,7 +445,7 @@ int ferry_kv_sync(ferry_kv *kv)
      * at the previous sync: what this sync (and the commits since the last
      * one) made durable */
     tp *p = t->impl;
-    ferry_pslab_stats s;
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     ferry_pslab_stats_get(ps, &s);
     pthread_mutex_lock(&p->mu);
     newer w = {p->synced_seq, s.durable_seq, 0};

@@ -47,7 +47,7 @@ typedef struct rtier {
         refused, errors;
 } rtier;
 
-/* codes the remote module counted in its metrics.errors */
+/* codes the remote module counted in its stats.errors */
 static int counted_by_remote(int rc)
 {
     return rc == FERRY_EREMOTE || rc == -EAGAIN || rc == FERRY_ENOSPACE ||
@@ -276,10 +276,8 @@ void ferry__kv_remote_counts(ferry__kv_tier *t, ferry_kv_stats *m)
     m->remote_misses = atomic_load(&p->misses);
     m->remote_refused = atomic_load(&p->refused);
     m->remote_errors = atomic_load(&p->errors);
-    ferry_remote_metrics rm;
-    memset(&rm, 0, sizeof rm);
-    rm.size = sizeof rm;
-    if (ferry_remote_metrics_get(p->r, &rm) == 0) {
+    ferry_remote_stats rm = FERRY_REMOTE_STATS_INIT;
+    if (ferry_remote_stats_get(p->r, &rm) == 0) {
         m->remote_errors += rm.errors;
         m->remote_degraded = rm.degraded;
         m->remote_dropped = rm.dropped;

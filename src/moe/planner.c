@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "moe/moe_internal.h"
+#include "sized.h"
 
 struct ferry_moe_planner {
     ferry__errbuf err;
@@ -544,15 +545,16 @@ uint32_t ferry_moe_planner_lookup(const ferry_moe_planner *p, uint32_t layer, ui
     return p->where[layer * p->E + expert];
 }
 
-void ferry_moe_planner_get_stats(const ferry_moe_planner *p, ferry_moe_planner_stats *out)
+int ferry_moe_planner_stats_get(const ferry_moe_planner *p, ferry_moe_planner_stats *out)
 {
-    if (p && out) {
-        *out = p->st;
-        /* any expert_bytes is accepted: a product past 64 bits saturates */
-        if (__builtin_mul_overflow(p->st.prefetch_fetched, p->expert_bytes, &out->prefetch_bytes))
-            out->prefetch_bytes = UINT64_MAX;
-        if (__builtin_mul_overflow(p->st.prefetch_wasted, p->expert_bytes,
-                                   &out->prefetch_wasted_bytes))
-            out->prefetch_wasted_bytes = UINT64_MAX;
-    }
+    if (!p || !out)
+        return ferry__err_set(NULL, -EINVAL, "ferry_moe_planner_stats_get: planner or out is NULL");
+    ferry_moe_planner_stats v = p->st;
+    v.size = sizeof v;
+    /* any expert_bytes is accepted: a product past 64 bits saturates */
+    if (__builtin_mul_overflow(p->st.prefetch_fetched, p->expert_bytes, &v.prefetch_bytes))
+        v.prefetch_bytes = UINT64_MAX;
+    if (__builtin_mul_overflow(p->st.prefetch_wasted, p->expert_bytes, &v.prefetch_wasted_bytes))
+        v.prefetch_wasted_bytes = UINT64_MAX;
+    return ferry__stats_put(NULL, "ferry_moe_planner_stats_get", out, &v, sizeof v);
 }

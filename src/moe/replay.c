@@ -39,8 +39,8 @@ int ferry_moe_replay(const ferry_moe_trace *t, const char *policy, uint32_t slot
         }
     }
     uint64_t t1 = ferry__now_ns();
-    ferry_moe_planner_stats st;
-    ferry_moe_planner_get_stats(p, &st);
+    ferry_moe_planner_stats st = FERRY_MOE_PLANNER_STATS_INIT;
+    ferry_moe_planner_stats_get(p, &st);
     ferry_moe_replay_result r;
     memset(&r, 0, sizeof r);
     snprintf(r.policy, sizeof r.policy, "%s", ferry_moe_planner_policy(p));

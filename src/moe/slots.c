@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "moe/moe_internal.h"
+#include "sized.h"
 
 struct ferry_moe_slots {
     ferry__errbuf err;
@@ -179,10 +180,13 @@ int ferry_moe_slots_invalidate(ferry_moe_slots *s, uint32_t slot)
     return 0;
 }
 
-void ferry_moe_slots_get_stats(const ferry_moe_slots *s, ferry_moe_slots_stats *out)
+int ferry_moe_slots_stats_get(const ferry_moe_slots *s, ferry_moe_slots_stats *out)
 {
-    if (s && out)
-        *out = s->st;
+    if (!s || !out)
+        return ferry__err_set(NULL, -EINVAL, "ferry_moe_slots_stats_get: executor or out is NULL");
+    ferry_moe_slots_stats v = s->st;
+    v.size = sizeof v;
+    return ferry__stats_put(NULL, "ferry_moe_slots_stats_get", out, &v, sizeof v);
 }
 
 /* a fresh generation for duplicate detection */

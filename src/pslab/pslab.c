@@ -17,6 +17,7 @@
 #include <xxhash.h>
 
 #include "pslab/pslab_impl.h"
+#include "sized.h"
 
 static int check_key(ferry_pslab *p, const void *key, size_t klen)
 {
@@ -490,11 +491,12 @@ int ferry_pslab_verify(ferry_pslab *p, int repair, uint64_t *bad, ferry_pslab_ba
     return rc;
 }
 
-int ferry_pslab_stats_get(ferry_pslab *p, ferry_pslab_stats *out)
+int ferry_pslab_stats_get(const ferry_pslab *cp, ferry_pslab_stats *out)
 {
-    if (!p || !out)
-        return ferry__err_set(p ? &p->err : NULL, -EINVAL, "ferry_pslab_stats_get: NULL");
-    ferry_slab_stats ss;
+    if (!cp || !out)
+        return ferry__err_set(NULL, -EINVAL, "ferry_pslab_stats_get: store or out is NULL");
+    ferry_pslab *p = (ferry_pslab *)cp; /* its mutexes are taken, nothing written */
+    ferry_slab_stats ss = FERRY_SLAB_STATS_INIT;
     pthread_mutex_lock(&p->cmu);
     int failed = p->failed;
     pthread_mutex_unlock(&p->cmu);
@@ -516,6 +518,6 @@ int ferry_pslab_stats_get(ferry_pslab *p, ferry_pslab_stats *out)
     s.journal_records = jrec;
     s.generation = gen;
     s.failed = failed != 0;
-    *out = s;
-    return 0;
+    s.size = sizeof s;
+    return ferry__stats_put(&p->err, "ferry_pslab_stats_get", out, &s, sizeof s);
 }

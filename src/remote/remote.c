@@ -35,6 +35,7 @@
 #include <hiredis/hiredis.h>
 
 #include "remote_int.h"
+#include "sized.h"
 
 #define BATCH_MAX 32
 #define BATCH_BYTES (64u << 20)
@@ -1125,12 +1126,13 @@ int ferry_remote_flush(ferry_remote *r, uint32_t timeout_ms)
     return 0;
 }
 
-int ferry_remote_metrics_get(ferry_remote *r, ferry_remote_metrics *m)
+int ferry_remote_stats_get(const ferry_remote *cr, ferry_remote_stats *m)
 {
-    if (!r || !m || m->size < sizeof(size_t))
-        return ferry__err_set(NULL, -EINVAL, "ferry_remote_metrics_get: bad argument");
-    ferry_remote_metrics v;
-    memset(&v, 0, sizeof v);
+    if (!cr || !m)
+        return ferry__err_set(NULL, -EINVAL, "ferry_remote_stats_get: handle or out is NULL");
+    /* the handle's locks are taken, nothing of it is written */
+    ferry_remote *r = (ferry_remote *)cr;
+    ferry_remote_stats v = FERRY_REMOTE_STATS_INIT;
     v.puts = LOAD(r->puts);
     v.puts_written = LOAD(r->puts_written);
     v.gets = LOAD(r->gets);
@@ -1155,10 +1157,7 @@ int ferry_remote_metrics_get(ferry_remote *r, ferry_remote_metrics *m)
     v.down = (uint32_t)r->down;
     pthread_mutex_unlock(&r->health_mu);
     v.cluster = atomic_load(&r->ops) == &ferry__rtopo_cluster;
-    size_t n = m->size < sizeof v ? m->size : sizeof v;
-    v.size = m->size;
-    memcpy(m, &v, n);
-    return 0;
+    return ferry__stats_put(NULL, "ferry_remote_stats_get", m, &v, sizeof v);
 }
 
 const char *ferry_remote_last_error(const ferry_remote *r)

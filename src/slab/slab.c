@@ -31,6 +31,7 @@
 #include "ferry/slab.h"
 
 #include "slab_impl.h"
+#include "sized.h"
 
 /* ---- dtypes and layouts ---- */
 
@@ -713,12 +714,13 @@ int ferry_slab_state(ferry_slab *s, uint64_t offset, unsigned *readers)
 
 /* ---- accounting and the walker ---- */
 
-int ferry_slab_stats_get(ferry_slab *s, ferry_slab_stats *out)
+int ferry_slab_stats_get(const ferry_slab *cs, ferry_slab_stats *out)
 {
-    if (!s || !out)
-        return -EINVAL;
+    if (!cs || !out)
+        return ferry__err_set(NULL, -EINVAL, "ferry_slab_stats_get: slab or out is NULL");
+    ferry_slab *s = (ferry_slab *)cs; /* its mutex is taken, nothing written */
     pthread_mutex_lock(&s->mu);
-    ferry_slab_stats st = {0};
+    ferry_slab_stats st = FERRY_SLAB_STATS_INIT;
     st.capacity = s->capacity;
     st.used = s->used_bytes;
     st.free = s->capacity - s->used_bytes;
@@ -731,8 +733,7 @@ int ferry_slab_stats_get(ferry_slab *s, ferry_slab_stats *out)
     st.frees = s->frees;
     st.failures = s->failures;
     pthread_mutex_unlock(&s->mu);
-    *out = st;
-    return 0;
+    return ferry__stats_put(&s->err, "ferry_slab_stats_get", out, &st, sizeof st);
 }
 
 typedef struct walk {

@@ -24,11 +24,21 @@ int main(void)
     ferry_pslab_options ps_opt = FERRY_PSLAB_OPTIONS_INIT;
     ferry_remote_options rem_opt = FERRY_REMOTE_OPTIONS_INIT;
     ferry_slab_options slab_opt = FERRY_SLAB_OPTIONS_INIT;
+    ferry_kv_stats kv_st = FERRY_KV_STATS_INIT;
+    ferry_gds_stats gds_st = FERRY_GDS_STATS_INIT;
+    ferry_pslab_stats ps_st = FERRY_PSLAB_STATS_INIT;
+    ferry_slab_stats slab_st = FERRY_SLAB_STATS_INIT;
+    ferry_moe_planner_stats plan_st = FERRY_MOE_PLANNER_STATS_INIT;
+    ferry_moe_slots_stats slots_st = FERRY_MOE_SLOTS_STATS_INIT;
+    ferry_remote_stats rem_st = FERRY_REMOTE_STATS_INIT;
     if (io_opt.size != sizeof io_opt || gds_cfg.direct != 1 || kv_layout.num_layers != 32 ||
         kv_buf.layout.kv != 2 || kv_cfg.tp_world != 1 || kv_cfg.l2_direct != 1 ||
         kv_req.size != sizeof kv_req || gen_opt.seed != 1 || plan_opt.policy != NULL ||
         geo.size != sizeof geo || ps_opt.direct != 1 || rem_opt.size != sizeof rem_opt ||
-        slab_opt.size != sizeof slab_opt) {
+        slab_opt.size != sizeof slab_opt || kv_st.size != sizeof kv_st ||
+        gds_st.size != sizeof gds_st || ps_st.size != sizeof ps_st ||
+        slab_st.size != sizeof slab_st || plan_st.size != sizeof plan_st ||
+        slots_st.size != sizeof slots_st || rem_st.size != sizeof rem_st) {
         fprintf(stderr, "an _INIT macro gave an unexpected value\n");
         return 1;
     }
