@@ -1,11 +1,13 @@
 /*
- * fuzz_trace.c - the routing-trace reader (both JSON Lines forms) on
- * arbitrary bytes.
+ * fuzz_trace.c - the routing-trace reader (both JSON Lines forms, captures
+ * with stages, sparse layers and multi-token records) on arbitrary bytes,
+ * read with the default stage and with stage "apply" asked for.
  *
  * Checks beyond "no crash": a refusal is FERRY_EPARSE (or -ENOMEM) with a
  * message naming a line; an accepted trace keeps its invariants (every
- * layer and expert in the model's range, no empty route, steps in
- * (token, layer) order), and small accepted traces replay through the
+ * layer and expert in the model's range, no empty route, a route no
+ * wider than top_k per token, layer numbers rising, steps in (token,
+ * layer) order), and small accepted traces replay through the
  * planner under LRU, routing and Belady without error, Belady never worse.
  */
 #include <errno.h>
@@ -17,10 +19,12 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+static int one(const uint8_t *data, size_t size, const char *stage)
 {
+    ferry_moe_trace_options o = FERRY_MOE_TRACE_OPTIONS_INIT;
+    o.stage = stage;
     ferry_moe_trace *t = NULL;
-    int rc = ferry_moe_trace_parse((const char *)data, size, &t);
+    int rc = ferry_moe_trace_parse_opts((const char *)data, size, &o, &t);
     if (rc != 0) {
         if ((rc != FERRY_EPARSE && rc != -ENOMEM) || t != NULL || ferry_last_error()[0] == 0)
             abort();
@@ -34,7 +38,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint32_t tok, layer, n;
         const uint32_t *ex;
         if (ferry_moe_trace_step(t, i, &tok, &layer, &ex, &n) != 0 || n == 0 ||
-            layer >= m->num_layers || n > m->top_k || tok >= ferry_moe_trace_tokens(t))
+            layer >= m->num_layers ||
+            (uint64_t)n > (uint64_t)m->top_k * ferry_moe_trace_step_tokens(t, i) ||
+            tok >= ferry_moe_trace_tokens(t))
             abort();
         for (uint32_t k = 0; k < n; k++)
             if (ex[k] >= m->num_experts)
@@ -44,6 +50,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         pt = tok;
         pl = layer;
     }
+    for (uint32_t l = 1; l < m->num_layers; l++)
+        if (ferry_moe_trace_layer_id(t, l) <= ferry_moe_trace_layer_id(t, l - 1))
+            abort();
     if ((uint64_t)m->num_layers * m->num_experts <= 4096 && ferry_moe_trace_steps(t) <= 4096) {
         uint32_t slots = m->num_experts + (m->num_layers > 1 ? 1 : 0);
         ferry_moe_replay_result a, b, c;
@@ -54,5 +63,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
     }
     ferry_moe_trace_destroy(t);
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    one(data, size, NULL);
+    one(data, size, "apply");
     return 0;
 }

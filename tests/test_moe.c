@@ -418,28 +418,32 @@ static void vllm_captures_read_module_paths_and_token_lists(void **state)
 {
     (void)state;
     static const char cap[] =
-        "{\"layer\":\"model.layers.1.mlp.gate\",\"topk_ids\":[[5,6],[7,8]]}\n"
-        "{\"layer\":\"model.layers.0.mlp.gate\",\"topk_ids\":[[1,2],[3,4]]}\n"
-        "{\"layer\":\"model.layers.0.mlp.gate\",\"topk_ids\":[[9,1]]}\n";
+        "{\"layer\":\"model.layers.1.mlp.gate\",\"num_experts\":10,\"topk_ids\":[[5,6],[7,8]]}\n"
+        "{\"layer\":\"model.layers.0.mlp.gate\",\"num_experts\":10,\"topk_ids\":[[1,2],[3,4]]}\n"
+        "{\"layer\":\"model.layers.0.mlp.gate\",\"num_experts\":10,\"topk_ids\":[[9,1]]}\n";
     ferry_moe_trace *t = NULL;
     FT_ASSERT_OK(ferry_moe_trace_parse(cap, strlen(cap), &t));
     const ferry_moe_model *m = ferry_moe_trace_model(t);
     assert_int_equal(m->num_layers, 2);
-    assert_int_equal(m->num_experts, 10); /* inferred: largest id + 1 */
-    assert_int_equal(m->top_k, 2);
-    assert_int_equal(ferry_moe_trace_steps(t), 5);
-    assert_int_equal(ferry_moe_trace_tokens(t), 3);
+    assert_int_equal(m->num_experts, 10); /* what the records say */
+    assert_int_equal(m->top_k, 2);        /* the widest per-token list */
+    /* a record is one pass of its layer: (0,0) {1,2,3,4}; (0,1) {5,6,7,8};
+     * (1,0) {9,1} */
+    assert_int_equal(ferry_moe_trace_steps(t), 3);
+    assert_int_equal(ferry_moe_trace_tokens(t), 2);
     uint32_t tok, layer, n;
     const uint32_t *ex;
-    /* (0,0) [1,2]; (0,1) [5,6]; (1,0) [3,4]; (1,1) [7,8]; (2,0) [9,1] */
     FT_ASSERT_OK(ferry_moe_trace_step(t, 1, &tok, &layer, &ex, &n));
     assert_int_equal(tok, 0);
     assert_int_equal(layer, 1);
+    assert_int_equal(n, 4);
     assert_int_equal(ex[0], 5);
-    FT_ASSERT_OK(ferry_moe_trace_step(t, 4, &tok, &layer, &ex, &n));
-    assert_int_equal(tok, 2);
+    assert_int_equal(ferry_moe_trace_step_tokens(t, 1), 2);
+    FT_ASSERT_OK(ferry_moe_trace_step(t, 2, &tok, &layer, &ex, &n));
+    assert_int_equal(tok, 1);
     assert_int_equal(layer, 0);
     assert_int_equal(ex[0], 9);
+    assert_int_equal(ferry_moe_trace_step_tokens(t, 2), 1);
     ferry_moe_trace_destroy(t);
 }
 
@@ -478,9 +482,10 @@ static void malformed_traces_name_the_line_and_field(void **state)
     expect_parse_error(HDR "{\"foo\":1}\n", "line 2", "neither");
     expect_parse_error("{\"num_layers\":0,\"num_experts\":4}\n", "line 1", "'num_layers'");
     expect_parse_error("{\"layer\":\"model.mlp\",\"topk_ids\":[[1]]}\n", "line 1", "'layer'");
-    expect_parse_error("{\"layer\":\"model.layers.0.mlp\",\"topk_ids\":[[1],[]]}\n", "line 1",
-                       "'topk_ids[1]'");
-    expect_parse_error("{\"layer\":\"model.layers.0.mlp\",\"topk_ids\":[]}\n", "line 1", "'topk_ids'");
+    expect_parse_error("{\"layer\":\"model.layers.0.mlp\",\"num_experts\":4,\"topk_ids\":[[1],[]]}\n",
+                       "line 1", "'topk_ids[1]'");
+    expect_parse_error("{\"layer\":\"model.layers.0.mlp\",\"num_experts\":4,\"topk_ids\":[]}\n",
+                       "line 1", "'topk_ids'");
     expect_parse_error("\n\n", "no route records", NULL);
     expect_parse_error("{\"token\":0,\"layer\":0,\"experts\":[99999999]}\n", "line 1", "experts");
     assert_int_equal(ft_alloc_live(), 0);

@@ -5,7 +5,7 @@
  *   ferry moe gen [--model M] [--tokens N] [--seed S] [--layers N]
  *                 [--experts N] [--top-k N] [--json] -o FILE
  *   ferry moe replay TRACE [--slots N|P%] [--policy P] [--expert-bytes SIZE]
- *                 [--json] [--sweep [--budgets 6.25%,12.5%,...]
+ *                 [--stage S] [--json] [--sweep [--budgets 6.25%,12.5%,...]
  *                 [--policies a,b,..] [--plot FILE.png]]
  *   ferry moe bench [--json] [--quick] [--row-bytes SIZE]
  */
@@ -222,6 +222,46 @@ int cmd_moe_gen(int argc, char **argv)
 }
 
 /* ---------------------------------------------------------------- replay */
+/* "3 layers x 256 experts (model layers 3, 17, 38), stage 'apply'" */
+static void layers_desc(const ferry_moe_trace *t, char *buf, size_t n)
+{
+    const ferry_moe_model *m = ferry_moe_trace_model(t);
+    size_t off = (size_t)snprintf(buf, n, "%u layers x %u experts", m->num_layers, m->num_experts);
+    int sparse = 0;
+    for (uint32_t l = 0; l < m->num_layers; l++)
+        sparse |= ferry_moe_trace_layer_id(t, l) != l;
+    if (sparse) {
+        off += (size_t)snprintf(buf + off, off < n ? n - off : 0, " (model layers");
+        for (uint32_t l = 0; l < m->num_layers && l < 8; l++)
+            off += (size_t)snprintf(buf + off, off < n ? n - off : 0, "%s %u", l ? "," : "",
+                                    ferry_moe_trace_layer_id(t, l));
+        off += (size_t)snprintf(buf + off, off < n ? n - off : 0, "%s)",
+                                m->num_layers > 8 ? ", ..." : "");
+    }
+    if (ferry_moe_trace_stage(t)[0])
+        snprintf(buf + off, off < n ? n - off : 0, ", stage '%s'", ferry_moe_trace_stage(t));
+}
+
+/* the trace's shape as JSON: layers, layer_ids (sparse only), stage */
+static void shape_json(json_t *j, const ferry_moe_trace *t)
+{
+    const ferry_moe_model *m = ferry_moe_trace_model(t);
+    json_object_set_new(j, "layers", json_integer(m->num_layers));
+    json_object_set_new(j, "experts", json_integer(m->num_experts));
+    json_t *ids = json_array();
+    int sparse = 0;
+    for (uint32_t l = 0; l < m->num_layers; l++) {
+        sparse |= ferry_moe_trace_layer_id(t, l) != l;
+        json_array_append_new(ids, json_integer(ferry_moe_trace_layer_id(t, l)));
+    }
+    if (sparse)
+        json_object_set_new(j, "layer_ids", ids);
+    else
+        json_decref(ids);
+    if (ferry_moe_trace_stage(t)[0])
+        json_object_set_new(j, "stage", json_string(ferry_moe_trace_stage(t)));
+}
+
 static json_t *result_json(const ferry_moe_replay_result *r)
 {
     return json_pack("{s:s,s:i,s:I,s:I,s:I,s:f,s:I}", "policy", r->policy, "slots", (int)r->slots,
@@ -320,6 +360,10 @@ static int replay_sweep(const char *cmd, const ferry_moe_trace *t, char *budgets
     double *rates = calloc((size_t)nb * np, sizeof *rates);
     json_t *arr = json_array();
     if (!json) {
+        char ld[256];
+        layers_desc(t, ld, sizeof ld);
+        printf("trace: %s, %s, top-%u, %u passes, %zu steps\n", m->name, ld, m->top_k,
+               ferry_moe_trace_tokens(t), ferry_moe_trace_steps(t));
         printf("%-8s %6s", "slots", "%all");
         for (int p = 0; p < np; p++)
             printf(" %9s", pl[p]);
@@ -335,8 +379,11 @@ static int replay_sweep(const char *cmd, const ferry_moe_trace *t, char *budgets
             if (rc < 0)
                 break;
             rates[b * np + p] = r.hit_rate;
-            if (json)
-                json_array_append_new(arr, result_json(&r));
+            if (json) {
+                json_t *e = result_json(&r);
+                shape_json(e, t);
+                json_array_append_new(arr, e);
+            }
             else
                 printf(" %8.2f%%", 100 * r.hit_rate);
             fflush(stdout);
@@ -383,11 +430,14 @@ static void replay_usage(void)
            "[--expert-bytes SIZE] [--json]\n"
            "       ferry moe replay TRACE --sweep [--budgets 6.25%%,12.5%%,..] "
            "[--policies a,b,..] [--plot FILE.png] [--json]\n"
+           "  (both take --stage S)\n"
            "  TRACE          a regular file or a pipe of JSON Lines (lines up to 1 MiB,\n"
            "                 at most %zu steps)\n"
            "  --slots        experts..layers x experts, or P%% with 0 < P <= 100 (default 25%%)\n"
            "  --expert-bytes 1..1T (default: the trace's)\n"
            "  --budgets      up to 32 of --slots' values; --policies up to 16 policies\n"
+           "  --stage        a capture's stage to read (default: its only stage, else\n"
+           "                 'apply'; a file of several stages and no 'apply' needs it)\n"
            "policies:\n", FERRY__TRACE_MAX_STEPS);
     for (const char *const *p = ferry_moe_policies(); *p; p++)
         printf("  %-10s %s\n", *p, ferry_moe_policy_describe(*p));
@@ -409,6 +459,7 @@ static int replay_one(const char *cmd, const ferry_moe_trace *t, const char *pol
         return cli_fail(cmd, "replay", rc);
     if (json) {
         json_t *j = result_json(&r);
+        shape_json(j, t);
         json_object_set_new(j, "belady",
                             json_pack("{s:I,s:I,s:f,s:I}", "hits", (json_int_t)b.hits, "misses",
                                       (json_int_t)b.misses, "hit_rate", b.hit_rate, "host_bytes",
@@ -422,9 +473,10 @@ static int replay_one(const char *cmd, const ferry_moe_trace *t, const char *pol
         char hb[32], bb[32];
         human_bytes(r.host_bytes, hb, sizeof hb);
         human_bytes(b.host_bytes, bb, sizeof bb);
-        printf("trace: %s, %u layers x %u experts, top-%u, %u tokens, %llu steps\n", m->name,
-               m->num_layers, m->num_experts, m->top_k, ferry_moe_trace_tokens(t),
-               (unsigned long long)r.steps);
+        char ld[256];
+        layers_desc(t, ld, sizeof ld);
+        printf("trace: %s, %s, top-%u, %u passes, %llu steps\n", m->name, ld, m->top_k,
+               ferry_moe_trace_tokens(t), (unsigned long long)r.steps);
         printf("slots: %u (%.1f%% of %llu experts)\n", slots, 100.0 * slots / all,
                (unsigned long long)all);
         printf("%-10s %12s %12s %9s %14s\n", "policy", "hits", "misses", "hit_rate",
@@ -443,7 +495,7 @@ static int replay_one(const char *cmd, const ferry_moe_trace *t, const char *pol
 int cmd_moe_replay(int argc, char **argv)
 {
     const char *cmd = "moe replay";
-    const char *path = NULL, *slots_s = NULL, *policy = "routing", *plot = NULL;
+    const char *path = NULL, *slots_s = NULL, *policy = "routing", *plot = NULL, *stage = NULL;
     char *budgets = NULL, *policies = NULL;
     uint64_t expert_bytes = 0;
     int json = 0, sweep = 0;
@@ -467,6 +519,8 @@ int cmd_moe_replay(int argc, char **argv)
                 policy = ferry_moe_policies()[k];
         } else if (!strcmp(a, "--plot"))
             rc = cli_opt_string(cmd, a, v, "a PNG file to write", &plot);
+        else if (!strcmp(a, "--stage"))
+            rc = cli_opt_string(cmd, a, v, "a capture stage (at most 31 bytes)", &stage);
         else if (!strcmp(a, "--budgets")) {
             const char *b = NULL;
             rc = cli_opt_string(cmd, a, v, "comma-separated slot counts or P%", &b);
@@ -511,8 +565,12 @@ int cmd_moe_replay(int argc, char **argv)
     }
     if (!slots_s)
         slots_s = "25%";
+    if (stage && strlen(stage) > 31)
+        return cli_bad(cmd, "--stage", stage, "a capture stage of at most 31 bytes", "too long");
+    ferry_moe_trace_options to = FERRY_MOE_TRACE_OPTIONS_INIT;
+    to.stage = stage;
     ferry_moe_trace *t;
-    int rc = ferry_moe_trace_load(path, &t);
+    int rc = ferry_moe_trace_load_opts(path, &to, &t);
     if (rc < 0)
         return cli_fail(cmd, "load", rc);
     if (sweep) {

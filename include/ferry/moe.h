@@ -64,25 +64,68 @@ typedef struct ferry_moe_model {
 } ferry_moe_model;
 
 /**
- * Load a routing trace (JSON Lines) from path. Two forms are read:
+ * Load a routing trace (JSON Lines) from path. Two forms are read, one per
+ * file:
  *  - ferry's: a header {"model":S,"num_layers":N,"num_experts":N,"top_k":N
- *    [,"expert_bytes":N]} then one {"token":T,"layer":L,"experts":[..]}
- *    per token per layer;
- *  - vLLM-style captures: {"layer":"model.layers.N.mlp.gate","topk_ids":
- *    [[..],[..]]}, one list per token of a batch; the token index is the
- *    count of tokens seen before at that layer. A header is optional; the
- *    shape is inferred from the largest layer and expert ids when absent.
- * Steps are replayed in (token, layer) order, file order within ties.
- * Shapes are bounded (num_layers <= 1024, num_experts <= 16384) so that a
- * hostile file cannot make the planner's dense per-expert arrays huge.
- * Blank lines are skipped. Errors: FERRY_EPARSE with a message naming the
- * line number and the field (a malformed line, an expert id >= num_experts,
- * a layer >= num_layers, an empty route); -errno when the file cannot be
+ *    [,"expert_bytes":N][,"stage":S][,"layer_ids":[..]]} then one
+ *    {"token":T,"layer":L,"experts":[..][,"tokens":N]} per step (a step is
+ *    one forward pass at one layer; "tokens", default 1, is its batch and
+ *    lets the route be up to top_k x tokens wide). Without a header the
+ *    shape is the largest layer and expert ids + 1.
+ *  - engine captures (a route logger at the MoE layer), one record per
+ *    layer per forward pass: {"layer":"model.layers.N.mlp.experts" (or N),
+ *    "num_experts":E, "topk_ids":[[..],[..]] [,"top_k":K][,"stage":S]},
+ *    one list per token of the batch. The shape is what the records carry,
+ *    never guessed from the ids: num_experts (required in every record
+ *    unless a header gives it; all must agree), top_k (else the widest
+ *    list). Only the layers logged are kept, in model order and numbered
+ *    densely (ferry_moe_trace_layer_id() maps back). One stage is read
+ *    (ferry_moe_trace_options.stage; else the file's only stage; else
+ *    "apply", the stage that applies experts; a file of several stages and
+ *    no "apply" is refused rather than counting each route once per
+ *    stage). The n-th record of a layer is forward pass n of that layer;
+ *    a pass is one step whose experts are the union of its tokens' lists,
+ *    replayed layer by layer as the engine runs it (a prefill batch is not
+ *    split into tokens). A record with "counts" but no "topk_ids" is
+ *    refused: per-expert counts cannot be replayed.
+ * Steps are replayed in (pass, layer) order, file order within ties.
+ * Shapes are bounded (num_layers <= 1024, num_experts <= 16384, at most 8
+ * stages) and so is memory: a line at a time, at most 2^26 steps. Blank
+ * lines are skipped. Errors: FERRY_EPARSE with a message naming the line
+ * number and the field (a malformed line, an expert id >= num_experts, a
+ * layer >= num_layers, an empty route, a missing num_experts, a
+ * counts-only record, a mixed-stage file); -errno when the file cannot be
  * read; -ENOMEM. *out is the caller's, freed with ferry_moe_trace_destroy.
  */
 FERRY_API int ferry_moe_trace_load(const char *path, ferry_moe_trace **out);
 /** The same from a buffer (len bytes; need not be NUL-terminated). */
 FERRY_API int ferry_moe_trace_parse(const char *buf, size_t len, ferry_moe_trace **out);
+
+/** Options of the trace reader. */
+typedef struct ferry_moe_trace_options {
+    size_t size;       /**< sizeof(ferry_moe_trace_options) or more */
+    /** captures: the stage to read (records of others are skipped); NULL:
+     *  the only stage, else "apply". At most 31 bytes (-EINVAL). */
+    const char *stage;
+} ferry_moe_trace_options;
+#define FERRY_MOE_TRACE_OPTIONS_INIT \
+    {FERRY_FIELD(size) sizeof(ferry_moe_trace_options), FERRY_FIELD(stage) NULL}
+
+/** ferry_moe_trace_load with options (NULL: the defaults). */
+FERRY_API int ferry_moe_trace_load_opts(const char *path, const ferry_moe_trace_options *opt,
+                                        ferry_moe_trace **out);
+/** ferry_moe_trace_parse with options (NULL: the defaults). */
+FERRY_API int ferry_moe_trace_parse_opts(const char *buf, size_t len,
+                                         const ferry_moe_trace_options *opt,
+                                         ferry_moe_trace **out);
+/** The model's number of trace layer `layer` (a capture keeps only the
+ * layers logged); `layer` itself for dense traces; FERRY_MOE_NONE out of
+ * range. */
+FERRY_API uint32_t ferry_moe_trace_layer_id(const ferry_moe_trace *t, uint32_t layer);
+/** The capture stage the steps come from ("" when none). */
+FERRY_API const char *ferry_moe_trace_stage(const ferry_moe_trace *t);
+/** Tokens of step i (its batch: 1 for decode); 0 when i is out of range. */
+FERRY_API uint32_t ferry_moe_trace_step_tokens(const ferry_moe_trace *t, size_t i);
 /** An empty trace of the given shape, to append to. */
 FERRY_API int ferry_moe_trace_create(const ferry_moe_model *model, ferry_moe_trace **out);
 /**

@@ -112,11 +112,14 @@ struct ferry_moe_trace {
     ferry_moe_model model;
     size_t n_steps, cap_steps;
     uint32_t *tok, *layer;  /* per step */
+    uint32_t *ntok;         /* per step: tokens (a capture's batch; 1 for decode) */
     size_t *off;            /* per step + 1: start in ex[] */
     uint32_t *ex;
     size_t n_ex, cap_ex;
     uint32_t n_tokens;
     int sorted;             /* steps are in (token, layer) order */
+    uint32_t *layer_ids;    /* num_layers model layer numbers; NULL: 0..L-1 */
+    char stage[32];         /* the capture stage read ("" when none) */
 };
 
 /* sort steps into (token, layer) order, stable; -ENOMEM */

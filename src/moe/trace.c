@@ -26,7 +26,7 @@
 
 #include <jansson.h>
 
-#include "moe/moe_internal.h"
+#include "moe/trace_parse.h"
 
 /* bounds on an inferred or declared shape: the planner keeps dense arrays
  * over layers * experts, so a hostile trace must not ask for terabytes */
@@ -55,14 +55,15 @@ void ferry_moe_trace_destroy(ferry_moe_trace *t)
         return;
     ferry__free(t->tok);
     ferry__free(t->layer);
+    ferry__free(t->ntok);
     ferry__free(t->off);
     ferry__free(t->ex);
+    ferry__free(t->layer_ids);
     ferry__free(t);
 }
 
-/* append without checking the shape (the callers have) */
-static int push_step(ferry_moe_trace *t, uint32_t token, uint32_t layer, const uint32_t *experts,
-                     uint32_t n)
+int ferry__trace_push(ferry_moe_trace *t, uint32_t token, uint32_t layer, const uint32_t *experts,
+                      uint32_t n, uint32_t ntok)
 {
     if (t->n_steps == t->cap_steps) {
         size_t nc = t->cap_steps ? t->cap_steps * 2 : 256;
@@ -74,6 +75,10 @@ static int push_step(ferry_moe_trace *t, uint32_t token, uint32_t layer, const u
         if (!lay)
             return -ENOMEM;
         t->layer = lay;
+        uint32_t *nt = ferry__realloc(t->ntok, nc * sizeof *nt);
+        if (!nt)
+            return -ENOMEM;
+        t->ntok = nt;
         size_t *off = ferry__realloc(t->off, (nc + 1) * sizeof *off);
         if (!off)
             return -ENOMEM;
@@ -99,12 +104,15 @@ static int push_step(ferry_moe_trace *t, uint32_t token, uint32_t layer, const u
     t->n_ex += n;
     t->tok[t->n_steps] = token;
     t->layer[t->n_steps] = layer;
+    t->ntok[t->n_steps] = ntok;
     t->n_steps++;
     t->off[t->n_steps] = t->n_ex;
     if (token + 1 > t->n_tokens)
         t->n_tokens = token + 1;
-    if (n > t->model.top_k)
-        t->model.top_k = n;
+    /* a batch of ntok routes holds at least n / ntok experts per route */
+    uint32_t per = (uint32_t)(((uint64_t)n + ntok - 1) / ntok);
+    if (per > t->model.top_k)
+        t->model.top_k = per;
     return 0;
 }
 
@@ -137,7 +145,7 @@ int ferry_moe_trace_append(ferry_moe_trace *t, uint32_t token, uint32_t layer,
         if (experts[i] >= t->model.num_experts)
             return ferry__err_set(NULL, -EINVAL, "moe trace: token %u layer %u: expert %u >= %u",
                                   token, layer, experts[i], t->model.num_experts);
-    if (push_step(t, token, layer, experts, n) < 0)
+    if (ferry__trace_push(t, token, layer, experts, n, 1) < 0)
         return ferry__err_set(NULL, -ENOMEM, "moe trace: out of memory at step %zu", t->n_steps);
     return 0;
 }
@@ -155,6 +163,23 @@ size_t ferry_moe_trace_steps(const ferry_moe_trace *t)
 uint32_t ferry_moe_trace_tokens(const ferry_moe_trace *t)
 {
     return t ? t->n_tokens : 0;
+}
+
+uint32_t ferry_moe_trace_step_tokens(const ferry_moe_trace *t, size_t i)
+{
+    return t && i < t->n_steps ? t->ntok[i] : 0;
+}
+
+uint32_t ferry_moe_trace_layer_id(const ferry_moe_trace *t, uint32_t layer)
+{
+    if (!t || layer >= t->model.num_layers)
+        return FERRY_MOE_NONE;
+    return t->layer_ids ? t->layer_ids[layer] : layer;
+}
+
+const char *ferry_moe_trace_stage(const ferry_moe_trace *t)
+{
+    return t ? t->stage : "";
 }
 
 int ferry_moe_trace_step(const ferry_moe_trace *t, size_t i, uint32_t *token, uint32_t *layer,
@@ -196,12 +221,14 @@ int ferry__trace_sort(ferry_moe_trace *t)
     sort_key *k = ferry__malloc(n * sizeof *k);
     uint32_t *tok = ferry__malloc(n * sizeof *tok);
     uint32_t *lay = ferry__malloc(n * sizeof *lay);
+    uint32_t *nt = ferry__malloc(n * sizeof *nt);
     size_t *off = ferry__malloc((n + 1) * sizeof *off);
     uint32_t *ex = ferry__malloc((t->n_ex ? t->n_ex : 1) * sizeof *ex);
-    if (!k || !tok || !lay || !off || !ex) {
+    if (!k || !tok || !lay || !nt || !off || !ex) {
         ferry__free(k);
         ferry__free(tok);
         ferry__free(lay);
+        ferry__free(nt);
         ferry__free(off);
         ferry__free(ex);
         return -ENOMEM;
@@ -217,6 +244,7 @@ int ferry__trace_sort(ferry_moe_trace *t)
         size_t s = k[i].idx, len = t->off[s + 1] - t->off[s];
         tok[i] = t->tok[s];
         lay[i] = t->layer[s];
+        nt[i] = t->ntok[s];
         memcpy(ex + pos, t->ex + t->off[s], len * sizeof *ex);
         pos += len;
         off[i + 1] = pos;
@@ -228,6 +256,8 @@ int ferry__trace_sort(ferry_moe_trace *t)
     ferry__free(t->ex);
     t->tok = tok;
     t->layer = lay;
+    ferry__free(t->ntok);
+    t->ntok = nt;
     t->off = off;
     t->ex = ex;
     t->cap_steps = n;
@@ -237,21 +267,11 @@ int ferry__trace_sort(ferry_moe_trace *t)
 }
 
 /* ---- parsing ---- */
-typedef struct parser {
-    ferry_moe_trace *t;
-    int have_header, have_routes, declared_k;
-    uint32_t max_layer, max_expert;
-    uint32_t *vtok;     /* vLLM form: tokens seen per layer */
-    uint32_t vtok_cap;
-    uint32_t *buf;      /* one route */
-    uint32_t buf_cap;
-} parser;
+typedef ferry__trace_parser parser;
+#define PERR FERRY__PERR
 
-#define PERR(line, fmt, ...) \
-    ferry__err_set(NULL, FERRY_EPARSE, "moe trace line %zu: " fmt, (size_t)(line), ##__VA_ARGS__)
-
-static int get_uint(json_t *o, const char *field, uint64_t max, size_t line, uint64_t *out,
-                    int required)
+int ferry__trace_get_uint(json_t *o, const char *field, uint64_t max, size_t line, uint64_t *out,
+                          int required)
 {
     json_t *v = json_object_get(o, field);
     if (!v) {
@@ -263,6 +283,31 @@ static int get_uint(json_t *o, const char *field, uint64_t max, size_t line, uin
         (uint64_t)json_integer_value(v) > max)
         return PERR(line, "field '%s': expected an integer in 0..%" PRIu64, field, max);
     *out = (uint64_t)json_integer_value(v);
+    return 0;
+}
+#define get_uint ferry__trace_get_uint
+
+/* the header's optional sparse layer numbers: num_layers of them, rising */
+static int parse_layer_ids(parser *ps, json_t *a, size_t line)
+{
+    ferry_moe_model *m = &ps->t->model;
+    if (!json_is_array(a) || json_array_size(a) != m->num_layers)
+        return PERR(line, "field 'layer_ids': expected a list of num_layers (%u) layer numbers",
+                    m->num_layers);
+    uint32_t *ids = ferry__malloc((size_t)m->num_layers * sizeof *ids);
+    if (!ids)
+        return ferry__err_set(NULL, -ENOMEM, "moe trace line %zu: out of memory", line);
+    for (uint32_t i = 0; i < m->num_layers; i++) {
+        json_t *v = json_array_get(a, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+            json_integer_value(v) >= (json_int_t)UINT32_MAX ||
+            (i && (uint32_t)json_integer_value(v) <= ids[i - 1])) {
+            ferry__free(ids);
+            return PERR(line, "field 'layer_ids'[%u]: expected a layer number above the last", i);
+        }
+        ids[i] = (uint32_t)json_integer_value(v);
+    }
+    ps->t->layer_ids = ids;
     return 0;
 }
 
@@ -303,12 +348,22 @@ static int parse_header(parser *ps, json_t *o, size_t line)
             return PERR(line, "field 'model': expected a string");
         snprintf(m->name, sizeof m->name, "%s", json_string_value(name));
     }
+    json_t *st = json_object_get(o, "stage");
+    if (st) {
+        if (!json_is_string(st) || strlen(json_string_value(st)) >= sizeof ps->t->stage)
+            return PERR(line, "field 'stage': expected a string of at most %zu bytes",
+                        sizeof ps->t->stage - 1);
+        snprintf(ps->t->stage, sizeof ps->t->stage, "%s", json_string_value(st));
+    }
+    json_t *ids = json_object_get(o, "layer_ids");
+    if (ids && (rc = parse_layer_ids(ps, ids, line)) < 0)
+        return rc;
     ps->have_header = 1;
     return 0;
 }
 
 /* read an array of expert ids into ps->buf; returns the count or < 0 */
-static int read_route(parser *ps, json_t *arr, const char *field, size_t line)
+static int read_route(parser *ps, json_t *arr, const char *field, uint32_t ntok, size_t line)
 {
     if (!json_is_array(arr))
         return PERR(line, "field '%s': expected an array of expert ids", field);
@@ -316,9 +371,9 @@ static int read_route(parser *ps, json_t *arr, const char *field, size_t line)
     if (n == 0)
         return PERR(line, "field '%s': empty route", field);
     uint32_t limit = ps->have_header ? ps->t->model.num_experts : MAX_EXPERTS;
-    if (ps->declared_k && n > ps->t->model.top_k)
-        return PERR(line, "field '%s': %zu experts, header top_k is %u", field, n,
-                    ps->t->model.top_k);
+    if (ps->declared_k && n > (uint64_t)ps->t->model.top_k * ntok)
+        return PERR(line, "field '%s': %zu experts, header top_k is %u (x %u tokens)", field, n,
+                    ps->t->model.top_k, ntok);
     if (n > MAX_EXPERTS)
         return PERR(line, "field '%s': %zu experts", field, n);
     if (n > ps->buf_cap) {
@@ -352,7 +407,8 @@ static int check_layer(parser *ps, uint64_t layer, size_t line)
     return 0;
 }
 
-static int add(parser *ps, uint32_t token, uint32_t layer, uint32_t n, size_t line)
+int ferry__trace_add(parser *ps, uint32_t token, uint32_t layer, uint32_t n, uint32_t ntok,
+                     size_t line)
 {
     if (ps->t->n_steps >= FERRY__TRACE_MAX_STEPS)
         return PERR(line, "more than %zu routing steps; a trace holds at most that many",
@@ -360,7 +416,7 @@ static int add(parser *ps, uint32_t token, uint32_t layer, uint32_t n, size_t li
     if (ps->t->n_ex + n > FERRY__TRACE_MAX_IDS)
         return PERR(line, "more than %zu expert ids; a trace holds at most that many",
                     FERRY__TRACE_MAX_IDS);
-    if (push_step(ps->t, token, layer, ps->buf, n) < 0)
+    if (ferry__trace_push(ps->t, token, layer, ps->buf, n, ntok) < 0)
         return ferry__err_set(NULL, -ENOMEM, "moe trace line %zu: out of memory", line);
     ps->have_routes = 1;
     return 0;
@@ -368,22 +424,31 @@ static int add(parser *ps, uint32_t token, uint32_t layer, uint32_t n, size_t li
 
 static int parse_ferry(parser *ps, json_t *o, size_t line)
 {
-    uint64_t token, layer;
+    if (ps->form == TRACE_FORM_CAPTURE)
+        return PERR(line, "a ferry record ('experts') after capture records ('topk_ids'): one "
+                          "form per file");
+    ps->form = TRACE_FORM_FERRY;
+    uint64_t token, layer, ntok = 1;
     int rc;
     if ((rc = get_uint(o, "token", UINT32_MAX - 1, line, &token, 1)) < 0)
         return rc;
     if ((rc = get_uint(o, "layer", UINT32_MAX, line, &layer, 1)) < 0)
         return rc;
+    if ((rc = get_uint(o, "tokens", UINT32_MAX / 2, line, &ntok, 0)) < 0)
+        return rc;
+    if (ntok == 0)
+        return PERR(line, "field 'tokens': must be at least 1");
     if ((rc = check_layer(ps, layer, line)) < 0)
         return rc;
-    int n = read_route(ps, json_object_get(o, "experts"), "experts", line);
+    int n = read_route(ps, json_object_get(o, "experts"), "experts", (uint32_t)ntok, line);
     if (n < 0)
         return n;
-    return add(ps, (uint32_t)token, (uint32_t)layer, (uint32_t)n, line);
+    return ferry__trace_add(ps, (uint32_t)token, (uint32_t)layer, (uint32_t)n, (uint32_t)ntok,
+                            line);
 }
 
 /* "model.layers.12.mlp.gate" -> 12 */
-static int module_layer(const char *s, uint64_t *out)
+int ferry__trace_module_layer(const char *s, uint64_t *out)
 {
     const char *p = s;
     while ((p = strstr(p, "layers.")) != NULL) {
@@ -401,45 +466,6 @@ static int module_layer(const char *s, uint64_t *out)
     return -1;
 }
 
-static int parse_vllm(parser *ps, json_t *o, size_t line)
-{
-    json_t *lv = json_object_get(o, "layer");
-    uint64_t layer;
-    if (!lv)
-        return PERR(line, "field 'layer' missing");
-    if (json_is_integer(lv) && json_integer_value(lv) >= 0)
-        layer = (uint64_t)json_integer_value(lv);
-    else if (!json_is_string(lv) || module_layer(json_string_value(lv), &layer) < 0)
-        return PERR(line, "field 'layer': expected a module path holding 'layers.N' or an integer");
-    int rc = check_layer(ps, layer, line);
-    if (rc < 0)
-        return rc;
-    json_t *ids = json_object_get(o, "topk_ids");
-    if (!json_is_array(ids) || json_array_size(ids) == 0)
-        return PERR(line, "field 'topk_ids': expected a non-empty list of per-token lists");
-    if (layer >= ps->vtok_cap) {
-        uint32_t nc = (uint32_t)layer + 1;
-        uint32_t *nv = ferry__realloc(ps->vtok, (size_t)nc * sizeof *nv);
-        if (!nv)
-            return ferry__err_set(NULL, -ENOMEM, "moe trace line %zu: out of memory", line);
-        memset(nv + ps->vtok_cap, 0, (size_t)(nc - ps->vtok_cap) * sizeof *nv);
-        ps->vtok = nv;
-        ps->vtok_cap = nc;
-    }
-    for (size_t i = 0; i < json_array_size(ids); i++) {
-        char field[32];
-        snprintf(field, sizeof field, "topk_ids[%zu]", i);
-        int n = read_route(ps, json_array_get(ids, i), field, line);
-        if (n < 0)
-            return n;
-        if (ps->vtok[layer] == UINT32_MAX - 1)
-            return PERR(line, "field 'topk_ids': too many tokens at layer %" PRIu64, layer);
-        if ((rc = add(ps, ps->vtok[layer]++, (uint32_t)layer, (uint32_t)n, line)) < 0)
-            return rc;
-    }
-    return 0;
-}
-
 static int parse_line(parser *ps, const char *s, size_t len, size_t line)
 {
     json_error_t je;
@@ -452,8 +478,17 @@ static int parse_line(parser *ps, const char *s, size_t len, size_t line)
     else if (json_object_get(o, "experts"))
         rc = parse_ferry(ps, o, line);
     else if (json_object_get(o, "topk_ids"))
-        rc = parse_vllm(ps, o, line);
-    else if (json_object_get(o, "num_layers") || json_object_get(o, "num_experts"))
+        rc = ferry__capture_record(ps, o, line);
+    else if (json_object_get(o, "counts"))
+        rc = PERR(line, "a counts-only record ('counts' without 'topk_ids'): it says how often "
+                        "each expert was chosen, not which token chose which, so it cannot be "
+                        "replayed; log the per-token routes ('topk_ids') at the apply step");
+    else if (json_object_get(o, "num_layers"))
+        rc = parse_header(ps, o, line);
+    else if (json_object_get(o, "layer"))
+        rc = PERR(line, "a record with a 'layer' but no routes: neither 'topk_ids' (a capture) "
+                        "nor 'experts' (ferry's form)");
+    else if (json_object_get(o, "num_experts"))
         rc = parse_header(ps, o, line);
     else
         rc = PERR(line, "neither a header nor a route record (no 'experts' or 'topk_ids' field)");
@@ -461,9 +496,17 @@ static int parse_line(parser *ps, const char *s, size_t len, size_t line)
     return rc;
 }
 
-static int parser_open(parser *ps)
+static int parser_open(parser *ps, const ferry_moe_trace_options *opt)
 {
     memset(ps, 0, sizeof *ps);
+    if (opt && opt->size < sizeof *opt)
+        return ferry__err_set(NULL, -EINVAL,
+                              "moe trace: options size %zu is below %zu (use "
+                              "FERRY_MOE_TRACE_OPTIONS_INIT)", opt->size, sizeof *opt);
+    if (opt && opt->stage && strlen(opt->stage) >= FERRY__TRACE_STAGE_LEN)
+        return ferry__err_set(NULL, -EINVAL, "moe trace: stage '%.40s...' longer than %d bytes",
+                              opt->stage, FERRY__TRACE_STAGE_LEN - 1);
+    ps->want_stage = opt ? opt->stage : NULL;
     if (trace_new(&ps->t) < 0)
         return ferry__err_set(NULL, -ENOMEM, "moe trace: out of memory");
     snprintf(ps->t->model.name, sizeof ps->t->model.name, "capture");
@@ -489,16 +532,22 @@ static int parser_line(parser *ps, const char *s, size_t n, size_t line)
 /* rc: the parse so far; the trace goes to *out or is freed */
 static int parser_close(parser *ps, int rc, size_t lines, ferry_moe_trace **out)
 {
-    if (rc == 0 && !ps->have_routes)
+    if (rc == 0 && ps->form == TRACE_FORM_CAPTURE)
+        rc = ferry__capture_close(ps);
+    else if (rc == 0 && !ps->have_routes)
         rc = ferry__err_set(NULL, FERRY_EPARSE, "moe trace: no route records in %zu lines", lines);
-    if (rc == 0 && !ps->have_header) {
+    else if (rc == 0 && ps->want_stage && strcmp(ps->want_stage, ps->t->stage))
+        rc = ferry__err_set(NULL, FERRY_EPARSE,
+                            "moe trace: stage '%s' asked for; a trace in ferry's form holds "
+                            "one stage, '%s'", ps->want_stage, ps->t->stage);
+    else if (rc == 0 && !ps->have_header) {
         ps->t->model.num_layers = ps->max_layer + 1;
         ps->t->model.num_experts = ps->max_expert + 1;
     }
     if (rc == 0 && ferry__trace_sort(ps->t) < 0)
         rc = ferry__err_set(NULL, -ENOMEM, "moe trace: out of memory sorting %zu steps",
                             ps->t->n_steps);
-    ferry__free(ps->vtok);
+    ferry__capture_free(ps);
     ferry__free(ps->buf);
     if (rc < 0) {
         ferry_moe_trace_destroy(ps->t);
@@ -508,12 +557,13 @@ static int parser_close(parser *ps, int rc, size_t lines, ferry_moe_trace **out)
     return 0;
 }
 
-int ferry_moe_trace_parse(const char *buf, size_t len, ferry_moe_trace **out)
+int ferry_moe_trace_parse_opts(const char *buf, size_t len, const ferry_moe_trace_options *opt,
+                               ferry_moe_trace **out)
 {
     if (!out || (!buf && len))
         return ferry__err_set(NULL, -EINVAL, "moe trace: no buffer");
     parser ps;
-    int rc = parser_open(&ps);
+    int rc = parser_open(&ps, opt);
     if (rc < 0)
         return rc;
     size_t line = 0, pos = 0;
@@ -586,7 +636,18 @@ static int load_stream(FILE *f, const char *path, parser *ps, size_t *lines)
     return rc;
 }
 
+int ferry_moe_trace_parse(const char *buf, size_t len, ferry_moe_trace **out)
+{
+    return ferry_moe_trace_parse_opts(buf, len, NULL, out);
+}
+
 int ferry_moe_trace_load(const char *path, ferry_moe_trace **out)
+{
+    return ferry_moe_trace_load_opts(path, NULL, out);
+}
+
+int ferry_moe_trace_load_opts(const char *path, const ferry_moe_trace_options *opt,
+                              ferry_moe_trace **out)
 {
     if (!path || !out)
         return ferry__err_set(NULL, -EINVAL, "moe trace: no path");
@@ -611,7 +672,7 @@ int ferry_moe_trace_load(const char *path, ferry_moe_trace **out)
                                                            : "another kind of file");
     }
     parser ps;
-    int rc = parser_open(&ps);
+    int rc = parser_open(&ps, opt);
     if (rc < 0) {
         fclose(f);
         return rc;
@@ -641,6 +702,14 @@ int ferry_moe_trace_save(const ferry_moe_trace *t, const char *path)
                           (int)t->model.num_layers, "num_experts", (int)t->model.num_experts,
                           "top_k", (int)t->model.top_k, "expert_bytes",
                           (json_int_t)t->model.expert_bytes);
+    if (h && t->stage[0])
+        json_object_set_new(h, "stage", json_string(t->stage));
+    if (h && t->layer_ids) {
+        json_t *ids = json_array();
+        for (uint32_t l = 0; l < t->model.num_layers; l++)
+            json_array_append_new(ids, json_integer(t->layer_ids[l]));
+        json_object_set_new(h, "layer_ids", ids);
+    }
     char *hs = h ? json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(h);
     if (!hs) {
@@ -650,7 +719,11 @@ int ferry_moe_trace_save(const ferry_moe_trace *t, const char *path)
     fprintf(f, "%s\n", hs);
     free(hs);
     for (size_t i = 0; i < t->n_steps; i++) {
-        fprintf(f, "{\"token\":%u,\"layer\":%u,\"experts\":[", t->tok[i], t->layer[i]);
+        if (t->ntok[i] != 1)
+            fprintf(f, "{\"token\":%u,\"layer\":%u,\"tokens\":%u,\"experts\":[", t->tok[i],
+                    t->layer[i], t->ntok[i]);
+        else
+            fprintf(f, "{\"token\":%u,\"layer\":%u,\"experts\":[", t->tok[i], t->layer[i]);
         for (size_t j = t->off[i]; j < t->off[i + 1]; j++) {
             if (j != t->off[i])
                 fputc(',', f);
