@@ -274,7 +274,7 @@ static void fresh_context_is_off(void **state)
 {
     (void)state;
     ferry_gds *g = NULL;
-    FT_ASSERT_OK(ferry_gds_create(&g));
+    FT_ASSERT_OK(ferry_gds_open(NULL, &g));
     assert_int_equal(ferry_gds_is_on(g), 0);
     assert_string_equal(ferry_gds_driver_name(g), "off");
     assert_null(ferry_gds_slab(g));
@@ -287,7 +287,7 @@ static void initialize_with_none_is_noop(void **state)
 {
     (void)state;
     ferry_gds *g = NULL;
-    FT_ASSERT_OK(ferry_gds_create(&g));
+    FT_ASSERT_OK(ferry_gds_open(NULL, &g));
     FT_ASSERT_OK(ferry_gds_init(g, NULL));
     assert_int_equal(ferry_gds_is_on(g), 0);
     ferry_gds_close(g);
@@ -297,7 +297,7 @@ static void register_is_noop_when_uninitialized(void **state)
 {
     (void)state;
     ferry_gds *g = NULL;
-    FT_ASSERT_OK(ferry_gds_create(&g));
+    FT_ASSERT_OK(ferry_gds_open(NULL, &g));
     /* a failed init leaves it off too (size 0 is refused before any call) */
     X.drv = fake_table();
     X.cfg.custom_driver = &X.drv;
@@ -710,7 +710,7 @@ static void init_failures_leave_it_off(void **state)
 {
     (void)state;
     ferry_gds *g = NULL;
-    FT_ASSERT_OK(ferry_gds_create(&g));
+    FT_ASSERT_OK(ferry_gds_open(NULL, &g));
     X.drv = fake_table();
     X.cfg.custom_driver = &X.drv;
     /* a directory under a regular file */
@@ -763,7 +763,7 @@ static void slab_larger_than_free_disk(void **state)
     sys.fallocate = enospc_fallocate;
     ferry__sys_set(&sys);
     ferry_gds *g = NULL;
-    FT_ASSERT_OK(ferry_gds_create(&g));
+    FT_ASSERT_OK(ferry_gds_open(NULL, &g));
     X.drv = fake_table();
     X.cfg.custom_driver = &X.drv;
     int rc = ferry_gds_init(g, &X.cfg);

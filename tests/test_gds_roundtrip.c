@@ -572,7 +572,7 @@ static void registered_host_buffers(void **state)
     free(mine);
     /* off: refused */
     ferry_gds *off = NULL;
-    FT_ASSERT_OK(ferry_gds_create(&off));
+    FT_ASSERT_OK(ferry_gds_open(NULL, &off));
     void *p = NULL;
     assert_int_equal(ferry_gds_buffer_alloc(off, 4096, &p), FERRY_ESTATE);
     ferry_gds_close(off);

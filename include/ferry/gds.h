@@ -6,12 +6,13 @@
  * moves byte ranges of it to and from device buffers and host buffers. It
  * is LMCache's GDS context (facts.md section 2), in C:
  *
- *  - Life: ferry_gds_create() gives a context that is OFF: registering and
- *    deregistering are no-ops that call nothing. ferry_gds_init() turns it
- *    on (creates, preallocates and opens the slab files, O_DIRECT when the
- *    file system allows it and a logged fallback when not); a second init is
- *    FERRY_ESTATE. ferry_gds_close() releases every region, stream and
- *    handle. ferry_gds_open() is create + init.
+ *  - Life: ferry_gds_open(NULL, &g) gives a context that is OFF:
+ *    registering and deregistering are no-ops that call nothing.
+ *    ferry_gds_init() turns it on (creates, preallocates and opens the slab
+ *    files, O_DIRECT when the file system allows it and a logged fallback
+ *    when not); a second init is FERRY_ESTATE. ferry_gds_close() releases
+ *    every region, stream and handle. ferry_gds_open(cfg, &g) is both
+ *    steps at once.
  *  - Device buffers are registered in regions of at most region_cap bytes
  *    (16 MiB: 40 MiB -> 16 + 16 + 8), kept sorted. Each distinct stream is
  *    registered with the driver once (flags FERRY_GDS_STREAM_FLAGS) and
@@ -199,8 +200,6 @@ typedef struct ferry_gds_config {
      FERRY_FIELD(device) NULL, FERRY_FIELD(engine) NULL, FERRY_FIELD(depth) 0, \
      FERRY_FIELD(stripe_bytes) 0, FERRY_FIELD(mode) 0}
 
-/** Create a context that is off. Errors: -ENOMEM. Free with ferry_gds_close(). */
-FERRY_API int ferry_gds_create(ferry_gds **out);
 /**
  * Turn the context on. cfg NULL leaves it off and returns 0. Creates each
  * directory (mkdir -p, 0700 or the config's mode), locks it (one owner per
@@ -219,7 +218,12 @@ FERRY_API int ferry_gds_create(ferry_gds **out);
  * here), driver and system errors.
  */
 FERRY_API int ferry_gds_init(ferry_gds *g, const ferry_gds_config *cfg);
-/** create + init. */
+/**
+ * Open a context: with cfg NULL one that is off (a later ferry_gds_init
+ * turns it on), else one that is on (ferry_gds_init's work and errors;
+ * on failure nothing is left open). Errors: -EINVAL (out NULL), -ENOMEM,
+ * ferry_gds_init's. Close with ferry_gds_close().
+ */
 FERRY_API int ferry_gds_open(const ferry_gds_config *cfg, ferry_gds **out);
 /**
  * Synchronize every known stream, deregister all regions, streams and file

@@ -39,10 +39,9 @@
 
 /* ---- life ---- */
 
-int ferry_gds_create(ferry_gds **out)
+/* a context that is off */
+static int gds_alloc(ferry_gds **out)
 {
-    if (!out)
-        return ferry__err_set(NULL, -EINVAL, "gds: create: NULL out");
     ferry_gds *g = ferry__calloc(1, sizeof *g);
     if (!g)
         return ferry__err_set(NULL, -ENOMEM, "gds: out of memory creating the context");
@@ -292,13 +291,13 @@ int ferry_gds_init(ferry_gds *g, const ferry_gds_config *cfg)
 
 int ferry_gds_open(const ferry_gds_config *cfg, ferry_gds **out)
 {
-    if (!cfg || !out)
-        return ferry__err_set(NULL, -EINVAL, "gds: open: NULL config or out");
-    ferry_gds *g;
-    int rc = ferry_gds_create(&g);
+    if (!out)
+        return ferry__err_set(NULL, -EINVAL, "gds: open: NULL out");
+    ferry_gds *g = NULL;
+    int rc = gds_alloc(&g);
     if (rc < 0)
         return rc;
-    if ((rc = ferry_gds_init(g, cfg)) < 0) {
+    if (cfg && (rc = ferry_gds_init(g, cfg)) < 0) {
         ferry_gds_close(g);
         return rc;
     }
