@@ -35,3 +35,5 @@ if command -v redis-server >/dev/null; then (
   for _ in $(seq 250); do [ -S "$dir/kv-redis.sock" ] && break; sleep 0.02; done
   run "$build/ferry" kv bench --model tiny --docs 4 --doc-tokens 2048 --questions 16 --l1 1M --remote "unix://$dir/kv-redis.sock" --json
 ); fi
+FERRY_LIB="$build/libferry.so.0" run /usr/bin/python3 bench/py_prefill.py --rounds 1 --tokens 128 --layers 2 --dim 64 --chunk 32
+FERRY_LIB="$build/libferry.so.0" run /usr/bin/python3 bench/py_prefill.py --rounds 1 --tokens 128 --layers 2 --dim 64 --chunk 32 --l2 "$dir/pyl2"
