@@ -909,6 +909,13 @@ static uint32_t sync_piece(const ferry_io *io, size_t len)
 int ferry__io_start(ferry_io *io, ferry_io_req *r, ferry_file *f, int op, void *buf,
                     ferry_devptr dev, size_t len, uint64_t off, size_t min_len)
 {
+    return ferry__io_start_piece(io, r, f, op, buf, dev, len, off, min_len, 0);
+}
+
+int ferry__io_start_piece(ferry_io *io, ferry_io_req *r, ferry_file *f, int op, void *buf,
+                          ferry_devptr dev, size_t len, uint64_t off, size_t min_len,
+                          size_t piece)
+{
     memset(r, 0, sizeof *r);
     r->op = op;
     r->file = f;
@@ -924,7 +931,11 @@ int ferry__io_start(ferry_io *io, ferry_io_req *r, ferry_file *f, int op, void *
         flags |= RQ_EOF_OK;
         pad = (uint16_t)(len - min_len);
     }
-    enqueue(io, r, sync_piece(io, len), flags, pad);
+    if (piece) {
+        piece = FERRY__ALIGN_UP(piece, (size_t)FERRY_IO_ALIGN);
+        piece = FERRY__MIN(piece, (size_t)io->max_request);
+    }
+    enqueue(io, r, piece ? (uint32_t)piece : sync_piece(io, len), flags, pad);
     dispatch(io);
     return 0;
 }

@@ -141,6 +141,13 @@ int ferry__io_rw(ferry_io *io, ferry_file *f, int op, void *buf, ferry_devptr de
  */
 int ferry__io_start(ferry_io *io, ferry_io_req *r, ferry_file *f, int op, void *buf,
                     ferry_devptr dev, size_t len, uint64_t off, size_t min_len);
+/* start with requests of piece bytes each (rounded up to FERRY_IO_ALIGN,
+ * at most the engine's largest; 0: the engine's choice, as start), so
+ * several transfers started one after another share the engine's depth
+ * in order instead of the first one taking all of it */
+int ferry__io_start_piece(ferry_io *io, ferry_io_req *r, ferry_file *f, int op, void *buf,
+                          ferry_devptr dev, size_t len, uint64_t off, size_t min_len,
+                          size_t piece);
 int ferry__io_finish(ferry_io *io, ferry_io_req *r);
 
 /* the CPU path for device memory (bounce.c) */

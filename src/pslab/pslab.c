@@ -317,9 +317,10 @@ static int read_chunk(ferry_pslab *p, const ferry__pslab_ent *e, void *dst, size
         rc = ferry__pslab_lane_stage(p, l, e->ext);
         into = l->stage;
     }
+    uint64_t sum = 0;
     if (rc == 0)
-        rc = ferry__pslab_data_rw(p, l, FERRY_IO_READ, into, rlen, e->offset);
-    if (rc == 0 && XXH3_64bits(into, e->length) != e->sum)
+        rc = ferry__pslab_data_read_sum(p, l, into, rlen, e->offset, e->length, &sum);
+    if (rc == 0 && sum != e->sum)
         rc = ferry__err_set(&p->err, FERRY_ECORRUPT,
                             "pslab %s: chunk of %llu bytes at slab offset %llu (sequence %llu) "
                             "fails its checksum: dropped", p->dirs[0],

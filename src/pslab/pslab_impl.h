@@ -177,6 +177,10 @@ int ferry__pslab_data_rw(ferry_pslab *p, lane *l, int op, void *buf, uint64_t le
 /* write buf to slab bytes [off, off+len); *sum = XXH3-64 of data[0..dlen) */
 int ferry__pslab_data_write_sum(ferry_pslab *p, lane *l, const void *buf, uint64_t len,
                                 uint64_t off, const void *data, size_t dlen, uint64_t *sum);
+/* data_rw's read that also returns the XXH3-64 of buf[0..hlen), computed
+ * while the later parts of the read are still in flight */
+int ferry__pslab_data_read_sum(ferry_pslab *p, lane *l, void *buf, uint64_t len, uint64_t off,
+                               uint64_t hlen, uint64_t *sum);
 
 /* ---- pslab_commit.c ---- */
 /* mu held: free e's extent and e, or mark it doomed while pinned or pending */

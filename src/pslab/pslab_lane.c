@@ -17,7 +17,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+#define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
+#include <xxh_x86dispatch.h>
 
 #include "io/io_impl.h"
 #include "pslab/pslab_impl.h"
@@ -235,5 +237,74 @@ int ferry__pslab_data_write_sum(ferry_pslab *p, lane *l, const void *buf, uint64
     }
     if (!hashed)
         *sum = XXH3_64bits(data, dlen);
+    return rc;
+}
+
+/*
+ * data_rw's read, with the XXH3-64 of the first hlen bytes computed as the
+ * read lands: the bytes are read as requests of at most RPIECE, up to
+ * NREQ in flight (the lane's depth: 32 MiB at once), each hashed as soon
+ * as it and those before it have landed, while the later ones are still in
+ * flight. The check of a 32 MiB chunk then ends a fraction of a
+ * millisecond after its last byte lands instead of a whole hash later, and
+ * the hash reads each piece while it is still in cache. Every request
+ * started is finished before this returns, failed or not.
+ */
+int ferry__pslab_data_read_sum(ferry_pslab *p, lane *l, void *buf, uint64_t len, uint64_t off,
+                               uint64_t hlen, uint64_t *sum)
+{
+    enum { NREQ = 16 };
+    const uint64_t RPIECE = (uint64_t)2 << 20;
+    ferry_io_req r[NREQ];
+    uint64_t roff[NREQ], rlen[NREQ], rfoff[NREQ];
+    unsigned rdrv[NREQ];
+    uint8_t *b = buf;
+    uint64_t sent = 0, done = 0;
+    unsigned head = 0, n = 0;
+    int rc = 0;
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    while (done < len) {
+        while (rc == 0 && n < NREQ && sent < len) {
+            unsigned d;
+            uint64_t seg, foff;
+            stripe_at(p, off + sent, FERRY__MIN(len - sent, RPIECE), &d, &seg, &foff);
+            unsigned k = (head + n) % NREQ;
+            rc = ferry__io_start_piece(l->io, &r[k], l->f[d], FERRY_IO_READ, b + sent, 0,
+                                       (size_t)seg, foff, (size_t)seg, (size_t)seg);
+            if (rc < 0) {
+                rc = ferry__pslab_fail_io(p, rc, "pslab: read of %llu bytes at slab offset "
+                                          "%llu (file %s, offset %llu)", (unsigned long long)seg,
+                                          (unsigned long long)(off + sent),
+                                          ferry_file_path(l->f[d]), (unsigned long long)foff);
+                break;
+            }
+            roff[k] = sent;
+            rlen[k] = seg;
+            rfoff[k] = foff;
+            rdrv[k] = d;
+            sent += seg;
+            n++;
+        }
+        if (n == 0)
+            break; /* (a failed start with nothing in flight) */
+        int r2 = ferry__io_finish(l->io, &r[head]);
+        if (r2 < 0 && rc == 0)
+            rc = ferry__pslab_fail_io(p, r2, "pslab: read of %llu bytes at slab offset %llu "
+                                      "(file %s, offset %llu)", (unsigned long long)rlen[head],
+                                      (unsigned long long)(off + roff[head]),
+                                      ferry_file_path(l->f[rdrv[head]]),
+                                      (unsigned long long)rfoff[head]);
+        if (rc == 0 && roff[head] < hlen)
+            XXH3_64bits_update_dispatch(&st, b + roff[head],
+                                        (size_t)FERRY__MIN(rlen[head], hlen - roff[head]));
+        done = roff[head] + rlen[head];
+        head = (head + 1) % NREQ;
+        n--;
+        if (rc < 0 && n == 0)
+            break;
+    }
+    if (rc == 0)
+        *sum = XXH3_64bits_digest(&st);
     return rc;
 }
