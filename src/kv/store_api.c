@@ -157,6 +157,17 @@ size_t ferry__kv_prefetch_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch
     size_t lead = 0;
     int in_lead = 1;
     ferry__kv_job *head = NULL, **tail = &head;
+    /* a retrieve's read-ahead keeps every I/O worker reading with one more
+     * chunk queued behind each (when half of L1 holds them), so a worker
+     * that finishes a read starts the next at once instead of when the
+     * retrieving thread comes round after its copy-out (with a quarter of
+     * an L1 of 8 chunks, 2 reads for 2 workers, the drive idled between) */
+    uint64_t budget = kv->prefetch_max;
+    if (!leading) {
+        uint64_t want = (uint64_t)2 * kv->q[1].nthreads * kv->slot_bytes;
+        uint64_t half = kv->tier[FERRY_KV_TIER_L1]->capacity / 2 * kv->slot_bytes;
+        budget = FERRY__MAX(budget, FERRY__MIN(want, half));
+    }
     pthread_mutex_lock(&kv->mu);
     uint64_t now = ferry__kv_now_ns(kv);
     for (size_t i = 0; i < nch; i++) {
@@ -171,7 +182,7 @@ size_t ferry__kv_prefetch_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch
         ok = ok && src;
         if (ok && !leading && kv->tier[src]->aops)
             continue; /* a retrieve reads these itself, asynchronously */
-        if (ok && kv->prefetch_inflight + kv->slot_bytes > kv->prefetch_max)
+        if (ok && kv->prefetch_inflight + kv->slot_bytes > budget)
             break;
         ferry__kv_job *j = ok ? ferry__calloc(1, sizeof *j) : NULL;
         uint64_t slot;

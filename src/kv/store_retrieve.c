@@ -721,9 +721,11 @@ static int rt_init(rtv *r, size_t nch)
         r->npieces = (uint32_t)((r->at->slot_bytes + r->piece - 1) / r->piece);
         r->pdepth = r->npieces > 1 ? r->at->aops->pdepth : r->depth;
     }
-    /* several chunks landing from L2 into a host buffer: the I/O workers
-     * copy them out while this thread keeps the reads going */
-    if (r->at && !r->s && nch > 1) {
+    /* several chunks into a host buffer: an I/O worker with nothing to
+     * read copies one out while this thread keeps the reads going or
+     * copies the next (the last chunks of a retrieve from L2 land
+     * together: two CPUs copy them, not one after the other) */
+    if (!r->s && nch > 1) {
         r->wcopy = 1;
         pthread_mutex_init(&r->cmu, NULL);
         pthread_cond_init(&r->ccv, NULL);
