@@ -41,6 +41,10 @@ static void usage(FILE *f)
             "                           a non-persistent and a persistent L2 (and the drive's own\n"
             "                           durable writes) in alternating rounds\n"
             "  --persist-rounds N       rounds of each for that figure (default 5, 0: skip)\n"
+            "  --cold N                 only the L2-only retrieve: the documents in a persistent\n"
+            "                           L2 under DIR (stored once, synced), then N rounds that\n"
+            "                           each reopen the store and retrieve every document from\n"
+            "                           the drive into plain host memory (needs --dir)\n"
             "  --policy lru|s3fifo      eviction (default lru)\n"
             "  --device host|cuda       the engine buffer in that device's memory (the store's\n"
             "                           device; host: the host backend standing in for a GPU);\n"
@@ -52,9 +56,10 @@ static void usage(FILE *f)
             "ranges: --docs 1..65536, --doc-tokens 1..1048576, --questions 1..1000000,\n"
             "  --question-tokens 0..65536, --sessions 1..65536, --turns 1..4096, --turn-tokens\n"
             "  1..1048576, --chunk-tokens 1..65536, --layers 1..1024, --heads 1..1024,\n"
-            "  --head-dim 1..4096, --paged 1..65536, --persist-rounds 0..%d, --zipf 0..10, --l1/--l2 4K..16T;\n"
+            "  --head-dim 1..4096, --paged 1..65536, --persist-rounds 0..%d, --cold 1..%d,\n"
+            "  --zipf 0..10, --l1/--l2 4K..16T;\n"
             "  all prompts at most 2^28 tokens, the longest prompt's KV at most 8 GiB\n",
-            PC_MAX_ROUNDS);
+            PC_MAX_ROUNDS, COLD_MAX_ROUNDS);
 }
 
 /* a count option: flag, its field, its range */
@@ -77,6 +82,7 @@ static const num_opt num_opts[] = {
     {"--heads", offsetof(opts, heads), 1, 1024},
     {"--head-dim", offsetof(opts, head_dim), 1, 4096},
     {"--persist-rounds", offsetof(opts, persist_rounds), 0, PC_MAX_ROUNDS},
+    {"--cold", offsetof(opts, cold_rounds), 1, COLD_MAX_ROUNDS},
     {"--paged", offsetof(opts, paged), 1, 65536},
 };
 
@@ -181,6 +187,9 @@ static int parse_check(opts *o, int l2_given, int engine_given, int create)
     if (!o->dir && o->persistent)
         return cli_usage(KVB_CMD, "--persistent: the L2 tier needs --dir DIR; accepted: --dir DIR "
                               "--persistent");
+    if (!o->dir && o->cold_rounds)
+        return cli_usage(KVB_CMD, "--cold %u: the L2 tier needs --dir DIR; accepted: --dir DIR "
+                              "--cold N", o->cold_rounds);
     if (!o->dir && engine_given)
         return cli_usage(KVB_CMD, "--engine %s: the L2 tier needs --dir DIR; accepted: --dir DIR "
                               "--engine ENGINE", o->engine);
@@ -284,6 +293,25 @@ static int main_run(const opts *o, const ferry_kv_layout *l, const workload *w, 
     return rc < 0 ? cli_fail(KVB_CMD, "running the workload", rc) : 0;
 }
 
+/* --cold: that figure alone, 0 or 1 (printed) */
+static int cold_only(const opts *o, const ferry_kv_layout *l, uint64_t chunk, const workload *w)
+{
+    static cold_result c;
+    int rc = kvb_cold_run(o, l, w, chunk, &c);
+    if (o->json) {
+        json_t *j = json_object();
+        json_object_set_new(j, "cold_l2_retrieve", kvb_cold_json(o, &c));
+        if (rc < 0)
+            json_object_set_new(j, "error", json_string(ferry_last_error()));
+        json_dumpf(j, stdout, JSON_INDENT(2));
+        printf("\n");
+        json_decref(j);
+    } else {
+        kvb_cold_print(o, &c);
+    }
+    return rc < 0 ? cli_fail(KVB_CMD, "--cold", rc) : 0;
+}
+
 /* the references, the persistence experiment and the sweep, the report */
 static int measure_and_report(opts *o, const ferry_kv_layout *l, uint64_t chunk,
                               const workload *w, const run_result *rr, double wall)
@@ -328,7 +356,7 @@ static int measure_and_report(opts *o, const ferry_kv_layout *l, uint64_t chunk,
 int cmd_kv_bench(int argc, char **argv)
 {
     opts o = {"qa", "llama3-8b", NULL, "lru", NULL, NULL, 2ull << 30, 8ull << 30, 8, 4096, 64, 64,
-              8, 6, 512, 256, 0, 0, 0, 1.0, 1, 0, 1, 0, NULL, "", 5, NULL, 0, NULL, 0};
+              8, 6, 512, 256, 0, 0, 0, 1.0, 1, 0, 1, 0, NULL, "", 5, NULL, 0, NULL, 0, 0};
     int rc = parse(argc, argv, &o);
     if (rc)
         return rc < 0 ? 0 : rc;
@@ -357,6 +385,13 @@ int cmd_kv_bench(int argc, char **argv)
         print_header(&o, &l, chunk);
     run_result rr;
     double wall = 0;
+    if (o.cold_rounds) {
+        o.persistent = 1; /* (the header says so) */
+        rc = cold_only(&o, &l, chunk, &w);
+        kvb_workload_free(&w);
+        ferry_device_close(o.dev);
+        return rc;
+    }
     rc = main_run(&o, &l, &w, &rr, &wall);
     if (rc == 0)
         rc = measure_and_report(&o, &l, chunk, &w, &rr, wall);

@@ -9,6 +9,7 @@
  *                        (memcpy, hashing, lookup, the drive, the server)
  *   kv_bench_sweep.c     the hit-rate sweep over tier sizes and its plot
  *   kv_bench_persist.c   --persistent: what persistence costs
+ *   kv_bench_cold.c      --cold: the L2-only retrieve of a fresh client
  *   kv_bench_report.c    the report, as text or as one JSON object
  *   cmd_kv.c             the command: options, checks, the order of work
  *
@@ -45,6 +46,7 @@ typedef struct opts {
     unsigned paged;          /* --paged N: the engine buffer is paged, N tokens a block; 0 not */
     ferry_device *dev;       /* opened from device for the run */
     uint64_t prefetch_max;   /* the store's prefetch bound; 0: its default */
+    unsigned cold_rounds;    /* --cold N: only the L2-only retrieve figure, N rounds */
 } opts;
 
 /* ---- the workload: a list of prompts (kv_bench_workload.c) ---- */
@@ -163,6 +165,27 @@ void kvb_persist_cost_run(const opts *o, const ferry_kv_layout *l, const workloa
                           uint64_t chunk, persist_cost *pc);
 json_t *kvb_persist_cost_json(const persist_cost *pc);
 void kvb_persist_cost_print(const persist_cost *pc);
+
+/* ---- --cold N: the L2-only retrieve of a fresh client (kv_bench_cold.c) ---- */
+#define COLD_MAX_ROUNDS 64
+typedef struct cold_round {
+    double gbps, seconds, cpu_s;
+    uint64_t l2_bytes, tokens;
+} cold_round;
+
+typedef struct cold_result {
+    char dir[4200];
+    uint64_t l1_chunks;
+    unsigned stored_docs; /* documents this run had to store (0: all were there) */
+    unsigned n;           /* rounds run */
+    cold_round r[COLD_MAX_ROUNDS];
+    double median_gbps;
+} cold_result;
+
+int kvb_cold_run(const opts *o, const ferry_kv_layout *l, const workload *w, uint64_t chunk,
+                 cold_result *c);
+json_t *kvb_cold_json(const opts *o, const cold_result *c);
+void kvb_cold_print(const opts *o, const cold_result *c);
 
 /* ---- the report (kv_bench_report.c) ---- */
 typedef struct report {

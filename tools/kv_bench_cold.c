@@ -1,0 +1,175 @@
+/*
+ * kv_bench_cold.c - `ferry kv bench --cold N`: the L2-only retrieve, as an
+ * independent client meets it.
+ *
+ * The run's documents (--docs x --doc-tokens) are stored once into a
+ * persistent L2 in DIR/ferry-kv-bench-cold (kept between runs, so a script
+ * can alternate this figure with another program's; a chunk already there
+ * is not stored again), synced, and the store closed. Then N rounds each
+ * open the store afresh (L1 of --l1, empty: every chunk comes from the
+ * drive), retrieve every document into an engine buffer of plain host
+ * memory (malloc, touched once, no huge-page advice) and close it again.
+ * A round's figure is the bytes the store read from L2 over the time of
+ * its retrieves (opening and closing not counted); the process's CPU
+ * time over the same span says how much of two CPUs the pipeline took.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+#include "kv_bench.h"
+
+#define COLD_SUBDIR "ferry-kv-bench-cold"
+
+static double cpu_process_s(void)
+{
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (double)u.ru_utime.tv_sec + (double)u.ru_utime.tv_usec / 1e6 +
+           (double)u.ru_stime.tv_sec + (double)u.ru_stime.tv_usec / 1e6;
+}
+
+/* the documents in the slab: each stored unless already all there, then synced */
+static int cold_fill(const opts *o, const ferry_kv_layout *l, const char *sub, const workload *w,
+                     const ferry_kv_buffer *b, unsigned *stored)
+{
+    ferry_kv *kv;
+    int rc = kvb_open_store(o, l, o->l1, o->l2, sub, &kv);
+    if (rc < 0)
+        return rc;
+    *stored = 0;
+    for (unsigned d = 0; d < o->docs && rc >= 0; d++) {
+        const int32_t *t = w->pool + (size_t)d * o->doc_tokens;
+        if (ferry_kv_lookup(kv, t, o->doc_tokens, NULL) == (int)o->doc_tokens)
+            continue;
+        rc = ferry_kv_store(kv, t, o->doc_tokens, NULL, b);
+        if (rc >= 0 && rc != (int)o->doc_tokens)
+            rc = FERRY_ENOSPACE;
+        (*stored)++;
+    }
+    if (rc >= 0)
+        rc = ferry_kv_sync(kv);
+    ferry_kv_close(kv);
+    return rc < 0 ? rc : 0;
+}
+
+/* one round: a fresh store, every document retrieved from L2 */
+static int cold_once(const opts *o, const ferry_kv_layout *l, const char *sub, const workload *w,
+                      const ferry_kv_buffer *b, cold_round *r)
+{
+    ferry_kv *kv;
+    int rc = kvb_open_store(o, l, o->l1, o->l2, sub, &kv);
+    if (rc < 0)
+        return rc;
+    ferry_kv_stats a, z;
+    a.size = z.size = sizeof a;
+    ferry_kv_stats_get(kv, &a);
+    double t0 = kvb_now_s(), c0 = cpu_process_s();
+    uint64_t got = 0;
+    for (unsigned d = 0; d < o->docs && rc >= 0; d++) {
+        rc = ferry_kv_retrieve(kv, w->pool + (size_t)d * o->doc_tokens, o->doc_tokens, NULL, b);
+        if (rc >= 0)
+            got += (uint64_t)rc;
+    }
+    double el = kvb_now_s() - t0, cpu = cpu_process_s() - c0;
+    ferry_kv_stats_get(kv, &z);
+    ferry_kv_close(kv);
+    if (rc < 0)
+        return rc;
+    r->seconds = el;
+    r->cpu_s = cpu;
+    r->l2_bytes = z.tier[FERRY_KV_TIER_L2].bytes_read - a.tier[FERRY_KV_TIER_L2].bytes_read;
+    r->tokens = got;
+    r->gbps = el > 0 ? (double)r->l2_bytes / el / 1e9 : 0;
+    if (got != (uint64_t)o->docs * o->doc_tokens) {
+        fprintf(stderr, "ferry %s: --cold: a round retrieved %llu of %llu tokens\n", KVB_CMD,
+                (unsigned long long)got, (unsigned long long)o->docs * o->doc_tokens);
+        return FERRY_ENOTFOUND;
+    }
+    return 0;
+}
+
+/* plain host memory for the engine buffer: no alignment beyond malloc's,
+ * no huge-page advice, touched once as an engine's resident cache is */
+static int plain_buffer(const ferry_kv_layout *l, uint64_t cap, engine_buf *e)
+{
+    int rc = kvb_buffer_alloc(NULL, l, 1, e); /* the descriptor; its memory is replaced */
+    if (rc < 0)
+        return rc;
+    free(e->host);
+    uint64_t tb = (uint64_t)l->kv * l->num_layers * l->num_heads * l->head_dim *
+                  ferry_dtype_size(l->dtype);
+    size_t bytes = (size_t)(cap * tb);
+    e->host = malloc(bytes);
+    if (!e->host)
+        return -ENOMEM;
+    memset(e->host, 0x5a, bytes);
+    e->b.base = (uint64_t)(uintptr_t)e->host;
+    e->b.capacity_tokens = cap;
+    return 0;
+}
+
+int kvb_cold_run(const opts *o, const ferry_kv_layout *l, const workload *w, uint64_t chunk,
+                 cold_result *c)
+{
+    memset(c, 0, sizeof *c);
+    c->l1_chunks = o->l1 / chunk;
+    snprintf(c->dir, sizeof c->dir, "%s/%s", o->dir, COLD_SUBDIR);
+    if (mkdir(c->dir, 0700) < 0 && errno != EEXIST)
+        return -errno;
+    opts so = *o;
+    so.persistent = 1;
+    so.remote = NULL;
+    so.dev = NULL;
+    engine_buf b;
+    int rc = plain_buffer(l, o->doc_tokens, &b);
+    if (rc == 0)
+        rc = cold_fill(&so, l, c->dir, w, &b.b, &c->stored_docs);
+    for (unsigned i = 0; rc == 0 && i < o->cold_rounds; i++) {
+        rc = cold_once(&so, l, c->dir, w, &b.b, &c->r[i]);
+        if (rc == 0)
+            c->n++;
+    }
+    kvb_buffer_free(&b);
+    double v[COLD_MAX_ROUNDS];
+    for (unsigned i = 0; i < c->n; i++)
+        v[i] = c->r[i].gbps;
+    c->median_gbps = kvb_pct(v, c->n, 0.5);
+    return rc;
+}
+
+json_t *kvb_cold_json(const opts *o, const cold_result *c)
+{
+    json_t *j = json_object(), *a = json_array();
+    json_object_set_new(j, "dir", json_string(c->dir));
+    json_object_set_new(j, "docs", json_integer(o->docs));
+    json_object_set_new(j, "doc_tokens", json_integer(o->doc_tokens));
+    json_object_set_new(j, "l1_chunks", json_integer((json_int_t)c->l1_chunks));
+    json_object_set_new(j, "stored_docs", json_integer(c->stored_docs));
+    for (unsigned i = 0; i < c->n; i++) {
+        json_t *x = json_object();
+        json_object_set_new(x, "gb_per_s", json_real(c->r[i].gbps));
+        json_object_set_new(x, "seconds", json_real(c->r[i].seconds));
+        json_object_set_new(x, "cpu_s", json_real(c->r[i].cpu_s));
+        json_object_set_new(x, "l2_bytes", json_integer((json_int_t)c->r[i].l2_bytes));
+        json_array_append_new(a, x);
+    }
+    json_object_set_new(j, "rounds", a);
+    json_object_set_new(j, "median_gb_per_s", json_real(c->median_gbps));
+    return j;
+}
+
+void kvb_cold_print(const opts *o, const cold_result *c)
+{
+    printf("L2-only retrieve (persistent L2 in %s, reopened each round; L1 of %llu chunks; "
+           "%u docs x %u tokens into plain host memory):\n",
+           c->dir, (unsigned long long)c->l1_chunks, o->docs, o->doc_tokens);
+    for (unsigned i = 0; i < c->n; i++)
+        printf("  round %u: %.2f GB/s (%.1f MiB from L2 in %.3f s, CPU %.2f s)\n", i + 1,
+               c->r[i].gbps, (double)c->r[i].l2_bytes / (1 << 20), c->r[i].seconds,
+               c->r[i].cpu_s);
+    printf("  median %.2f GB/s\n", c->median_gbps);
+}
