@@ -14,6 +14,9 @@ run "$build/bench_device" --backend host --size 32M --chunk 4M --rounds 1
 run "$build/ferry" bench io --size 64M --dir "$dir"
 run "$build/ferry" bench io --engine all --size 16M --chunk 1M --depth 4 --device host --json --dir "$dir"
 run bench/vs_fio.sh --ferry "$build/ferry" --size 64M --rounds 2 --dir "$dir"
+# (77: not root, or no hugetlbfs here: the script says why and measures nothing)
+rc=0; run bench/retrieve_vs_fio.sh --ferry "$build/ferry" --quick --dir "$dir" || rc=$?
+[ $rc = 0 ] || [ $rc = 77 ]
 if command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; then run bench/remote_vs_redis_benchmark.sh "$build" --quick; fi
 run "$build/ferry" moe gen --model small --tokens 64 -o "$dir/moe_trace.jsonl"
 run "$build/ferry" moe replay "$dir/moe_trace.jsonl" --slots 25% --policy routing --json
