@@ -40,3 +40,5 @@ if command -v redis-server >/dev/null; then (
 ); fi
 FERRY_LIB="$build/libferry.so.0" run /usr/bin/python3 bench/py_prefill.py --rounds 1 --tokens 128 --layers 2 --dim 64 --chunk 32
 FERRY_LIB="$build/libferry.so.0" run /usr/bin/python3 bench/py_prefill.py --rounds 1 --tokens 128 --layers 2 --dim 64 --chunk 32 --l2 "$dir/pyl2"
+run "$build/kv_calls" --chunks 2 --lookup-tokens 4096 --iters 20
+FERRY_LIB="$build/libferry.so.0" run /usr/bin/python3 bench/py_overhead.py --build "$build" --rounds 1 --chunks 2 --lookup-tokens 4096 --iters 20

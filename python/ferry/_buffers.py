@@ -87,8 +87,18 @@ def _writable(x):
         raise ValueError("ferry: the destination array is read-only")
 
 
+_I32 = np.dtype(np.int32)
+
+
 def tokens_array(tokens):
-    """A C-contiguous int32 NumPy array of the token ids, and a ctypes pointer to it."""
+    """A C-contiguous int32 NumPy array of the token ids, and a ctypes pointer to it.
+    An int32 array that is already one contiguous run is used as it is."""
+    if type(tokens) is np.ndarray and tokens.dtype is _I32 and tokens.ndim == 1 \
+            and tokens.strides == (4,) and tokens.size:
+        try:  # the fast path: a ctypes view of the array's own memory
+            return tokens, ctypes.c_int32.from_buffer(tokens)
+        except (TypeError, ValueError):  # read-only: fall through
+            pass
     if is_torch(tokens):
         tokens = tokens.detach().cpu().numpy()
     arr = np.ascontiguousarray(np.asarray(tokens), dtype=np.int32)

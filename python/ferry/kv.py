@@ -230,6 +230,8 @@ class KVStore:
     def lookup(self, tokens, *, salt=None, partial=False):
         """Leading tokens of `tokens` that are cached (whole chunks)."""
         arr, p = tokens_array(tokens)
+        if salt is None and not partial:  # the common case: no request options to build
+            return check(lib.ferry_kv_lookup(self._handle(), p, arr.size, None), "lookup")
         req = _Req(salt, partial)
         return check(lib.ferry_kv_lookup(self._handle(), p, arr.size, req.ptr()), "lookup")
 
