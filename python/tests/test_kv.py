@@ -228,3 +228,48 @@ def test_parse_size():
     assert ferry.parse_size(4096) == 4096
     with pytest.raises(FerryError):
         ferry.parse_size("eight")
+
+
+def test_async_op_holds_its_buffers_until_it_completes():
+    import gc
+    lay = small_layout()
+    want = np.random.default_rng(5).standard_normal((2, 3, 64, 16)).astype(np.float32)
+    with store_for(lay) as s:
+        src = torch.from_numpy(want.copy())
+        table_free_op = s.store_async(torch.arange(64), src)
+        del src  # the caller drops its reference at once: the op keeps the tensor alive
+        gc.collect()
+        assert table_free_op.wait() == 64
+        dst = torch.zeros(2, 3, 64, 16)
+        out = dst
+        op = s.retrieve_async(torch.arange(64), dst)
+        del dst
+        gc.collect()
+        assert op.wait() == 64
+        assert np.array_equal(out.numpy(), want)
+
+
+def test_device_and_shape_mistakes_are_clear_errors():
+    lay = small_layout()
+    with store_for(lay) as s:
+        meta = torch.empty(2, 3, 16, 16, device="meta")
+        with pytest.raises(ValueError, match="device"):
+            s.store(range(16), meta)
+        with pytest.raises(ValueError, match="contiguous KV tensor"):
+            s.store(range(16), np.zeros((2, 4, 16, 16), np.float32))  # 4 layers, not 3
+        with pytest.raises(TypeError):
+            s.store(range(16), [[1.0]])
+        caches = paged_caches(lay, 8, 4, 1)
+        with pytest.raises(ValueError, match="layer caches"):
+            s.store(range(16), caches[:2], [0, 1, 2, 3])
+        bad = [c.transpose(1, 2) for c in caches]  # blocks no longer contiguous
+        with pytest.raises(ValueError, match="contiguous"):
+            s.store(range(16), bad, [0, 1, 2, 3])
+        with pytest.raises(ValueError, match="one-dimensional"):
+            s.store(range(16), caches, [[0, 1, 2, 3]])
+        with pytest.raises(FerryError) as e:
+            s.store(range(16), caches, [0, 1, -1, 3])
+        assert e.value.code < 0
+        with pytest.raises(FerryError):
+            s.store(range(16), caches, [0, 1])  # table too short for 16 tokens
+        assert s.lookup(range(16)) == 0  # nothing half-stored
