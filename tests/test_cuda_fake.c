@@ -489,7 +489,7 @@ static void open_and_close_call_the_driver(void **state)
     assert_true(ferry_device_backend_available("cuda", &why));
     assert_string_equal(why, "");
     /* fault injection is the host backend's */
-    assert_int_equal(ferry_device_set_faults(dev, 1, 0, 0, 0), FERRY_ENOTSUP);
+    assert_int_equal(ft_device_faults(dev, 1, 0, 0, 0), FERRY_ENOTSUP);
     ferry_device_close(dev);
     assert_logged("cuDevicePrimaryCtxRelease_v2(10)");
 

@@ -104,18 +104,13 @@ static void open_range_checks_every_option(void **state)
 {
     (void)state;
     /* the field each case below spoils */
-    static const char *const field[] = {"fail_code", "fail_code", "fault_mask", "fault_mask",
-                                        "backend",   "ordinal",   "ordinal"};
+    static const char *const field[] = {"backend", "ordinal", "ordinal"};
     for (size_t i = 0; i < FERRY__ARRAY_LEN(field); i++) {
         ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
         o.backend = "host";
         switch (i) {
-        case 0: o.fail_code = 1; break;
-        case 1: o.fail_code = INT_MAX; break;
-        case 2: o.fault_mask = 1u << 4; break;
-        case 3: o.fault_mask = UINT_MAX; break;
-        case 4: o.backend = ""; break;
-        case 5: o.ordinal = -1; break;
+        case 0: o.backend = ""; break;
+        case 1: o.ordinal = -1; break;
         default: o.ordinal = INT_MIN; break;
         }
         ferry_device *dev = (ferry_device *)0x1;
@@ -128,13 +123,26 @@ static void open_range_checks_every_option(void **state)
      * hostile sizes fail cleanly later instead of wrapping */
     ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
     o.backend = "host";
-    o.fail_nth = UINT64_MAX;
-    o.fail_code = INT_MIN;
-    o.short_copy = SIZE_MAX;
-    o.fault_mask = FERRY_FAULT_ALLOC | FERRY_FAULT_COPY | FERRY_FAULT_SYNC | FERRY_FAULT_EVENT;
     o.mem_limit = UINT64_MAX;
     ferry_device *dev = NULL;
     FT_ASSERT_OK(ferry_device_open(&o, &dev));
+    /* the test faults (ferry/testctl.h) are range-checked the same way */
+    static const char *const ffield[] = {"fail_code", "fail_code", "fault_mask", "fault_mask"};
+    for (size_t i = 0; i < FERRY__ARRAY_LEN(ffield); i++) {
+        ferry_device_faults f = FERRY_DEVICE_FAULTS_INIT;
+        switch (i) {
+        case 0: f.fail_code = 1; break;
+        case 1: f.fail_code = INT_MAX; break;
+        case 2: f.fault_mask = 1u << 4; break;
+        default: f.fault_mask = UINT_MAX; break;
+        }
+        assert_int_equal(ferry_test_control(FERRY_TEST_DEVICE_FAULTS, dev, &f), -EINVAL);
+        assert_msg_has(ferry_last_error(), ffield[i]);
+        assert_msg_has(ferry_last_error(), "accepted");
+    }
+    FT_ASSERT_OK(ft_device_faults(dev, UINT64_MAX, INT_MIN, SIZE_MAX,
+                                  FERRY_FAULT_ALLOC | FERRY_FAULT_COPY | FERRY_FAULT_SYNC |
+                                      FERRY_FAULT_EVENT));
     ferry_devptr p = 0;
     assert_int_equal(ferry_device_alloc(dev, SIZE_MAX, &p), -ENOMEM);
     void *h = NULL;
@@ -146,11 +154,11 @@ static void open_range_checks_every_option(void **state)
     assert_int_equal(ferry_device_upload(dev, p + 4095, &byte, SIZE_MAX), FERRY_EBOUNDS);
 
     /* set_faults has the same ranges */
-    assert_int_equal(ferry_device_set_faults(dev, 1, 0, 0, 1u << 31), -EINVAL);
+    assert_int_equal(ft_device_faults(dev, 1, 0, 0, 1u << 31), -EINVAL);
     assert_msg_has(ferry_device_last_error(dev), "fault_mask");
-    assert_int_equal(ferry_device_set_faults(dev, 1, 5, 0, 0), -EINVAL);
+    assert_int_equal(ft_device_faults(dev, 1, 5, 0, 0), -EINVAL);
     assert_msg_has(ferry_device_last_error(dev), "fail_code");
-    FT_ASSERT_OK(ferry_device_set_faults(dev, 0, 0, 0, 0));
+    FT_ASSERT_OK(ft_device_faults(dev, 0, 0, 0, 0));
     FT_ASSERT_OK(ferry_device_free(dev, p));
     ferry_device_close(dev);
 }
@@ -446,11 +454,9 @@ static void fail_nth_alloc_then_retry(void **state)
     (void)state;
     ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
     o.backend = "host";
-    o.fail_nth = 2;
-    o.fail_code = -EIO;
-    o.fault_mask = FERRY_FAULT_ALLOC;
     ferry_device *dev = NULL;
     FT_ASSERT_OK(ferry_device_open(&o, &dev));
+    FT_ASSERT_OK(ft_device_faults(dev, 2, -EIO, 0, FERRY_FAULT_ALLOC));
     ferry_devptr a = 0, b = 0;
     void *h = NULL;
     FT_ASSERT_OK(ferry_device_alloc(dev, 4096, &a));
@@ -460,15 +466,15 @@ static void fail_nth_alloc_then_retry(void **state)
     FT_ASSERT_OK(ferry_device_host_alloc(dev, 4096, &h)); /* only the Nth fails */
     FT_ASSERT_OK(ferry_device_host_free(dev, h));
     /* reconfigure: default code, and clear */
-    FT_ASSERT_OK(ferry_device_set_faults(dev, 1, 0, 0, FERRY_FAULT_ALLOC));
+    FT_ASSERT_OK(ft_device_faults(dev, 1, 0, 0, FERRY_FAULT_ALLOC));
     assert_int_equal(ferry_device_alloc(dev, 4096, &b), FERRY_EINJECTED);
     char buf[64];
     assert_int_equal(ferry_device_pin(dev, buf, sizeof buf), 0); /* call 2: fine */
     FT_ASSERT_OK(ferry_device_unpin(dev, buf));
-    FT_ASSERT_OK(ferry_device_set_faults(dev, 0, 0, 0, 0));
+    FT_ASSERT_OK(ft_device_faults(dev, 0, 0, 0, 0));
     FT_ASSERT_OK(ferry_device_alloc(dev, 4096, &b));
-    assert_int_equal(ferry_device_set_faults(dev, 1, 5, 0, 0), -EINVAL);
-    assert_int_equal(ferry_device_set_faults(NULL, 1, 0, 0, 0), -EINVAL);
+    assert_int_equal(ft_device_faults(dev, 1, 5, 0, 0), -EINVAL);
+    assert_int_equal(ft_device_faults(NULL, 1, 0, 0, 0), -EINVAL);
     FT_ASSERT_OK(ferry_device_free(dev, a));
     FT_ASSERT_OK(ferry_device_free(dev, b));
     ferry_device_close(dev);
@@ -489,7 +495,7 @@ static void injected_copy_fails_at_sync_then_retry_works(void **state)
     ferry_event *e = NULL;
     FT_ASSERT_OK(ferry_event_create(dev, &e));
     /* fail the 2nd copy: the first lands, the second moves nothing */
-    FT_ASSERT_OK(ferry_device_set_faults(dev, 2, -EIO, 0, FERRY_FAULT_COPY));
+    FT_ASSERT_OK(ft_device_faults(dev, 2, -EIO, 0, FERRY_FAULT_COPY));
     FT_ASSERT_OK(ferry_memcpy_htod_async(s, a, src, 4096));
     FT_ASSERT_OK(ferry_memcpy_htod_async(s, a + 4096, src + 4096, 4096)); /* queued fine */
     FT_ASSERT_OK(ferry_event_record(e, s));
@@ -508,35 +514,35 @@ static void injected_copy_fails_at_sync_then_retry_works(void **state)
     assert_int_equal(ft_check_pattern(out, n, 9), -1);
 
     /* upload/download count as one copy each and fail synchronously */
-    FT_ASSERT_OK(ferry_device_set_faults(dev, 1, 0, 0, FERRY_FAULT_COPY));
+    FT_ASSERT_OK(ft_device_faults(dev, 1, 0, 0, FERRY_FAULT_COPY));
     assert_int_equal(ferry_device_download(dev, out, a, n), FERRY_EINJECTED);
     FT_ASSERT_OK(ferry_device_download(dev, out, a, n));
 
     /* a failed sync still waits for the work, and the retry succeeds */
-    FT_ASSERT_OK(ferry_device_set_faults(dev, 1, -ETIMEDOUT, 0, FERRY_FAULT_SYNC));
+    FT_ASSERT_OK(ft_device_faults(dev, 1, -ETIMEDOUT, 0, FERRY_FAULT_SYNC));
     FT_ASSERT_OK(ferry_memcpy_dtoh_async(s, out, a, n));
     assert_int_equal(ferry_stream_sync(s), -ETIMEDOUT);
     assert_msg_has(ferry_device_last_error(dev), "stream sync: injected fault (sync call 1)");
     assert_int_equal(ft_check_pattern(out, n, 9), -1);
     FT_ASSERT_OK(ferry_stream_sync(s));
-    FT_ASSERT_OK(ferry_device_set_faults(dev, 2, 0, 0, FERRY_FAULT_SYNC));
+    FT_ASSERT_OK(ft_device_faults(dev, 2, 0, 0, FERRY_FAULT_SYNC));
     FT_ASSERT_OK(ferry_event_record(e, s));
     FT_ASSERT_OK(ferry_event_sync(e));
     assert_int_equal(ferry_event_sync(e), FERRY_EINJECTED);
 
     /* event record fault */
-    FT_ASSERT_OK(ferry_device_set_faults(dev, 1, 0, 0, FERRY_FAULT_EVENT));
+    FT_ASSERT_OK(ft_device_faults(dev, 1, 0, 0, FERRY_FAULT_EVENT));
     assert_int_equal(ferry_event_record(e, s), FERRY_EINJECTED);
     FT_ASSERT_OK(ferry_event_record(e, s));
     FT_ASSERT_OK(ferry_event_sync(e));
 
     /* mask 0 counts every kind: alloc(1) copy(2) sync(3) */
-    FT_ASSERT_OK(ferry_device_set_faults(dev, 3, 0, 0, 0));
+    FT_ASSERT_OK(ft_device_faults(dev, 3, 0, 0, 0));
     ferry_devptr b = 0;
     FT_ASSERT_OK(ferry_device_alloc(dev, 64, &b));
     FT_ASSERT_OK(ferry_memcpy_htod_async(s, b, src, 64));
     assert_int_equal(ferry_stream_sync(s), FERRY_EINJECTED);
-    FT_ASSERT_OK(ferry_device_set_faults(dev, 0, 0, 0, 0));
+    FT_ASSERT_OK(ft_device_faults(dev, 0, 0, 0, 0));
 
     ferry_event_destroy(e);
     FT_ASSERT_OK(ferry_stream_destroy(s));
@@ -548,9 +554,9 @@ static void short_copies_report_eshort(void **state)
     (void)state;
     ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
     o.backend = "host";
-    o.short_copy = 100;
     ferry_device *dev = NULL;
     FT_ASSERT_OK(ferry_device_open(&o, &dev));
+    FT_ASSERT_OK(ft_device_faults(dev, 0, 0, 100, 0));
     unsigned char src[4096], out[4096];
     ft_fill_pattern(src, sizeof src, 1);
     ferry_devptr a = 0;
@@ -568,7 +574,7 @@ static void short_copies_report_eshort(void **state)
     FT_ASSERT_OK(ferry_memcpy_dtoh_async(s, out, a, 4096));
     /* a stream destroyed with an unreported error reports it */
     assert_int_equal(ferry_stream_destroy(s), FERRY_ESHORT);
-    FT_ASSERT_OK(ferry_device_set_faults(dev, 0, 0, 0, 0));
+    FT_ASSERT_OK(ft_device_faults(dev, 0, 0, 0, 0));
     FT_ASSERT_OK(ferry_device_upload(dev, a, src, 4096));
     FT_ASSERT_OK(ferry_device_download(dev, out, a, 4096));
     assert_int_equal(ft_check_pattern(out, 4096, 1), -1);

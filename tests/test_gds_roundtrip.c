@@ -299,9 +299,9 @@ static void device_fault_mid_transfer(void **state)
     FT_ASSERT_OK(ferry_device_alloc(g_dev, n, &buf));
     FT_ASSERT_OK(ferry_gds_register(g, buf, n, NULL));
     FT_ASSERT_OK(ferry_device_memset(g_dev, buf, 0x5C, n));
-    FT_ASSERT_OK(ferry_device_set_faults(g_dev, 3, 0, 0, FERRY_FAULT_COPY));
+    FT_ASSERT_OK(ft_device_faults(g_dev, 3, 0, 0, FERRY_FAULT_COPY));
     int rc = ferry_gds_transfer(g, FERRY_GDS_WRITE, 0, n, buf, NULL);
-    FT_ASSERT_OK(ferry_device_set_faults(g_dev, 0, 0, 0, 0));
+    FT_ASSERT_OK(ft_device_faults(g_dev, 0, 0, 0, 0));
     assert_int_equal(rc, FERRY_EINJECTED);
     assert_non_null(strstr(ferry_gds_last_error(g), "write of"));
     assert_non_null(strstr(ferry_gds_last_error(g), g_dir[0]));

@@ -186,18 +186,18 @@ static void device_copy_faults_surface(void **state)
     ferry_stream *s = NULL;
     FT_ASSERT_OK(ferry_stream_create(e.dev, &s));
     /* the third copy fails */
-    FT_ASSERT_OK(ferry_device_set_faults(e.dev, 3, 0, 0, FERRY_FAULT_COPY));
+    FT_ASSERT_OK(ft_device_faults(e.dev, 3, 0, 0, FERRY_FAULT_COPY));
     assert_int_equal(ferry_io_write_dev(e.io, f, s, src, n, 0), FERRY_EINJECTED);
     assert_msg_has(ferry_io_last_error(e.io), "devfault.bin");
     assert_msg_has(ferry_io_last_error(e.io), "device copy");
-    FT_ASSERT_OK(ferry_device_set_faults(e.dev, 0, 0, 0, 0));
+    FT_ASSERT_OK(ft_device_faults(e.dev, 0, 0, 0, 0));
     FT_ASSERT_OK(ferry_io_write_dev(e.io, f, s, src, n, 0)); /* retry works */
-    FT_ASSERT_OK(ferry_device_set_faults(e.dev, 2, 0, 0, FERRY_FAULT_COPY));
+    FT_ASSERT_OK(ft_device_faults(e.dev, 2, 0, 0, FERRY_FAULT_COPY));
     assert_int_equal(ferry_io_read_dev(e.io, f, s, dst, n, 0), FERRY_EINJECTED);
     /* short copies */
-    FT_ASSERT_OK(ferry_device_set_faults(e.dev, 0, 0, 100, 0));
+    FT_ASSERT_OK(ft_device_faults(e.dev, 0, 0, 100, 0));
     assert_int_equal(ferry_io_read_dev(e.io, f, NULL, dst, n, 0), FERRY_ESHORT);
-    FT_ASSERT_OK(ferry_device_set_faults(e.dev, 0, 0, 0, 0));
+    FT_ASSERT_OK(ft_device_faults(e.dev, 0, 0, 0, 0));
     FT_ASSERT_OK(ferry_io_read_dev(e.io, f, s, dst, n, 0));
     assert_int_equal(dev_check(e.dev, dst, n, 5), -1);
     FT_ASSERT_OK(ferry_stream_destroy(s));

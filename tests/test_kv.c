@@ -2116,11 +2116,11 @@ static void device_buffers_round_trip_and_copy_faults(void **state)
     /* a failing device copy: the store fails and nothing becomes visible */
     int32_t tok2[3 * CT];
     make_tokens(tok2, n, 5555);
-    FT_ASSERT_OK(ferry_device_set_faults(dev, 3, -EIO, 0, FERRY_FAULT_COPY));
+    FT_ASSERT_OK(ft_device_faults(dev, 3, -EIO, 0, FERRY_FAULT_COPY));
     b.base = src;
     int rc = ferry_kv_store(kv, tok2, n, NULL, &b);
     assert_true(rc < 0);
-    FT_ASSERT_OK(ferry_device_set_faults(dev, 0, 0, 0, 0));
+    FT_ASSERT_OK(ft_device_faults(dev, 0, 0, 0, 0));
     assert_int_equal(ferry_kv_lookup(kv, tok2, n, NULL), 0);
     FT_ASSERT_OK(ferry__kv_check(kv));
     /* and it works again once the fault is gone */

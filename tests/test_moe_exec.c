@@ -599,8 +599,8 @@ static void a_faulty_device_never_desynchronises_the_pool(void **state)
     uint8_t buf[3 * W];
     for (size_t i = 0; i < ferry_moe_trace_steps(t); i++) {
         if (i % 7 == 3) /* every few steps, one of the next copies or syncs fails */
-            FT_ASSERT_OK(ferry_device_set_faults(dev, 1 + i % 3, 0, 0,
-                                                 i % 2 ? FERRY_FAULT_COPY : FERRY_FAULT_SYNC));
+            FT_ASSERT_OK(ft_device_faults(dev, 1 + i % 3, 0, 0,
+                                          i % 2 ? FERRY_FAULT_COPY : FERRY_FAULT_SYNC));
         uint32_t layer, n, unknown[64], nu = 0;
         const uint32_t *ex;
         FT_ASSERT_OK(ferry_moe_trace_step(t, i, NULL, &layer, &ex, &n));
@@ -613,7 +613,7 @@ static void a_faulty_device_never_desynchronises_the_pool(void **state)
             forget_all(p, unknown, nu);
         }
         FT_ASSERT_OK(ferry_moe_check(p, s));
-        FT_ASSERT_OK(ferry_device_set_faults(dev, 0, 0, 0, 0));
+        FT_ASSERT_OK(ft_device_faults(dev, 0, 0, 0, 0));
         if (i % 10 == 0) {
             for (uint32_t slot = 0; slot < g.slots; slot++) {
                 uint32_t id = ferry_moe_planner_occupant(p, slot);
@@ -760,12 +760,12 @@ static void out_of_memory_and_device_faults_leak_nothing(void **state)
     ft_oom_each(50, 1, oom_slots, &g);
     /* the device refuses the arena: nothing is left allocated on it */
     ferry_device *dev = host_dev();
-    FT_ASSERT_OK(ferry_device_set_faults(dev, 1, -ENOMEM, 0, FERRY_FAULT_ALLOC));
+    FT_ASSERT_OK(ft_device_faults(dev, 1, -ENOMEM, 0, FERRY_FAULT_ALLOC));
     const ferry_moe_slot_device_ops *ops;
     void *ctx;
     assert_int_equal(ferry_moe_device_slots_open(dev, &g, &ops, &ctx), -ENOMEM);
     assert_non_null(strstr(ferry_last_error(), "bank 0"));
-    FT_ASSERT_OK(ferry_device_set_faults(dev, 0, 0, 0, 0));
+    FT_ASSERT_OK(ft_device_faults(dev, 0, 0, 0, 0));
     /* bad geometries */
     ferry_moe_geometry bad = g;
     bad.banks = 5;

@@ -4,8 +4,9 @@
  * One API over several backends, each a table of operations:
  *  - "host": device memory simulated in host memory. Streams are real
  *    FIFO queues executed by a worker thread, so asynchronous copies do
- *    overlap with the caller, and events behave as on a GPU. Fault injection
- *    (fail the Nth call, short copies) is available through options.
+ *    overlap with the caller, and events behave as on a GPU. Tests inject
+ *    faults into it (fail the Nth call, short copies) through
+ *    ferry_test_control (ferry/testctl.h).
  *  - "cuda": the CUDA driver API, loaded with dlopen("libcuda.so.1") at
  *    run time. Without a driver, opening it fails with FERRY_ENODEV.
  *  - "auto": cuda when it opens, host otherwise.
@@ -51,63 +52,32 @@ typedef struct ferry_stream ferry_stream;
 typedef struct ferry_event ferry_event;
 
 typedef struct ferry_device_options {
-    /** sizeof(ferry_device_options); at least up to fault_mask */
+    /** sizeof(ferry_device_options), or an older header's: at least
+     *  FERRY_DEVICE_OPTIONS_MIN_SIZE (up to ordinal); members past the
+     *  size keep their defaults */
     size_t size;
     /** "auto" (NULL), "host" or "cuda"; anything else (also "") -EINVAL */
     const char *backend;
     int ordinal;          /**< device index for cuda: 0..INT_MAX */
-    /* host backend fault injection (ignored by cuda) */
-    uint64_t fail_nth;    /**< fail the Nth counted call (1-based), any value; 0 = never */
-    /** code the failed call returns: a negative code, or 0 -> FERRY_EINJECTED;
-     *  positive values -EINVAL */
-    int fail_code;
-    /** if nonzero, copies move at most this many bytes and report
-     *  FERRY_ESHORT; any value */
-    size_t short_copy;
-    /** which calls fail_nth counts: FERRY_FAULT_* bits (0xf); 0 = all;
-     *  other bits -EINVAL */
-    unsigned fault_mask;
     /** cap on the device bytes this handle may hold at once (any backend),
-        any value; an allocation past it fails with -ENOMEM. 0 = no cap.
-        (Added after fault_mask: read only when size covers it.) */
+        any value; an allocation past it fails with -ENOMEM. 0 = no cap. */
     uint64_t mem_limit;
 } ferry_device_options;
 #define FERRY_DEVICE_OPTIONS_INIT \
     {FERRY_FIELD(size) sizeof(ferry_device_options), FERRY_FIELD(backend) NULL, \
-     FERRY_FIELD(ordinal) 0, FERRY_FIELD(fail_nth) 0, FERRY_FIELD(fail_code) 0, \
-     FERRY_FIELD(short_copy) 0, FERRY_FIELD(fault_mask) 0, FERRY_FIELD(mem_limit) 0}
-
-/*
- * Host fault injection. Counted calls, by kind:
- *  - ALLOC: ferry_device_alloc, ferry_device_host_alloc, ferry_device_pin;
- *    the Nth fails at once with fail_code, allocating nothing.
- *  - COPY: ferry_memcpy_*_async, ferry_device_upload/download (one each);
- *    the Nth is still queued but moves nothing, and its error is reported
- *    asynchronously (see above); upload/download return it directly.
- *  - SYNC: ferry_stream_sync, ferry_event_sync (not the helpers' internal
- *    sync); the Nth still WAITS for the work (so the caller may release its
- *    buffers) and then returns fail_code.
- *  - EVENT: ferry_event_record; the Nth records nothing.
- * Only the Nth counted call fails (a retry succeeds). short_copy applies to
- * every copy larger than it: short_copy bytes move and FERRY_ESHORT is
- * reported as an asynchronous error. memset is never counted.
- */
-enum ferry_fault_kind {
-    FERRY_FAULT_ALLOC = 1u << 0,  /**< device alloc, host pinned alloc, pin */
-    FERRY_FAULT_COPY = 1u << 1,   /**< any memcpy */
-    FERRY_FAULT_SYNC = 1u << 2,   /**< stream/event synchronize */
-    FERRY_FAULT_EVENT = 1u << 3   /**< event record */
-};
+     FERRY_FIELD(ordinal) 0, FERRY_FIELD(mem_limit) 0}
+/** The smallest size ferry_device_open takes: the options up to ordinal. */
+#define FERRY_DEVICE_OPTIONS_MIN_SIZE (offsetof(ferry_device_options, ordinal) + sizeof(int))
 
 /**
- * Open a device. opt may be NULL (auto, ordinal 0, no faults). Backend
+ * Open a device. opt may be NULL (auto, ordinal 0). Backend
  * "auto" (or NULL) takes env FERRY_DEVICE when set, else cuda when it opens,
  * else host; an explicit backend is never overridden.
  * Every option is range-checked before it is used.
  * Errors: FERRY_ENODEV (no driver: "libcuda.so.1 not found: ...", no such
  * ordinal), -EINVAL with a message naming the field, its value and the
- * accepted range (unknown or empty backend, options size too small,
- * negative ordinal, positive fail_code, unknown fault_mask bits), -ENOMEM,
+ * accepted range (unknown or empty backend, an options size outside
+ * FERRY_DEVICE_OPTIONS_MIN_SIZE..sizeof, negative ordinal), -ENOMEM,
  * FERRY_EDRIVER. *out is untouched on failure.
  */
 FERRY_API int ferry_device_open(const ferry_device_options *opt, ferry_device **out);
@@ -129,15 +99,6 @@ FERRY_API const char *ferry_device_last_error(const ferry_device *dev);
  * static or per-process string saying why ("libcuda.so.1 not found: ...").
  */
 FERRY_API int ferry_device_backend_available(const char *backend, const char **why);
-/**
- * Reconfigure host fault injection on an open device (the counter
- * restarts; all zero clears it). The ranges are ferry_device_options':
- * fail_code <= 0 (0: FERRY_EINJECTED), fault_mask only FERRY_FAULT_* bits.
- * Errors: FERRY_ENOTSUP on cuda (unless clearing), -EINVAL.
- */
-FERRY_API int ferry_device_set_faults(ferry_device *dev, uint64_t fail_nth, int fail_code,
-                                      size_t short_copy, unsigned fault_mask);
-
 /**
  * Allocate device memory (256-byte aligned at least; 4096 on host). The
  * device owns it until ferry_device_free or close.

@@ -27,6 +27,8 @@
 #include <string.h>
 
 #include "device/device_impl.h"
+#include "ferry/testctl.h"
+#include "sized.h"
 
 /* ---- messages ---- */
 
@@ -146,7 +148,8 @@ static const char *fault_kind_name(unsigned kind)
 /* counts a call of this kind; its fail code when it is the Nth, else 0 */
 static int fault_take(ferry_device *dev, unsigned kind, uint64_t *nth)
 {
-    if (!dev->ops->simulated)
+    /* unarmed (no ferry_test_control): one relaxed load, no lock */
+    if (!dev->ops->simulated || !atomic_load_explicit(&dev->faults_on, memory_order_acquire))
         return 0;
     int code = 0;
     pthread_mutex_lock(&dev->lock);
@@ -171,7 +174,7 @@ static int fault_fail(ferry_device *dev, int code, uint64_t nth, unsigned kind, 
 static const struct ferry__copy_fault *copy_fault(ferry_device *dev, size_t n,
                                                   struct ferry__copy_fault *f)
 {
-    if (!dev->ops->simulated)
+    if (!dev->ops->simulated || !atomic_load_explicit(&dev->faults_on, memory_order_acquire))
         return NULL;
     uint64_t nth = 0;
     f->fail_code = fault_take(dev, FERRY_FAULT_COPY, &nth);
@@ -224,14 +227,8 @@ static int device_try_open(const struct ferry__device_ops *ops, const ferry_devi
     dev->ops = ops;
     pthread_mutex_init(&dev->lock, NULL);
     pthread_mutex_init(&dev->helper_lock, NULL);
-    if (opt) {
-        dev->fail_nth = opt->fail_nth;
-        dev->fail_code = opt->fail_code;
-        dev->short_copy = opt->short_copy;
-        dev->fault_mask = opt->fault_mask;
-        if (opt->size >= offsetof(ferry_device_options, mem_limit) + sizeof opt->mem_limit)
-            dev->mem_limit = opt->mem_limit;
-    }
+    atomic_init(&dev->faults_on, 0);
+    dev->mem_limit = opt->mem_limit;
     int rc = ops->open(dev, opt);
     if (rc < 0) {
         pthread_mutex_destroy(&dev->lock);
@@ -243,35 +240,29 @@ static int device_try_open(const struct ferry__device_ops *ops, const ferry_devi
     return 0;
 }
 
-int ferry_device_open(const ferry_device_options *opt, ferry_device **out)
+int ferry_device_open(const ferry_device_options *uopt, ferry_device **out)
 {
     if (!out)
         return ferry__err_set(NULL, -EINVAL, "device open: out is NULL");
-    if (opt && opt->size < offsetof(ferry_device_options, fault_mask) + sizeof opt->fault_mask)
-        return ferry__err_set(NULL, -EINVAL,
-                              "device open: options size %zu is too small (want >= %zu; use "
-                              "FERRY_DEVICE_OPTIONS_INIT)",
-                              opt->size,
-                              offsetof(ferry_device_options, fault_mask) + sizeof opt->fault_mask);
-    if (opt && opt->ordinal < 0)
+    /* any prefix of the options from the minimum; the rest keeps its default */
+    static const ferry__member later[] = {FERRY__MEMBER(ferry_device_options, mem_limit)};
+    ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
+    if (uopt) {
+        int rc = ferry__opts_take(NULL, "device open: options", &o, sizeof o, uopt,
+                                  FERRY_DEVICE_OPTIONS_MIN_SIZE, later, FERRY__ARRAY_LEN(later));
+        if (rc < 0)
+            return rc;
+    }
+    const ferry_device_options *opt = &o;
+    if (opt->ordinal < 0)
         return ferry__err_set(NULL, -EINVAL,
                               "device open: ordinal %d is negative; accepted 0..INT_MAX",
                               opt->ordinal);
-    if (opt && opt->fail_code > 0)
-        return ferry__err_set(NULL, -EINVAL,
-                              "device open: fail_code %d is positive; accepted a negative code, "
-                              "or 0 for FERRY_EINJECTED",
-                              opt->fail_code);
-    if (opt && (opt->fault_mask & ~FAULT_KNOWN))
-        return ferry__err_set(NULL, -EINVAL,
-                              "device open: fault_mask 0x%x has unknown bits 0x%x; accepted "
-                              "FERRY_FAULT_* bits (0x%x), 0 for all",
-                              opt->fault_mask, opt->fault_mask & ~FAULT_KNOWN, FAULT_KNOWN);
-    if (opt && opt->backend && !*opt->backend)
+    if (opt->backend && !*opt->backend)
         return ferry__err_set(NULL, -EINVAL,
                               "device open: backend is empty; accepted NULL, \"auto\", "
                               "\"host\" or \"cuda\"");
-    const char *name = opt && opt->backend ? opt->backend : "auto";
+    const char *name = opt->backend ? opt->backend : "auto";
     const char *from = "options";
     if (strcmp(name, "auto") == 0) {
         const char *env = getenv("FERRY_DEVICE");
@@ -364,21 +355,34 @@ const char *ferry_device_last_error(const ferry_device *dev)
     return dev ? ferry__err_msg(&dev->err) : "";
 }
 
-int ferry_device_set_faults(ferry_device *dev, uint64_t fail_nth, int fail_code,
-                            size_t short_copy, unsigned fault_mask)
+/* ferry_test_control(FERRY_TEST_DEVICE_FAULTS, dev, f) */
+static int device_set_faults(ferry_device *dev, const ferry_device_faults *f)
 {
     if (!dev)
-        return ferry__err_set(NULL, -EINVAL, "device set_faults: dev is NULL");
+        return ferry__err_set(NULL, -EINVAL, "device faults: dev is NULL");
+    ferry_device_faults none = FERRY_DEVICE_FAULTS_INIT;
+    if (!f)
+        f = &none;
+    if (f->size != sizeof *f)
+        return dev_fail(dev, -EINVAL,
+                        "device %s: faults: size %zu; accepted sizeof(ferry_device_faults), %zu",
+                        dev->ops->name, f->size, sizeof *f);
+    uint64_t fail_nth = f->fail_nth;
+    int fail_code = f->fail_code;
+    size_t short_copy = f->short_copy;
+    unsigned fault_mask = f->fault_mask;
     if (!dev->ops->simulated && (fail_nth || short_copy))
         return dev_fail(dev, FERRY_ENOTSUP,
                         "device %s: fault injection is only available on the host backend",
                         dev->ops->name);
     if (fail_code > 0)
-        return dev_fail(dev, -EINVAL, "device %s: set_faults: fail_code %d is not negative",
+        return dev_fail(dev, -EINVAL,
+                        "device %s: faults: fail_code %d is positive; accepted a negative code, "
+                        "or 0 for FERRY_EINJECTED",
                         dev->ops->name, fail_code);
     if (fault_mask & ~FAULT_KNOWN)
         return dev_fail(dev, -EINVAL,
-                        "device %s: set_faults: fault_mask 0x%x has unknown bits 0x%x; accepted "
+                        "device %s: faults: fault_mask 0x%x has unknown bits 0x%x; accepted "
                         "FERRY_FAULT_* bits (0x%x), 0 for all",
                         dev->ops->name, fault_mask, fault_mask & ~FAULT_KNOWN, FAULT_KNOWN);
     pthread_mutex_lock(&dev->lock);
@@ -387,8 +391,21 @@ int ferry_device_set_faults(ferry_device *dev, uint64_t fail_nth, int fail_code,
     dev->short_copy = short_copy;
     dev->fault_mask = fault_mask;
     dev->fault_count = 0;
+    atomic_store_explicit(&dev->faults_on, fail_nth != 0 || short_copy != 0, memory_order_release);
     pthread_mutex_unlock(&dev->lock);
     return 0;
+}
+
+int ferry_test_control(int op, void *target, const void *arg)
+{
+    switch (op) {
+    case FERRY_TEST_DEVICE_FAULTS: return device_set_faults(target, arg);
+    default:
+        return ferry__err_set(NULL, -EINVAL,
+                              "ferry_test_control: unknown op %d; accepted "
+                              "FERRY_TEST_DEVICE_FAULTS (%d)",
+                              op, (int)FERRY_TEST_DEVICE_FAULTS);
+    }
 }
 
 /* ---- memory ---- */

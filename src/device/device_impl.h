@@ -14,6 +14,7 @@
 #define FERRY_SRC_DEVICE_IMPL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "core.h"
 #include "ferry/device.h"
@@ -93,6 +94,9 @@ struct ferry_device {
     struct ferry__region_table host_regions;
     uint64_t mem_limit, mem_used;
 
+    /* test faults (ferry_test_control), under lock; faults_on says whether
+     * any is armed, so an unarmed device never takes the lock for them */
+    atomic_int faults_on;
     uint64_t fail_nth, fault_count;
     int fail_code;
     size_t short_copy;

@@ -1,6 +1,7 @@
 /* consumer.c - a program built against the installed libferry, as C and as
  * C++, through pkg-config and through the CMake package. */
 #include <ferry.h>
+#include <ferry/testctl.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -31,6 +32,7 @@ int main(void)
     ferry_moe_planner_stats plan_st = FERRY_MOE_PLANNER_STATS_INIT;
     ferry_moe_slots_stats slots_st = FERRY_MOE_SLOTS_STATS_INIT;
     ferry_remote_stats rem_st = FERRY_REMOTE_STATS_INIT;
+    ferry_device_faults faults = FERRY_DEVICE_FAULTS_INIT;
     if (io_opt.size != sizeof io_opt || gds_cfg.direct != 1 || kv_layout.num_layers != 32 ||
         kv_buf.layout.kv != 2 || kv_cfg.tp_world != 1 || kv_cfg.l2_direct != 1 ||
         kv_req.size != sizeof kv_req || gen_opt.seed != 1 || plan_opt.policy != NULL ||
@@ -38,7 +40,8 @@ int main(void)
         slab_opt.size != sizeof slab_opt || kv_st.size != sizeof kv_st ||
         gds_st.size != sizeof gds_st || ps_st.size != sizeof ps_st ||
         slab_st.size != sizeof slab_st || plan_st.size != sizeof plan_st ||
-        slots_st.size != sizeof slots_st || rem_st.size != sizeof rem_st) {
+        slots_st.size != sizeof slots_st || rem_st.size != sizeof rem_st ||
+        faults.size != sizeof faults) {
         fprintf(stderr, "an _INIT macro gave an unexpected value\n");
         return 1;
     }

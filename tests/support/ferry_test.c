@@ -200,6 +200,17 @@ uint64_t ft_oom_each(uint64_t max, int sticky, int (*run)(void *ctx), void *ctx)
     return 0;
 }
 
+int ft_device_faults(ferry_device *dev, uint64_t fail_nth, int fail_code, size_t short_copy,
+                     unsigned fault_mask)
+{
+    ferry_device_faults f = FERRY_DEVICE_FAULTS_INIT;
+    f.fail_nth = fail_nth;
+    f.fail_code = fail_code;
+    f.short_copy = short_copy;
+    f.fault_mask = fault_mask;
+    return ferry_test_control(FERRY_TEST_DEVICE_FAULTS, dev, &f);
+}
+
 ferry_kv_layout ft_kv_layout(unsigned token_bytes)
 {
     ferry_kv_layout l = FERRY_KV_LAYOUT_INIT;

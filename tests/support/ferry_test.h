@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "ferry.h"
+#include "ferry/testctl.h"
 
 /* ---- allocation fault injection through ferry_set_allocator ---- */
 /* Install a counting allocator; allocation number fail_at (1-based) and,
@@ -37,6 +38,12 @@ uint64_t ft_alloc_failures(void);
  * test nothing). Returns the clean run's n.
  */
 uint64_t ft_oom_each(uint64_t max, int sticky, int (*run)(void *ctx), void *ctx);
+
+/* ---- host device faults ---- */
+/* ferry_test_control(FERRY_TEST_DEVICE_FAULTS, dev, ...) with these values
+ * (all zero clears); returns its code. */
+int ft_device_faults(ferry_device *dev, uint64_t fail_nth, int fail_code, size_t short_copy,
+                     unsigned fault_mask);
 
 /* ---- the KV tests' layout ---- */
 /* 2 layers, K and V, 2 heads of token_bytes / 4 bf16 values: token_bytes
