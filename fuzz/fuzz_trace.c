@@ -8,7 +8,8 @@
  * layer and expert in the model's range, no empty route, a route no
  * wider than top_k per token, layer numbers rising, steps in (token,
  * layer) order), and small accepted traces replay through the
- * planner under LRU, routing and Belady without error, Belady never worse.
+ * planner under LRU, routing and Belady without error, Belady never worse,
+ * and at a budget below a layer (wide steps streamed in waves).
  */
 #include <errno.h>
 #include <stdint.h>
@@ -61,6 +62,13 @@ static int one(const uint8_t *data, size_t size, const char *stage)
             ferry_moe_replay(t, "belady", slots, 0, &b) != 0 || b.hits < a.hits ||
             b.hits < c.hits || a.hits + a.misses != b.hits + b.misses)
             abort();
+        /* a budget below a layer: wide steps stream through the slots */
+        uint32_t few = 1 + m->top_k / 2;
+        const char *pols[] = {"lru", "lru-layer", "routing", "belady"};
+        for (int i = 0; i < 4; i++)
+            if (ferry_moe_replay(t, pols[i], few, 0, &c) != 0 ||
+                c.hits + c.misses != a.hits + a.misses)
+                abort();
     }
     ferry_moe_trace_destroy(t);
     return 0;

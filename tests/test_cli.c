@@ -204,14 +204,22 @@ static void replay_checks_slots_against_the_trace(void **state)
     /* small: 4 layers x 16 experts */
     run_ferry("moe gen --model small --tokens 32 -o @/small.jsonl", r);
     assert_int_equal(r->status, 0);
-    expect_usage("moe replay @/small.jsonl --slots 0", "--slots 0", "accepted: a slot count 16..64");
-    expect_usage("moe replay @/small.jsonl --slots 15", "--slots 15", "one layer");
+    /* small: top-2, so one step's experts are 2 slots; never adjusted */
+    expect_usage("moe replay @/small.jsonl --slots 0", "--slots 0", "accepted: a slot count 2..64");
+    expect_usage("moe replay @/small.jsonl --slots 1", "--slots 1", "one step's 2 experts");
+    expect_usage("moe replay @/small.jsonl --slots 1%", "1 slots, fewer than one step's 2",
+                 "3.12% is the least");
     expect_usage("moe replay @/small.jsonl --slots 65", "--slots 65", "accepted: ");
     expect_usage("moe replay @/small.jsonl --slots 0%", "--slots 0%", "accepted: ");
     expect_usage("moe replay @/small.jsonl --slots 101%", "--slots 101%", "accepted: ");
     expect_usage("moe replay @/small.jsonl --sweep --budgets 25%,,50%", "--budgets", "accepted: ");
     run_ferry("moe replay @/small.jsonl --slots 16", r);
     assert_int_equal(r->status, 0);
+    /* below a layer: P% of 4 x 16 is what the JSON says was used */
+    run_ferry("moe replay @/small.jsonl --slots 6.25% --json", r);
+    assert_int_equal(r->status, 0);
+    assert_non_null(strstr(r->out, "\"slots\":4,"));
+    assert_non_null(strstr(r->out, "\"layers\":4,"));
     free(r);
 }
 

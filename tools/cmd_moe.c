@@ -21,24 +21,30 @@
 
 #define GEN_MAX_TOKENS 1048576u /* --tokens; the trace bounds hold for the presets */
 
-/* "N" (one layer's experts..all) or "P%" of all experts (at least one layer's worth) */
+/* "N" or "P%" of the trace's experts (layers present x experts): at least
+ * one step's experts (top_k) and at most all of them, never adjusted */
 static int parse_slots(const char *cmd, const char *flag, const char *s, const ferry_moe_model *m,
                        uint32_t *out)
 {
     uint64_t all = (uint64_t)m->num_layers * m->num_experts;
+    uint32_t min = m->top_k ? m->top_k : 1;
     size_t n = s ? strlen(s) : 0;
+    char acc[200];
+    snprintf(acc, sizeof acc, "a slot count %u..%llu (one step's experts, top-k, .. all %u x %u "
+                              "of the trace's) or a percentage P%% of them giving at least %u",
+             min, (unsigned long long)all, m->num_layers, m->num_experts, min);
     if (n > 1 && s[n - 1] == '%') {
         double pct;
         if (cli_opt_percent(cmd, flag, s, &pct))
             return 2;
         uint64_t v = (uint64_t)((double)all * pct / 100.0 + 0.5);
-        *out = (uint32_t)(v < m->num_experts ? m->num_experts : v);
+        if (v < min)
+            return cli_bad(cmd, flag, s, acc, "%llu slots, fewer than one step's %u experts "
+                           "(%.3g%% is the least)", (unsigned long long)v, min,
+                           100.0 * min / (double)all);
+        *out = (uint32_t)v;
         return 0;
     }
-    char acc[128];
-    snprintf(acc, sizeof acc, "a slot count %u..%llu (one layer's experts..all of the trace's) "
-                              "or a percentage P%% with 0 < P <= 100", m->num_experts,
-             (unsigned long long)all);
     if (!s)
         return cli_bad(cmd, flag, NULL, acc, "needs a value");
     uint64_t v;
@@ -51,8 +57,8 @@ static int parse_slots(const char *cmd, const char *flag, const char *s, const f
     v = strtoull(s, NULL, 10);
     if (v == 0)
         return cli_bad(cmd, flag, s, acc, "zero slots hold nothing");
-    if (v < m->num_experts)
-        return cli_bad(cmd, flag, s, acc, "fewer slots than one layer's experts");
+    if (v < min)
+        return cli_bad(cmd, flag, s, acc, "fewer slots than one step's %u experts", min);
     if (v > all)
         return cli_bad(cmd, flag, s, acc, "more slots than the trace has experts");
     *out = (uint32_t)v;
@@ -433,7 +439,8 @@ static void replay_usage(void)
            "  (both take --stage S)\n"
            "  TRACE          a regular file or a pipe of JSON Lines (lines up to 1 MiB,\n"
            "                 at most %zu steps)\n"
-           "  --slots        experts..layers x experts, or P%% with 0 < P <= 100 (default 25%%)\n"
+           "  --slots        top-k..layers x experts, or P%% of layers x experts (the\n"
+           "                 layers the trace holds; default 25%%); never adjusted\n"
            "  --expert-bytes 1..1T (default: the trace's)\n"
            "  --budgets      up to 32 of --slots' values; --policies up to 16 policies\n"
            "  --stage        a capture's stage to read (default: its only stage, else\n"

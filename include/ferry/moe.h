@@ -6,7 +6,9 @@
  * The model: num_layers MoE layers of num_experts experts each, top_k
  * experts routed per token per layer. An expert's global id is
  * layer * num_experts + expert. One pool of `slots` device slots is shared
- * by all layers; slots >= num_experts so that a prefill layer fits.
+ * by all layers, of any size from 1: a decode step needs its own experts
+ * resident at once (top_k), and a step with more experts than slots (a
+ * prefill layer, a wide batch) streams them through the slots in waves.
  *
  * The planner (ferry_moe_planner) decides residency and holds no device
  * memory. For each layer of each step the engine calls
@@ -197,7 +199,8 @@ typedef struct ferry_moe_planner_options {
     size_t size;           /**< sizeof(ferry_moe_planner_options) or more */
     uint32_t num_layers;   /**< 1..FERRY_MOE_MAX_LAYERS (1024) */
     uint32_t num_experts;  /**< per layer: 1..FERRY_MOE_MAX_EXPERTS (16384) */
-    uint32_t slots;        /**< num_experts..FERRY_MOE_MAX_SLOTS (2^24) */
+    uint32_t slots;        /**< 1..FERRY_MOE_MAX_SLOTS (2^24); below one layer's
+                                experts is fine (see stream_begin) */
     const char *policy;    /**< see ferry_moe_policies(); NULL -> "lru"; else -EINVAL */
     /** The future, for "belady" only (required there, ignored otherwise):
      * ensure() must then be called with exactly this trace's steps in order. */
@@ -297,7 +300,9 @@ FERRY_API uint32_t ferry_moe_planner_slots(const ferry_moe_planner *p);
  * plan, whose arrays are the planner's and valid until its next call;
  * *counts (may be NULL) gets the counts. Returns the number of rows to copy.
  * Errors (nothing changes): -EINVAL for layer >= num_layers, n == 0, an
- * expert >= num_experts, or (belady) a step that is not the oracle's next.
+ * expert >= num_experts, or (belady) a step that is not the oracle's next;
+ * FERRY_ENOSPACE when the step's distinct experts outnumber the slots
+ * (stream it); FERRY_ESTATE while a streamed step is open.
  */
 FERRY_API int ferry_moe_planner_ensure(ferry_moe_planner *p, uint32_t layer,
                                        const uint32_t *experts, uint32_t n, uint32_t *slots_out,
@@ -313,9 +318,38 @@ FERRY_API int ferry_moe_planner_ensure(ferry_moe_planner *p, uint32_t layer,
 FERRY_API int ferry_moe_planner_prefetch(ferry_moe_planner *p, uint32_t layer,
                                          const uint32_t *experts, uint32_t n,
                                          ferry_moe_copy_plan *plan);
+/** One wave of a streamed step: compute these experts once their rows landed. */
+typedef struct ferry_moe_wave {
+    uint32_t n;               /**< experts in this wave (<= slots) */
+    const uint32_t *experts;  /**< layer-local ids (planner's, valid until its next call) */
+    const uint32_t *slots;    /**< slot of experts[i] */
+    ferry_moe_copy_plan plan; /**< rows to copy before the wave is computed */
+} ferry_moe_wave;
+
 /**
- * Materialise a whole layer (prefill): ensure() of every expert of layer.
- * Same returns and plan as ensure().
+ * A step whose experts may outnumber the slots (a prefill layer, a wide
+ * batch, a budget below a layer): the experts go through the slots in
+ * waves of at most `slots`. begin counts the step as ensure() does (a hit
+ * is resident when the step starts; the resident ones are the first wave,
+ * served before anything of the step can evict them) and returns the rows
+ * the whole step will copy. Then each ferry_moe_planner_stream_next()
+ * gives the next wave: apply its plan, compute its experts; the wave's
+ * experts are pinned until the next call, which may evict them. It
+ * returns the wave's experts, and 0 (with w->n == 0) once every expert
+ * was served, which closes the step. Until then ensure, prefetch, resize
+ * and another begin answer FERRY_ESTATE. Errors of begin as ensure()
+ * (without the FERRY_ENOSPACE); of next: FERRY_ESTATE when no step is open,
+ * a policy's -ENOMEM (the step is closed).
+ */
+FERRY_API int ferry_moe_planner_stream_begin(ferry_moe_planner *p, uint32_t layer,
+                                             const uint32_t *experts, uint32_t n,
+                                             ferry_moe_counts *counts);
+FERRY_API int ferry_moe_planner_stream_next(ferry_moe_planner *p, ferry_moe_wave *w);
+/**
+ * Materialise a whole layer (prefill): ensure() of every expert of layer,
+ * when they fit (slots >= num_experts); FERRY_ENOSPACE otherwise: stream
+ * the layer (stream_begin with every expert). Same returns and plan as
+ * ensure().
  */
 FERRY_API int ferry_moe_planner_prefill(ferry_moe_planner *p, uint32_t layer,
                                         ferry_moe_copy_plan *plan, ferry_moe_counts *counts);
@@ -329,7 +363,8 @@ FERRY_API int ferry_moe_planner_forget(ferry_moe_planner *p, uint32_t slot);
  * Change the slot budget. Growing adds free slots. Shrinking drops the
  * occupants of slots >= new_slots (returns how many were dropped; the
  * executor must be resized to match). -EINVAL when new_slots is outside
- * num_experts..FERRY_MOE_MAX_SLOTS, -ENOMEM (nothing changes).
+ * 1..FERRY_MOE_MAX_SLOTS, FERRY_ESTATE while a streamed step is open,
+ * -ENOMEM (nothing changes).
  */
 FERRY_API int ferry_moe_planner_resize(ferry_moe_planner *p, uint32_t new_slots);
 /** The global expert id in slot, or FERRY_MOE_NONE (also when out of range). */
@@ -580,9 +615,9 @@ typedef struct ferry_moe_replay_result {
 
 /**
  * Replay trace t through a planner of `slots` slots and `policy` (belady
- * included): a step is one token at one layer; hits and misses count the
- * step's distinct experts, a hit being resident when the step starts.
- * host_bytes uses expert_bytes (0: the trace's; any value, saturating at
+ * included): a step is one pass at one layer; hits and misses count the
+ * step's distinct experts, a hit being resident when the step starts; a
+ * step wider than the slots streams through them in waves. host_bytes uses expert_bytes (0: the trace's; any value, saturating at
  * UINT64_MAX). slots: as ferry_moe_planner_options.slots. Errors as
  * ferry_moe_planner_create.
  */

@@ -3,9 +3,9 @@
  * slots and the eviction-policy interface the planner drives.
  *
  * A policy sees slots, never device memory. The planner owns occupancy
- * (which expert is in which slot) and pinning (pin_step[slot] == *step
- * means the slot holds an expert of the current step and must not be
- * evicted); a policy only orders resident slots and names a victim. Every
+ * (which expert is in which slot) and pinning (pin_step[slot] == *pin_now
+ * means the slot holds an expert of the current step, or of the current
+ * wave of a streamed step, and must not be evicted); a policy only orders resident slots and names a victim. Every
  * victim choice is O(log n) or O(1) amortised: heaps with a (key, slot)
  * order, or intrusive FIFO lists.
  */
@@ -50,6 +50,7 @@ typedef struct ferry__policy ferry__policy;
 typedef struct ferry__policy_env {
     uint32_t num_layers, num_experts, slots;
     const uint64_t *pin_step;  /* per slot */
+    const uint64_t *pin_now;   /* pin_step[slot] == *pin_now: pinned (a step, or a wave of one) */
     const uint64_t *step;      /* current step (1-based; 0 before the first) */
     const uint32_t *token;     /* current token index (decode order) */
     const uint32_t *occupant;  /* per slot: global id or FERRY_MOE_NONE */
@@ -87,7 +88,7 @@ struct ferry__policy {
 
 static inline int ferry__pinned(const ferry__policy *p, uint32_t slot)
 {
-    return p->env.pin_step[slot] == *p->env.step;
+    return p->env.pin_step[slot] == *p->env.pin_now;
 }
 
 /* the routing policy's structure checker: 0, or -EINVAL with a message

@@ -5,9 +5,12 @@
  *  - occupant[] and where[] are inverse maps: occupant[s] == id exactly
  *    when where[id] == s; a slot with no occupant is in the free heap and
  *    in no policy structure; a resident slot is in its policy's structure.
- *  - Every expert of the current step has pin_step[slot] == step and is
- *    never a victim; a prefetch pins what it names with the same step, so
- *    it can neither evict the current step's experts nor its own.
+ *  - Every expert of the current step has pin_step[slot] == pin_now and is
+ *    never a victim; a prefetch pins what it names with the same pin_now,
+ *    so it can neither evict the current step's experts nor its own. A
+ *    streamed step (more experts than slots, or a prefill) pins one wave
+ *    at a time: pin_now advances between waves, so a wave may evict the
+ *    experts of the waves before it, never its own.
  *  - A call that fails validation changes nothing: ensure() checks the
  *    whole route (and, for belady, the oracle) before the step advances.
  * Free slots are handed out lowest index first (a min-heap), the same
@@ -32,9 +35,14 @@ struct ferry_moe_planner {
     uint32_t *free_pos;
     double *free_key;     /* all zero: free slots order by index */
     uint64_t *seen;       /* per id: gen of the call that last saw it */
-    uint64_t gen, step;
+    uint64_t gen, step, pin_now;
     uint32_t token, last_layer;
     int started;
+    /* an open stream: its distinct ids (resident ones first), the next one
+     * to serve, the wave buffers */
+    int streaming, st_first;
+    uint32_t st_layer, st_n, st_pos;
+    uint32_t *st_ids, *wave_ex, *wave_slot; /* E each */
     uint32_t *uniq, *miss, *plan_dst, *plan_row, *iota;  /* E each */
     ferry__policy *pol;
     const ferry__policy_ops *pops;
@@ -91,6 +99,7 @@ static int policy_create(ferry_moe_planner *p, uint32_t slots, const uint64_t *p
     pol->env.num_experts = p->E;
     pol->env.slots = slots;
     pol->env.pin_step = pin_step;
+    pol->env.pin_now = &p->pin_now;
     pol->env.step = &p->step;
     pol->env.token = &p->token;
     pol->env.occupant = occupant;
@@ -123,6 +132,9 @@ void ferry_moe_planner_destroy(ferry_moe_planner *p)
     ferry__free(p->plan_dst);
     ferry__free(p->plan_row);
     ferry__free(p->iota);
+    ferry__free(p->st_ids);
+    ferry__free(p->wave_ex);
+    ferry__free(p->wave_slot);
     ferry__free(p);
 }
 
@@ -177,11 +189,9 @@ int ferry_moe_planner_create(const ferry_moe_planner_options *opt, ferry_moe_pla
     if (!opt->num_experts || opt->num_experts > FERRY_MOE_MAX_EXPERTS)
         return ferry__err_set(NULL, -EINVAL, "moe planner: num_experts %u: accepted 1..%u",
                               opt->num_experts, FERRY_MOE_MAX_EXPERTS);
-    if (opt->slots < opt->num_experts || opt->slots > FERRY_MOE_MAX_SLOTS)
-        return ferry__err_set(NULL, -EINVAL,
-                              "moe planner: slots %u: accepted num_experts (%u, one layer for "
-                              "prefill)..%u",
-                              opt->slots, opt->num_experts, FERRY_MOE_MAX_SLOTS);
+    if (opt->slots < 1 || opt->slots > FERRY_MOE_MAX_SLOTS)
+        return ferry__err_set(NULL, -EINVAL, "moe planner: slots %u: accepted 1..%u", opt->slots,
+                              FERRY_MOE_MAX_SLOTS);
     const char *name = opt->policy ? opt->policy : "lru";
     const ferry__policy_ops *ops = ferry__policy_find(name);
     if (!ops)
@@ -219,7 +229,11 @@ int ferry_moe_planner_create(const ferry_moe_planner_options *opt, ferry_moe_pla
     p->plan_dst = ferry__malloc((size_t)p->E * sizeof(uint32_t));
     p->plan_row = ferry__malloc((size_t)p->E * sizeof(uint32_t));
     p->iota = ferry__malloc((size_t)p->E * sizeof(uint32_t));
-    if (!p->where || !p->seen || !p->uniq || !p->miss || !p->plan_dst || !p->plan_row || !p->iota)
+    p->st_ids = ferry__malloc((size_t)p->E * sizeof(uint32_t));
+    p->wave_ex = ferry__malloc((size_t)p->E * sizeof(uint32_t));
+    p->wave_slot = ferry__malloc((size_t)p->E * sizeof(uint32_t));
+    if (!p->where || !p->seen || !p->uniq || !p->miss || !p->plan_dst || !p->plan_row || !p->iota ||
+        !p->st_ids || !p->wave_ex || !p->wave_slot)
         goto oom;
     memset(p->where, 0xff, ids * sizeof *p->where);
     for (uint32_t e = 0; e < p->E; e++)
@@ -306,7 +320,7 @@ static uint32_t place(ferry_moe_planner *p, uint32_t id)
         return slot;
     }
     if (r != 0 || slot >= p->slots || p->occupant[slot] == FERRY_MOE_NONE ||
-        p->pin_step[slot] == p->step)
+        p->pin_step[slot] == p->pin_now)
         return FERRY_MOE_NONE;
     drop(p, slot, 1);
     p->st.evictions++;
@@ -327,7 +341,7 @@ static int place_misses(ferry_moe_planner *p, const char *what, uint32_t layer, 
                                   what, layer, id % p->E, p->slots);
         p->occupant[slot] = id;
         p->where[id] = slot;
-        p->pin_step[slot] = p->step;
+        p->pin_step[slot] = p->pin_now;
         p->prefetched[slot] = (uint8_t)(prefetch != 0);
         int rc = p->pol->ops->insert(p->pol, slot, id, prefetch);
         if (rc < 0) {
@@ -355,6 +369,80 @@ static void fill_plan(ferry_moe_planner *p, uint32_t layer, uint32_t n, ferry_mo
     plan->src_rows = p->plan_row;
 }
 
+static int stream_open(ferry_moe_planner *p, const char *what)
+{
+    if (!p->streaming)
+        return 0;
+    return ferry__err_set(&p->err, FERRY_ESTATE,
+                          "moe %s: a streamed step of layer %u is open (%u of %u experts "
+                          "served): call ferry_moe_planner_stream_next until it returns 0",
+                          what, p->st_layer, p->st_pos, p->st_n);
+}
+
+/* validate a step, let the policy see it, advance the step; stream: the
+ * step may hold more experts than slots */
+static int step_begin(ferry_moe_planner *p, const char *what, uint32_t layer,
+                      const uint32_t *experts, uint32_t n, uint32_t *nu)
+{
+    int rc = stream_open(p, what);
+    if (rc < 0 || (rc = collect(p, what, layer, experts, n, nu)) < 0)
+        return rc;
+    if (what[0] == 'e' && *nu > p->slots)
+        return ferry__err_set(&p->err, FERRY_ENOSPACE,
+                              "moe ensure: layer %u routes %u experts, more than the %u slots "
+                              "hold at once: stream the step (ferry_moe_planner_stream_begin)",
+                              layer, *nu, p->slots);
+    if (p->pol->ops->begin_step && (rc = p->pol->ops->begin_step(p->pol, layer, p->uniq, *nu)) < 0)
+        return ferry__err_set(&p->err, rc,
+                              "moe %s: policy %s cannot follow step %llu (layer %u, %u "
+                              "experts): not the next step of its trace",
+                              what, p->pops->name, (unsigned long long)p->step + 1, layer, *nu);
+    if (p->started && layer <= p->last_layer)
+        p->token++;
+    p->started = 1;
+    p->last_layer = layer;
+    p->step++;
+    p->pin_now++;
+    return 0;
+}
+
+/* the step's resident experts: pinned, hit; the others into miss[]
+ * (*nm); returns how many of the resident ones a prefetch brought */
+static uint32_t step_hits(ferry_moe_planner *p, uint32_t nu, uint32_t *nm, uint32_t *miss)
+{
+    uint32_t pf_hits = 0;
+    for (uint32_t i = 0; i < nu; i++) {
+        uint32_t id = p->uniq[i], slot = p->where[id];
+        if (slot == FERRY_MOE_NONE) {
+            miss[(*nm)++] = id;
+            continue;
+        }
+        p->pin_step[slot] = p->pin_now;
+        if (p->prefetched[slot]) {
+            p->prefetched[slot] = 0;
+            pf_hits++;
+        }
+        p->pol->ops->hit(p->pol, slot, id);
+    }
+    return pf_hits;
+}
+
+static void step_count(ferry_moe_planner *p, uint32_t nu, uint32_t nm, uint32_t pf_hits,
+                       ferry_moe_counts *counts)
+{
+    p->st.steps++;
+    p->st.routes += nu;
+    p->st.hits += nu - nm;
+    p->st.misses += nm;
+    p->st.prefetch_hits += pf_hits;
+    if (counts) {
+        counts->active = nu;
+        counts->missing = nm;
+        counts->fetched = nm;
+        counts->prefetch_hits = pf_hits;
+    }
+}
+
 int ferry_moe_planner_ensure(ferry_moe_planner *p, uint32_t layer, const uint32_t *experts,
                              uint32_t n, uint32_t *slots_out, ferry_moe_copy_plan *plan,
                              ferry_moe_counts *counts)
@@ -362,34 +450,10 @@ int ferry_moe_planner_ensure(ferry_moe_planner *p, uint32_t layer, const uint32_
     if (!p)
         return ferry__err_set(NULL, -EINVAL, "moe ensure: no planner");
     uint32_t nu;
-    int rc = collect(p, "ensure", layer, experts, n, &nu);
+    int rc = step_begin(p, "ensure", layer, experts, n, &nu);
     if (rc < 0)
         return rc;
-    if (p->pol->ops->begin_step && (rc = p->pol->ops->begin_step(p->pol, layer, p->uniq, nu)) < 0)
-        return ferry__err_set(&p->err, rc,
-                              "moe ensure: policy %s cannot follow step %llu (layer %u, %u "
-                              "experts): not the next step of its trace",
-                              p->pops->name, (unsigned long long)p->step + 1, layer, nu);
-    if (p->started && layer <= p->last_layer)
-        p->token++;
-    p->started = 1;
-    p->last_layer = layer;
-    p->step++;
-
-    uint32_t nm = 0, pf_hits = 0;
-    for (uint32_t i = 0; i < nu; i++) {
-        uint32_t id = p->uniq[i], slot = p->where[id];
-        if (slot == FERRY_MOE_NONE) {
-            p->miss[nm++] = id;
-            continue;
-        }
-        p->pin_step[slot] = p->step;
-        if (p->prefetched[slot]) {
-            p->prefetched[slot] = 0;
-            pf_hits++;
-        }
-        p->pol->ops->hit(p->pol, slot, id);
-    }
+    uint32_t nm = 0, pf_hits = step_hits(p, nu, &nm, p->miss);
     rc = place_misses(p, "ensure", layer, nm, 0);
     if (rc < 0)
         return rc;
@@ -398,19 +462,80 @@ int ferry_moe_planner_ensure(ferry_moe_planner *p, uint32_t layer, const uint32_
             slots_out[i] = p->where[layer * p->E + experts[i]];
     if (p->pol->ops->end_step)
         p->pol->ops->end_step(p->pol, layer, p->uniq, nu);
-    p->st.steps++;
-    p->st.routes += nu;
-    p->st.hits += nu - nm;
-    p->st.misses += nm;
-    p->st.prefetch_hits += pf_hits;
+    step_count(p, nu, nm, pf_hits, counts);
     fill_plan(p, layer, nm, plan);
-    if (counts) {
-        counts->active = nu;
-        counts->missing = nm;
-        counts->fetched = nm;
-        counts->prefetch_hits = pf_hits;
-    }
     return (int)nm;
+}
+
+int ferry_moe_planner_stream_begin(ferry_moe_planner *p, uint32_t layer, const uint32_t *experts,
+                                   uint32_t n, ferry_moe_counts *counts)
+{
+    if (!p)
+        return ferry__err_set(NULL, -EINVAL, "moe stream: no planner");
+    uint32_t nu;
+    int rc = step_begin(p, "stream", layer, experts, n, &nu);
+    if (rc < 0)
+        return rc;
+    /* resident ones first: the first wave serves them before anything of
+     * this step can evict them */
+    uint32_t nr = 0;
+    for (uint32_t i = 0; i < nu; i++)
+        if (p->where[p->uniq[i]] != FERRY_MOE_NONE)
+            p->st_ids[nr++] = p->uniq[i];
+    uint32_t nm = 0, pf_hits = step_hits(p, nu, &nm, p->st_ids + nr);
+    step_count(p, nu, nm, pf_hits, counts);
+    p->streaming = 1;
+    p->st_first = 1;
+    p->st_layer = layer;
+    p->st_n = nu;
+    p->st_pos = 0;
+    return (int)nm;
+}
+
+int ferry_moe_planner_stream_next(ferry_moe_planner *p, ferry_moe_wave *w)
+{
+    if (!p || !w)
+        return ferry__err_set(p ? &p->err : NULL, -EINVAL, "moe stream: no planner or wave");
+    memset(w, 0, sizeof *w);
+    w->experts = p->wave_ex;
+    w->slots = p->wave_slot;
+    fill_plan(p, p->st_layer, 0, &w->plan);
+    if (!p->streaming)
+        return ferry__err_set(&p->err, FERRY_ESTATE, "moe stream: no streamed step is open");
+    uint32_t layer = p->st_layer;
+    if (p->st_pos == p->st_n) {
+        p->streaming = 0;
+        return 0;
+    }
+    if (!p->st_first)
+        p->pin_now++; /* the waves before may be evicted now */
+    p->st_first = 0;
+    uint32_t k = p->st_n - p->st_pos < p->slots ? p->st_n - p->st_pos : p->slots, nm = 0;
+    const uint32_t *ids = p->st_ids + p->st_pos;
+    for (uint32_t i = 0; i < k; i++) {
+        uint32_t slot = p->where[ids[i]];
+        if (slot == FERRY_MOE_NONE)
+            p->miss[nm++] = ids[i];
+        else
+            p->pin_step[slot] = p->pin_now;
+    }
+    int rc = place_misses(p, "stream", layer, nm, 0);
+    if (rc < 0) {
+        p->streaming = 0;
+        return rc;
+    }
+    for (uint32_t i = 0; i < k; i++) {
+        p->wave_ex[i] = ids[i] % p->E;
+        p->wave_slot[i] = p->where[ids[i]];
+    }
+    /* the policy ends the step wave by wave, so that a wave's experts are
+     * victims for the next (the first wave learns the turn) */
+    if (p->pol->ops->end_step)
+        p->pol->ops->end_step(p->pol, layer, ids, k);
+    p->st_pos += k;
+    w->n = k;
+    fill_plan(p, layer, nm, &w->plan);
+    return (int)k;
 }
 
 int ferry_moe_planner_prefetch(ferry_moe_planner *p, uint32_t layer, const uint32_t *experts,
@@ -422,7 +547,9 @@ int ferry_moe_planner_prefetch(ferry_moe_planner *p, uint32_t layer, const uint3
         return ferry__err_set(&p->err, FERRY_ENOTSUP,
                               "moe prefetch: policy belady replays a fixed trace");
     uint32_t nu;
-    int rc = collect(p, "prefetch", layer, experts, n, &nu);
+    int rc = stream_open(p, "prefetch");
+    if (rc < 0 || (rc = collect(p, "prefetch", layer, experts, n, &nu)) < 0)
+        return rc;
     if (rc < 0)
         return rc;
     uint32_t nm = 0;
@@ -431,7 +558,7 @@ int ferry_moe_planner_prefetch(ferry_moe_planner *p, uint32_t layer, const uint3
         if (slot == FERRY_MOE_NONE)
             p->miss[nm++] = id;
         else
-            p->pin_step[slot] = p->step;  /* named here: not a victim now */
+            p->pin_step[slot] = p->pin_now;  /* named here: not a victim now */
     }
     rc = place_misses(p, "prefetch", layer, nm, 1);
     if (rc < 0)
@@ -447,6 +574,11 @@ int ferry_moe_planner_prefill(ferry_moe_planner *p, uint32_t layer, ferry_moe_co
 {
     if (!p)
         return ferry__err_set(NULL, -EINVAL, "moe prefill: no planner");
+    if (p->E > p->slots)
+        return ferry__err_set(&p->err, FERRY_ENOSPACE,
+                              "moe prefill: layer %u has %u experts, more than the %u slots: "
+                              "stream it (ferry_moe_planner_stream_begin with every expert)",
+                              layer, p->E, p->slots);
     return ferry_moe_planner_ensure(p, layer, p->iota, p->E, NULL, plan, counts);
 }
 
@@ -468,11 +600,12 @@ int ferry_moe_planner_resize(ferry_moe_planner *p, uint32_t new_slots)
 {
     if (!p)
         return ferry__err_set(NULL, -EINVAL, "moe resize: no planner");
-    if (new_slots < p->E || new_slots > FERRY_MOE_MAX_SLOTS)
-        return ferry__err_set(&p->err, -EINVAL,
-                              "moe resize: new_slots %u: accepted num_experts (%u, one layer for "
-                              "prefill)..%u",
-                              new_slots, p->E, FERRY_MOE_MAX_SLOTS);
+    if (new_slots < 1 || new_slots > FERRY_MOE_MAX_SLOTS)
+        return ferry__err_set(&p->err, -EINVAL, "moe resize: new_slots %u: accepted 1..%u",
+                              new_slots, FERRY_MOE_MAX_SLOTS);
+    int so = stream_open(p, "resize");
+    if (so < 0)
+        return so;
     if (p->pops == &ferry__policy_belady)
         return ferry__err_set(&p->err, FERRY_ENOTSUP,
                               "moe resize: policy belady replays a fixed trace");

@@ -138,7 +138,7 @@ static int bl_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slo
     belady *s = (belady *)p;
     if (have_free)
         return 1;
-    uint32_t v = ferry__heap_first_unpinned(&s->heap, p->env.pin_step, *p->env.step, s->scratch,
+    uint32_t v = ferry__heap_first_unpinned(&s->heap, p->env.pin_step, *p->env.pin_now, s->scratch,
                                             p->env.slots);
     if (v == UINT32_MAX)
         return -1;

@@ -76,7 +76,7 @@ static int lru_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *sl
     lru *s = (lru *)p;
     if (have_free)
         return 1;
-    uint32_t v = ferry__heap_first_unpinned(&s->heap, p->env.pin_step, *p->env.step, s->scratch,
+    uint32_t v = ferry__heap_first_unpinned(&s->heap, p->env.pin_step, *p->env.pin_now, s->scratch,
                                             p->env.slots);
     if (v == UINT32_MAX)
         return -1;
@@ -174,7 +174,7 @@ static void ll_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
 static uint32_t ll_pick(lru_layer *s, uint32_t l)
 {
     ferry__policy *p = &s->base;
-    return ferry__heap_first_unpinned(&s->heaps[l], p->env.pin_step, *p->env.step, s->scratch,
+    return ferry__heap_first_unpinned(&s->heaps[l], p->env.pin_step, *p->env.pin_now, s->scratch,
                                       p->env.slots);
 }
 

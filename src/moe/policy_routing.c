@@ -564,7 +564,7 @@ static int rt_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slo
     uint32_t tok = *p->env.token;
     if (s->seg_tok != tok)
         seg_rebuild(s);
-    if (s->n_parked && s->park_step != *p->env.step)
+    if (s->n_parked && s->park_step != *p->env.pin_now)
         unpark(s);
     /* the furthest predicted use; a pinned one (an expert of this step, or
      * named by the prefetch in progress) is parked off its list until the
@@ -581,7 +581,7 @@ static int rt_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slo
         }
         place(s, m, v, CELL_NONE);
         s->parked[s->n_parked++] = v;
-        s->park_step = *p->env.step;
+        s->park_step = *p->env.pin_now;
     }
 }
 

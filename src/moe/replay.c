@@ -2,8 +2,10 @@
  * replay.c - run a routing trace through a planner and count what crossed
  * the link.
  *
- * A step is one token at one layer; hits and misses count the step's
+ * A step is one pass at one layer; hits and misses count the step's
  * distinct experts, a hit being an expert resident when the step starts.
+ * A step wider than the slots (a prefill batch, a budget below a layer) is
+ * streamed through them in waves, as the engine would run it.
  * That is exactly ensure()'s (active - missing, missing), so replay adds
  * nothing of its own to the planner's decisions: the figures it prints are
  * the ones a serving engine driving the same planner would see.
@@ -30,13 +32,21 @@ int ferry_moe_replay(const ferry_moe_trace *t, const char *policy, uint32_t slot
     if (rc < 0)
         return rc;
     uint64_t t0 = ferry__now_ns();
-    for (size_t i = 0; i < t->n_steps; i++) {
-        rc = ferry_moe_planner_ensure(p, t->layer[i], t->ex + t->off[i],
-                                      (uint32_t)(t->off[i + 1] - t->off[i]), NULL, NULL, NULL);
-        if (rc < 0) {
-            ferry_moe_planner_destroy(p);
-            return rc;
+    for (size_t i = 0; i < t->n_steps && rc >= 0; i++) {
+        uint32_t n = (uint32_t)(t->off[i + 1] - t->off[i]);
+        if (n <= slots) {
+            rc = ferry_moe_planner_ensure(p, t->layer[i], t->ex + t->off[i], n, NULL, NULL, NULL);
+            continue;
         }
+        /* more experts than slots (a prefill batch, a small budget): waves */
+        rc = ferry_moe_planner_stream_begin(p, t->layer[i], t->ex + t->off[i], n, NULL);
+        ferry_moe_wave w;
+        while (rc >= 0 && (rc = ferry_moe_planner_stream_next(p, &w)) > 0)
+            ;
+    }
+    if (rc < 0) {
+        ferry_moe_planner_destroy(p);
+        return rc;
     }
     uint64_t t1 = ferry__now_ns();
     ferry_moe_planner_stats st = FERRY_MOE_PLANNER_STATS_INIT;
