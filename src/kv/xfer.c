@@ -6,7 +6,9 @@
  * buffer is either one contiguous tensor [kv][layers][capacity][...] or
  * vLLM's paged blocks. Either way the copy is a list of runs, one per
  * (kv, layer) for a contiguous buffer and one per (kv, layer, block) for a
- * paged one; each run is a memcpy (host) or an asynchronous device copy
+ * paged one, where consecutive block ids that lie back to back in memory
+ * make one run (a sequence whose blocks were allocated in order costs as
+ * few copies as a contiguous buffer); each run is a memcpy (host) or an asynchronous device copy
  * queued on the caller's stream (device), so the runs of a chunk and of
  * the next chunk overlap with whatever the caller does meanwhile.
  *
@@ -148,12 +150,20 @@ int ferry__kv_xfer_walk(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint6
                 continue;
             }
             uint64_t stride = buf->block_stride ? buf->block_stride : buf->block_tokens * tb;
+            /* blocks that follow each other in memory (ids b, b+1, ... with no
+             * gap between blocks) are one run */
+            int packed = stride == (uint64_t)buf->block_tokens * tb;
             uint64_t t = tok0, end = tok0 + ntok;
             while (t < end) {
                 uint64_t blk = t / buf->block_tokens, row = t % buf->block_tokens;
                 uint64_t k = FERRY__MIN(end - t, buf->block_tokens - row);
                 uint64_t addr = buf->block_bases[plane] +
                                 (uint64_t)buf->block_table[blk] * stride + row * tb;
+                while (packed && t + k < end &&
+                       buf->block_table[blk + 1] == buf->block_table[blk] + 1) {
+                    blk++;
+                    k += FERRY__MIN(end - (t + k), (uint64_t)buf->block_tokens);
+                }
                 int rc = fn(ctx, addr, part + (t - tok0) * tb, k * tb);
                 if (rc < 0)
                     return rc;
