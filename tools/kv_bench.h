@@ -170,7 +170,7 @@ void kvb_persist_cost_print(const persist_cost *pc);
 #define COLD_MAX_ROUNDS 64
 typedef struct cold_round {
     double gbps, seconds, cpu_s;
-    uint64_t l2_bytes, tokens;
+    uint64_t bytes, l2_bytes, tokens; /* retrieved; read from L2 (more: some twice) */
 } cold_round;
 
 typedef struct cold_result {

@@ -45,6 +45,8 @@ struct ferry__kv_entry {
     uint32_t tokens;           /* tokens the chunk covers */
     uint64_t write_deadline;   /* ns; WRITING only */
     uint64_t read_deadline;    /* ns; latest read lock + TTL */
+    uint64_t ahead_until;      /* ns; a retrieve's read-ahead landed: not evicted before
+                                  a retrieve copies it out or this passes */
     uint8_t resident;          /* bit (1 << tier) per tier holding the bytes */
     uint8_t l1_loading;        /* an L2 -> L1 promotion is in flight */
     uint8_t l2_writing;        /* a write-through is in flight */
@@ -320,6 +322,7 @@ typedef struct ferry__kv_job {
     ferry__kv_entry *e;        /* L2WRITE / PREFETCH: held (refs, readers) */
     uint64_t l1_loc, l2_loc;
     int src_tier;              /* PREFETCH: the tier read from */
+    int ahead;                 /* PREFETCH: a retrieve's read-ahead (kept once landed) */
     void (*copy)(void *ctx, size_t idx); /* COPY: run copy(ctx, idx) */
     void *ctx;
     size_t idx;

@@ -202,6 +202,7 @@ size_t ferry__kv_prefetch_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch
         j->e = e;
         j->l1_loc = slot;
         j->src_tier = src;
+        j->ahead = !leading;
         *tail = j;
         tail = &j->next;
         if (queued)

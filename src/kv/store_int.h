@@ -41,6 +41,9 @@
 
 /* chunk ids of a request up to this many live on the caller's stack */
 #define STACK_CHUNKS 512
+/* how long a retrieve's landed read-ahead is kept from eviction at most
+ * (its copy-out normally comes within milliseconds) */
+#define KV_AHEAD_HOLD_NS ((uint64_t)500 * 1000 * 1000)
 
 /* what reserve does when the tier is full and nothing can be evicted */
 enum {

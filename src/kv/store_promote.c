@@ -90,6 +90,12 @@ void ferry__kv_job_run(ferry_kv *kv, ferry__kv_job *j)
     ferry__kv_promote_finish(kv, e, j->l1_loc, rc, src);
     if (rc == 0)
         atomic_fetch_add(&kv->prefetched, 1);
+    /* a retrieve's read-ahead is what it copies out next: an LRU would
+     * take it first (landed before the copies that touched older chunks),
+     * and the drive would read it again; it stays until that copy, or a
+     * while if the retrieve went away */
+    if (rc == 0 && j->ahead)
+        e->ahead_until = ferry__kv_now_ns(kv) + KV_AHEAD_HOLD_NS;
     FERRY__ASSERT(kv->prefetch_inflight >= kv->slot_bytes);
     kv->prefetch_inflight -= kv->slot_bytes;
     ferry__kv_read_unlock(e);

@@ -23,7 +23,8 @@ typedef struct evict_ctx {
 static int evictable(ferry__kv_entry *e, void *ctx)
 {
     evict_ctx *c = ctx;
-    return e->state == FERRY__KV_READY && !ferry__kv_locked(c->kv, e, c->now);
+    return e->state == FERRY__KV_READY && !ferry__kv_locked(c->kv, e, c->now) &&
+           c->now >= e->ahead_until;
 }
 
 /* evict one chunk from tier; 1 when one went */

@@ -218,6 +218,7 @@ static void rt_copy_out(rtv *r, size_t i, ferry__kv_entry *e)
     ferry_kv *kv = r->kv;
     ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
     l1->policy->ops->touch(l1->policy, e);
+    e->ahead_until = 0; /* (read ahead for this copy, if it was) */
     void *src = l1->ops->host_ptr(l1, e->loc[FERRY_KV_TIER_L1]);
     pthread_mutex_unlock(&kv->mu);
     r->c[i].held = e;
