@@ -1,0 +1,419 @@
+"""ferry's vLLM KV connector driven through the calls vLLM makes, in vLLM's order.
+
+vLLM is not installable here, so the engine is replayed from its source
+(vllm-project/vllm, v1 engine, 2025-2026):
+- loading: KVConnectorFactory.get_connector_class (vllm/distributed/
+  kv_transfer/kv_connector/factory.py) imports kv_connector_module_path and
+  takes kv_connector from it; create_connector builds one connector per role
+  with (vllm_config, role, kv_cache_config).
+- scheduler, Scheduler.schedule (vllm/v1/core/sched/scheduler.py): for a
+  waiting request, kv_cache_manager.get_computed_blocks (vLLM's own prefix
+  cache), then connector.get_num_new_matched_tokens(request,
+  num_new_local_computed_tokens), allocate_slots, then
+  connector.update_state_after_alloc(request, blocks,
+  num_external_computed_tokens); after the step's requests,
+  connector.build_connector_meta(scheduler_output) becomes
+  scheduler_output.kv_connector_metadata. Scheduler._connector_finished calls
+  connector.request_finished(request, block_ids) once when a request
+  finishes or is aborted.
+- worker, KVConnectorModelRunnerMixin._get_kv_connector_output
+  (vllm/v1/worker/kv_connector_model_runner_mixin.py): bind_connector_metadata,
+  start_load_kv(forward_context), the forward pass (in which
+  maybe_transfer_kv_layer, vllm/model_executor/layers/attention/
+  kv_transfer_utils.py, calls wait_for_layer_load(layer) before each attention
+  layer and save_kv_layer(layer, kv_cache, attn_metadata) after it),
+  wait_for_save(), get_finished(finished_req_ids),
+  get_block_ids_with_load_errors(), clear_connector_metadata().
+The model is the package's tiny Llama (tests/tiny_llama.py), which runs all
+layers in one call: the per-layer hooks are called around it in layer order.
+"""
+import importlib
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import ferry
+from ferry import FerryError
+from ferry.adapters import register_store, registered_store, unregister_store
+from ferry.adapters import _vllm_base
+from tiny_llama import TinyLlama
+
+CHUNK, BS, BLOCKS = 16, 4, 64
+NAME = "vllm-test"
+
+
+def layer_names(model):
+    return [f"model.layers.{i}.self_attn.attn" for i in range(model.layers)]
+
+
+def vllm_config(extra):
+    ktc = SimpleNamespace(kv_connector="FerryConnector",
+                          kv_connector_module_path="ferry.adapters.vllm",
+                          kv_role="kv_both", kv_connector_extra_config=extra)
+    return SimpleNamespace(kv_transfer_config=ktc, cache_config=SimpleNamespace(block_size=BS),
+                           model_config=SimpleNamespace(model="tiny-llama"))
+
+
+def connector_class(cfg):
+    """KVConnectorFactory.get_connector_class for a connector not in vLLM's registry."""
+    ktc = cfg.kv_transfer_config
+    return getattr(importlib.import_module(ktc.kv_connector_module_path), ktc.kv_connector)
+
+
+class Request(SimpleNamespace):
+    """The vllm.v1.request.Request fields the connector reads."""
+
+    def __init__(self, rid, tokens, salt=None):
+        toks = [int(t) for t in tokens]
+        super().__init__(request_id=rid, prompt_token_ids=toks, all_token_ids=list(toks),
+                         num_tokens=len(toks), cache_salt=salt, num_computed_tokens=0)
+
+
+class Engine:
+    """vLLM's scheduler and one worker around the tiny model, one process."""
+
+    def __init__(self, model, store=None, extra=None, caches=None):
+        self.model = model
+        if store is not None:
+            register_store(NAME, store)
+        self.cfg = vllm_config(extra or {"ferry.store": NAME})
+        cls = connector_class(self.cfg)
+        Role = _vllm_base.KVConnectorRole
+        # the worker's connector first: vLLM initializes workers and their caches
+        # before it builds the scheduler (EngineCore)
+        self.worker = cls(self.cfg, Role.WORKER, None)
+        self.caches = caches if caches is not None else model.new_caches(BLOCKS, BS)
+        self.worker.register_kv_caches(dict(zip(layer_names(model), self.caches)))
+        self.sched = cls(self.cfg, Role.SCHEDULER, None)
+        self.free = list(range(BLOCKS))
+        self.blocks = {}
+        self.finished = set()
+        self.errors = set()
+
+    # -- Scheduler.schedule, for one waiting request --
+    def admit(self, req, local=0, local_blocks=()):
+        ext, is_async = self.sched.get_num_new_matched_tokens(req, local)
+        assert is_async is False
+        need = -(-req.num_tokens // BS) - len(local_blocks)
+        blocks = list(local_blocks) + [self.free.pop(0) for _ in range(need)]
+        self.blocks[req.request_id] = blocks
+        self.sched.update_state_after_alloc(req, SimpleNamespace(block_ids=(blocks,)), ext)
+        req.num_computed_tokens = local + ext
+        return ext
+
+    def step_new(self, req, budget=None):
+        n = req.num_tokens - req.num_computed_tokens
+        n = min(n, budget) if budget else n
+        new = SimpleNamespace(req_id=req.request_id, prompt_token_ids=req.prompt_token_ids,
+                              block_ids=(self.blocks[req.request_id],),
+                              num_computed_tokens=req.num_computed_tokens)
+        cached = SimpleNamespace(req_ids=[], resumed_req_ids=set(), new_token_ids=[],
+                                 all_token_ids={}, new_block_ids=[], num_computed_tokens=[],
+                                 num_output_tokens=[])
+        return self._run(req, n, SimpleNamespace(scheduled_new_reqs=[new],
+                                                  scheduled_cached_reqs=cached))
+
+    def step_cached(self, req, budget=None):
+        n = req.num_tokens - req.num_computed_tokens
+        n = min(n, budget) if budget else n
+        cached = SimpleNamespace(req_ids=[req.request_id], resumed_req_ids=set(),
+                                 new_token_ids=[[]], all_token_ids={}, new_block_ids=[None],
+                                 num_computed_tokens=[req.num_computed_tokens],
+                                 num_output_tokens=[0])
+        return self._run(req, n, SimpleNamespace(scheduled_new_reqs=[],
+                                                  scheduled_cached_reqs=cached))
+
+    def _run(self, req, n, so):
+        so.num_scheduled_tokens = {req.request_id: n}
+        so.total_num_scheduled_tokens = n
+        so.finished_req_ids, self.finished = self.finished, set()
+        meta = self.sched.build_connector_meta(so)
+        so.kv_connector_metadata = meta
+        self.execute(so, req, n)
+        req.num_computed_tokens += n
+        return meta
+
+    # -- KVConnectorModelRunnerMixin._get_kv_connector_output around the forward --
+    def execute(self, so, req, n):
+        w = self.worker
+        w.bind_connector_metadata(so.kv_connector_metadata)
+        w.start_load_kv(SimpleNamespace(attn_metadata={}, no_compile_layers={}))
+        names = layer_names(self.model)
+        for name in names:
+            w.wait_for_layer_load(name)
+        start = req.num_computed_tokens
+        self.model.forward(req.prompt_token_ids[start:start + n], start, self.caches,
+                           self.blocks[req.request_id])
+        for name, cache in zip(names, self.caches):
+            w.save_kv_layer(name, cache, SimpleNamespace())
+        w.wait_for_save()
+        assert w.get_finished(so.finished_req_ids) == (None, None)
+        self.errors |= w.get_block_ids_with_load_errors()
+        w.clear_connector_metadata()
+
+    def load_only(self, req):
+        """A step whose forward is not run: only the connector's load."""
+        so = SimpleNamespace(scheduled_new_reqs=[SimpleNamespace(
+            req_id=req.request_id, prompt_token_ids=req.prompt_token_ids,
+            block_ids=(self.blocks[req.request_id],), num_computed_tokens=req.num_computed_tokens)],
+            scheduled_cached_reqs=SimpleNamespace(req_ids=[], resumed_req_ids=set(),
+                                                  new_block_ids=[], num_computed_tokens=[]),
+            num_scheduled_tokens={req.request_id: 0}, finished_req_ids=set())
+        meta = self.sched.build_connector_meta(so)
+        self.worker.bind_connector_metadata(meta)
+        self.worker.start_load_kv(None)
+        self.errors |= self.worker.get_block_ids_with_load_errors()
+        self.worker.clear_connector_metadata()
+        return meta
+
+    def finish(self, req):
+        """Scheduler._free_request -> _connector_finished -> request_finished."""
+        assert self.sched.request_finished(req, self.blocks[req.request_id]) == (False, None)
+        self.finished.add(req.request_id)
+        self.free.extend(self.blocks.pop(req.request_id))
+
+    def close(self):
+        self.worker.shutdown()
+        self.sched.shutdown()
+        unregister_store(NAME)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return TinyLlama(seed=4321)
+
+
+@pytest.fixture
+def store(model):
+    lay = ferry.Layout.from_model(model.layers, model.kv_heads, model.head_dim, dtype="f32")
+    s = ferry.KVStore("tiny-llama", lay, l1=64 * CHUNK * lay.token_bytes, chunk_tokens=CHUNK)
+    yield s
+    unregister_store(NAME)
+    s.close()
+
+
+def prompts():
+    g = torch.Generator().manual_seed(7)
+    a = torch.randint(0, 512, (40,), generator=g).tolist()
+    b = a[:36] + torch.randint(0, 512, (28,), generator=g).tolist()  # 64 tokens, shares 36
+    return a, b
+
+
+def serve_a(eng):
+    a, _ = prompts()
+    ra = Request("a", a)
+    assert eng.admit(ra) == 0              # nothing cached yet
+    meta = eng.step_new(ra)
+    assert [s.tokens for s in meta.saves] == [a[:32]]  # the two whole chunks of 40 tokens
+    kv_a = eng.model.kv_of(eng.caches, eng.blocks["a"], 32).clone()
+    eng.finish(ra)
+    return kv_a
+
+
+def test_connector_loads_as_vllms_factory_loads_it(store):
+    cfg = vllm_config({"ferry.store": NAME})
+    cls = connector_class(cfg)
+    from ferry.adapters.vllm import FerryConnector
+    assert cls is FerryConnector
+    assert issubclass(cls, _vllm_base.KVConnectorBase_V1)
+    register_store(NAME, store)
+    for role in _vllm_base.KVConnectorRole:
+        c = cls(cfg, role, None)        # vLLM with kv_cache_config
+        assert c.role == role
+        assert cls(cfg, role).role == role  # and the two-argument form
+
+
+def test_real_vllm_base_class_when_installed():
+    base = pytest.importorskip("vllm.distributed.kv_transfer.kv_connector.v1.base")
+    from ferry.adapters.vllm import FerryConnector
+    assert issubclass(FerryConnector, base.KVConnectorBase_V1)
+
+
+def test_stand_in_base_without_vllm():
+    if _vllm_base.VLLM:
+        pytest.skip("vLLM is installed: its own base class is used")
+    from ferry.adapters.vllm import FerryConnector
+    assert FerryConnector.__mro__[1].__module__ == "ferry.adapters._vllm_base"
+    assert not getattr(FerryConnector, "__abstractmethods__", None)
+
+
+def test_prefix_stored_by_one_request_is_loaded_bitwise_by_the_next(model, store):
+    eng = Engine(model, store)
+    kv_a = serve_a(eng)
+    _, b = prompts()
+    rb = Request("b", b)
+    assert eng.admit(rb) == 32             # two chunks from ferry, vLLM computes the rest
+    before = [c.clone() for c in eng.caches]
+    meta = eng.step_new(rb)
+    assert [(s.skip, s.need, len(s.tokens)) for s in meta.loads] == [(0, 32, 32)]
+    assert torch.equal(model.kv_of(eng.caches, eng.blocks["b"], 32), kv_a)
+    # only b's blocks changed
+    other = [x for x in range(BLOCKS) if x not in eng.blocks["b"]]
+    for c0, c1 in zip(before, eng.caches):
+        assert torch.equal(c0[:, other], c1[:, other])
+    # the logits b computes from the loaded prefix are those of b computed
+    # from a prefix kept in memory (the same split prefill)
+    ref = model.new_caches(BLOCKS, BS)
+    table = list(range(16))
+    model.forward(prompts()[0], 0, ref, table)   # a's prefill, kept in memory
+    want = model.forward(b[32:], 32, ref, table)
+    got = model.forward(b[32:], 32, eng.caches, eng.blocks["b"])
+    assert torch.equal(got, want)
+    assert eng.errors == set()
+    eng.finish(rb)
+    eng.close()
+
+
+def test_a_miss_loads_nothing(model, store):
+    eng = Engine(model, store)
+    serve_a(eng)
+    rc = Request("c", list(range(1000, 1040)))
+    assert eng.admit(rc) == 0
+    before = [c.clone() for c in eng.caches]
+    meta = eng.load_only(rc)
+    assert meta.loads == []
+    for c0, c1 in zip(before, eng.caches):
+        assert torch.equal(c0, c1)
+    eng.finish(rc)
+    eng.close()
+
+
+def test_vllms_own_prefix_blocks_are_never_written(model, store):
+    eng = Engine(model, store)
+    kv_a = serve_a(eng)
+    _, b = prompts()
+    rb = Request("b", b)
+    # vLLM's prefix cache already holds b's first 8 tokens in two shared blocks
+    shared = [eng.free.pop(0), eng.free.pop(0)]
+    for c in eng.caches:
+        c[:, shared] = 7.0
+    assert eng.admit(rb, local=8, local_blocks=shared) == 24
+    meta = eng.load_only(rb)
+    assert [(s.skip, s.need) for s in meta.loads] == [(8, 32)]
+    for c in eng.caches:
+        assert torch.all(c[:, shared] == 7.0)
+    got = model.kv_of(eng.caches, eng.blocks["b"], 32)
+    assert torch.equal(got[:, :, 8:], kv_a[:, :, 8:])
+    assert eng.errors == set()
+    eng.finish(rb)
+    eng.close()
+
+
+def test_finished_or_aborted_request_releases_its_pins(model, store):
+    eng = Engine(model, store)
+    serve_a(eng)
+    _, b = prompts()
+    rb = Request("b", b)
+    assert eng.admit(rb) == 32
+    with pytest.raises(FerryError) as ei:   # pinned from allocation until the end
+        store.delete(b[:32])
+    assert ei.value.name == "FERRY_ELOCKED"
+    eng.finish(rb)                          # aborted before it ever ran
+    assert store.delete(b[:32]) == 2
+    assert store.lookup(b) == 0
+    eng.close()
+
+
+def test_a_chunk_lost_after_the_plan_is_reported_for_recompute(model, store):
+    eng = Engine(model, store)
+    serve_a(eng)
+    _, b = prompts()
+    rb = Request("b", b)
+    assert eng.admit(rb) == 32
+    store.unpin(b[:32])                     # what a read TTL expiring would do
+    assert store.delete(b[:32]) == 2        # ...and an eviction before the load
+    before = [c.clone() for c in eng.caches]
+    eng.load_only(rb)
+    # the 8 blocks vLLM was promised go back to it to recompute, unwritten
+    assert eng.errors == set(eng.blocks["b"][:8])
+    for c0, c1 in zip(before, eng.caches):
+        assert torch.equal(c0, c1)
+    eng.finish(rb)
+    eng.close()
+
+
+def test_cache_salt_isolates_requests(model, store):
+    eng = Engine(model, store)
+    a, _ = prompts()
+    r1 = Request("s1", a, salt="tenant-1")
+    eng.admit(r1)
+    eng.step_new(r1)
+    eng.finish(r1)
+    assert eng.admit(Request("s2", a, salt="tenant-2")) == 0
+    assert eng.admit(Request("s3", a, salt="tenant-1")) == 32
+    eng.finish(Request("s2", a))
+    eng.finish(Request("s3", a))
+    eng.close()
+
+
+def test_chunked_prefill_saves_each_completed_chunk(model, store):
+    eng = Engine(model, store)
+    a, _ = prompts()
+    ra = Request("a", a)
+    eng.admit(ra)
+    saved = [[len(s.tokens) for s in eng.step_new(ra, budget=20).saves]]
+    saved.append([len(s.tokens) for s in eng.step_cached(ra, budget=12).saves])
+    saved.append([len(s.tokens) for s in eng.step_cached(ra, budget=20).saves])
+    assert saved == [[16], [32], []]
+    assert store.lookup(a) == 32
+    eng.finish(ra)
+    eng.close()
+
+
+def test_flashinfer_caches_are_used_through_a_view(model, store):
+    flat = [torch.zeros(BLOCKS, 2, BS, model.kv_heads, model.head_dim) for _ in range(model.layers)]
+    eng = Engine(model, store, caches=[c.transpose(0, 1) for c in flat])
+    eng.worker.register_kv_caches(dict(zip(layer_names(model), flat)))
+    kv_a = serve_a(eng)
+    _, b = prompts()
+    rb = Request("b", b)
+    eng.admit(rb)
+    eng.load_only(rb)
+    assert torch.equal(model.kv_of(eng.caches, eng.blocks["b"], 32), kv_a)
+    eng.finish(rb)
+    eng.close()
+
+
+def test_worker_opens_the_store_the_scheduler_then_finds(model):
+    eng = Engine(model, extra={"ferry.store": NAME, "ferry.l1": "4M",
+                               "ferry.chunk_tokens": CHUNK})
+    s = registered_store(NAME)
+    assert s is not None and s.layout == ferry.Layout.from_kv_caches(eng.caches)
+    serve_a(eng)
+    _, b = prompts()
+    rb = Request("b", b)
+    assert eng.admit(rb) == 32
+    eng.finish(rb)
+    eng.close()
+    assert registered_store(NAME) is None
+
+
+def test_bad_configurations_are_refused(model, store):
+    cls = connector_class(vllm_config({}))
+    Role = _vllm_base.KVConnectorRole
+    with pytest.raises(NotImplementedError, match="ferry serve"):
+        cls(vllm_config({"ferry.server": "unix:/run/ferry.sock"}), Role.SCHEDULER)
+    c = cls(vllm_config({"ferry.store": "nowhere"}), Role.SCHEDULER)
+    with pytest.raises(RuntimeError, match="no store registered"):
+        c.get_num_new_matched_tokens(Request("x", range(40)), 0)
+    register_store(NAME, store)
+    w = cls(vllm_config({"ferry.store": NAME}), Role.WORKER)
+    wrong = [torch.zeros(2, 8, BS, 3, 8) for _ in range(model.layers)]
+    with pytest.raises(ValueError, match="the store"):
+        w.register_kv_caches(dict(zip(layer_names(model), wrong)))
+
+
+def test_a_fully_cached_prompt_leaves_vllm_its_last_token(model, store):
+    eng = Engine(model, store)
+    kv_a = serve_a(eng)
+    a, _ = prompts()
+    rd = Request("d", a[:32])               # every token of the prompt is in ferry
+    assert eng.admit(rd) == 31              # vLLM must compute the last one itself
+    meta = eng.step_new(rd)
+    assert [(s.need, len(s.tokens)) for s in meta.loads] == [(31, 32)]
+    # the loaded 31 tokens are a's (the 32nd is vLLM's own recompute)
+    assert torch.equal(model.kv_of(eng.caches, eng.blocks["d"], 31), kv_a[:, :, :31])
+    assert eng.errors == set()
+    eng.finish(rd)
+    eng.close()
