@@ -202,7 +202,7 @@ static void geometries_are_range_checked(void **state)
         {2, 8, (1u << 24) + 1, 1, 64, "slots 16777217", 1},
         {2, 8, UINT32_MAX, 1, 64, "slots", 1},
         {2, 8, 8, 0, 64, "banks 0", 0},
-        {2, 8, 8, FERRY_MOE_MAX_BANKS + 1, 64, "banks 5", 0},
+        {2, 8, 8, FERRY_MOE_MAX_BANKS + 1, 64, "banks 9", 0},
         {2, 8, 8, UINT32_MAX, 64, "banks", 0},
         {2, 8, 8, 1, 0, "row_bytes[0] 0", 0},
         {2, 8, 8, 1, (size_t)FERRY_MOE_MAX_ROW_BYTES + 1, "row_bytes[0]", 0},
@@ -238,7 +238,7 @@ static void geometries_are_range_checked(void **state)
         /* rows sources ignore slots: where only slots are wrong they may
          * open (without a device nothing touches the bank memory) */
         char bank[64];
-        void *base[FERRY_MOE_MAX_BANKS] = {bank, bank, bank, bank};
+        void *base[FERRY_MOE_MAX_BANKS] = {bank, bank, bank, bank, bank, bank, bank, bank};
         for (int k = 2; k < 5; k++) {
             ferry_moe_rows *r = (ferry_moe_rows *)0x1;
             if (k == 2)
@@ -811,12 +811,20 @@ static void a_prefetch_overlaps_and_then_hits(void **state)
     assert_int_equal(ferry_moe_slots_apply(s, &plan, rows, unknown, &nu), 3);
     assert_int_equal(ferry_moe_planner_prefetch(p, 1, next, 3, &plan), 3);
     assert_int_equal(ferry_moe_slots_prefetch_start(s, &plan, rows, unknown, &nu), 3);
-    /* pending: nothing else may touch the slots */
-    ferry_moe_copy_plan other = plan;
-    assert_int_equal(ferry_moe_slots_apply(s, &other, rows, NULL, NULL), FERRY_ESTATE);
-    assert_non_null(strstr(ferry_last_error(), "pending"));
+    /* pending: its slots are unknown until it is finished */
     assert_int_equal(ferry_moe_slots_occupant(s, plan.dst_slots[0]), FERRY_MOE_NONE);
     assert_int_equal(ferry_moe_slots_prefetch_finish(s, unknown, &nu), 3);
+    assert_int_equal(ferry_moe_slots_prefetch_finish(s, unknown, &nu), 0);
+    FT_ASSERT_OK(ferry_moe_check(p, s));
+    /* a later apply (here a warm one) finishes a pending prefetch first */
+    uint32_t r4[] = {4};
+    assert_int_equal(ferry_moe_planner_prefetch(p, 1, r4, 1, &plan), 1);
+    uint32_t pslot = plan.dst_slots[0];
+    ferry_moe_copy_plan warm = {0, 0, r4, r4};
+    assert_int_equal(ferry_moe_slots_prefetch_start(s, &plan, rows, unknown, &nu), 1);
+    assert_int_equal(ferry_moe_slots_occupant(s, pslot), FERRY_MOE_NONE);
+    assert_int_equal(ferry_moe_slots_apply(s, &warm, rows, unknown, &nu), 0);
+    assert_int_equal(ferry_moe_slots_occupant(s, pslot), 8 + 4);
     assert_int_equal(ferry_moe_slots_prefetch_finish(s, unknown, &nu), 0);
     FT_ASSERT_OK(ferry_moe_check(p, s));
     ferry_moe_counts c;
@@ -833,13 +841,13 @@ static void a_prefetch_overlaps_and_then_hits(void **state)
     }
     ferry_moe_slots_stats st = FERRY_MOE_SLOTS_STATS_INIT;
     ferry_moe_slots_stats_get(s, &st);
-    assert_int_equal(st.prefetch_plans, 1);
-    assert_int_equal(st.prefetch_rows, 3);
-    assert_int_equal(st.prefetch_bytes, 3 * W);
-    assert_int_equal(st.host_rows, 7);
+    assert_int_equal(st.prefetch_plans, 2);
+    assert_int_equal(st.prefetch_rows, 4);
+    assert_int_equal(st.prefetch_bytes, 4 * W);
+    assert_int_equal(st.host_rows, 8);
     ferry_moe_planner_stats ps = FERRY_MOE_PLANNER_STATS_INIT;
     ferry_moe_planner_stats_get(p, &ps);
-    assert_int_equal(ps.prefetch_bytes, 3 * W);
+    assert_int_equal(ps.prefetch_bytes, 4 * W);
     ferry_moe_planner_destroy(p);
     ferry_moe_slots_destroy(s);
 
@@ -854,11 +862,19 @@ static void a_prefetch_overlaps_and_then_hits(void **state)
     assert_int_equal(ferry_moe_slots_prefetch_start(s, &plan, rows, unknown, &nu), 3);
     assert_int_equal(f.prefetch_routes, 1);
     f.fail_pflush_at = 1;
-    assert_int_equal(ferry_moe_slots_prefetch_finish(s, unknown, &nu), -EIO);
+    /* the apply that finishes it reports the prefetch's slots and applies
+     * nothing of its own plan */
+    uint32_t u4[] = {4};
+    ferry_moe_copy_plan mine = {0, 1, u4, u4};
+    uint32_t before = ferry_moe_slots_occupant(s, 4);
+    assert_int_equal(ferry_moe_slots_apply(s, &mine, rows, unknown, &nu), -EIO);
+    assert_non_null(strstr(ferry_last_error(), "not applied"));
+    assert_int_equal(ferry_moe_slots_occupant(s, 4), before);
     assert_int_equal(nu, 3);
     for (uint32_t i = 0; i < nu; i++)
         FT_ASSERT_OK(ferry_moe_planner_forget(p, unknown[i]));
     FT_ASSERT_OK(ferry_moe_check(p, s));
+    assert_int_equal(ferry_moe_slots_prefetch_finish(s, unknown, &nu), 0);
     ferry_moe_planner_stats_get(p, &ps);
     assert_int_equal(ps.prefetch_wasted, 3);
     assert_int_equal(ps.prefetch_wasted_bytes, 3 * W);
@@ -882,6 +898,71 @@ static void a_prefetch_overlaps_and_then_hits(void **state)
     ferry_device_close(dev);
 }
 
+/* eight banks (gate, up and down weights, their scales, two more) of eight
+ * widths, from host memory and from a file packed bank after bank: every
+ * bank of every slot holds its own row */
+static void eight_banks_land_whole(void **state)
+{
+    (void)state;
+    enum { NB = FERRY_MOE_MAX_BANKS };
+    const uint32_t L = 2, E = 4;
+    ferry_moe_geometry g = geom(L, E, 4, 64);
+    g.banks = NB;
+    size_t off[NB], total = 0;
+    for (int b = 0; b < NB; b++) {
+        g.row_bytes[b] = 64 * (size_t)(b + 1) + (b & 1 ? 4096 : 0);
+        off[b] = total;
+        total += (size_t)L * E * g.row_bytes[b];
+    }
+    uint8_t *img = malloc(total);
+    assert_non_null(img);
+    ft_fill_pattern(img, total, 11);
+    void *base[NB];
+    for (int b = 0; b < NB; b++)
+        base[b] = img + off[b];
+    char dir[256], path[300];
+    ft_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/banks8.bin", dir);
+    int fd = open(path, O_CREAT | O_WRONLY | O_TRUNC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, img, total), (ssize_t)total);
+    close(fd);
+    ferry_device *dev = host_dev();
+    ferry_io_options io_o = FERRY_IO_OPTIONS_INIT;
+    io_o.engine = "posix";
+    io_o.device = dev;
+    ferry_io *io;
+    FT_ASSERT_OK(ferry_io_open(&io_o, &io));
+    ferry_moe_rows *src[2];
+    FT_ASSERT_OK(ferry_moe_rows_host(&g, base, NULL, 0, &src[0]));
+    FT_ASSERT_OK(ferry_moe_rows_file(&g, io, path, NULL, &src[1]));
+    uint8_t *buf = malloc(g.row_bytes[NB - 1]);
+    for (int k = 0; k < 2; k++) {
+        const ferry_moe_slot_device_ops *ops;
+        void *ctx;
+        ferry_moe_slots *s;
+        FT_ASSERT_OK(ferry_moe_device_slots_open(dev, &g, &ops, &ctx));
+        FT_ASSERT_OK(ferry_moe_slots_create(&g, ops, ctx, &s));
+        uint32_t dst[] = {2, 0, 3}, rowi[] = {3, 1, 0};
+        ferry_moe_copy_plan plan = {1, 3, dst, rowi};
+        assert_int_equal(ferry_moe_slots_apply(s, &plan, src[k], NULL, NULL), 3);
+        for (int i = 0; i < 3; i++)
+            for (int b = 0; b < NB; b++) {
+                size_t w = g.row_bytes[b];
+                read_slot(dev, ctx, (uint32_t)b, dst[i], buf, w);
+                assert_memory_equal(buf, img + off[b] + ((size_t)1 * E + rowi[i]) * w, w);
+            }
+        ferry_moe_slots_destroy(s);
+    }
+    free(buf);
+    ferry_moe_rows_destroy(src[0]);
+    ferry_moe_rows_destroy(src[1]);
+    ferry_io_close(io);
+    ferry_device_close(dev);
+    ft_rmtree(dir);
+    free(img);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -896,6 +977,7 @@ int main(void)
         cmocka_unit_test(nvme_rows_land_in_their_slots),
         cmocka_unit_test(out_of_memory_and_device_faults_leak_nothing),
         cmocka_unit_test(a_prefetch_overlaps_and_then_hits),
+        cmocka_unit_test(eight_banks_land_whole),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -38,8 +38,9 @@ extern "C" {
 
 /** No expert / no slot. */
 #define FERRY_MOE_NONE UINT32_MAX
-/** Most banks (gate, up, down, ...) an expert row may have. */
-#define FERRY_MOE_MAX_BANKS 4
+/** Most banks an expert row may have: gate, up and down weights with
+ * their scales (6) and two more. */
+#define FERRY_MOE_MAX_BANKS 8
 /** Most MoE layers of a model (traces, generator, planner, geometry). */
 #define FERRY_MOE_MAX_LAYERS 1024u
 /** Most experts per layer (traces, generator, planner, geometry). */
@@ -444,7 +445,7 @@ typedef struct ferry_moe_geometry {
 #define FERRY_MOE_GEOMETRY_INIT \
     {FERRY_FIELD(size) sizeof(ferry_moe_geometry), FERRY_FIELD(num_layers) 0, \
      FERRY_FIELD(num_experts) 0, FERRY_FIELD(slots) 0, FERRY_FIELD(banks) 0, \
-     FERRY_FIELD(row_bytes) {0, 0, 0, 0}}
+     FERRY_FIELD(row_bytes) {0, 0, 0, 0, 0, 0, 0, 0}}
 
 /**
  * Open a slot device on a ferry_device: the pool is ONE device allocation
@@ -541,7 +542,11 @@ FERRY_API const char *ferry_moe_slots_last_error(const ferry_moe_slots *s);
 FERRY_API void *ferry_moe_slots_device(const ferry_moe_slots *s);
 
 /**
- * Apply a copy plan (FERRY_ESTATE while a prefetch is pending): validated whole first (-EINVAL, nothing moves: halves
+ * Apply a copy plan. A pending prefetch is finished first (its slots may be
+ * the ones the plan names); if it did not land, its slots are listed in
+ * unknown_out, its error is returned and the plan is not applied (apply it
+ * again after forgetting them). Then the plan is validated whole (-EINVAL,
+ * nothing moves: halves
  * of the plan are one array pair so only n is checked, layer in range,
  * every slot in range and none named twice, every row present in rows and
  * exactly its bank's width - FERRY_EMISMATCH for a width). An empty plan is
@@ -549,7 +554,8 @@ FERRY_API void *ferry_moe_slots_device(const ferry_moe_slots *s);
  * before its first write and set after all its banks landed and the plan
  * flushed. A failed write leaves that slot (and the plan's later slots)
  * unknown; a failed flush leaves every slot of the plan unknown.
- * unknown_out (may be NULL, room for plan->n) receives the slots left
+ * unknown_out (may be NULL; room for plan->n, and for the pending
+ * prefetch's rows when one may be pending) receives the slots left
  * unknown by a failure and *n_unknown their count: pass each to
  * ferry_moe_planner_forget(). Returns the rows applied (0 for warm).
  */
@@ -560,7 +566,8 @@ FERRY_API int ferry_moe_slots_apply(ferry_moe_slots *s, const ferry_moe_copy_pla
  * Apply a gather plan (slot -> slot on the device). Refuses (-EINVAL,
  * nothing moves) a source whose occupant is unknown, a slot out of range,
  * a destination named twice, a destination that is also a source, or
- * src == dst. Billed to device bytes, never host bytes. Failures as apply.
+ * src == dst. Billed to device bytes, never host bytes. A pending prefetch
+ * is finished first and failures are reported, as for apply.
  */
 FERRY_API int ferry_moe_slots_gather(ferry_moe_slots *s, const ferry_moe_gather_plan *plan,
                                      uint32_t *unknown_out, uint32_t *n_unknown);

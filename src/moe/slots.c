@@ -315,12 +315,24 @@ static int write_row(ferry_moe_slots *s, const ferry_moe_rows *rows, uint32_t b,
     return rc;
 }
 
-static int refuse_pending(ferry_moe_slots *s, const char *what)
+/* a later plan finishes the pending prefetch first (its slots may be the
+ * ones the plan names); when it did not land, its slots are reported
+ * unknown and the plan is not applied */
+static int finish_pending(ferry_moe_slots *s, const char *what, uint32_t *unknown_out,
+                          uint32_t *n_unknown)
 {
-    return ferry__err_set(&s->err, FERRY_ESTATE,
-                          "moe %s: a prefetch of %u rows (layer %u) is pending: "
-                          "ferry_moe_slots_prefetch_finish() first",
-                          what, s->pend_n, s->pend_layer);
+    if (!s->pending)
+        return 0;
+    uint32_t n = s->pend_n, layer = s->pend_layer;
+    int rc = ferry_moe_slots_prefetch_finish(s, unknown_out, n_unknown);
+    if (rc >= 0)
+        return 0;
+    char cause[FERRY__ERRMSG_MAX];
+    snprintf(cause, sizeof cause, "%s", ferry_last_error());
+    return ferry__err_set(&s->err, rc,
+                          "moe %s: not applied: the pending prefetch of %u rows (layer %u) it "
+                          "finished first failed: %s",
+                          what, n, layer, cause);
 }
 
 static int apply_plan(ferry_moe_slots *s, const ferry_moe_copy_plan *plan,
@@ -378,14 +390,15 @@ static int apply_plan(ferry_moe_slots *s, const ferry_moe_copy_plan *plan,
         *n_unknown = 0;
     if (!s || !plan)
         return ferry__err_set(s ? &s->err : NULL, -EINVAL, "moe %s: no slots or plan", what);
-    if (s->pending)
-        return refuse_pending(s, what);
+    int rc = finish_pending(s, what, unknown_out, n_unknown);
+    if (rc < 0)
+        return rc;
     if (plan->n == 0) {
         s->st.plans++;
         s->st.warm_plans++;
         return 0;
     }
-    int rc = validate_copy(s, plan, rows);
+    rc = validate_copy(s, plan, rows);
     if (rc < 0)
         return rc;
     int route = FERRY_MOE_ROUTE_PER_ROW;
@@ -477,8 +490,9 @@ int ferry_moe_slots_gather(ferry_moe_slots *s, const ferry_moe_gather_plan *plan
         *n_unknown = 0;
     if (!s || !plan)
         return ferry__err_set(s ? &s->err : NULL, -EINVAL, "moe gather: no slots or plan");
-    if (s->pending)
-        return refuse_pending(s, "gather");
+    int prc = finish_pending(s, "gather", unknown_out, n_unknown);
+    if (prc < 0)
+        return prc;
     if (plan->n == 0) {
         s->st.gather_plans++;
         s->st.warm_plans++;
