@@ -312,6 +312,25 @@ static void the_routing_policy_stays_consistent_through_waves(void **state)
     ferry_moe_planner_destroy(p);
 }
 
+static void a_prefetch_that_cannot_fit_places_nothing(void **state)
+{
+    (void)state;
+    /* 6 slots; the step pins 4; a prefetch of 3 misses cannot fit whole */
+    ferry_moe_planner *p = mk(2, 16, 6, "lru");
+    uint32_t now[] = {0, 1, 2, 3}, three[] = {5, 6, 7}, two[] = {5, 6};
+    assert_int_equal(ferry_moe_planner_ensure(p, 0, now, 4, NULL, NULL, NULL), 4);
+    ferry_moe_copy_plan plan;
+    assert_int_equal(ferry_moe_planner_prefetch(p, 1, three, 3, &plan), FERRY_ENOSPACE);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(ferry_moe_planner_lookup(p, 1, three[i]), FERRY_MOE_NONE);
+    assert_int_equal(ferry_moe_planner_prefetch(p, 1, two, 2, &plan), 2);
+    /* the next step unpins: now 2 more fit, evicting the old step */
+    uint32_t next[] = {5};
+    assert_int_equal(ferry_moe_planner_ensure(p, 1, next, 1, NULL, NULL, NULL), 0);
+    assert_int_equal(ferry_moe_planner_prefetch(p, 0, three, 3, &plan), 3);
+    ferry_moe_planner_destroy(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -321,6 +340,7 @@ int main(void)
         cmocka_unit_test(every_policy_replays_budgets_below_a_layer),
         cmocka_unit_test(lru_layer_divides_by_the_layers_a_capture_logged),
         cmocka_unit_test(the_routing_policy_stays_consistent_through_waves),
+        cmocka_unit_test(a_prefetch_that_cannot_fit_places_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -36,6 +36,7 @@ struct ferry_moe_planner {
     double *free_key;     /* all zero: free slots order by index */
     uint64_t *seen;       /* per id: gen of the call that last saw it */
     uint64_t gen, step, pin_now;
+    uint32_t n_pinned;    /* slots with pin_step == pin_now */
     uint32_t token, last_layer;
     int started;
     /* an open stream: its distinct ids (resident ones first), the next one
@@ -50,6 +51,21 @@ struct ferry_moe_planner {
     uint64_t expert_bytes;
     ferry_moe_planner_stats st;
 };
+
+/* pin a slot for the current step (or wave), counted once */
+static void pin(ferry_moe_planner *p, uint32_t slot)
+{
+    if (p->pin_step[slot] != p->pin_now) {
+        p->pin_step[slot] = p->pin_now;
+        p->n_pinned++;
+    }
+}
+
+static void unpin_all(ferry_moe_planner *p)
+{
+    p->pin_now++;
+    p->n_pinned = 0;
+}
 
 static const ferry__policy_ops *const registry[] = {
     &ferry__policy_lru,    &ferry__policy_lru_layer, &ferry__policy_lfu,
@@ -341,7 +357,7 @@ static int place_misses(ferry_moe_planner *p, const char *what, uint32_t layer, 
                                   what, layer, id % p->E, p->slots);
         p->occupant[slot] = id;
         p->where[id] = slot;
-        p->pin_step[slot] = p->pin_now;
+        pin(p, slot);
         p->prefetched[slot] = (uint8_t)(prefetch != 0);
         int rc = p->pol->ops->insert(p->pol, slot, id, prefetch);
         if (rc < 0) {
@@ -349,6 +365,7 @@ static int place_misses(ferry_moe_planner *p, const char *what, uint32_t layer, 
             p->occupant[slot] = FERRY_MOE_NONE;
             p->prefetched[slot] = 0;
             p->pin_step[slot] = UINT64_MAX;
+            p->n_pinned--;
             (void)ferry__heap_set(&p->freeh, slot, 0);
             return ferry__err_set(&p->err, rc, "moe %s: layer %u expert %u: policy %s: %s", what,
                                   layer, id % p->E, p->pops->name, ferry_strerror(rc));
@@ -402,7 +419,7 @@ static int step_begin(ferry_moe_planner *p, const char *what, uint32_t layer,
     p->started = 1;
     p->last_layer = layer;
     p->step++;
-    p->pin_now++;
+    unpin_all(p);
     return 0;
 }
 
@@ -417,7 +434,7 @@ static uint32_t step_hits(ferry_moe_planner *p, uint32_t nu, uint32_t *nm, uint3
             miss[(*nm)++] = id;
             continue;
         }
-        p->pin_step[slot] = p->pin_now;
+        pin(p, slot);
         if (p->prefetched[slot]) {
             p->prefetched[slot] = 0;
             pf_hits++;
@@ -508,7 +525,7 @@ int ferry_moe_planner_stream_next(ferry_moe_planner *p, ferry_moe_wave *w)
         return 0;
     }
     if (!p->st_first)
-        p->pin_now++; /* the waves before may be evicted now */
+        unpin_all(p); /* the waves before may be evicted now */
     p->st_first = 0;
     uint32_t k = p->st_n - p->st_pos < p->slots ? p->st_n - p->st_pos : p->slots, nm = 0;
     const uint32_t *ids = p->st_ids + p->st_pos;
@@ -517,7 +534,7 @@ int ferry_moe_planner_stream_next(ferry_moe_planner *p, ferry_moe_wave *w)
         if (slot == FERRY_MOE_NONE)
             p->miss[nm++] = ids[i];
         else
-            p->pin_step[slot] = p->pin_now;
+            pin(p, slot);
     }
     int rc = place_misses(p, "stream", layer, nm, 0);
     if (rc < 0) {
@@ -558,8 +575,15 @@ int ferry_moe_planner_prefetch(ferry_moe_planner *p, uint32_t layer, const uint3
         if (slot == FERRY_MOE_NONE)
             p->miss[nm++] = id;
         else
-            p->pin_step[slot] = p->pin_now;  /* named here: not a victim now */
+            pin(p, slot); /* named here: not a victim now */
     }
+    /* refused whole rather than half placed: every miss needs a slot that
+     * no expert of the step (or of this call) pins */
+    if (nm > p->slots - p->n_pinned)
+        return ferry__err_set(&p->err, FERRY_ENOSPACE,
+                              "moe prefetch: layer %u: %u experts to place, %u of %u slots "
+                              "free of the current step's pins: nothing placed",
+                              layer, nm, p->slots - p->n_pinned, p->slots);
     rc = place_misses(p, "prefetch", layer, nm, 1);
     if (rc < 0)
         return rc;
@@ -590,6 +614,8 @@ int ferry_moe_planner_forget(ferry_moe_planner *p, uint32_t slot)
     if (p->occupant[slot] == FERRY_MOE_NONE)
         return 0;
     drop(p, slot, 0);
+    if (p->pin_step[slot] == p->pin_now)
+        p->n_pinned--;
     p->pin_step[slot] = UINT64_MAX;
     (void)ferry__heap_set(&p->freeh, slot, 0);
     p->st.forgotten++;
@@ -662,6 +688,7 @@ int ferry_moe_planner_resize(ferry_moe_planner *p, uint32_t new_slots)
     p->free_key = fkey;
     p->freeh = fh;
     p->slots = new_slots;
+    p->n_pinned = 0; /* the new pin array pins nothing */
     p->st.evictions += (uint64_t)dropped;
     return dropped;
 }
