@@ -64,7 +64,8 @@ int main(void)
     K(remote_lookups); K(remote_lookup_chunks); K(remote_found_chunks); K(remote_puts);
     K(remote_put_bytes); K(remote_written); K(remote_dropped); K(remote_gets);
     K(remote_get_bytes); K(remote_misses); K(remote_refused); K(remote_errors);
-    K(remote_degraded); K(remote_down); K(corrupt_chunks); E();
+    K(remote_degraded); K(remote_down); K(corrupt_chunks); K(device_chunks);
+    K(device_copy_calls); E();
 #undef K
     printf("\n}\n");
     return 0;

@@ -8,6 +8,7 @@
  * ferry declares for itself are checked against it at compile time.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 
 #include "device/cuda_api.h"
 #include "device/device_impl.h"
+#include "ferry/kv.h"
 #include "ferry_test.h"
 
 /* ---- compile-time check of the prototypes against the real cuda.h ---- */
@@ -54,6 +56,28 @@ _Static_assert(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED ==
 _Static_assert(CU_MEMHOSTREGISTER_PORTABLE == FERRY__CU_MEMHOSTREGISTER_PORTABLE, "PORTABLE");
 _Static_assert(CU_STREAM_NON_BLOCKING == FERRY__CU_STREAM_NON_BLOCKING, "NON_BLOCKING");
 _Static_assert(CU_EVENT_DEFAULT == FERRY__CU_EVENT_DEFAULT, "EVENT_DEFAULT");
+#if CUDA_VERSION >= 12080
+/* the optional batched copy: CUDA 13's export, and the attributes' layout */
+#if CUDA_VERSION >= 13000
+_Static_assert(__builtin_types_compatible_p(
+                   __typeof__(&cuMemcpyBatchAsync_v2),
+                   CUresult (*)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t,
+                                CUmemcpyAttributes *, size_t *, size_t, CUstream)),
+               "cuMemcpyBatchAsync_v2");
+#endif
+_Static_assert(sizeof(CUmemcpyAttributes) == sizeof(ferry__CUmemcpyAttributes), "attrs size");
+_Static_assert(offsetof(CUmemcpyAttributes, srcAccessOrder) ==
+                   offsetof(ferry__CUmemcpyAttributes, srcAccessOrder), "srcAccessOrder");
+_Static_assert(offsetof(CUmemcpyAttributes, srcLocHint) ==
+                   offsetof(ferry__CUmemcpyAttributes, srcLocHint), "srcLocHint");
+_Static_assert(offsetof(CUmemcpyAttributes, dstLocHint) ==
+                   offsetof(ferry__CUmemcpyAttributes, dstLocHint), "dstLocHint");
+_Static_assert(offsetof(CUmemcpyAttributes, flags) == offsetof(ferry__CUmemcpyAttributes, flags),
+               "flags");
+_Static_assert(sizeof(CUmemLocation) == sizeof(ferry__CUmemLocation), "CUmemLocation");
+_Static_assert(CU_MEMCPY_SRC_ACCESS_ORDER_STREAM == FERRY__CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+               "ORDER_STREAM");
+#endif
 #endif
 
 /* ---- the fake driver ---- */
@@ -71,6 +95,8 @@ static int g_live_dev, g_live_host, g_live_reg, g_live_streams, g_live_events;
 static int g_nstreams;
 static _Thread_local ferry__CUcontext t_current;
 static float g_clock_ms;
+static int g_single_copies;           /* cuMemcpy{HtoD,DtoH,DtoD}Async_v2 calls */
+static int g_batch_calls, g_batch_copies, g_batch_bad_attrs;
 
 struct fake_event {
     float t_ms;
@@ -225,6 +251,7 @@ static ferry__CUresult f_cuMemcpyHtoDAsync_v2(ferry__CUdeviceptr d, const void *
 {
     CTX_REQUIRED();
     logf_("cuMemcpyHtoDAsync_v2(0x%llx, %p, %zu, %p)", d, s, n, (void *)st);
+    __atomic_add_fetch(&g_single_copies, 1, __ATOMIC_SEQ_CST);
     ferry__CUresult r = injected("cuMemcpyHtoDAsync_v2");
     if (r == 0)
         memcpy((void *)(uintptr_t)d, s, n);
@@ -235,6 +262,7 @@ static ferry__CUresult f_cuMemcpyDtoHAsync_v2(void *d, ferry__CUdeviceptr s, siz
 {
     CTX_REQUIRED();
     logf_("cuMemcpyDtoHAsync_v2(%p, 0x%llx, %zu, %p)", d, s, n, (void *)st);
+    __atomic_add_fetch(&g_single_copies, 1, __ATOMIC_SEQ_CST);
     ferry__CUresult r = injected("cuMemcpyDtoHAsync_v2");
     if (r == 0)
         memcpy(d, (void *)(uintptr_t)s, n);
@@ -245,6 +273,7 @@ static ferry__CUresult f_cuMemcpyDtoDAsync_v2(ferry__CUdeviceptr d, ferry__CUdev
 {
     CTX_REQUIRED();
     logf_("cuMemcpyDtoDAsync_v2(0x%llx, 0x%llx, %zu, %p)", d, s, n, (void *)st);
+    __atomic_add_fetch(&g_single_copies, 1, __ATOMIC_SEQ_CST);
     ferry__CUresult r = injected("cuMemcpyDtoDAsync_v2");
     if (r == 0)
         memmove((void *)(uintptr_t)d, (void *)(uintptr_t)s, n);
@@ -354,6 +383,44 @@ static ferry__CUresult f_cuGetErrorString(ferry__CUresult e, const char **s)
     }
     *s = NULL;
     return 1;
+}
+
+/* one fake for both exports: v1 has failIdx, v2 has none */
+static ferry__CUresult fake_batch(const char *fn, ferry__CUdeviceptr *dsts,
+                                  ferry__CUdeviceptr *srcs, size_t *sizes, size_t count,
+                                  ferry__CUmemcpyAttributes *attrs, size_t *idxs, size_t nattrs,
+                                  size_t *fail, ferry__CUstream st)
+{
+    CTX_REQUIRED();
+    logf_("%s(%zu copies, %p)", fn, count, (void *)st);
+    __atomic_add_fetch(&g_batch_calls, 1, __ATOMIC_SEQ_CST);
+    if (nattrs != 1 || idxs[0] != 0 ||
+        attrs[0].srcAccessOrder != FERRY__CU_MEMCPY_SRC_ACCESS_ORDER_STREAM ||
+        attrs[0].srcLocHint.type != 0 || attrs[0].dstLocHint.type != 0 || attrs[0].flags != 0)
+        __atomic_add_fetch(&g_batch_bad_attrs, 1, __ATOMIC_SEQ_CST);
+    ferry__CUresult r = injected(fn);
+    for (size_t i = 0; i < count; i++) {
+        if (r && i == 1) { /* an injected failure hits the second copy */
+            if (fail)
+                *fail = i;
+            return r;
+        }
+        memcpy((void *)(uintptr_t)dsts[i], (const void *)(uintptr_t)srcs[i], sizes[i]);
+        __atomic_add_fetch(&g_batch_copies, 1, __ATOMIC_SEQ_CST);
+    }
+    return r;
+}
+static ferry__CUresult f_batch_v2(ferry__CUdeviceptr *d, ferry__CUdeviceptr *s, size_t *n,
+                                  size_t count, ferry__CUmemcpyAttributes *a, size_t *ai,
+                                  size_t na, ferry__CUstream st)
+{
+    return fake_batch("cuMemcpyBatchAsync_v2", d, s, n, count, a, ai, na, NULL, st);
+}
+static ferry__CUresult f_batch_v1(ferry__CUdeviceptr *d, ferry__CUdeviceptr *s, size_t *n,
+                                  size_t count, ferry__CUmemcpyAttributes *a, size_t *ai,
+                                  size_t na, size_t *fail, ferry__CUstream st)
+{
+    return fake_batch("cuMemcpyBatchAsync", d, s, n, count, a, ai, na, fail, st);
 }
 
 static const struct ferry__cuda_api fake_api = {
@@ -737,6 +804,180 @@ static void close_gives_back_leftovers(void **state)
     ferry_log_set_level(level);
 }
 
+
+/* ---- batched copies ---- */
+
+/* the fake driver with the batched copy of a CUDA 13 driver (2), of 12.8
+ * (1), or none (0) */
+static void use_batch_driver(int version)
+{
+    static struct ferry__cuda_api api;
+    api = fake_api;
+    api.p_cuMemcpyBatchAsync_v2 = version == 2 ? f_batch_v2 : NULL;
+    api.p_cuMemcpyBatchAsync_v1 = version == 1 ? f_batch_v1 : NULL;
+    ferry__cuda_set_api_for_test(&api);
+    fake_reset();
+    g_single_copies = g_batch_calls = g_batch_copies = g_batch_bad_attrs = 0;
+}
+
+static void a_batch_is_one_driver_call_where_the_driver_has_one(void **state)
+{
+    (void)state;
+    for (int version = 2; version >= 0; version--) {
+        use_batch_driver(version);
+        ferry_device *dev = open_cuda();
+        unsigned char src[3][512], out[3][512];
+        ferry_devptr d = 0;
+        FT_ASSERT_OK(ferry_device_alloc(dev, 3 * 512, &d));
+        ferry_stream *s = NULL;
+        FT_ASSERT_OK(ferry_stream_create(dev, &s));
+        ferry_copy up[4], down[3];
+        for (int i = 0; i < 3; i++) {
+            ft_fill_pattern(src[i], 512, (unsigned)(10 + i));
+            up[i] = (ferry_copy){d + (uint64_t)(2 - i) * 512, (uintptr_t)src[i], 512};
+            down[i] = (ferry_copy){(uintptr_t)out[i], d + (uint64_t)(2 - i) * 512, 512};
+        }
+        up[3] = (ferry_copy){d, (uintptr_t)src[0], 0}; /* empty: skipped */
+        memset(out, 0, sizeof out);
+        int want = version ? 1 : 3;
+        assert_int_equal(ferry_memcpy_batch_async(s, FERRY_COPY_HTOD, up, 4), want);
+        assert_int_equal(ferry_memcpy_batch_async(s, FERRY_COPY_DTOH, down, 3), want);
+        FT_ASSERT_OK(ferry_stream_sync(s));
+        for (int i = 0; i < 3; i++)
+            assert_int_equal(ft_check_pattern(out[i], 512, (unsigned)(10 + i)), -1);
+        assert_int_equal(g_batch_calls, version ? 2 : 0);
+        assert_int_equal(g_single_copies, version ? 0 : 6);
+        assert_int_equal(g_batch_bad_attrs, 0);
+        if (version == 2)
+            assert_true(log_prefix(0, "cuMemcpyBatchAsync_v2(3 copies") >= 0);
+        if (version == 1)
+            assert_true(log_prefix(0, "cuMemcpyBatchAsync(3 copies") >= 0);
+        /* one copy, or none, needs no batch */
+        assert_int_equal(ferry_memcpy_batch_async(s, FERRY_COPY_HTOD, up, 1), 1);
+        assert_int_equal(ferry_memcpy_batch_async(s, FERRY_COPY_HTOD, up + 3, 1), 0);
+        assert_int_equal(ferry_memcpy_batch_async(s, FERRY_COPY_HTOD, NULL, 0), 0);
+        FT_ASSERT_OK(ferry_stream_destroy(s));
+        FT_ASSERT_OK(ferry_device_free(dev, d));
+        ferry_device_close(dev);
+    }
+}
+
+static void a_batch_refuses_bad_copies_and_names_a_failed_one(void **state)
+{
+    (void)state;
+    use_batch_driver(1);
+    ferry_device *dev = open_cuda();
+    ferry_devptr d = 0;
+    FT_ASSERT_OK(ferry_device_alloc(dev, 1024, &d));
+    ferry_stream *s = NULL;
+    FT_ASSERT_OK(ferry_stream_create(dev, &s));
+    unsigned char buf[1024] = {0};
+    ferry_copy c[2] = {{d, (uintptr_t)buf, 512}, {d + 512, 0, 512}};
+    assert_int_equal(ferry_memcpy_batch_async(s, FERRY_COPY_HTOD, c, 2), -EINVAL);
+    assert_int_equal(g_batch_calls, 0); /* checked whole before anything is queued */
+    c[1].src = (uintptr_t)(buf + 512);
+    assert_int_equal(ferry_memcpy_batch_async(s, 7, c, 2), -EINVAL);
+    assert_int_equal(ferry_memcpy_batch_async(NULL, FERRY_COPY_HTOD, c, 2), -EINVAL);
+    assert_int_equal(ferry_memcpy_batch_async(s, FERRY_COPY_HTOD, NULL, 2), -EINVAL);
+    fake_fail_next("cuMemcpyBatchAsync", 700);
+    assert_int_equal(ferry_memcpy_batch_async(s, FERRY_COPY_HTOD, c, 2), FERRY_EDRIVER);
+    assert_msg_has(ferry_device_last_error(dev), "cuMemcpyBatchAsync(2 copies");
+    assert_msg_has(ferry_device_last_error(dev), "copy 1");
+    assert_msg_has(ferry_device_last_error(dev), "CUDA_ERROR_ILLEGAL_ADDRESS");
+    FT_ASSERT_OK(ferry_stream_destroy(s));
+    FT_ASSERT_OK(ferry_device_free(dev, d));
+    ferry_device_close(dev);
+}
+
+/* a KV store over the fake driver: paged device buffers of 16-token
+ * blocks, scattered, so a 64-token chunk is 2 * layers * 4 runs */
+#define KL 4u
+#define KCHUNK 64u
+#define KBT 16u
+#define KCHUNKS 4u
+#define KBLOCKS 32u
+
+static void kv_round_trip(int version, uint64_t *chunks, uint64_t *calls)
+{
+    use_batch_driver(version);
+    ferry_device *dev = open_cuda();
+    ferry_kv_config cfg = FERRY_KV_CONFIG_INIT;
+    cfg.model = "fake";
+    cfg.layout.num_layers = KL;
+    cfg.layout.num_heads = 2;
+    cfg.layout.head_dim = 8;
+    cfg.chunk_tokens = KCHUNK;
+    cfg.device = dev;
+    uint64_t tb = 2 * 8 * 2, cb = 0;
+    FT_ASSERT_OK(ferry_kv_layout_chunk_bytes(&cfg.layout, KCHUNK, &cb));
+    cfg.l1_bytes = 8 * cb;
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&cfg, &kv));
+    size_t plane = KBLOCKS * KBT * tb;
+    ferry_devptr src = 0, dst = 0;
+    FT_ASSERT_OK(ferry_device_alloc(dev, 2 * KL * plane, &src));
+    FT_ASSERT_OK(ferry_device_alloc(dev, 2 * KL * plane, &dst));
+    ft_fill_pattern((void *)(uintptr_t)src, 2 * KL * plane, 77); /* fake device = host */
+    memset((void *)(uintptr_t)dst, 0, 2 * KL * plane);
+    uint64_t sb[2 * KL], db[2 * KL];
+    for (unsigned i = 0; i < 2 * KL; i++) {
+        sb[i] = src + i * plane;
+        db[i] = dst + i * plane;
+    }
+    int32_t st[KCHUNKS * KCHUNK / KBT], dt[KCHUNKS * KCHUNK / KBT];
+    for (unsigned b = 0; b < KCHUNKS * KCHUNK / KBT; b++) {
+        st[b] = (int32_t)((b * 7) % KBLOCKS);      /* never two in a row */
+        dt[b] = (int32_t)(KBLOCKS - 1 - b * 2 % KBLOCKS);
+    }
+    ferry_kv_buffer in = FERRY_KV_BUFFER_INIT, out = FERRY_KV_BUFFER_INIT;
+    in.layout = out.layout = cfg.layout;
+    in.mem = out.mem = FERRY_KV_MEM_DEVICE;
+    in.form = out.form = FERRY_KV_PAGED;
+    in.block_tokens = out.block_tokens = KBT;
+    in.num_blocks = out.num_blocks = KBLOCKS;
+    in.block_bases = sb;
+    out.block_bases = db;
+    in.block_table = st;
+    out.block_table = dt;
+    in.table_len = out.table_len = KCHUNKS * KCHUNK / KBT;
+    int32_t tok[KCHUNKS * KCHUNK];
+    for (unsigned t = 0; t < KCHUNKS * KCHUNK; t++)
+        tok[t] = (int32_t)(t * 3 + 1);
+    assert_int_equal(ferry_kv_store(kv, tok, KCHUNKS * KCHUNK, NULL, &in), KCHUNKS * KCHUNK);
+    assert_int_equal(ferry_kv_retrieve(kv, tok, KCHUNKS * KCHUNK, NULL, &out),
+                     KCHUNKS * KCHUNK);
+    for (unsigned p = 0; p < 2 * KL; p++)
+        for (unsigned t = 0; t < KCHUNKS * KCHUNK; t++)
+            assert_memory_equal((void *)(uintptr_t)(db[p] + ((uint64_t)dt[t / KBT] * KBT +
+                                                             t % KBT) * tb),
+                                (void *)(uintptr_t)(sb[p] + ((uint64_t)st[t / KBT] * KBT +
+                                                             t % KBT) * tb),
+                                tb);
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
+    *chunks = m.device_chunks;
+    *calls = m.device_copy_calls;
+    ferry_kv_close(kv);
+    FT_ASSERT_OK(ferry_device_free(dev, src));
+    FT_ASSERT_OK(ferry_device_free(dev, dst));
+    ferry_device_close(dev);
+}
+
+static void kv_device_chunks_move_in_one_driver_call_each(void **state)
+{
+    (void)state;
+    uint64_t chunks = 0, calls = 0;
+    kv_round_trip(2, &chunks, &calls);
+    assert_int_equal(chunks, 2 * KCHUNKS);             /* stored and retrieved */
+    assert_int_equal(calls, chunks);                   /* one batch per chunk */
+    assert_int_equal(g_batch_calls, calls);
+    assert_int_equal(g_batch_copies, 2 * KCHUNKS * 2 * KL * (KCHUNK / KBT));
+    kv_round_trip(0, &chunks, &calls);                 /* no batched copy in the driver */
+    assert_int_equal(chunks, 2 * KCHUNKS);
+    assert_int_equal(calls, chunks * 2 * KL * (KCHUNK / KBT));
+    assert_int_equal(g_single_copies, calls);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -752,6 +993,12 @@ int main(void)
         cmocka_unit_test_setup_teardown(every_thread_gets_the_context, setup_fake,
                                         teardown_fake),
         cmocka_unit_test_setup_teardown(close_gives_back_leftovers, setup_fake, teardown_fake),
+        cmocka_unit_test_setup_teardown(a_batch_is_one_driver_call_where_the_driver_has_one,
+                                        setup_fake, teardown_fake),
+        cmocka_unit_test_setup_teardown(a_batch_refuses_bad_copies_and_names_a_failed_one,
+                                        setup_fake, teardown_fake),
+        cmocka_unit_test_setup_teardown(kv_device_chunks_move_in_one_driver_call_each,
+                                        setup_fake, teardown_fake),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

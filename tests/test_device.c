@@ -449,6 +449,45 @@ static void objects_of_two_devices_do_not_mix(void **state)
 
 /* ---- fault injection ---- */
 
+static void batch_copies_on_host_check_everything_first(void **state)
+{
+    (void)state;
+    ferry_device *dev = open_host();
+    ferry_devptr d = 0, e = 0;
+    FT_ASSERT_OK(ferry_device_alloc(dev, 4096, &d));
+    FT_ASSERT_OK(ferry_device_alloc(dev, 4096, &e));
+    ferry_stream *s = NULL;
+    FT_ASSERT_OK(ferry_stream_create(dev, &s));
+    unsigned char a[1024], b[1024], out[2048];
+    ft_fill_pattern(a, sizeof a, 1);
+    ft_fill_pattern(b, sizeof b, 2);
+    ferry_copy up[3] = {{d + 1024, (uintptr_t)a, 1024}, {d, (uintptr_t)b, 1024},
+                        {d + 2048, (uintptr_t)a, 0}};
+    assert_int_equal(ferry_memcpy_batch_async(s, FERRY_COPY_HTOD, up, 3), 2); /* a call each */
+    ferry_copy dd = {e, d, 2048};
+    assert_int_equal(ferry_memcpy_batch_async(s, FERRY_COPY_DTOD, &dd, 1), 1);
+    ferry_copy down = {(uintptr_t)out, e, 2048};
+    assert_int_equal(ferry_memcpy_batch_async(s, FERRY_COPY_DTOH, &down, 1), 1);
+    FT_ASSERT_OK(ferry_stream_sync(s));
+    assert_int_equal(ft_check_pattern(out, 1024, 2), -1);
+    assert_int_equal(ft_check_pattern(out + 1024, 1024, 1), -1);
+    /* the third copy runs past its allocation: refused, and the first two
+     * were not queued either */
+    memset(out, 0, sizeof out);
+    ferry_copy bad[3] = {{(uintptr_t)out, e, 1024}, {(uintptr_t)out + 1024, e + 1024, 1024},
+                         {(uintptr_t)out, e + 3072, 2048}};
+    assert_int_equal(ferry_memcpy_batch_async(s, FERRY_COPY_DTOH, bad, 3), FERRY_EBOUNDS);
+    assert_non_null(strstr(ferry_device_last_error(dev), "memcpy batch"));
+    FT_ASSERT_OK(ferry_stream_sync(s));
+    for (size_t i = 0; i < sizeof out; i++)
+        assert_int_equal(out[i], 0);
+    assert_int_equal(ferry_memcpy_batch_async(s, -1, bad, 1), -EINVAL);
+    FT_ASSERT_OK(ferry_stream_destroy(s));
+    FT_ASSERT_OK(ferry_device_free(dev, d));
+    FT_ASSERT_OK(ferry_device_free(dev, e));
+    ferry_device_close(dev);
+}
+
 static void fail_nth_alloc_then_retry(void **state)
 {
     (void)state;
@@ -753,6 +792,7 @@ int main(void)
         cmocka_unit_test(upload_download_memset_roundtrip),
         cmocka_unit_test(copies_outside_allocations_are_refused),
         cmocka_unit_test(async_copies_and_cross_stream_order),
+        cmocka_unit_test(batch_copies_on_host_check_everything_first),
         cmocka_unit_test(events_elapsed_needs_records),
         cmocka_unit_test(objects_of_two_devices_do_not_mix),
         cmocka_unit_test(fail_nth_alloc_then_retry),

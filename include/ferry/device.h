@@ -176,6 +176,37 @@ FERRY_API int ferry_memcpy_htod_async(ferry_stream *s, ferry_devptr dst, const v
 FERRY_API int ferry_memcpy_dtoh_async(ferry_stream *s, void *dst, ferry_devptr src, size_t n);
 FERRY_API int ferry_memcpy_dtod_async(ferry_stream *s, ferry_devptr dst, ferry_devptr src, size_t n);
 
+/** One copy of a batch: addresses as its kind says (a host address or a
+ *  ferry_devptr), and its length in bytes (0: skipped). */
+typedef struct ferry_copy {
+    uint64_t dst;
+    uint64_t src;
+    uint64_t bytes;
+} ferry_copy;
+
+enum ferry_copy_kind {
+    FERRY_COPY_HTOD = 0, /**< host src -> device dst */
+    FERRY_COPY_DTOH = 1, /**< device src -> host dst */
+    FERRY_COPY_DTOD = 2  /**< device src -> device dst */
+};
+
+/**
+ * Queue copies[0..n) of one kind on s as one batch: a single driver call
+ * where the backend has a batched copy (cuda: cuMemcpyBatchAsync, CUDA 12.8
+ * and later, loaded when the driver exports it; source access in stream
+ * order), one call per copy otherwise (the host backend, older drivers,
+ * and whenever test faults are armed). The batch runs in stream order with
+ * other work; the copies within it may run in any order among themselves,
+ * so no copy may write what another reads or writes. Every copy is checked
+ * before any is queued. Returns the number of driver calls it took (0 when
+ * every copy was empty), or a code as ferry_memcpy_*_async: -EINVAL (NULL
+ * s or copies with n > 0, an unknown kind, an address 0), FERRY_EBOUNDS,
+ * FERRY_EDRIVER. After a failure part of the batch may have been queued;
+ * synchronize before reusing its buffers.
+ */
+FERRY_API int ferry_memcpy_batch_async(ferry_stream *s, int kind, const ferry_copy *copies,
+                                       size_t n);
+
 /* ---- events ---- */
 /** Create an event (timing enabled). A never-recorded event counts as complete. */
 FERRY_API int ferry_event_create(ferry_device *dev, ferry_event **out);

@@ -577,6 +577,11 @@ typedef struct ferry_kv_stats {
     /** chunks read from L2 or the remote whose key or checksum did not match
      *  what was stored: each became a miss (and lost that copy), never bytes */
     uint64_t corrupt_chunks;
+    /** chunks moved between device buffers and L1, and the device driver
+     *  calls that moved them: a chunk's runs go in one batched copy where
+     *  the driver has one (calls / chunks = 1), else one call per run */
+    uint64_t device_chunks;
+    uint64_t device_copy_calls;
 } ferry_kv_stats;
 
 #define FERRY_KV_STATS_INIT \
@@ -592,7 +597,8 @@ typedef struct ferry_kv_stats {
      FERRY_FIELD(remote_puts) 0, FERRY_FIELD(remote_put_bytes) 0, FERRY_FIELD(remote_written) 0, \
      FERRY_FIELD(remote_dropped) 0, FERRY_FIELD(remote_gets) 0, FERRY_FIELD(remote_get_bytes) 0, \
      FERRY_FIELD(remote_misses) 0, FERRY_FIELD(remote_refused) 0, FERRY_FIELD(remote_errors) 0, \
-     FERRY_FIELD(remote_degraded) 0, FERRY_FIELD(remote_down) 0, FERRY_FIELD(corrupt_chunks) 0}
+     FERRY_FIELD(remote_degraded) 0, FERRY_FIELD(remote_down) 0, FERRY_FIELD(corrupt_chunks) 0, \
+     FERRY_FIELD(device_chunks) 0, FERRY_FIELD(device_copy_calls) 0}
 
 /**
  * A snapshot of the store's counters, as every ferry_<object>_stats_get:

@@ -75,7 +75,8 @@ class KVStats(_Sized):
             "remote_lookups", "remote_lookup_chunks", "remote_found_chunks", "remote_puts",
             "remote_put_bytes", "remote_written", "remote_dropped", "remote_gets",
             "remote_get_bytes", "remote_misses", "remote_refused", "remote_errors",
-            "remote_degraded")] + [("remote_down", _u32), ("corrupt_chunks", _u64)]
+            "remote_degraded")] + [("remote_down", _u32), ("corrupt_chunks", _u64),
+                                  ("device_chunks", _u64), ("device_copy_calls", _u64)]
 
 
 # name -> structure, the set test_abi checks against the C compiler's view

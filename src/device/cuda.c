@@ -92,6 +92,12 @@ static void load_locked(void)
     FERRY__CUDA_API_LIST(FERRY__CUDA_SYM, ferry__CUresult, ferry__CUdevice, ferry__CUcontext,
                          ferry__CUstream, ferry__CUevent, ferry__CUdeviceptr)
 #undef FERRY__CUDA_SYM
+    /* optional entry points: absent on older drivers */
+    void *opt = dlsym(h, "cuMemcpyBatchAsync_v2");
+    memcpy(&api.p_cuMemcpyBatchAsync_v2, &opt, sizeof opt);
+    opt = dlsym(h, "cuMemcpyBatchAsync");
+    memcpy(&api.p_cuMemcpyBatchAsync_v1, &opt, sizeof opt);
+    dlerror();
     g_api = api;
     g_handle = h;
     g_state = 1;
@@ -432,6 +438,55 @@ static int c_memcpy_dtoh(ferry_stream *s, void *dst, ferry_devptr src, size_t n,
                     src, n, (void *)CS(s));
 }
 
+/* copies in one cuMemcpyBatchAsync call; FERRY_ENOTSUP without one */
+static int c_memcpy_batch(ferry_stream *s, int kind, const ferry_copy *copies, size_t n)
+{
+    (void)kind; /* unified addressing: the driver tells host from device */
+    struct cuda_dev *cd = CD(s->dev);
+    const struct ferry__cuda_api *api = cd->api;
+    if (!api->p_cuMemcpyBatchAsync_v2 && !api->p_cuMemcpyBatchAsync_v1)
+        return FERRY_ENOTSUP;
+    int rc = ctx_enter(cd);
+    if (rc < 0)
+        return rc;
+    if (n > SIZE_MAX / (2 * sizeof(ferry__CUdeviceptr) + sizeof(size_t)))
+        return ferry__err_set(NULL, -EINVAL, "device cuda: memcpy batch of %zu copies", n);
+    ferry__CUdeviceptr *a = ferry__malloc(n * (2 * sizeof *a + sizeof(size_t)));
+    if (!a)
+        return ferry__err_set(NULL, -ENOMEM, "device cuda: memcpy batch of %zu: out of memory",
+                              n);
+    ferry__CUdeviceptr *dsts = a, *srcs = a + n;
+    size_t *sizes = (size_t *)(void *)(a + 2 * n), count = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!copies[i].bytes)
+            continue;
+        dsts[count] = copies[i].dst;
+        srcs[count] = copies[i].src;
+        sizes[count++] = (size_t)copies[i].bytes;
+    }
+    ferry__CUmemcpyAttributes attr;
+    memset(&attr, 0, sizeof attr);
+    attr.srcAccessOrder = FERRY__CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+    size_t idx = 0, fail = SIZE_MAX;
+    ferry__CUresult r;
+    const char *fn;
+    if (api->p_cuMemcpyBatchAsync_v2) {
+        fn = "cuMemcpyBatchAsync_v2";
+        r = api->p_cuMemcpyBatchAsync_v2(dsts, srcs, sizes, count, &attr, &idx, 1, CS(s));
+    } else {
+        fn = "cuMemcpyBatchAsync";
+        r = api->p_cuMemcpyBatchAsync_v1(dsts, srcs, sizes, count, &attr, &idx, 1, &fail, CS(s));
+    }
+    if (r != FERRY__CUDA_SUCCESS && fail < count)
+        rc = cu_check(api, r, "%s(%zu copies, stream=%p): copy %zu (dst=0x%llx, src=0x%llx, %zu "
+                      "bytes)", fn, count, (void *)CS(s), fail, (unsigned long long)dsts[fail],
+                      (unsigned long long)srcs[fail], sizes[fail]);
+    else
+        rc = cu_check(api, r, "%s(%zu copies, stream=%p)", fn, count, (void *)CS(s));
+    ferry__free(a);
+    return rc;
+}
+
 static int c_memcpy_dtod(ferry_stream *s, ferry_devptr dst, ferry_devptr src, size_t n,
                          const struct ferry__copy_fault *f)
 {
@@ -555,6 +610,7 @@ const struct ferry__device_ops ferry__device_cuda_ops = {
     .memcpy_htod = c_memcpy_htod,
     .memcpy_dtoh = c_memcpy_dtoh,
     .memcpy_dtod = c_memcpy_dtod,
+    .memcpy_batch = c_memcpy_batch,
     .event_create = c_event_create,
     .event_destroy = c_event_destroy,
     .event_record = c_event_record,

@@ -77,13 +77,43 @@ FERRY__CUDA_API_LIST(FERRY__CUDA_PFN, ferry__CUresult, ferry__CUdevice, ferry__C
                      ferry__CUstream, ferry__CUevent, ferry__CUdeviceptr)
 #undef FERRY__CUDA_PFN
 
-/* the resolved driver: one pointer per function, member p_<symbol> */
+/*
+ * Batched copies (CUDA 12.8 and later), optional: a driver without them
+ * leaves the pointers NULL and ferry copies one call per run. CUDA 13
+ * exports cuMemcpyBatchAsync_v2 (what cuda.h's cuMemcpyBatchAsync means
+ * there); 12.8 and 12.9 export cuMemcpyBatchAsync with a trailing failIdx.
+ * Every copy of a batch needs attributes: ferry passes one entry for all
+ * (attrsIdxs {0}) asking for source access in stream order.
+ */
+typedef struct ferry__CUmemLocation {
+    int type; /* CUmemLocationType; 0 (invalid) = no hint */
+    int id;
+} ferry__CUmemLocation;
+typedef struct ferry__CUmemcpyAttributes {
+    int srcAccessOrder; /* CUmemcpySrcAccessOrder */
+    ferry__CUmemLocation srcLocHint;
+    ferry__CUmemLocation dstLocHint;
+    unsigned int flags;
+} ferry__CUmemcpyAttributes;
+#define FERRY__CU_MEMCPY_SRC_ACCESS_ORDER_STREAM 1
+typedef ferry__CUresult (*ferry__pfn_cuMemcpyBatchAsync_v2)(
+    ferry__CUdeviceptr *dsts, ferry__CUdeviceptr *srcs, size_t *sizes, size_t count,
+    ferry__CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs, ferry__CUstream hStream);
+typedef ferry__CUresult (*ferry__pfn_cuMemcpyBatchAsync_v1)(
+    ferry__CUdeviceptr *dsts, ferry__CUdeviceptr *srcs, size_t *sizes, size_t count,
+    ferry__CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs, size_t *failIdx,
+    ferry__CUstream hStream);
+
+/* the resolved driver: one pointer per function, member p_<symbol>, then
+ * the optional ones (NULL when the driver does not export them) */
 struct ferry__cuda_api {
 #define FERRY__CUDA_MEMBER(name, R, params) ferry__pfn_##name p_##name;
     FERRY__CUDA_API_LIST(FERRY__CUDA_MEMBER, ferry__CUresult, ferry__CUdevice,
                          ferry__CUcontext, ferry__CUstream, ferry__CUevent,
                          ferry__CUdeviceptr)
 #undef FERRY__CUDA_MEMBER
+    ferry__pfn_cuMemcpyBatchAsync_v2 p_cuMemcpyBatchAsync_v2; /* "cuMemcpyBatchAsync_v2" */
+    ferry__pfn_cuMemcpyBatchAsync_v1 p_cuMemcpyBatchAsync_v1; /* "cuMemcpyBatchAsync" */
 };
 
 /*

@@ -812,6 +812,77 @@ int ferry_memcpy_dtod_async(ferry_stream *s, ferry_devptr dst, ferry_devptr src,
     return rc < 0 ? dev_pass(dev, rc) : 0;
 }
 
+static int copy_one(ferry_stream *s, int kind, const ferry_copy *c)
+{
+    switch (kind) {
+    case FERRY_COPY_HTOD:
+        return ferry_memcpy_htod_async(s, c->dst, (const void *)(uintptr_t)c->src, c->bytes);
+    case FERRY_COPY_DTOH:
+        return ferry_memcpy_dtoh_async(s, (void *)(uintptr_t)c->dst, c->src, c->bytes);
+    default:
+        return ferry_memcpy_dtod_async(s, c->dst, c->src, c->bytes);
+    }
+}
+
+/* every copy of a batch checked before any is queued; *nonempty counts them */
+static int batch_check(ferry_stream *s, int kind, const ferry_copy *copies, size_t n,
+                       size_t *nonempty)
+{
+    ferry_device *dev = s->dev;
+    *nonempty = 0;
+    for (size_t i = 0; i < n; i++) {
+        const ferry_copy *c = &copies[i];
+        if (c->bytes == 0)
+            continue;
+        if (c->bytes > SIZE_MAX || !c->dst || !c->src)
+            return dev_fail(dev, -EINVAL,
+                            "device %s: memcpy batch: copy %zu of %zu (%" PRIu64 " bytes) has %s",
+                            dev->ops->name, i, n, c->bytes,
+                            c->bytes > SIZE_MAX ? "a length past SIZE_MAX" : "an address 0");
+        int rc = 0;
+        if (kind != FERRY_COPY_HTOD)
+            rc = check_range(dev, c->src, (size_t)c->bytes, "memcpy batch", "source");
+        if (rc == 0 && kind != FERRY_COPY_DTOH)
+            rc = check_range(dev, c->dst, (size_t)c->bytes, "memcpy batch", "destination");
+        if (rc < 0)
+            return rc;
+        (*nonempty)++;
+    }
+    return 0;
+}
+
+int ferry_memcpy_batch_async(ferry_stream *s, int kind, const ferry_copy *copies, size_t n)
+{
+    if (!s || (!copies && n))
+        return ferry__err_set(NULL, -EINVAL, "memcpy batch: %s is NULL", s ? "copies" : "stream");
+    ferry_device *dev = s->dev;
+    if (kind != FERRY_COPY_HTOD && kind != FERRY_COPY_DTOH && kind != FERRY_COPY_DTOD)
+        return dev_fail(dev, -EINVAL, "device %s: memcpy batch: unknown kind %d",
+                        dev->ops->name, kind);
+    size_t nonempty = 0;
+    int rc = batch_check(s, kind, copies, n, &nonempty);
+    if (rc < 0 || nonempty == 0)
+        return rc;
+    /* one driver call when the backend has one and no test fault is armed
+     * (faults count copy calls one by one) */
+    if (dev->ops->memcpy_batch && nonempty > 1 &&
+        !atomic_load_explicit(&dev->faults_on, memory_order_acquire)) {
+        rc = dev->ops->memcpy_batch(s, kind, copies, n);
+        if (rc != FERRY_ENOTSUP)
+            return rc < 0 ? dev_pass(dev, rc) : 1;
+    }
+    int calls = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (copies[i].bytes == 0)
+            continue;
+        rc = copy_one(s, kind, &copies[i]);
+        if (rc < 0)
+            return rc;
+        calls++;
+    }
+    return calls;
+}
+
 /* ---- synchronous helpers on the internal stream ---- */
 
 /* with helper_lock held */

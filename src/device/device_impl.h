@@ -58,6 +58,10 @@ struct ferry__device_ops {
                        const struct ferry__copy_fault *f);
     int (*memcpy_dtod)(ferry_stream *s, ferry_devptr dst, ferry_devptr src, size_t n,
                        const struct ferry__copy_fault *f);
+    /* optional: copies[0..n) (checked; empty ones skipped) in one driver call;
+     * FERRY_ENOTSUP when this driver has no batched copy (the front then
+     * queues them one by one) */
+    int (*memcpy_batch)(ferry_stream *s, int kind, const ferry_copy *copies, size_t n);
 
     /* event_create fills e->impl */
     int (*event_create)(ferry_device *dev, ferry_event *e);

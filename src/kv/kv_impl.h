@@ -276,10 +276,15 @@ int ferry__kv_buffer_check(const ferry_kv_buffer *buf, const ferry_kv_layout *la
 /*
  * Copy tokens [tok0, tok0 + ntok) between buf and a chunk image at host
  * address chunk (layout [kv][layers][chunk_tokens][token bytes]). to_chunk:
- * buf -> chunk. Device buffers: queued on s (the caller syncs it).
+ * buf -> chunk. Device buffers: queued on s as one batch (the caller syncs
+ * it). Returns the device driver calls it took (0 for host buffers) or a
+ * negative code.
  */
 int ferry__kv_xfer(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
                    uint32_t ntok, void *chunk, int to_chunk, ferry_stream *s, ferry__errbuf *eb);
+/* count one chunk moved by ferry__kv_xfer in `calls` driver calls
+ * (device buffers only) */
+void ferry__kv_count_device_copy(ferry_kv *kv, const ferry_kv_buffer *buf, int calls);
 /* the runs of that copy, in the chunk image's address order: fn(ctx, the
  * buffer's address, the image's, length); stops at fn's first failure */
 typedef int (*ferry__kv_run_fn)(void *ctx, uint64_t addr, unsigned char *img, uint64_t len);
@@ -397,6 +402,7 @@ struct ferry_kv {
         stored_bytes, retrieves, retrieved_chunks, retrieved_bytes, misses, prefetched,
         deleted, failures, alloc_failures, lock_expired;
     atomic_uint_fast64_t corrupt; /* chunks read from below L1 that failed their check */
+    atomic_uint_fast64_t device_chunks, device_calls; /* device buffer <-> L1 moves */
     ferry__kv_hist h_lookup, h_store, h_retrieve;
 };
 

@@ -79,6 +79,8 @@ static void snapshot(ferry_kv *kv, ferry_kv_stats *out)
     m.alloc_failures = LD(kv->alloc_failures);
     m.lock_expired = LD(kv->lock_expired);
     m.corrupt_chunks = LD(kv->corrupt);
+    m.device_chunks = LD(kv->device_chunks);
+    m.device_copy_calls = LD(kv->device_calls);
     pthread_mutex_lock(&kv->mu);
     m.chunks = kv->count;
     for (int t = 1; t < FERRY_KV_TIERS; t++) {
@@ -215,6 +217,10 @@ int ferry_kv_metrics_prometheus(ferry_kv *kv, char *buf, size_t len)
     counter(&b, "corrupt_chunks_total",
             "Chunks read from below L1 that failed their key or checksum check (misses).",
             m.corrupt_chunks);
+    counter(&b, "device_chunks_total", "Chunks moved between device buffers and L1.",
+            m.device_chunks);
+    counter(&b, "device_copy_calls_total",
+            "Device driver calls that moved them (a batched copy is one).", m.device_copy_calls);
     put(&b, "# HELP ferry_kv_chunks Chunks in the index.\n# TYPE ferry_kv_chunks gauge\n"
             "ferry_kv_chunks %llu\n",
         (unsigned long long)m.chunks);

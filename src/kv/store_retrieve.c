@@ -127,6 +127,7 @@ static void rt_copy_chunk(rtv *r, size_t i, const void *src)
             r->copy_rc = ferry__kv_err_pass(kv, rc);
         r->c[i].st = rc;
     } else {
+        ferry__kv_count_device_copy(kv, r->buf, rc);
         r->c[i].st = 0;
         r->got++;
     }

@@ -119,10 +119,12 @@ static void wr_copy(wr *w)
     for (size_t k = 0; k < w->np && w->copy_rc == 0; k++) {
         size_t c = w->p[k].chunk;
         void *slot = w->l1->ops->host_ptr(w->l1, w->p[k].e->loc[FERRY_KV_TIER_L1]);
-        w->copy_rc = ferry__kv_xfer(w->buf, kv->chunk_tokens, (uint64_t)c * kv->chunk_tokens,
-                                    w->p[k].e->tokens, slot, 1, w->s, NULL);
-        if (w->copy_rc < 0)
-            ferry__kv_err_pass(kv, w->copy_rc);
+        int rc = ferry__kv_xfer(w->buf, kv->chunk_tokens, (uint64_t)c * kv->chunk_tokens,
+                                w->p[k].e->tokens, slot, 1, w->s, NULL);
+        if (rc < 0)
+            w->copy_rc = ferry__kv_err_pass(kv, rc);
+        else
+            ferry__kv_count_device_copy(kv, w->buf, rc);
     }
     if (w->s && w->np) {
         int r = ferry_stream_sync(w->s);

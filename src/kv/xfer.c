@@ -113,25 +113,6 @@ int ferry__kv_buffer_check(const ferry_kv_buffer *buf, const ferry_kv_layout *la
     return 0;
 }
 
-static int run(const ferry_kv_buffer *buf, uint64_t addr, unsigned char *img, uint64_t len,
-               int to_chunk, ferry_stream *s, ferry__errbuf *eb)
-{
-    if (buf->mem == FERRY_KV_MEM_HOST) {
-        if (to_chunk)
-            memcpy(img, (const void *)(uintptr_t)addr, len);
-        else
-            memcpy((void *)(uintptr_t)addr, img, len);
-        return 0;
-    }
-    int rc = to_chunk ? ferry_memcpy_dtoh_async(s, img, (ferry_devptr)addr, len)
-                      : ferry_memcpy_htod_async(s, (ferry_devptr)addr, img, len);
-    if (rc < 0)
-        return ferry__err_set(eb, rc, "kv: device copy of %llu bytes %s 0x%llx: %s",
-                              (unsigned long long)len, to_chunk ? "from" : "to",
-                              (unsigned long long)addr, ferry_last_error());
-    return 0;
-}
-
 int ferry__kv_xfer_walk(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
                         uint32_t ntok, void *chunk, ferry__kv_run_fn fn, void *ctx)
 {
@@ -174,22 +155,71 @@ int ferry__kv_xfer_walk(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint6
     return 0;
 }
 
+/* a chunk's runs as one batch of device copies */
 typedef struct xctx {
     const ferry_kv_buffer *buf;
     int to_chunk;
-    ferry_stream *s;
-    ferry__errbuf *eb;
+    ferry_copy *c;
+    size_t n, cap;
+    ferry_copy local[128];
 } xctx;
 
 static int xrun(void *ctx, uint64_t addr, unsigned char *img, uint64_t len)
 {
     xctx *x = ctx;
-    return run(x->buf, addr, img, len, x->to_chunk, x->s, x->eb);
+    if (x->buf->mem == FERRY_KV_MEM_HOST) {
+        if (x->to_chunk)
+            memcpy(img, (const void *)(uintptr_t)addr, len);
+        else
+            memcpy((void *)(uintptr_t)addr, img, len);
+        return 0;
+    }
+    if (x->n == x->cap) {
+        size_t cap = x->cap * 2;
+        ferry_copy *c = x->c == x->local ? ferry__malloc(cap * sizeof *c)
+                                         : ferry__realloc(x->c, cap * sizeof *c);
+        if (!c)
+            return ferry__err_set(NULL, -ENOMEM, "kv: a batch of %zu device copies: out of memory",
+                                  cap);
+        if (x->c == x->local)
+            memcpy(c, x->local, sizeof x->local);
+        x->c = c;
+        x->cap = cap;
+    }
+    ferry_copy *c = &x->c[x->n++];
+    c->dst = x->to_chunk ? (uint64_t)(uintptr_t)img : addr;
+    c->src = x->to_chunk ? addr : (uint64_t)(uintptr_t)img;
+    c->bytes = len;
+    return 0;
 }
 
 int ferry__kv_xfer(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
                    uint32_t ntok, void *chunk, int to_chunk, ferry_stream *s, ferry__errbuf *eb)
 {
-    xctx x = {buf, to_chunk, s, eb};
-    return ferry__kv_xfer_walk(buf, chunk_tokens, tok0, ntok, chunk, xrun, &x);
+    xctx x;
+    x.buf = buf;
+    x.to_chunk = to_chunk;
+    x.c = x.local;
+    x.n = 0;
+    x.cap = sizeof x.local / sizeof x.local[0];
+    int rc = ferry__kv_xfer_walk(buf, chunk_tokens, tok0, ntok, chunk, xrun, &x);
+    if (rc == 0 && buf->mem != FERRY_KV_MEM_HOST) {
+        rc = ferry_memcpy_batch_async(s, to_chunk ? FERRY_COPY_DTOH : FERRY_COPY_HTOD, x.c, x.n);
+        if (rc < 0)
+            rc = ferry__err_set(eb, rc, "kv: %zu device copies %s the engine's buffer: %s", x.n,
+                                to_chunk ? "from" : "to", ferry_last_error());
+    } else if (rc < 0 && eb) {
+        ferry__err_set(eb, rc, "%s", ferry_last_error());
+    }
+    if (x.c != x.local)
+        ferry__free(x.c);
+    return rc;
+}
+
+void ferry__kv_count_device_copy(ferry_kv *kv, const ferry_kv_buffer *buf, int calls)
+{
+    if (buf->mem != FERRY_KV_MEM_DEVICE)
+        return;
+    atomic_fetch_add_explicit(&kv->device_chunks, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&kv->device_calls, (uint64_t)calls, memory_order_relaxed);
 }
