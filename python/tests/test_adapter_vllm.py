@@ -417,3 +417,48 @@ def test_a_fully_cached_prompt_leaves_vllm_its_last_token(model, store):
     assert eng.errors == set()
     eng.finish(rd)
     eng.close()
+
+
+def test_a_preempted_request_reloads_its_own_prefix(model, store):
+    """Preemption: vLLM frees the request's blocks, looks it up again when it
+    reschedules it (get_num_new_matched_tokens with num_computed_tokens 0),
+    and sends it as a cached request in resumed_req_ids with all its new
+    block ids (CachedRequestData, vllm/v1/core/sched/output.py)."""
+    eng = Engine(model, store)
+    serve_a(eng)
+    _, b = prompts()
+    rb = Request("b", b)
+    eng.admit(rb)
+    eng.step_new(rb)                        # b's 64 tokens computed and stored
+    kv_b = model.kv_of(eng.caches, eng.blocks["b"], 64).clone()
+    eng.free.extend(eng.blocks.pop("b"))    # preempted: blocks freed
+    for c in eng.caches:
+        c.zero_()
+    rb.num_computed_tokens = 0
+    eng.free.reverse()                      # other blocks this time
+    assert eng.admit(rb) == 63
+    so = SimpleNamespace(
+        scheduled_new_reqs=[],
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=["b"], resumed_req_ids={"b"}, new_token_ids=[[]], all_token_ids={},
+            new_block_ids=[(eng.blocks["b"],)], num_computed_tokens=[63], num_output_tokens=[0]),
+        num_scheduled_tokens={"b": 1}, finished_req_ids=set())
+    meta = eng.sched.build_connector_meta(so)
+    assert [(s.need, s.block_ids) for s in meta.loads] == [(63, eng.blocks["b"])]
+    assert meta.saves == []                 # nothing new to store
+    eng.worker.bind_connector_metadata(meta)
+    eng.worker.start_load_kv(None)
+    eng.worker.clear_connector_metadata()
+    assert torch.equal(model.kv_of(eng.caches, eng.blocks["b"], 63), kv_b[:, :, :63])
+    eng.finish(rb)
+    eng.close()
+
+
+def test_caches_ferry_cannot_reach_are_refused_at_registration(model, store):
+    register_store(NAME, store)
+    w = connector_class(vllm_config({"ferry.store": NAME}))(
+        vllm_config({"ferry.store": NAME}), _vllm_base.KVConnectorRole.WORKER)
+    meta = [torch.zeros(2, 8, BS, model.kv_heads, model.head_dim, device="meta")
+            for _ in range(model.layers)]
+    with pytest.raises(ValueError, match="device"):
+        w.register_kv_caches(dict(zip(layer_names(model), meta)))

@@ -48,6 +48,9 @@ writing at, so this case costs one extra copy; a load with no local hit is
 zero-copy). vLLM's cache_salt is ferry's salt. Only prompt tokens are
 stored, in whole chunks; decode tokens are not.
 
+One KV cache group (no hybrid allocator: the connector does not declare
+SupportsHMA, so vLLM keeps one group for it); block ids are group 0's.
+
 Engine versions: written against vLLM's KVConnectorBase_V1 of 2025-2026
 (three-argument constructor with kv_cache_config, also the older two); its
 caches are per layer [2, num_blocks, block_size, heads, head_dim]
@@ -62,6 +65,7 @@ import re
 from dataclasses import dataclass, field
 
 from .. import errors
+from .._buffers import Buffer
 from ..errors import FerryError
 from ..kv import KVStore, Layout
 from . import no_server, register_store, registered_store
@@ -123,6 +127,16 @@ def _extra(vllm_config):
     ktc = getattr(vllm_config, "kv_transfer_config", None)
     extra = getattr(ktc, "kv_connector_extra_config", None) or {}
     return dict(extra)
+
+
+def _tp_rank_world(vllm_config):
+    """This worker's tensor-parallel rank and world size (0, 1 outside vLLM)."""
+    pc = getattr(vllm_config, "parallel_config", None)
+    world = int(getattr(pc, "tensor_parallel_size", 1) or 1)
+    if world == 1:
+        return 0, 1
+    from vllm.distributed import get_tensor_model_parallel_rank
+    return get_tensor_model_parallel_rank(), world
 
 
 def _layer_order(names):
@@ -195,10 +209,12 @@ class FerryConnector(KVConnectorBase_V1):
         if found is None and "ferry.l1" in self._extra:
             e = self._extra
             mc = getattr(self._vllm_config, "model_config", None)
+            rank, world = _tp_rank_world(self._vllm_config)
             found = KVStore(model=str(e.get("ferry.model", getattr(mc, "model", "vllm"))),
                             layout=layout, l1=e["ferry.l1"], l2=e.get("ferry.l2"),
                             chunk_tokens=int(e.get("ferry.chunk_tokens", 0)),
-                            persistent=bool(e.get("ferry.persistent", False)))
+                            persistent=bool(e.get("ferry.persistent", False)),
+                            tp_rank=rank, tp_world=world)
             register_store(self._name, found)
             self._opened = True
         self._store = found
@@ -302,6 +318,7 @@ class FerryConnector(KVConnectorBase_V1):
         if store.layout != layout:
             raise ValueError(f"ferry: vLLM's caches are {layout}, the store {self._name!r} "
                              f"holds {store.layout}")
+        Buffer(layout, caches, [0], writable=True)  # dtype, device, strides: refused now
         self._layer_names = names
         self._caches = caches
         self._layout = layout
