@@ -462,3 +462,27 @@ def test_caches_ferry_cannot_reach_are_refused_at_registration(model, store):
             for _ in range(model.layers)]
     with pytest.raises(ValueError, match="device"):
         w.register_kv_caches(dict(zip(layer_names(model), meta)))
+
+
+def test_multimodal_inputs_are_part_of_the_key(model, store):
+    """Requests with images carry the same placeholder token ids for any image;
+    vLLM tells them apart by Request.mm_features[i].identifier."""
+    eng = Engine(model, store)
+    a, _ = prompts()
+
+    def with_image(rid, ident):
+        r = Request(rid, a)
+        r.mm_features = [SimpleNamespace(identifier=ident)]
+        return r
+
+    r1 = with_image("m1", "image-1")
+    eng.admit(r1)
+    eng.step_new(r1)
+    eng.finish(r1)
+    r2, r3 = with_image("m2", "image-2"), with_image("m3", "image-1")
+    assert eng.admit(r2) == 0               # same tokens, another image
+    assert eng.admit(r3) == 32
+    assert eng.admit(Request("m4", a)) == 0  # and no image at all
+    for r in (r2, r3, Request("m4", a)):
+        eng.finish(r)
+    eng.close()

@@ -45,7 +45,9 @@ own prefix-cache hit are never written: when vLLM already computed part of
 a prefix, the load goes through a host staging tensor and copies only the
 rest into vLLM's blocks (libferry's retrieve has no "first token" to start
 writing at, so this case costs one extra copy; a load with no local hit is
-zero-copy). vLLM's cache_salt is ferry's salt. Only prompt tokens are
+zero-copy). vLLM's cache_salt is ferry's salt, with the identities of a request's
+multimodal inputs added (their placeholder token ids do not tell images
+apart). Only prompt tokens are
 stored, in whole chunks; decode tokens are not.
 
 One KV cache group (no hybrid allocator: the connector does not declare
@@ -139,6 +141,18 @@ def _tp_rank_world(vllm_config):
     return get_tensor_model_parallel_rank(), world
 
 
+def _salt_of(request):
+    """ferry's salt for a request: vLLM's cache_salt, and the identities of
+    its multimodal inputs (their placeholder token ids are the same for any
+    image, so a prefix with another image must not match)."""
+    salt = getattr(request, "cache_salt", None)
+    mm = [str(getattr(f, "identifier", f)) for f in getattr(request, "mm_features", None) or []]
+    mm = mm or [str(h) for h in getattr(request, "mm_hashes", None) or []]
+    if mm:
+        salt = (salt or "") + "\0mm\0" + "\0".join(mm)
+    return salt
+
+
 def _layer_order(names):
     """vLLM's layer names in layer order ("model.layers.7.self_attn.attn")."""
     idx = {}
@@ -225,7 +239,7 @@ class FerryConnector(KVConnectorBase_V1):
         """Tokens ferry can supply beyond vLLM's num_computed_tokens, and
         False: loads are synchronous (done before the step's forward)."""
         tokens = list(getattr(request, "all_token_ids", None) or request.prompt_token_ids or [])
-        salt = getattr(request, "cache_salt", None)
+        salt = _salt_of(request)
         prompt = getattr(request, "prompt_token_ids", None)
         st = self._reqs.get(request.request_id)
         if st is None:
@@ -262,6 +276,8 @@ class FerryConnector(KVConnectorBase_V1):
         sched = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             st = self._reqs.get(new.req_id)
+            if st is None and getattr(new, "mm_features", None):
+                continue  # never looked up: its multimodal salt is unknown here
             if st is None:
                 toks = list(new.prompt_token_ids or [])
                 st = self._reqs[new.req_id] = _Req(tokens=toks, prompt_len=len(toks))
