@@ -889,6 +889,66 @@ static void a_batch_refuses_bad_copies_and_names_a_failed_one(void **state)
     ferry_device_close(dev);
 }
 
+static void engine_streams_and_events_are_used_not_owned(void **state)
+{
+    (void)state;
+    use_batch_driver(2);
+    ferry_device *dev = open_cuda();
+    ferry__CUstream engine = (ferry__CUstream)(uintptr_t)0x7770;
+    ferry__CUevent eng_ev = NULL;
+    t_current = FAKE_CTX;
+    assert_int_equal(f_cuEventCreate(&eng_ev, 0), 0); /* the engine's own event */
+    ferry_stream *s = NULL;
+    ferry_event *e = NULL;
+    FT_ASSERT_OK(ferry_stream_import(dev, (uint64_t)(uintptr_t)engine, &s));
+    FT_ASSERT_OK(ferry_event_import(dev, (uint64_t)(uintptr_t)eng_ev, &e));
+    assert_int_equal(ferry_stream_handle(s), (uint64_t)(uintptr_t)engine);
+    ferry_devptr d = 0;
+    FT_ASSERT_OK(ferry_device_alloc(dev, 1024, &d));
+    unsigned char src[1024];
+    ft_fill_pattern(src, sizeof src, 3);
+    ferry_copy c[2] = {{d, (uintptr_t)src, 512}, {d + 512, (uintptr_t)(src + 512), 512}};
+    assert_int_equal(ferry_memcpy_batch_async(s, FERRY_COPY_HTOD, c, 2), 1);
+    assert_logged("cuMemcpyBatchAsync_v2(2 copies, %p)", (void *)engine);
+    FT_ASSERT_OK(ferry_event_record(e, s));
+    assert_logged("cuEventRecord(%p, %p)", (void *)eng_ev, (void *)engine);
+    FT_ASSERT_OK(ferry_stream_wait_event(s, e));
+    FT_ASSERT_OK(ferry_stream_sync(s));
+    int before = g_nlog, streams = g_live_streams, events = g_live_events;
+    FT_ASSERT_OK(ferry_stream_destroy(s));
+    ferry_event_destroy(e);
+    assert_int_equal(log_prefix(before, "cuStreamDestroy"), -1); /* the engine's to destroy */
+    assert_int_equal(log_prefix(before, "cuStreamSynchronize"), -1);
+    assert_int_equal(log_prefix(before, "cuEventDestroy"), -1);
+    assert_int_equal(g_live_streams, streams);
+    assert_int_equal(g_live_events, events);
+
+    /* the legacy default stream (0): taken, but a batch goes copy by copy */
+    FT_ASSERT_OK(ferry_stream_import(dev, 0, &s));
+    g_single_copies = 0;
+    assert_int_equal(ferry_memcpy_batch_async(s, FERRY_COPY_HTOD, c, 2), 2);
+    assert_int_equal(g_single_copies, 2);
+    /* left for close: it forgets imported wrappers without destroying them */
+    FT_ASSERT_OK(ferry_event_import(dev, (uint64_t)(uintptr_t)eng_ev, &e));
+    assert_int_equal(ferry_event_import(dev, 0, &e), -EINVAL);
+    assert_int_equal(ferry_stream_import(dev, 1, NULL), -EINVAL);
+    FT_ASSERT_OK(ferry_device_free(dev, d));
+    before = g_nlog;
+    ferry_device_close(dev);
+    assert_int_equal(log_prefix(before, "cuEventDestroy"), -1);
+    assert_int_equal(f_cuEventDestroy_v2(eng_ev), 0);
+    t_current = NULL;
+
+    /* the host backend has no engine streams */
+    ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
+    o.backend = "host";
+    FT_ASSERT_OK(ferry_device_open(&o, &dev));
+    assert_int_equal(ferry_stream_import(dev, 0x10, &s), FERRY_ENOTSUP);
+    assert_msg_has(ferry_device_last_error(dev), "stream import");
+    assert_int_equal(ferry_event_import(dev, 0x10, &e), FERRY_ENOTSUP);
+    ferry_device_close(dev);
+}
+
 /* a KV store over the fake driver: paged device buffers of 16-token
  * blocks, scattered, so a 64-token chunk is 2 * layers * 4 runs */
 #define KL 4u
@@ -998,6 +1058,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(a_batch_refuses_bad_copies_and_names_a_failed_one,
                                         setup_fake, teardown_fake),
         cmocka_unit_test_setup_teardown(kv_device_chunks_move_in_one_driver_call_each,
+                                        setup_fake, teardown_fake),
+        cmocka_unit_test_setup_teardown(engine_streams_and_events_are_used_not_owned,
                                         setup_fake, teardown_fake),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

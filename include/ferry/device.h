@@ -159,6 +159,24 @@ FERRY_API int ferry_stream_create(ferry_device *dev, ferry_stream **out);
  * yet reported (the stream is destroyed anyway). NULL does nothing (0).
  */
 FERRY_API int ferry_stream_destroy(ferry_stream *s);
+/**
+ * Wrap a stream the engine created (on cuda, a CUstream, as
+ * torch.cuda.Stream.cuda_stream gives it; 0 is the legacy default stream)
+ * so ferry's copies are queued on it, in the engine's order with its own
+ * work. ferry does not own it: ferry_stream_destroy frees only the wrapper
+ * (no wait, no cuStreamDestroy), and the engine keeps the stream alive
+ * while ferry uses it. Errors: -EINVAL (NULL), FERRY_ENOTSUP (a backend
+ * without raw streams: host), -ENOMEM.
+ */
+FERRY_API int ferry_stream_import(ferry_device *dev, uint64_t handle, ferry_stream **out);
+/**
+ * Wrap an engine's event (on cuda, a CUevent) for ferry_event_record,
+ * ferry_stream_wait_event, query and sync: the way an engine and ferry
+ * order work between their streams without blocking the host.
+ * ferry_event_destroy frees only the wrapper. Errors: -EINVAL (NULL, a 0
+ * handle), FERRY_ENOTSUP (host), -ENOMEM.
+ */
+FERRY_API int ferry_event_import(ferry_device *dev, uint64_t handle, ferry_event **out);
 /** Block until all work queued on s is done; returns the first async error. */
 FERRY_API int ferry_stream_sync(ferry_stream *s);
 /** The backend's raw stream handle (a CUstream on cuda): what cuFile registers. */

@@ -444,8 +444,8 @@ static int c_memcpy_batch(ferry_stream *s, int kind, const ferry_copy *copies, s
     (void)kind; /* unified addressing: the driver tells host from device */
     struct cuda_dev *cd = CD(s->dev);
     const struct ferry__cuda_api *api = cd->api;
-    if (!api->p_cuMemcpyBatchAsync_v2 && !api->p_cuMemcpyBatchAsync_v1)
-        return FERRY_ENOTSUP;
+    if ((!api->p_cuMemcpyBatchAsync_v2 && !api->p_cuMemcpyBatchAsync_v1) || !CS(s))
+        return FERRY_ENOTSUP; /* no batched copy, or the legacy stream it refuses */
     int rc = ctx_enter(cd);
     if (rc < 0)
         return rc;
@@ -522,6 +522,24 @@ static int c_event_create(ferry_device *dev, ferry_event *e)
     if (rc == 0)
         e->impl = ev;
     return rc;
+}
+
+/* an engine's CUstream / CUevent, used as it is (0 is the legacy default
+ * stream, which the batched copy does not take: copies go one by one) */
+static int c_stream_import(ferry_device *dev, ferry_stream *s, uint64_t handle)
+{
+    (void)dev;
+    s->impl = (void *)(uintptr_t)handle;
+    return 0;
+}
+
+static int c_event_import(ferry_device *dev, ferry_event *e, uint64_t handle)
+{
+    if (!handle)
+        return ferry__err_set(NULL, -EINVAL, "device %s: event import: the handle is 0",
+                              dev->name);
+    e->impl = (void *)(uintptr_t)handle;
+    return 0;
 }
 
 static void c_event_destroy(ferry_event *e)
@@ -618,4 +636,6 @@ const struct ferry__device_ops ferry__device_cuda_ops = {
     .event_sync = c_event_sync,
     .event_elapsed = c_event_elapsed,
     .stream_wait_event = c_stream_wait_event,
+    .stream_import = c_stream_import,
+    .event_import = c_event_import,
 };

@@ -306,17 +306,19 @@ void ferry_device_close(ferry_device *dev)
     /* leftovers: streams first (they may still be copying into the memory
      * freed below), then events, then memory */
     while (dev->streams) {
-        FERRY_LOGW("device %s: close: destroying a stream the caller did not destroy",
-                   dev->ops->name);
         ferry_stream *s = dev->streams;
+        FERRY_LOGW("device %s: close: %s a stream the caller did not destroy", dev->ops->name,
+                   s->imported ? "forgetting (not destroying) an engine's" : "destroying");
         dev->streams = s->next;
-        dev->ops->stream_destroy(s);
+        if (!s->imported)
+            dev->ops->stream_destroy(s);
         ferry__free(s);
     }
     while (dev->events) {
         ferry_event *e = dev->events;
         dev->events = e->next;
-        dev->ops->event_destroy(e);
+        if (!e->imported)
+            dev->ops->event_destroy(e);
         ferry__free(e);
     }
     for (size_t i = dev->dev_regions.n; i-- > 0;) {
@@ -711,14 +713,19 @@ int ferry_stream_create(ferry_device *dev, ferry_stream **out)
     int rc = stream_new(dev, &s);
     if (rc < 0)
         return rc;
+    ferry__dev_track_stream(dev, s);
+    *out = s;
+    return 0;
+}
+
+void ferry__dev_track_stream(ferry_device *dev, ferry_stream *s)
+{
     pthread_mutex_lock(&dev->lock);
     s->next = dev->streams;
     if (dev->streams)
         dev->streams->prev = s;
     dev->streams = s;
     pthread_mutex_unlock(&dev->lock);
-    *out = s;
-    return 0;
 }
 
 int ferry_stream_destroy(ferry_stream *s)
@@ -734,7 +741,7 @@ int ferry_stream_destroy(ferry_stream *s)
     if (s->next)
         s->next->prev = s->prev;
     pthread_mutex_unlock(&dev->lock);
-    int rc = dev->ops->stream_destroy(s);
+    int rc = s->imported ? 0 : dev->ops->stream_destroy(s); /* the engine's: only forgotten */
     ferry__free(s);
     return rc < 0 ? dev_pass(dev, rc) : 0;
 }
@@ -965,14 +972,19 @@ int ferry_event_create(ferry_device *dev, ferry_event **out)
         ferry__free(e);
         return dev_pass(dev, rc);
     }
+    ferry__dev_track_event(dev, e);
+    *out = e;
+    return 0;
+}
+
+void ferry__dev_track_event(ferry_device *dev, ferry_event *e)
+{
     pthread_mutex_lock(&dev->lock);
     e->next = dev->events;
     if (dev->events)
         dev->events->prev = e;
     dev->events = e;
     pthread_mutex_unlock(&dev->lock);
-    *out = e;
-    return 0;
 }
 
 void ferry_event_destroy(ferry_event *e)
@@ -988,7 +1000,8 @@ void ferry_event_destroy(ferry_event *e)
     if (e->next)
         e->next->prev = e->prev;
     pthread_mutex_unlock(&dev->lock);
-    dev->ops->event_destroy(e);
+    if (!e->imported)
+        dev->ops->event_destroy(e);
     ferry__free(e);
 }
 

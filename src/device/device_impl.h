@@ -71,7 +71,16 @@ struct ferry__device_ops {
     int (*event_sync)(ferry_event *e);
     int (*event_elapsed)(ferry_event *start, ferry_event *end, float *ms);
     int (*stream_wait_event)(ferry_stream *s, ferry_event *e);
+
+    /* optional: wrap an engine's raw stream / event handle (fills impl);
+     * NULL: the backend has none (FERRY_ENOTSUP) */
+    int (*stream_import)(ferry_device *dev, ferry_stream *s, uint64_t handle);
+    int (*event_import)(ferry_device *dev, ferry_event *e, uint64_t handle);
 };
+
+/* put a new stream / event on the device's lists (for close) */
+void ferry__dev_track_stream(ferry_device *dev, ferry_stream *s);
+void ferry__dev_track_event(ferry_device *dev, ferry_event *e);
 
 /* A tracked range: device allocation, pinned host allocation or pinned
  * caller memory. */
@@ -116,12 +125,14 @@ struct ferry_device {
 struct ferry_stream {
     ferry_device *dev;
     void *impl;
+    int imported; /* the engine's (ferry_stream_import): never destroyed here */
     ferry_stream *prev, *next;
 };
 
 struct ferry_event {
     ferry_device *dev;
     void *impl;
+    int imported; /* the engine's (ferry_event_import): never destroyed here */
     ferry_event *prev, *next;
 };
 
