@@ -19,5 +19,6 @@
 #include "ferry/gds.h"
 #include "ferry/pslab.h"
 #include "ferry/kv.h"
+#include "ferry/serve.h"
 
 #endif

@@ -19,6 +19,8 @@ static const cli_command commands[] = {
     {"moe gen", cmd_moe_gen, "write a synthetic MoE routing trace calibrated to real models"},
     {"moe replay", cmd_moe_replay, "replay a routing trace through an expert cache policy vs Belady"},
     {"moe bench", cmd_moe_bench, "expert planner cost per layer-step and slot-write throughput"},
+    {"serve status", cmd_serve_status, "a running daemon's tiers, clients and hit rates"},
+    {"serve", cmd_serve, "one KV cache per host, shared by every engine process (foreground)"},
 };
 
 static void usage(FILE *f)

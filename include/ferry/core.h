@@ -79,7 +79,8 @@ FERRY_API int ferry_version_number(void);
     X(EINJECTED, -4113, "fault injected by a test")                             \
     X(EBOUNDS, -4114, "address or range outside every registered region")       \
     X(EEXIST, -4115, "already registered or already exists")                   \
-    X(EBUSY, -4116, "the directory or resource is owned by another opener")
+    X(EBUSY, -4116, "the directory or resource is owned by another opener")     \
+    X(ECONN, -4117, "the connection to the server failed, was refused or was lost")
 
 enum ferry_error {
 #define FERRY__ERR_ENUM(name, value, text) FERRY_##name = (value),

@@ -311,6 +311,22 @@ typedef struct ferry_kv_config {
      * Used by the persistent L2 and the non-persistent L2 slab alike.
      */
     unsigned l2_mode;
+    /**
+     * A `ferry serve` daemon to use instead of an in-process store:
+     * "unix:/run/ferry/ferry.sock" (or a bare path). NULL: in-process.
+     * Every ferry_kv_* call then works against the daemon (docs/PROTOCOL.md),
+     * which owns the tiers: the tier fields above (l1_*, l2_*, remote_*,
+     * policies, watermarks, TTLs, workers) are the daemon's business and
+     * ignored here; model, TP rank/world, salt, layout, chunk size and hash
+     * seed stay the client's (the layout, chunk size and seed must match the
+     * daemon's: else FERRY_EMISMATCH). With l1_bytes 0 the client maps no
+     * pool and may only look chunks up (a scheduler). A daemon that is
+     * unreachable, dies or stops answering is FERRY_ECONN within
+     * server_timeout_ms; the next call connects again.
+     */
+    const char *server;
+    /** How long one round trip to the server may take; 0 -> 2000 ms. */
+    uint32_t server_timeout_ms;
 } ferry_kv_config;
 #define FERRY_KV_CONFIG_INIT \
     {FERRY_FIELD(size) sizeof(ferry_kv_config), FERRY_FIELD(model) NULL, FERRY_FIELD(tp_rank) 0, \
@@ -323,7 +339,8 @@ typedef struct ferry_kv_config {
      FERRY_FIELD(device) NULL, FERRY_FIELD(prefetch_max_bytes) 0, FERRY_FIELD(workers) 0, \
      FERRY_FIELD(l2_persistent) 0, FERRY_FIELD(remote_url) NULL, \
      FERRY_FIELD(remote_options) NULL, FERRY_FIELD(remote_index_chunks) 0, \
-     FERRY_FIELD(l2_reset) 0, FERRY_FIELD(l2_mode) 0}
+     FERRY_FIELD(l2_reset) 0, FERRY_FIELD(l2_mode) 0, FERRY_FIELD(server) NULL, \
+     FERRY_FIELD(server_timeout_ms) 0}
 /** The smallest size field ferry_kv_open takes: a config that ends at
  *  l1_bytes (what an L1-only store needs); the fields past a caller's size
  *  take their defaults, so a program built against an older header keeps

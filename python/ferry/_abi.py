@@ -49,7 +49,7 @@ class KVConfig(_Sized):
                 ("read_ttl_ms", _u32), ("device", _vp), ("prefetch_max_bytes", _u64),
                 ("workers", _uint), ("l2_persistent", _int), ("remote_url", _cp),
                 ("remote_options", _vp), ("remote_index_chunks", _u64), ("l2_reset", _int),
-                ("l2_mode", _uint)]
+                ("l2_mode", _uint), ("server", _cp), ("server_timeout_ms", _u32)]
 
 
 class KVReq(_Sized):

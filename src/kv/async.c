@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "kv_impl.h"
+#include "kvc.h"
 
 /* a job carries what to do with it: the pool runs it, whatever it is */
 static void run_job(ferry_kv *kv, ferry__kv_job *j)
@@ -108,6 +109,8 @@ int ferry_kv_flush(ferry_kv *kv)
 {
     if (!kv)
         return ferry__err_set(NULL, -EINVAL, "kv flush: store is NULL");
+    if (kv->client)
+        return ferry__kvc_simple(kv, FERRY__P_FLUSH);
     pthread_mutex_lock(&kv->qmu);
     while (!all_idle(kv))
         pthread_cond_wait(&kv->idle, &kv->qmu);

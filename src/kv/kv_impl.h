@@ -188,9 +188,12 @@ struct ferry__kv_tier {
     ferry__warnlim warn;               /* its failed reads' and writes' warnings */
 };
 
-/* L1: a host pool of capacity chunks of slot_bytes (pinned through dev when set) */
-int ferry__kv_tier_l1_open(ferry_device *dev, uint64_t slot_bytes, uint64_t capacity,
+/* L1: a host pool of capacity chunks of slot_bytes (pinned through dev when set;
+ * shared: in a memfd another process can map, see ferry__kv_tier_l1_fd) */
+int ferry__kv_tier_l1_open(ferry_device *dev, uint64_t slot_bytes, uint64_t capacity, int shared,
                            ferry__errbuf *eb, ferry__kv_tier **out);
+/* the memfd of a shared L1 pool and its size, or -1 */
+int ferry__kv_tier_l1_fd(ferry__kv_tier *t, uint64_t *bytes);
 /* L2: an NVMe slab of `bytes` in dir through the GDS context */
 int ferry__kv_tier_l2_open(const char *dir, uint64_t bytes, int direct, const char *engine,
                            unsigned mode, uint64_t chunk_bytes, uint64_t slot_bytes,
@@ -380,6 +383,9 @@ struct ferry_kv {
     uint64_t l2_writes_inflight;   /* write-throughs (L2 or remote) holding an L1 slot */
     uint64_t l1_reading;           /* L1 slots reserved for retrieves' async reads in flight */
     uint64_t l1_retired;           /* L1 slots a broken read queue may still write: never reused */
+    uint64_t *l1_gen;              /* per L1 slot: reservations so far (a server client's lock
+                                      names the generation it saw: a reused slot never passes) */
+    struct ferry__kvc *client;     /* a server's client (kv/client*.c): every call goes there */
 
     /* workers: q[0] runs async operations (which may wait for a chunk's
      * promotion), q[1] runs write-throughs and prefetch reads (which never

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "kv_impl.h"
+#include "kvc.h"
 #include "sized.h"
 
 void ferry__kv_hist_record(ferry__kv_hist *h, uint64_t ns)
@@ -59,9 +60,12 @@ static void hist_copy(uint64_t *out, const ferry__kv_hist *h)
 
 #define LD(x) atomic_load_explicit(&(x), memory_order_relaxed)
 
-/* the whole snapshot, this header's struct */
-static void snapshot(ferry_kv *kv, ferry_kv_stats *out)
+/* the whole snapshot, this header's struct (a server's client: the
+ * daemon's); 0 or the client's failure */
+static int snapshot(ferry_kv *kv, ferry_kv_stats *out)
 {
+    if (kv->client)
+        return ferry__kvc_stats(kv, out, NULL);
     ferry_kv_stats m = FERRY_KV_STATS_INIT;
     m.lookups = LD(kv->lookups);
     m.lookup_tokens = LD(kv->lookup_tokens);
@@ -114,6 +118,7 @@ static void snapshot(ferry_kv *kv, ferry_kv_stats *out)
     hist_copy(m.store_ns, &kv->h_store);
     hist_copy(m.retrieve_ns, &kv->h_retrieve);
     memcpy(out, &m, sizeof m);
+    return 0;
 }
 
 int ferry_kv_stats_get(const ferry_kv *kv, ferry_kv_stats *out)
@@ -122,7 +127,9 @@ int ferry_kv_stats_get(const ferry_kv *kv, ferry_kv_stats *out)
         return ferry__err_set(NULL, -EINVAL, "ferry_kv_stats_get: store or out is NULL");
     ferry_kv_stats m = FERRY_KV_STATS_INIT;
     /* the store's mutex and atomics are taken, never written through */
-    snapshot((ferry_kv *)kv, &m);
+    int rc = snapshot((ferry_kv *)kv, &m);
+    if (rc < 0)
+        return rc;
     return ferry__stats_put(NULL, "ferry_kv_stats_get", out, &m, sizeof m);
 }
 
@@ -194,7 +201,9 @@ int ferry_kv_metrics_prometheus(ferry_kv *kv, char *buf, size_t len)
     if (!kv || (!buf && len))
         return ferry__err_set(NULL, -EINVAL, "kv metrics: store or buffer is NULL");
     ferry_kv_stats m = FERRY_KV_STATS_INIT;
-    snapshot(kv, &m);
+    int rc = snapshot(kv, &m);
+    if (rc < 0)
+        return rc;
     sb b = {buf, len, 0};
     if (len)
         buf[0] = 0;

@@ -14,6 +14,8 @@
 #include <string.h>
 
 #include "kv_impl.h"
+#include "kv_slots.h"
+#include "kvc.h"
 #include "store_int.h"
 
 /* ---- the public blocking forms ---- */
@@ -47,6 +49,9 @@ static int blocking(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
     if (nch < 0)
         return nch;
     int rc = !nch                         ? 0
+             : kv->client && kind == FERRY__KV_OP_STORE
+                 ? ferry__kvc_store(kv, ids, (size_t)nch, n, req, buf)
+             : kv->client                 ? ferry__kvc_retrieve(kv, ids, (size_t)nch, n, req, buf)
              : kind == FERRY__KV_OP_STORE ? ferry__kv_do_store(kv, ids, (size_t)nch, n, req, buf)
                                           : ferry__kv_do_retrieve(kv, ids, (size_t)nch, n, req, buf);
     if (ids != stack)
@@ -88,6 +93,8 @@ static int op_submit(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
     if (!kv || !out)
         return kv ? ferry__kv_err(kv, -EINVAL, "kv %s: store or op is NULL", what)
                   : ferry__err_set(NULL, -EINVAL, "kv %s: store or op is NULL", what);
+    if (kv->client)
+        return ferry__kvc_unsupported(kv, what);
     ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
     int nch = prepare(kv, tokens, n, req, buf, what, stack, &ids);
     if (nch < 0)
@@ -222,6 +229,8 @@ int ferry_kv_prefetch(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry
 {
     if (!kv)
         return ferry__err_set(NULL, -EINVAL, "kv prefetch: store is NULL");
+    if (kv->client)
+        return ferry__kvc_unsupported(kv, "prefetch");
     ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
     int nch = ferry__kv_make_ids(kv, tokens, n, req, "prefetch", stack, &ids);
     if (nch < 0)
@@ -239,6 +248,8 @@ static int pin_common(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry
     const char *what = pin ? "pin" : "unpin";
     if (!kv)
         return ferry__err_set(NULL, -EINVAL, "kv %s: store is NULL", what);
+    if (kv->client)
+        return ferry__kvc_unsupported(kv, what);
     ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
     int nch = ferry__kv_make_ids(kv, tokens, n, req, what, stack, &ids);
     if (nch < 0)
@@ -275,14 +286,10 @@ int ferry_kv_unpin(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv
     return pin_common(kv, tokens, n, req, 0);
 }
 
-int ferry_kv_delete(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+/* delete the chunks ids[0..nch) (ferry_kv_delete and the server's DELETE) */
+int ferry__kv_slot_delete(ferry_kv *kv, const ferry_kv_hash *ids, size_t nchunks)
 {
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv delete: store is NULL");
-    ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
-    int nch = ferry__kv_make_ids(kv, tokens, n, req, "delete", stack, &ids);
-    if (nch < 0)
-        return nch;
+    int nch = (int)nchunks;
     int deleted = 0;
     size_t locked_at = SIZE_MAX;
     ferry__kv_tier *rt = kv->tier[FERRY_KV_TIER_REMOTE];
@@ -313,8 +320,6 @@ int ferry_kv_delete(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_k
             rids[ngone++] = ids[i];
     }
     pthread_mutex_unlock(&kv->mu);
-    if (ids != stack)
-        ferry__free(ids);
     if (rt && !rids) {
         FERRY_LOGW("kv delete: out of memory for %d remote keys; the remote copies stay", nch);
     } else if (rt) {
@@ -336,10 +341,27 @@ int ferry_kv_delete(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_k
     return deleted;
 }
 
+int ferry_kv_delete(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv delete: store is NULL");
+    ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
+    int nch = ferry__kv_make_ids(kv, tokens, n, req, "delete", stack, &ids);
+    if (nch < 0)
+        return nch;
+    int rc = kv->client ? ferry__kvc_delete(kv, ids, (size_t)nch)
+                        : ferry__kv_slot_delete(kv, ids, (size_t)nch);
+    if (ids != stack)
+        ferry__free(ids);
+    return rc;
+}
+
 int ferry_kv_clear(ferry_kv *kv)
 {
     if (!kv)
         return ferry__err_set(NULL, -EINVAL, "kv clear: store is NULL");
+    if (kv->client)
+        return ferry__kvc_simple(kv, FERRY__P_CLEAR);
     int deleted = 0, left = 0;
     pthread_mutex_lock(&kv->mu);
     uint64_t now = ferry__kv_now_ns(kv);

@@ -98,6 +98,10 @@ void ferry__kv_set_tier(const ferry_kv_req *req, size_t i, int tier);
 /* lookup.c */
 void ferry__kv_remote_discover_missing(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n);
 
+/* write.c */
+void ferry__kv_write_through(ferry_kv *kv, ferry__kv_entry *e, ferry__kv_job *j,
+                             ferry__kv_job *rj, uint64_t now, ferry__kv_job ***tail);
+
 /* promote.c */
 int ferry__kv_lower_tier(const ferry_kv *kv, const ferry__kv_entry *e);
 void ferry__kv_promote_finish(ferry_kv *kv, ferry__kv_entry *e, uint64_t slot, int rc, int src);

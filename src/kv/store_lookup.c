@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "kv_impl.h"
+#include "kvc.h"
 #include "store_int.h"
 
 /* ---- the remote tier: finding chunks this process never indexed ---- */
@@ -135,10 +136,25 @@ static size_t lookup_walk(ferry_kv *kv, const ferry_kv_hash *ids, size_t cnt, si
     return j;
 }
 
+/* a lookup through a server: every chunk id at once, one round trip */
+static int client_lookup(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+{
+    ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
+    int nch = ferry__kv_make_ids(kv, tokens, n, req, "lookup", stack, &ids);
+    if (nch < 0)
+        return nch;
+    int rc = nch ? ferry__kvc_lookup(kv, ids, (size_t)nch, n, req) : 0;
+    if (ids != stack)
+        ferry__free(ids);
+    return rc;
+}
+
 int ferry_kv_lookup(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
 {
     if (!kv)
         return ferry__err_set(NULL, -EINVAL, "kv lookup: store is NULL");
+    if (kv->client)
+        return client_lookup(kv, tokens, n, req);
     uint64_t t0 = ferry__now_ns();
     int rc = ferry__kv_req_ok(kv, req, "lookup");
     if (rc < 0)

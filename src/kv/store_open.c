@@ -16,6 +16,8 @@
 #include "ferry/remote.h"
 #include "dirlock.h"
 #include "kv_impl.h"
+#include "kv_slots.h"
+#include "kvc.h"
 #include "store_int.h"
 #include "tier_pslab.h"
 
@@ -75,6 +77,7 @@ static void kv_free(ferry_kv *kv)
     pthread_cond_destroy(&kv->q[0].cv);
     pthread_cond_destroy(&kv->q[1].cv);
     pthread_cond_destroy(&kv->idle);
+    ferry__free(kv->l1_gen);
     ferry__free(kv->model);
     ferry__free(kv);
 }
@@ -215,12 +218,17 @@ static ferry_kv *kv_alloc(const ferry_kv_config *cfg, uint32_t ct, uint64_t chun
 
 /* L1, then L2 (persistent or not; the L1 pool registered with it), then
  * the remote: 0, or the first failure (what opened is closed by kv_free) */
-static int open_tiers(ferry_kv *kv, const ferry_kv_config *cfg, int persistent)
+static int open_tiers(ferry_kv *kv, const ferry_kv_config *cfg, int persistent, int shared)
 {
     ferry__errbuf *eb = &kv->err;
     uint64_t slot = kv->slot_bytes;
-    int rc = ferry__kv_tier_l1_open(cfg->device, slot, cfg->l1_bytes / slot, eb,
-                                    &kv->tier[FERRY_KV_TIER_L1]);
+    int rc = ferry__kv_tier_l1_open(shared ? NULL : cfg->device, slot, cfg->l1_bytes / slot,
+                                    shared, eb, &kv->tier[FERRY_KV_TIER_L1]);
+    if (rc == 0) {
+        kv->l1_gen = ferry__calloc(cfg->l1_bytes / slot, sizeof *kv->l1_gen);
+        if (!kv->l1_gen)
+            rc = ferry__err_set(eb, -ENOMEM, "kv open: out of memory for the L1 generations");
+    }
     if (rc == 0 && cfg->l2_dir)
         rc = persistent ? ferry__kv_tier_pslab_open_kv(kv, cfg, slot, eb,
                                                        &kv->tier[FERRY_KV_TIER_L2])
@@ -274,7 +282,36 @@ static int open_index(ferry_kv *kv, const ferry_kv_config *cfg)
     return 0;
 }
 
-int ferry_kv_open(const ferry_kv_config *ucfg, ferry_kv **out)
+/* a store that is a client of a `ferry serve` daemon (kvc.h) */
+static int client_open(const ferry_kv_config *cfg, ferry_kv **out)
+{
+    if (!cfg->model)
+        return ferry__err_set(NULL, -EINVAL, "kv open: no model (config->model is required)");
+    uint32_t ct = cfg->chunk_tokens ? cfg->chunk_tokens : FERRY_KV_CHUNK_TOKENS_DEFAULT;
+    uint64_t chunk_bytes = 0;
+    int rc = ferry_kv_layout_chunk_bytes(&cfg->layout, ct, &chunk_bytes);
+    if (rc < 0)
+        return rc;
+    uint32_t world = cfg->tp_world ? cfg->tp_world : 1;
+    if (cfg->tp_rank >= world)
+        return ferry__err_set(NULL, -EINVAL,
+                              "kv open: tp_rank %u is not below tp_world %u (0 means 1)",
+                              cfg->tp_rank, world);
+    ferry_kv *kv = kv_alloc(cfg, ct, chunk_bytes);
+    if (!kv)
+        return ferry__err_set(NULL, -ENOMEM, "kv open: out of memory");
+    rc = ferry__kvc_open(kv, cfg);
+    if (rc < 0) {
+        ferry__kvc_close(kv);
+        kv_free(kv);
+        return rc;
+    }
+    *out = kv;
+    return 0;
+}
+
+/* open a store whose L1 pool is shared (a memfd) or private */
+static int kv_open(const ferry_kv_config *ucfg, int shared, ferry_kv **out)
 {
     /* any prefix the size field covers; the rest takes its defaults */
     if (!ucfg || !out || ucfg->size < FERRY_KV_CONFIG_MIN_SIZE)
@@ -288,6 +325,8 @@ int ferry_kv_open(const ferry_kv_config *ucfg, ferry_kv **out)
     const ferry_kv_config *cfg = &cfgv;
     uint32_t ct = 0;
     uint64_t chunk_bytes = 0;
+    if (cfg->server && !shared)
+        return client_open(cfg, out);
     int rc = config_check(cfg, &ct, &chunk_bytes);
     if (rc < 0)
         return rc;
@@ -295,7 +334,7 @@ int ferry_kv_open(const ferry_kv_config *ucfg, ferry_kv **out)
     if (!kv)
         return ferry__err_set(NULL, -ENOMEM, "kv open: out of memory");
     int persistent = cfg->l2_persistent;
-    rc = open_tiers(kv, cfg, persistent);
+    rc = open_tiers(kv, cfg, persistent, shared);
     if (rc == 0)
         rc = open_index(kv, cfg);
     ferry__kv_tier *l2 = kv->tier[FERRY_KV_TIER_L2];
@@ -319,11 +358,24 @@ int ferry_kv_open(const ferry_kv_config *ucfg, ferry_kv **out)
     return 0;
 }
 
+int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out)
+{
+    return kv_open(cfg, 0, out);
+}
+
+int ferry__kv_open_shared(const ferry_kv_config *cfg, ferry_kv **out)
+{
+    return kv_open(cfg, 1, out);
+}
+
 void ferry_kv_close(ferry_kv *kv)
 {
     if (!kv)
         return;
-    ferry__kv_workers_stop(kv);
+    if (kv->client)
+        ferry__kvc_close(kv);
+    else
+        ferry__kv_workers_stop(kv);
     kv_free(kv);
 }
 

@@ -61,6 +61,8 @@ int ferry__kv_reserve(ferry_kv *kv, int tier, uint64_t now, uint64_t *loc, int m
         int rc = t->used < t->capacity ? t->ops->reserve(t, loc) : FERRY_ENOSPACE;
         if (rc == 0) {
             t->used++;
+            if (tier == FERRY_KV_TIER_L1)
+                kv->l1_gen[*loc]++;
             return 0;
         }
         if (rc == FERRY_ENOSPACE && evict_one(kv, tier, now))

@@ -140,12 +140,11 @@ static void wr_copy(wr *w)
             w->p[k].rjob = ferry__calloc(1, sizeof(ferry__kv_job));
 }
 
-/* under mu: queue placed chunk k's write-throughs (L2, remote) on *tail */
-static void wr_write_through(wr *w, size_t k, uint64_t now, ferry__kv_job ***tail)
+/* under mu: queue e's write-throughs (L2 with job, remote with rjob; either
+ * may be NULL) on *tail; a job that is not queued is freed */
+void ferry__kv_write_through(ferry_kv *kv, ferry__kv_entry *e, ferry__kv_job *j,
+                             ferry__kv_job *rj, uint64_t now, ferry__kv_job ***tail)
 {
-    ferry_kv *kv = w->kv;
-    ferry__kv_entry *e = w->p[k].e;
-    ferry__kv_job *j = w->p[k].job;
     uint64_t l2loc;
     if (j && ferry__kv_reserve(kv, FERRY_KV_TIER_L2, now, &l2loc, RESERVE_NOW) == 0) {
         e->l2_writing = 1;
@@ -162,7 +161,7 @@ static void wr_write_through(wr *w, size_t k, uint64_t now, ferry__kv_job ***tai
     } else {
         ferry__free(j);
     }
-    if ((j = w->p[k].rjob) != NULL) {
+    if ((j = rj) != NULL) {
         /* the worker hands the L1 copy to the remote's queue; the slot
          * stays read-locked until then */
         kv->l2_writes_inflight++;
@@ -205,7 +204,7 @@ static void wr_commit(wr *w)
         w->l1->policy->ops->insert(w->l1->policy, e);
         w->st[c] = 0;
         w->stored++;
-        wr_write_through(w, k, now, &tail);
+        ferry__kv_write_through(kv, e, w->p[k].job, w->p[k].rjob, now, &tail);
         ferry__kv_put(kv, e);
     }
     pthread_mutex_unlock(&kv->mu);

@@ -7,19 +7,29 @@
  * multiple of 4096 so a slot is also a valid O_DIRECT buffer for the L2
  * write-through. Free slots are a stack of indices.
  *
+ * A shared pool (the one `ferry serve` hosts) lives in a memfd, with huge
+ * pages where the kernel gives them (MFD_HUGETLB when huge pages are
+ * reserved, else a plain memfd advised MADV_HUGEPAGE), sealed against
+ * shrinking, so every client maps the same bytes and none can pull the
+ * pages from under the others.
+ *
  * Invariant: a slot index is either on the free stack or reserved, never
  * both (reserve/release run under the store's mutex); the bytes of a
  * reserved slot are only touched by whoever holds its chunk.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "kv_impl.h"
 
 typedef struct l1 {
     ferry_device *dev;     /* NULL: pool from the allocation hook */
     unsigned char *pool;
+    int fd;                /* shared: the memfd (else -1) */
+    size_t map_bytes;      /* shared: the mapping's length */
     uint64_t *free_stack;
     uint64_t nfree;
 } l1;
@@ -81,7 +91,11 @@ static void l1_close(ferry__kv_tier *t)
     l1 *p = t->impl;
     if (!p)
         return;
-    if (p->pool) {
+    if (p->fd >= 0) {
+        if (p->pool)
+            munmap(p->pool, p->map_bytes);
+        close(p->fd);
+    } else if (p->pool) {
         if (p->dev)
             ferry_device_host_free(p->dev, p->pool);
         else
@@ -102,7 +116,55 @@ static const ferry__kv_tier_ops l1_ops = {
     .close = l1_close,
 };
 
-int ferry__kv_tier_l1_open(ferry_device *dev, uint64_t slot_bytes, uint64_t capacity,
+/* a memfd of at least bytes, mapped shared: huge pages when the kernel has
+ * them reserved, else plain pages (advised huge) */
+static int shm_pool(l1 *p, size_t bytes, ferry__errbuf *eb)
+{
+#ifdef MFD_HUGETLB
+    size_t huge = FERRY__ALIGN_UP(bytes, (size_t)2 << 20);
+    int fd = memfd_create("ferry-l1", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB);
+    if (fd >= 0 && ftruncate(fd, (off_t)huge) == 0) {
+        void *m = mmap(NULL, huge, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+        if (m != MAP_FAILED) {
+            p->fd = fd;
+            p->pool = m;
+            p->map_bytes = huge;
+            FERRY_LOGI("kv L1: shared pool of %zu bytes in huge pages", huge);
+            goto sealed;
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+#endif
+    p->fd = memfd_create("ferry-l1", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (p->fd < 0)
+        return ferry__err_set(eb, -errno, "kv L1: memfd_create for a shared pool: %s",
+                              strerror(errno));
+    if (ftruncate(p->fd, (off_t)bytes) != 0)
+        return ferry__err_set(eb, -errno, "kv L1: sizing the shared pool to %zu bytes: %s", bytes,
+                              strerror(errno));
+    void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, p->fd, 0);
+    if (m == MAP_FAILED)
+        return ferry__err_set(eb, -errno, "kv L1: mapping the shared pool of %zu bytes: %s",
+                              bytes, strerror(errno));
+    p->pool = m;
+    p->map_bytes = bytes;
+    prefault(p->pool, bytes);
+sealed:
+    if (fcntl(p->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+        FERRY_LOGD("kv L1: sealing the shared pool: %s", strerror(errno));
+    return 0;
+}
+
+int ferry__kv_tier_l1_fd(ferry__kv_tier *t, uint64_t *bytes)
+{
+    l1 *p = t->impl;
+    if (p->fd >= 0 && bytes)
+        *bytes = p->map_bytes;
+    return p->fd;
+}
+
+int ferry__kv_tier_l1_open(ferry_device *dev, uint64_t slot_bytes, uint64_t capacity, int shared,
                            ferry__errbuf *eb, ferry__kv_tier **out)
 {
     if (!capacity || !slot_bytes || slot_bytes % 4096)
@@ -124,6 +186,7 @@ int ferry__kv_tier_l1_open(ferry_device *dev, uint64_t slot_bytes, uint64_t capa
     t->slot_bytes = slot_bytes;
     t->capacity = capacity;
     p->dev = dev;
+    p->fd = -1;
     size_t bytes = (size_t)(capacity * slot_bytes);
     p->free_stack = ferry__malloc(capacity * sizeof *p->free_stack);
     if (!p->free_stack) {
@@ -131,7 +194,13 @@ int ferry__kv_tier_l1_open(ferry_device *dev, uint64_t slot_bytes, uint64_t capa
         return ferry__err_set(eb, -ENOMEM, "kv L1: out of memory for %llu slot indices",
                               (unsigned long long)capacity);
     }
-    if (dev) {
+    if (shared) {
+        int rc = shm_pool(p, bytes, eb);
+        if (rc < 0) {
+            ferry__kv_tier_free(t);
+            return rc;
+        }
+    } else if (dev) {
         void *mem = NULL;
         int rc = ferry_device_host_alloc(dev, bytes, &mem);
         if (rc < 0) {

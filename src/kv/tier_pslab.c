@@ -49,6 +49,7 @@
 #include <xxhash.h>
 
 #include "ferry/pslab.h"
+#include "kv/kvc.h"
 #include "kv/tier_pslab.h"
 
 typedef struct tp {
@@ -430,6 +431,8 @@ int ferry_kv_sync(ferry_kv *kv)
 {
     if (!kv)
         return ferry__err_set(NULL, -EINVAL, "kv sync: store is NULL");
+    if (kv->client)
+        return ferry__kvc_simple(kv, FERRY__P_SYNC);
     int rc = ferry_kv_flush(kv);
     if (rc < 0)
         return rc;

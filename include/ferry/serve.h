@@ -1,0 +1,103 @@
+/*
+ * ferry/serve.h - `ferry serve`: one KV cache per host, shared by every
+ * engine process on it.
+ *
+ * The daemon hosts one ferry_kv (its tiers: an L1 pool in shared memory,
+ * L2 slabs, the remote tier) and serves it on a Unix-domain socket. Engine
+ * processes open their store with ferry_kv_config.server naming the
+ * socket, and every ferry_kv_* call then works against the daemon; the
+ * protocol is in docs/PROTOCOL.md. Payload never crosses the socket: the
+ * L1 pool is a memfd handed to each client at connect (SCM_RIGHTS), and a
+ * client copies into reserved slots and out of read-locked ones.
+ *
+ * Clients. Each connection is served by its own thread. A peer is accepted
+ * when its uid (SO_PEERCRED) is the daemon's or in allow_uids; the socket
+ * file is 0600, or 0660 with the operator's group. Whatever a client holds
+ * (slots reserved for a store, chunks acquired for a retrieve) is released
+ * when its connection closes, for whatever reason (exit, kill -9): its
+ * half-written chunks never become visible and no slot leaks. A malformed
+ * or truncated frame, an unknown version, a request naming slots the
+ * client does not hold, a peer of another uid, one connection past
+ * max_clients, a client that does not read its replies for
+ * send_timeout_ms: that client gets an error (or is disconnected), every
+ * other client is served on.
+ *
+ * Crashes. The daemon's death loses L1 only: chunks written through to a
+ * persistent L2 (l2_persistent, synced by ferry_kv_sync or at a clean
+ * stop) are found by the next daemon on the same directory.
+ */
+#ifndef FERRY_SERVE_H
+#define FERRY_SERVE_H
+
+#include "core.h"
+#include "kv.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FERRY_SERVE_MAX_CLIENTS_DEFAULT 256u
+#define FERRY_SERVE_SEND_TIMEOUT_MS_DEFAULT 5000u
+
+typedef struct ferry_serve_config {
+    size_t size;                /**< sizeof(ferry_serve_config) */
+    const char *socket_path;    /**< the Unix-domain socket to serve on; required */
+    const char *group;          /**< NULL: the socket is 0600; a group name: 0660, that group */
+    const uint32_t *allow_uids; /**< uids accepted besides the daemon's own */
+    size_t n_allow_uids;
+    unsigned max_clients;       /**< connections served at once; 0 -> 256 */
+    uint32_t send_timeout_ms;   /**< a client that reads no reply for this long is
+                                     disconnected; 0 -> 5000 */
+    const ferry_kv_config *kv;  /**< the hosted store (its server field must be NULL) */
+} ferry_serve_config;
+#define FERRY_SERVE_CONFIG_INIT \
+    {FERRY_FIELD(size) sizeof(ferry_serve_config), FERRY_FIELD(socket_path) NULL, \
+     FERRY_FIELD(group) NULL, FERRY_FIELD(allow_uids) NULL, FERRY_FIELD(n_allow_uids) 0, \
+     FERRY_FIELD(max_clients) 0, FERRY_FIELD(send_timeout_ms) 0, FERRY_FIELD(kv) NULL}
+
+typedef struct ferry_serve ferry_serve;
+
+/**
+ * Open the store (its L1 pool in shared memory) and bind the socket. A
+ * socket file left by a daemon that died is replaced; one a live daemon
+ * answers on is FERRY_EBUSY. Errors: -EINVAL, FERRY_EBUSY, -EEXIST (the
+ * path is not a socket), the store's and the system's. *out: ferry_serve_close.
+ */
+FERRY_API int ferry_serve_open(const ferry_serve_config *cfg, ferry_serve **out);
+/** Accept and serve clients until ferry_serve_stop(); returns 0. */
+FERRY_API int ferry_serve_run(ferry_serve *s);
+/** Make ferry_serve_run return. Async-signal-safe (a SIGTERM handler may call it). */
+FERRY_API void ferry_serve_stop(ferry_serve *s);
+/**
+ * Disconnect every client (releasing what each held), flush and sync the
+ * store, close it and remove the socket. Returns 0 or the sync's failure.
+ * NULL does nothing. Not thread-safe with ferry_serve_run.
+ */
+FERRY_API int ferry_serve_close(ferry_serve *s);
+/** The hosted store (valid until ferry_serve_close). */
+FERRY_API ferry_kv *ferry_serve_kv(ferry_serve *s);
+FERRY_API const char *ferry_serve_last_error(const ferry_serve *s);
+
+typedef struct ferry_serve_stats {
+    size_t size;               /**< the caller's sizeof(ferry_serve_stats) */
+    uint64_t clients;          /**< connections served now */
+    uint64_t connections;      /**< connections accepted so far */
+    uint64_t refused;          /**< refused: another uid, or past max_clients */
+    uint64_t requests;         /**< requests answered */
+    uint64_t bad_frames;       /**< malformed frames, unknown versions or types */
+    uint64_t slow_clients;     /**< disconnected for not reading their replies */
+    uint64_t released;         /**< reservations and locks released by a closing connection */
+} ferry_serve_stats;
+#define FERRY_SERVE_STATS_INIT \
+    {FERRY_FIELD(size) sizeof(ferry_serve_stats), FERRY_FIELD(clients) 0, \
+     FERRY_FIELD(connections) 0, FERRY_FIELD(refused) 0, FERRY_FIELD(requests) 0, \
+     FERRY_FIELD(bad_frames) 0, FERRY_FIELD(slow_clients) 0, FERRY_FIELD(released) 0}
+/** A snapshot of the daemon's counters: the caller sets out->size (start
+ *  from FERRY_SERVE_STATS_INIT) and only that many bytes are written.
+ *  Errors: -EINVAL (NULL, or out->size not set). */
+FERRY_API int ferry_serve_stats_get(ferry_serve *s, ferry_serve_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

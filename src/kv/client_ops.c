@@ -1,0 +1,394 @@
+/*
+ * client_ops.c - the ferry_kv operations through a `ferry serve` daemon
+ * (kvc.h, docs/PROTOCOL.md).
+ *
+ * No payload crosses the socket. A store reserves slots in the daemon's
+ * pool (RESERVE), copies the chunks into its mapping and commits them
+ * (COMMIT), or aborts the ones whose copy failed. A retrieve acquires its
+ * chunks (ACQUIRE: promoted into the pool and read-locked), copies them out
+ * and releases them (RELEASE); a chunk counts as retrieved only when the
+ * daemon confirms its slot was not reused meanwhile (else its tokens in a
+ * host buffer are zeroed and it is a miss). Batches hold at most a quarter
+ * of the pool, so clients sharing it cannot lock each other out.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kv_impl.h"
+#include "kvc.h"
+#include "store_int.h"
+
+int ferry__kvc_unsupported(ferry_kv *kv, const char *what)
+{
+    return ferry__kv_err(kv, FERRY_ENOTSUP,
+                         "kv %s: not offered through a server (%s) yet; use the blocking calls",
+                         what, kv->client->path);
+}
+
+/* lock the client and connect; with_pool: the call moves bytes */
+static int begin(ferry_kv *kv, ferry__kvc *c, int with_pool, const char *what)
+{
+    pthread_mutex_lock(&c->mu);
+    int r = ferry__kvc_ensure(kv, c);
+    if (r == 0 && with_pool && !c->want_pool)
+        r = ferry__kv_err(kv, FERRY_ENOTSUP,
+                          "kv %s: this client of %s maps no pool (l1_bytes 0: lookups only)",
+                          what, c->path);
+    if (r < 0)
+        pthread_mutex_unlock(&c->mu);
+    return r;
+}
+
+/* a request of type t over chunks c->ch[0..n) */
+static int send_chunks(ferry_kv *kv, ferry__kvc *c, int t, size_t n, uint64_t tokens,
+                       ferry__proto_rd *rd, int32_t *rc)
+{
+    ferry__proto_req q;
+    memset(&q, 0, sizeof q);
+    q.hdr.type = (uint8_t)t;
+    q.hdr.rid = ++c->rid;
+    q.n = (uint32_t)n;
+    q.chunks = c->ch;
+    q.tokens = tokens;
+    if (ferry__proto_req_encode(&c->out, &q) < 0)
+        return ferry__kv_err(kv, -ENOMEM, "kv server: out of memory for a %s of %zu chunks",
+                             ferry__proto_type_name((unsigned)t), n);
+    return ferry__kvc_roundtrip(kv, c, rd, rc);
+}
+
+/* the per-chunk part of a reply: n entries, each read by fields */
+static int reply_count(ferry_kv *kv, ferry__kvc *c, ferry__proto_rd *rd, size_t n)
+{
+    uint32_t k = ferry__proto_get_u32(rd);
+    if (rd->err || k != n) {
+        ferry__kvc_drop(c);
+        return ferry__kv_err(kv, FERRY_ECONN, "kv server %s: a reply for %u chunks (asked %zu)",
+                             c->path, k, n);
+    }
+    return 0;
+}
+
+static int reply_end(ferry_kv *kv, ferry__kvc *c, ferry__proto_rd *rd)
+{
+    if (rd->err || rd->p != rd->end) {
+        ferry__kvc_drop(c);
+        return ferry__kv_err(kv, FERRY_ECONN, "kv server %s: a malformed reply", c->path);
+    }
+    return 0;
+}
+
+int ferry__kvc_lookup(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
+                      const ferry_kv_req *req)
+{
+    ferry__kvc *c = kv->client;
+    int r = begin(kv, c, 0, "lookup");
+    if (r < 0)
+        return r;
+    size_t m = FERRY__MIN(nch, (size_t)FERRY__PROTO_MAX_CHUNKS);
+    if ((r = ferry__kvc_chunks(kv, c, m)) < 0)
+        goto out;
+    for (size_t i = 0; i < m; i++)
+        c->ch[i].id = ids[i];
+    ferry__proto_rd rd;
+    int32_t rc;
+    if ((r = send_chunks(kv, c, FERRY__P_LOOKUP, m, n, &rd, &rc)) < 0 || (r = rc) < 0)
+        goto out;
+    if ((size_t)rc > m) {
+        ferry__kvc_drop(c);
+        r = ferry__kv_err(kv, FERRY_ECONN, "kv server %s: lookup found %d of %zu chunks",
+                          c->path, rc, m);
+        goto out;
+    }
+    size_t tok = 0;
+    for (size_t i = 0; i < (size_t)rc; i++) {
+        uint8_t t = ferry__proto_get_u8(&rd);
+        ferry__kv_set_tier(req, i, t < FERRY_KV_TIERS ? t : FERRY_KV_TIER_NONE);
+        tok += ferry__kv_chunk_ntok(kv, i, n);
+    }
+    if ((r = reply_end(kv, c, &rd)) < 0)
+        goto out;
+    if ((size_t)rc < nch)
+        ferry__kv_set_tier(req, (size_t)rc, FERRY_KV_TIER_NONE);
+    r = (int)tok;
+out:
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}
+
+/* the chunks per batch: a quarter of the pool, at least one */
+static size_t batch_of(ferry__kvc *c, size_t left)
+{
+    size_t b = (size_t)FERRY__MAX(c->nslots / 4, 1);
+    return FERRY__MIN(FERRY__MIN(b, left), (size_t)FERRY__PROTO_MAX_CHUNKS);
+}
+
+/* copy between buf and the slot of c->ch[k] (chunk i); device: queued on s */
+static int copy_chunk(ferry_kv *kv, ferry__kvc *c, const ferry_kv_buffer *buf, size_t i,
+                      size_t n, size_t k, int to_chunk, ferry_stream *s)
+{
+    if (c->ch[k].slot >= c->nslots)
+        return ferry__kv_err(kv, FERRY_EPARSE, "kv server %s: slot %llu of %llu", c->path,
+                             (unsigned long long)c->ch[k].slot, (unsigned long long)c->nslots);
+    void *slot = c->pool + c->ch[k].slot * c->slot_bytes;
+    int r = ferry__kv_xfer(buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
+                           ferry__kv_chunk_ntok(kv, i, n), slot, to_chunk, s, NULL);
+    return r < 0 ? ferry__kv_err_pass(kv, r) : 0;
+}
+
+/* one store batch, chunks [first, first + m): RESERVE, copy, COMMIT; st[]
+ * gets each chunk's code. 0, or the code that ends the store */
+static int store_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, size_t first,
+                       size_t m, size_t n, const ferry_kv_buffer *buf, ferry_stream *s, int *st)
+{
+    for (size_t k = 0; k < m; k++) {
+        c->ch[k].id = ids[first + k];
+        c->ch[k].tokens = ferry__kv_chunk_ntok(kv, first + k, n);
+    }
+    ferry__proto_rd rd;
+    int32_t rc;
+    int r = send_chunks(kv, c, FERRY__P_RESERVE, m, 0, &rd, &rc);
+    if (r < 0 || (r = rc) < 0 || (r = reply_count(kv, c, &rd, m)) < 0)
+        return r;
+    size_t held = 0;
+    int copy_rc = 0;
+    for (size_t k = 0; k < m; k++) {
+        int32_t cs = (int32_t)ferry__proto_get_u32(&rd);
+        uint64_t slot = ferry__proto_get_u64(&rd), gen = ferry__proto_get_u64(&rd);
+        st[first + k] = cs > 0 ? 0 : cs;
+        if (cs != 0)
+            continue;
+        c->ch[held] = c->ch[k];
+        c->ch[held].slot = slot;
+        c->ch[held].gen = gen;
+        c->ch[held].tokens = (uint32_t)k; /* which chunk of the batch, for the commit */
+        if (copy_rc == 0)
+            copy_rc = copy_chunk(kv, c, buf, first + k, n, held, 1, s);
+        held++;
+    }
+    if ((r = reply_end(kv, c, &rd)) < 0)
+        return r;
+    if (s && held && copy_rc == 0 && (r = ferry_stream_sync(s)) < 0)
+        copy_rc = ferry__kv_err(kv, r, "kv store: device copies into the server's pool: %s",
+                                ferry_last_error());
+    if (!held)
+        return 0;
+    for (size_t k = 0; k < held; k++)
+        c->ch[k].status = copy_rc < 0;
+    if ((r = send_chunks(kv, c, FERRY__P_COMMIT, held, 0, &rd, &rc)) < 0 || (r = rc) < 0 ||
+        (r = reply_count(kv, c, &rd, held)) < 0)
+        return r;
+    for (size_t k = 0; k < held; k++) {
+        int32_t cs = (int32_t)ferry__proto_get_u32(&rd);
+        st[first + c->ch[k].tokens] = copy_rc < 0 ? copy_rc : cs;
+    }
+    if ((r = reply_end(kv, c, &rd)) < 0)
+        return r;
+    return copy_rc;
+}
+
+int ferry__kvc_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
+                     const ferry_kv_req *req, const ferry_kv_buffer *buf)
+{
+    ferry__kvc *c = kv->client;
+    ferry_stream *s = NULL;
+    int *st = ferry__malloc(nch * sizeof *st);
+    if (!st)
+        return ferry__kv_err(kv, -ENOMEM, "kv store: out of memory for %zu chunks", nch);
+    for (size_t i = 0; i < nch; i++)
+        st[i] = FERRY_ENOTFOUND;
+    int r = begin(kv, c, 1, "store");
+    if (r < 0) {
+        ferry__free(st);
+        return r;
+    }
+    if (buf->mem == FERRY_KV_MEM_DEVICE)
+        r = ferry__kv_stream_get(kv, &s);
+    for (size_t i = 0; r == 0 && i < nch;) {
+        size_t m = batch_of(c, nch - i);
+        if ((r = ferry__kvc_chunks(kv, c, m)) < 0)
+            break;
+        r = store_batch(kv, c, ids, i, m, n, buf, s, st);
+        /* stop at the first chunk that could not be placed (as in-process) */
+        for (size_t k = i; r == 0 && k < i + m; k++)
+            if (st[k] < 0 && st[k] != FERRY_ELOCKED)
+                r = 1;
+        i += m;
+    }
+    pthread_mutex_unlock(&c->mu);
+    ferry__kv_stream_put(kv, s);
+    size_t lead = 0;
+    for (size_t i = 0; i < nch && st[i] == 0; i++)
+        lead += ferry__kv_chunk_ntok(kv, i, n);
+    for (size_t i = 0; i < nch; i++)
+        ferry__kv_set_status(req, i, st[i]);
+    int first = st[0];
+    ferry__free(st);
+    if (r < 0 && (r == FERRY_ECONN || lead == 0 || first == r))
+        return r;
+    return (int)lead;
+}
+
+/* one retrieve batch: ACQUIRE, copy out, RELEASE; st[] per chunk */
+static int retrieve_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, size_t first,
+                          size_t m, size_t n, const ferry_kv_buffer *buf, ferry_stream *s,
+                          int *st)
+{
+    for (size_t k = 0; k < m; k++)
+        c->ch[k].id = ids[first + k];
+    ferry__proto_rd rd;
+    int32_t rc;
+    int r = send_chunks(kv, c, FERRY__P_ACQUIRE, m, 0, &rd, &rc);
+    if (r < 0 || (r = rc) < 0 || (r = reply_count(kv, c, &rd, m)) < 0)
+        return r;
+    size_t held = 0;
+    int copy_rc = 0;
+    for (size_t k = 0; k < m; k++) {
+        int32_t cs = (int32_t)ferry__proto_get_u32(&rd);
+        uint64_t slot = ferry__proto_get_u64(&rd), gen = ferry__proto_get_u64(&rd);
+        (void)ferry__proto_get_u8(&rd); /* the tier it was found in */
+        st[first + k] = cs;
+        if (cs != 0)
+            continue;
+        c->ch[held] = c->ch[k];
+        c->ch[held].slot = slot;
+        c->ch[held].gen = gen;
+        c->ch[held].tokens = (uint32_t)k;
+        if (copy_rc == 0)
+            copy_rc = copy_chunk(kv, c, buf, first + k, n, held, 0, s);
+        held++;
+    }
+    if ((r = reply_end(kv, c, &rd)) < 0)
+        return r;
+    if (s && held && copy_rc == 0 && (r = ferry_stream_sync(s)) < 0)
+        copy_rc = ferry__kv_err(kv, r, "kv retrieve: device copies out of the server's pool: %s",
+                                ferry_last_error());
+    if (!held)
+        return 0;
+    r = send_chunks(kv, c, FERRY__P_RELEASE, held, 0, &rd, &rc);
+    if (r == 0 && (r = rc) == 0)
+        r = reply_count(kv, c, &rd, held);
+    for (size_t k = 0; k < held; k++) {
+        size_t i = first + c->ch[k].tokens;
+        int32_t cs = r < 0 ? r : (int32_t)ferry__proto_get_u32(&rd);
+        st[i] = copy_rc < 0 ? copy_rc : cs;
+        /* bytes the daemon could not vouch for never stay in a host buffer */
+        if (st[i] != 0 && buf->mem == FERRY_KV_MEM_HOST)
+            ferry__kv_xfer_out_zero(buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
+                                    ferry__kv_chunk_ntok(kv, i, n));
+    }
+    if (r < 0 || (r = reply_end(kv, c, &rd)) < 0)
+        return r;
+    return copy_rc;
+}
+
+int ferry__kvc_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
+                        const ferry_kv_req *req, const ferry_kv_buffer *buf)
+{
+    ferry__kvc *c = kv->client;
+    ferry_stream *s = NULL;
+    int *st = ferry__malloc(nch * sizeof *st);
+    if (!st)
+        return ferry__kv_err(kv, -ENOMEM, "kv retrieve: out of memory for %zu chunks", nch);
+    for (size_t i = 0; i < nch; i++)
+        st[i] = FERRY_ENOTFOUND;
+    int r = begin(kv, c, 1, "retrieve");
+    if (r < 0) {
+        ferry__free(st);
+        return r;
+    }
+    if (buf->mem == FERRY_KV_MEM_DEVICE)
+        r = ferry__kv_stream_get(kv, &s);
+    for (size_t i = 0; r == 0 && i < nch;) {
+        size_t m = batch_of(c, nch - i);
+        if ((r = ferry__kvc_chunks(kv, c, m)) < 0)
+            break;
+        r = retrieve_batch(kv, c, ids, i, m, n, buf, s, st);
+        i += m;
+    }
+    pthread_mutex_unlock(&c->mu);
+    ferry__kv_stream_put(kv, s);
+    size_t lead = 0;
+    for (size_t i = 0; i < nch && st[i] == 0; i++)
+        lead += ferry__kv_chunk_ntok(kv, i, n);
+    for (size_t i = 0; i < nch; i++)
+        ferry__kv_set_status(req, i, st[i]);
+    ferry__free(st);
+    if (r < 0)
+        return r;
+    return (int)lead;
+}
+
+int ferry__kvc_delete(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch)
+{
+    ferry__kvc *c = kv->client;
+    int r = begin(kv, c, 0, "delete");
+    if (r < 0)
+        return r;
+    size_t m = FERRY__MIN(nch, (size_t)FERRY__PROTO_MAX_CHUNKS);
+    if ((r = ferry__kvc_chunks(kv, c, m)) == 0) {
+        for (size_t i = 0; i < m; i++)
+            c->ch[i].id = ids[i];
+        ferry__proto_rd rd;
+        int32_t rc;
+        if ((r = send_chunks(kv, c, FERRY__P_DELETE, m, 0, &rd, &rc)) == 0 &&
+            (r = reply_end(kv, c, &rd)) == 0)
+            r = rc;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}
+
+int ferry__kvc_simple(ferry_kv *kv, int type)
+{
+    ferry__kvc *c = kv->client;
+    int r = begin(kv, c, 0, ferry__proto_type_name((unsigned)type));
+    if (r < 0)
+        return r;
+    ferry__proto_req q;
+    memset(&q, 0, sizeof q);
+    q.hdr.type = (uint8_t)type;
+    q.hdr.rid = ++c->rid;
+    ferry__proto_rd rd;
+    int32_t rc;
+    if ((r = ferry__proto_req_encode(&c->out, &q)) < 0)
+        r = ferry__kv_err(kv, -ENOMEM, "kv server: out of memory for a request");
+    else if ((r = ferry__kvc_roundtrip(kv, c, &rd, &rc)) == 0 && (r = reply_end(kv, c, &rd)) == 0)
+        r = rc;
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}
+
+int ferry__kvc_stats(ferry_kv *kv, ferry_kv_stats *out, uint32_t *clients)
+{
+    ferry__kvc *c = kv->client;
+    int r = begin(kv, c, 0, "stats");
+    if (r < 0)
+        return r;
+    ferry__proto_req q;
+    memset(&q, 0, sizeof q);
+    q.hdr.type = FERRY__P_STATS;
+    q.hdr.rid = ++c->rid;
+    ferry__proto_rd rd;
+    int32_t rc;
+    if ((r = ferry__proto_req_encode(&c->out, &q)) < 0)
+        r = ferry__kv_err(kv, -ENOMEM, "kv server: out of memory for a request");
+    else if ((r = ferry__kvc_roundtrip(kv, c, &rd, &rc)) == 0 && (r = rc) == 0) {
+        uint32_t nc = ferry__proto_get_u32(&rd);
+        uint32_t size = ferry__proto_get_u32(&rd);
+        if (rd.err || size > (size_t)(rd.end - rd.p) || size < sizeof out->size) {
+            ferry__kvc_drop(c);
+            r = ferry__kv_err(kv, FERRY_ECONN, "kv server %s: a malformed STATS reply",
+                              c->path);
+        } else {
+            /* the daemon's struct is this one or a prefix or extension of it */
+            memset(out, 0, sizeof *out);
+            memcpy(out, rd.p, FERRY__MIN((size_t)size, sizeof *out));
+            out->size = sizeof *out;
+            if (clients)
+                *clients = nc;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}

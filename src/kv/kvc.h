@@ -1,0 +1,69 @@
+/*
+ * kvc.h - the server client: a backend of the ferry_kv API beside the
+ * in-process store. ferry_kv_open with cfg->server opens one of these
+ * instead of tiers; every public call on the store then goes here. Private.
+ *
+ * One connection per store (kv/client.c): a Unix-domain socket, the HELLO
+ * handshake that checks the geometry and hands over the daemon's L1 pool
+ * (mapped shared), and round trips bounded by the store's timeout. A round
+ * trip that fails, times out or finds the daemon gone closes the
+ * connection and answers FERRY_ECONN; the next call connects again. One
+ * operation (its round trips and its copies) at a time per store.
+ */
+#ifndef FERRY_SRC_KV_KVC_H
+#define FERRY_SRC_KV_KVC_H
+
+#include <pthread.h>
+
+#include "kv_impl.h"
+#include "proto.h"
+
+typedef struct ferry__kvc {
+    pthread_mutex_t mu;           /* one operation at a time */
+    char *path;                   /* the socket */
+    int fd;                       /* -1: not connected */
+    uint32_t timeout_ms;
+    int want_pool;                /* 0: lookups only (no pool mapped) */
+    unsigned char *pool;          /* the daemon's L1 pool, mapped shared */
+    size_t pool_bytes;
+    uint64_t slot_bytes, nslots;
+    uint64_t rid;                 /* the last request id */
+    uint64_t connects;            /* connections made (the first and reconnects) */
+    ferry__proto_buf out;         /* the frame being sent */
+    uint8_t *in;                  /* the reply payload being read */
+    size_t in_cap;
+    ferry__proto_chunk *ch;       /* a request's chunks */
+    size_t ch_cap;
+} ferry__kvc;
+
+/* client.c: the connection */
+int ferry__kvc_open(ferry_kv *kv, const ferry_kv_config *cfg);
+void ferry__kvc_close(ferry_kv *kv);
+/* under c->mu: connected (connecting when not); 0 or FERRY_ECONN / the HELLO's code */
+int ferry__kvc_ensure(ferry_kv *kv, ferry__kvc *c);
+/* under c->mu: send c->out (a whole frame) and read the reply to it into
+ * c->in; 0 and *rd over the reply's payload after its head, whose rc is
+ * returned when negative (message on the store), or FERRY_ECONN (the
+ * connection is closed) / FERRY_EPARSE (a reply that is not one: closed) */
+int ferry__kvc_roundtrip(ferry_kv *kv, ferry__kvc *c, ferry__proto_rd *rd, int32_t *rc);
+/* under c->mu: room for n chunks in c->ch */
+int ferry__kvc_chunks(ferry_kv *kv, ferry__kvc *c, size_t n);
+/* close the connection (and unmap the pool) after a failure */
+void ferry__kvc_drop(ferry__kvc *c);
+
+/* client_ops.c: the operations */
+int ferry__kvc_lookup(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
+                      const ferry_kv_req *req);
+int ferry__kvc_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
+                     const ferry_kv_req *req, const ferry_kv_buffer *buf);
+int ferry__kvc_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
+                        const ferry_kv_req *req, const ferry_kv_buffer *buf);
+int ferry__kvc_delete(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch);
+/* FLUSH, SYNC, CLEAR, PING: the daemon's result */
+int ferry__kvc_simple(ferry_kv *kv, int type);
+/* the daemon's counters; *clients: connections it serves (NULL: not wanted) */
+int ferry__kvc_stats(ferry_kv *kv, ferry_kv_stats *out, uint32_t *clients);
+/* a call the client backend does not offer */
+int ferry__kvc_unsupported(ferry_kv *kv, const char *what);
+
+#endif

@@ -1,0 +1,358 @@
+/*
+ * serve.c - `ferry serve`'s daemon (ferry/serve.h): the hosted store, the
+ * socket (0600, or 0660 with a group; a stale file replaced, a live
+ * daemon's refused), the accept loop (peers checked by SO_PEERCRED, a
+ * thread per connection, at most max_clients), and a clean stop
+ * (disconnect, flush, sync, close).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "core.h"
+#include "serve_int.h"
+#include "sized.h"
+
+/* ---- the socket ---- */
+
+static int addr_of(const char *path, struct sockaddr_un *a, ferry__errbuf *eb)
+{
+    memset(a, 0, sizeof *a);
+    a->sun_family = AF_UNIX;
+    if (strlen(path) >= sizeof a->sun_path)
+        return ferry__err_set(eb, -ENAMETOOLONG, "serve: socket path %s is too long (%zu max)",
+                              path, sizeof a->sun_path - 1);
+    memcpy(a->sun_path, path, strlen(path) + 1);
+    return 0;
+}
+
+/* a socket file already at path: a live daemon's (FERRY_EBUSY) or a dead
+ * one's (removed) */
+static int clear_stale(const char *path, const struct sockaddr_un *a, ferry__errbuf *eb)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return 0;
+    if (!S_ISSOCK(st.st_mode))
+        return ferry__err_set(eb, -EEXIST, "serve: %s exists and is not a socket", path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return ferry__err_set(eb, -errno, "serve: socket: %s", strerror(errno));
+    int live = connect(fd, (const struct sockaddr *)a, sizeof *a) == 0;
+    close(fd);
+    if (live)
+        return ferry__err_set(eb, FERRY_EBUSY, "serve: a daemon is already serving on %s",
+                              path);
+    if (unlink(path) != 0 && errno != ENOENT)
+        return ferry__err_set(eb, -errno, "serve: removing the stale socket %s: %s", path,
+                              strerror(errno));
+    FERRY_LOGI("serve: replaced the stale socket %s", path);
+    return 0;
+}
+
+static int listen_on(ferry_serve *s, const char *group)
+{
+    struct sockaddr_un a;
+    int rc = addr_of(s->path, &a, &s->err);
+    if (rc == 0)
+        rc = clear_stale(s->path, &a, &s->err);
+    if (rc < 0)
+        return rc;
+    s->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s->lfd < 0)
+        return ferry__err_set(&s->err, -errno, "serve: socket: %s", strerror(errno));
+    if (bind(s->lfd, (struct sockaddr *)&a, sizeof a) != 0)
+        return ferry__err_set(&s->err, -errno, "serve: bind %s: %s", s->path, strerror(errno));
+    gid_t gid = (gid_t)-1;
+    if (group) {
+        struct group gr, *res = NULL;
+        char buf[4096];
+        if (getgrnam_r(group, &gr, buf, sizeof buf, &res) != 0 || !res) {
+            unlink(s->path);
+            return ferry__err_set(&s->err, -EINVAL, "serve: no group named %s", group);
+        }
+        gid = res->gr_gid;
+    }
+    if ((gid != (gid_t)-1 && chown(s->path, (uid_t)-1, gid) != 0) ||
+        chmod(s->path, group ? 0660 : 0600) != 0) {
+        int e = errno;
+        unlink(s->path);
+        return ferry__err_set(&s->err, -e, "serve: setting the owner and mode of %s: %s",
+                              s->path, strerror(e));
+    }
+    if (listen(s->lfd, 1024) != 0) {
+        int e = errno;
+        unlink(s->path);
+        return ferry__err_set(&s->err, -e, "serve: listen on %s: %s", s->path, strerror(e));
+    }
+    return 0;
+}
+
+/* ---- open / close ---- */
+
+static int host_store(ferry_serve *s, const ferry_kv_config *kcfg)
+{
+    if (kcfg->size >= offsetof(ferry_kv_config, server) + sizeof(char *) && kcfg->server)
+        return ferry__err_set(&s->err, -EINVAL,
+                              "serve: the hosted store's config names a server (%s)",
+                              kcfg->server);
+    int rc = ferry__kv_open_shared(kcfg, &s->kv);
+    if (rc < 0)
+        return ferry__err_pass(&s->err, rc);
+    s->pool_fd = ferry__kv_pool(s->kv, &s->pool_bytes, &s->slot_bytes, &s->nslots);
+    ferry__kv_geometry(s->kv, &s->layout, &s->chunk_tokens, &s->seed);
+    s->chunk_bytes = ferry_kv_chunk_bytes(s->kv);
+    /* a connection may hold every slot twice over (reserved, then a lock on
+     * a chunk it stored), and no more */
+    s->max_held = (size_t)(2 * s->nslots + 64);
+    return s->pool_fd < 0 ? ferry__err_set(&s->err, -EINVAL, "serve: the pool is not shared") : 0;
+}
+
+int ferry_serve_open(const ferry_serve_config *cfg, ferry_serve **out)
+{
+    if (!cfg || !out || cfg->size < sizeof(ferry_serve_config) || !cfg->socket_path ||
+        !*cfg->socket_path || !cfg->kv)
+        return ferry__err_set(NULL, -EINVAL,
+                              "serve open: config or out is NULL, its size is not set, or it "
+                              "names no socket_path or kv config");
+    ferry_serve *s = ferry__calloc(1, sizeof *s);
+    if (!s)
+        return ferry__err_set(NULL, -ENOMEM, "serve open: out of memory");
+    pthread_mutex_init(&s->mu, NULL);
+    s->lfd = -1;
+    s->pool_fd = -1;
+    s->stop_pipe[0] = s->stop_pipe[1] = -1;
+    s->uid = getuid();
+    s->max_clients = cfg->max_clients ? cfg->max_clients : FERRY_SERVE_MAX_CLIENTS_DEFAULT;
+    s->send_timeout_ms =
+        cfg->send_timeout_ms ? cfg->send_timeout_ms : FERRY_SERVE_SEND_TIMEOUT_MS_DEFAULT;
+    s->path = ferry__strdup(cfg->socket_path);
+    int rc = s->path ? 0 : ferry__err_set(&s->err, -ENOMEM, "serve open: out of memory");
+    if (rc == 0 && cfg->n_allow_uids) {
+        s->allow = ferry__malloc(cfg->n_allow_uids * sizeof *s->allow);
+        if (!s->allow || !cfg->allow_uids)
+            rc = ferry__err_set(&s->err, s->allow ? -EINVAL : -ENOMEM,
+                                "serve open: %zu allowed uids %s", cfg->n_allow_uids,
+                                s->allow ? "but allow_uids is NULL" : "(out of memory)");
+        else
+            memcpy(s->allow, cfg->allow_uids, cfg->n_allow_uids * sizeof *s->allow);
+        s->nallow = cfg->n_allow_uids;
+    }
+    if (rc == 0 && pipe2(s->stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+        rc = ferry__err_set(&s->err, -errno, "serve open: pipe: %s", strerror(errno));
+    if (rc == 0)
+        rc = host_store(s, cfg->kv);
+    if (rc == 0)
+        rc = listen_on(s, cfg->group);
+    if (rc < 0) {
+        ferry__err_pass(NULL, rc);
+        if (s->lfd >= 0)
+            close(s->lfd);
+        s->lfd = -1;
+        ferry_kv_close(s->kv);
+        s->kv = NULL;
+        ferry_serve_close(s);
+        return rc;
+    }
+    FERRY_LOGI("serve: serving %llu slots of %llu bytes on %s", (unsigned long long)s->nslots,
+               (unsigned long long)s->slot_bytes, s->path);
+    *out = s;
+    return 0;
+}
+
+/* join and free the connections whose threads finished (all: every one,
+ * after shutting their sockets down) */
+static void reap(ferry_serve *s, int all)
+{
+    pthread_mutex_lock(&s->mu);
+    if (all)
+        for (ferry__srv_conn *c = s->conns; c; c = c->next)
+            shutdown(c->fd, SHUT_RDWR);
+    ferry__srv_conn **pp = &s->conns, *done = NULL;
+    while (*pp) {
+        ferry__srv_conn *c = *pp;
+        if (all || atomic_load(&c->done)) {
+            *pp = c->next;
+            c->next = done;
+            done = c;
+        } else {
+            pp = &c->next;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    for (ferry__srv_conn *c = done, *nx; c; c = nx) {
+        nx = c->next;
+        pthread_join(c->th, NULL);
+        close(c->fd);
+        ferry__free(c->in);
+        ferry__free(c->ch);
+        ferry__free(c->tiers);
+        ferry__free(c->held);
+        ferry__proto_buf_free(&c->out);
+        ferry__free(c);
+    }
+}
+
+int ferry_serve_close(ferry_serve *s)
+{
+    if (!s)
+        return 0;
+    reap(s, 1);
+    int rc = 0;
+    if (s->kv) {
+        rc = ferry_kv_sync(s->kv); /* flushes first */
+        if (rc < 0)
+            FERRY_LOGE("serve: sync at close: %s", ferry_kv_last_error(s->kv));
+        ferry_kv_close(s->kv);
+    }
+    if (s->lfd >= 0) {
+        close(s->lfd);
+        unlink(s->path);
+    }
+    for (int i = 0; i < 2; i++)
+        if (s->stop_pipe[i] >= 0)
+            close(s->stop_pipe[i]);
+    pthread_mutex_destroy(&s->mu);
+    ferry__free(s->allow);
+    ferry__free(s->path);
+    ferry__free(s);
+    return rc < 0 ? rc : 0;
+}
+
+/* ---- accepting ---- */
+
+static int allowed(const ferry_serve *s, uid_t uid)
+{
+    if (uid == s->uid)
+        return 1;
+    for (size_t i = 0; i < s->nallow; i++)
+        if (s->allow[i] == (uint32_t)uid)
+            return 1;
+    return 0;
+}
+
+static void accept_one(ferry_serve *s)
+{
+    int fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0) {
+        if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+            FERRY_LOGW("serve: accept on %s: %s", s->path, strerror(errno));
+        return;
+    }
+    struct ucred cr;
+    socklen_t len = sizeof cr;
+    char msg[160];
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 || !allowed(s, cr.uid)) {
+        snprintf(msg, sizeof msg, "uid %d may not use this daemon (allowed: uid %d and %zu more)",
+                 (int)cr.uid, (int)s->uid, s->nallow);
+        ferry__srv_warn(s, "serve: refused pid %d: %s", (int)cr.pid, msg);
+        ferry__srv_refuse(fd, 0, -EACCES, msg);
+        atomic_fetch_add(&s->refused, 1);
+        close(fd);
+        return;
+    }
+    ferry__srv_conn *c = ferry__calloc(1, sizeof *c);
+    pthread_mutex_lock(&s->mu);
+    int full = s->nconns >= s->max_clients;
+    pthread_mutex_unlock(&s->mu);
+    if (!c || full) {
+        snprintf(msg, sizeof msg, "%s (max_clients %u)",
+                 c ? "the daemon serves as many clients as it may" : "out of memory",
+                 s->max_clients);
+        ferry__srv_warn(s, "serve: refused pid %d: %s", (int)cr.pid, msg);
+        ferry__srv_refuse(fd, 0, c ? FERRY_EBUSY : -ENOMEM, msg);
+        atomic_fetch_add(&s->refused, 1);
+        ferry__free(c);
+        close(fd);
+        return;
+    }
+    c->s = s;
+    c->fd = fd;
+    c->pid = cr.pid;
+    c->uid = cr.uid;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setstacksize(&at, 256u << 10);
+    pthread_mutex_lock(&s->mu);
+    int rc = pthread_create(&c->th, &at, ferry__srv_conn_main, c);
+    if (rc == 0) {
+        c->next = s->conns;
+        s->conns = c;
+        s->nconns++;
+    }
+    pthread_mutex_unlock(&s->mu);
+    pthread_attr_destroy(&at);
+    if (rc != 0) {
+        ferry__srv_refuse(fd, 0, -rc, "the daemon could not start a thread for this client");
+        FERRY_LOGW("serve: no thread for pid %d: %s", (int)cr.pid, strerror(rc));
+        close(fd);
+        ferry__free(c);
+        return;
+    }
+    atomic_fetch_add(&s->connections, 1);
+}
+
+int ferry_serve_run(ferry_serve *s)
+{
+    if (!s)
+        return ferry__err_set(NULL, -EINVAL, "serve run: NULL");
+    for (;;) {
+        struct pollfd p[2] = {{s->lfd, POLLIN, 0}, {s->stop_pipe[0], POLLIN, 0}};
+        int r = poll(p, 2, 500);
+        if (r < 0 && errno != EINTR)
+            return ferry__err_set(&s->err, -errno, "serve: poll: %s", strerror(errno));
+        if (p[1].revents)
+            break;
+        if (r > 0 && (p[0].revents & POLLIN))
+            accept_one(s);
+        reap(s, 0);
+    }
+    char b[16];
+    while (read(s->stop_pipe[0], b, sizeof b) > 0)
+        ;
+    FERRY_LOGI("serve: stopping");
+    return 0;
+}
+
+void ferry_serve_stop(ferry_serve *s)
+{
+    if (s) {
+        char b = 1;
+        ssize_t w = write(s->stop_pipe[1], &b, 1);
+        (void)w;
+    }
+}
+
+ferry_kv *ferry_serve_kv(ferry_serve *s)
+{
+    return s ? s->kv : NULL;
+}
+
+const char *ferry_serve_last_error(const ferry_serve *s)
+{
+    return s ? ferry__err_msg(&s->err) : "";
+}
+
+int ferry_serve_stats_get(ferry_serve *s, ferry_serve_stats *out)
+{
+    if (!s || !out)
+        return ferry__err_set(NULL, -EINVAL, "ferry_serve_stats_get: daemon or out is NULL");
+    ferry_serve_stats m = FERRY_SERVE_STATS_INIT;
+    pthread_mutex_lock(&s->mu);
+    m.clients = s->nconns;
+    pthread_mutex_unlock(&s->mu);
+    m.connections = atomic_load(&s->connections);
+    m.refused = atomic_load(&s->refused);
+    m.requests = atomic_load(&s->requests);
+    m.bad_frames = atomic_load(&s->bad_frames);
+    m.slow_clients = atomic_load(&s->slow_clients);
+    m.released = atomic_load(&s->released);
+    return ferry__stats_put(NULL, "ferry_serve_stats_get", out, &m, sizeof m);
+}

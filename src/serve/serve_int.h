@@ -1,0 +1,85 @@
+/*
+ * serve_int.h - what the daemon's files share (serve.c: socket, accept,
+ * lifecycle; serve_conn.c: one connection's requests). Private.
+ *
+ * Locking: s->mu guards the connection list and its counts; each
+ * connection's own state (buffers, what it holds) belongs to its thread.
+ * A connection's fd is closed only by whoever joins its thread, so a
+ * shutdown() from ferry_serve_close never hits a reused descriptor.
+ */
+#ifndef FERRY_SRC_SERVE_INT_H
+#define FERRY_SRC_SERVE_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/types.h>
+
+#include "core.h"
+#include "ferry/serve.h"
+#include "kv/kv_slots.h"
+#include "kv/proto.h"
+
+/* a slot a connection holds: reserved for its store (W) or acquired (R) */
+typedef struct ferry__srv_hold {
+    ferry__kv_entry *e;
+    ferry_kv_hash id;
+    uint64_t slot, gen;
+    int write;
+} ferry__srv_hold;
+
+typedef struct ferry__srv_conn {
+    struct ferry__srv_conn *next;
+    struct ferry_serve *s;
+    int fd;
+    pid_t pid;
+    uid_t uid;
+    pthread_t th;
+    atomic_int done;              /* its thread finished: join and free it */
+    int hello;                    /* HELLO answered */
+    uint8_t *in;                  /* the request payload */
+    size_t in_cap;
+    ferry__proto_chunk *ch;       /* its chunks */
+    size_t ch_cap;
+    uint8_t *tiers;               /* LOOKUP's answer */
+    ferry__proto_buf out;         /* the reply */
+    ferry__srv_hold *held;
+    size_t nheld, cap_held;
+} ferry__srv_conn;
+
+struct ferry_serve {
+    ferry__errbuf err;
+    ferry_kv *kv;
+    char *path;
+    int lfd;                      /* the listening socket */
+    int stop_pipe[2];             /* ferry_serve_stop writes a byte */
+    uid_t uid;
+    uint32_t *allow;
+    size_t nallow;
+    unsigned max_clients;
+    uint32_t send_timeout_ms;
+    /* the pool and geometry every HELLO hands over */
+    int pool_fd;
+    uint64_t pool_bytes, slot_bytes, nslots, chunk_bytes;
+    ferry_kv_layout layout;
+    uint32_t chunk_tokens;
+    uint64_t seed;
+    size_t max_held;              /* holds one connection may have at once */
+
+    pthread_mutex_t mu;
+    ferry__srv_conn *conns;
+    unsigned nconns;
+    atomic_uint_fast64_t connections, refused, requests, bad_frames, slow_clients, released;
+    ferry__warnlim warn;          /* refusals and bad frames can come at any rate */
+};
+
+/* serve_conn.c: a connection's thread */
+void *ferry__srv_conn_main(void *arg);
+/* send a whole frame within the send timeout (fd: passed along, or -1);
+ * 0 or a negative code */
+int ferry__srv_send(struct ferry_serve *s, int sock, const uint8_t *p, size_t n, int fd);
+/* a warning that clients can trigger at any rate: the first few, then one a second */
+void ferry__srv_warn(struct ferry_serve *s, const char *fmt, ...) FERRY__PRINTF(2, 3);
+/* an ERROR reply (rid, code, message) on sock, best effort, not waiting */
+void ferry__srv_refuse(int sock, uint64_t rid, int code, const char *msg);
+
+#endif

@@ -1,0 +1,1007 @@
+/*
+ * test_serve.c - `ferry serve` and its client backend: the same store,
+ * lookup and retrieve assertions on an in-process store and through a
+ * daemon; a client killed mid-store; the daemon killed and restarted on a
+ * persistent L2; bad frames, slots not held, a client that never reads,
+ * more connections than allowed, another uid, a lock that outlived its TTL.
+ */
+/* ferry-test-labels: concurrent */
+/* ferry-test-timeout: 300 */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ferry_test.h"
+#include "kv/kv_impl.h"
+#include "kv/proto.h"
+#include "kv/store_int.h"
+
+#define CT 16
+#define TB 64u
+#define PLANES 4u
+#define CHUNK (PLANES * CT * TB)
+
+static char g_dir[256];
+static char g_sock[300];
+
+static ferry_kv_config store_config(uint64_t l1_chunks)
+{
+    ferry_kv_config c = FERRY_KV_CONFIG_INIT;
+    c.model = "test-model";
+    c.layout = ft_kv_layout(TB);
+    c.chunk_tokens = CT;
+    c.l1_bytes = l1_chunks * CHUNK;
+    c.workers = 2;
+    return c;
+}
+
+static ferry_kv_config client_config(void)
+{
+    ferry_kv_config c = store_config(1);
+    c.server = g_sock;
+    c.server_timeout_ms = 1000;
+    return c;
+}
+
+/* ---- a daemon in a thread of this process ---- */
+
+typedef struct srv {
+    ferry_serve *s;
+    pthread_t th;
+} srv;
+
+static void *srv_main(void *arg)
+{
+    ferry_serve_run(arg);
+    return NULL;
+}
+
+static void srv_start_cfg(srv *v, const ferry_kv_config *kc, unsigned max_clients,
+                          uint32_t send_timeout_ms)
+{
+    ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
+    sc.socket_path = g_sock;
+    sc.kv = kc;
+    sc.max_clients = max_clients;
+    sc.send_timeout_ms = send_timeout_ms;
+    FT_ASSERT_OK(ferry_serve_open(&sc, &v->s));
+    assert_int_equal(pthread_create(&v->th, NULL, srv_main, v->s), 0);
+}
+
+static void srv_start(srv *v, uint64_t l1_chunks)
+{
+    ferry_kv_config kc = store_config(l1_chunks);
+    srv_start_cfg(v, &kc, 0, 0);
+}
+
+static void srv_stop(srv *v)
+{
+    ferry_serve_stop(v->s);
+    pthread_join(v->th, NULL);
+    FT_ASSERT_OK(ferry_serve_close(v->s));
+    v->s = NULL;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    ft_tmpdir(g_dir, sizeof g_dir);
+    snprintf(g_sock, sizeof g_sock, "%s/ferry.sock", g_dir);
+    signal(SIGPIPE, SIG_IGN);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    ft_rmtree(g_dir);
+    return 0;
+}
+
+/* ---- buffers ---- */
+
+typedef struct hbuf {
+    ferry_kv_buffer b;
+    unsigned char *mem;
+    uint64_t cap;
+} hbuf;
+
+static void hbuf_init(hbuf *h, uint64_t cap, unsigned seed)
+{
+    ferry_kv_buffer b = FERRY_KV_BUFFER_INIT;
+    b.layout = ft_kv_layout(TB);
+    h->cap = cap;
+    h->mem = malloc(PLANES * cap * TB);
+    assert_non_null(h->mem);
+    if (seed)
+        ft_fill_pattern(h->mem, PLANES * cap * TB, seed);
+    else
+        memset(h->mem, 0, PLANES * cap * TB);
+    b.base = (uint64_t)(uintptr_t)h->mem;
+    b.capacity_tokens = cap;
+    h->b = b;
+}
+
+static int same_tokens(const hbuf *a, const hbuf *b, uint64_t from, uint64_t to)
+{
+    for (unsigned p = 0; p < PLANES; p++)
+        if (memcmp(a->mem + (p * a->cap + from) * TB, b->mem + (p * b->cap + from) * TB,
+                   (to - from) * TB))
+            return 0;
+    return 1;
+}
+
+static void make_tokens(int32_t *t, size_t n, int32_t base)
+{
+    for (size_t i = 0; i < n; i++)
+        t[i] = base + (int32_t)(i * 7919 % 32000);
+}
+
+#define BT 4
+#define NBLK 40
+typedef struct pbuf {
+    ferry_kv_buffer b;
+    unsigned char *mem[PLANES];
+    uint64_t bases[PLANES];
+    int32_t table[NBLK];
+} pbuf;
+
+static void pbuf_init(pbuf *p)
+{
+    ferry_kv_buffer b = FERRY_KV_BUFFER_INIT;
+    b.layout = ft_kv_layout(TB);
+    b.form = FERRY_KV_PAGED;
+    for (unsigned i = 0; i < PLANES; i++) {
+        p->mem[i] = calloc(NBLK, BT * TB);
+        assert_non_null(p->mem[i]);
+        p->bases[i] = (uint64_t)(uintptr_t)p->mem[i];
+    }
+    for (int k = 0; k < NBLK; k++)
+        p->table[k] = (k * 7 + 3) % NBLK;
+    b.block_bases = p->bases;
+    b.block_tokens = BT;
+    b.num_blocks = NBLK;
+    b.block_table = p->table;
+    b.table_len = NBLK;
+    p->b = b;
+}
+
+static int paged_same(pbuf *p, const hbuf *h, uint64_t n)
+{
+    for (unsigned pl = 0; pl < PLANES; pl++)
+        for (uint64_t t = 0; t < n; t++)
+            if (memcmp(p->mem[pl] + ((uint64_t)p->table[t / BT] * BT + t % BT) * TB,
+                       h->mem + (pl * h->cap + t) * TB, TB))
+                return 0;
+    return 1;
+}
+
+/* ---- the same assertions, in-process and through the daemon ---- */
+
+static void exercise(ferry_kv *kv)
+{
+    enum { N = 8 * CT + 5 };
+    int32_t tok[N];
+    make_tokens(tok, N, 100);
+    int32_t other5[N]; /* another prompt sharing the first 5 chunks */
+    memcpy(other5, tok, sizeof other5);
+    other5[5 * CT] ^= 1;
+    hbuf src, dst;
+    hbuf_init(&src, N, 7);
+    hbuf_init(&dst, N, 0);
+    uint8_t tiers[16];
+    int st[16];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.tiers = tiers;
+    r.status = st;
+    r.max_chunks = 16;
+
+    assert_int_equal(ferry_kv_lookup(kv, tok, N, NULL), 0);
+    assert_int_equal(ferry_kv_retrieve(kv, tok, 4 * CT, &r, &dst.b), 0);
+    assert_int_equal(st[0], FERRY_ENOTFOUND);
+    /* whole chunks only, unless the request asks for the partial one */
+    assert_int_equal(ferry_kv_store(kv, tok, N, &r, &src.b), 8 * CT);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(st[i], 0);
+    memset(tiers, 9, sizeof tiers);
+    assert_int_equal(ferry_kv_lookup(kv, tok, N, &r), 8 * CT);
+    assert_int_equal(tiers[0], FERRY_KV_TIER_L1);
+    assert_int_equal(tiers[7], FERRY_KV_TIER_L1);
+    assert_int_equal(tiers[8], 9); /* past the request's whole chunks: not written */
+    assert_int_equal(ferry_kv_lookup(kv, other5, N, &r), 5 * CT);
+    assert_int_equal(tiers[5], FERRY_KV_TIER_NONE); /* the first miss */
+    /* a prefix of the prompt */
+    assert_int_equal(ferry_kv_lookup(kv, tok, 3 * CT + 2, NULL), 3 * CT);
+    /* stored again: already present, counted as stored */
+    assert_int_equal(ferry_kv_store(kv, tok, 8 * CT, NULL, &src.b), 8 * CT);
+    /* retrieve: the same bytes */
+    assert_int_equal(ferry_kv_retrieve(kv, tok, N, &r, &dst.b), 8 * CT);
+    assert_true(same_tokens(&src, &dst, 0, 8 * CT));
+    /* the partial last chunk */
+    ferry_kv_req rp = FERRY_KV_REQ_INIT;
+    rp.flags = FERRY_KV_PARTIAL;
+    assert_int_equal(ferry_kv_store(kv, tok, N, &rp, &src.b), N);
+    assert_int_equal(ferry_kv_lookup(kv, tok, N, &rp), N);
+    memset(dst.mem, 0, PLANES * N * TB);
+    assert_int_equal(ferry_kv_retrieve(kv, tok, N, &rp, &dst.b), N);
+    assert_true(same_tokens(&src, &dst, 0, N));
+    /* a paged host buffer */
+    pbuf pb;
+    pbuf_init(&pb);
+    assert_int_equal(ferry_kv_retrieve(kv, tok, 8 * CT, NULL, &pb.b), 8 * CT);
+    assert_true(paged_same(&pb, &src, 8 * CT));
+    /* a salt is another namespace */
+    ferry_kv_req rs = FERRY_KV_REQ_INIT;
+    rs.salt = "tenant";
+    rs.salt_len = 6;
+    assert_int_equal(ferry_kv_lookup(kv, tok, N, &rs), 0);
+    /* stats */
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
+    assert_true(m.lookups >= 5);
+    assert_true(m.stored_chunks >= 9);
+    assert_true(m.hit_tokens >= 8 * CT);
+    assert_int_equal(m.tier[FERRY_KV_TIER_L1].chunks, 9);
+    /* delete, flush, sync */
+    assert_int_equal(ferry_kv_delete(kv, tok, 8 * CT, NULL), 8);
+    assert_int_equal(ferry_kv_lookup(kv, tok, N, NULL), 0);
+    FT_ASSERT_OK(ferry_kv_flush(kv));
+    assert_true(ferry_kv_sync(kv) >= 0);
+    for (unsigned i = 0; i < PLANES; i++)
+        free(pb.mem[i]);
+    free(src.mem);
+    free(dst.mem);
+}
+
+static void test_in_process(void **state)
+{
+    (void)state;
+    ferry_kv_config c = store_config(64);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    exercise(kv);
+    FT_ASSERT_OK(ferry__kv_check(kv));
+    ferry_kv_close(kv);
+}
+
+static void test_through_server(void **state)
+{
+    (void)state;
+    srv v;
+    srv_start(&v, 64);
+    ferry_kv_config c = client_config();
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    assert_int_equal(ferry_kv_chunk_bytes(kv), CHUNK);
+    exercise(kv);
+    /* what the client does not offer yet says so */
+    ferry_kv_op *op = NULL;
+    int32_t tok[CT] = {1};
+    assert_int_equal(ferry_kv_prefetch(kv, tok, CT, NULL), FERRY_ENOTSUP);
+    hbuf h;
+    hbuf_init(&h, CT, 1);
+    assert_int_equal(ferry_kv_store_async(kv, tok, CT, NULL, &h.b, &op), FERRY_ENOTSUP);
+    free(h.mem);
+    ferry_kv_close(kv);
+    FT_ASSERT_OK(ferry__kv_check(ferry_serve_kv(v.s)));
+    srv_stop(&v);
+}
+
+/* two clients share one cache; a scheduler maps no pool and only looks up */
+static void test_shared_and_lookup_only(void **state)
+{
+    (void)state;
+    srv v;
+    srv_start(&v, 32);
+    ferry_kv_config c = client_config();
+    ferry_kv *a = NULL, *b = NULL, *sched = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &a));
+    FT_ASSERT_OK(ferry_kv_open(&c, &b));
+    ferry_kv_config sc = c;
+    sc.l1_bytes = 0;
+    FT_ASSERT_OK(ferry_kv_open(&sc, &sched));
+    int32_t tok[4 * CT];
+    make_tokens(tok, 4 * CT, 5);
+    hbuf src, dst;
+    hbuf_init(&src, 4 * CT, 3);
+    hbuf_init(&dst, 4 * CT, 0);
+    assert_int_equal(ferry_kv_store(a, tok, 4 * CT, NULL, &src.b), 4 * CT);
+    assert_int_equal(ferry_kv_lookup(sched, tok, 4 * CT, NULL), 4 * CT);
+    assert_int_equal(ferry_kv_retrieve(b, tok, 4 * CT, NULL, &dst.b), 4 * CT);
+    assert_true(same_tokens(&src, &dst, 0, 4 * CT));
+    assert_int_equal(ferry_kv_store(sched, tok, 4 * CT, NULL, &src.b), FERRY_ENOTSUP);
+    assert_non_null(strstr(ferry_kv_last_error(sched), "lookups only"));
+    /* another layout is refused at open, naming both */
+    ferry_kv_config bad = c;
+    bad.chunk_tokens = 32;
+    ferry_kv *x = NULL;
+    assert_int_equal(ferry_kv_open(&bad, &x), FERRY_EMISMATCH);
+    assert_non_null(strstr(ferry_last_error(), "chunk"));
+    ferry_kv_close(a);
+    ferry_kv_close(b);
+    ferry_kv_close(sched);
+    free(src.mem);
+    free(dst.mem);
+    srv_stop(&v);
+}
+
+/* ---- a raw client: the protocol by hand ---- */
+
+typedef struct raw {
+    int fd;
+    int pool_fd;
+    uint64_t rid;
+    ferry__proto_buf out;
+    uint8_t in[1 << 16];
+    ferry__proto_hdr h;
+    ferry__proto_rd rd;
+} raw;
+
+static int raw_connect(raw *r)
+{
+    memset(r, 0, sizeof *r);
+    r->pool_fd = -1;
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    memcpy(a.sun_path, g_sock, strlen(g_sock) + 1);
+    r->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (r->fd < 0 || connect(r->fd, (struct sockaddr *)&a, sizeof a) != 0)
+        return -errno;
+    return 0;
+}
+
+static void raw_close(raw *r)
+{
+    if (r->fd >= 0)
+        close(r->fd);
+    if (r->pool_fd >= 0)
+        close(r->pool_fd);
+    ferry__proto_buf_free(&r->out);
+}
+
+static void raw_send_bytes(raw *r, const void *p, size_t n)
+{
+    assert_int_equal(send(r->fd, p, n, MSG_NOSIGNAL), (ssize_t)n);
+}
+
+/* read one reply: 0 and r->h / r->rd after its head (rc returned in *rc),
+ * or -1 when the daemon closed the connection */
+static int raw_reply(raw *r, int32_t *rc, char *msg, size_t msglen)
+{
+    uint8_t hb[FERRY__PROTO_HDR];
+    size_t got = 0;
+    while (got < sizeof hb) {
+        union {
+            struct cmsghdr c;
+            char b[CMSG_SPACE(sizeof(int))];
+        } ctl;
+        struct iovec iov = {hb + got, sizeof hb - got};
+        struct msghdr m = {0};
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        m.msg_control = ctl.b;
+        m.msg_controllen = sizeof ctl.b;
+        ssize_t k = recvmsg(r->fd, &m, MSG_CMSG_CLOEXEC);
+        if (k <= 0)
+            return -1;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+        if (c && c->cmsg_type == SCM_RIGHTS)
+            memcpy(&r->pool_fd, CMSG_DATA(c), sizeof(int));
+        got += (size_t)k;
+    }
+    char why[128];
+    assert_int_equal(ferry__proto_hdr_decode(hb, sizeof hb, &r->h, why, sizeof why), 0);
+    assert_true(r->h.len <= sizeof r->in);
+    for (got = 0; got < r->h.len;) {
+        ssize_t k = recv(r->fd, r->in + got, r->h.len - got, 0);
+        if (k <= 0)
+            return -1;
+        got += (size_t)k;
+    }
+    r->rd = (ferry__proto_rd){r->in, r->in + r->h.len, 0};
+    *rc = ferry__proto_reply_head(&r->rd, msg, msglen);
+    return 0;
+}
+
+static void raw_req(raw *r, ferry__proto_req *q)
+{
+    q->hdr.rid = ++r->rid;
+    FT_ASSERT_OK(ferry__proto_req_encode(&r->out, q));
+    raw_send_bytes(r, r->out.p, r->out.len);
+}
+
+static void raw_hello(raw *r, int pool)
+{
+    ferry__proto_req q;
+    memset(&q, 0, sizeof q);
+    q.hdr.type = FERRY__P_HELLO;
+    q.hello.layout = ft_kv_layout(TB);
+    q.hello.chunk_tokens = CT;
+    q.hello.seed = FERRY_KV_HASH_SEED_DEFAULT;
+    q.hello.flags = pool ? 0 : FERRY__HELLO_NO_POOL;
+    raw_req(r, &q);
+    int32_t rc;
+    char msg[256];
+    assert_int_equal(raw_reply(r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(rc, 0);
+    assert_int_equal(pool ? r->pool_fd >= 0 : r->pool_fd < 0, 1);
+}
+
+/* a request of type t over n chunks */
+static void raw_chunks(raw *r, int t, ferry__proto_chunk *ch, uint32_t n)
+{
+    ferry__proto_req q;
+    memset(&q, 0, sizeof q);
+    q.hdr.type = (uint8_t)t;
+    q.n = n;
+    q.chunks = ch;
+    raw_req(r, &q);
+}
+
+static void raw_ping(raw *r)
+{
+    ferry__proto_req q;
+    memset(&q, 0, sizeof q);
+    q.hdr.type = FERRY__P_PING;
+    raw_req(r, &q);
+    int32_t rc;
+    char msg[64];
+    assert_int_equal(raw_reply(r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(r->h.type, FERRY__P_PING | FERRY__PROTO_REPLY);
+    assert_int_equal(rc, 0);
+}
+
+/* the chunk ids of tokens for the test store's namespace */
+static void ids_of(const int32_t *tok, size_t n, ferry_kv_hash *ids)
+{
+    ferry_kv_config c = store_config(4);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    ferry_kv_hash stack[512], *out = NULL;
+    int nch = ferry__kv_make_ids(kv, tok, n, NULL, "ids", stack, &out);
+    assert_true(nch > 0);
+    memcpy(ids, out, (size_t)nch * sizeof *ids);
+    if (out != stack)
+        free(out);
+    ferry_kv_close(kv);
+}
+
+static void assert_idle_pool(ferry_serve *s, uint64_t chunks)
+{
+    ferry_kv *kv = ferry_serve_kv(s);
+    FT_ASSERT_OK(ferry__kv_check(kv));
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
+    assert_int_equal(m.tier[FERRY_KV_TIER_L1].chunks, chunks);
+    assert_int_equal(m.tier[FERRY_KV_TIER_L1].used_bytes, chunks * 4096);
+}
+
+/* ---- a client killed mid-store ---- */
+
+static void test_client_killed_mid_store(void **state)
+{
+    (void)state;
+    srv v;
+    srv_start(&v, 16);
+    int32_t tok[4 * CT];
+    make_tokens(tok, 4 * CT, 77);
+    ferry_kv_hash ids[4];
+    ids_of(tok, 4 * CT, ids);
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        /* reserve four slots, write half of them, die before the commit */
+        raw r;
+        if (raw_connect(&r) < 0)
+            _exit(3);
+        raw_hello(&r, 1);
+        ferry__proto_chunk ch[4];
+        memset(ch, 0, sizeof ch);
+        for (int i = 0; i < 4; i++) {
+            ch[i].id = ids[i];
+            ch[i].tokens = CT;
+        }
+        raw_chunks(&r, FERRY__P_RESERVE, ch, 4);
+        int32_t rc;
+        char msg[64];
+        if (raw_reply(&r, &rc, msg, sizeof msg) < 0 || rc != 0)
+            _exit(4);
+        unsigned char *pool = mmap(NULL, 16 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED,
+                                   r.pool_fd, 0);
+        if (pool == MAP_FAILED)
+            _exit(5);
+        ferry__proto_get_u32(&r.rd);
+        int32_t s0 = (int32_t)ferry__proto_get_u32(&r.rd);
+        uint64_t slot0 = ferry__proto_get_u64(&r.rd);
+        if (s0 != 0)
+            _exit(6);
+        memset(pool + slot0 * 4096, 0xab, 2048);
+        char b = 1;
+        if (write(pfd[1], &b, 1) != 1)
+            _exit(7);
+        for (;;)
+            pause();
+    }
+    char b;
+    assert_int_equal(read(pfd[0], &b, 1), 1);
+    /* the reservations are there, invisible */
+    assert_int_equal(ferry_serve_kv(v.s) != NULL, 1);
+    ferry_kv_config c = client_config();
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    assert_int_equal(ferry_kv_lookup(kv, tok, 4 * CT, NULL), 0);
+    kill(pid, SIGKILL);
+    int ws;
+    waitpid(pid, &ws, 0);
+    assert_true(WIFSIGNALED(ws));
+    /* its connection's end released every slot: poll until the daemon saw it */
+    ferry_serve_stats ss = FERRY_SERVE_STATS_INIT;
+    for (int i = 0; i < 200; i++) {
+        FT_ASSERT_OK(ferry_serve_stats_get(v.s, &ss));
+        if (ss.released >= 4)
+            break;
+        usleep(10000);
+    }
+    assert_int_equal(ss.released, 4);
+    assert_idle_pool(v.s, 0);
+    assert_int_equal(ferry_kv_lookup(kv, tok, 4 * CT, NULL), 0);
+    /* and the whole pool can be stored into again */
+    int32_t big[16 * CT];
+    make_tokens(big, 16 * CT, 900);
+    hbuf h;
+    hbuf_init(&h, 16 * CT, 5);
+    assert_int_equal(ferry_kv_store(kv, big, 8 * CT, NULL, &h.b), 8 * CT);
+    assert_int_equal(ferry_kv_store(kv, tok, 4 * CT, NULL, &h.b), 4 * CT);
+    hbuf d;
+    hbuf_init(&d, 16 * CT, 0);
+    assert_int_equal(ferry_kv_retrieve(kv, tok, 4 * CT, NULL, &d.b), 4 * CT);
+    assert_true(same_tokens(&h, &d, 0, 4 * CT));
+    free(h.mem);
+    free(d.mem);
+    close(pfd[0]);
+    close(pfd[1]);
+    ferry_kv_close(kv);
+    srv_stop(&v);
+}
+
+/* ---- the daemon killed, restarted on its persistent L2 ---- */
+
+static ferry_serve *g_child_serve;
+
+static void child_term(int sig)
+{
+    (void)sig;
+    ferry_serve_stop(g_child_serve);
+}
+
+static pid_t daemon_fork(const char *l2dir)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        ferry_kv_config kc = store_config(16);
+        kc.l2_dir = l2dir;
+        kc.l2_bytes = 64 * 4096;
+        kc.l2_persistent = 1;
+        ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
+        sc.socket_path = g_sock;
+        sc.kv = &kc;
+        ferry_serve *s = NULL;
+        if (ferry_serve_open(&sc, &s) < 0) {
+            fprintf(stderr, "daemon: %s\n", ferry_last_error());
+            _exit(3);
+        }
+        g_child_serve = s;
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = child_term;
+        sigaction(SIGTERM, &sa, NULL);
+        ferry_serve_run(s);
+        _exit(ferry_serve_close(s) < 0 ? 4 : 0);
+    }
+    /* wait until it answers */
+    for (int i = 0; i < 500; i++) {
+        raw r;
+        int rc = raw_connect(&r);
+        raw_close(&r);
+        if (rc == 0)
+            return pid;
+        usleep(10000);
+    }
+    fail_msg("the daemon never answered");
+    return pid;
+}
+
+static void test_daemon_killed_and_restarted(void **state)
+{
+    (void)state;
+    char l2[300];
+    snprintf(l2, sizeof l2, "%s/l2", g_dir);
+    assert_int_equal(mkdir(l2, 0700), 0);
+    pid_t pid = daemon_fork(l2);
+    ferry_kv_config c = client_config();
+    c.server_timeout_ms = 500;
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    int32_t tok[6 * CT];
+    make_tokens(tok, 6 * CT, 31);
+    hbuf src, dst;
+    hbuf_init(&src, 6 * CT, 9);
+    hbuf_init(&dst, 6 * CT, 0);
+    assert_int_equal(ferry_kv_store(kv, tok, 6 * CT, NULL, &src.b), 6 * CT);
+    assert_int_equal(ferry_kv_sync(kv), 6); /* durable in the daemon's L2 */
+    kill(pid, SIGKILL);
+    int ws;
+    waitpid(pid, &ws, 0);
+    /* a clean error, not a hang */
+    uint64_t t0 = ferry__now_ns();
+    assert_int_equal(ferry_kv_lookup(kv, tok, 6 * CT, NULL), FERRY_ECONN);
+    assert_int_equal(ferry_kv_retrieve(kv, tok, 6 * CT, NULL, &dst.b), FERRY_ECONN);
+    assert_true(ferry__now_ns() - t0 < 3000000000ull);
+    assert_non_null(strstr(ferry_kv_last_error(kv), g_sock));
+    /* back: the next call connects again and finds what L2 kept */
+    pid = daemon_fork(l2);
+    uint8_t tiers[8];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.tiers = tiers;
+    r.max_chunks = 8;
+    assert_int_equal(ferry_kv_lookup(kv, tok, 6 * CT, &r), 6 * CT);
+    assert_int_equal(tiers[0], FERRY_KV_TIER_L2);
+    assert_int_equal(ferry_kv_retrieve(kv, tok, 6 * CT, NULL, &dst.b), 6 * CT);
+    assert_true(same_tokens(&src, &dst, 0, 6 * CT));
+    assert_int_equal(ferry_kv_lookup(kv, tok, 6 * CT, &r), 6 * CT);
+    assert_int_equal(tiers[0], FERRY_KV_TIER_L1); /* promoted */
+    kill(pid, SIGTERM);
+    waitpid(pid, &ws, 0);
+    assert_true(WIFEXITED(ws));
+    assert_int_equal(WEXITSTATUS(ws), 0);
+    ferry_kv_close(kv);
+    free(src.mem);
+    free(dst.mem);
+    /* with no daemon at all: FERRY_ECONN at open */
+    assert_int_equal(ferry_kv_open(&c, &kv), FERRY_ECONN);
+}
+
+/* ---- bad input: the client gets an error, the daemon serves on ---- */
+
+static void test_bad_frames(void **state)
+{
+    (void)state;
+    srv v;
+    srv_start(&v, 16);
+    int32_t rc;
+    char msg[256];
+    raw r;
+    /* garbage: an ERROR reply, then the connection is closed */
+    FT_ASSERT_OK(raw_connect(&r));
+    raw_send_bytes(&r, "GET / HTTP/1.1\r\n\r\n", 18);
+    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(r.h.type, FERRY__P_ERROR | FERRY__PROTO_REPLY);
+    assert_int_equal(rc, FERRY_EPARSE);
+    assert_non_null(strstr(msg, "magic"));
+    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), -1);
+    raw_close(&r);
+    /* another version: EVERSION naming both, for that request id */
+    FT_ASSERT_OK(raw_connect(&r));
+    ferry__proto_hdr h = {9, FERRY__P_PING, 0, 0, 4242};
+    uint8_t hb[FERRY__PROTO_HDR];
+    ferry__proto_hdr_encode(hb, &h);
+    raw_send_bytes(&r, hb, sizeof hb);
+    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(rc, FERRY_EVERSION);
+    assert_int_equal(r.h.rid, 4242);
+    assert_non_null(strstr(msg, "version 9"));
+    raw_close(&r);
+    /* a payload over the bound is refused before anything is read */
+    FT_ASSERT_OK(raw_connect(&r));
+    h = (ferry__proto_hdr){FERRY__PROTO_VERSION, FERRY__P_LOOKUP, 0, 0xffffffffu, 1};
+    ferry__proto_hdr_encode(hb, &h);
+    raw_send_bytes(&r, hb, sizeof hb);
+    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(rc, FERRY_EPARSE);
+    raw_close(&r);
+    /* a truncated frame, then the client leaves */
+    FT_ASSERT_OK(raw_connect(&r));
+    h = (ferry__proto_hdr){FERRY__PROTO_VERSION, FERRY__P_LOOKUP, 0, 100, 1};
+    ferry__proto_hdr_encode(hb, &h);
+    raw_send_bytes(&r, hb, sizeof hb);
+    raw_send_bytes(&r, "0123456789", 10);
+    raw_close(&r);
+    /* well framed, malformed inside: an error and the connection goes on */
+    FT_ASSERT_OK(raw_connect(&r));
+    ferry__proto_req pq;
+    memset(&pq, 0, sizeof pq);
+    pq.hdr.type = FERRY__P_PING;
+    raw_req(&r, &pq); /* before HELLO: refused */
+    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(rc, FERRY_ESTATE);
+    assert_non_null(strstr(msg, "before HELLO"));
+    raw_close(&r);
+    FT_ASSERT_OK(raw_connect(&r));
+    raw_hello(&r, 0);
+    raw_ping(&r);
+    uint8_t bad[FERRY__PROTO_HDR + 8];
+    h = (ferry__proto_hdr){FERRY__PROTO_VERSION, FERRY__P_LOOKUP, 0, 8, 77};
+    ferry__proto_hdr_encode(bad, &h);
+    memset(bad + FERRY__PROTO_HDR, 0xff, 8); /* tokens, no count */
+    raw_send_bytes(&r, bad, sizeof bad);
+    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(r.h.rid, 77);
+    assert_int_equal(rc, FERRY_EPARSE);
+    h = (ferry__proto_hdr){FERRY__PROTO_VERSION, 0x55, 0, 0, 78};
+    ferry__proto_hdr_encode(hb, &h);
+    raw_send_bytes(&r, hb, sizeof hb);
+    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(rc, FERRY_ENOTSUP);
+    /* slots it does not hold: refused per chunk, nothing touched */
+    ferry__proto_chunk ch[2];
+    memset(ch, 0, sizeof ch);
+    ch[0].slot = 3;
+    ch[1].slot = 999999;
+    raw_chunks(&r, FERRY__P_COMMIT, ch, 2);
+    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(rc, 0);
+    assert_int_equal(ferry__proto_get_u32(&r.rd), 2);
+    assert_int_equal((int32_t)ferry__proto_get_u32(&r.rd), FERRY_ESTATE);
+    assert_int_equal((int32_t)ferry__proto_get_u32(&r.rd), FERRY_ESTATE);
+    raw_chunks(&r, FERRY__P_RELEASE, ch, 1);
+    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ferry__proto_get_u32(&r.rd), 1);
+    assert_int_equal((int32_t)ferry__proto_get_u32(&r.rd), FERRY_ESTATE);
+    /* pipelined: three requests sent at once, three replies in order */
+    ferry__proto_req q;
+    memset(&q, 0, sizeof q);
+    q.hdr.type = FERRY__P_PING;
+    ferry__proto_buf all = {0};
+    for (int i = 0; i < 3; i++) {
+        q.hdr.rid = 500 + (uint64_t)i;
+        FT_ASSERT_OK(ferry__proto_req_encode(&r.out, &q));
+        for (size_t k = 0; k < r.out.len; k++)
+            ferry__proto_put_u8(&all, r.out.p[k]);
+    }
+    raw_send_bytes(&r, all.p, all.len);
+    ferry__proto_buf_free(&all);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+        assert_int_equal(r.h.rid, 500 + (uint64_t)i);
+    }
+    raw_close(&r);
+    /* the daemon serves on */
+    ferry_kv_config c = client_config();
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    int32_t tok[CT];
+    make_tokens(tok, CT, 1);
+    hbuf hh;
+    hbuf_init(&hh, CT, 1);
+    assert_int_equal(ferry_kv_store(kv, tok, CT, NULL, &hh.b), CT);
+    free(hh.mem);
+    ferry_kv_close(kv);
+    ferry_serve_stats ss = FERRY_SERVE_STATS_INIT;
+    FT_ASSERT_OK(ferry_serve_stats_get(v.s, &ss));
+    assert_true(ss.bad_frames >= 8);
+    assert_idle_pool(v.s, 1);
+    srv_stop(&v);
+}
+
+/* a client that sends and never reads is disconnected; others go on */
+static void test_client_never_reads(void **state)
+{
+    (void)state;
+    srv v;
+    ferry_kv_config kc = store_config(16);
+    srv_start_cfg(&v, &kc, 0, 200);
+    raw r;
+    FT_ASSERT_OK(raw_connect(&r));
+    raw_hello(&r, 0);
+    int sz = 4096;
+    setsockopt(r.fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof sz);
+    ferry__proto_req q;
+    memset(&q, 0, sizeof q);
+    q.hdr.type = FERRY__P_STATS;
+    FT_ASSERT_OK(ferry__proto_req_encode(&r.out, &q));
+    int closed = 0;
+    for (int i = 0; i < 20000 && !closed; i++) {
+        struct pollfd p = {r.fd, POLLOUT, 0};
+        if (poll(&p, 1, 1000) <= 0 || (p.revents & (POLLERR | POLLHUP)))
+            break;
+        if (send(r.fd, r.out.p, r.out.len, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+            closed = errno != EAGAIN;
+    }
+    ferry_serve_stats ss = FERRY_SERVE_STATS_INIT;
+    for (int i = 0; i < 300; i++) {
+        FT_ASSERT_OK(ferry_serve_stats_get(v.s, &ss));
+        if (ss.slow_clients)
+            break;
+        usleep(10000);
+    }
+    assert_int_equal(ss.slow_clients, 1);
+    raw_close(&r);
+    ferry_kv_config c = client_config();
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    int32_t tok[CT] = {3};
+    assert_int_equal(ferry_kv_lookup(kv, tok, CT, NULL), 0);
+    ferry_kv_close(kv);
+    srv_stop(&v);
+}
+
+/* past max_clients: a clear error to that client, the others served */
+static void test_many_connections(void **state)
+{
+    (void)state;
+    srv v;
+    ferry_kv_config kc = store_config(16);
+    srv_start_cfg(&v, &kc, 16, 0);
+    enum { N = 200 };
+    static raw r[N];
+    int refused = 0;
+    for (int i = 0; i < N; i++)
+        FT_ASSERT_OK(raw_connect(&r[i]));
+    for (int i = 0; i < N; i++) {
+        ferry__proto_req q;
+        memset(&q, 0, sizeof q);
+        q.hdr.type = FERRY__P_HELLO;
+        q.hello.layout = ft_kv_layout(TB);
+        q.hello.chunk_tokens = CT;
+        q.hello.seed = FERRY_KV_HASH_SEED_DEFAULT;
+        q.hello.flags = FERRY__HELLO_NO_POOL;
+        q.hdr.rid = 1;
+        FT_ASSERT_OK(ferry__proto_req_encode(&r[i].out, &q));
+        send(r[i].fd, r[i].out.p, r[i].out.len, MSG_NOSIGNAL);
+        int32_t rc;
+        char msg[256];
+        if (raw_reply(&r[i], &rc, msg, sizeof msg) == 0 && rc == 0)
+            continue;
+        assert_int_equal(rc, FERRY_EBUSY);
+        assert_non_null(strstr(msg, "max_clients 16"));
+        refused++;
+    }
+    assert_int_equal(refused, N - 16);
+    for (int i = 0; i < N; i++)
+        raw_close(&r[i]);
+    /* once they left, a client is served */
+    ferry_kv_config c = client_config();
+    ferry_kv *kv = NULL;
+    int rc = FERRY_ECONN;
+    for (int i = 0; i < 200 && rc < 0; i++) {
+        rc = ferry_kv_open(&c, &kv);
+        if (rc < 0)
+            usleep(10000);
+    }
+    FT_ASSERT_OK(rc);
+    ferry_kv_close(kv);
+    srv_stop(&v);
+}
+
+/* a peer of another uid is refused (needs root to be another uid) */
+static void test_other_uid(void **state)
+{
+    (void)state;
+    if (getuid() != 0)
+        skip();
+    srv v;
+    srv_start(&v, 16);
+    assert_int_equal(chmod(g_dir, 0755), 0);
+    assert_int_equal(chmod(g_sock, 0666), 0); /* let it reach the uid check */
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (setuid(65534) != 0)
+            _exit(3);
+        raw r;
+        if (raw_connect(&r) < 0)
+            _exit(4);
+        int32_t rc;
+        char msg[256];
+        if (raw_reply(&r, &rc, msg, sizeof msg) < 0)
+            _exit(5);
+        _exit(rc == -EACCES && strstr(msg, "uid 65534") ? 0 : 6);
+    }
+    int ws;
+    waitpid(pid, &ws, 0);
+    assert_true(WIFEXITED(ws));
+    assert_int_equal(WEXITSTATUS(ws), 0);
+    ferry_serve_stats ss = FERRY_SERVE_STATS_INIT;
+    FT_ASSERT_OK(ferry_serve_stats_get(v.s, &ss));
+    assert_int_equal(ss.refused, 1);
+    srv_stop(&v);
+}
+
+/* the socket is the owner's alone, and a second daemon on it is refused */
+static void test_socket_owner(void **state)
+{
+    (void)state;
+    srv v;
+    srv_start(&v, 16);
+    struct stat st;
+    assert_int_equal(stat(g_sock, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    ferry_kv_config kc = store_config(16);
+    ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
+    sc.socket_path = g_sock;
+    sc.kv = &kc;
+    ferry_serve *s2 = NULL;
+    assert_int_equal(ferry_serve_open(&sc, &s2), FERRY_EBUSY);
+    srv_stop(&v);
+    assert_int_equal(stat(g_sock, &st), -1);
+}
+
+/* a read lock that outlived its TTL: the slot was reused, the release says
+ * the bytes read are void, never passes them as the chunk's */
+static void test_stale_release(void **state)
+{
+    (void)state;
+    srv v;
+    ferry_kv_config kc = store_config(4);
+    kc.read_ttl_ms = 20;
+    srv_start_cfg(&v, &kc, 0, 0);
+    ferry_kv_config c = client_config();
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    int32_t tok[CT];
+    make_tokens(tok, CT, 11);
+    hbuf h;
+    hbuf_init(&h, 4 * CT, 2);
+    assert_int_equal(ferry_kv_store(kv, tok, CT, NULL, &h.b), CT);
+    ferry_kv_hash id;
+    ids_of(tok, CT, &id);
+    raw r;
+    FT_ASSERT_OK(raw_connect(&r));
+    raw_hello(&r, 1);
+    ferry__proto_chunk ch;
+    memset(&ch, 0, sizeof ch);
+    ch.id = id;
+    raw_chunks(&r, FERRY__P_ACQUIRE, &ch, 1);
+    int32_t rc;
+    char msg[256];
+    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ferry__proto_get_u32(&r.rd), 1);
+    assert_int_equal((int32_t)ferry__proto_get_u32(&r.rd), 0);
+    ch.slot = ferry__proto_get_u64(&r.rd);
+    ch.gen = ferry__proto_get_u64(&r.rd);
+    usleep(50000); /* past the read TTL: the lock no longer protects the slot */
+    int32_t more[4 * CT];
+    make_tokens(more, 4 * CT, 5000);
+    assert_int_equal(ferry_kv_store(kv, more, 4 * CT, NULL, &h.b), 4 * CT);
+    raw_chunks(&r, FERRY__P_RELEASE, &ch, 1);
+    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ferry__proto_get_u32(&r.rd), 1);
+    assert_int_equal((int32_t)ferry__proto_get_u32(&r.rd), FERRY_ESTATE);
+    raw_close(&r);
+    free(h.mem);
+    ferry_kv_close(kv);
+    srv_stop(&v);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_in_process, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_through_server, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shared_and_lookup_only, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_client_killed_mid_store, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_daemon_killed_and_restarted, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bad_frames, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_client_never_reads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_many_connections, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_other_uid, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_socket_owner, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stale_release, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
