@@ -191,6 +191,33 @@ static void alloc_free_and_bad_pointers(void **state)
     ferry_device_close(dev);
 }
 
+/* an older header's options (a prefix) open with the defaults past it; a
+ * size below the minimum, or ending inside a member, is refused */
+static void older_options_prefix_is_accepted(void **state)
+{
+    (void)state;
+    ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
+    o.backend = "host";
+    o.mem_limit = 1; /* past the prefix: not read (else every alloc fails) */
+    o.size = FERRY_DEVICE_OPTIONS_MIN_SIZE;
+    ferry_device *dev = NULL;
+    FT_ASSERT_OK(ferry_device_open(&o, &dev));
+    ferry_devptr p = 0;
+    FT_ASSERT_OK(ferry_device_alloc(dev, 1 << 20, &p));
+    FT_ASSERT_OK(ferry_device_free(dev, p));
+    ferry_device_close(dev);
+    dev = (ferry_device *)0x1;
+    o.size = FERRY_DEVICE_OPTIONS_MIN_SIZE - 1;
+    assert_int_equal(ferry_device_open(&o, &dev), -EINVAL);
+    assert_msg_has(ferry_last_error(), "FERRY_DEVICE_OPTIONS_MIN_SIZE");
+    o.size = offsetof(ferry_device_options, mem_limit) + 4;
+    assert_int_equal(ferry_device_open(&o, &dev), -EINVAL);
+    assert_msg_has(ferry_last_error(), "inside mem_limit");
+    o.size = sizeof o + 8; /* a newer header's: its members would be ignored */
+    assert_int_equal(ferry_device_open(&o, &dev), -EINVAL);
+    assert_ptr_equal(dev, (ferry_device *)0x1);
+}
+
 static void mem_limit_caps_device_bytes(void **state)
 {
     (void)state;
@@ -787,6 +814,7 @@ int main(void)
         cmocka_unit_test(open_range_checks_every_option),
         cmocka_unit_test(auto_follows_env_and_availability),
         cmocka_unit_test(alloc_free_and_bad_pointers),
+        cmocka_unit_test(older_options_prefix_is_accepted),
         cmocka_unit_test(mem_limit_caps_device_bytes),
         cmocka_unit_test(pinned_memory_and_pin_tables),
         cmocka_unit_test(upload_download_memset_roundtrip),

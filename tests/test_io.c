@@ -449,6 +449,30 @@ static void expect_open_refused(const ferry_io_options *o, const char *field)
     assert_msg_has(ferry_last_error(), field);
 }
 
+/* an older header's options (a prefix) open with the defaults past it; a
+ * size below the minimum (the size field) or inside a member is refused */
+static void older_options_prefix_is_accepted(void **state)
+{
+    (void)state;
+    ferry_io_options o = FERRY_IO_OPTIONS_INIT;
+    o.engine = "posix";
+    o.depth = 3;
+    o.bounce_bytes = SIZE_MAX; /* past the prefix: not read (else refused) */
+    o.size = offsetof(ferry_io_options, bounce_bytes);
+    ferry_io *io = NULL;
+    FT_ASSERT_OK(ferry_io_open(&o, &io));
+    assert_int_equal(ferry_io_depth(io), 3);
+    ferry_io_close(io);
+    o.size = FERRY_IO_OPTIONS_MIN_SIZE; /* the size field alone: every default */
+    FT_ASSERT_OK(ferry_io_open(&o, &io));
+    assert_int_equal(ferry_io_depth(io), 8);
+    ferry_io_close(io);
+    o.size = FERRY_IO_OPTIONS_MIN_SIZE - 1;
+    expect_open_refused(&o, "FERRY_IO_OPTIONS_MIN_SIZE");
+    o.size = offsetof(ferry_io_options, depth) + 2;
+    expect_open_refused(&o, "inside depth");
+}
+
 static void open_range_checks_every_option(void **state)
 {
     (void)state;
@@ -1026,6 +1050,7 @@ int main(void)
         PER_ENGINE(direct_fallback_with_reason),
         PER_ENGINE(oom_everywhere_without_leaks),
         PER_ENGINE(sync_helper_leaves_async_completions),
+        cmocka_unit_test(older_options_prefix_is_accepted),
         cmocka_unit_test(open_range_checks_every_option),
         cmocka_unit_test(reap_timeout_returns_zero_then_completes),
         cmocka_unit_test(engines_on_several_threads),

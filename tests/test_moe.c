@@ -280,6 +280,31 @@ static void planner_options_are_range_checked(void **state)
     ferry_moe_trace_destroy(t);
 }
 
+/* an older header's options (up to slots) create with the defaults past
+ * them (policy lru); a shorter size, or one inside a member, is refused */
+static void older_planner_options_prefix_is_accepted(void **state)
+{
+    (void)state;
+    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
+    o.num_layers = 2;
+    o.num_experts = 4;
+    o.slots = 4;
+    o.policy = "no-such-policy"; /* past the prefix: not read (else refused) */
+    o.size = FERRY_MOE_PLANNER_OPTIONS_MIN_SIZE;
+    ferry_moe_planner *p = NULL;
+    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
+    assert_string_equal(ferry_moe_planner_policy(p), "lru");
+    ferry_moe_planner_destroy(p);
+    p = (ferry_moe_planner *)0x1;
+    o.size = FERRY_MOE_PLANNER_OPTIONS_MIN_SIZE - 4;
+    assert_int_equal(ferry_moe_planner_create(&o, &p), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "FERRY_MOE_PLANNER_OPTIONS_MIN_SIZE"));
+    o.size = offsetof(ferry_moe_planner_options, oracle) + 4;
+    assert_int_equal(ferry_moe_planner_create(&o, &p), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "inside oracle"));
+    assert_ptr_equal(p, (ferry_moe_planner *)0x1);
+}
+
 static void forget_frees_the_slot_and_the_expert_misses_again(void **state)
 {
     (void)state;
@@ -756,6 +781,7 @@ int main(void)
         cmocka_unit_test(every_policy_keeps_the_current_step_resident),
         cmocka_unit_test(bad_routes_fail_and_change_nothing),
         cmocka_unit_test(planner_options_are_range_checked),
+        cmocka_unit_test(older_planner_options_prefix_is_accepted),
         cmocka_unit_test(forget_frees_the_slot_and_the_expert_misses_again),
         cmocka_unit_test(resize_grows_and_drops_occupants_past_the_end),
         cmocka_unit_test(prefetch_brings_experts_in_without_evicting_the_step),

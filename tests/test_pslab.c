@@ -149,6 +149,33 @@ static void test_clean_restart_finds_every_chunk(void **state)
     ft_rmtree(d);
 }
 
+/* an older header's options (the first version's, up to compact_bytes)
+ * open with the defaults past them; a shorter size is refused */
+static void test_older_options_prefix_is_accepted(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = opts(dirs, 1, 4 * MiB);
+    o.mode = 0777;       /* past the prefix: not read (else refused) */
+    o.depth = 99999;     /* likewise */
+    o.size = FERRY_PSLAB_OPTIONS_MIN_SIZE;
+    ferry_pslab *p = open_ok(&o);
+    put_k(p, 1, 1);
+    assert_true(has_k(p, 1, 1));
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    p = (ferry_pslab *)0x1;
+    o.size = FERRY_PSLAB_OPTIONS_MIN_SIZE - 8;
+    assert_int_equal(ferry_pslab_open(&o, &p), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "FERRY_PSLAB_OPTIONS_MIN_SIZE"));
+    o.size = offsetof(ferry_pslab_options, batch_ms) + 1;
+    assert_int_equal(ferry_pslab_open(&o, &p), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "inside batch_ms"));
+    assert_ptr_equal(p, (ferry_pslab *)0x1);
+    ft_rmtree(d);
+}
+
 static void test_overwrite_and_delete_survive_reopen(void **state)
 {
     (void)state;
@@ -2126,6 +2153,7 @@ int main(void)
     fast_sys_install();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_clean_restart_finds_every_chunk),
+        cmocka_unit_test(test_older_options_prefix_is_accepted),
         cmocka_unit_test(test_overwrite_and_delete_survive_reopen),
         cmocka_unit_test(test_get_unaligned_buffer_and_small_buffer),
         cmocka_unit_test(test_aligned_buffers_move_without_staging),

@@ -115,6 +115,23 @@ static void create_range_checks_every_option(void **state)
 
 /* a count whose extents could never fit is refused before anything is
  * sized by it (no bookkeeping of INT32_MAX entries) */
+/* an older header's options (a prefix up to capacity) create with the
+ * default alignment; a shorter size is refused */
+static void older_options_prefix_is_accepted(void **state)
+{
+    (void)state;
+    ferry_slab_options o = FERRY_SLAB_OPTIONS_INIT;
+    o.capacity = 1 << 20;
+    o.alignment = 3; /* past the prefix: not read (else refused) */
+    o.size = FERRY_SLAB_OPTIONS_MIN_SIZE;
+    ferry_slab *s = NULL;
+    FT_ASSERT_OK(ferry_slab_create(&o, &s));
+    assert_int_equal(ferry_slab_alignment(s), 4096);
+    ferry_slab_destroy(s);
+    o.size = FERRY_SLAB_OPTIONS_MIN_SIZE - 8;
+    expect_refused(&o, "FERRY_SLAB_OPTIONS_MIN_SIZE");
+}
+
 static void alloc_count_beyond_the_free_bytes_is_refused_early(void **state)
 {
     (void)state;
@@ -605,6 +622,7 @@ int main(void)
         cmocka_unit_test(key_states_map_lmcache_status_codes),
         cmocka_unit_test(fragmentation_figure),
         cmocka_unit_test(create_range_checks_every_option),
+        cmocka_unit_test(older_options_prefix_is_accepted),
         cmocka_unit_test(alloc_count_beyond_the_free_bytes_is_refused_early),
         cmocka_unit_test(out_of_memory_leaves_the_slab_unchanged),
         cmocka_unit_test(matches_a_bitmap_model_at_random),

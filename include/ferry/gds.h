@@ -193,6 +193,8 @@ typedef struct ferry_gds_config {
                                      read/write bits only (<= 0666) including the owner's
                                      (0600), e.g. 0660 (directories 0770) */
 } ferry_gds_config;
+/** The smallest size ferry_gds_init takes: the config before `mode` (0600). */
+#define FERRY_GDS_CONFIG_MIN_SIZE offsetof(ferry_gds_config, mode)
 #define FERRY_GDS_CONFIG_INIT \
     {FERRY_FIELD(size) sizeof(ferry_gds_config), FERRY_FIELD(dirs) NULL, FERRY_FIELD(n_dirs) 0, \
      FERRY_FIELD(bytes) 0, FERRY_FIELD(direct) 1, FERRY_FIELD(alignment) 0, \

@@ -89,6 +89,9 @@ typedef struct ferry_io_options {
      *  a multiple of 4096; 0 -> 8 MiB */
     size_t bounce_bytes;
 } ferry_io_options;
+/** The smallest size ferry_io_open takes: the size field alone (every
+ *  member past a caller's size keeps its default). */
+#define FERRY_IO_OPTIONS_MIN_SIZE sizeof(size_t)
 #define FERRY_IO_OPTIONS_INIT \
     {FERRY_FIELD(size) sizeof(ferry_io_options), FERRY_FIELD(engine) NULL, FERRY_FIELD(depth) 0, \
      FERRY_FIELD(max_request) 0, FERRY_FIELD(device) NULL, FERRY_FIELD(bounce_bytes) 0}

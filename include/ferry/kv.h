@@ -219,6 +219,9 @@ typedef struct ferry_kv_buffer {
     const int32_t *block_table;  /**< the sequence's block ids */
     size_t table_len;            /**< entries in block_table */
 } ferry_kv_buffer;
+/** The smallest size a buffer may give: the first version's, which is
+ *  this one (it has not grown yet). */
+#define FERRY_KV_BUFFER_MIN_SIZE sizeof(ferry_kv_buffer)
 #define FERRY_KV_BUFFER_INIT \
     {FERRY_FIELD(size) sizeof(ferry_kv_buffer), FERRY_FIELD(layout) FERRY_KV_LAYOUT_INIT, \
      FERRY_FIELD(mem) FERRY_KV_MEM_HOST, FERRY_FIELD(form) FERRY_KV_CONTIGUOUS, \
@@ -404,6 +407,9 @@ typedef struct ferry_kv_req {
     int *status;
     size_t max_chunks;      /**< entries in tiers/status */
 } ferry_kv_req;
+/** The smallest size a request may give: the first version's, which is
+ *  this one (it has not grown yet). */
+#define FERRY_KV_REQ_MIN_SIZE sizeof(ferry_kv_req)
 #define FERRY_KV_REQ_INIT \
     {FERRY_FIELD(size) sizeof(ferry_kv_req), FERRY_FIELD(salt) NULL, FERRY_FIELD(salt_len) 0, \
      FERRY_FIELD(flags) 0, FERRY_FIELD(tiers) NULL, FERRY_FIELD(status) NULL, \

@@ -168,6 +168,9 @@ typedef struct ferry_moe_gen_options {
      * preset's top_k too must not exceed num_experts) */
     uint32_t num_layers, num_experts, top_k;
 } ferry_moe_gen_options;
+/** The smallest size the generator takes: the first version's options,
+ *  which are these (they have not grown yet). */
+#define FERRY_MOE_GEN_OPTIONS_MIN_SIZE sizeof(ferry_moe_gen_options)
 #define FERRY_MOE_GEN_OPTIONS_INIT \
     {FERRY_FIELD(size) sizeof(ferry_moe_gen_options), FERRY_FIELD(model) NULL, \
      FERRY_FIELD(tokens) 0, FERRY_FIELD(seed) 1, FERRY_FIELD(num_layers) 0, \
@@ -211,6 +214,10 @@ typedef struct ferry_moe_planner_options {
      * stay 0 */
     uint64_t expert_bytes;
 } ferry_moe_planner_options;
+/** The smallest size ferry_moe_planner_create takes: the options up to
+ *  slots (policy then "lru", no oracle, expert_bytes 0). */
+#define FERRY_MOE_PLANNER_OPTIONS_MIN_SIZE \
+    (offsetof(ferry_moe_planner_options, slots) + sizeof(uint32_t))
 #define FERRY_MOE_PLANNER_OPTIONS_INIT \
     {FERRY_FIELD(size) sizeof(ferry_moe_planner_options), FERRY_FIELD(num_layers) 0, \
      FERRY_FIELD(num_experts) 0, FERRY_FIELD(slots) 0, FERRY_FIELD(policy) NULL, \
@@ -444,6 +451,9 @@ typedef struct ferry_moe_geometry {
      *  most INT64_MAX (and SIZE_MAX); entries from banks on are ignored */
     size_t row_bytes[FERRY_MOE_MAX_BANKS];
 } ferry_moe_geometry;
+/** The smallest size a geometry may give: the first version's, which is
+ *  this one (it has not grown yet). */
+#define FERRY_MOE_GEOMETRY_MIN_SIZE sizeof(ferry_moe_geometry)
 #define FERRY_MOE_GEOMETRY_INIT \
     {FERRY_FIELD(size) sizeof(ferry_moe_geometry), FERRY_FIELD(num_layers) 0, \
      FERRY_FIELD(num_experts) 0, FERRY_FIELD(slots) 0, FERRY_FIELD(banks) 0, \

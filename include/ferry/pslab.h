@@ -115,7 +115,9 @@ enum ferry_pslab_sync {
  * and its range); the ranges are given with each field.
  */
 typedef struct ferry_pslab_options {
-    size_t size;               /**< sizeof(ferry_pslab_options) */
+    /** sizeof(ferry_pslab_options), or an older header's (a prefix of at
+     *  least FERRY_PSLAB_OPTIONS_MIN_SIZE) */
+    size_t size;
     /** one directory per drive (created, 0700 or per `mode`, with CREATE) */
     const char *const *dirs;
     unsigned n_dirs;           /**< 1..FERRY_PSLAB_MAX_DIRS */
@@ -158,6 +160,11 @@ typedef struct ferry_pslab_options {
      *  group; directories then get 0770). */
     unsigned mode;
 } ferry_pslab_options;
+/** The smallest size ferry_pslab_open takes: the first version's options,
+ *  up to compact_bytes; the members past a caller's size keep their
+ *  defaults (batch_bytes, batch_ms, depth 0, no tag, mode 0600). */
+#define FERRY_PSLAB_OPTIONS_MIN_SIZE \
+    (offsetof(ferry_pslab_options, compact_bytes) + sizeof(uint64_t))
 #define FERRY_PSLAB_OPTIONS_INIT \
     {FERRY_FIELD(size) sizeof(ferry_pslab_options), FERRY_FIELD(dirs) NULL, \
      FERRY_FIELD(n_dirs) 0, FERRY_FIELD(bytes) 0, FERRY_FIELD(alignment) 0, \

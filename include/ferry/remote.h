@@ -148,6 +148,9 @@ typedef struct ferry_remote_options {
     size_t layout_len;           /**< 0..FERRY_REMOTE_LAYOUT_MAX (0 when layout is NULL) */
     uint32_t flags;              /**< ferry_remote_flags; other bits are -EINVAL */
 } ferry_remote_options;
+/** The smallest size ferry_remote_open takes: the first version's struct,
+ *  which is this one (it has not grown yet). */
+#define FERRY_REMOTE_OPTIONS_MIN_SIZE (offsetof(ferry_remote_options, flags) + sizeof(uint32_t))
 #define FERRY_REMOTE_OPTIONS_INIT \
     {FERRY_FIELD(size) sizeof(ferry_remote_options), FERRY_FIELD(connect_timeout_ms) 0, \
      FERRY_FIELD(command_timeout_ms) 0, FERRY_FIELD(backoff_initial_ms) 0, \

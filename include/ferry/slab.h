@@ -110,6 +110,9 @@ typedef struct ferry_slab_options {
     /** a power of two in 1..FERRY_SLAB_ALIGN_MAX (1 GiB); 0 -> 4096 */
     size_t alignment;
 } ferry_slab_options;
+/** The smallest size ferry_slab_create takes: the options up to capacity
+ *  (alignment then 4096). */
+#define FERRY_SLAB_OPTIONS_MIN_SIZE (offsetof(ferry_slab_options, capacity) + sizeof(uint64_t))
 #define FERRY_SLAB_OPTIONS_INIT \
     {FERRY_FIELD(size) sizeof(ferry_slab_options), FERRY_FIELD(capacity) 0, \
      FERRY_FIELD(alignment) 0}

@@ -12,23 +12,52 @@
 #include "core.h"
 #include "sized.h"
 
-int ferry__opts_take(ferry__errbuf *eb, const char *what, void *dst, size_t full,
-                     const void *src, size_t min, const ferry__member *members, size_t n)
+/* the member s ends inside, or NULL */
+static const char *cut_member(const ferry__sized *d, size_t s)
+{
+    for (size_t i = 0; i < d->n_later; i++)
+        if (s > d->later[i].off && s < d->later[i].end)
+            return d->later[i].name;
+    return NULL;
+}
+
+int ferry__opts_size_fits(const ferry__sized *d, size_t s)
+{
+#ifndef NDEBUG
+    /* the list names every member past the minimum: no gap wider than
+     * padding (a member added to a struct but not to its list) */
+    size_t at = d->min;
+    for (size_t i = 0; i < d->n_later; i++) {
+        FERRY__ASSERT(d->later[i].off >= at && d->later[i].off - at < sizeof(void *));
+        at = d->later[i].end;
+    }
+    FERRY__ASSERT(d->full >= at && d->full - at < sizeof(void *));
+#endif
+    return s >= d->min && s <= d->full && !cut_member(d, s);
+}
+
+int ferry__opts_size_ok(ferry__errbuf *eb, const char *what, const ferry__sized *d, size_t s)
+{
+    if (ferry__opts_size_fits(d, s))
+        return 0;
+    const char *cut = cut_member(d, s);
+    return ferry__err_set(eb, -EINVAL,
+                          "%s: %s size %zu is not accepted: accepted %zu (%s) to %zu (its sizeof "
+                          "here), an older header's struct ending between two members%s%s",
+                          what, d->type, s, d->min, d->min_name, d->full,
+                          cut ? ", not inside " : "", cut ? cut : "");
+}
+
+int ferry__opts_take(ferry__errbuf *eb, const char *what, const ferry__sized *d, void *dst,
+                     const void *src)
 {
     size_t s;
     memcpy(&s, src, sizeof s);
-    const char *cut = NULL;
-    for (size_t i = 0; i < n && !cut; i++)
-        if (s > members[i].off && s < members[i].end)
-            cut = members[i].name;
-    if (s < min || s > full || cut)
-        return ferry__err_set(eb, -EINVAL,
-                              "%s size %zu is not accepted: an older header's struct (a prefix "
-                              "of at least %zu bytes, the first version's) up to this "
-                              "library's %zu, ending between members%s%s",
-                              what, s, min, full, cut ? ", not inside " : "", cut ? cut : "");
+    int rc = ferry__opts_size_ok(eb, what, d, s);
+    if (rc < 0)
+        return rc;
     memcpy(dst, src, s);
-    memcpy(dst, &full, sizeof full);
+    memcpy(dst, &d->full, sizeof d->full);
     return 0;
 }
 

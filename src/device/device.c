@@ -246,10 +246,11 @@ int ferry_device_open(const ferry_device_options *uopt, ferry_device **out)
         return ferry__err_set(NULL, -EINVAL, "device open: out is NULL");
     /* any prefix of the options from the minimum; the rest keeps its default */
     static const ferry__member later[] = {FERRY__MEMBER(ferry_device_options, mem_limit)};
+    static const ferry__sized sized =
+        FERRY__SIZED(ferry_device_options, FERRY_DEVICE_OPTIONS_MIN_SIZE, later);
     ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
     if (uopt) {
-        int rc = ferry__opts_take(NULL, "device open: options", &o, sizeof o, uopt,
-                                  FERRY_DEVICE_OPTIONS_MIN_SIZE, later, FERRY__ARRAY_LEN(later));
+        int rc = ferry__opts_take(NULL, "device open", &sized, &o, uopt);
         if (rc < 0)
             return rc;
     }

@@ -33,9 +33,9 @@
 
 #include "dirlock.h"
 #include "gds_impl.h"
+#include "sized.h"
 
 /* a config from before `mode` ends where mode begins */
-#define CFG_SIZE_V1 offsetof(ferry_gds_config, mode)
 
 /* ---- life ---- */
 
@@ -267,18 +267,15 @@ int ferry_gds_init(ferry_gds *g, const ferry_gds_config *cfg)
         return ferry__err_set(NULL, -EINVAL, "gds: init of a NULL context");
     if (!cfg)
         return 0; /* LMCache: no config leaves the context off */
-    if (cfg->size < CFG_SIZE_V1 || cfg->size > sizeof(ferry_gds_config))
-        return ferry__err_set(&g->err, -EINVAL,
-                              "gds: config size %zu: accepted %zu (before `mode`) or %zu "
-                              "(sizeof(ferry_gds_config))",
-                              cfg->size, (size_t)CFG_SIZE_V1, sizeof(ferry_gds_config));
-    /* an older caller's struct ends before the newer fields: they read as 0 */
-    ferry_gds_config c;
-    memset(&c, 0, sizeof c);
-    memcpy(&c, cfg, cfg->size);
-    c.size = sizeof c;
+    /* an older caller's struct ends before the newer members: their defaults */
+    static const ferry__member later[] = {FERRY__MEMBER(ferry_gds_config, mode)};
+    static const ferry__sized sized =
+        FERRY__SIZED(ferry_gds_config, FERRY_GDS_CONFIG_MIN_SIZE, later);
+    ferry_gds_config c = FERRY_GDS_CONFIG_INIT;
+    int rc = ferry__opts_take(&g->err, "gds init", &sized, &c, cfg);
+    if (rc < 0)
+        return rc;
     pthread_mutex_lock(&g->mu);
-    int rc;
     if (g->on)
         rc = ferry__err_set(&g->err, FERRY_ESTATE,
                             "gds: already initialized (driver %s, %u drive(s), %llu bytes)",

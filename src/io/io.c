@@ -28,6 +28,7 @@
 
 #include "dirlock.h"
 #include "io_impl.h"
+#include "sized.h"
 #include "sys.h"
 
 /* ---- per-request private state, overlaid on ferry_io_req.priv_ ---- */
@@ -119,12 +120,16 @@ int ferry_io_open(const ferry_io_options *opt, ferry_io **out)
     ferry_io_options o = FERRY_IO_OPTIONS_INIT;
     if (!out)
         return ferry__err_set(NULL, -EINVAL, "ferry_io_open: out is NULL");
+    static const ferry__member later[] = {
+        FERRY__MEMBER(ferry_io_options, engine), FERRY__MEMBER(ferry_io_options, depth),
+        FERRY__MEMBER(ferry_io_options, max_request), FERRY__MEMBER(ferry_io_options, device),
+        FERRY__MEMBER(ferry_io_options, bounce_bytes)};
+    static const ferry__sized sized =
+        FERRY__SIZED(ferry_io_options, FERRY_IO_OPTIONS_MIN_SIZE, later);
     if (opt) {
-        if (opt->size < sizeof(size_t) || opt->size > sizeof o)
-            return ferry__err_set(NULL, -EINVAL, "ferry_io_open: options size %zu is not %zu",
-                                  opt->size, sizeof o);
-        memcpy(&o, opt, opt->size);
-        o.size = sizeof o;
+        int rc = ferry__opts_take(NULL, "ferry_io_open", &sized, &o, opt);
+        if (rc < 0)
+            return rc;
     }
     /* every option in range before any arithmetic on it (the part pool is
      * sized by depth, split pieces are 32-bit) */

@@ -18,6 +18,7 @@
 #include "kv_impl.h"
 #include "kv_slots.h"
 #include "kvc.h"
+#include "sized.h"
 #include "store_int.h"
 #include "tier_pslab.h"
 
@@ -88,15 +89,13 @@ static int open_remote(ferry_kv *kv, const ferry_kv_config *cfg, const char *url
 {
     ferry_remote_options ro = FERRY_REMOTE_OPTIONS_INIT;
     const ferry_remote_options *uo = cfg->remote_options;
+    static const ferry__sized sized =
+        FERRY__SIZED0(ferry_remote_options, FERRY_REMOTE_OPTIONS_MIN_SIZE);
     if (uo) {
-        if (uo->size < offsetof(ferry_remote_options, flags) + sizeof(uint32_t) ||
-            uo->size > sizeof ro)
-            return ferry__err_set(&kv->err, -EINVAL,
-                                  "kv open: remote_options size field %zu is not %zu", uo->size,
-                                  sizeof ro);
-        memcpy(&ro, uo, uo->size);
+        int rc = ferry__opts_take(&kv->err, "kv open: remote_options", &sized, &ro, uo);
+        if (rc < 0)
+            return rc;
     }
-    ro.size = sizeof ro;
     if (!ro.key_prefix)
         ro.key_prefix = "ferry:kv:";
     /* an engine thread asking a hung server waits at most these, once per
@@ -310,24 +309,35 @@ static int client_open(const ferry_kv_config *cfg, ferry_kv **out)
     return 0;
 }
 
+#define KV_CFG(m) FERRY__MEMBER(ferry_kv_config, m)
+static const ferry__member kv_config_later[] = {
+    KV_CFG(l2_dir),        KV_CFG(l2_bytes),           KV_CFG(l2_direct),
+    KV_CFG(l2_engine),     KV_CFG(l1_policy),          KV_CFG(l2_policy),
+    KV_CFG(watermark),     KV_CFG(evict_fraction),     KV_CFG(write_ttl_ms),
+    KV_CFG(read_ttl_ms),   KV_CFG(device),             KV_CFG(prefetch_max_bytes),
+    KV_CFG(workers),       KV_CFG(l2_persistent),      KV_CFG(remote_url),
+    KV_CFG(remote_options), KV_CFG(remote_index_chunks), KV_CFG(l2_reset),
+    KV_CFG(l2_mode),       KV_CFG(server),             KV_CFG(server_timeout_ms)};
+#undef KV_CFG
+static const ferry__sized kv_config_sized =
+    FERRY__SIZED(ferry_kv_config, FERRY_KV_CONFIG_MIN_SIZE, kv_config_later);
+
 /* open a store whose L1 pool is shared (a memfd) or private */
 static int kv_open(const ferry_kv_config *ucfg, int shared, ferry_kv **out)
 {
+    if (!ucfg || !out)
+        return ferry__err_set(NULL, -EINVAL, "kv open: config or out is NULL");
     /* any prefix the size field covers; the rest takes its defaults */
-    if (!ucfg || !out || ucfg->size < FERRY_KV_CONFIG_MIN_SIZE)
-        return ferry__err_set(NULL, -EINVAL,
-                              "kv open: config or out is NULL, or the config's size %zu is "
-                              "below %zu (FERRY_KV_CONFIG_MIN_SIZE)",
-                              ucfg ? ucfg->size : (size_t)0, (size_t)FERRY_KV_CONFIG_MIN_SIZE);
     ferry_kv_config cfgv = FERRY_KV_CONFIG_INIT;
-    memcpy(&cfgv, ucfg, FERRY__MIN(ucfg->size, sizeof cfgv));
-    cfgv.size = sizeof cfgv;
+    int rc = ferry__opts_take(NULL, "kv open", &kv_config_sized, &cfgv, ucfg);
+    if (rc < 0)
+        return rc;
     const ferry_kv_config *cfg = &cfgv;
     uint32_t ct = 0;
     uint64_t chunk_bytes = 0;
     if (cfg->server && !shared)
         return client_open(cfg, out);
-    int rc = config_check(cfg, &ct, &chunk_bytes);
+    rc = config_check(cfg, &ct, &chunk_bytes);
     if (rc < 0)
         return rc;
     ferry_kv *kv = kv_alloc(cfg, ct, chunk_bytes);

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "kv_impl.h"
+#include "sized.h"
 #include "store_int.h"
 
 /* ---- streams for device buffers ---- */
@@ -72,9 +73,14 @@ ferry_kv_hash ferry__kv_ns_of(ferry_kv *kv, const ferry_kv_req *req)
 
 int ferry__kv_req_ok(ferry_kv *kv, const ferry_kv_req *req, const char *what)
 {
-    if (req && req->size < sizeof(ferry_kv_req))
-        return ferry__kv_err(kv, -EINVAL, "kv %s: request size field %zu is too small",
-                              what, req->size);
+    static const ferry__sized sized = FERRY__SIZED0(ferry_kv_req, FERRY_KV_REQ_MIN_SIZE);
+    if (req && !ferry__opts_size_fits(&sized, req->size)) {
+        char who[64];
+        snprintf(who, sizeof who, "kv %s: request", what);
+        int rc = ferry__opts_size_ok(NULL, who, &sized, req->size);
+        if (rc < 0)
+            return ferry__kv_err_pass(kv, rc);
+    }
     if (req && req->salt_len && !req->salt)
         return ferry__kv_err(kv, -EINVAL, "kv %s: salt_len %zu with a NULL salt", what,
                               req->salt_len);

@@ -17,9 +17,11 @@
  * leaves a half-written destination.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "kv_impl.h"
+#include "sized.h"
 
 static uint64_t token_bytes(const ferry_kv_layout *l)
 {
@@ -52,9 +54,15 @@ static int same_layout(const ferry_kv_layout *a, const ferry_kv_layout *b)
 int ferry__kv_buffer_check(const ferry_kv_buffer *buf, const ferry_kv_layout *layout,
                            ferry_device *dev, size_t n, const char *what, ferry__errbuf *eb)
 {
-    if (!buf || buf->size < sizeof(ferry_kv_buffer))
-        return ferry__err_set(eb, -EINVAL, "kv %s: buffer is NULL or its size field is wrong",
-                              what);
+    static const ferry__sized sized =
+        FERRY__SIZED0(ferry_kv_buffer, FERRY_KV_BUFFER_MIN_SIZE);
+    if (!buf)
+        return ferry__err_set(eb, -EINVAL, "kv %s: buffer is NULL", what);
+    if (!ferry__opts_size_fits(&sized, buf->size)) {
+        char who[64];
+        snprintf(who, sizeof who, "kv %s: buffer", what);
+        return ferry__opts_size_ok(eb, who, &sized, buf->size);
+    }
     const ferry_kv_layout *l = &buf->layout;
     if (!same_layout(l, layout))
         return ferry__err_set(eb, FERRY_EMISMATCH,

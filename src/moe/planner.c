@@ -188,15 +188,22 @@ static int slot_arrays(uint32_t n, uint32_t **occ, uint64_t **pin, uint8_t **pf,
     return 0;
 }
 
-int ferry_moe_planner_create(const ferry_moe_planner_options *opt, ferry_moe_planner **out)
+int ferry_moe_planner_create(const ferry_moe_planner_options *uopt, ferry_moe_planner **out)
 {
-    if (!opt || !out)
+    if (!uopt || !out)
         return ferry__err_set(NULL, -EINVAL, "moe planner: options missing");
-    if (opt->size < sizeof(ferry_moe_planner_options))
-        return ferry__err_set(NULL, -EINVAL,
-                              "moe planner: options size %zu is below %zu (use "
-                              "FERRY_MOE_PLANNER_OPTIONS_INIT)",
-                              opt->size, sizeof(ferry_moe_planner_options));
+    /* an older header's options: the members past its size keep their defaults */
+    static const ferry__member later[] = {
+        FERRY__MEMBER(ferry_moe_planner_options, policy),
+        FERRY__MEMBER(ferry_moe_planner_options, oracle),
+        FERRY__MEMBER(ferry_moe_planner_options, expert_bytes)};
+    static const ferry__sized sized =
+        FERRY__SIZED(ferry_moe_planner_options, FERRY_MOE_PLANNER_OPTIONS_MIN_SIZE, later);
+    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
+    int rc = ferry__opts_take(NULL, "moe planner", &sized, &o, uopt);
+    if (rc < 0)
+        return rc;
+    const ferry_moe_planner_options *opt = &o;
     /* the dense per-expert and per-slot arrays are sized by these: every
      * one in range before any product is formed */
     if (!opt->num_layers || opt->num_layers > FERRY_MOE_MAX_LAYERS)
@@ -234,8 +241,8 @@ int ferry_moe_planner_create(const ferry_moe_planner_options *opt, ferry_moe_pla
     p->oracle = ops == &ferry__policy_belady ? opt->oracle : NULL;
     p->expert_bytes = opt->expert_bytes;
     size_t ids = (size_t)p->L * p->E;
-    int rc = slot_arrays(p->slots, &p->occupant, &p->pin_step, &p->prefetched, &p->free_pos,
-                         &p->free_key, &p->freeh);
+    rc = slot_arrays(p->slots, &p->occupant, &p->pin_step, &p->prefetched, &p->free_pos,
+                     &p->free_key, &p->freeh);
     if (rc < 0)
         goto oom;
     p->where = ferry__malloc(ids * sizeof *p->where);

@@ -48,11 +48,13 @@ int ferry__geometry_check(const ferry_moe_geometry *g, const char *what, int nee
 {
     if (!g)
         return ferry__err_set(NULL, -EINVAL, "moe %s: geometry missing", what);
-    if (g->size < sizeof(ferry_moe_geometry))
-        return ferry__err_set(NULL, -EINVAL,
-                              "moe %s: geometry size %zu is below %zu (use "
-                              "FERRY_MOE_GEOMETRY_INIT)",
-                              what, g->size, sizeof(ferry_moe_geometry));
+    static const ferry__sized sized =
+        FERRY__SIZED0(ferry_moe_geometry, FERRY_MOE_GEOMETRY_MIN_SIZE);
+    char who[64];
+    snprintf(who, sizeof who, "moe %s", what);
+    int rc = ferry__opts_size_ok(NULL, who, &sized, g->size);
+    if (rc < 0)
+        return rc;
     /* every field in range, and every product of them that is used as a
      * size or offset checked, before anything is sized by them */
     if (!g->num_layers || g->num_layers > FERRY_MOE_MAX_LAYERS)

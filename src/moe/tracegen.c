@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "moe/moe_internal.h"
+#include "sized.h"
 
 typedef struct preset {
     const char *name;
@@ -121,11 +122,11 @@ int ferry__gen_open(const ferry_moe_gen_options *opt, ferry__gen **out, ferry_mo
 {
     if (!opt || !out || !model)
         return ferry__err_set(NULL, -EINVAL, "moe gen: options missing");
-    if (opt->size < sizeof(ferry_moe_gen_options))
-        return ferry__err_set(NULL, -EINVAL,
-                              "moe gen: options size %zu is below %zu (use "
-                              "FERRY_MOE_GEN_OPTIONS_INIT)",
-                              opt->size, sizeof(ferry_moe_gen_options));
+    static const ferry__sized sized =
+        FERRY__SIZED0(ferry_moe_gen_options, FERRY_MOE_GEN_OPTIONS_MIN_SIZE);
+    int rc = ferry__opts_size_ok(NULL, "moe gen", &sized, opt->size);
+    if (rc < 0)
+        return rc;
     const char *name = opt->model ? opt->model : "deepseek-v3";
     const preset *ps = NULL;
     for (size_t i = 0; i < FERRY__ARRAY_LEN(presets); i++)

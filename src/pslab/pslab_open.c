@@ -23,6 +23,7 @@
 
 #include "core/dirlock.h"
 #include "pslab/pslab_impl.h"
+#include "sized.h"
 
 static uint64_t new_creation_id(void)
 {
@@ -414,12 +415,25 @@ static int start_lanes(ferry_pslab *p, const ferry_pslab_options *o, int ro)
     return 0;
 }
 
-int ferry_pslab_open(const ferry_pslab_options *o, ferry_pslab **out)
+#define PS_OPT(m) FERRY__MEMBER(ferry_pslab_options, m)
+static const ferry__member pslab_later[] = {PS_OPT(batch_bytes), PS_OPT(batch_ms),
+                                            PS_OPT(depth),       PS_OPT(tag),
+                                            PS_OPT(tag_len),     PS_OPT(mode)};
+#undef PS_OPT
+static const ferry__sized pslab_sized =
+    FERRY__SIZED(ferry_pslab_options, FERRY_PSLAB_OPTIONS_MIN_SIZE, pslab_later);
+
+int ferry_pslab_open(const ferry_pslab_options *uo, ferry_pslab **out)
 {
-    if (!o || !out || o->size < sizeof *o)
-        return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: options and out must be given "
-                              "(options.size = sizeof(ferry_pslab_options))");
-    int rc = check_options(o);
+    if (!uo || !out)
+        return ferry__err_set(NULL, -EINVAL, "ferry_pslab_open: options and out must be given");
+    /* an older header's options: the members past its size keep their defaults */
+    ferry_pslab_options ov = FERRY_PSLAB_OPTIONS_INIT;
+    int rc = ferry__opts_take(NULL, "ferry_pslab_open", &pslab_sized, &ov, uo);
+    if (rc < 0)
+        return rc;
+    const ferry_pslab_options *o = &ov;
+    rc = check_options(o);
     if (rc < 0)
         return rc;
 

@@ -623,14 +623,12 @@ int ferry_remote_open(const char *url, const ferry_remote_options *opt, ferry_re
     ferry_remote_options o = FERRY_REMOTE_OPTIONS_INIT;
     if (!out)
         return ferry__err_set(NULL, -EINVAL, "ferry_remote_open: out is NULL");
+    static const ferry__sized sized =
+        FERRY__SIZED0(ferry_remote_options, FERRY_REMOTE_OPTIONS_MIN_SIZE);
     if (opt) {
-        if (opt->size < offsetof(ferry_remote_options, flags) + sizeof opt->flags ||
-            opt->size > sizeof o)
-            return ferry__err_set(NULL, -EINVAL,
-                                  "ferry_remote_open: options.size %zu is not "
-                                  "sizeof(ferry_remote_options) %zu",
-                                  opt->size, sizeof o);
-        memcpy(&o, opt, opt->size);
+        int rc = ferry__opts_take(NULL, "ferry_remote_open", &sized, &o, opt);
+        if (rc < 0)
+            return rc;
     }
     ferry__rurl u;
     int rc = ferry__rurl_parse(url, url ? strlen(url) : 0, &u, NULL);

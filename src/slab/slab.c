@@ -350,14 +350,18 @@ static int u_reserve(ferry_slab *s, uint64_t more)
 
 /* ---- life ---- */
 
-int ferry_slab_create(const ferry_slab_options *opt, ferry_slab **out)
+int ferry_slab_create(const ferry_slab_options *uopt, ferry_slab **out)
 {
-    if (!opt || !out)
-        return ferry__err_set(NULL, -EINVAL, "slab: %s is NULL", opt ? "out" : "options");
-    if (opt->size < sizeof(ferry_slab_options))
-        return ferry__err_set(NULL, -EINVAL,
-                              "slab: options size %zu is below %zu (use FERRY_SLAB_OPTIONS_INIT)",
-                              opt->size, sizeof(ferry_slab_options));
+    if (!uopt || !out)
+        return ferry__err_set(NULL, -EINVAL, "slab: %s is NULL", uopt ? "out" : "options");
+    static const ferry__member later[] = {FERRY__MEMBER(ferry_slab_options, alignment)};
+    static const ferry__sized sized =
+        FERRY__SIZED(ferry_slab_options, FERRY_SLAB_OPTIONS_MIN_SIZE, later);
+    ferry_slab_options o = FERRY_SLAB_OPTIONS_INIT;
+    int rc = ferry__opts_take(NULL, "slab create", &sized, &o, uopt);
+    if (rc < 0)
+        return rc;
+    const ferry_slab_options *opt = &o;
     /* range first: the persistent slab stores the alignment in 32 bits and
      * divides by it, so 2^32 and beyond must not reach any arithmetic */
     uint64_t align = opt->alignment ? opt->alignment : 4096;
