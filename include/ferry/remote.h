@@ -293,8 +293,10 @@ FERRY_API int ferry_remote_flush(ferry_remote *r, uint32_t timeout_ms);
  */
 FERRY_API int ferry_remote_stats_get(const ferry_remote *r, ferry_remote_stats *out);
 
-/** A copy of the handle's last failure message ("" if none), valid in the
- *  calling thread until its next call of this function. With several
+/** The handle's last failure message ("" if none) as the calling thread's
+ *  own copy, taken whole (as every *_last_error): it does not change while
+ *  it is read, whatever the writer thread records meanwhile, and stays
+ *  valid across this thread's next three *_last_error calls. With several
  *  threads on one handle the last failure may be another thread's (or the
  *  writer's); ferry_last_error() is the calling thread's own. */
 FERRY_API const char *ferry_remote_last_error(const ferry_remote *r);

@@ -45,6 +45,10 @@ int ferry__err_set(ferry__errbuf *eb, int code, const char *fmt, ...) FERRY__PRI
 int ferry__err_vset(ferry__errbuf *eb, int code, const char *fmt, va_list ap) FERRY__PRINTF(3, 0);
 /* copy the thread's last message into eb (after a lower layer failed); returns code */
 int ferry__err_pass(ferry__errbuf *eb, int code);
+/* copy src's message (taken whole) into dst with code, the thread's own
+ * message untouched (a failure recorded in a local buffer, published on a
+ * handle); returns code */
+int ferry__err_copy(ferry__errbuf *dst, const ferry__errbuf *src, int code);
 /* eb's message as the calling thread's own copy ("" for NULL), taken whole
  * even while another thread records a failure on eb: every *_last_error
  * returns this. Each thread has a few such copies in turn, so one call's

@@ -148,6 +148,13 @@ int ferry__err_pass(ferry__errbuf *eb, int code)
     return code;
 }
 
+int ferry__err_copy(ferry__errbuf *dst, const ferry__errbuf *src, int code)
+{
+    if (dst && src)
+        eb_write(dst, code, ferry__err_msg(src));
+    return code;
+}
+
 const char *ferry__err_msg(const ferry__errbuf *eb)
 {
     static _Thread_local char copies[4][FERRY__ERRMSG_MAX];

@@ -95,7 +95,6 @@ struct ferry_remote {
     counter puts, puts_written, gets, hits, misses, errors, dropped, reconnects, degraded,
         corrupt, mismatched, redirects, bytes_written, bytes_read, exists_calls, deletes;
 
-    pthread_mutex_t err_mu;
     ferry__errbuf err;
 };
 
@@ -108,11 +107,7 @@ struct ferry_remote {
 /* copy a message recorded in a local errbuf into the handle's */
 static int publish(ferry_remote *r, const ferry__errbuf *local, int code)
 {
-    pthread_mutex_lock(&r->err_mu);
-    r->err.code = code;
-    memcpy(r->err.msg, local->msg, sizeof r->err.msg);
-    pthread_mutex_unlock(&r->err_mu);
-    return code;
+    return ferry__err_copy(&r->err, local, code);
 }
 
 static int rfail(ferry_remote *r, int code, const char *fmt, ...) FERRY__PRINTF(3, 4);
@@ -614,7 +609,6 @@ static void destroy(ferry_remote *r)
     pthread_mutex_destroy(&r->q_mu);
     pthread_cond_destroy(&r->q_cv);
     pthread_cond_destroy(&r->q_done_cv);
-    pthread_mutex_destroy(&r->err_mu);
     ferry__free(r);
 }
 
@@ -666,7 +660,6 @@ int ferry_remote_open(const char *url, const ferry_remote_options *opt, ferry_re
     pthread_mutex_init(&r->q_mu, NULL);
     pthread_cond_init(&r->q_cv, NULL);
     ferry__cond_init_mono(&r->q_done_cv); /* (ferry_remote_flush's deadline) */
-    pthread_mutex_init(&r->err_mu, NULL);
     r->prefix = ferry__malloc(plen + 1);
     r->layout = ferry__malloc(o.layout_len + 1);
     r->sessions = ferry__calloc(r->nsessions + 1, sizeof *r->sessions);
@@ -1160,15 +1153,9 @@ int ferry_remote_stats_get(const ferry_remote *cr, ferry_remote_stats *m)
 
 const char *ferry_remote_last_error(const ferry_remote *r)
 {
-    /* a per-thread copy: the writer thread may record a failure meanwhile */
-    static _Thread_local char copy[FERRY__ERRMSG_MAX];
-    if (!r)
-        return "";
-    ferry_remote *m = (ferry_remote *)(uintptr_t)r;
-    pthread_mutex_lock(&m->err_mu);
-    memcpy(copy, m->err.msg, sizeof copy);
-    pthread_mutex_unlock(&m->err_mu);
-    return copy;
+    /* the calling thread's own copy, taken whole: the writer thread may
+     * record a failure meanwhile */
+    return r ? ferry__err_msg(&r->err) : "";
 }
 
 const char *ferry_remote_url(const ferry_remote *r)
