@@ -431,7 +431,7 @@ static void sync_transfers_split_at_16mib_with_region_base(void **state)
     assert_true(F.setups >= 1 && F.setups <= 2); /* batches are reused */
     FT_ASSERT_OK(ferry_io_unregister_dev(e.io, region));
     assert_int_equal(F.bufdeps, 1);
-    assert_int_equal(ferry_io_unregister_dev(e.io, region), -ENOENT);
+    assert_int_equal(ferry_io_unregister_dev(e.io, region), FERRY_ENOTFOUND);
     FT_ASSERT_OK(ferry_file_close(f));
     assert_int_equal(F.dehandles, 1);
     ferry_device_free(e.dev, region);
@@ -616,7 +616,7 @@ static void buffer_registration_errors(void **state)
     assert_msg_has(ferry_io_last_error(e.io), "GPU memory pinning failed");
     F.bufreg_err = 0;
     assert_int_equal(ferry_io_register_dev(e.io, 0, 8192), -EINVAL);
-    assert_int_equal(ferry_io_unregister_dev(e.io, d), -ENOENT);
+    assert_int_equal(ferry_io_unregister_dev(e.io, d), FERRY_ENOTFOUND);
     ferry_device_free(e.dev, d);
     close_env(&e);
 }

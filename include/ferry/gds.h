@@ -316,7 +316,7 @@ FERRY_API int ferry_gds_pread(ferry_gds *g, void *buf, size_t len, uint64_t slab
  * fixed buffers): transfers from inside it skip the kernel's per-I/O page
  * pinning, which is most of the cost of large O_DIRECT requests. Engines
  * without registration accept and ignore it. Unregister before freeing the
- * memory. Errors: FERRY_ESTATE (off), -EINVAL, the engine's codes (-ENOSPC
+ * memory. Errors: FERRY_ESTATE (off), -EINVAL, the engine's codes (FERRY_ENOSPACE
  * when its fixed-buffer table is full); on failure nothing stays
  * registered.
  */

@@ -183,9 +183,10 @@ FERRY_API int ferry_file_drop_cache(ferry_file *f);
  * posix and cufile accept and ignore it. Registering the same (buf, len)
  * again is a no-op. -EINVAL (all engines) for NULL, len 0 or a range
  * that wraps around the address space. Errors (uring): FERRY_ENOTSUP when
- * the kernel refused a fixed-buffer table, -ENOSPC when the slots are used
- * up, FERRY_EEXIST for buf registered with another length; unregister of
- * an unknown buf: -ENOENT. Unregister before freeing the memory.
+ * the kernel refused a fixed-buffer table, FERRY_ENOSPACE when the slots
+ * are used up, FERRY_EEXIST for buf registered with another length;
+ * unregister of an unknown buf: FERRY_ENOTFOUND. Unregister before freeing
+ * the memory.
  */
 FERRY_API int ferry_io_register_buffer(ferry_io *io, void *buf, size_t len);
 FERRY_API int ferry_io_unregister_buffer(ferry_io *io, void *buf);
@@ -194,8 +195,10 @@ FERRY_API int ferry_io_unregister_buffer(ferry_io *io, void *buf);
  * whole range). Later device transfers inside it are issued as (base,
  * offset) of the registration. Other engines accept and ignore it.
  * Errors: -EINVAL (0, len 0, a range that wraps around the address
- * space), FERRY_EEXIST when p is already registered, cuFile errors mapped
- * to ferry codes. Unregister before freeing the device memory.
+ * space), FERRY_EEXIST when p is already registered, FERRY_ENOSPACE when
+ * every registration slot is taken, cuFile errors mapped to ferry codes;
+ * unregister of an unknown p: FERRY_ENOTFOUND. Unregister before freeing
+ * the device memory.
  */
 FERRY_API int ferry_io_register_dev(ferry_io *io, ferry_devptr p, size_t len);
 FERRY_API int ferry_io_unregister_dev(ferry_io *io, ferry_devptr p);

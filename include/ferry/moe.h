@@ -321,7 +321,7 @@ FERRY_API int ferry_moe_planner_ensure(ferry_moe_planner *p, uint32_t layer,
  * prefetch never evicts an expert of the current step (the last ensure())
  * nor one named in this call. Does not advance the step and counts no
  * hits or misses. *plan as for ensure(). Returns the rows to copy.
- * Errors as ensure(); -ENOTSUP for "belady"; FERRY_ENOSPACE, with nothing
+ * Errors as ensure(); FERRY_ENOTSUP for "belady"; FERRY_ENOSPACE, with nothing
  * placed, when its misses outnumber the slots that neither the current
  * step nor this call pins.
  */

@@ -441,7 +441,7 @@ int ferry_gds_host_unregister(ferry_gds *g, void *buf)
         int r = ferry_io_unregister_buffer(g->drives[d].io, buf);
         pthread_mutex_unlock(&g->drives[d].mu);
         if (r < 0 && r != FERRY_ENOTSUP && rc == 0)
-            rc = ferry__err_set(&g->err, r == -ENOENT ? FERRY_ENOTFOUND : r,
+            rc = ferry__err_set(&g->err, r,
                                 "gds: host unregister %p on drive %u: %s", buf, d,
                                 ferry_last_error());
     }

@@ -264,7 +264,8 @@ static int cf_dev_register(ferry_io *io, ferry_devptr p, size_t len)
             slot = (int)i;
     }
     if (slot < 0)
-        return ferry__err_set(&io->err, -ENOSPC, "io cufile: all %u buffer registrations in use",
+        return ferry__err_set(&io->err, FERRY_ENOSPACE,
+                              "io cufile: all %u buffer registrations in use",
                               CF_REGS);
     ctx_enter(io);
     ferry__CUfileError_t e = st->api->BufRegister((const void *)(uintptr_t)p, len, 0);
@@ -292,7 +293,8 @@ static int cf_dev_unregister(ferry_io *io, ferry_devptr p)
                                   (unsigned long long)p, e.err, ferry__cufile_strerror(e.err));
         return 0;
     }
-    return ferry__err_set(&io->err, -ENOENT, "io cufile: device buffer 0x%llx is not registered",
+    return ferry__err_set(&io->err, FERRY_ENOTFOUND,
+                          "io cufile: device buffer 0x%llx is not registered",
                           (unsigned long long)p);
 }
 
@@ -343,7 +345,7 @@ static cf_batch *free_batch(ferry_io *io, cf_st *st, int *err)
         }
         return b;
     }
-    *err = ferry__err_set(&io->err, -EBUSY, "io cufile: no free batch");
+    *err = ferry__err_set(&io->err, FERRY_ENOSPACE, "io cufile: no free batch");
     return NULL;
 }
 

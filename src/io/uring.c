@@ -160,7 +160,8 @@ static int ur_buf_unregister(ferry_io *io, void *buf)
         found = 1;
     }
     if (!found)
-        return ferry__err_set(&io->err, -ENOENT, "io uring: buffer %p is not registered", buf);
+        return ferry__err_set(&io->err, FERRY_ENOTFOUND, "io uring: buffer %p is not registered",
+                              buf);
     return 0;
 }
 
@@ -183,7 +184,7 @@ static int ur_buf_register(ferry_io *io, void *buf, size_t len)
     for (unsigned i = 0; i < BUF_SLOTS; i++)
         free_slots += st->bufs[i].owner == NULL;
     if (pieces > free_slots)
-        return ferry__err_set(&io->err, -ENOSPC,
+        return ferry__err_set(&io->err, FERRY_ENOSPACE,
                               "io uring: buffer %p of %zu bytes needs %zu fixed-buffer slots, %zu "
                               "free of %u", buf, len, pieces, free_slots, BUF_SLOTS);
     size_t pos = 0;

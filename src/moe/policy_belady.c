@@ -123,7 +123,7 @@ static int bl_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
 {
     belady *s = (belady *)p;
     if (prefetch)
-        return -ENOTSUP;
+        return FERRY_ENOTSUP;
     return ferry__heap_set(&s->heap, slot, bl_key(s, id));
 }
 
