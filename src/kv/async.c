@@ -60,7 +60,7 @@ static void *worker(void *arg)
 
 void ferry__kv_enqueue(ferry_kv *kv, ferry__kv_job *j)
 {
-    struct ferry__kv_queue *q = &kv->q[j->kind == FERRY__KV_JOB_OP ? 0 : 1];
+    struct ferry__kv_queue *q = &kv->q[j->kind == FERRY__KV_JOB_OP || j->on_ops ? 0 : 1];
     j->next = NULL;
     pthread_mutex_lock(&kv->qmu);
     if (q->tail)
@@ -78,6 +78,15 @@ int ferry__kv_io_worker_free(ferry_kv *kv, unsigned mine)
     struct ferry__kv_queue *q = &kv->q[1];
     int free_ = !q->head && !kv->stopping &&
                 (q->active < q->nthreads || (mine > 0 && mine < q->nthreads));
+    pthread_mutex_unlock(&kv->qmu);
+    return free_;
+}
+
+int ferry__kv_op_worker_free(ferry_kv *kv)
+{
+    pthread_mutex_lock(&kv->qmu);
+    struct ferry__kv_queue *q = &kv->q[0];
+    int free_ = !q->head && !kv->stopping && q->active < q->nthreads;
     pthread_mutex_unlock(&kv->qmu);
     return free_;
 }

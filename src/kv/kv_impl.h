@@ -331,6 +331,7 @@ typedef struct ferry__kv_job {
     uint64_t l1_loc, l2_loc;
     int src_tier;              /* PREFETCH: the tier read from */
     int ahead;                 /* PREFETCH: a retrieve's read-ahead (kept once landed) */
+    int on_ops;                /* COPY: lent to an idle operation worker */
     void (*copy)(void *ctx, size_t idx); /* COPY: run copy(ctx, idx) */
     void *ctx;
     size_t idx;
@@ -433,6 +434,10 @@ void ferry__kv_enqueue(ferry_kv *kv, ferry__kv_job *j);
  * workers) of the caller's jobs running or queued. A retrieve's copy-out
  * never waits behind write-throughs or prefetch reads */
 int ferry__kv_io_worker_free(ferry_kv *kv, unsigned mine);
+/* an operation worker is idle with nothing queued for it: a retrieve may
+ * lend it a copy-out (job->on_ops). A copy waits for nothing, so it cannot
+ * hold up the operations behind it for long, nor deadlock them. */
+int ferry__kv_op_worker_free(ferry_kv *kv);
 void ferry__kv_hist_record(ferry__kv_hist *h, uint64_t ns);
 
 /* ---- test seams ---- */

@@ -196,11 +196,16 @@ static int rt_hand_off(rtv *r, size_t i, void (*job)(void *ctx, size_t i))
     pthread_mutex_lock(&r->cmu);
     unsigned mine = r->wpending;
     pthread_mutex_unlock(&r->cmu);
-    ferry__kv_job *j =
-        ferry__kv_io_worker_free(r->kv, mine) ? ferry__calloc(1, sizeof *j) : NULL;
+    /* an I/O worker with nothing to read, else an idle operation worker
+     * (while the I/O workers wait on reads of a tier without asynchronous
+     * ones, the operation workers usually have nothing to do) */
+    int io = ferry__kv_io_worker_free(r->kv, mine);
+    int ops = !io && ferry__kv_op_worker_free(r->kv);
+    ferry__kv_job *j = io || ops ? ferry__calloc(1, sizeof *j) : NULL;
     if (!j)
         return 0;
     j->kind = FERRY__KV_JOB_COPY;
+    j->on_ops = ops;
     j->run = rt_run_copy;
     j->copy = job;
     j->ctx = r;
