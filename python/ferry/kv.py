@@ -150,21 +150,34 @@ class Op:
 
 
 class KVStore:
-    """A ferry KV store opened in this process.
+    """A ferry KV store: in this process, or a `ferry serve` daemon's.
 
     KVStore(model="llama3-8b", layout=Layout(...), l1="8G",
             l2="/nvme/ferry:512G", persistent=False, ...)
+    KVStore(model="llama3-8b", layout=Layout(...), server="unix:/run/ferry/ferry.sock")
 
     l1: host pool size; l2: "DIR:SIZE" (or l2_dir= and l2_bytes=);
     persistent: the L2 survives close and restarts (chunks written
     through before close or sync are found again); remote: a redis://
-    URL. Use as a context manager, or call close().
+    URL. server: the daemon owns the tiers (l1/l2/remote are its own) and
+    every call goes to it; lookup_only=True maps no shared pool (a
+    scheduler that only asks how much is cached). Use as a context
+    manager, or call close().
     """
 
-    def __init__(self, model, layout, l1, l2=None, *, l2_dir=None, l2_bytes=None,
+    def __init__(self, model, layout, l1=None, l2=None, *, l2_dir=None, l2_bytes=None,
                  persistent=False, reset=False, chunk_tokens=0, hash_seed=0, tp_rank=0,
                  tp_world=1, remote=None, workers=0, l2_engine=None, l2_direct=True,
-                 eviction="lru"):
+                 eviction="lru", server=None, server_timeout_ms=0, lookup_only=False):
+        if server is not None:
+            if l1 is not None or l2 is not None or l2_dir is not None or remote is not None:
+                raise ValueError("ferry: with server= the daemon owns the tiers: "
+                                 "give no l1, l2 or remote")
+            l1 = 0 if lookup_only else 1
+        elif l1 is None:
+            raise ValueError("ferry: an in-process store needs l1 (its host pool size)")
+        elif lookup_only:
+            raise ValueError("ferry: lookup_only is for a store opened with server=")
         if l2 is not None:
             d, sep, sz = str(l2).rpartition(":")
             if not sep or not d:
@@ -192,6 +205,8 @@ class KVStore:
         c.l2_persistent = 1 if persistent else 0
         c.l2_reset = 1 if reset else 0
         c.remote_url = self._s(remote)
+        c.server = self._s(server)
+        c.server_timeout_ms = server_timeout_ms
         self._cfg = c
         h = ctypes.c_void_p()
         check(lib.ferry_kv_open(ctypes.byref(c), ctypes.byref(h)), "ferry_kv_open")

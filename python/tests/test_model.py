@@ -27,7 +27,7 @@ def prompts():
 
 
 def layout_of(model):
-    return ferry.Layout.from_model(model.layers, model.kv_heads, model.head_dim, dtype="f32")
+    return ferry.Layout.from_model(model.layers, model.kv_heads, model.head_dim, dtype=model.dtype)
 
 
 def prefill_and_store(model, store):
