@@ -21,6 +21,7 @@ if command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; 
 run "$build/ferry" moe gen --model small --tokens 64 -o "$dir/moe_trace.jsonl"
 run "$build/ferry" moe replay "$dir/moe_trace.jsonl" --slots 25% --policy routing --json
 run "$build/ferry" moe replay "$dir/moe_trace.jsonl" --sweep --budgets 25%,50% --policies lru,routing,belady
+run bench/moe_timeline.sh "$build" "$dir/moe_timeline" --quick
 run "$build/ferry" moe bench --quick
 run "$build/ferry" moe bench --quick --device host --json
 run "$build/ferry" kv bench --model tiny --docs 4 --doc-tokens 2048 --questions 16 --l1 8M --dir "$dir" --l2 32M --json

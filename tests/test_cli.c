@@ -189,6 +189,10 @@ static void every_subcommand_refuses_alike(void **state)
         {"moe replay @/x --sweep --policies lru,nope", "--policies lru,nope"},
         {"moe replay @/x --budgets 25%", "--budgets"},
         {"moe replay", "TRACE"},
+        {"moe sim", "TRACE"},
+        {"moe sim @/x --policies lru,nope", "--policies lru,nope"},
+        {"moe sim @/x --hint-accuracy 2", "--hint-accuracy 2"},
+        {"moe sim @/x --compute-us 0", "--compute-us 0"},
         {"moe bench --row-bytes 0", "--row-bytes 0"},
         {"moe bench --device tpu", "--device tpu"},
     };
@@ -330,6 +334,13 @@ static void json_is_one_document(void **state)
     assert_true(json_is_array(j));
     assert_int_equal(json_array_size(j), 4);
     json_decref(j);
+    /* the timeline: per budget lru, lru with hints, then the two bounds */
+    j = one_document("moe sim @/j.jsonl --budgets 25%,50% --policies lru --json", r);
+    assert_true(json_is_array(j));
+    assert_int_equal(json_array_size(j), 8);
+    assert_true(json_is_true(json_object_get(json_array_get(j, 1), "hints")));
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(j, 0), "layers")), 4);
+    json_decref(j);
     j = one_document("info --json --dir @", r);
     assert_true(json_is_object(j));
     json_decref(j);
@@ -403,7 +414,8 @@ static void group_help_exits_0(void **state)
     assert_non_null(strstr(r->out, "slab check"));
     /* every subcommand's own --help, exit 0 on stdout */
     static const char *const cmds[] = {"info",      "bench io",   "bench gds", "bench remote",
-                                       "kv bench",  "moe gen",    "moe replay", "moe bench"};
+                                       "kv bench",  "moe gen",    "moe replay", "moe bench",
+                                       "moe sim"};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         char args[64];
         snprintf(args, sizeof args, "%s --help", cmds[i]);

@@ -41,6 +41,7 @@ int cmd_moe_replay(int argc, char **argv);
 int cmd_moe_bench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_serve_status(int argc, char **argv);
+int cmd_moe_sim(int argc, char **argv);
 
 /* print "ferry <cmd>: <msg>" to stderr and return 2 */
 int cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -17,13 +17,14 @@
 #include <jansson.h>
 
 #include "cli.h"
+#include "moe_cli.h"
 #include "moe/moe_internal.h"
 
 #define GEN_MAX_TOKENS 1048576u /* --tokens; the trace bounds hold for the presets */
 
 /* "N" or "P%" of the trace's experts (layers present x experts): at least
  * one step's experts (top_k) and at most all of them, never adjusted */
-static int parse_slots(const char *cmd, const char *flag, const char *s, const ferry_moe_model *m,
+int moe_parse_slots(const char *cmd, const char *flag, const char *s, const ferry_moe_model *m,
                        uint32_t *out)
 {
     uint64_t all = (uint64_t)m->num_layers * m->num_experts;
@@ -229,7 +230,7 @@ int cmd_moe_gen(int argc, char **argv)
 
 /* ---------------------------------------------------------------- replay */
 /* "3 layers x 256 experts (model layers 3, 17, 38), stage 'apply'" */
-static void layers_desc(const ferry_moe_trace *t, char *buf, size_t n)
+void moe_layers_desc(const ferry_moe_trace *t, char *buf, size_t n)
 {
     const ferry_moe_model *m = ferry_moe_trace_model(t);
     size_t off = (size_t)snprintf(buf, n, "%u layers x %u experts", m->num_layers, m->num_experts);
@@ -249,7 +250,7 @@ static void layers_desc(const ferry_moe_trace *t, char *buf, size_t n)
 }
 
 /* the trace's shape as JSON: layers, layer_ids (sparse only), stage */
-static void shape_json(json_t *j, const ferry_moe_trace *t)
+void moe_shape_json(json_t *j, const ferry_moe_trace *t)
 {
     const ferry_moe_model *m = ferry_moe_trace_model(t);
     json_object_set_new(j, "layers", json_integer(m->num_layers));
@@ -290,7 +291,7 @@ static void human_bytes(uint64_t b, char *buf, size_t n)
 
 /* split "a,b,c" into at most max pieces (in place); -1 for an empty piece
  * or more than max */
-static int split_list(char *s, char **out, int max)
+int moe_split_list(char *s, char **out, int max)
 {
     int n = 0;
     for (char *p = s;; p++) {
@@ -354,20 +355,20 @@ static int replay_sweep(const char *cmd, const ferry_moe_trace *t, char *budgets
     char *bl[32], *pl[16];
     char orig[256];
     snprintf(orig, sizeof orig, "%s", budgets_s ? budgets_s : defb);
-    int nb = split_list(budgets_s ? budgets_s : defb, bl, 32);
-    int np = split_list(policies_s ? policies_s : defp, pl, 16); /* checked by the caller */
+    int nb = moe_split_list(budgets_s ? budgets_s : defb, bl, 32);
+    int np = moe_split_list(policies_s ? policies_s : defp, pl, 16); /* checked by the caller */
     if (nb < 0)
         return cli_bad(cmd, "--budgets", orig, "1..32 comma-separated slot counts or P%",
                        "an empty piece or more than 32");
     uint32_t budgets[32];
     for (int b = 0; b < nb; b++)
-        if (parse_slots(cmd, "--budgets", bl[b], m, &budgets[b]))
+        if (moe_parse_slots(cmd, "--budgets", bl[b], m, &budgets[b]))
             return 2;
     double *rates = calloc((size_t)nb * np, sizeof *rates);
     json_t *arr = json_array();
     if (!json) {
         char ld[256];
-        layers_desc(t, ld, sizeof ld);
+        moe_layers_desc(t, ld, sizeof ld);
         printf("trace: %s, %s, top-%u, %u passes, %zu steps\n", m->name, ld, m->top_k,
                ferry_moe_trace_tokens(t), ferry_moe_trace_steps(t));
         printf("%-8s %6s", "slots", "%all");
@@ -387,7 +388,7 @@ static int replay_sweep(const char *cmd, const ferry_moe_trace *t, char *budgets
             rates[b * np + p] = r.hit_rate;
             if (json) {
                 json_t *e = result_json(&r);
-                shape_json(e, t);
+                moe_shape_json(e, t);
                 json_array_append_new(arr, e);
             }
             else
@@ -421,7 +422,7 @@ static int replay_sweep(const char *cmd, const ferry_moe_trace *t, char *budgets
     return ret;
 }
 
-static int policy_list(char *acc, size_t n)
+int moe_policy_list(char *acc, size_t n)
 {
     size_t off = 0;
     acc[0] = 0;
@@ -456,7 +457,7 @@ static int replay_one(const char *cmd, const ferry_moe_trace *t, const char *pol
 {
     const ferry_moe_model *m = ferry_moe_trace_model(t);
     uint32_t slots;
-    if (parse_slots(cmd, "--slots", slots_s, m, &slots))
+    if (moe_parse_slots(cmd, "--slots", slots_s, m, &slots))
         return 2;
     ferry_moe_replay_result r, b;
     int rc = ferry_moe_replay(t, policy, slots, expert_bytes, &r);
@@ -466,7 +467,7 @@ static int replay_one(const char *cmd, const ferry_moe_trace *t, const char *pol
         return cli_fail(cmd, "replay", rc);
     if (json) {
         json_t *j = result_json(&r);
-        shape_json(j, t);
+        moe_shape_json(j, t);
         json_object_set_new(j, "belady",
                             json_pack("{s:I,s:I,s:f,s:I}", "hits", (json_int_t)b.hits, "misses",
                                       (json_int_t)b.misses, "hit_rate", b.hit_rate, "host_bytes",
@@ -481,7 +482,7 @@ static int replay_one(const char *cmd, const ferry_moe_trace *t, const char *pol
         human_bytes(r.host_bytes, hb, sizeof hb);
         human_bytes(b.host_bytes, bb, sizeof bb);
         char ld[256];
-        layers_desc(t, ld, sizeof ld);
+        moe_layers_desc(t, ld, sizeof ld);
         printf("trace: %s, %s, top-%u, %u passes, %llu steps\n", m->name, ld, m->top_k,
                ferry_moe_trace_tokens(t), (unsigned long long)r.steps);
         printf("slots: %u (%.1f%% of %llu experts)\n", slots, 100.0 * slots / all,
@@ -561,9 +562,9 @@ int cmd_moe_replay(int argc, char **argv)
         return cli_usage(cmd, "%s: needs --sweep", budgets ? "--budgets" : "--policies");
     if (policies) {
         char acc[256], copy[512], *pl[16];
-        policy_list(acc, sizeof acc);
+        moe_policy_list(acc, sizeof acc);
         snprintf(copy, sizeof copy, "%s", policies);
-        int np = split_list(copy, pl, 16);
+        int np = moe_split_list(copy, pl, 16);
         if (np < 0)
             return cli_bad(cmd, "--policies", policies, acc, "an empty piece or more than 16");
         for (int p = 0; p < np; p++)

@@ -18,6 +18,7 @@ static const cli_command commands[] = {
     {"slab bench", cmd_slab_bench, "persistent slab: reopen time of 100,000 chunks, store GB/s vs the GDS slab"},
     {"moe gen", cmd_moe_gen, "write a synthetic MoE routing trace calibrated to real models"},
     {"moe replay", cmd_moe_replay, "replay a routing trace through an expert cache policy vs Belady"},
+    {"moe sim", cmd_moe_sim, "a decode timeline: stall and tokens/s per policy, with and without hints"},
     {"moe bench", cmd_moe_bench, "expert planner cost per layer-step and slot-write throughput"},
     {"serve status", cmd_serve_status, "a running daemon's tiers, clients and hit rates"},
     {"serve", cmd_serve, "one KV cache per host, shared by every engine process (foreground)"},

@@ -111,6 +111,8 @@ typedef struct ferry_moe_trace_options {
      *  the only stage, else "apply". At most 31 bytes (-EINVAL). */
     const char *stage;
 } ferry_moe_trace_options;
+/** The smallest size the trace reader takes: this first version's struct. */
+#define FERRY_MOE_TRACE_OPTIONS_MIN_SIZE sizeof(ferry_moe_trace_options)
 #define FERRY_MOE_TRACE_OPTIONS_INIT \
     {FERRY_FIELD(size) sizeof(ferry_moe_trace_options), FERRY_FIELD(stage) NULL}
 
@@ -642,6 +644,75 @@ typedef struct ferry_moe_replay_result {
  */
 FERRY_API int ferry_moe_replay(const ferry_moe_trace *t, const char *policy, uint32_t slots,
                                uint64_t expert_bytes, ferry_moe_replay_result *out);
+
+/* ======================================================================
+ * Decode timeline
+ * ====================================================================== */
+
+/** Options of the decode timeline (ferry_moe_sim). */
+typedef struct ferry_moe_sim_options {
+    size_t size;           /**< sizeof(ferry_moe_sim_options) or more */
+    const char *policy;    /**< as the planner's (NULL: "lru"); "belady" takes no hints */
+    uint32_t slots;        /**< as the planner's */
+    double compute_us;     /**< compute of one layer-step: (0, 1e9] */
+    double link_gbs;       /**< GB/s of the link rows cross (host or NVMe -> device): (0, 1e6] */
+    uint64_t expert_bytes; /**< bytes of one expert; 0: the trace's (which must say) */
+    /** hints: the routes of the step this many layer-steps ahead (1: the
+     *  next layer, as a pre-gating predictor; L: the next token's same
+     *  layer, as a draft), 0..2^20; 0: no hints */
+    uint32_t hint_steps;
+    double hint_accuracy;  /**< share of a hint's experts that are right: 0..1 */
+    uint64_t seed;         /**< of the hints' wrong experts */
+} ferry_moe_sim_options;
+/** The smallest size ferry_moe_sim takes: this first version's struct. */
+#define FERRY_MOE_SIM_OPTIONS_MIN_SIZE sizeof(ferry_moe_sim_options)
+#define FERRY_MOE_SIM_OPTIONS_INIT \
+    {FERRY_FIELD(size) sizeof(ferry_moe_sim_options), FERRY_FIELD(policy) NULL, \
+     FERRY_FIELD(slots) 0, FERRY_FIELD(compute_us) 100.0, FERRY_FIELD(link_gbs) 25.0, \
+     FERRY_FIELD(expert_bytes) 0, FERRY_FIELD(hint_steps) 0, FERRY_FIELD(hint_accuracy) 0.9, \
+     FERRY_FIELD(seed) 1}
+
+/** What a decode timeline took. */
+typedef struct ferry_moe_sim_result {
+    size_t size;            /**< sizeof(ferry_moe_sim_result) */
+    uint64_t steps, passes; /**< layer-steps; forward passes (tokens in decode) */
+    double total_us, compute_us, stall_us;
+    double tokens_per_s;    /**< passes per second of total time */
+    double no_wait_share;   /**< share of layer-steps whose experts had all landed */
+    uint64_t hits, misses;  /**< as replay counts them */
+    uint64_t bytes_moved;   /**< every copy over the link (demand and prefetch) */
+    uint64_t prefetch_bytes, prefetch_wasted_bytes;
+} ferry_moe_sim_result;
+
+/**
+ * A decode timeline of trace t: the planner (policy, slots) drives two
+ * streams as the executor does, compute (compute_us per layer-step) and the
+ * copy link (one expert_bytes row at a time at link_gbs). A step starts
+ * when the previous one is computed and its experts have landed; the wait
+ * is its stall. Misses are asked for when the step is reached and go
+ * ahead of prefetch rows not yet on the link. With hint_steps, when a step
+ * starts computing the step that far ahead is prefetched
+ * (ferry_moe_planner_prefetch) from a hint made from the trace itself: its
+ * true experts, each replaced with probability 1 - hint_accuracy by a
+ * wrong expert of that layer; sent while the link's backlog is shorter
+ * than the lead (hint_steps x compute_us), and cut to the rows whose
+ * expected wrong ones cost no more link time than the lead ((1 -
+ * accuracy) x rows x copy time <= lead). A prefetched expert its step did
+ * not route is then released (forgotten; its copy cancelled if not
+ * started). Deterministic for a seed. Errors: -EINVAL naming the option
+ * and its range, the planner's errors, -ENOMEM.
+ */
+FERRY_API int ferry_moe_sim(const ferry_moe_trace *t, const ferry_moe_sim_options *o,
+                            ferry_moe_sim_result *out);
+/**
+ * The timeline's two bounds for the same options: every expert resident
+ * (no stall at all), and Belady's misses (policy and hints ignored) moved
+ * by a link that never idles from time zero, each step starting once its
+ * misses could have landed: no prefetch that moves as many rows does
+ * better. Errors as ferry_moe_sim.
+ */
+FERRY_API int ferry_moe_sim_bounds(const ferry_moe_trace *t, const ferry_moe_sim_options *o,
+                                   ferry_moe_sim_result *resident, ferry_moe_sim_result *belady);
 
 #ifdef __cplusplus
 }

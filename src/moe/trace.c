@@ -26,6 +26,7 @@
 
 #include <jansson.h>
 
+#include "sized.h"
 #include "moe/trace_parse.h"
 
 /* bounds on an inferred or declared shape: the planner keeps dense arrays
@@ -499,10 +500,11 @@ static int parse_line(parser *ps, const char *s, size_t len, size_t line)
 static int parser_open(parser *ps, const ferry_moe_trace_options *opt)
 {
     memset(ps, 0, sizeof *ps);
-    if (opt && opt->size < sizeof *opt)
-        return ferry__err_set(NULL, -EINVAL,
-                              "moe trace: options size %zu is below %zu (use "
-                              "FERRY_MOE_TRACE_OPTIONS_INIT)", opt->size, sizeof *opt);
+    static const ferry__sized sized =
+        FERRY__SIZED0(ferry_moe_trace_options, FERRY_MOE_TRACE_OPTIONS_MIN_SIZE);
+    int rc;
+    if (opt && (rc = ferry__opts_size_ok(NULL, "moe trace", &sized, opt->size)) < 0)
+        return rc;
     if (opt && opt->stage && strlen(opt->stage) >= FERRY__TRACE_STAGE_LEN)
         return ferry__err_set(NULL, -EINVAL, "moe trace: stage '%.40s...' longer than %d bytes",
                               opt->stage, FERRY__TRACE_STAGE_LEN - 1);

@@ -22,6 +22,8 @@ int main(void)
     ferry_moe_gen_options gen_opt = FERRY_MOE_GEN_OPTIONS_INIT;
     ferry_moe_planner_options plan_opt = FERRY_MOE_PLANNER_OPTIONS_INIT;
     ferry_moe_geometry geo = FERRY_MOE_GEOMETRY_INIT;
+    ferry_moe_trace_options tr_opt = FERRY_MOE_TRACE_OPTIONS_INIT;
+    ferry_moe_sim_options sim_opt = FERRY_MOE_SIM_OPTIONS_INIT;
     ferry_pslab_options ps_opt = FERRY_PSLAB_OPTIONS_INIT;
     ferry_remote_options rem_opt = FERRY_REMOTE_OPTIONS_INIT;
     ferry_slab_options slab_opt = FERRY_SLAB_OPTIONS_INIT;
@@ -41,7 +43,8 @@ int main(void)
         gds_st.size != sizeof gds_st || ps_st.size != sizeof ps_st ||
         slab_st.size != sizeof slab_st || plan_st.size != sizeof plan_st ||
         slots_st.size != sizeof slots_st || rem_st.size != sizeof rem_st ||
-        faults.size != sizeof faults) {
+        faults.size != sizeof faults || tr_opt.stage != NULL || sim_opt.seed != 1 ||
+        sim_opt.hint_accuracy != 0.9) {
         fprintf(stderr, "an _INIT macro gave an unexpected value\n");
         return 1;
     }

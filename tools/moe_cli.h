@@ -1,0 +1,25 @@
+/*
+ * moe_cli.h - what the `ferry moe` commands share (cmd_moe.c, cmd_moe_sim.c).
+ */
+#ifndef FERRY_TOOLS_MOE_CLI_H
+#define FERRY_TOOLS_MOE_CLI_H
+
+#include <jansson.h>
+
+#include "ferry/moe.h"
+
+/* "N" or "P%" of the trace's layers x experts: top_k..all, never adjusted;
+ * 0, or 2 after a usage message */
+int moe_parse_slots(const char *cmd, const char *flag, const char *s, const ferry_moe_model *m,
+                    uint32_t *out);
+/* "3 layers x 256 experts (model layers 3, 17, 38), stage 'apply'" */
+void moe_layers_desc(const ferry_moe_trace *t, char *buf, size_t n);
+/* layers, experts, layer_ids (sparse only), stage into j */
+void moe_shape_json(json_t *j, const ferry_moe_trace *t);
+/* split "a,b,c" in place into at most max pieces; -1 for an empty piece or
+ * more than max */
+int moe_split_list(char *s, char **out, int max);
+/* "lru, lru-layer, ..." */
+int moe_policy_list(char *acc, size_t n);
+
+#endif
