@@ -647,7 +647,7 @@ static void driver_refcounted_across_engines_and_oom(void **state)
     d.backend = "host";
     ferry_device *dev = NULL;
     FT_ASSERT_OK(ferry_device_open(&d, &dev));
-    ft_oom_each(50, 1, oom_cufile_open, dev);
+    ft_oom_each(50, FT_OOM_STICKY, oom_cufile_open, dev);
     ferry_device_close(dev);
     assert_int_equal(F.opens, F.closes); /* every driver open of a failed open was undone */
 }

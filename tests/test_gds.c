@@ -815,91 +815,86 @@ static void odirect_refused_falls_back_and_says_so(void **state)
     ferry_gds_close(g);
 }
 
+/* one run: a device and a context on the fake driver made with the
+ * allocator paused, then 20 registrations with allocation n failing */
+static int oom_register_run(void *ctx)
+{
+    ferry_device *setup_dev = ctx;
+    memset(&F, 0, sizeof F);
+    ft_oom_pause();
+    ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
+    o.backend = "host";
+    FT_ASSERT_OK(ferry_device_open(&o, &X.dev));
+    X.cfg.device = X.dev;
+    ferry_gds *g = on_fake();
+    ferry_stream *s = stream();
+    FT_ASSERT_OK(ferry_gds_register(g, 0x7f00e0000000ull, 4096, s));
+    ft_oom_resume();
+    /* new buffers, some on a stream not seen yet (NULL, the default
+     * stream): region array growth and a new stream record */
+    ferry_devptr b = 0x7f0100000000ull;
+    int rc = 0;
+    for (int i = 0; i < 20 && rc == 0; i++)
+        rc = ferry_gds_register(g, b + (uint64_t)i * 32 * MiB, 20 * MiB, i % 2 ? s : NULL);
+    int failed = ft_alloc_failures() > 0;
+    ft_oom_pause();
+    ferry_gds_stats st = FERRY_GDS_STATS_INIT;
+    FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
+    if (rc < 0) {
+        assert_int_equal(rc, -ENOMEM);
+        assert_true(failed);
+        assert_non_null(strstr(ferry_gds_last_error(g), "out of memory"));
+    } else {
+        assert_int_equal(st.regions, 1 + 20 * 2);
+    }
+    /* every region the driver saw registered is one the context holds */
+    assert_int_equal((int)st.regions, F.nreg - F.ndereg_buf);
+    assert_int_equal((int)st.streams, F.nreg_str - F.ndereg_str);
+    ferry_gds_close(g);
+    assert_int_equal(F.nreg, F.ndereg_buf);
+    assert_int_equal(F.nreg_str, F.ndereg_str);
+    ferry_stream_destroy(s);
+    ferry_device_close(X.dev);
+    X.dev = setup_dev;
+    X.cfg.device = setup_dev;
+    return rc;
+}
+
 static void out_of_memory_registers_nothing(void **state)
 {
     (void)state;
-    /* every block must be freed by the allocator that made it: the counting
-     * allocator stays installed (failing or not) for the device and the
-     * context's whole lives */
-    ferry_device *setup_dev = X.dev;
-    for (uint64_t n = 1; n < 12; n++) {
-        memset(&F, 0, sizeof F);
-        ft_alloc_install(0, 0);
-        ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
-        o.backend = "host";
-        FT_ASSERT_OK(ferry_device_open(&o, &X.dev));
-        X.cfg.device = X.dev;
-        ferry_gds *g = on_fake();
-        ferry_stream *s = stream();
-        FT_ASSERT_OK(ferry_gds_register(g, 0x7f00e0000000ull, 4096, s));
-        /* installing restarts the live count: add the pieces up */
-        int64_t live = ft_alloc_live();
-        ft_alloc_install(n, 1);
-        /* new buffers, some on a stream not seen yet (NULL, the default
-         * stream): region array growth and a new stream record */
-        ferry_devptr b = 0x7f0100000000ull;
-        int rc = 0;
-        for (int i = 0; i < 20 && rc == 0; i++)
-            rc = ferry_gds_register(g, b + (uint64_t)i * 32 * MiB, 20 * MiB, i % 2 ? s : NULL);
-        int failed = ft_alloc_failures() > 0;
-        live += ft_alloc_live();
-        ft_alloc_install(0, 0);
-        ferry_gds_stats st = FERRY_GDS_STATS_INIT;
-        FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
-        if (rc < 0) {
-            assert_int_equal(rc, -ENOMEM);
-            assert_true(failed);
-            assert_non_null(strstr(ferry_gds_last_error(g), "out of memory"));
-        } else {
-            assert_int_equal(st.regions, 1 + 20 * 2);
-        }
-        /* every region the driver saw registered is one the context holds */
-        assert_int_equal((int)st.regions, F.nreg - F.ndereg_buf);
-        assert_int_equal((int)st.streams, F.nreg_str - F.ndereg_str);
-        ferry_gds_close(g);
-        assert_int_equal(F.nreg, F.ndereg_buf);
-        assert_int_equal(F.nreg_str, F.ndereg_str);
-        ferry_stream_destroy(s);
-        ferry_device_close(X.dev);
-        X.dev = setup_dev;
-        X.cfg.device = setup_dev;
-        live += ft_alloc_live();
-        ft_alloc_reset();
-        if (live != 0)
-            fail_msg("n=%llu: %lld blocks leaked (rc %d)", (unsigned long long)n, (long long)live,
-                     rc);
-    }
+    /* every block is freed by the allocator that made it: the counting
+     * allocator stays installed (refusing or paused) for the device and
+     * the context's whole lives, and the run's live count covers them */
+    ft_oom_each(400, FT_OOM_STICKY, oom_register_run, X.dev);
 }
 
+/* one run: init with allocation n failing (and every later one) */
+static int oom_init_run(void *ctx)
+{
+    (void)ctx;
+    memset(&F, 0, sizeof F);
+    X.drv = fake_table();
+    X.cfg.custom_driver = &X.drv;
+    ferry_gds *g = NULL;
+    int rc = ferry_gds_open(&X.cfg, &g);
+    if (rc == 0) {
+        ferry_gds_close(g);
+    } else {
+        assert_null(g);
+        assert_int_equal(F.opened, F.closed);
+        assert_int_equal(F.handles, F.handle_deregs);
+    }
+    return rc;
+}
 
 static void out_of_memory_in_init_leaves_nothing(void **state)
 {
     (void)state;
     /* every allocation point of init in turn fails (and all after it): the
-     * context stays off, the driver was closed again, and nothing leaks */
-    int succeeded = 0;
-    for (uint64_t n = 1; n < 60 && !succeeded; n++) {
-        memset(&F, 0, sizeof F);
-        X.drv = fake_table();
-        X.cfg.custom_driver = &X.drv;
-        ft_alloc_install(n, 1);
-        ferry_gds *g = NULL;
-        int rc = ferry_gds_open(&X.cfg, &g);
-        if (rc == 0) {
-            succeeded = 1;
-            ferry_gds_close(g);
-        } else {
-            assert_null(g);
-            assert_int_equal(F.opened, F.closed);
-            assert_int_equal(F.handles, F.handle_deregs);
-        }
-        int64_t live = ft_alloc_live();
-        ft_alloc_reset();
-        if (live != 0)
-            fail_msg("n=%llu: %lld blocks leaked (rc %d: %s)", (unsigned long long)n,
-                     (long long)live, rc, ferry_last_error());
-    }
-    assert_true(succeeded); /* the loop reached the end of init's allocations */
+     * context stays off, the driver was closed again, and nothing leaks;
+     * the loop reaches the end of init's allocations */
+    ft_oom_each(60, FT_OOM_STICKY, oom_init_run, NULL);
 }
 
 /* ---- issue 11 ---- */

@@ -816,7 +816,7 @@ static void oom_everywhere_without_leaks(void **state)
     oom_io_ctx c = {engine_of(state), abuf(1 << 20)};
     char *b = c.b;
     ft_fill_pattern(b, 1 << 20, 6);
-    ft_oom_each(200, 1, oom_io_run, &c);
+    ft_oom_each(200, FT_OOM_STICKY, oom_io_run, &c);
     assert_int_equal(ft_check_pattern(b, 1 << 20, 6), -1);
     free(b);
 }

@@ -1175,48 +1175,50 @@ static void l2_chunks_read_in_pieces_land_byte_exact(void **state)
 /* out of memory at each allocation of a retrieve whose chunks are read in
  * pieces: every chunk it reports is byte-exact, the others are untouched,
  * and no L2 copy is dropped for it (memory ran out, not the disk) */
+static int oom_retrieve_pieces_run(void *ctx)
+{
+    (void)ctx;
+    ft_oom_pause(); /* the store's every block through the counting allocator */
+    bigfix f;
+    big_open_pieces(&f, 40, BIG, 16384);
+    ferry_kv_stats m0 = FERRY_KV_STATS_INIT, m1 = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m0));
+    int st[BIG];
+    for (int i = 0; i < BIG; i++)
+        st[i] = 1;
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = BIG;
+    ft_oom_resume();
+    int got = ferry_kv_retrieve(f.kv, f.a, BIG * CT, &r, &f.d.b);
+    /* the workers' last allocations happen before the allocator pauses */
+    FT_ASSERT_OK(ferry_kv_flush(f.kv));
+    ft_oom_pause();
+    int clean = ft_alloc_failures() == 0;
+    assert_true(got >= 0 || got == -ENOMEM);
+    if (got >= 0)
+        for (int i = 0; i < BIG; i++) {
+            uint64_t t0 = (uint64_t)i * CT;
+            if (st[i] == 0) {
+                assert_true(same_tokens(&f.h, &f.d, t0, t0 + CT));
+                continue;
+            }
+            for (unsigned p = 0; p < PLANES; p++)
+                assert_int_equal(tok_at(&f.d, p, t0)[0], 0xEE);
+        }
+    if (clean)
+        assert_int_equal(got, BIG * CT);
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m1));
+    assert_int_equal(m1.tier[FERRY_KV_TIER_L2].failures, m0.tier[FERRY_KV_TIER_L2].failures);
+    assert_int_equal(ferry_kv_lookup(f.kv, f.a, BIG * CT, NULL), BIG * CT);
+    big_close(&f);
+    return got;
+}
+
 static void l2_out_of_memory_in_a_retrieve_in_pieces_keeps_every_copy(void **state)
 {
     (void)state;
-    int clean = 0;
-    for (uint64_t at = 1; at < 200 && !clean; at++) {
-        ft_alloc_install(0, 0); /* every block of the store through the counting allocator */
-        bigfix f;
-        big_open_pieces(&f, 40, BIG, 16384);
-        ferry_kv_stats m0 = FERRY_KV_STATS_INIT, m1 = FERRY_KV_STATS_INIT;
-        FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m0));
-        int st[BIG];
-        for (int i = 0; i < BIG; i++)
-            st[i] = 1;
-        ferry_kv_req r = FERRY_KV_REQ_INIT;
-        r.status = st;
-        r.max_chunks = BIG;
-        ft_alloc_install(at, 0);
-        int got = ferry_kv_retrieve(f.kv, f.a, BIG * CT, &r, &f.d.b);
-        /* the workers' last frees happen before the allocator is swapped */
-        FT_ASSERT_OK(ferry_kv_flush(f.kv));
-        clean = ft_alloc_failures() == 0;
-        ft_alloc_install(0, 0);
-        assert_true(got >= 0 || got == -ENOMEM);
-        if (got >= 0)
-            for (int i = 0; i < BIG; i++) {
-                uint64_t t0 = (uint64_t)i * CT;
-                if (st[i] == 0) {
-                    assert_true(same_tokens(&f.h, &f.d, t0, t0 + CT));
-                    continue;
-                }
-                for (unsigned p = 0; p < PLANES; p++)
-                    assert_int_equal(tok_at(&f.d, p, t0)[0], 0xEE);
-            }
-        if (clean)
-            assert_int_equal(got, BIG * CT);
-        FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m1));
-        assert_int_equal(m1.tier[FERRY_KV_TIER_L2].failures, m0.tier[FERRY_KV_TIER_L2].failures);
-        assert_int_equal(ferry_kv_lookup(f.kv, f.a, BIG * CT, NULL), BIG * CT);
-        big_close(&f);
-        ft_alloc_reset();
-    }
-    assert_true(clean);
+    ft_oom_each(200, 0, oom_retrieve_pieces_run, NULL);
 }
 
 /* copies on the I/O workers hold their chunks' L1 slots until they are
@@ -2276,56 +2278,63 @@ static void metrics_struct_and_prometheus(void **state)
 
 /* ---- out of memory at every allocation ---- */
 
+typedef struct oom_store_ctx {
+    int32_t tok[3 * CT];
+    hbuf h, d;
+    int opened;
+} oom_store_ctx;
+
+/* open, store, look up and retrieve with allocation n failing */
+static int oom_store_run(void *arg)
+{
+    oom_store_ctx *x = arg;
+    ferry_kv_config c = small_config(8);
+    ferry_kv *kv = NULL;
+    int rc = ferry_kv_open(&c, &kv);
+    if (rc < 0) {
+        assert_true(rc == -ENOMEM || rc == -EAGAIN);
+        assert_null(kv);
+        return -ENOMEM; /* -EAGAIN: a worker's start refused for want of memory */
+    }
+    x->opened++;
+    int st[3] = {1, 1, 1};
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = 3;
+    rc = ferry_kv_store(kv, x->tok, 3 * CT, &r, &x->h.b);
+    /* whatever failed, what is visible is whole and exact */
+    int lead = ferry_kv_lookup(kv, x->tok, 3 * CT, NULL);
+    if (rc >= 0)
+        assert_int_equal(lead, rc);
+    else
+        assert_true(rc == -ENOMEM);
+    if (lead > 0) {
+        memset(x->d.mem, 0, PLANES * 3 * CT * TB);
+        int got = ferry_kv_retrieve(kv, x->tok, 3 * CT, NULL, &x->d.b);
+        if (got >= 0) {
+            assert_true(got >= 0 && got <= lead);
+            assert_true(same_tokens(&x->h, &x->d, 0, (uint64_t)got));
+        }
+    }
+    FT_ASSERT_OK(ferry__kv_check(kv));
+    if (ft_alloc_failures() == 0)
+        assert_int_equal(rc, 3 * CT); /* the clean run stores everything */
+    ferry_kv_close(kv);
+    return rc;
+}
+
 static void out_of_memory_at_every_allocation(void **state)
 {
     (void)state;
-    int32_t tok[3 * CT];
-    make_tokens(tok, 3 * CT, 600);
-    hbuf h, d;
-    hbuf_init(&h, 3 * CT, 8);
-    hbuf_init(&d, 3 * CT, 0);
-    int opened = 0, full = 0;
-    for (uint64_t at = 1; at < 400 && !full; at++) {
-        ft_alloc_install(at, 0);
-        ferry_kv_config c = small_config(8);
-        ferry_kv *kv = NULL;
-        int rc = ferry_kv_open(&c, &kv);
-        if (rc < 0) {
-            assert_true(rc == -ENOMEM || rc == -EAGAIN);
-            assert_null(kv);
-            ft_alloc_reset();
-            assert_int_equal(ft_alloc_live(), 0);
-            continue;
-        }
-        opened++;
-        int st[3] = {1, 1, 1};
-        ferry_kv_req r = FERRY_KV_REQ_INIT;
-        r.status = st;
-        r.max_chunks = 3;
-        rc = ferry_kv_store(kv, tok, 3 * CT, &r, &h.b);
-        /* whatever failed, what is visible is whole and exact */
-        int lead = ferry_kv_lookup(kv, tok, 3 * CT, NULL);
-        if (rc >= 0)
-            assert_int_equal(lead, rc);
-        else
-            assert_true(rc == -ENOMEM);
-        if (lead > 0) {
-            memset(d.mem, 0, PLANES * 3 * CT * TB);
-            int got = ferry_kv_retrieve(kv, tok, 3 * CT, NULL, &d.b);
-            if (got >= 0) {
-                assert_true(got >= 0 && got <= lead);
-                assert_true(same_tokens(&h, &d, 0, (uint64_t)got));
-            }
-        }
-        FT_ASSERT_OK(ferry__kv_check(kv));
-        if (rc == 3 * CT && ft_alloc_failures() == 0)
-            full = 1;
-        ferry_kv_close(kv);
-        ft_alloc_reset();
-        assert_int_equal(ft_alloc_live(), 0);
-    }
-    assert_true(opened > 0);
-    assert_true(full);
+    oom_store_ctx *x = calloc(1, sizeof *x);
+    assert_non_null(x);
+    make_tokens(x->tok, 3 * CT, 600);
+    hbuf_init(&x->h, 3 * CT, 8);
+    hbuf_init(&x->d, 3 * CT, 0);
+    ft_oom_each(400, 0, oom_store_run, x);
+    assert_true(x->opened > 0);
+    hbuf h = x->h, d = x->d;
+    free(x);
     free(h.mem);
     free(d.mem);
 }

@@ -947,6 +947,45 @@ static void remote_index_is_bounded(void **state)
     ferry_kv_close(b);
 }
 
+typedef struct oom_remote_ctx {
+    const char *pfx;
+    const int32_t *t;
+    hbuf *d;
+    int opened;
+} oom_remote_ctx;
+
+/* open, look up and retrieve the remote chunks with allocation n failing */
+static int oom_remote_run(void *arg)
+{
+    enum { N = 3 * CT };
+    oom_remote_ctx *x = arg;
+    char url[128];
+    ferry_kv_config c = remote_config(&g_srv, url, sizeof url, x->pfx, 8);
+    ferry_kv *kv = NULL;
+    int rc = ferry_kv_open(&c, &kv);
+    if (rc < 0) {
+        assert_int_equal(rc, -ENOMEM);
+        assert_null(kv);
+        return rc;
+    }
+    x->opened++;
+    int lead = ferry_kv_lookup(kv, x->t, N, NULL);
+    assert_true(lead >= 0 && lead <= N && lead % CT == 0);
+    memset(x->d->mem, 0xEE, PLANES * N * TB);
+    int got = ferry_kv_retrieve(kv, x->t, N, NULL, &x->d->b);
+    if (got < 0)
+        assert_int_equal(got, -ENOMEM);
+    else
+        assert_true(hbuf_ok(x->d, x->t, 0, (size_t)got));
+    FT_ASSERT_OK(ferry__kv_check(kv));
+    if (ft_alloc_failures() == 0) { /* the clean run finds and loads every chunk */
+        assert_int_equal(lead, N);
+        assert_int_equal(got, N);
+    }
+    ferry_kv_close(kv);
+    return got;
+}
+
 /* an allocation failure anywhere in open, lookup or retrieve of remote
  * chunks: a clear code or a miss, never wrong bytes, nothing leaked */
 static void out_of_memory_anywhere(void **state)
@@ -961,38 +1000,9 @@ static void out_of_memory_anywhere(void **state)
     ferry_kv_close(a);
     hbuf d;
     hbuf_init(&d, N);
-    char url[128];
-    int opened = 0, full = 0;
-    for (uint64_t at = 1; at < 600 && !full; at++) {
-        ferry_kv_config c = remote_config(&g_srv, url, sizeof url, pfx, 8);
-        ft_alloc_install(at, 0);
-        ferry_kv *kv = NULL;
-        int rc = ferry_kv_open(&c, &kv);
-        if (rc < 0) {
-            assert_int_equal(rc, -ENOMEM);
-            assert_null(kv);
-            ft_alloc_reset();
-            assert_int_equal(ft_alloc_live(), 0);
-            continue;
-        }
-        opened++;
-        int lead = ferry_kv_lookup(kv, t, N, NULL);
-        assert_true(lead >= 0 && lead <= N && lead % CT == 0);
-        memset(d.mem, 0xEE, PLANES * N * TB);
-        int got = ferry_kv_retrieve(kv, t, N, NULL, &d.b);
-        if (got < 0)
-            assert_int_equal(got, -ENOMEM);
-        else
-            assert_true(hbuf_ok(&d, t, 0, (size_t)got));
-        FT_ASSERT_OK(ferry__kv_check(kv));
-        if (got == N && lead == N && ft_alloc_failures() == 0)
-            full = 1;
-        ferry_kv_close(kv);
-        ft_alloc_reset();
-        assert_int_equal(ft_alloc_live(), 0);
-    }
-    assert_true(opened > 0);
-    assert_true(full);
+    oom_remote_ctx x = {pfx, t, &d, 0};
+    ft_oom_each(600, 0, oom_remote_run, &x);
+    assert_true(x.opened > 0);
     hbuf_free(&d);
 }
 

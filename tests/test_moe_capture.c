@@ -288,7 +288,7 @@ static void captures_survive_out_of_memory(void **state)
         rec(&b, "apply", 3, 2, 8, tk);
         rec(&b, "apply", 9, 1, 8, tk);
     }
-    ft_oom_each(400, 1, oom_capture, &b);
+    ft_oom_each(400, FT_OOM_STICKY, oom_capture, &b);
     free(b.s);
 }
 

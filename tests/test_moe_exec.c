@@ -757,7 +757,7 @@ static void out_of_memory_and_device_faults_leak_nothing(void **state)
 {
     (void)state;
     ferry_moe_geometry g = geom(2, 4, 6, W);
-    ft_oom_each(50, 1, oom_slots, &g);
+    ft_oom_each(50, FT_OOM_STICKY, oom_slots, &g);
     /* the device refuses the arena: nothing is left allocated on it */
     ferry_device *dev = host_dev();
     FT_ASSERT_OK(ft_device_faults(dev, 1, -ENOMEM, 0, FERRY_FAULT_ALLOC));

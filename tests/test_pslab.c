@@ -923,6 +923,29 @@ static int oom_sequence(const char *d, int create)
     return rc < 0 ? rc : crc;
 }
 
+typedef struct oom_seq_ctx {
+    const char *base;
+    int create;
+    uint64_t n;
+} oom_seq_ctx;
+
+/* one run in a fresh directory (a copy of the base store when opening) */
+static int oom_seq_run(void *arg)
+{
+    oom_seq_ctx *x = arg;
+    char d[300];
+    snprintf(d, sizeof d, "%s/s%llu", x->base, (unsigned long long)++x->n);
+    if (!x->create) {
+        char cmd[1400];
+        snprintf(cmd, sizeof cmd, "mkdir %s && cp %s/%s %s/%s %s/", d, x->base,
+                 FERRY_PSLAB_FILE, x->base, FERRY_PSLAB_JOURNAL, d);
+        assert_int_equal(system(cmd), 0);
+    }
+    int rc = oom_sequence(d, x->create); /* 0 with a refusal: a fallback absorbed it */
+    ft_rmtree(d);
+    return rc;
+}
+
 static void test_oom_at_every_allocation_of_open_and_put(void **state)
 {
     (void)state;
@@ -931,34 +954,8 @@ static void test_oom_at_every_allocation_of_open_and_put(void **state)
         ft_tmpdir(base, sizeof base);
         if (!create)
             make_store(base, 4);
-        int done = 0;
-        for (uint64_t n = 1; !done && n < 2000; n++) {
-            char d[300];
-            snprintf(d, sizeof d, "%s/s%llu", base, (unsigned long long)n);
-            if (!create) {
-                char cmd[1400];
-                snprintf(cmd, sizeof cmd, "mkdir %s && cp %s/%s %s/%s %s/", d, base,
-                         FERRY_PSLAB_FILE, base, FERRY_PSLAB_JOURNAL, d);
-                assert_int_equal(system(cmd), 0);
-            }
-            ft_alloc_install(n, 0);
-            int rc = oom_sequence(d, create);
-            uint64_t failures = ft_alloc_failures();
-            int64_t live = ft_alloc_live();
-            ft_alloc_reset();
-            ft_rmtree(d);
-            if (live != 0)
-                fail_msg("allocation %llu (create %d): %lld blocks leaked",
-                         (unsigned long long)n, create, (long long)live);
-            if (failures == 0) {
-                FT_ASSERT_OK(rc);
-                done = 1;
-            } else if (rc != -ENOMEM && rc != 0) { /* 0: a fallback absorbed it */
-                fail_msg("allocation %llu (create %d) failed: rc %d %s", (unsigned long long)n,
-                         create, rc, ferry_last_error());
-            }
-        }
-        assert_true(done);
+        oom_seq_ctx x = {base, create, 0};
+        ft_oom_each(2000, 0, oom_seq_run, &x);
         ft_rmtree(base);
     }
 }

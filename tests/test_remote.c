@@ -1119,6 +1119,22 @@ static void bad_arguments(void **state)
     ferry_remote_close(NULL);
 }
 
+/* open with allocation n failing (and every later one); the close of a
+ * handle that opened runs with the allocator paused */
+static int oom_open_run(void *arg)
+{
+    const char *url = arg;
+    ferry_remote_options o = opts_a();
+    ferry_remote *r = NULL;
+    int rc = ferry_remote_open(url, &o, &r);
+    ft_oom_pause();
+    if (rc == 0)
+        ferry_remote_close(r);
+    else
+        assert_null(r);
+    return rc;
+}
+
 static void out_of_memory_drops_and_leaks_nothing(void **state)
 {
     (void)state;
@@ -1126,43 +1142,28 @@ static void out_of_memory_drops_and_leaks_nothing(void **state)
     ft_redis_url(&g_srv, 0, url, sizeof url);
     ferry_remote_options o = opts_a();
     /* open fails cleanly at every allocation until it succeeds */
-    int opened = 0;
-    for (uint64_t n = 1; n < 40 && !opened; n++) {
-        ft_alloc_install(n, 1);
-        ferry_remote *r = NULL;
-        int rc = ferry_remote_open(url, &o, &r);
-        if (rc == 0) {
-            ft_alloc_install(0, 0); /* close frees through the same allocator */
-            ferry_remote_close(r);
-            opened = 1;
-        } else {
-            assert_int_equal(rc, -ENOMEM);
-            assert_null(r);
-            assert_int_equal(ft_alloc_live(), 0);
-        }
-    }
-    assert_true(opened);
+    ft_oom_each(40, FT_OOM_STICKY, oom_open_run, url);
     /* a put whose queue item cannot be allocated is dropped and counted */
     ft_alloc_install(0, 0);
     ferry_remote *r = NULL;
     FT_ASSERT_OK(ferry_remote_open(url, &o, &r));
-    ft_alloc_install(1, 0); /* counters restart: fail the very next allocation */
+    ft_alloc_fail_next(1);
     assert_int_equal(ferry_remote_put(r, "oom", 3, "abc", 3), -ENOMEM);
     assert_int_equal(ft_alloc_failures(), 1);
-    ft_alloc_install(0, 0);
     assert_int_equal(metrics(r).dropped, 1);
     /* a get whose read buffer cannot be allocated fails before sending:
      * the connection stays usable */
     FT_ASSERT_OK(ferry_remote_put_sync(r, "oom-get", 7, "abc", 3));
-    ft_alloc_install(1, 0);
+    ft_alloc_fail_next(1);
     char dst[8];
     assert_int_equal(ferry_remote_get(r, "oom-get", 7, dst, sizeof dst), -ENOMEM);
-    ft_alloc_install(0, 0);
+    assert_int_equal(ft_alloc_failures(), 2);
     uint64_t rec = metrics(r).reconnects;
     assert_int_equal(ferry_remote_get(r, "oom-get", 7, dst, sizeof dst), 3);
     assert_int_equal(metrics(r).reconnects, rec);
     assert_int_equal(metrics(r).down, 0);
     ferry_remote_close(r);
+    assert_int_equal(ft_alloc_live(), 0);
     ft_alloc_reset();
 }
 

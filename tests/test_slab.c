@@ -392,63 +392,65 @@ static void fragmentation_figure(void **state)
     ferry_slab_destroy(s);
 }
 
+/* one run: create, 300 pair allocations, free every other extent, with
+ * the n-th bookkeeping allocation failing (and every later one) */
+static int oom_slab_run(void *ctx)
+{
+    (void)ctx;
+    ferry_slab_options o = FERRY_SLAB_OPTIONS_INIT;
+    o.capacity = 4096 * K4;
+    ferry_slab *s = NULL;
+    int rc = ferry_slab_create(&o, &s);
+    if (rc < 0) {
+        assert_int_equal(rc, -ENOMEM);
+        assert_null(s);
+        return rc;
+    }
+    uint64_t held = 0;
+    ferry_extent ex[300];
+    int nex = 0;
+    for (int i = 0; i < 300; i++) {
+        ferry_shape sh = {1, {K4}};
+        int dt = FERRY_DTYPE_U8;
+        ferry_layout l = {1, &sh, 1, &dt};
+        ferry_extent pair[2] = {{1, 1}, {1, 1}};
+        rc = ferry_slab_alloc(s, &l, 2, pair);
+        FT_ASSERT_OK(ferry_slab_check(s));
+        if (rc < 0) {
+            assert_int_equal(rc, -ENOMEM);
+            assert_int_equal(pair[0].offset, 1); /* untouched */
+            continue;
+        }
+        held += 2;
+        if (nex < 298) {
+            ex[nex++] = pair[0];
+            ex[nex++] = pair[1];
+        }
+    }
+    /* free every other extent: needs new free nodes, which may fail */
+    for (int i = 0; i < nex; i += 2) {
+        rc = ferry_slab_free(s, &ex[i]);
+        FT_ASSERT_OK(ferry_slab_check(s));
+        if (rc == 0)
+            held--;
+        else
+            assert_int_equal(rc, -ENOMEM);
+    }
+    ferry_slab_stats st = FERRY_SLAB_STATS_INIT;
+    FT_ASSERT_OK(ferry_slab_stats_get(s, &st));
+    assert_int_equal(st.used_blocks, held);
+    assert_int_equal(st.used, held * K4);
+    ferry_slab_destroy(s);
+    return 0;
+}
+
 static void out_of_memory_leaves_the_slab_unchanged(void **state)
 {
     (void)state;
     /* for each allocation point n, the n-th bookkeeping allocation fails (and
      * every later one): whatever call hit it fails with -ENOMEM and the slab
      * still passes check with exactly the extents that succeeded */
-    for (uint64_t n = 1; n < 40; n++) {
-        ft_alloc_install(n, 1);
-        ferry_slab_options o = FERRY_SLAB_OPTIONS_INIT;
-        o.capacity = 4096 * K4;
-        ferry_slab *s = NULL;
-        int rc = ferry_slab_create(&o, &s);
-        if (rc < 0) {
-            assert_int_equal(rc, -ENOMEM);
-            assert_null(s);
-            assert_int_equal(ft_alloc_live(), 0);
-            ft_alloc_reset();
-            continue;
-        }
-        uint64_t held = 0;
-        ferry_extent ex[300];
-        int nex = 0;
-        for (int i = 0; i < 300; i++) {
-            ferry_shape sh = {1, {K4}};
-            int dt = FERRY_DTYPE_U8;
-            ferry_layout l = {1, &sh, 1, &dt};
-            ferry_extent pair[2] = {{1, 1}, {1, 1}};
-            rc = ferry_slab_alloc(s, &l, 2, pair);
-            FT_ASSERT_OK(ferry_slab_check(s));
-            if (rc < 0) {
-                assert_int_equal(rc, -ENOMEM);
-                assert_int_equal(pair[0].offset, 1); /* untouched */
-                continue;
-            }
-            held += 2;
-            if (nex < 298) {
-                ex[nex++] = pair[0];
-                ex[nex++] = pair[1];
-            }
-        }
-        /* free every other extent: needs new free nodes, which may fail */
-        for (int i = 0; i < nex; i += 2) {
-            rc = ferry_slab_free(s, &ex[i]);
-            FT_ASSERT_OK(ferry_slab_check(s));
-            if (rc == 0)
-                held--;
-            else
-                assert_int_equal(rc, -ENOMEM);
-        }
-        ferry_slab_stats st = FERRY_SLAB_STATS_INIT;
-        FT_ASSERT_OK(ferry_slab_stats_get(s, &st));
-        assert_int_equal(st.used_blocks, held);
-        assert_int_equal(st.used, held * K4);
-        ferry_slab_destroy(s);
-        assert_int_equal(ft_alloc_live(), 0);
-        ft_alloc_reset();
-    }
+    ft_oom_each(400, FT_OOM_STICKY, oom_slab_run, NULL);
 }
 
 /* a bitmap of blocks as the model: first fit = lowest run of free blocks */

@@ -13,13 +13,18 @@
 
 #include "ferry_test.h"
 
-static atomic_uint_fast64_t g_count, g_fail_at, g_failures;
+static atomic_uint_fast64_t g_count, g_armed_count, g_fail_at, g_failures;
 static atomic_int_fast64_t g_live;
+static atomic_int g_paused;
 static int g_sticky;
 
 static int should_fail(void)
 {
-    uint64_t n = atomic_fetch_add(&g_count, 1) + 1;
+    atomic_fetch_add(&g_count, 1);
+    if (atomic_load(&g_paused))
+        return 0;
+    /* the index counts only allocations made while armed */
+    uint64_t n = atomic_fetch_add(&g_armed_count, 1) + 1;
     uint64_t at = atomic_load(&g_fail_at);
     if (at && (n == at || (g_sticky && n > at))) {
         atomic_fetch_add(&g_failures, 1);
@@ -99,12 +104,28 @@ static void *t_realloc(void *p, size_t n, void *c)
 void ft_alloc_install(uint64_t fail_at, int sticky)
 {
     atomic_store(&g_count, 0);
+    atomic_store(&g_armed_count, 0);
+    atomic_store(&g_paused, 0);
     atomic_store(&g_failures, 0);
     atomic_store(&g_live, 0);
     atomic_store(&g_fail_at, fail_at);
     g_sticky = sticky;
     ferry_allocator a = {t_malloc, t_calloc, t_realloc, t_aligned, t_free, NULL};
     ferry_set_allocator(&a);
+}
+void ft_alloc_fail_next(uint64_t k)
+{
+    g_sticky = 0;
+    atomic_store(&g_fail_at, atomic_load(&g_armed_count) + k);
+    atomic_store(&g_paused, 0);
+}
+void ft_oom_pause(void)
+{
+    atomic_store(&g_paused, 1);
+}
+void ft_oom_resume(void)
+{
+    atomic_store(&g_paused, 0);
 }
 void ft_alloc_reset(void)
 {
@@ -173,10 +194,10 @@ long ft_check_pattern(const void *buf, size_t len, unsigned seed)
     return -1;
 }
 
-uint64_t ft_oom_each(uint64_t max, int sticky, int (*run)(void *ctx), void *ctx)
+uint64_t ft_oom_each(uint64_t max, int flags, int (*run)(void *ctx), void *ctx)
 {
     for (uint64_t n = 1; n <= max; n++) {
-        ft_alloc_install(n, sticky);
+        ft_alloc_install(n, (flags & FT_OOM_STICKY) != 0);
         int rc = run(ctx);
         uint64_t failures = ft_alloc_failures();
         int64_t live = ft_alloc_live();
@@ -195,6 +216,9 @@ uint64_t ft_oom_each(uint64_t max, int sticky, int (*run)(void *ctx), void *ctx)
         if (rc < 0 && rc != -ENOMEM)
             fail_msg("out of memory at allocation %llu gave %d (%s), not -ENOMEM: %s",
                      (unsigned long long)n, rc, ferry_strerror(rc), ferry_last_error());
+        if ((flags & FT_OOM_STRICT) && rc >= 0)
+            fail_msg("out of memory at allocation %llu, yet the run succeeded (%d)",
+                     (unsigned long long)n, rc);
     }
     fail_msg("no run was clean within %llu allocations", (unsigned long long)max);
     return 0;

@@ -29,15 +29,28 @@ int64_t ft_alloc_live(void);
 uint64_t ft_alloc_failures(void);
 /*
  * Out of memory at every allocation, one run each: run(ctx) with
- * allocation n failing (and, sticky, every later one) for n = 1, 2, ...
- * until a run in which no allocation was refused, at most max runs. A run
- * returns 0 or more, or -ENOMEM when an allocation it needed was refused
- * (one it could do without may be refused and the run still succeed), and
- * leaves no block allocated. Fails the test when no run was
- * clean within max, or when none ran out of memory at all (the loop would
- * test nothing). Returns the clean run's n.
+ * allocation n failing (and, with FT_OOM_STICKY, every later one) for n =
+ * 1, 2, ... until a run in which no allocation was refused, at most max
+ * runs. A run returns 0 or more, or -ENOMEM when an allocation it needed
+ * was refused (one it could do without may be refused and the run still
+ * succeed; with FT_OOM_STRICT it may not), and leaves no block allocated.
+ * Fails the test when no run was clean within max, or when none ran out of
+ * memory at all (the loop would test nothing). Returns the clean run's n.
+ *
+ * A run sets up and tears down around the calls under test with
+ * ft_oom_pause() / ft_oom_resume(): while paused, allocations go through
+ * the same counting allocator (every block is freed by the allocator that
+ * made it, and the live count covers the whole run) but are never refused
+ * and do not count towards n. A run starts armed.
  */
-uint64_t ft_oom_each(uint64_t max, int sticky, int (*run)(void *ctx), void *ctx);
+#define FT_OOM_STICKY 1
+#define FT_OOM_STRICT 2
+uint64_t ft_oom_each(uint64_t max, int flags, int (*run)(void *ctx), void *ctx);
+void ft_oom_pause(void);
+/* With the counting allocator installed: the k-th allocation from now (1:
+ * the very next) fails, once; the counts go on (no re-install). */
+void ft_alloc_fail_next(uint64_t k);
+void ft_oom_resume(void);
 
 /* ---- host device faults ---- */
 /* ferry_test_control(FERRY_TEST_DEVICE_FAULTS, dev, ...) with these values
