@@ -286,14 +286,25 @@ static void test_through_server(void **state)
     FT_ASSERT_OK(ferry_kv_open(&c, &kv));
     assert_int_equal(ferry_kv_chunk_bytes(kv), CHUNK);
     exercise(kv);
-    /* what the client does not offer yet says so */
+    /* the asynchronous forms and prefetch run through the daemon too */
     ferry_kv_op *op = NULL;
-    int32_t tok[CT] = {1};
-    assert_int_equal(ferry_kv_prefetch(kv, tok, CT, NULL), FERRY_ENOTSUP);
-    hbuf h;
-    hbuf_init(&h, CT, 1);
-    assert_int_equal(ferry_kv_store_async(kv, tok, CT, NULL, &h.b, &op), FERRY_ENOTSUP);
+    int32_t tok[4 * CT];
+    make_tokens(tok, 4 * CT, 4242);
+    hbuf h, d;
+    hbuf_init(&h, 4 * CT, 1);
+    hbuf_init(&d, 4 * CT, 0);
+    FT_ASSERT_OK(ferry_kv_store_async(kv, tok, 4 * CT, NULL, &h.b, &op));
+    assert_int_equal(ferry_kv_op_wait(op, -1), 4 * CT);
+    ferry_kv_op_free(op);
+    assert_int_equal(ferry_kv_prefetch(kv, tok, 4 * CT, NULL), 4 * CT);
+    FT_ASSERT_OK(ferry_kv_retrieve_async(kv, tok, 4 * CT, NULL, &d.b, &op));
+    assert_int_equal(ferry_kv_op_wait(op, -1), 4 * CT);
+    ferry_kv_op_free(op);
+    assert_true(same_tokens(&h, &d, 0, 4 * CT));
+    /* what the client does not offer yet says so */
+    assert_int_equal(ferry_kv_pin(kv, tok, CT, NULL), FERRY_ENOTSUP);
     free(h.mem);
+    free(d.mem);
     ferry_kv_close(kv);
     FT_ASSERT_OK(ferry__kv_check(ferry_serve_kv(v.s)));
     srv_stop(&v);

@@ -52,6 +52,10 @@ static void usage(FILE *f)
             "  --paged N                the engine buffer paged as vLLM's: blocks of N tokens\n"
             "                           through a block table (default: one contiguous tensor)\n"
             "  --remote URL             Redis/Valkey tier (redis://host:port/db, unix:///path)\n"
+            "  --server URL             run against a `ferry serve` daemon (unix:/path; started\n"
+            "                           with the same --model and --chunk-tokens): the workload\n"
+            "                           through its shared pool, then the lookup latency of a\n"
+            "                           32k-token prompt from --clients N processes at once (8)\n"
             "  --seed N  --no-refs  --json  --plot FILE.png\n"
             "ranges: --docs 1..65536, --doc-tokens 1..1048576, --questions 1..1000000,\n"
             "  --question-tokens 0..65536, --sessions 1..65536, --turns 1..4096, --turn-tokens\n"
@@ -165,6 +169,13 @@ static int parse(int argc, char **argv, opts *o)
             if (rc == 0 && ferry_remote_url_validate(o->remote) < 0)
                 rc = cli_bad(KVB_CMD, a, NULL, acc, "%s", ferry_last_error());
             i++;
+        } else if (!strcmp(a, "--server")) {
+            rc = cli_opt_string(KVB_CMD, a, v, "unix:/path/to/ferry.sock", &o->server);
+            i++;
+        } else if (!strcmp(a, "--clients")) {
+            rc = cli_opt_count(KVB_CMD, a, v, 1, 64, &x);
+            o->clients = (unsigned)x;
+            i++;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return -1;
@@ -190,6 +201,10 @@ static int parse_check(opts *o, int l2_given, int engine_given, int create)
     if (!o->dir && o->cold_rounds)
         return cli_usage(KVB_CMD, "--cold %u: the L2 tier needs --dir DIR; accepted: --dir DIR "
                               "--cold N", o->cold_rounds);
+    if (o->server && (o->dir || o->remote || o->persistent || o->cold_rounds || o->plot))
+        return cli_usage(KVB_CMD, "--server %s: the daemon owns the tiers; accepted: --server "
+                                  "without --dir, --remote, --persistent, --cold or --plot",
+                         o->server);
     if (!o->dir && engine_given)
         return cli_usage(KVB_CMD, "--engine %s: the L2 tier needs --dir DIR; accepted: --dir DIR "
                               "--engine ENGINE", o->engine);
@@ -248,7 +263,11 @@ static void print_header(const opts *o, const ferry_kv_layout *l, uint64_t chunk
     printf("\n  shape %s: %u layers x %u KV heads x %u dims, %s: %.2f MiB per %u-token chunk\n",
            o->model, l->num_layers, l->num_heads, l->head_dim, ferry_dtype_name(l->dtype),
            (double)chunk / (1 << 20), o->chunk_tokens);
-    printf("  tiers: L1 %.2f GiB (%s)", (double)o->l1 / (1 << 30), o->policy);
+    if (o->server)
+        printf("  store: the daemon at %s (its tiers; %u client processes for the lookup "
+               "figure)", o->server, o->clients);
+    else
+        printf("  tiers: L1 %.2f GiB (%s)", (double)o->l1 / (1 << 30), o->policy);
     if (o->dir)
         printf(", L2 %.2f GiB in %s%s", (double)o->l2 / (1 << 30), o->dir,
                o->persistent ? " (persistent)" : "");
@@ -318,8 +337,15 @@ static int measure_and_report(opts *o, const ferry_kv_layout *l, uint64_t chunk,
 {
     static refs rf;
     static persist_cost pcost;
-    report rp = {o, chunk, w->np, rr, wall, &rf, NULL, NULL, 0, 0, o->persistent, o->remote};
+    static srv_lookup sl;
+    report rp = {o, chunk, w->np, rr, wall, &rf, NULL, NULL, 0, 0, o->persistent, o->remote,
+                 NULL};
+    if (o->server) {
+        kvb_server_lookup(o, l, &sl);
+        rp.sl = &sl;
+    }
     o->remote = NULL; /* references and the sweep run on local tiers */
+    o->server = NULL;
     if (o->refs) {
         o->persistent = 0; /* references start from empty tiers */
         kvb_refs_run(o, rp.remote, l, chunk, w, &rf);
@@ -356,7 +382,7 @@ static int measure_and_report(opts *o, const ferry_kv_layout *l, uint64_t chunk,
 int cmd_kv_bench(int argc, char **argv)
 {
     opts o = {"qa", "llama3-8b", NULL, "lru", NULL, NULL, 2ull << 30, 8ull << 30, 8, 4096, 64, 64,
-              8, 6, 512, 256, 0, 0, 0, 1.0, 1, 0, 1, 0, NULL, "", 5, NULL, 0, NULL, 0, 0};
+              8, 6, 512, 256, 0, 0, 0, 1.0, 1, 0, 1, 0, NULL, "", 5, NULL, 0, NULL, 0, 0, NULL, 8};
     int rc = parse(argc, argv, &o);
     if (rc)
         return rc < 0 ? 0 : rc;

@@ -10,6 +10,7 @@
  *   kv_bench_sweep.c     the hit-rate sweep over tier sizes and its plot
  *   kv_bench_persist.c   --persistent: what persistence costs
  *   kv_bench_cold.c      --cold: the L2-only retrieve of a fresh client
+ *   kv_bench_server.c    --server: lookup latency through a daemon, N clients at once
  *   kv_bench_report.c    the report, as text or as one JSON object
  *   cmd_kv.c             the command: options, checks, the order of work
  *
@@ -47,6 +48,8 @@ typedef struct opts {
     ferry_device *dev;       /* opened from device for the run */
     uint64_t prefetch_max;   /* the store's prefetch bound; 0: its default */
     unsigned cold_rounds;    /* --cold N: only the L2-only retrieve figure, N rounds */
+    const char *server;      /* --server URL: the run's store is a `ferry serve` daemon's */
+    unsigned clients;        /* --clients N: processes asking the daemon at once (8) */
 } opts;
 
 /* ---- the workload: a list of prompts (kv_bench_workload.c) ---- */
@@ -187,6 +190,21 @@ int kvb_cold_run(const opts *o, const ferry_kv_layout *l, const workload *w, uin
 json_t *kvb_cold_json(const opts *o, const cold_result *c);
 void kvb_cold_print(const opts *o, const cold_result *c);
 
+/* ---- --server URL: lookups through a daemon (kv_bench_server.c) ---- */
+typedef struct srv_lookup {
+    unsigned clients;
+    size_t tokens;                 /* the prompt looked up */
+    double one_p50_us, one_p99_us; /* one client alone */
+    double p50_us, p99_us, mean_us; /* every call of `clients` processes asking at once */
+    int rc;
+} srv_lookup;
+
+/* store the prompt through o->server, then time lookups of it from one
+ * client process and from o->clients at once */
+int kvb_server_lookup(const opts *o, const ferry_kv_layout *l, srv_lookup *s);
+void kvb_server_lookup_print(const srv_lookup *s, const refs *rf);
+json_t *kvb_server_lookup_json(const srv_lookup *s);
+
 /* ---- the report (kv_bench_report.c) ---- */
 typedef struct report {
     const opts *o;
@@ -201,6 +219,7 @@ typedef struct report {
     int plot_rc;
     int persistent;     /* the run's L2 was persistent */
     const char *remote; /* the run's remote URL, NULL without */
+    const srv_lookup *sl; /* --server: the lookup figure, NULL without */
 } report;
 
 void kvb_report_json(const report *r);

@@ -118,12 +118,13 @@ int ferry_kv_flush(ferry_kv *kv)
 {
     if (!kv)
         return ferry__err_set(NULL, -EINVAL, "kv flush: store is NULL");
-    if (kv->client)
-        return ferry__kvc_simple(kv, FERRY__P_FLUSH);
     pthread_mutex_lock(&kv->qmu);
     while (!all_idle(kv))
         pthread_cond_wait(&kv->idle, &kv->qmu);
     pthread_mutex_unlock(&kv->qmu);
+    /* a server's client: its own async operations are done, now the daemon's */
+    if (kv->client)
+        return ferry__kvc_simple(kv, FERRY__P_FLUSH);
     /* the write-throughs the workers handed to a tier's own queue */
     for (int t = 0; t < FERRY_KV_TIERS; t++)
         if (kv->tier[t] && kv->tier[t]->ops->flush)

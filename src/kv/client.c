@@ -236,7 +236,10 @@ static int map_pool(ferry_kv *kv, ferry__kvc *c, const ferry__proto_hello *g, in
     if (g->slot_bytes < kv->chunk_bytes || !g->nslots || g->nslots > g->pool_bytes / g->slot_bytes ||
         fstat(fd, &st) != 0 || (uint64_t)st.st_size < g->pool_bytes)
         return lost(kv, c, "HELLO", "the pool handed over does not hold the slots it claims");
-    void *m = mmap(NULL, (size_t)g->pool_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    /* the page tables filled now, not one fault per 4 KiB inside the first
+     * stores and retrieves (the daemon faulted the pages in already) */
+    void *m = mmap(NULL, (size_t)g->pool_bytes, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_POPULATE, fd, 0);
     if (m == MAP_FAILED)
         return ferry__kv_err(kv, -errno, "kv server %s: mapping its pool of %llu bytes: %s",
                              c->path, (unsigned long long)g->pool_bytes, strerror(errno));
@@ -329,12 +332,25 @@ int ferry__kvc_ensure(ferry_kv *kv, ferry__kvc *c)
     return r;
 }
 
+int ferry__kvc_workers(ferry_kv *kv)
+{
+    ferry__kvc *c = kv->client;
+    int rc = 0;
+    pthread_mutex_lock(&c->wmu);
+    if (!c->workers_on && (rc = ferry__kv_workers_start(kv, c->nworkers)) == 0)
+        c->workers_on = 1;
+    pthread_mutex_unlock(&c->wmu);
+    return rc;
+}
+
 int ferry__kvc_open(ferry_kv *kv, const ferry_kv_config *cfg)
 {
     ferry__kvc *c = ferry__calloc(1, sizeof *c);
     if (!c)
         return ferry__err_set(NULL, -ENOMEM, "kv open: out of memory for the server client");
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->wmu, NULL);
+    c->nworkers = cfg->workers ? cfg->workers : 1;
     c->fd = -1;
     const char *s = cfg->server;
     if (!strncmp(s, "unix:", 5))
@@ -365,6 +381,7 @@ void ferry__kvc_close(ferry_kv *kv)
     ferry__free(c->ch);
     ferry__free(c->path);
     pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->wmu);
     ferry__free(c);
     kv->client = NULL;
 }

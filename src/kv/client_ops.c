@@ -22,7 +22,7 @@
 int ferry__kvc_unsupported(ferry_kv *kv, const char *what)
 {
     return ferry__kv_err(kv, FERRY_ENOTSUP,
-                         "kv %s: not offered through a server (%s) yet; use the blocking calls",
+                         "kv %s: not offered through a server (%s) yet",
                          what, kv->client->path);
 }
 
@@ -317,6 +317,63 @@ int ferry__kvc_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size
     if (r < 0)
         return r;
     return (int)lead;
+}
+
+/* ACQUIRE chunks [first, first + m) and RELEASE them at once: *lead_ok
+ * stays 1 while every chunk so far was found */
+static int prefetch_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, size_t first,
+                          size_t m, size_t n, size_t *lead, int *lead_ok)
+{
+    for (size_t k = 0; k < m; k++)
+        c->ch[k].id = ids[first + k];
+    ferry__proto_rd rd;
+    int32_t rc;
+    int r = send_chunks(kv, c, FERRY__P_ACQUIRE, m, 0, &rd, &rc);
+    if (r < 0 || (r = rc) < 0 || (r = reply_count(kv, c, &rd, m)) < 0)
+        return r;
+    size_t held = 0;
+    for (size_t k = 0; k < m; k++) {
+        int32_t cs = (int32_t)ferry__proto_get_u32(&rd);
+        uint64_t slot = ferry__proto_get_u64(&rd), gen = ferry__proto_get_u64(&rd);
+        (void)ferry__proto_get_u8(&rd);
+        if (cs != 0) {
+            *lead_ok = 0;
+            continue;
+        }
+        if (*lead_ok)
+            *lead += ferry__kv_chunk_ntok(kv, first + k, n);
+        c->ch[held] = c->ch[k];
+        c->ch[held].slot = slot;
+        c->ch[held].gen = gen;
+        held++;
+    }
+    if ((r = reply_end(kv, c, &rd)) < 0 || !held)
+        return r;
+    if ((r = send_chunks(kv, c, FERRY__P_RELEASE, held, 0, &rd, &rc)) < 0 || (r = rc) < 0 ||
+        (r = reply_count(kv, c, &rd, held)) < 0)
+        return r;
+    for (size_t k = 0; k < held; k++)
+        (void)ferry__proto_get_u32(&rd);
+    return reply_end(kv, c, &rd);
+}
+
+int ferry__kvc_prefetch(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n)
+{
+    ferry__kvc *c = kv->client;
+    int r = begin(kv, c, 0, "prefetch");
+    if (r < 0)
+        return r;
+    size_t lead = 0;
+    int lead_ok = 1;
+    /* a lookup-only client has no pool: a quarter of one slot count is moot */
+    for (size_t i = 0; r == 0 && lead_ok && i < nch;) {
+        size_t m = c->nslots ? batch_of(c, nch - i) : FERRY__MIN(nch - i, (size_t)64);
+        if ((r = ferry__kvc_chunks(kv, c, m)) == 0)
+            r = prefetch_batch(kv, c, ids, i, m, n, &lead, &lead_ok);
+        i += m;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return r < 0 ? r : (int)lead;
 }
 
 int ferry__kvc_delete(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch)

@@ -34,11 +34,17 @@ typedef struct ferry__kvc {
     size_t in_cap;
     ferry__proto_chunk *ch;       /* a request's chunks */
     size_t ch_cap;
+    pthread_mutex_t wmu;          /* starting the workers */
+    unsigned nworkers;            /* for the asynchronous operations, started by the first */
+    int workers_on;
 } ferry__kvc;
 
 /* client.c: the connection */
 int ferry__kvc_open(ferry_kv *kv, const ferry_kv_config *cfg);
 void ferry__kvc_close(ferry_kv *kv);
+/* the store's workers running (the first asynchronous operation starts
+ * them: a client that makes none, a scheduler, has no thread); 0 or a code */
+int ferry__kvc_workers(ferry_kv *kv);
 /* under c->mu: connected (connecting when not); 0 or FERRY_ECONN / the HELLO's code */
 int ferry__kvc_ensure(ferry_kv *kv, ferry__kvc *c);
 /* under c->mu: send c->out (a whole frame) and read the reply to it into
@@ -59,6 +65,9 @@ int ferry__kvc_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t 
 int ferry__kvc_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
                         const ferry_kv_req *req, const ferry_kv_buffer *buf);
 int ferry__kvc_delete(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch);
+/* bring the leading chunks up to the daemon's L1 (ACQUIRE, then RELEASE
+ * at once: nothing copied); the leading tokens that are there */
+int ferry__kvc_prefetch(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n);
 /* FLUSH, SYNC, CLEAR, PING: the daemon's result */
 int ferry__kvc_simple(ferry_kv *kv, int type);
 /* the daemon's counters; *clients: connections it serves (NULL: not wanted) */

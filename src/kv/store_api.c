@@ -76,9 +76,12 @@ int ferry_kv_retrieve(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry
 static void op_run(ferry_kv *kv, ferry__kv_job *j)
 {
     ferry_kv_op *op = j->op;
-    int rc = op->kind == FERRY__KV_OP_STORE
-                 ? ferry__kv_do_store(kv, op->ids, op->nchunks, op->n, &op->req, &op->buf)
-                 : ferry__kv_do_retrieve(kv, op->ids, op->nchunks, op->n, &op->req, &op->buf);
+    int store = op->kind == FERRY__KV_OP_STORE;
+    int rc = kv->client && store
+                 ? ferry__kvc_store(kv, op->ids, op->nchunks, op->n, &op->req, &op->buf)
+             : kv->client ? ferry__kvc_retrieve(kv, op->ids, op->nchunks, op->n, &op->req, &op->buf)
+             : store      ? ferry__kv_do_store(kv, op->ids, op->nchunks, op->n, &op->req, &op->buf)
+                          : ferry__kv_do_retrieve(kv, op->ids, op->nchunks, op->n, &op->req, &op->buf);
     pthread_mutex_lock(&op->mu);
     op->result = rc;
     op->done = 1;
@@ -93,8 +96,9 @@ static int op_submit(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
     if (!kv || !out)
         return kv ? ferry__kv_err(kv, -EINVAL, "kv %s: store or op is NULL", what)
                   : ferry__err_set(NULL, -EINVAL, "kv %s: store or op is NULL", what);
-    if (kv->client)
-        return ferry__kvc_unsupported(kv, what);
+    int wrc = kv->client ? ferry__kvc_workers(kv) : 0;
+    if (wrc < 0)
+        return wrc;
     ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
     int nch = prepare(kv, tokens, n, req, buf, what, stack, &ids);
     if (nch < 0)
@@ -229,12 +233,16 @@ int ferry_kv_prefetch(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry
 {
     if (!kv)
         return ferry__err_set(NULL, -EINVAL, "kv prefetch: store is NULL");
-    if (kv->client)
-        return ferry__kvc_unsupported(kv, "prefetch");
     ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
     int nch = ferry__kv_make_ids(kv, tokens, n, req, "prefetch", stack, &ids);
     if (nch < 0)
         return nch;
+    if (kv->client) {
+        int rc = nch ? ferry__kvc_prefetch(kv, ids, (size_t)nch, n) : 0;
+        if (ids != stack)
+            ferry__free(ids);
+        return rc;
+    }
     ferry__kv_remote_discover_missing(kv, ids, (size_t)nch, n);
     size_t lead = ferry__kv_prefetch_ids(kv, ids, (size_t)nch, n, 1, NULL);
     if (ids != stack)

@@ -382,10 +382,8 @@ void ferry_kv_close(ferry_kv *kv)
 {
     if (!kv)
         return;
-    if (kv->client)
-        ferry__kvc_close(kv);
-    else
-        ferry__kv_workers_stop(kv);
+    ferry__kv_workers_stop(kv);
+    ferry__kvc_close(kv);
     kv_free(kv);
 }
 
