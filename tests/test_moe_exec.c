@@ -963,6 +963,80 @@ static void eight_banks_land_whole(void **state)
     free(img);
 }
 
+/* a checkpoint's layout, rows through an offset table: a header, then per
+ * expert its three banks side by side ([layer][expert][bank]), the
+ * transpose of the packed layout; every byte lands, and a table that
+ * points past the file or past INT64_MAX is refused */
+static void rows_read_through_an_offset_table(void **state)
+{
+    (void)state;
+    enum { NB = 3 };
+    const uint32_t L = 2, E = 3;
+    ferry_moe_geometry g = geom(L, E, 4, 96);
+    g.banks = NB;
+    g.row_bytes[1] = 160;
+    g.row_bytes[2] = 64;
+    size_t per = g.row_bytes[0] + g.row_bytes[1] + g.row_bytes[2], hdr = 1000;
+    size_t total = hdr + (size_t)L * E * per;
+    uint8_t *img = malloc(total);
+    assert_non_null(img);
+    ft_fill_pattern(img, total, 5);
+    uint64_t table[NB * 2 * 3];
+    for (uint32_t l = 0; l < L; l++)
+        for (uint32_t e = 0; e < E; e++) {
+            uint64_t at = hdr + ((uint64_t)l * E + e) * per;
+            for (uint32_t b = 0; b < NB; b++) {
+                table[(b * L + l) * E + e] = at;
+                at += g.row_bytes[b];
+            }
+        }
+    char dir[256], path[300];
+    ft_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/ckpt.bin", dir);
+    int fd = open(path, O_CREAT | O_WRONLY | O_TRUNC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, img, total), (ssize_t)total);
+    close(fd);
+    ferry_device *dev = host_dev();
+    ferry_io_options io_o = FERRY_IO_OPTIONS_INIT;
+    io_o.engine = "posix";
+    io_o.device = dev;
+    ferry_io *io;
+    FT_ASSERT_OK(ferry_io_open(&io_o, &io));
+    ferry_moe_rows *rows;
+    FT_ASSERT_OK(ferry_moe_rows_file_table(&g, io, path, table, &rows));
+    const ferry_moe_slot_device_ops *ops;
+    void *ctx;
+    ferry_moe_slots *s;
+    FT_ASSERT_OK(ferry_moe_device_slots_open(dev, &g, &ops, &ctx));
+    FT_ASSERT_OK(ferry_moe_slots_create(&g, ops, ctx, &s));
+    uint32_t dst[] = {1, 3, 0}, src[] = {2, 0, 1};
+    ferry_moe_copy_plan plan = {1, 3, dst, src};
+    assert_int_equal(ferry_moe_slots_apply(s, &plan, rows, NULL, NULL), 3);
+    uint8_t buf[160];
+    for (int i = 0; i < 3; i++)
+        for (uint32_t b = 0; b < NB; b++) {
+            read_slot(dev, ctx, b, dst[i], buf, g.row_bytes[b]);
+            assert_memory_equal(buf, img + table[(b * L + 1) * E + src[i]], g.row_bytes[b]);
+        }
+    ferry_moe_slots_destroy(s);
+    ferry_moe_rows_destroy(rows);
+    /* the last row one byte past the end */
+    uint64_t keep = table[NB * L * E - 1];
+    table[NB * L * E - 1] = total - g.row_bytes[2] + 1;
+    assert_int_equal(ferry_moe_rows_file_table(&g, io, path, table, &rows), FERRY_EMISMATCH);
+    assert_non_null(strstr(ferry_last_error(), "ckpt.bin"));
+    table[NB * L * E - 1] = (uint64_t)INT64_MAX;
+    assert_int_equal(ferry_moe_rows_file_table(&g, io, path, table, &rows), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "row_off[17] (bank 2, layer 1, expert 2)"));
+    table[NB * L * E - 1] = keep;
+    assert_int_equal(ferry_moe_rows_file_table(&g, io, path, NULL, &rows), -EINVAL);
+    ferry_io_close(io);
+    ferry_device_close(dev);
+    ft_rmtree(dir);
+    free(img);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -978,6 +1052,7 @@ int main(void)
         cmocka_unit_test(out_of_memory_and_device_faults_leak_nothing),
         cmocka_unit_test(a_prefetch_overlaps_and_then_hits),
         cmocka_unit_test(eight_banks_land_whole),
+        cmocka_unit_test(rows_read_through_an_offset_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -502,6 +502,20 @@ FERRY_API int ferry_moe_rows_host(const ferry_moe_geometry *g, void *const *base
 FERRY_API int ferry_moe_rows_file(const ferry_moe_geometry *g, ferry_io *io, const char *path,
                                   const uint64_t *bank_off, ferry_moe_rows **out);
 /**
+ * An NVMe file whose rows lie wherever an offset table says (a checkpoint's
+ * tensors as they are, no repacking): row_off holds banks x num_layers x
+ * num_experts file offsets, row `e` of layer `l` in bank `b` at
+ * row_off[(b * num_layers + l) * num_experts + e], row_bytes[b] bytes long.
+ * The table is copied. Every row is checked inside the file when the
+ * source opens (FERRY_EMISMATCH naming the size needed); O_DIRECT when
+ * every offset and width is FERRY_IO_ALIGN-aligned. Errors as
+ * ferry_moe_rows_file; -EINVAL naming the first offset whose row would end
+ * past INT64_MAX.
+ */
+FERRY_API int ferry_moe_rows_file_table(const ferry_moe_geometry *g, ferry_io *io,
+                                        const char *path, const uint64_t *row_off,
+                                        ferry_moe_rows **out);
+/**
  * The caller's own rows (the seed's ExpertRows): fn returns the host bytes
  * of row `row` of `layer` in `bank` and sets *len to their length, or
  * returns NULL when it has no such row. The bytes must stay valid until the

@@ -10,6 +10,10 @@
  * read); the I/O engine then moves rows straight into device slots (GDS
  * when the engine is cufile, its bounce path otherwise) - the third tier,
  * below pinned host memory, that no anchor library offers for experts.
+ *
+ * A checkpoint's tensors are not laid out bank after bank: with an offset
+ * table (ferry_moe_rows_file_table) each row of each bank is wherever the
+ * table says, every one checked inside the file when the source opens.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -22,6 +26,7 @@ typedef struct file_rows {
     ferry_io *io;
     ferry_file *f;
     uint64_t bank_off[FERRY_MOE_MAX_BANKS];
+    uint64_t *table; /* banks x layers x experts offsets, or NULL: bank_off */
 } file_rows;
 
 static int file_row(const ferry_moe_rows *r, uint32_t bank, uint32_t layer, uint32_t row,
@@ -33,7 +38,10 @@ static int file_row(const ferry_moe_rows *r, uint32_t bank, uint32_t layer, uint
         return -EINVAL;
     *io = fr->io;
     *f = fr->f;
-    *off = fr->bank_off[bank] + ((uint64_t)layer * g->num_experts + row) * g->row_bytes[bank];
+    if (fr->table)
+        *off = fr->table[((size_t)bank * g->num_layers + layer) * g->num_experts + row];
+    else
+        *off = fr->bank_off[bank] + ((uint64_t)layer * g->num_experts + row) * g->row_bytes[bank];
     return 0;
 }
 
@@ -46,6 +54,7 @@ static void file_destroy(ferry_moe_rows *r)
 {
     file_rows *fr = (file_rows *)r;
     (void)ferry_file_close(fr->f);
+    ferry__free(fr->table);
     ferry__free(fr);
 }
 
@@ -55,6 +64,36 @@ static const ferry__rows_ops file_ops = {
     .klass = file_class,
     .destroy = file_destroy,
 };
+
+/* open the file (O_DIRECT when every row is aligned) and check it holds
+ * `end` bytes; frees fr on failure */
+static int open_checked(file_rows *fr, const char *path, int aligned, uint64_t end)
+{
+    const ferry_moe_geometry *g = &fr->base.g;
+    unsigned flags = FERRY_FILE_READ | (aligned ? FERRY_FILE_DIRECT : 0u);
+    int rc = ferry_file_open(fr->io, path, flags, &fr->f);
+    if (rc < 0) {
+        char cause[FERRY__ERRMSG_MAX];
+        snprintf(cause, sizeof cause, "%s", ferry_last_error());
+        ferry__free(fr->table);
+        ferry__free(fr);
+        return ferry__err_set(NULL, rc, "moe file rows %s: %s", path, cause);
+    }
+    uint64_t size = 0;
+    rc = ferry_file_size(fr->f, &size);
+    if (rc == 0 && size < end)
+        rc = ferry__err_set(NULL, FERRY_EMISMATCH,
+                            "moe file rows %s: %llu bytes, the geometry (%u layers x %u experts, "
+                            "%u banks) needs %llu",
+                            path, (unsigned long long)size, g->num_layers, g->num_experts, g->banks,
+                            (unsigned long long)end);
+    if (rc < 0) {
+        (void)ferry_file_close(fr->f);
+        ferry__free(fr->table);
+        ferry__free(fr);
+    }
+    return rc;
+}
 
 int ferry_moe_rows_file(const ferry_moe_geometry *g, ferry_io *io, const char *path,
                         const uint64_t *bank_off, ferry_moe_rows **out)
@@ -92,27 +131,63 @@ int ferry_moe_rows_file(const ferry_moe_geometry *g, ferry_io *io, const char *p
             !FERRY__IS_ALIGNED(g->row_bytes[b], FERRY_IO_ALIGN))
             aligned = 0;
     }
-    unsigned flags = FERRY_FILE_READ | (aligned ? FERRY_FILE_DIRECT : 0u);
-    rc = ferry_file_open(io, path, flags, &fr->f);
-    if (rc < 0) {
-        char cause[FERRY__ERRMSG_MAX];
-        snprintf(cause, sizeof cause, "%s", ferry_last_error());
-        ferry__free(fr);
-        return ferry__err_set(NULL, rc, "moe file rows %s: %s", path, cause);
-    }
-    uint64_t size = 0;
-    rc = ferry_file_size(fr->f, &size);
-    if (rc == 0 && size < end)
-        rc = ferry__err_set(NULL, FERRY_EMISMATCH,
-                            "moe file rows %s: %llu bytes, the geometry (%u layers x %u experts, "
-                            "%u banks) needs %llu",
-                            path, (unsigned long long)size, g->num_layers, g->num_experts, g->banks,
-                            (unsigned long long)end);
-    if (rc < 0) {
-        (void)ferry_file_close(fr->f);
-        ferry__free(fr);
+    rc = open_checked(fr, path, aligned, end);
+    if (rc < 0)
         return rc;
+    *out = &fr->base;
+    return 0;
+}
+
+int ferry_moe_rows_file_table(const ferry_moe_geometry *g, ferry_io *io, const char *path,
+                              const uint64_t *row_off, ferry_moe_rows **out)
+{
+    int rc = ferry__geometry_check(g, "file rows", 0);
+    if (rc < 0)
+        return rc;
+    if (!io || !path || !row_off || !out)
+        return ferry__err_set(NULL, -EINVAL,
+                              "moe file rows: no engine, path, offset table or out-parameter");
+    /* banks x layers x experts <= 8 x 2^24 entries (the geometry bounds) */
+    size_t per_bank = (size_t)g->num_layers * g->num_experts, n = per_bank * g->banks;
+    file_rows *fr = ferry__calloc(1, sizeof *fr);
+    uint64_t *table = ferry__malloc(n * sizeof *table);
+    if (!fr || !table) {
+        ferry__free(fr);
+        ferry__free(table);
+        return ferry__err_set(NULL, -ENOMEM, "moe file rows %s: out of memory for %zu offsets",
+                              path, n);
     }
+    fr->base.ops = &file_ops;
+    fr->base.g = *g;
+    fr->io = io;
+    uint64_t end = 0;
+    int aligned = 1;
+    for (uint32_t b = 0; b < g->banks; b++) {
+        uint64_t w = g->row_bytes[b]; /* <= 2^40 */
+        aligned &= FERRY__IS_ALIGNED(w, FERRY_IO_ALIGN);
+        for (size_t i = 0; i < per_bank; i++) {
+            uint64_t off = row_off[b * per_bank + i];
+            if (off > (uint64_t)INT64_MAX - w) {
+                ferry__free(table);
+                ferry__free(fr);
+                return ferry__err_set(NULL, -EINVAL,
+                                      "moe file rows %s: row_off[%zu] (bank %u, layer %zu, "
+                                      "expert %zu) %llu: its %llu bytes end past the largest "
+                                      "file offset",
+                                      path, b * per_bank + i, b, i / g->num_experts,
+                                      i % g->num_experts, (unsigned long long)off,
+                                      (unsigned long long)w);
+            }
+            table[b * per_bank + i] = off;
+            if (off + w > end)
+                end = off + w;
+            aligned &= FERRY__IS_ALIGNED(off, FERRY_IO_ALIGN);
+        }
+    }
+    fr->table = table;
+    rc = open_checked(fr, path, aligned, end);
+    if (rc < 0)
+        return rc;
     *out = &fr->base;
     return 0;
 }
