@@ -50,6 +50,9 @@ typedef struct ferry_serve_config {
                                      disconnected; 0 -> 5000 */
     const ferry_kv_config *kv;  /**< the hosted store (its server field must be NULL) */
 } ferry_serve_config;
+/** The smallest size ferry_serve_open takes: the first version's config,
+ *  which is this one (it has not grown yet). */
+#define FERRY_SERVE_CONFIG_MIN_SIZE sizeof(ferry_serve_config)
 #define FERRY_SERVE_CONFIG_INIT \
     {FERRY_FIELD(size) sizeof(ferry_serve_config), FERRY_FIELD(socket_path) NULL, \
      FERRY_FIELD(group) NULL, FERRY_FIELD(allow_uids) NULL, FERRY_FIELD(n_allow_uids) 0, \
@@ -95,7 +98,7 @@ typedef struct ferry_serve_stats {
 /** A snapshot of the daemon's counters: the caller sets out->size (start
  *  from FERRY_SERVE_STATS_INIT) and only that many bytes are written.
  *  Errors: -EINVAL (NULL, or out->size not set). */
-FERRY_API int ferry_serve_stats_get(ferry_serve *s, ferry_serve_stats *out);
+FERRY_API int ferry_serve_stats_get(const ferry_serve *s, ferry_serve_stats *out);
 
 #ifdef __cplusplus
 }

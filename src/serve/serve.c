@@ -115,13 +115,20 @@ static int host_store(ferry_serve *s, const ferry_kv_config *kcfg)
     return s->pool_fd < 0 ? ferry__err_set(&s->err, -EINVAL, "serve: the pool is not shared") : 0;
 }
 
-int ferry_serve_open(const ferry_serve_config *cfg, ferry_serve **out)
+int ferry_serve_open(const ferry_serve_config *ucfg, ferry_serve **out)
 {
-    if (!cfg || !out || cfg->size < sizeof(ferry_serve_config) || !cfg->socket_path ||
-        !*cfg->socket_path || !cfg->kv)
+    static const ferry__sized sized =
+        FERRY__SIZED0(ferry_serve_config, FERRY_SERVE_CONFIG_MIN_SIZE);
+    if (!ucfg || !out)
+        return ferry__err_set(NULL, -EINVAL, "serve open: config or out is NULL");
+    ferry_serve_config cv = FERRY_SERVE_CONFIG_INIT;
+    int rc = ferry__opts_take(NULL, "serve open", &sized, &cv, ucfg);
+    if (rc < 0)
+        return rc;
+    const ferry_serve_config *cfg = &cv;
+    if (!cfg->socket_path || !*cfg->socket_path || !cfg->kv)
         return ferry__err_set(NULL, -EINVAL,
-                              "serve open: config or out is NULL, its size is not set, or it "
-                              "names no socket_path or kv config");
+                              "serve open: the config names no socket_path or kv config");
     ferry_serve *s = ferry__calloc(1, sizeof *s);
     if (!s)
         return ferry__err_set(NULL, -ENOMEM, "serve open: out of memory");
@@ -134,7 +141,7 @@ int ferry_serve_open(const ferry_serve_config *cfg, ferry_serve **out)
     s->send_timeout_ms =
         cfg->send_timeout_ms ? cfg->send_timeout_ms : FERRY_SERVE_SEND_TIMEOUT_MS_DEFAULT;
     s->path = ferry__strdup(cfg->socket_path);
-    int rc = s->path ? 0 : ferry__err_set(&s->err, -ENOMEM, "serve open: out of memory");
+    rc = s->path ? 0 : ferry__err_set(&s->err, -ENOMEM, "serve open: out of memory");
     if (rc == 0 && cfg->n_allow_uids) {
         s->allow = ferry__malloc(cfg->n_allow_uids * sizeof *s->allow);
         if (!s->allow || !cfg->allow_uids)
@@ -340,10 +347,11 @@ const char *ferry_serve_last_error(const ferry_serve *s)
     return s ? ferry__err_msg(&s->err) : "";
 }
 
-int ferry_serve_stats_get(ferry_serve *s, ferry_serve_stats *out)
+int ferry_serve_stats_get(const ferry_serve *cs, ferry_serve_stats *out)
 {
-    if (!s || !out)
+    if (!cs || !out)
         return ferry__err_set(NULL, -EINVAL, "ferry_serve_stats_get: daemon or out is NULL");
+    ferry_serve *s = (ferry_serve *)cs; /* its mutex is taken, nothing written */
     ferry_serve_stats m = FERRY_SERVE_STATS_INIT;
     pthread_mutex_lock(&s->mu);
     m.clients = s->nconns;

@@ -35,6 +35,8 @@ int main(void)
     ferry_moe_slots_stats slots_st = FERRY_MOE_SLOTS_STATS_INIT;
     ferry_remote_stats rem_st = FERRY_REMOTE_STATS_INIT;
     ferry_device_faults faults = FERRY_DEVICE_FAULTS_INIT;
+    ferry_serve_config serve_cfg = FERRY_SERVE_CONFIG_INIT;
+    ferry_serve_stats serve_st = FERRY_SERVE_STATS_INIT;
     if (io_opt.size != sizeof io_opt || gds_cfg.direct != 1 || kv_layout.num_layers != 32 ||
         kv_buf.layout.kv != 2 || kv_cfg.tp_world != 1 || kv_cfg.l2_direct != 1 ||
         kv_req.size != sizeof kv_req || gen_opt.seed != 1 || plan_opt.policy != NULL ||
@@ -44,7 +46,8 @@ int main(void)
         slab_st.size != sizeof slab_st || plan_st.size != sizeof plan_st ||
         slots_st.size != sizeof slots_st || rem_st.size != sizeof rem_st ||
         faults.size != sizeof faults || tr_opt.stage != NULL || sim_opt.seed != 1 ||
-        sim_opt.hint_accuracy != 0.9) {
+        sim_opt.hint_accuracy != 0.9 || serve_cfg.size != sizeof serve_cfg ||
+        serve_st.size != sizeof serve_st) {
         fprintf(stderr, "an _INIT macro gave an unexpected value\n");
         return 1;
     }
