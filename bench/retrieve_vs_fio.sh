@@ -26,7 +26,9 @@
 #
 # usage: bench/retrieve_vs_fio.sh [--ferry build/ferry] [--dir /var/tmp]
 #                                 [--rounds 5] [--parts "retrieve io l1"]
-#                                 [--quick]
+#                                 [--base OLD/ferry] [--quick]
+#   --base:  another build (with `kv bench --cold`) whose retrieve runs in
+#            the same rounds, next to this one: what a change gained
 #   --quick: a short form for CI's smoke run (tiny sizes, 1 round; the
 #            figures mean nothing then)
 # needs: root, fio, jq
@@ -37,6 +39,7 @@ dir=/var/tmp
 rounds=5
 parts="retrieve io l1"
 quick=0
+base=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --ferry) ferry=$2; shift 2 ;;
@@ -44,7 +47,8 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=$2; shift 2 ;;
     --parts) parts=$2; shift 2 ;;
     --quick) quick=1; shift ;;
-    -h | --help) sed -n '2,34p' "$0"; exit 0 ;;
+    --base) base=$2; shift 2 ;;
+    -h | --help) sed -n '2,36p' "$0"; exit 0 ;;
     *) echo "retrieve_vs_fio.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -126,13 +130,13 @@ echo "retrieve_vs_fio.sh: $(date -u '+%F %T') UTC, load $(load), $(nproc) CPUs, 
 load0=$(load)
 
 # ---- a: the L2-only retrieve against fio reading the same directory ----
-declare -A rr g
+declare -A rr g rb gb
 fio_read() { # file size bs depth -> GB/s
     fio --name=ref --filename="$1" --rw=read --size="$2" --bs="$3" --iodepth="$4" \
         "${fio_common[@]}" 2>/dev/null | jq -r '.jobs[0].read.bw_bytes / 1e9'
 }
-cold() { # l1 -> GB/s of one round
-    "$ferry" kv bench "${model[@]}" --l1 "$1" --dir "$work" --l2 $l2 --cold 1 --json |
+cold() { # l1 [binary] -> GB/s of one round
+    "${2:-$ferry}" kv bench "${model[@]}" --l1 "$1" --dir "$work" --l2 $l2 --cold 1 --json |
         jq -r '.cold_l2_retrieve.median_gb_per_s'
 }
 if [[ " $parts " == *" retrieve "* ]]; then
@@ -146,7 +150,10 @@ if [[ " $parts " == *" retrieve "* ]]; then
         if ((i % 2)); then
             f=$(fio_read "$work/fio.bin" $fio_size 4M 16)
         fi
-        for l1 in $l1s; do g[$l1]=$(cold "$l1"); done
+        for l1 in $l1s; do
+            g[$l1]=$(cold "$l1")
+            if [ -n "$base" ]; then gb[$l1]=$(cold "$l1" "$base"); fi
+        done
         if ! ((i % 2)); then
             f=$(fio_read "$work/fio.bin" $fio_size 4M 16)
         fi
@@ -155,6 +162,11 @@ if [[ " $parts " == *" retrieve "* ]]; then
             r=$(ratio "${g[$l1]}" "$f")
             rr[$l1]+="$r "
             line+=", L1 $l1: $(printf %.2f "${g[$l1]}") GB/s = ${r}x"
+            if [ -n "$base" ]; then
+                r=$(ratio "${gb[$l1]}" "$f")
+                rb[$l1]+="$r "
+                line+=" (base $(printf %.2f "${gb[$l1]}") = ${r}x)"
+            fi
         done
         echo "$line"
     done
@@ -216,6 +228,7 @@ echo
 echo "summary (median (min-max) of the rounds' ratios; load $load0 at the start, $(load) at the end):"
 for l1 in $l1s; do
     [ -n "${rr[$l1]:-}" ] && verdict "L2 retrieve, L1 $l1 / fio read" "${rr[$l1]}" 0.90
+    [ -n "${rb[$l1]:-}" ] && verdict "  (base build, L1 $l1 / fio read)" "${rb[$l1]}" 0.90
 done
 for cfg in $io_cfgs; do
     [ -n "${io[$cfg.w]:-}" ] && verdict "bench io write $cfg / fio" "${io[$cfg.w]}" 0.95

@@ -18,20 +18,23 @@
 typedef struct evict_ctx {
     ferry_kv *kv;
     uint64_t now;
+    int keep_ahead; /* spare a retrieve's landed read-ahead (kv_impl.h: ahead_until) */
 } evict_ctx;
 
 static int evictable(ferry__kv_entry *e, void *ctx)
 {
     evict_ctx *c = ctx;
     return e->state == FERRY__KV_READY && !ferry__kv_locked(c->kv, e, c->now) &&
-           c->now >= e->ahead_until;
+           (!c->keep_ahead || c->now >= e->ahead_until);
 }
 
-/* evict one chunk from tier; 1 when one went */
-static int evict_one(ferry_kv *kv, int tier, uint64_t now)
+/* evict one chunk from tier; 1 when one went. keep_ahead: not a landed
+ * read-ahead that a retrieve is about to copy out (a preference only: a
+ * reservation that finds nothing else takes one rather than fail) */
+static int evict_one(ferry_kv *kv, int tier, uint64_t now, int keep_ahead)
 {
     ferry__kv_tier *t = kv->tier[tier];
-    evict_ctx c = {kv, now};
+    evict_ctx c = {kv, now, keep_ahead};
     ferry__kv_entry *v = t->policy->ops->victim(t->policy, evictable, &c);
     if (!v)
         return 0;
@@ -54,7 +57,7 @@ int ferry__kv_reserve(ferry_kv *kv, int tier, uint64_t now, uint64_t *loc, int m
     ferry__kv_tier *t = kv->tier[tier];
     double cap = (double)t->capacity;
     if ((double)(t->used + 1) >= kv->watermark * cap && (double)t->used > kv->low * cap) {
-        while ((double)t->used > kv->low * cap && evict_one(kv, tier, now))
+        while ((double)t->used > kv->low * cap && evict_one(kv, tier, now, 1))
             ;
     }
     for (;;) {
@@ -65,7 +68,7 @@ int ferry__kv_reserve(ferry_kv *kv, int tier, uint64_t now, uint64_t *loc, int m
                 kv->l1_gen[*loc]++;
             return 0;
         }
-        if (rc == FERRY_ENOSPACE && evict_one(kv, tier, now))
+        if (rc == FERRY_ENOSPACE && (evict_one(kv, tier, now, 1) || evict_one(kv, tier, now, 0)))
             continue;
         /* L1 full of chunks whose write-through is in flight: those finish
          * without waiting for anyone, so wait for one rather than decline.
