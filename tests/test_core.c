@@ -14,6 +14,7 @@
 
 #include "core.h"
 #include "dirlock.h"
+#include "sized.h"
 #include "ferry_test.h"
 
 static void strerror_never_null_and_names_codes(void **state)
@@ -230,6 +231,64 @@ static void version_matches_macros(void **state)
     assert_int_equal(ferry_version_number(), FERRY_VERSION_NUMBER);
 }
 
+/* sized.c: the one rule for options prefixes and stats sizes */
+typedef struct v2 {
+    size_t size;
+    uint32_t a;      /* the first version ends here (with padding: 16) */
+    uint64_t b;      /* added later */
+    uint16_t c;      /* added later */
+} v2;
+
+static void sized_structs_take_prefixes_and_write_what_the_caller_knows(void **state)
+{
+    (void)state;
+    static const ferry__member later[] = {FERRY__MEMBER(v2, b), FERRY__MEMBER(v2, c)};
+    static const ferry__sized d = FERRY__SIZED(v2, offsetof(v2, a) + 4, later);
+    v2 src = {0, 7, 8, 9}, dst;
+    /* a prefix: the members past it keep the defaults dst held */
+    static const size_t ok[] = {12, 16, 24, 26, sizeof(v2)};
+    for (size_t i = 0; i < FERRY__ARRAY_LEN(ok); i++) {
+        src.size = ok[i];
+        dst = (v2){sizeof(v2), 1, 2, 3};
+        FT_ASSERT_OK(ferry__opts_take(NULL, "test", &d, &dst, &src));
+        assert_int_equal(dst.size, sizeof(v2));
+        assert_int_equal(dst.a, 7);
+        assert_int_equal(dst.b, ok[i] >= 24 ? 8 : 2);
+        assert_int_equal(dst.c, ok[i] >= 26 ? 9 : 3);
+    }
+    /* below the minimum, inside a member, or a newer header's size */
+    static const size_t bad[] = {0, 8, 11, 17, 23, 25, sizeof(v2) + 8};
+    for (size_t i = 0; i < FERRY__ARRAY_LEN(bad); i++) {
+        src.size = bad[i];
+        dst = (v2){sizeof(v2), 1, 2, 3};
+        assert_int_equal(ferry__opts_take(NULL, "test", &d, &dst, &src), -EINVAL);
+        assert_int_equal(dst.a, 1); /* untouched */
+        assert_non_null(strstr(ferry_last_error(), "v2 size"));
+    }
+    assert_non_null(strstr(ferry_last_error(), "accepted 12 (offsetof(v2, a) + 4) to 32"));
+    src.size = 17;
+    ferry__opts_take(NULL, "test", &d, &dst, &src);
+    assert_non_null(strstr(ferry_last_error(), "inside b"));
+
+    /* stats: only out->size bytes written, out->size kept */
+    v2 snap = {sizeof(v2), 7, 8, 9};
+    unsigned char raw[sizeof(v2) + 8];
+    memset(raw, 0xA5, sizeof raw);
+    v2 *out = (v2 *)(void *)raw;
+    out->size = 16; /* an older header's struct: size and a */
+    FT_ASSERT_OK(ferry__stats_put(NULL, "test", out, &snap, sizeof snap));
+    assert_int_equal(out->size, 16);
+    assert_int_equal(out->a, 7);
+    for (size_t k = 16; k < sizeof raw; k++)
+        assert_int_equal(raw[k], 0xA5);
+    out->size = 4;
+    assert_int_equal(ferry__stats_put(NULL, "test", out, &snap, sizeof snap), -EINVAL);
+    out->size = sizeof raw; /* a newer header's: our whole struct, nothing more */
+    FT_ASSERT_OK(ferry__stats_put(NULL, "test", out, &snap, sizeof snap));
+    assert_int_equal(out->c, 9);
+    assert_int_equal(raw[sizeof(v2)], 0xA5);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -242,6 +301,7 @@ int main(void)
         cmocka_unit_test(every_errno_has_a_name),
         cmocka_unit_test(directory_lock_has_one_owner),
         cmocka_unit_test(repeated_warnings_are_rate_limited),
+        cmocka_unit_test(sized_structs_take_prefixes_and_write_what_the_caller_knows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
