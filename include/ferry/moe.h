@@ -157,7 +157,7 @@ FERRY_API int ferry_moe_trace_step(const ferry_moe_trace *t, size_t i, uint32_t 
 
 /** Options of the synthetic trace generator. */
 typedef struct ferry_moe_gen_options {
-    size_t size;          /**< sizeof(ferry_moe_gen_options) or more */
+    size_t size;          /**< sizeof(ferry_moe_gen_options) */
     const char *model;    /**< preset: "deepseek-v3" (NULL), "qwen3-30b-a3b",
                                "mixtral-8x7b", "small"; else -EINVAL */
     /** tokens to generate; 0 -> 2048. Bounded with the shape: tokens x
@@ -202,7 +202,8 @@ FERRY_API const char *const *ferry_moe_gen_presets(void);
 typedef struct ferry_moe_planner ferry_moe_planner;
 
 typedef struct ferry_moe_planner_options {
-    size_t size;           /**< sizeof(ferry_moe_planner_options) or more */
+    size_t size;           /**< sizeof(ferry_moe_planner_options), or an older
+                                header's: at least FERRY_MOE_PLANNER_OPTIONS_MIN_SIZE */
     uint32_t num_layers;   /**< 1..FERRY_MOE_MAX_LAYERS (1024) */
     uint32_t num_experts;  /**< per layer: 1..FERRY_MOE_MAX_EXPERTS (16384) */
     uint32_t slots;        /**< 1..FERRY_MOE_MAX_SLOTS (2^24); below one layer's
@@ -440,7 +441,7 @@ typedef struct ferry_moe_slot_device_ops {
  * message naming the field, its value and the accepted range.
  */
 typedef struct ferry_moe_geometry {
-    size_t size;        /**< sizeof(ferry_moe_geometry) or more */
+    size_t size;        /**< sizeof(ferry_moe_geometry) */
     uint32_t num_layers;  /**< 1..FERRY_MOE_MAX_LAYERS (1024) */
     uint32_t num_experts; /**< rows per layer in a rows source: 1..FERRY_MOE_MAX_EXPERTS */
     /** 1..FERRY_MOE_MAX_SLOTS (2^24) for the executor and device slots;

@@ -103,7 +103,8 @@ typedef struct ferry_slab ferry_slab;
 #define FERRY_SLAB_ALIGN_MAX ((size_t)1 << 30)
 
 typedef struct ferry_slab_options {
-    size_t size;          /**< sizeof(ferry_slab_options) or more */
+    size_t size;          /**< sizeof(ferry_slab_options), or an older header's:
+                               at least FERRY_SLAB_OPTIONS_MIN_SIZE */
     /** bytes managed, 1..UINT64_MAX; rounded DOWN to the alignment, and
      *  that must leave at least one alignment unit */
     uint64_t capacity;
