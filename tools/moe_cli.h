@@ -22,4 +22,14 @@ int moe_split_list(char *s, char **out, int max);
 /* "lru, lru-layer, ..." */
 int moe_policy_list(char *acc, size_t n);
 
+/* a prefetch of rows on NVMe: prefetch_start's return, the rows landed,
+ * and the synchronous apply of the same plan (medians, us) */
+typedef struct moe_prefetch_bench {
+    double start_us, landed_us, sync_us;
+    uint32_t rows;
+    size_t row_bytes;
+} moe_prefetch_bench;
+int moe_bench_file_prefetch(const char *cmd, const char *backend, size_t row_bytes,
+                            uint32_t nrows, int rounds, moe_prefetch_bench *out);
+
 #endif

@@ -22,7 +22,9 @@
  * so the two always agree on every occupant (ferry_moe_check walks both).
  *
  * Thread-safety: every object here is used by one thread at a time; distinct
- * objects are independent. Traces are immutable after loading and may be
+ * objects are independent. (An executor reads a prefetch of rows on a file
+ * on a thread of its own, which touches only its device context and rows
+ * source until the caller's next call on the executor waits for it.) Traces are immutable after loading and may be
  * read from several threads.
  */
 #ifndef FERRY_MOE_H
@@ -601,13 +603,17 @@ FERRY_API int ferry_moe_slots_apply(ferry_moe_slots *s, const ferry_moe_copy_pla
 FERRY_API int ferry_moe_slots_gather(ferry_moe_slots *s, const ferry_moe_gather_plan *plan,
                                      uint32_t *unknown_out, uint32_t *n_unknown);
 /**
- * Prefetch: start applying a plan from ferry_moe_planner_prefetch() on the
- * device's prefetch stream (FERRY_MOE_ROUTE_PREFETCH) and return without
- * waiting, so the copies overlap the caller's compute. Validated as apply;
- * its slots are unknown until ferry_moe_slots_prefetch_finish() (which any
- * later apply, gather or prefetch_start calls first, so plans never race
- * on a slot). At most one prefetch is pending. Returns the rows queued.
- * A device without flush_prefetch completes the plan here.
+ * Prefetch: start applying a plan from ferry_moe_planner_prefetch() and
+ * return without waiting, so the copies overlap the caller's compute:
+ * host rows go on the device's prefetch stream (FERRY_MOE_ROUTE_PREFETCH);
+ * rows on a file are read by the executor's reader thread (the reads are
+ * what takes time), the caller must then leave the rows source and the
+ * device context alone until the next call on the executor. Validated as
+ * apply; its slots are unknown until ferry_moe_slots_prefetch_finish()
+ * (which any later apply, gather or prefetch_start calls first, so plans
+ * never race on a slot). At most one prefetch is pending. Returns the rows
+ * queued. A device without flush_prefetch completes a plan of host rows
+ * here.
  */
 FERRY_API int ferry_moe_slots_prefetch_start(ferry_moe_slots *s, const ferry_moe_copy_plan *plan,
                                              const ferry_moe_rows *rows, uint32_t *unknown_out,

@@ -42,6 +42,16 @@ struct ferry_moe_slots {
     uint32_t pend_layer, pend_n;
     uint32_t *pend_dst, *pend_row; /* slots each */
     ferry_moe_slots_stats st;
+    /* the reader: a thread of the executor's own that reads a file-backed
+     * prefetch while the caller computes; it touches only the device
+     * context, the staging row and the fields below while pend_async is
+     * set, and the caller touches none of those until it has waited */
+    pthread_t reader;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int reader_up, reader_quit, pend_async, job, job_done, job_rc;
+    const ferry_moe_rows *job_rows;
+    char job_err[FERRY__ERRMSG_MAX];
 };
 
 int ferry__geometry_check(const ferry_moe_geometry *g, const char *what, int need_slots)
@@ -141,14 +151,110 @@ int ferry_moe_slots_create(const ferry_moe_geometry *g, const ferry_moe_slot_dev
     return 0;
 }
 
+/* ---- the reader thread (file-backed prefetches) ---- */
+static int write_row(ferry_moe_slots *s, const ferry_moe_rows *rows, uint32_t b, uint32_t layer,
+                     uint32_t row, uint32_t slot);
+
+/* the pending plan's rows, then its stream: 0 or the first failure */
+static int read_pending(ferry_moe_slots *s, const ferry_moe_rows *rows)
+{
+    int rc = 0;
+    for (uint32_t i = 0; i < s->pend_n && rc == 0; i++)
+        for (uint32_t b = 0; b < s->g.banks && rc == 0; b++)
+            rc = write_row(s, rows, b, s->pend_layer, s->pend_row[i], s->pend_dst[i]);
+    int frc = s->ops->flush_prefetch ? s->ops->flush_prefetch(s->ctx) : s->ops->flush(s->ctx);
+    return rc < 0 ? rc : frc;
+}
+
+static void *reader_main(void *arg)
+{
+    ferry_moe_slots *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->job && !s->reader_quit)
+            pthread_cond_wait(&s->cv, &s->mu);
+        if (!s->job)
+            break;
+        const ferry_moe_rows *rows = s->job_rows;
+        pthread_mutex_unlock(&s->mu);
+        int rc = read_pending(s, rows);
+        char err[FERRY__ERRMSG_MAX] = "";
+        if (rc < 0)
+            snprintf(err, sizeof err, "%s", ferry_last_error());
+        pthread_mutex_lock(&s->mu);
+        s->job_rc = rc;
+        memcpy(s->job_err, err, sizeof err);
+        s->job = 0;
+        s->job_done = 1;
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+static int reader_start(ferry_moe_slots *s)
+{
+    if (s->reader_up)
+        return 0;
+    if (pthread_mutex_init(&s->mu, NULL) != 0)
+        return -ENOMEM;
+    if (ferry__cond_init_mono(&s->cv) != 0) {
+        pthread_mutex_destroy(&s->mu);
+        return -ENOMEM;
+    }
+    s->reader_quit = 0;
+    int e = pthread_create(&s->reader, NULL, reader_main, s);
+    if (e != 0) {
+        pthread_cond_destroy(&s->cv);
+        pthread_mutex_destroy(&s->mu);
+        return -e;
+    }
+    s->reader_up = 1;
+    return 0;
+}
+
+/* wait for the reader's job: its rc (a message recorded on failure) */
+static int reader_wait(ferry_moe_slots *s)
+{
+    pthread_mutex_lock(&s->mu);
+    while (!s->job_done)
+        pthread_cond_wait(&s->cv, &s->mu);
+    s->job_done = 0;
+    int rc = s->job_rc;
+    char err[FERRY__ERRMSG_MAX];
+    memcpy(err, s->job_err, sizeof err);
+    pthread_mutex_unlock(&s->mu);
+    s->pend_async = 0;
+    if (rc < 0)
+        ferry__err_set(NULL, rc, "%s", err);
+    return rc;
+}
+
+static void reader_stop(ferry_moe_slots *s)
+{
+    if (!s->reader_up)
+        return;
+    if (s->pend_async)
+        (void)reader_wait(s);
+    pthread_mutex_lock(&s->mu);
+    s->reader_quit = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->reader, NULL);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    s->reader_up = 0;
+}
+
 void ferry_moe_slots_destroy(ferry_moe_slots *s)
 {
     if (!s)
         return;
-    if (s->staging)
-        ferry_io_buffer_free(s->staging_io, s->staging);
+    reader_stop(s); /* a read in flight lands first */
     if (s->pending && s->ops->flush_prefetch)
         (void)s->ops->flush_prefetch(s->ctx); /* its buffers must not be freed under it */
+    if (s->staging)
+        ferry_io_buffer_free(s->staging_io, s->staging);
     if (s->ops->destroy && s->ctx)
         s->ops->destroy(s->ctx);
     ferry__free(s->occupant);
@@ -363,7 +469,7 @@ int ferry_moe_slots_prefetch_finish(ferry_moe_slots *s, uint32_t *unknown_out, u
     if (!s->pending)
         return 0;
     s->pending = 0;
-    int rc = s->ops->flush_prefetch(s->ctx);
+    int rc = s->pend_async ? reader_wait(s) : s->ops->flush_prefetch(s->ctx);
     if (rc < 0) {
         char cause[FERRY__ERRMSG_MAX];
         snprintf(cause, sizeof cause, "%s", ferry_last_error());
@@ -409,12 +515,37 @@ static int apply_plan(ferry_moe_slots *s, const ferry_moe_copy_plan *plan,
     int async = prefetch && s->ops->flush_prefetch;
     if (async)
         route = FERRY_MOE_ROUTE_PREFETCH;
+    /* rows on a file: the reads themselves are what takes time, so they
+     * run on the executor's reader thread and land while the caller
+     * computes (a device of one stream, too: then prefetch_finish flushes) */
+    int on_file = prefetch && rows->ops->file_row != NULL;
+    if (on_file && (rc = reader_start(s)) < 0)
+        return ferry__err_set(&s->err, rc, "moe prefetch: layer %u: no reader thread: %s",
+                              plan->layer, ferry_strerror(rc));
+    if (on_file)
+        route = s->ops->flush_prefetch ? FERRY_MOE_ROUTE_PREFETCH : route;
     if (s->ops->begin_plan && (rc = s->ops->begin_plan(s->ctx, route)) < 0)
         return ferry__err_set(&s->err, rc, "moe apply: layer %u: device refused the plan: %s",
                               plan->layer, ferry_last_error());
     s->st.plans++;
     if (prefetch)
         s->st.prefetch_plans++;
+    if (on_file) {
+        for (uint32_t k = 0; k < plan->n; k++)
+            s->occupant[plan->dst_slots[k]] = FERRY_MOE_NONE;
+        memcpy(s->pend_dst, plan->dst_slots, (size_t)plan->n * sizeof *s->pend_dst);
+        memcpy(s->pend_row, plan->src_rows, (size_t)plan->n * sizeof *s->pend_row);
+        s->pend_n = plan->n;
+        s->pend_layer = plan->layer;
+        s->pending = 1;
+        s->pend_async = 1;
+        pthread_mutex_lock(&s->mu);
+        s->job_rows = rows;
+        s->job = 1;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        return (int)plan->n;
+    }
     uint32_t i;
     for (i = 0; i < plan->n; i++) {
         uint32_t d = plan->dst_slots[i];
