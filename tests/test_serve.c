@@ -301,8 +301,14 @@ static void test_through_server(void **state)
     assert_int_equal(ferry_kv_op_wait(op, -1), 4 * CT);
     ferry_kv_op_free(op);
     assert_true(same_tokens(&h, &d, 0, 4 * CT));
-    /* what the client does not offer yet says so */
-    assert_int_equal(ferry_kv_pin(kv, tok, CT, NULL), FERRY_ENOTSUP);
+    /* pins: held by the daemon for this connection, undone one by one */
+    assert_int_equal(ferry_kv_pin(kv, tok, 4 * CT, NULL), 4 * CT);
+    assert_int_equal(ferry_kv_pin(kv, tok, 2 * CT, NULL), 2 * CT);
+    assert_int_equal(ferry_kv_delete(kv, tok, 4 * CT, NULL), FERRY_ELOCKED);
+    assert_int_equal(ferry_kv_unpin(kv, tok, 4 * CT, NULL), 4 * CT);
+    assert_int_equal(ferry_kv_unpin(kv, tok, 4 * CT, NULL), 2 * CT); /* only 2 pinned twice */
+    assert_int_equal(ferry_kv_unpin(kv, tok, 4 * CT, NULL), 0);
+    assert_int_equal(ferry_kv_delete(kv, tok, 4 * CT, NULL), 4);
     free(h.mem);
     free(d.mem);
     ferry_kv_close(kv);

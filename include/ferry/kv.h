@@ -325,10 +325,11 @@ typedef struct ferry_kv_config {
      * daemon's: else FERRY_EMISMATCH). With l1_bytes 0 the client maps no
      * pool and may only look chunks up (a scheduler). A daemon that is
      * unreachable, dies or stops answering is FERRY_ECONN within
-     * server_timeout_ms; the next call connects again. Through a server,
-     * ferry_kv_pin and ferry_kv_unpin answer FERRY_ENOTSUP (for now), and
-     * one store's calls (and the asynchronous operations, run on its
-     * workers) take turns on its one connection.
+     * server_timeout_ms; the next call connects again. Through a server
+     * a pin is held by the daemon for this store's connection (it brings
+     * the chunk up to the daemon's L1) and ends with it: a reconnect
+     * forgets the pins. One store's calls (and the asynchronous
+     * operations, run on its workers) take turns on its one connection.
      */
     const char *server;
     /** How long one round trip to the server may take; 0 -> 2000 ms. */

@@ -30,6 +30,7 @@ void ferry__kvc_drop(ferry__kvc *c)
         munmap(c->pool, c->pool_bytes);
     c->pool = NULL;
     c->pool_bytes = 0;
+    c->npins = 0; /* the daemon let go of them with the connection */
 }
 
 static int lost(ferry_kv *kv, ferry__kvc *c, const char *fmt, const char *what)
@@ -379,6 +380,7 @@ void ferry__kvc_close(ferry_kv *kv)
     ferry__proto_buf_free(&c->out);
     ferry__free(c->in);
     ferry__free(c->ch);
+    ferry__free(c->pins);
     ferry__free(c->path);
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->wmu);

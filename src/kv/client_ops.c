@@ -19,13 +19,6 @@
 #include "kvc.h"
 #include "store_int.h"
 
-int ferry__kvc_unsupported(ferry_kv *kv, const char *what)
-{
-    return ferry__kv_err(kv, FERRY_ENOTSUP,
-                         "kv %s: not offered through a server (%s) yet",
-                         what, kv->client->path);
-}
-
 /* lock the client and connect; with_pool: the call moves bytes */
 static int begin(ferry_kv *kv, ferry__kvc *c, int with_pool, const char *what)
 {
@@ -374,6 +367,112 @@ int ferry__kvc_prefetch(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size
     }
     pthread_mutex_unlock(&c->mu);
     return r < 0 ? r : (int)lead;
+}
+
+/* RELEASE c->ch[0..m) (statuses read and dropped: a pin's bytes are not read) */
+static int release_all(ferry_kv *kv, ferry__kvc *c, size_t m)
+{
+    if (!m)
+        return 0;
+    ferry__proto_rd rd;
+    int32_t rc;
+    int r = send_chunks(kv, c, FERRY__P_RELEASE, m, 0, &rd, &rc);
+    if (r < 0 || (r = rc) < 0 || (r = reply_count(kv, c, &rd, m)) < 0)
+        return r;
+    for (size_t k = 0; k < m; k++)
+        (void)ferry__proto_get_u32(&rd);
+    return reply_end(kv, c, &rd);
+}
+
+static int pin_add(ferry_kv *kv, ferry__kvc *c, const ferry__proto_chunk *ch)
+{
+    if (c->npins == c->cap_pins) {
+        size_t nc = c->cap_pins ? 2 * c->cap_pins : 64;
+        struct ferry__kvc_pin *p = ferry__realloc(c->pins, nc * sizeof *p);
+        if (!p)
+            return ferry__kv_err(kv, -ENOMEM, "kv pin: out of memory for %zu pins", nc);
+        c->pins = p;
+        c->cap_pins = nc;
+    }
+    c->pins[c->npins++] = (struct ferry__kvc_pin){ch->id, ch->slot, ch->gen};
+    return 0;
+}
+
+/* pin: ACQUIRE the leading chunks and keep them; what is acquired past the
+ * first miss is released at once */
+static int pin_leading(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, size_t nch,
+                       size_t n)
+{
+    size_t lead = 0;
+    int r = 0, ok = 1;
+    for (size_t i = 0; r == 0 && ok && i < nch;) {
+        size_t m = FERRY__MIN(nch - i, (size_t)64);
+        if ((r = ferry__kvc_chunks(kv, c, m)) < 0)
+            break;
+        for (size_t k = 0; k < m; k++)
+            c->ch[k].id = ids[i + k];
+        ferry__proto_rd rd;
+        int32_t rc;
+        if ((r = send_chunks(kv, c, FERRY__P_ACQUIRE, m, 0, &rd, &rc)) < 0 || (r = rc) < 0 ||
+            (r = reply_count(kv, c, &rd, m)) < 0)
+            break;
+        size_t drop = 0;
+        for (size_t k = 0; k < m; k++) {
+            int32_t cs = (int32_t)ferry__proto_get_u32(&rd);
+            ferry__proto_chunk ch = c->ch[k];
+            ch.slot = ferry__proto_get_u64(&rd);
+            ch.gen = ferry__proto_get_u64(&rd);
+            (void)ferry__proto_get_u8(&rd);
+            if (cs != 0) {
+                ok = 0;
+                continue;
+            }
+            if (ok && pin_add(kv, c, &ch) == 0)
+                lead += ferry__kv_chunk_ntok(kv, i + k, n);
+            else
+                c->ch[drop++] = ch; /* past the first miss (or no room): let go */
+        }
+        if ((r = reply_end(kv, c, &rd)) < 0 || (r = release_all(kv, c, drop)) < 0)
+            break;
+        i += m;
+    }
+    return r < 0 && !lead ? r : (int)lead;
+}
+
+/* unpin: RELEASE one pin of each leading chunk this store pinned */
+static int unpin_leading(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, size_t nch,
+                         size_t n)
+{
+    size_t lead = 0, m = 0;
+    int r = ferry__kvc_chunks(kv, c, FERRY__MIN(nch, (size_t)FERRY__PROTO_MAX_CHUNKS));
+    for (size_t i = 0; r == 0 && i < nch && m < c->ch_cap; i++) {
+        size_t k = c->npins;
+        while (k-- > 0)
+            if (c->pins[k].id.lo == ids[i].lo && c->pins[k].id.hi == ids[i].hi)
+                break;
+        if (k == (size_t)-1)
+            break;
+        c->ch[m].id = c->pins[k].id;
+        c->ch[m].slot = c->pins[k].slot;
+        c->ch[m].gen = c->pins[k].gen;
+        m++;
+        c->pins[k] = c->pins[--c->npins];
+        lead += ferry__kv_chunk_ntok(kv, i, n);
+    }
+    if (r == 0)
+        r = release_all(kv, c, m);
+    return r < 0 ? r : (int)lead;
+}
+
+int ferry__kvc_pin(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n, int pin)
+{
+    ferry__kvc *c = kv->client;
+    int r = begin(kv, c, 0, pin ? "pin" : "unpin");
+    if (r < 0)
+        return r;
+    r = pin ? pin_leading(kv, c, ids, nch, n) : unpin_leading(kv, c, ids, nch, n);
+    pthread_mutex_unlock(&c->mu);
+    return r;
 }
 
 int ferry__kvc_delete(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch)

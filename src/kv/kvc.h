@@ -34,6 +34,13 @@ typedef struct ferry__kvc {
     size_t in_cap;
     ferry__proto_chunk *ch;       /* a request's chunks */
     size_t ch_cap;
+    /* chunks pinned through this connection (held by the daemon until
+     * unpinned or the connection ends: a reconnect forgets them) */
+    struct ferry__kvc_pin {
+        ferry_kv_hash id;
+        uint64_t slot, gen;
+    } *pins;
+    size_t npins, cap_pins;
     pthread_mutex_t wmu;          /* starting the workers */
     unsigned nworkers;            /* for the asynchronous operations, started by the first */
     int workers_on;
@@ -68,11 +75,12 @@ int ferry__kvc_delete(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch);
 /* bring the leading chunks up to the daemon's L1 (ACQUIRE, then RELEASE
  * at once: nothing copied); the leading tokens that are there */
 int ferry__kvc_prefetch(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n);
+/* pin (ACQUIRE kept until unpin) or unpin (RELEASE) the leading chunks;
+ * the leading tokens pinned or unpinned */
+int ferry__kvc_pin(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n, int pin);
 /* FLUSH, SYNC, CLEAR, PING: the daemon's result */
 int ferry__kvc_simple(ferry_kv *kv, int type);
 /* the daemon's counters; *clients: connections it serves (NULL: not wanted) */
 int ferry__kvc_stats(ferry_kv *kv, ferry_kv_stats *out, uint32_t *clients);
-/* a call the client backend does not offer */
-int ferry__kvc_unsupported(ferry_kv *kv, const char *what);
 
 #endif

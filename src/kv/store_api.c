@@ -256,12 +256,16 @@ static int pin_common(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry
     const char *what = pin ? "pin" : "unpin";
     if (!kv)
         return ferry__err_set(NULL, -EINVAL, "kv %s: store is NULL", what);
-    if (kv->client)
-        return ferry__kvc_unsupported(kv, what);
     ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
     int nch = ferry__kv_make_ids(kv, tokens, n, req, what, stack, &ids);
     if (nch < 0)
         return nch;
+    if (kv->client) {
+        int rc = nch ? ferry__kvc_pin(kv, ids, (size_t)nch, n, pin) : 0;
+        if (ids != stack)
+            ferry__free(ids);
+        return rc;
+    }
     size_t lead = 0;
     pthread_mutex_lock(&kv->mu);
     uint64_t now = ferry__kv_now_ns(kv);
