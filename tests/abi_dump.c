@@ -4,7 +4,10 @@
  * ctypes, as this compiler lays them out. python/tests/test_abi.py
  * compares the package's structures with it field by field.
  */
+#include <ferry/device.h>
+#include <ferry/io.h>
 #include <ferry/kv.h>
+#include <ferry/moe.h>
 
 #include <stddef.h>
 #include <stdio.h>
@@ -67,6 +70,36 @@ int main(void)
     K(remote_degraded); K(remote_down); K(corrupt_chunks); K(device_chunks);
     K(device_copy_calls); E();
 #undef K
+#define D(f) F(ferry_device_options, f)
+    S(ferry_device_options); D(size); D(backend); D(ordinal); D(mem_limit); E();
+#undef D
+#define IO(f) F(ferry_io_options, f)
+    S(ferry_io_options); IO(size); IO(engine); IO(depth); IO(max_request); IO(device);
+    IO(bounce_bytes); E();
+#undef IO
+#define G(f) F(ferry_moe_geometry, f)
+    S(ferry_moe_geometry); G(size); G(num_layers); G(num_experts); G(slots); G(banks);
+    G(row_bytes); E();
+#undef G
+#define P(f) F(ferry_moe_planner_options, f)
+    S(ferry_moe_planner_options); P(size); P(num_layers); P(num_experts); P(slots); P(policy);
+    P(oracle); P(expert_bytes); E();
+#undef P
+#define CP(f) F(ferry_moe_copy_plan, f)
+    S(ferry_moe_copy_plan); CP(layer); CP(n); CP(dst_slots); CP(src_rows); E();
+#undef CP
+#define MC(f) F(ferry_moe_counts, f)
+    S(ferry_moe_counts); MC(active); MC(missing); MC(fetched); MC(prefetch_hits); E();
+#undef MC
+#define PS(f) F(ferry_moe_planner_stats, f)
+    S(ferry_moe_planner_stats); PS(size); PS(steps); PS(routes); PS(hits); PS(misses);
+    PS(evictions); PS(forgotten); PS(prefetch_requests); PS(prefetch_fetched); PS(prefetch_hits);
+    PS(prefetch_wasted); PS(prefetch_bytes); PS(prefetch_wasted_bytes); E();
+#undef PS
+#define RR(f) F(ferry_moe_replay_result, f)
+    S(ferry_moe_replay_result); RR(policy); RR(slots); RR(steps); RR(hits); RR(misses);
+    RR(hit_rate); RR(host_bytes); RR(evictions); RR(ns_per_step); E();
+#undef RR
     printf("\n}\n");
     return 0;
 }

@@ -79,6 +79,50 @@ class KVStats(_Sized):
                                   ("device_chunks", _u64), ("device_copy_calls", _u64)]
 
 
+MOE_MAX_BANKS = 8
+
+
+class DeviceOptions(_Sized):
+    _fields_ = [("size", _size), ("backend", _cp), ("ordinal", _int), ("mem_limit", _u64)]
+
+
+class IoOptions(_Sized):
+    _fields_ = [("size", _size), ("engine", _cp), ("depth", _uint), ("max_request", _size),
+                ("device", _vp), ("bounce_bytes", _size)]
+
+
+class MoeGeometry(_Sized):
+    _fields_ = [("size", _size), ("num_layers", _u32), ("num_experts", _u32), ("slots", _u32),
+                ("banks", _u32), ("row_bytes", _size * MOE_MAX_BANKS)]
+
+
+class MoePlannerOptions(_Sized):
+    _fields_ = [("size", _size), ("num_layers", _u32), ("num_experts", _u32), ("slots", _u32),
+                ("policy", _cp), ("oracle", _vp), ("expert_bytes", _u64)]
+
+
+class MoeCopyPlan(ctypes.Structure):
+    _fields_ = [("layer", _u32), ("n", _u32), ("dst_slots", ctypes.POINTER(_u32)),
+                ("src_rows", ctypes.POINTER(_u32))]
+
+
+class MoeCounts(ctypes.Structure):
+    _fields_ = [("active", _u32), ("missing", _u32), ("fetched", _u32), ("prefetch_hits", _u32)]
+
+
+class MoePlannerStats(_Sized):
+    _fields_ = [("size", _size)] + [(n, _u64) for n in (
+        "steps", "routes", "hits", "misses", "evictions", "forgotten", "prefetch_requests",
+        "prefetch_fetched", "prefetch_hits", "prefetch_wasted", "prefetch_bytes",
+        "prefetch_wasted_bytes")]
+
+
+class MoeReplayResult(ctypes.Structure):
+    _fields_ = [("policy", ctypes.c_char * 32), ("slots", _u32), ("steps", _u64), ("hits", _u64),
+                ("misses", _u64), ("hit_rate", _dbl), ("host_bytes", _u64), ("evictions", _u64),
+                ("ns_per_step", _dbl)]
+
+
 # name -> structure, the set test_abi checks against the C compiler's view
 STRUCTS = {
     "ferry_kv_hash": KVHash,
@@ -88,4 +132,12 @@ STRUCTS = {
     "ferry_kv_req": KVReq,
     "ferry_kv_tier_stats": KVTierStats,
     "ferry_kv_stats": KVStats,
+    "ferry_device_options": DeviceOptions,
+    "ferry_io_options": IoOptions,
+    "ferry_moe_geometry": MoeGeometry,
+    "ferry_moe_planner_options": MoePlannerOptions,
+    "ferry_moe_copy_plan": MoeCopyPlan,
+    "ferry_moe_counts": MoeCounts,
+    "ferry_moe_planner_stats": MoePlannerStats,
+    "ferry_moe_replay_result": MoeReplayResult,
 }

@@ -1,0 +1,238 @@
+"""The MoE expert pool (ferry/moe.h) for Python: a bounded pool of expert
+slots on a device, a planner that decides which experts stay, and an
+executor that copies only the rows that are missing.
+
+    pool = ferry.ExpertPool(num_layers=2, num_experts=8, slots=6,
+                            banks=[w1_rows, w2_rows])         # host tensors, one per bank
+    slot_of = pool.ensure(layer, experts)                     # plan + copy what is missing
+    w1 = pool.slot_tensor(0, torch.float32, (ffn, dim))       # the slots as a tensor
+    w1[slot_of[i]]                                            # expert experts[i]'s rows
+
+Banks hold the rows packed [layer][expert][row bytes] (bank b's row of
+expert e of layer l at ((l * num_experts) + e) * row_bytes[b]); the same
+layout in a file (bank after bank) is a source too (rows_file=).
+"""
+import ctypes
+import os
+
+import numpy as np
+
+from . import _abi as A
+from ._buffers import describe, is_torch
+from ._lib import lib
+from .errors import FerryError, check
+
+try:
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
+
+def policies():
+    """The planner's eviction policies ("lru", "routing", "belady", ...)."""
+    arr = lib.ferry_moe_policies()
+    out, i = [], 0
+    while arr[i]:
+        out.append(arr[i].decode())
+        i += 1
+    return out
+
+
+def _bank_bytes(x):
+    """(address, bytes) of a contiguous host tensor or array."""
+    addr, shape, strides, dt, dev = describe(x)
+    if dev:
+        raise ValueError("ferry: expert banks are host memory (a CPU tensor or array)")
+    n = 1
+    for d in shape:
+        n *= d
+    want, acc = [], 1
+    for d in reversed(shape):
+        want.append(acc)
+        acc *= d
+    if tuple(reversed(want)) != tuple(strides):
+        raise ValueError("ferry: an expert bank must be contiguous")
+    item = x.element_size() if is_torch(x) else x.dtype.itemsize
+    return addr, n * item
+
+
+class ExpertPool:
+    """Expert slots on a ferry device ("host" here; "cuda" on a GPU), an
+    eviction planner over them, and a rows source (host banks or a file)."""
+
+    def __init__(self, num_layers, num_experts, slots, banks=None, *, rows_file=None,
+                 row_bytes=None, policy="lru", device="host"):
+        self._dev = self._planner = self._slots = self._rows = self._io = None
+        if (banks is None) == (rows_file is None):
+            raise ValueError("ferry: give banks (host tensors) or rows_file, one of them")
+        g = A.MoeGeometry(num_layers=num_layers, num_experts=num_experts, slots=slots)
+        self._banks = None
+        if banks is not None:
+            banks = list(banks)
+            info = [_bank_bytes(b) for b in banks]
+            for b, (_, n) in enumerate(info):
+                if n % (num_layers * num_experts):
+                    raise ValueError(f"ferry: bank {b} has {n} bytes, not a whole row per "
+                                     f"({num_layers} layers x {num_experts} experts)")
+            row_bytes = [n // (num_layers * num_experts) for _, n in info]
+            self._banks = banks
+        elif row_bytes is None:
+            raise ValueError("ferry: a rows_file needs row_bytes (one per bank)")
+        if not 1 <= len(row_bytes) <= A.MOE_MAX_BANKS:
+            raise ValueError(f"ferry: 1..{A.MOE_MAX_BANKS} banks, got {len(row_bytes)}")
+        g.banks = len(row_bytes)
+        for b, n in enumerate(row_bytes):
+            g.row_bytes[b] = n
+        self.geometry = g
+        self.row_bytes = list(row_bytes)
+        self.num_layers, self.num_experts, self.slots = num_layers, num_experts, slots
+        try:
+            self._open(device, policy, rows_file, info if banks is not None else None)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, device, policy, rows_file, info):
+        g = self.geometry
+        dopt = A.DeviceOptions()
+        self._backend = device.encode()
+        dopt.backend = self._backend
+        h = ctypes.c_void_p()
+        check(lib.ferry_device_open(ctypes.byref(dopt), ctypes.byref(h)), "device open")
+        self._dev = h
+        ops, ctx = ctypes.c_void_p(), ctypes.c_void_p()
+        check(lib.ferry_moe_device_slots_open(h, ctypes.byref(g), ctypes.byref(ops),
+                                              ctypes.byref(ctx)), "slots open")
+        s = ctypes.c_void_p()
+        rc = lib.ferry_moe_slots_create(ctypes.byref(g), ops, ctx, ctypes.byref(s))
+        check(rc, "slots create")  # on failure the executor has freed ctx
+        self._slots = s
+        r = ctypes.c_void_p()
+        if info is not None:
+            bases = (ctypes.c_void_p * len(info))(*[a for a, _ in info])
+            check(lib.ferry_moe_rows_host(ctypes.byref(g), bases, None, 0, ctypes.byref(r)),
+                  "rows (host banks)")
+        else:
+            io = ctypes.c_void_p()
+            iopt = A.IoOptions()
+            iopt.device = h
+            check(lib.ferry_io_open(ctypes.byref(iopt), ctypes.byref(io)), "io open")
+            self._io = io
+            check(lib.ferry_moe_rows_file(ctypes.byref(g), io, os.fsencode(rows_file), None,
+                                          ctypes.byref(r)), f"rows file {rows_file}")
+        self._rows = r
+        po = A.MoePlannerOptions(num_layers=g.num_layers, num_experts=g.num_experts,
+                                 slots=g.slots, expert_bytes=sum(self.row_bytes))
+        self._policy = policy.encode()
+        po.policy = self._policy
+        p = ctypes.c_void_p()
+        check(lib.ferry_moe_planner_create(ctypes.byref(po), ctypes.byref(p)), "planner create")
+        self._planner = p
+
+    # -- life --
+    def close(self):
+        for attr, fn in (("_planner", lib.ferry_moe_planner_destroy),
+                         ("_rows", lib.ferry_moe_rows_destroy),
+                         ("_slots", lib.ferry_moe_slots_destroy),
+                         ("_io", lib.ferry_io_close),
+                         ("_dev", lib.ferry_device_close)):
+            h = getattr(self, attr, None)
+            if h:
+                fn(h)
+                setattr(self, attr, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    def _need(self):
+        if not self._planner:
+            raise FerryError(-9, "the expert pool is closed", "ExpertPool")
+
+    # -- a step --
+    def ensure(self, layer, experts):
+        """Make every expert of `experts` (layer-local ids) resident at `layer`:
+        the planner picks slots (evicting by its policy) and the executor
+        copies only the rows that were missing. Returns the slot of each
+        expert, in the order given; self.last_counts says what moved."""
+        self._need()
+        ex = np.ascontiguousarray(np.asarray(experts), dtype=np.uint32)
+        n = ex.size
+        slots = (ctypes.c_uint32 * max(n, 1))()
+        plan, counts = A.MoeCopyPlan(), A.MoeCounts()
+        check(lib.ferry_moe_planner_ensure(self._planner, layer,
+                                           ex.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)), n,
+                                           slots, ctypes.byref(plan), ctypes.byref(counts)),
+              f"ensure layer {layer}")
+        check(lib.ferry_moe_slots_apply(self._slots, ctypes.byref(plan), self._rows, None, None),
+              f"apply layer {layer}")
+        self.last_counts = {f: getattr(counts, f) for f, _ in A.MoeCounts._fields_}
+        return [slots[i] for i in range(n)]
+
+    def check(self):
+        """Raise FerryError unless the planner and the slots agree slot by slot."""
+        self._need()
+        check(lib.ferry_moe_check(self._planner, self._slots), "check")
+
+    def slot_tensor(self, bank, dtype=None, shape=None):
+        """Bank `bank`'s slots as a tensor [slots, *shape] of dtype (default: the
+        raw bytes, [slots, row_bytes] uint8), viewing the device memory itself
+        (the host device; a GPU's slots are not host memory). The view is valid
+        while the pool is open: close() frees the memory under it."""
+        self._need()
+        if self._backend != b"host":
+            raise ValueError("ferry: slot_tensor views host-device slots only")
+        if not 0 <= bank < len(self.row_bytes):
+            raise IndexError(f"ferry: bank {bank} of {len(self.row_bytes)}")
+        ctx = lib.ferry_moe_slots_device(self._slots)
+        p0 = lib.ferry_moe_device_slot_ptr(ctx, bank, 0)
+        stride = (lib.ferry_moe_device_slot_ptr(ctx, bank, 1) - p0) if self.slots > 1 else \
+            self.row_bytes[bank]
+        host = lib.ferry_devptr_host(self._dev, p0)
+        if not host:
+            raise FerryError(-22, "slot memory is not host-addressable", "slot_tensor")
+        rb = self.row_bytes[bank]
+        raw = (ctypes.c_uint8 * (stride * (self.slots - 1) + rb)).from_address(host)
+        arr = np.lib.stride_tricks.as_strided(np.frombuffer(raw, np.uint8),
+                                              shape=(self.slots, rb), strides=(stride, 1))
+        if torch is not None and (dtype is None or isinstance(dtype, torch.dtype)):
+            v = torch.from_numpy(arr)
+            if dtype is not None:
+                v = v.view(dtype)
+            if shape is not None:
+                v = v.reshape((self.slots,) + tuple(shape))
+            v._ferry_pool = self  # the pool stays alive while the view does
+            return v
+        v = arr.view(dtype) if dtype is not None else arr
+        return v.reshape((self.slots,) + tuple(shape)) if shape is not None else v
+
+    def stats(self):
+        self._need()
+        s = A.MoePlannerStats()
+        check(lib.ferry_moe_planner_stats_get(self._planner, ctypes.byref(s)), "stats")
+        return {f: getattr(s, f) for f, _ in A.MoePlannerStats._fields_ if f != "size"}
+
+    @property
+    def policy(self):
+        return lib.ferry_moe_planner_policy(self._planner).decode()
+
+
+def replay(trace_path, policy="lru", slots=0, expert_bytes=0):
+    """Replay a routing trace (ferry moe gen / engine captures) through a planner:
+    a dict with hits, misses, hit_rate, evictions, host_bytes, ns_per_step."""
+    t = ctypes.c_void_p()
+    check(lib.ferry_moe_trace_load(os.fsencode(trace_path), ctypes.byref(t)), f"trace {trace_path}")
+    try:
+        r = A.MoeReplayResult()
+        check(lib.ferry_moe_replay(t, policy.encode(), slots, expert_bytes, ctypes.byref(r)),
+              "replay")
+        out = {f: getattr(r, f) for f, _ in A.MoeReplayResult._fields_}
+        out["policy"] = r.policy.decode()
+        return out
+    finally:
+        lib.ferry_moe_trace_destroy(t)
