@@ -19,10 +19,11 @@
 # it reads 2-3x slower on some VMs and swings between runs. Setting that up
 # needs root; this script raises vm.nr_hugepages, mounts hugetlbfs on a
 # temporary directory and undoes both on exit. Rounds alternate which side
-# goes first, so drift (other load, the host's cache) hits both alike;
-# each round's ratio is ferry's figure over the reference measured next to
-# it, and the summary gives the median and the range over the rounds, with
-# the load average at the start and at the end.
+# goes first (the retrieve rounds put fio before and after ferry and take
+# the mean), so drift (other load, the host's cache) hits both alike; each
+# round's ratio is ferry's figure over the reference measured next to it,
+# and the summary gives the median and the range over the rounds, with the
+# load average at the start and at the end.
 #
 # usage: bench/retrieve_vs_fio.sh [--ferry build/ferry] [--dir /var/tmp]
 #                                 [--rounds 5] [--parts "retrieve io l1"]
@@ -146,18 +147,18 @@ if [[ " $parts " == *" retrieve "* ]]; then
         "${fio_common[@]}" >/dev/null 2>&1
     for l1 in $l1s; do cold "$l1" >/dev/null; done # the store, filled once (and a warm-up)
     for ((i = 1; i <= rounds; i++)); do
+        # fio before and after the retrieves (their mean is the round's
+        # reference: a drive that stalls for a moment shows in both sides)
         line="  round $i (load $(cut -d' ' -f1 /proc/loadavg)):"
-        if ((i % 2)); then
-            f=$(fio_read "$work/fio.bin" $fio_size 4M 16)
-        fi
-        for l1 in $l1s; do
+        f1=$(fio_read "$work/fio.bin" $fio_size 4M 16)
+        for l1 in $l1s; do # (this build and the base take turns going first)
+            if [ -n "$base" ] && ! ((i % 2)); then gb[$l1]=$(cold "$l1" "$base"); fi
             g[$l1]=$(cold "$l1")
-            if [ -n "$base" ]; then gb[$l1]=$(cold "$l1" "$base"); fi
+            if [ -n "$base" ] && ((i % 2)); then gb[$l1]=$(cold "$l1" "$base"); fi
         done
-        if ! ((i % 2)); then
-            f=$(fio_read "$work/fio.bin" $fio_size 4M 16)
-        fi
-        line+=" fio $(printf %.2f "$f") GB/s"
+        f2=$(fio_read "$work/fio.bin" $fio_size 4M 16)
+        f=$(awk -v a="$f1" -v b="$f2" 'BEGIN { printf "%.4f", (a + b) / 2 }')
+        line+=" fio $(printf %.2f "$f1")/$(printf %.2f "$f2") GB/s"
         for l1 in $l1s; do
             r=$(ratio "${g[$l1]}" "$f")
             rr[$l1]+="$r "
