@@ -5,6 +5,7 @@
  * correlation, U-shaped miss rates over depth; and determinism by seed.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -343,6 +344,51 @@ static void next_turn_probabilities_are_calibrated(void **state)
     assert_int_equal(ferry__gen_open(&o, &g, &m), -EINVAL);
 }
 
+/* the decode-capture mode: next-token reuse scaled to what is asked,
+ * within a point, on both 256- and 128-expert presets; out of range is
+ * refused; an older header's options (without the field) still work */
+static void a_reuse_target_is_met(void **state)
+{
+    (void)state;
+    const char *models[] = {"deepseek-v3", "qwen3-30b-a3b"};
+    const double targets[] = {0.35, 0.40};
+    for (int m = 0; m < 2; m++)
+        for (int k = 0; k < 2; k++) {
+            ferry_moe_gen_options o = FERRY_MOE_GEN_OPTIONS_INIT;
+            o.model = models[m];
+            o.tokens = 512;
+            o.repeat_next = targets[k];
+            ferry_moe_trace *t = NULL;
+            FT_ASSERT_OK(ferry_moe_trace_generate(&o, &t));
+            ferry__trace_stats st;
+            FT_ASSERT_OK(ferry__trace_stats_compute(t, &st));
+            char what[64];
+            snprintf(what, sizeof what, "%s repeat_next at %.2f", models[m], targets[k]);
+            in_range(what, st.repeat_next, targets[k] - 0.01, targets[k] + 0.01);
+            ferry__free(st.layer_repeat);
+            ferry_moe_trace_destroy(t);
+        }
+    ferry_moe_gen_options o = FERRY_MOE_GEN_OPTIONS_INIT;
+    ferry_moe_trace *t = NULL;
+    o.tokens = 8;
+    o.repeat_next = 0.95;
+    assert_int_equal(ferry_moe_trace_generate(&o, &t), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "repeat_next"));
+    o.repeat_next = -0.5;
+    assert_int_equal(ferry_moe_trace_generate(&o, &t), -EINVAL);
+    /* below what popularity alone repeats: refused with the reachable range */
+    o.repeat_next = 0.05;
+    assert_int_equal(ferry_moe_trace_generate(&o, &t), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "reaches"));
+    o.repeat_next = 0.5; /* past the field: the preset's reuse */
+    o.size = FERRY_MOE_GEN_OPTIONS_MIN_SIZE;
+    FT_ASSERT_OK(ferry_moe_trace_generate(&o, &t));
+    ferry__trace_stats st;
+    FT_ASSERT_OK(ferry__trace_stats_compute(t, &st));
+    ferry__free(st.layer_repeat);
+    ferry_moe_trace_destroy(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -353,6 +399,7 @@ int main(void)
         cmocka_unit_test(gen_options_are_range_checked),
         cmocka_unit_test(a_seed_determines_the_trace),
         cmocka_unit_test(next_turn_probabilities_are_calibrated),
+        cmocka_unit_test(a_reuse_target_is_met),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

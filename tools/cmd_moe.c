@@ -3,7 +3,7 @@
  * trace replay against Belady's MIN, and the planner/executor benchmarks.
  *
  *   ferry moe gen [--model M] [--tokens N] [--seed S] [--layers N]
- *                 [--experts N] [--top-k N] [--json] -o FILE
+ *                 [--experts N] [--top-k N] [--repeat F] [--json] -o FILE
  *   ferry moe replay TRACE [--slots N|P%] [--policy P] [--expert-bytes SIZE]
  *                 [--stage S] [--json] [--sweep [--budgets 6.25%,12.5%,...]
  *                 [--policies a,b,..] [--plot FILE.png]]
@@ -70,11 +70,14 @@ int moe_parse_slots(const char *cmd, const char *flag, const char *s, const ferr
 static void gen_usage(void)
 {
     printf("usage: ferry moe gen [--model M] [--tokens N] [--seed S] [--layers N] "
-           "[--experts N] [--top-k N] [--json] -o FILE\n"
+           "[--experts N] [--top-k N] [--repeat F] [--json] -o FILE\n"
            "  --tokens   1..%u (default 2048); tokens x layers at most %zu steps and\n"
            "             x top-k at most %zu expert ids\n"
            "  --layers 1..1024  --experts 1..16384  --top-k 1..experts (default: the model's)\n"
            "  --seed     0..2^64-1 (default 1)\n"
+           "  --repeat   0.01..0.9: the share of selections routed again at the next\n"
+           "             token, same layer (default: the preset's, ~0.45; decode\n"
+           "             captures of large models show 0.34-0.37)\n"
            "  progress on stderr when it is a terminal (FERRY_NO_PROGRESS=1: none)\n"
            "models:", GEN_MAX_TOKENS, FERRY__TRACE_MAX_STEPS, FERRY__TRACE_MAX_IDS);
     for (const char *const *p = ferry_moe_gen_presets(); *p; p++)
@@ -148,7 +151,9 @@ int cmd_moe_gen(int argc, char **argv)
         } else if (!strcmp(a, "--top-k")) {
             if ((rc = cli_opt_count(cmd, a, v, 1, 16384, &x)) == 0)
                 o.top_k = (uint32_t)x;
-        } else
+        } else if (!strcmp(a, "--repeat"))
+            rc = cli_opt_real(cmd, a, v, 0.01, 0.9, &o.repeat_next);
+        else
             return cli_unknown(cmd, a);
         if (rc)
             return rc;

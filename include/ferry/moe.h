@@ -171,14 +171,20 @@ typedef struct ferry_moe_gen_options {
      * num_experts 1..FERRY_MOE_MAX_EXPERTS, top_k 1..num_experts (the
      * preset's top_k too must not exceed num_experts) */
     uint32_t num_layers, num_experts, top_k;
+    /** the share of a token's selections routed again at the next token,
+     *  same layer: 0 keeps the preset's (~45%, the generator's calibration);
+     *  0.01..0.9 scales the temporal reuse to measure that (within about a
+     *  point), e.g. 0.35 for what decode captures of large MoE models show
+     *  (34-37%) */
+    double repeat_next;
 } ferry_moe_gen_options;
-/** The smallest size the generator takes: the first version's options,
- *  which are these (they have not grown yet). */
-#define FERRY_MOE_GEN_OPTIONS_MIN_SIZE sizeof(ferry_moe_gen_options)
+/** The smallest size the generator takes: the first version's options (up
+ *  to top_k; repeat_next then 0). */
+#define FERRY_MOE_GEN_OPTIONS_MIN_SIZE offsetof(ferry_moe_gen_options, repeat_next)
 #define FERRY_MOE_GEN_OPTIONS_INIT \
     {FERRY_FIELD(size) sizeof(ferry_moe_gen_options), FERRY_FIELD(model) NULL, \
      FERRY_FIELD(tokens) 0, FERRY_FIELD(seed) 1, FERRY_FIELD(num_layers) 0, \
-     FERRY_FIELD(num_experts) 0, FERRY_FIELD(top_k) 0}
+     FERRY_FIELD(num_experts) 0, FERRY_FIELD(top_k) 0, FERRY_FIELD(repeat_next) 0.0}
 
 /**
  * Generate a realistic synthetic routing trace, calibrated to published

@@ -59,6 +59,7 @@ const char *const *ferry_moe_gen_presets(void)
 
 struct ferry__gen {
     const preset *ps;
+    double scale;     /* of the temporal reuse weights (repeat_next) */
     uint32_t L, E, K;
     ferry__rng rng;
     double *cdf;      /* [L][E] cumulative popularity by rank */
@@ -118,15 +119,88 @@ static uint32_t *set_at(const ferry__gen *g, uint32_t t, uint32_t l)
     return g->hist + (((size_t)(t % HIST) * g->L + l) * g->K);
 }
 
-int ferry__gen_open(const ferry_moe_gen_options *opt, ferry__gen **out, ferry_moe_model *model)
+static int gen_open_scaled(const ferry_moe_gen_options *opt, double scale, ferry__gen **out,
+                           ferry_moe_model *model);
+
+/* the measured repeat_next of a short trace at this scale */
+static int probe_repeat(const ferry_moe_gen_options *o, double scale, double *out)
 {
-    if (!opt || !out || !model)
-        return ferry__err_set(NULL, -EINVAL, "moe gen: options missing");
-    static const ferry__sized sized =
-        FERRY__SIZED0(ferry_moe_gen_options, FERRY_MOE_GEN_OPTIONS_MIN_SIZE);
-    int rc = ferry__opts_size_ok(NULL, "moe gen", &sized, opt->size);
+    ferry_moe_gen_options p = *o;
+    p.tokens = 192;
+    ferry_moe_model m;
+    ferry__gen *g;
+    int rc = gen_open_scaled(&p, scale, &g, &m);
     if (rc < 0)
         return rc;
+    ferry_moe_trace *t;
+    if ((rc = ferry_moe_trace_create(&m, &t)) < 0) {
+        ferry__gen_close(g);
+        return rc;
+    }
+    for (uint32_t tk = 0; tk < p.tokens && rc == 0; tk++)
+        for (uint32_t l = 0; l < m.num_layers && rc == 0; l++)
+            rc = ferry_moe_trace_append(t, tk, l, ferry__gen_next(g), m.top_k);
+    ferry__gen_close(g);
+    ferry__trace_stats st;
+    if (rc == 0 && (rc = ferry__trace_stats_compute(t, &st)) == 0) {
+        *out = st.repeat_next;
+        ferry__free(st.layer_repeat);
+    }
+    ferry_moe_trace_destroy(t);
+    return rc;
+}
+
+int ferry__gen_open(const ferry_moe_gen_options *uopt, ferry__gen **out, ferry_moe_model *model)
+{
+    if (!uopt || !out || !model)
+        return ferry__err_set(NULL, -EINVAL, "moe gen: options missing");
+    static const ferry__member later[] = {FERRY__MEMBER(ferry_moe_gen_options, repeat_next)};
+    static const ferry__sized sized =
+        FERRY__SIZED(ferry_moe_gen_options, FERRY_MOE_GEN_OPTIONS_MIN_SIZE, later);
+    ferry_moe_gen_options o = FERRY_MOE_GEN_OPTIONS_INIT;
+    int rc = ferry__opts_take(NULL, "moe gen", &sized, &o, uopt);
+    if (rc < 0)
+        return rc;
+    double target = o.repeat_next;
+    if (target == 0)
+        return gen_open_scaled(&o, 1.0, out, model);
+    if (!(target >= 0.01 && target <= 0.9))
+        return ferry__err_set(NULL, -EINVAL,
+                              "moe gen: repeat_next %g: accepted 0.01..0.9 (0: the preset's)",
+                              target);
+    /* the shape checks first (a probe would make the same complaint) */
+    ferry__gen *g;
+    if ((rc = gen_open_scaled(&o, 1.0, &g, model)) < 0)
+        return rc;
+    const preset *ps = g->ps;
+    ferry__gen_close(g);
+    /* the reuse weights may grow until the mixture is all reuse */
+    double lo = 0, hi = (1.0 - ps->cross) / (ps->r1 + ps->r2), floor_r = 0, ceil_r = 0;
+    /* popularity alone repeats experts: a target below what no reuse at
+     * all gives (or above what all reuse gives) is refused, not missed */
+    if ((rc = probe_repeat(&o, lo, &floor_r)) < 0 || (rc = probe_repeat(&o, hi, &ceil_r)) < 0)
+        return rc;
+    if (target < floor_r - 0.01 || target > ceil_r + 0.01)
+        return ferry__err_set(NULL, -EINVAL,
+                              "moe gen: repeat_next %.3f: this shape (%s, %u x %u, top-%u) "
+                              "reaches %.3f..%.3f",
+                              target, ps->name, model->num_layers, model->num_experts,
+                              model->top_k, floor_r, ceil_r);
+    for (int i = 0; i < 14; i++) {
+        double mid = (lo + hi) / 2, got = 0;
+        if ((rc = probe_repeat(&o, mid, &got)) < 0)
+            return rc;
+        if (got < target)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return gen_open_scaled(&o, (lo + hi) / 2, out, model);
+}
+
+static int gen_open_scaled(const ferry_moe_gen_options *opt, double scale, ferry__gen **out,
+                           ferry_moe_model *model)
+{
     const char *name = opt->model ? opt->model : "deepseek-v3";
     const preset *ps = NULL;
     for (size_t i = 0; i < FERRY__ARRAY_LEN(presets); i++)
@@ -165,6 +239,7 @@ int ferry__gen_open(const ferry_moe_gen_options *opt, ferry__gen **out, ferry_mo
     if (!g)
         return ferry__err_set(NULL, -ENOMEM, "moe gen: out of memory");
     g->ps = ps;
+    g->scale = scale;
     g->L = L;
     g->E = E;
     g->K = K;
@@ -210,8 +285,8 @@ static void weights(const ferry__gen *g, uint32_t l, double *r1, double *r2)
 {
     double x = g->L > 1 ? 2.0 * l / (g->L - 1) - 1.0 : 0.0;
     double f = 1.0 - g->ps->edge_drop * x * x;
-    *r1 = g->ps->r1 * f;
-    *r2 = g->ps->r2 * f;
+    *r1 = g->ps->r1 * f * g->scale;
+    *r2 = g->ps->r2 * f * g->scale;
 }
 
 const uint32_t *ferry__gen_next(ferry__gen *g)
