@@ -8,9 +8,13 @@
  * Runs the ferry binary built next to this test (skipped when absent),
  * with tiny sizes so the whole file runs in seconds.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -427,6 +431,79 @@ static void group_help_exits_0(void **state)
     free(r);
 }
 
+/* GET path from 127.0.0.1:port: the whole response (status line first) */
+static void http_get(int port, const char *path, char *out, size_t len)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    char req[256];
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: x\r\n\r\n", path);
+    assert_int_equal(write(fd, req, (size_t)n), n);
+    size_t got = 0;
+    ssize_t r;
+    while (got + 1 < len && (r = read(fd, out + got, len - 1 - got)) > 0)
+        got += (size_t)r;
+    out[got] = 0;
+    close(fd);
+}
+
+/* ferry serve in the foreground: status answers, /metrics serves the
+ * store's and the daemon's families, SIGTERM stops it cleanly (exit 0,
+ * socket gone); bad flags are usage errors */
+static void serve_runs_and_stops_cleanly(void **state)
+{
+    (void)state;
+    expect_usage("serve --metrics nonsense", "--metrics nonsense", "accepted: ");
+    expect_usage("serve --l2 @", "--l2", "DIR:SIZE");
+    expect_usage("serve --bogus", "--bogus", NULL);
+    char sock[320], metrics[32];
+    snprintf(sock, sizeof sock, "%s/serve.sock", g_dir);
+    int port = 20000 + (int)(getpid() % 20000);
+    snprintf(metrics, sizeof metrics, "127.0.0.1:%d", port);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open("/dev/null", O_WRONLY);
+        dup2(fd, 2);
+        execl(g_ferry, g_ferry, "serve", "--socket", sock, "--model", "tiny", "--l1", "4M",
+              "--metrics", metrics, (char *)NULL);
+        _exit(127);
+    }
+    run_out *r = malloc(sizeof *r);
+    assert_non_null(r);
+    char args[400];
+    snprintf(args, sizeof args, "serve status --socket %s", sock);
+    for (int i = 0; i < 500; i++) {
+        run_ferry(args, r);
+        if (r->status == 0)
+            break;
+        usleep(20000);
+    }
+    assert_int_equal(r->status, 0);
+    assert_non_null(strstr(r->out, "clients"));
+    assert_non_null(strstr(r->out, "L1"));
+    static char resp[1 << 16];
+    http_get(port, "/metrics", resp, sizeof resp);
+    assert_non_null(strstr(resp, "200 OK"));
+    assert_non_null(strstr(resp, "ferry_kv_lookups_total"));
+    assert_non_null(strstr(resp, "ferry_serve_clients"));
+    http_get(port, "/nosuch", resp, sizeof resp);
+    assert_non_null(strstr(resp, "404"));
+    kill(pid, SIGTERM);
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    assert_int_equal(access(sock, F_OK), -1);
+    free(r);
+}
+
 int main(void)
 {
     char self[4096];
@@ -451,6 +528,7 @@ int main(void)
         cmocka_unit_test(json_is_one_document),
         cmocka_unit_test(benches_print_no_targets),
         cmocka_unit_test(group_help_exits_0),
+        cmocka_unit_test(serve_runs_and_stops_cleanly),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ft_rmtree(g_dir);

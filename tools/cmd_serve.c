@@ -16,6 +16,7 @@
 
 #include "cli.h"
 #include "kv/proto.h"
+#include "serve_metrics.h"
 
 #define SERVE_CMD "serve"
 #define STATUS_CMD "serve status"
@@ -42,6 +43,8 @@ static void usage(FILE *f)
             "  --l2 DIR:SIZE          persistent NVMe slab in DIR (an existing directory)\n"
             "  --remote URL           Redis/Valkey tier (redis://host:port/db)\n"
             "  --model llama3-8b|qwen2.5-0.5b|tiny   the KV shape served (default llama3-8b)\n"
+            "  --metrics HOST:PORT    Prometheus metrics over HTTP (GET /metrics), e.g.\n"
+            "                         127.0.0.1:9400 (default: none)\n"
             "  --chunk-tokens N       tokens per chunk (default 256)\n"
             "clients open their store with ferry_kv_config.server = \"unix:PATH\" and the same\n"
             "layout and chunk size; SIGTERM stops cleanly (flush, sync, close).\n",
@@ -49,7 +52,7 @@ static void usage(FILE *f)
 }
 
 typedef struct serve_opts {
-    const char *socket, *group, *l2, *remote, *model;
+    const char *socket, *group, *l2, *remote, *model, *metrics;
     uint32_t allow[MAX_ALLOW];
     size_t nallow;
     uint64_t max_clients, l1, chunk_tokens;
@@ -83,6 +86,15 @@ static int parse_one(serve_opts *o, const char *a, const char *v, int *used)
         return cli_opt_string(SERVE_CMD, a, v, "a group name", &o->group);
     if (!strcmp(a, "--l2"))
         return cli_opt_string(SERVE_CMD, a, v, "DIR:SIZE", &o->l2);
+    if (!strcmp(a, "--metrics")) {
+        struct sockaddr_in sa;
+        int rc = cli_opt_string(SERVE_CMD, a, v, "HOST:PORT, an IPv4 address and a port",
+                                &o->metrics);
+        if (rc == 0 && serve_metrics_addr(o->metrics, &sa) < 0)
+            rc = cli_bad(SERVE_CMD, a, v, "HOST:PORT, an IPv4 address and a port 0..65535",
+                         "not an address and port");
+        return rc;
+    }
     if (!strcmp(a, "--remote"))
         return cli_opt_string(SERVE_CMD, a, v, "redis://host:port/db", &o->remote);
     if (!strcmp(a, "--l1"))
@@ -172,6 +184,20 @@ int cmd_serve(int argc, char **argv)
         free(dir);
         return cli_fail(SERVE_CMD, "open", rc);
     }
+    struct MHD_Daemon *http = NULL;
+    if (o.metrics) {
+        struct sockaddr_in sa;
+        serve_metrics_addr(o.metrics, &sa);
+        http = serve_metrics_start(g_serve, &sa);
+        if (!http) {
+            fprintf(stderr, "ferry serve: --metrics %s: cannot serve HTTP there (%s)\n",
+                    o.metrics, strerror(errno));
+            ferry_serve_close(g_serve);
+            free(dir);
+            return 1;
+        }
+        fprintf(stderr, "ferry serve: metrics on http://%s/metrics\n", o.metrics);
+    }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -181,6 +207,7 @@ int cmd_serve(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     fprintf(stderr, "ferry serve: serving on %s (pid %d)\n", o.socket, (int)getpid());
     ferry_serve_run(g_serve);
+    serve_metrics_stop(http);
     rc = ferry_serve_close(g_serve);
     g_serve = NULL;
     free(dir);

@@ -1,0 +1,130 @@
+/*
+ * serve_metrics.c - `ferry serve --metrics HOST:PORT`: the daemon's
+ * Prometheus metrics over HTTP, served by libmicrohttpd (its own thread,
+ * a bounded number of connections, a timeout each). GET /metrics answers
+ * the hosted store's families (ferry_kv_*, as ferry_kv_metrics_prometheus
+ * writes them) and the daemon's own (ferry_serve_*); anything else is 404.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <microhttpd.h>
+
+#include "serve_metrics.h"
+
+/* the daemon's own families, appended to buf at off; the new length */
+static size_t serve_families(ferry_serve *s, char *buf, size_t cap, size_t off)
+{
+    ferry_serve_stats st = FERRY_SERVE_STATS_INIT;
+    if (ferry_serve_stats_get(s, &st) < 0)
+        return off;
+    static const struct {
+        const char *name, *type, *help;
+        size_t off;
+    } fam[] = {
+        {"ferry_serve_clients", "gauge", "Client connections served now.",
+         offsetof(ferry_serve_stats, clients)},
+        {"ferry_serve_connections_total", "counter", "Client connections accepted.",
+         offsetof(ferry_serve_stats, connections)},
+        {"ferry_serve_refused_total", "counter",
+         "Connections refused (another uid, past max_clients).",
+         offsetof(ferry_serve_stats, refused)},
+        {"ferry_serve_requests_total", "counter", "Requests answered.",
+         offsetof(ferry_serve_stats, requests)},
+        {"ferry_serve_bad_frames_total", "counter",
+         "Malformed frames, unknown versions or types, slots not held.",
+         offsetof(ferry_serve_stats, bad_frames)},
+        {"ferry_serve_slow_clients_total", "counter",
+         "Clients disconnected for not reading their replies.",
+         offsetof(ferry_serve_stats, slow_clients)},
+        {"ferry_serve_released_total", "counter",
+         "Reservations and locks released by a closing connection.",
+         offsetof(ferry_serve_stats, released)},
+    };
+    for (size_t i = 0; i < sizeof fam / sizeof fam[0] && off < cap; i++) {
+        uint64_t v;
+        memcpy(&v, (const char *)&st + fam[i].off, sizeof v);
+        int n = snprintf(buf + off, cap - off, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n",
+                         fam[i].name, fam[i].help, fam[i].name, fam[i].type, fam[i].name,
+                         (unsigned long long)v);
+        if (n < 0 || (size_t)n >= cap - off)
+            return off;
+        off += (size_t)n;
+    }
+    return off;
+}
+
+static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char *url,
+                              const char *method, const char *version, const char *upload,
+                              size_t *upload_len, void **con_cls)
+{
+    (void)version;
+    (void)upload;
+    (void)con_cls;
+    ferry_serve *s = cls;
+    struct MHD_Response *r;
+    unsigned code = MHD_HTTP_OK;
+    if (strcmp(method, "GET") || *upload_len || strcmp(url, "/metrics")) {
+        static char nf[] = "ferry serve: GET /metrics\n";
+        code = strcmp(method, "GET") ? MHD_HTTP_METHOD_NOT_ALLOWED : MHD_HTTP_NOT_FOUND;
+        r = MHD_create_response_from_buffer(strlen(nf), nf, MHD_RESPMEM_PERSISTENT);
+    } else {
+        int need = ferry_kv_metrics_prometheus(ferry_serve_kv(s), NULL, 0);
+        size_t cap = (need > 0 ? (size_t)need : 0) + 4096;
+        char *buf = malloc(cap);
+        if (!buf)
+            return MHD_NO;
+        int n = ferry_kv_metrics_prometheus(ferry_serve_kv(s), buf, cap);
+        size_t len = n > 0 && (size_t)n < cap ? (size_t)n : 0;
+        len = serve_families(s, buf, cap, len);
+        r = MHD_create_response_from_buffer(len, buf, MHD_RESPMEM_MUST_FREE);
+        if (r)
+            MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4");
+        else
+            free(buf);
+    }
+    if (!r)
+        return MHD_NO;
+    enum MHD_Result ok = MHD_queue_response(conn, code, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+int serve_metrics_addr(const char *addr, struct sockaddr_in *sa)
+{
+    const char *colon = strrchr(addr, ':');
+    if (!colon || colon == addr || (size_t)(colon - addr) >= 64)
+        return -1;
+    char host[64];
+    memcpy(host, addr, (size_t)(colon - addr));
+    host[colon - addr] = 0;
+    char *end = NULL;
+    errno = 0;
+    unsigned long port = strtoul(colon + 1, &end, 10);
+    if (errno || !end || *end || end == colon + 1 || port > 65535 || colon[1] == '-' ||
+        colon[1] == '+')
+        return -1;
+    memset(sa, 0, sizeof *sa);
+    sa->sin_family = AF_INET;
+    sa->sin_port = htons((uint16_t)port);
+    return inet_pton(AF_INET, host, &sa->sin_addr) == 1 ? 0 : -1;
+}
+
+struct MHD_Daemon *serve_metrics_start(ferry_serve *s, const struct sockaddr_in *sa)
+{
+    return MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
+                            ntohs(sa->sin_port), NULL, NULL, answer, s, MHD_OPTION_SOCK_ADDR,
+                            (const struct sockaddr *)sa, MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned)16, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)5,
+                            MHD_OPTION_END);
+}
+
+void serve_metrics_stop(struct MHD_Daemon *d)
+{
+    if (d)
+        MHD_stop_daemon(d);
+}
