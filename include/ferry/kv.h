@@ -485,6 +485,20 @@ FERRY_API int ferry_kv_retrieve_async(ferry_kv *kv, const int32_t *tokens, size_
  * blocking form would), or -ETIMEDOUT when still running. Thread-safe.
  */
 FERRY_API int ferry_kv_op_wait(ferry_kv_op *op, int timeout_ms);
+/**
+ * Stop op and wait until it no longer touches the caller's buffer: an op
+ * still queued moves nothing; a running retrieve starts no new read and
+ * copies no further chunk into dst (copies already under way finish, reads
+ * in flight land in L1 and stay there); a running store reads no further
+ * batch from src (chunks already committed stay stored). Returns the op's
+ * result: -ECANCELED when the cancel stopped it (req->status: 0 for each
+ * chunk that was moved, -ECANCELED for each that was not), else what it
+ * returned had it not been asked (it was done already). After it returns,
+ * the engine may free or reuse the buffer at once. Through a server the op
+ * runs to its end first. The op is still freed with ferry_kv_op_free.
+ * Errors: -EINVAL (NULL). Thread-safe.
+ */
+FERRY_API int ferry_kv_op_cancel(ferry_kv_op *op);
 /** ferry_kv_op_wait(op, 0) but -EAGAIN while running. */
 FERRY_API int ferry_kv_op_test(ferry_kv_op *op);
 /** Wait for op if it is still running, then free it. NULL does nothing. */

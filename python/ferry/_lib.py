@@ -67,6 +67,7 @@ _PROTOS = {
                                          ctypes.POINTER(A.KVBuffer), ctypes.POINTER(_vp)]),
     "ferry_kv_op_wait": (_c_int, [_vp, _c_int]),
     "ferry_kv_op_test": (_c_int, [_vp]),
+    "ferry_kv_op_cancel": (_c_int, [_vp]),
     "ferry_kv_op_free": (None, [_vp]),
     "ferry_kv_prefetch": (_c_int, [_vp, _i32p, _c_size, ctypes.POINTER(A.KVReq)]),
     "ferry_kv_pin": (_c_int, [_vp, _i32p, _c_size, ctypes.POINTER(A.KVReq)]),

@@ -95,8 +95,8 @@ class _Req:
 
 class Op:
     """An asynchronous store or retrieve. wait() returns the tokens moved (or
-    raises FerryError); done() tells whether it finished; `await op` works
-    in asyncio. The buffers it reads or writes stay referenced by the Op
+    raises FerryError); done() tells whether it finished; cancel() stops it;
+    `await op` works in asyncio. The buffers it reads or writes stay referenced by the Op
     until it is freed."""
 
     def __init__(self, kv, handle, keep, call):
@@ -115,6 +115,21 @@ class Op:
             raise TimeoutError(f"ferry: {self._call} still running after {timeout} s")
         self._result = rc
         return self._finish()
+
+    def cancel(self):
+        """Stop the operation and wait until it no longer touches its buffer
+        (an aborted request may free its blocks as soon as this returns).
+        Returns True when the cancel stopped it (chunks already moved stay
+        moved), False when it had finished anyway (wait() gives its result)."""
+        if self._result is not None:
+            return False
+        rc = lib.ferry_kv_op_cancel(self._h)
+        if rc == -errno.ECANCELED:
+            self._result = rc
+            self.free()
+            return True
+        self._result = rc
+        return False
 
     def done(self):
         if self._result is not None:

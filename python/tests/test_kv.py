@@ -273,3 +273,32 @@ def test_device_and_shape_mistakes_are_clear_errors():
         with pytest.raises(FerryError):
             s.store(range(16), caches, [0, 1])  # table too short for 16 tokens
         assert s.lookup(range(16)) == 0  # nothing half-stored
+
+
+def test_cancel_stops_an_op_and_leaves_untouched_chunks_alone():
+    lay = small_layout()
+    src = np.random.default_rng(6).standard_normal((2, 3, 64 * CHUNK, 16)).astype(np.float32)
+    with store_for(lay, l1=128 * CHUNK * lay.token_bytes, workers=1) as s:
+        toks = np.arange(64 * CHUNK)
+        assert s.store(toks, src) == 64 * CHUNK
+        stopped = 0
+        for _ in range(5):
+            dst = np.full_like(src, 7.0)
+            blocker = s.retrieve_async(toks, np.zeros_like(src))  # ahead of ours on one worker
+            op = s.retrieve_async(toks, dst)
+            if op.cancel():
+                stopped += 1
+                with pytest.raises(FerryError) as e:
+                    op.wait()
+                assert e.value.name == "ECANCELED"
+                for c in range(64):  # each chunk is either exactly its bytes or untouched
+                    got = dst[:, :, c * CHUNK:(c + 1) * CHUNK]
+                    assert np.array_equal(got, src[:, :, c * CHUNK:(c + 1) * CHUNK]) or \
+                        np.all(got == 7.0)
+            else:
+                assert op.wait() == 64 * CHUNK and np.array_equal(dst, src)
+            assert blocker.wait() == 64 * CHUNK
+        assert stopped > 0
+        done = s.retrieve_async(toks[:CHUNK], np.zeros_like(src))
+        done.wait()
+        assert done.cancel() is False

@@ -182,6 +182,14 @@ int ferry_kv_op_wait(ferry_kv_op *op, int timeout_ms)
     return done ? rc : -ETIMEDOUT;
 }
 
+int ferry_kv_op_cancel(ferry_kv_op *op)
+{
+    if (!op)
+        return ferry__err_set(NULL, -EINVAL, "kv op cancel: op is NULL");
+    atomic_store_explicit(&op->cancel, 1, memory_order_release);
+    return ferry_kv_op_wait(op, -1);
+}
+
 int ferry_kv_op_test(ferry_kv_op *op)
 {
     int rc = ferry_kv_op_wait(op, 0);

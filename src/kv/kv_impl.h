@@ -348,7 +348,16 @@ struct ferry_kv_op {
     pthread_cond_t cv;
     int done;
     int result;
+    atomic_int cancel; /* ferry_kv_op_cancel asked it to stop */
 };
+
+/* the cancel flag of the async operation this thread runs (NULL when it
+ * runs none), and whether it is set */
+const atomic_int *ferry__kv_cancel_flag(void);
+static inline int ferry__kv_cancelled(const atomic_int *f)
+{
+    return f && atomic_load_explicit(f, memory_order_acquire);
+}
 
 typedef struct ferry__kv_hist {
     atomic_uint_fast64_t b[FERRY_KV_HIST_BUCKETS];

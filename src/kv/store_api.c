@@ -73,15 +73,34 @@ int ferry_kv_retrieve(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry
 
 /* an asynchronous operation on a worker: the store or retrieve, then its
  * handle says done */
+static _Thread_local const atomic_int *t_cancel;
+
+const atomic_int *ferry__kv_cancel_flag(void)
+{
+    return t_cancel;
+}
+
 static void op_run(ferry_kv *kv, ferry__kv_job *j)
 {
     ferry_kv_op *op = j->op;
     int store = op->kind == FERRY__KV_OP_STORE;
+    if (ferry__kv_cancelled(&op->cancel)) { /* cancelled while queued: nothing moves */
+        for (size_t i = 0; i < op->nchunks; i++)
+            ferry__kv_set_status(&op->req, i, -ECANCELED);
+        pthread_mutex_lock(&op->mu);
+        op->result = -ECANCELED;
+        op->done = 1;
+        pthread_cond_broadcast(&op->cv);
+        pthread_mutex_unlock(&op->mu);
+        return;
+    }
+    t_cancel = &op->cancel;
     int rc = kv->client && store
                  ? ferry__kvc_store(kv, op->ids, op->nchunks, op->n, &op->req, &op->buf)
              : kv->client ? ferry__kvc_retrieve(kv, op->ids, op->nchunks, op->n, &op->req, &op->buf)
              : store      ? ferry__kv_do_store(kv, op->ids, op->nchunks, op->n, &op->req, &op->buf)
                           : ferry__kv_do_retrieve(kv, op->ids, op->nchunks, op->n, &op->req, &op->buf);
+    t_cancel = NULL;
     pthread_mutex_lock(&op->mu);
     op->result = rc;
     op->done = 1;

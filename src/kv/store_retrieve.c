@@ -75,6 +75,8 @@ typedef struct rtv {
     pthread_cond_t ccv;
     unsigned wpending;
     uint64_t vbad;              /* chunks counted as hits that failed their check */
+    const atomic_int *cancel;   /* the async op's cancel flag, or NULL */
+    unsigned ncancel;           /* chunks not copied out because of it (under cmu) */
 } rtv;
 
 /* wait for the device copies of the held chunks (none for host buffers:
@@ -118,6 +120,15 @@ static void rt_sync(rtv *r)
 static void rt_copy_chunk(rtv *r, size_t i, const void *src)
 {
     ferry_kv *kv = r->kv;
+    if (ferry__kv_cancelled(r->cancel)) { /* the caller's buffer is no longer ours */
+        if (r->wcopy)
+            pthread_mutex_lock(&r->cmu);
+        r->c[i].st = -ECANCELED;
+        r->ncancel++;
+        if (r->wcopy)
+            pthread_mutex_unlock(&r->cmu);
+        return;
+    }
     int rc = ferry__kv_xfer(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
                             ferry__kv_chunk_ntok(kv, i, r->n), (void *)(uintptr_t)src, 0, r->s, NULL);
     if (r->wcopy)
@@ -272,8 +283,11 @@ static void rt_verify_copy(rtv *r, size_t i)
     ferry__kv_tier *t = r->at;
     ferry__kv_entry *e = r->c[i].held;
     uint64_t sum = 0;
-    int rc = ferry__kv_xfer_out_sum(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
-                                    r->c[i].adst, &sum);
+    /* cancelled: the slot is still checked (it is promoted), nothing copied out */
+    int skip = ferry__kv_cancelled(r->cancel);
+    int rc = skip ? -ECANCELED
+                  : ferry__kv_xfer_out_sum(r->buf, kv->chunk_tokens,
+                                           (uint64_t)i * kv->chunk_tokens, r->c[i].adst, &sum);
     if (rc < 0) /* (host copies do not fail; the slot is still checked) */
         sum = ferry__kv_sum(r->c[i].adst, kv->chunk_bytes);
     int vrc = rt_check(r, i, e, sum);
@@ -290,7 +304,10 @@ static void rt_verify_copy(rtv *r, size_t i)
     pthread_mutex_unlock(&kv->mu);
     if (r->wcopy)
         pthread_mutex_lock(&r->cmu);
-    if (rc < 0) {
+    if (skip && vrc == 0) {
+        r->c[i].st = -ECANCELED;
+        r->ncancel++;
+    } else if (rc < 0 && !skip) {
         if (r->copy_rc == 0)
             r->copy_rc = ferry__kv_err_pass(kv, rc);
         r->c[i].st = rc;
@@ -763,6 +780,17 @@ static void rt_run(rtv *r, const ferry_kv_hash *ids, int lower)
             r->c[k++].fate = RT_DONE;
             continue;
         }
+        if (r->c[k].fate == RT_OPEN && ferry__kv_cancelled(r->cancel)) {
+            /* no new read: what is in flight lands in L1 and is not copied out */
+            if (r->wcopy)
+                pthread_mutex_lock(&r->cmu);
+            r->c[k].st = -ECANCELED;
+            r->ncancel++;
+            if (r->wcopy)
+                pthread_mutex_unlock(&r->cmu);
+            r->c[k++].fate = RT_DONE;
+            continue;
+        }
         rt_fill(r, ids, k, &ic, &blocked);
         if (r->c[k].fate == RT_READING || r->c[k].fate == RT_LANDED) {
             /* take what landed, refill, then copy those out (in landing
@@ -830,6 +858,7 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
     r.buf = buf;
     r.nch = nch;
     r.n = n;
+    r.cancel = ferry__kv_cancel_flag();
     int rc = 0;
     if (buf->mem == FERRY_KV_MEM_DEVICE && (rc = ferry__kv_stream_get(kv, &r.s)) < 0) {
         atomic_fetch_add(&kv->failures, 1);
@@ -865,5 +894,5 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
         atomic_fetch_add(&kv->failures, 1);
         return r.copy_rc;
     }
-    return (int)lead;
+    return r.ncancel ? -ECANCELED : (int)lead;
 }

@@ -250,7 +250,15 @@ int ferry__kv_do_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
     }
     for (size_t i = 0; i < nch; i++)
         w.st[i] = FERRY_ENOTFOUND;
+    const atomic_int *cancel = ferry__kv_cancel_flag();
+    int cancelled = 0;
     while (w.next < nch && w.place_rc == 0 && w.copy_rc == 0) {
+        if (ferry__kv_cancelled(cancel)) { /* between batches: later chunks are not read */
+            for (size_t i = w.next; i < nch; i++)
+                w.st[i] = -ECANCELED;
+            cancelled = 1;
+            break;
+        }
         wr_place(&w);
         wr_copy(&w);
         wr_commit(&w);
@@ -275,5 +283,5 @@ int ferry__kv_do_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
     }
     if (lead == 0 && w.place_rc < 0 && first == w.place_rc)
         return w.place_rc;
-    return (int)lead;
+    return cancelled ? -ECANCELED : (int)lead;
 }
