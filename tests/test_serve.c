@@ -662,8 +662,20 @@ static void test_daemon_killed_and_restarted(void **state)
     hbuf_init(&dst, 6 * CT, 0);
     assert_int_equal(ferry_kv_store(kv, tok, 6 * CT, NULL, &src.b), 6 * CT);
     assert_int_equal(ferry_kv_sync(kv), 6); /* durable in the daemon's L2 */
-    kill(pid, SIGKILL);
+    /* a daemon that hangs: FERRY_ECONN within the timeout, never a hang;
+     * once it runs again the next call connects again */
+    kill(pid, SIGSTOP);
     int ws;
+    assert_int_equal(waitpid(pid, &ws, WUNTRACED), pid); /* stopped for sure */
+    assert_true(WIFSTOPPED(ws));
+    uint64_t h0 = ferry__now_ns();
+    assert_int_equal(ferry_kv_lookup(kv, tok, 6 * CT, NULL), FERRY_ECONN);
+    uint64_t hung = ferry__now_ns() - h0;
+    assert_true(hung >= 400000000ull && hung < 2000000000ull); /* the 500 ms timeout */
+    assert_non_null(strstr(ferry_kv_last_error(kv), "within the timeout"));
+    kill(pid, SIGCONT);
+    assert_int_equal(ferry_kv_lookup(kv, tok, 6 * CT, NULL), 6 * CT);
+    kill(pid, SIGKILL);
     waitpid(pid, &ws, 0);
     /* a clean error, not a hang */
     uint64_t t0 = ferry__now_ns();
