@@ -495,7 +495,9 @@ FERRY_API int ferry_kv_op_wait(ferry_kv_op *op, int timeout_ms);
  * chunk that was moved, -ECANCELED for each that was not), else what it
  * returned had it not been asked (it was done already). After it returns,
  * the engine may free or reuse the buffer at once. Through a server the op
- * runs to its end first. The op is still freed with ferry_kv_op_free.
+ * stops between its batches (each at most a quarter of the daemon's pool:
+ * reserved, copied and committed, or acquired, copied and released). The
+ * op is still freed with ferry_kv_op_free.
  * Errors: -EINVAL (NULL). Thread-safe.
  */
 FERRY_API int ferry_kv_op_cancel(ferry_kv_op *op);

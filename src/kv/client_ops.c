@@ -197,7 +197,14 @@ int ferry__kvc_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t 
     }
     if (buf->mem == FERRY_KV_MEM_DEVICE)
         r = ferry__kv_stream_get(kv, &s);
+    const atomic_int *cancel = ferry__kv_cancel_flag(); /* an async op's, else NULL */
     for (size_t i = 0; r == 0 && i < nch;) {
+        if (ferry__kv_cancelled(cancel)) { /* between batches: nothing more moves */
+            for (size_t k = i; k < nch; k++)
+                st[k] = -ECANCELED;
+            r = -ECANCELED;
+            break;
+        }
         size_t m = batch_of(c, nch - i);
         if ((r = ferry__kvc_chunks(kv, c, m)) < 0)
             break;
@@ -217,7 +224,7 @@ int ferry__kvc_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t 
         ferry__kv_set_status(req, i, st[i]);
     int first = st[0];
     ferry__free(st);
-    if (r < 0 && (r == FERRY_ECONN || lead == 0 || first == r))
+    if (r < 0 && (r == FERRY_ECONN || r == -ECANCELED || lead == 0 || first == r))
         return r;
     return (int)lead;
 }
@@ -292,7 +299,14 @@ int ferry__kvc_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size
     }
     if (buf->mem == FERRY_KV_MEM_DEVICE)
         r = ferry__kv_stream_get(kv, &s);
+    const atomic_int *cancel = ferry__kv_cancel_flag(); /* an async op's, else NULL */
     for (size_t i = 0; r == 0 && i < nch;) {
+        if (ferry__kv_cancelled(cancel)) { /* between batches: nothing more moves */
+            for (size_t k = i; k < nch; k++)
+                st[k] = -ECANCELED;
+            r = -ECANCELED;
+            break;
+        }
         size_t m = batch_of(c, nch - i);
         if ((r = ferry__kvc_chunks(kv, c, m)) < 0)
             break;
