@@ -53,7 +53,7 @@ int main(void)
 #undef C
 #define R(f) F(ferry_kv_req, f)
     S(ferry_kv_req); R(size); R(salt); R(salt_len); R(flags); R(tiers); R(status);
-    R(max_chunks); E();
+    R(max_chunks); R(skip_tokens); E();
 #undef R
 #define T(f) F(ferry_kv_tier_stats, f)
     S(ferry_kv_tier_stats); T(hits); T(evictions); T(bytes_written); T(bytes_read);

@@ -410,14 +410,22 @@ typedef struct ferry_kv_req {
      *  the code that chunk failed with (FERRY_ENOTFOUND for a miss). */
     int *status;
     size_t max_chunks;      /**< entries in tiers/status */
+    /**
+     * Retrieve only: the leading tokens the engine already holds. Their
+     * chunks are found (and checked) as for any retrieve and count in its
+     * result, but no byte below this token is written into dst, so blocks
+     * the engine shares with other requests stay untouched; a chunk that
+     * straddles it is copied from this token on. 0: copy everything.
+     * (Added after max_chunks: read only when size covers it.)
+     */
+    uint64_t skip_tokens;
 } ferry_kv_req;
-/** The smallest size a request may give: the first version's, which is
- *  this one (it has not grown yet). */
-#define FERRY_KV_REQ_MIN_SIZE sizeof(ferry_kv_req)
+/** The smallest size a request may give: the first version's (up to max_chunks). */
+#define FERRY_KV_REQ_MIN_SIZE (offsetof(ferry_kv_req, max_chunks) + sizeof(size_t))
 #define FERRY_KV_REQ_INIT \
     {FERRY_FIELD(size) sizeof(ferry_kv_req), FERRY_FIELD(salt) NULL, FERRY_FIELD(salt_len) 0, \
      FERRY_FIELD(flags) 0, FERRY_FIELD(tiers) NULL, FERRY_FIELD(status) NULL, \
-     FERRY_FIELD(max_chunks) 0}
+     FERRY_FIELD(max_chunks) 0, FERRY_FIELD(skip_tokens) 0}
 
 /**
  * How many leading tokens of tokens[0..n) are cached (in whole chunks, plus

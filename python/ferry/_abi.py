@@ -55,7 +55,7 @@ class KVConfig(_Sized):
 class KVReq(_Sized):
     _fields_ = [("size", _size), ("salt", _vp), ("salt_len", _size), ("flags", _uint),
                 ("tiers", ctypes.POINTER(_u8)), ("status", ctypes.POINTER(_int)),
-                ("max_chunks", _size)]
+                ("max_chunks", _size), ("skip_tokens", _u64)]
 
 
 class KVTierStats(ctypes.Structure):

@@ -72,8 +72,11 @@ class Layout:
 class _Req:
     """A ferry_kv_req with optional per-chunk out-arrays."""
 
-    def __init__(self, salt, partial, chunks=0):
+    def __init__(self, salt, partial, chunks=0, skip=0):
         self.c = A.KVReq()
+        if skip < 0:
+            raise ValueError(f"ferry: skip {skip} is negative")
+        self.c.skip_tokens = skip
         self._salt = salt
         if salt is not None:
             if isinstance(salt, str):
@@ -275,11 +278,12 @@ class KVStore:
         return hit, [TIER_NAMES[req.tiers[i]] for i in range(k)]
 
     # -- moving KV --
-    def _op(self, fn, name, tokens, data, block_table, salt, partial, writable, statuses):
+    def _op(self, fn, name, tokens, data, block_table, salt, partial, writable, statuses,
+            skip=0):
         arr, p = tokens_array(tokens)
         buf = Buffer(self.layout, data, block_table, writable=writable)
         n = -(-arr.size // self.chunk_tokens) if statuses else 0
-        req = _Req(salt, partial, n)
+        req = _Req(salt, partial, n, skip)
         rc = check(fn(self._handle(), p, arr.size, req.ptr(), ctypes.byref(buf.c)), name)
         if statuses:
             return rc, list(req.status)
@@ -293,16 +297,18 @@ class KVStore:
         return self._op(lib.ferry_kv_store, "store", tokens, kv, block_table, salt, partial,
                         False, statuses)
 
-    def retrieve(self, tokens, kv, block_table=None, *, salt=None, partial=False, statuses=False):
+    def retrieve(self, tokens, kv, block_table=None, *, salt=None, partial=False, statuses=False,
+                 skip=0):
         """Load the cached KV of `tokens` into `kv` (same forms as store). Returns
-        the leading tokens loaded; chunks not loaded leave their destination as it was."""
+        the leading tokens loaded; chunks not loaded leave their destination as it was.
+        skip: leading tokens the engine already holds; nothing below it is written."""
         return self._op(lib.ferry_kv_retrieve, "retrieve", tokens, kv, block_table, salt,
-                        partial, True, statuses)
+                        partial, True, statuses, skip)
 
-    def _async(self, fn, name, tokens, data, block_table, salt, partial, writable):
+    def _async(self, fn, name, tokens, data, block_table, salt, partial, writable, skip=0):
         arr, p = tokens_array(tokens)
         buf = Buffer(self.layout, data, block_table, writable=writable)
-        req = _Req(salt, partial)
+        req = _Req(salt, partial, 0, skip)
         h = ctypes.c_void_p()
         check(fn(self._handle(), p, arr.size, req.ptr(), ctypes.byref(buf.c), ctypes.byref(h)), name)
         return Op(self, h, (buf, req, arr), name)
@@ -311,9 +317,9 @@ class KVStore:
         return self._async(lib.ferry_kv_store_async, "store_async", tokens, kv, block_table,
                            salt, partial, False)
 
-    def retrieve_async(self, tokens, kv, block_table=None, *, salt=None, partial=False):
+    def retrieve_async(self, tokens, kv, block_table=None, *, salt=None, partial=False, skip=0):
         return self._async(lib.ferry_kv_retrieve_async, "retrieve_async", tokens, kv,
-                           block_table, salt, partial, True)
+                           block_table, salt, partial, True, skip)
 
     def _tok(self, fn, name, tokens, salt, partial):
         arr, p = tokens_array(tokens)

@@ -116,16 +116,21 @@ static size_t batch_of(ferry__kvc *c, size_t left)
     return FERRY__MIN(FERRY__MIN(b, left), (size_t)FERRY__PROTO_MAX_CHUNKS);
 }
 
-/* copy between buf and the slot of c->ch[k] (chunk i); device: queued on s */
+/* copy between buf and the slot of c->ch[k] (chunk i), the tokens from
+ * skip on (a retrieve's skip_tokens; 0 for stores); device: queued on s */
 static int copy_chunk(ferry_kv *kv, ferry__kvc *c, const ferry_kv_buffer *buf, size_t i,
-                      size_t n, size_t k, int to_chunk, ferry_stream *s)
+                      size_t n, size_t k, int to_chunk, ferry_stream *s, uint64_t skip)
 {
     if (c->ch[k].slot >= c->nslots)
         return ferry__kv_err(kv, FERRY_EPARSE, "kv server %s: slot %llu of %llu", c->path,
                              (unsigned long long)c->ch[k].slot, (unsigned long long)c->nslots);
-    void *slot = c->pool + c->ch[k].slot * c->slot_bytes;
-    int r = ferry__kv_xfer(buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
-                           ferry__kv_chunk_ntok(kv, i, n), slot, to_chunk, s, NULL);
+    unsigned char *slot = c->pool + c->ch[k].slot * c->slot_bytes;
+    ferry__kv_span sp = ferry__kv_span_from(&kv->layout, kv->chunk_tokens, i,
+                                            ferry__kv_chunk_ntok(kv, i, n), skip);
+    if (!sp.ntok)
+        return 0; /* wholly the engine's own tokens */
+    int r = ferry__kv_xfer(buf, kv->chunk_tokens, sp.tok0, sp.ntok, slot + sp.img_off, to_chunk,
+                           s, NULL);
     return r < 0 ? ferry__kv_err_pass(kv, r) : 0;
 }
 
@@ -156,7 +161,7 @@ static int store_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, si
         c->ch[held].gen = gen;
         c->ch[held].tokens = (uint32_t)k; /* which chunk of the batch, for the commit */
         if (copy_rc == 0)
-            copy_rc = copy_chunk(kv, c, buf, first + k, n, held, 1, s);
+            copy_rc = copy_chunk(kv, c, buf, first + k, n, held, 1, s, 0);
         held++;
     }
     if ((r = reply_end(kv, c, &rd)) < 0)
@@ -232,7 +237,7 @@ int ferry__kvc_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t 
 /* one retrieve batch: ACQUIRE, copy out, RELEASE; st[] per chunk */
 static int retrieve_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, size_t first,
                           size_t m, size_t n, const ferry_kv_buffer *buf, ferry_stream *s,
-                          int *st)
+                          int *st, uint64_t skip)
 {
     for (size_t k = 0; k < m; k++)
         c->ch[k].id = ids[first + k];
@@ -255,7 +260,7 @@ static int retrieve_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids,
         c->ch[held].gen = gen;
         c->ch[held].tokens = (uint32_t)k;
         if (copy_rc == 0)
-            copy_rc = copy_chunk(kv, c, buf, first + k, n, held, 0, s);
+            copy_rc = copy_chunk(kv, c, buf, first + k, n, held, 0, s, skip);
         held++;
     }
     if ((r = reply_end(kv, c, &rd)) < 0)
@@ -273,9 +278,12 @@ static int retrieve_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids,
         int32_t cs = r < 0 ? r : (int32_t)ferry__proto_get_u32(&rd);
         st[i] = copy_rc < 0 ? copy_rc : cs;
         /* bytes the daemon could not vouch for never stay in a host buffer */
-        if (st[i] != 0 && buf->mem == FERRY_KV_MEM_HOST)
-            ferry__kv_xfer_out_zero(buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
-                                    ferry__kv_chunk_ntok(kv, i, n));
+        if (st[i] != 0 && buf->mem == FERRY_KV_MEM_HOST) {
+            ferry__kv_span sp = ferry__kv_span_from(&kv->layout, kv->chunk_tokens, i,
+                                                    ferry__kv_chunk_ntok(kv, i, n), skip);
+            if (sp.ntok) /* (never the engine's own tokens below skip) */
+                ferry__kv_xfer_out_zero(buf, kv->chunk_tokens, sp.tok0, sp.ntok);
+        }
     }
     if (r < 0 || (r = reply_end(kv, c, &rd)) < 0)
         return r;
@@ -310,7 +318,7 @@ int ferry__kvc_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size
         size_t m = batch_of(c, nch - i);
         if ((r = ferry__kvc_chunks(kv, c, m)) < 0)
             break;
-        r = retrieve_batch(kv, c, ids, i, m, n, buf, s, st);
+        r = retrieve_batch(kv, c, ids, i, m, n, buf, s, st, ferry__kv_req_skip(req));
         i += m;
     }
     pthread_mutex_unlock(&c->mu);

@@ -288,6 +288,20 @@ int ferry__kv_xfer(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t t
 /* count one chunk moved by ferry__kv_xfer in `calls` driver calls
  * (device buffers only) */
 void ferry__kv_count_device_copy(ferry_kv *kv, const ferry_kv_buffer *buf, int calls);
+/* the part of chunk i (its ntok tokens from i * chunk_tokens) at or past
+ * token skip: its first token and count (0: it lies wholly below skip)
+ * and that token's offset in the chunk image's planes, in bytes */
+/* a request's skip_tokens (0 when its size does not reach it), and a full
+ * copy of a request that may be an older, shorter one */
+uint64_t ferry__kv_req_skip(const ferry_kv_req *req);
+void ferry__kv_req_copy(ferry_kv_req *dst, const ferry_kv_req *req);
+typedef struct ferry__kv_span {
+    uint64_t tok0;
+    uint32_t ntok;
+    uint64_t img_off;
+} ferry__kv_span;
+ferry__kv_span ferry__kv_span_from(const ferry_kv_layout *l, uint32_t chunk_tokens, size_t i,
+                                   uint32_t ntok, uint64_t skip);
 /* the runs of that copy, in the chunk image's address order: fn(ctx, the
  * buffer's address, the image's, length); stops at fn's first failure */
 typedef int (*ferry__kv_run_fn)(void *ctx, uint64_t addr, unsigned char *img, uint64_t len);

@@ -142,10 +142,7 @@ static int op_submit(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
     op->ids = copy;
     op->nchunks = (size_t)nch;
     op->n = n;
-    if (req)
-        op->req = *req;
-    else
-        op->req.size = sizeof op->req;
+    ferry__kv_req_copy(&op->req, req); /* (an older caller's request is shorter) */
     op->req.salt = NULL; /* already folded into the ids */
     op->req.salt_len = 0;
     op->buf = *buf;

@@ -71,9 +71,26 @@ ferry_kv_hash ferry__kv_ns_of(ferry_kv *kv, const ferry_kv_req *req)
                                req->salt_len);
 }
 
+uint64_t ferry__kv_req_skip(const ferry_kv_req *req)
+{
+    return req && req->size >= offsetof(ferry_kv_req, skip_tokens) + sizeof(uint64_t)
+               ? req->skip_tokens
+               : 0;
+}
+
+void ferry__kv_req_copy(ferry_kv_req *dst, const ferry_kv_req *req)
+{
+    ferry_kv_req d = FERRY_KV_REQ_INIT;
+    if (req)
+        memcpy(&d, req, FERRY__MIN(req->size, sizeof d)); /* a prefix: the rest defaults */
+    d.size = sizeof d;
+    *dst = d;
+}
+
 int ferry__kv_req_ok(ferry_kv *kv, const ferry_kv_req *req, const char *what)
 {
-    static const ferry__sized sized = FERRY__SIZED0(ferry_kv_req, FERRY_KV_REQ_MIN_SIZE);
+    static const ferry__member later[] = {FERRY__MEMBER(ferry_kv_req, skip_tokens)};
+    static const ferry__sized sized = FERRY__SIZED(ferry_kv_req, FERRY_KV_REQ_MIN_SIZE, later);
     if (req && !ferry__opts_size_fits(&sized, req->size)) {
         char who[64];
         snprintf(who, sizeof who, "kv %s: request", what);

@@ -76,6 +76,7 @@ typedef struct rtv {
     unsigned wpending;
     uint64_t vbad;              /* chunks counted as hits that failed their check */
     const atomic_int *cancel;   /* the async op's cancel flag, or NULL */
+    uint64_t skip;              /* tokens below this are the engine's: never written */
     unsigned ncancel;           /* chunks not copied out because of it (under cmu) */
 } rtv;
 
@@ -129,8 +130,11 @@ static void rt_copy_chunk(rtv *r, size_t i, const void *src)
             pthread_mutex_unlock(&r->cmu);
         return;
     }
-    int rc = ferry__kv_xfer(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
-                            ferry__kv_chunk_ntok(kv, i, r->n), (void *)(uintptr_t)src, 0, r->s, NULL);
+    ferry__kv_span sp = ferry__kv_span_from(&kv->layout, kv->chunk_tokens, i,
+                                            ferry__kv_chunk_ntok(kv, i, r->n), r->skip);
+    int rc = sp.ntok ? ferry__kv_xfer(r->buf, kv->chunk_tokens, sp.tok0, sp.ntok,
+                                      (char *)(uintptr_t)src + sp.img_off, 0, r->s, NULL)
+                     : 0; /* wholly the engine's own tokens: nothing to write */
     if (r->wcopy)
         pthread_mutex_lock(&r->cmu);
     if (rc < 0) {
@@ -285,15 +289,25 @@ static void rt_verify_copy(rtv *r, size_t i)
     uint64_t sum = 0;
     /* cancelled: the slot is still checked (it is promoted), nothing copied out */
     int skip = ferry__kv_cancelled(r->cancel);
-    int rc = skip ? -ECANCELED
-                  : ferry__kv_xfer_out_sum(r->buf, kv->chunk_tokens,
-                                           (uint64_t)i * kv->chunk_tokens, r->c[i].adst, &sum);
+    /* a chunk reaching below skip_tokens: checked whole, then only its part
+     * from skip_tokens on copied out (after the check) */
+    ferry__kv_span sp = ferry__kv_span_from(&kv->layout, kv->chunk_tokens, i, kv->chunk_tokens,
+                                            r->skip);
+    int part = sp.img_off || !sp.ntok;
+    int rc = skip || part ? -ECANCELED
+                          : ferry__kv_xfer_out_sum(r->buf, kv->chunk_tokens,
+                                                   (uint64_t)i * kv->chunk_tokens, r->c[i].adst,
+                                                   &sum);
     if (rc < 0) /* (host copies do not fail; the slot is still checked) */
         sum = ferry__kv_sum(r->c[i].adst, kv->chunk_bytes);
     int vrc = rt_check(r, i, e, sum);
     if (vrc < 0 && rc == 0) /* the engine never holds the bad bytes */
         ferry__kv_xfer_out_zero(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
                                 kv->chunk_tokens);
+    if (part && !skip) /* checked: now its part past skip_tokens */
+        rc = vrc < 0 || !sp.ntok ? 0
+                                 : ferry__kv_xfer(r->buf, kv->chunk_tokens, sp.tok0, sp.ntok,
+                                                  r->c[i].adst + sp.img_off, 0, NULL, NULL);
     pthread_mutex_lock(&kv->mu);
     FERRY__ASSERT(kv->l1_reading > 0);
     kv->l1_reading--;
@@ -859,6 +873,7 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
     r.nch = nch;
     r.n = n;
     r.cancel = ferry__kv_cancel_flag();
+    r.skip = ferry__kv_req_skip(req);
     int rc = 0;
     if (buf->mem == FERRY_KV_MEM_DEVICE && (rc = ferry__kv_stream_get(kv, &r.s)) < 0) {
         atomic_fetch_add(&kv->failures, 1);

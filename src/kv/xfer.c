@@ -231,3 +231,16 @@ void ferry__kv_count_device_copy(ferry_kv *kv, const ferry_kv_buffer *buf, int c
     atomic_fetch_add_explicit(&kv->device_chunks, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&kv->device_calls, (uint64_t)calls, memory_order_relaxed);
 }
+
+ferry__kv_span ferry__kv_span_from(const ferry_kv_layout *l, uint32_t chunk_tokens, size_t i,
+                                   uint32_t ntok, uint64_t skip)
+{
+    ferry__kv_span sp = {(uint64_t)i * chunk_tokens, ntok, 0};
+    if (skip <= sp.tok0)
+        return sp;
+    uint64_t o = FERRY__MIN(skip - sp.tok0, (uint64_t)ntok);
+    sp.tok0 += o;
+    sp.ntok = (uint32_t)(ntok - o);
+    sp.img_off = o * token_bytes(l);
+    return sp;
+}

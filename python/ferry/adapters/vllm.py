@@ -42,10 +42,8 @@ up short (a chunk failed its checksum, an L2 read failed) reports the
 blocks it did not fill through get_block_ids_with_load_errors, so vLLM
 recomputes them instead of reading stale blocks. Blocks holding vLLM's
 own prefix-cache hit are never written: when vLLM already computed part of
-a prefix, the load goes through a host staging tensor and copies only the
-rest into vLLM's blocks (libferry's retrieve has no "first token" to start
-writing at, so this case costs one extra copy; a load with no local hit is
-zero-copy). vLLM's cache_salt is ferry's salt, with the identities of a request's
+a prefix, the retrieve skips those tokens (the request's skip_tokens) and
+writes only the rest into vLLM's blocks, zero-copy as every load is. vLLM's cache_salt is ferry's salt, with the identities of a request's
 multimodal inputs added (their placeholder token ids do not tell images
 apart). Only prompt tokens are
 stored, in whole chunks; decode tokens are not.
@@ -352,10 +350,9 @@ class FerryConnector(KVConnectorBase_V1):
             raise RuntimeError("ferry: vLLM connector: a load before register_kv_caches")
         if not spec.tokens:
             got = 0
-        elif spec.skip == 0:
-            got = self.store.retrieve(spec.tokens, self._caches, spec.block_ids, salt=spec.salt)
-        else:
-            got = self._load_staged(spec)
+        else:  # tokens below spec.skip are vLLM's own blocks: never written
+            got = self.store.retrieve(spec.tokens, self._caches, spec.block_ids, salt=spec.salt,
+                                      skip=spec.skip)
         if got < spec.need:
             bs = self._block_size
             first = max(got, spec.skip) // bs
@@ -363,30 +360,6 @@ class FerryConnector(KVConnectorBase_V1):
             self._load_errors.update(spec.block_ids[first:last])
             log.warning("ferry: request %s: loaded %d of %d tokens; blocks %s left to vLLM "
                         "to recompute", spec.req_id, got, spec.need, spec.block_ids[first:last])
-
-    def _load_staged(self, spec):
-        """Retrieve into a host tensor, then copy tokens [skip, end) into the
-        blocks (tokens before skip are vLLM's own and are left alone)."""
-        lay, n = self._layout, len(spec.tokens)
-        c0 = self._caches[0]
-        stage = torch.empty((lay.kv, lay.num_layers, n, lay.num_heads * lay.head_dim),
-                            dtype=c0.dtype)
-        got = self.store.retrieve(spec.tokens, stage, salt=spec.salt)
-        end = min(got, spec.need)
-        if end <= spec.skip:
-            return got
-        bs = self._block_size
-        pos = torch.arange(spec.skip, end)
-        table = torch.tensor(spec.block_ids, dtype=torch.long)
-        blocks, offs = table[pos // bs], pos % bs
-        for layer, cache in enumerate(self._caches):
-            rows = stage[:, layer, spec.skip:end].to(cache.device)
-            if lay.kv == 2:
-                for k in range(2):
-                    cache[k][blocks, offs] = rows[k].view(-1, *cache.shape[3:])
-            else:
-                cache[blocks, offs] = rows[0].view(-1, *cache.shape[2:])
-        return got
 
     def wait_for_layer_load(self, layer_name):
         return  # non-layerwise: start_load_kv loaded every layer
