@@ -46,7 +46,7 @@ FERRY_LIB="$build/libferry.so.0" run /usr/bin/python3 bench/py_overhead.py --bui
 (
   mkdir -p "$dir/serve-l2"
   "$build/ferry" serve --socket "$dir/ferry.sock" --model tiny --l1 64M --l2 "$dir/serve-l2:64M" & spid=$!
-  trap 'kill $spid 2>/dev/null; wait $spid 2>/dev/null || true' EXIT
+  trap 'kill $spid 2>/dev/null || true; wait $spid 2>/dev/null || true' EXIT
   for _ in $(seq 500); do "$build/ferry" serve status --socket "$dir/ferry.sock" >/dev/null 2>&1 && break; sleep 0.02; done
   run "$build/ferry" serve status --socket "$dir/ferry.sock"
   run "$build/ferry" kv bench --model tiny --docs 4 --doc-tokens 2048 --questions 16 --l1 8M --server "unix:$dir/ferry.sock" --clients 2 --no-refs --json
