@@ -35,7 +35,7 @@ run jq -e '.steps | length > 0' "$dir/gpu/gpu-report.json"
 run "$build/ferry" slab bench --dir "$dir" --chunks 5000 --count 8 --size 1M --batch 4 --json
 if command -v redis-server >/dev/null; then (
   redis-server --port 0 --unixsocket "$dir/kv-redis.sock" --save '' --appendonly no --dir "$dir" --logfile "$dir/kv-redis.log" & rpid=$!
-  trap 'kill $rpid 2>/dev/null; wait $rpid 2>/dev/null || true' EXIT
+  trap 'kill $rpid 2>/dev/null || true; wait $rpid 2>/dev/null || true' EXIT
   for _ in $(seq 250); do [ -S "$dir/kv-redis.sock" ] && break; sleep 0.02; done
   run "$build/ferry" kv bench --model tiny --docs 4 --doc-tokens 2048 --questions 16 --l1 1M --remote "unix://$dir/kv-redis.sock" --json
 ); fi
