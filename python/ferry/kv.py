@@ -7,6 +7,7 @@ import os
 import numpy as np
 
 from . import _abi as A
+from ._handle import Closing
 from ._buffers import Buffer, dtype_code, describe, tokens_array
 from ._lib import lib
 from .errors import FerryError, check
@@ -167,7 +168,7 @@ class Op:
             pass
 
 
-class KVStore:
+class KVStore(Closing):
     """A ferry KV store: in this process, or a `ferry serve` daemon's.
 
     KVStore(model="llama3-8b", layout=Layout(...), l1="8G",
@@ -249,15 +250,6 @@ class KVStore:
         if getattr(self, "_h", None):
             lib.ferry_kv_close(self._h)
             self._h = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
 
     # -- lookups --
     def lookup(self, tokens, *, salt=None, partial=False):

@@ -18,6 +18,7 @@ import os
 import numpy as np
 
 from . import _abi as A
+from ._handle import Closing
 from ._buffers import describe, is_torch
 from ._lib import lib
 from .errors import FerryError, check
@@ -56,7 +57,7 @@ def _bank_bytes(x):
     return addr, n * item
 
 
-class ExpertPool:
+class ExpertPool(Closing):
     """Expert slots on a ferry device ("host" here; "cuda" on a GPU), an
     eviction planner over them, and a rows source (host banks or a file)."""
 
@@ -140,15 +141,6 @@ class ExpertPool:
             if h:
                 fn(h)
                 setattr(self, attr, None)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
 
     def _need(self):
         if not self._planner:
