@@ -46,6 +46,13 @@ static int one(const uint8_t *data, size_t size, const char *stage)
         for (uint32_t k = 0; k < n; k++)
             if (ex[k] >= m->num_experts)
                 abort();
+        const uint32_t *pr;
+        uint32_t np;
+        if (ferry_moe_trace_step_pred(t, i, &pr, &np) != 0)
+            abort();
+        for (uint32_t k = 0; k < np; k++)
+            if (pr[k] >= m->num_experts)
+                abort();
         if (i && (tok < pt || (tok == pt && layer < pl)))
             abort();
         pt = tok;
@@ -69,6 +76,15 @@ static int one(const uint8_t *data, size_t size, const char *stage)
             if (ferry_moe_replay(t, pols[i], few, 0, &c) != 0 ||
                 c.hits + c.misses != a.hits + a.misses)
                 abort();
+        /* the timeline, hints from the records' own predictions */
+        ferry_moe_sim_options so = FERRY_MOE_SIM_OPTIONS_INIT;
+        so.slots = few;
+        so.expert_bytes = 1000;
+        so.hint_steps = 1;
+        so.hint_trace = 1;
+        ferry_moe_sim_result sr;
+        if (ferry_moe_sim(t, &so, &sr) != 0 || sr.hits + sr.misses != a.hits + a.misses)
+            abort();
     }
     ferry_moe_trace_destroy(t);
     return 0;

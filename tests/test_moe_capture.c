@@ -334,6 +334,61 @@ static void a_saved_capture_loads_back_with_its_layers_stage_and_batches(void **
     free(b.s);
 }
 
+static void the_engines_predictions_ride_with_their_steps(void **state)
+{
+    (void)state;
+    sbuf b = {0};
+    /* records out of order (layer 9 first), the second stage skipped, a
+     * prediction that is partly wrong, one record without any */
+    sb_add(&b, "{\"stage\":\"apply\",\"layer\":9,\"num_experts\":16,\"topk_ids\":[[1,2]],"
+               "\"pred_ids\":[[1,7]]}\n"
+               "{\"stage\":\"router\",\"layer\":5,\"num_experts\":16,\"topk_ids\":[[4,5]],"
+               "\"pred_ids\":[[9]]}\n"
+               "{\"stage\":\"apply\",\"layer\":5,\"num_experts\":16,\"topk_ids\":[[3,4],[4,6]],"
+               "\"pred_ids\":[[3,4],[6,3]]}\n"
+               "{\"stage\":\"apply\",\"layer\":5,\"num_experts\":16,\"topk_ids\":[[0,1]]}\n");
+    ferry_moe_trace *t = parse_ok(&b, NULL);
+    assert_int_equal(ferry_moe_trace_steps(t), 3);
+    const uint32_t *p;
+    uint32_t n;
+    /* (0, layer 5): {3,4,6}; (0, layer 9): {1,7}; (1, layer 5): none */
+    FT_ASSERT_OK(ferry_moe_trace_step_pred(t, 0, &p, &n));
+    assert_int_equal(n, 3);
+    assert_int_equal(p[0], 3);
+    assert_int_equal(p[2], 6);
+    FT_ASSERT_OK(ferry_moe_trace_step_pred(t, 1, &p, &n));
+    assert_int_equal(n, 2);
+    assert_int_equal(p[1], 7);
+    FT_ASSERT_OK(ferry_moe_trace_step_pred(t, 2, &p, &n));
+    assert_int_equal(n, 0);
+    assert_int_equal(ferry_moe_trace_step_pred(t, 3, &p, &n), -EINVAL);
+    /* saved and read back in ferry's form ("pred") */
+    char path[] = "/tmp/ferry-pred-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    FT_ASSERT_OK(ferry_moe_trace_save(t, path));
+    ferry_moe_trace *u = NULL;
+    FT_ASSERT_OK(ferry_moe_trace_load(path, &u));
+    unlink(path);
+    for (size_t i = 0; i < 3; i++) {
+        const uint32_t *q;
+        uint32_t m;
+        FT_ASSERT_OK(ferry_moe_trace_step_pred(t, i, &p, &n));
+        FT_ASSERT_OK(ferry_moe_trace_step_pred(u, i, &q, &m));
+        assert_int_equal(n, m);
+        if (n)
+            assert_memory_equal(p, q, n * sizeof *p);
+    }
+    ferry_moe_trace_destroy(u);
+    ferry_moe_trace_destroy(t);
+    free(b.s);
+    sbuf c = {0};
+    sb_add(&c, "{\"layer\":3,\"num_experts\":8,\"topk_ids\":[[1]],\"pred_ids\":[[8]]}\n");
+    parse_fails(&c, NULL, "line 1", "'pred_ids'");
+    free(c.s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -344,6 +399,7 @@ int main(void)
         cmocka_unit_test(hostile_captures_stay_bounded),
         cmocka_unit_test(captures_survive_out_of_memory),
         cmocka_unit_test(a_saved_capture_loads_back_with_its_layers_stage_and_batches),
+        cmocka_unit_test(the_engines_predictions_ride_with_their_steps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

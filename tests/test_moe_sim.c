@@ -202,6 +202,39 @@ static void wide_steps_stream_in_the_timeline(void **state)
     ferry_moe_trace_destroy(t);
 }
 
+static void the_traces_own_predictions_are_hints(void **state)
+{
+    (void)state;
+    /* each record predicts its own routes exactly: hints from the trace are
+     * the same timeline as hints made at accuracy 1 */
+    ferry_moe_trace *g = generated("qwen3-30b-a3b", 24);
+    const ferry_moe_model *m = ferry_moe_trace_model(g);
+    ferry_moe_trace *t = NULL;
+    FT_ASSERT_OK(ferry_moe_trace_create(m, &t));
+    for (size_t i = 0; i < ferry_moe_trace_steps(g); i++) {
+        uint32_t tok, layer, n;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(g, i, &tok, &layer, &ex, &n));
+        FT_ASSERT_OK(ferry_moe_trace_append(t, tok, layer, ex, n));
+        FT_ASSERT_OK(ferry__trace_set_pred(t, ex, n));
+    }
+    ferry_moe_sim_options o = FERRY_MOE_SIM_OPTIONS_INIT;
+    o.slots = m->num_layers * m->num_experts / 4;
+    o.compute_us = 300;
+    o.link_gbs = 50;
+    o.hint_steps = 1;
+    o.hint_accuracy = 1;
+    ferry_moe_sim_result made, rec;
+    FT_ASSERT_OK(ferry_moe_sim(t, &o, &made));
+    o.hint_trace = 1;
+    FT_ASSERT_OK(ferry_moe_sim(t, &o, &rec));
+    assert_true(made.stall_us == rec.stall_us);
+    assert_int_equal(made.bytes_moved, rec.bytes_moved);
+    assert_true(rec.prefetch_bytes > 0);
+    ferry_moe_trace_destroy(t);
+    ferry_moe_trace_destroy(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -210,6 +243,7 @@ int main(void)
         cmocka_unit_test(a_slow_link_takes_no_hint_that_costs_more_than_it_saves),
         cmocka_unit_test(options_are_range_checked),
         cmocka_unit_test(wide_steps_stream_in_the_timeline),
+        cmocka_unit_test(the_traces_own_predictions_are_hints),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,7 +4,7 @@
  *
  *   ferry moe sim TRACE [--budgets 12.5%,25%] [--policies lru,routing]
  *                 [--compute-us F] [--link-gbs F] [--expert-bytes SIZE]
- *                 [--hint-steps N] [--hint-accuracy F] [--seed S]
+ *                 [--hint-steps N] [--hint-accuracy F] [--hints made|trace] [--seed S]
  *                 [--stage S] [--json] [--plot FILE.png]
  */
 #include <errno.h>
@@ -33,7 +33,8 @@ static void usage(void)
 {
     printf("usage: ferry moe sim TRACE [--budgets 12.5%%,25%%] [--policies lru,routing]\n"
            "          [--compute-us F] [--link-gbs F] [--expert-bytes SIZE]\n"
-           "          [--hint-steps N] [--hint-accuracy F] [--seed S] [--stage S]\n"
+           "          [--hint-steps N] [--hint-accuracy F] [--hints made|trace]\n"
+           "          [--seed S] [--stage S]\n"
            "          [--json] [--plot FILE.png]\n"
            "a decode timeline: compute and the copy link as two streams; per budget and\n"
            "policy, without hints and with hints of the step N layer-steps ahead made\n"
@@ -45,7 +46,10 @@ static void usage(void)
            "  --link-gbs       host or NVMe -> device, (0, 1e6] (default 25)\n"
            "  --expert-bytes   1..1T (default: the trace's)\n"
            "  --hint-steps     0..1048576 layer-steps ahead (default 1; 0: none)\n"
-           "  --hint-accuracy  0..1 (default 0.9)\n",
+           "  --hint-accuracy  0..1 (default 0.9; with --hints trace, the predictions'\n"
+           "                   confidence)\n"
+           "  --hints          made (from the routes, default) or trace (the records'\n"
+           "                   own pred_ids)\n",
            MAX_BUDGETS, MAX_POLICIES);
 }
 

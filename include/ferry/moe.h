@@ -92,7 +92,11 @@ typedef struct ferry_moe_model {
  *    a pass is one step whose experts are the union of its tokens' lists,
  *    replayed layer by layer as the engine runs it (a prefill batch is not
  *    split into tokens). A record with "counts" but no "topk_ids" is
- *    refused: per-expert counts cannot be replayed.
+ *    refused: per-expert counts cannot be replayed. Optional "pred_ids"
+ *    (lists like topk_ids) is the engine's own prediction of the record's
+ *    routes, made before they were known (a pre-gating predictor, a
+ *    draft); in ferry's form it is "pred":[..]. See
+ *    ferry_moe_trace_step_pred() and ferry_moe_sim_options.hint_trace.
  * Steps are replayed in (pass, layer) order, file order within ties.
  * Shapes are bounded (num_layers <= 1024, num_experts <= 16384, at most 8
  * stages) and so is memory: a line at a time, at most 2^26 steps. Blank
@@ -131,6 +135,10 @@ FERRY_API int ferry_moe_trace_parse_opts(const char *buf, size_t len,
 FERRY_API uint32_t ferry_moe_trace_layer_id(const ferry_moe_trace *t, uint32_t layer);
 /** The capture stage the steps come from ("" when none). */
 FERRY_API const char *ferry_moe_trace_stage(const ferry_moe_trace *t);
+/** Step i's predicted experts (the record's pred_ids, layer-local, NULL and
+ * *n = 0 when it has none). -EINVAL when i is out of range. */
+FERRY_API int ferry_moe_trace_step_pred(const ferry_moe_trace *t, size_t i, const uint32_t **pred,
+                                        uint32_t *n);
 /** Tokens of step i (its batch: 1 for decode); 0 when i is out of range. */
 FERRY_API uint32_t ferry_moe_trace_step_tokens(const ferry_moe_trace *t, size_t i);
 /** An empty trace of the given shape, to append to. */
@@ -688,8 +696,13 @@ typedef struct ferry_moe_sim_options {
      *  next layer, as a pre-gating predictor; L: the next token's same
      *  layer, as a draft), 0..2^20; 0: no hints */
     uint32_t hint_steps;
-    double hint_accuracy;  /**< share of a hint's experts that are right: 0..1 */
+    /** share of a hint's experts that are right: 0..1 (with hint_trace:
+     *  the confidence the engine puts in its predictions) */
+    double hint_accuracy;
     uint64_t seed;         /**< of the hints' wrong experts */
+    /** 1: the hints are the trace's own predictions (ferry_moe_trace_step_pred)
+     *  of the step hint_steps ahead, not made from its routes; 0: made */
+    int hint_trace;
 } ferry_moe_sim_options;
 /** The smallest size ferry_moe_sim takes: this first version's struct. */
 #define FERRY_MOE_SIM_OPTIONS_MIN_SIZE sizeof(ferry_moe_sim_options)
@@ -697,7 +710,7 @@ typedef struct ferry_moe_sim_options {
     {FERRY_FIELD(size) sizeof(ferry_moe_sim_options), FERRY_FIELD(policy) NULL, \
      FERRY_FIELD(slots) 0, FERRY_FIELD(compute_us) 100.0, FERRY_FIELD(link_gbs) 25.0, \
      FERRY_FIELD(expert_bytes) 0, FERRY_FIELD(hint_steps) 0, FERRY_FIELD(hint_accuracy) 0.9, \
-     FERRY_FIELD(seed) 1}
+     FERRY_FIELD(seed) 1, FERRY_FIELD(hint_trace) 0}
 
 /** What a decode timeline took. */
 typedef struct ferry_moe_sim_result {

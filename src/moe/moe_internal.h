@@ -120,9 +120,16 @@ struct ferry_moe_trace {
     uint32_t n_tokens;
     int sorted;             /* steps are in (token, layer) order */
     uint32_t *layer_ids;    /* num_layers model layer numbers; NULL: 0..L-1 */
+    /* the engine's own predictions of steps' routes ("pred_ids"): step i's
+     * are pex[poff[i]..poff[i+1]); poff is NULL while no step has one */
+    uint32_t *poff, *pex;
+    size_t n_pex, cap_pex;
     char stage[32];         /* the capture stage read ("" when none) */
 };
 
+/* attach a prediction of its routes (ids < num_experts) to the last step
+ * appended; -EINVAL before any step, -ENOMEM */
+int ferry__trace_set_pred(ferry_moe_trace *t, const uint32_t *pred, uint32_t n);
 /* sort steps into (token, layer) order, stable; -ENOMEM */
 int ferry__trace_sort(ferry_moe_trace *t);
 

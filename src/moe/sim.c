@@ -24,7 +24,8 @@
  *  - Hints are made from the trace itself: the true experts of that step,
  *    each replaced with probability 1 - accuracy by a wrong expert of the
  *    same layer, so the value of a predictor is measured before it is
- *    built.
+ *    built; or (hint_trace) they are the engine's own predictions the
+ *    trace recorded.
  * The bounds: every expert resident (no stall), and Belady's misses moved
  * by a link that never idles from time zero (each step starts once its
  * misses could have landed: what a prefetch knowing the whole future would
@@ -256,7 +257,17 @@ static int hint(sim *s, const ferry_moe_sim_options *o, size_t i, uint32_t activ
     double wrong = (1 - o->hint_accuracy) * s->xfer_us;
     if (wrong > 0 && lead / wrong < cap)
         cap = (uint32_t)(lead / wrong);
-    uint32_t n = make_hint(s, j, o->hint_accuracy, cap);
+    uint32_t n;
+    if (o->hint_trace) { /* the engine's own prediction, as recorded */
+        const uint32_t *pr = NULL;
+        n = 0;
+        (void)ferry_moe_trace_step_pred(s->t, j, &pr, &n); /* j is in range */
+        n = n < cap ? n : cap;
+        if (n)
+            memcpy(s->pred, pr, (size_t)n * sizeof *pr);
+    } else {
+        n = make_hint(s, j, o->hint_accuracy, cap);
+    }
     if (!n)
         return 0;
     ferry_moe_copy_plan plan;

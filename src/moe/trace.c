@@ -60,6 +60,8 @@ void ferry_moe_trace_destroy(ferry_moe_trace *t)
     ferry__free(t->off);
     ferry__free(t->ex);
     ferry__free(t->layer_ids);
+    ferry__free(t->poff);
+    ferry__free(t->pex);
     ferry__free(t);
 }
 
@@ -84,6 +86,12 @@ int ferry__trace_push(ferry_moe_trace *t, uint32_t token, uint32_t layer, const 
         if (!off)
             return -ENOMEM;
         t->off = off;
+        if (t->poff) {
+            uint32_t *po = ferry__realloc(t->poff, (nc + 1) * sizeof *po);
+            if (!po)
+                return -ENOMEM;
+            t->poff = po;
+        }
         t->cap_steps = nc;
     }
     if (t->n_ex + n > t->cap_ex) {
@@ -108,12 +116,50 @@ int ferry__trace_push(ferry_moe_trace *t, uint32_t token, uint32_t layer, const 
     t->ntok[t->n_steps] = ntok;
     t->n_steps++;
     t->off[t->n_steps] = t->n_ex;
+    if (t->poff)
+        t->poff[t->n_steps] = (uint32_t)t->n_pex;
     if (token + 1 > t->n_tokens)
         t->n_tokens = token + 1;
     /* a batch of ntok routes holds at least n / ntok experts per route */
     uint32_t per = (uint32_t)(((uint64_t)n + ntok - 1) / ntok);
     if (per > t->model.top_k)
         t->model.top_k = per;
+    return 0;
+}
+
+int ferry__trace_set_pred(ferry_moe_trace *t, const uint32_t *pred, uint32_t n)
+{
+    if (!t->n_steps)
+        return -EINVAL;
+    if (!t->poff) {
+        t->poff = ferry__calloc(t->cap_steps + 1, sizeof *t->poff);
+        if (!t->poff)
+            return -ENOMEM;
+    }
+    if (t->n_pex + n > t->cap_pex) {
+        size_t nc = t->cap_pex ? t->cap_pex : 256;
+        while (nc < t->n_pex + n)
+            nc *= 2;
+        uint32_t *px = ferry__realloc(t->pex, nc * sizeof *px);
+        if (!px)
+            return -ENOMEM;
+        t->pex = px;
+        t->cap_pex = nc;
+    }
+    memcpy(t->pex + t->n_pex, pred, (size_t)n * sizeof *pred);
+    t->n_pex += n;
+    t->poff[t->n_steps] = (uint32_t)t->n_pex;
+    return 0;
+}
+
+int ferry_moe_trace_step_pred(const ferry_moe_trace *t, size_t i, const uint32_t **pred,
+                              uint32_t *n)
+{
+    if (!t || i >= t->n_steps || !pred || !n)
+        return ferry__err_set(NULL, -EINVAL, "moe trace: step %zu out of range (%zu)", i,
+                              t ? t->n_steps : 0);
+    *n = t->poff ? t->poff[i + 1] - t->poff[i] : 0;
+    *pred = t->poff ? t->pex + t->poff[i] : NULL;
     return 0;
 }
 
@@ -225,7 +271,11 @@ int ferry__trace_sort(ferry_moe_trace *t)
     uint32_t *nt = ferry__malloc(n * sizeof *nt);
     size_t *off = ferry__malloc((n + 1) * sizeof *off);
     uint32_t *ex = ferry__malloc((t->n_ex ? t->n_ex : 1) * sizeof *ex);
-    if (!k || !tok || !lay || !nt || !off || !ex) {
+    uint32_t *po = t->poff ? ferry__malloc((n + 1) * sizeof *po) : NULL;
+    uint32_t *px = t->poff ? ferry__malloc((t->n_pex ? t->n_pex : 1) * sizeof *px) : NULL;
+    if (!k || !tok || !lay || !nt || !off || !ex || (t->poff && (!po || !px))) {
+        ferry__free(po);
+        ferry__free(px);
         ferry__free(k);
         ferry__free(tok);
         ferry__free(lay);
@@ -249,6 +299,22 @@ int ferry__trace_sort(ferry_moe_trace *t)
         memcpy(ex + pos, t->ex + t->off[s], len * sizeof *ex);
         pos += len;
         off[i + 1] = pos;
+    }
+    if (t->poff) { /* the predictions move with their steps */
+        uint32_t pp = 0;
+        po[0] = 0;
+        for (size_t i = 0; i < n; i++) {
+            size_t s = k[i].idx;
+            uint32_t len = t->poff[s + 1] - t->poff[s];
+            memcpy(px + pp, t->pex + t->poff[s], (size_t)len * sizeof *px);
+            pp += len;
+            po[i + 1] = pp;
+        }
+        ferry__free(t->poff);
+        ferry__free(t->pex);
+        t->poff = po;
+        t->pex = px;
+        t->cap_pex = t->n_pex ? t->n_pex : 1;
     }
     ferry__free(k);
     ferry__free(t->tok);
@@ -444,8 +510,66 @@ static int parse_ferry(parser *ps, json_t *o, size_t line)
     int n = read_route(ps, json_object_get(o, "experts"), "experts", (uint32_t)ntok, line);
     if (n < 0)
         return n;
-    return ferry__trace_add(ps, (uint32_t)token, (uint32_t)layer, (uint32_t)n, (uint32_t)ntok,
-                            line);
+    if ((rc = ferry__trace_add(ps, (uint32_t)token, (uint32_t)layer, (uint32_t)n, (uint32_t)ntok,
+                               line)) < 0)
+        return rc;
+    return ferry__trace_read_pred(ps, json_object_get(o, "pred"), "pred", 0,
+                                  ps->have_header ? ps->t->model.num_experts : MAX_EXPERTS, line);
+}
+
+/* one list of ids < E into the prediction (union, first seen order) */
+static int pred_list(ferry__trace_parser *ps, json_t *a, const char *field, size_t i, uint32_t E,
+                     size_t line, uint32_t *n)
+{
+    if (!json_is_array(a))
+        return PERR(line, "field '%s'[%zu]: expected a list of expert ids", field, i);
+    for (size_t j = 0; j < json_array_size(a); j++) {
+        json_t *v = json_array_get(a, j);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+            (uint64_t)json_integer_value(v) >= E)
+            return PERR(line, "field '%s': expected expert ids in 0..%u", field, E - 1);
+        uint32_t e = (uint32_t)json_integer_value(v);
+        if (e > ps->max_expert) /* a shape without a header covers these too */
+            ps->max_expert = e;
+        if (ps->pmark[e] != ps->pmark_gen) {
+            ps->pmark[e] = ps->pmark_gen;
+            ps->pbuf[(*n)++] = e;
+        }
+    }
+    return 0;
+}
+
+int ferry__trace_read_pred(ferry__trace_parser *ps, json_t *v, const char *field, int lists,
+                           uint32_t E, size_t line)
+{
+    if (!v)
+        return 0;
+    if (!ps->pbuf) {
+        ps->pbuf = ferry__malloc(FERRY_MOE_MAX_EXPERTS * sizeof *ps->pbuf);
+        ps->pmark = ferry__calloc(FERRY_MOE_MAX_EXPERTS, sizeof *ps->pmark);
+        if (!ps->pbuf || !ps->pmark)
+            return ferry__err_set(NULL, -ENOMEM, "moe trace line %zu: out of memory", line);
+    }
+    if (++ps->pmark_gen == 0) {
+        memset(ps->pmark, 0, FERRY_MOE_MAX_EXPERTS * sizeof *ps->pmark);
+        ps->pmark_gen = 1;
+    }
+    if (!json_is_array(v))
+        return PERR(line, "field '%s': expected a list", field);
+    uint32_t n = 0;
+    int rc = 0;
+    if (!lists)
+        rc = pred_list(ps, v, field, 0, E, line, &n);
+    for (size_t i = 0; lists && i < json_array_size(v) && rc == 0; i++)
+        rc = pred_list(ps, json_array_get(v, i), field, i, E, line, &n);
+    if (rc < 0)
+        return rc;
+    if (ps->t->n_pex + n > FERRY__TRACE_MAX_IDS)
+        return PERR(line, "more than %zu predicted expert ids; a trace holds at most that many",
+                    FERRY__TRACE_MAX_IDS);
+    if (n && ferry__trace_set_pred(ps->t, ps->pbuf, n) < 0)
+        return ferry__err_set(NULL, -ENOMEM, "moe trace line %zu: out of memory", line);
+    return 0;
 }
 
 /* "model.layers.12.mlp.gate" -> 12 */
@@ -551,6 +675,8 @@ static int parser_close(parser *ps, int rc, size_t lines, ferry_moe_trace **out)
                             ps->t->n_steps);
     ferry__capture_free(ps);
     ferry__free(ps->buf);
+    ferry__free(ps->pbuf);
+    ferry__free(ps->pmark);
     if (rc < 0) {
         ferry_moe_trace_destroy(ps->t);
         return rc;
@@ -730,6 +856,11 @@ int ferry_moe_trace_save(const ferry_moe_trace *t, const char *path)
             if (j != t->off[i])
                 fputc(',', f);
             fprintf(f, "%u", t->ex[j]);
+        }
+        if (t->poff && t->poff[i + 1] > t->poff[i]) {
+            fputs("],\"pred\":[", f);
+            for (uint32_t j = t->poff[i]; j < t->poff[i + 1]; j++)
+                fprintf(f, "%s%u", j != t->poff[i] ? "," : "", t->pex[j]);
         }
         fputs("]}\n", f);
     }

@@ -22,7 +22,10 @@
  *    one step per layer, whose experts are the union of its tokens' routes:
  *    the engine runs a prefill batch layer by layer, not token by token.
  * Counts-only records ("counts" without "topk_ids") are refused by the
- * caller with a message saying what is absent.
+ * caller with a message saying what is absent. A record may carry the
+ * engine's own prediction of its routes, made before they were known (a
+ * pre-gating predictor at the layer before, a draft): "pred_ids", lists
+ * like topk_ids, kept per step for the timeline's hints.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -250,7 +253,9 @@ int ferry__capture_record(ferry__trace_parser *ps, json_t *o, size_t line)
         ps->stage_cap = nc;
     }
     size_t at = ps->t->n_steps;
-    if ((rc = ferry__trace_add(ps, (*pass)++, layer, (uint32_t)n, ntok, line)) < 0)
+    if ((rc = ferry__trace_add(ps, (*pass)++, layer, (uint32_t)n, ntok, line)) < 0 ||
+        (rc = ferry__trace_read_pred(ps, json_object_get(o, "pred_ids"), "pred_ids", 1, E,
+                                     line)) < 0)
         return rc;
     if (!ps->want_stage)
         ps->stage_of[at] = (uint8_t)si;
@@ -296,10 +301,17 @@ static void keep_stage(ferry__trace_parser *ps, int si)
 {
     ferry_moe_trace *t = ps->t;
     size_t w = 0, pos = 0;
+    uint32_t ppos = 0;
     for (size_t i = 0; i < t->n_steps; i++) {
         size_t a = t->off[i], len = t->off[i + 1] - a;
         if (ps->stage_of[i] != si)
             continue;
+        if (t->poff) { /* its prediction moves with it (poff[w] is set) */
+            uint32_t pa = t->poff[i], pl = t->poff[i + 1] - pa;
+            memmove(t->pex + ppos, t->pex + pa, (size_t)pl * sizeof *t->pex);
+            t->poff[w] = ppos;
+            ppos += pl;
+        }
         t->tok[w] = t->tok[i];
         t->layer[w] = t->layer[i];
         t->ntok[w] = t->ntok[i];
@@ -311,6 +323,10 @@ static void keep_stage(ferry__trace_parser *ps, int si)
     t->off[w] = pos;
     t->n_steps = w;
     t->n_ex = pos;
+    if (t->poff) {
+        t->poff[w] = ppos;
+        t->n_pex = ppos;
+    }
 }
 
 static uint32_t lid_index(const ferry__trace_parser *ps, uint32_t layer)

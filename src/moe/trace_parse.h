@@ -42,6 +42,8 @@ typedef struct ferry__trace_parser {
     size_t stage_cap;
     uint32_t *mark; /* FERRY_MOE_MAX_EXPERTS: union of a record's lists */
     uint32_t mark_gen;
+    uint32_t *pbuf; /* a prediction (FERRY_MOE_MAX_EXPERTS) */
+    uint32_t *pmark, pmark_gen;
 } ferry__trace_parser;
 
 #define FERRY__PERR(line, fmt, ...) \
@@ -54,6 +56,10 @@ int ferry__trace_get_uint(json_t *o, const char *field, uint64_t max, size_t lin
 /* append one step without checking the shape (the callers have); -ENOMEM */
 int ferry__trace_push(ferry_moe_trace *t, uint32_t token, uint32_t layer, const uint32_t *experts,
                       uint32_t n, uint32_t ntok);
+/* a record's prediction field (an array of ids, or with lists=1 of per-token
+ * lists) into the last step pushed: 0, FERRY_EPARSE naming the line, -ENOMEM */
+int ferry__trace_read_pred(ferry__trace_parser *ps, json_t *v, const char *field, int lists,
+                           uint32_t E, size_t line);
 /* the step bounds (FERRY_EPARSE naming the line) then push */
 int ferry__trace_add(ferry__trace_parser *ps, uint32_t token, uint32_t layer, uint32_t n,
                      uint32_t ntok, size_t line);
