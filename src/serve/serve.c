@@ -112,6 +112,7 @@ static int host_store(ferry_serve *s, const ferry_kv_config *kcfg)
     /* a connection may hold every slot twice over (reserved, then a lock on
      * a chunk it stored), and no more */
     s->max_held = (size_t)(2 * s->nslots + 64);
+    s->max_reserved = (size_t)(s->nslots > 1 ? s->nslots / 2 : 1);
     return s->pool_fd < 0 ? ferry__err_set(&s->err, -EINVAL, "serve: the pool is not shared") : 0;
 }
 

@@ -109,6 +109,7 @@ static int hold_add(ferry__srv_conn *c, ferry__kv_entry *e, const ferry_kv_hash 
         c->cap_held = nc;
     }
     c->held[c->nheld++] = (ferry__srv_hold){e, *id, slot, gen, write};
+    c->nreserved += write != 0;
     return 0;
 }
 
@@ -126,6 +127,7 @@ static ssize_t hold_find(ferry__srv_conn *c, const ferry__proto_chunk *ch, int w
 
 static void hold_drop(ferry__srv_conn *c, size_t i)
 {
+    c->nreserved -= c->held[i].write != 0;
     c->held[i] = c->held[--c->nheld];
 }
 
@@ -145,6 +147,7 @@ static void holds_release(ferry__srv_conn *c)
                    c->nheld);
     atomic_fetch_add(&c->s->released, c->nheld);
     c->nheld = 0;
+    c->nreserved = 0;
 }
 
 /* ---- requests ---- */
@@ -218,9 +221,10 @@ static void on_reserve(ferry__srv_conn *c, const ferry__proto_req *q)
         const ferry__proto_chunk *ch = &q->chunks[i];
         ferry__kv_entry *e = NULL;
         uint64_t slot = 0, gen = 0;
-        int rc = c->nheld >= c->s->max_held ? FERRY_ENOSPACE
-                                            : ferry__kv_slot_reserve(c->s->kv, ch->id, ch->tokens,
-                                                                     &e, &slot, &gen);
+        /* past its share: FERRY_ENOSPACE for this chunk, as a full pool */
+        int rc = c->nheld >= c->s->max_held || c->nreserved >= c->s->max_reserved
+                     ? FERRY_ENOSPACE
+                     : ferry__kv_slot_reserve(c->s->kv, ch->id, ch->tokens, &e, &slot, &gen);
         if (rc == 0 && hold_add(c, e, &ch->id, slot, gen, 1) < 0) {
             ferry__kv_slot_commit(c->s->kv, e, 1);
             rc = -ENOMEM;

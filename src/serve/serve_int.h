@@ -44,6 +44,7 @@ typedef struct ferry__srv_conn {
     ferry__proto_buf out;         /* the reply */
     ferry__srv_hold *held;
     size_t nheld, cap_held;
+    size_t nreserved;             /* of held: reservations */
 } ferry__srv_conn;
 
 struct ferry_serve {
@@ -64,6 +65,8 @@ struct ferry_serve {
     uint32_t chunk_tokens;
     uint64_t seed;
     size_t max_held;              /* holds one connection may have at once */
+    size_t max_reserved;          /* of which reservations: half the pool, so no one
+                                     client can starve the others of slots */
 
     pthread_mutex_t mu;
     ferry__srv_conn *conns;
