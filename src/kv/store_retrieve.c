@@ -67,9 +67,9 @@ typedef struct rtv {
     ferry__kv_tier *at;         /* the tier whose reads are asynchronous, or NULL */
     ferry__kv_abatch batch;
     unsigned inflight, depth;   /* requests in flight; chunks read at once */
-    /* host copy-outs handed to an I/O worker (one at a time), so two CPUs
-     * copy while the next reads are in flight: under cmu, the copy's
-     * outcome (st, got, copy_rc) and whether one is pending */
+    /* host copy-outs handed to an idle I/O or operation worker, so other
+     * CPUs copy while the next reads are in flight: under cmu, the copies'
+     * outcome (st, got, copy_rc) and how many are pending */
     int wcopy;                  /* copies may go to a worker */
     pthread_mutex_t cmu;
     pthread_cond_t ccv;
@@ -200,9 +200,10 @@ static void rt_run_copy(ferry_kv *kv, ferry__kv_job *j)
 
 /*
  * Host buffer: the I/O workers take a retrieve's copies while they are
- * free for them (nothing queued, fewer of ours pending than workers), so
- * the retrieving thread goes straight back to the reads. 1: chunk i's copy
- * was queued as job(r, i); 0: no worker is free, the caller copies.
+ * free for them (nothing queued, fewer of ours pending than workers), else
+ * an idle operation worker does, so the retrieving thread goes straight
+ * back to the reads. 1: chunk i's copy was queued as job(r, i); 0: no
+ * worker is free, the caller copies.
  */
 static int rt_hand_off(rtv *r, size_t i, void (*job)(void *ctx, size_t i))
 {
