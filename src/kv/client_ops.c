@@ -165,7 +165,7 @@ static int store_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, si
         held++;
     }
     if ((r = reply_end(kv, c, &rd)) < 0)
-        return r;
+        goto lost;
     if (s && held && copy_rc == 0 && (r = ferry_stream_sync(s)) < 0)
         copy_rc = ferry__kv_err(kv, r, "kv store: device copies into the server's pool: %s",
                                 ferry_last_error());
@@ -175,14 +175,20 @@ static int store_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, si
         c->ch[k].status = copy_rc < 0;
     if ((r = send_chunks(kv, c, FERRY__P_COMMIT, held, 0, &rd, &rc)) < 0 || (r = rc) < 0 ||
         (r = reply_count(kv, c, &rd, held)) < 0)
-        return r;
+        goto lost;
     for (size_t k = 0; k < held; k++) {
         int32_t cs = (int32_t)ferry__proto_get_u32(&rd);
         st[first + c->ch[k].tokens] = copy_rc < 0 ? copy_rc : cs;
     }
     if ((r = reply_end(kv, c, &rd)) < 0)
-        return r;
+        goto lost;
     return copy_rc;
+lost:
+    /* no commit was confirmed: the reservations went with the connection
+     * (or the daemon refused the request), so none of these is stored */
+    for (size_t k = 0; k < held; k++)
+        st[first + c->ch[k].tokens] = r;
+    return r;
 }
 
 int ferry__kvc_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
