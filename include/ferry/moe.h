@@ -255,6 +255,8 @@ typedef struct ferry_moe_planner_options {
  *    turn, 8-turn window, recency, popularity, cross-layer partner),
  *    evicting the furthest predicted use in steps; O(log num_layers +
  *    log slots).
+ *  - "arc": adaptive replacement, recency against frequency, balanced by
+ *    ghosts of recent evictions; O(log slots).
  *  - "belady": Belady's MIN, offline (needs the trace as oracle).
  * Every victim is unpinned (never an expert of the current step); ties go
  * to the lowest slot index.

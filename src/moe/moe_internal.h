@@ -106,6 +106,7 @@ extern const ferry__policy_ops ferry__policy_lfu;
 extern const ferry__policy_ops ferry__policy_lfru;
 extern const ferry__policy_ops ferry__policy_s3fifo;
 extern const ferry__policy_ops ferry__policy_routing;
+extern const ferry__policy_ops ferry__policy_arc;
 extern const ferry__policy_ops ferry__policy_belady;
 
 /* ---- traces ---- */
