@@ -276,6 +276,21 @@ static void lru_layer_divides_by_the_layers_a_capture_logged(void **state)
     FT_ASSERT_OK(ferry_moe_replay(td, "lru-layer", 6, 0, &rd));
     assert_int_equal(rc.hits, rd.hits);
     assert_int_equal(rc.misses, rd.misses);
+    /* and a ferry trace that declares 22 layers and routes 2: the same */
+    ferry_moe_model m = {.num_layers = 22, .num_experts = 16};
+    ferry_moe_trace *tw = NULL;
+    FT_ASSERT_OK(ferry_moe_trace_create(&m, &tw));
+    for (size_t i = 0; i < ferry_moe_trace_steps(td); i++) {
+        uint32_t tok, layer, n;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(td, i, &tok, &layer, &ex, &n));
+        FT_ASSERT_OK(ferry_moe_trace_append(tw, tok, layer ? 17 : 3, ex, n));
+    }
+    ferry_moe_replay_result rw;
+    FT_ASSERT_OK(ferry_moe_replay(tw, "lru-layer", 6, 0, &rw));
+    assert_int_equal(rw.hits, rd.hits);
+    assert_int_equal(rw.misses, rd.misses);
+    ferry_moe_trace_destroy(tw);
     ferry_moe_trace_destroy(tc);
     ferry_moe_trace_destroy(td);
 }

@@ -246,8 +246,9 @@ typedef struct ferry_moe_planner_options {
  * Policy names, NULL-terminated:
  *  - "lru": global least recently used (the ferrox / mixtral-offloading
  *    baseline); victim O(log slots).
- *  - "lru-layer": LRU inside a per-layer quota of slots / num_layers
- *    (llama.cpp); O(log slots), O(num_layers) on its rare fallback.
+ *  - "lru-layer": LRU inside a per-layer quota of slots / the layers
+ *    routed so far (llama.cpp); O(log slots), O(num_layers) on its rare
+ *    fallback.
  *  - "lfu": least frequently used with a 16-token half-life; O(log slots).
  *  - "lfru": frequency-weighted LRU (vLLM proposal); O(log slots).
  *  - "s3fifo": S3-FIFO; O(1) amortised.

@@ -7,8 +7,10 @@
  * minimum, ties (never-used slots) go to the lowest slot index.
  *
  * "lru-layer" is llama.cpp's per-layer cache over the global pool: each
- * layer owns a quota of slots / num_layers (the first slots % num_layers
- * layers one more) and a heap of its own residents. A layer below its
+ * layer owns a quota of slots / the layers routed so far (the first
+ * slots % that many of them, in the order they appeared, one more: a trace
+ * that declares 22 layers and routes 3 divides by 3, not 22) and a heap
+ * of its own residents. A layer below its
  * quota takes a free slot; a layer at its quota evicts its own least
  * recently used. When that is impossible (all its residents are pinned,
  * or no free slot is left for a layer under quota) it falls back to the
@@ -100,9 +102,26 @@ const ferry__policy_ops ferry__policy_lru = {
 typedef struct lru_layer {
     ferry__policy base;
     ferry__heap *heaps;  /* one per layer */
-    uint32_t *pos, *scratch, *count, *quota;
+    uint32_t *pos, *scratch, *count;
+    uint32_t *rank;     /* per layer: order of its first route, UINT32_MAX: none yet */
+    uint32_t n_seen;
     double *key;
 } lru_layer;
+
+/* the layer's share of the slots among the layers routed so far */
+static uint32_t ll_quota(const lru_layer *s, uint32_t l)
+{
+    uint32_t n = s->base.env.slots;
+    if (s->rank[l] == UINT32_MAX)
+        return 0;
+    return n / s->n_seen + (s->rank[l] < n % s->n_seen ? 1 : 0);
+}
+
+static void ll_see(lru_layer *s, uint32_t l)
+{
+    if (s->rank[l] == UINT32_MAX)
+        s->rank[l] = s->n_seen++;
+}
 
 static void ll_fini(ferry__policy *p)
 {
@@ -114,7 +133,7 @@ static void ll_fini(ferry__policy *p)
     ferry__free(s->pos);
     ferry__free(s->scratch);
     ferry__free(s->count);
-    ferry__free(s->quota);
+    ferry__free(s->rank);
     ferry__free(s->key);
 }
 
@@ -126,13 +145,14 @@ static int ll_init(ferry__policy *p)
     s->pos = ferry__malloc((size_t)n * sizeof *s->pos);
     s->scratch = ferry__malloc((size_t)n * sizeof *s->scratch);
     s->count = ferry__calloc(L, sizeof *s->count);
-    s->quota = ferry__calloc(L, sizeof *s->quota);
+    s->rank = ferry__malloc((size_t)L * sizeof *s->rank);
     s->key = ferry__calloc(n, sizeof *s->key);
-    if (!s->heaps || !s->pos || !s->scratch || !s->count || !s->quota || !s->key) {
+    if (!s->heaps || !s->pos || !s->scratch || !s->count || !s->rank || !s->key) {
         ll_fini(p);
         return -ENOMEM;
     }
     memset(s->pos, 0xff, (size_t)n * sizeof *s->pos);
+    memset(s->rank, 0xff, (size_t)L * sizeof *s->rank);
     for (uint32_t l = 0; l < L; l++) {
         /* room for every slot: a layer may exceed its quota after a
          * fallback, and an insert must never fail half-way through a step */
@@ -140,7 +160,6 @@ static int ll_init(ferry__policy *p)
             ll_fini(p);
             return -ENOMEM;
         }
-        s->quota[l] = n / L + (l < n % L ? 1 : 0);
     }
     return 0;
 }
@@ -155,6 +174,7 @@ static int ll_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
 {
     lru_layer *s = (lru_layer *)p;
     uint32_t l = id / p->env.num_experts;
+    ll_see(s, l);
     int rc = ferry__heap_set(&s->heaps[l], slot, (double)*p->env.step);
     if (rc == 0)
         s->count[l]++;
@@ -182,9 +202,11 @@ static int ll_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slo
 {
     lru_layer *s = (lru_layer *)p;
     uint32_t l = id / p->env.num_experts;
-    if (s->count[l] < s->quota[l] && have_free)
+    ll_see(s, l);
+    uint32_t q = ll_quota(s, l);
+    if (s->count[l] < q && have_free)
         return 1;
-    if (s->count[l] >= s->quota[l]) {
+    if (s->count[l] >= q) {
         uint32_t v = ll_pick(s, l);
         if (v != UINT32_MAX) {
             *slot = v;
@@ -199,7 +221,7 @@ static int ll_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slo
         uint32_t best = UINT32_MAX;
         int64_t excess = INT64_MIN;
         for (uint32_t m = 0; m < p->env.num_layers; m++) {
-            int64_t e = (int64_t)s->count[m] - (int64_t)s->quota[m];
+            int64_t e = (int64_t)s->count[m] - (int64_t)ll_quota(s, m);
             if (s->heaps[m].n && e > excess && ll_pick(s, m) != UINT32_MAX) {
                 excess = e;
                 best = m;
@@ -214,7 +236,8 @@ static int ll_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slo
 
 const ferry__policy_ops ferry__policy_lru_layer = {
     .name = "lru-layer",
-    .describe = "least recently used within a per-layer quota of slots/num_layers (llama.cpp)",
+    .describe = "least recently used within a per-layer quota of slots / layers routed "
+                "(llama.cpp)",
     .state_size = sizeof(lru_layer),
     .init = ll_init,
     .fini = ll_fini,
