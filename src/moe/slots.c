@@ -489,6 +489,26 @@ int ferry_moe_slots_prefetch_finish(ferry_moe_slots *s, uint32_t *unknown_out, u
     return (int)s->pend_n;
 }
 
+/* a validated prefetch of file rows: pending, its reads on the reader */
+static int hand_to_reader(ferry_moe_slots *s, const ferry_moe_copy_plan *plan,
+                          const ferry_moe_rows *rows)
+{
+    for (uint32_t k = 0; k < plan->n; k++)
+        s->occupant[plan->dst_slots[k]] = FERRY_MOE_NONE;
+    memcpy(s->pend_dst, plan->dst_slots, (size_t)plan->n * sizeof *s->pend_dst);
+    memcpy(s->pend_row, plan->src_rows, (size_t)plan->n * sizeof *s->pend_row);
+    s->pend_n = plan->n;
+    s->pend_layer = plan->layer;
+    s->pending = 1;
+    s->pend_async = 1;
+    pthread_mutex_lock(&s->mu);
+    s->job_rows = rows;
+    s->job = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return (int)plan->n;
+}
+
 static int apply_plan(ferry_moe_slots *s, const ferry_moe_copy_plan *plan,
                       const ferry_moe_rows *rows, uint32_t *unknown_out, uint32_t *n_unknown,
                       int prefetch)
@@ -530,22 +550,8 @@ static int apply_plan(ferry_moe_slots *s, const ferry_moe_copy_plan *plan,
     s->st.plans++;
     if (prefetch)
         s->st.prefetch_plans++;
-    if (on_file) {
-        for (uint32_t k = 0; k < plan->n; k++)
-            s->occupant[plan->dst_slots[k]] = FERRY_MOE_NONE;
-        memcpy(s->pend_dst, plan->dst_slots, (size_t)plan->n * sizeof *s->pend_dst);
-        memcpy(s->pend_row, plan->src_rows, (size_t)plan->n * sizeof *s->pend_row);
-        s->pend_n = plan->n;
-        s->pend_layer = plan->layer;
-        s->pending = 1;
-        s->pend_async = 1;
-        pthread_mutex_lock(&s->mu);
-        s->job_rows = rows;
-        s->job = 1;
-        pthread_cond_broadcast(&s->cv);
-        pthread_mutex_unlock(&s->mu);
-        return (int)plan->n;
-    }
+    if (on_file)
+        return hand_to_reader(s, plan, rows);
     uint32_t i;
     for (i = 0; i < plan->n; i++) {
         uint32_t d = plan->dst_slots[i];
