@@ -197,6 +197,7 @@ static void every_subcommand_refuses_alike(void **state)
         {"moe sim @/x --policies lru,nope", "--policies lru,nope"},
         {"moe sim @/x --hint-accuracy 2", "--hint-accuracy 2"},
         {"moe sim @/x --compute-us 0", "--compute-us 0"},
+        {"moe sim @/x --model huge", "--model huge"},
         {"moe bench --row-bytes 0", "--row-bytes 0"},
         {"moe bench --device tpu", "--device tpu"},
     };

@@ -3,7 +3,7 @@
  * policy, with and without hints, next to its two bounds.
  *
  *   ferry moe sim TRACE [--budgets 12.5%,25%] [--policies lru,routing]
- *                 [--compute-us F] [--link-gbs F] [--expert-bytes SIZE]
+ *                 [--compute-us F] [--link-gbs F] [--expert-bytes SIZE] [--model M]
  *                 [--hint-steps N] [--hint-accuracy F] [--hints made|trace] [--seed S]
  *                 [--stage S] [--json] [--plot FILE.png]
  */
@@ -32,7 +32,7 @@ typedef struct row {
 static void usage(void)
 {
     printf("usage: ferry moe sim TRACE [--budgets 12.5%%,25%%] [--policies lru,routing]\n"
-           "          [--compute-us F] [--link-gbs F] [--expert-bytes SIZE]\n"
+           "          [--compute-us F] [--link-gbs F] [--expert-bytes SIZE] [--model M]\n"
            "          [--hint-steps N] [--hint-accuracy F] [--hints made|trace]\n"
            "          [--seed S] [--stage S]\n"
            "          [--json] [--plot FILE.png]\n"
@@ -44,7 +44,8 @@ static void usage(void)
            "  --policies       up to %d (default lru,routing)\n"
            "  --compute-us     per layer-step, (0, 1e9] (default 100)\n"
            "  --link-gbs       host or NVMe -> device, (0, 1e6] (default 25)\n"
-           "  --expert-bytes   1..1T (default: the trace's)\n"
+           "  --expert-bytes   1..1T (default: --model's, else the trace's)\n"
+           "  --model          a generator preset whose expert bytes to use\n"
            "  --hint-steps     0..1048576 layer-steps ahead (default 1; 0: none)\n"
            "  --hint-accuracy  0..1 (default 0.9; with --hints trace, the predictions'\n"
            "                   confidence)\n"
@@ -234,6 +235,7 @@ int cmd_moe_sim(int argc, char **argv)
     ferry_moe_sim_options o = FERRY_MOE_SIM_OPTIONS_INIT;
     o.hint_steps = 1;
     int json = 0;
+    uint64_t preset_bytes = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int rc = 0;
@@ -254,6 +256,20 @@ int cmd_moe_sim(int argc, char **argv)
             rc = cli_opt_real(cmd, a, v, 1e-3, 1e6, &o.link_gbs);
         else if (!strcmp(a, "--expert-bytes"))
             rc = cli_opt_size(cmd, a, v, 1, 1ull << 40, 0, &o.expert_bytes);
+        else if (!strcmp(a, "--model")) {
+            int k = 0;
+            if ((rc = cli_opt_choice(cmd, a, v, ferry_moe_gen_presets(), &k)) == 0) {
+                /* the preset's expert bytes (its usual inference precision) */
+                ferry_moe_gen_options go = FERRY_MOE_GEN_OPTIONS_INIT;
+                go.model = ferry_moe_gen_presets()[k];
+                go.tokens = 1;
+                ferry_moe_trace *pt = NULL;
+                if ((rc = ferry_moe_trace_generate(&go, &pt)) < 0)
+                    return cli_fail(cmd, "model preset", rc);
+                preset_bytes = ferry_moe_trace_model(pt)->expert_bytes;
+                ferry_moe_trace_destroy(pt);
+            }
+        }
         else if (!strcmp(a, "--hint-steps")) {
             if ((rc = cli_opt_count(cmd, a, v, 0, 1u << 20, &x)) == 0)
                 o.hint_steps = (uint32_t)x;
@@ -302,10 +318,12 @@ int cmd_moe_sim(int argc, char **argv)
     int rc = ferry_moe_trace_load_opts(path, &to, &t);
     if (rc < 0)
         return cli_fail(cmd, "load", rc);
+    if (!o.expert_bytes)
+        o.expert_bytes = preset_bytes; /* --expert-bytes first, then --model */
     if (!o.expert_bytes && !ferry_moe_trace_model(t)->expert_bytes) {
         ferry_moe_trace_destroy(t);
-        return cli_usage(cmd, "--expert-bytes is required: the trace does not say how big an "
-                              "expert is; accepted: 1..1T");
+        return cli_usage(cmd, "--expert-bytes (or --model) is required: the trace does not say "
+                              "how big an expert is; accepted: 1..1T, or a preset");
     }
     rc = sim_run(cmd, t, &o, bcopy, pcopy, json, png);
     ferry_moe_trace_destroy(t);
