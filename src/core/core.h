@@ -33,6 +33,11 @@ void *ferry__realloc(void *p, size_t n);
 void *ferry__aligned_alloc(size_t alignment, size_t n);
 void ferry__free(void *p);
 char *ferry__strdup(const char *s);
+/* memcpy of n bytes with streaming stores when n >= FERRY__COPY_STREAM_MIN
+ * (copy.c): for large copies into memory not read again soon (an engine's
+ * buffer); plain memcpy otherwise, and under the sanitizers */
+#define FERRY__COPY_STREAM_MIN ((size_t)64 << 10)
+void ferry__copy_stream(void *dst, const void *src, size_t n);
 
 #if defined(__GNUC__)
 #define FERRY__PRINTF(a, b) __attribute__((format(printf, a, b)))

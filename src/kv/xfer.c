@@ -178,8 +178,8 @@ static int xrun(void *ctx, uint64_t addr, unsigned char *img, uint64_t len)
     if (x->buf->mem == FERRY_KV_MEM_HOST) {
         if (x->to_chunk)
             memcpy(img, (const void *)(uintptr_t)addr, len);
-        else
-            memcpy((void *)(uintptr_t)addr, img, len);
+        else /* into the engine's buffer, which it reads later: streaming stores */
+            ferry__copy_stream((void *)(uintptr_t)addr, img, len);
         return 0;
     }
     if (x->n == x->cap) {
