@@ -28,6 +28,9 @@ echo "== qwen3-30b-a3b, $tokens tokens: 300 us compute, 50 GB/s"
 echo "== deepseek-v3, $tokens tokens: 100 us compute, 25 GB/s"
 "$ferry" moe sim "$out/ds.jsonl" --budgets 6.25%,12.5%,25% --policies lru,routing \
     --compute-us 100 --link-gbs 25 $(plot "$out/ds-stall.png")
+echo "== qwen3-30b-a3b, half the experts on NVMe at 12 GB/s (host 50 GB/s, 300 us)"
+"$ferry" moe sim "$out/qwen.jsonl" --budgets 12.5%,25% --policies lru,routing \
+    --compute-us 300 --link-gbs 50 --nvme-share 0.5 --nvme-gbs 12
 echo "== qwen3-30b-a3b at 25%: LRU with hints by horizon (layer-steps) and accuracy"
 for h in 1 2 48; do
     for a in 0.5 0.9 1; do

@@ -50,6 +50,20 @@ static void a_hand_computed_timeline(void **state)
     assert_true(fabs(r.stall_us - 5) < 1e-9);
     assert_true(fabs(r.total_us - 35) < 1e-9);
     assert_int_equal(r.bytes_moved, 10000);
+    /* every expert on NVMe at 0.5 GB/s: 10 us a row; stall 10 + 10 */
+    o.hint_steps = 0;
+    o.nvme_share = 1;
+    o.nvme_gbs = 0.5;
+    FT_ASSERT_OK(ferry_moe_sim(t, &o, &r));
+    assert_true(fabs(r.stall_us - 20) < 1e-9);
+    assert_true(fabs(r.total_us - 50) < 1e-9);
+    o.nvme_gbs = 0;
+    assert_int_equal(ferry_moe_sim(t, &o, &r), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "nvme_gbs"));
+    o.nvme_share = 2;
+    assert_int_equal(ferry_moe_sim(t, &o, &r), -EINVAL);
+    o.nvme_share = 0;
+    o.hint_steps = 1;
     /* the bounds: nothing waits; Belady's 2 misses on an ideal link: the
      * first waits 5, the second lands at 10, before its step at 15 */
     ferry_moe_sim_result a, b;

@@ -3,7 +3,8 @@
  * policy, with and without hints, next to its two bounds.
  *
  *   ferry moe sim TRACE [--budgets 12.5%,25%] [--policies lru,routing]
- *                 [--compute-us F] [--link-gbs F] [--expert-bytes SIZE] [--model M]
+ *                 [--compute-us F] [--link-gbs F] [--nvme-share F --nvme-gbs F]
+ *                 [--expert-bytes SIZE] [--model M]
  *                 [--hint-steps N] [--hint-accuracy F] [--hints made|trace] [--seed S]
  *                 [--stage S] [--json] [--plot FILE.png]
  */
@@ -32,7 +33,8 @@ typedef struct row {
 static void usage(void)
 {
     printf("usage: ferry moe sim TRACE [--budgets 12.5%%,25%%] [--policies lru,routing]\n"
-           "          [--compute-us F] [--link-gbs F] [--expert-bytes SIZE] [--model M]\n"
+           "          [--compute-us F] [--link-gbs F] [--nvme-share F --nvme-gbs F]\n"
+           "          [--expert-bytes SIZE] [--model M]\n"
            "          [--hint-steps N] [--hint-accuracy F] [--hints made|trace]\n"
            "          [--seed S] [--stage S]\n"
            "          [--json] [--plot FILE.png]\n"
@@ -43,7 +45,9 @@ static void usage(void)
            "  --budgets        up to %d slot counts or P%% (of layers x experts)\n"
            "  --policies       up to %d (default lru,routing)\n"
            "  --compute-us     per layer-step, (0, 1e9] (default 100)\n"
-           "  --link-gbs       host or NVMe -> device, (0, 1e6] (default 25)\n"
+           "  --link-gbs       host -> device, (0, 1e6] (default 25)\n"
+           "  --nvme-share     0..1 of the experts' rows on NVMe (default 0), copied at\n"
+           "  --nvme-gbs       (0, 1e6], NVMe -> device\n"
            "  --expert-bytes   1..1T (default: --model's, else the trace's)\n"
            "  --model          a generator preset whose expert bytes to use\n"
            "  --hint-steps     0..1048576 layer-steps ahead (default 1; 0: none)\n"
@@ -171,6 +175,8 @@ static int sim_run(const char *cmd, const ferry_moe_trace *t, const ferry_moe_si
                ferry_moe_trace_tokens(t), ferry_moe_trace_steps(t));
         printf("link %.1f GB/s, %.1f MB per expert (%.1f us), compute %.1f us per layer-step",
                o->link_gbs, (double)B / 1e6, (double)B / (o->link_gbs * 1e3), o->compute_us);
+        if (o->nvme_share > 0)
+            printf("; %.0f%% of experts on NVMe at %.1f GB/s", 100 * o->nvme_share, o->nvme_gbs);
         if (o->hint_steps)
             printf("; hints %u layer-steps ahead, %.0f%% right", o->hint_steps,
                    100 * o->hint_accuracy);
@@ -254,6 +260,10 @@ int cmd_moe_sim(int argc, char **argv)
             rc = cli_opt_real(cmd, a, v, 1e-3, 1e9, &o.compute_us);
         else if (!strcmp(a, "--link-gbs"))
             rc = cli_opt_real(cmd, a, v, 1e-3, 1e6, &o.link_gbs);
+        else if (!strcmp(a, "--nvme-gbs"))
+            rc = cli_opt_real(cmd, a, v, 1e-3, 1e6, &o.nvme_gbs);
+        else if (!strcmp(a, "--nvme-share"))
+            rc = cli_opt_real(cmd, a, v, 0, 1, &o.nvme_share);
         else if (!strcmp(a, "--expert-bytes"))
             rc = cli_opt_size(cmd, a, v, 1, 1ull << 40, 0, &o.expert_bytes);
         else if (!strcmp(a, "--model")) {
@@ -310,6 +320,9 @@ int cmd_moe_sim(int argc, char **argv)
             if (!ferry_moe_policy_describe(pl[p]))
                 return cli_bad(cmd, "--policies", pcopy, acc, "unknown policy '%s'", pl[p]);
     }
+    if (o.nvme_share > 0 && o.nvme_gbs <= 0)
+        return cli_usage(cmd, "--nvme-share %g needs --nvme-gbs; accepted: (0, 1e6]",
+                         o.nvme_share);
     if (stage && strlen(stage) > 31)
         return cli_bad(cmd, "--stage", stage, "a capture stage of at most 31 bytes", "too long");
     ferry_moe_trace_options to = FERRY_MOE_TRACE_OPTIONS_INIT;

@@ -706,6 +706,10 @@ typedef struct ferry_moe_sim_options {
     /** 1: the hints are the trace's own predictions (ferry_moe_trace_step_pred)
      *  of the step hint_steps ahead, not made from its routes; 0: made */
     int hint_trace;
+    /** a model larger than host memory: this share (0..1) of every layer's
+     *  experts (a fixed, spread set) has its rows on NVMe, copied at
+     *  nvme_gbs ((0, 1e6] when the share is above 0) instead of link_gbs */
+    double nvme_share, nvme_gbs;
 } ferry_moe_sim_options;
 /** The smallest size ferry_moe_sim takes: this first version's struct. */
 #define FERRY_MOE_SIM_OPTIONS_MIN_SIZE sizeof(ferry_moe_sim_options)
@@ -713,7 +717,8 @@ typedef struct ferry_moe_sim_options {
     {FERRY_FIELD(size) sizeof(ferry_moe_sim_options), FERRY_FIELD(policy) NULL, \
      FERRY_FIELD(slots) 0, FERRY_FIELD(compute_us) 100.0, FERRY_FIELD(link_gbs) 25.0, \
      FERRY_FIELD(expert_bytes) 0, FERRY_FIELD(hint_steps) 0, FERRY_FIELD(hint_accuracy) 0.9, \
-     FERRY_FIELD(seed) 1, FERRY_FIELD(hint_trace) 0}
+     FERRY_FIELD(seed) 1, FERRY_FIELD(hint_trace) 0, FERRY_FIELD(nvme_share) 0.0, \
+     FERRY_FIELD(nvme_gbs) 0.0}
 
 /** What a decode timeline took. */
 typedef struct ferry_moe_sim_result {

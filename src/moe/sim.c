@@ -41,7 +41,8 @@
 typedef struct sim {
     const ferry_moe_trace *t;
     ferry_moe_planner *p;
-    double xfer_us, now, link_free, stall;
+    double xfer_us, now, link_free, stall; /* xfer_us: a host row's copy */
+    double nvme_us, nvme_share;            /* a row on NVMe; share of experts there */
     double demand_free; /* when the last demand copy lands */
     double *arrival;    /* per slot: when its last copy lands */
     uint32_t *copy_gen; /* per slot: copies into it so far */
@@ -89,10 +90,30 @@ static int check_options(const ferry_moe_trace *t, const ferry_moe_sim_options *
     if (!(o->hint_accuracy >= 0 && o->hint_accuracy <= 1))
         return ferry__err_set(NULL, -EINVAL, "moe sim: hint_accuracy %g: accepted 0..1",
                               o->hint_accuracy);
+    if (!(o->nvme_share >= 0 && o->nvme_share <= 1))
+        return ferry__err_set(NULL, -EINVAL, "moe sim: nvme_share %g: accepted 0..1",
+                              o->nvme_share);
+    if (o->nvme_share > 0 && !(o->nvme_gbs > 0 && o->nvme_gbs <= 1e6))
+        return ferry__err_set(NULL, -EINVAL,
+                              "moe sim: nvme_gbs %g: accepted (0, 1e6] when nvme_share > 0",
+                              o->nvme_gbs);
     if (o->hint_steps && o->policy && !strcmp(o->policy, "belady"))
         return ferry__err_set(NULL, -EINVAL, "moe sim: belady replays a fixed trace and takes "
                                              "no hints (hint_steps 0)");
     return 0;
+}
+
+/* which experts live on NVMe: a fixed, well-spread share of every layer's */
+static int on_nvme(double share, uint32_t id)
+{
+    return share > 0 && (double)(uint32_t)(id * 2654435761u) / 4294967296.0 < share;
+}
+
+/* the copy time of the row going into slot (its occupant's source) */
+static double row_us(const sim *s, uint32_t slot)
+{
+    uint32_t id = ferry_moe_planner_occupant(s->p, slot);
+    return id != FERRY_MOE_NONE && on_nvme(s->nvme_share, id) ? s->nvme_us : s->xfer_us;
 }
 
 /* demand copies, asked for at s->now: after the row on the link now (a
@@ -102,20 +123,21 @@ static void copy_demand(sim *s, const uint32_t *dst, uint32_t n)
     while (s->pq_head < s->pq_n && s->pq[s->pq_head].end <= s->now)
         s->pq_head++;
     for (uint32_t i = 0; i < n; i++) {
+        double x = row_us(s, dst[i]);
         double t0 = s->demand_free > s->now ? s->demand_free : s->now;
         size_t k = s->pq_head;
         for (; k < s->pq_n && s->pq[k].start < t0; k++)
             if (s->pq[k].end > t0)
                 t0 = s->pq[k].end; /* in flight: lands first */
         for (size_t q = k; q < s->pq_n; q++) { /* not started: pushed back */
-            s->pq[q].start += s->xfer_us;
-            s->pq[q].end += s->xfer_us;
+            s->pq[q].start += x;
+            s->pq[q].end += x;
             if (s->copy_gen[s->pq[q].slot] == s->pq[q].gen)
                 s->arrival[s->pq[q].slot] = s->pq[q].end;
         }
-        s->demand_free = t0 + s->xfer_us;
+        s->demand_free = t0 + x;
         if (k < s->pq_n)
-            s->link_free += s->xfer_us;
+            s->link_free += x;
         if (s->demand_free > s->link_free)
             s->link_free = s->demand_free;
         s->copy_gen[dst[i]]++;
@@ -135,7 +157,7 @@ static int copy_prefetch(sim *s, const uint32_t *dst, uint32_t n)
     s->pq = q;
     for (uint32_t i = 0; i < n; i++) {
         double start = s->link_free > s->now ? s->link_free : s->now;
-        s->link_free = start + s->xfer_us;
+        s->link_free = start + row_us(s, dst[i]);
         struct pq *e = &s->pq[s->pq_n++];
         e->start = start;
         e->end = s->link_free;
@@ -162,15 +184,16 @@ static size_t pq_find_unstarted(const sim *s, uint32_t slot)
  * behind it move up and its bytes are not moved */
 static void pq_remove(sim *s, size_t k)
 {
+    double x = s->pq[k].end - s->pq[k].start;
     for (size_t q = k + 1; q < s->pq_n; q++) {
-        s->pq[q].start -= s->xfer_us;
-        s->pq[q].end -= s->xfer_us;
+        s->pq[q].start -= x;
+        s->pq[q].end -= x;
         if (s->copy_gen[s->pq[q].slot] == s->pq[q].gen)
             s->arrival[s->pq[q].slot] = s->pq[q].end;
     }
     memmove(s->pq + k, s->pq + k + 1, (s->pq_n - k - 1) * sizeof *s->pq);
     s->pq_n--;
-    s->link_free -= s->xfer_us;
+    s->link_free -= x;
     if (s->link_free < s->demand_free)
         s->link_free = s->demand_free;
     s->bytes--;
@@ -254,7 +277,8 @@ static int hint(sim *s, const ferry_moe_sim_options *o, size_t i, uint32_t activ
     if (backlog >= lead)
         return 0;
     uint32_t cap = slots - active;
-    double wrong = (1 - o->hint_accuracy) * s->xfer_us;
+    double mean = s->xfer_us * (1 - s->nvme_share) + s->nvme_us * s->nvme_share;
+    double wrong = (1 - o->hint_accuracy) * mean;
     if (wrong > 0 && lead / wrong < cap)
         cap = (uint32_t)(lead / wrong);
     uint32_t n;
@@ -412,6 +436,8 @@ int ferry_moe_sim(const ferry_moe_trace *t, const ferry_moe_sim_options *o,
     if ((rc = ferry_moe_planner_create(&po, &s.p)) < 0)
         return rc;
     s.xfer_us = (double)po.expert_bytes / (o->link_gbs * 1e3);
+    s.nvme_share = o->nvme_share;
+    s.nvme_us = o->nvme_share > 0 ? (double)po.expert_bytes / (o->nvme_gbs * 1e3) : s.xfer_us;
     s.arrival = ferry__calloc(o->slots, sizeof *s.arrival);
     s.copy_gen = ferry__calloc(o->slots, sizeof *s.copy_gen);
     s.pred = ferry__malloc((size_t)t->model.num_experts * sizeof *s.pred);
@@ -471,21 +497,28 @@ int ferry_moe_sim_bounds(const ferry_moe_trace *t, const ferry_moe_sim_options *
     if ((rc = ferry_moe_planner_create(&po, &p)) < 0)
         return rc;
     double xfer = (double)B / (o->link_gbs * 1e3), now = 0, link = 0, stall = 0;
+    double xn = o->nvme_share > 0 ? (double)B / (o->nvme_gbs * 1e3) : xfer;
     uint64_t no_wait = 0, moved = 0;
     for (size_t i = 0; i < t->n_steps && rc >= 0; i++) {
-        uint32_t n = (uint32_t)(t->off[i + 1] - t->off[i]);
+        uint32_t n = (uint32_t)(t->off[i + 1] - t->off[i]), E = t->model.num_experts;
         ferry_moe_counts c;
+        ferry_moe_copy_plan plan;
+        double rows_us = 0; /* the link never idles: moved as early as it could */
         if (n <= o->slots) {
-            rc = ferry_moe_planner_ensure(p, t->layer[i], t->ex + t->off[i], n, NULL, NULL, &c);
+            rc = ferry_moe_planner_ensure(p, t->layer[i], t->ex + t->off[i], n, NULL, &plan, &c);
+            for (uint32_t k = 0; rc >= 0 && k < plan.n; k++)
+                rows_us += on_nvme(o->nvme_share, plan.layer * E + plan.src_rows[k]) ? xn : xfer;
         } else {
             rc = ferry_moe_planner_stream_begin(p, t->layer[i], t->ex + t->off[i], n, &c);
             ferry_moe_wave w;
             while (rc >= 0 && (rc = ferry_moe_planner_stream_next(p, &w)) > 0)
-                ;
+                for (uint32_t k = 0; k < w.plan.n; k++)
+                    rows_us += on_nvme(o->nvme_share, w.plan.layer * E + w.plan.src_rows[k]) ? xn
+                                                                                          : xfer;
         }
         if (rc < 0)
             break;
-        link += c.missing * xfer; /* the link never idles: moved as early as it could */
+        link += rows_us;
         moved += c.missing;
         if (link > now) {
             stall += link - now;
