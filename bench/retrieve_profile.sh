@@ -67,7 +67,7 @@ def cat(s):
         return None
     if 'exc_page_fault' in syms: return 'page faults'
     if 'xxhash' in leaf[1] or 'XXH' in leaf[0]: return 'XXH3 verification'
-    if 'memmove' in leaf[0] or 'memcpy' in leaf[0]: return 'copy-out (memcpy)'
+    if re.search(r'memmove|memcpy|copy_stream', leaf[0]): return 'copy-out'
     if re.search(r'futex|lll_lock|pthread_mutex|pthread_cond', syms): return 'locking, waking'
     if re.search(r'io_uring|blk_|virtio|bio_|iomap|ferry__io|ferry_io', syms) or 'liburing' in leaf[1]:
         return 'reads (submit, complete)'
