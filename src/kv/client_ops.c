@@ -191,55 +191,6 @@ lost:
     return r;
 }
 
-int ferry__kvc_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
-                     const ferry_kv_req *req, const ferry_kv_buffer *buf)
-{
-    ferry__kvc *c = kv->client;
-    ferry_stream *s = NULL;
-    int *st = ferry__malloc(nch * sizeof *st);
-    if (!st)
-        return ferry__kv_err(kv, -ENOMEM, "kv store: out of memory for %zu chunks", nch);
-    for (size_t i = 0; i < nch; i++)
-        st[i] = FERRY_ENOTFOUND;
-    int r = begin(kv, c, 1, "store");
-    if (r < 0) {
-        ferry__free(st);
-        return r;
-    }
-    if (buf->mem == FERRY_KV_MEM_DEVICE)
-        r = ferry__kv_stream_get(kv, &s);
-    const atomic_int *cancel = ferry__kv_cancel_flag(); /* an async op's, else NULL */
-    for (size_t i = 0; r == 0 && i < nch;) {
-        if (ferry__kv_cancelled(cancel)) { /* between batches: nothing more moves */
-            for (size_t k = i; k < nch; k++)
-                st[k] = -ECANCELED;
-            r = -ECANCELED;
-            break;
-        }
-        size_t m = batch_of(c, nch - i);
-        if ((r = ferry__kvc_chunks(kv, c, m)) < 0)
-            break;
-        r = store_batch(kv, c, ids, i, m, n, buf, s, st);
-        /* stop at the first chunk that could not be placed (as in-process) */
-        for (size_t k = i; r == 0 && k < i + m; k++)
-            if (st[k] < 0 && st[k] != FERRY_ELOCKED)
-                r = 1;
-        i += m;
-    }
-    pthread_mutex_unlock(&c->mu);
-    ferry__kv_stream_put(kv, s);
-    size_t lead = 0;
-    for (size_t i = 0; i < nch && st[i] == 0; i++)
-        lead += ferry__kv_chunk_ntok(kv, i, n);
-    for (size_t i = 0; i < nch; i++)
-        ferry__kv_set_status(req, i, st[i]);
-    int first = st[0];
-    ferry__free(st);
-    if (r < 0 && (r == FERRY_ECONN || r == -ECANCELED || lead == 0 || first == r))
-        return r;
-    return (int)lead;
-}
-
 /* one retrieve batch: ACQUIRE, copy out, RELEASE; st[] per chunk */
 static int retrieve_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, size_t first,
                           size_t m, size_t n, const ferry_kv_buffer *buf, ferry_stream *s,
@@ -296,17 +247,21 @@ static int retrieve_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids,
     return copy_rc;
 }
 
-int ferry__kvc_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
-                        const ferry_kv_req *req, const ferry_kv_buffer *buf)
+/* a store or retrieve through the daemon: its chunks in batches of a
+ * quarter of the pool, each batch one store_batch / retrieve_batch, a
+ * cancel honoured between batches; req gets each chunk's code */
+static int run_batches(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
+                       const ferry_kv_req *req, const ferry_kv_buffer *buf, int store)
 {
+    const char *what = store ? "store" : "retrieve";
     ferry__kvc *c = kv->client;
     ferry_stream *s = NULL;
     int *st = ferry__malloc(nch * sizeof *st);
     if (!st)
-        return ferry__kv_err(kv, -ENOMEM, "kv retrieve: out of memory for %zu chunks", nch);
+        return ferry__kv_err(kv, -ENOMEM, "kv %s: out of memory for %zu chunks", what, nch);
     for (size_t i = 0; i < nch; i++)
         st[i] = FERRY_ENOTFOUND;
-    int r = begin(kv, c, 1, "retrieve");
+    int r = begin(kv, c, 1, what);
     if (r < 0) {
         ferry__free(st);
         return r;
@@ -324,7 +279,15 @@ int ferry__kvc_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size
         size_t m = batch_of(c, nch - i);
         if ((r = ferry__kvc_chunks(kv, c, m)) < 0)
             break;
-        r = retrieve_batch(kv, c, ids, i, m, n, buf, s, st, ferry__kv_req_skip(req));
+        if (!store) {
+            r = retrieve_batch(kv, c, ids, i, m, n, buf, s, st, ferry__kv_req_skip(req));
+        } else {
+            r = store_batch(kv, c, ids, i, m, n, buf, s, st);
+            /* stop at the first chunk that could not be placed (as in-process) */
+            for (size_t k = i; r == 0 && k < i + m; k++)
+                if (st[k] < 0 && st[k] != FERRY_ELOCKED)
+                    r = 1;
+        }
         i += m;
     }
     pthread_mutex_unlock(&c->mu);
@@ -334,10 +297,23 @@ int ferry__kvc_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size
         lead += ferry__kv_chunk_ntok(kv, i, n);
     for (size_t i = 0; i < nch; i++)
         ferry__kv_set_status(req, i, st[i]);
+    int first = st[0];
     ferry__free(st);
-    if (r < 0)
+    if (r < 0 && (!store || r == FERRY_ECONN || r == -ECANCELED || lead == 0 || first == r))
         return r;
     return (int)lead;
+}
+
+int ferry__kvc_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
+                     const ferry_kv_req *req, const ferry_kv_buffer *buf)
+{
+    return run_batches(kv, ids, nch, n, req, buf, 1);
+}
+
+int ferry__kvc_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
+                        const ferry_kv_req *req, const ferry_kv_buffer *buf)
+{
+    return run_batches(kv, ids, nch, n, req, buf, 0);
 }
 
 /* ACQUIRE chunks [first, first + m) and RELEASE them at once: *lead_ok

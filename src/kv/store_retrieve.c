@@ -288,27 +288,26 @@ static void rt_verify_copy(rtv *r, size_t i)
     ferry__kv_tier *t = r->at;
     ferry__kv_entry *e = r->c[i].held;
     uint64_t sum = 0;
-    /* cancelled: the slot is still checked (it is promoted), nothing copied out */
-    int skip = ferry__kv_cancelled(r->cancel);
-    /* a chunk reaching below skip_tokens: checked whole, then only its part
-     * from skip_tokens on copied out (after the check) */
+    int cancelled = ferry__kv_cancelled(r->cancel);
     ferry__kv_span sp = ferry__kv_span_from(&kv->layout, kv->chunk_tokens, i, kv->chunk_tokens,
                                             r->skip);
-    int part = sp.img_off || !sp.ntok;
-    int rc = skip || part ? -ECANCELED
-                          : ferry__kv_xfer_out_sum(r->buf, kv->chunk_tokens,
-                                                   (uint64_t)i * kv->chunk_tokens, r->c[i].adst,
-                                                   &sum);
-    if (rc < 0) /* (host copies do not fail; the slot is still checked) */
+    /* the whole chunk goes to the engine: hash it while copying it out.
+     * Else (cancelled, or a chunk reaching below skip_tokens) the slot is
+     * checked first (it is promoted either way) and only then is its part
+     * from skip_tokens on copied out. */
+    int fused = !cancelled && !sp.img_off && sp.ntok;
+    int rc = fused ? ferry__kv_xfer_out_sum(r->buf, kv->chunk_tokens,
+                                            (uint64_t)i * kv->chunk_tokens, r->c[i].adst, &sum)
+                   : 0;
+    if (!fused || rc < 0) /* (host copies do not fail; the slot is still checked) */
         sum = ferry__kv_sum(r->c[i].adst, kv->chunk_bytes);
     int vrc = rt_check(r, i, e, sum);
-    if (vrc < 0 && rc == 0) /* the engine never holds the bad bytes */
+    if (fused && rc == 0 && vrc < 0) /* the engine never holds the bad bytes */
         ferry__kv_xfer_out_zero(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
                                 kv->chunk_tokens);
-    if (part && !skip) /* checked: now its part past skip_tokens */
-        rc = vrc < 0 || !sp.ntok ? 0
-                                 : ferry__kv_xfer(r->buf, kv->chunk_tokens, sp.tok0, sp.ntok,
-                                                  r->c[i].adst + sp.img_off, 0, NULL, NULL);
+    if (!fused && !cancelled && vrc == 0 && sp.ntok)
+        rc = ferry__kv_xfer(r->buf, kv->chunk_tokens, sp.tok0, sp.ntok,
+                            r->c[i].adst + sp.img_off, 0, NULL, NULL);
     pthread_mutex_lock(&kv->mu);
     FERRY__ASSERT(kv->l1_reading > 0);
     kv->l1_reading--;
@@ -319,10 +318,10 @@ static void rt_verify_copy(rtv *r, size_t i)
     pthread_mutex_unlock(&kv->mu);
     if (r->wcopy)
         pthread_mutex_lock(&r->cmu);
-    if (skip && vrc == 0) {
+    if (cancelled && vrc == 0) {
         r->c[i].st = -ECANCELED;
         r->ncancel++;
-    } else if (rc < 0 && !skip) {
+    } else if (rc < 0) {
         if (r->copy_rc == 0)
             r->copy_rc = ferry__kv_err_pass(kv, rc);
         r->c[i].st = rc;
