@@ -124,3 +124,21 @@ def test_a_dead_daemon_is_an_error_then_a_reconnect(model, tmp_path):
             assert s.lookup(prompts()[1]) == 0  # reconnected; L1 died with the daemon
     finally:
         d.stop()
+
+
+def test_skip_tokens_through_the_server_leaves_the_engines_prefix(model, tmp_path):
+    d = Daemon(str(tmp_path)).start()
+    try:
+        with client(d) as s:
+            caches_a, table_a = prefill_and_store(model, s)
+            a = prompts()[0]
+            for skip in (0, 5, CHUNK, 20, 32):
+                dst = [torch.full_like(c, 7.0) for c in caches_a]
+                table = list(range(63, 47, -1))
+                assert s.retrieve(a[:32], dst, table, skip=skip) == 32
+                got = model.kv_of(dst, table, 32)
+                want = model.kv_of(caches_a, table_a, 32)
+                assert torch.all(got[:, :, :skip] == 7.0)  # the engine's own: untouched
+                assert torch.equal(got[:, :, skip:], want[:, :, skip:])
+    finally:
+        d.stop()
