@@ -6,7 +6,7 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config liburing-dev libxxhash-dev libhiredis-dev
       libjansson-dev libcmocka-dev gnuplot-nox fio jq redis-server redis-tools clang
       libclang-rt-14-dev python3-pytest python3-numpy python3-torch
-      python3-prometheus-client libmicrohttpd-dev)
+      python3-prometheus-client libmicrohttpd-dev libyaml-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

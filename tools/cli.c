@@ -2,6 +2,7 @@
  * cli.c - helpers shared by the subcommands: errors, option values, a
  * progress bar.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -68,7 +69,7 @@ const char *cli_size_str(uint64_t v, char *buf, size_t n)
 }
 
 /* the number in s, with binary suffixes; 0 or a reason (static text) */
-static const char *parse_number(const char *s, int bytes, uint64_t *out)
+const char *cli_parse_number(const char *s, int bytes, uint64_t *out)
 {
     if (!*s)
         return "empty";
@@ -139,7 +140,7 @@ int cli_opt_size(const char *cmd, const char *flag, const char *val, uint64_t mi
     if (!val)
         return cli_bad(cmd, flag, NULL, acc, "needs a value");
     uint64_t v;
-    const char *why = parse_number(val, 1, &v);
+    const char *why = cli_parse_number(val, 1, &v);
     if (why)
         return cli_bad(cmd, flag, val, acc, "%s", why);
     if (v == 0 && min > 0)
@@ -163,7 +164,7 @@ int cli_opt_count(const char *cmd, const char *flag, const char *val, uint64_t m
     if (!val)
         return cli_bad(cmd, flag, NULL, acc, "needs a value");
     uint64_t v;
-    const char *why = parse_number(val, 0, &v);
+    const char *why = cli_parse_number(val, 0, &v);
     if (why)
         return cli_bad(cmd, flag, val, acc, "%s", why);
     if (v == 0 && min > 0)
@@ -353,4 +354,24 @@ double cli_median(double *v, unsigned n)
 {
     qsort(v, n, sizeof *v, cli_cmp_double);
     return n ? (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2) : 0;
+}
+
+int cli_parse_inet4(const char *addr, struct sockaddr_in *sa)
+{
+    const char *colon = strrchr(addr, ':');
+    if (!colon || colon == addr || (size_t)(colon - addr) >= 64)
+        return -1;
+    char host[64];
+    memcpy(host, addr, (size_t)(colon - addr));
+    host[colon - addr] = 0;
+    char *end = NULL;
+    errno = 0;
+    unsigned long port = strtoul(colon + 1, &end, 10);
+    if (errno || !end || *end || end == colon + 1 || port > 65535 || colon[1] == '-' ||
+        colon[1] == '+')
+        return -1;
+    memset(sa, 0, sizeof *sa);
+    sa->sin_family = AF_INET;
+    sa->sin_port = htons((uint16_t)port);
+    return inet_pton(AF_INET, host, &sa->sin_addr) == 1 ? 0 : -1;
 }

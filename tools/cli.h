@@ -17,6 +17,7 @@
 #ifndef FERRY_CLI_H
 #define FERRY_CLI_H
 
+#include <netinet/in.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -81,6 +82,13 @@ int cli_opt_string(const char *cmd, const char *flag, const char *val, const cha
  * 2 unless create (then made, with its parents, mode 0700; 1 when that
  * fails); 2 when it is not a directory. */
 int cli_opt_dir(const char *cmd, const char *flag, const char *dir, int create);
+
+/* The number in s as cli_opt_size (bytes nonzero: K, M, G, T, "iB"/"B")
+ * or cli_opt_count (bytes 0: K, M, G) read it, without a range: NULL and
+ * *out, or the reason it is not one (static text). */
+const char *cli_parse_number(const char *s, int bytes, uint64_t *out);
+/* "127.0.0.1:9400" (an IPv4 address, a port 0..65535) into *sa: 0, or -1 */
+int cli_parse_inet4(const char *addr, struct sockaddr_in *sa);
 
 /* compatibility for the slab group: cli_opt_size with 1..1P, any alignment */
 int cli_size(const char *cmd, const char *flag, const char *val, uint64_t *out);

@@ -11,17 +11,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include "cli.h"
 #include "kv/proto.h"
+#include "serve_config.h"
 #include "serve_metrics.h"
 
 #define SERVE_CMD "serve"
 #define STATUS_CMD "serve status"
 #define SOCKET_DEFAULT "/run/ferry/ferry.sock"
-#define MAX_ALLOW 64
 
 static ferry_serve *g_serve;
 
@@ -34,8 +35,13 @@ static void on_signal(int sig)
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: ferry serve [options]\n"
-            "  --socket PATH          Unix-domain socket (default " SOCKET_DEFAULT ")\n"
+            "usage: ferry serve [--config FILE] [options]\n"
+            "  --config FILE          YAML: ferry_kv_config's keys (model, l1_bytes, l2_dir or\n"
+            "                         l2_dirs, l2_bytes, remote_url, workers, ...) and socket,\n"
+            "                         group, allow_uids, max_clients, send_timeout_ms, metrics\n"
+            "                         (README: \"Configuration\"); FERRY_<KEY> variables\n"
+            "                         override the file, flags override both\n"
+            "  --socket PATH          Unix-domain socket (default /run/ferry/ferry.sock)\n"
             "  --group NAME           socket 0660 for this group (default: 0600, owner only)\n"
             "  --allow-uid UID        accept this uid too (repeatable, up to %d)\n"
             "  --max-clients N        connections at once (default 256)\n"
@@ -48,155 +54,234 @@ static void usage(FILE *f)
             "  --chunk-tokens N       tokens per chunk (default 256)\n"
             "clients open their store with ferry_kv_config.server = \"unix:PATH\" and the same\n"
             "layout and chunk size; SIGTERM stops cleanly (flush, sync, close).\n",
-            MAX_ALLOW);
+            SERVE_CONF_MAX_ALLOW);
 }
 
-typedef struct serve_opts {
-    const char *socket, *group, *l2, *remote, *model, *metrics;
-    uint32_t allow[MAX_ALLOW];
-    size_t nallow;
-    uint64_t max_clients, l1, chunk_tokens;
-} serve_opts;
-
-static int layout_of(const char *model, ferry_kv_layout *l)
+/* --l2 DIR:SIZE: the directory (a string of c's) and the size */
+static int l2_of(serve_conf *c, const char *spec, const char **dir, uint64_t *bytes)
 {
-    ferry_kv_layout d = FERRY_KV_LAYOUT_INIT;
-    if (!strcmp(model, "qwen2.5-0.5b")) {
-        d.num_layers = 24;
-        d.num_heads = 2;
-        d.head_dim = 64;
-    } else if (!strcmp(model, "tiny")) {
-        d.num_layers = 2;
-        d.num_heads = 2;
-        d.head_dim = 64;
-    }
-    *l = d;
-    return 0;
-}
-
-static int parse_one(serve_opts *o, const char *a, const char *v, int *used)
-{
-    static const char *const models[] = {"llama3-8b", "qwen2.5-0.5b", "tiny", NULL};
-    uint64_t x = 0;
-    int k = 0;
-    *used = 1;
-    if (!strcmp(a, "--socket"))
-        return cli_opt_string(SERVE_CMD, a, v, "a socket path", &o->socket);
-    if (!strcmp(a, "--group"))
-        return cli_opt_string(SERVE_CMD, a, v, "a group name", &o->group);
-    if (!strcmp(a, "--l2"))
-        return cli_opt_string(SERVE_CMD, a, v, "DIR:SIZE", &o->l2);
-    if (!strcmp(a, "--metrics")) {
-        struct sockaddr_in sa;
-        int rc = cli_opt_string(SERVE_CMD, a, v, "HOST:PORT, an IPv4 address and a port",
-                                &o->metrics);
-        if (rc == 0 && serve_metrics_addr(o->metrics, &sa) < 0)
-            rc = cli_bad(SERVE_CMD, a, v, "HOST:PORT, an IPv4 address and a port 0..65535",
-                         "not an address and port");
-        return rc;
-    }
-    if (!strcmp(a, "--remote"))
-        return cli_opt_string(SERVE_CMD, a, v, "redis://host:port/db", &o->remote);
-    if (!strcmp(a, "--l1"))
-        return cli_opt_size(SERVE_CMD, a, v, 4096, 16ull << 40, 0, &o->l1);
-    if (!strcmp(a, "--max-clients"))
-        return cli_opt_count(SERVE_CMD, a, v, 1, 65536, &o->max_clients);
-    if (!strcmp(a, "--chunk-tokens"))
-        return cli_opt_count(SERVE_CMD, a, v, 1, 65536, &o->chunk_tokens);
-    if (!strcmp(a, "--model")) {
-        int rc = cli_opt_choice(SERVE_CMD, a, v, models, &k);
-        if (rc == 0)
-            o->model = models[k];
-        return rc;
-    }
-    if (!strcmp(a, "--allow-uid")) {
-        if (o->nallow == MAX_ALLOW)
-            return cli_bad(SERVE_CMD, a, v, "at most 64 of them", "one too many");
-        int rc = cli_opt_count(SERVE_CMD, a, v, 0, UINT32_MAX - 1, &x);
-        if (rc == 0)
-            o->allow[o->nallow++] = (uint32_t)x;
-        return rc;
-    }
-    *used = 0;
-    return cli_unknown(SERVE_CMD, a);
-}
-
-/* --l2 DIR:SIZE into the store's config (dir points into the argument copy) */
-static int l2_of(const char *spec, char **dir, uint64_t *bytes)
-{
-    const char *colon = strrchr(spec, ':');
-    if (!colon || colon == spec)
-        return cli_bad(SERVE_CMD, "--l2", spec, "DIR:SIZE, e.g. /nvme0/ferry:2T", "no ':SIZE'");
-    *dir = strndup(spec, (size_t)(colon - spec));
+    const char *colon = spec ? strrchr(spec, ':') : NULL;
+    if (!spec || !colon || colon == spec)
+        return cli_bad(SERVE_CMD, "--l2", spec, "DIR:SIZE, e.g. /nvme0/ferry:2T",
+                       spec ? "no ':SIZE'" : "needs a value");
+    char *d = strndup(spec, (size_t)(colon - spec));
+    *dir = d ? serve_conf_strdup(c, d) : NULL;
+    free(d);
     if (!*dir)
         return cli_fail(SERVE_CMD, "--l2", -ENOMEM);
-    int rc = cli_opt_size(SERVE_CMD, "--l2", colon + 1, 1u << 20, 1ull << 50, 0, bytes);
-    if (rc == 0)
-        rc = cli_opt_dir(SERVE_CMD, "--l2", *dir, 0);
+    return cli_opt_size(SERVE_CMD, "--l2", colon + 1, 1u << 20, 1ull << 50, 0, bytes);
+}
+
+/* the list flags (--l2, --allow-uid): the first one given replaces what
+ * the file and the environment said, the next ones add to it */
+static int parse_list(serve_conf *c, const char *a, const char *v, int *l2_flags, int *uid_flags)
+{
+    uint64_t x = 0;
+    if (!strcmp(a, "--l2")) {
+        const char *dir = NULL;
+        uint64_t bytes = 0;
+        int rc = l2_of(c, v, &dir, &bytes);
+        if (rc)
+            return rc;
+        if (*l2_flags && bytes != c->kv.l2_bytes)
+            return cli_bad(SERVE_CMD, a, v, "the same SIZE for every --l2 (each directory "
+                           "holds an equal share of the striped slab)", "another size");
+        if (!*l2_flags)
+            c->n_l2 = 0;
+        for (unsigned i = 0; i < c->n_l2; i++)
+            if (!strcmp(c->l2[i], dir))
+                return cli_bad(SERVE_CMD, a, v, "each directory once", "given twice");
+        if (c->n_l2 == SERVE_CONF_MAX_L2)
+            return cli_bad(SERVE_CMD, a, v, "at most 16 of them", "one too many");
+        c->l2[c->n_l2++] = dir;
+        c->kv.l2_bytes = bytes;
+        (*l2_flags)++;
+        serve_conf_mark(c, "l2_bytes", "--l2");
+        serve_conf_mark(c, c->n_l2 > 1 ? "l2_dirs" : "l2_dir", "--l2");
+        serve_conf_mark(c, c->n_l2 > 1 ? "l2_dir" : "l2_dirs", "");
+        return 0;
+    }
+    if (c->nallow == SERVE_CONF_MAX_ALLOW && *uid_flags)
+        return cli_bad(SERVE_CMD, a, v, "at most 64 of them", "one too many");
+    int rc = cli_opt_count(SERVE_CMD, a, v, 0, UINT32_MAX - 1, &x);
+    if (rc == 0) {
+        if (!(*uid_flags)++)
+            c->nallow = 0;
+        c->allow[c->nallow++] = (uint32_t)x;
+        serve_conf_mark(c, "allow_uids", "--allow-uid");
+    }
     return rc;
 }
 
-int cmd_serve(int argc, char **argv)
+/* one flag over c; *used: it took the next argument */
+static int parse_one(serve_conf *c, const char *a, const char *v, int *used, int *l2_flags,
+                     int *uid_flags)
 {
-    serve_opts o;
-    memset(&o, 0, sizeof o);
-    o.socket = SOCKET_DEFAULT;
-    o.model = "llama3-8b";
-    o.l1 = 2ull << 30;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            usage(stdout);
-            return 0;
+    static const char *const models[] = {"llama3-8b", "qwen2.5-0.5b", "tiny", NULL};
+    uint64_t x = 0;
+    int k = 0, rc;
+    *used = 1;
+    if (!strcmp(a, "--config"))
+        return 0; /* read before the other flags */
+    if (!strcmp(a, "--l2") || !strcmp(a, "--allow-uid"))
+        return parse_list(c, a, v, l2_flags, uid_flags);
+    if (!strcmp(a, "--socket"))
+        rc = cli_opt_string(SERVE_CMD, a, v, "a socket path", &c->socket);
+    else if (!strcmp(a, "--group"))
+        rc = cli_opt_string(SERVE_CMD, a, v, "a group name", &c->group);
+    else if (!strcmp(a, "--metrics")) {
+        struct sockaddr_in sa;
+        rc = cli_opt_string(SERVE_CMD, a, v, "HOST:PORT, an IPv4 address and a port",
+                            &c->metrics);
+        if (rc == 0 && cli_parse_inet4(c->metrics, &sa) < 0)
+            rc = cli_bad(SERVE_CMD, a, v, "HOST:PORT, an IPv4 address and a port 0..65535",
+                         "not an address and port");
+    } else if (!strcmp(a, "--remote"))
+        rc = cli_opt_string(SERVE_CMD, a, v, "redis://host:port/db", &c->kv.remote_url);
+    else if (!strcmp(a, "--l1"))
+        rc = cli_opt_size(SERVE_CMD, a, v, 4096, 16ull << 40, 0, &c->kv.l1_bytes);
+    else if (!strcmp(a, "--max-clients"))
+        rc = cli_opt_count(SERVE_CMD, a, v, 1, 65536, &c->max_clients);
+    else if (!strcmp(a, "--chunk-tokens")) {
+        rc = cli_opt_count(SERVE_CMD, a, v, 1, 65536, &x);
+        c->kv.chunk_tokens = (uint32_t)x;
+    } else if (!strcmp(a, "--model")) {
+        rc = cli_opt_choice(SERVE_CMD, a, v, models, &k);
+        if (rc == 0) {
+            c->kv.model = models[k];
+            c->layout_set = 0; /* a known model: its own shape */
         }
-        int used = 0;
-        int rc = parse_one(&o, argv[i], i + 1 < argc ? argv[i + 1] : NULL, &used);
+    } else {
+        *used = 0;
+        return cli_unknown(SERVE_CMD, a);
+    }
+    return rc;
+}
+
+/* the flag's key, for its origin */
+static const char *key_of_flag(const char *a)
+{
+    static const char *const map[][2] = {
+        {"--socket", "socket"}, {"--group", "group"}, {"--metrics", "metrics"},
+        {"--remote", "remote_url"}, {"--l1", "l1_bytes"}, {"--max-clients", "max_clients"},
+        {"--chunk-tokens", "chunk_tokens"}, {"--model", "model"}};
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (!strcmp(a, map[i][0]))
+            return map[i][1];
+    return NULL;
+}
+
+/* --config FILE (at most once) and FERRY_* under the flags: 0, -1 after
+ * --help, or the exit status of a usage error (printed) */
+static int configure(serve_conf *c, const char *cmd, int argc, char **argv)
+{
+    const char *file = NULL;
+    char err[1024];
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))
+            return -1;
+        if (strcmp(argv[i], "--config"))
+            continue;
+        if (file)
+            return cli_bad(cmd, "--config", argv[i + 1], "one --config FILE", "given twice");
+        int rc = cli_opt_string(cmd, "--config", i + 1 < argc ? argv[i + 1] : NULL,
+                                "a YAML file", &file);
         if (rc)
             return rc;
+        i++;
+    }
+    if (file && serve_conf_load(c, file, err, sizeof err) < 0)
+        return cli_usage(cmd, "%s", err);
+    if (serve_conf_env(c, err, sizeof err) < 0)
+        return cli_usage(cmd, "%s", err);
+    return 0;
+}
+
+/* every flag over c, then what no single value shows: 0 or 2 (printed) */
+static int parse_flags(serve_conf *c, int argc, char **argv)
+{
+    int l2_flags = 0, uid_flags = 0;
+    for (int i = 1; i < argc; i++) {
+        int used = 0;
+        int rc = parse_one(c, argv[i], i + 1 < argc ? argv[i + 1] : NULL, &used, &l2_flags,
+                           &uid_flags);
+        if (rc)
+            return rc;
+        const char *key = key_of_flag(argv[i]);
+        if (key)
+            serve_conf_mark(c, key, argv[i]);
         i += used;
     }
-    ferry_kv_config kc = FERRY_KV_CONFIG_INIT;
-    kc.model = o.model;
-    layout_of(o.model, &kc.layout);
-    kc.chunk_tokens = (uint32_t)o.chunk_tokens;
-    kc.l1_bytes = o.l1;
-    kc.remote_url = o.remote;
-    char *dir = NULL;
-    if (o.l2) {
-        int rc = l2_of(o.l2, &dir, &kc.l2_bytes);
-        if (rc) {
-            free(dir);
-            return rc;
-        }
-        kc.l2_dir = dir;
-        kc.l2_persistent = 1;
+    char err[1024];
+    if (serve_conf_finish(c, err, sizeof err) < 0)
+        return cli_usage(SERVE_CMD, "%s", err);
+    if (c->kv.server)
+        return cli_usage(SERVE_CMD, "%s: server: a client's key; accepted: no server (the "
+                         "daemon hosts the store itself)", serve_conf_origin(c, "server"));
+    for (unsigned i = 0; i < c->n_l2; i++) {
+        const char *key = c->n_l2 > 1 ? "l2_dirs" : "l2_dir", *o = serve_conf_origin(c, key);
+        struct stat st;
+        if (stat(c->l2[i], &st) == 0 && S_ISDIR(st.st_mode))
+            continue;
+        const char *why = errno == ENOENT ? "no such directory" : "not a directory";
+        if (!strcmp(o, "--l2"))
+            return cli_bad(SERVE_CMD, o, c->l2[i], "an existing directory", "%s", why);
+        return cli_usage(SERVE_CMD, "%s: %s %s: %s; accepted: an existing directory", o, key,
+                         c->l2[i], why);
     }
+    return 0;
+}
+
+/* one line on what was read besides the flags, so a restart with another
+ * file or environment is never a surprise */
+static void say_sources(const serve_conf *c)
+{
+    char vars[512] = "", file[160] = "";
+    size_t off = 0;
+    for (int i = 0; serve_conf_key_name(i); i++) {
+        const char *o = serve_conf_origin(c, serve_conf_key_name(i));
+        if (!strncmp(o, "FERRY_", 6) && off < sizeof vars)
+            off += (size_t)snprintf(vars + off, sizeof vars - off, "%s%s", off ? ", " : "", o);
+        else if (*o && *o != '-' && !*file) /* "FILE:LINE:COL" */
+            snprintf(file, sizeof file, "%s", o);
+    }
+    for (int cut = 0; cut < 2 && strrchr(file, ':'); cut++)
+        *strrchr(file, ':') = 0;
+    if (*file || *vars)
+        fprintf(stderr, "ferry serve: configuration from %s%s%s%s (flags override)\n",
+                *file ? file : "", *file && *vars ? " and " : "", *vars ? "the environment: " : "",
+                vars);
+}
+
+/* serve c until SIGTERM or SIGINT: the exit status */
+static int run(serve_conf *c)
+{
     if (!getenv("FERRY_LOG"))
         ferry_log_set_level(FERRY_LOG_INFO);
+    say_sources(c);
     ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
-    sc.socket_path = o.socket;
-    sc.group = o.group;
-    sc.allow_uids = o.allow;
-    sc.n_allow_uids = o.nallow;
-    sc.max_clients = (unsigned)o.max_clients;
-    sc.kv = &kc;
+    sc.socket_path = c->socket;
+    sc.group = c->group;
+    sc.allow_uids = c->allow;
+    sc.n_allow_uids = c->nallow;
+    sc.max_clients = (unsigned)c->max_clients;
+    sc.send_timeout_ms = (uint32_t)c->send_timeout_ms;
+    sc.kv = &c->kv;
     int rc = ferry_serve_open(&sc, &g_serve);
-    if (rc < 0) {
-        free(dir);
+    if (rc < 0)
         return cli_fail(SERVE_CMD, "open", rc);
-    }
     struct MHD_Daemon *http = NULL;
-    if (o.metrics) {
+    if (c->metrics) {
         struct sockaddr_in sa;
-        serve_metrics_addr(o.metrics, &sa);
+        cli_parse_inet4(c->metrics, &sa);
         http = serve_metrics_start(g_serve, &sa);
         if (!http) {
-            fprintf(stderr, "ferry serve: --metrics %s: cannot serve HTTP there (%s)\n",
-                    o.metrics, strerror(errno));
+            fprintf(stderr, "ferry serve: metrics %s: cannot serve HTTP there (%s)\n",
+                    c->metrics, strerror(errno));
             ferry_serve_close(g_serve);
-            free(dir);
             return 1;
         }
-        fprintf(stderr, "ferry serve: metrics on http://%s/metrics\n", o.metrics);
+        fprintf(stderr, "ferry serve: metrics on http://%s/metrics\n", c->metrics);
     }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -205,16 +290,30 @@ int cmd_serve(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    fprintf(stderr, "ferry serve: serving on %s (pid %d)\n", o.socket, (int)getpid());
+    fprintf(stderr, "ferry serve: serving on %s (pid %d)\n", c->socket, (int)getpid());
     ferry_serve_run(g_serve);
     serve_metrics_stop(http);
     rc = ferry_serve_close(g_serve);
     g_serve = NULL;
-    free(dir);
     if (rc < 0)
         return cli_fail(SERVE_CMD, "close", rc);
     fprintf(stderr, "ferry serve: stopped cleanly\n");
     return 0;
+}
+
+int cmd_serve(int argc, char **argv)
+{
+    serve_conf c;
+    serve_conf_init(&c);
+    int rc = configure(&c, SERVE_CMD, argc, argv);
+    if (rc < 0)
+        usage(stdout);
+    if (rc == 0)
+        rc = parse_flags(&c, argc, argv);
+    if (rc == 0)
+        rc = run(&c);
+    serve_conf_free(&c);
+    return rc < 0 ? 0 : rc;
 }
 
 /* ---- status: a raw client (HELLO any geometry, no pool; STATS) ---- */
@@ -279,22 +378,44 @@ static void print_status(ferry__proto_rd *rd, const char *path)
            (unsigned long long)m.retrieved_chunks, (unsigned long long)m.misses);
 }
 
-int cmd_serve_status(int argc, char **argv)
+/* the daemon's socket for `serve status`: --socket, else the FILE's or
+ * FERRY_SOCKET's socket, else the default; 0, -1 after --help, or 2 */
+static int status_socket(int argc, char **argv, char *path, size_t len)
 {
-    const char *path = SOCKET_DEFAULT;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: ferry serve status [--socket PATH]   (default " SOCKET_DEFAULT ")\n");
-            return 0;
+    serve_conf c;
+    serve_conf_init(&c);
+    int rc = configure(&c, STATUS_CMD, argc, argv);
+    for (int i = 1; rc == 0 && i < argc; i++) {
+        if (!strcmp(argv[i], "--config")) {
+            i++;
+            continue;
         }
-        if (strcmp(argv[i], "--socket"))
-            return cli_unknown(STATUS_CMD, argv[i]);
-        int rc = cli_opt_string(STATUS_CMD, argv[i], i + 1 < argc ? argv[i + 1] : NULL,
-                                "a socket path", &path);
-        if (rc)
-            return rc;
+        if (strcmp(argv[i], "--socket")) {
+            rc = cli_unknown(STATUS_CMD, argv[i]);
+            break;
+        }
+        rc = cli_opt_string(STATUS_CMD, argv[i], i + 1 < argc ? argv[i + 1] : NULL,
+                            "a socket path", &c.socket);
         i++;
     }
+    if (rc == 0 && strlen(c.socket) >= len)
+        rc = cli_bad(STATUS_CMD, "--socket", c.socket, "a shorter path", "too long");
+    if (rc == 0)
+        snprintf(path, len, "%s", c.socket);
+    serve_conf_free(&c);
+    return rc;
+}
+
+int cmd_serve_status(int argc, char **argv)
+{
+    char path[sizeof ((struct sockaddr_un *)0)->sun_path];
+    int rc = status_socket(argc, argv, path, sizeof path);
+    if (rc < 0)
+        printf("usage: ferry serve status [--config FILE] [--socket PATH]\n"
+               "  the daemon's socket: --socket, else the file's or FERRY_SOCKET's socket,\n"
+               "  else " SOCKET_DEFAULT "\n");
+    if (rc)
+        return rc < 0 ? 0 : rc;
     struct sockaddr_un a;
     memset(&a, 0, sizeof a);
     a.sun_family = AF_UNIX;
@@ -318,7 +439,7 @@ int cmd_serve_status(int argc, char **argv)
     q.hdr.rid = 1;
     q.hello.flags = FERRY__HELLO_NO_POOL | FERRY__HELLO_ANY;
     char msg[FERRY__PROTO_MAX_MSG + 1];
-    int rc = ferry__proto_req_encode(&b, &q);
+    rc = ferry__proto_req_encode(&b, &q);
     if (rc == 0)
         rc = xfer(fd, &b, in, sizeof in, &rd);
     if (rc == 0)

@@ -94,26 +94,6 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
     return ok;
 }
 
-int serve_metrics_addr(const char *addr, struct sockaddr_in *sa)
-{
-    const char *colon = strrchr(addr, ':');
-    if (!colon || colon == addr || (size_t)(colon - addr) >= 64)
-        return -1;
-    char host[64];
-    memcpy(host, addr, (size_t)(colon - addr));
-    host[colon - addr] = 0;
-    char *end = NULL;
-    errno = 0;
-    unsigned long port = strtoul(colon + 1, &end, 10);
-    if (errno || !end || *end || end == colon + 1 || port > 65535 || colon[1] == '-' ||
-        colon[1] == '+')
-        return -1;
-    memset(sa, 0, sizeof *sa);
-    sa->sin_family = AF_INET;
-    sa->sin_port = htons((uint16_t)port);
-    return inet_pton(AF_INET, host, &sa->sin_addr) == 1 ? 0 : -1;
-}
-
 struct MHD_Daemon *serve_metrics_start(ferry_serve *s, const struct sockaddr_in *sa)
 {
     return MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,

@@ -13,8 +13,6 @@
 
 struct MHD_Daemon;
 
-/* "127.0.0.1:9400" (IPv4 address, port 0..65535) into *sa: 0, or -1 */
-int serve_metrics_addr(const char *addr, struct sockaddr_in *sa);
 /* serve GET /metrics for s on sa from a thread of its own; NULL on failure */
 struct MHD_Daemon *serve_metrics_start(ferry_serve *s, const struct sockaddr_in *sa);
 /* stop it (NULL: nothing); before ferry_serve_close */
