@@ -350,6 +350,68 @@ FERRY_API int ferry_moe_planner_ensure(ferry_moe_planner *p, uint32_t layer,
 FERRY_API int ferry_moe_planner_prefetch(ferry_moe_planner *p, uint32_t layer,
                                          const uint32_t *experts, uint32_t n,
                                          ferry_moe_copy_plan *plan);
+/** Most layer-steps ahead a hint may look (ferry_moe_planner_hint). */
+#define FERRY_MOE_MAX_HINT_STEPS (1u << 20)
+
+/**
+ * Predicted routes: `experts` of `layer` are expected at the step
+ * `steps_ahead` layer-steps from now (1: the next ensure() or
+ * stream_begin(), e.g. a pre-gating predictor's next layer; num_layers: the
+ * next token's same layer, e.g. a speculative draft), with `confidence`
+ * 0..1 that they are right. Until that step begins, eviction protects
+ * them: victims come from unhinted slots first; only when every other
+ * slot is pinned does a hinted expert go, the one of least value first
+ * (confidence / steps until its use: the lowest confidence, then the
+ * farthest, then the lowest slot). A hint never makes a step fail: a
+ * step's own routed experts always win. When that step begins each
+ * hinted expert counts as right (routed there) or wrong, and the hint
+ * expires. Hints of one expert merge: protected until the latest step
+ * hinted, valued by the nearest and the highest confidence, checked at
+ * both. Experts not resident are brought in by
+ * ferry_moe_planner_hint_prefetch(), not here. The table is bounded:
+ * one record per expert of the model (24 bytes each, allocated at the
+ * first hint). Returns the distinct experts hinted. Errors (nothing
+ * changes): -EINVAL for layer >= num_layers, n == 0, an expert >=
+ * num_experts, steps_ahead outside 1..FERRY_MOE_MAX_HINT_STEPS, confidence
+ * outside 0..1 (or NaN); FERRY_ENOTSUP for "belady"; -ENOMEM.
+ */
+FERRY_API int ferry_moe_planner_hint(ferry_moe_planner *p, uint32_t layer, uint32_t steps_ahead,
+                                     const uint32_t *experts, uint32_t n, double confidence);
+/**
+ * The copy plan for hinted experts that are not resident: the layer of the
+ * most valuable one (confidence / steps until its use), at most max_rows
+ * of its hinted experts, most valuable first, each placed as a prefetch
+ * (pinned until the next step, counted in the prefetch stats) in a free
+ * slot, an unhinted victim, or a hinted one of strictly less value; it
+ * stops at the first that has no such slot. Call again for the next layer
+ * while the link has room. *plan as for ensure(). Returns the rows to copy
+ * (0: nothing hinted is missing, or no room). Errors: -EINVAL (NULL
+ * planner), FERRY_ENOTSUP for "belady", FERRY_ESTATE while a streamed step
+ * is open, a policy's -ENOMEM.
+ */
+FERRY_API int ferry_moe_planner_hint_prefetch(ferry_moe_planner *p, uint32_t max_rows,
+                                              ferry_moe_copy_plan *plan);
+
+/** What hints did (ferry_moe_planner_hint_stats). */
+typedef struct ferry_moe_hint_stats {
+    size_t size;      /**< set by the caller: sizeof(ferry_moe_hint_stats) */
+    uint64_t hinted;  /**< experts named by hints (distinct per call) */
+    uint64_t right;   /**< hinted experts routed at the step they were hinted for */
+    uint64_t wrong;   /**< hinted experts that step did not route */
+    /** evictions avoided: the policy's victim was hinted and another went */
+    uint64_t saves;
+    uint64_t evicted; /**< hinted experts evicted because nothing else could go */
+    uint64_t fetched; /**< rows planned by ferry_moe_planner_hint_prefetch */
+    uint64_t live;    /**< experts hinted now (not expired) */
+} ferry_moe_hint_stats;
+#define FERRY_MOE_HINT_STATS_INIT \
+    {FERRY_FIELD(size) sizeof(ferry_moe_hint_stats), FERRY_FIELD(hinted) 0, FERRY_FIELD(right) 0, \
+     FERRY_FIELD(wrong) 0, FERRY_FIELD(saves) 0, FERRY_FIELD(evicted) 0, FERRY_FIELD(fetched) 0, \
+     FERRY_FIELD(live) 0}
+/** The hint totals, written as far as out->size says (as
+ *  ferry_moe_planner_stats_get). Errors: -EINVAL (NULL, size not set). */
+FERRY_API int ferry_moe_planner_hint_stats(const ferry_moe_planner *p, ferry_moe_hint_stats *out);
+
 /** One wave of a streamed step: compute these experts once their rows landed. */
 typedef struct ferry_moe_wave {
     uint32_t n;               /**< experts in this wave (<= slots) */
@@ -739,16 +801,19 @@ typedef struct ferry_moe_sim_result {
  * when the previous one is computed and its experts have landed; the wait
  * is its stall. Misses are asked for when the step is reached and go
  * ahead of prefetch rows not yet on the link. With hint_steps, when a step
- * starts computing the step that far ahead is prefetched
- * (ferry_moe_planner_prefetch) from a hint made from the trace itself: its
- * true experts, each replaced with probability 1 - hint_accuracy by a
- * wrong expert of that layer; sent while the link's backlog is shorter
- * than the lead (hint_steps x compute_us), and cut to the rows whose
- * expected wrong ones cost no more link time than the lead ((1 -
- * accuracy) x rows x copy time <= lead). A prefetched expert its step did
- * not route is then released (forgotten; its copy cancelled if not
- * started). Deterministic for a seed. Errors: -EINVAL naming the option
- * and its range, the planner's errors, -ENOMEM.
+ * starts computing the planner is told the routes of the step that far
+ * ahead (ferry_moe_planner_hint, confidence hint_accuracy), predicted from
+ * the trace itself: its true experts, each replaced with probability 1 -
+ * hint_accuracy by a wrong expert of that layer (or, with hint_trace, the
+ * trace's own predictions); eviction protects them until that step. The
+ * hinted experts not resident are prefetched, best first
+ * (ferry_moe_planner_hint_prefetch), while the link's backlog is shorter
+ * than the lead (hint_steps x compute_us), at most the rows whose expected
+ * wrong ones cost no more link time than the lead ((1 - accuracy) x rows x
+ * copy time <= lead). A prefetched expert its step did not route is then
+ * released (forgotten; its copy cancelled if not started). Deterministic
+ * for a seed. Errors: -EINVAL naming the option and its range, the
+ * planner's errors, -ENOMEM.
  */
 FERRY_API int ferry_moe_sim(const ferry_moe_trace *t, const ferry_moe_sim_options *o,
                             ferry_moe_sim_result *out);

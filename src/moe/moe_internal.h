@@ -43,6 +43,42 @@ uint32_t ferry__heap_top(const ferry__heap *hp);
 uint32_t ferry__heap_first_unpinned(ferry__heap *hp, const uint64_t *pin_step, uint64_t step,
                                     uint32_t *scratch, uint32_t scratch_cap);
 
+/* ---- the planner's hint table (hints.c) ----
+ * At most one record per expert (global id): the nearest step it was
+ * predicted for (near, the heap key), the latest (until) and the highest
+ * confidence of the hints merged into it. A record is live while its heap
+ * holds it: the planner pops every record whose near step has come, counts
+ * it right or wrong, and keeps it (near = until) only while until is still
+ * ahead. Sized by num_layers x num_experts, allocated at the first hint. */
+typedef struct ferry__hints {
+    ferry__heap heap;  /* live ids by near step */
+    uint32_t *pos;
+    double *near;      /* per id: heap key */
+    uint64_t *until;   /* per id */
+    float *conf;       /* per id */
+} ferry__hints;
+
+int ferry__hints_init(ferry__hints *h, uint32_t n_ids);
+void ferry__hints_fini(ferry__hints *h);
+/* merge a hint of id for step target (> the current step) at confidence c */
+int ferry__hints_add(ferry__hints *h, uint32_t id, uint64_t target, float c);
+static inline int ferry__hints_live(const ferry__hints *h, uint32_t id)
+{
+    return h->pos && h->pos[id] != UINT32_MAX;
+}
+/* what a live hint is worth at step `now`: its confidence over the steps
+ * until its nearest use (>= 1) */
+static inline double ferry__hints_value(const ferry__hints *h, uint32_t id, uint64_t now)
+{
+    double d = h->near[id] - (double)now;
+    return (double)h->conf[id] / (d < 1 ? 1 : d);
+}
+/* the live record whose near step is the earliest, if it is <= step: its
+ * id, else UINT32_MAX; ferry__hints_next then re-keys it (near = until
+ * when until > step) or drops it */
+uint32_t ferry__hints_due(const ferry__hints *h, uint64_t step);
+void ferry__hints_next(ferry__hints *h, uint32_t id, uint64_t step);
+
 /* ---- policies ---- */
 typedef struct ferry__policy ferry__policy;
 

@@ -17,8 +17,20 @@
  * tie-break as the policies, so a run is a function of its inputs alone.
  * The planner holds no device memory; the executor (slots.c) does, and
  * forget() is how its failures reach the planner.
+ *
+ * Hints (ferry_moe_planner_hint): predicted routes of a later step live in
+ * a table (hints.c) until that step has begun. A victim the policy names
+ * whose expert is hinted is "soft pinned" for the rest of the round
+ * (pin_step == pin_now, as a pin, so the policy offers another, but
+ * soft_at[slot] == pin_now too and n_pinned does not count it), so victims
+ * come from unhinted slots first. When the policy has nothing left, the
+ * soft pinned slot of least value (confidence over steps to its use) is
+ * evicted: a hint never makes a step fail. pin() turns a soft pin into a
+ * real one when the step or a prefetch names the slot.
  */
 #include <errno.h>
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "moe/moe_internal.h"
@@ -50,13 +62,33 @@ struct ferry_moe_planner {
     const ferry_moe_trace *oracle;
     uint64_t expert_bytes;
     ferry_moe_planner_stats st;
+    /* hints: the table, the round's soft pins (soft_at per slot, the
+     * list for the fallback), candidates of a hint prefetch, counts */
+    ferry__hints hints;
+    uint64_t *soft_at;
+    uint32_t *soft_list, n_soft;
+    struct hcand {
+        double v;
+        uint32_t id;
+    } *hcand;
+    ferry_moe_hint_stats hst;
 };
+
+static int soft_arrays(ferry_moe_planner *p, uint32_t n);
+
+static int is_soft(const ferry_moe_planner *p, uint32_t slot)
+{
+    return p->soft_at && p->soft_at[slot] == p->pin_now && p->pin_step[slot] == p->pin_now;
+}
 
 /* pin a slot for the current step (or wave), counted once */
 static void pin(ferry_moe_planner *p, uint32_t slot)
 {
     if (p->pin_step[slot] != p->pin_now) {
         p->pin_step[slot] = p->pin_now;
+        p->n_pinned++;
+    } else if (is_soft(p, slot)) {
+        p->soft_at[slot] = UINT64_MAX; /* a hinted one named now: pinned */
         p->n_pinned++;
     }
 }
@@ -65,6 +97,7 @@ static void unpin_all(ferry_moe_planner *p)
 {
     p->pin_now++;
     p->n_pinned = 0;
+    p->n_soft = 0;
 }
 
 static const ferry__policy_ops *const registry[] = {
@@ -151,6 +184,10 @@ void ferry_moe_planner_destroy(ferry_moe_planner *p)
     ferry__free(p->st_ids);
     ferry__free(p->wave_ex);
     ferry__free(p->wave_slot);
+    ferry__hints_fini(&p->hints);
+    ferry__free(p->soft_at);
+    ferry__free(p->soft_list);
+    ferry__free(p->hcand);
     ferry__free(p);
 }
 
@@ -332,22 +369,86 @@ static void drop(ferry_moe_planner *p, uint32_t slot, int evicted)
     }
 }
 
-/* find a home for id: a free slot or a victim; returns the slot or NONE */
-static uint32_t place(ferry_moe_planner *p, uint32_t id)
+/* the soft pinned slot of least value (ties: the lowest slot), if its
+ * value is below floor; NONE otherwise */
+static uint32_t soft_victim(ferry_moe_planner *p, double floor)
 {
-    uint32_t slot = FERRY_MOE_NONE;
-    int r = p->pol->ops->victim(p->pol, id, p->freeh.n > 0, &slot);
-    if (r == 1 && p->freeh.n) {
-        slot = ferry__heap_top(&p->freeh);
-        ferry__heap_remove(&p->freeh, slot);
+    uint32_t best = FERRY_MOE_NONE;
+    double bv = floor;
+    for (uint32_t i = 0; i < p->n_soft; i++) {
+        uint32_t s = p->soft_list[i];
+        if (!is_soft(p, s) || p->occupant[s] == FERRY_MOE_NONE)
+            continue;
+        double v = ferry__hints_value(&p->hints, p->occupant[s], p->step);
+        if (v < bv || (v == bv && best != FERRY_MOE_NONE && s < best)) {
+            bv = v;
+            best = s;
+        }
+    }
+    return best;
+}
+
+/* find a home for id: a free slot or a victim; returns the slot or NONE.
+ * A hinted victim is soft pinned and the policy asked again; when it has
+ * none left, a soft pinned slot worth less than floor is evicted. */
+static uint32_t place(ferry_moe_planner *p, uint32_t id, double floor)
+{
+    for (;;) {
+        uint32_t slot = FERRY_MOE_NONE;
+        int r = p->pol->ops->victim(p->pol, id, p->freeh.n > 0, &slot);
+        if (r == 1 && p->freeh.n) {
+            slot = ferry__heap_top(&p->freeh);
+            ferry__heap_remove(&p->freeh, slot);
+            return slot;
+        }
+        if (r == 0 && (slot >= p->slots || p->occupant[slot] == FERRY_MOE_NONE ||
+                       p->pin_step[slot] == p->pin_now))
+            return FERRY_MOE_NONE; /* (no policy names a pinned slot) */
+        if (r == 0 && !ferry__hints_live(&p->hints, p->occupant[slot])) {
+            drop(p, slot, 1);
+            p->st.evictions++;
+            return slot;
+        }
+        if (r == 0) { /* hinted: kept this round if anything else can go */
+            p->pin_step[slot] = p->pin_now;
+            p->soft_at[slot] = p->pin_now;
+            p->soft_list[p->n_soft++] = slot;
+            p->hst.saves++;
+            continue;
+        }
+        slot = p->n_soft ? soft_victim(p, floor) : FERRY_MOE_NONE;
+        if (slot == FERRY_MOE_NONE)
+            return FERRY_MOE_NONE;
+        p->soft_at[slot] = UINT64_MAX;
+        p->pin_step[slot] = UINT64_MAX; /* pin() counts its next occupant */
+        p->hst.saves--;
+        p->hst.evicted++;
+        drop(p, slot, 1);
+        p->st.evictions++;
         return slot;
     }
-    if (r != 0 || slot >= p->slots || p->occupant[slot] == FERRY_MOE_NONE ||
-        p->pin_step[slot] == p->pin_now)
-        return FERRY_MOE_NONE;
-    drop(p, slot, 1);
-    p->st.evictions++;
-    return slot;
+}
+
+/* id moves into slot (free now), pinned; a policy's failure frees it */
+static int settle(ferry_moe_planner *p, const char *what, uint32_t layer, uint32_t slot,
+                  uint32_t id, int prefetch)
+{
+    p->occupant[slot] = id;
+    p->where[id] = slot;
+    pin(p, slot);
+    p->prefetched[slot] = (uint8_t)(prefetch != 0);
+    int rc = p->pol->ops->insert(p->pol, slot, id, prefetch);
+    if (rc < 0) {
+        p->where[id] = FERRY_MOE_NONE;
+        p->occupant[slot] = FERRY_MOE_NONE;
+        p->prefetched[slot] = 0;
+        p->pin_step[slot] = UINT64_MAX;
+        p->n_pinned--;
+        (void)ferry__heap_set(&p->freeh, slot, 0);
+        return ferry__err_set(&p->err, rc, "moe %s: layer %u expert %u: policy %s: %s", what,
+                              layer, id % p->E, p->pops->name, ferry_strerror(rc));
+    }
+    return 0;
 }
 
 /* place the misses p->miss[0..nm) of layer; fills the plan */
@@ -356,27 +457,15 @@ static int place_misses(ferry_moe_planner *p, const char *what, uint32_t layer, 
 {
     for (uint32_t i = 0; i < nm; i++) {
         uint32_t id = p->miss[i];
-        uint32_t slot = place(p, id);
+        uint32_t slot = place(p, id, INFINITY);
         if (slot == FERRY_MOE_NONE)
             return ferry__err_set(&p->err, FERRY_ENOSPACE,
                                   "moe %s: layer %u expert %u: every one of %u slots is pinned by "
                                   "the current step",
                                   what, layer, id % p->E, p->slots);
-        p->occupant[slot] = id;
-        p->where[id] = slot;
-        pin(p, slot);
-        p->prefetched[slot] = (uint8_t)(prefetch != 0);
-        int rc = p->pol->ops->insert(p->pol, slot, id, prefetch);
-        if (rc < 0) {
-            p->where[id] = FERRY_MOE_NONE;
-            p->occupant[slot] = FERRY_MOE_NONE;
-            p->prefetched[slot] = 0;
-            p->pin_step[slot] = UINT64_MAX;
-            p->n_pinned--;
-            (void)ferry__heap_set(&p->freeh, slot, 0);
-            return ferry__err_set(&p->err, rc, "moe %s: layer %u expert %u: policy %s: %s", what,
-                                  layer, id % p->E, p->pops->name, ferry_strerror(rc));
-        }
+        int rc = settle(p, what, layer, slot, id, prefetch);
+        if (rc < 0)
+            return rc;
         p->plan_dst[i] = slot;
         p->plan_row[i] = id % p->E;
     }
@@ -403,6 +492,21 @@ static int stream_open(ferry_moe_planner *p, const char *what)
                           what, p->st_layer, p->st_pos, p->st_n);
 }
 
+/* the step p->step began (its ids marked seen with p->gen): the hints
+ * made for it are right or wrong now, and leave the table unless a later
+ * step was hinted too */
+static void settle_hints(ferry_moe_planner *p)
+{
+    uint32_t id;
+    while ((id = ferry__hints_due(&p->hints, p->step)) != UINT32_MAX) {
+        if (p->hints.near[id] == (double)p->step && p->seen[id] == p->gen)
+            p->hst.right++;
+        else
+            p->hst.wrong++;
+        ferry__hints_next(&p->hints, id, p->step);
+    }
+}
+
 /* validate a step, let the policy see it, advance the step; stream: the
  * step may hold more experts than slots */
 static int step_begin(ferry_moe_planner *p, const char *what, uint32_t layer,
@@ -427,6 +531,7 @@ static int step_begin(ferry_moe_planner *p, const char *what, uint32_t layer,
     p->last_layer = layer;
     p->step++;
     unpin_all(p);
+    settle_hints(p);
     return 0;
 }
 
@@ -621,8 +726,10 @@ int ferry_moe_planner_forget(ferry_moe_planner *p, uint32_t slot)
     if (p->occupant[slot] == FERRY_MOE_NONE)
         return 0;
     drop(p, slot, 0);
-    if (p->pin_step[slot] == p->pin_now)
+    if (p->pin_step[slot] == p->pin_now && !is_soft(p, slot))
         p->n_pinned--;
+    if (p->soft_at)
+        p->soft_at[slot] = UINT64_MAX;
     p->pin_step[slot] = UINT64_MAX;
     (void)ferry__heap_set(&p->freeh, slot, 0);
     p->st.forgotten++;
@@ -647,6 +754,10 @@ int ferry_moe_planner_resize(ferry_moe_planner *p, uint32_t new_slots)
     uint8_t *pf;
     double *fkey;
     ferry__heap fh;
+    /* (as large as the old ones too: a failure below leaves the planner
+     * as it was, with soft pin arrays that still cover its slots) */
+    if (p->soft_at && soft_arrays(p, new_slots > p->slots ? new_slots : p->slots) < 0)
+        return ferry__err_set(&p->err, -ENOMEM, "moe resize: out of memory for %u slots", new_slots);
     if (slot_arrays(new_slots, &occ, &pin, &pf, &fpos, &fkey, &fh) < 0)
         return ferry__err_set(&p->err, -ENOMEM, "moe resize: out of memory for %u slots", new_slots);
     ferry__policy *pol;
@@ -696,8 +807,143 @@ int ferry_moe_planner_resize(ferry_moe_planner *p, uint32_t new_slots)
     p->freeh = fh;
     p->slots = new_slots;
     p->n_pinned = 0; /* the new pin array pins nothing */
+    p->n_soft = 0;
     p->st.evictions += (uint64_t)dropped;
     return dropped;
+}
+
+/* the soft pin arrays for n slots (none soft); the old ones stay on
+ * failure. Larger is harmless: resize shrinks without them. */
+static int soft_arrays(ferry_moe_planner *p, uint32_t n)
+{
+    uint64_t *at = ferry__malloc((size_t)n * sizeof *at);
+    uint32_t *list = ferry__malloc((size_t)n * sizeof *list);
+    if (!at || !list) {
+        ferry__free(at);
+        ferry__free(list);
+        return -ENOMEM;
+    }
+    memset(at, 0xff, (size_t)n * sizeof *at);
+    ferry__free(p->soft_at);
+    ferry__free(p->soft_list);
+    p->soft_at = at;
+    p->soft_list = list;
+    p->n_soft = 0;
+    return 0;
+}
+
+int ferry_moe_planner_hint(ferry_moe_planner *p, uint32_t layer, uint32_t steps_ahead,
+                           const uint32_t *experts, uint32_t n, double confidence)
+{
+    if (!p)
+        return ferry__err_set(NULL, -EINVAL, "moe hint: no planner");
+    if (p->pops == &ferry__policy_belady)
+        return ferry__err_set(&p->err, FERRY_ENOTSUP,
+                              "moe hint: policy belady replays a fixed trace");
+    if (steps_ahead < 1 || steps_ahead > FERRY_MOE_MAX_HINT_STEPS)
+        return ferry__err_set(&p->err, -EINVAL, "moe hint: steps_ahead %u: accepted 1..%u",
+                              steps_ahead, FERRY_MOE_MAX_HINT_STEPS);
+    if (!(confidence >= 0 && confidence <= 1))
+        return ferry__err_set(&p->err, -EINVAL, "moe hint: confidence %g: accepted 0..1",
+                              confidence);
+    uint32_t nu;
+    int rc = collect(p, "hint", layer, experts, n, &nu);
+    if (rc < 0)
+        return rc;
+    if (!p->hints.pos) {
+        ferry__hints h;
+        if (ferry__hints_init(&h, p->L * p->E) < 0 || soft_arrays(p, p->slots) < 0 ||
+            !(p->hcand = ferry__malloc((size_t)p->E * sizeof *p->hcand))) {
+            ferry__hints_fini(&h);
+            return ferry__err_set(&p->err, -ENOMEM,
+                                  "moe hint: out of memory for a hint table of %u x %u experts",
+                                  p->L, p->E);
+        }
+        p->hints = h;
+    }
+    for (uint32_t i = 0; i < nu; i++)
+        if ((rc = ferry__hints_add(&p->hints, p->uniq[i], p->step + steps_ahead,
+                                   (float)confidence)) < 0)
+            return ferry__err_set(&p->err, rc, "moe hint: out of memory for %u live hints",
+                                  p->hints.heap.n);
+    p->hst.hinted += nu;
+    return (int)nu;
+}
+
+static int hcand_cmp(const void *a, const void *b)
+{
+    const struct hcand *x = a, *y = b;
+    if (x->v != y->v)
+        return x->v > y->v ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* the hinted experts not resident of the layer of the best one, best
+ * first, into p->hcand; returns their count */
+static uint32_t hint_candidates(ferry_moe_planner *p, uint32_t *layer)
+{
+    const ferry__heap *h = &p->hints.heap;
+    uint32_t best = FERRY_MOE_NONE, n = 0;
+    double bv = -1;
+    for (uint32_t i = 0; i < h->n; i++) {
+        uint32_t id = h->h[i];
+        double v = ferry__hints_value(&p->hints, id, p->step);
+        if (p->where[id] == FERRY_MOE_NONE && (v > bv || (v == bv && id < best))) {
+            bv = v;
+            best = id;
+        }
+    }
+    if (best == FERRY_MOE_NONE)
+        return 0;
+    *layer = best / p->E;
+    for (uint32_t i = 0; i < h->n; i++) {
+        uint32_t id = h->h[i];
+        if (id / p->E == *layer && p->where[id] == FERRY_MOE_NONE) {
+            p->hcand[n].v = ferry__hints_value(&p->hints, id, p->step);
+            p->hcand[n++].id = id;
+        }
+    }
+    qsort(p->hcand, n, sizeof *p->hcand, hcand_cmp);
+    return n;
+}
+
+int ferry_moe_planner_hint_prefetch(ferry_moe_planner *p, uint32_t max_rows,
+                                    ferry_moe_copy_plan *plan)
+{
+    if (!p)
+        return ferry__err_set(NULL, -EINVAL, "moe hint prefetch: no planner");
+    if (p->pops == &ferry__policy_belady)
+        return ferry__err_set(&p->err, FERRY_ENOTSUP,
+                              "moe hint prefetch: policy belady replays a fixed trace");
+    int rc = stream_open(p, "hint prefetch");
+    if (rc < 0)
+        return rc;
+    uint32_t layer = 0, nc = max_rows && p->hints.pos ? hint_candidates(p, &layer) : 0, nm = 0;
+    for (uint32_t i = 0; i < nc && nm < max_rows; i++) {
+        /* never at the cost of a hinted expert worth as much */
+        uint32_t id = p->hcand[i].id, slot = place(p, id, p->hcand[i].v);
+        if (slot == FERRY_MOE_NONE)
+            break;
+        if ((rc = settle(p, "hint prefetch", layer, slot, id, 1)) < 0)
+            return rc;
+        p->plan_dst[nm] = slot;
+        p->plan_row[nm++] = id % p->E;
+    }
+    p->st.prefetch_requests += nm;
+    p->st.prefetch_fetched += nm;
+    p->hst.fetched += nm;
+    fill_plan(p, layer, nm, plan);
+    return (int)nm;
+}
+
+int ferry_moe_planner_hint_stats(const ferry_moe_planner *p, ferry_moe_hint_stats *out)
+{
+    if (!p || !out)
+        return ferry__err_set(NULL, -EINVAL, "ferry_moe_planner_hint_stats: planner or out is NULL");
+    ferry_moe_hint_stats v = p->hst;
+    v.size = sizeof v;
+    v.live = p->hints.heap.n;
+    return ferry__stats_put(NULL, "ferry_moe_planner_hint_stats", out, &v, sizeof v);
 }
 
 uint32_t ferry_moe_planner_occupant(const ferry_moe_planner *p, uint32_t slot)

@@ -263,7 +263,10 @@ static int rt_init(ferry__policy *p)
     s->ring = ferry__malloc((size_t)L * RING * s->ring_cap * sizeof(uint32_t));
     s->ring_n = ferry__calloc((size_t)L * RING, sizeof(uint32_t));
     s->ring_tok = ferry__malloc((size_t)L * RING * sizeof(uint32_t));
-    s->parked = ferry__malloc((size_t)n * sizeof(uint32_t));
+    /* a slot is parked at most twice a round: once, and once more after
+     * the planner evicted it parked (a hinted expert, when nothing else
+     * could go) and a prefetch refilled it */
+    s->parked = ferry__malloc((size_t)2 * n * sizeof(uint32_t));
     for (s->seg_p = 1; s->seg_p < L; s->seg_p *= 2)
         ;
     s->seg = ferry__malloc(2 * (size_t)s->seg_p * sizeof(uint32_t));

@@ -11,10 +11,12 @@
  *    (a row is not split), ahead of every prefetch row not started; a
  *    routed expert whose prefetch copy has not started becomes a demand
  *    copy; one that is on the link is waited for.
- *  - Hints: when a step starts computing, the step hint_steps ahead is
- *    prefetched (ferry_moe_planner_prefetch), so its copies overlap the
- *    compute in between. A hint is sent while the link's backlog is
- *    shorter than that lead, and holds at most the rows whose expected
+ *  - Hints: when a step starts computing, the planner is told the routes
+ *    of the step hint_steps ahead (ferry_moe_planner_hint), which it
+ *    protects from eviction until then, and the hinted experts missing are
+ *    prefetched best first (ferry_moe_planner_hint_prefetch), so their
+ *    copies overlap the compute in between. Rows are sent while the link's
+ *    backlog is shorter than that lead, at most those whose expected
  *    wrong ones cost the link no more than the lead saves ((1 - accuracy)
  *    x rows x copy time <= lead): on a link much slower than the compute a
  *    wrong row costs more than a right one saves. A prefetched expert its
@@ -56,6 +58,7 @@ typedef struct sim {
     uint64_t bytes, demand, prefetch_rows;
     uint64_t no_wait;
     uint32_t *pred, *mark, mark_gen; /* the hint, marks over a layer's experts */
+    size_t *htarget;                 /* per id: the nearest step it is hinted for */
     ferry__rng rng;
     /* prefetched rows waiting for their step: released unused after it */
     struct pend {
@@ -264,15 +267,76 @@ static uint32_t make_hint(sim *s, size_t j, double acc, uint32_t cap)
     return n;
 }
 
-static int hint(sim *s, const ferry_moe_sim_options *o, size_t i, uint32_t active)
+/* tell the planner the routes predicted for step j = i + hint_steps */
+static int hint_give(sim *s, const ferry_moe_sim_options *o, size_t i)
 {
     size_t j = i + o->hint_steps;
-    uint32_t slots = ferry_moe_planner_slots(s->p);
-    if (!o->hint_steps || j >= s->t->n_steps || active >= slots)
+    uint32_t n = 0, E = s->t->model.num_experts;
+    if (!o->hint_steps || j >= s->t->n_steps)
         return 0;
-    /* worth it while the link can start it within the hint's lead, and
-     * while its expected wrong rows cost the link less than that lead
-     * saves: (1 - confidence) x rows x copy time <= lead */
+    if (o->hint_trace) { /* the engine's own prediction, as recorded */
+        const uint32_t *pr = NULL;
+        (void)ferry_moe_trace_step_pred(s->t, j, &pr, &n); /* j is in range */
+        if (n)
+            memcpy(s->pred, pr, (size_t)n * sizeof *pr);
+    } else {
+        n = make_hint(s, j, o->hint_accuracy, E);
+    }
+    if (!n)
+        return 0;
+    int rc = ferry_moe_planner_hint(s->p, s->t->layer[j], o->hint_steps, s->pred, n,
+                                    o->hint_accuracy);
+    if (rc < 0)
+        return rc;
+    size_t base = (size_t)s->t->layer[j] * E;
+    for (uint32_t k = 0; k < n; k++) { /* the nearest step each is hinted for */
+        size_t *ht = &s->htarget[base + s->pred[k]];
+        if (*ht <= i || *ht > j)
+            *ht = j;
+    }
+    return 0;
+}
+
+/* remember prefetched rows until their step, in step order */
+static int pend_add(sim *s, const ferry_moe_copy_plan *plan)
+{
+    if (s->pend_n + plan->n > s->pend_cap) {
+        if (s->pend_head) { /* compact first */
+            memmove(s->pend, s->pend + s->pend_head, (s->pend_n - s->pend_head) * sizeof *s->pend);
+            s->pend_n -= s->pend_head;
+            s->pend_head = 0;
+        }
+        size_t nc = s->pend_cap ? s->pend_cap : 64;
+        while (nc < s->pend_n + plan->n)
+            nc *= 2;
+        struct pend *np = ferry__realloc(s->pend, nc * sizeof *np);
+        if (!np)
+            return ferry__err_set(NULL, -ENOMEM, "moe sim: out of memory");
+        s->pend = np;
+        s->pend_cap = nc;
+    }
+    for (uint32_t k = 0; k < plan->n; k++) {
+        uint32_t id = plan->layer * s->t->model.num_experts + plan->src_rows[k];
+        size_t at = s->pend_n++, target = s->htarget[id];
+        for (; at > s->pend_head && s->pend[at - 1].target > target; at--)
+            s->pend[at] = s->pend[at - 1];
+        s->pend[at].target = target;
+        s->pend[at].slot = plan->dst_slots[k];
+        s->pend[at].id = id;
+    }
+    return 0;
+}
+
+/* hint the step hint_steps ahead, then prefetch what hints name and is
+ * missing, best first: while the link can start it within the hint's
+ * lead, and no more rows than whose expected wrong ones cost the link
+ * less than that lead saves ((1 - confidence) x rows x copy time <= lead) */
+static int hint(sim *s, const ferry_moe_sim_options *o, size_t i, uint32_t active)
+{
+    int rc = hint_give(s, o, i);
+    uint32_t slots = ferry_moe_planner_slots(s->p);
+    if (rc < 0 || !o->hint_steps || active >= slots)
+        return rc;
     double lead = o->hint_steps * o->compute_us, backlog = s->link_free - s->now;
     if (backlog >= lead)
         return 0;
@@ -281,48 +345,14 @@ static int hint(sim *s, const ferry_moe_sim_options *o, size_t i, uint32_t activ
     double wrong = (1 - o->hint_accuracy) * mean;
     if (wrong > 0 && lead / wrong < cap)
         cap = (uint32_t)(lead / wrong);
-    uint32_t n;
-    if (o->hint_trace) { /* the engine's own prediction, as recorded */
-        const uint32_t *pr = NULL;
-        n = 0;
-        (void)ferry_moe_trace_step_pred(s->t, j, &pr, &n); /* j is in range */
-        n = n < cap ? n : cap;
-        if (n)
-            memcpy(s->pred, pr, (size_t)n * sizeof *pr);
-    } else {
-        n = make_hint(s, j, o->hint_accuracy, cap);
-    }
-    if (!n)
-        return 0;
     ferry_moe_copy_plan plan;
-    int rc = ferry_moe_planner_prefetch(s->p, s->t->layer[j], s->pred, n, &plan);
-    if (rc == FERRY_ENOSPACE)
-        return 0; /* no room free of pins now: the hint is dropped */
-    if (rc < 0 || (rc = copy_prefetch(s, plan.dst_slots, plan.n)) < 0)
-        return rc;
-    s->prefetch_rows += plan.n;
-    if (s->pend_n + plan.n > s->pend_cap) {
-        if (s->pend_head) { /* compact first */
-            memmove(s->pend, s->pend + s->pend_head, (s->pend_n - s->pend_head) * sizeof *s->pend);
-            s->pend_n -= s->pend_head;
-            s->pend_head = 0;
-        }
-        size_t nc = s->pend_cap ? s->pend_cap : 64;
-        while (nc < s->pend_n + plan.n)
-            nc *= 2;
-        struct pend *np = ferry__realloc(s->pend, nc * sizeof *np);
-        if (!np)
-            return ferry__err_set(NULL, -ENOMEM, "moe sim: out of memory");
-        s->pend = np;
-        s->pend_cap = nc;
+    while (cap > 0 && (rc = ferry_moe_planner_hint_prefetch(s->p, cap, &plan)) > 0) {
+        if ((rc = copy_prefetch(s, plan.dst_slots, plan.n)) < 0 || (rc = pend_add(s, &plan)) < 0)
+            return rc;
+        s->prefetch_rows += plan.n;
+        cap -= plan.n;
     }
-    for (uint32_t k = 0; k < plan.n; k++) {
-        struct pend *e = &s->pend[s->pend_n++];
-        e->target = j;
-        e->slot = plan.dst_slots[k];
-        e->id = s->t->layer[j] * s->t->model.num_experts + plan.src_rows[k];
-    }
-    return 0;
+    return rc < 0 ? rc : 0;
 }
 
 /* step i ran: a prefetched expert for it (or before) that it did not route
@@ -443,7 +473,11 @@ int ferry_moe_sim(const ferry_moe_trace *t, const ferry_moe_sim_options *o,
     s.pred = ferry__malloc((size_t)t->model.num_experts * sizeof *s.pred);
     s.mark = ferry__calloc(t->model.num_experts, sizeof *s.mark);
     uint32_t *slots_out = ferry__malloc((size_t)t->model.num_experts * sizeof *slots_out);
-    if (!s.arrival || !s.copy_gen || !s.pred || !s.mark || !slots_out) {
+    if (o->hint_steps)
+        s.htarget = ferry__calloc((size_t)t->model.num_layers * t->model.num_experts,
+                                  sizeof *s.htarget);
+    if (!s.arrival || !s.copy_gen || !s.pred || !s.mark || !slots_out ||
+        (o->hint_steps && !s.htarget)) {
         rc = ferry__err_set(NULL, -ENOMEM, "moe sim: out of memory");
         goto done;
     }
@@ -465,6 +499,7 @@ done:
     ferry__free(s.pred);
     ferry__free(s.mark);
     ferry__free(s.pend);
+    ferry__free(s.htarget);
     ferry__free(s.pq);
     ferry__free(s.copy_gen);
     ferry_moe_planner_destroy(s.p);
