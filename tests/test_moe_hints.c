@@ -55,7 +55,21 @@ static void assert_consistent(const ferry_moe_planner *p, uint32_t L, uint32_t E
     }
 }
 
-static const char *const online[] = {"lru", "lru-layer", "lfu", "lfru", "s3fifo", "routing", "arc"};
+static const char *const online[] = {"lru",     "lru-layer", "lfu", "lfru",
+                                     "s3fifo",  "routing",   "arc", "auto"};
+
+/* the routing policy's structures, on its own or inside auto */
+static void check_routing(const ferry_moe_planner *p, const char *policy, uint32_t at)
+{
+    const ferry__policy *pol = ferry__planner_policy(p);
+    if (!strcmp(policy, "auto"))
+        pol = ferry__auto_routing(pol);
+    else if (strcmp(policy, "routing"))
+        return;
+    char why[256];
+    if (ferry__routing_check(pol, why, sizeof why) < 0)
+        fail_msg("%s at %u: %s", policy, at, why);
+}
 
 static void a_hinted_expert_survives_until_its_step_under_every_policy(void **state)
 {
@@ -82,11 +96,7 @@ static void a_hinted_expert_survives_until_its_step_under_every_policy(void **st
         assert_int_equal(h.live, 0);
         if (!strcmp(online[k], "lru"))
             assert_true(h.saves >= 1); /* LRU's first victim was expert 0 */
-        if (!strcmp(online[k], "routing")) {
-            char why[256];
-            if (ferry__routing_check(ferry__planner_policy(p), why, sizeof why) < 0)
-                fail_msg("routing: %s", why);
-        }
+        check_routing(p, online[k], 0);
         ferry_moe_planner_destroy(p);
     }
 }
@@ -407,11 +417,7 @@ static void random_hints_never_fail_a_step(void **state)
             if (ferry__rng_below(&r, 400) == 0)
                 assert_true(ferry_moe_planner_resize(p, 3 + ferry__rng_below(&r, 6)) >= 0);
             assert_consistent(p, L, E);
-            if (!strcmp(online[k], "routing")) {
-                char why[256];
-                if (ferry__routing_check(ferry__planner_policy(p), why, sizeof why) < 0)
-                    fail_msg("routing at %u: %s", i, why);
-            }
+            check_routing(p, online[k], i);
         }
         ferry_moe_hint_stats h = hstats(p);
         assert_true(h.right > 0 && h.wrong > 0 && h.saves > 0);

@@ -356,7 +356,7 @@ static int replay_sweep(const char *cmd, const ferry_moe_trace *t, char *budgets
     const ferry_moe_model *m = ferry_moe_trace_model(t);
     uint64_t all = (uint64_t)m->num_layers * m->num_experts;
     char defb[] = "6.25%,12.5%,25%,37.5%,50%";
-    char defp[] = "lru,lru-layer,lfu,lfru,s3fifo,routing,belady";
+    char defp[] = "lru,lru-layer,lfu,lfru,s3fifo,routing,auto,belady";
     char *bl[32], *pl[16];
     char orig[256];
     snprintf(orig, sizeof orig, "%s", budgets_s ? budgets_s : defb);
@@ -447,6 +447,7 @@ static void replay_usage(void)
            "                 at most %zu steps)\n"
            "  --slots        top-k..layers x experts, or P%% of layers x experts (the\n"
            "                 layers the trace holds; default 25%%); never adjusted\n"
+           "  --policy       one of the policies below (default routing)\n"
            "  --expert-bytes 1..1T (default: the trace's)\n"
            "  --budgets      up to 32 of --slots' values; --policies up to 16 policies\n"
            "  --stage        a capture's stage to read (default: its only stage, else\n"

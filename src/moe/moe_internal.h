@@ -143,6 +143,9 @@ extern const ferry__policy_ops ferry__policy_lfru;
 extern const ferry__policy_ops ferry__policy_s3fifo;
 extern const ferry__policy_ops ferry__policy_routing;
 extern const ferry__policy_ops ferry__policy_arc;
+extern const ferry__policy_ops ferry__policy_auto;
+/* (tests) auto's routing sub-policy, NULL for another policy */
+const ferry__policy *ferry__auto_routing(const ferry__policy *p);
 extern const ferry__policy_ops ferry__policy_belady;
 
 /* ---- traces ---- */

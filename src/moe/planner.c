@@ -103,11 +103,11 @@ static void unpin_all(ferry_moe_planner *p)
 static const ferry__policy_ops *const registry[] = {
     &ferry__policy_lru,    &ferry__policy_lru_layer, &ferry__policy_lfu,
     &ferry__policy_lfru,   &ferry__policy_s3fifo,    &ferry__policy_routing,
-    &ferry__policy_arc,    &ferry__policy_belady,
+    &ferry__policy_arc,    &ferry__policy_auto,      &ferry__policy_belady,
 };
 
-static const char *const policy_names[] = {"lru",     "lru-layer", "lfu", "lfru",  "s3fifo",
-                                           "routing", "arc",       "belady", NULL};
+static const char *const policy_names[] = {"lru",     "lru-layer", "lfu",  "lfru",   "s3fifo",
+                                           "routing", "arc",       "auto", "belady", NULL};
 
 const char *const *ferry_moe_policies(void)
 {

@@ -1,0 +1,360 @@
+/*
+ * policy_auto.c - "auto": global LRU or the routing policy, whichever has
+ * been hitting more lately (set dueling, as CPU caches choose between
+ * replacement policies).
+ *
+ * Both policies order the real residents all the time (every hit, insert
+ * and remove goes to both), so the cache can follow either at any victim.
+ * Which one names the victim is decided by two shadow caches - metadata
+ * only: where each expert would be, no rows - one run by LRU and one by
+ * the routing policy, fed the same steps, on a sample of the layers (every
+ * stride-th: at most 16 sampled layers) with the same share of the slots.
+ * Each counts its hits with a decay of 1/WINDOW per sampled step; the
+ * routing policy leads while its count is higher, LRU otherwise (ties and
+ * the start included: a policy that has not shown it is better does not
+ * lead). So the cache tracks the better of the two on what the trace is
+ * doing now, within what the sample and the window miss. It costs both
+ * policies plus both again on the sampled layers (a quarter of 58). Its
+ * LRU is a list (O(1) per hit, where "lru" keeps a heap): the same order
+ * but for ties within one step, which go by use rather than by slot.
+ * Measured on the generator's traces: 8 sampled layers followed the better
+ * policy less closely (up to 1.9 points behind it on a 256-token trace),
+ * and a window of 4096 reacted later than 1024.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "moe/moe_internal.h"
+
+#define WINDOW 1024.0 /* sampled steps of memory */
+#define SAMPLED 16u   /* most layers a shadow follows */
+
+/* ---- LRU as an intrusive list: least recent at the head ---- */
+typedef struct lrul {
+    ferry__policy base;
+    uint32_t *nx, *pv; /* per slot; NONE at the ends and off the list */
+    uint32_t head, tail;
+} lrul;
+
+#define NIL UINT32_MAX
+
+static int ll_init(ferry__policy *p)
+{
+    lrul *s = (lrul *)p;
+    uint32_t n = p->env.slots;
+    s->nx = ferry__malloc((size_t)n * sizeof *s->nx);
+    s->pv = ferry__malloc((size_t)n * sizeof *s->pv);
+    if (!s->nx || !s->pv) {
+        ferry__free(s->nx);
+        ferry__free(s->pv);
+        return -ENOMEM;
+    }
+    memset(s->nx, 0xff, (size_t)n * sizeof *s->nx);
+    memset(s->pv, 0xff, (size_t)n * sizeof *s->pv);
+    s->head = s->tail = NIL;
+    return 0;
+}
+
+static void ll_fini(ferry__policy *p)
+{
+    lrul *s = (lrul *)p;
+    ferry__free(s->nx);
+    ferry__free(s->pv);
+}
+
+static void ll_unlink(lrul *s, uint32_t v)
+{
+    uint32_t a = s->pv[v], b = s->nx[v];
+    if (a != NIL)
+        s->nx[a] = b;
+    else if (s->head == v)
+        s->head = b;
+    else
+        return; /* not listed */
+    if (b != NIL)
+        s->pv[b] = a;
+    else
+        s->tail = a;
+    s->nx[v] = s->pv[v] = NIL;
+}
+
+static void ll_append(lrul *s, uint32_t v)
+{
+    s->pv[v] = s->tail;
+    s->nx[v] = NIL;
+    if (s->tail != NIL)
+        s->nx[s->tail] = v;
+    else
+        s->head = v;
+    s->tail = v;
+}
+
+static void ll_hit(ferry__policy *p, uint32_t slot, uint32_t id)
+{
+    lrul *s = (lrul *)p;
+    (void)id;
+    if (s->tail != slot) {
+        ll_unlink(s, slot);
+        ll_append(s, slot);
+    }
+}
+
+static int ll_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
+{
+    (void)id;
+    (void)prefetch;
+    ll_unlink((lrul *)p, slot);
+    ll_append((lrul *)p, slot);
+    return 0;
+}
+
+static void ll_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
+{
+    (void)id;
+    (void)evicted;
+    ll_unlink((lrul *)p, slot);
+}
+
+/* the least recent unpinned: pinned ones are the step's (recent, at the
+ * tail) or hinted ones the planner kept; walked over */
+static int ll_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slot)
+{
+    lrul *s = (lrul *)p;
+    (void)id;
+    if (have_free)
+        return 1;
+    for (uint32_t v = s->head; v != NIL; v = s->nx[v])
+        if (!ferry__pinned(p, v)) {
+            *slot = v;
+            return 0;
+        }
+    return -1;
+}
+
+static const ferry__policy_ops lru_list = {
+    .name = "lru",
+    .describe = "least recently used, as a list",
+    .state_size = sizeof(lrul),
+    .init = ll_init,
+    .fini = ll_fini,
+    .hit = ll_hit,
+    .insert = ll_insert,
+    .remove = ll_remove,
+    .victim = ll_victim,
+};
+
+typedef struct shadow {
+    ferry__policy *pol;
+    uint32_t slots, used;
+    uint32_t *occ, *where;
+    uint64_t *pin_step, pin_now, step;
+    uint32_t *miss;
+    double score;
+} shadow;
+
+typedef struct autop {
+    ferry__policy base;
+    ferry__policy *sub[2]; /* 0: lru, 1: routing */
+    shadow sh[2];
+    uint32_t stride;
+    int lead;              /* index into sub */
+    uint64_t switches;
+} autop;
+
+static void sub_destroy(ferry__policy *q)
+{
+    if (!q)
+        return;
+    q->ops->fini(q);
+    ferry__free(q);
+}
+
+static ferry__policy *sub_create(const ferry__policy_ops *ops, const ferry__policy_env *env)
+{
+    ferry__policy *q = ferry__calloc(1, ops->state_size);
+    if (!q)
+        return NULL;
+    q->ops = ops;
+    q->env = *env;
+    if (ops->init(q) < 0) {
+        ferry__free(q);
+        return NULL;
+    }
+    return q;
+}
+
+static void shadow_fini(shadow *h)
+{
+    sub_destroy(h->pol);
+    ferry__free(h->occ);
+    ferry__free(h->where);
+    ferry__free(h->pin_step);
+    ferry__free(h->miss);
+    memset(h, 0, sizeof *h);
+}
+
+static int shadow_init(shadow *h, const ferry__policy_ops *ops, const ferry__policy *parent,
+                       uint32_t slots)
+{
+    const ferry__policy_env *pe = &parent->env;
+    size_t ids = (size_t)pe->num_layers * pe->num_experts;
+    h->slots = slots;
+    h->occ = ferry__malloc((size_t)slots * sizeof *h->occ);
+    h->pin_step = ferry__calloc(slots, sizeof *h->pin_step);
+    h->where = ferry__malloc(ids * sizeof *h->where);
+    h->miss = ferry__malloc((size_t)pe->num_experts * sizeof *h->miss);
+    if (!h->occ || !h->pin_step || !h->where || !h->miss)
+        return -ENOMEM;
+    memset(h->occ, 0xff, (size_t)slots * sizeof *h->occ);
+    memset(h->where, 0xff, ids * sizeof *h->where);
+    ferry__policy_env env = *pe;
+    env.slots = slots;
+    env.pin_step = h->pin_step;
+    env.pin_now = &h->pin_now;
+    env.step = &h->step;
+    env.occupant = h->occ;
+    env.where = h->where;
+    env.oracle = NULL;
+    h->pin_now = 1;
+    h->pol = sub_create(ops, &env);
+    return h->pol ? 0 : -ENOMEM;
+}
+
+/* one step of the shadow: as the planner's ensure, counting its hits */
+static void shadow_step(shadow *h, uint32_t layer, const uint32_t *ids, uint32_t n)
+{
+    if (n > h->slots)
+        return;
+    h->step++;
+    h->pin_now++;
+    uint32_t nm = 0, hits = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t slot = h->where[ids[i]];
+        if (slot == FERRY_MOE_NONE) {
+            h->miss[nm++] = ids[i];
+            continue;
+        }
+        h->pin_step[slot] = h->pin_now;
+        h->pol->ops->hit(h->pol, slot, ids[i]);
+        hits++;
+    }
+    for (uint32_t i = 0; i < nm; i++) {
+        uint32_t id = h->miss[i], slot = FERRY_MOE_NONE;
+        int r = h->pol->ops->victim(h->pol, id, h->used < h->slots, &slot);
+        if (r == 1 && h->used < h->slots) {
+            slot = h->used++;
+        } else if (r == 0 && slot < h->slots && h->occ[slot] != FERRY_MOE_NONE) {
+            uint32_t old = h->occ[slot];
+            h->pol->ops->remove(h->pol, slot, old, 1);
+            h->where[old] = FERRY_MOE_NONE;
+        } else {
+            continue; /* cannot happen: n <= slots */
+        }
+        h->occ[slot] = id;
+        h->where[id] = slot;
+        h->pin_step[slot] = h->pin_now;
+        if (h->pol->ops->insert(h->pol, slot, id, 0) < 0) {
+            h->occ[slot] = FERRY_MOE_NONE;
+            h->where[id] = FERRY_MOE_NONE;
+        }
+    }
+    if (h->pol->ops->end_step)
+        h->pol->ops->end_step(h->pol, layer, ids, n);
+    h->score = h->score * (1.0 - 1.0 / WINDOW) + hits;
+}
+
+static void au_fini(ferry__policy *p)
+{
+    autop *s = (autop *)p;
+    for (int i = 0; i < 2; i++) {
+        sub_destroy(s->sub[i]);
+        shadow_fini(&s->sh[i]);
+    }
+}
+
+static int au_init(ferry__policy *p)
+{
+    autop *s = (autop *)p;
+    uint32_t L = p->env.num_layers;
+    s->stride = L <= SAMPLED ? 1 : (L + SAMPLED - 1) / SAMPLED;
+    uint32_t sampled = (L + s->stride - 1) / s->stride;
+    uint64_t ss = ((uint64_t)p->env.slots * sampled + L / 2) / L;
+    const ferry__policy_ops *ops[2] = {&lru_list, &ferry__policy_routing};
+    for (int i = 0; i < 2; i++) {
+        s->sub[i] = sub_create(ops[i], &p->env);
+        if (!s->sub[i] || shadow_init(&s->sh[i], ops[i], p, ss ? (uint32_t)ss : 1) < 0) {
+            au_fini(p);
+            return -ENOMEM;
+        }
+    }
+    return 0;
+}
+
+static void au_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint32_t n)
+{
+    autop *s = (autop *)p;
+    for (int i = 0; i < 2; i++)
+        if (s->sub[i]->ops->end_step)
+            s->sub[i]->ops->end_step(s->sub[i], layer, ids, n);
+    if (layer % s->stride)
+        return;
+    shadow_step(&s->sh[0], layer, ids, n);
+    shadow_step(&s->sh[1], layer, ids, n);
+    int lead = s->sh[1].score > s->sh[0].score;
+    if (lead != s->lead) {
+        s->lead = lead;
+        s->switches++;
+    }
+}
+
+static void au_hit(ferry__policy *p, uint32_t slot, uint32_t id)
+{
+    autop *s = (autop *)p;
+    s->sub[0]->ops->hit(s->sub[0], slot, id);
+    s->sub[1]->ops->hit(s->sub[1], slot, id);
+}
+
+static int au_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
+{
+    autop *s = (autop *)p;
+    int rc = s->sub[0]->ops->insert(s->sub[0], slot, id, prefetch);
+    if (rc < 0)
+        return rc;
+    rc = s->sub[1]->ops->insert(s->sub[1], slot, id, prefetch);
+    if (rc < 0)
+        s->sub[0]->ops->remove(s->sub[0], slot, id, 0);
+    return rc;
+}
+
+static void au_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
+{
+    autop *s = (autop *)p;
+    s->sub[0]->ops->remove(s->sub[0], slot, id, evicted);
+    s->sub[1]->ops->remove(s->sub[1], slot, id, evicted);
+}
+
+static int au_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slot)
+{
+    autop *s = (autop *)p;
+    return s->sub[s->lead]->ops->victim(s->sub[s->lead], id, have_free, slot);
+}
+
+/* (tests) the routing sub-policy, for its structure checker */
+const ferry__policy *ferry__auto_routing(const ferry__policy *p)
+{
+    return p->ops == &ferry__policy_auto ? ((const autop *)p)->sub[1] : NULL;
+}
+
+const ferry__policy_ops ferry__policy_auto = {
+    .name = "auto",
+    .describe = "lru or routing, whichever hits more lately in shadow caches of sampled layers "
+                "(set dueling)",
+    .state_size = sizeof(autop),
+    .init = au_init,
+    .fini = au_fini,
+    .end_step = au_end_step,
+    .hit = au_hit,
+    .insert = au_insert,
+    .remove = au_remove,
+    .victim = au_victim,
+};
