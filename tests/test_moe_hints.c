@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,7 +34,7 @@ static void step1(ferry_moe_planner *p, uint32_t layer, uint32_t e)
 static ferry_moe_hint_stats hstats(const ferry_moe_planner *p)
 {
     ferry_moe_hint_stats h = FERRY_MOE_HINT_STATS_INIT;
-    FT_ASSERT_OK(ferry_moe_planner_hint_stats(p, &h));
+    FT_ASSERT_OK(ferry_moe_planner_hint_stats_get(p, &h));
     return h;
 }
 
@@ -83,7 +84,8 @@ static void a_hinted_expert_survives_until_its_step_under_every_policy(void **st
         for (uint32_t e = 4; e < 7; e++) { /* three steps of strangers */
             step1(p, 0, e);
             if (!resident(p, 0, 0))
-                fail_msg("%s evicted the expert hinted for a later step (step of %u)", online[k], e);
+                fail_msg("%s evicted the expert hinted for a later step (step of %u)",
+                         online[k], e);
         }
         ferry_moe_counts c;
         FT_ASSERT_OK(ferry_moe_planner_ensure(p, 0, &x, 1, NULL, NULL, &c));
@@ -337,8 +339,8 @@ static void bad_hints_are_refused_and_change_nothing(void **state)
     assert_int_equal(h.hinted, 0);
     assert_int_equal(h.live, 0);
     assert_int_equal(ferry_moe_planner_hint_prefetch(NULL, 1, NULL), -EINVAL);
-    assert_int_equal(ferry_moe_planner_hint_stats(NULL, &h), -EINVAL);
-    assert_int_equal(ferry_moe_planner_hint_stats(p, NULL), -EINVAL);
+    assert_int_equal(ferry_moe_planner_hint_stats_get(NULL, &h), -EINVAL);
+    assert_int_equal(ferry_moe_planner_hint_stats_get(p, NULL), -EINVAL);
     /* the limits are accepted */
     assert_int_equal(ferry_moe_planner_hint(p, 0, FERRY_MOE_MAX_HINT_STEPS, &ok, 1, 0.0), 1);
     assert_int_equal(ferry_moe_planner_hint(p, 1, 1, &ok, 1, 1.0), 1);
@@ -425,6 +427,89 @@ static void random_hints_never_fail_a_step(void **state)
     }
 }
 
+/* hints drive real copies: each step's and each hint prefetch's plan
+ * goes through a host executor (the prefetch on its prefetch path), the
+ * planner and the executor agree on every slot after each call, and each
+ * routed expert's slot holds exactly its row */
+enum { XL = 3, XE = 16, XROW = 128, XSLOTS = 7 };
+
+static void apply_ok(ferry_moe_slots *x, const ferry_moe_copy_plan *plan,
+                     const ferry_moe_rows *rows, int prefetch)
+{
+    uint32_t unk[XSLOTS * 2], nu = 0;
+    int rc = prefetch ? ferry_moe_slots_prefetch_start(x, plan, rows, unk, &nu)
+                      : ferry_moe_slots_apply(x, plan, rows, unk, &nu);
+    assert_true(rc >= 0);
+    assert_int_equal(nu, 0);
+}
+
+static void hinted_plans_move_the_right_bytes_through_an_executor(void **state)
+{
+    (void)state;
+    ferry_device_options d = FERRY_DEVICE_OPTIONS_INIT;
+    d.backend = "host";
+    ferry_device *dev;
+    FT_ASSERT_OK(ferry_device_open(&d, &dev));
+    unsigned char *bank = malloc((size_t)XL * XE * XROW);
+    assert_non_null(bank);
+    for (int i = 0; i < XL * XE; i++)
+        memset(bank + (size_t)i * XROW, i + 1, XROW);
+    ferry_moe_geometry g = FERRY_MOE_GEOMETRY_INIT;
+    g.num_layers = XL;
+    g.num_experts = XE;
+    g.slots = XSLOTS;
+    g.banks = 1;
+    g.row_bytes[0] = XROW;
+    void *bases[1] = {bank};
+    ferry_moe_rows *rows;
+    FT_ASSERT_OK(ferry_moe_rows_host(&g, bases, NULL, 0, &rows));
+    const ferry_moe_slot_device_ops *ops;
+    void *ctx;
+    ferry_moe_slots *x;
+    FT_ASSERT_OK(ferry_moe_device_slots_open(dev, &g, &ops, &ctx));
+    FT_ASSERT_OK(ferry_moe_slots_create(&g, ops, ctx, &x));
+    ferry_moe_planner *p = mk(XL, XE, XSLOTS, "auto");
+    ferry__rng r;
+    ferry__rng_seed(&r, 11);
+    for (uint32_t i = 0; i < 600; i++) {
+        uint32_t layer = i % XL, ex[3], sl[3];
+        for (int j = 0; j < 3; j++)
+            ex[j] = ferry__rng_below(&r, XE / 2) * (1 + (ferry__rng_below(&r, 4) == 0));
+        ferry_moe_copy_plan plan;
+        FT_ASSERT_OK(ferry_moe_planner_ensure(p, layer, ex, 3, sl, &plan, NULL));
+        apply_ok(x, &plan, rows, 0);
+        FT_ASSERT_OK(ferry_moe_check(p, x));
+        for (int j = 0; j < 3; j++) {
+            unsigned char got[XROW];
+            ferry_devptr dp = ferry_moe_device_slot_ptr(ferry_moe_slots_device(x), 0, sl[j]);
+            FT_ASSERT_OK(ferry_device_download(dev, got, dp, XROW));
+            assert_memory_equal(got, bank + ((size_t)layer * XE + ex[j]) * XROW, XROW);
+        }
+        /* the next layer's routes, mostly right, and a draft of the next
+         * token's same layer */
+        uint32_t nl = (layer + 1) % XL, h[3];
+        for (int j = 0; j < 3; j++)
+            h[j] = ferry__rng_below(&r, XE / 2);
+        FT_ASSERT_OK(ferry_moe_planner_hint(p, nl, 1, h, 3, 0.9));
+        FT_ASSERT_OK(ferry_moe_planner_hint(p, layer, XL, ex, 3, 0.5));
+        int n = ferry_moe_planner_hint_prefetch(p, 2, &plan);
+        assert_true(n >= 0);
+        if (n > 0)
+            apply_ok(x, &plan, rows, 1);
+        uint32_t unk[XSLOTS], nu = 0;
+        assert_true(ferry_moe_slots_prefetch_finish(x, unk, &nu) >= 0);
+        assert_int_equal(nu, 0);
+        FT_ASSERT_OK(ferry_moe_check(p, x));
+    }
+    ferry_moe_hint_stats h = hstats(p);
+    assert_true(h.fetched > 0 && h.right > 0);
+    ferry_moe_planner_destroy(p);
+    ferry_moe_slots_destroy(x);
+    ferry_moe_rows_destroy(rows);
+    ferry_device_close(dev);
+    free(bank);
+}
+
 typedef struct oom_ctx {
     int calls;
 } oom_ctx;
@@ -479,6 +564,7 @@ int main(void)
         cmocka_unit_test(bad_hints_are_refused_and_change_nothing),
         cmocka_unit_test(belady_refuses_hints),
         cmocka_unit_test(random_hints_never_fail_a_step),
+        cmocka_unit_test(hinted_plans_move_the_right_bytes_through_an_executor),
         cmocka_unit_test(hints_survive_out_of_memory_at_every_allocation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -400,7 +400,7 @@ FERRY_API int ferry_moe_planner_hint(ferry_moe_planner *p, uint32_t layer, uint3
 FERRY_API int ferry_moe_planner_hint_prefetch(ferry_moe_planner *p, uint32_t max_rows,
                                               ferry_moe_copy_plan *plan);
 
-/** What hints did (ferry_moe_planner_hint_stats). */
+/** What hints did (ferry_moe_planner_hint_stats_get). */
 typedef struct ferry_moe_hint_stats {
     size_t size;      /**< set by the caller: sizeof(ferry_moe_hint_stats) */
     uint64_t hinted;  /**< experts named by hints (distinct per call) */
@@ -418,7 +418,8 @@ typedef struct ferry_moe_hint_stats {
      FERRY_FIELD(live) 0}
 /** The hint totals, written as far as out->size says (as
  *  ferry_moe_planner_stats_get). Errors: -EINVAL (NULL, size not set). */
-FERRY_API int ferry_moe_planner_hint_stats(const ferry_moe_planner *p, ferry_moe_hint_stats *out);
+FERRY_API int ferry_moe_planner_hint_stats_get(const ferry_moe_planner *p,
+                                               ferry_moe_hint_stats *out);
 
 /** One wave of a streamed step: compute these experts once their rows landed. */
 typedef struct ferry_moe_wave {

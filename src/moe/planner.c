@@ -936,14 +936,15 @@ int ferry_moe_planner_hint_prefetch(ferry_moe_planner *p, uint32_t max_rows,
     return (int)nm;
 }
 
-int ferry_moe_planner_hint_stats(const ferry_moe_planner *p, ferry_moe_hint_stats *out)
+int ferry_moe_planner_hint_stats_get(const ferry_moe_planner *p, ferry_moe_hint_stats *out)
 {
     if (!p || !out)
-        return ferry__err_set(NULL, -EINVAL, "ferry_moe_planner_hint_stats: planner or out is NULL");
+        return ferry__err_set(NULL, -EINVAL,
+                              "ferry_moe_planner_hint_stats_get: planner or out is NULL");
     ferry_moe_hint_stats v = p->hst;
     v.size = sizeof v;
     v.live = p->hints.heap.n;
-    return ferry__stats_put(NULL, "ferry_moe_planner_hint_stats", out, &v, sizeof v);
+    return ferry__stats_put(NULL, "ferry_moe_planner_hint_stats_get", out, &v, sizeof v);
 }
 
 uint32_t ferry_moe_planner_occupant(const ferry_moe_planner *p, uint32_t slot)
