@@ -265,10 +265,12 @@ typedef struct ferry_moe_planner_options {
  *    ahead names the victim, LRU on ties. On every generator trace
  *    measured it is never more than 0.1 point below LRU and within a
  *    point of the better of the two, at the cost of both plus both again
- *    on the sampled layers (1.3-1.6x "routing"'s time per layer-step).
+ *    on the sampled layers (about 1.3-1.4x "routing"'s time per layer-step).
  *  - "belady": Belady's MIN, offline (needs the trace as oracle).
  * Every victim is unpinned (never an expert of the current step); ties go
- * to the lowest slot index.
+ * to the lowest slot index. Under every policy, an expert hinted for a
+ * later step (ferry_moe_planner_hint) is passed over while another victim
+ * can be had.
  */
 FERRY_API const char *const *ferry_moe_policies(void);
 /** One line describing a policy, or NULL when unknown. */
