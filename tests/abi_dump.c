@@ -49,7 +49,7 @@ int main(void)
     C(l2_engine); C(l1_policy); C(l2_policy); C(watermark); C(evict_fraction);
     C(write_ttl_ms); C(read_ttl_ms); C(device); C(prefetch_max_bytes); C(workers);
     C(l2_persistent); C(remote_url); C(remote_options); C(remote_index_chunks); C(l2_reset);
-    C(l2_mode); C(server); C(server_timeout_ms); E();
+    C(l2_mode); C(server); C(server_timeout_ms); C(l2_dirs); C(l2_n_dirs); E();
 #undef C
 #define R(f) F(ferry_kv_req, f)
     S(ferry_kv_req); R(size); R(salt); R(salt_len); R(flags); R(tiers); R(status);

@@ -202,6 +202,14 @@ static void finishing_checks_what_no_key_shows(void **state)
     assert_non_null(strstr(g_err, "f.yaml:2:1: layout: give num_layers, num_heads and head_dim"));
     serve_conf_free(&c);
     serve_conf_init(&c);
+    assert_int_equal(parse(&c, "l2_dirs: [/a, /b]\nl2_bytes: 2T\n"), 0);
+    assert_int_equal(serve_conf_finish(&c, g_err, sizeof g_err), 0);
+    assert_null(c.kv.l2_dir);
+    assert_int_equal(c.kv.l2_n_dirs, 2);
+    assert_string_equal(c.kv.l2_dirs[1], "/b");
+    assert_true(c.kv.l2_bytes == 2ull << 40); /* on each */
+    serve_conf_free(&c);
+    serve_conf_init(&c);
     assert_int_equal(parse(&c, "l2_dir: /x\n"), 0);
     assert_int_equal(serve_conf_finish(&c, g_err, sizeof g_err), -1);
     assert_non_null(strstr(g_err, "f.yaml:1:1: the L2 directories need l2_bytes"));

@@ -149,6 +149,46 @@ static void flags_over_environment_over_file(void **state)
     assert_non_null(strstr(out, "of 8388608 bytes"));
 }
 
+/* --l2 twice, and l2_dirs in the file: one L2 striped over both */
+static void two_l2_directories(void **state)
+{
+    (void)state;
+    char conf[320], sock[320], a[320], b[320], la[340], lb[340], lb4[340], text[1024];
+    snprintf(conf, sizeof conf, "%s/two.yaml", g_dir);
+    snprintf(sock, sizeof sock, "%s/two.sock", g_dir);
+    snprintf(a, sizeof a, "%s/nvme0", g_dir);
+    snprintf(b, sizeof b, "%s/nvme1", g_dir);
+    assert_int_equal(mkdir(a, 0700), 0);
+    assert_int_equal(mkdir(b, 0700), 0);
+    snprintf(la, sizeof la, "%s:8M", a);
+    snprintf(lb, sizeof lb, "%s:8M", b);
+    snprintf(lb4, sizeof lb4, "%s:4M", b);
+    static char out[1 << 14], err[1 << 14];
+    char *st[] = {g_ferry, "serve", "status", "--socket", sock, NULL};
+    char *a1[] = {g_ferry, "serve", "--model", "tiny", "--l1", "4M", "--socket", sock,
+                  "--l2", la, "--l2", lb, NULL};
+    serve_and_ask(a1, NULL, st, NULL, out, sizeof out);
+    assert_non_null(strstr(out, "of 16777216 bytes")); /* L2: 8 MiB on each */
+    /* the same from a file, and the daemon finds its chunks' slab again */
+    snprintf(text, sizeof text, "model: tiny\nl1_bytes: 4M\nsocket: %s\nl2_dirs:\n  - %s\n"
+             "  - %s\nl2_bytes: 8M\n", sock, a, b);
+    write_file(conf, text);
+    char *a2[] = {g_ferry, "serve", "--config", conf, NULL};
+    serve_and_ask(a2, NULL, st, NULL, out, sizeof out);
+    assert_non_null(strstr(out, "of 16777216 bytes"));
+    /* sizes that differ, a directory twice, a missing one: usage errors */
+    char *a3[] = {g_ferry, "serve", "--model", "tiny", "--l2", la, "--l2", lb4, NULL};
+    assert_int_equal(run(a3, NULL, out, err, sizeof out), 2);
+    assert_non_null(strstr(err, "the same SIZE for every --l2"));
+    char *a4[] = {g_ferry, "serve", "--model", "tiny", "--l2", la, "--l2", la, NULL};
+    assert_int_equal(run(a4, NULL, out, err, sizeof out), 2);
+    assert_non_null(strstr(err, "given twice"));
+    char *a5[] = {g_ferry, "serve", "--model", "tiny", "--l2", la, "--l2", "/nonexistent/x:8M",
+                  NULL};
+    assert_int_equal(run(a5, NULL, out, err, sizeof out), 2);
+    assert_non_null(strstr(err, "--l2 /nonexistent/x: no such directory"));
+}
+
 static void a_bad_file_serves_nothing(void **state)
 {
     (void)state;
@@ -204,6 +244,7 @@ int main(void)
     ft_tmpdir(g_dir, sizeof g_dir);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(flags_over_environment_over_file),
+        cmocka_unit_test(two_l2_directories),
         cmocka_unit_test(a_bad_file_serves_nothing),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

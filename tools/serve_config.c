@@ -803,12 +803,13 @@ int serve_conf_finish(serve_conf *c, char *err, size_t errlen)
                  c->n_l2 > 1 ? "each directory's share" : "the slab's size");
         return -1;
     }
-    if (c->n_l2 > 1) {
-        snprintf(err, errlen, "%s: several L2 directories: this build serves one; accepted: "
-                 "l2_dir", from(c, "l2_dirs"));
-        return -1;
-    }
+    c->kv.l2_dirs = NULL;
+    c->kv.l2_n_dirs = 0;
     if (c->n_l2 == 1)
         c->kv.l2_dir = c->l2[0];
+    else if (c->n_l2 > 1) {
+        c->kv.l2_dirs = c->l2; /* striped over them, l2_bytes on each */
+        c->kv.l2_n_dirs = c->n_l2;
+    }
     return 0;
 }

@@ -25,7 +25,8 @@
  *
  * Tiers. L1 is a pool of host memory (pinned through the store's device
  * when it has one) carved into chunk slots. L2, when configured, is an
- * NVMe slab (ferry/gds.h) divided into chunk extents. A store goes to L1
+ * NVMe slab (ferry/gds.h; over several drives, striped: l2_dirs) divided
+ * into chunk extents. A store goes to L1
  * and, when L2 is configured, is written through to L2 in the background
  * (ferry_kv_flush() waits for it). Write-through is best effort: a chunk
  * keeps its L1 slot read-locked until its L2 write lands, and when all of
@@ -44,7 +45,8 @@
  * in this process or another, gets FERRY_EBUSY naming the directory and
  * the owner's pid. Give every TP rank and every store its own l2_dir
  * (".../rank0", ".../rank1"); one cache shared by several processes is a
- * server's job, not a shared directory's. Files are created 0600 and
+ * server's job, not a shared directory's. An L2 over several drives
+ * (l2_dirs) locks each of its directories the same way. Files are created 0600 and
  * directories 0700: KV caches hold what prompts can be rebuilt from.
  *
  * Verified reads. No byte read from below L1 reaches an engine buffer
@@ -334,7 +336,24 @@ typedef struct ferry_kv_config {
     const char *server;
     /** How long one round trip to the server may take; 0 -> 2000 ms. */
     uint32_t server_timeout_ms;
+    /**
+     * An L2 over several drives: l2_dirs[0..l2_n_dirs), one directory per
+     * drive (at most FERRY_KV_L2_DIRS_MAX, each distinct), each holding
+     * l2_bytes, with l2_dir NULL. The slab is striped across them (in 4 MiB
+     * units, 1 MiB when persistent), so every chunk's reads and writes go
+     * to all the drives at once, and each directory is locked as l2_dir is
+     * (FERRY_EBUSY for one another store holds). A persistent L2 records
+     * every directory's place: reopen it with the same directories in the
+     * same order (another order, a missing directory or another count is
+     * refused and nothing is changed; l2_reset starts it over). The loss of
+     * one drive loses the whole L2 (every chunk has bytes on each). 0: the
+     * L2 is l2_dir alone.
+     */
+    const char *const *l2_dirs;
+    unsigned l2_n_dirs;
 } ferry_kv_config;
+/** Directories an L2 may stripe over. */
+#define FERRY_KV_L2_DIRS_MAX 16u
 #define FERRY_KV_CONFIG_INIT \
     {FERRY_FIELD(size) sizeof(ferry_kv_config), FERRY_FIELD(model) NULL, FERRY_FIELD(tp_rank) 0, \
      FERRY_FIELD(tp_world) 1, FERRY_FIELD(layout) FERRY_KV_LAYOUT_INIT, \
@@ -347,7 +366,7 @@ typedef struct ferry_kv_config {
      FERRY_FIELD(l2_persistent) 0, FERRY_FIELD(remote_url) NULL, \
      FERRY_FIELD(remote_options) NULL, FERRY_FIELD(remote_index_chunks) 0, \
      FERRY_FIELD(l2_reset) 0, FERRY_FIELD(l2_mode) 0, FERRY_FIELD(server) NULL, \
-     FERRY_FIELD(server_timeout_ms) 0}
+     FERRY_FIELD(server_timeout_ms) 0, FERRY_FIELD(l2_dirs) NULL, FERRY_FIELD(l2_n_dirs) 0}
 /** The smallest size field ferry_kv_open takes: a config that ends at
  *  l1_bytes (what an L1-only store needs); the fields past a caller's size
  *  take their defaults, so a program built against an older header keeps
@@ -362,7 +381,9 @@ typedef struct ferry_kv ferry_kv;
  * (ferry_gds_open). Errors: -EINVAL (NULL, no model, bad layout, l1_bytes
  * below one chunk, watermark or evict_fraction outside [0, 1] or NaN, a
  * fraction above the watermark, tp_rank not below tp_world, an unknown
- * policy, more than FERRY_KV_WORKERS_MAX workers, an empty l2_dir),
+ * policy, more than FERRY_KV_WORKERS_MAX workers, an empty l2_dir; l2_dirs
+ * with l2_dir, NULL, empty or repeated entries, more than
+ * FERRY_KV_L2_DIRS_MAX),
  * FERRY_EBUSY (l2_dir is another open store's), FERRY_EMISMATCH (a
  * persistent L2 made for another layout, chunk size, hash seed, model or
  * TP rank/world; nothing is changed, see l2_reset), -ENOMEM, and the

@@ -49,7 +49,8 @@ class KVConfig(_Sized):
                 ("read_ttl_ms", _u32), ("device", _vp), ("prefetch_max_bytes", _u64),
                 ("workers", _uint), ("l2_persistent", _int), ("remote_url", _cp),
                 ("remote_options", _vp), ("remote_index_chunks", _u64), ("l2_reset", _int),
-                ("l2_mode", _uint), ("server", _cp), ("server_timeout_ms", _u32)]
+                ("l2_mode", _uint), ("server", _cp), ("server_timeout_ms", _u32),
+                ("l2_dirs", ctypes.POINTER(_cp)), ("l2_n_dirs", _uint)]
 
 
 class KVReq(_Sized):

@@ -194,10 +194,11 @@ int ferry__kv_tier_l1_open(ferry_device *dev, uint64_t slot_bytes, uint64_t capa
                            ferry__errbuf *eb, ferry__kv_tier **out);
 /* the memfd of a shared L1 pool and its size, or -1 */
 int ferry__kv_tier_l1_fd(ferry__kv_tier *t, uint64_t *bytes);
-/* L2: an NVMe slab of `bytes` in dir through the GDS context */
-int ferry__kv_tier_l2_open(const char *dir, uint64_t bytes, int direct, const char *engine,
-                           unsigned mode, uint64_t chunk_bytes, uint64_t slot_bytes,
-                           ferry__errbuf *eb, ferry__kv_tier **out);
+/* L2: an NVMe slab of `bytes` in all, striped over dirs[0..ndirs) (one
+ * per drive), through the GDS context */
+int ferry__kv_tier_l2_open(const char *const *dirs, unsigned ndirs, uint64_t bytes, int direct,
+                           const char *engine, unsigned mode, uint64_t chunk_bytes,
+                           uint64_t slot_bytes, ferry__errbuf *eb, ferry__kv_tier **out);
 void ferry__kv_tier_free(ferry__kv_tier *t);
 /* register the L1 pool [pool, pool + len) with the L2 tier's drive queues
  * (fixed buffers) / undo it (a no-op when not registered); the pool must

@@ -121,6 +121,36 @@ static int open_remote(ferry_kv *kv, const ferry_kv_config *cfg, const char *url
                                       &kv->tier[FERRY_KV_TIER_REMOTE]);
 }
 
+/* l2_dirs: without l2_dir, each entry set, non-empty and distinct, at
+ * most FERRY_KV_L2_DIRS_MAX, their bytes in all within a slab's reach */
+static int l2_dirs_check(const ferry_kv_config *cfg)
+{
+    unsigned n = cfg->l2_n_dirs;
+    if (!n)
+        return 0;
+    if (cfg->l2_dir)
+        return ferry__err_set(NULL, -EINVAL, "kv open: l2_dir and l2_dirs both given (l2_dir "
+                              "%s): the L2 is one or the other", cfg->l2_dir);
+    if (!cfg->l2_dirs || n > FERRY_KV_L2_DIRS_MAX)
+        return ferry__err_set(NULL, -EINVAL, "kv open: l2_n_dirs %u: accepted 1..%u with "
+                              "l2_dirs set (0: no list)", n, FERRY_KV_L2_DIRS_MAX);
+    for (unsigned i = 0; i < n; i++) {
+        if (!cfg->l2_dirs[i] || !*cfg->l2_dirs[i])
+            return ferry__err_set(NULL, -EINVAL, "kv open: l2_dirs[%u] is %s", i,
+                                  cfg->l2_dirs[i] ? "empty" : "NULL");
+        for (unsigned j = 0; j < i; j++)
+            if (!strcmp(cfg->l2_dirs[i], cfg->l2_dirs[j]))
+                return ferry__err_set(NULL, -EINVAL, "kv open: l2_dirs[%u] and l2_dirs[%u] are "
+                                      "both %s: each drive's directory once", j, i,
+                                      cfg->l2_dirs[i]);
+    }
+    if (cfg->l2_bytes > ((uint64_t)1 << 56) / n)
+        return ferry__err_set(NULL, -EINVAL, "kv open: l2_bytes %llu on each of %u directories: "
+                              "more than 2^56 bytes in all", (unsigned long long)cfg->l2_bytes,
+                              n);
+    return 0;
+}
+
 /* every option in range before any arithmetic on it: 0 and the chunk's
  * tokens and bytes, or -EINVAL with the message set */
 static int config_check(const ferry_kv_config *cfg, uint32_t *ct, uint64_t *chunk_bytes)
@@ -153,6 +183,9 @@ static int config_check(const ferry_kv_config *cfg, uint32_t *ct, uint64_t *chun
                               cfg->workers, FERRY_KV_WORKERS_MAX);
     if (cfg->l2_dir && !*cfg->l2_dir)
         return ferry__err_set(NULL, -EINVAL, "kv open: l2_dir is empty (NULL means no L2)");
+    rc = l2_dirs_check(cfg);
+    if (rc < 0)
+        return rc;
     if (ferry__mode_check(cfg->l2_mode, "kv open: l2_mode", NULL) < 0)
         return -EINVAL;
     if (cfg->l2_reset != 0 && cfg->l2_reset != 1)
@@ -228,12 +261,15 @@ static int open_tiers(ferry_kv *kv, const ferry_kv_config *cfg, int persistent, 
         if (!kv->l1_gen)
             rc = ferry__err_set(eb, -ENOMEM, "kv open: out of memory for the L1 generations");
     }
-    if (rc == 0 && cfg->l2_dir)
+    const char *const *dirs = cfg->l2_n_dirs ? cfg->l2_dirs : &cfg->l2_dir;
+    unsigned ndirs = cfg->l2_n_dirs ? cfg->l2_n_dirs : 1;
+    if (rc == 0 && dirs[0])
         rc = persistent ? ferry__kv_tier_pslab_open_kv(kv, cfg, slot, eb,
                                                        &kv->tier[FERRY_KV_TIER_L2])
-                        : ferry__kv_tier_l2_open(cfg->l2_dir, cfg->l2_bytes, cfg->l2_direct,
-                                                 cfg->l2_engine, cfg->l2_mode, kv->chunk_bytes,
-                                                 slot, eb, &kv->tier[FERRY_KV_TIER_L2]);
+                        : ferry__kv_tier_l2_open(dirs, ndirs, cfg->l2_bytes * ndirs,
+                                                 cfg->l2_direct, cfg->l2_engine, cfg->l2_mode,
+                                                 kv->chunk_bytes, slot, eb,
+                                                 &kv->tier[FERRY_KV_TIER_L2]);
     ferry__kv_tier *l2 = kv->tier[FERRY_KV_TIER_L2];
     if (rc == 0 && l2 && l2->ops->reg_pool) {
         /* L2 reads land in L1 slots and write-throughs leave from them:
@@ -243,9 +279,10 @@ static int open_tiers(ferry_kv *kv, const ferry_kv_config *cfg, int persistent, 
         int r = l2->ops->reg_pool(l2, l1->ops->host_ptr(l1, 0),
                                   (size_t)(l1->capacity * l1->slot_bytes));
         if (r < 0)
-            FERRY_LOGI("kv open: L1 pool not registered with the L2 slab in %s (%s): "
+            FERRY_LOGI("kv open: L1 pool not registered with the L2 slab in %s%s (%s): "
                        "L2 transfers take the engine's plain path",
-                       cfg->l2_dir, ferry_last_error());
+                       dirs[0], ndirs > 1 ? " and the other L2 directories" : "",
+                       ferry_last_error());
         else
             kv->l2_registered = 1;
     }
@@ -317,7 +354,8 @@ static const ferry__member kv_config_later[] = {
     KV_CFG(read_ttl_ms),   KV_CFG(device),             KV_CFG(prefetch_max_bytes),
     KV_CFG(workers),       KV_CFG(l2_persistent),      KV_CFG(remote_url),
     KV_CFG(remote_options), KV_CFG(remote_index_chunks), KV_CFG(l2_reset),
-    KV_CFG(l2_mode),       KV_CFG(server),             KV_CFG(server_timeout_ms)};
+    KV_CFG(l2_mode),       KV_CFG(server),             KV_CFG(server_timeout_ms),
+    KV_CFG(l2_dirs),       KV_CFG(l2_n_dirs)};
 #undef KV_CFG
 static const ferry__sized kv_config_sized =
     FERRY__SIZED(ferry_kv_config, FERRY_KV_CONFIG_MIN_SIZE, kv_config_later);
@@ -349,13 +387,15 @@ static int kv_open(const ferry_kv_config *ucfg, int shared, ferry_kv **out)
         rc = open_index(kv, cfg);
     ferry__kv_tier *l2 = kv->tier[FERRY_KV_TIER_L2];
     if (rc == 0 && l2 && l2->ops->recover) {
+        const char *d0 = cfg->l2_n_dirs ? cfg->l2_dirs[0] : cfg->l2_dir;
+        const char *more = cfg->l2_n_dirs > 1 ? " and the other L2 directories" : "";
         int r = l2->ops->recover(l2, recover_one, kv);
         if (r < 0)
-            rc = ferry__err_set(&kv->err, r, "kv open: recovering the persistent L2 in %s: %s",
-                                cfg->l2_dir, ferry_last_error());
+            rc = ferry__err_set(&kv->err, r, "kv open: recovering the persistent L2 in %s%s: %s",
+                                d0, more, ferry_last_error());
         else
-            FERRY_LOGI("kv open: %d chunks recovered from the persistent L2 in %s", r,
-                       cfg->l2_dir);
+            FERRY_LOGI("kv open: %d chunks recovered from the persistent L2 in %s%s", r, d0,
+                       more);
     }
     if (rc == 0)
         rc = ferry__kv_workers_start(kv, cfg->workers ? cfg->workers : 2);

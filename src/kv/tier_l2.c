@@ -380,10 +380,11 @@ void ferry__kv_tier_l2_break_after(ferry__kv_tier *t, unsigned reaps, int code)
 static const ferry__kv_tier_aops l2_aops = {8,         16,         l2_aget,  l2_aput,
                                             l2_asubmit, l2_await, l2_abroken, l2_verify};
 
-int ferry__kv_tier_l2_open(const char *dir, uint64_t bytes, int direct, const char *engine,
-                           unsigned mode, uint64_t chunk_bytes, uint64_t slot_bytes,
-                           ferry__errbuf *eb, ferry__kv_tier **out)
+int ferry__kv_tier_l2_open(const char *const *dirs, unsigned ndirs, uint64_t bytes, int direct,
+                           const char *engine, unsigned mode, uint64_t chunk_bytes,
+                           uint64_t slot_bytes, ferry__errbuf *eb, ferry__kv_tier **out)
 {
+    const char *dir = dirs && ndirs ? dirs[0] : NULL;
     if (!dir || !slot_bytes || slot_bytes % 4096 || bytes < slot_bytes || !chunk_bytes ||
         chunk_bytes > slot_bytes)
         return ferry__err_set(eb, -EINVAL,
@@ -407,9 +408,8 @@ int ferry__kv_tier_l2_open(const char *dir, uint64_t bytes, int direct, const ch
     t->chunk_bytes = chunk_bytes;
     p->sum_bytes = chunk_bytes;
     ferry_gds_config cfg = FERRY_GDS_CONFIG_INIT;
-    const char *dirs[1] = {dir};
-    cfg.dirs = dirs;
-    cfg.n_dirs = 1;
+    cfg.dirs = dirs; /* several: the slab is striped across them (4 MiB units) */
+    cfg.n_dirs = ndirs;
     cfg.bytes = bytes - bytes % slot_bytes;
     cfg.direct = direct;
     cfg.driver = "cpu";

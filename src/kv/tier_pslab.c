@@ -65,6 +65,8 @@ typedef struct tp {
 
 #define KEY_BYTES 16
 #define BAD_MAX 64
+/* the stripe unit across several drives (the slab's default) */
+#define PSLAB_STRIPE ((uint64_t)1 << 20)
 
 static void id_key(const ferry_kv_hash *id, uint8_t k[KEY_BYTES])
 {
@@ -230,8 +232,10 @@ int ferry__kv_tier_pslab_open_kv(const ferry_kv *kv, const ferry_kv_config *cfg,
                               "the slab's %u-byte tag", FERRY_PSLAB_TAG_MAX);
     ferry__kv_pslab_cfg c;
     memset(&c, 0, sizeof c);
-    c.dir = cfg->l2_dir;
-    c.bytes = cfg->l2_bytes;
+    c.dir = cfg->l2_n_dirs ? cfg->l2_dirs[0] : cfg->l2_dir;
+    c.dirs = cfg->l2_n_dirs ? cfg->l2_dirs : NULL;
+    c.n_dirs = cfg->l2_n_dirs;
+    c.bytes = cfg->l2_bytes * (cfg->l2_n_dirs ? cfg->l2_n_dirs : 1);
     c.direct = cfg->l2_direct;
     c.engine = cfg->l2_engine;
     c.slot_bytes = slot_bytes;
@@ -263,12 +267,26 @@ int ferry__kv_tier_pslab_open(const ferry__kv_pslab_cfg *c, ferry__errbuf *eb,
     t->impl = p;
     t->id = FERRY_KV_TIER_L2;
     t->slot_bytes = slot_bytes;
+    const char *one[1] = {dir};
+    unsigned ndirs = c->n_dirs && c->dirs ? c->n_dirs : 1;
+    /* several drives: the slab is striped in units of PSLAB_STRIPE and its
+     * size a multiple of a stripe on every drive (so it opens again with
+     * the same size, no rounding in between) */
+    if (ndirs > 1)
+        bytes -= bytes % (PSLAB_STRIPE * ndirs);
     t->capacity = bytes / slot_bytes;
-    const char *dirs[1] = {dir};
+    if (!t->capacity) {
+        ferry__kv_tier_free(t);
+        return ferry__err_set(eb, -EINVAL, "kv persistent L2: a slab of %llu bytes striped over "
+                              "%u directories (%s, ...) in units of %llu holds no chunk of %llu "
+                              "bytes", (unsigned long long)c->bytes, ndirs, dir,
+                              (unsigned long long)PSLAB_STRIPE, (unsigned long long)slot_bytes);
+    }
     ferry_pslab_options o = FERRY_PSLAB_OPTIONS_INIT;
-    o.dirs = dirs;
-    o.n_dirs = 1;
-    o.bytes = t->capacity * slot_bytes;
+    o.dirs = ndirs > 1 ? c->dirs : one;
+    o.n_dirs = ndirs;
+    o.bytes = ndirs > 1 ? bytes : t->capacity * slot_bytes;
+    o.stripe_bytes = ndirs > 1 ? PSLAB_STRIPE : 0;
     o.direct = c->direct;
     o.engine = c->engine;
     o.flags = FERRY_PSLAB_CREATE | (c->reset ? FERRY_PSLAB_RESET : 0u);

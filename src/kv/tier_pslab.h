@@ -15,7 +15,11 @@
 /* what the persistent tier is opened with */
 typedef struct ferry__kv_pslab_cfg {
     const char *dir;
-    uint64_t bytes;       /* slab size; a slab of another size is used as it is */
+    /* several directories (one per drive; the slab striped across them):
+     * dirs[0..n_dirs) instead of dir */
+    const char *const *dirs;
+    unsigned n_dirs;
+    uint64_t bytes;       /* slab size in all; a slab of another size is used as it is */
     int direct;
     const char *engine;
     uint64_t slot_bytes;  /* a multiple of 4096 */
@@ -50,8 +54,9 @@ int ferry__kv_tier_pslab_open(const ferry__kv_pslab_cfg *c, ferry__errbuf *eb,
  * rank/world, model; its length, or -ENAMETOOLONG when cap is too small */
 int ferry__kv_pslab_tag(const ferry_kv *kv, char *out, size_t cap);
 
-/* ferry__kv_tier_pslab_open for the store kv (its tag) with cfg's l2_dir,
- * l2_bytes, l2_direct, l2_engine, l2_mode and l2_reset */
+/* ferry__kv_tier_pslab_open for the store kv (its tag) with cfg's l2_dir
+ * (or l2_dirs, l2_bytes on each), l2_bytes, l2_direct, l2_engine, l2_mode
+ * and l2_reset */
 int ferry__kv_tier_pslab_open_kv(const ferry_kv *kv, const ferry_kv_config *cfg,
                                  uint64_t slot_bytes, ferry__errbuf *eb, ferry__kv_tier **out);
 
