@@ -12,6 +12,7 @@
  */
 #include <stddef.h>
 #include <stdio.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -338,11 +339,15 @@ static int measure_and_report(opts *o, const ferry_kv_layout *l, uint64_t chunk,
     static refs rf;
     static persist_cost pcost;
     static srv_lookup sl;
+    static srv_pool sp;
+    const char *srv = o->server;
     report rp = {o, chunk, w->np, rr, wall, &rf, NULL, NULL, 0, 0, o->persistent, o->remote,
-                 NULL};
+                 NULL, NULL};
     if (o->server) {
         kvb_server_lookup(o, l, &sl);
         rp.sl = &sl;
+        kvb_server_pool(o, l, &sp);
+        rp.sp = &sp;
     }
     o->remote = NULL; /* references and the sweep run on local tiers */
     o->server = NULL;
@@ -366,6 +371,12 @@ static int measure_and_report(opts *o, const ferry_kv_layout *l, uint64_t chunk,
     else
         kvb_report_text(&rp);
     free(pts);
+    if (rp.sp && sp.rc < 0) {
+        fprintf(stderr, "ferry %s: the shared-pool figures through %s failed: %s%s\n", KVB_CMD,
+                srv, ferry_strerror(sp.rc),
+                sp.rc == -EIO ? " (a retrieved chunk differed from what was stored)" : "");
+        return 1;
+    }
     if (rp.pc && pcost.rc < 0) {
         fprintf(stderr, "ferry %s: the persistence-cost rounds failed: %s\n", KVB_CMD,
                 ferry_strerror(pcost.rc));

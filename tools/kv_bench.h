@@ -11,6 +11,8 @@
  *   kv_bench_persist.c   --persistent: what persistence costs
  *   kv_bench_cold.c      --cold: the L2-only retrieve of a fresh client
  *   kv_bench_server.c    --server: lookup latency through a daemon, N clients at once
+ *   kv_bench_pool.c      --server: store/retrieve through the shared pool against
+ *                        memcpy, and N clients moving chunks at once (fairness)
  *   kv_bench_report.c    the report, as text or as one JSON object
  *   cmd_kv.c             the command: options, checks, the order of work
  *
@@ -205,6 +207,35 @@ int kvb_server_lookup(const opts *o, const ferry_kv_layout *l, srv_lookup *s);
 void kvb_server_lookup_print(const srv_lookup *s, const refs *rf);
 json_t *kvb_server_lookup_json(const srv_lookup *s);
 
+/* N client processes (fork) started together: fn(arg, go, out) waits for
+ * one byte on go, then works and fills its `each` bytes of results; they
+ * land in out[i * each] for client i. 0, or the first failure (a client
+ * that exited non-zero: FERRY_ECONN) */
+#define KVB_CLIENTS_MAX 64u
+typedef int (*kvb_child_fn)(const void *arg, int go, void *out);
+int kvb_fork_clients(unsigned clients, kvb_child_fn fn, const void *arg, void *out, size_t each);
+
+/* ---- --server: the shared pool (kv_bench_pool.c) ---- */
+typedef struct srv_pool {
+    size_t chunks;            /* per store/retrieve call of the copy figure */
+    uint64_t bytes;           /* their bytes */
+    unsigned rounds;          /* measured, alternating with memcpy */
+    double memcpy_gbps, store_gbps, retrieve_gbps; /* medians */
+    double store_ratio, retrieve_ratio;            /* medians of the rounds' ratios */
+    double store_ratio_min, retrieve_ratio_min;
+    /* fairness: clients processes storing and retrieving at once */
+    unsigned clients;
+    size_t fair_chunks;       /* per call, each client */
+    double one_gbps;          /* one client alone, the same loop */
+    double agg_gbps;          /* all clients at once */
+    double min_share, max_share; /* of the aggregate bytes, per client */
+    int rc;
+} srv_pool;
+
+int kvb_server_pool(const opts *o, const ferry_kv_layout *l, srv_pool *s);
+void kvb_server_pool_print(const srv_pool *s);
+json_t *kvb_server_pool_json(const srv_pool *s);
+
 /* ---- the report (kv_bench_report.c) ---- */
 typedef struct report {
     const opts *o;
@@ -220,6 +251,7 @@ typedef struct report {
     int persistent;     /* the run's L2 was persistent */
     const char *remote; /* the run's remote URL, NULL without */
     const srv_lookup *sl; /* --server: the lookup figure, NULL without */
+    const srv_pool *sp;   /* --server: the pool figures, NULL without */
 } report;
 
 void kvb_report_json(const report *r);

@@ -157,6 +157,8 @@ void kvb_report_json(const report *rp)
         json_object_set_new(j, "references", refs_json(rp));
     if (rp->sl)
         json_object_set_new(j, "server_lookup", kvb_server_lookup_json(rp->sl));
+    if (rp->sp)
+        json_object_set_new(j, "server_pool", kvb_server_pool_json(rp->sp));
     if (rp->pc) {
         json_object_set_new(j, "persistence", kvb_persist_cost_json(rp->pc));
         json_object_set_new(j, "persist_store_ratio", json_real(rp->pc->ratio));
@@ -275,16 +277,9 @@ void kvb_report_text(const report *rp)
     if (rp->sl) {
         printf("\nthrough the daemon (%s)\n", rp->sl->rc == 0 ? "the workload above ran there"
                                                              : "failed");
-        if (o->refs) {
-            const run_result *rr = rp->rr;
-            double st = rr->store_s > 0 ? (double)rr->stored_bytes / rr->store_s / 1e9 : 0;
-            double rt = rr->retrieve_s > 0 ? (double)rr->retrieved_bytes / rr->retrieve_s / 1e9
-                                           : 0;
-            printf("  store, retrieve     %.2fx, %.2fx memcpy (the client's own copies through "
-                   "the shared pool)\n",
-                   kvb_ratio(st, rp->rf->memcpy_gbps), kvb_ratio(rt, rp->rf->memcpy_gbps));
-        }
         kvb_server_lookup_print(rp->sl, o->refs ? rp->rf : NULL);
+        if (rp->sp)
+            kvb_server_pool_print(rp->sp);
     }
     if (rp->pc)
         kvb_persist_cost_print(rp->pc);

@@ -34,93 +34,123 @@ static ferry_kv_config client_cfg(const opts *o, const ferry_kv_layout *l, uint6
     return c;
 }
 
-/* one client process: REPS latencies (us) written to fd; exit status 0 */
-static int child(const opts *o, const ferry_kv_layout *l, const int32_t *t, size_t n, int go,
-                 int out)
+typedef struct lookup_arg {
+    const opts *o;
+    const ferry_kv_layout *l;
+    const int32_t *t;
+    size_t n;
+} lookup_arg;
+
+/* one client process: REPS latencies (us) into out; 0, or its exit status */
+static int child(const void *arg, int go, void *out)
 {
-    ferry_kv_config c = client_cfg(o, l, 0);
+    const lookup_arg *a = arg;
+    ferry_kv_config c = client_cfg(a->o, a->l, 0);
     ferry_kv *kv = NULL;
     if (ferry_kv_open(&c, &kv) < 0)
         return 3;
     char b;
     if (read(go, &b, 1) != 1)
         return 4;
-    static double lat[SL_REPS];
+    double *lat = out;
     for (int i = 0; i < SL_WARMUP; i++)
-        if (ferry_kv_lookup(kv, t, n, NULL) != (int)n)
+        if (ferry_kv_lookup(kv, a->t, a->n, NULL) != (int)a->n)
             return 5;
     for (int i = 0; i < SL_REPS; i++) {
         double t0 = kvb_now_s();
-        int hit = ferry_kv_lookup(kv, t, n, NULL);
+        int hit = ferry_kv_lookup(kv, a->t, a->n, NULL);
         lat[i] = (kvb_now_s() - t0) * 1e6;
-        if (hit != (int)n)
+        if (hit != (int)a->n)
             return 5;
     }
     ferry_kv_close(kv);
-    size_t left = sizeof lat;
-    const char *p = (const char *)lat;
-    while (left) {
-        ssize_t w = write(out, p, left);
-        if (w <= 0)
-            return 6;
-        p += w;
-        left -= (size_t)w;
+    return 0;
+}
+
+/* read exactly len bytes from fd: 0, or -EIO */
+static int read_all(int fd, void *buf, size_t len)
+{
+    char *p = buf;
+    while (len) {
+        ssize_t r = read(fd, p, len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -EIO;
+        p += r;
+        len -= (size_t)r;
     }
     return 0;
 }
 
-/* clients processes at once: every latency into lat (clients * REPS) */
-static int round_of(const opts *o, const ferry_kv_layout *l, const int32_t *t, size_t n,
-                    unsigned clients, double *lat)
+static int write_all(int fd, const void *buf, size_t len)
 {
-    int go[2], res[2];
+    const char *p = buf;
+    while (len) {
+        ssize_t w = write(fd, p, len);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -EIO;
+        p += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+int kvb_fork_clients(unsigned clients, kvb_child_fn fn, const void *arg, void *out, size_t each)
+{
+    if (clients == 0 || clients > KVB_CLIENTS_MAX)
+        return -EINVAL;
+    int go[2], res[KVB_CLIENTS_MAX];
+    pid_t pid[KVB_CLIENTS_MAX];
     if (pipe(go) != 0)
         return -errno;
-    if (pipe(res) != 0) {
-        close(go[0]);
-        close(go[1]);
-        return -errno;
-    }
-    pid_t pid[64];
     unsigned started = 0;
+    int rc = 0;
     fflush(stdout);
     for (; started < clients; started++) {
-        pid[started] = fork();
-        if (pid[started] < 0)
+        int p[2];
+        if (pipe(p) != 0) {
+            rc = -errno;
             break;
+        }
+        pid[started] = fork();
+        if (pid[started] < 0) {
+            rc = -errno;
+            close(p[0]);
+            close(p[1]);
+            break;
+        }
         if (pid[started] == 0) {
             close(go[1]);
-            close(res[0]);
-            _exit(child(o, l, t, n, go[0], res[1]));
+            close(p[0]);
+            void *mine = calloc(1, each);
+            int st = mine ? fn(arg, go[0], mine) : 2;
+            if (st == 0 && write_all(p[1], mine, each) < 0)
+                st = 6;
+            _exit(st);
         }
+        close(p[1]);
+        res[started] = p[0];
     }
     close(go[0]);
-    close(res[1]);
-    int rc = started == clients ? 0 : -EAGAIN;
     usleep(200000); /* let every client connect before the start */
     for (unsigned i = 0; i < started; i++)
         if (write(go[1], "g", 1) != 1)
-            rc = -EIO;
+            rc = rc ? rc : -EIO;
     close(go[1]);
-    /* the results arrive whole per client (each one write of REPS doubles,
-     * read until each is complete) */
-    size_t want = (size_t)started * SL_REPS * sizeof(double), got = 0;
-    char *p = (char *)lat;
-    while (got < want) {
-        ssize_t r = read(res[0], p + got, want - got);
-        if (r <= 0)
-            break;
-        got += (size_t)r;
+    for (unsigned i = 0; i < started; i++) {
+        if (read_all(res[i], (char *)out + (size_t)i * each, each) < 0)
+            rc = rc ? rc : -EIO;
+        close(res[i]);
     }
-    close(res[0]);
     for (unsigned i = 0; i < started; i++) {
         int ws = 0;
         waitpid(pid[i], &ws, 0);
         if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
             rc = rc ? rc : FERRY_ECONN;
     }
-    if (got < want && rc == 0)
-        rc = -EIO;
     return rc;
 }
 
@@ -160,11 +190,13 @@ int kvb_server_lookup(const opts *o, const ferry_kv_layout *l, srv_lookup *s)
     double *lat = rc == 0 ? malloc((size_t)o->clients * SL_REPS * sizeof *lat) : NULL;
     if (rc == 0 && !lat)
         rc = -ENOMEM;
-    if (rc == 0 && (rc = round_of(o, l, t, n, 1, lat)) == 0) {
+    lookup_arg a = {o, l, t, n};
+    size_t each = SL_REPS * sizeof *lat;
+    if (rc == 0 && (rc = kvb_fork_clients(1, child, &a, lat, each)) == 0) {
         s->one_p50_us = kvb_pct(lat, SL_REPS, 0.5);
         s->one_p99_us = kvb_pct(lat, SL_REPS, 0.99);
     }
-    if (rc == 0 && (rc = round_of(o, l, t, n, o->clients, lat)) == 0) {
+    if (rc == 0 && (rc = kvb_fork_clients(o->clients, child, &a, lat, each)) == 0) {
         size_t all = (size_t)o->clients * SL_REPS;
         double sum = 0;
         for (size_t i = 0; i < all; i++)
