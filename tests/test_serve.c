@@ -738,6 +738,79 @@ static void test_daemon_killed_and_restarted(void **state)
     assert_int_equal(ferry_kv_open(&c, &kv), FERRY_ECONN);
 }
 
+/* PREFETCH queues reads and answers at once with the count, for chunks
+ * the daemon has or not; a malformed one is refused and the connection
+ * goes on; a retrieve of several batches from L2 (which sends it between
+ * them) lands every byte */
+static void test_prefetch(void **state)
+{
+    (void)state;
+    char l2[300];
+    snprintf(l2, sizeof l2, "%s/l2p", g_dir);
+    assert_int_equal(mkdir(l2, 0700), 0);
+    pid_t pid = daemon_fork(l2);
+    ferry_kv_config c = client_config();
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    enum { NCH = 11 }; /* three batches of a quarter of the 16-slot pool */
+    int32_t tok[NCH * CT];
+    make_tokens(tok, NCH * CT, 57);
+    hbuf src, dst;
+    hbuf_init(&src, NCH * CT, 3);
+    hbuf_init(&dst, NCH * CT, 0);
+    assert_int_equal(ferry_kv_store(kv, tok, NCH * CT, NULL, &src.b), NCH * CT);
+    assert_int_equal(ferry_kv_sync(kv), NCH);
+    int ws;
+    ferry_kv_close(kv);
+    kill(pid, SIGTERM); /* L1 goes with it; L2 stays */
+    waitpid(pid, &ws, 0);
+    pid = daemon_fork(l2);
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    uint8_t tiers[NCH];
+    int st[NCH];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.tiers = tiers;
+    r.status = st;
+    r.max_chunks = NCH;
+    assert_int_equal(ferry_kv_lookup(kv, tok, NCH * CT, &r), NCH * CT);
+    for (int i = 0; i < NCH; i++)
+        assert_int_equal(tiers[i], FERRY_KV_TIER_L2);
+    assert_int_equal(ferry_kv_retrieve(kv, tok, NCH * CT, &r, &dst.b), NCH * CT);
+    for (int i = 0; i < NCH; i++)
+        assert_int_equal(st[i], 0);
+    assert_true(same_tokens(&src, &dst, 0, NCH * CT));
+    /* the frame itself */
+    raw w;
+    int32_t rc;
+    char msg[256];
+    FT_ASSERT_OK(raw_connect(&w));
+    raw_hello(&w, 1);
+    ferry__proto_chunk ch[3];
+    memset(ch, 0, sizeof ch);
+    for (int i = 0; i < 3; i++)
+        ch[i].id.lo = 0x5150u + (uint64_t)i; /* chunks nobody stored */
+    raw_chunks(&w, FERRY__P_PREFETCH, ch, 3);
+    assert_int_equal(raw_reply(&w, &rc, msg, sizeof msg), 0);
+    assert_int_equal(w.h.type, FERRY__P_PREFETCH | FERRY__PROTO_REPLY);
+    assert_int_equal(rc, 3);
+    uint8_t bad[FERRY__PROTO_HDR + 8];
+    ferry__proto_hdr h = {FERRY__PROTO_VERSION, FERRY__P_PREFETCH, 0, 8, 99};
+    ferry__proto_hdr_encode(bad, &h);
+    memset(bad + FERRY__PROTO_HDR, 0, 8); /* n = 0 and 4 stray bytes */
+    raw_send_bytes(&w, bad, sizeof bad);
+    assert_int_equal(raw_reply(&w, &rc, msg, sizeof msg), 0);
+    assert_int_equal(rc, FERRY_EPARSE);
+    raw_ping(&w);
+    raw_close(&w);
+    ferry_kv_close(kv);
+    kill(pid, SIGTERM);
+    waitpid(pid, &ws, 0);
+    assert_true(WIFEXITED(ws));
+    assert_int_equal(WEXITSTATUS(ws), 0);
+    free(src.mem);
+    free(dst.mem);
+}
+
 /* ---- bad input: the client gets an error, the daemon serves on ---- */
 
 static void test_bad_frames(void **state)
@@ -1079,6 +1152,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_shared_and_lookup_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_killed_mid_store, setup, teardown),
         cmocka_unit_test_setup_teardown(test_daemon_killed_and_restarted, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prefetch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_frames, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_never_reads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_many_connections, setup, teardown),

@@ -45,7 +45,8 @@ static void usage(FILE *f)
             "  --cold N                 only the L2-only retrieve: the documents in a persistent\n"
             "                           L2 under DIR (stored once, synced), then N rounds that\n"
             "                           each reopen the store and retrieve every document from\n"
-            "                           the drive into plain host memory (needs --dir)\n"
+            "                           the drive into plain host memory (needs --dir; with\n"
+            "                           --server, the daemon's L2 and a new client each round)\n"
             "  --policy lru|s3fifo      eviction (default lru)\n"
             "  --device host|cuda       the engine buffer in that device's memory (the store's\n"
             "                           device; host: the host backend standing in for a GPU);\n"
@@ -199,12 +200,12 @@ static int parse_check(opts *o, int l2_given, int engine_given, int create)
     if (!o->dir && o->persistent)
         return cli_usage(KVB_CMD, "--persistent: the L2 tier needs --dir DIR; accepted: --dir DIR "
                               "--persistent");
-    if (!o->dir && o->cold_rounds)
+    if (!o->dir && !o->server && o->cold_rounds)
         return cli_usage(KVB_CMD, "--cold %u: the L2 tier needs --dir DIR; accepted: --dir DIR "
-                              "--cold N", o->cold_rounds);
-    if (o->server && (o->dir || o->remote || o->persistent || o->cold_rounds || o->plot))
+                              "--cold N, or --server URL --cold N", o->cold_rounds);
+    if (o->server && (o->dir || o->remote || o->persistent || o->plot))
         return cli_usage(KVB_CMD, "--server %s: the daemon owns the tiers; accepted: --server "
-                                  "without --dir, --remote, --persistent, --cold or --plot",
+                                  "without --dir, --remote, --persistent or --plot",
                          o->server);
     if (!o->dir && engine_given)
         return cli_usage(KVB_CMD, "--engine %s: the L2 tier needs --dir DIR; accepted: --dir DIR "

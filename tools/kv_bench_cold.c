@@ -12,6 +12,14 @@
  * A round's figure is the bytes retrieved (all from L2) over the time of
  * its retrieves (opening and closing not counted); the process's CPU
  * time over the same span says how much of two CPUs the pipeline took.
+ *
+ * With --server the daemon owns the tiers: the documents are stored
+ * through it into its L2 (which must be persistent, as `ferry serve --l2`
+ * is), and each round is a new client process's connection retrieving
+ * every document. A document's chunks come from the daemon's L2 when its
+ * L1 holds fewer chunks than the other documents together (each round
+ * says how many bytes the daemon read from L2, so a round served from L1
+ * shows itself).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -32,12 +40,20 @@ static double cpu_process_s(void)
            (double)u.ru_stime.tv_sec + (double)u.ru_stime.tv_usec / 1e6;
 }
 
+/* the store of a round: the run's own, or a client of the daemon */
+static int cold_open(const opts *o, const ferry_kv_layout *l, const char *sub, ferry_kv **kv)
+{
+    if (o->server)
+        return kvb_open_store(o, l, 1, 0, NULL, kv);
+    return kvb_open_store(o, l, o->l1, o->l2, sub, kv);
+}
+
 /* the documents in the slab: each stored unless already all there, then synced */
 static int cold_fill(const opts *o, const ferry_kv_layout *l, const char *sub, const workload *w,
                      const ferry_kv_buffer *b, unsigned *stored)
 {
     ferry_kv *kv;
-    int rc = kvb_open_store(o, l, o->l1, o->l2, sub, &kv);
+    int rc = cold_open(o, l, sub, &kv);
     if (rc < 0)
         return rc;
     *stored = 0;
@@ -61,7 +77,7 @@ static int cold_once(const opts *o, const ferry_kv_layout *l, const char *sub, c
                       const ferry_kv_buffer *b, cold_round *r)
 {
     ferry_kv *kv;
-    int rc = kvb_open_store(o, l, o->l1, o->l2, sub, &kv);
+    int rc = cold_open(o, l, sub, &kv);
     if (rc < 0)
         return rc;
     ferry_kv_stats a, z;
@@ -119,9 +135,28 @@ int kvb_cold_run(const opts *o, const ferry_kv_layout *l, const workload *w, uin
 {
     memset(c, 0, sizeof *c);
     c->l1_chunks = o->l1 / chunk;
-    snprintf(c->dir, sizeof c->dir, "%s/%s", o->dir, COLD_SUBDIR);
-    if (mkdir(c->dir, 0700) < 0 && errno != EEXIST)
-        return -errno;
+    if (o->server) {
+        snprintf(c->dir, sizeof c->dir, "the daemon at %s", o->server);
+        ferry_kv *kv;
+        int rc = kvb_open_store(o, l, 0, 0, NULL, &kv); /* lookups only: its stats */
+        ferry_kv_stats m = FERRY_KV_STATS_INIT;
+        if (rc == 0) {
+            rc = ferry_kv_stats_get(kv, &m);
+            ferry_kv_close(kv);
+        }
+        if (rc < 0)
+            return rc;
+        if (!m.tier[FERRY_KV_TIER_L2].capacity_bytes) {
+            fprintf(stderr, "ferry %s: --cold: the daemon at %s has no L2 (ferry serve --l2 "
+                    "DIR:SIZE)\n", KVB_CMD, o->server);
+            return -EINVAL;
+        }
+        c->l1_chunks = m.tier[FERRY_KV_TIER_L1].capacity_bytes / chunk;
+    } else {
+        snprintf(c->dir, sizeof c->dir, "%s/%s", o->dir, COLD_SUBDIR);
+        if (mkdir(c->dir, 0700) < 0 && errno != EEXIST)
+            return -errno;
+    }
     opts so = *o;
     so.persistent = 1;
     so.remote = NULL;
@@ -167,7 +202,7 @@ json_t *kvb_cold_json(const opts *o, const cold_result *c)
 
 void kvb_cold_print(const opts *o, const cold_result *c)
 {
-    printf("L2-only retrieve (persistent L2 in %s, reopened each round; L1 of %llu chunks; "
+    printf("L2-only retrieve (persistent L2 in %s, a new client each round; L1 of %llu chunks; "
            "%u docs x %u tokens into plain host memory):\n",
            c->dir, (unsigned long long)c->l1_chunks, o->docs, o->doc_tokens);
     for (unsigned i = 0; i < c->n; i++)

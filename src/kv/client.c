@@ -328,6 +328,7 @@ int ferry__kvc_ensure(ferry_kv *kv, ferry__kvc *c)
     int r = hello(kv, c);
     if (r == 0) {
         c->connects++;
+        c->no_prefetch = 0;
         FERRY_LOGD("kv server %s: connected (%llu)", c->path, (unsigned long long)c->connects);
     }
     return r;

@@ -191,10 +191,42 @@ lost:
     return r;
 }
 
-/* one retrieve batch: ACQUIRE, copy out, RELEASE; st[] per chunk */
+/* PREFETCH ids[0..m): the daemon queues their L2 reads and answers at
+ * once (uses the chunk array from k on). A failure changes nothing for the
+ * retrieve: its ACQUIREs read what is not there yet; only a lost
+ * connection is passed on */
+static int prefetch_next(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, size_t m,
+                         size_t k)
+{
+    if (!m || c->no_prefetch || ferry__kvc_chunks(kv, c, k + m) < 0)
+        return 0;
+    ferry__proto_req q;
+    memset(&q, 0, sizeof q);
+    q.hdr.type = FERRY__P_PREFETCH;
+    q.hdr.rid = ++c->rid;
+    q.n = (uint32_t)m;
+    q.chunks = c->ch + k;
+    for (size_t i = 0; i < m; i++) {
+        memset(&c->ch[k + i], 0, sizeof c->ch[k + i]);
+        c->ch[k + i].id = ids[i];
+    }
+    if (ferry__proto_req_encode(&c->out, &q) < 0)
+        return 0;
+    ferry__proto_rd rd;
+    int32_t rc;
+    int r = ferry__kvc_roundtrip(kv, c, &rd, &rc);
+    if (r < 0)
+        return r;
+    if (rc == FERRY_ENOTSUP)
+        c->no_prefetch = 1; /* a daemon from before PREFETCH */
+    return reply_end(kv, c, &rd) < 0 ? FERRY_ECONN : 0;
+}
+
+/* one retrieve batch: ACQUIRE, PREFETCH of the next batch (next[0..nm)),
+ * copy out, RELEASE; st[] per chunk */
 static int retrieve_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, size_t first,
                           size_t m, size_t n, const ferry_kv_buffer *buf, ferry_stream *s,
-                          int *st, uint64_t skip)
+                          int *st, uint64_t skip, const ferry_kv_hash *next, size_t nm)
 {
     for (size_t k = 0; k < m; k++)
         c->ch[k].id = ids[first + k];
@@ -216,12 +248,16 @@ static int retrieve_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids,
         c->ch[held].slot = slot;
         c->ch[held].gen = gen;
         c->ch[held].tokens = (uint32_t)k;
-        if (copy_rc == 0)
-            copy_rc = copy_chunk(kv, c, buf, first + k, n, held, 0, s, skip);
         held++;
     }
     if ((r = reply_end(kv, c, &rd)) < 0)
         return r;
+    /* the next batch's reads start before this one is copied (the held
+     * chunks stay in c->ch[0..held); the PREFETCH uses the entries after m) */
+    if ((r = prefetch_next(kv, c, next, nm, m)) < 0)
+        return r;
+    for (size_t k = 0; k < held && copy_rc == 0; k++)
+        copy_rc = copy_chunk(kv, c, buf, first + c->ch[k].tokens, n, k, 0, s, skip);
     if (s && held && copy_rc == 0 && (r = ferry_stream_sync(s)) < 0)
         copy_rc = ferry__kv_err(kv, r, "kv retrieve: device copies out of the server's pool: %s",
                                 ferry_last_error());
@@ -280,7 +316,9 @@ static int run_batches(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
         if ((r = ferry__kvc_chunks(kv, c, m)) < 0)
             break;
         if (!store) {
-            r = retrieve_batch(kv, c, ids, i, m, n, buf, s, st, ferry__kv_req_skip(req));
+            size_t nm = FERRY__MIN(m, nch - i - m); /* the next batch, prefetched */
+            r = retrieve_batch(kv, c, ids, i, m, n, buf, s, st, ferry__kv_req_skip(req),
+                               ids + i + m, nm);
         } else {
             r = store_batch(kv, c, ids, i, m, n, buf, s, st);
             /* stop at the first chunk that could not be placed (as in-process) */

@@ -34,6 +34,7 @@ typedef struct ferry__kvc {
     size_t in_cap;
     ferry__proto_chunk *ch;       /* a request's chunks */
     size_t ch_cap;
+    int no_prefetch;              /* the daemon answered PREFETCH ENOTSUP (per connection) */
     /* chunks pinned through this connection (held by the daemon until
      * unpinned or the connection ends: a reconnect forgets them) */
     struct ferry__kvc_pin {

@@ -182,7 +182,7 @@ const char *ferry__proto_type_name(unsigned type)
 {
     static const char *const names[FERRY__P_TYPES] = {
         "?", "HELLO", "LOOKUP", "RESERVE", "COMMIT", "ACQUIRE", "RELEASE",
-        "DELETE", "STATS", "FLUSH", "SYNC", "CLEAR", "PING"};
+        "DELETE", "STATS", "FLUSH", "SYNC", "CLEAR", "PING", "PREFETCH"};
     type &= ~FERRY__PROTO_REPLY;
     if (type == FERRY__P_ERROR)
         return "ERROR";
@@ -196,6 +196,7 @@ static size_t chunk_wire(unsigned t)
     case FERRY__P_LOOKUP:
     case FERRY__P_ACQUIRE:
     case FERRY__P_DELETE:
+    case FERRY__P_PREFETCH:
         return 16;
     case FERRY__P_RESERVE:
         return 20;

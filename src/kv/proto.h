@@ -40,7 +40,8 @@ enum ferry__proto_type {
     FERRY__P_SYNC = 10,
     FERRY__P_CLEAR = 11,
     FERRY__P_PING = 12,
-    FERRY__P_TYPES = 13,
+    FERRY__P_PREFETCH = 13,
+    FERRY__P_TYPES = 14,
     /* a reply to a frame the daemon could not take (rid as far as known) */
     FERRY__P_ERROR = 0x7f
 };

@@ -304,6 +304,16 @@ static void on_simple(ferry__srv_conn *c, const ferry__proto_req *q)
             rc = ferry__kv_slot_delete(kv, ids, q->n);
             ferry__free(ids);
         }
+    } else if (t == FERRY__P_PREFETCH) {
+        /* queue L2 / remote reads of these chunks into L1 and answer at once */
+        ferry_kv_hash ids[64];
+        for (uint32_t i = 0; i < q->n; i += (uint32_t)FERRY__ARRAY_LEN(ids)) {
+            size_t k = FERRY__MIN((size_t)(q->n - i), FERRY__ARRAY_LEN(ids));
+            for (size_t j = 0; j < k; j++)
+                ids[j] = q->chunks[i + j].id;
+            ferry__kv_slot_prefetch(kv, ids, k);
+        }
+        rc = (int)q->n;
     } else if (t == FERRY__P_FLUSH) {
         rc = ferry_kv_flush(kv);
     } else if (t == FERRY__P_SYNC) {
