@@ -9,6 +9,10 @@
 #             comes from the drive, an L1 of 8 and of 32 chunks, the engine
 #             buffer plain host memory) against fio reading the same
 #             directory (4 MiB x depth 16).              goal >= 0.90x fio
+#   serve     the same retrieve through a `ferry serve` daemon (its
+#             persistent L2 in the same directory, its L1 the smaller of
+#             the two above; `ferry kv bench --server --cold 1`: a new
+#             client process each round)             goal >= 0.90x fio
 #   io        `ferry bench io --engine uring` write and read against fio,
 #             8 MiB x depth 8 and 256 KiB x depth 32.    goal >= 0.95x fio
 #   l1        L1 store and retrieve against memcpy of the same bytes
@@ -26,7 +30,7 @@
 # load average at the start and at the end.
 #
 # usage: bench/retrieve_vs_fio.sh [--ferry build/ferry] [--dir /var/tmp]
-#                                 [--rounds 5] [--parts "retrieve io l1"]
+#                                 [--rounds 5] [--parts "retrieve serve io l1"]
 #                                 [--base OLD/ferry] [--quick]
 #   --base:  another build (with `kv bench --cold`) whose retrieve runs in
 #            the same rounds, next to this one: what a change gained
@@ -38,7 +42,7 @@ set -euo pipefail
 ferry=build/ferry
 dir=/var/tmp
 rounds=5
-parts="retrieve io l1"
+parts="retrieve serve io l1"
 quick=0
 base=""
 while [ $# -gt 0 ]; do
@@ -66,6 +70,7 @@ fi
 if [ $quick = 1 ]; then
     rounds=1
     model=(--model tiny --docs 2 --doc-tokens 1024)
+    srv_model=(--model tiny)
     l1s="512K 2M"
     l2=8M
     fio_size=16M
@@ -74,6 +79,7 @@ if [ $quick = 1 ]; then
     l1_args=(--model tiny --docs 2 --doc-tokens 1024 --questions 4 --l1 8M)
 else
     model=(--docs 8 --doc-tokens 2048)
+    srv_model=(--model llama3-8b)
     l1s="256M 1G" # 8 and 32 chunks of 32 MiB
     l2=3G
     fio_size=2G
@@ -174,6 +180,40 @@ if [[ " $parts " == *" retrieve "* ]]; then
     rm -f "$work/fio.bin"
 fi
 
+# ---- a2: the same retrieve through a daemon against fio ----
+srv_r=""
+if [[ " $parts " == *" serve "* ]]; then
+    echo
+    srv_l1=${l1s%% *}
+    echo "L2-only retrieve through ferry serve (L1 $srv_l1, L2 $l2 in the same directory) against fio read:"
+    fio --name=ref --filename="$work/fio.bin" --rw=write --size=$fio_size --bs=4M --iodepth=16 \
+        "${fio_common[@]}" >/dev/null 2>&1
+    mkdir -p "$work/serve-l2"
+    sock="$work/ferry.sock"
+    "$ferry" serve --socket "$sock" "${srv_model[@]}" --l1 "$srv_l1" --l2 "$work/serve-l2:$l2" \
+        2>"$work/serve.log" &
+    spid=$!
+    for _ in $(seq 300); do "$ferry" serve status --socket "$sock" >/dev/null 2>&1 && break; sleep 0.1; done
+    srv_cold() {
+        "$ferry" kv bench "${model[@]}" --server "unix:$sock" --cold 1 --json |
+            jq -r '.cold_l2_retrieve.median_gb_per_s'
+    }
+    srv_cold >/dev/null # the documents stored through it once (and a warm-up)
+    for ((i = 1; i <= rounds; i++)); do
+        f1=$(fio_read "$work/fio.bin" $fio_size 4M 16)
+        gs=$(srv_cold)
+        f2=$(fio_read "$work/fio.bin" $fio_size 4M 16)
+        f=$(awk -v a="$f1" -v b="$f2" 'BEGIN { printf "%.4f", (a + b) / 2 }')
+        r=$(ratio "$gs" "$f")
+        srv_r+="$r "
+        printf '  round %d (load %s): fio %.2f/%.2f GB/s, through the daemon %.2f GB/s = %sx\n' \
+            "$i" "$(cut -d' ' -f1 /proc/loadavg)" "$f1" "$f2" "$gs" "$r"
+    done
+    kill -TERM $spid
+    wait $spid || true
+    rm -f "$work/fio.bin"
+fi
+
 # ---- b: bench io against fio, write and read ----
 declare -A io
 if [[ " $parts " == *" io "* ]]; then
@@ -231,6 +271,7 @@ for l1 in $l1s; do
     [ -n "${rr[$l1]:-}" ] && verdict "L2 retrieve, L1 $l1 / fio read" "${rr[$l1]}" 0.90
     [ -n "${rb[$l1]:-}" ] && verdict "  (base build, L1 $l1 / fio read)" "${rb[$l1]}" 0.90
 done
+[ -n "$srv_r" ] && verdict "L2 retrieve through serve / fio" "$srv_r" 0.90
 for cfg in $io_cfgs; do
     [ -n "${io[$cfg.w]:-}" ] && verdict "bench io write $cfg / fio" "${io[$cfg.w]}" 0.95
     [ -n "${io[$cfg.r]:-}" ] && verdict "bench io read $cfg / fio" "${io[$cfg.r]}" 0.95
