@@ -8,6 +8,7 @@
  * many entries are -EINVAL, and a directory another store holds is
  * FERRY_EBUSY, leaving the other directories of the refused store free.
  */
+/* ferry-test-labels: concurrent */
 /* ferry-test-timeout: 300 */
 #include <errno.h>
 #include <stdio.h>
