@@ -523,7 +523,10 @@ FERRY_API int ferry_kv_op_wait(ferry_kv_op *op, int timeout_ms);
  * result: -ECANCELED when the cancel stopped it (req->status: 0 for each
  * chunk that was moved, -ECANCELED for each that was not), else what it
  * returned had it not been asked (it was done already). After it returns,
- * the engine may free or reuse the buffer at once. Through a server the op
+ * the engine may free or reuse the buffer at once. A layerwise retrieve
+ * stops between layers (the layers copied before stay: they hold the
+ * chunks' bytes), a layerwise store not yet at its last layer aborts its
+ * reservations (nothing of it becomes visible). Through a server the op
  * stops between its batches (each at most a quarter of the daemon's pool:
  * reserved, copied and committed, or acquired, copied and released). The
  * op is still freed with ferry_kv_op_free.
@@ -534,6 +537,117 @@ FERRY_API int ferry_kv_op_cancel(ferry_kv_op *op);
 FERRY_API int ferry_kv_op_test(ferry_kv_op *op);
 /** Wait for op if it is still running, then free it. NULL does nothing. */
 FERRY_API void ferry_kv_op_free(ferry_kv_op *op);
+
+/* ---- layer by layer ---- */
+/*
+ * Engines overlap KV movement with compute a layer at a time: a retrieve
+ * whose layer l is usable as soon as it landed, while later layers still
+ * move (the engine runs layer l's attention meanwhile), and a store fed a
+ * layer at a time as prefill computes it.
+ *
+ * A layerwise retrieve first holds every chunk it loads in L1 (promoted
+ * from L2 or the remote tier, read-locked), then copies layer 0 of every
+ * chunk, then layer 1, and so on. It loads the leading run of chunks
+ * present (the first miss ends it; later chunks report FERRY_ENOTFOUND,
+ * like the rest of a run cut short) and holds at most half of L1 at once
+ * (chunks past that report FERRY_ENOSPACE). For a device buffer each
+ * layer's copies are queued on one stream (opt->stream, else one of the
+ * store's) followed by an event per layer; ferry_kv_op_stream_wait_layer
+ * makes the engine's own stream wait for that event on the device, without
+ * blocking the host once the layer's copies are queued.
+ *
+ * A layerwise store reserves the L1 slots of its chunks when it is made
+ * (chunks already present are skipped, as ferry_kv_store skips them; at
+ * most half of L1 is reserved, chunks past it report FERRY_ENOSPACE), then
+ * takes layer l from src when ferry_kv_op_layer_done(op, l, ...) says it
+ * is ready, in any order. Its chunks stay invisible (lookups and
+ * retrieves miss them) until every layer was copied: then they are
+ * committed together and written through to the lower tiers like any
+ * store (with the lower tier's checksum). A store cancelled or freed
+ * before its last layer, or whose process or server connection died,
+ * commits nothing and gives its slots back.
+ *
+ * Both forms work through a server (cfg->server): the client copies each
+ * layer into or out of the daemon's shared pool itself, on a connection of
+ * the operation's own, so its reservations and locks end with it.
+ */
+typedef struct ferry_kv_layers_opt {
+    size_t size;            /**< sizeof(ferry_kv_layers_opt) */
+    /**
+     * Device buffers: the stream ferry queues its copies on (an engine's
+     * transfer stream, e.g. from ferry_stream_import, used only by this
+     * operation while it runs); NULL: one of the store's own.
+     */
+    ferry_stream *stream;
+    uint32_t flags;         /**< reserved: 0 */
+} ferry_kv_layers_opt;
+/** The smallest size an options struct may give: up to stream. */
+#define FERRY_KV_LAYERS_OPT_MIN_SIZE (offsetof(ferry_kv_layers_opt, stream) + sizeof(void *))
+#define FERRY_KV_LAYERS_OPT_INIT \
+    {FERRY_FIELD(size) sizeof(ferry_kv_layers_opt), FERRY_FIELD(stream) NULL, \
+     FERRY_FIELD(flags) 0}
+
+/**
+ * Start a layerwise retrieve of tokens[0..n) into dst (opt may be NULL).
+ * Returns 0 and *op at once; the chunks are found, held and copied on the
+ * store's workers. ferry_kv_op_wait(op) returns what ferry_kv_retrieve
+ * would (the leading tokens loaded; req->status per chunk), once every
+ * layer landed and the chunks were let go. Errors before starting: as
+ * ferry_kv_retrieve_async, -EINVAL (a bad opt).
+ */
+FERRY_API int ferry_kv_retrieve_layers(ferry_kv *kv, const int32_t *tokens, size_t n,
+                                       const ferry_kv_req *req, const ferry_kv_buffer *dst,
+                                       const ferry_kv_layers_opt *opt, ferry_kv_op **op);
+/**
+ * Wait up to timeout_ms (-1: forever) until layer `layer` of a layerwise
+ * retrieve is in dst (device buffers: its copies completed). Returns the
+ * leading tokens it holds for that layer (the same for every layer; 0
+ * when nothing was cached), -ETIMEDOUT, or the code that stopped the
+ * operation before that layer (-ECANCELED after a cancel, a copy error).
+ * Layers may be waited for in any order and more than once. Errors:
+ * -EINVAL (NULL, layer >= num_layers), FERRY_ESTATE (op is not a
+ * layerwise retrieve).
+ */
+FERRY_API int ferry_kv_op_wait_layer(ferry_kv_op *op, uint32_t layer, int timeout_ms);
+/**
+ * Make the engine's stream wait, on the device, for layer `layer` of a
+ * layerwise retrieve into a device buffer: waits on the host (up to
+ * timeout_ms) only until that layer's copies are queued, then queues a
+ * wait for their event on stream (ferry_stream_wait_event), so the
+ * engine's later work on stream starts after the layer landed. Returns as
+ * ferry_kv_op_wait_layer. Errors: as ferry_kv_op_wait_layer, -EINVAL
+ * (stream NULL or of another device), FERRY_ESTATE (a host buffer: use
+ * ferry_kv_op_wait_layer).
+ */
+FERRY_API int ferry_kv_op_stream_wait_layer(ferry_kv_op *op, uint32_t layer,
+                                            ferry_stream *stream, int timeout_ms);
+/**
+ * Start a layerwise store of tokens[0..n) from src (opt may be NULL):
+ * reserves the chunks' L1 slots now (a store through a server: in the
+ * daemon's pool) and returns 0 and *op. The layers then come through
+ * ferry_kv_op_layer_done. ferry_kv_op_wait(op) returns what ferry_kv_store
+ * would, once the last layer was copied and the chunks committed; asked
+ * while layers are still missing it answers FERRY_ESTATE at once (it
+ * would wait for calls that only the caller can make). Errors before
+ * starting: as ferry_kv_store_async, FERRY_ENOSPACE / -ENOMEM (not even
+ * the first new chunk could be reserved), -EINVAL (a bad opt).
+ */
+FERRY_API int ferry_kv_store_layers(ferry_kv *kv, const int32_t *tokens, size_t n,
+                                    const ferry_kv_req *req, const ferry_kv_buffer *src,
+                                    const ferry_kv_layers_opt *opt, ferry_kv_op **op);
+/**
+ * Layer `layer` of src is ready: copy it into the store's slots. Host
+ * buffers are read before the call returns. Device buffers: stream is the
+ * engine's stream that computes the layer; the copies are queued after
+ * the work already queued on it (an event recorded there, which ferry's
+ * copy stream waits for on the device), so the call does not block; NULL
+ * stream: src is ready now. After the last layer the chunks are committed
+ * on the store's workers. Returns 0. Errors: -EINVAL (NULL, layer >=
+ * num_layers, a stream of another device), FERRY_ESTATE (op is not a
+ * layerwise store, or that layer was done already), -ECANCELED (the op
+ * was cancelled), copy errors (the op then fails and commits nothing).
+ */
+FERRY_API int ferry_kv_op_layer_done(ferry_kv_op *op, uint32_t layer, ferry_stream *stream);
 
 /**
  * Bring the leading chunks of tokens that are only in L2 (or the remote

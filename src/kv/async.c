@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "kv_impl.h"
+#include "kv_layers.h"
 #include "kvc.h"
 
 /* a job carries what to do with it: the pool runs it, whatever it is */
@@ -167,6 +168,9 @@ int ferry_kv_op_wait(ferry_kv_op *op, int timeout_ms)
 {
     if (!op)
         return ferry__err_set(NULL, -EINVAL, "kv op wait: op is NULL");
+    int lrc = ferry__kv_lw_wait_check(op); /* a layerwise store lacking layers */
+    if (lrc < 0)
+        return lrc;
     pthread_mutex_lock(&op->mu);
     if (timeout_ms < 0) {
         while (!op->done)
@@ -187,6 +191,7 @@ int ferry_kv_op_cancel(ferry_kv_op *op)
     if (!op)
         return ferry__err_set(NULL, -EINVAL, "kv op cancel: op is NULL");
     atomic_store_explicit(&op->cancel, 1, memory_order_release);
+    ferry__kv_lw_abandon(op); /* a layerwise store not finished: aborted now */
     return ferry_kv_op_wait(op, -1);
 }
 
@@ -200,7 +205,9 @@ void ferry_kv_op_free(ferry_kv_op *op)
 {
     if (!op)
         return;
+    ferry__kv_lw_abandon(op);
     ferry_kv_op_wait(op, -1);
+    ferry__kv_lw_free(op);
     pthread_mutex_destroy(&op->mu);
     pthread_cond_destroy(&op->cv);
     ferry__free(op->ids);

@@ -372,11 +372,8 @@ int ferry__kvc_open(ferry_kv *kv, const ferry_kv_config *cfg)
     return 0;
 }
 
-void ferry__kvc_close(ferry_kv *kv)
+static void kvc_free(ferry__kvc *c)
 {
-    ferry__kvc *c = kv->client;
-    if (!c)
-        return;
     ferry__kvc_drop(c);
     ferry__proto_buf_free(&c->out);
     ferry__free(c->in);
@@ -386,5 +383,67 @@ void ferry__kvc_close(ferry_kv *kv)
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->wmu);
     ferry__free(c);
+}
+
+void ferry__kvc_close(ferry_kv *kv)
+{
+    ferry__kvc *c = kv->client;
+    if (!c)
+        return;
+    while (c->idle) {
+        ferry__kvc *x = c->idle;
+        c->idle = x->idle_next;
+        kvc_free(x);
+    }
+    kvc_free(c);
     kv->client = NULL;
+}
+
+/* layerwise operations' connections kept idle at most */
+#define IDLE_MAX 4u
+
+ferry__kvc *ferry__kvc_lease(ferry_kv *kv, int *rc)
+{
+    ferry__kvc *m = kv->client, *c;
+    pthread_mutex_lock(&m->wmu);
+    c = m->idle;
+    if (c) {
+        m->idle = c->idle_next;
+        m->nidle--;
+    }
+    pthread_mutex_unlock(&m->wmu);
+    if (!c) {
+        c = ferry__calloc(1, sizeof *c);
+        if (!c || !(c->path = ferry__strdup(m->path))) {
+            ferry__free(c);
+            *rc = ferry__kv_err(kv, -ENOMEM, "kv server: out of memory for a connection");
+            return NULL;
+        }
+        pthread_mutex_init(&c->mu, NULL);
+        pthread_mutex_init(&c->wmu, NULL);
+        c->fd = -1;
+        c->timeout_ms = m->timeout_ms;
+        c->want_pool = m->want_pool;
+    }
+    c->idle_next = NULL;
+    if ((*rc = ferry__kvc_ensure(kv, c)) < 0) {
+        kvc_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+void ferry__kvc_unlease(ferry_kv *kv, ferry__kvc *c)
+{
+    ferry__kvc *m = kv->client;
+    pthread_mutex_lock(&m->wmu);
+    int keep = c->fd >= 0 && m->nidle < IDLE_MAX;
+    if (keep) {
+        c->idle_next = m->idle;
+        m->idle = c;
+        m->nidle++;
+    }
+    pthread_mutex_unlock(&m->wmu);
+    if (!keep)
+        kvc_free(c);
 }

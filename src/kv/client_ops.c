@@ -34,7 +34,7 @@ static int begin(ferry_kv *kv, ferry__kvc *c, int with_pool, const char *what)
 }
 
 /* a request of type t over chunks c->ch[0..n) */
-static int send_chunks(ferry_kv *kv, ferry__kvc *c, int t, size_t n, uint64_t tokens,
+int ferry__kvc_send_chunks(ferry_kv *kv, ferry__kvc *c, int t, size_t n, uint64_t tokens,
                        ferry__proto_rd *rd, int32_t *rc)
 {
     ferry__proto_req q;
@@ -51,7 +51,7 @@ static int send_chunks(ferry_kv *kv, ferry__kvc *c, int t, size_t n, uint64_t to
 }
 
 /* the per-chunk part of a reply: n entries, each read by fields */
-static int reply_count(ferry_kv *kv, ferry__kvc *c, ferry__proto_rd *rd, size_t n)
+int ferry__kvc_reply_count(ferry_kv *kv, ferry__kvc *c, ferry__proto_rd *rd, size_t n)
 {
     uint32_t k = ferry__proto_get_u32(rd);
     if (rd->err || k != n) {
@@ -62,7 +62,7 @@ static int reply_count(ferry_kv *kv, ferry__kvc *c, ferry__proto_rd *rd, size_t 
     return 0;
 }
 
-static int reply_end(ferry_kv *kv, ferry__kvc *c, ferry__proto_rd *rd)
+int ferry__kvc_reply_end(ferry_kv *kv, ferry__kvc *c, ferry__proto_rd *rd)
 {
     if (rd->err || rd->p != rd->end) {
         ferry__kvc_drop(c);
@@ -85,7 +85,7 @@ int ferry__kvc_lookup(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t
         c->ch[i].id = ids[i];
     ferry__proto_rd rd;
     int32_t rc;
-    if ((r = send_chunks(kv, c, FERRY__P_LOOKUP, m, n, &rd, &rc)) < 0 || (r = rc) < 0)
+    if ((r = ferry__kvc_send_chunks(kv, c, FERRY__P_LOOKUP, m, n, &rd, &rc)) < 0 || (r = rc) < 0)
         goto out;
     if ((size_t)rc > m) {
         ferry__kvc_drop(c);
@@ -99,7 +99,7 @@ int ferry__kvc_lookup(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t
         ferry__kv_set_tier(req, i, t < FERRY_KV_TIERS ? t : FERRY_KV_TIER_NONE);
         tok += ferry__kv_chunk_ntok(kv, i, n);
     }
-    if ((r = reply_end(kv, c, &rd)) < 0)
+    if ((r = ferry__kvc_reply_end(kv, c, &rd)) < 0)
         goto out;
     if ((size_t)rc < nch)
         ferry__kv_set_tier(req, (size_t)rc, FERRY_KV_TIER_NONE);
@@ -145,8 +145,8 @@ static int store_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, si
     }
     ferry__proto_rd rd;
     int32_t rc;
-    int r = send_chunks(kv, c, FERRY__P_RESERVE, m, 0, &rd, &rc);
-    if (r < 0 || (r = rc) < 0 || (r = reply_count(kv, c, &rd, m)) < 0)
+    int r = ferry__kvc_send_chunks(kv, c, FERRY__P_RESERVE, m, 0, &rd, &rc);
+    if (r < 0 || (r = rc) < 0 || (r = ferry__kvc_reply_count(kv, c, &rd, m)) < 0)
         return r;
     size_t held = 0;
     int copy_rc = 0;
@@ -164,7 +164,7 @@ static int store_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, si
             copy_rc = copy_chunk(kv, c, buf, first + k, n, held, 1, s, 0);
         held++;
     }
-    if ((r = reply_end(kv, c, &rd)) < 0)
+    if ((r = ferry__kvc_reply_end(kv, c, &rd)) < 0)
         goto lost;
     if (s && held && copy_rc == 0 && (r = ferry_stream_sync(s)) < 0)
         copy_rc = ferry__kv_err(kv, r, "kv store: device copies into the server's pool: %s",
@@ -173,14 +173,15 @@ static int store_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, si
         return 0;
     for (size_t k = 0; k < held; k++)
         c->ch[k].status = copy_rc < 0;
-    if ((r = send_chunks(kv, c, FERRY__P_COMMIT, held, 0, &rd, &rc)) < 0 || (r = rc) < 0 ||
-        (r = reply_count(kv, c, &rd, held)) < 0)
+    if ((r = ferry__kvc_send_chunks(kv, c, FERRY__P_COMMIT, held, 0, &rd, &rc)) < 0 ||
+        (r = rc) < 0 ||
+        (r = ferry__kvc_reply_count(kv, c, &rd, held)) < 0)
         goto lost;
     for (size_t k = 0; k < held; k++) {
         int32_t cs = (int32_t)ferry__proto_get_u32(&rd);
         st[first + c->ch[k].tokens] = copy_rc < 0 ? copy_rc : cs;
     }
-    if ((r = reply_end(kv, c, &rd)) < 0)
+    if ((r = ferry__kvc_reply_end(kv, c, &rd)) < 0)
         goto lost;
     return copy_rc;
 lost:
@@ -219,7 +220,7 @@ static int prefetch_next(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, 
         return r;
     if (rc == FERRY_ENOTSUP)
         c->no_prefetch = 1; /* a daemon from before PREFETCH */
-    return reply_end(kv, c, &rd) < 0 ? FERRY_ECONN : 0;
+    return ferry__kvc_reply_end(kv, c, &rd) < 0 ? FERRY_ECONN : 0;
 }
 
 /* one retrieve batch: ACQUIRE, PREFETCH of the next batch (next[0..nm)),
@@ -232,8 +233,8 @@ static int retrieve_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids,
         c->ch[k].id = ids[first + k];
     ferry__proto_rd rd;
     int32_t rc;
-    int r = send_chunks(kv, c, FERRY__P_ACQUIRE, m, 0, &rd, &rc);
-    if (r < 0 || (r = rc) < 0 || (r = reply_count(kv, c, &rd, m)) < 0)
+    int r = ferry__kvc_send_chunks(kv, c, FERRY__P_ACQUIRE, m, 0, &rd, &rc);
+    if (r < 0 || (r = rc) < 0 || (r = ferry__kvc_reply_count(kv, c, &rd, m)) < 0)
         return r;
     size_t held = 0;
     int copy_rc = 0;
@@ -250,7 +251,7 @@ static int retrieve_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids,
         c->ch[held].tokens = (uint32_t)k;
         held++;
     }
-    if ((r = reply_end(kv, c, &rd)) < 0)
+    if ((r = ferry__kvc_reply_end(kv, c, &rd)) < 0)
         return r;
     /* the next batch's reads start before this one is copied (the held
      * chunks stay in c->ch[0..held); the PREFETCH uses the entries after m) */
@@ -263,9 +264,9 @@ static int retrieve_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids,
                                 ferry_last_error());
     if (!held)
         return 0;
-    r = send_chunks(kv, c, FERRY__P_RELEASE, held, 0, &rd, &rc);
+    r = ferry__kvc_send_chunks(kv, c, FERRY__P_RELEASE, held, 0, &rd, &rc);
     if (r == 0 && (r = rc) == 0)
-        r = reply_count(kv, c, &rd, held);
+        r = ferry__kvc_reply_count(kv, c, &rd, held);
     for (size_t k = 0; k < held; k++) {
         size_t i = first + c->ch[k].tokens;
         int32_t cs = r < 0 ? r : (int32_t)ferry__proto_get_u32(&rd);
@@ -278,7 +279,7 @@ static int retrieve_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids,
                 ferry__kv_xfer_out_zero(buf, kv->chunk_tokens, sp.tok0, sp.ntok);
         }
     }
-    if (r < 0 || (r = reply_end(kv, c, &rd)) < 0)
+    if (r < 0 || (r = ferry__kvc_reply_end(kv, c, &rd)) < 0)
         return r;
     return copy_rc;
 }
@@ -363,8 +364,8 @@ static int prefetch_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids,
         c->ch[k].id = ids[first + k];
     ferry__proto_rd rd;
     int32_t rc;
-    int r = send_chunks(kv, c, FERRY__P_ACQUIRE, m, 0, &rd, &rc);
-    if (r < 0 || (r = rc) < 0 || (r = reply_count(kv, c, &rd, m)) < 0)
+    int r = ferry__kvc_send_chunks(kv, c, FERRY__P_ACQUIRE, m, 0, &rd, &rc);
+    if (r < 0 || (r = rc) < 0 || (r = ferry__kvc_reply_count(kv, c, &rd, m)) < 0)
         return r;
     size_t held = 0;
     for (size_t k = 0; k < m; k++) {
@@ -382,14 +383,15 @@ static int prefetch_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids,
         c->ch[held].gen = gen;
         held++;
     }
-    if ((r = reply_end(kv, c, &rd)) < 0 || !held)
+    if ((r = ferry__kvc_reply_end(kv, c, &rd)) < 0 || !held)
         return r;
-    if ((r = send_chunks(kv, c, FERRY__P_RELEASE, held, 0, &rd, &rc)) < 0 || (r = rc) < 0 ||
-        (r = reply_count(kv, c, &rd, held)) < 0)
+    if ((r = ferry__kvc_send_chunks(kv, c, FERRY__P_RELEASE, held, 0, &rd, &rc)) < 0 ||
+        (r = rc) < 0 ||
+        (r = ferry__kvc_reply_count(kv, c, &rd, held)) < 0)
         return r;
     for (size_t k = 0; k < held; k++)
         (void)ferry__proto_get_u32(&rd);
-    return reply_end(kv, c, &rd);
+    return ferry__kvc_reply_end(kv, c, &rd);
 }
 
 int ferry__kvc_prefetch(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n)
@@ -418,12 +420,12 @@ static int release_all(ferry_kv *kv, ferry__kvc *c, size_t m)
         return 0;
     ferry__proto_rd rd;
     int32_t rc;
-    int r = send_chunks(kv, c, FERRY__P_RELEASE, m, 0, &rd, &rc);
-    if (r < 0 || (r = rc) < 0 || (r = reply_count(kv, c, &rd, m)) < 0)
+    int r = ferry__kvc_send_chunks(kv, c, FERRY__P_RELEASE, m, 0, &rd, &rc);
+    if (r < 0 || (r = rc) < 0 || (r = ferry__kvc_reply_count(kv, c, &rd, m)) < 0)
         return r;
     for (size_t k = 0; k < m; k++)
         (void)ferry__proto_get_u32(&rd);
-    return reply_end(kv, c, &rd);
+    return ferry__kvc_reply_end(kv, c, &rd);
 }
 
 static int pin_add(ferry_kv *kv, ferry__kvc *c, const ferry__proto_chunk *ch)
@@ -455,8 +457,9 @@ static int pin_leading(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, si
             c->ch[k].id = ids[i + k];
         ferry__proto_rd rd;
         int32_t rc;
-        if ((r = send_chunks(kv, c, FERRY__P_ACQUIRE, m, 0, &rd, &rc)) < 0 || (r = rc) < 0 ||
-            (r = reply_count(kv, c, &rd, m)) < 0)
+        if ((r = ferry__kvc_send_chunks(kv, c, FERRY__P_ACQUIRE, m, 0, &rd, &rc)) < 0 ||
+            (r = rc) < 0 ||
+            (r = ferry__kvc_reply_count(kv, c, &rd, m)) < 0)
             break;
         size_t drop = 0;
         for (size_t k = 0; k < m; k++) {
@@ -474,7 +477,7 @@ static int pin_leading(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, si
             else
                 c->ch[drop++] = ch; /* past the first miss (or no room): let go */
         }
-        if ((r = reply_end(kv, c, &rd)) < 0 || (r = release_all(kv, c, drop)) < 0)
+        if ((r = ferry__kvc_reply_end(kv, c, &rd)) < 0 || (r = release_all(kv, c, drop)) < 0)
             break;
         i += m;
     }
@@ -529,8 +532,8 @@ int ferry__kvc_delete(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch)
             c->ch[i].id = ids[i];
         ferry__proto_rd rd;
         int32_t rc;
-        if ((r = send_chunks(kv, c, FERRY__P_DELETE, m, 0, &rd, &rc)) == 0 &&
-            (r = reply_end(kv, c, &rd)) == 0)
+        if ((r = ferry__kvc_send_chunks(kv, c, FERRY__P_DELETE, m, 0, &rd, &rc)) == 0 &&
+            (r = ferry__kvc_reply_end(kv, c, &rd)) == 0)
             r = rc;
     }
     pthread_mutex_unlock(&c->mu);
@@ -551,7 +554,8 @@ int ferry__kvc_simple(ferry_kv *kv, int type)
     int32_t rc;
     if ((r = ferry__proto_req_encode(&c->out, &q)) < 0)
         r = ferry__kv_err(kv, -ENOMEM, "kv server: out of memory for a request");
-    else if ((r = ferry__kvc_roundtrip(kv, c, &rd, &rc)) == 0 && (r = reply_end(kv, c, &rd)) == 0)
+    else if ((r = ferry__kvc_roundtrip(kv, c, &rd, &rc)) == 0 &&
+             (r = ferry__kvc_reply_end(kv, c, &rd)) == 0)
         r = rc;
     pthread_mutex_unlock(&c->mu);
     return r;

@@ -286,6 +286,18 @@ int ferry__kv_buffer_check(const ferry_kv_buffer *buf, const ferry_kv_layout *la
  */
 int ferry__kv_xfer(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
                    uint32_t ntok, void *chunk, int to_chunk, ferry_stream *s, ferry__errbuf *eb);
+/* one chunk of a layer-by-layer copy: its tokens [tok0, tok0 + ntok) and
+ * the image address of tok0 (the chunk's image + that token's offset) */
+typedef struct ferry__kv_lchunk {
+    uint64_t tok0;
+    uint32_t ntok;
+    unsigned char *img;
+} ferry__kv_lchunk;
+/* ferry__kv_xfer of one layer (its K and V planes) of each of ch[0..nch):
+ * device buffers: queued on s as one batch for all of them */
+int ferry__kv_xfer_layer(const ferry_kv_buffer *buf, uint32_t chunk_tokens,
+                         const ferry__kv_lchunk *ch, size_t nch, uint32_t layer, int to_chunk,
+                         ferry_stream *s, ferry__errbuf *eb);
 /* count one chunk moved by ferry__kv_xfer in `calls` driver calls
  * (device buffers only) */
 void ferry__kv_count_device_copy(ferry_kv *kv, const ferry_kv_buffer *buf, int calls);
@@ -364,6 +376,7 @@ struct ferry_kv_op {
     int done;
     int result;
     atomic_int cancel; /* ferry_kv_op_cancel asked it to stop */
+    struct ferry__kv_lw *lw; /* a layerwise op's state (kv_layers.h), else NULL */
 };
 
 /* the cancel flag of the async operation this thread runs (NULL when it

@@ -45,6 +45,9 @@ typedef struct ferry__kvc {
     pthread_mutex_t wmu;          /* starting the workers */
     unsigned nworkers;            /* for the asynchronous operations, started by the first */
     int workers_on;
+    /* connections of layerwise operations kept for the next (under wmu) */
+    struct ferry__kvc *idle, *idle_next;
+    unsigned nidle;
 } ferry__kvc;
 
 /* client.c: the connection */
@@ -64,6 +67,21 @@ int ferry__kvc_roundtrip(ferry_kv *kv, ferry__kvc *c, ferry__proto_rd *rd, int32
 int ferry__kvc_chunks(ferry_kv *kv, ferry__kvc *c, size_t n);
 /* close the connection (and unmap the pool) after a failure */
 void ferry__kvc_drop(ferry__kvc *c);
+
+/* client_ops.c: a request of type t over chunks c->ch[0..n) and its
+ * reply's head (as ferry__kvc_roundtrip); the count of a reply's per-chunk
+ * part (must be n) and its end (nothing left over): 0, or FERRY_ECONN with
+ * the connection dropped */
+int ferry__kvc_send_chunks(ferry_kv *kv, ferry__kvc *c, int t, size_t n, uint64_t tokens,
+                           ferry__proto_rd *rd, int32_t *rc);
+int ferry__kvc_reply_count(ferry_kv *kv, ferry__kvc *c, ferry__proto_rd *rd, size_t n);
+int ferry__kvc_reply_end(ferry_kv *kv, ferry__kvc *c, ferry__proto_rd *rd);
+/* client.c: a connection of a layerwise operation's own (kv_layers.h):
+ * one kept idle, else a new one (connected); NULL with the code in *rc.
+ * ferry__kvc_unlease keeps it for the next (a few at most) when it is
+ * still up, else closes it. */
+ferry__kvc *ferry__kvc_lease(ferry_kv *kv, int *rc);
+void ferry__kvc_unlease(ferry_kv *kv, ferry__kvc *c);
 
 /* client_ops.c: the operations */
 int ferry__kvc_lookup(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,

@@ -121,14 +121,16 @@ int ferry__kv_buffer_check(const ferry_kv_buffer *buf, const ferry_kv_layout *la
     return 0;
 }
 
-int ferry__kv_xfer_walk(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
-                        uint32_t ntok, void *chunk, ferry__kv_run_fn fn, void *ctx)
+/* the runs of layers [layer0, layer1) (see ferry__kv_xfer_walk) */
+static int walk_layers(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
+                       uint32_t ntok, void *chunk, uint32_t layer0, uint32_t layer1,
+                       ferry__kv_run_fn fn, void *ctx)
 {
     const ferry_kv_layout *l = &buf->layout;
     uint64_t tb = token_bytes(l);
     unsigned char *img = chunk;
     for (uint32_t kvi = 0; kvi < l->kv; kvi++) {
-        for (uint32_t layer = 0; layer < l->num_layers; layer++) {
+        for (uint32_t layer = layer0; layer < layer1; layer++) {
             uint64_t plane = (uint64_t)kvi * l->num_layers + layer;
             unsigned char *part = img + plane * chunk_tokens * tb;
             if (buf->form == FERRY_KV_CONTIGUOUS) {
@@ -161,6 +163,12 @@ int ferry__kv_xfer_walk(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint6
         }
     }
     return 0;
+}
+
+int ferry__kv_xfer_walk(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
+                        uint32_t ntok, void *chunk, ferry__kv_run_fn fn, void *ctx)
+{
+    return walk_layers(buf, chunk_tokens, tok0, ntok, chunk, 0, buf->layout.num_layers, fn, ctx);
 }
 
 /* a chunk's runs as one batch of device copies */
@@ -201,29 +209,55 @@ static int xrun(void *ctx, uint64_t addr, unsigned char *img, uint64_t len)
     return 0;
 }
 
-int ferry__kv_xfer(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
-                   uint32_t ntok, void *chunk, int to_chunk, ferry_stream *s, ferry__errbuf *eb)
+/* queue (device) what x gathered; frees it */
+static int xflush(xctx *x, ferry_stream *s, int rc, ferry__errbuf *eb)
 {
-    xctx x;
-    x.buf = buf;
-    x.to_chunk = to_chunk;
-    x.c = x.local;
-    x.n = 0;
-    x.cap = sizeof x.local / sizeof x.local[0];
-    int rc = ferry__kv_xfer_walk(buf, chunk_tokens, tok0, ntok, chunk, xrun, &x);
+    const ferry_kv_buffer *buf = x->buf;
+    int to_chunk = x->to_chunk;
     if (rc == 0 && buf->mem != FERRY_KV_MEM_HOST) {
-        rc = ferry_memcpy_batch_async(s, to_chunk ? FERRY_COPY_DTOH : FERRY_COPY_HTOD, x.c, x.n);
+        rc = ferry_memcpy_batch_async(s, to_chunk ? FERRY_COPY_DTOH : FERRY_COPY_HTOD, x->c, x->n);
         if (rc < 0)
-            rc = ferry__err_set(eb, rc, "kv: %zu device copies %s the engine's buffer: %s", x.n,
+            rc = ferry__err_set(eb, rc, "kv: %zu device copies %s the engine's buffer: %s", x->n,
                                 to_chunk ? "from" : "to", ferry_last_error());
     } else if (rc < 0 && eb) {
         ferry__err_set(eb, rc, "%s", ferry_last_error());
     }
-    if (x.c != x.local)
-        ferry__free(x.c);
+    if (x->c != x->local)
+        ferry__free(x->c);
     return rc;
 }
 
+static void xinit(xctx *x, const ferry_kv_buffer *buf, int to_chunk)
+{
+    x->buf = buf;
+    x->to_chunk = to_chunk;
+    x->c = x->local;
+    x->n = 0;
+    x->cap = sizeof x->local / sizeof x->local[0];
+}
+
+int ferry__kv_xfer_layer(const ferry_kv_buffer *buf, uint32_t chunk_tokens,
+                         const ferry__kv_lchunk *ch, size_t nch, uint32_t layer, int to_chunk,
+                         ferry_stream *s, ferry__errbuf *eb)
+{
+    xctx x;
+    xinit(&x, buf, to_chunk);
+    int rc = 0;
+    for (size_t k = 0; rc == 0 && k < nch; k++)
+        if (ch[k].ntok)
+            rc = walk_layers(buf, chunk_tokens, ch[k].tok0, ch[k].ntok, ch[k].img, layer,
+                             layer + 1, xrun, &x);
+    return xflush(&x, s, rc, eb);
+}
+
+int ferry__kv_xfer(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
+                   uint32_t ntok, void *chunk, int to_chunk, ferry_stream *s, ferry__errbuf *eb)
+{
+    xctx x;
+    xinit(&x, buf, to_chunk);
+    int rc = ferry__kv_xfer_walk(buf, chunk_tokens, tok0, ntok, chunk, xrun, &x);
+    return xflush(&x, s, rc, eb);
+}
 void ferry__kv_count_device_copy(ferry_kv *kv, const ferry_kv_buffer *buf, int calls)
 {
     if (buf->mem != FERRY_KV_MEM_DEVICE)

@@ -19,6 +19,7 @@ int main(void)
     ferry_kv_buffer kv_buf = FERRY_KV_BUFFER_INIT;
     ferry_kv_config kv_cfg = FERRY_KV_CONFIG_INIT;
     ferry_kv_req kv_req = FERRY_KV_REQ_INIT;
+    ferry_kv_layers_opt kv_lopt = FERRY_KV_LAYERS_OPT_INIT;
     ferry_moe_gen_options gen_opt = FERRY_MOE_GEN_OPTIONS_INIT;
     ferry_moe_planner_options plan_opt = FERRY_MOE_PLANNER_OPTIONS_INIT;
     ferry_moe_geometry geo = FERRY_MOE_GEOMETRY_INIT;
@@ -47,7 +48,8 @@ int main(void)
         slots_st.size != sizeof slots_st || rem_st.size != sizeof rem_st ||
         faults.size != sizeof faults || tr_opt.stage != NULL || sim_opt.seed != 1 ||
         sim_opt.hint_accuracy != 0.9 || serve_cfg.size != sizeof serve_cfg ||
-        serve_st.size != sizeof serve_st) {
+        serve_st.size != sizeof serve_st || kv_lopt.size != sizeof kv_lopt ||
+        kv_lopt.stream != NULL) {
         fprintf(stderr, "an _INIT macro gave an unexpected value\n");
         return 1;
     }

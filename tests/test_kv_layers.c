@@ -1,0 +1,1175 @@
+/*
+ * test_kv_layers.c - layer-by-layer retrieves and stores (ferry/kv.h,
+ * "layer by layer"): bytes bitwise equal to the source for contiguous and
+ * paged buffers in host memory and in device memory (the host backend,
+ * whose streams really run behind the caller, and a fake CUDA driver that
+ * logs the engine's imported stream waiting on ferry's per-layer events);
+ * a layer present once its wait returned while later ones are still held
+ * back; a store invisible until its last layer and then visible whole;
+ * cancel and free mid-way leaving nothing behind (no visible chunk, no
+ * slot, no byte written after the call); misuse answered with a code; and
+ * both forms through a `ferry serve` daemon, including a client that dies
+ * halfway through a store.
+ */
+/* ferry-test-labels: concurrent */
+/* ferry-test-timeout: 300 */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "device/cuda_api.h"
+#include "device/device_impl.h"
+#include "ferry/kv.h"
+#include "ferry/serve.h"
+#include "ferry_test.h"
+#include "kv/kv_impl.h"
+
+#define CT 16u                /* tokens per chunk */
+#define L 4u                  /* layers */
+#define TB 64u                /* bytes per token and plane */
+#define NCH 5u                /* chunks in the prompt */
+#define NTOK (NCH * CT)
+#define PLANES (2u * L)
+#define CHUNK_BYTES (PLANES * CT * TB)
+#define SENT 0xEE
+
+static char g_dir[256];
+static char g_sock[300];
+
+static ferry_kv_layout layout(void)
+{
+    ferry_kv_layout l = FERRY_KV_LAYOUT_INIT;
+    l.num_layers = L;
+    l.kv = 2;
+    l.num_heads = 2;
+    l.head_dim = TB / 4;
+    l.dtype = FERRY_DTYPE_BF16;
+    return l;
+}
+
+static ferry_kv_config config(uint64_t l1_chunks, ferry_device *dev)
+{
+    ferry_kv_config c = FERRY_KV_CONFIG_INIT;
+    c.model = "layers";
+    c.layout = layout();
+    c.chunk_tokens = CT;
+    c.l1_bytes = l1_chunks * CHUNK_BYTES;
+    c.device = dev;
+    c.workers = 2;
+    return c;
+}
+
+static ferry_kv *open_store(uint64_t l1_chunks, ferry_device *dev)
+{
+    ferry_kv_config c = config(l1_chunks, dev);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    return kv;
+}
+
+static void make_tokens(int32_t *t, size_t n, int32_t base)
+{
+    for (size_t i = 0; i < n; i++)
+        t[i] = base + (int32_t)(i * 7 % 1000);
+}
+
+/* ---- buffers: a host image [plane][NTOK][TB] and the engine's forms ---- */
+
+static size_t plane_bytes(void)
+{
+    return (size_t)NTOK * TB;
+}
+
+/* the bytes of (plane, token) in a contiguous image */
+static unsigned char *at(unsigned char *img, unsigned plane, size_t tok)
+{
+    return img + plane * plane_bytes() + tok * TB;
+}
+
+static ferry_kv_buffer contiguous(uint64_t base, int mem)
+{
+    ferry_kv_buffer b = FERRY_KV_BUFFER_INIT;
+    b.layout = layout();
+    b.mem = mem;
+    b.base = base;
+    b.capacity_tokens = NTOK;
+    return b;
+}
+
+/* a paged buffer: PLANES caches of NBLK blocks of BT tokens, the sequence's
+ * blocks shuffled (some back to back, some not) */
+#define BT 4u
+#define NBLK 32u
+typedef struct paged {
+    unsigned char *mem;      /* host view of the caches */
+    uint64_t bases[PLANES];
+    int32_t table[NTOK / BT];
+    ferry_kv_buffer b;
+} paged;
+
+static void paged_init(paged *p, unsigned char *mem, uint64_t base0, int mem_kind)
+{
+    p->mem = mem;
+    for (unsigned i = 0; i < PLANES; i++)
+        p->bases[i] = base0 + (uint64_t)i * NBLK * BT * TB;
+    for (unsigned k = 0; k < NTOK / BT; k++)
+        p->table[k] = (int32_t)(k % 4 == 3 ? NBLK - 1 - k / 4 : k); /* runs, and jumps */
+    ferry_kv_buffer b = FERRY_KV_BUFFER_INIT;
+    b.layout = layout();
+    b.mem = mem_kind;
+    b.form = FERRY_KV_PAGED;
+    b.block_bases = p->bases;
+    b.block_tokens = BT;
+    b.num_blocks = NBLK;
+    b.block_table = p->table;
+    b.table_len = NTOK / BT;
+    p->b = b;
+}
+
+static size_t paged_bytes(void)
+{
+    return (size_t)PLANES * NBLK * BT * TB;
+}
+
+static unsigned char *paged_at(paged *p, unsigned plane, size_t tok)
+{
+    return p->mem + (size_t)plane * NBLK * BT * TB +
+           ((size_t)p->table[tok / BT] * BT + tok % BT) * TB;
+}
+
+/* does (plane, tokens [t0, t1)) of got hold want's bytes (paged NULL:
+ * got is contiguous)? */
+static int layer_same(unsigned char *want, unsigned char *got, paged *p, unsigned layer,
+                      size_t t0, size_t t1)
+{
+    for (unsigned kv = 0; kv < 2; kv++) {
+        unsigned plane = kv * L + layer;
+        for (size_t t = t0; t < t1; t++) {
+            unsigned char *g = p ? paged_at(p, plane, t) : at(got, plane, t);
+            if (memcmp(g, at(want, plane, t), TB) != 0)
+                return 0;
+        }
+    }
+    return 1;
+}
+
+static int layer_untouched(unsigned char *got, paged *p, unsigned layer, size_t t0, size_t t1)
+{
+    for (unsigned kv = 0; kv < 2; kv++) {
+        unsigned plane = kv * L + layer;
+        for (size_t t = t0; t < t1; t++) {
+            unsigned char *g = p ? paged_at(p, plane, t) : at(got, plane, t);
+            for (unsigned b = 0; b < TB; b++)
+                if (g[b] != SENT)
+                    return 0;
+        }
+    }
+    return 1;
+}
+
+static unsigned char *pattern_image(unsigned seed)
+{
+    unsigned char *img = malloc(PLANES * plane_bytes());
+    assert_non_null(img);
+    ft_fill_pattern(img, PLANES * plane_bytes(), seed);
+    return img;
+}
+
+/* store tokens from a host image with the plain call */
+static void store_plain(ferry_kv *kv, const int32_t *tok, unsigned char *img)
+{
+    ferry_kv_buffer src = contiguous((uintptr_t)img, FERRY_KV_MEM_HOST);
+    assert_int_equal(ferry_kv_store(kv, tok, NTOK, NULL, &src), (int)NTOK);
+}
+
+static int lookup(ferry_kv *kv, const int32_t *tok)
+{
+    return ferry_kv_lookup(kv, tok, NTOK, NULL);
+}
+
+static void assert_l1_chunks(ferry_kv *kv, uint64_t chunks)
+{
+    FT_ASSERT_OK(ferry__kv_check(kv));
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
+    assert_int_equal(m.tier[FERRY_KV_TIER_L1].chunks, chunks);
+    assert_int_equal(m.tier[FERRY_KV_TIER_L1].used_bytes, chunks * CHUNK_BYTES);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    ft_tmpdir(g_dir, sizeof g_dir);
+    snprintf(g_sock, sizeof g_sock, "%s/ferry.sock", g_dir);
+    signal(SIGPIPE, SIG_IGN);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    ft_rmtree(g_dir);
+    return 0;
+}
+
+/* ---- retrieves into host memory ---- */
+
+/* a layerwise retrieve of tok into dst: each layer, once waited for, holds
+ * the source's bytes; the op returns every token */
+static void retrieve_all(ferry_kv *kv, const int32_t *tok, unsigned char *want,
+                         ferry_kv_buffer *dst, unsigned char *got, paged *p)
+{
+    ferry_kv_op *op = NULL;
+    int st[NCH];
+    ferry_kv_req req = FERRY_KV_REQ_INIT;
+    req.status = st;
+    req.max_chunks = NCH;
+    FT_ASSERT_OK(ferry_kv_retrieve_layers(kv, tok, NTOK, &req, dst, NULL, &op));
+    for (unsigned l = 0; l < L; l++) {
+        assert_int_equal(ferry_kv_op_wait_layer(op, l, -1), (int)NTOK);
+        assert_true(layer_same(want, got, p, l, 0, NTOK));
+    }
+    assert_int_equal(ferry_kv_op_wait_layer(op, 1, 0), (int)NTOK); /* again, any order */
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)NTOK);
+    for (unsigned i = 0; i < NCH; i++)
+        assert_int_equal(st[i], 0);
+    ferry_kv_op_free(op);
+}
+
+static void test_retrieve_host(void **state)
+{
+    (void)state;
+    ferry_kv *kv = open_store(32, NULL);
+    int32_t tok[NTOK];
+    make_tokens(tok, NTOK, 100);
+    unsigned char *src = pattern_image(3);
+    store_plain(kv, tok, src);
+
+    unsigned char *got = malloc(PLANES * plane_bytes());
+    memset(got, SENT, PLANES * plane_bytes());
+    ferry_kv_buffer dst = contiguous((uintptr_t)got, FERRY_KV_MEM_HOST);
+    retrieve_all(kv, tok, src, &dst, got, NULL);
+    assert_memory_equal(got, src, PLANES * plane_bytes());
+
+    paged p;
+    unsigned char *pm = malloc(paged_bytes());
+    memset(pm, SENT, paged_bytes());
+    paged_init(&p, pm, (uintptr_t)pm, FERRY_KV_MEM_HOST);
+    retrieve_all(kv, tok, src, &p.b, NULL, &p);
+
+    /* a prompt sharing only its first two chunks: the leading run loads */
+    int32_t tok2[NTOK];
+    memcpy(tok2, tok, sizeof tok2);
+    tok2[2 * CT + 3] ^= 0x5555;
+    memset(got, SENT, PLANES * plane_bytes());
+    ferry_kv_op *op = NULL;
+    FT_ASSERT_OK(ferry_kv_retrieve_layers(kv, tok2, NTOK, NULL, &dst, NULL, &op));
+    for (unsigned l = 0; l < L; l++) {
+        assert_int_equal(ferry_kv_op_wait_layer(op, l, -1), (int)(2 * CT));
+        assert_true(layer_same(src, got, NULL, l, 0, 2 * CT));
+        assert_true(layer_untouched(got, NULL, l, 2 * CT, NTOK));
+    }
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)(2 * CT));
+    ferry_kv_op_free(op);
+
+    /* nothing cached: every layer answers 0 at once */
+    int32_t tok3[NTOK];
+    make_tokens(tok3, NTOK, 9000);
+    FT_ASSERT_OK(ferry_kv_retrieve_layers(kv, tok3, NTOK, NULL, &dst, NULL, &op));
+    for (unsigned l = 0; l < L; l++)
+        assert_int_equal(ferry_kv_op_wait_layer(op, l, -1), 0);
+    assert_int_equal(ferry_kv_op_wait(op, -1), 0);
+    ferry_kv_op_free(op);
+    assert_l1_chunks(kv, NCH); /* every read lock was let go */
+    free(pm);
+    free(got);
+    free(src);
+    ferry_kv_close(kv);
+}
+
+/* ---- misuse ---- */
+
+static void test_misuse(void **state)
+{
+    (void)state;
+    ferry_kv *kv = open_store(32, NULL);
+    int32_t tok[NTOK];
+    make_tokens(tok, NTOK, 200);
+    unsigned char *src = pattern_image(5);
+    store_plain(kv, tok, src);
+    unsigned char *got = malloc(PLANES * plane_bytes());
+    ferry_kv_buffer dst = contiguous((uintptr_t)got, FERRY_KV_MEM_HOST);
+
+    ferry_kv_op *op = NULL;
+    ferry_kv_layers_opt o = FERRY_KV_LAYERS_OPT_INIT;
+    o.flags = 1;
+    assert_int_equal(ferry_kv_retrieve_layers(kv, tok, NTOK, NULL, &dst, &o, &op), -EINVAL);
+    o = (ferry_kv_layers_opt)FERRY_KV_LAYERS_OPT_INIT;
+    o.size = 3;
+    assert_int_equal(ferry_kv_retrieve_layers(kv, tok, NTOK, NULL, &dst, &o, &op), -EINVAL);
+    assert_int_equal(ferry_kv_retrieve_layers(kv, tok, NTOK, NULL, &dst, NULL, NULL), -EINVAL);
+    assert_int_equal(ferry_kv_retrieve_layers(NULL, tok, NTOK, NULL, &dst, NULL, &op), -EINVAL);
+    ferry_kv_buffer small = dst;
+    small.capacity_tokens = NTOK - 1;
+    assert_int_equal(ferry_kv_store_layers(kv, tok, NTOK, NULL, &small, NULL, &op), -ENOBUFS);
+    ferry_kv_buffer devbuf = dst;
+    devbuf.mem = FERRY_KV_MEM_DEVICE; /* a store without a device */
+    assert_int_equal(ferry_kv_retrieve_layers(kv, tok, NTOK, NULL, &devbuf, NULL, &op),
+                     FERRY_ENODEV);
+    assert_null(op);
+
+    FT_ASSERT_OK(ferry_kv_retrieve_layers(kv, tok, NTOK, NULL, &dst, NULL, &op));
+    assert_int_equal(ferry_kv_op_wait_layer(op, L, -1), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "layer 4"));
+    assert_int_equal(ferry_kv_op_layer_done(op, 0, NULL), FERRY_ESTATE);
+    assert_int_equal(ferry_kv_op_wait_layer(op, L - 1, -1), (int)NTOK);
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)NTOK);
+    assert_int_equal(ferry_kv_op_wait_layer(op, 0, 0), (int)NTOK); /* after the end too */
+    ferry_kv_op_free(op);
+    assert_int_equal(ferry_kv_op_wait_layer(NULL, 0, 0), -EINVAL);
+    assert_int_equal(ferry_kv_op_layer_done(NULL, 0, NULL), -EINVAL);
+
+    /* a plain async op has no layers */
+    FT_ASSERT_OK(ferry_kv_retrieve_async(kv, tok, NTOK, NULL, &dst, &op));
+    assert_int_equal(ferry_kv_op_wait_layer(op, 0, -1), FERRY_ESTATE);
+    assert_int_equal(ferry_kv_op_layer_done(op, 0, NULL), FERRY_ESTATE);
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)NTOK);
+    ferry_kv_op_free(op);
+
+    /* a layerwise store: layers twice, past the end, waits that would hang */
+    int32_t tok2[NTOK];
+    make_tokens(tok2, NTOK, 7000);
+    FT_ASSERT_OK(ferry_kv_store_layers(kv, tok2, NTOK, NULL, &dst, NULL, &op));
+    assert_int_equal(ferry_kv_op_wait(op, -1), FERRY_ESTATE); /* layers missing: no hang */
+    assert_non_null(strstr(ferry_last_error(), "lacks 4 of 4 layers"));
+    assert_int_equal(ferry_kv_op_wait_layer(op, 0, -1), FERRY_ESTATE);
+    assert_int_equal(ferry_kv_op_layer_done(op, L, NULL), -EINVAL);
+    FT_ASSERT_OK(ferry_kv_op_layer_done(op, 2, NULL));
+    assert_int_equal(ferry_kv_op_layer_done(op, 2, NULL), FERRY_ESTATE);
+    assert_non_null(strstr(ferry_last_error(), "layer 2 was done already"));
+    assert_int_equal(ferry_kv_op_test(op), FERRY_ESTATE);
+    for (unsigned l = 0; l < L; l++)
+        if (l != 2)
+            FT_ASSERT_OK(ferry_kv_op_layer_done(op, l, NULL));
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)NTOK);
+    assert_int_equal(ferry_kv_op_layer_done(op, 1, NULL), FERRY_ESTATE);
+    ferry_kv_op_free(op);
+    free(got);
+    free(src);
+    ferry_kv_close(kv);
+}
+
+/* ---- stores ---- */
+
+static void test_store_host(void **state)
+{
+    (void)state;
+    ferry_kv *kv = open_store(32, NULL);
+    int32_t tok[NTOK];
+    make_tokens(tok, NTOK, 300);
+    unsigned char *src = malloc(PLANES * plane_bytes());
+    unsigned char *want = pattern_image(11);
+    memset(src, 0, PLANES * plane_bytes());
+    ferry_kv_buffer sb = contiguous((uintptr_t)src, FERRY_KV_MEM_HOST);
+    ferry_kv_op *op = NULL;
+    int st[NCH];
+    ferry_kv_req req = FERRY_KV_REQ_INIT;
+    req.status = st;
+    req.max_chunks = NCH;
+    FT_ASSERT_OK(ferry_kv_store_layers(kv, tok, NTOK, &req, &sb, NULL, &op));
+    /* prefill computes the layers (out of order here): each is copied when
+     * it is declared done, and the chunks stay invisible until the last */
+    static const unsigned order[L] = {1, 0, 3, 2};
+    for (unsigned k = 0; k < L; k++) {
+        unsigned l = order[k];
+        for (unsigned kvi = 0; kvi < 2; kvi++)
+            memcpy(at(src, kvi * L + l, 0), at(want, kvi * L + l, 0), plane_bytes());
+        assert_int_equal(lookup(kv, tok), 0);
+        FT_ASSERT_OK(ferry_kv_op_layer_done(op, l, NULL));
+        /* the engine reuses its buffer for the layer at once: the copy was taken */
+        for (unsigned kvi = 0; kvi < 2; kvi++)
+            memset(at(src, kvi * L + l, 0), 0x11, plane_bytes());
+    }
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)NTOK);
+    for (unsigned i = 0; i < NCH; i++)
+        assert_int_equal(st[i], 0);
+    ferry_kv_op_free(op);
+    assert_int_equal(lookup(kv, tok), (int)NTOK);
+    unsigned char *got = malloc(PLANES * plane_bytes());
+    ferry_kv_buffer gb = contiguous((uintptr_t)got, FERRY_KV_MEM_HOST);
+    assert_int_equal(ferry_kv_retrieve(kv, tok, NTOK, NULL, &gb), (int)NTOK);
+    assert_memory_equal(got, want, PLANES * plane_bytes());
+
+    /* the same prompt again: every chunk present, nothing to feed */
+    FT_ASSERT_OK(ferry_kv_store_layers(kv, tok, NTOK, NULL, &sb, NULL, &op));
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)NTOK);
+    FT_ASSERT_OK(ferry_kv_op_layer_done(op, 0, NULL)); /* (accepted, nothing to copy) */
+    ferry_kv_op_free(op);
+
+    /* paged source */
+    int32_t tok2[NTOK];
+    make_tokens(tok2, NTOK, 4000);
+    paged p;
+    unsigned char *pm = malloc(paged_bytes());
+    memset(pm, 0, paged_bytes());
+    paged_init(&p, pm, (uintptr_t)pm, FERRY_KV_MEM_HOST);
+    for (unsigned pl = 0; pl < PLANES; pl++)
+        for (size_t t = 0; t < NTOK; t++)
+            memcpy(paged_at(&p, pl, t), at(want, pl, t), TB);
+    FT_ASSERT_OK(ferry_kv_store_layers(kv, tok2, NTOK, NULL, &p.b, NULL, &op));
+    for (unsigned l = 0; l < L; l++)
+        FT_ASSERT_OK(ferry_kv_op_layer_done(op, l, NULL));
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)NTOK);
+    ferry_kv_op_free(op);
+    memset(got, 0, PLANES * plane_bytes());
+    assert_int_equal(ferry_kv_retrieve(kv, tok2, NTOK, NULL, &gb), (int)NTOK);
+    assert_memory_equal(got, want, PLANES * plane_bytes());
+    assert_l1_chunks(kv, 2 * NCH);
+    free(pm);
+    free(got);
+    free(want);
+    free(src);
+    ferry_kv_close(kv);
+}
+
+/* cancel or free a store before its last layer: nothing visible, no slot */
+static void test_store_abandoned(void **state)
+{
+    (void)state;
+    ferry_kv *kv = open_store(32, NULL);
+    int32_t tok[NTOK];
+    make_tokens(tok, NTOK, 500);
+    unsigned char *src = pattern_image(13);
+    ferry_kv_buffer sb = contiguous((uintptr_t)src, FERRY_KV_MEM_HOST);
+    ferry_kv_op *op = NULL;
+    int st[NCH];
+    ferry_kv_req req = FERRY_KV_REQ_INIT;
+    req.status = st;
+    req.max_chunks = NCH;
+    FT_ASSERT_OK(ferry_kv_store_layers(kv, tok, NTOK, &req, &sb, NULL, &op));
+    FT_ASSERT_OK(ferry_kv_op_layer_done(op, 0, NULL));
+    FT_ASSERT_OK(ferry_kv_op_layer_done(op, 1, NULL));
+    assert_int_equal(ferry_kv_op_cancel(op), -ECANCELED);
+    for (unsigned i = 0; i < NCH; i++)
+        assert_int_equal(st[i], -ECANCELED);
+    assert_int_equal(ferry_kv_op_layer_done(op, 2, NULL), -ECANCELED);
+    assert_int_equal(ferry_kv_op_wait(op, 0), -ECANCELED);
+    ferry_kv_op_free(op);
+    assert_int_equal(lookup(kv, tok), 0);
+    assert_l1_chunks(kv, 0);
+
+    FT_ASSERT_OK(ferry_kv_store_layers(kv, tok, NTOK, NULL, &sb, NULL, &op));
+    FT_ASSERT_OK(ferry_kv_op_layer_done(op, 3, NULL));
+    ferry_kv_op_free(op); /* freed before its last layer */
+    assert_int_equal(lookup(kv, tok), 0);
+    assert_l1_chunks(kv, 0);
+
+    /* and the prompt stores whole afterwards */
+    FT_ASSERT_OK(ferry_kv_store_layers(kv, tok, NTOK, NULL, &sb, NULL, &op));
+    for (unsigned l = 0; l < L; l++)
+        FT_ASSERT_OK(ferry_kv_op_layer_done(op, l, NULL));
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)NTOK);
+    ferry_kv_op_free(op);
+    assert_int_equal(lookup(kv, tok), (int)NTOK);
+    assert_l1_chunks(kv, NCH);
+
+    /* a store larger than half of L1 reserves what fits; the rest is declined */
+    ferry_kv *small = open_store(4, NULL);
+    FT_ASSERT_OK(ferry_kv_store_layers(small, tok, NTOK, &req, &sb, NULL, &op));
+    for (unsigned l = 0; l < L; l++)
+        FT_ASSERT_OK(ferry_kv_op_layer_done(op, l, NULL));
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)(2 * CT));
+    assert_int_equal(st[0], 0);
+    assert_int_equal(st[1], 0);
+    assert_int_equal(st[2], FERRY_ENOSPACE);
+    ferry_kv_op_free(op);
+    assert_int_equal(lookup(small, tok), (int)(2 * CT));
+    ferry_kv_close(small);
+    free(src);
+    ferry_kv_close(kv);
+}
+
+/* a retrieve cancelled mid-way (from another thread, while it copies
+ * layers of big chunks): afterwards no byte of dst changes, every layer a
+ * wait reported holds the source's bytes, and the rest hold either the
+ * source's bytes or what was there before, never anything else */
+#define BIG_TB 16384u
+#define BIG_CT 64u
+#define BIG_NCH 16u
+#define BIG_L 8u
+
+static ferry_kv_layout big_layout(void)
+{
+    ferry_kv_layout l = layout();
+    l.num_layers = BIG_L;
+    l.head_dim = BIG_TB / 4;
+    return l;
+}
+
+static void test_retrieve_cancel(void **state)
+{
+    (void)state;
+    ferry_kv_config c = config(0, NULL);
+    c.layout = big_layout();
+    c.chunk_tokens = BIG_CT;
+    size_t chunk = (size_t)2 * BIG_L * BIG_CT * BIG_TB; /* 16 MiB */
+    c.l1_bytes = (uint64_t)(2 * BIG_NCH + 2) * chunk;
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    size_t n = (size_t)BIG_NCH * BIG_CT, plane = n * BIG_TB, all = 2 * BIG_L * plane;
+    int32_t *tok = malloc(n * sizeof *tok);
+    make_tokens(tok, n, 42);
+    unsigned char *src = malloc(all), *got = malloc(all), *snap = malloc(all);
+    ft_fill_pattern(src, all, 17);
+    ferry_kv_buffer b = FERRY_KV_BUFFER_INIT;
+    b.layout = big_layout();
+    b.base = (uintptr_t)src;
+    b.capacity_tokens = n;
+    assert_int_equal(ferry_kv_store(kv, tok, n, NULL, &b), (int)n);
+    b.base = (uintptr_t)got;
+    int cancelled = 0;
+    for (int round = 0; round < 6; round++) {
+        memset(got, SENT, all);
+        ferry_kv_op *op = NULL;
+        FT_ASSERT_OK(ferry_kv_retrieve_layers(kv, tok, n, NULL, &b, NULL, &op));
+        int w0 = ferry_kv_op_wait_layer(op, 0, -1);
+        int rc = ferry_kv_op_cancel(op);
+        memcpy(snap, got, all);
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        assert_memory_equal(snap, got, all); /* nothing lands after the cancel */
+        if (rc == -ECANCELED)
+            cancelled++;
+        else
+            assert_int_equal(rc, (int)n);
+        for (unsigned l = 0; l < BIG_L; l++) {
+            int w = ferry_kv_op_wait_layer(op, l, 0);
+            if (l == 0 && w0 >= 0)
+                assert_int_equal(w, (int)n);
+            for (unsigned kvi = 0; kvi < 2; kvi++) {
+                size_t off = (size_t)(kvi * BIG_L + l) * plane;
+                int same = memcmp(got + off, src + off, plane) == 0;
+                if (w >= 0) {
+                    assert_true(same);
+                    continue;
+                }
+                assert_int_equal(w, -ECANCELED);
+                for (size_t k = 0; !same && k < plane; k++)
+                    if (got[off + k] != SENT && got[off + k] != src[off + k])
+                        fail_msg("layer %u byte %zu: neither the source's nor untouched", l, k);
+            }
+        }
+        ferry_kv_op_free(op);
+    }
+    FT_ASSERT_OK(ferry__kv_check(kv));
+    fprintf(stderr, "retrieve cancel: %d of 6 rounds stopped mid-way\n", cancelled);
+    free(snap);
+    free(got);
+    free(src);
+    free(tok);
+    ferry_kv_close(kv);
+}
+
+/* ---- device memory on the host backend ---- */
+
+static ferry_device *host_device(void)
+{
+    ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
+    o.backend = "host";
+    ferry_device *dev = NULL;
+    FT_ASSERT_OK(ferry_device_open(&o, &dev));
+    return dev;
+}
+
+/* retrieve into device memory: a layer is not reported before its copies
+ * ran (ferry's copy stream held back), the engine's stream made to wait for
+ * it on the device sees its bytes, and paged device buffers too */
+static void test_retrieve_device(void **state)
+{
+    (void)state;
+    ferry_device *dev = host_device();
+    ferry_kv *kv = open_store(32, dev);
+    int32_t tok[NTOK];
+    make_tokens(tok, NTOK, 600);
+    unsigned char *src = pattern_image(19);
+    store_plain(kv, tok, src);
+    size_t all = PLANES * plane_bytes();
+    ferry_devptr d = 0;
+    FT_ASSERT_OK(ferry_device_alloc(dev, all, &d));
+    FT_ASSERT_OK(ferry_device_memset(dev, d, SENT, all));
+    ferry_stream *copy = NULL, *engine = NULL;
+    FT_ASSERT_OK(ferry_stream_create(dev, &copy));
+    FT_ASSERT_OK(ferry_stream_create(dev, &engine));
+    ferry_kv_layers_opt o = FERRY_KV_LAYERS_OPT_INIT;
+    o.stream = copy;
+    FT_ASSERT_OK(ferry__device_host_hold(copy, 1));
+    ferry_kv_buffer db = contiguous(d, FERRY_KV_MEM_DEVICE);
+    ferry_kv_op *op = NULL;
+    FT_ASSERT_OK(ferry_kv_retrieve_layers(kv, tok, NTOK, NULL, &db, &o, &op));
+    /* queued, not run: the engine's stream waits for layer 2 on the device */
+    assert_int_equal(ferry_kv_op_stream_wait_layer(op, 2, engine, -1), (int)NTOK);
+    unsigned char *h = malloc(all);
+    memset(h, 0, all);
+    unsigned char *hk = at(h, 0 * L + 2, 0), *hv = at(h, 1 * L + 2, 0);
+    FT_ASSERT_OK(ferry_memcpy_dtoh_async(engine, hk, d + (uint64_t)(0 * L + 2) * plane_bytes(),
+                                         plane_bytes()));
+    FT_ASSERT_OK(ferry_memcpy_dtoh_async(engine, hv, d + (uint64_t)(1 * L + 2) * plane_bytes(),
+                                         plane_bytes()));
+    ferry_event *after = NULL;
+    FT_ASSERT_OK(ferry_event_create(dev, &after));
+    FT_ASSERT_OK(ferry_event_record(after, engine));
+    assert_int_equal(ferry_kv_op_wait_layer(op, 0, 30), -ETIMEDOUT);
+    assert_int_equal(ferry_event_query(after), -EAGAIN); /* the engine waits too */
+    FT_ASSERT_OK(ferry__device_host_hold(copy, 0));
+    FT_ASSERT_OK(ferry_stream_sync(engine));
+    assert_true(layer_same(src, h, NULL, 2, 0, NTOK));
+    assert_int_equal(ferry_kv_op_wait_layer(op, 0, -1), (int)NTOK);
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)NTOK);
+    ferry_kv_op_free(op);
+    FT_ASSERT_OK(ferry_device_download(dev, h, d, all));
+    assert_memory_equal(h, src, all);
+
+    /* host-memory misuse of the stream form */
+    unsigned char *hb = malloc(all);
+    ferry_kv_buffer hbuf = contiguous((uintptr_t)hb, FERRY_KV_MEM_HOST);
+    FT_ASSERT_OK(ferry_kv_retrieve_layers(kv, tok, NTOK, NULL, &hbuf, NULL, &op));
+    assert_int_equal(ferry_kv_op_stream_wait_layer(op, 0, engine, -1), FERRY_ESTATE);
+    assert_int_equal(ferry_kv_op_stream_wait_layer(op, 0, NULL, -1), -EINVAL);
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)NTOK);
+    ferry_kv_op_free(op);
+    free(hb);
+
+    /* paged device caches, the store's own stream */
+    ferry_devptr pd = 0;
+    FT_ASSERT_OK(ferry_device_alloc(dev, paged_bytes(), &pd));
+    FT_ASSERT_OK(ferry_device_memset(dev, pd, SENT, paged_bytes()));
+    paged p;
+    unsigned char *pm = malloc(paged_bytes());
+    paged_init(&p, pm, pd, FERRY_KV_MEM_DEVICE);
+    FT_ASSERT_OK(ferry_kv_retrieve_layers(kv, tok, NTOK, NULL, &p.b, NULL, &op));
+    for (unsigned l = 0; l < L; l++)
+        assert_int_equal(ferry_kv_op_stream_wait_layer(op, l, engine, -1), (int)NTOK);
+    FT_ASSERT_OK(ferry_memcpy_dtoh_async(engine, pm, pd, paged_bytes()));
+    FT_ASSERT_OK(ferry_stream_sync(engine));
+    for (unsigned l = 0; l < L; l++)
+        assert_true(layer_same(src, NULL, &p, l, 0, NTOK));
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)NTOK);
+    ferry_kv_op_free(op);
+    assert_l1_chunks(kv, NCH);
+
+    ferry_event_destroy(after);
+    ferry_stream_destroy(copy);
+    ferry_stream_destroy(engine);
+    free(pm);
+    free(h);
+    free(src);
+    ferry_kv_close(kv);
+    ferry_device_close(dev);
+}
+
+/* store from device memory: a layer declared done with the engine's stream
+ * is copied after the engine's work queued before it (here a held stream
+ * whose pending copy writes the layer's final bytes) */
+static void test_store_device(void **state)
+{
+    (void)state;
+    ferry_device *dev = host_device();
+    ferry_kv *kv = open_store(32, dev);
+    int32_t tok[NTOK];
+    make_tokens(tok, NTOK, 700);
+    unsigned char *want = pattern_image(23);
+    size_t all = PLANES * plane_bytes();
+    ferry_devptr d = 0;
+    FT_ASSERT_OK(ferry_device_alloc(dev, all, &d));
+    FT_ASSERT_OK(ferry_device_memset(dev, d, 0x33, all)); /* not yet computed */
+    ferry_stream *engine = NULL;
+    FT_ASSERT_OK(ferry_stream_create(dev, &engine));
+    ferry_kv_buffer sb = contiguous(d, FERRY_KV_MEM_DEVICE);
+    ferry_kv_op *op = NULL;
+    FT_ASSERT_OK(ferry_kv_store_layers(kv, tok, NTOK, NULL, &sb, NULL, &op));
+    FT_ASSERT_OK(ferry__device_host_hold(engine, 1));
+    for (unsigned l = 0; l < L; l++) {
+        /* "compute" layer l on the engine's stream, then declare it done */
+        for (unsigned kvi = 0; kvi < 2; kvi++) {
+            uint64_t off = (uint64_t)(kvi * L + l) * plane_bytes();
+            FT_ASSERT_OK(ferry_memcpy_htod_async(engine, d + off, want + off, plane_bytes()));
+        }
+        FT_ASSERT_OK(ferry_kv_op_layer_done(op, l, engine));
+    }
+    assert_int_equal(lookup(kv, tok), 0);
+    FT_ASSERT_OK(ferry__device_host_hold(engine, 0));
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)NTOK);
+    ferry_kv_op_free(op);
+    assert_int_equal(lookup(kv, tok), (int)NTOK);
+    unsigned char *got = malloc(all);
+    ferry_kv_buffer gb = contiguous((uintptr_t)got, FERRY_KV_MEM_HOST);
+    assert_int_equal(ferry_kv_retrieve(kv, tok, NTOK, NULL, &gb), (int)NTOK);
+    assert_memory_equal(got, want, all);
+
+    /* cancelled with copies held back on the engine's stream: the cancel
+     * waits for them, then aborts; nothing is visible, no slot is kept */
+    int32_t tok2[NTOK];
+    make_tokens(tok2, NTOK, 800);
+    FT_ASSERT_OK(ferry_kv_store_layers(kv, tok2, NTOK, NULL, &sb, NULL, &op));
+    FT_ASSERT_OK(ferry__device_host_hold(engine, 1));
+    FT_ASSERT_OK(ferry_memcpy_htod_async(engine, d, want, plane_bytes()));
+    FT_ASSERT_OK(ferry_kv_op_layer_done(op, 0, engine));
+    FT_ASSERT_OK(ferry__device_host_hold(engine, 0));
+    assert_int_equal(ferry_kv_op_cancel(op), -ECANCELED);
+    ferry_kv_op_free(op);
+    assert_int_equal(lookup(kv, tok2), 0);
+    assert_l1_chunks(kv, NCH);
+    ferry_stream_destroy(engine);
+    free(got);
+    free(want);
+    ferry_kv_close(kv);
+    ferry_device_close(dev);
+}
+
+
+/* ---- a fake CUDA driver: copies at once, and a log of the ordering calls ---- */
+
+#define FAKE_CTX ((ferry__CUcontext)(uintptr_t)0xc0c0)
+#define ENGINE_STREAM 0xe0e0u
+
+enum { EV_REC = 1, EV_WAIT = 2, EV_BATCH = 3, EV_COPY = 4 };
+typedef struct fake_ev {
+    int what;
+    uintptr_t a, b; /* REC: event, stream; WAIT: stream, event; BATCH / COPY: stream */
+} fake_ev;
+static pthread_mutex_t g_fmu = PTHREAD_MUTEX_INITIALIZER;
+static fake_ev g_flog[4096];
+static int g_nflog;
+static int g_nstreams;
+
+static void flog(int what, uintptr_t a, uintptr_t b)
+{
+    pthread_mutex_lock(&g_fmu);
+    if (g_nflog < 4096)
+        g_flog[g_nflog++] = (fake_ev){what, a, b};
+    pthread_mutex_unlock(&g_fmu);
+}
+
+static ferry__CUresult f_cuInit(unsigned int f) { (void)f; return 0; }
+static ferry__CUresult f_cuDeviceGetCount(int *n) { *n = 1; return 0; }
+static ferry__CUresult f_cuDeviceGet(ferry__CUdevice *d, int o) { *d = o; return 0; }
+static ferry__CUresult f_cuDeviceGetName(char *n, int len, ferry__CUdevice d)
+{
+    snprintf(n, (size_t)len, "Fake GPU %d", d);
+    return 0;
+}
+static ferry__CUresult f_cuDevicePrimaryCtxRetain(ferry__CUcontext *c, ferry__CUdevice d)
+{
+    (void)d;
+    *c = FAKE_CTX;
+    return 0;
+}
+static ferry__CUresult f_cuDevicePrimaryCtxRelease_v2(ferry__CUdevice d) { (void)d; return 0; }
+static ferry__CUresult f_cuCtxSetCurrent(ferry__CUcontext c) { (void)c; return 0; }
+static ferry__CUresult f_cuMemAlloc_v2(ferry__CUdeviceptr *p, size_t n)
+{
+    void *m = NULL;
+    if (posix_memalign(&m, 256, n) != 0)
+        return 2;
+    *p = (ferry__CUdeviceptr)(uintptr_t)m;
+    return 0;
+}
+static ferry__CUresult f_cuMemFree_v2(ferry__CUdeviceptr p)
+{
+    free((void *)(uintptr_t)p);
+    return 0;
+}
+static ferry__CUresult f_cuMemAllocHost_v2(void **pp, size_t n)
+{
+    return posix_memalign(pp, 4096, n) == 0 ? 0 : 2;
+}
+static ferry__CUresult f_cuMemFreeHost(void *p)
+{
+    free(p);
+    return 0;
+}
+static ferry__CUresult f_cuMemHostRegister_v2(void *p, size_t n, unsigned int f)
+{
+    (void)p, (void)n, (void)f;
+    return 0;
+}
+static ferry__CUresult f_cuMemHostUnregister(void *p) { (void)p; return 0; }
+static ferry__CUresult f_cuMemsetD8_v2(ferry__CUdeviceptr d, unsigned char uc, size_t n)
+{
+    memset((void *)(uintptr_t)d, uc, n);
+    return 0;
+}
+static ferry__CUresult f_cuMemcpyHtoDAsync_v2(ferry__CUdeviceptr d, const void *s, size_t n,
+                                              ferry__CUstream st)
+{
+    flog(EV_COPY, (uintptr_t)st, 0);
+    memcpy((void *)(uintptr_t)d, s, n);
+    return 0;
+}
+static ferry__CUresult f_cuMemcpyDtoHAsync_v2(void *d, ferry__CUdeviceptr s, size_t n,
+                                              ferry__CUstream st)
+{
+    flog(EV_COPY, (uintptr_t)st, 0);
+    memcpy(d, (void *)(uintptr_t)s, n);
+    return 0;
+}
+static ferry__CUresult f_cuMemcpyDtoDAsync_v2(ferry__CUdeviceptr d, ferry__CUdeviceptr s,
+                                              size_t n, ferry__CUstream st)
+{
+    flog(EV_COPY, (uintptr_t)st, 0);
+    memmove((void *)(uintptr_t)d, (void *)(uintptr_t)s, n);
+    return 0;
+}
+static ferry__CUresult f_cuStreamCreate(ferry__CUstream *st, unsigned int f)
+{
+    (void)f;
+    pthread_mutex_lock(&g_fmu);
+    *st = (ferry__CUstream)(uintptr_t)(0x5000 + 0x10 * ++g_nstreams);
+    pthread_mutex_unlock(&g_fmu);
+    return 0;
+}
+static ferry__CUresult f_cuStreamDestroy_v2(ferry__CUstream st) { (void)st; return 0; }
+static ferry__CUresult f_cuStreamSynchronize(ferry__CUstream st) { (void)st; return 0; }
+static ferry__CUresult f_cuStreamWaitEvent(ferry__CUstream st, ferry__CUevent e, unsigned f)
+{
+    (void)f;
+    flog(EV_WAIT, (uintptr_t)st, (uintptr_t)e);
+    return 0;
+}
+static ferry__CUresult f_cuEventCreate(ferry__CUevent *e, unsigned int f)
+{
+    (void)f;
+    *e = (ferry__CUevent)calloc(1, 16);
+    return *e ? 0 : 2;
+}
+static ferry__CUresult f_cuEventDestroy_v2(ferry__CUevent e)
+{
+    free(e);
+    return 0;
+}
+static ferry__CUresult f_cuEventRecord(ferry__CUevent e, ferry__CUstream st)
+{
+    flog(EV_REC, (uintptr_t)e, (uintptr_t)st);
+    return 0;
+}
+static ferry__CUresult f_cuEventQuery(ferry__CUevent e) { (void)e; return 0; }
+static ferry__CUresult f_cuEventSynchronize(ferry__CUevent e) { (void)e; return 0; }
+static ferry__CUresult f_cuEventElapsedTime(float *ms, ferry__CUevent a, ferry__CUevent b)
+{
+    (void)a, (void)b;
+    *ms = 0;
+    return 0;
+}
+static ferry__CUresult f_cuGetErrorName(ferry__CUresult e, const char **s)
+{
+    (void)e;
+    *s = "CUDA_ERROR_FAKE";
+    return 0;
+}
+static ferry__CUresult f_cuGetErrorString(ferry__CUresult e, const char **s)
+{
+    (void)e;
+    *s = "fake";
+    return 0;
+}
+static ferry__CUresult f_batch_v2(ferry__CUdeviceptr *d, ferry__CUdeviceptr *s, size_t *n,
+                                  size_t count, ferry__CUmemcpyAttributes *a, size_t *ai,
+                                  size_t na, ferry__CUstream st)
+{
+    (void)a, (void)ai, (void)na;
+    flog(EV_BATCH, (uintptr_t)st, count);
+    for (size_t i = 0; i < count; i++)
+        memcpy((void *)(uintptr_t)d[i], (const void *)(uintptr_t)s[i], n[i]);
+    return 0;
+}
+
+static struct ferry__cuda_api g_fake_api = {
+#define FAKE_MEMBER(name, R, params) .p_##name = f_##name,
+    FERRY__CUDA_API_LIST(FAKE_MEMBER, ferry__CUresult, ferry__CUdevice, ferry__CUcontext,
+                         ferry__CUstream, ferry__CUevent, ferry__CUdeviceptr)
+#undef FAKE_MEMBER
+    .p_cuMemcpyBatchAsync_v2 = f_batch_v2,
+};
+
+/* the log entries since `from` of kind what (a, b: 0 = any) */
+static int flog_count(int from, int what, uintptr_t a, uintptr_t b)
+{
+    int n = 0;
+    for (int i = from; i < g_nflog; i++)
+        n += g_flog[i].what == what && (!a || g_flog[i].a == a) && (!b || g_flog[i].b == b);
+    return n;
+}
+
+/* the engine's own (imported) stream: a retrieve's layer l is waited for
+ * on the device, on an event ferry recorded after that layer's one
+ * batched copy; a store's layer l is copied after an event recorded on
+ * the engine's stream, which ferry's copy stream waits for first */
+static void test_fake_cuda(void **state)
+{
+    (void)state;
+    ferry__cuda_set_api_for_test(&g_fake_api);
+    ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
+    o.backend = "cuda";
+    ferry_device *dev = NULL;
+    FT_ASSERT_OK(ferry_device_open(&o, &dev));
+    ferry_kv *kv = open_store(32, dev);
+    int32_t tok[NTOK];
+    make_tokens(tok, NTOK, 3000);
+    unsigned char *want = pattern_image(31);
+    size_t all = PLANES * plane_bytes();
+    ferry_devptr d = 0;
+    FT_ASSERT_OK(ferry_device_alloc(dev, all, &d));
+    memcpy((void *)(uintptr_t)d, want, all); /* (fake device memory is host memory) */
+    ferry_stream *eng = NULL;
+    FT_ASSERT_OK(ferry_stream_import(dev, ENGINE_STREAM, &eng));
+
+    /* store: layer l ordered after the engine's stream */
+    ferry_kv_buffer db = contiguous(d, FERRY_KV_MEM_DEVICE);
+    ferry_kv_op *op = NULL;
+    FT_ASSERT_OK(ferry_kv_store_layers(kv, tok, NTOK, NULL, &db, NULL, &op));
+    for (unsigned l = 0; l < L; l++) {
+        int from = g_nflog;
+        FT_ASSERT_OK(ferry_kv_op_layer_done(op, l, eng));
+        /* record(ev, engine), wait(S, ev), one batch on S: in that order */
+        assert_int_equal(g_nflog - from, 3);
+        assert_int_equal(g_flog[from].what, EV_REC);
+        assert_int_equal(g_flog[from].b, ENGINE_STREAM);
+        assert_int_equal(g_flog[from + 1].what, EV_WAIT);
+        assert_int_equal(g_flog[from + 1].b, g_flog[from].a);
+        assert_int_not_equal(g_flog[from + 1].a, ENGINE_STREAM);
+        assert_int_equal(g_flog[from + 2].what, EV_BATCH);
+        assert_int_equal(g_flog[from + 2].a, g_flog[from + 1].a);
+        assert_int_equal(g_flog[from + 2].b, 2 * NCH); /* K and V of every chunk */
+    }
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)NTOK);
+    ferry_kv_op_free(op);
+
+    /* retrieve into other device memory, the engine's stream waiting per layer */
+    ferry_devptr d2 = 0;
+    FT_ASSERT_OK(ferry_device_alloc(dev, all, &d2));
+    memset((void *)(uintptr_t)d2, SENT, all);
+    ferry_kv_buffer d2b = contiguous(d2, FERRY_KV_MEM_DEVICE);
+    int from = g_nflog;
+    FT_ASSERT_OK(ferry_kv_retrieve_layers(kv, tok, NTOK, NULL, &d2b, NULL, &op));
+    for (unsigned l = 0; l < L; l++)
+        assert_int_equal(ferry_kv_op_stream_wait_layer(op, l, eng, -1), (int)NTOK);
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)NTOK);
+    ferry_kv_op_free(op);
+    assert_memory_equal((void *)(uintptr_t)d2, want, all);
+    assert_int_equal(flog_count(from, EV_WAIT, ENGINE_STREAM, 0), (int)L);
+    assert_int_equal(flog_count(from, EV_BATCH, 0, 2 * NCH), (int)L); /* a call per layer */
+    assert_int_equal(flog_count(from, EV_COPY, 0, 0), 0);
+    /* every event the engine waited for was recorded after a batch, on its stream */
+    for (int i = from; i < g_nflog; i++) {
+        if (g_flog[i].what != EV_WAIT)
+            continue;
+        int ok = 0;
+        for (int k = i - 1; k > from && !ok; k--) {
+            if (g_flog[k].what != EV_REC || g_flog[k].a != g_flog[i].b)
+                continue;
+            int p = k - 1; /* (the engine's waits may interleave with ferry's calls) */
+            while (p > from && g_flog[p].what == EV_WAIT)
+                p--;
+            ok = g_flog[p].what == EV_BATCH && g_flog[p].a == g_flog[k].b;
+        }
+        assert_true(ok);
+    }
+    ferry_stream_destroy(eng);
+    ferry_kv_close(kv);
+    FT_ASSERT_OK(ferry_device_free(dev, d));
+    FT_ASSERT_OK(ferry_device_free(dev, d2));
+    ferry_device_close(dev);
+    ferry__cuda_set_api_for_test(NULL);
+    free(want);
+}
+
+/* ---- through a daemon ---- */
+
+typedef struct srv {
+    ferry_serve *s;
+    pthread_t th;
+} srv;
+
+static void *srv_main(void *arg)
+{
+    ferry_serve_run(arg);
+    return NULL;
+}
+
+static void srv_start(srv *v)
+{
+    ferry_kv_config kc = config(32, NULL);
+    ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
+    sc.socket_path = g_sock;
+    sc.kv = &kc;
+    FT_ASSERT_OK(ferry_serve_open(&sc, &v->s));
+    assert_int_equal(pthread_create(&v->th, NULL, srv_main, v->s), 0);
+}
+
+static void srv_stop(srv *v)
+{
+    ferry_serve_stop(v->s);
+    pthread_join(v->th, NULL);
+    FT_ASSERT_OK(ferry_serve_close(v->s));
+}
+
+static ferry_kv *open_client(void)
+{
+    ferry_kv_config c = config(1, NULL);
+    c.server = g_sock;
+    c.server_timeout_ms = 2000;
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    return kv;
+}
+
+/* wait until the daemon let go of `released` slots in all */
+static void wait_released(srv *v, uint64_t released)
+{
+    ferry_serve_stats ss = FERRY_SERVE_STATS_INIT;
+    for (int i = 0; i < 300; i++) {
+        FT_ASSERT_OK(ferry_serve_stats_get(v->s, &ss));
+        if (ss.released >= released)
+            break;
+        usleep(10000);
+    }
+    assert_true(ss.released >= released);
+}
+
+static void test_server(void **state)
+{
+    (void)state;
+    srv v;
+    srv_start(&v);
+    ferry_kv *kv = open_client(), *other = open_client();
+    ferry_kv *daemon = ferry_serve_kv(v.s);
+    int32_t tok[NTOK];
+    make_tokens(tok, NTOK, 1000);
+    unsigned char *want = pattern_image(29);
+    ferry_kv_buffer sb = contiguous((uintptr_t)want, FERRY_KV_MEM_HOST);
+
+    /* a store fed layer by layer: invisible to everyone until the last */
+    ferry_kv_op *op = NULL;
+    FT_ASSERT_OK(ferry_kv_store_layers(kv, tok, NTOK, NULL, &sb, NULL, &op));
+    for (unsigned l = 0; l + 1 < L; l++) {
+        FT_ASSERT_OK(ferry_kv_op_layer_done(op, l, NULL));
+        assert_int_equal(lookup(other, tok), 0);
+        assert_int_equal(lookup(kv, tok), 0); /* (the store's own calls go on meanwhile) */
+    }
+    FT_ASSERT_OK(ferry_kv_op_layer_done(op, L - 1, NULL));
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)NTOK);
+    ferry_kv_op_free(op);
+    assert_int_equal(lookup(other, tok), (int)NTOK);
+    assert_l1_chunks(daemon, NCH);
+
+    /* retrieved layer by layer through the pool, contiguous and paged */
+    unsigned char *got = malloc(PLANES * plane_bytes());
+    memset(got, SENT, PLANES * plane_bytes());
+    ferry_kv_buffer db = contiguous((uintptr_t)got, FERRY_KV_MEM_HOST);
+    retrieve_all(other, tok, want, &db, got, NULL);
+    assert_memory_equal(got, want, PLANES * plane_bytes());
+    paged p;
+    unsigned char *pm = malloc(paged_bytes());
+    memset(pm, SENT, paged_bytes());
+    paged_init(&p, pm, (uintptr_t)pm, FERRY_KV_MEM_HOST);
+    retrieve_all(kv, tok, want, &p.b, NULL, &p);
+
+    /* a store cancelled halfway: nothing visible, its slots back (aborted
+     * by the cancel itself, before it returned) */
+    int32_t tok2[NTOK];
+    make_tokens(tok2, NTOK, 2000);
+    FT_ASSERT_OK(ferry_kv_store_layers(kv, tok2, NTOK, NULL, &sb, NULL, &op));
+    FT_ASSERT_OK(ferry_kv_op_layer_done(op, 1, NULL));
+    assert_int_equal(ferry_kv_op_cancel(op), -ECANCELED);
+    ferry_kv_op_free(op);
+    assert_int_equal(lookup(other, tok2), 0);
+    assert_l1_chunks(daemon, NCH);
+
+    /* a client process that dies halfway through a layerwise store */
+    ferry_serve_stats ss = FERRY_SERVE_STATS_INIT;
+    FT_ASSERT_OK(ferry_serve_stats_get(v.s, &ss));
+    uint64_t released = ss.released;
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) { /* a fresh process (no threads inherited): child_store */
+        char fd[16];
+        snprintf(fd, sizeof fd, "%d", pfd[1]);
+        execl("/proc/self/exe", "test_kv_layers", "--child-store", g_sock, fd, (char *)NULL);
+        _exit(2);
+    }
+    char b;
+    assert_int_equal(read(pfd[0], &b, 1), 1);
+    assert_int_equal(lookup(other, tok2), 0);
+    kill(pid, SIGKILL);
+    int ws;
+    waitpid(pid, &ws, 0);
+    assert_true(WIFSIGNALED(ws));
+    wait_released(&v, released + NCH);
+    assert_int_equal(lookup(other, tok2), 0);
+    assert_l1_chunks(daemon, NCH);
+    /* and the prompt stores whole afterwards */
+    FT_ASSERT_OK(ferry_kv_store_layers(other, tok2, NTOK, NULL, &sb, NULL, &op));
+    for (unsigned l = 0; l < L; l++)
+        FT_ASSERT_OK(ferry_kv_op_layer_done(op, l, NULL));
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)NTOK);
+    ferry_kv_op_free(op);
+    assert_int_equal(lookup(kv, tok2), (int)NTOK);
+    close(pfd[0]);
+    close(pfd[1]);
+    free(pm);
+    free(got);
+    free(want);
+    ferry_kv_close(other);
+    ferry_kv_close(kv);
+    srv_stop(&v);
+}
+
+/* the child of test_server: half a layerwise store through the daemon at
+ * sock, then a byte on fd, then it waits to be killed */
+static int child_store(const char *sock, int fd)
+{
+    ferry_kv_config c = config(1, NULL);
+    c.server = sock;
+    int32_t tok2[NTOK];
+    make_tokens(tok2, NTOK, 2000);
+    unsigned char *want = pattern_image(29);
+    ferry_kv_buffer sb = contiguous((uintptr_t)want, FERRY_KV_MEM_HOST);
+    ferry_kv *ck = NULL;
+    ferry_kv_op *cop = NULL;
+    if (ferry_kv_open(&c, &ck) < 0 ||
+        ferry_kv_store_layers(ck, tok2, NTOK, NULL, &sb, NULL, &cop) < 0 ||
+        ferry_kv_op_layer_done(cop, 0, NULL) < 0 || ferry_kv_op_layer_done(cop, 1, NULL) < 0)
+        return 3;
+    char b = 1;
+    if (write(fd, &b, 1) != 1)
+        return 4;
+    for (;;)
+        pause();
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 4 && strcmp(argv[1], "--child-store") == 0)
+        return child_store(argv[2], atoi(argv[3]));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_retrieve_host, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_misuse, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_store_host, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_store_abandoned, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_retrieve_cancel, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_retrieve_device, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_store_device, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fake_cuda, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_server, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
