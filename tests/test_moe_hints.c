@@ -3,7 +3,9 @@
  * protected until the step it was predicted for, hints of least value go
  * first when nothing else can, a step always wins over hints, hints expire
  * and are counted right or wrong, a hint prefetch brings the missing ones
- * in best first, and bad hints change nothing.
+ * in best first, protection and prefetch scale with a hint's calibrated
+ * confidence (a hint never costs more than it is expected to save), and
+ * bad hints change nothing.
  */
 #include <errno.h>
 #include <math.h>
@@ -158,7 +160,7 @@ static void the_least_confident_then_the_farthest_hint_goes_first(void **state)
     ferry_moe_planner *p = mk(1, 16, 4, "lru");
     for (uint32_t e = 0; e < 4; e++)
         step1(p, 0, e);
-    const double conf[4] = {0.9, 0.2, 0.9, 0.9};
+    const double conf[4] = {0.9, 0.5, 0.9, 0.9}; /* each worth keeping */
     for (uint32_t e = 0; e < 4; e++)
         FT_ASSERT_OK(ferry_moe_planner_hint(p, 0, 5, &e, 1, conf[e]));
     step1(p, 0, 8);
@@ -245,11 +247,11 @@ static void hint_prefetch_brings_the_best_missing_hints_in(void **state)
     assert_int_equal(st.prefetch_hits, 2);
 
     /* max_rows bounds the plan, the most valuable first: the nearer,
-     * then the more confident */
+     * then the more confident (each sure enough to take a victim's slot) */
     uint32_t a = 5, b = 6, d = 7;
-    FT_ASSERT_OK(ferry_moe_planner_hint(p, 0, 1, &a, 1, 0.3));
+    FT_ASSERT_OK(ferry_moe_planner_hint(p, 0, 1, &a, 1, 0.7));
     FT_ASSERT_OK(ferry_moe_planner_hint(p, 0, 1, &b, 1, 0.9));
-    FT_ASSERT_OK(ferry_moe_planner_hint(p, 0, 3, &d, 1, 0.6)); /* 0.2 a step */
+    FT_ASSERT_OK(ferry_moe_planner_hint(p, 0, 3, &d, 1, 0.66)); /* 0.22 a step */
     assert_int_equal(ferry_moe_planner_hint_prefetch(p, 1, &plan), 1);
     assert_int_equal(plan.layer, 0);
     assert_int_equal(plan.src_rows[0], 6);
@@ -312,6 +314,112 @@ static void prefetch_and_forget_keep_the_pin_counts_with_hints(void **state)
     uint32_t q[4] = {12, 13, 14, 15};
     FT_ASSERT_OK(ferry_moe_planner_ensure(p, 0, q, 4, NULL, NULL, NULL));
     assert_consistent(p, 1, 16);
+    ferry_moe_planner_destroy(p);
+}
+
+/* one step of each expert of cycle[] in turn, n steps, layer 0 */
+static void cycle_steps(ferry_moe_planner *p, const uint32_t *cycle, uint32_t len, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        step1(p, 0, cycle[i % len]);
+}
+
+static void a_hint_protects_only_when_surer_than_the_victims_return(void **state)
+{
+    (void)state;
+    /* 5 experts cycling through 4 slots: LRU's every victim is the next
+     * one routed, so an evicted expert almost always comes back within a
+     * token (one step here): a 90% hint is not worth the victim kept
+     * instead, a certain one is */
+    const uint32_t cyc[5] = {0, 1, 2, 3, 4};
+    uint32_t far = 15;
+    for (int sure = 0; sure < 2; sure++) {
+        ferry_moe_planner *p = mk(1, 16, 4, "lru");
+        FT_ASSERT_OK(ferry_moe_planner_hint(p, 0, 1000, &far, 1, 1.0)); /* the table on */
+        cycle_steps(p, cyc, 5, 200); /* ends with 4; resident: 1 2 3 4, 1 the LRU */
+        assert_true(resident(p, 0, 1));
+        uint32_t x = 1;
+        FT_ASSERT_OK(ferry_moe_planner_hint(p, 0, 3, &x, 1, sure ? 1.0 : 0.9));
+        step1(p, 0, 9); /* a miss: LRU's victim is 1 */
+        if (sure) {
+            assert_true(resident(p, 0, 1));
+            assert_false(resident(p, 0, 2));
+        } else {
+            assert_false(resident(p, 0, 1));
+            assert_true(resident(p, 0, 2));
+        }
+        ferry_moe_planner_destroy(p);
+    }
+    /* where evictions do not come back (a fresh planner), 90% protects */
+    ferry_moe_planner *p = mk(1, 16, 4, "lru");
+    cycle_steps(p, cyc, 4, 4);
+    uint32_t x = 0;
+    FT_ASSERT_OK(ferry_moe_planner_hint(p, 0, 3, &x, 1, 0.9));
+    step1(p, 0, 9);
+    assert_true(resident(p, 0, 0));
+    ferry_moe_planner_destroy(p);
+}
+
+static void hint_prefetch_scales_with_confidence(void **state)
+{
+    (void)state;
+    ferry_moe_planner *p = mk(2, 8, 4, "lru");
+    const uint32_t cyc[4] = {0, 1, 2, 3};
+    cycle_steps(p, cyc, 4, 4); /* every slot full, none pinned but 3 */
+    ferry_moe_copy_plan plan;
+    /* wrong more often than right: never worth a row */
+    uint32_t e = 5;
+    FT_ASSERT_OK(ferry_moe_planner_hint(p, 1, 1, &e, 1, 0.45));
+    assert_int_equal(ferry_moe_planner_hint_prefetch(p, 8, &plan), 0);
+    /* right a bit more often than not: a free slot only, and none is free */
+    FT_ASSERT_OK(ferry_moe_planner_hint(p, 1, 1, &e, 1, 0.55));
+    assert_int_equal(ferry_moe_planner_hint_prefetch(p, 8, &plan), 0);
+    assert_true(resident(p, 0, 0));
+    FT_ASSERT_OK(ferry_moe_planner_forget(p, ferry_moe_planner_lookup(p, 0, 1)));
+    assert_int_equal(ferry_moe_planner_hint_prefetch(p, 8, &plan), 1);
+    assert_int_equal(plan.src_rows[0], 5);
+    assert_true(resident(p, 0, 0)); /* into the free slot */
+    /* sure: worth a victim's slot (LRU's: expert 0) */
+    uint32_t f = 6;
+    FT_ASSERT_OK(ferry_moe_planner_hint(p, 1, 1, &f, 1, 0.95));
+    assert_int_equal(ferry_moe_planner_hint_prefetch(p, 8, &plan), 1);
+    assert_int_equal(plan.src_rows[0], 6);
+    assert_false(resident(p, 0, 0));
+    assert_int_equal(hstats(p).fetched, 2);
+    assert_consistent(p, 2, 8);
+    ferry_moe_planner_destroy(p);
+}
+
+static void hints_that_do_not_come_true_lose_their_rows(void **state)
+{
+    (void)state;
+    /* stated 90% sure, always wrong: the first rounds prefetch, then the
+     * calibration has seen enough and no more rows go */
+    ferry_moe_planner *p = mk(1, 64, 8, "lru");
+    uint32_t fetched = 0, late = 0;
+    for (uint32_t r = 0; r < 60; r++) {
+        uint32_t guess = 32 + r % 32, truth = r % 8;
+        FT_ASSERT_OK(ferry_moe_planner_hint(p, 0, 1, &guess, 1, 0.9));
+        ferry_moe_copy_plan plan;
+        int n = ferry_moe_planner_hint_prefetch(p, 4, &plan);
+        FT_ASSERT_OK(n);
+        fetched += (uint32_t)n;
+        if (r >= 20)
+            late += (uint32_t)n;
+        step1(p, 0, truth);
+    }
+    assert_true(fetched >= 1);
+    assert_int_equal(late, 0);
+    assert_int_equal(hstats(p).wrong, 60);
+    /* stated 60% sure and always right: trusted more than stated */
+    ferry_moe_planner_destroy(p);
+    p = mk(1, 64, 8, "lru");
+    for (uint32_t r = 0; r < 40; r++) {
+        uint32_t guess = 32 + r % 32;
+        FT_ASSERT_OK(ferry_moe_planner_hint(p, 0, 1, &guess, 1, 0.6));
+        step1(p, 0, guess);
+    }
+    assert_true(ferry__planner_hint_p(p, 0.6) > 0.8);
     ferry_moe_planner_destroy(p);
 }
 
@@ -561,6 +669,9 @@ int main(void)
         cmocka_unit_test(hint_prefetch_brings_the_best_missing_hints_in),
         cmocka_unit_test(hint_prefetch_never_evicts_a_hint_worth_as_much),
         cmocka_unit_test(prefetch_and_forget_keep_the_pin_counts_with_hints),
+        cmocka_unit_test(a_hint_protects_only_when_surer_than_the_victims_return),
+        cmocka_unit_test(hint_prefetch_scales_with_confidence),
+        cmocka_unit_test(hints_that_do_not_come_true_lose_their_rows),
         cmocka_unit_test(bad_hints_are_refused_and_change_nothing),
         cmocka_unit_test(belady_refuses_hints),
         cmocka_unit_test(random_hints_never_fail_a_step),

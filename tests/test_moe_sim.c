@@ -119,6 +119,41 @@ static void hints_hide_the_link_when_compute_covers_it(void **state)
     ferry_moe_trace_destroy(t);
 }
 
+static void half_right_hints_cost_nothing_at_any_horizon(void **state)
+{
+    (void)state;
+    /* the link about as fast as compute (qwen3 rows at 50 GB/s, 300 us a
+     * layer-step), a quarter of the experts resident: hints that are right
+     * half the time, one layer, two layers or a token ahead, leave the
+     * stall within 1% of LRU's without hints; 90% one layer ahead removes
+     * at least a third of it (the README's run, 256 tokens: half) */
+    ferry_moe_trace *t = generated("qwen3-30b-a3b", 64);
+    const ferry_moe_model *m = ferry_moe_trace_model(t);
+    ferry_moe_sim_options o = FERRY_MOE_SIM_OPTIONS_INIT;
+    o.slots = m->num_layers * m->num_experts / 4;
+    o.compute_us = 300;
+    o.link_gbs = 50;
+    o.policy = "lru";
+    ferry_moe_sim_result none, r;
+    FT_ASSERT_OK(ferry_moe_sim(t, &o, &none));
+    const uint32_t ahead[3] = {1, 2, m->num_layers};
+    for (int i = 0; i < 3; i++) {
+        o.hint_steps = ahead[i];
+        o.hint_accuracy = 0.5;
+        FT_ASSERT_OK(ferry_moe_sim(t, &o, &r));
+        if (r.stall_us > none.stall_us * 1.01)
+            fail_msg("%u steps ahead, 50%% right: stall %.0f us, without hints %.0f", ahead[i],
+                     r.stall_us, none.stall_us);
+    }
+    o.hint_steps = 1;
+    o.hint_accuracy = 0.9;
+    FT_ASSERT_OK(ferry_moe_sim(t, &o, &r));
+    if (r.stall_us > none.stall_us * 2 / 3)
+        fail_msg("1 step ahead, 90%% right: stall %.0f us, without hints %.0f", r.stall_us,
+                 none.stall_us);
+    ferry_moe_trace_destroy(t);
+}
+
 static void a_slow_link_takes_no_hint_that_costs_more_than_it_saves(void **state)
 {
     (void)state;
@@ -254,6 +289,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_hand_computed_timeline),
         cmocka_unit_test(hints_hide_the_link_when_compute_covers_it),
+        cmocka_unit_test(half_right_hints_cost_nothing_at_any_horizon),
         cmocka_unit_test(a_slow_link_takes_no_hint_that_costs_more_than_it_saves),
         cmocka_unit_test(options_are_range_checked),
         cmocka_unit_test(wide_steps_stream_in_the_timeline),

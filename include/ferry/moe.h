@@ -269,8 +269,8 @@ typedef struct ferry_moe_planner_options {
  *  - "belady": Belady's MIN, offline (needs the trace as oracle).
  * Every victim is unpinned (never an expert of the current step); ties go
  * to the lowest slot index. Under every policy, an expert hinted for a
- * later step (ferry_moe_planner_hint) is passed over while another victim
- * can be had.
+ * later step (ferry_moe_planner_hint), likely enough to be right, is
+ * passed over while another victim can be had.
  */
 FERRY_API const char *const *ferry_moe_policies(void);
 /** One line describing a policy, or NULL when unknown. */
@@ -368,10 +368,18 @@ FERRY_API int ferry_moe_planner_prefetch(ferry_moe_planner *p, uint32_t layer,
  * `steps_ahead` layer-steps from now (1: the next ensure() or
  * stream_begin(), e.g. a pre-gating predictor's next layer; num_layers: the
  * next token's same layer, e.g. a speculative draft), with `confidence`
- * 0..1 that they are right. Until that step begins, eviction protects
- * them: victims come from unhinted slots first; only when every other
- * slot is pinned does a hinted expert go, the one of least value first
- * (confidence / steps until its use: the lowest confidence, then the
+ * 0..1 that they are right. The planner calibrates that confidence by
+ * what came true: the probability a hint is right is its confidence times
+ * the share of stated confidence that was right lately (about the last
+ * 1024 of confidence; trusted as stated at first), counted apart for
+ * experts resident when hinted and missing ones (a missing hinted expert
+ * is right less often: a right one was likely resident already). Until
+ * that step begins, eviction protects a hinted expert while that
+ * probability beats the chance that an evicted expert is routed again
+ * within a token (measured on the planner's evictions lately; 1/4 at
+ * first): victims then come from unhinted slots first; only when every
+ * other slot is pinned does a hinted expert go, the one of least value
+ * first (probability / steps until its use: the least likely, then the
  * farthest, then the lowest slot). A hint never makes a step fail: a
  * step's own routed experts always win. When that step begins each
  * hinted expert counts as right (routed there) or wrong, and the hint
@@ -379,7 +387,7 @@ FERRY_API int ferry_moe_planner_prefetch(ferry_moe_planner *p, uint32_t layer,
  * hinted, valued by the nearest and the highest confidence, checked at
  * both. Experts not resident are brought in by
  * ferry_moe_planner_hint_prefetch(), not here. The table is bounded:
- * one record per expert of the model (24 bytes each, allocated at the
+ * one record per expert of the model (33 bytes each, allocated at the
  * first hint). Returns the distinct experts hinted. Errors (nothing
  * changes): -EINVAL for layer >= num_layers, n == 0, an expert >=
  * num_experts, steps_ahead outside 1..FERRY_MOE_MAX_HINT_STEPS, confidence
@@ -389,12 +397,17 @@ FERRY_API int ferry_moe_planner_hint(ferry_moe_planner *p, uint32_t layer, uint3
                                      const uint32_t *experts, uint32_t n, double confidence);
 /**
  * The copy plan for hinted experts that are not resident: the layer of the
- * most valuable one (confidence / steps until its use), at most max_rows
- * of its hinted experts, most valuable first, each placed as a prefetch
- * (pinned until the next step, counted in the prefetch stats) in a free
- * slot, an unhinted victim, or a hinted one of strictly less value; it
- * stops at the first that has no such slot. Call again for the next layer
- * while the link has room. *plan as for ensure(). Returns the rows to copy
+ * most valuable one (calibrated probability / steps until its use), at
+ * most max_rows of its hinted experts, most valuable first, each placed
+ * as a prefetch (pinned until the next step, counted in the prefetch
+ * stats) only where it is expected to save more copies than it costs
+ * (a right row saves one, a wrong one wastes one, an evicted expert that
+ * comes back costs one): an expert whose probability p is at most 1/2 is
+ * skipped; up to (1 + q) / 2 (q: the evicted experts' return rate above)
+ * it takes a free slot only; beyond, a free slot, an unhinted victim, or a
+ * hinted one of strictly less value, and the plan stops at the first that
+ * has no such slot. Call again for the next layer while the link has
+ * room. *plan as for ensure(). Returns the rows to copy
  * (0: nothing hinted is missing, or no room). Errors: -EINVAL (NULL
  * planner), FERRY_ENOTSUP for "belady", FERRY_ESTATE while a streamed step
  * is open, a policy's -ENOMEM.
@@ -818,10 +831,12 @@ typedef struct ferry_moe_sim_result {
  * hint_accuracy by a wrong expert of that layer (or, with hint_trace, the
  * trace's own predictions); eviction protects them until that step. The
  * hinted experts not resident are prefetched, best first
- * (ferry_moe_planner_hint_prefetch), while the link's backlog is shorter
- * than the lead (hint_steps x compute_us), at most the rows whose expected
- * wrong ones cost no more link time than the lead ((1 - accuracy) x rows x
- * copy time <= lead). A prefetched expert its step did not route is then
+ * (ferry_moe_planner_hint_prefetch: only those expected to save more than
+ * they cost), while the link's backlog is shorter than the lead
+ * (hint_steps x compute_us), at most the rows whose expected wrong ones
+ * cost no more link time than the lead ((1 - p) x rows x copy time <=
+ * lead, p the planner's calibrated probability that a missing hinted
+ * expert is right, at most hint_accuracy). A prefetched expert its step did not route is then
  * released (forgotten; its copy cancelled if not started). Deterministic
  * for a seed. Errors: -EINVAL naming the option and its range, the
  * planner's errors, -ENOMEM.

@@ -46,33 +46,73 @@ uint32_t ferry__heap_first_unpinned(ferry__heap *hp, const uint64_t *pin_step, u
 /* ---- the planner's hint table (hints.c) ----
  * At most one record per expert (global id): the nearest step it was
  * predicted for (near, the heap key), the latest (until) and the highest
- * confidence of the hints merged into it. A record is live while its heap
- * holds it: the planner pops every record whose near step has come, counts
- * it right or wrong, and keeps it (near = until) only while until is still
- * ahead. Sized by num_layers x num_experts, allocated at the first hint. */
+ * confidence of the hints merged into it, and whether it was resident when
+ * first hinted. A record is live while its heap holds it: the planner pops
+ * every record whose near step has come, counts it right or wrong, and
+ * keeps it (near = until) only while until is still ahead. Sized by
+ * num_layers x num_experts, allocated at the first hint.
+ *
+ * What a hint is worth is measured, not taken on trust: the share of
+ * stated confidence that came true, apart for hints of experts resident
+ * when hinted and of missing ones (a missing hinted expert is right less
+ * often: right ones were more likely resident already), decayed over
+ * about 1024 of confidence; and how often an evicted expert is routed
+ * again within a token (one step per layer), decayed over about 1024
+ * evictions. */
+#define FERRY__HINT_PRIOR 8.0   /* pseudo-confidence of the calibration's start (trust) */
+#define FERRY__HINT_DECAY 1024.0
 typedef struct ferry__hints {
     ferry__heap heap;  /* live ids by near step */
     uint32_t *pos;
     double *near;      /* per id: heap key */
     uint64_t *until;   /* per id */
     float *conf;       /* per id */
+    uint8_t *missing;  /* per id: not resident when first hinted */
+    uint64_t *ev_at;   /* per id: 1 + the step of its last eviction; 0: none */
+    double cal_right[2], cal_conf[2]; /* [missing when hinted]: right, confidence */
+    double ev_n, ev_regret;           /* evictions, routed again within a token */
 } ferry__hints;
 
 int ferry__hints_init(ferry__hints *h, uint32_t n_ids);
 void ferry__hints_fini(ferry__hints *h);
-/* merge a hint of id for step target (> the current step) at confidence c */
-int ferry__hints_add(ferry__hints *h, uint32_t id, uint64_t target, float c);
+/* merge a hint of id for step target (> the current step) at confidence c;
+ * missing: id is not resident now */
+int ferry__hints_add(ferry__hints *h, uint32_t id, uint64_t target, float c, int missing);
 static inline int ferry__hints_live(const ferry__hints *h, uint32_t id)
 {
     return h->pos && h->pos[id] != UINT32_MAX;
 }
-/* what a live hint is worth at step `now`: its confidence over the steps
- * until its nearest use (>= 1) */
-static inline double ferry__hints_value(const ferry__hints *h, uint32_t id, uint64_t now)
+/* the calibrated probability that a hint of confidence c is right, for an
+ * expert resident (missing 0) or not (1) when hinted */
+static inline double ferry__hints_pc(const ferry__hints *h, double c, int missing)
+{
+    double r = (h->cal_right[missing] + FERRY__HINT_PRIOR) / (h->cal_conf[missing] + FERRY__HINT_PRIOR);
+    double p = c * r;
+    return p > 1 ? 1 : p;
+}
+static inline double ferry__hints_p(const ferry__hints *h, uint32_t id, int missing)
+{
+    return ferry__hints_pc(h, (double)h->conf[id], missing);
+}
+/* what a live hint is worth at step `now`: the probability that it is
+ * right (resident or missing now) over the steps until its nearest use */
+static inline double ferry__hints_value(const ferry__hints *h, uint32_t id, uint64_t now,
+                                        int missing)
 {
     double d = h->near[id] - (double)now;
-    return (double)h->conf[id] / (d < 1 ? 1 : d);
+    return ferry__hints_p(h, id, missing) / (d < 1 ? 1 : d);
 }
+/* the share of evicted experts routed again within a token (a prior of
+ * one in four until evictions are seen) */
+static inline double ferry__hints_reuse(const ferry__hints *h)
+{
+    return (h->ev_regret + 1.0) / (h->ev_n + 4.0);
+}
+/* a hinted expert's step came: right or wrong, for the calibration */
+void ferry__hints_settled(ferry__hints *h, uint32_t id, int right);
+/* id was evicted at step; id missed at step (window: steps of a token) */
+void ferry__hints_evicted(ferry__hints *h, uint32_t id, uint64_t step);
+void ferry__hints_missed(ferry__hints *h, uint32_t id, uint64_t step, uint64_t window);
 /* the live record whose near step is the earliest, if it is <= step: its
  * id, else UINT32_MAX; ferry__hints_next then re-keys it (near = until
  * when until > step) or drops it */
@@ -132,6 +172,9 @@ static inline int ferry__pinned(const ferry__policy *p, uint32_t slot)
 int ferry__routing_check(const ferry__policy *p, char *why, size_t len);
 /* the planner's policy (tests) */
 const ferry__policy *ferry__planner_policy(const ferry_moe_planner *p);
+/* the calibrated probability that a hint of confidence c naming a missing
+ * expert is right (c itself before the first hint) */
+double ferry__planner_hint_p(const ferry_moe_planner *p, double c);
 
 /* the registry */
 const ferry__policy_ops *ferry__policy_find(const char *name);

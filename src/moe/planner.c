@@ -23,10 +23,17 @@
  * whose expert is hinted is "soft pinned" for the rest of the round
  * (pin_step == pin_now, as a pin, so the policy offers another, but
  * soft_at[slot] == pin_now too and n_pinned does not count it), so victims
- * come from unhinted slots first. When the policy has nothing left, the
- * soft pinned slot of least value (confidence over steps to its use) is
- * evicted: a hint never makes a step fail. pin() turns a soft pin into a
- * real one when the step or a prefetch names the slot.
+ * come from unhinted slots first - when the hint is worth it: the
+ * probability that it is right (its confidence, calibrated by how often
+ * hints came true) must beat the chance that the victim taken instead is
+ * routed again within a token (measured on evictions). When the policy has
+ * nothing left, the soft pinned slot of least value (that probability over
+ * steps to its use) is evicted: a hint never makes a step fail. pin() turns
+ * a soft pin into a real one when the step or a prefetch names the slot.
+ * A hint prefetch plans a missing expert only when it is expected to save
+ * more rows than it costs: into a free slot when it is right more often than
+ * not, into a victim's slot only when that margin also pays for the
+ * victim's expected return.
  */
 #include <errno.h>
 #include <math.h>
@@ -324,6 +331,11 @@ const ferry__policy *ferry__planner_policy(const ferry_moe_planner *p)
     return p->pol;
 }
 
+double ferry__planner_hint_p(const ferry_moe_planner *p, double c)
+{
+    return p->hints.pos ? ferry__hints_pc(&p->hints, c, 1) : c;
+}
+
 uint32_t ferry_moe_planner_slots(const ferry_moe_planner *p)
 {
     return p->slots;
@@ -361,6 +373,8 @@ static void drop(ferry_moe_planner *p, uint32_t slot, int evicted)
 {
     uint32_t id = p->occupant[slot];
     p->pol->ops->remove(p->pol, slot, id, evicted);
+    if (evicted && p->hints.pos)
+        ferry__hints_evicted(&p->hints, id, p->step);
     p->where[id] = FERRY_MOE_NONE;
     p->occupant[slot] = FERRY_MOE_NONE;
     if (p->prefetched[slot]) {
@@ -379,13 +393,21 @@ static uint32_t soft_victim(ferry_moe_planner *p, double floor)
         uint32_t s = p->soft_list[i];
         if (!is_soft(p, s) || p->occupant[s] == FERRY_MOE_NONE)
             continue;
-        double v = ferry__hints_value(&p->hints, p->occupant[s], p->step);
+        double v = ferry__hints_value(&p->hints, p->occupant[s], p->step, 0);
         if (v < bv || (v == bv && best != FERRY_MOE_NONE && s < best)) {
             bv = v;
             best = s;
         }
     }
     return best;
+}
+
+/* a resident hinted expert is kept over another victim only when it is
+ * more likely used than an evicted expert is routed again within a token */
+static int protected_hint(const ferry_moe_planner *p, uint32_t id)
+{
+    return ferry__hints_live(&p->hints, id) &&
+           ferry__hints_p(&p->hints, id, 0) > ferry__hints_reuse(&p->hints);
 }
 
 /* find a home for id: a free slot or a victim; returns the slot or NONE.
@@ -404,7 +426,7 @@ static uint32_t place(ferry_moe_planner *p, uint32_t id, double floor)
         if (r == 0 && (slot >= p->slots || p->occupant[slot] == FERRY_MOE_NONE ||
                        p->pin_step[slot] == p->pin_now))
             return FERRY_MOE_NONE; /* (no policy names a pinned slot) */
-        if (r == 0 && !ferry__hints_live(&p->hints, p->occupant[slot])) {
+        if (r == 0 && !protected_hint(p, p->occupant[slot])) {
             drop(p, slot, 1);
             p->st.evictions++;
             return slot;
@@ -499,10 +521,12 @@ static void settle_hints(ferry_moe_planner *p)
 {
     uint32_t id;
     while ((id = ferry__hints_due(&p->hints, p->step)) != UINT32_MAX) {
-        if (p->hints.near[id] == (double)p->step && p->seen[id] == p->gen)
+        int right = p->hints.near[id] == (double)p->step && p->seen[id] == p->gen;
+        if (right)
             p->hst.right++;
         else
             p->hst.wrong++;
+        ferry__hints_settled(&p->hints, id, right);
         ferry__hints_next(&p->hints, id, p->step);
     }
 }
@@ -544,6 +568,8 @@ static uint32_t step_hits(ferry_moe_planner *p, uint32_t nu, uint32_t *nm, uint3
         uint32_t id = p->uniq[i], slot = p->where[id];
         if (slot == FERRY_MOE_NONE) {
             miss[(*nm)++] = id;
+            if (p->hints.pos)
+                ferry__hints_missed(&p->hints, id, p->step, p->L);
             continue;
         }
         pin(p, slot);
@@ -863,7 +889,7 @@ int ferry_moe_planner_hint(ferry_moe_planner *p, uint32_t layer, uint32_t steps_
     }
     for (uint32_t i = 0; i < nu; i++)
         if ((rc = ferry__hints_add(&p->hints, p->uniq[i], p->step + steps_ahead,
-                                   (float)confidence)) < 0)
+                                   (float)confidence, p->where[p->uniq[i]] == FERRY_MOE_NONE)) < 0)
             return ferry__err_set(&p->err, rc, "moe hint: out of memory for %u live hints",
                                   p->hints.heap.n);
     p->hst.hinted += nu;
@@ -887,7 +913,7 @@ static uint32_t hint_candidates(ferry_moe_planner *p, uint32_t *layer)
     double bv = -1;
     for (uint32_t i = 0; i < h->n; i++) {
         uint32_t id = h->h[i];
-        double v = ferry__hints_value(&p->hints, id, p->step);
+        double v = ferry__hints_value(&p->hints, id, p->step, 1);
         if (p->where[id] == FERRY_MOE_NONE && (v > bv || (v == bv && id < best))) {
             bv = v;
             best = id;
@@ -899,7 +925,7 @@ static uint32_t hint_candidates(ferry_moe_planner *p, uint32_t *layer)
     for (uint32_t i = 0; i < h->n; i++) {
         uint32_t id = h->h[i];
         if (id / p->E == *layer && p->where[id] == FERRY_MOE_NONE) {
-            p->hcand[n].v = ferry__hints_value(&p->hints, id, p->step);
+            p->hcand[n].v = ferry__hints_value(&p->hints, id, p->step, 1);
             p->hcand[n++].id = id;
         }
     }
@@ -919,11 +945,23 @@ int ferry_moe_planner_hint_prefetch(ferry_moe_planner *p, uint32_t max_rows,
     if (rc < 0)
         return rc;
     uint32_t layer = 0, nc = max_rows && p->hints.pos ? hint_candidates(p, &layer) : 0, nm = 0;
+    double q = p->hints.pos ? ferry__hints_reuse(&p->hints) : 0;
     for (uint32_t i = 0; i < nc && nm < max_rows; i++) {
-        /* never at the cost of a hinted expert worth as much */
-        uint32_t id = p->hcand[i].id, slot = place(p, id, p->hcand[i].v);
-        if (slot == FERRY_MOE_NONE)
-            break;
+        /* a row saves one copy when right and costs one when wrong (the
+         * link's time), and a victim's return costs another: only when
+         * more is expected saved than spent */
+        uint32_t id = p->hcand[i].id, slot;
+        double pr = ferry__hints_p(&p->hints, id, 1);
+        if (pr <= 0.5)
+            continue;
+        if (pr <= 0.5 * (1 + q)) { /* worth a free slot, not a victim */
+            if (!p->freeh.n)
+                continue;
+            slot = ferry__heap_top(&p->freeh);
+            ferry__heap_remove(&p->freeh, slot);
+        } else if ((slot = place(p, id, p->hcand[i].v)) == FERRY_MOE_NONE) {
+            break; /* never at the cost of a hinted expert worth as much */
+        }
         if ((rc = settle(p, "hint prefetch", layer, slot, id, 1)) < 0)
             return rc;
         p->plan_dst[nm] = slot;

@@ -15,11 +15,14 @@
  *    of the step hint_steps ahead (ferry_moe_planner_hint), which it
  *    protects from eviction until then, and the hinted experts missing are
  *    prefetched best first (ferry_moe_planner_hint_prefetch), so their
- *    copies overlap the compute in between. Rows are sent while the link's
- *    backlog is shorter than that lead, at most those whose expected
- *    wrong ones cost the link no more than the lead saves ((1 - accuracy)
- *    x rows x copy time <= lead): on a link much slower than the compute a
- *    wrong row costs more than a right one saves. A prefetched expert its
+ *    copies overlap the compute in between. The planner plans only rows
+ *    expected to save more than they cost (its calibrated probability of
+ *    a missing hinted expert being right above 1/2, more to take a
+ *    victim's slot); they are sent while the link's backlog is shorter
+ *    than that lead, at most those whose expected wrong ones cost the
+ *    link no more than the lead saves ((1 - p) x rows x copy time <=
+ *    lead): on a link much slower than the compute a wrong row costs more
+ *    than a right one saves. A prefetched expert its
  *    step did not route is released after that step (forgotten, as an
  *    engine would invalidate it; its copy cancelled if not started), so
  *    wrong guesses do not displace experts in use.
@@ -330,7 +333,8 @@ static int pend_add(sim *s, const ferry_moe_copy_plan *plan)
 /* hint the step hint_steps ahead, then prefetch what hints name and is
  * missing, best first: while the link can start it within the hint's
  * lead, and no more rows than whose expected wrong ones cost the link
- * less than that lead saves ((1 - confidence) x rows x copy time <= lead) */
+ * less than that lead saves ((1 - p) x rows x copy time <= lead, p the
+ * planner's calibrated probability, at most the stated accuracy) */
 static int hint(sim *s, const ferry_moe_sim_options *o, size_t i, uint32_t active)
 {
     int rc = hint_give(s, o, i);
@@ -342,7 +346,8 @@ static int hint(sim *s, const ferry_moe_sim_options *o, size_t i, uint32_t activ
         return 0;
     uint32_t cap = slots - active;
     double mean = s->xfer_us * (1 - s->nvme_share) + s->nvme_us * s->nvme_share;
-    double wrong = (1 - o->hint_accuracy) * mean;
+    double right = ferry__planner_hint_p(s->p, o->hint_accuracy); /* calibrated, missing */
+    double wrong = (1 - (right < o->hint_accuracy ? right : o->hint_accuracy)) * mean;
     if (wrong > 0 && lead / wrong < cap)
         cap = (uint32_t)(lead / wrong);
     ferry_moe_copy_plan plan;
