@@ -175,7 +175,9 @@ class KVStore(Closing):
             l2="/nvme/ferry:512G", persistent=False, ...)
     KVStore(model="llama3-8b", layout=Layout(...), server="unix:/run/ferry/ferry.sock")
 
-    l1: host pool size; l2: "DIR:SIZE" (or l2_dir= and l2_bytes=);
+    l1: host pool size; l2: "DIR:SIZE" (or l2_dir= and l2_bytes=), or a
+    list of them, one per drive with the same SIZE (one L2 striped across
+    them; a persistent one is reopened with the same list, in order);
     persistent: the L2 survives close and restarts (chunks written
     through before close or sync are found again); remote: a redis://
     URL. server: the daemon owns the tiers (l1/l2/remote are its own) and
@@ -197,11 +199,23 @@ class KVStore(Closing):
             raise ValueError("ferry: an in-process store needs l1 (its host pool size)")
         elif lookup_only:
             raise ValueError("ferry: lookup_only is for a store opened with server=")
+        l2_dirs = None
         if l2 is not None:
-            d, sep, sz = str(l2).rpartition(":")
-            if not sep or not d:
-                raise ValueError(f"ferry: l2 is 'DIR:SIZE', got {l2!r}")
-            l2_dir, l2_bytes = d, sz
+            specs = [l2] if isinstance(l2, (str, bytes, os.PathLike)) else list(l2)
+            parsed = []
+            for spec in specs:
+                d, sep, sz = os.fsdecode(spec).rpartition(":")
+                if not sep or not d:
+                    raise ValueError(f"ferry: l2 is 'DIR:SIZE' or a list of them, got {spec!r}")
+                parsed.append((d, parse_size(sz)))
+            if not parsed or len({sz for _, sz in parsed}) != 1:
+                raise ValueError("ferry: l2 directories need one SIZE, the same on each "
+                                 f"(the slab is striped evenly), got {l2!r}")
+            l2_bytes = parsed[0][1]
+            if len(parsed) == 1:
+                l2_dir = parsed[0][0]
+            else:
+                l2_dirs = [d for d, _ in parsed]
         self.layout = layout
         self._strs = []
         c = A.KVConfig()
@@ -214,6 +228,11 @@ class KVStore(Closing):
         if l2_dir is not None:
             c.l2_dir = self._s(os.fspath(l2_dir))
             c.l2_bytes = parse_size(l2_bytes if l2_bytes is not None else 0)
+        if l2_dirs:
+            self._l2_dirs = (ctypes.c_char_p * len(l2_dirs))(*[self._s(d) for d in l2_dirs])
+            c.l2_dirs = ctypes.cast(self._l2_dirs, ctypes.POINTER(ctypes.c_char_p))
+            c.l2_n_dirs = len(l2_dirs)
+            c.l2_bytes = l2_bytes
         c.l2_direct = 1 if l2_direct else 0
         c.l2_engine = self._s(l2_engine)
         pol = {"lru": 0, "s3fifo": 1}

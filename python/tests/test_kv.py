@@ -196,6 +196,31 @@ def test_persistent_l2_survives_reopen(l2dir):
         assert e.value.name == "FERRY_EBUSY"
 
 
+def test_persistent_l2_over_two_directories(tmp_path):
+    lay = small_layout()
+    src = np.random.default_rng(5).standard_normal((2, 3, 64, 16)).astype(np.float32)
+    l1 = 8 * CHUNK * lay.token_bytes
+    a, b = str(tmp_path / "nvme0"), str(tmp_path / "nvme1")
+    l2 = [f"{a}:8M", f"{b}:8M"]
+    with store_for(lay, l1=l1, l2=l2, persistent=True, l2_direct=False) as s:
+        slot = -(-s.chunk_bytes // 4096) * 4096  # chunks of 4 KiB-aligned slots
+        assert s.stats()["tier"]["l2"]["capacity_bytes"] == (16 << 20) // slot * s.chunk_bytes
+        assert s.store(range(64), src) == 64
+        assert s.sync() == 4
+    with store_for(lay, l1=l1, l2=l2, persistent=True, l2_direct=False) as s:
+        hit, tiers = s.lookup_tiers(range(64))
+        assert hit == 64 and tiers[0] == "l2"
+        dst = np.zeros_like(src)
+        assert s.retrieve(range(64), dst) == 64
+        assert np.array_equal(dst, src)
+    # another order is refused, nothing changed; sizes must agree
+    with pytest.raises(FerryError) as e:
+        store_for(lay, l1=l1, l2=l2[::-1], persistent=True, l2_direct=False)
+    assert e.value.name == "FERRY_EMISMATCH"
+    with pytest.raises(ValueError):
+        store_for(lay, l1=l1, l2=[f"{a}:8M", f"{b}:4M"], persistent=True)
+
+
 def test_stats_prometheus_and_collector():
     from prometheus_client import CollectorRegistry, generate_latest
     from ferry.prometheus import KVCollector
