@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ferry/testctl.h"
 #include "ferry_test.h"
 #include "kv/kv_impl.h"
 #include "kv/proto.h"
@@ -811,6 +812,103 @@ static void test_prefetch(void **state)
     free(dst.mem);
 }
 
+/* the starts of this process's mappings of the L1 pool memfd (the
+ * daemon's, in its thread, and each client's); how many */
+static size_t pool_maps(void **out, size_t max)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    assert_non_null(f);
+    char line[512];
+    size_t n = 0;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, "memfd:ferry-l1") && n < max)
+            out[n++] = (void *)(uintptr_t)strtoull(line, NULL, 16);
+    fclose(f);
+    return n;
+}
+
+/* how many of the pool mappings are registered with dev (a pin of their
+ * first page overlaps one: FERRY_EEXIST) */
+static int pool_maps_pinned(ferry_device *dev)
+{
+    void *m[8];
+    size_t n = pool_maps(m, 8);
+    int pinned = 0;
+    for (size_t i = 0; i < n; i++) {
+        int r = ferry_device_pin(dev, m[i], 4096);
+        if (r == 0)
+            FT_ASSERT_OK(ferry_device_unpin(dev, m[i]));
+        else if (r == FERRY_EEXIST)
+            pinned++;
+        else
+            fail_msg("pin of a pool page: %s", ferry_strerror(r));
+    }
+    return pinned;
+}
+
+/* device buffers through the daemon: the client registers the mapped pool
+ * with its device (and unregisters it before unmapping it), moves every
+ * byte between device memory and the slots, and still works, unregistered,
+ * when the device refuses the registration */
+static void test_device_buffers(void **state)
+{
+    (void)state;
+    srv v;
+    srv_start(&v, 16);
+    ferry_device_options dopt = FERRY_DEVICE_OPTIONS_INIT;
+    dopt.backend = "host";
+    ferry_device *dev = NULL;
+    FT_ASSERT_OK(ferry_device_open(&dopt, &dev));
+    enum { N = 6 * CT };
+    size_t bytes = PLANES * (size_t)N * TB;
+    hbuf src;
+    hbuf_init(&src, N, 21);
+    ferry_devptr a = 0, b = 0;
+    FT_ASSERT_OK(ferry_device_alloc(dev, bytes, &a));
+    FT_ASSERT_OK(ferry_device_alloc(dev, bytes, &b));
+    FT_ASSERT_OK(ferry_device_upload(dev, a, src.mem, bytes));
+    ferry_kv_buffer da = FERRY_KV_BUFFER_INIT, db;
+    da.layout = ft_kv_layout(TB);
+    da.mem = FERRY_KV_MEM_DEVICE;
+    da.base = a;
+    da.capacity_tokens = N;
+    db = da;
+    db.base = b;
+    unsigned char *back = malloc(bytes);
+    assert_non_null(back);
+    for (int refuse = 0; refuse < 2; refuse++) {
+        int32_t tok[N];
+        make_tokens(tok, N, 300 + (unsigned)refuse);
+        if (refuse) { /* the next pin (the client's registration) fails */
+            ferry_device_faults f = FERRY_DEVICE_FAULTS_INIT;
+            f.fail_nth = 1;
+            f.fault_mask = FERRY_FAULT_ALLOC;
+            FT_ASSERT_OK(ferry_test_control(FERRY_TEST_DEVICE_FAULTS, dev, &f));
+        }
+        ferry_kv_config c = client_config();
+        c.device = dev;
+        ferry_kv *kv = NULL;
+        FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+        assert_int_equal(ferry_kv_lookup(kv, tok, N, NULL), 0); /* connects */
+        if (refuse)
+            FT_ASSERT_OK(ferry_test_control(FERRY_TEST_DEVICE_FAULTS, dev, NULL));
+        assert_int_equal(pool_maps_pinned(dev), refuse ? 0 : 1);
+        FT_ASSERT_OK(ferry_device_memset(dev, b, 0, bytes));
+        assert_int_equal(ferry_kv_store(kv, tok, N, NULL, &da), N);
+        assert_int_equal(ferry_kv_retrieve(kv, tok, N, NULL, &db), N);
+        FT_ASSERT_OK(ferry_device_download(dev, back, b, bytes));
+        assert_memory_equal(back, src.mem, bytes);
+        ferry_kv_close(kv);
+        assert_int_equal(pool_maps_pinned(dev), 0); /* unregistered, then unmapped */
+    }
+    free(back);
+    FT_ASSERT_OK(ferry_device_free(dev, a));
+    FT_ASSERT_OK(ferry_device_free(dev, b));
+    ferry_device_close(dev);
+    srv_stop(&v);
+    free(src.mem);
+}
+
 /* ---- bad input: the client gets an error, the daemon serves on ---- */
 
 static void test_bad_frames(void **state)
@@ -1153,6 +1251,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_client_killed_mid_store, setup, teardown),
         cmocka_unit_test_setup_teardown(test_daemon_killed_and_restarted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prefetch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_device_buffers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_frames, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_never_reads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_many_connections, setup, teardown),

@@ -332,6 +332,11 @@ typedef struct ferry_kv_config {
      * the chunk up to the daemon's L1) and ends with it: a reconnect
      * forgets the pins. One store's calls (and the asynchronous
      * operations, run on its workers) take turns on its one connection.
+     * With device set, the mapped pool is registered with that device
+     * (ferry_device_pin) for each connection and unregistered before it is
+     * unmapped, so device buffers move by DMA between the engine's memory
+     * and the slots; a refused registration is logged and copies go
+     * unregistered.
      */
     const char *server;
     /** How long one round trip to the server may take; 0 -> 2000 ms. */

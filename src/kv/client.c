@@ -26,6 +26,9 @@ void ferry__kvc_drop(ferry__kvc *c)
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
+    if (c->pool_dev) /* registered with the store's device: unregister first */
+        (void)ferry_device_unpin(c->pool_dev, c->pool);
+    c->pool_dev = NULL;
     if (c->pool)
         munmap(c->pool, c->pool_bytes);
     c->pool = NULL;
@@ -246,6 +249,19 @@ static int map_pool(ferry_kv *kv, ferry__kvc *c, const ferry__proto_hello *g, in
                              c->path, (unsigned long long)g->pool_bytes, strerror(errno));
     c->pool = m;
     c->pool_bytes = (size_t)g->pool_bytes;
+    /* with a device, the mapping is registered with it (page-locked, as an
+     * in-process L1 is pinned), so device buffers move by DMA straight
+     * between the engine's memory and the slots; refused (a locked-memory
+     * limit), copies still work, through the driver's own staging */
+    if (kv->dev) {
+        int r = ferry_device_pin(kv->dev, m, c->pool_bytes);
+        if (r == 0)
+            c->pool_dev = kv->dev;
+        else
+            FERRY_LOGW("kv server %s: registering its pool (%zu bytes) with device %s: %s; "
+                       "device copies go unregistered", c->path, c->pool_bytes,
+                       ferry_device_name(kv->dev), ferry_strerror(r));
+    }
     c->slot_bytes = g->slot_bytes;
     c->nslots = g->nslots;
     return 0;

@@ -25,6 +25,7 @@ typedef struct ferry__kvc {
     uint32_t timeout_ms;
     int want_pool;                /* 0: lookups only (no pool mapped) */
     unsigned char *pool;          /* the daemon's L1 pool, mapped shared */
+    ferry_device *pool_dev;       /* the device pool is registered with, or NULL */
     size_t pool_bytes;
     uint64_t slot_bytes, nslots;
     uint64_t rid;                 /* the last request id */
