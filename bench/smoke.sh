@@ -27,6 +27,7 @@ run "$build/ferry" moe bench --quick --device host --json
 run "$build/ferry" kv bench --model tiny --docs 4 --doc-tokens 2048 --questions 16 --l1 8M --dir "$dir" --l2 32M --json
 run "$build/ferry" kv bench --model tiny --docs 4 --doc-tokens 2048 --questions 16 --l1 8M --dir "$dir/kvp" --create --l2 32M --persistent --persist-rounds 1 --no-refs --json
 run "$build/ferry" kv bench --model tiny --docs 2 --doc-tokens 1024 --questions 8 --l1 8M --device host --paged 16 --no-refs --json
+run "$build/ferry" kv bench --model tiny --docs 1 --doc-tokens 2048 --l1 8M --layerwise 2 --device host --paged 16
 run "$build/ferry" kv bench --workload chat --model tiny --sessions 4 --turns 4 --turn-tokens 512 --l1 4M --policy s3fifo --no-refs --plot "$dir/kv_hit_rate.png"
 run "$build/ferry" bench gds --dir "$dir" --size 64M --chunk 8M --rounds 1 --alloc-ops 200000
 run "$build/ferry" bench gds --dir "$dir/d0" --dir "$dir/d1" --create --size 32M --chunk 4M --device host --rounds 1 --alloc-ops 100000 --json
@@ -50,5 +51,6 @@ FERRY_LIB="$build/libferry.so.0" run /usr/bin/python3 bench/py_overhead.py --bui
   for _ in $(seq 500); do "$build/ferry" serve status --socket "$dir/ferry.sock" >/dev/null 2>&1 && break; sleep 0.02; done
   run "$build/ferry" serve status --socket "$dir/ferry.sock"
   run "$build/ferry" kv bench --model tiny --docs 4 --doc-tokens 2048 --questions 16 --l1 8M --server "unix:$dir/ferry.sock" --clients 2 --no-refs --json
+  run "$build/ferry" kv bench --model tiny --docs 1 --doc-tokens 2048 --l1 8M --server "unix:$dir/ferry.sock" --layerwise 2 --json
   kill -TERM $spid; wait $spid
 )

@@ -47,6 +47,10 @@ static void usage(FILE *f)
             "                           each reopen the store and retrieve every document from\n"
             "                           the drive into plain host memory (needs --dir; with\n"
             "                           --server, the daemon's L2 and a new client each round)\n"
+            "  --layerwise N            only the layer-by-layer retrieve: the first prompt stored\n"
+            "                           once, then N rounds of the plain retrieve, the layerwise\n"
+            "                           one (time to its first layer and to its last) and memcpy\n"
+            "                           of the same bytes (with --server: through the daemon)\n"
             "  --policy lru|s3fifo      eviction (default lru)\n"
             "  --device host|cuda       the engine buffer in that device's memory (the store's\n"
             "                           device; host: the host backend standing in for a GPU);\n"
@@ -63,9 +67,10 @@ static void usage(FILE *f)
             "  --question-tokens 0..65536, --sessions 1..65536, --turns 1..4096, --turn-tokens\n"
             "  1..1048576, --chunk-tokens 1..65536, --layers 1..1024, --heads 1..1024,\n"
             "  --head-dim 1..4096, --paged 1..65536, --persist-rounds 0..%d, --cold 1..%d,\n"
+            "  --layerwise 1..%d,\n"
             "  --zipf 0..10, --l1/--l2 4K..16T;\n"
             "  all prompts at most 2^28 tokens, the longest prompt's KV at most 8 GiB\n",
-            PC_MAX_ROUNDS, COLD_MAX_ROUNDS);
+            PC_MAX_ROUNDS, COLD_MAX_ROUNDS, LAYERWISE_MAX_ROUNDS);
 }
 
 /* a count option: flag, its field, its range */
@@ -90,6 +95,7 @@ static const num_opt num_opts[] = {
     {"--persist-rounds", offsetof(opts, persist_rounds), 0, PC_MAX_ROUNDS},
     {"--cold", offsetof(opts, cold_rounds), 1, COLD_MAX_ROUNDS},
     {"--paged", offsetof(opts, paged), 1, 65536},
+    {"--layerwise", offsetof(opts, layerwise_rounds), 1, LAYERWISE_MAX_ROUNDS},
 };
 
 static int parse_check(opts *o, int l2_given, int engine_given, int create);
@@ -394,7 +400,8 @@ static int measure_and_report(opts *o, const ferry_kv_layout *l, uint64_t chunk,
 int cmd_kv_bench(int argc, char **argv)
 {
     opts o = {"qa", "llama3-8b", NULL, "lru", NULL, NULL, 2ull << 30, 8ull << 30, 8, 4096, 64, 64,
-              8, 6, 512, 256, 0, 0, 0, 1.0, 1, 0, 1, 0, NULL, "", 5, NULL, 0, NULL, 0, 0, NULL, 8};
+              8, 6, 512, 256, 0, 0, 0, 1.0, 1, 0, 1, 0, NULL, "", 5, NULL, 0, NULL, 0, 0, NULL, 8,
+              0};
     int rc = parse(argc, argv, &o);
     if (rc)
         return rc < 0 ? 0 : rc;
@@ -423,6 +430,12 @@ int cmd_kv_bench(int argc, char **argv)
         print_header(&o, &l, chunk);
     run_result rr;
     double wall = 0;
+    if (o.layerwise_rounds) {
+        rc = kvb_layerwise_run(&o, &l, &w, chunk);
+        kvb_workload_free(&w);
+        ferry_device_close(o.dev);
+        return rc;
+    }
     if (o.cold_rounds) {
         o.persistent = 1; /* (the header says so) */
         rc = cold_only(&o, &l, chunk, &w);

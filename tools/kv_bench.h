@@ -52,6 +52,7 @@ typedef struct opts {
     unsigned cold_rounds;    /* --cold N: only the L2-only retrieve figure, N rounds */
     const char *server;      /* --server URL: the run's store is a `ferry serve` daemon's */
     unsigned clients;        /* --clients N: processes asking the daemon at once (8) */
+    unsigned layerwise_rounds; /* --layerwise N: only the layer-by-layer retrieve figure */
 } opts;
 
 /* ---- the workload: a list of prompts (kv_bench_workload.c) ---- */
@@ -191,6 +192,11 @@ int kvb_cold_run(const opts *o, const ferry_kv_layout *l, const workload *w, uin
                  cold_result *c);
 json_t *kvb_cold_json(const opts *o, const cold_result *c);
 void kvb_cold_print(const opts *o, const cold_result *c);
+
+/* ---- --layerwise N: time to the first layer (kv_bench_layers.c) ---- */
+#define LAYERWISE_MAX_ROUNDS 1000
+/* the figure, printed (o->json: as JSON); 0, or 1/2 after a printed failure */
+int kvb_layerwise_run(const opts *o, const ferry_kv_layout *l, const workload *w, uint64_t chunk);
 
 /* ---- --server URL: lookups through a daemon (kv_bench_server.c) ---- */
 typedef struct srv_lookup {
