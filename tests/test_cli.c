@@ -225,6 +225,15 @@ static void replay_checks_slots_against_the_trace(void **state)
     expect_usage("moe replay @/small.jsonl --sweep --budgets 25%,,50%", "--budgets", "accepted: ");
     run_ferry("moe replay @/small.jsonl --slots 16", r);
     assert_int_equal(r->status, 0);
+    /* the default policy is auto, in replay and in the timeline (next to lru) */
+    run_ferry("moe replay @/small.jsonl --slots 16 --json", r);
+    assert_int_equal(r->status, 0);
+    assert_non_null(strstr(r->out, "{\"policy\":\"auto\","));
+    run_ferry("moe sim @/small.jsonl --expert-bytes 1M --json", r);
+    assert_int_equal(r->status, 0);
+    assert_non_null(strstr(r->out, "\"policy\":\"lru\","));
+    assert_non_null(strstr(r->out, "\"policy\":\"auto+hints\","));
+    assert_null(strstr(r->out, "\"policy\":\"routing\","));
     /* below a layer: P% of 4 x 16 is what the JSON says was used */
     run_ferry("moe replay @/small.jsonl --slots 6.25% --json", r);
     assert_int_equal(r->status, 0);

@@ -447,7 +447,9 @@ static void replay_usage(void)
            "                 at most %zu steps)\n"
            "  --slots        top-k..layers x experts, or P%% of layers x experts (the\n"
            "                 layers the trace holds; default 25%%); never adjusted\n"
-           "  --policy       one of the policies below (default routing)\n"
+           "  --policy       one of the policies below (default auto: never measured\n"
+           "                 more than 0.1 point below lru, and routing's hits where\n"
+           "                 routing is better)\n"
            "  --expert-bytes 1..1T (default: the trace's)\n"
            "  --budgets      up to 32 of --slots' values; --policies up to 16 policies\n"
            "  --stage        a capture's stage to read (default: its only stage, else\n"
@@ -509,7 +511,7 @@ static int replay_one(const char *cmd, const ferry_moe_trace *t, const char *pol
 int cmd_moe_replay(int argc, char **argv)
 {
     const char *cmd = "moe replay";
-    const char *path = NULL, *slots_s = NULL, *policy = "routing", *plot = NULL, *stage = NULL;
+    const char *path = NULL, *slots_s = NULL, *policy = "auto", *plot = NULL, *stage = NULL;
     char *budgets = NULL, *policies = NULL;
     uint64_t expert_bytes = 0;
     int json = 0, sweep = 0;

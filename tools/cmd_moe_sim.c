@@ -2,7 +2,7 @@
  * cmd_moe_sim.c - `ferry moe sim`: the decode timeline of a trace for each
  * policy, with and without hints, next to its two bounds.
  *
- *   ferry moe sim TRACE [--budgets 12.5%,25%] [--policies lru,routing]
+ *   ferry moe sim TRACE [--budgets 12.5%,25%] [--policies lru,auto]
  *                 [--compute-us F] [--link-gbs F] [--nvme-share F --nvme-gbs F]
  *                 [--expert-bytes SIZE] [--model M]
  *                 [--hint-steps N] [--hint-accuracy F] [--hints made|trace] [--seed S]
@@ -32,7 +32,7 @@ typedef struct row {
 
 static void usage(void)
 {
-    printf("usage: ferry moe sim TRACE [--budgets 12.5%%,25%%] [--policies lru,routing]\n"
+    printf("usage: ferry moe sim TRACE [--budgets 12.5%%,25%%] [--policies lru,auto]\n"
            "          [--compute-us F] [--link-gbs F] [--nvme-share F --nvme-gbs F]\n"
            "          [--expert-bytes SIZE] [--model M]\n"
            "          [--hint-steps N] [--hint-accuracy F] [--hints made|trace]\n"
@@ -43,7 +43,7 @@ static void usage(void)
            "from the trace (a share 1 - F of each replaced by wrong experts); next to\n"
            "every expert resident and Belady's misses on a link that never idles.\n"
            "  --budgets        up to %d slot counts or P%% (of layers x experts)\n"
-           "  --policies       up to %d (default lru,routing)\n"
+           "  --policies       up to %d (default lru,auto: the baseline and the default)\n"
            "  --compute-us     per layer-step, (0, 1e9] (default 100)\n"
            "  --link-gbs       host -> device, (0, 1e6] (default 25)\n"
            "  --nvme-share     0..1 of the experts' rows on NVMe (default 0), copied at\n"
@@ -307,7 +307,7 @@ int cmd_moe_sim(int argc, char **argv)
                               "makes one)");
     char bcopy[512], pcopy[256], acc[256];
     snprintf(bcopy, sizeof bcopy, "%s", b ? b : "12.5%,25%");
-    snprintf(pcopy, sizeof pcopy, "%s", pols ? pols : "lru,routing");
+    snprintf(pcopy, sizeof pcopy, "%s", pols ? pols : "lru,auto");
     {
         char check[256], *pl[MAX_POLICIES];
         snprintf(check, sizeof check, "%s", pcopy);
