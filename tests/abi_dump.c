@@ -96,6 +96,10 @@ int main(void)
     PS(evictions); PS(forgotten); PS(prefetch_requests); PS(prefetch_fetched); PS(prefetch_hits);
     PS(prefetch_wasted); PS(prefetch_bytes); PS(prefetch_wasted_bytes); E();
 #undef PS
+#define HS(f) F(ferry_moe_hint_stats, f)
+    S(ferry_moe_hint_stats); HS(size); HS(hinted); HS(right); HS(wrong); HS(saves); HS(evicted);
+    HS(fetched); HS(live); E();
+#undef HS
 #define RR(f) F(ferry_moe_replay_result, f)
     S(ferry_moe_replay_result); RR(policy); RR(slots); RR(steps); RR(hits); RR(misses);
     RR(hit_rate); RR(host_bytes); RR(evictions); RR(ns_per_step); E();

@@ -118,6 +118,11 @@ class MoePlannerStats(_Sized):
         "prefetch_wasted_bytes")]
 
 
+class MoeHintStats(_Sized):
+    _fields_ = [("size", _size)] + [(n, _u64) for n in (
+        "hinted", "right", "wrong", "saves", "evicted", "fetched", "live")]
+
+
 class MoeReplayResult(ctypes.Structure):
     _fields_ = [("policy", ctypes.c_char * 32), ("slots", _u32), ("steps", _u64), ("hits", _u64),
                 ("misses", _u64), ("hit_rate", _dbl), ("host_bytes", _u64), ("evictions", _u64),
@@ -140,5 +145,6 @@ STRUCTS = {
     "ferry_moe_copy_plan": MoeCopyPlan,
     "ferry_moe_counts": MoeCounts,
     "ferry_moe_planner_stats": MoePlannerStats,
+    "ferry_moe_hint_stats": MoeHintStats,
     "ferry_moe_replay_result": MoeReplayResult,
 }

@@ -11,6 +11,15 @@ executor that copies only the rows that are missing.
 Banks hold the rows packed [layer][expert][row bytes] (bank b's row of
 expert e of layer l at ((l * num_experts) + e) * row_bytes[b]); the same
 layout in a file (bank after bank) is a source too (rows_file=).
+
+Predicted routes (a pre-gating predictor's next layer, a speculative draft's
+next tokens) go to the planner as hints, with a confidence:
+
+    pool.hint(layer + 1, 1, predicted, confidence=0.9)   # the next ensure()
+    pool.hint_prefetch(max_rows=4)                       # copy the likely ones now
+    pool.hint_stats()                                    # right, wrong, fetched, ...
+
+The planner alone (no memory, no copies) is ferry.moe.Planner.
 """
 import ctypes
 import os
@@ -55,6 +64,112 @@ def _bank_bytes(x):
         raise ValueError("ferry: an expert bank must be contiguous")
     item = x.element_size() if is_torch(x) else x.dtype.itemsize
     return addr, n * item
+
+
+def _u32s(experts):
+    ex = np.ascontiguousarray(np.asarray(experts), dtype=np.uint32)
+    return ex, ex.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32))
+
+
+def _plan_dict(plan):
+    n = plan.n
+    return {"layer": plan.layer, "dst_slots": [plan.dst_slots[i] for i in range(n)],
+            "src_rows": [plan.src_rows[i] for i in range(n)]}
+
+
+def _hint(handle, layer, steps_ahead, experts, confidence):
+    ex, ptr = _u32s(experts)
+    return check(lib.ferry_moe_planner_hint(handle, layer, steps_ahead, ptr, ex.size,
+                                            float(confidence)), f"hint layer {layer}")
+
+
+def _hint_stats(handle):
+    s = A.MoeHintStats()
+    check(lib.ferry_moe_planner_hint_stats_get(handle, ctypes.byref(s)), "hint stats")
+    return {f: getattr(s, f) for f, _ in A.MoeHintStats._fields_ if f != "size"}
+
+
+def _planner_stats(handle):
+    s = A.MoePlannerStats()
+    check(lib.ferry_moe_planner_stats_get(handle, ctypes.byref(s)), "stats")
+    return {f: getattr(s, f) for f, _ in A.MoePlannerStats._fields_ if f != "size"}
+
+
+class Planner(Closing):
+    """The planner of ferry/moe.h alone: which expert lives in which of
+    `slots` slots, decided by an eviction policy (None: the library's
+    default), with no memory and no copies - ensure() returns the slots
+    and the copy plan for your own executor."""
+
+    def __init__(self, num_layers, num_experts, slots, policy=None, expert_bytes=0):
+        self._h = None
+        po = A.MoePlannerOptions(num_layers=num_layers, num_experts=num_experts, slots=slots,
+                                 expert_bytes=expert_bytes)
+        self._policy = policy.encode() if policy is not None else None
+        po.policy = self._policy
+        h = ctypes.c_void_p()
+        check(lib.ferry_moe_planner_create(ctypes.byref(po), ctypes.byref(h)), "planner create")
+        self._h = h
+        self.num_layers, self.num_experts, self.slots = num_layers, num_experts, slots
+
+    def close(self):
+        if getattr(self, "_h", None):
+            lib.ferry_moe_planner_destroy(self._h)
+            self._h = None
+
+    def _need(self):
+        if not self._h:
+            raise FerryError(-9, "the planner is closed", "Planner")
+        return self._h
+
+    def ensure(self, layer, experts):
+        """One layer of one step: (the slot of each expert in the order given,
+        the copy plan {"layer", "dst_slots", "src_rows"} of the rows to move).
+        self.last_counts says what the step found."""
+        h = self._need()
+        ex, ptr = _u32s(experts)
+        slots = (ctypes.c_uint32 * max(ex.size, 1))()
+        plan, counts = A.MoeCopyPlan(), A.MoeCounts()
+        check(lib.ferry_moe_planner_ensure(h, layer, ptr, ex.size, slots, ctypes.byref(plan),
+                                           ctypes.byref(counts)), f"ensure layer {layer}")
+        self.last_counts = {f: getattr(counts, f) for f, _ in A.MoeCounts._fields_}
+        return [slots[i] for i in range(ex.size)], _plan_dict(plan)
+
+    def hint(self, layer, steps_ahead, experts, confidence=1.0):
+        """`experts` of `layer` are expected at the step `steps_ahead` layer-steps
+        from now (1: the next ensure()), right with probability `confidence`:
+        eviction keeps them while that (calibrated) is worth more than what it
+        evicts instead. Returns the distinct experts hinted."""
+        return _hint(self._need(), layer, steps_ahead, experts, confidence)
+
+    def hint_prefetch(self, max_rows):
+        """The copy plan of up to max_rows hinted experts that are missing, the
+        most valuable layer first, only those expected to save more copies
+        than they cost ({"layer", "dst_slots", "src_rows"}; empty: none)."""
+        plan = A.MoeCopyPlan()
+        check(lib.ferry_moe_planner_hint_prefetch(self._need(), max_rows, ctypes.byref(plan)),
+              "hint prefetch")
+        return _plan_dict(plan)
+
+    def hint_stats(self):
+        """hinted, right, wrong, saves, evicted, fetched, live."""
+        return _hint_stats(self._need())
+
+    def stats(self):
+        return _planner_stats(self._need())
+
+    def lookup(self, layer, expert):
+        """The slot holding (layer, expert), or None."""
+        s = lib.ferry_moe_planner_lookup(self._need(), layer, expert)
+        return None if s == 0xFFFFFFFF else s
+
+    def forget(self, slot):
+        """The slot's copy failed: it becomes free and its expert missing."""
+        check(lib.ferry_moe_planner_forget(self._need(), slot), f"forget slot {slot}")
+
+    @property
+    def policy(self):
+        return lib.ferry_moe_planner_policy(self._need()).decode()
 
 
 class ExpertPool(Closing):
@@ -161,8 +276,7 @@ class ExpertPool(Closing):
                                            ex.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)), n,
                                            slots, ctypes.byref(plan), ctypes.byref(counts)),
               f"ensure layer {layer}")
-        check(lib.ferry_moe_slots_apply(self._slots, ctypes.byref(plan), self._rows, None, None),
-              f"apply layer {layer}")
+        self._apply(plan, f"apply layer {layer}")
         self.last_counts = {f: getattr(counts, f) for f, _ in A.MoeCounts._fields_}
         return [slots[i] for i in range(n)]
 
@@ -205,9 +319,46 @@ class ExpertPool(Closing):
 
     def stats(self):
         self._need()
-        s = A.MoePlannerStats()
-        check(lib.ferry_moe_planner_stats_get(self._planner, ctypes.byref(s)), "stats")
-        return {f: getattr(s, f) for f, _ in A.MoePlannerStats._fields_ if f != "size"}
+        return _planner_stats(self._planner)
+
+    # -- hints --
+    def hint(self, layer, steps_ahead, experts, confidence=1.0):
+        """Predicted routes: `experts` of `layer` at the step `steps_ahead`
+        layer-steps from now (1: the next ensure()), right with probability
+        `confidence` (see Planner.hint). Returns the distinct experts hinted."""
+        self._need()
+        return _hint(self._planner, layer, steps_ahead, experts, confidence)
+
+    def hint_prefetch(self, max_rows=8):
+        """Copy up to max_rows hinted experts that are missing into slots now
+        (those expected to save more copies than they cost, the most valuable
+        layer first), so a later ensure() finds them. Returns the rows copied."""
+        self._need()
+        plan = A.MoeCopyPlan()
+        n = check(lib.ferry_moe_planner_hint_prefetch(self._planner, max_rows, ctypes.byref(plan)),
+                  "hint prefetch")
+        if n:
+            self._apply(plan, f"apply hint prefetch of layer {plan.layer}")
+        return n
+
+    def _apply(self, plan, what):
+        """Copy a plan's rows; slots a failure leaves unknown are forgotten by
+        the planner too, so the two never disagree on an occupant."""
+        unknown = (ctypes.c_uint32 * max(self.slots, 1))()
+        n_unknown = ctypes.c_uint32(0)
+        rc = lib.ferry_moe_slots_apply(self._slots, ctypes.byref(plan), self._rows, unknown,
+                                       ctypes.byref(n_unknown))
+        if rc < 0:
+            msg = lib.ferry_last_error().decode(errors="replace")
+            for i in range(n_unknown.value):
+                lib.ferry_moe_planner_forget(self._planner, unknown[i])
+            raise FerryError(rc, msg or None, what)
+        return rc
+
+    def hint_stats(self):
+        """hinted, right, wrong, saves, evicted, fetched, live."""
+        self._need()
+        return _hint_stats(self._planner)
 
     @property
     def policy(self):

@@ -1,6 +1,7 @@
 """The expert pool on a real computation: a small MoE model whose experts
 live in ferry's slots (filled by the planner and executor from host rows,
-and from a file) gives outputs bitwise equal to all experts resident."""
+and from a file) gives outputs bitwise equal to all experts resident; the
+planner's hints protect and prefetch by their confidence."""
 import subprocess
 
 import numpy as np
@@ -146,3 +147,65 @@ def test_replay_a_generated_trace(tmp_path):
     assert lru["steps"] > 0 and lru["policy"] == "lru"
     assert bel["hit_rate"] >= lru["hit_rate"]  # hindsight is never worse
     assert "routing" in ferry.policies()
+
+
+def test_planner_hints_protect_until_their_step():
+    with ferry.Planner(1, 16, 4, policy="lru") as p:
+        for e in range(4):
+            p.ensure(0, [e])
+        assert p.hint(0, 4, [0], 1.0) == 1
+        for e in (4, 5, 6):  # strangers: LRU's victim would be 0 each time
+            p.ensure(0, [e])
+            assert p.lookup(0, 0) is not None
+        slots, plan = p.ensure(0, [0])
+        assert plan["dst_slots"] == [] and p.last_counts["missing"] == 0
+        h = p.hint_stats()
+        assert (h["hinted"], h["right"], h["wrong"], h["live"]) == (1, 1, 0, 0)
+        assert h["saves"] >= 1
+
+
+def test_hint_prefetch_scales_with_confidence():
+    with ferry.Planner(2, 8, 4, policy="lru") as p:
+        for e in range(4):
+            p.ensure(0, [e])
+        p.hint(1, 1, [5], 0.45)  # wrong more often than right: no row
+        assert p.hint_prefetch(8)["src_rows"] == []
+        p.hint(1, 1, [6], 0.95)  # sure: worth a victim's slot
+        plan = p.hint_prefetch(8)
+        assert plan["layer"] == 1 and plan["src_rows"] == [6]
+        assert p.lookup(1, 6) == plan["dst_slots"][0]
+        assert p.hint_stats()["fetched"] == 1
+        assert p.stats()["prefetch_fetched"] == 1
+
+
+def test_pool_hint_prefetch_copies_the_rows(moe):
+    b = banks(moe)
+    with ExpertPool(LAYERS, EXPERTS, slots=6, banks=b, policy="lru") as pool:
+        pool.ensure(0, [1, 2])
+        assert pool.hint(1, 1, [3, 4], confidence=0.9) == 2
+        assert pool.hint_prefetch(max_rows=4) == 2
+        slots = pool.ensure(1, [3, 4])
+        assert pool.last_counts["missing"] == 0 and pool.last_counts["prefetch_hits"] == 2
+        w1s = pool.slot_tensor(0, torch.float32, (FFN, DIM))
+        for s, e in zip(slots, (3, 4)):
+            assert torch.equal(w1s[s], moe.w1[1, e])
+        pool.check()
+        h = pool.hint_stats()
+        assert h["right"] == 2 and h["fetched"] == 2 and h["wrong"] == 0
+
+
+def test_bad_hints_are_refused():
+    with ferry.Planner(2, 8, 4) as p:
+        for bad in [dict(layer=2, steps_ahead=1, experts=[0], confidence=1.0),
+                    dict(layer=0, steps_ahead=0, experts=[0], confidence=1.0),
+                    dict(layer=0, steps_ahead=1, experts=[8], confidence=1.0),
+                    dict(layer=0, steps_ahead=1, experts=[0], confidence=1.5),
+                    dict(layer=0, steps_ahead=1, experts=[], confidence=0.5)]:
+            with pytest.raises(FerryError) as e:
+                p.hint(**bad)
+            assert e.value.name == "EINVAL"
+        assert p.hint_stats()["hinted"] == 0
+    p = ferry.Planner(1, 4, 2)
+    p.close()
+    with pytest.raises(FerryError):
+        p.hint(0, 1, [0])
