@@ -55,6 +55,9 @@ int main(void)
     S(ferry_kv_req); R(size); R(salt); R(salt_len); R(flags); R(tiers); R(status);
     R(max_chunks); R(skip_tokens); E();
 #undef R
+#define O(f) F(ferry_kv_layers_opt, f)
+    S(ferry_kv_layers_opt); O(size); O(stream); O(flags); E();
+#undef O
 #define T(f) F(ferry_kv_tier_stats, f)
     S(ferry_kv_tier_stats); T(hits); T(evictions); T(bytes_written); T(bytes_read);
     T(used_bytes); T(capacity_bytes); T(chunks); T(usage); T(failures); E();

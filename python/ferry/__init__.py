@@ -14,12 +14,12 @@ address: nothing is copied in Python.
 """
 from ._lib import lib as _lib
 from .errors import FerryError, err_name, strerror
-from .kv import (TIER_L1, TIER_L2, TIER_NONE, TIER_REMOTE, KVStore, Layout, Op, hash_chunks,
+from .kv import (TIER_L1, TIER_L2, TIER_NONE, TIER_REMOTE, KVStore, LayerOp, Layout, Op, hash_chunks,
                  parse_size, quantile)
 from .moe import ExpertPool, Planner, policies, replay
 
 __version__ = _lib.ferry_version().decode()
 
-__all__ = ["ExpertPool", "Planner", "FerryError", "KVStore", "Layout", "Op", "policies", "replay", "err_name", "hash_chunks", "parse_size",
+__all__ = ["ExpertPool", "Planner", "FerryError", "KVStore", "LayerOp", "Layout", "Op", "policies", "replay", "err_name", "hash_chunks", "parse_size",
            "quantile", "strerror", "TIER_NONE", "TIER_L1", "TIER_L2", "TIER_REMOTE",
            "__version__"]

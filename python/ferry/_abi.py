@@ -59,6 +59,10 @@ class KVReq(_Sized):
                 ("max_chunks", _size), ("skip_tokens", _u64)]
 
 
+class KVLayersOpt(_Sized):
+    _fields_ = [("size", _size), ("stream", _vp), ("flags", _u32)]
+
+
 class KVTierStats(ctypes.Structure):
     _fields_ = [("hits", _u64), ("evictions", _u64), ("bytes_written", _u64),
                 ("bytes_read", _u64), ("used_bytes", _u64), ("capacity_bytes", _u64),
@@ -136,6 +140,7 @@ STRUCTS = {
     "ferry_kv_buffer": KVBuffer,
     "ferry_kv_config": KVConfig,
     "ferry_kv_req": KVReq,
+    "ferry_kv_layers_opt": KVLayersOpt,
     "ferry_kv_tier_stats": KVTierStats,
     "ferry_kv_stats": KVStats,
     "ferry_device_options": DeviceOptions,

@@ -15,6 +15,7 @@ from .errors import FerryError, check
 TIER_NONE, TIER_L1, TIER_L2, TIER_REMOTE = 0, 1, 2, 3
 TIER_NAMES = {TIER_NONE: "none", TIER_L1: "l1", TIER_L2: "l2", TIER_REMOTE: "remote"}
 _PARTIAL = 1
+_FERRY_ESTATE = -4100
 
 
 def parse_size(s):
@@ -166,6 +167,62 @@ class Op:
             self.free()
         except Exception:  # interpreter shutdown
             pass
+
+
+class LayerOp(Op):
+    """A layer-by-layer retrieve (KVStore.retrieve_layers) or store
+    (KVStore.store_layers): an Op (wait, done, cancel, await) that also moves
+    one layer at a time.
+
+    A retrieve: wait_layer(l) returns the tokens loaded once layer l is in
+    the engine's buffer (later layers may still be moving). A store:
+    layer_done(l) hands layer l over (copied before the call returns for
+    host buffers); the chunks become visible only after the last layer,
+    and wait() then returns the tokens stored. Cancelling or freeing a
+    store before its last layer stores nothing."""
+
+    def __init__(self, kv, handle, keep, call, num_layers, store):
+        super().__init__(kv, handle, keep, call)
+        self.num_layers = num_layers
+        self._store = store
+        self._done_layers = set()
+
+    def _lacking(self):
+        """A store still lacking layers: its wait would be answered FERRY_ESTATE
+        (an error, not a hang), which must not end the operation."""
+        return self._store and self._h and len(self._done_layers) < self.num_layers
+
+    def wait(self, timeout=None):
+        if self._result is None and self._lacking():
+            missing = sorted(set(range(self.num_layers)) - self._done_layers)
+            raise FerryError(_FERRY_ESTATE, f"the store still lacks layers {missing} "
+                             "(layer_done)", self._call)
+        return super().wait(timeout)
+
+    def done(self):
+        if self._result is None and self._lacking():
+            return False
+        return super().done()
+
+    def _live(self, what):
+        if not self._h:
+            raise FerryError(-errno.EINVAL, "the operation is finished and freed", what)
+        return self._h
+
+    def wait_layer(self, layer, timeout=None):
+        """Tokens loaded into layer `layer` (a retrieve), once it landed."""
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        rc = lib.ferry_kv_op_wait_layer(self._live("wait_layer"), int(layer), ms)
+        if rc == -errno.ETIMEDOUT:
+            raise TimeoutError(f"ferry: layer {layer} of {self._call} not loaded after "
+                               f"{timeout} s")
+        return check(rc, f"{self._call}: wait_layer({layer})")
+
+    def layer_done(self, layer):
+        """Layer `layer` of the source is ready: copy it (a store)."""
+        check(lib.ferry_kv_op_layer_done(self._live("layer_done"), int(layer), None),
+              f"{self._call}: layer_done({layer})")
+        self._done_layers.add(int(layer))
 
 
 class KVStore(Closing):
@@ -332,6 +389,31 @@ class KVStore(Closing):
         return self._async(lib.ferry_kv_retrieve_async, "retrieve_async", tokens, kv,
                            block_table, salt, partial, True, skip)
 
+    def _layers(self, fn, name, tokens, data, block_table, salt, partial, writable, skip=0):
+        arr, p = tokens_array(tokens)
+        buf = Buffer(self.layout, data, block_table, writable=writable)
+        req = _Req(salt, partial, 0, skip)
+        opt = A.KVLayersOpt()
+        h = ctypes.c_void_p()
+        check(fn(self._handle(), p, arr.size, req.ptr(), ctypes.byref(buf.c), ctypes.byref(opt),
+                 ctypes.byref(h)), name)
+        return LayerOp(self, h, (buf, req, arr, opt), name, self.layout.num_layers,
+                       fn is lib.ferry_kv_store_layers)
+
+    def retrieve_layers(self, tokens, kv, block_table=None, *, salt=None, partial=False, skip=0):
+        """Start a layer-by-layer retrieve into `kv` (forms as retrieve): the
+        cached chunks are held first, then layer 0 of every chunk is copied,
+        layer 1, ...; LayerOp.wait_layer(l) waits for one layer, wait() for all."""
+        return self._layers(lib.ferry_kv_retrieve_layers, "retrieve_layers", tokens, kv,
+                            block_table, salt, partial, True, skip)
+
+    def store_layers(self, tokens, kv, block_table=None, *, salt=None, partial=False):
+        """Start a layer-by-layer store from `kv` (forms as store): the chunks'
+        slots are reserved now; LayerOp.layer_done(l) copies layer l; after the
+        last layer the chunks are stored and wait() returns the tokens stored."""
+        return self._layers(lib.ferry_kv_store_layers, "store_layers", tokens, kv, block_table,
+                            salt, partial, False)
+
     def _tok(self, fn, name, tokens, salt, partial):
         arr, p = tokens_array(tokens)
         req = _Req(salt, partial)
@@ -406,5 +488,5 @@ def hash_chunks(tokens, chunk_tokens=256, seed=0x66657272794b5631, partial=False
     return [h.lo.to_bytes(8, "little") + h.hi.to_bytes(8, "little") for h in out]
 
 
-__all__ = ["KVStore", "Layout", "Op", "parse_size", "quantile", "hash_chunks",
+__all__ = ["KVStore", "Layout", "Op", "LayerOp", "parse_size", "quantile", "hash_chunks",
            "TIER_NONE", "TIER_L1", "TIER_L2", "TIER_REMOTE", "np"]

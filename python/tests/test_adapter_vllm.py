@@ -25,7 +25,10 @@ vLLM is not installable here, so the engine is replayed from its source
   wait_for_save(), get_finished(finished_req_ids),
   get_block_ids_with_load_errors(), clear_connector_metadata().
 The model is the package's tiny Llama (tests/tiny_llama.py), which runs all
-layers in one call: the per-layer hooks are called around it in layer order.
+layers in one call: the per-layer hooks are called around it in layer order,
+or, for the layerwise form ("ferry.layerwise"), inside it as vLLM calls
+them: wait_for_layer_load(layer) before the layer touches its cache,
+save_kv_layer(layer, ...) once the layer's K and V are written.
 """
 import importlib
 from types import SimpleNamespace
@@ -90,6 +93,9 @@ class Engine:
         self.blocks = {}
         self.finished = set()
         self.errors = set()
+        # the layerwise form: the layers save_kv_layer is called for (None: whole form)
+        self.layerwise = (set(range(model.layers))
+                          if str((extra or {}).get("ferry.layerwise")) == "True" else None)
 
     # -- Scheduler.schedule, for one waiting request --
     def admit(self, req, local=0, local_blocks=()):
@@ -140,6 +146,19 @@ class Engine:
         w.bind_connector_metadata(so.kv_connector_metadata)
         w.start_load_kv(SimpleNamespace(attn_metadata={}, no_compile_layers={}))
         names = layer_names(self.model)
+        if self.layerwise is not None:
+            start = req.num_computed_tokens
+            saved = self.layerwise  # the layers save_kv_layer is called for
+            self.model.forward(req.prompt_token_ids[start:start + n], start, self.caches,
+                               self.blocks[req.request_id],
+                               before_layer=lambda L: w.wait_for_layer_load(names[L]),
+                               after_kv=lambda L: L in saved and w.save_kv_layer(
+                                   names[L], self.caches[L], SimpleNamespace()))
+            w.wait_for_save()
+            assert w.get_finished(so.finished_req_ids) == (None, None)
+            self.errors |= w.get_block_ids_with_load_errors()
+            w.clear_connector_metadata()
+            return
         for name in names:
             w.wait_for_layer_load(name)
         start = req.num_computed_tokens
@@ -485,4 +504,51 @@ def test_multimodal_inputs_are_part_of_the_key(model, store):
     assert eng.admit(Request("m4", a)) == 0  # and no image at all
     for r in (r2, r3, Request("m4", a)):
         eng.finish(r)
+    eng.close()
+
+
+def test_layerwise_form_loads_and_saves_layer_by_layer_bitwise(model, store, monkeypatch):
+    calls = []
+    real_wait, real_done = ferry.LayerOp.wait_layer, ferry.LayerOp.layer_done
+    monkeypatch.setattr(ferry.LayerOp, "wait_layer",
+                        lambda op, L, timeout=None: calls.append(("wait", L)) or
+                        real_wait(op, L, timeout))
+    monkeypatch.setattr(ferry.LayerOp, "layer_done",
+                        lambda op, L: calls.append(("done", L)) or real_done(op, L))
+    eng = Engine(model, store, extra={"ferry.store": NAME, "ferry.layerwise": True})
+    kv_a = serve_a(eng)  # a's two chunks saved layer by layer during its forward
+    assert calls == [("done", L) for L in range(model.layers)]
+    assert store.lookup(prompts()[0]) == 32
+    calls.clear()
+    _, b = prompts()
+    rb = Request("b", b)
+    assert eng.admit(rb) == 32
+    meta = eng.step_new(rb)
+    assert [(sp.skip, sp.need) for sp in meta.loads] == [(0, 32)]
+    # each layer waited for right before it ran, and handed to b's save once written
+    assert calls == [(k, L) for L in range(model.layers) for k in ("wait", "done")]
+    assert torch.equal(model.kv_of(eng.caches, eng.blocks["b"], 32), kv_a)
+    ref = model.new_caches(BLOCKS, BS)
+    table = list(range(16))
+    model.forward(prompts()[0], 0, ref, table)
+    want = model.forward(b[32:], 32, ref, table)
+    got = model.forward(b[32:], 32, eng.caches, eng.blocks["b"])
+    assert torch.equal(got, want)
+    assert eng.errors == set()
+    assert store.lookup(b) == 64
+    eng.finish(rb)
+    eng.close()
+
+
+def test_layerwise_save_missing_a_layer_stores_nothing(model, store):
+    eng = Engine(model, store, extra={"ferry.store": NAME, "ferry.layerwise": True})
+    eng.layerwise = {0}  # the forward calls save_kv_layer for layer 0 only
+    a, _ = prompts()
+    ra = Request("a", a)
+    eng.admit(ra)
+    eng.step_new(ra)
+    assert eng.worker.saves_skipped == 1
+    assert store.lookup(a) == 0
+    assert store.stats()["tier"]["l1"]["chunks"] == 0
+    eng.finish(ra)
     eng.close()

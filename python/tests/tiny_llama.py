@@ -48,10 +48,13 @@ class TinyLlama:
         a, b = x[..., :half], x[..., half:]
         return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
 
-    def forward(self, tokens, start, caches, block_table):
+    def forward(self, tokens, start, caches, block_table, before_layer=None, after_kv=None):
         """Logits [n, vocab] of tokens[0..n) at positions start..start+n; writes
         their K and V into the caches first, then attends over positions
-        0..start+n (earlier ones read from the caches, causally masked)."""
+        0..start+n (earlier ones read from the caches, causally masked).
+        before_layer(L) is called before layer L touches its cache (a
+        layerwise load waits there), after_kv(L) once layer L's K and V are
+        in its cache (a layerwise save hands the layer over there)."""
         tokens = torch.as_tensor(tokens, dtype=torch.long)
         n = tokens.numel()
         bs = caches[0].shape[2]
@@ -65,6 +68,8 @@ class TinyLlama:
         mask = all_pos[None, :] <= pos[:, None]
         rep = self.heads // self.kv_heads
         for L, p in enumerate(self.blocks):
+            if before_layer is not None:
+                before_layer(L)
             h = self._rms(x, p["attn_norm"])
             q = (h @ p["wq"].T).view(n, self.heads, self.head_dim)
             k = (h @ p["wk"].T).view(n, self.kv_heads, self.head_dim)
@@ -72,6 +77,8 @@ class TinyLlama:
             q, k = self._rope(q, pos), self._rope(k, pos)
             caches[L][0, wblk, wrow] = k
             caches[L][1, wblk, wrow] = v
+            if after_kv is not None:
+                after_kv(L)
             K = caches[L][0, blk, row].repeat_interleave(rep, dim=1)  # [total, heads, hd]
             V = caches[L][1, blk, row].repeat_interleave(rep, dim=1)
             att = torch.einsum("qhd,khd->hqk", q, K) / self.head_dim ** 0.5

@@ -25,13 +25,23 @@ Where the store comes from (kv_connector_extra_config):
       client yet; the scheduler needs only lookup, pin and unpin from it
       and the workers store and retrieve.
 
-This is the non-layerwise form, because libferry has no layer-by-layer
-transfer yet: start_load_kv loads every layer of every planned request
-before the forward pass, wait_for_layer_load returns at once,
-save_kv_layer records nothing, and wait_for_save stores each planned
-request's new whole chunks from all layers after the forward. The plan
-(FerryConnectorMetadata) already names requests, tokens and blocks, so a
-layerwise form replaces only those four worker methods.
+Two forms of the four worker methods that move KV, chosen with
+"ferry.layerwise" in kv_connector_extra_config (default False):
+  - whole: start_load_kv loads every layer of every planned request before
+    the forward pass, wait_for_layer_load returns at once, save_kv_layer
+    records nothing, and wait_for_save stores each planned request's new
+    whole chunks from all layers after the forward;
+  - layerwise (True): start_load_kv starts a layer-by-layer retrieve per
+    planned load (KVStore.retrieve_layers: the chunks held in ferry, then
+    copied layer 0 first) and returns; wait_for_layer_load(layer) waits
+    until that layer of every load landed, so layer l's attention runs
+    while later layers still load; the first save_kv_layer of a step
+    starts a layer-by-layer store per planned save (its slots reserved)
+    and every save_kv_layer(layer) hands that layer over as soon as the
+    forward wrote it; wait_for_save waits until the last layer was copied
+    and the chunks stored. A store that misses a layer (a layer vLLM did
+    not call save_kv_layer for) is cancelled and stores nothing.
+The plan (FerryConnectorMetadata) is the same for both.
 
 What it promises vLLM. get_num_new_matched_tokens answers with the
 whole chunks ferry holds beyond vLLM's own prefix cache (never the last
@@ -201,6 +211,11 @@ class FerryConnector(KVConnectorBase_V1):
         self._block_size = 0
         self._load_errors = set()
         self.saves_skipped = 0
+        self._layerwise = str(self._extra.get("ferry.layerwise", False)).lower() in (
+            "1", "true", "yes")
+        self._layer_index = {}
+        self._loading = []      # (LoadSpec, LayerOp) of this step's layerwise loads
+        self._saving = None     # (SaveSpec, LayerOp) of this step's layerwise saves
 
     # ---- the store ----
     @property
@@ -334,6 +349,7 @@ class FerryConnector(KVConnectorBase_V1):
                              f"holds {store.layout}")
         Buffer(layout, caches, [0], writable=True)  # dtype, device, strides: refused now
         self._layer_names = names
+        self._layer_index = {n: i for i, n in enumerate(names)}
         self._caches = caches
         self._layout = layout
         self._block_size = caches[0].shape[2] if layout.kv == 2 else caches[0].shape[1]
@@ -343,7 +359,10 @@ class FerryConnector(KVConnectorBase_V1):
         if not self.has_connector_metadata():
             return
         for spec in self._get_connector_metadata().loads:
-            self._load(spec)
+            if self._layerwise:
+                self._load_start(spec)
+            else:
+                self._load(spec)
 
     def _load(self, spec):
         if self._caches is None:
@@ -353,6 +372,31 @@ class FerryConnector(KVConnectorBase_V1):
         else:  # tokens below spec.skip are vLLM's own blocks: never written
             got = self.store.retrieve(spec.tokens, self._caches, spec.block_ids, salt=spec.salt,
                                       skip=spec.skip)
+        self._loaded(spec, got)
+
+    def _load_start(self, spec):
+        """Layerwise: start the load; its layers are waited for one by one."""
+        if self._caches is None:
+            raise RuntimeError("ferry: vLLM connector: a load before register_kv_caches")
+        if not spec.tokens:
+            self._loaded(spec, 0)
+            return
+        op = self.store.retrieve_layers(spec.tokens, self._caches, spec.block_ids,
+                                        salt=spec.salt, skip=spec.skip)
+        self._loading.append((spec, op))
+
+    def _load_finish(self):
+        """Layerwise: every load of the step is over; report what came short."""
+        loading, self._loading = self._loading, []
+        for spec, op in loading:
+            try:
+                got = op.wait()
+            except FerryError as e:
+                log.warning("ferry: request %s: layerwise load failed: %s", spec.req_id, e)
+                got = 0
+            self._loaded(spec, got)
+
+    def _loaded(self, spec, got):
         if got < spec.need:
             bs = self._block_size
             first = max(got, spec.skip) // bs
@@ -362,15 +406,68 @@ class FerryConnector(KVConnectorBase_V1):
                         "to recompute", spec.req_id, got, spec.need, spec.block_ids[first:last])
 
     def wait_for_layer_load(self, layer_name):
-        return  # non-layerwise: start_load_kv loaded every layer
+        """Layerwise: until this layer of every planned load is in vLLM's
+        blocks (whole form: start_load_kv loaded every layer already)."""
+        if not self._loading:
+            return
+        idx = self._layer_index[layer_name]
+        for spec, op in self._loading:
+            try:
+                op.wait_layer(idx)
+            except FerryError as e:  # reported, with its blocks, when the loads end
+                log.debug("ferry: request %s: layer %d: %s", spec.req_id, idx, e)
+        if idx == len(self._layer_index) - 1:
+            self._load_finish()
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
-        return  # non-layerwise: wait_for_save stores all layers at once
+        """Layerwise: hand this layer of every planned save over as soon as
+        the forward wrote it (whole form: wait_for_save stores all layers)."""
+        if not self._layerwise or not self.has_connector_metadata():
+            return
+        if self._saving is None:
+            self._saving = []
+            for spec in self._get_connector_metadata().saves:
+                try:
+                    op = self.store.store_layers(spec.tokens, self._caches, spec.block_ids,
+                                                 salt=spec.salt)
+                except FerryError as e:
+                    if e.code not in _SKIPPABLE:
+                        raise
+                    self.saves_skipped += 1
+                    log.warning("ferry: request %s: store skipped: %s", spec.req_id, e)
+                    continue
+                self._saving.append((spec, op))
+        idx = self._layer_index[layer_name]
+        for spec, op in self._saving:
+            op.layer_done(idx)
+
+    def _save_finish(self):
+        saving, self._saving = self._saving or [], None
+        for spec, op in saving:
+            try:
+                op.wait()
+            except FerryError as e:
+                if op.done() is False:  # a layer never came: store nothing
+                    op.cancel()
+                    self.saves_skipped += 1
+                    log.warning("ferry: request %s: layerwise store missed layers; "
+                                "cancelled: %s", spec.req_id, e)
+                    continue
+                if e.code not in _SKIPPABLE:
+                    raise
+                self.saves_skipped += 1
+                log.warning("ferry: request %s: store skipped: %s", spec.req_id, e)
 
     def wait_for_save(self):
         """Store this step's planned chunks from all layers (after the forward
-        wrote them). A store that finds ferry full is skipped and counted."""
+        wrote them); layerwise: wait until every layer was handed over and the
+        chunks are stored. A store that finds ferry full is skipped and counted."""
+        if self._loading:  # (a forward that skipped some layer's wait)
+            self._load_finish()
         if not self.has_connector_metadata():
+            return
+        if self._layerwise:
+            self._save_finish()
             return
         for spec in self._get_connector_metadata().saves:
             try:
