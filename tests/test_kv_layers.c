@@ -1043,6 +1043,58 @@ static void wait_released(srv *v, uint64_t released)
     assert_true(ss.released >= released);
 }
 
+/* device memory through the daemon: the client's copies into and out of
+ * the pool ordered after, and waited for by, the engine's stream */
+static void server_device(ferry_kv *other, unsigned char *want)
+{
+    ferry_kv_op *op = NULL;
+    ferry_device *dev = host_device();
+    ferry_kv_config dc = config(1, dev);
+    dc.server = g_sock;
+    dc.server_timeout_ms = 2000;
+    ferry_kv *dk = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&dc, &dk));
+    size_t all = PLANES * plane_bytes();
+    ferry_devptr d = 0, d2 = 0;
+    FT_ASSERT_OK(ferry_device_alloc(dev, all, &d));
+    FT_ASSERT_OK(ferry_device_alloc(dev, all, &d2));
+    FT_ASSERT_OK(ferry_device_memset(dev, d, 0x33, all));
+    FT_ASSERT_OK(ferry_device_memset(dev, d2, SENT, all));
+    ferry_stream *engine = NULL;
+    FT_ASSERT_OK(ferry_stream_create(dev, &engine));
+    int32_t tok3[NTOK];
+    make_tokens(tok3, NTOK, 3000);
+    ferry_kv_buffer ds = contiguous(d, FERRY_KV_MEM_DEVICE);
+    FT_ASSERT_OK(ferry_kv_store_layers(dk, tok3, NTOK, NULL, &ds, NULL, &op));
+    FT_ASSERT_OK(ferry__device_host_hold(engine, 1));
+    for (unsigned l = 0; l < L; l++) {
+        for (unsigned kvi = 0; kvi < 2; kvi++) {
+            uint64_t off = (uint64_t)(kvi * L + l) * plane_bytes();
+            FT_ASSERT_OK(ferry_memcpy_htod_async(engine, d + off, want + off, plane_bytes()));
+        }
+        FT_ASSERT_OK(ferry_kv_op_layer_done(op, l, engine));
+    }
+    assert_int_equal(lookup(other, tok3), 0);
+    FT_ASSERT_OK(ferry__device_host_hold(engine, 0));
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)NTOK);
+    ferry_kv_op_free(op);
+    assert_int_equal(lookup(other, tok3), (int)NTOK);
+    ferry_kv_buffer dd = contiguous(d2, FERRY_KV_MEM_DEVICE);
+    FT_ASSERT_OK(ferry_kv_retrieve_layers(dk, tok3, NTOK, NULL, &dd, NULL, &op));
+    for (unsigned l = 0; l < L; l++)
+        assert_int_equal(ferry_kv_op_stream_wait_layer(op, l, engine, -1), (int)NTOK);
+    unsigned char *h = malloc(all);
+    FT_ASSERT_OK(ferry_memcpy_dtoh_async(engine, h, d2, all));
+    FT_ASSERT_OK(ferry_stream_sync(engine));
+    assert_memory_equal(h, want, all);
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)NTOK);
+    ferry_kv_op_free(op);
+    ferry_stream_destroy(engine);
+    free(h);
+    ferry_kv_close(dk);
+    ferry_device_close(dev);
+}
+
 static void test_server(void **state)
 {
     (void)state;
@@ -1125,6 +1177,9 @@ static void test_server(void **state)
     assert_int_equal(lookup(kv, tok2), (int)NTOK);
     close(pfd[0]);
     close(pfd[1]);
+
+    server_device(other, want);
+
     free(pm);
     free(got);
     free(want);
