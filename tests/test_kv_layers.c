@@ -480,6 +480,32 @@ static void test_store_abandoned(void **state)
     assert_int_equal(lookup(kv, tok), (int)NTOK);
     assert_l1_chunks(kv, NCH);
 
+    /* a partial last chunk, stored and loaded layer by layer */
+    int32_t tok4[NTOK];
+    make_tokens(tok4, NTOK, 6000);
+    size_t np = NTOK - 5;
+    ferry_kv_req preq = FERRY_KV_REQ_INIT;
+    preq.flags = FERRY_KV_PARTIAL;
+    FT_ASSERT_OK(ferry_kv_store_layers(kv, tok4, np, &preq, &sb, NULL, &op));
+    for (unsigned l = 0; l < L; l++)
+        FT_ASSERT_OK(ferry_kv_op_layer_done(op, l, NULL));
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)np);
+    ferry_kv_op_free(op);
+    assert_int_equal(ferry_kv_lookup(kv, tok4, np, &preq), (int)np);
+    unsigned char *pg = malloc(PLANES * plane_bytes());
+    memset(pg, SENT, PLANES * plane_bytes());
+    ferry_kv_buffer pgb = contiguous((uintptr_t)pg, FERRY_KV_MEM_HOST);
+    FT_ASSERT_OK(ferry_kv_retrieve_layers(kv, tok4, np, &preq, &pgb, NULL, &op));
+    for (unsigned l = 0; l < L; l++) {
+        assert_int_equal(ferry_kv_op_wait_layer(op, l, -1), (int)np);
+        assert_true(layer_same(src, pg, NULL, l, 0, np));
+        assert_true(layer_untouched(pg, NULL, l, np, NTOK));
+    }
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)np);
+    ferry_kv_op_free(op);
+    free(pg);
+    assert_l1_chunks(kv, 2 * NCH);
+
     /* a store larger than half of L1 reserves what fits; the rest is declined */
     ferry_kv *small = open_store(4, NULL);
     FT_ASSERT_OK(ferry_kv_store_layers(small, tok, NTOK, &req, &sb, NULL, &op));
