@@ -633,7 +633,8 @@ FERRY_API int ferry_kv_op_stream_wait_layer(ferry_kv_op *op, uint32_t layer,
  * ferry_kv_op_layer_done. ferry_kv_op_wait(op) returns what ferry_kv_store
  * would, once the last layer was copied and the chunks committed; asked
  * while layers are still missing it answers FERRY_ESTATE at once (it
- * would wait for calls that only the caller can make). Errors before
+ * would wait for calls that only the caller can make), as does
+ * ferry_kv_op_test; the op goes on and still takes its layers. Errors before
  * starting: as ferry_kv_store_async, FERRY_ENOSPACE / -ENOMEM (not even
  * the first new chunk could be reserved), -EINVAL (a bad opt).
  */

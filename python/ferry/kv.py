@@ -218,6 +218,11 @@ class LayerOp(Op):
                                f"{timeout} s")
         return check(rc, f"{self._call}: wait_layer({layer})")
 
+    async def wait_layer_async(self, layer):
+        """wait_layer for asyncio: awaits layer `layer` without blocking the loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self.wait_layer, layer)
+
     def layer_done(self, layer):
         """Layer `layer` of the source is ready: copy it (a store)."""
         check(lib.ferry_kv_op_layer_done(self._live("layer_done"), int(layer), None),

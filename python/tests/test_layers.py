@@ -6,6 +6,7 @@ are computed, then a longer prompt prefilled while its prefix loads layer
 by layer, waited for layer by layer: the logits bitwise those of the same
 split prefill with the prefix's KV in memory. In-process and through
 `ferry serve`."""
+import asyncio
 import errno
 
 import pytest
@@ -101,6 +102,24 @@ def test_cancel_and_misuse():
         with pytest.raises(FerryError):
             op.layer_done(0)  # not a store
         assert op.wait() == 48
+
+
+def test_layers_in_asyncio():
+    lay = small_layout()
+    src = paged_caches(lay, 40, 4, 14)
+    table = list(range(12))
+    tokens = torch.arange(5000, 5048)
+    with store_for(lay) as s:
+        assert s.store(tokens, src, table) == 48
+        dst = [torch.zeros_like(c) for c in src]
+
+        async def load():
+            op = s.retrieve_layers(tokens, dst, table)
+            got = [await op.wait_layer_async(layer) for layer in range(3)]
+            return got, await op
+
+        assert asyncio.run(load()) == ([48, 48, 48], 48)
+        assert torch.equal(gather(dst, table, 48, 4), gather(src, table, 48, 4))
 
 
 @pytest.fixture(scope="module")
