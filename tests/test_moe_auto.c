@@ -119,6 +119,10 @@ static void auto_keeps_its_structures_through_a_trace(void **state)
         if (ferry__routing_check(ferry__auto_routing(ferry__planner_policy(p)), why,
                                  sizeof why) < 0)
             fail_msg("step %zu: %s", i, why);
+        /* the shadow's lists follow the real policy's model */
+        if (ferry__routing_check(ferry__auto_shadow_routing(ferry__planner_policy(p)), why,
+                                 sizeof why) < 0)
+            fail_msg("step %zu, shadow: %s", i, why);
     }
     ferry_moe_planner_destroy(p);
     ferry_moe_trace_destroy(t);

@@ -262,10 +262,12 @@ typedef struct ferry_moe_planner_options {
  *    in two shadow caches (metadata only) of a sample of the layers (at
  *    most 16) with their share of the slots, hits decayed over about 1024
  *    sampled steps (set dueling): both order the real residents, the one
- *    ahead names the victim, LRU on ties. On every generator trace
- *    measured it is never more than 0.1 point below LRU and within a
- *    point of the better of the two, at the cost of both plus both again
- *    on the sampled layers (about 1.3-1.4x "routing"'s time per layer-step).
+ *    ahead names the victim, LRU on ties; the routing shadow uses the real
+ *    routing policy's learned model rather than learning again. On every
+ *    generator trace measured it is never more than 0.1 point below LRU
+ *    and within 0.2 points of the better of the two, at the cost of both
+ *    plus the shadows' placements (about 1.2x "routing"'s instructions
+ *    per layer-step).
  *  - "belady": Belady's MIN, offline (needs the trace as oracle).
  * Every victim is unpinned (never an expert of the current step); ties go
  * to the lowest slot index. Under every policy, an expert hinted for a

@@ -185,10 +185,20 @@ extern const ferry__policy_ops ferry__policy_lfu;
 extern const ferry__policy_ops ferry__policy_lfru;
 extern const ferry__policy_ops ferry__policy_s3fifo;
 extern const ferry__policy_ops ferry__policy_routing;
+/* a routing policy over another set of slots (p, allocated with
+ * ferry__policy_routing_follower's state_size, ops and env set) that
+ * shares lead's learned model; lead keeps its lists in step. lead must
+ * outlive p's use and run its end_step before p's step of a layer;
+ * -EINVAL (lead follows or is followed already, or another shape),
+ * -ENOMEM */
+extern const ferry__policy_ops ferry__policy_routing_follower;
+int ferry__routing_follow(ferry__policy *p, ferry__policy *lead);
 extern const ferry__policy_ops ferry__policy_arc;
 extern const ferry__policy_ops ferry__policy_auto;
 /* (tests) auto's routing sub-policy, NULL for another policy */
 const ferry__policy *ferry__auto_routing(const ferry__policy *p);
+/* (tests) auto's routing shadow (a follower), NULL for another policy */
+const ferry__policy *ferry__auto_shadow_routing(const ferry__policy *p);
 extern const ferry__policy_ops ferry__policy_belady;
 
 /* ---- traces ---- */

@@ -9,12 +9,18 @@
  * only: where each expert would be, no rows - one run by LRU and one by
  * the routing policy, fed the same steps, on a sample of the layers (every
  * stride-th: at most 16 sampled layers) with the same share of the slots.
+ * The routing shadow learns nothing itself: it follows the real routing
+ * policy's model (ferry__routing_follow: the same learned tables and
+ * per-expert features, which depend on the routes alone), so a sampled
+ * step costs it its placements and list moves, not a second learning of
+ * the turn, and it ranks by waits learned on every layer. It places a
+ * step before the real policies learn the turn, as they do.
  * Each counts its hits with a decay of 1/WINDOW per sampled step; the
  * routing policy leads while its count is higher, LRU otherwise (ties and
  * the start included: a policy that has not shown it is better does not
  * lead). So the cache tracks the better of the two on what the trace is
  * doing now, within what the sample and the window miss. It costs both
- * policies plus both again on the sampled layers (a quarter of 58). Its
+ * policies plus the shadows' placements on the sampled layers. Its
  * LRU is a list (O(1) per hit, where "lru" keeps a heap): the same order
  * but for ties within one step, which go by use rather than by slot.
  * Measured on the generator's traces: 8 sampled layers followed the better
@@ -193,8 +199,27 @@ static void shadow_fini(shadow *h)
     memset(h, 0, sizeof *h);
 }
 
+/* the shadow's policy: LRU, or the routing policy following the real
+ * one's model (lead) */
+static ferry__policy *shadow_policy(const ferry__policy_ops *ops, const ferry__policy_env *env,
+                                    ferry__policy *lead)
+{
+    if (ops != &ferry__policy_routing)
+        return sub_create(ops, env);
+    ferry__policy *q = ferry__calloc(1, ferry__policy_routing_follower.state_size);
+    if (!q)
+        return NULL;
+    q->ops = &ferry__policy_routing_follower;
+    q->env = *env;
+    if (ferry__routing_follow(q, lead) < 0) {
+        ferry__free(q);
+        return NULL;
+    }
+    return q;
+}
+
 static int shadow_init(shadow *h, const ferry__policy_ops *ops, const ferry__policy *parent,
-                       uint32_t slots)
+                       uint32_t slots, ferry__policy *lead)
 {
     const ferry__policy_env *pe = &parent->env;
     size_t ids = (size_t)pe->num_layers * pe->num_experts;
@@ -216,11 +241,13 @@ static int shadow_init(shadow *h, const ferry__policy_ops *ops, const ferry__pol
     env.where = h->where;
     env.oracle = NULL;
     h->pin_now = 1;
-    h->pol = sub_create(ops, &env);
+    h->pol = shadow_policy(ops, &env, lead);
     return h->pol ? 0 : -ENOMEM;
 }
 
-/* one step of the shadow: as the planner's ensure, counting its hits */
+/* one step of the shadow: as the planner's ensure, counting its hits; its
+ * policy's end_step is the caller's (after the real policies' end_step:
+ * the routing shadow follows the real one's model, updated there) */
 static void shadow_step(shadow *h, uint32_t layer, const uint32_t *ids, uint32_t n)
 {
     if (n > h->slots)
@@ -258,8 +285,6 @@ static void shadow_step(shadow *h, uint32_t layer, const uint32_t *ids, uint32_t
             h->where[id] = FERRY_MOE_NONE;
         }
     }
-    if (h->pol->ops->end_step)
-        h->pol->ops->end_step(h->pol, layer, ids, n);
     h->score = h->score * (1.0 - 1.0 / WINDOW) + hits;
 }
 
@@ -282,7 +307,7 @@ static int au_init(ferry__policy *p)
     const ferry__policy_ops *ops[2] = {&lru_list, &ferry__policy_routing};
     for (int i = 0; i < 2; i++) {
         s->sub[i] = sub_create(ops[i], &p->env);
-        if (!s->sub[i] || shadow_init(&s->sh[i], ops[i], p, ss ? (uint32_t)ss : 1) < 0) {
+        if (!s->sub[i] || shadow_init(&s->sh[i], ops[i], p, ss ? (uint32_t)ss : 1, s->sub[i]) < 0) {
             au_fini(p);
             return -ENOMEM;
         }
@@ -293,13 +318,21 @@ static int au_init(ferry__policy *p)
 static void au_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint32_t n)
 {
     autop *s = (autop *)p;
+    int sampled = layer % s->stride == 0;
+    /* the shadows place the step as of before the turn, as the real ones
+     * did; the turn is then learned once, by the real routing policy */
+    if (sampled) {
+        shadow_step(&s->sh[0], layer, ids, n);
+        shadow_step(&s->sh[1], layer, ids, n);
+    }
     for (int i = 0; i < 2; i++)
         if (s->sub[i]->ops->end_step)
             s->sub[i]->ops->end_step(s->sub[i], layer, ids, n);
-    if (layer % s->stride)
+    if (!sampled)
         return;
-    shadow_step(&s->sh[0], layer, ids, n);
-    shadow_step(&s->sh[1], layer, ids, n);
+    for (int i = 0; i < 2; i++)
+        if (n <= s->sh[i].slots && s->sh[i].pol->ops->end_step)
+            s->sh[i].pol->ops->end_step(s->sh[i].pol, layer, ids, n);
     int lead = s->sh[1].score > s->sh[0].score;
     if (lead != s->lead) {
         s->lead = lead;
@@ -343,6 +376,12 @@ static int au_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slo
 const ferry__policy *ferry__auto_routing(const ferry__policy *p)
 {
     return p->ops == &ferry__policy_auto ? ((const autop *)p)->sub[1] : NULL;
+}
+
+/* (tests) the routing shadow, a follower of the routing sub-policy */
+const ferry__policy *ferry__auto_shadow_routing(const ferry__policy *p)
+{
+    return p->ops == &ferry__policy_auto ? ((const autop *)p)->sh[1].pol : NULL;
 }
 
 const ferry__policy_ops ferry__policy_auto = {

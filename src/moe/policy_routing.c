@@ -56,6 +56,15 @@
  * expert is off its list from its hit or insert until end_step re-lists
  * it, so no expert of the current step is ever a candidate.
  * ferry__routing_check() walks all of it for the tests.
+ *
+ * A follower (auto's shadow cache, ferry__routing_follow) orders another
+ * set of slots by the same model: it shares its leader's learned tables
+ * and per-expert features (they depend on the routes alone, not on what
+ * is resident), so it learns nothing itself; it keeps only its own lists
+ * and tournament, which the leader updates whenever an expert resident in
+ * the follower changes cell, and a copy of the waits and ranks, carried
+ * over at each refresh. The leader's end_step must run before the
+ * follower's step of the same layer.
  */
 #include <errno.h>
 #include <math.h>
@@ -126,15 +135,30 @@ typedef struct routing {
     uint32_t *lturns;          /* per layer: turns taken */
     double wait[CELLS];              /* cached 1/lambda - 1 */
     uint32_t turns;
+    /* a follower's leader (its model is the leader's), a leader's follower */
+    struct routing *lead, *fol;
+    int follower;
 } routing;
 
-static void rt_fini(ferry__policy *p)
+/* the lists and the tournament, a follower's own */
+static void own_fini(routing *s)
 {
-    routing *s = (routing *)p;
     ferry__free(s->lk);
     ferry__free(s->scell);
     ferry__free(s->ht);
     ferry__free(s->bm);
+    ferry__free(s->seg);
+    ferry__free(s->lval);
+    ferry__free(s->ltop);
+    ferry__free(s->parked);
+}
+
+static void rt_fini(ferry__policy *p)
+{
+    routing *s = (routing *)p;
+    own_fini(s);
+    if (s->follower)
+        return; /* the model is the leader's (which either may outlive) */
     ferry__free(s->ccbm);
     ferry__free(s->x);
     ferry__free(s->cell_count);
@@ -144,10 +168,6 @@ static void rt_fini(ferry__policy *p)
     ferry__free(s->ring);
     ferry__free(s->ring_n);
     ferry__free(s->ring_tok);
-    ferry__free(s->seg);
-    ferry__free(s->lval);
-    ferry__free(s->ltop);
-    ferry__free(s->parked);
 }
 
 static uint16_t cell_of(int last, uint32_t win, uint32_t pop, int hinted)
@@ -206,6 +226,20 @@ static void opps_fold(routing *s)
     memset(s->corr, 0, sizeof s->corr);
 }
 
+/* carry every layer's bitmap from the ranks old_at to s->rank */
+static void rerank(routing *s, const uint16_t *old_at)
+{
+    for (uint32_t l = 0; l < s->base.env.num_layers; l++) {
+        uint64_t *bm = s->bm + (size_t)l * BMW, nb[BMW] = {0};
+        for (uint32_t w = 0; w < BMW; w++)
+            for (uint64_t b = bm[w]; b; b &= b - 1) {
+                uint32_t nr = s->rank[old_at[w * 64 + (uint32_t)__builtin_ctzll(b)]];
+                nb[nr / 64] |= 1ull << (nr % 64);
+            }
+        memcpy(bm, nb, sizeof nb);
+    }
+}
+
 /* recompute the waits and the cells' rank order, and carry every layer's
  * bitmap over to the new ranks. The order drifts little between refreshes,
  * so an insertion sort of the previous order costs O(CELLS + inversions);
@@ -229,30 +263,52 @@ static void refresh_waits(routing *s)
         same &= s->at_rank[r] == old_at[r];
         s->rank[s->at_rank[r]] = (uint16_t)r;
     }
-    if (same)
-        return;
-    for (uint32_t l = 0; l < s->base.env.num_layers; l++) {
-        uint64_t *bm = s->bm + (size_t)l * BMW, nb[BMW] = {0};
-        for (uint32_t w = 0; w < BMW; w++)
-            for (uint64_t b = bm[w]; b; b &= b - 1) {
-                uint32_t nr = s->rank[old_at[w * 64 + (uint32_t)__builtin_ctzll(b)]];
-                nb[nr / 64] |= 1ull << (nr % 64);
-            }
-        memcpy(bm, nb, sizeof nb);
+    if (!same)
+        rerank(s, old_at);
+    if (s->fol) { /* the follower's lists, ranked by the same waits */
+        memcpy(s->fol->wait, s->wait, sizeof s->wait);
+        memcpy(s->fol->rank, s->rank, sizeof s->rank);
+        memcpy(s->fol->at_rank, s->at_rank, sizeof s->at_rank);
+        if (!same)
+            rerank(s->fol, old_at);
     }
 }
 
 static void seg_rebuild(routing *s);
 
-static int rt_init(ferry__policy *p)
+/* the lists and the tournament over p's slots, all empty */
+static int own_init(routing *s)
 {
-    routing *s = (routing *)p;
-    uint32_t n = p->env.slots, L = p->env.num_layers, E = p->env.num_experts;
-    size_t ids = (size_t)L * E;
+    const ferry__policy *p = &s->base;
+    uint32_t n = p->env.slots, L = p->env.num_layers;
     s->lk = ferry__malloc((size_t)n * 2 * sizeof(uint32_t));
     s->scell = ferry__malloc((size_t)n * sizeof(uint16_t));
     s->ht = ferry__malloc((size_t)L * CELLS * 2 * sizeof(uint32_t));
     s->bm = ferry__calloc((size_t)L * BMW, sizeof(uint64_t));
+    /* a slot is parked at most twice a round: once, and once more after
+     * the planner evicted it parked (a hinted expert, when nothing else
+     * could go) and a prefetch refilled it */
+    s->parked = ferry__malloc((size_t)2 * n * sizeof(uint32_t));
+    for (s->seg_p = 1; s->seg_p < L; s->seg_p *= 2)
+        ;
+    s->seg = ferry__malloc(2 * (size_t)s->seg_p * sizeof(uint32_t));
+    s->lval = ferry__malloc((size_t)L * sizeof(double));
+    s->ltop = ferry__malloc((size_t)L * sizeof(uint32_t));
+    if (!s->seg || !s->lval || !s->ltop || !s->parked || !s->lk || !s->scell || !s->ht || !s->bm)
+        return -ENOMEM;
+    /* every list is allocated whole: an insert never fails half-way
+     * through a step */
+    memset(s->scell, 0xff, (size_t)n * sizeof(uint16_t));
+    memset(s->ht, 0xff, (size_t)L * CELLS * 2 * sizeof(uint32_t));
+    return 0;
+}
+
+static int rt_init(ferry__policy *p)
+{
+    routing *s = (routing *)p;
+    uint32_t L = p->env.num_layers, E = p->env.num_experts;
+    size_t ids = (size_t)L * E;
+    int own = own_init(s);
     s->ccbm = ferry__calloc((size_t)L * BMW, sizeof(uint64_t));
     s->x = ferry__calloc(ids, sizeof(xinfo));
     s->cell_count = ferry__calloc((size_t)L * CELLS, sizeof(uint32_t));
@@ -263,24 +319,11 @@ static int rt_init(ferry__policy *p)
     s->ring = ferry__malloc((size_t)L * RING * s->ring_cap * sizeof(uint32_t));
     s->ring_n = ferry__calloc((size_t)L * RING, sizeof(uint32_t));
     s->ring_tok = ferry__malloc((size_t)L * RING * sizeof(uint32_t));
-    /* a slot is parked at most twice a round: once, and once more after
-     * the planner evicted it parked (a hinted expert, when nothing else
-     * could go) and a prefetch refilled it */
-    s->parked = ferry__malloc((size_t)2 * n * sizeof(uint32_t));
-    for (s->seg_p = 1; s->seg_p < L; s->seg_p *= 2)
-        ;
-    s->seg = ferry__malloc(2 * (size_t)s->seg_p * sizeof(uint32_t));
-    s->lval = ferry__malloc((size_t)L * sizeof(double));
-    s->ltop = ferry__malloc((size_t)L * sizeof(uint32_t));
-    if (!s->seg || !s->lval || !s->ltop || !s->parked || !s->lk || !s->scell || !s->ht || !s->bm || !s->ccbm || !s->x || !s->cell_count || !s->lturns || !s->routes || !s->turn_tok || !s->ring ||
-        !s->ring_n || !s->ring_tok) {
+    if (own < 0 || !s->ccbm || !s->x || !s->cell_count || !s->lturns || !s->routes ||
+        !s->turn_tok || !s->ring || !s->ring_n || !s->ring_tok) {
         rt_fini(p);
         return -ENOMEM;
     }
-    /* every list is allocated whole: an insert never fails half-way
-     * through a step */
-    memset(s->scell, 0xff, (size_t)n * sizeof(uint16_t));
-    memset(s->ht, 0xff, (size_t)L * CELLS * 2 * sizeof(uint32_t));
     for (uint32_t c = 0; c < CELLS; c++)
         s->at_rank[c] = s->rank[c] = (uint16_t)c;
     memset(s->turn_tok, 0xff, (size_t)L * sizeof(uint32_t));
@@ -299,6 +342,38 @@ static int rt_init(ferry__policy *p)
         s->x[i].hint_tok = UINT32_MAX;
         s->x[i].cell = c0;
     }
+    return 0;
+}
+
+int ferry__routing_follow(ferry__policy *p, ferry__policy *lead)
+{
+    routing *s = (routing *)p, *l = (routing *)lead;
+    if (l->lead || l->fol || p->env.num_layers != lead->env.num_layers ||
+        p->env.num_experts != lead->env.num_experts)
+        return -EINVAL;
+    s->follower = 1; /* from here on, fini frees its own arrays only */
+    if (own_init(s) < 0) {
+        own_fini(s);
+        return -ENOMEM;
+    }
+    /* the model: the leader's */
+    s->x = l->x;
+    s->cell_count = l->cell_count;
+    s->ccbm = l->ccbm;
+    s->lturns = l->lturns;
+    s->routes = l->routes;
+    s->turn_tok = l->turn_tok;
+    s->ring = l->ring;
+    s->ring_n = l->ring_n;
+    s->ring_tok = l->ring_tok;
+    s->ring_cap = l->ring_cap;
+    memcpy(s->wait, l->wait, sizeof s->wait);
+    memcpy(s->rank, l->rank, sizeof s->rank);
+    memcpy(s->at_rank, l->at_rank, sizeof s->at_rank);
+    s->lead = l;
+    s->follower = 1;
+    l->fol = s;
+    seg_rebuild(s);
     return 0;
 }
 
@@ -484,6 +559,15 @@ static void rekey(routing *s, uint32_t slot, uint32_t id)
     place(s, id / s->base.env.num_experts, slot, s->x[id].cell);
 }
 
+/* the leader moved id: so does its follower, if id is listed there (an
+ * unlisted one is listed at the end of the follower's step) */
+static __attribute__((noinline)) void follow(routing *f, uint32_t id)
+{
+    uint32_t slot = f->base.env.where[id];
+    if (slot != FERRY_MOE_NONE && f->scell[slot] != CELL_NONE)
+        rekey(f, slot, id);
+}
+
 /* move id to the cell it is in after its layer's turn at tok */
 static void recell(routing *s, uint32_t id, uint32_t tok, int routed)
 {
@@ -503,6 +587,8 @@ static void recell(routing *s, uint32_t id, uint32_t tok, int routed)
         if (cc[c]++ == 0)
             nz[c / 64] |= 1ull << (c % 64);
         s->x[id].cell = c;
+        if (__builtin_expect(s->fol != NULL, 0)) /* (a routed one: its step's end) */
+            follow(s->fol, id);
     }
     uint32_t slot = s->base.env.where[id];
     if (slot != FERRY_MOE_NONE)
@@ -643,6 +729,8 @@ static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, u
     if (s->turns % REFRESH == 0 || (s->turns >= 16 && s->turns < REFRESH && !(s->turns & (s->turns - 1)))) {
         refresh_waits(s);
         seg_rebuild(s);
+        if (s->fol)
+            seg_rebuild(s->fol);
     }
 routed:
     s->routes[layer] += n;
@@ -701,6 +789,41 @@ const ferry__policy_ops ferry__policy_routing = {
     .init = rt_init,
     .fini = rt_fini,
     .end_step = rt_end_step,
+    .hit = rt_hit,
+    .insert = rt_insert,
+    .remove = rt_remove,
+    .victim = rt_victim,
+};
+
+/* a follower's step ends: its routed experts are listed under the cells
+ * the leader's end_step gave them (the most recent of their cell last),
+ * and its layer's value follows the turn */
+static void fo_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint32_t n)
+{
+    routing *s = (routing *)p;
+    for (uint32_t j = 0; j < n; j++) {
+        uint32_t slot = p->env.where[ids[j]];
+        if (slot != FERRY_MOE_NONE)
+            place(s, layer, slot, s->x[ids[j]].cell);
+    }
+    if (s->n_parked)
+        unpark(s);
+    seg_update(s, layer);
+}
+
+static int fo_init(ferry__policy *p)
+{
+    (void)p;
+    return -EINVAL; /* made by ferry__routing_follow */
+}
+
+const ferry__policy_ops ferry__policy_routing_follower = {
+    .name = "routing",
+    .describe = "the routing policy's order over another set of slots, by its leader's model",
+    .state_size = sizeof(routing),
+    .init = fo_init,
+    .fini = rt_fini,
+    .end_step = fo_end_step,
     .hit = rt_hit,
     .insert = rt_insert,
     .remove = rt_remove,
