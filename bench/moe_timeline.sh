@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The decode timeline (`ferry moe sim`) on the generator's traces, in one
-# run: per budget, LRU and the routing policy without and with hints one
-# layer ahead (90% right), next to every expert resident and Belady's misses
-# on an ideal link; then the value of a hint by horizon and accuracy; a plot
-# of stall against budget per model.
+# run: per budget, LRU, the routing policy and auto (the default) without
+# and with hints one layer ahead (90% right), next to every expert resident
+# and Belady's misses on an ideal link; then the value of a hint by horizon
+# and accuracy; a plot of stall against budget per model.
 #  - qwen3-30b-a3b experts (9.4 MB, bf16) on a 50 GB/s host link (PCIe 5),
 #    300 us of compute per layer-step: the link about as fast as compute;
 #  - deepseek-v3 experts (44 MB, fp8) at 25 GB/s, 100 us per layer-step:
@@ -23,13 +23,13 @@ plot() { command -v gnuplot >/dev/null && echo --plot "$1" || true; }
 "$ferry" moe gen --model qwen3-30b-a3b --tokens "$tokens" --seed 1 -o "$out/qwen.jsonl" >/dev/null
 "$ferry" moe gen --model deepseek-v3 --tokens "$tokens" --seed 1 -o "$out/ds.jsonl" >/dev/null
 echo "== qwen3-30b-a3b, $tokens tokens: 300 us compute, 50 GB/s"
-"$ferry" moe sim "$out/qwen.jsonl" --budgets 6.25%,12.5%,25%,50% --policies lru,routing \
+"$ferry" moe sim "$out/qwen.jsonl" --budgets 6.25%,12.5%,25%,50% --policies lru,routing,auto \
     --compute-us 300 --link-gbs 50 $(plot "$out/qwen-stall.png")
 echo "== deepseek-v3, $tokens tokens: 100 us compute, 25 GB/s"
-"$ferry" moe sim "$out/ds.jsonl" --budgets 6.25%,12.5%,25% --policies lru,routing \
+"$ferry" moe sim "$out/ds.jsonl" --budgets 6.25%,12.5%,25% --policies lru,routing,auto \
     --compute-us 100 --link-gbs 25 $(plot "$out/ds-stall.png")
 echo "== qwen3-30b-a3b, half the experts on NVMe at 12 GB/s (host 50 GB/s, 300 us)"
-"$ferry" moe sim "$out/qwen.jsonl" --budgets 12.5%,25% --policies lru,routing \
+"$ferry" moe sim "$out/qwen.jsonl" --budgets 12.5%,25% --policies lru,routing,auto \
     --compute-us 300 --link-gbs 50 --nvme-share 0.5 --nvme-gbs 12
 echo "== qwen3-30b-a3b at 25%: LRU with hints by horizon (layer-steps) and accuracy"
 for h in 1 2 48; do
