@@ -344,7 +344,9 @@ class ExpertPool(Closing):
     def _apply(self, plan, what):
         """Copy a plan's rows; slots a failure leaves unknown are forgotten by
         the planner too, so the two never disagree on an occupant."""
-        unknown = (ctypes.c_uint32 * max(self.slots, 1))()
+        unknown = getattr(self, "_unknown", None)
+        if unknown is None:  # made once: room for every slot
+            unknown = self._unknown = (ctypes.c_uint32 * max(self.slots, 1))()
         n_unknown = ctypes.c_uint32(0)
         rc = lib.ferry_moe_slots_apply(self._slots, ctypes.byref(plan), self._rows, unknown,
                                        ctypes.byref(n_unknown))
