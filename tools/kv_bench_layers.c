@@ -86,7 +86,11 @@ static int store_rounds(const opts *o, ferry_kv *kv, const prompt *p, const engi
 {
     for (unsigned i = 0; i < o->layerwise_rounds; i++) {
         for (int k = 0; k < 2; k++) {
-            int which = (k + (int)i) % 2, rc = ferry_kv_delete(kv, p->tok, p->n, NULL);
+            /* the last store's write-through to L2 done first: a chunk
+             * still being written is locked, and a delete leaves it */
+            int which = (k + (int)i) % 2, rc = ferry_kv_flush(kv);
+            if (rc >= 0)
+                rc = ferry_kv_delete(kv, p->tok, p->n, NULL);
             if (rc < 0)
                 return rc;
             double t0 = kvb_now_s();
