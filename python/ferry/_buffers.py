@@ -109,23 +109,74 @@ def tokens_array(tokens):
     return arr, arr.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
 
 
-class Buffer:
-    """An engine buffer as a ferry_kv_buffer, holding references to what it points at."""
+class DeviceMem:
+    """What a store opened on a device accepts as device memory: CUDA tensors
+    on its ordinal (kind "cuda"), or memory from its own ferry_device_alloc
+    (kind "host": the host backend's device pointers are host addresses, so
+    such memory is viewed as a CPU tensor; `allocs` maps address -> bytes)."""
 
-    def __init__(self, layout, data, block_table=None, *, writable=False):
+    def __init__(self, kind, ordinal=0):
+        self.kind, self.ordinal = kind, ordinal
+        self.allocs = {}
+
+    def name(self):
+        return f"cuda:{self.ordinal}" if self.kind == "cuda" else self.kind
+
+    def owns(self, addr, nbytes):
+        for a, n in self.allocs.items():
+            if a <= addr and addr + nbytes <= a + n:
+                return True
+        return False
+
+
+def _extent(shape, strides, item):
+    """Bytes from a tensor's first element to one past its last."""
+    if any(d == 0 for d in shape):
+        return 0
+    return (sum((d - 1) * s for d, s in zip(shape, strides)) + 1) * item
+
+
+def mem_kind(x, addr, shape, strides, item, dev):
+    """FERRY_KV_MEM_HOST (0) or FERRY_KV_MEM_DEVICE (1) for one tensor or array,
+    or a ValueError naming the tensor's device and the store's."""
+    if is_torch(x) and x.device.type != "cpu":
+        have = "no device" if dev is None else f"device {dev.name()!r}"
+        if x.device.type != "cuda":
+            raise ValueError(f"ferry: a tensor on {x.device} cannot be a KV buffer "
+                             f"(CPU or CUDA tensors only; this store has {have})")
+        idx = x.device.index if x.device.index is not None else 0
+        if dev is None or dev.kind != "cuda":
+            raise ValueError(f"ferry: a tensor on cuda:{idx} needs a store opened with "
+                             f"device='cuda:{idx}'; this store has {have}")
+        if idx != dev.ordinal:
+            raise ValueError(f"ferry: a tensor on cuda:{idx} given to a store on "
+                             f"cuda:{dev.ordinal}: the tensor must be on the store's device")
+        return 1
+    if dev is not None and dev.kind == "host" and dev.allocs \
+            and dev.owns(addr, _extent(shape, strides, item)):
+        return 1
+    return 0
+
+
+class Buffer:
+    """An engine buffer as a ferry_kv_buffer, holding references to what it points at.
+    dev: the store's DeviceMem (None: a store without a device)."""
+
+    def __init__(self, layout, data, block_table=None, *, writable=False, dev=None):
         self.c = A.KVBuffer()
         self.c.layout = layout.c
         self._keep = [data]
+        self._dev = dev
+        self.device = False   # FERRY_KV_MEM_DEVICE
         if block_table is None:
             self._contiguous(layout, data, writable)
         else:
             self._paged(layout, data, block_table, writable)
 
     def _contiguous(self, layout, t, writable):
-        addr, shape, strides, dt, dev = describe(t)
+        addr, shape, strides, dt, _ = describe(t)
         lc = layout.c
-        if dev:
-            raise ValueError("ferry: device tensors need a store opened on that device")
+        mem = mem_kind(t, addr, shape, strides, dtype_bytes(dt), self._dev)
         if dt != lc.dtype:
             raise ValueError(f"ferry: tensor dtype code {dt} differs from the layout's {lc.dtype}")
         row = lc.num_heads * lc.head_dim
@@ -143,7 +194,8 @@ class Buffer:
             raise ValueError("ferry: the KV tensor must be contiguous")
         if writable:
             _writable(t)
-        self.c.mem = 0
+        self.device = bool(mem)
+        self.c.mem = mem
         self.c.form = 0
         self.c.base = addr
         self.c.capacity_tokens = shape[2]
@@ -158,10 +210,15 @@ class Buffer:
         tb = lc.num_heads * lc.head_dim * dtype_bytes(lc.dtype)
         bases, geom = [], None
         per_kv = [[] for _ in range(lc.kv)]
+        mem = None
         for i, c in enumerate(caches):
-            addr, shape, strides, dt, dev = describe(c)
-            if dev:
-                raise ValueError("ferry: device tensors need a store opened on that device")
+            addr, shape, strides, dt, _ = describe(c)
+            m = mem_kind(c, addr, shape, strides, dtype_bytes(dt), self._dev)
+            if mem is None:
+                mem = m
+            elif m != mem:
+                raise ValueError(f"ferry: layer {i} is {'device' if m else 'host'} memory, "
+                                 f"layer 0 {'device' if mem else 'host'}: every layer must match")
             if dt != lc.dtype:
                 raise ValueError(f"ferry: layer {i} dtype code {dt} differs from the layout's {lc.dtype}")
             if writable:
@@ -206,7 +263,8 @@ class Buffer:
         self._table = table
         self._keep.append(caches)
         c = self.c
-        c.mem = 0
+        self.device = bool(mem)
+        c.mem = mem
         c.form = 1
         c.block_bases = self._bases
         c.num_blocks, c.block_tokens, c.block_stride = geom

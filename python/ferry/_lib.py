@@ -93,6 +93,10 @@ _PROTOS = {
     "ferry_device_close": (None, [_vp]),
     "ferry_device_name": (_cp, [_vp]),
     "ferry_devptr_host": (_vp, [_vp, _c_u64]),
+    "ferry_device_alloc": (_c_int, [_vp, _c_size, ctypes.POINTER(_c_u64)]),
+    "ferry_device_free": (_c_int, [_vp, _c_u64]),
+    "ferry_stream_import": (_c_int, [_vp, _c_u64, ctypes.POINTER(_vp)]),
+    "ferry_stream_destroy": (_c_int, [_vp]),
     "ferry_io_open": (_c_int, [ctypes.POINTER(A.IoOptions), ctypes.POINTER(_vp)]),
     "ferry_io_close": (None, [_vp]),
     # the expert pool

@@ -8,7 +8,7 @@ import numpy as np
 
 from . import _abi as A
 from ._handle import Closing
-from ._buffers import Buffer, dtype_code, describe, tokens_array
+from ._buffers import Buffer, DeviceMem, dtype_code, describe, tokens_array, is_torch
 from ._lib import lib
 from .errors import FerryError, check
 
@@ -186,6 +186,8 @@ class LayerOp(Op):
         self.num_layers = num_layers
         self._store = store
         self._done_layers = set()
+        self._cuda = bool(keep[0].device) and kv._devmem is not None \
+            and kv._devmem.kind == "cuda"
 
     def _lacking(self):
         """A store still lacking layers: its wait would be answered FERRY_ESTATE
@@ -210,9 +212,17 @@ class LayerOp(Op):
         return self._h
 
     def wait_layer(self, layer, timeout=None):
-        """Tokens loaded into layer `layer` (a retrieve), once it landed."""
+        """Tokens loaded into layer `layer` (a retrieve), once it landed. Into
+        CUDA tensors: torch.cuda.current_stream() is made to wait for the
+        layer's copies on the device (ferry_kv_op_stream_wait_layer), so the
+        engine's next kernels on that stream read the loaded KV."""
         ms = -1 if timeout is None else max(0, int(timeout * 1000))
-        rc = lib.ferry_kv_op_wait_layer(self._live("wait_layer"), int(layer), ms)
+        stream = self._kv._engine_stream() if self._cuda else None
+        if stream:
+            rc = lib.ferry_kv_op_stream_wait_layer(self._live("wait_layer"), int(layer),
+                                                   stream, ms)
+        else:
+            rc = lib.ferry_kv_op_wait_layer(self._live("wait_layer"), int(layer), ms)
         if rc == -errno.ETIMEDOUT:
             raise TimeoutError(f"ferry: layer {layer} of {self._call} not loaded after "
                                f"{timeout} s")
@@ -224,8 +234,12 @@ class LayerOp(Op):
         return await loop.run_in_executor(None, self.wait_layer, layer)
 
     def layer_done(self, layer):
-        """Layer `layer` of the source is ready: copy it (a store)."""
-        check(lib.ferry_kv_op_layer_done(self._live("layer_done"), int(layer), None),
+        """Layer `layer` of the source is ready: copy it (a store). From CUDA
+        tensors the copies are queued after the work already queued on
+        torch.cuda.current_stream() (the kernels that computed the layer), so
+        the call does not block the host."""
+        stream = self._kv._engine_stream() if self._cuda else None
+        check(lib.ferry_kv_op_layer_done(self._live("layer_done"), int(layer), stream),
               f"{self._call}: layer_done({layer})")
         self._done_layers.add(int(layer))
 
@@ -246,12 +260,34 @@ class KVStore(Closing):
     every call goes to it; lookup_only=True maps no shared pool (a
     scheduler that only asks how much is cached). Use as a context
     manager, or call close().
+
+    device: None (host buffers only), "cuda:N" or "host" (ferry's host-memory
+    stand-in for a GPU, for tests). The store opens that ferry_device (its
+    L1 pinned through it) and closes it with the store. Buffers given to a
+    store on "cuda:N" may be CUDA tensors on cuda:N: ferry copies between
+    their memory (data_ptr()) and L1 on the device's copy engines, no copy
+    in Python. CPU tensors stay host buffers. Ordering with the engine's
+    work on torch.cuda.current_stream(): store/retrieve (blocking) and the
+    *_async forms synchronize that stream before the call (the engine's
+    writes to a source are finished, and its reads of a destination too); a
+    blocking retrieve returns with its copies complete, an async one once
+    wait() returned. The layerwise forms do not block: layer_done(l) queues
+    the copies after the stream's pending work (ferry_stream_import of the
+    stream, passed to ferry_kv_op_layer_done) and wait_layer(l) makes the
+    stream wait for layer l on the device (ferry_kv_op_stream_wait_layer).
+    On "host", device memory comes from device_empty(); the tensor must not
+    be used after close() (the device frees it).
     """
 
     def __init__(self, model, layout, l1=None, l2=None, *, l2_dir=None, l2_bytes=None,
                  persistent=False, reset=False, chunk_tokens=0, hash_seed=0, tp_rank=0,
                  tp_world=1, remote=None, workers=0, l2_engine=None, l2_direct=True,
-                 eviction="lru", server=None, server_timeout_ms=0, lookup_only=False):
+                 eviction="lru", server=None, server_timeout_ms=0, lookup_only=False,
+                 device=None):
+        self._h = None
+        self._dev = None
+        self._devmem = None
+        self._streams = {}
         if server is not None:
             if l1 is not None or l2 is not None or l2_dir is not None or remote is not None:
                 raise ValueError("ferry: with server= the daemon owns the tiers: "
@@ -307,9 +343,16 @@ class KVStore(Closing):
         c.remote_url = self._s(remote)
         c.server = self._s(server)
         c.server_timeout_ms = server_timeout_ms
+        if device is not None:
+            self._open_device(device)
+            c.device = self._dev
         self._cfg = c
         h = ctypes.c_void_p()
-        check(lib.ferry_kv_open(ctypes.byref(c), ctypes.byref(h)), "ferry_kv_open")
+        try:
+            check(lib.ferry_kv_open(ctypes.byref(c), ctypes.byref(h)), "ferry_kv_open")
+        except BaseException:
+            self.close()
+            raise
         self._h = h
         self.chunk_tokens = lib.ferry_kv_chunk_tokens(h)
         self.chunk_bytes = lib.ferry_kv_chunk_bytes(h)
@@ -326,11 +369,94 @@ class KVStore(Closing):
             raise FerryError(-errno.EBADF, "the store is closed", "KVStore")
         return self._h
 
+    def _open_device(self, device):
+        if is_torch_device(device):
+            device = str(device)
+        spec = str(device)
+        if spec == "host":
+            kind, ordinal = "host", 0
+        elif spec == "cuda" or spec.startswith("cuda:"):
+            kind, _, n = spec.partition(":")
+            if n and not n.isdigit():
+                raise ValueError(f"ferry: device is 'cuda:N' or 'host', got {device!r}")
+            ordinal = int(n) if n else 0
+        else:
+            raise ValueError(f"ferry: device is 'cuda:N' or 'host', got {device!r}")
+        opt = A.DeviceOptions()
+        self._backend = kind.encode()
+        opt.backend = self._backend
+        opt.ordinal = ordinal
+        h = ctypes.c_void_p()
+        check(lib.ferry_device_open(ctypes.byref(opt), ctypes.byref(h)), f"device {spec!r}")
+        self._dev = h
+        self._devmem = DeviceMem(kind, ordinal)
+
+    @property
+    def device(self):
+        """The store's device as "cuda:N" or "host", or None."""
+        return self._devmem.name() if self._devmem is not None else None
+
+    def device_empty(self, shape, dtype):
+        """An uninitialised tensor in the store's device memory: on "cuda:N",
+        torch.empty on that GPU; on "host", memory from ferry_device_alloc
+        viewed as a CPU tensor that the store takes as FERRY_KV_MEM_DEVICE
+        (the host backend's device pointers are host addresses). Valid until
+        close()."""
+        import torch
+        if self._devmem is None:
+            raise ValueError("ferry: device_empty needs a store opened with device=")
+        if self._devmem.kind == "cuda":
+            return torch.empty(shape, dtype=dtype, device=self.device)
+        shape = tuple(int(d) for d in shape)
+        item = torch.empty((), dtype=dtype).element_size()
+        n = int(np.prod(shape, dtype=np.int64)) * item
+        if n <= 0:
+            raise ValueError(f"ferry: device_empty of shape {list(shape)} holds no bytes")
+        ptr = ctypes.c_uint64()
+        check(lib.ferry_device_alloc(self._dev, n, ctypes.byref(ptr)), "device_empty")
+        host = lib.ferry_devptr_host(self._dev, ptr.value)
+        if not host:
+            lib.ferry_device_free(self._dev, ptr.value)
+            raise FerryError(-errno.EINVAL, "device memory is not host-addressable", "device_empty")
+        self._devmem.allocs[host] = n
+        raw = (ctypes.c_uint8 * n).from_address(host)
+        return torch.from_numpy(np.frombuffer(raw, np.uint8)).view(dtype).reshape(shape)
+
+    def _engine_stream(self):
+        """The engine's current CUDA stream as a ferry_stream (imported once per
+        stream and kept until close), or None on a backend without raw streams."""
+        if self._devmem is None or self._devmem.kind != "cuda":
+            return None
+        import torch
+        handle = int(torch.cuda.current_stream(self._devmem.ordinal).cuda_stream)
+        s = self._streams.get(handle)
+        if s is None:
+            s = ctypes.c_void_p()
+            check(lib.ferry_stream_import(self._dev, handle, ctypes.byref(s)), "stream import")
+            self._streams[handle] = s
+        return s
+
+    def _sync_engine(self, buf):
+        """Before a call that reads or writes CUDA tensors at once: the engine's
+        pending work on its current stream is finished."""
+        if buf.device and self._devmem.kind == "cuda":
+            import torch
+            torch.cuda.current_stream(self._devmem.ordinal).synchronize()
+
+    def _buffer(self, data, block_table, writable):
+        return Buffer(self.layout, data, block_table, writable=writable, dev=self._devmem)
+
     # -- life --
     def close(self):
         if getattr(self, "_h", None):
             lib.ferry_kv_close(self._h)
             self._h = None
+        for s in getattr(self, "_streams", {}).values():
+            lib.ferry_stream_destroy(s)
+        self._streams = {}
+        if getattr(self, "_dev", None):
+            lib.ferry_device_close(self._dev)   # frees device_empty()'s memory too
+            self._dev = None
 
     # -- lookups --
     def lookup(self, tokens, *, salt=None, partial=False):
@@ -354,9 +480,10 @@ class KVStore(Closing):
     def _op(self, fn, name, tokens, data, block_table, salt, partial, writable, statuses,
             skip=0):
         arr, p = tokens_array(tokens)
-        buf = Buffer(self.layout, data, block_table, writable=writable)
+        buf = self._buffer(data, block_table, writable)
         n = -(-arr.size // self.chunk_tokens) if statuses else 0
         req = _Req(salt, partial, n, skip)
+        self._sync_engine(buf)
         rc = check(fn(self._handle(), p, arr.size, req.ptr(), ctypes.byref(buf.c)), name)
         if statuses:
             return rc, list(req.status)
@@ -380,8 +507,9 @@ class KVStore(Closing):
 
     def _async(self, fn, name, tokens, data, block_table, salt, partial, writable, skip=0):
         arr, p = tokens_array(tokens)
-        buf = Buffer(self.layout, data, block_table, writable=writable)
+        buf = self._buffer(data, block_table, writable)
         req = _Req(salt, partial, 0, skip)
+        self._sync_engine(buf)
         h = ctypes.c_void_p()
         check(fn(self._handle(), p, arr.size, req.ptr(), ctypes.byref(buf.c), ctypes.byref(h)), name)
         return Op(self, h, (buf, req, arr), name)
@@ -396,7 +524,7 @@ class KVStore(Closing):
 
     def _layers(self, fn, name, tokens, data, block_table, salt, partial, writable, skip=0):
         arr, p = tokens_array(tokens)
-        buf = Buffer(self.layout, data, block_table, writable=writable)
+        buf = self._buffer(data, block_table, writable)
         req = _Req(salt, partial, 0, skip)
         opt = A.KVLayersOpt()
         h = ctypes.c_void_p()
@@ -474,6 +602,14 @@ class KVStore(Closing):
             if n <= need:
                 return buf.value.decode()
             need = n
+
+
+def is_torch_device(x):
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(x, torch.device)
 
 
 def quantile(hist, q):

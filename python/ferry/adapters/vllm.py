@@ -347,7 +347,7 @@ class FerryConnector(KVConnectorBase_V1):
         if store.layout != layout:
             raise ValueError(f"ferry: vLLM's caches are {layout}, the store {self._name!r} "
                              f"holds {store.layout}")
-        Buffer(layout, caches, [0], writable=True)  # dtype, device, strides: refused now
+        store._buffer(caches, [0], True)  # dtype, device, strides: refused now
         self._layer_names = names
         self._layer_index = {n: i for i, n in enumerate(names)}
         self._caches = caches

@@ -1,0 +1,203 @@
+"""KVStore(device=...): tensors in device memory as FERRY_KV_MEM_DEVICE buffers.
+
+Without a GPU the store runs on ferry's "host" backend, whose device
+pointers are host addresses: KVStore.device_empty() allocates through
+ferry_device_alloc and views the memory as a CPU tensor, so every device
+path (device <-> L1 copies on the backend's streams, paged device blocks,
+layerwise events) runs end to end and is compared bitwise. With
+FERRY_TEST_DEVICE=cuda:0 (bench/gpu.sh, where a GPU is present) the same
+tests run on CUDA tensors.
+"""
+import os
+
+import pytest
+import torch
+
+import ferry
+from ferry._buffers import Buffer, DeviceMem
+
+CHUNK = 16
+DEVICE = os.environ.get("FERRY_TEST_DEVICE", "host")
+if DEVICE.startswith("cuda") and not torch.cuda.is_available():
+    pytest.skip(f"FERRY_TEST_DEVICE={DEVICE} but torch sees no CUDA device",
+                allow_module_level=True)
+
+
+def layout():
+    return ferry.Layout(num_layers=3, num_heads=2, head_dim=8, dtype="f32")
+
+
+def open_store(lay, device=DEVICE):
+    return ferry.KVStore("dev-model", lay, l1=64 * CHUNK * lay.token_bytes, chunk_tokens=CHUNK,
+                         device=device)
+
+
+def on_device(s, t):
+    """A copy of CPU tensor t in the store's device memory."""
+    d = s.device_empty(t.shape, t.dtype)
+    d.copy_(t)
+    return d
+
+
+def device_counts(s):
+    st = s.stats()
+    return st["device_chunks"], st["device_copy_calls"]
+
+
+class FakeCuda(torch.Tensor):
+    """A CPU tensor that reports a CUDA device: the device checks run before
+    any byte moves, so they are testable without a GPU."""
+    index = 1
+
+    @property
+    def device(self):
+        return torch.device("cuda", self.index)
+
+
+def fake_cuda(t, index):
+    f = t.as_subclass(FakeCuda)
+    f.index = index
+    return f
+
+
+def test_contiguous_device_round_trip_bitwise():
+    lay = layout()
+    src_cpu = torch.randn(2, 3, 64, 16, generator=torch.Generator().manual_seed(3))
+    tokens = torch.arange(500, 564)
+    with open_store(lay) as s:
+        assert s.device == DEVICE
+        src = on_device(s, src_cpu)
+        assert s.store(tokens, src) == 64
+        chunks, calls = device_counts(s)
+        assert chunks == 4 and calls > 0          # the device path, not a host memcpy
+        dst = on_device(s, torch.zeros_like(src_cpu))
+        assert s.retrieve(tokens, dst) == 64
+        assert torch.equal(dst.cpu(), src_cpu)
+        assert device_counts(s)[0] == 8
+        host = torch.zeros_like(src_cpu)          # a CPU tensor stays a host buffer
+        assert s.retrieve(tokens, host) == 64
+        assert torch.equal(host, src_cpu)
+        assert device_counts(s)[0] == 8
+
+
+def test_paged_vllm_device_round_trip_into_other_blocks():
+    lay = layout()
+    bs, nb = 4, 40
+    g = torch.Generator().manual_seed(11)
+    src_cpu = [torch.randn(2, nb, bs, 2, 8, generator=g) for _ in range(3)]
+    t_src = torch.tensor([5, 9, 1, 30, 2, 3, 17, 11, 12, 13, 14, 15], dtype=torch.int32)
+    t_dst = torch.tensor([0, 4, 6, 7, 8, 10, 16, 18, 19, 20, 21, 22], dtype=torch.int32)
+    tokens = torch.arange(1000, 1048)
+    with open_store(lay) as s:
+        src = [on_device(s, c) for c in src_cpu]
+        assert s.store(tokens, src, t_src) == 48
+        dst = [on_device(s, torch.zeros_like(c)) for c in src_cpu]
+        assert s.retrieve(tokens, dst, t_dst) == 48
+        assert device_counts(s)[0] == 6
+        for a, b in zip(src_cpu, dst):
+            b = b.cpu()
+            for i in range(12):
+                assert torch.equal(b[:, int(t_dst[i])], a[:, int(t_src[i])])
+            untouched = sorted(set(range(nb)) - set(t_dst.tolist()))
+            assert torch.count_nonzero(b[:, untouched]) == 0
+
+
+def test_layerwise_device_store_and_retrieve():
+    lay = layout()
+    src_cpu = torch.randn(2, 3, 32, 16, generator=torch.Generator().manual_seed(5))
+    tokens = torch.arange(7, 39)
+    with open_store(lay) as s:
+        src = on_device(s, src_cpu)
+        op = s.store_layers(tokens, src)
+        for layer in range(3):
+            op.layer_done(layer)
+        assert op.wait() == 32
+        chunks, calls = device_counts(s)
+        assert calls > 0                          # layer_done copied from device memory
+        dst = on_device(s, torch.zeros_like(src_cpu))
+        op = s.retrieve_layers(tokens, dst)
+        for layer in range(3):
+            assert op.wait_layer(layer) == 32
+        assert op.wait() == 32
+        if DEVICE.startswith("cuda"):
+            torch.cuda.current_stream().synchronize()
+        assert torch.equal(dst.cpu(), src_cpu)
+        assert device_counts(s)[0] > chunks       # the layers came into device memory
+
+
+def test_async_device_round_trip():
+    lay = layout()
+    src_cpu = torch.randn(2, 3, 32, 16, generator=torch.Generator().manual_seed(9))
+    tokens = torch.arange(32)
+    with open_store(lay) as s:
+        src = on_device(s, src_cpu)
+        assert s.store_async(tokens, src).wait() == 32
+        dst = on_device(s, torch.zeros_like(src_cpu))
+        assert s.retrieve_async(tokens, dst).wait() == 32
+        assert torch.equal(dst.cpu(), src_cpu)
+
+
+# ---- bad input ----
+
+def test_cuda_tensor_on_a_store_without_a_device():
+    lay = layout()
+    with ferry.KVStore("m", lay, l1=64 * CHUNK * lay.token_bytes, chunk_tokens=CHUNK) as s:
+        t = fake_cuda(torch.zeros(2, 3, 32, 16), 1)
+        with pytest.raises(ValueError, match=r"cuda:1 needs a store opened with "
+                                             r"device='cuda:1'; this store has no device"):
+            s.store(range(32), t)
+        with pytest.raises(ValueError, match="device_empty needs a store opened with device="):
+            s.device_empty((4,), torch.float32)
+
+
+def test_cuda_tensor_on_a_host_backend_store():
+    lay = layout()
+    with open_store(lay, "host") as s:
+        t = fake_cuda(torch.zeros(2, 3, 32, 16), 0)
+        with pytest.raises(ValueError, match=r"cuda:0 needs a store .* device 'host'"):
+            s.retrieve(range(32), t)
+
+
+def test_cuda_tensor_on_another_ordinal_names_both():
+    lay = layout()
+    t = fake_cuda(torch.zeros(2, 3, 32, 16), 1)
+    with pytest.raises(ValueError, match=r"cuda:1 given to a store on cuda:0"):
+        Buffer(lay, t, dev=DeviceMem("cuda", 0))
+    caches = [fake_cuda(torch.zeros(2, 4, 4, 2, 8), 1) for _ in range(3)]
+    with pytest.raises(ValueError, match=r"cuda:1 given to a store on cuda:0"):
+        Buffer(lay, caches, [0], dev=DeviceMem("cuda", 0))
+    ok = Buffer(lay, fake_cuda(torch.zeros(2, 3, 32, 16), 0), dev=DeviceMem("cuda", 0))
+    assert ok.c.mem == 1 and ok.device          # a CUDA tensor is FERRY_KV_MEM_DEVICE
+
+
+def test_other_torch_devices_refused():
+    lay = layout()
+    with pytest.raises(ValueError, match="meta cannot be a KV buffer"):
+        Buffer(lay, torch.empty(2, 3, 32, 16, device="meta"), dev=DeviceMem("host"))
+
+
+def test_bad_device_strings():
+    lay = layout()
+    for bad in ("gpu:0", "cuda:x", "cpu"):
+        with pytest.raises(ValueError, match="device is 'cuda:N' or 'host'"):
+            open_store(lay, bad)
+
+
+def test_device_tensor_shape_dtype_contiguity_checks():
+    lay = layout()
+    with open_store(lay) as s:
+        nc = s.device_empty((2, 3, 16, 32), torch.float32).transpose(2, 3)
+        with pytest.raises(ValueError, match="must be contiguous"):
+            s.store(range(32), nc)
+        f16 = s.device_empty((2, 3, 32, 16), torch.float16)
+        with pytest.raises(ValueError, match="dtype code 3 differs"):
+            s.store(range(32), f16)
+        with pytest.raises(ValueError, match="a contiguous KV tensor is"):
+            s.store(range(32), s.device_empty((2, 2, 32, 16), torch.float32))
+        paged = [s.device_empty((2, 4, 4, 2, 8), torch.float32) for _ in range(2)]
+        paged.append(torch.zeros(2, 4, 4, 2, 8))
+        with pytest.raises(ValueError, match="layer 2 is host memory, layer 0 device"):
+            s.store(range(16), paged, [0, 1, 2, 3])
+        strided = [s.device_empty((2, 4, 4, 2, 16), torch.float32)[..., :8] for _ in range(3)]
+        with pytest.raises(ValueError, match="each block must be contiguous"):
+            s.store(range(16), strided, [0, 1, 2, 3])
