@@ -411,8 +411,10 @@ def test_worker_opens_the_store_the_scheduler_then_finds(model):
 def test_bad_configurations_are_refused(model, store):
     cls = connector_class(vllm_config({}))
     Role = _vllm_base.KVConnectorRole
-    with pytest.raises(NotImplementedError, match="ferry serve"):
-        cls(vllm_config({"ferry.server": "unix:/run/ferry.sock"}), Role.SCHEDULER)
+    nolayout = cls(vllm_config({"ferry.server": "unix:/nonexistent/ferry.sock",
+                                "ferry.store": "nowhere"}), Role.SCHEDULER)
+    with pytest.raises(ValueError, match="needs the KV layout"):
+        nolayout.get_num_new_matched_tokens(Request("x", range(40)), 0)
     c = cls(vllm_config({"ferry.store": "nowhere"}), Role.SCHEDULER)
     with pytest.raises(RuntimeError, match="no store registered"):
         c.get_num_new_matched_tokens(Request("x", range(40)), 0)
@@ -552,3 +554,46 @@ def test_layerwise_save_missing_a_layer_stores_nothing(model, store):
     assert store.stats()["tier"]["l1"]["chunks"] == 0
     eng.finish(ra)
     eng.close()
+
+
+def test_through_a_ferry_serve_daemon_scheduler_and_worker_apart(tmp_path):
+    """"ferry.server": the worker opens a client of a real `ferry serve` when
+    vLLM registers its caches; the scheduler, finding no store in its
+    process, opens a lookup-only client whose layout comes from vLLM's
+    model_config. Prefix stored by one request is loaded bitwise by the next."""
+    from test_server import Daemon
+    model = TinyLlama(dim=256, layers=2, heads=4, kv_heads=2, ffn=256, seed=4321,
+                      dtype=torch.bfloat16)        # the daemon's tiny preset
+    d = Daemon(str(tmp_path)).start()
+    try:
+        extra = {"ferry.server": d.url, "ferry.store": NAME, "ferry.chunk_tokens": CHUNK}
+        eng = Engine(model, extra=extra)
+        worker_store = registered_store(NAME)
+        assert worker_store is not None and worker_store.layout == ferry.Layout.from_kv_caches(
+            eng.caches)
+        # the scheduler in another process: no registered store there
+        mc = SimpleNamespace(model="tiny-llama", dtype=torch.bfloat16, use_mla=False,
+                             get_num_layers=lambda pc: model.layers,
+                             get_num_kv_heads=lambda pc: model.kv_heads,
+                             get_head_size=lambda: model.head_dim)
+        cfg = vllm_config(dict(extra, **{"ferry.store": "scheduler-process"}))
+        cfg.model_config = mc
+        eng.sched.shutdown()
+        eng.sched = connector_class(cfg)(cfg, _vllm_base.KVConnectorRole.SCHEDULER, None)
+        kv_a = serve_a(eng)
+        assert eng.sched.store is not worker_store
+        _, b = prompts()
+        rb = Request("b", b)
+        assert eng.admit(rb) == 32         # the daemon's chunks, pinned through the client
+        meta = eng.step_new(rb)
+        assert [(s.skip, s.need, len(s.tokens)) for s in meta.loads] == [(0, 32, 32)]
+        assert torch.equal(model.kv_of(eng.caches, eng.blocks["b"], 32), kv_a)
+        with pytest.raises(FerryError):    # the scheduler's client maps no pool
+            eng.sched.store.store(b[:32], eng.caches, eng.blocks["b"])
+        assert eng.errors == set()
+        eng.finish(rb)
+        eng.close()
+        assert registered_store(NAME) is None
+    finally:
+        unregister_store(NAME)
+        d.stop()

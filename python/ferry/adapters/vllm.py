@@ -20,10 +20,17 @@ Where the store comes from (kv_connector_extra_config):
       "ferry.model", "ferry.chunk_tokens", "ferry.persistent", and
       registers it under that name for a scheduler in the same process
       (vLLM's single-process executor).
-  "ferry.server": a `ferry serve` address, for a scheduler and workers in
-      separate processes. Refused for now: the package has no server
-      client yet; the scheduler needs only lookup, pin and unpin from it
-      and the workers store and retrieve.
+  "ferry.server": a `ferry serve` address ("unix:/run/ferry/ferry.sock"),
+      for a scheduler and workers in separate processes (or separate
+      engines sharing one cache). When no store is registered under
+      "ferry.store", each worker opens KVStore(server=...) when vLLM
+      registers its caches (layout read from them; device="cuda:N" when
+      they are CUDA tensors, so they move as device buffers), and the
+      scheduler opens a lookup-only client (lookup, pin and unpin; it maps
+      no pool) whose layout comes from "ferry.layout" ({"num_layers",
+      "num_kv_heads", "head_dim", "dtype", "mla"}) or, without it, from
+      vLLM's model_config (get_num_layers, get_num_kv_heads, get_head_size,
+      dtype, use_mla). "ferry.chunk_tokens" must match the daemon's.
 
 Two forms of the four worker methods that move KV, chosen with
 "ferry.layerwise" in kv_connector_extra_config (default False):
@@ -78,7 +85,7 @@ from .. import errors
 from .._buffers import Buffer
 from ..errors import FerryError
 from ..kv import KVStore, Layout
-from . import no_server, register_store, registered_store
+from . import register_store, registered_store
 from ._vllm_base import VLLM, KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole
 
 try:
@@ -139,14 +146,34 @@ def _extra(vllm_config):
     return dict(extra)
 
 
-def _tp_rank_world(vllm_config):
+def _tp_rank_world(vllm_config, rank=True):
     """This worker's tensor-parallel rank and world size (0, 1 outside vLLM)."""
     pc = getattr(vllm_config, "parallel_config", None)
     world = int(getattr(pc, "tensor_parallel_size", 1) or 1)
-    if world == 1:
-        return 0, 1
+    if world == 1 or not rank:
+        return 0, world
     from vllm.distributed import get_tensor_model_parallel_rank
     return get_tensor_model_parallel_rank(), world
+
+
+def _config_layout(vllm_config, extra):
+    """The KV layout per TP rank for a scheduler that has no caches to read it
+    from: "ferry.layout", else vLLM's ModelConfig."""
+    spec = extra.get("ferry.layout")
+    if spec:
+        return Layout.from_model(int(spec["num_layers"]), int(spec["num_kv_heads"]),
+                                 int(spec["head_dim"]), spec.get("dtype", "bf16"),
+                                 mla=bool(spec.get("mla", False)))
+    mc = getattr(vllm_config, "model_config", None)
+    pc = getattr(vllm_config, "parallel_config", None)
+    try:
+        return Layout.from_model(mc.get_num_layers(pc), mc.get_num_kv_heads(pc),
+                                 mc.get_head_size(), mc.dtype,
+                                 mla=bool(getattr(mc, "use_mla", False)))
+    except AttributeError as e:
+        raise ValueError("ferry: vLLM connector: the scheduler's \"ferry.server\" client "
+                         "needs the KV layout: give \"ferry.layout\" (num_layers, "
+                         "num_kv_heads, head_dim, dtype) or a vLLM model_config") from e
 
 
 def _salt_of(request):
@@ -197,9 +224,7 @@ class FerryConnector(KVConnectorBase_V1):
         else:  # vLLM before kv_cache_config was passed to connectors
             super().__init__(vllm_config, role)
         self._extra = _extra(vllm_config)
-        server = self._extra.get("ferry.server")
-        if server:
-            raise no_server(server, "vLLM")
+        self._server = self._extra.get("ferry.server") or None
         self._name = self._extra.get("ferry.store", "vllm")
         self._store = None
         self._opened = False
@@ -222,6 +247,8 @@ class FerryConnector(KVConnectorBase_V1):
     def store(self):
         if self._store is None:
             self._store = registered_store(self._name)
+            if self._store is None and self._server:
+                self._store = self._open_lookup_client()
             if self._store is None:
                 raise RuntimeError(
                     f"ferry: vLLM connector: no store registered as {self._name!r} in this "
@@ -230,9 +257,31 @@ class FerryConnector(KVConnectorBase_V1):
                     "\"ferry.server\"")
         return self._store
 
-    def _open_store(self, layout):
+    def _open_lookup_client(self):
+        """The scheduler's client of "ferry.server": lookups and pins only."""
+        e = self._extra
+        mc = getattr(self._vllm_config, "model_config", None)
+        _, world = _tp_rank_world(self._vllm_config, rank=False)
+        s = KVStore(model=str(e.get("ferry.model", getattr(mc, "model", "vllm"))),
+                    layout=_config_layout(self._vllm_config, e), server=self._server,
+                    lookup_only=True, chunk_tokens=int(e.get("ferry.chunk_tokens", 0)),
+                    tp_rank=0, tp_world=world)
+        self._opened = True
+        return s
+
+    def _open_store(self, layout, device=None):
         """The worker's store: the registered one, or one opened from the config."""
         found = registered_store(self._name)
+        if found is None and self._server:
+            e = self._extra
+            mc = getattr(self._vllm_config, "model_config", None)
+            rank, world = _tp_rank_world(self._vllm_config)
+            found = KVStore(model=str(e.get("ferry.model", getattr(mc, "model", "vllm"))),
+                            layout=layout, server=self._server,
+                            chunk_tokens=int(e.get("ferry.chunk_tokens", 0)),
+                            tp_rank=rank, tp_world=world, device=device)
+            register_store(self._name, found)
+            self._opened = True
         if found is None and "ferry.l1" in self._extra:
             e = self._extra
             mc = getattr(self._vllm_config, "model_config", None)
@@ -343,7 +392,10 @@ class FerryConnector(KVConnectorBase_V1):
         names = _layer_order(list(kv_caches))
         caches = [paged_view(kv_caches[n]) for n in names]
         layout = Layout.from_kv_caches(caches)
-        store = self._open_store(layout)
+        dev = caches[0].device if torch is not None and isinstance(caches[0], torch.Tensor) \
+            else None
+        store = self._open_store(layout, f"cuda:{dev.index or 0}"
+                                 if dev is not None and dev.type == "cuda" else None)
         if store.layout != layout:
             raise ValueError(f"ferry: vLLM's caches are {layout}, the store {self._name!r} "
                              f"holds {store.layout}")
