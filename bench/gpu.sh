@@ -6,6 +6,9 @@
 #   build        cmake Release build (skipped with FERRY_GPU_SH_BUILD=DIR
 #                naming a build that already has ferry, and FERRY_GPU_SH_NO_BUILD=1)
 #   ctest_gpu    ctest -L gpu (each test skips with 77 where its hardware is absent)
+#   py_device    python/tests/test_device.py with FERRY_TEST_DEVICE=cuda:0 (the
+#                Python package's CUDA tensors as device buffers, bitwise;
+#                skipped where no interpreter has torch with CUDA available)
 #   info         ferry info --json
 #   bench_io     ferry bench io --engine all --device cuda
 #   gds_cufile   ferry bench gds --driver cufile --device cuda
@@ -149,9 +152,24 @@ else
     cmake --build '$build' -j $(nproc)"
 fi
 if [ ! -x "$ferry" ]; then
-  for s in ctest_gpu info bench_io gds_cufile gds_cpu kv_contig kv_paged moe; do skip $s "no ferry built"; done
+  for s in ctest_gpu py_device info bench_io gds_cufile gds_cpu kv_contig kv_paged moe; do skip $s "no ferry built"; done
 else
   step ctest_gpu 120 0 bash -c "cd '$build' && ctest -L gpu --output-on-failure --timeout 100"
+  # the Python package on the device: an interpreter with torch and pytest
+  # (Debian's /usr/bin/python3 first: the python3 first on PATH may not see them)
+  pyt="" pyt_dev=cuda:0
+  [ "$device" = host ] && pyt_dev=host
+  for cand in /usr/bin/python3 "$py"; do
+    [ -n "$cand" ] && [ -x "$cand" ] || continue
+    if "$cand" -c "import torch, pytest, sys; sys.exit(0 if '$device' == 'host' or \
+        torch.cuda.is_available() else 1)" >/dev/null 2>&1; then pyt=$cand; break; fi
+  done
+  if [ -z "$pyt" ]; then
+    skip py_device "no python3 with torch, pytest and torch.cuda.is_available()"
+  else
+    step py_device 120 0 env FERRY_TEST_DEVICE=$pyt_dev FERRY_LIB="$build/libferry.so.0" \
+      FERRY_CLI="$ferry" "$pyt" -m pytest -q -p no:cacheprovider "$root/python/tests/test_device.py"
+  fi
   step info 20 1 "$ferry" info --json --dir "$work"
   if [ "$device" = cuda ]; then
     io_size=2G gds_size=1G
@@ -193,7 +211,7 @@ if [ -n "$py" ]; then
 import json, os, time
 e = os.environ
 sd = e["GS_STEPS"]
-order = ["build", "ctest_gpu", "info", "bench_io", "gds_cufile", "gds_cpu", "kv_contig",
+order = ["build", "ctest_gpu", "py_device", "info", "bench_io", "gds_cufile", "gds_cpu", "kv_contig",
          "kv_paged", "moe"]
 steps, skipped = {}, []
 def tail(path, n=20):
