@@ -271,7 +271,9 @@ class KVStore(Closing):
     *_async forms synchronize that stream before the call (the engine's
     writes to a source are finished, and its reads of a destination too); a
     blocking retrieve returns with its copies complete, an async one once
-    wait() returned. The layerwise forms do not block: layer_done(l) queues
+    wait() returned. retrieve_layers synchronizes the stream once when it
+    starts (its copies run on ferry's stream and write the engine's
+    memory); after that the layerwise forms do not block: layer_done(l) queues
     the copies after the stream's pending work (ferry_stream_import of the
     stream, passed to ferry_kv_op_layer_done) and wait_layer(l) makes the
     stream wait for layer l on the device (ferry_kv_op_stream_wait_layer).
@@ -526,6 +528,8 @@ class KVStore(Closing):
         arr, p = tokens_array(tokens)
         buf = self._buffer(data, block_table, writable)
         req = _Req(salt, partial, 0, skip)
+        if writable:   # a retrieve writes the engine's memory: its pending reads first
+            self._sync_engine(buf)
         opt = A.KVLayersOpt()
         h = ctypes.c_void_p()
         check(fn(self._handle(), p, arr.size, req.ptr(), ctypes.byref(buf.c), ctypes.byref(opt),
