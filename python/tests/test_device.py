@@ -6,7 +6,8 @@ ferry_device_alloc and views the memory as a CPU tensor, so every device
 path (device <-> L1 copies on the backend's streams, paged device blocks,
 layerwise events) runs end to end and is compared bitwise. With
 FERRY_TEST_DEVICE=cuda:0 (bench/gpu.sh, where a GPU is present) the same
-tests run on CUDA tensors.
+tests run on CUDA tensors. Through `ferry serve` the client maps the
+daemon's pool and moves device buffers the same way (host backend).
 """
 import os
 
@@ -201,3 +202,30 @@ def test_device_tensor_shape_dtype_contiguity_checks():
         strided = [s.device_empty((2, 4, 4, 2, 16), torch.float32)[..., :8] for _ in range(3)]
         with pytest.raises(ValueError, match="each block must be contiguous"):
             s.store(range(16), strided, [0, 1, 2, 3])
+
+
+def test_device_buffers_through_ferry_serve(tmp_path):
+    """A client of `ferry serve` on a device: its view of the daemon's pool is
+    pinned through the device and device buffers move through it, bitwise."""
+    if DEVICE != "host":
+        pytest.skip("the daemon test runs on the host backend")
+    from test_server import Daemon
+    lay = ferry.Layout(num_layers=2, num_heads=2, head_dim=64, dtype="bf16")  # tiny preset
+    d = Daemon(str(tmp_path)).start()
+    try:
+        src_cpu = torch.randn(2, 2, 48, 128, generator=torch.Generator().manual_seed(2)) \
+            .to(torch.bfloat16)
+        tokens = torch.arange(300, 348)
+        with ferry.KVStore("tiny", lay, server=d.url, chunk_tokens=CHUNK, device=DEVICE,
+                           server_timeout_ms=3000) as s:
+            src = on_device(s, src_cpu)
+            assert s._buffer(src, None, False).c.mem == 1   # FERRY_KV_MEM_DEVICE
+            assert s.store(tokens, src) == 48
+        with ferry.KVStore("tiny", lay, server=d.url, chunk_tokens=CHUNK, device=DEVICE,
+                           server_timeout_ms=3000) as s:
+            assert s.lookup(tokens) == 48
+            dst = on_device(s, torch.zeros_like(src_cpu))
+            assert s.retrieve(tokens, dst) == 48
+            assert torch.equal(dst.cpu(), src_cpu)
+    finally:
+        d.stop()
