@@ -486,6 +486,8 @@ static void store_end_locked(ferry_kv *kv, ferry_kv_op *op, int abort, int rc)
         ferry__kvc_lw_commit(kv, op, abort);
     else
         local_commit(kv, op, abort);
+    if (!abort && op->buf.mem == FERRY_KV_MEM_DEVICE) /* as a retrieve counts its chunks */
+        atomic_fetch_add(&kv->device_chunks, lw->nheld);
     if (abort) {
         for (size_t k = 0; k < lw->nheld; k++)
             lw->st[lw->ch[k].i] = rc;
