@@ -189,6 +189,7 @@ static void *worker(void *arg)
             if (ferry_kv_prefetch(g_kv, tok, n, NULL) < 0)
                 atomic_fetch_add(&g_errors, 1);
         }
+        ft_kv_watchdog_kick();
     }
     free(mem);
     return NULL;
@@ -246,6 +247,9 @@ static void run(int policy, int with_l2)
     atomic_store(&g_errors, 0);
     pthread_t th[THREADS];
     targ args[THREADS];
+    /* no operation finishing for a minute is a deadlock: fail, with the
+     * store's state, rather than hang until the test's timeout */
+    ft_kv_watchdog_start(g_kv, 60, "test_kv_stress");
     for (int i = 0; i < THREADS; i++) {
         args[i].seed = 1234u + (unsigned)i * 7919u + (unsigned)policy * 31u;
         args[i].id = i;
@@ -262,6 +266,7 @@ static void run(int policy, int with_l2)
         pthread_join(sth, NULL);
     }
     FT_ASSERT_OK(ferry_kv_flush(g_kv));
+    ft_kv_watchdog_stop();
     ferry_kv_stats m = FERRY_KV_STATS_INIT;
     FT_ASSERT_OK(ferry_kv_stats_get(g_kv, &m));
     printf("  %s%s: %ld chunks loaded and checked, %ld misses checked untouched; "
@@ -437,5 +442,9 @@ int main(void)
         cmocka_unit_test(four_retrieves_of_l2_prompts_each_get_all),
         cmocka_unit_test(four_retrieves_of_chunks_read_in_pieces_each_get_all),
     };
+    /* FERRY_TEST_FILTER=eight_threads_s3fifo* runs the matching tests only */
+    const char *filter = getenv("FERRY_TEST_FILTER");
+    if (filter && *filter)
+        cmocka_set_test_filter(filter);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,7 +6,9 @@
  * waits for that promotion. If prefetch reads shared a queue with
  * operations, every worker could be such a retrieve, waiting for a
  * prefetch queued behind it: a deadlock. I/O jobs never wait for anything
- * but the store's mutex, so their queue always drains.
+ * but the store's mutex, so their queue always drains. For the same reason
+ * a retrieve's copy lent to an idle operation worker (ferry__kv_lend) is
+ * never queued behind an operation: operations may wait for it.
  *
  * Invariant: every job queued is run exactly once; flush and close wait
  * until both queues are empty and no worker is busy, so no job outlives the
@@ -30,7 +32,28 @@ static void run_job(ferry_kv *kv, ferry__kv_job *j)
 
 static int all_idle(const ferry_kv *kv)
 {
-    return !kv->q[0].head && !kv->q[1].head && !kv->q[0].active && !kv->q[1].active;
+    return !kv->q[0].head && !kv->q[1].head && !kv->q[0].lhead && !kv->q[1].lhead &&
+           !kv->q[0].active && !kv->q[1].active;
+}
+
+/* under qmu: the next job of q, a lent copy first, or NULL */
+static ferry__kv_job *take(struct ferry__kv_queue *q)
+{
+    ferry__kv_job *j = q->lhead;
+    if (j) {
+        q->lhead = j->next;
+        if (!q->lhead)
+            q->ltail = NULL;
+        q->nlent--;
+        return j;
+    }
+    j = q->head;
+    if (j) {
+        q->head = j->next;
+        if (!q->head)
+            q->tail = NULL;
+    }
+    return j;
 }
 
 static void *worker(void *arg)
@@ -39,14 +62,11 @@ static void *worker(void *arg)
     ferry_kv *kv = q->kv;
     pthread_mutex_lock(&kv->qmu);
     for (;;) {
-        while (!q->head && !kv->stopping)
+        while (!q->head && !q->lhead && !kv->stopping)
             pthread_cond_wait(&q->cv, &kv->qmu);
-        if (!q->head)
+        ferry__kv_job *j = take(q);
+        if (!j)
             break;
-        ferry__kv_job *j = q->head;
-        q->head = j->next;
-        if (!q->head)
-            q->tail = NULL;
         q->active++;
         pthread_mutex_unlock(&kv->qmu);
         run_job(kv, j);
@@ -61,7 +81,7 @@ static void *worker(void *arg)
 
 void ferry__kv_enqueue(ferry_kv *kv, ferry__kv_job *j)
 {
-    struct ferry__kv_queue *q = &kv->q[j->kind == FERRY__KV_JOB_OP || j->on_ops ? 0 : 1];
+    struct ferry__kv_queue *q = &kv->q[j->kind == FERRY__KV_JOB_OP ? 0 : 1];
     j->next = NULL;
     pthread_mutex_lock(&kv->qmu);
     if (q->tail)
@@ -90,6 +110,28 @@ int ferry__kv_op_worker_free(ferry_kv *kv)
     int free_ = !q->head && !kv->stopping && q->active < q->nthreads;
     pthread_mutex_unlock(&kv->qmu);
     return free_;
+}
+
+int ferry__kv_lend(ferry_kv *kv, ferry__kv_job *j)
+{
+    struct ferry__kv_queue *q = &kv->q[0];
+    j->next = NULL;
+    pthread_mutex_lock(&kv->qmu);
+    /* idle workers >= lent copies queued, before and after: a worker takes
+     * a lent copy before anything else, an operation only when none is
+     * queued, so every lent copy is run by a worker that waits for nothing */
+    int ok = !q->head && !kv->stopping && q->active + q->nlent < q->nthreads;
+    if (ok) {
+        if (q->ltail)
+            q->ltail->next = j;
+        else
+            q->lhead = j;
+        q->ltail = j;
+        q->nlent++;
+        pthread_cond_signal(&q->cv);
+    }
+    pthread_mutex_unlock(&kv->qmu);
+    return ok;
 }
 
 int ferry__kv_workers_start(ferry_kv *kv, unsigned n)
@@ -152,13 +194,8 @@ void ferry__kv_workers_stop(ferry_kv *kv)
      * an operation may queue more of them) */
     for (int k = 0; k < 2; k++) {
         struct ferry__kv_queue *q = &kv->q[k];
-        while (q->head) {
-            ferry__kv_job *j = q->head;
-            q->head = j->next;
-            if (!q->head)
-                q->tail = NULL;
+        for (ferry__kv_job *j; (j = take(q));)
             run_job(kv, j);
-        }
         ferry__free(q->threads);
         q->threads = NULL;
     }

@@ -358,7 +358,6 @@ typedef struct ferry__kv_job {
     uint64_t l1_loc, l2_loc;
     int src_tier;              /* PREFETCH: the tier read from */
     int ahead;                 /* PREFETCH: a retrieve's read-ahead (kept once landed) */
-    int on_ops;                /* COPY: lent to an idle operation worker */
     void (*copy)(void *ctx, size_t idx); /* COPY: run copy(ctx, idx) */
     void *ctx;
     size_t idx;
@@ -433,6 +432,10 @@ struct ferry_kv {
     pthread_cond_t idle;
     struct ferry__kv_queue {
         ferry__kv_job *head, *tail;
+        /* copies lent to this queue's idle workers (async.c: ferry__kv_lend),
+         * taken before head; nlent of them, never more than workers idle */
+        ferry__kv_job *lhead, *ltail;
+        unsigned nlent;
         pthread_cond_t cv;
         unsigned active;
         pthread_t *threads;
@@ -471,10 +474,17 @@ void ferry__kv_enqueue(ferry_kv *kv, ferry__kv_job *j);
  * workers) of the caller's jobs running or queued. A retrieve's copy-out
  * never waits behind write-throughs or prefetch reads */
 int ferry__kv_io_worker_free(ferry_kv *kv, unsigned mine);
-/* an operation worker is idle with nothing queued for it: a retrieve may
- * lend it a copy-out (job->on_ops). A copy waits for nothing, so it cannot
- * hold up the operations behind it for long, nor deadlock them. */
+/* an operation worker is idle with nothing queued for it (a hint: it may
+ * be gone by the time a job is ready; ferry__kv_lend decides) */
 int ferry__kv_op_worker_free(ferry_kv *kv);
+/* lend the copy job j to an idle operation worker: 1 when it was queued,
+ * 0 (nothing queued) when no operation worker is idle and not already
+ * promised to an earlier lent copy, or operations are queued. A lent copy
+ * is taken before any operation, and an operation is only started while
+ * every lent copy still has an idle worker of its own: operations may wait
+ * for what a lent copy finishes (the chunk it checks and promotes, the
+ * lender's own copies), so it must never queue behind them. */
+int ferry__kv_lend(ferry_kv *kv, ferry__kv_job *j);
 void ferry__kv_hist_record(ferry__kv_hist *h, uint64_t ns);
 
 /* ---- test seams ---- */

@@ -221,7 +221,6 @@ static int rt_hand_off(rtv *r, size_t i, void (*job)(void *ctx, size_t i))
     if (!j)
         return 0;
     j->kind = FERRY__KV_JOB_COPY;
-    j->on_ops = ops;
     j->run = rt_run_copy;
     j->copy = job;
     j->ctx = r;
@@ -229,8 +228,19 @@ static int rt_hand_off(rtv *r, size_t i, void (*job)(void *ctx, size_t i))
     pthread_mutex_lock(&r->cmu);
     r->wpending++;
     pthread_mutex_unlock(&r->cmu);
-    ferry__kv_enqueue(r->kv, j);
-    return 1;
+    if (io) {
+        ferry__kv_enqueue(r->kv, j);
+        return 1;
+    }
+    /* an operation worker only if one is still idle for it: an operation
+     * queued meanwhile may wait for this very copy (the chunk it promotes) */
+    if (ferry__kv_lend(r->kv, j))
+        return 1;
+    pthread_mutex_lock(&r->cmu);
+    r->wpending--; /* (only this thread waits for its own copies) */
+    pthread_mutex_unlock(&r->cmu);
+    ferry__free(j);
+    return 0;
 }
 
 /* chunk i, read-locked and resident in L1, into the engine's buffer.

@@ -63,6 +63,15 @@ int ft_device_faults(ferry_device *dev, uint64_t fail_nth, int fail_code, size_t
  * per token and plane (64 gives 16-token chunks of 4 KiB) */
 ferry_kv_layout ft_kv_layout(unsigned token_bytes);
 
+/* ---- a deadline for threaded KV tests (kv_watchdog.c) ---- */
+/* Unless ft_kv_watchdog_stop() comes first, `seconds` without an
+ * ft_kv_watchdog_kick() print "what: no progress", the queues and counters
+ * of kv (may be NULL) and exit the test with 1: a deadlock fails with a
+ * message instead of hanging until CTest's timeout. One at a time. */
+void ft_kv_watchdog_start(ferry_kv *kv, unsigned seconds, const char *what);
+void ft_kv_watchdog_kick(void);
+void ft_kv_watchdog_stop(void);
+
 /* ---- temporary directories ---- */
 /* mkdtemp under $FERRY_TEST_TMPDIR or /var/tmp (a real disk, O_DIRECT-capable)
  * into buf; returns buf. */
