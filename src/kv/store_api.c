@@ -174,7 +174,9 @@ int ferry_kv_retrieve_async(ferry_kv *kv, const int32_t *tokens, size_t n,
  * Queue L2 -> L1 reads for the chunks ids[0..nch) that are only in L2, up
  * to prefetch_max bytes in flight, in order. Leading mode (the public
  * prefetch) stops at the first chunk that is not cached or does not fit;
- * otherwise (a retrieve's read-ahead) it skips those. queued[i] (when
+ * otherwise (a retrieve's read-ahead) it skips those. Leading 2 (the
+ * daemon's reads for a client's ACQUIRE and PREFETCH) is leading mode
+ * with the read-ahead's budget. queued[i] (when
  * non-NULL) gets the source tier of each chunk queued. Returns the leading tokens that
  * are in L1 or on their way.
  */
@@ -190,7 +192,7 @@ size_t ferry__kv_prefetch_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch
      * retrieving thread comes round after its copy-out (with a quarter of
      * an L1 of 8 chunks, 2 reads for 2 workers, the drive idled between) */
     uint64_t budget = kv->prefetch_max;
-    if (!leading) {
+    if (leading != 1) {
         uint64_t want = (uint64_t)2 * kv->q[1].nthreads * kv->slot_bytes;
         uint64_t half = kv->tier[FERRY_KV_TIER_L1]->capacity / 2 * kv->slot_bytes;
         budget = FERRY__MAX(budget, FERRY__MIN(want, half));

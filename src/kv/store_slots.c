@@ -273,6 +273,6 @@ void ferry__kv_slot_prefetch(ferry_kv *kv, const ferry_kv_hash *ids, size_t n)
 {
     if (kv->tier[FERRY_KV_TIER_L2] || kv->tier[FERRY_KV_TIER_REMOTE]) {
         ferry__kv_remote_discover_missing(kv, ids, n, n * kv->chunk_tokens);
-        ferry__kv_prefetch_ids(kv, ids, n, n * kv->chunk_tokens, 1, NULL);
+        ferry__kv_prefetch_ids(kv, ids, n, n * kv->chunk_tokens, 2, NULL);
     }
 }
