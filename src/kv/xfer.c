@@ -184,8 +184,8 @@ static int xrun(void *ctx, uint64_t addr, unsigned char *img, uint64_t len)
 {
     xctx *x = ctx;
     if (x->buf->mem == FERRY_KV_MEM_HOST) {
-        if (x->to_chunk)
-            memcpy(img, (const void *)(uintptr_t)addr, len);
+        if (x->to_chunk) /* into a tier's image, read later by another copy */
+            ferry__copy_stream(img, (const void *)(uintptr_t)addr, len);
         else /* into the engine's buffer, which it reads later: streaming stores */
             ferry__copy_stream((void *)(uintptr_t)addr, img, len);
         return 0;
