@@ -131,6 +131,40 @@ static void hash_chain_matches_the_definition(void **state)
     assert_true(v.lo == x.low64 && v.hi == x.high64);
 }
 
+/* chunks longer than the hasher's one-call buffer (2048 tokens) stream
+ * into a state: still the one-shot hash of the definition */
+static void hash_chain_of_long_chunks_matches_the_definition(void **state)
+{
+    (void)state;
+    enum { LCT = 3001, NT = 2 * LCT + 2500 };
+    int32_t *tok = malloc(NT * sizeof *tok);
+    unsigned char *buf = malloc(16 + 4 * LCT);
+    assert_non_null(tok);
+    assert_non_null(buf);
+    make_tokens(tok, NT, 5);
+    ferry_kv_hash h[4];
+    assert_int_equal(ferry_kv_hash_chunks(7, tok, NT, LCT, 1, h, 4), 3);
+    uint64_t lo = 0, hi = 0;
+    for (int c = 0; c < 3; c++) {
+        size_t len = c < 2 ? LCT : NT - 2 * LCT;
+        for (int i = 0; i < 8; i++) {
+            buf[i] = (unsigned char)(lo >> (8 * i));
+            buf[8 + i] = (unsigned char)(hi >> (8 * i));
+        }
+        for (size_t i = 0; i < len; i++) {
+            uint32_t v = (uint32_t)tok[c * LCT + i];
+            for (int k = 0; k < 4; k++)
+                buf[16 + 4 * i + k] = (unsigned char)(v >> (8 * k));
+        }
+        XXH128_hash_t x = XXH3_128bits_withSeed(buf, 16 + 4 * len, 7);
+        lo = x.low64;
+        hi = x.high64;
+        assert_true(h[c].lo == lo && h[c].hi == hi);
+    }
+    free(buf);
+    free(tok);
+}
+
 static void hash_prefix_and_partial(void **state)
 {
     (void)state;
@@ -2343,6 +2377,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(hash_chain_matches_the_definition),
+        cmocka_unit_test(hash_chain_of_long_chunks_matches_the_definition),
         cmocka_unit_test(hash_prefix_and_partial),
         cmocka_unit_test(key_format_is_stable_and_salted),
         cmocka_unit_test(layout_chunk_bytes),
