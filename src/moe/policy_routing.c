@@ -111,7 +111,8 @@ typedef struct routing {
     uint32_t *cell_count;      /* [L][CELLS] */
     uint64_t *routes;          /* routes seen */
     uint32_t *turn_tok;        /* token of its last turn, NONE none */
-    uint32_t *ring;            /* [L][RING][ring_cap] routed sets */
+    uint16_t *ring;            /* [L][RING][ring_cap] routed sets, as experts
+                                  of the layer (E <= 16384) */
     uint32_t ring_cap;         /* min(E, RING_CAP): a prefill set is cut */
     /* tournament over layers: the layer whose heap top is predicted
      * furthest (its next-turn offset included), O(log L) per change */
@@ -138,6 +139,8 @@ typedef struct routing {
     /* a follower's leader (its model is the leader's), a leader's follower */
     struct routing *lead, *fol;
     int follower;
+    int stale;                 /* a follower: its leader's end_step moved some
+                                  of its slots, its layer's leaf not updated */
 } routing;
 
 /* the lists and the tournament, a follower's own */
@@ -173,26 +176,6 @@ static void rt_fini(ferry__policy *p)
 static uint16_t cell_of(int last, uint32_t win, uint32_t pop, int hinted)
 {
     return (uint16_t)((((uint32_t)last * WINV + win) * POP_B + pop) * 2 + (uint32_t)hinted);
-}
-
-/* popularity bucket floor(2 log2(share * E)) + POP_B/2, clamped: the
- * number of half-octave thresholds the expert's share of its layer's
- * routes reaches. Refreshed when it is routed: shares drift slowly. */
-static uint8_t pop_bucket(const routing *s, uint32_t id)
-{
-    static const double thr[POP_B - 1] = {0.35355339, 0.5, 0.70710678, 1.0,
-                                          1.41421356, 2.0, 2.82842712};
-    uint32_t E = s->base.env.num_experts;
-    double share_e = (double)s->x[id].cnt * E, routes = (double)s->routes[id / E];
-    if (routes <= 0)
-        return 0;
-    /* binary search over the 7 thresholds: 3 compares */
-    uint8_t pop = share_e >= thr[3] * routes ? 4 : 0;
-    if (share_e >= thr[pop + 1] * routes)
-        pop += 2;
-    if (share_e >= thr[pop] * routes)
-        pop += 1;
-    return pop;
 }
 
 /* the expected wait, in turns, of a cell: 1/lambda - 1 with lambda =
@@ -316,7 +299,7 @@ static int rt_init(ferry__policy *p)
     s->routes = ferry__calloc(L, sizeof(uint64_t));
     s->turn_tok = ferry__malloc((size_t)L * sizeof(uint32_t));
     s->ring_cap = E < RING_CAP ? E : RING_CAP;
-    s->ring = ferry__malloc((size_t)L * RING * s->ring_cap * sizeof(uint32_t));
+    s->ring = ferry__malloc((size_t)L * RING * s->ring_cap * sizeof *s->ring);
     s->ring_n = ferry__calloc((size_t)L * RING, sizeof(uint32_t));
     s->ring_tok = ferry__malloc((size_t)L * RING * sizeof(uint32_t));
     if (own < 0 || !s->ccbm || !s->x || !s->cell_count || !s->lturns || !s->routes ||
@@ -328,7 +311,10 @@ static int rt_init(ferry__policy *p)
         s->at_rank[c] = s->rank[c] = (uint16_t)c;
     memset(s->turn_tok, 0xff, (size_t)L * sizeof(uint32_t));
     memset(s->ring_tok, 0xff, (size_t)L * RING * sizeof(uint32_t));
-    memset(s->ring, 0, (size_t)L * RING * s->ring_cap * sizeof(uint32_t)); /* fault it in now */
+    /* fault it in now (its contents are read only once written): a
+     * write per page, not a memset of the whole */
+    for (size_t b = 0; b < (size_t)L * RING * s->ring_cap * sizeof *s->ring; b += 4096)
+        ((volatile uint8_t *)s->ring)[b] = 0;
     /* every expert starts never routed, unpopular, unhinted */
     uint16_t c0 = cell_of(0, WIN + 1, 0, 0);
     for (uint32_t l = 0; l < L; l++) {
@@ -377,25 +363,31 @@ int ferry__routing_follow(ferry__policy *p, ferry__policy *lead)
     return 0;
 }
 
-/* the cell of id after its layer's turn at token `tok` */
-static uint16_t compute_cell(const routing *s, uint32_t id, uint32_t tok)
+/* the (last turn, window) part of a cell, times POP_B * 2, for each
+ * history byte a != 0 (bit d: routed d turns back): whether it was routed
+ * at the last turn, and at how many of the 7 before (at most 7 < WIN) */
+#define HB_PC(a) (((a) >> 1 & 1) + ((a) >> 2 & 1) + ((a) >> 3 & 1) + ((a) >> 4 & 1) + \
+                  ((a) >> 5 & 1) + ((a) >> 6 & 1) + ((a) >> 7 & 1))
+#define HB(a) (((a) & 1) * WINV + HB_PC(a)) * POP_B * 2
+#define HB4(a) HB(a), HB((a) + 1), HB((a) + 2), HB((a) + 3)
+#define HB16(a) HB4(a), HB4((a) + 4), HB4((a) + 8), HB4((a) + 12)
+#define HB64(a) HB16(a), HB16((a) + 16), HB16((a) + 32), HB16((a) + 48)
+static const uint16_t hist_base[256] = {HB64(0), HB64(64), HB64(128), HB64(192)};
+
+/* the cell of an expert after its layer's turn at token `tok`: cell_of()
+ * of its features, by table */
+static inline uint16_t compute_cell(const xinfo *xi, uint32_t tok)
 {
-    uint32_t last = s->x[id].last_tok, aligned = 0;
-    if (last != UINT32_MAX && tok >= last && tok - last < 32)
-        aligned = s->x[id].bits << (tok - last);
-    int was_last = aligned & 1u;
-    static const uint8_t pop4[16] = {0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4};
-    uint32_t win = pop4[(aligned >> 1) & 15u] + pop4[(aligned >> 5) & 7u]; /* turns 1..7 back */
-    if (win >= WIN)
-        win = WIN - 1;
-    if (!was_last && win == 0) /* out of the window: how long? */
-        win = last != UINT32_MAX && tok - last < COLD ? WIN : WIN + 1;
-    uint32_t pop = s->x[id].pop;
-    int hinted = s->x[id].hint_tok == tok + 1;
-    return cell_of(was_last, win, pop, hinted);
+    uint32_t last = xi->last_tok, d = tok - last, a = 0, base;
+    /* (never routed: bits is 0) */
+    if (tok >= last && d < 8)
+        a = (xi->bits << d) & 0xffu;
+    if (a)
+        base = hist_base[a];
+    else /* out of the window: how long? */
+        base = (last != UINT32_MAX && d < COLD ? WIN : WIN + 1) * POP_B * 2;
+    return (uint16_t)(base + (uint32_t)xi->pop * 2 + (xi->hint_tok == tok + 1));
 }
-
-
 
 /* ---- per-layer lists by cell ----
  * A layer's eviction candidate is the head of its non-empty list of the
@@ -553,46 +545,82 @@ static void place(routing *s, uint32_t m, uint32_t slot, uint16_t c)
     seg_update(s, m);
 }
 
-/* re-list a resident slot under its expert's cell */
-static void rekey(routing *s, uint32_t slot, uint32_t id)
+/* move a resident slot to the back of list c of layer m (from its list,
+ * or from none), leaving the tournament to the caller: end_step updates
+ * its layer's leaf once, after all its moves (the tree is a function of
+ * the leaves, so one update gives what one per move would) */
+static inline void relist(routing *s, uint32_t m, uint32_t slot, uint16_t c)
 {
-    place(s, id / s->base.env.num_experts, slot, s->x[id].cell);
+    if (s->scell[slot] == c && s->lk[2 * slot] == NONE)
+        return; /* at the back already */
+    unlist(s, m, slot);
+    enlist(s, m, slot, c);
 }
 
-/* the leader moved id: so does its follower, if id is listed there (an
- * unlisted one is listed at the end of the follower's step) */
-static __attribute__((noinline)) void follow(routing *f, uint32_t id)
+/* the leader moved id of layer m to cell c: so does its follower, if id
+ * is listed there (an unlisted one is listed at the end of the follower's
+ * step). In the leader's end_step (raw) its leaf is updated at the end. */
+static __attribute__((noinline)) void follow(routing *f, uint32_t m, uint32_t id, uint16_t c,
+                                             int raw)
 {
     uint32_t slot = f->base.env.where[id];
-    if (slot != FERRY_MOE_NONE && f->scell[slot] != CELL_NONE)
-        rekey(f, slot, id);
+    if (slot == FERRY_MOE_NONE || f->scell[slot] == CELL_NONE)
+        return;
+    if (!raw) {
+        place(f, m, slot, c);
+        return;
+    }
+    relist(f, m, slot, c);
+    f->stale = 1;
 }
 
-/* move id to the cell it is in after its layer's turn at tok */
-static void recell(routing *s, uint32_t id, uint32_t tok, int routed)
+/* id of layer m leaves cell o for c: the layer's counts (see corr) */
+static inline void count_move(routing *s, uint32_t m, uint16_t o, uint16_t c)
 {
-    uint32_t layer = id / s->base.env.num_experts;
-    uint16_t c = compute_cell(s, id, tok);
-    if (c == s->x[id].cell && !routed)
+    uint32_t *cc = s->cell_count + (size_t)m * CELLS;
+    uint64_t *nz = s->ccbm + (size_t)m * BMW;
+    uint64_t t = s->lturns[m];
+    s->corr[o] -= t; /* (unsigned: wraps, and the fold wraps back) */
+    s->corr[c] += t;
+    if (--cc[o] == 0)
+        nz[o / 64] &= ~(1ull << (o % 64));
+    if (cc[c]++ == 0)
+        nz[c / 64] |= 1ull << (c % 64);
+}
+
+/* move id (of layer m) to the cell it is in after its layer's turn at
+ * tok, keeping the tournament (a hint's move, outside end_step) */
+static void recell(routing *s, uint32_t id, uint32_t m, uint32_t tok)
+{
+    uint16_t c = compute_cell(&s->x[id], tok), o = s->x[id].cell;
+    if (c == o)
         return; /* same cell, same key: nothing to do */
-    if (c != s->x[id].cell) {
-        uint32_t *cc = s->cell_count + (size_t)layer * CELLS;
-        uint64_t *nz = s->ccbm + (size_t)layer * BMW;
-        uint16_t o = s->x[id].cell;
-        uint64_t t = s->lturns[layer];
-        s->corr[o] -= t; /* (unsigned: wraps, and the fold wraps back) */
-        s->corr[c] += t;
-        if (--cc[o] == 0)
-            nz[o / 64] &= ~(1ull << (o % 64));
-        if (cc[c]++ == 0)
-            nz[c / 64] |= 1ull << (c % 64);
-        s->x[id].cell = c;
-        if (__builtin_expect(s->fol != NULL, 0)) /* (a routed one: its step's end) */
-            follow(s->fol, id);
+    count_move(s, m, o, c);
+    s->x[id].cell = c;
+    if (__builtin_expect(s->fol != NULL, 0))
+        follow(s->fol, m, id, c, 0);
+    uint32_t slot = s->base.env.where[id];
+    if (slot != FERRY_MOE_NONE)
+        place(s, m, slot, c);
+}
+
+/* the same in end_step, where a routed one moves to the back of its cell
+ * even when its cell stays, and the tournament is updated at the end */
+static inline void recell_step(routing *s, uint32_t id, uint32_t m, uint32_t tok, int routed)
+{
+    xinfo *xi = &s->x[id];
+    uint16_t c = compute_cell(xi, tok), o = xi->cell;
+    if (c != o) {
+        count_move(s, m, o, c);
+        xi->cell = c;
+        if (__builtin_expect(s->fol != NULL, 0))
+            follow(s->fol, m, id, c, 1);
+    } else if (!routed) {
+        return; /* same cell, same key: nothing to do */
     }
     uint32_t slot = s->base.env.where[id];
     if (slot != FERRY_MOE_NONE)
-        rekey(s, slot, id);
+        relist(s, m, slot, c);
 }
 
 static void rt_hit(ferry__policy *p, uint32_t slot, uint32_t id)
@@ -605,13 +633,20 @@ static void rt_hit(ferry__policy *p, uint32_t slot, uint32_t id)
 }
 
 /* list the parked slots again: under their expert's cell, or not at all
- * when they left (forgotten) or are listed already (routed and re-keyed) */
-static void unpark(routing *s)
+ * when they left (forgotten) or are listed already (routed and re-keyed).
+ * Those of layer `raw` (end_step's, NONE for none) leave the tournament
+ * to the caller. */
+static void unpark(routing *s, uint32_t raw)
 {
     for (uint32_t i = 0; i < s->n_parked; i++) {
         uint32_t v = s->parked[i], id = s->base.env.occupant[v];
-        if (id != FERRY_MOE_NONE && s->scell[v] == CELL_NONE)
-            place(s, id / s->base.env.num_experts, v, s->x[id].cell);
+        if (id == FERRY_MOE_NONE || s->scell[v] != CELL_NONE)
+            continue;
+        uint32_t m = id / s->base.env.num_experts;
+        if (m == raw)
+            enlist(s, m, v, s->x[id].cell);
+        else
+            place(s, m, v, s->x[id].cell);
     }
     s->n_parked = 0;
 }
@@ -654,7 +689,7 @@ static int rt_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slo
     if (s->seg_tok != tok)
         seg_rebuild(s);
     if (s->n_parked && s->park_step != *p->env.pin_now)
-        unpark(s);
+        unpark(s, NONE);
     /* the furthest predicted use; a pinned one (an expert of this step, or
      * named by the prefetch in progress) is parked off its list until the
      * step is over, and the next best is asked: O(log L) per pinned slot,
@@ -674,7 +709,7 @@ static int rt_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slo
     }
 }
 
-static const uint32_t *ring_set(const routing *s, uint32_t layer, uint32_t tok, uint32_t *n)
+static const uint16_t *ring_set(const routing *s, uint32_t layer, uint32_t tok, uint32_t *n)
 {
     size_t r = (size_t)layer * RING + tok % RING;
     if (s->ring_tok[r] != tok) {
@@ -697,29 +732,25 @@ static void hint(routing *s, uint32_t id, uint32_t tok)
     if (ptok + 1 != tok)
         return;
     s->x[id].hint_tok = tok;
-    recell(s, id, ptok, 0);
+    recell(s, id, m, ptok);
     /* it leaves the hinted cell at its turn: make sure that turn revisits
      * it (the previous turn's ring set holds it, or gets it) */
     size_t rr = (size_t)m * RING + ptok % RING;
     if (s->ring_tok[rr] == ptok && s->ring_n[rr] < s->ring_cap) {
-        uint32_t *set = s->ring + rr * s->ring_cap;
+        uint16_t *set = s->ring + rr * s->ring_cap, e = (uint16_t)(id - m * E);
         for (uint32_t i = 0; i < s->ring_n[rr]; i++)
-            if (set[i] == id)
+            if (set[i] == e)
                 return;
-        set[s->ring_n[rr]++] = id;
+        set[s->ring_n[rr]++] = e;
     }
 }
 
-static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint32_t n)
+/* end_step's learning of the turn (its first ensure): the turn as an
+ * opportunity for every expert of the layer (counted without visiting the
+ * cells: see corr), a use for each routed one, counted in the cells they
+ * were in before it; the waits refreshed when it is time */
+static void learn_turn(routing *s, uint32_t layer, const uint32_t *ids, uint32_t n)
 {
-    routing *s = (routing *)p;
-    uint32_t tok = *p->env.token;
-
-    if (s->turn_tok[layer] == tok) /* a second ensure of the same turn: learn nothing twice */
-        goto routed;
-    /* the turn as an opportunity for every expert of the layer (counted
-     * without visiting the cells: see corr), a use for each routed one,
-     * counted in the cells they were in before it */
     s->lturns[layer]++;
     for (uint32_t j = 0; j < n; j++)
         s->uses[s->x[ids[j]].cell] += 1;
@@ -732,51 +763,95 @@ static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, u
         if (s->fol)
             seg_rebuild(s->fol);
     }
-routed:
-    s->routes[layer] += n;
+}
+
+/* the routed experts' features after the turn at tok, and their cells */
+static void routed_step(routing *s, uint32_t layer, const uint32_t *ids, uint32_t n, uint32_t tok)
+{
+    /* popularity bucket floor(2 log2(share * E)) + POP_B/2, clamped: the
+     * number of half-octave thresholds the expert's share of its layer's
+     * routes reaches, by binary search (3 compares against the thresholds
+     * times the layer's routes, multiplied once per step). Refreshed when
+     * it is routed: shares drift slowly. */
+    static const double thr[POP_B - 1] = {0.35355339, 0.5, 0.70710678, 1.0,
+                                          1.41421356, 2.0, 2.82842712};
+    double routes = (double)(s->routes[layer] += n), tr[POP_B - 1];
+    for (uint32_t k = 0; k < POP_B - 1; k++)
+        tr[k] = thr[k] * routes;
+    double E = (double)s->base.env.num_experts;
     for (uint32_t j = 0; j < n; j++) {
-        uint32_t id = ids[j], last = s->x[id].last_tok;
-        if (last == tok)
-            continue;
-        s->x[id].bits = last != UINT32_MAX && tok - last < 32 ? (s->x[id].bits << (tok - last)) | 1u : 1u;
-        s->x[id].last_tok = tok;
-        s->x[id].cnt++;
-        s->x[id].pop = pop_bucket(s, id);
+        uint32_t id = ids[j];
+        xinfo *xi = &s->x[id];
+        uint32_t last = xi->last_tok;
+        if (last != tok) {
+            xi->bits = last != UINT32_MAX && tok - last < 32 ? (xi->bits << (tok - last)) | 1u : 1u;
+            xi->last_tok = tok;
+            xi->cnt++;
+            double share_e = (double)xi->cnt * E;
+            uint8_t pop = 0;
+            if (routes > 0) {
+                pop = share_e >= tr[3] ? 4 : 0;
+                if (share_e >= tr[pop + 1])
+                    pop += 2;
+                if (share_e >= tr[pop])
+                    pop += 1;
+            }
+            xi->pop = pop;
+        }
+        /* each expert's move reads only its own features: the same as
+         * all features first, then all moves */
+        recell_step(s, id, layer, tok, 1);
     }
+}
+
+static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint32_t n)
+{
+    routing *s = (routing *)p;
+    uint32_t tok = *p->env.token, E = p->env.num_experts, base = layer * E;
+    const xinfo *xl = s->x + base;
+
+    if (s->turn_tok[layer] != tok) /* a second ensure of the same turn: learn nothing twice */
+        learn_turn(s, layer, ids, n);
     s->turn_tok[layer] = tok;
-    seg_update(s, layer);
     /* experts whose features changed: routed now, routed at the previous
      * turn (leave "last"), routed 8 turns back (leave the window), hinted
-     * for this turn (hint expires) */
-    for (uint32_t j = 0; j < n; j++)
-        recell(s, ids[j], tok, 1);
+     * for this turn (hint expires). The layer's leaf of the tournament is
+     * updated once, after them all. */
+    if (s->fol)
+        s->fol->stale = 0;
+    routed_step(s, layer, ids, n, tok);
     if (s->n_parked)
-        unpark(s); /* (the routed ones are listed again already) */
+        unpark(s, layer); /* (the routed ones are listed again already) */
     uint32_t m;
-    const uint32_t *set;
+    const uint16_t *set;
     /* (routed again now: already in its cell as of this turn) */
     if (tok >= 1 && (set = ring_set(s, layer, tok - 1, &m)) != NULL)
         for (uint32_t j = 0; j < m; j++)
-            if (s->x[set[j]].last_tok != tok)
-                recell(s, set[j], tok, 0);
+            if (xl[set[j]].last_tok != tok)
+                recell_step(s, base + set[j], layer, tok, 0);
     /* only an expert not routed since turns cold now */
     if (tok >= COLD && (set = ring_set(s, layer, tok - COLD, &m)) != NULL)
         for (uint32_t j = 0; j < m; j++)
-            if (s->x[set[j]].last_tok == tok - COLD)
-                recell(s, set[j], tok, 0);
+            if (xl[set[j]].last_tok == tok - COLD)
+                recell_step(s, base + set[j], layer, tok, 0);
     /* a route of tok - WIN leaves the window (a hinted member that was
      * not routed then, or one routed again now, has no such event) */
     if (tok >= WIN && (set = ring_set(s, layer, tok - WIN, &m)) != NULL)
         for (uint32_t j = 0; j < m; j++) {
-            const xinfo *xi = &s->x[set[j]];
+            const xinfo *xi = &xl[set[j]];
             uint32_t d = xi->last_tok - (tok - WIN);
             if (xi->last_tok != tok && xi->last_tok != UINT32_MAX && d < 32 && (xi->bits >> d & 1u))
-                recell(s, set[j], tok, 0);
+                recell_step(s, base + set[j], layer, tok, 0);
         }
+    seg_update(s, layer);
+    if (s->fol && s->fol->stale)
+        seg_update(s->fol, layer);
     /* remember this turn's set */
     size_t r = (size_t)layer * RING + tok % RING;
     uint32_t keep = n < s->ring_cap ? n : s->ring_cap;
-    memcpy(s->ring + r * s->ring_cap, ids, (size_t)keep * sizeof *ids);
+    uint16_t *out = s->ring + r * s->ring_cap;
+    for (uint32_t j = 0; j < keep; j++)
+        out[j] = (uint16_t)(ids[j] - base);
     s->ring_n[r] = keep;
     s->ring_tok[r] = tok;
 }
@@ -804,10 +879,10 @@ static void fo_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, u
     for (uint32_t j = 0; j < n; j++) {
         uint32_t slot = p->env.where[ids[j]];
         if (slot != FERRY_MOE_NONE)
-            place(s, layer, slot, s->x[ids[j]].cell);
+            relist(s, layer, slot, s->x[ids[j]].cell);
     }
     if (s->n_parked)
-        unpark(s);
+        unpark(s, layer);
     seg_update(s, layer);
 }
 
