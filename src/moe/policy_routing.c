@@ -604,23 +604,98 @@ static void recell(routing *s, uint32_t id, uint32_t m, uint32_t tok)
         place(s, m, slot, c);
 }
 
-/* the same in end_step, where a routed one moves to the back of its cell
- * even when its cell stays, and the tournament is updated at the end */
-static inline void recell_step(routing *s, uint32_t id, uint32_t m, uint32_t tok, int routed)
+/* end_step's view of its layer, in locals: each move of an expert of
+ * the layer is inlined against it (no pointer reloaded per move) */
+typedef struct stepv {
+    xinfo *x;               /* the layer's experts */
+    const uint32_t *where;  /* the layer's experts' slots */
+    uint32_t *cc;           /* the layer's cell counts */
+    uint64_t *nz, *corr, lt;
+    uint32_t *lk, *ht;      /* slot links; the layer's list ends */
+    uint16_t *scell;
+    uint64_t *bm;           /* the layer's rank bitmap */
+    const uint16_t *rank;
+    routing *fol;
+    uint32_t m, base, tok;
+} stepv;
+
+static void stepv_init(stepv *v, routing *s, uint32_t m, uint32_t tok)
 {
-    xinfo *xi = &s->x[id];
-    uint16_t c = compute_cell(xi, tok), o = xi->cell;
+    uint32_t E = s->base.env.num_experts;
+    v->base = m * E;
+    v->x = s->x + v->base;
+    v->where = s->base.env.where + v->base;
+    v->cc = s->cell_count + (size_t)m * CELLS;
+    v->nz = s->ccbm + (size_t)m * BMW;
+    v->corr = s->corr;
+    v->lt = s->lturns[m];
+    v->lk = s->lk;
+    v->ht = s->ht + (size_t)m * CELLS * 2;
+    v->scell = s->scell;
+    v->bm = s->bm + (size_t)m * BMW;
+    v->rank = s->rank;
+    v->fol = s->fol;
+    v->m = m;
+    v->tok = tok;
+}
+
+/* the move of expert e of the layer to the cell it is in after the turn
+ * at v->tok: recell()'s, but a routed one moves to the back of its cell
+ * even when its cell stays, and the tournament is left to end_step */
+static inline __attribute__((always_inline)) void step_move(stepv *v, uint32_t e, int routed)
+{
+    xinfo *xi = &v->x[e];
+    uint16_t c = compute_cell(xi, v->tok), o = xi->cell;
     if (c != o) {
-        count_move(s, m, o, c);
+        v->corr[o] -= v->lt; /* count_move() */
+        v->corr[c] += v->lt;
+        if (--v->cc[o] == 0)
+            v->nz[o / 64] &= ~(1ull << (o % 64));
+        if (v->cc[c]++ == 0)
+            v->nz[c / 64] |= 1ull << (c % 64);
         xi->cell = c;
-        if (__builtin_expect(s->fol != NULL, 0))
-            follow(s->fol, m, id, c, 1);
+        if (__builtin_expect(v->fol != NULL, 0))
+            follow(v->fol, v->m, v->base + e, c, 1);
     } else if (!routed) {
         return; /* same cell, same key: nothing to do */
     }
-    uint32_t slot = s->base.env.where[id];
-    if (slot != FERRY_MOE_NONE)
-        relist(s, m, slot, c);
+    uint32_t slot = v->where[e];
+    if (slot == FERRY_MOE_NONE)
+        return;
+    /* relist(): unlist() and enlist() */
+    uint32_t *l = v->lk + 2 * (size_t)slot, *h;
+    uint16_t sc = v->scell[slot];
+    if (sc == c && l[0] == NONE)
+        return; /* at the back already */
+    if (sc != CELL_NONE) {
+        uint32_t a = l[1], b = l[0];
+        h = v->ht + 2 * (size_t)sc;
+        if (a != NONE)
+            v->lk[2 * (size_t)a] = b;
+        else
+            h[0] = b;
+        if (b != NONE)
+            v->lk[2 * (size_t)b + 1] = a;
+        else
+            h[1] = a;
+        if ((a & b) == NONE) { /* both ends: the list is empty */
+            uint32_t r = v->rank[sc];
+            v->bm[r / 64] &= ~(1ull << (r % 64));
+        }
+    }
+    h = v->ht + 2 * (size_t)c;
+    uint32_t t = h[1];
+    l[1] = t;
+    l[0] = NONE;
+    if (t != NONE) {
+        v->lk[2 * (size_t)t] = slot;
+    } else {
+        h[0] = slot;
+        uint32_t r = v->rank[c];
+        v->bm[r / 64] |= 1ull << (r % 64);
+    }
+    h[1] = slot;
+    v->scell[slot] = c;
 }
 
 static void rt_hit(ferry__policy *p, uint32_t slot, uint32_t id)
@@ -766,7 +841,7 @@ static void learn_turn(routing *s, uint32_t layer, const uint32_t *ids, uint32_t
 }
 
 /* the routed experts' features after the turn at tok, and their cells */
-static void routed_step(routing *s, uint32_t layer, const uint32_t *ids, uint32_t n, uint32_t tok)
+static void routed_step(routing *s, stepv *v, const uint32_t *ids, uint32_t n)
 {
     /* popularity bucket floor(2 log2(share * E)) + POP_B/2, clamped: the
      * number of half-octave thresholds the expert's share of its layer's
@@ -775,13 +850,14 @@ static void routed_step(routing *s, uint32_t layer, const uint32_t *ids, uint32_
      * it is routed: shares drift slowly. */
     static const double thr[POP_B - 1] = {0.35355339, 0.5, 0.70710678, 1.0,
                                           1.41421356, 2.0, 2.82842712};
-    double routes = (double)(s->routes[layer] += n), tr[POP_B - 1];
+    uint32_t tok = v->tok;
+    double routes = (double)(s->routes[v->m] += n), tr[POP_B - 1];
     for (uint32_t k = 0; k < POP_B - 1; k++)
         tr[k] = thr[k] * routes;
     double E = (double)s->base.env.num_experts;
     for (uint32_t j = 0; j < n; j++) {
-        uint32_t id = ids[j];
-        xinfo *xi = &s->x[id];
+        uint32_t e = ids[j] - v->base;
+        xinfo *xi = &v->x[e];
         uint32_t last = xi->last_tok;
         if (last != tok) {
             xi->bits = last != UINT32_MAX && tok - last < 32 ? (xi->bits << (tok - last)) | 1u : 1u;
@@ -800,15 +876,14 @@ static void routed_step(routing *s, uint32_t layer, const uint32_t *ids, uint32_
         }
         /* each expert's move reads only its own features: the same as
          * all features first, then all moves */
-        recell_step(s, id, layer, tok, 1);
+        step_move(v, e, 1);
     }
 }
 
 static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint32_t n)
 {
     routing *s = (routing *)p;
-    uint32_t tok = *p->env.token, E = p->env.num_experts, base = layer * E;
-    const xinfo *xl = s->x + base;
+    uint32_t tok = *p->env.token;
 
     if (s->turn_tok[layer] != tok) /* a second ensure of the same turn: learn nothing twice */
         learn_turn(s, layer, ids, n);
@@ -819,7 +894,10 @@ static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, u
      * updated once, after them all. */
     if (s->fol)
         s->fol->stale = 0;
-    routed_step(s, layer, ids, n, tok);
+    stepv v;
+    stepv_init(&v, s, layer, tok);
+    const xinfo *xl = v.x;
+    routed_step(s, &v, ids, n);
     if (s->n_parked)
         unpark(s, layer); /* (the routed ones are listed again already) */
     uint32_t m;
@@ -828,12 +906,12 @@ static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, u
     if (tok >= 1 && (set = ring_set(s, layer, tok - 1, &m)) != NULL)
         for (uint32_t j = 0; j < m; j++)
             if (xl[set[j]].last_tok != tok)
-                recell_step(s, base + set[j], layer, tok, 0);
+                step_move(&v, set[j], 0);
     /* only an expert not routed since turns cold now */
     if (tok >= COLD && (set = ring_set(s, layer, tok - COLD, &m)) != NULL)
         for (uint32_t j = 0; j < m; j++)
             if (xl[set[j]].last_tok == tok - COLD)
-                recell_step(s, base + set[j], layer, tok, 0);
+                step_move(&v, set[j], 0);
     /* a route of tok - WIN leaves the window (a hinted member that was
      * not routed then, or one routed again now, has no such event) */
     if (tok >= WIN && (set = ring_set(s, layer, tok - WIN, &m)) != NULL)
@@ -841,7 +919,7 @@ static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, u
             const xinfo *xi = &xl[set[j]];
             uint32_t d = xi->last_tok - (tok - WIN);
             if (xi->last_tok != tok && xi->last_tok != UINT32_MAX && d < 32 && (xi->bits >> d & 1u))
-                recell_step(s, base + set[j], layer, tok, 0);
+                step_move(&v, set[j], 0);
         }
     seg_update(s, layer);
     if (s->fol && s->fol->stale)
@@ -851,7 +929,7 @@ static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, u
     uint32_t keep = n < s->ring_cap ? n : s->ring_cap;
     uint16_t *out = s->ring + r * s->ring_cap;
     for (uint32_t j = 0; j < keep; j++)
-        out[j] = (uint16_t)(ids[j] - base);
+        out[j] = (uint16_t)(ids[j] - v.base);
     s->ring_n[r] = keep;
     s->ring_tok[r] = tok;
 }
