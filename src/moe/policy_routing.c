@@ -209,13 +209,28 @@ static void opps_fold(routing *s)
     memset(s->corr, 0, sizeof s->corr);
 }
 
-/* carry every layer's bitmap from the ranks old_at to s->rank */
-static void rerank(routing *s, const uint16_t *old_at)
+/* carry every layer's bitmap from the ranks old_at to s->rank, where
+ * only ranks lo..hi changed cells (a permutation of those cells) */
+static void rerank(routing *s, const uint16_t *old_at, uint32_t lo, uint32_t hi)
 {
+    uint32_t w0 = lo / 64, w1 = hi / 64;
+    uint64_t in[BMW];
+    for (uint32_t w = 0; w < BMW; w++) { /* the bits of ranks lo..hi */
+        uint64_t m = ~0ull;
+        if (w < w0 || w > w1)
+            m = 0;
+        if (w == w0)
+            m &= ~0ull << (lo % 64);
+        if (w == w1)
+            m &= ~0ull >> (63 - hi % 64);
+        in[w] = m;
+    }
     for (uint32_t l = 0; l < s->base.env.num_layers; l++) {
-        uint64_t *bm = s->bm + (size_t)l * BMW, nb[BMW] = {0};
+        uint64_t *bm = s->bm + (size_t)l * BMW, nb[BMW];
         for (uint32_t w = 0; w < BMW; w++)
-            for (uint64_t b = bm[w]; b; b &= b - 1) {
+            nb[w] = bm[w] & ~in[w];
+        for (uint32_t w = w0; w <= w1; w++)
+            for (uint64_t b = bm[w] & in[w]; b; b &= b - 1) {
                 uint32_t nr = s->rank[old_at[w * 64 + (uint32_t)__builtin_ctzll(b)]];
                 nb[nr / 64] |= 1ull << (nr % 64);
             }
@@ -241,19 +256,23 @@ static void refresh_waits(routing *s)
             s->at_rank[i] = s->at_rank[i - 1];
         s->at_rank[i] = c;
     }
-    int same = 1;
+    uint32_t lo = CELLS, hi = 0; /* the ranks whose cell changed */
     for (uint32_t r = 0; r < CELLS; r++) {
-        same &= s->at_rank[r] == old_at[r];
+        if (s->at_rank[r] != old_at[r]) {
+            lo = r < lo ? r : lo;
+            hi = r;
+        }
         s->rank[s->at_rank[r]] = (uint16_t)r;
     }
+    int same = lo > hi;
     if (!same)
-        rerank(s, old_at);
+        rerank(s, old_at, lo, hi);
     if (s->fol) { /* the follower's lists, ranked by the same waits */
         memcpy(s->fol->wait, s->wait, sizeof s->wait);
         memcpy(s->fol->rank, s->rank, sizeof s->rank);
         memcpy(s->fol->at_rank, s->at_rank, sizeof s->at_rank);
         if (!same)
-            rerank(s->fol, old_at);
+            rerank(s->fol, old_at, lo, hi);
     }
 }
 
@@ -488,23 +507,34 @@ static void seg_pull(routing *s, size_t i)
 static void seg_update(routing *s, uint32_t m)
 {
     uint32_t c = layer_top_cell(s, m);
+    double *lval = s->lval;
+    uint32_t *ltop = s->ltop, *seg = s->seg;
     if (c == CELL_NONE) {
-        s->lval[m] = -INFINITY;
-        s->ltop[m] = NONE;
+        lval[m] = -INFINITY;
+        ltop[m] = NONE;
     } else {
         uint32_t L = s->base.env.num_layers, tok = *s->base.env.token;
         uint32_t off = s->turn_tok[m] != UINT32_MAX && s->turn_tok[m] >= tok ? 1 : 0;
-        s->lval[m] = (double)off * L + m + s->wait[c] * L;
-        s->ltop[m] = s->ht[2 * ((size_t)m * CELLS + c)];
+        lval[m] = (double)off * L + m + s->wait[c] * L;
+        ltop[m] = s->ht[2 * ((size_t)m * CELLS + c)];
     }
     size_t i = s->seg_p + m;
-    s->seg[i] = s->ltop[m] != NONE ? m : UINT32_MAX;
-    /* a node whose winner stays another layer: nothing above changes */
+    seg[i] = ltop[m] != NONE ? m : UINT32_MAX;
+    /* seg_pull() up the path; a node whose winner stays another layer:
+     * nothing above changes */
     for (i /= 2; i >= 1; i /= 2) {
-        uint32_t was = s->seg[i];
-        seg_pull(s, i);
-        if (s->seg[i] == was && was != m)
+        uint32_t a = seg[2 * i], b = seg[2 * i + 1], w;
+        if (b == UINT32_MAX) /* seg_better(a, b) */
+            w = a;
+        else if (a == UINT32_MAX)
+            w = b;
+        else if (lval[a] != lval[b])
+            w = lval[a] > lval[b] ? a : b;
+        else
+            w = ltop[a] < ltop[b] ? a : b;
+        if (w == seg[i] && w != m)
             break;
+        seg[i] = w;
     }
 }
 
@@ -639,13 +669,15 @@ static void stepv_init(stepv *v, routing *s, uint32_t m, uint32_t tok)
     v->tok = tok;
 }
 
-/* the move of expert e of the layer to the cell it is in after the turn
- * at v->tok: recell()'s, but a routed one moves to the back of its cell
- * even when its cell stays, and the tournament is left to end_step */
-static inline __attribute__((always_inline)) void step_move(stepv *v, uint32_t e, int routed)
+/* the move of expert e of the layer to cell c, the cell it is in after
+ * the turn at v->tok: recell()'s, but a routed one moves to the back of
+ * its cell even when its cell stays, and the tournament is left to
+ * end_step */
+static inline __attribute__((always_inline)) void step_move(stepv *v, uint32_t e, uint16_t c,
+                                                            int routed)
 {
     xinfo *xi = &v->x[e];
-    uint16_t c = compute_cell(xi, v->tok), o = xi->cell;
+    uint16_t o = xi->cell;
     if (c != o) {
         v->corr[o] -= v->lt; /* count_move() */
         v->corr[c] += v->lt;
@@ -875,8 +907,12 @@ static void routed_step(routing *s, stepv *v, const uint32_t *ids, uint32_t n)
             xi->pop = pop;
         }
         /* each expert's move reads only its own features: the same as
-         * all features first, then all moves */
-        step_move(v, e, 1);
+         * all features first, then all moves. Routed at tok, its history
+         * byte has bit 0: compute_cell() without its tests. */
+        step_move(v, e,
+                  (uint16_t)(hist_base[xi->bits & 0xffu] + (uint32_t)xi->pop * 2 +
+                             (xi->hint_tok == tok + 1)),
+                  1);
     }
 }
 
@@ -906,12 +942,12 @@ static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, u
     if (tok >= 1 && (set = ring_set(s, layer, tok - 1, &m)) != NULL)
         for (uint32_t j = 0; j < m; j++)
             if (xl[set[j]].last_tok != tok)
-                step_move(&v, set[j], 0);
+                step_move(&v, set[j], compute_cell(&xl[set[j]], tok), 0);
     /* only an expert not routed since turns cold now */
     if (tok >= COLD && (set = ring_set(s, layer, tok - COLD, &m)) != NULL)
         for (uint32_t j = 0; j < m; j++)
             if (xl[set[j]].last_tok == tok - COLD)
-                step_move(&v, set[j], 0);
+                step_move(&v, set[j], compute_cell(&xl[set[j]], tok), 0);
     /* a route of tok - WIN leaves the window (a hinted member that was
      * not routed then, or one routed again now, has no such event) */
     if (tok >= WIN && (set = ring_set(s, layer, tok - WIN, &m)) != NULL)
@@ -919,7 +955,7 @@ static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, u
             const xinfo *xi = &xl[set[j]];
             uint32_t d = xi->last_tok - (tok - WIN);
             if (xi->last_tok != tok && xi->last_tok != UINT32_MAX && d < 32 && (xi->bits >> d & 1u))
-                step_move(&v, set[j], 0);
+                step_move(&v, set[j], compute_cell(&xl[set[j]], tok), 0);
         }
     seg_update(s, layer);
     if (s->fol && s->fol->stale)
