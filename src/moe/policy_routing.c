@@ -664,7 +664,14 @@ static void stepv_init(stepv *v, routing *s, uint32_t m, uint32_t tok)
     v->scell = s->scell;
     v->bm = s->bm + (size_t)m * BMW;
     v->rank = s->rank;
-    v->fol = s->fol;
+    /* the follower moves with the leader only where it lists slots of
+     * this layer (auto's shadow: on sampled layers); none listed now,
+     * none will be in end_step (it only relists listed ones) */
+    v->fol = NULL;
+    if (s->fol)
+        for (uint32_t w = 0; w < BMW; w++)
+            if (s->fol->bm[(size_t)m * BMW + w])
+                v->fol = s->fol;
     v->m = m;
     v->tok = tok;
 }
