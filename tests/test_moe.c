@@ -326,6 +326,49 @@ static void forget_frees_the_slot_and_the_expert_misses_again(void **state)
     ferry_moe_planner_destroy(p);
 }
 
+/* a miss takes the lowest free slot, whichever way slots came free:
+ * never used, forgotten, past a shrink's survivors or a grow's end */
+static void a_miss_takes_the_lowest_free_slot(void **state)
+{
+    (void)state;
+    ferry_moe_planner *p = mk(1, 64, 16, "lru", NULL);
+    uint8_t used[32] = {0};
+    uint32_t n = 16, e = 0, slot;
+    /* expected: the lowest slot not in use */
+#define NEXT_FREE(x) for (x = 0; used[x]; x++)
+    for (int round = 0; round < 6; round++) {
+        for (int k = 0; k < 5 && e < 64; k++, e++) { /* misses */
+            uint32_t want;
+            NEXT_FREE(want);
+            if (want >= n)
+                break;
+            assert_int_equal(ferry_moe_planner_ensure(p, 0, &e, 1, &slot, NULL, NULL), 1);
+            assert_int_equal(slot, want);
+            used[slot] = 1;
+        }
+        /* forget two, the higher first */
+        uint32_t a = (uint32_t)(round * 5 + 3) % n, b = (uint32_t)(round * 3 + 1) % n;
+        uint32_t hi = a > b ? a : b, lo = a > b ? b : a;
+        FT_ASSERT_OK(ferry_moe_planner_forget(p, hi));
+        FT_ASSERT_OK(ferry_moe_planner_forget(p, lo));
+        used[hi] = used[lo] = 0;
+        if (round == 2) { /* shrink: slots past the end go */
+            int dropped = ferry_moe_planner_resize(p, 10);
+            assert_true(dropped >= 0);
+            for (uint32_t v = 10; v < n; v++)
+                used[v] = 0;
+            n = 10;
+        } else if (round == 4) { /* grow */
+            assert_int_equal(ferry_moe_planner_resize(p, 24), 0);
+            n = 24;
+        }
+        for (uint32_t v = 0; v < n; v++)
+            assert_int_equal(ferry_moe_planner_occupant(p, v) != FERRY_MOE_NONE, used[v]);
+    }
+#undef NEXT_FREE
+    ferry_moe_planner_destroy(p);
+}
+
 static void resize_grows_and_drops_occupants_past_the_end(void **state)
 {
     (void)state;
@@ -784,6 +827,7 @@ int main(void)
         cmocka_unit_test(older_planner_options_prefix_is_accepted),
         cmocka_unit_test(forget_frees_the_slot_and_the_expert_misses_again),
         cmocka_unit_test(resize_grows_and_drops_occupants_past_the_end),
+        cmocka_unit_test(a_miss_takes_the_lowest_free_slot),
         cmocka_unit_test(prefetch_brings_experts_in_without_evicting_the_step),
         cmocka_unit_test(ferry_traces_load_in_token_layer_order),
         cmocka_unit_test(vllm_captures_read_module_paths_and_token_lists),

@@ -50,7 +50,11 @@ struct ferry_moe_planner {
     uint32_t *where;      /* per id */
     uint64_t *pin_step;   /* per slot */
     uint8_t *prefetched;  /* per slot: brought by prefetch, not routed since */
+    /* free slots: every slot from free_fresh on (never handed out since
+     * the slot arrays were made), and below it the heap of those freed
+     * again; the lowest free slot is the heap's top, else free_fresh */
     ferry__heap freeh;
+    uint32_t free_fresh;
     uint32_t *free_pos;
     double *free_key;     /* all zero: free slots order by index */
     uint64_t *seen;       /* per id: gen of the call that last saw it */
@@ -223,13 +227,25 @@ static int slot_arrays(uint32_t n, uint32_t **occ, uint64_t **pin, uint8_t **pf,
     memset(*occ, 0xff, (size_t)n * sizeof **occ);
     memset(*pin, 0xff, (size_t)n * sizeof **pin);
     memset(*fpos, 0xff, (size_t)n * sizeof **fpos);
-    /* slots pushed in index order make a valid heap without sifting */
-    for (uint32_t s = 0; s < n; s++) {
-        fh->h[s] = s;
-        (*fpos)[s] = s;
-    }
-    fh->n = n;
-    return 0;
+    return 0; /* (the heap is empty: every slot is fresh) */
+}
+
+/* free slots */
+static uint32_t free_count(const ferry_moe_planner *p)
+{
+    return p->freeh.n + (p->slots - p->free_fresh);
+}
+
+/* the lowest free slot, taken; free_count() > 0. The heap's slots are
+ * below free_fresh (each was handed out before it was freed). A fill
+ * takes fresh slots in O(1), not a heap removal each. */
+static uint32_t free_take(ferry_moe_planner *p)
+{
+    if (!p->freeh.n)
+        return p->free_fresh++;
+    uint32_t slot = ferry__heap_top(&p->freeh);
+    ferry__heap_remove(&p->freeh, slot);
+    return slot;
 }
 
 int ferry_moe_planner_create(const ferry_moe_planner_options *uopt, ferry_moe_planner **out)
@@ -417,12 +433,9 @@ static uint32_t place(ferry_moe_planner *p, uint32_t id, double floor)
 {
     for (;;) {
         uint32_t slot = FERRY_MOE_NONE;
-        int r = p->pol->ops->victim(p->pol, id, p->freeh.n > 0, &slot);
-        if (r == 1 && p->freeh.n) {
-            slot = ferry__heap_top(&p->freeh);
-            ferry__heap_remove(&p->freeh, slot);
-            return slot;
-        }
+        int r = p->pol->ops->victim(p->pol, id, free_count(p) > 0, &slot);
+        if (r == 1 && free_count(p))
+            return free_take(p);
         if (r == 0 && (slot >= p->slots || p->occupant[slot] == FERRY_MOE_NONE ||
                        p->pin_step[slot] == p->pin_now))
             return FERRY_MOE_NONE; /* (no policy names a pinned slot) */
@@ -801,6 +814,7 @@ int ferry_moe_planner_resize(ferry_moe_planner *p, uint32_t new_slots)
     /* the policy's history restarts; survivors keep their slots, in slot
      * order, as if used now */
     int dropped = 0;
+    uint32_t fresh = 0; /* above the last survivor */
     for (uint32_t s = 0; s < p->slots; s++) {
         uint32_t id = p->occupant[s];
         if (id == FERRY_MOE_NONE)
@@ -814,9 +828,16 @@ int ferry_moe_planner_resize(ferry_moe_planner *p, uint32_t new_slots)
         }
         occ[s] = id;
         pf[s] = p->prefetched[s];
-        ferry__heap_remove(&fh, s);
+        fresh = s + 1;
         (void)pol->ops->insert(pol, s, id, 1);
     }
+    /* the free slots below it in the heap: pushed in index order, a
+     * valid heap without sifting */
+    for (uint32_t s = 0; s < fresh; s++)
+        if (occ[s] == FERRY_MOE_NONE) {
+            fh.h[fh.n] = s;
+            fpos[s] = fh.n++;
+        }
     policy_destroy(p->pol);
     ferry__heap_fini(&p->freeh);
     ferry__free(p->occupant);
@@ -831,6 +852,7 @@ int ferry_moe_planner_resize(ferry_moe_planner *p, uint32_t new_slots)
     p->free_pos = fpos;
     p->free_key = fkey;
     p->freeh = fh;
+    p->free_fresh = fresh;
     p->slots = new_slots;
     p->n_pinned = 0; /* the new pin array pins nothing */
     p->n_soft = 0;
@@ -955,10 +977,9 @@ int ferry_moe_planner_hint_prefetch(ferry_moe_planner *p, uint32_t max_rows,
         if (pr <= 0.5)
             continue;
         if (pr <= 0.5 * (1 + q)) { /* worth a free slot, not a victim */
-            if (!p->freeh.n)
+            if (!free_count(p))
                 continue;
-            slot = ferry__heap_top(&p->freeh);
-            ferry__heap_remove(&p->freeh, slot);
+            slot = free_take(p);
         } else if ((slot = place(p, id, p->hcand[i].v)) == FERRY_MOE_NONE) {
             break; /* never at the cost of a hinted expert worth as much */
         }
