@@ -575,16 +575,49 @@ static void place(routing *s, uint32_t m, uint32_t slot, uint16_t c)
     seg_update(s, m);
 }
 
-/* move a resident slot to the back of list c of layer m (from its list,
- * or from none), leaving the tournament to the caller: end_step updates
- * its layer's leaf once, after all its moves (the tree is a function of
- * the leaves, so one update gives what one per move would) */
-static inline void relist(routing *s, uint32_t m, uint32_t slot, uint16_t c)
+/* move a resident slot to the back of list c (from its list, or from
+ * none), over a layer's list ends ht and rank bitmap bm, leaving the
+ * tournament to the caller: end_step updates its layer's leaf once,
+ * after all its moves (the tree is a function of the leaves, so one
+ * update gives what one per move would) */
+static inline __attribute__((always_inline)) void list_move(uint32_t *lk, uint16_t *scell,
+                                                            uint32_t *ht, uint64_t *bm,
+                                                            const uint16_t *rank, uint32_t slot,
+                                                            uint16_t c)
 {
-    if (s->scell[slot] == c && s->lk[2 * slot] == NONE)
+    uint32_t *l = lk + 2 * (size_t)slot, *h;
+    uint16_t sc = scell[slot];
+    if (sc == c && l[0] == NONE)
         return; /* at the back already */
-    unlist(s, m, slot);
-    enlist(s, m, slot, c);
+    if (sc != CELL_NONE) { /* unlist() */
+        uint32_t a = l[1], b = l[0];
+        h = ht + 2 * (size_t)sc;
+        if (a != NONE)
+            lk[2 * (size_t)a] = b;
+        else
+            h[0] = b;
+        if (b != NONE)
+            lk[2 * (size_t)b + 1] = a;
+        else
+            h[1] = a;
+        if ((a & b) == NONE) { /* both ends: the list is empty */
+            uint32_t r = rank[sc];
+            bm[r / 64] &= ~(1ull << (r % 64));
+        }
+    }
+    h = ht + 2 * (size_t)c; /* enlist() */
+    uint32_t t = h[1];
+    l[1] = t;
+    l[0] = NONE;
+    if (t != NONE) {
+        lk[2 * (size_t)t] = slot;
+    } else {
+        h[0] = slot;
+        uint32_t r = rank[c];
+        bm[r / 64] |= 1ull << (r % 64);
+    }
+    h[1] = slot;
+    scell[slot] = c;
 }
 
 /* the leader moved id of layer m to cell c: so does its follower, if id
@@ -600,7 +633,8 @@ static __attribute__((noinline)) void follow(routing *f, uint32_t m, uint32_t id
         place(f, m, slot, c);
         return;
     }
-    relist(f, m, slot, c);
+    list_move(f->lk, f->scell, f->ht + (size_t)m * CELLS * 2, f->bm + (size_t)m * BMW, f->rank,
+              slot, c);
     f->stale = 1;
 }
 
@@ -701,40 +735,7 @@ static inline __attribute__((always_inline)) void step_move(stepv *v, uint32_t e
     uint32_t slot = v->where[e];
     if (slot == FERRY_MOE_NONE)
         return;
-    /* relist(): unlist() and enlist() */
-    uint32_t *l = v->lk + 2 * (size_t)slot, *h;
-    uint16_t sc = v->scell[slot];
-    if (sc == c && l[0] == NONE)
-        return; /* at the back already */
-    if (sc != CELL_NONE) {
-        uint32_t a = l[1], b = l[0];
-        h = v->ht + 2 * (size_t)sc;
-        if (a != NONE)
-            v->lk[2 * (size_t)a] = b;
-        else
-            h[0] = b;
-        if (b != NONE)
-            v->lk[2 * (size_t)b + 1] = a;
-        else
-            h[1] = a;
-        if ((a & b) == NONE) { /* both ends: the list is empty */
-            uint32_t r = v->rank[sc];
-            v->bm[r / 64] &= ~(1ull << (r % 64));
-        }
-    }
-    h = v->ht + 2 * (size_t)c;
-    uint32_t t = h[1];
-    l[1] = t;
-    l[0] = NONE;
-    if (t != NONE) {
-        v->lk[2 * (size_t)t] = slot;
-    } else {
-        h[0] = slot;
-        uint32_t r = v->rank[c];
-        v->bm[r / 64] |= 1ull << (r % 64);
-    }
-    h[1] = slot;
-    v->scell[slot] = c;
+    list_move(v->lk, v->scell, v->ht, v->bm, v->rank, slot, c);
 }
 
 static void rt_hit(ferry__policy *p, uint32_t slot, uint32_t id)
@@ -1000,7 +1001,8 @@ static void fo_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, u
     for (uint32_t j = 0; j < n; j++) {
         uint32_t slot = p->env.where[ids[j]];
         if (slot != FERRY_MOE_NONE)
-            relist(s, layer, slot, s->x[ids[j]].cell);
+            list_move(s->lk, s->scell, s->ht + (size_t)layer * CELLS * 2, s->bm + (size_t)layer * BMW,
+                      s->rank, slot, s->x[ids[j]].cell);
     }
     if (s->n_parked)
         unpark(s, layer);
