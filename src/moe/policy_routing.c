@@ -108,7 +108,7 @@ typedef struct routing {
     uint16_t rank[CELLS], at_rank[CELLS];
     xinfo *x;                  /* per id, one cache line's worth each */
     /* per layer */
-    uint32_t *cell_count;      /* [L][CELLS] */
+    uint16_t *cell_count;      /* [L][CELLS] (E <= 16384) */
     uint64_t *routes;          /* routes seen */
     uint32_t *turn_tok;        /* token of its last turn, NONE none */
     uint16_t *ring;            /* [L][RING][ring_cap] routed sets, as experts
@@ -196,7 +196,7 @@ static void opps_fold(routing *s)
 {
     for (uint32_t l = 0; l < s->base.env.num_layers; l++) {
         const uint64_t *nz = s->ccbm + (size_t)l * BMW;
-        const uint32_t *cc = s->cell_count + (size_t)l * CELLS;
+        const uint16_t *cc = s->cell_count + (size_t)l * CELLS;
         for (uint32_t w = 0; w < BMW; w++)
             for (uint64_t b = nz[w]; b; b &= b - 1) {
                 uint32_t c = w * 64 + (uint32_t)__builtin_ctzll(b);
@@ -310,10 +310,12 @@ static int rt_init(ferry__policy *p)
     routing *s = (routing *)p;
     uint32_t L = p->env.num_layers, E = p->env.num_experts;
     size_t ids = (size_t)L * E;
+    if (E > FERRY_MOE_MAX_EXPERTS) /* (16-bit cell counts and ring entries) */
+        return -EINVAL;
     int own = own_init(s);
     s->ccbm = ferry__calloc((size_t)L * BMW, sizeof(uint64_t));
     s->x = ferry__calloc(ids, sizeof(xinfo));
-    s->cell_count = ferry__calloc((size_t)L * CELLS, sizeof(uint32_t));
+    s->cell_count = ferry__calloc((size_t)L * CELLS, sizeof *s->cell_count);
     s->lturns = ferry__calloc(L, sizeof(uint32_t));
     s->routes = ferry__calloc(L, sizeof(uint64_t));
     s->turn_tok = ferry__malloc((size_t)L * sizeof(uint32_t));
@@ -337,7 +339,7 @@ static int rt_init(ferry__policy *p)
     /* every expert starts never routed, unpopular, unhinted */
     uint16_t c0 = cell_of(0, WIN + 1, 0, 0);
     for (uint32_t l = 0; l < L; l++) {
-        s->cell_count[(size_t)l * CELLS + c0] = E;
+        s->cell_count[(size_t)l * CELLS + c0] = (uint16_t)E;
         s->ccbm[(size_t)l * BMW + c0 / 64] |= 1ull << (c0 % 64);
     }
     refresh_waits(s);
@@ -641,7 +643,7 @@ static __attribute__((noinline)) void follow(routing *f, uint32_t m, uint32_t id
 /* id of layer m leaves cell o for c: the layer's counts (see corr) */
 static inline void count_move(routing *s, uint32_t m, uint16_t o, uint16_t c)
 {
-    uint32_t *cc = s->cell_count + (size_t)m * CELLS;
+    uint16_t *cc = s->cell_count + (size_t)m * CELLS;
     uint64_t *nz = s->ccbm + (size_t)m * BMW;
     uint64_t t = s->lturns[m];
     s->corr[o] -= t; /* (unsigned: wraps, and the fold wraps back) */
@@ -673,7 +675,7 @@ static void recell(routing *s, uint32_t id, uint32_t m, uint32_t tok)
 typedef struct stepv {
     xinfo *x;               /* the layer's experts */
     const uint32_t *where;  /* the layer's experts' slots */
-    uint32_t *cc;           /* the layer's cell counts */
+    uint16_t *cc;           /* the layer's cell counts */
     uint64_t *nz, *corr, lt;
     uint32_t *lk, *ht;      /* slot links; the layer's list ends */
     uint16_t *scell;
