@@ -50,7 +50,8 @@
  * is the head of its first non-empty list by rank (the slot that entered
  * that cell first: LRU order within a cell). Across layers a tournament
  * tree over the layer candidates, each with its layer's next-turn offset
- * added, names the victim: O(log num_layers) per candidate change, no scan
+ * added, names the victim: O(log num_layers) per candidate change (once
+ * per end_step, after all the moves of its layer's experts), no scan
  * of the slots (a pinned best candidate - only a prefetch can leave one
  * there - falls back to every layer's first unpinned one). A routed
  * expert is off its list from its hit or insert until end_step re-lists
