@@ -266,7 +266,7 @@ typedef struct ferry_moe_planner_options {
  *    routing policy's learned model rather than learning again. On every
  *    generator trace measured it is never more than 0.1 point below LRU
  *    and within 0.2 points of the better of the two, at the cost of both
- *    plus the shadows' placements (about 1.2x "routing"'s instructions
+ *    plus the shadows' placements (about 1.3x "routing"'s instructions
  *    per layer-step).
  *  - "belady": Belady's MIN, offline (needs the trace as oracle).
  * Every victim is unpinned (never an expert of the current step); ties go

@@ -383,7 +383,7 @@ static int parse_header(parser *ps, json_t *o, size_t line)
     ferry_moe_model *m = &ps->t->model;
     if (ps->have_header || ps->have_routes)
         return PERR(line, "header record after %s", ps->have_header ? "a header" : "routes");
-    uint64_t v;
+    uint64_t v = 0;
     int rc;
     if ((rc = get_uint(o, "num_layers", MAX_LAYERS, line, &v, 1)) < 0)
         return rc;
