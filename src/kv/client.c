@@ -160,46 +160,84 @@ static int read_reply(ferry_kv *kv, ferry__kvc *c, ferry__proto_hdr *h, uint64_t
     return 0;
 }
 
-/* send c->out and read its reply: 0 and *h, or a code (connection closed) */
-static int exchange(ferry_kv *kv, ferry__kvc *c, ferry__proto_hdr *h, int *fd)
+static uint64_t deadline_of(const ferry__kvc *c)
 {
-    uint64_t deadline = ferry__now_ns() + (uint64_t)c->timeout_ms * 1000000u;
-    uint8_t type = c->out.p[2];
+    return ferry__now_ns() + (uint64_t)c->timeout_ms * 1000000u;
+}
+
+/* send c->out (a whole frame): 0, or a code (connection closed) */
+static int send_out(ferry_kv *kv, ferry__kvc *c, uint64_t deadline)
+{
     int r = send_all(c, c->out.p, c->out.len, deadline);
     if (r < 0)
         return lost(kv, c, "sending a request", r == -ETIMEDOUT ? "the daemon reads nothing"
                                                                  : ferry_strerror(r));
-    r = read_reply(kv, c, h, deadline, fd);
+    return 0;
+}
+
+/* read the reply to request rid of the given type: 0 and *h, or a code
+ * (connection closed: a reply to anything else is out of step) */
+static int recv_reply(ferry_kv *kv, ferry__kvc *c, uint8_t type, uint64_t rid,
+                      ferry__proto_hdr *h, int *fd, uint64_t deadline)
+{
+    int r = read_reply(kv, c, h, deadline, fd);
     if (r < 0)
         return r;
-    if (h->type == (FERRY__P_ERROR | FERRY__PROTO_REPLY) && h->rid == c->rid)
+    if (h->type == (FERRY__P_ERROR | FERRY__PROTO_REPLY) && h->rid == rid)
         return 0; /* the daemon refused the frame: its message follows */
-    if (h->rid != c->rid || h->type != (type | FERRY__PROTO_REPLY)) {
+    if (h->rid != rid || h->type != (type | FERRY__PROTO_REPLY)) {
         char why[96];
         snprintf(why, sizeof why, "reply %s to request %llu (asked %s, request %llu)",
                  ferry__proto_type_name(h->type), (unsigned long long)h->rid,
-                 ferry__proto_type_name(type), (unsigned long long)c->rid);
+                 ferry__proto_type_name(type), (unsigned long long)rid);
         return lost(kv, c, "out of step", why);
     }
     return 0;
+}
+
+/* send c->out and read its reply: 0 and *h, or a code (connection closed) */
+static int exchange(ferry_kv *kv, ferry__kvc *c, ferry__proto_hdr *h, int *fd)
+{
+    uint64_t deadline = deadline_of(c);
+    uint8_t type = c->out.p[2];
+    int r = send_out(kv, c, deadline);
+    return r < 0 ? r : recv_reply(kv, c, type, c->rid, h, fd, deadline);
+}
+
+/* *rd over a reply's payload after its head; *rc its head's code */
+static int reply_head(ferry_kv *kv, ferry__kvc *c, const ferry__proto_hdr *h,
+                      ferry__proto_rd *rd, int32_t *rc)
+{
+    rd->p = c->in;
+    rd->end = c->in + h->len;
+    rd->err = 0;
+    char msg[FERRY__PROTO_MAX_MSG + 1];
+    *rc = ferry__proto_reply_head(rd, msg, sizeof msg);
+    if (rd->err)
+        return lost(kv, c, "a malformed reply", ferry__proto_type_name(h->type));
+    if (*rc < 0)
+        ferry__kv_err(kv, *rc, "kv server %s: %s", c->path, msg);
+    return 0;
+}
+
+int ferry__kvc_send(ferry_kv *kv, ferry__kvc *c)
+{
+    return send_out(kv, c, deadline_of(c));
+}
+
+int ferry__kvc_recv(ferry_kv *kv, ferry__kvc *c, int type, uint64_t rid, ferry__proto_rd *rd,
+                    int32_t *rc)
+{
+    ferry__proto_hdr h;
+    int r = recv_reply(kv, c, (uint8_t)type, rid, &h, NULL, deadline_of(c));
+    return r < 0 ? r : reply_head(kv, c, &h, rd, rc);
 }
 
 int ferry__kvc_roundtrip(ferry_kv *kv, ferry__kvc *c, ferry__proto_rd *rd, int32_t *rc)
 {
     ferry__proto_hdr h;
     int r = exchange(kv, c, &h, NULL);
-    if (r < 0)
-        return r;
-    rd->p = c->in;
-    rd->end = c->in + h.len;
-    rd->err = 0;
-    char msg[FERRY__PROTO_MAX_MSG + 1];
-    *rc = ferry__proto_reply_head(rd, msg, sizeof msg);
-    if (rd->err)
-        return lost(kv, c, "a malformed reply", ferry__proto_type_name(h.type));
-    if (*rc < 0)
-        ferry__kv_err(kv, *rc, "kv server %s: %s", c->path, msg);
-    return 0;
+    return r < 0 ? r : reply_head(kv, c, &h, rd, rc);
 }
 
 int ferry__kvc_chunks(ferry_kv *kv, ferry__kvc *c, size_t n)

@@ -6,10 +6,11 @@
  * pool (RESERVE), copies the chunks into its mapping and commits them
  * (COMMIT), or aborts the ones whose copy failed. A retrieve acquires its
  * chunks (ACQUIRE: promoted into the pool and read-locked), copies them out
- * and releases them (RELEASE); a chunk counts as retrieved only when the
- * daemon confirms its slot was not reused meanwhile (else its tokens in a
- * host buffer are zeroed and it is a miss). Batches hold at most a quarter
- * of the pool, so clients sharing it cannot lock each other out.
+ * and releases them (RELEASE), pipelined (client_retrieve.c); a chunk
+ * counts as retrieved only when the daemon confirms its slot was not
+ * reused meanwhile (else its tokens in a host buffer are zeroed and it is
+ * a miss). Batches hold at most a quarter of the pool, so clients sharing
+ * it cannot lock each other out.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -116,20 +117,18 @@ static size_t batch_of(ferry__kvc *c, size_t left)
     return FERRY__MIN(FERRY__MIN(b, left), (size_t)FERRY__PROTO_MAX_CHUNKS);
 }
 
-/* copy between buf and the slot of c->ch[k] (chunk i), the tokens from
- * skip on (a retrieve's skip_tokens; 0 for stores); device: queued on s */
-static int copy_chunk(ferry_kv *kv, ferry__kvc *c, const ferry_kv_buffer *buf, size_t i,
-                      size_t n, size_t k, int to_chunk, ferry_stream *s, uint64_t skip)
+int ferry__kvc_copy_slot(ferry_kv *kv, ferry__kvc *c, const ferry_kv_buffer *buf, size_t i,
+                         size_t n, uint64_t slot, int to_chunk, ferry_stream *s, uint64_t skip)
 {
-    if (c->ch[k].slot >= c->nslots)
+    if (slot >= c->nslots)
         return ferry__kv_err(kv, FERRY_EPARSE, "kv server %s: slot %llu of %llu", c->path,
-                             (unsigned long long)c->ch[k].slot, (unsigned long long)c->nslots);
-    unsigned char *slot = c->pool + c->ch[k].slot * c->slot_bytes;
+                             (unsigned long long)slot, (unsigned long long)c->nslots);
+    unsigned char *p = c->pool + slot * c->slot_bytes;
     ferry__kv_span sp = ferry__kv_span_from(&kv->layout, kv->chunk_tokens, i,
                                             ferry__kv_chunk_ntok(kv, i, n), skip);
     if (!sp.ntok)
         return 0; /* wholly the engine's own tokens */
-    int r = ferry__kv_xfer(buf, kv->chunk_tokens, sp.tok0, sp.ntok, slot + sp.img_off, to_chunk,
+    int r = ferry__kv_xfer(buf, kv->chunk_tokens, sp.tok0, sp.ntok, p + sp.img_off, to_chunk,
                            s, NULL);
     return r < 0 ? ferry__kv_err_pass(kv, r) : 0;
 }
@@ -161,7 +160,7 @@ static int store_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, si
         c->ch[held].gen = gen;
         c->ch[held].tokens = (uint32_t)k; /* which chunk of the batch, for the commit */
         if (copy_rc == 0)
-            copy_rc = copy_chunk(kv, c, buf, first + k, n, held, 1, s, 0);
+            copy_rc = ferry__kvc_copy_slot(kv, c, buf, first + k, n, slot, 1, s, 0);
         held++;
     }
     if ((r = ferry__kvc_reply_end(kv, c, &rd)) < 0)
@@ -192,101 +191,10 @@ lost:
     return r;
 }
 
-/* PREFETCH ids[0..m): the daemon queues their L2 reads and answers at
- * once (uses the chunk array from k on). A failure changes nothing for the
- * retrieve: its ACQUIREs read what is not there yet; only a lost
- * connection is passed on */
-static int prefetch_next(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, size_t m,
-                         size_t k)
-{
-    if (!m || c->no_prefetch || ferry__kvc_chunks(kv, c, k + m) < 0)
-        return 0;
-    ferry__proto_req q;
-    memset(&q, 0, sizeof q);
-    q.hdr.type = FERRY__P_PREFETCH;
-    q.hdr.rid = ++c->rid;
-    q.n = (uint32_t)m;
-    q.chunks = c->ch + k;
-    for (size_t i = 0; i < m; i++) {
-        memset(&c->ch[k + i], 0, sizeof c->ch[k + i]);
-        c->ch[k + i].id = ids[i];
-    }
-    if (ferry__proto_req_encode(&c->out, &q) < 0)
-        return 0;
-    ferry__proto_rd rd;
-    int32_t rc;
-    int r = ferry__kvc_roundtrip(kv, c, &rd, &rc);
-    if (r < 0)
-        return r;
-    if (rc == FERRY_ENOTSUP)
-        c->no_prefetch = 1; /* a daemon from before PREFETCH */
-    return ferry__kvc_reply_end(kv, c, &rd) < 0 ? FERRY_ECONN : 0;
-}
-
-/* one retrieve batch: ACQUIRE, PREFETCH of the next batch (next[0..nm)),
- * copy out, RELEASE; st[] per chunk */
-static int retrieve_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, size_t first,
-                          size_t m, size_t n, const ferry_kv_buffer *buf, ferry_stream *s,
-                          int *st, uint64_t skip, const ferry_kv_hash *next, size_t nm)
-{
-    for (size_t k = 0; k < m; k++)
-        c->ch[k].id = ids[first + k];
-    ferry__proto_rd rd;
-    int32_t rc;
-    int r = ferry__kvc_send_chunks(kv, c, FERRY__P_ACQUIRE, m, 0, &rd, &rc);
-    if (r < 0 || (r = rc) < 0 || (r = ferry__kvc_reply_count(kv, c, &rd, m)) < 0)
-        return r;
-    size_t held = 0;
-    int copy_rc = 0;
-    for (size_t k = 0; k < m; k++) {
-        int32_t cs = (int32_t)ferry__proto_get_u32(&rd);
-        uint64_t slot = ferry__proto_get_u64(&rd), gen = ferry__proto_get_u64(&rd);
-        (void)ferry__proto_get_u8(&rd); /* the tier it was found in */
-        st[first + k] = cs;
-        if (cs != 0)
-            continue;
-        c->ch[held] = c->ch[k];
-        c->ch[held].slot = slot;
-        c->ch[held].gen = gen;
-        c->ch[held].tokens = (uint32_t)k;
-        held++;
-    }
-    if ((r = ferry__kvc_reply_end(kv, c, &rd)) < 0)
-        return r;
-    /* the next batch's reads start before this one is copied (the held
-     * chunks stay in c->ch[0..held); the PREFETCH uses the entries after m) */
-    if ((r = prefetch_next(kv, c, next, nm, m)) < 0)
-        return r;
-    for (size_t k = 0; k < held && copy_rc == 0; k++)
-        copy_rc = copy_chunk(kv, c, buf, first + c->ch[k].tokens, n, k, 0, s, skip);
-    if (s && held && copy_rc == 0 && (r = ferry_stream_sync(s)) < 0)
-        copy_rc = ferry__kv_err(kv, r, "kv retrieve: device copies out of the server's pool: %s",
-                                ferry_last_error());
-    if (!held)
-        return 0;
-    r = ferry__kvc_send_chunks(kv, c, FERRY__P_RELEASE, held, 0, &rd, &rc);
-    if (r == 0 && (r = rc) == 0)
-        r = ferry__kvc_reply_count(kv, c, &rd, held);
-    for (size_t k = 0; k < held; k++) {
-        size_t i = first + c->ch[k].tokens;
-        int32_t cs = r < 0 ? r : (int32_t)ferry__proto_get_u32(&rd);
-        st[i] = copy_rc < 0 ? copy_rc : cs;
-        /* bytes the daemon could not vouch for never stay in a host buffer */
-        if (st[i] != 0 && buf->mem == FERRY_KV_MEM_HOST) {
-            ferry__kv_span sp = ferry__kv_span_from(&kv->layout, kv->chunk_tokens, i,
-                                                    ferry__kv_chunk_ntok(kv, i, n), skip);
-            if (sp.ntok) /* (never the engine's own tokens below skip) */
-                ferry__kv_xfer_out_zero(buf, kv->chunk_tokens, sp.tok0, sp.ntok);
-        }
-    }
-    if (r < 0 || (r = ferry__kvc_reply_end(kv, c, &rd)) < 0)
-        return r;
-    return copy_rc;
-}
-
-/* a store or retrieve through the daemon: its chunks in batches of a
- * quarter of the pool, each batch one store_batch / retrieve_batch, a
- * cancel honoured between batches; req gets each chunk's code */
+/* a store or retrieve through the daemon: a store's chunks in batches of
+ * a quarter of the pool, each one store_batch, a cancel honoured between
+ * batches; a retrieve's pipelined (client_retrieve.c); req gets each
+ * chunk's code */
 static int run_batches(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
                        const ferry_kv_req *req, const ferry_kv_buffer *buf, int store)
 {
@@ -306,7 +214,10 @@ static int run_batches(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
     if (buf->mem == FERRY_KV_MEM_DEVICE)
         r = ferry__kv_stream_get(kv, &s);
     const atomic_int *cancel = ferry__kv_cancel_flag(); /* an async op's, else NULL */
-    for (size_t i = 0; r == 0 && i < nch;) {
+    if (!store && r == 0) /* pipelined, a cancel honoured between batches */
+        r = ferry__kvc_retrieve_run(kv, c, ids, nch, n, buf, s, st, ferry__kv_req_skip(req),
+                                    cancel);
+    for (size_t i = 0; store && r == 0 && i < nch;) {
         if (ferry__kv_cancelled(cancel)) { /* between batches: nothing more moves */
             for (size_t k = i; k < nch; k++)
                 st[k] = -ECANCELED;
@@ -316,17 +227,11 @@ static int run_batches(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
         size_t m = batch_of(c, nch - i);
         if ((r = ferry__kvc_chunks(kv, c, m)) < 0)
             break;
-        if (!store) {
-            size_t nm = FERRY__MIN(m, nch - i - m); /* the next batch, prefetched */
-            r = retrieve_batch(kv, c, ids, i, m, n, buf, s, st, ferry__kv_req_skip(req),
-                               ids + i + m, nm);
-        } else {
-            r = store_batch(kv, c, ids, i, m, n, buf, s, st);
-            /* stop at the first chunk that could not be placed (as in-process) */
-            for (size_t k = i; r == 0 && k < i + m; k++)
-                if (st[k] < 0 && st[k] != FERRY_ELOCKED)
-                    r = 1;
-        }
+        r = store_batch(kv, c, ids, i, m, n, buf, s, st);
+        /* stop at the first chunk that could not be placed (as in-process) */
+        for (size_t k = i; r == 0 && k < i + m; k++)
+            if (st[k] < 0 && st[k] != FERRY_ELOCKED)
+                r = 1;
         i += m;
     }
     pthread_mutex_unlock(&c->mu);

@@ -64,6 +64,13 @@ int ferry__kvc_ensure(ferry_kv *kv, ferry__kvc *c);
  * returned when negative (message on the store), or FERRY_ECONN (the
  * connection is closed) / FERRY_EPARSE (a reply that is not one: closed) */
 int ferry__kvc_roundtrip(ferry_kv *kv, ferry__kvc *c, ferry__proto_rd *rd, int32_t *rc);
+/* under c->mu, for requests in flight together (replies come in the
+ * order the requests went): send c->out (a whole frame, its id c->rid)
+ * without waiting; read the reply to request rid of type t (as
+ * ferry__kvc_roundtrip; a reply to any other is out of step: closed) */
+int ferry__kvc_send(ferry_kv *kv, ferry__kvc *c);
+int ferry__kvc_recv(ferry_kv *kv, ferry__kvc *c, int t, uint64_t rid, ferry__proto_rd *rd,
+                    int32_t *rc);
 /* under c->mu: room for n chunks in c->ch */
 int ferry__kvc_chunks(ferry_kv *kv, ferry__kvc *c, size_t n);
 /* close the connection (and unmap the pool) after a failure */
@@ -77,6 +84,17 @@ int ferry__kvc_send_chunks(ferry_kv *kv, ferry__kvc *c, int t, size_t n, uint64_
                            ferry__proto_rd *rd, int32_t *rc);
 int ferry__kvc_reply_count(ferry_kv *kv, ferry__kvc *c, ferry__proto_rd *rd, size_t n);
 int ferry__kvc_reply_end(ferry_kv *kv, ferry__kvc *c, ferry__proto_rd *rd);
+/* client_ops.c: copy between buf and pool slot `slot` (chunk i of a
+ * request of n tokens; to_chunk: into the slot), the tokens from skip on;
+ * device: queued on s. 0 or a code */
+int ferry__kvc_copy_slot(ferry_kv *kv, ferry__kvc *c, const ferry_kv_buffer *buf, size_t i,
+                         size_t n, uint64_t slot, int to_chunk, ferry_stream *s, uint64_t skip);
+/* client_retrieve.c: a retrieve's chunks ids[0..nch) (n tokens) into buf,
+ * pipelined, under c->mu; st[] gets each chunk's code (FERRY_ENOTFOUND
+ * before); 0 or the code that stopped it (-ECANCELED when *cancel) */
+int ferry__kvc_retrieve_run(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, size_t nch,
+                            size_t n, const ferry_kv_buffer *buf, ferry_stream *s, int *st,
+                            uint64_t skip, const atomic_int *cancel);
 /* client.c: a connection of a layerwise operation's own (kv_layers.h):
  * one kept idle, else a new one (connected); NULL with the code in *rc.
  * ferry__kvc_unlease keeps it for the next (a few at most) when it is

@@ -1,0 +1,497 @@
+/*
+ * test_serve_pipeline.c - retrieves through `ferry serve` of many more
+ * chunks than the daemon's pool holds, every one read from its L2, as the
+ * client pipelines them: a proxy between client and daemon sees the next
+ * batch's PREFETCH and ACQUIRE go before the current batch's RELEASE, and
+ * never more than two batches held at once; several client processes
+ * retrieving at once (their own prompts and each other's) get every chunk
+ * exact or as a miss, never a wrong byte; clients killed mid-pipeline
+ * leave no slot locked and the pool whole.
+ */
+/* ferry-test-labels: concurrent */
+/* ferry-test-timeout: 300 */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ferry_test.h"
+#include "kv/proto.h"
+
+#define CT 16
+#define TB 64u
+#define PLANES 4u
+#define CHUNK (PLANES * CT * TB)
+#define POOL 8    /* the daemon's L1: batches of an eighth of it, one chunk */
+#define NCH 40    /* chunks a prompt: five pools' worth */
+#define N (NCH * CT)
+#define PROMPTS 4
+
+static char g_dir[256], g_sock[300], g_proxy[300], g_l2[300];
+
+static ferry_kv_config store_config(void)
+{
+    ferry_kv_config c = FERRY_KV_CONFIG_INIT;
+    c.model = "test-model";
+    c.layout = ft_kv_layout(TB);
+    c.chunk_tokens = CT;
+    c.l1_bytes = POOL * CHUNK;
+    c.workers = 2;
+    return c;
+}
+
+static ferry_kv_config client_config(const char *sock)
+{
+    ferry_kv_config c = store_config();
+    c.server = sock;
+    c.server_timeout_ms = 5000;
+    return c;
+}
+
+/* ---- the daemon, in a thread, its L2 a slab in the test's directory ---- */
+
+typedef struct srv {
+    ferry_serve *s;
+    pthread_t th;
+} srv;
+
+static void *srv_main(void *arg)
+{
+    ferry_serve_run(arg);
+    return NULL;
+}
+
+static void srv_start(srv *v)
+{
+    ferry_kv_config kc = store_config();
+    kc.l2_dir = g_l2;
+    kc.l2_bytes = 4 * PROMPTS * NCH * CHUNK;
+    ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
+    sc.socket_path = g_sock;
+    sc.kv = &kc;
+    FT_ASSERT_OK(ferry_serve_open(&sc, &v->s));
+    assert_int_equal(pthread_create(&v->th, NULL, srv_main, v->s), 0);
+}
+
+static void srv_stop(srv *v)
+{
+    ferry_serve_stop(v->s);
+    pthread_join(v->th, NULL);
+    FT_ASSERT_OK(ferry_serve_close(v->s));
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    ft_tmpdir(g_dir, sizeof g_dir);
+    snprintf(g_sock, sizeof g_sock, "%s/ferry.sock", g_dir);
+    snprintf(g_proxy, sizeof g_proxy, "%s/proxy.sock", g_dir);
+    snprintf(g_l2, sizeof g_l2, "%s/l2", g_dir);
+    assert_int_equal(mkdir(g_l2, 0700), 0);
+    signal(SIGPIPE, SIG_IGN);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    ft_rmtree(g_dir);
+    return 0;
+}
+
+/* ---- prompts: tokens and the bytes stored for them ---- */
+
+static void prompt_tokens(int p, int32_t *t)
+{
+    for (size_t i = 0; i < N; i++)
+        t[i] = 1000 + p * 100000 + (int32_t)(i * 7919 % 32000);
+}
+
+static unsigned char *prompt_bytes(int p)
+{
+    unsigned char *m = malloc(PLANES * N * TB);
+    assert_non_null(m);
+    ft_fill_pattern(m, PLANES * N * TB, 10u + (unsigned)p);
+    return m;
+}
+
+static ferry_kv_buffer buffer_of(unsigned char *m)
+{
+    ferry_kv_buffer b = FERRY_KV_BUFFER_INIT;
+    b.layout = ft_kv_layout(TB);
+    b.base = (uint64_t)(uintptr_t)m;
+    b.capacity_tokens = N;
+    return b;
+}
+
+/* every prompt stored through the daemon, written through to its L2 */
+static void store_prompts(void)
+{
+    ferry_kv_config c = client_config(g_sock);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    for (int p = 0; p < PROMPTS; p++) {
+        int32_t t[N];
+        prompt_tokens(p, t);
+        unsigned char *m = prompt_bytes(p);
+        ferry_kv_buffer b = buffer_of(m);
+        assert_int_equal(ferry_kv_store(kv, t, N, NULL, &b), N);
+        free(m);
+    }
+    FT_ASSERT_OK(ferry_kv_flush(kv));
+    for (int p = 0; p < PROMPTS; p++) {
+        int32_t t[N];
+        prompt_tokens(p, t);
+        assert_int_equal(ferry_kv_lookup(kv, t, N, NULL), N);
+    }
+    ferry_kv_close(kv);
+}
+
+/* retrieve prompt p into a zeroed buffer: each chunk exact (status 0) or a
+ * miss with its bytes untouched (zero); the chunks retrieved, or -1 on a
+ * wrong byte */
+static int retrieve_checked(ferry_kv *kv, int p, const unsigned char *want)
+{
+    int32_t t[N];
+    prompt_tokens(p, t);
+    static unsigned char got[PLANES * N * TB];
+    memset(got, 0, sizeof got);
+    ferry_kv_buffer b = buffer_of(got);
+    int st[NCH];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = NCH;
+    int rc = ferry_kv_retrieve(kv, t, N, &r, &b);
+    if (rc < 0)
+        return 0;
+    int ok = 0;
+    for (size_t i = 0; i < NCH; i++)
+        for (unsigned pl = 0; pl < PLANES; pl++) {
+            size_t off = ((size_t)pl * N + i * CT) * TB;
+            for (size_t k = 0; k < CT * TB; k++)
+                if (got[off + k] != (st[i] == 0 ? want[off + k] : 0)) {
+                    fprintf(stderr, "prompt %d chunk %zu (status %d): byte %zu of plane %u "
+                            "is %#x\n", p, i, st[i], k, pl, got[off + k]);
+                    return -1;
+                }
+            ok += st[i] == 0 && pl == 0;
+        }
+    return ok;
+}
+
+/* ---- a proxy that logs the client's requests ---- */
+
+#define LOG_MAX 4096
+
+typedef struct proxy {
+    int lfd, cfd, dfd;
+    pthread_t th, back;
+    uint8_t type[LOG_MAX];
+    size_t n;
+} proxy;
+
+static int send_full(int fd, const uint8_t *p, size_t n, int pass_fd)
+{
+    while (n) {
+        union {
+            struct cmsghdr h;
+            char b[CMSG_SPACE(sizeof(int))];
+        } ctl;
+        struct iovec iov = {(void *)p, n};
+        struct msghdr m = {0};
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        if (pass_fd >= 0) {
+            memset(&ctl, 0, sizeof ctl);
+            m.msg_control = ctl.b;
+            m.msg_controllen = sizeof ctl.b;
+            struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+            h->cmsg_level = SOL_SOCKET;
+            h->cmsg_type = SCM_RIGHTS;
+            h->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(h), &pass_fd, sizeof pass_fd);
+        }
+        ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
+        if (w <= 0)
+            return -1;
+        p += w;
+        n -= (size_t)w;
+        pass_fd = -1;
+    }
+    return 0;
+}
+
+static int recv_full(int fd, uint8_t *p, size_t n)
+{
+    while (n) {
+        ssize_t r = recv(fd, p, n, 0);
+        if (r <= 0)
+            return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* daemon -> client: bytes as they come, the pool's fd passed along */
+static void *proxy_back(void *arg)
+{
+    proxy *x = arg;
+    uint8_t buf[1 << 16];
+    for (;;) {
+        union {
+            struct cmsghdr h;
+            char b[CMSG_SPACE(sizeof(int))];
+        } ctl;
+        struct iovec iov = {buf, sizeof buf};
+        struct msghdr m = {0};
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        m.msg_control = ctl.b;
+        m.msg_controllen = sizeof ctl.b;
+        ssize_t r = recvmsg(x->dfd, &m, 0);
+        if (r <= 0)
+            break;
+        int fd = -1;
+        struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+        if (h && h->cmsg_type == SCM_RIGHTS)
+            memcpy(&fd, CMSG_DATA(h), sizeof fd);
+        int w = send_full(x->cfd, buf, (size_t)r, fd);
+        if (fd >= 0)
+            close(fd);
+        if (w < 0)
+            break;
+    }
+    shutdown(x->cfd, SHUT_RDWR);
+    return NULL;
+}
+
+/* client -> daemon: frame by frame, each request's type logged */
+static void *proxy_main(void *arg)
+{
+    proxy *x = arg;
+    x->cfd = accept(x->lfd, NULL, NULL);
+    assert_true(x->cfd >= 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    memcpy(a.sun_path, g_sock, strlen(g_sock) + 1);
+    x->dfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_int_equal(connect(x->dfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(pthread_create(&x->back, NULL, proxy_back, x), 0);
+    static uint8_t frame[FERRY__PROTO_HDR + FERRY__PROTO_MAX_PAYLOAD];
+    for (;;) {
+        ferry__proto_hdr h;
+        char why[128];
+        if (recv_full(x->cfd, frame, FERRY__PROTO_HDR) < 0 ||
+            ferry__proto_hdr_decode(frame, FERRY__PROTO_HDR, &h, why, sizeof why) < 0 ||
+            recv_full(x->cfd, frame + FERRY__PROTO_HDR, h.len) < 0)
+            break;
+        if (x->n < LOG_MAX)
+            x->type[x->n++] = h.type;
+        if (send_full(x->dfd, frame, FERRY__PROTO_HDR + h.len, -1) < 0)
+            break;
+    }
+    shutdown(x->dfd, SHUT_RDWR);
+    pthread_join(x->back, NULL);
+    close(x->cfd);
+    close(x->dfd);
+    return NULL;
+}
+
+static void proxy_start(proxy *x)
+{
+    memset(x, 0, sizeof *x);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    memcpy(a.sun_path, g_proxy, strlen(g_proxy) + 1);
+    x->lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_true(x->lfd >= 0);
+    assert_int_equal(bind(x->lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(x->lfd, 1), 0);
+    assert_int_equal(pthread_create(&x->th, NULL, proxy_main, x), 0);
+}
+
+static void proxy_stop(proxy *x)
+{
+    pthread_join(x->th, NULL);
+    close(x->lfd);
+    unlink(g_proxy);
+}
+
+/* ---- the pipeline's shape ---- */
+
+static void test_pipelined_order(void **state)
+{
+    (void)state;
+    srv v;
+    srv_start(&v);
+    store_prompts();
+    proxy x;
+    proxy_start(&x);
+    ferry_kv_config c = client_config(g_proxy);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    unsigned char *want = prompt_bytes(1);
+    ferry_kv_stats a = FERRY_KV_STATS_INIT, z = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &a));
+    assert_int_equal(retrieve_checked(kv, 1, want), NCH);
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &z));
+    /* (most chunks came from the drive: the pool holds a fifth of them) */
+    assert_true(z.tier[FERRY_KV_TIER_L2].bytes_read - a.tier[FERRY_KV_TIER_L2].bytes_read >=
+                (uint64_t)(NCH - POOL) * CHUNK);
+    ferry_kv_close(kv);
+    proxy_stop(&x);
+    /* the requests of the retrieve, in the order the daemon got them */
+    size_t acq = 0, rel = 0, pf = 0, ahead = 0, most = 0;
+    for (size_t i = 0; i < x.n; i++) {
+        int t = x.type[i];
+        if (t == FERRY__P_ACQUIRE) {
+            ahead += acq > rel; /* sent while the batch before is still held */
+            acq++;
+        }
+        rel += t == FERRY__P_RELEASE;
+        pf += t == FERRY__P_PREFETCH;
+        if (acq - rel > most)
+            most = acq - rel;
+    }
+    size_t batches = NCH / (POOL / 8);
+    assert_int_equal(acq, batches); /* (one client alone: no chunk refused a slot) */
+    assert_int_equal(rel, batches);
+    assert_int_equal(ahead, batches - 1);
+    assert_int_equal(most, 2);
+    /* a PREFETCH of the next three batches goes before every ACQUIRE but
+     * the last one's */
+    assert_int_equal(pf, batches - 1);
+    free(want);
+    srv_stop(&v);
+}
+
+/* ---- clients at once ---- */
+
+#define ROUNDS 4
+
+/* a client process: prompts c and c + 1 in turns; exit 0 (and at least one
+ * chunk retrieved), 1 on a wrong byte, 2 when it retrieved nothing */
+static void client_run(int c, int forever)
+{
+    ferry_kv_config cfg = client_config(g_sock);
+    ferry_kv *kv = NULL;
+    if (ferry_kv_open(&cfg, &kv) < 0)
+        _exit(3);
+    unsigned char *want[2] = {prompt_bytes(c % PROMPTS), prompt_bytes((c + 1) % PROMPTS)};
+    long got = 0;
+    for (int r = 0; forever || r < ROUNDS; r++) {
+        int k = retrieve_checked(kv, (c + r % 2) % PROMPTS, want[r % 2]);
+        if (k < 0)
+            _exit(1);
+        got += k;
+    }
+    ferry_kv_close(kv);
+    fprintf(stderr, "client %d: %ld of %d chunks retrieved\n", c, got, ROUNDS * NCH);
+    _exit(got > 0 ? 0 : 2);
+}
+
+static void test_clients_at_once(void **state)
+{
+    (void)state;
+    srv v;
+    srv_start(&v);
+    store_prompts();
+    pid_t pid[PROMPTS];
+    for (int c = 0; c < PROMPTS; c++) {
+        pid[c] = fork();
+        assert_true(pid[c] >= 0);
+        if (pid[c] == 0)
+            client_run(c, 0);
+    }
+    for (int c = 0; c < PROMPTS; c++) {
+        int ws;
+        assert_int_equal(waitpid(pid[c], &ws, 0), pid[c]);
+        assert_true(WIFEXITED(ws));
+        assert_int_equal(WEXITSTATUS(ws), 0);
+    }
+    srv_stop(&v);
+}
+
+/* ---- clients killed mid-pipeline ---- */
+
+static void test_killed_mid_pipeline(void **state)
+{
+    (void)state;
+    srv v;
+    srv_start(&v);
+    store_prompts();
+    unsigned seed = (unsigned)time(NULL);
+    fprintf(stderr, "seed %u\n", seed);
+    srand(seed);
+    for (int round = 0; round < 8; round++) {
+        pid_t pid[2];
+        for (int c = 0; c < 2; c++) {
+            pid[c] = fork();
+            assert_true(pid[c] >= 0);
+            if (pid[c] == 0)
+                client_run(round + c, 1);
+        }
+        usleep(2000 + (useconds_t)(rand() % 40000));
+        for (int c = 0; c < 2; c++) {
+            int ws;
+            kill(pid[c], SIGKILL);
+            assert_int_equal(waitpid(pid[c], &ws, 0), pid[c]);
+            /* killed, not exited: an exit would be a wrong byte or a failure */
+            assert_true(WIFSIGNALED(ws));
+        }
+    }
+    /* the daemon saw every connection end and let go of what each held */
+    ferry_serve_stats ss = FERRY_SERVE_STATS_INIT;
+    for (int i = 0; i < 500; i++) {
+        FT_ASSERT_OK(ferry_serve_stats_get(v.s, &ss));
+        if (ss.clients == 0)
+            break;
+        usleep(10000);
+    }
+    assert_int_equal(ss.clients, 0);
+    ferry_kv *dk = ferry_serve_kv(v.s);
+    FT_ASSERT_OK(ferry_kv_flush(dk)); /* (read-aheads still landing hold their chunk) */
+    /* a fresh client gets every prompt whole and exact */
+    ferry_kv_config c = client_config(g_sock);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    for (int p = 0; p < PROMPTS; p++) {
+        unsigned char *want = prompt_bytes(p);
+        assert_int_equal(retrieve_checked(kv, p, want), NCH);
+        free(want);
+    }
+    ferry_kv_close(kv);
+    /* no chunk is locked: each one deletes, and the pool is empty after */
+    FT_ASSERT_OK(ferry_kv_flush(dk));
+    for (int p = 0; p < PROMPTS; p++) {
+        int32_t t[N];
+        prompt_tokens(p, t);
+        int rc = ferry_kv_delete(dk, t, N, NULL);
+        assert_int_not_equal(rc, FERRY_ELOCKED);
+        assert_true(rc >= 0);
+    }
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(dk, &m));
+    assert_int_equal(m.tier[FERRY_KV_TIER_L1].chunks, 0);
+    assert_int_equal(m.tier[FERRY_KV_TIER_L1].used_bytes, 0);
+    srv_stop(&v);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_pipelined_order, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_clients_at_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_killed_mid_pipeline, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
