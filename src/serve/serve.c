@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -97,6 +98,29 @@ static int listen_on(ferry_serve *s, const char *group)
 
 /* ---- open / close ---- */
 
+#define HUGETLBFS_MAGIC_ 0x958458f6u
+
+/*
+ * Say so when the pool is not in huge pages (none reserved: the kernel
+ * gave a memfd of 4 KiB pages). Every L2 read lands in the pool with
+ * O_DIRECT and every copy in or out walks it; with 4 KiB pages a read
+ * pins 512 times the pages, and on some VMs the drive then delivers a
+ * third of what it does into huge pages (fio shows the same), where an
+ * in-process store's L1 gets transparent huge pages by itself.
+ */
+static void pool_pages_note(const ferry_serve *s)
+{
+    struct statfs f;
+    if (fstatfs(s->pool_fd, &f) != 0 || (uint32_t)f.f_type == HUGETLBFS_MAGIC_)
+        return;
+    uint64_t pages = (s->pool_bytes + ((uint64_t)2 << 20) - 1) >> 21;
+    FERRY_LOGI("serve: the pool (%llu MiB) is in 4 KiB pages: reads from L2 into it and "
+               "copies out of it are slower than with huge pages (several times on some "
+               "VMs); "
+               "reserve %llu huge pages of 2 MiB (vm.nr_hugepages) before starting the daemon",
+               (unsigned long long)(s->pool_bytes >> 20), (unsigned long long)pages);
+}
+
 static int host_store(ferry_serve *s, const ferry_kv_config *kcfg)
 {
     if (kcfg->size >= offsetof(ferry_kv_config, server) + sizeof(char *) && kcfg->server)
@@ -113,7 +137,10 @@ static int host_store(ferry_serve *s, const ferry_kv_config *kcfg)
      * a chunk it stored), and no more */
     s->max_held = (size_t)(2 * s->nslots + 64);
     s->max_reserved = (size_t)(s->nslots > 1 ? s->nslots / 2 : 1);
-    return s->pool_fd < 0 ? ferry__err_set(&s->err, -EINVAL, "serve: the pool is not shared") : 0;
+    if (s->pool_fd < 0)
+        return ferry__err_set(&s->err, -EINVAL, "serve: the pool is not shared");
+    pool_pages_note(s);
+    return 0;
 }
 
 int ferry_serve_open(const ferry_serve_config *ucfg, ferry_serve **out)
