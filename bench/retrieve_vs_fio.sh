@@ -15,6 +15,8 @@
 #             client process each round)             goal >= 0.90x fio
 #   io        `ferry bench io --engine uring` write and read against fio,
 #             8 MiB x depth 8 and 256 KiB x depth 32.    goal >= 0.95x fio
+#             (with a control: fio run again next to the reference, its
+#             ratio to it the noise floor of a round's ratio)
 #   l1        L1 store and retrieve against memcpy of the same bytes
 #             (`ferry kv bench`'s own reference).        goal >= 0.80x memcpy
 #
@@ -53,7 +55,7 @@ while [ $# -gt 0 ]; do
     --parts) parts=$2; shift 2 ;;
     --quick) quick=1; shift ;;
     --base) base=$2; shift 2 ;;
-    -h | --help) sed -n '2,36p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,41p' "$0"; exit 0 ;;
     *) echo "retrieve_vs_fio.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -235,13 +237,23 @@ if [[ " $parts " == *" io "* ]]; then
                 mw=$(jq -r .write.gb_per_s <<<"$out")
                 mr=$(jq -r .read.gb_per_s <<<"$out")
             }
-            if ((i % 2)); then fio_wr; ferry_wr; else ferry_wr; fio_wr; fi
+            # the control: fio once more, on the other side of the
+            # reference from ferry (ferry last in odd rounds, first in
+            # even ones; the control the other way round), so fio against
+            # itself shows how far two neighbouring runs differ here
+            if ((i % 2)); then
+                fio_wr; cw=$fw; cr=$fr; fio_wr; ferry_wr
+            else
+                ferry_wr; fio_wr; fwk=$fw; frk=$fr; fio_wr; cw=$fw; cr=$fr; fw=$fwk; fr=$frk
+            fi
             rw=$(ratio "$mw" "$fw")
             rd=$(ratio "$mr" "$fr")
             io[$cfg.w]+="$rw "
             io[$cfg.r]+="$rd "
-            printf '  round %d %-7s (load %s): write fio %.2f ferry %.2f = %sx, read fio %.2f ferry %.2f = %sx\n' \
-                "$i" "$cfg" "$(cut -d' ' -f1 /proc/loadavg)" "$fw" "$mw" "$rw" "$fr" "$mr" "$rd"
+            io[$cfg.cw]+="$(ratio "$cw" "$fw") "
+            io[$cfg.cr]+="$(ratio "$cr" "$fr") "
+            printf '  round %d %-7s (load %s): write fio %.2f ferry %.2f = %sx (fio again %.2f), read fio %.2f ferry %.2f = %sx (fio again %.2f)\n' \
+                "$i" "$cfg" "$(cut -d' ' -f1 /proc/loadavg)" "$fw" "$mw" "$rw" "$cw" "$fr" "$mr" "$rd" "$cr"
         done
     done
 fi
@@ -275,6 +287,10 @@ done
 for cfg in $io_cfgs; do
     [ -n "${io[$cfg.w]:-}" ] && verdict "bench io write $cfg / fio" "${io[$cfg.w]}" 0.95
     [ -n "${io[$cfg.r]:-}" ] && verdict "bench io read $cfg / fio" "${io[$cfg.r]}" 0.95
+    [ -n "${io[$cfg.cw]:-}" ] && printf '  %-34s %s\n' "  (fio again / fio, write $cfg)" \
+        "$(echo "${io[$cfg.cw]}" | stats)"
+    [ -n "${io[$cfg.cr]:-}" ] && printf '  %-34s %s\n' "  (fio again / fio, read $cfg)" \
+        "$(echo "${io[$cfg.cr]}" | stats)"
 done
 [ -n "$l1st" ] && verdict "L1 store / memcpy" "$l1st" 0.80
 [ -n "$l1rt" ] && verdict "L1 retrieve / memcpy" "$l1rt" 0.80
