@@ -92,20 +92,29 @@ fi
 
 work=$(mktemp -d -p "$dir" ferry-retrieve-vs-fio-XXXXXX)
 huge=$(mktemp -d /tmp/ferry-hugetlbfs-XXXXXX)
-old_pages=$(cat /proc/sys/vm/nr_hugepages)
 mounted=0
+raised=0 # huge pages this run added (and takes away again)
+pages() { cat /proc/sys/vm/nr_hugepages; }
 cleanup() {
     rm -rf "$work"
     if [ $mounted = 1 ]; then umount "$huge" || true; fi
     rmdir "$huge" 2>/dev/null || true
-    echo "$old_pages" >/proc/sys/vm/nr_hugepages || true
+    # relative to the count now, not a saved one: another run of this
+    # script may have raised (or given back) its own pages meanwhile
+    if [ $raised -gt 0 ]; then
+        local n=$(($(pages) - raised))
+        echo $((n > 0 ? n : 0)) >/proc/sys/vm/nr_hugepages || true
+    fi
 }
 trap cleanup EXIT
 # 64 MiB of fio buffers at most (8 MiB x 8, 4 MiB x 16), 2 MiB pages
-echo $((old_pages + 48)) >/proc/sys/vm/nr_hugepages 2>/dev/null || true
-if [ "$(cat /proc/sys/vm/nr_hugepages)" -lt $((old_pages + 40)) ]; then
-    echo "retrieve_vs_fio.sh: the kernel gave $(cat /proc/sys/vm/nr_hugepages) huge pages" \
-        "of $((old_pages + 48)) asked: no like-for-like fio" >&2
+before=$(pages)
+echo $((before + 48)) >/proc/sys/vm/nr_hugepages 2>/dev/null || true
+raised=$(($(pages) - before))
+raised=$((raised > 0 ? raised : 0))
+if [ $raised -lt 40 ]; then
+    echo "retrieve_vs_fio.sh: the kernel gave $raised more huge pages of 48 asked:" \
+        "no like-for-like fio" >&2
     exit 77
 fi
 if ! mount -t hugetlbfs none "$huge"; then
