@@ -226,10 +226,21 @@ if [[ " $parts " == *" serve "* ]]; then
         "${fio_common[@]}" >/dev/null 2>&1
     mkdir -p "$work/serve-l2"
     sock="$work/ferry.sock"
+    # the daemon's pool in huge pages too (MFD_HUGETLB), as fio's buffers
+    # and an in-process L1 are: its size in 2 MiB pages, added for this run
+    pool_pages=$(numfmt --from=iec "$srv_l1" | awk '{ printf "%d", int(($1 + 2097151) / 2097152) }')
+    n=$(pages)
+    echo $((n + pool_pages)) >/proc/sys/vm/nr_hugepages 2>/dev/null || true
+    echo $(($(pages) - n)) >>"$work/raised-pages"
     "$ferry" serve --socket "$sock" "${srv_model[@]}" --l1 "$srv_l1" --l2 "$work/serve-l2:$l2" \
         2>"$work/serve.log" &
     spid=$!
     for _ in $(seq 300); do "$ferry" serve status --socket "$sock" >/dev/null 2>&1 && break; sleep 0.1; done
+    if grep -q "is in 4 KiB pages" "$work/serve.log"; then
+        echo "  (the daemon's pool is in 4 KiB pages: the kernel gave too few huge pages)"
+    else
+        echo "  (the daemon's pool is in huge pages)"
+    fi
     srv_cold() {
         "$ferry" kv bench "${model[@]}" --server "unix:$sock" --cold 1 --json |
             jq -r '.cold_l2_retrieve.median_gb_per_s'
