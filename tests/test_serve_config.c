@@ -142,6 +142,11 @@ static void every_mistake_names_its_place(void **state)
     refused("model: tiny\nl1_byte: 4M\n", "f.yaml:2:1: l1_byte: unknown key", "accepted: ");
     refused("layout: {num_layers: 2, layers: 3}\n", "f.yaml:1:25: layout.layers: unknown",
             "num_layers");
+    /* a key folded over lines holds line breaks: the message stays one line */
+    refused("{model: ti, l2_b\n\n\nyte, x: 1}\n", "f.yaml:1:13: l2_b\\n\\nyte: unknown key",
+            NULL);
+    refused("layout: {num_la\n\nyers: 3}\n", "f.yaml:1:10: layout.num_la\\nyers: unknown member",
+            NULL);
     /* wrong types */
     refused("model: [a, b]\n", "f.yaml:1:8: model: a list where a single value", NULL);
     refused("l1_bytes: {a: 1}\n", "f.yaml:1:11: l1_bytes: a mapping", NULL);

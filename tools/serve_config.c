@@ -464,10 +464,38 @@ typedef struct yp {
 #define LINE(y) ((y)->ev.start_mark.line + 1)
 #define COL(y) ((y)->ev.start_mark.column + 1)
 
+/* src into out (n bytes, n > 0) with control bytes written as \n, \t or
+ * \xHH: a key or value read from the file may hold line breaks (a plain
+ * scalar folded over lines), and a message stays one line */
+static void one_line(char *out, size_t n, const char *src)
+{
+    size_t o = 0;
+    for (const unsigned char *q = (const unsigned char *)src; *q && o + 1 < n; q++) {
+        char esc[5];
+        if (*q >= 0x20 && *q != 0x7f) {
+            out[o++] = (char)*q;
+            continue;
+        }
+        if (*q == '\n' || *q == '\t')
+            snprintf(esc, sizeof esc, "\\%c", *q == '\n' ? 'n' : 't');
+        else
+            snprintf(esc, sizeof esc, "\\x%02x", *q);
+        size_t k = strlen(esc);
+        if (o + k + 1 > n)
+            break;
+        memcpy(out + o, esc, k);
+        o += k;
+    }
+    out[o] = 0;
+}
+
 static int fail_at(yp *y, const char *what, const char *why, const char *acc)
 {
-    snprintf(y->err, y->errlen, "%s:%zu:%zu: %s: %s%s%s", y->name, LINE(y), COL(y), what, why,
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s:%zu:%zu: %s: %s%s%s", y->name, LINE(y), COL(y), what, why,
              acc ? "; accepted: " : "", acc ? acc : "");
+    if (y->errlen)
+        one_line(y->err, y->errlen, msg);
     return -1;
 }
 
@@ -584,8 +612,11 @@ static int layout_value(yp *y, const key *k)
         }
         const char *why = set_layout(y->c, name, scalar(y), &unknown);
         if (why && unknown) {
-            snprintf(y->err, y->errlen, "%s:%zu:%zu: %s: unknown member; accepted: %s", y->name,
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s:%zu:%zu: %s: unknown member; accepted: %s", y->name,
                      kline, kc, what, lay_accepted(""));
+            if (y->errlen)
+                one_line(y->err, y->errlen, msg);
             return -1;
         }
         if (why)
