@@ -269,6 +269,14 @@ typedef struct ferry_moe_planner_options {
  *    plus the shadows' placements (about 1.3x "routing"'s instructions
  *    per layer-step).
  *  - "belady": Belady's MIN, offline (needs the trace as oracle).
+ *  - "transition" (opt-in): learns P(routed at its layer's next turn)
+ *    per cell of (routed at the last turn, turns routed of the last 16,
+ *    bin of a learned same-layer token-to-token transition probability
+ *    from the turn's routed set), backed off to an LRU-like prior, and
+ *    evicts the least probability / steps until the layer runs again;
+ *    ties to the older use. O(num_experts x routes) a layer-step,
+ *    O(slots) a victim; L x E x E uint16 counters (halved before they
+ *    overflow): planner create refuses shapes needing over 256 MiB.
  * Every victim is unpinned (never an expert of the current step); ties go
  * to the lowest slot index. Under every policy, an expert hinted for a
  * later step (ferry_moe_planner_hint), likely enough to be right, is

@@ -200,6 +200,11 @@ const ferry__policy *ferry__auto_routing(const ferry__policy *p);
 /* (tests) auto's routing shadow (a follower), NULL for another policy */
 const ferry__policy *ferry__auto_shadow_routing(const ferry__policy *p);
 extern const ferry__policy_ops ferry__policy_belady;
+extern const ferry__policy_ops ferry__policy_transition;
+/* "transition"'s L x E x E counter table: its bytes, and the most a
+ * planner accepts (larger shapes are refused at create) */
+#define FERRY__TRANSITION_MAX_BYTES ((size_t)256 << 20)
+size_t ferry__transition_bytes(uint32_t num_layers, uint32_t num_experts);
 
 /* ---- traces ---- */
 struct ferry_moe_trace {

@@ -115,10 +115,12 @@ static const ferry__policy_ops *const registry[] = {
     &ferry__policy_lru,    &ferry__policy_lru_layer, &ferry__policy_lfu,
     &ferry__policy_lfru,   &ferry__policy_s3fifo,    &ferry__policy_routing,
     &ferry__policy_arc,    &ferry__policy_auto,      &ferry__policy_belady,
+    &ferry__policy_transition,
 };
 
-static const char *const policy_names[] = {"lru",     "lru-layer", "lfu",  "lfru",   "s3fifo",
-                                           "routing", "arc",       "auto", "belady", NULL};
+static const char *const policy_names[] = {"lru",     "lru-layer", "lfu",    "lfru",
+                                           "s3fifo",  "routing",   "arc",    "auto",
+                                           "belady",  "transition", NULL};
 
 const char *const *ferry_moe_policies(void)
 {
@@ -291,6 +293,14 @@ int ferry_moe_planner_create(const ferry_moe_planner_options *uopt, ferry_moe_pl
                                   "moe planner: oracle trace is %u x %u experts, planner %u x %u",
                                   m->num_layers, m->num_experts, opt->num_layers, opt->num_experts);
     }
+    if (ops == &ferry__policy_transition &&
+        ferry__transition_bytes(opt->num_layers, opt->num_experts) > FERRY__TRANSITION_MAX_BYTES)
+        return ferry__err_set(NULL, -EINVAL,
+                              "moe planner: policy transition: %u layers x %u x %u experts need "
+                              "%zu bytes of transition counters, more than the %zu accepted",
+                              opt->num_layers, opt->num_experts, opt->num_experts,
+                              ferry__transition_bytes(opt->num_layers, opt->num_experts),
+                              (size_t)FERRY__TRANSITION_MAX_BYTES);
     ferry_moe_planner *p = ferry__calloc(1, sizeof *p);
     if (!p)
         return ferry__err_set(NULL, -ENOMEM, "moe planner: out of memory");
