@@ -4,7 +4,8 @@
  * says, hits are never moved (a pinned expert is never evicted), the
  * counts add up and two runs agree; on a trace whose routes follow a
  * same-layer token-to-token structure it beats LRU clearly at a tight
- * budget; shapes whose transition table is too large are refused.
+ * budget, also after its counters are halved; shapes whose transition
+ * table is too large are refused.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -145,23 +146,28 @@ static void transition_is_listed_and_deterministic(void **state)
     ferry_moe_trace_destroy(t);
 }
 
-/* each layer: a pair of experts taking turns (a at token t names b at
- * t+1, b names a), beside a route drawn from the other 62 experts */
-static ferry_moe_trace *cycle_trace(uint32_t L, uint32_t tokens, uint64_t seed)
+/* each layer: a "sticky" expert of two (a at token t is a again at t+1,
+ * nine times in ten, else the other one: a names b at t+1), beside a
+ * route drawn from the other 62 experts. The policy learns that the
+ * sticky one follows itself and the drawn one does not; LRU keeps the
+ * drawn ones as long */
+static ferry_moe_trace *sticky_trace(uint32_t L, uint32_t tokens, uint64_t seed)
 {
     ferry_moe_model m = {.num_layers = L, .num_experts = 64, .top_k = 2};
-    snprintf(m.name, sizeof m.name, "cycle");
+    snprintf(m.name, sizeof m.name, "sticky");
     ferry_moe_trace *t;
     FT_ASSERT_OK(ferry_moe_trace_create(&m, &t));
     ferry__rng r;
     ferry__rng_seed(&r, seed);
-    uint32_t cyc[64][2];
+    uint32_t cyc[64][2], cur[64] = {0};
     for (uint32_t l = 0; l < L; l++) /* a layer's own pair */
         for (uint32_t i = 0; i < 2; i++)
             cyc[l][i] = (l * 7 + i * 32 + 3) % 64;
     for (uint32_t tk = 0; tk < tokens; tk++)
         for (uint32_t l = 0; l < L; l++) {
-            uint32_t ex[2] = {cyc[l][tk % 2], 0};
+            if (ferry__rng_below(&r, 10) == 0)
+                cur[l] ^= 1;
+            uint32_t ex[2] = {cyc[l][cur[l]], 0};
             do
                 ex[1] = ferry__rng_below(&r, 64);
             while (ex[1] == cyc[l][0] || ex[1] == cyc[l][1]);
@@ -173,15 +179,28 @@ static ferry_moe_trace *cycle_trace(uint32_t L, uint32_t tokens, uint64_t seed)
 static void transition_beats_lru_on_a_transition_structure(void **state)
 {
     (void)state;
-    ferry_moe_trace *t = cycle_trace(4, 600, 11);
-    uint32_t slots = 4 * 3; /* 3 a layer: the pair fits, not its LRU window */
+    ferry_moe_trace *t = sticky_trace(4, 4000, 11);
+    uint32_t slots = 4 + 2; /* the sticky ones and a step: not LRU's window */
     double lru = rate(t, "lru", slots), tr = rate(t, "transition", slots);
     double bel = rate(t, "belady", slots);
-    print_message("cycle trace, %u slots: lru %.2f transition %.2f belady %.2f\n", slots, lru, tr,
+    print_message("sticky trace, %u slots: lru %.2f transition %.2f belady %.2f\n", slots, lru, tr,
                   bel);
     if (tr < lru + 20.0)
         fail_msg("transition %.2f not 20 points above lru %.2f", tr, lru);
     assert_true(tr <= bel + 1e-9);
+    ferry_moe_trace_destroy(t);
+}
+
+/* 140,000 tokens: a sticky expert's transition row passes 65,535 and is
+ * halved; the policy keeps the sticky ones all along */
+static void transition_survives_counter_halving(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = sticky_trace(4, 140000, 5);
+    double lru = rate(t, "lru", 6), tr = rate(t, "transition", 6);
+    print_message("140000 tokens, 6 slots: lru %.2f transition %.2f\n", lru, tr);
+    if (tr < lru + 20.0)
+        fail_msg("transition %.2f not 20 points above lru %.2f after halving", tr, lru);
     ferry_moe_trace_destroy(t);
 }
 
@@ -216,6 +235,7 @@ int main(void)
         cmocka_unit_test(transition_keeps_the_invariants),
         cmocka_unit_test(transition_is_listed_and_deterministic),
         cmocka_unit_test(transition_beats_lru_on_a_transition_structure),
+        cmocka_unit_test(transition_survives_counter_halving),
         cmocka_unit_test(transition_refuses_huge_shapes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
