@@ -1,39 +1,18 @@
 /*
- * test_moe_auto.c - the "auto" policy follows the better of LRU and the
- * routing policy: on a trace where routing loses to LRU it stays with LRU,
- * where routing wins it takes at least a tenth of the LRU -> Belady gap;
- * it is deterministic, listed, and its routing half stays consistent.
+ * test_moe_auto.c - the "auto" policy follows the best of LRU, the
+ * routing policy and the transition policy: on a trace where routing loses
+ * to LRU it stays with LRU, where routing wins it takes at least a tenth
+ * of the LRU -> Belady gap, where only transition learns the structure it
+ * follows transition; it is deterministic, listed, and its routing half
+ * stays consistent.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "ferry_test.h"
+#include "moe_traces.h"
 #include "moe/moe_internal.h"
-
-static ferry_moe_trace *gen(const char *model, uint32_t tokens, uint64_t seed)
-{
-    ferry_moe_gen_options go = FERRY_MOE_GEN_OPTIONS_INIT;
-    go.model = model;
-    go.tokens = tokens;
-    go.seed = seed;
-    ferry_moe_trace *t = NULL;
-    FT_ASSERT_OK(ferry_moe_trace_generate(&go, &t));
-    return t;
-}
-
-static double rate(const ferry_moe_trace *t, const char *policy, uint32_t slots)
-{
-    ferry_moe_replay_result r;
-    FT_ASSERT_OK(ferry_moe_replay(t, policy, slots, 0, &r));
-    return 100.0 * r.hit_rate;
-}
-
-static uint32_t share(const ferry_moe_trace *t, double pct)
-{
-    const ferry_moe_model *m = ferry_moe_trace_model(t);
-    return (uint32_t)((double)m->num_layers * m->num_experts * pct / 100.0);
-}
 
 static void auto_follows_the_better_of_lru_and_routing(void **state)
 {
@@ -44,10 +23,10 @@ static void auto_follows_the_better_of_lru_and_routing(void **state)
     } cases[] = {{"mixtral-8x7b", 25}, {"mixtral-8x7b", 12.5}, {"qwen3-30b-a3b", 12.5},
                  {"qwen3-30b-a3b", 25}};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
-        ferry_moe_trace *t = gen(cases[c].model, 512, 2);
-        uint32_t slots = share(t, cases[c].pct);
-        double lru = rate(t, "lru", slots), rt = rate(t, "routing", slots);
-        double au = rate(t, "auto", slots), bel = rate(t, "belady", slots);
+        ferry_moe_trace *t = ft_moe_gen(cases[c].model, 512, 2);
+        uint32_t slots = ft_moe_share(t, cases[c].pct);
+        double lru = ft_moe_rate(t, "lru", slots), rt = ft_moe_rate(t, "routing", slots);
+        double au = ft_moe_rate(t, "auto", slots), bel = ft_moe_rate(t, "belady", slots);
         double best = lru > rt ? lru : rt;
         print_message("%s %.1f%%: lru %.2f routing %.2f auto %.2f belady %.2f\n",
                       cases[c].model, cases[c].pct, lru, rt, au, bel);
@@ -63,9 +42,28 @@ static void auto_follows_the_better_of_lru_and_routing(void **state)
         ferry_moe_trace_destroy(t);
     }
     /* where routing loses (Mixtral at 25%), auto is LRU within a hair */
-    ferry_moe_trace *t = gen("mixtral-8x7b", 512, 2);
-    uint32_t slots = share(t, 25);
-    assert_true(rate(t, "routing", slots) < rate(t, "lru", slots));
+    ferry_moe_trace *t = ft_moe_gen("mixtral-8x7b", 512, 2);
+    uint32_t slots = ft_moe_share(t, 25);
+    assert_true(ft_moe_rate(t, "routing", slots) < ft_moe_rate(t, "lru", slots));
+    ferry_moe_trace_destroy(t);
+}
+
+/* the context trace: only transition learns which hot expert follows a
+ * context, and at a tight budget that is worth hits; auto takes it, from
+ * shadows that start cold */
+static void auto_follows_transition_where_it_learns_more(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = ft_moe_context_trace(4, 4000, 11);
+    uint32_t slots = 4 + 2;
+    double lru = ft_moe_rate(t, "lru", slots), rt = ft_moe_rate(t, "routing", slots);
+    double tr = ft_moe_rate(t, "transition", slots), au = ft_moe_rate(t, "auto", slots);
+    print_message("context trace, %u slots: lru %.2f routing %.2f transition %.2f auto %.2f\n", slots, lru,
+                  rt, tr, au);
+    if (tr < (lru > rt ? lru : rt) + 5.0)
+        fail_msg("the trace does not tell transition apart: %.2f against %.2f / %.2f", tr, lru, rt);
+    if (au < tr - 1.0)
+        fail_msg("auto %.2f, a point below transition %.2f", au, tr);
     ferry_moe_trace_destroy(t);
 }
 
@@ -77,10 +75,10 @@ static void auto_is_deterministic_and_listed(void **state)
         listed += !strcmp(*p, "auto");
     assert_int_equal(listed, 1);
     assert_non_null(ferry_moe_policy_describe("auto"));
-    ferry_moe_trace *t = gen("qwen3-30b-a3b", 64, 5);
+    ferry_moe_trace *t = ft_moe_gen("qwen3-30b-a3b", 64, 5);
     ferry_moe_replay_result a, b;
-    FT_ASSERT_OK(ferry_moe_replay(t, "auto", share(t, 12.5), 0, &a));
-    FT_ASSERT_OK(ferry_moe_replay(t, "auto", share(t, 12.5), 0, &b));
+    FT_ASSERT_OK(ferry_moe_replay(t, "auto", ft_moe_share(t, 12.5), 0, &a));
+    FT_ASSERT_OK(ferry_moe_replay(t, "auto", ft_moe_share(t, 12.5), 0, &b));
     assert_int_equal(a.hits, b.hits);
     assert_int_equal(a.evictions, b.evictions);
     assert_string_equal(a.policy, "auto");
@@ -92,12 +90,12 @@ static void auto_is_deterministic_and_listed(void **state)
 static void auto_keeps_its_structures_through_a_trace(void **state)
 {
     (void)state;
-    ferry_moe_trace *t = gen("qwen3-30b-a3b", 48, 3);
+    ferry_moe_trace *t = ft_moe_gen("qwen3-30b-a3b", 48, 3);
     const ferry_moe_model *m = ferry_moe_trace_model(t);
     ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
     o.num_layers = m->num_layers;
     o.num_experts = m->num_experts;
-    o.slots = share(t, 6.25);
+    o.slots = ft_moe_share(t, 6.25);
     o.policy = "auto";
     ferry_moe_planner *p;
     FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
@@ -132,6 +130,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(auto_follows_the_better_of_lru_and_routing),
+        cmocka_unit_test(auto_follows_transition_where_it_learns_more),
         cmocka_unit_test(auto_is_deterministic_and_listed),
         cmocka_unit_test(auto_keeps_its_structures_through_a_trace),
     };

@@ -10,20 +10,10 @@
 #include <string.h>
 
 #include "ferry_test.h"
+#include "moe_traces.h"
 #include "moe/moe_internal.h"
 
 /* ferry-test-timeout: 120 */
-
-static ferry_moe_trace *gen(const char *model, uint32_t tokens, uint64_t seed)
-{
-    ferry_moe_gen_options o = FERRY_MOE_GEN_OPTIONS_INIT;
-    o.model = model;
-    o.tokens = tokens;
-    o.seed = seed;
-    ferry_moe_trace *t = NULL;
-    FT_ASSERT_OK(ferry_moe_trace_generate(&o, &t));
-    return t;
-}
 
 static void in_range(const char *what, double v, double lo, double hi)
 {
@@ -38,7 +28,7 @@ static void deepseek_preset_matches_published_statistics(void **state)
 {
     (void)state;
     for (uint64_t seed = 1; seed <= 2; seed++) {
-        ferry_moe_trace *t = gen("deepseek-v3", 1024, seed);
+        ferry_moe_trace *t = ft_moe_gen("deepseek-v3", 1024, seed);
         const ferry_moe_model *m = ferry_moe_trace_model(t);
         assert_int_equal(m->num_experts, 256);
         assert_int_equal(m->top_k, 8);
@@ -61,7 +51,7 @@ static void deepseek_preset_matches_published_statistics(void **state)
 static void mixtral_preset_matches_its_top_expert_share(void **state)
 {
     (void)state;
-    ferry_moe_trace *t = gen("mixtral-8x7b", 1024, 4);
+    ferry_moe_trace *t = ft_moe_gen("mixtral-8x7b", 1024, 4);
     ferry__trace_stats st;
     FT_ASSERT_OK(ferry__trace_stats_compute(t, &st));
     in_range("top expert share", st.top1_share, 0.14, 0.19);
@@ -104,7 +94,7 @@ static void a_uniform_trace_fails_the_same_checks(void **state)
 static void miss_rates_are_u_shaped_over_depth(void **state)
 {
     (void)state;
-    ferry_moe_trace *t = gen("qwen3-30b-a3b", 512, 7);
+    ferry_moe_trace *t = ft_moe_gen("qwen3-30b-a3b", 512, 7);
     const ferry_moe_model *m = ferry_moe_trace_model(t);
     uint32_t L = m->num_layers;
     ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
@@ -229,7 +219,7 @@ static void gen_options_are_range_checked(void **state)
 static void a_seed_determines_the_trace(void **state)
 {
     (void)state;
-    ferry_moe_trace *a = gen("small", 100, 11), *b = gen("small", 100, 11), *c = gen("small", 100, 12);
+    ferry_moe_trace *a = ft_moe_gen("small", 100, 11), *b = ft_moe_gen("small", 100, 11), *c = ft_moe_gen("small", 100, 12);
     assert_true(same(a, b));
     assert_false(same(a, c));
     /* every route is top_k distinct experts in range */

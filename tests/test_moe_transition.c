@@ -13,31 +13,8 @@
 #include <string.h>
 
 #include "ferry_test.h"
+#include "moe_traces.h"
 #include "moe/moe_internal.h"
-
-static ferry_moe_trace *gen(const char *model, uint32_t tokens, uint64_t seed)
-{
-    ferry_moe_gen_options go = FERRY_MOE_GEN_OPTIONS_INIT;
-    go.model = model;
-    go.tokens = tokens;
-    go.seed = seed;
-    ferry_moe_trace *t = NULL;
-    FT_ASSERT_OK(ferry_moe_trace_generate(&go, &t));
-    return t;
-}
-
-static uint32_t share(const ferry_moe_trace *t, double pct)
-{
-    const ferry_moe_model *m = ferry_moe_trace_model(t);
-    return (uint32_t)((double)m->num_layers * m->num_experts * pct / 100.0);
-}
-
-static double rate(const ferry_moe_trace *t, const char *policy, uint32_t slots)
-{
-    ferry_moe_replay_result r;
-    FT_ASSERT_OK(ferry_moe_replay(t, policy, slots, 0, &r));
-    return 100.0 * r.hit_rate;
-}
 
 /* one step checked against the planner's slots before and after */
 static void check_step(ferry_moe_planner *p, uint32_t layer, const uint32_t *ex, uint32_t k,
@@ -77,12 +54,12 @@ static void check_step(ferry_moe_planner *p, uint32_t layer, const uint32_t *ex,
 
 static void replay_invariants(const char *model, double pct, uint64_t *h, uint64_t *m)
 {
-    ferry_moe_trace *t = gen(model, 96, 3);
+    ferry_moe_trace *t = ft_moe_gen(model, 96, 3);
     const ferry_moe_model *mo = ferry_moe_trace_model(t);
     ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
     o.num_layers = mo->num_layers;
     o.num_experts = mo->num_experts;
-    o.slots = share(t, pct);
+    o.slots = ft_moe_share(t, pct);
     o.policy = "transition";
     ferry_moe_planner *p;
     FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
@@ -136,53 +113,23 @@ static void transition_is_listed_and_deterministic(void **state)
         listed += !strcmp(*p, "transition");
     assert_int_equal(listed, 1);
     assert_non_null(ferry_moe_policy_describe("transition"));
-    ferry_moe_trace *t = gen("qwen3-30b-a3b", 64, 5);
+    ferry_moe_trace *t = ft_moe_gen("qwen3-30b-a3b", 64, 5);
     ferry_moe_replay_result a, b;
-    FT_ASSERT_OK(ferry_moe_replay(t, "transition", share(t, 25), 0, &a));
-    FT_ASSERT_OK(ferry_moe_replay(t, "transition", share(t, 25), 0, &b));
+    FT_ASSERT_OK(ferry_moe_replay(t, "transition", ft_moe_share(t, 25), 0, &a));
+    FT_ASSERT_OK(ferry_moe_replay(t, "transition", ft_moe_share(t, 25), 0, &b));
     assert_int_equal(a.hits, b.hits);
     assert_int_equal(a.evictions, b.evictions);
     assert_string_equal(a.policy, "transition");
     ferry_moe_trace_destroy(t);
 }
 
-/* each layer: a "sticky" expert of two (a at token t is a again at t+1,
- * nine times in ten, else the other one: a names b at t+1), beside a
- * route drawn from the other 62 experts. The policy learns that the
- * sticky one follows itself and the drawn one does not; LRU keeps the
- * drawn ones as long */
-static ferry_moe_trace *sticky_trace(uint32_t L, uint32_t tokens, uint64_t seed)
-{
-    ferry_moe_model m = {.num_layers = L, .num_experts = 64, .top_k = 2};
-    snprintf(m.name, sizeof m.name, "sticky");
-    ferry_moe_trace *t;
-    FT_ASSERT_OK(ferry_moe_trace_create(&m, &t));
-    ferry__rng r;
-    ferry__rng_seed(&r, seed);
-    uint32_t cyc[64][2], cur[64] = {0};
-    for (uint32_t l = 0; l < L; l++) /* a layer's own pair */
-        for (uint32_t i = 0; i < 2; i++)
-            cyc[l][i] = (l * 7 + i * 32 + 3) % 64;
-    for (uint32_t tk = 0; tk < tokens; tk++)
-        for (uint32_t l = 0; l < L; l++) {
-            if (ferry__rng_below(&r, 10) == 0)
-                cur[l] ^= 1;
-            uint32_t ex[2] = {cyc[l][cur[l]], 0};
-            do
-                ex[1] = ferry__rng_below(&r, 64);
-            while (ex[1] == cyc[l][0] || ex[1] == cyc[l][1]);
-            FT_ASSERT_OK(ferry_moe_trace_append(t, tk, l, ex, 2));
-        }
-    return t;
-}
-
 static void transition_beats_lru_on_a_transition_structure(void **state)
 {
     (void)state;
-    ferry_moe_trace *t = sticky_trace(4, 4000, 11);
+    ferry_moe_trace *t = ft_moe_pair_trace(4, 4000, 1, 11);
     uint32_t slots = 4 + 2; /* the sticky ones and a step: not LRU's window */
-    double lru = rate(t, "lru", slots), tr = rate(t, "transition", slots);
-    double bel = rate(t, "belady", slots);
+    double lru = ft_moe_rate(t, "lru", slots), tr = ft_moe_rate(t, "transition", slots);
+    double bel = ft_moe_rate(t, "belady", slots);
     print_message("sticky trace, %u slots: lru %.2f transition %.2f belady %.2f\n", slots, lru, tr,
                   bel);
     if (tr < lru + 20.0)
@@ -196,8 +143,8 @@ static void transition_beats_lru_on_a_transition_structure(void **state)
 static void transition_survives_counter_halving(void **state)
 {
     (void)state;
-    ferry_moe_trace *t = sticky_trace(4, 140000, 5);
-    double lru = rate(t, "lru", 6), tr = rate(t, "transition", 6);
+    ferry_moe_trace *t = ft_moe_pair_trace(4, 140000, 1, 5);
+    double lru = ft_moe_rate(t, "lru", 6), tr = ft_moe_rate(t, "transition", 6);
     print_message("140000 tokens, 6 slots: lru %.2f transition %.2f\n", lru, tr);
     if (tr < lru + 20.0)
         fail_msg("transition %.2f not 20 points above lru %.2f after halving", tr, lru);

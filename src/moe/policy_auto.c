@@ -1,31 +1,33 @@
 /*
- * policy_auto.c - "auto": global LRU or the routing policy, whichever has
- * been hitting more lately (set dueling, as CPU caches choose between
- * replacement policies).
+ * policy_auto.c - "auto": global LRU, the routing policy or the transition
+ * policy, whichever has been hitting most lately (set dueling, as CPU
+ * caches choose between replacement policies).
  *
- * Both policies order the real residents all the time (every hit, insert
- * and remove goes to both), so the cache can follow either at any victim.
- * Which one names the victim is decided by two shadow caches - metadata
- * only: where each expert would be, no rows - one run by LRU and one by
- * the routing policy, fed the same steps, on a sample of the layers (every
- * stride-th: at most 16 sampled layers) with the same share of the slots.
- * The routing shadow learns nothing itself: it follows the real routing
- * policy's model (ferry__routing_follow: the same learned tables and
- * per-expert features, which depend on the routes alone), so a sampled
- * step costs it its placements and list moves, not a second learning of
- * the turn, and it ranks by waits learned on every layer. It places a
- * step before the real policies learn the turn, as they do.
+ * All three order the real residents all the time (every hit, insert and
+ * remove goes to each), so the cache can follow any of them at any victim.
+ * Which one names the victim is decided by three shadow caches - metadata
+ * only: where each expert would be, no rows - one per policy, fed the same
+ * steps, on a sample of the layers (every stride-th: at most 16 sampled
+ * layers) with the same share of the slots. The routing and transition
+ * shadows learn nothing themselves: each follows the real policy's model
+ * (ferry__routing_follow, ferry__transition_follow: the learned tables
+ * and per-expert features depend on the routes alone), so a sampled step
+ * costs a shadow its placements, not a second learning of the turn. The
+ * shadows place a step as the real policies did: before routing learns
+ * the turn (its end_step) and after transition has (its begin_step).
  * Each counts its hits with a decay of 1/WINDOW per sampled step; the
- * routing policy leads while its count is higher, LRU otherwise (ties and
- * the start included: a policy that has not shown it is better does not
- * lead). So the cache tracks the better of the two on what the trace is
- * doing now, within what the sample and the window miss. It costs both
- * policies plus the shadows' placements on the sampled layers. Its
- * LRU is a list (O(1) per hit, where "lru" keeps a heap): the same order
- * but for ties within one step, which go by use rather than by slot.
+ * highest count leads, a tie going to the simpler policy (LRU, then
+ * routing): a policy that has not shown it is better does not lead. So
+ * the cache tracks the best of the three on what the trace is doing now,
+ * within what the sample and the window miss. Transition joins only while
+ * its L x E x E table fits AUTO_TRANSITION_MAX_BYTES.
+ * Its LRU is a list (O(1) per hit, where "lru" keeps a heap): the same
+ * order but for ties within one step, which go by use rather than by slot.
  * Measured on the generator's traces: 8 sampled layers followed the better
  * policy less closely (up to 1.9 points behind it on a 256-token trace),
- * and a window of 4096 reacted later than 1024.
+ * and a window of 4096 reacted later than 1024. On real decode routing
+ * (README, "Real decode routing") transition leads on OLMoE and LRU or
+ * routing where transition learns less.
  */
 #include <errno.h>
 #include <string.h>
@@ -34,6 +36,8 @@
 
 #define WINDOW 1024.0 /* sampled steps of memory */
 #define SAMPLED 16u   /* most layers a shadow follows */
+/* the largest transition table auto keeps; beyond it, lru and routing */
+#define AUTO_TRANSITION_MAX_BYTES ((size_t)64 << 20)
 
 /* ---- LRU as an intrusive list: least recent at the head ---- */
 typedef struct lrul {
@@ -158,11 +162,13 @@ typedef struct shadow {
     double score;
 } shadow;
 
+#define NSUB 3 /* 0: lru, 1: routing, 2: transition (when its table fits) */
+
 typedef struct autop {
     ferry__policy base;
-    ferry__policy *sub[2]; /* 0: lru, 1: routing */
-    shadow sh[2];
-    uint32_t stride;
+    ferry__policy *sub[NSUB];
+    shadow sh[NSUB];
+    uint32_t nsub, stride;
     int lead;              /* index into sub */
     uint64_t switches;
 } autop;
@@ -199,19 +205,24 @@ static void shadow_fini(shadow *h)
     memset(h, 0, sizeof *h);
 }
 
-/* the shadow's policy: LRU, or the routing policy following the real
- * one's model (lead) */
+/* the shadow's policy: LRU, or a follower of the real routing or
+ * transition policy's model (lead) */
 static ferry__policy *shadow_policy(const ferry__policy_ops *ops, const ferry__policy_env *env,
                                     ferry__policy *lead)
 {
-    if (ops != &ferry__policy_routing)
+    const ferry__policy_ops *fops = ops == &ferry__policy_routing      ? &ferry__policy_routing_follower
+                                    : ops == &ferry__policy_transition ? &ferry__policy_transition_follower
+                                                                       : NULL;
+    if (!fops)
         return sub_create(ops, env);
-    ferry__policy *q = ferry__calloc(1, ferry__policy_routing_follower.state_size);
+    ferry__policy *q = ferry__calloc(1, fops->state_size);
     if (!q)
         return NULL;
-    q->ops = &ferry__policy_routing_follower;
+    q->ops = fops;
     q->env = *env;
-    if (ferry__routing_follow(q, lead) < 0) {
+    int rc = fops == &ferry__policy_routing_follower ? ferry__routing_follow(q, lead)
+                                                     : ferry__transition_follow(q, lead);
+    if (rc < 0) {
         ferry__free(q);
         return NULL;
     }
@@ -291,7 +302,7 @@ static void shadow_step(shadow *h, uint32_t layer, const uint32_t *ids, uint32_t
 static void au_fini(ferry__policy *p)
 {
     autop *s = (autop *)p;
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < NSUB; i++) {
         sub_destroy(s->sub[i]);
         shadow_fini(&s->sh[i]);
     }
@@ -304,8 +315,12 @@ static int au_init(ferry__policy *p)
     s->stride = L <= SAMPLED ? 1 : (L + SAMPLED - 1) / SAMPLED;
     uint32_t sampled = (L + s->stride - 1) / s->stride;
     uint64_t ss = ((uint64_t)p->env.slots * sampled + L / 2) / L;
-    const ferry__policy_ops *ops[2] = {&lru_list, &ferry__policy_routing};
-    for (int i = 0; i < 2; i++) {
+    const ferry__policy_ops *ops[NSUB] = {&lru_list, &ferry__policy_routing,
+                                          &ferry__policy_transition};
+    s->nsub = ferry__transition_bytes(L, p->env.num_experts) <= AUTO_TRANSITION_MAX_BYTES
+                  ? NSUB
+                  : NSUB - 1;
+    for (uint32_t i = 0; i < s->nsub; i++) {
         s->sub[i] = sub_create(ops[i], &p->env);
         if (!s->sub[i] || shadow_init(&s->sh[i], ops[i], p, ss ? (uint32_t)ss : 1, s->sub[i]) < 0) {
             au_fini(p);
@@ -315,25 +330,42 @@ static int au_init(ferry__policy *p)
     return 0;
 }
 
+/* the transition policy learns the turn as it begins, before its victims */
+static int au_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint32_t n)
+{
+    autop *s = (autop *)p;
+    for (uint32_t i = 0; i < s->nsub; i++) {
+        int rc = s->sub[i]->ops->begin_step ? s->sub[i]->ops->begin_step(s->sub[i], layer, ids, n)
+                                            : 0;
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
 static void au_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint32_t n)
 {
     autop *s = (autop *)p;
     int sampled = layer % s->stride == 0;
     /* the shadows place the step as of before the turn, as the real ones
-     * did; the turn is then learned once, by the real routing policy */
-    if (sampled) {
-        shadow_step(&s->sh[0], layer, ids, n);
-        shadow_step(&s->sh[1], layer, ids, n);
-    }
-    for (int i = 0; i < 2; i++)
+     * did (transition learned it at begin_step, before its real victims
+     * too); the routing turn is then learned once, by the real policy */
+    if (sampled)
+        for (uint32_t i = 0; i < s->nsub; i++)
+            shadow_step(&s->sh[i], layer, ids, n);
+    for (uint32_t i = 0; i < s->nsub; i++)
         if (s->sub[i]->ops->end_step)
             s->sub[i]->ops->end_step(s->sub[i], layer, ids, n);
     if (!sampled)
         return;
-    for (int i = 0; i < 2; i++)
+    for (uint32_t i = 0; i < s->nsub; i++)
         if (n <= s->sh[i].slots && s->sh[i].pol->ops->end_step)
             s->sh[i].pol->ops->end_step(s->sh[i].pol, layer, ids, n);
-    int lead = s->sh[1].score > s->sh[0].score;
+    /* the highest score leads; a tie goes to the simpler policy */
+    int lead = 0;
+    for (uint32_t i = 1; i < s->nsub; i++)
+        if (s->sh[i].score > s->sh[lead].score)
+            lead = (int)i;
     if (lead != s->lead) {
         s->lead = lead;
         s->switches++;
@@ -343,27 +375,29 @@ static void au_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, u
 static void au_hit(ferry__policy *p, uint32_t slot, uint32_t id)
 {
     autop *s = (autop *)p;
-    s->sub[0]->ops->hit(s->sub[0], slot, id);
-    s->sub[1]->ops->hit(s->sub[1], slot, id);
+    for (uint32_t i = 0; i < s->nsub; i++)
+        s->sub[i]->ops->hit(s->sub[i], slot, id);
 }
 
 static int au_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
 {
     autop *s = (autop *)p;
-    int rc = s->sub[0]->ops->insert(s->sub[0], slot, id, prefetch);
-    if (rc < 0)
-        return rc;
-    rc = s->sub[1]->ops->insert(s->sub[1], slot, id, prefetch);
-    if (rc < 0)
-        s->sub[0]->ops->remove(s->sub[0], slot, id, 0);
-    return rc;
+    for (uint32_t i = 0; i < s->nsub; i++) {
+        int rc = s->sub[i]->ops->insert(s->sub[i], slot, id, prefetch);
+        if (rc < 0) {
+            while (i-- > 0)
+                s->sub[i]->ops->remove(s->sub[i], slot, id, 0);
+            return rc;
+        }
+    }
+    return 0;
 }
 
 static void au_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
 {
     autop *s = (autop *)p;
-    s->sub[0]->ops->remove(s->sub[0], slot, id, evicted);
-    s->sub[1]->ops->remove(s->sub[1], slot, id, evicted);
+    for (uint32_t i = 0; i < s->nsub; i++)
+        s->sub[i]->ops->remove(s->sub[i], slot, id, evicted);
 }
 
 static int au_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slot)
@@ -386,11 +420,12 @@ const ferry__policy *ferry__auto_shadow_routing(const ferry__policy *p)
 
 const ferry__policy_ops ferry__policy_auto = {
     .name = "auto",
-    .describe = "lru or routing, whichever hits more lately in shadow caches of sampled layers "
-                "(set dueling)",
+    .describe = "lru, routing or transition, whichever hits most lately in shadow caches of "
+                "sampled layers (set dueling)",
     .state_size = sizeof(autop),
     .init = au_init,
     .fini = au_fini,
+    .begin_step = au_begin_step,
     .end_step = au_end_step,
     .hit = au_hit,
     .insert = au_insert,

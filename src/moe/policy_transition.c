@@ -205,13 +205,10 @@ static void tr_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
     (void)evicted;
 }
 
-/* the unpinned resident with the least p / d (then older use, lower slot) */
-static int tr_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slot)
+/* the unpinned resident of p's slots with the least p / d under m's model
+ * (then older use, lower slot) */
+static int tr_scan(const trans *m, const ferry__policy *p, uint32_t *slot)
 {
-    (void)id;
-    const trans *s = (const trans *)p;
-    if (have_free)
-        return 1;
     uint32_t L = p->env.num_layers, E = p->env.num_experts, best = UINT32_MAX;
     double bp = 0, bd = 1;
     uint64_t bl = 0;
@@ -219,22 +216,30 @@ static int tr_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slo
         uint32_t o = p->env.occupant[v];
         if (o == FERRY_MOE_NONE || ferry__pinned(p, v))
             continue;
-        uint32_t d = (o / E + L - s->layer) % L;
-        double pa = s->psnap[o], da = d ? (double)d : (double)L;
+        uint32_t d = (o / E + L - m->layer) % L;
+        double pa = m->psnap[o], da = d ? (double)d : (double)L;
         if (best != UINT32_MAX) {
             double lhs = pa * bd, rhs = bp * da;
-            if (lhs > rhs || (lhs == rhs && s->last[o] >= bl))
+            if (lhs > rhs || (lhs == rhs && m->last[o] >= bl))
                 continue;
         }
         best = v;
         bp = pa;
         bd = da;
-        bl = s->last[o];
+        bl = m->last[o];
     }
     if (best == UINT32_MAX)
         return -1;
     *slot = best;
     return 0;
+}
+
+static int tr_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slot)
+{
+    (void)id;
+    if (have_free)
+        return 1;
+    return tr_scan((const trans *)p, p, slot);
 }
 
 const ferry__policy_ops ferry__policy_transition = {
@@ -250,3 +255,67 @@ const ferry__policy_ops ferry__policy_transition = {
     .remove = tr_remove,
     .victim = tr_victim,
 };
+
+/* ---- a follower: its own slots, the lead's model ---- */
+typedef struct trans_follower {
+    ferry__policy base;
+    const trans *lead;
+} trans_follower;
+
+static int tf_init(ferry__policy *p)
+{
+    (void)p;
+    return 0;
+}
+
+static void tf_fini(ferry__policy *p)
+{
+    (void)p;
+}
+
+static void tf_hit(ferry__policy *p, uint32_t slot, uint32_t id)
+{
+    (void)p;
+    (void)slot;
+    (void)id;
+}
+
+static int tf_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
+{
+    (void)p;
+    (void)slot;
+    (void)id;
+    (void)prefetch;
+    return 0;
+}
+
+static int tf_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slot)
+{
+    (void)id;
+    if (have_free)
+        return 1;
+    const trans_follower *f = (const trans_follower *)p;
+    return f->lead ? tr_scan(f->lead, p, slot) : -1;
+}
+
+const ferry__policy_ops ferry__policy_transition_follower = {
+    .name = "transition-follower",
+    .describe = "transition's victims over another set of slots, from a lead's model",
+    .state_size = sizeof(trans_follower),
+    .init = tf_init,
+    .fini = tf_fini,
+    .hit = tf_hit,
+    .insert = tf_insert,
+    .remove = tr_remove,
+    .victim = tf_victim,
+};
+
+int ferry__transition_follow(ferry__policy *p, ferry__policy *lead)
+{
+    if (!p || !lead || lead->ops != &ferry__policy_transition ||
+        p->ops != &ferry__policy_transition_follower ||
+        p->env.num_layers != lead->env.num_layers || p->env.num_experts != lead->env.num_experts)
+        return -EINVAL;
+    ((trans_follower *)p)->lead = (const trans *)lead;
+    return 0;
+}
