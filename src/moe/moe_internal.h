@@ -208,8 +208,9 @@ size_t ferry__transition_bytes(uint32_t num_layers, uint32_t num_experts);
 /* a transition policy over another set of slots (p, allocated with
  * ferry__policy_transition_follower's state_size, ops and env set) that
  * evicts by lead's model: lead's begin_step of a step must run before p
- * chooses a victim in it, and lead must outlive p's use; -EINVAL (another
- * shape, or not a transition lead) */
+ * chooses a victim in it, and lead must outlive p's use; p's fini frees
+ * what this allocates; -EINVAL (another shape, or not a transition lead),
+ * -ENOMEM */
 extern const ferry__policy_ops ferry__policy_transition_follower;
 int ferry__transition_follow(ferry__policy *p, ferry__policy *lead);
 
