@@ -258,16 +258,17 @@ typedef struct ferry_moe_planner_options {
  *    log slots).
  *  - "arc": adaptive replacement, recency against frequency, balanced by
  *    ghosts of recent evictions; O(log slots).
- *  - "auto": "lru" or "routing", whichever has been hitting more lately
- *    in two shadow caches (metadata only) of a sample of the layers (at
- *    most 16) with their share of the slots, hits decayed over about 1024
- *    sampled steps (set dueling): both order the real residents, the one
- *    ahead names the victim, LRU on ties; the routing shadow uses the real
- *    routing policy's learned model rather than learning again. On every
- *    generator trace measured it is never more than 0.1 point below LRU
- *    and within 0.2 points of the better of the two, at the cost of both
- *    plus the shadows' placements (about 1.3x "routing"'s instructions
- *    per layer-step).
+ *  - "auto": "lru", "routing" or "transition", whichever has been hitting
+ *    most lately in shadow caches (metadata only) of a sample of the
+ *    layers (at most 16) with their share of the slots, hits decayed over
+ *    about 1024 sampled steps (set dueling): all three order the real
+ *    residents, the one ahead names the victim, ties to the simpler
+ *    ("lru", then "routing"); the shadows use the real policies' learned
+ *    models rather than learning again. "transition" takes part while its
+ *    counters fit 64 MiB. On the real decode routing and generator traces
+ *    measured it is never more than 0.2 points below LRU, at the cost of
+ *    all three plus the shadows' placements (about 20x "lru"'s time per
+ *    layer-step, 6x "routing"'s).
  *  - "belady": Belady's MIN, offline (needs the trace as oracle).
  *  - "transition" (opt-in): learns P(routed at its layer's next turn)
  *    per cell of (routed at the last turn, turns routed of the last 16,
@@ -275,8 +276,10 @@ typedef struct ferry_moe_planner_options {
  *    from the turn's routed set), backed off to an LRU-like prior, and
  *    evicts the least probability / steps until the layer runs again;
  *    ties to the older use. O(num_experts x routes) a layer-step,
- *    O(slots) a victim; L x E x E uint16 counters (halved before they
- *    overflow): planner create refuses shapes needing over 256 MiB.
+ *    O(num_layers) a victim (plus a pass over the residents of a layer
+ *    whose residents or model changed); L x E x E uint16 counters (halved
+ *    before they overflow): planner create refuses shapes needing over
+ *    256 MiB.
  * Every victim is unpinned (never an expert of the current step); ties go
  * to the lowest slot index. Under every policy, an expert hinted for a
  * later step (ferry_moe_planner_hint), likely enough to be right, is
