@@ -29,6 +29,7 @@
 #include "ferry/kv.h"
 #include "ferry/serve.h"
 #include "ferry_test.h"
+#include "serve_fixture.h"
 #include "kv/kv_impl.h"
 
 #define CT 16u                /* tokens per chunk */
@@ -1018,16 +1019,7 @@ static void test_fake_cuda(void **state)
 
 /* ---- through a daemon ---- */
 
-typedef struct srv {
-    ferry_serve *s;
-    pthread_t th;
-} srv;
-
-static void *srv_main(void *arg)
-{
-    ferry_serve_run(arg);
-    return NULL;
-}
+typedef ft_srv srv;
 
 static void srv_start(srv *v)
 {
@@ -1035,15 +1027,7 @@ static void srv_start(srv *v)
     ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
     sc.socket_path = g_sock;
     sc.kv = &kc;
-    FT_ASSERT_OK(ferry_serve_open(&sc, &v->s));
-    assert_int_equal(pthread_create(&v->th, NULL, srv_main, v->s), 0);
-}
-
-static void srv_stop(srv *v)
-{
-    ferry_serve_stop(v->s);
-    pthread_join(v->th, NULL);
-    FT_ASSERT_OK(ferry_serve_close(v->s));
+    ft_srv_open(v, &sc);
 }
 
 static ferry_kv *open_client(void)
@@ -1211,7 +1195,7 @@ static void test_server(void **state)
     free(want);
     ferry_kv_close(other);
     ferry_kv_close(kv);
-    srv_stop(&v);
+    ft_srv_close(&v);
 }
 
 /* the child of test_server: half a layerwise store through the daemon at

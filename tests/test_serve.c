@@ -25,6 +25,7 @@
 
 #include "ferry/testctl.h"
 #include "ferry_test.h"
+#include "serve_fixture.h"
 #include "kv/kv_impl.h"
 #include "kv/proto.h"
 #include "kv/store_int.h"
@@ -58,16 +59,7 @@ static ferry_kv_config client_config(void)
 
 /* ---- a daemon in a thread of this process ---- */
 
-typedef struct srv {
-    ferry_serve *s;
-    pthread_t th;
-} srv;
-
-static void *srv_main(void *arg)
-{
-    ferry_serve_run(arg);
-    return NULL;
-}
+typedef ft_srv srv;
 
 static void srv_start_cfg(srv *v, const ferry_kv_config *kc, unsigned max_clients,
                           uint32_t send_timeout_ms)
@@ -77,22 +69,13 @@ static void srv_start_cfg(srv *v, const ferry_kv_config *kc, unsigned max_client
     sc.kv = kc;
     sc.max_clients = max_clients;
     sc.send_timeout_ms = send_timeout_ms;
-    FT_ASSERT_OK(ferry_serve_open(&sc, &v->s));
-    assert_int_equal(pthread_create(&v->th, NULL, srv_main, v->s), 0);
+    ft_srv_open(v, &sc);
 }
 
 static void srv_start(srv *v, uint64_t l1_chunks)
 {
     ferry_kv_config kc = store_config(l1_chunks);
     srv_start_cfg(v, &kc, 0, 0);
-}
-
-static void srv_stop(srv *v)
-{
-    ferry_serve_stop(v->s);
-    pthread_join(v->th, NULL);
-    FT_ASSERT_OK(ferry_serve_close(v->s));
-    v->s = NULL;
 }
 
 static int setup(void **state)
@@ -346,7 +329,7 @@ static void test_through_server(void **state)
     free(d.mem);
     ferry_kv_close(kv);
     FT_ASSERT_OK(ferry__kv_check(ferry_serve_kv(v.s)));
-    srv_stop(&v);
+    ft_srv_close(&v);
 }
 
 /* two clients share one cache; a scheduler maps no pool and only looks up */
@@ -384,7 +367,7 @@ static void test_shared_and_lookup_only(void **state)
     ferry_kv_close(sched);
     free(src.mem);
     free(dst.mem);
-    srv_stop(&v);
+    ft_srv_close(&v);
 }
 
 /* ---- a raw client: the protocol by hand ---- */
@@ -626,7 +609,7 @@ static void test_client_killed_mid_store(void **state)
     close(pfd[0]);
     close(pfd[1]);
     ferry_kv_close(kv);
-    srv_stop(&v);
+    ft_srv_close(&v);
 }
 
 /* ---- the daemon killed, restarted on its persistent L2 ---- */
@@ -905,7 +888,7 @@ static void test_device_buffers(void **state)
     FT_ASSERT_OK(ferry_device_free(dev, a));
     FT_ASSERT_OK(ferry_device_free(dev, b));
     ferry_device_close(dev);
-    srv_stop(&v);
+    ft_srv_close(&v);
     free(src.mem);
 }
 
@@ -1050,7 +1033,7 @@ static void test_bad_frames(void **state)
     assert_int_equal(ss.released, 8);
     assert_true(ss.bad_frames >= 8);
     assert_idle_pool(v.s, 1);
-    srv_stop(&v);
+    ft_srv_close(&v);
 }
 
 /* a client that sends and never reads is disconnected; others go on */
@@ -1092,7 +1075,7 @@ static void test_client_never_reads(void **state)
     int32_t tok[CT] = {3};
     assert_int_equal(ferry_kv_lookup(kv, tok, CT, NULL), 0);
     ferry_kv_close(kv);
-    srv_stop(&v);
+    ft_srv_close(&v);
 }
 
 /* past max_clients: a clear error to that client, the others served */
@@ -1140,7 +1123,7 @@ static void test_many_connections(void **state)
     }
     FT_ASSERT_OK(rc);
     ferry_kv_close(kv);
-    srv_stop(&v);
+    ft_srv_close(&v);
 }
 
 /* a peer of another uid is refused (needs root to be another uid) */
@@ -1173,7 +1156,7 @@ static void test_other_uid(void **state)
     ferry_serve_stats ss = FERRY_SERVE_STATS_INIT;
     FT_ASSERT_OK(ferry_serve_stats_get(v.s, &ss));
     assert_int_equal(ss.refused, 1);
-    srv_stop(&v);
+    ft_srv_close(&v);
 }
 
 /* the socket is the owner's alone, and a second daemon on it is refused */
@@ -1191,7 +1174,7 @@ static void test_socket_owner(void **state)
     sc.kv = &kc;
     ferry_serve *s2 = NULL;
     assert_int_equal(ferry_serve_open(&sc, &s2), FERRY_EBUSY);
-    srv_stop(&v);
+    ft_srv_close(&v);
     assert_int_equal(stat(g_sock, &st), -1);
 }
 
@@ -1239,7 +1222,7 @@ static void test_stale_release(void **state)
     raw_close(&r);
     free(h.mem);
     ferry_kv_close(kv);
-    srv_stop(&v);
+    ft_srv_close(&v);
 }
 
 int main(void)

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "ferry_test.h"
+#include "serve_fixture.h"
 #include "kv/proto.h"
 
 #define CT 16
@@ -60,16 +61,7 @@ static ferry_kv_config client_config(const char *sock)
 
 /* ---- the daemon, in a thread, its L2 a slab in the test's directory ---- */
 
-typedef struct srv {
-    ferry_serve *s;
-    pthread_t th;
-} srv;
-
-static void *srv_main(void *arg)
-{
-    ferry_serve_run(arg);
-    return NULL;
-}
+typedef ft_srv srv;
 
 static void srv_start(srv *v)
 {
@@ -79,15 +71,7 @@ static void srv_start(srv *v)
     ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
     sc.socket_path = g_sock;
     sc.kv = &kc;
-    FT_ASSERT_OK(ferry_serve_open(&sc, &v->s));
-    assert_int_equal(pthread_create(&v->th, NULL, srv_main, v->s), 0);
-}
-
-static void srv_stop(srv *v)
-{
-    ferry_serve_stop(v->s);
-    pthread_join(v->th, NULL);
-    FT_ASSERT_OK(ferry_serve_close(v->s));
+    ft_srv_open(v, &sc);
 }
 
 static int setup(void **state)
@@ -371,7 +355,7 @@ static void test_pipelined_order(void **state)
      * the last one's */
     assert_int_equal(pf, batches - 1);
     free(want);
-    srv_stop(&v);
+    ft_srv_close(&v);
 }
 
 /* ---- clients at once ---- */
@@ -418,7 +402,7 @@ static void test_clients_at_once(void **state)
         assert_true(WIFEXITED(ws));
         assert_int_equal(WEXITSTATUS(ws), 0);
     }
-    srv_stop(&v);
+    ft_srv_close(&v);
 }
 
 /* ---- clients killed mid-pipeline ---- */
@@ -488,7 +472,7 @@ static void test_killed_mid_pipeline(void **state)
     }
     ferry_kv_close(kv);
     assert_nothing_held(v.s);
-    srv_stop(&v);
+    ft_srv_close(&v);
 }
 
 /* ---- a retrieve cancelled mid-pipeline ---- */
@@ -545,7 +529,7 @@ static void test_cancel_mid_pipeline(void **state)
     ferry_kv_close(kv);
     free(want);
     assert_nothing_held(v.s);
-    srv_stop(&v);
+    ft_srv_close(&v);
 }
 
 int main(void)
