@@ -655,6 +655,122 @@ static void test_persistent_l2_corrupt_chunk_read_ahead_is_a_miss(void **state)
     ft_rmtree(d);
 }
 
+/* chunks of 5 MiB: three 2 MiB pieces, the last one short */
+#define BIG ((uint64_t)5 << 20)
+
+static ferry__kv_tier *big_tier(const char *d, uint64_t chunk_bytes)
+{
+    ferry__kv_tier *t = NULL;
+    ferry__errbuf eb;
+    memset(&eb, 0, sizeof eb);
+    FT_ASSERT_OK(ferry__kv_tier_pslab_open(&(ferry__kv_pslab_cfg){.dir = d,
+                                                                  .bytes = 4 * BIG,
+                                                                  .direct = 1,
+                                                                  .slot_bytes = BIG,
+                                                                  .chunk_bytes = chunk_bytes},
+                                           &eb, &t));
+    return t;
+}
+
+/* read the chunk at loc through the asynchronous ops, piece by piece, as a
+ * retrieve does: its result (begin's, or the first piece's) */
+static int aread_chunk(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, uint8_t *dst)
+{
+    int rc = t->aops->begin(t, loc, id, BIG);
+    if (rc < 0)
+        return rc;
+    ferry__kv_abatch b;
+    memset(&b, 0, sizeof b);
+    unsigned sent = 0, landed = 0;
+    for (uint64_t off = 0; off < BIG; off += t->apiece) {
+        ferry__kv_aread *a = t->aops->get(t);
+        assert_non_null(a);
+        a->idx = sent;
+        FT_ASSERT_OK(t->aops->submit(t, &b, a, loc, off, dst + off,
+                                     (size_t)(BIG - off < t->apiece ? BIG - off : t->apiece)));
+        sent++;
+    }
+    while (landed < sent) {
+        ferry__kv_aread *done = NULL;
+        FT_ASSERT_OK(t->aops->wait(t, &b, &done));
+        assert_non_null(done);
+        for (ferry__kv_aread *next; done; done = next) {
+            next = done->next;
+            if (done->result < 0 && rc == 0)
+                rc = done->result;
+            t->aops->put(t, done);
+            landed++;
+        }
+    }
+    t->aops->end(t, loc);
+    return rc;
+}
+
+/* a tier whose chunk images fill their slots reads asynchronously: each
+ * chunk lands whole from its pieces, passes verify only with its own
+ * checksum, and begin refuses a chunk that is gone or of another length;
+ * a tier whose images are shorter than a slot keeps synchronous reads */
+static void test_async_reads_land_whole_and_checked(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    ferry__kv_tier *t = big_tier(d, BIG);
+    assert_non_null(t->aops);
+    assert_int_equal(t->apiece, 2u << 20);
+    uint8_t *buf = NULL, *got = NULL;
+    assert_int_equal(posix_memalign((void **)&buf, 4096, BIG), 0);
+    assert_int_equal(posix_memalign((void **)&got, 4096, BIG), 0);
+    uint64_t loc[3];
+    for (unsigned i = 0; i < 3; i++) {
+        ferry_kv_hash id = hid(i);
+        FT_ASSERT_OK(t->ops->reserve(t, &loc[i]));
+        ft_fill_pattern(buf, BIG, 40 + i);
+        FT_ASSERT_OK(t->ops->write(t, loc[i], &id, buf, BIG));
+    }
+    for (unsigned i = 0; i < 3; i++) {
+        ferry_kv_hash id = hid(i);
+        memset(got, 0xEE, BIG);
+        FT_ASSERT_OK(aread_chunk(t, loc[i], &id, got));
+        assert_int_equal(ft_check_pattern(got, BIG, 40 + i), -1);
+        FT_ASSERT_OK(t->aops->verify(t, loc[i], &id, ferry__kv_sum(got, BIG)));
+        /* one byte off: its checksum is not the recorded one */
+        got[BIG / 2] ^= 1;
+        assert_int_equal(t->aops->verify(t, loc[i], &id, ferry__kv_sum(got, BIG)),
+                         FERRY_ECORRUPT);
+    }
+    /* begin pins: a chunk released while read is still read whole */
+    ferry_kv_hash id1 = hid(1);
+    FT_ASSERT_OK(t->aops->begin(t, loc[1], &id1, BIG));
+    t->ops->release(t, loc[1]);
+    ferry__kv_abatch b;
+    memset(&b, 0, sizeof b);
+    ferry__kv_aread *a = t->aops->get(t), *done = NULL;
+    FT_ASSERT_OK(t->aops->submit(t, &b, a, loc[1], 0, got, 2u << 20));
+    FT_ASSERT_OK(t->aops->wait(t, &b, &done));
+    assert_ptr_equal(done, a);
+    FT_ASSERT_OK(a->result);
+    t->aops->put(t, a);
+    t->aops->end(t, loc[1]);
+    ft_fill_pattern(buf, BIG, 41);
+    assert_memory_equal(got, buf, 2u << 20);
+    /* gone: begin says so and nothing is pinned */
+    assert_int_equal(t->aops->begin(t, loc[1], &id1, BIG), FERRY_ENOTFOUND);
+    /* another length asked: another layout */
+    ferry_kv_hash id0 = hid(0);
+    assert_int_equal(t->aops->begin(t, loc[0], &id0, BIG - 4096), FERRY_EMISMATCH);
+    ferry__kv_tier_free(t);
+    free(buf);
+    free(got);
+    ft_rmtree(d);
+    /* images shorter than a slot: the slab's checksum is not the image's */
+    ft_tmpdir(d, sizeof d);
+    t = big_tier(d, BIG - 100);
+    assert_null(t->aops);
+    ferry__kv_tier_free(t);
+    ft_rmtree(d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -669,6 +785,7 @@ int main(void)
         cmocka_unit_test(test_persistent_l2_keeps_caching_under_churn),
         cmocka_unit_test(test_kv_sync_says_how_many_chunks_it_made_durable),
         cmocka_unit_test(test_persistent_l2_corrupt_chunk_read_ahead_is_a_miss),
+        cmocka_unit_test(test_async_reads_land_whole_and_checked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -114,7 +114,8 @@ typedef struct ferry__kv_tier_ops {
 } ferry__kv_tier_ops;
 
 /*
- * Asynchronous chunk reads, for tiers that have them (L2): a retrieve
+ * Asynchronous chunk reads, for tiers that have them (L2, the persistent
+ * L2 of tier_pslab_async.c): a retrieve
  * keeps several reads in flight into reserved L1 slots (whole chunks, or
  * pieces of apiece bytes) and copies each chunk out as its last piece
  * lands, in whatever order they land, so the copies overlap the reads
@@ -147,10 +148,18 @@ typedef struct ferry__kv_tier_aops {
     /* a request from the tier's pool (NULL: out of memory) / back to it */
     ferry__kv_aread *(*get)(ferry__kv_tier *t);
     void (*put)(ferry__kv_tier *t, ferry__kv_aread *r);
-    /* start reading len bytes at loc (a whole chunk, or a piece of one)
-     * into dst; 0, or a code with the message set and nothing started */
+    /* optional: before the first piece of the chunk at loc (chunk id,
+     * len bytes in all) is submitted / after its last one landed (or the
+     * queue broke), whatever the outcome. begin may refuse the chunk (a
+     * code with the message set: the read fails with it, nothing is
+     * submitted); end follows every begin that returned 0, once */
+    int (*begin)(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, size_t len);
+    void (*end)(ferry__kv_tier *t, uint64_t loc);
+    /* start reading len bytes from byte off of the chunk at loc (the whole
+     * chunk, or a piece of it) into dst; 0, or a code with the message set
+     * and nothing started */
     int (*submit)(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread *r, uint64_t loc,
-                  void *dst, size_t len);
+                  uint64_t off, void *dst, size_t len);
     /* wait until a read of b completed: 0 and *out, every completed read
      * of b not yet taken, linked by next (NULL when b has none in flight),
      * or a negative code when the tier's queue broke (b's reads in flight

@@ -17,13 +17,14 @@
 /*
  * One retrieve. Chunks resolve in any order: a chunk whose bytes are in L1
  * (or on their way there by another operation) is copied out in prompt
- * order; a chunk only in a tier with asynchronous reads (L2) gets an L1
+ * order; a chunk only in a tier with asynchronous reads (L2, and the
+ * persistent L2 when its chunk images fill their slots) gets an L1
  * slot and is read into it, whole or in the tier's pieces, in prompt
  * order, several requests in flight at once (the tier's depth), and is
  * copied out as soon as its last piece lands, whatever the order, while
  * the later reads go on. Chunks only in a tier without them (the remote,
- * the persistent slab) are read ahead on the I/O workers (prefetch jobs)
- * and copied out in order.
+ * a persistent slab of padded images) are read ahead on the I/O workers
+ * (prefetch jobs) and copied out in order.
  */
 enum { RT_OPEN = 0, RT_READING = 1, RT_LANDED = 2, RT_DONE = 3 };
 
@@ -37,6 +38,7 @@ typedef struct rt_chunk {
     uint8_t lost;               /* RT_LANDED: lost with a broken queue: 1 pieces may
                                    still land (its L1 slot is never reused), 2 none
                                    was in flight */
+    uint8_t begun;              /* the tier's begin was called and its end is due */
     int res;                    /* RT_READING: its first failure; RT_LANDED: the read's result */
     /* RT_READING: pieces sent (npieces: all, or no more after a failure),
      * pieces in flight, where from and where to */
@@ -387,6 +389,10 @@ static void rt_landed(rtv *r, size_t i)
 {
     ferry__kv_tier *t = r->at;
     int rc = r->c[i].res;
+    if (r->c[i].begun) { /* (its check, if any, comes after: verify) */
+        t->aops->end(t, r->c[i].aloc);
+        r->c[i].begun = 0;
+    }
     if (rc == -ENOMEM && r->c[i].lost == 2) {
         atomic_fetch_add(&r->kv->failures, 1); /* ours, not the tier's */
     } else {
@@ -411,9 +417,13 @@ static void rt_send(rtv *r, size_t i, ferry__kv_aread *a)
     int rc = a ? 0 : ferry__err_set(NULL, -ENOMEM, "kv L2: out of memory for a read request");
     if (rc == 0 && r->c[i].sent == 0)
         rc = ferry__kv_tier_fault(kv, t, 0, r->c[i].aloc, t->slot_bytes);
+    if (rc == 0 && r->c[i].sent == 0 && t->aops->begin) {
+        rc = t->aops->begin(t, r->c[i].aloc, &r->c[i].pend->id, t->slot_bytes);
+        r->c[i].begun = rc == 0;
+    }
     if (rc == 0) {
         a->idx = i;
-        rc = t->aops->submit(t, &r->batch, a, r->c[i].aloc + off, r->c[i].adst + off, len);
+        rc = t->aops->submit(t, &r->batch, a, r->c[i].aloc, off, r->c[i].adst + off, len);
     }
     if (rc == 0) {
         r->inflight++;

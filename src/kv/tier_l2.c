@@ -204,8 +204,9 @@ static void l2_aput(ferry__kv_tier *t, ferry__kv_aread *r)
 }
 
 static int l2_asubmit(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread *pub, uint64_t loc,
-                      void *dst, size_t len)
+                      uint64_t off, void *dst, size_t len)
 {
+    loc += off; /* (a location is the chunk's slab offset) */
     l2 *p = t->impl;
     l2_rd *r = (l2_rd *)pub;
     r->req = (ferry_gds_req){0};
@@ -377,8 +378,16 @@ void ferry__kv_tier_l2_break_after(ferry__kv_tier *t, unsigned reaps, int code)
  * and 8 whole 32 MiB reads in flight all land together, about 34 ms after
  * they were sent, which left the copies of the last 8 chunks of a
  * retrieve (about 15 ms of 117) after the last read */
-static const ferry__kv_tier_aops l2_aops = {8,         16,         l2_aget,  l2_aput,
-                                            l2_asubmit, l2_await, l2_abroken, l2_verify};
+static const ferry__kv_tier_aops l2_aops = {
+    .depth = 8,
+    .pdepth = 16,
+    .get = l2_aget,
+    .put = l2_aput,
+    .submit = l2_asubmit,
+    .wait = l2_await,
+    .broken = l2_abroken,
+    .verify = l2_verify,
+};
 
 int ferry__kv_tier_l2_open(const char *const *dirs, unsigned ndirs, uint64_t bytes, int direct,
                            const char *engine, unsigned mode, uint64_t chunk_bytes,

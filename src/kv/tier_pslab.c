@@ -30,6 +30,9 @@
  *
  * Reads check everything the slab checks (payload XXH3) and the length:
  * a chunk of another length under the same id (another layout) is a miss.
+ * When the chunk images fill their slots, a retrieve reads them
+ * asynchronously instead, in pieces on the tier's own engine
+ * (tier_pslab_async.c), checked against the same record.
  *
  * What the chunks mean is recorded in the slab (its application tag):
  * layout, chunk tokens and bytes, hash seed, model and TP rank/world. A
@@ -51,6 +54,7 @@
 #include "ferry/pslab.h"
 #include "kv/kvc.h"
 #include "kv/tier_pslab.h"
+#include "pslab/pslab_reader.h"
 
 typedef struct tp {
     ferry_pslab *ps;
@@ -61,14 +65,15 @@ typedef struct tp {
     uint8_t *written;
     uint64_t synced_seq; /* ferry_kv_sync: the slab's durable_seq it last saw (mu) */
     ferry__warnlim warn; /* forget warnings: the first few, then one a second */
+    ferry__kv_tpa *async; /* its asynchronous reads, or NULL */
 } tp;
 
-#define KEY_BYTES 16
+#define KEY_BYTES FERRY__KV_PSLAB_KEY
 #define BAD_MAX 64
 /* the stripe unit across several drives (the slab's default) */
 #define PSLAB_STRIPE ((uint64_t)1 << 20)
 
-static void id_key(const ferry_kv_hash *id, uint8_t k[KEY_BYTES])
+void ferry__kv_pslab_key(const ferry_kv_hash *id, uint8_t k[FERRY__KV_PSLAB_KEY])
 {
     for (int i = 0; i < 8; i++) {
         k[i] = (uint8_t)(id->lo >> (8 * i));
@@ -112,7 +117,7 @@ static void tp_release(ferry__kv_tier *t, uint64_t loc)
     pthread_mutex_unlock(&p->mu);
     if (had) {
         uint8_t k[KEY_BYTES];
-        id_key(&id, k);
+        ferry__kv_pslab_key(&id, k);
         int rc = ferry_pslab_forget(p->ps, k, sizeof k);
         if (rc < 0 && rc != FERRY_ENOTFOUND) {
             /* a failed journal fails every forget after it: say so, not
@@ -137,7 +142,7 @@ static int tp_write(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, co
                               (unsigned long long)loc, (unsigned long long)t->capacity,
                               (unsigned long long)t->slot_bytes);
     uint8_t k[KEY_BYTES];
-    id_key(id, k);
+    ferry__kv_pslab_key(id, k);
     int rc = ferry_pslab_put(p->ps, k, sizeof k, src, len);
     if (rc < 0)
         return ferry__err_set(NULL, rc, "kv persistent L2: storing slot %llu: %s",
@@ -155,7 +160,7 @@ static int tp_read(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, voi
     if (!id || !dst || len == 0)
         return ferry__err_set(NULL, -EINVAL, "kv persistent L2: read of %zu bytes", len);
     uint8_t k[KEY_BYTES];
-    id_key(id, k);
+    ferry__kv_pslab_key(id, k);
     size_t got = 0;
     int rc = ferry_pslab_get(p->ps, k, sizeof k, dst, len, &got);
     if (rc == -ENOBUFS || (rc == 0 && got != len)) {
@@ -182,6 +187,8 @@ static void tp_close(ferry__kv_tier *t)
     tp *p = t->impl;
     if (!p)
         return;
+    ferry__kv_tpa_close(p->async); /* (before the slab: it holds pins there) */
+    p->async = NULL;
     if (p->ps && ferry_pslab_close(p->ps) < 0)
         FERRY_LOGW("kv persistent L2: closing: %s", ferry_last_error());
     pthread_mutex_destroy(&p->mu);
@@ -190,6 +197,23 @@ static void tp_close(ferry__kv_tier *t)
     ferry__free(p->written);
     ferry__free(p);
     t->impl = NULL;
+}
+
+static int tp_reg_pool(ferry__kv_tier *t, void *pool, size_t len)
+{
+    tp *p = t->impl;
+    return p->async ? ferry__kv_tpa_register(p->async, pool, len) : 0;
+}
+
+static void tp_unreg_pool(ferry__kv_tier *t)
+{
+    tp *p = t->impl;
+    ferry__kv_tpa_unregister(p->async);
+}
+
+ferry__kv_tpa *ferry__kv_tier_pslab_tpa(ferry__kv_tier *t)
+{
+    return t && t->impl ? ((tp *)t->impl)->async : NULL;
 }
 
 static const ferry__kv_tier_ops tp_ops = {
@@ -201,6 +225,8 @@ static const ferry__kv_tier_ops tp_ops = {
     .host_ptr = tp_host_ptr,
     .close = tp_close,
     .recover = ferry__kv_tier_pslab_recover,
+    .reg_pool = tp_reg_pool,
+    .unreg_pool = tp_unreg_pool,
 };
 
 int ferry__kv_pslab_tag(const ferry_kv *kv, char *out, size_t cap)
@@ -239,11 +265,34 @@ int ferry__kv_tier_pslab_open_kv(const ferry_kv *kv, const ferry_kv_config *cfg,
     c.direct = cfg->l2_direct;
     c.engine = cfg->l2_engine;
     c.slot_bytes = slot_bytes;
+    c.chunk_bytes = kv->chunk_bytes;
     c.tag = tag;
     c.tag_len = (size_t)n;
     c.mode = cfg->l2_mode;
     c.reset = cfg->l2_reset;
     return ferry__kv_tier_pslab_open(&c, eb, out);
+}
+
+/* asynchronous reads, when the chunk images fill their slots (the slab's
+ * checksum then covers the bytes the retrieve checks); without them, or
+ * when the engine cannot be had, reads stay synchronous */
+static void tp_async_open(ferry__kv_tier *t, const ferry__kv_pslab_cfg *c, const char *dir)
+{
+    tp *p = t->impl;
+    uint32_t align = ferry__pslab_alignment(p->ps);
+    if (!c->chunk_bytes || c->chunk_bytes != t->slot_bytes || !align || t->slot_bytes % align)
+        return;
+    if (ferry__kv_tpa_open(p->ps, c->engine, t->capacity, &p->async) < 0) {
+        FERRY_LOGI("kv persistent L2: %s: reads stay synchronous: %s", dir, ferry_last_error());
+        return;
+    }
+    t->aops = &ferry__kv_tpa_aops;
+    t->apiece = (uint64_t)2 << 20;
+    /* a piece spans at most two drives: at most one stripe unit */
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
+    ferry_pslab_stats_get(p->ps, &s);
+    if (ferry__pslab_drives(p->ps) > 1 && s.stripe_bytes)
+        t->apiece = FERRY__MIN(t->apiece, (uint64_t)s.stripe_bytes);
 }
 
 int ferry__kv_tier_pslab_open(const ferry__kv_pslab_cfg *c, ferry__errbuf *eb,
@@ -339,6 +388,7 @@ int ferry__kv_tier_pslab_open(const ferry__kv_pslab_cfg *c, ferry__errbuf *eb,
     ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     ferry_pslab_stats_get(p->ps, &s);
     p->synced_seq = s.durable_seq;
+    tp_async_open(t, c, dir);
     *out = t;
     return 0;
 }
@@ -403,7 +453,7 @@ int ferry__kv_tier_pslab_recover(ferry__kv_tier *t, ferry__kv_tier_recover_fn fn
     size_t reported = 0;
     for (size_t i = 0; rc == 0 && i < f.n; i++) {
         uint8_t k[KEY_BYTES];
-        id_key(&f.ids[i], k);
+        ferry__kv_pslab_key(&f.ids[i], k);
         uint64_t loc = 0;
         if (tp_reserve(t, &loc) < 0) {
             ferry_pslab_forget(p->ps, k, sizeof k);
@@ -417,7 +467,7 @@ int ferry__kv_tier_pslab_recover(ferry__kv_tier *t, ferry__kv_tier_recover_fn fn
         if (r != 0) {
             tp_release(t, loc);
             for (size_t j = i + 1; j < f.n; j++) {
-                id_key(&f.ids[j], k);
+                ferry__kv_pslab_key(&f.ids[j], k);
                 ferry_pslab_forget(p->ps, k, sizeof k);
             }
             rc = r;

@@ -23,6 +23,9 @@ typedef struct ferry__kv_pslab_cfg {
     int direct;
     const char *engine;
     uint64_t slot_bytes;  /* a multiple of 4096 */
+    /* the chunk image's bytes: reads are asynchronous (tier_pslab_async.c)
+     * when it fills the slot (0: unknown, reads synchronous) */
+    uint64_t chunk_bytes;
     /* what the chunks mean (ferry__kv_pslab_tag); NULL: not checked */
     const char *tag;
     size_t tag_len;
@@ -73,5 +76,24 @@ int ferry__kv_tier_pslab_recover(ferry__kv_tier *t, ferry__kv_tier_recover_fn fn
 
 /* the slab under the tier (tests, metrics) */
 ferry_pslab *ferry__kv_tier_pslab_store(ferry__kv_tier *t);
+
+/* a chunk id's key in the slab: lo then hi, little endian */
+#define FERRY__KV_PSLAB_KEY 16
+void ferry__kv_pslab_key(const ferry_kv_hash *id, uint8_t k[FERRY__KV_PSLAB_KEY]);
+
+/* ---- the tier's asynchronous reads (tier_pslab_async.c) ---- */
+typedef struct ferry__kv_tpa ferry__kv_tpa;
+extern const ferry__kv_tier_aops ferry__kv_tpa_aops;
+/* an engine of its own over ps's files, for a tier of capacity slots;
+ * engine: as the slab's (NULL: auto). 0, or a code with the message set */
+int ferry__kv_tpa_open(ferry_pslab *ps, const char *engine, uint64_t capacity,
+                       ferry__kv_tpa **out);
+/* after every read it started landed (or its queue broke) */
+void ferry__kv_tpa_close(ferry__kv_tpa *a);
+/* the L1 pool for the engine's fixed-buffer path / undo it */
+int ferry__kv_tpa_register(ferry__kv_tpa *a, void *pool, size_t len);
+void ferry__kv_tpa_unregister(ferry__kv_tpa *a);
+/* the tier's reads, or NULL when they are synchronous */
+ferry__kv_tpa *ferry__kv_tier_pslab_tpa(ferry__kv_tier *t);
 
 #endif

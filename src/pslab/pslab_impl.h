@@ -75,6 +75,7 @@
 #include "ferry/io.h"
 #include "ferry/pslab.h"
 #include "pslab/pslab_int.h"
+#include "pslab/pslab_reader.h"
 
 #define PATH_MAX_ 4096
 
@@ -161,8 +162,6 @@ int ferry__pslab_fail(ferry_pslab *p, int code, const char *fmt, ...) FERRY__PRI
 /* the same, with the lower layer's last error appended */
 int ferry__pslab_fail_io(ferry_pslab *p, int code, const char *fmt, ...) FERRY__PRINTF(3, 4);
 int ferry__pslab_fsync_dir(const char *dir);
-/* dirs[i]/FERRY_PSLAB_FILE */
-void ferry__pslab_slab_path(const ferry_pslab *p, unsigned i, char *out, size_t n);
 /* FERRY_FILE_* flags of the slab files: read, write unless read-only, direct */
 unsigned ferry__pslab_file_flags(const ferry_pslab *p);
 int ferry__pslab_lane_open(ferry_pslab *p, lane *l, const char *engine, unsigned depth);

@@ -152,8 +152,7 @@ static void stripe_at(const ferry_pslab *p, uint64_t off, uint64_t len, unsigned
                       uint64_t *seg, uint64_t *foff)
 {
     uint64_t run;
-    ferry__stripe_map(p->g.stripe, p->g.drives, off, d, foff, &run);
-    *foff += p->data_off;
+    ferry__pslab_locate(p, off, d, foff, &run);
     *seg = FERRY__MIN(len, run);
 }
 

@@ -1,0 +1,50 @@
+/*
+ * pslab_reader.h - what a reader that runs its own I/O needs of a
+ * persistent slab (private to ferry; the KV store's asynchronous reads of
+ * its persistent L2 use it).
+ *
+ * ferry_pslab_get reads a chunk on one of the slab's lanes and returns
+ * when it is read and checked. A reader that keeps many reads in flight on
+ * its own engine instead pins the chunk's entry (so its extent is not
+ * freed or reused while the reads run), maps the slab offsets to drives
+ * and file offsets itself, reads the slab files through its own handles,
+ * and checks what landed against the checksum the pin returned before the
+ * bytes count. The pin says nothing about the bytes on disk: only that
+ * check does.
+ */
+#ifndef FERRY_SRC_PSLAB_READER_H
+#define FERRY_SRC_PSLAB_READER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry/pslab.h"
+
+/* a pinned chunk: where its bytes are and what they must hash to */
+typedef struct ferry__pslab_pin {
+    void *ent;           /* the pinned entry (the slab's) */
+    uint64_t offset;     /* slab offset of its extent */
+    uint64_t length;     /* bytes stored */
+    uint64_t ext;        /* bytes an O_DIRECT read takes: length rounded up to the alignment */
+    uint64_t checksum;   /* XXH3-64 (seed 0) of its length bytes */
+} ferry__pslab_pin;
+
+/* pin the chunk under key: 0, FERRY_ENOTFOUND, -EINVAL (message set on p) */
+int ferry__pslab_pin_get(ferry_pslab *p, const void *key, size_t klen, ferry__pslab_pin *out);
+/* unpin it (a chunk deleted or replaced meanwhile is freed now); pin->ent
+ * becomes NULL; a pin whose ent is NULL is ignored */
+void ferry__pslab_pin_put(ferry_pslab *p, ferry__pslab_pin *pin);
+
+/* slab bytes at off: drive *d, at file offset *foff (after the file's
+ * header block), for *run bytes up to the next stripe boundary
+ * (UINT64_MAX with one drive) */
+void ferry__pslab_locate(const ferry_pslab *p, uint64_t off, unsigned *d, uint64_t *foff,
+                         uint64_t *run);
+/* the slab's drives, alignment, and whether its files are opened O_DIRECT */
+unsigned ferry__pslab_drives(const ferry_pslab *p);
+uint32_t ferry__pslab_alignment(const ferry_pslab *p);
+int ferry__pslab_is_direct(const ferry_pslab *p);
+/* dirs[i]/FERRY_PSLAB_FILE */
+void ferry__pslab_slab_path(const ferry_pslab *p, unsigned i, char *out, size_t n);
+
+#endif
