@@ -153,6 +153,26 @@ typedef struct reader {
     unsigned got, bad;
 } reader;
 
+/* the buffer is [layer][K/V][token][...]: chunk i's bytes are a run of
+ * CT tokens in each of the 4 planes; 1 when every run of chunk i in got
+ * equals want's, or (want NULL) when every byte is 0xEE or 0 */
+#define PLANES 4u
+#define PLANE ((size_t)NCH * CHUNK / PLANES)
+#define RUN ((size_t)CHUNK / PLANES)
+
+static int chunk_is(const uint8_t *got, const uint8_t *want, unsigned i)
+{
+    for (unsigned p = 0; p < PLANES; p++) {
+        const uint8_t *g = got + p * PLANE + i * RUN;
+        if (want && memcmp(g, want + p * PLANE + i * RUN, RUN))
+            return 0;
+        for (size_t x = 0; !want && x < RUN; x++)
+            if (g[x] != 0xEE && g[x] != 0)
+                return 0;
+    }
+    return 1;
+}
+
 static void *read_all(void *arg)
 {
     reader *r = arg;
@@ -164,22 +184,11 @@ static void *read_all(void *arg)
         req.status = st;
         req.max_chunks = NCH;
         ferry_kv_buffer b = buffer(dst);
-        int rc = ferry_kv_retrieve(r->kv, g_tok, NTOK, &req, &b);
-        if (rc < 0)
-            r->bad++;
+        r->bad += ferry_kv_retrieve(r->kv, g_tok, NTOK, &req, &b) < 0;
         for (unsigned i = 0; i < NCH; i++) {
-            const uint8_t *g = dst + (size_t)i * CHUNK, *w = r->src + (size_t)i * CHUNK;
-            if (st[i] == 0) {
-                r->got++;
-                r->bad += memcmp(g, w, CHUNK) != 0;
-            } else {
-                /* untouched, or zeroed (kv.h): never another chunk's bytes */
-                for (size_t x = 0; x < CHUNK; x++)
-                    if (g[x] != 0xEE && g[x] != 0) {
-                        r->bad++;
-                        break;
-                    }
-            }
+            /* a miss is untouched, or zeroed (kv.h): never bytes */
+            r->got += st[i] == 0;
+            r->bad += !chunk_is(dst, st[i] == 0 ? r->src : NULL, i);
         }
     }
     free(dst);

@@ -655,6 +655,76 @@ static void test_persistent_l2_corrupt_chunk_read_ahead_is_a_miss(void **state)
     ft_rmtree(d);
 }
 
+/* a prefetch from a reopened store reads its chunks from the persistent
+ * L2 as one stream and promotes each once checked: with a chunk changed on
+ * disk, that one is dropped (counted corrupt) and every other lands in L1
+ * byte-exact */
+static void test_persistent_l2_prefetch_checks_each_chunk(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    ferry_kv_config c = sink_cfg(d);
+    c.l1_bytes = (uint64_t)SK_CH * SK_CHUNK; /* room for all of them */
+    c.prefetch_max_bytes = (uint64_t)SK_CH * SK_CHUNK;
+    size_t bytes = (size_t)SK_PLANES * SK_N * SK_TB;
+    uint8_t *mem = malloc(bytes), *got = malloc(bytes);
+    int32_t tok[SK_N];
+    prompt(tok, SK_N, 9);
+    ft_fill_pattern(mem, bytes, 91);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    ferry_kv_buffer src = kv_buf(&c, mem, SK_N);
+    assert_int_equal(ferry_kv_store(kv, tok, SK_N, NULL, &src), SK_N);
+    FT_ASSERT_OK(ferry_kv_flush(kv));
+    assert_int_equal(ferry_kv_sync(kv), SK_CH);
+    ferry_kv_close(kv);
+    /* chunk 2's first block, changed behind the store's back */
+    char path[400];
+    snprintf(path, sizeof path, "%s/%s", d, FERRY_PSLAB_FILE);
+    int fd = open(path, O_WRONLY);
+    assert_true(fd >= 0);
+    uint8_t junk[64];
+    memset(junk, 0xA5, sizeof junk);
+    assert_int_equal(pwrite(fd, junk, sizeof junk, image_at(d, mem, 2)), sizeof junk);
+    assert_int_equal(fsync(fd), 0);
+    close(fd);
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    assert_int_equal(ferry_kv_prefetch(kv, tok, SK_N, NULL), SK_N);
+    FT_ASSERT_OK(ferry_kv_flush(kv));
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
+    assert_int_equal(m.prefetched_chunks, SK_CH - 1);
+    assert_int_equal(m.corrupt_chunks, 1);
+    uint8_t tiers[SK_CH];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.tiers = tiers;
+    r.max_chunks = SK_CH;
+    assert_int_equal(ferry_kv_lookup(kv, tok, SK_N, &r), 2 * SK_CT);
+    assert_int_equal(tiers[0], FERRY_KV_TIER_L1);
+    assert_int_equal(tiers[1], FERRY_KV_TIER_L1);
+    int st[SK_CH];
+    r = (ferry_kv_req)FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = SK_CH;
+    memset(got, 0xEE, bytes);
+    ferry_kv_buffer dst = kv_buf(&c, got, SK_N);
+    assert_int_equal(ferry_kv_retrieve(kv, tok, SK_N, &r, &dst), 2 * SK_CT);
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
+    assert_int_equal(m.tier[FERRY_KV_TIER_L2].hits, 0); /* all from L1 */
+    for (unsigned p = 0; p < SK_PLANES; p++) {
+        size_t plane = (size_t)p * SK_N * SK_TB, c2 = plane + 2 * SK_CT * SK_TB;
+        assert_memory_equal(got + plane, mem + plane, c2 - plane);
+        assert_memory_equal(got + c2 + SK_CT * SK_TB, mem + c2 + SK_CT * SK_TB,
+                            plane + (size_t)SK_N * SK_TB - (c2 + SK_CT * SK_TB));
+    }
+    assert_int_equal(st[2], FERRY_ENOTFOUND);
+    ferry_kv_close(kv);
+    free(mem);
+    free(got);
+    ft_rmtree(d);
+}
+
 /* chunks of 5 MiB: three 2 MiB pieces, the last one short */
 #define BIG ((uint64_t)5 << 20)
 
@@ -786,6 +856,7 @@ int main(void)
         cmocka_unit_test(test_kv_sync_says_how_many_chunks_it_made_durable),
         cmocka_unit_test(test_persistent_l2_corrupt_chunk_read_ahead_is_a_miss),
         cmocka_unit_test(test_async_reads_land_whole_and_checked),
+        cmocka_unit_test(test_persistent_l2_prefetch_checks_each_chunk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -367,6 +367,7 @@ typedef struct ferry__kv_job {
     uint64_t l1_loc, l2_loc;
     int src_tier;              /* PREFETCH: the tier read from */
     int ahead;                 /* PREFETCH: a retrieve's read-ahead (kept once landed) */
+    struct ferry__kv_job *group; /* PREFETCH from an async tier: the next of its group */
     void (*copy)(void *ctx, size_t idx); /* COPY: run copy(ctx, idx) */
     void *ctx;
     size_t idx;
@@ -472,8 +473,18 @@ int ferry__kv_do_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nchunks, s
                        const ferry_kv_req *req, const ferry_kv_buffer *buf);
 int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nchunks, size_t n,
                           const ferry_kv_req *req, const ferry_kv_buffer *buf);
-/* finish a job's L2 write or prefetch read (store.c) */
+/* finish a job's L2 write or prefetch read (store_promote.c) */
 void ferry__kv_job_run(ferry_kv *kv, ferry__kv_job *j);
+/* a prefetch job's read finished with rc: PROMOTE its slot (or drop the
+ * copy that failed), or, when the failure was not the copy's (a broken
+ * queue, memory), RELEASE the slot or RETIRE it (a read may still land
+ * there) keeping the copy; then the job's locks and budget go */
+enum { FERRY__KV_LAND_PROMOTE = 0, FERRY__KV_LAND_RELEASE = 1, FERRY__KV_LAND_RETIRE = 2 };
+void ferry__kv_prefetch_land(ferry_kv *kv, ferry__kv_job *j, int rc, int how);
+/* store_aprefetch.c: queue prefetch jobs (linked by next); those reading
+ * from a tier with asynchronous reads go as one group when leading != 0
+ * (a retrieve's own read-ahead, leading 0, skips such tiers) */
+void ferry__kv_prefetch_queue(ferry_kv *kv, ferry__kv_job *head, int leading);
 /* async.c: start/stop the workers, queue a job */
 int ferry__kv_workers_start(ferry_kv *kv, unsigned n);
 void ferry__kv_workers_stop(ferry_kv *kv);

@@ -240,10 +240,7 @@ size_t ferry__kv_prefetch_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch
             lead += ferry__kv_chunk_ntok(kv, i, n);
     }
     pthread_mutex_unlock(&kv->mu);
-    for (ferry__kv_job *j = head, *next; j; j = next) {
-        next = j->next;
-        ferry__kv_enqueue(kv, j);
-    }
+    ferry__kv_prefetch_queue(kv, head, leading);
     return lead;
 }
 

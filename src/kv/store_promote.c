@@ -86,8 +86,31 @@ void ferry__kv_job_run(ferry_kv *kv, ferry__kv_job *j)
     /* prefetch: the entry is read-locked, its location in src is stable */
     int src = j->src_tier;
     int rc = ferry__kv_tier_io(kv, kv->tier[src], 0, e->loc[src], &e->id, slot, kv->slot_bytes);
+    ferry__kv_prefetch_land(kv, j, rc, FERRY__KV_LAND_PROMOTE);
+}
+
+void ferry__kv_prefetch_land(ferry_kv *kv, ferry__kv_job *j, int rc, int how)
+{
+    ferry__kv_entry *e = j->e;
+    int src = j->src_tier;
     pthread_mutex_lock(&kv->mu);
-    ferry__kv_promote_finish(kv, e, j->l1_loc, rc, src);
+    if (how == FERRY__KV_LAND_PROMOTE) {
+        ferry__kv_promote_finish(kv, e, j->l1_loc, rc, src);
+    } else {
+        /* not the copy's failure: it stays where it is, the chunk is not
+         * promoted; a slot a read may still land in is never reused */
+        e->l1_loading = 0;
+        pthread_cond_broadcast(&kv->loaded);
+        if (how == FERRY__KV_LAND_RETIRE) {
+            kv->l1_retired++;
+            FERRY_LOGW("kv prefetch: the %s read queue broke with a read in flight; its L1 "
+                       "slot %llu is retired", kv->tier[src]->ops->name,
+                       (unsigned long long)j->l1_loc);
+        } else {
+            ferry__kv_tier_release(kv, FERRY_KV_TIER_L1, j->l1_loc);
+        }
+        rc = rc < 0 ? rc : FERRY_ENOTFOUND;
+    }
     if (rc == 0)
         atomic_fetch_add(&kv->prefetched, 1);
     /* a retrieve's read-ahead is what it copies out next: an LRU would
