@@ -829,6 +829,15 @@ static void test_async_reads_land_whole_and_checked(void **state)
     /* another length asked: another layout */
     ferry_kv_hash id0 = hid(0);
     assert_int_equal(t->aops->begin(t, loc[0], &id0, BIG - 4096), FERRY_EMISMATCH);
+    /* a slot still being read is refused to a second read; the check is
+     * of the chunk the slot was read for, not of whatever sum matches */
+    FT_ASSERT_OK(t->aops->begin(t, loc[0], &id0, BIG));
+    assert_int_equal(t->aops->begin(t, loc[0], &id0, BIG), -EBUSY);
+    t->aops->end(t, loc[0]);
+    ft_fill_pattern(buf, BIG, 40);
+    FT_ASSERT_OK(t->aops->verify(t, loc[0], &id0, ferry__kv_sum(buf, BIG)));
+    ferry_kv_hash id2 = hid(2);
+    assert_int_equal(t->aops->verify(t, loc[0], &id2, ferry__kv_sum(buf, BIG)), FERRY_ECORRUPT);
     ferry__kv_tier_free(t);
     free(buf);
     free(got);

@@ -26,9 +26,10 @@
  * Locking: amu guards the request pool, the batches' ready lists and the
  * reaper's turn; iomu the engine (submit and reap; a reap returns as soon
  * as one request completed, so a submit waits about one request at most).
- * A slot's pin is written by begin and read by submit, verify and end, all
- * by the retrieve that owns the read of that slot (the store lets one read
- * of a chunk run at a time), so the pins need no lock.
+ * A slot's pin is set by begin and taken by end under amu; submit reads it
+ * without: only the read that set it submits for that slot (the store
+ * lets one read of a chunk run at a time, and begin refuses a slot whose
+ * pin is still held). verify checks the id the pin was taken for.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -61,6 +62,7 @@ struct ferry__kv_tpa {
     unsigned nf;
     int direct;                         /* the files are O_DIRECT: read whole extents */
     ferry__pslab_pin *pin;              /* per slot: the chunk read there (see above) */
+    ferry_kv_hash *pid;                 /* per slot: the id that pin was taken for */
     uint64_t capacity;
     void *registered;                   /* the L1 pool while registered */
     pthread_mutex_t amu, iomu;
@@ -115,21 +117,35 @@ static int pa_begin(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, si
     if (loc >= a->capacity)
         return ferry__err_set(NULL, -EINVAL, "kv persistent L2: read of slot %llu (capacity "
                               "%llu)", (unsigned long long)loc, (unsigned long long)a->capacity);
-    ferry__pslab_pin *pin = &a->pin[loc];
-    FERRY__ASSERT(!pin->ent); /* one read of a slot at a time */
     uint8_t k[FERRY__KV_PSLAB_KEY];
     ferry__kv_pslab_key(id, k);
-    int rc = ferry__pslab_pin_get(a->ps, k, sizeof k, pin);
+    ferry__pslab_pin pin;
+    int rc = ferry__pslab_pin_get(a->ps, k, sizeof k, &pin);
     if (rc < 0)
         return ferry__err_set(NULL, rc, "kv persistent L2: reading slot %llu: %s",
                               (unsigned long long)loc, ferry_pslab_last_error(a->ps));
-    uint64_t span = a->direct ? pin->ext : pin->length;
-    if (pin->length != len || span > t->slot_bytes) {
-        uint64_t have = pin->length;
-        ferry__pslab_pin_put(a->ps, pin);
+    uint64_t span = a->direct ? pin.ext : pin.length;
+    if (pin.length != len || span > t->slot_bytes) {
+        ferry__pslab_pin_put(a->ps, &pin);
         return ferry__err_set(NULL, FERRY_EMISMATCH, "kv persistent L2: slot %llu holds a "
                               "chunk of %llu bytes, not the %zu asked (another layout)",
-                              (unsigned long long)loc, (unsigned long long)have, len);
+                              (unsigned long long)loc, (unsigned long long)pin.length, len);
+    }
+    /* the store reads a chunk once at a time and a slot holds one chunk,
+     * so a slot still being read means its chunk was evicted and the slot
+     * given to another while the first read ran (a lock's TTL ran out):
+     * refused, so neither read sees the other's pin */
+    pthread_mutex_lock(&a->amu);
+    int busy = a->pin[loc].ent != NULL;
+    if (!busy) {
+        a->pin[loc] = pin;
+        a->pid[loc] = *id;
+    }
+    pthread_mutex_unlock(&a->amu);
+    if (busy) {
+        ferry__pslab_pin_put(a->ps, &pin);
+        return ferry__err_set(NULL, -EBUSY, "kv persistent L2: slot %llu is still being read "
+                              "by an earlier read", (unsigned long long)loc);
     }
     return 0;
 }
@@ -137,8 +153,13 @@ static int pa_begin(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, si
 static void pa_end(ferry__kv_tier *t, uint64_t loc)
 {
     ferry__kv_tpa *a = tpa_of(t);
-    if (loc < a->capacity)
-        ferry__pslab_pin_put(a->ps, &a->pin[loc]); /* (its checksum stays for verify) */
+    if (loc >= a->capacity)
+        return;
+    pthread_mutex_lock(&a->amu);
+    ferry__pslab_pin pin = a->pin[loc];
+    a->pin[loc].ent = NULL; /* (its checksum stays for verify) */
+    pthread_mutex_unlock(&a->amu);
+    ferry__pslab_pin_put(a->ps, &pin);
 }
 
 /* a finished read: onto its batch's ready list (amu held) */
@@ -322,18 +343,23 @@ static int pa_broken(ferry__kv_tier *t)
 static int pa_verify(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, uint64_t sum)
 {
     ferry__kv_tpa *a = tpa_of(t);
-    (void)id; /* (the pin was taken under id's key) */
     if (loc >= a->capacity)
         return ferry__err_set(NULL, -EINVAL, "kv persistent L2: verify of slot %llu",
                               (unsigned long long)loc);
-    const ferry__pslab_pin *pin = &a->pin[loc];
-    if (pin->checksum == sum)
+    pthread_mutex_lock(&a->amu);
+    ferry__pslab_pin pin = a->pin[loc];
+    int same = a->pid[loc].lo == id->lo && a->pid[loc].hi == id->hi;
+    pthread_mutex_unlock(&a->amu);
+    if (!same)
+        return ferry__err_set(NULL, FERRY_ECORRUPT, "kv persistent L2: slot %llu was read for "
+                              "another chunk since: a miss", (unsigned long long)loc);
+    if (pin.checksum == sum)
         return 0;
     return ferry__err_set(NULL, FERRY_ECORRUPT, "kv persistent L2: the chunk of %llu bytes in "
                           "slot %llu (slab offset %llu) fails its checksum (%016llx, recorded "
-                          "%016llx): a miss", (unsigned long long)pin->length,
-                          (unsigned long long)loc, (unsigned long long)pin->offset,
-                          (unsigned long long)sum, (unsigned long long)pin->checksum);
+                          "%016llx): a miss", (unsigned long long)pin.length,
+                          (unsigned long long)loc, (unsigned long long)pin.offset,
+                          (unsigned long long)sum, (unsigned long long)pin.checksum);
 }
 
 /* up to 8 chunks in flight for one retrieve, read in 2 MiB pieces (the
@@ -368,6 +394,7 @@ void ferry__kv_tpa_close(ferry__kv_tpa *a)
         ferry__free(r);
     }
     ferry__free(a->pin);
+    ferry__free(a->pid);
     pthread_mutex_destroy(&a->amu);
     pthread_mutex_destroy(&a->iomu);
     pthread_cond_destroy(&a->acv);
@@ -387,7 +414,8 @@ int ferry__kv_tpa_open(ferry_pslab *ps, const char *engine, uint64_t capacity,
     a->capacity = capacity;
     a->direct = ferry__pslab_is_direct(ps);
     a->pin = ferry__calloc(capacity ? capacity : 1, sizeof *a->pin);
-    if (!a->pin) {
+    a->pid = ferry__calloc(capacity ? capacity : 1, sizeof *a->pid);
+    if (!a->pin || !a->pid) {
         ferry__kv_tpa_close(a);
         return ferry__err_set(NULL, -ENOMEM, "kv persistent L2: out of memory for %llu slots' "
                               "reads", (unsigned long long)capacity);
