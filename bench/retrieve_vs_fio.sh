@@ -15,8 +15,8 @@
 #             client process each round)             goal >= 0.90x fio
 #   io        `ferry bench io --engine uring` write and read against fio,
 #             8 MiB x depth 8 and 256 KiB x depth 32.    goal >= 0.95x fio
-#             (with a control: fio run again next to the reference, its
-#             ratio to it the noise floor of a round's ratio)
+#             (ferry between two fio runs, against their mean; the
+#             second fio's ratio to the first is the noise floor)
 #   l1        L1 store and retrieve against memcpy of the same bytes
 #             (`ferry kv bench`'s own reference).        goal >= 0.80x memcpy
 #
@@ -270,34 +270,41 @@ if [[ " $parts " == *" io "* ]]; then
         for cfg in $io_cfgs; do
             bs=${cfg%:*}
             depth=${cfg#*:}
+            # every run starts on a settled drive: the write-back and
+            # the freed extents of the run before it otherwise land in the
+            # next one's time (sync and 3 s apart, 256 KiB x 32 writes
+            # alternating: ferry 2.1-3.1 GB/s, fio 2.0-2.5; back to back,
+            # whichever follows a write and delete loses 10-30%)
+            settle() { sync; sleep 3; }
             fio_wr() {
+                settle
                 fw=$(fio --name=ref --filename="$work/fio.bin" --rw=write --size=$io_size --bs="$bs" \
                     --iodepth="$depth" "${fio_common[@]}" 2>/dev/null | jq -r '.jobs[0].write.bw_bytes / 1e9')
                 fr=$(fio_read "$work/fio.bin" $io_size "$bs" "$depth")
                 rm -f "$work/fio.bin"
             }
             ferry_wr() {
+                settle
                 out=$("$ferry" bench io --engine uring --size $io_size --chunk "$bs" --depth "$depth" \
                     --dir "$work" --json)
                 mw=$(jq -r .write.gb_per_s <<<"$out")
                 mr=$(jq -r .read.gb_per_s <<<"$out")
             }
-            # the control: fio once more, on the other side of the
-            # reference from ferry (ferry last in odd rounds, first in
-            # even ones; the control the other way round), so fio against
-            # itself shows how far two neighbouring runs differ here
-            if ((i % 2)); then
-                fio_wr; cw=$fw; cr=$fr; fio_wr; ferry_wr
-            else
-                ferry_wr; fio_wr; fwk=$fw; frk=$fr; fio_wr; cw=$fw; cr=$fr; fw=$fwk; fr=$frk
-            fi
+            # ferry between two runs of fio, against their mean, so the
+            # reference sits on both sides of it; fio's second run against
+            # its first shows how far two neighbours differ here
+            fio_wr; fw1=$fw; fr1=$fr; ferry_wr; fio_wr
+            cw=$(ratio "$fw" "$fw1")
+            cr=$(ratio "$fr" "$fr1")
+            fw=$(awk -v a="$fw1" -v b="$fw" 'BEGIN { printf "%.3f", (a + b) / 2 }')
+            fr=$(awk -v a="$fr1" -v b="$fr" 'BEGIN { printf "%.3f", (a + b) / 2 }')
             rw=$(ratio "$mw" "$fw")
             rd=$(ratio "$mr" "$fr")
             io[$cfg.w]+="$rw "
             io[$cfg.r]+="$rd "
-            io[$cfg.cw]+="$(ratio "$cw" "$fw") "
-            io[$cfg.cr]+="$(ratio "$cr" "$fr") "
-            printf '  round %d %-7s (load %s): write fio %.2f ferry %.2f = %sx (fio again %.2f), read fio %.2f ferry %.2f = %sx (fio again %.2f)\n' \
+            io[$cfg.cw]+="$cw "
+            io[$cfg.cr]+="$cr "
+            printf '  round %d %-7s (load %s): write fio %.2f (mean) ferry %.2f = %sx (fio 2nd/1st %s), read fio %.2f ferry %.2f = %sx (fio 2nd/1st %s)\n' \
                 "$i" "$cfg" "$(cut -d' ' -f1 /proc/loadavg)" "$fw" "$mw" "$rw" "$cw" "$fr" "$mr" "$rd" "$cr"
         done
     done
@@ -332,9 +339,9 @@ done
 for cfg in $io_cfgs; do
     [ -n "${io[$cfg.w]:-}" ] && verdict "bench io write $cfg / fio" "${io[$cfg.w]}" 0.95
     [ -n "${io[$cfg.r]:-}" ] && verdict "bench io read $cfg / fio" "${io[$cfg.r]}" 0.95
-    [ -n "${io[$cfg.cw]:-}" ] && printf '  %-34s %s\n' "  (fio again / fio, write $cfg)" \
+    [ -n "${io[$cfg.cw]:-}" ] && printf '  %-34s %s\n' "  (fio 2nd / 1st, write $cfg)" \
         "$(echo "${io[$cfg.cw]}" | stats)"
-    [ -n "${io[$cfg.cr]:-}" ] && printf '  %-34s %s\n' "  (fio again / fio, read $cfg)" \
+    [ -n "${io[$cfg.cr]:-}" ] && printf '  %-34s %s\n' "  (fio 2nd / 1st, read $cfg)" \
         "$(echo "${io[$cfg.cr]}" | stats)"
 done
 [ -n "$l1st" ] && verdict "L1 store / memcpy" "$l1st" 0.80
