@@ -1367,6 +1367,90 @@ static void l2_read_error_in_a_piece_fails_only_its_chunk(void **state)
     read_error_in_the_middle_of_a_batch(16384);
 }
 
+/* a prefetch reads its chunks from L2 as one stream on one worker
+ * (store_aprefetch.c): the disk failing chunk 5 (its third piece when
+ * read in pieces) drops only that chunk; the others land in L1,
+ * byte-exact, and a retrieve takes them from there */
+static void prefetch_read_error(uint64_t piece)
+{
+    bigfix f;
+    big_open_pieces(&f, 40, 12, piece);
+    f.kv->prefetch_max = 40 * f.kv->slot_bytes;
+    ferry_kv_stats m0 = FERRY_KV_STATS_INIT, m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m0));
+    atomic_store(&g_eio_off, (long long)(l2_loc_of(f.kv, f.a, 12 * CT, 5) + 2 * piece));
+    atomic_store(&g_eio_hits, 0);
+    ferry__sys sys = *ferry__sys_default();
+    sys.pread = eio_pread;
+    ferry__sys_set(&sys);
+    assert_int_equal(ferry_kv_prefetch(f.kv, f.a, 12 * CT, NULL), 12 * CT);
+    FT_ASSERT_OK(ferry_kv_flush(f.kv));
+    ferry__sys_set(NULL);
+    atomic_store(&g_eio_off, -1);
+    assert_int_equal(atomic_load(&g_eio_hits), 1);
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m));
+    assert_int_equal(m.tier[FERRY_KV_TIER_L2].failures - m0.tier[FERRY_KV_TIER_L2].failures, 1);
+    assert_int_equal(m.prefetched_chunks - m0.prefetched_chunks, 11);
+    FT_ASSERT_OK(ferry__kv_check(f.kv));
+    uint8_t tiers[12];
+    ferry_kv_req lr = FERRY_KV_REQ_INIT;
+    lr.tiers = tiers;
+    lr.max_chunks = 12;
+    assert_int_equal(ferry_kv_lookup(f.kv, f.a, 12 * CT, &lr), 5 * CT);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(tiers[i], FERRY_KV_TIER_L1);
+    int st[12];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = 12;
+    assert_int_equal(ferry_kv_retrieve(f.kv, f.a, 12 * CT, &r, &f.d.b), 5 * CT);
+    for (int i = 0; i < 12; i++) {
+        assert_int_equal(st[i], i == 5 ? FERRY_ENOTFOUND : 0);
+        if (i != 5)
+            assert_true(same_tokens(&f.h, &f.d, (uint64_t)i * CT, (uint64_t)(i + 1) * CT));
+    }
+    FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m0));
+    assert_int_equal(m0.tier[FERRY_KV_TIER_L2].hits, m.tier[FERRY_KV_TIER_L2].hits);
+    big_close(&f);
+}
+
+static void l2_prefetch_read_error_drops_only_its_chunk(void **state)
+{
+    (void)state;
+    prefetch_read_error(0);
+}
+
+static void l2_prefetch_read_error_in_a_piece_drops_only_its_chunk(void **state)
+{
+    (void)state;
+    prefetch_read_error(16384);
+}
+
+/* the tier's read queue breaks under a prefetch's stream: no copy is
+ * dropped for it (every chunk is still found), the slots a read may still
+ * land in are never handed out again, and a retrieve (now synchronous)
+ * gets every chunk byte-exact */
+static void l2_prefetch_with_the_queue_breaking_keeps_every_copy(void **state)
+{
+    (void)state;
+    bigfix f;
+    big_open_pieces(&f, 40, BIG, 16384);
+    f.kv->prefetch_max = 40 * f.kv->slot_bytes;
+    ferry__kv_tier_l2_break_after(f.kv->tier[FERRY_KV_TIER_L2], 1, -EIO);
+    assert_true(ferry_kv_prefetch(f.kv, f.a, BIG * CT, NULL) > 0);
+    FT_ASSERT_OK(ferry_kv_flush(f.kv));
+    FT_ASSERT_OK(ferry__kv_check(f.kv));
+    pthread_mutex_lock(&f.kv->mu);
+    uint64_t retired = f.kv->l1_retired;
+    pthread_mutex_unlock(&f.kv->mu);
+    assert_true(retired > 0); /* it broke with reads in flight */
+    assert_int_equal(ferry_kv_lookup(f.kv, f.a, BIG * CT, NULL), BIG * CT);
+    memset(f.d.mem, 0xEE, PLANES * 2 * BIG * CT * TB);
+    assert_int_equal(ferry_kv_retrieve(f.kv, f.a, BIG * CT, NULL, &f.d.b), BIG * CT);
+    assert_true(same_tokens(&f.h, &f.d, 0, BIG * CT));
+    big_close(&f);
+}
+
 /* the tier's read queue breaks with reads in flight (an engine failure,
  * through the tier's seam): those chunks are misses here, their L1 slots
  * are never handed out again (the reads may still land in them), their L2
@@ -2401,6 +2485,9 @@ int main(void)
         cmocka_unit_test(l2_chunks_read_in_pieces_land_byte_exact),
         cmocka_unit_test(l2_read_error_in_a_piece_fails_only_its_chunk),
         cmocka_unit_test(l2_queue_breaking_mid_chunk_retires_the_slots_in_flight),
+        cmocka_unit_test(l2_prefetch_read_error_drops_only_its_chunk),
+        cmocka_unit_test(l2_prefetch_read_error_in_a_piece_drops_only_its_chunk),
+        cmocka_unit_test(l2_prefetch_with_the_queue_breaking_keeps_every_copy),
         cmocka_unit_test(l2_out_of_memory_in_a_retrieve_in_pieces_keeps_every_copy),
         cmocka_unit_test(l2_retrieve_over_a_tiny_l1_waits_for_its_copies),
         cmocka_unit_test(l2_refused_reads_in_a_batch_are_misses),
