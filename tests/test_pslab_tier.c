@@ -725,6 +725,64 @@ static void test_persistent_l2_prefetch_checks_each_chunk(void **state)
     ft_rmtree(d);
 }
 
+/* the third chunk read from the persistent L2 fails (the tier's fault
+ * seam): that one chunk is a miss whose tokens are untouched, its L2 copy
+ * is dropped, every other chunk is byte-exact */
+static void test_persistent_l2_failed_read_is_one_miss(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    ferry_kv_config c = sink_cfg(d);
+    size_t bytes = (size_t)SK_PLANES * SK_N * SK_TB;
+    uint8_t *mem = malloc(bytes), *got = malloc(bytes);
+    int32_t tok[SK_N];
+    prompt(tok, SK_N, 11);
+    ft_fill_pattern(mem, bytes, 111);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    ferry_kv_buffer src = kv_buf(&c, mem, SK_N);
+    assert_int_equal(ferry_kv_store(kv, tok, SK_N, NULL, &src), SK_N);
+    FT_ASSERT_OK(ferry_kv_flush(kv));
+    assert_int_equal(ferry_kv_sync(kv), SK_CH);
+    ferry_kv_close(kv);
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    ferry__kv_tier *l2 = kv->tier[FERRY_KV_TIER_L2];
+    assert_non_null(l2->aops); /* the asynchronous path is the one under test */
+    atomic_store(&l2->fail_code, -EIO);
+    atomic_store(&l2->fail_read_nth, 3);
+    int st[SK_CH];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = SK_CH;
+    memset(got, 0xEE, bytes);
+    ferry_kv_buffer dst = kv_buf(&c, got, SK_N);
+    assert_int_equal(ferry_kv_retrieve(kv, tok, SK_N, &r, &dst), 2 * SK_CT);
+    atomic_store(&l2->fail_read_nth, 0);
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
+    assert_int_equal(m.tier[FERRY_KV_TIER_L2].failures, 1);
+    assert_int_equal(m.retrieved_chunks, SK_CH - 1);
+    for (unsigned i = 0; i < SK_CH; i++) {
+        assert_int_equal(st[i], i == 2 ? FERRY_ENOTFOUND : 0);
+        for (unsigned p = 0; p < SK_PLANES; p++) {
+            size_t at = (size_t)p * SK_N * SK_TB + (size_t)i * SK_CT * SK_TB;
+            if (i != 2) {
+                assert_memory_equal(got + at, mem + at, (size_t)SK_CT * SK_TB);
+                continue;
+            }
+            for (size_t x = 0; x < (size_t)SK_CT * SK_TB; x++)
+                assert_int_equal(got[at + x], 0xEE);
+        }
+    }
+    /* its L2 copy went with the failed read: the prompt's cache ends there */
+    assert_int_equal(ferry_kv_lookup(kv, tok, SK_N, NULL), 2 * SK_CT);
+    ferry_kv_close(kv);
+    free(mem);
+    free(got);
+    ft_rmtree(d);
+}
+
 /* chunks of 5 MiB: three 2 MiB pieces, the last one short */
 #define BIG ((uint64_t)5 << 20)
 
@@ -866,6 +924,7 @@ int main(void)
         cmocka_unit_test(test_persistent_l2_corrupt_chunk_read_ahead_is_a_miss),
         cmocka_unit_test(test_async_reads_land_whole_and_checked),
         cmocka_unit_test(test_persistent_l2_prefetch_checks_each_chunk),
+        cmocka_unit_test(test_persistent_l2_failed_read_is_one_miss),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
