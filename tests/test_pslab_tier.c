@@ -4,6 +4,7 @@
  * forget, and the chunks it hands back after a restart.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -783,6 +784,83 @@ static void test_persistent_l2_failed_read_is_one_miss(void **state)
     ft_rmtree(d);
 }
 
+/* chunk k's id in kv and its L2 location (from the store's index) */
+static uint64_t l2_loc_of(ferry_kv *kv, const int32_t *tok, size_t n, size_t k,
+                          ferry_kv_hash *id)
+{
+    ferry_kv_hash h[SK_CH];
+    assert_true((size_t)ferry_kv_hash_chunks(kv->seed, tok, n, SK_CT, 0, h, SK_CH) > k);
+    *id = (ferry_kv_hash){h[k].lo ^ kv->ns0.lo, h[k].hi ^ kv->ns0.hi};
+    uint64_t loc = UINT64_MAX;
+    pthread_mutex_lock(&kv->mu);
+    for (uint64_t b = 0; b < kv->nbuckets && loc == UINT64_MAX; b++)
+        for (ferry__kv_entry *e = kv->buckets[b]; e; e = e->hnext)
+            if (e->id.lo == id->lo && e->id.hi == id->hi)
+                loc = e->loc[FERRY_KV_TIER_L2];
+    pthread_mutex_unlock(&kv->mu);
+    assert_true(loc != UINT64_MAX);
+    return loc;
+}
+
+/* a retrieve that finds a chunk's L2 slot still being read by an earlier
+ * read (held here through the tier's begin, as a read whose lock outlived
+ * its TTL would hold it) gets that chunk as a miss, untouched, and keeps
+ * its L2 copy: once the earlier read ends, the chunk comes back exact */
+static void test_persistent_l2_slot_still_read_is_a_miss_not_a_drop(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    ferry_kv_config c = sink_cfg(d);
+    size_t bytes = (size_t)SK_PLANES * SK_N * SK_TB;
+    uint8_t *mem = malloc(bytes), *got = malloc(bytes);
+    int32_t tok[SK_N];
+    prompt(tok, SK_N, 13);
+    ft_fill_pattern(mem, bytes, 131);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    ferry_kv_buffer src = kv_buf(&c, mem, SK_N);
+    assert_int_equal(ferry_kv_store(kv, tok, SK_N, NULL, &src), SK_N);
+    FT_ASSERT_OK(ferry_kv_flush(kv));
+    assert_int_equal(ferry_kv_sync(kv), SK_CH);
+    ferry_kv_close(kv);
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    ferry__kv_tier *l2 = kv->tier[FERRY_KV_TIER_L2];
+    assert_non_null(l2->aops);
+    ferry_kv_hash id3;
+    uint64_t loc3 = l2_loc_of(kv, tok, SK_N, 3, &id3);
+    FT_ASSERT_OK(l2->aops->begin(l2, loc3, &id3, l2->slot_bytes));
+    int st[SK_CH];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = SK_CH;
+    memset(got, 0xEE, bytes);
+    ferry_kv_buffer dst = kv_buf(&c, got, SK_N);
+    assert_int_equal(ferry_kv_retrieve(kv, tok, SK_N, &r, &dst), 3 * SK_CT);
+    for (unsigned i = 0; i < SK_CH; i++) {
+        assert_int_equal(st[i], i == 3 ? FERRY_ENOTFOUND : 0);
+        for (unsigned p = 0; p < SK_PLANES; p++) {
+            size_t at = (size_t)p * SK_N * SK_TB + (size_t)i * SK_CT * SK_TB;
+            if (i != 3) {
+                assert_memory_equal(got + at, mem + at, (size_t)SK_CT * SK_TB);
+                continue;
+            }
+            for (size_t x = 0; x < (size_t)SK_CT * SK_TB; x++)
+                assert_int_equal(got[at + x], 0xEE);
+        }
+    }
+    l2->aops->end(l2, loc3);
+    /* the copy stayed: the whole prompt is found and comes back exact */
+    assert_int_equal(ferry_kv_lookup(kv, tok, SK_N, NULL), SK_N);
+    memset(got, 0xEE, bytes);
+    assert_int_equal(ferry_kv_retrieve(kv, tok, SK_N, NULL, &dst), SK_N);
+    assert_memory_equal(got, mem, bytes);
+    ferry_kv_close(kv);
+    free(mem);
+    free(got);
+    ft_rmtree(d);
+}
+
 /* chunks of 5 MiB: three 2 MiB pieces, the last one short */
 #define BIG ((uint64_t)5 << 20)
 
@@ -925,6 +1003,7 @@ int main(void)
         cmocka_unit_test(test_async_reads_land_whole_and_checked),
         cmocka_unit_test(test_persistent_l2_prefetch_checks_each_chunk),
         cmocka_unit_test(test_persistent_l2_failed_read_is_one_miss),
+        cmocka_unit_test(test_persistent_l2_slot_still_read_is_a_miss_not_a_drop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -152,7 +152,9 @@ typedef struct ferry__kv_tier_aops {
      * len bytes in all) is submitted / after its last one landed (or the
      * queue broke), whatever the outcome. begin may refuse the chunk (a
      * code with the message set: the read fails with it, nothing is
-     * submitted); end follows every begin that returned 0, once */
+     * submitted; -EBUSY: the tier's location is still being read by an
+     * earlier read, which is not the copy's failure, so the copy stays);
+     * end follows every begin that returned 0, once */
     int (*begin)(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, size_t len);
     void (*end)(ferry__kv_tier *t, uint64_t loc);
     /* start reading len bytes from byte off of the chunk at loc (the whole

@@ -112,8 +112,9 @@ static void ap_send(ap *p)
     }
     t->aops->put(t, a);
     ap_fail(c, rc, ferry_last_error());
-    /* memory, or the queue: not this copy's failure */
-    if (rc == -ENOMEM || (t->aops->broken && t->aops->broken(t)))
+    /* memory, the queue, or the tier's slot still being read by an
+     * earlier read (begin's -EBUSY): not this copy's failure */
+    if (rc == -ENOMEM || rc == -EBUSY || (t->aops->broken && t->aops->broken(t)))
         c->how = FERRY__KV_LAND_RELEASE;
     c->sent = p->npieces; /* no more of it */
     p->cur++;

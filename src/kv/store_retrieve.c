@@ -436,10 +436,11 @@ static void rt_send(rtv *r, size_t i, ferry__kv_aread *a)
     rt_fail(r, i, rc, ferry_last_error());
     r->c[i].sent = r->npieces;
     r->cur = SIZE_MAX;
-    /* the queue broke, or memory ran out: not this chunk's L2 copy, which
-     * is kept, and its slot goes back once the pieces in flight landed
-     * (a break with pieces still in flight makes rt_reap retire it) */
-    if ((t->aops->broken && t->aops->broken(t)) || rc == -ENOMEM)
+    /* the queue broke, memory ran out, or the tier's slot is still being
+     * read by an earlier read (begin's -EBUSY): not this chunk's L2 copy,
+     * which is kept, and its slot goes back once the pieces in flight
+     * landed (a break with pieces still in flight makes rt_reap retire it) */
+    if ((t->aops->broken && t->aops->broken(t)) || rc == -ENOMEM || rc == -EBUSY)
         r->c[i].lost = 2;
     if (r->c[i].left == 0) {
         rt_landed(r, i);
