@@ -171,7 +171,8 @@ typedef struct ferry__kv_tier_aops {
     int (*broken)(ferry__kv_tier *t);
     /* the chunk read from loc is chunk id and its image (chunk_bytes)
      * has checksum sum (ferry__kv_sum): 0, or FERRY_ECORRUPT with the
-     * message set. NULL: the tier's reads need no check. An async read's
+     * message set (FERRY_ENOTFOUND: the location was read for another
+     * chunk since, no damage). NULL: the tier's reads need no check. An async read's
      * bytes count as a hit only after this passed. */
     int (*verify)(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, uint64_t sum);
 } ferry__kv_tier_aops;

@@ -95,9 +95,11 @@ static void ap_send(ap *p)
     int rc = a ? 0 : ferry__err_set(NULL, -ENOMEM, "kv prefetch: out of memory for a read");
     if (rc == 0 && c->sent == 0)
         rc = ferry__kv_tier_fault(p->kv, t, 0, c->loc, t->slot_bytes);
+    int busy = 0; /* begin found the tier's location still being read */
     if (rc == 0 && c->sent == 0 && t->aops->begin) {
         rc = t->aops->begin(t, c->loc, &c->j->e->id, t->slot_bytes);
         c->begun = rc == 0;
+        busy = rc == -EBUSY;
     }
     if (rc == 0) {
         a->idx = i;
@@ -114,7 +116,7 @@ static void ap_send(ap *p)
     ap_fail(c, rc, ferry_last_error());
     /* memory, the queue, or the tier's slot still being read by an
      * earlier read (begin's -EBUSY): not this copy's failure */
-    if (rc == -ENOMEM || rc == -EBUSY || (t->aops->broken && t->aops->broken(t)))
+    if (rc == -ENOMEM || busy || (t->aops->broken && t->aops->broken(t)))
         c->how = FERRY__KV_LAND_RELEASE;
     c->sent = p->npieces; /* no more of it */
     p->cur++;
@@ -148,6 +150,12 @@ static void ap_take(ap *p, ferry__kv_aread *a)
         size_t i = a->idx;
         ap_chunk *c = &p->c[i];
         if (a->result < 0) {
+            /* the disk failed a read of this copy: that outweighs memory
+             * having run out for a later piece (the copy goes) */
+            if (c->how == FERRY__KV_LAND_RELEASE) {
+                c->how = FERRY__KV_LAND_PROMOTE;
+                c->res = 0;
+            }
             ap_fail(c, a->result, a->why);
             if (c->sent < p->npieces && p->cur == i)
                 p->cur++; /* its pieces not sent yet never are */

@@ -69,7 +69,9 @@ static void kv_free(ferry_kv *kv)
     /* the L1 pool is registered with L2's drive queues: undo that first */
     if (kv->l2_registered)
         kv->tier[FERRY_KV_TIER_L2]->ops->unreg_pool(kv->tier[FERRY_KV_TIER_L2]);
-    for (int t = 1; t < FERRY_KV_TIERS; t++)
+    /* the lower tiers first: a read of theirs still in flight after a
+     * failure lands in an L1 slot, so the pool goes last */
+    for (int t = FERRY_KV_TIERS - 1; t >= 1; t--)
         ferry__kv_tier_free(kv->tier[t]);
     pthread_mutex_destroy(&kv->mu);
     pthread_mutex_destroy(&kv->err_mu);

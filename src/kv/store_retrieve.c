@@ -393,7 +393,7 @@ static void rt_landed(rtv *r, size_t i)
         t->aops->end(t, r->c[i].aloc);
         r->c[i].begun = 0;
     }
-    if (rc == -ENOMEM && r->c[i].lost == 2) {
+    if ((rc == -ENOMEM || rc == -EBUSY) && r->c[i].lost == 2) {
         atomic_fetch_add(&r->kv->failures, 1); /* ours, not the tier's */
     } else {
         if (rc < 0 && r->why && r->why[i][0])
@@ -417,9 +417,11 @@ static void rt_send(rtv *r, size_t i, ferry__kv_aread *a)
     int rc = a ? 0 : ferry__err_set(NULL, -ENOMEM, "kv L2: out of memory for a read request");
     if (rc == 0 && r->c[i].sent == 0)
         rc = ferry__kv_tier_fault(kv, t, 0, r->c[i].aloc, t->slot_bytes);
+    int busy = 0; /* begin found the tier's location still being read */
     if (rc == 0 && r->c[i].sent == 0 && t->aops->begin) {
         rc = t->aops->begin(t, r->c[i].aloc, &r->c[i].pend->id, t->slot_bytes);
         r->c[i].begun = rc == 0;
+        busy = rc == -EBUSY;
     }
     if (rc == 0) {
         a->idx = i;
@@ -440,7 +442,7 @@ static void rt_send(rtv *r, size_t i, ferry__kv_aread *a)
      * read by an earlier read (begin's -EBUSY): not this chunk's L2 copy,
      * which is kept, and its slot goes back once the pieces in flight
      * landed (a break with pieces still in flight makes rt_reap retire it) */
-    if ((t->aops->broken && t->aops->broken(t)) || rc == -ENOMEM || rc == -EBUSY)
+    if ((t->aops->broken && t->aops->broken(t)) || rc == -ENOMEM || busy)
         r->c[i].lost = 2;
     if (r->c[i].left == 0) {
         rt_landed(r, i);

@@ -25,7 +25,8 @@
  *
  * Locking: amu guards the request pool, the batches' ready lists and the
  * reaper's turn; iomu the engine (submit and reap; a reap returns as soon
- * as one request completed, so a submit waits about one request at most).
+ * as one request completed, so a submit usually waits for no more than
+ * one request to land, at most for the reap's 50 ms bound).
  * A slot's pin is set by begin and taken by end under amu; submit reads it
  * without: only the read that set it submits for that slot (the store
  * lets one read of a chunk run at a time, and begin refuses a slot whose
@@ -236,16 +237,17 @@ static int pa_submit(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread *pu
     if (n == 0)
         return 0;
     ferry_io_req *qs[PA_SUB] = {&r->req[0], &r->req[1]};
+    char why[200] = "";
     pthread_mutex_lock(&a->iomu);
     int k = ferry_io_submit(a->io, qs, (unsigned)n);
+    if (k != n) /* (the engine's message, before another thread's call) */
+        snprintf(why, sizeof why, "kv persistent L2: submitting the read of %llu bytes at "
+                 "byte %llu of slot %llu: %s", (unsigned long long)want,
+                 (unsigned long long)off, (unsigned long long)loc, ferry_io_last_error(a->io));
     pthread_mutex_unlock(&a->iomu);
     if (k == n)
         return 0;
     int code = k < 0 ? k : FERRY_EDRIVER;
-    char why[200];
-    snprintf(why, sizeof why, "kv persistent L2: submitting the read of %llu bytes at byte "
-             "%llu of slot %llu: %s", (unsigned long long)want, (unsigned long long)off,
-             (unsigned long long)loc, ferry_io_last_error(a->io));
     pthread_mutex_lock(&a->amu);
     if (k <= 0) {
         FERRY__ASSERT(b->inflight > 0);
@@ -253,10 +255,17 @@ static int pa_submit(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread *pu
         pthread_mutex_unlock(&a->amu);
         return ferry__err_set(NULL, code, "%s", why);
     }
-    /* part of it is in flight: it lands failed once that part landed */
+    /* part of it is in flight: it lands failed once that part landed,
+     * which a reaper may have seen already (then it is delivered here) */
     r->result = code;
     snprintf(r->msg, sizeof r->msg, "%s", why);
     r->left -= (unsigned)(n - k);
+    if (r->left == 0) {
+        pa_deliver(r);
+        FERRY__ASSERT(b->inflight > 0);
+        b->inflight--;
+        pthread_cond_broadcast(&a->acv);
+    }
     pthread_mutex_unlock(&a->amu);
     return 0;
 }
@@ -350,9 +359,9 @@ static int pa_verify(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, u
     ferry__pslab_pin pin = a->pin[loc];
     int same = a->pid[loc].lo == id->lo && a->pid[loc].hi == id->hi;
     pthread_mutex_unlock(&a->amu);
-    if (!same)
-        return ferry__err_set(NULL, FERRY_ECORRUPT, "kv persistent L2: slot %llu was read for "
-                              "another chunk since: a miss", (unsigned long long)loc);
+    if (!same) /* (not damage: the slot went to another chunk) */
+        return ferry__err_set(NULL, FERRY_ENOTFOUND, "kv persistent L2: slot %llu was read "
+                              "for another chunk since: a miss", (unsigned long long)loc);
     if (pin.checksum == sum)
         return 0;
     return ferry__err_set(NULL, FERRY_ECORRUPT, "kv persistent L2: the chunk of %llu bytes in "
@@ -382,13 +391,18 @@ void ferry__kv_tpa_close(ferry__kv_tpa *a)
 {
     if (!a)
         return;
+    /* reads still in flight (none but after a failure) land first: their
+     * files and buffers must outlive them */
+    ferry_io_req *done[32];
+    while (a->io && ferry_io_inflight(a->io) && ferry_io_reap(a->io, done, 1, 32, 100) >= 0)
+        ;
     if (a->registered)
         ferry_io_unregister_buffer(a->io, a->registered);
     for (unsigned i = 0; i < a->nf; i++)
         if (a->f[i])
             ferry_file_close(a->f[i]);
     if (a->io)
-        ferry_io_close(a->io); /* (reads still in flight after a break land or drop here) */
+        ferry_io_close(a->io);
     for (pa_rd *r = a->all_rd, *next; r; r = next) {
         next = r->all;
         ferry__free(r);
