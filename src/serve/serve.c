@@ -288,8 +288,8 @@ static void accept_one(ferry_serve *s)
         snprintf(msg, sizeof msg, "uid %d may not use this daemon (allowed: uid %d and %zu more)",
                  (int)cr.uid, (int)s->uid, s->nallow);
         ferry__srv_warn(s, "serve: refused pid %d: %s", (int)cr.pid, msg);
+        atomic_fetch_add(&s->refused, 1); /* (counted before the peer can read why) */
         ferry__srv_refuse(fd, 0, -EACCES, msg);
-        atomic_fetch_add(&s->refused, 1);
         close(fd);
         return;
     }
@@ -302,8 +302,8 @@ static void accept_one(ferry_serve *s)
                  c ? "the daemon serves as many clients as it may" : "out of memory",
                  s->max_clients);
         ferry__srv_warn(s, "serve: refused pid %d: %s", (int)cr.pid, msg);
-        ferry__srv_refuse(fd, 0, c ? FERRY_EBUSY : -ENOMEM, msg);
         atomic_fetch_add(&s->refused, 1);
+        ferry__srv_refuse(fd, 0, c ? FERRY_EBUSY : -ENOMEM, msg);
         ferry__free(c);
         close(fd);
         return;
