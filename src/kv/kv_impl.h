@@ -132,6 +132,7 @@ typedef struct ferry__kv_aread {
     size_t idx;                    /* the caller's: which chunk */
     int result;                    /* once ready: 0 or a negative code */
     const char *why;               /* once ready with result < 0: the message */
+    struct ferry__kv_aread *all;   /* every request its queue allocated (aqueue.c) */
 } ferry__kv_aread;
 
 struct ferry__kv_abatch {
@@ -176,6 +177,41 @@ typedef struct ferry__kv_tier_aops {
      * bytes count as a hit only after this passed. */
     int (*verify)(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, uint64_t sum);
 } ferry__kv_tier_aops;
+
+/*
+ * What the tiers with asynchronous reads share (aqueue.c): a pool of
+ * requests (the tier's struct, its ferry__kv_aread first, rd_bytes each)
+ * and the leader/followers wait. mu guards the pool, every batch's ready
+ * list and in-flight count, the reaper's turn and broken.
+ */
+typedef struct ferry__kv_aq {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;         /* a reaper finished its turn */
+    size_t rd_bytes;
+    int reaping;               /* a thread is inside the tier's reap */
+    int broken;                /* the queue broke: its code */
+    ferry__kv_aread *free_rd, *all_rd;
+} ferry__kv_aq;
+
+void ferry__kv_aq_init(ferry__kv_aq *q, size_t rd_bytes);
+/* every request in flight has landed (or the queue broke): frees them all */
+void ferry__kv_aq_fini(ferry__kv_aq *q);
+/* the aops get / put */
+ferry__kv_aread *ferry__kv_aq_get(ferry__kv_aq *q);
+void ferry__kv_aq_put(ferry__kv_aq *q, ferry__kv_aread *r);
+int ferry__kv_aq_broken(ferry__kv_aq *q);
+/* before submitting r for batch b: 0 (b counts it in flight), or the
+ * code the queue broke with (nothing counted); leave undoes the count
+ * when the submit then failed */
+int ferry__kv_aq_enter(ferry__kv_aq *q, ferry__kv_abatch *b, ferry__kv_aread *r);
+void ferry__kv_aq_leave(ferry__kv_aq *q, ferry__kv_abatch *b);
+/* mu held: r (result and why set) is done: onto its batch's ready list */
+void ferry__kv_aq_land(ferry__kv_aread *r);
+/* the aops wait: b's landed requests, one thread at a time calling
+ * reap(ctx) without mu (it lands what completed, under mu, and returns
+ * < 0 when the queue broke); what: the tier, for the message */
+int ferry__kv_aq_wait(ferry__kv_aq *q, ferry__kv_abatch *b, ferry__kv_aread **out,
+                      int (*reap)(void *ctx), void *ctx, const char *what);
 
 struct ferry__kv_tier {
     const ferry__kv_tier_ops *ops;

@@ -39,7 +39,6 @@
 typedef struct l2_rd {
     ferry__kv_aread pub;
     ferry_gds_req req;
-    struct l2_rd *all;      /* every request the tier allocated */
     char msg[256];          /* the failure's message */
 } l2_rd;
 
@@ -57,15 +56,9 @@ typedef struct l2 {
     uint64_t sum_bytes;     /* the image's bytes: the chunk, not its padding */
     ferry_slab *slab;
     void *registered;       /* the L1 pool while registered, else NULL */
-    /* asynchronous reads (see kv_impl.h): amu guards the pool, every
-     * batch's ready list and in-flight count, and the reaper's turn */
-    pthread_mutex_t amu;
-    pthread_cond_t acv;     /* a reaper finished its turn */
-    int reaping;            /* a thread is inside ferry_gds_reap */
-    int broken;             /* the drive queue broke: its code */
-    unsigned break_after;   /* test seam: reaps with completions until... */
+    ferry__kv_aq aq;        /* asynchronous reads (kv_impl.h) */
+    unsigned break_after;   /* test seam (aq.mu): reaps with completions until... */
     int break_code;         /* ...the next one fails with this (0: off) */
-    l2_rd *free_rd, *all_rd;
 } l2;
 
 static int l2_reserve(ferry__kv_tier *t, uint64_t *loc)
@@ -170,37 +163,12 @@ static void *l2_host_ptr(ferry__kv_tier *t, uint64_t loc)
 
 static ferry__kv_aread *l2_aget(ferry__kv_tier *t)
 {
-    l2 *p = t->impl;
-    pthread_mutex_lock(&p->amu);
-    l2_rd *r = p->free_rd;
-    if (r)
-        p->free_rd = (l2_rd *)r->pub.next;
-    pthread_mutex_unlock(&p->amu);
-    if (!r) {
-        r = ferry__calloc(1, sizeof *r);
-        if (!r)
-            return NULL;
-        pthread_mutex_lock(&p->amu);
-        r->all = p->all_rd;
-        p->all_rd = r;
-        pthread_mutex_unlock(&p->amu);
-    }
-    r->pub.next = NULL;
-    r->pub.batch = NULL;
-    r->pub.result = 0;
-    r->pub.why = NULL;
-    return &r->pub;
+    return ferry__kv_aq_get(&((l2 *)t->impl)->aq);
 }
 
 static void l2_aput(ferry__kv_tier *t, ferry__kv_aread *r)
 {
-    l2 *p = t->impl;
-    if (!r)
-        return;
-    pthread_mutex_lock(&p->amu);
-    r->next = (ferry__kv_aread *)p->free_rd;
-    p->free_rd = (l2_rd *)r;
-    pthread_mutex_unlock(&p->amu);
+    ferry__kv_aq_put(&((l2 *)t->impl)->aq, r);
 }
 
 static int l2_asubmit(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread *pub, uint64_t loc,
@@ -215,12 +183,7 @@ static int l2_asubmit(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread *p
     r->req.len = len;
     r->req.slab_off = loc;
     r->req.user = r;
-    pub->batch = b;
-    pthread_mutex_lock(&p->amu);
-    int broken = p->broken;
-    if (!broken)
-        b->inflight++; /* before the submit: any thread may reap it at once */
-    pthread_mutex_unlock(&p->amu);
+    int broken = ferry__kv_aq_enter(&p->aq, b, pub);
     if (broken)
         return ferry__err_set(NULL, broken,
                               "kv L2: read of the chunk at %llu: the slab's drive queue broke "
@@ -230,73 +193,45 @@ static int l2_asubmit(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread *p
     int rc = ferry_gds_submit(p->gds, &q, 1);
     if (rc == 1)
         return 0;
-    pthread_mutex_lock(&p->amu);
-    FERRY__ASSERT(b->inflight > 0);
-    b->inflight--;
-    pthread_mutex_unlock(&p->amu);
+    ferry__kv_aq_leave(&p->aq, b);
     return ferry__err_set(NULL, rc < 0 ? rc : FERRY_EDRIVER,
                           "kv L2: submitting the read of %zu bytes at %llu: %s", len,
                           (unsigned long long)loc,
                           ferry_gds_last_error(p->gds));
 }
 
+/* one reaper's turn (without aq.mu): what completed lands in its batch;
+ * < 0 when the drive queue broke (through the test seam too) */
+static int l2_reap(void *ctx)
+{
+    l2 *p = ctx;
+    ferry_gds_req *done[32];
+    /* a bounded wait, so a completion another path delivered is seen soon */
+    int k = ferry_gds_reap(p->gds, done, 1, 32, 50);
+    pthread_mutex_lock(&p->aq.mu);
+    if (k > 0 && p->break_code && p->break_after-- == 0) {
+        /* (the seam: these completions are lost with the queue) */
+        k = ferry__err_set(NULL, p->break_code, "kv L2: reap: injected queue failure");
+        p->break_code = 0;
+    }
+    const char *why = k > 0 ? ferry_gds_last_error(p->gds) : NULL;
+    for (int i = 0; i < k; i++) {
+        l2_rd *r = done[i]->user;
+        r->pub.result = done[i]->result;
+        if (r->pub.result < 0) {
+            snprintf(r->msg, sizeof r->msg, "%s", why && *why ? why : "read failed");
+            r->pub.why = r->msg;
+        }
+        ferry__kv_aq_land(&r->pub);
+    }
+    pthread_mutex_unlock(&p->aq.mu);
+    return k < 0 ? k : 0;
+}
+
 static int l2_await(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread **out)
 {
     l2 *p = t->impl;
-    *out = NULL;
-    pthread_mutex_lock(&p->amu);
-    for (;;) {
-        if (b->ready) {
-            *out = b->ready; /* all of them, so the caller refills before it copies */
-            b->ready = NULL;
-            break;
-        }
-        if (!b->inflight)
-            break;
-        if (p->broken) {
-            int rc = p->broken;
-            pthread_mutex_unlock(&p->amu);
-            return ferry__err_set(NULL, rc,
-                                  "kv L2: %u reads lost: the slab's drive queue broke (%s)",
-                                  b->inflight, ferry_strerror(rc));
-        }
-        if (p->reaping) {
-            pthread_cond_wait(&p->acv, &p->amu);
-            continue;
-        }
-        /* our turn to reap, for every batch (a bounded wait, so a
-         * completion another path delivered is seen soon) */
-        p->reaping = 1;
-        pthread_mutex_unlock(&p->amu);
-        ferry_gds_req *done[32];
-        int k = ferry_gds_reap(p->gds, done, 1, 32, 50);
-        if (k > 0 && p->break_code && p->break_after-- == 0) {
-            /* (the seam: these completions are lost with the queue) */
-            k = ferry__err_set(NULL, p->break_code, "kv L2: reap: injected queue failure");
-            p->break_code = 0;
-        }
-        const char *why = k > 0 ? ferry_gds_last_error(p->gds) : NULL;
-        pthread_mutex_lock(&p->amu);
-        p->reaping = 0;
-        if (k < 0)
-            p->broken = k;
-        for (int i = 0; i < k; i++) {
-            l2_rd *r = done[i]->user;
-            ferry__kv_abatch *rb = r->pub.batch;
-            r->pub.result = done[i]->result;
-            if (r->pub.result < 0) {
-                snprintf(r->msg, sizeof r->msg, "%s", why && *why ? why : "read failed");
-                r->pub.why = r->msg;
-            }
-            r->pub.next = rb->ready;
-            rb->ready = &r->pub;
-            FERRY__ASSERT(rb->inflight > 0);
-            rb->inflight--;
-        }
-        pthread_cond_broadcast(&p->acv);
-    }
-    pthread_mutex_unlock(&p->amu);
-    return 0;
+    return ferry__kv_aq_wait(&p->aq, b, out, l2_reap, p, "kv L2");
 }
 
 static void l2_close(ferry__kv_tier *t)
@@ -307,12 +242,7 @@ static void l2_close(ferry__kv_tier *t)
     ferry__kv_tier_l2_unregister(t);
     ferry_gds_close(p->gds); /* reads still in flight (a broken queue) land or drop here */
     ferry__free(p->meta);
-    for (l2_rd *r = p->all_rd, *next; r; r = next) {
-        next = r->all;
-        ferry__free(r);
-    }
-    pthread_mutex_destroy(&p->amu);
-    pthread_cond_destroy(&p->acv);
+    ferry__kv_aq_fini(&p->aq);
     ferry__free(p);
     t->impl = NULL;
 }
@@ -355,20 +285,16 @@ static const ferry__kv_tier_ops l2_ops = {
 
 static int l2_abroken(ferry__kv_tier *t)
 {
-    l2 *p = t->impl;
-    pthread_mutex_lock(&p->amu);
-    int b = p->broken;
-    pthread_mutex_unlock(&p->amu);
-    return b;
+    return ferry__kv_aq_broken(&((l2 *)t->impl)->aq);
 }
 
 void ferry__kv_tier_l2_break_after(ferry__kv_tier *t, unsigned reaps, int code)
 {
     l2 *p = t->impl;
-    pthread_mutex_lock(&p->amu);
+    pthread_mutex_lock(&p->aq.mu);
     p->break_after = reaps;
     p->break_code = code;
-    pthread_mutex_unlock(&p->amu);
+    pthread_mutex_unlock(&p->aq.mu);
 }
 
 /* up to 8 chunks in flight for one retrieve; chunks over 4 MiB are read
@@ -410,8 +336,7 @@ int ferry__kv_tier_l2_open(const char *const *dirs, unsigned ndirs, uint64_t byt
     t->ops = &l2_ops;
     t->aops = &l2_aops;
     t->impl = p;
-    pthread_mutex_init(&p->amu, NULL);
-    pthread_cond_init(&p->acv, NULL);
+    ferry__kv_aq_init(&p->aq, sizeof(l2_rd));
     t->id = FERRY_KV_TIER_L2;
     t->slot_bytes = slot_bytes;
     t->chunk_bytes = chunk_bytes;

@@ -23,11 +23,12 @@
  * slab's checksum covers what was written (a whole slot), the retrieve's
  * covers the chunk image. Others keep the synchronous read path.
  *
- * Locking: amu guards the request pool, the batches' ready lists and the
- * reaper's turn; iomu the engine (submit and reap; a reap returns as soon
- * as one request completed, so a submit usually waits for no more than
- * one request to land, at most for the reap's 50 ms bound).
- * A slot's pin is set by begin and taken by end under amu; submit reads it
+ * Locking: aq.mu (aqueue.c) guards the request pool, the batches' ready
+ * lists, the reaper's turn and the pins; iomu the engine (submit and
+ * reap; a reap returns as soon as one request completed, so a submit
+ * usually waits for no more than one request to land, at most for the
+ * reap's 50 ms bound).
+ * A slot's pin is set by begin and taken by end under aq.mu; submit reads it
  * without: only the read that set it submits for that slot (the store
  * lets one read of a chunk run at a time, and begin refuses a slot whose
  * pin is still held). verify checks the id the pin was taken for.
@@ -50,9 +51,8 @@
 typedef struct pa_rd {
     ferry__kv_aread pub;                /* the store's part first */
     ferry_io_req req[PA_SUB];
-    unsigned left;                      /* its requests still in flight (amu) */
-    int result;                         /* its first failure (amu) */
-    struct pa_rd *all;                  /* every request the tier allocated */
+    unsigned left;                      /* its requests still in flight (aq.mu) */
+    int result;                         /* its first failure (aq.mu) */
     char msg[256];
 } pa_rd;
 
@@ -66,10 +66,8 @@ struct ferry__kv_tpa {
     ferry_kv_hash *pid;                 /* per slot: the id that pin was taken for */
     uint64_t capacity;
     void *registered;                   /* the L1 pool while registered */
-    pthread_mutex_t amu, iomu;
-    pthread_cond_t acv;
-    pa_rd *free_rd, *all_rd;
-    int reaping, broken;
+    ferry__kv_aq aq;                    /* requests, batches, the reaper's turn */
+    pthread_mutex_t iomu;               /* the engine */
 };
 
 static ferry__kv_tpa *tpa_of(ferry__kv_tier *t)
@@ -79,37 +77,12 @@ static ferry__kv_tpa *tpa_of(ferry__kv_tier *t)
 
 static ferry__kv_aread *pa_get(ferry__kv_tier *t)
 {
-    ferry__kv_tpa *a = tpa_of(t);
-    pthread_mutex_lock(&a->amu);
-    pa_rd *r = a->free_rd;
-    if (r)
-        a->free_rd = (pa_rd *)r->pub.next;
-    pthread_mutex_unlock(&a->amu);
-    if (!r) {
-        r = ferry__calloc(1, sizeof *r);
-        if (!r)
-            return NULL;
-        pthread_mutex_lock(&a->amu);
-        r->all = a->all_rd;
-        a->all_rd = r;
-        pthread_mutex_unlock(&a->amu);
-    }
-    r->pub.next = NULL;
-    r->pub.batch = NULL;
-    r->pub.result = 0;
-    r->pub.why = NULL;
-    return &r->pub;
+    return ferry__kv_aq_get(&tpa_of(t)->aq);
 }
 
 static void pa_put(ferry__kv_tier *t, ferry__kv_aread *pub)
 {
-    ferry__kv_tpa *a = tpa_of(t);
-    if (!pub)
-        return;
-    pthread_mutex_lock(&a->amu);
-    pub->next = (ferry__kv_aread *)a->free_rd;
-    a->free_rd = (pa_rd *)pub;
-    pthread_mutex_unlock(&a->amu);
+    ferry__kv_aq_put(&tpa_of(t)->aq, pub);
 }
 
 static int pa_begin(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, size_t len)
@@ -136,13 +109,13 @@ static int pa_begin(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, si
      * so a slot still being read means its chunk was evicted and the slot
      * given to another while the first read ran (a lock's TTL ran out):
      * refused, so neither read sees the other's pin */
-    pthread_mutex_lock(&a->amu);
+    pthread_mutex_lock(&a->aq.mu);
     int busy = a->pin[loc].ent != NULL;
     if (!busy) {
         a->pin[loc] = pin;
         a->pid[loc] = *id;
     }
-    pthread_mutex_unlock(&a->amu);
+    pthread_mutex_unlock(&a->aq.mu);
     if (busy) {
         ferry__pslab_pin_put(a->ps, &pin);
         return ferry__err_set(NULL, -EBUSY, "kv persistent L2: slot %llu is still being read "
@@ -156,21 +129,19 @@ static void pa_end(ferry__kv_tier *t, uint64_t loc)
     ferry__kv_tpa *a = tpa_of(t);
     if (loc >= a->capacity)
         return;
-    pthread_mutex_lock(&a->amu);
+    pthread_mutex_lock(&a->aq.mu);
     ferry__pslab_pin pin = a->pin[loc];
     a->pin[loc].ent = NULL; /* (its checksum stays for verify) */
-    pthread_mutex_unlock(&a->amu);
+    pthread_mutex_unlock(&a->aq.mu);
     ferry__pslab_pin_put(a->ps, &pin);
 }
 
-/* a finished read: onto its batch's ready list (amu held) */
+/* a finished read: onto its batch's ready list (aq.mu held) */
 static void pa_deliver(pa_rd *r)
 {
-    ferry__kv_abatch *b = r->pub.batch;
     r->pub.result = r->result;
     r->pub.why = r->result < 0 ? r->msg : NULL;
-    r->pub.next = b->ready;
-    b->ready = &r->pub;
+    ferry__kv_aq_land(&r->pub);
 }
 
 /* the requests of bytes [off, off + len) of the chunk pinned at pin into
@@ -212,7 +183,6 @@ static int pa_submit(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread *pu
                               "begin", (unsigned long long)loc);
     uint64_t span = a->direct ? pin->ext : pin->length;
     uint64_t want = off < span ? FERRY__MIN((uint64_t)len, span - off) : 0;
-    pub->batch = b;
     r->result = 0;
     r->msg[0] = 0;
     int n = want ? pa_plan(a, pin, r, off, dst, want) : 0;
@@ -221,15 +191,13 @@ static int pa_submit(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread *pu
                               "%llu of slot %llu spans more than %d drives",
                               (unsigned long long)want, (unsigned long long)off,
                               (unsigned long long)loc, PA_SUB);
-    pthread_mutex_lock(&a->amu);
-    int broken = a->broken;
-    if (!broken && n == 0)
-        pa_deliver(r); /* past the chunk's bytes: nothing to read */
-    else if (!broken) {
-        b->inflight++; /* before the submit: any thread may reap it at once */
-        r->left = (unsigned)n;
+    r->left = (unsigned)n; /* (before any reaper can see it) */
+    int broken = ferry__kv_aq_enter(&a->aq, b, pub);
+    if (!broken && n == 0) { /* past the chunk's bytes: nothing to read */
+        pthread_mutex_lock(&a->aq.mu);
+        pa_deliver(r);
+        pthread_mutex_unlock(&a->aq.mu);
     }
-    pthread_mutex_unlock(&a->amu);
     if (broken)
         return ferry__err_set(NULL, broken, "kv persistent L2: read of slot %llu: the tier's "
                               "read queue broke earlier (%s)", (unsigned long long)loc,
@@ -248,13 +216,11 @@ static int pa_submit(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread *pu
     if (k == n)
         return 0;
     int code = k < 0 ? k : FERRY_EDRIVER;
-    pthread_mutex_lock(&a->amu);
     if (k <= 0) {
-        FERRY__ASSERT(b->inflight > 0);
-        b->inflight--;
-        pthread_mutex_unlock(&a->amu);
+        ferry__kv_aq_leave(&a->aq, b);
         return ferry__err_set(NULL, code, "%s", why);
     }
+    pthread_mutex_lock(&a->aq.mu);
     /* part of it is in flight: it lands failed once that part landed,
      * which a reaper may have seen already (then it is delivered here) */
     r->result = code;
@@ -262,34 +228,26 @@ static int pa_submit(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread *pu
     r->left -= (unsigned)(n - k);
     if (r->left == 0) {
         pa_deliver(r);
-        FERRY__ASSERT(b->inflight > 0);
-        b->inflight--;
-        pthread_cond_broadcast(&a->acv);
+        pthread_cond_broadcast(&a->aq.cv);
     }
-    pthread_mutex_unlock(&a->amu);
+    pthread_mutex_unlock(&a->aq.mu);
     return 0;
 }
 
-/* one reaper's turn: hand what completed to the batches (amu held on
- * entry and return; released while reaping) */
-static void pa_reap(ferry__kv_tpa *a)
+/* one reaper's turn (without aq.mu): what completed lands in its batch */
+static int pa_reap(void *ctx)
 {
-    a->reaping = 1;
-    pthread_mutex_unlock(&a->amu);
+    ferry__kv_tpa *a = ctx;
     ferry_io_req *done[32];
+    char why[200] = "";
     pthread_mutex_lock(&a->iomu);
     int k = ferry_io_reap(a->io, done, 1, 32, 50);
-    const char *err = k < 0 ? ferry_io_last_error(a->io) : NULL;
-    char why[200] = "";
-    if (err)
-        snprintf(why, sizeof why, "%s", err);
+    if (k < 0)
+        snprintf(why, sizeof why, "%s", ferry_io_last_error(a->io));
     pthread_mutex_unlock(&a->iomu);
-    pthread_mutex_lock(&a->amu);
-    a->reaping = 0;
-    if (k < 0) {
-        a->broken = k;
+    if (k < 0)
         FERRY_LOGW("kv persistent L2: the read queue broke: %s", why);
-    }
+    pthread_mutex_lock(&a->aq.mu);
     for (int i = 0; i < k; i++) {
         ferry_io_req *q = done[i];
         pa_rd *r = q->user;
@@ -301,52 +259,22 @@ static void pa_reap(ferry__kv_tpa *a)
                      q->result < 0 ? ferry_strerror((int)q->result) : "short read");
         }
         FERRY__ASSERT(r->left > 0);
-        if (--r->left)
-            continue;
-        ferry__kv_abatch *b = r->pub.batch;
-        pa_deliver(r);
-        FERRY__ASSERT(b->inflight > 0);
-        b->inflight--;
+        if (--r->left == 0)
+            pa_deliver(r);
     }
-    pthread_cond_broadcast(&a->acv);
+    pthread_mutex_unlock(&a->aq.mu);
+    return k < 0 ? k : 0;
 }
 
 static int pa_wait(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread **out)
 {
     ferry__kv_tpa *a = tpa_of(t);
-    *out = NULL;
-    pthread_mutex_lock(&a->amu);
-    for (;;) {
-        if (b->ready) {
-            *out = b->ready; /* all of them, so the caller refills before it copies */
-            b->ready = NULL;
-            break;
-        }
-        if (!b->inflight)
-            break;
-        if (a->broken) {
-            int rc = a->broken;
-            unsigned lost = b->inflight;
-            pthread_mutex_unlock(&a->amu);
-            return ferry__err_set(NULL, rc, "kv persistent L2: %u reads lost: the tier's read "
-                                  "queue broke (%s)", lost, ferry_strerror(rc));
-        }
-        if (a->reaping)
-            pthread_cond_wait(&a->acv, &a->amu);
-        else
-            pa_reap(a);
-    }
-    pthread_mutex_unlock(&a->amu);
-    return 0;
+    return ferry__kv_aq_wait(&a->aq, b, out, pa_reap, a, "kv persistent L2");
 }
 
 static int pa_broken(ferry__kv_tier *t)
 {
-    ferry__kv_tpa *a = tpa_of(t);
-    pthread_mutex_lock(&a->amu);
-    int b = a->broken;
-    pthread_mutex_unlock(&a->amu);
-    return b;
+    return ferry__kv_aq_broken(&tpa_of(t)->aq);
 }
 
 static int pa_verify(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, uint64_t sum)
@@ -355,10 +283,10 @@ static int pa_verify(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, u
     if (loc >= a->capacity)
         return ferry__err_set(NULL, -EINVAL, "kv persistent L2: verify of slot %llu",
                               (unsigned long long)loc);
-    pthread_mutex_lock(&a->amu);
+    pthread_mutex_lock(&a->aq.mu);
     ferry__pslab_pin pin = a->pin[loc];
     int same = a->pid[loc].lo == id->lo && a->pid[loc].hi == id->hi;
-    pthread_mutex_unlock(&a->amu);
+    pthread_mutex_unlock(&a->aq.mu);
     if (!same) /* (not damage: the slot went to another chunk) */
         return ferry__err_set(NULL, FERRY_ENOTFOUND, "kv persistent L2: slot %llu was read "
                               "for another chunk since: a miss", (unsigned long long)loc);
@@ -403,15 +331,10 @@ void ferry__kv_tpa_close(ferry__kv_tpa *a)
             ferry_file_close(a->f[i]);
     if (a->io)
         ferry_io_close(a->io);
-    for (pa_rd *r = a->all_rd, *next; r; r = next) {
-        next = r->all;
-        ferry__free(r);
-    }
     ferry__free(a->pin);
     ferry__free(a->pid);
-    pthread_mutex_destroy(&a->amu);
+    ferry__kv_aq_fini(&a->aq);
     pthread_mutex_destroy(&a->iomu);
-    pthread_cond_destroy(&a->acv);
     ferry__free(a);
 }
 
@@ -421,9 +344,8 @@ int ferry__kv_tpa_open(ferry_pslab *ps, const char *engine, uint64_t capacity,
     ferry__kv_tpa *a = ferry__calloc(1, sizeof *a);
     if (!a)
         return ferry__err_set(NULL, -ENOMEM, "kv persistent L2: out of memory for its reads");
-    pthread_mutex_init(&a->amu, NULL);
+    ferry__kv_aq_init(&a->aq, sizeof(pa_rd));
     pthread_mutex_init(&a->iomu, NULL);
-    pthread_cond_init(&a->acv, NULL);
     a->ps = ps;
     a->capacity = capacity;
     a->direct = ferry__pslab_is_direct(ps);
