@@ -283,10 +283,29 @@ int ferry_pslab_forget(ferry_pslab *p, const void *key, size_t klen)
     return rc;
 }
 
-static void unpin(ferry_pslab *p, ferry__pslab_ent *e)
+void ferry__pslab_unpin(ferry_pslab *p, ferry__pslab_ent *e)
 {
+    FERRY__ASSERT(e->pins > 0);
     if (--e->pins == 0 && e->doomed)
         ferry__pslab_ent_release(p, e);
+}
+
+ferry__pslab_ent *ferry__pslab_pin_find(ferry_pslab *p, const void *key, size_t klen,
+                                        const char *what)
+{
+    uint64_t h = ferry__pslab_key_hash(key, klen);
+    pthread_mutex_lock(&p->mu);
+    p->st.gets++;
+    ferry__pslab_ent *e = ferry__pslab_index_find(&p->idx, key, klen, h);
+    if (e)
+        e->pins++;
+    else
+        p->st.misses++;
+    pthread_mutex_unlock(&p->mu);
+    if (!e)
+        ferry__err_set(&p->err, FERRY_ENOTFOUND, "pslab %s: %s: key not found", p->dirs[0],
+                       what);
+    return e;
 }
 
 /* queue a delete of the put `seq` of e's key, not waiting (a dropped corrupt entry) */
@@ -355,24 +374,17 @@ int ferry_pslab_get(ferry_pslab *p, const void *key, size_t klen, void *buf, siz
         return rc;
     if (!buf || !len)
         return ferry__err_set(&p->err, -EINVAL, "pslab %s: get needs buf and len", p->dirs[0]);
-    uint64_t h = ferry__pslab_key_hash(key, klen);
-    pthread_mutex_lock(&p->mu);
-    p->st.gets++;
-    ferry__pslab_ent *e = ferry__pslab_index_find(&p->idx, key, klen, h);
-    if (!e) {
-        p->st.misses++;
-        pthread_mutex_unlock(&p->mu);
-        return ferry__err_set(&p->err, FERRY_ENOTFOUND, "pslab %s: get: key not found",
-                              p->dirs[0]);
-    }
-    if (e->length > cap) {
+    ferry__pslab_ent *e = ferry__pslab_pin_find(p, key, klen, "get");
+    if (!e)
+        return FERRY_ENOTFOUND;
+    if (e->length > cap) { /* (an entry's length and place never change) */
         uint64_t need = e->length;
+        pthread_mutex_lock(&p->mu);
+        ferry__pslab_unpin(p, e);
         pthread_mutex_unlock(&p->mu);
         return ferry__err_set(&p->err, -ENOBUFS, "pslab %s: get: chunk of %llu bytes, buffer "
                               "of %zu", p->dirs[0], (unsigned long long)need, cap);
     }
-    e->pins++;
-    pthread_mutex_unlock(&p->mu);
     rc = read_chunk(p, e, buf, cap);
     pthread_mutex_lock(&p->mu);
     int dropped = 0;
@@ -387,7 +399,7 @@ int ferry_pslab_get(ferry_pslab *p, const void *key, size_t klen, void *buf, siz
         p->st.failures++;
     }
     ferry__pslab_ent *copy = dropped ? ferry__pslab_ent_new(e->key, e->klen) : NULL;
-    unpin(p, e);
+    ferry__pslab_unpin(p, e);
     pthread_mutex_unlock(&p->mu);
     if (copy) {
         drop_lazily(p, copy, seq);
@@ -477,7 +489,7 @@ int ferry_pslab_verify(ferry_pslab *p, int repair, uint64_t *bad, ferry_pslab_ba
             p->st.corrupt++;
         uint64_t seq = e->seq;
         ferry__pslab_ent *copy = dropped ? ferry__pslab_ent_new(e->key, e->klen) : NULL;
-        unpin(p, e);
+        ferry__pslab_unpin(p, e);
         pthread_mutex_unlock(&p->mu);
         if (copy) {
             drop_lazily(p, copy, seq);

@@ -156,6 +156,14 @@ static inline uint64_t align_up(uint64_t v, uint64_t a)
     return (v + a - 1) / a * a;
 }
 
+/* ---- pslab.c ---- */
+/* pin the entry under key (counted as a get; a miss counted and its
+ * message set, naming what): the entry, or NULL */
+ferry__pslab_ent *ferry__pslab_pin_find(ferry_pslab *p, const void *key, size_t klen,
+                                        const char *what);
+/* mu held: drop a pin (the last one frees a doomed entry) */
+void ferry__pslab_unpin(ferry_pslab *p, ferry__pslab_ent *e);
+
 /* ---- pslab_lane.c ---- */
 /* record a failure on p: the code, and the message */
 int ferry__pslab_fail(ferry_pslab *p, int code, const char *fmt, ...) FERRY__PRINTF(3, 4);

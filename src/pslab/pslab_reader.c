@@ -20,24 +20,17 @@ int ferry__pslab_pin_get(ferry_pslab *p, const void *key, size_t klen, ferry__ps
     if (!key || klen == 0 || klen > FERRY_PSLAB_KEY_MAX)
         return ferry__err_set(&p->err, -EINVAL, "pslab %s: pin: key of %zu bytes (1..%u)",
                               p->dirs[0], klen, FERRY_PSLAB_KEY_MAX);
-    uint64_t h = ferry__pslab_key_hash(key, klen);
+    ferry__pslab_ent *e = ferry__pslab_pin_find(p, key, klen, "pin");
+    if (!e)
+        return FERRY_ENOTFOUND;
     pthread_mutex_lock(&p->mu);
-    p->st.gets++;
-    ferry__pslab_ent *e = ferry__pslab_index_find(&p->idx, key, klen, h);
-    if (!e) {
-        p->st.misses++;
-        pthread_mutex_unlock(&p->mu);
-        return ferry__err_set(&p->err, FERRY_ENOTFOUND, "pslab %s: pin: key not found",
-                              p->dirs[0]);
-    }
-    e->pins++;
-    p->st.hits++;
+    p->st.hits++; /* (the reader checks the bytes; a get counts after its own check) */
+    pthread_mutex_unlock(&p->mu);
     out->ent = e;
-    out->offset = e->offset;
+    out->offset = e->offset; /* (an entry's place and sums never change) */
     out->length = e->length;
     out->ext = e->ext;
     out->checksum = e->sum;
-    pthread_mutex_unlock(&p->mu);
     return 0;
 }
 
@@ -48,9 +41,7 @@ void ferry__pslab_pin_put(ferry_pslab *p, ferry__pslab_pin *pin)
     ferry__pslab_ent *e = pin->ent;
     pin->ent = NULL;
     pthread_mutex_lock(&p->mu);
-    FERRY__ASSERT(e->pins > 0);
-    if (--e->pins == 0 && e->doomed)
-        ferry__pslab_ent_release(p, e);
+    ferry__pslab_unpin(p, e);
     pthread_mutex_unlock(&p->mu);
 }
 
