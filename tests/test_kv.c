@@ -1301,27 +1301,40 @@ static ssize_t eio_pread(int fd, void *buf, size_t n, off_t off)
     return ferry__sys_default()->pread(fd, buf, n, off);
 }
 
+/* from now on a pread at file offset off fails with EIO (the seam) */
+static void eio_arm(uint64_t off)
+{
+    static ferry__sys sys;
+    sys = *ferry__sys_default();
+    sys.pread = eio_pread;
+    atomic_store(&g_eio_off, (long long)off);
+    atomic_store(&g_eio_hits, 0);
+    ferry__sys_set(&sys);
+}
+
+/* the seam off again: how many preads it failed */
+static int eio_disarm(void)
+{
+    ferry__sys_set(NULL);
+    atomic_store(&g_eio_off, -1);
+    return atomic_load(&g_eio_hits);
+}
+
 /* the disk fails the read of chunk 5 (its third piece when read in
  * pieces) while 4 and 6.. are in flight */
 static void read_error_in_the_middle_of_a_batch(uint64_t piece)
 {
     bigfix f;
     big_open_pieces(&f, 40, 12, piece);
-    atomic_store(&g_eio_off, (long long)(l2_loc_of(f.kv, f.a, 12 * CT, 5) + 2 * piece));
-    atomic_store(&g_eio_hits, 0);
     ferry_kv_stats m0 = FERRY_KV_STATS_INIT, m = FERRY_KV_STATS_INIT;
     FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m0));
-    ferry__sys sys = *ferry__sys_default();
-    sys.pread = eio_pread;
-    ferry__sys_set(&sys);
+    eio_arm(l2_loc_of(f.kv, f.a, 12 * CT, 5) + 2 * piece);
     int st[12];
     ferry_kv_req r = FERRY_KV_REQ_INIT;
     r.status = st;
     r.max_chunks = 12;
     int got = ferry_kv_retrieve(f.kv, f.a, 12 * CT, &r, &f.d.b);
-    ferry__sys_set(NULL);
-    atomic_store(&g_eio_off, -1);
-    assert_int_equal(atomic_load(&g_eio_hits), 1);
+    assert_int_equal(eio_disarm(), 1);
     assert_int_equal(got, 5 * CT); /* the leading chunks before the miss */
     for (int i = 0; i < 12; i++) {
         if (i == 5) {
@@ -1378,16 +1391,10 @@ static void prefetch_read_error(uint64_t piece)
     f.kv->prefetch_max = 40 * f.kv->slot_bytes;
     ferry_kv_stats m0 = FERRY_KV_STATS_INIT, m = FERRY_KV_STATS_INIT;
     FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m0));
-    atomic_store(&g_eio_off, (long long)(l2_loc_of(f.kv, f.a, 12 * CT, 5) + 2 * piece));
-    atomic_store(&g_eio_hits, 0);
-    ferry__sys sys = *ferry__sys_default();
-    sys.pread = eio_pread;
-    ferry__sys_set(&sys);
+    eio_arm(l2_loc_of(f.kv, f.a, 12 * CT, 5) + 2 * piece);
     assert_int_equal(ferry_kv_prefetch(f.kv, f.a, 12 * CT, NULL), 12 * CT);
     FT_ASSERT_OK(ferry_kv_flush(f.kv));
-    ferry__sys_set(NULL);
-    atomic_store(&g_eio_off, -1);
-    assert_int_equal(atomic_load(&g_eio_hits), 1);
+    assert_int_equal(eio_disarm(), 1);
     FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m));
     assert_int_equal(m.tier[FERRY_KV_TIER_L2].failures - m0.tier[FERRY_KV_TIER_L2].failures, 1);
     assert_int_equal(m.prefetched_chunks - m0.prefetched_chunks, 11);
