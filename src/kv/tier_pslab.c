@@ -54,7 +54,6 @@
 #include "ferry/pslab.h"
 #include "kv/kvc.h"
 #include "kv/tier_pslab.h"
-#include "pslab/pslab_reader.h"
 
 typedef struct tp {
     ferry_pslab *ps;
@@ -276,23 +275,22 @@ int ferry__kv_tier_pslab_open_kv(const ferry_kv *kv, const ferry_kv_config *cfg,
 /* asynchronous reads, when the chunk images fill their slots (the slab's
  * checksum then covers the bytes the retrieve checks); without them, or
  * when the engine cannot be had, reads stay synchronous */
-static void tp_async_open(ferry__kv_tier *t, const ferry__kv_pslab_cfg *c, const char *dir)
+static void tp_async_open(ferry__kv_tier *t, const ferry__kv_pslab_cfg *c, const char *dir,
+                          const ferry_pslab_stats *s)
 {
     tp *p = t->impl;
-    uint32_t align = ferry__pslab_alignment(p->ps);
-    if (!c->chunk_bytes || c->chunk_bytes != t->slot_bytes || !align || t->slot_bytes % align)
+    if (!c->chunk_bytes || c->chunk_bytes != t->slot_bytes || !s->alignment ||
+        t->slot_bytes % s->alignment)
         return;
-    if (ferry__kv_tpa_open(p->ps, c->engine, t->capacity, &p->async) < 0) {
+    if (ferry__kv_tpa_open(p->ps, c->engine, t->capacity, s, &p->async) < 0) {
         FERRY_LOGI("kv persistent L2: %s: reads stay synchronous: %s", dir, ferry_last_error());
         return;
     }
     t->aops = &ferry__kv_tpa_aops;
     t->apiece = (uint64_t)2 << 20;
     /* a piece spans at most two drives: at most one stripe unit */
-    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
-    ferry_pslab_stats_get(p->ps, &s);
-    if (ferry__pslab_drives(p->ps) > 1 && s.stripe_bytes)
-        t->apiece = FERRY__MIN(t->apiece, (uint64_t)s.stripe_bytes);
+    if (s->drives > 1 && s->stripe_bytes)
+        t->apiece = FERRY__MIN(t->apiece, s->stripe_bytes);
 }
 
 int ferry__kv_tier_pslab_open(const ferry__kv_pslab_cfg *c, ferry__errbuf *eb,
@@ -388,7 +386,7 @@ int ferry__kv_tier_pslab_open(const ferry__kv_pslab_cfg *c, ferry__errbuf *eb,
     ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     ferry_pslab_stats_get(p->ps, &s);
     p->synced_seq = s.durable_seq;
-    tp_async_open(t, c, dir);
+    tp_async_open(t, c, dir, &s);
     *out = t;
     return 0;
 }

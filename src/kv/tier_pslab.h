@@ -84,10 +84,11 @@ void ferry__kv_pslab_key(const ferry_kv_hash *id, uint8_t k[FERRY__KV_PSLAB_KEY]
 /* ---- the tier's asynchronous reads (tier_pslab_async.c) ---- */
 typedef struct ferry__kv_tpa ferry__kv_tpa;
 extern const ferry__kv_tier_aops ferry__kv_tpa_aops;
-/* an engine of its own over ps's files, for a tier of capacity slots;
- * engine: as the slab's (NULL: auto). 0, or a code with the message set */
+/* an engine of its own over ps's files (s: its stats), for a tier of
+ * capacity slots; engine: as the slab's (NULL: auto). 0, or a code with
+ * the message set */
 int ferry__kv_tpa_open(ferry_pslab *ps, const char *engine, uint64_t capacity,
-                       ferry__kv_tpa **out);
+                       const ferry_pslab_stats *s, ferry__kv_tpa **out);
 /* after every read it started landed (or its queue broke) */
 void ferry__kv_tpa_close(ferry__kv_tpa *a);
 /* the L1 pool for the engine's fixed-buffer path / undo it */

@@ -339,7 +339,7 @@ void ferry__kv_tpa_close(ferry__kv_tpa *a)
 }
 
 int ferry__kv_tpa_open(ferry_pslab *ps, const char *engine, uint64_t capacity,
-                       ferry__kv_tpa **out)
+                       const ferry_pslab_stats *s, ferry__kv_tpa **out)
 {
     ferry__kv_tpa *a = ferry__calloc(1, sizeof *a);
     if (!a)
@@ -348,7 +348,7 @@ int ferry__kv_tpa_open(ferry_pslab *ps, const char *engine, uint64_t capacity,
     pthread_mutex_init(&a->iomu, NULL);
     a->ps = ps;
     a->capacity = capacity;
-    a->direct = ferry__pslab_is_direct(ps);
+    a->direct = s->direct;
     a->pin = ferry__calloc(capacity ? capacity : 1, sizeof *a->pin);
     a->pid = ferry__calloc(capacity ? capacity : 1, sizeof *a->pid);
     if (!a->pin || !a->pid) {
@@ -361,7 +361,7 @@ int ferry__kv_tpa_open(ferry_pslab *ps, const char *engine, uint64_t capacity,
     o.depth = PA_DEPTH;
     o.max_request = PA_PIECE;
     int rc = ferry_io_open(&o, &a->io);
-    a->nf = ferry__pslab_drives(ps);
+    a->nf = s->drives ? s->drives : 1;
     for (unsigned i = 0; rc == 0 && i < a->nf; i++) {
         char path[4096];
         ferry__pslab_slab_path(ps, i, path, sizeof path);

@@ -51,18 +51,3 @@ void ferry__pslab_locate(const ferry_pslab *p, uint64_t off, unsigned *d, uint64
     ferry__stripe_map(p->g.stripe, p->g.drives, off, d, foff, run);
     *foff += p->data_off;
 }
-
-unsigned ferry__pslab_drives(const ferry_pslab *p)
-{
-    return p->g.drives ? p->g.drives : 1;
-}
-
-uint32_t ferry__pslab_alignment(const ferry_pslab *p)
-{
-    return p->g.alignment;
-}
-
-int ferry__pslab_is_direct(const ferry_pslab *p)
-{
-    return p->direct && p->st.direct;
-}

@@ -40,10 +40,8 @@ void ferry__pslab_pin_put(ferry_pslab *p, ferry__pslab_pin *pin);
  * (UINT64_MAX with one drive) */
 void ferry__pslab_locate(const ferry_pslab *p, uint64_t off, unsigned *d, uint64_t *foff,
                          uint64_t *run);
-/* the slab's drives, alignment, and whether its files are opened O_DIRECT */
-unsigned ferry__pslab_drives(const ferry_pslab *p);
-uint32_t ferry__pslab_alignment(const ferry_pslab *p);
-int ferry__pslab_is_direct(const ferry_pslab *p);
+/* (the slab's drives, alignment, stripe and whether its files are
+ * O_DIRECT: ferry_pslab_stats_get) */
 /* dirs[i]/FERRY_PSLAB_FILE */
 void ferry__pslab_slab_path(const ferry_pslab *p, unsigned i, char *out, size_t n);
 
