@@ -14,6 +14,7 @@
 
 #include "ferry_test.h"
 #include "kv/tier_pslab.h"
+#include "pslab/pslab_reader.h"
 
 #define SLOT 8192u
 
@@ -956,6 +957,53 @@ static void test_async_reads_land_whole_and_checked(void **state)
     ft_rmtree(d);
 }
 
+/* nonsense to the asynchronous ops and to the slab's pin: a clear
+ * -EINVAL (or a miss), never a crash or a pin left behind */
+static void test_async_reads_refuse_nonsense(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    ferry__kv_tier *t = big_tier(d, BIG);
+    assert_non_null(t->aops);
+    ferry_kv_hash id = hid(7);
+    uint8_t *buf = NULL;
+    assert_int_equal(posix_memalign((void **)&buf, 4096, BIG), 0);
+    assert_int_equal(t->aops->begin(t, t->capacity, &id, BIG), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "capacity"));
+    assert_int_equal(t->aops->verify(t, t->capacity + 5, &id, 0), -EINVAL);
+    t->aops->end(t, t->capacity); /* ignored */
+    t->aops->end(t, 0);           /* nothing begun there: ignored */
+    /* a piece of a slot nobody began */
+    ferry__kv_abatch b;
+    memset(&b, 0, sizeof b);
+    ferry__kv_aread *a = t->aops->get(t);
+    assert_int_equal(t->aops->submit(t, &b, a, 0, 0, buf, 4096), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "without begin"));
+    assert_int_equal(t->aops->submit(t, &b, a, t->capacity, 0, buf, 4096), -EINVAL);
+    t->aops->put(t, a);
+    assert_int_equal(b.inflight, 0);
+    /* a slot whose chunk is not in the slab: a miss */
+    assert_int_equal(t->aops->begin(t, 1, &id, BIG), FERRY_ENOTFOUND);
+    /* the slab's pin */
+    ferry_pslab *ps = ferry__kv_tier_pslab_store(t);
+    ferry__pslab_pin pin;
+    uint8_t key[FERRY_PSLAB_KEY_MAX + 1];
+    memset(key, 1, sizeof key);
+    assert_int_equal(ferry__pslab_pin_get(NULL, key, 16, &pin), -EINVAL);
+    assert_int_equal(ferry__pslab_pin_get(ps, key, 16, NULL), -EINVAL);
+    assert_int_equal(ferry__pslab_pin_get(ps, NULL, 16, &pin), -EINVAL);
+    assert_int_equal(ferry__pslab_pin_get(ps, key, 0, &pin), -EINVAL);
+    assert_int_equal(ferry__pslab_pin_get(ps, key, sizeof key, &pin), -EINVAL);
+    assert_int_equal(ferry__pslab_pin_get(ps, key, 16, &pin), FERRY_ENOTFOUND);
+    assert_null(pin.ent);
+    ferry__pslab_pin_put(ps, &pin); /* nothing pinned: ignored */
+    ferry__pslab_pin_put(ps, NULL);
+    ferry__kv_tier_free(t);
+    free(buf);
+    ft_rmtree(d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -971,6 +1019,7 @@ int main(void)
         cmocka_unit_test(test_kv_sync_says_how_many_chunks_it_made_durable),
         cmocka_unit_test(test_persistent_l2_corrupt_chunk_read_ahead_is_a_miss),
         cmocka_unit_test(test_async_reads_land_whole_and_checked),
+        cmocka_unit_test(test_async_reads_refuse_nonsense),
         cmocka_unit_test(test_persistent_l2_prefetch_checks_each_chunk),
         cmocka_unit_test(test_persistent_l2_failed_read_is_one_miss),
         cmocka_unit_test(test_persistent_l2_slot_still_read_is_a_miss_not_a_drop),
