@@ -103,9 +103,16 @@
  * chunk evicted from L1 that is still in L2 stays findable (in L2).
  *
  * Thread-safety: every function may be called from several threads at once
- * on one store, except ferry_kv_close(). Buffers given to an asynchronous
- * call stay the caller's and must not be touched (or freed) until the
- * operation completes.
+ * on one store. ferry_kv_close() may be called while other threads are
+ * inside calls on the store: it refuses calls that begin after it started
+ * (FERRY_ESTATE, "the store is closing") and waits until the calls already
+ * inside have returned before it frees anything. A call that begins after
+ * ferry_kv_close() returned uses a freed handle (as with any freed
+ * object). Buffers given to an asynchronous call stay the caller's and
+ * must not be touched (or freed) until the operation completes.
+ *
+ * Token ids are 0 .. 2^31-1: a negative id is refused (-EINVAL, naming its
+ * position), as is a negative block id.
  */
 #ifndef FERRY_KV_H
 #define FERRY_KV_H
@@ -397,9 +404,13 @@ typedef struct ferry_kv ferry_kv;
  */
 FERRY_API int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out);
 /**
- * Wait for every operation and background write, then free the store and
- * its tiers. Operations not yet freed stay valid handles (their wait
- * returns their result). NULL does nothing. Not thread-safe with other calls.
+ * Wait for the calls other threads are inside, every operation and
+ * background write, then free the store and its tiers. A layerwise store
+ * still lacking layers is abandoned (-ECANCELED, nothing of it committed).
+ * Operations not yet freed stay valid handles: their wait, test, cancel,
+ * wait_layer and free answer from the operation's end, layer_done answers
+ * -ECANCELED; free them with ferry_kv_op_free before or after the close.
+ * NULL does nothing. Call it once per store.
  */
 FERRY_API void ferry_kv_close(ferry_kv *kv);
 /**
@@ -516,7 +527,11 @@ FERRY_API int ferry_kv_retrieve_async(ferry_kv *kv, const int32_t *tokens, size_
                                       ferry_kv_op **op);
 /**
  * Wait up to timeout_ms (-1: forever) for op. Returns its result (as the
- * blocking form would), or -ETIMEDOUT when still running. Thread-safe.
+ * blocking form would), or -ETIMEDOUT when still running. Thread-safe:
+ * an op may be waited on, tested and cancelled from any number of threads
+ * at once, and freed by its owner while those calls are still inside (it
+ * is reference-counted: its memory goes when the last of them returns).
+ * A call that begins after ferry_kv_op_free returned uses a freed handle.
  */
 FERRY_API int ferry_kv_op_wait(ferry_kv_op *op, int timeout_ms);
 /**
@@ -540,7 +555,12 @@ FERRY_API int ferry_kv_op_wait(ferry_kv_op *op, int timeout_ms);
 FERRY_API int ferry_kv_op_cancel(ferry_kv_op *op);
 /** ferry_kv_op_wait(op, 0) but -EAGAIN while running. */
 FERRY_API int ferry_kv_op_test(ferry_kv_op *op);
-/** Wait for op if it is still running, then free it. NULL does nothing. */
+/**
+ * Wait for op if it is still running (a layerwise store still lacking
+ * layers is abandoned: nothing of it commits), then free it. Calls other
+ * threads are inside on op finish first. Valid before and after the close
+ * of op's store. NULL does nothing; call it once per op.
+ */
 FERRY_API void ferry_kv_op_free(ferry_kv_op *op);
 
 /* ---- layer by layer ---- */

@@ -6,6 +6,7 @@ shape. Token ids and block tables are small and are converted to int32
 arrays when they are not already.
 """
 import ctypes
+import errno
 
 import numpy as np
 
@@ -56,6 +57,50 @@ def dtype_bytes(code):
     return _DTYPE_BYTES[code]
 
 
+_DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+def dtype_name(code):
+    """The name of a ferry dtype code ("bf16", ...), for messages."""
+    return _DTYPE_NAMES.get(code, f"code {code}")
+
+
+_I32_MAX = 2**31 - 1
+
+
+def _out_of_range(what, v, i):
+    from .errors import FerryError  # (errors loads the library; this module need not)
+    return FerryError(-errno.EINVAL, f"{what} {v} at position {i} is outside 0 .. 2^31-1")
+
+
+def id_array(ids, what):
+    """A C-contiguous int32 NumPy array of ids (token ids, block ids): each an
+    integer in 0 .. 2^31-1. Anything else is refused here, before a cast
+    could wrap it onto another id: floats, strings and bools (TypeError),
+    negative ids or ids past int32 (FerryError EINVAL, naming the first, as
+    libferry answers a block id it cannot use)."""
+    if is_torch(ids):
+        ids = ids.detach().cpu().numpy()
+    arr = ids if isinstance(ids, np.ndarray) else np.asarray(ids)
+    if arr.size == 0:
+        return np.zeros(arr.shape, np.int32)
+    if arr.dtype == object:  # Python ints past int64, or objects of other kinds
+        for i, v in enumerate(arr.reshape(-1)):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+                raise TypeError(f"ferry: {what}s must be integers, got {type(v).__name__} "
+                                f"{v!r} at position {i}")
+            if not 0 <= v <= _I32_MAX:
+                raise _out_of_range(what, v, i)
+        arr = arr.astype(np.int64)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"ferry: {what}s must be integers, got dtype {arr.dtype}")
+    bad = (arr < 0) | (arr > _I32_MAX)
+    if bad.any():
+        i = int(np.flatnonzero(bad.reshape(-1))[0])
+        raise _out_of_range(what, int(arr.reshape(-1)[i]), i)
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
 def is_torch(x):
     return torch is not None and isinstance(x, torch.Tensor)
 
@@ -94,14 +139,12 @@ def tokens_array(tokens):
     """A C-contiguous int32 NumPy array of the token ids, and a ctypes pointer to it.
     An int32 array that is already one contiguous run is used as it is."""
     if type(tokens) is np.ndarray and tokens.dtype is _I32 and tokens.ndim == 1 \
-            and tokens.strides == (4,) and tokens.size:
+            and tokens.strides == (4,) and tokens.size and tokens.min() >= 0:
         try:  # the fast path: a ctypes view of the array's own memory
             return tokens, ctypes.c_int32.from_buffer(tokens)
         except (TypeError, ValueError):  # read-only: fall through
             pass
-    if is_torch(tokens):
-        tokens = tokens.detach().cpu().numpy()
-    arr = np.ascontiguousarray(np.asarray(tokens), dtype=np.int32)
+    arr = id_array(tokens, "token id")
     if arr.ndim != 1:
         raise ValueError(f"ferry: token ids must be one-dimensional, got shape {arr.shape}")
     if arr.size == 0:
@@ -178,7 +221,8 @@ class Buffer:
         lc = layout.c
         mem = mem_kind(t, addr, shape, strides, dtype_bytes(dt), self._dev)
         if dt != lc.dtype:
-            raise ValueError(f"ferry: tensor dtype code {dt} differs from the layout's {lc.dtype}")
+            raise ValueError(f"ferry: the tensor is {dtype_name(dt)}, the layout's dtype is "
+                             f"{dtype_name(lc.dtype)}")
         row = lc.num_heads * lc.head_dim
         if len(shape) == 5:
             ok = shape[3] * shape[4] == row
@@ -220,7 +264,8 @@ class Buffer:
                 raise ValueError(f"ferry: layer {i} is {'device' if m else 'host'} memory, "
                                  f"layer 0 {'device' if mem else 'host'}: every layer must match")
             if dt != lc.dtype:
-                raise ValueError(f"ferry: layer {i} dtype code {dt} differs from the layout's {lc.dtype}")
+                raise ValueError(f"ferry: layer {i} is {dtype_name(dt)}, the layout's dtype is "
+                                 f"{dtype_name(lc.dtype)}")
             if writable:
                 _writable(c)
             item = dtype_bytes(dt)
@@ -255,9 +300,7 @@ class Buffer:
         for k in range(lc.kv):
             bases.extend(per_kv[k])
         self._bases = (ctypes.c_uint64 * len(bases))(*bases)
-        if is_torch(block_table):
-            block_table = block_table.detach().cpu().numpy()
-        table = np.ascontiguousarray(np.asarray(block_table), dtype=np.int32)
+        table = id_array(block_table, "block id")
         if table.ndim != 1:
             raise ValueError(f"ferry: a block table is one-dimensional, got shape {table.shape}")
         self._table = table

@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 from . import _abi as A
-from ._handle import Closing
+from ._handle import CallGuard, Closing
 from ._buffers import Buffer, DeviceMem, dtype_code, describe, tokens_array, is_torch
 from ._lib import lib
 from .errors import FerryError, check
@@ -101,8 +101,22 @@ class _Req:
 class Op:
     """An asynchronous store or retrieve. wait() returns the tokens moved (or
     raises FerryError); done() tells whether it finished; cancel() stops it;
-    `await op` works in asyncio. The buffers it reads or writes stay referenced by the Op
-    until it is freed."""
+    `await op` works in asyncio. The buffers it reads or writes stay
+    referenced by the Op until it is freed.
+
+    Threads: wait, done, cancel and free may be called from any number of
+    threads at once. The C handle is freed once, after every call on it has
+    returned; the first result is kept and every later wait returns it. An
+    Op outlives its KVStore: after the store's close() it still answers
+    wait() and done() (close finished it: a layerwise store still lacking
+    layers was abandoned with FERRY's -ECANCELED, nothing of it stored).
+
+    asyncio: `await op` waits on a worker thread of the loop's default
+    executor. asyncio.wait_for(op, timeout) timing out, or the awaiting
+    task being cancelled, does not stop the operation: it goes on with its
+    buffers, and op.cancel() (safe at any time, from any thread) stops it;
+    await op again, or wait(), for its result.
+    """
 
     def __init__(self, kv, handle, keep, call):
         self._kv = kv
@@ -110,16 +124,42 @@ class Op:
         self._keep = keep
         self._call = call
         self._result = None
+        self._guard = CallGuard(call)
+
+    def _c(self, fn, *args):
+        """fn(handle, *args), or None when the handle was freed already."""
+        if not self._guard.enter():
+            return None
+        try:
+            return fn(self._h, *args)
+        finally:
+            self._guard.leave()
+
+    def _settle(self, rc):
+        """Keep the first result, free the handle; returns the kept result."""
+        if self._result is None:
+            self._result = rc
+        self.free()
+        return self._result
+
+    def _outcome(self):
+        rc = self._result
+        if rc is None:
+            raise FerryError(-errno.EINVAL, "the operation was freed before it finished",
+                             self._call)
+        if rc < 0:
+            raise FerryError(rc, None, self._call)
+        return rc
 
     def wait(self, timeout=None):
-        if self._result is not None:
-            return self._finish()
-        ms = -1 if timeout is None else max(0, int(timeout * 1000))
-        rc = lib.ferry_kv_op_wait(self._h, ms)
-        if rc == -errno.ETIMEDOUT:
-            raise TimeoutError(f"ferry: {self._call} still running after {timeout} s")
-        self._result = rc
-        return self._finish()
+        if self._result is None:
+            ms = -1 if timeout is None else max(0, int(timeout * 1000))
+            rc = self._c(lib.ferry_kv_op_wait, ms)
+            if rc == -errno.ETIMEDOUT:
+                raise TimeoutError(f"ferry: {self._call} still running after {timeout} s")
+            if rc is not None:
+                self._settle(rc)
+        return self._outcome()
 
     def cancel(self):
         """Stop the operation and wait until it no longer touches its buffer
@@ -128,32 +168,26 @@ class Op:
         moved), False when it had finished anyway (wait() gives its result)."""
         if self._result is not None:
             return False
-        rc = lib.ferry_kv_op_cancel(self._h)
-        if rc == -errno.ECANCELED:
-            self._result = rc
-            self.free()
-            return True
-        self._result = rc
-        return False
+        rc = self._c(lib.ferry_kv_op_cancel)
+        if rc is None:
+            return False
+        self._settle(rc)
+        return rc == -errno.ECANCELED
 
     def done(self):
         if self._result is not None:
             return True
-        rc = lib.ferry_kv_op_test(self._h)
+        rc = self._c(lib.ferry_kv_op_test)
         if rc == -errno.EAGAIN:
             return False
-        self._result = rc
+        if rc is not None:
+            self._settle(rc)
         return True
 
-    def _finish(self):
-        rc = self._result
-        self.free()
-        if rc < 0:
-            raise FerryError(rc, None, self._call)
-        return rc
-
     def free(self):
-        if self._h:
+        """Let the operation go (waiting for it if it still runs). Calls on it
+        in other threads finish first; later calls answer from its result."""
+        if self._guard.end():
             lib.ferry_kv_op_free(self._h)
             self._h = None
             self._keep = None
@@ -167,6 +201,15 @@ class Op:
             self.free()
         except Exception:  # interpreter shutdown
             pass
+
+
+def _layer_index(layer, num_layers):
+    """A layer index as C's uint32: an integer in 0 .. num_layers-1."""
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
+        raise TypeError(f"ferry: a layer is an integer, got {type(layer).__name__} {layer!r}")
+    if not 0 <= layer < num_layers:
+        raise FerryError(-errno.EINVAL, f"layer {layer} is outside 0 .. {num_layers - 1}")
+    return int(layer)
 
 
 class LayerOp(Op):
@@ -192,7 +235,7 @@ class LayerOp(Op):
     def _lacking(self):
         """A store still lacking layers: its wait would be answered FERRY_ESTATE
         (an error, not a hang), which must not end the operation."""
-        return self._store and self._h and len(self._done_layers) < self.num_layers
+        return self._store and not self._guard.ended and len(self._done_layers) < self.num_layers
 
     def wait(self, timeout=None):
         if self._result is None and self._lacking():
@@ -206,10 +249,12 @@ class LayerOp(Op):
             return False
         return super().done()
 
-    def _live(self, what):
-        if not self._h:
+    def _live(self, what, fn, *args):
+        """fn(handle, *args) on the live handle, else FerryError."""
+        rc = self._c(fn, *args)
+        if rc is None:
             raise FerryError(-errno.EINVAL, "the operation is finished and freed", what)
-        return self._h
+        return rc
 
     def wait_layer(self, layer, timeout=None):
         """Tokens loaded into layer `layer` (a retrieve), once it landed. Into
@@ -218,11 +263,11 @@ class LayerOp(Op):
         engine's next kernels on that stream read the loaded KV."""
         ms = -1 if timeout is None else max(0, int(timeout * 1000))
         stream = self._kv._engine_stream() if self._cuda else None
+        layer = _layer_index(layer, self.num_layers)
         if stream:
-            rc = lib.ferry_kv_op_stream_wait_layer(self._live("wait_layer"), int(layer),
-                                                   stream, ms)
+            rc = self._live("wait_layer", lib.ferry_kv_op_stream_wait_layer, layer, stream, ms)
         else:
-            rc = lib.ferry_kv_op_wait_layer(self._live("wait_layer"), int(layer), ms)
+            rc = self._live("wait_layer", lib.ferry_kv_op_wait_layer, layer, ms)
         if rc == -errno.ETIMEDOUT:
             raise TimeoutError(f"ferry: layer {layer} of {self._call} not loaded after "
                                f"{timeout} s")
@@ -238,10 +283,11 @@ class LayerOp(Op):
         tensors the copies are queued after the work already queued on
         torch.cuda.current_stream() (the kernels that computed the layer), so
         the call does not block the host."""
+        layer = _layer_index(layer, self.num_layers)
         stream = self._kv._engine_stream() if self._cuda else None
-        check(lib.ferry_kv_op_layer_done(self._live("layer_done"), int(layer), stream),
+        check(self._live("layer_done", lib.ferry_kv_op_layer_done, layer, stream),
               f"{self._call}: layer_done({layer})")
-        self._done_layers.add(int(layer))
+        self._done_layers.add(layer)
 
 
 class KVStore(Closing):
@@ -287,6 +333,7 @@ class KVStore(Closing):
                  eviction="lru", server=None, server_timeout_ms=0, lookup_only=False,
                  device=None):
         self._h = None
+        self._guard = CallGuard("KVStore")
         self._dev = None
         self._devmem = None
         self._streams = {}
@@ -366,10 +413,14 @@ class KVStore(Closing):
         self._strs.append(b)
         return b
 
-    def _handle(self):
-        if not self._h:
+    def _call(self, fn, *args):
+        """fn(handle, *args) as one call inside the store: close() waits for it."""
+        if not self._h or not self._guard.enter():
             raise FerryError(-errno.EBADF, "the store is closed", "KVStore")
-        return self._h
+        try:
+            return fn(self._h, *args)
+        finally:
+            self._guard.leave()
 
     def _open_device(self, device):
         if is_torch_device(device):
@@ -450,7 +501,11 @@ class KVStore(Closing):
 
     # -- life --
     def close(self):
-        if getattr(self, "_h", None):
+        """Close the store: calls other threads are inside finish first, later
+        calls raise FerryError (EBADF). Ops it started stay valid (close
+        finishes them) and are freed on their own. Safe to call again."""
+        guard = getattr(self, "_guard", None)
+        if getattr(self, "_h", None) and guard is not None and guard.end():
             lib.ferry_kv_close(self._h)
             self._h = None
         for s in getattr(self, "_streams", {}).values():
@@ -465,16 +520,16 @@ class KVStore(Closing):
         """Leading tokens of `tokens` that are cached (whole chunks)."""
         arr, p = tokens_array(tokens)
         if salt is None and not partial:  # the common case: no request options to build
-            return check(lib.ferry_kv_lookup(self._handle(), p, arr.size, None), "lookup")
+            return check(self._call(lib.ferry_kv_lookup, p, arr.size, None), "lookup")
         req = _Req(salt, partial)
-        return check(lib.ferry_kv_lookup(self._handle(), p, arr.size, req.ptr()), "lookup")
+        return check(self._call(lib.ferry_kv_lookup, p, arr.size, req.ptr()), "lookup")
 
     def lookup_tiers(self, tokens, *, salt=None, partial=False):
         """(cached tokens, [tier name per chunk up to and including the first miss])."""
         arr, p = tokens_array(tokens)
         n = -(-arr.size // self.chunk_tokens)
         req = _Req(salt, partial, n)
-        hit = check(lib.ferry_kv_lookup(self._handle(), p, arr.size, req.ptr()), "lookup")
+        hit = check(self._call(lib.ferry_kv_lookup, p, arr.size, req.ptr()), "lookup")
         k = min(n, -(-hit // self.chunk_tokens) + 1)
         return hit, [TIER_NAMES[req.tiers[i]] for i in range(k)]
 
@@ -486,7 +541,7 @@ class KVStore(Closing):
         n = -(-arr.size // self.chunk_tokens) if statuses else 0
         req = _Req(salt, partial, n, skip)
         self._sync_engine(buf)
-        rc = check(fn(self._handle(), p, arr.size, req.ptr(), ctypes.byref(buf.c)), name)
+        rc = check(self._call(fn, p, arr.size, req.ptr(), ctypes.byref(buf.c)), name)
         if statuses:
             return rc, list(req.status)
         return rc
@@ -513,7 +568,7 @@ class KVStore(Closing):
         req = _Req(salt, partial, 0, skip)
         self._sync_engine(buf)
         h = ctypes.c_void_p()
-        check(fn(self._handle(), p, arr.size, req.ptr(), ctypes.byref(buf.c), ctypes.byref(h)), name)
+        check(self._call(fn, p, arr.size, req.ptr(), ctypes.byref(buf.c), ctypes.byref(h)), name)
         return Op(self, h, (buf, req, arr), name)
 
     def store_async(self, tokens, kv, block_table=None, *, salt=None, partial=False):
@@ -532,8 +587,8 @@ class KVStore(Closing):
             self._sync_engine(buf)
         opt = A.KVLayersOpt()
         h = ctypes.c_void_p()
-        check(fn(self._handle(), p, arr.size, req.ptr(), ctypes.byref(buf.c), ctypes.byref(opt),
-                 ctypes.byref(h)), name)
+        check(self._call(fn, p, arr.size, req.ptr(), ctypes.byref(buf.c), ctypes.byref(opt),
+                         ctypes.byref(h)), name)
         return LayerOp(self, h, (buf, req, arr, opt), name, self.layout.num_layers,
                        fn is lib.ferry_kv_store_layers)
 
@@ -554,7 +609,7 @@ class KVStore(Closing):
     def _tok(self, fn, name, tokens, salt, partial):
         arr, p = tokens_array(tokens)
         req = _Req(salt, partial)
-        return check(fn(self._handle(), p, arr.size, req.ptr()), name)
+        return check(self._call(fn, p, arr.size, req.ptr()), name)
 
     def prefetch(self, tokens, *, salt=None, partial=False):
         return self._tok(lib.ferry_kv_prefetch, "prefetch", tokens, salt, partial)
@@ -569,19 +624,19 @@ class KVStore(Closing):
         return self._tok(lib.ferry_kv_delete, "delete", tokens, salt, partial)
 
     def clear(self):
-        return check(lib.ferry_kv_clear(self._handle()), "clear")
+        return check(self._call(lib.ferry_kv_clear), "clear")
 
     def flush(self):
-        return check(lib.ferry_kv_flush(self._handle()), "flush")
+        return check(self._call(lib.ferry_kv_flush), "flush")
 
     def sync(self):
-        return check(lib.ferry_kv_sync(self._handle()), "sync")
+        return check(self._call(lib.ferry_kv_sync), "sync")
 
     # -- metrics --
     def stats(self):
         """A snapshot of the store's counters as a dict (tiers as a nested dict)."""
         s = A.KVStats()
-        check(lib.ferry_kv_stats_get(self._handle(), ctypes.byref(s)), "stats")
+        check(self._call(lib.ferry_kv_stats_get, ctypes.byref(s)), "stats")
         out = {}
         for name, _ in A.KVStats._fields_:
             if name == "size":
@@ -598,11 +653,10 @@ class KVStore(Closing):
 
     def prometheus(self):
         """The store's metrics in Prometheus text exposition format."""
-        h = self._handle()
-        need = check(lib.ferry_kv_metrics_prometheus(h, None, 0), "metrics")
+        need = check(self._call(lib.ferry_kv_metrics_prometheus, None, 0), "metrics")
         while True:
             buf = ctypes.create_string_buffer(need + 1)
-            n = check(lib.ferry_kv_metrics_prometheus(h, buf, need + 1), "metrics")
+            n = check(self._call(lib.ferry_kv_metrics_prometheus, buf, need + 1), "metrics")
             if n <= need:
                 return buf.value.decode()
             need = n

@@ -13,12 +13,10 @@
  * Invariant: every job queued is run exactly once; flush and close wait
  * until both queues are empty and no worker is busy, so no job outlives the
  * store and every write-through has landed (or failed and released its
- * extent) before the tiers are torn down. An operation's handle is freed
- * only by its owner (ferry_kv_op_free), after it is done.
+ * extent) before the tiers are torn down. An operation's handle and its
+ * life are op.c's.
  */
 #include <errno.h>
-#include <time.h>
-
 #include "kv_impl.h"
 #include "kv_layers.h"
 #include "kvc.h"
@@ -161,6 +159,16 @@ int ferry_kv_flush(ferry_kv *kv)
 {
     if (!kv)
         return ferry__err_set(NULL, -EINVAL, "kv flush: store is NULL");
+    int rc = ferry__kv_enter(kv, "flush");
+    if (rc < 0)
+        return rc;
+    rc = ferry__kv_flush(kv);
+    ferry__kv_leave(kv);
+    return rc;
+}
+
+int ferry__kv_flush(ferry_kv *kv)
+{
     pthread_mutex_lock(&kv->qmu);
     while (!all_idle(kv))
         pthread_cond_wait(&kv->idle, &kv->qmu);
@@ -178,7 +186,7 @@ int ferry_kv_flush(ferry_kv *kv)
 void ferry__kv_workers_stop(ferry_kv *kv)
 {
     if (kv->q[0].nthreads && kv->q[1].nthreads)
-        ferry_kv_flush(kv);
+        ferry__kv_flush(kv);
     pthread_mutex_lock(&kv->qmu);
     kv->stopping = 1;
     pthread_cond_broadcast(&kv->q[0].cv);
@@ -199,54 +207,4 @@ void ferry__kv_workers_stop(ferry_kv *kv)
         ferry__free(q->threads);
         q->threads = NULL;
     }
-}
-
-int ferry_kv_op_wait(ferry_kv_op *op, int timeout_ms)
-{
-    if (!op)
-        return ferry__err_set(NULL, -EINVAL, "kv op wait: op is NULL");
-    int lrc = ferry__kv_lw_wait_check(op); /* a layerwise store lacking layers */
-    if (lrc < 0)
-        return lrc;
-    pthread_mutex_lock(&op->mu);
-    if (timeout_ms < 0) {
-        while (!op->done)
-            pthread_cond_wait(&op->cv, &op->mu);
-    } else if (!op->done && timeout_ms > 0) {
-        struct timespec ts = ferry__deadline_ms((uint64_t)timeout_ms);
-        while (!op->done)
-            if (pthread_cond_timedwait(&op->cv, &op->mu, &ts) == ETIMEDOUT)
-                break;
-    }
-    int done = op->done, rc = op->result;
-    pthread_mutex_unlock(&op->mu);
-    return done ? rc : -ETIMEDOUT;
-}
-
-int ferry_kv_op_cancel(ferry_kv_op *op)
-{
-    if (!op)
-        return ferry__err_set(NULL, -EINVAL, "kv op cancel: op is NULL");
-    atomic_store_explicit(&op->cancel, 1, memory_order_release);
-    ferry__kv_lw_abandon(op); /* a layerwise store not finished: aborted now */
-    return ferry_kv_op_wait(op, -1);
-}
-
-int ferry_kv_op_test(ferry_kv_op *op)
-{
-    int rc = ferry_kv_op_wait(op, 0);
-    return rc == -ETIMEDOUT ? -EAGAIN : rc;
-}
-
-void ferry_kv_op_free(ferry_kv_op *op)
-{
-    if (!op)
-        return;
-    ferry__kv_lw_abandon(op);
-    ferry_kv_op_wait(op, -1);
-    ferry__kv_lw_free(op);
-    pthread_mutex_destroy(&op->mu);
-    pthread_cond_destroy(&op->cv);
-    ferry__free(op->ids);
-    ferry__free(op);
 }

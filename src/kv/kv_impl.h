@@ -425,7 +425,34 @@ struct ferry_kv_op {
     int result;
     atomic_int cancel; /* ferry_kv_op_cancel asked it to stop */
     struct ferry__kv_lw *lw; /* a layerwise op's state (kv_layers.h), else NULL */
+    /* op.c, under its process-wide lock: the owner's reference (until
+     * ferry_kv_op_free) plus one per call inside the op; the store's list
+     * of its live ops; kv is NULL once the store closed (orphaned) */
+    unsigned refs;
+    int freed;
+    struct ferry_kv_op *lprev, *lnext;
 };
+
+/* op.c: a new op of kv (refs 1, on kv's list, not started), or NULL (no
+ * memory); ids copied. The layerwise part is attached by the caller. */
+ferry_kv_op *ferry__kv_op_new(ferry_kv *kv, int kind, const ferry_kv_hash *ids, size_t nchunks,
+                              size_t n, const ferry_kv_req *req, const ferry_kv_buffer *buf);
+/* a call on op begins: its reference taken, and a call on its store when
+ * the store is open and not closing. Returns that store, or NULL when the
+ * call must not touch it (closing or closed): the op's own state only. */
+ferry_kv *ferry__kv_op_enter(ferry_kv_op *op);
+/* the call that entered with kv ends (drops = references it gives back) */
+void ferry__kv_op_leave(ferry_kv_op *op, ferry_kv *kv, unsigned drops);
+/* close: finish and detach every op of kv still alive (no call is inside
+ * the store and no worker runs); an op nobody holds any more is freed */
+void ferry__kv_ops_orphan(ferry_kv *kv);
+
+/* guard.c: a public call on kv begins: 0, or FERRY_ESTATE (with a
+ * message) when the store is closing. Every 0 is paired with a leave. */
+int ferry__kv_enter(ferry_kv *kv, const char *what);
+void ferry__kv_leave(ferry_kv *kv);
+/* close: refuse new calls, then wait until no call is inside */
+void ferry__kv_close_wait(ferry_kv *kv);
 
 /* the cancel flag of the async operation this thread runs (NULL when it
  * runs none), and whether it is set */
@@ -473,6 +500,14 @@ struct ferry_kv {
                                       names the generation it saw: a reused slot never passes) */
     struct ferry__kvc *client;     /* a server's client (kv/client*.c): every call goes there */
 
+    /* guard.c: public calls inside the store now, and close's refusal of
+     * new ones (call_mu); op.c: the live ops (its own lock) */
+    pthread_mutex_t call_mu;
+    pthread_cond_t call_cv;
+    uint64_t calls;
+    int closing;
+    struct ferry_kv_op *ops;
+
     /* workers: q[0] runs async operations (which may wait for a chunk's
      * promotion), q[1] runs write-throughs and prefetch reads (which never
      * wait for anything but kv->mu), so an operation never waits on work
@@ -502,7 +537,8 @@ struct ferry_kv {
     ferry__kv_hist h_lookup, h_store, h_retrieve;
 };
 
-/* record a failure on the store (and the thread), under err_mu; returns code */
+/* record a failure on the store (and the thread), under err_mu; returns code
+ * (kv NULL: the thread only) */
 int ferry__kv_err(ferry_kv *kv, int code, const char *fmt, ...) FERRY__PRINTF(3, 4);
 /* copy the thread's last message onto the store; returns code */
 int ferry__kv_err_pass(ferry_kv *kv, int code);
@@ -524,6 +560,9 @@ void ferry__kv_prefetch_land(ferry_kv *kv, ferry__kv_job *j, int rc, int how);
  * from a tier with asynchronous reads go as one group when leading != 0
  * (a retrieve's own read-ahead, leading 0, skips such tiers) */
 void ferry__kv_prefetch_queue(ferry_kv *kv, ferry__kv_job *head, int leading);
+/* async.c: wait until no job is queued or running and the tiers' own
+ * queues drained (ferry_kv_flush without the call guard) */
+int ferry__kv_flush(ferry_kv *kv);
 /* async.c: start/stop the workers, queue a job */
 int ferry__kv_workers_start(ferry_kv *kv, unsigned n);
 void ferry__kv_workers_stop(ferry_kv *kv);
@@ -547,6 +586,9 @@ int ferry__kv_lend(ferry_kv *kv, ferry__kv_job *j);
 void ferry__kv_hist_record(ferry__kv_hist *h, uint64_t ns);
 
 /* ---- test seams ---- */
+/* the references an op holds now (owner + calls inside); calls inside kv */
+unsigned ferry__kv_op_refs(ferry_kv_op *op);
+uint64_t ferry__kv_calls(ferry_kv *kv);
 /* replace the store's clock (lock TTLs); NULL restores the monotonic clock */
 void ferry__kv_set_clock(ferry_kv *kv, ferry__kv_clock_fn fn, void *ctx);
 /* fail the nth (1-based, from now) read or write of tier `tier` with code;

@@ -53,11 +53,15 @@ typedef struct ferry__kv_lw {
     unsigned char *pool;    /* through a server: that connection's mapping of the pool */
 } ferry__kv_lw;
 
-/* async.c's hooks (layers.c): ferry_kv_op_wait's refusal while a store
- * lacks layers (0 when it may wait); cancel and free of a layerwise op
- * (a store not finished is abandoned: nothing committed, slots back) */
-int ferry__kv_lw_wait_check(ferry_kv_op *op);
-void ferry__kv_lw_abandon(ferry_kv_op *op);
+/* op.c's hooks (layers.c), each a no-op for an op that is not layerwise:
+ * ferry_kv_op_wait's refusal while a store lacks layers (0 when it may
+ * wait; kv NULL: the store is closing and will abandon it); cancel, free
+ * and close of a store not finished abandon it (nothing committed, slots
+ * back; kv is the op's open store); detach gives back what the op holds of
+ * its store (events, stream, connection) and free the rest */
+int ferry__kv_lw_wait_check(ferry_kv *kv, ferry_kv_op *op);
+void ferry__kv_lw_abandon(ferry_kv *kv, ferry_kv_op *op);
+void ferry__kv_lw_detach(ferry_kv *kv, ferry_kv_op *op);
 void ferry__kv_lw_free(ferry_kv_op *op);
 
 /* record that op holds chunk i (entry e in-process, else NULL) in L1 slot

@@ -137,16 +137,31 @@ static void local_commit(ferry_kv *kv, ferry_kv_op *op, int abort)
 
 /* ---- the operation ---- */
 
-static void lw_destroy(ferry_kv *kv, ferry__kv_lw *lw)
+/* what the layer state holds of the store: its events, its stream and
+ * its server connection (under op->mu; the arrays stay for the op's
+ * callers until ferry__kv_lw_free) */
+static void lw_detach_locked(ferry_kv *kv, ferry_kv_op *op)
 {
-    if (!lw)
-        return;
+    ferry__kv_lw *lw = op->lw;
+    if (lw->conn)
+        ferry__kvc_lw_unlease(kv, op);
     if (lw->ev)
         for (uint32_t l = 0; l < lw->nlayers; l++)
             ferry_event_destroy(lw->ev[l]);
+    ferry__free(lw->ev);
+    lw->ev = NULL;
     if (lw->own_s)
         ferry__kv_stream_put(kv, lw->s);
-    ferry__free(lw->ev);
+    lw->s = NULL;
+    lw->own_s = 0;
+    lw->nheld = 0; /* (the slots held are the store's: given back already) */
+}
+
+static void lw_destroy(ferry__kv_lw *lw)
+{
+    if (!lw)
+        return;
+    FERRY__ASSERT(!lw->ev && !lw->s && !lw->conn);
     ferry__free(lw->lst);
     ferry__free(lw->ch);
     ferry__free(lw->lc);
@@ -219,32 +234,14 @@ static int lw_new(ferry_kv *kv, int store, const int32_t *tokens, size_t n,
             ferry__free(ids);
         return ferry__kv_err_pass(kv, r);
     }
-    ferry_kv_op *op = ferry__calloc(1, sizeof *op);
-    ferry_kv_hash *copy = nch ? ferry__malloc((size_t)nch * sizeof *copy) : NULL;
-    if (!op || (nch && !copy)) {
-        ferry__free(op);
-        ferry__free(copy);
-        if (ids != stack)
-            ferry__free(ids);
-        return ferry__kv_err(kv, -ENOMEM, "kv %s: out of memory for the operation", what);
-    }
-    memcpy(copy, ids, (size_t)nch * sizeof *copy);
+    ferry_kv_op *op = ferry__kv_op_new(kv, store ? FERRY__KV_OP_STORE : FERRY__KV_OP_RETRIEVE,
+                                       ids, (size_t)nch, n, req, buf);
     if (ids != stack)
         ferry__free(ids);
-    op->kv = kv;
-    op->kind = store ? FERRY__KV_OP_STORE : FERRY__KV_OP_RETRIEVE;
-    op->ids = copy;
-    op->nchunks = (size_t)nch;
-    op->n = n;
-    ferry__kv_req_copy(&op->req, req);
-    op->req.salt = NULL;
-    op->req.salt_len = 0;
-    op->buf = *buf;
-    pthread_mutex_init(&op->mu, NULL);
-    ferry__cond_init_mono(&op->cv);
+    if (!op)
+        return ferry__kv_err(kv, -ENOMEM, "kv %s: out of memory for the operation", what);
     if ((r = lw_make(kv, op, store, &o)) < 0) {
         op->done = 1;
-        ferry__kv_lw_free(op);
         ferry_kv_op_free(op);
         return r;
     }
@@ -376,7 +373,7 @@ static void retrieve_run(ferry_kv *kv, ferry__kv_job *j)
     ferry__kv_hist_record(&kv->h_retrieve, ferry__now_ns() - t0);
 }
 
-int ferry_kv_retrieve_layers(ferry_kv *kv, const int32_t *tokens, size_t n,
+static int guarded_retrieve_layers(ferry_kv *kv, const int32_t *tokens, size_t n,
                              const ferry_kv_req *req, const ferry_kv_buffer *dst,
                              const ferry_kv_layers_opt *opt, ferry_kv_op **out)
 {
@@ -388,7 +385,6 @@ int ferry_kv_retrieve_layers(ferry_kv *kv, const int32_t *tokens, size_t n,
     ferry__kv_job *j = ferry__calloc(1, sizeof *j);
     if (!j) {
         op->done = 1;
-        ferry__kv_lw_free(op);
         ferry_kv_op_free(op);
         return ferry__kv_err(kv, -ENOMEM, "kv retrieve_layers: out of memory for a job");
     }
@@ -400,14 +396,26 @@ int ferry_kv_retrieve_layers(ferry_kv *kv, const int32_t *tokens, size_t n,
     return 0;
 }
 
+int ferry_kv_retrieve_layers(ferry_kv *kv, const int32_t *tokens, size_t n,
+                             const ferry_kv_req *req, const ferry_kv_buffer *dst,
+                             const ferry_kv_layers_opt *opt, ferry_kv_op **out)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv retrieve_layers: store is NULL");
+    int rc = ferry__kv_enter(kv, "retrieve_layers");
+    if (rc < 0)
+        return rc;
+    rc = guarded_retrieve_layers(kv, tokens, n, req, dst, opt, out);
+    ferry__kv_leave(kv);
+    return rc;
+}
+
 /* the wait for a layer of a retrieve (stream NULL: until it landed; else
  * until it is queued, then stream waits for it) */
-static int wait_layer(ferry_kv_op *op, uint32_t layer, ferry_stream *stream, int timeout_ms)
+static int wait_layer(ferry_kv_op *op, ferry_kv *kv, uint32_t layer, ferry_stream *stream,
+                      int timeout_ms)
 {
     const char *what = stream ? "stream_wait_layer" : "wait_layer";
-    if (!op)
-        return ferry__err_set(NULL, -EINVAL, "kv %s: op is NULL", what);
-    ferry_kv *kv = op->kv;
     ferry__kv_lw *lw = op->lw;
     if (!lw || lw->store)
         return ferry__kv_err(kv, FERRY_ESTATE, "kv %s: the op is not a layerwise retrieve",
@@ -418,7 +426,7 @@ static int wait_layer(ferry_kv_op *op, uint32_t layer, ferry_stream *stream, int
     if (stream && op->buf.mem != FERRY_KV_MEM_DEVICE)
         return ferry__kv_err(kv, FERRY_ESTATE,
                              "kv %s: the retrieve is into host memory (use wait_layer)", what);
-    if (stream && ferry_stream_device(stream) != kv->dev)
+    if (stream && kv && ferry_stream_device(stream) != kv->dev)
         return ferry__kv_err(kv, -EINVAL, "kv %s: the stream is not on the store's device",
                              what);
     int want = stream ? LW_QUEUED : LW_DONE;
@@ -443,7 +451,8 @@ static int wait_layer(ferry_kv_op *op, uint32_t layer, ferry_stream *stream, int
             pthread_cond_wait(&op->cv, &op->mu);
     }
     pthread_mutex_unlock(&op->mu);
-    if (rc >= 0 && stream && lw->nheld) {
+    /* (a store closing or closed: its copies are done, its events gone) */
+    if (rc >= 0 && stream && kv && lw->nheld) {
         int r = ferry_stream_wait_event(stream, lw->ev[layer]);
         if (r < 0)
             return ferry__kv_err(kv, r, "kv %s: the stream's wait for layer %u: %s", what, layer,
@@ -454,16 +463,24 @@ static int wait_layer(ferry_kv_op *op, uint32_t layer, ferry_stream *stream, int
 
 int ferry_kv_op_wait_layer(ferry_kv_op *op, uint32_t layer, int timeout_ms)
 {
-    return wait_layer(op, layer, NULL, timeout_ms);
+    if (!op)
+        return ferry__err_set(NULL, -EINVAL, "kv wait_layer: op is NULL");
+    ferry_kv *kv = ferry__kv_op_enter(op);
+    int rc = wait_layer(op, kv, layer, NULL, timeout_ms);
+    ferry__kv_op_leave(op, kv, 1);
+    return rc;
 }
 
 int ferry_kv_op_stream_wait_layer(ferry_kv_op *op, uint32_t layer, ferry_stream *stream,
                                   int timeout_ms)
 {
-    if (!stream)
-        return op ? ferry__kv_err(op->kv, -EINVAL, "kv stream_wait_layer: stream is NULL")
-                  : ferry__err_set(NULL, -EINVAL, "kv stream_wait_layer: op is NULL");
-    return wait_layer(op, layer, stream, timeout_ms);
+    if (!op)
+        return ferry__err_set(NULL, -EINVAL, "kv stream_wait_layer: op is NULL");
+    ferry_kv *kv = ferry__kv_op_enter(op);
+    int rc = stream ? wait_layer(op, kv, layer, stream, timeout_ms)
+                    : ferry__kv_err(kv, -EINVAL, "kv stream_wait_layer: stream is NULL");
+    ferry__kv_op_leave(op, kv, 1);
+    return rc;
 }
 
 /* ---- stores ---- */
@@ -513,7 +530,7 @@ static void store_finish(ferry_kv *kv, ferry__kv_job *j)
     pthread_mutex_unlock(&op->mu);
 }
 
-int ferry_kv_store_layers(ferry_kv *kv, const int32_t *tokens, size_t n,
+static int guarded_store_layers(ferry_kv *kv, const int32_t *tokens, size_t n,
                           const ferry_kv_req *req, const ferry_kv_buffer *src,
                           const ferry_kv_layers_opt *opt, ferry_kv_op **out)
 {
@@ -531,7 +548,6 @@ int ferry_kv_store_layers(ferry_kv *kv, const int32_t *tokens, size_t n,
         pthread_mutex_lock(&op->mu);
         store_end_locked(kv, op, 1, r);
         pthread_mutex_unlock(&op->mu);
-        ferry__kv_lw_free(op);
         ferry_kv_op_free(op);
         return r;
     }
@@ -542,6 +558,20 @@ int ferry_kv_store_layers(ferry_kv *kv, const int32_t *tokens, size_t n,
     }
     *out = op;
     return 0;
+}
+
+int ferry_kv_store_layers(ferry_kv *kv, const int32_t *tokens, size_t n,
+                          const ferry_kv_req *req, const ferry_kv_buffer *src,
+                          const ferry_kv_layers_opt *opt, ferry_kv_op **out)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv store_layers: store is NULL");
+    int rc = ferry__kv_enter(kv, "store_layers");
+    if (rc < 0)
+        return rc;
+    rc = guarded_store_layers(kv, tokens, n, req, src, opt, out);
+    ferry__kv_leave(kv);
+    return rc;
 }
 
 /* under op->mu: copy layer `layer` of src into the slots; 0 or a code */
@@ -568,17 +598,16 @@ static int store_copy(ferry_kv *kv, ferry_kv_op *op, uint32_t layer, ferry_strea
     return 0;
 }
 
-int ferry_kv_op_layer_done(ferry_kv_op *op, uint32_t layer, ferry_stream *stream)
+static int layer_done(ferry_kv_op *op, ferry_kv *kv, uint32_t layer, ferry_stream *stream)
 {
-    if (!op)
-        return ferry__err_set(NULL, -EINVAL, "kv layer_done: op is NULL");
-    ferry_kv *kv = op->kv;
     ferry__kv_lw *lw = op->lw;
     if (!lw || !lw->store)
         return ferry__kv_err(kv, FERRY_ESTATE, "kv layer_done: the op is not a layerwise store");
     if (layer >= lw->nlayers)
         return ferry__kv_err(kv, -EINVAL, "kv layer_done: layer %u of a store of %u layers",
                              layer, lw->nlayers);
+    if (!kv) /* close abandons a store still lacking layers */
+        return ferry__kv_err(kv, -ECANCELED, "kv layer_done: the store was closed");
     if (stream && ferry_stream_device(stream) != kv->dev)
         return ferry__kv_err(kv, -EINVAL, "kv layer_done: the stream is not on the store's "
                              "device");
@@ -620,9 +649,19 @@ int ferry_kv_op_layer_done(ferry_kv_op *op, uint32_t layer, ferry_stream *stream
     return rc;
 }
 
-/* ---- async.c's hooks ---- */
+int ferry_kv_op_layer_done(ferry_kv_op *op, uint32_t layer, ferry_stream *stream)
+{
+    if (!op)
+        return ferry__err_set(NULL, -EINVAL, "kv layer_done: op is NULL");
+    ferry_kv *kv = ferry__kv_op_enter(op);
+    int rc = layer_done(op, kv, layer, stream);
+    ferry__kv_op_leave(op, kv, 1);
+    return rc;
+}
 
-int ferry__kv_lw_wait_check(ferry_kv_op *op)
+/* ---- op.c's hooks ---- */
+
+int ferry__kv_lw_wait_check(ferry_kv *kv, ferry_kv_op *op)
 {
     ferry__kv_lw *lw = op->lw;
     if (!lw || !lw->store)
@@ -630,31 +669,38 @@ int ferry__kv_lw_wait_check(ferry_kv_op *op)
     pthread_mutex_lock(&op->mu);
     uint32_t missing = lw->sealed || op->done ? 0 : lw->nlayers - lw->ndone;
     pthread_mutex_unlock(&op->mu);
+    if (missing && !kv) /* its store is closing: close abandons it, then it is done */
+        return 0;
     if (missing)
-        return ferry__kv_err(op->kv, FERRY_ESTATE,
+        return ferry__kv_err(kv, FERRY_ESTATE,
                              "kv op wait: the layerwise store still lacks %u of %u layers "
                              "(ferry_kv_op_layer_done)",
                              missing, lw->nlayers);
     return 0;
 }
 
-void ferry__kv_lw_abandon(ferry_kv_op *op)
+void ferry__kv_lw_abandon(ferry_kv *kv, ferry_kv_op *op)
 {
     ferry__kv_lw *lw = op->lw;
     if (!lw || !lw->store)
         return;
     pthread_mutex_lock(&op->mu);
     if (!lw->sealed && !op->done)
-        store_end_locked(op->kv, op, 1, -ECANCELED);
+        store_end_locked(kv, op, 1, -ECANCELED);
+    pthread_mutex_unlock(&op->mu);
+}
+
+void ferry__kv_lw_detach(ferry_kv *kv, ferry_kv_op *op)
+{
+    if (!op->lw)
+        return;
+    pthread_mutex_lock(&op->mu);
+    lw_detach_locked(kv, op);
     pthread_mutex_unlock(&op->mu);
 }
 
 void ferry__kv_lw_free(ferry_kv_op *op)
 {
-    if (!op->lw)
-        return;
-    if (op->lw->conn)
-        ferry__kvc_lw_unlease(op->kv, op);
-    lw_destroy(op->kv, op->lw);
+    lw_destroy(op->lw);
     op->lw = NULL;
 }

@@ -127,7 +127,12 @@ int ferry_kv_stats_get(const ferry_kv *kv, ferry_kv_stats *out)
         return ferry__err_set(NULL, -EINVAL, "ferry_kv_stats_get: store or out is NULL");
     ferry_kv_stats m = FERRY_KV_STATS_INIT;
     /* the store's mutex and atomics are taken, never written through */
-    int rc = snapshot((ferry_kv *)kv, &m);
+    ferry_kv *k = (ferry_kv *)kv;
+    int rc = ferry__kv_enter(k, "stats_get");
+    if (rc < 0)
+        return rc;
+    rc = snapshot(k, &m);
+    ferry__kv_leave(k);
     if (rc < 0)
         return rc;
     return ferry__stats_put(NULL, "ferry_kv_stats_get", out, &m, sizeof m);
@@ -196,7 +201,7 @@ static void histogram(sb *b, const char *name, const char *help, const uint64_t 
     put(b, "ferry_kv_%s_seconds_count %llu\n", name, (unsigned long long)cum);
 }
 
-int ferry_kv_metrics_prometheus(ferry_kv *kv, char *buf, size_t len)
+static int guarded_metrics_prometheus(ferry_kv *kv, char *buf, size_t len)
 {
     if (!kv || (!buf && len))
         return ferry__err_set(NULL, -EINVAL, "kv metrics: store or buffer is NULL");
@@ -285,4 +290,16 @@ int ferry_kv_metrics_prometheus(ferry_kv *kv, char *buf, size_t len)
     if (b.pos > INT32_MAX)
         return ferry__kv_err(kv, -EOVERFLOW, "kv metrics: text too long");
     return (int)b.pos;
+}
+
+int ferry_kv_metrics_prometheus(ferry_kv *kv, char *buf, size_t len)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv metrics: store is NULL");
+    int rc = ferry__kv_enter(kv, "metrics");
+    if (rc < 0)
+        return rc;
+    rc = guarded_metrics_prometheus(kv, buf, len);
+    ferry__kv_leave(kv);
+    return rc;
 }

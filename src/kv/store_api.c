@@ -59,16 +59,42 @@ static int blocking(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
     return rc;
 }
 
-int ferry_kv_store(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
+static int guarded_store(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
                    const ferry_kv_buffer *src)
 {
     return blocking(kv, FERRY__KV_OP_STORE, tokens, n, req, src);
 }
 
-int ferry_kv_retrieve(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
+int ferry_kv_store(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
+                   const ferry_kv_buffer *src)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv store: store is NULL");
+    int rc = ferry__kv_enter(kv, "store");
+    if (rc < 0)
+        return rc;
+    rc = guarded_store(kv, tokens, n, req, src);
+    ferry__kv_leave(kv);
+    return rc;
+}
+
+static int guarded_retrieve(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
                       const ferry_kv_buffer *dst)
 {
     return blocking(kv, FERRY__KV_OP_RETRIEVE, tokens, n, req, dst);
+}
+
+int ferry_kv_retrieve(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
+                      const ferry_kv_buffer *dst)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv retrieve: store is NULL");
+    int rc = ferry__kv_enter(kv, "retrieve");
+    if (rc < 0)
+        return rc;
+    rc = guarded_retrieve(kv, tokens, n, req, dst);
+    ferry__kv_leave(kv);
+    return rc;
 }
 
 /* an asynchronous operation on a worker: the store or retrieve, then its
@@ -122,32 +148,14 @@ static int op_submit(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
     int nch = prepare(kv, tokens, n, req, buf, what, stack, &ids);
     if (nch < 0)
         return nch;
-    ferry_kv_op *op = ferry__calloc(1, sizeof *op);
     ferry__kv_job *j = ferry__calloc(1, sizeof *j);
-    ferry_kv_hash *copy = nch ? ferry__malloc((size_t)nch * sizeof *copy) : NULL;
-    if (!op || !j || (nch && !copy)) {
-        ferry__free(op);
-        ferry__free(j);
-        ferry__free(copy);
-        if (ids != stack)
-            ferry__free(ids);
-        return ferry__kv_err(kv, -ENOMEM, "kv %s: out of memory for the operation",
-                              what);
-    }
-    memcpy(copy, ids, (size_t)nch * sizeof *copy);
+    ferry_kv_op *op = j ? ferry__kv_op_new(kv, kind, ids, (size_t)nch, n, req, buf) : NULL;
     if (ids != stack)
         ferry__free(ids);
-    op->kv = kv;
-    op->kind = kind;
-    op->ids = copy;
-    op->nchunks = (size_t)nch;
-    op->n = n;
-    ferry__kv_req_copy(&op->req, req); /* (an older caller's request is shorter) */
-    op->req.salt = NULL; /* already folded into the ids */
-    op->req.salt_len = 0;
-    op->buf = *buf;
-    pthread_mutex_init(&op->mu, NULL);
-    ferry__cond_init_mono(&op->cv); /* (ferry_kv_op_wait's deadline) */
+    if (!op) {
+        ferry__free(j);
+        return ferry__kv_err(kv, -ENOMEM, "kv %s: out of memory for the operation", what);
+    }
     j->kind = FERRY__KV_JOB_OP;
     j->run = op_run;
     j->op = op;
@@ -156,16 +164,42 @@ static int op_submit(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
     return 0;
 }
 
-int ferry_kv_store_async(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
+static int guarded_store_async(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
                          const ferry_kv_buffer *src, ferry_kv_op **op)
 {
     return op_submit(kv, FERRY__KV_OP_STORE, tokens, n, req, src, op);
 }
 
-int ferry_kv_retrieve_async(ferry_kv *kv, const int32_t *tokens, size_t n,
+int ferry_kv_store_async(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
+                         const ferry_kv_buffer *src, ferry_kv_op **op)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv store_async: store is NULL");
+    int rc = ferry__kv_enter(kv, "store_async");
+    if (rc < 0)
+        return rc;
+    rc = guarded_store_async(kv, tokens, n, req, src, op);
+    ferry__kv_leave(kv);
+    return rc;
+}
+
+static int guarded_retrieve_async(ferry_kv *kv, const int32_t *tokens, size_t n,
                             const ferry_kv_req *req, const ferry_kv_buffer *dst, ferry_kv_op **op)
 {
     return op_submit(kv, FERRY__KV_OP_RETRIEVE, tokens, n, req, dst, op);
+}
+
+int ferry_kv_retrieve_async(ferry_kv *kv, const int32_t *tokens, size_t n,
+                            const ferry_kv_req *req, const ferry_kv_buffer *dst, ferry_kv_op **op)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv retrieve_async: store is NULL");
+    int rc = ferry__kv_enter(kv, "retrieve_async");
+    if (rc < 0)
+        return rc;
+    rc = guarded_retrieve_async(kv, tokens, n, req, dst, op);
+    ferry__kv_leave(kv);
+    return rc;
 }
 
 /* ---- prefetch, pin, delete, clear ---- */
@@ -244,7 +278,7 @@ size_t ferry__kv_prefetch_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch
     return lead;
 }
 
-int ferry_kv_prefetch(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+static int guarded_prefetch(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
 {
     if (!kv)
         return ferry__err_set(NULL, -EINVAL, "kv prefetch: store is NULL");
@@ -263,6 +297,18 @@ int ferry_kv_prefetch(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry
     if (ids != stack)
         ferry__free(ids);
     return (int)lead;
+}
+
+int ferry_kv_prefetch(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv prefetch: store is NULL");
+    int rc = ferry__kv_enter(kv, "prefetch");
+    if (rc < 0)
+        return rc;
+    rc = guarded_prefetch(kv, tokens, n, req);
+    ferry__kv_leave(kv);
+    return rc;
 }
 
 static int pin_common(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
@@ -303,14 +349,38 @@ static int pin_common(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry
     return (int)lead;
 }
 
-int ferry_kv_pin(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+static int guarded_pin(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
 {
     return pin_common(kv, tokens, n, req, 1);
 }
 
-int ferry_kv_unpin(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+int ferry_kv_pin(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv pin: store is NULL");
+    int rc = ferry__kv_enter(kv, "pin");
+    if (rc < 0)
+        return rc;
+    rc = guarded_pin(kv, tokens, n, req);
+    ferry__kv_leave(kv);
+    return rc;
+}
+
+static int guarded_unpin(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
 {
     return pin_common(kv, tokens, n, req, 0);
+}
+
+int ferry_kv_unpin(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv unpin: store is NULL");
+    int rc = ferry__kv_enter(kv, "unpin");
+    if (rc < 0)
+        return rc;
+    rc = guarded_unpin(kv, tokens, n, req);
+    ferry__kv_leave(kv);
+    return rc;
 }
 
 /* delete the chunks ids[0..nch) (ferry_kv_delete and the server's DELETE) */
@@ -368,7 +438,7 @@ int ferry__kv_slot_delete(ferry_kv *kv, const ferry_kv_hash *ids, size_t nchunks
     return deleted;
 }
 
-int ferry_kv_delete(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+static int guarded_delete(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
 {
     if (!kv)
         return ferry__err_set(NULL, -EINVAL, "kv delete: store is NULL");
@@ -383,7 +453,19 @@ int ferry_kv_delete(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_k
     return rc;
 }
 
-int ferry_kv_clear(ferry_kv *kv)
+int ferry_kv_delete(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv delete: store is NULL");
+    int rc = ferry__kv_enter(kv, "delete");
+    if (rc < 0)
+        return rc;
+    rc = guarded_delete(kv, tokens, n, req);
+    ferry__kv_leave(kv);
+    return rc;
+}
+
+static int guarded_clear(ferry_kv *kv)
 {
     if (!kv)
         return ferry__err_set(NULL, -EINVAL, "kv clear: store is NULL");
@@ -411,4 +493,16 @@ int ferry_kv_clear(ferry_kv *kv)
                               "kv clear: %d chunks are locked and stay; %d deleted", left,
                               deleted);
     return deleted;
+}
+
+int ferry_kv_clear(ferry_kv *kv)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv clear: store is NULL");
+    int rc = ferry__kv_enter(kv, "clear");
+    if (rc < 0)
+        return rc;
+    rc = guarded_clear(kv);
+    ferry__kv_leave(kv);
+    return rc;
 }

@@ -21,6 +21,11 @@ int ferry__kv_err(ferry_kv *kv, int code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
+    if (!kv) { /* an op whose store closed: the thread's message only */
+        int rc = ferry__err_vset(NULL, code, fmt, ap);
+        va_end(ap);
+        return rc;
+    }
     pthread_mutex_lock(&kv->err_mu);
     int rc = ferry__err_vset(&kv->err, code, fmt, ap);
     pthread_mutex_unlock(&kv->err_mu);
@@ -30,6 +35,8 @@ int ferry__kv_err(ferry_kv *kv, int code, const char *fmt, ...)
 
 int ferry__kv_err_pass(ferry_kv *kv, int code)
 {
+    if (!kv)
+        return code;
     pthread_mutex_lock(&kv->err_mu);
     int rc = ferry__err_pass(&kv->err, code);
     pthread_mutex_unlock(&kv->err_mu);

@@ -149,19 +149,16 @@ static int client_lookup(ferry_kv *kv, const int32_t *tokens, size_t n, const fe
     return rc;
 }
 
-int ferry_kv_lookup(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+static int guarded_lookup(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
 {
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv lookup: store is NULL");
+    int rc = ferry__kv_tokens_ok(kv, tokens, n, "lookup");
+    if (rc < 0)
+        return rc;
     if (kv->client)
         return client_lookup(kv, tokens, n, req);
     uint64_t t0 = ferry__now_ns();
-    int rc = ferry__kv_req_ok(kv, req, "lookup");
-    if (rc < 0)
+    if ((rc = ferry__kv_req_ok(kv, req, "lookup")) < 0)
         return rc;
-    if (!tokens || n == 0)
-        return ferry__kv_err(kv, -EINVAL, "kv lookup: no tokens (tokens %p, n %zu)",
-                             (const void *)tokens, n);
     int partial = req && (req->flags & FERRY_KV_PARTIAL);
     size_t nch = n / kv->chunk_tokens + (partial && n % kv->chunk_tokens ? 1 : 0);
     if (nch > INT32_MAX / 2)
@@ -216,4 +213,16 @@ int ferry_kv_lookup(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_k
     atomic_fetch_add(&kv->hit_tokens, hit);
     ferry__kv_hist_record(&kv->h_lookup, ferry__now_ns() - t0);
     return (int)hit;
+}
+
+int ferry_kv_lookup(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv lookup: store is NULL");
+    int rc = ferry__kv_enter(kv, "lookup");
+    if (rc < 0)
+        return rc;
+    rc = guarded_lookup(kv, tokens, n, req);
+    ferry__kv_leave(kv);
+    return rc;
 }

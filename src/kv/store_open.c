@@ -80,6 +80,8 @@ static void kv_free(ferry_kv *kv)
     pthread_cond_destroy(&kv->q[0].cv);
     pthread_cond_destroy(&kv->q[1].cv);
     pthread_cond_destroy(&kv->idle);
+    pthread_mutex_destroy(&kv->call_mu);
+    pthread_cond_destroy(&kv->call_cv);
     ferry__free(kv->l1_gen);
     ferry__free(kv->model);
     ferry__free(kv);
@@ -219,6 +221,8 @@ static ferry_kv *kv_alloc(const ferry_kv_config *cfg, uint32_t ct, uint64_t chun
     pthread_mutex_init(&kv->err_mu, NULL);
     pthread_cond_init(&kv->loaded, NULL);
     pthread_mutex_init(&kv->qmu, NULL);
+    pthread_mutex_init(&kv->call_mu, NULL);
+    pthread_cond_init(&kv->call_cv, NULL);
     pthread_cond_init(&kv->q[0].cv, NULL);
     pthread_cond_init(&kv->q[1].cv, NULL);
     pthread_cond_init(&kv->idle, NULL);
@@ -424,7 +428,9 @@ void ferry_kv_close(ferry_kv *kv)
 {
     if (!kv)
         return;
+    ferry__kv_close_wait(kv);   /* calls still inside end first (guard.c) */
     ferry__kv_workers_stop(kv);
+    ferry__kv_ops_orphan(kv);   /* ops outlive it (op.c) */
     ferry__kvc_close(kv);
     kv_free(kv);
 }

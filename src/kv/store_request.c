@@ -106,15 +106,34 @@ int ferry__kv_req_ok(ferry_kv *kv, const ferry_kv_req *req, const char *what)
 
 /* hash tokens into ids (stack buffer when it fits); *ids must be freed when
  * != stack. Returns the number of chunks or a negative code. */
+int ferry__kv_tokens_ok(ferry_kv *kv, const int32_t *tokens, size_t n, const char *what)
+{
+    if (!tokens || n == 0)
+        return ferry__kv_err(kv, -EINVAL, "kv %s: no tokens (tokens %p, n %zu)", what,
+                             (const void *)tokens, n);
+    /* one pass that vectorizes; the search only when something is negative */
+    int32_t any = 0;
+    for (size_t i = 0; i < n; i++)
+        any |= tokens[i];
+    if (any >= 0)
+        return 0;
+    size_t i = 0;
+    while (tokens[i] >= 0)
+        i++;
+    return ferry__kv_err(kv, -EINVAL,
+                         "kv %s: token id %ld at position %zu of %zu is negative (token ids "
+                         "are 0 .. 2^31-1)",
+                         what, (long)tokens[i], i, n);
+}
+
 int ferry__kv_make_ids(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
                     const char *what, ferry_kv_hash *stack, ferry_kv_hash **ids)
 {
     int rc = ferry__kv_req_ok(kv, req, what);
     if (rc < 0)
         return rc;
-    if (!tokens || n == 0)
-        return ferry__kv_err(kv, -EINVAL, "kv %s: no tokens (tokens %p, n %zu)", what,
-                              (const void *)tokens, n);
+    if ((rc = ferry__kv_tokens_ok(kv, tokens, n, what)) < 0)
+        return rc;
     int partial = req && (req->flags & FERRY_KV_PARTIAL);
     size_t nch = n / kv->chunk_tokens + (partial && n % kv->chunk_tokens ? 1 : 0);
     if (nch > INT32_MAX / 2)

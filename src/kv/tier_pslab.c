@@ -493,13 +493,13 @@ static int count_newer(const void *key, size_t klen, const ferry_pslab_info *inf
     return 0;
 }
 
-int ferry_kv_sync(ferry_kv *kv)
+static int guarded_sync(ferry_kv *kv)
 {
     if (!kv)
         return ferry__err_set(NULL, -EINVAL, "kv sync: store is NULL");
     if (kv->client)
         return ferry__kvc_simple(kv, FERRY__P_SYNC);
-    int rc = ferry_kv_flush(kv);
+    int rc = ferry__kv_flush(kv);
     if (rc < 0)
         return rc;
     ferry__kv_tier *t = kv->tier[FERRY_KV_TIER_L2];
@@ -523,4 +523,16 @@ int ferry_kv_sync(ferry_kv *kv)
     pthread_mutex_unlock(&p->mu);
     ferry_pslab_iterate(ps, count_newer, &w);
     return w.n > INT32_MAX ? INT32_MAX : (int)w.n;
+}
+
+int ferry_kv_sync(ferry_kv *kv)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv sync: store is NULL");
+    int rc = ferry__kv_enter(kv, "sync");
+    if (rc < 0)
+        return rc;
+    rc = guarded_sync(kv);
+    ferry__kv_leave(kv);
+    return rc;
 }

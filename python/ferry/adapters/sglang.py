@@ -71,7 +71,8 @@ def key_tokens(key, page_size):
         key = key.encode()
     d = hashlib.blake2b(bytes(key), digest_size=16).digest()
     out = np.zeros(page_size, dtype=np.int32)
-    out[:_KEY_TOKENS] = np.frombuffer(d, dtype="<i4")
+    # token ids are 0 .. 2^31-1: the top bit of each word is dropped (124 bits left)
+    out[:_KEY_TOKENS] = np.frombuffer(d, dtype="<u4") & 0x7FFFFFFF
     return out
 
 

@@ -1,0 +1,55 @@
+/*
+ * guard.c - close against calls still inside the store.
+ *
+ * ferry_kv_close may be called while other threads are inside calls on
+ * the same store (an engine shutting down while a request still runs).
+ * Close then waits for them: every public call counts itself in while it
+ * runs, and close first refuses new calls (FERRY_ESTATE, "closing"), then
+ * waits until the count is zero, and only then stops the workers and frees
+ * anything. A call that begins after close has returned uses freed memory,
+ * as with any freed handle; that gap is the caller's (the Python package
+ * closes it with a lock of its own).
+ *
+ * Invariant: calls > 0 keeps the store's memory alive; closing only grows.
+ * The count is guarded by call_mu, not an atomic: a leaving call must be
+ * done with the store's memory before close can see zero.
+ */
+#include "kv_impl.h"
+
+int ferry__kv_enter(ferry_kv *kv, const char *what)
+{
+    pthread_mutex_lock(&kv->call_mu);
+    int closing = kv->closing;
+    if (!closing)
+        kv->calls++;
+    pthread_mutex_unlock(&kv->call_mu);
+    if (closing)
+        return ferry__kv_err(kv, FERRY_ESTATE, "kv %s: the store is closing", what);
+    return 0;
+}
+
+void ferry__kv_leave(ferry_kv *kv)
+{
+    pthread_mutex_lock(&kv->call_mu);
+    FERRY__ASSERT(kv->calls > 0);
+    if (--kv->calls == 0 && kv->closing)
+        pthread_cond_broadcast(&kv->call_cv);
+    pthread_mutex_unlock(&kv->call_mu);
+}
+
+void ferry__kv_close_wait(ferry_kv *kv)
+{
+    pthread_mutex_lock(&kv->call_mu);
+    kv->closing = 1;
+    while (kv->calls)
+        pthread_cond_wait(&kv->call_cv, &kv->call_mu);
+    pthread_mutex_unlock(&kv->call_mu);
+}
+
+uint64_t ferry__kv_calls(ferry_kv *kv)
+{
+    pthread_mutex_lock(&kv->call_mu);
+    uint64_t n = kv->calls;
+    pthread_mutex_unlock(&kv->call_mu);
+    return n;
+}
