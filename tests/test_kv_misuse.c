@@ -1,0 +1,412 @@
+/*
+ * test_kv_misuse.c - what an engine can do wrong with a store and its ops,
+ * in process and through a daemon: each case runs in a child process of
+ * its own, so a crash, an abort or a hang is seen (a signal, an exit code,
+ * a SIGALRM) rather than suffered by the runner.
+ *
+ *  - one op waited on, tested and cancelled from several threads, and
+ *    freed by its owner while other threads are still inside its calls;
+ *  - a layerwise store lacking a layer when its store is closed: its
+ *    free, cancel, wait and layer_done afterwards (nothing committed);
+ *  - a layerwise retrieve that outlives its store;
+ *  - close while another thread is inside a store call;
+ *  - negative token and block ids.
+ */
+/* ferry-test-labels: concurrent */
+/* ferry-test-timeout: 300 */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ferry/kv.h"
+#include "ferry/serve.h"
+#include "ferry_test.h"
+#include "serve_fixture.h"
+#include "kv/kv_impl.h"
+
+#define TB 64u                    /* bytes per token and plane */
+#define CT 16u                    /* tokens per chunk */
+#define NCH 64u                   /* chunks of the big request */
+#define NTOK (NCH * CT)
+#define CHUNK_BYTES (4u * CT * TB) /* 2 layers x K/V */
+
+/* a failed check in a child: say where and exit 1 (the parent fails) */
+#define CHECK(c)                                                                    \
+    do {                                                                            \
+        if (!(c)) {                                                                 \
+            fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n", __FILE__, \
+                    __LINE__, #c, ferry_last_error());                              \
+            _exit(1);                                                               \
+        }                                                                           \
+    } while (0)
+
+typedef struct env {
+    int server;        /* 1: through a daemon the child runs in a thread */
+    char dir[256], sock[300];
+    ft_srv srv;
+} env;
+
+static ferry_kv_config config(uint64_t l1_chunks)
+{
+    ferry_kv_config c = FERRY_KV_CONFIG_INIT;
+    c.model = "misuse";
+    c.layout = ft_kv_layout(TB);
+    c.chunk_tokens = CT;
+    c.l1_bytes = l1_chunks * CHUNK_BYTES;
+    c.workers = 2;
+    return c;
+}
+
+static ferry_kv *open_kv(env *e)
+{
+    ferry_kv_config c = config(4 * NCH);
+    if (e->server) {
+        c.server = e->sock;
+        c.server_timeout_ms = 5000;
+    }
+    ferry_kv *kv = NULL;
+    CHECK(ferry_kv_open(&c, &kv) == 0);
+    return kv;
+}
+
+static void env_up(env *e, int server)
+{
+    memset(e, 0, sizeof *e);
+    e->server = server;
+    if (!server)
+        return;
+    CHECK(ft_tmpdir(e->dir, sizeof e->dir));
+    snprintf(e->sock, sizeof e->sock, "%s/ferry.sock", e->dir);
+    ferry_kv_config kc = config(4 * NCH);
+    ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
+    sc.socket_path = e->sock;
+    sc.kv = &kc;
+    ft_srv_open(&e->srv, &sc);
+}
+
+static void env_down(env *e)
+{
+    if (!e->server)
+        return;
+    ft_srv_close(&e->srv);
+    ft_rmtree(e->dir);
+}
+
+static void tokens(int32_t *t, size_t n, int32_t base)
+{
+    for (size_t i = 0; i < n; i++)
+        t[i] = base + (int32_t)(i * 13 % 5000);
+}
+
+static ferry_kv_buffer host_buf(unsigned char *img)
+{
+    ferry_kv_buffer b = FERRY_KV_BUFFER_INIT;
+    b.layout = ft_kv_layout(TB);
+    b.mem = FERRY_KV_MEM_HOST;
+    b.base = (uint64_t)(uintptr_t)img;
+    b.capacity_tokens = NTOK;
+    return b;
+}
+
+#define IMG_BYTES ((size_t)4 * NTOK * TB)
+
+/* run fn(server) in a child; it must exit 0 within a minute */
+static void in_child(void (*fn)(int server), int server)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) { /* the runner's handlers out: a crash is the parent's to see */
+        signal(SIGSEGV, SIG_DFL);
+        signal(SIGBUS, SIG_DFL);
+        signal(SIGABRT, SIG_DFL);
+        signal(SIGILL, SIG_DFL);
+        signal(SIGFPE, SIG_DFL);
+        alarm(60);
+        fn(server);
+        _exit(0);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    if (WIFSIGNALED(st))
+        fail_msg("the child died of signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
+/* ---- one op, several threads ---- */
+
+typedef struct sharer {
+    ferry_kv_op *op;
+    int kind; /* 0 wait, 1 test until done */
+    int rc;
+} sharer;
+
+static void *share(void *arg)
+{
+    sharer *s = arg;
+    if (s->kind == 0) {
+        s->rc = ferry_kv_op_wait(s->op, -1);
+    } else {
+        while ((s->rc = ferry_kv_op_test(s->op)) == -EAGAIN)
+            ;
+    }
+    return NULL;
+}
+
+static void shared_op(int server)
+{
+    env e;
+    env_up(&e, server);
+    ferry_kv *kv = open_kv(&e);
+    unsigned char *img = malloc(IMG_BYTES);
+    CHECK(img);
+    ft_fill_pattern(img, IMG_BYTES, 7);
+    ferry_kv_buffer b = host_buf(img);
+    static int32_t t[NTOK];
+    int covered = 0;
+    for (int round = 0; round < 40; round++) {
+        tokens(t, NTOK, 1000 * round);
+        ferry_kv_op *op = NULL;
+        CHECK(ferry_kv_store_async(kv, t, NTOK, NULL, &b, &op) == 0);
+        sharer w[2] = {{op, 0, 0}, {op, 0, 0}}, tester = {op, 1, 0};
+        pthread_t th[3];
+        CHECK(pthread_create(&th[0], NULL, share, &w[0]) == 0);
+        CHECK(pthread_create(&th[1], NULL, share, &w[1]) == 0);
+        /* both waiters inside wait (the owner's reference + theirs), or the
+         * first one done already */
+        int first_done = 0;
+        while (ferry__kv_op_refs(op) < 3 && !(first_done = pthread_tryjoin_np(th[0], NULL) == 0))
+            ;
+        CHECK(pthread_create(&th[2], NULL, share, &tester) == 0);
+        int rc = ferry_kv_op_cancel(op);
+        CHECK(rc == -ECANCELED || rc == (int)NTOK);
+        pthread_join(th[2], NULL); /* the tester tests until done: joined before the free */
+        if (!first_done) {
+            ferry_kv_op_free(op); /* both waiters were inside wait: they may still be */
+            covered++;
+            pthread_join(th[0], NULL);
+            pthread_join(th[1], NULL);
+        } else {
+            pthread_join(th[1], NULL);
+            ferry_kv_op_free(op);
+        }
+        CHECK(w[0].rc == rc && w[1].rc == rc && tester.rc == rc);
+    }
+    CHECK(covered > 0);
+    /* the store still answers, with what it kept of round 0 */
+    tokens(t, NTOK, 0);
+    unsigned char *out = calloc(1, IMG_BYTES);
+    CHECK(out);
+    ferry_kv_buffer ob = host_buf(out);
+    int got = ferry_kv_retrieve(kv, t, NTOK, NULL, &ob);
+    CHECK(got >= 0 && got % CT == 0);
+    ferry_kv_close(kv);
+    free(img);
+    free(out);
+    env_down(&e);
+}
+
+static void test_one_op_many_threads(void **state)
+{
+    (void)state;
+    in_child(shared_op, 0);
+    in_child(shared_op, 1);
+}
+
+/* ---- ops that outlive their store ---- */
+
+static void store_lacking_layer_then_close(int server)
+{
+    env e;
+    env_up(&e, server);
+    ferry_kv *kv = open_kv(&e);
+    unsigned char *img = malloc(IMG_BYTES);
+    CHECK(img);
+    ft_fill_pattern(img, IMG_BYTES, 3);
+    ferry_kv_buffer b = host_buf(img);
+    static int32_t t[NTOK], t2[NTOK], t3[NTOK];
+    tokens(t, NTOK, 5);
+    tokens(t2, NTOK, 6);
+    tokens(t3, NTOK, 7);
+    ferry_kv_op *a = NULL, *c = NULL, *d = NULL;
+    CHECK(ferry_kv_store_layers(kv, t, 4 * CT, NULL, &b, NULL, &a) == 0);
+    CHECK(ferry_kv_store_layers(kv, t2, 4 * CT, NULL, &b, NULL, &c) == 0);
+    CHECK(ferry_kv_store_layers(kv, t3, 4 * CT, NULL, &b, NULL, &d) == 0);
+    CHECK(ferry_kv_op_layer_done(a, 0, NULL) == 0); /* layer 1 never comes */
+    ferry_kv_close(kv);
+    /* every call on the ops answers, none reaches the freed store */
+    CHECK(ferry_kv_op_layer_done(a, 1, NULL) == -ECANCELED);
+    CHECK(ferry_kv_op_wait(a, -1) == -ECANCELED);
+    CHECK(ferry_kv_op_test(a) == -ECANCELED);
+    CHECK(ferry_kv_op_cancel(a) == -ECANCELED);
+    CHECK(ferry_kv_op_wait_layer(a, 0, 0) == FERRY_ESTATE); /* not a retrieve */
+    ferry_kv_op_free(a);
+    CHECK(ferry_kv_op_cancel(c) == -ECANCELED);
+    ferry_kv_op_free(c);
+    ferry_kv_op_free(d); /* freed untouched */
+    if (server) { /* nothing of them was committed in the daemon */
+        ferry_kv *other = open_kv(&e);
+        CHECK(ferry_kv_lookup(other, t, 4 * CT, NULL) == 0);
+        CHECK(ferry_kv_lookup(other, t2, 4 * CT, NULL) == 0);
+        CHECK(ferry_kv_lookup(other, t3, 4 * CT, NULL) == 0);
+        ferry_kv_close(other);
+    }
+    free(img);
+    env_down(&e);
+}
+
+static void retrieve_outlives_store(int server)
+{
+    env e;
+    env_up(&e, server);
+    ferry_kv *kv = open_kv(&e);
+    unsigned char *img = malloc(IMG_BYTES), *out = calloc(1, IMG_BYTES);
+    CHECK(img && out);
+    ft_fill_pattern(img, IMG_BYTES, 9);
+    ferry_kv_buffer b = host_buf(img), ob = host_buf(out);
+    static int32_t t[NTOK];
+    tokens(t, NTOK, 77);
+    CHECK(ferry_kv_store(kv, t, 8 * CT, NULL, &b) == (int)(8 * CT));
+    ferry_kv_op *op = NULL;
+    CHECK(ferry_kv_retrieve_layers(kv, t, 8 * CT, NULL, &ob, NULL, &op) == 0);
+    CHECK(ferry_kv_op_wait_layer(op, 1, -1) == (int)(8 * CT));
+    ferry_kv_close(kv);
+    CHECK(ferry_kv_op_wait_layer(op, 0, 0) == (int)(8 * CT));
+    CHECK(ferry_kv_op_wait(op, -1) == (int)(8 * CT));
+    CHECK(ferry_kv_op_layer_done(op, 0, NULL) == FERRY_ESTATE); /* not a store */
+    ferry_kv_op_free(op);
+    /* the bytes are the stored ones: token 0..8*CT of each plane */
+    for (unsigned p = 0; p < 4; p++)
+        CHECK(memcmp(out + (size_t)p * NTOK * TB, img + (size_t)p * NTOK * TB,
+                     (size_t)8 * CT * TB) == 0);
+    free(img);
+    free(out);
+    env_down(&e);
+}
+
+static void test_ops_outlive_their_store(void **state)
+{
+    (void)state;
+    for (int server = 0; server < 2; server++) {
+        in_child(store_lacking_layer_then_close, server);
+        in_child(retrieve_outlives_store, server);
+    }
+}
+
+/* ---- close while a call is inside ---- */
+
+typedef struct inside {
+    ferry_kv *kv;
+    ferry_kv_buffer b;
+    int32_t *t;
+    int rc;
+} inside;
+
+static void *store_call(void *arg)
+{
+    inside *in = arg;
+    in->rc = ferry_kv_store(in->kv, in->t, NTOK, NULL, &in->b);
+    return NULL;
+}
+
+static void close_during_call(int server)
+{
+    env e;
+    env_up(&e, server);
+    for (int round = 0; round < 10; round++) {
+        ferry_kv *kv = open_kv(&e);
+        unsigned char *img = malloc(IMG_BYTES);
+        CHECK(img);
+        ft_fill_pattern(img, IMG_BYTES, 11);
+        static int32_t t[NTOK];
+        tokens(t, NTOK, 31 * round);
+        inside in = {kv, host_buf(img), t, 0};
+        pthread_t th;
+        CHECK(pthread_create(&th, NULL, store_call, &in) == 0);
+        /* close only once the call is inside (a call begun after close
+         * returned would use a freed handle: the caller's to avoid) */
+        int joined = 0;
+        while (ferry__kv_calls(kv) == 0 && !(joined = pthread_tryjoin_np(th, NULL) == 0))
+            ;
+        ferry_kv_close(kv); /* waits for the store call */
+        if (!joined)
+            pthread_join(th, NULL);
+        CHECK(in.rc == (int)NTOK);
+        free(img);
+    }
+    env_down(&e);
+}
+
+static void test_close_waits_for_calls_inside(void **state)
+{
+    (void)state;
+    in_child(close_during_call, 0);
+    in_child(close_during_call, 1);
+}
+
+/* ---- ids out of range ---- */
+
+static void bad_ids(int server)
+{
+    env e;
+    env_up(&e, server);
+    ferry_kv *kv = open_kv(&e);
+    unsigned char *img = calloc(1, IMG_BYTES);
+    CHECK(img);
+    ferry_kv_buffer b = host_buf(img);
+    static int32_t t[NTOK];
+    tokens(t, NTOK, 0);
+    t[CT + 3] = -7;
+    CHECK(ferry_kv_store(kv, t, 2 * CT, NULL, &b) == -EINVAL);
+    CHECK(strstr(ferry_last_error(), "token id -7 at position 19") != NULL);
+    CHECK(ferry_kv_lookup(kv, t, 2 * CT, NULL) == -EINVAL);
+    ferry_kv_op *op = NULL;
+    CHECK(ferry_kv_retrieve_async(kv, t, 2 * CT, NULL, &b, &op) == -EINVAL && !op);
+    CHECK(ferry_kv_store_layers(kv, t, 2 * CT, NULL, &b, NULL, &op) == -EINVAL && !op);
+    CHECK(ferry_kv_prefetch(kv, t, 2 * CT, NULL) == -EINVAL);
+    CHECK(ferry_kv_delete(kv, t, 2 * CT, NULL) == -EINVAL);
+    /* a paged buffer with a negative block id: refused, nothing stored */
+    tokens(t, NTOK, 0);
+    uint64_t bases[4];
+    for (unsigned p = 0; p < 4; p++)
+        bases[p] = (uint64_t)(uintptr_t)(img + (size_t)p * NTOK * TB);
+    int32_t table[2] = {0, -1};
+    ferry_kv_buffer pb = FERRY_KV_BUFFER_INIT;
+    pb.layout = ft_kv_layout(TB);
+    pb.mem = FERRY_KV_MEM_HOST;
+    pb.form = FERRY_KV_PAGED;
+    pb.block_bases = bases;
+    pb.block_tokens = CT;
+    pb.num_blocks = NCH;
+    pb.block_table = table;
+    pb.table_len = 2;
+    CHECK(ferry_kv_store(kv, t, 2 * CT, NULL, &pb) == -EINVAL);
+    CHECK(ferry_kv_lookup(kv, t, 2 * CT, NULL) == 0);
+    ferry_kv_close(kv);
+    free(img);
+    env_down(&e);
+}
+
+static void test_ids_out_of_range(void **state)
+{
+    (void)state;
+    in_child(bad_ids, 0);
+    in_child(bad_ids, 1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_one_op_many_threads),
+        cmocka_unit_test(test_ops_outlive_their_store),
+        cmocka_unit_test(test_close_waits_for_calls_inside),
+        cmocka_unit_test(test_ids_out_of_range),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
