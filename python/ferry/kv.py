@@ -234,8 +234,10 @@ class LayerOp(Op):
 
     def _lacking(self):
         """A store still lacking layers: its wait would be answered FERRY_ESTATE
-        (an error, not a hang), which must not end the operation."""
-        return self._store and not self._guard.ended and len(self._done_layers) < self.num_layers
+        (an error, not a hang), which must not end the operation. (Once its
+        KVStore closed, the close abandoned it: wait answers that.)"""
+        return self._store and not self._guard.ended and not self._kv._guard.ended \
+            and len(self._done_layers) < self.num_layers
 
     def wait(self, timeout=None):
         if self._result is None and self._lacking():

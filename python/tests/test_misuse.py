@@ -1,0 +1,218 @@
+"""Misuse from Python, each case in a process of its own (a crash or an abort
+is the child's exit status, not the test runner's death), in process and
+through a `ferry serve` daemon:
+
+- one Op waited on, cancelled and tested from several threads at once;
+- asyncio.wait_for(op, timeout) timing out, then op.cancel();
+- a layerwise store lacking a layer when its store is closed, then the op's
+  free, cancel and layer_done; and a store finalized before its op at exit;
+- close() from one thread while others are inside store and lookup;
+- ids a cast to int32 would wrap, negative ids, floats and strings.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from test_server import Daemon
+
+PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PRELUDE = """
+import asyncio, errno, sys, threading, time
+import numpy as np, torch
+sys.path.insert(0, {pkg!r})
+import ferry
+from ferry import FerryError
+LAY = ferry.Layout(num_layers=2, num_heads=2, head_dim=64, dtype="bf16")
+URL = {url!r}
+def store():
+    if URL:
+        return ferry.KVStore("misuse", LAY, server=URL, chunk_tokens=16, server_timeout_ms=3000)
+    return ferry.KVStore("misuse", LAY, l1="16M", chunk_tokens=16)
+def kv(n):
+    return torch.randn(2, 2, n, 128).to(torch.bfloat16)
+"""
+
+
+@pytest.fixture(scope="module", params=["local", "server"])
+def url(request, tmp_path_factory):
+    if request.param == "local":
+        yield ""
+        return
+    d = Daemon(str(tmp_path_factory.mktemp("misuse"))).start()
+    yield d.url
+    d.stop()
+
+
+def run_child(url, body):
+    code = PRELUDE.format(pkg=PKG, url=url) + textwrap.dedent(body)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, f"child exited {p.returncode}\n{p.stdout}\n{p.stderr}"
+    return p.stdout
+
+
+def test_one_op_from_many_threads(url):
+    out = run_child(url, """
+        s = store()
+        src = kv(1024)
+        for r in range(30):
+            toks = np.arange(1024, dtype=np.int32) + 2000 * r
+            op = s.store_async(toks, src)
+            res = []
+            def waiter():
+                try:
+                    res.append(op.wait())
+                except FerryError as e:
+                    res.append(e.code)
+            def tester():
+                while not op.done():
+                    pass
+            th = [threading.Thread(target=waiter), threading.Thread(target=waiter),
+                  threading.Thread(target=tester)]
+            for t in th:
+                t.start()
+            stopped = op.cancel()
+            op.free()
+            for t in th:
+                t.join()
+            want = -errno.ECANCELED if stopped else 1024
+            assert res == [want, want], (res, stopped)
+            assert op.done() and (stopped or op.wait() == 1024)
+        s.close()
+        print("ok")
+    """)
+    assert "ok" in out
+
+
+def test_asyncio_timeout_then_cancel(url):
+    run_child(url, """
+        s = store()
+        src = kv(4096)
+        async def main():
+            for r in range(10):
+                toks = np.arange(4096, dtype=np.int32) + 5000 * r
+                op = s.store_async(toks, src)
+                try:
+                    await asyncio.wait_for(op, timeout=0)
+                except asyncio.TimeoutError:
+                    pass
+                op.cancel()                      # after the timeout: safe
+                rc = None
+                try:
+                    rc = await op                # the kept result, again
+                except FerryError as e:
+                    assert e.code == -errno.ECANCELED
+                assert rc in (None, 4096)
+                # the awaiting task cancelled: the op goes on until op.cancel()
+                op2 = s.store_async(toks + 100000, src)
+                task = asyncio.ensure_future(op2)
+                await asyncio.sleep(0)
+                task.cancel()
+                op2.cancel()
+        asyncio.run(main())
+        s.close()
+    """)
+
+
+def test_layerwise_store_outlives_close(url):
+    run_child(url, """
+        toks = np.arange(64, dtype=np.int32)
+        for act in ("free", "cancel", "layer_done", "wait", "exit"):
+            s = store()
+            op = s.store_layers(toks, kv(64))
+            op.layer_done(0)                  # layer 1 never comes
+            s.close()
+            if act == "free":
+                op.free()
+            elif act == "cancel":
+                assert op.cancel() is True
+            elif act == "layer_done":
+                try:
+                    op.layer_done(1)
+                    raise AssertionError("layer_done after close succeeded")
+                except FerryError as e:
+                    assert e.code == -errno.ECANCELED, e
+            elif act == "wait":
+                try:
+                    op.wait()
+                    raise AssertionError("wait after close succeeded")
+                except FerryError as e:
+                    assert e.code == -errno.ECANCELED, e
+            else:
+                keep = (s, op)                # finalized at exit: the store first
+                del s
+            if act != "exit":
+                del op
+        s2 = store()
+        assert s2.lookup(toks) == 0           # nothing of them was stored
+        s2.close()
+        # and at exit: a store finalized before its op, the other way round too
+        a = store(); opa = a.store_layers(toks, kv(64)); opa.layer_done(0)
+        b = store(); opb = b.store_layers(toks + 1, kv(64))
+        del a
+    """)
+
+
+def test_close_while_other_threads_are_inside(url):
+    run_child(url, """
+        for r in range(5):
+            s = store()
+            src = kv(2048)
+            errs, stop = [], False
+            def worker(i):
+                toks = np.arange(2048, dtype=np.int32) + 10000 * (i + 4 * r)
+                while True:
+                    try:
+                        s.store(toks, src)
+                        s.lookup(toks)
+                    except FerryError as e:
+                        errs.append(e.code)
+                        return
+            th = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+            for t in th:
+                t.start()
+            time.sleep(0.05)
+            s.close()                          # waits for the calls inside
+            for t in th:
+                t.join()
+            assert errs == [-errno.EBADF] * 3, errs
+    """)
+
+
+def test_ids_out_of_range_are_refused(url):
+    run_child(url, """
+        s = store()
+        src = [torch.zeros(2, 8, 16, 2, 64, dtype=torch.bfloat16) for _ in range(2)]
+        toks = list(range(32))
+        def refused(exc, fn, *a, **k):
+            try:
+                fn(*a, **k)
+            except exc as e:
+                return str(e)
+            raise AssertionError(f"{fn.__name__}{a[:1]} was accepted")
+        m = refused(FerryError, s.store, toks, src, [0, 2**32 + 7])
+        assert "block id 4294967303 at position 1" in m, m
+        m = refused(FerryError, s.store, toks, src, [0, -1])
+        assert "block id -1" in m, m
+        assert s.lookup(toks) == 0
+        big = np.array(toks, dtype=np.int64); big[3] += 2**32
+        m = refused(FerryError, s.store, big, src, [0, 1])
+        assert "token id 4294967299 at position 3" in m, m
+        refused(FerryError, s.lookup, [5, -1] + toks[2:])
+        refused(FerryError, s.lookup, [2**40] + toks[1:])
+        refused(TypeError, s.lookup, [float(t) for t in toks])
+        refused(TypeError, s.lookup, np.arange(32, dtype=np.float32))
+        refused(TypeError, s.lookup, ["1"] * 32)
+        refused(TypeError, s.store, toks, src, [0.0, 1.0])
+        refused(TypeError, s.store, toks, src, [True, False])
+        op = s.store_layers(toks, src, [0, 1])
+        refused(FerryError, op.layer_done, 2**32)   # would wrap to layer 0
+        refused(TypeError, op.layer_done, 0.0)
+        op.layer_done(0); op.layer_done(1)
+        assert op.wait() == 32
+        assert s.lookup(np.array(toks, dtype=np.int64)) == 32
+        s.close()
+    """)
