@@ -90,13 +90,14 @@ def test_one_op_from_many_threads(url):
 def test_asyncio_timeout_then_cancel(url):
     run_child(url, """
         s = store()
-        src = kv(4096)
+        src = kv(8192)
         async def main():
-            for r in range(10):
-                toks = np.arange(4096, dtype=np.int32) + 5000 * r
+            for r in range(40):
+                toks = np.arange(8192, dtype=np.int32) + 10000 * r
                 op = s.store_async(toks, src)
                 try:
-                    await asyncio.wait_for(op, timeout=0)
+                    # (the executor's thread is inside the C wait when cancel comes)
+                    await asyncio.wait_for(op, timeout=0.0005 * (r % 4))
                 except asyncio.TimeoutError:
                     pass
                 op.cancel()                      # after the timeout: safe
@@ -105,7 +106,7 @@ def test_asyncio_timeout_then_cancel(url):
                     rc = await op                # the kept result, again
                 except FerryError as e:
                     assert e.code == -errno.ECANCELED
-                assert rc in (None, 4096)
+                assert rc in (None, 8192)
                 # the awaiting task cancelled: the op goes on until op.cancel()
                 op2 = s.store_async(toks + 100000, src)
                 task = asyncio.ensure_future(op2)
