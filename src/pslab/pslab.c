@@ -239,13 +239,15 @@ int ferry_pslab_delete(ferry_pslab *p, const void *key, size_t klen)
         return ferry__err_set(&p->err, FERRY_ENOTFOUND, "pslab %s: delete: key not found",
                               p->dirs[0]);
     }
-    if (p->failed)
+    if (p->failed) {
         rc = ferry__err_set(&p->err, FERRY_ESTATE, "pslab %s: the journal failed earlier",
                             p->dirs[0]);
-    else if ((rc = ferry__pslab_pend_add(p, FERRY__PSLAB_DEL, d, seq)) == 0)
-        rc = ferry__pslab_commit_wait(p, p->batch_open);
-    else
         ferry__free(d);
+    } else if ((rc = ferry__pslab_pend_add(p, FERRY__PSLAB_DEL, d, seq)) == 0) {
+        rc = ferry__pslab_commit_wait(p, p->batch_open);
+    } else {
+        ferry__free(d);
+    }
     pthread_mutex_unlock(&p->cmu);
     if (rc == 0) {
         pthread_mutex_lock(&p->mu);
