@@ -5,6 +5,7 @@
  * power loss simulated through the I/O layer's syscall seam.
  */
 /* ferry-test-labels: concurrent */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -1940,6 +1941,68 @@ static void test_another_tag_is_refused_and_reset_only_when_asked(void **state)
     ft_rmtree(d);
 }
 
+/* entries in dir (not . and ..); -1 when it does not exist */
+static int dir_entries(const char *dir)
+{
+    DIR *dp = opendir(dir);
+    if (!dp)
+        return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(dp)) != NULL;)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            n++;
+    closedir(dp);
+    return n;
+}
+
+/* opens that may not create make nothing: a read-only open or a reset of
+ * a directory without a store leaves it empty (no lock file), a reset
+ * makes no directory, and a reset that cannot keep the size drops nothing */
+static void test_opens_without_create_make_no_file(void **state)
+{
+    (void)state;
+    char d[256], m[300], path[400];
+    ft_tmpdir(d, sizeof d);
+    snprintf(m, sizeof m, "%s/missing", d);
+    const char *dirs[] = {d}, *mdirs[] = {m};
+    ferry_pslab *p = NULL;
+    ferry_pslab_options o = opts(dirs, 1, 0);
+    unsigned modes[] = {FERRY_PSLAB_READONLY, 0, FERRY_PSLAB_RESET};
+    for (size_t i = 0; i < 3; i++) {
+        o.flags = modes[i];
+        o.dirs = dirs;
+        assert_int_equal(ferry_pslab_open(&o, &p), -ENOENT);
+        assert_non_null(strstr(ferry_last_error(), d));
+        assert_int_equal(dir_entries(d), 0);
+        o.dirs = mdirs;
+        assert_int_equal(ferry_pslab_open(&o, &p), -ENOENT);
+        assert_non_null(strstr(ferry_last_error(), m));
+        assert_int_equal(dir_entries(m), -1);
+    }
+    /* CREATE still makes the directories, with RESET too (the KV store's l2_reset) */
+    o.flags = FERRY_PSLAB_CREATE | FERRY_PSLAB_RESET;
+    o.bytes = 4 * MiB;
+    p = open_ok(&o);
+    put_k(p, 1, 1);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    /* an unreadable header and no size: the reset is refused before the
+     * journal is dropped; a size given resets it */
+    path_in(m, FERRY_PSLAB_FILE, path, sizeof path);
+    flip_byte(path, 0);
+    path_in(m, FERRY_PSLAB_JOURNAL, path, sizeof path);
+    uint64_t jsize = file_size(path);
+    o.flags = FERRY_PSLAB_RESET;
+    o.bytes = 0;
+    assert_int_equal(ferry_pslab_open(&o, &p), FERRY_ECORRUPT);
+    assert_non_null(strstr(ferry_last_error(), "nothing was changed"));
+    assert_int_equal(file_size(path), jsize);
+    o.bytes = 4 * MiB;
+    p = open_ok(&o);
+    assert_int_equal(get_rc(p, 1), FERRY_ENOTFOUND);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(d);
+}
+
 static void test_full_batch_slab_reuses_forgotten_extents_without_a_sync(void **state)
 {
     (void)state;
@@ -2197,6 +2260,7 @@ int main(void)
         cmocka_unit_test(test_options_out_of_range_are_einval),
         cmocka_unit_test(test_created_files_are_private_unless_a_mode_is_given),
         cmocka_unit_test(test_another_tag_is_refused_and_reset_only_when_asked),
+        cmocka_unit_test(test_opens_without_create_make_no_file),
         cmocka_unit_test(test_full_batch_slab_reuses_forgotten_extents_without_a_sync),
         cmocka_unit_test(test_journal_byte_flip_campaign_never_returns_older_values),
         cmocka_unit_test(test_journal_damage_drops_the_key_one_byte_names_else_all_before),

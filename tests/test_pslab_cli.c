@@ -3,9 +3,12 @@
  * the exit status (0 clean, 1 problems, 2 unreadable/usage) and what it
  * says, on a clean slab, one with bad payloads and a torn journal tail
  * (found, then repaired, then clean), one of a newer format, and none;
- * a slab in use by a store (named, left alone) and --reset.
+ * a slab in use by a store (named, left alone) and --reset; a missing
+ * directory, a plain one and an unreadable slab header: refused in the
+ * CLI's words, and nothing made or changed.
  * Runs the ferry binary built next to this test (skipped when absent).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -244,6 +247,85 @@ static void test_reset_empties_the_slab_keeping_its_tag(void **state)
     ft_rmtree(d);
 }
 
+/* entries in dir (not . and ..); -1 when it does not exist */
+static int entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            n++;
+    closedir(d);
+    return n;
+}
+
+/* reset of a missing directory: refused naming it (ENOENT), nothing made */
+static void test_reset_of_a_missing_directory_creates_nothing(void **state)
+{
+    (void)state;
+    char d[256], m[300], out[16384], args[512];
+    ft_tmpdir(d, sizeof d);
+    snprintf(m, sizeof m, "%s/missing", d);
+    const char *forms[][2] = {{"reset", ""}, {"check", " --reset"}, {"reset", " --json"}};
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        snprintf(args, sizeof args, "slab %s %s%s", forms[i][0], m, forms[i][1]);
+        assert_int_equal(run_ferry(args, out, sizeof out), 2);
+        assert_int_equal(entries(m), -1); /* not created */
+        assert_non_null(strstr(out, m));
+        assert_non_null(strstr(out, "ENOENT"));
+        assert_null(strstr(out, "options."));
+    }
+    assert_int_equal(entries(d), 0);
+    ft_rmtree(d);
+}
+
+/* a plain directory: reset and check say there is no slab, in the CLI's
+ * words (no library option named), and leave no file there - a lock file
+ * included */
+static void test_plain_directory_is_left_empty(void **state)
+{
+    (void)state;
+    char d[256], out[16384], args[512];
+    ft_tmpdir(d, sizeof d);
+    const char *forms[][2] = {{"reset", ""},         {"check", " --reset"},
+                              {"check", ""},         {"check", " --json"},
+                              {"check", " --repair"}, {"reset", " --json"}};
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        snprintf(args, sizeof args, "slab %s %s%s", forms[i][0], d, forms[i][1]);
+        assert_int_equal(run_ferry(args, out, sizeof out), 2);
+        assert_int_equal(entries(d), 0); /* no lock file left */
+        assert_non_null(strstr(out, "holds no slab"));
+        assert_null(strstr(out, "options."));
+        assert_null(strstr(out, "FERRY_PSLAB_"));
+    }
+    ft_rmtree(d);
+}
+
+/* a slab whose header cannot be read: a reset cannot keep its size; it
+ * says what to do instead of naming a library option, and drops nothing */
+static void test_reset_of_an_unreadable_header_changes_nothing(void **state)
+{
+    (void)state;
+    char d[256], out[16384], args[512], path[300];
+    ft_tmpdir(d, sizeof d);
+    make_store(d, 2);
+    snprintf(path, sizeof path, "%s/%s", d, FERRY_PSLAB_FILE);
+    flip(path, 0); /* the magic */
+    snprintf(path, sizeof path, "%s/%s", d, FERRY_PSLAB_JOURNAL);
+    struct stat st0, st1;
+    assert_int_equal(stat(path, &st0), 0);
+    snprintf(args, sizeof args, "slab reset %s", d);
+    assert_int_equal(run_ferry(args, out, sizeof out), 2);
+    assert_int_equal(stat(path, &st1), 0); /* the journal is still there, whole */
+    assert_int_equal(st1.st_size, st0.st_size);
+    assert_non_null(strstr(out, "cannot keep its size"));
+    assert_non_null(strstr(out, "remove"));
+    assert_null(strstr(out, "options."));
+    ft_rmtree(d);
+}
+
 
 /* a byte flipped in a journal record that a later commit proves durable:
  * check reports the damage and the chunks dropped (exit 1), --repair
@@ -315,6 +397,9 @@ int main(void)
         cmocka_unit_test(test_slab_in_use_is_named_and_left_alone),
         cmocka_unit_test(test_reset_empties_the_slab_keeping_its_tag),
         cmocka_unit_test(test_journal_damage_is_reported_and_repaired),
+        cmocka_unit_test(test_reset_of_a_missing_directory_creates_nothing),
+        cmocka_unit_test(test_plain_directory_is_left_empty),
+        cmocka_unit_test(test_reset_of_an_unreadable_header_changes_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

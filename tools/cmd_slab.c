@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -120,6 +121,62 @@ static int in_use(const char *const *dirs, unsigned nd, int json, const char *do
     return 1;
 }
 
+/*
+ * A reset the library refused before it changed anything: say why in the
+ * CLI's words (the library's message names its options, which a CLI user
+ * cannot set). -ENOENT: a directory is missing, or holds no slab; else the
+ * slab's header is unreadable, so its size cannot be kept. Exit 2.
+ */
+/* -ENOENT from an open that creates nothing: which directory is missing,
+ * or that the first holds no slab, in msg; the directory named */
+static const char *no_slab_msg(const char *const *dirs, unsigned nd, const char *doing,
+                               char *msg, size_t n)
+{
+    struct stat st;
+    for (unsigned i = 0; i < nd; i++)
+        if (stat(dirs[i], &st) != 0 || !S_ISDIR(st.st_mode)) {
+            snprintf(msg, n, "no directory %s: nothing to %s (nothing was created); give the "
+                     "directories of an existing slab", dirs[i], doing);
+            return dirs[i];
+        }
+    char jp[4200];
+    snprintf(jp, sizeof jp, "%s/%s", dirs[0], FERRY_PSLAB_JOURNAL);
+    if (stat(jp, &st) == 0) { /* a slab whose file is missing: the library says which */
+        snprintf(msg, n, "%s: cannot %s the slab: %s", dirs[0], doing, ferry_last_error());
+        return dirs[0];
+    }
+    snprintf(msg, n, "%s holds no slab (no %s, no %s): nothing to %s, nothing was changed; a "
+             "store creates its slab when it opens (a KV store's persistent L2 directory)",
+             dirs[0], FERRY_PSLAB_JOURNAL, FERRY_PSLAB_FILE, doing);
+    return dirs[0];
+}
+
+static int reset_refused(const char *const *dirs, unsigned nd, int json, int rc)
+{
+    char msg[2048];
+    const char *dir = dirs[0];
+    if (rc == -ENOENT)
+        dir = no_slab_msg(dirs, nd, "reset", msg, sizeof msg);
+    else
+        snprintf(msg, sizeof msg, "%s: the slab's header cannot be read, so a reset cannot keep "
+                 "its size; nothing was changed. To start afresh remove %s/%s and %s/%s (a store "
+                 "creates a new slab when it opens)", dir, dir, FERRY_PSLAB_FILE, dir,
+                 FERRY_PSLAB_JOURNAL);
+    if (json) {
+        json_t *root = json_object();
+        json_object_set_new(root, "dir", json_string(dir));
+        json_object_set_new(root, "reset", json_false());
+        json_object_set_new(root, "error", json_string(ferry_err_name(rc)));
+        json_object_set_new(root, "message", json_string(msg));
+        json_dumpf(root, stdout, JSON_INDENT(2));
+        printf("\n");
+        json_decref(root);
+    } else {
+        fprintf(stderr, "ferry slab reset: %s (%s)\n", msg, ferry_err_name(rc));
+    }
+    return 2;
+}
+
 static int slab_reset(const char *const *dirs, unsigned nd, int json)
 {
     ferry_pslab_options o = FERRY_PSLAB_OPTIONS_INIT;
@@ -131,6 +188,8 @@ static int slab_reset(const char *const *dirs, unsigned nd, int json)
     int rc = ferry_pslab_open(&o, &p);
     if (rc == FERRY_EBUSY)
         return in_use(dirs, nd, json, "resetting it");
+    if (rc == -ENOENT || rc == FERRY_ECORRUPT || rc == FERRY_EVERSION)
+        return reset_refused(dirs, nd, json, rc);
     if (rc < 0) {
         fprintf(stderr, "ferry slab reset: %s: %s (%s)\n", dirs[0],
                 ferry_last_error(), ferry_err_name(rc));
@@ -201,18 +260,23 @@ static int slab_parse(const char *cmd, int modes, const char *help, int argc, ch
 /* a slab that cannot be read at all: say why (exit 2) */
 static int slab_unreadable(const slab_args *a, int rc)
 {
+    char msg[2048];
+    const char *dir = a->dirs[0];
+    if (rc == -ENOENT)
+        dir = no_slab_msg(a->dirs, a->nd, a->repair ? "repair" : "check", msg, sizeof msg);
+    else
+        snprintf(msg, sizeof msg, "%s: cannot read the slab: %s", dir, ferry_last_error());
     if (a->json) {
         json_t *root = json_object();
-        json_object_set_new(root, "dir", json_string(a->dirs[0]));
+        json_object_set_new(root, "dir", json_string(dir));
         json_object_set_new(root, "readable", json_false());
         json_object_set_new(root, "error", json_string(ferry_err_name(rc)));
-        json_object_set_new(root, "message", json_string(ferry_last_error()));
+        json_object_set_new(root, "message", json_string(msg));
         json_dumpf(root, stdout, JSON_INDENT(2));
         printf("\n");
         json_decref(root);
     } else {
-        fprintf(stderr, "ferry slab check: %s: cannot read the slab: %s (%s)\n", a->dirs[0],
-                ferry_last_error(), ferry_err_name(rc));
+        fprintf(stderr, "ferry slab check: %s (%s)\n", msg, ferry_err_name(rc));
     }
     return 2;
 }

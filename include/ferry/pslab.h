@@ -80,9 +80,13 @@ enum ferry_pslab_flags {
      * chunks are gone) and a new one is created in its place, also when
      * the old one has another geometry or tag or cannot be read. Geometry
      * options left 0 (bytes, alignment, stripe_bytes) and a NULL tag are
-     * taken from the old store when its first header is readable. Never
-     * implied: without it another geometry or tag is FERRY_EMISMATCH and
-     * nothing is touched. Not with READONLY.
+     * taken from the old store when its first header is readable (when
+     * it is not and bytes is 0, the open fails - -ENOENT without a slab
+     * file - before anything is dropped). Never implied: without it
+     * another geometry or tag is FERRY_EMISMATCH and nothing is touched.
+     * Directories are made only with CREATE: a missing one is -ENOENT,
+     * and so is a directory holding no store (no journal, lock or slab
+     * file), with no file made there. Not with READONLY.
      */
     FERRY_PSLAB_RESET = 1u << 2
 };
@@ -196,7 +200,8 @@ typedef struct ferry_pslab_options {
  * overlapping a newer one are dropped; ferry_pslab_stats() counts all of
  * these. Payloads are not read at open (ferry_pslab_verify() reads them).
  * Errors: -EINVAL (bad options: every field is range-checked), -ENOENT
- * (no store and no CREATE, a directory or slab file missing), FERRY_EBUSY
+ * (no store and no CREATE - then no file, not even the lock file, is made
+ * in a directory that holds none - a directory or slab file missing), FERRY_EBUSY
  * (a directory is another opener's), FERRY_EVERSION (a newer format),
  * FERRY_EMISMATCH (geometry or tag differs from opt, another slab's file,
  * drives in another order), FERRY_ECORRUPT (bad magic or header checksum,

@@ -37,6 +37,15 @@ static int put_data(ferry_pslab *p, const void *key, size_t klen, const void *da
     if (!data || len == 0 || len > p->g.capacity)
         return ferry__err_set(&p->err, -EINVAL, "pslab %s: put of %zu bytes (1..%llu)",
                               p->dirs[0], len, (unsigned long long)p->g.capacity);
+    /* a failed store writes no byte: its free extents may be named by
+     * records of the failed batch (see ent_release), and a put it took
+     * would be refused at its commit anyway */
+    pthread_mutex_lock(&p->cmu);
+    int failed = p->failed;
+    pthread_mutex_unlock(&p->cmu);
+    if (failed)
+        return ferry__err_set(&p->err, FERRY_ESTATE, "pslab %s: the journal failed earlier "
+                              "(%s); reopen the store", p->dirs[0], ferry_err_name(failed));
     ferry__pslab_ent *e = ferry__pslab_ent_new(key, klen);
     if (!e)
         return ferry__err_set(&p->err, -ENOMEM, "pslab %s: out of memory for an entry",
@@ -230,13 +239,15 @@ int ferry_pslab_delete(ferry_pslab *p, const void *key, size_t klen)
         return ferry__err_set(&p->err, FERRY_ENOTFOUND, "pslab %s: delete: key not found",
                               p->dirs[0]);
     }
-    if (p->failed)
+    if (p->failed) {
         rc = ferry__err_set(&p->err, FERRY_ESTATE, "pslab %s: the journal failed earlier",
                             p->dirs[0]);
-    else if ((rc = ferry__pslab_pend_add(p, FERRY__PSLAB_DEL, d, seq)) == 0)
-        rc = ferry__pslab_commit_wait(p, p->batch_open);
-    else
         ferry__free(d);
+    } else if ((rc = ferry__pslab_pend_add(p, FERRY__PSLAB_DEL, d, seq)) == 0) {
+        rc = ferry__pslab_commit_wait(p, p->batch_open);
+    } else {
+        ferry__free(d);
+    }
     pthread_mutex_unlock(&p->cmu);
     if (rc == 0) {
         pthread_mutex_lock(&p->mu);

@@ -26,8 +26,13 @@ void ferry__pslab_ent_release(ferry_pslab *p, ferry__pslab_ent *e)
         e->doomed = 1;
         return;
     }
+    /* after a failed journal write or sync no extent goes back to the
+     * allocator: records of the failed batch may be on the disk (a short
+     * append, a failed fdatasync of written pages), and a later write into
+     * their extents would leave them naming another chunk's bytes. The
+     * reopen rebuilds the allocator from what the journal really holds. */
     ferry_extent x = {e->offset, e->ext};
-    if (e->ext)
+    if (e->ext && !p->frozen)
         ferry_slab_free(p->alloc, &x);
     ferry__free(e);
 }
@@ -239,9 +244,14 @@ void ferry__pslab_run_commit(ferry_pslab *p, int force_sync)
 
     pthread_mutex_lock(&p->cmu);
     if (rc < 0) {
-        /* nothing queued will become durable: undo newest first (later batch, then ours) */
+        /* nothing queued will become durable: undo newest first (later batch,
+         * then ours). Some of ours may be on the disk all the same (whole
+         * records before the point where an append ran out of space, or all
+         * of them when only the fdatasync failed): their extents stay
+         * allocated (frozen) until a reopen reads what the journal holds. */
         p->failed = rc;
         pthread_mutex_lock(&p->mu);
+        p->frozen = 1;
         ferry__pslab_pend_discard(p, &p->cur);
         ferry__pslab_pend_discard(p, &q);
         p->st.failures++;

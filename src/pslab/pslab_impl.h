@@ -31,7 +31,12 @@
  *    while a get reads it (pins; the last reader frees a doomed entry).
  *  - After a failed journal write or sync the store refuses writes: the
  *    kernel may already have dropped the unsynced pages (fsyncgate), so the
- *    only trustworthy state is what a reopen finds on disk.
+ *    only trustworthy state is what a reopen finds on disk. Nor does it
+ *    free another extent (frozen): the failed batch's records may be
+ *    durable all the same - an append that ran out of space wrote the
+ *    whole records before that point, and pages whose fdatasync failed
+ *    may still reach the disk - so their extents must not be reused; a
+ *    put into the failed store is refused before it allocates.
  *  - One owner per directory: open takes each directory's lock before it
  *    touches any other file there. Two owners would each rebuild the
  *    allocator from the journal and hand out the same extents.
@@ -121,6 +126,7 @@ struct ferry_pslab {
     ferry__pslab_index idx;
     ferry_slab *alloc;
     ferry_pslab_stats st;
+    int frozen;      /* the journal failed: no extent is freed until a reopen */
 
     /* data lanes (lmu) */
     pthread_mutex_t lmu;

@@ -258,7 +258,18 @@ static int reset_store(ferry_pslab *p, const ferry_pslab_options *o, ferry_pslab
         return ferry__err_set(&p->err, -ENOMEM, "pslab %s: out of memory", p->dirs[0]);
     ferry__pslab_hdr h;
     *eff = *o;
-    int have = old_header(p, &h, blk) == 0;
+    int hrc = old_header(p, &h, blk);
+    int have = hrc == 0;
+    if (!have && !o->bytes) {
+        /* nothing to recreate the store from: say so before anything is dropped */
+        char path[PATH_MAX_];
+        ferry__pslab_slab_path(p, 0, path, sizeof path);
+        ferry__free(blk);
+        return ferry__err_set(&p->err, hrc == -ENOENT ? -ENOENT : hrc,
+                              "pslab: reset of %s: slab file %s %s, so its size cannot be "
+                              "kept: give one (options.bytes); nothing was changed", p->dirs[0],
+                              path, hrc == -ENOENT ? "does not exist" : "has no readable header");
+    }
     if (have) {
         if (!eff->bytes)
             eff->bytes = h.g.capacity;
@@ -290,6 +301,34 @@ static int reset_store(ferry_pslab *p, const ferry_pslab_options *o, ferry_pslab
                               p->dirs[0], strerror(-rc));
     FERRY_LOGI("pslab %s: reset asked: the old store (if any) is dropped", p->dirs[0]);
     return 0;
+}
+
+/*
+ * An open that may not create (READONLY, or no FERRY_PSLAB_CREATE) of a
+ * first directory that holds no store - no journal, no lock file, and for
+ * a reset no slab file either - is -ENOENT before any file is made there:
+ * a check of a plain directory must not leave a lock file behind. (A lock
+ * file there means an owner may be creating a store: the lock decides.)
+ * 1: go on to the locks.
+ */
+static int nothing_here(ferry_pslab *p, const ferry_pslab_options *o)
+{
+    struct stat st;
+    char path[PATH_MAX_];
+    if (stat(p->dirs[0], &st) != 0 || !S_ISDIR(st.st_mode))
+        return 1; /* the locking says what is wrong with it */
+    if (stat(p->jpath, &st) == 0)
+        return 1;
+    snprintf(path, sizeof path, "%s/%s", p->dirs[0], FERRY_PSLAB_LOCK);
+    if (stat(path, &st) == 0)
+        return 1;
+    int reset = (o->flags & FERRY_PSLAB_RESET) != 0;
+    ferry__pslab_slab_path(p, 0, path, sizeof path);
+    if (reset && stat(path, &st) == 0)
+        return 1;
+    return ferry__err_set(&p->err, -ENOENT, "pslab: no store in %s (no journal %s%s)%s",
+                          p->dirs[0], p->jpath, reset ? ", no slab file" : "",
+                          reset ? ": nothing to reset" : "; FERRY_PSLAB_CREATE creates one");
 }
 
 /* a handle for o (checked), its locks, settings, directories and tag copied; no file touched */
@@ -445,7 +484,10 @@ int ferry_pslab_open(const ferry_pslab_options *uo, ferry_pslab **out)
     /* one owner per directory, before any other file in it is touched:
      * two stores on one slab hand each other's bytes back */
     int ro = (o->flags & FERRY_PSLAB_READONLY) != 0;
-    int mk = !ro && (o->flags & (FERRY_PSLAB_CREATE | FERRY_PSLAB_RESET));
+    int mk = !ro && (o->flags & FERRY_PSLAB_CREATE);
+    if (!mk && (rc = nothing_here(p, o)) <= 0)
+        goto out;
+    rc = 0;
     for (unsigned i = 0; i < o->n_dirs; i++) {
         if ((rc = ferry__mkdir_p(p->dirs[i], p->mode, mk, &p->err)) < 0 ||
             (rc = ferry__dir_lock(p->dirs[i], p->mode, ro, "pslab", &p->err, &p->lockfd[i])) < 0)

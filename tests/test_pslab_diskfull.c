@@ -1,0 +1,565 @@
+/*
+ * test_pslab_diskfull.c - the persistent slab when the disk fills: a
+ * journal append that fails with ENOSPC part way (whole records before
+ * the point where space ran out reach the file), a journal fdatasync that
+ * fails after its append, and the writers that go on storing into the
+ * failed store; then space comes back, the store is reopened and closed,
+ * and EVERY record the journal holds must still name an extent that holds
+ * its own chunk (DURABILITY.md: no durable record names a reused extent).
+ *
+ * The disk is modelled through the I/O layer's syscall seam (a byte budget
+ * that file growth consumes; writes into preallocated bytes never fail),
+ * and, where mounts are permitted, filled for real: a tmpfs of a few
+ * hundred KiB mounted by a child in its own mount namespace.
+ */
+/* ferry-test-labels: concurrent */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "ferry_test.h"
+#include "io/sys.h"
+#include "pslab/pslab_int.h"
+
+#define CHUNK 16384u
+#define NCHUNKS 32u
+
+/* ---- the full disk, through the syscall seam ---- */
+
+static ferry__sys g_full;
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static int64_t g_budget = -1; /* bytes files may still grow by; -1: unlimited */
+static int g_fail_jsync;      /* fdatasync of the journal fails with EIO (once per arm) */
+static int g_jfd = -1;        /* the journal's fd (the last file opened with its name) */
+static unsigned g_enospc, g_eio;
+
+static int full_open(const char *path, int flags, mode_t mode)
+{
+    int fd = ferry__sys_default()->open(path, flags, mode);
+    size_t n = strlen(path), k = strlen(FERRY_PSLAB_JOURNAL);
+    if (fd >= 0 && n >= k && !strcmp(path + n - k, FERRY_PSLAB_JOURNAL)) {
+        pthread_mutex_lock(&g_mu);
+        g_jfd = fd;
+        pthread_mutex_unlock(&g_mu);
+    }
+    return fd;
+}
+
+/* growth past a file's size takes from the budget; what does not fit is
+ * written short, then ENOSPC - as a file system does when it fills */
+static ssize_t full_pwrite(int fd, const void *buf, size_t n, off_t off)
+{
+    struct stat st;
+    pthread_mutex_lock(&g_mu);
+    if (g_budget >= 0 && fstat(fd, &st) == 0 && (int64_t)off + (int64_t)n > st.st_size) {
+        int64_t end = (int64_t)st.st_size + g_budget;
+        if (end <= (int64_t)off) {
+            g_enospc++;
+            pthread_mutex_unlock(&g_mu);
+            errno = ENOSPC;
+            return -1;
+        }
+        if ((int64_t)off + (int64_t)n > end)
+            n = (size_t)(end - (int64_t)off);
+        int64_t grow = (int64_t)off + (int64_t)n - (int64_t)st.st_size;
+        g_budget -= grow > 0 ? grow : 0;
+    }
+    ssize_t r = ferry__sys_default()->pwrite(fd, buf, n, off);
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
+static int full_fdatasync(int fd)
+{
+    pthread_mutex_lock(&g_mu);
+    int fail = g_fail_jsync && fd == g_jfd;
+    if (fail) {
+        g_fail_jsync = 0;
+        g_eio++;
+    }
+    pthread_mutex_unlock(&g_mu);
+    if (fail) {
+        errno = EIO;
+        return -1;
+    }
+    return ferry__sys_default()->fdatasync(fd);
+}
+
+static void full_install(void)
+{
+    g_full = *ferry__sys_default();
+    g_full.open = full_open;
+    g_full.pwrite = full_pwrite;
+    g_full.fdatasync = full_fdatasync;
+    g_budget = -1;
+    g_fail_jsync = 0;
+    g_enospc = g_eio = 0;
+    ferry__sys_set(&g_full);
+}
+
+static void set_budget(int64_t b)
+{
+    pthread_mutex_lock(&g_mu);
+    g_budget = b;
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* ---- the store and its chunks ---- */
+
+static size_t key_of(int i, char *k)
+{
+    return (size_t)sprintf(k, "chunk-%04d", i);
+}
+
+static void fill(uint8_t *buf, int i)
+{
+    ft_fill_pattern(buf, CHUNK, 1000u + (unsigned)i);
+}
+
+static ferry_pslab_options opts_for(const char *const *dirs, int sync)
+{
+    ferry_pslab_options o = FERRY_PSLAB_OPTIONS_INIT;
+    o.dirs = dirs;
+    o.n_dirs = 1;
+    o.bytes = (uint64_t)NCHUNKS * CHUNK;
+    o.flags = FERRY_PSLAB_CREATE;
+    o.direct = 0;
+    o.engine = "posix";
+    o.sync = sync;
+    /* SYNC_BATCH: nothing commits by itself; ferry_pslab_sync does */
+    o.batch_bytes = (uint64_t)1 << 40;
+    o.batch_ms = 3600000;
+    return o;
+}
+
+static int put_i(ferry_pslab *p, int i)
+{
+    uint8_t *buf = malloc(CHUNK);
+    char k[32];
+    size_t kl = key_of(i, k);
+    fill(buf, i);
+    int rc = ferry_pslab_put(p, k, kl, buf, CHUNK);
+    free(buf);
+    return rc;
+}
+
+/* put chunks [from, to) in one put_many: its result */
+static int put_many_i(ferry_pslab *p, int from, int to)
+{
+    int n = to - from;
+    ferry_pslab_item *it = calloc((size_t)n, sizeof *it);
+    uint8_t *buf = malloc((size_t)n * CHUNK);
+    char(*keys)[32] = calloc((size_t)n, 32);
+    for (int j = 0; j < n; j++) {
+        it[j].klen = key_of(from + j, keys[j]);
+        it[j].key = keys[j];
+        fill(buf + (size_t)j * CHUNK, from + j);
+        it[j].data = buf + (size_t)j * CHUNK;
+        it[j].len = CHUNK;
+    }
+    int rc = ferry_pslab_put_many(p, it, (size_t)n);
+    free(keys);
+    free(buf);
+    free(it);
+    return rc;
+}
+
+static int read_file(const char *path, uint8_t **out, size_t *len)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return -errno;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        return -errno;
+    }
+    uint8_t *b = malloc((size_t)st.st_size + 1);
+    ssize_t got = pread(fd, b, (size_t)st.st_size, 0);
+    close(fd);
+    if (got != st.st_size) {
+        free(b);
+        return -EIO;
+    }
+    *out = b;
+    *len = (size_t)st.st_size;
+    return 0;
+}
+
+/*
+ * What `ferry slab check` proves, taken from the files alone: replay the
+ * journal as it lies on the disk and read every extent a surviving record
+ * names; the bytes must be the ones its checksum and key say (this test's
+ * pattern for that key). Returns the number of records that name an
+ * extent holding anything else (< 0: the files could not be read); *n:
+ * the records checked.
+ */
+static int bad_records(const char *dir, unsigned *n)
+{
+    char jp[512], sp[512], why[256];
+    snprintf(jp, sizeof jp, "%s/%s", dir, FERRY_PSLAB_JOURNAL);
+    snprintf(sp, sizeof sp, "%s/%s", dir, FERRY_PSLAB_FILE);
+    uint8_t *j = NULL;
+    size_t jl = 0;
+    int rc = read_file(jp, &j, &jl);
+    if (rc < 0)
+        return rc;
+    ferry__pslab_index ix;
+    ferry_slab *alloc = NULL;
+    ferry__pslab_load L;
+    rc = ferry__pslab_index_load(j, jl, NULL, &ix, &alloc, &L, why, sizeof why);
+    free(j);
+    if (rc < 0) {
+        fprintf(stderr, "journal %s: %s\n", jp, why);
+        return rc;
+    }
+    int fd = open(sp, O_RDONLY);
+    uint8_t *buf = malloc(CHUNK), *want = malloc(CHUNK);
+    int bad = 0;
+    *n = 0;
+    for (size_t b = 0; fd >= 0 && b < ix.nb; b++)
+        for (ferry__pslab_ent *e = ix.b[b]; e; e = e->hnext) {
+            (*n)++;
+            int i = -1;
+            char k[32];
+            if (e->klen < sizeof k) {
+                memcpy(k, e->key, e->klen);
+                k[e->klen] = 0;
+                sscanf(k, "chunk-%d", &i);
+            }
+            int ok = e->length == CHUNK &&
+                     pread(fd, buf, CHUNK, (off_t)(ferry__pslab_data_off(4096) + e->offset)) ==
+                         (ssize_t)CHUNK &&
+                     XXH3_64bits(buf, CHUNK) == e->sum && i >= 0;
+            if (ok) {
+                fill(want, i);
+                ok = !memcmp(buf, want, CHUNK);
+            }
+            if (!ok) {
+                fprintf(stderr, "durable record of %.*s (sequence %llu) names extent %llu, "
+                        "which holds another chunk\n", (int)e->klen, (const char *)e->key,
+                        (unsigned long long)e->seq, (unsigned long long)e->offset);
+                bad++;
+            }
+        }
+    if (fd >= 0)
+        close(fd);
+    else
+        bad = -errno;
+    free(buf);
+    free(want);
+    ferry__pslab_index_fini(&ix);
+    ferry_slab_destroy(alloc);
+    return bad;
+}
+
+/* a read-only open and ferry_pslab_verify, as `ferry slab check` does: bad chunks */
+static long verify_bad(const char *const *dirs, unsigned *chunks)
+{
+    ferry_pslab_options o = FERRY_PSLAB_OPTIONS_INIT;
+    o.dirs = dirs;
+    o.n_dirs = 1;
+    o.flags = FERRY_PSLAB_READONLY;
+    o.engine = "posix";
+    ferry_pslab *p = NULL;
+    int rc = ferry_pslab_open(&o, &p);
+    if (rc < 0) {
+        fprintf(stderr, "read-only open of %s: %s\n", dirs[0], ferry_last_error());
+        return rc;
+    }
+    uint64_t bad = 0;
+    rc = ferry_pslab_verify(p, 0, &bad, NULL, NULL);
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
+    ferry_pslab_stats_get(p, &s);
+    *chunks = (unsigned)s.chunks;
+    ferry_pslab_close(p);
+    return rc < 0 ? rc : (long)bad;
+}
+
+/* every chunk of [0, n) holds its own bytes */
+static int all_intact(const char *const *dirs, int n)
+{
+    ferry_pslab_options o = FERRY_PSLAB_OPTIONS_INIT;
+    o.dirs = dirs;
+    o.n_dirs = 1;
+    o.flags = FERRY_PSLAB_READONLY;
+    o.engine = "posix";
+    ferry_pslab *p = NULL;
+    if (ferry_pslab_open(&o, &p) < 0)
+        return 0;
+    uint8_t *buf = malloc(CHUNK), *want = malloc(CHUNK);
+    int ok = 1;
+    for (int i = 0; i < n && ok; i++) {
+        char k[32];
+        size_t kl = key_of(i, k), len = 0;
+        fill(want, i);
+        ok = ferry_pslab_get(p, k, kl, buf, CHUNK, &len) == 0 && len == CHUNK &&
+             !memcmp(buf, want, CHUNK);
+    }
+    free(buf);
+    free(want);
+    ferry_pslab_close(p);
+    return ok;
+}
+
+/* how the journal fails */
+enum { FAIL_ENOSPC_PUT, FAIL_ENOSPC_PUT_MANY, FAIL_EIO_SYNC };
+
+/*
+ * 6 durable chunks; then the disk fills (or the journal's sync fails)
+ * during the commit of 6 more, of which two whole records reach the
+ * journal; the writers go on storing 12 more, forgetting and deleting;
+ * space comes back; reopen, close. Every record the journal holds then
+ * names its own bytes, and the 6 durable chunks are intact.
+ */
+static void run_disk_full(int how)
+{
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    full_install();
+    int sync = how == FAIL_ENOSPC_PUT_MANY ? FERRY_PSLAB_SYNC_FULL : FERRY_PSLAB_SYNC_BATCH;
+    ferry_pslab_options o = opts_for(dirs, sync);
+    ferry_pslab *p = NULL;
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p));
+    if (how == FAIL_ENOSPC_PUT_MANY) {
+        assert_int_equal(put_many_i(p, 0, 6), 6);
+    } else {
+        for (int i = 0; i < 6; i++)
+            FT_ASSERT_OK(put_i(p, i));
+    }
+    FT_ASSERT_OK(ferry_pslab_sync(p));
+
+    /* the disk fills: the journal has room for two records and a half */
+    size_t rec = ferry__pslab_rec_size((uint32_t)strlen("chunk-0000"));
+    if (how == FAIL_EIO_SYNC) {
+        pthread_mutex_lock(&g_mu);
+        g_fail_jsync = 1;
+        pthread_mutex_unlock(&g_mu);
+    } else {
+        set_budget((int64_t)(2 * rec + rec / 2));
+    }
+    int rc;
+    if (how == FAIL_ENOSPC_PUT_MANY) {
+        rc = put_many_i(p, 6, 12);
+        assert_true(rc < 0);
+    } else {
+        for (int i = 6; i < 12; i++)
+            FT_ASSERT_OK(put_i(p, i)); /* queued, visible */
+        /* an eviction in the same batch, as the KV store's L2 makes */
+        char k[32];
+        size_t kl = key_of(5, k);
+        FT_ASSERT_OK(ferry_pslab_forget(p, k, kl));
+        rc = ferry_pslab_sync(p);
+    }
+    assert_int_equal(rc, how == FAIL_EIO_SYNC ? -EIO : -ENOSPC);
+    if (how == FAIL_EIO_SYNC)
+        assert_int_equal(g_eio, 1);
+    else
+        assert_true(g_enospc >= 1);
+
+    /* the failed batch's extents stay allocated: its records may be durable */
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+    assert_int_equal(s.failed, 1);
+    assert_true(s.bytes_used >= 12ull * CHUNK);
+
+    /* the writers go on, as a KV store's write-through does: refused */
+    for (int i = 12; i < 24; i++)
+        assert_true(put_i(p, i) < 0);
+    assert_true(put_many_i(p, 24, 30) <= 0); /* none stored */
+    {
+        char k[32];
+        size_t kl = key_of(1, k);
+        assert_true(ferry_pslab_delete(p, k, kl) < 0);
+        assert_true(ferry_pslab_forget(p, k, kl) < 0);
+    }
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+    assert_true(s.bytes_used >= 12ull * CHUNK);
+    ferry_pslab_close(p);
+
+    /* what the journal holds as the failed store left it */
+    unsigned n = 0;
+    assert_int_equal(bad_records(d, &n), 0);
+    assert_true(n >= 6);
+
+    /* space is freed; the slab is reopened and closed */
+    set_budget(-1);
+    o.flags = 0;
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p));
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ferry__sys_set(NULL);
+
+    assert_int_equal(bad_records(d, &n), 0);
+    unsigned chunks = 0;
+    assert_int_equal(verify_bad(dirs, &chunks), 0);
+    assert_int_equal(chunks, n);
+    /* the chunks durable before the disk filled are all there */
+    assert_true(all_intact(dirs, 5));
+    ft_rmtree(d);
+}
+
+static void test_enospc_in_a_batch_append_reuses_no_named_extent(void **state)
+{
+    (void)state;
+    run_disk_full(FAIL_ENOSPC_PUT);
+}
+
+static void test_enospc_in_a_put_many_append_reuses_no_named_extent(void **state)
+{
+    (void)state;
+    run_disk_full(FAIL_ENOSPC_PUT_MANY);
+}
+
+static void test_failed_journal_sync_reuses_no_named_extent(void **state)
+{
+    (void)state;
+    run_disk_full(FAIL_EIO_SYNC);
+}
+
+/* ---- a real small file system ---- */
+
+/*
+ * The child's side of the tmpfs test (no cmocka here: it reports by its
+ * exit status, 0 pass, 1 fail, 77 skip). In its own user and mount
+ * namespaces it mounts a tmpfs of 1 MiB on dir, creates a slab there,
+ * fills the rest of the file system, commits batches until one fails,
+ * goes on storing, frees the space, reopens and closes, and checks every
+ * record.
+ */
+static int tmpfs_child(const char *dir)
+{
+    if (getuid() != 0) {
+        uid_t uid = getuid();
+        gid_t gid = getgid();
+        if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0)
+            return 77;
+        char m[64];
+        int fd = open("/proc/self/setgroups", O_WRONLY);
+        if (fd >= 0) {
+            (void)!write(fd, "deny", 4);
+            close(fd);
+        }
+        snprintf(m, sizeof m, "0 %u 1", (unsigned)uid);
+        fd = open("/proc/self/uid_map", O_WRONLY);
+        if (fd < 0 || write(fd, m, strlen(m)) < 0)
+            return 77;
+        close(fd);
+        snprintf(m, sizeof m, "0 %u 1", (unsigned)gid);
+        fd = open("/proc/self/gid_map", O_WRONLY);
+        if (fd < 0 || write(fd, m, strlen(m)) < 0)
+            return 77;
+        close(fd);
+    } else if (unshare(CLONE_NEWNS) != 0) {
+        return 77;
+    }
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+        mount("tmpfs", dir, "tmpfs", 0, "size=1m,mode=0700") != 0)
+        return 77;
+    const char *dirs[] = {dir};
+    ferry_pslab_options o = opts_for(dirs, FERRY_PSLAB_SYNC_BATCH);
+    ferry_pslab *p = NULL;
+    if (ferry_pslab_open(&o, &p) < 0) {
+        fprintf(stderr, "open on tmpfs: %s\n", ferry_last_error());
+        return 1;
+    }
+    int next = 0;
+    for (; next < 6; next++)
+        if (put_i(p, next) < 0)
+            return 1;
+    if (ferry_pslab_sync(p) < 0)
+        return 1;
+    /* fill the file system */
+    char fp[512];
+    snprintf(fp, sizeof fp, "%s/filler", dir);
+    int ff = open(fp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    static uint8_t blk[4096];
+    while (ff >= 0 && write(ff, blk, sizeof blk) > 0) {
+    }
+    while (ff >= 0 && write(ff, blk, 1) > 0) {
+    }
+    if (ff >= 0)
+        close(ff);
+    /* batches of 6 puts (a forget of the oldest each, as an L2 evicts)
+     * until a commit fails: the journal's last page fills part way
+     * through one */
+    int rc = 0, oldest = 0;
+    for (int round = 0; round < 200 && rc == 0; round++) {
+        for (int j = 0; j < 6 && rc == 0; j++) {
+            char k[32];
+            size_t kl = key_of(oldest, k);
+            if (next - oldest >= (int)NCHUNKS - 8 && (rc = ferry_pslab_forget(p, k, kl)) == 0)
+                oldest++;
+            if (rc == 0)
+                rc = put_i(p, next++);
+        }
+        if (rc == 0)
+            rc = ferry_pslab_sync(p);
+    }
+    if (rc != -ENOSPC) {
+        fprintf(stderr, "the commits did not fail with ENOSPC on a full tmpfs: %d (%s)\n", rc,
+                ferry_last_error());
+        return 1;
+    }
+    for (int i = 0; i < 12; i++)
+        (void)put_i(p, next++);
+    ferry_pslab_close(p);
+    unlink(fp);
+    o.flags = 0;
+    if (ferry_pslab_open(&o, &p) < 0) {
+        fprintf(stderr, "reopen on tmpfs: %s\n", ferry_last_error());
+        return 1;
+    }
+    ferry_pslab_close(p);
+    unsigned n = 0, chunks = 0;
+    int bad = bad_records(dir, &n);
+    long vbad = verify_bad(dirs, &chunks);
+    if (bad != 0 || vbad != 0 || chunks != n) {
+        fprintf(stderr, "after the disk filled: %d of %u records name extents holding other "
+                "chunks; verify: %ld bad of %u\n", bad, n, vbad, chunks);
+        return 1;
+    }
+    return 0;
+}
+
+static void test_full_tmpfs_reuses_no_named_extent(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int st = tmpfs_child(d);
+        umount2(d, MNT_DETACH);
+        _exit(st);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    ft_rmtree(d);
+    assert_true(WIFEXITED(st));
+    if (WEXITSTATUS(st) == 77)
+        skip(); /* no mount namespace here */
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_enospc_in_a_batch_append_reuses_no_named_extent),
+        cmocka_unit_test(test_enospc_in_a_put_many_append_reuses_no_named_extent),
+        cmocka_unit_test(test_failed_journal_sync_reuses_no_named_extent),
+        cmocka_unit_test(test_full_tmpfs_reuses_no_named_extent),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
