@@ -41,7 +41,7 @@ int main(void)
 #define B(f) F(ferry_kv_buffer, f)
     S(ferry_kv_buffer); B(size); B(layout); B(mem); B(form); B(base); B(capacity_tokens);
     B(block_bases); B(block_tokens); B(block_stride); B(num_blocks); B(block_table);
-    B(table_len); E();
+    B(table_len); B(token_stride); B(head_stride); E();
 #undef B
 #define C(f) F(ferry_kv_config, f)
     S(ferry_kv_config); C(size); C(model); C(tp_rank); C(tp_world); C(layout);

@@ -31,7 +31,7 @@
 
 #define TB 64u                    /* bytes per token and plane */
 #define CT 16u                    /* tokens per chunk */
-#define NCH 64u                   /* chunks of the big request */
+#define NCH 256u                  /* chunks of the big request */
 #define NTOK (NCH * CT)
 #define CHUNK_BYTES (4u * CT * TB) /* 2 layers x K/V */
 
@@ -170,8 +170,10 @@ static void shared_op(int server)
     ferry_kv_buffer b = host_buf(img);
     static int32_t t[NTOK];
     int covered = 0;
-    for (int round = 0; round < 40; round++) {
-        tokens(t, NTOK, 1000 * round);
+    /* until the free came while both waiters were inside, a few times
+     * (how often depends on the scheduler; 200 rounds make none unlikely) */
+    for (int round = 0; round < 200 && covered < 3; round++) {
+        tokens(t, NTOK, 10000 * round);
         ferry_kv_op *op = NULL;
         CHECK(ferry_kv_store_async(kv, t, NTOK, NULL, &b, &op) == 0);
         sharer w[2] = {{op, 0, 0}, {op, 0, 0}}, tester = {op, 1, 0};

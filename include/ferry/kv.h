@@ -200,12 +200,33 @@ enum ferry_kv_form {
     /** One tensor [kv][layers][capacity_tokens][heads*head_dim] at base. */
     FERRY_KV_CONTIGUOUS = 0,
     /**
-     * vLLM-style paged blocks: for each (kv, layer) a cache of blocks, each
-     * [block_tokens][heads*head_dim], block b at block_bases[kv*layers +
-     * layer] + b * block_stride; token t of the sequence lives in block
-     * block_table[t / block_tokens] at row t % block_tokens.
-     */
-    FERRY_KV_PAGED = 1
+     * Paged blocks, described by strides as DLPack and torch describe
+     * tensors: for each (kv, layer) plane p a cache of num_blocks blocks at
+     * block_bases[p] (p = kv * num_layers + layer); block b at
+     * + b * block_stride, its row r (token t of the sequence lives in block
+     * block_table[t / block_tokens] at row t % block_tokens) at
+     * + r * token_stride, head h of that row at + h * head_stride, and the
+     * head's head_dim elements one contiguous run. The defaults (0) are
+     * vLLM's NHD blocks [block_tokens][heads][head_dim]: token_stride =
+     * heads * head_dim * dtype size, head_stride = head_dim * dtype size,
+     * block_stride = block_tokens * token_stride. Every layout of a paged
+     * cache whose head_dim runs are contiguous is one choice of strides:
+     *  - NHD [2][blocks][bt][heads][hd]: base K = t, base V = t + 1 plane;
+     *  - HND [2][blocks][heads][bt][hd]: token_stride = hd, head_stride =
+     *    bt * hd (elements; the fields are bytes);
+     *  - FlashInfer [blocks][2][bt][heads][hd]: base V = base K + bt*heads*hd,
+     *    block_stride = 2 * bt * heads * hd;
+     *  - packed K|V [blocks][heads][bt][2*hd]: base V = base K + hd,
+     *    token_stride = 2 * hd, head_stride = bt * 2 * hd;
+     *  - MLA [blocks][bt][dim] (kv 1, one head); cross-layer blocks (one
+     *    tensor for every layer): a base per plane.
+     * The chunk images in the tiers are one canonical form whatever the
+     * strides, so a prefix stored from one layout is retrieved into any
+     * other. Strides that make two runs of one block overlap, or a block
+     * overlap the next, are refused (-EINVAL naming the stride) before any
+     * byte moves. Copies go one contiguous run at a time (rows of several
+     * heads, or blocks back to back, are one run where the strides allow).
+     */    FERRY_KV_PAGED = 1
 };
 
 /**
@@ -227,16 +248,21 @@ typedef struct ferry_kv_buffer {
     uint64_t num_blocks;         /**< blocks in each cache (block ids must be below) */
     const int32_t *block_table;  /**< the sequence's block ids */
     size_t table_len;            /**< entries in block_table */
+    /* grown after the first version: a paged buffer's strides in bytes (0: NHD's) */
+    uint64_t token_stride;       /**< bytes between a block's rows */
+    uint64_t head_stride;        /**< bytes between a row's heads */
 } ferry_kv_buffer;
-/** The smallest size a buffer may give: the first version's, which is
- *  this one (it has not grown yet). */
-#define FERRY_KV_BUFFER_MIN_SIZE sizeof(ferry_kv_buffer)
+/** The smallest size a buffer may give: the first version's (up to
+ *  table_len; a shorter buffer's strides are NHD's). */
+#define FERRY_KV_BUFFER_MIN_SIZE \
+    (offsetof(ferry_kv_buffer, table_len) + sizeof(size_t))
 #define FERRY_KV_BUFFER_INIT \
     {FERRY_FIELD(size) sizeof(ferry_kv_buffer), FERRY_FIELD(layout) FERRY_KV_LAYOUT_INIT, \
      FERRY_FIELD(mem) FERRY_KV_MEM_HOST, FERRY_FIELD(form) FERRY_KV_CONTIGUOUS, \
      FERRY_FIELD(base) 0, FERRY_FIELD(capacity_tokens) 0, FERRY_FIELD(block_bases) NULL, \
      FERRY_FIELD(block_tokens) 0, FERRY_FIELD(block_stride) 0, FERRY_FIELD(num_blocks) 0, \
-     FERRY_FIELD(block_table) NULL, FERRY_FIELD(table_len) 0}
+     FERRY_FIELD(block_table) NULL, FERRY_FIELD(table_len) 0, FERRY_FIELD(token_stride) 0, \
+     FERRY_FIELD(head_stride) 0}
 
 /* ---- the store ---- */
 

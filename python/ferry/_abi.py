@@ -37,7 +37,8 @@ class KVBuffer(_Sized):
                 ("base", _u64), ("capacity_tokens", _u64),
                 ("block_bases", ctypes.POINTER(_u64)), ("block_tokens", _u32),
                 ("block_stride", _u64), ("num_blocks", _u64),
-                ("block_table", ctypes.POINTER(_i32)), ("table_len", _size)]
+                ("block_table", ctypes.POINTER(_i32)), ("table_len", _size),
+                ("token_stride", _u64), ("head_stride", _u64)]
 
 
 class KVConfig(_Sized):

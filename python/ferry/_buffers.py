@@ -201,6 +201,78 @@ def mem_kind(x, addr, shape, strides, item, dev):
     return 0
 
 
+CACHE_LAYOUTS = ("NHD", "HND", "FlashInfer", "packed", "MLA", "cross-layer")
+
+
+def cache_planes(caches, num_layers):
+    """[(layer tensor, None)] for per-layer caches (a list, a tuple, a dict of
+    layer name -> tensor in model order, or one layer's tensor), or [(the
+    tensor, its layer axis)] * num_layers for one tensor holding every layer
+    ([blocks][layers][2][block_size][heads][head_dim], vLLM's cross-layer)."""
+    if isinstance(caches, dict):
+        return [(c, None) for c in caches.values()]
+    if is_torch(caches) or isinstance(caches, np.ndarray):
+        if len(caches.shape) == 6:
+            if caches.shape[1] != num_layers:
+                raise ValueError(f"ferry: a cross-layer cache is [blocks][layers={num_layers}][2]"
+                                 f"[block_size][heads][head_dim], got {list(caches.shape)}")
+            return [(caches, 1)] * num_layers
+        return [(caches, None)]  # one layer
+    return [(c, None) for c in caches]
+
+
+def paged_geometry(shape, strides, lc, hint=None, i=0, layer_axis=None):
+    """Read one layer's paged cache: (layout name, (num_blocks, block_tokens,
+    block, token, head strides in elements), [K, V plane offsets in elements]).
+    The layouts: vLLM's [2][blocks][bs][heads][hd] with NHD or HND strides,
+    FlashInfer's [blocks][2][bs][heads][hd], packed K|V [blocks][heads][bs][2*hd],
+    MLA's [blocks][bs][hd] (or [..][1][hd]), and a cross-layer tensor's slice.
+    A head_dim that is not contiguous, or a shape that is none of them, is
+    refused (ValueError naming it)."""
+    H, D = lc.num_heads, lc.head_dim
+    n = len(shape)
+
+    def axes(kv, blk, tok, head, dim, name):
+        if strides[dim] != 1:
+            raise ValueError(f"ferry: layer {i}: the head_dim axis is not contiguous "
+                             f"(stride {strides[dim]} elements)")
+        kv_offs = [k * strides[kv] for k in range(2)] if kv is not None else [0]
+        hs = strides[head] if head is not None else D
+        return name, (shape[blk], shape[tok], strides[blk], strides[tok], hs), kv_offs
+
+    if lc.kv == 1:
+        if n == 3 and shape[2] == D:
+            return axes(None, 0, 1, None, 2, "MLA")
+        if n == 4 and shape[2] == 1 and shape[3] == D:
+            return axes(None, 0, 1, 2, 3, "MLA")
+        raise ValueError(f"ferry: layer {i}: a paged latent cache is [num_blocks][block_size]"
+                         f"[{D}], got {list(shape)}")
+    if layer_axis is not None:   # [blocks][layers][2][bs][heads][hd]
+        if n == 6 and shape[2] == 2 and shape[4] == H and shape[5] == D:
+            return axes(2, 0, 3, 4, 5, "cross-layer")
+        raise ValueError(f"ferry: a cross-layer cache is [blocks][layers][2][block_size][{H}]"
+                         f"[{D}], got {list(shape)}")
+    if n == 5 and shape[3] == H and shape[4] == D and 2 in (shape[0], shape[1]):
+        kv_first = shape[0] == 2
+        if shape[0] == 2 and shape[1] == 2:   # 2 blocks: vLLM's or FlashInfer's?
+            if hint not in CACHE_LAYOUTS:
+                raise ValueError(f"ferry: layer {i}: a cache of shape {list(shape)} is "
+                                 "[2][blocks][...] or FlashInfer's [blocks][2][...]: give "
+                                 "Layout(..., cache_layout=\"NHD\" | \"HND\" | \"FlashInfer\")")
+            kv_first = hint != "FlashInfer"
+        if kv_first:
+            name = "NHD" if strides[2] >= strides[3] else "HND"
+            return axes(0, 1, 2, 3, 4, name)
+        return axes(1, 0, 2, 3, 4, "FlashInfer")
+    if n == 4 and shape[1] == H and shape[3] == 2 * D:
+        name, g, _ = axes(None, 0, 2, 1, 3, "packed")
+        return name, g, [0, D * strides[3]]
+    raise ValueError(f"ferry: layer {i}: a paged K/V cache is [2][num_blocks][block_size][{H}]"
+                     f"[{D}] (NHD or HND strides), FlashInfer's [num_blocks][2][block_size]"
+                     f"[{H}][{D}] or packed [num_blocks][{H}][block_size][{2 * D}]; got "
+                     f"{list(shape)}")
+
+
 class Buffer:
     """An engine buffer as a ferry_kv_buffer, holding references to what it points at.
     dev: the store's DeviceMem (None: a store without a device)."""
@@ -246,16 +318,14 @@ class Buffer:
 
     def _paged(self, layout, caches, block_table, writable):
         lc = layout.c
-        if is_torch(caches) or isinstance(caches, np.ndarray):
-            caches = [caches]  # one layer
-        caches = list(caches)
-        if len(caches) != lc.num_layers:
-            raise ValueError(f"ferry: {len(caches)} layer caches for a {lc.num_layers}-layer layout")
-        tb = lc.num_heads * lc.head_dim * dtype_bytes(lc.dtype)
-        bases, geom = [], None
+        hint = getattr(layout, "cache_layout", None)
+        planes = cache_planes(caches, lc.num_layers)
+        if len(planes) != lc.num_layers:
+            raise ValueError(f"ferry: {len(planes)} layer caches for a {lc.num_layers}-layer layout")
+        bases, geom, found = [], None, None
         per_kv = [[] for _ in range(lc.kv)]
         mem = None
-        for i, c in enumerate(caches):
+        for i, (c, layer_axis) in enumerate(planes):
             addr, shape, strides, dt, _ = describe(c)
             m = mem_kind(c, addr, shape, strides, dtype_bytes(dt), self._dev)
             if mem is None:
@@ -269,34 +339,19 @@ class Buffer:
             if writable:
                 _writable(c)
             item = dtype_bytes(dt)
-            if lc.kv == 2:
-                # vLLM: [2, num_blocks, block_size, num_kv_heads, head_dim]
-                if len(shape) != 5 or shape[0] != 2 or shape[3] * shape[4] != lc.num_heads * lc.head_dim:
-                    raise ValueError(f"ferry: layer {i}: a paged K/V cache is [2][num_blocks][block_size]"
-                                     f"[{lc.num_heads}][{lc.head_dim}], got {list(shape)}")
-                inner = strides[2:]
-                if inner != _contiguous_strides(shape[2:]):
-                    raise ValueError(f"ferry: layer {i}: each block must be contiguous")
-                g = (shape[1], shape[2], strides[1] * item)
-                for k in range(2):
-                    per_kv[k].append(addr + k * strides[0] * item)
-            else:
-                # MLA: [num_blocks, block_size, head_dim] or [num_blocks, block_size, 1, head_dim]
-                if len(shape) not in (3, 4) or shape[-1] * (shape[2] if len(shape) == 4 else 1) \
-                        != lc.num_heads * lc.head_dim:
-                    raise ValueError(f"ferry: layer {i}: a paged latent cache is [num_blocks]"
-                                     f"[block_size][{lc.head_dim}], got {list(shape)}")
-                if strides[1:] != _contiguous_strides(shape[1:]):
-                    raise ValueError(f"ferry: layer {i}: each block must be contiguous")
-                g = (shape[0], shape[1], strides[0] * item)
-                per_kv[0].append(addr)
-            if g[2] < g[1] * tb:
-                raise ValueError(f"ferry: layer {i}: blocks overlap (stride {g[2]} bytes)")
+            name, g, kv_offs = paged_geometry(shape, strides, lc, hint, i, layer_axis)
+            if layer_axis is not None:   # one tensor for every layer: this layer's slice
+                addr += i * strides[layer_axis] * item
+            g = tuple(x * item if k >= 2 else x for k, x in enumerate(g))
+            for k in range(lc.kv):
+                per_kv[k].append(addr + kv_offs[k] * item)
             if geom is None:
-                geom = g
-            elif g != geom:
-                raise ValueError(f"ferry: layer {i} has {g[0]} blocks of {g[1]} tokens, stride {g[2]};"
-                                 f" layer 0 has {geom}: every layer must match")
+                geom, found = g, name
+            elif g != geom or name != found:
+                raise ValueError(f"ferry: layer {i} is {name} with (blocks, block_size, strides "
+                                 f"in bytes) {g}; layer 0 is {found} with {geom}: every layer "
+                                 "must have one layout")
+        self.cache_layout = found
         for k in range(lc.kv):
             bases.extend(per_kv[k])
         self._bases = (ctypes.c_uint64 * len(bases))(*bases)
@@ -310,6 +365,6 @@ class Buffer:
         c.mem = mem
         c.form = 1
         c.block_bases = self._bases
-        c.num_blocks, c.block_tokens, c.block_stride = geom
+        c.num_blocks, c.block_tokens, c.block_stride, c.token_stride, c.head_stride = geom
         c.block_table = table.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
         c.table_len = table.size

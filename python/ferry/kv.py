@@ -8,7 +8,8 @@ import numpy as np
 
 from . import _abi as A
 from ._handle import CallGuard, Closing
-from ._buffers import Buffer, DeviceMem, dtype_code, describe, tokens_array, is_torch
+from ._buffers import (CACHE_LAYOUTS, Buffer, DeviceMem, cache_planes, describe, dtype_code,
+                       is_torch, paged_geometry, tokens_array)
 from ._lib import lib
 from .errors import FerryError, check
 
@@ -46,16 +47,52 @@ class Layout:
         return cls(num_layers, 1 if mla else num_kv_heads, head_dim, dtype, kv=1 if mla else 2)
 
     @classmethod
-    def from_kv_caches(cls, kv_caches):
-        """The layout of vLLM's per-layer paged caches: [2, blocks, block_size, heads,
-        head_dim] each, or MLA's [blocks, block_size, head_dim]."""
-        caches = list(kv_caches)
-        _, shape, _, dt, _ = describe(caches[0])
-        if len(shape) == 5 and shape[0] == 2:
-            return cls(len(caches), shape[3], shape[4], dt, kv=2)
-        if len(shape) == 3:
-            return cls(len(caches), 1, shape[2], dt, kv=1)
-        raise ValueError(f"ferry: cannot read a layout from a cache of shape {list(shape)}")
+    def from_kv_caches(cls, kv_caches, cache_layout=None):
+        """The layout of an engine's paged caches, and which of them it is
+        (.cache_layout: "NHD", "HND", "FlashInfer", "packed", "MLA" or
+        "cross-layer"). kv_caches: a list of per-layer tensors, the dict
+        {layer_name: tensor} vLLM's register_kv_caches receives (in model
+        order), or one tensor holding every layer [blocks][layers][2]
+        [block_size][heads][head_dim]. Per layer: vLLM's [2][blocks]
+        [block_size][heads][head_dim] (NHD, or HND's permuted view: its
+        strides say which), FlashInfer's [blocks][2][block_size][heads]
+        [head_dim], packed K|V [blocks][heads][block_size][2*head_dim], or
+        MLA's [blocks][block_size][head_dim]. cache_layout names the layout
+        where the shape alone cannot (a cache of 2 blocks)."""
+        if isinstance(kv_caches, dict):
+            caches = list(kv_caches.values())
+        elif is_torch(kv_caches) or isinstance(kv_caches, np.ndarray):
+            caches = [kv_caches]
+        else:
+            caches = list(kv_caches)
+        if not caches:
+            raise ValueError("ferry: no KV caches")
+        _, shape, strides, dt, _ = describe(caches[0])
+        n = len(caches)
+        if len(shape) == 6 and len(caches) == 1:        # cross-layer
+            n, heads, dim, kv = shape[1], shape[4], shape[5], 2
+        elif len(shape) == 5 and 2 in shape[:2]:          # NHD / HND / FlashInfer
+            heads, dim, kv = shape[3], shape[4], 2
+        elif len(shape) == 4 and shape[3] % 2 == 0 and shape[2] != 1:   # packed K|V
+            heads, dim, kv = shape[1], shape[3] // 2, 2
+        elif len(shape) == 3 or (len(shape) == 4 and shape[2] == 1):    # MLA
+            heads, dim, kv = 1, shape[-1], 1
+        else:
+            raise ValueError(f"ferry: cannot read a layout from a cache of shape {list(shape)}: "
+                             "expected one of " + ", ".join(CACHE_LAYOUTS))
+        lay = cls(n, heads, dim, dt, kv=kv)
+        if cache_layout is not None:
+            if cache_layout not in CACHE_LAYOUTS:
+                raise ValueError(f"ferry: unknown cache layout {cache_layout!r}: one of "
+                                 + ", ".join(CACHE_LAYOUTS))
+            lay.cache_layout = cache_layout
+        planes = cache_planes(kv_caches, n)
+        c0, axis = planes[0]
+        _, shape, strides, _, _ = describe(c0)
+        lay.cache_layout = paged_geometry(shape, strides, lay.c, cache_layout, 0, axis)[0]
+        return lay
+
+    cache_layout = None   # which paged layout the engine's caches have, when known
 
     def __getattr__(self, name):
         if name in ("num_layers", "kv", "num_heads", "head_dim", "dtype"):

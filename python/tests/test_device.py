@@ -199,9 +199,13 @@ def test_device_tensor_shape_dtype_contiguity_checks():
         paged.append(torch.zeros(2, 4, 4, 2, 8))
         with pytest.raises(ValueError, match="layer 2 is host memory, layer 0 device"):
             s.store(range(16), paged, [0, 1, 2, 3])
+        # heads 16 elements apart, each head_dim run contiguous: strides ferry reads
         strided = [s.device_empty((2, 4, 4, 2, 16), torch.float32)[..., :8] for _ in range(3)]
-        with pytest.raises(ValueError, match="each block must be contiguous"):
-            s.store(range(16), strided, [0, 1, 2, 3])
+        assert s.store(range(16), strided, [0, 1, 2, 3]) == 16
+        # a head_dim that is not contiguous is not
+        gapped = [s.device_empty((2, 4, 4, 2, 16), torch.float32)[..., ::2] for _ in range(3)]
+        with pytest.raises(ValueError, match="head_dim axis is not contiguous"):
+            s.store(range(32, 48), gapped, [0, 1, 2, 3])
 
 
 def test_device_buffers_through_ferry_serve(tmp_path):

@@ -322,9 +322,13 @@ ferry_kv_hash ferry__kv_namespace(uint64_t seed, const char *model, uint32_t ran
                                   uint32_t world, const void *salt, size_t salt_len);
 
 /* ---- moving a chunk between an engine buffer and host memory ---- */
-/* validate buf against layout and n tokens; 0 or a code with a message in eb */
-int ferry__kv_buffer_check(const ferry_kv_buffer *buf, const ferry_kv_layout *layout,
-                           ferry_device *dev, size_t n, const char *what, ferry__errbuf *eb);
+/* take the caller's buffer `in` (any size it may have) into *buf, whole:
+ * later members defaulted, a paged buffer's strides made explicit; and
+ * validate it against layout and n tokens; 0 or a code with a message in
+ * eb (*buf is what every later step reads) */
+int ferry__kv_buffer_take(const ferry_kv_buffer *in, ferry_kv_buffer *buf,
+                          const ferry_kv_layout *layout, ferry_device *dev, size_t n,
+                          const char *what, ferry__errbuf *eb);
 /*
  * Copy tokens [tok0, tok0 + ntok) between buf and a chunk image at host
  * address chunk (layout [kv][layers][chunk_tokens][token bytes]). to_chunk:

@@ -229,13 +229,14 @@ static int lw_new(ferry_kv *kv, int store, const int32_t *tokens, size_t n,
     int nch = ferry__kv_make_ids(kv, tokens, n, req, what, stack, &ids);
     if (nch < 0)
         return nch;
-    if ((r = ferry__kv_buffer_check(buf, &kv->layout, kv->dev, n, what, NULL)) < 0) {
+    ferry_kv_buffer whole;
+    if ((r = ferry__kv_buffer_take(buf, &whole, &kv->layout, kv->dev, n, what, NULL)) < 0) {
         if (ids != stack)
             ferry__free(ids);
         return ferry__kv_err_pass(kv, r);
     }
     ferry_kv_op *op = ferry__kv_op_new(kv, store ? FERRY__KV_OP_STORE : FERRY__KV_OP_RETRIEVE,
-                                       ids, (size_t)nch, n, req, buf);
+                                       ids, (size_t)nch, n, req, &whole);
     if (ids != stack)
         ferry__free(ids);
     if (!op)

@@ -21,13 +21,13 @@
 /* ---- the public blocking forms ---- */
 
 static int prepare(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
-                   const ferry_kv_buffer *buf, const char *what, ferry_kv_hash *stack,
-                   ferry_kv_hash **ids)
+                   const ferry_kv_buffer *in, ferry_kv_buffer *buf, const char *what,
+                   ferry_kv_hash *stack, ferry_kv_hash **ids)
 {
     int nch = ferry__kv_make_ids(kv, tokens, n, req, what, stack, ids);
     if (nch < 0)
         return nch;
-    int rc = ferry__kv_buffer_check(buf, &kv->layout, kv->dev, n, what, NULL);
+    int rc = ferry__kv_buffer_take(in, buf, &kv->layout, kv->dev, n, what, NULL);
     if (rc < 0) {
         ferry__kv_err_pass(kv, rc);
         if (*ids != stack)
@@ -39,13 +39,14 @@ static int prepare(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv
 
 /* a blocking store or retrieve (kind: FERRY__KV_OP_*) on this thread */
 static int blocking(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
-                    const ferry_kv_req *req, const ferry_kv_buffer *buf)
+                    const ferry_kv_req *req, const ferry_kv_buffer *in)
 {
     const char *what = kind == FERRY__KV_OP_STORE ? "store" : "retrieve";
     if (!kv)
         return ferry__err_set(NULL, -EINVAL, "kv %s: store is NULL", what);
     ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
-    int nch = prepare(kv, tokens, n, req, buf, what, stack, &ids);
+    ferry_kv_buffer whole, *buf = &whole;
+    int nch = prepare(kv, tokens, n, req, in, buf, what, stack, &ids);
     if (nch < 0)
         return nch;
     int rc = !nch                         ? 0
@@ -145,11 +146,12 @@ static int op_submit(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
     if (wrc < 0)
         return wrc;
     ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
-    int nch = prepare(kv, tokens, n, req, buf, what, stack, &ids);
+    ferry_kv_buffer whole;
+    int nch = prepare(kv, tokens, n, req, buf, &whole, what, stack, &ids);
     if (nch < 0)
         return nch;
     ferry__kv_job *j = ferry__calloc(1, sizeof *j);
-    ferry_kv_op *op = j ? ferry__kv_op_new(kv, kind, ids, (size_t)nch, n, req, buf) : NULL;
+    ferry_kv_op *op = j ? ferry__kv_op_new(kv, kind, ids, (size_t)nch, n, req, &whole) : NULL;
     if (ids != stack)
         ferry__free(ids);
     if (!op) {

@@ -51,18 +51,76 @@ static int same_layout(const ferry_kv_layout *a, const ferry_kv_layout *b)
            a->head_dim == b->head_dim && a->dtype == b->dtype;
 }
 
-int ferry__kv_buffer_check(const ferry_kv_buffer *buf, const ferry_kv_layout *layout,
-                           ferry_device *dev, size_t n, const char *what, ferry__errbuf *eb)
+/* a paged buffer's strides made whole (0 -> NHD's, the block's extent)
+ * and checked: no two runs of a block overlap, no block the next; 0 or
+ * -EINVAL naming the stride */
+static int paged_strides(ferry_kv_buffer *b, const char *what, ferry__errbuf *eb)
 {
+    const ferry_kv_layout *l = &b->layout;
+    uint64_t run = (uint64_t)l->head_dim * ferry_dtype_size(l->dtype);
+    uint64_t tb = run * l->num_heads, bt = b->block_tokens, h = l->num_heads;
+    if (!b->head_stride || h == 1)
+        b->head_stride = run;
+    if (!b->token_stride)
+        b->token_stride = tb;
+    uint64_t ts = b->token_stride, hs = b->head_stride;
+    /* (in 128 bits: a hostile stride times a row count must not wrap) */
+    const __uint128_t far = (__uint128_t)1 << 56; /* past any address space */
+    __uint128_t ext = (__uint128_t)(bt - 1) * ts + (__uint128_t)(h - 1) * hs + run;
+    if (ext >= far || b->block_stride >= far ||
+        (__uint128_t)b->block_stride * b->num_blocks >= far)
+        return ferry__err_set(eb, -EINVAL,
+                              "kv %s: strides (token %llu, head %llu, block %llu) over %llu "
+                              "blocks of %llu tokens reach past any address space",
+                              what, (unsigned long long)ts, (unsigned long long)hs,
+                              (unsigned long long)b->block_stride,
+                              (unsigned long long)b->num_blocks, (unsigned long long)bt);
+    if (ts < run || hs < run)
+        return ferry__err_set(eb, -EINVAL,
+                              "kv %s: %s stride %llu is below one head_dim run of %llu bytes",
+                              what, ts < run ? "token" : "head",
+                              (unsigned long long)(ts < run ? ts : hs),
+                              (unsigned long long)run);
+    /* heads inside a row and rows apart (NHD), or rows inside a head and
+     * heads apart (HND, packed K|V): anything else may overlap */
+    int nhd = (__uint128_t)ts >= (__uint128_t)(h - 1) * hs + run;
+    int hnd = (__uint128_t)hs >= (__uint128_t)(bt - 1) * ts + run;
+    if (!nhd && !hnd)
+        return ferry__err_set(eb, -EINVAL,
+                              "kv %s: token stride %llu and head stride %llu overlap the runs of "
+                              "a block (%llu heads of %llu bytes, %llu rows): rows must hold "
+                              "their heads or heads their rows",
+                              what, (unsigned long long)ts, (unsigned long long)hs,
+                              (unsigned long long)h, (unsigned long long)run,
+                              (unsigned long long)bt);
+    uint64_t extent = (uint64_t)ext;
+    if (!b->block_stride)
+        b->block_stride = extent;
+    if (b->block_stride < extent)
+        return ferry__err_set(eb, -EINVAL,
+                              "kv %s: block stride %llu is below one block (%llu bytes)", what,
+                              (unsigned long long)b->block_stride, (unsigned long long)extent);
+    return 0;
+}
+
+int ferry__kv_buffer_take(const ferry_kv_buffer *in, ferry_kv_buffer *buf,
+                          const ferry_kv_layout *layout, ferry_device *dev, size_t n,
+                          const char *what, ferry__errbuf *eb)
+{
+    static const ferry__member later[] = {FERRY__MEMBER(ferry_kv_buffer, token_stride),
+                                          FERRY__MEMBER(ferry_kv_buffer, head_stride)};
     static const ferry__sized sized =
-        FERRY__SIZED0(ferry_kv_buffer, FERRY_KV_BUFFER_MIN_SIZE);
-    if (!buf)
+        FERRY__SIZED(ferry_kv_buffer, FERRY_KV_BUFFER_MIN_SIZE, later);
+    if (!in)
         return ferry__err_set(eb, -EINVAL, "kv %s: buffer is NULL", what);
-    if (!ferry__opts_size_fits(&sized, buf->size)) {
+    if (!ferry__opts_size_fits(&sized, in->size)) {
         char who[64];
         snprintf(who, sizeof who, "kv %s: buffer", what);
-        return ferry__opts_size_ok(eb, who, &sized, buf->size);
+        return ferry__opts_size_ok(eb, who, &sized, in->size);
     }
+    *buf = (ferry_kv_buffer)FERRY_KV_BUFFER_INIT;
+    memcpy(buf, in, in->size);
+    buf->size = sizeof *buf;
     const ferry_kv_layout *l = &buf->layout;
     if (!same_layout(l, layout))
         return ferry__err_set(eb, FERRY_EMISMATCH,
@@ -79,7 +137,6 @@ int ferry__kv_buffer_check(const ferry_kv_buffer *buf, const ferry_kv_layout *la
         return ferry__err_set(eb, FERRY_ENODEV,
                               "kv %s: device buffer but the store was opened without a device",
                               what);
-    uint64_t tb = token_bytes(layout);
     if (buf->form == FERRY_KV_CONTIGUOUS) {
         if (!buf->base)
             return ferry__err_set(eb, -EINVAL, "kv %s: contiguous buffer has no base address",
@@ -97,11 +154,9 @@ int ferry__kv_buffer_check(const ferry_kv_buffer *buf, const ferry_kv_layout *la
                               "kv %s: paged buffer needs block_bases, block_table and "
                               "block_tokens",
                               what);
-    if (buf->block_stride && buf->block_stride < buf->block_tokens * tb)
-        return ferry__err_set(eb, -EINVAL,
-                              "kv %s: block stride %llu is below one block (%llu bytes)", what,
-                              (unsigned long long)buf->block_stride,
-                              (unsigned long long)(buf->block_tokens * tb));
+    int rc = paged_strides(buf, what, eb);
+    if (rc < 0)
+        return rc;
     uint64_t need = (n + buf->block_tokens - 1) / buf->block_tokens;
     if (buf->table_len < need)
         return ferry__err_set(eb, -ENOBUFS,
@@ -118,6 +173,54 @@ int ferry__kv_buffer_check(const ferry_kv_buffer *buf, const ferry_kv_layout *la
                                   "kv %s: block table entry %llu is %d, outside [0, %llu)", what,
                                   (unsigned long long)b, buf->block_table[b],
                                   (unsigned long long)buf->num_blocks);
+    return 0;
+}
+
+/* the runs of plane `plane` of a paged buffer for tokens [tok0, tok0+ntok),
+ * in the order of the image part they fill (the checksum's order): a
+ * block's rows as one run where they lie back to back (and consecutive
+ * blocks too, where blocks do), else a row of heads, else one head's run */
+static int walk_paged(const ferry_kv_buffer *buf, uint64_t plane, uint64_t tb, uint64_t tok0,
+                      uint32_t ntok, unsigned char *part, ferry__kv_run_fn fn, void *ctx)
+{
+    const ferry_kv_layout *l = &buf->layout;
+    uint64_t run = (uint64_t)l->head_dim * ferry_dtype_size(l->dtype);
+    /* (taken buffers have every stride; a bare one's 0s are NHD's) */
+    uint64_t ts = buf->token_stride ? buf->token_stride : tb;
+    uint64_t hs = buf->head_stride ? buf->head_stride : run;
+    uint64_t stride = buf->block_stride ? buf->block_stride : buf->block_tokens * tb;
+    int row_whole = hs == run || l->num_heads == 1;   /* a row's heads back to back */
+    int block_whole = row_whole && ts == tb;          /* a block's rows too */
+    int packed = block_whole && stride == (uint64_t)buf->block_tokens * tb;
+    uint64_t t = tok0, end = tok0 + ntok;
+    while (t < end) {
+        uint64_t blk = t / buf->block_tokens, row = t % buf->block_tokens;
+        uint64_t k = FERRY__MIN(end - t, buf->block_tokens - row);
+        uint64_t addr = buf->block_bases[plane] + (uint64_t)buf->block_table[blk] * stride;
+        unsigned char *img = part + (t - tok0) * tb;
+        int rc = 0;
+        if (block_whole) {
+            /* blocks that follow each other in memory are one run */
+            while (packed && t + k < end &&
+                   buf->block_table[blk + 1] == buf->block_table[blk] + 1) {
+                blk++;
+                k += FERRY__MIN(end - (t + k), (uint64_t)buf->block_tokens);
+            }
+            rc = fn(ctx, addr + row * tb, img, k * tb);
+        } else {
+            for (uint64_t r = row; rc == 0 && r < row + k; r++, img += tb) {
+                if (row_whole) {
+                    rc = fn(ctx, addr + r * ts, img, tb);
+                    continue;
+                }
+                for (uint32_t h = 0; rc == 0 && h < l->num_heads; h++)
+                    rc = fn(ctx, addr + r * ts + h * hs, img + h * run, run);
+            }
+        }
+        if (rc < 0)
+            return rc;
+        t += k;
+    }
     return 0;
 }
 
@@ -140,26 +243,9 @@ static int walk_layers(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64
                     return rc;
                 continue;
             }
-            uint64_t stride = buf->block_stride ? buf->block_stride : buf->block_tokens * tb;
-            /* blocks that follow each other in memory (ids b, b+1, ... with no
-             * gap between blocks) are one run */
-            int packed = stride == (uint64_t)buf->block_tokens * tb;
-            uint64_t t = tok0, end = tok0 + ntok;
-            while (t < end) {
-                uint64_t blk = t / buf->block_tokens, row = t % buf->block_tokens;
-                uint64_t k = FERRY__MIN(end - t, buf->block_tokens - row);
-                uint64_t addr = buf->block_bases[plane] +
-                                (uint64_t)buf->block_table[blk] * stride + row * tb;
-                while (packed && t + k < end &&
-                       buf->block_table[blk + 1] == buf->block_table[blk] + 1) {
-                    blk++;
-                    k += FERRY__MIN(end - (t + k), (uint64_t)buf->block_tokens);
-                }
-                int rc = fn(ctx, addr, part + (t - tok0) * tb, k * tb);
-                if (rc < 0)
-                    return rc;
-                t += k;
-            }
+            int rc = walk_paged(buf, plane, tb, tok0, ntok, part, fn, ctx);
+            if (rc < 0)
+                return rc;
         }
     }
     return 0;
