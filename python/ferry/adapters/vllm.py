@@ -82,6 +82,8 @@ import logging
 import re
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .. import errors
 from .._buffers import Buffer
 from ..errors import FerryError
@@ -90,6 +92,8 @@ from . import register_store, registered_store
 from ._vllm_base import (VLLM, AllBlocksCleared, BlockRemoved, BlockStored, KVConnectorBase_V1,
                          KVConnectorMetadata, KVConnectorPromMetrics, KVConnectorRole,
                          KVConnectorStats, SupportsHMA)
+from ._vllm_base import (JobResult, LookupResult, Medium, OffloadingEvent,
+                         RequestOffloadingContext, SecondaryTierManager)
 
 try:
     import torch
@@ -1008,5 +1012,195 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._store = None
 
 
+# ==== ferry behind vLLM's own OffloadingConnector ====
+class FerrySecondaryTier(SecondaryTierManager):
+    """ferry as a secondary tier of vLLM's TieringOffloadingSpec: vLLM's CPU
+    tier stays the primary (the one that moves KV to and from the GPU); ferry's
+    L1, L2 (persistent or not) and remote hold the chunks it cascades down and
+    promote them back. In kv_connector_extra_config:
+
+        {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": ...,
+         "secondary_tiers": [{"type": "FerrySecondaryTier",
+                              "module_path": "ferry.adapters.vllm",
+                              "l1": "8G", "l2": "/nvme/ferry:512G",
+                              "persistent": True}]}
+
+    ("ferry.store": NAME uses a store registered with
+    ferry.adapters.register_store instead; it must have been opened with
+    FerrySecondaryTier.layout_for(chunk_bytes) and chunk_tokens=TOKENS.)
+
+    Each of vLLM's offload keys is one ferry chunk: the primary slot's bytes,
+    kept as they are, under the key (ferry's salt; the chunk's tokens are a
+    fixed filler). Every method runs in vLLM's scheduler process and returns
+    at once: submit_store and submit_load start ferry's asynchronous store or
+    retrieve straight from or into the primary slots (their buffers stay
+    pinned by vLLM until the job is reported), get_finished_jobs polls them.
+    A promotion whose chunk failed its checksum or was evicted is reported
+    failed (with the keys that did load), never as loaded."""
+
+    medium = Medium.STORAGE
+    TOKENS = 16   # tokens per chunk; each key's slot is one chunk
+
+    def __init__(self, offloading_spec=None, primary_kv_view=None, tier_type="FerrySecondaryTier",
+                 backpressure_detector=None, vllm_config=None, **config):
+        args = {"offloading_spec": offloading_spec, "primary_kv_view": primary_kv_view,
+                "tier_type": tier_type, "backpressure_detector": backpressure_detector,
+                "vllm_config": vllm_config}
+        params = inspect.signature(SecondaryTierManager.__init__).parameters
+        super().__init__(**{k: v for k, v in args.items() if k in params})
+        view = memoryview(primary_kv_view)
+        self._chunk_bytes = int(view.strides[0])
+        slots = np.frombuffer(view.cast("B") if view.ndim != 1 or view.format != "B" else view,
+                              dtype=np.uint8)
+        if slots.size % self._chunk_bytes:
+            raise ValueError(f"ferry: primary view of {slots.size} bytes is not whole "
+                             f"{self._chunk_bytes}-byte slots")
+        self._slots = slots.reshape(-1, self._chunk_bytes)
+        self._tokens = [0] * self.TOKENS
+        layout = self.layout_for(self._chunk_bytes)
+        name = config.pop("ferry.store", None)
+        self._own = False
+        if name is not None:
+            self.store = registered_store(name)
+            if self.store is None:
+                raise RuntimeError(f"ferry: secondary tier: no store registered as {name!r}")
+        else:
+            if "l1" not in config:
+                raise ValueError("ferry: secondary tier needs \"l1\" (its host pool size) or "
+                                 "\"ferry.store\"")
+            self.store = KVStore(model=str(config.pop("model", "vllm-offload")), layout=layout,
+                                 l1=config.pop("l1"), l2=config.pop("l2", None),
+                                 persistent=bool(config.pop("persistent", False)),
+                                 remote=config.pop("remote", None), chunk_tokens=self.TOKENS)
+            self._own = True
+        if config:
+            log.warning("ferry: secondary tier: unknown settings %s ignored", sorted(config))
+        if self.store.layout != layout or self.store.chunk_tokens != self.TOKENS:
+            raise ValueError(f"ferry: secondary tier: the store holds {self.store.layout} in "
+                             f"{self.store.chunk_tokens}-token chunks; {self._chunk_bytes}-byte "
+                             f"slots need {layout} in {self.TOKENS}-token chunks")
+        self._jobs = {}       # job id -> (TransferJob, [(key, Op or None)])
+        self._storing = {}    # key -> jobs storing it now
+        self._events = []
+
+    @classmethod
+    def layout_for(cls, chunk_bytes):
+        """ferry's layout for opaque slots of chunk_bytes: one layer of bytes,
+        TOKENS tokens a chunk."""
+        if chunk_bytes <= 0 or chunk_bytes % cls.TOKENS:
+            raise ValueError(f"ferry: a {chunk_bytes}-byte slot is not {cls.TOKENS} equal "
+                             "token runs")
+        per = chunk_bytes // cls.TOKENS
+        heads = 1
+        while per // heads > 4096 and per % (heads * 2) == 0:
+            heads *= 2
+        return Layout(1, heads, per // heads, "u8", kv=1)
+
+    def _slot(self, chunk_id):
+        return self._slots[int(chunk_id)].reshape(1, 1, self.TOKENS, -1)
+
+    def lookup(self, key, req_context):
+        if key in self._storing:
+            return LookupResult.RETRY
+        try:
+            hit = self.store.lookup(self._tokens, salt=bytes(key))
+        except FerryError as e:
+            log.warning("ferry: secondary tier: lookup: %s", e)
+            return LookupResult.MISS
+        return LookupResult.HIT if hit >= self.TOKENS else LookupResult.MISS
+
+    def submit_store(self, job_metadata):
+        ops = []
+        for key, cid in zip(job_metadata.keys, job_metadata.chunk_ids):
+            key = bytes(key)
+            op = None
+            try:
+                if self.store.lookup(self._tokens, salt=key) < self.TOKENS:
+                    op = self.store.store_async(self._tokens, self._slot(cid), salt=key)
+                    self._storing[key] = self._storing.get(key, 0) + 1
+                else:
+                    op = True   # present already
+            except FerryError as e:
+                log.warning("ferry: secondary tier: store of job %d: %s", job_metadata.job_id, e)
+            ops.append((key, op))
+        self._jobs[job_metadata.job_id] = (job_metadata, ops)
+
+    def submit_load(self, job_metadata):
+        ops = []
+        for key, cid in zip(job_metadata.keys, job_metadata.chunk_ids):
+            key = bytes(key)
+            try:
+                op = self.store.retrieve_async(self._tokens, self._slot(cid), salt=key)
+            except FerryError as e:
+                log.warning("ferry: secondary tier: load of job %d: %s", job_metadata.job_id, e)
+                op = None
+            ops.append((key, op))
+        self._jobs[job_metadata.job_id] = (job_metadata, ops)
+
+    @staticmethod
+    def _done(op):
+        return op is None or op is True or op.done()
+
+    def _ok(self, op):
+        if op is None:
+            return False
+        if op is True:
+            return True
+        try:
+            return op.wait() >= self.TOKENS
+        except FerryError as e:
+            log.warning("ferry: secondary tier: %s", e)
+            return False
+
+    def get_finished_jobs(self):
+        out = []
+        for job_id in [j for j, (_, ops) in self._jobs.items()
+                       if all(self._done(op) for _, op in ops)]:
+            job, ops = self._jobs.pop(job_id)
+            good = [key for key, op in ops if self._ok(op)]
+            for key, op in ops:
+                if op is not None and op is not True and not job.is_promotion:
+                    n = self._storing.get(key, 0) - 1
+                    if n > 0:
+                        self._storing[key] = n
+                    else:
+                        self._storing.pop(key, None)
+            ok = len(good) == len(ops)
+            if not job.is_promotion and good:
+                self._events.append(OffloadingEvent(keys=list(good), medium=Medium.STORAGE,
+                                                    removed=False))
+            out.append(JobResult(job_id=job_id, success=ok,
+                                 successful_keys=None if ok or not job.is_promotion else good))
+        return out
+
+    def has_pending_work(self):
+        return bool(self._jobs)
+
+    def take_events(self):
+        out, self._events = self._events, []
+        return out
+
+    def on_new_request(self, req_context):
+        return RequestOffloadingContext()
+
+    def drain_jobs(self):
+        """Wait until every submitted job's copies are over (their results are
+        then in get_finished_jobs)."""
+        for _, ops in self._jobs.values():
+            for _, op in ops:
+                if op is not None and op is not True:
+                    try:
+                        op.wait()
+                    except FerryError:
+                        pass
+
+    def shutdown(self):
+        self.drain_jobs()
+        if self._own:
+            self.store.close()
+            self._own = False
+
+
 __all__ = ["FerryConnector", "FerryConnectorMetadata", "FerryConnectorStats", "FerryPromMetrics",
-           "LoadSpec", "SaveSpec", "KVConnectorRole", "VLLM", "paged_view"]
+           "FerrySecondaryTier", "LoadSpec", "SaveSpec", "KVConnectorRole", "VLLM",
+           "paged_view"]
