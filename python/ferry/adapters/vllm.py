@@ -65,8 +65,17 @@ multimodal inputs added (their placeholder token ids do not tell images
 apart). Only prompt tokens are
 stored, in whole chunks; decode tokens are not.
 
-One KV cache group (no hybrid allocator: the connector does not declare
-SupportsHMA, so vLLM keeps one group for it); block ids are group 0's.
+KV cache groups (SupportsHMA): the connector reads vLLM's groups from
+kv_cache_config. Full-attention and sliding-window groups are cached, each
+group's chunks keyed apart (group 0 keeps the request's salt); a
+sliding-window group is loaded only inside its window. A group of any other
+kind (Mamba state, ...) turns the connector off for that model, with a
+warning: a hit must cover every group. Options: "ferry.async_load" (loads
+vLLM does not wait for, reported through get_finished), "ferry.async_save"
+(stores not waited for; the request's blocks are kept until they end),
+"ferry.kv_events" (KV events without vLLM's kv_events_config),
+"ferry.kv_cache_layout" (a layout to ask vLLM for). FerrySecondaryTier, at
+the end of this module, is ferry behind vLLM's own OffloadingConnector.
 
 Engine versions: written against vLLM's KVConnectorBase_V1 of 2025-2026
 (three-argument constructor with kv_cache_config, also the older two); its
