@@ -1,13 +1,22 @@
-"""vLLM's KV connector base classes, or stand-ins with the same surface.
+"""vLLM's KV connector and offloading-tier base classes, or stand-ins with
+the same surface.
 
-With vLLM installed, these are vLLM's own (vllm/distributed/kv_transfer/
-kv_connector/v1/base.py). Without it, minimal classes with the methods the
-engine calls and ferry's connector uses, so the connector loads and can be
-driven through the engine's call sequence in tests. The stand-ins are not
-vLLM: they carry no behaviour beyond holding the step's metadata.
+With vLLM installed, these are vLLM's own: the connector's in
+vllm/distributed/kv_transfer/kv_connector/v1/base.py and metrics.py, its KV
+events in vllm/distributed/kv_events.py, the secondary offloading tier's in
+vllm/v1/kv_offload/tiering/base.py and vllm/v1/kv_offload/base.py. Each
+group is imported on its own, so a vLLM without the tiering layer still
+gets its own connector classes. Without vLLM, minimal classes with the
+methods, arguments and defaults those files declare (as of
+vllm-project/vllm 003df2961dd8830c317a61f9745ccd557da9fa06 for the connector,
+cda0f3248538da3cc96b3760fe4cfaa7d3d652b9 for the tier), so ferry's classes
+load and can be driven through the engine's call sequence in tests. The
+stand-ins are not vLLM: they carry no behaviour beyond what a subclass
+inherits.
 """
 import enum
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 
 try:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: F401
@@ -16,6 +25,86 @@ try:
 except ImportError:
     VLLM = False
 
+try:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA  # noqa: F401
+except ImportError:
+    class SupportsHMA(ABC):
+        """Stand-in: a connector that supports vLLM's hybrid memory allocator."""
+
+        @abstractmethod
+        def request_finished_all_groups(self, request, block_ids):
+            raise NotImplementedError
+
+try:
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (  # noqa: F401
+        KVConnectorPromMetrics, KVConnectorStats)
+except ImportError:
+    @dataclass
+    class KVConnectorStats:
+        """Stand-in: a connector's stats for one interval, as a dict."""
+        data: dict = field(default_factory=dict)
+
+        def reset(self):
+            raise NotImplementedError
+
+        def aggregate(self, other):
+            raise NotImplementedError
+
+        def reduce(self):
+            raise NotImplementedError
+
+        def is_empty(self):
+            return not self.data
+
+    class KVConnectorPromMetrics:
+        """Stand-in: per-connector Prometheus metrics."""
+
+        def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+            names = {t.__name__: c for t, c in metric_types.items()}
+            self._kv_transfer_config = vllm_config.kv_transfer_config
+            self._gauge_cls = names.get("Gauge")
+            self._counter_cls = names.get("Counter")
+            self._histogram_cls = names.get("Histogram")
+            self._labelnames = labelnames
+            self.per_engine_labelvalues = per_engine_labelvalues
+
+        def make_per_engine(self, metric):
+            return {idx: metric.labels(*vals) for idx, vals in self.per_engine_labelvalues.items()}
+
+        def observe(self, transfer_stats_data, engine_idx=0):
+            raise NotImplementedError
+
+try:
+    from vllm.distributed.kv_events import (  # noqa: F401
+        AllBlocksCleared, BlockRemoved, BlockStored)
+except ImportError:
+    @dataclass
+    class BlockStored:
+        """Stand-in for vLLM's KV event: blocks became resident in `medium`."""
+        block_hashes: list
+        parent_block_hash: object
+        token_ids: list
+        block_size: int
+        lora_id: object
+        medium: object
+        lora_name: object
+        extra_keys: object = None
+        group_idx: object = None
+        kv_cache_spec_kind: object = None
+        kv_cache_spec_sliding_window: object = None
+
+    @dataclass
+    class BlockRemoved:
+        """Stand-in for vLLM's KV event: blocks left `medium`."""
+        block_hashes: list
+        medium: object
+        group_idx: object = None
+
+    @dataclass
+    class AllBlocksCleared:
+        """Stand-in for vLLM's KV event: every block was dropped."""
+
+if not VLLM:
     class KVConnectorRole(enum.Enum):
         SCHEDULER = 0
         WORKER = 1
@@ -24,14 +113,23 @@ except ImportError:
         """What the scheduler-side connector hands the workers for one step."""
 
     class KVConnectorBase_V1(ABC):
-        """Stand-in for vLLM's KVConnectorBase_V1 (same method names and
-        arguments; the engine's own class replaces it when vLLM is installed)."""
+        """Stand-in for vLLM's KVConnectorBase_V1 (same method names, arguments
+        and defaults; the engine's own class replaces it when vLLM is installed)."""
 
-        def __init__(self, vllm_config, role, kv_cache_config=None):
+        @property
+        def prefer_cross_layer_blocks(self):
+            return False
+
+        @property
+        def requires_kv_delivery(self):
+            return bool(getattr(self._kv_transfer_config, "is_kv_producer", False))
+
+        def __init__(self, vllm_config, role, kv_cache_config):
             self._connector_metadata = None
             self._vllm_config = vllm_config
-            self._kv_transfer_config = getattr(vllm_config, "kv_transfer_config", None)
-            if self._kv_transfer_config is None:
+            if getattr(vllm_config, "kv_transfer_config", None) is not None:
+                self._kv_transfer_config = vllm_config.kv_transfer_config
+            else:
                 raise ValueError("kv_transfer_config must be set for KVConnectorBase_V1")
             self._kv_cache_config = kv_cache_config
             self._role = role
@@ -55,6 +153,12 @@ except ImportError:
             return self._connector_metadata is not None
 
         def register_kv_caches(self, kv_caches):
+            return
+
+        def register_cross_layers_kv_cache(self, kv_cache, attn_backend):
+            return
+
+        def handle_preemptions(self, kv_connector_metadata):
             return
 
         @abstractmethod
@@ -82,7 +186,22 @@ except ImportError:
         def shutdown(self):
             return None
 
+        def get_kv_connector_stats(self):
+            return None
+
+        def get_kv_connector_kv_cache_events(self):
+            return None
+
+        def get_handshake_metadata(self):
+            return None
+
+        def build_connector_worker_meta(self):
+            return None
+
         # scheduler side
+        def bind_gpu_block_pool(self, gpu_block_pool):
+            return
+
         @abstractmethod
         def get_num_new_matched_tokens(self, request, num_computed_tokens):
             ...
@@ -95,10 +214,176 @@ except ImportError:
         def build_connector_meta(self, scheduler_output):
             ...
 
+        def on_new_request(self, request):
+            return
+
         def update_connector_output(self, connector_output):
             return
 
         def request_finished(self, request, block_ids):
             return False, None
 
-__all__ = ["KVConnectorBase_V1", "KVConnectorMetadata", "KVConnectorRole", "VLLM"]
+        def take_events(self):
+            return ()
+
+        def has_pending_push_work(self):
+            return False
+
+        @classmethod
+        def get_required_kvcache_layout(cls, vllm_config):
+            if cls is KVConnectorBase_V1:
+                raise TypeError("get_required_kvcache_layout should not be called "
+                                "on the abstract base class")
+            return None
+
+        @classmethod
+        def requires_piecewise_for_cudagraph(cls, extra_config):
+            return False
+
+        def get_finished_count(self):
+            return None
+
+        @classmethod
+        def build_kv_connector_stats(cls, data=None):
+            return None
+
+        @classmethod
+        def build_prom_metrics(cls, vllm_config, metric_types, labelnames,
+                               per_engine_labelvalues):
+            return None
+
+        def reset_cache(self):
+            return None
+
+# ---- the offloading connector's secondary tiers (vllm/v1/kv_offload) ----
+try:
+    from vllm.v1.kv_offload.base import (  # noqa: F401
+        LookupResult, Medium, OffloadingEvent, ReqContext, RequestOffloadingContext)
+    from vllm.v1.kv_offload.tiering.base import (  # noqa: F401
+        JobResult, SecondaryTierManager, TransferJob)
+    VLLM_TIERING = True
+except ImportError:
+    VLLM_TIERING = False
+
+    class Medium(enum.Enum):
+        CPU = "CPU"
+        STORAGE = "STORAGE"
+
+    class LookupResult(enum.Enum):
+        MISS = enum.auto()
+        HIT = enum.auto()
+        HIT_PENDING = enum.auto()
+        RETRY = enum.auto()
+
+    @dataclass
+    class ReqContext:
+        req_id: str
+        kv_transfer_params: object = None
+
+    @dataclass
+    class RequestOffloadingContext:
+        policy: object = None
+
+    @dataclass
+    class OffloadingEvent:
+        keys: list
+        medium: Medium
+        removed: bool
+        locality: object = None
+        ownership: object = None
+        removal_expected: bool = False
+
+    @dataclass
+    class TransferJob:
+        job_id: int
+        keys: object
+        chunk_ids: object
+        is_promotion: bool
+        req_context: ReqContext
+
+    @dataclass
+    class JobResult:
+        job_id: int
+        success: bool
+        successful_keys: object = None
+        transfer_time: object = None
+        transfer_bytes: object = None
+
+    class SecondaryTierManager(ABC):
+        """Stand-in for vLLM's SecondaryTierManager: one tier behind the CPU
+        primary, driven from the scheduler process without blocking."""
+
+        medium = None
+
+        def __init__(self, offloading_spec, primary_kv_view, tier_type,
+                     backpressure_detector=None):
+            self._offloading_spec = offloading_spec
+            self._primary_kv_view = primary_kv_view
+            assert primary_kv_view.strides is not None, "primary_kv_view.strides cannot be None"
+            self._block_size_bytes = primary_kv_view.strides[0]
+            self.tier_type = tier_type
+            self.locality = None
+            self._bp_detector = backpressure_detector
+
+        @property
+        def block_size_bytes(self):
+            return self._block_size_bytes
+
+        @abstractmethod
+        def lookup(self, key, req_context):
+            ...
+
+        @abstractmethod
+        def submit_store(self, job_metadata):
+            ...
+
+        @abstractmethod
+        def submit_load(self, job_metadata):
+            ...
+
+        @abstractmethod
+        def get_finished_jobs(self):
+            ...
+
+        def has_pending_work(self):
+            return False
+
+        def take_events(self):
+            return ()
+
+        def touch(self, keys, req_context):
+            return
+
+        @abstractmethod
+        def on_new_request(self, req_context):
+            ...
+
+        def on_request_finished(self, req_context):
+            return
+
+        def serve_external_requests(self, parent):
+            return
+
+        def on_schedule_end(self, context):
+            return
+
+        @abstractmethod
+        def drain_jobs(self):
+            ...
+
+        def shutdown(self):
+            return
+
+        @classmethod
+        def build_metric_definitions(cls, extra_config):
+            return {}
+
+        def get_stats(self):
+            return None
+
+
+__all__ = ["KVConnectorBase_V1", "KVConnectorMetadata", "KVConnectorRole", "SupportsHMA",
+           "KVConnectorStats", "KVConnectorPromMetrics", "BlockStored", "BlockRemoved",
+           "AllBlocksCleared", "VLLM", "VLLM_TIERING", "SecondaryTierManager", "TransferJob",
+           "JobResult", "LookupResult", "Medium", "OffloadingEvent", "ReqContext",
+           "RequestOffloadingContext"]

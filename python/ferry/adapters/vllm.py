@@ -65,8 +65,17 @@ multimodal inputs added (their placeholder token ids do not tell images
 apart). Only prompt tokens are
 stored, in whole chunks; decode tokens are not.
 
-One KV cache group (no hybrid allocator: the connector does not declare
-SupportsHMA, so vLLM keeps one group for it); block ids are group 0's.
+KV cache groups (SupportsHMA): the connector reads vLLM's groups from
+kv_cache_config. Full-attention and sliding-window groups are cached, each
+group's chunks keyed apart (group 0 keeps the request's salt); a
+sliding-window group is loaded only inside its window. A group of any other
+kind (Mamba state, ...) turns the connector off for that model, with a
+warning: a hit must cover every group. Options: "ferry.async_load" (loads
+vLLM does not wait for, reported through get_finished), "ferry.async_save"
+(stores not waited for; the request's blocks are kept until they end),
+"ferry.kv_events" (KV events without vLLM's kv_events_config),
+"ferry.kv_cache_layout" (a layout to ask vLLM for). FerrySecondaryTier, at
+the end of this module, is ferry behind vLLM's own OffloadingConnector.
 
 Engine versions: written against vLLM's KVConnectorBase_V1 of 2025-2026
 (three-argument constructor with kv_cache_config, also the older two); its
@@ -76,17 +85,24 @@ transposed view) or [num_blocks, block_size, head_dim] (MLA), on the CPU
 (libferry's device buffers are not reachable from the package yet).
 """
 import errno
+import hashlib
 import inspect
 import logging
 import re
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .. import errors
 from .._buffers import Buffer
 from ..errors import FerryError
-from ..kv import KVStore, Layout
+from ..kv import KVStore, Layout, hash_chunks
 from . import register_store, registered_store
-from ._vllm_base import VLLM, KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole
+from ._vllm_base import (VLLM, AllBlocksCleared, BlockRemoved, BlockStored, KVConnectorBase_V1,
+                         KVConnectorMetadata, KVConnectorPromMetrics, KVConnectorRole,
+                         KVConnectorStats, SupportsHMA)
+from ._vllm_base import (JobResult, LookupResult, Medium, OffloadingEvent,
+                         RequestOffloadingContext, SecondaryTierManager)
 
 try:
     import torch
@@ -102,13 +118,18 @@ _SKIPPABLE = {getattr(errors, "ENOSPACE", None), getattr(errors, "ELOCKED", None
 @dataclass
 class LoadSpec:
     """Load tokens[:len(tokens)] (whole chunks) into the request's blocks,
-    writing only from token `skip` on; vLLM counts on tokens [skip, need)."""
+    writing only from token `skip` on; vLLM counts on tokens [skip, need).
+    groups: every KV cache group's block ids when vLLM has more than one
+    (block_ids is group 0's); is_async: a load vLLM does not wait for
+    (its end is reported through get_finished)."""
     req_id: str
     tokens: list
     block_ids: list
     skip: int
     need: int
     salt: object = None
+    groups: tuple = ()
+    is_async: bool = False
 
 
 @dataclass
@@ -118,12 +139,14 @@ class SaveSpec:
     tokens: list
     block_ids: list
     salt: object = None
+    groups: tuple = ()
 
 
 @dataclass
 class FerryConnectorMetadata(KVConnectorMetadata):
     loads: list = field(default_factory=list)
     saves: list = field(default_factory=list)
+    preempted: set = field(default_factory=set)   # requests preempted this step
 
 
 @dataclass
@@ -134,10 +157,119 @@ class _Req:
     prompt_len: int = 0
     local: int = 0          # tokens vLLM's own prefix cache had
     hit: int = 0            # tokens (whole chunks) ferry had at the lookup
-    load: object = None     # (skip, need) once vLLM allocated blocks for a load
-    pinned: int = 0         # leading tokens this request holds pinned
+    load: object = None     # (skip, need, end) once vLLM allocated blocks for a load
+    pinned: list = field(default_factory=list)  # leading tokens pinned, per cached group
     saved: int = 0          # leading tokens known to be in ferry
     block_ids: list = field(default_factory=list)
+    group_ids: list = field(default_factory=list)  # every group's block ids
+    async_load: bool = False  # get_num_new_matched_tokens answered load-async
+    deferred: bool = False    # an async load or save the worker reports at the end
+
+
+@dataclass
+class _Group:
+    """One of vLLM's KV cache groups: "full" attention (every token's KV),
+    "sliding" (a window of `window` tokens) or "skipped" (a kind ferry does not
+    cache, such as Mamba state)."""
+    idx: int
+    kind: str
+    window: int = 0
+    layer_names: list = None
+    spec: str = ""
+
+
+_FULL_SPECS = {"FullAttentionSpec", "MLAAttentionSpec"}
+_SLIDING_SPECS = {"SlidingWindowSpec", "SlidingWindowMLASpec"}
+_TRUE = ("1", "true", "yes")
+
+
+def _flag(extra, key):
+    return str((extra or {}).get(key, False)).lower() in _TRUE
+
+
+def _groups_of(kv_cache_config):
+    """vLLM's KV cache groups (KVCacheConfig.kv_cache_groups, each a
+    KVCacheGroupSpec with layer_names and kv_cache_spec); one full-attention
+    group of every layer without a config."""
+    groups = getattr(kv_cache_config, "kv_cache_groups", None)
+    if not groups:
+        return [_Group(0, "full")]
+    out = []
+    for i, g in enumerate(groups):
+        spec = getattr(g, "kv_cache_spec", None)
+        name = type(spec).__name__
+        names = list(getattr(g, "layer_names", None) or []) or None
+        if name in _FULL_SPECS:
+            out.append(_Group(i, "full", 0, names, name))
+        elif name in _SLIDING_SPECS and getattr(spec, "sliding_window", None):
+            out.append(_Group(i, "sliding", int(spec.sliding_window), names, name))
+        else:
+            out.append(_Group(i, "skipped", 0, names, name))
+    return out
+
+
+def _group_salt(salt, idx):
+    """Group 0 keeps the request's salt (a one-group engine's keys are the
+    same as before groups); group g's chunks are keyed apart."""
+    if idx == 0:
+        return salt
+    return f"{salt or ''}\0ferry-group\0{idx}"
+
+
+def _block_ids_of(blocks):
+    """Every group's block ids from vLLM's KVCacheBlocks (get_block_ids())."""
+    get = getattr(blocks, "get_block_ids", None)
+    ids = get() if callable(get) else getattr(blocks, "block_ids", ())
+    return [list(x) for x in ids]
+
+
+class FerryConnectorStats(KVConnectorStats):
+    """The connector's counters for one interval (vLLM's KVConnectorStats):
+    loads, load_tokens, load_error_blocks, saves, save_tokens, saves_skipped,
+    async_loads. Workers' stats are added up."""
+
+    def reset(self):
+        self.data = {}
+
+    def aggregate(self, other):
+        for k, v in (other.data or {}).items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self):
+        return dict(self.data)
+
+    def is_empty(self):
+        return not any(self.data.values())
+
+
+_STAT_DOCS = {
+    "loads": "KV loads from ferry into vLLM's blocks (one per request and group)",
+    "load_tokens": "Tokens loaded from ferry",
+    "load_error_blocks": "Blocks ferry could not fill, handed back to vLLM to recompute",
+    "saves": "KV stores into ferry (one per request and group)",
+    "save_tokens": "Tokens stored into ferry",
+    "saves_skipped": "Stores skipped because ferry was full or a layer never came",
+    "async_loads": "Loads vLLM did not wait for (load-async)",
+}
+
+
+class FerryPromMetrics(KVConnectorPromMetrics):
+    """One Prometheus counter per FerryConnectorStats key, per engine."""
+
+    def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self.counters = {}
+        for key, doc in _STAT_DOCS.items():
+            c = self._counter_cls(name=f"vllm:ferry_{key}", documentation=doc,
+                                  labelnames=labelnames)
+            self.counters[key] = self.make_per_engine(c)
+
+    def observe(self, transfer_stats_data, engine_idx=0):
+        for key, v in (transfer_stats_data or {}).items():
+            per = self.counters.get(key)
+            if per is not None and v:
+                per[engine_idx].inc(v)
 
 
 def _extra(vllm_config):
@@ -214,7 +346,7 @@ def paged_view(cache):
                      "block_size, heads, head_dim], [blocks, 2, ...], [blocks, block_size, dim]")
 
 
-class FerryConnector(KVConnectorBase_V1):
+class FerryConnector(KVConnectorBase_V1, SupportsHMA):
     """ferry's KV connector for vLLM v1 (see the module's documentation)."""
 
     def __init__(self, vllm_config, role, kv_cache_config=None):
@@ -228,19 +360,79 @@ class FerryConnector(KVConnectorBase_V1):
         self._name = self._extra.get("ferry.store", "vllm")
         self._store = None
         self._opened = False
+        ktc = getattr(vllm_config, "kv_transfer_config", None)
+        self._failure_policy = str(getattr(ktc, "kv_load_failure_policy", None) or "fail")
+        self._async_load = _flag(self._extra, "ferry.async_load")
+        self._async_save = _flag(self._extra, "ferry.async_save")
+        self._groups = _groups_of(kv_cache_config)
+        self._cached = [g for g in self._groups if g.kind != "skipped"]
+        skipped = [g for g in self._groups if g.kind == "skipped"]
+        # a hit must cover every group: one ferry cannot fill makes every hit useless
+        self._disabled = (f"KV cache group(s) {[g.idx for g in skipped]} "
+                          f"({', '.join(sorted({g.spec for g in skipped}))}) hold state ferry "
+                          "does not cache" if skipped else None)
+        self._checked = False
         # scheduler side
         self._reqs = {}
+        self._async_ready = []  # requests whose load-async blocks were just allocated
+        kec = getattr(vllm_config, "kv_events_config", None)
+        self._events_on = bool(getattr(kec, "enable_kv_cache_events", False)) or \
+            _flag(self._extra, "ferry.kv_events")
+        self._events = []
+        self._published = set()
         # worker side
         self._caches = None
+        self._gcaches = {}      # group index -> that group's layers' caches
+        self._gbs = {}          # group index -> block size
         self._layout = None
         self._block_size = 0
         self._load_errors = set()
         self.saves_skipped = 0
-        self._layerwise = str(self._extra.get("ferry.layerwise", False)).lower() in (
-            "1", "true", "yes")
+        self._stats = dict.fromkeys(_STAT_DOCS, 0)
+        self._layerwise = _flag(self._extra, "ferry.layerwise")
         self._layer_index = {}
-        self._loading = []      # (LoadSpec, LayerOp) of this step's layerwise loads
-        self._saving = None     # (SaveSpec, LayerOp) of this step's layerwise saves
+        self._layer_pos = {}    # layer name -> (group index, index in its group)
+        self._loading = []      # [spec, group, ids, skip, LayerOp] of this step's layerwise loads
+        self._saving = None     # [spec, group, LayerOp] of this step's layerwise saves
+        self._async_loads = {}  # req id -> [[spec, group, ids, skip, Op]]
+        self._saves_inflight = {}  # req id -> [(spec, Op)]
+        self._deferred = set()  # req ids reported through get_finished's first set
+        self._finishing = set()  # of those, the ones vLLM said finished
+
+    # ---- the contract's class-level answers ----
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config):
+        """True in the layerwise form: a full CUDA graph's replay would skip
+        wait_for_layer_load and save_kv_layer, and attention could read KV that
+        has not landed. The whole form moves KV outside the forward pass."""
+        return _flag(extra_config, "ferry.layerwise")
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config):
+        """None: ferry reads the layouts vLLM's backends hand it. A deployment
+        that must pin one (to match another connector's) names it in
+        "ferry.kv_cache_layout" ("NHD" or "HND")."""
+        want = _extra(vllm_config).get("ferry.kv_cache_layout")
+        if not want:
+            return None
+        want = str(want).upper()
+        if want not in ("NHD", "HND"):
+            raise ValueError(f"ferry: \"ferry.kv_cache_layout\" is NHD or HND, got {want!r}")
+        return want
+
+    @property
+    def requires_kv_delivery(self):
+        """False: ferry is a best-effort cache; a save lost to a preemption is
+        a future miss, not a lost hand-off."""
+        return False
+
+    @classmethod
+    def build_kv_connector_stats(cls, data=None):
+        return FerryConnectorStats(data=dict(data) if data else {})
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return FerryPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     # ---- the store ----
     @property
@@ -297,9 +489,26 @@ class FerryConnector(KVConnectorBase_V1):
         return self.store
 
     # ==== scheduler side ====
+    def _check_groups(self):
+        """Once the store is known: a sliding window shorter than a chunk
+        cannot be stored (its older blocks are gone before the chunk is whole)."""
+        if self._checked:
+            return
+        self._checked = True
+        chunk = self.store.chunk_tokens
+        short = [g.idx for g in self._cached if g.kind == "sliding" and g.window < chunk]
+        if short and not self._disabled:
+            self._disabled = (f"sliding-window group(s) {short} have a window shorter than "
+                              f"ferry's {chunk}-token chunk")
+        if self._disabled:
+            log.warning("ferry: vLLM connector: %s; ferry neither loads nor stores for "
+                        "this model", self._disabled)
+
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
-        """Tokens ferry can supply beyond vLLM's num_computed_tokens, and
-        False: loads are synchronous (done before the step's forward)."""
+        """Tokens ferry can supply beyond vLLM's num_computed_tokens: the whole
+        chunks every cached group holds (never the last prompt token). Second:
+        True with "ferry.async_load" (vLLM allocates the blocks and goes on
+        scheduling while the load runs; get_finished reports its end)."""
         tokens = list(getattr(request, "all_token_ids", None) or request.prompt_token_ids or [])
         salt = _salt_of(request)
         prompt = getattr(request, "prompt_token_ids", None)
@@ -309,14 +518,24 @@ class FerryConnector(KVConnectorBase_V1):
         st.tokens, st.salt = tokens, salt
         st.prompt_len = len(prompt) if prompt is not None else len(tokens)
         st.local = num_computed_tokens
-        st.hit = self.store.lookup(tokens, salt=salt) if tokens else 0
+        self._check_groups()
+        if self._disabled or not tokens:
+            st.hit = 0
+            return 0, False
+        st.hit = min(self.store.lookup(tokens, salt=_group_salt(salt, g.idx))
+                     for g in self._cached)
+        if self._events_on:
+            self._note_removed(st)
         st.saved = max(st.saved, st.hit)
         usable = min(st.hit, len(tokens) - 1)   # vLLM computes at least the last token
-        return max(0, usable - num_computed_tokens), False
+        n = max(0, usable - num_computed_tokens)
+        st.async_load = self._async_load and n > 0
+        return n, st.async_load
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         """vLLM allocated blocks: a load is planned when num_external_tokens > 0;
-        its chunks are pinned until the request finishes."""
+        its chunks are pinned until the request finishes (or, load-async, until
+        vLLM allocates again once the load is over: num_external_tokens 0)."""
         st = self._reqs.get(request.request_id)
         if st is None:
             return
@@ -328,13 +547,25 @@ class FerryConnector(KVConnectorBase_V1):
         self._unpin(st)
         chunk = self.store.chunk_tokens
         end = min(st.hit, -(-need // chunk) * chunk)
-        st.pinned = self.store.pin(st.tokens[:end], salt=st.salt) if end else 0
+        st.pinned = [self.store.pin(st.tokens[:end], salt=_group_salt(st.salt, g.idx))
+                     if end else 0 for g in self._cached]
         st.load = (skip, need, end)
+        if st.async_load:  # the request is not scheduled until the load is over
+            st.group_ids = _block_ids_of(blocks)
+            st.block_ids = list(st.group_ids[0]) if st.group_ids else []
+            self._async_ready.append(request.request_id)
 
     def build_connector_meta(self, scheduler_output):
-        """This step's loads (planned by update_state_after_alloc) and saves
-        (each scheduled request's prompt chunks completed by this step)."""
+        """This step's loads (planned by update_state_after_alloc; load-async
+        ones as soon as their blocks exist) and saves (each scheduled request's
+        prompt chunks completed by this step)."""
         meta = FerryConnectorMetadata()
+        meta.preempted = set(getattr(scheduler_output, "preempted_req_ids", None) or ())
+        ready, self._async_ready = self._async_ready, []
+        for rid in ready:
+            st = self._reqs.get(rid)
+            if st is not None and st.load is not None:
+                self._plan_load(meta, rid, st, True)
         sched = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             st = self._reqs.get(new.req_id)
@@ -343,7 +574,8 @@ class FerryConnector(KVConnectorBase_V1):
             if st is None:
                 toks = list(new.prompt_token_ids or [])
                 st = self._reqs[new.req_id] = _Req(tokens=toks, prompt_len=len(toks))
-            st.block_ids = list(new.block_ids[0])
+            st.group_ids = [list(x) for x in new.block_ids]
+            st.block_ids = list(st.group_ids[0])
             self._plan(meta, new.req_id, st, new.num_computed_tokens + sched.get(new.req_id, 0))
         cached = scheduler_output.scheduled_cached_reqs
         resumed_ids = getattr(cached, "resumed_req_ids", None)
@@ -357,119 +589,275 @@ class FerryConnector(KVConnectorBase_V1):
                 resumed = bool(cached.resumed_from_preemption[i])
             new_ids = cached.new_block_ids[i]
             if new_ids is not None:
-                st.block_ids = list(new_ids[0]) if resumed else st.block_ids + list(new_ids[0])
+                if resumed or not st.group_ids:
+                    st.group_ids = [list(x) for x in new_ids]
+                else:
+                    st.group_ids = [old + list(x) for old, x in zip(st.group_ids, new_ids)]
+                st.block_ids = list(st.group_ids[0])
             self._plan(meta, rid, st, cached.num_computed_tokens[i] + sched.get(rid, 0))
         return meta
 
+    def _groups_ids(self, st):
+        return tuple(list(x) for x in st.group_ids) if len(self._groups) > 1 else ()
+
+    def _plan_load(self, meta, rid, st, is_async):
+        skip, need, end = st.load
+        meta.loads.append(LoadSpec(rid, st.tokens[:end], list(st.block_ids), skip, need,
+                                   st.salt, self._groups_ids(st), is_async))
+        st.load = None
+        st.deferred = st.deferred or is_async
+
     def _plan(self, meta, rid, st, computed):
         if st.load is not None:
-            skip, need, end = st.load
-            meta.loads.append(LoadSpec(rid, st.tokens[:end], list(st.block_ids), skip, need,
-                                       st.salt))
-            st.load = None
+            self._plan_load(meta, rid, st, False)
+        if self._disabled:
+            return
         chunk = self.store.chunk_tokens
         end = min(computed, st.prompt_len) // chunk * chunk
         if end > st.saved:
-            meta.saves.append(SaveSpec(rid, st.tokens[:end], list(st.block_ids), st.salt))
+            meta.saves.append(SaveSpec(rid, st.tokens[:end], list(st.block_ids), st.salt,
+                                       self._groups_ids(st)))
+            if self._events_on:
+                self._note_stored(st, st.saved, end)
             st.saved = end
+            st.deferred = st.deferred or self._async_save
 
     def request_finished(self, request, block_ids):
-        """The request is done (or aborted): drop its pins and state. Saves are
-        synchronous, so vLLM may free its blocks at once."""
+        """The request is done (or aborted): drop its pins and state. True
+        (vLLM keeps its blocks until get_finished names it) when a load-async
+        or a "ferry.async_save" store of it may still touch its blocks;
+        synchronous saves end with their step, so vLLM may free at once."""
         st = self._reqs.pop(request.request_id, None)
-        if st is not None:
-            self._unpin(st)
-        return False, None
+        if st is None:
+            return False, None
+        self._unpin(st)
+        return st.deferred, None
+
+    def request_finished_all_groups(self, request, block_ids):
+        """SupportsHMA: request_finished with every group's block ids."""
+        return self.request_finished(request, block_ids)
 
     def _unpin(self, st):
-        if st.pinned:
-            self.store.unpin(st.tokens[:st.pinned], salt=st.salt)
-            st.pinned = 0
+        for g, n in zip(self._cached, st.pinned):
+            if n:
+                self.store.unpin(st.tokens[:n], salt=_group_salt(st.salt, g.idx))
+        st.pinned = []
+
+    # ---- KV events (for KV-aware routers) ----
+    def _chunk_hashes(self, st, end):
+        """Event ids of the request's chunks up to `end`: ferry's chained chunk
+        hashes, with the request's salt folded in."""
+        chunk = self.store.chunk_tokens
+        salt = (st.salt or "").encode() if isinstance(st.salt or "", str) else bytes(st.salt)
+        return [int.from_bytes(hashlib.blake2b(salt + h, digest_size=8).digest(), "little")
+                for h in hash_chunks(st.tokens[:end], chunk)]
+
+    def _note_stored(self, st, start, end):
+        chunk = self.store.chunk_tokens
+        hashes = self._chunk_hashes(st, end)
+        first = start // chunk
+        new = [h for h in hashes[first:] if h not in self._published]
+        if not new:
+            return
+        self._published.update(new)
+        self._events.append(BlockStored(
+            block_hashes=new, parent_block_hash=hashes[first - 1] if first else None,
+            token_ids=list(st.tokens[start:end]), block_size=chunk, lora_id=None,
+            medium="CPU", lora_name=None))
+
+    def _note_removed(self, st):
+        """Chunks published as stored that this lookup no longer finds."""
+        chunk = self.store.chunk_tokens
+        end = len(st.tokens) // chunk * chunk
+        if end <= st.hit:
+            return
+        gone = [h for h in self._chunk_hashes(st, end)[st.hit // chunk:] if h in self._published]
+        if gone:
+            self._published.difference_update(gone)
+            self._events.append(BlockRemoved(block_hashes=gone, medium="CPU"))
+            st.saved = min(st.saved, st.hit)
+
+    def take_events(self):
+        """KV events since the last call: BlockStored when a save of new chunks
+        is planned, BlockRemoved when a lookup no longer finds chunks published
+        as stored (evicted, or a save that found ferry full), AllBlocksCleared
+        after reset_cache. Collected when vLLM's kv_events_config enables KV
+        cache events (or "ferry.kv_events")."""
+        out, self._events = self._events, []
+        return out
+
+    def reset_cache(self):
+        """vLLM's reset of the prefix cache reaching the connector: clear
+        ferry's store. False when it cannot be (a lookup-only client)."""
+        try:
+            self.store.clear()
+        except FerryError as e:
+            log.warning("ferry: vLLM connector: reset_cache: %s", e)
+            return False
+        for st in self._reqs.values():
+            st.saved = 0
+        self._published.clear()
+        if self._events_on:
+            self._events.append(AllBlocksCleared())
+        return True
 
     # ==== worker side ====
     def register_kv_caches(self, kv_caches):
-        """vLLM's per-layer caches (layer name -> tensor), in layer order."""
+        """vLLM's per-layer caches (layer name -> tensor), grouped as vLLM's KV
+        cache groups and in layer order within each."""
         names = _layer_order(list(kv_caches))
-        caches = [paged_view(kv_caches[n]) for n in names]
-        layout = Layout.from_kv_caches(caches)
-        dev = caches[0].device if torch is not None and isinstance(caches[0], torch.Tensor) \
+        byname = {n: paged_view(kv_caches[n]) for n in names}
+        groups = {}
+        for g in self._cached:
+            layer_names = g.layer_names if g.layer_names else names
+            missing = [n for n in layer_names if n not in byname]
+            if missing:
+                raise ValueError(f"ferry: vLLM connector: KV cache group {g.idx} names layers "
+                                 f"{missing} that vLLM registered no cache for")
+            groups[g.idx] = [byname[n] for n in _layer_order(layer_names)]
+        if not groups:  # every group skipped: nothing to move, nothing to open
+            self._layer_names = names
+            return
+        first = groups[self._cached[0].idx]
+        layout = Layout.from_kv_caches(first)
+        for idx, caches in groups.items():
+            other = Layout.from_kv_caches(caches)
+            if other != layout:
+                raise ValueError(f"ferry: vLLM connector: KV cache group {idx} is {other}, "
+                                 f"group {self._cached[0].idx} is {layout}; one store holds "
+                                 "one layout")
+        dev = first[0].device if torch is not None and isinstance(first[0], torch.Tensor) \
             else None
         store = self._open_store(layout, f"cuda:{dev.index or 0}"
                                  if dev is not None and dev.type == "cuda" else None)
         if store.layout != layout:
             raise ValueError(f"ferry: vLLM's caches are {layout}, the store {self._name!r} "
                              f"holds {store.layout}")
-        store._buffer(caches, [0], True)  # dtype, device, strides: refused now
+        for caches in groups.values():
+            store._buffer(caches, [0], True)  # dtype, device, strides: refused now
         self._layer_names = names
+        self._layer_pos = {}
+        for g in self._cached:
+            for i, n in enumerate(_layer_order(g.layer_names if g.layer_names else names)):
+                self._layer_pos[n] = (g.idx, i)
         self._layer_index = {n: i for i, n in enumerate(names)}
-        self._caches = caches
+        self._gcaches = groups
+        self._gbs = {idx: (c[0].shape[2] if layout.kv == 2 else c[0].shape[1])
+                     for idx, c in groups.items()}
+        self._caches = first
         self._layout = layout
-        self._block_size = caches[0].shape[2] if layout.kv == 2 else caches[0].shape[1]
+        self._block_size = self._gbs[self._cached[0].idx]
+
+    def _targets(self, spec):
+        """(group, caches, block ids, skip, salt) for each cached group of a load
+        or save. A sliding-window group is written only inside its window: the
+        blocks below it are vLLM's null blocks."""
+        for g in self._cached:
+            ids = list(spec.groups[g.idx]) if spec.groups else list(spec.block_ids)
+            skip = getattr(spec, "skip", 0)
+            if g.kind == "sliding" and isinstance(spec, LoadSpec):
+                skip = max(skip, spec.need - g.window + 1)
+            yield g, self._gcaches[g.idx], ids, skip, _group_salt(spec.salt, g.idx)
 
     def start_load_kv(self, forward_context, **kwargs):
-        """Load every planned request's chunks into its blocks, all layers."""
+        """Load every planned request's chunks into its blocks, all layers (the
+        layerwise form: start them; load-async: start them and return)."""
         if not self.has_connector_metadata():
             return
         for spec in self._get_connector_metadata().loads:
-            if self._layerwise:
+            if self._caches is None:
+                raise RuntimeError("ferry: vLLM connector: a load before register_kv_caches")
+            if spec.is_async:
+                self._load_async(spec)
+            elif self._layerwise:
                 self._load_start(spec)
             else:
                 self._load(spec)
 
     def _load(self, spec):
-        if self._caches is None:
-            raise RuntimeError("ferry: vLLM connector: a load before register_kv_caches")
-        if not spec.tokens:
+        for g, caches, ids, skip, salt in self._targets(spec):
             got = 0
-        else:  # tokens below spec.skip are vLLM's own blocks: never written
-            got = self.store.retrieve(spec.tokens, self._caches, spec.block_ids, salt=spec.salt,
-                                      skip=spec.skip)
-        self._loaded(spec, got)
+            if spec.tokens:  # tokens below skip are vLLM's own blocks: never written
+                got = self.store.retrieve(spec.tokens, caches, ids, salt=salt, skip=skip)
+            self._loaded(spec, g, ids, skip, got)
+
+    def _load_async(self, spec):
+        ops = self._async_loads.setdefault(spec.req_id, [])
+        self._deferred.add(spec.req_id)
+        self._stats["async_loads"] += 1
+        for g, caches, ids, skip, salt in self._targets(spec):
+            op = None
+            if spec.tokens:
+                try:
+                    op = self.store.retrieve_async(spec.tokens, caches, ids, salt=salt, skip=skip)
+                except FerryError as e:
+                    log.warning("ferry: request %s: load not started: %s", spec.req_id, e)
+            ops.append([spec, g, ids, skip, op])
 
     def _load_start(self, spec):
         """Layerwise: start the load; its layers are waited for one by one."""
-        if self._caches is None:
-            raise RuntimeError("ferry: vLLM connector: a load before register_kv_caches")
-        if not spec.tokens:
-            self._loaded(spec, 0)
-            return
-        op = self.store.retrieve_layers(spec.tokens, self._caches, spec.block_ids,
-                                        salt=spec.salt, skip=spec.skip)
-        self._loading.append((spec, op))
+        for g, caches, ids, skip, salt in self._targets(spec):
+            if not spec.tokens:
+                self._loaded(spec, g, ids, skip, 0)
+                continue
+            op = self.store.retrieve_layers(spec.tokens, caches, ids, salt=salt, skip=skip)
+            self._loading.append([spec, g, ids, skip, op])
 
-    def _load_finish(self):
-        """Layerwise: every load of the step is over; report what came short."""
-        loading, self._loading = self._loading, []
-        for spec, op in loading:
-            try:
-                got = op.wait()
-            except FerryError as e:
-                log.warning("ferry: request %s: layerwise load failed: %s", spec.req_id, e)
-                got = 0
-            self._loaded(spec, got)
+    @staticmethod
+    def _result(spec, op):
+        """Tokens an operation loaded; 0 when it failed (its blocks recomputed)."""
+        if op is None:
+            return 0
+        try:
+            return op.wait()
+        except FerryError as e:
+            log.warning("ferry: request %s: load failed: %s", spec.req_id, e)
+            return 0
 
-    def _loaded(self, spec, got):
+    def _load_finish(self, entries=None):
+        """Layerwise: these loads (default: all of the step's) are over; report
+        what came short."""
+        if entries is None:
+            entries, self._loading = self._loading, []
+        for spec, g, ids, skip, op in entries:
+            self._loaded(spec, g, ids, skip, self._result(spec, op))
+
+    def _loaded(self, spec, g, ids, skip, got):
+        self._stats["loads"] += 1
+        self._stats["load_tokens"] += max(0, min(got, spec.need) - skip)
         if got < spec.need:
-            bs = self._block_size
-            first = max(got, spec.skip) // bs
+            bs = self._gbs[g.idx]
+            first = max(got, skip) // bs
             last = -(-spec.need // bs)
-            self._load_errors.update(spec.block_ids[first:last])
-            log.warning("ferry: request %s: loaded %d of %d tokens; blocks %s left to vLLM "
-                        "to recompute", spec.req_id, got, spec.need, spec.block_ids[first:last])
+            bad = ids[first:last]
+            self._load_errors.update(bad)
+            self._stats["load_error_blocks"] += len(bad)
+            log.warning("ferry: request %s: group %d: loaded %d of %d tokens; blocks %s "
+                        "reported to vLLM (kv_load_failure_policy %r: %s)", spec.req_id, g.idx,
+                        got, spec.need, bad, self._failure_policy,
+                        "it recomputes them" if self._failure_policy == "recompute"
+                        else "it fails the request")
 
     def wait_for_layer_load(self, layer_name):
         """Layerwise: until this layer of every planned load is in vLLM's
         blocks (whole form: start_load_kv loaded every layer already)."""
         if not self._loading:
             return
-        idx = self._layer_index[layer_name]
-        for spec, op in self._loading:
+        gidx, idx = self._layer_pos[layer_name]
+        done = []
+        for e in self._loading:
+            spec, g, _, _, op = e
+            if g.idx != gidx:
+                continue
             try:
                 op.wait_layer(idx)
-            except FerryError as e:  # reported, with its blocks, when the loads end
-                log.debug("ferry: request %s: layer %d: %s", spec.req_id, idx, e)
-        if idx == len(self._layer_index) - 1:
-            self._load_finish()
+            except FerryError as err:  # reported, with its blocks, when the load ends
+                log.debug("ferry: request %s: layer %d: %s", spec.req_id, idx, err)
+            if idx == len(self._gcaches[gidx]) - 1:
+                done.append(e)
+        if done:
+            self._loading = [e for e in self._loading if all(e is not d for d in done)]
+            self._load_finish(done)
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
         """Layerwise: hand this layer of every planned save over as soon as
@@ -479,41 +867,55 @@ class FerryConnector(KVConnectorBase_V1):
         if self._saving is None:
             self._saving = []
             for spec in self._get_connector_metadata().saves:
-                try:
-                    op = self.store.store_layers(spec.tokens, self._caches, spec.block_ids,
-                                                 salt=spec.salt)
-                except FerryError as e:
-                    if e.code not in _SKIPPABLE:
-                        raise
-                    self.saves_skipped += 1
-                    log.warning("ferry: request %s: store skipped: %s", spec.req_id, e)
-                    continue
-                self._saving.append((spec, op))
-        idx = self._layer_index[layer_name]
-        for spec, op in self._saving:
-            op.layer_done(idx)
+                for g, caches, ids, _, salt in self._targets(spec):
+                    try:
+                        op = self.store.store_layers(spec.tokens, caches, ids, salt=salt)
+                    except FerryError as e:
+                        if e.code not in _SKIPPABLE:
+                            raise
+                        self._skipped(spec, e)
+                        continue
+                    self._saving.append((spec, g, op))
+        pos = self._layer_pos.get(layer_name)
+        if pos is None:
+            return
+        for spec, g, op in self._saving:
+            if g.idx == pos[0]:
+                op.layer_done(pos[1])
+
+    def _skipped(self, spec, e):
+        self.saves_skipped += 1
+        self._stats["saves_skipped"] += 1
+        log.warning("ferry: request %s: store skipped: %s", spec.req_id, e)
+
+    def _saved(self, spec, op):
+        """A store is over: count it, or skip it when ferry was full."""
+        try:
+            op.wait()
+        except FerryError as e:
+            if op.done() is False:  # a layer never came: store nothing
+                op.cancel()
+                self._skipped(spec, e)
+                return
+            if e.code not in _SKIPPABLE:
+                raise
+            self._skipped(spec, e)
+            return
+        self._stats["saves"] += 1
+        self._stats["save_tokens"] += len(spec.tokens)
 
     def _save_finish(self):
         saving, self._saving = self._saving or [], None
-        for spec, op in saving:
-            try:
-                op.wait()
-            except FerryError as e:
-                if op.done() is False:  # a layer never came: store nothing
-                    op.cancel()
-                    self.saves_skipped += 1
-                    log.warning("ferry: request %s: layerwise store missed layers; "
-                                "cancelled: %s", spec.req_id, e)
-                    continue
-                if e.code not in _SKIPPABLE:
-                    raise
-                self.saves_skipped += 1
-                log.warning("ferry: request %s: store skipped: %s", spec.req_id, e)
+        for spec, _, op in saving:
+            self._saved(spec, op)
 
     def wait_for_save(self):
         """Store this step's planned chunks from all layers (after the forward
         wrote them); layerwise: wait until every layer was handed over and the
-        chunks are stored. A store that finds ferry full is skipped and counted."""
+        chunks are stored. With "ferry.async_save" the stores are started and
+        not waited for: request_finished keeps the request's blocks until
+        get_finished reports its stores over. A store that finds ferry full is
+        skipped and counted."""
         if self._loading:  # (a forward that skipped some layer's wait)
             self._load_finish()
         if not self.has_connector_metadata():
@@ -522,22 +924,93 @@ class FerryConnector(KVConnectorBase_V1):
             self._save_finish()
             return
         for spec in self._get_connector_metadata().saves:
-            try:
-                self.store.store(spec.tokens, self._caches, spec.block_ids, salt=spec.salt)
-            except FerryError as e:
-                if e.code not in _SKIPPABLE:
-                    raise
-                self.saves_skipped += 1
-                log.warning("ferry: request %s: store skipped: %s", spec.req_id, e)
+            for g, caches, ids, _, salt in self._targets(spec):
+                try:
+                    if self._async_save:
+                        op = self.store.store_async(spec.tokens, caches, ids, salt=salt)
+                        self._saves_inflight.setdefault(spec.req_id, []).append((spec, op))
+                        continue
+                    self.store.store(spec.tokens, caches, ids, salt=salt)
+                    self._stats["saves"] += 1
+                    self._stats["save_tokens"] += len(spec.tokens)
+                except FerryError as e:
+                    if e.code not in _SKIPPABLE:
+                        raise
+                    self._skipped(spec, e)
+            if self._async_save:
+                self._deferred.add(spec.req_id)
+
+    def _reap_saves(self, rid, block):
+        ops = self._saves_inflight.get(rid)
+        if ops is None:
+            return True
+        if not block and not all(op.done() for _, op in ops):
+            return False
+        for spec, op in self._saves_inflight.pop(rid):
+            self._saved(spec, op)
+        return True
+
+    def _reap_loads(self, rid):
+        entries = self._async_loads.get(rid)
+        if entries is None:
+            return True
+        if not all(op is None or op.done() for *_, op in entries):
+            return False
+        for spec, g, ids, skip, op in self._async_loads.pop(rid):
+            self._loaded(spec, g, ids, skip, self._result(spec, op))
+        return True
 
     def get_finished(self, finished_req_ids):
-        return None, None  # nothing asynchronous
+        """(requests whose blocks vLLM may free now, requests whose load-async
+        is over). The first set names only requests vLLM said finished and
+        whose request_finished returned True: their async stores (and an
+        aborted request's async load) are over. A load's failed blocks are in
+        get_block_ids_with_load_errors no later than the call that names it."""
+        for rid in finished_req_ids or ():
+            if rid in self._deferred:
+                self._finishing.add(rid)
+                for *_, op in self._async_loads.get(rid, ()):  # aborted while loading
+                    if op is not None:
+                        op.cancel()
+        recving = {rid for rid in list(self._async_loads) if self._reap_loads(rid)}
+        for rid in list(self._saves_inflight):
+            self._reap_saves(rid, False)
+        sending = {rid for rid in self._finishing
+                   if rid not in self._saves_inflight and rid not in self._async_loads}
+        self._finishing -= sending
+        self._deferred -= sending
+        return (sending or None), (recving or None)
+
+    def handle_preemptions(self, kv_connector_metadata):
+        """Before a preempted request's blocks are reused: its async stores
+        finish reading them."""
+        for rid in getattr(kv_connector_metadata, "preempted", None) or ():
+            self._reap_saves(rid, True)
 
     def get_block_ids_with_load_errors(self):
         out, self._load_errors = self._load_errors, set()
         return out
 
+    def get_kv_connector_stats(self):
+        """This worker's FerryConnectorStats since the last call (None: nothing
+        happened)."""
+        if not any(self._stats.values()):
+            return None
+        out = FerryConnectorStats(data=dict(self._stats))
+        self._stats = dict.fromkeys(_STAT_DOCS, 0)
+        return out
+
     def shutdown(self):
+        for rid in list(self._async_loads):
+            for *_, op in self._async_loads[rid]:
+                if op is not None:
+                    op.cancel()
+            self._reap_loads(rid)
+        for rid in list(self._saves_inflight):
+            try:
+                self._reap_saves(rid, True)
+            except FerryError as e:
+                log.warning("ferry: request %s: store at shutdown: %s", rid, e)
         if self._opened and self._store is not None:
             unregister = registered_store(self._name) is self._store
             if unregister:
@@ -548,5 +1021,195 @@ class FerryConnector(KVConnectorBase_V1):
         self._store = None
 
 
-__all__ = ["FerryConnector", "FerryConnectorMetadata", "LoadSpec", "SaveSpec", "KVConnectorRole",
-           "VLLM", "paged_view"]
+# ==== ferry behind vLLM's own OffloadingConnector ====
+class FerrySecondaryTier(SecondaryTierManager):
+    """ferry as a secondary tier of vLLM's TieringOffloadingSpec: vLLM's CPU
+    tier stays the primary (the one that moves KV to and from the GPU); ferry's
+    L1, L2 (persistent or not) and remote hold the chunks it cascades down and
+    promote them back. In kv_connector_extra_config:
+
+        {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": ...,
+         "secondary_tiers": [{"type": "FerrySecondaryTier",
+                              "module_path": "ferry.adapters.vllm",
+                              "l1": "8G", "l2": "/nvme/ferry:512G",
+                              "persistent": True}]}
+
+    ("ferry.store": NAME uses a store registered with
+    ferry.adapters.register_store instead; it must have been opened with
+    FerrySecondaryTier.layout_for(chunk_bytes) and chunk_tokens=TOKENS.)
+
+    Each of vLLM's offload keys is one ferry chunk: the primary slot's bytes,
+    kept as they are, under the key (ferry's salt; the chunk's tokens are a
+    fixed filler). Every method runs in vLLM's scheduler process and returns
+    at once: submit_store and submit_load start ferry's asynchronous store or
+    retrieve straight from or into the primary slots (their buffers stay
+    pinned by vLLM until the job is reported), get_finished_jobs polls them.
+    A promotion whose chunk failed its checksum or was evicted is reported
+    failed (with the keys that did load), never as loaded."""
+
+    medium = Medium.STORAGE
+    TOKENS = 16   # tokens per chunk; each key's slot is one chunk
+
+    def __init__(self, offloading_spec=None, primary_kv_view=None, tier_type="FerrySecondaryTier",
+                 backpressure_detector=None, vllm_config=None, **config):
+        args = {"offloading_spec": offloading_spec, "primary_kv_view": primary_kv_view,
+                "tier_type": tier_type, "backpressure_detector": backpressure_detector,
+                "vllm_config": vllm_config}
+        params = inspect.signature(SecondaryTierManager.__init__).parameters
+        super().__init__(**{k: v for k, v in args.items() if k in params})
+        view = memoryview(primary_kv_view)
+        self._chunk_bytes = int(view.strides[0])
+        slots = np.frombuffer(view.cast("B") if view.ndim != 1 or view.format != "B" else view,
+                              dtype=np.uint8)
+        if slots.size % self._chunk_bytes:
+            raise ValueError(f"ferry: primary view of {slots.size} bytes is not whole "
+                             f"{self._chunk_bytes}-byte slots")
+        self._slots = slots.reshape(-1, self._chunk_bytes)
+        self._tokens = [0] * self.TOKENS
+        layout = self.layout_for(self._chunk_bytes)
+        name = config.pop("ferry.store", None)
+        self._own = False
+        if name is not None:
+            self.store = registered_store(name)
+            if self.store is None:
+                raise RuntimeError(f"ferry: secondary tier: no store registered as {name!r}")
+        else:
+            if "l1" not in config:
+                raise ValueError("ferry: secondary tier needs \"l1\" (its host pool size) or "
+                                 "\"ferry.store\"")
+            self.store = KVStore(model=str(config.pop("model", "vllm-offload")), layout=layout,
+                                 l1=config.pop("l1"), l2=config.pop("l2", None),
+                                 persistent=bool(config.pop("persistent", False)),
+                                 remote=config.pop("remote", None), chunk_tokens=self.TOKENS)
+            self._own = True
+        if config:
+            log.warning("ferry: secondary tier: unknown settings %s ignored", sorted(config))
+        if self.store.layout != layout or self.store.chunk_tokens != self.TOKENS:
+            raise ValueError(f"ferry: secondary tier: the store holds {self.store.layout} in "
+                             f"{self.store.chunk_tokens}-token chunks; {self._chunk_bytes}-byte "
+                             f"slots need {layout} in {self.TOKENS}-token chunks")
+        self._jobs = {}       # job id -> (TransferJob, [(key, Op or None)])
+        self._storing = {}    # key -> jobs storing it now
+        self._events = []
+
+    @classmethod
+    def layout_for(cls, chunk_bytes):
+        """ferry's layout for opaque slots of chunk_bytes: one layer of bytes,
+        TOKENS tokens a chunk."""
+        if chunk_bytes <= 0 or chunk_bytes % cls.TOKENS:
+            raise ValueError(f"ferry: a {chunk_bytes}-byte slot is not {cls.TOKENS} equal "
+                             "token runs")
+        per = chunk_bytes // cls.TOKENS
+        heads = 1
+        while per // heads > 4096 and per % (heads * 2) == 0:
+            heads *= 2
+        return Layout(1, heads, per // heads, "u8", kv=1)
+
+    def _slot(self, chunk_id):
+        return self._slots[int(chunk_id)].reshape(1, 1, self.TOKENS, -1)
+
+    def lookup(self, key, req_context):
+        if key in self._storing:
+            return LookupResult.RETRY
+        try:
+            hit = self.store.lookup(self._tokens, salt=bytes(key))
+        except FerryError as e:
+            log.warning("ferry: secondary tier: lookup: %s", e)
+            return LookupResult.MISS
+        return LookupResult.HIT if hit >= self.TOKENS else LookupResult.MISS
+
+    def submit_store(self, job_metadata):
+        ops = []
+        for key, cid in zip(job_metadata.keys, job_metadata.chunk_ids):
+            key = bytes(key)
+            op = None
+            try:
+                if self.store.lookup(self._tokens, salt=key) < self.TOKENS:
+                    op = self.store.store_async(self._tokens, self._slot(cid), salt=key)
+                    self._storing[key] = self._storing.get(key, 0) + 1
+                else:
+                    op = True   # present already
+            except FerryError as e:
+                log.warning("ferry: secondary tier: store of job %d: %s", job_metadata.job_id, e)
+            ops.append((key, op))
+        self._jobs[job_metadata.job_id] = (job_metadata, ops)
+
+    def submit_load(self, job_metadata):
+        ops = []
+        for key, cid in zip(job_metadata.keys, job_metadata.chunk_ids):
+            key = bytes(key)
+            try:
+                op = self.store.retrieve_async(self._tokens, self._slot(cid), salt=key)
+            except FerryError as e:
+                log.warning("ferry: secondary tier: load of job %d: %s", job_metadata.job_id, e)
+                op = None
+            ops.append((key, op))
+        self._jobs[job_metadata.job_id] = (job_metadata, ops)
+
+    @staticmethod
+    def _done(op):
+        return op is None or op is True or op.done()
+
+    def _ok(self, op):
+        if op is None:
+            return False
+        if op is True:
+            return True
+        try:
+            return op.wait() >= self.TOKENS
+        except FerryError as e:
+            log.warning("ferry: secondary tier: %s", e)
+            return False
+
+    def get_finished_jobs(self):
+        out = []
+        for job_id in [j for j, (_, ops) in self._jobs.items()
+                       if all(self._done(op) for _, op in ops)]:
+            job, ops = self._jobs.pop(job_id)
+            good = [key for key, op in ops if self._ok(op)]
+            for key, op in ops:
+                if op is not None and op is not True and not job.is_promotion:
+                    n = self._storing.get(key, 0) - 1
+                    if n > 0:
+                        self._storing[key] = n
+                    else:
+                        self._storing.pop(key, None)
+            ok = len(good) == len(ops)
+            if not job.is_promotion and good:
+                self._events.append(OffloadingEvent(keys=list(good), medium=Medium.STORAGE,
+                                                    removed=False))
+            out.append(JobResult(job_id=job_id, success=ok,
+                                 successful_keys=None if ok or not job.is_promotion else good))
+        return out
+
+    def has_pending_work(self):
+        return bool(self._jobs)
+
+    def take_events(self):
+        out, self._events = self._events, []
+        return out
+
+    def on_new_request(self, req_context):
+        return RequestOffloadingContext()
+
+    def drain_jobs(self):
+        """Wait until every submitted job's copies are over (their results are
+        then in get_finished_jobs)."""
+        for _, ops in self._jobs.values():
+            for _, op in ops:
+                if op is not None and op is not True:
+                    try:
+                        op.wait()
+                    except FerryError:
+                        pass
+
+    def shutdown(self):
+        self.drain_jobs()
+        if self._own:
+            self.store.close()
+            self._own = False
+
+
+__all__ = ["FerryConnector", "FerryConnectorMetadata", "FerryConnectorStats", "FerryPromMetrics",
+           "FerrySecondaryTier", "LoadSpec", "SaveSpec", "KVConnectorRole", "VLLM",
+           "paged_view"]

@@ -1,0 +1,171 @@
+"""A hybrid model through ferry's vLLM connector (SupportsHMA): one
+full-attention KV cache group and one sliding-window group, as vLLM's
+KVCacheConfig.kv_cache_groups describe them (vllm-project/vllm
+003df2961dd8830c317a61f9745ccd557da9fa06; spec classes named as in
+vllm/v1/kv_cache_interface.py). vLLM is not installed: the groups, their
+block tables (the sliding group's blocks below its window are vLLM's null
+block 0) and the windowed attention are stand-ins around the tiny Llama.
+"""
+from types import SimpleNamespace
+
+import torch
+
+import ferry
+from ferry.adapters import register_store, unregister_store
+from ferry.adapters import _vllm_base as base
+from test_adapter_vllm import BS, CHUNK, NAME, Request, connector_class, prompts, vllm_config
+from tiny_llama import TinyLlama
+
+W = 16          # the sliding window, in tokens
+NULL = 0        # vLLM's null block
+L0, L1 = "model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"
+
+
+class FullAttentionSpec:
+    pass
+
+
+class SlidingWindowSpec:
+    def __init__(self, sliding_window):
+        self.sliding_window = sliding_window
+
+
+class MambaSpec:
+    pass
+
+
+def kv_cache_config(second):
+    return SimpleNamespace(kv_cache_groups=[
+        SimpleNamespace(kv_cache_spec=FullAttentionSpec(), layer_names=[L0]),
+        SimpleNamespace(kv_cache_spec=second, layer_names=[L1])])
+
+
+def forward(model, tokens, start, caches, tables):
+    """TinyLlama.forward with a block table per layer and layer 1 attending
+    only to the last W positions."""
+    tokens = torch.as_tensor(tokens, dtype=torch.long)
+    n = tokens.numel()
+    pos = torch.arange(start, start + n)
+    all_pos = torch.arange(start + n)
+    x = model.embed[tokens]
+    rep = model.heads // model.kv_heads
+    for L, p in enumerate(model.blocks):
+        table = torch.as_tensor(tables[L], dtype=torch.long)
+        blk, row = table[all_pos // BS], all_pos % BS
+        mask = all_pos[None, :] <= pos[:, None]
+        if L == 1:
+            mask &= all_pos[None, :] > pos[:, None] - W
+        h = model._rms(x, p["attn_norm"])
+        q = (h @ p["wq"].T).view(n, model.heads, model.head_dim)
+        k = (h @ p["wk"].T).view(n, model.kv_heads, model.head_dim)
+        v = (h @ p["wv"].T).view(n, model.kv_heads, model.head_dim)
+        q, k = model._rope(q, pos), model._rope(k, pos)
+        caches[L][0, table[pos // BS], pos % BS] = k
+        caches[L][1, table[pos // BS], pos % BS] = v
+        K = caches[L][0, blk, row].repeat_interleave(rep, dim=1)
+        V = caches[L][1, blk, row].repeat_interleave(rep, dim=1)
+        att = torch.einsum("qhd,khd->hqk", q, K) / model.head_dim ** 0.5
+        att = att.masked_fill(~mask[None], float("-inf")).softmax(-1)
+        o = torch.einsum("hqk,khd->qhd", att, V).reshape(n, -1)
+        x = x + o @ p["wo"].T
+        h = model._rms(x, p["ffn_norm"])
+        x = x + (torch.nn.functional.silu(h @ p["w1"].T) * (h @ p["w3"].T)) @ p["w2"].T
+    return model._rms(x, model.norm) @ model.out.T
+
+
+def step(sched, worker, model, caches, req, tables, start, n):
+    new = SimpleNamespace(req_id=req.request_id, prompt_token_ids=req.prompt_token_ids,
+                          block_ids=tuple(tables), num_computed_tokens=start)
+    so = SimpleNamespace(scheduled_new_reqs=[new], num_scheduled_tokens={req.request_id: n},
+                         scheduled_cached_reqs=SimpleNamespace(
+                             req_ids=[], resumed_req_ids=set(), new_block_ids=[],
+                             num_computed_tokens=[]), finished_req_ids=set())
+    meta = sched.build_connector_meta(so)
+    worker.bind_connector_metadata(meta)
+    worker.start_load_kv(None)
+    logits = forward(model, req.prompt_token_ids[start:start + n], start, caches, tables) \
+        if n else None
+    worker.wait_for_save()
+    errors = worker.get_block_ids_with_load_errors()
+    worker.clear_connector_metadata()
+    return meta, logits, errors
+
+
+def test_a_sliding_window_group_is_stored_and_loaded_inside_its_window():
+    model = TinyLlama(seed=4321)
+    lay = ferry.Layout.from_model(1, model.kv_heads, model.head_dim, dtype="f32")
+    store = ferry.KVStore("tiny-hybrid", lay, l1=64 * CHUNK * lay.token_bytes,
+                          chunk_tokens=CHUNK)
+    register_store(NAME, store)
+    try:
+        cfg = vllm_config({"ferry.store": NAME})
+        cls = connector_class(cfg)
+        kcc = kv_cache_config(SlidingWindowSpec(W))
+        worker = cls(cfg, base.KVConnectorRole.WORKER, kcc)
+        caches = model.new_caches(64, BS)
+        worker.register_kv_caches({L0: caches[0], L1: caches[1]})
+        sched = cls(cfg, base.KVConnectorRole.SCHEDULER, kcc)
+        a, b = prompts()
+        ra = Request("a", a)
+        assert sched.get_num_new_matched_tokens(ra, 0) == (0, False)
+        ta = [list(range(1, 11)), list(range(11, 21))]
+        sched.update_state_after_alloc(ra, None, 0)
+        _, _, err = step(sched, worker, model, caches, ra, ta, 0, 40)
+        assert err == set()
+        sched.request_finished_all_groups(ra, tuple(ta))
+        assert store.lookup(a) == 32 and store.lookup(a, salt="\0ferry-group\0" "1") == 32
+        kv_a = [c.clone() for c in caches]
+        rb = Request("b", b)
+        assert sched.get_num_new_matched_tokens(rb, 0) == (32, False)
+        # vLLM's tables for b: the sliding group's blocks wholly below the
+        # window of the 32 loaded tokens (tokens < 32 - W + 1) are the null block
+        full = list(range(21, 37))
+        sliding = [NULL] * 4 + list(range(37, 49))
+        before = caches[1][:, NULL].clone()
+        sched.update_state_after_alloc(rb, None, 32)
+        meta, got, err = step(sched, worker, model, caches, rb, [full, sliding], 32, 32)
+        assert err == set()
+        assert [(s.skip, s.need) for s in meta.loads] == [(0, 32)]
+        assert torch.equal(caches[1][:, NULL], before)      # the null block never written
+        t = torch.arange(32)
+        assert torch.equal(caches[0][:, torch.tensor(full)[t // BS], t % BS],
+                           kv_a[0][:, torch.tensor(ta[0])[t // BS], t % BS])
+        w = torch.arange(32 - W + 1, 32)
+        assert torch.equal(caches[1][:, torch.tensor(sliding)[w // BS], w % BS],
+                           kv_a[1][:, torch.tensor(ta[1])[w // BS], w % BS])
+        # logits bitwise those of b computed after a with every block kept
+        ref = model.new_caches(64, BS)
+        tr = [list(range(1, 17)), list(range(17, 33))]
+        forward(model, a, 0, ref, tr)
+        want = forward(model, b[32:], 32, ref, tr)
+        assert torch.equal(got, want)
+        sched.request_finished_all_groups(rb, ([], []))
+        worker.shutdown()
+        sched.shutdown()
+    finally:
+        unregister_store(NAME)
+        store.close()
+
+
+def test_a_group_ferry_cannot_cache_turns_the_connector_off(caplog):
+    model = TinyLlama(seed=4321)
+    lay = ferry.Layout.from_model(1, model.kv_heads, model.head_dim, dtype="f32")
+    store = ferry.KVStore("tiny-hybrid", lay, l1=64 * CHUNK * lay.token_bytes,
+                          chunk_tokens=CHUNK)
+    register_store(NAME, store)
+    try:
+        cfg = vllm_config({"ferry.store": NAME})
+        cls = connector_class(cfg)
+        sched = cls(cfg, base.KVConnectorRole.SCHEDULER, kv_cache_config(MambaSpec()))
+        a, _ = prompts()
+        store_src = model.new_caches(16, BS)[:1]
+        store.store(a[:32], store_src, list(range(8)))       # group 0's chunks are there
+        assert sched.get_num_new_matched_tokens(Request("a", a), 0) == (0, False)
+        assert "MambaSpec" in caplog.text and "neither loads nor stores" in caplog.text
+        short = cls(cfg, base.KVConnectorRole.SCHEDULER,
+                    kv_cache_config(SlidingWindowSpec(CHUNK - 1)))
+        assert short.get_num_new_matched_tokens(Request("a2", a), 0) == (0, False)
+        assert "shorter than" in caplog.text
+    finally:
+        unregister_store(NAME)
+        store.close()
