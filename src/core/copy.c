@@ -14,16 +14,13 @@
  */
 #include <stdint.h>
 #include <string.h>
-#if defined(__SSE2__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-#define COPY_STREAM 1 /* (the sanitizers check memcpy's accesses, not the intrinsics') */
-#include <emmintrin.h>
-#endif
 
+#include "copy.h"
 #include "core.h"
 
 void ferry__copy_stream(void *dst, const void *src, size_t n)
 {
-#if defined(COPY_STREAM)
+#if defined(FERRY__COPY_RUNS_STREAM)
     if (n < FERRY__COPY_STREAM_MIN) {
         memcpy(dst, src, n);
         return;
@@ -32,21 +29,8 @@ void ferry__copy_stream(void *dst, const void *src, size_t n)
     const unsigned char *s = src;
     size_t head = (16 - ((uintptr_t)d & 15)) & 15;
     memcpy(d, s, head);
-    d += head;
-    s += head;
-    n -= head;
-    for (; n >= 64; n -= 64, d += 64, s += 64) {
-        __m128i a = _mm_loadu_si128((const __m128i *)(const void *)s);
-        __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(s + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(s + 32));
-        __m128i e = _mm_loadu_si128((const __m128i *)(const void *)(s + 48));
-        _mm_stream_si128((__m128i *)(void *)d, a);
-        _mm_stream_si128((__m128i *)(void *)(d + 16), b);
-        _mm_stream_si128((__m128i *)(void *)(d + 32), c);
-        _mm_stream_si128((__m128i *)(void *)(d + 48), e);
-    }
-    memcpy(d, s, n);
-    _mm_sfence(); /* the streamed lines are visible before any later store */
+    ferry__copy_stream_run(d + head, s + head, n - head);
+    ferry__copy_fence();
 #else
     memcpy(dst, src, n);
 #endif

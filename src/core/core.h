@@ -41,8 +41,12 @@ void ferry__copy_stream(void *dst, const void *src, size_t n);
 
 #if defined(__GNUC__)
 #define FERRY__PRINTF(a, b) __attribute__((format(printf, a, b)))
+/* a walker whose callback is a constant at the call: inlined there, so the
+ * callback is a direct (and inlined) call per run */
+#define FERRY__ALWAYS_INLINE inline __attribute__((always_inline))
 #else
 #define FERRY__PRINTF(a, b)
+#define FERRY__ALWAYS_INLINE inline
 #endif
 
 /* record an error on eb (may be NULL) and the thread; returns code */

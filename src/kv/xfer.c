@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "kv_impl.h"
+#include "copy.h"
 #include "sized.h"
 
 static uint64_t token_bytes(const ferry_kv_layout *l)
@@ -177,10 +178,12 @@ int ferry__kv_buffer_take(const ferry_kv_buffer *in, ferry_kv_buffer *buf,
 }
 
 /* the runs of plane `plane` of a paged buffer for tokens [tok0, tok0+ntok),
- * in the order of the image part they fill (the checksum's order): a
- * block's rows as one run where they lie back to back (and consecutive
- * blocks too, where blocks do), else a row of heads, else one head's run */
-static int walk_paged(const ferry_kv_buffer *buf, uint64_t plane, uint64_t tb, uint64_t tok0,
+ * in the order of the image part they fill (the checksum's order, and the
+ * faster one for every copy: the image is read front to back, the
+ * engine's lines written whole wherever they are): a block's rows as one
+ * run where they lie back to back (and consecutive blocks too, where
+ * blocks do), else a row of heads, else one head's run */
+static FERRY__ALWAYS_INLINE int walk_paged(const ferry_kv_buffer *buf, uint64_t plane, uint64_t tb, uint64_t tok0,
                       uint32_t ntok, unsigned char *part, ferry__kv_run_fn fn, void *ctx)
 {
     const ferry_kv_layout *l = &buf->layout;
@@ -225,7 +228,7 @@ static int walk_paged(const ferry_kv_buffer *buf, uint64_t plane, uint64_t tb, u
 }
 
 /* the runs of layers [layer0, layer1) (see ferry__kv_xfer_walk) */
-static int walk_layers(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
+static FERRY__ALWAYS_INLINE int walk_layers(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
                        uint32_t ntok, void *chunk, uint32_t layer0, uint32_t layer1,
                        ferry__kv_run_fn fn, void *ctx)
 {
@@ -236,14 +239,12 @@ static int walk_layers(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64
         for (uint32_t layer = layer0; layer < layer1; layer++) {
             uint64_t plane = (uint64_t)kvi * l->num_layers + layer;
             unsigned char *part = img + plane * chunk_tokens * tb;
-            if (buf->form == FERRY_KV_CONTIGUOUS) {
-                uint64_t addr = buf->base + (plane * buf->capacity_tokens + tok0) * tb;
-                int rc = fn(ctx, addr, part, (uint64_t)ntok * tb);
-                if (rc < 0)
-                    return rc;
-                continue;
-            }
-            int rc = walk_paged(buf, plane, tb, tok0, ntok, part, fn, ctx);
+            int rc;
+            if (buf->form == FERRY_KV_CONTIGUOUS)
+                rc = fn(ctx, buf->base + (plane * buf->capacity_tokens + tok0) * tb, part,
+                        (uint64_t)ntok * tb);
+            else
+                rc = walk_paged(buf, plane, tb, tok0, ntok, part, fn, ctx);
             if (rc < 0)
                 return rc;
         }
@@ -261,19 +262,25 @@ int ferry__kv_xfer_walk(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint6
 typedef struct xctx {
     const ferry_kv_buffer *buf;
     int to_chunk;
+    int stream;      /* host: a copy of many runs that streams each (fenced at the end) */
     ferry_copy *c;
     size_t n, cap;
     ferry_copy local[128];
 } xctx;
 
-static int xrun(void *ctx, uint64_t addr, unsigned char *img, uint64_t len)
+static FERRY__ALWAYS_INLINE int xrun(void *ctx, uint64_t addr, unsigned char *img, uint64_t len)
 {
     xctx *x = ctx;
     if (x->buf->mem == FERRY_KV_MEM_HOST) {
-        if (x->to_chunk) /* into a tier's image, read later by another copy */
-            ferry__copy_stream(img, (const void *)(uintptr_t)addr, len);
-        else /* into the engine's buffer, which it reads later: streaming stores */
-            ferry__copy_stream((void *)(uintptr_t)addr, img, len);
+        /* into a tier's image (read later by another copy) or the engine's
+         * buffer (which it reads later): streaming stores; a large copy of
+         * short runs (a strided cache's heads) streams each run too */
+        void *dst = x->to_chunk ? (void *)img : (void *)(uintptr_t)addr;
+        const void *src = x->to_chunk ? (const void *)(uintptr_t)addr : (const void *)img;
+        if (x->stream && len < FERRY__COPY_STREAM_MIN)
+            ferry__copy_stream_run(dst, src, len);
+        else
+            ferry__copy_stream(dst, src, len);
         return 0;
     }
     if (x->n == x->cap) {
@@ -300,6 +307,8 @@ static int xflush(xctx *x, ferry_stream *s, int rc, ferry__errbuf *eb)
 {
     const ferry_kv_buffer *buf = x->buf;
     int to_chunk = x->to_chunk;
+    if (x->stream)
+        ferry__copy_fence();
     if (rc == 0 && buf->mem != FERRY_KV_MEM_HOST) {
         rc = ferry_memcpy_batch_async(s, to_chunk ? FERRY_COPY_DTOH : FERRY_COPY_HTOD, x->c, x->n);
         if (rc < 0)
@@ -313,10 +322,12 @@ static int xflush(xctx *x, ferry_stream *s, int rc, ferry__errbuf *eb)
     return rc;
 }
 
-static void xinit(xctx *x, const ferry_kv_buffer *buf, int to_chunk)
+/* bytes: what the whole copy moves */
+static void xinit(xctx *x, const ferry_kv_buffer *buf, int to_chunk, uint64_t bytes)
 {
     x->buf = buf;
     x->to_chunk = to_chunk;
+    x->stream = buf->mem == FERRY_KV_MEM_HOST && bytes >= FERRY__COPY_STREAM_MIN;
     x->c = x->local;
     x->n = 0;
     x->cap = sizeof x->local / sizeof x->local[0];
@@ -327,7 +338,10 @@ int ferry__kv_xfer_layer(const ferry_kv_buffer *buf, uint32_t chunk_tokens,
                          ferry_stream *s, ferry__errbuf *eb)
 {
     xctx x;
-    xinit(&x, buf, to_chunk);
+    uint64_t bytes = 0;
+    for (size_t k = 0; k < nch; k++)
+        bytes += (uint64_t)ch[k].ntok * token_bytes(&buf->layout) * buf->layout.kv;
+    xinit(&x, buf, to_chunk, bytes);
     int rc = 0;
     for (size_t k = 0; rc == 0 && k < nch; k++)
         if (ch[k].ntok)
@@ -340,7 +354,8 @@ int ferry__kv_xfer(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t t
                    uint32_t ntok, void *chunk, int to_chunk, ferry_stream *s, ferry__errbuf *eb)
 {
     xctx x;
-    xinit(&x, buf, to_chunk);
+    xinit(&x, buf, to_chunk,
+          (uint64_t)ntok * token_bytes(&buf->layout) * buf->layout.kv * buf->layout.num_layers);
     int rc = ferry__kv_xfer_walk(buf, chunk_tokens, tok0, ntok, chunk, xrun, &x);
     return xflush(&x, s, rc, eb);
 }
