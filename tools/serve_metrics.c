@@ -104,7 +104,7 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
  * these, set before the daemon starts and read by its thread after */
 static serve_metrics_log g_log;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER; /* the two below */
-static char g_first[256]; /* the first message while starting, for the reason */
+static char g_first[512]; /* the first message while starting, for the reason */
 static int g_starting;
 
 static void http_log(void *cls, const char *fmt, va_list ap)
