@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -530,6 +531,35 @@ static void serve_runs_and_stops_cleanly(void **state)
     }
     assert_non_null(strstr(r->out, "clients"));
     assert_non_null(strstr(r->out, "L1"));
+    /* the same daemon as unix:PATH (a failure below stops the daemon first) */
+    snprintf(args, sizeof args, "serve status --socket unix:%s", sock);
+    run_ferry(args, r);
+    if (r->status != 0 || !strstr(r->out, "clients")) {
+        kill(pid, SIGKILL);
+        fail_msg("ferry %s: exit %d, stderr '%s'", args, r->status, r->err);
+    }
+    /* a second daemon on its socket, or on its metrics port: refused in one
+     * line, and the first one serves on */
+    for (int i = 0; i < 2; i++) {
+        if (i)
+            snprintf(args, sizeof args, "serve --socket %s.2 --model tiny --l1 4M --metrics %s",
+                     sock, metrics);
+        else
+            snprintf(args, sizeof args, "serve --socket %s --model tiny --l1 4M", sock);
+        run_ferry(args, r);
+        if (r->status != 1 || count_lines(r->err) != 1 || strncmp(r->err, "ferry serve: ", 13) ||
+            !strstr(r->err, i ? "Address already in use" : "already serving")) {
+            kill(pid, SIGKILL);
+            fail_msg("ferry %s: exit %d, stderr '%s' (want exit 1 and one line)", args,
+                     r->status, r->err);
+        }
+    }
+    snprintf(args, sizeof args, "serve status --socket %s", sock);
+    run_ferry(args, r);
+    if (r->status != 0) {
+        kill(pid, SIGKILL);
+        fail_msg("the first daemon stopped answering after the refused ones: %s", r->err);
+    }
     static char resp[1 << 16];
     http_get(port, "/metrics", resp, sizeof resp);
     assert_non_null(strstr(resp, "200 OK"));
@@ -545,6 +575,179 @@ static void serve_runs_and_stops_cleanly(void **state)
     assert_int_equal(access(sock, F_OK), -1);
 }
 
+/* ---- issue 25: server addresses, timeouts, a refused start ---- */
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* a Unix-domain listener at path that never says a word: it does not
+ * accept (connections wait in its backlog), or with accept, a child
+ * process takes each connection and holds it; *child: that child, or -1 */
+static int mute_listener(const char *path, int accept_them, pid_t *child)
+{
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    assert_true(strlen(path) < sizeof a.sun_path);
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    unlink(path);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(fd, 16), 0);
+    *child = -1;
+    if (accept_them) {
+        *child = fork();
+        assert_true(*child >= 0);
+        if (*child == 0) {
+            for (;;)
+                (void)accept(fd, NULL, NULL); /* each held until this child is killed */
+        }
+    }
+    return fd;
+}
+
+static void mute_listener_end(int fd, pid_t child, const char *path)
+{
+    if (child > 0) {
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+    }
+    close(fd);
+    unlink(path);
+}
+
+/* kv bench through a daemon that never answers: exit 1 within about the
+ * library's 2 s (not 30 s), one line naming the address and the timeout */
+static void kv_bench_server_gives_up_within_the_timeout(void **state)
+{
+    (void)state;
+    static run_out r_;
+    run_out *r = &r_;
+    char path[320];
+    snprintf(path, sizeof path, "%s/m.sock", g_dir);
+    static const char *const run =
+        "kv bench --model tiny --docs 1 --doc-tokens 256 --questions 1 --no-refs --l1 4M "
+        "--server unix:@/m.sock";
+    char args[400];
+    for (int accept_them = 0; accept_them < 2; accept_them++) {
+        pid_t child;
+        int fd = mute_listener(path, accept_them, &child);
+        double t0 = now_s();
+        run_ferry(run, r);
+        double took = now_s() - t0;
+        mute_listener_end(fd, child, path);
+        if (r->status != 1 || count_lines(r->err) != 1 || !strstr(r->err, "m.sock") ||
+            !strstr(r->err, "server timeout 2000 ms, the default") || took > 12)
+            fail_msg("kv bench against a mute %s listener: exit %d after %.1f s, stderr '%s' "
+                     "(want exit 1 within about 2 s, one line naming the socket and timeout)",
+                     accept_them ? "accepting" : "non-accepting", r->status, took, r->err);
+    }
+    /* --server-timeout is the limit: 3 s is neither the 2 s default nor 30 s */
+    pid_t child;
+    int fd = mute_listener(path, 1, &child);
+    snprintf(args, sizeof args, "%s --server-timeout 3000", run);
+    double t0 = now_s();
+    run_ferry(args, r);
+    double took = now_s() - t0;
+    mute_listener_end(fd, child, path);
+    if (r->status != 1 || count_lines(r->err) != 1 || took < 2.9 || took > 15 ||
+        !strstr(r->err, "server timeout 3000 ms, --server-timeout"))
+        fail_msg("kv bench --server-timeout 3000: exit %d after %.1f s: %s", r->status, took,
+                 r->err);
+    /* its value is checked like every count, and it needs --server */
+    expect_usage("kv bench --server-timeout 500", "--server-timeout 500", "--server");
+    expect_usage("kv bench --server @/m.sock --server-timeout -5", "--server-timeout -5",
+                 "accepted: a whole number 1..");
+    expect_usage("kv bench --server @/m.sock --server-timeout 2s", "--server-timeout 2s",
+                 "accepted: ");
+    expect_usage("kv bench --server @/m.sock --server-timeout 0", "--server-timeout 0",
+                 "accepted: ");
+    expect_usage("kv bench --server @/m.sock --server-timeout 99999999999", "99999999999",
+                 "accepted: ");
+}
+
+/* tcp:// (or any scheme but unix) is not a path: refused wherever a
+ * daemon's address is given, naming what is accepted */
+static void server_addresses_are_unix_sockets_only(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {"tcp://127.0.0.1:9400", "http://localhost/x",
+                                      "redis://127.0.0.1:6379/0", "unix://host/ferry.sock",
+                                      "unix:"};
+    static const char *const cmds[] = {"kv bench --model tiny --server", "serve --socket",
+                                       "serve status --socket"};
+    char args[200];
+    for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++)
+        for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+            snprintf(args, sizeof args, "%s %s", cmds[c], bad[b]);
+            expect_usage(args, bad[b], "accepted: unix:/path/to/ferry.sock or /path");
+        }
+    /* nothing was created for any of them */
+    assert_false(exists("tcp:"));
+    assert_int_equal(access("tcp:", F_OK), -1);
+    /* from the environment: named by its variable */
+    setenv("FERRY_SOCKET", "tcp://127.0.0.1:9400", 1);
+    expect_usage("serve status", "FERRY_SOCKET", "accepted: unix:");
+    expect_usage("serve --model tiny", "FERRY_SOCKET", "accepted: unix:");
+    unsetenv("FERRY_SOCKET");
+    /* the accepted forms reach the socket: no daemon there, a failure (1) */
+    static run_out r_;
+    run_out *r = &r_;
+    static const char *const good[] = {"serve status --socket @/none.sock",
+                                       "serve status --socket unix:@/none.sock",
+                                       "serve status --socket unix://@/none.sock"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        run_ferry(good[i], r);
+        char want[320];
+        snprintf(want, sizeof want, "serve status: %s/none.sock: no daemon answers", g_dir);
+        if (r->status != 1 || count_lines(r->err) != 1 || !strstr(r->err, want))
+            fail_msg("ferry %s: exit %d, stderr '%s' (want exit 1, '%s')", good[i], r->status,
+                     r->err, want);
+    }
+    run_ferry("kv bench --model tiny --docs 1 --doc-tokens 256 --questions 1 --no-refs --l1 4M "
+              "--server @/none.sock", r);
+    assert_int_equal(r->status, 1);
+    assert_int_equal(count_lines(r->err), 1);
+    assert_non_null(strstr(r->err, "none.sock: connect"));
+}
+
+/* a start that is refused says so in exactly one line: no info lines
+ * before it, no raw libmicrohttpd line ("Failed to bind to port") */
+static void a_refused_serve_says_one_line(void **state)
+{
+    (void)state;
+    /* the metrics port is taken (by this test) */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(fd, 1), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    int port = ntohs(a.sin_port);
+    static run_out r_;
+    run_out *r = &r_;
+    char args[400], want[64];
+    snprintf(args, sizeof args, "serve --socket @/taken.sock --model tiny --l1 4M --metrics "
+             "127.0.0.1:%d", port);
+    run_ferry(args, r);
+    close(fd);
+    snprintf(want, sizeof want, "metrics 127.0.0.1:%d", port);
+    if (r->status != 1 || count_lines(r->err) != 1 || strncmp(r->err, "ferry serve: ", 13) ||
+        !strstr(r->err, want) || !strstr(r->err, "Address already in use") || r->out[0])
+        fail_msg("ferry %s: exit %d, stdout '%s', stderr '%s' (want exit 1 and one line)", args,
+                 r->status, r->out, r->err);
+    assert_false(exists("taken.sock")); /* the daemon it opened is closed again */
+}
+
 int main(void)
 {
     char self[4096];
@@ -558,6 +761,8 @@ int main(void)
         return 77;
     }
     setenv("FERRY_NO_PROGRESS", "1", 1);
+    unsetenv("FERRY_LOG"); /* ferry serve's own default: info lines, held until it serves */
+    unsetenv("FERRY_SOCKET");
     unsetenv("FERRY_IO_ENGINE");
     ft_tmpdir(g_dir, sizeof g_dir);
     const struct CMUnitTest tests[] = {
@@ -570,6 +775,9 @@ int main(void)
         cmocka_unit_test(benches_print_no_targets),
         cmocka_unit_test(group_help_exits_0),
         cmocka_unit_test(serve_runs_and_stops_cleanly),
+        cmocka_unit_test(kv_bench_server_gives_up_within_the_timeout),
+        cmocka_unit_test(server_addresses_are_unix_sockets_only),
+        cmocka_unit_test(a_refused_serve_says_one_line),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ft_rmtree(g_dir);

@@ -220,6 +220,19 @@ static void a_bad_file_serves_nothing(void **state)
     assert_int_equal(run(a, NULL, out, err, sizeof out), 2);
     snprintf(want, sizeof want, "%s:2:1: l2_dir /nonexistent/l2: no such directory", conf);
     assert_non_null(strstr(err, want));
+    /* a socket that is a network address: named with the file's position,
+     * for the daemon and for `serve status` alike, never taken for a path */
+    write_file(conf, "model: tiny\nl1_bytes: 4M\nsocket: tcp://127.0.0.1:9400\n");
+    char *a5[] = {g_ferry, "serve", "status", "--config", conf, NULL};
+    char **runs[] = {a, a5};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(run(runs[i], NULL, out, err, sizeof out), 2);
+        snprintf(want, sizeof want, "%s:3:1: socket tcp://127.0.0.1:9400: ", conf);
+        if (!strstr(err, want) || !strstr(err, "accepted: unix:/path/to/ferry.sock") ||
+            strchr(err, '\n') - err + 1 != (long)strlen(err))
+            fail_msg("%s: stderr '%s' (want one line with '%s')", i ? "serve status" : "serve",
+                     err, want);
+    }
 }
 
 int main(void)

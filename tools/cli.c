@@ -3,6 +3,7 @@
  * progress bar.
  */
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -374,4 +375,31 @@ int cli_parse_inet4(const char *addr, struct sockaddr_in *sa)
     sa->sin_family = AF_INET;
     sa->sin_port = htons((uint16_t)port);
     return inet_pton(AF_INET, host, &sa->sin_addr) == 1 ? 0 : -1;
+}
+
+const char *cli_parse_socket(const char *addr, const char **path)
+{
+    const char *p = addr;
+    if (!strncmp(p, "unix:", 5)) {
+        p += 5;
+        /* unix:///run/x is unix:/run/x; unix://run/x would name a host */
+        if (!strncmp(p, "//", 2)) {
+            if (p[2] != '/')
+                return "unix://HOST/... names a host; a Unix-domain socket has none";
+            p += 2;
+        }
+        if (!*p)
+            return "names no socket";
+    } else {
+        size_t n = 0;
+        while (isalnum((unsigned char)p[n]) || (n && strchr("+.-", p[n])))
+            n++;
+        if (n && isalpha((unsigned char)p[0]) && !strncmp(p + n, "://", 3))
+            return "an address of another scheme; ferry serve listens on a Unix-domain "
+                   "socket only";
+    }
+    if (!*p)
+        return "empty";
+    *path = p;
+    return NULL;
 }

@@ -90,6 +90,15 @@ const char *cli_parse_number(const char *s, int bytes, uint64_t *out);
 /* "127.0.0.1:9400" (an IPv4 address, a port 0..65535) into *sa: 0, or -1 */
 int cli_parse_inet4(const char *addr, struct sockaddr_in *sa);
 
+/* A `ferry serve` address: "unix:PATH" (also "unix:///abs/path") or a bare
+ * PATH, for the daemon speaks over a Unix-domain socket only. Any
+ * "scheme://..." other than unix (tcp://, http://, redis://) and
+ * "unix://HOST/..." are refused, never taken for a path. NULL and *path
+ * (the path within addr), or the reason (static text). */
+const char *cli_parse_socket(const char *addr, const char **path);
+/* what cli_parse_socket accepts, for messages */
+#define CLI_SOCKET_FORMS "unix:/path/to/ferry.sock or /path/to/ferry.sock (a Unix-domain socket)"
+
 /* compatibility for the slab group: cli_opt_size with 1..1P, any alignment */
 int cli_size(const char *cmd, const char *flag, const char *val, uint64_t *out);
 /* "4K", "1G" or "12345" for messages */

@@ -62,16 +62,21 @@ static void usage(FILE *f)
             "  --server URL             run against a `ferry serve` daemon (unix:/path; started\n"
             "                           with the same --model and --chunk-tokens): the workload\n"
             "                           through its shared pool, then the lookup latency of a\n"
-            "                           32k-token prompt from --clients N processes at once (8)\n"
+            "                           32k-token prompt from --clients N processes at once (8);\n"
+            "                           no TCP: the daemon listens on a Unix-domain socket\n"
+            "  --server-timeout MS      how long one round trip to the daemon may take before\n"
+            "                           the run fails (default %u, the library's; a flush or\n"
+            "                           sync that waits for the daemon's L2 drive is one)\n"
             "  --seed N  --no-refs  --json  --plot FILE.png\n"
             "ranges: --docs 1..65536, --doc-tokens 1..1048576, --questions 1..1000000,\n"
             "  --question-tokens 0..65536, --sessions 1..65536, --turns 1..4096, --turn-tokens\n"
             "  1..1048576, --chunk-tokens 1..65536, --layers 1..1024, --heads 1..1024,\n"
             "  --head-dim 1..4096, --paged 1..65536, --persist-rounds 0..%d, --cold 1..%d,\n"
-            "  --layerwise 1..%d,\n"
+            "  --layerwise 1..%d, --server-timeout 1..%u,\n"
             "  --zipf 0..10, --l1/--l2 4K..16T;\n"
             "  all prompts at most 2^28 tokens, the longest prompt's KV at most 8 GiB\n",
-            PC_MAX_ROUNDS, COLD_MAX_ROUNDS, LAYERWISE_MAX_ROUNDS);
+            KVB_SERVER_TIMEOUT_DEFAULT_MS, PC_MAX_ROUNDS, COLD_MAX_ROUNDS,
+            LAYERWISE_MAX_ROUNDS, KVB_SERVER_TIMEOUT_MAX_MS);
 }
 
 /* a count option: flag, its field, its range */
@@ -179,7 +184,14 @@ static int parse(int argc, char **argv, opts *o)
                 rc = cli_bad(KVB_CMD, a, NULL, acc, "%s", ferry_last_error());
             i++;
         } else if (!strcmp(a, "--server")) {
-            rc = cli_opt_string(KVB_CMD, a, v, "unix:/path/to/ferry.sock", &o->server);
+            const char *path = NULL, *why = NULL;
+            rc = cli_opt_string(KVB_CMD, a, v, CLI_SOCKET_FORMS, &o->server);
+            if (rc == 0 && (why = cli_parse_socket(o->server, &path)) != NULL)
+                rc = cli_bad(KVB_CMD, a, v, CLI_SOCKET_FORMS, "%s", why);
+            i++;
+        } else if (!strcmp(a, "--server-timeout")) {
+            rc = cli_opt_count(KVB_CMD, a, v, 1, KVB_SERVER_TIMEOUT_MAX_MS, &x);
+            o->server_timeout_ms = (uint32_t)x;
             i++;
         } else if (!strcmp(a, "--clients")) {
             rc = cli_opt_count(KVB_CMD, a, v, 1, 64, &x);
@@ -210,6 +222,10 @@ static int parse_check(opts *o, int l2_given, int engine_given, int create)
     if (!o->dir && !o->server && o->cold_rounds)
         return cli_usage(KVB_CMD, "--cold %u: the L2 tier needs --dir DIR; accepted: --dir DIR "
                               "--cold N, or --server URL --cold N", o->cold_rounds);
+    if (!o->server && o->server_timeout_ms)
+        return cli_usage(KVB_CMD, "--server-timeout %u: a server's round-trip limit needs "
+                                  "--server; accepted: --server ADDR --server-timeout MS",
+                         o->server_timeout_ms);
     if (o->server && (o->dir || o->remote || o->persistent || o->plot))
         return cli_usage(KVB_CMD, "--server %s: the daemon owns the tiers; accepted: --server "
                                   "without --dir, --remote, --persistent or --plot",
@@ -305,6 +321,14 @@ static int main_run(const opts *o, const ferry_kv_layout *l, const workload *w, 
 {
     ferry_kv *kv;
     int rc = kvb_open_store(o, l, o->l1, o->l2, o->dir, &kv);
+    if (rc < 0 && o->server) {
+        char what[200];
+        snprintf(what, sizeof what, "opening the store through %s (server timeout %u ms%s)",
+                 o->server, kvb_server_timeout_ms(o),
+                 o->server_timeout_ms ? ", --server-timeout"
+                                      : ", the default; --server-timeout MS");
+        return cli_fail(KVB_CMD, what, rc);
+    }
     if (rc < 0)
         return cli_fail(KVB_CMD, "opening the store", rc);
     engine_buf buf;
@@ -402,7 +426,7 @@ int cmd_kv_bench(int argc, char **argv)
 {
     opts o = {"qa", "llama3-8b", NULL, "lru", NULL, NULL, 2ull << 30, 8ull << 30, 8, 4096, 64, 64,
               8, 6, 512, 256, 0, 0, 0, 1.0, 1, 0, 1, 0, NULL, "", 5, NULL, 0, NULL, 0, 0, NULL, 8,
-              0};
+              0, 0};
     int rc = parse(argc, argv, &o);
     if (rc)
         return rc < 0 ? 0 : rc;

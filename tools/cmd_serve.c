@@ -3,10 +3,23 @@
  * foreground (logs on stderr; SIGTERM or SIGINT: disconnect, flush, sync,
  * close), and `ferry serve status`: a running daemon's tiers, clients and
  * hit rates.
+ *
+ * A start that is refused (the socket in use, the metrics port taken, a
+ * bad directory) prints exactly one line, the reason: what the daemon
+ * would say while it starts (the configuration's sources, the library's
+ * info lines, libmicrohttpd's own messages) is held until it serves, then
+ * printed in order before "serving on"; a refused start drops it.
+ *
+ * Addresses: the daemon listens on a Unix-domain socket, named by a path
+ * or "unix:PATH" (cli_parse_socket); tcp:// or any other scheme is
+ * refused wherever a socket is given (--socket, the file's socket key,
+ * FERRY_SOCKET), never taken for a path.
  */
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +39,97 @@
 
 static ferry_serve *g_serve;
 
+/* ---- what the daemon says while it starts (see the note above) ---- */
+
+#define SAY_HELD_MAX (64u << 10)
+
+static struct {
+    pthread_mutex_t mu;
+    int live;      /* serving: lines go to stderr as they come */
+    char *held;    /* the lines said before, in order */
+    size_t len, cap;
+    unsigned lost; /* lines past SAY_HELD_MAX */
+} g_say = {PTHREAD_MUTEX_INITIALIZER, 0, NULL, 0, 0, 0};
+
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+    char line[1200];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    size_t len = (size_t)n < sizeof line ? (size_t)n : sizeof line - 1;
+    pthread_mutex_lock(&g_say.mu);
+    if (g_say.live) {
+        fputs(line, stderr);
+    } else if (g_say.len + len > SAY_HELD_MAX) {
+        g_say.lost++;
+    } else {
+        if (g_say.len + len + 1 > g_say.cap) {
+            size_t cap = g_say.cap ? g_say.cap * 2 : 4096;
+            while (cap < g_say.len + len + 1)
+                cap *= 2;
+            char *p = realloc(g_say.held, cap);
+            if (!p) {
+                g_say.lost++;
+                pthread_mutex_unlock(&g_say.mu);
+                return;
+            }
+            g_say.held = p;
+            g_say.cap = cap;
+        }
+        memcpy(g_say.held + g_say.len, line, len + 1);
+        g_say.len += len;
+    }
+    pthread_mutex_unlock(&g_say.mu);
+}
+
+/* the daemon serves: what was held goes out, and from now on each line as
+ * it comes */
+static void say_live(void)
+{
+    pthread_mutex_lock(&g_say.mu);
+    if (g_say.len)
+        fputs(g_say.held, stderr);
+    if (g_say.lost)
+        fprintf(stderr, "ferry serve: (%u more lines while starting, not kept)\n", g_say.lost);
+    free(g_say.held);
+    g_say.held = NULL;
+    g_say.len = g_say.cap = 0;
+    g_say.lost = 0;
+    g_say.live = 1;
+    pthread_mutex_unlock(&g_say.mu);
+}
+
+/* the start was refused: what it said is dropped (its one error line is
+ * printed by the caller) */
+static void say_drop(void)
+{
+    pthread_mutex_lock(&g_say.mu);
+    free(g_say.held);
+    g_say.held = NULL;
+    g_say.len = g_say.cap = 0;
+    g_say.lost = 0;
+    pthread_mutex_unlock(&g_say.mu);
+}
+
+/* the library's log lines, formatted as it formats them on stderr */
+static void on_log(int level, const char *msg, void *ctx)
+{
+    static const char *const tags[] = {"", "error", "warn", "info", "debug", "trace"};
+    (void)ctx;
+    say("ferry %s: %s\n", tags[level < 0 ? 0 : level > 5 ? 5 : level], msg);
+}
+
+/* libmicrohttpd's messages, as the daemon's own */
+static void on_http_log(const char *msg)
+{
+    say("ferry serve: metrics: %s\n", msg);
+}
+
 static void on_signal(int sig)
 {
     (void)sig;
@@ -41,7 +145,8 @@ static void usage(FILE *f)
             "                         group, allow_uids, max_clients, send_timeout_ms, metrics\n"
             "                         (README: \"Configuring ferry serve\"); FERRY_<KEY>\n"
             "                         variables override the file, flags override both\n"
-            "  --socket PATH          Unix-domain socket (default /run/ferry/ferry.sock)\n"
+            "  --socket PATH          Unix-domain socket, PATH or unix:PATH (default\n"
+            "                         /run/ferry/ferry.sock; no TCP)\n"
             "  --group NAME           socket 0660 for this group (default: 0600, owner only)\n"
             "  --allow-uid UID        accept this uid too (repeatable, up to %d)\n"
             "  --max-clients N        connections at once (default 256)\n"
@@ -128,7 +233,7 @@ static int parse_one(serve_conf *c, const char *a, const char *v, int *used, int
     if (!strcmp(a, "--l2") || !strcmp(a, "--allow-uid"))
         return parse_list(c, a, v, l2_flags, uid_flags);
     if (!strcmp(a, "--socket"))
-        rc = cli_opt_string(SERVE_CMD, a, v, "a socket path", &c->socket);
+        rc = cli_opt_string(SERVE_CMD, a, v, CLI_SOCKET_FORMS, &c->socket);
     else if (!strcmp(a, "--group"))
         rc = cli_opt_string(SERVE_CMD, a, v, "a group name", &c->group);
     else if (!strcmp(a, "--metrics")) {
@@ -199,6 +304,23 @@ static int configure(serve_conf *c, const char *cmd, int argc, char **argv)
     return 0;
 }
 
+/* c's socket (from a flag, the file, FERRY_SOCKET or the default) as a
+ * path: "unix:PATH" becomes PATH; another scheme is refused. 0, or 2
+ * (printed, naming where the value came from) */
+static int socket_of(serve_conf *c, const char *cmd)
+{
+    const char *path = NULL, *why = cli_parse_socket(c->socket, &path);
+    if (!why) {
+        c->socket = path;
+        return 0;
+    }
+    const char *o = serve_conf_origin(c, "socket");
+    if (!strcmp(o, "--socket"))
+        return cli_bad(cmd, "--socket", c->socket, CLI_SOCKET_FORMS, "%s", why);
+    return cli_usage(cmd, "%s: socket %s: %s; accepted: %s", *o ? o : "the default", c->socket,
+                     why, CLI_SOCKET_FORMS);
+}
+
 /* every flag over c, then what no single value shows: 0 or 2 (printed) */
 static int parse_flags(serve_conf *c, int argc, char **argv)
 {
@@ -220,6 +342,9 @@ static int parse_flags(serve_conf *c, int argc, char **argv)
     if (c->kv.server)
         return cli_usage(SERVE_CMD, "%s: server: a client's key; accepted: no server (the "
                          "daemon hosts the store itself)", serve_conf_origin(c, "server"));
+    int rc = socket_of(c, SERVE_CMD);
+    if (rc)
+        return rc;
     for (unsigned i = 0; i < c->n_l2; i++) {
         const char *key = c->n_l2 > 1 ? "l2_dirs" : "l2_dir", *o = serve_conf_origin(c, key);
         struct stat st;
@@ -250,16 +375,21 @@ static void say_sources(const serve_conf *c)
     for (int cut = 0; cut < 2 && strrchr(file, ':'); cut++)
         *strrchr(file, ':') = 0;
     if (*file || *vars)
-        fprintf(stderr, "ferry serve: configuration from %s%s%s%s (flags override)\n",
-                *file ? file : "", *file && *vars ? " and " : "", *vars ? "the environment: " : "",
-                vars);
+        say("ferry serve: configuration from %s%s%s%s (flags override)\n",
+            *file ? file : "", *file && *vars ? " and " : "", *vars ? "the environment: " : "",
+            vars);
 }
 
 /* serve c until SIGTERM or SIGINT: the exit status */
 static int run(serve_conf *c)
 {
-    if (!getenv("FERRY_LOG"))
+    /* FERRY_LOG set: the caller asked for the library's lines as they come
+     * (a refused start then shows them too); else info, held until serving.
+     * The callback is set before the daemon has a thread and never again. */
+    if (!getenv("FERRY_LOG")) {
         ferry_log_set_level(FERRY_LOG_INFO);
+        ferry_log_set_callback(on_log, NULL);
+    }
     say_sources(c);
     ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
     sc.socket_path = c->socket;
@@ -270,21 +400,27 @@ static int run(serve_conf *c)
     sc.send_timeout_ms = (uint32_t)c->send_timeout_ms;
     sc.kv = &c->kv;
     int rc = ferry_serve_open(&sc, &g_serve);
-    if (rc < 0)
+    if (rc < 0) {
+        say_drop();
         return cli_fail(SERVE_CMD, "open", rc);
+    }
     struct MHD_Daemon *http = NULL;
     if (c->metrics) {
         struct sockaddr_in sa;
+        char why[256];
         cli_parse_inet4(c->metrics, &sa);
-        http = serve_metrics_start(g_serve, &sa);
+        http = serve_metrics_start(g_serve, &sa, on_http_log, why, sizeof why);
         if (!http) {
-            fprintf(stderr, "ferry serve: metrics %s: cannot serve HTTP there (%s)\n",
-                    c->metrics, strerror(errno));
             ferry_serve_close(g_serve);
+            g_serve = NULL;
+            say_drop();
+            fprintf(stderr, "ferry serve: metrics %s: cannot serve HTTP there (%s)\n",
+                    c->metrics, why);
             return 1;
         }
-        fprintf(stderr, "ferry serve: metrics on http://%s/metrics\n", c->metrics);
+        say("ferry serve: metrics on http://%s/metrics\n", c->metrics);
     }
+    say_live();
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -397,9 +533,12 @@ static int status_socket(int argc, char **argv, char *path, size_t len)
             break;
         }
         rc = cli_opt_string(STATUS_CMD, argv[i], i + 1 < argc ? argv[i + 1] : NULL,
-                            "a socket path", &c.socket);
+                            CLI_SOCKET_FORMS, &c.socket);
+        serve_conf_mark(&c, "socket", "--socket");
         i++;
     }
+    if (rc == 0)
+        rc = socket_of(&c, STATUS_CMD);
     if (rc == 0 && strlen(c.socket) >= len)
         rc = cli_bad(STATUS_CMD, "--socket", c.socket, "a shorter path", "too long");
     if (rc == 0)
@@ -413,7 +552,7 @@ int cmd_serve_status(int argc, char **argv)
     char path[sizeof ((struct sockaddr_un *)0)->sun_path];
     int rc = status_socket(argc, argv, path, sizeof path);
     if (rc < 0)
-        printf("usage: ferry serve status [--config FILE] [--socket PATH]\n"
+        printf("usage: ferry serve status [--config FILE] [--socket PATH|unix:PATH]\n"
                "  the daemon's socket: --socket, else the file's or FERRY_SOCKET's socket,\n"
                "  else " SOCKET_DEFAULT "\n");
     if (rc)

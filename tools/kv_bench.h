@@ -53,7 +53,20 @@ typedef struct opts {
     const char *server;      /* --server URL: the run's store is a `ferry serve` daemon's */
     unsigned clients;        /* --clients N: processes asking the daemon at once (8) */
     unsigned layerwise_rounds; /* --layerwise N: only the layer-by-layer retrieve figure */
+    uint32_t server_timeout_ms; /* --server-timeout MS: one round trip's limit; 0: the
+                                 * library's default (ferry_kv_config.server_timeout_ms) */
 } opts;
+
+/* ferry_kv_config.server_timeout_ms's default (kv.h: "0 -> 2000 ms"), for
+ * messages only: the run passes 0 and the library applies its own */
+#define KVB_SERVER_TIMEOUT_DEFAULT_MS 2000u
+#define KVB_SERVER_TIMEOUT_MAX_MS 3600000u /* --server-timeout: an hour */
+
+/* the round-trip limit the run's server clients get, in ms */
+static inline unsigned kvb_server_timeout_ms(const opts *o)
+{
+    return o->server_timeout_ms ? o->server_timeout_ms : KVB_SERVER_TIMEOUT_DEFAULT_MS;
+}
 
 /* ---- the workload: a list of prompts (kv_bench_workload.c) ---- */
 typedef struct prompt {

@@ -30,7 +30,7 @@ static ferry_kv_config client_cfg(const opts *o, const ferry_kv_layout *l, uint6
     c.chunk_tokens = o->chunk_tokens;
     c.l1_bytes = l1;
     c.server = o->server;
-    c.server_timeout_ms = 30000;
+    c.server_timeout_ms = o->server_timeout_ms; /* 0: the library's default */
     return c;
 }
 

@@ -53,7 +53,7 @@ int kvb_open_store(const opts *o, const ferry_kv_layout *l, uint64_t l1, uint64_
     c.device = o->dev;
     c.workers = 2;
     c.server = o->server; /* the daemon's tiers; l1 > 0: the pool is mapped */
-    c.server_timeout_ms = 30000;
+    c.server_timeout_ms = o->server_timeout_ms; /* 0: the library's default */
     return ferry_kv_open(&c, kv);
 }
 

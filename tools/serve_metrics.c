@@ -4,10 +4,16 @@
  * a bounded number of connections, a timeout each). GET /metrics answers
  * the hosted store's families (ferry_kv_*, as ferry_kv_metrics_prometheus
  * writes them) and the daemon's own (ferry_serve_*); anything else is 404.
+ *
+ * libmicrohttpd's own messages ("Failed to bind to port ...") never reach
+ * stderr raw: they go to the daemon's log function, which holds them while
+ * the daemon starts; a start it refuses is said in the caller's one line.
  */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,13 +100,53 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
     return ok;
 }
 
-struct MHD_Daemon *serve_metrics_start(ferry_serve *s, const struct sockaddr_in *sa)
+/* where libmicrohttpd's messages go: one daemon per process, so one of
+ * these, set before the daemon starts and read by its thread after */
+static serve_metrics_log g_log;
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER; /* the two below */
+static char g_first[512]; /* the first message while starting, for the reason */
+static int g_starting;
+
+static void http_log(void *cls, const char *fmt, va_list ap)
 {
-    return MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
-                            ntohs(sa->sin_port), NULL, NULL, answer, s, MHD_OPTION_SOCK_ADDR,
-                            (const struct sockaddr *)sa, MHD_OPTION_CONNECTION_LIMIT,
-                            (unsigned)16, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)5,
-                            MHD_OPTION_END);
+    (void)cls;
+    char msg[512];
+    int e = errno;
+    if (vsnprintf(msg, sizeof msg, fmt, ap) < 0)
+        snprintf(msg, sizeof msg, "%s", fmt);
+    for (size_t n = strlen(msg); n && (msg[n - 1] == '\n' || msg[n - 1] == '\r');)
+        msg[--n] = 0;
+    pthread_mutex_lock(&g_mu);
+    if (g_starting && !*g_first)
+        snprintf(g_first, sizeof g_first, "%s", msg);
+    pthread_mutex_unlock(&g_mu);
+    if (g_log)
+        g_log(msg);
+    errno = e;
+}
+
+struct MHD_Daemon *serve_metrics_start(ferry_serve *s, const struct sockaddr_in *sa,
+                                       serve_metrics_log log, char *why, size_t whylen)
+{
+    g_log = log;
+    pthread_mutex_lock(&g_mu);
+    g_first[0] = 0;
+    g_starting = 1;
+    pthread_mutex_unlock(&g_mu);
+    errno = 0;
+    struct MHD_Daemon *d = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, ntohs(sa->sin_port), NULL, NULL,
+        answer, s, MHD_OPTION_EXTERNAL_LOGGER, http_log, NULL, MHD_OPTION_SOCK_ADDR,
+        (const struct sockaddr *)sa, MHD_OPTION_CONNECTION_LIMIT, (unsigned)16,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)5, MHD_OPTION_END);
+    int e = errno;
+    pthread_mutex_lock(&g_mu);
+    g_starting = 0;
+    if (!d && why && whylen)
+        snprintf(why, whylen, "%s",
+                 e ? strerror(e) : *g_first ? g_first : "libmicrohttpd refused to start");
+    pthread_mutex_unlock(&g_mu);
+    return d;
 }
 
 void serve_metrics_stop(struct MHD_Daemon *d)

@@ -13,8 +13,14 @@
 
 struct MHD_Daemon;
 
-/* serve GET /metrics for s on sa from a thread of its own; NULL on failure */
-struct MHD_Daemon *serve_metrics_start(ferry_serve *s, const struct sockaddr_in *sa);
+/* one message of libmicrohttpd's (no trailing newline); from any thread */
+typedef void (*serve_metrics_log)(const char *msg);
+
+/* serve GET /metrics for s on sa from a thread of its own; its messages go
+ * to log (NULL: nowhere), never to stderr. NULL on failure, with the
+ * reason in why[0..whylen) ("Address already in use") */
+struct MHD_Daemon *serve_metrics_start(ferry_serve *s, const struct sockaddr_in *sa,
+                                       serve_metrics_log log, char *why, size_t whylen);
 /* stop it (NULL: nothing); before ferry_serve_close */
 void serve_metrics_stop(struct MHD_Daemon *d);
 

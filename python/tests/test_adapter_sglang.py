@@ -241,8 +241,12 @@ def test_backend_opened_from_config_is_closed_by_the_controller():
 def test_unsupported_setups_are_refused():
     with pytest.raises(ValueError, match="below 4 tokens"):
         create_backend(HostPool(page=2), {"ferry_store": NAME, "ferry_l1": "1M"})
-    with pytest.raises(NotImplementedError, match="ferry serve"):
+    # the module says so: this backend takes no daemon address (the vLLM
+    # connector does), and nothing is opened or registered for it
+    with pytest.raises(NotImplementedError,
+                       match=r"does not connect to `ferry serve` \(the vLLM connector does"):
         create_backend(HostPool(), {"ferry_server": "unix:/run/ferry.sock"})
+    assert registered_store("sglang") is None
     with pytest.raises(RuntimeError, match="no store registered"):
         create_backend(HostPool(), {"ferry_store": "nowhere"})
 

@@ -485,6 +485,52 @@ def test_caches_ferry_cannot_reach_are_refused_at_registration(model, store):
         w.register_kv_caches(dict(zip(layer_names(model), meta)))
 
 
+class _FakeCuda(torch.Tensor):
+    """A CPU tensor that reports cuda:1 (the device checks run before any
+    byte moves, so they are testable without a GPU)."""
+
+    @property
+    def device(self):
+        return torch.device("cuda", 1)
+
+
+def _cuda_caches(model):
+    return [torch.zeros(2, 8, BS, model.kv_heads, model.head_dim).as_subclass(_FakeCuda)
+            for _ in range(model.layers)]
+
+
+def test_cuda_caches_are_device_buffers_of_a_store_on_their_gpu(model, store, monkeypatch):
+    """The module's promise: CUDA caches move as device buffers. The store a
+    worker opens itself ("ferry.l1" or "ferry.server") is opened on the
+    caches' GPU; a registered store without that device refuses them at
+    registration, naming the device it needs."""
+    from ferry.adapters import vllm as fv
+
+    class Opened(Exception):
+        pass
+
+    asked = []
+
+    def kvstore(*args, **kw):
+        asked.append(kw.get("device"))
+        raise Opened()
+
+    monkeypatch.setattr(fv, "KVStore", kvstore)
+    for extra in ({"ferry.store": NAME, "ferry.l1": "4M"},
+                  {"ferry.store": NAME, "ferry.server": "unix:/nonexistent/ferry.sock"}):
+        cfg = vllm_config(extra)
+        w = connector_class(cfg)(cfg, _vllm_base.KVConnectorRole.WORKER)
+        with pytest.raises(Opened):
+            w.register_kv_caches(dict(zip(layer_names(model), _cuda_caches(model))))
+    assert asked == ["cuda:1", "cuda:1"]
+    monkeypatch.undo()
+    register_store(NAME, store)                       # opened without a device
+    cfg = vllm_config({"ferry.store": NAME})
+    w = connector_class(cfg)(cfg, _vllm_base.KVConnectorRole.WORKER)
+    with pytest.raises(ValueError, match=r"cuda:1 needs a store opened with device='cuda:1'"):
+        w.register_kv_caches(dict(zip(layer_names(model), _cuda_caches(model))))
+
+
 def test_multimodal_inputs_are_part_of_the_key(model, store):
     """Requests with images carry the same placeholder token ids for any image;
     vLLM tells them apart by Request.mm_features[i].identifier."""

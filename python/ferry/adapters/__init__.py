@@ -13,9 +13,13 @@ one process share one KVStore through this registry:
     # vLLM:   kv_connector_extra_config={"ferry.store": "main"}
     # SGLang: hicache storage extra config {"ferry_store": "main", ...}
 
-An adapter given a server address ("ferry.server" / "ferry_server")
-instead refuses with NotImplementedError: the package has no client for
-`ferry serve` yet, and that address is where one slots in.
+A `ferry serve` daemon shares one cache between processes. The vLLM
+connector takes its address ("ferry.server": "unix:/run/ferry/ferry.sock"):
+each worker opens a KVStore(server=...) client for its caches and a
+scheduler in another process a lookup-only one (see ferry.adapters.vllm).
+The SGLang backend does not take one yet: "ferry_server" is refused with
+NotImplementedError, before anything is opened; give it an in-process
+store instead.
 """
 import threading
 
@@ -46,11 +50,12 @@ def registered_store(name):
 
 
 def no_server(address, engine):
-    """The answer to a server address until the package has a server client."""
+    """The answer of an adapter that does not take a `ferry serve` address
+    (the SGLang backend; the vLLM connector does take one)."""
     return NotImplementedError(
-        f"ferry: {engine} adapter: server address {address!r} given, but the Python "
-        "package has no client for `ferry serve` yet; register an in-process store "
-        "with ferry.adapters.register_store() instead")
+        f"ferry: {engine} adapter: server address {address!r} given, but this adapter "
+        "does not connect to `ferry serve` (the vLLM connector does: \"ferry.server\"); "
+        "register an in-process store with ferry.adapters.register_store() instead")
 
 
 __all__ = ["register_store", "unregister_store", "registered_store"]

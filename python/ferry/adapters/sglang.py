@@ -17,8 +17,9 @@ Where the store comes from (extra config): "ferry_store" names a
 ferry.KVStore registered with ferry.adapters.register_store() (default
 "sglang"); without one, "ferry_l1" (and "ferry_l2", "ferry_persistent")
 opens one when SGLang registers its host pool, with chunk_tokens = SGLang's
-page size and the layout read from the pool. "ferry_server" is refused: the
-package has no client for `ferry serve` yet.
+page size and the layout read from the pool. "ferry_server" (a `ferry
+serve` address) is refused with NotImplementedError: this backend does not
+connect to the daemon yet (the vLLM connector does, with "ferry.server").
 
 How SGLang's keys map onto ferry. SGLang names a page by a string key (a
 chained hash of its tokens, computed by SGLang); the storage interface

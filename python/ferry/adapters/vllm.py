@@ -16,10 +16,11 @@ Where the store comes from (kv_connector_extra_config):
   "ferry.store": the name of a ferry.KVStore registered in this process
       with ferry.adapters.register_store() (default "vllm"). A worker that
       finds none and is given "ferry.l1" opens one itself when vLLM
-      registers its caches (the layout is read from them) with "ferry.l2",
-      "ferry.model", "ferry.chunk_tokens", "ferry.persistent", and
-      registers it under that name for a scheduler in the same process
-      (vLLM's single-process executor).
+      registers its caches (the layout is read from them; device="cuda:N"
+      when they are CUDA tensors) with "ferry.l2", "ferry.model",
+      "ferry.chunk_tokens", "ferry.persistent", and registers it under that
+      name for a scheduler in the same process (vLLM's single-process
+      executor).
   "ferry.server": a `ferry serve` address ("unix:/run/ferry/ferry.sock"),
       for a scheduler and workers in separate processes (or separate
       engines sharing one cache). When no store is registered under
@@ -81,8 +82,13 @@ Engine versions: written against vLLM's KVConnectorBase_V1 of 2025-2026
 (three-argument constructor with kv_cache_config, also the older two); its
 caches are per layer [2, num_blocks, block_size, heads, head_dim]
 (FlashAttention), [num_blocks, 2, ...] (FlashInfer, used through a
-transposed view) or [num_blocks, block_size, head_dim] (MLA), on the CPU
-(libferry's device buffers are not reachable from the package yet).
+transposed view) or [num_blocks, block_size, head_dim] (MLA), on the CPU or
+on a GPU. CUDA caches are libferry device buffers at their data_ptr(),
+copied by the device's copy engines, never through Python: the store a
+worker opens itself ("ferry.l1" or "ferry.server") is opened on the
+caches' GPU (KVStore(device="cuda:N")); a registered store must have been
+opened with that device, else register_kv_caches refuses the caches with
+a ValueError naming the device they need.
 """
 import errno
 import hashlib
@@ -482,7 +488,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
                             layout=layout, l1=e["ferry.l1"], l2=e.get("ferry.l2"),
                             chunk_tokens=int(e.get("ferry.chunk_tokens", 0)),
                             persistent=bool(e.get("ferry.persistent", False)),
-                            tp_rank=rank, tp_world=world)
+                            tp_rank=rank, tp_world=world, device=device)
             register_store(self._name, found)
             self._opened = True
         self._store = found
