@@ -242,7 +242,7 @@ if [[ " $parts " == *" serve "* ]]; then
         echo "  (the daemon's pool is in huge pages)"
     fi
     srv_cold() {
-        "$ferry" kv bench "${model[@]}" --server "unix:$sock" --cold 1 --json |
+        "$ferry" kv bench "${model[@]}" --server "unix:$sock" --server-timeout 30000 --cold 1 --json |
             jq -r '.cold_l2_retrieve.median_gb_per_s'
     }
     srv_cold >/dev/null # the documents stored through it once (and a warm-up)
