@@ -394,6 +394,31 @@ def test_flashinfer_caches_are_used_through_a_view(model, store):
     eng.close()
 
 
+@pytest.mark.parametrize("kind", ["HND", "packed"])
+def test_hnd_and_packed_caches_are_read_by_their_strides(model, store, kind):
+    """vLLM's HND view ([2, blocks, heads, bs, hd] allocated, the [2, blocks,
+    bs, heads, hd] permutation passed) and packed K|V [blocks, heads, bs,
+    2*hd]: registered as they are, loaded bitwise."""
+    H, D = model.kv_heads, model.head_dim
+    if kind == "HND":
+        raw = [torch.zeros(2, BLOCKS, H, BS, D).permute(0, 1, 3, 2, 4)
+               for _ in range(model.layers)]
+        views = raw
+    else:
+        raw = [torch.zeros(BLOCKS, H, BS, 2 * D) for _ in range(model.layers)]
+        views = [c.view(BLOCKS, H, BS, 2, D).permute(3, 0, 2, 1, 4) for c in raw]
+    eng = Engine(model, store, caches=views)
+    eng.worker.register_kv_caches(dict(zip(layer_names(model), raw)))
+    kv_a = serve_a(eng)
+    _, b = prompts()
+    rb = Request("b", b)
+    eng.admit(rb)
+    eng.load_only(rb)
+    assert torch.equal(model.kv_of(eng.caches, eng.blocks["b"], 32), kv_a)
+    eng.finish(rb)
+    eng.close()
+
+
 def test_worker_opens_the_store_the_scheduler_then_finds(model):
     eng = Engine(model, extra={"ferry.store": NAME, "ferry.l1": "4M",
                                "ferry.chunk_tokens": CHUNK})

@@ -339,17 +339,20 @@ def _layer_order(names):
 
 def paged_view(cache):
     """One layer's vLLM cache as ferry's paged form: [2, blocks, block_size,
-    heads, head_dim] as it is, FlashInfer's [blocks, 2, ...] transposed (a
-    view, no copy), MLA's [blocks, block_size, head_dim] as it is."""
+    heads, head_dim] as it is (NHD, or HND's permuted view: ferry reads its
+    strides), FlashInfer's [blocks, 2, ...] transposed (a view, no copy),
+    packed K|V [blocks, heads, block_size, 2*head_dim] and MLA's [blocks,
+    block_size, head_dim] as they are."""
     shape = tuple(cache.shape)
     if len(shape) == 5 and shape[0] == 2:
         return cache
     if len(shape) == 5 and shape[1] == 2:
         return cache.transpose(0, 1)
-    if len(shape) == 3:
+    if len(shape) in (3, 4):
         return cache
     raise ValueError(f"ferry: vLLM cache of shape {list(shape)} is none of [2, blocks, "
-                     "block_size, heads, head_dim], [blocks, 2, ...], [blocks, block_size, dim]")
+                     "block_size, heads, head_dim], [blocks, 2, ...], [blocks, heads, "
+                     "block_size, 2*head_dim], [blocks, block_size, dim]")
 
 
 class FerryConnector(KVConnectorBase_V1, SupportsHMA):
