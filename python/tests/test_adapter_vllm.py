@@ -419,6 +419,27 @@ def test_hnd_and_packed_caches_are_read_by_their_strides(model, store, kind):
     eng.close()
 
 
+def test_cross_layer_blocks_are_read_by_their_strides(model, store):
+    """register_cross_layers_kv_cache (vllm-project/vllm 003df2961dd8830c317a61f9745ccd557da9fa06,
+    vllm/distributed/kv_transfer/kv_connector/v1/base.py): one tensor for every layer,
+    num_layers first; here blocks hold every layer ([blocks][layers][2][bs][heads][hd])
+    and vLLM's tensor is the [layers][2][blocks][bs][heads][hd] view of them."""
+    H, D, L = model.kv_heads, model.head_dim, model.layers
+    phys = torch.zeros(BLOCKS, L, 2, BS, H, D)
+    cross = phys.permute(1, 2, 0, 3, 4, 5)
+    eng = Engine(model, store, caches=[cross[i] for i in range(L)])
+    assert eng.worker.prefer_cross_layer_blocks is False
+    eng.worker.register_cross_layers_kv_cache(cross, None)
+    kv_a = serve_a(eng)
+    _, b = prompts()
+    rb = Request("b", b)
+    eng.admit(rb)
+    eng.load_only(rb)
+    assert torch.equal(model.kv_of(eng.caches, eng.blocks["b"], 32), kv_a)
+    eng.finish(rb)
+    eng.close()
+
+
 def test_worker_opens_the_store_the_scheduler_then_finds(model):
     eng = Engine(model, extra={"ferry.store": NAME, "ferry.l1": "4M",
                                "ferry.chunk_tokens": CHUNK})

@@ -711,6 +711,30 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         return True
 
     # ==== worker side ====
+    @property
+    def prefer_cross_layer_blocks(self):
+        """True with "ferry.cross_layer_blocks": vLLM then allocates one tensor
+        for every layer (register_cross_layers_kv_cache). ferry reads either
+        form by strides; the per-layer form is the default."""
+        return str(self._extra.get("ferry.cross_layer_blocks", False)) == "True"
+
+    def register_cross_layers_kv_cache(self, kv_cache, attn_backend=None):
+        """vLLM's one KV cache tensor for every layer, num_layers first: each
+        layer's slice is a paged cache in the attention backend's layout (a
+        view of the cross-layer blocks, read by its strides). The layers are
+        named as vLLM's KV cache groups name them, in layer order."""
+        names = []
+        for g in self._groups:
+            names.extend(g.layer_names or [])
+        names = _layer_order(list(dict.fromkeys(names)))
+        n = kv_cache.shape[0]
+        if not names:
+            names = [f"model.layers.{i}.attn" for i in range(n)]
+        if len(names) != n:
+            raise ValueError(f"ferry: vLLM connector: a cross-layer cache of {n} layers for "
+                             f"{len(names)} layers in the KV cache groups")
+        self.register_kv_caches({name: kv_cache[i] for i, name in enumerate(names)})
+
     def register_kv_caches(self, kv_caches):
         """vLLM's per-layer caches (layer name -> tensor), grouped as vLLM's KV
         cache groups and in layer order within each."""
