@@ -43,6 +43,7 @@ int main(void)
     B(block_bases); B(block_tokens); B(block_stride); B(num_blocks); B(block_table);
     B(table_len); B(token_stride); B(head_stride); E();
 #undef B
+    S(ferry_kv_name); F(ferry_kv_name, bytes); F(ferry_kv_name, len); E();
 #define C(f) F(ferry_kv_config, f)
     S(ferry_kv_config); C(size); C(model); C(tp_rank); C(tp_world); C(layout);
     C(chunk_tokens); C(hash_seed); C(l1_bytes); C(l2_dir); C(l2_bytes); C(l2_direct);

@@ -535,6 +535,52 @@ FERRY_API int ferry_kv_store(ferry_kv *kv, const int32_t *tokens, size_t n,
 FERRY_API int ferry_kv_retrieve(ferry_kv *kv, const int32_t *tokens, size_t n,
                                 const ferry_kv_req *req, const ferry_kv_buffer *dst);
 
+/* ---- chunks named by the caller ---- */
+/*
+ * Engines that name their own pages (SGLang's HiCache names each page by a
+ * SHA-256 of its tokens and prefix) store and find chunks by those names
+ * instead of by token chains. A named chunk is any chunk from its id on:
+ * the same tiers, checks, persistence, metrics and daemon; its id is a
+ * hash of the name's bytes in the request's namespace (model, TP rank and
+ * world, salt), in a domain of its own, so a name never finds a token
+ * chain's chunk nor another model's. Chunk i of a call is tokens
+ * [i * chunk_tokens, (i + 1) * chunk_tokens) of the buffer (a page of
+ * chunk_tokens tokens). Counts are in chunks. req (may be NULL): salt,
+ * status, tiers and max_chunks as for the token forms; FERRY_KV_PARTIAL
+ * and skip_tokens are refused (-EINVAL): a named chunk is always whole.
+ */
+/** One chunk's name: len bytes at bytes (1 .. FERRY_KV_NAME_MAX). */
+typedef struct ferry_kv_name {
+    const void *bytes;
+    size_t len;
+} ferry_kv_name;
+#define FERRY_KV_NAME_MAX 1024u
+/**
+ * Store chunks names[0..n) from src (as ferry_kv_store does each chunk:
+ * skipped when present, FERRY_ELOCKED when another writer holds it).
+ * Returns the leading chunks stored or present; req->status per chunk.
+ * Errors: as ferry_kv_store (a store that placed no chunk:
+ * FERRY_ENOSPACE), -EINVAL (a NULL or empty name, one longer than
+ * FERRY_KV_NAME_MAX, n 0).
+ */
+FERRY_API int ferry_kv_store_named(ferry_kv *kv, const ferry_kv_name *names, size_t n,
+                                   const ferry_kv_req *req, const ferry_kv_buffer *src);
+/**
+ * Load every chunk of names[0..n) that is cached into dst, as
+ * ferry_kv_retrieve does (req->status: 0, FERRY_ENOTFOUND or
+ * FERRY_ENOSPACE per chunk; a chunk not loaded leaves its tokens as they
+ * were, or zeroed after a failed check). Returns the leading chunks
+ * loaded. Errors: as ferry_kv_retrieve and ferry_kv_store_named.
+ */
+FERRY_API int ferry_kv_retrieve_named(ferry_kv *kv, const ferry_kv_name *names, size_t n,
+                                      const ferry_kv_req *req, const ferry_kv_buffer *dst);
+/** The leading chunks of names[0..n) that are cached (req->tiers per chunk). */
+FERRY_API int ferry_kv_lookup_named(ferry_kv *kv, const ferry_kv_name *names, size_t n,
+                                    const ferry_kv_req *req);
+/** Delete the named chunks: as ferry_kv_delete (returns the chunks deleted). */
+FERRY_API int ferry_kv_delete_named(ferry_kv *kv, const ferry_kv_name *names, size_t n,
+                                    const ferry_kv_req *req);
+
 /* ---- asynchronous forms ---- */
 typedef struct ferry_kv_op ferry_kv_op;
 

@@ -41,6 +41,10 @@ class KVBuffer(_Sized):
                 ("token_stride", _u64), ("head_stride", _u64)]
 
 
+class KVName(ctypes.Structure):
+    _fields_ = [("bytes", _vp), ("len", _size)]
+
+
 class KVConfig(_Sized):
     _fields_ = [("size", _size), ("model", _cp), ("tp_rank", _u32), ("tp_world", _u32),
                 ("layout", KVLayout), ("chunk_tokens", _u32), ("hash_seed", _u64),
@@ -139,6 +143,7 @@ STRUCTS = {
     "ferry_kv_hash": KVHash,
     "ferry_kv_layout": KVLayout,
     "ferry_kv_buffer": KVBuffer,
+    "ferry_kv_name": KVName,
     "ferry_kv_config": KVConfig,
     "ferry_kv_req": KVReq,
     "ferry_kv_layers_opt": KVLayersOpt,

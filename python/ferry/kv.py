@@ -645,6 +645,55 @@ class KVStore(Closing):
         return self._layers(lib.ferry_kv_store_layers, "store_layers", tokens, kv, block_table,
                             salt, partial, False)
 
+    # -- chunks named by the caller --
+    @staticmethod
+    def _names(names):
+        """A ferry_kv_name array over the names (bytes, or str as UTF-8), and
+        what keeps their bytes alive."""
+        if isinstance(names, (str, bytes, bytearray, memoryview)):
+            raise TypeError("ferry: names are a sequence of str or bytes, one per chunk")
+        keep = [n.encode() if isinstance(n, str) else bytes(n) for n in names]
+        arr = (A.KVName * len(keep))()
+        for i, b in enumerate(keep):
+            arr[i].bytes = ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p)
+            arr[i].len = len(b)
+        return arr, keep
+
+    def _named(self, fn, what, names, data=None, block_table=None, salt=None, writable=False,
+               statuses=False):
+        arr, keep = self._names(names)
+        n = len(keep) if statuses else 0
+        req = _Req(salt, False, n)
+        args = [arr, len(keep), req.ptr()]
+        if data is not None:
+            buf = self._buffer(data, block_table, writable)
+            self._sync_engine(buf)
+            args.append(ctypes.byref(buf.c))
+        rc = check(self._call(fn, *args), what)
+        return (rc, list(req.status)) if statuses else rc
+
+    def store_named(self, names, kv, block_table=None, *, salt=None, statuses=False):
+        """Store chunk i of `kv` (tokens [i*chunk_tokens, (i+1)*chunk_tokens))
+        under names[i] (str or bytes, an engine's own page key). Returns the
+        leading chunks stored or present (and per-chunk codes with
+        statuses=True)."""
+        return self._named(lib.ferry_kv_store_named, "store_named", names, kv, block_table,
+                           salt, False, statuses)
+
+    def retrieve_named(self, names, kv, block_table=None, *, salt=None, statuses=False):
+        """Load every cached chunk of `names` into `kv` (chunk i at tokens
+        [i*chunk_tokens, ...)); returns the leading chunks loaded."""
+        return self._named(lib.ferry_kv_retrieve_named, "retrieve_named", names, kv,
+                           block_table, salt, True, statuses)
+
+    def lookup_named(self, names, *, salt=None):
+        """The leading chunks of `names` that are cached."""
+        return self._named(lib.ferry_kv_lookup_named, "lookup_named", names, salt=salt)
+
+    def delete_named(self, names, *, salt=None):
+        """Delete the named chunks; returns how many were deleted."""
+        return self._named(lib.ferry_kv_delete_named, "delete_named", names, salt=salt)
+
     def _tok(self, fn, name, tokens, salt, partial):
         arr, p = tokens_array(tokens)
         req = _Req(salt, partial)

@@ -90,6 +90,10 @@ void ferry__kv_stream_put(ferry_kv *kv, ferry_stream *s);
 uint32_t ferry__kv_chunk_ntok(const ferry_kv *kv, size_t i, size_t n);
 ferry_kv_hash ferry__kv_ns_of(ferry_kv *kv, const ferry_kv_req *req);
 int ferry__kv_req_ok(ferry_kv *kv, const ferry_kv_req *req, const char *what);
+/* store_lookup.c: the leading tokens of the chunks ids[0..nch) of an
+ * n-token request that are cached (either backend; reports tiers in req) */
+int ferry__kv_lookup_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
+                         const ferry_kv_req *req);
 /* tokens present and each a token id (0 .. 2^31-1): 0 or -EINVAL naming
  * the first that is not */
 int ferry__kv_tokens_ok(ferry_kv *kv, const int32_t *tokens, size_t n, const char *what);

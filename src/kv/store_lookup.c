@@ -215,6 +215,35 @@ static int guarded_lookup(ferry_kv *kv, const int32_t *tokens, size_t n, const f
     return (int)hit;
 }
 
+int ferry__kv_lookup_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
+                         const ferry_kv_req *req)
+{
+    if (kv->client)
+        return nch ? ferry__kvc_lookup(kv, ids, nch, n, req) : 0;
+    uint64_t t0 = ferry__now_ns();
+    size_t hit = 0;
+    uint64_t hits[FERRY_KV_TIERS] = {0};
+    pthread_mutex_lock(&kv->mu);
+    size_t i = lookup_walk(kv, ids, nch, 0, n, req, hits, &hit);
+    pthread_mutex_unlock(&kv->mu);
+    if (i < nch && kv->tier[FERRY_KV_TIER_REMOTE]) {
+        remote_discover(kv, ids + i, nch - i, i, n);
+        pthread_mutex_lock(&kv->mu);
+        i += lookup_walk(kv, ids + i, nch - i, i, n, req, hits, &hit);
+        pthread_mutex_unlock(&kv->mu);
+    }
+    if (i < nch)
+        ferry__kv_set_tier(req, i, FERRY_KV_TIER_NONE);
+    for (int t = 1; t < FERRY_KV_TIERS; t++)
+        if (hits[t] && kv->tier[t])
+            atomic_fetch_add(&kv->tier[t]->hits, hits[t]);
+    atomic_fetch_add(&kv->lookups, 1);
+    atomic_fetch_add(&kv->lookup_tokens, n);
+    atomic_fetch_add(&kv->hit_tokens, hit);
+    ferry__kv_hist_record(&kv->h_lookup, ferry__now_ns() - t0);
+    return (int)hit;
+}
+
 int ferry_kv_lookup(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
 {
     if (!kv)

@@ -104,8 +104,6 @@ int ferry__kv_req_ok(ferry_kv *kv, const ferry_kv_req *req, const char *what)
     return 0;
 }
 
-/* hash tokens into ids (stack buffer when it fits); *ids must be freed when
- * != stack. Returns the number of chunks or a negative code. */
 int ferry__kv_tokens_ok(ferry_kv *kv, const int32_t *tokens, size_t n, const char *what)
 {
     if (!tokens || n == 0)
@@ -126,6 +124,8 @@ int ferry__kv_tokens_ok(ferry_kv *kv, const int32_t *tokens, size_t n, const cha
                          what, (long)tokens[i], i, n);
 }
 
+/* hash tokens into ids (stack buffer when it fits); *ids must be freed when
+ * != stack. Returns the number of chunks or a negative code. */
 int ferry__kv_make_ids(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
                     const char *what, ferry_kv_hash *stack, ferry_kv_hash **ids)
 {

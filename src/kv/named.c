@@ -1,0 +1,134 @@
+/*
+ * named.c - chunks named by the caller (ferry/kv.h, "chunks named by the
+ * caller"): the front of store, retrieve, lookup and delete by name.
+ *
+ * A name only chooses a chunk id; everything after is the token form's
+ * path (either backend: the daemon sees ids, never names). The id is
+ * XXH3-128 of a domain tag, the name's length and bytes under the store's
+ * seed, then in the request's namespace like every id. The tag keeps the
+ * two forms' ids apart by construction: a token chain's link hashes 16
+ * bytes of the previous link and then tokens, never the tag's prefix.
+ *
+ * Invariant: every name is checked (present, 1 .. FERRY_KV_NAME_MAX bytes)
+ * and the request whole before an id is made or a byte moves.
+ */
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+
+#include <errno.h>
+#include <string.h>
+
+#include "kv_impl.h"
+#include "kv_slots.h"
+#include "kvc.h"
+#include "store_int.h"
+
+static const char tag[] = "ferry-kv-name-1";
+
+/* the ids of names[0..n) (stack when it fits; free when != stack); n or a code */
+static int name_ids(ferry_kv *kv, const ferry_kv_name *names, size_t n, const ferry_kv_req *req,
+                    const char *what, ferry_kv_hash *stack, ferry_kv_hash **ids)
+{
+    int rc = ferry__kv_req_ok(kv, req, what);
+    if (rc < 0)
+        return rc;
+    if (!names || n == 0)
+        return ferry__kv_err(kv, -EINVAL, "kv %s: no names (names %p, n %zu)", what,
+                             (const void *)names, n);
+    if (n > INT32_MAX / 2 / kv->chunk_tokens)
+        return ferry__kv_err(kv, -EINVAL, "kv %s: %zu names is too many", what, n);
+    if (req && ((req->flags & FERRY_KV_PARTIAL) || ferry__kv_req_skip(req)))
+        return ferry__kv_err(kv, -EINVAL,
+                             "kv %s: a named chunk is whole: no FERRY_KV_PARTIAL or skip_tokens",
+                             what);
+    for (size_t i = 0; i < n; i++)
+        if (!names[i].bytes || names[i].len == 0 || names[i].len > FERRY_KV_NAME_MAX)
+            return ferry__kv_err(kv, -EINVAL,
+                                 "kv %s: name %zu of %zu is %s (%zu bytes; 1 .. %u)", what, i, n,
+                                 !names[i].bytes ? "NULL" : "empty or too long", names[i].len,
+                                 FERRY_KV_NAME_MAX);
+    ferry_kv_hash *out = stack;
+    if (n > STACK_CHUNKS && !(out = ferry__malloc(n * sizeof *out)))
+        return ferry__kv_err(kv, -ENOMEM, "kv %s: out of memory for %zu chunk ids", what, n);
+    ferry_kv_hash ns = ferry__kv_ns_of(kv, req);
+    for (size_t i = 0; i < n; i++) {
+        XXH3_state_t st;
+        unsigned char len[8];
+        memset(&st, 0, sizeof st);
+        for (int b = 0; b < 8; b++)
+            len[b] = (unsigned char)((uint64_t)names[i].len >> (8 * b));
+        XXH3_128bits_reset_withSeed(&st, kv->seed);
+        XXH3_128bits_update(&st, tag, sizeof tag - 1);
+        XXH3_128bits_update(&st, len, sizeof len);
+        XXH3_128bits_update(&st, names[i].bytes, names[i].len);
+        XXH128_hash_t h = XXH3_128bits_digest(&st);
+        out[i].lo = h.low64 ^ ns.lo;
+        out[i].hi = h.high64 ^ ns.hi;
+    }
+    *ids = out;
+    return (int)n;
+}
+
+enum { STORE, RETRIEVE, LOOKUP, DELETE };
+static const char *const what_of[] = {"store_named", "retrieve_named", "lookup_named",
+                                      "delete_named"};
+
+static int named(ferry_kv *kv, int op, const ferry_kv_name *names, size_t n,
+                 const ferry_kv_req *req, const ferry_kv_buffer *in)
+{
+    const char *what = what_of[op];
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv %s: store is NULL", what);
+    int rc = ferry__kv_enter(kv, what);
+    if (rc < 0)
+        return rc;
+    ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
+    ferry_kv_buffer buf;
+    int nch = name_ids(kv, names, n, req, what, stack, &ids);
+    size_t ntok = n * kv->chunk_tokens;
+    if (nch >= 0 && (op == STORE || op == RETRIEVE) &&
+        (rc = ferry__kv_buffer_take(in, &buf, &kv->layout, kv->dev, ntok, what, NULL)) < 0)
+        ferry__kv_err_pass(kv, rc);
+    else if (nch < 0)
+        rc = nch;
+    else if (op == STORE)
+        rc = kv->client ? ferry__kvc_store(kv, ids, n, ntok, req, &buf)
+                        : ferry__kv_do_store(kv, ids, n, ntok, req, &buf);
+    else if (op == RETRIEVE)
+        rc = kv->client ? ferry__kvc_retrieve(kv, ids, n, ntok, req, &buf)
+                        : ferry__kv_do_retrieve(kv, ids, n, ntok, req, &buf);
+    else if (op == LOOKUP)
+        rc = ferry__kv_lookup_ids(kv, ids, n, ntok, req);
+    else
+        rc = kv->client ? ferry__kvc_delete(kv, ids, n) : ferry__kv_slot_delete(kv, ids, n);
+    if (rc > 0 && op != DELETE) /* tokens of whole chunks -> chunks */
+        rc /= (int)kv->chunk_tokens;
+    if (ids && ids != stack)
+        ferry__free(ids);
+    ferry__kv_leave(kv);
+    return rc;
+}
+
+int ferry_kv_store_named(ferry_kv *kv, const ferry_kv_name *names, size_t n,
+                         const ferry_kv_req *req, const ferry_kv_buffer *src)
+{
+    return named(kv, STORE, names, n, req, src);
+}
+
+int ferry_kv_retrieve_named(ferry_kv *kv, const ferry_kv_name *names, size_t n,
+                            const ferry_kv_req *req, const ferry_kv_buffer *dst)
+{
+    return named(kv, RETRIEVE, names, n, req, dst);
+}
+
+int ferry_kv_lookup_named(ferry_kv *kv, const ferry_kv_name *names, size_t n,
+                          const ferry_kv_req *req)
+{
+    return named(kv, LOOKUP, names, n, req, NULL);
+}
+
+int ferry_kv_delete_named(ferry_kv *kv, const ferry_kv_name *names, size_t n,
+                          const ferry_kv_req *req)
+{
+    return named(kv, DELETE, names, n, req, NULL);
+}
