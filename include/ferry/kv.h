@@ -356,7 +356,27 @@ typedef struct ferry_kv_config {
      */
     const char *const *l2_dirs;
     unsigned l2_n_dirs;
+    /**
+     * Back-pressure: how long a store or retrieve that finds every L1 slot
+     * locked (held by writers, readers, pins or write-throughs in flight)
+     * waits for one to free, in milliseconds, 0 to 60000; the
+     * FERRY_KV_CONFIG_INIT default is FERRY_KV_POOL_WAIT_MS_DEFAULT. 0
+     * declines at once: the chunk reports FERRY_ENOSPACE (a store that
+     * placed nothing returns it). Waiters are served first come, first
+     * served; a call waits only while it holds no slot of its own (so two
+     * callers each holding part of the pool never wait for each other: one
+     * proceeds, or both decline within the deadline), and a store longer
+     * than what is free commits the chunks it placed and waits for the rest
+     * (it streams through the pool in pieces that fit). Through a server the
+     * daemon waits on this client's behalf, and each round trip may take
+     * server_timeout_ms plus this. Outside 0 to 60000: -EINVAL at open.
+     */
+    int32_t pool_wait_ms;
 } ferry_kv_config;
+/** The default of ferry_kv_config.pool_wait_ms. */
+#define FERRY_KV_POOL_WAIT_MS_DEFAULT 300
+/** The longest ferry_kv_config.pool_wait_ms accepted. */
+#define FERRY_KV_POOL_WAIT_MS_MAX 60000
 /** Directories an L2 may stripe over. */
 #define FERRY_KV_L2_DIRS_MAX 16u
 #define FERRY_KV_CONFIG_INIT \
@@ -371,7 +391,8 @@ typedef struct ferry_kv_config {
      FERRY_FIELD(l2_persistent) 0, FERRY_FIELD(remote_url) NULL, \
      FERRY_FIELD(remote_options) NULL, FERRY_FIELD(remote_index_chunks) 0, \
      FERRY_FIELD(l2_reset) 0, FERRY_FIELD(l2_mode) 0, FERRY_FIELD(server) NULL, \
-     FERRY_FIELD(server_timeout_ms) 0, FERRY_FIELD(l2_dirs) NULL, FERRY_FIELD(l2_n_dirs) 0}
+     FERRY_FIELD(server_timeout_ms) 0, FERRY_FIELD(l2_dirs) NULL, FERRY_FIELD(l2_n_dirs) 0, \
+     FERRY_FIELD(pool_wait_ms) FERRY_KV_POOL_WAIT_MS_DEFAULT}
 /** The smallest size field ferry_kv_open takes: a config that ends at
  *  l1_bytes (what an L1-only store needs); the fields past a caller's size
  *  take their defaults, so a program built against an older header keeps
@@ -774,6 +795,12 @@ typedef struct ferry_kv_stats {
      *  the driver has one (calls / chunks = 1), else one call per run */
     uint64_t device_chunks;
     uint64_t device_copy_calls;
+    /** back-pressure (ferry_kv_config.pool_wait_ms): waits for an L1 slot
+     *  (each time a call found every slot locked and waited), the time
+     *  spent in them, and the chunks declined FERRY_ENOSPACE after one */
+    uint64_t pool_waits;
+    uint64_t pool_wait_ns;
+    uint64_t pool_declines;
 } ferry_kv_stats;
 
 #define FERRY_KV_STATS_INIT \
@@ -790,7 +817,8 @@ typedef struct ferry_kv_stats {
      FERRY_FIELD(remote_dropped) 0, FERRY_FIELD(remote_gets) 0, FERRY_FIELD(remote_get_bytes) 0, \
      FERRY_FIELD(remote_misses) 0, FERRY_FIELD(remote_refused) 0, FERRY_FIELD(remote_errors) 0, \
      FERRY_FIELD(remote_degraded) 0, FERRY_FIELD(remote_down) 0, FERRY_FIELD(corrupt_chunks) 0, \
-     FERRY_FIELD(device_chunks) 0, FERRY_FIELD(device_copy_calls) 0}
+     FERRY_FIELD(device_chunks) 0, FERRY_FIELD(device_copy_calls) 0, \
+     FERRY_FIELD(pool_waits) 0, FERRY_FIELD(pool_wait_ns) 0, FERRY_FIELD(pool_declines) 0}
 
 /**
  * A snapshot of the store's counters, as every ferry_<object>_stats_get:
