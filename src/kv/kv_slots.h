@@ -32,6 +32,13 @@ int ferry__kv_pool(ferry_kv *kv, uint64_t *map_bytes, uint64_t *slot_bytes, uint
 void ferry__kv_geometry(ferry_kv *kv, ferry_kv_layout *layout, uint32_t *chunk_tokens,
                         uint64_t *seed);
 
+/* the store's pool_wait_ms, in ns: how long a client that sends no WAIT
+ * waits for a slot */
+uint64_t ferry__kv_pool_wait_ns(ferry_kv *kv);
+/* the waits for a slot this thread made since it last asked, and their
+ * time (read and reset) */
+void ferry__kv_thread_waits(uint64_t *waits, uint64_t *ns);
+
 /* how many of ids[0..n), from the first, are present; tiers[i] gets each
  * one's nearest tier. Asks the remote tier about local misses. tokens:
  * what the ids cover, for the statistics */

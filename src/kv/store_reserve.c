@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "kv_impl.h"
+#include "kv_slots.h"
 #include "store_int.h"
 
 typedef struct evict_ctx {
@@ -95,6 +96,17 @@ int ferry__kv_reserve(ferry_kv *kv, int tier, uint64_t now, uint64_t *loc, int m
 /* how long a waiter sleeps at most before it looks again */
 #define WAIT_SLICE_NS ((uint64_t)5 * 1000 * 1000)
 
+/* this thread's waits since it last asked (a daemon's connection thread:
+ * its client's) */
+static _Thread_local uint64_t t_waits, t_wait_ns;
+
+void ferry__kv_thread_waits(uint64_t *waits, uint64_t *ns)
+{
+    *waits = t_waits;
+    *ns = t_wait_ns;
+    t_waits = t_wait_ns = 0;
+}
+
 void ferry__kv_room(ferry_kv *kv)
 {
     if (kv->wq_head)
@@ -104,7 +116,9 @@ void ferry__kv_room(ferry_kv *kv)
 void ferry__kv_wait_leave(ferry_kv *kv, ferry__kv_waiter *w)
 {
     if (w->deadline && w->t0) {
-        atomic_fetch_add(&kv->pool_wait_ns_total, ferry__now_ns() - w->t0);
+        uint64_t ns = ferry__now_ns() - w->t0;
+        atomic_fetch_add(&kv->pool_wait_ns_total, ns);
+        t_wait_ns += ns;
         w->t0 = 0;
     }
     if (!w->queued)
@@ -159,6 +173,7 @@ int ferry__kv_reserve_l1(ferry_kv *kv, ferry__kv_waiter *w, uint64_t wait_ns, in
         w->t0 = t;
         w->deadline = t + wait_ns;
         atomic_fetch_add(&kv->pool_waits, 1);
+        t_waits++;
     }
     if (t >= w->deadline) {
         ferry__kv_wait_leave(kv, w);

@@ -27,6 +27,11 @@ int ferry__kv_pool(ferry_kv *kv, uint64_t *map_bytes, uint64_t *slot_bytes, uint
     return ferry__kv_tier_l1_fd(l1, map_bytes);
 }
 
+uint64_t ferry__kv_pool_wait_ns(ferry_kv *kv)
+{
+    return kv->pool_wait_ns;
+}
+
 void ferry__kv_geometry(ferry_kv *kv, ferry_kv_layout *layout, uint32_t *chunk_tokens,
                         uint64_t *seed)
 {
