@@ -72,7 +72,7 @@ int main(void)
     K(remote_put_bytes); K(remote_written); K(remote_dropped); K(remote_gets);
     K(remote_get_bytes); K(remote_misses); K(remote_refused); K(remote_errors);
     K(remote_degraded); K(remote_down); K(corrupt_chunks); K(device_chunks);
-    K(device_copy_calls); K(pool_waits); K(pool_wait_ns);
+    K(device_copy_calls); K(pool_waits); K(pool_wait_us);
     K(pool_declines); E();
 #undef K
 #define D(f) F(ferry_device_options, f)

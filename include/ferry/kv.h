@@ -797,9 +797,10 @@ typedef struct ferry_kv_stats {
     uint64_t device_copy_calls;
     /** back-pressure (ferry_kv_config.pool_wait_ms): waits for an L1 slot
      *  (each time a call found every slot locked and waited), the time
-     *  spent in them, and the chunks declined FERRY_ENOSPACE after one */
+     *  spent in them (microseconds), and the declines (a call that found
+     *  no slot within its deadline, or at once with a deadline of 0) */
     uint64_t pool_waits;
-    uint64_t pool_wait_ns;
+    uint64_t pool_wait_us;
     uint64_t pool_declines;
 } ferry_kv_stats;
 
@@ -818,7 +819,7 @@ typedef struct ferry_kv_stats {
      FERRY_FIELD(remote_misses) 0, FERRY_FIELD(remote_refused) 0, FERRY_FIELD(remote_errors) 0, \
      FERRY_FIELD(remote_degraded) 0, FERRY_FIELD(remote_down) 0, FERRY_FIELD(corrupt_chunks) 0, \
      FERRY_FIELD(device_chunks) 0, FERRY_FIELD(device_copy_calls) 0, \
-     FERRY_FIELD(pool_waits) 0, FERRY_FIELD(pool_wait_ns) 0, FERRY_FIELD(pool_declines) 0}
+     FERRY_FIELD(pool_waits) 0, FERRY_FIELD(pool_wait_us) 0, FERRY_FIELD(pool_declines) 0}
 
 /**
  * A snapshot of the store's counters, as every ferry_<object>_stats_get:

@@ -83,7 +83,7 @@ class KVStats(_Sized):
             "remote_get_bytes", "remote_misses", "remote_refused", "remote_errors",
             "remote_degraded")] + [("remote_down", _u32), ("corrupt_chunks", _u64),
                                   ("device_chunks", _u64), ("device_copy_calls", _u64),
-                                  ("pool_waits", _u64), ("pool_wait_ns", _u64),
+                                  ("pool_waits", _u64), ("pool_wait_us", _u64),
                                   ("pool_declines", _u64)]
 
 

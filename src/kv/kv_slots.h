@@ -32,6 +32,11 @@ int ferry__kv_pool(ferry_kv *kv, uint64_t *map_bytes, uint64_t *slot_bytes, uint
 void ferry__kv_geometry(ferry_kv *kv, ferry_kv_layout *layout, uint32_t *chunk_tokens,
                         uint64_t *seed);
 
+/* a wait_ns that takes only a slot free (or evictable) now: for a caller
+ * that holds slots already, which must never wait; a miss is not counted
+ * as a decline (the caller commits what it holds and asks again) */
+#define FERRY__KV_TAKE_FREE UINT64_MAX
+
 /* the store's pool_wait_ms, in ns: how long a client that sends no WAIT
  * waits for a slot */
 uint64_t ferry__kv_pool_wait_ns(ferry_kv *kv);

@@ -112,7 +112,8 @@ static int local_reserve(ferry_kv *kv, ferry_kv_op *op)
                               i, cap);
         else
             r = ferry__kv_slot_reserve_wait(kv, op->ids[i], ferry__kv_chunk_ntok(kv, i, op->n),
-                                            lw->nheld ? 0 : kv->pool_wait_ns, &e, &slot, &gen);
+                                            lw->nheld ? FERRY__KV_TAKE_FREE : kv->pool_wait_ns, &e,
+                                            &slot, &gen);
         lw->st[i] = r > 0 ? 0 : r; /* 1: present already */
         if (r == 0)
             ferry__kv_lw_hold(kv, op, i, e, slot, gen, l1->ops->host_ptr(l1, slot));

@@ -86,7 +86,7 @@ static int snapshot(ferry_kv *kv, ferry_kv_stats *out)
     m.device_chunks = LD(kv->device_chunks);
     m.device_copy_calls = LD(kv->device_calls);
     m.pool_waits = LD(kv->pool_waits);
-    m.pool_wait_ns = LD(kv->pool_wait_ns_total);
+    m.pool_wait_us = LD(kv->pool_wait_ns_total) / 1000u;
     m.pool_declines = LD(kv->pool_declines);
     pthread_mutex_lock(&kv->mu);
     m.chunks = kv->count;
@@ -239,7 +239,7 @@ int ferry_kv_metrics_prometheus(ferry_kv *kv, char *buf, size_t len)
     put(&b, "# HELP ferry_kv_pool_wait_seconds_total Time spent in those waits.\n"
             "# TYPE ferry_kv_pool_wait_seconds_total counter\n"
             "ferry_kv_pool_wait_seconds_total %.6f\n",
-        (double)m.pool_wait_ns / 1e9);
+        (double)m.pool_wait_us / 1e6);
     counter(&b, "pool_declines_total",
             "Chunks declined FERRY_ENOSPACE: no L1 slot within the deadline.", m.pool_declines);
     put(&b, "# HELP ferry_kv_chunks Chunks in the index.\n# TYPE ferry_kv_chunks gauge\n"

@@ -99,7 +99,9 @@ typedef struct ferry__kv_waiter {
     int queued;
 } ferry__kv_waiter;
 /* an L1 slot for a caller holding none: 0 and *loc; FERRY_ENOSPACE (the
- * deadline passed, or wait_ns 0 and nothing free: counted as a decline),
+ * deadline passed, or wait_ns 0 and nothing free: counted as a decline;
+ * wait_ns FERRY__KV_TAKE_FREE (kv_slots.h): only what is free, no wait,
+ * not counted),
  * -ENOMEM; or -EAGAIN after a wait: kv->mu was released, the caller looks
  * its entry up again and calls once more with the same w. wait_ns 0: as
  * ferry__kv_reserve(last), and `last`

@@ -155,6 +155,8 @@ int ferry__kv_reserve_l1(ferry_kv *kv, ferry__kv_waiter *w, uint64_t wait_ns, in
 {
     uint64_t now = ferry__kv_now_ns(kv);
     int r;
+    if (wait_ns == FERRY__KV_TAKE_FREE)
+        return ferry__kv_reserve(kv, FERRY_KV_TIER_L1, now, loc, RESERVE_TRY);
     if (!wait_ns) {
         r = ferry__kv_reserve(kv, FERRY_KV_TIER_L1, now, loc, last);
         if (r == FERRY_ENOSPACE)

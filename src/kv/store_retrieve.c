@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kv_impl.h"
+#include "kv_slots.h"
 #include "store_int.h"
 
 /* ---- retrieve ---- */
@@ -689,7 +690,8 @@ static int rt_one(rtv *r, const ferry_kv_hash *ids, size_t i)
                  : copying ? ferry__kv_reserve(kv, FERRY_KV_TIER_L1, now, &slot, RESERVE_TRY)
                  : r->inflight
                      ? ferry__kv_reserve(kv, FERRY_KV_TIER_L1, now, &slot, RESERVE_WAIT)
-                     : ferry__kv_reserve_l1(kv, &r->wt, r->declined ? 0 : kv->pool_wait_ns,
+                     : ferry__kv_reserve_l1(kv, &r->wt,
+                                            r->declined ? FERRY__KV_TAKE_FREE : kv->pool_wait_ns,
                                             RESERVE_WAIT_READS, &slot);
         if (rc != -EAGAIN)
             ferry__kv_wait_leave(kv, &r->wt);

@@ -125,7 +125,7 @@ int ferry__kv_slot_reserve_wait(ferry_kv *kv, ferry_kv_hash id, uint32_t tokens,
             ferry__free(ne);
             atomic_fetch_add(&kv->alloc_failures, 1);
             return ferry__kv_err(kv, r, "kv store: no L1 slot after waiting %llu ms: %s",
-                                 (unsigned long long)(wait_ns / 1000000u), why);
+                                 (unsigned long long)(wait_ns == FERRY__KV_TAKE_FREE ? 0 : wait_ns / 1000000u), why);
         }
         ne->id = id;
         ne->state = FERRY__KV_WRITING;
@@ -215,7 +215,7 @@ static int promote(ferry_kv *kv, ferry__kv_entry *e, int src, uint64_t now, ferr
         ferry__kv_pool_holders(kv, why, sizeof why);
         return ferry__kv_err(kv, r, "kv retrieve: no L1 slot to promote a chunk from %s into "
                              "after waiting %llu ms: %s", kv->tier[src]->ops->name,
-                             (unsigned long long)(wait_ns / 1000000u), why);
+                             (unsigned long long)(wait_ns == FERRY__KV_TAKE_FREE ? 0 : wait_ns / 1000000u), why);
     }
     e->l1_loading = 1;
     ferry__kv_read_lock(kv, e, now); /* keeps its location in src */

@@ -215,11 +215,11 @@ static void on_lookup(ferry__srv_conn *c, const ferry__proto_req *q)
 
 /* a chunk declined with rc: its message is what WHY answers next (the
  * kv's, this thread's last: the call that declined it just set it) */
-static void declined(ferry__srv_conn *c, int rc, const char *msg)
+static void declined(ferry__srv_conn *c, int rc, const char *msg, int count)
 {
     if (rc >= 0)
         return;
-    if (rc == FERRY_ENOSPACE)
+    if (rc == FERRY_ENOSPACE && count) /* (not a holder's try for what is free) */
         atomic_fetch_add(&c->declines, 1);
     if (c->why_code && rc == FERRY_ELOCKED)
         return; /* a decline's message outranks a skipped chunk's */
@@ -250,7 +250,7 @@ static int over_share(ferry__srv_conn *c, int write)
              "%llu: its share is %zu reserved, %zu held at once",
              write ? "store" : "retrieve", (int)c->pid, c->nheld, c->nreserved,
              (unsigned long long)s->nslots, s->max_reserved, s->max_held);
-    declined(c, FERRY_ENOSPACE, msg);
+    declined(c, FERRY_ENOSPACE, msg, 1);
     return FERRY_ENOSPACE;
 }
 
@@ -267,12 +267,12 @@ static void on_reserve(ferry__srv_conn *c, const ferry__proto_req *q)
         const ferry__proto_chunk *ch = &q->chunks[i];
         ferry__kv_entry *e = NULL;
         uint64_t slot = 0, gen = 0;
-        uint64_t wait = c->nreserved || full ? 0 : c->wait_ns;
-        int rc = over_share(c, 1);
+        uint64_t wait = c->nreserved || full ? FERRY__KV_TAKE_FREE : c->wait_ns;
+        int rc = full ? FERRY_ENOSPACE : over_share(c, 1);
         if (rc == 0 &&
             (rc = ferry__kv_slot_reserve_wait(c->s->kv, ch->id, ch->tokens, wait, &e, &slot,
                                               &gen)) < 0)
-            declined(c, rc, NULL);
+            declined(c, rc, NULL, wait != FERRY__KV_TAKE_FREE);
         if (rc == 0 && hold_add(c, e, &ch->id, slot, gen, 1) < 0) {
             ferry__kv_slot_commit(c->s->kv, e, 1);
             rc = -ENOMEM;
@@ -328,12 +328,12 @@ static void on_acquire(ferry__srv_conn *c, const ferry__proto_req *q)
         uint32_t tokens = 0;
         uint8_t tier = 0;
         /* holding nothing, it may wait for a slot to promote into */
-        uint64_t wait = c->nheld || full ? 0 : c->wait_ns;
+        uint64_t wait = c->nheld || full ? FERRY__KV_TAKE_FREE : c->wait_ns;
         int rc = over_share(c, 0);
         if (rc == 0 && (rc = ferry__kv_slot_acquire_wait(kv, ch->id, wait, &e, &slot, &gen,
                                                          &tokens, &tier)) < 0 &&
             rc != FERRY_ENOTFOUND)
-            declined(c, rc, NULL);
+            declined(c, rc, NULL, wait != FERRY__KV_TAKE_FREE);
         if (rc == 0 && hold_add(c, e, &ch->id, slot, gen, 0) < 0) {
             ferry__kv_slot_release(kv, e, slot, gen);
             rc = -ENOMEM;
