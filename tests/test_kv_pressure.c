@@ -536,10 +536,10 @@ static void test_abandoned_reservation(void **state)
         } else {
             pid_t pid = fork();
             assert_true(pid >= 0);
-            if (pid == 0) { /* reserve half the pool, then die without a word */
-                ferry_kv *k = env_client(&e);
-                (void)hold(k, 100000, SLOTS / 2);
-                _exit(0);
+            if (pid == 0) { /* a fresh process (no fork of our threads) */
+                execl("/proc/self/exe", "test_kv_pressure", "--child-hold", g_sock,
+                      (char *)NULL);
+                _exit(127);
             }
             int ws = 0;
             assert_int_equal(waitpid(pid, &ws, 0), pid);
@@ -609,8 +609,29 @@ static int teardown(void **state)
     return 0;
 }
 
-int main(void)
+/* the child of test_abandoned_reservation: reserve half the pool through
+ * the daemon, then die without a word (exit 0 when it held them) */
+static int child_hold(const char *sock)
 {
+    snprintf(g_sock, sizeof g_sock, "%s", sock);
+    ferry_kv_config c = config(1, 100);
+    c.server = g_sock;
+    ferry_kv *k = NULL;
+    if (ferry_kv_open(&c, &k) < 0)
+        return 1;
+    int32_t tok[SLOTS / 2 * CT];
+    tokens(tok, SLOTS / 2 * CT, 100000);
+    ferry_kv_buffer b = buffer(g_img);
+    ferry_kv_op *op = NULL;
+    if (ferry_kv_store_layers(k, tok, SLOTS / 2 * CT, NULL, &b, NULL, &op) < 0)
+        return 2;
+    _exit(0);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && strcmp(argv[1], "--child-hold") == 0)
+        return child_hold(argv[2]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_full_declines, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wait_then_proceed, setup, teardown),
