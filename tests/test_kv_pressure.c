@@ -216,7 +216,9 @@ static void full_declines(int mode, int wait_ms)
     assert_true(m.pool_declines >= 1);
     if (wait_ms)
         assert_true(m.pool_waits >= 1);
-    if (mode == DAEMON) { /* the client's own counters */
+    if (mode == DAEMON) { /* who holds it, by client; and the client's own counters */
+        assert_non_null(strstr(msg, "clients: pid"));
+        assert_non_null(strstr(msg, "(4 reserved)"));
         ferry_serve_client cl[8];
         int n = ferry_serve_clients(e.srv.s, cl, 8, sizeof cl[0]);
         assert_true(n >= 3);

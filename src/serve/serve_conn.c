@@ -110,6 +110,8 @@ static int hold_add(ferry__srv_conn *c, ferry__kv_entry *e, const ferry_kv_hash 
     }
     c->held[c->nheld++] = (ferry__srv_hold){e, *id, slot, gen, write};
     c->nreserved += write != 0;
+    atomic_store(&c->held_now, c->nheld);
+    atomic_store(&c->reserved_now, c->nreserved);
     return 0;
 }
 
@@ -129,6 +131,8 @@ static void hold_drop(ferry__srv_conn *c, size_t i)
 {
     c->nreserved -= c->held[i].write != 0;
     c->held[i] = c->held[--c->nheld];
+    atomic_store(&c->held_now, c->nheld);
+    atomic_store(&c->reserved_now, c->nreserved);
 }
 
 /* the connection ends: abort its reservations, release its locks */
@@ -148,6 +152,29 @@ static void holds_release(ferry__srv_conn *c)
     atomic_fetch_add(&c->s->released, c->nheld);
     c->nheld = 0;
     c->nreserved = 0;
+    atomic_store(&c->held_now, 0);
+    atomic_store(&c->reserved_now, 0);
+}
+
+/* who holds the pool: the clients holding the most slots, appended to msg */
+static void holders(ferry__srv_conn *me, char *msg, size_t len)
+{
+    struct ferry_serve *s = me->s;
+    size_t off = strlen(msg);
+    int n = 0;
+    pthread_mutex_lock(&s->mu);
+    for (ferry__srv_conn *c = s->conns; c && off + 48 < len; c = c->next) {
+        uint64_t h = atomic_load(&c->held_now), r = atomic_load(&c->reserved_now);
+        if (!h)
+            continue;
+        int w = snprintf(msg + off, len - off, "%s pid %d%s holds %llu (%llu reserved)",
+                         n++ ? ";" : "; clients:", (int)c->pid, c == me ? " (this one)" : "",
+                         (unsigned long long)h, (unsigned long long)r);
+        if (w < 0 || (size_t)w >= len - off)
+            break;
+        off += (size_t)w;
+    }
+    pthread_mutex_unlock(&s->mu);
 }
 
 /* ---- requests ---- */
@@ -225,6 +252,8 @@ static void declined(ferry__srv_conn *c, int rc, const char *msg, int count)
         return; /* a decline's message outranks a skipped chunk's */
     c->why_code = rc;
     snprintf(c->why, sizeof c->why, "%s", msg ? msg : ferry_last_error());
+    if (rc == FERRY_ENOSPACE && !msg)
+        holders(c, c->why, sizeof c->why);
 }
 
 /* the waits for a slot this connection's thread just made, counted */

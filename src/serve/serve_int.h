@@ -51,6 +51,8 @@ typedef struct ferry__srv_conn {
     /* back-pressure, for the metrics (written by its thread, read under
      * s->mu by ferry_serve_clients) */
     atomic_uint_fast64_t waits, wait_ns_total, declines;
+    /* nheld and nreserved, for other threads' messages (who holds the pool) */
+    atomic_uint_fast64_t held_now, reserved_now;
 } ferry__srv_conn;
 
 struct ferry_serve {
