@@ -490,17 +490,24 @@ FERRY_API int ferry_kv_lookup(ferry_kv *kv, const int32_t *tokens, size_t n,
 /**
  * Store the KV of tokens[0..n) from src (token t at src's token t). Chunks
  * already present are skipped (counted as stored); chunks another writer
- * is writing are skipped and not counted. Chunks move in batches of at most
- * half of L1, so a prompt longer than L1 streams through it (to L2 when
- * configured; without L2 its first chunks are evicted by its last).
+ * is writing are skipped and not counted (their status FERRY_ELOCKED, and
+ * ferry_kv_last_error says they were skipped; a layerwise store answers
+ * the same). Chunks move in batches of at most half of L1, so a prompt
+ * longer than L1 streams through it (to L2 when configured; without L2 its
+ * first chunks are evicted by its last). A batch that finds every L1 slot
+ * locked waits for its first slot up to cfg->pool_wait_ms, then takes what
+ * is free; the rest goes in the next batch, after this one is committed.
  * Returns the number of leading tokens stored or already present. Stops at
  * the first chunk it cannot place
- * (memory exhausted: the chunk is declined, nothing half-written becomes
- * visible); req->status says why per chunk. Errors: -EINVAL (tokens NULL,
+ * (memory exhausted, or no slot within the deadline: the chunk is declined
+ * FERRY_ENOSPACE, nothing half-written becomes visible); req->status says
+ * why per chunk. Errors: -EINVAL (tokens NULL,
  * n 0, bad buffer), FERRY_EMISMATCH (src->layout differs from the store's),
  * -ENOBUFS (src holds fewer tokens than n), FERRY_ENODEV (device memory
  * without a device), FERRY_ENOSPACE / -ENOMEM (not even the first chunk
- * could be placed), device copy errors.
+ * could be placed: the message names the pool and what holds its slots,
+ * through a server the clients holding them too), device copy errors. The
+ * same through a server.
  */
 FERRY_API int ferry_kv_store(ferry_kv *kv, const int32_t *tokens, size_t n,
                              const ferry_kv_req *req, const ferry_kv_buffer *src);
@@ -511,8 +518,9 @@ FERRY_API int ferry_kv_store(ferry_kv *kv, const int32_t *tokens, size_t n,
  * chunks running ahead on the store's workers while earlier ones are
  * copied out); req->status gets 0 or FERRY_ENOTFOUND per chunk (a chunk
  * evicted since a lookup, or whose L2 read failed, is a miss: its bytes in
- * dst are not written), or FERRY_ENOSPACE (in L2, but every L1 slot is
- * locked so it could not be promoted). Returns the number of leading
+ * dst are not written), or FERRY_ENOSPACE (in L2, but every L1 slot stayed
+ * locked for cfg->pool_wait_ms, so it could not be promoted; a chunk that
+ * is there is never FERRY_ENOTFOUND for want of room). Returns the number of leading
  * tokens loaded. Errors: as ferry_kv_store (dst too small: -ENOBUFS),
  * device copy errors (the chunks of the failed window report the code).
  */
