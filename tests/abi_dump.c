@@ -50,7 +50,8 @@ int main(void)
     C(l2_engine); C(l1_policy); C(l2_policy); C(watermark); C(evict_fraction);
     C(write_ttl_ms); C(read_ttl_ms); C(device); C(prefetch_max_bytes); C(workers);
     C(l2_persistent); C(remote_url); C(remote_options); C(remote_index_chunks); C(l2_reset);
-    C(l2_mode); C(server); C(server_timeout_ms); C(l2_dirs); C(l2_n_dirs); E();
+    C(l2_mode); C(server); C(server_timeout_ms); C(l2_dirs); C(l2_n_dirs);
+    C(pool_wait_ms); E();
 #undef C
 #define R(f) F(ferry_kv_req, f)
     S(ferry_kv_req); R(size); R(salt); R(salt_len); R(flags); R(tiers); R(status);
@@ -72,7 +73,8 @@ int main(void)
     K(remote_put_bytes); K(remote_written); K(remote_dropped); K(remote_gets);
     K(remote_get_bytes); K(remote_misses); K(remote_refused); K(remote_errors);
     K(remote_degraded); K(remote_down); K(corrupt_chunks); K(device_chunks);
-    K(device_copy_calls); E();
+    K(device_copy_calls); K(pool_waits); K(pool_wait_us);
+    K(pool_declines); E();
 #undef K
 #define D(f) F(ferry_device_options, f)
     S(ferry_device_options); D(size); D(backend); D(ordinal); D(mem_limit); E();

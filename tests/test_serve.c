@@ -1225,6 +1225,75 @@ static void test_stale_release(void **state)
     ft_srv_close(&v);
 }
 
+/* WAIT sets a connection's deadline (0 to 60000 ms, 4 bytes exactly);
+ * WHY answers the last decline's code and message once, then 0 */
+static void raw_simple(raw *r, int t, uint64_t ms, int32_t *rc, char *msg, size_t len)
+{
+    ferry__proto_req q;
+    memset(&q, 0, sizeof q);
+    q.hdr.type = (uint8_t)t;
+    q.tokens = ms;
+    raw_req(r, &q);
+    assert_int_equal(raw_reply(r, rc, msg, len), 0);
+}
+
+static void test_wait_and_why(void **state)
+{
+    (void)state;
+    srv v;
+    ferry_kv_config kc = store_config(4);
+    srv_start_cfg(&v, &kc, 0, 0);
+    raw r;
+    FT_ASSERT_OK(raw_connect(&r));
+    raw_hello(&r, 1);
+    int32_t rc;
+    char msg[512];
+    raw_simple(&r, FERRY__P_WHY, 0, &rc, msg, sizeof msg);
+    assert_int_equal(r.h.type, FERRY__P_WHY | FERRY__PROTO_REPLY);
+    assert_int_equal(rc, 0); /* nothing declined yet */
+    raw_simple(&r, FERRY__P_WAIT, FERRY_KV_POOL_WAIT_MS_MAX + 1, &rc, msg, sizeof msg);
+    assert_int_equal(rc, FERRY_EPARSE);
+    assert_non_null(strstr(msg, "WAIT"));
+    uint8_t bad[FERRY__PROTO_HDR + 3];
+    ferry__proto_hdr h = {FERRY__PROTO_VERSION, FERRY__P_WAIT, 0, 3, 77};
+    ferry__proto_hdr_encode(bad, &h);
+    memset(bad + FERRY__PROTO_HDR, 0, 3);
+    raw_send_bytes(&r, bad, sizeof bad);
+    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(rc, FERRY_EPARSE);
+    raw_simple(&r, FERRY__P_WAIT, 0, &rc, msg, sizeof msg);
+    assert_int_equal(r.h.type, FERRY__P_WAIT | FERRY__PROTO_REPLY);
+    assert_int_equal(rc, 0);
+    /* 3 chunks reserved by one connection of a 4-slot pool: past its share
+     * (half the pool) the third is declined, and WHY says why, once */
+    ferry__proto_chunk ch[3];
+    memset(ch, 0, sizeof ch);
+    for (int i = 0; i < 3; i++) {
+        ch[i].id.lo = 0x7a00u + (uint64_t)i;
+        ch[i].tokens = CT;
+    }
+    raw_chunks(&r, FERRY__P_RESERVE, ch, 3);
+    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ferry__proto_get_u32(&r.rd), 3);
+    int32_t cs[3];
+    for (int i = 0; i < 3; i++) {
+        cs[i] = (int32_t)ferry__proto_get_u32(&r.rd);
+        (void)ferry__proto_get_u64(&r.rd);
+        (void)ferry__proto_get_u64(&r.rd);
+    }
+    assert_int_equal(cs[0], 0);
+    assert_int_equal(cs[1], 0);
+    assert_int_equal(cs[2], FERRY_ENOSPACE);
+    raw_simple(&r, FERRY__P_WHY, 0, &rc, msg, sizeof msg);
+    assert_int_equal(rc, FERRY_ENOSPACE);
+    assert_non_null(strstr(msg, "its share"));
+    raw_simple(&r, FERRY__P_WHY, 0, &rc, msg, sizeof msg);
+    assert_int_equal(rc, 0); /* told once */
+    raw_ping(&r);
+    raw_close(&r); /* (its reservations go with it) */
+    ft_srv_close(&v);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1241,6 +1310,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_other_uid, setup, teardown),
         cmocka_unit_test_setup_teardown(test_socket_owner, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stale_release, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wait_and_why, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

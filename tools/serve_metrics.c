@@ -64,6 +64,46 @@ static size_t serve_families(ferry_serve *s, char *buf, size_t cap, size_t off)
     return off;
 }
 
+/* the clients' back-pressure families, one sample per connected client
+ * (labelled by pid and uid), appended to buf at off; the new length */
+static size_t client_families(ferry_serve *s, char *buf, size_t cap, size_t off)
+{
+    ferry_serve_client cl[256];
+    int n = ferry_serve_clients(s, cl, sizeof cl / sizeof cl[0], sizeof cl[0]);
+    if (n < 0)
+        return off;
+    size_t k = (size_t)n < sizeof cl / sizeof cl[0] ? (size_t)n : sizeof cl / sizeof cl[0];
+    static const char *const fam[3][3] = {
+        {"ferry_serve_client_pool_waits_total", "counter",
+         "Times the client found every L1 slot locked and waited for one."},
+        {"ferry_serve_client_pool_wait_seconds_total", "counter",
+         "Time the client spent waiting for L1 slots."},
+        {"ferry_serve_client_pool_declines_total", "counter",
+         "Chunks declined FERRY_ENOSPACE to the client (no slot in time, or past its share)."},
+    };
+    for (int f = 0; f < 3; f++) {
+        int w = snprintf(buf + off, cap - off, "# HELP %s %s\n# TYPE %s %s\n", fam[f][0],
+                         fam[f][2], fam[f][0], fam[f][1]);
+        if (w < 0 || (size_t)w >= cap - off)
+            return off;
+        off += (size_t)w;
+        for (size_t i = 0; i < k; i++) {
+            if (f == 1)
+                w = snprintf(buf + off, cap - off, "%s{pid=\"%d\",uid=\"%u\"} %.6f\n",
+                             fam[f][0], (int)cl[i].pid, (unsigned)cl[i].uid,
+                             (double)cl[i].wait_ns / 1e9);
+            else
+                w = snprintf(buf + off, cap - off, "%s{pid=\"%d\",uid=\"%u\"} %llu\n",
+                             fam[f][0], (int)cl[i].pid, (unsigned)cl[i].uid,
+                             (unsigned long long)(f == 0 ? cl[i].waits : cl[i].declines));
+            if (w < 0 || (size_t)w >= cap - off)
+                return off;
+            off += (size_t)w;
+        }
+    }
+    return off;
+}
+
 static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char *url,
                               const char *method, const char *version, const char *upload,
                               size_t *upload_len, void **con_cls)
@@ -80,13 +120,14 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
         r = MHD_create_response_from_buffer(strlen(nf), nf, MHD_RESPMEM_PERSISTENT);
     } else {
         int need = ferry_kv_metrics_prometheus(ferry_serve_kv(s), NULL, 0);
-        size_t cap = (need > 0 ? (size_t)need : 0) + 4096;
+        size_t cap = (need > 0 ? (size_t)need : 0) + 4096 + 256 * 3 * 96;
         char *buf = malloc(cap);
         if (!buf)
             return MHD_NO;
         int n = ferry_kv_metrics_prometheus(ferry_serve_kv(s), buf, cap);
         size_t len = n > 0 && (size_t)n < cap ? (size_t)n : 0;
         len = serve_families(s, buf, cap, len);
+        len = client_families(s, buf, cap, len);
         r = MHD_create_response_from_buffer(len, buf, MHD_RESPMEM_MUST_FREE);
         if (r)
             MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4");

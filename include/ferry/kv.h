@@ -389,7 +389,27 @@ typedef struct ferry_kv_config {
      */
     const char *const *l2_dirs;
     unsigned l2_n_dirs;
+    /**
+     * Back-pressure: how long a store or retrieve that finds every L1 slot
+     * locked (held by writers, readers, pins or write-throughs in flight)
+     * waits for one to free, in milliseconds, 0 to 60000; the
+     * FERRY_KV_CONFIG_INIT default is FERRY_KV_POOL_WAIT_MS_DEFAULT. 0
+     * declines at once: the chunk reports FERRY_ENOSPACE (a store that
+     * placed nothing returns it). Waiters are served first come, first
+     * served; a call waits only while it holds no slot of its own (so two
+     * callers each holding part of the pool never wait for each other: one
+     * proceeds, or both decline within the deadline), and a store longer
+     * than what is free commits the chunks it placed and waits for the rest
+     * (it streams through the pool in pieces that fit). Through a server the
+     * daemon waits on this client's behalf, and each round trip may take
+     * server_timeout_ms plus this. Outside 0 to 60000: -EINVAL at open.
+     */
+    int32_t pool_wait_ms;
 } ferry_kv_config;
+/** The default of ferry_kv_config.pool_wait_ms. */
+#define FERRY_KV_POOL_WAIT_MS_DEFAULT 300
+/** The longest ferry_kv_config.pool_wait_ms accepted. */
+#define FERRY_KV_POOL_WAIT_MS_MAX 60000
 /** Directories an L2 may stripe over. */
 #define FERRY_KV_L2_DIRS_MAX 16u
 #define FERRY_KV_CONFIG_INIT \
@@ -404,7 +424,8 @@ typedef struct ferry_kv_config {
      FERRY_FIELD(l2_persistent) 0, FERRY_FIELD(remote_url) NULL, \
      FERRY_FIELD(remote_options) NULL, FERRY_FIELD(remote_index_chunks) 0, \
      FERRY_FIELD(l2_reset) 0, FERRY_FIELD(l2_mode) 0, FERRY_FIELD(server) NULL, \
-     FERRY_FIELD(server_timeout_ms) 0, FERRY_FIELD(l2_dirs) NULL, FERRY_FIELD(l2_n_dirs) 0}
+     FERRY_FIELD(server_timeout_ms) 0, FERRY_FIELD(l2_dirs) NULL, FERRY_FIELD(l2_n_dirs) 0, \
+     FERRY_FIELD(pool_wait_ms) FERRY_KV_POOL_WAIT_MS_DEFAULT}
 /** The smallest size field ferry_kv_open takes: a config that ends at
  *  l1_bytes (what an L1-only store needs); the fields past a caller's size
  *  take their defaults, so a program built against an older header keeps
@@ -506,17 +527,24 @@ FERRY_API int ferry_kv_lookup(ferry_kv *kv, const int32_t *tokens, size_t n,
 /**
  * Store the KV of tokens[0..n) from src (token t at src's token t). Chunks
  * already present are skipped (counted as stored); chunks another writer
- * is writing are skipped and not counted. Chunks move in batches of at most
- * half of L1, so a prompt longer than L1 streams through it (to L2 when
- * configured; without L2 its first chunks are evicted by its last).
+ * is writing are skipped and not counted (their status FERRY_ELOCKED, and
+ * ferry_kv_last_error says they were skipped; a layerwise store answers
+ * the same). Chunks move in batches of at most half of L1, so a prompt
+ * longer than L1 streams through it (to L2 when configured; without L2 its
+ * first chunks are evicted by its last). A batch that finds every L1 slot
+ * locked waits for its first slot up to cfg->pool_wait_ms, then takes what
+ * is free; the rest goes in the next batch, after this one is committed.
  * Returns the number of leading tokens stored or already present. Stops at
  * the first chunk it cannot place
- * (memory exhausted: the chunk is declined, nothing half-written becomes
- * visible); req->status says why per chunk. Errors: -EINVAL (tokens NULL,
+ * (memory exhausted, or no slot within the deadline: the chunk is declined
+ * FERRY_ENOSPACE, nothing half-written becomes visible); req->status says
+ * why per chunk. Errors: -EINVAL (tokens NULL,
  * n 0, bad buffer), FERRY_EMISMATCH (src->layout differs from the store's),
  * -ENOBUFS (src holds fewer tokens than n), FERRY_ENODEV (device memory
  * without a device), FERRY_ENOSPACE / -ENOMEM (not even the first chunk
- * could be placed), device copy errors.
+ * could be placed: the message names the pool and what holds its slots,
+ * through a server the clients holding them too), device copy errors. The
+ * same through a server.
  */
 FERRY_API int ferry_kv_store(ferry_kv *kv, const int32_t *tokens, size_t n,
                              const ferry_kv_req *req, const ferry_kv_buffer *src);
@@ -527,8 +555,9 @@ FERRY_API int ferry_kv_store(ferry_kv *kv, const int32_t *tokens, size_t n,
  * chunks running ahead on the store's workers while earlier ones are
  * copied out); req->status gets 0 or FERRY_ENOTFOUND per chunk (a chunk
  * evicted since a lookup, or whose L2 read failed, is a miss: its bytes in
- * dst are not written), or FERRY_ENOSPACE (in L2, but every L1 slot is
- * locked so it could not be promoted). Returns the number of leading
+ * dst are not written), or FERRY_ENOSPACE (in L2, but every L1 slot stayed
+ * locked for cfg->pool_wait_ms, so it could not be promoted; a chunk that
+ * is there is never FERRY_ENOTFOUND for want of room). Returns the number of leading
  * tokens loaded. Errors: as ferry_kv_store (dst too small: -ENOBUFS),
  * device copy errors (the chunks of the failed window report the code).
  */
@@ -866,6 +895,13 @@ typedef struct ferry_kv_stats {
      *  the driver has one (calls / chunks = 1), else one call per run */
     uint64_t device_chunks;
     uint64_t device_copy_calls;
+    /** back-pressure (ferry_kv_config.pool_wait_ms): waits for an L1 slot
+     *  (each time a call found every slot locked and waited), the time
+     *  spent in them (microseconds), and the declines (a call that found
+     *  no slot within its deadline, or at once with a deadline of 0) */
+    uint64_t pool_waits;
+    uint64_t pool_wait_us;
+    uint64_t pool_declines;
 } ferry_kv_stats;
 
 #define FERRY_KV_STATS_INIT \
@@ -882,7 +918,8 @@ typedef struct ferry_kv_stats {
      FERRY_FIELD(remote_dropped) 0, FERRY_FIELD(remote_gets) 0, FERRY_FIELD(remote_get_bytes) 0, \
      FERRY_FIELD(remote_misses) 0, FERRY_FIELD(remote_refused) 0, FERRY_FIELD(remote_errors) 0, \
      FERRY_FIELD(remote_degraded) 0, FERRY_FIELD(remote_down) 0, FERRY_FIELD(corrupt_chunks) 0, \
-     FERRY_FIELD(device_chunks) 0, FERRY_FIELD(device_copy_calls) 0}
+     FERRY_FIELD(device_chunks) 0, FERRY_FIELD(device_copy_calls) 0, \
+     FERRY_FIELD(pool_waits) 0, FERRY_FIELD(pool_wait_us) 0, FERRY_FIELD(pool_declines) 0}
 
 /**
  * A snapshot of the store's counters, as every ferry_<object>_stats_get:

@@ -100,6 +100,26 @@ typedef struct ferry_serve_stats {
  *  Errors: -EINVAL (NULL, or out->size not set). */
 FERRY_API int ferry_serve_stats_get(const ferry_serve *s, ferry_serve_stats *out);
 
+/** One client connection's back-pressure counters (ferry_kv_config.pool_wait_ms). */
+typedef struct ferry_serve_client {
+    int32_t pid;               /**< the client's process (SO_PEERCRED) */
+    uint32_t uid;
+    uint64_t waits;            /**< times it found every L1 slot locked and waited */
+    uint64_t wait_ns;          /**< time spent in those waits */
+    uint64_t declines;         /**< chunks declined FERRY_ENOSPACE (no slot in time, or
+                                    past its share of the pool) */
+} ferry_serve_client;
+/**
+ * The clients connected now: up to max of them into out[] (elem_size:
+ * the caller's sizeof(ferry_serve_client); only that many bytes of each
+ * are written, so a caller built against an older header works). Returns
+ * how many are connected (more than max: the rest were left out).
+ * Errors: -EINVAL (s NULL, out NULL with max > 0, elem_size 0 or past
+ * this header's struct). Thread-safe with ferry_serve_run.
+ */
+FERRY_API int ferry_serve_clients(const ferry_serve *s, ferry_serve_client *out, size_t max,
+                                  size_t elem_size);
+
 #ifdef __cplusplus
 }
 #endif

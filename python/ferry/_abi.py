@@ -55,7 +55,8 @@ class KVConfig(_Sized):
                 ("workers", _uint), ("l2_persistent", _int), ("remote_url", _cp),
                 ("remote_options", _vp), ("remote_index_chunks", _u64), ("l2_reset", _int),
                 ("l2_mode", _uint), ("server", _cp), ("server_timeout_ms", _u32),
-                ("l2_dirs", ctypes.POINTER(_cp)), ("l2_n_dirs", _uint)]
+                ("l2_dirs", ctypes.POINTER(_cp)), ("l2_n_dirs", _uint),
+                ("pool_wait_ms", _i32)]
 
 
 class KVReq(_Sized):
@@ -86,7 +87,9 @@ class KVStats(_Sized):
             "remote_put_bytes", "remote_written", "remote_dropped", "remote_gets",
             "remote_get_bytes", "remote_misses", "remote_refused", "remote_errors",
             "remote_degraded")] + [("remote_down", _u32), ("corrupt_chunks", _u64),
-                                  ("device_chunks", _u64), ("device_copy_calls", _u64)]
+                                  ("device_chunks", _u64), ("device_copy_calls", _u64),
+                                  ("pool_waits", _u64), ("pool_wait_us", _u64),
+                                  ("pool_declines", _u64)]
 
 
 MOE_MAX_BANKS = 8

@@ -370,7 +370,7 @@ class KVStore(Closing):
                  persistent=False, reset=False, chunk_tokens=0, hash_seed=0, tp_rank=0,
                  tp_world=1, remote=None, workers=0, l2_engine=None, l2_direct=True,
                  eviction="lru", server=None, server_timeout_ms=0, lookup_only=False,
-                 device=None):
+                 device=None, pool_wait_ms=300):
         self._h = None
         self._guard = CallGuard("KVStore")
         self._dev = None
@@ -431,6 +431,9 @@ class KVStore(Closing):
         c.remote_url = self._s(remote)
         c.server = self._s(server)
         c.server_timeout_ms = server_timeout_ms
+        # back-pressure: how long a call that finds every L1 slot locked waits
+        # for one (ferry_kv_config.pool_wait_ms; 0 declines at once)
+        c.pool_wait_ms = pool_wait_ms
         if device is not None:
             self._open_device(device)
             c.device = self._dev

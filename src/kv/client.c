@@ -160,9 +160,11 @@ static int read_reply(ferry_kv *kv, ferry__kvc *c, ferry__proto_hdr *h, uint64_t
     return 0;
 }
 
+/* a round trip's deadline: the timeout, and the wait for a pool slot the
+ * daemon may make on this client's behalf */
 static uint64_t deadline_of(const ferry__kvc *c)
 {
-    return ferry__now_ns() + (uint64_t)c->timeout_ms * 1000000u;
+    return ferry__now_ns() + ((uint64_t)c->timeout_ms + c->wait_ms) * 1000000u;
 }
 
 /* send c->out (a whole frame): 0, or a code (connection closed) */
@@ -360,6 +362,43 @@ static int hello(ferry_kv *kv, ferry__kvc *c)
     return r;
 }
 
+/* under c->mu: WAIT, this client's pool_wait_ms (a daemon without it
+ * answers ENOTSUP: it uses its own) */
+static int send_wait(ferry_kv *kv, ferry__kvc *c)
+{
+    ferry__proto_req q;
+    memset(&q, 0, sizeof q);
+    q.hdr.type = FERRY__P_WAIT;
+    q.hdr.rid = ++c->rid;
+    q.tokens = c->wait_ms;
+    if (ferry__proto_req_encode(&c->out, &q) < 0)
+        return ferry__kv_err(kv, -ENOMEM, "kv server: out of memory for WAIT");
+    ferry__proto_rd rd;
+    int32_t rc;
+    int r = ferry__kvc_roundtrip(kv, c, &rd, &rc);
+    if (r == 0 && rc == FERRY_ENOTSUP)
+        c->no_why = 1;
+    return r;
+}
+
+int ferry__kvc_why(ferry_kv *kv, ferry__kvc *c, int code)
+{
+    if (c->fd < 0 || c->no_why)
+        return code;
+    ferry__proto_req q;
+    memset(&q, 0, sizeof q);
+    q.hdr.type = FERRY__P_WHY;
+    q.hdr.rid = ++c->rid;
+    if (ferry__proto_req_encode(&c->out, &q) < 0)
+        return code;
+    ferry__proto_rd rd;
+    int32_t rc = 0;
+    int r = ferry__kvc_roundtrip(kv, c, &rd, &rc); /* rc < 0: its message is on the store */
+    if (r == 0 && rc == FERRY_ENOTSUP)
+        c->no_why = 1;
+    return code;
+}
+
 int ferry__kvc_ensure(ferry_kv *kv, ferry__kvc *c)
 {
     if (c->fd >= 0)
@@ -380,6 +419,9 @@ int ferry__kvc_ensure(ferry_kv *kv, ferry__kvc *c)
         return ferry__kv_err(kv, FERRY_ECONN, "kv server %s: connect: %s", c->path, strerror(e));
     }
     int r = hello(kv, c);
+    c->no_why = 0;
+    if (r == 0 && c->want_pool)
+        r = send_wait(kv, c);
     if (r == 0) {
         c->connects++;
         c->no_prefetch = 0;
@@ -413,6 +455,7 @@ int ferry__kvc_open(ferry_kv *kv, const ferry_kv_config *cfg)
         s += 5;
     c->path = ferry__strdup(s);
     c->timeout_ms = cfg->server_timeout_ms ? cfg->server_timeout_ms : TIMEOUT_MS_DEFAULT;
+    c->wait_ms = (uint32_t)cfg->pool_wait_ms;
     c->want_pool = cfg->l1_bytes != 0;
     kv->client = c;
     if (!c->path)
@@ -477,6 +520,7 @@ ferry__kvc *ferry__kvc_lease(ferry_kv *kv, int *rc)
         pthread_mutex_init(&c->wmu, NULL);
         c->fd = -1;
         c->timeout_ms = m->timeout_ms;
+        c->wait_ms = m->wait_ms;
         c->want_pool = m->want_pool;
     }
     c->idle_next = NULL;

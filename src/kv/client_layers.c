@@ -192,6 +192,11 @@ int ferry__kvc_lw_reserve(ferry_kv *kv, ferry_kv_op *op, size_t cap)
         lw->nheld = 0; /* the reservations went with the connection */
         return r;
     }
+    for (size_t k = 0; k < m; k++)
+        if (lw->st[k] < 0) { /* the daemon's word on why, as in-process */
+            (void)ferry__kvc_why(kv, c, lw->st[k]);
+            break;
+        }
     for (size_t k = m; placed && k < op->nchunks; k++)
         lw->st[k] = FERRY_ENOSPACE;
     return 0;

@@ -134,9 +134,11 @@ int ferry__kvc_copy_slot(ferry_kv *kv, ferry__kvc *c, const ferry_kv_buffer *buf
 }
 
 /* one store batch, chunks [first, first + m): RESERVE, copy, COMMIT; st[]
- * gets each chunk's code. 0, or the code that ends the store */
+ * gets each chunk's code, *placed the chunks reserved. 0, or the code that
+ * ends the store */
 static int store_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, size_t first,
-                       size_t m, size_t n, const ferry_kv_buffer *buf, ferry_stream *s, int *st)
+                       size_t m, size_t n, const ferry_kv_buffer *buf, ferry_stream *s, int *st,
+                       size_t *placed)
 {
     for (size_t k = 0; k < m; k++) {
         c->ch[k].id = ids[first + k];
@@ -163,6 +165,7 @@ static int store_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, si
             copy_rc = ferry__kvc_copy_slot(kv, c, buf, first + k, n, slot, 1, s, 0);
         held++;
     }
+    *placed = held;
     if ((r = ferry__kvc_reply_end(kv, c, &rd)) < 0)
         goto lost;
     if (s && held && copy_rc == 0 && (r = ferry_stream_sync(s)) < 0)
@@ -224,16 +227,32 @@ static int run_batches(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
             r = -ECANCELED;
             break;
         }
-        size_t m = batch_of(c, nch - i);
+        size_t m = batch_of(c, nch - i), placed = 0;
         if ((r = ferry__kvc_chunks(kv, c, m)) < 0)
             break;
-        r = store_batch(kv, c, ids, i, m, n, buf, s, st);
-        /* stop at the first chunk that could not be placed (as in-process) */
+        r = store_batch(kv, c, ids, i, m, n, buf, s, st, &placed);
+        /* stop at the first chunk that could not be placed (as in-process);
+         * but when the pool had room for part of the batch, that part is
+         * committed now and the rest is asked for again (the daemon waits
+         * for its first slot: this connection holds none now) */
+        size_t next = i + m;
         for (size_t k = i; r == 0 && k < i + m; k++)
-            if (st[k] < 0 && st[k] != FERRY_ELOCKED)
-                r = 1;
-        i += m;
+            if (st[k] < 0 && st[k] != FERRY_ELOCKED) {
+                if (st[k] == FERRY_ENOSPACE && placed)
+                    next = k;
+                else
+                    r = 1;
+                break;
+            }
+        i = next;
     }
+    /* a chunk declined or skipped: the daemon's word on why, as in-process */
+    int why = 0;
+    for (size_t i = 0; store && !why && i < nch; i++)
+        if (st[i] < 0 && st[i] != FERRY_ENOTFOUND && st[i] != FERRY_ECONN)
+            why = st[i];
+    if (why)
+        (void)ferry__kvc_why(kv, c, why);
     pthread_mutex_unlock(&c->mu);
     ferry__kv_stream_put(kv, s);
     size_t lead = 0;
@@ -245,6 +264,9 @@ static int run_batches(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
     ferry__free(st);
     if (r < 0 && (!store || r == FERRY_ECONN || r == -ECANCELED || lead == 0 || first == r))
         return r;
+    /* not even the first chunk placed: its code, as ferry__kv_do_store */
+    if (store && lead == 0 && first < 0 && first != FERRY_ELOCKED && first != FERRY_ENOTFOUND)
+        return first;
     return (int)lead;
 }
 

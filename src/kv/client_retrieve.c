@@ -15,14 +15,17 @@
  * flight, all small (the bytes both ways fit the socket's buffers, so
  * neither side blocks sending while the other does), and the client holds
  * at most two batches, a quarter of the pool, as an unpipelined retrieve
- * of quarter-pool batches did. An ACQUIRE never waits for a slot (with
- * every slot locked it answers FERRY_ENOSPACE), so holding a batch while
- * the next is acquired cannot deadlock clients that share the pool. A
- * chunk answered FERRY_ENOSPACE is asked for once more when the batch
- * before it was released, and the rest of the retrieve goes one batch at
+ * of quarter-pool batches did. An ACQUIRE from a connection that holds
+ * anything never waits for a slot (with every slot locked it answers
+ * FERRY_ENOSPACE), so holding a batch while the next is acquired cannot
+ * deadlock clients that share the pool. A chunk answered FERRY_ENOSPACE
+ * is asked for again when the batch before it was released, and the rest of the retrieve goes one batch at
  * a time (ACQUIRE, copy, RELEASE, then the next), as it does from a pool of
- * fewer than 8 slots (batches of a quarter of it); refused twice, it is a
- * miss.
+ * fewer than 8 slots (batches of a quarter of it). Before a chunk declined
+ * is asked for again, what the batch holds is copied out and released, so
+ * the connection holds nothing and the daemon waits for room (up to the
+ * client's pool_wait_ms); that repeats while each try gets some of them,
+ * and a chunk declined by a try that got none is FERRY_ENOSPACE.
  *
  * No byte is trusted before its RELEASE answers 0 (the slot was not
  * reused meanwhile); a chunk whose RELEASE says otherwise is zeroed in a
@@ -228,6 +231,26 @@ static void copy_out(rpipe *p, rbatch *bt)
     bt->copied = 1;
 }
 
+/* copy out and release what bt holds now (its chunks answered
+ * FERRY_ENOSPACE are asked for next, with nothing held, so the daemon
+ * may wait for room for them); 0 or the code that stops the retrieve */
+static int let_go(rpipe *p, rbatch *bt)
+{
+    if (!bt->held)
+        return 0;
+    copy_out(p, bt);
+    int r = send_req(p, FERRY__P_RELEASE, bt->h, bt->held, bt);
+    if (r < 0) {
+        bt->held = 0; /* the connection went with the locks */
+        return r;
+    }
+    r = drain(p);
+    bt->copied = 0;
+    if (r == 0 && bt->copy_rc < 0)
+        r = bt->copy_rc;
+    return r;
+}
+
 static void batch_at(rpipe *p, rbatch *bt, size_t first)
 {
     bt->first = first;
@@ -258,7 +281,15 @@ static int pipe_run(rpipe *p, rbatch *cur, rbatch *nx, const atomic_int *cancel)
         if (r == 0 && cur->nospace) {
             p->pipelined = 0; /* a pool this full: one batch held at a time from now */
             p->ahead = 2 * p->b;
-            r = reacquire(p, cur);
+        }
+        /* what was declined is asked for again while that gets some: each
+         * time holding nothing, so the daemon waits (up to the client's
+         * pool_wait_ms) for a slot to promote the first into */
+        for (int got = 1; r == 0 && cur->nospace && got;) {
+            r = let_go(p, cur);
+            if (r == 0)
+                r = reacquire(p, cur);
+            got = cur->held != 0;
         }
         if (r == 0 && ferry__kv_cancelled(cancel)) {
             r = -ECANCELED; /* nothing more moves: cur is let go uncopied */

@@ -503,6 +503,12 @@ struct ferry_kv {
     uint64_t *l1_gen;              /* per L1 slot: reservations so far (a server client's lock
                                       names the generation it saw: a reused slot never passes) */
     struct ferry__kvc *client;     /* a server's client (kv/client*.c): every call goes there */
+    /* back-pressure (store_reserve.c): how long a caller holding no L1 slot
+     * waits for one, and the callers waiting, first come first served
+     * (under mu; woken through `loaded`) */
+    uint64_t pool_wait_ns;
+    struct ferry__kv_waiter *wq_head, *wq_tail;
+    atomic_uint_fast64_t pool_waits, pool_wait_ns_total, pool_declines;
 
     /* guard.c: public calls inside the store now, and close's refusal of
      * new ones (call_mu); op.c: the live ops (its own lock) */

@@ -32,6 +32,18 @@ int ferry__kv_pool(ferry_kv *kv, uint64_t *map_bytes, uint64_t *slot_bytes, uint
 void ferry__kv_geometry(ferry_kv *kv, ferry_kv_layout *layout, uint32_t *chunk_tokens,
                         uint64_t *seed);
 
+/* a wait_ns that takes only a slot free (or evictable) now: for a caller
+ * that holds slots already, which must never wait; a miss is not counted
+ * as a decline (the caller commits what it holds and asks again) */
+#define FERRY__KV_TAKE_FREE UINT64_MAX
+
+/* the store's pool_wait_ms, in ns: how long a client that sends no WAIT
+ * waits for a slot */
+uint64_t ferry__kv_pool_wait_ns(ferry_kv *kv);
+/* the waits for a slot this thread made since it last asked, and their
+ * time (read and reset) */
+void ferry__kv_thread_waits(uint64_t *waits, uint64_t *ns);
+
 /* how many of ids[0..n), from the first, are present; tiers[i] gets each
  * one's nearest tier. Asks the remote tier about local misses. tokens:
  * what the ids cover, for the statistics */
@@ -39,9 +51,15 @@ int ferry__kv_slot_lookup(ferry_kv *kv, const ferry_kv_hash *ids, size_t n, uint
                           uint8_t *tiers);
 /* reserve an L1 slot for chunk id (tokens it covers): 0 and *e, *slot,
  * *gen; 1 when the chunk is present already (nothing held); FERRY_ELOCKED
- * (another writer has it), FERRY_ENOSPACE / -ENOMEM */
+ * (another writer has it: a message says it was skipped), FERRY_ENOSPACE
+ * (with a message naming the pool and what holds it) / -ENOMEM */
 int ferry__kv_slot_reserve(ferry_kv *kv, ferry_kv_hash id, uint32_t tokens, ferry__kv_entry **e,
                            uint64_t *slot, uint64_t *gen);
+/* the same, waiting up to wait_ns for a slot when every one is locked
+ * (ferry_kv_config.pool_wait_ms; 0: as ferry__kv_slot_reserve). Only for
+ * a caller that holds no slot (a connection with no reservation) */
+int ferry__kv_slot_reserve_wait(ferry_kv *kv, ferry_kv_hash id, uint32_t tokens, uint64_t wait_ns,
+                                ferry__kv_entry **e, uint64_t *slot, uint64_t *gen);
 /* commit (abort 0: READY and written through) or abort a reservation; 0, or
  * FERRY_ESTATE when it was lost meanwhile (the chunk is not stored) */
 int ferry__kv_slot_commit(ferry_kv *kv, ferry__kv_entry *e, int abort);
@@ -51,6 +69,12 @@ int ferry__kv_slot_commit(ferry_kv *kv, ferry__kv_entry *e, int abort);
  * or check failure (the chunk is then a miss) */
 int ferry__kv_slot_acquire(ferry_kv *kv, ferry_kv_hash id, ferry__kv_entry **e, uint64_t *slot,
                            uint64_t *gen, uint32_t *tokens, uint8_t *tier);
+/* the same, waiting up to wait_ns for a slot to promote into (only for a
+ * caller that holds nothing); FERRY_ENOSPACE when the pool stays too
+ * crowded, never FERRY_ENOTFOUND for a chunk that is there */
+int ferry__kv_slot_acquire_wait(ferry_kv *kv, ferry_kv_hash id, uint64_t wait_ns,
+                                ferry__kv_entry **e, uint64_t *slot, uint64_t *gen,
+                                uint32_t *tokens, uint8_t *tier);
 /* let go of an acquire: 0 when slot still held the chunk untouched since
  * the acquire (generation gen), FERRY_ESTATE when it did not */
 int ferry__kv_slot_release(ferry_kv *kv, ferry__kv_entry *e, uint64_t slot, uint64_t gen);

@@ -23,6 +23,9 @@ typedef struct ferry__kvc {
     char *path;                   /* the socket */
     int fd;                       /* -1: not connected */
     uint32_t timeout_ms;
+    uint32_t wait_ms;             /* pool_wait_ms: sent as WAIT at connect; a round trip
+                                     may take timeout_ms plus this */
+    int no_why;                   /* the daemon answered WAIT or WHY ENOTSUP */
     int want_pool;                /* 0: lookups only (no pool mapped) */
     unsigned char *pool;          /* the daemon's L1 pool, mapped shared */
     ferry_device *pool_dev;       /* the device pool is registered with, or NULL */
@@ -75,6 +78,11 @@ int ferry__kvc_recv(ferry_kv *kv, ferry__kvc *c, int t, uint64_t rid, ferry__pro
 int ferry__kvc_chunks(ferry_kv *kv, ferry__kvc *c, size_t n);
 /* close the connection (and unmap the pool) after a failure */
 void ferry__kvc_drop(ferry__kvc *c);
+
+/* under c->mu: ask the daemon why its last chunk was declined (WHY) and
+ * record its message on the store under code; code when it has none or
+ * cannot say (an older daemon: the caller's own message stays) */
+int ferry__kvc_why(ferry_kv *kv, ferry__kvc *c, int code);
 
 /* client_ops.c: a request of type t over chunks c->ch[0..n) and its
  * reply's head (as ferry__kvc_roundtrip); the count of a reply's per-chunk

@@ -111,8 +111,9 @@ static int local_reserve(ferry_kv *kv, ferry_kv_op *op)
                               "kv store_layers: chunk %zu is past the %zu one op may hold in L1",
                               i, cap);
         else
-            r = ferry__kv_slot_reserve(kv, op->ids[i], ferry__kv_chunk_ntok(kv, i, op->n), &e,
-                                       &slot, &gen);
+            r = ferry__kv_slot_reserve_wait(kv, op->ids[i], ferry__kv_chunk_ntok(kv, i, op->n),
+                                            lw->nheld ? FERRY__KV_TAKE_FREE : kv->pool_wait_ns, &e,
+                                            &slot, &gen);
         lw->st[i] = r > 0 ? 0 : r; /* 1: present already */
         if (r == 0)
             ferry__kv_lw_hold(kv, op, i, e, slot, gen, l1->ops->host_ptr(l1, slot));
@@ -513,7 +514,8 @@ static void store_end_locked(ferry_kv *kv, ferry_kv_op *op, int abort, int rc)
             for (size_t i = 0; i < op->nchunks; i++)
                 lw->st[i] = -ECANCELED;
     }
-    if (!abort && lead_tokens(kv, op) == 0 && op->nchunks && lw->st[0] < 0)
+    if (!abort && lead_tokens(kv, op) == 0 && op->nchunks && lw->st[0] < 0 &&
+        lw->st[0] != FERRY_ELOCKED) /* another writer's chunks: skipped, as ferry_kv_store */
         rc = lw->st[0];
     else if (!abort)
         rc = (int)lead_tokens(kv, op);

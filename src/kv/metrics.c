@@ -85,6 +85,9 @@ static int snapshot(ferry_kv *kv, ferry_kv_stats *out)
     m.corrupt_chunks = LD(kv->corrupt);
     m.device_chunks = LD(kv->device_chunks);
     m.device_copy_calls = LD(kv->device_calls);
+    m.pool_waits = LD(kv->pool_waits);
+    m.pool_wait_us = LD(kv->pool_wait_ns_total) / 1000u;
+    m.pool_declines = LD(kv->pool_declines);
     pthread_mutex_lock(&kv->mu);
     m.chunks = kv->count;
     for (int t = 1; t < FERRY_KV_TIERS; t++) {
@@ -235,6 +238,15 @@ static int guarded_metrics_prometheus(ferry_kv *kv, char *buf, size_t len)
             m.device_chunks);
     counter(&b, "device_copy_calls_total",
             "Device driver calls that moved them (a batched copy is one).", m.device_copy_calls);
+    counter(&b, "pool_waits_total",
+            "Times a store or retrieve found every L1 slot locked and waited for one.",
+            m.pool_waits);
+    put(&b, "# HELP ferry_kv_pool_wait_seconds_total Time spent in those waits.\n"
+            "# TYPE ferry_kv_pool_wait_seconds_total counter\n"
+            "ferry_kv_pool_wait_seconds_total %.6f\n",
+        (double)m.pool_wait_us / 1e6);
+    counter(&b, "pool_declines_total",
+            "Chunks declined FERRY_ENOSPACE: no L1 slot within the deadline.", m.pool_declines);
     put(&b, "# HELP ferry_kv_chunks Chunks in the index.\n# TYPE ferry_kv_chunks gauge\n"
             "ferry_kv_chunks %llu\n",
         (unsigned long long)m.chunks);

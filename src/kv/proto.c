@@ -182,7 +182,7 @@ const char *ferry__proto_type_name(unsigned type)
 {
     static const char *const names[FERRY__P_TYPES] = {
         "?", "HELLO", "LOOKUP", "RESERVE", "COMMIT", "ACQUIRE", "RELEASE",
-        "DELETE", "STATS", "FLUSH", "SYNC", "CLEAR", "PING", "PREFETCH"};
+        "DELETE", "STATS", "FLUSH", "SYNC", "CLEAR", "PING", "PREFETCH", "WAIT", "WHY"};
     type &= ~FERRY__PROTO_REPLY;
     if (type == FERRY__P_ERROR)
         return "ERROR";
@@ -255,6 +255,15 @@ int ferry__proto_req_decode(const ferry__proto_hdr *h, const uint8_t *p, ferry__
         }
         return 0;
     }
+    if (t == FERRY__P_WAIT) {
+        r->tokens = ferry__proto_get_u32(&rd);
+        if (rd.err || rd.p != rd.end || r->tokens > FERRY_KV_POOL_WAIT_MS_MAX) {
+            snprintf(why, whylen, "WAIT of %u bytes, %llu ms (must be 4 bytes, 0 to %d ms)",
+                     h->len, (unsigned long long)r->tokens, FERRY_KV_POOL_WAIT_MS_MAX);
+            return FERRY_EPARSE;
+        }
+        return 0;
+    }
     size_t cw = chunk_wire(t);
     if (!cw) {
         if (h->len != 0) {
@@ -315,6 +324,8 @@ int ferry__proto_req_encode(ferry__proto_buf *b, const ferry__proto_req *r)
         ferry__proto_put_u32(b, h->flags);
         return ferry__proto_end(b);
     }
+    if (t == FERRY__P_WAIT)
+        ferry__proto_put_u32(b, (uint32_t)r->tokens);
     if (!chunk_wire(t))
         return ferry__proto_end(b);
     if (t == FERRY__P_LOOKUP)

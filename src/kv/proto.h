@@ -41,7 +41,9 @@ enum ferry__proto_type {
     FERRY__P_CLEAR = 11,
     FERRY__P_PING = 12,
     FERRY__P_PREFETCH = 13,
-    FERRY__P_TYPES = 14,
+    FERRY__P_WAIT = 14,    /* u32 ms: this connection's pool_wait_ms (back-pressure) */
+    FERRY__P_WHY = 15,     /* the message of this connection's last chunk declined */
+    FERRY__P_TYPES = 16,
     /* a reply to a frame the daemon could not take (rid as far as known) */
     FERRY__P_ERROR = 0x7f
 };
@@ -82,7 +84,8 @@ typedef struct ferry__proto_chunk {
 typedef struct ferry__proto_req {
     ferry__proto_hdr hdr;
     ferry__proto_hello hello;     /* HELLO */
-    uint64_t tokens;              /* LOOKUP: tokens the chunks cover (statistics) */
+    uint64_t tokens;              /* LOOKUP: tokens the chunks cover (statistics);
+                                     WAIT: the milliseconds */
     uint32_t n;
     ferry__proto_chunk *chunks;
     size_t max_chunks;

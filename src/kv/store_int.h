@@ -84,6 +84,41 @@ void ferry__kv_put(ferry_kv *kv, ferry__kv_entry *e);
 /* reserve.c */
 int ferry__kv_reserve(ferry_kv *kv, int tier, uint64_t now, uint64_t *loc, int may_wait);
 
+/*
+ * Back-pressure (ferry_kv_config.pool_wait_ms). A caller that holds no L1
+ * slot of its own and finds every slot locked waits, up to wait_ns, in a
+ * first-come first-served queue of these (each on its caller's stack):
+ * only the head reserves, so a slot that frees goes to the oldest waiter.
+ * A caller that already holds slots never waits (it commits or copies out
+ * what it holds, then asks again holding nothing): waiters hold nothing,
+ * so no two of them wait for each other.
+ */
+typedef struct ferry__kv_waiter {
+    struct ferry__kv_waiter *next;
+    uint64_t t0, deadline;     /* monotonic ns; 0: has not waited yet */
+    int queued;
+} ferry__kv_waiter;
+/* an L1 slot for a caller holding none: 0 and *loc; FERRY_ENOSPACE (the
+ * deadline passed, or wait_ns 0 and nothing free: counted as a decline;
+ * wait_ns FERRY__KV_TAKE_FREE (kv_slots.h): only what is free, no wait,
+ * not counted),
+ * -ENOMEM; or -EAGAIN after a wait: kv->mu was released, the caller looks
+ * its entry up again and calls once more with the same w. wait_ns 0: as
+ * ferry__kv_reserve(last), and `last`
+ * (RESERVE_WAIT or RESERVE_WAIT_READS) is also the last try once the
+ * deadline passed. Every caller calls ferry__kv_wait_leave
+ * once it stops asking (whatever the outcome; a no-op when not queued) */
+int ferry__kv_reserve_l1(ferry_kv *kv, ferry__kv_waiter *w, uint64_t wait_ns, int last,
+                         uint64_t *loc);
+void ferry__kv_wait_leave(ferry_kv *kv, ferry__kv_waiter *w);
+/* a slot may have freed or become evictable: wake the waiters (cheap when
+ * none) */
+void ferry__kv_room(ferry_kv *kv);
+/* a message naming the pool and who holds its slots, for a decline:
+ * "N of M L1 slots: W being written, R read-locked (P pinned), T written
+ * through" */
+void ferry__kv_pool_holders(ferry_kv *kv, char *buf, size_t len);
+
 /* request.c */
 int ferry__kv_stream_get(ferry_kv *kv, ferry_stream **out);
 void ferry__kv_stream_put(ferry_kv *kv, ferry_stream *s);

@@ -157,6 +157,16 @@ static int l2_dirs_check(const ferry_kv_config *cfg)
 
 /* every option in range before any arithmetic on it: 0 and the chunk's
  * tokens and bytes, or -EINVAL with the message set */
+/* back-pressure's deadline: 0 (decline at once) to FERRY_KV_POOL_WAIT_MS_MAX */
+static int pool_wait_check(const ferry_kv_config *cfg)
+{
+    if (cfg->pool_wait_ms < 0 || cfg->pool_wait_ms > FERRY_KV_POOL_WAIT_MS_MAX)
+        return ferry__err_set(NULL, -EINVAL,
+                              "kv open: pool_wait_ms %d: accepted 0 (decline at once) to %d",
+                              (int)cfg->pool_wait_ms, FERRY_KV_POOL_WAIT_MS_MAX);
+    return 0;
+}
+
 static int config_check(const ferry_kv_config *cfg, uint32_t *ct, uint64_t *chunk_bytes)
 {
     if (!cfg->model)
@@ -192,6 +202,8 @@ static int config_check(const ferry_kv_config *cfg, uint32_t *ct, uint64_t *chun
         return rc;
     if (ferry__mode_check(cfg->l2_mode, "kv open: l2_mode", NULL) < 0)
         return -EINVAL;
+    if ((rc = pool_wait_check(cfg)) < 0)
+        return rc;
     if (cfg->l2_reset != 0 && cfg->l2_reset != 1)
         return ferry__err_set(NULL, -EINVAL, "kv open: l2_reset %d: accepted 0 or 1",
                               cfg->l2_reset);
@@ -248,6 +260,7 @@ static ferry_kv *kv_alloc(const ferry_kv_config *cfg, uint32_t ct, uint64_t chun
     kv->read_ttl_ns =
         (uint64_t)(cfg->read_ttl_ms ? cfg->read_ttl_ms : FERRY_KV_READ_TTL_MS_DEFAULT) * 1000000u;
     kv->ns0 = ferry__kv_namespace(kv->seed, kv->model, kv->tp_rank, kv->tp_world, NULL, 0);
+    kv->pool_wait_ns = (uint64_t)cfg->pool_wait_ms * 1000000u;
     kv->prefetch_max = cfg->prefetch_max_bytes ? cfg->prefetch_max_bytes : cfg->l1_bytes / 4;
     if (kv->prefetch_max < kv->slot_bytes)
         kv->prefetch_max = kv->slot_bytes;
@@ -329,6 +342,8 @@ static int client_open(const ferry_kv_config *cfg, ferry_kv **out)
 {
     if (!cfg->model)
         return ferry__err_set(NULL, -EINVAL, "kv open: no model (config->model is required)");
+    if (pool_wait_check(cfg) < 0)
+        return -EINVAL;
     uint32_t ct = cfg->chunk_tokens ? cfg->chunk_tokens : FERRY_KV_CHUNK_TOKENS_DEFAULT;
     uint64_t chunk_bytes = 0;
     int rc = ferry_kv_layout_chunk_bytes(&cfg->layout, ct, &chunk_bytes);
@@ -361,7 +376,7 @@ static const ferry__member kv_config_later[] = {
     KV_CFG(workers),       KV_CFG(l2_persistent),      KV_CFG(remote_url),
     KV_CFG(remote_options), KV_CFG(remote_index_chunks), KV_CFG(l2_reset),
     KV_CFG(l2_mode),       KV_CFG(server),             KV_CFG(server_timeout_ms),
-    KV_CFG(l2_dirs),       KV_CFG(l2_n_dirs)};
+    KV_CFG(l2_dirs),       KV_CFG(l2_n_dirs),          KV_CFG(pool_wait_ms)};
 #undef KV_CFG
 static const ferry__sized kv_config_sized =
     FERRY__SIZED(ferry_kv_config, FERRY_KV_CONFIG_MIN_SIZE, kv_config_later);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kv_impl.h"
+#include "kv_slots.h"
 #include "store_int.h"
 
 /* ---- retrieve ---- */
@@ -80,6 +81,8 @@ typedef struct rtv {
     const atomic_int *cancel;   /* the async op's cancel flag, or NULL */
     uint64_t skip;              /* tokens below this are the engine's: never written */
     unsigned ncancel;           /* chunks not copied out because of it (under cmu) */
+    ferry__kv_waiter wt;        /* back-pressure: waiting for a slot to promote into */
+    int declined;               /* a wait ran out: later chunks decline at once */
 } rtv;
 
 /* wait for the device copies of the held chunks (none for host buffers:
@@ -114,6 +117,7 @@ static void rt_sync(rtv *r)
         ferry__kv_put(kv, *h);
         *h = NULL;
     }
+    ferry__kv_room(kv);
     pthread_mutex_unlock(&kv->mu);
     r->nheld = 0;
 }
@@ -172,6 +176,7 @@ static void rt_release(rtv *r, size_t i)
     ferry__kv_read_unlock(r->c[i].held);
     ferry__kv_put(kv, r->c[i].held);
     r->c[i].held = NULL;
+    ferry__kv_room(kv);
     pthread_mutex_unlock(&kv->mu);
 }
 
@@ -679,11 +684,19 @@ static int rt_one(rtv *r, const ferry_kv_hash *ids, size_t i)
             copying = r->wpending;
             pthread_mutex_unlock(&r->cmu);
         }
-        int rc = src ? ferry__kv_reserve(kv, FERRY_KV_TIER_L1, now, &slot,
-                               copying       ? RESERVE_TRY
-                               : r->inflight ? RESERVE_WAIT
-                                             : RESERVE_WAIT_READS)
-                     : FERRY_ENOTFOUND;
+        /* holding nothing (no read or copy of its own in flight), it waits
+         * up to the pool's deadline for a slot, in turn with the others */
+        int rc = !src      ? FERRY_ENOTFOUND
+                 : copying ? ferry__kv_reserve(kv, FERRY_KV_TIER_L1, now, &slot, RESERVE_TRY)
+                 : r->inflight
+                     ? ferry__kv_reserve(kv, FERRY_KV_TIER_L1, now, &slot, RESERVE_WAIT)
+                     : ferry__kv_reserve_l1(kv, &r->wt,
+                                            r->declined ? FERRY__KV_TAKE_FREE : kv->pool_wait_ns,
+                                            RESERVE_WAIT_READS, &slot);
+        if (rc != -EAGAIN)
+            ferry__kv_wait_leave(kv, &r->wt);
+        if (rc == FERRY_ENOSPACE && !copying && !r->inflight)
+            r->declined = 1;
         if (rc == -EAGAIN) {
             /* the mutex was released: start this chunk over */
             ferry__kv_read_unlock(e);
@@ -854,6 +867,13 @@ static void rt_run(rtv *r, const ferry_kv_hash *ids, int lower)
             ferry__kv_prefetch_ids(kv, ids + k + 1, nch - k - 1,
                                    r->n - (k + 1) * kv->chunk_tokens, 0, r->ahead + k + 1);
         int one = rt_one(r, ids, k);
+        if (one != 0 && r->wt.queued) { /* resolved without the slot it waited for */
+            pthread_mutex_lock(&kv->mu);
+            ferry__kv_wait_leave(kv, &r->wt);
+            pthread_mutex_unlock(&kv->mu);
+        }
+        if (one != 0)
+            r->wt = (ferry__kv_waiter){0}; /* the next chunk's wait is its own */
         if (one > 0) {
             r->c[k++].fate = RT_DONE;
             blocked = 0; /* its slot's lock is gone (or goes with its copy

@@ -27,6 +27,11 @@ int ferry__kv_pool(ferry_kv *kv, uint64_t *map_bytes, uint64_t *slot_bytes, uint
     return ferry__kv_tier_l1_fd(l1, map_bytes);
 }
 
+uint64_t ferry__kv_pool_wait_ns(ferry_kv *kv)
+{
+    return kv->pool_wait_ns;
+}
+
 void ferry__kv_geometry(ferry_kv *kv, ferry_kv_layout *layout, uint32_t *chunk_tokens,
                         uint64_t *seed)
 {
@@ -70,12 +75,19 @@ int ferry__kv_slot_lookup(ferry_kv *kv, const ferry_kv_hash *ids, size_t n, uint
 int ferry__kv_slot_reserve(ferry_kv *kv, ferry_kv_hash id, uint32_t tokens, ferry__kv_entry **out,
                            uint64_t *slot, uint64_t *gen)
 {
+    return ferry__kv_slot_reserve_wait(kv, id, tokens, 0, out, slot, gen);
+}
+
+int ferry__kv_slot_reserve_wait(ferry_kv *kv, ferry_kv_hash id, uint32_t tokens, uint64_t wait_ns,
+                                ferry__kv_entry **out, uint64_t *slot, uint64_t *gen)
+{
     if (tokens == 0 || tokens > kv->chunk_tokens)
         return ferry__kv_err(kv, -EINVAL, "kv reserve: a chunk of %u tokens (1 to %u)", tokens,
                              kv->chunk_tokens);
     ferry__kv_entry *ne = ferry__calloc(1, sizeof *ne);
     if (!ne)
         return ferry__kv_err(kv, -ENOMEM, "kv reserve: out of memory for an entry");
+    ferry__kv_waiter wt = {0};
     pthread_mutex_lock(&kv->mu);
     for (;;) {
         uint64_t now = ferry__kv_now_ns(kv);
@@ -84,31 +96,36 @@ int ferry__kv_slot_reserve(ferry_kv *kv, ferry_kv_hash id, uint32_t tokens, ferr
             for (int t = 1; t < FERRY_KV_TIERS; t++)
                 if (kv->tier[t] && (e->resident & (1u << t)))
                     kv->tier[t]->policy->ops->touch(kv->tier[t]->policy, e);
+            ferry__kv_wait_leave(kv, &wt);
             pthread_mutex_unlock(&kv->mu);
             ferry__free(ne);
             return 1;
         }
         if (e && ferry__kv_write_locked(e, now)) {
+            ferry__kv_wait_leave(kv, &wt);
             pthread_mutex_unlock(&kv->mu);
             ferry__free(ne);
-            return FERRY_ELOCKED;
+            return ferry__kv_err(kv, FERRY_ELOCKED,
+                                 "kv store: a chunk is being written by another writer: "
+                                 "skipped, not stored by this call");
         }
         if (e) {
             atomic_fetch_add(&kv->lock_expired, 1);
             ferry__kv_doom(kv, e);
         }
         uint64_t loc;
-        int r = ferry__kv_reserve(kv, FERRY_KV_TIER_L1, now, &loc, RESERVE_WAIT);
+        int r = ferry__kv_reserve_l1(kv, &wt, wait_ns, RESERVE_WAIT, &loc);
         if (r == -EAGAIN)
             continue; /* the mutex was dropped: look the chunk up again */
+        ferry__kv_wait_leave(kv, &wt);
         if (r < 0) {
-            ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
+            char why[320];
+            ferry__kv_pool_holders(kv, why, sizeof why);
             pthread_mutex_unlock(&kv->mu);
             ferry__free(ne);
             atomic_fetch_add(&kv->alloc_failures, 1);
-            return ferry__kv_err(kv, r, "kv reserve: no L1 slot (%llu of %llu used, the rest "
-                                 "locked)", (unsigned long long)l1->used,
-                                 (unsigned long long)l1->capacity);
+            return ferry__kv_err(kv, r, "kv store: no L1 slot after waiting %llu ms: %s",
+                                 (unsigned long long)(wait_ns == FERRY__KV_TAKE_FREE ? 0 : wait_ns / 1000000u), why);
         }
         ne->id = id;
         ne->state = FERRY__KV_WRITING;
@@ -159,6 +176,7 @@ int ferry__kv_slot_commit(ferry_kv *kv, ferry__kv_entry *e, int abort)
         atomic_fetch_add(&l1->bytes_written, kv->chunk_bytes);
     }
     ferry__kv_put(kv, e);
+    ferry__kv_room(kv);
     pthread_mutex_unlock(&kv->mu);
     for (ferry__kv_job *x = head, *nx; x; x = nx) {
         nx = x->next;
@@ -182,16 +200,23 @@ static void hold(ferry_kv *kv, ferry__kv_entry *e, uint64_t now, ferry__kv_entry
 }
 
 /* under mu, returns under mu: read e's copy in tier src into a new L1 slot;
- * 0 when e is in L1 now (or went: the caller looks again), or a code */
-static int promote(ferry_kv *kv, ferry__kv_entry *e, int src, uint64_t now)
+ * 0 when e is in L1 now, 1 when the caller must look again (the mutex was
+ * dropped while waiting for a slot, or e went), or a code */
+static int promote(ferry_kv *kv, ferry__kv_entry *e, int src, uint64_t now, ferry__kv_waiter *wt,
+                   uint64_t wait_ns)
 {
     uint64_t loc;
-    int r = ferry__kv_reserve(kv, FERRY_KV_TIER_L1, now, &loc, RESERVE_WAIT);
+    int r = ferry__kv_reserve_l1(kv, wt, wait_ns, RESERVE_WAIT, &loc);
     if (r == -EAGAIN)
-        return 0;
-    if (r < 0)
-        return ferry__kv_err(kv, r, "kv acquire: no L1 slot to promote a chunk from %s into",
-                             kv->tier[src]->ops->name);
+        return 1;
+    ferry__kv_wait_leave(kv, wt);
+    if (r < 0) {
+        char why[320];
+        ferry__kv_pool_holders(kv, why, sizeof why);
+        return ferry__kv_err(kv, r, "kv retrieve: no L1 slot to promote a chunk from %s into "
+                             "after waiting %llu ms: %s", kv->tier[src]->ops->name,
+                             (unsigned long long)(wait_ns == FERRY__KV_TAKE_FREE ? 0 : wait_ns / 1000000u), why);
+    }
     e->l1_loading = 1;
     ferry__kv_read_lock(kv, e, now); /* keeps its location in src */
     e->refs++;
@@ -211,18 +236,32 @@ static int promote(ferry_kv *kv, ferry__kv_entry *e, int src, uint64_t now)
 int ferry__kv_slot_acquire(ferry_kv *kv, ferry_kv_hash id, ferry__kv_entry **out,
                            uint64_t *slot, uint64_t *gen, uint32_t *tokens, uint8_t *tier)
 {
+    return ferry__kv_slot_acquire_wait(kv, id, 0, out, slot, gen, tokens, tier);
+}
+
+/*
+ * A chunk that is there is never reported missing: waiting for another
+ * promotion of it, or for an L1 slot, is not a try. Only a promotion that
+ * landed and was evicted again before this caller could lock it counts,
+ * and a chunk evicted that way every time is FERRY_ENOSPACE (the pool is
+ * too crowded to hold it), not FERRY_ENOTFOUND.
+ */
+int ferry__kv_slot_acquire_wait(ferry_kv *kv, ferry_kv_hash id, uint64_t wait_ns,
+                                ferry__kv_entry **out, uint64_t *slot, uint64_t *gen,
+                                uint32_t *tokens, uint8_t *tier)
+{
     int rc = FERRY_ENOTFOUND, held = 0;
     int found = FERRY_KV_TIER_NONE;
+    ferry__kv_waiter wt = {0};
     pthread_mutex_lock(&kv->mu);
-    /* bounded: a chunk evicted again right after each promotion is a miss */
-    for (int tries = 0; tries < 16 && !held; tries++) {
+    for (int tries = 0; !held;) {
         uint64_t now = ferry__kv_now_ns(kv);
         ferry__kv_entry *e = ferry__kv_find(kv, id);
         if (!e || e->state != FERRY__KV_READY || !(e->resident || e->l1_loading)) {
             rc = FERRY_ENOTFOUND;
             break;
         }
-        if (e->l1_loading) { /* another promotion of it is in flight */
+        if (e->l1_loading) { /* another promotion of it is in flight: it lands on its own */
             pthread_cond_wait(&kv->loaded, &kv->mu);
             continue;
         }
@@ -236,15 +275,24 @@ int ferry__kv_slot_acquire(ferry_kv *kv, ferry_kv_hash id, ferry__kv_entry **out
             break;
         }
         int src = ferry__kv_lower_tier(kv, e);
-        rc = src ? promote(kv, e, src, now) : FERRY_ENOTFOUND;
+        if (!src) {
+            rc = FERRY_ENOTFOUND;
+            break;
+        }
+        rc = promote(kv, e, src, now, &wt, wait_ns);
         if (rc < 0)
             break;
+        if (rc == 0 && ++tries >= 16) {
+            rc = ferry__kv_err(kv, FERRY_ENOSPACE, "kv retrieve: a chunk promoted into L1 was "
+                               "evicted again %d times before it could be locked: the pool "
+                               "is too crowded", tries);
+            break;
+        }
     }
+    ferry__kv_wait_leave(kv, &wt);
     pthread_mutex_unlock(&kv->mu);
     if (held)
         return 0;
-    if (rc == 0)
-        rc = FERRY_ENOTFOUND;
     if (rc == FERRY_ENOTFOUND)
         atomic_fetch_add(&kv->misses, 1);
     return rc;
@@ -257,6 +305,7 @@ int ferry__kv_slot_release(ferry_kv *kv, ferry__kv_entry *e, uint64_t slot, uint
              e->loc[FERRY_KV_TIER_L1] == slot && kv->l1_gen[slot] == gen;
     ferry__kv_read_unlock(e);
     ferry__kv_put(kv, e);
+    ferry__kv_room(kv);
     pthread_mutex_unlock(&kv->mu);
     if (!ok)
         return ferry__kv_err(kv, FERRY_ESTATE,

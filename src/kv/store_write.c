@@ -39,14 +39,52 @@ typedef struct wr {
     int *st;                   /* per chunk: 0, or why it is not stored */
     size_t next;               /* the first chunk not yet placed */
     int place_rc, copy_rc;     /* the first failure of either step */
+    unsigned locked;           /* chunks another writer held */
     uint64_t stored;           /* chunks this call made READY */
 } wr;
 
+/* the chunk another writer holds: its status, and (the call's first) a
+ * message saying it was skipped, as the layerwise store says it */
+static void wr_locked(wr *w, size_t i)
+{
+    w->st[i] = FERRY_ELOCKED;
+    if (!w->locked++)
+        ferry__kv_err(w->kv, FERRY_ELOCKED,
+                      "kv store: chunk %zu is being written by another writer: skipped, not "
+                      "stored by this call", i);
+}
+
+/* under mu: a slot for chunk i of the batch: the first waits for one (a
+ * batch that holds none); later ones only take what is free. 0, 1 (the
+ * batch ends before chunk i, which the next batch asks for again),
+ * -EAGAIN (the mutex was dropped: look chunk i up again) or a code */
+static int wr_slot(wr *w, ferry__kv_waiter *wt, size_t i, uint64_t *loc)
+{
+    ferry_kv *kv = w->kv;
+    if (w->np)
+        return ferry__kv_reserve(kv, FERRY_KV_TIER_L1, ferry__kv_now_ns(kv), loc, RESERVE_TRY) ==
+                       0 ? 0 : 1;
+    int r = ferry__kv_reserve_l1(kv, wt, kv->pool_wait_ns, RESERVE_WAIT, loc);
+    if (r == FERRY_ENOSPACE) {
+        char why[320];
+        ferry__kv_pool_holders(kv, why, sizeof why);
+        return ferry__kv_err(kv, r, "kv store: no L1 slot for chunk %zu after waiting %llu ms: %s",
+                             i, (unsigned long long)(kv->pool_wait_ns / 1000000u), why);
+    }
+    if (r < 0 && r != -EAGAIN)
+        return ferry__kv_err(kv, r, "kv store: no L1 slot for chunk %zu", i);
+    return r;
+}
+
 /* 1. place: an L1 slot per missing chunk of the next batch, WRITING
- * (invisible); chunks already READY are touched and count as stored */
+ * (invisible); chunks already READY are touched and count as stored. A
+ * batch that finds the pool full waits for its first slot only, then
+ * takes what is free: the rest goes in the next batch, once this one is
+ * committed (a store streams through a crowded pool in pieces that fit) */
 static void wr_place(wr *w)
 {
     ferry_kv *kv = w->kv;
+    ferry__kv_waiter wt = {0};
     size_t i;
     w->np = 0;
     pthread_mutex_lock(&kv->mu);
@@ -61,7 +99,7 @@ static void wr_place(wr *w)
             continue;
         }
         if (e && ferry__kv_write_locked(e, now)) {
-            w->st[i] = FERRY_ELOCKED;
+            wr_locked(w, i);
             continue;
         }
         if (e) {
@@ -75,20 +113,17 @@ static void wr_place(wr *w)
             break;
         }
         uint64_t loc;
-        int r = ferry__kv_reserve(kv, FERRY_KV_TIER_L1, now, &loc, RESERVE_WAIT);
+        int r = wr_slot(w, &wt, i, &loc);
         if (r == -EAGAIN) {
             ferry__free(ne);
             now = ferry__kv_now_ns(kv);
             i--; /* look chunk i up again: another writer may have placed it */
             continue;
         }
-        if (r < 0) {
+        if (r != 0) {
             ferry__free(ne);
-            w->place_rc = ferry__kv_err(kv, r,
-                                        "kv store: no L1 slot for chunk %zu (%llu of %llu slots "
-                                        "used, the rest locked)",
-                                        i, (unsigned long long)w->l1->used,
-                                        (unsigned long long)w->l1->capacity);
+            if (r < 0)
+                w->place_rc = r;
             break;
         }
         ne->id = w->ids[i];
@@ -102,6 +137,7 @@ static void wr_place(wr *w)
         ferry__kv_index_insert(kv, ne);
         w->p[w->np++] = (pend){ne, i, NULL, NULL};
     }
+    ferry__kv_wait_leave(kv, &wt);
     pthread_mutex_unlock(&kv->mu);
     if (w->place_rc < 0) {
         w->st[i] = w->place_rc;
@@ -207,6 +243,7 @@ static void wr_commit(wr *w)
         ferry__kv_write_through(kv, e, w->p[k].job, w->p[k].rjob, now, &tail);
         ferry__kv_put(kv, e);
     }
+    ferry__kv_room(kv); /* the batch is evictable now (or its slots free) */
     pthread_mutex_unlock(&kv->mu);
     for (ferry__kv_job *j = head, *nx; j; j = nx) {
         nx = j->next;

@@ -311,6 +311,7 @@ static void accept_one(ferry_serve *s)
     c->s = s;
     c->fd = fd;
     c->pid = cr.pid;
+    c->wait_ns = ferry__kv_pool_wait_ns(s->kv);
     c->uid = cr.uid;
     pthread_attr_t at;
     pthread_attr_init(&at);
@@ -391,4 +392,28 @@ int ferry_serve_stats_get(const ferry_serve *cs, ferry_serve_stats *out)
     m.slow_clients = atomic_load(&s->slow_clients);
     m.released = atomic_load(&s->released);
     return ferry__stats_put(NULL, "ferry_serve_stats_get", out, &m, sizeof m);
+}
+
+int ferry_serve_clients(const ferry_serve *cs, ferry_serve_client *out, size_t max,
+                        size_t elem_size)
+{
+    if (!cs || (!out && max) || !elem_size || elem_size > sizeof(ferry_serve_client))
+        return ferry__err_set(NULL, -EINVAL,
+                              "ferry_serve_clients: daemon NULL, out NULL or elem_size %zu "
+                              "(1 to %zu)", elem_size, sizeof(ferry_serve_client));
+    ferry_serve *s = (ferry_serve *)cs; /* its mutex is taken, nothing written */
+    size_t n = 0;
+    pthread_mutex_lock(&s->mu);
+    for (ferry__srv_conn *c = s->conns; c; c = c->next) {
+        if (atomic_load(&c->done))
+            continue;
+        if (n < max) {
+            ferry_serve_client m = {(int32_t)c->pid, (uint32_t)c->uid, atomic_load(&c->waits),
+                                    atomic_load(&c->wait_ns_total), atomic_load(&c->declines)};
+            memcpy((char *)out + n * elem_size, &m, elem_size);
+        }
+        n++;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return (int)FERRY__MIN(n, (size_t)INT32_MAX);
 }

@@ -110,6 +110,8 @@ static int hold_add(ferry__srv_conn *c, ferry__kv_entry *e, const ferry_kv_hash 
     }
     c->held[c->nheld++] = (ferry__srv_hold){e, *id, slot, gen, write};
     c->nreserved += write != 0;
+    atomic_store(&c->held_now, c->nheld);
+    atomic_store(&c->reserved_now, c->nreserved);
     return 0;
 }
 
@@ -129,6 +131,8 @@ static void hold_drop(ferry__srv_conn *c, size_t i)
 {
     c->nreserved -= c->held[i].write != 0;
     c->held[i] = c->held[--c->nheld];
+    atomic_store(&c->held_now, c->nheld);
+    atomic_store(&c->reserved_now, c->nreserved);
 }
 
 /* the connection ends: abort its reservations, release its locks */
@@ -148,6 +152,29 @@ static void holds_release(ferry__srv_conn *c)
     atomic_fetch_add(&c->s->released, c->nheld);
     c->nheld = 0;
     c->nreserved = 0;
+    atomic_store(&c->held_now, 0);
+    atomic_store(&c->reserved_now, 0);
+}
+
+/* who holds the pool: the clients holding the most slots, appended to msg */
+static void holders(ferry__srv_conn *me, char *msg, size_t len)
+{
+    struct ferry_serve *s = me->s;
+    size_t off = strlen(msg);
+    int n = 0;
+    pthread_mutex_lock(&s->mu);
+    for (ferry__srv_conn *c = s->conns; c && off + 48 < len; c = c->next) {
+        uint64_t h = atomic_load(&c->held_now), r = atomic_load(&c->reserved_now);
+        if (!h)
+            continue;
+        int w = snprintf(msg + off, len - off, "%s pid %d%s holds %llu (%llu reserved)",
+                         n++ ? ";" : "; clients:", (int)c->pid, c == me ? " (this one)" : "",
+                         (unsigned long long)h, (unsigned long long)r);
+        if (w < 0 || (size_t)w >= len - off)
+            break;
+        off += (size_t)w;
+    }
+    pthread_mutex_unlock(&s->mu);
 }
 
 /* ---- requests ---- */
@@ -213,22 +240,74 @@ static void on_lookup(ferry__srv_conn *c, const ferry__proto_req *q)
     ferry__proto_put_bytes(&c->out, tiers, (size_t)found);
 }
 
+/* a chunk declined with rc: its message is what WHY answers next (the
+ * kv's, this thread's last: the call that declined it just set it) */
+static void declined(ferry__srv_conn *c, int rc, const char *msg, int count)
+{
+    if (rc >= 0)
+        return;
+    if (rc == FERRY_ENOSPACE && count) /* (not a holder's try for what is free) */
+        atomic_fetch_add(&c->declines, 1);
+    if (c->why_code && rc == FERRY_ELOCKED)
+        return; /* a decline's message outranks a skipped chunk's */
+    c->why_code = rc;
+    snprintf(c->why, sizeof c->why, "%s", msg ? msg : ferry_last_error());
+    if (rc == FERRY_ENOSPACE && !msg)
+        holders(c, c->why, sizeof c->why);
+}
+
+/* the waits for a slot this connection's thread just made, counted */
+static void count_waits(ferry__srv_conn *c)
+{
+    uint64_t n, ns;
+    ferry__kv_thread_waits(&n, &ns);
+    if (n)
+        atomic_fetch_add(&c->waits, n);
+    if (ns)
+        atomic_fetch_add(&c->wait_ns_total, ns);
+}
+
+/* past its share of the pool: FERRY_ENOSPACE, as a full pool, and why */
+static int over_share(ferry__srv_conn *c, int write)
+{
+    struct ferry_serve *s = c->s;
+    if (c->nheld < s->max_held && (!write || c->nreserved < s->max_reserved))
+        return 0;
+    char msg[FERRY__PROTO_MAX_MSG];
+    snprintf(msg, sizeof msg,
+             "kv %s: client pid %d holds %zu slots (%zu reserved) of the daemon's L1 pool of "
+             "%llu: its share is %zu reserved, %zu held at once",
+             write ? "store" : "retrieve", (int)c->pid, c->nheld, c->nreserved,
+             (unsigned long long)s->nslots, s->max_reserved, s->max_held);
+    declined(c, FERRY_ENOSPACE, msg, 1);
+    return FERRY_ENOSPACE;
+}
+
+/* a RESERVE: a connection that holds no reservation waits for its first
+ * slot (up to its deadline); one that holds some takes what is free, so
+ * a waiter never holds what another waits for. After a decline the rest
+ * of the request declines at once */
 static void on_reserve(ferry__srv_conn *c, const ferry__proto_req *q)
 {
     ferry__proto_reply_begin(&c->out, FERRY__P_RESERVE, q->hdr.rid, 0, NULL);
     ferry__proto_put_u32(&c->out, q->n);
+    int full = 0;
     for (uint32_t i = 0; i < q->n; i++) {
         const ferry__proto_chunk *ch = &q->chunks[i];
         ferry__kv_entry *e = NULL;
         uint64_t slot = 0, gen = 0;
-        /* past its share: FERRY_ENOSPACE for this chunk, as a full pool */
-        int rc = c->nheld >= c->s->max_held || c->nreserved >= c->s->max_reserved
-                     ? FERRY_ENOSPACE
-                     : ferry__kv_slot_reserve(c->s->kv, ch->id, ch->tokens, &e, &slot, &gen);
+        uint64_t wait = c->nreserved || full ? FERRY__KV_TAKE_FREE : c->wait_ns;
+        int rc = full ? FERRY_ENOSPACE : over_share(c, 1);
+        if (rc == 0 &&
+            (rc = ferry__kv_slot_reserve_wait(c->s->kv, ch->id, ch->tokens, wait, &e, &slot,
+                                              &gen)) < 0)
+            declined(c, rc, NULL, wait != FERRY__KV_TAKE_FREE);
         if (rc == 0 && hold_add(c, e, &ch->id, slot, gen, 1) < 0) {
             ferry__kv_slot_commit(c->s->kv, e, 1);
             rc = -ENOMEM;
         }
+        if (rc == FERRY_ENOSPACE)
+            full = 1;
         ferry__proto_put_u32(&c->out, (uint32_t)rc);
         ferry__proto_put_u64(&c->out, rc == 0 ? slot : 0);
         ferry__proto_put_u64(&c->out, rc == 0 ? gen : 0);
@@ -270,19 +349,26 @@ static void on_acquire(ferry__srv_conn *c, const ferry__proto_req *q)
     }
     ferry__proto_reply_begin(&c->out, FERRY__P_ACQUIRE, q->hdr.rid, 0, NULL);
     ferry__proto_put_u32(&c->out, q->n);
+    int full = 0;
     for (uint32_t i = 0; i < q->n; i++) {
         const ferry__proto_chunk *ch = &q->chunks[i];
         ferry__kv_entry *e = NULL;
         uint64_t slot = 0, gen = 0;
         uint32_t tokens = 0;
         uint8_t tier = 0;
-        int rc = c->nheld >= c->s->max_held
-                     ? FERRY_ENOSPACE
-                     : ferry__kv_slot_acquire(kv, ch->id, &e, &slot, &gen, &tokens, &tier);
+        /* holding nothing, it may wait for a slot to promote into */
+        uint64_t wait = c->nheld || full ? FERRY__KV_TAKE_FREE : c->wait_ns;
+        int rc = over_share(c, 0);
+        if (rc == 0 && (rc = ferry__kv_slot_acquire_wait(kv, ch->id, wait, &e, &slot, &gen,
+                                                         &tokens, &tier)) < 0 &&
+            rc != FERRY_ENOTFOUND)
+            declined(c, rc, NULL, wait != FERRY__KV_TAKE_FREE);
         if (rc == 0 && hold_add(c, e, &ch->id, slot, gen, 0) < 0) {
             ferry__kv_slot_release(kv, e, slot, gen);
             rc = -ENOMEM;
         }
+        if (rc == FERRY_ENOSPACE)
+            full = 1;
         ferry__proto_put_u32(&c->out, (uint32_t)rc);
         ferry__proto_put_u64(&c->out, rc == 0 ? slot : 0);
         ferry__proto_put_u64(&c->out, rc == 0 ? gen : 0);
@@ -354,6 +440,15 @@ static void dispatch(ferry__srv_conn *c, const ferry__proto_req *q, int *pass_fd
     case FERRY__P_STATS: on_stats(c, q); break;
     case FERRY__P_PING:
         ferry__proto_reply_begin(&c->out, FERRY__P_PING, q->hdr.rid, 0, NULL);
+        break;
+    case FERRY__P_WAIT:
+        c->wait_ns = q->tokens * 1000000u;
+        ferry__proto_reply_begin(&c->out, FERRY__P_WAIT, q->hdr.rid, 0, NULL);
+        break;
+    case FERRY__P_WHY: /* rc: the last decline's code, its message after it */
+        ferry__proto_reply_begin(&c->out, FERRY__P_WHY, q->hdr.rid, c->why_code,
+                                 c->why_code ? c->why : NULL);
+        c->why_code = 0;
         break;
     default: on_simple(c, q); break;
     }
@@ -439,6 +534,7 @@ static int serve_one(ferry__srv_conn *c)
         ferry__proto_reply_begin(&c->out, FERRY__P_ERROR, h.rid, r, why);
     } else {
         dispatch(c, &q, &pass_fd);
+        count_waits(c);
     }
     if ((r = ferry__proto_end(&c->out)) < 0) {
         ferry__srv_refuse(c->fd, h.rid, r, "the reply does not fit a frame");

@@ -45,6 +45,14 @@ typedef struct ferry__srv_conn {
     ferry__srv_hold *held;
     size_t nheld, cap_held;
     size_t nreserved;             /* of held: reservations */
+    uint64_t wait_ns;             /* how long it waits for a slot (WAIT; else the store's) */
+    int why_code;                 /* its last chunk declined (WHY answers it), 0: none */
+    char why[FERRY__PROTO_MAX_MSG];
+    /* back-pressure, for the metrics (written by its thread, read under
+     * s->mu by ferry_serve_clients) */
+    atomic_uint_fast64_t waits, wait_ns_total, declines;
+    /* nheld and nreserved, for other threads' messages (who holds the pool) */
+    atomic_uint_fast64_t held_now, reserved_now;
 } ferry__srv_conn;
 
 struct ferry_serve {
