@@ -20,7 +20,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ferry/kv.h"
@@ -402,6 +405,58 @@ static void test_ids_out_of_range(void **state)
     in_child(bad_ids, 1);
 }
 
+/* ---- server addresses ---- */
+
+static void bad_servers(int unused)
+{
+    (void)unused;
+    const char *bad[] = {"tcp://127.0.0.1:7000", "unix://host/x.sock", "redis://x", "unix:"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ferry_kv_config c = config(1);
+        c.server = bad[i];
+        ferry_kv *kv = NULL;
+        int rc = ferry_kv_open(&c, &kv);
+        CHECK(rc == -EINVAL && !kv);
+    }
+    /* a listener whose queue is full: the open gives up at the deadline */
+    char dir[256], path[300];
+    CHECK(ft_tmpdir(dir, sizeof dir));
+    snprintf(path, sizeof path, "%s/full.sock", dir);
+    int l = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    CHECK(strlen(path) < sizeof a.sun_path);
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    CHECK(l >= 0 && bind(l, (struct sockaddr *)&a, sizeof a) == 0 && listen(l, 0) == 0);
+    int fill[4];
+    for (int i = 0; i < 4; i++) { /* fill the queue (what fits; the rest would block) */
+        fill[i] = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        (void)connect(fill[i], (struct sockaddr *)&a, sizeof a);
+    }
+    ferry_kv_config c = config(1);
+    c.server = path;
+    c.server_timeout_ms = 300;
+    ferry_kv *kv = NULL;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc = ferry_kv_open(&c, &kv);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+    CHECK(rc == FERRY_ECONN && !kv);
+    CHECK(s < 5.0);
+    for (int i = 0; i < 4; i++)
+        close(fill[i]);
+    close(l);
+    ft_rmtree(dir);
+}
+
+static void test_server_addresses_and_a_full_listener(void **state)
+{
+    (void)state;
+    in_child(bad_servers, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -409,6 +464,7 @@ int main(void)
         cmocka_unit_test(test_ops_outlive_their_store),
         cmocka_unit_test(test_close_waits_for_calls_inside),
         cmocka_unit_test(test_ids_out_of_range),
+        cmocka_unit_test(test_server_addresses_and_a_full_listener),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -59,7 +59,7 @@ static void every_key_is_read(void **state)
         "l2_persistent: false\nremote_url: redis://cache:6379/0\nremote_index_chunks: 4K\n"
         "l2_reset: true\nl2_mode: 0660\nserver_timeout_ms: 3000\n"
         "socket: /run/ferry/a.sock\ngroup: ferry\nallow_uids: [1000, 4294967294]\n"
-        "max_clients: 32\nsend_timeout_ms: 700\nmetrics: 127.0.0.1:9400\n";
+        "max_clients: 32\nsend_timeout_ms: 700\nmetrics: 127.0.0.1:9400\npool_wait_ms: 150\n";
     if (parse(&c, text) != 0)
         fail_msg("%s", g_err);
     assert_string_equal(c.kv.model, "my-model");
@@ -87,6 +87,7 @@ static void every_key_is_read(void **state)
     assert_int_equal(c.kv.l2_reset, 1);
     assert_int_equal(c.kv.l2_mode, 0660);
     assert_int_equal(c.kv.server_timeout_ms, 3000);
+    assert_int_equal(c.kv.pool_wait_ms, 150);
     assert_string_equal(c.socket, "/run/ferry/a.sock");
     assert_string_equal(c.group, "ferry");
     assert_int_equal(c.nallow, 2);

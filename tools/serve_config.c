@@ -86,6 +86,7 @@ static const key keys[] = {
     {"l2_mode", K_MODE, KV(l2_mode), 0, 0, 0, NULL},
     {"server", K_STR, KV(server), 0, 0, 0, "unix:/path/to/ferry.sock"},
     {"server_timeout_ms", K_COUNT, KV(server_timeout_ms), 4, 1, UINT32_MAX, NULL},
+    {"pool_wait_ms", K_COUNT, KV(pool_wait_ms), 4, 0, FERRY_KV_POOL_WAIT_MS_MAX, NULL},
     {"socket", K_STR, SC(socket), 0, 0, 0, "a socket path"},
     {"group", K_STR, SC(group), 0, 0, 0, "a group name"},
     {"allow_uids", K_UIDS, 0, 0, 0, SERVE_CONF_MAX_ALLOW, NULL},

@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kv_impl.h"
@@ -410,13 +411,41 @@ int ferry__kvc_ensure(ferry_kv *kv, ferry__kvc *c)
         return ferry__kv_err(kv, -ENAMETOOLONG, "kv server %s: socket path too long (%zu max)",
                              c->path, sizeof a.sun_path - 1);
     memcpy(a.sun_path, c->path, strlen(c->path) + 1);
-    c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (c->fd < 0)
         return ferry__kv_err(kv, -errno, "kv server %s: socket: %s", c->path, strerror(errno));
-    if (connect(c->fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        int e = errno;
+    /* a listener whose queue is full (a daemon that stopped accepting) is
+     * EAGAIN to a non-blocking connect: retried until the deadline, never
+     * waited on forever */
+    uint64_t dl = ferry__now_ns() + (uint64_t)c->timeout_ms * 1000000u;
+    int e = 0;
+    while (connect(c->fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        e = errno;
+        if (e == EINTR)
+            continue;
+        if (e == EINPROGRESS) { /* (not for Unix sockets today; handled all the same) */
+            struct pollfd p = {c->fd, POLLOUT, 0};
+            socklen_t len = sizeof e;
+            uint64_t now = ferry__now_ns();
+            int ms = now < dl ? (int)((dl - now) / 1000000u) + 1 : 0;
+            e = poll(&p, 1, ms) == 1 && getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &e, &len) == 0
+                    ? e
+                    : ETIMEDOUT;
+            break;
+        }
+        if (e != EAGAIN || ferry__now_ns() >= dl)
+            break;
+        struct timespec ts = {0, 2000000}; /* 2 ms */
+        nanosleep(&ts, NULL);
+        e = 0;
+    }
+    if (e == 0 && fcntl(c->fd, F_SETFL, fcntl(c->fd, F_GETFL) & ~O_NONBLOCK) != 0)
+        e = errno;
+    if (e) {
         ferry__kvc_drop(c);
-        return ferry__kv_err(kv, FERRY_ECONN, "kv server %s: connect: %s", c->path, strerror(e));
+        return ferry__kv_err(kv, FERRY_ECONN, "kv server %s: connect: %s%s", c->path,
+                             strerror(e == EAGAIN ? ETIMEDOUT : e),
+                             e == EAGAIN ? " (its listen queue stayed full)" : "");
     }
     int r = hello(kv, c);
     c->no_why = 0;
@@ -450,9 +479,19 @@ int ferry__kvc_open(ferry_kv *kv, const ferry_kv_config *cfg)
     pthread_mutex_init(&c->wmu, NULL);
     c->nworkers = cfg->workers ? cfg->workers : 1;
     c->fd = -1;
+    /* PATH, unix:PATH or unix:///PATH: a Unix socket, nothing else */
     const char *s = cfg->server;
-    if (!strncmp(s, "unix:", 5))
+    if (!strncmp(s, "unix://", 7) && s[7] == '/')
+        s += 7;
+    else if (!strncmp(s, "unix:", 5) && strncmp(s, "unix://", 7))
         s += 5;
+    else if (strstr(s, "://")) {
+        kv->client = c;
+        return ferry__err_set(NULL, -EINVAL,
+                              "kv open: server \"%s\" is not a Unix socket (PATH, unix:PATH or "
+                              "unix:///PATH; the daemon listens on no network address)",
+                              cfg->server);
+    }
     c->path = ferry__strdup(s);
     c->timeout_ms = cfg->server_timeout_ms ? cfg->server_timeout_ms : TIMEOUT_MS_DEFAULT;
     c->wait_ms = (uint32_t)cfg->pool_wait_ms;
