@@ -356,7 +356,7 @@ int ferry__kv_xfer(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t t
     xctx x;
     xinit(&x, buf, to_chunk,
           (uint64_t)ntok * token_bytes(&buf->layout) * buf->layout.kv * buf->layout.num_layers);
-    int rc = ferry__kv_xfer_walk(buf, chunk_tokens, tok0, ntok, chunk, xrun, &x);
+    int rc = walk_layers(buf, chunk_tokens, tok0, ntok, chunk, 0, buf->layout.num_layers, xrun, &x);
     return xflush(&x, s, rc, eb);
 }
 void ferry__kv_count_device_copy(ferry_kv *kv, const ferry_kv_buffer *buf, int calls)
