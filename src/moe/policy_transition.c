@@ -67,6 +67,11 @@
 #define TR_CNT 0x7fffu  /* a counter's count bits */
 #define TR_TRK 0x8000u  /* a counter's "tracked" bit */
 #define TR_MIN_STALE 0xffu
+#if defined(__GNUC__)
+#define TR_PREFETCH(a) __builtin_prefetch(a)
+#else
+#define TR_PREFETCH(a) ((void)(a))
+#endif
 
 static const double tr_edges[TR_NQ - 1] = {0.01, 0.02, 0.03, 0.05, 0.07, 0.10, 0.13, 0.16,
                                            0.20, 0.25, 0.30, 0.35, 0.40, 0.50, 0.60, 0.70};
@@ -90,6 +95,14 @@ typedef struct trord {
     uint64_t ops;                /* work done: events, heap and layer visits (tests) */
 } trord;
 
+/* what is known of one expert, together: an event touches it all */
+typedef struct trx {
+    uint64_t last; /* step of its last use (ties) */
+    uint32_t hist; /* bit i = routed at its layer's visit hv - i */
+    uint32_t hv;   /* the visit hist is of */
+    uint16_t cell;
+} trx;
+
 typedef struct trans {
     ferry__policy base;
     trord o;
@@ -98,11 +111,7 @@ typedef struct trans {
     uint32_t layer;                  /* the current step's layer */
     uint32_t k;                      /* top_k, 0: the step's route count */
     uint32_t K;                      /* min(E, TR_K) */
-    /* per id */
-    uint32_t *hist;                  /* bit i = routed at its layer's visit hv - i */
-    uint32_t *hv;                    /* the visit hist is of */
-    uint16_t *cell;
-    uint64_t *last;                  /* step of its last use (ties) */
+    struct trx *x;                   /* per id */
     /* per layer */
     uint32_t *V;                     /* visits */
     uint32_t *lt;                    /* visits since the last fold */
@@ -291,17 +300,16 @@ static void ord_mark(trord *o, uint32_t l, uint32_t slot)
 
 /* every marked slot still filed, under its expert's cell and last use now
  * (cell and last: per id, of the model; occupant: per slot) */
-static void ord_flush(trord *o, const uint16_t *cell, const uint64_t *last, const uint32_t *occupant,
-                      uint32_t E)
+static void ord_flush(trord *o, const trx *x, const uint32_t *occupant, uint32_t E)
 {
     for (uint32_t i = 0; i < o->pn; i++) {
         uint32_t slot = o->plist[i], id = occupant[slot];
         o->pend[slot] = 0;
         if (o->scell[slot] == CELL_NONE || id == FERRY_MOE_NONE ||
-            (o->scell[slot] == cell[id] && o->key[slot] == last[id]))
+            (o->scell[slot] == x[id].cell && o->key[slot] == x[id].last))
             continue;
         ord_unfile(o, id / E, slot);
-        ord_file(o, id / E, slot, cell[id], last[id]);
+        ord_file(o, id / E, slot, x[id].cell, x[id].last);
     }
     o->pn = 0;
 }
@@ -316,7 +324,7 @@ static void tr_fini(ferry__policy *p)
 {
     trans *s = (trans *)p;
     ord_fini(&s->o);
-    void *arr[] = {s->hist, s->hv,   s->cell,   s->last, s->V,    s->lt,   s->cc,    s->ccnz,
+    void *arr[] = {s->x, s->V,    s->lt,   s->cc,    s->ccnz,
                    s->ring, s->ring_n, s->ring_v, s->uset, s->un, s->nprev, s->A,    s->An,
                    s->top,  s->tn,   s->tmin,   s->acc,  s->umark, s->emark, s->ev, s->tk, s->cmark, s->qv};
     for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
@@ -336,10 +344,7 @@ static int tr_init(ferry__policy *p)
     size_t ids = (size_t)L * E;
     s->k = p->env.top_k;
     s->K = E < TR_K ? E : TR_K;
-    s->hist = ferry__calloc(ids, sizeof *s->hist);
-    s->hv = ferry__calloc(ids, sizeof *s->hv);
-    s->cell = ferry__malloc(ids * sizeof *s->cell);
-    s->last = ferry__calloc(ids, sizeof *s->last);
+    s->x = ferry__calloc(ids, sizeof *s->x);
     s->V = ferry__calloc(L, sizeof *s->V);
     s->lt = ferry__calloc(L, sizeof *s->lt);
     s->cc = ferry__calloc((size_t)L * TR_NC, sizeof *s->cc);
@@ -362,7 +367,7 @@ static int tr_init(ferry__policy *p)
     s->cmark = ferry__calloc(E, sizeof *s->cmark);
     s->qv = ferry__calloc(E, sizeof *s->qv);
     s->tk = ferry__malloc((size_t)E * sizeof *s->tk);
-    if (ord_init(&s->o, &p->env) < 0 || !s->hist || !s->hv || !s->cell || !s->last || !s->V ||
+    if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->V ||
         !s->lt || !s->cc || !s->ccnz || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
         !s->un || !s->nprev || !s->A || !s->An || !s->top || !s->tn || !s->tmin || !s->acc ||
         !s->umark || !s->emark || !s->ev || !s->tk || !s->cmark || !s->qv) {
@@ -378,7 +383,7 @@ static int tr_init(ferry__policy *p)
     memset(s->tmin, TR_MIN_STALE, ids);
     uint16_t c0 = tr_cell(0, 0);
     for (size_t i = 0; i < ids; i++)
-        s->cell[i] = c0;
+        s->x[i].cell = c0;
     for (uint32_t l = 0; l < L; l++) {
         s->nprev[l] = -1;
         s->cc[(size_t)l * TR_NC + c0] = (uint16_t)E;
@@ -496,6 +501,10 @@ static void learn_transitions(trans *s, uint32_t l, const uint32_t *ids, uint32_
     uint16_t *A = s->A + (size_t)l * E * E, *An = s->An + (size_t)l * E;
     uint32_t V = s->V[l];
     const uint16_t *prev = s->ring + ((size_t)l * TR_RING + (V - 1) % TR_RING) * E;
+    /* the counters this touches, asked for at once: their misses overlap */
+    for (int32_t i = 0; i < s->nprev[l]; i++)
+        for (uint32_t j = 0; j < n; j++)
+            TR_PREFETCH(A + (size_t)prev[i] * E + ids[j] % E);
     for (int32_t i = 0; i < s->nprev[l]; i++) {
         uint32_t r = prev[i];
         uint16_t *row = A + (size_t)r * E;
@@ -516,7 +525,7 @@ static void learn_transitions(trans *s, uint32_t l, const uint32_t *ids, uint32_
  * and the follower's heaps */
 static void tr_move(trans *s, uint32_t l, uint32_t id, uint16_t c)
 {
-    uint16_t old = s->cell[id];
+    uint16_t old = s->x[id].cell;
     if (old == c)
         return;
     uint16_t *cc = s->cc + (size_t)l * TR_NC;
@@ -527,7 +536,7 @@ static void tr_move(trans *s, uint32_t l, uint32_t id, uint16_t c)
         nz[c / 64] |= 1ull << (c % 64);
     s->corr[old] -= t; /* a count down by one at fold-visit t */
     s->corr[c] += t;
-    s->cell[id] = c;
+    s->x[id].cell = c;
     uint32_t slot = s->base.env.where[id];
     if (slot != FERRY_MOE_NONE)
         ord_mark(&s->o, l, slot);
@@ -601,19 +610,12 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
         s->stamp = 1;
     }
     for (uint32_t j = 0; j < n; j++) /* routed now, counted in the cells of before */
-        s->kG[s->cell[b + ids[j] % E]] += 1;
+        s->kG[s->x[b + ids[j] % E].cell] += 1;
     if (s->nprev[layer] >= 0)
         learn_transitions(s, layer, ids, n);
-    /* the events: routed now, at the last visit, 16 visits ago; tracked
-     * by this visit's rows or the last's */
-    uint32_t nev = 0, nold = s->un[layer];
-    uint16_t *us = s->uset + b;
-    for (uint32_t i = 0; i < nold; i++)
-        ev_add(s, us[i], &nev);
-    uint16_t *tk = s->tk;
-    uint32_t ntk = tracked_set(s, layer, ids, n, tk), nu = 0;
-    for (uint32_t i = 0; i < ntk; i++)
-        ev_add(s, tk[i], &nev);
+    /* history events: routed now, at the last visit, 16 visits ago */
+    uint32_t nev = 0, nold = s->un[layer], nu = 0;
+    uint16_t *us = s->uset + b, *tk = s->tk;
     for (uint32_t j = 0; j < n; j++)
         ev_add(s, ids[j] % E, &nev);
     for (uint32_t back = 1; back <= TR_W; back += TR_W - 1) {
@@ -632,21 +634,34 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
     s->ring_n[rr] = n;
     s->ring_v[rr] = V;
     s->nprev[layer] = (int32_t)n;
-    /* each event's history brought to this visit, the routed bit set,
-     * then its new cell */
+    uint32_t ntk = tracked_set(s, layer, ids, n, tk);
+    /* each history event's history brought to this visit, the routed bit
+     * set, then its new cell */
     for (uint32_t i = 0; i < nev; i++) {
-        uint32_t id = (uint32_t)b + s->ev[i], d = V - s->hv[id];
-        s->hist[id] = d >= 32 ? 0 : s->hist[id] << d;
-        s->hv[id] = V;
+        uint32_t id = (uint32_t)b + s->ev[i], d = V - s->x[id].hv;
+        s->x[id].hist = d >= 32 ? 0 : s->x[id].hist << d;
+        s->x[id].hv = V;
     }
     for (uint32_t j = 0; j < n; j++)
-        s->hist[b + ids[j] % E] |= 1;
+        s->x[b + ids[j] % E].hist |= 1;
     for (uint32_t i = 0; i < nev; i++) {
         uint32_t e = s->ev[i], q = s->umark[e] == s->stamp ? s->qv[e] : 0;
-        if (q) /* named for the next visit's events */
-            us[nu++] = (uint16_t)e;
-        tr_move(s, layer, (uint32_t)b + e, tr_cell(s->hist[b + e], q));
+        tr_move(s, layer, (uint32_t)b + e, tr_cell(s->x[b + e].hist, q));
     }
+    /* the others whose bin moved: named now or at the last visit (their
+     * history is as it was: only the bin changes) */
+    for (uint32_t i = 0; i < nold + ntk; i++) {
+        uint32_t e = i < nold ? us[i] : tk[i - nold];
+        if (s->emark[e] == s->stamp)
+            continue;
+        s->emark[e] = s->stamp;
+        uint32_t q = s->umark[e] == s->stamp ? s->qv[e] : 0, id = (uint32_t)b + e;
+        uint16_t c = s->x[id].cell;
+        tr_move(s, layer, id, (uint16_t)(c - c % TR_NCQ + q));
+    }
+    for (uint32_t i = 0; i < ntk; i++) /* named for the next visit's events */
+        us[nu++] = tk[i];
+    s->o.ops += nold + ntk;
     s->un[layer] = nu;
     s->o.ops += nev + n;
     if (s->visits < TR_REFRESH ? !(s->visits & (s->visits - 1)) : s->visits % TR_REFRESH == 0)
@@ -657,9 +672,9 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
 static void tr_used(trans *s, uint32_t id)
 {
     uint64_t now = *s->base.env.step;
-    if (s->last[id] == now)
+    if (s->x[id].last == now)
         return;
-    s->last[id] = now;
+    s->x[id].last = now;
     uint32_t l = id / s->base.env.num_experts, slot = s->base.env.where[id];
     if (slot != FERRY_MOE_NONE)
         ord_mark(&s->o, l, slot);
@@ -681,7 +696,7 @@ static int tr_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
         return -EINVAL;
     tr_used(s, id);
     ord_unfile(&s->o, id / p->env.num_experts, slot);
-    ord_file(&s->o, id / p->env.num_experts, slot, s->cell[id], s->last[id]);
+    ord_file(&s->o, id / p->env.num_experts, slot, s->x[id].cell, s->x[id].last);
     return 0;
 }
 
@@ -770,7 +785,7 @@ static uint32_t tr_pick(const trans *m, const ferry__policy *p, trord *o)
 {
     uint32_t L = p->env.num_layers;
     trbest b = {NIL, 0, 1, 0};
-    ord_flush(o, m->cell, m->last, p->env.occupant, p->env.num_experts);
+    ord_flush(o, m->x, p->env.occupant, p->env.num_experts);
     for (uint32_t l = 0; l < L; l++) {
         o->ops++;
         if (o->lgen[l] != m->pgen) {
@@ -799,10 +814,10 @@ static uint32_t tr_scan_all(const trans *m, const ferry__policy *p)
             uint32_t id = p->env.occupant[v];
             if (id == FERRY_MOE_NONE || id / E != l || ferry__pinned(p, v))
                 continue;
-            double pv = m->P[m->cell[id]];
+            double pv = m->P[m->x[id].cell];
             if (best == NIL || pv < bp ||
-                (pv == bp && (m->last[id] < m->last[p->env.occupant[best]] ||
-                              (m->last[id] == m->last[p->env.occupant[best]] && v < best)))) {
+                (pv == bp && (m->x[id].last < m->x[p->env.occupant[best]].last ||
+                              (m->x[id].last == m->x[p->env.occupant[best]].last && v < best)))) {
                 best = v;
                 bp = pv;
             }
@@ -810,7 +825,7 @@ static uint32_t tr_scan_all(const trans *m, const ferry__policy *p)
         if (best == NIL)
             continue;
         uint32_t d = (l + L - m->layer) % L;
-        best_offer(&b, best, bp, d ? (double)d : (double)L, m->last[p->env.occupant[best]]);
+        best_offer(&b, best, bp, d ? (double)d : (double)L, m->x[p->env.occupant[best]].last);
     }
     return b.slot;
 }
@@ -900,7 +915,7 @@ static int tf_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
         return -EINVAL;
     uint32_t l = id / p->env.num_experts;
     ord_unfile(&f->o, l, slot);
-    ord_file(&f->o, l, slot, f->lead->cell[id], f->lead->last[id]);
+    ord_file(&f->o, l, slot, f->lead->x[id].cell, f->lead->x[id].last);
     return 0;
 }
 
