@@ -49,8 +49,9 @@
  * changed, its non-empty cells. ferry__transition_verify() has every
  * victim checked against a scan of all the slots by the same rule (tests).
  *
- * Memory: A is L x E x E uint16 counters (15 bits of count, the top bit
- * "tracked"); a row is halved with its total before a count would pass
+ * Memory: A is L x E x E uint16 counters (15 bits of count; with the top
+ * bit set, "tracked": the bits are the index of its count in the row's
+ * list of TR_K, which a visit reads without touching A); a row is halved with its total before a count would pass
  * 32767 (A[r][e] <= An[r] always holds), so the ratios, and the order the
  * tracking relies on, survive. Shapes whose A would pass
  * FERRY__TRANSITION_MAX_BYTES are refused at planner create.
@@ -132,7 +133,7 @@ typedef struct trans {
     /* transitions */
     uint16_t *A;                     /* [L][E][E] */
     uint16_t *An;                    /* [L][E] */
-    uint16_t *top;                   /* [L][E][K] tracked successors */
+    uint16_t *top, *tc;              /* [L][E][K] tracked successors, their counts */
     uint8_t *tn, *tmin;              /* [L][E] how many, index of the least (or stale) */
     /* per visit scratch (E) */
     double *acc;
@@ -333,7 +334,7 @@ static void tr_fini(ferry__policy *p)
     ord_fini(&s->o);
     void *arr[] = {s->x, s->V,    s->lt,   s->cc,    s->ccnz,
                    s->ring, s->ring_n, s->ring_v, s->uset, s->un, s->nprev, s->A,    s->An,
-                   s->top,  s->tn,   s->tmin,   s->acc,  s->umark, s->emark, s->ev, s->tk, s->cmark, s->qv};
+                   s->top,  s->tc, s->tn,   s->tmin,   s->acc,  s->umark, s->emark, s->ev, s->tk, s->cmark, s->qv};
     for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
         ferry__free(arr[i]);
 }
@@ -365,6 +366,7 @@ static int tr_init(ferry__policy *p)
     s->A = ferry__malloc(ids * E * sizeof *s->A); /* zeroed below */
     s->An = ferry__calloc(ids, sizeof *s->An);
     s->top = ferry__malloc(ids * s->K * sizeof *s->top);
+    s->tc = ferry__malloc(ids * s->K * sizeof *s->tc);
     s->tn = ferry__calloc(ids, sizeof *s->tn);
     s->tmin = ferry__malloc(ids * sizeof *s->tmin);
     s->acc = ferry__calloc(E, sizeof *s->acc);
@@ -376,7 +378,7 @@ static int tr_init(ferry__policy *p)
     s->tk = ferry__malloc((size_t)E * sizeof *s->tk);
     if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->V ||
         !s->lt || !s->cc || !s->ccnz || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
-        !s->un || !s->nprev || !s->A || !s->An || !s->top || !s->tn || !s->tmin || !s->acc ||
+        !s->un || !s->nprev || !s->A || !s->An || !s->top || !s->tc || !s->tn || !s->tmin || !s->acc ||
         !s->umark || !s->emark || !s->ev || !s->tk || !s->cmark || !s->qv) {
         tr_fini(p);
         return -ENOMEM;
@@ -387,6 +389,7 @@ static int tr_init(ferry__policy *p)
     memset(s->ring, 0, (size_t)L * TR_RING * E * sizeof *s->ring);
     memset(s->uset, 0, ids * sizeof *s->uset);
     memset(s->top, 0, ids * s->K * sizeof *s->top);
+    memset(s->tc, 0, ids * s->K * sizeof *s->tc);
     memset(s->tmin, TR_MIN_STALE, ids);
     uint16_t c0 = tr_cell(0, 0);
     for (size_t i = 0; i < ids; i++)
@@ -471,33 +474,40 @@ static void refresh_p(trans *s)
  * most counted successors tracked */
 static void row_count(trans *s, uint16_t *row, size_t ri, uint32_t e)
 {
-    uint16_t *top = s->top + ri * s->K;
+    uint16_t *top = s->top + ri * s->K, *tc = s->tc + ri * s->K;
     uint16_t x = row[e];
-    row[e] = (uint16_t)(x + 1);
-    if (x & TR_TRK) {
-        if (s->tmin[ri] != TR_MIN_STALE && top[s->tmin[ri]] == e)
+    if (x & TR_TRK) { /* tracked: its count is in the row's list */
+        uint32_t i = x & TR_CNT;
+        tc[i]++;
+        if (s->tmin[ri] == i)
             s->tmin[ri] = TR_MIN_STALE;
         return;
     }
+    uint16_t c = (uint16_t)(x + 1);
     if (s->tn[ri] < s->K) {
-        top[s->tn[ri]++] = (uint16_t)e;
-        row[e] |= TR_TRK;
+        uint32_t i = s->tn[ri]++;
+        top[i] = (uint16_t)e;
+        tc[i] = c;
+        row[e] = (uint16_t)(TR_TRK | i);
         s->tmin[ri] = TR_MIN_STALE;
         return;
     }
     if (s->tmin[ri] == TR_MIN_STALE) {
         uint32_t mi = 0;
         for (uint32_t i = 1; i < s->K; i++)
-            if ((row[top[i]] & TR_CNT) < (row[top[mi]] & TR_CNT))
+            if (tc[i] < tc[mi])
                 mi = i;
         s->tmin[ri] = (uint8_t)mi;
     }
     uint32_t mi = s->tmin[ri];
-    if ((row[e] & TR_CNT) > (row[top[mi]] & TR_CNT)) {
-        row[top[mi]] &= (uint16_t)~TR_TRK;
+    if (c > tc[mi]) { /* the least tracked one is passed: they swap */
+        row[top[mi]] = tc[mi];
         top[mi] = (uint16_t)e;
-        row[e] |= TR_TRK;
+        tc[mi] = c;
+        row[e] = (uint16_t)(TR_TRK | mi);
         s->tmin[ri] = TR_MIN_STALE;
+    } else {
+        row[e] = c;
     }
 }
 
@@ -516,10 +526,14 @@ static void learn_transitions(trans *s, uint32_t l, const uint32_t *ids, uint32_
         uint32_t r = prev[i];
         uint16_t *row = A + (size_t)r * E;
         if (An[r] == TR_CNT) { /* halve the row with its total: order kept */
+            size_t ri = (size_t)l * E + r;
             for (uint32_t e = 0; e < E; e++)
-                row[e] = (uint16_t)((row[e] & TR_TRK) | ((row[e] & TR_CNT) >> 1));
+                if (!(row[e] & TR_TRK))
+                    row[e] >>= 1;
+            for (uint32_t t = 0; t < s->tn[ri]; t++)
+                s->tc[ri * s->K + t] >>= 1;
             An[r] >>= 1;
-            s->tmin[(size_t)l * E + r] = TR_MIN_STALE;
+            s->tmin[ri] = TR_MIN_STALE;
         }
         An[r]++;
         for (uint32_t j = 0; j < n; j++)
@@ -566,7 +580,7 @@ static void ev_add(trans *s, uint32_t e, uint32_t *nev)
 static uint32_t tracked_set(trans *s, uint32_t l, const uint32_t *ids, uint32_t n, uint16_t *us)
 {
     uint32_t E = s->base.env.num_experts, nc = 0, nu = 0;
-    const uint16_t *A = s->A + (size_t)l * E * E, *An = s->An + (size_t)l * E;
+    const uint16_t *An = s->An + (size_t)l * E;
     double wsum = 0;
     for (uint32_t j = 0; j < n; j++)
         wsum += 1.0 / ((double)An[ids[j] % E] + 1.0);
@@ -574,7 +588,7 @@ static uint32_t tracked_set(trans *s, uint32_t l, const uint32_t *ids, uint32_t 
     for (uint32_t j = 0; j < n; j++) {
         uint32_t r = ids[j] % E;
         size_t ri = (size_t)l * E + r;
-        const uint16_t *row = A + (size_t)r * E, *top = s->top + ri * s->K;
+        const uint16_t *top = s->top + ri * s->K, *tc = s->tc + ri * s->K;
         double w = 1.0 / ((double)An[r] + 1.0);
         for (uint32_t i = 0; i < s->tn[ri]; i++) {
             uint32_t e = top[i];
@@ -583,7 +597,7 @@ static uint32_t tracked_set(trans *s, uint32_t l, const uint32_t *ids, uint32_t 
                 s->acc[e] = 0;
                 cand[nc++] = (uint16_t)e;
             }
-            s->acc[e] += (double)(row[e] & TR_CNT) * w;
+            s->acc[e] += (double)tc[i] * w;
         }
         s->o.ops += s->tn[ri];
     }
