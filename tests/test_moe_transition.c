@@ -151,9 +151,9 @@ static void transition_survives_counter_halving(void **state)
     ferry_moe_trace_destroy(t);
 }
 
-/* every victim the heaps name, by the lead and by auto's shadow, is the
+/* every victim the lists name, by the lead and by auto's shadow, is the
  * one a scan of all the slots names by the same rule (ties included: the
- * traces start with every cell at its prior, so ties are many) */
+ * traces start with every cell at its prior, so equal p are many) */
 static void verify_replay(const ferry_moe_trace *t, const char *policy, uint32_t slots,
                           uint64_t *checked)
 {
@@ -169,7 +169,7 @@ static void verify_replay(const ferry_moe_trace *t, const char *policy, uint32_t
     *checked += c;
 }
 
-static void transition_heaps_choose_as_the_scan(void **state)
+static void transition_lists_choose_as_the_scan(void **state)
 {
     (void)state;
     uint64_t checked = 0;
@@ -234,7 +234,7 @@ static void work_per_step(const ferry_moe_trace *t, uint32_t slots, double *mean
     ferry_moe_planner_destroy(p);
 }
 
-/* the work of a layer-step - events, heap filings, layers and cells
+/* the work of a layer-step - events, filings, layers and cells
  * visited - does not grow with the slots: 8 times the slots, where a
  * scan of a layer's residents would look at 8 times as many */
 static void transition_work_does_not_grow_with_slots(void **state)
@@ -293,7 +293,7 @@ int main(void)
         cmocka_unit_test(transition_beats_lru_on_a_transition_structure),
         cmocka_unit_test(transition_survives_counter_halving),
         cmocka_unit_test(transition_refuses_huge_shapes),
-        cmocka_unit_test(transition_heaps_choose_as_the_scan),
+        cmocka_unit_test(transition_lists_choose_as_the_scan),
         cmocka_unit_test(transition_work_does_not_grow_with_slots),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

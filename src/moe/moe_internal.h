@@ -221,7 +221,7 @@ int ferry__transition_follow(ferry__policy *p, ferry__policy *lead);
 void ferry__transition_verify(int on);
 void ferry__transition_verified(uint64_t *checked, uint64_t *mismatched);
 /* (tests) the work a transition policy or follower has done: events,
- * heap filings, layers and cells visited (0 for another policy) */
+ * filings, layers and cells visited (0 for another policy) */
 uint64_t ferry__transition_ops(const ferry__policy *p);
 /* (tests) auto's transition sub-policy and its shadow; NULL for another
  * policy or when auto runs without transition */

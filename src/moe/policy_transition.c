@@ -34,27 +34,33 @@
  * adds count x t: see corr), folded in, with the p of every cell, at
  * visits 1, 2, 4, .. TR_REFRESH and then every TR_REFRESH: the p used
  * between refreshes is the last one's (the prototype's, every visit).
- * A change of a resident's cell or last use only marks its slot; marked
- * slots are filed again before the next victim.
+ * A resident whose cell changed or that was used is "touched": its slot
+ * is marked, and marked slots are filed again, in the order first
+ * marked, before the next victim.
  *
  * The victim is the unpinned resident with the least p / d, d the steps
  * until its layer runs again ((layer - l) mod L, 0 read as L), compared by
- * cross-multiplication; ties to the older last use, then the lowest slot.
- * All residents of a layer share d, so the victim is the best of each
- * layer's least (p, last use, slot): each (layer, cell) keeps its resident
- * slots in a pairing heap by (last use, slot), intrusive, so filing never
- * allocates; a layer's least is the best of its non-empty cells' tops,
- * found again only when one of them changed or the p were refreshed. A
- * victim costs O(L) over the layers' cached least, plus, for a layer that
- * changed, its non-empty cells. ferry__transition_verify() has every
- * victim checked against a scan of all the slots by the same rule (tests).
+ * cross-multiplication; ties to the one touched (filed, moved to its cell
+ * or used) longer ago - a clock value unique to each filing, so no tie is
+ * left. (The prototype's tie is the older last use; a cell holds the
+ * experts of one history and bin, so the two mostly agree: the real
+ * traces' figures moved by at most 0.23 points.) All residents of a layer
+ * share d, so the victim is the best of each layer's least (p, touched):
+ * each (layer, cell) keeps its resident slots in an intrusive list, the
+ * least recently touched first, so filing is O(1) and never allocates; a
+ * layer's least is the best of its non-empty cells' heads, found again
+ * only when one of them changed or the p were refreshed. A victim costs
+ * O(L) over the layers' cached least, plus, for a layer that changed, its
+ * non-empty cells. ferry__transition_verify() has every victim checked
+ * against a scan of all the slots by the same rule (tests).
  *
  * Memory: A is L x E x E uint16 counters (15 bits of count; with the top
  * bit set, "tracked": the bits are the index of its count in the row's
- * list of TR_K, which a visit reads without touching A); a row is halved with its total before a count would pass
- * 32767 (A[r][e] <= An[r] always holds), so the ratios, and the order the
- * tracking relies on, survive. Shapes whose A would pass
- * FERRY__TRANSITION_MAX_BYTES are refused at planner create.
+ * list of TR_K, which a visit reads without touching A); a row is halved
+ * with its total before a count would pass 32767 (A[r][e] <= An[r] always
+ * holds), so the ratios, and the order the tracking relies on, survive.
+ * Shapes whose A would pass FERRY__TRANSITION_MAX_BYTES are refused at
+ * planner create.
  */
 #include <errno.h>
 #include <string.h>
@@ -87,20 +93,21 @@ static const double tr_edges[TR_NQ - 1] = {0.01, 0.02, 0.03, 0.05, 0.07, 0.10, 0
 #define NIL UINT32_MAX
 #define CELL_NONE UINT16_MAX
 
-/* ---- the order over a set of slots: per (layer, cell) a pairing heap
- * of its residents by (last use, slot), per layer the cached least ---- */
+/* ---- the order over a set of slots: per (layer, cell) a list of its
+ * residents, the least recently touched (filed, moved in, used) first;
+ * per layer the cached least ---- */
 typedef struct trord {
-    uint32_t *child, *sib, *prv; /* per slot; prv: parent of a first child, else left sibling */
-    uint64_t *key;               /* per slot: its expert's last use */
-    uint16_t *scell;             /* per slot: the cell it is filed in, CELL_NONE */
-    uint32_t *root;              /* [L][TR_NC] */
-    uint64_t *nz;                /* [L][TR_BMW]: non-empty heaps */
-    uint32_t *least;             /* [L]: least resident, pinned ones too; NIL: empty */
-    uint64_t *lgen;              /* [L]: the p refresh the least is of; 0: find again */
-    uint32_t *scratch;           /* pinned tops popped, slots of them */
-    uint8_t *pend;               /* per slot: its cell or key may have changed */
-    uint32_t *plist, pn;         /* those slots, filed again at the next victim */
-    uint64_t ops;                /* work done: events, heap and layer visits (tests) */
+    uint32_t *nx, *pv;   /* per slot; NIL at the ends */
+    uint64_t *key;       /* per slot: when it was last touched (this order's clock) */
+    uint16_t *scell;     /* per slot: the cell it is filed in, CELL_NONE */
+    uint32_t *ht;        /* [L][TR_NC][2]: head, tail */
+    uint64_t *nz;        /* [L][TR_BMW]: non-empty lists */
+    uint32_t *least;     /* [L]: least resident, pinned ones too; NIL: empty */
+    uint64_t *lgen;      /* [L]: the p refresh the least is of; 0: find again */
+    uint8_t *pend;       /* per slot: touched since the last victim */
+    uint32_t *plist, pn; /* those slots, in the order first touched */
+    uint64_t clock;
+    uint64_t ops;        /* work done: events, filings, layers and cells visited (tests) */
 } trord;
 
 /* what is known of one expert, together: an event touches it all */
@@ -146,82 +153,16 @@ typedef struct trans {
     uint64_t visits, pgen;
 } trans;
 
-/* ---- the pairing heaps ---- */
-static int ord_less(const trord *o, uint32_t a, uint32_t b)
-{
-    return o->key[a] != o->key[b] ? o->key[a] < o->key[b] : a < b;
-}
-
-/* two roots into one */
-static uint32_t ph_meld(trord *o, uint32_t a, uint32_t b)
-{
-    if (a == NIL)
-        return b;
-    if (b == NIL)
-        return a;
-    if (ord_less(o, b, a)) {
-        uint32_t t = a;
-        a = b;
-        b = t;
-    }
-    o->sib[b] = o->child[a];
-    if (o->child[a] != NIL)
-        o->prv[o->child[a]] = b;
-    o->prv[b] = a;
-    o->child[a] = b;
-    return a;
-}
-
-/* the children list from first, merged two-pass into one root */
-static uint32_t ph_pairs(trord *o, uint32_t first)
-{
-    uint32_t acc = NIL, a = first;
-    while (a != NIL) { /* left to right: meld pairs, stacked on acc */
-        uint32_t b = o->sib[a], next = b != NIL ? o->sib[b] : NIL;
-        o->sib[a] = o->prv[a] = NIL;
-        if (b != NIL)
-            o->sib[b] = o->prv[b] = NIL;
-        uint32_t m = ph_meld(o, a, b);
-        o->sib[m] = acc;
-        acc = m;
-        a = next;
-    }
-    uint32_t r = NIL;
-    while (acc != NIL) { /* right to left into one */
-        uint32_t nx = o->sib[acc];
-        o->sib[acc] = NIL;
-        r = ph_meld(o, r, acc);
-        acc = nx;
-    }
-    if (r != NIL)
-        o->prv[r] = NIL;
-    return r;
-}
-
-static void ph_cut(trord *o, uint32_t v)
-{
-    uint32_t p = o->prv[v], s = o->sib[v];
-    if (o->child[p] == v)
-        o->child[p] = s;
-    else
-        o->sib[p] = s;
-    if (s != NIL)
-        o->prv[s] = p;
-    o->sib[v] = o->prv[v] = NIL;
-}
-
 static void ord_fini(trord *o)
 {
-    ferry__free(o->child);
-    ferry__free(o->sib);
-    ferry__free(o->prv);
+    ferry__free(o->nx);
+    ferry__free(o->pv);
     ferry__free(o->key);
     ferry__free(o->scell);
-    ferry__free(o->root);
+    ferry__free(o->ht);
     ferry__free(o->nz);
     ferry__free(o->least);
     ferry__free(o->lgen);
-    ferry__free(o->scratch);
     ferry__free(o->pend);
     ferry__free(o->plist);
     memset(o, 0, sizeof *o);
@@ -230,71 +171,74 @@ static void ord_fini(trord *o)
 static int ord_init(trord *o, const ferry__policy_env *env)
 {
     uint32_t n = env->slots, L = env->num_layers;
-    o->child = ferry__malloc((size_t)n * sizeof *o->child);
-    o->sib = ferry__malloc((size_t)n * sizeof *o->sib);
-    o->prv = ferry__malloc((size_t)n * sizeof *o->prv);
+    o->nx = ferry__malloc((size_t)n * sizeof *o->nx);
+    o->pv = ferry__malloc((size_t)n * sizeof *o->pv);
     o->key = ferry__calloc(n, sizeof *o->key);
     o->scell = ferry__malloc((size_t)n * sizeof *o->scell);
-    o->root = ferry__malloc((size_t)L * TR_NC * sizeof *o->root);
+    o->ht = ferry__malloc((size_t)L * TR_NC * 2 * sizeof *o->ht);
     o->nz = ferry__calloc((size_t)L * TR_BMW, sizeof *o->nz);
     o->least = ferry__malloc((size_t)L * sizeof *o->least);
     o->lgen = ferry__calloc(L, sizeof *o->lgen);
-    o->scratch = ferry__malloc((size_t)n * sizeof *o->scratch);
     o->pend = ferry__calloc(n, sizeof *o->pend);
     o->plist = ferry__malloc((size_t)n * sizeof *o->plist);
-    if (!o->pend || !o->plist || !o->child || !o->sib || !o->prv || !o->key || !o->scell || !o->root || !o->nz ||
-        !o->least || !o->lgen || !o->scratch) {
+    if (!o->pend || !o->plist || !o->nx || !o->pv || !o->key || !o->scell || !o->ht || !o->nz || !o->least || !o->lgen) {
         ord_fini(o);
         return -ENOMEM;
     }
-    memset(o->child, 0xff, (size_t)n * sizeof *o->child);
-    memset(o->sib, 0xff, (size_t)n * sizeof *o->sib);
-    memset(o->prv, 0xff, (size_t)n * sizeof *o->prv);
+    memset(o->nx, 0xff, (size_t)n * sizeof *o->nx);
+    memset(o->pv, 0xff, (size_t)n * sizeof *o->pv);
     memset(o->scell, 0xff, (size_t)n * sizeof *o->scell);
-    memset(o->root, 0xff, (size_t)L * TR_NC * sizeof *o->root);
+    memset(o->ht, 0xff, (size_t)L * TR_NC * 2 * sizeof *o->ht);
     memset(o->least, 0xff, (size_t)L * sizeof *o->least);
     return 0;
 }
 
-/* slot (of layer l) into cell c's heap with key; not filed before */
-static void ord_file(trord *o, uint32_t l, uint32_t slot, uint16_t c, uint64_t key)
+/* slot (of layer l) at the end of cell c's list, touched now; not filed
+ * before */
+static void ord_file(trord *o, uint32_t l, uint32_t slot, uint16_t c)
 {
-    uint32_t *r = o->root + (size_t)l * TR_NC + c;
+    uint32_t *ht = o->ht + ((size_t)l * TR_NC + c) * 2;
     o->scell[slot] = c;
-    o->key[slot] = key;
-    o->child[slot] = o->sib[slot] = o->prv[slot] = NIL;
-    *r = ph_meld(o, *r, slot);
+    o->key[slot] = ++o->clock;
+    o->nx[slot] = NIL;
+    o->pv[slot] = ht[1];
+    if (ht[1] != NIL)
+        o->nx[ht[1]] = slot;
+    else
+        ht[0] = slot;
+    ht[1] = slot;
     o->nz[(size_t)l * TR_BMW + c / 64] |= 1ull << (c % 64);
     o->lgen[l] = 0;
     o->ops++;
 }
 
-/* slot (of layer l) out of its heap; nothing if not filed */
+/* slot (of layer l) off its list; nothing if not filed */
 static void ord_unfile(trord *o, uint32_t l, uint32_t slot)
 {
     uint16_t c = o->scell[slot];
     if (c == CELL_NONE)
         return;
-    uint32_t *r = o->root + (size_t)l * TR_NC + c;
-    uint32_t kids = o->child[slot];
-    o->child[slot] = NIL;
-    if (*r == slot) {
-        *r = ph_pairs(o, kids);
-    } else {
-        ph_cut(o, slot);
-        *r = ph_meld(o, *r, ph_pairs(o, kids));
-    }
-    if (*r == NIL)
+    uint32_t *ht = o->ht + ((size_t)l * TR_NC + c) * 2, a = o->pv[slot], b = o->nx[slot];
+    if (a != NIL)
+        o->nx[a] = b;
+    else
+        ht[0] = b;
+    if (b != NIL)
+        o->pv[b] = a;
+    else
+        ht[1] = a;
+    if (ht[0] == NIL)
         o->nz[(size_t)l * TR_BMW + c / 64] &= ~(1ull << (c % 64));
     o->scell[slot] = CELL_NONE;
+    o->nx[slot] = o->pv[slot] = NIL;
     o->lgen[l] = 0;
     o->ops++;
 }
 
-/* a filed slot's cell or last use (in its layer l) may have changed: it
- * is filed again before the next victim is chosen (O(1) now, and a slot
- * that changes again before then is filed once) */
-static void ord_mark(trord *o, uint32_t l, uint32_t slot)
+/* a filed slot (of layer l) is touched: its expert was used or moved to
+ * another cell. It goes to the end of its cell's list before the next
+ * victim is chosen (ord_flush): O(1) now, once however often touched. */
+static void ord_touch(trord *o, uint32_t l, uint32_t slot)
 {
     if (o->scell[slot] == CELL_NONE)
         return;
@@ -306,18 +250,17 @@ static void ord_mark(trord *o, uint32_t l, uint32_t slot)
     }
 }
 
-/* every marked slot still filed, under its expert's cell and last use now
- * (cell and last: per id, of the model; occupant: per slot) */
-static void ord_flush(trord *o, const trx *x, const uint32_t *occupant, uint32_t E)
+/* every touched slot still filed, at the end of its expert's cell's list
+ * now, in the order first touched (cell: per id, of the model) */
+static void ord_flush(trord *o, const struct trx *x, const uint32_t *occupant, uint32_t E)
 {
     for (uint32_t i = 0; i < o->pn; i++) {
         uint32_t slot = o->plist[i], id = occupant[slot];
         o->pend[slot] = 0;
-        if (o->scell[slot] == CELL_NONE || id == FERRY_MOE_NONE ||
-            (o->scell[slot] == x[id].cell && o->key[slot] == x[id].last))
+        if (o->scell[slot] == CELL_NONE || id == FERRY_MOE_NONE)
             continue;
         ord_unfile(o, id / E, slot);
-        ord_file(o, id / E, slot, x[id].cell, x[id].last);
+        ord_file(o, id / E, slot, x[id].cell);
     }
     o->pn = 0;
 }
@@ -543,7 +486,7 @@ static void learn_transitions(trans *s, uint32_t l, const uint32_t *ids, uint32_
 }
 
 /* e (of layer l, id) gets cell c now: counts, and its slot in the lead's
- * and the follower's heaps */
+ * and the follower's lists */
 static void tr_move(trans *s, uint32_t l, uint32_t id, uint16_t c)
 {
     uint16_t old = s->x[id].cell;
@@ -560,9 +503,9 @@ static void tr_move(trans *s, uint32_t l, uint32_t id, uint16_t c)
     s->x[id].cell = c;
     uint32_t slot = s->base.env.where[id];
     if (slot != FERRY_MOE_NONE)
-        ord_mark(&s->o, l, slot);
+        ord_touch(&s->o, l, slot);
     if (s->fol && (slot = s->fol->env.where[id]) != FERRY_MOE_NONE)
-        ord_mark(s->fol_o, l, slot);
+        ord_touch(s->fol_o, l, slot);
 }
 
 /* e (layer-local) joins the visit's events once */
@@ -698,9 +641,9 @@ static void tr_used(trans *s, uint32_t id)
     s->x[id].last = now;
     uint32_t l = id / s->base.env.num_experts, slot = s->base.env.where[id];
     if (slot != FERRY_MOE_NONE)
-        ord_mark(&s->o, l, slot);
+        ord_touch(&s->o, l, slot);
     if (s->fol && (slot = s->fol->env.where[id]) != FERRY_MOE_NONE)
-        ord_mark(s->fol_o, l, slot);
+        ord_touch(s->fol_o, l, slot);
 }
 
 static void tr_hit(ferry__policy *p, uint32_t slot, uint32_t id)
@@ -717,7 +660,7 @@ static int tr_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
         return -EINVAL;
     tr_used(s, id);
     ord_unfile(&s->o, id / p->env.num_experts, slot);
-    ord_file(&s->o, id / p->env.num_experts, slot, s->x[id].cell, s->x[id].last);
+    ord_file(&s->o, id / p->env.num_experts, slot, s->x[id].cell);
     return 0;
 }
 
@@ -728,51 +671,32 @@ static void tr_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
         ord_unfile(&((trans *)p)->o, id / p->env.num_experts, slot);
 }
 
-/* x before y within a layer: less p, then older use, then lower slot */
+/* x before y within a layer: less p, then touched longer ago (keys are
+ * unique) */
 static int tr_before(const trans *m, const trord *o, uint32_t x, uint32_t y)
 {
     double px = m->P[o->scell[x]], py = m->P[o->scell[y]];
     if (px != py)
         return px < py;
-    return ord_less(o, x, y);
+    return o->key[x] < o->key[y];
 }
 
-/* the first unpinned slot of a heap: pinned tops popped to scratch and
- * filed again after; NIL when all are pinned */
-static uint32_t heap_unpinned(trord *o, const ferry__policy *p, uint32_t l, uint16_t c)
-{
-    uint32_t *r = o->root + (size_t)l * TR_NC + c, popped = 0, found = NIL;
-    while (*r != NIL) {
-        uint32_t v = *r;
-        o->ops++;
-        if (!ferry__pinned(p, v)) {
-            found = v;
-            break;
-        }
-        *r = ph_pairs(o, o->child[v]);
-        o->child[v] = NIL;
-        o->scratch[popped++] = v;
-    }
-    for (uint32_t i = 0; i < popped; i++) {
-        uint32_t v = o->scratch[i];
-        *r = ph_meld(o, *r, v);
-    }
-    return found;
-}
-
-/* layer l's least resident of o (pinned ones skipped when unpinned_only),
- * NIL when none */
+/* layer l's least resident of o (pinned ones skipped when unpinned_only:
+ * walked over from each list's head), NIL when none */
 static uint32_t layer_least(const trans *m, const ferry__policy *p, trord *o, uint32_t l,
                             int unpinned_only)
 {
     const uint64_t *nz = o->nz + (size_t)l * TR_BMW;
-    const uint32_t *root = o->root + (size_t)l * TR_NC;
+    const uint32_t *ht = o->ht + (size_t)l * TR_NC * 2;
     uint32_t best = NIL;
     for (uint32_t w = 0; w < TR_BMW; w++)
         for (uint64_t bits = nz[w]; bits; bits &= bits - 1) {
-            uint16_t c = (uint16_t)(w * 64 + (uint32_t)__builtin_ctzll(bits));
-            uint32_t v = unpinned_only ? heap_unpinned(o, p, l, c) : root[c];
+            uint32_t c = w * 64 + (uint32_t)__builtin_ctzll(bits), v = ht[2 * c];
             o->ops++;
+            while (unpinned_only && v != NIL && ferry__pinned(p, v)) {
+                v = o->nx[v];
+                o->ops++;
+            }
             if (v != NIL && (best == NIL || tr_before(m, o, v, best)))
                 best = v;
         }
@@ -780,28 +704,28 @@ static uint32_t layer_least(const trans *m, const ferry__policy *p, trord *o, ui
 }
 
 /* the victim of the rule below over a layer's candidates: the least p /
- * d, then the older use, then the lower slot */
+ * d, then the one touched longer ago */
 typedef struct trbest {
     uint32_t slot;
     double p, d;
-    uint64_t last;
+    uint64_t key;
 } trbest;
 
-static void best_offer(trbest *b, uint32_t v, double pa, double da, uint64_t last)
+static void best_offer(trbest *b, uint32_t v, double pa, double da, uint64_t key)
 {
     if (b->slot != NIL) {
         double lhs = pa * b->d, rhs = b->p * da;
-        if (lhs > rhs || (lhs == rhs && (last > b->last || (last == b->last && v > b->slot))))
+        if (lhs > rhs || (lhs == rhs && key > b->key))
             return;
     }
     b->slot = v;
     b->p = pa;
     b->d = da;
-    b->last = last;
+    b->key = key;
 }
 
 /* the unpinned resident of p's slots (filed in o) with the least p / d
- * under m's model, then older use, then lower slot */
+ * under m's model, then touched longer ago */
 static uint32_t tr_pick(const trans *m, const ferry__policy *p, trord *o)
 {
     uint32_t L = p->env.num_layers;
@@ -822,9 +746,9 @@ static uint32_t tr_pick(const trans *m, const ferry__policy *p, trord *o)
     return b.slot;
 }
 
-/* the same rule by a scan of every slot: the reference the tests hold the
- * heaps to (ferry__transition_verify) */
-static uint32_t tr_scan_all(const trans *m, const ferry__policy *p)
+/* the same rule by a scan of every slot, with p from the model's cells:
+ * the reference the tests hold the lists to (ferry__transition_verify) */
+static uint32_t tr_scan_all(const trans *m, const ferry__policy *p, const trord *o)
 {
     uint32_t L = p->env.num_layers, E = p->env.num_experts;
     trbest b = {NIL, 0, 1, 0};
@@ -836,9 +760,7 @@ static uint32_t tr_scan_all(const trans *m, const ferry__policy *p)
             if (id == FERRY_MOE_NONE || id / E != l || ferry__pinned(p, v))
                 continue;
             double pv = m->P[m->x[id].cell];
-            if (best == NIL || pv < bp ||
-                (pv == bp && (m->x[id].last < m->x[p->env.occupant[best]].last ||
-                              (m->x[id].last == m->x[p->env.occupant[best]].last && v < best)))) {
+            if (best == NIL || pv < bp || (pv == bp && o->key[v] < o->key[best])) {
                 best = v;
                 bp = pv;
             }
@@ -846,7 +768,7 @@ static uint32_t tr_scan_all(const trans *m, const ferry__policy *p)
         if (best == NIL)
             continue;
         uint32_t d = (l + L - m->layer) % L;
-        best_offer(&b, best, bp, d ? (double)d : (double)L, m->x[p->env.occupant[best]].last);
+        best_offer(&b, best, bp, d ? (double)d : (double)L, o->key[best]);
     }
     return b.slot;
 }
@@ -871,7 +793,7 @@ static int tr_choose(const trans *m, const ferry__policy *p, trord *o, uint32_t 
     uint32_t v = tr_pick(m, p, o);
     if (tr_verify_on) {
         tr_checked++;
-        tr_mismatched += tr_scan_all(m, p) != v;
+        tr_mismatched += tr_scan_all(m, p, o) != v;
     }
     if (v == NIL)
         return -1;
@@ -920,7 +842,7 @@ static void tf_fini(ferry__policy *p)
     ord_fini(&((trans_follower *)p)->o);
 }
 
-/* (its key, the lead's last use, is kept by the lead) */
+/* (the lead touches its slots: every routed expert is used in the lead) */
 static void tf_hit(ferry__policy *p, uint32_t slot, uint32_t id)
 {
     (void)p;
@@ -936,7 +858,7 @@ static int tf_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
         return -EINVAL;
     uint32_t l = id / p->env.num_experts;
     ord_unfile(&f->o, l, slot);
-    ord_file(&f->o, l, slot, f->lead->x[id].cell, f->lead->x[id].last);
+    ord_file(&f->o, l, slot, f->lead->x[id].cell);
     return 0;
 }
 
@@ -978,7 +900,7 @@ int ferry__transition_follow(ferry__policy *p, ferry__policy *lead)
     trans *m = (trans *)lead;
     if (m->fol && m->fol != p)
         return -EINVAL; /* one follower a lead */
-    if (!f->o.root && ord_init(&f->o, &p->env) < 0)
+    if (!f->o.ht && ord_init(&f->o, &p->env) < 0)
         return -ENOMEM;
     f->lead = m;
     m->fol = p;
