@@ -82,7 +82,7 @@ static int one(const uint8_t *data, size_t size, const char *stage)
         so.expert_bytes = 1000;
         so.hint_steps = 1;
         so.hint_trace = 1;
-        ferry_moe_sim_result sr;
+        ferry_moe_sim_result sr = FERRY_MOE_SIM_RESULT_INIT;
         if (ferry_moe_sim(t, &so, &sr) != 0 || sr.hits + sr.misses != a.hits + a.misses)
             abort();
     }

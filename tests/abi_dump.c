@@ -89,7 +89,7 @@ int main(void)
 #undef G
 #define P(f) F(ferry_moe_planner_options, f)
     S(ferry_moe_planner_options); P(size); P(num_layers); P(num_experts); P(slots); P(policy);
-    P(oracle); P(expert_bytes); E();
+    P(oracle); P(expert_bytes); P(top_k); E();
 #undef P
 #define CP(f) F(ferry_moe_copy_plan, f)
     S(ferry_moe_copy_plan); CP(layer); CP(n); CP(dst_slots); CP(src_rows); E();

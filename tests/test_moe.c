@@ -281,7 +281,7 @@ static void planner_options_are_range_checked(void **state)
 }
 
 /* an older header's options (up to slots) create with the defaults past
- * them (policy lru); a shorter size, or one inside a member, is refused */
+ * them (policy auto); a shorter size, or one inside a member, is refused */
 static void older_planner_options_prefix_is_accepted(void **state)
 {
     (void)state;
@@ -293,7 +293,7 @@ static void older_planner_options_prefix_is_accepted(void **state)
     o.size = FERRY_MOE_PLANNER_OPTIONS_MIN_SIZE;
     ferry_moe_planner *p = NULL;
     FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
-    assert_string_equal(ferry_moe_planner_policy(p), "lru");
+    assert_string_equal(ferry_moe_planner_policy(p), "auto");
     ferry_moe_planner_destroy(p);
     p = (ferry_moe_planner *)0x1;
     o.size = FERRY_MOE_PLANNER_OPTIONS_MIN_SIZE - 4;
@@ -815,6 +815,35 @@ static void trace_reader_refuses_devices_and_overlong_lines(void **state)
     ft_rmtree(dir);
 }
 
+/* no policy named: auto (the three-way duel); lru and every other policy
+ * stay selectable; top_k reaches the policy, and past num_experts is
+ * refused naming it */
+static void the_default_policy_is_auto_and_top_k_reaches_it(void **state)
+{
+    (void)state;
+    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
+    o.num_layers = 4;
+    o.num_experts = 16;
+    o.slots = 16;
+    ferry_moe_planner *p = NULL;
+    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
+    assert_string_equal(ferry_moe_planner_policy(p), "auto");
+    assert_int_equal(ferry__planner_policy(p)->env.top_k, 0);
+    ferry_moe_planner_destroy(p);
+    o.policy = "lru";
+    o.top_k = 4;
+    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
+    assert_string_equal(ferry_moe_planner_policy(p), "lru");
+    assert_int_equal(ferry__planner_policy(p)->env.top_k, 4);
+    ferry_moe_planner_destroy(p);
+    o.policy = NULL;
+    o.top_k = 17;
+    p = NULL;
+    assert_int_equal(ferry_moe_planner_create(&o, &p), -EINVAL);
+    assert_null(p);
+    assert_non_null(strstr(ferry_last_error(), "top_k 17"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -825,6 +854,7 @@ int main(void)
         cmocka_unit_test(bad_routes_fail_and_change_nothing),
         cmocka_unit_test(planner_options_are_range_checked),
         cmocka_unit_test(older_planner_options_prefix_is_accepted),
+        cmocka_unit_test(the_default_policy_is_auto_and_top_k_reaches_it),
         cmocka_unit_test(forget_frees_the_slot_and_the_expert_misses_again),
         cmocka_unit_test(resize_grows_and_drops_occupants_past_the_end),
         cmocka_unit_test(a_miss_takes_the_lowest_free_slot),

@@ -655,7 +655,7 @@ static void hints_survive_out_of_memory_at_every_allocation(void **state)
 {
     (void)state;
     oom_ctx c = {0};
-    ft_oom_each(64, 0, hint_oom_run, &c);
+    ft_oom_each(512, 0, hint_oom_run, &c); /* (the default policy, auto, allocates its three) */
 }
 
 int main(void)

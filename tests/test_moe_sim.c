@@ -4,6 +4,7 @@
  * more than their rule allows, determinism and option checks.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -33,7 +34,7 @@ static void a_hand_computed_timeline(void **state)
     o.slots = 4;
     o.compute_us = 10;
     o.link_gbs = 1;
-    ferry_moe_sim_result r;
+    ferry_moe_sim_result r = FERRY_MOE_SIM_RESULT_INIT;
     FT_ASSERT_OK(ferry_moe_sim(t, &o, &r));
     assert_true(fabs(r.total_us - 40) < 1e-9);
     assert_true(fabs(r.stall_us - 10) < 1e-9);
@@ -66,7 +67,7 @@ static void a_hand_computed_timeline(void **state)
     o.hint_steps = 1;
     /* the bounds: nothing waits; Belady's 2 misses on an ideal link: the
      * first waits 5, the second lands at 10, before its step at 15 */
-    ferry_moe_sim_result a, b;
+    ferry_moe_sim_result a = FERRY_MOE_SIM_RESULT_INIT, b = FERRY_MOE_SIM_RESULT_INIT;
     FT_ASSERT_OK(ferry_moe_sim_bounds(t, &o, &a, &b));
     assert_true(a.stall_us == 0 && fabs(a.total_us - 30) < 1e-9);
     assert_true(fabs(b.stall_us - 5) < 1e-9);
@@ -95,7 +96,9 @@ static void hints_hide_the_link_when_compute_covers_it(void **state)
     o.slots = m->num_layers * m->num_experts / 4;
     o.compute_us = 300;
     o.link_gbs = 50;
-    ferry_moe_sim_result none, h90, h100, res, bel;
+    ferry_moe_sim_result none = FERRY_MOE_SIM_RESULT_INIT, h90 = FERRY_MOE_SIM_RESULT_INIT,
+                         h100 = FERRY_MOE_SIM_RESULT_INIT, res = FERRY_MOE_SIM_RESULT_INIT,
+                         bel = FERRY_MOE_SIM_RESULT_INIT;
     o.policy = "lru";
     FT_ASSERT_OK(ferry_moe_sim(t, &o, &none));
     o.hint_steps = 1;
@@ -112,7 +115,7 @@ static void hints_hide_the_link_when_compute_covers_it(void **state)
     assert_true(h90.prefetch_bytes > 0);
     assert_int_equal(none.prefetch_bytes, 0);
     /* the same seed, the same timeline */
-    ferry_moe_sim_result again;
+    ferry_moe_sim_result again = FERRY_MOE_SIM_RESULT_INIT;
     o.hint_accuracy = 0.9;
     FT_ASSERT_OK(ferry_moe_sim(t, &o, &again));
     assert_true(again.stall_us == h90.stall_us && again.bytes_moved == h90.bytes_moved);
@@ -134,7 +137,7 @@ static void half_right_hints_cost_nothing_at_any_horizon(void **state)
     o.compute_us = 300;
     o.link_gbs = 50;
     o.policy = "lru";
-    ferry_moe_sim_result none, r;
+    ferry_moe_sim_result none = FERRY_MOE_SIM_RESULT_INIT, r = FERRY_MOE_SIM_RESULT_INIT;
     FT_ASSERT_OK(ferry_moe_sim(t, &o, &none));
     const uint32_t ahead[3] = {1, 2, m->num_layers};
     for (int i = 0; i < 3; i++) {
@@ -164,7 +167,7 @@ static void a_slow_link_takes_no_hint_that_costs_more_than_it_saves(void **state
     const ferry_moe_model *m = ferry_moe_trace_model(t);
     ferry_moe_sim_options o = FERRY_MOE_SIM_OPTIONS_INIT;
     o.slots = m->num_layers * m->num_experts / 8;
-    ferry_moe_sim_result a, b;
+    ferry_moe_sim_result a = FERRY_MOE_SIM_RESULT_INIT, b = FERRY_MOE_SIM_RESULT_INIT;
     FT_ASSERT_OK(ferry_moe_sim(t, &o, &a));
     o.hint_steps = 1;
     o.hint_accuracy = 0.9;
@@ -188,7 +191,7 @@ static void options_are_range_checked(void **state)
     (void)state;
     uint32_t ex[] = {0, 1};
     ferry_moe_trace *t = one_layer(ex, 2);
-    ferry_moe_sim_result r;
+    ferry_moe_sim_result r = FERRY_MOE_SIM_RESULT_INIT;
     ferry_moe_sim_options o = FERRY_MOE_SIM_OPTIONS_INIT;
     o.slots = 2;
     o.size = 8;
@@ -242,7 +245,7 @@ static void wide_steps_stream_in_the_timeline(void **state)
     o.slots = 2;
     o.compute_us = 10;
     o.link_gbs = 1;
-    ferry_moe_sim_result r;
+    ferry_moe_sim_result r = FERRY_MOE_SIM_RESULT_INIT;
     FT_ASSERT_OK(ferry_moe_sim(t, &o, &r));
     /* wave 1 lands at 10, computes 5; wave 2 asked at 15, lands at 25 */
     assert_true(fabs(r.total_us - 30) < 1e-9);
@@ -273,7 +276,7 @@ static void the_traces_own_predictions_are_hints(void **state)
     o.link_gbs = 50;
     o.hint_steps = 1;
     o.hint_accuracy = 1;
-    ferry_moe_sim_result made, rec;
+    ferry_moe_sim_result made = FERRY_MOE_SIM_RESULT_INIT, rec = FERRY_MOE_SIM_RESULT_INIT;
     FT_ASSERT_OK(ferry_moe_sim(t, &o, &made));
     o.hint_trace = 1;
     FT_ASSERT_OK(ferry_moe_sim(t, &o, &rec));
@@ -282,6 +285,54 @@ static void the_traces_own_predictions_are_hints(void **state)
     assert_true(rec.prefetch_bytes > 0);
     ferry_moe_trace_destroy(t);
     ferry_moe_trace_destroy(g);
+}
+
+/* an older header's result: written only as far as its size says, the
+ * bytes past it (a canary) untouched; an unset size is refused before
+ * anything is written */
+static void the_result_is_written_only_as_far_as_its_size(void **state)
+{
+    (void)state;
+    uint32_t ex[] = {0, 1, 0};
+    ferry_moe_trace *t = one_layer(ex, 3);
+    ferry_moe_sim_options o = FERRY_MOE_SIM_OPTIONS_INIT;
+    o.slots = 4;
+    o.compute_us = 10;
+    o.link_gbs = 1;
+    struct {
+        ferry_moe_sim_result r;
+        unsigned char canary[64];
+    } buf;
+    size_t older = offsetof(ferry_moe_sim_result, hits); /* a header without hits and after */
+    for (int bounds = 0; bounds < 2; bounds++) {
+        memset(&buf, 0xa5, sizeof buf);
+        buf.r.size = older;
+        if (bounds) {
+            ferry_moe_sim_result bel = FERRY_MOE_SIM_RESULT_INIT;
+            FT_ASSERT_OK(ferry_moe_sim_bounds(t, &o, &buf.r, &bel));
+            assert_true(fabs(buf.r.total_us - 30) < 1e-9);
+        } else {
+            FT_ASSERT_OK(ferry_moe_sim(t, &o, &buf.r));
+            assert_true(fabs(buf.r.total_us - 40) < 1e-9);
+        }
+        assert_int_equal(buf.r.size, older); /* left as the caller set it */
+        const unsigned char *past = (const unsigned char *)&buf.r + older;
+        for (size_t i = 0; i < sizeof buf - older; i++)
+            if (past[i] != 0xa5)
+                fail_msg("%s: byte %zu past the caller's %zu-byte result was written",
+                         bounds ? "bounds" : "sim", i, older);
+    }
+    /* size not set: -EINVAL naming it, nothing written */
+    memset(&buf, 0xa5, sizeof buf);
+    buf.r.size = 0;
+    assert_int_equal(ferry_moe_sim(t, &o, &buf.r), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "size"));
+    ferry_moe_sim_result bel = FERRY_MOE_SIM_RESULT_INIT;
+    assert_int_equal(ferry_moe_sim_bounds(t, &o, &bel, &buf.r), -EINVAL);
+    const unsigned char *all = (const unsigned char *)&buf.r + sizeof buf.r.size;
+    for (size_t i = 0; i < sizeof buf - sizeof buf.r.size; i++)
+        assert_int_equal(all[i], 0xa5);
+    ferry_moe_trace_destroy(t);
 }
 
 int main(void)
@@ -294,6 +345,7 @@ int main(void)
         cmocka_unit_test(options_are_range_checked),
         cmocka_unit_test(wide_steps_stream_in_the_timeline),
         cmocka_unit_test(the_traces_own_predictions_are_hints),
+        cmocka_unit_test(the_result_is_written_only_as_far_as_its_size),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -138,8 +138,8 @@ static void transition_beats_lru_on_a_transition_structure(void **state)
     ferry_moe_trace_destroy(t);
 }
 
-/* 140,000 tokens: a sticky expert's transition row passes 65,535 and is
- * halved; the policy keeps the sticky ones all along */
+/* 140,000 tokens: a sticky expert's transition row passes 32,767 and is
+ * halved (four times); the policy keeps the sticky ones all along */
 static void transition_survives_counter_halving(void **state)
 {
     (void)state;
@@ -148,6 +148,115 @@ static void transition_survives_counter_halving(void **state)
     print_message("140000 tokens, 6 slots: lru %.2f transition %.2f\n", lru, tr);
     if (tr < lru + 20.0)
         fail_msg("transition %.2f not 20 points above lru %.2f after halving", tr, lru);
+    ferry_moe_trace_destroy(t);
+}
+
+/* every victim the lists name, by the lead and by auto's shadow, is the
+ * one a scan of all the slots names by the same rule (ties included: the
+ * traces start with every cell at its prior, so equal p are many) */
+static void verify_replay(const ferry_moe_trace *t, const char *policy, uint32_t slots,
+                          uint64_t *checked)
+{
+    uint64_t c, bad;
+    ferry_moe_replay_result r;
+    ferry__transition_verify(1);
+    FT_ASSERT_OK(ferry_moe_replay(t, policy, slots, 0, &r));
+    ferry__transition_verified(&c, &bad);
+    ferry__transition_verify(0);
+    if (bad)
+        fail_msg("%s at %u slots: %llu of %llu victims differ from the scan's", policy, slots,
+                 (unsigned long long)bad, (unsigned long long)c);
+    *checked += c;
+}
+
+static void transition_lists_choose_as_the_scan(void **state)
+{
+    (void)state;
+    uint64_t checked = 0;
+    const char *models[] = {"qwen3-30b-a3b", "mixtral-8x7b", "small"};
+    const double pcts[] = {6.25, 12.5, 25, 50};
+    for (size_t m = 0; m < sizeof models / sizeof *models; m++) {
+        ferry_moe_trace *t = ft_moe_gen(models[m], 96, 4);
+        for (size_t i = 0; i < sizeof pcts / sizeof *pcts; i++) {
+            verify_replay(t, "transition", ft_moe_share(t, pcts[i]), &checked);
+            verify_replay(t, "auto", ft_moe_share(t, pcts[i]), &checked);
+        }
+        ferry_moe_trace_destroy(t);
+    }
+    ferry_moe_trace *ctx = ft_moe_context_trace(4, 2000, 3), *pair = ft_moe_pair_trace(4, 2000, 1, 3);
+    for (uint32_t slots = 3; slots <= 24; slots *= 2) {
+        verify_replay(ctx, "transition", slots, &checked);
+        verify_replay(ctx, "auto", slots, &checked);
+        verify_replay(pair, "transition", slots, &checked);
+    }
+    ferry_moe_trace_destroy(ctx);
+    ferry_moe_trace_destroy(pair);
+    print_message("%llu victims checked against the scan\n", (unsigned long long)checked);
+    assert_true(checked > 100000);
+}
+
+/* a planner's transition work per layer-step on trace t at `slots`:
+ * the mean after the first token, and the most of one step */
+static void work_per_step(const ferry_moe_trace *t, uint32_t slots, double *mean, uint64_t *most,
+                          uint64_t *evictions)
+{
+    const ferry_moe_model *mo = ferry_moe_trace_model(t);
+    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
+    o.num_layers = mo->num_layers;
+    o.num_experts = mo->num_experts;
+    o.slots = slots;
+    o.policy = "transition";
+    ferry_moe_planner *p;
+    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
+    const ferry__policy *pol = ferry__planner_policy(p);
+    size_t n = ferry_moe_trace_steps(t);
+    uint64_t first = 0, total = 0;
+    *most = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t tok, layer, k;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &k));
+        uint64_t before = ferry__transition_ops(pol);
+        FT_ASSERT_OK(ferry_moe_planner_ensure(p, layer, ex, k, NULL, NULL, NULL));
+        uint64_t d = ferry__transition_ops(pol) - before;
+        if (tok == 0) {
+            first += d;
+            continue;
+        }
+        total += d;
+        if (d > *most)
+            *most = d;
+    }
+    ferry_moe_planner_stats st = {.size = sizeof st};
+    FT_ASSERT_OK(ferry_moe_planner_stats_get(p, &st));
+    *evictions = st.evictions;
+    *mean = (double)total / (double)(n - mo->num_layers);
+    ferry_moe_planner_destroy(p);
+}
+
+/* the work of a layer-step - events, filings, layers and cells
+ * visited - does not grow with the slots: 8 times the slots, where a
+ * scan of a layer's residents would look at 8 times as many */
+static void transition_work_does_not_grow_with_slots(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = ft_moe_gen("qwen3-30b-a3b", 256, 7);
+    const ferry_moe_model *mo = ferry_moe_trace_model(t);
+    uint32_t small = mo->num_layers * 8, big = small * 8; /* 6.25% and 50% */
+    double m1, m2;
+    uint64_t x1, x2, e1, e2;
+    work_per_step(t, small, &m1, &x1, &e1);
+    work_per_step(t, big, &m2, &x2, &e2);
+    print_message("%u slots: %.1f ops a step (most %llu), %llu evictions; %u slots: %.1f (most "
+                  "%llu), %llu evictions\n",
+                  small, m1, (unsigned long long)x1, (unsigned long long)e1, big, m2,
+                  (unsigned long long)x2, (unsigned long long)e2);
+    assert_true(e1 > 10000 && e2 > 1000); /* both evict all along */
+    /* (the mean: a change is filed again at the next victim, so one step
+     * can pay for the steps before it) */
+    if (m2 > 1.5 * m1)
+        fail_msg("work grows with slots: %.1f (most %llu) at %u, %.1f (most %llu) at %u", m1,
+                 (unsigned long long)x1, small, m2, (unsigned long long)x2, big);
     ferry_moe_trace_destroy(t);
 }
 
@@ -184,6 +293,8 @@ int main(void)
         cmocka_unit_test(transition_beats_lru_on_a_transition_structure),
         cmocka_unit_test(transition_survives_counter_halving),
         cmocka_unit_test(transition_refuses_huge_shapes),
+        cmocka_unit_test(transition_lists_choose_as_the_scan),
+        cmocka_unit_test(transition_work_does_not_grow_with_slots),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -132,6 +132,7 @@ static int run_budget(const ferry_moe_trace *t, ferry_moe_sim_options o, int np,
             else
                 snprintf(w->label, sizeof w->label, "%s", pols[p]);
             w->hints = hints;
+            w->r.size = sizeof w->r;
             rc = ferry_moe_sim(t, &o, &w->r);
         }
     if (rc == 0) {
@@ -139,6 +140,7 @@ static int run_budget(const ferry_moe_trace *t, ferry_moe_sim_options o, int np,
         snprintf(rows[k].label, sizeof rows[k].label, "bound: all resident");
         snprintf(rows[k + 1].label, sizeof rows[k + 1].label, "bound: belady, ideal link");
         rows[k].hints = rows[k + 1].hints = 0;
+        rows[k].r.size = rows[k + 1].r.size = sizeof rows[k].r;
         rc = ferry_moe_sim_bounds(t, &o, &rows[k].r, &rows[k + 1].r);
         k += 2;
     }

@@ -224,7 +224,7 @@ typedef struct ferry_moe_planner_options {
     uint32_t num_experts;  /**< per layer: 1..FERRY_MOE_MAX_EXPERTS (16384) */
     uint32_t slots;        /**< 1..FERRY_MOE_MAX_SLOTS (2^24); below one layer's
                                 experts is fine (see stream_begin) */
-    const char *policy;    /**< see ferry_moe_policies(); NULL -> "lru"; else -EINVAL */
+    const char *policy;    /**< see ferry_moe_policies(); NULL -> "auto"; else -EINVAL */
     /** The future, for "belady" only (required there, ignored otherwise):
      * ensure() must then be called with exactly this trace's steps in order. */
     const ferry_moe_trace *oracle;
@@ -232,20 +232,26 @@ typedef struct ferry_moe_planner_options {
      * any value (a figure past 64 bits saturates at UINT64_MAX); 0: they
      * stay 0 */
     uint64_t expert_bytes;
+    /** experts one token routes at a layer (the model's top_k), for the
+     * policies that smooth by it ("transition", and "auto" through it);
+     * 0..num_experts, 0: not known (the step's route count is used, the
+     * same in decode). Members from here on are new: an older header's
+     * options leave them 0. */
+    uint32_t top_k;
 } ferry_moe_planner_options;
 /** The smallest size ferry_moe_planner_create takes: the options up to
- *  slots (policy then "lru", no oracle, expert_bytes 0). */
+ *  slots (policy then "auto", no oracle, expert_bytes 0, top_k 0). */
 #define FERRY_MOE_PLANNER_OPTIONS_MIN_SIZE \
     (offsetof(ferry_moe_planner_options, slots) + sizeof(uint32_t))
 #define FERRY_MOE_PLANNER_OPTIONS_INIT \
     {FERRY_FIELD(size) sizeof(ferry_moe_planner_options), FERRY_FIELD(num_layers) 0, \
      FERRY_FIELD(num_experts) 0, FERRY_FIELD(slots) 0, FERRY_FIELD(policy) NULL, \
-     FERRY_FIELD(oracle) NULL, FERRY_FIELD(expert_bytes) 0}
+     FERRY_FIELD(oracle) NULL, FERRY_FIELD(expert_bytes) 0, FERRY_FIELD(top_k) 0}
 
 /**
  * Policy names, NULL-terminated:
  *  - "lru": global least recently used (the ferrox / mixtral-offloading
- *    baseline); victim O(log slots).
+ *    baseline; the cheapest: name it to have it); victim O(log slots).
  *  - "lru-layer": LRU inside a per-layer quota of slots / the layers
  *    routed so far (llama.cpp); O(log slots), O(num_layers) on its rare
  *    fallback.
@@ -258,28 +264,30 @@ typedef struct ferry_moe_planner_options {
  *    log slots).
  *  - "arc": adaptive replacement, recency against frequency, balanced by
  *    ghosts of recent evictions; O(log slots).
- *  - "auto": "lru", "routing" or "transition", whichever has been hitting
- *    most lately in shadow caches (metadata only) of a sample of the
- *    layers (at most 16) with their share of the slots, hits decayed over
- *    about 1024 sampled steps (set dueling): all three order the real
- *    residents, the one ahead names the victim, ties to the simpler
- *    ("lru", then "routing"); the shadows use the real policies' learned
- *    models rather than learning again. "transition" takes part while its
- *    counters fit 64 MiB. On the real decode routing and generator traces
- *    measured it is never more than 0.2 points below LRU, at the cost of
- *    all three plus the shadows' placements (about 20x "lru"'s time per
- *    layer-step, 6x "routing"'s).
+ *  - "auto" (the default: policy NULL): "lru", "routing" or
+ *    "transition", whichever has been hitting most lately in shadow
+ *    caches (metadata only) of a sample of the layers (at most 16) with
+ *    their share of the slots, hits decayed over about 1024 sampled steps
+ *    (set dueling): all three order the real residents, the one ahead
+ *    names the victim, ties to the simpler ("lru", then "routing"); the
+ *    shadows use the real policies' learned models rather than learning
+ *    again. "transition" takes part while its counters fit 64 MiB. On the
+ *    real decode routing and generator traces measured it is never more
+ *    than 0.2 points below LRU; it costs all three plus the shadows'
+ *    placements a layer-step (README, "Real decode routing").
  *  - "belady": Belady's MIN, offline (needs the trace as oracle).
- *  - "transition" (opt-in): learns P(routed at its layer's next turn)
- *    per cell of (routed at the last turn, turns routed of the last 16,
- *    bin of a learned same-layer token-to-token transition probability
- *    from the turn's routed set), backed off to an LRU-like prior, and
- *    evicts the least probability / steps until the layer runs again;
- *    ties to the older use. O(num_experts x routes) a layer-step,
- *    O(num_layers) a victim (plus a pass over the residents of a layer
- *    whose residents or model changed); L x E x E uint16 counters (halved
- *    before they overflow): planner create refuses shapes needing over
- *    256 MiB.
+ *  - "transition": learns P(routed at its layer's next turn) per cell of
+ *    (routed at the last turn, turns routed of the last 16, bin of a
+ *    learned same-layer token-to-token transition probability from the
+ *    turn's routed set, over each routed expert's 16 most frequent
+ *    successors), backed off to an LRU-like prior, and evicts the least
+ *    probability / steps until the layer runs again; ties to the older
+ *    use. O(top_k x 16) a layer-step (only the experts whose cell
+ *    changed), O(num_layers) a victim plus the cells of the layers that
+ *    changed: nothing grows with the slots; smooths by top_k (the
+ *    planner's option, else the step's route count); L x E x E uint16
+ *    counters (halved before they overflow): planner create refuses
+ *    shapes needing over 256 MiB.
  * Every victim is unpinned (never an expert of the current step); ties go
  * to the lowest slot index. Under every policy, an expert hinted for a
  * later step (ferry_moe_planner_hint), likely enough to be right, is
@@ -789,7 +797,7 @@ FERRY_API int ferry_moe_replay(const ferry_moe_trace *t, const char *policy, uin
 /** Options of the decode timeline (ferry_moe_sim). */
 typedef struct ferry_moe_sim_options {
     size_t size;           /**< sizeof(ferry_moe_sim_options) or more */
-    const char *policy;    /**< as the planner's (NULL: "lru"); "belady" takes no hints */
+    const char *policy;    /**< as the planner's (NULL: "auto"); "belady" takes no hints */
     uint32_t slots;        /**< as the planner's */
     double compute_us;     /**< compute of one layer-step: (0, 1e9] */
     double link_gbs;       /**< GB/s of the link rows cross (host or NVMe -> device): (0, 1e6] */
@@ -821,7 +829,10 @@ typedef struct ferry_moe_sim_options {
 
 /** What a decode timeline took. */
 typedef struct ferry_moe_sim_result {
-    size_t size;            /**< sizeof(ferry_moe_sim_result) */
+    /** set by the caller: sizeof(ferry_moe_sim_result), or an older
+     * header's: the result is written only that far (the size itself is
+     * left as set); below sizeof(size_t): -EINVAL, nothing written */
+    size_t size;
     uint64_t steps, passes; /**< layer-steps; forward passes (tokens in decode) */
     double total_us, compute_us, stall_us;
     double tokens_per_s;    /**< passes per second of total time */
@@ -830,6 +841,7 @@ typedef struct ferry_moe_sim_result {
     uint64_t bytes_moved;   /**< every copy over the link (demand and prefetch) */
     uint64_t prefetch_bytes, prefetch_wasted_bytes;
 } ferry_moe_sim_result;
+#define FERRY_MOE_SIM_RESULT_INIT {FERRY_FIELD(size) sizeof(ferry_moe_sim_result)}
 
 /**
  * A decode timeline of trace t: the planner (policy, slots) drives two
@@ -851,8 +863,10 @@ typedef struct ferry_moe_sim_result {
  * lead, p the planner's calibrated probability that a missing hinted
  * expert is right, at most hint_accuracy). A prefetched expert its step did not route is then
  * released (forgotten; its copy cancelled if not started). Deterministic
- * for a seed. Errors: -EINVAL naming the option and its range, the
- * planner's errors, -ENOMEM.
+ * for a seed. The caller sets out->size (FERRY_MOE_SIM_RESULT_INIT);
+ * only that many bytes are written. Errors: -EINVAL naming the option and
+ * its range (or out->size not set: nothing written), the planner's
+ * errors, -ENOMEM.
  */
 FERRY_API int ferry_moe_sim(const ferry_moe_trace *t, const ferry_moe_sim_options *o,
                             ferry_moe_sim_result *out);
@@ -861,7 +875,8 @@ FERRY_API int ferry_moe_sim(const ferry_moe_trace *t, const ferry_moe_sim_option
  * (no stall at all), and Belady's misses (policy and hints ignored) moved
  * by a link that never idles from time zero, each step starting once its
  * misses could have landed: no prefetch that moves as many rows does
- * better. Errors as ferry_moe_sim.
+ * better. Both results are written as far as their size says, as
+ * ferry_moe_sim's. Errors as ferry_moe_sim.
  */
 FERRY_API int ferry_moe_sim_bounds(const ferry_moe_trace *t, const ferry_moe_sim_options *o,
                                    ferry_moe_sim_result *resident, ferry_moe_sim_result *belady);

@@ -111,7 +111,7 @@ class MoeGeometry(_Sized):
 
 class MoePlannerOptions(_Sized):
     _fields_ = [("size", _size), ("num_layers", _u32), ("num_experts", _u32), ("slots", _u32),
-                ("policy", _cp), ("oracle", _vp), ("expert_bytes", _u64)]
+                ("policy", _cp), ("oracle", _vp), ("expert_bytes", _u64), ("top_k", _u32)]
 
 
 class MoeCopyPlan(ctypes.Structure):

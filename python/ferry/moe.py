@@ -98,7 +98,7 @@ def _planner_stats(handle):
 class Planner(Closing):
     """The planner of ferry/moe.h alone: which expert lives in which of
     `slots` slots, decided by an eviction policy (None: the library's
-    default), with no memory and no copies - ensure() returns the slots
+    default, "auto"), with no memory and no copies - ensure() returns the slots
     and the copy plan for your own executor."""
 
     def __init__(self, num_layers, num_experts, slots, policy=None, expert_bytes=0):
@@ -174,10 +174,11 @@ class Planner(Closing):
 
 class ExpertPool(Closing):
     """Expert slots on a ferry device ("host" here; "cuda" on a GPU), an
-    eviction planner over them, and a rows source (host banks or a file)."""
+    eviction planner over them (policy None: the library's default, "auto"),
+    and a rows source (host banks or a file)."""
 
     def __init__(self, num_layers, num_experts, slots, banks=None, *, rows_file=None,
-                 row_bytes=None, policy="lru", device="host"):
+                 row_bytes=None, policy=None, device="host"):
         self._dev = self._planner = self._slots = self._rows = self._io = None
         if (banks is None) == (rows_file is None):
             raise ValueError("ferry: give banks (host tensors) or rows_file, one of them")
@@ -239,7 +240,7 @@ class ExpertPool(Closing):
         self._rows = r
         po = A.MoePlannerOptions(num_layers=g.num_layers, num_experts=g.num_experts,
                                  slots=g.slots, expert_bytes=sum(self.row_bytes))
-        self._policy = policy.encode()
+        self._policy = policy.encode() if policy is not None else None
         po.policy = self._policy
         p = ctypes.c_void_p()
         check(lib.ferry_moe_planner_create(ctypes.byref(po), ctypes.byref(p)), "planner create")
@@ -367,14 +368,16 @@ class ExpertPool(Closing):
         return lib.ferry_moe_planner_policy(self._planner).decode()
 
 
-def replay(trace_path, policy="lru", slots=0, expert_bytes=0):
-    """Replay a routing trace (ferry moe gen / engine captures) through a planner:
-    a dict with hits, misses, hit_rate, evictions, host_bytes, ns_per_step."""
+def replay(trace_path, policy=None, slots=0, expert_bytes=0):
+    """Replay a routing trace (ferry moe gen / engine captures) through a planner
+    (policy None: the library's default, "auto"): a dict with hits, misses,
+    hit_rate, evictions, host_bytes, ns_per_step."""
     t = ctypes.c_void_p()
     check(lib.ferry_moe_trace_load(os.fsencode(trace_path), ctypes.byref(t)), f"trace {trace_path}")
     try:
         r = A.MoeReplayResult()
-        check(lib.ferry_moe_replay(t, policy.encode(), slots, expert_bytes, ctypes.byref(r)),
+        pol = policy.encode() if policy is not None else None
+        check(lib.ferry_moe_replay(t, pol, slots, expert_bytes, ctypes.byref(r)),
               "replay")
         out = {f: getattr(r, f) for f, _ in A.MoeReplayResult._fields_}
         out["policy"] = r.policy.decode()

@@ -72,7 +72,7 @@ def tokens(n=24):
     return torch.randn(n, DIM, generator=torch.Generator().manual_seed(11))
 
 
-@pytest.mark.parametrize("policy", ["lru", "routing", "s3fifo"])
+@pytest.mark.parametrize("policy", ["lru", "routing", "s3fifo", "auto"])
 def test_outputs_equal_all_experts_resident_from_host_rows(moe, policy):
     x = tokens()
     want, routes = moe.forward(x, resident(moe))
@@ -145,6 +145,7 @@ def test_replay_a_generated_trace(tmp_path):
     lru = ferry.replay(str(trace), "lru", 64)
     bel = ferry.replay(str(trace), "belady", 64)
     assert lru["steps"] > 0 and lru["policy"] == "lru"
+    assert ferry.replay(str(trace), slots=64)["policy"] == "auto"  # the library's default
     assert bel["hit_rate"] >= lru["hit_rate"]  # hindsight is never worse
     assert "routing" in ferry.policies()
 

@@ -125,6 +125,7 @@ typedef struct ferry__policy ferry__policy;
 /* What a policy may read of the planner. */
 typedef struct ferry__policy_env {
     uint32_t num_layers, num_experts, slots;
+    uint32_t top_k;            /* experts a token routes at a layer; 0: not known */
     const uint64_t *pin_step;  /* per slot */
     const uint64_t *pin_now;   /* pin_step[slot] == *pin_now: pinned (a step, or a wave of one) */
     const uint64_t *step;      /* current step (1-based; 0 before the first) */
@@ -207,12 +208,25 @@ extern const ferry__policy_ops ferry__policy_transition;
 size_t ferry__transition_bytes(uint32_t num_layers, uint32_t num_experts);
 /* a transition policy over another set of slots (p, allocated with
  * ferry__policy_transition_follower's state_size, ops and env set) that
- * evicts by lead's model: lead's begin_step of a step must run before p
- * chooses a victim in it, and lead must outlive p's use; p's fini frees
- * what this allocates; -EINVAL (another shape, or not a transition lead),
- * -ENOMEM */
+ * evicts by lead's model, which tells it of every change to an expert it
+ * holds: lead's begin_step of a step must run before p chooses a victim
+ * in it; a lead has one follower, and the two are destroyed together;
+ * p's fini frees what this allocates; -EINVAL (another shape, not a
+ * transition lead, or one followed already), -ENOMEM */
 extern const ferry__policy_ops ferry__policy_transition_follower;
 int ferry__transition_follow(ferry__policy *p, ferry__policy *lead);
+/* (tests) while on, every victim a transition policy or follower names is
+ * checked against a scan of all its slots by the same rule; turning it on
+ * zeroes the counts of victims checked and of those that differed */
+void ferry__transition_verify(int on);
+void ferry__transition_verified(uint64_t *checked, uint64_t *mismatched);
+/* (tests) the work a transition policy or follower has done: events,
+ * filings, layers and cells visited (0 for another policy) */
+uint64_t ferry__transition_ops(const ferry__policy *p);
+/* (tests) auto's transition sub-policy and its shadow; NULL for another
+ * policy or when auto runs without transition */
+const ferry__policy *ferry__auto_transition(const ferry__policy *p);
+const ferry__policy *ferry__auto_shadow_transition(const ferry__policy *p);
 
 /* ---- traces ---- */
 struct ferry_moe_trace {

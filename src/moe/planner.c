@@ -72,6 +72,7 @@ struct ferry_moe_planner {
     const ferry__policy_ops *pops;
     const ferry_moe_trace *oracle;
     uint64_t expert_bytes;
+    uint32_t top_k;       /* 0: not known */
     ferry_moe_planner_stats st;
     /* hints: the table, the round's soft pins (soft_at per slot, the
      * list for the fallback), candidates of a hint prefetch, counts */
@@ -160,6 +161,7 @@ static int policy_create(ferry_moe_planner *p, uint32_t slots, const uint64_t *p
     pol->env.num_layers = p->L;
     pol->env.num_experts = p->E;
     pol->env.slots = slots;
+    pol->env.top_k = p->top_k;
     pol->env.pin_step = pin_step;
     pol->env.pin_now = &p->pin_now;
     pol->env.step = &p->step;
@@ -258,7 +260,8 @@ int ferry_moe_planner_create(const ferry_moe_planner_options *uopt, ferry_moe_pl
     static const ferry__member later[] = {
         FERRY__MEMBER(ferry_moe_planner_options, policy),
         FERRY__MEMBER(ferry_moe_planner_options, oracle),
-        FERRY__MEMBER(ferry_moe_planner_options, expert_bytes)};
+        FERRY__MEMBER(ferry_moe_planner_options, expert_bytes),
+        FERRY__MEMBER(ferry_moe_planner_options, top_k)};
     static const ferry__sized sized =
         FERRY__SIZED(ferry_moe_planner_options, FERRY_MOE_PLANNER_OPTIONS_MIN_SIZE, later);
     ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
@@ -274,15 +277,18 @@ int ferry_moe_planner_create(const ferry_moe_planner_options *uopt, ferry_moe_pl
     if (!opt->num_experts || opt->num_experts > FERRY_MOE_MAX_EXPERTS)
         return ferry__err_set(NULL, -EINVAL, "moe planner: num_experts %u: accepted 1..%u",
                               opt->num_experts, FERRY_MOE_MAX_EXPERTS);
+    if (opt->top_k > opt->num_experts)
+        return ferry__err_set(NULL, -EINVAL, "moe planner: top_k %u: accepted 0..num_experts (%u)",
+                              opt->top_k, opt->num_experts);
     if (opt->slots < 1 || opt->slots > FERRY_MOE_MAX_SLOTS)
         return ferry__err_set(NULL, -EINVAL, "moe planner: slots %u: accepted 1..%u", opt->slots,
                               FERRY_MOE_MAX_SLOTS);
-    const char *name = opt->policy ? opt->policy : "lru";
+    const char *name = opt->policy ? opt->policy : "auto";
     const ferry__policy_ops *ops = ferry__policy_find(name);
     if (!ops)
         return ferry__err_set(NULL, -EINVAL,
                               "moe planner: policy '%s': unknown (see ferry_moe_policies(); NULL "
-                              "means lru)",
+                              "means auto)",
                               name);
     if (ops == &ferry__policy_belady) {
         if (!opt->oracle)
@@ -310,6 +316,7 @@ int ferry_moe_planner_create(const ferry_moe_planner_options *uopt, ferry_moe_pl
     p->pops = ops;
     p->oracle = ops == &ferry__policy_belady ? opt->oracle : NULL;
     p->expert_bytes = opt->expert_bytes;
+    p->top_k = opt->top_k;
     size_t ids = (size_t)p->L * p->E;
     rc = slot_arrays(p->slots, &p->occupant, &p->pin_step, &p->prefetched, &p->free_pos,
                      &p->free_key, &p->freeh);

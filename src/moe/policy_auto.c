@@ -418,6 +418,20 @@ const ferry__policy *ferry__auto_shadow_routing(const ferry__policy *p)
     return p->ops == &ferry__policy_auto ? ((const autop *)p)->sh[1].pol : NULL;
 }
 
+/* (tests) the transition sub-policy and its shadow */
+const ferry__policy *ferry__auto_transition(const ferry__policy *p)
+{
+    return p->ops == &ferry__policy_auto && ((const autop *)p)->nsub > 2 ? ((const autop *)p)->sub[2]
+                                                                        : NULL;
+}
+
+const ferry__policy *ferry__auto_shadow_transition(const ferry__policy *p)
+{
+    return p->ops == &ferry__policy_auto && ((const autop *)p)->nsub > 2
+               ? ((const autop *)p)->sh[2].pol
+               : NULL;
+}
+
 const ferry__policy_ops ferry__policy_auto = {
     .name = "auto",
     .describe = "lru, routing or transition, whichever hits most lately in shadow caches of "

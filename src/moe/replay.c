@@ -26,6 +26,7 @@ int ferry_moe_replay(const ferry_moe_trace *t, const char *policy, uint32_t slot
     o.num_experts = t->model.num_experts;
     o.slots = slots;
     o.policy = policy;
+    o.top_k = t->model.top_k <= t->model.num_experts ? t->model.top_k : 0;
     o.oracle = t;
     ferry_moe_planner *p;
     int rc = ferry_moe_planner_create(&o, &p);

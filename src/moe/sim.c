@@ -429,6 +429,21 @@ static int step_stream(sim *s, const ferry_moe_sim_options *o, size_t i)
     return rc;
 }
 
+/* a result's size, set by the caller (see ferry__stats_put): 0, or
+ * -EINVAL before anything is run */
+static int result_size_ok(const char *what, const ferry_moe_sim_result *r)
+{
+    size_t s;
+    memcpy(&s, r, sizeof s);
+    if (s < sizeof s)
+        return ferry__err_set(NULL, -EINVAL,
+                              "%s: out->size %zu is not set (this library's ferry_moe_sim_result "
+                              "is %zu bytes; set size to your header's sizeof, e.g. "
+                              "FERRY_MOE_SIM_RESULT_INIT)",
+                              what, s, sizeof *r);
+    return 0;
+}
+
 static void finish(sim *s, const ferry_moe_sim_options *o, ferry_moe_sim_result *r)
 {
     ferry_moe_planner_stats st = FERRY_MOE_PLANNER_STATS_INIT;
@@ -458,12 +473,15 @@ int ferry_moe_sim(const ferry_moe_trace *t, const ferry_moe_sim_options *o,
         return rc;
     if (!out)
         return ferry__err_set(NULL, -EINVAL, "moe sim: no result");
+    if ((rc = result_size_ok("moe sim", out)) < 0)
+        return rc;
     ferry_moe_planner_options po = FERRY_MOE_PLANNER_OPTIONS_INIT;
     po.num_layers = t->model.num_layers;
     po.num_experts = t->model.num_experts;
     po.slots = o->slots;
     po.policy = o->policy;
     po.oracle = t;
+    po.top_k = t->model.top_k <= t->model.num_experts ? t->model.top_k : 0;
     po.expert_bytes = o->expert_bytes ? o->expert_bytes : t->model.expert_bytes;
     sim s;
     memset(&s, 0, sizeof s);
@@ -495,8 +513,9 @@ int ferry_moe_sim(const ferry_moe_trace *t, const ferry_moe_sim_options *o,
             rc = step_stream(&s, o, i);
     }
     if (rc >= 0) {
-        finish(&s, o, out);
-        rc = 0;
+        ferry_moe_sim_result v;
+        finish(&s, o, &v);
+        rc = ferry__stats_put(NULL, "moe sim", out, &v, sizeof v);
     }
 done:
     ferry__free(slots_out);
@@ -519,14 +538,18 @@ int ferry_moe_sim_bounds(const ferry_moe_trace *t, const ferry_moe_sim_options *
         return rc;
     if (!resident || !belady)
         return ferry__err_set(NULL, -EINVAL, "moe sim bounds: no result");
+    if ((rc = result_size_ok("moe sim bounds: resident", resident)) < 0 ||
+        (rc = result_size_ok("moe sim bounds: belady", belady)) < 0)
+        return rc;
     uint64_t B = o->expert_bytes ? o->expert_bytes : t->model.expert_bytes;
-    memset(resident, 0, sizeof *resident);
-    resident->size = sizeof *resident;
-    resident->steps = t->n_steps;
-    resident->passes = t->n_tokens;
-    resident->total_us = resident->compute_us = (double)t->n_steps * o->compute_us;
-    resident->tokens_per_s = resident->total_us > 0 ? t->n_tokens / (resident->total_us / 1e6) : 0;
-    resident->no_wait_share = 1.0;
+    ferry_moe_sim_result res_v, bel_v, *res = &res_v;
+    memset(res, 0, sizeof *res);
+    res->size = sizeof *res;
+    res->steps = t->n_steps;
+    res->passes = t->n_tokens;
+    res->total_us = res->compute_us = (double)t->n_steps * o->compute_us;
+    res->tokens_per_s = res->total_us > 0 ? t->n_tokens / (res->total_us / 1e6) : 0;
+    res->no_wait_share = 1.0;
     ferry_moe_planner_options po = FERRY_MOE_PLANNER_OPTIONS_INIT;
     po.num_layers = t->model.num_layers;
     po.num_experts = t->model.num_experts;
@@ -571,19 +594,22 @@ int ferry_moe_sim_bounds(const ferry_moe_trace *t, const ferry_moe_sim_options *
     if (rc >= 0) {
         ferry_moe_planner_stats st = FERRY_MOE_PLANNER_STATS_INIT;
         ferry_moe_planner_stats_get(p, &st);
-        memset(belady, 0, sizeof *belady);
-        belady->size = sizeof *belady;
-        belady->steps = t->n_steps;
-        belady->passes = t->n_tokens;
-        belady->total_us = now;
-        belady->stall_us = stall;
-        belady->compute_us = now - stall;
-        belady->tokens_per_s = now > 0 ? t->n_tokens / (now / 1e6) : 0;
-        belady->no_wait_share = t->n_steps ? (double)no_wait / (double)t->n_steps : 1.0;
-        belady->hits = st.hits;
-        belady->misses = st.misses;
-        belady->bytes_moved = moved * B;
-        rc = 0;
+        ferry_moe_sim_result *bel = &bel_v;
+        memset(bel, 0, sizeof *bel);
+        bel->size = sizeof *bel;
+        bel->steps = t->n_steps;
+        bel->passes = t->n_tokens;
+        bel->total_us = now;
+        bel->stall_us = stall;
+        bel->compute_us = now - stall;
+        bel->tokens_per_s = now > 0 ? t->n_tokens / (now / 1e6) : 0;
+        bel->no_wait_share = t->n_steps ? (double)no_wait / (double)t->n_steps : 1.0;
+        bel->hits = st.hits;
+        bel->misses = st.misses;
+        bel->bytes_moved = moved * B;
+        rc = ferry__stats_put(NULL, "moe sim bounds", resident, res, sizeof *res);
+        if (rc == 0)
+            rc = ferry__stats_put(NULL, "moe sim bounds", belady, bel, sizeof *bel);
     }
     ferry_moe_planner_destroy(p);
     return rc;
