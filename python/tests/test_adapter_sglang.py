@@ -1,264 +1,395 @@
-"""ferry's SGLang HiCache storage backend driven through the calls SGLang makes.
-
-SGLang is not installable here, so its cache controller is replayed from
-its source (sgl-project/sglang, 2025-2026):
-- loading: StorageBackendFactory.create_backend("dynamic", storage_config,
-  mem_pool_host) -> _create_dynamic_backend (sglang/srt/mem_cache/storage/
-  backend_factory.py): import extra_config["module_path"], take
-  extra_config["class_name"], check it subclasses HiCacheStorage, build it
-  with (storage_config, kwargs); then HiCacheController.attach_storage_backend
-  (sglang/srt/managers/cache_controller.py) calls
-  register_mem_pool_host(host_pool) and picks the zero-copy page functions
-  when extra_config["interface_v1"] is set.
-- backup, HiCacheController._page_backup: per batch of page hashes,
-  _page_set_zero_copy -> all(batch_set_v1(hashes, host_indices, extra_info))
-  or _generic_page_set -> batch_set(hashes, [host_pool.get_data_page(
-  host_indices[i * page_size]) ...]).
-- prefetch, HiCacheController._storage_hit_query: page hashes of the tokens
-  (get_hash_str, sglang/srt/mem_cache/utils.py: SHA-256 chained over each
-  page's token ids), batch_exists(hashes, extra_info) -> leading pages held;
-  then _page_transfer: _page_get_zero_copy -> batch_get_v1(hashes,
-  host_indices, extra_info), counting the leading True, or _generic_page_get
-  -> batch_get(hashes, [host_pool.get_dummy_flat_data_page() ...]) then
-  host_pool.set_from_flat_data_page(host_indices[i * page_size], page).
-The host pools below mirror SGLang's MHATokenToKVPoolHost and
-MLATokenToKVPoolHost (sglang/srt/mem_cache/pool_host/mha.py, mla.py):
-kv_buffer shapes per layout, get_data_page, get_dummy_flat_data_page,
-set_from_flat_data_page. SGLang's storage holds no per-request state (no
-pins): a finished request leaves nothing behind in the backend.
-"""
-import hashlib
-import importlib
+"""ferry's SGLang HiCache storage backend driven through the calls SGLang
+makes, against stand-ins of upstream's host pools and cache controllers
+(tests/sglang_pools.py says which upstream files and commit they mirror):
+every host layout, MHA and MLA, the v1 zero-copy and generic flat-page
+paths and the v2 pools (kv, mamba, indexer) with both hit policies,
+bitwise, in process and through `ferry serve`; the rank fields keeping
+slices apart; bad input refused with nothing written."""
+import os
+import subprocess
+import time
 
 import pytest
 import torch
 
 import ferry
-from ferry.adapters import _sglang_base, register_store, registered_store, unregister_store
+from ferry.adapters import _sglang_base as base, register_store, unregister_store
+from sglang_pools import (Controller, IndexerHost, MambaHost, MHAHost, MLAHost, create_backend,
+                          fill, indices, page_hashes)
+from test_server import cli
 
-PAGE, LAYERS, HEADS, HD, SIZE = 8, 3, 2, 4, 128
-NAME = "sglang-test"
-
-
-class HostPool:
-    """SGLang's MHA (or MLA) host pool, the parts the storage path touches."""
-
-    def __init__(self, layout="layer_first", mla=False, page=PAGE, dtype=torch.float32):
-        self.layout, self.page_size, self.layer_num, self.dtype = layout, page, LAYERS, dtype
-        self.mla, self.size = mla, SIZE
-        self.head_num, self.head_dim = (1, HD * HEADS) if mla else (HEADS, HD)
-        if mla:
-            dims = (LAYERS, SIZE, 1, self.head_dim) if layout == "layer_first" else \
-                (SIZE, LAYERS, 1, self.head_dim)
-        else:
-            dims = (2, LAYERS, SIZE, HEADS, HD) if layout == "layer_first" else \
-                (2, SIZE, LAYERS, HEADS, HD)
-        self.kv_buffer = torch.zeros(dims, dtype=dtype)
-
-    def _page(self, index):
-        p = self.page_size
-        if self.mla:
-            return self.kv_buffer[:, index:index + p] if self.layout == "layer_first" \
-                else self.kv_buffer[index:index + p]
-        return self.kv_buffer[:, :, index:index + p] if self.layout == "layer_first" \
-            else self.kv_buffer[:, index:index + p]
-
-    def get_data_page(self, index, flat=True):
-        page = self._page(index)
-        return page.flatten() if flat else page
-
-    def get_dummy_flat_data_page(self):
-        return torch.zeros(self._page(0).numel(), dtype=self.dtype)
-
-    def set_from_flat_data_page(self, index, data_page):
-        page = self._page(index)
-        page[...] = data_page.reshape(page.shape)
-
-    def fill(self, seed):
-        g = torch.Generator().manual_seed(seed)
-        self.kv_buffer.copy_(torch.randn(self.kv_buffer.shape, generator=g).to(self.dtype))
+PN, HP = base.PoolName, base.PoolHitPolicy
+MHA_LAYOUTS = ["layer_first", "page_first", "page_first_direct", "page_head"]
+MLA_LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
 
 
-def page_hashes(tokens, page):
-    """get_hash_str: one hex SHA-256 per whole page, chained over the previous."""
-    out, prior = [], None
-    for i in range(0, len(tokens) - len(tokens) % page, page):
-        h = hashlib.sha256()
-        if prior is not None:
-            h.update(bytes.fromhex(prior))
-        for t in tokens[i:i + page]:
-            h.update(int(t).to_bytes(4, "little", signed=False))
-        prior = h.hexdigest()
-        out.append(prior)
-    return out
+class LayoutDaemon:
+    """`ferry serve` for one layout (a daemon serves one), from a YAML config."""
+
+    def __init__(self, tmp, layout, chunk_tokens):
+        self.sock = os.path.join(tmp, "ferry.sock")
+        dt = {torch.bfloat16: "bf16", torch.float32: "f32", torch.uint8: "u8"}
+        cfg = os.path.join(tmp, "serve.yaml")
+        with open(cfg, "w") as f:
+            f.write(f"model: sglang-test\nchunk_tokens: {chunk_tokens}\nl1_bytes: 16M\n"
+                    f"layout: {{num_layers: {layout['L']}, kv: {layout['kv']}, num_heads: "
+                    f"{layout['H']}, head_dim: {layout['D']}, dtype: {dt[layout['dtype']]}}}\n")
+        self.proc = subprocess.Popen([cli(), "serve", "--config", cfg, "--socket", self.sock],
+                                     stderr=subprocess.PIPE, text=True)
+        for _ in range(500):
+            if os.path.exists(self.sock):
+                return
+            if self.proc.poll() is not None:
+                pytest.fail(f"ferry serve exited: {self.proc.stderr.read()}")
+            time.sleep(0.02)
+        pytest.fail("ferry serve did not start")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+    @property
+    def url(self):
+        return "unix:" + self.sock
 
 
-def storage_config(extra, mla=False):
-    return _sglang_base.HiCacheStorageConfig(
-        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, is_mla_model=mla,
-        is_page_first_layout=False, model_name="tiny", extra_config=extra)
+def canon(pool, start):
+    """A kv page in one order for every layout: [kv][layers][page][heads][dim]."""
+    p = pool.get_data_page(start, flat=False)
+    if isinstance(pool, MLAHost):
+        return {"layer_first": lambda: p, "page_first": lambda: p.transpose(0, 1),
+                "page_first_direct": lambda: p[0]}[pool.layout]().reshape(
+                    1, pool.layer_num, pool.page_size, -1)
+    return {"layer_first": lambda: p, "page_first": lambda: p.transpose(1, 2),
+            "page_first_direct": lambda: p[:, 0],
+            "page_head": lambda: p[:, 0].permute(0, 3, 2, 1, 4)}[pool.layout]()
 
 
-def create_backend(pool, extra, mla=False):
-    """StorageBackendFactory._create_dynamic_backend, then register_mem_pool_host."""
-    extra = dict({"backend_name": "ferry", "module_path": "ferry.adapters.sglang",
-                  "class_name": "FerryHiCacheStorage"}, **extra)
-    cls = getattr(importlib.import_module(extra["module_path"]), extra["class_name"])
-    assert issubclass(cls, _sglang_base.HiCacheStorage)
-    backend = cls(storage_config(extra, mla), {})
-    backend.register_mem_pool_host(pool)
-    return backend
+def bits(t):
+    return t.contiguous().view(torch.uint8)
 
 
-class Controller:
-    """HiCacheController's storage paths (backup and prefetch)."""
+@pytest.fixture
+def where(request, tmp_path):
+    """("local", extra) or ("server", extra) for a kv pool like `pool`; the
+    fixture's param names which."""
+    daemons = []
 
-    def __init__(self, backend, pool, v1):
-        self.backend, self.pool, self.v1 = backend, pool, v1
-        self.page = pool.page_size
-
-    def backup(self, hashes, host_indices):
-        if self.v1:
-            return all(self.backend.batch_set_v1(hashes, host_indices, None))
-        data = [self.pool.get_data_page(int(host_indices[i * self.page]))
-                for i in range(len(hashes))]
-        return self.backend.batch_set(hashes, data)
-
-    def hit_query(self, hashes):
-        return self.backend.batch_exists(hashes, None)
-
-    def fetch(self, hashes, host_indices):
-        if self.v1:
-            ok = self.backend.batch_get_v1(hashes, host_indices, None)
-            return ok.index(False) if False in ok else len(ok)
-        pages = self.backend.batch_get(hashes, [self.pool.get_dummy_flat_data_page()
-                                                for _ in hashes])
-        n = 0
-        for i, page in enumerate(pages):
-            if page is None:
-                break
-            self.pool.set_from_flat_data_page(int(host_indices[i * self.page]), page)
-            n += 1
-        return n
-
-
-def indices(first_page, pages):
-    return torch.arange(first_page * PAGE, (first_page + pages) * PAGE, dtype=torch.int64)
+    def make(kind, pool, name="sgl"):
+        if kind == "local":
+            return {"ferry_store": name, "ferry_l1": "8M"}
+        lay = dict(L=pool.layer_num, kv=1 if isinstance(pool, MLAHost) else 2,
+                   H=pool.head_num, D=pool.head_dim, dtype=pool.dtype)
+        d = LayoutDaemon(str(tmp_path / f"d{len(daemons)}"), lay, pool.page_size) \
+            if os.makedirs(tmp_path / f"d{len(daemons)}") is None else None
+        daemons.append(d)
+        return {"ferry_store": name, "ferry_server": d.url, "ferry_server_timeout_ms": 3000}
+    yield make
+    for d in daemons:
+        d.stop()
 
 
 @pytest.fixture(autouse=True)
 def _clean():
     yield
-    s = unregister_store(NAME)
-    if s is not None:
-        s.close()
+    for n in ("sgl", "sgl.mamba", "sgl.indexer", "shared", "shared.mamba"):
+        s = unregister_store(n)
+        if s is not None:
+            s.close()
 
 
-def backend_for(pool, v1, mla=False):
-    return create_backend(pool, {"ferry_store": NAME, "ferry_l1": "2M",
-                                 "interface_v1": 1 if v1 else 0}, mla=mla)
-
-
-@pytest.mark.parametrize("v1", [True, False], ids=["zero_copy_v1", "generic"])
-@pytest.mark.parametrize("layout", ["layer_first", "page_first"])
-@pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
-def test_pages_backed_up_are_prefetched_bitwise(layout, v1, mla):
-    pool = HostPool(layout, mla)
-    pool.fill(1)
-    ctl = Controller(backend_for(pool, v1, mla), pool, v1)
-    tokens = list(range(500, 500 + 5 * PAGE + 3))
-    hashes = page_hashes(tokens, PAGE)
-    assert len(hashes) == 5
-    assert ctl.hit_query(hashes) == 0                      # nothing in storage yet
-    assert ctl.backup(hashes, indices(2, 5))               # host pages 2..6
+def roundtrip(pool, backend, v1, seed=1):
+    fill(pool.kv_buffer, seed)
+    ctl = Controller(backend, pool, v1)
+    page = pool.page_size
+    hashes = page_hashes(list(range(500, 500 + 6 * page - 1)), page)
+    assert ctl.hit_query(hashes) == 0
+    assert ctl.backup(hashes, indices(2, 5, page)) == 5
     assert ctl.hit_query(hashes) == 5
-    want = [pool.get_data_page(i * PAGE).clone() for i in range(2, 7)]
-    other = pool.kv_buffer.clone()
+    want = [bits(canon(pool, (2 + i) * page)).clone() for i in range(5)]
     pool.kv_buffer.zero_()
-    assert ctl.fetch(hashes, indices(9, 5)) == 5           # into host pages 9..13
+    assert ctl.fetch(hashes, indices(9, 5, page)) == 5
     for i, w in enumerate(want):
-        assert torch.equal(pool.get_data_page((9 + i) * PAGE), w)
-    # nothing but the fetched pages changed
-    for p in range(SIZE // PAGE):
+        assert torch.equal(bits(canon(pool, (9 + i) * page)), w)
+    for p in range(pool.page_num):          # nothing else written
         if not 9 <= p < 14:
-            assert torch.count_nonzero(pool.get_data_page(p * PAGE)) == 0
-    assert not torch.equal(other, pool.kv_buffer)
+            assert torch.count_nonzero(bits(canon(pool, p * page))) == 0
 
 
-@pytest.mark.parametrize("v1", [True, False], ids=["zero_copy_v1", "generic"])
-def test_misses_load_nothing_and_stop_at_the_first_gap(v1):
-    pool = HostPool()
-    pool.fill(2)
-    ctl = Controller(backend_for(pool, v1), pool, v1)
-    hashes = page_hashes(list(range(4 * PAGE)), PAGE)
-    assert ctl.backup(hashes[:2], indices(0, 2))
-    unknown = page_hashes(list(range(9000, 9000 + 2 * PAGE)), PAGE)
-    assert ctl.hit_query(unknown) == 0
-    before = pool.kv_buffer.clone()
-    assert ctl.fetch(unknown, indices(10, 2)) == 0
-    assert torch.equal(before, pool.kv_buffer)             # a miss writes nothing
-    assert ctl.hit_query(hashes) == 2                      # leading pages only
-    assert ctl.fetch(hashes, indices(10, 4)) == 2
-    assert torch.equal(pool.kv_buffer, before) is False
-    assert torch.count_nonzero(pool.get_data_page(12 * PAGE) - before[:, :, 12 * PAGE:13 * PAGE]
-                               .flatten()) == 0           # page 3's target untouched
+@pytest.mark.parametrize("v1", [True, False], ids=["v1", "generic"])
+@pytest.mark.parametrize("layout", MHA_LAYOUTS)
+@pytest.mark.parametrize("kind", ["local", "server"])
+def test_mha_pages_round_trip_bitwise(kind, layout, v1, where):
+    pool = MHAHost(layout, page=4)
+    b = create_backend(where(kind, pool), {"kv": pool})
+    roundtrip(pool, b, v1)
+    b.close()
 
 
-def test_keys_share_nothing_with_token_lookups():
-    """A page is stored under its key's digest, not under SGLang's tokens."""
-    pool = HostPool()
-    pool.fill(3)
-    b = backend_for(pool, True)
-    tokens = list(range(PAGE))
-    h = page_hashes(tokens, PAGE)
-    assert b.batch_set_v1(h, indices(0, 1)) == [True]
-    assert b.exists(h[0]) and not b.exists(h[0] + "x")
-    assert b.store.lookup(tokens) == 0
+@pytest.mark.parametrize("v1", [True, False], ids=["v1", "generic"])
+@pytest.mark.parametrize("layout", MLA_LAYOUTS)
+@pytest.mark.parametrize("kind", ["local", "server"])
+def test_mla_pages_round_trip_bitwise(kind, layout, v1, where):
+    pool = MLAHost(layout, page=4)
+    b = create_backend(where(kind, pool), {"kv": pool}, mla=True)
+    roundtrip(pool, b, v1)
+    b.close()
 
 
-def test_store_found_by_name_and_checked_against_the_pool():
-    pool = HostPool()
-    lay = ferry.Layout(LAYERS, HEADS, HD, "f32")
-    s = ferry.KVStore("tiny", lay, l1="1M", chunk_tokens=PAGE)
-    register_store(NAME, s)
-    b = create_backend(pool, {"ferry_store": NAME})
-    assert b.store is s
-    unregister_store(NAME)
-    register_store(NAME, ferry.KVStore("tiny", lay, l1="1M", chunk_tokens=2 * PAGE))
-    with pytest.raises(ValueError, match="holds"):
-        create_backend(pool, {"ferry_store": NAME})
-    s.close()
+@pytest.mark.parametrize("page", [1, 2, 3, 16])
+def test_any_page_size(page):
+    pool = MHAHost("page_head", page=page, heads=2, head_dim=8, dtype=torch.float32)
+    b = create_backend({"ferry_store": "sgl", "ferry_l1": "4M"}, {"kv": pool})
+    assert b.store.chunk_tokens == page
+    roundtrip(pool, b, True, seed=page)
 
 
-def test_backend_opened_from_config_is_closed_by_the_controller():
-    pool = HostPool()
-    b = backend_for(pool, True)
-    assert registered_store(NAME) is b.store
-    b.close()                                              # detach_storage_backend
-    assert registered_store(NAME) is None
+def test_a_page_is_read_bitwise_into_another_host_layout():
+    """ferry holds one chunk order: a page backed up from a page_first pool
+    loads into a layer_first or page_head pool of another process."""
+    pools = {lay: MHAHost(lay, page=4) for lay in MHA_LAYOUTS}
+    s = ferry.KVStore("tiny", ferry.Layout(2, 2, 64, "bf16"), l1="8M", chunk_tokens=4)
+    register_store("shared", s)
+    src = pools["page_first"]
+    fill(src.kv_buffer, 7)
+    hashes = page_hashes(list(range(12)), 4)
+    wb = create_backend({"ferry_store": "shared"}, {"kv": src})
+    assert wb.batch_set_v1(hashes, indices(0, 3, 4)) == [True] * 3
+    for lay in ("layer_first", "page_first_direct", "page_head"):
+        dst = pools[lay]
+        rb = create_backend({"ferry_store": "shared"}, {"kv": dst})
+        assert rb.batch_get_v1(hashes, indices(5, 3, 4)) == [True] * 3
+        for i in range(3):
+            assert torch.equal(bits(canon(dst, (5 + i) * 4)), bits(canon(src, i * 4)))
 
 
-def test_unsupported_setups_are_refused():
-    with pytest.raises(ValueError, match="below 4 tokens"):
-        create_backend(HostPool(page=2), {"ferry_store": NAME, "ferry_l1": "1M"})
-    # the module says so: this backend takes no daemon address (the vLLM
-    # connector does), and nothing is opened or registered for it
-    with pytest.raises(NotImplementedError,
-                       match=r"does not connect to `ferry serve` \(the vLLM connector does"):
-        create_backend(HostPool(), {"ferry_server": "unix:/run/ferry.sock"})
-    assert registered_store("sglang") is None
-    with pytest.raises(RuntimeError, match="no store registered"):
-        create_backend(HostPool(), {"ferry_store": "nowhere"})
+def hybrid_pools(layout="page_first", mla=True):
+    kv = MLAHost(layout, page=4) if mla else MHAHost(layout, page=4)
+    return {"kv": kv, "mamba": MambaHost(), "indexer": IndexerHost(kv)}
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first"])
+@pytest.mark.parametrize("kind", ["local", "server"])
+def test_v2_hybrid_pools_round_trip_and_hit_policies(kind, layout, where, tmp_path):
+    pools = hybrid_pools(layout)
+    kv, mamba, idx = pools["kv"], pools["mamba"], pools["indexer"]
+    extra = where(kind, kv)
+    mdaemon = None
+    if kind == "server":    # the mamba pool's flat pages: a daemon of their own
+        os.makedirs(tmp_path / "m")
+        mdaemon = LayoutDaemon(str(tmp_path / "m"), dict(L=1, kv=1, H=1, D=mamba.size_per_token,
+                                                         dtype=torch.uint8), 1)
+        extra["ferry_server_mamba"] = mdaemon.url
+        extra["ferry_l1_indexer"] = "4M"          # the indexer in process
+    try:
+        b = create_backend(extra, pools, mla=True)
+        fill(kv.kv_buffer, 3)
+        mamba.fill(4)
+        fill(idx.index_k_with_scale_buffer, 5)
+        ctl = Controller(b, kv, True)
+        hashes = page_hashes(list(range(6 * 4)), 4)
+        kvi = indices(1, 6, 4)
+        # the mamba state of the last page, the indexer's pages beside the kv pages
+        m_t = base.PoolTransfer(name=PN.MAMBA, host_indices=torch.tensor([3]),
+                                keys=hashes[-1:], hit_policy=HP.TRAILING_PAGES)
+        i_t = base.PoolTransfer(name=PN.INDEXER, host_indices=kvi, keys=list(hashes),
+                                hit_policy=HP.ALL_PAGES, indices_from_pool=PN.KV)
+        r = ctl.hit_query(hashes, [m_t, i_t])
+        assert (r.kv_hit_pages, r.extra_pool_hit_pages) == (0, {})
+        assert ctl.backup(hashes, kvi, [m_t, i_t]) == 6
+        want_m = mamba.get_data_page(3).clone()
+        want_i = [idx.page(s) for s in kvi[::4]]
+        want_kv = [bits(canon(kv, int(s))).clone() for s in kvi[::4]]
+        m_t.keys = hashes[-1:]
+        r = ctl.hit_query(hashes, [m_t, i_t])
+        assert r.kv_hit_pages == 6
+        assert r.extra_pool_hit_pages == {PN.KV: 6, PN.MAMBA: 6, PN.INDEXER: 6}
+        kv.kv_buffer.zero_()
+        mamba.fill(99)
+        idx.index_k_with_scale_buffer.zero_()
+        dst = indices(8, 6, 4)
+        m_get = base.PoolTransfer(name=PN.MAMBA, host_indices=torch.tensor([6]),
+                                  keys=hashes[-1:], hit_policy=HP.TRAILING_PAGES)
+        i_get = base.PoolTransfer(name=PN.INDEXER, host_indices=dst, keys=list(hashes))
+        n, res = ctl.fetch(hashes, dst, [m_get, i_get])
+        assert n == 6 and res == {PN.MAMBA: [True], PN.INDEXER: [True] * 6}
+        assert torch.equal(mamba.get_data_page(6), want_m)
+        for j, s in enumerate(dst[::4]):
+            assert torch.equal(idx.page(s), want_i[j])
+            assert torch.equal(bits(canon(kv, int(s))), want_kv[j])
+        # hit policies: a prefix of 4 kv pages whose mamba state is not stored
+        # (TRAILING_PAGES) finds the longest prefix ending on a stored state;
+        # the indexer missing page 2 (ALL_PAGES) cuts the prefix to 2.
+        longer = hashes + page_hashes(list(range(40, 48)), 4, prior=hashes[-1])
+        assert b.batch_set_v1(longer[6:], indices(0, 2, 4)) == [True, True]
+        r = b.batch_exists_v2(longer, [base.PoolTransfer(name=PN.MAMBA, keys=["x"],
+                                                         hit_policy=HP.TRAILING_PAGES)])
+        assert (r.kv_hit_pages, r.extra_pool_hit_pages[PN.MAMBA]) == (6, 6)
+        r = b.batch_exists_v2(longer, [base.PoolTransfer(name=PN.MAMBA, keys=["x", "y"],
+                                                         hit_policy=HP.TRAILING_PAGES)])
+        assert r.kv_hit_pages == 0 and PN.MAMBA not in r.extra_pool_hit_pages
+        r = b.batch_exists_v2(longer, [base.PoolTransfer(name=PN.INDEXER)])
+        assert (r.kv_hit_pages, r.extra_pool_hit_pages[PN.INDEXER]) == (6, 6)
+        b._pools["indexer"][1].delete_named([hashes[2]], salt=b._salts("indexer")[0])
+        r = b.batch_exists_v2(hashes, [base.PoolTransfer(name=PN.INDEXER)])
+        assert (r.kv_hit_pages, r.extra_pool_hit_pages) == (2, {PN.KV: 6, PN.INDEXER: 2})
+        st = b.get_stats()
+        assert set(st) == {"kv", "mamba", "indexer"}
+        assert st["mamba"]["pages"]["stored"] == 1 and st["kv"]["pages"]["got"] == 6
+        assert st["kv"]["store"] == b.store.stats() or st["kv"]["store"].keys() == b.store.stats().keys()
+        assert b.clear() is True
+        assert b.batch_exists(hashes) == 0
+        b.close()
+    finally:
+        if mdaemon:
+            mdaemon.stop()
+
+
+def two_ranks(extra_cfgs, pool_fn, mla=False):
+    """Backends of two ranks sharing one registered store."""
+    pools = [pool_fn(), pool_fn()]
+    s = ferry.KVStore("tiny", ferry.Layout(2, 1 if mla else pools[0].head_num, pools[0].head_dim,
+                                           "bf16", kv=1 if mla else 2),
+                      l1="8M", chunk_tokens=4)
+    register_store("shared", s)
+    return [create_backend({"ferry_store": "shared"}, {"kv": p}, mla=mla, **c)
+            for p, c in zip(pools, extra_cfgs)], pools
+
+
+@pytest.mark.parametrize("field", ["tp", "pp", "dp", "cp"])
+def test_two_ranks_pages_never_collide(field):
+    cfgs = [{field: (0, 2)}, {field: (1, 2)}]
+    (b0, b1), (p0, p1) = two_ranks(cfgs, lambda: MHAHost("page_first", 4))
+    fill(p0.kv_buffer, 10)
+    fill(p1.kv_buffer, 11)
+    h = page_hashes(list(range(8)), 4)
+    assert b0.batch_set_v1(h, indices(0, 2, 4)) == [True, True]
+    assert b1.batch_exists(h) == 0                        # rank 1 sees none of rank 0's
+    assert b1.batch_set_v1(h, indices(0, 2, 4)) == [True, True]
+    w0, w1 = p0.kv_buffer.clone(), p1.kv_buffer.clone()
+    p0.kv_buffer.zero_()
+    p1.kv_buffer.zero_()
+    assert b0.batch_get_v1(h, indices(3, 2, 4)) == [True, True]
+    assert b1.batch_get_v1(h, indices(3, 2, 4)) == [True, True]
+    assert torch.equal(bits(p0.kv_buffer[:, 12:20]), bits(w0[:, 0:8]))
+    assert torch.equal(bits(p1.kv_buffer[:, 12:20]), bits(w1[:, 0:8]))
+
+
+def test_dp_replicas_share_when_asked():
+    cfgs = [{"dp": (0, 2)}, {"dp": (1, 2)}]
+    (b0, b1), (p0, _) = two_ranks(cfgs, lambda: MHAHost("layer_first", 4))
+    for b in (b0, b1):
+        b._base_tag = b._base_tag.split("/dp")[0]        # what "ferry_share_dp": true builds
+    fill(p0.kv_buffer, 3)
+    h = page_hashes(list(range(4)), 4)
+    assert b0.batch_set_v1(h, indices(0, 1, 4)) == [True]
+    assert b1.batch_exists(h) == 1
+    cfg = create_backend({"ferry_store": "shared", "ferry_share_dp": True},
+                         {"kv": MHAHost("layer_first", 4)}, dp=(1, 2))
+    assert "dp" not in cfg._base_tag and cfg.batch_exists(h) == 1
+
+
+def test_mla_pages_shared_by_tp_ranks_split_by_cp_ranks():
+    (b0, b1), (p0, p1) = two_ranks([{"tp": (0, 2)}, {"tp": (1, 2)}],
+                                   lambda: MLAHost("page_first", 4), mla=True)
+    fill(p0.kv_buffer, 5)
+    fill(p1.kv_buffer, 6)
+    h = page_hashes(list(range(4)), 4)
+    assert b1.batch_set_v1(h, indices(0, 1, 4)) == [True]    # rank 1 does not write
+    assert b0.batch_exists(h) == 0
+    assert b0.batch_set_v1(h, indices(0, 1, 4)) == [True]
+    assert b1.batch_get_v1(h, indices(2, 1, 4)) == [True]    # every rank reads rank 0's
+    assert torch.equal(bits(p1.kv_buffer[8:12]), bits(p0.kv_buffer[0:4]))
+    c0 = create_backend({"ferry_store": "shared"}, {"kv": MLAHost("page_first", 4)}, mla=True,
+                        cp=(0, 2))
+    c1 = create_backend({"ferry_store": "shared"}, {"kv": MLAHost("page_first", 4)}, mla=True,
+                        cp=(1, 2))
+    assert c0.batch_exists(h) == 0 and c1.batch_exists(h) == 0
+
+
+def test_split_heads_share_pages_across_tp_sizes():
+    """TP 2 with tp_lcm_size 4 stores each page as two head groups under
+    TP-4 ranks; a TP-4 instance's rank reads its group bitwise."""
+    s = ferry.KVStore("tiny", ferry.Layout(2, 2, 16, "bf16"), l1="8M", chunk_tokens=4)
+    register_store("shared", s)
+    big = MHAHost("page_head", 4, heads=4, head_dim=16)      # TP 2: 4 heads a rank
+    fill(big.kv_buffer, 8)
+    b2 = create_backend({"ferry_store": "shared"}, {"kv": big}, tp=(1, 2), lcm=4, split=True)
+    h = page_hashes(list(range(8)), 4)
+    assert b2.batch_set_v1(h, indices(0, 2, 4)) == [True, True]
+    for g in range(2):                                         # TP-4 ranks 2 and 3
+        small = MHAHost("page_head", 4, heads=2, head_dim=16)
+        b4 = create_backend({"ferry_store": "shared"}, {"kv": small}, tp=(2 + g, 4), lcm=4)
+        assert b4.batch_get_v1(h, indices(5, 2, 4)) == [True, True]
+        assert torch.equal(bits(small.kv_buffer[:, 5:7]),
+                           bits(big.kv_buffer[:, 0:2, 2 * g:2 * g + 2]))
+    big.kv_buffer.zero_()
+    assert b2.batch_get_v1(h, indices(3, 2, 4)) == [True, True]  # and back, both groups
+    assert torch.count_nonzero(big.kv_buffer[:, 3:5]) == big.kv_buffer[:, 3:5].numel()
+
+
+def nothing_stored(b, keys):
+    return b.store.lookup_named(keys, salt=b._salts("kv")[0]) == 0
+
+
+def test_bad_input_is_refused_and_writes_nothing():
+    pool = MHAHost("page_first", 4)
+    pools = hybrid_pools("page_first", mla=False)
+    b = create_backend({"ferry_store": "sgl", "ferry_l1": "8M", "ferry_key_len": 64},
+                       {"kv": pools["kv"], "mamba": pools["mamba"]})
+    fill(pools["kv"].kv_buffer, 1)
+    h = page_hashes(list(range(8)), 4)
+    # a page of the wrong size
+    with pytest.raises(ValueError, match="a page is"):
+        b.set(h[0], torch.zeros(pool.get_dummy_flat_data_page().numel() - 1, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="need 8 host indices, got 7"):
+        b.batch_set_v1(h, indices(0, 2, 4)[:7])
+    # an unknown pool name: refused before any pool's pages move
+    with pytest.raises(ValueError, match="'indexer' is not registered"):
+        b.batch_set_v2([base.PoolTransfer(name=PN.MAMBA, host_indices=torch.tensor([0]),
+                                          keys=h[:1]),
+                        base.PoolTransfer(name=PN.INDEXER, host_indices=indices(0, 1, 4),
+                                          keys=h[:1])])
+    with pytest.raises(ValueError, match="'swa' is not registered"):
+        b.batch_exists_v2(h, [base.PoolTransfer(name=PN.SWA)])
+    # keys of the wrong length
+    with pytest.raises(ValueError, match="key 1 of 2 is 63 bytes; keys are 64 bytes"):
+        b.batch_set_v1([h[0], h[1][:63]], indices(0, 2, 4))
+    with pytest.raises(TypeError, match="key 0 is int"):
+        b.batch_exists([7])
+    # a host index off a page boundary
+    with pytest.raises(ValueError, match="not at a page boundary"):
+        b.batch_set_v1(h[:1], indices(0, 1, 4) + 1)
+    assert nothing_stored(b, h)
+    assert b._pools["mamba"][1].lookup_named(h[:1], salt=b._salts("mamba")[0]) == 0
+    # a pool whose layout differs from what the backend (or its store) holds
+    with pytest.raises(ValueError, match="registered again"):
+        b.register_mem_host_pool_v2(MHAHost("page_first", 4, heads=1), PN.KV)
+    with pytest.raises(ValueError, match="its store holds"):
+        create_backend({"ferry_store": "sgl"}, {"kv": MHAHost("page_first", 8)})
+    b.close()
+
+
+def test_setups_refused_before_anything_opens():
+    pools = hybrid_pools("page_first", mla=False)
+    with pytest.raises(RuntimeError, match="no store registered as 'nowhere'"):
+        create_backend({"ferry_store": "nowhere"}, {"kv": pools["kv"]})
+    with pytest.raises(RuntimeError, match=r"ferry_server_mamba\" \(a daemon serves one layout"):
+        create_backend({"ferry_store": "sgl", "ferry_l1_kv": "1M"},
+                       {"kv": pools["kv"], "mamba": pools["mamba"]})
+    with pytest.raises(ValueError, match="should_split_heads needs"):
+        create_backend({"ferry_store": "sgl", "ferry_l1": "1M"}, {"kv": pools["kv"]}, mla=True,
+                       lcm=4, split=True, tp=(0, 2))
 
 
 def test_real_sglang_base_class_when_installed():
-    base = pytest.importorskip("sglang.srt.mem_cache.hicache_storage")
+    mod = pytest.importorskip("sglang.srt.mem_cache.hicache_storage")
     from ferry.adapters.sglang import FerryHiCacheStorage
-    assert issubclass(FerryHiCacheStorage, base.HiCacheStorage)
+    assert issubclass(FerryHiCacheStorage, mod.HiCacheStorage)
 
 
 def test_stand_in_base_without_sglang():
-    if _sglang_base.SGLANG:
+    if base.SGLANG:
         pytest.skip("SGLang is installed: its own base class is used")
     from ferry.adapters.sglang import FerryHiCacheStorage
     assert FerryHiCacheStorage.__mro__[1].__module__ == "ferry.adapters._sglang_base"

@@ -1,17 +1,23 @@
 """SGLang's HiCache storage interface, or stand-ins with the same surface.
 
 With SGLang installed, these are its own (sglang/srt/mem_cache/
-hicache_storage.py). Without it, minimal classes with the methods the
-cache controller calls, so ferry's backend loads and can be driven through
-the controller's call sequence in tests. The stand-ins are not SGLang.
+hicache_storage.py). Without it, stand-ins that keep upstream's names,
+fields, defaults and method signatures as of sgl-project/sglang commit
+001067fffe33427bee0ed2f007fb7551a1d76b44 (python/sglang/srt/mem_cache/
+hicache_storage.py): HiCacheStorageConfig, HiCacheStorageExtraInfo,
+PoolName, PoolHitPolicy, PoolTransfer, PoolTransferResult and the
+HiCacheStorage base class (v1 and v2 calls). They carry no behaviour of
+SGLang's beyond the base class's defaults; they are not SGLang.
 """
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Optional
+from enum import Enum
+from typing import Any, List, Optional
 
 try:
     from sglang.srt.mem_cache.hicache_storage import (  # noqa: F401
-        HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo)
+        HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo, PoolHitPolicy, PoolName,
+        PoolTransfer, PoolTransferResult)
     SGLANG = True
 except ImportError:
     SGLANG = False
@@ -22,21 +28,79 @@ except ImportError:
         tp_size: int
         pp_rank: int
         pp_size: int
+        attn_cp_rank: int
+        attn_cp_size: int
         is_mla_model: bool
+        enable_storage_metrics: bool
         is_page_first_layout: bool
         model_name: Optional[str]
+        dp_rank: int = 0
+        dp_size: int = 1
+        tp_lcm_size: Optional[int] = None
+        should_split_heads: bool = False
         extra_config: Optional[dict] = None
 
     @dataclass
     class HiCacheStorageExtraInfo:
-        prefix_keys: Optional[list] = None
+        prefix_keys: Optional[List[str]] = None
         extra_info: Optional[dict] = None
+
+    class PoolName(str, Enum):
+        KV = "kv"
+        MAMBA = "mamba"
+        SWA = "swa"
+        INDEXER = "indexer"
+        DEEPSEEK_V4_C4 = "deepseek_v4_c4"
+        DEEPSEEK_V4_C4_INDEXER = "deepseek_v4_c4_indexer"
+        DEEPSEEK_V4_C128 = "deepseek_v4_c128"
+        DEEPSEEK_V4_C4_STATE = "deepseek_v4_c4_state"
+        DEEPSEEK_V4_C4_INDEXER_STATE = "deepseek_v4_c4_indexer_state"
+        DEEPSEEK_V4_C128_STATE = "deepseek_v4_c128_state"
+        DRAFT = "draft"
+        DRAFT_INDEXER = "draft_indexer"
+        DRAFT_SWA = "draft_swa"
+
+        def __str__(self) -> str:
+            return self.value
+
+    class PoolHitPolicy(str, Enum):
+        ALL_PAGES = "all_pages"
+        TRAILING_PAGES = "trailing_pages"
+
+    @dataclass
+    class PoolTransfer:
+        name: PoolName
+        host_indices: Optional[Any] = None
+        device_indices: Optional[Any] = None
+        keys: Optional[List[str]] = None
+        hit_policy: PoolHitPolicy = PoolHitPolicy.ALL_PAGES
+        nodes_to_load: Optional[List[Any]] = None
+        indices_from_pool: Optional[PoolName] = None
+
+    @dataclass
+    class PoolTransferResult:
+        kv_hit_pages: int
+        extra_pool_hit_pages: dict
 
     class HiCacheStorage(ABC):
         """Stand-in for SGLang's HiCacheStorage (same method names and arguments)."""
 
         def register_mem_pool_host(self, mem_pool_host):
             self.mem_pool_host = mem_pool_host
+
+        def register_mem_host_pool_v2(self, host_pool, host_pool_name):
+            if not hasattr(self, "registered_pools"):
+                self.registered_pools = {}
+            self.registered_pools[host_pool_name] = host_pool
+
+        def batch_exists_v2(self, keys, pool_transfers=None, extra_info=None):
+            raise NotImplementedError()
+
+        def batch_get_v2(self, transfers, extra_info=None):
+            raise NotImplementedError()
+
+        def batch_set_v2(self, transfers, extra_info=None):
+            raise NotImplementedError()
 
         def batch_get_v1(self, keys, host_indices, extra_info=None):
             raise NotImplementedError()
@@ -65,8 +129,8 @@ except ImportError:
             ...
 
         def batch_exists(self, keys, extra_info=None):
-            for i, k in enumerate(keys):
-                if not self.exists(k):
+            for i in range(len(keys)):
+                if not self.exists(keys[i]):
                     return i
             return len(keys)
 
@@ -76,4 +140,7 @@ except ImportError:
         def get_stats(self):
             return None
 
-__all__ = ["HiCacheStorage", "HiCacheStorageConfig", "HiCacheStorageExtraInfo", "SGLANG"]
+UPSTREAM = ("sgl-project/sglang", "001067fffe33427bee0ed2f007fb7551a1d76b44")
+
+__all__ = ["HiCacheStorage", "HiCacheStorageConfig", "HiCacheStorageExtraInfo", "PoolName",
+           "PoolHitPolicy", "PoolTransfer", "PoolTransferResult", "SGLANG", "UPSTREAM"]

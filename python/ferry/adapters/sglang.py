@@ -5,211 +5,557 @@ SGLang loads it as a dynamic storage backend:
     --hicache-storage-backend dynamic
     --hicache-storage-backend-extra-config '{"backend_name": "ferry",
         "module_path": "ferry.adapters.sglang", "class_name": "FerryHiCacheStorage",
-        "interface_v1": 1, "ferry_store": "main"}'
+        "interface_v1": 1, "ferry_l1": "16G"}'
 
-Its cache controller then calls, from its prefetch and backup threads:
-batch_exists(keys) to learn how many leading pages storage holds,
-batch_get_v1(keys, host_indices) (or batch_get(keys, pages) without
-"interface_v1") to read them into its host pool, and batch_set_v1 /
-batch_set to back pages up.
+Its cache controller calls, from its prefetch and backup threads:
+batch_exists / batch_exists_v2 (leading pages held, per-pool hit
+policies), batch_get_v1 / batch_set_v1 (pages in the host pool, by host
+index), batch_get_v2 / batch_set_v2 (the same for every registered pool:
+kv, mamba, the DSA indexer, ...), and the older flat-page get / set.
 
-Where the store comes from (extra config): "ferry_store" names a
-ferry.KVStore registered with ferry.adapters.register_store() (default
-"sglang"); without one, "ferry_l1" (and "ferry_l2", "ferry_persistent")
-opens one when SGLang registers its host pool, with chunk_tokens = SGLang's
-page size and the layout read from the pool. "ferry_server" (a `ferry
-serve` address) is refused with NotImplementedError: this backend does not
-connect to the daemon yet (the vLLM connector does, with "ferry.server").
+Pages are ferry chunks named by SGLang's own page keys (KVStore.
+store_named and friends): chunk_tokens is the pool's page size, any size
+from 1 token. Each registered pool has its own KVStore, because each has
+its own page shape:
+- the kv pool (MHA: K and V, heads, head_dim; MLA: one latent) and the
+  DSA indexer pool are ferry layouts, and their host pools are handed to
+  ferry in place, by strides, in every host layout (layer_first,
+  page_first, page_first_direct, page_head; the indexer's layer_first
+  and page_first): nothing is copied in Python, the flat pages of the
+  generic get/set included;
+- any other pool (mamba: a temporal state and conv states, separate
+  tensors of their own dtypes) is stored as its flat page bytes
+  (host_pool.get_data_page / set_from_flat_data_page), one copy each way.
 
-How SGLang's keys map onto ferry. SGLang names a page by a string key (a
-chained hash of its tokens, computed by SGLang); the storage interface
-never sees the tokens. libferry's store is keyed by token ids (the chained
-hash of the tokens it is given) and has no form that takes a caller's key.
-So each page is stored as a sequence of one chunk (chunk_tokens = page
-size) whose "tokens" are the 128-bit BLAKE2b digest of the key as four
-int32 values, zero-padded to the page size. The bytes are SGLang's page,
-verbatim, in ferry's chunk order [kv][layers][page tokens][heads *
-head_dim] (a page_first pool's pages are transposed into it and back), and
-they move through ferry's tiers, eviction and checksums like any chunk; two
-keys share a chunk only if their digests collide (as likely as two token
-prefixes sharing a ferry chunk id). The cost of the mapping: pages need at
-least 4 tokens (a smaller page cannot carry 128 bits in its int32 ids),
-ferry's prefix chaining is unused (each page is its own sequence), and
-batch_exists asks one lookup per key. A libferry form addressed by the
-caller's 128-bit chunk id (store, retrieve and lookup of ids instead of
-tokens) would remove all three.
+Keys. A page's ferry name is SGLang's key; the request salt says whose
+slice it is: "sglang/<pool>/<rank tag>". The rank tag holds the pipeline
+stage (pp), the attention-DP rank (dp, unless "ferry_share_dp": true:
+DP replicas compute the same KV for the same tokens), the context-parallel
+rank when attn_cp_size > 1 (each holds a disjoint slice of a page, MLA
+too), and for MHA the TP rank. MLA pages are the same on every TP rank:
+one key for all, written by TP rank 0 only, read by all. With
+should_split_heads (tp_lcm_size > tp_size, page_head), a rank's page is
+tp_lcm_size / tp_size head groups, each stored under the TP rank it would
+have at TP = tp_lcm_size, so instances of different TP sizes share pages.
 
-Zero-copy: with "interface_v1" and a layer_first host pool, pages move
-between ferry and the host pool in place (the pool is ferry's paged form,
-one block per page); page_first pools go through a staging page.
+Stores (extra config):
+- "ferry_store": NAME uses the KVStore registered as NAME (kv pool) and
+  NAME.<pool> (other pools) with ferry.adapters.register_store();
+- "ferry_server": "unix:/run/ferry/ferry.sock" connects the kv pool to a
+  `ferry serve` daemon (every TP worker of the host shares its cache); a
+  daemon serves one layout, so another pool needs its own daemon,
+  "ferry_server_<pool>" (e.g. "ferry_server_mamba"), or an in-process
+  store;
+- "ferry_l1" (and "ferry_l1_<pool>", "ferry_l2", "ferry_persistent") opens
+  an in-process store per pool when the pool registers.
+"ferry_key_len": N refuses keys that are not N bytes (SGLang's SHA-256
+hex keys are 64).
 """
 import errno
-import hashlib
 import logging
+import threading
 
 import numpy as np
 
 from .. import errors
 from ..errors import FerryError
 from ..kv import KVStore, Layout
-from . import no_server, register_store, registered_store, unregister_store
-from ._sglang_base import SGLANG, HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo
+from . import register_store, registered_store, unregister_store
+from ._sglang_base import (SGLANG, UPSTREAM, HiCacheStorage, HiCacheStorageConfig,
+                           HiCacheStorageExtraInfo, PoolHitPolicy, PoolName, PoolTransfer,
+                           PoolTransferResult)
 
 log = logging.getLogger("ferry.sglang")
 
 _SKIPPABLE = {errors.ENOSPACE, errors.ELOCKED, -errno.ENOMEM}
-_KEY_TOKENS = 4  # 128 bits of digest as int32 token ids
+_OK = {0, errors.EEXIST}
+_KV_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
+_NAME_MAX = 1024
 
 
-def key_tokens(key, page_size):
-    """The token ids a page key is stored under: BLAKE2b-128 of the key as
-    four little-endian int32, then zeros up to the page size."""
-    if page_size < _KEY_TOKENS:
-        raise ValueError(
-            f"ferry: SGLang page size {page_size} is below {_KEY_TOKENS} tokens: a page key "
-            "needs 128 bits of token ids (libferry has no form keyed by the caller's id)")
-    if isinstance(key, str):
-        key = key.encode()
-    d = hashlib.blake2b(bytes(key), digest_size=16).digest()
-    out = np.zeros(page_size, dtype=np.int32)
-    # token ids are 0 .. 2^31-1: the top bit of each word is dropped (124 bits left)
-    out[:_KEY_TOKENS] = np.frombuffer(d, dtype="<u4") & 0x7FFFFFFF
-    return out
+def _pool_key(name):
+    return str(name.value if isinstance(name, PoolName) else name)
 
 
-class _Geometry:
-    """An SGLang host pool's pages in ferry's terms."""
+def _unflat(t, dim, nb, page):
+    return t.unflatten(dim, (nb, page))
 
-    def __init__(self, pool, mla):
-        buf = pool.kv_buffer
-        self.page = int(pool.page_size)
-        self.layers = int(pool.layer_num)
-        self.layout_name = pool.layout
-        shape = tuple(buf.shape)
-        if pool.layout not in ("layer_first", "page_first"):
-            raise NotImplementedError(
-                f"ferry: SGLang host pool layout {pool.layout!r}: only layer_first and "
-                "page_first are mapped")
-        self.kv = 1 if mla else 2
-        if mla:   # [layers, size, 1, dim] or [size, layers, 1, dim]
-            self.heads, self.head_dim = 1, shape[-1] * shape[-2]
-            self.size = shape[1] if pool.layout == "layer_first" else shape[0]
-        else:     # [2, layers, size, heads, head_dim] or [2, size, layers, heads, head_dim]
-            self.heads, self.head_dim = shape[3], shape[4]
-            self.size = shape[2] if pool.layout == "layer_first" else shape[1]
-        self.row = self.heads * self.head_dim
-        self.dtype = buf.dtype
-        self.layout = Layout(self.layers, self.heads, self.head_dim, buf.dtype, kv=self.kv)
-        self.layer_first = pool.layout == "layer_first"
-        self.paged = None
-        if self.layer_first and self.size % self.page == 0 and buf.is_contiguous():
-            nb = self.size // self.page
-            if mla:
-                self.paged = [buf[l].view(nb, self.page, self.row) for l in range(self.layers)]
-            else:
-                self.paged = [buf[:, l].view(2, nb, self.page, self.heads, self.head_dim)
-                              for l in range(self.layers)]
 
-    def chunk_view(self, flat):
-        """A flat page as ferry's contiguous chunk [kv][layers][page][row]
-        (a view for layer_first, a transposed copy for page_first)."""
-        flat = flat.reshape(-1)
-        if self.layer_first:
-            return flat.view(self.kv, self.layers, self.page, self.row)
-        return flat.view(self.kv, self.page, self.layers, self.row).transpose(1, 2).contiguous()
+class _PageMap:
+    """How one host pool's pages are ferry chunks.
 
-    def new_chunk(self):
+    structured: layout is the page's ferry Layout and planes(t) gives, for a
+    tensor in the pool's layout (the pool's buffer, or one flat page viewed
+    as a one-page pool), the per-layer paged views ferry reads by strides:
+    MHA [2][pages][page][heads][head_dim], MLA [pages][page][1][dim], the
+    indexer [pages][page][bytes]. Otherwise the page is its flat bytes."""
+
+    def __init__(self, name, host, split):
         import torch
-        return torch.empty((self.kv, self.layers, self.page, self.row), dtype=self.dtype)
+        self.name, self.host = name, host
+        self.page = int(getattr(host, "page_size", 1) or 1)
+        self.hlayout = getattr(host, "layout", None)
+        self.split = split
+        self.kind = None
+        buf = getattr(host, "kv_buffer", None)
+        idx = getattr(host, "index_k_with_scale_buffer", None)
+        if isinstance(buf, torch.Tensor):
+            self._kv(buf)
+        elif isinstance(idx, torch.Tensor):
+            self._indexer(idx)
+        else:
+            self._bytes()
 
-    def chunk_into(self, chunk, flat):
-        """Write a chunk back into a flat page in the pool's page order."""
-        flat.reshape(-1).view(self.kv, self.page, self.layers, self.row).copy_(chunk.transpose(1, 2))
+    def _kv(self, buf):
+        lay, nd, p = self.hlayout, buf.dim(), self.page
+        if lay not in _KV_LAYOUTS:
+            raise ValueError(f"ferry: SGLang pool {self.name!r}: host layout {lay!r} is not one of "
+                             f"{', '.join(_KV_LAYOUTS)}")
+        mha = (lay in ("layer_first", "page_first") and nd == 5) or \
+            (lay in ("page_first_direct", "page_head") and nd == 6)
+        mla = (lay in ("layer_first", "page_first") and nd == 4) or \
+            (lay == "page_first_direct" and nd == 5)
+        if not mha and not mla:
+            raise ValueError(f"ferry: SGLang pool {self.name!r}: a {lay} kv_buffer of shape "
+                             f"{list(buf.shape)} is neither MHA's nor MLA's")
+        s = buf.shape
+        if mha:
+            at = {"layer_first": (1, 3, 4), "page_first": (2, 3, 4),
+                  "page_first_direct": (2, 4, 5), "page_head": (4, 2, 5)}[lay]
+            L, H, D = (s[i] for i in at)
+            if H % self.split:
+                raise ValueError(f"ferry: SGLang pool {self.name!r}: {H} heads do not split into "
+                                 f"{self.split} groups (tp_lcm_size / tp_size)")
+            self.kind, self.kv, self.layers = "mha", 2, L
+            self.heads, self.head_dim = H, D
+            self.layout = Layout(L, H // self.split, D, buf.dtype, kv=2)
+            self.flat_shape = {"layer_first": (2, L, p, H, D), "page_first": (2, p, L, H, D),
+                               "page_first_direct": (2, 1, L, p, H, D),
+                               "page_head": (2, 1, H, p, L, D)}[lay]
+        else:
+            if self.split != 1:
+                raise ValueError("ferry: split heads do not apply to an MLA pool")
+            L, D = (s[0], s[3]) if lay == "layer_first" else \
+                (s[1], s[3]) if lay == "page_first" else (s[1], s[4])
+            self.kind, self.kv, self.layers, self.heads, self.head_dim = "mla", 1, L, 1, D
+            self.layout = Layout(L, 1, D, buf.dtype, kv=1)
+            self.flat_shape = {"layer_first": (L, p, 1, D), "page_first": (p, L, 1, D),
+                               "page_first_direct": (1, L, p, 1, D)}[lay]
+        self.dtype = buf.dtype
+        self.buffer = buf
+        self.pool_planes = [self.planes(buf, g) for g in range(self.split)]
+
+    def _indexer(self, buf):
+        lay, s, p = self.hlayout, buf.shape, self.page
+        if lay == "layer_first" and buf.dim() == 3:
+            L, pb = s[0], s[2]
+        elif lay in ("page_first", "page_first_direct") and buf.dim() == 4 and s[2] == 1:
+            L, pb = s[1], s[3]
+        else:
+            raise ValueError(f"ferry: SGLang pool {self.name!r}: an indexer buffer of layout "
+                             f"{lay!r} and shape {list(s)} is not one ferry maps")
+        if pb % p:
+            raise ValueError(f"ferry: SGLang pool {self.name!r}: a {pb}-byte index page does not "
+                             f"split over {p} tokens")
+        self.kind, self.kv, self.layers, self.heads, self.head_dim = "indexer", 1, L, 1, pb // p
+        self.layout = Layout(L, 1, pb // p, buf.dtype, kv=1)
+        self.flat_shape = None
+        self.dtype, self.buffer = buf.dtype, buf
+        self.pool_planes = [self.planes(buf, 0)]
+
+    def _bytes(self):
+        dummy = self.host.get_dummy_flat_data_page()
+        self.kind = "bytes"
+        self.flat_dtype = dummy.dtype
+        self.page_bytes = dummy.numel() * dummy.element_size()
+        self.layout = Layout(1, 1, self.page_bytes, "u8", kv=1)
+        self.buffer = None
+
+    @property
+    def chunk_tokens(self):
+        return 1 if self.kind == "bytes" else self.page
+
+    @property
+    def structured(self):
+        return self.kind != "bytes"
+
+    def planes(self, t, g=0):
+        """Per-layer paged views of t (a tensor in the pool's layout) for head group g."""
+        lay, p, L = self.hlayout, self.page, self.layers
+        if self.kind == "mha":
+            if lay == "layer_first":
+                out = [_unflat(t[:, l], 1, t.shape[2] // p, p) for l in range(L)]
+            elif lay == "page_first":
+                out = [_unflat(t[:, :, l], 1, t.shape[1] // p, p) for l in range(L)]
+            elif lay == "page_first_direct":
+                out = [t[:, :, l] for l in range(L)]
+            else:   # page_head [2][pages][heads][page][layers][dim]
+                out = [t[:, :, :, :, l].transpose(2, 3) for l in range(L)]
+            if self.split > 1:
+                hs = self.heads // self.split
+                out = [x[:, :, :, g * hs:(g + 1) * hs] for x in out]
+            return out
+        if self.kind == "mla":
+            if lay == "layer_first":
+                return [_unflat(t[l], 0, t.shape[1] // p, p) for l in range(L)]
+            if lay == "page_first":
+                return [_unflat(t[:, l], 0, t.shape[0] // p, p) for l in range(L)]
+            return [t[:, l] for l in range(L)]
+        # indexer: [layers][pages][bytes] or [pages][layers][1][bytes]
+        row = self.head_dim
+        if lay == "layer_first":
+            return [_unflat(t[l], 1, p, row) for l in range(L)]
+        return [_unflat(t[:, l, 0], 1, p, row) for l in range(L)]
+
+    def block_of(self, start):
+        """The host pool's page holding host index `start` (a page boundary)."""
+        if start % self.page:
+            raise ValueError(f"ferry: SGLang pool {self.name!r}: host index {start} is not at a "
+                             f"page boundary (page size {self.page})")
+        return start // self.page
+
+    def flat_planes(self, flat, g=0):
+        """The paged views of one flat page (the pool's own page order)."""
+        n = int(np.prod(self.flat_shape))
+        if flat.numel() != n or flat.dtype != self.dtype:
+            raise ValueError(
+                f"ferry: SGLang pool {self.name!r}: a page is {n} x {self.dtype} "
+                f"({self.hlayout} {list(self.flat_shape)}), got {flat.numel()} x {flat.dtype}")
+        return self.planes(flat.reshape(-1).view(self.flat_shape), g)
 
 
 class FerryHiCacheStorage(HiCacheStorage):
     """ferry's HiCache storage backend for SGLang (see the module's documentation)."""
 
     def __init__(self, storage_config, kwargs=None):
-        self.config = storage_config
-        extra = dict(storage_config.extra_config or {})
-        self._extra = extra
-        if extra.get("ferry_server"):
-            raise no_server(extra["ferry_server"], "SGLang")
-        self._name = extra.get("ferry_store", "sglang")
-        mla = bool(storage_config.is_mla_model)
-        self._mla = mla
-        # MLA caches are the same on every rank: one key space for all of them
-        self._rank = (0, 1) if mla else (storage_config.tp_rank, storage_config.tp_size)
+        c = self.config = storage_config
+        self._extra = dict(c.extra_config or {})
+        self._name = self._extra.get("ferry_store", "sglang")
+        self._mla = bool(c.is_mla_model)
+        g = lambda k, d: getattr(c, k, d)  # noqa: E731 (older configs lack newer fields)
+        self._tp, self._tp_size = int(c.tp_rank), int(c.tp_size)
+        self._cp, self._cp_size = int(g("attn_cp_rank", 0)), int(g("attn_cp_size", 1))
+        self._split = 1
+        if g("should_split_heads", False):
+            lcm = g("tp_lcm_size", None)
+            if self._mla or not lcm or lcm % self._tp_size or lcm <= self._tp_size:
+                raise ValueError(f"ferry: should_split_heads needs an MHA model and tp_lcm_size "
+                                 f"a multiple of tp_size {self._tp_size} above it, got {lcm}")
+            self._split = lcm // self._tp_size
+        base = f"pp{int(c.pp_rank)}/{int(c.pp_size)}"
+        if not self._extra.get("ferry_share_dp", False):
+            base += f"/dp{int(g('dp_rank', 0))}/{int(g('dp_size', 1))}"
+        if self._cp_size > 1:
+            base += f"/cp{self._cp}/{self._cp_size}"
+        self._base_tag = base
+        kl = self._extra.get("ferry_key_len")
+        self._key_len = int(kl) if kl is not None else None
+        self._pools = {}      # pool name -> (_PageMap, KVStore)
+        self._opened = []     # (registry name, store) opened here
+        self._lock = threading.Lock()
+        self._counts = {}
         self.store = None
-        self._geo = None
-        self._opened = False
+
+    # ---- names and salts ----
+    def _salts(self, pool):
+        """One salt per head group of a page (one unless split heads)."""
+        tag = f"sglang/{pool}/{self._base_tag}"
+        if self._mla:
+            return [tag]
+        if self._split > 1:
+            lcm = self._tp_size * self._split
+            return [f"{tag}/tp{self._tp * self._split + g}/{lcm}" for g in range(self._split)]
+        return [f"{tag}/tp{self._tp}/{self._tp_size}"]
+
+    def _names(self, keys):
+        out = []
+        for i, k in enumerate(keys):
+            if isinstance(k, str):
+                b = k.encode()
+            elif isinstance(k, (bytes, bytearray)):
+                b = bytes(k)
+            else:
+                raise TypeError(f"ferry: SGLang key {i} is {type(k).__name__}, not str or bytes")
+            if not 1 <= len(b) <= _NAME_MAX or (self._key_len is not None
+                                                 and len(b) != self._key_len):
+                want = f"{self._key_len}" if self._key_len is not None else f"1 .. {_NAME_MAX}"
+                raise ValueError(f"ferry: SGLang key {i} of {len(keys)} is {len(b)} bytes; "
+                                 f"keys are {want} bytes")
+            out.append(b)
+        return out
 
     # ---- set-up ----
     def register_mem_pool_host(self, mem_pool_host):
         super().register_mem_pool_host(mem_pool_host)
-        geo = _Geometry(mem_pool_host, self._mla)
-        key_tokens("", geo.page)  # refuses pages under 4 tokens now, not at the first page
-        store = registered_store(self._name)
-        if store is None:
-            if "ferry_l1" not in self._extra:
-                raise RuntimeError(f"ferry: SGLang backend: no store registered as "
-                                   f"{self._name!r} and no \"ferry_l1\" to open one")
-            e = self._extra
-            store = KVStore(model=self.config.model_name or "sglang", layout=geo.layout,
-                            l1=e["ferry_l1"], l2=e.get("ferry_l2"), chunk_tokens=geo.page,
-                            tp_rank=self._rank[0], tp_world=self._rank[1],
-                            persistent=bool(e.get("ferry_persistent", False)))
-            register_store(self._name, store)
-            self._opened = True
-        if store.layout != geo.layout or store.chunk_tokens != geo.page:
+        self._register(PoolName.KV, mem_pool_host)
+        self.store = self._pools["kv"][1]
+
+    def register_mem_host_pool_v2(self, host_pool, host_pool_name):
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        self._register(host_pool_name, host_pool)
+        if _pool_key(host_pool_name) == "kv":
+            self.mem_pool_host = host_pool
+            self.store = self._pools["kv"][1]
+
+    def _register(self, name, host):
+        key = _pool_key(name)
+        pm = _PageMap(key, host, self._split if key in ("kv", "draft") else 1)
+        old = self._pools.get(key)
+        if old is not None:
+            if old[0].layout != pm.layout or old[0].chunk_tokens != pm.chunk_tokens:
+                raise ValueError(
+                    f"ferry: SGLang pool {key!r} registered again with pages {pm.layout} x "
+                    f"{pm.chunk_tokens}; it holds {old[0].layout} x {old[0].chunk_tokens}")
+            self._pools[key] = (pm, old[1])
+            return
+        store = self._store_for(key, pm)
+        if store.layout != pm.layout or store.chunk_tokens != pm.chunk_tokens:
             raise ValueError(
-                f"ferry: SGLang pages are {geo.layout} x {geo.page} tokens; the store "
-                f"{self._name!r} holds {store.layout} x {store.chunk_tokens} tokens")
-        self.store, self._geo = store, geo
+                f"ferry: SGLang pool {key!r} has pages {pm.layout} x {pm.chunk_tokens} tokens; "
+                f"its store holds {store.layout} x {store.chunk_tokens} tokens")
+        self._pools[key] = (pm, store)
+        self._counts[key] = dict(exists=0, hit=0, get=0, got=0, set=0, stored=0)
 
-    def _tokens(self, key):
-        if self._geo is None:
-            raise RuntimeError("ferry: SGLang backend used before register_mem_pool_host")
-        return key_tokens(key, self._geo.page)
+    def _store_for(self, key, pm):
+        reg = self._name if key == "kv" else f"{self._name}.{key}"
+        store = registered_store(reg)
+        if store is not None:
+            return store
+        e = self._extra
+        model = self.config.model_name or "sglang"
+        server = e.get(f"ferry_server_{key}") or (e.get("ferry_server") if key == "kv" else None)
+        if server:
+            store = KVStore(model=model, layout=pm.layout, server=server,
+                            chunk_tokens=pm.chunk_tokens,
+                            server_timeout_ms=int(e.get("ferry_server_timeout_ms", 0)))
+        else:
+            l1 = e.get(f"ferry_l1_{key}", e.get("ferry_l1"))
+            if l1 is None:
+                how = ("\"ferry_server\"" if key == "kv"
+                       else f"\"ferry_server_{key}\" (a daemon serves one layout)")
+                raise RuntimeError(f"ferry: SGLang pool {key!r}: no store registered as {reg!r}, "
+                                   f"no {how} and no \"ferry_l1\" to open one")
+            store = KVStore(model=model, layout=pm.layout, l1=l1, l2=e.get("ferry_l2"),
+                            chunk_tokens=pm.chunk_tokens,
+                            persistent=bool(e.get("ferry_persistent", False)))
+        try:
+            register_store(reg, store)
+        except ValueError:
+            store.close()
+            raise
+        self._opened.append((reg, store))
+        return store
 
-    def _full(self, n):
-        return n == self._geo.page
+    def _pool(self, name):
+        key = _pool_key(name)
+        got = self._pools.get(key)
+        if got is None:
+            known = ", ".join(sorted(self._pools)) or "none"
+            raise ValueError(f"ferry: SGLang pool {key!r} is not registered with this backend "
+                             f"(registered: {known})")
+        return got
+
+    def _count(self, key, **kw):
+        with self._lock:
+            c = self._counts[key]
+            for k, v in kw.items():
+                c[k] += v
+
+    # ---- the page moves ----
+    def _starts(self, pm, n, host_indices):
+        if host_indices is None:
+            raise ValueError(f"ferry: SGLang pool {pm.name!r}: no host indices for {n} pages")
+        hi = host_indices
+        if hasattr(hi, "detach"):
+            hi = hi.detach().cpu().numpy()
+        hi = np.asarray(hi).reshape(-1)
+        if hi.size != n * pm.page:
+            raise ValueError(f"ferry: SGLang pool {pm.name!r}: {n} pages of {pm.page} tokens "
+                             f"need {n * pm.page} host indices, got {hi.size}")
+        return [int(hi[i * pm.page]) for i in range(n)]
+
+    def _shared_reader(self):
+        """MLA pages are the same on every TP rank: rank 0 writes them."""
+        return self._mla and self._tp != 0
+
+    def _set_pages(self, key, keys, starts):
+        pm, store = self._pool(key)
+        names = self._names(keys)
+        if not names:
+            return []
+        if pm.structured:
+            blocks = [pm.block_of(s) for s in starts]
+        if self._shared_reader() and key not in ("mamba",):
+            return [True] * len(names)
+        ok = [True] * len(names)
+        try:
+            if pm.structured:
+                for g, salt in enumerate(self._salts(key)):
+                    _, st = store.store_named(names, pm.pool_planes[g], blocks, salt=salt,
+                                              statuses=True)
+                    ok = [a and s in _OK for a, s in zip(ok, st)]
+            else:
+                import torch
+                stage = torch.empty((1, 1, len(names), pm.page_bytes), dtype=torch.uint8)
+                for i, s in enumerate(starts):
+                    stage[0, 0, i] = pm.host.get_data_page(s, flat=True).reshape(-1) \
+                        .contiguous().view(torch.uint8)
+                _, st = store.store_named(names, stage, salt=self._salts(key)[0], statuses=True)
+                ok = [s in _OK for s in st]
+        except FerryError as e:
+            if e.code not in _SKIPPABLE:
+                raise
+            log.warning("ferry: SGLang pages of pool %r not stored: %s", key, e)
+            ok = [False] * len(names)
+        self._count(key, set=len(names), stored=sum(ok))
+        return ok
+
+    def _get_pages(self, key, keys, starts):
+        pm, store = self._pool(key)
+        names = self._names(keys)
+        if not names:
+            return []
+        ok = [True] * len(names)
+        if pm.structured:
+            blocks = [pm.block_of(s) for s in starts]
+            for g, salt in enumerate(self._salts(key)):
+                _, st = store.retrieve_named(names, pm.pool_planes[g], blocks, salt=salt,
+                                             statuses=True)
+                ok = [a and s == 0 for a, s in zip(ok, st)]
+        else:
+            import torch
+            stage = torch.empty((1, 1, len(names), pm.page_bytes), dtype=torch.uint8)
+            _, st = store.retrieve_named(names, stage, salt=self._salts(key)[0], statuses=True)
+            ok = [s == 0 for s in st]
+            for i, s in enumerate(starts):
+                if ok[i]:
+                    pm.host.set_from_flat_data_page(s, stage[0, 0, i].view(pm.flat_dtype))
+        self._count(key, get=len(names), got=sum(ok))
+        return ok
+
+    def _held(self, key, keys):
+        """Leading pages of keys (in pool `key`) that every head group holds."""
+        pm, store = self._pool(key)
+        names = self._names(keys)
+        if not names:
+            return 0
+        n = len(names)
+        for salt in self._salts(key):
+            n = min(n, store.lookup_named(names[:n], salt=salt))
+            if n == 0:
+                break
+        self._count(key, exists=len(names), hit=n)
+        return n
 
     # ---- existence ----
     def exists(self, key):
-        return self._full(self.store.lookup(self._tokens(key)))
+        return self._held("kv", [key]) == 1
 
     def batch_exists(self, keys, extra_info=None):
-        """Leading keys whose pages ferry holds."""
-        for i, k in enumerate(keys):
-            if not self.exists(k):
-                return i
-        return len(keys)
+        """Leading keys whose kv pages ferry holds."""
+        return self._held("kv", keys)
 
-    # ---- pages as flat tensors (SGLang's generic path) ----
+    def batch_exists_v2(self, keys, pool_transfers=None, extra_info=None):
+        """The usable prefix over the kv pool and every pool transfer's own
+        hit policy (ALL_PAGES: each page of the prefix; TRAILING_PAGES: the
+        last len(transfer.keys) pages of it), as SGLang's base class says."""
+        for t in pool_transfers or []:
+            self._pool(t.name)          # unknown pools refused before any lookup
+        kv_pages = self._held("kv", keys)
+        hits = {PoolName.KV: kv_pages} if kv_pages else {}
+        final = kv_pages
+        for t in pool_transfers or []:
+            if final == 0:
+                break
+            name = _pool_key(t.name)
+            policy = PoolHitPolicy(t.hit_policy)
+            if policy == PoolHitPolicy.ALL_PAGES:
+                boundary = self._held(name, keys[:kv_pages])
+            else:
+                trailing = max(1, len(t.keys) if t.keys else 1)
+                boundary = 0
+                for end in range(kv_pages, 0, -1):
+                    win = keys[max(0, end - trailing):end]
+                    if self._held(name, win) == len(win):
+                        boundary = end
+                        break
+            if boundary:
+                hits[t.name] = boundary
+            final = min(final, boundary)
+        return PoolTransferResult(final, hits)
+
+    # ---- pages in the host pools (v1: the kv pool; v2: every pool) ----
+    def batch_get_v1(self, keys, host_indices, extra_info=None):
+        """Read kv pages into the host pool at host_indices (page i at
+        host_indices[i * page_size]); one bool per key."""
+        pm, _ = self._pool("kv")
+        return self._get_pages("kv", keys, self._starts(pm, len(keys), host_indices))
+
+    def batch_set_v1(self, keys, host_indices, extra_info=None):
+        """Store the host pool's kv pages at host_indices under keys."""
+        pm, _ = self._pool("kv")
+        return self._set_pages("kv", keys, self._starts(pm, len(keys), host_indices))
+
+    def _v2(self, transfers, fn):
+        plan = []
+        for t in transfers:     # every transfer checked before any page moves
+            pm, _ = self._pool(t.name)
+            keys = list(t.keys or [])
+            self._names(keys)
+            plan.append((t.name, keys, self._starts(pm, len(keys), t.host_indices)))
+        return {name: fn(_pool_key(name), keys, starts) for name, keys, starts in plan}
+
+    def batch_get_v2(self, transfers, extra_info=None):
+        """Read each transfer's pages into its pool: {pool name: [bool per key]}."""
+        return self._v2(transfers, self._get_pages)
+
+    def batch_set_v2(self, transfers, extra_info=None):
+        """Store each transfer's pages from its pool: {pool name: [bool per key]}."""
+        return self._v2(transfers, self._set_pages)
+
+    # ---- flat pages (SGLang's generic path, kv pool) ----
     def get(self, key, target_location=None, target_sizes=None):
-        """Read the page into target_location (a flat page); None on a miss."""
-        geo = self._geo
+        """Read the kv page into target_location (a flat page in the pool's
+        page order); None on a miss (target_location then unchanged)."""
+        pm, store = self._pool("kv")
         if target_location is None:
             target_location = self.mem_pool_host.get_dummy_flat_data_page()
-        toks = self._tokens(key)
-        if geo.layer_first:
-            got = self.store.retrieve(toks, geo.chunk_view(target_location))
-        else:
-            chunk = geo.new_chunk()
-            got = self.store.retrieve(toks, chunk)
-            if self._full(got):
-                geo.chunk_into(chunk, target_location)
-        return target_location if self._full(got) else None
+        names = self._names([key])
+        if not pm.structured:
+            raise ValueError("ferry: the kv pool's pages are not a ferry layout")
+        views = [pm.flat_planes(target_location, g) for g in range(self._split)]
+        for g, salt in enumerate(self._salts("kv")):
+            if store.lookup_named(names, salt=salt) != 1:
+                self._count("kv", get=1)
+                return None
+        ok = True
+        for g, salt in enumerate(self._salts("kv")):
+            ok = store.retrieve_named(names, views[g], [0], salt=salt) == 1 and ok
+        self._count("kv", get=1, got=int(ok))
+        return target_location if ok else None
 
     def batch_get(self, keys, target_locations=None, target_sizes=None):
         targets = target_locations or [None] * len(keys)
         return [self.get(k, t) for k, t in zip(keys, targets)]
 
     def set(self, key, value=None, target_location=None, target_sizes=None):
-        """Store one flat page; False when ferry declined it (full)."""
-        return self._put(self._tokens(key), self._geo.chunk_view(value), None)
+        """Store one flat kv page; False when ferry declined it (full)."""
+        pm, store = self._pool("kv")
+        names = self._names([key])
+        views = [pm.flat_planes(value, g) for g in range(self._split)]
+        if self._shared_reader():
+            return True
+        try:
+            for g, salt in enumerate(self._salts("kv")):
+                if store.store_named(names, views[g], [0], salt=salt) != 1:
+                    return False
+        except FerryError as e:
+            if e.code not in _SKIPPABLE:
+                raise
+            log.warning("ferry: SGLang page not stored: %s", e)
+            return False
+        self._count("kv", set=1, stored=1)
+        return True
 
     def batch_set(self, keys, values=None, target_locations=None, target_sizes=None):
         for k, v in zip(keys, values):
@@ -217,68 +563,38 @@ class FerryHiCacheStorage(HiCacheStorage):
                 return False
         return True
 
-    def _put(self, toks, data, table):
-        try:
-            return self._full(self.store.store(toks, data, table))
-        except FerryError as e:
-            if e.code not in _SKIPPABLE:
-                raise
-            log.warning("ferry: SGLang page not stored: %s", e)
-            return False
-
-    # ---- pages in the host pool (SGLang's zero-copy "v1" path) ----
-    def _page_of(self, host_indices, i):
-        start = int(host_indices[i * self._geo.page])
-        if start % self._geo.page:
-            raise ValueError(f"ferry: host index {start} is not at a page boundary")
-        return start
-
-    def batch_get_v1(self, keys, host_indices, extra_info=None):
-        """Read pages into the host pool at host_indices (page i at
-        host_indices[i * page]); stops at the first miss (SGLang uses the
-        leading run)."""
-        geo, out = self._geo, []
-        for i, k in enumerate(keys):
-            start = self._page_of(host_indices, i)
-            if geo.paged is not None:
-                ok = self._full(self.store.retrieve(self._tokens(k), geo.paged,
-                                                    [start // geo.page]))
-            else:
-                page = self.get(k)
-                ok = page is not None
-                if ok:
-                    self.mem_pool_host.set_from_flat_data_page(start, page)
-            out.append(ok)
-            if not ok:
-                break
-        return out + [False] * (len(keys) - len(out))
-
-    def batch_set_v1(self, keys, host_indices, extra_info=None):
-        """Store the host pool's pages at host_indices under keys."""
-        geo, out = self._geo, []
-        for i, k in enumerate(keys):
-            start = self._page_of(host_indices, i)
-            if geo.paged is not None:
-                ok = self._put(self._tokens(k), geo.paged, [start // geo.page])
-            else:
-                ok = self.set(k, self.mem_pool_host.get_data_page(start, flat=True))
-            out.append(ok)
+    # ---- housekeeping ----
+    def get_stats(self):
+        """{pool: {"pages": the adapter's page counts (exists, hit, get, got,
+        set, stored), "store": that pool's KVStore.stats()}}; with the
+        config's enable_storage_metrics off, None (as SGLang's base)."""
+        if not getattr(self.config, "enable_storage_metrics", False):
+            return None
+        out = {}
+        with self._lock:
+            counts = {k: dict(v) for k, v in self._counts.items()}
+        for key, (_, store) in self._pools.items():
+            out[key] = {"pages": counts[key], "store": store.stats()}
         return out
 
-    # ---- housekeeping ----
     def clear(self):
-        if self.store is not None:
-            self.store.clear()
+        """Empty every pool's store (a shared daemon's cache too: every rank's)."""
+        seen = set()
+        for _, store in self._pools.values():
+            if id(store) not in seen:
+                seen.add(id(store))
+                store.clear()
         return True
 
     def close(self):
-        if self._opened and self.store is not None:
-            if registered_store(self._name) is self.store:
-                unregister_store(self._name)
-            self.store.close()
-            self._opened = False
+        for reg, store in self._opened:
+            if registered_store(reg) is store:
+                unregister_store(reg)
+            store.close()
+        self._opened = []
+        self._pools = {}
         self.store = None
 
 
-__all__ = ["FerryHiCacheStorage", "HiCacheStorageConfig", "HiCacheStorageExtraInfo", "SGLANG",
-           "key_tokens"]
+__all__ = ["FerryHiCacheStorage", "HiCacheStorageConfig", "HiCacheStorageExtraInfo", "PoolName",
+           "PoolHitPolicy", "PoolTransfer", "PoolTransferResult", "SGLANG", "UPSTREAM"]
