@@ -17,9 +17,10 @@ A `ferry serve` daemon shares one cache between processes. The vLLM
 connector takes its address ("ferry.server": "unix:/run/ferry/ferry.sock"):
 each worker opens a KVStore(server=...) client for its caches and a
 scheduler in another process a lookup-only one (see ferry.adapters.vllm).
-The SGLang backend does not take one yet: "ferry_server" is refused with
-NotImplementedError, before anything is opened; give it an in-process
-store instead.
+The SGLang backend takes one too ("ferry_server": its kv pool's pages go
+to the daemon, so the TP workers of a host share one cache; a pool of
+another shape needs a daemon of its own, "ferry_server_<pool>", or an
+in-process store; see ferry.adapters.sglang).
 """
 import threading
 
@@ -47,15 +48,3 @@ def registered_store(name):
     """The store registered as `name`, or None."""
     with _lock:
         return _stores.get(name)
-
-
-def no_server(address, engine):
-    """The answer of an adapter that does not take a `ferry serve` address
-    (the SGLang backend; the vLLM connector does take one)."""
-    return NotImplementedError(
-        f"ferry: {engine} adapter: server address {address!r} given, but this adapter "
-        "does not connect to `ferry serve` (the vLLM connector does: \"ferry.server\"); "
-        "register an in-process store with ferry.adapters.register_store() instead")
-
-
-__all__ = ["register_store", "unregister_store", "registered_store"]
