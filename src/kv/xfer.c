@@ -177,14 +177,20 @@ int ferry__kv_buffer_take(const ferry_kv_buffer *in, ferry_kv_buffer *buf,
     return 0;
 }
 
-/* the runs of plane `plane` of a paged buffer for tokens [tok0, tok0+ntok),
- * in the order of the image part they fill (the checksum's order, and the
- * faster one for every copy: the image is read front to back, the
- * engine's lines written whole wherever they are): a block's rows as one
- * run where they lie back to back (and consecutive blocks too, where
- * blocks do), else a row of heads, else one head's run */
-static FERRY__ALWAYS_INLINE int walk_paged(const ferry_kv_buffer *buf, uint64_t plane, uint64_t tb, uint64_t tok0,
-                      uint32_t ntok, unsigned char *part, ferry__kv_run_fn fn, void *ctx)
+/* the runs of planes pl[0..np) of a paged buffer for tokens [tok0,
+ * tok0+ntok), part[i] the image part of plane pl[i]; each plane's runs in
+ * the order of the image part they fill (the checksum's order, and the
+ * faster one for a copy: the image is read front to back, the engine's
+ * lines written whole wherever they are). A block's rows are one run
+ * where they lie back to back (and consecutive blocks too, where blocks
+ * do), else a row of heads, else one head's run. Two planes (a plain
+ * copy's K and V of one layer) go run by run together, so K and V that
+ * share the engine's rows or blocks (packed K|V, FlashInfer) are read
+ * front to back too */
+static FERRY__ALWAYS_INLINE int walk_paged(const ferry_kv_buffer *buf, const uint64_t *pl,
+                                           unsigned char *const *part, unsigned np, uint64_t tb,
+                                           uint64_t tok0, uint32_t ntok, ferry__kv_run_fn fn,
+                                           void *ctx)
 {
     const ferry_kv_layout *l = &buf->layout;
     uint64_t run = (uint64_t)l->head_dim * ferry_dtype_size(l->dtype);
@@ -199,8 +205,7 @@ static FERRY__ALWAYS_INLINE int walk_paged(const ferry_kv_buffer *buf, uint64_t 
     while (t < end) {
         uint64_t blk = t / buf->block_tokens, row = t % buf->block_tokens;
         uint64_t k = FERRY__MIN(end - t, buf->block_tokens - row);
-        uint64_t addr = buf->block_bases[plane] + (uint64_t)buf->block_table[blk] * stride;
-        unsigned char *img = part + (t - tok0) * tb;
+        uint64_t off = (uint64_t)buf->block_table[blk] * stride, at = (t - tok0) * tb;
         int rc = 0;
         if (block_whole) {
             /* blocks that follow each other in memory are one run */
@@ -209,15 +214,19 @@ static FERRY__ALWAYS_INLINE int walk_paged(const ferry_kv_buffer *buf, uint64_t 
                 blk++;
                 k += FERRY__MIN(end - (t + k), (uint64_t)buf->block_tokens);
             }
-            rc = fn(ctx, addr + row * tb, img, k * tb);
+            for (unsigned p = 0; rc == 0 && p < np; p++)
+                rc = fn(ctx, buf->block_bases[pl[p]] + off + row * tb, part[p] + at, k * tb);
         } else {
-            for (uint64_t r = row; rc == 0 && r < row + k; r++, img += tb) {
+            for (uint64_t r = row; rc == 0 && r < row + k; r++, at += tb) {
                 if (row_whole) {
-                    rc = fn(ctx, addr + r * ts, img, tb);
+                    for (unsigned p = 0; rc == 0 && p < np; p++)
+                        rc = fn(ctx, buf->block_bases[pl[p]] + off + r * ts, part[p] + at, tb);
                     continue;
                 }
                 for (uint32_t h = 0; rc == 0 && h < l->num_heads; h++)
-                    rc = fn(ctx, addr + r * ts + h * hs, img + h * run, run);
+                    for (unsigned p = 0; rc == 0 && p < np; p++)
+                        rc = fn(ctx, buf->block_bases[pl[p]] + off + r * ts + h * hs,
+                                part[p] + at + h * run, run);
             }
         }
         if (rc < 0)
@@ -227,24 +236,47 @@ static FERRY__ALWAYS_INLINE int walk_paged(const ferry_kv_buffer *buf, uint64_t 
     return 0;
 }
 
-/* the runs of layers [layer0, layer1) (see ferry__kv_xfer_walk) */
-static FERRY__ALWAYS_INLINE int walk_layers(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
-                       uint32_t ntok, void *chunk, uint32_t layer0, uint32_t layer1,
-                       ferry__kv_run_fn fn, void *ctx)
+/* the runs of layers [layer0, layer1) (see ferry__kv_xfer_walk); kv_together:
+ * a paged buffer's K and V of a layer walked together where they share
+ * blocks (a plain copy; the checksum and ferry__kv_xfer_walk want each
+ * plane whole, in order) */
+static FERRY__ALWAYS_INLINE int walk_layers(const ferry_kv_buffer *buf, uint32_t chunk_tokens,
+                                            uint64_t tok0, uint32_t ntok, void *chunk,
+                                            uint32_t layer0, uint32_t layer1, int kv_together,
+                                            ferry__kv_run_fn fn, void *ctx)
 {
     const ferry_kv_layout *l = &buf->layout;
     uint64_t tb = token_bytes(l);
     unsigned char *img = chunk;
+    uint64_t span = (uint64_t)chunk_tokens * tb; /* one plane of the image */
+    /* together only where a layer's K and V share blocks (FlashInfer's
+     * [blocks][2], packed K|V): apart (NHD, HND) two far streams cost more */
+    uint64_t bstride = buf->block_stride ? buf->block_stride : buf->block_tokens * tb;
+    for (uint32_t layer = layer0;
+         kv_together && buf->form == FERRY_KV_PAGED && l->kv == 2 && layer < layer1; layer++) {
+        uint64_t k = buf->block_bases[layer], v = buf->block_bases[l->num_layers + layer];
+        kv_together = (k > v ? k - v : v - k) < bstride;
+    }
+    if (kv_together && buf->form == FERRY_KV_PAGED && l->kv == 2) {
+        for (uint32_t layer = layer0; layer < layer1; layer++) {
+            uint64_t pl[2] = {layer, (uint64_t)l->num_layers + layer};
+            unsigned char *part[2] = {img + pl[0] * span, img + pl[1] * span};
+            int rc = walk_paged(buf, pl, part, 2, tb, tok0, ntok, fn, ctx);
+            if (rc < 0)
+                return rc;
+        }
+        return 0;
+    }
     for (uint32_t kvi = 0; kvi < l->kv; kvi++) {
         for (uint32_t layer = layer0; layer < layer1; layer++) {
             uint64_t plane = (uint64_t)kvi * l->num_layers + layer;
-            unsigned char *part = img + plane * chunk_tokens * tb;
+            unsigned char *part = img + plane * span;
             int rc;
             if (buf->form == FERRY_KV_CONTIGUOUS)
                 rc = fn(ctx, buf->base + (plane * buf->capacity_tokens + tok0) * tb, part,
                         (uint64_t)ntok * tb);
             else
-                rc = walk_paged(buf, plane, tb, tok0, ntok, part, fn, ctx);
+                rc = walk_paged(buf, &plane, &part, 1, tb, tok0, ntok, fn, ctx);
             if (rc < 0)
                 return rc;
         }
@@ -255,7 +287,8 @@ static FERRY__ALWAYS_INLINE int walk_layers(const ferry_kv_buffer *buf, uint32_t
 int ferry__kv_xfer_walk(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
                         uint32_t ntok, void *chunk, ferry__kv_run_fn fn, void *ctx)
 {
-    return walk_layers(buf, chunk_tokens, tok0, ntok, chunk, 0, buf->layout.num_layers, fn, ctx);
+    return walk_layers(buf, chunk_tokens, tok0, ntok, chunk, 0, buf->layout.num_layers, 0, fn,
+                       ctx);
 }
 
 /* a chunk's runs as one batch of device copies */
@@ -346,7 +379,7 @@ int ferry__kv_xfer_layer(const ferry_kv_buffer *buf, uint32_t chunk_tokens,
     for (size_t k = 0; rc == 0 && k < nch; k++)
         if (ch[k].ntok)
             rc = walk_layers(buf, chunk_tokens, ch[k].tok0, ch[k].ntok, ch[k].img, layer,
-                             layer + 1, xrun, &x);
+                             layer + 1, 1, xrun, &x);
     return xflush(&x, s, rc, eb);
 }
 
@@ -356,7 +389,8 @@ int ferry__kv_xfer(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t t
     xctx x;
     xinit(&x, buf, to_chunk,
           (uint64_t)ntok * token_bytes(&buf->layout) * buf->layout.kv * buf->layout.num_layers);
-    int rc = walk_layers(buf, chunk_tokens, tok0, ntok, chunk, 0, buf->layout.num_layers, xrun, &x);
+    int rc = walk_layers(buf, chunk_tokens, tok0, ntok, chunk, 0, buf->layout.num_layers, 1, xrun,
+                         &x);
     return xflush(&x, s, rc, eb);
 }
 void ferry__kv_count_device_copy(ferry_kv *kv, const ferry_kv_buffer *buf, int calls)
