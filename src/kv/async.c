@@ -17,9 +17,10 @@
  * life are op.c's.
  */
 #include <errno.h>
+#include "backend.h"
 #include "kv_impl.h"
+#include "store_int.h"
 #include "kv_layers.h"
-#include "kvc.h"
 
 /* a job carries what to do with it: the pool runs it, whatever it is */
 static void run_job(ferry_kv *kv, ferry__kv_job *j)
@@ -173,9 +174,13 @@ int ferry__kv_flush(ferry_kv *kv)
     while (!all_idle(kv))
         pthread_cond_wait(&kv->idle, &kv->qmu);
     pthread_mutex_unlock(&kv->qmu);
-    /* a server's client: its own async operations are done, now the daemon's */
-    if (kv->client)
-        return ferry__kvc_simple(kv, FERRY__P_FLUSH);
+    /* the store's own operations are done: now what the backend holds (the
+     * tiers' queues, or the daemon's) */
+    return kv->be->flush(kv);
+}
+
+int ferry__kv_local_flush(ferry_kv *kv)
+{
     /* the write-throughs the workers handed to a tier's own queue */
     for (int t = 0; t < FERRY_KV_TIERS; t++)
         if (kv->tier[t] && kv->tier[t]->ops->flush)

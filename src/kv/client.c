@@ -461,7 +461,7 @@ int ferry__kvc_ensure(ferry_kv *kv, ferry__kvc *c)
 
 int ferry__kvc_workers(ferry_kv *kv)
 {
-    ferry__kvc *c = kv->client;
+    ferry__kvc *c = kv->be_impl;
     int rc = 0;
     pthread_mutex_lock(&c->wmu);
     if (!c->workers_on && (rc = ferry__kv_workers_start(kv, c->nworkers)) == 0)
@@ -486,7 +486,7 @@ int ferry__kvc_open(ferry_kv *kv, const ferry_kv_config *cfg)
     else if (!strncmp(s, "unix:", 5) && strncmp(s, "unix://", 7))
         s += 5;
     else if (strstr(s, "://")) {
-        kv->client = c;
+        kv->be_impl = c;
         return ferry__err_set(NULL, -EINVAL,
                               "kv open: server \"%s\" is not a Unix socket (PATH, unix:PATH or "
                               "unix:///PATH; the daemon listens on no network address)",
@@ -496,7 +496,7 @@ int ferry__kvc_open(ferry_kv *kv, const ferry_kv_config *cfg)
     c->timeout_ms = cfg->server_timeout_ms ? cfg->server_timeout_ms : TIMEOUT_MS_DEFAULT;
     c->wait_ms = (uint32_t)cfg->pool_wait_ms;
     c->want_pool = cfg->l1_bytes != 0;
-    kv->client = c;
+    kv->be_impl = c;
     if (!c->path)
         return ferry__err_set(NULL, -ENOMEM, "kv open: out of memory for the server client");
     if (!*c->path)
@@ -523,7 +523,7 @@ static void kvc_free(ferry__kvc *c)
 
 void ferry__kvc_close(ferry_kv *kv)
 {
-    ferry__kvc *c = kv->client;
+    ferry__kvc *c = kv->be_impl;
     if (!c)
         return;
     while (c->idle) {
@@ -532,7 +532,7 @@ void ferry__kvc_close(ferry_kv *kv)
         kvc_free(x);
     }
     kvc_free(c);
-    kv->client = NULL;
+    kv->be_impl = NULL;
 }
 
 /* layerwise operations' connections kept idle at most */
@@ -540,7 +540,7 @@ void ferry__kvc_close(ferry_kv *kv)
 
 ferry__kvc *ferry__kvc_lease(ferry_kv *kv, int *rc)
 {
-    ferry__kvc *m = kv->client, *c;
+    ferry__kvc *m = kv->be_impl, *c;
     pthread_mutex_lock(&m->wmu);
     c = m->idle;
     if (c) {
@@ -572,7 +572,7 @@ ferry__kvc *ferry__kvc_lease(ferry_kv *kv, int *rc)
 
 void ferry__kvc_unlease(ferry_kv *kv, ferry__kvc *c)
 {
-    ferry__kvc *m = kv->client;
+    ferry__kvc *m = kv->be_impl;
     pthread_mutex_lock(&m->wmu);
     int keep = c->fd >= 0 && m->nidle < IDLE_MAX;
     if (keep) {

@@ -239,6 +239,8 @@ void ferry__kvc_lw_commit(ferry_kv *kv, ferry_kv_op *op, int abort)
 
 void ferry__kvc_lw_unlease(ferry_kv *kv, ferry_kv_op *op)
 {
+    if (!op->lw->conn)
+        return;
     ferry__kvc_unlease(kv, op->lw->conn);
     op->lw->conn = NULL;
     op->lw->pool = NULL;

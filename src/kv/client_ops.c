@@ -75,7 +75,7 @@ int ferry__kvc_reply_end(ferry_kv *kv, ferry__kvc *c, ferry__proto_rd *rd)
 int ferry__kvc_lookup(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
                       const ferry_kv_req *req)
 {
-    ferry__kvc *c = kv->client;
+    ferry__kvc *c = kv->be_impl;
     int r = begin(kv, c, 0, "lookup");
     if (r < 0)
         return r;
@@ -202,7 +202,7 @@ static int run_batches(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
                        const ferry_kv_req *req, const ferry_kv_buffer *buf, int store)
 {
     const char *what = store ? "store" : "retrieve";
-    ferry__kvc *c = kv->client;
+    ferry__kvc *c = kv->be_impl;
     ferry_stream *s = NULL;
     int *st = ferry__malloc(nch * sizeof *st);
     if (!st)
@@ -323,7 +323,7 @@ static int prefetch_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids,
 
 int ferry__kvc_prefetch(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n)
 {
-    ferry__kvc *c = kv->client;
+    ferry__kvc *c = kv->be_impl;
     int r = begin(kv, c, 0, "prefetch");
     if (r < 0)
         return r;
@@ -438,7 +438,7 @@ static int unpin_leading(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, 
 
 int ferry__kvc_pin(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n, int pin)
 {
-    ferry__kvc *c = kv->client;
+    ferry__kvc *c = kv->be_impl;
     int r = begin(kv, c, 0, pin ? "pin" : "unpin");
     if (r < 0)
         return r;
@@ -449,7 +449,7 @@ int ferry__kvc_pin(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
 
 int ferry__kvc_delete(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch)
 {
-    ferry__kvc *c = kv->client;
+    ferry__kvc *c = kv->be_impl;
     int r = begin(kv, c, 0, "delete");
     if (r < 0)
         return r;
@@ -469,7 +469,7 @@ int ferry__kvc_delete(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch)
 
 int ferry__kvc_simple(ferry_kv *kv, int type)
 {
-    ferry__kvc *c = kv->client;
+    ferry__kvc *c = kv->be_impl;
     int r = begin(kv, c, 0, ferry__proto_type_name((unsigned)type));
     if (r < 0)
         return r;
@@ -490,7 +490,7 @@ int ferry__kvc_simple(ferry_kv *kv, int type)
 
 int ferry__kvc_stats(ferry_kv *kv, ferry_kv_stats *out, uint32_t *clients)
 {
-    ferry__kvc *c = kv->client;
+    ferry__kvc *c = kv->be_impl;
     int r = begin(kv, c, 0, "stats");
     if (r < 0)
         return r;

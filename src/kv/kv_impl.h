@@ -502,7 +502,8 @@ struct ferry_kv {
     uint64_t l1_retired;           /* L1 slots a broken read queue may still write: never reused */
     uint64_t *l1_gen;              /* per L1 slot: reservations so far (a server client's lock
                                       names the generation it saw: a reused slot never passes) */
-    struct ferry__kvc *client;     /* a server's client (kv/client*.c): every call goes there */
+    const struct ferry__kv_backend *be; /* the backend every call goes to (backend.h) */
+    void *be_impl;                 /* its state beyond the store (a server's client), or NULL */
     /* back-pressure (store_reserve.c): how long a caller holding no L1 slot
      * waits for one, and the callers waiting, first come first served
      * (under mu; woken through `loaded`) */

@@ -28,13 +28,13 @@
 #include "kv_impl.h"
 #include "kv_layers.h"
 #include "kv_slots.h"
-#include "kvc.h"
+#include "backend.h"
 #include "sized.h"
 #include "store_int.h"
 
 /* ---- the in-process backend ---- */
 
-static size_t local_cap(ferry_kv *kv)
+size_t ferry__kv_lw_local_cap(ferry_kv *kv)
 {
     return (size_t)FERRY__MAX(kv->tier[FERRY_KV_TIER_L1]->capacity / 2, 1);
 }
@@ -57,11 +57,10 @@ void ferry__kv_lw_hold(ferry_kv *kv, ferry_kv_op *op, size_t i, ferry__kv_entry 
     l->img = pool_slot + sp.img_off;
 }
 
-static int local_acquire(ferry_kv *kv, ferry_kv_op *op)
+int ferry__kv_lw_local_acquire(ferry_kv *kv, ferry_kv_op *op, size_t cap)
 {
     ferry__kv_lw *lw = op->lw;
     ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
-    size_t cap = local_cap(kv);
     ferry__kv_slot_prefetch(kv, op->ids, FERRY__MIN(op->nchunks, cap));
     for (size_t i = 0; i < op->nchunks; i++) {
         if (ferry__kv_cancelled(&op->cancel))
@@ -87,7 +86,7 @@ static int local_acquire(ferry_kv *kv, ferry_kv_op *op)
     return 0;
 }
 
-static void local_release(ferry_kv *kv, ferry_kv_op *op)
+void ferry__kv_lw_local_release(ferry_kv *kv, ferry_kv_op *op)
 {
     ferry__kv_lw *lw = op->lw;
     for (size_t k = 0; k < lw->nheld; k++) {
@@ -97,11 +96,10 @@ static void local_release(ferry_kv *kv, ferry_kv_op *op)
     }
 }
 
-static int local_reserve(ferry_kv *kv, ferry_kv_op *op)
+int ferry__kv_lw_local_reserve(ferry_kv *kv, ferry_kv_op *op, size_t cap)
 {
     ferry__kv_lw *lw = op->lw;
     ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
-    size_t cap = local_cap(kv);
     for (size_t i = 0; i < op->nchunks; i++) {
         int r;
         ferry__kv_entry *e = NULL;
@@ -126,7 +124,7 @@ static int local_reserve(ferry_kv *kv, ferry_kv_op *op)
     return 0;
 }
 
-static void local_commit(ferry_kv *kv, ferry_kv_op *op, int abort)
+void ferry__kv_lw_local_commit(ferry_kv *kv, ferry_kv_op *op, int abort)
 {
     ferry__kv_lw *lw = op->lw;
     for (size_t k = 0; k < lw->nheld; k++) {
@@ -144,8 +142,8 @@ static void local_commit(ferry_kv *kv, ferry_kv_op *op, int abort)
 static void lw_detach_locked(ferry_kv *kv, ferry_kv_op *op)
 {
     ferry__kv_lw *lw = op->lw;
-    if (lw->conn)
-        ferry__kvc_lw_unlease(kv, op);
+    if (kv->be->lw_unlease)
+        kv->be->lw_unlease(kv, op);
     if (lw->ev)
         for (uint32_t l = 0; l < lw->nlayers; l++)
             ferry_event_destroy(lw->ev[l]);
@@ -224,7 +222,7 @@ static int lw_new(ferry_kv *kv, int store, const int32_t *tokens, size_t n,
         return ferry__kv_err(kv, -EINVAL, "kv %s: unknown flags %#x", what, o.flags);
     if (o.stream && ferry_stream_device(o.stream) != kv->dev)
         return ferry__kv_err(kv, -EINVAL, "kv %s: the stream is not on the store's device", what);
-    if (kv->client && (r = ferry__kvc_workers(kv)) < 0)
+    if (kv->be->async_start && (r = kv->be->async_start(kv)) < 0)
         return r;
     ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
     int nch = ferry__kv_make_ids(kv, tokens, n, req, what, stack, &ids);
@@ -338,8 +336,7 @@ static void retrieve_run(ferry_kv *kv, ferry__kv_job *j)
     ferry__kv_lw *lw = op->lw;
     atomic_fetch_add(&kv->retrieves, 1);
     uint64_t t0 = ferry__now_ns();
-    int r = kv->client ? ferry__kvc_lw_acquire(kv, op, ferry__kvc_lw_cap(kv))
-                       : local_acquire(kv, op);
+    int r = kv->be->lw_acquire(kv, op, kv->be->lw_cap(kv));
     pthread_mutex_lock(&op->mu);
     /* (acquires stop at the first miss: the chunks held are the leading ones) */
     for (size_t k = 0; k < lw->nheld; k++)
@@ -351,10 +348,7 @@ static void retrieve_run(ferry_kv *kv, ferry__kv_job *j)
     pthread_mutex_unlock(&op->mu);
     if (r == 0)
         retrieve_copy(kv, op);
-    if (kv->client)
-        ferry__kvc_lw_release(kv, op);
-    else
-        local_release(kv, op);
+    kv->be->lw_release(kv, op);
     pthread_mutex_lock(&op->mu);
     int rc = lw->stop;
     for (size_t k = 0; k < lw->nheld; k++) {
@@ -501,10 +495,7 @@ static void store_end_locked(ferry_kv *kv, ferry_kv_op *op, int abort, int rc)
                                ferry_last_error());
         }
     }
-    if (kv->client)
-        ferry__kvc_lw_commit(kv, op, abort);
-    else
-        local_commit(kv, op, abort);
+    kv->be->lw_commit(kv, op, abort);
     if (!abort && op->buf.mem == FERRY_KV_MEM_DEVICE) /* as a retrieve counts its chunks */
         atomic_fetch_add(&kv->device_chunks, lw->nheld);
     if (abort) {
@@ -544,7 +535,7 @@ static int guarded_store_layers(ferry_kv *kv, const int32_t *tokens, size_t n,
         return r;
     ferry__kv_lw *lw = op->lw;
     atomic_fetch_add(&kv->stores, 1);
-    r = kv->client ? ferry__kvc_lw_reserve(kv, op, ferry__kvc_lw_cap(kv)) : local_reserve(kv, op);
+    r = kv->be->lw_reserve(kv, op, kv->be->lw_cap(kv));
     if (r == 0 && op->nchunks && lw->st[0] < 0 && lw->st[0] != FERRY_ELOCKED)
         r = lw->st[0]; /* not even the first chunk: nothing to feed */
     if (r < 0) {

@@ -14,8 +14,9 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "backend.h"
 #include "kv_impl.h"
-#include "kvc.h"
+#include "store_int.h"
 #include "sized.h"
 
 void ferry__kv_hist_record(ferry__kv_hist *h, uint64_t ns)
@@ -64,8 +65,11 @@ static void hist_copy(uint64_t *out, const ferry__kv_hist *h)
  * daemon's); 0 or the client's failure */
 static int snapshot(ferry_kv *kv, ferry_kv_stats *out)
 {
-    if (kv->client)
-        return ferry__kvc_stats(kv, out, NULL);
+    return kv->be->stats(kv, out);
+}
+
+int ferry__kv_local_stats(ferry_kv *kv, ferry_kv_stats *out)
+{
     ferry_kv_stats m = FERRY_KV_STATS_INIT;
     m.lookups = LD(kv->lookups);
     m.lookup_tokens = LD(kv->lookup_tokens);

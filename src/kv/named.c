@@ -18,9 +18,9 @@
 #include <errno.h>
 #include <string.h>
 
+#include "backend.h"
 #include "kv_impl.h"
 #include "kv_slots.h"
-#include "kvc.h"
 #include "store_int.h"
 
 static const char tag[] = "ferry-kv-name-1";
@@ -92,15 +92,13 @@ static int named(ferry_kv *kv, int op, const ferry_kv_name *names, size_t n,
     else if (nch < 0)
         rc = nch;
     else if (op == STORE)
-        rc = kv->client ? ferry__kvc_store(kv, ids, n, ntok, req, &buf)
-                        : ferry__kv_do_store(kv, ids, n, ntok, req, &buf);
+        rc = kv->be->store(kv, ids, n, ntok, req, &buf);
     else if (op == RETRIEVE)
-        rc = kv->client ? ferry__kvc_retrieve(kv, ids, n, ntok, req, &buf)
-                        : ferry__kv_do_retrieve(kv, ids, n, ntok, req, &buf);
+        rc = kv->be->retrieve(kv, ids, n, ntok, req, &buf);
     else if (op == LOOKUP)
         rc = ferry__kv_lookup_ids(kv, ids, n, ntok, req);
     else
-        rc = kv->client ? ferry__kvc_delete(kv, ids, n) : ferry__kv_slot_delete(kv, ids, n);
+        rc = kv->be->del(kv, ids, n);
     if (rc > 0 && op != DELETE) /* tokens of whole chunks -> chunks */
         rc /= (int)kv->chunk_tokens;
     if (ids && ids != stack)

@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "kv_impl.h"
 #include "kv_slots.h"
-#include "kvc.h"
 #include "store_int.h"
 
 /* ---- the public blocking forms ---- */
@@ -50,11 +50,8 @@ static int blocking(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
     if (nch < 0)
         return nch;
     int rc = !nch                         ? 0
-             : kv->client && kind == FERRY__KV_OP_STORE
-                 ? ferry__kvc_store(kv, ids, (size_t)nch, n, req, buf)
-             : kv->client                 ? ferry__kvc_retrieve(kv, ids, (size_t)nch, n, req, buf)
-             : kind == FERRY__KV_OP_STORE ? ferry__kv_do_store(kv, ids, (size_t)nch, n, req, buf)
-                                          : ferry__kv_do_retrieve(kv, ids, (size_t)nch, n, req, buf);
+             : kind == FERRY__KV_OP_STORE ? kv->be->store(kv, ids, (size_t)nch, n, req, buf)
+                                          : kv->be->retrieve(kv, ids, (size_t)nch, n, req, buf);
     if (ids != stack)
         ferry__free(ids);
     return rc;
@@ -122,11 +119,8 @@ static void op_run(ferry_kv *kv, ferry__kv_job *j)
         return;
     }
     t_cancel = &op->cancel;
-    int rc = kv->client && store
-                 ? ferry__kvc_store(kv, op->ids, op->nchunks, op->n, &op->req, &op->buf)
-             : kv->client ? ferry__kvc_retrieve(kv, op->ids, op->nchunks, op->n, &op->req, &op->buf)
-             : store      ? ferry__kv_do_store(kv, op->ids, op->nchunks, op->n, &op->req, &op->buf)
-                          : ferry__kv_do_retrieve(kv, op->ids, op->nchunks, op->n, &op->req, &op->buf);
+    int rc = (store ? kv->be->store : kv->be->retrieve)(kv, op->ids, op->nchunks, op->n, &op->req,
+                                                        &op->buf);
     t_cancel = NULL;
     pthread_mutex_lock(&op->mu);
     op->result = rc;
@@ -142,7 +136,7 @@ static int op_submit(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
     if (!kv || !out)
         return kv ? ferry__kv_err(kv, -EINVAL, "kv %s: store or op is NULL", what)
                   : ferry__err_set(NULL, -EINVAL, "kv %s: store or op is NULL", what);
-    int wrc = kv->client ? ferry__kvc_workers(kv) : 0;
+    int wrc = kv->be->async_start ? kv->be->async_start(kv) : 0;
     if (wrc < 0)
         return wrc;
     ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
@@ -288,17 +282,16 @@ static int guarded_prefetch(ferry_kv *kv, const int32_t *tokens, size_t n, const
     int nch = ferry__kv_make_ids(kv, tokens, n, req, "prefetch", stack, &ids);
     if (nch < 0)
         return nch;
-    if (kv->client) {
-        int rc = nch ? ferry__kvc_prefetch(kv, ids, (size_t)nch, n) : 0;
-        if (ids != stack)
-            ferry__free(ids);
-        return rc;
-    }
-    ferry__kv_remote_discover_missing(kv, ids, (size_t)nch, n);
-    size_t lead = ferry__kv_prefetch_ids(kv, ids, (size_t)nch, n, 1, NULL);
+    int rc = nch ? kv->be->prefetch(kv, ids, (size_t)nch, n) : 0;
     if (ids != stack)
         ferry__free(ids);
-    return (int)lead;
+    return rc;
+}
+
+int ferry__kv_local_prefetch(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n)
+{
+    ferry__kv_remote_discover_missing(kv, ids, nch, n);
+    return (int)ferry__kv_prefetch_ids(kv, ids, nch, n, 1, NULL);
 }
 
 int ferry_kv_prefetch(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
@@ -323,16 +316,18 @@ static int pin_common(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry
     int nch = ferry__kv_make_ids(kv, tokens, n, req, what, stack, &ids);
     if (nch < 0)
         return nch;
-    if (kv->client) {
-        int rc = nch ? ferry__kvc_pin(kv, ids, (size_t)nch, n, pin) : 0;
-        if (ids != stack)
-            ferry__free(ids);
-        return rc;
-    }
+    int rc = nch ? kv->be->pin(kv, ids, (size_t)nch, n, pin) : 0;
+    if (ids != stack)
+        ferry__free(ids);
+    return rc;
+}
+
+int ferry__kv_local_pin(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n, int pin)
+{
     size_t lead = 0;
     pthread_mutex_lock(&kv->mu);
     uint64_t now = ferry__kv_now_ns(kv);
-    for (size_t i = 0; i < (size_t)nch; i++) {
+    for (size_t i = 0; i < nch; i++) {
         ferry__kv_entry *e = ferry__kv_find(kv, ids[i]);
         if (!e || e->state != FERRY__KV_READY || (!pin && e->pins == 0))
             break;
@@ -346,8 +341,6 @@ static int pin_common(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry
         lead += ferry__kv_chunk_ntok(kv, i, n);
     }
     pthread_mutex_unlock(&kv->mu);
-    if (ids != stack)
-        ferry__free(ids);
     return (int)lead;
 }
 
@@ -448,8 +441,7 @@ static int guarded_delete(ferry_kv *kv, const int32_t *tokens, size_t n, const f
     int nch = ferry__kv_make_ids(kv, tokens, n, req, "delete", stack, &ids);
     if (nch < 0)
         return nch;
-    int rc = kv->client ? ferry__kvc_delete(kv, ids, (size_t)nch)
-                        : ferry__kv_slot_delete(kv, ids, (size_t)nch);
+    int rc = kv->be->del(kv, ids, (size_t)nch);
     if (ids != stack)
         ferry__free(ids);
     return rc;
@@ -467,12 +459,8 @@ int ferry_kv_delete(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_k
     return rc;
 }
 
-static int guarded_clear(ferry_kv *kv)
+int ferry__kv_local_clear(ferry_kv *kv)
 {
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv clear: store is NULL");
-    if (kv->client)
-        return ferry__kvc_simple(kv, FERRY__P_CLEAR);
     int deleted = 0, left = 0;
     pthread_mutex_lock(&kv->mu);
     uint64_t now = ferry__kv_now_ns(kv);
@@ -504,7 +492,19 @@ int ferry_kv_clear(ferry_kv *kv)
     int rc = ferry__kv_enter(kv, "clear");
     if (rc < 0)
         return rc;
-    rc = guarded_clear(kv);
+    rc = kv->be->clear(kv);
+    ferry__kv_leave(kv);
+    return rc;
+}
+
+int ferry_kv_sync(ferry_kv *kv)
+{
+    if (!kv)
+        return ferry__err_set(NULL, -EINVAL, "kv sync: store is NULL");
+    int rc = ferry__kv_enter(kv, "sync");
+    if (rc < 0)
+        return rc;
+    rc = kv->be->sync(kv);
     ferry__kv_leave(kv);
     return rc;
 }

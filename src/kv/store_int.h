@@ -125,6 +125,27 @@ void ferry__kv_stream_put(ferry_kv *kv, ferry_stream *s);
 uint32_t ferry__kv_chunk_ntok(const ferry_kv *kv, size_t i, size_t n);
 ferry_kv_hash ferry__kv_ns_of(ferry_kv *kv, const ferry_kv_req *req);
 int ferry__kv_req_ok(ferry_kv *kv, const ferry_kv_req *req, const char *what);
+/* store_open.c: the struct of a store with the checked cfg's settings and
+ * no tiers yet (its backend: the in-process store), or NULL; its free; the
+ * check of cfg->pool_wait_ms (0 or -EINVAL with a message) */
+ferry_kv *ferry__kv_alloc(const ferry_kv_config *cfg, uint32_t ct, uint64_t chunk_bytes);
+void ferry__kv_free(ferry_kv *kv);
+int ferry__kv_pool_wait_check(const ferry_kv_config *cfg);
+/* the in-process store's backend operations (store_backend.c's table) */
+struct ferry__kv_idsrc;
+struct ferry_kv_op;
+int ferry__kv_local_lookup(ferry_kv *kv, struct ferry__kv_idsrc *src, const ferry_kv_req *req);
+int ferry__kv_local_prefetch(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n);
+int ferry__kv_local_pin(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n, int pin);
+int ferry__kv_local_clear(ferry_kv *kv);
+int ferry__kv_local_flush(ferry_kv *kv);
+int ferry__kv_local_sync(ferry_kv *kv);
+int ferry__kv_local_stats(ferry_kv *kv, ferry_kv_stats *out);
+size_t ferry__kv_lw_local_cap(ferry_kv *kv);
+int ferry__kv_lw_local_acquire(ferry_kv *kv, struct ferry_kv_op *op, size_t cap);
+void ferry__kv_lw_local_release(ferry_kv *kv, struct ferry_kv_op *op);
+int ferry__kv_lw_local_reserve(ferry_kv *kv, struct ferry_kv_op *op, size_t cap);
+void ferry__kv_lw_local_commit(ferry_kv *kv, struct ferry_kv_op *op, int abort);
 /* store_lookup.c: the leading tokens of the chunks ids[0..nch) of an
  * n-token request that are cached (either backend; reports tiers in req) */
 int ferry__kv_lookup_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "kv_impl.h"
-#include "kvc.h"
+#include "backend.h"
 #include "store_int.h"
 
 /* ---- the remote tier: finding chunks this process never indexed ---- */
@@ -136,43 +136,18 @@ static size_t lookup_walk(ferry_kv *kv, const ferry_kv_hash *ids, size_t cnt, si
     return j;
 }
 
-/* a lookup through a server: every chunk id at once, one round trip */
-static int client_lookup(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+/* the in-process lookup: ids a block at a time (a miss ends the hashing),
+ * then the remote tier asked about the rest at once */
+int ferry__kv_local_lookup(ferry_kv *kv, ferry__kv_idsrc *src, const ferry_kv_req *req)
 {
-    ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
-    int nch = ferry__kv_make_ids(kv, tokens, n, req, "lookup", stack, &ids);
-    if (nch < 0)
-        return nch;
-    int rc = nch ? ferry__kvc_lookup(kv, ids, (size_t)nch, n, req) : 0;
-    if (ids != stack)
-        ferry__free(ids);
-    return rc;
-}
-
-static int guarded_lookup(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
-{
-    int rc = ferry__kv_tokens_ok(kv, tokens, n, "lookup");
-    if (rc < 0)
-        return rc;
-    if (kv->client)
-        return client_lookup(kv, tokens, n, req);
     uint64_t t0 = ferry__now_ns();
-    if ((rc = ferry__kv_req_ok(kv, req, "lookup")) < 0)
-        return rc;
-    int partial = req && (req->flags & FERRY_KV_PARTIAL);
-    size_t nch = n / kv->chunk_tokens + (partial && n % kv->chunk_tokens ? 1 : 0);
-    if (nch > INT32_MAX / 2)
-        return ferry__kv_err(kv, -EINVAL, "kv lookup: %zu tokens is too many", n);
-    ferry_kv_hash ns = ferry__kv_ns_of(kv, req), prev = {0, 0}, blk[LOOKUP_BLOCK];
+    size_t nch = src->nch, n = src->n;
+    ferry_kv_hash blk[LOOKUP_BLOCK];
     size_t hit = 0, i = 0, k = 0, got = 0;
     uint64_t hits[FERRY_KV_TIERS] = {0};
     while (i < nch) {
         k = FERRY__MIN((size_t)LOOKUP_BLOCK, nch - i);
-        ferry__kv_hash_step(kv->seed, tokens, n, kv->chunk_tokens, i, k, &prev, blk);
-        for (size_t j = 0; j < k; j++) {
-            blk[j].lo ^= ns.lo;
-            blk[j].hi ^= ns.hi;
-        }
+        ferry__kv_idsrc_take(src, k, blk);
         pthread_mutex_lock(&kv->mu);
         got = lookup_walk(kv, blk, k, i, n, req, hits, &hit);
         pthread_mutex_unlock(&kv->mu);
@@ -181,7 +156,7 @@ static int guarded_lookup(ferry_kv *kv, const int32_t *tokens, size_t n, const f
             break;
     }
     if (i < nch && kv->tier[FERRY_KV_TIER_REMOTE]) {
-        /* ids of chunks i..nch: the rest of this block, then hash the rest */
+        /* ids of chunks i..nch: the rest of this block, then the rest */
         size_t cnt = nch - i, have = k - got;
         ferry_kv_hash stack[STACK_CHUNKS], *ids = stack;
         if (cnt > STACK_CHUNKS)
@@ -189,12 +164,7 @@ static int guarded_lookup(ferry_kv *kv, const int32_t *tokens, size_t n, const f
         if (ids) {
             memcpy(ids, blk + got, have * sizeof *ids);
             if (cnt > have)
-                ferry__kv_hash_step(kv->seed, tokens, n, kv->chunk_tokens, i + have, cnt - have,
-                                    &prev, ids + have);
-            for (size_t j = have; j < cnt; j++) {
-                ids[j].lo ^= ns.lo;
-                ids[j].hi ^= ns.hi;
-            }
+                ferry__kv_idsrc_take(src, cnt - have, ids + have);
             remote_discover(kv, ids, cnt, i, n);
             pthread_mutex_lock(&kv->mu);
             i += lookup_walk(kv, ids, cnt, i, n, req, hits, &hit);
@@ -215,33 +185,25 @@ static int guarded_lookup(ferry_kv *kv, const int32_t *tokens, size_t n, const f
     return (int)hit;
 }
 
+static int guarded_lookup(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+{
+    int rc = ferry__kv_tokens_ok(kv, tokens, n, "lookup");
+    if (rc < 0 || (rc = ferry__kv_req_ok(kv, req, "lookup")) < 0)
+        return rc;
+    int partial = req && (req->flags & FERRY_KV_PARTIAL);
+    size_t nch = n / kv->chunk_tokens + (partial && n % kv->chunk_tokens ? 1 : 0);
+    if (nch > INT32_MAX / 2)
+        return ferry__kv_err(kv, -EINVAL, "kv lookup: %zu tokens is too many", n);
+    ferry__kv_idsrc src = {NULL, tokens, n, kv->chunk_tokens, kv->seed,
+                           ferry__kv_ns_of(kv, req), {0, 0}, nch, 0};
+    return kv->be->lookup(kv, &src, req);
+}
+
 int ferry__kv_lookup_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
                          const ferry_kv_req *req)
 {
-    if (kv->client)
-        return nch ? ferry__kvc_lookup(kv, ids, nch, n, req) : 0;
-    uint64_t t0 = ferry__now_ns();
-    size_t hit = 0;
-    uint64_t hits[FERRY_KV_TIERS] = {0};
-    pthread_mutex_lock(&kv->mu);
-    size_t i = lookup_walk(kv, ids, nch, 0, n, req, hits, &hit);
-    pthread_mutex_unlock(&kv->mu);
-    if (i < nch && kv->tier[FERRY_KV_TIER_REMOTE]) {
-        remote_discover(kv, ids + i, nch - i, i, n);
-        pthread_mutex_lock(&kv->mu);
-        i += lookup_walk(kv, ids + i, nch - i, i, n, req, hits, &hit);
-        pthread_mutex_unlock(&kv->mu);
-    }
-    if (i < nch)
-        ferry__kv_set_tier(req, i, FERRY_KV_TIER_NONE);
-    for (int t = 1; t < FERRY_KV_TIERS; t++)
-        if (hits[t] && kv->tier[t])
-            atomic_fetch_add(&kv->tier[t]->hits, hits[t]);
-    atomic_fetch_add(&kv->lookups, 1);
-    atomic_fetch_add(&kv->lookup_tokens, n);
-    atomic_fetch_add(&kv->hit_tokens, hit);
-    ferry__kv_hist_record(&kv->h_lookup, ferry__now_ns() - t0);
-    return (int)hit;
+    ferry__kv_idsrc src = {ids, NULL, n, kv->chunk_tokens, kv->seed, {0, 0}, {0, 0}, nch, 0};
+    return kv->be->lookup(kv, &src, req);
 }
 
 int ferry_kv_lookup(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)

@@ -17,7 +17,7 @@
 #include "dirlock.h"
 #include "kv_impl.h"
 #include "kv_slots.h"
-#include "kvc.h"
+#include "backend.h"
 #include "sized.h"
 #include "store_int.h"
 #include "tier_pslab.h"
@@ -50,7 +50,7 @@ static int recover_one(const ferry_kv_hash *id, uint64_t loc, uint64_t len, void
     return 0;
 }
 
-static void kv_free(ferry_kv *kv)
+void ferry__kv_free(ferry_kv *kv)
 {
     for (uint64_t b = 0; kv->buckets && b < kv->nbuckets; b++) {
         for (ferry__kv_entry *e = kv->buckets[b], *next; e; e = next) {
@@ -158,7 +158,7 @@ static int l2_dirs_check(const ferry_kv_config *cfg)
 /* every option in range before any arithmetic on it: 0 and the chunk's
  * tokens and bytes, or -EINVAL with the message set */
 /* back-pressure's deadline: 0 (decline at once) to FERRY_KV_POOL_WAIT_MS_MAX */
-static int pool_wait_check(const ferry_kv_config *cfg)
+int ferry__kv_pool_wait_check(const ferry_kv_config *cfg)
 {
     if (cfg->pool_wait_ms < 0 || cfg->pool_wait_ms > FERRY_KV_POOL_WAIT_MS_MAX)
         return ferry__err_set(NULL, -EINVAL,
@@ -202,7 +202,7 @@ static int config_check(const ferry_kv_config *cfg, uint32_t *ct, uint64_t *chun
         return rc;
     if (ferry__mode_check(cfg->l2_mode, "kv open: l2_mode", NULL) < 0)
         return -EINVAL;
-    if ((rc = pool_wait_check(cfg)) < 0)
+    if ((rc = ferry__kv_pool_wait_check(cfg)) < 0)
         return rc;
     if (cfg->l2_reset != 0 && cfg->l2_reset != 1)
         return ferry__err_set(NULL, -EINVAL, "kv open: l2_reset %d: accepted 0 or 1",
@@ -224,7 +224,7 @@ static int config_check(const ferry_kv_config *cfg, uint32_t *ct, uint64_t *chun
 }
 
 /* a store with the checked cfg's settings and no tiers yet, or NULL */
-static ferry_kv *kv_alloc(const ferry_kv_config *cfg, uint32_t ct, uint64_t chunk_bytes)
+ferry_kv *ferry__kv_alloc(const ferry_kv_config *cfg, uint32_t ct, uint64_t chunk_bytes)
 {
     ferry_kv *kv = ferry__calloc(1, sizeof *kv);
     if (!kv)
@@ -238,9 +238,10 @@ static ferry_kv *kv_alloc(const ferry_kv_config *cfg, uint32_t ct, uint64_t chun
     pthread_cond_init(&kv->q[0].cv, NULL);
     pthread_cond_init(&kv->q[1].cv, NULL);
     pthread_cond_init(&kv->idle, NULL);
+    kv->be = &ferry__kv_backend_store;
     kv->model = ferry__strdup(cfg->model);
     if (!kv->model) {
-        kv_free(kv);
+        ferry__kv_free(kv);
         return NULL;
     }
     double wm = cfg->watermark > 0 ? cfg->watermark : 0.8;
@@ -337,36 +338,6 @@ static int open_index(ferry_kv *kv, const ferry_kv_config *cfg)
     return 0;
 }
 
-/* a store that is a client of a `ferry serve` daemon (kvc.h) */
-static int client_open(const ferry_kv_config *cfg, ferry_kv **out)
-{
-    if (!cfg->model)
-        return ferry__err_set(NULL, -EINVAL, "kv open: no model (config->model is required)");
-    if (pool_wait_check(cfg) < 0)
-        return -EINVAL;
-    uint32_t ct = cfg->chunk_tokens ? cfg->chunk_tokens : FERRY_KV_CHUNK_TOKENS_DEFAULT;
-    uint64_t chunk_bytes = 0;
-    int rc = ferry_kv_layout_chunk_bytes(&cfg->layout, ct, &chunk_bytes);
-    if (rc < 0)
-        return rc;
-    uint32_t world = cfg->tp_world ? cfg->tp_world : 1;
-    if (cfg->tp_rank >= world)
-        return ferry__err_set(NULL, -EINVAL,
-                              "kv open: tp_rank %u is not below tp_world %u (0 means 1)",
-                              cfg->tp_rank, world);
-    ferry_kv *kv = kv_alloc(cfg, ct, chunk_bytes);
-    if (!kv)
-        return ferry__err_set(NULL, -ENOMEM, "kv open: out of memory");
-    rc = ferry__kvc_open(kv, cfg);
-    if (rc < 0) {
-        ferry__kvc_close(kv);
-        kv_free(kv);
-        return rc;
-    }
-    *out = kv;
-    return 0;
-}
-
 #define KV_CFG(m) FERRY__MEMBER(ferry_kv_config, m)
 static const ferry__member kv_config_later[] = {
     KV_CFG(l2_dir),        KV_CFG(l2_bytes),           KV_CFG(l2_direct),
@@ -395,11 +366,11 @@ static int kv_open(const ferry_kv_config *ucfg, int shared, ferry_kv **out)
     uint32_t ct = 0;
     uint64_t chunk_bytes = 0;
     if (cfg->server && !shared)
-        return client_open(cfg, out);
+        return ferry__kv_client_open(cfg, out);
     rc = config_check(cfg, &ct, &chunk_bytes);
     if (rc < 0)
         return rc;
-    ferry_kv *kv = kv_alloc(cfg, ct, chunk_bytes);
+    ferry_kv *kv = ferry__kv_alloc(cfg, ct, chunk_bytes);
     if (!kv)
         return ferry__err_set(NULL, -ENOMEM, "kv open: out of memory");
     int persistent = cfg->l2_persistent;
@@ -422,7 +393,7 @@ static int kv_open(const ferry_kv_config *ucfg, int shared, ferry_kv **out)
         rc = ferry__kv_workers_start(kv, cfg->workers ? cfg->workers : 2);
     if (rc < 0) {
         ferry__err_pass(NULL, rc);
-        kv_free(kv);
+        ferry__kv_free(kv);
         return rc;
     }
     *out = kv;
@@ -446,8 +417,9 @@ void ferry_kv_close(ferry_kv *kv)
     ferry__kv_close_wait(kv);   /* calls still inside end first (guard.c) */
     ferry__kv_workers_stop(kv);
     ferry__kv_ops_orphan(kv);   /* ops outlive it (op.c) */
-    ferry__kvc_close(kv);
-    kv_free(kv);
+    if (kv->be->close)
+        kv->be->close(kv);
+    ferry__kv_free(kv);
 }
 
 const char *ferry_kv_last_error(const ferry_kv *kv)

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "kv_impl.h"
 #include "sized.h"
 #include "store_int.h"
@@ -165,4 +166,19 @@ void ferry__kv_set_tier(const ferry_kv_req *req, size_t i, int tier)
 {
     if (req && req->tiers && i < req->max_chunks)
         req->tiers[i] = (uint8_t)tier;
+}
+
+void ferry__kv_idsrc_take(ferry__kv_idsrc *s, size_t k, ferry_kv_hash *out)
+{
+    FERRY__ASSERT(s->next + k <= s->nch);
+    if (s->ids) {
+        memcpy(out, s->ids + s->next, k * sizeof *out);
+    } else {
+        ferry__kv_hash_step(s->seed, s->tokens, s->n, s->chunk_tokens, s->next, k, &s->prev, out);
+        for (size_t j = 0; j < k; j++) {
+            out[j].lo ^= s->ns.lo;
+            out[j].hi ^= s->ns.hi;
+        }
+    }
+    s->next += k;
 }

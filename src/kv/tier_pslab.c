@@ -23,7 +23,8 @@
  * fdatasync would only slow the write-through; a crash loses at most the
  * write-throughs of the commit in flight and the two batches behind it,
  * never returns a torn chunk, and never loses an older one.
- * ferry_kv_sync() (at the end of this file) commits what is queued.
+ * ferry_kv_sync() (ferry__kv_local_sync, at the end of this file) commits what
+ * is queued.
  *
  * A write is 16 requests in flight (o.depth), as the non-persistent L2
  * (tier_l2.c) moves a chunk; the slab hashes the chunk while they run.
@@ -52,7 +53,8 @@
 #include <xxhash.h>
 
 #include "ferry/pslab.h"
-#include "kv/kvc.h"
+#include "kv/backend.h"
+#include "kv/store_int.h"
 #include "kv/tier_pslab.h"
 
 typedef struct tp {
@@ -493,12 +495,8 @@ static int count_newer(const void *key, size_t klen, const ferry_pslab_info *inf
     return 0;
 }
 
-static int guarded_sync(ferry_kv *kv)
+int ferry__kv_local_sync(ferry_kv *kv)
 {
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv sync: store is NULL");
-    if (kv->client)
-        return ferry__kvc_simple(kv, FERRY__P_SYNC);
     int rc = ferry__kv_flush(kv);
     if (rc < 0)
         return rc;
@@ -525,14 +523,3 @@ static int guarded_sync(ferry_kv *kv)
     return w.n > INT32_MAX ? INT32_MAX : (int)w.n;
 }
 
-int ferry_kv_sync(ferry_kv *kv)
-{
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv sync: store is NULL");
-    int rc = ferry__kv_enter(kv, "sync");
-    if (rc < 0)
-        return rc;
-    rc = guarded_sync(kv);
-    ferry__kv_leave(kv);
-    return rc;
-}
