@@ -26,46 +26,58 @@ declare -A may=(
     [pslab]="core io slab"
     [gds]="core device io slab"
     [remote]="core"
+    [proto]="core"
     [moe]="core device io"
-    [kv]="core device io slab pslab gds remote"
-    [serve]="core device io slab pslab gds remote kv"
+    [kv]="core device io slab pslab gds remote proto"
+    [serve]="core device io slab pslab gds remote proto kv"
 )
+# inside a layer, rooms (src/<layer>/<room>/) that must not use each other:
+# the KV API's two backends, the in-process store and the daemon's client
+declare -A apart=([kv/store]="kv/client" [kv/client]="kv/store")
 
 # an object whose source is still there (a build tree keeps the objects of
-# files since moved or deleted)
+# files since moved or deleted); $2: its unit (layer or layer/room)
 live() {
     [ -e "$1" ] && [ -e "src/$2/$(basename "$1" .o)" ]
 }
 
+# every unit: a layer (src/<layer>/) or a room of one (src/<layer>/<room>/)
+units=$(cd "$objs" && find . -mindepth 1 -maxdepth 2 -type d | sed 's|^\./||' | sort)
+
 defs=$(mktemp)
 trap 'rm -f "$defs"' EXIT
-for dir in "$objs"/*/; do
-    layer=$(basename "$dir")
-    for o in "$dir"*.o; do
-        live "$o" "$layer" || continue
-        nm -g --defined-only "$o" | awk -v l="$layer" 'NF >= 3 {print $3, l}'
+for unit in $units; do
+    for o in "$objs/$unit/"*.o; do
+        live "$o" "$unit" || continue
+        nm -g --defined-only "$o" | awk -v u="$unit" 'NF >= 3 {print $3, u}'
     done
 done | sort -u >"$defs"
 [ -s "$defs" ] || { echo "layers.sh: no symbols in $objs" >&2; exit 2; }
 
 bad=0
-for dir in "$objs"/*/; do
-    layer=$(basename "$dir")
+for unit in $units; do
+    layer=${unit%%/*}
     if [ -z "${may[$layer]+set}" ]; then
         echo "layers.sh: layer '$layer' is not in the house (add it to this script and ARCHITECTURE.md)"
         bad=1
         continue
     fi
-    for o in "$dir"*.o; do
-        live "$o" "$layer" || continue
+    for o in "$objs/$unit/"*.o; do
+        live "$o" "$unit" || continue
         while read -r sym; do
             home=$(awk -v s="$sym" '$1 == s {print $2; exit}' "$defs")
             [ -n "$home" ] || continue # outside the library (libc, hiredis, ...)
-            [ "$home" = "$layer" ] && continue
+            if [ "${home%%/*}" = "$layer" ]; then # the same layer: rooms kept apart
+                if [ -n "${apart[$unit]+set}" ] && [ "$home" = "${apart[$unit]}" ]; then
+                    echo "layers.sh: $unit/$(basename "$o" .o) uses $sym from $home"
+                    bad=1
+                fi
+                continue
+            fi
             case " ${may[$layer]} " in
-            *" $home "*) ;;
+            *" ${home%%/*} "*) ;;
             *)
-                echo "layers.sh: $layer/$(basename "$o" .o) uses $sym from $home"
+                echo "layers.sh: $unit/$(basename "$o" .o) uses $sym from $home"
                 bad=1
                 ;;
             esac

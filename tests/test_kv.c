@@ -23,7 +23,7 @@
 #include "ferry_test.h"
 #include "io/sys.h"
 #include "kv/kv_impl.h"
-#include "kv/store_int.h"
+#include "kv/store/store_int.h"
 
 /* a small layout: 2 layers, K and V, 2 heads of 16 bf16: 64 bytes per token
  * and plane, 16-token chunks of 4096 bytes (the tests of chunks read in

@@ -1,5 +1,5 @@
 /*
- * test_pslab_tier.c - the KV store's persistent L2 tier (src/kv/tier_pslab.c)
+ * test_pslab_tier.c - the KV store's persistent L2 tier (src/kv/store/tier_pslab.c)
  * through its ops table: slots, durable writes, checked reads, eviction by
  * forget, and the chunks it hands back after a restart.
  */
@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "ferry_test.h"
-#include "kv/tier_pslab.h"
+#include "kv/store/tier_pslab.h"
 #include "pslab/pslab_reader.h"
 
 #define SLOT 8192u

@@ -27,8 +27,8 @@
 #include "ferry_test.h"
 #include "serve_fixture.h"
 #include "kv/kv_impl.h"
-#include "kv/proto.h"
-#include "kv/store_int.h"
+#include "proto/proto.h"
+#include "kv/store/store_int.h"
 
 #define CT 16
 #define TB 64u

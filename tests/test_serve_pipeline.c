@@ -27,7 +27,7 @@
 
 #include "ferry_test.h"
 #include "serve_fixture.h"
-#include "kv/proto.h"
+#include "proto/proto.h"
 
 #define CT 16
 #define TB 64u

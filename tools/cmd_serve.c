@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "kv/proto.h"
+#include "proto/proto.h"
 #include "serve_config.h"
 #include "serve_metrics.h"
 

@@ -17,10 +17,10 @@
  * life are op.c's.
  */
 #include <errno.h>
-#include "backend.h"
-#include "kv_impl.h"
-#include "store_int.h"
-#include "kv_layers.h"
+#include "kv/backend.h"
+#include "kv/kv_impl.h"
+#include "kv/store/store_int.h"
+#include "kv/kv_layers.h"
 
 /* a job carries what to do with it: the pool runs it, whatever it is */
 static void run_job(ferry_kv *kv, ferry__kv_job *j)

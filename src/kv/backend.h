@@ -1,7 +1,7 @@
 /*
  * backend.h - the KV API's two backends behind one table (private).
  *
- * kv/'s front (store_api.c, named.c, the lookup front, layers.c, async.c,
+ * kv/'s front (api.c, named.c, layers.c, async.c,
  * metrics.c) checks a call's arguments, hashes its chunk ids and builds its
  * request once, then calls the store's table. There are two tables: the
  * in-process tiered store (store/: its tiers, index and policies) and a
@@ -15,7 +15,7 @@
 #ifndef FERRY_SRC_KV_BACKEND_H
 #define FERRY_SRC_KV_BACKEND_H
 
-#include "kv_impl.h"
+#include "kv/kv_impl.h"
 
 /*
  * A lookup's chunk ids, made as they are asked for: a token chain is

@@ -14,7 +14,7 @@
  * The count is guarded by call_mu, not an atomic: a leaving call must be
  * done with the store's memory before close can see zero.
  */
-#include "kv_impl.h"
+#include "kv/kv_impl.h"
 
 int ferry__kv_enter(ferry_kv *kv, const char *what)
 {

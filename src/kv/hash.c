@@ -21,7 +21,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "kv_impl.h"
+#include "kv/kv_impl.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
 #define FERRY__KV_BIG_ENDIAN 1

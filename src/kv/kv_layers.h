@@ -20,7 +20,7 @@
 #ifndef FERRY_SRC_KV_LAYERS_H
 #define FERRY_SRC_KV_LAYERS_H
 
-#include "kv_impl.h"
+#include "kv/kv_impl.h"
 
 struct ferry__kvc;
 

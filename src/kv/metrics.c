@@ -14,9 +14,9 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "backend.h"
-#include "kv_impl.h"
-#include "store_int.h"
+#include "kv/backend.h"
+#include "kv/kv_impl.h"
+#include "kv/store/store_int.h"
 #include "sized.h"
 
 void ferry__kv_hist_record(ferry__kv_hist *h, uint64_t ns)

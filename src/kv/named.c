@@ -18,10 +18,10 @@
 #include <errno.h>
 #include <string.h>
 
-#include "backend.h"
-#include "kv_impl.h"
-#include "kv_slots.h"
-#include "store_int.h"
+#include "kv/backend.h"
+#include "kv/kv_impl.h"
+#include "kv/kv_slots.h"
+#include "kv/store/store_int.h"
 
 static const char tag[] = "ferry-kv-name-1";
 

@@ -30,8 +30,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "kv_impl.h"
-#include "kv_layers.h"
+#include "kv/kv_impl.h"
+#include "kv/kv_layers.h"
 
 static pthread_mutex_t ops_mu = PTHREAD_MUTEX_INITIALIZER;
 

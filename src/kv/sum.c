@@ -16,7 +16,7 @@
 
 #include <string.h>
 
-#include "kv_impl.h"
+#include "kv/kv_impl.h"
 
 #define SUM_BLOCK ((uint64_t)64 << 10)
 

@@ -20,7 +20,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "kv_impl.h"
+#include "kv/kv_impl.h"
 #include "copy.h"
 #include "sized.h"
 

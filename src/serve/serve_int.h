@@ -17,7 +17,7 @@
 #include "core.h"
 #include "ferry/serve.h"
 #include "kv/kv_slots.h"
-#include "kv/proto.h"
+#include "proto/proto.h"
 
 /* a slot a connection holds: reserved for its store (W) or acquired (R) */
 typedef struct ferry__srv_hold {

@@ -1,0 +1,238 @@
+/*
+ * tier_l1.c - L1: a pool of host memory carved into chunk slots.
+ *
+ * The pool is one allocation (pinned through the store's device when it has
+ * one, so device copies are truly asynchronous and DMA-able; page-aligned
+ * host memory otherwise), split into `capacity` slots of slot_bytes, each a
+ * multiple of 4096 so a slot is also a valid O_DIRECT buffer for the L2
+ * write-through. Free slots are a stack of indices.
+ *
+ * A shared pool (the one `ferry serve` hosts) lives in a memfd, with huge
+ * pages where the kernel gives them (MFD_HUGETLB when huge pages are
+ * reserved, else a plain memfd advised MADV_HUGEPAGE), sealed against
+ * shrinking, so every client maps the same bytes and none can pull the
+ * pages from under the others.
+ *
+ * Invariant: a slot index is either on the free stack or reserved, never
+ * both (reserve/release run under the store's mutex); the bytes of a
+ * reserved slot are only touched by whoever holds its chunk.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "kv/kv_impl.h"
+
+typedef struct l1 {
+    ferry_device *dev;     /* NULL: pool from the allocation hook */
+    unsigned char *pool;
+    int fd;                /* shared: the memfd (else -1) */
+    size_t map_bytes;      /* shared: the mapping's length */
+    uint64_t *free_stack;
+    uint64_t nfree;
+} l1;
+
+/*
+ * Fault the pool's pages in now, with huge pages where the kernel gives
+ * them: a first touch inside a store costs a page fault per 4 KiB (tens of
+ * microseconds each in a VM), which would make the first pass over L1 run
+ * at a fraction of memcpy speed. Pinned pools are faulted in by pinning.
+ */
+static void prefault(unsigned char *pool, size_t bytes)
+{
+#ifdef MADV_HUGEPAGE
+    if (madvise(pool, bytes, MADV_HUGEPAGE) != 0)
+        FERRY_LOGD("kv L1: madvise(MADV_HUGEPAGE) on %zu bytes: %s", bytes, strerror(errno));
+#endif
+    for (size_t off = 0; off < bytes; off += 4096)
+        pool[off] = 0;
+}
+
+static int l1_reserve(ferry__kv_tier *t, uint64_t *loc)
+{
+    l1 *p = t->impl;
+    if (!p->nfree)
+        return FERRY_ENOSPACE;
+    *loc = p->free_stack[--p->nfree];
+    return 0;
+}
+
+static void l1_release(ferry__kv_tier *t, uint64_t loc)
+{
+    l1 *p = t->impl;
+    p->free_stack[p->nfree++] = loc;
+}
+
+static void *l1_host_ptr(ferry__kv_tier *t, uint64_t loc)
+{
+    l1 *p = t->impl;
+    return p->pool + loc * t->slot_bytes;
+}
+
+static int l1_write(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, const void *src,
+                    size_t len)
+{
+    (void)id;
+    memcpy(l1_host_ptr(t, loc), src, len);
+    return 0;
+}
+
+static int l1_read(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, void *dst, size_t len)
+{
+    (void)id;
+    memcpy(dst, l1_host_ptr(t, loc), len);
+    return 0;
+}
+
+static void l1_close(ferry__kv_tier *t)
+{
+    l1 *p = t->impl;
+    if (!p)
+        return;
+    if (p->fd >= 0) {
+        if (p->pool)
+            munmap(p->pool, p->map_bytes);
+        close(p->fd);
+    } else if (p->pool) {
+        if (p->dev)
+            ferry_device_host_free(p->dev, p->pool);
+        else
+            ferry__free(p->pool);
+    }
+    ferry__free(p->free_stack);
+    ferry__free(p);
+    t->impl = NULL;
+}
+
+static const ferry__kv_tier_ops l1_ops = {
+    .name = "l1",
+    .reserve = l1_reserve,
+    .release = l1_release,
+    .write = l1_write,
+    .read = l1_read,
+    .host_ptr = l1_host_ptr,
+    .close = l1_close,
+};
+
+/* a memfd of at least bytes, mapped shared: huge pages when the kernel has
+ * them reserved, else plain pages (advised huge) */
+static int shm_pool(l1 *p, size_t bytes, ferry__errbuf *eb)
+{
+#ifdef MFD_HUGETLB
+    size_t huge = FERRY__ALIGN_UP(bytes, (size_t)2 << 20);
+    int fd = memfd_create("ferry-l1", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB);
+    if (fd >= 0 && ftruncate(fd, (off_t)huge) == 0) {
+        void *m = mmap(NULL, huge, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+        if (m != MAP_FAILED) {
+            p->fd = fd;
+            p->pool = m;
+            p->map_bytes = huge;
+            FERRY_LOGI("kv L1: shared pool of %zu bytes in huge pages", huge);
+            goto sealed;
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+#endif
+    p->fd = memfd_create("ferry-l1", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (p->fd < 0)
+        return ferry__err_set(eb, -errno, "kv L1: memfd_create for a shared pool: %s",
+                              strerror(errno));
+    if (ftruncate(p->fd, (off_t)bytes) != 0)
+        return ferry__err_set(eb, -errno, "kv L1: sizing the shared pool to %zu bytes: %s", bytes,
+                              strerror(errno));
+    void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, p->fd, 0);
+    if (m == MAP_FAILED)
+        return ferry__err_set(eb, -errno, "kv L1: mapping the shared pool of %zu bytes: %s",
+                              bytes, strerror(errno));
+    p->pool = m;
+    p->map_bytes = bytes;
+    prefault(p->pool, bytes);
+sealed:
+    if (fcntl(p->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+        FERRY_LOGD("kv L1: sealing the shared pool: %s", strerror(errno));
+    return 0;
+}
+
+int ferry__kv_tier_l1_fd(ferry__kv_tier *t, uint64_t *bytes)
+{
+    l1 *p = t->impl;
+    if (p->fd >= 0 && bytes)
+        *bytes = p->map_bytes;
+    return p->fd;
+}
+
+int ferry__kv_tier_l1_open(ferry_device *dev, uint64_t slot_bytes, uint64_t capacity, int shared,
+                           ferry__errbuf *eb, ferry__kv_tier **out)
+{
+    if (!capacity || !slot_bytes || slot_bytes % 4096)
+        return ferry__err_set(eb, -EINVAL, "kv L1: bad geometry (%llu slots of %llu bytes)",
+                              (unsigned long long)capacity, (unsigned long long)slot_bytes);
+    if (capacity > SIZE_MAX / slot_bytes)
+        return ferry__err_set(eb, -EOVERFLOW, "kv L1: %llu slots of %llu bytes overflow",
+                              (unsigned long long)capacity, (unsigned long long)slot_bytes);
+    ferry__kv_tier *t = ferry__calloc(1, sizeof *t);
+    l1 *p = ferry__calloc(1, sizeof *p);
+    if (!t || !p) {
+        ferry__free(t);
+        ferry__free(p);
+        return ferry__err_set(eb, -ENOMEM, "kv L1: out of memory for the tier");
+    }
+    t->ops = &l1_ops;
+    t->impl = p;
+    t->id = FERRY_KV_TIER_L1;
+    t->slot_bytes = slot_bytes;
+    t->capacity = capacity;
+    p->dev = dev;
+    p->fd = -1;
+    size_t bytes = (size_t)(capacity * slot_bytes);
+    p->free_stack = ferry__malloc(capacity * sizeof *p->free_stack);
+    if (!p->free_stack) {
+        ferry__kv_tier_free(t);
+        return ferry__err_set(eb, -ENOMEM, "kv L1: out of memory for %llu slot indices",
+                              (unsigned long long)capacity);
+    }
+    if (shared) {
+        int rc = shm_pool(p, bytes, eb);
+        if (rc < 0) {
+            ferry__kv_tier_free(t);
+            return rc;
+        }
+    } else if (dev) {
+        void *mem = NULL;
+        int rc = ferry_device_host_alloc(dev, bytes, &mem);
+        if (rc < 0) {
+            ferry__kv_tier_free(t);
+            return ferry__err_set(eb, rc, "kv L1: pinned pool of %zu bytes on %s: %s", bytes,
+                                  ferry_device_name(dev), ferry_last_error());
+        }
+        p->pool = mem;
+    } else {
+        size_t align = bytes >= (2u << 20) ? (2u << 20) : 4096;
+        p->pool = ferry__aligned_alloc(align, bytes);
+        if (!p->pool) {
+            ferry__kv_tier_free(t);
+            return ferry__err_set(eb, -ENOMEM, "kv L1: out of memory for a pool of %zu bytes",
+                                  bytes);
+        }
+        prefault(p->pool, bytes);
+    }
+    /* hand out low slots first: the stack pops from its end */
+    for (uint64_t i = 0; i < capacity; i++)
+        p->free_stack[i] = capacity - 1 - i;
+    p->nfree = capacity;
+    *out = t;
+    return 0;
+}
+
+void ferry__kv_tier_free(ferry__kv_tier *t)
+{
+    if (!t)
+        return;
+    if (t->ops && t->ops->close)
+        t->ops->close(t);
+    ferry__kv_policy_destroy(t->policy);
+    ferry__free(t);
+}
