@@ -70,19 +70,7 @@ static void auto_follows_transition_where_it_learns_more(void **state)
 static void auto_is_deterministic_and_listed(void **state)
 {
     (void)state;
-    int listed = 0;
-    for (const char *const *p = ferry_moe_policies(); *p; p++)
-        listed += !strcmp(*p, "auto");
-    assert_int_equal(listed, 1);
-    assert_non_null(ferry_moe_policy_describe("auto"));
-    ferry_moe_trace *t = ft_moe_gen("qwen3-30b-a3b", 64, 5);
-    ferry_moe_replay_result a, b;
-    FT_ASSERT_OK(ferry_moe_replay(t, "auto", ft_moe_share(t, 12.5), 0, &a));
-    FT_ASSERT_OK(ferry_moe_replay(t, "auto", ft_moe_share(t, 12.5), 0, &b));
-    assert_int_equal(a.hits, b.hits);
-    assert_int_equal(a.evictions, b.evictions);
-    assert_string_equal(a.policy, "auto");
-    ferry_moe_trace_destroy(t);
+    ft_moe_policy_listed_and_deterministic("auto", 12.5);
 }
 
 /* every step: the step's experts resident, the routing half consistent,

@@ -108,19 +108,7 @@ static void transition_keeps_the_invariants(void **state)
 static void transition_is_listed_and_deterministic(void **state)
 {
     (void)state;
-    int listed = 0;
-    for (const char *const *p = ferry_moe_policies(); *p; p++)
-        listed += !strcmp(*p, "transition");
-    assert_int_equal(listed, 1);
-    assert_non_null(ferry_moe_policy_describe("transition"));
-    ferry_moe_trace *t = ft_moe_gen("qwen3-30b-a3b", 64, 5);
-    ferry_moe_replay_result a, b;
-    FT_ASSERT_OK(ferry_moe_replay(t, "transition", ft_moe_share(t, 25), 0, &a));
-    FT_ASSERT_OK(ferry_moe_replay(t, "transition", ft_moe_share(t, 25), 0, &b));
-    assert_int_equal(a.hits, b.hits);
-    assert_int_equal(a.evictions, b.evictions);
-    assert_string_equal(a.policy, "transition");
-    ferry_moe_trace_destroy(t);
+    ft_moe_policy_listed_and_deterministic("transition", 25);
 }
 
 static void transition_beats_lru_on_a_transition_structure(void **state)

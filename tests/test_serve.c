@@ -417,22 +417,9 @@ static int raw_reply(raw *r, int32_t *rc, char *msg, size_t msglen)
     uint8_t hb[FERRY__PROTO_HDR];
     size_t got = 0;
     while (got < sizeof hb) {
-        union {
-            struct cmsghdr c;
-            char b[CMSG_SPACE(sizeof(int))];
-        } ctl;
-        struct iovec iov = {hb + got, sizeof hb - got};
-        struct msghdr m = {0};
-        m.msg_iov = &iov;
-        m.msg_iovlen = 1;
-        m.msg_control = ctl.b;
-        m.msg_controllen = sizeof ctl.b;
-        ssize_t k = recvmsg(r->fd, &m, MSG_CMSG_CLOEXEC);
+        ssize_t k = ft_recv_fd(r->fd, hb + got, sizeof hb - got, MSG_CMSG_CLOEXEC, &r->pool_fd);
         if (k <= 0)
             return -1;
-        struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-        if (c && c->cmsg_type == SCM_RIGHTS)
-            memcpy(&r->pool_fd, CMSG_DATA(c), sizeof(int));
         got += (size_t)k;
     }
     char why[128];
@@ -614,39 +601,16 @@ static void test_client_killed_mid_store(void **state)
 
 /* ---- the daemon killed, restarted on its persistent L2 ---- */
 
-static ferry_serve *g_child_serve;
-
-static void child_term(int sig)
-{
-    (void)sig;
-    ferry_serve_stop(g_child_serve);
-}
-
 static pid_t daemon_fork(const char *l2dir)
 {
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        ferry_kv_config kc = store_config(16);
-        kc.l2_dir = l2dir;
-        kc.l2_bytes = 64 * 4096;
-        kc.l2_persistent = 1;
-        ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
-        sc.socket_path = g_sock;
-        sc.kv = &kc;
-        ferry_serve *s = NULL;
-        if (ferry_serve_open(&sc, &s) < 0) {
-            fprintf(stderr, "daemon: %s\n", ferry_last_error());
-            _exit(3);
-        }
-        g_child_serve = s;
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = child_term;
-        sigaction(SIGTERM, &sa, NULL);
-        ferry_serve_run(s);
-        _exit(ferry_serve_close(s) < 0 ? 4 : 0);
-    }
+    ferry_kv_config kc = store_config(16);
+    kc.l2_dir = l2dir;
+    kc.l2_bytes = 64 * 4096;
+    kc.l2_persistent = 1;
+    ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
+    sc.socket_path = g_sock;
+    sc.kv = &kc;
+    pid_t pid = ft_srv_fork(&sc, -1);
     /* wait until it answers */
     for (int i = 0; i < 500; i++) {
         raw r;

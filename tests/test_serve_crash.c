@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "ferry_test.h"
+#include "serve_fixture.h"
 
 #define CT 16
 #define TB 64u
@@ -103,39 +104,16 @@ static ferry_kv_buffer buffer_of(unsigned char *mem)
 
 /* ---- the daemon ---- */
 
-static ferry_serve *g_child;
-
-static void on_term(int sig)
-{
-    (void)sig;
-    ferry_serve_stop(g_child);
-}
-
 static pid_t daemon_start(void)
 {
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        ferry_kv_config kc = store_config();
-        kc.l2_dir = g_l2;
-        kc.l2_bytes = 256 * PLANES * CT * TB;
-        kc.l2_persistent = 1;
-        ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
-        sc.socket_path = g_sock;
-        sc.kv = &kc;
-        ferry_log_set_level(FERRY_LOG_ERROR);
-        if (ferry_serve_open(&sc, &g_child) < 0) {
-            fprintf(stderr, "daemon: %s\n", ferry_last_error());
-            _exit(3);
-        }
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = on_term;
-        sigaction(SIGTERM, &sa, NULL);
-        ferry_serve_run(g_child);
-        _exit(ferry_serve_close(g_child) < 0 ? 4 : 0);
-    }
-    return pid;
+    ferry_kv_config kc = store_config();
+    kc.l2_dir = g_l2;
+    kc.l2_bytes = 256 * PLANES * CT * TB;
+    kc.l2_persistent = 1;
+    ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
+    sc.socket_path = g_sock;
+    sc.kv = &kc;
+    return ft_srv_fork(&sc, FERRY_LOG_ERROR);
 }
 
 /* connect, retrying while the daemon starts */

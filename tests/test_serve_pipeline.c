@@ -184,37 +184,6 @@ typedef struct proxy {
     size_t n;
 } proxy;
 
-static int send_full(int fd, const uint8_t *p, size_t n, int pass_fd)
-{
-    while (n) {
-        union {
-            struct cmsghdr h;
-            char b[CMSG_SPACE(sizeof(int))];
-        } ctl;
-        struct iovec iov = {(void *)p, n};
-        struct msghdr m = {0};
-        m.msg_iov = &iov;
-        m.msg_iovlen = 1;
-        if (pass_fd >= 0) {
-            memset(&ctl, 0, sizeof ctl);
-            m.msg_control = ctl.b;
-            m.msg_controllen = sizeof ctl.b;
-            struct cmsghdr *h = CMSG_FIRSTHDR(&m);
-            h->cmsg_level = SOL_SOCKET;
-            h->cmsg_type = SCM_RIGHTS;
-            h->cmsg_len = CMSG_LEN(sizeof(int));
-            memcpy(CMSG_DATA(h), &pass_fd, sizeof pass_fd);
-        }
-        ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
-        if (w <= 0)
-            return -1;
-        p += w;
-        n -= (size_t)w;
-        pass_fd = -1;
-    }
-    return 0;
-}
-
 static int recv_full(int fd, uint8_t *p, size_t n)
 {
     while (n) {
@@ -233,24 +202,11 @@ static void *proxy_back(void *arg)
     proxy *x = arg;
     uint8_t buf[1 << 16];
     for (;;) {
-        union {
-            struct cmsghdr h;
-            char b[CMSG_SPACE(sizeof(int))];
-        } ctl;
-        struct iovec iov = {buf, sizeof buf};
-        struct msghdr m = {0};
-        m.msg_iov = &iov;
-        m.msg_iovlen = 1;
-        m.msg_control = ctl.b;
-        m.msg_controllen = sizeof ctl.b;
-        ssize_t r = recvmsg(x->dfd, &m, 0);
+        int fd = -1;
+        ssize_t r = ft_recv_fd(x->dfd, buf, sizeof buf, 0, &fd);
         if (r <= 0)
             break;
-        int fd = -1;
-        struct cmsghdr *h = CMSG_FIRSTHDR(&m);
-        if (h && h->cmsg_type == SCM_RIGHTS)
-            memcpy(&fd, CMSG_DATA(h), sizeof fd);
-        int w = send_full(x->cfd, buf, (size_t)r, fd);
+        int w = ft_send_fd(x->cfd, buf, (size_t)r, fd);
         if (fd >= 0)
             close(fd);
         if (w < 0)
@@ -281,7 +237,7 @@ static void *proxy_main(void *arg)
             break;
         if (x->n < LOG_MAX)
             x->type[x->n++] = h.type;
-        if (send_full(x->dfd, frame, FERRY__PROTO_HDR + h.len, -1) < 0)
+        if (ft_send_fd(x->dfd, frame, FERRY__PROTO_HDR + h.len, -1) < 0)
             break;
     }
     shutdown(x->dfd, SHUT_RDWR);

@@ -3,8 +3,7 @@
  *
  * A ferry_gds keeps one preallocated slab file ("ferry_slab.bin") in each
  * configured directory (one per drive; the slab is striped across them) and
- * moves byte ranges of it to and from device buffers and host buffers. It
- * is LMCache's GDS context (facts.md section 2), in C:
+ * moves byte ranges of it to and from device buffers and host buffers:
  *
  *  - Life: ferry_gds_open(NULL, &g) gives a context that is OFF:
  *    registering and deregistering are no-ops that call nothing.

@@ -5,7 +5,7 @@
  * An inference engine calls ferry after a prefill to store the KV cache of
  * a prompt, and before the next prefill to learn how many leading tokens
  * are already cached and to load them into its own buffers instead of
- * recomputing them (LMCache's job, facts.md section 2).
+ * recomputing them.
  *
  * Keys. A prompt's token ids are cut into chunks of chunk_tokens (256 by
  * default). Chunk i's hash is chained over the previous one:
@@ -20,8 +20,8 @@
  *
  * Chunk data. One chunk holds, for chunk_tokens tokens, the K and V of
  * every layer as one tensor [kv][layers][chunk_tokens][heads * head_dim] of
- * the layout's dtype (LMCache's KV_2LTD). Llama-3-8B (32 layers, 8 KV
- * heads, head_dim 128, bf16): 2*32*256*8*128*2 = 32 MiB per chunk.
+ * the layout's dtype. Llama-3-8B (32 layers, 8 KV heads, head_dim 128,
+ * bf16): 2*32*256*8*128*2 = 32 MiB per chunk.
  *
  * Tiers. L1 is a pool of host memory (pinned through the store's device
  * when it has one) carved into chunk slots. L2, when configured, is an

@@ -250,13 +250,13 @@ typedef struct ferry_moe_planner_options {
 
 /**
  * Policy names, NULL-terminated:
- *  - "lru": global least recently used (the ferrox / mixtral-offloading
- *    baseline; the cheapest: name it to have it); victim O(log slots).
+ *  - "lru": global least recently used (the baseline; the cheapest:
+ *    name it to have it); victim O(log slots).
  *  - "lru-layer": LRU inside a per-layer quota of slots / the layers
- *    routed so far (llama.cpp); O(log slots), O(num_layers) on its rare
+ *    routed so far; O(log slots), O(num_layers) on its rare
  *    fallback.
  *  - "lfu": least frequently used with a 16-token half-life; O(log slots).
- *  - "lfru": frequency-weighted LRU (vLLM proposal); O(log slots).
+ *  - "lfru": frequency-weighted LRU; O(log slots).
  *  - "s3fifo": S3-FIFO; O(1) amortised.
  *  - "routing": learned reuse probability per routing-feature cell (last
  *    turn, 8-turn window, recency, popularity, cross-layer partner),
@@ -523,7 +523,7 @@ FERRY_API int ferry_moe_planner_stats_get(const ferry_moe_planner *p,
  * Executor: expert slots on a device
  * ====================================================================== */
 
-/** How a plan's rows are laid out in host memory (ferrox's CopyRoute). */
+/** How a plan's rows are laid out in host memory. */
 enum ferry_moe_route {
     FERRY_MOE_ROUTE_PER_ROW = 0,             /**< pinned rows, one copy each */
     FERRY_MOE_ROUTE_WHOLE_LAYER_PAGEABLE = 1, /**< a pageable layer staged whole */
@@ -533,10 +533,9 @@ enum ferry_moe_route {
 };
 
 /**
- * A slot device: where slot memory lives and how bytes get there (the
- * seed's SlotDevice). Every function returns 0 or a negative code and
- * should record a message with ferry_last_error()'s thread buffer (any
- * ferry call that failed does). write_slot/copy_slot may be asynchronous:
+ * A slot device: where slot memory lives and how bytes get there. Every
+ * function returns 0 or a negative code and should record a message with
+ * ferry_last_error()'s thread buffer (any ferry call that failed does). write_slot/copy_slot may be asynchronous:
  * they only have to have landed when flush returns 0.
  */
 typedef struct ferry_moe_slot_device_ops {
@@ -562,7 +561,7 @@ typedef struct ferry_moe_slot_device_ops {
 } ferry_moe_slot_device_ops;
 
 /**
- * The slot pool's geometry (ferrox's SlotGeometry). Every function taking
+ * The slot pool's geometry. Every function taking
  * one checks it whole before anything is sized by it: -EINVAL with a
  * message naming the field, its value and the accepted range.
  */
@@ -643,9 +642,8 @@ FERRY_API int ferry_moe_rows_file_table(const ferry_moe_geometry *g, ferry_io *i
                                         const char *path, const uint64_t *row_off,
                                         ferry_moe_rows **out);
 /**
- * The caller's own rows (the seed's ExpertRows): fn returns the host bytes
- * of row `row` of `layer` in `bank` and sets *len to their length, or
- * returns NULL when it has no such row. The bytes must stay valid until the
+ * The caller's own rows: fn returns the host bytes of row `row` of
+ * `layer` in `bank` and sets *len to their length, or returns NULL when it has no such row. The bytes must stay valid until the
  * plan using them has been applied. Errors: -EINVAL, -ENOMEM.
  */
 typedef const void *(*ferry_moe_row_fn)(void *ctx, uint32_t bank, uint32_t layer, uint32_t row,

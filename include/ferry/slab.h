@@ -3,7 +3,7 @@
  *
  * A ferry_slab hands out extents [offset, offset + size) of a range
  * [0, capacity) - the bytes of an NVMe slab file (see ferry/gds.h) or of
- * any other arena. It is LMCache's L1 memory manager, in C:
+ * any other arena:
  *  - first fit over an address-ordered free list, every extent aligned to
  *    `alignment` (4096 by default) and its size rounded up to it;
  *  - freeing coalesces with both neighbours, so no two free blocks touch;
@@ -14,18 +14,17 @@
  *  - ferry_slab_check() walks every invariant (free + used == capacity, no
  *    two free blocks adjacent, no overlap, aligned, tree consistent).
  *
- * Each allocated extent also carries LMCache's key states, which callers
- * may use or ignore: a fresh extent is WRITING (invisible to readers);
+ * Each allocated extent also carries a key state, which callers may use
+ * or ignore: a fresh extent is WRITING (invisible to readers);
  * ferry_slab_commit() makes it READY; readers take counted read locks.
- * The status codes map onto ferry's:
- *     SUCCESS            0
- *     KEY_NOT_EXIST      FERRY_ENOTFOUND   (no extent starts at that offset)
- *     KEY_NOT_READABLE   FERRY_ENOTREADABLE (read lock on a WRITING extent)
- *     KEY_NOT_WRITABLE   FERRY_ENOTWRITABLE (write lock on a read-locked one)
- *     KEY_IN_WRONG_STATE FERRY_ESTATE      (commit of a READY extent, ...)
- *     KEY_IS_LOCKED      FERRY_ELOCKED     (free of a read-locked extent)
- *     OUT_OF_MEMORY      FERRY_ENOSPACE    (no free block fits: slab full)
- *                        -ENOMEM           (ferry's own bookkeeping failed)
+ * The errors:
+ *     FERRY_ENOTFOUND    no extent starts at that offset
+ *     FERRY_ENOTREADABLE read lock on a WRITING extent
+ *     FERRY_ENOTWRITABLE write lock on a read-locked one
+ *     FERRY_ESTATE       commit of a READY extent, ...
+ *     FERRY_ELOCKED      free of a read-locked extent
+ *     FERRY_ENOSPACE     no free block fits: slab full
+ *     -ENOMEM            ferry's own bookkeeping failed
  *
  * Thread-safety: every function may be called from several threads at once
  * on the same slab (one mutex; each call holds it for O(log n)).
@@ -39,7 +38,7 @@
 extern "C" {
 #endif
 
-/* ---- layouts: lists of shapes and dtypes (LMCache's MemoryLayoutDesc) ---- */
+/* ---- layouts: lists of shapes and dtypes ---- */
 enum ferry_dtype {
     FERRY_DTYPE_U8 = 0,
     FERRY_DTYPE_I8,
@@ -67,7 +66,7 @@ typedef struct ferry_shape {
 /**
  * One object = n tensors, tensor i of shapes[i] and dtypes[i], laid out back
  * to back. The two counts are separate so that a mismatch is caught
- * (LMCache reports it; so does ferry, with FERRY_EMISMATCH).
+ * (FERRY_EMISMATCH).
  */
 typedef struct ferry_layout {
     size_t n_shapes;
@@ -152,7 +151,7 @@ FERRY_API int ferry_slab_alloc_bytes(ferry_slab *s, uint64_t bytes, ferry_extent
  */
 FERRY_API int ferry_slab_free(ferry_slab *s, const ferry_extent *e);
 
-/* ---- key states (optional; LMCache's L1 protocol) ---- */
+/* ---- key states (optional) ---- */
 /** WRITING -> READY. FERRY_ENOTFOUND, FERRY_ESTATE (not WRITING). */
 FERRY_API int ferry_slab_commit(ferry_slab *s, uint64_t offset);
 /** READY -> read-locked (counted). FERRY_ENOTFOUND, FERRY_ENOTREADABLE (WRITING). */

@@ -52,12 +52,16 @@ void ferry__gds_stream_link(ferry_gds *g, gstream *st)
 
 void ferry__gds_stream_unlink_free(ferry_gds *g, gstream *st)
 {
+    int found = 0;
     for (gstream **pp = &g->streams; *pp; pp = &(*pp)->next)
         if (*pp == st) {
             *pp = st->next;
             g->nstreams--;
+            found = 1;
             break;
         }
+    FERRY__ASSERT(found); /* only a linked stream is freed this way */
+    (void)found;
     ferry__free(st);
 }
 
@@ -181,6 +185,10 @@ int ferry_gds_register(ferry_gds *g, ferry_devptr buf, size_t len, ferry_stream 
     }
     if (new_stream)
         ferry__gds_stream_link(g, st);
+    /* sorted, never overlapping: the new regions fit between up - 1 and up */
+    FERRY__ASSERT(up == 0 || g->regions[up - 1].base + g->regions[up - 1].len <= buf);
+    FERRY__ASSERT(up == g->nreg || buf + len <= g->regions[up].base);
+    FERRY__ASSERT(g->nreg + npieces <= g->capreg);
     memmove(&g->regions[up + npieces], &g->regions[up], (g->nreg - up) * sizeof(region));
     for (size_t j = 0; j < npieces; j++)
         g->regions[up + j] = (region){buf + j * g->cap, FERRY__MIN(g->cap, len - j * g->cap),
@@ -212,6 +220,8 @@ int ferry_gds_deregister(ferry_gds *g, ferry_devptr buf)
     while (first + k < g->nreg && g->regions[first + k].owner == buf)
         k++;
     gstream *st = g->regions[first].st;
+    /* a buffer's regions are adjacent, on one stream that counts them */
+    FERRY__ASSERT(st && st->nregions >= k && g->nbuffers > 0);
     if (st->s) {
         int src = ferry_stream_sync(st->s);
         if (src < 0)

@@ -652,6 +652,7 @@ static void enqueue(ferry_io *io, ferry_io_req *r, uint32_t piece, uint16_t flag
 static void pend_pop(ferry_io *io)
 {
     ferry_io_req *r = io->pend_head;
+    FERRY__ASSERT(r && (P(r)->flags & RQ_PENDING));
     io->pend_head = P(r)->next;
     if (!io->pend_head)
         io->pend_tail = NULL;
@@ -662,6 +663,8 @@ static void pend_pop(ferry_io *io)
 static void req_finish(ferry_io *io, ferry_io_req *r)
 {
     rq_priv *p = P(r);
+    /* exactly once: fully dispatched (or failed) and no part in the engine */
+    FERRY__ASSERT(!(p->flags & (RQ_DONE | RQ_PENDING)) && p->outstanding == 0);
     if (r->result == 0)
         r->result = (int64_t)r->len;
     p->flags |= RQ_DONE;
@@ -679,6 +682,7 @@ static void req_finish(ferry_io *io, ferry_io_req *r)
 static void part_release(ferry_io *io, ferry__part *pt)
 {
     ferry_io_req *r = pt->parent;
+    FERRY__ASSERT(r && io->parts_busy > 0 && P(r)->outstanding > 0);
     pt->parent = NULL;
     pt->next = io->free_parts;
     io->free_parts = pt;
@@ -737,6 +741,7 @@ static void dispatch(ferry_io *io)
         ferry__part *pt = io->free_parts;
         io->free_parts = pt->next;
         io->parts_busy++;
+        FERRY__ASSERT(io->parts_busy <= io->nparts && !pt->parent);
         pt->next = NULL;
         pt->parent = r;
         pt->file = r->file;
@@ -892,6 +897,7 @@ int ferry_io_reap(ferry_io *io, ferry_io_req **done, unsigned min, unsigned max,
         if (!io->done_head)
             io->done_tail = NULL;
         P(r)->next = NULL;
+        FERRY__ASSERT(io->ndone > 0 && io->inflight >= io->ndone);
         io->ndone--;
         io->inflight--;
         done[k++] = r;

@@ -136,6 +136,7 @@ void ferry__heap_remove(ferry__heap *hp, uint32_t slot)
 
 uint32_t ferry__heap_top(const ferry__heap *hp)
 {
+    FERRY__ASSERT(!hp->n || hp->pos[hp->h[0]] == 0); /* the position index */
     return hp->n ? hp->h[0] : UINT32_MAX;
 }
 
@@ -155,8 +156,11 @@ uint32_t ferry__heap_first_unpinned(ferry__heap *hp, const uint64_t *pin_step, u
         ferry__heap_remove(hp, s);
     }
     /* re-insertion cannot fail: the array had room for them a moment ago */
-    for (uint32_t i = 0; i < popped; i++)
-        (void)ferry__heap_set(hp, scratch[i], hp->key[scratch[i]]);
+    for (uint32_t i = 0; i < popped; i++) {
+        int rc = ferry__heap_set(hp, scratch[i], hp->key[scratch[i]]);
+        FERRY__ASSERT(rc == 0);
+        (void)rc;
+    }
     return found;
 }
 

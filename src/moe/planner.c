@@ -103,6 +103,7 @@ static void pin(ferry_moe_planner *p, uint32_t slot)
         p->soft_at[slot] = UINT64_MAX; /* a hinted one named now: pinned */
         p->n_pinned++;
     }
+    FERRY__ASSERT(p->n_pinned <= p->slots);
 }
 
 static void unpin_all(ferry_moe_planner *p)
@@ -405,6 +406,7 @@ static int collect(ferry_moe_planner *p, const char *what, uint32_t layer, const
 static void drop(ferry_moe_planner *p, uint32_t slot, int evicted)
 {
     uint32_t id = p->occupant[slot];
+    FERRY__ASSERT(id != FERRY_MOE_NONE && p->where[id] == slot); /* inverse maps */
     p->pol->ops->remove(p->pol, slot, id, evicted);
     if (evicted && p->hints.pos)
         ferry__hints_evicted(&p->hints, id, p->step);
@@ -485,6 +487,7 @@ static uint32_t place(ferry_moe_planner *p, uint32_t id, double floor)
 static int settle(ferry_moe_planner *p, const char *what, uint32_t layer, uint32_t slot,
                   uint32_t id, int prefetch)
 {
+    FERRY__ASSERT(p->occupant[slot] == FERRY_MOE_NONE && p->where[id] == FERRY_MOE_NONE);
     p->occupant[slot] = id;
     p->where[id] = slot;
     pin(p, slot);
@@ -602,6 +605,7 @@ static uint32_t step_hits(ferry_moe_planner *p, uint32_t nu, uint32_t *nm, uint3
                 ferry__hints_missed(&p->hints, id, p->step, p->L);
             continue;
         }
+        FERRY__ASSERT(p->occupant[slot] == id);
         pin(p, slot);
         if (p->prefetched[slot]) {
             p->prefetched[slot] = 0;

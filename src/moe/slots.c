@@ -480,8 +480,11 @@ int ferry_moe_slots_prefetch_finish(ferry_moe_slots *s, uint32_t *unknown_out, u
                               "plan is unknown: %s",
                               s->pend_layer, s->pend_n, cause);
     }
-    for (uint32_t i = 0; i < s->pend_n; i++)
+    for (uint32_t i = 0; i < s->pend_n; i++) {
+        /* cleared before its first write, set only now that it landed */
+        FERRY__ASSERT(s->pend_dst[i] < s->g.slots && s->occupant[s->pend_dst[i]] == FERRY_MOE_NONE);
         s->occupant[s->pend_dst[i]] = s->pend_layer * s->g.num_experts + s->pend_row[i];
+    }
     s->st.host_rows += s->pend_n;
     s->st.host_bytes += (uint64_t)s->pend_n * s->row_total;
     s->st.prefetch_rows += s->pend_n;
@@ -611,8 +614,10 @@ static int apply_plan(ferry_moe_slots *s, const ferry_moe_copy_plan *plan,
                               "is unknown: %s",
                               what, plan->layer, plan->n, cause);
     }
-    for (i = 0; i < plan->n; i++)
+    for (i = 0; i < plan->n; i++) {
+        FERRY__ASSERT(s->occupant[plan->dst_slots[i]] == FERRY_MOE_NONE);
         s->occupant[plan->dst_slots[i]] = plan->layer * s->g.num_experts + plan->src_rows[i];
+    }
     s->st.host_rows += plan->n;
     s->st.host_bytes += (uint64_t)plan->n * s->row_total;
     if (prefetch) {
@@ -696,8 +701,11 @@ int ferry_moe_slots_gather(ferry_moe_slots *s, const ferry_moe_gather_plan *plan
                               "moe gather: %s failed, %u of %u slots unknown: %s",
                               rc < 0 ? "slot copy" : "flush", plan->n - from, plan->n, cause);
     }
-    for (i = 0; i < plan->n; i++)
+    for (i = 0; i < plan->n; i++) {
+        /* validated known, and never a destination: still known */
+        FERRY__ASSERT(s->occupant[plan->src_slots[i]] != FERRY_MOE_NONE);
         s->occupant[plan->dst_slots[i]] = s->occupant[plan->src_slots[i]];
+    }
     s->st.device_rows += plan->n;
     s->st.device_bytes += (uint64_t)plan->n * s->row_total;
     return (int)plan->n;

@@ -352,6 +352,7 @@ void ferry__pslab_index_insert(ferry__pslab_index *ix, ferry__pslab_ent *e)
 {
     if (ix->count >= ix->nb && ix->nb < ((size_t)1 << 30))
         index_grow(ix);
+    FERRY__ASSERT(!e->linked); /* an entry is in the index at most once */
     size_t j = e->hash & (ix->nb - 1);
     e->hnext = ix->b[j];
     ix->b[j] = e;
@@ -368,6 +369,9 @@ void ferry__pslab_index_unlink(ferry__pslab_index *ix, ferry__pslab_ent *e)
         pp = &(*pp)->hnext;
     if (!*pp)
         return;
+    /* found in its chain: inserted, and counted in the totals */
+    FERRY__ASSERT(e->linked && ix->count > 0);
+    FERRY__ASSERT(ix->bytes_stored >= e->length && ix->bytes_used >= e->ext);
     *pp = e->hnext;
     e->hnext = NULL;
     e->linked = 0;

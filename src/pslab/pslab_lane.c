@@ -114,6 +114,7 @@ lane *ferry__pslab_lane_get(ferry_pslab *p)
     while (!p->free_lanes)
         pthread_cond_wait(&p->lcv, &p->lmu);
     unsigned i = (unsigned)__builtin_ctz(p->free_lanes);
+    FERRY__ASSERT(i < p->nlanes);
     p->free_lanes &= ~(1u << i);
     pthread_mutex_unlock(&p->lmu);
     return &p->lanes[i];
@@ -122,6 +123,9 @@ lane *ferry__pslab_lane_get(ferry_pslab *p)
 void ferry__pslab_lane_put(ferry_pslab *p, lane *l)
 {
     pthread_mutex_lock(&p->lmu);
+    /* one of this store's lanes, and taken: a lane has one user at a time */
+    FERRY__ASSERT(l >= p->lanes && l < p->lanes + p->nlanes);
+    FERRY__ASSERT(!(p->free_lanes & (1u << (unsigned)(l - p->lanes))));
     p->free_lanes |= 1u << (unsigned)(l - p->lanes);
     pthread_cond_signal(&p->lcv);
     pthread_mutex_unlock(&p->lmu);

@@ -259,6 +259,7 @@ static rsession *pool_take(ferry_remote *r)
     pthread_mutex_lock(&r->pool_mu);
     while (r->nfree == 0)
         pthread_cond_wait(&r->pool_cv, &r->pool_mu);
+    FERRY__ASSERT(r->nfree <= r->nsessions);
     rsession *s = r->free_list[--r->nfree];
     pthread_mutex_unlock(&r->pool_mu);
     return s;
@@ -267,6 +268,9 @@ static rsession *pool_take(ferry_remote *r)
 static void pool_put(ferry_remote *r, rsession *s)
 {
     pthread_mutex_lock(&r->pool_mu);
+    /* a pool session (never the writer's), taken and now given back once */
+    FERRY__ASSERT(s >= r->sessions && s < r->sessions + r->nsessions);
+    FERRY__ASSERT(r->nfree < r->nsessions);
     r->free_list[r->nfree++] = s;
     pthread_cond_signal(&r->pool_cv);
     pthread_mutex_unlock(&r->pool_mu);
@@ -511,6 +515,9 @@ static void *writer_main(void *arg)
             ferry__free(batch[i]);
         }
         pthread_mutex_lock(&r->q_mu);
+        /* the bound covers items being written: they are still counted */
+        FERRY__ASSERT(r->q_items >= n && r->q_bytes >= freed);
+        FERRY__ASSERT(r->q_finished + n <= r->q_enqueued);
         r->q_items -= n;
         r->q_bytes -= freed;
         r->q_finished += n;
@@ -794,6 +801,7 @@ int ferry_remote_put(ferry_remote *r, const void *key, size_t key_len, const voi
     r->q_items++;
     r->q_bytes += klen + vlen;
     r->q_enqueued++;
+    FERRY__ASSERT(r->q_items <= r->queue_max_items && r->q_bytes <= r->queue_max_bytes);
     pthread_cond_signal(&r->q_cv);
     pthread_mutex_unlock(&r->q_mu);
     INC(r->puts);

@@ -430,6 +430,10 @@ static int take(ferry_slab *s, uint64_t need, ferry_extent *out)
         return FERRY_ENOSPACE;
     tnode *n = &s->nodes[t];
     uint64_t off = n->off;
+    /* first fit hands out an aligned free block that holds need, and the
+     * free bytes cover it: free + used == capacity */
+    FERRY__ASSERT(n->size >= need && !(off & (s->align - 1)));
+    FERRY__ASSERT(s->used_bytes + need <= s->capacity);
     if (n->size == need) {
         s->root = t_erase(s, s->root, off);
         drop_node(s, t);
@@ -449,10 +453,14 @@ static int take(ferry_slab *s, uint64_t need, ferry_extent *out)
 static void give(ferry_slab *s, used_ent *e)
 {
     uint64_t off = e->off, size = e->size;
+    FERRY__ASSERT(e->readers == 0 && s->used_bytes >= size);
     u_del(s, e);
     s->used_bytes -= size;
     uint32_t p, q;
     neighbours(s, off, &p, &q);
+    /* an allocated extent overlaps no free block */
+    FERRY__ASSERT(p == NIL || s->nodes[p].off + s->nodes[p].size <= off);
+    FERRY__ASSERT(q == NIL || off + size <= s->nodes[q].off);
     int lp = p != NIL && s->nodes[p].off + s->nodes[p].size == off;
     int lq = q != NIL && s->nodes[q].off == off + size;
     if (lp && lq) {

@@ -4,6 +4,7 @@
 #include "moe_traces.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "ferry_test.h"
 #include "moe/moe_internal.h"
@@ -30,6 +31,23 @@ double ft_moe_rate(const ferry_moe_trace *t, const char *policy, uint32_t slots)
     ferry_moe_replay_result r;
     FT_ASSERT_OK(ferry_moe_replay(t, policy, slots, 0, &r));
     return 100.0 * r.hit_rate;
+}
+
+void ft_moe_policy_listed_and_deterministic(const char *policy, double pct)
+{
+    int listed = 0;
+    for (const char *const *p = ferry_moe_policies(); *p; p++)
+        listed += !strcmp(*p, policy);
+    assert_int_equal(listed, 1);
+    assert_non_null(ferry_moe_policy_describe(policy));
+    ferry_moe_trace *t = ft_moe_gen("qwen3-30b-a3b", 64, 5);
+    ferry_moe_replay_result a, b;
+    FT_ASSERT_OK(ferry_moe_replay(t, policy, ft_moe_share(t, pct), 0, &a));
+    FT_ASSERT_OK(ferry_moe_replay(t, policy, ft_moe_share(t, pct), 0, &b));
+    assert_int_equal(a.hits, b.hits);
+    assert_int_equal(a.evictions, b.evictions);
+    assert_string_equal(a.policy, policy);
+    ferry_moe_trace_destroy(t);
 }
 
 ferry_moe_trace *ft_moe_pair_trace(uint32_t L, uint32_t tokens, uint32_t switch_tenths, uint64_t seed)

@@ -16,6 +16,11 @@ ferry_moe_trace *ft_moe_gen(const char *model, uint32_t tokens, uint64_t seed);
 uint32_t ft_moe_share(const ferry_moe_trace *t, double pct);
 /* the replay's hit rate in percent */
 double ft_moe_rate(const ferry_moe_trace *t, const char *policy, uint32_t slots);
+/* a policy is listed once in ferry_moe_policies(), described, and
+ * deterministic: two replays of the same generator trace (qwen3-30b-a3b,
+ * 64 tokens, seed 5) with pct % of its experts as slots agree on hits and
+ * evictions, and name the policy */
+void ft_moe_policy_listed_and_deterministic(const char *policy, double pct);
 /* L layers (at most 64) of 64 experts, top-2: at each layer one expert of
  * the layer's own pair, which switches to the other of the pair from one
  * token to the next switch_tenths times in ten (1: "sticky", 9:

@@ -1,11 +1,15 @@
 /*
- * serve_fixture.h - a ferry daemon in a thread of the test's process,
- * for the tests that talk to one through its socket.
+ * serve_fixture.h - a ferry daemon in a thread of the test's process (or
+ * in a child process, for the tests that kill it), for the tests that talk
+ * to one through its socket; and the socket's SCM_RIGHTS framing, for the
+ * tests that speak the wire themselves.
  */
 #ifndef FERRY_TEST_SERVE_FIXTURE_H
 #define FERRY_TEST_SERVE_FIXTURE_H
 
 #include <pthread.h>
+#include <stddef.h>
+#include <sys/types.h>
 
 #include "ferry/serve.h"
 
@@ -19,5 +23,20 @@ typedef struct ft_srv {
 void ft_srv_open(ft_srv *v, const ferry_serve_config *sc);
 /* stop it, join its thread and close it: v->s is NULL after */
 void ft_srv_close(ft_srv *v);
+
+/* fork a child that opens a daemon with sc (log_level >= 0: the child's
+ * ferry_log_set_level first) and runs it until SIGTERM stops it; the child
+ * exits 0 after a clean close, 3 when the open failed (the message on
+ * stderr), 4 when the close failed. Returns the child's pid at once: the
+ * caller waits until the daemon answers. */
+pid_t ft_srv_fork(const ferry_serve_config *sc, int log_level);
+
+/* one recvmsg of at most n bytes into buf with flags, taking a descriptor
+ * passed with them (SCM_RIGHTS) into *fd; *fd is left as it was when none
+ * came. Returns recvmsg's count (0: the peer closed; < 0: an error). */
+ssize_t ft_recv_fd(int sock, void *buf, size_t n, int flags, int *fd);
+/* send all n bytes, fd (>= 0) passed with the first of them (SCM_RIGHTS);
+ * 0, or -1 when the peer is gone */
+int ft_send_fd(int sock, const void *buf, size_t n, int fd);
 
 #endif
