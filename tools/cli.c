@@ -54,94 +54,21 @@ int cli_unknown(const char *cmd, const char *arg)
     return cli_usage(cmd, "%s: unknown option; see ferry %s --help", arg, cmd);
 }
 
-const char *cli_size_str(uint64_t v, char *buf, size_t n)
-{
-    static const char suf[] = "KMGTP";
-    int i = -1;
-    while (v && v % 1024 == 0 && i < 4) {
-        v /= 1024;
-        i++;
-    }
-    if (i < 0)
-        snprintf(buf, n, "%llu", (unsigned long long)v);
-    else
-        snprintf(buf, n, "%llu%c", (unsigned long long)v, suf[i]);
-    return buf;
-}
-
-/* the number in s, with binary suffixes; 0 or a reason (static text) */
-const char *cli_parse_number(const char *s, int bytes, uint64_t *out)
-{
-    if (!*s)
-        return "empty";
-    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X'))
-        return "hexadecimal is not accepted";
-    if (*s < '0' || *s > '9')
-        return "not a number";
-    uint64_t ip = 0;
-    const char *p = s;
-    int big = 0;
-    for (; *p >= '0' && *p <= '9'; p++) {
-        if (ip > (UINT64_MAX - 9) / 10)
-            big = 1;
-        else
-            ip = ip * 10 + (uint64_t)(*p - '0');
-    }
-    uint64_t frac = 0, scale = 1;
-    if (*p == '.') {
-        p++;
-        if (*p < '0' || *p > '9')
-            return "not a number";
-        for (; *p >= '0' && *p <= '9'; p++) {
-            if (scale == 1000000)
-                return "more than 6 decimals";
-            frac = frac * 10 + (uint64_t)(*p - '0');
-            scale *= 10;
-        }
-    }
-    uint64_t mul = 1;
-    switch (*p) {
-    case 'k': case 'K': mul = 1ull << 10; p++; break;
-    case 'm': case 'M': mul = 1ull << 20; p++; break;
-    case 'g': case 'G': mul = 1ull << 30; p++; break;
-    case 't': case 'T': mul = bytes ? 1ull << 40 : 1; p += bytes; break;
-    default: break;
-    }
-    if (bytes) {
-        if (mul > 1 && (*p == 'i' || *p == 'I') && (p[1] == 'B' || p[1] == 'b'))
-            p += 2;
-        else if (*p == 'B' || *p == 'b')
-            p++;
-    }
-    if (*p)
-        return "trailing characters";
-    if (big || (mul > 1 && ip > UINT64_MAX / mul))
-        return "too large";
-    /* frac < 1e6 and mul <= 2^40: the product fits */
-    if ((frac * mul) % scale)
-        return bytes ? "not a whole number of bytes" : "not a whole number";
-    uint64_t v = ip * mul, f = frac * mul / scale;
-    if (v > UINT64_MAX - f)
-        return "too large";
-    *out = v + f;
-    return NULL;
-}
-
 int cli_opt_size(const char *cmd, const char *flag, const char *val, uint64_t min, uint64_t max,
                  uint64_t align, uint64_t *out)
 {
     char a[48], b[48], c[48], acc[192];
     if (align > 1)
         snprintf(acc, sizeof acc, "a size %s..%s, a multiple of %s (e.g. 4K, 8M, 2G)",
-                 cli_size_str(min, a, sizeof a), cli_size_str(max, b, sizeof b),
-                 cli_size_str(align, c, sizeof c));
+                 ferry__size_str(min, a, sizeof a), ferry__size_str(max, b, sizeof b),
+                 ferry__size_str(align, c, sizeof c));
     else
         snprintf(acc, sizeof acc, "a size %s..%s (e.g. 4096, 256K, 8M, 2G)",
-                 cli_size_str(min, a, sizeof a), cli_size_str(max, b, sizeof b));
+                 ferry__size_str(min, a, sizeof a), ferry__size_str(max, b, sizeof b));
     if (!val)
         return cli_bad(cmd, flag, NULL, acc, "needs a value");
     uint64_t v;
-    const char *why = cli_parse_number(val, 1, &v);
+    const char *why = ferry__parse_number(val, 1, &v);
     if (why)
         return cli_bad(cmd, flag, val, acc, "%s", why);
     if (v == 0 && min > 0)
@@ -151,7 +78,7 @@ int cli_opt_size(const char *cmd, const char *flag, const char *val, uint64_t mi
     if (v > max)
         return cli_bad(cmd, flag, val, acc, "too large");
     if (align > 1 && v % align)
-        return cli_bad(cmd, flag, val, acc, "not a multiple of %s", cli_size_str(align, c, sizeof c));
+        return cli_bad(cmd, flag, val, acc, "not a multiple of %s", ferry__size_str(align, c, sizeof c));
     *out = v;
     return 0;
 }
@@ -165,7 +92,7 @@ int cli_opt_count(const char *cmd, const char *flag, const char *val, uint64_t m
     if (!val)
         return cli_bad(cmd, flag, NULL, acc, "needs a value");
     uint64_t v;
-    const char *why = cli_parse_number(val, 0, &v);
+    const char *why = ferry__parse_number(val, 0, &v);
     if (why)
         return cli_bad(cmd, flag, val, acc, "%s", why);
     if (v == 0 && min > 0)
@@ -355,26 +282,6 @@ double cli_median(double *v, unsigned n)
 {
     qsort(v, n, sizeof *v, cli_cmp_double);
     return n ? (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2) : 0;
-}
-
-int cli_parse_inet4(const char *addr, struct sockaddr_in *sa)
-{
-    const char *colon = strrchr(addr, ':');
-    if (!colon || colon == addr || (size_t)(colon - addr) >= 64)
-        return -1;
-    char host[64];
-    memcpy(host, addr, (size_t)(colon - addr));
-    host[colon - addr] = 0;
-    char *end = NULL;
-    errno = 0;
-    unsigned long port = strtoul(colon + 1, &end, 10);
-    if (errno || !end || *end || end == colon + 1 || port > 65535 || colon[1] == '-' ||
-        colon[1] == '+')
-        return -1;
-    memset(sa, 0, sizeof *sa);
-    sa->sin_family = AF_INET;
-    sa->sin_port = htons((uint16_t)port);
-    return inet_pton(AF_INET, host, &sa->sin_addr) == 1 ? 0 : -1;
 }
 
 const char *cli_parse_socket(const char *addr, const char **path)

@@ -22,6 +22,7 @@
 #include <stdio.h>
 
 #include "ferry.h"
+#include "parse.h"
 
 typedef struct cli_command {
     const char *name;   /* "info", "bench io", "moe replay", ... */
@@ -83,12 +84,8 @@ int cli_opt_string(const char *cmd, const char *flag, const char *val, const cha
  * fails); 2 when it is not a directory. */
 int cli_opt_dir(const char *cmd, const char *flag, const char *dir, int create);
 
-/* The number in s as cli_opt_size (bytes nonzero: K, M, G, T, "iB"/"B")
- * or cli_opt_count (bytes 0: K, M, G) read it, without a range: NULL and
- * *out, or the reason it is not one (static text). */
-const char *cli_parse_number(const char *s, int bytes, uint64_t *out);
-/* "127.0.0.1:9400" (an IPv4 address, a port 0..65535) into *sa: 0, or -1 */
-int cli_parse_inet4(const char *addr, struct sockaddr_in *sa);
+/* numbers, sizes and HOST:PORT as flags and config files write them:
+ * ferry__parse_number, ferry__parse_inet4, ferry__size_str (core/parse.h) */
 
 /* A `ferry serve` address: "unix:PATH" (also "unix:///abs/path") or a bare
  * PATH, for the daemon speaks over a Unix-domain socket only. Any
@@ -101,8 +98,6 @@ const char *cli_parse_socket(const char *addr, const char **path);
 
 /* compatibility for the slab group: cli_opt_size with 1..1P, any alignment */
 int cli_size(const char *cmd, const char *flag, const char *val, uint64_t *out);
-/* "4K", "1G" or "12345" for messages */
-const char *cli_size_str(uint64_t v, char *buf, size_t n);
 
 /* progress bar on stderr when it is a terminal: done/total, label */
 void cli_progress(const char *label, uint64_t done, uint64_t total);

@@ -492,12 +492,12 @@ static int check(gopts *o, int create)
     char c1[32], c2[32];
     if (o->size < o->chunk)
         return cli_usage(CMD, "--size %s: smaller than --chunk %s; accepted: a multiple of "
-                              "--chunk, at least one chunk", cli_size_str(o->size, c1, sizeof c1),
-                         cli_size_str(o->chunk, c2, sizeof c2));
+                              "--chunk, at least one chunk", ferry__size_str(o->size, c1, sizeof c1),
+                         ferry__size_str(o->chunk, c2, sizeof c2));
     if (o->size % o->chunk)
         return cli_usage(CMD, "--size %s: not a multiple of --chunk %s; accepted: a multiple of "
-                              "--chunk", cli_size_str(o->size, c1, sizeof c1),
-                         cli_size_str(o->chunk, c2, sizeof c2));
+                              "--chunk", ferry__size_str(o->size, c1, sizeof c1),
+                         ferry__size_str(o->chunk, c2, sizeof c2));
     if (!o->ndirs)
         o->dirs[o->ndirs++] = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
     for (unsigned d = 0; d < o->ndirs; d++) {

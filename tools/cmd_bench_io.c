@@ -615,19 +615,19 @@ static int check(opts *o, int create, int chunk_given)
     char sz[32], ch[32];
     if (o->sweep && chunk_given)
         return cli_usage(CMD, "--chunk %s: --sweep picks the chunks (64K..64M); accepted: "
-                              "--chunk or --sweep, not both", cli_size_str(o->chunk, ch, sizeof ch));
+                              "--chunk or --sweep, not both", ferry__size_str(o->chunk, ch, sizeof ch));
     if (!o->sweep && o->chunk > o->size)
         return cli_usage(CMD, "--chunk %s: larger than --size %s; accepted: a chunk of at most "
-                              "--size", cli_size_str(o->chunk, ch, sizeof ch),
-                         cli_size_str(o->size, sz, sizeof sz));
+                              "--size", ferry__size_str(o->chunk, ch, sizeof ch),
+                         ferry__size_str(o->size, sz, sizeof sz));
     if (o->sweep && o->size < (64u << 10))
         return cli_usage(CMD, "--size %s: --sweep starts at 64K chunks; accepted: 64K..16T",
-                         cli_size_str(o->size, sz, sizeof sz));
+                         ferry__size_str(o->size, sz, sizeof sz));
     uint64_t top = o->sweep ? (o->size < (64u << 20) ? o->size : (64u << 20)) : o->chunk;
     if (top * o->depth > (4ull << 30))
         return cli_usage(CMD, "--depth %u: %u chunks of %s in flight need more than 4G of "
                               "buffers; accepted: --chunk x --depth at most 4G",
-                         o->depth, o->depth, cli_size_str(top, ch, sizeof ch));
+                         o->depth, o->depth, ferry__size_str(top, ch, sizeof ch));
     if (o->plot && !o->sweep)
         return cli_usage(CMD, "--plot %s: needs --sweep", o->plot);
     if (!o->dir)

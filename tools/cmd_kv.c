@@ -215,7 +215,7 @@ static int parse_check(opts *o, int l2_given, int engine_given, int create)
     char sz[32];
     if (!o->dir && l2_given)
         return cli_usage(KVB_CMD, "--l2 %s: the L2 tier needs --dir DIR; accepted: --dir DIR --l2 SIZE",
-                         cli_size_str(o->l2, sz, sizeof sz));
+                         ferry__size_str(o->l2, sz, sizeof sz));
     if (!o->dir && o->persistent)
         return cli_usage(KVB_CMD, "--persistent: the L2 tier needs --dir DIR; accepted: --dir DIR "
                               "--persistent");
@@ -258,12 +258,12 @@ static int check_sizes(const opts *o, const ferry_kv_layout *l, uint64_t *chunk)
     char c1[32], c2[32];
     if (o->l1 < *chunk)
         return cli_usage(KVB_CMD, "--l1 %s: less than one %s chunk of this layout; accepted: at "
-                                  "least %s", cli_size_str(o->l1, c1, sizeof c1),
-                         cli_size_str(*chunk, c2, sizeof c2), c2);
+                                  "least %s", ferry__size_str(o->l1, c1, sizeof c1),
+                         ferry__size_str(*chunk, c2, sizeof c2), c2);
     if (o->dir && o->l2 < *chunk)
         return cli_usage(KVB_CMD, "--l2 %s: less than one %s chunk of this layout; accepted: at "
-                                  "least %s", cli_size_str(o->l2, c1, sizeof c1),
-                         cli_size_str(*chunk, c2, sizeof c2), c2);
+                                  "least %s", ferry__size_str(o->l2, c1, sizeof c1),
+                         ferry__size_str(*chunk, c2, sizeof c2), c2);
     /* the engine buffer holds the longest prompt's KV */
     uint64_t longest = !strcmp(o->workload, "qa") ? (uint64_t)o->doc_tokens + o->qtokens
                                                   : (uint64_t)o->turns * o->turn_tokens;

@@ -240,7 +240,7 @@ static int parse_one(serve_conf *c, const char *a, const char *v, int *used, int
         struct sockaddr_in sa;
         rc = cli_opt_string(SERVE_CMD, a, v, "HOST:PORT, an IPv4 address and a port",
                             &c->metrics);
-        if (rc == 0 && cli_parse_inet4(c->metrics, &sa) < 0)
+        if (rc == 0 && ferry__parse_inet4(c->metrics, &sa) < 0)
             rc = cli_bad(SERVE_CMD, a, v, "HOST:PORT, an IPv4 address and a port 0..65535",
                          "not an address and port");
     } else if (!strcmp(a, "--remote"))
@@ -408,7 +408,7 @@ static int run(serve_conf *c)
     if (c->metrics) {
         struct sockaddr_in sa;
         char why[256];
-        cli_parse_inet4(c->metrics, &sa);
+        ferry__parse_inet4(c->metrics, &sa);
         http = serve_metrics_start(g_serve, &sa, on_http_log, why, sizeof why);
         if (!http) {
             ferry_serve_close(g_serve);

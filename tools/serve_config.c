@@ -192,7 +192,7 @@ static const char *accepted(const key *k, char *buf, size_t n)
         return k->what;
     case K_SIZE:
         snprintf(buf, n, "a size %s..%s (e.g. 4096, 256K, 8M, 2G)",
-                 cli_size_str(k->min, a, sizeof a), cli_size_str(k->max, b, sizeof b));
+                 ferry__size_str(k->min, a, sizeof a), ferry__size_str(k->max, b, sizeof b));
         return buf;
     case K_COUNT:
         snprintf(buf, n, "a whole number %llu..%llu", (unsigned long long)k->min,
@@ -312,7 +312,7 @@ static const char *set_scalar(serve_conf *c, const key *k, const char *t)
         struct sockaddr_in sa;
         if (k->type == K_URL && ferry_remote_url_validate(t) < 0)
             return "not a URL ferry reads";
-        if (k->type == K_INET && cli_parse_inet4(t, &sa) < 0)
+        if (k->type == K_INET && ferry__parse_inet4(t, &sa) < 0)
             return "not an address and port";
         const char *s = serve_conf_strdup(c, t);
         if (!s)
@@ -325,7 +325,7 @@ static const char *set_scalar(serve_conf *c, const key *k, const char *t)
     case K_SEED:
         if (t[0] == '-' || t[0] == '+')
             return "not a whole number";
-        why = k->type == K_SEED ? parse_u64(t, &v) : cli_parse_number(t, k->type == K_SIZE, &v);
+        why = k->type == K_SEED ? parse_u64(t, &v) : ferry__parse_number(t, k->type == K_SIZE, &v);
         if (!why && k->type != K_SEED && v < k->min)
             why = v == 0 ? "zero means nothing here" : "too small";
         if (!why && k->type != K_SEED && v > k->max)
@@ -385,7 +385,7 @@ static const char *set_item(serve_conf *c, const key *k, unsigned n, const char 
     }
     uint64_t v = 0;
     const char *why = t[0] == '-' || t[0] == '+' ? "not a whole number"
-                                                   : cli_parse_number(t, 0, &v);
+                                                   : ferry__parse_number(t, 0, &v);
     if (!why && v > UINT32_MAX - 1)
         why = "too large";
     if (why)
@@ -418,7 +418,7 @@ static const char *set_layout(serve_conf *c, const char *name, const char *t, in
     }
     uint64_t v = 0;
     const char *why = t[0] == '-' || t[0] == '+' ? "not a whole number"
-                                                   : cli_parse_number(t, 0, &v);
+                                                   : ferry__parse_number(t, 0, &v);
     uint64_t max = m == 1 ? 2 : m == 3 ? 65536 : 4096;
     if (!why && (v < 1 || v > max))
         why = "out of range";
