@@ -13,13 +13,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "serve_config.h"
+#include "serve/serve_config.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static void check_values(const serve_conf *c)
+static void check_values(const ferry__serve_conf *c)
 {
-    if (c->n_l2 > SERVE_CONF_MAX_L2 || c->nallow > SERVE_CONF_MAX_ALLOW)
+    if (c->n_l2 > FERRY__SERVE_CONF_MAX_L2 || c->nallow > FERRY__SERVE_CONF_MAX_ALLOW)
         abort();
     for (unsigned i = 0; i < c->n_l2; i++)
         for (unsigned j = 0; j < i; j++)
@@ -42,11 +42,11 @@ static void check_values(const serve_conf *c)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    serve_conf c;
-    serve_conf_init(&c);
+    ferry__serve_conf c;
+    ferry__serve_conf_init(&c);
     char err[1024];
     err[0] = 0;
-    int rc = serve_conf_parse(&c, "fuzz.yaml", (const char *)data, size, err, sizeof err);
+    int rc = ferry__serve_conf_parse(&c, "fuzz.yaml", (const char *)data, size, err, sizeof err);
     if (rc < 0) {
         /* "fuzz.yaml:LINE:COL: ..." */
         if (strncmp(err, "fuzz.yaml:", 10) || !strchr(err + 10, ':') || strchr(err, '\n'))
@@ -56,7 +56,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         check_values(&c);
         err[0] = 0;
-        if (serve_conf_finish(&c, err, sizeof err) < 0) {
+        if (ferry__serve_conf_finish(&c, err, sizeof err) < 0) {
             if (!err[0])
                 abort();
         } else {
@@ -67,6 +67,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 abort();
         }
     }
-    serve_conf_free(&c);
+    ferry__serve_conf_free(&c);
     return 0;
 }

@@ -8,30 +8,32 @@
  * the file, lists included, and a URL with a password is never echoed.
  * (The flags over both: test_serve_config_cli.c runs the command.)
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "ferry_test.h"
-#include "serve_config.h"
+#include "ferry/serve.h"
+#include "serve/serve_config.h"
 
 static char g_err[1024];
 
-static int parse(serve_conf *c, const char *text)
+static int parse(ferry__serve_conf *c, const char *text)
 {
     g_err[0] = 0;
-    return serve_conf_parse(c, "f.yaml", text, strlen(text), g_err, sizeof g_err);
+    return ferry__serve_conf_parse(c, "f.yaml", text, strlen(text), g_err, sizeof g_err);
 }
 
 /* text is refused with a message that starts with where (file:line:col:
  * key) and holds piece */
 static void refused(const char *text, const char *where, const char *piece)
 {
-    serve_conf c;
-    serve_conf_init(&c);
+    ferry__serve_conf c;
+    ferry__serve_conf_init(&c);
     int rc = parse(&c, text);
-    serve_conf_free(&c);
+    ferry__serve_conf_free(&c);
     if (rc != -1)
         fail_msg("accepted: %s", text);
     if (strncmp(g_err, where, strlen(where)))
@@ -44,8 +46,8 @@ static void refused(const char *text, const char *where, const char *piece)
 static void every_key_is_read(void **state)
 {
     (void)state;
-    serve_conf c;
-    serve_conf_init(&c);
+    ferry__serve_conf c;
+    ferry__serve_conf_init(&c);
     const char *text =
         "# the daemon of this host\n"
         "model: my-model\n"
@@ -96,44 +98,44 @@ static void every_key_is_read(void **state)
     assert_int_equal(c.max_clients, 32);
     assert_int_equal(c.send_timeout_ms, 700);
     assert_string_equal(c.metrics, "127.0.0.1:9400");
-    assert_string_equal(serve_conf_origin(&c, "l1_bytes"), "f.yaml:8:1");
-    assert_string_equal(serve_conf_origin(&c, "socket"), "f.yaml:29:1");
-    assert_string_equal(serve_conf_origin(&c, "group"), "f.yaml:30:1");
-    assert_string_equal(serve_conf_origin(&c, "l2_dir"), ""); /* not given */
-    serve_conf_free(&c);
+    assert_string_equal(ferry__serve_conf_origin(&c, "l1_bytes"), "f.yaml:8:1");
+    assert_string_equal(ferry__serve_conf_origin(&c, "socket"), "f.yaml:29:1");
+    assert_string_equal(ferry__serve_conf_origin(&c, "group"), "f.yaml:30:1");
+    assert_string_equal(ferry__serve_conf_origin(&c, "l2_dir"), ""); /* not given */
+    ferry__serve_conf_free(&c);
 }
 
 static void a_plain_file_finishes(void **state)
 {
     (void)state;
-    serve_conf c;
-    serve_conf_init(&c);
+    ferry__serve_conf c;
+    ferry__serve_conf_init(&c);
     assert_int_equal(parse(&c, "model: tiny\nl1_bytes: 4M\nl2_dir: /x\nl2_bytes: 64M\n"), 0);
-    assert_int_equal(serve_conf_finish(&c, g_err, sizeof g_err), 0);
+    assert_int_equal(ferry__serve_conf_finish(&c, g_err, sizeof g_err), 0);
     assert_int_equal(c.kv.layout.num_layers, 2);
     assert_string_equal(c.kv.l2_dir, "/x");
     assert_int_equal(c.kv.l2_persistent, 1);
-    serve_conf_free(&c);
+    ferry__serve_conf_free(&c);
     /* the defaults alone, and an empty file, finish as llama3-8b */
     const char *empties[] = {"", "# only a comment\n", "~\n", "---\n...\n"};
     for (size_t i = 0; i < sizeof empties / sizeof *empties; i++) {
-        serve_conf_init(&c);
+        ferry__serve_conf_init(&c);
         assert_int_equal(parse(&c, empties[i]), 0);
-        assert_int_equal(serve_conf_finish(&c, g_err, sizeof g_err), 0);
+        assert_int_equal(ferry__serve_conf_finish(&c, g_err, sizeof g_err), 0);
         assert_string_equal(c.kv.model, "llama3-8b");
         assert_int_equal(c.kv.layout.num_layers, 32);
         assert_true(c.kv.l1_bytes == 2ull << 30);
-        serve_conf_free(&c);
+        ferry__serve_conf_free(&c);
     }
     /* a layout's members in block style, dtype and kv defaulted */
-    serve_conf_init(&c);
+    ferry__serve_conf_init(&c);
     assert_int_equal(parse(&c, "model: m\nlayout:\n  num_layers: 3\n  num_heads: 5\n"
                                "  head_dim: 7\n"), 0);
-    assert_int_equal(serve_conf_finish(&c, g_err, sizeof g_err), 0);
+    assert_int_equal(ferry__serve_conf_finish(&c, g_err, sizeof g_err), 0);
     assert_int_equal(c.kv.layout.num_layers, 3);
     assert_int_equal(c.kv.layout.kv, 2);
     assert_int_equal(c.kv.layout.dtype, FERRY_DTYPE_BF16);
-    serve_conf_free(&c);
+    ferry__serve_conf_free(&c);
 }
 
 static void every_mistake_names_its_place(void **state)
@@ -196,37 +198,37 @@ static void every_mistake_names_its_place(void **state)
 static void finishing_checks_what_no_key_shows(void **state)
 {
     (void)state;
-    serve_conf c;
-    serve_conf_init(&c);
+    ferry__serve_conf c;
+    ferry__serve_conf_init(&c);
     assert_int_equal(parse(&c, "model: my-model\n"), 0);
-    assert_int_equal(serve_conf_finish(&c, g_err, sizeof g_err), -1);
+    assert_int_equal(ferry__serve_conf_finish(&c, g_err, sizeof g_err), -1);
     assert_non_null(strstr(g_err, "f.yaml:1:1: model my-model: not a model ferry knows"));
-    serve_conf_free(&c);
-    serve_conf_init(&c);
+    ferry__serve_conf_free(&c);
+    ferry__serve_conf_init(&c);
     assert_int_equal(parse(&c, "model: m\nlayout: {num_layers: 2, head_dim: 64}\n"), 0);
-    assert_int_equal(serve_conf_finish(&c, g_err, sizeof g_err), -1);
+    assert_int_equal(ferry__serve_conf_finish(&c, g_err, sizeof g_err), -1);
     assert_non_null(strstr(g_err, "f.yaml:2:1: layout: give num_layers, num_heads and head_dim"));
-    serve_conf_free(&c);
-    serve_conf_init(&c);
+    ferry__serve_conf_free(&c);
+    ferry__serve_conf_init(&c);
     assert_int_equal(parse(&c, "l2_dirs: [/a, /b]\nl2_bytes: 2T\n"), 0);
-    assert_int_equal(serve_conf_finish(&c, g_err, sizeof g_err), 0);
+    assert_int_equal(ferry__serve_conf_finish(&c, g_err, sizeof g_err), 0);
     assert_null(c.kv.l2_dir);
     assert_int_equal(c.kv.l2_n_dirs, 2);
     assert_string_equal(c.kv.l2_dirs[1], "/b");
     assert_true(c.kv.l2_bytes == 2ull << 40); /* on each */
-    serve_conf_free(&c);
-    serve_conf_init(&c);
+    ferry__serve_conf_free(&c);
+    ferry__serve_conf_init(&c);
     assert_int_equal(parse(&c, "l2_dir: /x\n"), 0);
-    assert_int_equal(serve_conf_finish(&c, g_err, sizeof g_err), -1);
+    assert_int_equal(ferry__serve_conf_finish(&c, g_err, sizeof g_err), -1);
     assert_non_null(strstr(g_err, "f.yaml:1:1: the L2 directories need l2_bytes"));
-    serve_conf_free(&c);
+    ferry__serve_conf_free(&c);
 }
 
 static void the_environment_overrides_the_file(void **state)
 {
     (void)state;
-    serve_conf c;
-    serve_conf_init(&c);
+    ferry__serve_conf c;
+    ferry__serve_conf_init(&c);
     assert_int_equal(parse(&c, "l1_bytes: 1G\nsocket: /file.sock\nl2_dirs: [/a, /b]\n"
                                "l2_bytes: 1G\nallow_uids: [5]\nworkers: 3\n"),
                      0);
@@ -234,7 +236,7 @@ static void the_environment_overrides_the_file(void **state)
     setenv("FERRY_SOCKET", "/env.sock", 1);
     setenv("FERRY_L2_DIR", "/c", 1);
     setenv("FERRY_ALLOW_UIDS", "7,8,9", 1);
-    assert_int_equal(serve_conf_env(&c, g_err, sizeof g_err), 0);
+    assert_int_equal(ferry__serve_conf_env(&c, g_err, sizeof g_err), 0);
     assert_true(c.kv.l1_bytes == 8ull << 30);
     assert_string_equal(c.socket, "/env.sock");
     assert_int_equal(c.n_l2, 1); /* replaced whole, not merged */
@@ -242,41 +244,41 @@ static void the_environment_overrides_the_file(void **state)
     assert_int_equal(c.nallow, 3);
     assert_int_equal(c.allow[2], 9);
     assert_int_equal(c.kv.workers, 3); /* not in the environment: the file's */
-    assert_string_equal(serve_conf_origin(&c, "l1_bytes"), "FERRY_L1_BYTES");
-    assert_string_equal(serve_conf_origin(&c, "l2_dirs"), "");
-    assert_string_equal(serve_conf_origin(&c, "workers"), "f.yaml:6:1");
-    assert_int_equal(serve_conf_finish(&c, g_err, sizeof g_err), 0);
+    assert_string_equal(ferry__serve_conf_origin(&c, "l1_bytes"), "FERRY_L1_BYTES");
+    assert_string_equal(ferry__serve_conf_origin(&c, "l2_dirs"), "");
+    assert_string_equal(ferry__serve_conf_origin(&c, "workers"), "f.yaml:6:1");
+    assert_int_equal(ferry__serve_conf_finish(&c, g_err, sizeof g_err), 0);
     assert_string_equal(c.kv.l2_dir, "/c");
-    serve_conf_free(&c);
+    ferry__serve_conf_free(&c);
     unsetenv("FERRY_L2_DIR");
     unsetenv("FERRY_ALLOW_UIDS");
     unsetenv("FERRY_SOCKET");
     /* a bad variable is refused by name, like a bad key */
     setenv("FERRY_L1_BYTES", "lots", 1);
-    serve_conf_init(&c);
-    assert_int_equal(serve_conf_env(&c, g_err, sizeof g_err), -1);
+    ferry__serve_conf_init(&c);
+    assert_int_equal(ferry__serve_conf_env(&c, g_err, sizeof g_err), -1);
     assert_non_null(strstr(g_err, "FERRY_L1_BYTES=lots: not a number; accepted: a size"));
-    serve_conf_free(&c);
+    ferry__serve_conf_free(&c);
     unsetenv("FERRY_L1_BYTES");
     setenv("FERRY_L2_DIRS", "/a,/a", 1);
-    serve_conf_init(&c);
-    assert_int_equal(serve_conf_env(&c, g_err, sizeof g_err), -1);
+    ferry__serve_conf_init(&c);
+    assert_int_equal(ferry__serve_conf_env(&c, g_err, sizeof g_err), -1);
     assert_non_null(strstr(g_err, "FERRY_L2_DIRS=/a,/a: the same directory twice"));
-    serve_conf_free(&c);
+    ferry__serve_conf_free(&c);
     setenv("FERRY_L2_DIR", "/b", 1);
     setenv("FERRY_L2_DIRS", "/a,/c", 1);
-    serve_conf_init(&c);
-    assert_int_equal(serve_conf_env(&c, g_err, sizeof g_err), -1);
+    ferry__serve_conf_init(&c);
+    assert_int_equal(ferry__serve_conf_env(&c, g_err, sizeof g_err), -1);
     assert_non_null(strstr(g_err, "both set"));
-    serve_conf_free(&c);
+    ferry__serve_conf_free(&c);
     unsetenv("FERRY_L2_DIR");
     unsetenv("FERRY_L2_DIRS");
     setenv("FERRY_REMOTE_URL", "redis://u:hunter2@", 1);
-    serve_conf_init(&c);
-    assert_int_equal(serve_conf_env(&c, g_err, sizeof g_err), -1);
+    ferry__serve_conf_init(&c);
+    assert_int_equal(ferry__serve_conf_env(&c, g_err, sizeof g_err), -1);
     assert_non_null(strstr(g_err, "FERRY_REMOTE_URL: not a URL"));
     assert_null(strstr(g_err, "hunter2"));
-    serve_conf_free(&c);
+    ferry__serve_conf_free(&c);
     unsetenv("FERRY_REMOTE_URL");
 }
 
@@ -286,23 +288,65 @@ static void files_are_read_whole_or_refused(void **state)
     char dir[256], path[320];
     ft_tmpdir(dir, sizeof dir);
     snprintf(path, sizeof path, "%s/ferry.yaml", dir);
-    serve_conf c;
-    serve_conf_init(&c);
-    assert_int_equal(serve_conf_load(&c, path, g_err, sizeof g_err), -1);
+    ferry__serve_conf c;
+    ferry__serve_conf_init(&c);
+    assert_int_equal(ferry__serve_conf_load(&c, path, g_err, sizeof g_err), -1);
     assert_non_null(strstr(g_err, "cannot read it"));
     FILE *f = fopen(path, "w");
     assert_non_null(f);
     fputs("model: tiny\nworkers: 4\n", f);
     fclose(f);
-    assert_int_equal(serve_conf_load(&c, path, g_err, sizeof g_err), 0);
+    assert_int_equal(ferry__serve_conf_load(&c, path, g_err, sizeof g_err), 0);
     assert_int_equal(c.kv.workers, 4);
     f = fopen(path, "w");
-    for (unsigned i = 0; i < SERVE_CONF_FILE_MAX / 8 + 1; i++)
+    for (unsigned i = 0; i < FERRY__SERVE_CONF_FILE_MAX / 8 + 1; i++)
         fputs("#comment", f);
     fclose(f);
-    assert_int_equal(serve_conf_load(&c, path, g_err, sizeof g_err), -1);
+    assert_int_equal(ferry__serve_conf_load(&c, path, g_err, sizeof g_err), -1);
     assert_non_null(strstr(g_err, "larger than"));
-    serve_conf_free(&c);
+    ferry__serve_conf_free(&c);
+    ft_rmtree(dir);
+}
+
+/* the public loader: the same reader, a config ferry_serve_open takes */
+static void the_library_loads_a_file_for_an_embedded_daemon(void **state)
+{
+    (void)state;
+    char dir[256], path[300], sock[300];
+    assert_non_null(ft_tmpdir(dir, sizeof dir));
+    snprintf(path, sizeof path, "%s/ferry.yaml", dir);
+    snprintf(sock, sizeof sock, "%s/ferry.sock", dir);
+    FILE *fp = fopen(path, "w");
+    assert_non_null(fp);
+    fprintf(fp, "model: tiny\nl1_bytes: 16M\nchunk_tokens: 16\nsocket: %s\n"
+                "max_clients: 7\npool_wait_ms: 120\nmetrics: 127.0.0.1:9401\n", sock);
+    fclose(fp);
+    ferry_serve_file *f = NULL;
+    FT_ASSERT_OK(ferry_serve_file_load(path, 0, &f));
+    const ferry_serve_config *sc = ferry_serve_file_config(f);
+    assert_string_equal(sc->socket_path, sock);
+    assert_int_equal(sc->max_clients, 7);
+    assert_int_equal(sc->kv->pool_wait_ms, 120);
+    assert_true(sc->kv->l1_bytes == 16u << 20);
+    assert_string_equal(ferry_serve_file_metrics(f), "127.0.0.1:9401");
+    ferry_serve *srv = NULL;
+    FT_ASSERT_OK(ferry_serve_open(sc, &srv));
+    assert_int_equal(ferry_kv_chunk_tokens(ferry_serve_kv(srv)), 16);
+    assert_int_equal(ferry_serve_close(srv), 0);
+    ferry_serve_file_free(f);
+    /* a mistake names its place; a missing file is -ENOENT */
+    fp = fopen(path, "w");
+    assert_non_null(fp);
+    fputs("model: tiny\nl1_bytes: lots\n", fp);
+    fclose(fp);
+    f = NULL;
+    assert_int_equal(ferry_serve_file_load(path, 0, &f), -EINVAL);
+    assert_null(f);
+    assert_non_null(strstr(ferry_last_error(), "ferry.yaml:2:11: l1_bytes"));
+    snprintf(path, sizeof path, "%s/none.yaml", dir);
+    assert_int_equal(ferry_serve_file_load(path, 0, &f), -ENOENT);
+    assert_int_equal(ferry_serve_file_load(NULL, 0, &f), -EINVAL);
+    ferry_serve_file_free(NULL);
     ft_rmtree(dir);
 }
 
@@ -328,6 +372,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_key_is_read),
+        cmocka_unit_test(the_library_loads_a_file_for_an_embedded_daemon),
         cmocka_unit_test(a_plain_file_finishes),
         cmocka_unit_test(every_mistake_names_its_place),
         cmocka_unit_test(finishing_checks_what_no_key_shows),

@@ -30,7 +30,7 @@
 
 #include "cli.h"
 #include "proto/proto.h"
-#include "serve_config.h"
+#include "serve/serve_config.h"
 #include "serve_metrics.h"
 
 #define SERVE_CMD "serve"
@@ -161,18 +161,18 @@ static void usage(FILE *f)
             "  --chunk-tokens N       tokens per chunk (default 256)\n"
             "clients open their store with ferry_kv_config.server = \"unix:PATH\" and the same\n"
             "layout and chunk size; SIGTERM stops cleanly (flush, sync, close).\n",
-            SERVE_CONF_MAX_ALLOW);
+            FERRY__SERVE_CONF_MAX_ALLOW);
 }
 
 /* --l2 DIR:SIZE: the directory (a string of c's) and the size */
-static int l2_of(serve_conf *c, const char *spec, const char **dir, uint64_t *bytes)
+static int l2_of(ferry__serve_conf *c, const char *spec, const char **dir, uint64_t *bytes)
 {
     const char *colon = spec ? strrchr(spec, ':') : NULL;
     if (!spec || !colon || colon == spec)
         return cli_bad(SERVE_CMD, "--l2", spec, "DIR:SIZE, e.g. /nvme0/ferry:2T",
                        spec ? "no ':SIZE'" : "needs a value");
     char *d = strndup(spec, (size_t)(colon - spec));
-    *dir = d ? serve_conf_strdup(c, d) : NULL;
+    *dir = d ? ferry__serve_conf_strdup(c, d) : NULL;
     free(d);
     if (!*dir)
         return cli_fail(SERVE_CMD, "--l2", -ENOMEM);
@@ -181,7 +181,7 @@ static int l2_of(serve_conf *c, const char *spec, const char **dir, uint64_t *by
 
 /* the list flags (--l2, --allow-uid): the first one given replaces what
  * the file and the environment said, the next ones add to it */
-static int parse_list(serve_conf *c, const char *a, const char *v, int *l2_flags, int *uid_flags)
+static int parse_list(ferry__serve_conf *c, const char *a, const char *v, int *l2_flags, int *uid_flags)
 {
     uint64_t x = 0;
     if (!strcmp(a, "--l2")) {
@@ -198,30 +198,30 @@ static int parse_list(serve_conf *c, const char *a, const char *v, int *l2_flags
         for (unsigned i = 0; i < c->n_l2; i++)
             if (!strcmp(c->l2[i], dir))
                 return cli_bad(SERVE_CMD, a, v, "each directory once", "given twice");
-        if (c->n_l2 == SERVE_CONF_MAX_L2)
+        if (c->n_l2 == FERRY__SERVE_CONF_MAX_L2)
             return cli_bad(SERVE_CMD, a, v, "at most 16 of them", "one too many");
         c->l2[c->n_l2++] = dir;
         c->kv.l2_bytes = bytes;
         (*l2_flags)++;
-        serve_conf_mark(c, "l2_bytes", "--l2");
-        serve_conf_mark(c, c->n_l2 > 1 ? "l2_dirs" : "l2_dir", "--l2");
-        serve_conf_mark(c, c->n_l2 > 1 ? "l2_dir" : "l2_dirs", "");
+        ferry__serve_conf_mark(c, "l2_bytes", "--l2");
+        ferry__serve_conf_mark(c, c->n_l2 > 1 ? "l2_dirs" : "l2_dir", "--l2");
+        ferry__serve_conf_mark(c, c->n_l2 > 1 ? "l2_dir" : "l2_dirs", "");
         return 0;
     }
-    if (c->nallow == SERVE_CONF_MAX_ALLOW && *uid_flags)
+    if (c->nallow == FERRY__SERVE_CONF_MAX_ALLOW && *uid_flags)
         return cli_bad(SERVE_CMD, a, v, "at most 64 of them", "one too many");
     int rc = cli_opt_count(SERVE_CMD, a, v, 0, UINT32_MAX - 1, &x);
     if (rc == 0) {
         if (!(*uid_flags)++)
             c->nallow = 0;
         c->allow[c->nallow++] = (uint32_t)x;
-        serve_conf_mark(c, "allow_uids", "--allow-uid");
+        ferry__serve_conf_mark(c, "allow_uids", "--allow-uid");
     }
     return rc;
 }
 
 /* one flag over c; *used: it took the next argument */
-static int parse_one(serve_conf *c, const char *a, const char *v, int *used, int *l2_flags,
+static int parse_one(ferry__serve_conf *c, const char *a, const char *v, int *used, int *l2_flags,
                      int *uid_flags)
 {
     static const char *const models[] = {"llama3-8b", "qwen2.5-0.5b", "tiny", NULL};
@@ -280,7 +280,7 @@ static const char *key_of_flag(const char *a)
 
 /* --config FILE (at most once) and FERRY_* under the flags: 0, -1 after
  * --help, or the exit status of a usage error (printed) */
-static int configure(serve_conf *c, const char *cmd, int argc, char **argv)
+static int configure(ferry__serve_conf *c, const char *cmd, int argc, char **argv)
 {
     const char *file = NULL;
     char err[1024];
@@ -297,9 +297,9 @@ static int configure(serve_conf *c, const char *cmd, int argc, char **argv)
             return rc;
         i++;
     }
-    if (file && serve_conf_load(c, file, err, sizeof err) < 0)
+    if (file && ferry__serve_conf_load(c, file, err, sizeof err) < 0)
         return cli_usage(cmd, "%s", err);
-    if (serve_conf_env(c, err, sizeof err) < 0)
+    if (ferry__serve_conf_env(c, err, sizeof err) < 0)
         return cli_usage(cmd, "%s", err);
     return 0;
 }
@@ -307,14 +307,14 @@ static int configure(serve_conf *c, const char *cmd, int argc, char **argv)
 /* c's socket (from a flag, the file, FERRY_SOCKET or the default) as a
  * path: "unix:PATH" becomes PATH; another scheme is refused. 0, or 2
  * (printed, naming where the value came from) */
-static int socket_of(serve_conf *c, const char *cmd)
+static int socket_of(ferry__serve_conf *c, const char *cmd)
 {
     const char *path = NULL, *why = cli_parse_socket(c->socket, &path);
     if (!why) {
         c->socket = path;
         return 0;
     }
-    const char *o = serve_conf_origin(c, "socket");
+    const char *o = ferry__serve_conf_origin(c, "socket");
     if (!strcmp(o, "--socket"))
         return cli_bad(cmd, "--socket", c->socket, CLI_SOCKET_FORMS, "%s", why);
     return cli_usage(cmd, "%s: socket %s: %s; accepted: %s", *o ? o : "the default", c->socket,
@@ -322,7 +322,7 @@ static int socket_of(serve_conf *c, const char *cmd)
 }
 
 /* every flag over c, then what no single value shows: 0 or 2 (printed) */
-static int parse_flags(serve_conf *c, int argc, char **argv)
+static int parse_flags(ferry__serve_conf *c, int argc, char **argv)
 {
     int l2_flags = 0, uid_flags = 0;
     for (int i = 1; i < argc; i++) {
@@ -333,20 +333,20 @@ static int parse_flags(serve_conf *c, int argc, char **argv)
             return rc;
         const char *key = key_of_flag(argv[i]);
         if (key)
-            serve_conf_mark(c, key, argv[i]);
+            ferry__serve_conf_mark(c, key, argv[i]);
         i += used;
     }
     char err[1024];
-    if (serve_conf_finish(c, err, sizeof err) < 0)
+    if (ferry__serve_conf_finish(c, err, sizeof err) < 0)
         return cli_usage(SERVE_CMD, "%s", err);
     if (c->kv.server)
         return cli_usage(SERVE_CMD, "%s: server: a client's key; accepted: no server (the "
-                         "daemon hosts the store itself)", serve_conf_origin(c, "server"));
+                         "daemon hosts the store itself)", ferry__serve_conf_origin(c, "server"));
     int rc = socket_of(c, SERVE_CMD);
     if (rc)
         return rc;
     for (unsigned i = 0; i < c->n_l2; i++) {
-        const char *key = c->n_l2 > 1 ? "l2_dirs" : "l2_dir", *o = serve_conf_origin(c, key);
+        const char *key = c->n_l2 > 1 ? "l2_dirs" : "l2_dir", *o = ferry__serve_conf_origin(c, key);
         struct stat st;
         if (stat(c->l2[i], &st) == 0 && S_ISDIR(st.st_mode))
             continue;
@@ -361,12 +361,12 @@ static int parse_flags(serve_conf *c, int argc, char **argv)
 
 /* one line on what was read besides the flags, so a restart with another
  * file or environment is never a surprise */
-static void say_sources(const serve_conf *c)
+static void say_sources(const ferry__serve_conf *c)
 {
     char vars[512] = "", file[160] = "";
     size_t off = 0;
-    for (int i = 0; serve_conf_key_name(i); i++) {
-        const char *o = serve_conf_origin(c, serve_conf_key_name(i));
+    for (int i = 0; ferry__serve_conf_key_name(i); i++) {
+        const char *o = ferry__serve_conf_origin(c, ferry__serve_conf_key_name(i));
         if (!strncmp(o, "FERRY_", 6) && off < sizeof vars)
             off += (size_t)snprintf(vars + off, sizeof vars - off, "%s%s", off ? ", " : "", o);
         else if (*o && *o != '-' && !*file) /* "FILE:LINE:COL" */
@@ -381,7 +381,7 @@ static void say_sources(const serve_conf *c)
 }
 
 /* serve c until SIGTERM or SIGINT: the exit status */
-static int run(serve_conf *c)
+static int run(ferry__serve_conf *c)
 {
     /* FERRY_LOG set: the caller asked for the library's lines as they come
      * (a refused start then shows them too); else info, held until serving.
@@ -441,8 +441,8 @@ static int run(serve_conf *c)
 
 int cmd_serve(int argc, char **argv)
 {
-    serve_conf c;
-    serve_conf_init(&c);
+    ferry__serve_conf c;
+    ferry__serve_conf_init(&c);
     int rc = configure(&c, SERVE_CMD, argc, argv);
     if (rc < 0)
         usage(stdout);
@@ -450,7 +450,7 @@ int cmd_serve(int argc, char **argv)
         rc = parse_flags(&c, argc, argv);
     if (rc == 0)
         rc = run(&c);
-    serve_conf_free(&c);
+    ferry__serve_conf_free(&c);
     return rc < 0 ? 0 : rc;
 }
 
@@ -520,8 +520,8 @@ static void print_status(ferry__proto_rd *rd, const char *path)
  * FERRY_SOCKET's socket, else the default; 0, -1 after --help, or 2 */
 static int status_socket(int argc, char **argv, char *path, size_t len)
 {
-    serve_conf c;
-    serve_conf_init(&c);
+    ferry__serve_conf c;
+    ferry__serve_conf_init(&c);
     int rc = configure(&c, STATUS_CMD, argc, argv);
     for (int i = 1; rc == 0 && i < argc; i++) {
         if (!strcmp(argv[i], "--config")) {
@@ -534,7 +534,7 @@ static int status_socket(int argc, char **argv, char *path, size_t len)
         }
         rc = cli_opt_string(STATUS_CMD, argv[i], i + 1 < argc ? argv[i + 1] : NULL,
                             CLI_SOCKET_FORMS, &c.socket);
-        serve_conf_mark(&c, "socket", "--socket");
+        ferry__serve_conf_mark(&c, "socket", "--socket");
         i++;
     }
     if (rc == 0)
@@ -543,7 +543,7 @@ static int status_socket(int argc, char **argv, char *path, size_t len)
         rc = cli_bad(STATUS_CMD, "--socket", c.socket, "a shorter path", "too long");
     if (rc == 0)
         snprintf(path, len, "%s", c.socket);
-    serve_conf_free(&c);
+    ferry__serve_conf_free(&c);
     return rc;
 }
 

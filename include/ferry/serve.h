@@ -81,6 +81,34 @@ FERRY_API int ferry_serve_close(ferry_serve *s);
 FERRY_API ferry_kv *ferry_serve_kv(ferry_serve *s);
 FERRY_API const char *ferry_serve_last_error(const ferry_serve *s);
 
+/* ---- the daemon's configuration file ---- */
+
+/**
+ * The YAML file `ferry serve --config FILE` reads, for a program that
+ * embeds the daemon. Its keys are ferry_kv_config's member names (model,
+ * layout, chunk_tokens, l1_bytes, l2_dirs, l2_bytes, pool_wait_ms, ...)
+ * and the daemon's (socket, group, allow_uids, max_clients,
+ * send_timeout_ms, metrics); sizes take suffixes (256K, 64G). With env
+ * nonzero, every FERRY_<KEY> variable that is set replaces the file's
+ * value. Nothing is ignored: an unknown key, a value of the wrong type, a
+ * duplicate key or a second document is refused with the file, line and
+ * column. Returns 0 and *out, freed with ferry_serve_file_free. Errors:
+ * -EINVAL (NULL, or the file's content: the message names where and why),
+ * -ENOENT and the like (the file cannot be read), -ENOMEM.
+ */
+typedef struct ferry_serve_file ferry_serve_file;
+FERRY_API int ferry_serve_file_load(const char *path, int env, ferry_serve_file **out);
+/**
+ * The daemon's configuration the file gives (its kv member the hosted
+ * store's), ready for ferry_serve_open; its strings and arrays are the
+ * file handle's, valid until ferry_serve_file_free. NULL for NULL.
+ */
+FERRY_API const ferry_serve_config *ferry_serve_file_config(const ferry_serve_file *f);
+/** The HOST:PORT the file's metrics key names (served by the CLI), or NULL. */
+FERRY_API const char *ferry_serve_file_metrics(const ferry_serve_file *f);
+/** Free what ferry_serve_file_load made. NULL does nothing. */
+FERRY_API void ferry_serve_file_free(ferry_serve_file *f);
+
 typedef struct ferry_serve_stats {
     size_t size;               /**< the caller's sizeof(ferry_serve_stats) */
     uint64_t clients;          /**< connections served now */

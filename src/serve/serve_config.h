@@ -1,6 +1,7 @@
 /*
  * serve_config.h - the configuration of `ferry serve`: a YAML file, the
- * environment and the command line, one set of keys. Private to the CLI.
+ * environment and the command line, one set of keys. Private: the CLI and
+ * ferry_serve_file_load (ferry/serve.h) read files through it.
  *
  * Keys. The store's are ferry_kv_config's own names (model, tp_rank,
  * tp_world, layout, chunk_tokens, hash_seed, l1_bytes, l2_dir, l2_dirs,
@@ -28,34 +29,34 @@
  * the variable's name. The parser touches no file system but the one
  * file it reads: directories are checked by the command.
  */
-#ifndef FERRY_SERVE_CONFIG_H
-#define FERRY_SERVE_CONFIG_H
+#ifndef FERRY_SRC_SERVE_CONFIG_H
+#define FERRY_SRC_SERVE_CONFIG_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include "ferry.h"
 
-#define SERVE_CONF_MAX_ALLOW 64
-#define SERVE_CONF_MAX_L2 16
-#define SERVE_CONF_FILE_MAX (1u << 20)
-#define SERVE_CONF_ORIGIN 128
+#define FERRY__SERVE_CONF_MAX_ALLOW 64
+#define FERRY__SERVE_CONF_MAX_L2 16
+#define FERRY__SERVE_CONF_FILE_MAX (1u << 20)
+#define FERRY__SERVE_CONF_ORIGIN 128
 
-typedef struct serve_conf_str serve_conf_str;
+typedef struct ferry__serve_conf_str ferry__serve_conf_str;
 
-typedef struct serve_conf {
+typedef struct ferry__serve_conf {
     /* the hosted store: FERRY_KV_CONFIG_INIT and the daemon's defaults,
      * then what the sources set (strings owned by the conf) */
     ferry_kv_config kv;
     /* the L2 directories (l2_dir is the list of one); kv's l2 fields are
-     * set from it by serve_conf_finish */
-    const char *l2[SERVE_CONF_MAX_L2];
+     * set from it by ferry__serve_conf_finish */
+    const char *l2[FERRY__SERVE_CONF_MAX_L2];
     unsigned n_l2;
     /* the daemon */
     const char *socket;
     const char *group;      /* NULL: 0600 */
     const char *metrics;    /* HOST:PORT or NULL */
-    uint32_t allow[SERVE_CONF_MAX_ALLOW];
+    uint32_t allow[FERRY__SERVE_CONF_MAX_ALLOW];
     size_t nallow;
     uint64_t max_clients;   /* 0: the default */
     uint64_t send_timeout_ms;
@@ -64,42 +65,42 @@ typedef struct serve_conf {
     unsigned layout_set;
     /* where each key's value came from ("" for the default):
      * "FILE:LINE:COL", "FERRY_L1_BYTES", "--l1" */
-    char origin[48][SERVE_CONF_ORIGIN];
-    serve_conf_str *strs;
-} serve_conf;
+    char origin[48][FERRY__SERVE_CONF_ORIGIN];
+    ferry__serve_conf_str *strs;
+} ferry__serve_conf;
 
 /* the defaults: model llama3-8b, l1_bytes 2G, socket /run/ferry/ferry.sock */
-void serve_conf_init(serve_conf *c);
-void serve_conf_free(serve_conf *c);
+void ferry__serve_conf_init(ferry__serve_conf *c);
+void ferry__serve_conf_free(ferry__serve_conf *c);
 
 /* Parse YAML text[0..len) (name: the file's name in messages) over c.
  * 0, or -1 with one line in err ("name:LINE:COL: key: why; accepted: ...")
  * and c partly updated (throw it away). */
-int serve_conf_parse(serve_conf *c, const char *name, const char *text, size_t len, char *err,
+int ferry__serve_conf_parse(ferry__serve_conf *c, const char *name, const char *text, size_t len, char *err,
                      size_t errlen);
-/* serve_conf_parse on the file at path (at most SERVE_CONF_FILE_MAX bytes) */
-int serve_conf_load(serve_conf *c, const char *path, char *err, size_t errlen);
+/* ferry__serve_conf_parse on the file at path (at most FERRY__SERVE_CONF_FILE_MAX bytes) */
+int ferry__serve_conf_load(ferry__serve_conf *c, const char *path, char *err, size_t errlen);
 /* every FERRY_<KEY> variable that is set, over c: 0, or -1 with err */
-int serve_conf_env(serve_conf *c, char *err, size_t errlen);
+int ferry__serve_conf_env(ferry__serve_conf *c, char *err, size_t errlen);
 
 /* key i's name, NULL past the last */
-const char *serve_conf_key_name(int i);
+const char *ferry__serve_conf_key_name(int i);
 /* the key's index (for origins), or -1 */
-int serve_conf_key(const char *key);
+int ferry__serve_conf_key(const char *key);
 /* record that key was set by origin (a flag) */
-void serve_conf_mark(serve_conf *c, const char *key, const char *origin);
+void ferry__serve_conf_mark(ferry__serve_conf *c, const char *key, const char *origin);
 /* where key's value came from: "" for the default */
-const char *serve_conf_origin(const serve_conf *c, const char *key);
+const char *ferry__serve_conf_origin(const ferry__serve_conf *c, const char *key);
 /* a string owned by c (NULL when out of memory) */
-const char *serve_conf_strdup(serve_conf *c, const char *s);
+const char *ferry__serve_conf_strdup(ferry__serve_conf *c, const char *s);
 
 /* the KV shape of a model ferry knows (llama3-8b, qwen2.5-0.5b, tiny): 0, else -1 */
-int serve_conf_model_layout(const char *model, ferry_kv_layout *l);
+int ferry__serve_conf_model_layout(const char *model, ferry_kv_layout *l);
 
 /* What no single key shows: the layout (a known model's, or layout's
  * members: num_layers, num_heads and head_dim at least), the L2 list into
  * kv, l2_dir/l2_dirs without l2_bytes. 0, or -1 with err naming the
  * origins. */
-int serve_conf_finish(serve_conf *c, char *err, size_t errlen);
+int ferry__serve_conf_finish(ferry__serve_conf *c, char *err, size_t errlen);
 
 #endif

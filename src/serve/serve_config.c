@@ -20,11 +20,12 @@
 #include <string.h>
 #include <yaml.h>
 
-#include "cli.h"
-#include "serve_config.h"
+#include "core.h"
+#include "parse.h"
+#include "serve/serve_config.h"
 
-struct serve_conf_str {
-    serve_conf_str *next;
+struct ferry__serve_conf_str {
+    ferry__serve_conf_str *next;
     char s[];
 };
 
@@ -48,14 +49,14 @@ enum ktype {
 typedef struct key {
     const char *name;
     int type;
-    size_t off;   /* into serve_conf */
+    size_t off;   /* into ferry__serve_conf */
     int w;        /* K_COUNT: 4 or 8 bytes */
     uint64_t min, max;
     const char *what;
 } key;
 
-#define KV(m) offsetof(serve_conf, kv) + offsetof(ferry_kv_config, m)
-#define SC(m) offsetof(serve_conf, m)
+#define KV(m) offsetof(ferry__serve_conf, kv) + offsetof(ferry_kv_config, m)
+#define SC(m) offsetof(ferry__serve_conf, m)
 #define T16 (16ull << 40)
 static const key keys[] = {
     {"model", K_STR, KV(model), 0, 0, 0, "a model name (llama3-8b, qwen2.5-0.5b, tiny, or any "
@@ -67,7 +68,7 @@ static const key keys[] = {
     {"hash_seed", K_SEED, KV(hash_seed), 0, 0, 0, NULL},
     {"l1_bytes", K_SIZE, KV(l1_bytes), 0, 4096, T16, NULL},
     {"l2_dir", K_DIRS, 0, 0, 1, 1, NULL},
-    {"l2_dirs", K_DIRS, 0, 0, 1, SERVE_CONF_MAX_L2, NULL},
+    {"l2_dirs", K_DIRS, 0, 0, 1, FERRY__SERVE_CONF_MAX_L2, NULL},
     {"l2_bytes", K_SIZE, KV(l2_bytes), 0, 1u << 20, 1ull << 50, NULL},
     {"l2_direct", K_BOOL, KV(l2_direct), 0, 0, 0, NULL},
     {"l2_engine", K_ENGINE, KV(l2_engine), 0, 0, 0, NULL},
@@ -89,13 +90,13 @@ static const key keys[] = {
     {"pool_wait_ms", K_COUNT, KV(pool_wait_ms), 4, 0, FERRY_KV_POOL_WAIT_MS_MAX, NULL},
     {"socket", K_STR, SC(socket), 0, 0, 0, "a socket path"},
     {"group", K_STR, SC(group), 0, 0, 0, "a group name"},
-    {"allow_uids", K_UIDS, 0, 0, 0, SERVE_CONF_MAX_ALLOW, NULL},
+    {"allow_uids", K_UIDS, 0, 0, 0, FERRY__SERVE_CONF_MAX_ALLOW, NULL},
     {"max_clients", K_COUNT, SC(max_clients), 8, 1, 65536, NULL},
     {"send_timeout_ms", K_COUNT, SC(send_timeout_ms), 8, 1, UINT32_MAX, NULL},
     {"metrics", K_INET, SC(metrics), 0, 0, 0, NULL},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
-_Static_assert(NKEYS <= 48, "serve_conf.origin has a row per key");
+_Static_assert(NKEYS <= 48, "ferry__serve_conf.origin has a row per key");
 
 /* layout's members: a bit each in layout_set */
 static const char *const lay_names[] = {"num_layers", "kv", "num_heads", "head_dim", "dtype"};
@@ -103,7 +104,7 @@ static const char *const lay_names[] = {"num_layers", "kv", "num_heads", "head_d
 
 /* ---- the conf ---- */
 
-void serve_conf_init(serve_conf *c)
+void ferry__serve_conf_init(ferry__serve_conf *c)
 {
     memset(c, 0, sizeof *c);
     ferry_kv_config kc = FERRY_KV_CONFIG_INIT;
@@ -116,19 +117,19 @@ void serve_conf_init(serve_conf *c)
     c->layout = l;
 }
 
-void serve_conf_free(serve_conf *c)
+void ferry__serve_conf_free(ferry__serve_conf *c)
 {
-    for (serve_conf_str *s = c->strs, *n; s; s = n) {
+    for (ferry__serve_conf_str *s = c->strs, *n; s; s = n) {
         n = s->next;
         free(s);
     }
     c->strs = NULL;
 }
 
-const char *serve_conf_strdup(serve_conf *c, const char *s)
+const char *ferry__serve_conf_strdup(ferry__serve_conf *c, const char *s)
 {
     size_t n = strlen(s) + 1;
-    serve_conf_str *p = malloc(sizeof *p + n);
+    ferry__serve_conf_str *p = malloc(sizeof *p + n);
     if (!p)
         return NULL;
     memcpy(p->s, s, n);
@@ -137,12 +138,12 @@ const char *serve_conf_strdup(serve_conf *c, const char *s)
     return p->s;
 }
 
-const char *serve_conf_key_name(int i)
+const char *ferry__serve_conf_key_name(int i)
 {
     return i >= 0 && (size_t)i < NKEYS ? keys[i].name : NULL;
 }
 
-int serve_conf_key(const char *name)
+int ferry__serve_conf_key(const char *name)
 {
     for (size_t i = 0; i < NKEYS; i++)
         if (!strcmp(keys[i].name, name))
@@ -150,20 +151,20 @@ int serve_conf_key(const char *name)
     return -1;
 }
 
-void serve_conf_mark(serve_conf *c, const char *name, const char *origin)
+void ferry__serve_conf_mark(ferry__serve_conf *c, const char *name, const char *origin)
 {
-    int i = serve_conf_key(name);
+    int i = ferry__serve_conf_key(name);
     if (i >= 0)
         snprintf(c->origin[i], sizeof c->origin[i], "%s", origin);
 }
 
-const char *serve_conf_origin(const serve_conf *c, const char *name)
+const char *ferry__serve_conf_origin(const ferry__serve_conf *c, const char *name)
 {
-    int i = serve_conf_key(name);
+    int i = ferry__serve_conf_key(name);
     return i >= 0 ? c->origin[i] : "";
 }
 
-int serve_conf_model_layout(const char *model, ferry_kv_layout *l)
+int ferry__serve_conf_model_layout(const char *model, ferry_kv_layout *l)
 {
     ferry_kv_layout d = FERRY_KV_LAYOUT_INIT;
     if (!strcmp(model, "qwen2.5-0.5b")) {
@@ -294,7 +295,7 @@ static const char *parse_choice(const char *t, const char *const *names, int *ou
 }
 
 /* a scalar value t of key k into c: NULL, or why not */
-static const char *set_scalar(serve_conf *c, const key *k, const char *t)
+static const char *set_scalar(ferry__serve_conf *c, const key *k, const char *t)
 {
     static const char *const pol[] = {"lru", "s3fifo", NULL};
     static const char *const eng[] = {"auto", "posix", "uring", NULL};
@@ -314,7 +315,7 @@ static const char *set_scalar(serve_conf *c, const key *k, const char *t)
             return "not a URL ferry reads";
         if (k->type == K_INET && ferry__parse_inet4(t, &sa) < 0)
             return "not an address and port";
-        const char *s = serve_conf_strdup(c, t);
+        const char *s = ferry__serve_conf_strdup(c, t);
         if (!s)
             return "out of memory";
         memcpy(at, &s, sizeof s);
@@ -366,7 +367,7 @@ static const char *set_scalar(serve_conf *c, const key *k, const char *t)
 }
 
 /* item n (0-based) of list key k: NULL, or why not */
-static const char *set_item(serve_conf *c, const key *k, unsigned n, const char *t)
+static const char *set_item(ferry__serve_conf *c, const key *k, unsigned n, const char *t)
 {
     if (is_null(t))
         return "no value";
@@ -376,7 +377,7 @@ static const char *set_item(serve_conf *c, const key *k, unsigned n, const char 
         for (unsigned i = 0; i < n; i++)
             if (!strcmp(c->l2[i], t))
                 return "the same directory twice";
-        const char *s = serve_conf_strdup(c, t);
+        const char *s = ferry__serve_conf_strdup(c, t);
         if (!s)
             return "out of memory";
         c->l2[n] = s;
@@ -396,7 +397,7 @@ static const char *set_item(serve_conf *c, const key *k, unsigned n, const char 
 }
 
 /* layout member name = t: NULL, or why not (*unknown set for a bad name) */
-static const char *set_layout(serve_conf *c, const char *name, const char *t, int *unknown)
+static const char *set_layout(ferry__serve_conf *c, const char *name, const char *t, int *unknown)
 {
     int m = -1;
     for (int i = 0; i < NLAY; i++)
@@ -457,7 +458,7 @@ typedef struct yp {
     yaml_event_t ev;
     int have;          /* ev holds an event to delete */
     const char *name;
-    serve_conf *c;
+    ferry__serve_conf *c;
     char *err;
     size_t errlen;
 } yp;
@@ -630,7 +631,7 @@ static int pair(yp *y, uint64_t *seen)
 {
     char acc[160], keyname[64];
     snprintf(keyname, sizeof keyname, "%s", scalar(y));
-    int i = serve_conf_key(scalar(y));
+    int i = ferry__serve_conf_key(scalar(y));
     if (i < 0 || strlen(scalar(y)) >= sizeof keyname)
         return fail_at(y, keyname, "unknown key",
                        "ferry_kv_config's names (model, l1_bytes, l2_dir, l2_dirs, l2_bytes, "
@@ -639,7 +640,7 @@ static int pair(yp *y, uint64_t *seen)
     const key *k = &keys[i];
     if (*seen & (1ull << i))
         return fail_at(y, k->name, "a duplicate key", "each key once");
-    int other = k->type == K_DIRS ? serve_conf_key(k->max == 1 ? "l2_dirs" : "l2_dir") : -1;
+    int other = k->type == K_DIRS ? ferry__serve_conf_key(k->max == 1 ? "l2_dirs" : "l2_dir") : -1;
     if (other >= 0 && (*seen & (1ull << other)))
         return fail_at(y, k->name, "l2_dir and l2_dirs both given", "one of them");
     *seen |= 1ull << i;
@@ -683,7 +684,7 @@ static int document(yp *y)
     }
 }
 
-int serve_conf_parse(serve_conf *c, const char *name, const char *text, size_t len, char *err,
+int ferry__serve_conf_parse(ferry__serve_conf *c, const char *name, const char *text, size_t len, char *err,
                      size_t errlen)
 {
     yp y;
@@ -714,15 +715,15 @@ int serve_conf_parse(serve_conf *c, const char *name, const char *text, size_t l
     return rc < 0 ? -1 : 0;
 }
 
-int serve_conf_load(serve_conf *c, const char *path, char *err, size_t errlen)
+int ferry__serve_conf_load(ferry__serve_conf *c, const char *path, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "rb");
     if (!f) {
         snprintf(err, errlen, "%s: cannot read it: %s", path, strerror(errno));
         return -1;
     }
-    char *buf = malloc(SERVE_CONF_FILE_MAX + 1);
-    size_t n = buf ? fread(buf, 1, SERVE_CONF_FILE_MAX + 1, f) : 0;
+    char *buf = malloc(FERRY__SERVE_CONF_FILE_MAX + 1);
+    size_t n = buf ? fread(buf, 1, FERRY__SERVE_CONF_FILE_MAX + 1, f) : 0;
     int bad = ferror(f);
     fclose(f);
     int rc = -1;
@@ -730,11 +731,11 @@ int serve_conf_load(serve_conf *c, const char *path, char *err, size_t errlen)
         snprintf(err, errlen, "%s: out of memory", path);
     else if (bad)
         snprintf(err, errlen, "%s: cannot read it", path);
-    else if (n > SERVE_CONF_FILE_MAX)
+    else if (n > FERRY__SERVE_CONF_FILE_MAX)
         snprintf(err, errlen, "%s: larger than %u bytes: not a configuration file", path,
-                 SERVE_CONF_FILE_MAX);
+                 FERRY__SERVE_CONF_FILE_MAX);
     else
-        rc = serve_conf_parse(c, path, buf, n, err, errlen);
+        rc = ferry__serve_conf_parse(c, path, buf, n, err, errlen);
     free(buf);
     return rc;
 }
@@ -742,7 +743,7 @@ int serve_conf_load(serve_conf *c, const char *path, char *err, size_t errlen)
 /* ---- the environment ---- */
 
 /* FERRY_<KEY> = v for list key k: comma-separated items */
-static const char *env_list(serve_conf *c, const key *k, const char *v)
+static const char *env_list(ferry__serve_conf *c, const key *k, const char *v)
 {
     if (k->type == K_DIRS)
         c->n_l2 = 0;
@@ -766,7 +767,7 @@ static const char *env_list(serve_conf *c, const key *k, const char *v)
     }
 }
 
-int serve_conf_env(serve_conf *c, char *err, size_t errlen)
+int ferry__serve_conf_env(ferry__serve_conf *c, char *err, size_t errlen)
 {
     for (size_t i = 0; i < NKEYS; i++) {
         const key *k = &keys[i];
@@ -792,7 +793,7 @@ int serve_conf_env(serve_conf *c, char *err, size_t errlen)
             return -1;
         }
         snprintf(c->origin[i], sizeof c->origin[i], "%s", var);
-        int other = k->type == K_DIRS ? serve_conf_key(k->max == 1 ? "l2_dirs" : "l2_dir") : -1;
+        int other = k->type == K_DIRS ? ferry__serve_conf_key(k->max == 1 ? "l2_dirs" : "l2_dir") : -1;
         if (other >= 0 && c->origin[other][0] && !strncmp(c->origin[other], "FERRY_", 6)) {
             snprintf(err, errlen, "%s and FERRY_%s: both set; accepted: one of them", var,
                      k->max == 1 ? "L2_DIRS" : "L2_DIR");
@@ -806,13 +807,13 @@ int serve_conf_env(serve_conf *c, char *err, size_t errlen)
 
 /* ---- what no single key shows ---- */
 
-static const char *from(const serve_conf *c, const char *name)
+static const char *from(const ferry__serve_conf *c, const char *name)
 {
-    const char *o = serve_conf_origin(c, name);
+    const char *o = ferry__serve_conf_origin(c, name);
     return *o ? o : "the default";
 }
 
-int serve_conf_finish(serve_conf *c, char *err, size_t errlen)
+int ferry__serve_conf_finish(ferry__serve_conf *c, char *err, size_t errlen)
 {
     if (c->layout_set) {
         unsigned need = 1u << 0 | 1u << 2 | 1u << 3;
@@ -822,7 +823,7 @@ int serve_conf_finish(serve_conf *c, char *err, size_t errlen)
             return -1;
         }
         c->kv.layout = c->layout;
-    } else if (serve_conf_model_layout(c->kv.model, &c->kv.layout) < 0) {
+    } else if (ferry__serve_conf_model_layout(c->kv.model, &c->kv.layout) < 0) {
         snprintf(err, errlen, "%s: model %s: not a model ferry knows the KV shape of; accepted: "
                  "llama3-8b, qwen2.5-0.5b or tiny, or give layout", from(c, "model"),
                  c->kv.model);
