@@ -42,7 +42,8 @@ class KVBuffer(_Sized):
 
 
 class KVName(ctypes.Structure):
-    _fields_ = [("bytes", _vp), ("len", _size)]
+    # (bytes as char *: a bytes object is assigned without a cast, kept alive by the array)
+    _fields_ = [("bytes", ctypes.c_char_p), ("len", _size)]
 
 
 class KVConfig(_Sized):

@@ -46,7 +46,7 @@ class CallGuard:
     def leave(self):
         with self._cv:
             self._inside -= 1
-            if self._inside == 0:
+            if self._ended and self._inside == 0:   # end() waits for that
                 self._cv.notify_all()
 
     def end(self):

@@ -373,6 +373,7 @@ class KVStore(Closing):
                  device=None, pool_wait_ms=300):
         self._h = None
         self._guard = CallGuard("KVStore")
+        self._salt_reqs = {}
         self._dev = None
         self._devmem = None
         self._streams = {}
@@ -656,17 +657,22 @@ class KVStore(Closing):
         if isinstance(names, (str, bytes, bytearray, memoryview)):
             raise TypeError("ferry: names are a sequence of str or bytes, one per chunk")
         keep = [n.encode() if isinstance(n, str) else bytes(n) for n in names]
-        arr = (A.KVName * len(keep))()
-        for i, b in enumerate(keep):
-            arr[i].bytes = ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p)
-            arr[i].len = len(b)
+        arr = (A.KVName * len(keep))(*[(b, len(b)) for b in keep])
         return arr, keep
+
+    def _salt_req(self, salt):
+        """A request with only a salt, made once per salt (nothing writes it)."""
+        req = self._salt_reqs.get(salt)
+        if req is None:
+            if len(self._salt_reqs) >= 256:
+                self._salt_reqs.clear()
+            req = self._salt_reqs[salt] = _Req(salt, False)
+        return req
 
     def _named(self, fn, what, names, data=None, block_table=None, salt=None, writable=False,
                statuses=False):
         arr, keep = self._names(names)
-        n = len(keep) if statuses else 0
-        req = _Req(salt, False, n)
+        req = _Req(salt, False, len(keep)) if statuses else self._salt_req(salt)
         args = [arr, len(keep), req.ptr()]
         if data is not None:
             buf = self._buffer(data, block_table, writable)

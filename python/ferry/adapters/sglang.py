@@ -258,7 +258,15 @@ class FerryHiCacheStorage(HiCacheStorage):
 
     # ---- names and salts ----
     def _salts(self, pool):
-        """One salt per head group of a page (one unless split heads)."""
+        """One salt per head group of a page (one unless split heads), made
+        once per pool (an exists asks for them on every call)."""
+        cache = self.__dict__.setdefault("_salt_cache", {})
+        got = cache.get(pool)
+        if got is None:
+            got = cache[pool] = self._make_salts(pool)
+        return got
+
+    def _make_salts(self, pool):
         tag = f"sglang/{pool}/{self._base_tag}"
         if self._mla:
             return [tag]
@@ -444,7 +452,10 @@ class FerryHiCacheStorage(HiCacheStorage):
             n = min(n, store.lookup_named(names[:n], salt=salt))
             if n == 0:
                 break
-        self._count(key, exists=len(names), hit=n)
+        c = self._counts[key]
+        with self._lock:
+            c["exists"] += len(names)
+            c["hit"] += n
         return n
 
     # ---- existence ----
