@@ -1271,6 +1271,7 @@ static void l2_retrieve_over_a_tiny_l1_waits_for_its_copies(void **state)
     c.l2_persistent = 0;
     c.watermark = 1.0;
     FT_ASSERT_OK(ferry_kv_open(&c, &f.kv));
+    ferry__kv_set_handoff_min(f.kv, 0); /* small chunks' copies on the workers too */
     f.kv->tier[FERRY_KV_TIER_L2]->apiece = 16384;
     assert_int_equal(ferry_kv_store(f.kv, f.a, 8 * CT, NULL, &f.h.b), 8 * CT);
     FT_ASSERT_OK(ferry_kv_flush(f.kv));

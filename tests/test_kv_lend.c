@@ -163,6 +163,7 @@ static void retrieves_lending_to_one_operation_worker_finish(void **state)
     c.l2_bytes = 4 * PROMPTS * PCH * CHUNK;
     c.l2_engine = "posix";
     FT_ASSERT_OK(ferry_kv_open(&c, &g_kv));
+    ferry__kv_set_handoff_min(g_kv, 0); /* these 4 KiB chunks too: the hand-off is the test */
     size_t pb = prompt_bytes();
     g_src = malloc((size_t)PROMPTS * pb);
     assert_non_null(g_src);

@@ -497,6 +497,8 @@ struct ferry_kv {
     ferry_stream **streams;        /* idle streams (under mu) */
     unsigned nstreams, cap_streams;
     uint64_t prefetch_inflight, prefetch_max;
+    uint64_t handoff_min;          /* the smallest chunk whose copy-out goes to a worker
+                                      (store_retrieve.c; a test seam sets it) */
     uint64_t l2_writes_inflight;   /* write-throughs (L2 or remote) holding an L1 slot */
     uint64_t l1_reading;           /* L1 slots reserved for retrieves' async reads in flight */
     uint64_t l1_retired;           /* L1 slots a broken read queue may still write: never reused */
@@ -600,6 +602,9 @@ void ferry__kv_hist_record(ferry__kv_hist *h, uint64_t ns);
 /* the references an op holds now (owner + calls inside); calls inside kv */
 unsigned ferry__kv_op_refs(ferry_kv_op *op);
 uint64_t ferry__kv_calls(ferry_kv *kv);
+/* the smallest chunk whose retrieve copy-out is handed to a worker (0:
+ * every chunk's, as a test of the hand-off wants) */
+void ferry__kv_set_handoff_min(ferry_kv *kv, uint64_t bytes);
 /* replace the store's clock (lock TTLs); NULL restores the monotonic clock */
 void ferry__kv_set_clock(ferry_kv *kv, ferry__kv_clock_fn fn, void *ctx);
 /* fail the nth (1-based, from now) read or write of tier `tier` with code;

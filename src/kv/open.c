@@ -239,6 +239,7 @@ ferry_kv *ferry__kv_alloc(const ferry_kv_config *cfg, uint32_t ct, uint64_t chun
     pthread_cond_init(&kv->q[1].cv, NULL);
     pthread_cond_init(&kv->idle, NULL);
     kv->be = &ferry__kv_backend_store;
+    kv->handoff_min = (uint64_t)256 << 10; /* a worker's wake-up costs about such a copy */
     kv->model = ferry__strdup(cfg->model);
     if (!kv->model) {
         ferry__kv_free(kv);

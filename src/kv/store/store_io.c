@@ -22,6 +22,11 @@ uint64_t ferry__kv_now_ns(ferry_kv *kv)
     return kv->clock ? kv->clock(kv->clock_ctx) : ferry__now_ns();
 }
 
+void ferry__kv_set_handoff_min(ferry_kv *kv, uint64_t bytes)
+{
+    kv->handoff_min = bytes;
+}
+
 void ferry__kv_set_clock(ferry_kv *kv, ferry__kv_clock_fn fn, void *ctx)
 {
     pthread_mutex_lock(&kv->mu);

@@ -798,8 +798,10 @@ static int rt_init(rtv *r, size_t nch)
     /* several chunks into a host buffer: an I/O worker with nothing to
      * read copies one out while this thread keeps the reads going or
      * copies the next (the last chunks of a retrieve from L2 land
-     * together: two CPUs copy them, not one after the other) */
-    if (!r->s && nch > 1) {
+     * together: two CPUs copy them, not one after the other). Not for
+     * small chunks: waking a worker (tens of us) would cost more than the
+     * copy it takes over (a 256 KiB chunk copies in about as long) */
+    if (!r->s && nch > 1 && r->kv->chunk_bytes >= r->kv->handoff_min) {
         r->wcopy = 1;
         pthread_mutex_init(&r->cmu, NULL);
         pthread_cond_init(&r->ccv, NULL);
