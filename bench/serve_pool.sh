@@ -124,7 +124,8 @@ def writer(w, bar, out):
     bar.wait()
     t0, declined = time.perf_counter(), 0
     for r in range(ROUNDS):
-        tok = np.arange(nch * CT, dtype=np.int32) + (w * ROUNDS + r) * 10_000_000 + 1
+        # (fresh chains a writer and round each; token ids stay within int32)
+        tok = np.arange(nch * CT, dtype=np.int32) + (w * ROUNDS + r) * 100_000 + 1
         try:
             rc, st = s.store(tok, kv, statuses=True)
             declined += sum(1 for c in st if c < 0)
@@ -134,7 +135,7 @@ def writer(w, bar, out):
     s.close()
 def run(k):
     bar, out = mp.Barrier(k), mp.Queue()
-    ps = [mp.Process(target=writer, args=(1000 * k + w, bar, out)) for w in range(k)]
+    ps = [mp.Process(target=writer, args=(10 * k + w, bar, out)) for w in range(k)]
     for p in ps: p.start()
     res = [out.get() for _ in ps]
     for p in ps: p.join()
