@@ -43,8 +43,6 @@ static int blocking(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
                     const ferry_kv_req *req, const ferry_kv_buffer *in)
 {
     const char *what = kind == FERRY__KV_OP_STORE ? "store" : "retrieve";
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv %s: store is NULL", what);
     ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
     ferry_kv_buffer whole, *buf = &whole;
     int nch = prepare(kv, tokens, n, req, in, buf, what, stack, &ids);
@@ -58,42 +56,16 @@ static int blocking(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
     return rc;
 }
 
-static int guarded_store(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
-                   const ferry_kv_buffer *src)
-{
-    return blocking(kv, FERRY__KV_OP_STORE, tokens, n, req, src);
-}
-
 int ferry_kv_store(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
                    const ferry_kv_buffer *src)
 {
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv store: store is NULL");
-    int rc = ferry__kv_enter(kv, "store");
-    if (rc < 0)
-        return rc;
-    rc = guarded_store(kv, tokens, n, req, src);
-    ferry__kv_leave(kv);
-    return rc;
-}
-
-static int guarded_retrieve(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
-                      const ferry_kv_buffer *dst)
-{
-    return blocking(kv, FERRY__KV_OP_RETRIEVE, tokens, n, req, dst);
+    FERRY__KV_CALL(kv, "store", blocking(kv, FERRY__KV_OP_STORE, tokens, n, req, src));
 }
 
 int ferry_kv_retrieve(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
                       const ferry_kv_buffer *dst)
 {
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv retrieve: store is NULL");
-    int rc = ferry__kv_enter(kv, "retrieve");
-    if (rc < 0)
-        return rc;
-    rc = guarded_retrieve(kv, tokens, n, req, dst);
-    ferry__kv_leave(kv);
-    return rc;
+    FERRY__KV_CALL(kv, "retrieve", blocking(kv, FERRY__KV_OP_RETRIEVE, tokens, n, req, dst));
 }
 
 /* an asynchronous operation on a worker: the store or retrieve, then its
@@ -134,9 +106,8 @@ static int op_submit(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
                      const ferry_kv_req *req, const ferry_kv_buffer *buf, ferry_kv_op **out)
 {
     const char *what = kind == FERRY__KV_OP_STORE ? "store_async" : "retrieve_async";
-    if (!kv || !out)
-        return kv ? ferry__kv_err(kv, -EINVAL, "kv %s: store or op is NULL", what)
-                  : ferry__err_set(NULL, -EINVAL, "kv %s: store or op is NULL", what);
+    if (!out)
+        return ferry__kv_err(kv, -EINVAL, "kv %s: op is NULL", what);
     int wrc = kv->be->async_start ? kv->be->async_start(kv) : 0;
     if (wrc < 0)
         return wrc;
@@ -161,42 +132,18 @@ static int op_submit(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
     return 0;
 }
 
-static int guarded_store_async(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
-                         const ferry_kv_buffer *src, ferry_kv_op **op)
-{
-    return op_submit(kv, FERRY__KV_OP_STORE, tokens, n, req, src, op);
-}
-
 int ferry_kv_store_async(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
                          const ferry_kv_buffer *src, ferry_kv_op **op)
 {
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv store_async: store is NULL");
-    int rc = ferry__kv_enter(kv, "store_async");
-    if (rc < 0)
-        return rc;
-    rc = guarded_store_async(kv, tokens, n, req, src, op);
-    ferry__kv_leave(kv);
-    return rc;
-}
-
-static int guarded_retrieve_async(ferry_kv *kv, const int32_t *tokens, size_t n,
-                            const ferry_kv_req *req, const ferry_kv_buffer *dst, ferry_kv_op **op)
-{
-    return op_submit(kv, FERRY__KV_OP_RETRIEVE, tokens, n, req, dst, op);
+    FERRY__KV_CALL(kv, "store_async",
+                   op_submit(kv, FERRY__KV_OP_STORE, tokens, n, req, src, op));
 }
 
 int ferry_kv_retrieve_async(ferry_kv *kv, const int32_t *tokens, size_t n,
                             const ferry_kv_req *req, const ferry_kv_buffer *dst, ferry_kv_op **op)
 {
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv retrieve_async: store is NULL");
-    int rc = ferry__kv_enter(kv, "retrieve_async");
-    if (rc < 0)
-        return rc;
-    rc = guarded_retrieve_async(kv, tokens, n, req, dst, op);
-    ferry__kv_leave(kv);
-    return rc;
+    FERRY__KV_CALL(kv, "retrieve_async",
+                   op_submit(kv, FERRY__KV_OP_RETRIEVE, tokens, n, req, dst, op));
 }
 
 /* ---- prefetch, pin, delete, clear ---- */
@@ -275,10 +222,8 @@ size_t ferry__kv_prefetch_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch
     return lead;
 }
 
-static int guarded_prefetch(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+static int prefetch_call(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
 {
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv prefetch: store is NULL");
     ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
     int nch = ferry__kv_make_ids(kv, tokens, n, req, "prefetch", stack, &ids);
     if (nch < 0)
@@ -297,22 +242,13 @@ int ferry__kv_local_prefetch(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch,
 
 int ferry_kv_prefetch(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
 {
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv prefetch: store is NULL");
-    int rc = ferry__kv_enter(kv, "prefetch");
-    if (rc < 0)
-        return rc;
-    rc = guarded_prefetch(kv, tokens, n, req);
-    ferry__kv_leave(kv);
-    return rc;
+    FERRY__KV_CALL(kv, "prefetch", prefetch_call(kv, tokens, n, req));
 }
 
 static int pin_common(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req,
                       int pin)
 {
     const char *what = pin ? "pin" : "unpin";
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv %s: store is NULL", what);
     ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
     int nch = ferry__kv_make_ids(kv, tokens, n, req, what, stack, &ids);
     if (nch < 0)
@@ -345,38 +281,14 @@ int ferry__kv_local_pin(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size
     return (int)lead;
 }
 
-static int guarded_pin(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
-{
-    return pin_common(kv, tokens, n, req, 1);
-}
-
 int ferry_kv_pin(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
 {
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv pin: store is NULL");
-    int rc = ferry__kv_enter(kv, "pin");
-    if (rc < 0)
-        return rc;
-    rc = guarded_pin(kv, tokens, n, req);
-    ferry__kv_leave(kv);
-    return rc;
-}
-
-static int guarded_unpin(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
-{
-    return pin_common(kv, tokens, n, req, 0);
+    FERRY__KV_CALL(kv, "pin", pin_common(kv, tokens, n, req, 1));
 }
 
 int ferry_kv_unpin(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
 {
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv unpin: store is NULL");
-    int rc = ferry__kv_enter(kv, "unpin");
-    if (rc < 0)
-        return rc;
-    rc = guarded_unpin(kv, tokens, n, req);
-    ferry__kv_leave(kv);
-    return rc;
+    FERRY__KV_CALL(kv, "unpin", pin_common(kv, tokens, n, req, 0));
 }
 
 /* delete the chunks ids[0..nch) (ferry_kv_delete and the server's DELETE) */
@@ -434,10 +346,8 @@ int ferry__kv_slot_delete(ferry_kv *kv, const ferry_kv_hash *ids, size_t nchunks
     return deleted;
 }
 
-static int guarded_delete(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+static int delete_call(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
 {
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv delete: store is NULL");
     ferry_kv_hash stack[STACK_CHUNKS], *ids = NULL;
     int nch = ferry__kv_make_ids(kv, tokens, n, req, "delete", stack, &ids);
     if (nch < 0)
@@ -450,14 +360,7 @@ static int guarded_delete(ferry_kv *kv, const int32_t *tokens, size_t n, const f
 
 int ferry_kv_delete(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
 {
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv delete: store is NULL");
-    int rc = ferry__kv_enter(kv, "delete");
-    if (rc < 0)
-        return rc;
-    rc = guarded_delete(kv, tokens, n, req);
-    ferry__kv_leave(kv);
-    return rc;
+    FERRY__KV_CALL(kv, "delete", delete_call(kv, tokens, n, req));
 }
 
 int ferry__kv_local_clear(ferry_kv *kv)
@@ -488,31 +391,17 @@ int ferry__kv_local_clear(ferry_kv *kv)
 
 int ferry_kv_clear(ferry_kv *kv)
 {
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv clear: store is NULL");
-    int rc = ferry__kv_enter(kv, "clear");
-    if (rc < 0)
-        return rc;
-    rc = kv->be->clear(kv);
-    ferry__kv_leave(kv);
-    return rc;
+    FERRY__KV_CALL(kv, "clear", kv->be->clear(kv));
 }
 
 int ferry_kv_sync(ferry_kv *kv)
 {
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv sync: store is NULL");
-    int rc = ferry__kv_enter(kv, "sync");
-    if (rc < 0)
-        return rc;
-    rc = kv->be->sync(kv);
-    ferry__kv_leave(kv);
-    return rc;
+    FERRY__KV_CALL(kv, "sync", kv->be->sync(kv));
 }
 
 /* ---- lookups (the ids are the backend's to pull: backend.h) ---- */
 
-static int guarded_lookup(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
+static int lookup_call(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
 {
     int rc = ferry__kv_tokens_ok(kv, tokens, n, "lookup");
     if (rc < 0 || (rc = ferry__kv_req_ok(kv, req, "lookup")) < 0)
@@ -535,12 +424,5 @@ int ferry__kv_lookup_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, siz
 
 int ferry_kv_lookup(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv_req *req)
 {
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv lookup: store is NULL");
-    int rc = ferry__kv_enter(kv, "lookup");
-    if (rc < 0)
-        return rc;
-    rc = guarded_lookup(kv, tokens, n, req);
-    ferry__kv_leave(kv);
-    return rc;
+    FERRY__KV_CALL(kv, "lookup", lookup_call(kv, tokens, n, req));
 }

@@ -158,14 +158,7 @@ int ferry__kv_workers_start(ferry_kv *kv, unsigned n)
 
 int ferry_kv_flush(ferry_kv *kv)
 {
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv flush: store is NULL");
-    int rc = ferry__kv_enter(kv, "flush");
-    if (rc < 0)
-        return rc;
-    rc = ferry__kv_flush(kv);
-    ferry__kv_leave(kv);
-    return rc;
+    FERRY__KV_CALL(kv, "flush", ferry__kv_flush(kv));
 }
 
 int ferry__kv_flush(ferry_kv *kv)

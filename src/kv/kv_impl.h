@@ -457,6 +457,19 @@ int ferry__kv_enter(ferry_kv *kv, const char *what);
 void ferry__kv_leave(ferry_kv *kv);
 /* close: refuse new calls, then wait until no call is inside */
 void ferry__kv_close_wait(ferry_kv *kv);
+/* the body of public call `what` on kv: NULL refused, then expr evaluated
+ * inside the call guard (enter, expr, leave); returns its result */
+#define FERRY__KV_CALL(kv, what, expr)                                          \
+    do {                                                                        \
+        if (!(kv))                                                              \
+            return ferry__err_set(NULL, -EINVAL, "kv %s: store is NULL", what); \
+        int call_rc_ = ferry__kv_enter((kv), (what));                           \
+        if (call_rc_ == 0) {                                                    \
+            call_rc_ = (expr);                                                  \
+            ferry__kv_leave(kv);                                                \
+        }                                                                       \
+        return call_rc_;                                                        \
+    } while (0)
 
 /* the cancel flag of the async operation this thread runs (NULL when it
  * runs none), and whether it is set */

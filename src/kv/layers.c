@@ -287,7 +287,7 @@ static void retrieve_run(ferry_kv *kv, ferry__kv_job *j)
     ferry__kv_hist_record(&kv->h_retrieve, ferry__now_ns() - t0);
 }
 
-static int guarded_retrieve_layers(ferry_kv *kv, const int32_t *tokens, size_t n,
+static int retrieve_layers_call(ferry_kv *kv, const int32_t *tokens, size_t n,
                              const ferry_kv_req *req, const ferry_kv_buffer *dst,
                              const ferry_kv_layers_opt *opt, ferry_kv_op **out)
 {
@@ -314,14 +314,8 @@ int ferry_kv_retrieve_layers(ferry_kv *kv, const int32_t *tokens, size_t n,
                              const ferry_kv_req *req, const ferry_kv_buffer *dst,
                              const ferry_kv_layers_opt *opt, ferry_kv_op **out)
 {
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv retrieve_layers: store is NULL");
-    int rc = ferry__kv_enter(kv, "retrieve_layers");
-    if (rc < 0)
-        return rc;
-    rc = guarded_retrieve_layers(kv, tokens, n, req, dst, opt, out);
-    ferry__kv_leave(kv);
-    return rc;
+    FERRY__KV_CALL(kv, "retrieve_layers",
+                   retrieve_layers_call(kv, tokens, n, req, dst, opt, out));
 }
 
 /* the wait for a layer of a retrieve (stream NULL: until it landed; else
@@ -442,7 +436,7 @@ static void store_finish(ferry_kv *kv, ferry__kv_job *j)
     pthread_mutex_unlock(&op->mu);
 }
 
-static int guarded_store_layers(ferry_kv *kv, const int32_t *tokens, size_t n,
+static int store_layers_call(ferry_kv *kv, const int32_t *tokens, size_t n,
                           const ferry_kv_req *req, const ferry_kv_buffer *src,
                           const ferry_kv_layers_opt *opt, ferry_kv_op **out)
 {
@@ -476,14 +470,7 @@ int ferry_kv_store_layers(ferry_kv *kv, const int32_t *tokens, size_t n,
                           const ferry_kv_req *req, const ferry_kv_buffer *src,
                           const ferry_kv_layers_opt *opt, ferry_kv_op **out)
 {
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv store_layers: store is NULL");
-    int rc = ferry__kv_enter(kv, "store_layers");
-    if (rc < 0)
-        return rc;
-    rc = guarded_store_layers(kv, tokens, n, req, src, opt, out);
-    ferry__kv_leave(kv);
-    return rc;
+    FERRY__KV_CALL(kv, "store_layers", store_layers_call(kv, tokens, n, req, src, opt, out));
 }
 
 /* under op->mu: copy layer `layer` of src into the slots; 0 or a code */

@@ -208,7 +208,7 @@ static void histogram(sb *b, const char *name, const char *help, const uint64_t 
     put(b, "ferry_kv_%s_seconds_count %llu\n", name, (unsigned long long)cum);
 }
 
-static int guarded_metrics_prometheus(ferry_kv *kv, char *buf, size_t len)
+static int metrics_prometheus_call(ferry_kv *kv, char *buf, size_t len)
 {
     if (!kv || (!buf && len))
         return ferry__err_set(NULL, -EINVAL, "kv metrics: store or buffer is NULL");
@@ -310,12 +310,5 @@ static int guarded_metrics_prometheus(ferry_kv *kv, char *buf, size_t len)
 
 int ferry_kv_metrics_prometheus(ferry_kv *kv, char *buf, size_t len)
 {
-    if (!kv)
-        return ferry__err_set(NULL, -EINVAL, "kv metrics: store is NULL");
-    int rc = ferry__kv_enter(kv, "metrics");
-    if (rc < 0)
-        return rc;
-    rc = guarded_metrics_prometheus(kv, buf, len);
-    ferry__kv_leave(kv);
-    return rc;
+    FERRY__KV_CALL(kv, "metrics", metrics_prometheus_call(kv, buf, len));
 }
