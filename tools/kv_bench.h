@@ -242,6 +242,8 @@ typedef struct srv_pool {
     double memcpy_gbps, store_gbps, retrieve_gbps; /* medians */
     double store_ratio, retrieve_ratio;            /* medians of the rounds' ratios */
     double store_ratio_min, retrieve_ratio_min;
+    double first_store_gbps;  /* the client's very first store (round 0: the pool's pages
+                                 mapped populated, nothing faulted in by an earlier round) */
     /* fairness: clients processes storing and retrieving at once */
     unsigned clients;
     size_t fair_chunks;       /* per call, each client */
