@@ -22,8 +22,7 @@
 
 typedef struct fx {
     int server;
-    char dir[256], sock[300];
-    ft_srv srv;
+    ft_kv_daemon d;
     ferry_kv *kv;
     unsigned char *src, *dst;
     ferry_kv_buffer sb, db;
@@ -57,18 +56,11 @@ static int setup(void **state, int server)
     f->server = server;
     ferry_kv_config c = config();
     if (server) {
-        assert_non_null(ft_tmpdir(f->dir, sizeof f->dir));
-        snprintf(f->sock, sizeof f->sock, "%s/ferry.sock", f->dir);
-        ferry_kv_config kc = config();
-        ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
-        sc.socket_path = f->sock;
-        sc.kv = &kc;
-        ft_srv_open(&f->srv, &sc);
-        c.server = f->sock;
-        c.server_timeout_ms = 5000;
-        c.l1_bytes = 1;
+        ft_kv_daemon_start(&f->d, &c);
+        f->kv = ft_kv_daemon_client(&f->d, c);
+    } else {
+        FT_ASSERT_OK(ferry_kv_open(&c, &f->kv));
     }
-    FT_ASSERT_OK(ferry_kv_open(&c, &f->kv));
     f->src = malloc(IMG);
     f->dst = calloc(1, IMG);
     assert_non_null(f->src);
@@ -89,10 +81,8 @@ static int teardown(void **state)
 {
     fx *f = *state;
     ferry_kv_close(f->kv);
-    if (f->server) {
-        ft_srv_close(&f->srv);
-        ft_rmtree(f->dir);
-    }
+    if (f->server)
+        ft_kv_daemon_stop(&f->d);
     free(f->src);
     free(f->dst);
     free(f);

@@ -189,26 +189,14 @@ static void test_named_in_process(void **state)
 static void test_named_through_a_daemon(void **state)
 {
     (void)state;
-    char dir[256], sock[300];
-    assert_non_null(ft_tmpdir(dir, sizeof dir));
-    snprintf(sock, sizeof sock, "%s/ferry.sock", dir);
     ferry_kv_config kc = config();
-    ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
-    sc.socket_path = sock;
-    sc.kv = &kc;
-    ft_srv srv;
-    ft_srv_open(&srv, &sc);
-    ferry_kv_config c = config();
-    c.server = sock;
-    c.server_timeout_ms = 5000;
-    c.l1_bytes = 1;
-    ferry_kv *kv = NULL;
-    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    ft_kv_daemon d;
+    ft_kv_daemon_start(&d, &kc);
+    ferry_kv *kv = ft_kv_daemon_client(&d, config());
     round_trip(kv);
     bad_names(kv);
     ferry_kv_close(kv);
-    ft_srv_close(&srv);
-    ft_rmtree(dir);
+    ft_kv_daemon_stop(&d);
 }
 
 static void test_named_survive_a_reopen_of_a_persistent_l2(void **state)

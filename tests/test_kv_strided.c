@@ -219,25 +219,13 @@ static void test_every_layout_pair_in_process(void **state)
 static void test_every_layout_pair_through_a_daemon(void **state)
 {
     (void)state;
-    char dir[256], sock[300];
-    assert_non_null(ft_tmpdir(dir, sizeof dir));
-    snprintf(sock, sizeof sock, "%s/ferry.sock", dir);
     ferry_kv_config kc = config();
-    ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
-    sc.socket_path = sock;
-    sc.kv = &kc;
-    ft_srv srv;
-    ft_srv_open(&srv, &sc);
-    ferry_kv_config cfg = config();
-    cfg.server = sock;
-    cfg.server_timeout_ms = 5000;
-    cfg.l1_bytes = 1;
-    ferry_kv *kv = NULL;
-    FT_ASSERT_OK(ferry_kv_open(&cfg, &kv));
+    ft_kv_daemon d;
+    ft_kv_daemon_start(&d, &kc);
+    ferry_kv *kv = ft_kv_daemon_client(&d, config());
     every_pair(kv);
     ferry_kv_close(kv);
-    ft_srv_close(&srv);
-    ft_rmtree(dir);
+    ft_kv_daemon_stop(&d);
 }
 
 /* strides ferry cannot express are refused before any byte moves */

@@ -11,7 +11,7 @@ import torch
 
 import ferry
 from ferry import FerryError
-from test_server import CHUNK, Daemon
+from test_server import CHUNK, store_per_backend
 
 L, H, D, NB, BS = 2, 2, 64, 24, 4      # the daemon's tiny preset: 2 layers, 2 heads of 64
 NTOK = 3 * CHUNK
@@ -52,17 +52,7 @@ FOUND = {"dict": "NHD"}
 
 @pytest.fixture(scope="module", params=["local", "server"])
 def store(request, tmp_path_factory):
-    if request.param == "local":
-        s = ferry.KVStore("layouts", LAY, l1="16M", chunk_tokens=CHUNK)
-        yield s
-        s.close()
-        return
-    d = Daemon(str(tmp_path_factory.mktemp("layouts"))).start()
-    s = ferry.KVStore("layouts", LAY, server=d.url, chunk_tokens=CHUNK, server_timeout_ms=3000)
-    yield s
-    s.close()
-    d.stop()
-
+    yield from store_per_backend(request, tmp_path_factory, "layouts")
 
 def blocks(seed):
     return list(np.random.default_rng(seed).permutation(NB)[:NTOK // BS])

@@ -7,24 +7,14 @@ import torch
 
 import ferry
 from ferry import FerryError
-from test_server import CHUNK, Daemon
+from test_server import CHUNK, store_per_backend
 
 LAY = ferry.Layout(num_layers=2, num_heads=2, head_dim=64, dtype="bf16")
 
 
 @pytest.fixture(scope="module", params=["local", "server"])
 def store(request, tmp_path_factory):
-    if request.param == "local":
-        s = ferry.KVStore("named", LAY, l1="16M", chunk_tokens=CHUNK)
-        yield s
-        s.close()
-        return
-    d = Daemon(str(tmp_path_factory.mktemp("named"))).start()
-    s = ferry.KVStore("named", LAY, server=d.url, chunk_tokens=CHUNK, server_timeout_ms=3000)
-    yield s
-    s.close()
-    d.stop()
-
+    yield from store_per_backend(request, tmp_path_factory, "named")
 
 def keys(n, tag):
     return [f"{i:064x}-{tag}" for i in range(n)]

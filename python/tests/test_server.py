@@ -70,6 +70,22 @@ def layout():
     return ferry.Layout(num_layers=2, num_heads=2, head_dim=64, dtype="bf16")
 
 
+def store_per_backend(request, tmp_path_factory, name):
+    """A KVStore of the daemon's tiny preset (layout(), CHUNK-token chunks):
+    in process for request.param "local", else a client of a daemon of its
+    own; a generator for module fixtures parametrized over both backends."""
+    if request.param == "local":
+        s = ferry.KVStore(name, layout(), l1="16M", chunk_tokens=CHUNK)
+        yield s
+        s.close()
+        return
+    d = Daemon(str(tmp_path_factory.mktemp(name))).start()
+    s = ferry.KVStore(name, layout(), server=d.url, chunk_tokens=CHUNK, server_timeout_ms=3000)
+    yield s
+    s.close()
+    d.stop()
+
+
 def client(d, **kw):
     return ferry.KVStore("tiny-llama", layout(), server=d.url, chunk_tokens=CHUNK,
                          server_timeout_ms=3000, **kw)

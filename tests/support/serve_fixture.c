@@ -112,3 +112,30 @@ int ft_send_fd(int sock, const void *buf, size_t n, int fd)
     }
     return 0;
 }
+
+void ft_kv_daemon_start(ft_kv_daemon *d, const ferry_kv_config *kc)
+{
+    memset(d, 0, sizeof *d);
+    assert_non_null(ft_tmpdir(d->dir, sizeof d->dir));
+    snprintf(d->sock, sizeof d->sock, "%s/ferry.sock", d->dir);
+    ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
+    sc.socket_path = d->sock;
+    sc.kv = kc;
+    ft_srv_open(&d->srv, &sc);
+}
+
+ferry_kv *ft_kv_daemon_client(ft_kv_daemon *d, ferry_kv_config c)
+{
+    c.server = d->sock;
+    c.server_timeout_ms = 5000;
+    c.l1_bytes = 1; /* (any nonzero: the daemon's pool is mapped) */
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    return kv;
+}
+
+void ft_kv_daemon_stop(ft_kv_daemon *d)
+{
+    ft_srv_close(&d->srv);
+    ft_rmtree(d->dir);
+}

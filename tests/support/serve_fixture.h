@@ -24,6 +24,20 @@ void ft_srv_open(ft_srv *v, const ferry_serve_config *sc);
 /* stop it, join its thread and close it: v->s is NULL after */
 void ft_srv_close(ft_srv *v);
 
+/* a daemon hosting a store of kc on a socket in a fresh temporary
+ * directory, in a thread; and clients of it: the cases that run against
+ * both backends of the KV API */
+typedef struct ft_kv_daemon {
+    ft_srv srv;
+    char dir[256], sock[300];
+} ft_kv_daemon;
+void ft_kv_daemon_start(ft_kv_daemon *d, const ferry_kv_config *kc);
+/* ferry_kv_open of c as a client of d (c's server fields set here: its
+ * socket, a 5 s timeout, a pool mapped); fails the test on an error */
+ferry_kv *ft_kv_daemon_client(ft_kv_daemon *d, ferry_kv_config c);
+/* stop the daemon and remove its directory */
+void ft_kv_daemon_stop(ft_kv_daemon *d);
+
 /* fork a child that opens a daemon with sc (log_level >= 0: the child's
  * ferry_log_set_level first) and runs it until SIGTERM stops it; the child
  * exits 0 after a clean close, 3 when the open failed (the message on
