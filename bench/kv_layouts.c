@@ -19,37 +19,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "ferry.h"
 
 enum { NHD, HND, FLASHINFER, PACKED, NK };
 static const char *const names[NK] = {"NHD", "HND", "FlashInfer", "packed"};
-
-static double now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-static int arg_int(int argc, char **argv, const char *name, int def)
-{
-    for (int i = 1; i + 1 < argc; i++)
-        if (!strcmp(argv[i], name))
-            return atoi(argv[i + 1]);
-    return def;
-}
 
 typedef struct cache {
     unsigned char *mem;

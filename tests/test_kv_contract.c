@@ -42,11 +42,7 @@ static ferry_kv_config config(void)
 
 static ferry_kv_buffer host_buf(unsigned char *img)
 {
-    ferry_kv_buffer b = FERRY_KV_BUFFER_INIT;
-    b.layout = ft_kv_layout(TB);
-    b.base = (uint64_t)(uintptr_t)img;
-    b.capacity_tokens = NTOK;
-    return b;
+    return ft_kv_host_buffer(img, NTOK, TB);
 }
 
 static int setup(void **state, int server)

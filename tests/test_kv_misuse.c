@@ -108,12 +108,7 @@ static void tokens(int32_t *t, size_t n, int32_t base)
 
 static ferry_kv_buffer host_buf(unsigned char *img)
 {
-    ferry_kv_buffer b = FERRY_KV_BUFFER_INIT;
-    b.layout = ft_kv_layout(TB);
-    b.mem = FERRY_KV_MEM_HOST;
-    b.base = (uint64_t)(uintptr_t)img;
-    b.capacity_tokens = NTOK;
-    return b;
+    return ft_kv_host_buffer(img, NTOK, TB);
 }
 
 #define IMG_BYTES ((size_t)4 * NTOK * TB)

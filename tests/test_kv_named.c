@@ -34,11 +34,7 @@ static ferry_kv_config config(void)
 
 static ferry_kv_buffer host_buf(unsigned char *img)
 {
-    ferry_kv_buffer b = FERRY_KV_BUFFER_INIT;
-    b.layout = ft_kv_layout(TB);
-    b.base = (uint64_t)(uintptr_t)img;
-    b.capacity_tokens = NTOK;
-    return b;
+    return ft_kv_host_buffer(img, NTOK, TB);
 }
 
 /* SGLang-like page keys: 64 hex digits of a SHA-256 and a suffix */

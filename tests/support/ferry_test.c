@@ -245,3 +245,13 @@ ferry_kv_layout ft_kv_layout(unsigned token_bytes)
     l.dtype = FERRY_DTYPE_BF16;
     return l;
 }
+
+ferry_kv_buffer ft_kv_host_buffer(void *img, uint64_t capacity, unsigned token_bytes)
+{
+    ferry_kv_buffer b = FERRY_KV_BUFFER_INIT;
+    b.layout = ft_kv_layout(token_bytes);
+    b.mem = FERRY_KV_MEM_HOST;
+    b.base = (uint64_t)(uintptr_t)img;
+    b.capacity_tokens = capacity;
+    return b;
+}

@@ -62,6 +62,8 @@ int ft_device_faults(ferry_device *dev, uint64_t fail_nth, int fail_code, size_t
 /* 2 layers, K and V, 2 heads of token_bytes / 4 bf16 values: token_bytes
  * per token and plane (64 gives 16-token chunks of 4 KiB) */
 ferry_kv_layout ft_kv_layout(unsigned token_bytes);
+/* a contiguous host buffer of that layout at img, capacity tokens */
+ferry_kv_buffer ft_kv_host_buffer(void *img, uint64_t capacity, unsigned token_bytes);
 
 /* ---- a deadline for threaded KV tests (kv_watchdog.c) ---- */
 /* Unless ft_kv_watchdog_stop() comes first, `seconds` without an

@@ -69,25 +69,45 @@ static int release(ferry_kv *kv, ferry__kvc *c, size_t n, int32_t *cs)
     return r;
 }
 
+/* send the op's first min(nchunks, cap) chunk ids (a RESERVE's with their
+ * tokens) as a `type` request on the op's own connection and read the
+ * reply's count: 0 and *m the chunks asked (0: none, nothing sent), or a
+ * code */
+static int ask(ferry_kv *kv, ferry_kv_op *op, size_t cap, const char *what, int type,
+               size_t *m, ferry__proto_rd *rd)
+{
+    *m = 0;
+    int r = conn(kv, op, what);
+    if (r < 0)
+        return r;
+    ferry__kvc *c = op->lw->conn;
+    size_t n = FERRY__MIN(op->nchunks, cap);
+    if (!n)
+        return 0;
+    if ((r = ferry__kvc_chunks(kv, c, n)) < 0)
+        return r;
+    for (size_t k = 0; k < n; k++) {
+        c->ch[k].id = op->ids[k];
+        if (type == FERRY__P_RESERVE)
+            c->ch[k].tokens = ferry__kv_chunk_ntok(kv, k, op->n);
+    }
+    int32_t rc;
+    r = ferry__kvc_send_chunks(kv, c, type, n, 0, rd, &rc);
+    if (r < 0 || (r = rc) < 0 || (r = ferry__kvc_reply_count(kv, c, rd, n)) < 0)
+        return r;
+    *m = n;
+    return 0;
+}
+
 int ferry__kvc_lw_acquire(ferry_kv *kv, ferry_kv_op *op, size_t cap)
 {
     ferry__kv_lw *lw = op->lw;
-    int r = conn(kv, op, "retrieve_layers");
-    if (r < 0)
+    ferry__proto_rd rd;
+    size_t m;
+    int r = ask(kv, op, cap, "retrieve_layers", FERRY__P_ACQUIRE, &m, &rd);
+    if (r < 0 || !m)
         return r;
     ferry__kvc *c = lw->conn;
-    size_t m = FERRY__MIN(op->nchunks, cap);
-    if (!m)
-        return 0;
-    if ((r = ferry__kvc_chunks(kv, c, m)) < 0)
-        return r;
-    for (size_t k = 0; k < m; k++)
-        c->ch[k].id = op->ids[k];
-    ferry__proto_rd rd;
-    int32_t rc;
-    r = ferry__kvc_send_chunks(kv, c, FERRY__P_ACQUIRE, m, 0, &rd, &rc);
-    if (r < 0 || (r = rc) < 0 || (r = ferry__kvc_reply_count(kv, c, &rd, m)) < 0)
-        return r;
     size_t extra = 0; /* hits past the first miss: let go at once */
     int lead = 1;
     for (size_t k = 0; k < m; k++) {
@@ -153,24 +173,12 @@ void ferry__kvc_lw_release(ferry_kv *kv, ferry_kv_op *op)
 int ferry__kvc_lw_reserve(ferry_kv *kv, ferry_kv_op *op, size_t cap)
 {
     ferry__kv_lw *lw = op->lw;
-    int r = conn(kv, op, "store_layers");
-    if (r < 0)
+    ferry__proto_rd rd;
+    size_t m;
+    int r = ask(kv, op, cap, "store_layers", FERRY__P_RESERVE, &m, &rd);
+    if (r < 0 || !m)
         return r;
     ferry__kvc *c = lw->conn;
-    size_t m = FERRY__MIN(op->nchunks, cap);
-    if (!m)
-        return 0;
-    if ((r = ferry__kvc_chunks(kv, c, m)) < 0)
-        return r;
-    for (size_t k = 0; k < m; k++) {
-        c->ch[k].id = op->ids[k];
-        c->ch[k].tokens = ferry__kv_chunk_ntok(kv, k, op->n);
-    }
-    ferry__proto_rd rd;
-    int32_t rc;
-    r = ferry__kvc_send_chunks(kv, c, FERRY__P_RESERVE, m, 0, &rd, &rc);
-    if (r < 0 || (r = rc) < 0 || (r = ferry__kvc_reply_count(kv, c, &rd, m)) < 0)
-        return r;
     int placed = 1;
     for (size_t k = 0; k < m; k++) {
         int32_t cs = (int32_t)ferry__proto_get_u32(&rd);
