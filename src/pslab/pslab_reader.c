@@ -8,6 +8,9 @@
  * another chunk's bytes under a good checksum.
  */
 #include <errno.h>
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+#include <xxh_x86dispatch.h>
 
 #include "pslab/pslab_impl.h"
 #include "stripe.h"
@@ -31,6 +34,9 @@ int ferry__pslab_pin_get(ferry_pslab *p, const void *key, size_t klen, ferry__ps
     out->length = e->length;
     out->ext = e->ext;
     out->checksum = e->sum;
+    out->piece = 0; /* (format 3 piece sums: not yet) */
+    out->npieces = 0;
+    out->psum = NULL;
     return 0;
 }
 
@@ -50,4 +56,45 @@ void ferry__pslab_locate(const ferry_pslab *p, uint64_t off, unsigned *d, uint64
 {
     ferry__stripe_map(p->g.stripe, p->g.drives, off, d, foff, run);
     *foff += p->data_off;
+}
+
+int ferry__pslab_pin_check(const ferry__pslab_pin *pin, const void *data, uint64_t off,
+                           uint64_t len)
+{
+    if (!pin || !data || off > pin->length || len > pin->length - off)
+        return ferry__err_set(NULL, -EINVAL, "pslab: check of bytes [%llu, +%llu) of a %llu-byte "
+                              "chunk", (unsigned long long)off, (unsigned long long)len,
+                              pin ? (unsigned long long)pin->length : 0ull);
+    if (!pin->piece) {
+        if (off || len != pin->length)
+            return ferry__err_set(NULL, -EINVAL, "pslab: a chunk without piece checksums is "
+                                  "checked whole, not bytes [%llu, +%llu)",
+                                  (unsigned long long)off, (unsigned long long)len);
+        uint64_t s = XXH3_64bits_dispatch(data, (size_t)len);
+        if (s == pin->checksum)
+            return 0;
+        return ferry__err_set(NULL, FERRY_ECORRUPT, "pslab: the %llu bytes at slab offset %llu "
+                              "fail their checksum (%016llx, recorded %016llx)",
+                              (unsigned long long)len, (unsigned long long)pin->offset,
+                              (unsigned long long)s, (unsigned long long)pin->checksum);
+    }
+    if (off % pin->piece || (len % pin->piece && off + len != pin->length))
+        return ferry__err_set(NULL, -EINVAL, "pslab: bytes [%llu, +%llu) are not whole pieces of "
+                              "%u bytes", (unsigned long long)off, (unsigned long long)len,
+                              pin->piece);
+    const unsigned char *d = data;
+    for (uint64_t at = 0; at < len; at += pin->piece) {
+        uint64_t k = (off + at) / pin->piece, n = FERRY__MIN((uint64_t)pin->piece, len - at);
+        if (k >= pin->npieces)
+            return ferry__err_set(NULL, -EINVAL, "pslab: piece %llu of %u",
+                                  (unsigned long long)k, pin->npieces);
+        uint64_t s = XXH3_64bits_dispatch(d + at, (size_t)n);
+        if (s != pin->psum[k])
+            return ferry__err_set(NULL, FERRY_ECORRUPT, "pslab: piece %llu (%llu bytes at slab "
+                                  "offset %llu) fails its checksum (%016llx, recorded %016llx)",
+                                  (unsigned long long)k, (unsigned long long)n,
+                                  (unsigned long long)(pin->offset + off + at),
+                                  (unsigned long long)s, (unsigned long long)pin->psum[k]);
+    }
+    return 0;
 }

@@ -26,8 +26,27 @@ typedef struct ferry__pslab_pin {
     uint64_t offset;     /* slab offset of its extent */
     uint64_t length;     /* bytes stored */
     uint64_t ext;        /* bytes an O_DIRECT read takes: length rounded up to the alignment */
-    uint64_t checksum;   /* XXH3-64 (seed 0) of its length bytes */
+    uint64_t checksum;   /* the record's checksum (ferry_pslab_info.checksum) */
+    /* its piece checksums (format 3 records): piece k covers bytes
+     * [k * piece, min(length, (k + 1) * piece)) and must hash (XXH3-64,
+     * seed 0) to psum[k]. piece 0 (format 1 and 2 records): only the
+     * whole-payload checksum above, XXH3-64 of the length bytes. psum is
+     * valid while the pin is held: a reader that checks later copies it */
+    uint32_t piece;
+    uint32_t npieces;
+    const uint64_t *psum;
 } ferry__pslab_pin;
+
+/*
+ * Check landed bytes of a pinned chunk: data holds bytes [off, off + len)
+ * of it, where off is a piece boundary and len whole pieces (the last one
+ * may end at length). 0 when every piece hashes to its psum; FERRY_ECORRUPT
+ * with the message naming the piece, its slab offset and both sums.
+ * With piece 0 only a whole payload (off 0, len length) can be checked,
+ * against checksum; anything else is -EINVAL.
+ */
+int ferry__pslab_pin_check(const ferry__pslab_pin *pin, const void *data, uint64_t off,
+                           uint64_t len);
 
 /* pin the chunk under key: 0, FERRY_ENOTFOUND, -EINVAL (message set on p) */
 int ferry__pslab_pin_get(ferry_pslab *p, const void *key, size_t klen, ferry__pslab_pin *out);
