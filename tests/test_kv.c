@@ -1720,6 +1720,156 @@ static void l2_corrupt_chunk_into_a_device_buffer_is_a_miss(void **state)
     ferry_device_close(dev);
 }
 
+/* ---- pieces checked (and copied out) as they land ---- */
+
+/* chunks of 64 KiB (tokens of 1 KiB) read in 16 KiB requests (read 0:
+ * whole) and checked in pieces of cp bytes; the check piece is a seam read
+ * when the tier opens */
+static void big_open_checked(bigfix *f, size_t na, uint64_t read, uint64_t cp)
+{
+    ferry__kv_l2_check_piece = cp;
+    big_open_pieces(f, 40, na, 16384);
+    f->kv->tier[FERRY_KV_TIER_L2]->apiece = read;
+    ferry__kv_l2_check_piece = 2u << 20;
+    /* these small chunks' checks and copies on the workers too (odd
+     * pieces), else on the retrieving thread */
+    if ((cp / 1000) % 2)
+        ferry__kv_set_handoff_min(f->kv, 0);
+}
+
+/* overwrite n bytes at byte off of chunk k's L2 copy with x */
+static void damage_l2_chunk(bigfix *f, size_t k, uint64_t off, size_t n, unsigned char x)
+{
+    char path[400];
+    snprintf(path, sizeof path, "%s/%s", f->dir, FERRY_GDS_SLAB_NAME);
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    unsigned char junk[256];
+    assert_true(n <= sizeof junk);
+    uint64_t loc = l2_loc_of(f->kv, f->a, BIG * CT, k);
+    assert_int_equal(pread(fd, junk, n, (off_t)(loc + off)), (ssize_t)n);
+    for (size_t i = 0; i < n; i++)
+        junk[i] ^= x;
+    assert_int_equal(pwrite(fd, junk, n, (off_t)(loc + off)), (ssize_t)n);
+    assert_int_equal(fsync(fd), 0);
+    close(fd);
+}
+
+/* every chunk comes back byte-exact, checked piece by piece, for check
+ * pieces that split tokens (6000 bytes), hold several (8 and 24 KiB,
+ * smaller and larger than a read request), and one request's worth */
+static void l2_pieces_checked_as_they_land_are_exact(void **state)
+{
+    (void)state;
+    const uint64_t cps[] = {6000, 8192, 9000, 16384, 24576, 25000};
+    const uint64_t reads[] = {16384, 0};
+    for (size_t a = 0; a < FERRY__ARRAY_LEN(cps); a++)
+        for (size_t b = 0; b < FERRY__ARRAY_LEN(reads); b++) {
+            bigfix f;
+            big_open_checked(&f, BIG, reads[b], cps[a]);
+            assert_int_equal(f.kv->tier[FERRY_KV_TIER_L2]->aops->vpiece(
+                                 f.kv->tier[FERRY_KV_TIER_L2], 0),
+                             cps[a]);
+            int st[BIG];
+            ferry_kv_req r = FERRY_KV_REQ_INIT;
+            r.status = st;
+            r.max_chunks = BIG;
+            ferry_kv_stats m0 = FERRY_KV_STATS_INIT, m = FERRY_KV_STATS_INIT;
+            FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m0));
+            assert_int_equal(ferry_kv_retrieve(f.kv, f.a, BIG * CT, &r, &f.d.b), BIG * CT);
+            for (int i = 0; i < BIG; i++)
+                assert_int_equal(st[i], 0);
+            assert_true(same_tokens(&f.h, &f.d, 0, BIG * CT));
+            FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m));
+            assert_int_equal(m.corrupt_chunks, 0);
+            assert_int_equal(m.tier[FERRY_KV_TIER_L2].hits - m0.tier[FERRY_KV_TIER_L2].hits, BIG);
+            big_close(&f);
+        }
+}
+
+/* one bad piece (at `off` of chunk 5, n bytes): that chunk is a miss whose
+ * tokens are zeroed (its good pieces were copied out before the bad one
+ * was seen), every other chunk exact */
+static void bad_piece_is_a_miss(uint64_t read, uint64_t cp, uint64_t off, size_t n)
+{
+    bigfix f;
+    big_open_checked(&f, BIG, read, cp);
+    damage_l2_chunk(&f, 5, off, n, 0x01);
+    check_corrupt_chunk_is_a_miss(&f, &f.d.b, &f.d);
+    big_close(&f);
+}
+
+static void l2_one_bad_piece_is_a_miss_never_bytes(void **state)
+{
+    (void)state;
+    bad_piece_is_a_miss(16384, 8192, 3 * 8192 + 100, 1); /* inside piece 3 */
+    bad_piece_is_a_miss(16384, 9000, 3 * 9000 + 100, 1); /* (on the workers) */
+    bad_piece_is_a_miss(16384, 9000, 7 * 9000 + 10, 2);  /* the last piece, short */
+    bad_piece_is_a_miss(16384, 8192, 7 * 8192 + 10, 1);  /* the last piece */
+    bad_piece_is_a_miss(0, 6000, 5 * 6000 + 7, 3);       /* pieces that split tokens */
+}
+
+/* a piece torn at its edge: its last byte, or the next piece's first */
+static void l2_piece_torn_at_its_edge_is_a_miss(void **state)
+{
+    (void)state;
+    bad_piece_is_a_miss(16384, 8192, 4 * 8192 - 1, 1);
+    bad_piece_is_a_miss(16384, 8192, 4 * 8192, 1);
+    bad_piece_is_a_miss(16384, 6000, 2 * 6000 - 1, 1);
+    bad_piece_is_a_miss(16384, 6000, 2 * 6000, 1);
+    bad_piece_is_a_miss(16384, 9000, 2 * 9000 - 1, 1);
+    bad_piece_is_a_miss(0, 9000, 2 * 9000, 1);
+}
+
+/* a device buffer, and a retrieve of one chunk (no worker copies): pieces
+ * checked as they land, the chunk copied once whole and checked */
+static void l2_pieces_checked_into_a_device_buffer_and_alone(void **state)
+{
+    (void)state;
+    ferry_device_options dopt = FERRY_DEVICE_OPTIONS_INIT;
+    dopt.backend = "host";
+    ferry_device *dev;
+    FT_ASSERT_OK(ferry_device_open(&dopt, &dev));
+    ferry__kv_l2_check_piece = 8192;
+    bigfix f;
+    g_tb = 1024;
+    big_open_dev(&f, 16, BIG, dev);
+    ferry__kv_l2_check_piece = 2u << 20;
+    f.kv->tier[FERRY_KV_TIER_L2]->apiece = 16384;
+    damage_l2_chunk(&f, 5, 3 * 8192 + 5, 1, 0x80);
+    size_t bytes = PLANES * 2 * BIG * CT * TB;
+    ferry_devptr dst;
+    FT_ASSERT_OK(ferry_device_alloc(dev, bytes, &dst));
+    ferry_kv_buffer b = f.d.b;
+    b.mem = FERRY_KV_MEM_DEVICE;
+    b.base = dst;
+    check_corrupt_chunk_is_a_miss(&f, &b, NULL);
+    FT_ASSERT_OK(ferry_device_download(dev, f.d.mem, dst, bytes));
+    assert_true(same_tokens(&f.h, &f.d, 0, 5 * CT));
+    assert_true(same_tokens(&f.h, &f.d, 6 * CT, BIG * CT));
+    FT_ASSERT_OK(ferry_device_free(dev, dst));
+    big_close(&f);
+    ferry_device_close(dev);
+    /* alone: one chunk, the retrieving thread's own checks and copy */
+    big_open_checked(&f, BIG, 16384, 8192);
+    damage_l2_chunk(&f, 0, 8192 + 1, 1, 0x02);
+    int st[2];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = 1;
+    assert_int_equal(ferry_kv_retrieve(f.kv, f.a, CT, &r, &f.d.b), 0);
+    assert_int_equal(st[0], FERRY_ECORRUPT);
+    for (unsigned p = 0; p < PLANES; p++)
+        for (uint64_t t = 0; t < CT; t++)
+            for (unsigned x = 0; x < TB; x++)
+                assert_true(tok_at(&f.d, p, t)[x] == 0 || tok_at(&f.d, p, t)[x] == 0xEE);
+    r.max_chunks = 2;
+    memset(f.d.mem, 0xEE, PLANES * 2 * BIG * CT * TB);
+    /* chunk 1 alone in a second prompt's place: exact */
+    assert_int_equal(ferry_kv_retrieve(f.kv, f.a, 2 * CT, &r, &f.d.b), 0);
+    big_close(&f);
+}
+
 /* the synchronous read (a prefetch on the workers) checks too */
 static void l2_corrupt_chunk_prefetched_is_dropped(void **state)
 {
@@ -2506,6 +2656,10 @@ int main(void)
         cmocka_unit_test(l2_corrupt_chunk_read_in_pieces_is_a_miss_never_bytes),
         cmocka_unit_test(l2_corrupt_single_chunk_retrieve_is_a_miss),
         cmocka_unit_test(l2_corrupt_chunk_into_a_device_buffer_is_a_miss),
+        cmocka_unit_test(l2_pieces_checked_as_they_land_are_exact),
+        cmocka_unit_test(l2_one_bad_piece_is_a_miss_never_bytes),
+        cmocka_unit_test(l2_piece_torn_at_its_edge_is_a_miss),
+        cmocka_unit_test(l2_pieces_checked_into_a_device_buffer_and_alone),
         cmocka_unit_test(l2_corrupt_chunk_prefetched_is_dropped),
         cmocka_unit_test(two_stores_on_one_l2_directory_are_refused),
         cmocka_unit_test(failing_tier_warnings_are_rate_limited),

@@ -130,6 +130,7 @@ typedef struct ferry__kv_aread {
     struct ferry__kv_aread *next;  /* the batch's ready list (the tier's while in flight) */
     ferry__kv_abatch *batch;
     size_t idx;                    /* the caller's: which chunk */
+    uint32_t piece;                /* the caller's: which piece of it */
     int result;                    /* once ready: 0 or a negative code */
     const char *why;               /* once ready with result < 0: the message */
     struct ferry__kv_aread *all;   /* every request its queue allocated (aqueue.c) */
@@ -176,6 +177,16 @@ typedef struct ferry__kv_tier_aops {
      * chunk since, no damage). NULL: the tier's reads need no check. An async read's
      * bytes count as a hit only after this passed. */
     int (*verify)(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, uint64_t sum);
+    /* optional, between begin and end: the bytes of the chunk at loc are
+     * checked in pieces of this many bytes as they land (check), instead
+     * of whole (verify); 0: this chunk has no piece checksums */
+    uint64_t (*vpiece)(ferry__kv_tier *t, uint64_t loc);
+    /* bytes [off, off + len) of chunk id, landed from loc at data (whole
+     * pieces of vpiece's size; the last may end the chunk): 0, or
+     * FERRY_ECORRUPT naming the piece (FERRY_ENOTFOUND: loc was read for
+     * another chunk since). Any thread, also after end */
+    int (*check)(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, const void *data,
+                 uint64_t off, uint64_t len);
 } ferry__kv_tier_aops;
 
 /*
@@ -372,6 +383,16 @@ ferry__kv_span ferry__kv_span_from(const ferry_kv_layout *l, uint32_t chunk_toke
 typedef int (*ferry__kv_run_fn)(void *ctx, uint64_t addr, unsigned char *img, uint64_t len);
 int ferry__kv_xfer_walk(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
                         uint32_t ntok, void *chunk, ferry__kv_run_fn fn, void *ctx);
+
+/* bytes [a, b) of a chunk image (whole tokens: multiples of a token's
+ * bytes in one plane) into a HOST buffer, which holds the chunk's tokens
+ * from tok0: the part of a chunk that landed and was checked */
+int ferry__kv_xfer_out_range(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
+                             const void *chunk, uint64_t a, uint64_t b);
+
+/* the non-persistent L2 checks chunk images over this many bytes (2 MiB)
+ * in pieces of it; read when a tier opens (a test seam) */
+extern uint64_t ferry__kv_l2_check_piece;
 
 /* ---- chunk checksums (sum.c) ---- */
 /* XXH3-64 of n bytes, on the widest vector unit the CPU has */

@@ -393,6 +393,32 @@ int ferry__kv_xfer(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t t
                          &x);
     return xflush(&x, s, rc, eb);
 }
+int ferry__kv_xfer_out_range(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
+                             const void *chunk, uint64_t a, uint64_t b)
+{
+    const ferry_kv_layout *l = &buf->layout;
+    uint64_t tb = token_bytes(l), span = (uint64_t)chunk_tokens * tb;
+    FERRY__ASSERT(buf->mem == FERRY_KV_MEM_HOST && a % tb == 0 && b % tb == 0 && a <= b);
+    xctx x;
+    xinit(&x, buf, 0, b - a);
+    unsigned char *img = (unsigned char *)(uintptr_t)chunk;
+    int rc = 0;
+    /* plane by plane (kv-major, then layer: the image's order), the
+     * plane's tokens that lie in [a, b) */
+    for (uint64_t p = a / span; rc == 0 && a < b; p++) {
+        uint64_t t0 = (a - p * span) / tb;
+        uint64_t t1 = FERRY__MIN(b - p * span, span) / tb;
+        unsigned char *part = img + p * span + t0 * tb;
+        if (buf->form == FERRY_KV_CONTIGUOUS)
+            rc = xrun(&x, buf->base + (p * buf->capacity_tokens + tok0 + t0) * tb, part,
+                      (t1 - t0) * tb);
+        else
+            rc = walk_paged(buf, &p, &part, 1, tb, tok0 + t0, (uint32_t)(t1 - t0), xrun, &x);
+        a = (p + 1) * span;
+    }
+    return xflush(&x, NULL, rc, NULL);
+}
+
 void ferry__kv_count_device_copy(ferry_kv *kv, const ferry_kv_buffer *buf, int calls)
 {
     if (buf->mem != FERRY_KV_MEM_DEVICE)

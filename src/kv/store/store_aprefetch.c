@@ -69,7 +69,7 @@ static void ap_land(ap *p, size_t i)
             ferry__err_set(NULL, rc, "%s", c->why);
         ferry__kv_tier_io_done(kv, t, 0, c->loc, &j->e->id, t->slot_bytes, rc);
         if (rc == 0 && t->aops->verify) {
-            rc = t->aops->verify(t, c->loc, &j->e->id, ferry__kv_sum(c->dst, kv->chunk_bytes));
+            rc = ferry__kv_tier_check_whole(kv, t, c->loc, &j->e->id, c->dst);
             if (rc < 0)
                 ferry__kv_tier_io_done(kv, t, 0, c->loc, &j->e->id, 0, rc);
         }

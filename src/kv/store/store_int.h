@@ -58,6 +58,11 @@ enum {
 /* what each file offers the others (all under kv->mu unless said) */
 /* tierio.c */
 uint64_t ferry__kv_now_ns(ferry_kv *kv);
+/* a whole chunk image read asynchronously from t's loc into data: is it
+ * chunk id? Piece by piece where the tier checks pieces, else its whole
+ * checksum (aops verify); 0, or the tier's FERRY_ECORRUPT */
+int ferry__kv_tier_check_whole(ferry_kv *kv, ferry__kv_tier *t, uint64_t loc,
+                               const ferry_kv_hash *id, const void *data);
 int ferry__kv_tier_fault(ferry_kv *kv, ferry__kv_tier *t, int write, uint64_t loc, size_t len);
 int ferry__kv_tier_io_done(ferry_kv *kv, ferry__kv_tier *t, int write, uint64_t loc,
                         const ferry_kv_hash *id, size_t len, int rc);

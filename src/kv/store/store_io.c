@@ -56,6 +56,14 @@ void ferry__kv_set_tier_fault(ferry_kv *kv, int tier, int write, uint64_t nth, i
 }
 
 /* the fault seam: the code the nth read or write of t is to fail with, or 0 */
+int ferry__kv_tier_check_whole(ferry_kv *kv, ferry__kv_tier *t, uint64_t loc,
+                               const ferry_kv_hash *id, const void *data)
+{
+    if (t->aops->vpiece && t->aops->vpiece(t, loc))
+        return t->aops->check(t, loc, id, data, 0, kv->chunk_bytes);
+    return t->aops->verify(t, loc, id, ferry__kv_sum(data, kv->chunk_bytes));
+}
+
 int ferry__kv_tier_fault(ferry_kv *kv, ferry__kv_tier *t, int write, uint64_t loc, size_t len)
 {
     (void)kv;

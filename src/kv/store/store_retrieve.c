@@ -47,6 +47,16 @@ typedef struct rt_chunk {
     uint64_t aloc;
     char *adst;
     const void *csrc;           /* its L1 bytes, for a worker's copy */
+    /* piece mode (the tier checks its pieces, vpiece): each run of vp
+     * bytes is checked as soon as it landed (lp: bytes landed back to back
+     * from byte 0; cdone: bytes handed to checks), and with pcopy copied
+     * out after its check (odone: image bytes handed to copies), so a
+     * chunk's check and copy end with its last piece, not after it */
+    uint64_t vp, lp, cdone, odone;
+    uint32_t nlp;               /* read pieces landed back to back */
+    uint8_t pcopy;
+    unsigned pjobs;             /* its checks on workers (under cmu) */
+    int pbad;                   /* its first failed check (under cmu) */
 } rt_chunk;
 
 typedef struct rtv {
@@ -56,6 +66,7 @@ typedef struct rtv {
     size_t nch, n;
     rt_chunk *c;                /* per chunk of the prompt */
     size_t *hidx;               /* the chunks held, nheld of them */
+    uint8_t *plnd;              /* per chunk and read piece: landed (piece mode) */
     uint8_t *ahead;             /* per chunk: the tier a worker read-ahead was queued from
                                    (ferry__kv_prefetch_ids fills it) */
     char (*why)[FERRY__ERRMSG_MAX]; /* each chunk's first failure (allocated on the first) */
@@ -212,7 +223,7 @@ static void rt_run_copy(ferry_kv *kv, ferry__kv_job *j)
  * back to the reads. 1: chunk i's copy was queued as job(r, i); 0: no
  * worker is free, the caller copies.
  */
-static int rt_hand_off(rtv *r, size_t i, void (*job)(void *ctx, size_t i))
+static int rt_hand_off(rtv *r, size_t i, void (*job)(void *ctx, size_t i), void *ctx)
 {
     if (!r->wcopy)
         return 0;
@@ -230,7 +241,7 @@ static int rt_hand_off(rtv *r, size_t i, void (*job)(void *ctx, size_t i))
     j->kind = FERRY__KV_JOB_COPY;
     j->run = rt_run_copy;
     j->copy = job;
-    j->ctx = r;
+    j->ctx = ctx;
     j->idx = i;
     pthread_mutex_lock(&r->cmu);
     r->wpending++;
@@ -266,7 +277,7 @@ static void rt_copy_out(rtv *r, size_t i, ferry__kv_entry *e)
          * drops its chunk's read lock when done, so a retrieve holds no
          * more slots than copies running. */
         r->c[i].csrc = src;
-        if (rt_hand_off(r, i, rt_copy_job))
+        if (rt_hand_off(r, i, rt_copy_job, r))
             return;
         rt_copy_chunk(r, i, src);
         rt_release(r, i);
@@ -366,11 +377,134 @@ static void rt_verify_out(rtv *r, size_t i, ferry__kv_entry *e)
 {
     pthread_mutex_unlock(&r->kv->mu);
     r->c[i].held = e;
-    if (!rt_hand_off(r, i, rt_verify_job))
+    if (!rt_hand_off(r, i, rt_verify_job, r))
         rt_verify_copy(r, i);
 }
 
 static void rt_read_done(rtv *r, size_t i, int rc);
+static void rt_pieces_finish(rtv *r, size_t i, ferry__kv_entry *e);
+
+/* ---- piece mode ---- */
+
+/* one check (and copy) of a piece-mode chunk: image bytes [c0, c1) are
+ * checked, then [o0, o1) copied out when the chunk copies as it lands
+ * (o1 > o0) and no check of it failed so far */
+typedef struct rt_unit {
+    rtv *r;
+    ferry_kv_hash id;
+    uint64_t c0, c1, o0, o1;
+} rt_unit;
+
+static void rt_unit_run(rtv *r, size_t i, const rt_unit *u)
+{
+    ferry_kv *kv = r->kv;
+    rt_chunk *c = &r->c[i];
+    int rc = r->at->aops->check(r->at, c->aloc, &u->id, c->adst + u->c0, u->c0, u->c1 - u->c0);
+    if (r->wcopy)
+        pthread_mutex_lock(&r->cmu);
+    if (rc < 0 && c->pbad == 0) {
+        c->pbad = rc;
+        snprintf(r->why[i], sizeof r->why[i], "%s", ferry_last_error());
+    }
+    int copy = rc == 0 && c->pbad == 0 && u->o1 > u->o0 && !ferry__kv_cancelled(r->cancel);
+    if (r->wcopy)
+        pthread_mutex_unlock(&r->cmu);
+    if (copy) /* (host copies do not fail) */
+        ferry__kv_xfer_out_range(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
+                                 c->adst, u->o0, u->o1);
+}
+
+static void rt_unit_job(void *ctx, size_t i)
+{
+    rt_unit *u = ctx;
+    rtv *r = u->r;
+    rt_unit_run(r, i, u);
+    ferry__free(u);
+    pthread_mutex_lock(&r->cmu);
+    r->c[i].pjobs--;
+    r->wpending--;
+    pthread_cond_broadcast(&r->ccv);
+    pthread_mutex_unlock(&r->cmu);
+}
+
+/* read piece k of piece-mode chunk i landed: the runs of vp bytes now
+ * landed whole are checked (and copied out) on a free worker, else here */
+static void rt_piece_landed(rtv *r, size_t i, uint32_t k)
+{
+    ferry_kv *kv = r->kv;
+    rt_chunk *c = &r->c[i];
+    uint8_t *lnd = r->plnd + i * r->npieces;
+    lnd[k] = 1;
+    while (c->nlp < r->npieces && lnd[c->nlp])
+        c->nlp++;
+    const ferry_kv_layout *l = &kv->layout;
+    uint64_t len = kv->chunk_bytes, tb = (uint64_t)l->num_heads * l->head_dim *
+                                         ferry_dtype_size(l->dtype);
+    c->lp = FERRY__MIN((uint64_t)c->nlp * r->piece, len);
+    while (c->res == 0 && c->cdone < len) {
+        rt_unit u = {r, c->pend->id, c->cdone, FERRY__MIN(c->cdone + c->vp, len), c->odone,
+                     c->odone};
+        if (u.c1 > c->lp)
+            break;
+        if (c->pcopy) /* whole tokens: a token cut by the piece's end goes with the next */
+            u.o1 = u.c1 == len ? len : u.c1 - u.c1 % tb;
+        c->cdone = u.c1;
+        c->odone = u.o1;
+        rt_unit *w = r->wcopy ? ferry__malloc(sizeof *w) : NULL;
+        if (w) {
+            *w = u;
+            pthread_mutex_lock(&r->cmu);
+            c->pjobs++;
+            pthread_mutex_unlock(&r->cmu);
+            if (rt_hand_off(r, i, rt_unit_job, w)) {
+                /* (rt_hand_off counted it in wpending; the job takes it back) */
+                continue;
+            }
+            pthread_mutex_lock(&r->cmu);
+            c->pjobs--;
+            pthread_mutex_unlock(&r->cmu);
+            ferry__free(w);
+        }
+        rt_unit_run(r, i, &u);
+    }
+}
+
+/* chunk i's read begins: piece mode when its tier checks its pieces (and
+ * the retrieve keeps a landed map); its pieces are copied out as they
+ * pass when the whole chunk goes to a host buffer, else (a device buffer,
+ * the last partial chunk, tokens the engine keeps, a cancelled op) it is
+ * copied out once whole, after its last check */
+static void rt_piece_mode(rtv *r, size_t i)
+{
+    ferry_kv *kv = r->kv;
+    ferry__kv_tier *t = r->at;
+    rt_chunk *c = &r->c[i];
+    c->vp = r->plnd && t->aops->vpiece ? t->aops->vpiece(t, c->aloc) : 0;
+    if (!c->vp)
+        return;
+    memset(r->plnd + i * r->npieces, 0, r->npieces);
+    c->nlp = 0;
+    c->lp = c->cdone = c->odone = 0;
+    c->pbad = 0;
+    c->pcopy = !r->s && ferry__kv_chunk_ntok(kv, i, r->n) == kv->chunk_tokens &&
+               r->skip <= (uint64_t)i * kv->chunk_tokens && !ferry__kv_cancelled(r->cancel) &&
+               rt_failed(r) == 0;
+}
+
+/* a piece-mode chunk's read is over: its checks are waited for; the
+ * first that failed (0: none) */
+static int rt_pieces_done(rtv *r, size_t i)
+{
+    rt_chunk *c = &r->c[i];
+    if (!r->wcopy)
+        return c->pbad;
+    pthread_mutex_lock(&r->cmu);
+    while (c->pjobs)
+        pthread_cond_wait(&r->ccv, &r->cmu);
+    int bad = c->pbad;
+    pthread_mutex_unlock(&r->cmu);
+    return bad;
+}
 
 /* chunk i's read is over (every piece sent has landed): count it */
 /* chunk i's first failure: its code and message (the message is logged
@@ -428,8 +562,11 @@ static void rt_send(rtv *r, size_t i, ferry__kv_aread *a)
         r->c[i].begun = rc == 0;
         busy = rc == -EBUSY;
     }
+    if (rc == 0 && r->c[i].sent == 0)
+        rt_piece_mode(r, i);
     if (rc == 0) {
         a->idx = i;
+        a->piece = r->c[i].sent;
         rc = t->aops->submit(t, &r->batch, a, r->c[i].aloc, off, r->c[i].adst + off, len);
     }
     if (rc == 0) {
@@ -514,11 +651,32 @@ static void rt_read_done(rtv *r, size_t i, int rc)
      * a whole chunk for a host buffer is checked as it is copied out, and
      * promoted after; any other is checked here, before it is promoted */
     int deferred = 0;
-    if (rc == 0 && !r->c[i].lost && r->at->aops->verify) {
+    if (r->c[i].vp) {
+        /* piece mode: every piece was checked as it landed (copied out
+         * too with pcopy); a chunk that failed in any way is a miss whose
+         * copied-out part is zeroed */
+        int bad = rt_pieces_done(r, i);
+        if (rc == 0 && bad < 0) {
+            rc = bad;
+            r->c[i].st = bad;
+            ferry__err_set(NULL, bad, "%s", r->why[i]);
+            ferry__kv_tier_io_done(kv, r->at, 0, r->c[i].aloc, &e->id, 0, bad);
+        }
+        if (r->c[i].pcopy && r->c[i].odone && (rc < 0 || r->c[i].lost))
+            ferry__kv_xfer_out_zero(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
+                                    kv->chunk_tokens);
+        if (rc == 0 && !r->c[i].lost && r->c[i].pcopy) {
+            rt_pieces_finish(r, i, e);
+            return;
+        }
+    } else if (rc == 0 && !r->c[i].lost && r->at->aops->verify) {
         if (!r->s && ferry__kv_chunk_ntok(kv, i, r->n) == kv->chunk_tokens && rt_failed(r) == 0)
             deferred = 1;
-        else if ((rc = rt_check(r, i, e, ferry__kv_sum(r->c[i].adst, kv->chunk_bytes))) < 0)
+        else if ((rc = ferry__kv_tier_check_whole(kv, r->at, r->c[i].aloc, &e->id,
+                                                  r->c[i].adst)) < 0) {
+            ferry__kv_tier_io_done(kv, r->at, 0, r->c[i].aloc, &e->id, 0, rc);
             r->c[i].st = rc;
+        }
     }
     pthread_mutex_lock(&kv->mu);
     if (deferred) {
@@ -569,6 +727,33 @@ static void rt_read_done(rtv *r, size_t i, int rc)
     rt_copy_out(r, i, e);
 }
 
+/* a piece-mode chunk that passed every check and was copied out as it
+ * landed: promoted into L1, counted */
+static void rt_pieces_finish(rtv *r, size_t i, ferry__kv_entry *e)
+{
+    ferry_kv *kv = r->kv;
+    pthread_mutex_lock(&kv->mu);
+    FERRY__ASSERT(kv->l1_reading > 0);
+    kv->l1_reading--;
+    ferry__kv_promote_finish(kv, e, r->c[i].slot, 0, r->at->id); /* (wakes reserve's waiters) */
+    ferry__kv_read_unlock(e);
+    ferry__kv_put(kv, e);
+    pthread_mutex_unlock(&kv->mu);
+    if (r->wcopy)
+        pthread_mutex_lock(&r->cmu);
+    if (ferry__kv_cancelled(r->cancel)) {
+        r->c[i].st = -ECANCELED; /* (some of it may be copied out: the caller's buffer is
+                                    no longer ours) */
+        r->ncancel++;
+    } else {
+        r->c[i].st = 0;
+        r->got++;
+        r->hits[r->at->id]++;
+    }
+    if (r->wcopy)
+        pthread_mutex_unlock(&r->cmu);
+}
+
 /* wait until at least one of this retrieve's requests landed (none when
  * none is in flight); chunks whose every piece has landed become
  * RT_LANDED with their result in r->res; returns how many did */
@@ -607,7 +792,10 @@ static unsigned rt_reap(rtv *r)
             rt_fail(r, i, rc, a->why);
             r->c[i].lost = 0;
         }
+        uint32_t piece = a->piece;
         t->aops->put(t, a);
+        if (rc == 0 && r->c[i].vp)
+            rt_piece_landed(r, i, piece); /* (checks nothing once the chunk failed) */
         r->inflight--;
         r->c[i].left--;
         if (rc < 0) {
@@ -760,7 +948,7 @@ static int rt_one(rtv *r, const ferry_kv_hash *ids, size_t i)
 /* the retrieve's per-chunk arrays (any of them may be NULL) */
 static void rt_free(rtv *r)
 {
-    void *a[] = {r->c, r->hidx, r->ahead, r->why};
+    void *a[] = {r->c, r->hidx, r->ahead, r->why, r->plnd};
     for (size_t k = 0; k < FERRY__ARRAY_LEN(a); k++)
         ferry__free(a[k]);
 }
@@ -794,6 +982,17 @@ static int rt_init(rtv *r, size_t nch)
                                                                        : r->at->slot_bytes;
         r->npieces = (uint32_t)((r->at->slot_bytes + r->piece - 1) / r->piece);
         r->pdepth = r->npieces > 1 ? r->at->aops->pdepth : r->depth;
+        /* pieces checked as they land: a map of those landed, and room
+         * for each chunk's failure (written by the workers' checks) */
+        if (r->at->aops->check) {
+            r->plnd = ferry__malloc(nch * r->npieces);
+            r->why = ferry__calloc(nch, sizeof *r->why);
+            if (!r->plnd || !r->why) {
+                rt_free(r);
+                return ferry__kv_err(kv, -ENOMEM, "kv retrieve: out of memory for %zu chunks",
+                                     nch);
+            }
+        }
     }
     /* several chunks into a host buffer: an I/O worker with nothing to
      * read copies one out while this thread keeps the reads going or

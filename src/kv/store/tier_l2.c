@@ -42,7 +42,15 @@ typedef struct l2_rd {
     char msg[256];          /* the failure's message */
 } l2_rd;
 
-/* what a slot holds: the chunk's id and the checksum of its image */
+/* a chunk image over this many bytes is checked in pieces of it, each as
+ * it lands (kv_impl.h's aops vpiece), so a retrieve checks and copies
+ * out the chunk while its later pieces are still being read */
+#define L2_CHECK_PIECE ((uint64_t)2 << 20)
+
+uint64_t ferry__kv_l2_check_piece = L2_CHECK_PIECE;
+
+/* what a slot holds: the chunk's id and the checksum of its image (or,
+ * for a chunk checked in pieces, of each piece: the tier's psum) */
 typedef struct l2_meta {
     ferry_kv_hash id;
     uint64_t sum;
@@ -54,6 +62,9 @@ typedef struct l2 {
     l2_meta *meta;          /* per slot (offset / slot_bytes) */
     uint64_t nmeta;
     uint64_t sum_bytes;     /* the image's bytes: the chunk, not its padding */
+    uint32_t np;            /* pieces per image checked apart (0: checked whole) */
+    uint64_t cp;            /* bytes per piece (ferry__kv_l2_check_piece at open) */
+    uint64_t *psum;         /* np per slot: each piece's XXH3-64 */
     ferry_slab *slab;
     void *registered;       /* the L1 pool while registered, else NULL */
     ferry__kv_aq aq;        /* asynchronous reads (kv_impl.h) */
@@ -104,7 +115,13 @@ static int l2_write(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, co
                               (unsigned long long)loc);
     m->valid = 0;
     /* (the write-through runs on an I/O worker, off every caller's path) */
-    uint64_t sum = ferry__kv_sum(src, p->sum_bytes);
+    uint64_t sum = 0, *ps = p->psum + (m - p->meta) * p->np;
+    for (uint32_t k = 0; k < p->np; k++)
+        ps[k] = ferry__kv_sum((const char *)src + k * p->cp,
+                              (size_t)FERRY__MIN(p->cp,
+                                                 p->sum_bytes - k * p->cp));
+    if (!p->np)
+        sum = ferry__kv_sum(src, p->sum_bytes);
     ferry_extent e = {loc, t->slot_bytes};
     int rc = ferry_gds_extent_pwrite(p->gds, &e, src);
     if (rc == 0) {
@@ -115,21 +132,77 @@ static int l2_write(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, co
     return rc;
 }
 
+/* the slot at loc holds chunk id: its record, or NULL and FERRY_ECORRUPT set */
+static l2_meta *l2_holds(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id)
+{
+    l2_meta *m = meta_at(t, loc);
+    if (!m || !m->valid) {
+        ferry__err_set(NULL, FERRY_ECORRUPT,
+                       "kv L2: the slot at offset %llu holds no chunk the store wrote",
+                       (unsigned long long)loc);
+        return NULL;
+    }
+    if (m->id.hi != id->hi || m->id.lo != id->lo) {
+        ferry__err_set(NULL, FERRY_ECORRUPT,
+                       "kv L2: the slot at offset %llu holds chunk %016llx%016llx, not "
+                       "%016llx%016llx",
+                       (unsigned long long)loc, (unsigned long long)m->id.hi,
+                       (unsigned long long)m->id.lo, (unsigned long long)id->hi,
+                       (unsigned long long)id->lo);
+        return NULL;
+    }
+    return m;
+}
+
+/* bytes [off, off + len) of chunk id read from loc (whole pieces): 0, or
+ * FERRY_ECORRUPT naming the first bad piece */
+static int l2_check(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, const void *data,
+                    uint64_t off, uint64_t len)
+{
+    l2 *p = t->impl;
+    l2_meta *m = l2_holds(t, loc, id);
+    if (!m)
+        return FERRY_ECORRUPT;
+    if (!p->np || off % p->cp || off > p->sum_bytes || len > p->sum_bytes - off ||
+        (len % p->cp && off + len != p->sum_bytes))
+        return ferry__err_set(NULL, -EINVAL, "kv L2: check of bytes [%llu, +%llu) of a %llu-byte "
+                              "chunk in pieces of %llu", (unsigned long long)off,
+                              (unsigned long long)len, (unsigned long long)p->sum_bytes,
+                              (unsigned long long)(p->np ? p->cp : 0));
+    const uint64_t *ps = p->psum + (m - p->meta) * p->np;
+    const char *d = data;
+    for (uint64_t at = 0; at < len; at += p->cp) {
+        uint64_t k = (off + at) / p->cp, n = FERRY__MIN(p->cp, len - at);
+        uint64_t got = ferry__kv_sum(d + at, (size_t)n);
+        if (got != ps[k])
+            return ferry__err_set(NULL, FERRY_ECORRUPT,
+                                  "kv L2: piece %llu (%llu bytes at offset %llu) of chunk "
+                                  "%016llx%016llx fails its checksum (%016llx, written "
+                                  "%016llx): the slab file was changed behind the store",
+                                  (unsigned long long)k, (unsigned long long)n,
+                                  (unsigned long long)(loc + off + at), (unsigned long long)id->hi,
+                                  (unsigned long long)id->lo, (unsigned long long)got,
+                                  (unsigned long long)ps[k]);
+    }
+    return 0;
+}
+
+static uint64_t l2_vpiece(ferry__kv_tier *t, uint64_t loc)
+{
+    (void)loc;
+    l2 *p = t->impl;
+    return p->np ? p->cp : 0;
+}
+
 /* the chunk read from loc is chunk id with image checksum sum, or FERRY_ECORRUPT */
 static int l2_verify(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, uint64_t sum)
 {
-    l2_meta *m = meta_at(t, loc);
-    if (!m || !m->valid)
-        return ferry__err_set(NULL, FERRY_ECORRUPT,
-                              "kv L2: the slot at offset %llu holds no chunk the store wrote",
-                              (unsigned long long)loc);
-    if (m->id.hi != id->hi || m->id.lo != id->lo)
-        return ferry__err_set(NULL, FERRY_ECORRUPT,
-                              "kv L2: the slot at offset %llu holds chunk %016llx%016llx, not "
-                              "%016llx%016llx",
-                              (unsigned long long)loc, (unsigned long long)m->id.hi,
-                              (unsigned long long)m->id.lo, (unsigned long long)id->hi,
-                              (unsigned long long)id->lo);
+    if (((l2 *)t->impl)->np)
+        return ferry__err_set(NULL, -EINVAL, "kv L2: chunks of %llu bytes are checked in "
+                              "pieces, not whole", (unsigned long long)t->chunk_bytes);
+    l2_meta *m = l2_holds(t, loc, id);
+    if (!m)
+        return FERRY_ECORRUPT;
     if (m->sum != sum)
         return ferry__err_set(NULL, FERRY_ECORRUPT,
                               "kv L2: chunk %016llx%016llx read from offset %llu (%llu bytes) "
@@ -149,6 +222,8 @@ static int l2_read(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, voi
     int rc = ferry_gds_extent_pread(p->gds, &e, dst);
     if (rc < 0)
         return rc;
+    if (p->np)
+        return l2_check(t, loc, id, dst, 0, p->sum_bytes);
     return l2_verify(t, loc, id, ferry__kv_sum(dst, p->sum_bytes));
 }
 
@@ -242,6 +317,7 @@ static void l2_close(ferry__kv_tier *t)
     ferry__kv_tier_l2_unregister(t);
     ferry_gds_close(p->gds); /* reads still in flight (a broken queue) land or drop here */
     ferry__free(p->meta);
+    ferry__free(p->psum);
     ferry__kv_aq_fini(&p->aq);
     ferry__free(p);
     t->impl = NULL;
@@ -313,6 +389,8 @@ static const ferry__kv_tier_aops l2_aops = {
     .wait = l2_await,
     .broken = l2_abroken,
     .verify = l2_verify,
+    .vpiece = l2_vpiece,
+    .check = l2_check,
 };
 
 int ferry__kv_tier_l2_open(const char *const *dirs, unsigned ndirs, uint64_t bytes, int direct,
@@ -373,7 +451,12 @@ int ferry__kv_tier_l2_open(const char *const *dirs, unsigned ndirs, uint64_t byt
     }
     p->nmeta = t->capacity;
     p->meta = ferry__calloc(p->nmeta, sizeof *p->meta);
-    if (!p->meta) {
+    p->cp = ferry__kv_l2_check_piece ? ferry__kv_l2_check_piece : L2_CHECK_PIECE;
+    p->np = chunk_bytes > p->cp
+                ? (uint32_t)((chunk_bytes + p->cp - 1) / p->cp)
+                : 0;
+    p->psum = p->np ? ferry__calloc(p->nmeta * p->np, sizeof *p->psum) : NULL;
+    if (!p->meta || (p->np && !p->psum)) {
         ferry__kv_tier_free(t);
         return ferry__err_set(eb, -ENOMEM, "kv L2: out of memory for %llu slot records",
                               (unsigned long long)p->nmeta);

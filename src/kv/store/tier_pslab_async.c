@@ -56,6 +56,13 @@ typedef struct pa_rd {
     char msg[256];
 } pa_rd;
 
+/* a chunk's piece checksums, copied from its pin at begin so its pieces
+ * are checked also after end (a worker's check may run late) */
+typedef struct pa_sums {
+    uint64_t *sum;                      /* n of them (NULL: none) */
+    uint32_t piece, n;
+} pa_sums;
+
 struct ferry__kv_tpa {
     ferry_pslab *ps;
     ferry_io *io;
@@ -64,6 +71,7 @@ struct ferry__kv_tpa {
     int direct;                         /* the files are O_DIRECT: read whole extents */
     ferry__pslab_pin *pin;              /* per slot: the chunk read there (see above) */
     ferry_kv_hash *pid;                 /* per slot: the id that pin was taken for */
+    pa_sums *sums;                      /* per slot: that chunk's piece checksums (aq.mu) */
     uint64_t capacity;
     void *registered;                   /* the L1 pool while registered */
     ferry__kv_aq aq;                    /* requests, batches, the reaper's turn */
@@ -109,13 +117,26 @@ static int pa_begin(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, si
      * so a slot still being read means its chunk was evicted and the slot
      * given to another while the first read ran (a lock's TTL ran out):
      * refused, so neither read sees the other's pin */
+    uint64_t *sum = pin.npieces ? ferry__malloc(pin.npieces * sizeof *sum) : NULL;
+    if (pin.npieces && !sum) {
+        ferry__pslab_pin_put(a->ps, &pin);
+        return ferry__err_set(NULL, -ENOMEM, "kv persistent L2: out of memory for the %u "
+                              "piece checksums of slot %llu", pin.npieces,
+                              (unsigned long long)loc);
+    }
+    if (sum)
+        memcpy(sum, pin.psum, pin.npieces * sizeof *sum);
     pthread_mutex_lock(&a->aq.mu);
     int busy = a->pin[loc].ent != NULL;
     if (!busy) {
         a->pin[loc] = pin;
         a->pid[loc] = *id;
+        uint64_t *old = a->sums[loc].sum;
+        a->sums[loc] = (pa_sums){sum, pin.npieces ? pin.piece : 0, pin.npieces};
+        sum = old; /* (freed below) */
     }
     pthread_mutex_unlock(&a->aq.mu);
+    ferry__free(sum);
     if (busy) {
         ferry__pslab_pin_put(a->ps, &pin);
         return ferry__err_set(NULL, -EBUSY, "kv persistent L2: slot %llu is still being read "
@@ -299,6 +320,70 @@ static int pa_verify(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, u
                           (unsigned long long)sum, (unsigned long long)pin.checksum);
 }
 
+static uint64_t pa_vpiece(ferry__kv_tier *t, uint64_t loc)
+{
+    ferry__kv_tpa *a = tpa_of(t);
+    if (loc >= a->capacity)
+        return 0;
+    pthread_mutex_lock(&a->aq.mu);
+    uint64_t piece = a->sums[loc].piece;
+    pthread_mutex_unlock(&a->aq.mu);
+    return piece;
+}
+
+/* the pieces of [off, off + len) of the chunk read from loc, checked in
+ * batches: their recorded sums are copied under the lock (a later read
+ * of the slot may replace them), hashed without it */
+static int pa_check(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, const void *data,
+                    uint64_t off, uint64_t len)
+{
+    ferry__kv_tpa *a = tpa_of(t);
+    const unsigned char *d = data;
+    uint64_t want[16];
+    while (len) {
+        int same = 0;
+        uint32_t piece = 0, n = 0;
+        uint64_t pofs = 0;
+        if (loc < a->capacity) {
+            pthread_mutex_lock(&a->aq.mu);
+            const pa_sums *ps = &a->sums[loc];
+            same = a->pid[loc].lo == id->lo && a->pid[loc].hi == id->hi && ps->piece;
+            piece = ps->piece;
+            pofs = a->pin[loc].offset;
+            uint64_t k0 = same ? off / piece : 0;
+            for (; same && n < FERRY__ARRAY_LEN(want) && k0 + n < ps->n &&
+                   (uint64_t)n * piece < len;
+                 n++)
+                want[n] = ps->sum[k0 + n];
+            pthread_mutex_unlock(&a->aq.mu);
+        }
+        if (!same)
+            return ferry__err_set(NULL, FERRY_ENOTFOUND, "kv persistent L2: slot %llu was read "
+                                  "for another chunk since (or has no piece checksums): a miss",
+                                  (unsigned long long)loc);
+        if (off % piece || n == 0)
+            return ferry__err_set(NULL, -EINVAL, "kv persistent L2: check of bytes [%llu, "
+                                  "+%llu) of slot %llu: not whole pieces of %u bytes",
+                                  (unsigned long long)off, (unsigned long long)len,
+                                  (unsigned long long)loc, piece);
+        for (uint32_t k = 0; k < n; k++) {
+            uint64_t m = FERRY__MIN((uint64_t)piece, len);
+            uint64_t got = ferry__kv_sum(d, (size_t)m);
+            if (got != want[k])
+                return ferry__err_set(NULL, FERRY_ECORRUPT, "kv persistent L2: piece %llu (%llu "
+                                      "bytes at slab offset %llu) of the chunk in slot %llu "
+                                      "fails its checksum (%016llx, recorded %016llx): a miss",
+                                      (unsigned long long)(off / piece), (unsigned long long)m,
+                                      (unsigned long long)(pofs + off), (unsigned long long)loc,
+                                      (unsigned long long)got, (unsigned long long)want[k]);
+            d += m;
+            off += m;
+            len -= m;
+        }
+    }
+    return 0;
+}
+
 /* up to 8 chunks in flight for one retrieve, read in 2 MiB pieces (the
  * slab's own request size), 16 of them in flight, so chunks land one after
  * another in prompt order and each is copied out while the next is read */
@@ -313,6 +398,8 @@ const ferry__kv_tier_aops ferry__kv_tpa_aops = {
     .wait = pa_wait,
     .broken = pa_broken,
     .verify = pa_verify,
+    .vpiece = pa_vpiece,
+    .check = pa_check,
 };
 
 void ferry__kv_tpa_close(ferry__kv_tpa *a)
@@ -331,6 +418,9 @@ void ferry__kv_tpa_close(ferry__kv_tpa *a)
             ferry_file_close(a->f[i]);
     if (a->io)
         ferry_io_close(a->io);
+    for (uint64_t i = 0; a->sums && i < a->capacity; i++)
+        ferry__free(a->sums[i].sum);
+    ferry__free(a->sums);
     ferry__free(a->pin);
     ferry__free(a->pid);
     ferry__kv_aq_fini(&a->aq);
@@ -351,7 +441,8 @@ int ferry__kv_tpa_open(ferry_pslab *ps, const char *engine, uint64_t capacity,
     a->direct = s->direct;
     a->pin = ferry__calloc(capacity ? capacity : 1, sizeof *a->pin);
     a->pid = ferry__calloc(capacity ? capacity : 1, sizeof *a->pid);
-    if (!a->pin || !a->pid) {
+    a->sums = ferry__calloc(capacity ? capacity : 1, sizeof *a->sums);
+    if (!a->pin || !a->pid || !a->sums) {
         ferry__kv_tpa_close(a);
         return ferry__err_set(NULL, -ENOMEM, "kv persistent L2: out of memory for %llu slots' "
                               "reads", (unsigned long long)capacity);
