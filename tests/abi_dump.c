@@ -74,7 +74,9 @@ int main(void)
     K(remote_get_bytes); K(remote_misses); K(remote_refused); K(remote_errors);
     K(remote_degraded); K(remote_down); K(corrupt_chunks); K(device_chunks);
     K(device_copy_calls); K(pool_waits); K(pool_wait_us);
-    K(pool_declines); E();
+    K(pool_declines); K(retrieve_check_us); K(retrieve_copy_us); K(retrieve_first_bytes_ns);
+    K(retrieve_first_chunk_ns); K(retrieve_first_bytes_sum_ns); K(retrieve_first_chunk_sum_ns);
+    E();
 #undef K
 #define D(f) F(ferry_device_options, f)
     S(ferry_device_options); D(size); D(backend); D(ordinal); D(mem_limit); E();

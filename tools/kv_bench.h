@@ -190,6 +190,10 @@ void kvb_persist_cost_print(const persist_cost *pc);
 typedef struct cold_round {
     double gbps, seconds, cpu_s;
     uint64_t bytes, l2_bytes, tokens; /* retrieved; read from L2 (more: some twice) */
+    /* the store's own account (the daemon's with --server): CPU seconds
+     * checking and copying out; a retrieve's mean time to its first bytes
+     * and first whole chunk from L2 */
+    double check_s, copy_s, first_bytes_ms, first_chunk_ms;
 } cold_round;
 
 typedef struct cold_result {

@@ -99,6 +99,19 @@ static int cold_once(const opts *o, const ferry_kv_layout *l, const char *sub, c
     r->cpu_s = cpu;
     r->l2_bytes = z.tier[FERRY_KV_TIER_L2].bytes_read - a.tier[FERRY_KV_TIER_L2].bytes_read;
     r->tokens = got;
+    r->check_s = (double)(z.retrieve_check_us - a.retrieve_check_us) / 1e6;
+    r->copy_s = (double)(z.retrieve_copy_us - a.retrieve_copy_us) / 1e6;
+    uint64_t nb = 0, nc = 0;
+    for (int k = 0; k < FERRY_KV_HIST_BUCKETS; k++) {
+        nb += z.retrieve_first_bytes_ns[k] - a.retrieve_first_bytes_ns[k];
+        nc += z.retrieve_first_chunk_ns[k] - a.retrieve_first_chunk_ns[k];
+    }
+    r->first_bytes_ms = nb ? (double)(z.retrieve_first_bytes_sum_ns -
+                                      a.retrieve_first_bytes_sum_ns) / (double)nb / 1e6
+                           : 0;
+    r->first_chunk_ms = nc ? (double)(z.retrieve_first_chunk_sum_ns -
+                                      a.retrieve_first_chunk_sum_ns) / (double)nc / 1e6
+                           : 0;
     /* the bytes the client got, not the drive's reads (a chunk read twice counts once) */
     r->bytes = z.retrieved_bytes - a.retrieved_bytes;
     r->gbps = el > 0 ? (double)r->bytes / el / 1e9 : 0;
@@ -191,6 +204,10 @@ json_t *kvb_cold_json(const opts *o, const cold_result *c)
         json_object_set_new(x, "gb_per_s", json_real(c->r[i].gbps));
         json_object_set_new(x, "seconds", json_real(c->r[i].seconds));
         json_object_set_new(x, "cpu_s", json_real(c->r[i].cpu_s));
+        json_object_set_new(x, "check_s", json_real(c->r[i].check_s));
+        json_object_set_new(x, "copy_s", json_real(c->r[i].copy_s));
+        json_object_set_new(x, "first_bytes_ms", json_real(c->r[i].first_bytes_ms));
+        json_object_set_new(x, "first_chunk_ms", json_real(c->r[i].first_chunk_ms));
         json_object_set_new(x, "bytes", json_integer((json_int_t)c->r[i].bytes));
         json_object_set_new(x, "l2_bytes", json_integer((json_int_t)c->r[i].l2_bytes));
         json_array_append_new(a, x);
@@ -205,9 +222,22 @@ void kvb_cold_print(const opts *o, const cold_result *c)
     printf("L2-only retrieve (persistent L2 in %s, a new client each round; L1 of %llu chunks; "
            "%u docs x %u tokens into plain host memory):\n",
            c->dir, (unsigned long long)c->l1_chunks, o->docs, o->doc_tokens);
-    for (unsigned i = 0; i < c->n; i++)
+    for (unsigned i = 0; i < c->n; i++) {
+        const cold_round *r = &c->r[i];
+        double gb = (double)r->bytes / 1e9;
         printf("  round %u: %.2f GB/s (%.1f MiB retrieved, %.1f MiB read from L2, in %.3f s, "
-               "CPU %.2f s)\n", i + 1, c->r[i].gbps, (double)c->r[i].bytes / (1 << 20),
-               (double)c->r[i].l2_bytes / (1 << 20), c->r[i].seconds, c->r[i].cpu_s);
+               "CPU %.2f s)\n", i + 1, r->gbps, (double)r->bytes / (1 << 20),
+               (double)r->l2_bytes / (1 << 20), r->seconds, r->cpu_s);
+        double g = gb > 0 ? gb : 1;
+        if (o->server) /* the process's CPU is the client's; checks and copies the daemon's */
+            printf("    CPU per GB: the client %.3f s; the daemon checking %.3f s, copying out "
+                   "%.3f s", r->cpu_s / g, r->check_s / g, r->copy_s / g);
+        else
+            printf("    CPU per GB: %.3f s (checking %.3f, copying out %.3f, the rest %.3f: "
+                   "%.2f cores per 10 GB/s)", r->cpu_s / g, r->check_s / g, r->copy_s / g,
+                   (r->cpu_s - r->check_s - r->copy_s) / g, r->cpu_s / g * 10);
+        printf("; first bytes after %.2f ms, first chunk after %.2f ms (means)\n",
+               r->first_bytes_ms, r->first_chunk_ms);
+    }
     printf("  median %.2f GB/s\n", c->median_gbps);
 }

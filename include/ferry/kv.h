@@ -902,6 +902,22 @@ typedef struct ferry_kv_stats {
     uint64_t pool_waits;
     uint64_t pool_wait_us;
     uint64_t pool_declines;
+    /** where the CPU of retrieves from L2 goes, in CPU microseconds (the
+     *  threads' own CPU time): checking the chunks read from L2 against
+     *  their checksums, and copying them out into host buffers (a whole
+     *  chunk checked while it is copied counts as copy). The rest (submitting
+     *  and reaping reads, the index, copies of L1 hits) is the process's
+     *  CPU time less these two. */
+    uint64_t retrieve_check_us;
+    uint64_t retrieve_copy_us;
+    /** per retrieve that read from L2: the time from its start until the
+     *  first bytes of its first such chunk, checked, are in the engine's
+     *  buffer (first_bytes), and until that whole chunk is (first_chunk),
+     *  with the sums of those times in ns (a mean over a span of calls) */
+    uint64_t retrieve_first_bytes_ns[FERRY_KV_HIST_BUCKETS];
+    uint64_t retrieve_first_chunk_ns[FERRY_KV_HIST_BUCKETS];
+    uint64_t retrieve_first_bytes_sum_ns;
+    uint64_t retrieve_first_chunk_sum_ns;
 } ferry_kv_stats;
 
 #define FERRY_KV_STATS_INIT \
@@ -919,7 +935,10 @@ typedef struct ferry_kv_stats {
      FERRY_FIELD(remote_misses) 0, FERRY_FIELD(remote_refused) 0, FERRY_FIELD(remote_errors) 0, \
      FERRY_FIELD(remote_degraded) 0, FERRY_FIELD(remote_down) 0, FERRY_FIELD(corrupt_chunks) 0, \
      FERRY_FIELD(device_chunks) 0, FERRY_FIELD(device_copy_calls) 0, \
-     FERRY_FIELD(pool_waits) 0, FERRY_FIELD(pool_wait_us) 0, FERRY_FIELD(pool_declines) 0}
+     FERRY_FIELD(pool_waits) 0, FERRY_FIELD(pool_wait_us) 0, FERRY_FIELD(pool_declines) 0, \
+     FERRY_FIELD(retrieve_check_us) 0, FERRY_FIELD(retrieve_copy_us) 0, \
+     FERRY_FIELD(retrieve_first_bytes_ns) {0}, FERRY_FIELD(retrieve_first_chunk_ns) {0}, \
+     FERRY_FIELD(retrieve_first_bytes_sum_ns) 0, FERRY_FIELD(retrieve_first_chunk_sum_ns) 0}
 
 /**
  * A snapshot of the store's counters, as every ferry_<object>_stats_get:

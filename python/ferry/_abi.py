@@ -90,7 +90,12 @@ class KVStats(_Sized):
             "remote_degraded")] + [("remote_down", _u32), ("corrupt_chunks", _u64),
                                   ("device_chunks", _u64), ("device_copy_calls", _u64),
                                   ("pool_waits", _u64), ("pool_wait_us", _u64),
-                                  ("pool_declines", _u64)]
+                                  ("pool_declines", _u64),
+                                  ("retrieve_check_us", _u64), ("retrieve_copy_us", _u64),
+                                  ("retrieve_first_bytes_ns", _u64 * KV_HIST_BUCKETS),
+                                  ("retrieve_first_chunk_ns", _u64 * KV_HIST_BUCKETS),
+                                  ("retrieve_first_bytes_sum_ns", _u64),
+                                  ("retrieve_first_chunk_sum_ns", _u64)]
 
 
 MOE_MAX_BANKS = 8

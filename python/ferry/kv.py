@@ -742,7 +742,7 @@ class KVStore(Closing):
             if name == "tier":
                 out[name] = {TIER_NAMES[i]: {f: getattr(v[i], f) for f, _ in A.KVTierStats._fields_}
                              for i in range(1, A.KV_TIERS)}
-            elif name.endswith("_ns"):
+            elif isinstance(v, ctypes.Array):  # (the latency histograms)
                 out[name] = list(v)
             else:
                 out[name] = v

@@ -99,6 +99,8 @@ _Noreturn void ferry__assert_fail(const char *what, const char *file, int line, 
 
 /* monotonic clock */
 uint64_t ferry__now_ns(void);
+/* the calling thread's CPU time (a system call: for work of many us) */
+uint64_t ferry__thread_cpu_ns(void);
 
 /*
  * Timed waits, all on the monotonic clock (a wall-clock step never makes

@@ -582,6 +582,8 @@ struct ferry_kv {
     atomic_uint_fast64_t corrupt; /* chunks read from below L1 that failed their check */
     atomic_uint_fast64_t device_chunks, device_calls; /* device buffer <-> L1 moves */
     ferry__kv_hist h_lookup, h_store, h_retrieve;
+    ferry__kv_hist h_first_bytes, h_first_chunk; /* a retrieve's first chunk from L2 */
+    atomic_uint_fast64_t rt_check_ns, rt_copy_ns; /* a retrieve's checks and copy-outs */
 };
 
 /* record a failure on the store (and the thread), under err_mu; returns code

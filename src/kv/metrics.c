@@ -124,6 +124,12 @@ int ferry__kv_local_stats(ferry_kv *kv, ferry_kv_stats *out)
     hist_copy(m.lookup_ns, &kv->h_lookup);
     hist_copy(m.store_ns, &kv->h_store);
     hist_copy(m.retrieve_ns, &kv->h_retrieve);
+    hist_copy(m.retrieve_first_bytes_ns, &kv->h_first_bytes);
+    hist_copy(m.retrieve_first_chunk_ns, &kv->h_first_chunk);
+    m.retrieve_first_bytes_sum_ns = LD(kv->h_first_bytes.sum_ns);
+    m.retrieve_first_chunk_sum_ns = LD(kv->h_first_chunk.sum_ns);
+    m.retrieve_check_us = LD(kv->rt_check_ns) / 1000u;
+    m.retrieve_copy_us = LD(kv->rt_copy_ns) / 1000u;
     memcpy(out, &m, sizeof m);
     return 0;
 }
@@ -303,6 +309,20 @@ static int metrics_prometheus_call(ferry_kv *kv, char *buf, size_t len)
     histogram(&b, "lookup", "Lookup latency.", m.lookup_ns, &kv->h_lookup);
     histogram(&b, "store", "Store latency.", m.store_ns, &kv->h_store);
     histogram(&b, "retrieve", "Retrieve latency.", m.retrieve_ns, &kv->h_retrieve);
+    histogram(&b, "retrieve_first_bytes", "Time until a retrieve's first bytes from L2 are "
+              "checked and in the engine's buffer.", m.retrieve_first_bytes_ns,
+              &kv->h_first_bytes);
+    histogram(&b, "retrieve_first_chunk", "Time until a retrieve's first whole chunk from L2 "
+              "is checked and in the engine's buffer.", m.retrieve_first_chunk_ns,
+              &kv->h_first_chunk);
+    put(&b, "# HELP ferry_kv_retrieve_check_seconds_total CPU spent checking chunks read from "
+            "L2.\n# TYPE ferry_kv_retrieve_check_seconds_total counter\n"
+            "ferry_kv_retrieve_check_seconds_total %.6f\n",
+        (double)m.retrieve_check_us / 1e6);
+    put(&b, "# HELP ferry_kv_retrieve_copy_seconds_total CPU spent copying chunks out into host "
+            "buffers.\n# TYPE ferry_kv_retrieve_copy_seconds_total counter\n"
+            "ferry_kv_retrieve_copy_seconds_total %.6f\n",
+        (double)m.retrieve_copy_us / 1e6);
     if (b.pos > INT32_MAX)
         return ferry__kv_err(kv, -EOVERFLOW, "kv metrics: text too long");
     return (int)b.pos;

@@ -12,90 +12,9 @@
 #include "kv/kv_impl.h"
 #include "kv/kv_slots.h"
 #include "kv/store/store_int.h"
+#include "kv/store/store_rt.h"
 
 /* ---- retrieve ---- */
-
-/*
- * One retrieve. Chunks resolve in any order: a chunk whose bytes are in L1
- * (or on their way there by another operation) is copied out in prompt
- * order; a chunk only in a tier with asynchronous reads (L2, and the
- * persistent L2 when its chunk images fill their slots) gets an L1
- * slot and is read into it, whole or in the tier's pieces, in prompt
- * order, several requests in flight at once (the tier's depth), and is
- * copied out as soon as its last piece lands, whatever the order, while
- * the later reads go on. Chunks only in a tier without them (the remote,
- * a persistent slab of padded images) are read ahead on the I/O workers
- * (prefetch jobs) and copied out in order.
- */
-enum { RT_OPEN = 0, RT_READING = 1, RT_LANDED = 2, RT_DONE = 3 };
-
-/* what a retrieve knows of one chunk of its prompt */
-typedef struct rt_chunk {
-    ferry__kv_entry *held;      /* read-locked while a copy may still read its slot */
-    ferry__kv_entry *pend;      /* RT_READING: the entry (read-locked, referenced) */
-    uint64_t slot;              /* RT_READING: the L1 slot the read lands in */
-    int st;                     /* its answer: 0, or why it is not retrieved */
-    uint8_t fate;               /* RT_* */
-    uint8_t lost;               /* RT_LANDED: lost with a broken queue: 1 pieces may
-                                   still land (its L1 slot is never reused), 2 none
-                                   was in flight */
-    uint8_t begun;              /* the tier's begin was called and its end is due */
-    int res;                    /* RT_READING: its first failure; RT_LANDED: the read's result */
-    /* RT_READING: pieces sent (npieces: all, or no more after a failure),
-     * pieces in flight, where from and where to */
-    uint32_t sent, left;
-    uint64_t aloc;
-    char *adst;
-    const void *csrc;           /* its L1 bytes, for a worker's copy */
-    /* piece mode (the tier checks its pieces, vpiece): each run of vp
-     * bytes is checked as soon as it landed (lp: bytes landed back to back
-     * from byte 0; cdone: bytes handed to checks), and with pcopy copied
-     * out after its check (odone: image bytes handed to copies), so a
-     * chunk's check and copy end with its last piece, not after it */
-    uint64_t vp, lp, cdone, odone;
-    uint32_t nlp;               /* read pieces landed back to back */
-    uint8_t pcopy;
-    unsigned pjobs;             /* its checks on workers (under cmu) */
-    int pbad;                   /* its first failed check (under cmu) */
-} rt_chunk;
-
-typedef struct rtv {
-    ferry_kv *kv;
-    const ferry_kv_buffer *buf;
-    ferry_stream *s;
-    size_t nch, n;
-    rt_chunk *c;                /* per chunk of the prompt */
-    size_t *hidx;               /* the chunks held, nheld of them */
-    uint8_t *plnd;              /* per chunk and read piece: landed (piece mode) */
-    uint8_t *ahead;             /* per chunk: the tier a worker read-ahead was queued from
-                                   (ferry__kv_prefetch_ids fills it) */
-    char (*why)[FERRY__ERRMSG_MAX]; /* each chunk's first failure (allocated on the first) */
-    size_t cur;                 /* the chunk with pieces still to send, or SIZE_MAX */
-    uint64_t piece;             /* bytes per request */
-    uint32_t npieces;           /* requests per chunk */
-    unsigned reading;           /* chunks RT_READING */
-    unsigned pdepth;            /* requests kept in flight */
-    uint64_t hits[FERRY_KV_TIERS], misses, got;
-    int copy_rc;
-    size_t nheld, batch_max;
-    ferry__kv_tier *at;         /* the tier whose reads are asynchronous, or NULL */
-    ferry__kv_abatch batch;
-    unsigned inflight, depth;   /* requests in flight; chunks read at once */
-    /* host copy-outs handed to an idle I/O or operation worker, so other
-     * CPUs copy while the next reads are in flight: under cmu, the copies'
-     * outcome (st, got, copy_rc) and how many are pending */
-    int wcopy;                  /* copies may go to a worker */
-    pthread_mutex_t cmu;
-    pthread_cond_t ccv;
-    unsigned wpending;
-    uint64_t vbad;              /* chunks counted as hits that failed their check */
-    const atomic_int *cancel;   /* the async op's cancel flag, or NULL */
-    uint64_t skip;              /* tokens below this are the engine's: never written */
-    unsigned ncancel;           /* chunks not copied out because of it (under cmu) */
-    ferry__kv_waiter wt;        /* back-pressure: waiting for a slot to promote into */
-    int declined;               /* a wait ran out: later chunks decline at once */
-} rtv;
-
 /* wait for the device copies of the held chunks (none for host buffers:
  * their copies are done), then drop their read locks. A failed copy fails
  * every chunk it may have touched. */
@@ -149,9 +68,19 @@ static void rt_copy_chunk(rtv *r, size_t i, const void *src)
     }
     ferry__kv_span sp = ferry__kv_span_from(&kv->layout, kv->chunk_tokens, i,
                                             ferry__kv_chunk_ntok(kv, i, r->n), r->skip);
+    /* (the copies of chunks read from L2 count: a small L1 hit's copy would
+     * cost less than reading the clock) */
+    int acct = !r->s && r->c[i].froml2;
+    uint64_t t = acct ? ferry__thread_cpu_ns() : 0;
     int rc = sp.ntok ? ferry__kv_xfer(r->buf, kv->chunk_tokens, sp.tok0, sp.ntok,
                                       (char *)(uintptr_t)src + sp.img_off, 0, r->s, NULL)
                      : 0; /* wholly the engine's own tokens: nothing to write */
+    if (acct)
+        rt_spent(&kv->rt_copy_ns, t);
+    if (rc >= 0 && r->c[i].froml2) {
+        rt_first(r, &r->first_bytes);
+        rt_first(r, &r->first_chunk);
+    }
     if (r->wcopy)
         pthread_mutex_lock(&r->cmu);
     if (rc < 0) {
@@ -168,7 +97,7 @@ static void rt_copy_chunk(rtv *r, size_t i, const void *src)
 }
 
 /* a copy failed (the first failure's code), read safely while a worker copies */
-static int rt_failed(rtv *r)
+int ferry__kv_rt_failed(rtv *r)
 {
     if (!r->wcopy)
         return r->copy_rc;
@@ -223,7 +152,7 @@ static void rt_run_copy(ferry_kv *kv, ferry__kv_job *j)
  * back to the reads. 1: chunk i's copy was queued as job(r, i); 0: no
  * worker is free, the caller copies.
  */
-static int rt_hand_off(rtv *r, size_t i, void (*job)(void *ctx, size_t i), void *ctx)
+int ferry__kv_rt_hand_off(rtv *r, size_t i, void (*job)(void *ctx, size_t i), void *ctx)
 {
     if (!r->wcopy)
         return 0;
@@ -277,7 +206,7 @@ static void rt_copy_out(rtv *r, size_t i, ferry__kv_entry *e)
          * drops its chunk's read lock when done, so a retrieve holds no
          * more slots than copies running. */
         r->c[i].csrc = src;
-        if (rt_hand_off(r, i, rt_copy_job, r))
+        if (ferry__kv_rt_hand_off(r, i, rt_copy_job, r))
             return;
         rt_copy_chunk(r, i, src);
         rt_release(r, i);
@@ -324,18 +253,29 @@ static void rt_verify_copy(rtv *r, size_t i)
      * checked first (it is promoted either way) and only then is its part
      * from skip_tokens on copied out. */
     int fused = !cancelled && !sp.img_off && sp.ntok;
+    uint64_t ts = ferry__thread_cpu_ns();
     int rc = fused ? ferry__kv_xfer_out_sum(r->buf, kv->chunk_tokens,
                                             (uint64_t)i * kv->chunk_tokens, r->c[i].adst, &sum)
                    : 0;
+    rt_spent(&kv->rt_copy_ns, ts);
+    ts = ferry__thread_cpu_ns();
     if (!fused || rc < 0) /* (host copies do not fail; the slot is still checked) */
         sum = ferry__kv_sum(r->c[i].adst, kv->chunk_bytes);
     int vrc = rt_check(r, i, e, sum);
+    rt_spent(&kv->rt_check_ns, ts);
     if (fused && rc == 0 && vrc < 0) /* the engine never holds the bad bytes */
         ferry__kv_xfer_out_zero(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
                                 kv->chunk_tokens);
-    if (!fused && !cancelled && vrc == 0 && sp.ntok)
+    if (!fused && !cancelled && vrc == 0 && sp.ntok) {
+        ts = ferry__thread_cpu_ns();
         rc = ferry__kv_xfer(r->buf, kv->chunk_tokens, sp.tok0, sp.ntok,
                             r->c[i].adst + sp.img_off, 0, NULL, NULL);
+        rt_spent(&kv->rt_copy_ns, ts);
+    }
+    if (!cancelled && vrc == 0 && rc >= 0) {
+        rt_first(r, &r->first_bytes);
+        rt_first(r, &r->first_chunk);
+    }
     pthread_mutex_lock(&kv->mu);
     FERRY__ASSERT(kv->l1_reading > 0);
     kv->l1_reading--;
@@ -377,133 +317,19 @@ static void rt_verify_out(rtv *r, size_t i, ferry__kv_entry *e)
 {
     pthread_mutex_unlock(&r->kv->mu);
     r->c[i].held = e;
-    if (!rt_hand_off(r, i, rt_verify_job, r))
+    if (!ferry__kv_rt_hand_off(r, i, rt_verify_job, r))
         rt_verify_copy(r, i);
 }
 
 static void rt_read_done(rtv *r, size_t i, int rc);
-static void rt_pieces_finish(rtv *r, size_t i, ferry__kv_entry *e);
 
-/* ---- piece mode ---- */
-
-/* one check (and copy) of a piece-mode chunk: image bytes [c0, c1) are
- * checked, then [o0, o1) copied out when the chunk copies as it lands
- * (o1 > o0) and no check of it failed so far */
-typedef struct rt_unit {
-    rtv *r;
-    ferry_kv_hash id;
-    uint64_t c0, c1, o0, o1;
-} rt_unit;
-
-static void rt_unit_run(rtv *r, size_t i, const rt_unit *u)
+/* chunk i (entry e) landed whole from the async tier: checked */
+static int rt_check_whole(rtv *r, size_t i, const ferry__kv_entry *e)
 {
-    ferry_kv *kv = r->kv;
-    rt_chunk *c = &r->c[i];
-    int rc = r->at->aops->check(r->at, c->aloc, &u->id, c->adst + u->c0, u->c0, u->c1 - u->c0);
-    if (r->wcopy)
-        pthread_mutex_lock(&r->cmu);
-    if (rc < 0 && c->pbad == 0) {
-        c->pbad = rc;
-        snprintf(r->why[i], sizeof r->why[i], "%s", ferry_last_error());
-    }
-    int copy = rc == 0 && c->pbad == 0 && u->o1 > u->o0 && !ferry__kv_cancelled(r->cancel);
-    if (r->wcopy)
-        pthread_mutex_unlock(&r->cmu);
-    if (copy) /* (host copies do not fail) */
-        ferry__kv_xfer_out_range(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
-                                 c->adst, u->o0, u->o1);
-}
-
-static void rt_unit_job(void *ctx, size_t i)
-{
-    rt_unit *u = ctx;
-    rtv *r = u->r;
-    rt_unit_run(r, i, u);
-    ferry__free(u);
-    pthread_mutex_lock(&r->cmu);
-    r->c[i].pjobs--;
-    r->wpending--;
-    pthread_cond_broadcast(&r->ccv);
-    pthread_mutex_unlock(&r->cmu);
-}
-
-/* read piece k of piece-mode chunk i landed: the runs of vp bytes now
- * landed whole are checked (and copied out) on a free worker, else here */
-static void rt_piece_landed(rtv *r, size_t i, uint32_t k)
-{
-    ferry_kv *kv = r->kv;
-    rt_chunk *c = &r->c[i];
-    uint8_t *lnd = r->plnd + i * r->npieces;
-    lnd[k] = 1;
-    while (c->nlp < r->npieces && lnd[c->nlp])
-        c->nlp++;
-    const ferry_kv_layout *l = &kv->layout;
-    uint64_t len = kv->chunk_bytes, tb = (uint64_t)l->num_heads * l->head_dim *
-                                         ferry_dtype_size(l->dtype);
-    c->lp = FERRY__MIN((uint64_t)c->nlp * r->piece, len);
-    while (c->res == 0 && c->cdone < len) {
-        rt_unit u = {r, c->pend->id, c->cdone, FERRY__MIN(c->cdone + c->vp, len), c->odone,
-                     c->odone};
-        if (u.c1 > c->lp)
-            break;
-        if (c->pcopy) /* whole tokens: a token cut by the piece's end goes with the next */
-            u.o1 = u.c1 == len ? len : u.c1 - u.c1 % tb;
-        c->cdone = u.c1;
-        c->odone = u.o1;
-        rt_unit *w = r->wcopy ? ferry__malloc(sizeof *w) : NULL;
-        if (w) {
-            *w = u;
-            pthread_mutex_lock(&r->cmu);
-            c->pjobs++;
-            pthread_mutex_unlock(&r->cmu);
-            if (rt_hand_off(r, i, rt_unit_job, w)) {
-                /* (rt_hand_off counted it in wpending; the job takes it back) */
-                continue;
-            }
-            pthread_mutex_lock(&r->cmu);
-            c->pjobs--;
-            pthread_mutex_unlock(&r->cmu);
-            ferry__free(w);
-        }
-        rt_unit_run(r, i, &u);
-    }
-}
-
-/* chunk i's read begins: piece mode when its tier checks its pieces (and
- * the retrieve keeps a landed map); its pieces are copied out as they
- * pass when the whole chunk goes to a host buffer, else (a device buffer,
- * the last partial chunk, tokens the engine keeps, a cancelled op) it is
- * copied out once whole, after its last check */
-static void rt_piece_mode(rtv *r, size_t i)
-{
-    ferry_kv *kv = r->kv;
-    ferry__kv_tier *t = r->at;
-    rt_chunk *c = &r->c[i];
-    c->vp = r->plnd && t->aops->vpiece ? t->aops->vpiece(t, c->aloc) : 0;
-    if (!c->vp)
-        return;
-    memset(r->plnd + i * r->npieces, 0, r->npieces);
-    c->nlp = 0;
-    c->lp = c->cdone = c->odone = 0;
-    c->pbad = 0;
-    c->pcopy = !r->s && ferry__kv_chunk_ntok(kv, i, r->n) == kv->chunk_tokens &&
-               r->skip <= (uint64_t)i * kv->chunk_tokens && !ferry__kv_cancelled(r->cancel) &&
-               rt_failed(r) == 0;
-}
-
-/* a piece-mode chunk's read is over: its checks are waited for; the
- * first that failed (0: none) */
-static int rt_pieces_done(rtv *r, size_t i)
-{
-    rt_chunk *c = &r->c[i];
-    if (!r->wcopy)
-        return c->pbad;
-    pthread_mutex_lock(&r->cmu);
-    while (c->pjobs)
-        pthread_cond_wait(&r->ccv, &r->cmu);
-    int bad = c->pbad;
-    pthread_mutex_unlock(&r->cmu);
-    return bad;
+    uint64_t t = ferry__thread_cpu_ns();
+    int rc = ferry__kv_tier_check_whole(r->kv, r->at, r->c[i].aloc, &e->id, r->c[i].adst);
+    rt_spent(&r->kv->rt_check_ns, t);
+    return rc;
 }
 
 /* chunk i's read is over (every piece sent has landed): count it */
@@ -563,7 +389,7 @@ static void rt_send(rtv *r, size_t i, ferry__kv_aread *a)
         busy = rc == -EBUSY;
     }
     if (rc == 0 && r->c[i].sent == 0)
-        rt_piece_mode(r, i);
+        ferry__kv_rt_piece_mode(r, i);
     if (rc == 0) {
         a->idx = i;
         a->piece = r->c[i].sent;
@@ -655,7 +481,7 @@ static void rt_read_done(rtv *r, size_t i, int rc)
         /* piece mode: every piece was checked as it landed (copied out
          * too with pcopy); a chunk that failed in any way is a miss whose
          * copied-out part is zeroed */
-        int bad = rt_pieces_done(r, i);
+        int bad = ferry__kv_rt_pieces_done(r, i);
         if (rc == 0 && bad < 0) {
             rc = bad;
             r->c[i].st = bad;
@@ -666,14 +492,13 @@ static void rt_read_done(rtv *r, size_t i, int rc)
             ferry__kv_xfer_out_zero(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
                                     kv->chunk_tokens);
         if (rc == 0 && !r->c[i].lost && r->c[i].pcopy) {
-            rt_pieces_finish(r, i, e);
+            ferry__kv_rt_pieces_finish(r, i, e);
             return;
         }
     } else if (rc == 0 && !r->c[i].lost && r->at->aops->verify) {
-        if (!r->s && ferry__kv_chunk_ntok(kv, i, r->n) == kv->chunk_tokens && rt_failed(r) == 0)
+        if (!r->s && ferry__kv_chunk_ntok(kv, i, r->n) == kv->chunk_tokens && ferry__kv_rt_failed(r) == 0)
             deferred = 1;
-        else if ((rc = ferry__kv_tier_check_whole(kv, r->at, r->c[i].aloc, &e->id,
-                                                  r->c[i].adst)) < 0) {
+        else if ((rc = rt_check_whole(r, i, e)) < 0) {
             ferry__kv_tier_io_done(kv, r->at, 0, r->c[i].aloc, &e->id, 0, rc);
             r->c[i].st = rc;
         }
@@ -714,7 +539,7 @@ static void rt_read_done(rtv *r, size_t i, int rc)
         return;
     }
     ferry__kv_promote_finish(kv, e, r->c[i].slot, rc, r->at->id); /* (wakes reserve's waiters) */
-    int failed = rt_failed(r);
+    int failed = ferry__kv_rt_failed(r);
     if (failed < 0 || !(e->resident & (1u << FERRY_KV_TIER_L1))) {
         if (failed == 0)
             r->misses++;
@@ -724,34 +549,8 @@ static void rt_read_done(rtv *r, size_t i, int rc)
         return;
     }
     r->hits[r->at->id]++;
+    r->c[i].froml2 = 1;
     rt_copy_out(r, i, e);
-}
-
-/* a piece-mode chunk that passed every check and was copied out as it
- * landed: promoted into L1, counted */
-static void rt_pieces_finish(rtv *r, size_t i, ferry__kv_entry *e)
-{
-    ferry_kv *kv = r->kv;
-    pthread_mutex_lock(&kv->mu);
-    FERRY__ASSERT(kv->l1_reading > 0);
-    kv->l1_reading--;
-    ferry__kv_promote_finish(kv, e, r->c[i].slot, 0, r->at->id); /* (wakes reserve's waiters) */
-    ferry__kv_read_unlock(e);
-    ferry__kv_put(kv, e);
-    pthread_mutex_unlock(&kv->mu);
-    if (r->wcopy)
-        pthread_mutex_lock(&r->cmu);
-    if (ferry__kv_cancelled(r->cancel)) {
-        r->c[i].st = -ECANCELED; /* (some of it may be copied out: the caller's buffer is
-                                    no longer ours) */
-        r->ncancel++;
-    } else {
-        r->c[i].st = 0;
-        r->got++;
-        r->hits[r->at->id]++;
-    }
-    if (r->wcopy)
-        pthread_mutex_unlock(&r->cmu);
 }
 
 /* wait until at least one of this retrieve's requests landed (none when
@@ -795,7 +594,7 @@ static unsigned rt_reap(rtv *r)
         uint32_t piece = a->piece;
         t->aops->put(t, a);
         if (rc == 0 && r->c[i].vp)
-            rt_piece_landed(r, i, piece); /* (checks nothing once the chunk failed) */
+            ferry__kv_rt_piece_landed(r, i, piece); /* (checks nothing once the chunk failed) */
         r->inflight--;
         r->c[i].left--;
         if (rc < 0) {
@@ -827,7 +626,7 @@ static void rt_fill(rtv *r, const ferry_kv_hash *ids, size_t k, size_t *ic, int 
             rt_send(r, r->cur, NULL);
             continue;
         }
-        if (*blocked || r->reading >= r->depth || *ic >= r->nch || rt_failed(r) < 0)
+        if (*blocked || r->reading >= r->depth || *ic >= r->nch || ferry__kv_rt_failed(r) < 0)
             return;
         if (r->c[*ic].fate == RT_OPEN && rt_issue(r, ids, *ic) < 0) {
             *blocked = 1;
@@ -1027,7 +826,7 @@ static void rt_run(rtv *r, const ferry_kv_hash *ids, int lower)
             k++;
             continue;
         }
-        if (r->c[k].fate == RT_OPEN && rt_failed(r) < 0) {
+        if (r->c[k].fate == RT_OPEN && ferry__kv_rt_failed(r) < 0) {
             r->c[k++].fate = RT_DONE;
             continue;
         }
@@ -1112,6 +911,7 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
     uint64_t t0 = ferry__now_ns();
     atomic_fetch_add(&kv->retrieves, 1);
     rtv r = {0};
+    r.t0 = t0;
     r.kv = kv;
     r.buf = buf;
     r.nch = nch;
@@ -1149,6 +949,10 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
         ferry__kv_set_status(req, i, r.c[i].st);
     rt_free(&r);
     ferry__kv_hist_record(&kv->h_retrieve, ferry__now_ns() - t0);
+    if (atomic_load(&r.first_bytes))
+        ferry__kv_hist_record(&kv->h_first_bytes, atomic_load(&r.first_bytes));
+    if (atomic_load(&r.first_chunk))
+        ferry__kv_hist_record(&kv->h_first_chunk, atomic_load(&r.first_chunk));
     if (r.copy_rc < 0) {
         atomic_fetch_add(&kv->failures, 1);
         return r.copy_rc;

@@ -1,0 +1,173 @@
+/*
+ * store_rpiece.c - a retrieve's piece mode: the chunks of a tier that
+ * checksums pieces (aops vpiece/check) are checked run by run as their
+ * pieces land, on a free worker or the retrieving thread, and copied out
+ * into a host buffer right after each check, so a chunk's check and copy
+ * end with its last piece instead of following it.
+ *
+ * Invariant: a chunk counts as retrieved only when every piece passed; one
+ * that failed in any way is a miss whose copied-out tokens are zeroed
+ * before the retrieve returns, and its L1 slot is promoted (published)
+ * only after its last check.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kv/kv_impl.h"
+#include "kv/store/store_int.h"
+#include "kv/store/store_rt.h"
+
+/* one check (and copy) of a piece-mode chunk: image bytes [c0, c1) are
+ * checked, then [o0, o1) copied out when the chunk copies as it lands
+ * (o1 > o0) and no check of it failed so far */
+typedef struct rt_unit {
+    rtv *r;
+    ferry_kv_hash id;
+    uint64_t c0, c1, o0, o1;
+} rt_unit;
+
+static void rt_unit_run(rtv *r, size_t i, const rt_unit *u)
+{
+    ferry_kv *kv = r->kv;
+    rt_chunk *c = &r->c[i];
+    uint64_t t = ferry__thread_cpu_ns();
+    int rc = r->at->aops->check(r->at, c->aloc, &u->id, c->adst + u->c0, u->c0, u->c1 - u->c0);
+    rt_spent(&kv->rt_check_ns, t);
+    if (r->wcopy)
+        pthread_mutex_lock(&r->cmu);
+    if (rc < 0 && c->pbad == 0) {
+        c->pbad = rc;
+        snprintf(r->why[i], sizeof r->why[i], "%s", ferry_last_error());
+    }
+    int copy = rc == 0 && c->pbad == 0 && u->o1 > u->o0 && !ferry__kv_cancelled(r->cancel);
+    if (r->wcopy)
+        pthread_mutex_unlock(&r->cmu);
+    if (copy) { /* (host copies do not fail) */
+        t = ferry__thread_cpu_ns();
+        ferry__kv_xfer_out_range(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
+                                 c->adst, u->o0, u->o1);
+        rt_spent(&kv->rt_copy_ns, t);
+        rt_first(r, &r->first_bytes);
+    }
+}
+
+static void rt_unit_job(void *ctx, size_t i)
+{
+    rt_unit *u = ctx;
+    rtv *r = u->r;
+    rt_unit_run(r, i, u);
+    ferry__free(u);
+    pthread_mutex_lock(&r->cmu);
+    r->c[i].pjobs--;
+    r->wpending--;
+    pthread_cond_broadcast(&r->ccv);
+    pthread_mutex_unlock(&r->cmu);
+}
+
+/* read piece k of piece-mode chunk i landed: the runs of vp bytes now
+ * landed whole are checked (and copied out) on a free worker, else here */
+void ferry__kv_rt_piece_landed(rtv *r, size_t i, uint32_t k)
+{
+    ferry_kv *kv = r->kv;
+    rt_chunk *c = &r->c[i];
+    uint8_t *lnd = r->plnd + i * r->npieces;
+    lnd[k] = 1;
+    while (c->nlp < r->npieces && lnd[c->nlp])
+        c->nlp++;
+    const ferry_kv_layout *l = &kv->layout;
+    uint64_t len = kv->chunk_bytes, tb = (uint64_t)l->num_heads * l->head_dim *
+                                         ferry_dtype_size(l->dtype);
+    c->lp = FERRY__MIN((uint64_t)c->nlp * r->piece, len);
+    while (c->res == 0 && c->cdone < len) {
+        rt_unit u = {r, c->pend->id, c->cdone, FERRY__MIN(c->cdone + c->vp, len), c->odone,
+                     c->odone};
+        if (u.c1 > c->lp)
+            break;
+        if (c->pcopy) /* whole tokens: a token cut by the piece's end goes with the next */
+            u.o1 = u.c1 == len ? len : u.c1 - u.c1 % tb;
+        c->cdone = u.c1;
+        c->odone = u.o1;
+        rt_unit *w = r->wcopy ? ferry__malloc(sizeof *w) : NULL;
+        if (w) {
+            *w = u;
+            pthread_mutex_lock(&r->cmu);
+            c->pjobs++;
+            pthread_mutex_unlock(&r->cmu);
+            if (ferry__kv_rt_hand_off(r, i, rt_unit_job, w)) {
+                /* (rt_hand_off counted it in wpending; the job takes it back) */
+                continue;
+            }
+            pthread_mutex_lock(&r->cmu);
+            c->pjobs--;
+            pthread_mutex_unlock(&r->cmu);
+            ferry__free(w);
+        }
+        rt_unit_run(r, i, &u);
+    }
+}
+
+/* chunk i's read begins: piece mode when its tier checks its pieces (and
+ * the retrieve keeps a landed map); its pieces are copied out as they
+ * pass when the whole chunk goes to a host buffer, else (a device buffer,
+ * the last partial chunk, tokens the engine keeps, a cancelled op) it is
+ * copied out once whole, after its last check */
+void ferry__kv_rt_piece_mode(rtv *r, size_t i)
+{
+    ferry_kv *kv = r->kv;
+    ferry__kv_tier *t = r->at;
+    rt_chunk *c = &r->c[i];
+    c->vp = r->plnd && t->aops->vpiece ? t->aops->vpiece(t, c->aloc) : 0;
+    if (!c->vp)
+        return;
+    memset(r->plnd + i * r->npieces, 0, r->npieces);
+    c->nlp = 0;
+    c->lp = c->cdone = c->odone = 0;
+    c->pbad = 0;
+    c->pcopy = !r->s && ferry__kv_chunk_ntok(kv, i, r->n) == kv->chunk_tokens &&
+               r->skip <= (uint64_t)i * kv->chunk_tokens && !ferry__kv_cancelled(r->cancel) &&
+               ferry__kv_rt_failed(r) == 0;
+}
+
+/* a piece-mode chunk's read is over: its checks are waited for; the
+ * first that failed (0: none) */
+int ferry__kv_rt_pieces_done(rtv *r, size_t i)
+{
+    rt_chunk *c = &r->c[i];
+    if (!r->wcopy)
+        return c->pbad;
+    pthread_mutex_lock(&r->cmu);
+    while (c->pjobs)
+        pthread_cond_wait(&r->ccv, &r->cmu);
+    int bad = c->pbad;
+    pthread_mutex_unlock(&r->cmu);
+    return bad;
+}
+
+/* a piece-mode chunk that passed every check and was copied out as it
+ * landed: promoted into L1, counted */
+void ferry__kv_rt_pieces_finish(rtv *r, size_t i, ferry__kv_entry *e)
+{
+    ferry_kv *kv = r->kv;
+    pthread_mutex_lock(&kv->mu);
+    FERRY__ASSERT(kv->l1_reading > 0);
+    kv->l1_reading--;
+    ferry__kv_promote_finish(kv, e, r->c[i].slot, 0, r->at->id); /* (wakes reserve's waiters) */
+    ferry__kv_read_unlock(e);
+    ferry__kv_put(kv, e);
+    pthread_mutex_unlock(&kv->mu);
+    if (r->wcopy)
+        pthread_mutex_lock(&r->cmu);
+    if (ferry__kv_cancelled(r->cancel)) {
+        r->c[i].st = -ECANCELED; /* (some of it may be copied out: the caller's buffer is
+                                    no longer ours) */
+        r->ncancel++;
+    } else {
+        r->c[i].st = 0;
+        r->got++;
+        r->hits[r->at->id]++;
+        rt_first(r, &r->first_chunk);
+    }
+    if (r->wcopy)
+        pthread_mutex_unlock(&r->cmu);
+}
