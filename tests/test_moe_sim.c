@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ferry_test.h"
@@ -335,6 +336,49 @@ static void the_result_is_written_only_as_far_as_its_size(void **state)
     ferry_moe_trace_destroy(t);
 }
 
+/* the options' size is the caller's: a size other than this header's
+ * (none older exists) is refused with a message naming the struct and
+ * the size, before anything else is read or written; options allocated
+ * at exactly their size are read no further (ASan builds watch it) */
+static void the_options_size_is_the_callers(void **state)
+{
+    (void)state;
+    uint32_t ex[] = {0, 1, 0};
+    ferry_moe_trace *t = one_layer(ex, 3);
+    const size_t full = sizeof(ferry_moe_sim_options);
+    const size_t bad[] = {0, sizeof(size_t), offsetof(ferry_moe_sim_options, nvme_share),
+                          full - 1, full + 8};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        ferry_moe_sim_options o = FERRY_MOE_SIM_OPTIONS_INIT;
+        o.slots = 2;
+        o.size = bad[i];
+        ferry_moe_sim_result r = FERRY_MOE_SIM_RESULT_INIT, r0, b0, b1;
+        r.steps = 77; /* a canary: nothing is written on a refusal */
+        r0 = r;
+        b0 = b1 = r;
+        assert_int_equal(ferry_moe_sim(t, &o, &r), -EINVAL);
+        assert_memory_equal(&r, &r0, sizeof r);
+        assert_non_null(strstr(ferry_last_error(), "ferry_moe_sim_options"));
+        char want[32];
+        snprintf(want, sizeof want, "size %zu", bad[i]);
+        assert_non_null(strstr(ferry_last_error(), want));
+        assert_int_equal(ferry_moe_sim_bounds(t, &o, &b0, &b1), -EINVAL);
+        assert_memory_equal(&b0, &r0, sizeof b0);
+        assert_memory_equal(&b1, &r0, sizeof b1);
+    }
+    ferry_moe_sim_options *o = malloc(full); /* exactly the size it says */
+    assert_non_null(o);
+    *o = (ferry_moe_sim_options)FERRY_MOE_SIM_OPTIONS_INIT;
+    o->slots = 2;
+    ferry_moe_sim_result r = FERRY_MOE_SIM_RESULT_INIT, b0 = FERRY_MOE_SIM_RESULT_INIT,
+                         b1 = FERRY_MOE_SIM_RESULT_INIT;
+    FT_ASSERT_OK(ferry_moe_sim(t, o, &r));
+    assert_int_equal(r.steps, 3);
+    FT_ASSERT_OK(ferry_moe_sim_bounds(t, o, &b0, &b1));
+    free(o);
+    ferry_moe_trace_destroy(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -346,6 +390,7 @@ int main(void)
         cmocka_unit_test(wide_steps_stream_in_the_timeline),
         cmocka_unit_test(the_traces_own_predictions_are_hints),
         cmocka_unit_test(the_result_is_written_only_as_far_as_its_size),
+        cmocka_unit_test(the_options_size_is_the_callers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -196,6 +196,9 @@ extern const ferry__policy_ops ferry__policy_routing_follower;
 int ferry__routing_follow(ferry__policy *p, ferry__policy *lead);
 extern const ferry__policy_ops ferry__policy_arc;
 extern const ferry__policy_ops ferry__policy_auto;
+/* (tests, bench) auto's lead - 0 lru, 1 routing, 2 transition - and the
+ * times it changed (switches may be NULL); -1 for another policy */
+int ferry__auto_lead(const ferry__policy *p, uint64_t *switches);
 /* (tests) auto's routing sub-policy, NULL for another policy */
 const ferry__policy *ferry__auto_routing(const ferry__policy *p);
 /* (tests) auto's routing shadow (a follower), NULL for another policy */

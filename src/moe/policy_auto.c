@@ -406,6 +406,18 @@ static int au_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slo
     return s->sub[s->lead]->ops->victim(s->sub[s->lead], id, have_free, slot);
 }
 
+/* (tests, bench) the policy that names the victims now and how often the
+ * lead has changed */
+int ferry__auto_lead(const ferry__policy *p, uint64_t *switches)
+{
+    if (p->ops != &ferry__policy_auto)
+        return -1;
+    const autop *s = (const autop *)p;
+    if (switches)
+        *switches = s->switches;
+    return s->lead;
+}
+
 /* (tests) the routing sub-policy, for its structure checker */
 const ferry__policy *ferry__auto_routing(const ferry__policy *p)
 {

@@ -181,7 +181,7 @@ static int ord_init(trord *o, const ferry__policy_env *env)
     o->least = ferry__malloc((size_t)L * sizeof *o->least);
     o->lgen = ferry__calloc(L, sizeof *o->lgen);
     o->pend = ferry__calloc(n, sizeof *o->pend);
-    o->plist = ferry__malloc((size_t)n * sizeof *o->plist);
+    o->plist = ferry__malloc(((size_t)n + 1) * sizeof *o->plist);
     if (!o->pend || !o->plist || !o->nx || !o->pv || !o->key || !o->scell || !o->ht || !o->nz || !o->least || !o->lgen) {
         ord_fini(o);
         return -ENOMEM;
@@ -245,10 +245,11 @@ static void ord_touch(trord *o, uint32_t l, uint32_t slot)
         return;
     o->lgen[l] = 0;
     o->ops++;
-    if (!o->pend[slot]) {
-        o->pend[slot] = 1;
-        o->plist[o->pn++] = slot;
-    }
+    /* listed once, without a branch (plist has room for one past the
+     * slots) */
+    o->plist[o->pn] = slot;
+    o->pn += !o->pend[slot];
+    o->pend[slot] = 1;
 }
 
 /* every touched slot still filed, at the end of its expert's cell's list
@@ -316,7 +317,7 @@ static int tr_init(ferry__policy *p)
     s->acc = ferry__calloc(E, sizeof *s->acc);
     s->umark = ferry__calloc(E, sizeof *s->umark);
     s->emark = ferry__calloc(E, sizeof *s->emark);
-    s->ev = ferry__malloc((size_t)2 * E * sizeof *s->ev);
+    s->ev = ferry__malloc(((size_t)2 * E + 1) * sizeof *s->ev); /* (+1: a branchless append) */
     s->cmark = ferry__calloc(E, sizeof *s->cmark);
     s->qv = ferry__calloc(E, sizeof *s->qv);
     s->tk = ferry__malloc((size_t)E * sizeof *s->tk);
@@ -414,42 +415,48 @@ static void refresh_p(trans *s)
     s->pgen++; /* every layer's least is of the old p */
 }
 
-/* e's count in row r (of layer l) goes up by one; the row keeps its K
- * most counted successors tracked */
-static void row_count(trans *s, uint16_t *row, size_t ri, uint32_t e)
+/* a row's tracking: its K most counted successors (top), their counts
+ * (tc), how many (n) and the index of the least (mn, or stale); a visit
+ * holds them in locals while it counts the row */
+typedef struct trrowc {
+    uint16_t *top, *tc;
+    uint32_t n, mn, K;
+} trrowc;
+
+/* e's count in the row goes up by one; the row keeps its K most counted
+ * successors tracked */
+static inline void row_count(trrowc *w, uint16_t *row, uint32_t e)
 {
-    uint16_t *top = s->top + ri * s->K, *tc = s->tc + ri * s->K;
+    uint16_t *top = w->top, *tc = w->tc;
     uint16_t x = row[e];
     if (x & TR_TRK) { /* tracked: its count is in the row's list */
         uint32_t i = x & TR_CNT;
         tc[i]++;
-        if (s->tmin[ri] == i)
-            s->tmin[ri] = TR_MIN_STALE;
+        w->mn = w->mn == i ? TR_MIN_STALE : w->mn;
         return;
     }
     uint16_t c = (uint16_t)(x + 1);
-    if (s->tn[ri] < s->K) {
-        uint32_t i = s->tn[ri]++;
+    if (w->n < w->K) {
+        uint32_t i = w->n++;
         top[i] = (uint16_t)e;
         tc[i] = c;
         row[e] = (uint16_t)(TR_TRK | i);
-        s->tmin[ri] = TR_MIN_STALE;
+        w->mn = TR_MIN_STALE;
         return;
     }
-    if (s->tmin[ri] == TR_MIN_STALE) {
+    if (w->mn == TR_MIN_STALE) {
         uint32_t mi = 0;
-        for (uint32_t i = 1; i < s->K; i++)
-            if (tc[i] < tc[mi])
-                mi = i;
-        s->tmin[ri] = (uint8_t)mi;
+        for (uint32_t i = 1; i < w->K; i++)
+            mi = tc[i] < tc[mi] ? i : mi;
+        w->mn = mi;
     }
-    uint32_t mi = s->tmin[ri];
+    uint32_t mi = w->mn;
     if (c > tc[mi]) { /* the least tracked one is passed: they swap */
         row[top[mi]] = tc[mi];
         top[mi] = (uint16_t)e;
         tc[mi] = c;
         row[e] = (uint16_t)(TR_TRK | mi);
-        s->tmin[ri] = TR_MIN_STALE;
+        w->mn = TR_MIN_STALE;
     } else {
         row[e] = c;
     }
@@ -480,8 +487,12 @@ static void learn_transitions(trans *s, uint32_t l, const uint32_t *ids, uint32_
             s->tmin[ri] = TR_MIN_STALE;
         }
         An[r]++;
+        size_t ri = (size_t)l * E + r;
+        trrowc w = {s->top + ri * s->K, s->tc + ri * s->K, s->tn[ri], s->tmin[ri], s->K};
         for (uint32_t j = 0; j < n; j++)
-            row_count(s, row, (size_t)l * E + r, ids[j] % E);
+            row_count(&w, row, ids[j] % E);
+        s->tn[ri] = (uint8_t)w.n;
+        s->tmin[ri] = (uint8_t)w.mn;
         s->o.ops += n;
     }
 }
@@ -495,10 +506,10 @@ static void tr_move(trans *s, uint32_t l, uint32_t id, uint16_t c)
         return;
     uint16_t *cc = s->cc + (size_t)l * TR_NC;
     uint64_t *nz = s->ccnz + (size_t)l * TR_BMW, t = s->lt[l];
-    if (--cc[old] == 0)
-        nz[old / 64] &= ~(1ull << (old % 64));
-    if (cc[c]++ == 0)
-        nz[c / 64] |= 1ull << (c % 64);
+    /* (no branches: which cells empty or fill is not predictable) */
+    nz[old / 64] &= ~((uint64_t)(--cc[old] == 0) << (old % 64));
+    cc[c]++;
+    nz[c / 64] |= 1ull << (c % 64);
     s->corr[old] -= t; /* a count down by one at fold-visit t */
     s->corr[c] += t;
     s->x[id].cell = c;
@@ -529,25 +540,28 @@ static uint32_t tracked_set(trans *s, uint32_t l, const uint32_t *ids, uint32_t 
     for (uint32_t j = 0; j < n; j++)
         wsum += 1.0 / ((double)An[ids[j] % E] + 1.0);
     uint16_t *cand = s->ev + E; /* (the second half of the scratch) */
+    uint32_t *cmark = s->cmark, stamp = s->stamp;
+    double *acc = s->acc;
     for (uint32_t j = 0; j < n; j++) {
         uint32_t r = ids[j] % E;
         size_t ri = (size_t)l * E + r;
         const uint16_t *top = s->top + ri * s->K, *tc = s->tc + ri * s->K;
         double w = 1.0 / ((double)An[r] + 1.0);
-        for (uint32_t i = 0; i < s->tn[ri]; i++) {
+        /* acc is all zero between visits; a candidate is listed once,
+         * without a branch */
+        for (uint32_t i = 0, tn = s->tn[ri]; i < tn; i++) {
             uint32_t e = top[i];
-            if (s->cmark[e] != s->stamp) {
-                s->cmark[e] = s->stamp;
-                s->acc[e] = 0;
-                cand[nc++] = (uint16_t)e;
-            }
-            s->acc[e] += (double)tc[i] * w;
+            cand[nc] = (uint16_t)e;
+            nc += cmark[e] != stamp;
+            cmark[e] = stamp;
+            acc[e] += (double)tc[i] * w;
         }
         s->o.ops += s->tn[ri];
     }
     double kk = s->k ? (double)s->k : (double)n, base = wsum * kk / E;
     for (uint32_t i = 0; i < nc; i++) {
         uint32_t e = cand[i], q = tr_bin((s->acc[e] + base) / n);
+        s->acc[e] = 0;
         if (q) {
             s->umark[e] = s->stamp;
             s->qv[e] = (uint8_t)q;
@@ -615,12 +629,16 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
     }
     /* the others whose bin moved: named now or at the last visit (their
      * history is as it was: only the bin changes) */
-    for (uint32_t i = 0; i < nold + ntk; i++) {
+    uint16_t *bm = s->ev + nev; /* (the scratch past the events) */
+    uint32_t nbm = 0;
+    for (uint32_t i = 0; i < nold + ntk; i++) { /* each once, without a branch */
         uint32_t e = i < nold ? us[i] : tk[i - nold];
-        if (s->emark[e] == s->stamp)
-            continue;
+        bm[nbm] = (uint16_t)e;
+        nbm += s->emark[e] != s->stamp;
         s->emark[e] = s->stamp;
-        uint32_t q = s->umark[e] == s->stamp ? s->qv[e] : 0, id = (uint32_t)b + e;
+    }
+    for (uint32_t i = 0; i < nbm; i++) {
+        uint32_t e = bm[i], q = s->umark[e] == s->stamp ? s->qv[e] : 0, id = (uint32_t)b + e;
         uint16_t c = s->x[id].cell;
         tr_move(s, layer, id, (uint16_t)(c - c % TR_NCQ + q));
     }
