@@ -330,14 +330,15 @@ static FERRY__ALWAYS_INLINE int xrun(void *ctx, uint64_t addr, unsigned char *im
     xctx *x = ctx;
     if (x->buf->mem == FERRY_KV_MEM_HOST) {
         /* into a tier's image (read later by another copy) or the engine's
-         * buffer (which it reads later): streaming stores; a large copy of
-         * short runs (a strided cache's heads) streams each run too */
+         * buffer (which it reads later): streaming stores, in whole lines
+         * wherever the runs start (copy.h); a large copy of short runs (a
+         * strided cache's heads) streams each run too */
         void *dst = x->to_chunk ? (void *)img : (void *)(uintptr_t)addr;
         const void *src = x->to_chunk ? (const void *)(uintptr_t)addr : (const void *)img;
-        if (x->stream && len < FERRY__COPY_STREAM_MIN)
+        if (x->stream)
             ferry__copy_lines_run(&x->lines, dst, src, len);
         else
-            ferry__copy_stream(dst, src, len);
+            ferry__copy_stream(dst, src, len); /* (small: memcpy) */
         return 0;
     }
     if (x->n == x->cap) {
