@@ -4,7 +4,7 @@
  * packed K|V), side by side with memcpy of the same bytes, in one run.
  *
  *   kv_layouts [--layers 8] [--heads 8] [--head-dim 128] [--block 16]
- *              [--tokens 4096] [--chunk 256] [--rounds 5]
+ *              [--tokens 4096] [--chunk 256] [--rounds 5] [--offset 0]
  *
  * Each round, in a rotating order, each layout's cache (its blocks in a
  * shuffled table) is stored into an in-process store (after a clear) and
@@ -13,6 +13,12 @@
  * ratio to NHD's and to memcpy's in the same rounds. NHD's rows are whole
  * blocks (one run per block run); HND's and packed's runs are one head's
  * head_dim each (2 * head_dim bytes at bf16), FlashInfer's whole rows.
+ *
+ * Each cache starts --offset bytes past a page boundary: 0 is where an
+ * engine's cache lies (torch's host allocator aligns to 64 bytes, pinned
+ * memory to a page); 16 is where a plain malloc of that size puts it, so
+ * that every short run of a strided layout starts and ends inside a cache
+ * line, the copy's worst case.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,21 +32,22 @@ enum { NHD, HND, FLASHINFER, PACKED, NK };
 static const char *const names[NK] = {"NHD", "HND", "FlashInfer", "packed"};
 
 typedef struct cache {
-    unsigned char *mem;
+    unsigned char *alloc, *mem;
     uint64_t *bases;
     ferry_kv_buffer b;
 } cache;
 
 /* one layout's caches: layers x (its per-layer tensor), the same table */
 static int cache_make(cache *c, int k, const ferry_kv_layout *l, uint32_t bs, uint64_t nb,
-                      const int32_t *table, size_t nblk)
+                      const int32_t *table, size_t nblk, int offset)
 {
     uint64_t run = (uint64_t)l->head_dim * 2, row = run * l->num_heads, blk = row * bs;
     uint64_t layer = 2 * nb * blk;
-    c->mem = malloc(layer * l->num_layers);
+    c->alloc = aligned_alloc(4096, (layer * l->num_layers + 4096 + 4095) / 4096 * 4096);
     c->bases = calloc(2 * l->num_layers, sizeof *c->bases);
-    if (!c->mem || !c->bases)
+    if (!c->alloc || !c->bases)
         return -1;
+    c->mem = c->alloc + offset;
     for (size_t i = 0; i < layer * l->num_layers; i++)
         c->mem[i] = (unsigned char)(i * 2654435761u >> 13);
     for (uint32_t kv = 0; kv < 2; kv++)
@@ -75,7 +82,9 @@ int main(int argc, char **argv)
     l.dtype = FERRY_DTYPE_BF16;
     int bs = arg_int(argc, argv, "--block", 16), ntok = arg_int(argc, argv, "--tokens", 4096);
     int ct = arg_int(argc, argv, "--chunk", 256), rounds = arg_int(argc, argv, "--rounds", 5);
-    if (bs < 1 || ct < 1 || ntok < ct || ntok % bs || rounds < 1 || rounds > 64 ||
+    int offset = arg_int(argc, argv, "--offset", 0);
+    if (bs < 1 || ct < 1 || ntok < ct || ntok % bs || rounds < 1 || rounds > 64 || offset < 0 ||
+        offset > 4096 ||
         !l.num_layers || !l.num_heads || !l.head_dim) {
         fprintf(stderr, "kv_layouts: bad arguments\n");
         return 2;
@@ -101,7 +110,7 @@ int main(int argc, char **argv)
         tokens[i] = i;
     cache c[NK];
     for (int k = 0; k < NK; k++)
-        if (cache_make(&c[k], k, &l, (uint32_t)bs, nb, table, nblk) < 0)
+        if (cache_make(&c[k], k, &l, (uint32_t)bs, nb, table, nblk, offset) < 0)
             return 1;
     uint64_t bytes = (uint64_t)ntok * l.num_heads * l.head_dim * 2 * 2 * l.num_layers;
     ferry_kv_config cfg = FERRY_KV_CONFIG_INIT;
@@ -143,8 +152,9 @@ int main(int argc, char **argv)
     }
     double mcm = median(mc, rounds), sn = 0, rn = 0;
     printf("kv_layouts: %u layers, %u heads x %u bf16, blocks of %d, %d tokens (%.1f MiB), "
-           "%d rounds; memcpy %.2f GB/s\n",
-           l.num_layers, l.num_heads, l.head_dim, bs, ntok, bytes / 1048576.0, rounds, mcm);
+           "caches at page + %d, %d rounds; memcpy %.2f GB/s\n",
+           l.num_layers, l.num_heads, l.head_dim, bs, ntok, bytes / 1048576.0, offset, rounds,
+           mcm);
     printf("%-11s %9s %9s %8s %8s %9s %9s\n", "layout", "store", "retrieve", "st/NHD", "rt/NHD",
            "st/memcpy", "rt/memcpy");
     for (int k = 0; k < NK; k++) {

@@ -16,14 +16,27 @@
 #include "ferry_test.h"
 #include "serve_fixture.h"
 
-#define L 2u
-#define H 2u
-#define D 8u                 /* head_dim, bf16: runs of 16 bytes */
+/* the geometry of the caches a test case builds (the first case's is
+ * small; the streaming case's copies are large enough to stream) */
+typedef struct geo {
+    unsigned layers, heads, dim; /* bf16 head_dim */
+    unsigned bs, nb, ct, ntok;   /* tokens per block, blocks, tokens per chunk, in all */
+    unsigned offset;             /* each cache this far past a page boundary */
+} geo;
+static const geo SMALL = {2, 2, 8, 4, 32, 16, 48, 16}; /* runs of 16 bytes, 3 chunks */
+static geo G;
+
+#define L G.layers
+#define H G.heads
+#define D G.dim /* head_dim, bf16 */
 #define E 2u
-#define BS 4u                /* tokens per block */
-#define NB 32u               /* blocks per cache */
-#define CT 16u               /* tokens per chunk */
-#define NTOK 48u             /* 3 chunks, 12 blocks */
+#define BS G.bs         /* tokens per block */
+#define NB G.nb         /* blocks per cache */
+#define CT G.ct         /* tokens per chunk */
+#define NTOK G.ntok
+#define MAX_L 4u
+#define MAX_BLOCKS 256u /* in a table */
+#define MAX_TOK 1024u
 #define PLANE_ELEMS ((size_t)NB * BS * H * D)
 #define MEM_BYTES ((size_t)2 * L * PLANE_ELEMS * E)
 #define SENT 0xEE
@@ -34,10 +47,10 @@ static const char *const kind_name[] = {"NHD", "HND", "FlashInfer", "packed K|V"
 
 typedef struct cache {
     kind k;
-    unsigned char *mem;
-    uint64_t bases[2 * L];
+    unsigned char *alloc, *mem; /* mem: G.offset past alloc's page */
+    uint64_t bases[2 * MAX_L];
     uint64_t block, tok, head;   /* strides in bytes */
-    int32_t table[NTOK / BS];
+    int32_t table[MAX_BLOCKS];
     ferry_kv_buffer b;
 } cache;
 
@@ -57,8 +70,9 @@ static void cache_init(cache *c, kind k, unsigned seed)
 {
     memset(c, 0, sizeof *c);
     c->k = k;
-    c->mem = malloc(MEM_BYTES);
-    assert_non_null(c->mem);
+    c->alloc = aligned_alloc(4096, (MEM_BYTES + G.offset + 4095) / 4096 * 4096);
+    assert_non_null(c->alloc);
+    c->mem = c->alloc + G.offset;
     memset(c->mem, SENT, MEM_BYTES);
     const uint64_t run = D * E, row = H * run, blk = BS * row, layer = 2 * NB * blk;
     for (unsigned kv = 0; kv < 2; kv++) {
@@ -89,7 +103,7 @@ static void cache_init(cache *c, kind k, unsigned seed)
     c->head = k == HND ? BS * run : k == PACKED ? BS * 2 * run : run;
     /* a shuffled table: some blocks back to back, some not */
     srand(seed);
-    int used[NB] = {0};
+    int used[MAX_BLOCKS * 2] = {0};
     for (unsigned i = 0; i < NTOK / BS; i++) {
         int b;
         do
@@ -174,7 +188,7 @@ static ferry_kv_config config(void)
     return cfg;
 }
 
-static int32_t g_tokens[NTOK];
+static int32_t g_tokens[MAX_TOK];
 
 /* store from each layout, retrieve into every layout at other block ids */
 static void every_pair(ferry_kv *kv)
@@ -200,15 +214,16 @@ static void every_pair(ferry_kv *kv)
             assert_int_equal(ferry_kv_op_wait(op, -1), NTOK);
             ferry_kv_op_free(op);
             check(&dst);
-            free(dst.mem);
+            free(dst.alloc);
         }
-        free(src.mem);
+        free(src.alloc);
     }
 }
 
 static void test_every_layout_pair_in_process(void **state)
 {
     (void)state;
+    G = SMALL;
     ferry_kv_config cfg = config();
     ferry_kv *kv = NULL;
     FT_ASSERT_OK(ferry_kv_open(&cfg, &kv));
@@ -219,6 +234,7 @@ static void test_every_layout_pair_in_process(void **state)
 static void test_every_layout_pair_through_a_daemon(void **state)
 {
     (void)state;
+    G = SMALL;
     ferry_kv_config kc = config();
     ft_kv_daemon d;
     ft_kv_daemon_start(&d, &kc);
@@ -228,10 +244,37 @@ static void test_every_layout_pair_through_a_daemon(void **state)
     ft_kv_daemon_stop(&d);
 }
 
+/* copies large enough to stream (each chunk's over 64 KiB): runs of
+ * whole lines, of a line and a part, and shorter than a line, into and
+ * out of caches that start on a line or 2, 16, 48 or 62 bytes past one,
+ * so that runs start and end inside lines that other runs finish */
+static void test_streamed_copies_at_any_alignment(void **state)
+{
+    (void)state;
+    static const geo geos[] = {
+        {2, 4, 128, 8, 40, 32, 96, 0}, /* runs of 256 bytes, 128 KiB a chunk */
+        {2, 4, 40, 8, 40, 64, 192, 0}, /* runs of 80 bytes */
+        {2, 8, 24, 4, 80, 64, 192, 0}, /* runs of 48 bytes */
+    };
+    static const unsigned offsets[] = {0, 2, 16, 48, 62};
+    for (size_t g = 0; g < sizeof geos / sizeof geos[0]; g++)
+        for (size_t o = 0; o < sizeof offsets / sizeof offsets[0]; o++) {
+            G = geos[g];
+            G.offset = offsets[o];
+            assert_true(NTOK <= MAX_TOK && NTOK / BS <= MAX_BLOCKS && NB <= 2 * MAX_BLOCKS);
+            ferry_kv_config cfg = config();
+            ferry_kv *kv = NULL;
+            FT_ASSERT_OK(ferry_kv_open(&cfg, &kv));
+            every_pair(kv);
+            ferry_kv_close(kv);
+        }
+}
+
 /* strides ferry cannot express are refused before any byte moves */
 static void test_overlapping_strides_are_refused(void **state)
 {
     (void)state;
+    G = SMALL;
     ferry_kv_config cfg = config();
     ferry_kv *kv = NULL;
     FT_ASSERT_OK(ferry_kv_open(&cfg, &kv));
@@ -262,7 +305,7 @@ static void test_overlapping_strides_are_refused(void **state)
         assert_int_equal(ferry_kv_retrieve(kv, g_tokens, NTOK, NULL, &c.b), -EINVAL);
         for (size_t j = 0; j < MEM_BYTES; j++)
             assert_int_equal(c.mem[j], SENT);
-        free(c.mem);
+        free(c.alloc);
     }
     assert_int_equal(ferry_kv_lookup(kv, g_tokens, NTOK, NULL), 0);
     /* a caller built against the first header (no stride members): NHD */
@@ -272,7 +315,7 @@ static void test_overlapping_strides_are_refused(void **state)
     c.b.size = FERRY_KV_BUFFER_MIN_SIZE;
     c.b.token_stride = 1; /* past its size: never read */
     assert_int_equal(ferry_kv_store(kv, g_tokens, NTOK, NULL, &c.b), NTOK);
-    free(c.mem);
+    free(c.alloc);
     ferry_kv_close(kv);
 }
 
@@ -281,6 +324,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_layout_pair_in_process),
         cmocka_unit_test(test_every_layout_pair_through_a_daemon),
+        cmocka_unit_test(test_streamed_copies_at_any_alignment),
         cmocka_unit_test(test_overlapping_strides_are_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

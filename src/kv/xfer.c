@@ -12,6 +12,13 @@
  * queued on the caller's stream (device), so the runs of a chunk and of
  * the next chunk overlap with whatever the caller does meanwhile.
  *
+ * On the host the runs of a large copy are streamed in whole cache lines:
+ * a run that starts or ends inside a line leaves that part until the run
+ * that finishes the line (copy.h), so an engine's buffer that does not
+ * start on a line costs about what one that does. The side that is read
+ * is walked front to back: a retrieve in the image's order, a store in
+ * the engine's where a block holds its heads apart (HND, packed K|V).
+ *
  * Invariant: a buffer is validated whole (layout, capacity, every block id
  * the request touches) before the first byte moves, so a bad request never
  * leaves a half-written destination.
@@ -180,17 +187,23 @@ int ferry__kv_buffer_take(const ferry_kv_buffer *in, ferry_kv_buffer *buf,
 /* the runs of planes pl[0..np) of a paged buffer for tokens [tok0,
  * tok0+ntok), part[i] the image part of plane pl[i]; each plane's runs in
  * the order of the image part they fill (the checksum's order, and the
- * faster one for a copy: the image is read front to back, the engine's
- * lines written whole wherever they are). A block's rows are one run
+ * faster one for a retrieve: the image is read front to back, the
+ * engine's lines written whole wherever they are), or with engine_order
+ * in the engine's order where a block holds its heads apart (HND, packed
+ * K|V: each head's rows, then the next head's), the faster one for a
+ * store, which reads the engine's buffer: reads that jump cost more than
+ * whole lines written where they jump to. A block's rows are one run
  * where they lie back to back (and consecutive blocks too, where blocks
  * do), else a row of heads, else one head's run. Two planes (a plain
  * copy's K and V of one layer) go run by run together, so K and V that
  * share the engine's rows or blocks (packed K|V, FlashInfer) are read
- * front to back too */
+ * front to back too. blk_end (when not NULL) is called after each block's
+ * runs: no two runs of one block overlap (paged_strides), those of two
+ * blocks may (a table naming one block twice) */
 static FERRY__ALWAYS_INLINE int walk_paged(const ferry_kv_buffer *buf, const uint64_t *pl,
                                            unsigned char *const *part, unsigned np, uint64_t tb,
-                                           uint64_t tok0, uint32_t ntok, ferry__kv_run_fn fn,
-                                           void *ctx)
+                                           uint64_t tok0, uint32_t ntok, int engine_order,
+                                           ferry__kv_run_fn fn, void (*blk_end)(void *), void *ctx)
 {
     const ferry_kv_layout *l = &buf->layout;
     uint64_t run = (uint64_t)l->head_dim * ferry_dtype_size(l->dtype);
@@ -216,6 +229,12 @@ static FERRY__ALWAYS_INLINE int walk_paged(const ferry_kv_buffer *buf, const uin
             }
             for (unsigned p = 0; rc == 0 && p < np; p++)
                 rc = fn(ctx, buf->block_bases[pl[p]] + off + row * tb, part[p] + at, k * tb);
+        } else if (engine_order && !row_whole && hs > ts) {
+            for (uint32_t h = 0; rc == 0 && h < l->num_heads; h++)
+                for (uint64_t r = row, a = at; rc == 0 && r < row + k; r++, a += tb)
+                    for (unsigned p = 0; rc == 0 && p < np; p++)
+                        rc = fn(ctx, buf->block_bases[pl[p]] + off + r * ts + h * hs,
+                                part[p] + a + h * run, run);
         } else {
             for (uint64_t r = row; rc == 0 && r < row + k; r++, at += tb) {
                 if (row_whole) {
@@ -229,6 +248,8 @@ static FERRY__ALWAYS_INLINE int walk_paged(const ferry_kv_buffer *buf, const uin
                                 part[p] + at + h * run, run);
             }
         }
+        if (blk_end)
+            blk_end(ctx);
         if (rc < 0)
             return rc;
         t += k;
@@ -239,11 +260,12 @@ static FERRY__ALWAYS_INLINE int walk_paged(const ferry_kv_buffer *buf, const uin
 /* the runs of layers [layer0, layer1) (see ferry__kv_xfer_walk); kv_together:
  * a paged buffer's K and V of a layer walked together where they share
  * blocks (a plain copy; the checksum and ferry__kv_xfer_walk want each
- * plane whole, in order) */
+ * plane whole, in order); engine_order and blk_end: see walk_paged */
 static FERRY__ALWAYS_INLINE int walk_layers(const ferry_kv_buffer *buf, uint32_t chunk_tokens,
                                             uint64_t tok0, uint32_t ntok, void *chunk,
                                             uint32_t layer0, uint32_t layer1, int kv_together,
-                                            ferry__kv_run_fn fn, void *ctx)
+                                            int engine_order, ferry__kv_run_fn fn,
+                                            void (*blk_end)(void *), void *ctx)
 {
     const ferry_kv_layout *l = &buf->layout;
     uint64_t tb = token_bytes(l);
@@ -261,7 +283,7 @@ static FERRY__ALWAYS_INLINE int walk_layers(const ferry_kv_buffer *buf, uint32_t
         for (uint32_t layer = layer0; layer < layer1; layer++) {
             uint64_t pl[2] = {layer, (uint64_t)l->num_layers + layer};
             unsigned char *part[2] = {img + pl[0] * span, img + pl[1] * span};
-            int rc = walk_paged(buf, pl, part, 2, tb, tok0, ntok, fn, ctx);
+            int rc = walk_paged(buf, pl, part, 2, tb, tok0, ntok, engine_order, fn, blk_end, ctx);
             if (rc < 0)
                 return rc;
         }
@@ -276,7 +298,8 @@ static FERRY__ALWAYS_INLINE int walk_layers(const ferry_kv_buffer *buf, uint32_t
                 rc = fn(ctx, buf->base + (plane * buf->capacity_tokens + tok0) * tb, part,
                         (uint64_t)ntok * tb);
             else
-                rc = walk_paged(buf, &plane, &part, 1, tb, tok0, ntok, fn, ctx);
+                rc = walk_paged(buf, &plane, &part, 1, tb, tok0, ntok, engine_order, fn, blk_end,
+                                ctx);
             if (rc < 0)
                 return rc;
         }
@@ -287,8 +310,8 @@ static FERRY__ALWAYS_INLINE int walk_layers(const ferry_kv_buffer *buf, uint32_t
 int ferry__kv_xfer_walk(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
                         uint32_t ntok, void *chunk, ferry__kv_run_fn fn, void *ctx)
 {
-    return walk_layers(buf, chunk_tokens, tok0, ntok, chunk, 0, buf->layout.num_layers, 0, fn,
-                       ctx);
+    return walk_layers(buf, chunk_tokens, tok0, ntok, chunk, 0, buf->layout.num_layers, 0, 0, fn,
+                       NULL, ctx);
 }
 
 /* a chunk's runs as one batch of device copies */
@@ -296,6 +319,7 @@ typedef struct xctx {
     const ferry_kv_buffer *buf;
     int to_chunk;
     int stream;      /* host: a copy of many runs that streams each (fenced at the end) */
+    ferry__copy_lines lines; /* (stream) the parts of lines its runs leave */
     ferry_copy *c;
     size_t n, cap;
     ferry_copy local[128];
@@ -306,14 +330,15 @@ static FERRY__ALWAYS_INLINE int xrun(void *ctx, uint64_t addr, unsigned char *im
     xctx *x = ctx;
     if (x->buf->mem == FERRY_KV_MEM_HOST) {
         /* into a tier's image (read later by another copy) or the engine's
-         * buffer (which it reads later): streaming stores; a large copy of
-         * short runs (a strided cache's heads) streams each run too */
+         * buffer (which it reads later): streaming stores, in whole lines
+         * wherever the runs start (copy.h); a large copy of short runs (a
+         * strided cache's heads) streams each run too */
         void *dst = x->to_chunk ? (void *)img : (void *)(uintptr_t)addr;
         const void *src = x->to_chunk ? (const void *)(uintptr_t)addr : (const void *)img;
-        if (x->stream && len < FERRY__COPY_STREAM_MIN)
-            ferry__copy_stream_run(dst, src, len);
+        if (x->stream)
+            ferry__copy_lines_run(&x->lines, dst, src, len);
         else
-            ferry__copy_stream(dst, src, len);
+            ferry__copy_stream(dst, src, len); /* (small: memcpy) */
         return 0;
     }
     if (x->n == x->cap) {
@@ -335,13 +360,24 @@ static FERRY__ALWAYS_INLINE int xrun(void *ctx, uint64_t addr, unsigned char *im
     return 0;
 }
 
+/* the end of a block: parts of lines its runs left are written (the
+ * next block's runs never continue them, and may overwrite them) */
+static void xblock_end(void *ctx)
+{
+    xctx *x = ctx;
+    if (x->stream)
+        ferry__copy_lines_flush(&x->lines);
+}
+
 /* queue (device) what x gathered; frees it */
 static int xflush(xctx *x, ferry_stream *s, int rc, ferry__errbuf *eb)
 {
     const ferry_kv_buffer *buf = x->buf;
     int to_chunk = x->to_chunk;
-    if (x->stream)
+    if (x->stream) {
+        ferry__copy_lines_flush(&x->lines);
         ferry__copy_fence();
+    }
     if (rc == 0 && buf->mem != FERRY_KV_MEM_HOST) {
         rc = ferry_memcpy_batch_async(s, to_chunk ? FERRY_COPY_DTOH : FERRY_COPY_HTOD, x->c, x->n);
         if (rc < 0)
@@ -361,6 +397,7 @@ static void xinit(xctx *x, const ferry_kv_buffer *buf, int to_chunk, uint64_t by
     x->buf = buf;
     x->to_chunk = to_chunk;
     x->stream = buf->mem == FERRY_KV_MEM_HOST && bytes >= FERRY__COPY_STREAM_MIN;
+    ferry__copy_lines_init(&x->lines);
     x->c = x->local;
     x->n = 0;
     x->cap = sizeof x->local / sizeof x->local[0];
@@ -379,7 +416,7 @@ int ferry__kv_xfer_layer(const ferry_kv_buffer *buf, uint32_t chunk_tokens,
     for (size_t k = 0; rc == 0 && k < nch; k++)
         if (ch[k].ntok)
             rc = walk_layers(buf, chunk_tokens, ch[k].tok0, ch[k].ntok, ch[k].img, layer,
-                             layer + 1, 1, xrun, &x);
+                             layer + 1, 1, to_chunk, xrun, xblock_end, &x);
     return xflush(&x, s, rc, eb);
 }
 
@@ -389,8 +426,8 @@ int ferry__kv_xfer(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t t
     xctx x;
     xinit(&x, buf, to_chunk,
           (uint64_t)ntok * token_bytes(&buf->layout) * buf->layout.kv * buf->layout.num_layers);
-    int rc = walk_layers(buf, chunk_tokens, tok0, ntok, chunk, 0, buf->layout.num_layers, 1, xrun,
-                         &x);
+    int rc = walk_layers(buf, chunk_tokens, tok0, ntok, chunk, 0, buf->layout.num_layers, 1,
+                         to_chunk, xrun, xblock_end, &x);
     return xflush(&x, s, rc, eb);
 }
 int ferry__kv_xfer_out_range(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
