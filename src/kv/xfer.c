@@ -450,7 +450,8 @@ int ferry__kv_xfer_out_range(const ferry_kv_buffer *buf, uint32_t chunk_tokens, 
             rc = xrun(&x, buf->base + (p * buf->capacity_tokens + tok0 + t0) * tb, part,
                       (t1 - t0) * tb);
         else
-            rc = walk_paged(buf, &p, &part, 1, tb, tok0 + t0, (uint32_t)(t1 - t0), xrun, &x);
+            rc = walk_paged(buf, &p, &part, 1, tb, tok0 + t0, (uint32_t)(t1 - t0), 0, xrun,
+                            xblock_end, &x);
         a = (p + 1) * span;
     }
     return xflush(&x, NULL, rc, NULL);
