@@ -178,15 +178,15 @@ typedef struct ferry__kv_tier_aops {
      * bytes count as a hit only after this passed. */
     int (*verify)(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, uint64_t sum);
     /* optional, between begin and end: the bytes of the chunk at loc are
-     * checked in pieces of this many bytes as they land (check), instead
+     * checked in pieces of this many bytes as they land (psum), instead
      * of whole (verify); 0: this chunk has no piece checksums */
     uint64_t (*vpiece)(ferry__kv_tier *t, uint64_t loc);
-    /* bytes [off, off + len) of chunk id, landed from loc at data (whole
-     * pieces of vpiece's size; the last may end the chunk): 0, or
-     * FERRY_ECORRUPT naming the piece (FERRY_ENOTFOUND: loc was read for
-     * another chunk since). Any thread, also after end */
-    int (*check)(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, const void *data,
-                 uint64_t off, uint64_t len);
+    /* the XXH3-64 (ferry__kv_sum) recorded for piece k (bytes [k * vpiece,
+     * min(chunk_bytes, (k + 1) * vpiece)) of the image) of chunk id read
+     * from loc: 0 and *sum, or FERRY_ECORRUPT (loc holds no such chunk,
+     * no such piece; the message set). Any thread, also after end */
+    int (*psum)(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, uint64_t k,
+                uint64_t *sum);
 } ferry__kv_tier_aops;
 
 /*
@@ -390,6 +390,8 @@ int ferry__kv_xfer_walk(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint6
 int ferry__kv_xfer_out_range(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
                              const void *chunk, uint64_t a, uint64_t b);
 
+/* (hash_share: the part of the wall time spent hashing, 0..1: how the
+ * call's CPU time splits between checking and copying) */
 /* the non-persistent L2 checks chunk images over this many bytes (2 MiB)
  * in pieces of it; read when a tier opens (a test seam) */
 extern uint64_t ferry__kv_l2_check_piece;
@@ -406,6 +408,17 @@ uint64_t ferry__kv_sum(const void *p, size_t n);
  */
 int ferry__kv_xfer_out_sum(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
                            const void *chunk, uint64_t *sum);
+/*
+ * One piece of a chunk image that landed: *sum gets the XXH3-64 of image
+ * bytes [c0, c1), and image bytes [o0, o1) (whole tokens; o0 == o1: none)
+ * are copied into the HOST buffer buf (which holds the chunk's tokens
+ * from tok0) as the hash goes, each block copied just after it was
+ * hashed, while it is in the CPU's cache. The copy may run ahead of the
+ * check: a caller whose check fails zeroes what was copied.
+ */
+void ferry__kv_piece_out(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
+                         const void *chunk, uint64_t c0, uint64_t c1, uint64_t o0, uint64_t o1,
+                         uint64_t *sum, double *hash_share);
 /* zero tokens [tok0, tok0 + ntok) of a HOST buffer: what a chunk copied
  * out by ferry__kv_xfer_out_sum leaves behind when its check failed */
 void ferry__kv_xfer_out_zero(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,

@@ -19,6 +19,7 @@
 #include "kv/kv_impl.h"
 
 #define SUM_BLOCK ((uint64_t)64 << 10)
+#define PIECE_BLOCK ((uint64_t)256 << 10)
 
 uint64_t ferry__kv_sum(const void *p, size_t n)
 {
@@ -47,6 +48,42 @@ static int zero_run(void *ctx, uint64_t addr, unsigned char *img, uint64_t len)
     (void)img;
     memset((void *)(uintptr_t)addr, 0, len);
     return 0;
+}
+
+void ferry__kv_piece_out(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
+                         const void *chunk, uint64_t c0, uint64_t c1, uint64_t o0, uint64_t o1,
+                         uint64_t *sum, double *hash_share)
+{
+    const unsigned char *img = chunk;
+    *hash_share = 1;
+    if (o0 == o1) {
+        *sum = XXH3_64bits_dispatch(img + c0, (size_t)(c1 - c0));
+        return;
+    }
+    uint64_t th = 0, tc = 0; /* wall ns hashing, copying (the clock is cheap, a CPU clock not) */
+    const ferry_kv_layout *l = &buf->layout;
+    uint64_t tb = (uint64_t)l->num_heads * l->head_dim * ferry_dtype_size(l->dtype);
+    /* blocks of whole tokens, about PIECE_BLOCK bytes (each still in the
+     * core's cache when it is copied, and long enough to be streamed) */
+    uint64_t step = PIECE_BLOCK > tb ? PIECE_BLOCK - PIECE_BLOCK % tb : tb;
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    uint64_t h = c0;
+    while (h < c1 || o0 < o1) {
+        uint64_t hn = FERRY__MIN(c1, h + step), t0 = ferry__now_ns();
+        if (hn > h)
+            XXH3_64bits_update_dispatch(&st, img + h, (size_t)(hn - h));
+        h = hn;
+        /* the tokens hashed so far (all of the rest once the hash is done) */
+        uint64_t on = h >= c1 ? o1 : FERRY__MIN(o1, h - h % tb), t1 = ferry__now_ns();
+        if (on > o0)
+            ferry__kv_xfer_out_range(buf, chunk_tokens, tok0, chunk, o0, on);
+        o0 = FERRY__MAX(o0, on);
+        th += t1 - t0;
+        tc += ferry__now_ns() - t1;
+    }
+    *sum = XXH3_64bits_digest(&st);
+    *hash_share = th + tc ? (double)th / (double)(th + tc) : 0;
 }
 
 void ferry__kv_xfer_out_zero(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,

@@ -69,7 +69,7 @@ static void ap_land(ap *p, size_t i)
             ferry__err_set(NULL, rc, "%s", c->why);
         ferry__kv_tier_io_done(kv, t, 0, c->loc, &j->e->id, t->slot_bytes, rc);
         if (rc == 0 && t->aops->verify) {
-            rc = ferry__kv_tier_check_whole(kv, t, c->loc, &j->e->id, c->dst);
+            rc = ferry__kv_tier_check_whole(t, c->loc, &j->e->id, c->dst, kv->chunk_bytes);
             if (rc < 0)
                 ferry__kv_tier_io_done(kv, t, 0, c->loc, &j->e->id, 0, rc);
         }

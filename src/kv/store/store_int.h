@@ -61,8 +61,12 @@ uint64_t ferry__kv_now_ns(ferry_kv *kv);
 /* a whole chunk image read asynchronously from t's loc into data: is it
  * chunk id? Piece by piece where the tier checks pieces, else its whole
  * checksum (aops verify); 0, or the tier's FERRY_ECORRUPT */
-int ferry__kv_tier_check_whole(ferry_kv *kv, ferry__kv_tier *t, uint64_t loc,
-                               const ferry_kv_hash *id, const void *data);
+int ferry__kv_tier_check_whole(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id,
+                               const void *data, uint64_t len);
+/* piece k (len bytes) of chunk id read from t's loc hashed to got: 0 when
+ * that is what was written, else FERRY_ECORRUPT naming the piece */
+int ferry__kv_tier_piece_check(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id,
+                               uint64_t k, uint64_t len, uint64_t got);
 int ferry__kv_tier_fault(ferry_kv *kv, ferry__kv_tier *t, int write, uint64_t loc, size_t len);
 int ferry__kv_tier_io_done(ferry_kv *kv, ferry__kv_tier *t, int write, uint64_t loc,
                         const ferry_kv_hash *id, size_t len, int rc);

@@ -56,12 +56,39 @@ void ferry__kv_set_tier_fault(ferry_kv *kv, int tier, int write, uint64_t nth, i
 }
 
 /* the fault seam: the code the nth read or write of t is to fail with, or 0 */
-int ferry__kv_tier_check_whole(ferry_kv *kv, ferry__kv_tier *t, uint64_t loc,
-                               const ferry_kv_hash *id, const void *data)
+int ferry__kv_tier_piece_check(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id,
+                               uint64_t k, uint64_t len, uint64_t got)
 {
-    if (t->aops->vpiece && t->aops->vpiece(t, loc))
-        return t->aops->check(t, loc, id, data, 0, kv->chunk_bytes);
-    return t->aops->verify(t, loc, id, ferry__kv_sum(data, kv->chunk_bytes));
+    uint64_t want = 0;
+    int rc = t->aops->psum(t, loc, id, k, &want);
+    if (rc < 0)
+        return rc;
+    if (got == want)
+        return 0;
+    uint64_t piece = t->aops->vpiece(t, loc);
+    return ferry__err_set(NULL, FERRY_ECORRUPT, "kv %s: piece %llu (%llu bytes at byte %llu) of "
+                          "chunk %016llx%016llx read from location %llu fails its checksum "
+                          "(%016llx, written %016llx): a miss", t->ops->name,
+                          (unsigned long long)k, (unsigned long long)len,
+                          (unsigned long long)(k * piece), (unsigned long long)id->hi,
+                          (unsigned long long)id->lo, (unsigned long long)loc,
+                          (unsigned long long)got, (unsigned long long)want);
+}
+
+int ferry__kv_tier_check_whole(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id,
+                               const void *data, uint64_t len)
+{
+    uint64_t piece = t->aops->vpiece ? t->aops->vpiece(t, loc) : 0;
+    if (!piece)
+        return t->aops->verify(t, loc, id, ferry__kv_sum(data, len));
+    const char *d = data;
+    for (uint64_t off = 0, k = 0; off < len; off += piece, k++) {
+        uint64_t n = FERRY__MIN(piece, len - off);
+        int rc = ferry__kv_tier_piece_check(t, loc, id, k, n, ferry__kv_sum(d + off, (size_t)n));
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
 }
 
 int ferry__kv_tier_fault(ferry_kv *kv, ferry__kv_tier *t, int write, uint64_t loc, size_t len)

@@ -327,7 +327,8 @@ static void rt_read_done(rtv *r, size_t i, int rc);
 static int rt_check_whole(rtv *r, size_t i, const ferry__kv_entry *e)
 {
     uint64_t t = ferry__thread_cpu_ns();
-    int rc = ferry__kv_tier_check_whole(r->kv, r->at, r->c[i].aloc, &e->id, r->c[i].adst);
+    int rc = ferry__kv_tier_check_whole(r->at, r->c[i].aloc, &e->id, r->c[i].adst,
+                                        r->kv->chunk_bytes);
     rt_spent(&r->kv->rt_check_ns, t);
     return rc;
 }
@@ -783,7 +784,7 @@ static int rt_init(rtv *r, size_t nch)
         r->pdepth = r->npieces > 1 ? r->at->aops->pdepth : r->depth;
         /* pieces checked as they land: a map of those landed, and room
          * for each chunk's failure (written by the workers' checks) */
-        if (r->at->aops->check) {
+        if (r->at->aops->psum) {
             r->plnd = ferry__malloc(nch * r->npieces);
             r->why = ferry__calloc(nch, sizeof *r->why);
             if (!r->plnd || !r->why) {

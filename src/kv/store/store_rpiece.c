@@ -31,25 +31,35 @@ static void rt_unit_run(rtv *r, size_t i, const rt_unit *u)
 {
     ferry_kv *kv = r->kv;
     rt_chunk *c = &r->c[i];
-    uint64_t t = ferry__thread_cpu_ns();
-    int rc = r->at->aops->check(r->at, c->aloc, &u->id, c->adst + u->c0, u->c0, u->c1 - u->c0);
-    rt_spent(&kv->rt_check_ns, t);
+    /* the copy goes with the hash, block by block, unless a check of the
+     * chunk failed already or the caller's buffer is no longer ours */
+    int copy = u->o1 > u->o0 && !ferry__kv_cancelled(r->cancel);
+    if (copy && r->wcopy) {
+        pthread_mutex_lock(&r->cmu);
+        copy = c->pbad == 0;
+        pthread_mutex_unlock(&r->cmu);
+    } else if (copy) {
+        copy = c->pbad == 0;
+    }
+    uint64_t t = ferry__thread_cpu_ns(), got = 0;
+    double hs = 1;
+    ferry__kv_piece_out(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens, c->adst, u->c0,
+                        u->c1, copy ? u->o0 : 0, copy ? u->o1 : 0, &got, &hs);
+    uint64_t cpu = ferry__thread_cpu_ns() - t, ch = (uint64_t)((double)cpu * hs);
+    atomic_fetch_add_explicit(&kv->rt_check_ns, ch, memory_order_relaxed);
+    atomic_fetch_add_explicit(&kv->rt_copy_ns, cpu - ch, memory_order_relaxed);
+    int rc = ferry__kv_tier_piece_check(r->at, c->aloc, &u->id, u->c0 / c->vp, u->c1 - u->c0,
+                                        got);
     if (r->wcopy)
         pthread_mutex_lock(&r->cmu);
     if (rc < 0 && c->pbad == 0) {
         c->pbad = rc;
         snprintf(r->why[i], sizeof r->why[i], "%s", ferry_last_error());
     }
-    int copy = rc == 0 && c->pbad == 0 && u->o1 > u->o0 && !ferry__kv_cancelled(r->cancel);
     if (r->wcopy)
         pthread_mutex_unlock(&r->cmu);
-    if (copy) { /* (host copies do not fail) */
-        t = ferry__thread_cpu_ns();
-        ferry__kv_xfer_out_range(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
-                                 c->adst, u->o0, u->o1);
-        rt_spent(&kv->rt_copy_ns, t);
+    if (copy && rc == 0)
         rt_first(r, &r->first_bytes);
-    }
 }
 
 static void rt_unit_job(void *ctx, size_t i)

@@ -34,6 +34,7 @@
 
 #include "ferry/gds.h"
 #include "kv/kv_impl.h"
+#include "kv/store/store_int.h"
 
 /* an asynchronous read: the store's part first */
 typedef struct l2_rd {
@@ -154,36 +155,19 @@ static l2_meta *l2_holds(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *i
     return m;
 }
 
-/* bytes [off, off + len) of chunk id read from loc (whole pieces): 0, or
- * FERRY_ECORRUPT naming the first bad piece */
-static int l2_check(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, const void *data,
-                    uint64_t off, uint64_t len)
+/* the checksum written for piece k of chunk id at loc */
+static int l2_psum(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, uint64_t k,
+                   uint64_t *sum)
 {
     l2 *p = t->impl;
     l2_meta *m = l2_holds(t, loc, id);
     if (!m)
         return FERRY_ECORRUPT;
-    if (!p->np || off % p->cp || off > p->sum_bytes || len > p->sum_bytes - off ||
-        (len % p->cp && off + len != p->sum_bytes))
-        return ferry__err_set(NULL, -EINVAL, "kv L2: check of bytes [%llu, +%llu) of a %llu-byte "
-                              "chunk in pieces of %llu", (unsigned long long)off,
-                              (unsigned long long)len, (unsigned long long)p->sum_bytes,
-                              (unsigned long long)(p->np ? p->cp : 0));
-    const uint64_t *ps = p->psum + (m - p->meta) * p->np;
-    const char *d = data;
-    for (uint64_t at = 0; at < len; at += p->cp) {
-        uint64_t k = (off + at) / p->cp, n = FERRY__MIN(p->cp, len - at);
-        uint64_t got = ferry__kv_sum(d + at, (size_t)n);
-        if (got != ps[k])
-            return ferry__err_set(NULL, FERRY_ECORRUPT,
-                                  "kv L2: piece %llu (%llu bytes at offset %llu) of chunk "
-                                  "%016llx%016llx fails its checksum (%016llx, written "
-                                  "%016llx): the slab file was changed behind the store",
-                                  (unsigned long long)k, (unsigned long long)n,
-                                  (unsigned long long)(loc + off + at), (unsigned long long)id->hi,
-                                  (unsigned long long)id->lo, (unsigned long long)got,
-                                  (unsigned long long)ps[k]);
-    }
+    if (k >= p->np)
+        return ferry__err_set(NULL, FERRY_ECORRUPT, "kv L2: chunk %016llx%016llx has %u pieces, "
+                              "not %llu", (unsigned long long)id->hi, (unsigned long long)id->lo,
+                              p->np, (unsigned long long)k + 1);
+    *sum = p->psum[(uint64_t)(m - p->meta) * p->np + k];
     return 0;
 }
 
@@ -223,7 +207,7 @@ static int l2_read(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, voi
     if (rc < 0)
         return rc;
     if (p->np)
-        return l2_check(t, loc, id, dst, 0, p->sum_bytes);
+        return ferry__kv_tier_check_whole(t, loc, id, dst, p->sum_bytes);
     return l2_verify(t, loc, id, ferry__kv_sum(dst, p->sum_bytes));
 }
 
@@ -390,7 +374,7 @@ static const ferry__kv_tier_aops l2_aops = {
     .broken = l2_abroken,
     .verify = l2_verify,
     .vpiece = l2_vpiece,
-    .check = l2_check,
+    .psum = l2_psum,
 };
 
 int ferry__kv_tier_l2_open(const char *const *dirs, unsigned ndirs, uint64_t bytes, int direct,

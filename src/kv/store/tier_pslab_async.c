@@ -331,56 +331,27 @@ static uint64_t pa_vpiece(ferry__kv_tier *t, uint64_t loc)
     return piece;
 }
 
-/* the pieces of [off, off + len) of the chunk read from loc, checked in
- * batches: their recorded sums are copied under the lock (a later read
- * of the slot may replace them), hashed without it */
-static int pa_check(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, const void *data,
-                    uint64_t off, uint64_t len)
+/* the checksum recorded for piece k of the chunk read from loc (copied
+ * at its begin: a later read of the slot may replace it) */
+static int pa_psum(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, uint64_t k,
+                   uint64_t *sum)
 {
     ferry__kv_tpa *a = tpa_of(t);
-    const unsigned char *d = data;
-    uint64_t want[16];
-    while (len) {
-        int same = 0;
-        uint32_t piece = 0, n = 0;
-        uint64_t pofs = 0;
-        if (loc < a->capacity) {
-            pthread_mutex_lock(&a->aq.mu);
-            const pa_sums *ps = &a->sums[loc];
-            same = a->pid[loc].lo == id->lo && a->pid[loc].hi == id->hi && ps->piece;
-            piece = ps->piece;
-            pofs = a->pin[loc].offset;
-            uint64_t k0 = same ? off / piece : 0;
-            for (; same && n < FERRY__ARRAY_LEN(want) && k0 + n < ps->n &&
-                   (uint64_t)n * piece < len;
-                 n++)
-                want[n] = ps->sum[k0 + n];
-            pthread_mutex_unlock(&a->aq.mu);
+    int rc = FERRY_ECORRUPT;
+    if (loc < a->capacity) {
+        pthread_mutex_lock(&a->aq.mu);
+        const pa_sums *ps = &a->sums[loc];
+        if (a->pid[loc].lo == id->lo && a->pid[loc].hi == id->hi && k < ps->n) {
+            *sum = ps->sum[k];
+            rc = 0;
         }
-        if (!same)
-            return ferry__err_set(NULL, FERRY_ENOTFOUND, "kv persistent L2: slot %llu was read "
-                                  "for another chunk since (or has no piece checksums): a miss",
-                                  (unsigned long long)loc);
-        if (off % piece || n == 0)
-            return ferry__err_set(NULL, -EINVAL, "kv persistent L2: check of bytes [%llu, "
-                                  "+%llu) of slot %llu: not whole pieces of %u bytes",
-                                  (unsigned long long)off, (unsigned long long)len,
-                                  (unsigned long long)loc, piece);
-        for (uint32_t k = 0; k < n; k++) {
-            uint64_t m = FERRY__MIN((uint64_t)piece, len);
-            uint64_t got = ferry__kv_sum(d, (size_t)m);
-            if (got != want[k])
-                return ferry__err_set(NULL, FERRY_ECORRUPT, "kv persistent L2: piece %llu (%llu "
-                                      "bytes at slab offset %llu) of the chunk in slot %llu "
-                                      "fails its checksum (%016llx, recorded %016llx): a miss",
-                                      (unsigned long long)(off / piece), (unsigned long long)m,
-                                      (unsigned long long)(pofs + off), (unsigned long long)loc,
-                                      (unsigned long long)got, (unsigned long long)want[k]);
-            d += m;
-            off += m;
-            len -= m;
-        }
+        pthread_mutex_unlock(&a->aq.mu);
     }
+    if (rc < 0)
+        return ferry__err_set(NULL, rc, "kv persistent L2: slot %llu holds no piece %llu of "
+                              "chunk %016llx%016llx now (read for another chunk since): a miss",
+                              (unsigned long long)loc, (unsigned long long)k,
+                              (unsigned long long)id->hi, (unsigned long long)id->lo);
     return 0;
 }
 
@@ -399,7 +370,7 @@ const ferry__kv_tier_aops ferry__kv_tpa_aops = {
     .broken = pa_broken,
     .verify = pa_verify,
     .vpiece = pa_vpiece,
-    .check = pa_check,
+    .psum = pa_psum,
 };
 
 void ferry__kv_tpa_close(ferry__kv_tpa *a)
