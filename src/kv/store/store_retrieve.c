@@ -561,6 +561,7 @@ static unsigned rt_reap(rtv *r)
 {
     ferry__kv_tier *t = r->at;
     ferry__kv_aread *a = NULL;
+    ferry__kv_rt_units_run(r); /* (while the reads are in flight) */
     int rc = t->aops->wait(t, &r->batch, &a);
     unsigned k = 0;
     if (rc < 0) {
@@ -598,6 +599,7 @@ static unsigned rt_reap(rtv *r)
             ferry__kv_rt_piece_landed(r, i, piece); /* (checks nothing once the chunk failed) */
         r->inflight--;
         r->c[i].left--;
+        r->ramp = FERRY__MIN(2 * r->ramp, r->pdepth);
         if (rc < 0) {
             /* its pieces not sent yet never are */
             r->c[i].sent = r->npieces;
@@ -622,7 +624,7 @@ static void rt_fill(rtv *r, const ferry_kv_hash *ids, size_t k, size_t *ic, int 
         return;
     if (*ic < k)
         *ic = k;
-    while (r->inflight < r->pdepth) {
+    while (r->inflight < FERRY__MIN(r->pdepth, r->ramp)) {
         if (r->cur != SIZE_MAX) {
             rt_send(r, r->cur, NULL);
             continue;
@@ -782,6 +784,7 @@ static int rt_init(rtv *r, size_t nch)
                                                                        : r->at->slot_bytes;
         r->npieces = (uint32_t)((r->at->slot_bytes + r->piece - 1) / r->piece);
         r->pdepth = r->npieces > 1 ? r->at->aops->pdepth : r->depth;
+        r->ramp = r->npieces > 1 ? 1 : r->pdepth;
         /* pieces checked as they land: a map of those landed, and room
          * for each chunk's failure (written by the workers' checks) */
         if (r->at->aops->psum) {

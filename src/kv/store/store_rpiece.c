@@ -23,6 +23,8 @@
  * (o1 > o0) and no check of it failed so far */
 typedef struct rt_unit {
     rtv *r;
+    struct rt_unit *next;       /* the retrieve's queue */
+    size_t i;                   /* the chunk */
     ferry_kv_hash id;
     uint64_t c0, c1, o0, o1;
 } rt_unit;
@@ -90,30 +92,49 @@ void ferry__kv_rt_piece_landed(rtv *r, size_t i, uint32_t k)
                                          ferry_dtype_size(l->dtype);
     c->lp = FERRY__MIN((uint64_t)c->nlp * r->piece, len);
     while (c->res == 0 && c->cdone < len) {
-        rt_unit u = {r, c->pend->id, c->cdone, FERRY__MIN(c->cdone + c->vp, len), c->odone,
-                     c->odone};
+        rt_unit u = {r, NULL, i, c->pend->id, c->cdone, FERRY__MIN(c->cdone + c->vp, len),
+                     c->odone, c->odone};
         if (u.c1 > c->lp)
             break;
         if (c->pcopy) /* whole tokens: a token cut by the piece's end goes with the next */
             u.o1 = u.c1 == len ? len : u.c1 - u.c1 % tb;
         c->cdone = u.c1;
         c->odone = u.o1;
-        rt_unit *w = r->wcopy ? ferry__malloc(sizeof *w) : NULL;
-        if (w) {
-            *w = u;
+        rt_unit *w = ferry__malloc(sizeof *w);
+        if (!w) {
+            rt_unit_run(r, i, &u);
+            continue;
+        }
+        *w = u;
+        if (r->wcopy) {
             pthread_mutex_lock(&r->cmu);
             c->pjobs++;
             pthread_mutex_unlock(&r->cmu);
-            if (ferry__kv_rt_hand_off(r, i, rt_unit_job, w)) {
-                /* (rt_hand_off counted it in wpending; the job takes it back) */
-                continue;
-            }
+            if (ferry__kv_rt_hand_off(r, i, rt_unit_job, w))
+                continue; /* (counted in wpending too; the job takes both back) */
             pthread_mutex_lock(&r->cmu);
             c->pjobs--;
             pthread_mutex_unlock(&r->cmu);
-            ferry__free(w);
         }
-        rt_unit_run(r, i, &u);
+        /* no worker free: this thread runs it once the reads are topped up
+         * (a check here now would leave the drive's queue to run dry) */
+        if (r->uq_tail)
+            r->uq_tail->next = w;
+        else
+            r->uq = w;
+        r->uq_tail = w;
+    }
+}
+
+void ferry__kv_rt_units_run(rtv *r)
+{
+    while (r->uq) {
+        rt_unit *u = r->uq;
+        r->uq = u->next;
+        if (!r->uq)
+            r->uq_tail = NULL;
+        rt_unit_run(r, u->i, u);
+        ferry__free(u);
     }
 }
 
@@ -144,6 +165,7 @@ void ferry__kv_rt_piece_mode(rtv *r, size_t i)
 int ferry__kv_rt_pieces_done(rtv *r, size_t i)
 {
     rt_chunk *c = &r->c[i];
+    ferry__kv_rt_units_run(r);
     if (!r->wcopy)
         return c->pbad;
     pthread_mutex_lock(&r->cmu);

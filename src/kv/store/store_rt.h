@@ -75,6 +75,11 @@ typedef struct rtv {
     uint32_t npieces;           /* requests per chunk */
     unsigned reading;           /* chunks RT_READING */
     unsigned pdepth;            /* requests kept in flight */
+    /* requests in flight for now: one at first, doubled as each lands up
+     * to pdepth, so the first piece lands after one piece's read (not
+     * after all of them, sharing the drive) and is checked and copied out
+     * while the queue fills */
+    unsigned ramp;
     uint64_t hits[FERRY_KV_TIERS], misses, got;
     int copy_rc;
     size_t nheld, batch_max;
@@ -98,6 +103,9 @@ typedef struct rtv {
     /* since t0: the first bytes / whole chunk from the async tier in the
      * engine's buffer, checked (0: none yet) */
     atomic_uint_fast64_t first_bytes, first_chunk;
+    /* piece-mode checks no worker took: run by the retrieving thread
+     * before it next waits for reads (after topping them up) */
+    struct rt_unit *uq, *uq_tail;
 } rtv;
 
 /* *at, once: the time since the retrieve began */
@@ -127,6 +135,8 @@ int ferry__kv_rt_hand_off(rtv *r, size_t i, void (*job)(void *ctx, size_t i), vo
 void ferry__kv_rt_piece_mode(rtv *r, size_t i);
 /* read piece k of piece-mode chunk i landed */
 void ferry__kv_rt_piece_landed(rtv *r, size_t i, uint32_t k);
+/* the checks no worker took, run here (the retrieving thread) */
+void ferry__kv_rt_units_run(rtv *r);
 /* its read is over: its checks waited for; the first that failed, or 0 */
 int ferry__kv_rt_pieces_done(rtv *r, size_t i);
 /* it passed and was copied out as it landed: promoted, counted */
