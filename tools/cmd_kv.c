@@ -47,6 +47,9 @@ static void usage(FILE *f)
             "                           each reopen the store and retrieve every document from\n"
             "                           the drive into plain host memory (needs --dir; with\n"
             "                           --server, the daemon's L2 and a new client each round)\n"
+            "  --inflight N             with --cold: N documents retrieved at once (asynchronous\n"
+            "                           retrieves, each into its own buffer; default 1: one after\n"
+            "                           another)\n"
             "  --layerwise N            only the layer-by-layer figures: the first prompt stored\n"
             "                           once, then N rounds of the plain retrieve, the layerwise\n"
             "                           one (time to its first layer and to its last) and memcpy\n"
@@ -72,11 +75,11 @@ static void usage(FILE *f)
             "  --question-tokens 0..65536, --sessions 1..65536, --turns 1..4096, --turn-tokens\n"
             "  1..1048576, --chunk-tokens 1..65536, --layers 1..1024, --heads 1..1024,\n"
             "  --head-dim 1..4096, --paged 1..65536, --persist-rounds 0..%d, --cold 1..%d,\n"
-            "  --layerwise 1..%d, --server-timeout 1..%u,\n"
+            "  --layerwise 1..%d, --server-timeout 1..%u, --inflight 1..%d,\n"
             "  --zipf 0..10, --l1/--l2 4K..16T;\n"
             "  all prompts at most 2^28 tokens, the longest prompt's KV at most 8 GiB\n",
             KVB_SERVER_TIMEOUT_DEFAULT_MS, PC_MAX_ROUNDS, COLD_MAX_ROUNDS,
-            LAYERWISE_MAX_ROUNDS, KVB_SERVER_TIMEOUT_MAX_MS);
+            LAYERWISE_MAX_ROUNDS, KVB_SERVER_TIMEOUT_MAX_MS, COLD_MAX_INFLIGHT);
 }
 
 /* a count option: flag, its field, its range */
@@ -100,6 +103,7 @@ static const num_opt num_opts[] = {
     {"--head-dim", offsetof(opts, head_dim), 1, 4096},
     {"--persist-rounds", offsetof(opts, persist_rounds), 0, PC_MAX_ROUNDS},
     {"--cold", offsetof(opts, cold_rounds), 1, COLD_MAX_ROUNDS},
+    {"--inflight", offsetof(opts, cold_inflight), 1, COLD_MAX_INFLIGHT},
     {"--paged", offsetof(opts, paged), 1, 65536},
     {"--layerwise", offsetof(opts, layerwise_rounds), 1, LAYERWISE_MAX_ROUNDS},
 };
@@ -222,6 +226,11 @@ static int parse_check(opts *o, int l2_given, int engine_given, int create)
     if (!o->dir && !o->server && o->cold_rounds)
         return cli_usage(KVB_CMD, "--cold %u: the L2 tier needs --dir DIR; accepted: --dir DIR "
                               "--cold N, or --server URL --cold N", o->cold_rounds);
+    if (o->cold_inflight && !o->cold_rounds)
+        return cli_usage(KVB_CMD, "--inflight %u: documents at once in the --cold figure; "
+                              "accepted: --cold N --inflight M", o->cold_inflight);
+    if (!o->cold_inflight)
+        o->cold_inflight = 1;
     if (!o->server && o->server_timeout_ms)
         return cli_usage(KVB_CMD, "--server-timeout %u: a server's round-trip limit needs "
                                   "--server; accepted: --server ADDR --server-timeout MS",
@@ -425,8 +434,8 @@ static int measure_and_report(opts *o, const ferry_kv_layout *l, uint64_t chunk,
 int cmd_kv_bench(int argc, char **argv)
 {
     opts o = {"qa", "llama3-8b", NULL, "lru", NULL, NULL, 2ull << 30, 8ull << 30, 8, 4096, 64, 64,
-              8, 6, 512, 256, 0, 0, 0, 1.0, 1, 0, 1, 0, NULL, "", 5, NULL, 0, NULL, 0, 0, NULL, 8,
-              0, 0};
+              8, 6, 512, 256, 0, 0, 0, 1.0, 1, 0, 1, 0, NULL, "", 5, NULL, 0, NULL, 0, 0, 0, NULL,
+              8, 0, 0};
     int rc = parse(argc, argv, &o);
     if (rc)
         return rc < 0 ? 0 : rc;

@@ -50,6 +50,7 @@ typedef struct opts {
     ferry_device *dev;       /* opened from device for the run */
     uint64_t prefetch_max;   /* the store's prefetch bound; 0: its default */
     unsigned cold_rounds;    /* --cold N: only the L2-only retrieve figure, N rounds */
+    unsigned cold_inflight;  /* --inflight N: documents a --cold round retrieves at once (1) */
     const char *server;      /* --server URL: the run's store is a `ferry serve` daemon's */
     unsigned clients;        /* --clients N: processes asking the daemon at once (8) */
     unsigned layerwise_rounds; /* --layerwise N: only the layer-by-layer retrieve figure */
@@ -187,6 +188,7 @@ void kvb_persist_cost_print(const persist_cost *pc);
 
 /* ---- --cold N: the L2-only retrieve of a fresh client (kv_bench_cold.c) ---- */
 #define COLD_MAX_ROUNDS 64
+#define COLD_MAX_INFLIGHT 64
 typedef struct cold_round {
     double gbps, seconds, cpu_s;
     uint64_t bytes, l2_bytes, tokens; /* retrieved; read from L2 (more: some twice) */

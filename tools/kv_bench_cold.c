@@ -72,9 +72,44 @@ static int cold_fill(const opts *o, const ferry_kv_layout *l, const char *sub, c
     return rc < 0 ? rc : 0;
 }
 
+/* every document retrieved, o->cold_inflight at once (asynchronous
+ * retrieves, document d into buffer d % inflight); the tokens retrieved */
+static int cold_retrieve_all(const opts *o, ferry_kv *kv, const workload *w,
+                             const engine_buf *bufs, uint64_t *got)
+{
+    unsigned n = o->cold_inflight ? o->cold_inflight : 1;
+    int rc = 0;
+    if (n == 1) {
+        for (unsigned d = 0; d < o->docs && rc >= 0; d++) {
+            rc = ferry_kv_retrieve(kv, w->pool + (size_t)d * o->doc_tokens, o->doc_tokens, NULL,
+                                   &bufs[0].b);
+            if (rc >= 0)
+                *got += (uint64_t)rc;
+        }
+        return rc < 0 ? rc : 0;
+    }
+    ferry_kv_op *op[COLD_MAX_INFLIGHT] = {0};
+    for (unsigned d = 0; d < o->docs + n; d++) {
+        unsigned k = d % n;
+        if (op[k]) { /* that buffer's previous document first */
+            int r = ferry_kv_op_wait(op[k], -1);
+            ferry_kv_op_free(op[k]);
+            op[k] = NULL;
+            if (r >= 0)
+                *got += (uint64_t)r;
+            else if (rc == 0)
+                rc = r;
+        }
+        if (d < o->docs && rc == 0)
+            rc = ferry_kv_retrieve_async(kv, w->pool + (size_t)d * o->doc_tokens, o->doc_tokens,
+                                         NULL, &bufs[k].b, &op[k]);
+    }
+    return rc;
+}
+
 /* one round: a fresh store, every document retrieved from L2 */
 static int cold_once(const opts *o, const ferry_kv_layout *l, const char *sub, const workload *w,
-                      const ferry_kv_buffer *b, cold_round *r)
+                      const engine_buf *bufs, cold_round *r)
 {
     ferry_kv *kv;
     int rc = cold_open(o, l, sub, &kv);
@@ -85,11 +120,7 @@ static int cold_once(const opts *o, const ferry_kv_layout *l, const char *sub, c
     ferry_kv_stats_get(kv, &a);
     double t0 = kvb_now_s(), c0 = cpu_process_s();
     uint64_t got = 0;
-    for (unsigned d = 0; d < o->docs && rc >= 0; d++) {
-        rc = ferry_kv_retrieve(kv, w->pool + (size_t)d * o->doc_tokens, o->doc_tokens, NULL, b);
-        if (rc >= 0)
-            got += (uint64_t)rc;
-    }
+    rc = cold_retrieve_all(o, kv, w, bufs, &got);
     double el = kvb_now_s() - t0, cpu = cpu_process_s() - c0;
     ferry_kv_stats_get(kv, &z);
     ferry_kv_close(kv);
@@ -174,16 +205,20 @@ int kvb_cold_run(const opts *o, const ferry_kv_layout *l, const workload *w, uin
     so.persistent = 1;
     so.remote = NULL;
     so.dev = NULL;
-    engine_buf b;
-    int rc = plain_buffer(l, o->doc_tokens, &b);
+    static engine_buf b[COLD_MAX_INFLIGHT];
+    unsigned nb = o->cold_inflight ? o->cold_inflight : 1, made = 0;
+    int rc = 0;
+    for (; rc == 0 && made < nb; made++)
+        rc = plain_buffer(l, o->doc_tokens, &b[made]);
     if (rc == 0)
-        rc = cold_fill(&so, l, c->dir, w, &b.b, &c->stored_docs);
+        rc = cold_fill(&so, l, c->dir, w, &b[0].b, &c->stored_docs);
     for (unsigned i = 0; rc == 0 && i < o->cold_rounds; i++) {
-        rc = cold_once(&so, l, c->dir, w, &b.b, &c->r[i]);
+        rc = cold_once(&so, l, c->dir, w, b, &c->r[i]);
         if (rc == 0)
             c->n++;
     }
-    kvb_buffer_free(&b);
+    for (unsigned i = 0; i < made; i++)
+        kvb_buffer_free(&b[i]);
     double v[COLD_MAX_ROUNDS];
     for (unsigned i = 0; i < c->n; i++)
         v[i] = c->r[i].gbps;
@@ -198,6 +233,7 @@ json_t *kvb_cold_json(const opts *o, const cold_result *c)
     json_object_set_new(j, "docs", json_integer(o->docs));
     json_object_set_new(j, "doc_tokens", json_integer(o->doc_tokens));
     json_object_set_new(j, "l1_chunks", json_integer((json_int_t)c->l1_chunks));
+    json_object_set_new(j, "inflight", json_integer(o->cold_inflight ? o->cold_inflight : 1));
     json_object_set_new(j, "stored_docs", json_integer(c->stored_docs));
     for (unsigned i = 0; i < c->n; i++) {
         json_t *x = json_object();
@@ -220,8 +256,9 @@ json_t *kvb_cold_json(const opts *o, const cold_result *c)
 void kvb_cold_print(const opts *o, const cold_result *c)
 {
     printf("L2-only retrieve (persistent L2 in %s, a new client each round; L1 of %llu chunks; "
-           "%u docs x %u tokens into plain host memory):\n",
-           c->dir, (unsigned long long)c->l1_chunks, o->docs, o->doc_tokens);
+           "%u docs x %u tokens into plain host memory, %u at once):\n",
+           c->dir, (unsigned long long)c->l1_chunks, o->docs, o->doc_tokens,
+           o->cold_inflight ? o->cold_inflight : 1);
     for (unsigned i = 0; i < c->n; i++) {
         const cold_round *r = &c->r[i];
         double gb = (double)r->bytes / 1e9;
