@@ -34,9 +34,9 @@ int ferry__pslab_pin_get(ferry_pslab *p, const void *key, size_t klen, ferry__ps
     out->length = e->length;
     out->ext = e->ext;
     out->checksum = e->sum;
-    out->piece = 0; /* (format 3 piece sums: not yet) */
-    out->npieces = 0;
-    out->psum = NULL;
+    out->piece = e->piece; /* (0 for a record of format 1 or 2) */
+    out->npieces = e->npieces;
+    out->psum = e->psum;   /* (allocated with the entry: freed after the last pin) */
     return 0;
 }
 
