@@ -353,8 +353,8 @@ static void test_journal_damage_is_reported_and_repaired(void **state)
     assert_int_equal(system(cmd), 0);
     FT_ASSERT_OK(ferry_pslab_close(p));
     snprintf(path, sizeof path, "%s/%s", c, FERRY_PSLAB_JOURNAL);
-    /* header 64, record "a"=old 49 bytes, then the overwrite's sequence field */
-    flip(path, FERRY__PSLAB_JHDR_BYTES + ferry__pslab_rec_size(1) + 10);
+    /* header 64, record "a"=old (one piece), then the overwrite's sequence field */
+    flip(path, FERRY__PSLAB_JHDR_BYTES + ferry__pslab_rec_size_p(1, 1) + 10);
     snprintf(args, sizeof args, "slab check %s", c);
     assert_int_equal(run_ferry(args, out, sizeof out), 1);
     assert_non_null(strstr(out, "journal damage"));
