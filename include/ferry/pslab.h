@@ -55,8 +55,9 @@ extern "C" {
 
 #define FERRY_PSLAB_FILE "ferry_pslab.bin"
 #define FERRY_PSLAB_JOURNAL "ferry_pslab.idx"
-/** The format this library writes; a newer one is refused with FERRY_EVERSION
- *  (its message points to `ferry slab reset`).
+/** The format this library writes (a store's format is its journal's; slab
+ *  file headers keep format 2's layout and number); a newer one is refused
+ *  with FERRY_EVERSION (its message points to `ferry slab reset`).
  *  2: slab headers carry the application tag, journal records the commit
  *  barrier flag.
  *  3: a put's record carries a checksum for each piece of its chunk (2 MiB,

@@ -3,6 +3,12 @@
  * (private). The codec and the index loader work on memory buffers only,
  * so the fuzz targets drive them without files.
  *
+ * A store's format is its journal header's version. Slab file headers
+ * carry the version of their own layout (FERRY__PSLAB_HDR_VERSION: 2 since
+ * format 2, which format 3 leaves as it was), so a library of format 2
+ * still reads a format 3 store's geometry and tag - it refuses the
+ * journal (FERRY_EVERSION), and its reset can keep the size and tag.
+ *
  * Slab file header (little endian, FERRY__PSLAB_HDR_BYTES, then zeros up
  * to the data offset = max(4096, alignment)):
  *     0  magic "FERRYPSB"          8  u32 format version
@@ -65,6 +71,7 @@
 #include "ferry/slab.h"
 
 #define FERRY__PSLAB_HDR_BYTES 128u
+#define FERRY__PSLAB_HDR_VERSION 2u  /* the slab header's layout (see above) */
 #define FERRY__PSLAB_HDR_BLOCK 4096u
 #define FERRY__PSLAB_JHDR_BYTES 64u
 #define FERRY__PSLAB_REC_HEAD 40u

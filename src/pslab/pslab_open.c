@@ -68,7 +68,8 @@ static int create_store(ferry_pslab *p, const ferry__pslab_geom *g)
         } else {
             ferry__pslab_hdr h;
             memset(&h, 0, sizeof h);
-            h.version = ferry__pslab_write_format();
+            /* (the header's layout is format 2's: an older library reads it) */
+            h.version = FERRY__MIN(ferry__pslab_write_format(), FERRY__PSLAB_HDR_VERSION);
             h.g = *g;
             h.drive = i;
             h.created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;

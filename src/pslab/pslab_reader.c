@@ -51,6 +51,14 @@ void ferry__pslab_pin_put(ferry_pslab *p, ferry__pslab_pin *pin)
     pthread_mutex_unlock(&p->mu);
 }
 
+uint32_t ferry__pslab_format(const ferry_pslab *p)
+{
+    pthread_mutex_lock((pthread_mutex_t *)&p->mu); /* (compaction writes it under mu) */
+    uint32_t v = p->jversion;
+    pthread_mutex_unlock((pthread_mutex_t *)&p->mu);
+    return v;
+}
+
 void ferry__pslab_locate(const ferry_pslab *p, uint64_t off, unsigned *d, uint64_t *foff,
                          uint64_t *run)
 {
