@@ -7,10 +7,13 @@
  *
  * The first byte picks a mode: even - the bytes are the journal as is;
  * odd - the bytes after it are made well-formed first (header and record
- * checksums recomputed, key lengths bounded), so the fuzzer reaches the
- * replay rules (overwrites, deletes by sequence, ranges, overlaps, barrier
- * flags, bad records before a barrier - damage - or after the last one - a
- * torn tail) instead of stopping at the first checksum.
+ * checksums recomputed, key lengths bounded, piece puts given a piece
+ * size, a count that fits their length and their table's sum), so the
+ * fuzzer reaches the replay rules (overwrites, deletes by sequence,
+ * ranges, overlaps, barrier flags, bad records before a barrier - damage,
+ * in a head or in a piece table - or after the last one - a torn tail)
+ * instead of stopping at the first checksum. An entry of a piece put
+ * holds a piece size the format allows and one sum per piece.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -40,7 +43,7 @@ static void repair(uint8_t *b, size_t n)
     if (n < FERRY__PSLAB_JHDR_BYTES)
         return;
     memcpy(b, "FERRYPJL", 8);
-    b[8] = (uint8_t)(1 + (b[8] & 1)), b[9] = b[10] = b[11] = 0;
+    b[8] = (uint8_t)(1 + b[8] % FERRY_PSLAB_FORMAT), b[9] = b[10] = b[11] = 0;
     b[12] = FERRY__PSLAB_JHDR_BYTES, b[13] = b[14] = b[15] = 0;
     /* a small geometry: capacity 1..256 units of 4096, one drive */
     uint64_t cap = ((rd64(b + 24) % 256) + 1) * 4096;
@@ -57,9 +60,10 @@ static void repair(uint8_t *b, size_t n)
         if (pos + FERRY__PSLAB_REC_FIXED + klen > n)
             break;
         r[0] = 0xE7, r[1] = 0xF5;
-        r[2] = (uint8_t)((r[2] & 1) + 1);
-        /* bit 0: a barrier; bit 6 set: leave this record bad (damage or tail) */
-        int bad = (r[3] & 0x40) != 0;
+        r[2] = (uint8_t)(r[2] % 3 + 1);
+        /* bit 0: a barrier; bit 6 set: leave this record bad (damage or
+         * tail), in its table when bit 5 is set too (a piece put) */
+        int bad = (r[3] & 0x40) != 0, bad_table = bad && (r[3] & 0x20);
         r[3] &= FERRY__PSLAB_REC_BARRIER;
         r[4] = (uint8_t)klen, r[5] = r[6] = r[7] = 0;
         /* offsets and lengths near the geometry, so ranges and overlaps matter */
@@ -68,9 +72,27 @@ static void repair(uint8_t *b, size_t n)
         wr64(r + 8, rd64(r + 8) % 64);
         if (r[2] == 2)
             wr64(r + 32, rd64(r + 32) % 64);
-        size_t m = FERRY__PSLAB_REC_HEAD + klen;
-        wr64(r + m, XXH3_64bits_withSeed(r, m, seed) ^ (bad ? 1u : 0u));
-        pos += m + 8;
+        size_t m = FERRY__PSLAB_REC_HEAD + klen, tab = 0;
+        if (r[2] == FERRY__PSLAB_PUTP) {
+            /* pieces of 4, 8 or 16 KiB (or a 2 KiB one replay must refuse) */
+            uint64_t len = rd64(r + 24) + 1;
+            wr64(r + 24, len);
+            uint32_t piece = (r[10] & 0x80) ? 2048u : 4096u << (r[10] % 3);
+            uint32_t np = (uint32_t)((len + piece - 1) / piece);
+            tab = 8 * (size_t)np;
+            if (pos + m + 16 + tab > n)
+                break;
+            for (int i = 0; i < 4; i++) {
+                r[m + (size_t)i] = (uint8_t)(piece >> (8 * i));
+                r[m + 4 + (size_t)i] = (uint8_t)(np >> (8 * i));
+            }
+            wr64(r + 32, XXH3_64bits(r + m + 16, tab));
+            m += 8;
+            if (bad_table)
+                r[m + 8 + (rd64(r + 8) % tab)] ^= 0x10;
+        }
+        wr64(r + m, XXH3_64bits_withSeed(r, m, seed) ^ (bad && !bad_table ? 1u : 0u));
+        pos += m + 8 + tab;
     }
 }
 
@@ -96,6 +118,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             for (ferry__pslab_ent *e = ix.b[i]; e; e = e->hnext) {
                 if (e->offset % g->alignment || e->ext % g->alignment || !e->length ||
                     e->length > e->ext || e->offset + e->ext > g->capacity)
+                    abort();
+                if (e->piece ? (e->piece & (e->piece - 1)) || e->piece < FERRY__PSLAB_PIECE_MIN ||
+                                   e->piece > FERRY__PSLAB_PIECE_MAX ||
+                                   e->piece % g->alignment || !e->psum ||
+                                   e->npieces != (e->length + e->piece - 1) / e->piece ||
+                                   e->sum != ferry__pslab_table_sum(e->psum, e->npieces)
+                             : e->npieces || e->psum)
                     abort();
                 if (ferry_slab_state(alloc, e->offset, NULL) == FERRY_EXTENT_ABSENT)
                     abort();

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +23,7 @@
 #include <jansson.h>
 
 #include "ferry_test.h"
-#include "pslab/pslab_int.h"
+#include "pslab/pslab_impl.h"
 
 static char g_ferry[4096];
 
@@ -119,6 +120,33 @@ static void test_bad_payload_and_torn_tail_found_repaired_then_clean(void **stat
     assert_true(json_is_true(json_object_get(j, "clean")));
     assert_int_equal(json_integer_value(json_object_get(j, "chunks")), 4);
     assert_int_equal(json_array_size(json_object_get(j, "bad_chunks")), 0);
+    json_decref(j);
+    ft_rmtree(d);
+}
+
+/* a check reports the slab's own format: an older one as it is (nothing
+ * changed), this library's after --repair upgraded its journal */
+static void test_check_reports_the_slabs_own_format(void **state)
+{
+    (void)state;
+    char d[256], out[16384], args[512];
+    ft_tmpdir(d, sizeof d);
+    atomic_store(&ferry__pslab_test_format, 2);
+    make_store(d, 3);
+    atomic_store(&ferry__pslab_test_format, 0);
+    snprintf(args, sizeof args, "slab check %s", d);
+    assert_int_equal(run_ferry(args, out, sizeof out), 0);
+    assert_non_null(strstr(out, "format 2,"));
+    assert_non_null(strstr(out, "3 chunks read, 0 failed"));
+    snprintf(args, sizeof args, "slab check %s --repair", d);
+    assert_int_equal(run_ferry(args, out, sizeof out), 0);
+    snprintf(args, sizeof args, "slab check %s --json", d);
+    assert_int_equal(run_ferry(args, out, sizeof out), 0);
+    json_error_t je;
+    json_t *j = json_loads(out, 0, &je);
+    assert_non_null(j);
+    assert_int_equal(json_integer_value(json_object_get(j, "format")), FERRY_PSLAB_FORMAT);
+    assert_int_equal(json_integer_value(json_object_get(j, "chunks")), 3);
     json_decref(j);
     ft_rmtree(d);
 }
@@ -353,8 +381,8 @@ static void test_journal_damage_is_reported_and_repaired(void **state)
     assert_int_equal(system(cmd), 0);
     FT_ASSERT_OK(ferry_pslab_close(p));
     snprintf(path, sizeof path, "%s/%s", c, FERRY_PSLAB_JOURNAL);
-    /* header 64, record "a"=old 49 bytes, then the overwrite's sequence field */
-    flip(path, FERRY__PSLAB_JHDR_BYTES + ferry__pslab_rec_size(1) + 10);
+    /* header 64, record "a"=old (one piece), then the overwrite's sequence field */
+    flip(path, FERRY__PSLAB_JHDR_BYTES + ferry__pslab_rec_size_p(1, 1) + 10);
     snprintf(args, sizeof args, "slab check %s", c);
     assert_int_equal(run_ferry(args, out, sizeof out), 1);
     assert_non_null(strstr(out, "journal damage"));
@@ -393,6 +421,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_clean_slab_exits_0),
         cmocka_unit_test(test_bad_payload_and_torn_tail_found_repaired_then_clean),
+        cmocka_unit_test(test_check_reports_the_slabs_own_format),
         cmocka_unit_test(test_unreadable_and_usage_exit_2),
         cmocka_unit_test(test_slab_in_use_is_named_and_left_alone),
         cmocka_unit_test(test_reset_empties_the_slab_keeping_its_tag),

@@ -204,6 +204,24 @@ static int read_file(const char *path, uint8_t **out, size_t *len)
  * extent holding anything else (< 0: the files could not be read); *n:
  * the records checked.
  */
+/* the checksum a record carries for the n bytes at b: their XXH3-64, or
+ * (piece sums) that of the table of each piece's XXH3-64, little endian */
+static uint64_t record_sum(const uint8_t *b, size_t n, uint32_t piece)
+{
+    if (!piece)
+        return XXH3_64bits(b, n);
+    size_t np = (n + piece - 1) / piece;
+    uint8_t *t = malloc(8 * np);
+    for (size_t i = 0; i < np; i++) {
+        uint64_t s = XXH3_64bits(b + i * piece, n - i * piece < piece ? n - i * piece : piece);
+        for (int j = 0; j < 8; j++)
+            t[8 * i + (size_t)j] = (uint8_t)(s >> (8 * j));
+    }
+    uint64_t s = XXH3_64bits(t, 8 * np);
+    free(t);
+    return s;
+}
+
 static int bad_records(const char *dir, unsigned *n)
 {
     char jp[512], sp[512], why[256];
@@ -240,7 +258,7 @@ static int bad_records(const char *dir, unsigned *n)
             int ok = e->length == CHUNK &&
                      pread(fd, buf, CHUNK, (off_t)(ferry__pslab_data_off(4096) + e->offset)) ==
                          (ssize_t)CHUNK &&
-                     XXH3_64bits(buf, CHUNK) == e->sum && i >= 0;
+                     record_sum(buf, CHUNK, e->piece) == e->sum && i >= 0;
             if (ok) {
                 fill(want, i);
                 ok = !memcmp(buf, want, CHUNK);
@@ -341,7 +359,7 @@ static void run_disk_full(int how)
     FT_ASSERT_OK(ferry_pslab_sync(p));
 
     /* the disk fills: the journal has room for two records and a half */
-    size_t rec = ferry__pslab_rec_size((uint32_t)strlen("chunk-0000"));
+    size_t rec = ferry__pslab_rec_size_p((uint32_t)strlen("chunk-0000"), 1);
     if (how == FAIL_EIO_SYNC) {
         pthread_mutex_lock(&g_mu);
         g_fail_jsync = 1;

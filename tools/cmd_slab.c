@@ -15,7 +15,9 @@
  *       which process has it. Exit status: 0 clean (or reset), 1 problems
  *       found (with --repair: found and repaired, each listed) or the slab
  *       is in use, 2 usage error or a slab that cannot be read at all (no
- *       store, a newer format, a foreign or corrupt header).
+ *       store, a newer format, a foreign or corrupt header). The format
+ *       reported is the slab's own (its journal's): a check leaves an
+ *       older one as it is, --repair upgrades it to this library's.
  *
  *   ferry slab reset DIR [DIR...] [--json]
  *       The same as slab check --reset.
@@ -43,6 +45,7 @@
 #include "cli.h"
 #include "core.h"
 #include "core/dirlock.h"
+#include "pslab/pslab_reader.h"
 
 /* ---- check ---- */
 typedef struct bad_list {
@@ -225,6 +228,7 @@ typedef struct slab_args {
     int json, repair, reset;
     const char *dirs[FERRY_PSLAB_MAX_DIRS];
     unsigned nd;
+    unsigned format; /* the open slab's (its journal's; --repair upgrades it) */
 } slab_args;
 
 /* parse cmd's arguments (modes: --repair/--reset allowed); -1 to go on,
@@ -285,7 +289,7 @@ static int slab_unreadable(const slab_args *a, int rc)
 static void slab_print_head(const slab_args *a, const ferry_pslab_stats *s0)
 {
     printf("slab %s: format %u, %u drive(s), %llu bytes, alignment %zu, stripe %llu, "
-           "creation id %016llx, generation %llu\n", a->dirs[0], FERRY_PSLAB_FORMAT,
+           "creation id %016llx, generation %llu\n", a->dirs[0], a->format,
            s0->drives, (unsigned long long)s0->capacity, s0->alignment,
            (unsigned long long)s0->stripe_bytes, (unsigned long long)s0->creation_id,
            (unsigned long long)s0->generation);
@@ -314,7 +318,7 @@ static void slab_print_json(const slab_args *a, const ferry_pslab_stats *s0,
     json_t *root = json_object();
     json_object_set_new(root, "dir", json_string(a->dirs[0]));
     json_object_set_new(root, "readable", json_true());
-    json_object_set_new(root, "format", json_integer(FERRY_PSLAB_FORMAT));
+    json_object_set_new(root, "format", json_integer(a->format));
     json_object_set_new(root, "drives", json_integer(s0->drives));
     json_object_set_new(root, "capacity", json_integer((json_int_t)s0->capacity));
     json_object_set_new(root, "alignment", json_integer((json_int_t)s0->alignment));
@@ -390,6 +394,7 @@ static int slab_check(int argc, char **argv)
         return slab_unreadable(&a, rc);
     ferry_pslab_stats s0 = FERRY_PSLAB_STATS_INIT;
     ferry_pslab_stats_get(p, &s0);
+    a.format = ferry__pslab_format(p);
     if (!a.json)
         slab_print_head(&a, &s0);
     bad_list bl = {json_array(), a.json, a.repair};

@@ -13,9 +13,9 @@
  * Each slab file opens with a versioned header (magic, format version,
  * geometry: capacity, alignment, drives, stripe, this file's drive index;
  * a creation id shared by every file of one slab; an XXH3-64 checksum).
- * Each journal record (put: key, slab offset, length, payload XXH3-64,
- * sequence; delete: key, sequence) carries its own XXH3-64 checksum seeded
- * with the creation id. Reopening replays the journal and rebuilds the
+ * Each journal record (put: key, slab offset, length, payload XXH3-64 -
+ * per piece of the chunk since format 3 - sequence; delete: key,
+ * sequence) carries its own XXH3-64 checksum seeded with the creation id. Reopening replays the journal and rebuilds the
  * index and the allocator from it. A bad record at the end (a torn tail
  * after a crash) is cut off; one that a later commit proves durable
  * (damage) makes the chunks it may have superseded misses (its own key
@@ -55,11 +55,18 @@ extern "C" {
 
 #define FERRY_PSLAB_FILE "ferry_pslab.bin"
 #define FERRY_PSLAB_JOURNAL "ferry_pslab.idx"
-/** The format this library writes; a newer one is refused with FERRY_EVERSION.
+/** The format this library writes (a store's format is its journal's; slab
+ *  file headers keep format 2's layout and number); a newer one is refused
+ *  with FERRY_EVERSION (its message points to `ferry slab reset`).
  *  2: slab headers carry the application tag, journal records the commit
- *  barrier flag (format 1 stores are read, and their journal is rewritten
- *  as format 2 at the first writable open). */
-#define FERRY_PSLAB_FORMAT 2u
+ *  barrier flag.
+ *  3: a put's record carries a checksum for each piece of its chunk (2 MiB,
+ *  or more for chunks over 128 GiB), checked by gets piece by piece.
+ *  Format 1 and 2 stores are read as they are (a chunk of theirs is
+ *  checked whole); the first writable open rewrites the journal as format
+ *  3, keeping their records, and later puts carry piece checksums. A
+ *  READONLY open modifies no file. */
+#define FERRY_PSLAB_FORMAT 3u
 #define FERRY_PSLAB_KEY_MAX 1024u
 #define FERRY_PSLAB_MAX_DIRS 16u
 /** Bytes of an application tag (ferry_pslab_options.tag) at most. */
@@ -251,11 +258,13 @@ typedef struct ferry_pslab_item {
 FERRY_API int ferry_pslab_put_many(ferry_pslab *p, ferry_pslab_item *items, size_t n);
 
 /**
- * Read the chunk under key into buf[0..cap), checking its XXH3-64: *len
- * gets its length. Errors: FERRY_ENOTFOUND, -ENOBUFS (cap < length; *len
+ * Read the chunk under key into buf[0..cap), checking its XXH3-64 (each
+ * piece's as it lands, for a chunk with piece checksums): *len gets its
+ * length. Errors: FERRY_ENOTFOUND, -ENOBUFS (cap < length; *len
  * untouched: ask ferry_pslab_stat()), FERRY_ECORRUPT (the stored bytes fail
- * their checksum: nothing is returned, the entry is dropped and counted,
- * buf[0..length) is zeroed), -EINVAL, I/O errors. buf need not be aligned;
+ * their checksum - the message names the key, and the piece, its slab
+ * offset and length: nothing is returned, the entry is dropped and
+ * counted, buf[0..length) is zeroed), -EINVAL, I/O errors. buf need not be aligned;
  * an aligned buf with cap >= the length rounded up to the alignment is
  * read into directly (O_DIRECT), so bytes of buf past *len, up to that
  * rounded length, may be overwritten.
@@ -267,7 +276,11 @@ FERRY_API int ferry_pslab_get(ferry_pslab *p, const void *key, size_t klen, void
 typedef struct ferry_pslab_info {
     uint64_t offset;     /**< slab offset of its extent */
     uint64_t length;     /**< bytes stored */
-    uint64_t checksum;   /**< XXH3-64 of the bytes */
+    /** XXH3-64 of the bytes (a chunk of a format 1 or 2 record); for a
+     *  chunk written with piece checksums (format 3): XXH3-64 of its piece
+     *  table - the XXH3-64 (seed 0) of each piece in order, as
+     *  little-endian u64s */
+    uint64_t checksum;
     uint64_t seq;        /**< sequence number of its put */
 } ferry_pslab_info;
 /** The index entry of key (no I/O). FERRY_ENOTFOUND, -EINVAL. */

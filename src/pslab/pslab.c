@@ -6,13 +6,15 @@
  * (SYNC_FULL, SYNC_NONE: in the journal), or in SYNC_BATCH once its bytes
  * are written and its record queued (visible at once; writers wait when
  * two batches are queued); a get returns bytes only after their XXH3-64
- * matched the one recorded at the put, and pins the entry while it reads,
+ * matched the one recorded at the put (each piece's, for a chunk written
+ * with piece sums: format 3), and pins the entry while it reads,
  * so its extent cannot be reused under it. A chunk that fails its check
  * leaves the index and its delete is queued: corrupt bytes are reported,
  * never returned. pslab_impl.h has the store's design (lock order, group
  * commit, recovery).
  */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <xxhash.h>
 
@@ -46,7 +48,11 @@ static int put_data(ferry_pslab *p, const void *key, size_t klen, const void *da
     if (failed)
         return ferry__err_set(&p->err, FERRY_ESTATE, "pslab %s: the journal failed earlier "
                               "(%s); reopen the store", p->dirs[0], ferry_err_name(failed));
-    ferry__pslab_ent *e = ferry__pslab_ent_new(key, klen);
+    /* a format 3 store's puts carry piece sums (an upgraded format 2
+     * store's older chunks keep their one sum) */
+    uint32_t piece = p->piece_puts ? ferry__pslab_piece_for(len, p->g.alignment) : 0;
+    ferry__pslab_ent *e =
+        ferry__pslab_ent_new_p(key, klen, piece, ferry__pslab_npieces(len, piece));
     if (!e)
         return ferry__err_set(&p->err, -ENOMEM, "pslab %s: out of memory for an entry",
                               p->dirs[0]);
@@ -93,7 +99,8 @@ static int put_data(ferry_pslab *p, const void *key, size_t klen, const void *da
     if (p->direct)
         wlen = x.size;
     if (rc == 0)
-        rc = ferry__pslab_data_write_sum(p, l, src, wlen, x.offset, data, len, &e->sum);
+        rc = ferry__pslab_data_write_sum(p, l, src, wlen, x.offset, data, len, e->piece,
+                                         e->psum, &e->sum);
     ferry__pslab_lane_put(p, l);
     if (rc < 0) {
         pthread_mutex_lock(&p->mu);
@@ -333,9 +340,53 @@ static void drop_lazily(ferry_pslab *p, const ferry__pslab_ent *e, uint64_t seq)
     pthread_mutex_unlock(&p->cmu);
 }
 
+/* a key for a message: as text when printable, else hex; long ones cut */
+static void key_text(const uint8_t *k, size_t n, char *out, size_t cap)
+{
+    int printable = 1;
+    for (size_t i = 0; i < n; i++)
+        printable &= k[i] >= 0x20 && k[i] < 0x7f && k[i] != '"';
+    if (printable) {
+        snprintf(out, cap, "\"%.*s\"%s", (int)FERRY__MIN(n, (size_t)64), (const char *)k,
+                 n > 64 ? "..." : "");
+        return;
+    }
+    size_t o = 0, m = FERRY__MIN(n, (size_t)32);
+    out[0] = 0;
+    for (size_t i = 0; i < m && o + 3 < cap; i++)
+        o += (size_t)snprintf(out + o, cap - o, "%02x", k[i]);
+    if (m < n && o + 4 < cap)
+        snprintf(out + o, cap - o, "...");
+}
+
+/* e's bytes failed their check: say which (piece bad, hashed to got) */
+static int corrupt_msg(ferry_pslab *p, const ferry__pslab_ent *e, uint32_t bad, uint64_t got)
+{
+    char kt[140];
+    key_text(e->key, e->klen, kt, sizeof kt);
+    if (!e->piece)
+        return ferry__err_set(&p->err, FERRY_ECORRUPT,
+                              "pslab %s: key %s: chunk of %llu bytes at slab offset %llu "
+                              "(sequence %llu) fails its checksum (%016llx, recorded %016llx): "
+                              "dropped", p->dirs[0], kt, (unsigned long long)e->length,
+                              (unsigned long long)e->offset, (unsigned long long)e->seq,
+                              (unsigned long long)got, (unsigned long long)e->sum);
+    uint64_t at = (uint64_t)bad * e->piece;
+    return ferry__err_set(&p->err, FERRY_ECORRUPT,
+                          "pslab %s: key %s: piece %u of %u (%llu bytes at slab offset %llu) "
+                          "fails its checksum (%016llx, recorded %016llx): the chunk of %llu "
+                          "bytes at slab offset %llu (sequence %llu) is dropped", p->dirs[0],
+                          kt, bad, e->npieces,
+                          (unsigned long long)FERRY__MIN((uint64_t)e->piece, e->length - at),
+                          (unsigned long long)(e->offset + at), (unsigned long long)got,
+                          (unsigned long long)e->psum[bad], (unsigned long long)e->length,
+                          (unsigned long long)e->offset, (unsigned long long)e->seq);
+}
+
 /*
  * Read e's bytes (pinned by the caller) into dst (cap bytes; NULL: into the
- * lane's staging buffer only) and check them.
+ * lane's staging buffer only) and check them: each piece as it lands, or
+ * the whole payload (a chunk without piece sums).
  */
 static int read_chunk(ferry_pslab *p, const ferry__pslab_ent *e, void *dst, size_t cap)
 {
@@ -348,14 +399,12 @@ static int read_chunk(ferry_pslab *p, const ferry__pslab_ent *e, void *dst, size
         into = l->stage;
     }
     uint64_t sum = 0;
+    uint32_t bad = 0;
     if (rc == 0)
-        rc = ferry__pslab_data_read_sum(p, l, into, rlen, e->offset, e->length, &sum);
-    if (rc == 0 && sum != e->sum)
-        rc = ferry__err_set(&p->err, FERRY_ECORRUPT,
-                            "pslab %s: chunk of %llu bytes at slab offset %llu (sequence %llu) "
-                            "fails its checksum: dropped", p->dirs[0],
-                            (unsigned long long)e->length, (unsigned long long)e->offset,
-                            (unsigned long long)e->seq);
+        rc = ferry__pslab_data_read_sum(p, l, into, rlen, e->offset, e->length, e->piece,
+                                        e->psum, &sum, &bad);
+    if ((rc == 0 && !e->piece && sum != e->sum) || rc == FERRY_ECORRUPT)
+        rc = corrupt_msg(p, e, bad, sum);
     if (rc == 0 && dst && into != dst)
         memcpy(dst, into, e->length);
     else if (rc < 0 && dst)

@@ -61,7 +61,8 @@ static int pend_reserve(pend *q, size_t bytes)
 /* cmu held: add one record of e (a put's new entry, or a delete) to the batch */
 int ferry__pslab_pend_add(ferry_pslab *p, int type, ferry__pslab_ent *e, uint64_t del_seq)
 {
-    size_t sz = ferry__pslab_rec_size(e->klen);
+    size_t sz = type == FERRY__PSLAB_PUT ? ferry__pslab_rec_size_p(e->klen, e->npieces)
+                                         : ferry__pslab_rec_size(e->klen);
     if (pend_reserve(&p->cur, sz) < 0)
         return ferry__err_set(&p->err, -ENOMEM, "pslab %s: out of memory queueing a record",
                               p->dirs[0]);
@@ -76,6 +77,12 @@ int ferry__pslab_pend_add(ferry_pslab *p, int type, ferry__pslab_ent *e, uint64_
         r.offset = e->offset;
         r.length = e->length;
         r.sum = e->sum;
+        if (e->piece) {
+            r.type = FERRY__PSLAB_PUTP;
+            r.piece = e->piece;
+            r.npieces = e->npieces;
+            r.psum = e->psum;
+        }
     } else {
         e->seq = del_seq;
         r.sum = del_seq;

@@ -18,10 +18,31 @@
 
 #include "pslab/pslab_impl.h"
 
+/* the put record of e, as the journal holds it: with its piece sums when it has them */
+static ferry__pslab_rec put_record(const ferry__pslab_ent *e)
+{
+    ferry__pslab_rec r;
+    memset(&r, 0, sizeof r);
+    r.type = e->piece ? FERRY__PSLAB_PUTP : FERRY__PSLAB_PUT;
+    r.klen = e->klen;
+    r.key = e->key;
+    r.seq = e->seq;
+    r.offset = e->offset;
+    r.length = e->length;
+    r.sum = e->sum;
+    r.piece = e->piece;
+    r.npieces = e->npieces;
+    r.psum = e->psum;
+    return r;
+}
+
 /*
  * Called by the commit leader (committing set, no lock held): write one
  * record per live entry to a new journal, sync it, rename it over the old
- * one, sync the directory, switch to it.
+ * one, sync the directory, switch to it. The new journal is in the format
+ * this library writes (an older store's is upgraded: its records stay as
+ * they were, its header says the newer format) - never older than the
+ * journal it replaces.
  */
 int ferry__pslab_compact_locked(ferry_pslab *p)
 {
@@ -39,10 +60,11 @@ int ferry__pslab_compact_locked(ferry_pslab *p)
     for (size_t i = 0; i < p->idx.nb; i++)
         for (ferry__pslab_ent *e = p->idx.b[i]; e; e = e->hnext)
             if (!e->pending)
-                bytes += ferry__pslab_rec_size(e->klen);
+                bytes += ferry__pslab_rec_size_p(e->klen, e->npieces);
     for (size_t i = 0; i < p->cur.n; i++)
         if (p->cur.ops[i].victim && !p->cur.ops[i].victim->pending)
-            bytes += ferry__pslab_rec_size(p->cur.ops[i].victim->klen);
+            bytes += ferry__pslab_rec_size_p(p->cur.ops[i].victim->klen,
+                                             p->cur.ops[i].victim->npieces);
     uint8_t *buf = ferry__malloc(bytes);
     if (!buf) {
         pthread_mutex_unlock(&p->mu);
@@ -52,7 +74,7 @@ int ferry__pslab_compact_locked(ferry_pslab *p)
                               p->jpath, bytes);
     }
     ferry__pslab_jhdr jh;
-    jh.version = FERRY_PSLAB_FORMAT;
+    jh.version = FERRY__MAX(p->jversion, ferry__pslab_write_format());
     jh.g = p->g;
     jh.generation = p->generation + 1;
     ferry__pslab_jhdr_encode(&jh, buf);
@@ -62,22 +84,20 @@ int ferry__pslab_compact_locked(ferry_pslab *p)
         for (ferry__pslab_ent *e = p->idx.b[i]; e; e = e->hnext) {
             if (e->pending)
                 continue;
-            ferry__pslab_rec r = {FERRY__PSLAB_PUT, 0, e->klen, e->key, e->seq, e->offset,
-                                  e->length, e->sum};
+            ferry__pslab_rec r = put_record(e);
             ferry__pslab_rec_encode(&r, p->g.creation_id, buf + pos);
             last = pos;
-            pos += ferry__pslab_rec_size(e->klen);
+            pos += ferry__pslab_rec_size_p(e->klen, e->npieces);
             n++;
         }
     for (size_t i = 0; i < p->cur.n; i++) {
         ferry__pslab_ent *e = p->cur.ops[i].victim;
         if (!e || e->pending)
             continue;
-        ferry__pslab_rec r = {FERRY__PSLAB_PUT, 0, e->klen, e->key, e->seq, e->offset, e->length,
-                              e->sum};
+        ferry__pslab_rec r = put_record(e);
         ferry__pslab_rec_encode(&r, p->g.creation_id, buf + pos);
         last = pos;
-        pos += ferry__pslab_rec_size(e->klen);
+        pos += ferry__pslab_rec_size_p(e->klen, e->npieces);
         n++;
     }
     /* the new file becomes the journal only once it is whole and synced, so
@@ -115,7 +135,7 @@ int ferry__pslab_compact_locked(ferry_pslab *p)
     pthread_mutex_lock(&p->mu);
     p->jsize = bytes;
     p->jsynced = bytes;
-    p->jversion = FERRY_PSLAB_FORMAT;
+    p->jversion = jh.version;
     p->jrecords = n;
     p->generation++;
     p->st.compactions++;

@@ -12,8 +12,10 @@
  * acknowledged: replay ends there - unless a barrier record follows it: the
  * writer sets that flag only when every byte before it was fdatasync'ed,
  * so the bad record was durable and was damaged afterwards. When exactly
- * one single-byte change makes the bad bytes a good record, that record
- * names the only key it may have superseded, and that key is dropped;
+ * one single-byte change makes the bad bytes a good record, or they are
+ * a piece put whose head (a record of its own) is good and whose table is
+ * not, that record names the only key it may have superseded, and that
+ * key is dropped;
  * otherwise its key and type are unknowable, so every entry indexed before
  * it is dropped (any of them may have been overwritten or deleted by it:
  * an older value must never answer). Replay resynchronises on the next
@@ -28,9 +30,11 @@
  * arbitrary bytes.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
 #include "le.h"
@@ -122,8 +126,9 @@ int ferry__pslab_hdr_decode(const void *buf, size_t len, ferry__pslab_hdr *out, 
     /* a newer writer may lay the rest out differently: the version decides first */
     if (version > FERRY_PSLAB_FORMAT)
         return why_set(why, why_len, FERRY_EVERSION,
-                       "format version %u is newer than this library's %u", version,
-                       FERRY_PSLAB_FORMAT);
+                       "format version %u is newer than this library's %u (a newer ferry "
+                       "wrote it: open it with that, or empty it with `ferry slab reset DIR`)",
+                       version, FERRY_PSLAB_FORMAT);
     if (XXH3_64bits(p, 120) != ferry__get64(p + 120))
         return why_set(why, why_len, FERRY_ECORRUPT, "header checksum mismatch");
     if (version == 0 || ferry__get32(p + 12) != FERRY__PSLAB_HDR_BYTES || ferry__get32(p + 36) != 0)
@@ -199,8 +204,9 @@ int ferry__pslab_jhdr_decode(const void *buf, size_t len, ferry__pslab_jhdr *out
     uint32_t version = ferry__get32(p + 8);
     if (version > FERRY_PSLAB_FORMAT)
         return why_set(why, why_len, FERRY_EVERSION,
-                       "journal format version %u is newer than this library's %u", version,
-                       FERRY_PSLAB_FORMAT);
+                       "journal format version %u is newer than this library's %u (a newer "
+                       "ferry wrote it: open it with that, or empty it with `ferry slab reset "
+                       "DIR`)", version, FERRY_PSLAB_FORMAT);
     if (XXH3_64bits(p, 56) != ferry__get64(p + 56))
         return why_set(why, why_len, FERRY_ECORRUPT, "journal header checksum mismatch");
     if (version == 0 || ferry__get32(p + 12) != FERRY__PSLAB_JHDR_BYTES)
@@ -221,8 +227,36 @@ int ferry__pslab_jhdr_decode(const void *buf, size_t len, ferry__pslab_jhdr *out
     return 0;
 }
 
+uint32_t ferry__pslab_piece_for(uint64_t length, uint32_t alignment)
+{
+    uint64_t piece = FERRY__MAX((uint64_t)FERRY__PSLAB_PIECE, (uint64_t)alignment);
+    while (piece <= FERRY__PSLAB_PIECE_MAX && length / piece + (length % piece != 0) >
+                                                  FERRY__PSLAB_PIECES_MAX)
+        piece *= 2;
+    return piece <= FERRY__PSLAB_PIECE_MAX ? (uint32_t)piece : 0;
+}
+
+uint64_t ferry__pslab_table_sum(const uint64_t *psum, uint32_t n)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    return XXH3_64bits(psum, 8 * (size_t)n);
+#else
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t b[8];
+        ferry__put64(b, psum[i]);
+        XXH3_64bits_update(&st, b, 8);
+    }
+    return XXH3_64bits_digest(&st);
+#endif
+}
+
 void ferry__pslab_rec_encode(const ferry__pslab_rec *r, uint64_t seed, uint8_t *out)
 {
+    int pp = r->type == FERRY__PSLAB_PUTP;
+    /* a piece put's sum is its table's (the caller's, computed at the write) */
+    FERRY__ASSERT(!pp || (r->npieces && r->sum == ferry__pslab_table_sum(r->psum, r->npieces)));
     ferry__put16(out, FERRY__PSLAB_REC_MAGIC);
     out[2] = (uint8_t)r->type;
     out[3] = (uint8_t)(r->flags & FERRY__PSLAB_REC_BARRIER);
@@ -233,18 +267,35 @@ void ferry__pslab_rec_encode(const ferry__pslab_rec *r, uint64_t seed, uint8_t *
     ferry__put64(out + 32, r->sum);
     memcpy(out + FERRY__PSLAB_REC_HEAD, r->key, r->klen);
     size_t n = FERRY__PSLAB_REC_HEAD + r->klen;
+    if (pp) {
+        ferry__put32(out + n, r->piece);
+        ferry__put32(out + n + 4, r->npieces);
+        n += 8;
+    }
     ferry__put64(out + n, XXH3_64bits_withSeed(out, n, seed));
+    if (pp)
+        for (uint32_t i = 0; i < r->npieces; i++)
+            ferry__put64(out + n + 8 + 8 * (size_t)i, r->psum[i]);
 }
 
 void ferry__pslab_rec_set_barrier(uint8_t *rec, uint64_t seed)
 {
+    /* the flags are in the head: only its checksum changes */
     size_t n = FERRY__PSLAB_REC_HEAD + ferry__get32(rec + 4);
+    if (rec[2] == FERRY__PSLAB_PUTP)
+        n += 8;
     rec[3] |= FERRY__PSLAB_REC_BARRIER;
     ferry__put64(rec + n, XXH3_64bits_withSeed(rec, n, seed));
 }
 
-int ferry__pslab_rec_decode(const uint8_t *buf, size_t avail, uint64_t seed,
-                            ferry__pslab_rec *r, size_t *used)
+/*
+ * The head of the record at buf[0..avail) - a type 1 or 2 record whole,
+ * a piece put through its head checksum: 0, r (all but the table's
+ * bytes), *head its bytes and *total the whole record's (a piece put's
+ * may run past avail); else FERRY_ECORRUPT. Reads at most *head bytes.
+ */
+static int rec_head(const uint8_t *buf, size_t avail, uint64_t seed, ferry__pslab_rec *r,
+                    size_t *head, size_t *total)
 {
     if (avail < FERRY__PSLAB_REC_FIXED)
         return FERRY_ECORRUPT;
@@ -252,10 +303,24 @@ int ferry__pslab_rec_decode(const uint8_t *buf, size_t avail, uint64_t seed,
         return FERRY_ECORRUPT;
     int type = buf[2];
     uint32_t klen = ferry__get32(buf + 4);
-    if ((type != FERRY__PSLAB_PUT && type != FERRY__PSLAB_DEL) || klen == 0 ||
+    if (type < FERRY__PSLAB_PUT || type > FERRY__PSLAB_PUTP || klen == 0 ||
         klen > FERRY_PSLAB_KEY_MAX)
         return FERRY_ECORRUPT;
     size_t n = FERRY__PSLAB_REC_HEAD + klen;
+    uint64_t length = ferry__get64(buf + 24);
+    uint32_t piece = 0, np = 0;
+    if (type == FERRY__PSLAB_PUTP) {
+        if (avail < n + 16)
+            return FERRY_ECORRUPT;
+        piece = ferry__get32(buf + n);
+        np = ferry__get32(buf + n + 4);
+        /* bounds first: the table's size comes from here */
+        if (!pow2(piece) || piece < FERRY__PSLAB_PIECE_MIN || piece > FERRY__PSLAB_PIECE_MAX ||
+            np == 0 || np > FERRY__PSLAB_PIECES_MAX ||
+            length / piece + (length % piece != 0) != np)
+            return FERRY_ECORRUPT;
+        n += 8;
+    }
     if (avail < n + 8)
         return FERRY_ECORRUPT;
     if (XXH3_64bits_withSeed(buf, n, seed) != ferry__get64(buf + n))
@@ -266,9 +331,29 @@ int ferry__pslab_rec_decode(const uint8_t *buf, size_t avail, uint64_t seed,
     r->key = buf + FERRY__PSLAB_REC_HEAD;
     r->seq = ferry__get64(buf + 8);
     r->offset = ferry__get64(buf + 16);
-    r->length = ferry__get64(buf + 24);
+    r->length = length;
     r->sum = ferry__get64(buf + 32);
-    *used = n + 8;
+    r->piece = piece;
+    r->npieces = np;
+    r->psum = NULL;
+    r->ptab = np ? buf + n + 8 : NULL;
+    *head = n + 8;
+    *total = n + 8 + 8 * (size_t)np;
+    return 0;
+}
+
+int ferry__pslab_rec_decode(const uint8_t *buf, size_t avail, uint64_t seed,
+                            ferry__pslab_rec *r, size_t *used)
+{
+    ferry__pslab_rec t;
+    size_t head = 0, total = 0;
+    if (rec_head(buf, avail, seed, &t, &head, &total) < 0)
+        return FERRY_ECORRUPT;
+    if (t.type == FERRY__PSLAB_PUTP &&
+        (avail < total || XXH3_64bits(buf + head, total - head) != t.sum))
+        return FERRY_ECORRUPT;
+    *r = t;
+    *used = total;
     return 0;
 }
 
@@ -278,15 +363,29 @@ uint64_t ferry__pslab_key_hash(const void *key, size_t klen)
     return XXH3_64bits(key, klen);
 }
 
-ferry__pslab_ent *ferry__pslab_ent_new(const void *key, size_t klen)
+ferry__pslab_ent *ferry__pslab_ent_new_p(const void *key, size_t klen, uint32_t piece,
+                                         uint32_t npieces)
 {
-    ferry__pslab_ent *e = ferry__calloc(1, sizeof *e + klen);
+    /* the sums after the key, 8-aligned: one allocation per entry */
+    size_t at = (offsetof(ferry__pslab_ent, key) + klen + 7) & ~(size_t)7;
+    size_t bytes = FERRY__MAX(sizeof(ferry__pslab_ent) + klen, at + 8 * (size_t)npieces);
+    ferry__pslab_ent *e = ferry__calloc(1, bytes);
     if (!e)
         return NULL;
     memcpy(e->key, key, klen);
     e->klen = (uint32_t)klen;
     e->hash = ferry__pslab_key_hash(key, klen);
+    if (npieces) {
+        e->psum = (uint64_t *)(void *)((uint8_t *)e + at);
+        e->piece = piece;
+        e->npieces = npieces;
+    }
     return e;
+}
+
+ferry__pslab_ent *ferry__pslab_ent_new(const void *key, size_t klen)
+{
+    return ferry__pslab_ent_new_p(key, klen, 0, 0);
 }
 
 int ferry__pslab_index_init(ferry__pslab_index *ix, size_t hint)
@@ -399,35 +498,38 @@ static int geom_equal(const ferry__pslab_geom *a, const ferry__pslab_geom *b)
  * The bad bytes buf[0..n) between two good records: when they are one
  * record with one byte changed (the common damage: a flipped bit or byte),
  * exactly one single-byte change makes them a good record again, and that
- * record says which key the damage may have superseded. 1 and *r (key in
- * scratch) when exactly one change fits, else 0 (several bytes damaged,
- * several records, or an ambiguous fit). A wrong fit needs a forged
- * 64-bit seeded checksum among at most 273,360 tries (about 2^-46), and
- * even then costs a stale value only for the key it misses.
+ * record says which key the damage may have superseded. A piece put whose
+ * head is good (a record of its own) and whose table is not says so
+ * without a search, however many of the table's bytes changed. 1 and *r
+ * (key in scratch, or in buf) when one record fits, else 0 (several bytes
+ * of a head damaged, several records, or an ambiguous fit). Only the head
+ * is searched (a change in a table leaves the head good): at most
+ * FERRY__PSLAB_REC_HEAD_MAX bytes, 275,400 tries. A wrong fit needs a
+ * forged 64-bit seeded checksum among them (about 2^-46), and even then
+ * costs a stale value only for the key it misses.
  */
 static int one_byte_fix(const uint8_t *buf, size_t n, uint64_t seed, uint8_t *scratch,
                         ferry__pslab_rec *r)
 {
-    if (n < FERRY__PSLAB_REC_FIXED || n > FERRY__PSLAB_REC_FIXED + FERRY_PSLAB_KEY_MAX)
+    size_t head = 0, total = 0;
+    if (n < FERRY__PSLAB_REC_FIXED)
         return 0;
-    memcpy(scratch, buf, n);
-    /* a record of n bytes has a key of n - 48: if the key length field says
-     * otherwise the change is in that field, else it is anywhere else */
-    int klen_bad = ferry__get32(buf + 4) != (uint32_t)(n - FERRY__PSLAB_REC_FIXED);
+    if (rec_head(buf, n, seed, r, &head, &total) == 0)
+        return r->type == FERRY__PSLAB_PUTP && total == n; /* (else: not one record) */
+    size_t span = FERRY__MIN(n, (size_t)FERRY__PSLAB_REC_HEAD_MAX);
+    memcpy(scratch, buf, span);
     int found = 0;
     size_t fi = 0;
     uint8_t fv = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (klen_bad != (i >= 4 && i < 8))
-            continue;
+    for (size_t i = 0; i < span; i++) {
         uint8_t orig = scratch[i];
         for (unsigned v = 0; v < 256; v++) {
             if (v == orig)
                 continue;
             scratch[i] = (uint8_t)v;
             ferry__pslab_rec t;
-            size_t used = 0;
-            if (ferry__pslab_rec_decode(scratch, n, seed, &t, &used) == 0 && used == n) {
+            /* (rec_head reads no byte past the head: within span) */
+            if (rec_head(scratch, n, seed, &t, &head, &total) == 0 && total == n) {
                 if (++found > 1)
                     return 0;
                 fi = i;
@@ -439,8 +541,13 @@ static int one_byte_fix(const uint8_t *buf, size_t n, uint64_t seed, uint8_t *sc
     if (found != 1)
         return 0;
     scratch[fi] = fv;
-    size_t used = 0;
-    return ferry__pslab_rec_decode(scratch, n, seed, r, &used) == 0;
+    if (rec_head(scratch, n, seed, r, &head, &total) < 0)
+        return 0;
+    /* the head was the one change: the table must be good as it is */
+    if (r->type == FERRY__PSLAB_PUTP && XXH3_64bits(buf + head, total - head) != r->sum)
+        return 0;
+    r->ptab = r->npieces ? buf + head : NULL;
+    return 1;
 }
 
 /* rebuild an allocator holding exactly the (sorted, disjoint) extents v[0..n) */
@@ -551,7 +658,7 @@ static size_t skip_damage(const uint8_t *buf, size_t len, size_t pos, uint64_t s
         q++;
     L->damaged++;
     L->damaged_bytes += q - pos;
-    uint8_t scratch[FERRY__PSLAB_REC_FIXED + FERRY_PSLAB_KEY_MAX];
+    uint8_t scratch[FERRY__PSLAB_REC_HEAD_MAX];
     ferry__pslab_rec fx;
     int fixed = 0;
     if (*fix_tries) {
@@ -596,8 +703,10 @@ static int replay_record(ferry__pslab_index *x, ferry__pslab_load *L, const ferr
     }
     uint64_t ext = r->length + (g->alignment - 1);
     ext -= ext % g->alignment;
+    /* (a piece put's pieces start at aligned offsets: a reader of its own
+     * reads them one by one with O_DIRECT) */
     if (!r->length || r->length > g->capacity || r->offset % g->alignment ||
-        r->offset > g->capacity - ext) {
+        r->offset > g->capacity - ext || (r->piece && r->piece % g->alignment)) {
         L->dropped++;
         return 0;
     }
@@ -605,9 +714,11 @@ static int replay_record(ferry__pslab_index *x, ferry__pslab_load *L, const ferr
         L->dropped++;
         return 0;
     }
-    ferry__pslab_ent *e = ferry__pslab_ent_new(r->key, r->klen);
+    ferry__pslab_ent *e = ferry__pslab_ent_new_p(r->key, r->klen, r->piece, r->npieces);
     if (!e)
         return -ENOMEM;
+    for (uint32_t i = 0; i < r->npieces; i++)
+        e->psum[i] = ferry__get64(r->ptab + 8 * (size_t)i);
     e->offset = r->offset;
     e->length = r->length;
     e->ext = ext;

@@ -73,6 +73,7 @@
 #define FERRY_SRC_PSLAB_IMPL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -151,15 +152,30 @@ struct ferry_pslab {
     lane cl;         /* commit lane: journal engine, slab files for fdatasync */
     ferry_file *jf;
     uint64_t jsize, jrecords, generation;
-    uint32_t jversion; /* the journal's format: barriers only in 2 and later */
+    uint32_t jversion; /* the journal's format: barriers only in 2 and later, piece
+                        * puts only in 3 and later */
     uint64_t jsynced;  /* journal bytes known fdatasync'ed (committer only) */
     ferry__warnlim warn; /* compaction warnings */
-    int need_compact;  /* open found damage, or a format 1 journal: rewrite it */
+    int need_compact;  /* open found damage, or an older format's journal: rewrite it */
+    int piece_puts;    /* puts carry piece sums (a writable format 3 store; set at open) */
 };
 
 static inline uint64_t align_up(uint64_t v, uint64_t a)
 {
     return (v + a - 1) / a * a;
+}
+
+/*
+ * Test seam (not API): the format this library writes - new stores' slab
+ * and journal headers, rewritten journals, and so whether puts carry
+ * piece sums - when set to 1..FERRY_PSLAB_FORMAT; 0 (unarmed): the
+ * current format. Tests of old stores make them with it. A relaxed load.
+ */
+extern _Atomic unsigned ferry__pslab_test_format;
+static inline uint32_t ferry__pslab_write_format(void)
+{
+    unsigned f = atomic_load_explicit(&ferry__pslab_test_format, memory_order_relaxed);
+    return f && f <= FERRY_PSLAB_FORMAT ? f : FERRY_PSLAB_FORMAT;
 }
 
 /* ---- pslab.c ---- */
@@ -187,13 +203,19 @@ void ferry__pslab_lane_put(ferry_pslab *p, lane *l);
 int ferry__pslab_lane_stage(ferry_pslab *p, lane *l, size_t n);
 /* slab bytes [off, off+len) <-> buf (op: FERRY_IO_READ or FERRY_IO_WRITE) */
 int ferry__pslab_data_rw(ferry_pslab *p, lane *l, int op, void *buf, uint64_t len, uint64_t off);
-/* write buf to slab bytes [off, off+len); *sum = XXH3-64 of data[0..dlen) */
+/* write buf to slab bytes [off, off+len), hashing data[0..dlen) meanwhile:
+ * piece 0: *sum = its XXH3-64; else psum[i] = piece i's XXH3-64 and *sum =
+ * their table's (ferry__pslab_table_sum) */
 int ferry__pslab_data_write_sum(ferry_pslab *p, lane *l, const void *buf, uint64_t len,
-                                uint64_t off, const void *data, size_t dlen, uint64_t *sum);
-/* data_rw's read that also returns the XXH3-64 of buf[0..hlen), computed
- * while the later parts of the read are still in flight */
+                                uint64_t off, const void *data, size_t dlen, uint32_t piece,
+                                uint64_t *psum, uint64_t *sum);
+/* data_rw's read that checks buf[0..hlen) while the later parts of the
+ * read are still in flight: piece 0: *sum = its XXH3-64 (the caller
+ * compares); else each piece against psum: FERRY_ECORRUPT (no message)
+ * with *bad = the first bad piece, *sum = its hash */
 int ferry__pslab_data_read_sum(ferry_pslab *p, lane *l, void *buf, uint64_t len, uint64_t off,
-                               uint64_t hlen, uint64_t *sum);
+                               uint64_t hlen, uint32_t piece, const uint64_t *psum,
+                               uint64_t *sum, uint32_t *bad);
 
 /* ---- pslab_commit.c ---- */
 /* mu held: free e's extent and e, or mark it doomed while pinned or pending */

@@ -3,6 +3,12 @@
  * (private). The codec and the index loader work on memory buffers only,
  * so the fuzz targets drive them without files.
  *
+ * A store's format is its journal header's version. Slab file headers
+ * carry the version of their own layout (FERRY__PSLAB_HDR_VERSION: 2 since
+ * format 2, which format 3 leaves as it was), so a library of format 2
+ * still reads a format 3 store's geometry and tag - it refuses the
+ * journal (FERRY_EVERSION), and its reset can keep the size and tag.
+ *
  * Slab file header (little endian, FERRY__PSLAB_HDR_BYTES, then zeros up
  * to the data offset = max(4096, alignment)):
  *     0  magic "FERRYPSB"          8  u32 format version
@@ -24,8 +30,8 @@
  *    40  u32 alignment             44  u32 drives
  *    48  u64 stripe bytes          56  u64 XXH3-64 of bytes [0, 56)
  *
- * Record (FERRY__PSLAB_REC_FIXED + key bytes):
- *     0  u16 magic 0xF5E7   2 u8 type (1 put, 2 delete)
+ * Record, types 1 and 2 (FERRY__PSLAB_REC_FIXED + key bytes):
+ *     0  u16 magic 0xF5E7   2 u8 type (1 put, 2 delete, 3 piece put)
  *     3  u8 flags: bit 0 = barrier (format 2): every journal byte before
  *        this record had been fdatasync'ed when it was written, so a bad
  *        record before a barrier is damage, never a torn tail
@@ -34,6 +40,25 @@
  *    32  u64 payload XXH3-64 (put) / the deleted put's sequence (delete)
  *    40  key bytes
  *    40 + k  u64 XXH3-64 of bytes [0, 40 + k), seeded with the creation id
+ *
+ * Piece put, type 3 (format 3; FERRY__PSLAB_REC_PFIXED + key bytes + 8 per
+ * piece): the payload in pieces of `piece` bytes, each with its own sum,
+ * so a reader checks each piece as it lands. Its head is a record of its
+ * own (a good head names the key even when its table is damaged):
+ *     0..39  as a put, but 32: u64 XXH3-64 (seed 0) of the piece table's
+ *            8 x n bytes (little-endian u64s) - the chunk's checksum
+ *     40  key bytes
+ *    40 + k  u32 piece bytes: a power of two in [4096, 1 GiB], a multiple
+ *            of the slab's alignment (replay drops a record whose is not)
+ *    44 + k  u32 pieces n = ceil(length / piece), 1..FERRY__PSLAB_PIECES_MAX
+ *    48 + k  u64 XXH3-64 of bytes [0, 48 + k), seeded with the creation id
+ *    56 + k  n x u64: XXH3-64 (seed 0) of payload bytes
+ *            [i * piece, min(length, (i + 1) * piece)), piece i
+ * The head's checksum covers the table's XXH3-64 (32), which covers the
+ * table. The writer's piece is FERRY__PSLAB_PIECE or the alignment, the
+ * larger, doubled while a chunk would need more than
+ * FERRY__PSLAB_PIECES_MAX pieces; a chunk too big for that at 1 GiB
+ * pieces (beyond 64 TiB) gets a type 1 record.
  */
 #ifndef FERRY_SRC_PSLAB_INT_H
 #define FERRY_SRC_PSLAB_INT_H
@@ -46,6 +71,7 @@
 #include "ferry/slab.h"
 
 #define FERRY__PSLAB_HDR_BYTES 128u
+#define FERRY__PSLAB_HDR_VERSION 2u  /* the slab header's layout (see above) */
 #define FERRY__PSLAB_HDR_BLOCK 4096u
 #define FERRY__PSLAB_JHDR_BYTES 64u
 #define FERRY__PSLAB_REC_HEAD 40u
@@ -53,7 +79,16 @@
 #define FERRY__PSLAB_REC_MAGIC 0xF5E7u
 #define FERRY__PSLAB_JOURNAL_TMP FERRY_PSLAB_JOURNAL ".tmp"
 
-enum { FERRY__PSLAB_PUT = 1, FERRY__PSLAB_DEL = 2 };
+enum { FERRY__PSLAB_PUT = 1, FERRY__PSLAB_DEL = 2, FERRY__PSLAB_PUTP = 3 };
+
+#define FERRY__PSLAB_REC_PFIXED 56u          /* a piece put's bytes but key and table */
+#define FERRY__PSLAB_PIECE (2u << 20)        /* the writer's piece (at least the alignment) */
+#define FERRY__PSLAB_PIECE_MIN 4096u
+#define FERRY__PSLAB_PIECE_MAX (1u << 30)
+#define FERRY__PSLAB_PIECES_MAX 65536u       /* pieces of one chunk (a 512 KiB table) */
+/* a record's head (through its checksum; a type 1 or 2 record is all
+ * head), in bytes at most: a piece put's with the longest key */
+#define FERRY__PSLAB_REC_HEAD_MAX (FERRY__PSLAB_REC_PFIXED + FERRY_PSLAB_KEY_MAX)
 
 typedef struct ferry__pslab_geom {
     uint64_t capacity;
@@ -85,7 +120,13 @@ typedef struct ferry__pslab_rec {
     unsigned flags; /* FERRY__PSLAB_REC_BARRIER */
     uint32_t klen;
     const uint8_t *key;
-    uint64_t seq, offset, length, sum; /* sum: payload checksum, or the deleted seq */
+    uint64_t seq, offset, length, sum; /* sum: payload checksum (piece put: of its table), or
+                                        * the deleted seq */
+    /* piece put (type 3): piece bytes, pieces, and their sums - encode: psum
+     * (host order); decode: ptab, the table's little-endian bytes in buf */
+    uint32_t piece, npieces;
+    const uint64_t *psum;
+    const uint8_t *ptab;
 } ferry__pslab_rec;
 
 /* bytes of the data area's offset in each slab file */
@@ -107,14 +148,36 @@ static inline size_t ferry__pslab_rec_size(uint32_t klen)
 {
     return FERRY__PSLAB_REC_FIXED + (size_t)klen;
 }
-/* writes ferry__pslab_rec_size(r->klen) bytes to out */
+/* bytes of a record with klen key bytes and npieces piece sums (0: a
+ * type 1 or 2 record) */
+static inline size_t ferry__pslab_rec_size_p(uint32_t klen, uint32_t npieces)
+{
+    return npieces ? FERRY__PSLAB_REC_PFIXED + (size_t)klen + 8 * (size_t)npieces
+                   : ferry__pslab_rec_size(klen);
+}
+/*
+ * The piece size this library writes a chunk of length bytes with on a
+ * slab of the given alignment (see the format above): 0 when the chunk is
+ * too big for piece sums (a type 1 record).
+ */
+uint32_t ferry__pslab_piece_for(uint64_t length, uint32_t alignment);
+static inline uint32_t ferry__pslab_npieces(uint64_t length, uint32_t piece)
+{
+    return piece ? (uint32_t)((length + piece - 1) / piece) : 0;
+}
+/* XXH3-64 (seed 0) of the piece table psum[0..n) as little-endian u64s */
+uint64_t ferry__pslab_table_sum(const uint64_t *psum, uint32_t n);
+/* writes ferry__pslab_rec_size_p(r->klen, r->npieces) bytes to out (a
+ * type 3 record with r->npieces sums from r->psum, its sum field set to
+ * their table's checksum) */
 void ferry__pslab_rec_encode(const ferry__pslab_rec *r, uint64_t seed, uint8_t *out);
 /* set the barrier flag of the encoded record at rec (and its checksum) */
 void ferry__pslab_rec_set_barrier(uint8_t *rec, uint64_t seed);
 /*
- * Decode the record at buf[0..avail): 0 and *used on success (r->key
- * points into buf); FERRY_ECORRUPT when it is incomplete, malformed or
- * fails its checksum.
+ * Decode the record at buf[0..avail): 0 and *used on success (r->key and
+ * r->ptab point into buf); FERRY_ECORRUPT when it is incomplete,
+ * malformed or fails its checksum (a piece put: its head's, or its
+ * table's against the head's sum field).
  */
 int ferry__pslab_rec_decode(const uint8_t *buf, size_t avail, uint64_t seed,
                             ferry__pslab_rec *r, size_t *used);
@@ -124,6 +187,10 @@ typedef struct ferry__pslab_ent {
     struct ferry__pslab_ent *hnext;
     uint64_t hash;
     uint64_t offset, length, ext, sum, seq;
+    /* piece sums (a type 3 record): npieces of them, allocated with the
+     * entry after its key; piece 0: only sum, the whole payload's */
+    uint64_t *psum;
+    uint32_t piece, npieces;
     uint32_t klen;
     uint32_t pins;     /* gets reading its extent */
     uint8_t doomed;    /* unlinked; extent freed when pins reaches 0 (and not pending) */
@@ -141,6 +208,10 @@ typedef struct ferry__pslab_index {
 
 uint64_t ferry__pslab_key_hash(const void *key, size_t klen);
 ferry__pslab_ent *ferry__pslab_ent_new(const void *key, size_t klen);
+/* an entry with room for npieces piece sums (e->psum; piece and npieces
+ * set, the sums zero) */
+ferry__pslab_ent *ferry__pslab_ent_new_p(const void *key, size_t klen, uint32_t piece,
+                                         uint32_t npieces);
 int ferry__pslab_index_init(ferry__pslab_index *ix, size_t hint);
 /* frees every entry still linked */
 void ferry__pslab_index_fini(ferry__pslab_index *ix);
@@ -175,8 +246,10 @@ typedef struct ferry__pslab_load {
  * record when the bad bytes are one record with exactly one byte changed
  * (found by trying every single-byte change) - then the replay goes on
  * after it. The first bad record with no barrier after it ends the
- * replay (a torn tail: good_end). Records whose extent leaves [0,
- * capacity) or is misaligned are dropped,
+ * replay (a torn tail: good_end). A piece put whose head is good and
+ * table bad is damage of its key alone, like a one-byte fit. Records
+ * whose extent leaves [0, capacity) or is misaligned, or whose piece is
+ * not a multiple of the alignment, are dropped,
  * then drop the older of any two overlapping extents and rebuild an
  * allocator holding exactly the indexed extents. On success *ix is
  * initialized and owned by the caller, *alloc too. Errors: header errors

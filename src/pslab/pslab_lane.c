@@ -183,16 +183,33 @@ int ferry__pslab_data_rw(ferry_pslab *p, lane *l, int op, void *buf, uint64_t le
     return 0;
 }
 
+/* the sums of data[0..dlen): each piece's into psum and their table's
+ * into *sum, or (piece 0) the whole payload's into *sum */
+static void payload_sums(const uint8_t *data, size_t dlen, uint32_t piece, uint64_t *psum,
+                         uint64_t *sum)
+{
+    if (!piece) {
+        *sum = XXH3_64bits_dispatch(data, dlen);
+        return;
+    }
+    uint32_t k = 0;
+    for (size_t at = 0; at < dlen; at += piece)
+        psum[k++] = XXH3_64bits_dispatch(data + at, FERRY__MIN((size_t)piece, dlen - at));
+    *sum = ferry__pslab_table_sum(psum, k);
+}
+
 /*
- * data_rw's write, with the payload's XXH3-64 computed while the write is
+ * data_rw's write, with the payload's sums computed while the write is
  * in flight: the first NSEG stripe segments are started, data[0..dlen) is
- * hashed, then they are finished (and the next ones run). The hash of a
- * 32 MiB chunk is a few ms of CPU; started first, the drive works through
- * it instead of waiting for it. buf and data stay unchanged throughout (the
- * caller's or the lane's staging copy), so the sum is of what is written.
+ * hashed (piece by piece), then they are finished (and the next ones run).
+ * The hash of a 32 MiB chunk is a few ms of CPU; started first, the drive
+ * works through it instead of waiting for it. buf and data stay unchanged
+ * throughout (the caller's or the lane's staging copy), so the sums are of
+ * what is written.
  */
 int ferry__pslab_data_write_sum(ferry_pslab *p, lane *l, const void *buf, uint64_t len,
-                                uint64_t off, const void *data, size_t dlen, uint64_t *sum)
+                                uint64_t off, const void *data, size_t dlen, uint32_t piece,
+                                uint64_t *psum, uint64_t *sum)
 {
     enum { NSEG = 16 };
     ferry_io_req r[NSEG];
@@ -225,7 +242,7 @@ int ferry__pslab_data_write_sum(ferry_pslab *p, lane *l, const void *buf, uint64
             len -= seg;
         }
         if (!hashed) {
-            *sum = XXH3_64bits(data, dlen);
+            payload_sums(data, dlen, piece, psum, sum);
             hashed = 1;
         }
         for (unsigned i = 0; i < n; i++) {
@@ -239,22 +256,26 @@ int ferry__pslab_data_write_sum(ferry_pslab *p, lane *l, const void *buf, uint64
         }
     }
     if (!hashed)
-        *sum = XXH3_64bits(data, dlen);
+        payload_sums(data, dlen, piece, psum, sum);
     return rc;
 }
 
 /*
- * data_rw's read, with the XXH3-64 of the first hlen bytes computed as the
- * read lands: the bytes are read as requests of at most RPIECE, up to
- * NREQ in flight (the lane's depth: 32 MiB at once), each hashed as soon
- * as it and those before it have landed, while the later ones are still in
- * flight. The check of a 32 MiB chunk then ends a fraction of a
+ * data_rw's read, with the first hlen bytes checked as they land: the
+ * bytes are read as requests of at most RPIECE, up to NREQ in flight (the
+ * lane's depth: 32 MiB at once), and each landed prefix is hashed while
+ * the later requests are still in flight - as one XXH3-64 into *sum with
+ * piece 0, else piece by piece against psum, each piece as soon as it has
+ * landed whole. The check of a 32 MiB chunk then ends a fraction of a
  * millisecond after its last byte lands instead of a whole hash later, and
- * the hash reads each piece while it is still in cache. Every request
- * started is finished before this returns, failed or not.
+ * the hash reads each piece while it is still in cache. A piece that
+ * fails is FERRY_ECORRUPT (no message: the caller names the chunk) with
+ * *bad its index and *sum what it hashed to; no request starts after it.
+ * Every request started is finished before this returns, failed or not.
  */
 int ferry__pslab_data_read_sum(ferry_pslab *p, lane *l, void *buf, uint64_t len, uint64_t off,
-                               uint64_t hlen, uint64_t *sum)
+                               uint64_t hlen, uint32_t piece, const uint64_t *psum,
+                               uint64_t *sum, uint32_t *bad)
 {
     enum { NREQ = 16 };
     const uint64_t RPIECE = (uint64_t)2 << 20;
@@ -262,7 +283,8 @@ int ferry__pslab_data_read_sum(ferry_pslab *p, lane *l, void *buf, uint64_t len,
     uint64_t roff[NREQ], rlen[NREQ], rfoff[NREQ];
     unsigned rdrv[NREQ];
     uint8_t *b = buf;
-    uint64_t sent = 0, done = 0;
+    uint64_t sent = 0, done = 0, checked = 0; /* checked: pieces' bytes checked */
+    uint32_t k = 0;
     unsigned head = 0, n = 0;
     int rc = 0;
     XXH3_state_t st;
@@ -272,8 +294,8 @@ int ferry__pslab_data_read_sum(ferry_pslab *p, lane *l, void *buf, uint64_t len,
             unsigned d;
             uint64_t seg, foff;
             stripe_at(p, off + sent, FERRY__MIN(len - sent, RPIECE), &d, &seg, &foff);
-            unsigned k = (head + n) % NREQ;
-            rc = ferry__io_start_piece(l->io, &r[k], l->f[d], FERRY_IO_READ, b + sent, 0,
+            unsigned q = (head + n) % NREQ;
+            rc = ferry__io_start_piece(l->io, &r[q], l->f[d], FERRY_IO_READ, b + sent, 0,
                                        (size_t)seg, foff, (size_t)seg, (size_t)seg);
             if (rc < 0) {
                 rc = ferry__pslab_fail_io(p, rc, "pslab: read of %llu bytes at slab offset "
@@ -282,10 +304,10 @@ int ferry__pslab_data_read_sum(ferry_pslab *p, lane *l, void *buf, uint64_t len,
                                           ferry_file_path(l->f[d]), (unsigned long long)foff);
                 break;
             }
-            roff[k] = sent;
-            rlen[k] = seg;
-            rfoff[k] = foff;
-            rdrv[k] = d;
+            roff[q] = sent;
+            rlen[q] = seg;
+            rfoff[q] = foff;
+            rdrv[q] = d;
             sent += seg;
             n++;
         }
@@ -298,16 +320,29 @@ int ferry__pslab_data_read_sum(ferry_pslab *p, lane *l, void *buf, uint64_t len,
                                       (unsigned long long)(off + roff[head]),
                                       ferry_file_path(l->f[rdrv[head]]),
                                       (unsigned long long)rfoff[head]);
-        if (rc == 0 && roff[head] < hlen)
+        if (rc == 0 && !piece && roff[head] < hlen)
             XXH3_64bits_update_dispatch(&st, b + roff[head],
                                         (size_t)FERRY__MIN(rlen[head], hlen - roff[head]));
         done = roff[head] + rlen[head];
+        /* every piece that has landed whole */
+        while (rc == 0 && piece && checked < hlen &&
+               FERRY__MIN(checked + piece, hlen) <= done) {
+            uint64_t m = FERRY__MIN((uint64_t)piece, hlen - checked);
+            uint64_t s = XXH3_64bits_dispatch(b + checked, (size_t)m);
+            if (s != psum[k]) {
+                *sum = s;
+                *bad = k;
+                rc = FERRY_ECORRUPT;
+            }
+            checked += m;
+            k++;
+        }
         head = (head + 1) % NREQ;
         n--;
         if (rc < 0 && n == 0)
             break;
     }
-    if (rc == 0)
+    if (rc == 0 && !piece)
         *sum = XXH3_64bits_digest(&st);
     return rc;
 }

@@ -25,6 +25,8 @@
 #include "pslab/pslab_impl.h"
 #include "sized.h"
 
+_Atomic unsigned ferry__pslab_test_format;
+
 static uint64_t new_creation_id(void)
 {
     uint64_t id = 0;
@@ -66,7 +68,8 @@ static int create_store(ferry_pslab *p, const ferry__pslab_geom *g)
         } else {
             ferry__pslab_hdr h;
             memset(&h, 0, sizeof h);
-            h.version = FERRY_PSLAB_FORMAT;
+            /* (the header's layout is format 2's: an older library reads it) */
+            h.version = FERRY__MIN(ferry__pslab_write_format(), FERRY__PSLAB_HDR_VERSION);
             h.g = *g;
             h.drive = i;
             h.created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
@@ -87,7 +90,7 @@ static int create_store(ferry_pslab *p, const ferry__pslab_geom *g)
         char tmp[PATH_MAX_];
         snprintf(tmp, sizeof tmp, "%s/%s", p->dirs[0], FERRY__PSLAB_JOURNAL_TMP);
         ferry__pslab_jhdr jh;
-        jh.version = FERRY_PSLAB_FORMAT;
+        jh.version = ferry__pslab_write_format();
         jh.g = *g;
         jh.generation = 0;
         ferry__pslab_jhdr_encode(&jh, blk);
@@ -417,7 +420,9 @@ static int create_if_missing(ferry_pslab *p, const ferry_pslab_options *o, int r
 
 /*
  * Damage dropped chunks: a rewrite keeps them dropped after the bad bytes
- * are gone; a format 1 journal becomes format 2 (barriers).
+ * are gone; an older format's journal becomes this library's (format 1 ->
+ * 2: barriers; 2 -> 3: piece puts may follow; its records stay as they
+ * are, and its slab headers too: their layout is format 2's).
  */
 static int compact_at_open(ferry_pslab *p)
 {
@@ -511,6 +516,9 @@ int ferry_pslab_open(const ferry_pslab_options *uo, ferry_pslab **out)
         goto out;
     if (p->need_compact && (rc = compact_at_open(p)) < 0)
         goto out;
+    /* (only a journal of format 3 may hold piece puts: an older library
+     * refuses it, where it would take them for torn or damaged records) */
+    p->piece_puts = !ro && p->jversion >= 3;
     if ((rc = start_lanes(p, o, ro)) < 0)
         goto out;
     p->st.open_ns = ferry__now_ns() - t0;

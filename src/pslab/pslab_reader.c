@@ -34,9 +34,9 @@ int ferry__pslab_pin_get(ferry_pslab *p, const void *key, size_t klen, ferry__ps
     out->length = e->length;
     out->ext = e->ext;
     out->checksum = e->sum;
-    out->piece = 0; /* (format 3 piece sums: not yet) */
-    out->npieces = 0;
-    out->psum = NULL;
+    out->piece = e->piece; /* (0 for a record of format 1 or 2) */
+    out->npieces = e->npieces;
+    out->psum = e->psum;   /* (allocated with the entry: freed after the last pin) */
     return 0;
 }
 
@@ -49,6 +49,14 @@ void ferry__pslab_pin_put(ferry_pslab *p, ferry__pslab_pin *pin)
     pthread_mutex_lock(&p->mu);
     ferry__pslab_unpin(p, e);
     pthread_mutex_unlock(&p->mu);
+}
+
+uint32_t ferry__pslab_format(const ferry_pslab *p)
+{
+    pthread_mutex_lock((pthread_mutex_t *)&p->mu); /* (compaction writes it under mu) */
+    uint32_t v = p->jversion;
+    pthread_mutex_unlock((pthread_mutex_t *)&p->mu);
+    return v;
 }
 
 void ferry__pslab_locate(const ferry_pslab *p, uint64_t off, unsigned *d, uint64_t *foff,

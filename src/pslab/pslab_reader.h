@@ -61,6 +61,9 @@ void ferry__pslab_locate(const ferry_pslab *p, uint64_t off, unsigned *d, uint64
                          uint64_t *run);
 /* (the slab's drives, alignment, stripe and whether its files are
  * O_DIRECT: ferry_pslab_stats_get) */
+/* the store's format: its journal's version (1..FERRY_PSLAB_FORMAT; a
+ * writable open has made it FERRY_PSLAB_FORMAT) */
+uint32_t ferry__pslab_format(const ferry_pslab *p);
 /* dirs[i]/FERRY_PSLAB_FILE */
 void ferry__pslab_slab_path(const ferry_pslab *p, unsigned i, char *out, size_t n);
 

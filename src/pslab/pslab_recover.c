@@ -289,7 +289,8 @@ static int settle_journal(ferry_pslab *p, const ferry__pslab_load *L, uint64_t j
     p->st.dropped_records = L->dropped;
     p->st.torn_bytes = jlen - L->good_end + L->damaged_bytes;
     p->st.damaged_chunks = L->damaged_chunks;
-    p->need_compact = !(p->flags & FERRY_PSLAB_READONLY) && (L->damaged || p->jversion < 2);
+    p->need_compact = !(p->flags & FERRY_PSLAB_READONLY) &&
+                      (L->damaged || p->jversion < ferry__pslab_write_format());
     return 0;
 }
 
