@@ -5,6 +5,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +14,9 @@
 #include <unistd.h>
 
 #include "ferry_test.h"
+#include "kv/store/store_int.h"
 #include "kv/store/tier_pslab.h"
+#include "pslab/pslab_impl.h"
 #include "pslab/pslab_reader.h"
 
 #define SLOT 8192u
@@ -910,11 +913,15 @@ static void test_async_reads_land_whole_and_checked(void **state)
         memset(got, 0xEE, BIG);
         FT_ASSERT_OK(aread_chunk(t, loc[i], &id, got));
         assert_int_equal(ft_check_pattern(got, BIG, 40 + i), -1);
-        FT_ASSERT_OK(t->aops->verify(t, loc[i], &id, ferry__kv_sum(got, BIG)));
-        /* one byte off: its checksum is not the recorded one */
+        /* a format 3 slab records a checksum per piece: checked piece by
+         * piece, and never against one whole-chunk sum */
+        assert_int_equal(t->aops->vpiece(t, loc[i]), 2u << 20);
+        FT_ASSERT_OK(ferry__kv_tier_check_whole(t, loc[i], &id, got, BIG));
+        assert_int_equal(t->aops->verify(t, loc[i], &id, ferry__kv_sum(got, BIG)), -EINVAL);
+        /* one byte off: its piece's checksum is not the recorded one */
         got[BIG / 2] ^= 1;
-        assert_int_equal(t->aops->verify(t, loc[i], &id, ferry__kv_sum(got, BIG)),
-                         FERRY_ECORRUPT);
+        assert_int_equal(ferry__kv_tier_check_whole(t, loc[i], &id, got, BIG), FERRY_ECORRUPT);
+        assert_non_null(strstr(ferry_last_error(), "piece"));
     }
     /* begin pins: a chunk released while read is still read whole */
     ferry_kv_hash id1 = hid(1);
@@ -942,9 +949,9 @@ static void test_async_reads_land_whole_and_checked(void **state)
     assert_int_equal(t->aops->begin(t, loc[0], &id0, BIG), -EBUSY);
     t->aops->end(t, loc[0]);
     ft_fill_pattern(buf, BIG, 40);
-    FT_ASSERT_OK(t->aops->verify(t, loc[0], &id0, ferry__kv_sum(buf, BIG)));
+    FT_ASSERT_OK(ferry__kv_tier_check_whole(t, loc[0], &id0, buf, BIG));
     ferry_kv_hash id2 = hid(2);
-    assert_int_equal(t->aops->verify(t, loc[0], &id2, ferry__kv_sum(buf, BIG)), FERRY_ENOTFOUND);
+    assert_int_equal(ferry__kv_tier_check_whole(t, loc[0], &id2, buf, BIG), FERRY_ENOTFOUND);
     ferry__kv_tier_free(t);
     free(buf);
     free(got);
@@ -955,6 +962,177 @@ static void test_async_reads_land_whole_and_checked(void **state)
     assert_null(t->aops);
     ferry__kv_tier_free(t);
     ft_rmtree(d);
+}
+
+/* ---- chunks over one piece: checked piece by piece as they land ---- */
+
+/* 80 layers x 8 heads x 128 f16: a chunk of 16 tokens is 160 planes of 32
+ * KiB, 5 MiB, so three pieces of 2 MiB (the last one short); 4 chunks */
+enum { PC_TB = 2048, PC_PLANES = 160, PC_CT = 16, PC_CH = 4, PC_N = PC_CH * PC_CT,
+       PC_CHUNK = PC_PLANES * PC_CT * PC_TB, PC_PIECE = 2 << 20 };
+
+typedef struct pcfix {
+    char d[256];
+    ferry_kv_config c;
+    int32_t tok[PC_N];
+    uint8_t *mem, *got;
+    size_t bytes;
+} pcfix;
+
+/* the prompt stored into a persistent L2 of format `format` (0: the
+ * current one), synced, the store closed */
+static void pc_stored(pcfix *f, unsigned format)
+{
+    ft_tmpdir(f->d, sizeof f->d);
+    f->c = kv_cfg(f->d, "pieces", 1, 1);
+    f->c.layout.num_layers = PC_PLANES / 2;
+    f->c.layout.num_heads = 8;
+    f->c.layout.head_dim = 128;
+    f->c.l1_bytes = 2 * (uint64_t)PC_CHUNK;
+    f->c.l2_bytes = 8 * (uint64_t)PC_CHUNK;
+    f->bytes = (size_t)PC_PLANES * PC_N * PC_TB;
+    f->mem = malloc(f->bytes);
+    f->got = malloc(f->bytes);
+    assert_true(f->mem && f->got);
+    prompt(f->tok, PC_N, 77);
+    /* (no period: a chunk's first token is found in the slab file by its bytes) */
+    for (size_t w = 0; w < f->bytes / 8; w++) {
+        uint64_t z = (w + 770) * 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        memcpy(f->mem + 8 * w, &z, 8);
+    }
+    atomic_store(&ferry__pslab_test_format, format);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&f->c, &kv));
+    ferry_kv_buffer src = kv_buf(&f->c, f->mem, PC_N);
+    assert_int_equal(ferry_kv_store(kv, f->tok, PC_N, NULL, &src), PC_N);
+    FT_ASSERT_OK(ferry_kv_flush(kv));
+    assert_int_equal(ferry_kv_sync(kv), PC_CH);
+    ferry_kv_close(kv);
+    atomic_store(&ferry__pslab_test_format, 0);
+}
+
+/* change the byte at image offset off of chunk k on disk (xor 0x40) */
+static void pc_damage(const pcfix *f, unsigned k, off_t off)
+{
+    char path[400];
+    snprintf(path, sizeof path, "%s/%s", f->d, FERRY_PSLAB_FILE);
+    FILE *fp = fopen(path, "rb");
+    assert_non_null(fp);
+    const uint8_t *want = f->mem + (size_t)k * PC_CT * PC_TB; /* plane 0's first token */
+    uint8_t blk[PC_TB];
+    off_t at = -1;
+    for (off_t o = 0; at < 0 && fseeko(fp, o, SEEK_SET) == 0 && fread(blk, 1, PC_TB, fp) == PC_TB;
+         o += 4096)
+        if (!memcmp(blk, want, PC_TB))
+            at = o;
+    fclose(fp);
+    assert_true(at >= 0);
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    uint8_t b;
+    assert_int_equal(pread(fd, &b, 1, at + off), 1);
+    b ^= 0x40;
+    assert_int_equal(pwrite(fd, &b, 1, at + off), 1);
+    assert_int_equal(fsync(fd), 0);
+    close(fd);
+}
+
+/* a cold retrieve of the prompt: every chunk but `miss` exact (miss: its
+ * status FERRY_ECORRUPT and its tokens untouched or zeroed, plane by
+ * plane); the store's counters in m */
+static void pc_retrieve(pcfix *f, int miss, ferry_kv_stats *m)
+{
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&f->c, &kv));
+    memset(f->got, 0xEE, f->bytes);
+    ferry_kv_buffer dst = kv_buf(&f->c, f->got, PC_N);
+    int st[PC_CH];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = PC_CH;
+    int want = miss < 0 ? PC_N : miss * PC_CT;
+    int got = ferry_kv_retrieve(kv, f->tok, PC_N, &r, &dst);
+    if (got != want)
+        print_message("retrieved %d: %d %d %d %d\n", got, st[0], st[1], st[2], st[3]);
+    assert_int_equal(got, want);
+    FT_ASSERT_OK(ferry_kv_flush(kv));
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, m));
+    ferry_kv_close(kv);
+    for (int i = 0; i < PC_CH; i++)
+        assert_int_equal(st[i], i == miss ? FERRY_ECORRUPT : 0);
+    for (int i = 0; i < PC_CH; i++)
+        for (size_t p = 0; p < PC_PLANES; p++) {
+            size_t at = (p * PC_N + (size_t)i * PC_CT) * PC_TB;
+            if (i != miss) {
+                assert_memory_equal(f->got + at, f->mem + at, (size_t)PC_CT * PC_TB);
+                continue;
+            }
+            uint8_t first = f->got[at];
+            assert_true(first == 0xEE || first == 0);
+            for (size_t x = 0; x < (size_t)PC_CT * PC_TB; x++)
+                assert_int_equal(f->got[at + x], first);
+        }
+}
+
+static void pc_free(pcfix *f)
+{
+    free(f->mem);
+    free(f->got);
+    ft_rmtree(f->d);
+}
+
+/* a format 3 slab: chunks of three pieces come back exact, each piece
+ * checked as it landed; one bad byte inside a piece, or at either edge of
+ * one, makes that chunk a miss whose tokens are untouched or zeroed, and
+ * every other chunk stays exact */
+static void test_persistent_l2_pieces_checked_as_they_land(void **state)
+{
+    (void)state;
+    pcfix f;
+    pc_stored(&f, 0);
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    pc_retrieve(&f, -1, &m);
+    assert_int_equal(m.corrupt_chunks, 0);
+    assert_int_equal(m.tier[FERRY_KV_TIER_L2].hits, PC_CH);
+    assert_true(m.retrieve_check_us + m.retrieve_copy_us > 0);
+    uint64_t nfirst = 0;
+    for (int b = 0; b < FERRY_KV_HIST_BUCKETS; b++)
+        nfirst += m.retrieve_first_bytes_ns[b];
+    assert_int_equal(nfirst, 1); /* one retrieve, its first bytes once */
+    const off_t bad[] = {PC_PIECE + 100,        /* inside piece 1 */
+                         2 * PC_PIECE - 1,      /* piece 1's last byte */
+                         2 * PC_PIECE,          /* piece 2's first (the short last piece) */
+                         PC_CHUNK - 1};         /* the chunk's last byte */
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        pc_damage(&f, 2, bad[k]);
+        m = (ferry_kv_stats)FERRY_KV_STATS_INIT;
+        pc_retrieve(&f, 2, &m);
+        assert_int_equal(m.corrupt_chunks, 1);
+        /* the bad copy is gone: store the prompt again for the next case */
+        pc_free(&f);
+        pc_stored(&f, 0);
+    }
+    pc_free(&f);
+}
+
+/* a slab written in format 2 (one checksum per chunk) is read and checked
+ * whole, by this library as by the old one; a bad byte is still a miss */
+static void test_persistent_l2_old_format_chunks_checked_whole(void **state)
+{
+    (void)state;
+    pcfix f;
+    pc_stored(&f, 2);
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    pc_retrieve(&f, -1, &m);
+    assert_int_equal(m.corrupt_chunks, 0);
+    pc_damage(&f, 1, PC_PIECE + 7);
+    m = (ferry_kv_stats)FERRY_KV_STATS_INIT;
+    pc_retrieve(&f, 1, &m);
+    assert_int_equal(m.corrupt_chunks, 1);
+    pc_free(&f);
 }
 
 /* nonsense to the asynchronous ops and to the slab's pin: a clear
@@ -1019,6 +1197,8 @@ int main(void)
         cmocka_unit_test(test_kv_sync_says_how_many_chunks_it_made_durable),
         cmocka_unit_test(test_persistent_l2_corrupt_chunk_read_ahead_is_a_miss),
         cmocka_unit_test(test_async_reads_land_whole_and_checked),
+        cmocka_unit_test(test_persistent_l2_pieces_checked_as_they_land),
+        cmocka_unit_test(test_persistent_l2_old_format_chunks_checked_whole),
         cmocka_unit_test(test_async_reads_refuse_nonsense),
         cmocka_unit_test(test_persistent_l2_prefetch_checks_each_chunk),
         cmocka_unit_test(test_persistent_l2_failed_read_is_one_miss),

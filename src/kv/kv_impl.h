@@ -183,8 +183,10 @@ typedef struct ferry__kv_tier_aops {
     uint64_t (*vpiece)(ferry__kv_tier *t, uint64_t loc);
     /* the XXH3-64 (ferry__kv_sum) recorded for piece k (bytes [k * vpiece,
      * min(chunk_bytes, (k + 1) * vpiece)) of the image) of chunk id read
-     * from loc: 0 and *sum, or FERRY_ECORRUPT (loc holds no such chunk,
-     * no such piece; the message set). Any thread, also after end */
+     * from loc: 0 and *sum, or the code that makes the chunk a miss (the
+     * message set): FERRY_ECORRUPT, loc holds another chunk (damage);
+     * FERRY_ENOTFOUND, loc was read for another chunk since (no damage);
+     * -EINVAL, no such piece. Any thread, also after end */
     int (*psum)(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, uint64_t k,
                 uint64_t *sum);
 } ferry__kv_tier_aops;

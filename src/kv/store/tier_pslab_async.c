@@ -307,7 +307,11 @@ static int pa_verify(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, u
     pthread_mutex_lock(&a->aq.mu);
     ferry__pslab_pin pin = a->pin[loc];
     int same = a->pid[loc].lo == id->lo && a->pid[loc].hi == id->hi;
+    uint32_t piece = a->sums[loc].piece;
     pthread_mutex_unlock(&a->aq.mu);
+    if (same && piece) /* (the store checks those piece by piece) */
+        return ferry__err_set(NULL, -EINVAL, "kv persistent L2: the chunk in slot %llu has "
+                              "piece checksums, not one whole", (unsigned long long)loc);
     if (!same) /* (not damage: the slot went to another chunk) */
         return ferry__err_set(NULL, FERRY_ENOTFOUND, "kv persistent L2: slot %llu was read "
                               "for another chunk since: a miss", (unsigned long long)loc);
@@ -337,21 +341,25 @@ static int pa_psum(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, uin
                    uint64_t *sum)
 {
     ferry__kv_tpa *a = tpa_of(t);
-    int rc = FERRY_ECORRUPT;
+    int rc = -EINVAL;
     if (loc < a->capacity) {
         pthread_mutex_lock(&a->aq.mu);
         const pa_sums *ps = &a->sums[loc];
-        if (a->pid[loc].lo == id->lo && a->pid[loc].hi == id->hi && k < ps->n) {
+        /* (not damage when the slot was read for another chunk since) */
+        rc = a->pid[loc].lo != id->lo || a->pid[loc].hi != id->hi ? FERRY_ENOTFOUND
+             : k < ps->n                                          ? 0
+                                                                  : -EINVAL;
+        if (rc == 0)
             *sum = ps->sum[k];
-            rc = 0;
-        }
         pthread_mutex_unlock(&a->aq.mu);
     }
     if (rc < 0)
         return ferry__err_set(NULL, rc, "kv persistent L2: slot %llu holds no piece %llu of "
-                              "chunk %016llx%016llx now (read for another chunk since): a miss",
-                              (unsigned long long)loc, (unsigned long long)k,
-                              (unsigned long long)id->hi, (unsigned long long)id->lo);
+                              "chunk %016llx%016llx now%s", (unsigned long long)loc,
+                              (unsigned long long)k, (unsigned long long)id->hi,
+                              (unsigned long long)id->lo,
+                              rc == FERRY_ENOTFOUND ? " (read for another chunk since): a miss"
+                                                    : "");
     return 0;
 }
 
