@@ -71,6 +71,20 @@ static int names_ok(ferry_kv *kv, const name_src *s, size_t n, const char *what)
     return 0;
 }
 
+/* XXH3-128 of tag, the name's length (8 bytes, little-endian) and bytes.
+ * One call over a copy on the stack: XXH3's one-shot and streaming forms
+ * give the same hash of the same bytes, and for a short name the one-shot
+ * costs a fraction of a streaming state's set-up. */
+static XXH128_hash_t name_hash(uint64_t seed, const void *name, size_t len)
+{
+    unsigned char buf[sizeof tag - 1 + 8 + FERRY_KV_NAME_MAX];
+    memcpy(buf, tag, sizeof tag - 1);
+    for (int b = 0; b < 8; b++)
+        buf[sizeof tag - 1 + b] = (unsigned char)((uint64_t)len >> (8 * b));
+    memcpy(buf + sizeof tag - 1 + 8, name, len);
+    return XXH3_128bits_withSeed(buf, sizeof tag - 1 + 8 + len, seed);
+}
+
 /* the ids of the n names (stack when it fits; free when != stack); n or a code */
 static int name_ids(ferry_kv *kv, const name_src *names, size_t n, const ferry_kv_req *req,
                     const char *what, ferry_kv_hash *stack, ferry_kv_hash **ids)
@@ -87,18 +101,9 @@ static int name_ids(ferry_kv *kv, const name_src *names, size_t n, const ferry_k
         return ferry__kv_err(kv, -ENOMEM, "kv %s: out of memory for %zu chunk ids", what, n);
     ferry_kv_hash ns = ferry__kv_ns_of(kv, req);
     for (size_t i = 0; i < n; i++) {
-        XXH3_state_t st;
-        unsigned char len[8];
         size_t nl;
         const void *nb = name_at(names, i, &nl);
-        memset(&st, 0, sizeof st);
-        for (int b = 0; b < 8; b++)
-            len[b] = (unsigned char)((uint64_t)nl >> (8 * b));
-        XXH3_128bits_reset_withSeed(&st, kv->seed);
-        XXH3_128bits_update(&st, tag, sizeof tag - 1);
-        XXH3_128bits_update(&st, len, sizeof len);
-        XXH3_128bits_update(&st, nb, nl);
-        XXH128_hash_t h = XXH3_128bits_digest(&st);
+        XXH128_hash_t h = name_hash(kv->seed, nb, nl);
         out[i].lo = h.low64 ^ ns.lo;
         out[i].hi = h.high64 ^ ns.hi;
     }
