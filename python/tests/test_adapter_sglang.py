@@ -397,6 +397,9 @@ def test_bad_input_is_refused_and_writes_nothing():
         b.batch_set_v1([h[0], h[1][:63]], indices(0, 2, 4))
     with pytest.raises(TypeError, match="key 0 is int"):
         b.batch_exists([7])
+    for bad in ([h[0][:63]], [h[0], h[1][:63]]):       # the one-key and the packed paths
+        with pytest.raises(ValueError, match=f"key {len(bad) - 1} of {len(bad)} is 63 bytes"):
+            b.batch_exists(bad)
     # a host index off a page boundary
     with pytest.raises(ValueError, match="not at a page boundary"):
         b.batch_set_v1(h[:1], indices(0, 1, 4) + 1)

@@ -484,14 +484,21 @@ class FerryHiCacheStorage(HiCacheStorage):
         if type(keys) is not list and not isinstance(keys, (list, tuple)):
             keys = list(keys)
         asked = n = len(keys)
-        if not n:
-            return 0
-        packed = self._packed(keys)
+        if n == 1 and type(keys[0]) is str:     # the scheduler's one-key exists
+            b = keys[0].encode()
+            lo, hi = self._key_range
+            packed = (b, len(b)) if lo <= len(b) <= hi else None
+        else:
+            if not n:
+                return 0
+            packed = self._packed(keys)
         if packed is None:
             names = self._names(keys)      # raises for a bad key
+        else:
+            buf, size = packed
         for salt in salts:    # a page is held when every head group is
             if packed is not None:
-                n = lookup(packed[0], packed[1], n, salt=salt)
+                n = lookup(buf, size, n, salt=salt)
             else:
                 n = self._pools[key][1].lookup_named(names[:n], salt=salt)
             if not n:
