@@ -55,9 +55,9 @@ def main():
         gets.append(total / (t1 - t0) / 1e9)
         cps.append(total / (t2 - t1) / 1e9)
     exists = {}
-    for k in (1, 8, 64):       # batch_exists of k held keys: median of 5 loops
+    for k in sorted({1, min(8, a.pages), min(64, a.pages)}):   # k held keys, median of 5 loops
         keys = hashes[:k]
-        assert b.batch_exists(keys, None) == min(k, a.pages)
+        assert b.batch_exists(keys, None) == k
         n = max(1, 20000 // k)
         loops = []
         for _ in range(5):
