@@ -171,6 +171,67 @@ static void bad_names(ferry_kv *kv)
     free(img);
 }
 
+/* the packed form finds what the array form finds: hits, a miss ending the
+ * leading run, another salt's; bad input refused as the array form's is */
+static void packed_names(ferry_kv *kv)
+{
+    unsigned char *img = malloc(IMG);
+    assert_non_null(img);
+    ft_fill_pattern(img, IMG, 17);
+    ferry_kv_buffer b = host_buf(img);
+    make_names(":packed");
+    size_t len = g_names[0].len;
+    char packed[NP * 80];
+    for (unsigned i = 0; i < NP; i++) {
+        assert_int_equal(g_names[i].len, len);
+        memcpy(packed + i * len, g_keys[i], len);
+    }
+    assert_int_equal(ferry_kv_lookup_named_packed(kv, packed, len, NP, NULL), 0);
+    assert_int_equal(ferry_kv_store_named(kv, g_names, NP - 2, NULL, &b), NP - 2);
+    for (size_t n = 1; n <= NP; n++) /* NP - 2 stored: a prefix of each n */
+        assert_int_equal(ferry_kv_lookup_named_packed(kv, packed, len, n, NULL),
+                         ferry_kv_lookup_named(kv, g_names, n, NULL));
+    assert_int_equal(ferry_kv_lookup_named_packed(kv, packed, len, NP, NULL), NP - 2);
+    assert_int_equal(ferry_kv_lookup_named_packed(kv, packed + len, len, 1, NULL), 1);
+    assert_int_equal(ferry_kv_lookup_named_packed(kv, packed + (NP - 1) * len, len, 1, NULL), 0);
+    char gap[3 * 80]; /* page 0, a page never stored, page 2 */
+    memcpy(gap, packed, len);
+    memcpy(gap + len, packed + (NP - 1) * len, len);
+    memcpy(gap + 2 * len, packed + 2 * len, len);
+    assert_int_equal(ferry_kv_lookup_named_packed(kv, gap, len, 3, NULL), 1);
+    /* one name's bytes split at another length are other names */
+    assert_int_equal(ferry_kv_lookup_named_packed(kv, packed, len / 2, 2, NULL), 0);
+    /* tiers and the salt, as the array form */
+    uint8_t tiers[NP];
+    ferry_kv_req req = FERRY_KV_REQ_INIT;
+    req.tiers = tiers;
+    req.max_chunks = NP;
+    assert_int_equal(ferry_kv_lookup_named_packed(kv, packed, len, 2, &req), 2);
+    assert_int_equal(tiers[0], FERRY_KV_TIER_L1);
+    ferry_kv_req salted = FERRY_KV_REQ_INIT;
+    salted.salt = "other";
+    salted.salt_len = 5;
+    assert_int_equal(ferry_kv_lookup_named_packed(kv, packed, len, NP, &salted), 0);
+    assert_int_equal(ferry_kv_store_named(kv, g_names, 1, &salted, &b), 1);
+    assert_int_equal(ferry_kv_lookup_named_packed(kv, packed, len, NP, &salted), 1);
+    /* bad input */
+    static char longname[FERRY_KV_NAME_MAX + 1];
+    assert_int_equal(ferry_kv_lookup_named_packed(kv, NULL, len, 1, NULL), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "no names"));
+    assert_int_equal(ferry_kv_lookup_named_packed(kv, packed, len, 0, NULL), -EINVAL);
+    assert_int_equal(ferry_kv_lookup_named_packed(kv, packed, 0, 1, NULL), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "name 0 of 1 is empty or too long"));
+    assert_int_equal(ferry_kv_lookup_named_packed(kv, longname, sizeof longname, 1, NULL),
+                     -EINVAL);
+    assert_int_equal(ferry_kv_lookup_named_packed(kv, packed, len, SIZE_MAX / 2, NULL), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "too many"));
+    req.flags = FERRY_KV_PARTIAL;
+    assert_int_equal(ferry_kv_lookup_named_packed(kv, packed, len, 1, &req), -EINVAL);
+    assert_int_equal(ferry_kv_lookup_named_packed(NULL, packed, len, 1, NULL), -EINVAL);
+    assert_int_equal(ferry_kv_lookup_named_packed(kv, packed, len, NP, NULL), NP - 2);
+    free(img);
+}
+
 static void test_named_in_process(void **state)
 {
     (void)state;
@@ -179,6 +240,7 @@ static void test_named_in_process(void **state)
     FT_ASSERT_OK(ferry_kv_open(&c, &kv));
     round_trip(kv);
     bad_names(kv);
+    packed_names(kv);
     ferry_kv_close(kv);
 }
 
@@ -191,6 +253,7 @@ static void test_named_through_a_daemon(void **state)
     ferry_kv *kv = ft_kv_daemon_client(&d, config());
     round_trip(kv);
     bad_names(kv);
+    packed_names(kv);
     ferry_kv_close(kv);
     ft_kv_daemon_stop(&d);
 }

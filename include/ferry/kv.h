@@ -606,6 +606,17 @@ FERRY_API int ferry_kv_retrieve_named(ferry_kv *kv, const ferry_kv_name *names, 
 /** The leading chunks of names[0..n) that are cached (req->tiers per chunk). */
 FERRY_API int ferry_kv_lookup_named(ferry_kv *kv, const ferry_kv_name *names, size_t n,
                                     const ferry_kv_req *req);
+/**
+ * ferry_kv_lookup_named of n names of name_len bytes each, back to back:
+ * name i is bytes [i * name_len, (i + 1) * name_len) of names (SGLang's
+ * page keys are all 64 bytes). The same chunks and ids as the array form,
+ * without an array of ferry_kv_name to build: the call an engine's
+ * per-page exists makes. names stays the caller's; nothing is kept after
+ * the call. Errors: as ferry_kv_lookup_named (-EINVAL: names NULL, n 0,
+ * name_len 0 or above FERRY_KV_NAME_MAX). Thread-safe.
+ */
+FERRY_API int ferry_kv_lookup_named_packed(ferry_kv *kv, const void *names, size_t name_len,
+                                           size_t n, const ferry_kv_req *req);
 /** Delete the named chunks: as ferry_kv_delete (returns the chunks deleted). */
 FERRY_API int ferry_kv_delete_named(ferry_kv *kv, const ferry_kv_name *names, size_t n,
                                     const ferry_kv_req *req);

@@ -88,6 +88,8 @@ _PROTOS = {
                                          ctypes.POINTER(A.KVReq), ctypes.POINTER(A.KVBuffer)]),
     "ferry_kv_lookup_named": (_c_int, [_vp, ctypes.POINTER(A.KVName), _c_size,
                                        ctypes.POINTER(A.KVReq)]),
+    "ferry_kv_lookup_named_packed": (_c_int, [_vp, _cp, _c_size, _c_size,
+                                              ctypes.POINTER(A.KVReq)]),
     "ferry_kv_delete_named": (_c_int, [_vp, ctypes.POINTER(A.KVName), _c_size,
                                        ctypes.POINTER(A.KVReq)]),
     "ferry_kv_clear": (_c_int, [_vp]),

@@ -16,6 +16,10 @@ from .errors import FerryError, check
 TIER_NONE, TIER_L1, TIER_L2, TIER_REMOTE = 0, 1, 2, 3
 TIER_NAMES = {TIER_NONE: "none", TIER_L1: "l1", TIER_L2: "l2", TIER_REMOTE: "remote"}
 _PARTIAL = 1
+# size_t arguments made once (never written): a ctypes object of an argument's
+# own type is passed as it is, an int is converted on every call
+_NSIZES = 1025
+_SIZES = [ctypes.c_size_t(i) for i in range(_NSIZES)]
 _FERRY_ESTATE = -4100
 
 
@@ -28,6 +32,24 @@ def parse_size(s):
     out = ctypes.c_uint64()
     check(lib.ferry_parse_size(str(s).encode(), ctypes.byref(out)), f"size {s!r}")
     return out.value
+
+
+def _name_bytes(names):
+    """Chunk names as a list of bytes (str as UTF-8); TypeError for a name
+    that is neither, and for one str or bytes where a sequence belongs."""
+    if isinstance(names, (str, bytes, bytearray, memoryview)):
+        raise TypeError("ferry: names are a sequence of str or bytes, one per chunk")
+    out = []
+    for n in names:
+        if isinstance(n, str):
+            n = n.encode()
+        elif not isinstance(n, bytes):
+            if not isinstance(n, (bytearray, memoryview)):
+                raise TypeError(f"ferry: name {len(out)} is {type(n).__name__}, "
+                                "not str or bytes")
+            n = bytes(n)
+        out.append(n)
+    return out
 
 
 class Layout:
@@ -654,9 +676,7 @@ class KVStore(Closing):
     def _names(names):
         """A ferry_kv_name array over the names (bytes, or str as UTF-8), and
         what keeps their bytes alive."""
-        if isinstance(names, (str, bytes, bytearray, memoryview)):
-            raise TypeError("ferry: names are a sequence of str or bytes, one per chunk")
-        keep = [n.encode() if isinstance(n, str) else bytes(n) for n in names]
+        keep = _name_bytes(names)
         arr = (A.KVName * len(keep))(*[(b, len(b)) for b in keep])
         return arr, keep
 
@@ -696,8 +716,37 @@ class KVStore(Closing):
                            block_table, salt, True, statuses)
 
     def lookup_named(self, names, *, salt=None):
-        """The leading chunks of `names` that are cached."""
-        return self._named(lib.ferry_kv_lookup_named, "lookup_named", names, salt=salt)
+        """The leading chunks of `names` that are cached. Names of one length
+        go packed (lookup_named_packed), the others as an array."""
+        keep = _name_bytes(names)
+        n = len(keep)
+        if n == 1:
+            return self.lookup_named_packed(keep[0], len(keep[0]), 1, salt=salt)
+        if n and len(set(map(len, keep))) == 1:
+            return self.lookup_named_packed(b"".join(keep), len(keep[0]), n, salt=salt)
+        return self._named(lib.ferry_kv_lookup_named, "lookup_named", keep, salt=salt)
+
+    def lookup_named_packed(self, names, name_len, n, *, salt=None):
+        """The leading chunks cached of n names of name_len bytes each, back
+        to back in `names` (bytes of at least n * name_len bytes): as
+        lookup_named, with no array of names built (ferry_kv_lookup_named_
+        packed), for an engine's exists on its scheduling path."""
+        if not isinstance(names, bytes):
+            raise TypeError(f"ferry: packed names are bytes, got {type(names).__name__}")
+        if name_len < 0 or n < 0 or len(names) < name_len * n:
+            raise ValueError(f"ferry: {n} packed names of {name_len} bytes need "
+                             f"{max(0, name_len * n)} bytes, got {len(names)}")
+        req = self._salt_reqs.get(salt) or self._salt_req(salt)
+        guard = self._guard
+        if not self._h or not guard.enter():
+            raise FerryError(-errno.EBADF, "the store is closed", "KVStore")
+        try:   # sizes as ctypes objects: argtypes then passes them on unconverted
+            rc = lib.ferry_kv_lookup_named_packed(
+                self._h, names, _SIZES[name_len] if name_len < _NSIZES else name_len,
+                _SIZES[n] if n < _NSIZES else n, req.c)
+        finally:
+            guard.leave()
+        return rc if rc >= 0 else check(rc, "lookup_named")
 
     def delete_named(self, names, *, salt=None):
         """Delete the named chunks; returns how many were deleted."""

@@ -9,6 +9,7 @@ import os
 import subprocess
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -328,6 +329,45 @@ def test_split_heads_share_pages_across_tp_sizes():
     assert torch.count_nonzero(big.kv_buffer[:, 3:5]) == big.kv_buffer[:, 3:5].numel()
 
 
+@pytest.mark.parametrize("kind", ["local", "server"])
+def test_exists_answers_alike_packed_and_not(kind, where):
+    """batch_exists sends keys of one length packed, others as an array:
+    the same leading hits either way, over two head groups too; after
+    the store's close, an error."""
+    pool = MHAHost("page_head", 4, heads=4, head_dim=16)
+    b = create_backend(where(kind, pool), {"kv": pool})
+    big = MHAHost("page_head", 4, heads=4, head_dim=16)
+    bs = create_backend({"ferry_store": "shared", "ferry_l1": "8M"}, {"kv": big}, tp=(0, 2),
+                        lcm=4, split=True)
+    fill(pool.kv_buffer, 2)
+    fill(big.kv_buffer, 3)
+    h = page_hashes(list(range(16)), 4)
+    assert len({len(k) for k in h}) == 1 and len(h) == 4
+    for x in (b, bs):
+        assert x.batch_set_v1(h[:3], indices(0, 3, 4)) == [True] * 3
+        for n in range(1, 5):
+            assert x.batch_exists(h[:n]) == min(n, 3)
+            assert x.batch_exists(h[:n] + ["short"]) == min(n, 3)      # mixed: the array
+        assert x.exists(h[0]) and not x.exists(h[3])
+        assert x.batch_exists([h[0], h[3], h[1]]) == 1
+        assert x.batch_exists([h[0].encode(), bytearray(h[1].encode())]) == 2
+        assert x.batch_exists([np.bytes_(h[0].encode())]) == 1         # a bytes subclass
+        assert x.batch_exists([h[0], h[1], "\u00e9" * 64]) == 2         # 64 chars, 128 bytes
+        assert x.batch_exists([]) == 0
+    # one head group missing: no page is held
+    bs.store.delete_named(h[1:2], salt=bs._salts("kv")[1])
+    assert bs.batch_exists(h) == 1 and bs.batch_exists(h[:1] + ["short"]) == 1
+    b._fold("kv")
+    assert b._counts["kv"]["exists"] == (1 + 2 + 3 + 4) + (2 + 3 + 4 + 5) + 2 + 3 + 2 + 1 + 3
+    assert b._counts["kv"]["hit"] == 2 * (1 + 2 + 3 + 3) + 1 + 1 + 2 + 1 + 2
+    b.store.close()
+    for keys in (h[:1], h[:2], h[:1] + ["short"]):
+        with pytest.raises(ferry.FerryError, match="closed"):
+            b.batch_exists(keys)
+    b.close()
+    bs.close()
+
+
 def nothing_stored(b, keys):
     return b.store.lookup_named(keys, salt=b._salts("kv")[0]) == 0
 
@@ -357,6 +397,9 @@ def test_bad_input_is_refused_and_writes_nothing():
         b.batch_set_v1([h[0], h[1][:63]], indices(0, 2, 4))
     with pytest.raises(TypeError, match="key 0 is int"):
         b.batch_exists([7])
+    for bad in ([h[0][:63]], [h[0], h[1][:63]]):       # the one-key and the packed paths
+        with pytest.raises(ValueError, match=f"key {len(bad) - 1} of {len(bad)} is 63 bytes"):
+            b.batch_exists(bad)
     # a host index off a page boundary
     with pytest.raises(ValueError, match="not at a page boundary"):
         b.batch_set_v1(h[:1], indices(0, 1, 4) + 1)

@@ -6,7 +6,8 @@ through a `ferry serve` daemon:
 - asyncio.wait_for(op, timeout) timing out, then op.cancel();
 - a layerwise store lacking a layer when its store is closed, then the op's
   free, cancel and layer_done; and a store finalized before its op at exit;
-- close() from one thread while others are inside store and lookup;
+- close() from one thread while others are inside store and lookup, or
+  in a tight loop of one-name lookups;
 - ids a cast to int32 would wrap, negative ids, floats and strings.
 """
 import os
@@ -183,6 +184,36 @@ def test_close_while_other_threads_are_inside(url):
     """)
 
 
+def test_close_while_other_threads_look_up_names(url):
+    # the one-key exists path: calls so short that close lands among many
+    # entering and leaving (the store's guard takes no lock on that path)
+    run_child(url, """
+        for r in range(20):
+            s = store()
+            src = kv(16)
+            s.store_named([b"k" * 64], src)
+            errs, hits = [], []
+            def worker(i):
+                n = 0
+                while True:
+                    try:
+                        n += s.lookup_named([b"k" * 64]) + s.lookup_named([b"k" * 64, b"m"])
+                    except FerryError as e:
+                        errs.append(e.code)
+                        hits.append(n)
+                        return
+            th = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+            for t in th:
+                t.start()
+            time.sleep(0.02)
+            s.close()                          # waits for the calls inside
+            for t in th:
+                t.join()
+            assert errs == [-errno.EBADF] * 3, errs
+            assert all(h > 0 for h in hits), hits
+    """)
+
+
 def test_ids_out_of_range_are_refused(url):
     run_child(url, """
         s = store()
@@ -217,3 +248,37 @@ def test_ids_out_of_range_are_refused(url):
         assert s.lookup(np.array(toks, dtype=np.int64)) == 32
         s.close()
     """)
+
+
+@pytest.mark.parametrize("locked", [False, True])
+def test_call_guard_never_ends_under_a_call(locked):
+    """CallGuard: end() returns once, only when no call is inside, and no call
+    enters after it; lock-free under the GIL, or the locked form an
+    interpreter without one uses (forced here)."""
+    import threading
+    import time
+    from ferry._handle import CallGuard
+    for _ in range(10):
+        g = CallGuard("test")
+        if locked:
+            g.enter, g.leave = g._enter_locked, g._leave_locked
+        released, bad, calls = [False], [], [0]
+
+        def caller():
+            while g.enter():
+                for _ in range(50):        # a call's length, for end() to come in
+                    if released[0]:
+                        bad.append("inside after the end")
+                calls[0] += 1
+                g.leave()
+
+        th = [threading.Thread(target=caller) for _ in range(3)]
+        for t in th:
+            t.start()
+        time.sleep(0.01)
+        ends = [g.end(), g.end()]
+        released[0] = True
+        for t in th:
+            t.join()
+        assert ends == [True, False]
+        assert not bad and calls[0] > 0 and not g.enter() and g._inside == []

@@ -54,6 +54,7 @@ hex keys are 64).
 import errno
 import logging
 import threading
+from operator import itemgetter
 
 import numpy as np
 
@@ -250,20 +251,23 @@ class FerryHiCacheStorage(HiCacheStorage):
         self._base_tag = base
         kl = self._extra.get("ferry_key_len")
         self._key_len = int(kl) if kl is not None else None
+        self._key_range = (1, _NAME_MAX) if kl is None else (self._key_len, self._key_len)
         self._pools = {}      # pool name -> (_PageMap, KVStore)
         self._opened = []     # (registry name, store) opened here
         self._lock = threading.Lock()
         self._counts = {}
+        self._tallies = {}     # pool -> (keys asked, pages held) per exists, not yet counted
+        self._salt_cache = {}  # pool -> its salts
+        self._lookups = {}     # pool -> (its store's lookup_named_packed, its salts)
         self.store = None
 
     # ---- names and salts ----
     def _salts(self, pool):
         """One salt per head group of a page (one unless split heads), made
         once per pool (an exists asks for them on every call)."""
-        cache = self.__dict__.setdefault("_salt_cache", {})
-        got = cache.get(pool)
+        got = self._salt_cache.get(pool)
         if got is None:
-            got = cache[pool] = self._make_salts(pool)
+            got = self._salt_cache[pool] = self._make_salts(pool)
         return got
 
     def _make_salts(self, pool):
@@ -276,17 +280,19 @@ class FerryHiCacheStorage(HiCacheStorage):
         return [f"{tag}/tp{self._tp}/{self._tp_size}"]
 
     def _names(self, keys):
+        """keys as ferry names: bytes (str as UTF-8) of 1 .. _NAME_MAX bytes,
+        or of ferry_key_len bytes; TypeError / ValueError naming the key."""
+        lo, hi = self._key_range
         out = []
         for i, k in enumerate(keys):
-            if isinstance(k, str):
-                b = k.encode()
-            elif isinstance(k, (bytes, bytearray)):
-                b = bytes(k)
-            else:
-                raise TypeError(f"ferry: SGLang key {i} is {type(k).__name__}, not str or bytes")
-            if not 1 <= len(b) <= _NAME_MAX or (self._key_len is not None
-                                                 and len(b) != self._key_len):
-                want = f"{self._key_len}" if self._key_len is not None else f"1 .. {_NAME_MAX}"
+            b = k.encode() if isinstance(k, str) else k
+            if type(b) is not bytes:
+                if not isinstance(b, (bytes, bytearray)):
+                    raise TypeError(f"ferry: SGLang key {i} is {type(k).__name__}, "
+                                    "not str or bytes")
+                b = bytes(b)
+            if not lo <= len(b) <= hi:
+                want = lo if lo == hi else f"{lo} .. {hi}"
                 raise ValueError(f"ferry: SGLang key {i} of {len(keys)} is {len(b)} bytes; "
                                  f"keys are {want} bytes")
             out.append(b)
@@ -323,6 +329,7 @@ class FerryHiCacheStorage(HiCacheStorage):
                 f"its store holds {store.layout} x {store.chunk_tokens} tokens")
         self._pools[key] = (pm, store)
         self._counts[key] = dict(exists=0, hit=0, get=0, got=0, set=0, stored=0)
+        self._tallies[key] = []
 
     def _store_for(self, key, pm):
         reg = self._name if key == "kv" else f"{self._name}.{key}"
@@ -441,22 +448,78 @@ class FerryHiCacheStorage(HiCacheStorage):
         self._count(key, get=len(names), got=sum(ok))
         return ok
 
+    def _packed(self, keys):
+        """(keys back to back as one bytes, each key's size) for keys of one
+        size, in range, all str of ASCII or all bytes (SGLang's); else None
+        (then _names checks them one by one). A str list is joined first
+        and encoded once: its bytes are its characters when all ASCII."""
+        lo, hi = self._key_range
+        if len(keys) == 1:
+            k = keys[0]
+            b = k.encode() if type(k) is str else k
+            return (b, len(b)) if type(b) is bytes and lo <= len(b) <= hi else None
+        sizes = set(map(len, keys))
+        if len(sizes) != 1:
+            return None
+        size = sizes.pop()
+        kinds = set(map(type, keys))
+        if kinds == {str}:
+            b = "".join(keys).encode()
+        elif kinds == {bytes}:
+            b = b"".join(keys)
+        else:
+            return None
+        return (b, size) if len(b) == size * len(keys) and lo <= size <= hi else None
+
     def _held(self, key, keys):
-        """Leading pages of keys (in pool `key`) that every head group holds."""
-        pm, store = self._pool(key)
-        names = self._names(keys)
-        if not names:
-            return 0
-        n = len(names)
-        for salt in self._salts(key):
-            n = min(n, store.lookup_named(names[:n], salt=salt))
-            if n == 0:
+        """Leading pages of keys (in pool `key`) that every head group holds.
+        Keys of one size (SGLang's all are) go to ferry packed in one
+        buffer, and what a lookup needs is made once per pool: a one-key
+        exists is on the scheduler's path."""
+        got = self._lookups.get(key)
+        if got is None:
+            store = self._pool(key)[1]     # raises for a pool not registered
+            got = self._lookups[key] = (store.lookup_named_packed, tuple(self._salts(key)))
+        lookup, salts = got
+        if type(keys) is not list and not isinstance(keys, (list, tuple)):
+            keys = list(keys)
+        asked = n = len(keys)
+        if n == 1 and type(keys[0]) is str:     # the scheduler's one-key exists
+            b = keys[0].encode()
+            lo, hi = self._key_range
+            packed = (b, len(b)) if lo <= len(b) <= hi else None
+        else:
+            if not n:
+                return 0
+            packed = self._packed(keys)
+        if packed is None:
+            names = self._names(keys)      # raises for a bad key
+        else:
+            buf, size = packed
+        for salt in salts:    # a page is held when every head group is
+            if packed is not None:
+                n = lookup(buf, size, n, salt=salt)
+            else:
+                n = self._pools[key][1].lookup_named(names[:n], salt=salt)
+            if not n:
                 break
-        c = self._counts[key]
-        with self._lock:
-            c["exists"] += len(names)
-            c["hit"] += n
+        tally = self._tallies[key]     # no lock on this path: list.append is atomic
+        tally.append((asked, n))
+        if len(tally) >= 256:
+            self._fold(key)
         return n
+
+    def _fold(self, key):
+        """Pool key's tallied exists calls, into its page counts. Those
+        appended meanwhile stay: a copy and a delete of a list's first k
+        items are each atomic, and appends go after them."""
+        with self._lock:
+            tally = self._tallies[key]
+            done = tally[:]
+            del tally[:len(done)]
+            c = self._counts[key]
+            c["exists"] += sum(map(itemgetter(0), done))
+            c["hit"] += sum(map(itemgetter(1), done))
 
     # ---- existence ----
     def exists(self, key):
@@ -582,6 +645,8 @@ class FerryHiCacheStorage(HiCacheStorage):
         if not getattr(self.config, "enable_storage_metrics", False):
             return None
         out = {}
+        for key in list(self._tallies):
+            self._fold(key)
         with self._lock:
             counts = {k: dict(v) for k, v in self._counts.items()}
         for key, (_, store) in self._pools.items():
@@ -604,6 +669,7 @@ class FerryHiCacheStorage(HiCacheStorage):
             store.close()
         self._opened = []
         self._pools = {}
+        self._lookups = {}
         self.store = None
 
 
