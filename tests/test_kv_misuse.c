@@ -169,8 +169,10 @@ static void shared_op(int server)
     static int32_t t[NTOK];
     int covered = 0;
     /* until the free came while both waiters were inside, a few times
-     * (how often depends on the scheduler; 200 rounds make none unlikely) */
-    for (int round = 0; round < 200 && covered < 3; round++) {
+     * (how often depends on the scheduler: on a loaded host, or under a
+     * sanitizer, the op often finishes before the second waiter is in, so
+     * up to 3000 rounds of a millisecond or so) */
+    for (int round = 0; round < 3000 && covered < 3; round++) {
         tokens(t, NTOK, 10000 * round);
         ferry_kv_op *op = NULL;
         CHECK(ferry_kv_store_async(kv, t, NTOK, NULL, &b, &op) == 0);
