@@ -5,6 +5,7 @@
  * chunks), the L2 slab tier (write-through, promotion, prefetch, I/O
  * errors), async ops, metrics and out-of-memory at every allocation.
  */
+/* ferry-test-labels: concurrent */
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 

@@ -3,6 +3,7 @@
  * through its ops table: slots, durable writes, checked reads, eviction by
  * forget, and the chunks it hands back after a restart.
  */
+/* ferry-test-labels: concurrent */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
