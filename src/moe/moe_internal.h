@@ -205,8 +205,9 @@ const ferry__policy *ferry__auto_routing(const ferry__policy *p);
 const ferry__policy *ferry__auto_shadow_routing(const ferry__policy *p);
 extern const ferry__policy_ops ferry__policy_belady;
 extern const ferry__policy_ops ferry__policy_transition;
-/* "transition"'s L x E x E counter table: its bytes, and the most a
- * planner accepts (larger shapes are refused at create) */
+/* "transition"'s model (per id: its row's successor lanes, ring,
+ * history): its bytes, and the most a planner accepts (larger shapes are
+ * refused at create) */
 #define FERRY__TRANSITION_MAX_BYTES ((size_t)256 << 20)
 size_t ferry__transition_bytes(uint32_t num_layers, uint32_t num_experts);
 /* a transition policy over another set of slots (p, allocated with

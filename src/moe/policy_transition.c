@@ -8,18 +8,22 @@
  * many of l's last 16 visits routed it, q), q the bin of its transition
  * feature - the mean over the visit's routed set R of the smoothed
  * probability that it follows r:
- *     tv(e) = (sum over r in R of A[l][r][e] / (An[l][r] + 1)
+ *     tv(e) = (sum over r in R of C[l][r][e] / (An[l][r] + 1)
  *              + (k / E) sum over r in R of 1 / (An[l][r] + 1)) / |R|,
- * k the model's top_k (the step's route count when not given) - for the
- * experts that one of R's rows tracks; all the others are in the lowest
- * bin (0), as are tracked ones whose tv is below its edge. A row tracks
- * its TR_K most counted successors (exactly: an untracked count never
- * passes the least tracked one, since counts move by one and the least is
- * swapped out the moment it would), so at most |R| x TR_K experts of a
- * visit have a bin above 0. (The prototype sums every row over every
- * expert: O(E x |R|) a visit. On the real decode traces of the README the
- * sparse feature is within 0.5 points of it, at 16 tracked; at 8, 0.3
- * points further below on OLMoE at 12.5%.)
+ * k the model's top_k (the step's route count when not given), An[l][r]
+ * the visits of l that followed one routing r, C[l][r][e] the count of
+ * those that routed e - for the experts that one of R's rows tracks; all
+ * the others are in the lowest bin (0), as are tracked ones whose tv is
+ * below its edge. A row tracks TR_K successors by space-saving (Metwally,
+ * Agrawal and El Abbadi, 2005; see "a row's successors" below): no E x E
+ * table, a row's counts in two vector registers while a visit counts it,
+ * and at most |R| x TR_K experts of a visit with a bin above 0. (The
+ * prototype sums every row over every expert: O(E x |R|) a visit. Until
+ * issue 27 a row kept all E exact counts and tracked its 16 most counted
+ * exactly: a visit's 64 counts cost as much as the rest of the visit, and
+ * on the real decode traces of the README space-saving hits more at 12.5%
+ * (OLMoE: 15-40% -> 17-37% of the LRU -> Belady gap) and about a point
+ * less at 25%, still 8-11 above LRU.)
  * A cell's p = (k[c] + 20 prior[c]) / (n[c] + 20), prior 0.45 when routed
  * at the last visit and 0.08 otherwise: n[c] counts every expert in cell
  * c at each visit of its layer, k[c] those of them routed then.
@@ -55,13 +59,9 @@
  * non-empty cells. ferry__transition_verify() has every victim checked
  * against a scan of all the slots by the same rule (tests).
  *
- * Memory: A is L x E x E uint16 counters (15 bits of count; with the top
- * bit set, "tracked": the bits are the index of its count in the row's
- * list of TR_K, which a visit reads without touching A); a row is halved
- * with its total before a count would pass 32767 (A[r][e] <= An[r] always
- * holds), so the ratios, and the order the tracking relies on, survive.
- * Shapes whose A would pass FERRY__TRANSITION_MAX_BYTES are refused at
- * planner create.
+ * Memory: about 127 bytes an id (ferry__transition_bytes: DeepSeek-V3's
+ * 58 x 256, 1.8 MiB); shapes past FERRY__TRANSITION_MAX_BYTES are
+ * refused at planner create.
  */
 #include <errno.h>
 #include <string.h>
@@ -79,9 +79,7 @@
 #define TR_K 16         /* successors a row tracks */
 #define TR_RING (TR_W + 1)
 #define TR_REFRESH 256u /* visits between refreshes of the cells' p */
-#define TR_CNT 0x7fffu  /* a counter's count bits */
-#define TR_TRK 0x8000u  /* a counter's "tracked" bit */
-#define TR_MIN_STALE 0xffu
+#define TR_CNT 0x7fffu  /* the most a count or a row's total holds */
 #if defined(__GNUC__)
 #define TR_PREFETCH(a) __builtin_prefetch(a)
 #else
@@ -126,7 +124,6 @@ typedef struct trans {
     const ferry__policy *fol;        /* that follower */
     uint32_t layer;                  /* the current step's layer */
     uint32_t k;                      /* top_k, 0: the step's route count */
-    uint32_t K;                      /* min(E, TR_K) */
     struct trx *x;                   /* per id */
     /* per layer */
     uint32_t *V;                     /* visits */
@@ -139,15 +136,14 @@ typedef struct trans {
     uint32_t *un;                    /* [L] */
     int32_t *nprev;                  /* [L] experts of the last visit, -1 before it */
     /* transitions */
-    uint16_t *A;                     /* [L][E][E] */
     uint16_t *An;                    /* [L][E] */
     uint16_t *top, *tc;              /* [L][E][K] tracked successors, their counts */
-    uint8_t *tn, *tmin;              /* [L][E] how many, index of the least (or stale) */
+    uint8_t *tn;                     /* [L][E] lanes used */
     /* per visit scratch (E) */
     double *acc;
     uint32_t *umark, *emark, *cmark, stamp;
     uint8_t *qv;
-    uint16_t *ev, *tk;
+    uint16_t *ev, *tk, *miss;
     /* learned */
     uint64_t opps[TR_NC], kG[TR_NC], corr[TR_NC];
     double P[TR_NC];
@@ -270,7 +266,12 @@ static void ord_flush(trord *o, const struct trx *x, const uint32_t *occupant, u
 /* ---- the model ---- */
 size_t ferry__transition_bytes(uint32_t num_layers, uint32_t num_experts)
 {
-    return (size_t)num_layers * num_experts * num_experts * sizeof(uint16_t);
+    /* per id: its row's lanes, its place in the ring of routed sets, what
+     * is known of it, its row's total, its place in the tracked set, and
+     * its row's lanes used */
+    size_t per_id = TR_K * 2 * sizeof(uint16_t) + TR_RING * sizeof(uint16_t) + sizeof(trx) +
+                    2 * sizeof(uint16_t) + 1;
+    return (size_t)num_layers * num_experts * per_id;
 }
 
 static void tr_fini(ferry__policy *p)
@@ -278,8 +279,8 @@ static void tr_fini(ferry__policy *p)
     trans *s = (trans *)p;
     ord_fini(&s->o);
     void *arr[] = {s->x, s->V,    s->lt,   s->cc,    s->ccnz,
-                   s->ring, s->ring_n, s->ring_v, s->uset, s->un, s->nprev, s->A,    s->An,
-                   s->top,  s->tc, s->tn,   s->tmin,   s->acc,  s->umark, s->emark, s->ev, s->tk, s->cmark, s->qv};
+                   s->ring, s->ring_n, s->ring_v, s->uset, s->un, s->nprev, s->An,
+                   s->top,  s->tc, s->tn,   s->acc,  s->umark, s->emark, s->ev, s->tk, s->miss, s->cmark, s->qv};
     for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
         ferry__free(arr[i]);
 }
@@ -296,7 +297,6 @@ static int tr_init(ferry__policy *p)
         return -EINVAL;
     size_t ids = (size_t)L * E;
     s->k = p->env.top_k;
-    s->K = E < TR_K ? E : TR_K;
     s->x = ferry__calloc(ids, sizeof *s->x);
     s->V = ferry__calloc(L, sizeof *s->V);
     s->lt = ferry__calloc(L, sizeof *s->lt);
@@ -308,12 +308,10 @@ static int tr_init(ferry__policy *p)
     s->uset = ferry__malloc(ids * sizeof *s->uset);
     s->un = ferry__calloc(L, sizeof *s->un);
     s->nprev = ferry__malloc((size_t)L * sizeof *s->nprev);
-    s->A = ferry__malloc(ids * E * sizeof *s->A); /* zeroed below */
     s->An = ferry__calloc(ids, sizeof *s->An);
-    s->top = ferry__malloc(ids * s->K * sizeof *s->top);
-    s->tc = ferry__malloc(ids * s->K * sizeof *s->tc);
+    s->top = ferry__malloc(ids * TR_K * sizeof *s->top);
+    s->tc = ferry__malloc(ids * TR_K * sizeof *s->tc);
     s->tn = ferry__calloc(ids, sizeof *s->tn);
-    s->tmin = ferry__malloc(ids * sizeof *s->tmin);
     s->acc = ferry__calloc(E, sizeof *s->acc);
     s->umark = ferry__calloc(E, sizeof *s->umark);
     s->emark = ferry__calloc(E, sizeof *s->emark);
@@ -321,21 +319,20 @@ static int tr_init(ferry__policy *p)
     s->cmark = ferry__calloc(E, sizeof *s->cmark);
     s->qv = ferry__calloc(E, sizeof *s->qv);
     s->tk = ferry__malloc((size_t)E * sizeof *s->tk);
+    s->miss = ferry__malloc(((size_t)E + 1) * sizeof *s->miss); /* (+1: a branchless append) */
     if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->V ||
         !s->lt || !s->cc || !s->ccnz || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
-        !s->un || !s->nprev || !s->A || !s->An || !s->top || !s->tc || !s->tn || !s->tmin || !s->acc ||
-        !s->umark || !s->emark || !s->ev || !s->tk || !s->cmark || !s->qv) {
+        !s->un || !s->nprev || !s->An || !s->top || !s->tc || !s->tn || !s->acc ||
+        !s->umark || !s->emark || !s->ev || !s->tk || !s->miss || !s->cmark || !s->qv) {
         tr_fini(p);
         return -ENOMEM;
     }
     /* written now, so that its pages fault in at create and not one by one
      * in the first tokens of a decode */
-    memset(s->A, 0, ids * E * sizeof *s->A);
     memset(s->ring, 0, (size_t)L * TR_RING * E * sizeof *s->ring);
     memset(s->uset, 0, ids * sizeof *s->uset);
-    memset(s->top, 0, ids * s->K * sizeof *s->top);
-    memset(s->tc, 0, ids * s->K * sizeof *s->tc);
-    memset(s->tmin, TR_MIN_STALE, ids);
+    memset(s->top, 0xff, ids * TR_K * sizeof *s->top); /* TR_NOBODY */
+    memset(s->tc, 0, ids * TR_K * sizeof *s->tc);
     uint16_t c0 = tr_cell(0, 0);
     for (size_t i = 0; i < ids; i++)
         s->x[i].cell = c0;
@@ -415,85 +412,202 @@ static void refresh_p(trans *s)
     s->pgen++; /* every layer's least is of the old p */
 }
 
-/* a row's tracking: its K most counted successors (top), their counts
- * (tc), how many (n) and the index of the least (mn, or stale); a visit
- * holds them in locals while it counts the row */
-typedef struct trrowc {
-    uint16_t *top, *tc;
-    uint32_t n, mn, K;
-} trrowc;
+/* ---- a row's successors: space-saving counts ----
+ * Row r of layer l keeps TR_K lanes: an expert (top, TR_NOBODY when the
+ * lane is unused) and a count (tc, 0 when unused, at least 1 when used).
+ * A count of e in the row: e's lane goes up by one if e has one; else the
+ * least lane (the first of the least: an unused one while any is left, so
+ * the used lanes are a prefix) is given to e and goes up by one - e
+ * inherits the count it displaces (Metwally et al.'s space-saving: a
+ * tracked count is at most the true one plus that inheritance, and any
+ * successor counted more than An / TR_K times is tracked). A row is
+ * halved with its total before the total would pass TR_CNT, its used
+ * lanes kept at 1 or more. A visit's counts of one row run in registers:
+ * no branch on which lane, no store between two counts. */
+#define TR_NOBODY 0xffffu
 
-/* e's count in the row goes up by one; the row keeps its K most counted
- * successors tracked */
-static inline void row_count(trrowc *w, uint16_t *row, uint32_t e)
+#if defined(__SSE2__)
+#include <emmintrin.h>
+
+typedef struct trrowv {
+    __m128i top[2], tc[2];
+} trrowv;
+
+static inline void rowv_load(trrowv *v, const uint16_t *top, const uint16_t *tc)
 {
-    uint16_t *top = w->top, *tc = w->tc;
-    uint16_t x = row[e];
-    if (x & TR_TRK) { /* tracked: its count is in the row's list */
-        uint32_t i = x & TR_CNT;
-        tc[i]++;
-        w->mn = w->mn == i ? TR_MIN_STALE : w->mn;
-        return;
-    }
-    uint16_t c = (uint16_t)(x + 1);
-    if (w->n < w->K) {
-        uint32_t i = w->n++;
-        top[i] = (uint16_t)e;
-        tc[i] = c;
-        row[e] = (uint16_t)(TR_TRK | i);
-        w->mn = TR_MIN_STALE;
-        return;
-    }
-    if (w->mn == TR_MIN_STALE) {
-        uint32_t mi = 0;
-        for (uint32_t i = 1; i < w->K; i++)
-            mi = tc[i] < tc[mi] ? i : mi;
-        w->mn = mi;
-    }
-    uint32_t mi = w->mn;
-    if (c > tc[mi]) { /* the least tracked one is passed: they swap */
-        row[top[mi]] = tc[mi];
-        top[mi] = (uint16_t)e;
-        tc[mi] = c;
-        row[e] = (uint16_t)(TR_TRK | mi);
-        w->mn = TR_MIN_STALE;
-    } else {
-        row[e] = c;
+    v->top[0] = _mm_loadu_si128((const __m128i *)(const void *)top);
+    v->top[1] = _mm_loadu_si128((const __m128i *)(const void *)(top + 8));
+    v->tc[0] = _mm_loadu_si128((const __m128i *)(const void *)tc);
+    v->tc[1] = _mm_loadu_si128((const __m128i *)(const void *)(tc + 8));
+}
+
+static inline void rowv_store(const trrowv *v, uint16_t *top, uint16_t *tc)
+{
+    _mm_storeu_si128((__m128i *)(void *)top, v->top[0]);
+    _mm_storeu_si128((__m128i *)(void *)(top + 8), v->top[1]);
+    _mm_storeu_si128((__m128i *)(void *)tc, v->tc[0]);
+    _mm_storeu_si128((__m128i *)(void *)(tc + 8), v->tc[1]);
+}
+
+/* halved, used lanes kept at 1 or more */
+static inline void rowv_halve(trrowv *v)
+{
+    __m128i none = _mm_set1_epi16((short)TR_NOBODY), one = _mm_set1_epi16(1);
+    for (int h = 0; h < 2; h++) {
+        __m128i used1 = _mm_andnot_si128(_mm_cmpeq_epi16(v->top[h], none), one);
+        v->tc[h] = _mm_max_epi16(_mm_srli_epi16(v->tc[h], 1), used1);
     }
 }
 
+/* the first of the least count's lane (counts <= TR_CNT: signed compares) */
+static inline uint32_t rowv_least(const trrowv *v)
+{
+    __m128i m = _mm_min_epi16(v->tc[0], v->tc[1]);
+    m = _mm_min_epi16(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(1, 0, 3, 2)));
+    m = _mm_min_epi16(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(2, 3, 0, 1)));
+    m = _mm_min_epi16(m, _mm_shufflelo_epi16(m, _MM_SHUFFLE(2, 3, 0, 1)));
+    m = _mm_shuffle_epi32(_mm_shufflelo_epi16(m, 0), 0);
+    uint32_t k = (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(v->tc[0], m)) |
+                 (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(v->tc[1], m)) << 16;
+    return (uint32_t)__builtin_ctz(k) / 2;
+}
+
+/* the visit's successors le[0..n) (distinct) counted in the row: first
+ * every one that has a lane (independent adds), then the others in order,
+ * each taking the least lane (miss: scratch for them) */
+static inline void rowv_visit(trrowv *v, const uint16_t *le, uint32_t n, uint32_t used,
+                              uint16_t *miss)
+{
+    static const int16_t lane[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    __m128i h0 = _mm_setzero_si128(), h1 = _mm_setzero_si128();
+    uint32_t nm = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        __m128i ev = _mm_set1_epi16((short)le[j]);
+        __m128i eq0 = _mm_cmpeq_epi16(v->top[0], ev), eq1 = _mm_cmpeq_epi16(v->top[1], ev);
+        h0 = _mm_or_si128(h0, eq0);
+        h1 = _mm_or_si128(h1, eq1);
+        miss[nm] = le[j];
+        nm += _mm_movemask_epi8(_mm_or_si128(eq0, eq1)) == 0;
+    }
+    /* (+1, saturating: a lane may pass the row's total by inheritances) */
+    v->tc[0] = _mm_subs_epi16(v->tc[0], h0);
+    v->tc[1] = _mm_subs_epi16(v->tc[1], h1);
+    __m128i l0 = _mm_loadu_si128((const __m128i *)(const void *)lane);
+    __m128i l1 = _mm_loadu_si128((const __m128i *)(const void *)(lane + 8));
+    for (uint32_t j = 0; j < nm; j++) {
+        /* an unused lane while any is left (the least, at count 0) */
+        uint32_t at = used < TR_K ? used++ : rowv_least(v);
+        __m128i ev = _mm_set1_epi16((short)miss[j]), mi = _mm_set1_epi16((short)at);
+        __m128i n0 = _mm_cmpeq_epi16(l0, mi), n1 = _mm_cmpeq_epi16(l1, mi);
+        v->tc[0] = _mm_subs_epi16(v->tc[0], n0);
+        v->tc[1] = _mm_subs_epi16(v->tc[1], n1);
+        v->top[0] = _mm_or_si128(_mm_andnot_si128(n0, v->top[0]), _mm_and_si128(n0, ev));
+        v->top[1] = _mm_or_si128(_mm_andnot_si128(n1, v->top[1]), _mm_and_si128(n1, ev));
+    }
+}
+
+/* lanes used: a prefix */
+static inline uint32_t rowv_used(const trrowv *v)
+{
+    __m128i none = _mm_set1_epi16((short)TR_NOBODY);
+    uint32_t k = (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(v->top[0], none)) |
+                 (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(v->top[1], none)) << 16;
+    return k ? (uint32_t)__builtin_ctz(k) / 2 : TR_K;
+}
+#else
+/* the same, a lane at a time */
+typedef struct trrowv {
+    uint16_t top[TR_K], tc[TR_K];
+} trrowv;
+
+static inline void rowv_load(trrowv *v, const uint16_t *top, const uint16_t *tc)
+{
+    memcpy(v->top, top, sizeof v->top);
+    memcpy(v->tc, tc, sizeof v->tc);
+}
+
+static inline void rowv_store(const trrowv *v, uint16_t *top, uint16_t *tc)
+{
+    memcpy(top, v->top, sizeof v->top);
+    memcpy(tc, v->tc, sizeof v->tc);
+}
+
+static inline void rowv_halve(trrowv *v)
+{
+    for (uint32_t i = 0; i < TR_K; i++) {
+        uint16_t h = (uint16_t)(v->tc[i] >> 1);
+        v->tc[i] = v->top[i] != TR_NOBODY && h == 0 ? 1 : h;
+    }
+}
+
+static inline void rowv_visit(trrowv *v, const uint16_t *le, uint32_t n, uint32_t used,
+                              uint16_t *miss)
+{
+    uint32_t nm = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        uint32_t i = 0;
+        while (i < TR_K && v->top[i] != le[j])
+            i++;
+        if (i == TR_K)
+            miss[nm++] = le[j];
+        else
+            v->tc[i] = (uint16_t)(v->tc[i] + (v->tc[i] < TR_CNT));
+    }
+    for (uint32_t j = 0; j < nm; j++) {
+        uint32_t mi = 0;
+        if (used < TR_K)
+            mi = used++;
+        else
+            for (uint32_t i = 1; i < TR_K; i++)
+                mi = v->tc[i] < v->tc[mi] ? i : mi;
+        v->top[mi] = miss[j];
+        v->tc[mi] = (uint16_t)(v->tc[mi] + (v->tc[mi] < TR_CNT));
+    }
+}
+
+static inline uint32_t rowv_used(const trrowv *v)
+{
+    uint32_t n = 0;
+    while (n < TR_K && v->top[n] != TR_NOBODY)
+        n++;
+    return n;
+}
+#endif
+
 /* the transitions from layer l's last visit to this one's routes */
-static void learn_transitions(trans *s, uint32_t l, const uint32_t *ids, uint32_t n)
+static void learn_transitions(trans *s, uint32_t l, const uint16_t *le, uint32_t n)
 {
     uint32_t E = s->base.env.num_experts;
-    uint16_t *A = s->A + (size_t)l * E * E, *An = s->An + (size_t)l * E;
-    uint32_t V = s->V[l];
-    const uint16_t *prev = s->ring + ((size_t)l * TR_RING + (V - 1) % TR_RING) * E;
-    /* the counters this touches, asked for at once: their misses overlap */
-    for (int32_t i = 0; i < s->nprev[l]; i++)
-        for (uint32_t j = 0; j < n; j++)
-            TR_PREFETCH(A + (size_t)prev[i] * E + ids[j] % E);
+    uint16_t *An = s->An + (size_t)l * E;
+    const uint16_t *prev = s->ring + ((size_t)l * TR_RING + (s->V[l] - 1) % TR_RING) * E;
     for (int32_t i = 0; i < s->nprev[l]; i++) {
         uint32_t r = prev[i];
-        uint16_t *row = A + (size_t)r * E;
-        if (An[r] == TR_CNT) { /* halve the row with its total: order kept */
-            size_t ri = (size_t)l * E + r;
-            for (uint32_t e = 0; e < E; e++)
-                if (!(row[e] & TR_TRK))
-                    row[e] >>= 1;
-            for (uint32_t t = 0; t < s->tn[ri]; t++)
-                s->tc[ri * s->K + t] >>= 1;
-            An[r] >>= 1;
-            s->tmin[ri] = TR_MIN_STALE;
-        }
-        An[r]++;
         size_t ri = (size_t)l * E + r;
-        trrowc w = {s->top + ri * s->K, s->tc + ri * s->K, s->tn[ri], s->tmin[ri], s->K};
-        for (uint32_t j = 0; j < n; j++)
-            row_count(&w, row, ids[j] % E);
-        s->tn[ri] = (uint8_t)w.n;
-        s->tmin[ri] = (uint8_t)w.mn;
+        uint16_t *top = s->top + ri * TR_K, *tc = s->tc + ri * TR_K;
+        trrowv v;
+        rowv_load(&v, top, tc);
+        if (An[r] == TR_CNT) { /* halve the row with its total: order kept */
+            rowv_halve(&v);
+            An[r] >>= 1;
+        }
+        An[r] = (uint16_t)(An[r] + 1);
+        rowv_visit(&v, le, n, s->tn[ri], s->miss);
+        rowv_store(&v, top, tc);
+        s->tn[ri] = (uint8_t)rowv_used(&v);
         s->o.ops += n;
+    }
+}
+
+/* the rows the next layer's visit will count in (its last routed set's:
+ * it runs next in a decode), asked for a step ahead */
+static void prefetch_next_rows(const trans *s, uint32_t layer)
+{
+    uint32_t E = s->base.env.num_experts, L = s->base.env.num_layers, l = layer + 1 == L ? 0 : layer + 1;
+    const uint16_t *pv = s->ring + ((size_t)l * TR_RING + (s->V[l] % TR_RING)) * E;
+    for (int32_t i = 0; i < s->nprev[l]; i++) {
+        size_t ri = (size_t)l * E + pv[i];
+        TR_PREFETCH(s->top + ri * TR_K);
+        TR_PREFETCH(s->tc + ri * TR_K);
     }
 }
 
@@ -532,20 +646,20 @@ static void ev_add(trans *s, uint32_t e, uint32_t *nev)
 /* the experts the routed set's rows track whose feature's bin is above
  * the lowest: listed in us, marked umark, their bin in qv; the others'
  * is the lowest (0) */
-static uint32_t tracked_set(trans *s, uint32_t l, const uint32_t *ids, uint32_t n, uint16_t *us)
+static uint32_t tracked_set(trans *s, uint32_t l, const uint16_t *le, uint32_t n, uint16_t *us)
 {
     uint32_t E = s->base.env.num_experts, nc = 0, nu = 0;
     const uint16_t *An = s->An + (size_t)l * E;
     double wsum = 0;
     for (uint32_t j = 0; j < n; j++)
-        wsum += 1.0 / ((double)An[ids[j] % E] + 1.0);
+        wsum += 1.0 / ((double)An[le[j]] + 1.0);
     uint16_t *cand = s->ev + E; /* (the second half of the scratch) */
     uint32_t *cmark = s->cmark, stamp = s->stamp;
     double *acc = s->acc;
     for (uint32_t j = 0; j < n; j++) {
-        uint32_t r = ids[j] % E;
+        uint32_t r = le[j];
         size_t ri = (size_t)l * E + r;
-        const uint16_t *top = s->top + ri * s->K, *tc = s->tc + ri * s->K;
+        const uint16_t *top = s->top + ri * TR_K, *tc = s->tc + ri * TR_K;
         double w = 1.0 / ((double)An[r] + 1.0);
         /* acc is all zero between visits; a candidate is listed once,
          * without a branch */
@@ -588,15 +702,21 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
         memset(s->cmark, 0, E * sizeof *s->cmark);
         s->stamp = 1;
     }
+    /* this visit's set, layer-local (for the next visit and the one 16
+     * later): the one division of each id */
+    size_t rr = (size_t)layer * TR_RING + V % TR_RING;
+    uint16_t *le = s->ring + rr * E;
+    for (uint32_t j = 0; j < n; j++)
+        le[j] = (uint16_t)(ids[j] % E);
     for (uint32_t j = 0; j < n; j++) /* routed now, counted in the cells of before */
-        s->kG[s->x[b + ids[j] % E].cell] += 1;
+        s->kG[s->x[b + le[j]].cell] += 1;
     if (s->nprev[layer] >= 0)
-        learn_transitions(s, layer, ids, n);
+        learn_transitions(s, layer, le, n);
     /* history events: routed now, at the last visit, 16 visits ago */
     uint32_t nev = 0, nold = s->un[layer], nu = 0;
     uint16_t *us = s->uset + b, *tk = s->tk;
     for (uint32_t j = 0; j < n; j++)
-        ev_add(s, ids[j] % E, &nev);
+        ev_add(s, le[j], &nev);
     for (uint32_t back = 1; back <= TR_W; back += TR_W - 1) {
         size_t ri = (size_t)layer * TR_RING + (V - back) % TR_RING;
         if (V <= back || s->ring_v[ri] != V - back)
@@ -605,15 +725,10 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
         for (uint32_t i = 0; i < s->ring_n[ri]; i++)
             ev_add(s, set[i], &nev);
     }
-    /* this visit's set, for the next visit and the one 16 later */
-    size_t rr = (size_t)layer * TR_RING + V % TR_RING;
-    uint16_t *set = s->ring + rr * E;
-    for (uint32_t j = 0; j < n; j++)
-        set[j] = (uint16_t)(ids[j] % E);
     s->ring_n[rr] = n;
     s->ring_v[rr] = V;
     s->nprev[layer] = (int32_t)n;
-    uint32_t ntk = tracked_set(s, layer, ids, n, tk);
+    uint32_t ntk = tracked_set(s, layer, le, n, tk);
     /* each history event's history brought to this visit, the routed bit
      * set, then its new cell */
     for (uint32_t i = 0; i < nev; i++) {
@@ -622,13 +737,11 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
         s->x[id].hv = V;
     }
     for (uint32_t j = 0; j < n; j++)
-        s->x[b + ids[j] % E].hist |= 1;
+        s->x[b + le[j]].hist |= 1;
     for (uint32_t i = 0; i < nev; i++) {
         uint32_t e = s->ev[i], q = s->umark[e] == s->stamp ? s->qv[e] : 0;
         tr_move(s, layer, (uint32_t)b + e, tr_cell(s->x[b + e].hist, q));
     }
-    /* the others whose bin moved: named now or at the last visit (their
-     * history is as it was: only the bin changes) */
     uint16_t *bm = s->ev + nev; /* (the scratch past the events) */
     uint32_t nbm = 0;
     for (uint32_t i = 0; i < nold + ntk; i++) { /* each once, without a branch */
@@ -649,7 +762,15 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
     s->o.ops += nev + n;
     if (s->visits < TR_REFRESH ? !(s->visits & (s->visits - 1)) : s->visits % TR_REFRESH == 0)
         refresh_p(s);
+    prefetch_next_rows(s, layer);
     return 0;
+}
+
+/* id's layer: mostly the step's own, known without a division */
+static inline uint32_t tr_layer_of(const trans *s, uint32_t id)
+{
+    uint32_t E = s->base.env.num_experts;
+    return id - s->layer * E < E ? s->layer : id / E;
 }
 
 static void tr_used(trans *s, uint32_t id)
@@ -658,7 +779,7 @@ static void tr_used(trans *s, uint32_t id)
     if (s->x[id].last == now)
         return;
     s->x[id].last = now;
-    uint32_t l = id / s->base.env.num_experts, slot = s->base.env.where[id];
+    uint32_t l = tr_layer_of(s, id), slot = s->base.env.where[id];
     if (slot != FERRY_MOE_NONE)
         ord_touch(&s->o, l, slot);
     if (s->fol && (slot = s->fol->env.where[id]) != FERRY_MOE_NONE)
@@ -678,8 +799,9 @@ static int tr_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
     if (slot >= p->env.slots || id >= p->env.num_layers * p->env.num_experts)
         return -EINVAL;
     tr_used(s, id);
-    ord_unfile(&s->o, id / p->env.num_experts, slot);
-    ord_file(&s->o, id / p->env.num_experts, slot, s->x[id].cell);
+    uint32_t l = tr_layer_of(s, id);
+    ord_unfile(&s->o, l, slot);
+    ord_file(&s->o, l, slot, s->x[id].cell);
     return 0;
 }
 
@@ -687,7 +809,7 @@ static void tr_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
 {
     (void)evicted;
     if (slot < p->env.slots)
-        ord_unfile(&((trans *)p)->o, id / p->env.num_experts, slot);
+        ord_unfile(&((trans *)p)->o, tr_layer_of((trans *)p, id), slot);
 }
 
 /* x before y within a layer: less p, then touched longer ago (keys are
@@ -875,7 +997,7 @@ static int tf_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
     trans_follower *f = (trans_follower *)p;
     if (!f->lead || slot >= p->env.slots || id >= p->env.num_layers * p->env.num_experts)
         return -EINVAL;
-    uint32_t l = id / p->env.num_experts;
+    uint32_t l = tr_layer_of(f->lead, id);
     ord_unfile(&f->o, l, slot);
     ord_file(&f->o, l, slot, f->lead->x[id].cell);
     return 0;
@@ -884,8 +1006,11 @@ static int tf_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
 static void tf_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
 {
     (void)evicted;
-    if (slot < p->env.slots)
-        ord_unfile(&((trans_follower *)p)->o, id / p->env.num_experts, slot);
+    trans_follower *f = (trans_follower *)p;
+    if (slot < p->env.slots && f->lead)
+        ord_unfile(&f->o, tr_layer_of(f->lead, id), slot);
+    else if (slot < p->env.slots)
+        ord_unfile(&f->o, id / p->env.num_experts, slot);
 }
 
 static int tf_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slot)
