@@ -140,8 +140,8 @@ typedef struct trans {
     uint16_t *top, *tc;              /* [L][E][K] tracked successors, their counts */
     uint8_t *tn;                     /* [L][E] lanes used */
     /* per visit scratch (E) */
-    double *acc;
-    uint32_t *umark, *emark, *cmark, stamp;
+    double *acc, *wr;
+    uint32_t *umark, *emark, stamp;
     uint8_t *qv;
     uint16_t *ev, *tk, *miss;
     /* learned */
@@ -280,7 +280,7 @@ static void tr_fini(ferry__policy *p)
     ord_fini(&s->o);
     void *arr[] = {s->x, s->V,    s->lt,   s->cc,    s->ccnz,
                    s->ring, s->ring_n, s->ring_v, s->uset, s->un, s->nprev, s->An,
-                   s->top,  s->tc, s->tn,   s->acc,  s->umark, s->emark, s->ev, s->tk, s->miss, s->cmark, s->qv};
+                   s->top,  s->tc, s->tn,   s->acc, s->wr,  s->umark, s->emark, s->ev, s->tk, s->miss, s->qv};
     for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
         ferry__free(arr[i]);
 }
@@ -313,17 +313,17 @@ static int tr_init(ferry__policy *p)
     s->tc = ferry__malloc(ids * TR_K * sizeof *s->tc);
     s->tn = ferry__calloc(ids, sizeof *s->tn);
     s->acc = ferry__calloc(E, sizeof *s->acc);
+    s->wr = ferry__malloc((size_t)E * sizeof *s->wr);
     s->umark = ferry__calloc(E, sizeof *s->umark);
     s->emark = ferry__calloc(E, sizeof *s->emark);
     s->ev = ferry__malloc(((size_t)2 * E + 1) * sizeof *s->ev); /* (+1: a branchless append) */
-    s->cmark = ferry__calloc(E, sizeof *s->cmark);
     s->qv = ferry__calloc(E, sizeof *s->qv);
     s->tk = ferry__malloc((size_t)E * sizeof *s->tk);
     s->miss = ferry__malloc(((size_t)E + 1) * sizeof *s->miss); /* (+1: a branchless append) */
     if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->V ||
         !s->lt || !s->cc || !s->ccnz || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
-        !s->un || !s->nprev || !s->An || !s->top || !s->tc || !s->tn || !s->acc ||
-        !s->umark || !s->emark || !s->ev || !s->tk || !s->miss || !s->cmark || !s->qv) {
+        !s->un || !s->nprev || !s->An || !s->top || !s->tc || !s->tn || !s->acc || !s->wr ||
+        !s->umark || !s->emark || !s->ev || !s->tk || !s->miss || !s->qv) {
         tr_fini(p);
         return -ENOMEM;
     }
@@ -651,30 +651,32 @@ static uint32_t tracked_set(trans *s, uint32_t l, const uint16_t *le, uint32_t n
     uint32_t E = s->base.env.num_experts, nc = 0, nu = 0;
     const uint16_t *An = s->An + (size_t)l * E;
     double wsum = 0;
-    for (uint32_t j = 0; j < n; j++)
-        wsum += 1.0 / ((double)An[le[j]] + 1.0);
+    double *wr = s->wr;
+    for (uint32_t j = 0; j < n; j++) {
+        wr[j] = 1.0 / ((double)An[le[j]] + 1.0);
+        wsum += wr[j];
+    }
     uint16_t *cand = s->ev + E; /* (the second half of the scratch) */
-    uint32_t *cmark = s->cmark, stamp = s->stamp;
     double *acc = s->acc;
     for (uint32_t j = 0; j < n; j++) {
         uint32_t r = le[j];
         size_t ri = (size_t)l * E + r;
         const uint16_t *top = s->top + ri * TR_K, *tc = s->tc + ri * TR_K;
-        double w = 1.0 / ((double)An[r] + 1.0);
-        /* acc is all zero between visits; a candidate is listed once,
-         * without a branch */
+        double w = wr[j];
+        /* acc is all zero between visits (a lane's count is at least 1):
+         * a candidate is listed once, at its first term, without a
+         * branch */
         for (uint32_t i = 0, tn = s->tn[ri]; i < tn; i++) {
             uint32_t e = top[i];
             cand[nc] = (uint16_t)e;
-            nc += cmark[e] != stamp;
-            cmark[e] = stamp;
+            nc += acc[e] == 0.0;
             acc[e] += (double)tc[i] * w;
         }
         s->o.ops += s->tn[ri];
     }
-    double kk = s->k ? (double)s->k : (double)n, base = wsum * kk / E;
+    double kk = s->k ? (double)s->k : (double)n, base = wsum * kk / E, inv = 1.0 / n;
     for (uint32_t i = 0; i < nc; i++) {
-        uint32_t e = cand[i], q = tr_bin((s->acc[e] + base) / n);
+        uint32_t e = cand[i], q = tr_bin((s->acc[e] + base) * inv);
         s->acc[e] = 0;
         if (q) {
             s->umark[e] = s->stamp;
@@ -699,7 +701,6 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
     if (++s->stamp == 0) { /* (after 2^32 visits) the marks start over */
         memset(s->umark, 0, E * sizeof *s->umark);
         memset(s->emark, 0, E * sizeof *s->emark);
-        memset(s->cmark, 0, E * sizeof *s->cmark);
         s->stamp = 1;
     }
     /* this visit's set, layer-local (for the next visit and the one 16
