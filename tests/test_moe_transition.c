@@ -278,6 +278,100 @@ static void transition_refuses_huge_shapes(void **state)
     ferry_moe_planner_destroy(p);
 }
 
+static ferry_moe_planner *planner_for(const ferry_moe_trace *t, const char *policy, uint32_t slots)
+{
+    const ferry_moe_model *mo = ferry_moe_trace_model(t);
+    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
+    o.num_layers = mo->num_layers;
+    o.num_experts = mo->num_experts;
+    o.top_k = mo->top_k;
+    o.slots = slots;
+    o.policy = policy;
+    ferry_moe_planner *p;
+    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
+    return p;
+}
+
+/* a layer asleep keeps its rows and routed sets only; woken, every
+ * expert's cell is what it would be had the layer never slept: a
+ * transition put to sleep (every 3rd layer awake) and woken every 37
+ * steps against one that never sleeps, the same routes, cell for cell at
+ * every step (layers asleep skipped), and all of them at each wake */
+static void transition_wakes_to_the_cells_it_would_have(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = ft_moe_gen("qwen3-30b-a3b", 96, 5);
+    uint32_t slots = ft_moe_share(t, 12.5);
+    ferry_moe_planner *awake = planner_for(t, "transition", slots);
+    ferry_moe_planner *sleepy = planner_for(t, "transition", slots);
+    const ferry__policy *a = ferry__planner_policy(awake);
+    ferry__policy *z = (ferry__policy *)ferry__planner_policy(sleepy);
+    FT_ASSERT_OK(ferry__transition_sleep(z, 3));
+    size_t n = ferry_moe_trace_steps(t), wakes = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t tok, layer, k;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &k));
+        FT_ASSERT_OK(ferry_moe_planner_ensure(awake, layer, ex, k, NULL, NULL, NULL));
+        FT_ASSERT_OK(ferry_moe_planner_ensure(sleepy, layer, ex, k, NULL, NULL, NULL));
+        long d = ferry__transition_cells_differ(a, z);
+        if (d != 0)
+            fail_msg("step %zu: %ld cells differ from the policy that never slept", i, d);
+        if (i % 37 == 36) {
+            FT_ASSERT_OK(ferry__transition_sleep(z, 0)); /* all awake: all compared */
+            if ((d = ferry__transition_cells_differ(a, z)) != 0)
+                fail_msg("woken at step %zu: %ld cells differ", i, d);
+            wakes++;
+            FT_ASSERT_OK(ferry__transition_sleep(z, 3));
+        }
+    }
+    print_message("%zu wakes, no cell differed\n", wakes);
+    assert_true(wakes > 50);
+    assert_int_equal(ferry__transition_sleep(NULL, 3), -EINVAL);
+    ferry_moe_planner_destroy(awake);
+    ferry_moe_planner_destroy(sleepy);
+    ferry_moe_trace_destroy(t);
+}
+
+/* auto's set duel: while LRU or routing leads, its transition sleeps off
+ * its shadow's sampled layers (those stay exact: the shadow reads them),
+ * and wakes, all of it, when it leads. On a 58-layer trace at a budget
+ * where every policy hits alike (the tie goes to LRU), auto's transition
+ * does less than half the work of one that never sleeps; its awake layers
+ * match that one's cells at every step */
+static void auto_transition_sleeps_while_it_does_not_lead(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = ft_moe_gen("deepseek-v3", 24, 1);
+    uint32_t slots = 4096; /* 24 x 58 x 8 routes fit: nothing is evicted */
+    ferry_moe_planner *au = planner_for(t, "auto", slots);
+    ferry_moe_planner *tr = planner_for(t, "transition", slots);
+    const ferry__policy *a = ferry__auto_transition(ferry__planner_policy(au));
+    const ferry__policy *b = ferry__planner_policy(tr);
+    assert_non_null(a);
+    size_t n = ferry_moe_trace_steps(t);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t tok, layer, k;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &k));
+        FT_ASSERT_OK(ferry_moe_planner_ensure(au, layer, ex, k, NULL, NULL, NULL));
+        FT_ASSERT_OK(ferry_moe_planner_ensure(tr, layer, ex, k, NULL, NULL, NULL));
+        long d = ferry__transition_cells_differ(a, b);
+        if (d != 0)
+            fail_msg("step %zu: %ld cells of auto's transition differ", i, d);
+    }
+    assert_int_equal(ferry__auto_lead(ferry__planner_policy(au), NULL), 0); /* LRU */
+    uint64_t wa = ferry__transition_ops(a), wb = ferry__transition_ops(b);
+    print_message("auto's transition %.1f ops a step, alone %.1f\n", (double)wa / (double)n,
+                  (double)wb / (double)n);
+    if (wa * 2 > wb)
+        fail_msg("auto's transition works %.1f a step while LRU leads, alone %.1f",
+                 (double)wa / (double)n, (double)wb / (double)n);
+    ferry_moe_planner_destroy(au);
+    ferry_moe_planner_destroy(tr);
+    ferry_moe_trace_destroy(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -288,6 +382,8 @@ int main(void)
         cmocka_unit_test(transition_refuses_huge_shapes),
         cmocka_unit_test(transition_lists_choose_as_the_scan),
         cmocka_unit_test(transition_work_does_not_grow_with_slots),
+        cmocka_unit_test(transition_wakes_to_the_cells_it_would_have),
+        cmocka_unit_test(auto_transition_sleeps_while_it_does_not_lead),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

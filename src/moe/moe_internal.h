@@ -224,6 +224,16 @@ int ferry__transition_follow(ferry__policy *p, ferry__policy *lead);
  * zeroes the counts of victims checked and of those that differed */
 void ferry__transition_verify(int on);
 void ferry__transition_verified(uint64_t *checked, uint64_t *mismatched);
+/* a transition policy's layers that are not a multiple of stride (> 1)
+ * sleep from their next visit: they keep learning their rows and routed
+ * sets but not their cells, which no victim may read meanwhile; stride
+ * 0 or 1 wakes them all at once (each rebuilt as if it had not slept).
+ * auto puts its transition to sleep while another policy leads, awake on
+ * the layers its shadow samples. -EINVAL for another policy */
+int ferry__transition_sleep(ferry__policy *p, uint32_t stride);
+/* (tests) how many ids' cells differ between two transition policies of
+ * one shape (the layers asleep in either skipped); -1 if not both */
+long ferry__transition_cells_differ(const ferry__policy *a, const ferry__policy *b);
 /* (tests) the work a transition policy or follower has done: events,
  * filings, layers and cells visited (0 for another policy) */
 uint64_t ferry__transition_ops(const ferry__policy *p);

@@ -148,6 +148,8 @@ typedef struct trans {
     uint64_t opps[TR_NC], kG[TR_NC], corr[TR_NC];
     double P[TR_NC];
     uint64_t visits, pgen;
+    uint32_t sleep_stride;           /* > 1: layers not a multiple of it may sleep */
+    uint8_t *asleep;                 /* [L] */
 } trans;
 
 static void ord_fini(trord *o)
@@ -278,7 +280,7 @@ static void tr_fini(ferry__policy *p)
 {
     trans *s = (trans *)p;
     ord_fini(&s->o);
-    void *arr[] = {s->x, s->V,    s->lt,   s->cc,    s->ccnz,
+    void *arr[] = {s->x, s->V, s->asleep,    s->lt,   s->cc,    s->ccnz,
                    s->ring, s->ring_n, s->ring_v, s->uset, s->un, s->nprev, s->An,
                    s->top,  s->tc, s->tn,   s->acc, s->wr,  s->umark, s->emark, s->ev, s->tk, s->miss, s->qv};
     for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
@@ -299,6 +301,7 @@ static int tr_init(ferry__policy *p)
     s->k = p->env.top_k;
     s->x = ferry__calloc(ids, sizeof *s->x);
     s->V = ferry__calloc(L, sizeof *s->V);
+    s->asleep = ferry__calloc(L, 1);
     s->lt = ferry__calloc(L, sizeof *s->lt);
     s->cc = ferry__calloc((size_t)L * TR_NC, sizeof *s->cc);
     s->ccnz = ferry__calloc((size_t)L * TR_BMW, sizeof *s->ccnz);
@@ -320,7 +323,7 @@ static int tr_init(ferry__policy *p)
     s->qv = ferry__calloc(E, sizeof *s->qv);
     s->tk = ferry__malloc((size_t)E * sizeof *s->tk);
     s->miss = ferry__malloc(((size_t)E + 1) * sizeof *s->miss); /* (+1: a branchless append) */
-    if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->V ||
+    if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->V || !s->asleep ||
         !s->lt || !s->cc || !s->ccnz || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
         !s->un || !s->nprev || !s->An || !s->top || !s->tc || !s->tn || !s->acc || !s->wr ||
         !s->umark || !s->emark || !s->ev || !s->tk || !s->miss || !s->qv) {
@@ -687,6 +690,107 @@ static uint32_t tracked_set(trans *s, uint32_t l, const uint16_t *le, uint32_t n
     return nu;
 }
 
+/* a fresh stamp for the visit's marks */
+static void tr_new_stamp(trans *s)
+{
+    if (++s->stamp == 0) { /* (after 2^32 visits) the marks start over */
+        uint32_t E = s->base.env.num_experts;
+        memset(s->umark, 0, E * sizeof *s->umark);
+        memset(s->emark, 0, E * sizeof *s->emark);
+        s->stamp = 1;
+    }
+}
+
+static void tr_end_visit(trans *s, uint32_t layer)
+{
+    if (s->visits < TR_REFRESH ? !(s->visits & (s->visits - 1)) : s->visits % TR_REFRESH == 0)
+        refresh_p(s);
+    prefetch_next_rows(s, layer);
+}
+
+/* ---- sleep: a layer whose cells no one reads (auto's transition while
+ * another policy leads, on the layers its shadow does not sample) keeps
+ * learning its rows and its ring of routed sets, and nothing else: no
+ * events, no bins, no cells, no counts for the p. Waking it rebuilds
+ * every expert's cell from the ring and the rows, as the visits it slept
+ * through would have left it (the rows are the same: they never slept);
+ * only the p have learned from the layers awake meanwhile. ---- */
+
+/* layer l falls asleep: its counts so far folded into the p's (the
+ * corrections of its moves stay where they are: a fold is linear) */
+static void layer_sleep(trans *s, uint32_t l)
+{
+    const uint64_t *nz = s->ccnz + (size_t)l * TR_BMW;
+    const uint16_t *cc = s->cc + (size_t)l * TR_NC;
+    for (uint32_t w = 0; w < TR_BMW; w++)
+        for (uint64_t bits = nz[w]; bits; bits &= bits - 1) {
+            uint32_t c = w * 64 + (uint32_t)__builtin_ctzll(bits);
+            s->opps[c] += (uint64_t)cc[c] * s->lt[l];
+        }
+    s->lt[l] = 0;
+    s->asleep[l] = 1;
+}
+
+/* layer l wakes: each expert's history from the ring, its bin from the
+ * last visit's rows, its cell; the cell counts anew; each resident of the
+ * layer touched (filed again before the next victim). O(E + slots) */
+static void layer_wake(trans *s, uint32_t l)
+{
+    uint32_t E = s->base.env.num_experts, V = s->V[l];
+    size_t b = (size_t)l * E;
+    for (uint32_t e = 0; e < E; e++) {
+        s->x[b + e].hist = 0;
+        s->x[b + e].hv = V;
+    }
+    for (uint32_t back = 0; back <= TR_W && back < V; back++) {
+        size_t ri = (size_t)l * TR_RING + (V - back) % TR_RING;
+        if (s->ring_v[ri] != V - back)
+            continue;
+        const uint16_t *set = s->ring + ri * E;
+        for (uint32_t i = 0; i < s->ring_n[ri]; i++)
+            s->x[b + set[i]].hist |= 1u << back;
+    }
+    tr_new_stamp(s);
+    size_t rr = (size_t)l * TR_RING + V % TR_RING;
+    uint32_t nu = 0;
+    if (V > 0 && s->ring_v[rr] == V && s->ring_n[rr] > 0)
+        nu = tracked_set(s, l, s->ring + rr * E, s->ring_n[rr], s->uset + b);
+    s->un[l] = nu;
+    uint16_t *cc = s->cc + (size_t)l * TR_NC;
+    uint64_t *nz = s->ccnz + (size_t)l * TR_BMW;
+    memset(cc, 0, TR_NC * sizeof *cc);
+    memset(nz, 0, TR_BMW * sizeof *nz);
+    for (uint32_t e = 0; e < E; e++) {
+        uint32_t q = s->umark[e] == s->stamp ? s->qv[e] : 0;
+        uint16_t c = tr_cell(s->x[b + e].hist, q);
+        s->x[b + e].cell = c;
+        cc[c]++;
+        nz[c / 64] |= 1ull << (c % 64);
+    }
+    const ferry__policy_env *env = &s->base.env;
+    for (uint32_t v = 0; v < env->slots; v++)
+        if (env->occupant[v] != FERRY_MOE_NONE && env->occupant[v] / E == l)
+            ord_touch(&s->o, l, v);
+    if (s->fol)
+        for (uint32_t v = 0; v < s->fol->env.slots; v++)
+            if (s->fol->env.occupant[v] != FERRY_MOE_NONE && s->fol->env.occupant[v] / E == l)
+                ord_touch(s->fol_o, l, v);
+    s->o.ops += E;
+    s->asleep[l] = 0;
+}
+
+int ferry__transition_sleep(ferry__policy *p, uint32_t stride)
+{
+    if (!p || p->ops != &ferry__policy_transition)
+        return -EINVAL;
+    trans *s = (trans *)p;
+    s->sleep_stride = stride > 1 ? stride : 0;
+    for (uint32_t l = 0; l < p->env.num_layers; l++)
+        if (s->asleep[l] && (!s->sleep_stride || l % s->sleep_stride == 0))
+            layer_wake(s, l);
+    return 0;
+}
+
 static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint32_t n)
 {
     trans *s = (trans *)p;
@@ -697,18 +801,25 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
         return 0;
     s->visits++;
     uint32_t V = ++s->V[layer];
-    s->lt[layer]++;
-    if (++s->stamp == 0) { /* (after 2^32 visits) the marks start over */
-        memset(s->umark, 0, E * sizeof *s->umark);
-        memset(s->emark, 0, E * sizeof *s->emark);
-        s->stamp = 1;
-    }
+    tr_new_stamp(s);
     /* this visit's set, layer-local (for the next visit and the one 16
      * later): the one division of each id */
     size_t rr = (size_t)layer * TR_RING + V % TR_RING;
     uint16_t *le = s->ring + rr * E;
     for (uint32_t j = 0; j < n; j++)
         le[j] = (uint16_t)(ids[j] % E);
+    if (s->sleep_stride && layer % s->sleep_stride) { /* asleep: the rows and ring only */
+        if (!s->asleep[layer])
+            layer_sleep(s, layer);
+        if (s->nprev[layer] >= 0)
+            learn_transitions(s, layer, le, n);
+        s->ring_n[rr] = n;
+        s->ring_v[rr] = V;
+        s->nprev[layer] = (int32_t)n;
+        tr_end_visit(s, layer);
+        return 0;
+    }
+    s->lt[layer]++;
     for (uint32_t j = 0; j < n; j++) /* routed now, counted in the cells of before */
         s->kG[s->x[b + le[j]].cell] += 1;
     if (s->nprev[layer] >= 0)
@@ -761,9 +872,7 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
     s->o.ops += nold + ntk;
     s->un[layer] = nu;
     s->o.ops += nev + n;
-    if (s->visits < TR_REFRESH ? !(s->visits & (s->visits - 1)) : s->visits % TR_REFRESH == 0)
-        refresh_p(s);
-    prefetch_next_rows(s, layer);
+    tr_end_visit(s, layer);
     return 0;
 }
 
@@ -1051,6 +1160,21 @@ int ferry__transition_follow(ferry__policy *p, ferry__policy *lead)
     m->fol = p;
     m->fol_o = &f->o;
     return 0;
+}
+
+long ferry__transition_cells_differ(const ferry__policy *a, const ferry__policy *b)
+{
+    if (!a || !b || a->ops != &ferry__policy_transition || b->ops != &ferry__policy_transition ||
+        a->env.num_layers != b->env.num_layers || a->env.num_experts != b->env.num_experts)
+        return -1;
+    const trans *x = (const trans *)a, *y = (const trans *)b;
+    uint32_t E = a->env.num_experts;
+    long d = 0;
+    for (uint32_t l = 0; l < a->env.num_layers; l++)
+        if (!x->asleep[l] && !y->asleep[l])
+            for (size_t i = (size_t)l * E; i < (size_t)(l + 1) * E; i++)
+                d += x->x[i].cell != y->x[i].cell;
+    return d;
 }
 
 uint64_t ferry__transition_ops(const ferry__policy *p)
