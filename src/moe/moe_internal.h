@@ -199,6 +199,14 @@ extern const ferry__policy_ops ferry__policy_auto;
 /* (tests, bench) auto's lead - 0 lru, 1 routing, 2 transition - and the
  * times it changed (switches may be NULL); -1 for another policy */
 int ferry__auto_lead(const ferry__policy *p, uint64_t *switches);
+/* a routing leader's layers that are not a multiple of stride (> 1)
+ * sleep from their next turn: their experts' features and routed sets are
+ * kept, not their cells, which no victim may read meanwhile; stride 0 or
+ * 1 wakes them all (cells recomputed as if awake). -EINVAL for another
+ * policy (auto's routing, while it does not lead) */
+int ferry__routing_sleep(ferry__policy *p, uint32_t stride);
+/* (tests) the cell of id in a routing leader's model */
+uint32_t ferry__routing_cell(const ferry__policy *p, uint32_t id);
 /* (tests) auto's routing sub-policy, NULL for another policy */
 const ferry__policy *ferry__auto_routing(const ferry__policy *p);
 /* (tests) auto's routing shadow (a follower), NULL for another policy */

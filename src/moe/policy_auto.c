@@ -26,8 +26,9 @@
  * the layers the shadows do not sample (ferry__transition_sleep: it keeps
  * learning its rows and routed sets there, not its cells, which no victim
  * reads), and wakes, rebuilt as if it had never slept, when it takes the
- * lead. On `ferry moe bench --quick`, where LRU leads, that is 3/4 of
- * transition's work. (Routing and LRU run on every layer.)
+ * lead; so does routing (ferry__routing_sleep: its features kept, not
+ * its cells). On `ferry moe bench --quick`, where LRU leads, that is 3/4
+ * of both learners' cell work.
  * Its LRU is a list (O(1) per hit, where "lru" keeps a heap): the same
  * order but for ties within one step, which go by use rather than by slot.
  * Measured on the generator's traces: 8 sampled layers followed the better
@@ -334,7 +335,9 @@ static int au_init(ferry__policy *p)
             return -ENOMEM;
         }
     }
-    if (s->nsub > 2) /* LRU leads first: transition sleeps off its shadow's layers */
+    /* LRU leads first: the others sleep off their shadows' layers */
+    (void)ferry__routing_sleep(s->sub[1], s->stride);
+    if (s->nsub > 2)
         (void)ferry__transition_sleep(s->sub[2], s->stride);
     return 0;
 }
@@ -376,8 +379,10 @@ static void au_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, u
         if (s->sh[i].score > s->sh[lead].score)
             lead = (int)i;
     if (lead != s->lead) {
-        /* transition is awake on every layer while it leads (waking
-         * rebuilds its cells before its next victim) */
+        /* the lead is awake on every layer (waking rebuilds its cells
+         * before its next victim); the others sleep off the samples */
+        if (lead == 1 || s->lead == 1)
+            (void)ferry__routing_sleep(s->sub[1], lead == 1 ? 0 : s->stride);
         if (s->nsub > 2 && (lead == 2 || s->lead == 2))
             (void)ferry__transition_sleep(s->sub[2], lead == 2 ? 0 : s->stride);
         s->lead = lead;
