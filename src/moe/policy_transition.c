@@ -64,6 +64,7 @@
  * refused at planner create.
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "moe/moe_internal.h"
@@ -77,6 +78,7 @@
 #define TR_P_HI 0.45
 #define TR_P_LO 0.08
 #define TR_K 16         /* successors a row tracks */
+#define TR_ROW (2 * TR_K) /* a row's lanes: experts, then counts */
 #define TR_RING (TR_W + 1)
 #define TR_REFRESH 256u /* visits between refreshes of the cells' p */
 #define TR_CNT 0x7fffu  /* the most a count or a row's total holds */
@@ -117,6 +119,11 @@ typedef struct trx {
     uint16_t cell;
 } trx;
 
+typedef struct trwk { /* a resident of a waking layer: its last use */
+    uint64_t last;
+    uint32_t slot;
+} trwk;
+
 typedef struct trans {
     ferry__policy base;
     trord o;
@@ -137,7 +144,8 @@ typedef struct trans {
     int32_t *nprev;                  /* [L] experts of the last visit, -1 before it */
     /* transitions */
     uint16_t *An;                    /* [L][E] */
-    uint16_t *top, *tc;              /* [L][E][K] tracked successors, their counts */
+    uint16_t *lanes;                 /* [L][E] rows of TR_K experts then TR_K counts:
+                                        a 64-byte line each */
     uint8_t *tn;                     /* [L][E] lanes used */
     /* per visit scratch (E) */
     double *acc, *wr;
@@ -150,6 +158,7 @@ typedef struct trans {
     uint64_t visits, pgen;
     uint32_t sleep_stride;           /* > 1: layers not a multiple of it may sleep */
     uint8_t *asleep;                 /* [L] */
+    trwk *wk;                        /* [slots] a wake's scratch */
 } trans;
 
 static void ord_fini(trord *o)
@@ -280,11 +289,12 @@ static void tr_fini(ferry__policy *p)
 {
     trans *s = (trans *)p;
     ord_fini(&s->o);
-    void *arr[] = {s->x, s->V, s->asleep,    s->lt,   s->cc,    s->ccnz,
+    void *arr[] = {s->x, s->V, s->asleep, s->wk,    s->lt,   s->cc,    s->ccnz,
                    s->ring, s->ring_n, s->ring_v, s->uset, s->un, s->nprev, s->An,
-                   s->top,  s->tc, s->tn,   s->acc, s->wr,  s->umark, s->emark, s->ev, s->tk, s->miss, s->qv};
+                   s->tn,   s->acc, s->wr,  s->umark, s->emark, s->ev, s->tk, s->miss, s->qv};
     for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
         ferry__free(arr[i]);
+    ferry__free(s->lanes);
 }
 
 static uint16_t tr_cell(uint32_t h, uint32_t q);
@@ -302,6 +312,7 @@ static int tr_init(ferry__policy *p)
     s->x = ferry__calloc(ids, sizeof *s->x);
     s->V = ferry__calloc(L, sizeof *s->V);
     s->asleep = ferry__calloc(L, 1);
+    s->wk = ferry__malloc(((size_t)p->env.slots + 1) * sizeof *s->wk);
     s->lt = ferry__calloc(L, sizeof *s->lt);
     s->cc = ferry__calloc((size_t)L * TR_NC, sizeof *s->cc);
     s->ccnz = ferry__calloc((size_t)L * TR_BMW, sizeof *s->ccnz);
@@ -312,8 +323,7 @@ static int tr_init(ferry__policy *p)
     s->un = ferry__calloc(L, sizeof *s->un);
     s->nprev = ferry__malloc((size_t)L * sizeof *s->nprev);
     s->An = ferry__calloc(ids, sizeof *s->An);
-    s->top = ferry__malloc(ids * TR_K * sizeof *s->top);
-    s->tc = ferry__malloc(ids * TR_K * sizeof *s->tc);
+    s->lanes = ferry__aligned_alloc(64, ids * TR_ROW * sizeof *s->lanes);
     s->tn = ferry__calloc(ids, sizeof *s->tn);
     s->acc = ferry__calloc(E, sizeof *s->acc);
     s->wr = ferry__malloc((size_t)E * sizeof *s->wr);
@@ -323,9 +333,9 @@ static int tr_init(ferry__policy *p)
     s->qv = ferry__calloc(E, sizeof *s->qv);
     s->tk = ferry__malloc((size_t)E * sizeof *s->tk);
     s->miss = ferry__malloc(((size_t)E + 1) * sizeof *s->miss); /* (+1: a branchless append) */
-    if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->V || !s->asleep ||
+    if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->V || !s->asleep || !s->wk ||
         !s->lt || !s->cc || !s->ccnz || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
-        !s->un || !s->nprev || !s->An || !s->top || !s->tc || !s->tn || !s->acc || !s->wr ||
+        !s->un || !s->nprev || !s->An || !s->lanes || !s->tn || !s->acc || !s->wr ||
         !s->umark || !s->emark || !s->ev || !s->tk || !s->miss || !s->qv) {
         tr_fini(p);
         return -ENOMEM;
@@ -334,8 +344,10 @@ static int tr_init(ferry__policy *p)
      * in the first tokens of a decode */
     memset(s->ring, 0, (size_t)L * TR_RING * E * sizeof *s->ring);
     memset(s->uset, 0, ids * sizeof *s->uset);
-    memset(s->top, 0xff, ids * TR_K * sizeof *s->top); /* TR_NOBODY */
-    memset(s->tc, 0, ids * TR_K * sizeof *s->tc);
+    for (size_t i = 0; i < ids; i++) { /* no expert (TR_NOBODY), count 0 */
+        memset(s->lanes + i * TR_ROW, 0xff, TR_K * sizeof *s->lanes);
+        memset(s->lanes + i * TR_ROW + TR_K, 0, TR_K * sizeof *s->lanes);
+    }
     uint16_t c0 = tr_cell(0, 0);
     for (size_t i = 0; i < ids; i++)
         s->x[i].cell = c0;
@@ -415,167 +427,7 @@ static void refresh_p(trans *s)
     s->pgen++; /* every layer's least is of the old p */
 }
 
-/* ---- a row's successors: space-saving counts ----
- * Row r of layer l keeps TR_K lanes: an expert (top, TR_NOBODY when the
- * lane is unused) and a count (tc, 0 when unused, at least 1 when used).
- * A count of e in the row: e's lane goes up by one if e has one; else the
- * least lane (the first of the least: an unused one while any is left, so
- * the used lanes are a prefix) is given to e and goes up by one - e
- * inherits the count it displaces (Metwally et al.'s space-saving: a
- * tracked count is at most the true one plus that inheritance, and any
- * successor counted more than An / TR_K times is tracked). A row is
- * halved with its total before the total would pass TR_CNT, its used
- * lanes kept at 1 or more. A visit's counts of one row run in registers:
- * no branch on which lane, no store between two counts. */
-#define TR_NOBODY 0xffffu
-
-#if defined(__SSE2__)
-#include <emmintrin.h>
-
-typedef struct trrowv {
-    __m128i top[2], tc[2];
-} trrowv;
-
-static inline void rowv_load(trrowv *v, const uint16_t *top, const uint16_t *tc)
-{
-    v->top[0] = _mm_loadu_si128((const __m128i *)(const void *)top);
-    v->top[1] = _mm_loadu_si128((const __m128i *)(const void *)(top + 8));
-    v->tc[0] = _mm_loadu_si128((const __m128i *)(const void *)tc);
-    v->tc[1] = _mm_loadu_si128((const __m128i *)(const void *)(tc + 8));
-}
-
-static inline void rowv_store(const trrowv *v, uint16_t *top, uint16_t *tc)
-{
-    _mm_storeu_si128((__m128i *)(void *)top, v->top[0]);
-    _mm_storeu_si128((__m128i *)(void *)(top + 8), v->top[1]);
-    _mm_storeu_si128((__m128i *)(void *)tc, v->tc[0]);
-    _mm_storeu_si128((__m128i *)(void *)(tc + 8), v->tc[1]);
-}
-
-/* halved, used lanes kept at 1 or more */
-static inline void rowv_halve(trrowv *v)
-{
-    __m128i none = _mm_set1_epi16((short)TR_NOBODY), one = _mm_set1_epi16(1);
-    for (int h = 0; h < 2; h++) {
-        __m128i used1 = _mm_andnot_si128(_mm_cmpeq_epi16(v->top[h], none), one);
-        v->tc[h] = _mm_max_epi16(_mm_srli_epi16(v->tc[h], 1), used1);
-    }
-}
-
-/* the first of the least count's lane (counts <= TR_CNT: signed compares) */
-static inline uint32_t rowv_least(const trrowv *v)
-{
-    __m128i m = _mm_min_epi16(v->tc[0], v->tc[1]);
-    m = _mm_min_epi16(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(1, 0, 3, 2)));
-    m = _mm_min_epi16(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(2, 3, 0, 1)));
-    m = _mm_min_epi16(m, _mm_shufflelo_epi16(m, _MM_SHUFFLE(2, 3, 0, 1)));
-    m = _mm_shuffle_epi32(_mm_shufflelo_epi16(m, 0), 0);
-    uint32_t k = (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(v->tc[0], m)) |
-                 (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(v->tc[1], m)) << 16;
-    return (uint32_t)__builtin_ctz(k) / 2;
-}
-
-/* the visit's successors le[0..n) (distinct) counted in the row: first
- * every one that has a lane (independent adds), then the others in order,
- * each taking the least lane (miss: scratch for them) */
-static inline void rowv_visit(trrowv *v, const uint16_t *le, uint32_t n, uint32_t used,
-                              uint16_t *miss)
-{
-    static const int16_t lane[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    __m128i h0 = _mm_setzero_si128(), h1 = _mm_setzero_si128();
-    uint32_t nm = 0;
-    for (uint32_t j = 0; j < n; j++) {
-        __m128i ev = _mm_set1_epi16((short)le[j]);
-        __m128i eq0 = _mm_cmpeq_epi16(v->top[0], ev), eq1 = _mm_cmpeq_epi16(v->top[1], ev);
-        h0 = _mm_or_si128(h0, eq0);
-        h1 = _mm_or_si128(h1, eq1);
-        miss[nm] = le[j];
-        nm += _mm_movemask_epi8(_mm_or_si128(eq0, eq1)) == 0;
-    }
-    /* (+1, saturating: a lane may pass the row's total by inheritances) */
-    v->tc[0] = _mm_subs_epi16(v->tc[0], h0);
-    v->tc[1] = _mm_subs_epi16(v->tc[1], h1);
-    __m128i l0 = _mm_loadu_si128((const __m128i *)(const void *)lane);
-    __m128i l1 = _mm_loadu_si128((const __m128i *)(const void *)(lane + 8));
-    for (uint32_t j = 0; j < nm; j++) {
-        /* an unused lane while any is left (the least, at count 0) */
-        uint32_t at = used < TR_K ? used++ : rowv_least(v);
-        __m128i ev = _mm_set1_epi16((short)miss[j]), mi = _mm_set1_epi16((short)at);
-        __m128i n0 = _mm_cmpeq_epi16(l0, mi), n1 = _mm_cmpeq_epi16(l1, mi);
-        v->tc[0] = _mm_subs_epi16(v->tc[0], n0);
-        v->tc[1] = _mm_subs_epi16(v->tc[1], n1);
-        v->top[0] = _mm_or_si128(_mm_andnot_si128(n0, v->top[0]), _mm_and_si128(n0, ev));
-        v->top[1] = _mm_or_si128(_mm_andnot_si128(n1, v->top[1]), _mm_and_si128(n1, ev));
-    }
-}
-
-/* lanes used: a prefix */
-static inline uint32_t rowv_used(const trrowv *v)
-{
-    __m128i none = _mm_set1_epi16((short)TR_NOBODY);
-    uint32_t k = (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(v->top[0], none)) |
-                 (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(v->top[1], none)) << 16;
-    return k ? (uint32_t)__builtin_ctz(k) / 2 : TR_K;
-}
-#else
-/* the same, a lane at a time */
-typedef struct trrowv {
-    uint16_t top[TR_K], tc[TR_K];
-} trrowv;
-
-static inline void rowv_load(trrowv *v, const uint16_t *top, const uint16_t *tc)
-{
-    memcpy(v->top, top, sizeof v->top);
-    memcpy(v->tc, tc, sizeof v->tc);
-}
-
-static inline void rowv_store(const trrowv *v, uint16_t *top, uint16_t *tc)
-{
-    memcpy(top, v->top, sizeof v->top);
-    memcpy(tc, v->tc, sizeof v->tc);
-}
-
-static inline void rowv_halve(trrowv *v)
-{
-    for (uint32_t i = 0; i < TR_K; i++) {
-        uint16_t h = (uint16_t)(v->tc[i] >> 1);
-        v->tc[i] = v->top[i] != TR_NOBODY && h == 0 ? 1 : h;
-    }
-}
-
-static inline void rowv_visit(trrowv *v, const uint16_t *le, uint32_t n, uint32_t used,
-                              uint16_t *miss)
-{
-    uint32_t nm = 0;
-    for (uint32_t j = 0; j < n; j++) {
-        uint32_t i = 0;
-        while (i < TR_K && v->top[i] != le[j])
-            i++;
-        if (i == TR_K)
-            miss[nm++] = le[j];
-        else
-            v->tc[i] = (uint16_t)(v->tc[i] + (v->tc[i] < TR_CNT));
-    }
-    for (uint32_t j = 0; j < nm; j++) {
-        uint32_t mi = 0;
-        if (used < TR_K)
-            mi = used++;
-        else
-            for (uint32_t i = 1; i < TR_K; i++)
-                mi = v->tc[i] < v->tc[mi] ? i : mi;
-        v->top[mi] = miss[j];
-        v->tc[mi] = (uint16_t)(v->tc[mi] + (v->tc[mi] < TR_CNT));
-    }
-}
-
-static inline uint32_t rowv_used(const trrowv *v)
-{
-    uint32_t n = 0;
-    while (n < TR_K && v->top[n] != TR_NOBODY)
-        n++;
-    return n;
-}
-#endif
+#include "moe/ss_rows.h"
 
 /* the transitions from layer l's last visit to this one's routes */
 static void learn_transitions(trans *s, uint32_t l, const uint16_t *le, uint32_t n)
@@ -586,7 +438,7 @@ static void learn_transitions(trans *s, uint32_t l, const uint16_t *le, uint32_t
     for (int32_t i = 0; i < s->nprev[l]; i++) {
         uint32_t r = prev[i];
         size_t ri = (size_t)l * E + r;
-        uint16_t *top = s->top + ri * TR_K, *tc = s->tc + ri * TR_K;
+        uint16_t *top = s->lanes + ri * TR_ROW, *tc = top + TR_K;
         trrowv v;
         rowv_load(&v, top, tc);
         if (An[r] == TR_CNT) { /* halve the row with its total: order kept */
@@ -609,8 +461,7 @@ static void prefetch_next_rows(const trans *s, uint32_t layer)
     const uint16_t *pv = s->ring + ((size_t)l * TR_RING + (s->V[l] % TR_RING)) * E;
     for (int32_t i = 0; i < s->nprev[l]; i++) {
         size_t ri = (size_t)l * E + pv[i];
-        TR_PREFETCH(s->top + ri * TR_K);
-        TR_PREFETCH(s->tc + ri * TR_K);
+        TR_PREFETCH(s->lanes + ri * TR_ROW);
     }
 }
 
@@ -664,7 +515,7 @@ static uint32_t tracked_set(trans *s, uint32_t l, const uint16_t *le, uint32_t n
     for (uint32_t j = 0; j < n; j++) {
         uint32_t r = le[j];
         size_t ri = (size_t)l * E + r;
-        const uint16_t *top = s->top + ri * TR_K, *tc = s->tc + ri * TR_K;
+        const uint16_t *top = s->lanes + ri * TR_ROW, *tc = top + TR_K;
         double w = wr[j];
         /* acc is all zero between visits (a lane's count is at least 1):
          * a candidate is listed once, at its first term, without a
@@ -731,6 +582,14 @@ static void layer_sleep(trans *s, uint32_t l)
     s->asleep[l] = 1;
 }
 
+static int wk_cmp(const void *a, const void *b)
+{
+    const trwk *x = a, *y = b;
+    if (x->last != y->last)
+        return x->last < y->last ? -1 : 1;
+    return x->slot < y->slot ? -1 : x->slot > y->slot;
+}
+
 /* layer l wakes: each expert's history from the ring, its bin from the
  * last visit's rows, its cell; the cell counts anew; each resident of the
  * layer touched (filed again before the next victim). O(E + slots) */
@@ -767,10 +626,16 @@ static void layer_wake(trans *s, uint32_t l)
         cc[c]++;
         nz[c / 64] |= 1ull << (c % 64);
     }
+    /* its residents filed again from the least recently used, as their
+     * uses while it slept would have (a slept layer's uses touch nothing) */
     const ferry__policy_env *env = &s->base.env;
+    uint32_t nw = 0;
     for (uint32_t v = 0; v < env->slots; v++)
         if (env->occupant[v] != FERRY_MOE_NONE && env->occupant[v] / E == l)
-            ord_touch(&s->o, l, v);
+            s->wk[nw++] = (trwk){s->x[env->occupant[v]].last, v};
+    qsort(s->wk, nw, sizeof *s->wk, wk_cmp);
+    for (uint32_t i = 0; i < nw; i++)
+        ord_touch(&s->o, l, s->wk[i].slot);
     if (s->fol)
         for (uint32_t v = 0; v < s->fol->env.slots; v++)
             if (s->fol->env.occupant[v] != FERRY_MOE_NONE && s->fol->env.occupant[v] / E == l)
@@ -890,7 +755,7 @@ static void tr_used(trans *s, uint32_t id)
         return;
     s->x[id].last = now;
     uint32_t l = tr_layer_of(s, id), slot = s->base.env.where[id];
-    if (slot != FERRY_MOE_NONE)
+    if (slot != FERRY_MOE_NONE && !s->asleep[l]) /* (a wake touches them all) */
         ord_touch(&s->o, l, slot);
     if (s->fol && (slot = s->fol->env.where[id]) != FERRY_MOE_NONE)
         ord_touch(s->fol_o, l, slot);
