@@ -958,9 +958,9 @@ static void layer_sleep_step(routing *s, uint32_t m, const uint32_t *ids, uint32
     stepv v;
     stepv_init(&v, s, m, tok);
     routed_step(s, &v, ids, n, 0);
-    for (uint32_t j = 0; j < n; j++) {
+    for (uint32_t j = 0; j < n; j++) { /* (order within a cell: a wake's) */
         uint32_t slot = s->base.env.where[ids[j]];
-        if (slot != FERRY_MOE_NONE)
+        if (slot != FERRY_MOE_NONE && s->scell[slot] == CELL_NONE)
             list_move(v.lk, v.scell, v.ht, v.bm, v.rank, slot, v.x[ids[j] - v.base].cell);
     }
     if (s->n_parked)

@@ -446,9 +446,13 @@ static void learn_transitions(trans *s, uint32_t l, const uint16_t *le, uint32_t
             An[r] >>= 1;
         }
         An[r] = (uint16_t)(An[r] + 1);
-        rowv_visit(&v, le, n, s->tn[ri], s->miss);
+        uint32_t used = s->tn[ri], app = rowv_visit(&v, le, n, used, s->miss);
         rowv_store(&v, top, tc);
-        s->tn[ri] = (uint8_t)rowv_used(&v);
+        for (uint32_t j = 0; j < app; j++) { /* new successors into unused lanes */
+            top[used + j] = s->miss[j];
+            tc[used + j] = 1;
+        }
+        s->tn[ri] = (uint8_t)(app ? used + app : rowv_used(&v));
         s->o.ops += n;
     }
 }

@@ -71,8 +71,8 @@ static inline uint32_t rowv_least(const trrowv *v)
 /* the visit's successors le[0..n) (distinct) counted in the row: first
  * every one that has a lane (independent adds), then the others in order,
  * each taking the least lane (miss: scratch for them) */
-static inline void rowv_visit(trrowv *v, const uint16_t *le, uint32_t n, uint32_t used,
-                              uint16_t *miss)
+static inline uint32_t rowv_visit(trrowv *v, const uint16_t *le, uint32_t n, uint32_t used,
+                                  uint16_t *miss)
 {
     static const int16_t lane[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     __m128i h0 = _mm_setzero_si128(), h1 = _mm_setzero_si128();
@@ -88,6 +88,8 @@ static inline void rowv_visit(trrowv *v, const uint16_t *le, uint32_t n, uint32_
     /* (+1, saturating: a lane may pass the row's total by inheritances) */
     v->tc[0] = _mm_subs_epi16(v->tc[0], h0);
     v->tc[1] = _mm_subs_epi16(v->tc[1], h1);
+    if (used + nm <= TR_K) /* room for them all: the caller appends them */
+        return nm;
     __m128i l0 = _mm_loadu_si128((const __m128i *)(const void *)lane);
     __m128i l1 = _mm_loadu_si128((const __m128i *)(const void *)(lane + 8));
     for (uint32_t j = 0; j < nm; j++) {
@@ -100,6 +102,7 @@ static inline void rowv_visit(trrowv *v, const uint16_t *le, uint32_t n, uint32_
         v->top[0] = _mm_or_si128(_mm_andnot_si128(n0, v->top[0]), _mm_and_si128(n0, ev));
         v->top[1] = _mm_or_si128(_mm_andnot_si128(n1, v->top[1]), _mm_and_si128(n1, ev));
     }
+    return 0;
 }
 
 /* lanes used: a prefix */
@@ -136,8 +139,8 @@ static inline void rowv_halve(trrowv *v)
     }
 }
 
-static inline void rowv_visit(trrowv *v, const uint16_t *le, uint32_t n, uint32_t used,
-                              uint16_t *miss)
+static inline uint32_t rowv_visit(trrowv *v, const uint16_t *le, uint32_t n, uint32_t used,
+                                  uint16_t *miss)
 {
     uint32_t nm = 0;
     for (uint32_t j = 0; j < n; j++) {
@@ -159,6 +162,7 @@ static inline void rowv_visit(trrowv *v, const uint16_t *le, uint32_t n, uint32_
         v->top[mi] = miss[j];
         v->tc[mi] = (uint16_t)(v->tc[mi] + (v->tc[mi] < TR_CNT));
     }
+    return 0;
 }
 
 static inline uint32_t rowv_used(const trrowv *v)
