@@ -11,19 +11,22 @@
 /* ---- a row's successors: space-saving counts ----
  * Row r of layer l keeps TR_K lanes: an expert (top, TR_NOBODY when the
  * lane is unused) and a count (tc, 0 when unused, at least 1 when used).
- * A count of e in the row: e's lane goes up by one if e has one; else the
+ * A visit counts its routed experts in the row: first each that has a
+ * lane (its lane up by one), then each of the others in order, given the
  * least lane (the first of the least: an unused one while any is left, so
- * the used lanes are a prefix) is given to e and goes up by one - e
+ * the used lanes are a prefix), which goes up by one - the newcomer
  * inherits the count it displaces (Metwally et al.'s space-saving: a
- * tracked count is at most the true one plus that inheritance, and any
- * successor counted more than An / TR_K times is tracked). A row is
- * halved with its total before the total would pass TR_CNT, its used
- * lanes kept at 1 or more. A visit's counts of one row run in registers:
- * no branch on which lane, no store between two counts. */
+ * lane's count is at most its expert's true count plus that inheritance,
+ * and an expert counted more than 1/TR_K of all the row's counts has a
+ * lane). A row is halved with its total before the total would pass
+ * TR_CNT, its used lanes kept at 1 or more. A visit's counts of one row
+ * run in registers: no branch on which lane, no store between two. */
 #define TR_NOBODY 0xffffu
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
+
+_Static_assert(TR_K == 16, "a row is two registers of 8 lanes");
 
 typedef struct trrowv {
     __m128i top[2], tc[2];
