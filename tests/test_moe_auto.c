@@ -4,7 +4,8 @@
  * to LRU it stays with LRU, where routing wins it takes at least a tenth
  * of the LRU -> Belady gap, where only transition learns the structure it
  * follows transition; it is deterministic, listed, and its routing half
- * stays consistent.
+ * stays consistent; while LRU leads its learners sleep off the sampled
+ * layers (exact on those, half the work).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -114,6 +115,73 @@ static void auto_keeps_its_structures_through_a_trace(void **state)
     ferry_moe_trace_destroy(t);
 }
 
+static ferry_moe_planner *planner_for(const ferry_moe_trace *t, const char *policy, uint32_t slots)
+{
+    const ferry_moe_model *mo = ferry_moe_trace_model(t);
+    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
+    o.num_layers = mo->num_layers;
+    o.num_experts = mo->num_experts;
+    o.top_k = mo->top_k;
+    o.slots = slots;
+    o.policy = policy;
+    ferry_moe_planner *p;
+    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
+    return p;
+}
+
+/* set dueling's followers pay for the winner only: while LRU leads, auto's
+ * routing and transition sleep off the layers their shadows sample (those
+ * stay exact: the shadows read them). On a 58-layer trace at a budget
+ * where every policy hits alike (the tie goes to LRU): on the sampled
+ * layers both match a lone routing and a lone transition cell for cell at
+ * every step, and auto's transition does less than half the lone one's
+ * counted work */
+static void auto_learners_sleep_while_lru_leads(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = ft_moe_gen("deepseek-v3", 24, 1);
+    const ferry_moe_model *mo = ferry_moe_trace_model(t);
+    uint32_t slots = 4096, E = mo->num_experts; /* 24 x 58 x 8 routes fit: no eviction */
+    uint32_t stride = (mo->num_layers + 15) / 16; /* auto samples at most 16 layers */
+    ferry_moe_planner *au = planner_for(t, "auto", slots);
+    ferry_moe_planner *tr = planner_for(t, "transition", slots);
+    ferry_moe_planner *rt = planner_for(t, "routing", slots);
+    const ferry__policy *at = ferry__auto_transition(ferry__planner_policy(au));
+    const ferry__policy *ar = ferry__auto_routing(ferry__planner_policy(au));
+    const ferry__policy *lt = ferry__planner_policy(tr), *lr = ferry__planner_policy(rt);
+    assert_non_null(at);
+    size_t n = ferry_moe_trace_steps(t);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t tok, layer, k;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &k));
+        FT_ASSERT_OK(ferry_moe_planner_ensure(au, layer, ex, k, NULL, NULL, NULL));
+        FT_ASSERT_OK(ferry_moe_planner_ensure(tr, layer, ex, k, NULL, NULL, NULL));
+        FT_ASSERT_OK(ferry_moe_planner_ensure(rt, layer, ex, k, NULL, NULL, NULL));
+        long d = ferry__transition_cells_differ(at, lt);
+        if (d != 0)
+            fail_msg("step %zu: %ld cells of auto's transition differ", i, d);
+        for (uint32_t id = layer * E; layer % stride == 0 && id < (layer + 1) * E; id++)
+            if (ferry__routing_cell(ar, id) != ferry__routing_cell(lr, id))
+                fail_msg("step %zu: expert %u in auto's routing cell %u, alone %u", i, id,
+                         ferry__routing_cell(ar, id), ferry__routing_cell(lr, id));
+        char why[256];
+        if (ferry__routing_check(ar, why, sizeof why) < 0)
+            fail_msg("step %zu: %s", i, why);
+    }
+    assert_int_equal(ferry__auto_lead(ferry__planner_policy(au), NULL), 0); /* LRU */
+    uint64_t wa = ferry__transition_ops(at), wb = ferry__transition_ops(lt);
+    print_message("auto's transition %.1f ops a step, alone %.1f\n", (double)wa / (double)n,
+                  (double)wb / (double)n);
+    if (wa * 2 > wb)
+        fail_msg("auto's transition works %.1f a step while LRU leads, alone %.1f",
+                 (double)wa / (double)n, (double)wb / (double)n);
+    ferry_moe_planner_destroy(au);
+    ferry_moe_planner_destroy(tr);
+    ferry_moe_planner_destroy(rt);
+    ferry_moe_trace_destroy(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -121,6 +189,7 @@ int main(void)
         cmocka_unit_test(auto_follows_transition_where_it_learns_more),
         cmocka_unit_test(auto_is_deterministic_and_listed),
         cmocka_unit_test(auto_keeps_its_structures_through_a_trace),
+        cmocka_unit_test(auto_learners_sleep_while_lru_leads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

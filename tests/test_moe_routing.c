@@ -4,7 +4,8 @@
  * with the planner (checked after every call), the victim is the furthest
  * predicted use of any listed slot, no current-step expert is evicted (with
  * prefetches in between), runs are deterministic, and resize, forget and
- * prefill keep the structures whole.
+ * prefill keep the structures whole; layers put to sleep wake to the
+ * cells they would have had.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -159,6 +160,60 @@ static void resize_forget_and_prefill_keep_the_structures(void **state)
     ferry_moe_trace_destroy(t);
 }
 
+/* a layer asleep keeps its experts' features and routed sets, not their
+ * cells; woken, each cell is what the features give, as if it had never
+ * slept: one routing put to sleep (every 3rd layer awake) and woken every
+ * 37 steps against one that never sleeps, the same routes: the
+ * structures whole at every step (prefetches too, in the sleeping one),
+ * the awake layers' cells equal, and every layer's after each wake (but
+ * for the hint bit, which a prefetch only one of them made sets) */
+static void sleeping_layers_wake_to_the_cells_they_would_have(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = gen("qwen3-30b-a3b", 96, 12, 64, 5);
+    const ferry_moe_model *m = ferry_moe_trace_model(t);
+    uint32_t slots = 12 * 64 / 8;
+    ferry_moe_planner *awake = mk(t, slots), *sleepy = mk(t, slots);
+    const ferry__policy *a = ferry__planner_policy(awake);
+    ferry__policy *z = (ferry__policy *)ferry__planner_policy(sleepy);
+    FT_ASSERT_OK(ferry__routing_sleep(z, 3));
+    size_t n = ferry_moe_trace_steps(t), wakes = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t tok, layer, k;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &k));
+        FT_ASSERT_OK(ferry_moe_planner_ensure(awake, layer, ex, k, NULL, NULL, NULL));
+        FT_ASSERT_OK(ferry_moe_planner_ensure(sleepy, layer, ex, k, NULL, NULL, NULL));
+        if (i + 1 < n && i % 5 == 0) { /* the next step's experts, prefetched */
+            FT_ASSERT_OK(ferry_moe_trace_step(t, i + 1, &tok, &layer, &ex, &k));
+            assert_true(ferry_moe_planner_prefetch(sleepy, layer, ex, k, NULL) >= 0);
+        }
+        check(sleepy, i);
+        int all = i % 37 == 36;
+        if (all) {
+            FT_ASSERT_OK(ferry__routing_sleep(z, 0));
+            check(sleepy, i);
+            wakes++;
+        }
+        for (uint32_t l = 0; l < m->num_layers; l++)
+            for (uint32_t e = 0; (all || l % 3 == 0) && e < m->num_experts; e++)
+                if (ferry__routing_cell(a, l * m->num_experts + e) >> 1 !=
+                    ferry__routing_cell(z, l * m->num_experts + e) >> 1)
+                    fail_msg("step %zu%s: layer %u expert %u: cell %u, never slept %u", i,
+                             all ? " (woken)" : "", l, e,
+                             ferry__routing_cell(z, l * m->num_experts + e),
+                             ferry__routing_cell(a, l * m->num_experts + e));
+        if (all)
+            FT_ASSERT_OK(ferry__routing_sleep(z, 3));
+    }
+    print_message("%zu wakes, no cell differed\n", wakes);
+    assert_true(wakes > 20);
+    assert_int_equal(ferry__routing_sleep(NULL, 3), -EINVAL);
+    ferry_moe_planner_destroy(awake);
+    ferry_moe_planner_destroy(sleepy);
+    ferry_moe_trace_destroy(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -166,6 +221,7 @@ int main(void)
         cmocka_unit_test(never_evicts_a_current_step_expert_with_prefetches),
         cmocka_unit_test(same_trace_same_slots),
         cmocka_unit_test(resize_forget_and_prefill_keep_the_structures),
+        cmocka_unit_test(sleeping_layers_wake_to_the_cells_they_would_have),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

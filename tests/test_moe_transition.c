@@ -4,8 +4,9 @@
  * says, hits are never moved (a pinned expert is never evicted), the
  * counts add up and two runs agree; on a trace whose routes follow a
  * same-layer token-to-token structure it beats LRU clearly at a tight
- * budget, also after its counters are halved; shapes whose transition
- * table is too large are refused.
+ * budget, also after its counters are halved; shapes whose model is too
+ * large are refused; layers put to sleep wake to the cells they would
+ * have had.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -255,9 +256,9 @@ static void transition_refuses_huge_shapes(void **state)
     o.policy = "transition";
     o.slots = 64;
     ferry_moe_planner *p = NULL;
-    /* 64 x 2048 x 2048 x 2 bytes = 512 MiB of counters */
-    o.num_layers = 64;
-    o.num_experts = 2048;
+    /* 1024 x 4096 ids at 127 bytes each: 508 MiB of model */
+    o.num_layers = 1024;
+    o.num_experts = 4096;
     assert_int_equal(ferry_moe_planner_create(&o, &p), -EINVAL);
     assert_null(p);
     assert_non_null(strstr(ferry_last_error(), "transition"));
@@ -266,11 +267,71 @@ static void transition_refuses_huge_shapes(void **state)
     o.num_experts = FERRY_MOE_MAX_EXPERTS;
     assert_int_equal(ferry_moe_planner_create(&o, &p), -EINVAL);
     assert_null(p);
-    /* DeepSeek-V3's shape (58 x 256) fits: 7.25 MiB */
+    /* DeepSeek-V3's shape (58 x 256) fits: 1.8 MiB; so does one of 64 x
+     * 2048, refused while the model held an E x E table a layer */
+    o.num_layers = 64;
+    o.num_experts = 2048;
+    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
+    ferry_moe_planner_destroy(p);
     o.num_layers = 58;
     o.num_experts = 256;
     FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
     ferry_moe_planner_destroy(p);
+}
+
+static ferry_moe_planner *planner_for(const ferry_moe_trace *t, const char *policy, uint32_t slots)
+{
+    const ferry_moe_model *mo = ferry_moe_trace_model(t);
+    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
+    o.num_layers = mo->num_layers;
+    o.num_experts = mo->num_experts;
+    o.top_k = mo->top_k;
+    o.slots = slots;
+    o.policy = policy;
+    ferry_moe_planner *p;
+    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
+    return p;
+}
+
+/* a layer asleep keeps its rows and routed sets only; woken, every
+ * expert's cell is what it would be had the layer never slept: a
+ * transition put to sleep (every 3rd layer awake) and woken every 37
+ * steps against one that never sleeps, the same routes, cell for cell at
+ * every step (layers asleep skipped), and all of them at each wake */
+static void transition_wakes_to_the_cells_it_would_have(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = ft_moe_gen("qwen3-30b-a3b", 96, 5);
+    uint32_t slots = ft_moe_share(t, 12.5);
+    ferry_moe_planner *awake = planner_for(t, "transition", slots);
+    ferry_moe_planner *sleepy = planner_for(t, "transition", slots);
+    const ferry__policy *a = ferry__planner_policy(awake);
+    ferry__policy *z = (ferry__policy *)ferry__planner_policy(sleepy);
+    FT_ASSERT_OK(ferry__transition_sleep(z, 3));
+    size_t n = ferry_moe_trace_steps(t), wakes = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t tok, layer, k;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &k));
+        FT_ASSERT_OK(ferry_moe_planner_ensure(awake, layer, ex, k, NULL, NULL, NULL));
+        FT_ASSERT_OK(ferry_moe_planner_ensure(sleepy, layer, ex, k, NULL, NULL, NULL));
+        long d = ferry__transition_cells_differ(a, z);
+        if (d != 0)
+            fail_msg("step %zu: %ld cells differ from the policy that never slept", i, d);
+        if (i % 37 == 36) {
+            FT_ASSERT_OK(ferry__transition_sleep(z, 0)); /* all awake: all compared */
+            if ((d = ferry__transition_cells_differ(a, z)) != 0)
+                fail_msg("woken at step %zu: %ld cells differ", i, d);
+            wakes++;
+            FT_ASSERT_OK(ferry__transition_sleep(z, 3));
+        }
+    }
+    print_message("%zu wakes, no cell differed\n", wakes);
+    assert_true(wakes > 50);
+    assert_int_equal(ferry__transition_sleep(NULL, 3), -EINVAL);
+    ferry_moe_planner_destroy(awake);
+    ferry_moe_planner_destroy(sleepy);
+    ferry_moe_trace_destroy(t);
 }
 
 int main(void)
@@ -283,6 +344,7 @@ int main(void)
         cmocka_unit_test(transition_refuses_huge_shapes),
         cmocka_unit_test(transition_lists_choose_as_the_scan),
         cmocka_unit_test(transition_work_does_not_grow_with_slots),
+        cmocka_unit_test(transition_wakes_to_the_cells_it_would_have),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

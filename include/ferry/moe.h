@@ -271,23 +271,26 @@ typedef struct ferry_moe_planner_options {
  *    (set dueling): all three order the real residents, the one ahead
  *    names the victim, ties to the simpler ("lru", then "routing"); the
  *    shadows use the real policies' learned models rather than learning
- *    again. "transition" takes part while its counters fit 64 MiB. On the
- *    real decode routing and generator traces measured it is never more
- *    than 0.2 points below LRU; it costs all three plus the shadows'
- *    placements a layer-step (README, "Real decode routing").
+ *    again, and while "routing" or "transition" trails it keeps only its
+ *    features and learning, not its cells, on the layers no shadow
+ *    samples (rebuilt exactly when it takes the lead). "transition" takes
+ *    part while its model fits 64 MiB. On the real decode routing and
+ *    generator traces measured it is never more than 0.2 points below
+ *    LRU (README, "Real decode routing").
  *  - "belady": Belady's MIN, offline (needs the trace as oracle).
  *  - "transition": learns P(routed at its layer's next turn) per cell of
  *    (routed at the last turn, turns routed of the last 16, bin of a
  *    learned same-layer token-to-token transition probability from the
  *    turn's routed set, over each routed expert's 16 most frequent
- *    successors), backed off to an LRU-like prior, and evicts the least
+ *    successors, counted by space-saving), backed off to an LRU-like
+ *    prior, and evicts the least
  *    probability / steps until the layer runs again; ties to the older
  *    use. O(top_k x 16) a layer-step (only the experts whose cell
  *    changed), O(num_layers) a victim plus the cells of the layers that
  *    changed: nothing grows with the slots; smooths by top_k (the
- *    planner's option, else the step's route count); L x E x E uint16
- *    counters (halved before they overflow): planner create refuses
- *    shapes needing over 256 MiB.
+ *    planner's option, else the step's route count); about 127 bytes
+ *    per expert id (no E x E table): planner create refuses shapes
+ *    needing over 256 MiB.
  * Every victim is unpinned (never an expert of the current step); ties go
  * to the lowest slot index. Under every policy, an expert hinted for a
  * later step (ferry_moe_planner_hint), likely enough to be right, is

@@ -199,14 +199,23 @@ extern const ferry__policy_ops ferry__policy_auto;
 /* (tests, bench) auto's lead - 0 lru, 1 routing, 2 transition - and the
  * times it changed (switches may be NULL); -1 for another policy */
 int ferry__auto_lead(const ferry__policy *p, uint64_t *switches);
+/* a routing leader's layers that are not a multiple of stride (> 1)
+ * sleep from their next turn: their experts' features and routed sets are
+ * kept, not their cells, which no victim may read meanwhile; stride 0 or
+ * 1 wakes them all (cells recomputed as if awake). -EINVAL for another
+ * policy (auto's routing, while it does not lead) */
+int ferry__routing_sleep(ferry__policy *p, uint32_t stride);
+/* (tests) the cell of id in a routing leader's model */
+uint32_t ferry__routing_cell(const ferry__policy *p, uint32_t id);
 /* (tests) auto's routing sub-policy, NULL for another policy */
 const ferry__policy *ferry__auto_routing(const ferry__policy *p);
 /* (tests) auto's routing shadow (a follower), NULL for another policy */
 const ferry__policy *ferry__auto_shadow_routing(const ferry__policy *p);
 extern const ferry__policy_ops ferry__policy_belady;
 extern const ferry__policy_ops ferry__policy_transition;
-/* "transition"'s L x E x E counter table: its bytes, and the most a
- * planner accepts (larger shapes are refused at create) */
+/* "transition"'s model (per id: its row's successor lanes, ring,
+ * history): its bytes, and the most a planner accepts (larger shapes are
+ * refused at create) */
 #define FERRY__TRANSITION_MAX_BYTES ((size_t)256 << 20)
 size_t ferry__transition_bytes(uint32_t num_layers, uint32_t num_experts);
 /* a transition policy over another set of slots (p, allocated with
@@ -223,6 +232,16 @@ int ferry__transition_follow(ferry__policy *p, ferry__policy *lead);
  * zeroes the counts of victims checked and of those that differed */
 void ferry__transition_verify(int on);
 void ferry__transition_verified(uint64_t *checked, uint64_t *mismatched);
+/* a transition policy's layers that are not a multiple of stride (> 1)
+ * sleep from their next visit: they keep learning their rows and routed
+ * sets but not their cells, which no victim may read meanwhile; stride
+ * 0 or 1 wakes them all at once (each rebuilt as if it had not slept).
+ * auto puts its transition to sleep while another policy leads, awake on
+ * the layers its shadow samples. -EINVAL for another policy */
+int ferry__transition_sleep(ferry__policy *p, uint32_t stride);
+/* (tests) how many ids' cells differ between two transition policies of
+ * one shape (the layers asleep in either skipped); -1 if not both */
+long ferry__transition_cells_differ(const ferry__policy *a, const ferry__policy *b);
 /* (tests) the work a transition policy or follower has done: events,
  * filings, layers and cells visited (0 for another policy) */
 uint64_t ferry__transition_ops(const ferry__policy *p);

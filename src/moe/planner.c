@@ -303,9 +303,9 @@ int ferry_moe_planner_create(const ferry_moe_planner_options *uopt, ferry_moe_pl
     if (ops == &ferry__policy_transition &&
         ferry__transition_bytes(opt->num_layers, opt->num_experts) > FERRY__TRANSITION_MAX_BYTES)
         return ferry__err_set(NULL, -EINVAL,
-                              "moe planner: policy transition: %u layers x %u x %u experts need "
-                              "%zu bytes of transition counters, more than the %zu accepted",
-                              opt->num_layers, opt->num_experts, opt->num_experts,
+                              "moe planner: policy transition: %u layers x %u experts need "
+                              "%zu bytes of transition model, more than the %zu accepted",
+                              opt->num_layers, opt->num_experts,
                               ferry__transition_bytes(opt->num_layers, opt->num_experts),
                               (size_t)FERRY__TRANSITION_MAX_BYTES);
     ferry_moe_planner *p = ferry__calloc(1, sizeof *p);

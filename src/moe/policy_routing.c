@@ -59,13 +59,11 @@
  * ferry__routing_check() walks all of it for the tests.
  *
  * A follower (auto's shadow cache, ferry__routing_follow) orders another
- * set of slots by the same model: it shares its leader's learned tables
- * and per-expert features (they depend on the routes alone, not on what
- * is resident), so it learns nothing itself; it keeps only its own lists
- * and tournament, which the leader updates whenever an expert resident in
- * the follower changes cell, and a copy of the waits and ranks, carried
- * over at each refresh. The leader's end_step must run before the
- * follower's step of the same layer.
+ * set of slots by its leader's model (tables and features depend on the
+ * routes alone): it keeps only its lists and tournament, which the leader
+ * updates whenever an expert resident in the follower changes cell, and
+ * a copy of the waits and ranks from each refresh. The leader's end_step
+ * runs before the follower's step of the same layer.
  */
 #include <errno.h>
 #include <math.h>
@@ -142,6 +140,8 @@ typedef struct routing {
     int follower;
     int stale;                 /* a follower: its leader's end_step moved some
                                   of its slots, its layer's leaf not updated */
+    uint32_t sleep_stride;     /* > 1: layers not a multiple of it sleep */
+    uint8_t *asleep;           /* per layer (a leader's) */
 } routing;
 
 /* the lists and the tournament, a follower's own */
@@ -172,6 +172,7 @@ static void rt_fini(ferry__policy *p)
     ferry__free(s->ring);
     ferry__free(s->ring_n);
     ferry__free(s->ring_tok);
+    ferry__free(s->asleep);
 }
 
 static uint16_t cell_of(int last, uint32_t win, uint32_t pop, int hinted)
@@ -324,8 +325,9 @@ static int rt_init(ferry__policy *p)
     s->ring = ferry__malloc((size_t)L * RING * s->ring_cap * sizeof *s->ring);
     s->ring_n = ferry__calloc((size_t)L * RING, sizeof(uint32_t));
     s->ring_tok = ferry__malloc((size_t)L * RING * sizeof(uint32_t));
+    s->asleep = ferry__calloc(L, 1);
     if (own < 0 || !s->ccbm || !s->x || !s->cell_count || !s->lturns || !s->routes ||
-        !s->turn_tok || !s->ring || !s->ring_n || !s->ring_tok) {
+        !s->turn_tok || !s->ring || !s->ring_n || !s->ring_tok || !s->asleep) {
         rt_fini(p);
         return -ENOMEM;
     }
@@ -883,8 +885,9 @@ static void learn_turn(routing *s, uint32_t layer, const uint32_t *ids, uint32_t
     }
 }
 
-/* the routed experts' features after the turn at tok, and their cells */
-static void routed_step(routing *s, stepv *v, const uint32_t *ids, uint32_t n)
+/* the routed experts' features after the turn at tok, and their cells
+ * (not when the layer sleeps: moves 0) */
+static void routed_step(routing *s, stepv *v, const uint32_t *ids, uint32_t n, int moves)
 {
     /* popularity bucket floor(2 log2(share * E)) + POP_B/2, clamped: the
      * number of half-octave thresholds the expert's share of its layer's
@@ -920,17 +923,101 @@ static void routed_step(routing *s, stepv *v, const uint32_t *ids, uint32_t n)
         /* each expert's move reads only its own features: the same as
          * all features first, then all moves. Routed at tok, its history
          * byte has bit 0: compute_cell() without its tests. */
-        step_move(v, e,
-                  (uint16_t)(hist_base[xi->bits & 0xffu] + (uint32_t)xi->pop * 2 +
-                             (xi->hint_tok == tok + 1)),
-                  1);
+        if (moves)
+            step_move(v, e,
+                      (uint16_t)(hist_base[xi->bits & 0xffu] + (uint32_t)xi->pop * 2 +
+                                 (xi->hint_tok == tok + 1)),
+                      1);
     }
+}
+
+static void ring_put(routing *s, uint32_t layer, uint32_t tok, uint32_t base, const uint32_t *ids,
+                     uint32_t n)
+{
+    size_t r = (size_t)layer * RING + tok % RING;
+    uint32_t keep = n < s->ring_cap ? n : s->ring_cap;
+    uint16_t *out = s->ring + r * s->ring_cap;
+    for (uint32_t j = 0; j < keep; j++)
+        out[j] = (uint16_t)(ids[j] - base);
+    s->ring_n[r] = keep;
+    s->ring_tok[r] = tok;
+}
+
+/* ---- sleep: features, ring and lists kept, no events, moves or
+ * learning; a wake recomputes each cell from the features (ferry__routing_sleep) */
+static void layer_sleep_step(routing *s, uint32_t m, const uint32_t *ids, uint32_t n, uint32_t tok)
+{
+    if (!s->asleep[m]) { /* its counts so far folded in (linear) */
+        const uint16_t *cc = s->cell_count + (size_t)m * CELLS;
+        for (uint32_t c = 0; c < CELLS; c++)
+            s->opps[c] += (uint64_t)cc[c] * s->lturns[m];
+        s->lturns[m] = 0;
+        s->asleep[m] = 1;
+    }
+    s->turn_tok[m] = tok;
+    stepv v;
+    stepv_init(&v, s, m, tok);
+    routed_step(s, &v, ids, n, 0);
+    for (uint32_t j = 0; j < n; j++) { /* (order within a cell: a wake's) */
+        uint32_t slot = s->base.env.where[ids[j]];
+        if (slot != FERRY_MOE_NONE && s->scell[slot] == CELL_NONE)
+            list_move(v.lk, v.scell, v.ht, v.bm, v.rank, slot, v.x[ids[j] - v.base].cell);
+    }
+    if (s->n_parked)
+        unpark(s, m);
+    seg_update(s, m);
+    ring_put(s, m, tok, v.base, ids, n);
+}
+
+static void layer_wake(routing *s, uint32_t m)
+{
+    uint32_t E = s->base.env.num_experts, tok = s->turn_tok[m];
+    s->asleep[m] = 0;
+    if (tok == UINT32_MAX)
+        return; /* never ran: as created */
+    xinfo *x = s->x + (size_t)m * E;
+    uint16_t *cc = s->cell_count + (size_t)m * CELLS;
+    uint64_t *nz = s->ccbm + (size_t)m * BMW;
+    memset(cc, 0, CELLS * sizeof *cc);
+    memset(nz, 0, BMW * sizeof *nz);
+    for (uint32_t e = 0; e < E; e++) {
+        uint16_t c = compute_cell(&x[e], tok);
+        x[e].cell = c;
+        if (cc[c]++ == 0)
+            nz[c / 64] |= 1ull << (c % 64);
+    }
+    for (uint32_t v = 0, id; v < s->base.env.slots; v++)
+        if (s->scell[v] != CELL_NONE && (id = s->base.env.occupant[v]) / E == m)
+            list_move(s->lk, s->scell, s->ht + (size_t)m * CELLS * 2, s->bm + (size_t)m * BMW,
+                      s->rank, v, s->x[id].cell);
+    seg_update(s, m);
+}
+
+uint32_t ferry__routing_cell(const ferry__policy *p, uint32_t id)
+{
+    return ((const routing *)p)->x[id].cell;
+}
+
+int ferry__routing_sleep(ferry__policy *p, uint32_t stride)
+{
+    if (!p || p->ops != &ferry__policy_routing)
+        return -EINVAL;
+    routing *s = (routing *)p;
+    s->sleep_stride = stride > 1 ? stride : 0;
+    for (uint32_t m = 0; m < p->env.num_layers; m++)
+        if (s->asleep[m] && (!s->sleep_stride || m % s->sleep_stride == 0))
+            layer_wake(s, m);
+    return 0;
 }
 
 static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint32_t n)
 {
     routing *s = (routing *)p;
     uint32_t tok = *p->env.token;
+    if (s->sleep_stride && layer % s->sleep_stride) {
+        layer_sleep_step(s, layer, ids, n, tok);
+        return;
+    }
 
     if (s->turn_tok[layer] != tok) /* a second ensure of the same turn: learn nothing twice */
         learn_turn(s, layer, ids, n);
@@ -944,7 +1031,7 @@ static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, u
     stepv v;
     stepv_init(&v, s, layer, tok);
     const xinfo *xl = v.x;
-    routed_step(s, &v, ids, n);
+    routed_step(s, &v, ids, n, 1);
     if (s->n_parked)
         unpark(s, layer); /* (the routed ones are listed again already) */
     uint32_t m;
@@ -971,14 +1058,7 @@ static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, u
     seg_update(s, layer);
     if (s->fol && s->fol->stale)
         seg_update(s->fol, layer);
-    /* remember this turn's set */
-    size_t r = (size_t)layer * RING + tok % RING;
-    uint32_t keep = n < s->ring_cap ? n : s->ring_cap;
-    uint16_t *out = s->ring + r * s->ring_cap;
-    for (uint32_t j = 0; j < keep; j++)
-        out[j] = (uint16_t)(ids[j] - v.base);
-    s->ring_n[r] = keep;
-    s->ring_tok[r] = tok;
+    ring_put(s, layer, tok, v.base, ids, n); /* remember this turn's set */
 }
 
 const ferry__policy_ops ferry__policy_routing = {

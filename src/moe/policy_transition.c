@@ -8,18 +8,22 @@
  * many of l's last 16 visits routed it, q), q the bin of its transition
  * feature - the mean over the visit's routed set R of the smoothed
  * probability that it follows r:
- *     tv(e) = (sum over r in R of A[l][r][e] / (An[l][r] + 1)
+ *     tv(e) = (sum over r in R of C[l][r][e] / (An[l][r] + 1)
  *              + (k / E) sum over r in R of 1 / (An[l][r] + 1)) / |R|,
- * k the model's top_k (the step's route count when not given) - for the
- * experts that one of R's rows tracks; all the others are in the lowest
- * bin (0), as are tracked ones whose tv is below its edge. A row tracks
- * its TR_K most counted successors (exactly: an untracked count never
- * passes the least tracked one, since counts move by one and the least is
- * swapped out the moment it would), so at most |R| x TR_K experts of a
- * visit have a bin above 0. (The prototype sums every row over every
- * expert: O(E x |R|) a visit. On the real decode traces of the README the
- * sparse feature is within 0.5 points of it, at 16 tracked; at 8, 0.3
- * points further below on OLMoE at 12.5%.)
+ * k the model's top_k (the step's route count when not given), An[l][r]
+ * the visits of l that followed one routing r, C[l][r][e] the count of
+ * those that routed e - for the experts that one of R's rows tracks; all
+ * the others are in the lowest bin (0), as are tracked ones whose tv is
+ * below its edge. A row tracks TR_K successors by space-saving (Metwally,
+ * Agrawal and El Abbadi, 2005; see "a row's successors" below): no E x E
+ * table, a row's counts in two vector registers while a visit counts it,
+ * and at most |R| x TR_K experts of a visit with a bin above 0. (The
+ * prototype sums every row over every expert: O(E x |R|) a visit. Until
+ * issue 27 a row kept all E exact counts and tracked its 16 most counted
+ * exactly: a visit's 64 counts cost as much as the rest of the visit, and
+ * on the real decode traces of the README space-saving hits more at 12.5%
+ * (OLMoE: 15-40% -> 17-37% of the LRU -> Belady gap) and about a point
+ * less at 25%, still 8-11 above LRU.)
  * A cell's p = (k[c] + 20 prior[c]) / (n[c] + 20), prior 0.45 when routed
  * at the last visit and 0.08 otherwise: n[c] counts every expert in cell
  * c at each visit of its layer, k[c] those of them routed then.
@@ -55,15 +59,12 @@
  * non-empty cells. ferry__transition_verify() has every victim checked
  * against a scan of all the slots by the same rule (tests).
  *
- * Memory: A is L x E x E uint16 counters (15 bits of count; with the top
- * bit set, "tracked": the bits are the index of its count in the row's
- * list of TR_K, which a visit reads without touching A); a row is halved
- * with its total before a count would pass 32767 (A[r][e] <= An[r] always
- * holds), so the ratios, and the order the tracking relies on, survive.
- * Shapes whose A would pass FERRY__TRANSITION_MAX_BYTES are refused at
- * planner create.
+ * Memory: about 127 bytes an id (ferry__transition_bytes: DeepSeek-V3's
+ * 58 x 256, 1.8 MiB); shapes past FERRY__TRANSITION_MAX_BYTES are
+ * refused at planner create.
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "moe/moe_internal.h"
@@ -77,11 +78,10 @@
 #define TR_P_HI 0.45
 #define TR_P_LO 0.08
 #define TR_K 16         /* successors a row tracks */
+#define TR_ROW (2 * TR_K) /* a row's lanes: experts, then counts */
 #define TR_RING (TR_W + 1)
 #define TR_REFRESH 256u /* visits between refreshes of the cells' p */
-#define TR_CNT 0x7fffu  /* a counter's count bits */
-#define TR_TRK 0x8000u  /* a counter's "tracked" bit */
-#define TR_MIN_STALE 0xffu
+#define TR_CNT 0x7fffu  /* the most a count or a row's total holds */
 #if defined(__GNUC__)
 #define TR_PREFETCH(a) __builtin_prefetch(a)
 #else
@@ -119,6 +119,11 @@ typedef struct trx {
     uint16_t cell;
 } trx;
 
+typedef struct trwk { /* a resident of a waking layer: its last use */
+    uint64_t last;
+    uint32_t slot;
+} trwk;
+
 typedef struct trans {
     ferry__policy base;
     trord o;
@@ -126,7 +131,6 @@ typedef struct trans {
     const ferry__policy *fol;        /* that follower */
     uint32_t layer;                  /* the current step's layer */
     uint32_t k;                      /* top_k, 0: the step's route count */
-    uint32_t K;                      /* min(E, TR_K) */
     struct trx *x;                   /* per id */
     /* per layer */
     uint32_t *V;                     /* visits */
@@ -139,19 +143,22 @@ typedef struct trans {
     uint32_t *un;                    /* [L] */
     int32_t *nprev;                  /* [L] experts of the last visit, -1 before it */
     /* transitions */
-    uint16_t *A;                     /* [L][E][E] */
     uint16_t *An;                    /* [L][E] */
-    uint16_t *top, *tc;              /* [L][E][K] tracked successors, their counts */
-    uint8_t *tn, *tmin;              /* [L][E] how many, index of the least (or stale) */
+    uint16_t *lanes;                 /* [L][E] rows of TR_K experts then TR_K counts:
+                                        a 64-byte line each */
+    uint8_t *tn;                     /* [L][E] lanes used */
     /* per visit scratch (E) */
-    double *acc;
-    uint32_t *umark, *emark, *cmark, stamp;
+    double *acc, *wr;
+    uint32_t *umark, *emark, stamp;
     uint8_t *qv;
-    uint16_t *ev, *tk;
+    uint16_t *ev, *tk, *miss;
     /* learned */
     uint64_t opps[TR_NC], kG[TR_NC], corr[TR_NC];
     double P[TR_NC];
     uint64_t visits, pgen;
+    uint32_t sleep_stride;           /* > 1: layers not a multiple of it may sleep */
+    uint8_t *asleep;                 /* [L] */
+    trwk *wk;                        /* [slots] a wake's scratch */
 } trans;
 
 static void ord_fini(trord *o)
@@ -270,18 +277,24 @@ static void ord_flush(trord *o, const struct trx *x, const uint32_t *occupant, u
 /* ---- the model ---- */
 size_t ferry__transition_bytes(uint32_t num_layers, uint32_t num_experts)
 {
-    return (size_t)num_layers * num_experts * num_experts * sizeof(uint16_t);
+    /* per id: its row's lanes, its place in the ring of routed sets, what
+     * is known of it, its row's total, its place in the tracked set, and
+     * its row's lanes used */
+    size_t per_id = TR_K * 2 * sizeof(uint16_t) + TR_RING * sizeof(uint16_t) + sizeof(trx) +
+                    2 * sizeof(uint16_t) + 1;
+    return (size_t)num_layers * num_experts * per_id;
 }
 
 static void tr_fini(ferry__policy *p)
 {
     trans *s = (trans *)p;
     ord_fini(&s->o);
-    void *arr[] = {s->x, s->V,    s->lt,   s->cc,    s->ccnz,
-                   s->ring, s->ring_n, s->ring_v, s->uset, s->un, s->nprev, s->A,    s->An,
-                   s->top,  s->tc, s->tn,   s->tmin,   s->acc,  s->umark, s->emark, s->ev, s->tk, s->cmark, s->qv};
+    void *arr[] = {s->x, s->V, s->asleep, s->wk,    s->lt,   s->cc,    s->ccnz,
+                   s->ring, s->ring_n, s->ring_v, s->uset, s->un, s->nprev, s->An,
+                   s->tn,   s->acc, s->wr,  s->umark, s->emark, s->ev, s->tk, s->miss, s->qv};
     for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
         ferry__free(arr[i]);
+    ferry__free(s->lanes);
 }
 
 static uint16_t tr_cell(uint32_t h, uint32_t q);
@@ -296,9 +309,10 @@ static int tr_init(ferry__policy *p)
         return -EINVAL;
     size_t ids = (size_t)L * E;
     s->k = p->env.top_k;
-    s->K = E < TR_K ? E : TR_K;
     s->x = ferry__calloc(ids, sizeof *s->x);
     s->V = ferry__calloc(L, sizeof *s->V);
+    s->asleep = ferry__calloc(L, 1);
+    s->wk = ferry__malloc(((size_t)p->env.slots + 1) * sizeof *s->wk);
     s->lt = ferry__calloc(L, sizeof *s->lt);
     s->cc = ferry__calloc((size_t)L * TR_NC, sizeof *s->cc);
     s->ccnz = ferry__calloc((size_t)L * TR_BMW, sizeof *s->ccnz);
@@ -308,34 +322,32 @@ static int tr_init(ferry__policy *p)
     s->uset = ferry__malloc(ids * sizeof *s->uset);
     s->un = ferry__calloc(L, sizeof *s->un);
     s->nprev = ferry__malloc((size_t)L * sizeof *s->nprev);
-    s->A = ferry__malloc(ids * E * sizeof *s->A); /* zeroed below */
     s->An = ferry__calloc(ids, sizeof *s->An);
-    s->top = ferry__malloc(ids * s->K * sizeof *s->top);
-    s->tc = ferry__malloc(ids * s->K * sizeof *s->tc);
+    s->lanes = ferry__aligned_alloc(64, ids * TR_ROW * sizeof *s->lanes);
     s->tn = ferry__calloc(ids, sizeof *s->tn);
-    s->tmin = ferry__malloc(ids * sizeof *s->tmin);
     s->acc = ferry__calloc(E, sizeof *s->acc);
+    s->wr = ferry__malloc((size_t)E * sizeof *s->wr);
     s->umark = ferry__calloc(E, sizeof *s->umark);
     s->emark = ferry__calloc(E, sizeof *s->emark);
     s->ev = ferry__malloc(((size_t)2 * E + 1) * sizeof *s->ev); /* (+1: a branchless append) */
-    s->cmark = ferry__calloc(E, sizeof *s->cmark);
     s->qv = ferry__calloc(E, sizeof *s->qv);
     s->tk = ferry__malloc((size_t)E * sizeof *s->tk);
-    if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->V ||
+    s->miss = ferry__malloc(((size_t)E + 1) * sizeof *s->miss); /* (+1: a branchless append) */
+    if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->V || !s->asleep || !s->wk ||
         !s->lt || !s->cc || !s->ccnz || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
-        !s->un || !s->nprev || !s->A || !s->An || !s->top || !s->tc || !s->tn || !s->tmin || !s->acc ||
-        !s->umark || !s->emark || !s->ev || !s->tk || !s->cmark || !s->qv) {
+        !s->un || !s->nprev || !s->An || !s->lanes || !s->tn || !s->acc || !s->wr ||
+        !s->umark || !s->emark || !s->ev || !s->tk || !s->miss || !s->qv) {
         tr_fini(p);
         return -ENOMEM;
     }
     /* written now, so that its pages fault in at create and not one by one
      * in the first tokens of a decode */
-    memset(s->A, 0, ids * E * sizeof *s->A);
     memset(s->ring, 0, (size_t)L * TR_RING * E * sizeof *s->ring);
     memset(s->uset, 0, ids * sizeof *s->uset);
-    memset(s->top, 0, ids * s->K * sizeof *s->top);
-    memset(s->tc, 0, ids * s->K * sizeof *s->tc);
-    memset(s->tmin, TR_MIN_STALE, ids);
+    for (size_t i = 0; i < ids; i++) { /* no expert (TR_NOBODY), count 0 */
+        memset(s->lanes + i * TR_ROW, 0xff, TR_K * sizeof *s->lanes);
+        memset(s->lanes + i * TR_ROW + TR_K, 0, TR_K * sizeof *s->lanes);
+    }
     uint16_t c0 = tr_cell(0, 0);
     for (size_t i = 0; i < ids; i++)
         s->x[i].cell = c0;
@@ -415,85 +427,45 @@ static void refresh_p(trans *s)
     s->pgen++; /* every layer's least is of the old p */
 }
 
-/* a row's tracking: its K most counted successors (top), their counts
- * (tc), how many (n) and the index of the least (mn, or stale); a visit
- * holds them in locals while it counts the row */
-typedef struct trrowc {
-    uint16_t *top, *tc;
-    uint32_t n, mn, K;
-} trrowc;
+#include "moe/ss_rows.h"
 
-/* e's count in the row goes up by one; the row keeps its K most counted
- * successors tracked */
-static inline void row_count(trrowc *w, uint16_t *row, uint32_t e)
+/* the transitions from layer l's last visit to this one's routes */
+static void learn_transitions(trans *s, uint32_t l, const uint16_t *le, uint32_t n)
 {
-    uint16_t *top = w->top, *tc = w->tc;
-    uint16_t x = row[e];
-    if (x & TR_TRK) { /* tracked: its count is in the row's list */
-        uint32_t i = x & TR_CNT;
-        tc[i]++;
-        w->mn = w->mn == i ? TR_MIN_STALE : w->mn;
-        return;
-    }
-    uint16_t c = (uint16_t)(x + 1);
-    if (w->n < w->K) {
-        uint32_t i = w->n++;
-        top[i] = (uint16_t)e;
-        tc[i] = c;
-        row[e] = (uint16_t)(TR_TRK | i);
-        w->mn = TR_MIN_STALE;
-        return;
-    }
-    if (w->mn == TR_MIN_STALE) {
-        uint32_t mi = 0;
-        for (uint32_t i = 1; i < w->K; i++)
-            mi = tc[i] < tc[mi] ? i : mi;
-        w->mn = mi;
-    }
-    uint32_t mi = w->mn;
-    if (c > tc[mi]) { /* the least tracked one is passed: they swap */
-        row[top[mi]] = tc[mi];
-        top[mi] = (uint16_t)e;
-        tc[mi] = c;
-        row[e] = (uint16_t)(TR_TRK | mi);
-        w->mn = TR_MIN_STALE;
-    } else {
-        row[e] = c;
+    uint32_t E = s->base.env.num_experts;
+    uint16_t *An = s->An + (size_t)l * E;
+    const uint16_t *prev = s->ring + ((size_t)l * TR_RING + (s->V[l] - 1) % TR_RING) * E;
+    for (int32_t i = 0; i < s->nprev[l]; i++) {
+        uint32_t r = prev[i];
+        size_t ri = (size_t)l * E + r;
+        uint16_t *top = s->lanes + ri * TR_ROW, *tc = top + TR_K;
+        trrowv v;
+        rowv_load(&v, top, tc);
+        if (An[r] == TR_CNT) { /* halve the row with its total: order kept */
+            rowv_halve(&v);
+            An[r] >>= 1;
+        }
+        An[r] = (uint16_t)(An[r] + 1);
+        uint32_t used = s->tn[ri], app = rowv_visit(&v, le, n, used, s->miss);
+        rowv_store(&v, top, tc);
+        for (uint32_t j = 0; j < app; j++) { /* new successors into unused lanes */
+            top[used + j] = s->miss[j];
+            tc[used + j] = 1;
+        }
+        s->tn[ri] = (uint8_t)(app ? used + app : rowv_used(&v));
+        s->o.ops += n;
     }
 }
 
-/* the transitions from layer l's last visit to this one's routes */
-static void learn_transitions(trans *s, uint32_t l, const uint32_t *ids, uint32_t n)
+/* the rows the next layer's visit will count in (its last routed set's:
+ * it runs next in a decode), asked for a step ahead */
+static void prefetch_next_rows(const trans *s, uint32_t layer)
 {
-    uint32_t E = s->base.env.num_experts;
-    uint16_t *A = s->A + (size_t)l * E * E, *An = s->An + (size_t)l * E;
-    uint32_t V = s->V[l];
-    const uint16_t *prev = s->ring + ((size_t)l * TR_RING + (V - 1) % TR_RING) * E;
-    /* the counters this touches, asked for at once: their misses overlap */
-    for (int32_t i = 0; i < s->nprev[l]; i++)
-        for (uint32_t j = 0; j < n; j++)
-            TR_PREFETCH(A + (size_t)prev[i] * E + ids[j] % E);
+    uint32_t E = s->base.env.num_experts, L = s->base.env.num_layers, l = layer + 1 == L ? 0 : layer + 1;
+    const uint16_t *pv = s->ring + ((size_t)l * TR_RING + (s->V[l] % TR_RING)) * E;
     for (int32_t i = 0; i < s->nprev[l]; i++) {
-        uint32_t r = prev[i];
-        uint16_t *row = A + (size_t)r * E;
-        if (An[r] == TR_CNT) { /* halve the row with its total: order kept */
-            size_t ri = (size_t)l * E + r;
-            for (uint32_t e = 0; e < E; e++)
-                if (!(row[e] & TR_TRK))
-                    row[e] >>= 1;
-            for (uint32_t t = 0; t < s->tn[ri]; t++)
-                s->tc[ri * s->K + t] >>= 1;
-            An[r] >>= 1;
-            s->tmin[ri] = TR_MIN_STALE;
-        }
-        An[r]++;
-        size_t ri = (size_t)l * E + r;
-        trrowc w = {s->top + ri * s->K, s->tc + ri * s->K, s->tn[ri], s->tmin[ri], s->K};
-        for (uint32_t j = 0; j < n; j++)
-            row_count(&w, row, ids[j] % E);
-        s->tn[ri] = (uint8_t)w.n;
-        s->tmin[ri] = (uint8_t)w.mn;
-        s->o.ops += n;
+        size_t ri = (size_t)l * E + pv[i];
+        TR_PREFETCH(s->lanes + ri * TR_ROW);
     }
 }
 
@@ -532,35 +504,37 @@ static void ev_add(trans *s, uint32_t e, uint32_t *nev)
 /* the experts the routed set's rows track whose feature's bin is above
  * the lowest: listed in us, marked umark, their bin in qv; the others'
  * is the lowest (0) */
-static uint32_t tracked_set(trans *s, uint32_t l, const uint32_t *ids, uint32_t n, uint16_t *us)
+static uint32_t tracked_set(trans *s, uint32_t l, const uint16_t *le, uint32_t n, uint16_t *us)
 {
     uint32_t E = s->base.env.num_experts, nc = 0, nu = 0;
     const uint16_t *An = s->An + (size_t)l * E;
     double wsum = 0;
-    for (uint32_t j = 0; j < n; j++)
-        wsum += 1.0 / ((double)An[ids[j] % E] + 1.0);
+    double *wr = s->wr;
+    for (uint32_t j = 0; j < n; j++) {
+        wr[j] = 1.0 / ((double)An[le[j]] + 1.0);
+        wsum += wr[j];
+    }
     uint16_t *cand = s->ev + E; /* (the second half of the scratch) */
-    uint32_t *cmark = s->cmark, stamp = s->stamp;
     double *acc = s->acc;
     for (uint32_t j = 0; j < n; j++) {
-        uint32_t r = ids[j] % E;
+        uint32_t r = le[j];
         size_t ri = (size_t)l * E + r;
-        const uint16_t *top = s->top + ri * s->K, *tc = s->tc + ri * s->K;
-        double w = 1.0 / ((double)An[r] + 1.0);
-        /* acc is all zero between visits; a candidate is listed once,
-         * without a branch */
+        const uint16_t *top = s->lanes + ri * TR_ROW, *tc = top + TR_K;
+        double w = wr[j];
+        /* acc is all zero between visits (a lane's count is at least 1):
+         * a candidate is listed once, at its first term, without a
+         * branch */
         for (uint32_t i = 0, tn = s->tn[ri]; i < tn; i++) {
             uint32_t e = top[i];
             cand[nc] = (uint16_t)e;
-            nc += cmark[e] != stamp;
-            cmark[e] = stamp;
+            nc += acc[e] == 0.0;
             acc[e] += (double)tc[i] * w;
         }
         s->o.ops += s->tn[ri];
     }
-    double kk = s->k ? (double)s->k : (double)n, base = wsum * kk / E;
+    double kk = s->k ? (double)s->k : (double)n, base = wsum * kk / E, inv = 1.0 / n;
     for (uint32_t i = 0; i < nc; i++) {
-        uint32_t e = cand[i], q = tr_bin((s->acc[e] + base) / n);
+        uint32_t e = cand[i], q = tr_bin((s->acc[e] + base) * inv);
         s->acc[e] = 0;
         if (q) {
             s->umark[e] = s->stamp;
@@ -569,6 +543,121 @@ static uint32_t tracked_set(trans *s, uint32_t l, const uint32_t *ids, uint32_t 
         }
     }
     return nu;
+}
+
+/* a fresh stamp for the visit's marks */
+static void tr_new_stamp(trans *s)
+{
+    if (++s->stamp == 0) { /* (after 2^32 visits) the marks start over */
+        uint32_t E = s->base.env.num_experts;
+        memset(s->umark, 0, E * sizeof *s->umark);
+        memset(s->emark, 0, E * sizeof *s->emark);
+        s->stamp = 1;
+    }
+}
+
+static void tr_end_visit(trans *s, uint32_t layer)
+{
+    if (s->visits < TR_REFRESH ? !(s->visits & (s->visits - 1)) : s->visits % TR_REFRESH == 0)
+        refresh_p(s);
+    prefetch_next_rows(s, layer);
+}
+
+/* ---- sleep: a layer whose cells no one reads (auto's transition while
+ * another policy leads, on the layers its shadow does not sample) keeps
+ * learning its rows and its ring of routed sets, and nothing else: no
+ * events, no bins, no cells, no counts for the p. Waking it rebuilds
+ * every expert's cell from the ring and the rows, as the visits it slept
+ * through would have left it (the rows are the same: they never slept);
+ * only the p have learned from the layers awake meanwhile. ---- */
+
+/* layer l falls asleep: its counts so far folded into the p's (the
+ * corrections of its moves stay where they are: a fold is linear) */
+static void layer_sleep(trans *s, uint32_t l)
+{
+    const uint64_t *nz = s->ccnz + (size_t)l * TR_BMW;
+    const uint16_t *cc = s->cc + (size_t)l * TR_NC;
+    for (uint32_t w = 0; w < TR_BMW; w++)
+        for (uint64_t bits = nz[w]; bits; bits &= bits - 1) {
+            uint32_t c = w * 64 + (uint32_t)__builtin_ctzll(bits);
+            s->opps[c] += (uint64_t)cc[c] * s->lt[l];
+        }
+    s->lt[l] = 0;
+    s->asleep[l] = 1;
+}
+
+static int wk_cmp(const void *a, const void *b)
+{
+    const trwk *x = a, *y = b;
+    if (x->last != y->last)
+        return x->last < y->last ? -1 : 1;
+    return x->slot < y->slot ? -1 : x->slot > y->slot;
+}
+
+/* layer l wakes: each expert's history from the ring, its bin from the
+ * last visit's rows, its cell; the cell counts anew; each resident of the
+ * layer touched (filed again before the next victim). O(E + slots) */
+static void layer_wake(trans *s, uint32_t l)
+{
+    uint32_t E = s->base.env.num_experts, V = s->V[l];
+    size_t b = (size_t)l * E;
+    for (uint32_t e = 0; e < E; e++) {
+        s->x[b + e].hist = 0;
+        s->x[b + e].hv = V;
+    }
+    for (uint32_t back = 0; back <= TR_W && back < V; back++) {
+        size_t ri = (size_t)l * TR_RING + (V - back) % TR_RING;
+        if (s->ring_v[ri] != V - back)
+            continue;
+        const uint16_t *set = s->ring + ri * E;
+        for (uint32_t i = 0; i < s->ring_n[ri]; i++)
+            s->x[b + set[i]].hist |= 1u << back;
+    }
+    tr_new_stamp(s);
+    size_t rr = (size_t)l * TR_RING + V % TR_RING;
+    uint32_t nu = 0;
+    if (V > 0 && s->ring_v[rr] == V && s->ring_n[rr] > 0)
+        nu = tracked_set(s, l, s->ring + rr * E, s->ring_n[rr], s->uset + b);
+    s->un[l] = nu;
+    uint16_t *cc = s->cc + (size_t)l * TR_NC;
+    uint64_t *nz = s->ccnz + (size_t)l * TR_BMW;
+    memset(cc, 0, TR_NC * sizeof *cc);
+    memset(nz, 0, TR_BMW * sizeof *nz);
+    for (uint32_t e = 0; e < E; e++) {
+        uint32_t q = s->umark[e] == s->stamp ? s->qv[e] : 0;
+        uint16_t c = tr_cell(s->x[b + e].hist, q);
+        s->x[b + e].cell = c;
+        cc[c]++;
+        nz[c / 64] |= 1ull << (c % 64);
+    }
+    /* its residents filed again from the least recently used, as their
+     * uses while it slept would have (a slept layer's uses touch nothing) */
+    const ferry__policy_env *env = &s->base.env;
+    uint32_t nw = 0;
+    for (uint32_t v = 0; v < env->slots; v++)
+        if (env->occupant[v] != FERRY_MOE_NONE && env->occupant[v] / E == l)
+            s->wk[nw++] = (trwk){s->x[env->occupant[v]].last, v};
+    qsort(s->wk, nw, sizeof *s->wk, wk_cmp);
+    for (uint32_t i = 0; i < nw; i++)
+        ord_touch(&s->o, l, s->wk[i].slot);
+    if (s->fol)
+        for (uint32_t v = 0; v < s->fol->env.slots; v++)
+            if (s->fol->env.occupant[v] != FERRY_MOE_NONE && s->fol->env.occupant[v] / E == l)
+                ord_touch(s->fol_o, l, v);
+    s->o.ops += E;
+    s->asleep[l] = 0;
+}
+
+int ferry__transition_sleep(ferry__policy *p, uint32_t stride)
+{
+    if (!p || p->ops != &ferry__policy_transition)
+        return -EINVAL;
+    trans *s = (trans *)p;
+    s->sleep_stride = stride > 1 ? stride : 0;
+    for (uint32_t l = 0; l < p->env.num_layers; l++)
+        if (s->asleep[l] && (!s->sleep_stride || l % s->sleep_stride == 0))
+            layer_wake(s, l);
+    return 0;
 }
 
 static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint32_t n)
@@ -581,22 +670,34 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
         return 0;
     s->visits++;
     uint32_t V = ++s->V[layer];
-    s->lt[layer]++;
-    if (++s->stamp == 0) { /* (after 2^32 visits) the marks start over */
-        memset(s->umark, 0, E * sizeof *s->umark);
-        memset(s->emark, 0, E * sizeof *s->emark);
-        memset(s->cmark, 0, E * sizeof *s->cmark);
-        s->stamp = 1;
+    tr_new_stamp(s);
+    /* this visit's set, layer-local (for the next visit and the one 16
+     * later): the one division of each id */
+    size_t rr = (size_t)layer * TR_RING + V % TR_RING;
+    uint16_t *le = s->ring + rr * E;
+    for (uint32_t j = 0; j < n; j++)
+        le[j] = (uint16_t)(ids[j] % E);
+    if (s->sleep_stride && layer % s->sleep_stride) { /* asleep: the rows and ring only */
+        if (!s->asleep[layer])
+            layer_sleep(s, layer);
+        if (s->nprev[layer] >= 0)
+            learn_transitions(s, layer, le, n);
+        s->ring_n[rr] = n;
+        s->ring_v[rr] = V;
+        s->nprev[layer] = (int32_t)n;
+        tr_end_visit(s, layer);
+        return 0;
     }
+    s->lt[layer]++;
     for (uint32_t j = 0; j < n; j++) /* routed now, counted in the cells of before */
-        s->kG[s->x[b + ids[j] % E].cell] += 1;
+        s->kG[s->x[b + le[j]].cell] += 1;
     if (s->nprev[layer] >= 0)
-        learn_transitions(s, layer, ids, n);
+        learn_transitions(s, layer, le, n);
     /* history events: routed now, at the last visit, 16 visits ago */
     uint32_t nev = 0, nold = s->un[layer], nu = 0;
     uint16_t *us = s->uset + b, *tk = s->tk;
     for (uint32_t j = 0; j < n; j++)
-        ev_add(s, ids[j] % E, &nev);
+        ev_add(s, le[j], &nev);
     for (uint32_t back = 1; back <= TR_W; back += TR_W - 1) {
         size_t ri = (size_t)layer * TR_RING + (V - back) % TR_RING;
         if (V <= back || s->ring_v[ri] != V - back)
@@ -605,15 +706,10 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
         for (uint32_t i = 0; i < s->ring_n[ri]; i++)
             ev_add(s, set[i], &nev);
     }
-    /* this visit's set, for the next visit and the one 16 later */
-    size_t rr = (size_t)layer * TR_RING + V % TR_RING;
-    uint16_t *set = s->ring + rr * E;
-    for (uint32_t j = 0; j < n; j++)
-        set[j] = (uint16_t)(ids[j] % E);
     s->ring_n[rr] = n;
     s->ring_v[rr] = V;
     s->nprev[layer] = (int32_t)n;
-    uint32_t ntk = tracked_set(s, layer, ids, n, tk);
+    uint32_t ntk = tracked_set(s, layer, le, n, tk);
     /* each history event's history brought to this visit, the routed bit
      * set, then its new cell */
     for (uint32_t i = 0; i < nev; i++) {
@@ -622,13 +718,11 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
         s->x[id].hv = V;
     }
     for (uint32_t j = 0; j < n; j++)
-        s->x[b + ids[j] % E].hist |= 1;
+        s->x[b + le[j]].hist |= 1;
     for (uint32_t i = 0; i < nev; i++) {
         uint32_t e = s->ev[i], q = s->umark[e] == s->stamp ? s->qv[e] : 0;
         tr_move(s, layer, (uint32_t)b + e, tr_cell(s->x[b + e].hist, q));
     }
-    /* the others whose bin moved: named now or at the last visit (their
-     * history is as it was: only the bin changes) */
     uint16_t *bm = s->ev + nev; /* (the scratch past the events) */
     uint32_t nbm = 0;
     for (uint32_t i = 0; i < nold + ntk; i++) { /* each once, without a branch */
@@ -647,9 +741,15 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
     s->o.ops += nold + ntk;
     s->un[layer] = nu;
     s->o.ops += nev + n;
-    if (s->visits < TR_REFRESH ? !(s->visits & (s->visits - 1)) : s->visits % TR_REFRESH == 0)
-        refresh_p(s);
+    tr_end_visit(s, layer);
     return 0;
+}
+
+/* id's layer: mostly the step's own, known without a division */
+static inline uint32_t tr_layer_of(const trans *s, uint32_t id)
+{
+    uint32_t E = s->base.env.num_experts;
+    return id - s->layer * E < E ? s->layer : id / E;
 }
 
 static void tr_used(trans *s, uint32_t id)
@@ -658,8 +758,8 @@ static void tr_used(trans *s, uint32_t id)
     if (s->x[id].last == now)
         return;
     s->x[id].last = now;
-    uint32_t l = id / s->base.env.num_experts, slot = s->base.env.where[id];
-    if (slot != FERRY_MOE_NONE)
+    uint32_t l = tr_layer_of(s, id), slot = s->base.env.where[id];
+    if (slot != FERRY_MOE_NONE && !s->asleep[l]) /* (a wake touches them all) */
         ord_touch(&s->o, l, slot);
     if (s->fol && (slot = s->fol->env.where[id]) != FERRY_MOE_NONE)
         ord_touch(s->fol_o, l, slot);
@@ -678,8 +778,9 @@ static int tr_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
     if (slot >= p->env.slots || id >= p->env.num_layers * p->env.num_experts)
         return -EINVAL;
     tr_used(s, id);
-    ord_unfile(&s->o, id / p->env.num_experts, slot);
-    ord_file(&s->o, id / p->env.num_experts, slot, s->x[id].cell);
+    uint32_t l = tr_layer_of(s, id);
+    ord_unfile(&s->o, l, slot);
+    ord_file(&s->o, l, slot, s->x[id].cell);
     return 0;
 }
 
@@ -687,7 +788,7 @@ static void tr_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
 {
     (void)evicted;
     if (slot < p->env.slots)
-        ord_unfile(&((trans *)p)->o, id / p->env.num_experts, slot);
+        ord_unfile(&((trans *)p)->o, tr_layer_of((trans *)p, id), slot);
 }
 
 /* x before y within a layer: less p, then touched longer ago (keys are
@@ -875,7 +976,7 @@ static int tf_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
     trans_follower *f = (trans_follower *)p;
     if (!f->lead || slot >= p->env.slots || id >= p->env.num_layers * p->env.num_experts)
         return -EINVAL;
-    uint32_t l = id / p->env.num_experts;
+    uint32_t l = tr_layer_of(f->lead, id);
     ord_unfile(&f->o, l, slot);
     ord_file(&f->o, l, slot, f->lead->x[id].cell);
     return 0;
@@ -884,8 +985,11 @@ static int tf_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
 static void tf_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
 {
     (void)evicted;
-    if (slot < p->env.slots)
-        ord_unfile(&((trans_follower *)p)->o, id / p->env.num_experts, slot);
+    trans_follower *f = (trans_follower *)p;
+    if (slot < p->env.slots && f->lead)
+        ord_unfile(&f->o, tr_layer_of(f->lead, id), slot);
+    else if (slot < p->env.slots)
+        ord_unfile(&f->o, id / p->env.num_experts, slot);
 }
 
 static int tf_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slot)
@@ -925,6 +1029,21 @@ int ferry__transition_follow(ferry__policy *p, ferry__policy *lead)
     m->fol = p;
     m->fol_o = &f->o;
     return 0;
+}
+
+long ferry__transition_cells_differ(const ferry__policy *a, const ferry__policy *b)
+{
+    if (!a || !b || a->ops != &ferry__policy_transition || b->ops != &ferry__policy_transition ||
+        a->env.num_layers != b->env.num_layers || a->env.num_experts != b->env.num_experts)
+        return -1;
+    const trans *x = (const trans *)a, *y = (const trans *)b;
+    uint32_t E = a->env.num_experts;
+    long d = 0;
+    for (uint32_t l = 0; l < a->env.num_layers; l++)
+        if (!x->asleep[l] && !y->asleep[l])
+            for (size_t i = (size_t)l * E; i < (size_t)(l + 1) * E; i++)
+                d += x->x[i].cell != y->x[i].cell;
+    return d;
 }
 
 uint64_t ferry__transition_ops(const ferry__policy *p)

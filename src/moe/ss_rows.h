@@ -1,0 +1,180 @@
+/*
+ * ss_rows.h - a row of transition's successor counts (policy_transition.c):
+ * TR_K lanes of (expert, count) kept by space-saving, counted a visit at a
+ * time in SSE2 registers where there are some, a lane at a time where not.
+ * Static inline functions for that one file; it defines TR_K, TR_CNT and
+ * includes <stdint.h> and <string.h> before this.
+ */
+#ifndef FERRY_MOE_SS_ROWS_H
+#define FERRY_MOE_SS_ROWS_H
+
+/* ---- a row's successors: space-saving counts ----
+ * Row r of layer l keeps TR_K lanes: an expert (top, TR_NOBODY when the
+ * lane is unused) and a count (tc, 0 when unused, at least 1 when used).
+ * A visit counts its routed experts in the row: first each that has a
+ * lane (its lane up by one), then each of the others in order, given the
+ * least lane (the first of the least: an unused one while any is left, so
+ * the used lanes are a prefix), which goes up by one - the newcomer
+ * inherits the count it displaces (Metwally et al.'s space-saving: a
+ * lane's count is at most its expert's true count plus that inheritance,
+ * and an expert counted more than 1/TR_K of all the row's counts has a
+ * lane). A row is halved with its total before the total would pass
+ * TR_CNT, its used lanes kept at 1 or more. A visit's counts of one row
+ * run in registers: no branch on which lane, no store between two. */
+#define TR_NOBODY 0xffffu
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+
+_Static_assert(TR_K == 16, "a row is two registers of 8 lanes");
+
+typedef struct trrowv {
+    __m128i top[2], tc[2];
+} trrowv;
+
+static inline void rowv_load(trrowv *v, const uint16_t *top, const uint16_t *tc)
+{
+    v->top[0] = _mm_loadu_si128((const __m128i *)(const void *)top);
+    v->top[1] = _mm_loadu_si128((const __m128i *)(const void *)(top + 8));
+    v->tc[0] = _mm_loadu_si128((const __m128i *)(const void *)tc);
+    v->tc[1] = _mm_loadu_si128((const __m128i *)(const void *)(tc + 8));
+}
+
+static inline void rowv_store(const trrowv *v, uint16_t *top, uint16_t *tc)
+{
+    _mm_storeu_si128((__m128i *)(void *)top, v->top[0]);
+    _mm_storeu_si128((__m128i *)(void *)(top + 8), v->top[1]);
+    _mm_storeu_si128((__m128i *)(void *)tc, v->tc[0]);
+    _mm_storeu_si128((__m128i *)(void *)(tc + 8), v->tc[1]);
+}
+
+/* halved, used lanes kept at 1 or more */
+static inline void rowv_halve(trrowv *v)
+{
+    __m128i none = _mm_set1_epi16((short)TR_NOBODY), one = _mm_set1_epi16(1);
+    for (int h = 0; h < 2; h++) {
+        __m128i used1 = _mm_andnot_si128(_mm_cmpeq_epi16(v->top[h], none), one);
+        v->tc[h] = _mm_max_epi16(_mm_srli_epi16(v->tc[h], 1), used1);
+    }
+}
+
+/* the first of the least count's lane (counts <= TR_CNT: signed compares) */
+static inline uint32_t rowv_least(const trrowv *v)
+{
+    __m128i m = _mm_min_epi16(v->tc[0], v->tc[1]);
+    m = _mm_min_epi16(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(1, 0, 3, 2)));
+    m = _mm_min_epi16(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(2, 3, 0, 1)));
+    m = _mm_min_epi16(m, _mm_shufflelo_epi16(m, _MM_SHUFFLE(2, 3, 0, 1)));
+    m = _mm_shuffle_epi32(_mm_shufflelo_epi16(m, 0), 0);
+    uint32_t k = (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(v->tc[0], m)) |
+                 (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(v->tc[1], m)) << 16;
+    return (uint32_t)__builtin_ctz(k) / 2;
+}
+
+/* the visit's successors le[0..n) (distinct) counted in the row: first
+ * every one that has a lane (independent adds), then the others in order,
+ * each taking the least lane (miss: scratch for them) */
+static inline uint32_t rowv_visit(trrowv *v, const uint16_t *le, uint32_t n, uint32_t used,
+                                  uint16_t *miss)
+{
+    static const int16_t lane[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    __m128i h0 = _mm_setzero_si128(), h1 = _mm_setzero_si128();
+    uint32_t nm = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        __m128i ev = _mm_set1_epi16((short)le[j]);
+        __m128i eq0 = _mm_cmpeq_epi16(v->top[0], ev), eq1 = _mm_cmpeq_epi16(v->top[1], ev);
+        h0 = _mm_or_si128(h0, eq0);
+        h1 = _mm_or_si128(h1, eq1);
+        miss[nm] = le[j];
+        nm += _mm_movemask_epi8(_mm_or_si128(eq0, eq1)) == 0;
+    }
+    /* (+1, saturating: a lane may pass the row's total by inheritances) */
+    v->tc[0] = _mm_subs_epi16(v->tc[0], h0);
+    v->tc[1] = _mm_subs_epi16(v->tc[1], h1);
+    if (used + nm <= TR_K) /* room for them all: the caller appends them */
+        return nm;
+    __m128i l0 = _mm_loadu_si128((const __m128i *)(const void *)lane);
+    __m128i l1 = _mm_loadu_si128((const __m128i *)(const void *)(lane + 8));
+    for (uint32_t j = 0; j < nm; j++) {
+        /* an unused lane while any is left (the least, at count 0) */
+        uint32_t at = used < TR_K ? used++ : rowv_least(v);
+        __m128i ev = _mm_set1_epi16((short)miss[j]), mi = _mm_set1_epi16((short)at);
+        __m128i n0 = _mm_cmpeq_epi16(l0, mi), n1 = _mm_cmpeq_epi16(l1, mi);
+        v->tc[0] = _mm_subs_epi16(v->tc[0], n0);
+        v->tc[1] = _mm_subs_epi16(v->tc[1], n1);
+        v->top[0] = _mm_or_si128(_mm_andnot_si128(n0, v->top[0]), _mm_and_si128(n0, ev));
+        v->top[1] = _mm_or_si128(_mm_andnot_si128(n1, v->top[1]), _mm_and_si128(n1, ev));
+    }
+    return 0;
+}
+
+/* lanes used: a prefix */
+static inline uint32_t rowv_used(const trrowv *v)
+{
+    __m128i none = _mm_set1_epi16((short)TR_NOBODY);
+    uint32_t k = (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(v->top[0], none)) |
+                 (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(v->top[1], none)) << 16;
+    return k ? (uint32_t)__builtin_ctz(k) / 2 : TR_K;
+}
+#else
+/* the same, a lane at a time */
+typedef struct trrowv {
+    uint16_t top[TR_K], tc[TR_K];
+} trrowv;
+
+static inline void rowv_load(trrowv *v, const uint16_t *top, const uint16_t *tc)
+{
+    memcpy(v->top, top, sizeof v->top);
+    memcpy(v->tc, tc, sizeof v->tc);
+}
+
+static inline void rowv_store(const trrowv *v, uint16_t *top, uint16_t *tc)
+{
+    memcpy(top, v->top, sizeof v->top);
+    memcpy(tc, v->tc, sizeof v->tc);
+}
+
+static inline void rowv_halve(trrowv *v)
+{
+    for (uint32_t i = 0; i < TR_K; i++) {
+        uint16_t h = (uint16_t)(v->tc[i] >> 1);
+        v->tc[i] = v->top[i] != TR_NOBODY && h == 0 ? 1 : h;
+    }
+}
+
+static inline uint32_t rowv_visit(trrowv *v, const uint16_t *le, uint32_t n, uint32_t used,
+                                  uint16_t *miss)
+{
+    uint32_t nm = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        uint32_t i = 0;
+        while (i < TR_K && v->top[i] != le[j])
+            i++;
+        if (i == TR_K)
+            miss[nm++] = le[j];
+        else
+            v->tc[i] = (uint16_t)(v->tc[i] + (v->tc[i] < TR_CNT));
+    }
+    for (uint32_t j = 0; j < nm; j++) {
+        uint32_t mi = 0;
+        if (used < TR_K)
+            mi = used++;
+        else
+            for (uint32_t i = 1; i < TR_K; i++)
+                mi = v->tc[i] < v->tc[mi] ? i : mi;
+        v->top[mi] = miss[j];
+        v->tc[mi] = (uint16_t)(v->tc[mi] + (v->tc[mi] < TR_CNT));
+    }
+    return 0;
+}
+
+static inline uint32_t rowv_used(const trrowv *v)
+{
+    uint32_t n = 0;
+    while (n < TR_K && v->top[n] != TR_NOBODY)
+        n++;
+    return n;
+}
+#endif
+
+#endif
