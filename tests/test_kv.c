@@ -1822,6 +1822,41 @@ static void l2_piece_torn_at_its_edge_is_a_miss(void **state)
     bad_piece_is_a_miss(0, 9000, 2 * 9000, 1);
 }
 
+/* a cancel in the middle of a retrieve in pieces: each chunk is moved
+ * whole (status 0) or untouched (-ECANCELED), never half its pieces */
+static void l2_pieces_cancelled_chunks_are_whole_or_untouched(void **state)
+{
+    (void)state;
+    for (int round = 0; round < 12; round++) {
+        bigfix f;
+        big_open_checked(&f, BIG, 16384, round % 2 ? 9000 : 8192);
+        int st[BIG];
+        ferry_kv_req r = FERRY_KV_REQ_INIT;
+        r.status = st;
+        r.max_chunks = BIG;
+        ferry_kv_op *op = NULL;
+        FT_ASSERT_OK(ferry_kv_retrieve_async(f.kv, f.a, BIG * CT, &r, &f.d.b, &op));
+        struct timespec ts = {0, (long)(round * 150000)};
+        nanosleep(&ts, NULL);
+        int rc = ferry_kv_op_cancel(op);
+        ferry_kv_op_free(op);
+        assert_true(rc == -ECANCELED || rc == BIG * CT);
+        for (int i = 0; i < BIG; i++) {
+            assert_true(st[i] == 0 || st[i] == -ECANCELED);
+            for (unsigned p = 0; p < PLANES; p++)
+                for (uint64_t t = (uint64_t)i * CT; t < (uint64_t)(i + 1) * CT; t++) {
+                    if (st[i] == 0) {
+                        assert_memory_equal(tok_at(&f.d, p, t), tok_at(&f.h, p, t), TB);
+                        continue;
+                    }
+                    for (unsigned x = 0; x < TB; x++)
+                        assert_int_equal(tok_at(&f.d, p, t)[x], 0xEE);
+                }
+        }
+        big_close(&f);
+    }
+}
+
 /* a device buffer, and a retrieve of one chunk (no worker copies): pieces
  * checked as they land, the chunk copied once whole and checked */
 static void l2_pieces_checked_into_a_device_buffer_and_alone(void **state)
@@ -2661,6 +2696,7 @@ int main(void)
         cmocka_unit_test(l2_one_bad_piece_is_a_miss_never_bytes),
         cmocka_unit_test(l2_piece_torn_at_its_edge_is_a_miss),
         cmocka_unit_test(l2_pieces_checked_into_a_device_buffer_and_alone),
+        cmocka_unit_test(l2_pieces_cancelled_chunks_are_whole_or_untouched),
         cmocka_unit_test(l2_corrupt_chunk_prefetched_is_dropped),
         cmocka_unit_test(two_stores_on_one_l2_directory_are_refused),
         cmocka_unit_test(failing_tier_warnings_are_rate_limited),

@@ -489,7 +489,7 @@ static void rt_read_done(rtv *r, size_t i, int rc)
             ferry__err_set(NULL, bad, "%s", r->why[i]);
             ferry__kv_tier_io_done(kv, r->at, 0, r->c[i].aloc, &e->id, 0, bad);
         }
-        if (r->c[i].pcopy && r->c[i].odone && (rc < 0 || r->c[i].lost))
+        if (r->c[i].pcopy && r->c[i].pstate == 1 && (rc < 0 || r->c[i].lost))
             ferry__kv_xfer_out_zero(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
                                     kv->chunk_tokens);
         if (rc == 0 && !r->c[i].lost && r->c[i].pcopy) {

@@ -34,14 +34,18 @@ static void rt_unit_run(rtv *r, size_t i, const rt_unit *u)
     ferry_kv *kv = r->kv;
     rt_chunk *c = &r->c[i];
     /* the copy goes with the hash, block by block, unless a check of the
-     * chunk failed already or the caller's buffer is no longer ours */
-    int copy = u->o1 > u->o0 && !ferry__kv_cancelled(r->cancel);
-    if (copy && r->wcopy) {
-        pthread_mutex_lock(&r->cmu);
-        copy = c->pbad == 0;
-        pthread_mutex_unlock(&r->cmu);
-    } else if (copy) {
-        copy = c->pbad == 0;
+     * chunk failed already. A cancel stops a chunk only before its first
+     * copy (kv.h: copies under way finish): a chunk is then moved whole
+     * (or zeroed after a failed check), or untouched */
+    int copy = 0;
+    if (u->o1 > u->o0) {
+        if (r->wcopy)
+            pthread_mutex_lock(&r->cmu);
+        if (c->pstate == 0)
+            c->pstate = ferry__kv_cancelled(r->cancel) ? 2 : 1;
+        copy = c->pstate == 1 && c->pbad == 0;
+        if (r->wcopy)
+            pthread_mutex_unlock(&r->cmu);
     }
     uint64_t t = ferry__thread_cpu_ns(), got = 0;
     double hs = 1;
@@ -155,6 +159,7 @@ void ferry__kv_rt_piece_mode(rtv *r, size_t i)
     c->nlp = 0;
     c->lp = c->cdone = c->odone = 0;
     c->pbad = 0;
+    c->pstate = 0;
     c->pcopy = !r->s && ferry__kv_chunk_ntok(kv, i, r->n) == kv->chunk_tokens &&
                r->skip <= (uint64_t)i * kv->chunk_tokens && !ferry__kv_cancelled(r->cancel) &&
                ferry__kv_rt_failed(r) == 0;
@@ -190,9 +195,8 @@ void ferry__kv_rt_pieces_finish(rtv *r, size_t i, ferry__kv_entry *e)
     pthread_mutex_unlock(&kv->mu);
     if (r->wcopy)
         pthread_mutex_lock(&r->cmu);
-    if (ferry__kv_cancelled(r->cancel)) {
-        r->c[i].st = -ECANCELED; /* (some of it may be copied out: the caller's buffer is
-                                    no longer ours) */
+    if (r->c[i].pstate != 1) { /* cancelled before any of it was copied out */
+        r->c[i].st = -ECANCELED;
         r->ncancel++;
     } else {
         r->c[i].st = 0;

@@ -54,6 +54,10 @@ typedef struct rt_chunk {
     uint64_t vp, lp, cdone, odone;
     uint32_t nlp;               /* read pieces landed back to back */
     uint8_t pcopy;
+    /* with pcopy (under cmu): 0 no copy decided yet, 1 copying (a cancel
+     * then lets the chunk's copy finish: it is moved whole or zeroed), 2
+     * cancelled before its first copy (untouched) */
+    uint8_t pstate;
     uint8_t froml2;             /* read from the async tier: its copy-out counts as arrival */
     unsigned pjobs;             /* its checks on workers (under cmu) */
     int pbad;                   /* its first failed check (under cmu) */
