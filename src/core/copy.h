@@ -146,7 +146,7 @@ static inline void ferry__copy_line_join(unsigned char *d, const unsigned char *
  * one completes it, a last part held. The runs between two flushes must
  * not overlap (a later run's bytes could land before an earlier held
  * part's), and their sources must stay as they are until the flush */
-static inline void ferry__copy_lines_run(ferry__copy_lines *w, void *dst, const void *src,
+static inline __attribute__((always_inline)) void ferry__copy_lines_run(ferry__copy_lines *w, void *dst, const void *src,
                                          size_t n)
 {
 #if defined(FERRY__COPY_RUNS_STREAM)
