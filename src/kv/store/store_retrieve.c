@@ -355,6 +355,7 @@ static void rt_landed(rtv *r, size_t i)
 {
     ferry__kv_tier *t = r->at;
     int rc = r->c[i].res;
+    r->first_hold = 0; /* (its first chunk read: the others may start) */
     if (r->c[i].begun) { /* (its check, if any, comes after: verify) */
         t->aops->end(t, r->c[i].aloc);
         r->c[i].begun = 0;
@@ -629,7 +630,8 @@ static void rt_fill(rtv *r, const ferry_kv_hash *ids, size_t k, size_t *ic, int 
             rt_send(r, r->cur, NULL);
             continue;
         }
-        if (*blocked || r->reading >= r->depth || *ic >= r->nch || ferry__kv_rt_failed(r) < 0)
+        if (*blocked || r->reading >= r->depth || *ic >= r->nch || ferry__kv_rt_failed(r) < 0 ||
+            (r->first_hold && r->reading > 0))
             return;
         if (r->c[*ic].fate == RT_OPEN && rt_issue(r, ids, *ic) < 0) {
             *blocked = 1;
@@ -785,6 +787,7 @@ static int rt_init(rtv *r, size_t nch)
         r->npieces = (uint32_t)((r->at->slot_bytes + r->piece - 1) / r->piece);
         r->pdepth = r->npieces > 1 ? r->at->aops->pdepth : r->depth;
         r->ramp = r->npieces > 1 ? 1 : r->pdepth;
+        r->first_hold = r->npieces > 1;
         /* pieces checked as they land: a map of those landed, and room
          * for each chunk's failure (written by the workers' checks) */
         if (r->at->aops->psum) {

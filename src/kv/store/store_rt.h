@@ -84,6 +84,10 @@ typedef struct rtv {
      * after all of them, sharing the drive) and is checked and copied out
      * while the queue fills */
     unsigned ramp;
+    /* until the first chunk read from the async tier landed, no other
+     * chunk's read starts: the first chunk has the drive to itself (with
+     * the ramp, chunk 1's pieces would share it and land it later) */
+    int first_hold;
     uint64_t hits[FERRY_KV_TIERS], misses, got;
     int copy_rc;
     size_t nheld, batch_max;
