@@ -1597,20 +1597,33 @@ static void l2_batch_into_a_device_buffer(void **state)
 
 /* ---- every byte read from below L1 is verified ---- */
 
-/* overwrite part of chunk k's bytes in the L2 slab file behind the store's
- * back (another process writing the file, a torn write, rot) */
-static void corrupt_l2_chunk(bigfix *f, size_t k)
+/* n bytes at byte off of chunk k's copy in the L2 slab file, changed
+ * behind the store's back (another process writing the file, a torn
+ * write, rot): set to x (set), else xor'ed with it */
+static void edit_l2_chunk(bigfix *f, size_t k, uint64_t off, size_t n, unsigned char x, int set)
 {
     char path[400];
     snprintf(path, sizeof path, "%s/%s", f->dir, FERRY_GDS_SLAB_NAME);
-    int fd = open(path, O_WRONLY);
+    int fd = open(path, O_RDWR);
     assert_true(fd >= 0);
-    unsigned char junk[100];
-    memset(junk, 0x5A, sizeof junk);
+    unsigned char junk[256];
+    assert_true(n <= sizeof junk);
     uint64_t loc = l2_loc_of(f->kv, f->a, BIG * CT, k);
-    assert_int_equal(pwrite(fd, junk, sizeof junk, (off_t)(loc + CHUNK / 2)), sizeof junk);
+    if (set)
+        memset(junk, x, n);
+    else
+        assert_int_equal(pread(fd, junk, n, (off_t)(loc + off)), (ssize_t)n);
+    for (size_t i = 0; !set && i < n; i++)
+        junk[i] ^= x;
+    assert_int_equal(pwrite(fd, junk, n, (off_t)(loc + off)), (ssize_t)n);
     assert_int_equal(fsync(fd), 0);
     close(fd);
+}
+
+/* overwrite 100 bytes in the middle of chunk k's L2 copy */
+static void corrupt_l2_chunk(bigfix *f, size_t k)
+{
+    edit_l2_chunk(f, k, CHUNK / 2, 100, 0x5A, 1);
 }
 
 /* a retrieve of the whole prompt after chunk 5 was corrupted: 5 chunks,
@@ -1697,6 +1710,24 @@ static void l2_corrupt_single_chunk_retrieve_is_a_miss(void **state)
 }
 
 /* a device destination: the slot is checked before it is promoted or copied */
+/* check_corrupt_chunk_is_a_miss (chunk 5 damaged) into a buffer on dev;
+ * the chunks before it (and with after: those after it too) exact */
+static void check_corrupt_chunk_on_device(bigfix *f, ferry_device *dev, int after)
+{
+    size_t bytes = PLANES * 2 * BIG * CT * TB;
+    ferry_devptr dst;
+    FT_ASSERT_OK(ferry_device_alloc(dev, bytes, &dst));
+    ferry_kv_buffer b = f->d.b;
+    b.mem = FERRY_KV_MEM_DEVICE;
+    b.base = dst;
+    check_corrupt_chunk_is_a_miss(f, &b, NULL);
+    FT_ASSERT_OK(ferry_device_download(dev, f->d.mem, dst, bytes));
+    assert_true(same_tokens(&f->h, &f->d, 0, 5 * CT));
+    if (after)
+        assert_true(same_tokens(&f->h, &f->d, 6 * CT, BIG * CT));
+    FT_ASSERT_OK(ferry_device_free(dev, dst));
+}
+
 static void l2_corrupt_chunk_into_a_device_buffer_is_a_miss(void **state)
 {
     (void)state;
@@ -1707,16 +1738,7 @@ static void l2_corrupt_chunk_into_a_device_buffer_is_a_miss(void **state)
     bigfix f;
     big_open_dev(&f, 16, BIG, dev);
     corrupt_l2_chunk(&f, 5);
-    size_t bytes = PLANES * 2 * BIG * CT * TB;
-    ferry_devptr dst;
-    FT_ASSERT_OK(ferry_device_alloc(dev, bytes, &dst));
-    ferry_kv_buffer b = f.d.b;
-    b.mem = FERRY_KV_MEM_DEVICE;
-    b.base = dst;
-    check_corrupt_chunk_is_a_miss(&f, &b, NULL);
-    FT_ASSERT_OK(ferry_device_download(dev, f.d.mem, dst, bytes));
-    assert_true(same_tokens(&f.h, &f.d, 0, 5 * CT));
-    FT_ASSERT_OK(ferry_device_free(dev, dst));
+    check_corrupt_chunk_on_device(&f, dev, 0);
     big_close(&f);
     ferry_device_close(dev);
 }
@@ -1738,22 +1760,10 @@ static void big_open_checked(bigfix *f, size_t na, uint64_t read, uint64_t cp)
         ferry__kv_set_handoff_min(f->kv, 0);
 }
 
-/* overwrite n bytes at byte off of chunk k's L2 copy with x */
+/* xor n bytes at byte off of chunk k's L2 copy with x */
 static void damage_l2_chunk(bigfix *f, size_t k, uint64_t off, size_t n, unsigned char x)
 {
-    char path[400];
-    snprintf(path, sizeof path, "%s/%s", f->dir, FERRY_GDS_SLAB_NAME);
-    int fd = open(path, O_RDWR);
-    assert_true(fd >= 0);
-    unsigned char junk[256];
-    assert_true(n <= sizeof junk);
-    uint64_t loc = l2_loc_of(f->kv, f->a, BIG * CT, k);
-    assert_int_equal(pread(fd, junk, n, (off_t)(loc + off)), (ssize_t)n);
-    for (size_t i = 0; i < n; i++)
-        junk[i] ^= x;
-    assert_int_equal(pwrite(fd, junk, n, (off_t)(loc + off)), (ssize_t)n);
-    assert_int_equal(fsync(fd), 0);
-    close(fd);
+    edit_l2_chunk(f, k, off, n, x, 0);
 }
 
 /* every chunk comes back byte-exact, checked piece by piece, for check
@@ -1873,17 +1883,7 @@ static void l2_pieces_checked_into_a_device_buffer_and_alone(void **state)
     ferry__kv_l2_check_piece = 2u << 20;
     f.kv->tier[FERRY_KV_TIER_L2]->apiece = 16384;
     damage_l2_chunk(&f, 5, 3 * 8192 + 5, 1, 0x80);
-    size_t bytes = PLANES * 2 * BIG * CT * TB;
-    ferry_devptr dst;
-    FT_ASSERT_OK(ferry_device_alloc(dev, bytes, &dst));
-    ferry_kv_buffer b = f.d.b;
-    b.mem = FERRY_KV_MEM_DEVICE;
-    b.base = dst;
-    check_corrupt_chunk_is_a_miss(&f, &b, NULL);
-    FT_ASSERT_OK(ferry_device_download(dev, f.d.mem, dst, bytes));
-    assert_true(same_tokens(&f.h, &f.d, 0, 5 * CT));
-    assert_true(same_tokens(&f.h, &f.d, 6 * CT, BIG * CT));
-    FT_ASSERT_OK(ferry_device_free(dev, dst));
+    check_corrupt_chunk_on_device(&f, dev, 1);
     big_close(&f);
     ferry_device_close(dev);
     /* alone: one chunk, the retrieving thread's own checks and copy */

@@ -556,24 +556,30 @@ static ferry_kv_config sink_cfg(const char *dir)
     return c;
 }
 
-/* the slab file offset of chunk k's image (its first plane's first token) */
-static off_t image_at(const char *dir, const uint8_t *mem, size_t k)
+/* the slab file offset (a multiple of 4096) of the first run of n bytes
+ * equal to want: where a chunk's image starts, found by its first token */
+static off_t slab_find(const char *dir, const uint8_t *want, size_t n)
 {
     char path[400];
     snprintf(path, sizeof path, "%s/%s", dir, FERRY_PSLAB_FILE);
     FILE *f = fopen(path, "rb");
     assert_non_null(f);
-    const uint8_t *want = mem + k * SK_CT * SK_TB;
-    uint8_t *blk = malloc(SK_TB);
+    uint8_t *blk = malloc(n);
     off_t at = -1;
-    for (off_t o = 0; at < 0 && fseeko(f, o, SEEK_SET) == 0 && fread(blk, 1, SK_TB, f) == SK_TB;
+    for (off_t o = 0; at < 0 && fseeko(f, o, SEEK_SET) == 0 && fread(blk, 1, n, f) == n;
          o += 4096)
-        if (!memcmp(blk, want, SK_TB))
+        if (!memcmp(blk, want, n))
             at = o;
     fclose(f);
     free(blk);
     assert_true(at >= 0);
     return at;
+}
+
+/* the slab file offset of chunk k's image (its first plane's first token) */
+static off_t image_at(const char *dir, const uint8_t *mem, size_t k)
+{
+    return slab_find(dir, mem + k * SK_CT * SK_TB, SK_TB);
 }
 
 /* a sink store's prompt, stored and synced into its persistent L2, the
@@ -1020,17 +1026,8 @@ static void pc_damage(const pcfix *f, unsigned k, off_t off)
 {
     char path[400];
     snprintf(path, sizeof path, "%s/%s", f->d, FERRY_PSLAB_FILE);
-    FILE *fp = fopen(path, "rb");
-    assert_non_null(fp);
-    const uint8_t *want = f->mem + (size_t)k * PC_CT * PC_TB; /* plane 0's first token */
-    uint8_t blk[PC_TB];
-    off_t at = -1;
-    for (off_t o = 0; at < 0 && fseeko(fp, o, SEEK_SET) == 0 && fread(blk, 1, PC_TB, fp) == PC_TB;
-         o += 4096)
-        if (!memcmp(blk, want, PC_TB))
-            at = o;
-    fclose(fp);
-    assert_true(at >= 0);
+    /* (plane 0's first token) */
+    off_t at = slab_find(f->d, f->mem + (size_t)k * PC_CT * PC_TB, PC_TB);
     int fd = open(path, O_RDWR);
     assert_true(fd >= 0);
     uint8_t b;

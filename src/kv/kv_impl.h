@@ -386,6 +386,12 @@ typedef int (*ferry__kv_run_fn)(void *ctx, uint64_t addr, unsigned char *img, ui
 int ferry__kv_xfer_walk(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
                         uint32_t ntok, void *chunk, ferry__kv_run_fn fn, void *ctx);
 
+/* bytes of one token of one (kv, layer) plane: heads x head_dim x dtype */
+static inline uint64_t ferry__kv_token_bytes(const ferry_kv_layout *l)
+{
+    return (uint64_t)l->num_heads * l->head_dim * ferry_dtype_size(l->dtype);
+}
+
 /* bytes [a, b) of a chunk image (whole tokens: multiples of a token's
  * bytes in one plane) into a HOST buffer, which holds the chunk's tokens
  * from tok0: the part of a chunk that landed and was checked */

@@ -61,8 +61,7 @@ void ferry__kv_piece_out(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint
         return;
     }
     uint64_t th = 0, tc = 0; /* wall ns hashing, copying (the clock is cheap, a CPU clock not) */
-    const ferry_kv_layout *l = &buf->layout;
-    uint64_t tb = (uint64_t)l->num_heads * l->head_dim * ferry_dtype_size(l->dtype);
+    uint64_t tb = ferry__kv_token_bytes(&buf->layout);
     /* blocks of whole tokens, about PIECE_BLOCK bytes (each still in the
      * core's cache when it is copied, and long enough to be streamed) */
     uint64_t step = PIECE_BLOCK > tb ? PIECE_BLOCK - PIECE_BLOCK % tb : tb;

@@ -31,11 +31,6 @@
 #include "copy.h"
 #include "sized.h"
 
-static uint64_t token_bytes(const ferry_kv_layout *l)
-{
-    return (uint64_t)l->num_heads * l->head_dim * ferry_dtype_size(l->dtype);
-}
-
 int ferry_kv_layout_chunk_bytes(const ferry_kv_layout *l, uint32_t chunk_tokens, uint64_t *out)
 {
     if (!l || !out || !l->num_layers || !l->num_heads || !l->head_dim || !chunk_tokens ||
@@ -268,7 +263,7 @@ static FERRY__ALWAYS_INLINE int walk_layers(const ferry_kv_buffer *buf, uint32_t
                                             void (*blk_end)(void *), void *ctx)
 {
     const ferry_kv_layout *l = &buf->layout;
-    uint64_t tb = token_bytes(l);
+    uint64_t tb = ferry__kv_token_bytes(l);
     unsigned char *img = chunk;
     uint64_t span = (uint64_t)chunk_tokens * tb; /* one plane of the image */
     /* together only where a layer's K and V share blocks (FlashInfer's
@@ -419,7 +414,7 @@ int ferry__kv_xfer_layer(const ferry_kv_buffer *buf, uint32_t chunk_tokens,
     xctx x;
     uint64_t bytes = 0;
     for (size_t k = 0; k < nch; k++)
-        bytes += (uint64_t)ch[k].ntok * token_bytes(&buf->layout) * buf->layout.kv;
+        bytes += (uint64_t)ch[k].ntok * ferry__kv_token_bytes(&buf->layout) * buf->layout.kv;
     xinit(&x, buf, to_chunk, bytes);
     int rc = 0;
     for (size_t k = 0; rc == 0 && k < nch; k++)
@@ -434,7 +429,7 @@ int ferry__kv_xfer(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t t
 {
     xctx x;
     xinit(&x, buf, to_chunk,
-          (uint64_t)ntok * token_bytes(&buf->layout) * buf->layout.kv * buf->layout.num_layers);
+          (uint64_t)ntok * ferry__kv_token_bytes(&buf->layout) * buf->layout.kv * buf->layout.num_layers);
     int rc = walk_layers(buf, chunk_tokens, tok0, ntok, chunk, 0, buf->layout.num_layers, 1,
                          to_chunk, xrun, xblock_end, &x);
     return xflush(&x, s, rc, eb);
@@ -443,7 +438,7 @@ int ferry__kv_xfer_out_range(const ferry_kv_buffer *buf, uint32_t chunk_tokens, 
                              const void *chunk, uint64_t a, uint64_t b)
 {
     const ferry_kv_layout *l = &buf->layout;
-    uint64_t tb = token_bytes(l), span = (uint64_t)chunk_tokens * tb;
+    uint64_t tb = ferry__kv_token_bytes(l), span = (uint64_t)chunk_tokens * tb;
     FERRY__ASSERT(buf->mem == FERRY_KV_MEM_HOST && a % tb == 0 && b % tb == 0 && a <= b);
     xctx x;
     xinit(&x, buf, 0, b - a);
@@ -483,6 +478,6 @@ ferry__kv_span ferry__kv_span_from(const ferry_kv_layout *l, uint32_t chunk_toke
     uint64_t o = FERRY__MIN(skip - sp.tok0, (uint64_t)ntok);
     sp.tok0 += o;
     sp.ntok = (uint32_t)(ntok - o);
-    sp.img_off = o * token_bytes(l);
+    sp.img_off = o * ferry__kv_token_bytes(l);
     return sp;
 }

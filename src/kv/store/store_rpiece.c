@@ -91,9 +91,7 @@ void ferry__kv_rt_piece_landed(rtv *r, size_t i, uint32_t k)
     lnd[k] = 1;
     while (c->nlp < r->npieces && lnd[c->nlp])
         c->nlp++;
-    const ferry_kv_layout *l = &kv->layout;
-    uint64_t len = kv->chunk_bytes, tb = (uint64_t)l->num_heads * l->head_dim *
-                                         ferry_dtype_size(l->dtype);
+    uint64_t len = kv->chunk_bytes, tb = ferry__kv_token_bytes(&kv->layout);
     c->lp = FERRY__MIN((uint64_t)c->nlp * r->piece, len);
     while (c->res == 0 && c->cdone < len) {
         rt_unit u = {r, NULL, i, c->pend->id, c->cdone, FERRY__MIN(c->cdone + c->vp, len),
