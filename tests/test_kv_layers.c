@@ -507,17 +507,50 @@ static void test_store_abandoned(void **state)
     free(pg);
     assert_l1_chunks(kv, 2 * NCH);
 
-    /* a store larger than half of L1 reserves what fits; the rest is declined */
-    ferry_kv *small = open_store(4, NULL);
+    /* a store longer than its window (a quarter of L1) reserves the window
+     * and takes the other chunks' layers into images of its own. While it
+     * waits for layers it holds two of the eight slots: another writer's
+     * five chunks all fit beside it (a store holding half would leave
+     * room for four, and the fifth would evict the first). In the end
+     * every chunk is stored, exact, whatever the order of its layers */
+    ferry_kv_config sc = config(8, NULL);
+    sc.watermark = 0.99; /* (evictions only when the eight are full) */
+    ferry_kv *small = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&sc, &small));
     FT_ASSERT_OK(ferry_kv_store_layers(small, tok, NTOK, &req, &sb, NULL, &op));
-    for (unsigned l = 0; l < L; l++)
+    int32_t tok5[NTOK];
+    make_tokens(tok5, NTOK, 9000);
+    assert_int_equal(ferry_kv_store(small, tok5, NTOK, NULL, &sb), (int)NTOK);
+    assert_int_equal(lookup(small, tok5), (int)NTOK);
+    assert_int_equal(lookup(small, tok), 0); /* (nothing visible before the last layer) */
+    for (unsigned l = L; l-- > 0;)
         FT_ASSERT_OK(ferry_kv_op_layer_done(op, l, NULL));
-    assert_int_equal(ferry_kv_op_wait(op, -1), (int)(2 * CT));
-    assert_int_equal(st[0], 0);
-    assert_int_equal(st[1], 0);
-    assert_int_equal(st[2], FERRY_ENOSPACE);
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)NTOK);
+    for (unsigned i = 0; i < NCH; i++)
+        assert_int_equal(st[i], 0);
     ferry_kv_op_free(op);
-    assert_int_equal(lookup(small, tok), (int)(2 * CT));
+    unsigned char *back = malloc(PLANES * plane_bytes());
+    ferry_kv_buffer bb = contiguous((uintptr_t)back, FERRY_KV_MEM_HOST);
+    memset(back, 0, PLANES * plane_bytes());
+    assert_int_equal(ferry_kv_retrieve(small, tok, NTOK, NULL, &bb), (int)NTOK);
+    assert_memory_equal(back, src, PLANES * plane_bytes());
+    FT_ASSERT_OK(ferry__kv_check(small));
+
+    /* staged chunks of a store cancelled or freed before its last layer:
+     * nothing of them becomes visible */
+    int32_t tok6[NTOK];
+    make_tokens(tok6, NTOK, 12000);
+    FT_ASSERT_OK(ferry_kv_store_layers(small, tok6, NTOK, NULL, &sb, NULL, &op));
+    FT_ASSERT_OK(ferry_kv_op_layer_done(op, 0, NULL));
+    assert_int_equal(ferry_kv_op_cancel(op), -ECANCELED);
+    ferry_kv_op_free(op);
+    FT_ASSERT_OK(ferry_kv_store_layers(small, tok6, NTOK, NULL, &sb, NULL, &op));
+    for (unsigned l = 0; l + 1 < L; l++)
+        FT_ASSERT_OK(ferry_kv_op_layer_done(op, l, NULL));
+    ferry_kv_op_free(op);
+    assert_int_equal(lookup(small, tok6), 0);
+    FT_ASSERT_OK(ferry__kv_check(small));
+    free(back);
     ferry_kv_close(small);
     free(src);
     ferry_kv_close(kv);
@@ -704,20 +737,77 @@ static void test_retrieve_device(void **state)
 /* store from device memory: a layer declared done with the engine's stream
  * is copied after the engine's work queued before it (here a held stream
  * whose pending copy writes the layer's final bytes) */
-static void test_store_device(void **state)
+/* no memory for the images of the chunks past the window: those chunks
+ * report -ENOMEM with a message saying so, the window's are stored */
+static size_t g_fail_size;
+
+static void *fail_malloc(size_t n, void *ctx)
+{
+    (void)ctx;
+    return n == g_fail_size ? NULL : malloc(n);
+}
+static void *std_calloc(size_t n, size_t size, void *ctx)
+{
+    (void)ctx;
+    return calloc(n, size);
+}
+static void *std_realloc(void *p, size_t n, void *ctx)
+{
+    (void)ctx;
+    return realloc(p, n);
+}
+static void *std_aligned(size_t a, size_t n, void *ctx)
+{
+    (void)ctx;
+    void *p = NULL;
+    return posix_memalign(&p, a < sizeof(void *) ? sizeof(void *) : a, n) == 0 ? p : NULL;
+}
+static void std_free(void *p, void *ctx)
+{
+    (void)ctx;
+    free(p);
+}
+
+static void test_store_stage_nomem(void **state)
 {
     (void)state;
-    ferry_device *dev = host_device();
-    ferry_kv *kv = open_store(32, dev);
+    static const ferry_allocator fa = {fail_malloc, std_calloc, std_realloc, std_aligned,
+                                       std_free, NULL};
+    g_fail_size = 3 * (size_t)CHUNK_BYTES; /* the images of chunks 2..4 */
+    ferry_set_allocator(&fa);
+    ferry_kv *kv = open_store(8, NULL);
     int32_t tok[NTOK];
-    make_tokens(tok, NTOK, 700);
-    unsigned char *want = pattern_image(23);
+    make_tokens(tok, NTOK, 3300);
+    unsigned char *src = pattern_image(29);
+    ferry_kv_buffer sb = contiguous((uintptr_t)src, FERRY_KV_MEM_HOST);
+    int st[NCH];
+    ferry_kv_req req = FERRY_KV_REQ_INIT;
+    req.status = st;
+    req.max_chunks = NCH;
+    ferry_kv_op *op = NULL;
+    FT_ASSERT_OK(ferry_kv_store_layers(kv, tok, NTOK, &req, &sb, NULL, &op));
+    assert_non_null(strstr(ferry_kv_last_error(kv), "no memory to stage chunks 2..4"));
+    for (unsigned l = 0; l < L; l++)
+        FT_ASSERT_OK(ferry_kv_op_layer_done(op, l, NULL));
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)(2 * CT));
+    assert_int_equal(st[1], 0);
+    for (unsigned i = 2; i < NCH; i++)
+        assert_int_equal(st[i], -ENOMEM);
+    ferry_kv_op_free(op);
+    assert_int_equal(lookup(kv, tok), (int)(2 * CT));
+    ferry_kv_close(kv);
+    ferry_set_allocator(NULL);
+    free(src);
+}
+
+/* a layerwise store from device memory whose layers the engine's stream
+ * computes (held back until declared done): nothing visible before the
+ * last layer, then every chunk, exact */
+static void store_device_layers(ferry_device *dev, ferry_kv *kv, const int32_t *tok,
+                                const unsigned char *want, ferry_devptr d, ferry_stream *engine)
+{
     size_t all = PLANES * plane_bytes();
-    ferry_devptr d = 0;
-    FT_ASSERT_OK(ferry_device_alloc(dev, all, &d));
     FT_ASSERT_OK(ferry_device_memset(dev, d, 0x33, all)); /* not yet computed */
-    ferry_stream *engine = NULL;
-    FT_ASSERT_OK(ferry_stream_create(dev, &engine));
     ferry_kv_buffer sb = contiguous(d, FERRY_KV_MEM_DEVICE);
     ferry_kv_op *op = NULL;
     FT_ASSERT_OK(ferry_kv_store_layers(kv, tok, NTOK, NULL, &sb, NULL, &op));
@@ -739,6 +829,32 @@ static void test_store_device(void **state)
     ferry_kv_buffer gb = contiguous((uintptr_t)got, FERRY_KV_MEM_HOST);
     assert_int_equal(ferry_kv_retrieve(kv, tok, NTOK, NULL, &gb), (int)NTOK);
     assert_memory_equal(got, want, all);
+    free(got);
+}
+
+static void test_store_device(void **state)
+{
+    (void)state;
+    ferry_device *dev = host_device();
+    ferry_kv *kv = open_store(32, dev);
+    int32_t tok[NTOK];
+    make_tokens(tok, NTOK, 700);
+    unsigned char *want = pattern_image(23);
+    size_t all = PLANES * plane_bytes();
+    ferry_devptr d = 0;
+    FT_ASSERT_OK(ferry_device_alloc(dev, all, &d));
+    ferry_stream *engine = NULL;
+    FT_ASSERT_OK(ferry_stream_create(dev, &engine));
+    ferry_kv_buffer sb = contiguous(d, FERRY_KV_MEM_DEVICE);
+    ferry_kv_op *op = NULL;
+    store_device_layers(dev, kv, tok, want, d, engine);
+    /* past the window of a smaller pool (two of eight slots): three chunks
+     * staged in pinned images of the op's own, copied there on the device's
+     * stream after the engine's */
+    ferry_kv *small = open_store(8, dev);
+    store_device_layers(dev, small, tok, want, d, engine);
+    ferry_kv_close(small);
+    unsigned char *got = malloc(all);
 
     /* cancelled with copies held back on the engine's stream: the cancel
      * waits for them, then aborts; nothing is visible, no slot is kept */
@@ -1233,6 +1349,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_retrieve_cancel, setup, teardown),
         cmocka_unit_test_setup_teardown(test_retrieve_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_store_device, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_store_stage_nomem, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fake_cuda, setup, teardown),
         cmocka_unit_test_setup_teardown(test_server, setup, teardown),
     };

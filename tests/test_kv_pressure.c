@@ -158,16 +158,36 @@ static uint64_t now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-/* a layerwise store of nch chunks from base, left unfinished: it holds
- * their slots until freed */
-static ferry_kv_op *hold(ferry_kv *kv, int32_t base, size_t nch)
+/* layerwise stores of nch chunks in all from base, left unfinished: each
+ * reserves its window (a quarter of a pool of `slots`) and holds those
+ * slots until freed (unhold) */
+#define HOLD_OPS 8u
+typedef struct held {
+    ferry_kv_op *op[HOLD_OPS];
+    size_t n;
+} held;
+
+static held hold(ferry_kv *kv, int32_t base, size_t nch, size_t slots)
 {
     static int32_t tok[MAXTOK];
-    tokens(tok, nch * CT, base);
-    ferry_kv_buffer b = buffer(g_img);
-    ferry_kv_op *op = NULL;
-    FT_ASSERT_OK(ferry_kv_store_layers(kv, tok, nch * CT, NULL, &b, NULL, &op));
-    return op;
+    held h = {.n = 0};
+    size_t w = slots / 4 ? slots / 4 : 1;
+    for (size_t at = 0; at < nch; at += w) {
+        size_t k = nch - at < w ? nch - at : w;
+        assert_true(h.n < HOLD_OPS);
+        tokens(tok, k * CT, base + (int32_t)(at * CT));
+        ferry_kv_buffer b = buffer(g_img);
+        FT_ASSERT_OK(ferry_kv_store_layers(kv, tok, k * CT, NULL, &b, NULL, &h.op[h.n]));
+        h.n++;
+    }
+    return h;
+}
+
+static void unhold(held *h)
+{
+    for (size_t i = 0; i < h->n; i++)
+        ferry_kv_op_free(h->op[i]);
+    h->n = 0;
 }
 
 static int store(ferry_kv *kv, int32_t base, size_t nch, int *st)
@@ -198,7 +218,7 @@ static void full_declines(int mode, int wait_ms)
     env e;
     env_open(&e, mode, SLOTS, wait_ms, 0);
     ferry_kv *a = env_client(&e), *b = env_client(&e), *c = env_client(&e);
-    ferry_kv_op *ha = hold(a, 100000, SLOTS / 2), *hb = hold(b, 200000, SLOTS / 2);
+    held ha = hold(a, 100000, SLOTS / 2, SLOTS), hb = hold(b, 200000, SLOTS / 2, SLOTS);
     int st[4] = {1, 1, 1, 1};
     uint64_t t0 = now_ms();
     int r = store(c, 300000, 4, st);
@@ -218,7 +238,7 @@ static void full_declines(int mode, int wait_ms)
         assert_true(m.pool_waits >= 1);
     if (mode == DAEMON) { /* who holds it, by client; and the client's own counters */
         assert_non_null(strstr(msg, "clients: pid"));
-        assert_non_null(strstr(msg, "(4 reserved)"));
+        assert_non_null(strstr(msg, "(2 reserved)")); /* (a window: a quarter) */
         ferry_serve_client cl[8];
         int n = ferry_serve_clients(e.srv.s, cl, 8, sizeof cl[0]);
         assert_true(n >= 3);
@@ -232,8 +252,8 @@ static void full_declines(int mode, int wait_ms)
         assert_true(wait_ms == 0 || waits >= 1);
     }
     /* freed, the pool takes the store */
-    ferry_kv_op_free(ha);
-    ferry_kv_op_free(hb);
+    unhold(&ha);
+    unhold(&hb);
     assert_int_equal(store(c, 300000, 4, st), (int)(4 * CT));
     assert_int_equal(st[3], 0);
     env_unclient(&e, a);
@@ -278,12 +298,12 @@ static void wait_then_proceed(int mode)
     env e;
     env_open(&e, mode, SLOTS, 5000, 0);
     ferry_kv *a = env_client(&e), *b = env_client(&e), *c = env_client(&e);
-    ferry_kv_op *ha = hold(a, 100000, SLOTS / 2), *hb = hold(b, 200000, SLOTS / 2);
+    held ha = hold(a, 100000, SLOTS / 2, SLOTS), hb = hold(b, 200000, SLOTS / 2, SLOTS);
     bg g = {.kv = c, .base = 300000, .nch = 6};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, bg_store, &g), 0);
     usleep(150 * 1000);
-    ferry_kv_op_free(ha); /* frees half of the pool; the other half stays held */
+    unhold(&ha); /* frees half of the pool; the other half stays held */
     pthread_join(th, NULL);
     assert_int_equal(g.rc, (int)(6 * CT));
     for (size_t i = 0; i < 6; i++)
@@ -293,7 +313,7 @@ static void wait_then_proceed(int mode)
     assert_true(m.pool_waits >= 1);
     assert_int_equal(m.pool_declines, 0);
     assert_true(m.pool_wait_us >= 100u * 1000);
-    ferry_kv_op_free(hb);
+    unhold(&hb);
     env_unclient(&e, a);
     env_unclient(&e, b);
     env_unclient(&e, c);
@@ -314,12 +334,12 @@ static void stream_pieces(int mode)
     env e;
     env_open(&e, mode, SLOTS, 2000, 0);
     ferry_kv *a = env_client(&e), *c = env_client(&e);
-    ferry_kv_op *ha = hold(a, 100000, SLOTS / 2);
+    held ha = hold(a, 100000, SLOTS / 2, SLOTS);
     int st[3 * SLOTS];
     assert_int_equal(store(c, 300000, 3 * SLOTS, st), (int)(3 * SLOTS * CT));
     for (size_t i = 0; i < 3 * SLOTS; i++)
         assert_int_equal(st[i], 0);
-    ferry_kv_op_free(ha);
+    unhold(&ha);
     env_unclient(&e, a);
     env_unclient(&e, c);
     env_close(&e);
@@ -357,7 +377,7 @@ static void no_deadlock(int mode)
     env e;
     env_open(&e, mode, SLOTS, 150, 0);
     ferry_kv *a = env_client(&e), *b = env_client(&e);
-    ferry_kv_op *ha = hold(a, 100000, SLOTS / 2), *hb = hold(b, 200000, SLOTS / 2);
+    held ha = hold(a, 100000, SLOTS / 2, SLOTS), hb = hold(b, 200000, SLOTS / 2, SLOTS);
     dl da = {&e, a, 300000, 0, 0}, db = {&e, b, 400000, 0, 0};
     pthread_t ta, tb;
     assert_int_equal(pthread_create(&ta, NULL, dl_run, &da), 0);
@@ -368,10 +388,10 @@ static void no_deadlock(int mode)
     assert_int_equal(db.rc, FERRY_ENOSPACE);
     assert_true(da.took < 150 + 3000 && db.took < 150 + 3000);
     /* one lets go: the other's next store proceeds */
-    ferry_kv_op_free(ha);
+    unhold(&ha);
     int st[4];
     assert_int_equal(store(b, 400000, 4, st), (int)(4 * CT));
-    ferry_kv_op_free(hb);
+    unhold(&hb);
     env_unclient(&e, a);
     env_unclient(&e, b);
     env_close(&e);
@@ -389,9 +409,10 @@ static void test_no_deadlock(void **state)
 static void locked_agree(int mode)
 {
     env e;
-    env_open(&e, mode, SLOTS, 50, 0);
+    env_open(&e, mode, 4 * SLOTS, 50, 0); /* (a window of 8: the three in one op) */
     ferry_kv *a = env_client(&e), *c = env_client(&e);
-    ferry_kv_op *ha = hold(a, 100000, 3);
+    held ha = hold(a, 100000, 3, 4 * SLOTS);
+    assert_int_equal(ha.n, 1);
     int st[3] = {1, 1, 1};
     assert_int_equal(store(c, 100000, 3, st), 0);
     for (size_t i = 0; i < 3; i++)
@@ -412,7 +433,7 @@ static void locked_agree(int mode)
         assert_int_equal(lst[i], FERRY_ELOCKED);
     assert_non_null(strstr(ferry_kv_last_error(c), "another writer"));
     ferry_kv_op_free(op);
-    ferry_kv_op_free(ha);
+    unhold(&ha);
     env_unclient(&e, a);
     env_unclient(&e, c);
     env_close(&e);
@@ -492,7 +513,7 @@ static void one_core_retrieve(int mode)
         FT_ASSERT_OK(ferry_kv_flush(c));
         assert_int_equal(lookup(c, base, nch), (int)(nch * CT));
         /* another writer crowds the pool meanwhile */
-        ferry_kv_op *h = hold(o, 900000 + round * 10000, BIG / 4);
+        held h = hold(o, 900000 + round * 10000, BIG / 4, BIG);
         static unsigned char got[PLANES * MAXTOK * TB];
         memset(got, 0, sizeof got);
         static int32_t tok[2 * BIG * CT];
@@ -507,7 +528,7 @@ static void one_core_retrieve(int mode)
         for (unsigned p = 0; p < PLANES; p++)
             assert_memory_equal(got + (size_t)p * MAXTOK * TB, g_img + (size_t)p * MAXTOK * TB,
                                 nch * CT * TB);
-        ferry_kv_op_free(h);
+        unhold(&h);
     }
     env_unclient(&e, c);
     env_unclient(&e, o);
@@ -522,6 +543,73 @@ static void test_one_core_retrieve(void **state)
     one_core_retrieve(DAEMON);
 }
 
+/* two layerwise prefills each as long as the whole pool, and a plain
+ * writer meanwhile: each prefill holds only its window (a quarter of the
+ * pool) while its layers come, so the plain store finds room at once and
+ * nothing is declined; each prefill stores all its chunks (staged past the
+ * window, then streamed through the pool), and each reads back exact */
+static void long_prefills(int mode)
+{
+    env e;
+    env_open(&e, mode, SLOTS, 200, 1);
+    ferry_kv *a = env_client(&e), *b = env_client(&e), *c = env_client(&e);
+    static int32_t ta[SLOTS * CT], tb[SLOTS * CT];
+    tokens(ta, SLOTS * CT, 700000);
+    tokens(tb, SLOTS * CT, 800000);
+    unsigned char *srcb = g_img + 3 * TB; /* (another prompt's bytes) */
+    ferry_kv_buffer ba = buffer(g_img), bb = buffer(srcb);
+    int sa[SLOTS], sb[SLOTS], sc[4];
+    ferry_kv_req ra = FERRY_KV_REQ_INIT, rb = FERRY_KV_REQ_INIT;
+    ra.status = sa;
+    ra.max_chunks = SLOTS;
+    rb.status = sb;
+    rb.max_chunks = SLOTS;
+    ferry_kv_op *oa = NULL, *ob = NULL;
+    FT_ASSERT_OK(ferry_kv_store_layers(a, ta, SLOTS * CT, &ra, &ba, NULL, &oa));
+    FT_ASSERT_OK(ferry_kv_store_layers(b, tb, SLOTS * CT, &rb, &bb, NULL, &ob));
+    uint64_t t0 = now_ms();
+    assert_int_equal(store(c, 900000, 4, sc), (int)(4 * CT));
+    assert_true(now_ms() - t0 < 150); /* (no wait for the prefills' slots) */
+    for (unsigned l = 0; l < L; l++) {
+        FT_ASSERT_OK(ferry_kv_op_layer_done(oa, l, NULL));
+        FT_ASSERT_OK(ferry_kv_op_layer_done(ob, l, NULL));
+    }
+    assert_int_equal(ferry_kv_op_wait(oa, 10000), (int)(SLOTS * CT));
+    assert_int_equal(ferry_kv_op_wait(ob, 10000), (int)(SLOTS * CT));
+    for (size_t i = 0; i < SLOTS; i++) {
+        assert_int_equal(sa[i], 0);
+        assert_int_equal(sb[i], 0);
+    }
+    ferry_kv_op_free(oa);
+    ferry_kv_op_free(ob);
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(e.home, &m));
+    assert_int_equal(m.pool_declines, 0);
+    FT_ASSERT_OK(ferry_kv_flush(c));
+    static unsigned char got[PLANES * MAXTOK * TB];
+    for (int w = 0; w < 2; w++) {
+        const unsigned char *want = w ? srcb : g_img;
+        memset(got, 0, sizeof got);
+        ferry_kv_buffer gb = buffer(got);
+        assert_int_equal(ferry_kv_retrieve(c, w ? tb : ta, SLOTS * CT, NULL, &gb),
+                         (int)(SLOTS * CT));
+        for (unsigned p = 0; p < PLANES; p++)
+            assert_memory_equal(got + (size_t)p * MAXTOK * TB, want + (size_t)p * MAXTOK * TB,
+                                SLOTS * CT * TB);
+    }
+    env_unclient(&e, a);
+    env_unclient(&e, b);
+    env_unclient(&e, c);
+    env_close(&e);
+}
+
+static void test_long_prefills(void **state)
+{
+    (void)state;
+    long_prefills(INPROC);
+    long_prefills(DAEMON);
+}
+
 /* a writer that reserves and never commits: in process, freeing its op
  * gives the slots back; through the daemon, so does its death */
 static void test_abandoned_reservation(void **state)
@@ -532,9 +620,9 @@ static void test_abandoned_reservation(void **state)
         env_open(&e, mode, SLOTS, 100, 0);
         ferry_kv *c = env_client(&e);
         if (mode == INPROC) {
-            ferry_kv_op *h = hold(c, 100000, SLOTS / 2), *h2 = hold(c, 200000, SLOTS / 2);
-            ferry_kv_op_free(h);
-            ferry_kv_op_free(h2);
+            held h = hold(c, 100000, SLOTS / 2, SLOTS), h2 = hold(c, 200000, SLOTS / 2, SLOTS);
+            unhold(&h);
+            unhold(&h2);
         } else {
             pid_t pid = fork();
             assert_true(pid >= 0);
@@ -621,12 +709,15 @@ static int child_hold(const char *sock)
     ferry_kv *k = NULL;
     if (ferry_kv_open(&c, &k) < 0)
         return 1;
-    int32_t tok[SLOTS / 2 * CT];
-    tokens(tok, SLOTS / 2 * CT, 100000);
-    ferry_kv_buffer b = buffer(g_img);
-    ferry_kv_op *op = NULL;
-    if (ferry_kv_store_layers(k, tok, SLOTS / 2 * CT, NULL, &b, NULL, &op) < 0)
-        return 2;
+    /* (two stores: each reserves its window, a quarter) */
+    for (int32_t s = 0; s < 2; s++) {
+        int32_t tok[SLOTS / 4 * CT];
+        tokens(tok, SLOTS / 4 * CT, 100000 + s * 10000);
+        ferry_kv_buffer b = buffer(g_img);
+        ferry_kv_op *op = NULL;
+        if (ferry_kv_store_layers(k, tok, SLOTS / 4 * CT, NULL, &b, NULL, &op) < 0)
+            return 2;
+    }
     _exit(0);
 }
 
@@ -642,6 +733,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_locked_agree, setup, teardown),
         cmocka_unit_test_setup_teardown(test_eight_writers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_one_core_retrieve, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_long_prefills, setup, teardown),
         cmocka_unit_test_setup_teardown(test_abandoned_reservation, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_deadline, setup, teardown),
     };

@@ -693,16 +693,25 @@ FERRY_API void ferry_kv_op_free(ferry_kv_op *op);
  * makes the engine's own stream wait for that event on the device, without
  * blocking the host once the layer's copies are queued.
  *
- * A layerwise store reserves the L1 slots of its chunks when it is made
- * (chunks already present are skipped, as ferry_kv_store skips them; at
- * most half of L1 is reserved, chunks past it report FERRY_ENOSPACE), then
- * takes layer l from src when ferry_kv_op_layer_done(op, l, ...) says it
- * is ready, in any order. Its chunks stay invisible (lookups and
- * retrieves miss them) until every layer was copied: then they are
- * committed together and written through to the lower tiers like any
- * store (with the lower tier's checksum). A store cancelled or freed
- * before its last layer, or whose process or server connection died,
- * commits nothing and gives its slots back.
+ * A layerwise store reserves, when it is made, the L1 slots of the chunks
+ * in its window: at most a quarter of L1 (through a server, of the
+ * daemon's pool), so that one long prefill does not hold the pool that
+ * other writers need for as long as its layers take (chunks already
+ * present are skipped, as ferry_kv_store skips them). The chunks past the
+ * window take their layers into chunk images of the operation's own, in
+ * this process's memory (pinned when src is on a device): as much memory
+ * as those chunks' bytes, given back when the op ends. It takes layer l
+ * from src when ferry_kv_op_layer_done(op, l, ...) says it is ready, in
+ * any order. Its chunks stay invisible (lookups and retrieves miss them)
+ * until every layer was copied: then the window's chunks are committed
+ * together, and the staged ones are stored as ferry_kv_store stores them
+ * (waiting for slots up to pool_wait_ms, in batches that fit, each chunk's
+ * code in req->status), all written through to the lower tiers like any
+ * store (with the lower tier's checksum). When this process has no memory
+ * for the staged images, the chunks past the window report -ENOMEM and
+ * the window's are stored. A store cancelled or freed before its last
+ * layer, or whose process or server connection died, commits nothing and
+ * gives its slots and images back.
  *
  * Both forms work through a server (cfg->server): the client copies each
  * layer into or out of the daemon's shared pool itself, on a connection of
@@ -760,15 +769,16 @@ FERRY_API int ferry_kv_op_stream_wait_layer(ferry_kv_op *op, uint32_t layer,
                                             ferry_stream *stream, int timeout_ms);
 /**
  * Start a layerwise store of tokens[0..n) from src (opt may be NULL):
- * reserves the chunks' L1 slots now (a store through a server: in the
- * daemon's pool) and returns 0 and *op. The layers then come through
+ * reserves its window's L1 slots now (a store through a server: in the
+ * daemon's pool) and images for the chunks past it, and returns 0 and
+ * *op. The layers then come through
  * ferry_kv_op_layer_done. ferry_kv_op_wait(op) returns what ferry_kv_store
  * would, once the last layer was copied and the chunks committed; asked
  * while layers are still missing it answers FERRY_ESTATE at once (it
  * would wait for calls that only the caller can make), as does
  * ferry_kv_op_test; the op goes on and still takes its layers. Errors before
  * starting: as ferry_kv_store_async, FERRY_ENOSPACE / -ENOMEM (not even
- * the first new chunk could be reserved), -EINVAL (a bad opt).
+ * the first new chunk could be reserved or staged), -EINVAL (a bad opt).
  */
 FERRY_API int ferry_kv_store_layers(ferry_kv *kv, const int32_t *tokens, size_t n,
                                     const ferry_kv_req *req, const ferry_kv_buffer *src,

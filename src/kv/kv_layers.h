@@ -4,7 +4,9 @@
  *
  * A layerwise operation is a ferry_kv_op with a ferry__kv_lw attached. It
  * holds its chunks in L1 slots for its whole life (a retrieve: acquired,
- * read-locked; a store: reserved, invisible), through one of two
+ * read-locked, at most half of L1; a store: reserved, invisible, at most
+ * its window, a quarter, the rest staged in images of its own:
+ * layers_stage.c), through one of two
  * backends with the same four steps: acquire / release, reserve /
  * commit-or-abort. In-process they are kv_slots.h's; through a server,
  * RESERVE / COMMIT / ACQUIRE / RELEASE on a connection the operation
@@ -51,6 +53,13 @@ typedef struct ferry__kv_lw {
     ferry_event **ev;       /* device buffers: one per layer */
     struct ferry__kvc *conn; /* through a server: the operation's own connection */
     unsigned char *pool;    /* through a server: that connection's mapping of the pool */
+    /* store: the chunks past its window in L1 (layers_stage.c), whose
+     * layers go into images of its own: chunks [stage0, stage0 + nstaged)
+     * of the request, lc[nheld + k] the image of chunk stage0 + k */
+    size_t stage0, nstaged;
+    unsigned char *stage;   /* nstaged chunk images, back to back */
+    size_t stage_bytes;
+    ferry_device *stage_dev; /* the device stage is pinned with, or NULL */
 } ferry__kv_lw;
 
 /* op.c's hooks (layers.c), each a no-op for an op that is not layerwise:
@@ -68,6 +77,16 @@ void ferry__kv_lw_free(ferry_kv_op *op);
  * `slot` of generation gen, whose image is at pool_slot in this process */
 void ferry__kv_lw_hold(ferry_kv *kv, ferry_kv_op *op, size_t i, ferry__kv_entry *e,
                        uint64_t slot, uint64_t gen, unsigned char *pool_slot);
+
+/* layers_stage.c: after the reserve, give the trailing chunks the window
+ * left out (FERRY_ENOSPACE) images of the op's own (their code 0 from
+ * then on); a chunk without one keeps its code. After the last layer (the
+ * window committed): store the staged images as ferry_kv_store does
+ * (waits, batches), their codes into lw->st. Free: unpin and free the
+ * images (NULL-safe, idempotent). */
+void ferry__kv_lw_stage(ferry_kv *kv, ferry_kv_op *op);
+void ferry__kv_lw_stage_store(ferry_kv *kv, ferry_kv_op *op);
+void ferry__kv_lw_stage_free(ferry__kv_lw *lw);
 
 /* the server client's backend (client_layers.c): each fills lw->ch /
  * nheld / st as the in-process one does; 0 or a code that ends the op */

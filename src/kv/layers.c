@@ -72,6 +72,7 @@ static void lw_detach_locked(ferry_kv *kv, ferry_kv_op *op)
     lw->s = NULL;
     lw->own_s = 0;
     lw->nheld = 0; /* (the slots held are the store's: given back already) */
+    ferry__kv_lw_stage_free(lw);
 }
 
 static void lw_destroy(ferry__kv_lw *lw)
@@ -79,6 +80,7 @@ static void lw_destroy(ferry__kv_lw *lw)
     if (!lw)
         return;
     FERRY__ASSERT(!lw->ev && !lw->s && !lw->conn);
+    ferry__kv_lw_stage_free(lw);
     ferry__free(lw->lst);
     ferry__free(lw->ch);
     ferry__free(lw->lc);
@@ -410,9 +412,20 @@ static void store_end_locked(ferry_kv *kv, ferry_kv_op *op, int abort, int rc)
     kv->be->lw_commit(kv, op, abort);
     if (!abort && op->buf.mem == FERRY_KV_MEM_DEVICE) /* as a retrieve counts its chunks */
         atomic_fetch_add(&kv->device_chunks, lw->nheld);
+    if (!abort && lw->nstaged) {
+        /* the window is committed (its slots are back): the staged chunks
+         * are stored like any store's, waits and all, outside op->mu (the
+         * store is sealed: nothing else ends it meanwhile) */
+        pthread_mutex_unlock(&op->mu);
+        ferry__kv_lw_stage_store(kv, op);
+        pthread_mutex_lock(&op->mu);
+    }
     if (abort) {
         for (size_t k = 0; k < lw->nheld; k++)
             lw->st[lw->ch[k].i] = rc;
+        for (size_t k = 0; k < lw->nstaged; k++)
+            lw->st[lw->stage0 + k] = rc;
+        ferry__kv_lw_stage_free(lw);
         if (rc == -ECANCELED)
             for (size_t i = 0; i < op->nchunks; i++)
                 lw->st[i] = -ECANCELED;
@@ -447,7 +460,10 @@ static int store_layers_call(ferry_kv *kv, const int32_t *tokens, size_t n,
         return r;
     ferry__kv_lw *lw = op->lw;
     atomic_fetch_add(&kv->stores, 1);
-    r = kv->be->lw_reserve(kv, op, kv->be->lw_cap(kv));
+    /* the window: half of what a retrieve may hold (layers_stage.c) */
+    r = kv->be->lw_reserve(kv, op, FERRY__MAX(kv->be->lw_cap(kv) / 2, 1));
+    if (r == 0)
+        ferry__kv_lw_stage(kv, op);
     if (r == 0 && op->nchunks && lw->st[0] < 0 && lw->st[0] != FERRY_ELOCKED)
         r = lw->st[0]; /* not even the first chunk: nothing to feed */
     if (r < 0) {
@@ -457,7 +473,7 @@ static int store_layers_call(ferry_kv *kv, const int32_t *tokens, size_t n,
         ferry_kv_op_free(op);
         return r;
     }
-    if (!lw->nheld) { /* every chunk present (or locked by another writer) */
+    if (!lw->nheld && !lw->nstaged) { /* every chunk present (or locked by another writer) */
         pthread_mutex_lock(&op->mu);
         store_end_locked(kv, op, 0, 0);
         pthread_mutex_unlock(&op->mu);
@@ -488,8 +504,8 @@ static int store_copy(ferry_kv *kv, ferry_kv_op *op, uint32_t layer, ferry_strea
             return ferry__kv_err(kv, r, "kv layer_done: ordering layer %u after the engine's "
                                  "stream: %s", layer, ferry_last_error());
     }
-    r = ferry__kv_xfer_layer(&op->buf, kv->chunk_tokens, lw->lc, lw->nheld, layer, 1, lw->s,
-                             NULL);
+    r = ferry__kv_xfer_layer(&op->buf, kv->chunk_tokens, lw->lc, lw->nheld + lw->nstaged, layer,
+                             1, lw->s, NULL);
     if (r < 0)
         return ferry__kv_err(kv, r, "kv layer_done: layer %u: %s", layer, ferry_last_error());
     if (op->buf.mem == FERRY_KV_MEM_DEVICE)

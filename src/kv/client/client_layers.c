@@ -20,7 +20,8 @@
 
 size_t ferry__kvc_lw_cap(ferry_kv *kv)
 {
-    (void)kv; /* the daemon caps a connection's reservations at half its pool */
+    (void)kv; /* the daemon caps a connection's reservations at half its pool
+               * (a store's window is a quarter: ask) */
     return FERRY__PROTO_MAX_CHUNKS;
 }
 
@@ -82,6 +83,8 @@ static int ask(ferry_kv *kv, ferry_kv_op *op, size_t cap, const char *what, int 
         return r;
     ferry__kvc *c = op->lw->conn;
     size_t n = FERRY__MIN(op->nchunks, cap);
+    if (type == FERRY__P_RESERVE) /* a store's window: a quarter of the pool (layers_stage.c) */
+        n = FERRY__MIN(n, (size_t)FERRY__MAX(c->nslots / 4, 1));
     if (!n)
         return 0;
     if ((r = ferry__kvc_chunks(kv, c, n)) < 0)

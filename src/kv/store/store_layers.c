@@ -3,7 +3,8 @@
  * (backend.h's four steps, kv_layers.h): a retrieve's chunks acquired
  * (promoted into L1, read-locked) and released, a store's slots reserved
  * (invisible until committed) and committed or aborted, through the slot
- * calls of kv_slots.h. At most half of L1 is held by one operation.
+ * calls of kv_slots.h. At most half of L1 is held by one operation (a
+ * store asks for half of that: its window, layers_stage.c).
  */
 #include <errno.h>
 
