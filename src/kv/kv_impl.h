@@ -535,6 +535,15 @@ struct ferry_kv {
     uint32_t chunk_tokens;
     uint64_t seed;
     uint64_t chunk_bytes, slot_bytes;
+    /* layers_stage.c: the staged images a layerwise store gave back last,
+     * kept (faulted in, pinned with lw_idle_dev or not) for the next long
+     * one while no larger than lw_keep (the L1 pool's bytes; through a
+     * server, the daemon's pool's, once known); under lw_mu */
+    pthread_mutex_t lw_mu;
+    unsigned char *lw_idle;
+    size_t lw_idle_bytes;
+    ferry_device *lw_idle_dev;
+    _Atomic uint64_t lw_keep;
     ferry_kv_hash ns0;             /* namespace digest without salt */
     ferry_device *dev;
     double watermark, low;

@@ -80,13 +80,15 @@ void ferry__kv_lw_hold(ferry_kv *kv, ferry_kv_op *op, size_t i, ferry__kv_entry 
 
 /* layers_stage.c: after the reserve, give the trailing chunks the window
  * left out (FERRY_ENOSPACE) images of the op's own (their code 0 from
- * then on); a chunk without one keeps its code. After the last layer (the
- * window committed): store the staged images as ferry_kv_store does
- * (waits, batches), their codes into lw->st. Free: unpin and free the
- * images (NULL-safe, idempotent). */
+ * then on; none to be had: -ENOMEM). After the last layer (the window
+ * committed): store the staged images as ferry_kv_store does (waits,
+ * batches), their codes into lw->st. Free: give the images back, kept
+ * on kv for the next store when they fit its bound (kv NULL: freed);
+ * NULL-safe, idempotent. Drop: free what kv keeps (its close). */
 void ferry__kv_lw_stage(ferry_kv *kv, ferry_kv_op *op);
 void ferry__kv_lw_stage_store(ferry_kv *kv, ferry_kv_op *op);
-void ferry__kv_lw_stage_free(ferry__kv_lw *lw);
+void ferry__kv_lw_stage_free(ferry_kv *kv, ferry__kv_lw *lw);
+void ferry__kv_lw_stage_drop(ferry_kv *kv);
 
 /* the server client's backend (client_layers.c): each fills lw->ch /
  * nheld / st as the in-process one does; 0 or a code that ends the op */

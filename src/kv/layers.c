@@ -72,7 +72,7 @@ static void lw_detach_locked(ferry_kv *kv, ferry_kv_op *op)
     lw->s = NULL;
     lw->own_s = 0;
     lw->nheld = 0; /* (the slots held are the store's: given back already) */
-    ferry__kv_lw_stage_free(lw);
+    ferry__kv_lw_stage_free(kv, lw);
 }
 
 static void lw_destroy(ferry__kv_lw *lw)
@@ -80,7 +80,7 @@ static void lw_destroy(ferry__kv_lw *lw)
     if (!lw)
         return;
     FERRY__ASSERT(!lw->ev && !lw->s && !lw->conn);
-    ferry__kv_lw_stage_free(lw);
+    ferry__kv_lw_stage_free(NULL, lw);
     ferry__free(lw->lst);
     ferry__free(lw->ch);
     ferry__free(lw->lc);
@@ -425,7 +425,7 @@ static void store_end_locked(ferry_kv *kv, ferry_kv_op *op, int abort, int rc)
             lw->st[lw->ch[k].i] = rc;
         for (size_t k = 0; k < lw->nstaged; k++)
             lw->st[lw->stage0 + k] = rc;
-        ferry__kv_lw_stage_free(lw);
+        ferry__kv_lw_stage_free(kv, lw);
         if (rc == -ECANCELED)
             for (size_t i = 0; i < op->nchunks; i++)
                 lw->st[i] = -ECANCELED;

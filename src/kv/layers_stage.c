@@ -13,6 +13,11 @@
  * stream through the pool in batches that fit, so the store ends with
  * every chunk stored, or each one it could not place reported.
  *
+ * The images a store gives back are kept for the next long store (one
+ * set, the largest, up to the size of the pool it writes to; freed at
+ * close): new memory's first touch, a page fault per 4 KiB, costs several
+ * times the copies themselves.
+ *
  * The staged images are an ordinary paged buffer to that store (one block
  * per chunk, block_tokens = chunk_tokens, plane p = kv * layers + layer at
  * p * chunk_tokens * token bytes), so nothing of the store's path is
@@ -28,6 +33,36 @@
 #include "kv/kv_impl.h"
 #include "kv/kv_layers.h"
 #include "kv/store/store_int.h"
+
+/* n bytes of images: the kept ones when they are large enough (their
+ * pages faulted in already: a first touch costs more than the copies),
+ * else new ones; *dev the device they are pinned with, or NULL */
+static unsigned char *stage_take(ferry_kv *kv, size_t n, size_t *got, ferry_device **dev)
+{
+    unsigned char *p = NULL;
+    pthread_mutex_lock(&kv->lw_mu);
+    if (kv->lw_idle && kv->lw_idle_bytes >= n) {
+        p = kv->lw_idle;
+        *got = kv->lw_idle_bytes;
+        *dev = kv->lw_idle_dev;
+        kv->lw_idle = NULL;
+        kv->lw_idle_bytes = 0;
+        kv->lw_idle_dev = NULL;
+    }
+    pthread_mutex_unlock(&kv->lw_mu);
+    if (!p && (p = ferry__malloc(n))) {
+        *got = n;
+        *dev = NULL;
+    }
+    return p;
+}
+
+static void stage_release(unsigned char *p, ferry_device *dev)
+{
+    if (dev)
+        (void)ferry_device_unpin(dev, p);
+    ferry__free(p);
+}
 
 void ferry__kv_lw_stage(ferry_kv *kv, ferry_kv_op *op)
 {
@@ -45,7 +80,9 @@ void ferry__kv_lw_stage(ferry_kv *kv, ferry_kv_op *op)
     if (!nst)
         return;
     uint64_t cb = kv->chunk_bytes;
-    unsigned char *p = cb && nst <= SIZE_MAX / cb ? ferry__malloc(nst * cb) : NULL;
+    size_t got = 0;
+    ferry_device *pinned = NULL;
+    unsigned char *p = cb && nst <= SIZE_MAX / cb ? stage_take(kv, nst * cb, &got, &pinned) : NULL;
     if (!p) { /* the window's chunks go on; these are declined, and why */
         for (size_t i = i0; i < op->nchunks; i++)
             lw->st[i] = -ENOMEM;
@@ -56,14 +93,17 @@ void ferry__kv_lw_stage(ferry_kv *kv, ferry_kv_op *op)
         return;
     }
     lw->stage = p;
-    lw->stage_bytes = nst * (size_t)cb;
+    lw->stage_bytes = got;
+    lw->stage_dev = pinned;
     lw->stage0 = i0;
     lw->nstaged = nst;
     /* a device buffer's copies into pinned images stay asynchronous; an
      * unpinned image is still copied, synchronously */
-    if (op->buf.mem == FERRY_KV_MEM_DEVICE && kv->dev &&
-        ferry_device_pin(kv->dev, p, lw->stage_bytes) == 0)
-        lw->stage_dev = kv->dev;
+    if (op->buf.mem == FERRY_KV_MEM_DEVICE && kv->dev && pinned != kv->dev) {
+        if (pinned)
+            (void)ferry_device_unpin(pinned, p);
+        lw->stage_dev = ferry_device_pin(kv->dev, p, got) == 0 ? kv->dev : NULL;
+    }
     for (size_t k = 0; k < nst; k++) {
         ferry__kv_lchunk *l = &lw->lc[lw->nheld + k];
         l->tok0 = (uint64_t)(i0 + k) * kv->chunk_tokens;
@@ -123,18 +163,46 @@ void ferry__kv_lw_stage_store(ferry_kv *kv, ferry_kv_op *op)
     ferry__free(bases);
     ferry__free(table);
     ferry__free(codes);
-    ferry__kv_lw_stage_free(lw);
+    ferry__kv_lw_stage_free(kv, lw);
 }
 
-void ferry__kv_lw_stage_free(ferry__kv_lw *lw)
+void ferry__kv_lw_stage_free(ferry_kv *kv, ferry__kv_lw *lw)
 {
     if (!lw || !lw->stage)
         return;
-    if (lw->stage_dev)
-        (void)ferry_device_unpin(lw->stage_dev, lw->stage);
-    ferry__free(lw->stage);
+    unsigned char *p = lw->stage, *drop = NULL;
+    ferry_device *dev = lw->stage_dev, *drop_dev = NULL;
+    size_t n = lw->stage_bytes;
     lw->stage = NULL;
     lw->stage_dev = NULL;
     lw->stage_bytes = 0;
     lw->nstaged = 0;
+    if (!kv || n > atomic_load(&kv->lw_keep)) {
+        stage_release(p, dev);
+        return;
+    }
+    /* kept when larger than what is kept (the smaller one goes) */
+    pthread_mutex_lock(&kv->lw_mu);
+    if (n > kv->lw_idle_bytes) {
+        drop = kv->lw_idle;
+        drop_dev = kv->lw_idle_dev;
+        kv->lw_idle = p;
+        kv->lw_idle_bytes = n;
+        kv->lw_idle_dev = dev;
+    } else {
+        drop = p;
+        drop_dev = dev;
+    }
+    pthread_mutex_unlock(&kv->lw_mu);
+    if (drop)
+        stage_release(drop, drop_dev);
+}
+
+void ferry__kv_lw_stage_drop(ferry_kv *kv)
+{
+    if (kv->lw_idle)
+        stage_release(kv->lw_idle, kv->lw_idle_dev);
+    kv->lw_idle = NULL;
+    kv->lw_idle_bytes = 0;
+    kv->lw_idle_dev = NULL;
 }

@@ -16,6 +16,7 @@
 #include "ferry/remote.h"
 #include "dirlock.h"
 #include "kv/kv_impl.h"
+#include "kv/kv_layers.h"
 #include "kv/kv_slots.h"
 #include "kv/backend.h"
 #include "sized.h"
@@ -81,6 +82,8 @@ void ferry__kv_free(ferry_kv *kv)
     pthread_cond_destroy(&kv->q[1].cv);
     pthread_cond_destroy(&kv->idle);
     pthread_mutex_destroy(&kv->call_mu);
+    ferry__kv_lw_stage_drop(kv);
+    pthread_mutex_destroy(&kv->lw_mu);
     pthread_cond_destroy(&kv->call_cv);
     ferry__free(kv->l1_gen);
     ferry__free(kv->model);
@@ -234,6 +237,7 @@ ferry_kv *ferry__kv_alloc(const ferry_kv_config *cfg, uint32_t ct, uint64_t chun
     pthread_cond_init(&kv->loaded, NULL);
     pthread_mutex_init(&kv->qmu, NULL);
     pthread_mutex_init(&kv->call_mu, NULL);
+    pthread_mutex_init(&kv->lw_mu, NULL);
     pthread_cond_init(&kv->call_cv, NULL);
     pthread_cond_init(&kv->q[0].cv, NULL);
     pthread_cond_init(&kv->q[1].cv, NULL);
@@ -264,6 +268,7 @@ ferry_kv *ferry__kv_alloc(const ferry_kv_config *cfg, uint32_t ct, uint64_t chun
     kv->ns0 = ferry__kv_namespace(kv->seed, kv->model, kv->tp_rank, kv->tp_world, NULL, 0);
     kv->pool_wait_ns = (uint64_t)cfg->pool_wait_ms * 1000000u;
     kv->prefetch_max = cfg->prefetch_max_bytes ? cfg->prefetch_max_bytes : cfg->l1_bytes / 4;
+    atomic_store(&kv->lw_keep, cfg->server ? 0 : cfg->l1_bytes);
     if (kv->prefetch_max < kv->slot_bytes)
         kv->prefetch_max = kv->slot_bytes;
     return kv;

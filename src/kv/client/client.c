@@ -290,6 +290,7 @@ static int map_pool(ferry_kv *kv, ferry__kvc *c, const ferry__proto_hello *g, in
                              c->path, (unsigned long long)g->pool_bytes, strerror(errno));
     c->pool = m;
     c->pool_bytes = (size_t)g->pool_bytes;
+    atomic_store(&kv->lw_keep, g->pool_bytes);
     /* with a device, the mapping is registered with it (page-locked, as an
      * in-process L1 is pinned), so device buffers move by DMA straight
      * between the engine's memory and the slots; refused (a locked-memory
