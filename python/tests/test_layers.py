@@ -66,6 +66,29 @@ def test_store_layers_visible_after_the_last():
         assert torch.equal(gather(dst, table, 48, bs), gather(src, table, 48, bs))
 
 
+def test_store_layers_past_its_window():
+    """A prompt longer than the store's window (a quarter of L1): the chunks
+    past it are staged in the store's own memory and stored after the last
+    layer; all of them come back bitwise."""
+    lay = small_layout()
+    bs, nb = 4, 64
+    src = paged_caches(lay, nb, bs, 14)
+    n = 6 * CHUNK
+    table = list(range(n // bs))
+    tokens = torch.arange(5000, 5000 + n)
+    with store_for(lay, l1=16 * CHUNK * lay.token_bytes) as s:  # 12 slots: a window of 3
+        op = s.store_layers(tokens, src, table)
+        for layer in (1, 2, 0):  # any order
+            assert s.lookup(tokens) == 0
+            op.layer_done(layer)
+        assert op.wait() == n
+        assert s.lookup(tokens) == n
+        dst = [torch.zeros_like(c) for c in src]
+        other = table[::-1]
+        assert s.retrieve(tokens, dst, other) == n
+        assert torch.equal(gather(dst, other, n, bs), gather(src, table, n, bs))
+
+
 def test_cancel_and_misuse():
     lay = small_layout()
     src = paged_caches(lay, 40, 4, 13)
