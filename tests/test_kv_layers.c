@@ -536,6 +536,26 @@ static void test_store_abandoned(void **state)
     assert_memory_equal(back, src, PLANES * plane_bytes());
     FT_ASSERT_OK(ferry__kv_check(small));
 
+    /* the store closed right after the last layer, while the staged
+     * chunks are stored: the op still answers (after close), stored or
+     * cancelled as a whole, and nothing leaks */
+    ferry_kv *gone = open_store(8, NULL);
+    int32_t tok7[NTOK];
+    make_tokens(tok7, NTOK, 15000);
+    int st7[NCH];
+    ferry_kv_req req7 = FERRY_KV_REQ_INIT;
+    req7.status = st7;
+    req7.max_chunks = NCH;
+    FT_ASSERT_OK(ferry_kv_store_layers(gone, tok7, NTOK, &req7, &sb, NULL, &op));
+    for (unsigned l = 0; l < L; l++)
+        FT_ASSERT_OK(ferry_kv_op_layer_done(op, l, NULL));
+    ferry_kv_close(gone);
+    int rc7 = ferry_kv_op_wait(op, -1);
+    assert_true(rc7 == (int)NTOK || rc7 == -ECANCELED);
+    for (unsigned i = 0; i < NCH; i++)
+        assert_int_equal(st7[i], rc7 < 0 ? rc7 : 0);
+    ferry_kv_op_free(op);
+
     /* staged chunks of a store cancelled or freed before its last layer:
      * nothing of them becomes visible */
     int32_t tok6[NTOK];
