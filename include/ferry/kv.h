@@ -75,8 +75,9 @@
  * every other chunk (a buffer from malloc, a device buffer) goes through
  * L1 as above. A direct chunk with a bad piece or a failed read is a miss
  * whose destination tokens are zeroed before the retrieve returns, after
- * every read of it landed (the one exception: the L2 read queue itself
- * breaking, an engine failure, leaves reads the kernel may still finish).
+ * every read of it landed (untouched when none of its reads was started;
+ * the one exception: the L2 read queue itself breaking, an engine
+ * failure, leaves reads the kernel may still finish).
  *
  * States. A chunk goes absent -> being written (invisible: lookups and
  * retrieves miss it) -> ready -> read-locked (counted, by retrieves in
@@ -670,7 +671,8 @@ FERRY_API int ferry_kv_op_wait(ferry_kv_op *op, int timeout_ms);
  * in flight land in L1 and stay there; a chunk being read straight into dst
  * (direct reads, above) reads no further piece and its pieces in flight
  * are waited for: it is then either whole and checked, status 0, or its
- * destination tokens are zeroed, status -ECANCELED); a running store reads no further
+ * destination tokens are zeroed (untouched if no read of it had started),
+ * status -ECANCELED); a running store reads no further
  * batch from src (chunks already committed stay stored). Returns the op's
  * result: -ECANCELED when the cancel stopped it (req->status: 0 for each
  * chunk that was moved, -ECANCELED for each that was not), else what it

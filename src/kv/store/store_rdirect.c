@@ -18,8 +18,9 @@
  * Invariant: the buffer holds a direct chunk's bytes as retrieved only
  * when every piece passed its check; a chunk with a bad piece, a failed or
  * torn read, or stopped part-way by a cancel, is zeroed after every read
- * of it landed and before the retrieve returns, so once the retrieve (or
- * the cancel waiting for it) returned, ferry writes nothing more there.
+ * of it landed and before the retrieve returns (untouched when none of
+ * its reads was started), so once the retrieve (or the cancel waiting for
+ * it) returned, ferry writes nothing more there.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -109,6 +110,7 @@ int ferry__kv_rt_direct_plan(rtv *r, size_t i)
     c->direct = 1;
     c->vwhole = 0;
     c->dstop = 0;
+    c->dsub = 0;
     return 1;
 }
 
@@ -148,7 +150,9 @@ int ferry__kv_rt_direct_submit(rtv *r, size_t i, ferry__kv_aread *a, uint64_t of
         at += k;
     }
     ferry__kv_tier *t = r->at;
-    return t->aops->submitv(t, &r->batch, a, c->aloc, off, r->iov, n, len);
+    int rc = t->aops->submitv(t, &r->batch, a, c->aloc, off, r->iov, n, len);
+    c->dsub |= rc == 0; /* (a submit that failed started nothing) */
+    return rc;
 }
 
 void ferry__kv_rt_direct_check(rtv *r, size_t i, const ferry_kv_hash *id, uint64_t c0,
@@ -207,8 +211,9 @@ void ferry__kv_rt_direct_done(rtv *r, size_t i, ferry__kv_entry *e, int rc)
     }
     int ok = rc == 0 && !c->lost && !c->dstop;
     /* every read of it has landed (its last one is what brought it here):
-     * whatever of it the drive wrote goes (kv.h: a miss is zeroed) */
-    if (!ok)
+     * whatever of it the drive wrote goes (kv.h: a miss is zeroed); none
+     * started, its tokens are untouched */
+    if (!ok && c->dsub)
         ferry__kv_xfer_out_zero(r->buf, kv->chunk_tokens, (uint64_t)i * kv->chunk_tokens,
                                 kv->chunk_tokens);
     ferry__kv_rt_direct_drop(r, i);

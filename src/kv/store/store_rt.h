@@ -66,10 +66,11 @@ typedef struct rt_chunk {
      * buffer, whose runs hold the image (runs[0..nruns), image order;
      * rcur: the first not yet wholly sent), no L1 slot; vwhole: checked
      * whole (no piece sums), as one unit once all of it landed; dstop: a
-     * cancel stopped its reads part-way */
+     * cancel stopped its reads part-way; dsub: a read of it was started
+     * (the buffer may hold some of it) */
     ferry__kv_run *runs;
     uint32_t nruns, rcur;
-    uint8_t direct, vwhole, dstop;
+    uint8_t direct, vwhole, dstop, dsub;
 } rt_chunk;
 
 typedef struct rtv {
