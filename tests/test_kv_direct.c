@@ -22,6 +22,7 @@
 #include "ferry/io.h"
 #include "ferry/kv.h"
 #include "io/sys.h"
+#include "kv/kv_impl.h"
 #include "pslab/pslab_impl.h"
 
 /* 80 layers x 8 heads x 128 f16: a chunk of 16 tokens is 160 planes of 32
@@ -404,6 +405,32 @@ static void test_direct_torn_read_is_a_zeroed_miss(void **state)
     fix_free(&f);
 }
 
+/* the third chunk's read fails at the store's fault seam, before any
+ * read of it starts: a miss whose tokens are untouched, the rest exact */
+static void test_direct_read_never_started_leaves_untouched(void **state)
+{
+    (void)state;
+    fix f;
+    stored(&f, 0);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&f.c, &kv));
+    ferry__kv_set_tier_fault(kv, FERRY_KV_TIER_L2, 0, 3, -EIO, 0);
+    dst d;
+    dst_paged(&d, &f);
+    memset(f.got, 0xEE, f.bytes + 4096);
+    int st[CH];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = CH;
+    assert_int_equal(ferry_kv_retrieve(kv, f.tok, N, &r, &d.b), 2 * CT);
+    for (unsigned k = 0; k < CH; k++) {
+        assert_int_equal(st[k], k == 2 ? FERRY_ENOTFOUND : 0);
+        chunk_is(&f, &d, k, k == 2 ? UNTOUCHED : EXACT);
+    }
+    ferry_kv_close(kv);
+    fix_free(&f);
+}
+
 static void sleep_us(long us)
 {
     struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
@@ -508,6 +535,7 @@ int main(void)
         cmocka_unit_test(test_direct_reads_are_exact),
         cmocka_unit_test(test_direct_bad_piece_is_a_zeroed_miss),
         cmocka_unit_test(test_direct_torn_read_is_a_zeroed_miss),
+        cmocka_unit_test(test_direct_read_never_started_leaves_untouched),
         cmocka_unit_test(test_direct_cancel_leaves_no_late_write),
         cmocka_unit_test(test_misaligned_buffer_goes_through_l1),
         cmocka_unit_test(test_old_format_read_directly_checked_whole),
