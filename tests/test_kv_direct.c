@@ -5,7 +5,8 @@
  * into contiguous and paged buffers, a bad piece or a torn read zeroing
  * its chunk, cancels at several moments leaving each chunk exact or
  * zeroed or untouched and nothing written after they return, and the L1
- * path kept for misaligned buffers; old-format slabs read directly too.
+ * path kept for misaligned buffers and (by default) for buffers in 4 KiB
+ * pages; old-format slabs read directly too.
  */
 /* ferry-test-labels: concurrent */
 #include <errno.h>
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -528,6 +530,29 @@ static void test_old_format_read_directly_checked_whole(void **state)
     fix_free(&f);
 }
 
+/* by default only a buffer in huge pages is read into directly: one in 4
+ * KiB pages (advised so) goes through L1, exact */
+static void test_default_reads_only_into_huge_pages(void **state)
+{
+    (void)state;
+    fix f;
+    stored(&f, 0);
+    free(f.got);
+    assert_int_equal(posix_memalign((void **)&f.got, 2 << 20, f.bytes + 4096), 0);
+    assert_int_equal(madvise(f.got, f.bytes + 4096, MADV_NOHUGEPAGE), 0);
+    ferry__kv_set_direct_mode(2);
+    dst d;
+    dst_contig(&d, &f, 0);
+    int st[CH];
+    ferry_kv_stats m;
+    assert_int_equal(cold(&f, &d, st, &m), N);
+    for (unsigned k = 0; k < CH; k++)
+        chunk_is(&f, &d, k, EXACT);
+    assert_true(m.tier[FERRY_KV_TIER_L1].chunks > 0);
+    ferry__kv_set_direct_mode(1);
+    fix_free(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -539,6 +564,9 @@ int main(void)
         cmocka_unit_test(test_direct_cancel_leaves_no_late_write),
         cmocka_unit_test(test_misaligned_buffer_goes_through_l1),
         cmocka_unit_test(test_old_format_read_directly_checked_whole),
+        cmocka_unit_test(test_default_reads_only_into_huge_pages),
     };
+    /* (the test buffers are in 4 KiB pages: direct reads into any aligned one) */
+    ferry__kv_set_direct_mode(1);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

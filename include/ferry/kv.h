@@ -68,9 +68,15 @@
  * copy, when every run of the buffer the chunk fills (one per layer and
  * K/V for a contiguous buffer, one per block of those for a paged one)
  * starts and ends on a 4096-byte boundary (pinned host memory, page-aligned
- * allocations), no two runs overlap, and the whole chunk goes to the
- * buffer (none of it below skip_tokens): each piece of the chunk is one
- * vectored read into its runs, checked there against its checksum. Such a
+ * allocations), no two runs overlap, the whole chunk goes to the buffer
+ * (none of it below skip_tokens), and the buffer lies in huge pages
+ * (transparent or hugetlbfs, as the kernel reports them, Linux 6.7+; a
+ * read into 4 KiB pages went at half the rate on a VM's disk). The
+ * environment variable FERRY_KV_DIRECT=1 drops that last condition (any
+ * aligned buffer; bare-metal NVMe reads 4 KiB pages at full rate),
+ * FERRY_KV_DIRECT=0 turns direct reads off; it is read once per process.
+ * Each piece of the chunk is one vectored read into its runs, checked
+ * there against its checksum. Such a
  * chunk is NOT promoted into L1 (a later retrieve reads it from L2 again);
  * every other chunk (a buffer from malloc, a device buffer) goes through
  * L1 as above. A direct chunk with a bad piece or a failed read is a miss
@@ -569,7 +575,7 @@ FERRY_API int ferry_kv_store(ferry_kv *kv, const int32_t *tokens, size_t n,
 /**
  * Load the cached KV of tokens[0..n) into dst. Every chunk that is present
  * is copied (L2 hits are promoted to L1 first, except those read straight
- * into a page-aligned host dst: see "Direct reads" above; the L2 reads of later
+ * into an aligned host dst: see "Direct reads" above; the L2 reads of later
  * chunks running ahead on the store's workers while earlier ones are
  * copied out); req->status gets 0 or FERRY_ENOTFOUND per chunk (a chunk
  * evicted since a lookup, or whose L2 read failed, is a miss: its bytes in

@@ -682,6 +682,10 @@ void ferry__kv_set_handoff_min(ferry_kv *kv, uint64_t bytes);
 void ferry__kv_set_clock(ferry_kv *kv, ferry__kv_clock_fn fn, void *ctx);
 /* fail the nth (1-based, from now) read or write of tier `tier` with code;
  * sticky: and every later one; nth 0 clears */
+/* direct reads into a host buffer (store_rdirect.c): 0 never, 1 into any
+ * aligned buffer, 2 only into huge pages (the default; FERRY_KV_DIRECT
+ * sets it for the process); a test seam */
+void ferry__kv_set_direct_mode(int mode);
 void ferry__kv_set_tier_fault(ferry_kv *kv, int tier, int write, uint64_t nth, int code,
                               int sticky);
 /* place WRITING entries for the chunks of tokens as a writer that died
