@@ -169,7 +169,10 @@ static int plain_buffer(const ferry_kv_layout *l, uint64_t cap, int aligned, eng
                   ferry_dtype_size(l->dtype);
     size_t bytes = (size_t)(cap * tb);
     e->host = NULL;
-    if (aligned ? posix_memalign(&e->host, 4096, bytes) != 0 : !(e->host = malloc(bytes)))
+    /* (huge: on a huge page's boundary, as a hugetlbfs pool is, so every
+     * page of it can be one) */
+    size_t align = aligned == 2 ? (size_t)2 << 20 : 4096;
+    if (aligned ? posix_memalign(&e->host, align, bytes) != 0 : !(e->host = malloc(bytes)))
         return -ENOMEM;
 #ifdef MADV_HUGEPAGE
     if (aligned == 2 && madvise(e->host, bytes, MADV_HUGEPAGE) != 0)
