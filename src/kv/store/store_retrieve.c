@@ -436,6 +436,14 @@ static void rt_send(rtv *r, size_t i, ferry__kv_aread *a)
     }
 }
 
+/* (kv->mu held) e is a chunk only in the async tier t, not being read */
+static int rt_async_only(ferry_kv *kv, ferry__kv_tier *t, const ferry__kv_entry *e)
+{
+    return e && e->state == FERRY__KV_READY && e->resident &&
+           !(e->resident & (1u << FERRY_KV_TIER_L1)) && !e->l1_loading &&
+           kv->tier[ferry__kv_lower_tier(kv, e)] == t;
+}
+
 /* start the asynchronous read of chunk i when it is only in the async
  * tier (its pieces go out through rt_send): 1 started, 0 not such a
  * chunk, -1 no room for it in L1 now */
@@ -448,14 +456,16 @@ static int rt_issue(rtv *r, const ferry_kv_hash *ids, size_t i)
     ferry__kv_aread *a = t->aops->get(t); /* the first piece's, before the slot */
     if (!a)
         return -1;
-    /* straight into the engine's buffer when it can be: no L1 slot */
-    int direct = ferry__kv_rt_direct_plan(r, i);
+    /* straight into the engine's buffer when it can be: no L1 slot (its
+     * runs planned outside the lock, for a chunk that is to be read) */
+    pthread_mutex_lock(&kv->mu);
+    int direct = rt_async_only(kv, t, ferry__kv_find(kv, ids[i]));
+    pthread_mutex_unlock(&kv->mu);
+    direct = direct && ferry__kv_rt_direct_plan(r, i);
     pthread_mutex_lock(&kv->mu);
     uint64_t now = ferry__kv_now_ns(kv);
     ferry__kv_entry *e = ferry__kv_find(kv, ids[i]);
-    if (!e || e->state != FERRY__KV_READY || !e->resident ||
-        (e->resident & (1u << FERRY_KV_TIER_L1)) || e->l1_loading ||
-        kv->tier[ferry__kv_lower_tier(kv, e)] != t) {
+    if (!rt_async_only(kv, t, e)) {
         pthread_mutex_unlock(&kv->mu);
         ferry__kv_rt_direct_drop(r, i);
         t->aops->put(t, a);
