@@ -315,7 +315,9 @@ static void test_direct_reads_are_exact(void **state)
             chunk_is(&f, &d, k, EXACT);
         }
         assert_int_equal(m.tier[FERRY_KV_TIER_L1].chunks, 0);
+        assert_int_equal(m.tier[FERRY_KV_TIER_L1].bytes_read, 0); /* (not out of L1) */
         assert_int_equal(m.tier[FERRY_KV_TIER_L2].hits, CH);
+        assert_int_equal(m.retrieved_bytes, (uint64_t)CH * CHUNK);
         assert_int_equal(m.retrieve_copy_us, 0);
         assert_int_equal(m.corrupt_chunks, 0);
         if (!paged) /* tokens past the prompt's chunks: never touched */

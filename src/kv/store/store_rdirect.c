@@ -295,6 +295,7 @@ void ferry__kv_rt_direct_done(rtv *r, size_t i, ferry__kv_entry *e, int rc)
     if (ok) {
         c->st = 0;
         r->got++;
+        r->dgot++;
         r->hits[r->at->id]++;
         rt_first(r, &r->first_chunk);
     } else if (c->dstop && rc == 0) {

@@ -942,7 +942,8 @@ static void rt_count(rtv *r)
     for (int t = 1; t < FERRY_KV_TIERS; t++)
         if (r->hits[t] && kv->tier[t])
             atomic_fetch_add(&kv->tier[t]->hits, r->hits[t]);
-    atomic_fetch_add(&kv->tier[FERRY_KV_TIER_L1]->bytes_read, r->got * kv->chunk_bytes);
+    atomic_fetch_add(&kv->tier[FERRY_KV_TIER_L1]->bytes_read,
+                     (r->got - r->dgot) * kv->chunk_bytes);
     atomic_fetch_add(&kv->misses, r->misses);
     atomic_fetch_add(&kv->retrieved_chunks, r->got);
     atomic_fetch_add(&kv->retrieved_bytes, r->got * kv->chunk_bytes);

@@ -124,6 +124,7 @@ typedef struct rtv {
     /* piece-mode checks no worker took: run by the retrieving thread
      * before it next waits for reads (after topping them up) */
     struct rt_unit *uq, *uq_tail;
+    uint64_t dgot;              /* chunks read straight into the buffer (not out of L1) */
     struct iovec *iov;          /* a direct piece's runs, while it is submitted */
     unsigned iov_cap;
 } rtv;
