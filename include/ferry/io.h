@@ -217,7 +217,7 @@ enum ferry_io_op {
     FERRY_IO_READV = 2   /**< file -> host memory in pieces: a ferry_io_vreq's req */
 };
 typedef struct ferry_io_req {
-    int op;              /**< FERRY_IO_READ or FERRY_IO_WRITE */
+    int op;              /**< FERRY_IO_READ, FERRY_IO_WRITE (or FERRY_IO_READV: ferry_io_vreq) */
     ferry_file *file;
     void *buf;           /**< host memory; NULL to use dev */
     ferry_devptr dev;    /**< device memory, when buf is NULL */
