@@ -34,9 +34,13 @@
 #
 # usage: bench/retrieve_vs_fio.sh [--ferry build/ferry] [--dir /var/tmp]
 #                                 [--rounds 5] [--parts "retrieve serve io l1"]
-#                                 [--base OLD/ferry] [--quick]
+#                                 [--base OLD/ferry] [--cold-args "ARGS"] [--quick]
 #   --base:  another build (with `kv bench --cold`) whose retrieve runs in
 #            the same rounds, next to this one: what a change gained
+#   --cold-args "ARGS": more arguments for this build's `kv bench --cold`
+#            (not the base's), e.g. "--aligned-huge": the engine buffer
+#            page-aligned in huge pages, read straight into (with --base
+#            set to this same build: direct reads against the L1 path)
 #   --quick: a short form for CI's smoke run (tiny sizes, 1 round; the
 #            figures mean nothing then)
 # needs: root, fio, jq
@@ -48,6 +52,7 @@ rounds=5
 parts="retrieve serve io l1"
 quick=0
 base=""
+cold_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
     --ferry) ferry=$2; shift 2 ;;
@@ -56,7 +61,8 @@ while [ $# -gt 0 ]; do
     --parts) parts=$2; shift 2 ;;
     --quick) quick=1; shift ;;
     --base) base=$2; shift 2 ;;
-    -h | --help) sed -n '2,41p' "$0"; exit 0 ;;
+    --cold-args) read -r -a cold_args <<<"$2"; shift 2 ;;
+    -h | --help) sed -n '2,45p' "$0"; exit 0 ;;
     *) echo "retrieve_vs_fio.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -182,10 +188,11 @@ fio_read() { # file size bs depth -> GB/s
 cold() { # l1 [binary] -> GB/s of one round (its CPU seconds per GB: work/cold-this|base.out)
     # each build its own slab: a base of another slab format neither reads
     # nor writes this one's
-    local sub=this
-    [ -n "${2:-}" ] && sub=base
+    local sub=this extra=("${cold_args[@]}")
+    [ -n "${2:-}" ] && sub=base && extra=()
     mkdir -p "$work/$sub"
-    "${2:-$ferry}" kv bench "${model[@]}" --l1 "$1" --dir "$work/$sub" --l2 $l2 --cold 1 --json |
+    "${2:-$ferry}" kv bench "${model[@]}" --l1 "$1" --dir "$work/$sub" --l2 $l2 --cold 1 \
+        "${extra[@]}" --json |
         jq -r '.cold_l2_retrieve | "\(.median_gb_per_s) \(.rounds[0].cpu_s / (.rounds[0].bytes / 1e9))"' \
             >"$work/cold-$sub.out"
     cut -d' ' -f1 "$work/cold-$sub.out"

@@ -50,6 +50,11 @@ static void usage(FILE *f)
             "  --inflight N             with --cold: N documents retrieved at once (asynchronous\n"
             "                           retrieves, each into its own buffer; default 1: one after\n"
             "                           another)\n"
+            "  --aligned                with --cold: the engine buffer page-aligned (as pinned\n"
+            "                           host memory is), so chunks are read straight into it\n"
+            "                           (default: malloc's, read through L1 and copied out)\n"
+            "  --aligned-huge           --aligned, and the buffer advised huge pages\n"
+            "                           (MADV_HUGEPAGE)\n"
             "  --layerwise N            only the layer-by-layer figures: the first prompt stored\n"
             "                           once, then N rounds of the plain retrieve, the layerwise\n"
             "                           one (time to its first layer and to its last) and memcpy\n"
@@ -174,6 +179,8 @@ static int parse(int argc, char **argv, opts *o)
             i++;
         } else if (!strcmp(a, "--create")) {
             create = 1;
+        } else if (!strcmp(a, "--aligned") || !strcmp(a, "--aligned-huge")) {
+            o->cold_aligned = a[9] ? 2 : 1;
         } else if (!strcmp(a, "--json")) {
             o->json = 1;
         } else if (!strcmp(a, "--no-refs")) {
@@ -226,6 +233,9 @@ static int parse_check(opts *o, int l2_given, int engine_given, int create)
     if (!o->dir && !o->server && o->cold_rounds)
         return cli_usage(KVB_CMD, "--cold %u: the L2 tier needs --dir DIR; accepted: --dir DIR "
                               "--cold N, or --server URL --cold N", o->cold_rounds);
+    if (o->cold_aligned && !o->cold_rounds)
+        return cli_usage(KVB_CMD, "--aligned: the engine buffer of the --cold figure; accepted: "
+                              "--cold N --aligned, --cold N --aligned-huge");
     if (o->cold_inflight && !o->cold_rounds)
         return cli_usage(KVB_CMD, "--inflight %u: documents at once in the --cold figure; "
                               "accepted: --cold N --inflight M", o->cold_inflight);
@@ -435,7 +445,7 @@ int cmd_kv_bench(int argc, char **argv)
 {
     opts o = {"qa", "llama3-8b", NULL, "lru", NULL, NULL, 2ull << 30, 8ull << 30, 8, 4096, 64, 64,
               8, 6, 512, 256, 0, 0, 0, 1.0, 1, 0, 1, 0, NULL, "", 5, NULL, 0, NULL, 0, 0, 0, NULL,
-              8, 0, 0};
+              8, 0, 0, 0};
     int rc = parse(argc, argv, &o);
     if (rc)
         return rc < 0 ? 0 : rc;

@@ -56,6 +56,8 @@ typedef struct opts {
     unsigned layerwise_rounds; /* --layerwise N: only the layer-by-layer retrieve figure */
     uint32_t server_timeout_ms; /* --server-timeout MS: one round trip's limit; 0: the
                                  * library's default (ferry_kv_config.server_timeout_ms) */
+    int cold_aligned;        /* --aligned: a --cold round's engine buffer page-aligned (1),
+                              * --aligned-huge: and advised huge pages (2) */
 } opts;
 
 /* ferry_kv_config.server_timeout_ms's default (kv.h: "0 -> 2000 ms"), for

@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/mman.h>
 
 #include "kv_bench.h"
 
@@ -154,9 +155,11 @@ static int cold_once(const opts *o, const ferry_kv_layout *l, const char *sub, c
     return 0;
 }
 
-/* plain host memory for the engine buffer: no alignment beyond malloc's,
- * no huge-page advice, touched once as an engine's resident cache is */
-static int plain_buffer(const ferry_kv_layout *l, uint64_t cap, engine_buf *e)
+/* plain host memory for the engine buffer: no alignment beyond malloc's
+ * (aligned 1: a page's, as pinned host memory has, so chunks are read
+ * straight into it; 2: also advised huge pages), touched once as an
+ * engine's resident cache is */
+static int plain_buffer(const ferry_kv_layout *l, uint64_t cap, int aligned, engine_buf *e)
 {
     int rc = kvb_buffer_alloc(NULL, l, 1, e); /* the descriptor; its memory is replaced */
     if (rc < 0)
@@ -165,9 +168,17 @@ static int plain_buffer(const ferry_kv_layout *l, uint64_t cap, engine_buf *e)
     uint64_t tb = (uint64_t)l->kv * l->num_layers * l->num_heads * l->head_dim *
                   ferry_dtype_size(l->dtype);
     size_t bytes = (size_t)(cap * tb);
-    e->host = malloc(bytes);
-    if (!e->host)
+    e->host = NULL;
+    /* (huge: on a huge page's boundary, as a hugetlbfs pool is, so every
+     * page of it can be one) */
+    size_t align = aligned == 2 ? (size_t)2 << 20 : 4096;
+    if (aligned ? posix_memalign(&e->host, align, bytes) != 0 : !(e->host = malloc(bytes)))
         return -ENOMEM;
+#ifdef MADV_HUGEPAGE
+    if (aligned == 2 && madvise(e->host, bytes, MADV_HUGEPAGE) != 0)
+        fprintf(stderr, "ferry %s: --aligned-huge: madvise(MADV_HUGEPAGE): %s\n", KVB_CMD,
+                strerror(errno));
+#endif
     memset(e->host, 0x5a, bytes);
     e->b.base = (uint64_t)(uintptr_t)e->host;
     e->b.capacity_tokens = cap;
@@ -209,7 +220,7 @@ int kvb_cold_run(const opts *o, const ferry_kv_layout *l, const workload *w, uin
     unsigned nb = o->cold_inflight ? o->cold_inflight : 1, made = 0;
     int rc = 0;
     for (; rc == 0 && made < nb; made++)
-        rc = plain_buffer(l, o->doc_tokens, &b[made]);
+        rc = plain_buffer(l, o->doc_tokens, o->cold_aligned, &b[made]);
     if (rc == 0)
         rc = cold_fill(&so, l, c->dir, w, &b[0].b, &c->stored_docs);
     for (unsigned i = 0; rc == 0 && i < o->cold_rounds; i++) {
@@ -233,6 +244,8 @@ json_t *kvb_cold_json(const opts *o, const cold_result *c)
     json_object_set_new(j, "docs", json_integer(o->docs));
     json_object_set_new(j, "doc_tokens", json_integer(o->doc_tokens));
     json_object_set_new(j, "l1_chunks", json_integer((json_int_t)c->l1_chunks));
+    json_object_set_new(j, "aligned", json_boolean(o->cold_aligned));
+    json_object_set_new(j, "huge_pages_advised", json_boolean(o->cold_aligned == 2));
     json_object_set_new(j, "inflight", json_integer(o->cold_inflight ? o->cold_inflight : 1));
     json_object_set_new(j, "stored_docs", json_integer(c->stored_docs));
     for (unsigned i = 0; i < c->n; i++) {
@@ -256,8 +269,11 @@ json_t *kvb_cold_json(const opts *o, const cold_result *c)
 void kvb_cold_print(const opts *o, const cold_result *c)
 {
     printf("L2-only retrieve (persistent L2 in %s, a new client each round; L1 of %llu chunks; "
-           "%u docs x %u tokens into plain host memory, %u at once):\n",
+           "%u docs x %u tokens into plain host memory%s, %u at once):\n",
            c->dir, (unsigned long long)c->l1_chunks, o->docs, o->doc_tokens,
+           o->cold_aligned == 2 ? " (page-aligned, huge pages advised: read straight into it)"
+           : o->cold_aligned    ? " (page-aligned: read straight into it)"
+                                : "",
            o->cold_inflight ? o->cold_inflight : 1);
     for (unsigned i = 0; i < c->n; i++) {
         const cold_round *r = &c->r[i];

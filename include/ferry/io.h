@@ -53,6 +53,8 @@
 #ifndef FERRY_IO_H
 #define FERRY_IO_H
 
+#include <sys/uio.h>
+
 #include "core.h"
 #include "device.h"
 
@@ -211,10 +213,11 @@ FERRY_API void ferry_io_buffer_free(ferry_io *io, void *buf);
 /* ---- asynchronous requests ---- */
 enum ferry_io_op {
     FERRY_IO_READ = 0,   /**< file -> memory */
-    FERRY_IO_WRITE = 1   /**< memory -> file */
+    FERRY_IO_WRITE = 1,  /**< memory -> file */
+    FERRY_IO_READV = 2   /**< file -> host memory in pieces: a ferry_io_vreq's req */
 };
 typedef struct ferry_io_req {
-    int op;              /**< FERRY_IO_READ or FERRY_IO_WRITE */
+    int op;              /**< FERRY_IO_READ, FERRY_IO_WRITE (or FERRY_IO_READV: ferry_io_vreq) */
     ferry_file *file;
     void *buf;           /**< host memory; NULL to use dev */
     ferry_devptr dev;    /**< device memory, when buf is NULL */
@@ -225,6 +228,30 @@ typedef struct ferry_io_req {
     /* private to the engine from submit until reaped */
     uint64_t priv_[4];
 } ferry_io_req;
+
+/** The most pieces one vectored read takes (the kernel's IOV_MAX). */
+#define FERRY_IO_IOV_MAX 1024u
+
+/**
+ * A vectored read: the len bytes of req from req.offset land in iov[0],
+ * then iov[1], ... (req.len is the sum of their lengths), with one
+ * request to the engine (a single preadv or io_uring READV), so an
+ * engine's strided buffer fills without a copy. req.op is FERRY_IO_READV;
+ * req.buf and req.dev are ignored; submit &v->req (ferry_io_submit finds
+ * the rest from it; reap hands back that pointer). Rules, checked at
+ * submit: niov 1..FERRY_IO_IOV_MAX, no piece empty or NULL, req.len at
+ * most the engine's max_request (it is not split), on an O_DIRECT file
+ * every piece's address and length and the offset multiples of 4096;
+ * posix and uring engines only (FERRY_ENOTSUP on cufile). A read that
+ * comes back short (a regular file does only at its end) fails with
+ * FERRY_ESHORT; it is not continued. iov and its memory stay the
+ * caller's, untouched until the request is reaped.
+ */
+typedef struct ferry_io_vreq {
+    ferry_io_req req;          /**< first: op FERRY_IO_READV, file, len, offset, user */
+    const struct iovec *iov;
+    unsigned niov;
+} ferry_io_vreq;
 
 /**
  * Queue n requests. The requests (and their buffers) stay the caller's

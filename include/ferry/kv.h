@@ -59,8 +59,31 @@
  * persistent slab and the remote tier check their own checksums the same
  * way. A retrieve reports only the chunks it verified. A chunk it does
  * not report leaves its destination untouched, except one that failed its
- * check while being copied into a host buffer: its destination tokens are
- * zeroed, so the engine never holds the bad bytes.
+ * check while being copied into a host buffer, or one read straight into
+ * it (below): its destination tokens are zeroed, so the engine never holds
+ * the bad bytes.
+ *
+ * Direct reads. A retrieve into a host buffer reads a chunk that is only
+ * in a persistent L2 straight into the buffer, with no L1 slot and no
+ * copy, when every run of the buffer the chunk fills (one per layer and
+ * K/V for a contiguous buffer, one per block of those for a paged one)
+ * starts and ends on a 4096-byte boundary (pinned host memory, page-aligned
+ * allocations), no two runs overlap, the whole chunk goes to the buffer
+ * (none of it below skip_tokens), and the buffer lies in huge pages
+ * (transparent or hugetlbfs, as the kernel reports them, Linux 6.7+; a
+ * read into 4 KiB pages went at half the rate on a VM's disk). The
+ * environment variable FERRY_KV_DIRECT=1 drops that last condition (any
+ * aligned buffer; bare-metal NVMe reads 4 KiB pages at full rate),
+ * FERRY_KV_DIRECT=0 turns direct reads off; it is read once per process.
+ * Each piece of the chunk is one vectored read into its runs, checked
+ * there against its checksum. Such a
+ * chunk is NOT promoted into L1 (a later retrieve reads it from L2 again);
+ * every other chunk (a buffer from malloc, a device buffer) goes through
+ * L1 as above. A direct chunk with a bad piece or a failed read is a miss
+ * whose destination tokens are zeroed before the retrieve returns, after
+ * every read of it landed (untouched when none of its reads was started;
+ * the one exception: the L2 read queue itself breaking, an engine
+ * failure, leaves reads the kernel may still finish).
  *
  * States. A chunk goes absent -> being written (invisible: lookups and
  * retrieves miss it) -> ready -> read-locked (counted, by retrieves in
@@ -551,7 +574,8 @@ FERRY_API int ferry_kv_store(ferry_kv *kv, const int32_t *tokens, size_t n,
 
 /**
  * Load the cached KV of tokens[0..n) into dst. Every chunk that is present
- * is copied (L2 hits are promoted to L1 first, the L2 reads of later
+ * is copied (L2 hits are promoted to L1 first, except those read straight
+ * into an aligned host dst: see "Direct reads" above; the L2 reads of later
  * chunks running ahead on the store's workers while earlier ones are
  * copied out); req->status gets 0 or FERRY_ENOTFOUND per chunk (a chunk
  * evicted since a lookup, or whose L2 read failed, is a miss: its bytes in
@@ -650,7 +674,11 @@ FERRY_API int ferry_kv_op_wait(ferry_kv_op *op, int timeout_ms);
  * Stop op and wait until it no longer touches the caller's buffer: an op
  * still queued moves nothing; a running retrieve starts no new read and
  * copies no further chunk into dst (copies already under way finish, reads
- * in flight land in L1 and stay there); a running store reads no further
+ * in flight land in L1 and stay there; a chunk being read straight into dst
+ * (direct reads, above) reads no further piece and its pieces in flight
+ * are waited for: it is then either whole and checked, status 0, or its
+ * destination tokens are zeroed (untouched if no read of it had started),
+ * status -ECANCELED); a running store reads no further
  * batch from src (chunks already committed stay stored). Returns the op's
  * result: -ECANCELED when the cancel stopped it (req->status: 0 for each
  * chunk that was moved, -ECANCELED for each that was not), else what it

@@ -580,6 +580,43 @@ void ferry_io_buffer_free(ferry_io *io, void *buf)
 }
 
 /* ---- requests ---- */
+/* a vectored read's own rules (ferry/io.h), after the common ones */
+static int validate_vec(ferry_io *io, const ferry_io_vreq *v)
+{
+    const ferry_io_req *r = &v->req;
+    const ferry_file *f = r->file;
+    if (!io->ops->vec)
+        return ferry__err_set(&io->err, FERRY_ENOTSUP, "file %s: vectored read of %zu bytes at "
+                              "offset %llu: the %s engine has none", f->path, r->len,
+                              (unsigned long long)r->offset, io->ops->name);
+    if (!v->iov || v->niov == 0 || v->niov > FERRY_IO_IOV_MAX || r->len > io->max_request)
+        return ferry__err_set(&io->err, -EINVAL, "file %s: vectored read of %zu bytes at offset "
+                              "%llu in %u pieces: accepted 1..%u pieces and at most %zu bytes "
+                              "(max_request)", f->path, r->len, (unsigned long long)r->offset,
+                              v->iov ? v->niov : 0, FERRY_IO_IOV_MAX, io->max_request);
+    uint64_t sum = 0;
+    for (unsigned k = 0; k < v->niov; k++) {
+        const struct iovec *e = &v->iov[k];
+        int bad = !e->iov_base || !e->iov_len;
+        int unaligned = f->direct && (!FERRY__IS_ALIGNED(e->iov_base, FERRY_IO_ALIGN) ||
+                                      !FERRY__IS_ALIGNED(e->iov_len, FERRY_IO_ALIGN));
+        if (bad || unaligned)
+            return ferry__err_set(&io->err, bad ? -EINVAL : FERRY_EALIGN,
+                                  "file %s: vectored read of %zu bytes at offset %llu: piece %u "
+                                  "(%zu bytes at %p) %s", f->path, r->len,
+                                  (unsigned long long)r->offset, k, e->iov_len, e->iov_base,
+                                  bad ? "is empty" : "is not 4096-aligned for O_DIRECT");
+        sum += e->iov_len;
+    }
+    if (sum != r->len || (f->direct && !FERRY__IS_ALIGNED(r->offset, FERRY_IO_ALIGN)))
+        return ferry__err_set(&io->err, sum != r->len ? -EINVAL : FERRY_EALIGN,
+                              "file %s: vectored read of %zu bytes at offset %llu: %s", f->path,
+                              r->len, (unsigned long long)r->offset,
+                              sum != r->len ? "its pieces hold another length"
+                                            : "offset not 4096-aligned for O_DIRECT");
+    return 0;
+}
+
 static int validate(ferry_io *io, ferry_io_req *r)
 {
     if (!r)
@@ -588,7 +625,10 @@ static int validate(ferry_io *io, ferry_io_req *r)
     if (!f || f->io != io)
         return ferry__err_set(&io->err, -EINVAL,
                               "io: request's file is NULL or was opened on another engine");
-    const char *opn = r->op == FERRY_IO_READ ? "read" : r->op == FERRY_IO_WRITE ? "write" : NULL;
+    const char *opn = r->op == FERRY_IO_READ     ? "read"
+                      : r->op == FERRY_IO_WRITE  ? "write"
+                      : r->op == FERRY_IO_READV ? "vectored read"
+                                                 : NULL;
     if (!opn)
         return ferry__err_set(&io->err, -EINVAL, "file %s: unknown op %d", f->path, r->op);
     if (r->len == 0)
@@ -598,7 +638,7 @@ static int validate(ferry_io *io, ferry_io_req *r)
         return ferry__err_set(&io->err, -EINVAL,
                               "file %s: %s of %zu bytes at offset %llu: range past the largest "
                               "file offset", f->path, opn, r->len, (unsigned long long)r->offset);
-    if (r->op == FERRY_IO_READ && !(f->flags & FERRY_FILE_READ))
+    if (r->op != FERRY_IO_WRITE && !(f->flags & FERRY_FILE_READ))
         return ferry__err_set(&io->err, -EBADF, "file %s: read of %zu bytes at offset %llu: file "
                               "not opened for reading", f->path, r->len,
                               (unsigned long long)r->offset);
@@ -606,6 +646,8 @@ static int validate(ferry_io *io, ferry_io_req *r)
         return ferry__err_set(&io->err, -EBADF, "file %s: write of %zu bytes at offset %llu: file "
                               "not opened for writing", f->path, r->len,
                               (unsigned long long)r->offset);
+    if (r->op == FERRY_IO_READV)
+        return validate_vec(io, (const ferry_io_vreq *)(const void *)r);
     if (!r->buf) {
         if (!r->dev)
             return ferry__err_set(&io->err, -EINVAL, "file %s: %s of %zu bytes at offset %llu: "
@@ -745,10 +787,19 @@ static void dispatch(ferry_io *io)
         pt->next = NULL;
         pt->parent = r;
         pt->file = r->file;
-        pt->op = r->op;
+        pt->op = r->op == FERRY_IO_READV ? FERRY_IO_READ : r->op;
         pt->fd = r->file->fd;
-        pt->buf = r->buf ? (char *)r->buf + p->cursor : NULL;
-        pt->dev = r->buf ? 0 : r->dev + p->cursor;
+        pt->iov = NULL;
+        pt->niov = 0;
+        if (r->op == FERRY_IO_READV) { /* (whole: validate saw len <= piece) */
+            const ferry_io_vreq *v = (const ferry_io_vreq *)(const void *)r;
+            pt->iov = v->iov;
+            pt->niov = v->niov;
+        }
+        pt->buf = pt->iov ? (char *)pt->iov[0].iov_base
+                  : r->buf ? (char *)r->buf + p->cursor
+                           : NULL;
+        pt->dev = pt->buf ? 0 : r->dev + p->cursor;
         pt->len = chunk;
         pt->off = r->offset + p->cursor;
         pt->done = 0;
@@ -813,6 +864,13 @@ static void part_result(ferry_io *io, ferry__part *pt)
         return;
     }
     size_t n = (size_t)res > pt->len ? pt->len : (size_t)res;
+    if (pt->iov && n < pt->len) { /* (not continued: ferry/io.h) */
+        char cause[160];
+        snprintf(cause, sizeof cause, "vectored read came back short at offset %llu "
+                 "(FERRY_ESHORT)", (unsigned long long)(pt->off + n));
+        part_fail(io, pt, FERRY_ESHORT, cause);
+        return;
+    }
     pt->done += n;
     pt->len -= n;
     pt->off += n;

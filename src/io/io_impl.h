@@ -19,6 +19,7 @@
 
 #include <stdint.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include "core.h"
 #include "ferry/io.h"
@@ -37,11 +38,17 @@ typedef struct ferry__part {
     unsigned retries;         /* consecutive EINTR/EAGAIN/zero results */
     int64_t res;              /* set by the engine: bytes or -errno/-FERRY_E* */
     uint64_t eng[4];          /* the engine's own */
+    /* a vectored read (FERRY_IO_READV): its pieces (buf is the first's),
+     * the whole request in one part; NULL for any other */
+    const struct iovec *iov;
+    unsigned niov;
 } ferry__part;
 
 typedef struct ferry__io_ops {
     const char *name;
     size_t default_max_request;
+    /* parts with iov (vectored reads) are read with one preadv / READV */
+    int vec;
     /* parts the engine can hold in flight for a given depth */
     unsigned (*slots)(unsigned depth);
     int (*init)(ferry_io *io);

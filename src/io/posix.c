@@ -52,7 +52,9 @@ static void *worker(void *arg)
 
         const ferry__sys *sys = ferry__sys_get();
         ssize_t r;
-        if (p->op == FERRY_IO_READ)
+        if (p->iov)
+            r = sys->preadv(p->fd, p->iov, (int)p->niov, (off_t)p->off);
+        else if (p->op == FERRY_IO_READ)
             r = sys->pread(p->fd, p->buf, p->len, (off_t)p->off);
         else
             r = sys->pwrite(p->fd, p->buf, p->len, (off_t)p->off);
@@ -218,6 +220,7 @@ static int px_wait(ferry_io *io, ferry__part **out, unsigned min, unsigned max, 
 const ferry__io_ops ferry__io_posix_ops = {
     .name = "posix",
     .default_max_request = (size_t)32 << 20,
+    .vec = 1,
     .slots = px_slots,
     .init = px_init,
     .fini = px_fini,

@@ -27,6 +27,10 @@ static ssize_t s_pwrite(int fd, const void *buf, size_t n, off_t off)
 {
     return pwrite(fd, buf, n, off);
 }
+static ssize_t s_preadv(int fd, const struct iovec *iov, int n, off_t off)
+{
+    return preadv(fd, iov, n, off);
+}
 static int s_fallocate(int fd, off_t off, off_t len)
 {
     return posix_fallocate(fd, off, len);
@@ -50,7 +54,7 @@ static int s_fadvise(int fd, off_t off, off_t len, int advice)
 
 static const ferry__sys g_default = {s_open,      s_close,    s_pread,     s_pwrite,
                                      s_fallocate, s_fdatasync, s_fstat,    s_ftruncate,
-                                     s_fadvise,   NULL,        NULL};
+                                     s_fadvise,   NULL,        NULL,       s_preadv};
 static _Atomic(const ferry__sys *) g_sys = &g_default;
 
 const ferry__sys *ferry__sys_get(void)

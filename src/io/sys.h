@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 typedef struct ferry__sys {
     int (*open)(const char *path, int flags, mode_t mode);
@@ -43,6 +44,8 @@ typedef struct ferry__sys {
      */
     int (*uring_result)(void *ctx, int op, int fd, uint64_t off, size_t len, int res);
     void *ctx;
+    /* vectored reads (the posix engine's FERRY_IO_READV) */
+    ssize_t (*preadv)(int fd, const struct iovec *iov, int n, off_t off);
 } ferry__sys;
 
 /* The table in force (never NULL). */

@@ -233,9 +233,11 @@ static int ur_submit(ferry_io *io, ferry__part **parts, unsigned n)
         }
         int fixed_file = p->file->slot >= 0;
         int fd = fixed_file ? p->file->slot : p->fd;
-        int bi = st->have_bufs ? find_buf(st, p->buf, p->len) : -1;
+        int bi = st->have_bufs && !p->iov ? find_buf(st, p->buf, p->len) : -1;
         unsigned len = (unsigned)p->len;
-        if (p->op == FERRY_IO_READ) {
+        if (p->iov) {
+            io_uring_prep_readv(sqe, fd, p->iov, p->niov, p->off);
+        } else if (p->op == FERRY_IO_READ) {
             if (bi >= 0)
                 io_uring_prep_read_fixed(sqe, fd, p->buf, len, p->off, bi);
             else
@@ -337,6 +339,7 @@ int ferry__uring_probe(char *why, size_t why_len)
 const ferry__io_ops ferry__io_uring_ops = {
     .name = "uring",
     .default_max_request = (size_t)32 << 20,
+    .vec = 1,
     .slots = ur_slots,
     .init = ur_init,
     .fini = ur_fini,

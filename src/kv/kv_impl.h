@@ -14,6 +14,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/uio.h>
 
 #include "core.h"
 #include "ferry/kv.h"
@@ -164,6 +165,12 @@ typedef struct ferry__kv_tier_aops {
      * and nothing started */
     int (*submit)(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread *r, uint64_t loc,
                   uint64_t off, void *dst, size_t len);
+    /* optional: submit, but the len bytes land in the runs iov[0..niov)
+     * in order (host memory: an engine's buffer read without a copy;
+     * every run's address and length a multiple of FERRY_IO_ALIGN, len at
+     * most apiece, every byte within the chunk) */
+    int (*submitv)(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread *r, uint64_t loc,
+                   uint64_t off, const struct iovec *iov, unsigned niov, size_t len);
     /* wait until a read of b completed: 0 and *out, every completed read
      * of b not yet taken, linked by next (NULL when b has none in flight),
      * or a negative code when the tier's queue broke (b's reads in flight
@@ -427,6 +434,15 @@ int ferry__kv_xfer_out_sum(const ferry_kv_buffer *buf, uint32_t chunk_tokens, ui
 void ferry__kv_piece_out(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
                          const void *chunk, uint64_t c0, uint64_t c1, uint64_t o0, uint64_t o1,
                          uint64_t *sum, double *hash_share);
+/* a run of a chunk image that lies in a HOST buffer: image bytes [img,
+ * img + len) at addr */
+typedef struct ferry__kv_run {
+    uint64_t img, addr, len;
+} ferry__kv_run;
+/* XXH3-64 of image bytes [a, b) where they lie in the buffer: runs[0..n)
+ * in image order, back to back from image byte 0 (what ferry__kv_sum
+ * gives over the same bytes of the image) */
+uint64_t ferry__kv_sum_runs(const ferry__kv_run *runs, size_t n, uint64_t a, uint64_t b);
 /* zero tokens [tok0, tok0 + ntok) of a HOST buffer: what a chunk copied
  * out by ferry__kv_xfer_out_sum leaves behind when its check failed */
 void ferry__kv_xfer_out_zero(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
@@ -675,6 +691,10 @@ void ferry__kv_set_handoff_min(ferry_kv *kv, uint64_t bytes);
 void ferry__kv_set_clock(ferry_kv *kv, ferry__kv_clock_fn fn, void *ctx);
 /* fail the nth (1-based, from now) read or write of tier `tier` with code;
  * sticky: and every later one; nth 0 clears */
+/* direct reads into a host buffer (store_rdirect.c): 0 never, 1 into any
+ * aligned buffer, 2 only into huge pages (the default; FERRY_KV_DIRECT
+ * sets it for the process); a test seam */
+void ferry__kv_set_direct_mode(int mode);
 void ferry__kv_set_tier_fault(ferry_kv *kv, int tier, int write, uint64_t nth, int code,
                               int sticky);
 /* place WRITING entries for the chunks of tokens as a writer that died

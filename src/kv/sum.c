@@ -85,6 +85,27 @@ void ferry__kv_piece_out(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint
     *hash_share = th + tc ? (double)th / (double)(th + tc) : 0;
 }
 
+uint64_t ferry__kv_sum_runs(const ferry__kv_run *runs, size_t n, uint64_t a, uint64_t b)
+{
+    size_t lo = 0, hi = n; /* the first run that ends past a */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (runs[mid].img + runs[mid].len <= a)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    for (size_t k = lo; k < n && a < b; k++) {
+        uint64_t skip = a - runs[k].img, len = FERRY__MIN(runs[k].len - skip, b - a);
+        XXH3_64bits_update_dispatch(&st, (const unsigned char *)(uintptr_t)runs[k].addr + skip,
+                                    (size_t)len);
+        a += len;
+    }
+    return XXH3_64bits_digest(&st);
+}
+
 void ferry__kv_xfer_out_zero(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
                              uint32_t ntok)
 {

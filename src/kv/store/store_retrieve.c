@@ -379,6 +379,20 @@ static void rt_send(rtv *r, size_t i, ferry__kv_aread *a)
     ferry__kv_tier *t = r->at;
     uint64_t off = (uint64_t)r->c[i].sent * r->piece;
     size_t len = (size_t)FERRY__MIN(r->piece, t->slot_bytes - off);
+    if (r->c[i].direct && r->c[i].sent && ferry__kv_cancelled(r->cancel)) {
+        /* the engine's buffer is to be let go: no more of it is read; the
+         * pieces in flight land, then the chunk is zeroed (kv.h) */
+        if (a)
+            t->aops->put(t, a);
+        r->c[i].dstop = 1;
+        r->c[i].sent = r->npieces;
+        r->cur = SIZE_MAX;
+        if (r->c[i].left == 0) {
+            rt_landed(r, i);
+            rt_read_done(r, i, r->c[i].res);
+        }
+        return;
+    }
     if (!a)
         a = t->aops->get(t);
     int rc = a ? 0 : ferry__err_set(NULL, -ENOMEM, "kv L2: out of memory for a read request");
@@ -395,7 +409,9 @@ static void rt_send(rtv *r, size_t i, ferry__kv_aread *a)
     if (rc == 0) {
         a->idx = i;
         a->piece = r->c[i].sent;
-        rc = t->aops->submit(t, &r->batch, a, r->c[i].aloc, off, r->c[i].adst + off, len);
+        rc = r->c[i].direct
+                 ? ferry__kv_rt_direct_submit(r, i, a, off, len)
+                 : t->aops->submit(t, &r->batch, a, r->c[i].aloc, off, r->c[i].adst + off, len);
     }
     if (rc == 0) {
         r->inflight++;
@@ -420,6 +436,14 @@ static void rt_send(rtv *r, size_t i, ferry__kv_aread *a)
     }
 }
 
+/* (kv->mu held) e is a chunk only in the async tier t, not being read */
+static int rt_async_only(ferry_kv *kv, ferry__kv_tier *t, const ferry__kv_entry *e)
+{
+    return e && e->state == FERRY__KV_READY && e->resident &&
+           !(e->resident & (1u << FERRY_KV_TIER_L1)) && !e->l1_loading &&
+           kv->tier[ferry__kv_lower_tier(kv, e)] == t;
+}
+
 /* start the asynchronous read of chunk i when it is only in the async
  * tier (its pieces go out through rt_send): 1 started, 0 not such a
  * chunk, -1 no room for it in L1 now */
@@ -432,29 +456,35 @@ static int rt_issue(rtv *r, const ferry_kv_hash *ids, size_t i)
     ferry__kv_aread *a = t->aops->get(t); /* the first piece's, before the slot */
     if (!a)
         return -1;
+    /* straight into the engine's buffer when it can be: no L1 slot (its
+     * runs planned outside the lock, for a chunk that is to be read) */
+    pthread_mutex_lock(&kv->mu);
+    int direct = rt_async_only(kv, t, ferry__kv_find(kv, ids[i]));
+    pthread_mutex_unlock(&kv->mu);
+    direct = direct && ferry__kv_rt_direct_plan(r, i);
     pthread_mutex_lock(&kv->mu);
     uint64_t now = ferry__kv_now_ns(kv);
     ferry__kv_entry *e = ferry__kv_find(kv, ids[i]);
-    if (!e || e->state != FERRY__KV_READY || !e->resident ||
-        (e->resident & (1u << FERRY_KV_TIER_L1)) || e->l1_loading ||
-        kv->tier[ferry__kv_lower_tier(kv, e)] != t) {
+    if (!rt_async_only(kv, t, e)) {
         pthread_mutex_unlock(&kv->mu);
+        ferry__kv_rt_direct_drop(r, i);
         t->aops->put(t, a);
         return 0;
     }
-    uint64_t slot;
-    if (ferry__kv_reserve(kv, FERRY_KV_TIER_L1, now, &slot, RESERVE_TRY) < 0) {
+    uint64_t slot = 0;
+    if (!direct && ferry__kv_reserve(kv, FERRY_KV_TIER_L1, now, &slot, RESERVE_TRY) < 0) {
         pthread_mutex_unlock(&kv->mu);
         t->aops->put(t, a);
         return -1;
     }
-    e->l1_loading = 1;
-    kv->l1_reading++;
+    e->l1_loading = 1; /* (direct too: another retrieve of it waits for this read) */
+    if (!direct)
+        kv->l1_reading++;
     ferry__kv_read_lock(kv, e, now);
     e->refs++;
     r->c[i].aloc = e->loc[t->id];
     ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
-    r->c[i].adst = l1->ops->host_ptr(l1, slot);
+    r->c[i].adst = direct ? NULL : l1->ops->host_ptr(l1, slot);
     pthread_mutex_unlock(&kv->mu);
     r->c[i].fate = RT_READING;
     r->c[i].pend = e;
@@ -475,6 +505,10 @@ static void rt_read_done(rtv *r, size_t i, int rc)
     ferry__kv_entry *e = r->c[i].pend;
     r->c[i].pend = NULL;
     r->c[i].fate = RT_DONE;
+    if (r->c[i].direct) { /* read straight into the engine's buffer */
+        ferry__kv_rt_direct_done(r, i, e, rc);
+        return;
+    }
     /* its bytes count only once checked against what was written there:
      * a whole chunk for a host buffer is checked as it is copied out, and
      * promoted after; any other is checked here, before it is promoted */
@@ -752,7 +786,9 @@ static int rt_one(rtv *r, const ferry_kv_hash *ids, size_t i)
 /* the retrieve's per-chunk arrays (any of them may be NULL) */
 static void rt_free(rtv *r)
 {
-    void *a[] = {r->c, r->hidx, r->ahead, r->why, r->plnd};
+    for (size_t i = 0; r->c && i < r->nch; i++)
+        ferry__free(r->c[i].runs); /* (none left but after a failure) */
+    void *a[] = {r->c, r->hidx, r->ahead, r->why, r->plnd, r->iov};
     for (size_t k = 0; k < FERRY__ARRAY_LEN(a); k++)
         ferry__free(a[k]);
 }
@@ -906,7 +942,8 @@ static void rt_count(rtv *r)
     for (int t = 1; t < FERRY_KV_TIERS; t++)
         if (r->hits[t] && kv->tier[t])
             atomic_fetch_add(&kv->tier[t]->hits, r->hits[t]);
-    atomic_fetch_add(&kv->tier[FERRY_KV_TIER_L1]->bytes_read, r->got * kv->chunk_bytes);
+    atomic_fetch_add(&kv->tier[FERRY_KV_TIER_L1]->bytes_read,
+                     (r->got - r->dgot) * kv->chunk_bytes);
     atomic_fetch_add(&kv->misses, r->misses);
     atomic_fetch_add(&kv->retrieved_chunks, r->got);
     atomic_fetch_add(&kv->retrieved_bytes, r->got * kv->chunk_bytes);

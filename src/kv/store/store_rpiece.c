@@ -33,6 +33,10 @@ static void rt_unit_run(rtv *r, size_t i, const rt_unit *u)
 {
     ferry_kv *kv = r->kv;
     rt_chunk *c = &r->c[i];
+    if (c->direct) { /* (it landed in the engine's buffer: checked there) */
+        ferry__kv_rt_direct_check(r, i, &u->id, u->c0, u->c1);
+        return;
+    }
     /* the copy goes with the hash, block by block, unless a check of the
      * chunk failed already. A cancel stops a chunk only before its first
      * copy (kv.h: copies under way finish): a chunk is then moved whole
@@ -151,6 +155,10 @@ void ferry__kv_rt_piece_mode(rtv *r, size_t i)
     ferry__kv_tier *t = r->at;
     rt_chunk *c = &r->c[i];
     c->vp = r->plnd && t->aops->vpiece ? t->aops->vpiece(t, c->aloc) : 0;
+    if (!c->vp && c->direct) { /* no piece sums: checked whole, in the buffer */
+        c->vp = kv->chunk_bytes;
+        c->vwhole = 1;
+    }
     if (!c->vp)
         return;
     memset(r->plnd + i * r->npieces, 0, r->npieces);
@@ -158,7 +166,7 @@ void ferry__kv_rt_piece_mode(rtv *r, size_t i)
     c->lp = c->cdone = c->odone = 0;
     c->pbad = 0;
     c->pstate = 0;
-    c->pcopy = !r->s && ferry__kv_chunk_ntok(kv, i, r->n) == kv->chunk_tokens &&
+    c->pcopy = !c->direct && !r->s && ferry__kv_chunk_ntok(kv, i, r->n) == kv->chunk_tokens &&
                r->skip <= (uint64_t)i * kv->chunk_tokens && !ferry__kv_cancelled(r->cancel) &&
                ferry__kv_rt_failed(r) == 0;
 }

@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "kv/kv_impl.h"
 
@@ -61,6 +62,15 @@ typedef struct rt_chunk {
     uint8_t froml2;             /* read from the async tier: its copy-out counts as arrival */
     unsigned pjobs;             /* its checks on workers (under cmu) */
     int pbad;                   /* its first failed check (under cmu) */
+    /* direct (store_rdirect.c): read straight into the engine's host
+     * buffer, whose runs hold the image (runs[0..nruns), image order;
+     * rcur: the first not yet wholly sent), no L1 slot; vwhole: checked
+     * whole (no piece sums), as one unit once all of it landed; dstop: a
+     * cancel stopped its reads part-way; dsub: a read of it was started
+     * (the buffer may hold some of it) */
+    ferry__kv_run *runs;
+    uint32_t nruns, rcur;
+    uint8_t direct, vwhole, dstop, dsub;
 } rt_chunk;
 
 typedef struct rtv {
@@ -114,6 +124,9 @@ typedef struct rtv {
     /* piece-mode checks no worker took: run by the retrieving thread
      * before it next waits for reads (after topping them up) */
     struct rt_unit *uq, *uq_tail;
+    uint64_t dgot;              /* chunks read straight into the buffer (not out of L1) */
+    struct iovec *iov;          /* a direct piece's runs, while it is submitted */
+    unsigned iov_cap;
 } rtv;
 
 /* *at, once: the time since the retrieve began */
@@ -149,5 +162,20 @@ void ferry__kv_rt_units_run(rtv *r);
 int ferry__kv_rt_pieces_done(rtv *r, size_t i);
 /* it passed and was copied out as it landed: promoted, counted */
 void ferry__kv_rt_pieces_finish(rtv *r, size_t i, ferry__kv_entry *e);
+
+/* ---- direct reads into a host buffer (store_rdirect.c) ---- */
+/* chunk i, only in the async tier, may be read straight into the buffer:
+ * its runs planned (c->runs, c->direct), 1; else 0 (the L1 path) */
+int ferry__kv_rt_direct_plan(rtv *r, size_t i);
+/* its runs freed, direct cleared (also for a chunk not started) */
+void ferry__kv_rt_direct_drop(rtv *r, size_t i);
+/* image bytes [off, off + len) of direct chunk i read (request a) */
+int ferry__kv_rt_direct_submit(rtv *r, size_t i, ferry__kv_aread *a, uint64_t off, size_t len);
+/* image bytes [c0, c1) of direct chunk i landed: checked in the buffer */
+void ferry__kv_rt_direct_check(rtv *r, size_t i, const ferry_kv_hash *id, uint64_t c0,
+                               uint64_t c1);
+/* its read is over with rc (entry e): its checks waited for; exact and
+ * counted, or zeroed (a miss, or cancelled); e unlocked */
+void ferry__kv_rt_direct_done(rtv *r, size_t i, ferry__kv_entry *e, int rc);
 
 #endif

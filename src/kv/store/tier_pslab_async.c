@@ -48,9 +48,15 @@
 #define PA_DEPTH 32                     /* the engine's requests in flight */
 #define PA_PIECE ((uint64_t)2 << 20)    /* bytes per request */
 
+/* a vectored read's pieces: one piece's runs of at least 4096 bytes
+ * each (the store reads straight into an engine's buffer only then), one
+ * more per drive boundary */
+#define PA_IOV (PA_PIECE / FERRY_IO_ALIGN + PA_SUB)
+
 typedef struct pa_rd {
     ferry__kv_aread pub;                /* the store's part first */
-    ferry_io_req req[PA_SUB];
+    ferry_io_vreq vq[PA_SUB];           /* (a plain read uses vq[k].req alone) */
+    struct iovec iov[PA_IOV];           /* a vectored read's pieces, every request's */
     unsigned left;                      /* its requests still in flight (aq.mu) */
     int result;                         /* its first failure (aq.mu) */
     char msg[256];
@@ -166,11 +172,13 @@ static void pa_deliver(pa_rd *r)
 }
 
 /* the requests of bytes [off, off + len) of the chunk pinned at pin into
- * dst: how many (1..PA_SUB), or -EINVAL when the piece spans more drives */
+ * dst, or with iov (niov of them) into those runs in order: how many
+ * (1..PA_SUB), or -EINVAL when the piece spans more drives or runs */
 static int pa_plan(ferry__kv_tpa *a, const ferry__pslab_pin *pin, pa_rd *r, uint64_t off,
-                   char *dst, uint64_t len)
+                   char *dst, uint64_t len, const struct iovec *iov, unsigned niov)
 {
-    unsigned n = 0;
+    unsigned n = 0, ni = 0, k = 0;
+    size_t skip = 0; /* bytes of iov[k] given to the requests before */
     while (len) {
         if (n == PA_SUB)
             return -EINVAL;
@@ -178,23 +186,42 @@ static int pa_plan(ferry__kv_tpa *a, const ferry__pslab_pin *pin, pa_rd *r, uint
         uint64_t foff, run;
         ferry__pslab_locate(a->ps, pin->offset + off, &d, &foff, &run);
         uint64_t seg = FERRY__MIN(len, run);
-        ferry_io_req *q = &r->req[n++];
-        memset(q, 0, sizeof *q);
+        ferry_io_vreq *v = &r->vq[n++];
+        ferry_io_req *q = &v->req;
+        memset(v, 0, sizeof *v);
         q->op = FERRY_IO_READ;
         q->file = a->f[d];
         q->buf = dst;
         q->len = (size_t)seg;
         q->offset = foff;
         q->user = r;
-        dst += seg;
+        if (iov) {
+            q->op = FERRY_IO_READV;
+            q->buf = NULL;
+            v->iov = &r->iov[ni];
+            for (uint64_t got = 0; got < seg; v->niov++) {
+                if (k == niov || ni == PA_IOV)
+                    return -EINVAL;
+                size_t take = (size_t)FERRY__MIN(iov[k].iov_len - skip, seg - got);
+                r->iov[ni++] = (struct iovec){(char *)iov[k].iov_base + skip, take};
+                got += take;
+                skip += take;
+                if (skip == iov[k].iov_len) {
+                    k++;
+                    skip = 0;
+                }
+            }
+        }
+        if (dst)
+            dst += seg;
         off += seg;
         len -= seg;
     }
     return (int)n;
 }
 
-static int pa_submit(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread *pub, uint64_t loc,
-                     uint64_t off, void *dst, size_t len)
+static int pa_send(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread *pub, uint64_t loc,
+                   uint64_t off, void *dst, size_t len, const struct iovec *iov, unsigned niov)
 {
     ferry__kv_tpa *a = tpa_of(t);
     pa_rd *r = (pa_rd *)pub;
@@ -204,14 +231,18 @@ static int pa_submit(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread *pu
                               "begin", (unsigned long long)loc);
     uint64_t span = a->direct ? pin->ext : pin->length;
     uint64_t want = off < span ? FERRY__MIN((uint64_t)len, span - off) : 0;
+    if (iov && want != len) /* (its every byte is the chunk's: the runs fill whole) */
+        return ferry__err_set(NULL, -EINVAL, "kv persistent L2: a vectored read of %zu bytes "
+                              "at byte %llu of slot %llu reaches past its chunk", len,
+                              (unsigned long long)off, (unsigned long long)loc);
     r->result = 0;
     r->msg[0] = 0;
-    int n = want ? pa_plan(a, pin, r, off, dst, want) : 0;
+    int n = want ? pa_plan(a, pin, r, off, dst, want, iov, niov) : 0;
     if (n < 0)
         return ferry__err_set(NULL, -EINVAL, "kv persistent L2: a read of %llu bytes at byte "
-                              "%llu of slot %llu spans more than %d drives",
-                              (unsigned long long)want, (unsigned long long)off,
-                              (unsigned long long)loc, PA_SUB);
+                              "%llu of slot %llu spans more than %d drives (or %u runs, more "
+                              "than %u)", (unsigned long long)want, (unsigned long long)off,
+                              (unsigned long long)loc, PA_SUB, niov, (unsigned)PA_IOV);
     r->left = (unsigned)n; /* (before any reaper can see it) */
     int broken = ferry__kv_aq_enter(&a->aq, b, pub);
     if (!broken && n == 0) { /* past the chunk's bytes: nothing to read */
@@ -225,7 +256,7 @@ static int pa_submit(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread *pu
                               ferry_strerror(broken));
     if (n == 0)
         return 0;
-    ferry_io_req *qs[PA_SUB] = {&r->req[0], &r->req[1]};
+    ferry_io_req *qs[PA_SUB] = {&r->vq[0].req, &r->vq[1].req};
     char why[200] = "";
     pthread_mutex_lock(&a->iomu);
     int k = ferry_io_submit(a->io, qs, (unsigned)n);
@@ -253,6 +284,19 @@ static int pa_submit(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread *pu
     }
     pthread_mutex_unlock(&a->aq.mu);
     return 0;
+}
+
+static int pa_submit(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread *pub, uint64_t loc,
+                     uint64_t off, void *dst, size_t len)
+{
+    return pa_send(t, b, pub, loc, off, dst, len, NULL, 0);
+}
+
+static int pa_submitv(ferry__kv_tier *t, ferry__kv_abatch *b, ferry__kv_aread *pub,
+                      uint64_t loc, uint64_t off, const struct iovec *iov, unsigned niov,
+                      size_t len)
+{
+    return pa_send(t, b, pub, loc, off, NULL, len, iov, niov);
 }
 
 /* one reaper's turn (without aq.mu): what completed lands in its batch */
@@ -374,6 +418,7 @@ const ferry__kv_tier_aops ferry__kv_tpa_aops = {
     .begin = pa_begin,
     .end = pa_end,
     .submit = pa_submit,
+    .submitv = pa_submitv,
     .wait = pa_wait,
     .broken = pa_broken,
     .verify = pa_verify,
