@@ -59,8 +59,8 @@
  * non-empty cells. ferry__transition_verify() has every victim checked
  * against a scan of all the slots by the same rule (tests).
  *
- * Memory: about 127 bytes an id (ferry__transition_bytes: DeepSeek-V3's
- * 58 x 256, 1.8 MiB); shapes past FERRY__TRANSITION_MAX_BYTES are
+ * Memory: about 119 bytes an id (ferry__transition_bytes: DeepSeek-V3's
+ * 58 x 256, 1.7 MiB); shapes past FERRY__TRANSITION_MAX_BYTES are
  * refused at planner create.
  */
 #include <errno.h>
@@ -108,16 +108,18 @@ typedef struct trord {
     uint8_t *pend;       /* per slot: touched since the last victim */
     uint32_t *plist, pn; /* those slots, in the order first touched */
     uint64_t clock;
+    uint32_t n;          /* slots; scell[n] and pend[n]: a slot never filed */
     uint64_t ops;        /* work done: events, filings, layers and cells visited (tests) */
 } trord;
 
-/* what is known of one expert, together: an event touches it all */
+/* what an event reads and writes of one expert, together in 8 bytes (a
+ * layer's 256 in 2 KiB: a decode's sweep of all layers stays in L2) */
 typedef struct trx {
-    uint64_t last; /* step of its last use (ties) */
-    uint32_t hist; /* bit i = routed at its layer's visit hv - i */
     uint32_t hv;   /* the visit hist is of */
+    uint16_t hist; /* bit i = routed at its layer's visit hv - i (the window) */
     uint16_t cell;
 } trx;
+_Static_assert(sizeof(trx) == 8 && TR_W <= 16, "an expert's state is 8 bytes");
 
 typedef struct trwk { /* a resident of a waking layer: its last use */
     uint64_t last;
@@ -132,6 +134,7 @@ typedef struct trans {
     uint32_t layer;                  /* the current step's layer */
     uint32_t k;                      /* top_k, 0: the step's route count */
     struct trx *x;                   /* per id */
+    uint64_t *last;                  /* per id: step of its last use (ties) */
     /* per layer */
     uint32_t *V;                     /* visits */
     uint32_t *lt;                    /* visits since the last fold */
@@ -182,12 +185,12 @@ static int ord_init(trord *o, const ferry__policy_env *env)
     o->nx = ferry__malloc((size_t)n * sizeof *o->nx);
     o->pv = ferry__malloc((size_t)n * sizeof *o->pv);
     o->key = ferry__calloc(n, sizeof *o->key);
-    o->scell = ferry__malloc((size_t)n * sizeof *o->scell);
+    o->scell = ferry__malloc(((size_t)n + 1) * sizeof *o->scell);
     o->ht = ferry__malloc((size_t)L * TR_NC * 2 * sizeof *o->ht);
     o->nz = ferry__calloc((size_t)L * TR_BMW, sizeof *o->nz);
     o->least = ferry__malloc((size_t)L * sizeof *o->least);
     o->lgen = ferry__calloc(L, sizeof *o->lgen);
-    o->pend = ferry__calloc(n, sizeof *o->pend);
+    o->pend = ferry__calloc((size_t)n + 1, sizeof *o->pend);
     o->plist = ferry__malloc(((size_t)n + 1) * sizeof *o->plist);
     if (!o->pend || !o->plist || !o->nx || !o->pv || !o->key || !o->scell || !o->ht || !o->nz || !o->least || !o->lgen) {
         ord_fini(o);
@@ -195,7 +198,8 @@ static int ord_init(trord *o, const ferry__policy_env *env)
     }
     memset(o->nx, 0xff, (size_t)n * sizeof *o->nx);
     memset(o->pv, 0xff, (size_t)n * sizeof *o->pv);
-    memset(o->scell, 0xff, (size_t)n * sizeof *o->scell);
+    memset(o->scell, 0xff, ((size_t)n + 1) * sizeof *o->scell);
+    o->n = n;
     memset(o->ht, 0xff, (size_t)L * TR_NC * 2 * sizeof *o->ht);
     memset(o->least, 0xff, (size_t)L * sizeof *o->least);
     return 0;
@@ -246,7 +250,7 @@ static void ord_unfile(trord *o, uint32_t l, uint32_t slot)
 /* a filed slot (of layer l) is touched: its expert was used or moved to
  * another cell. It goes to the end of its cell's list before the next
  * victim is chosen (ord_flush): O(1) now, once however often touched. */
-static void ord_touch(trord *o, uint32_t l, uint32_t slot)
+static inline void ord_touch(trord *o, uint32_t l, uint32_t slot)
 {
     if (o->scell[slot] == CELL_NONE)
         return;
@@ -257,6 +261,20 @@ static void ord_touch(trord *o, uint32_t l, uint32_t slot)
     o->plist[o->pn] = slot;
     o->pn += !o->pend[slot];
     o->pend[slot] = 1;
+}
+
+/* the same for a slot or FERRY_MOE_NONE (nothing then), without a
+ * branch on which: whether an expert is resident is a coin toss to the
+ * branch predictor */
+static inline void ord_touch_any(trord *o, uint32_t l, uint32_t slot)
+{
+    uint32_t v = slot < o->n ? slot : o->n;
+    uint32_t on = o->scell[v] != CELL_NONE;
+    o->lgen[l] &= (uint64_t)on - 1; /* filed: 0, find the least again */
+    o->ops += on;
+    o->plist[o->pn] = v;
+    o->pn += on & !o->pend[v];
+    o->pend[v] |= (uint8_t)on;
 }
 
 /* every touched slot still filed, at the end of its expert's cell's list
@@ -281,7 +299,7 @@ size_t ferry__transition_bytes(uint32_t num_layers, uint32_t num_experts)
      * is known of it, its row's total, its place in the tracked set, and
      * its row's lanes used */
     size_t per_id = TR_K * 2 * sizeof(uint16_t) + TR_RING * sizeof(uint16_t) + sizeof(trx) +
-                    2 * sizeof(uint16_t) + 1;
+                    sizeof(uint64_t) + 2 * sizeof(uint16_t) + 1;
     return (size_t)num_layers * num_experts * per_id;
 }
 
@@ -289,7 +307,7 @@ static void tr_fini(ferry__policy *p)
 {
     trans *s = (trans *)p;
     ord_fini(&s->o);
-    void *arr[] = {s->x, s->V, s->asleep, s->wk,    s->lt,   s->cc,    s->ccnz,
+    void *arr[] = {s->x, s->last, s->V, s->asleep, s->wk,    s->lt,   s->cc,    s->ccnz,
                    s->ring, s->ring_n, s->ring_v, s->uset, s->un, s->nprev, s->An,
                    s->tn,   s->acc, s->wr,  s->umark, s->emark, s->ev, s->tk, s->miss, s->qv};
     for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
@@ -310,6 +328,7 @@ static int tr_init(ferry__policy *p)
     size_t ids = (size_t)L * E;
     s->k = p->env.top_k;
     s->x = ferry__calloc(ids, sizeof *s->x);
+    s->last = ferry__calloc(ids, sizeof *s->last);
     s->V = ferry__calloc(L, sizeof *s->V);
     s->asleep = ferry__calloc(L, 1);
     s->wk = ferry__malloc(((size_t)p->env.slots + 1) * sizeof *s->wk);
@@ -333,7 +352,7 @@ static int tr_init(ferry__policy *p)
     s->qv = ferry__calloc(E, sizeof *s->qv);
     s->tk = ferry__malloc((size_t)E * sizeof *s->tk);
     s->miss = ferry__malloc(((size_t)E + 1) * sizeof *s->miss); /* (+1: a branchless append) */
-    if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->V || !s->asleep || !s->wk ||
+    if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->last || !s->V || !s->asleep || !s->wk ||
         !s->lt || !s->cc || !s->ccnz || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
         !s->un || !s->nprev || !s->An || !s->lanes || !s->tn || !s->acc || !s->wr ||
         !s->umark || !s->emark || !s->ev || !s->tk || !s->miss || !s->qv) {
@@ -485,20 +504,18 @@ static void tr_move(trans *s, uint32_t l, uint32_t id, uint16_t c)
     s->corr[old] -= t; /* a count down by one at fold-visit t */
     s->corr[c] += t;
     s->x[id].cell = c;
-    uint32_t slot = s->base.env.where[id];
-    if (slot != FERRY_MOE_NONE)
-        ord_touch(&s->o, l, slot);
-    if (s->fol && (slot = s->fol->env.where[id]) != FERRY_MOE_NONE)
-        ord_touch(s->fol_o, l, slot);
+    ord_touch_any(&s->o, l, s->base.env.where[id]);
+    if (s->fol)
+        ord_touch_any(s->fol_o, l, s->fol->env.where[id]);
 }
 
 /* e (layer-local) joins the visit's events once */
-static void ev_add(trans *s, uint32_t e, uint32_t *nev)
+static inline void ev_add(trans *s, uint32_t e, uint32_t *nev)
 {
-    if (s->emark[e] != s->stamp) {
-        s->emark[e] = s->stamp;
-        s->ev[(*nev)++] = (uint16_t)e;
-    }
+    /* (no branch: the routed sets of two visits overlap by chance) */
+    s->ev[*nev] = (uint16_t)e;
+    *nev += s->emark[e] != s->stamp;
+    s->emark[e] = s->stamp;
 }
 
 /* the experts the routed set's rows track whose feature's bin is above
@@ -520,15 +537,19 @@ static uint32_t tracked_set(trans *s, uint32_t l, const uint16_t *le, uint32_t n
         uint32_t r = le[j];
         size_t ri = (size_t)l * E + r;
         const uint16_t *top = s->lanes + ri * TR_ROW, *tc = top + TR_K;
-        double w = wr[j];
-        /* acc is all zero between visits (a lane's count is at least 1):
-         * a candidate is listed once, at its first term, without a
-         * branch */
+        double term[TR_K];
+        rowv_terms(tc, wr[j], term);
+        /* acc is all zero between visits (a lane's count is at least 1,
+         * and a sum of positive terms is never -0): a candidate is listed
+         * once, at its first term, without a branch */
         for (uint32_t i = 0, tn = s->tn[ri]; i < tn; i++) {
             uint32_t e = top[i];
+            double a = acc[e];
+            uint64_t bits;
+            memcpy(&bits, &a, sizeof bits);
             cand[nc] = (uint16_t)e;
-            nc += acc[e] == 0.0;
-            acc[e] += (double)tc[i] * w;
+            nc += bits == 0;
+            acc[e] = a + term[i];
         }
         s->o.ops += s->tn[ri];
     }
@@ -611,7 +632,7 @@ static void layer_wake(trans *s, uint32_t l)
             continue;
         const uint16_t *set = s->ring + ri * E;
         for (uint32_t i = 0; i < s->ring_n[ri]; i++)
-            s->x[b + set[i]].hist |= 1u << back;
+            s->x[b + set[i]].hist |= (uint16_t)(1u << back); /* (16: out of the window) */
     }
     tr_new_stamp(s);
     size_t rr = (size_t)l * TR_RING + V % TR_RING;
@@ -636,7 +657,7 @@ static void layer_wake(trans *s, uint32_t l)
     uint32_t nw = 0;
     for (uint32_t v = 0; v < env->slots; v++)
         if (env->occupant[v] != FERRY_MOE_NONE && env->occupant[v] / E == l)
-            s->wk[nw++] = (trwk){s->x[env->occupant[v]].last, v};
+            s->wk[nw++] = (trwk){s->last[env->occupant[v]], v};
     qsort(s->wk, nw, sizeof *s->wk, wk_cmp);
     for (uint32_t i = 0; i < nw; i++)
         ord_touch(&s->o, l, s->wk[i].slot);
@@ -698,6 +719,7 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
     uint16_t *us = s->uset + b, *tk = s->tk;
     for (uint32_t j = 0; j < n; j++)
         ev_add(s, le[j], &nev);
+    uint32_t nr = nev; /* the routed set's events come first */
     for (uint32_t back = 1; back <= TR_W; back += TR_W - 1) {
         size_t ri = (size_t)layer * TR_RING + (V - back) % TR_RING;
         if (V <= back || s->ring_v[ri] != V - back)
@@ -713,15 +735,12 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
     /* each history event's history brought to this visit, the routed bit
      * set, then its new cell */
     for (uint32_t i = 0; i < nev; i++) {
-        uint32_t id = (uint32_t)b + s->ev[i], d = V - s->x[id].hv;
-        s->x[id].hist = d >= 32 ? 0 : s->x[id].hist << d;
+        uint32_t e = s->ev[i], id = (uint32_t)b + e, d = V - s->x[id].hv;
+        uint32_t q = s->umark[e] == s->stamp ? s->qv[e] : 0;
+        uint16_t h = (uint16_t)((d >= 16 ? 0 : (uint16_t)(s->x[id].hist << d)) | (i < nr));
+        s->x[id].hist = h;
         s->x[id].hv = V;
-    }
-    for (uint32_t j = 0; j < n; j++)
-        s->x[b + le[j]].hist |= 1;
-    for (uint32_t i = 0; i < nev; i++) {
-        uint32_t e = s->ev[i], q = s->umark[e] == s->stamp ? s->qv[e] : 0;
-        tr_move(s, layer, (uint32_t)b + e, tr_cell(s->x[b + e].hist, q));
+        tr_move(s, layer, id, tr_cell(h, q));
     }
     uint16_t *bm = s->ev + nev; /* (the scratch past the events) */
     uint32_t nbm = 0;
@@ -755,9 +774,9 @@ static inline uint32_t tr_layer_of(const trans *s, uint32_t id)
 static void tr_used(trans *s, uint32_t id)
 {
     uint64_t now = *s->base.env.step;
-    if (s->x[id].last == now)
+    if (s->last[id] == now)
         return;
-    s->x[id].last = now;
+    s->last[id] = now;
     uint32_t l = tr_layer_of(s, id), slot = s->base.env.where[id];
     if (slot != FERRY_MOE_NONE && !s->asleep[l]) /* (a wake touches them all) */
         ord_touch(&s->o, l, slot);

@@ -108,6 +108,23 @@ static inline uint32_t rowv_visit(trrowv *v, const uint16_t *le, uint32_t n, uin
     return 0;
 }
 
+/* term[i] = tc[i] x w, each rounded as (double)tc[i] * w is: the
+ * conversions are exact and the products IEEE's, two lanes at a time */
+static inline void rowv_terms(const uint16_t *tc, double w, double *term)
+{
+    __m128d wv = _mm_set1_pd(w);
+    __m128i z = _mm_setzero_si128();
+    for (int h = 0; h < 2; h++) {
+        __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(tc + 8 * h));
+        __m128i lo = _mm_unpacklo_epi16(c, z), hi = _mm_unpackhi_epi16(c, z);
+        double *t = term + 8 * h;
+        _mm_storeu_pd(t, _mm_mul_pd(_mm_cvtepi32_pd(lo), wv));
+        _mm_storeu_pd(t + 2, _mm_mul_pd(_mm_cvtepi32_pd(_mm_shuffle_epi32(lo, 0xee)), wv));
+        _mm_storeu_pd(t + 4, _mm_mul_pd(_mm_cvtepi32_pd(hi), wv));
+        _mm_storeu_pd(t + 6, _mm_mul_pd(_mm_cvtepi32_pd(_mm_shuffle_epi32(hi, 0xee)), wv));
+    }
+}
+
 /* lanes used: a prefix */
 static inline uint32_t rowv_used(const trrowv *v)
 {
@@ -166,6 +183,12 @@ static inline uint32_t rowv_visit(trrowv *v, const uint16_t *le, uint32_t n, uin
         v->tc[mi] = (uint16_t)(v->tc[mi] + (v->tc[mi] < TR_CNT));
     }
     return 0;
+}
+
+static inline void rowv_terms(const uint16_t *tc, double w, double *term)
+{
+    for (uint32_t i = 0; i < TR_K; i++)
+        term[i] = (double)tc[i] * w;
 }
 
 static inline uint32_t rowv_used(const trrowv *v)
