@@ -155,6 +155,7 @@ typedef struct trans {
     uint32_t *umark, *emark, stamp;
     uint8_t *qv;
     uint16_t *ev, *tk, *miss;
+    void *evv;                       /* (E) the visit's successors as rows compare them */
     /* learned */
     uint64_t opps[TR_NC], kG[TR_NC], corr[TR_NC];
     double P[TR_NC];
@@ -313,6 +314,7 @@ static void tr_fini(ferry__policy *p)
     for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
         ferry__free(arr[i]);
     ferry__free(s->lanes);
+    ferry__free(s->evv);
 }
 
 static uint16_t tr_cell(uint32_t h, uint32_t q);
@@ -343,6 +345,7 @@ static int tr_init(ferry__policy *p)
     s->nprev = ferry__malloc((size_t)L * sizeof *s->nprev);
     s->An = ferry__calloc(ids, sizeof *s->An);
     s->lanes = ferry__aligned_alloc(64, ids * TR_ROW * sizeof *s->lanes);
+    s->evv = ferry__aligned_alloc(64, (size_t)E * 16);
     s->tn = ferry__calloc(ids, sizeof *s->tn);
     s->acc = ferry__calloc(E, sizeof *s->acc);
     s->wr = ferry__malloc((size_t)E * sizeof *s->wr);
@@ -354,7 +357,7 @@ static int tr_init(ferry__policy *p)
     s->miss = ferry__malloc(((size_t)E + 1) * sizeof *s->miss); /* (+1: a branchless append) */
     if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->last || !s->V || !s->asleep || !s->wk ||
         !s->lt || !s->cc || !s->ccnz || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
-        !s->un || !s->nprev || !s->An || !s->lanes || !s->tn || !s->acc || !s->wr ||
+        !s->un || !s->nprev || !s->An || !s->lanes || !s->evv || !s->tn || !s->acc || !s->wr ||
         !s->umark || !s->emark || !s->ev || !s->tk || !s->miss || !s->qv) {
         tr_fini(p);
         return -ENOMEM;
@@ -363,6 +366,11 @@ static int tr_init(ferry__policy *p)
      * in the first tokens of a decode */
     memset(s->ring, 0, (size_t)L * TR_RING * E * sizeof *s->ring);
     memset(s->uset, 0, ids * sizeof *s->uset);
+    memset(s->last, 0, ids * sizeof *s->last); /* (zero already: the pages) */
+    memset(s->An, 0, ids * sizeof *s->An);
+    memset(s->tn, 0, ids * sizeof *s->tn);
+    memset(s->cc, 0, (size_t)L * TR_NC * sizeof *s->cc);
+    memset(s->o.key, 0, (size_t)p->env.slots * sizeof *s->o.key);
     for (size_t i = 0; i < ids; i++) { /* no expert (TR_NOBODY), count 0 */
         memset(s->lanes + i * TR_ROW, 0xff, TR_K * sizeof *s->lanes);
         memset(s->lanes + i * TR_ROW + TR_K, 0, TR_K * sizeof *s->lanes);
@@ -454,6 +462,8 @@ static void learn_transitions(trans *s, uint32_t l, const uint16_t *le, uint32_t
     uint32_t E = s->base.env.num_experts;
     uint16_t *An = s->An + (size_t)l * E;
     const uint16_t *prev = s->ring + ((size_t)l * TR_RING + (s->V[l] - 1) % TR_RING) * E;
+    trev *evs = s->evv;
+    rowv_events(le, n, evs);
     for (int32_t i = 0; i < s->nprev[l]; i++) {
         uint32_t r = prev[i];
         size_t ri = (size_t)l * E + r;
@@ -465,7 +475,7 @@ static void learn_transitions(trans *s, uint32_t l, const uint16_t *le, uint32_t
             An[r] >>= 1;
         }
         An[r] = (uint16_t)(An[r] + 1);
-        uint32_t used = s->tn[ri], app = rowv_visit(&v, le, n, used, s->miss);
+        uint32_t used = s->tn[ri], app = rowv_visit(&v, le, evs, n, used, s->miss);
         rowv_store(&v, top, tc);
         for (uint32_t j = 0; j < app; j++) { /* new successors into unused lanes */
             top[used + j] = s->miss[j];
@@ -485,6 +495,9 @@ static void prefetch_next_rows(const trans *s, uint32_t layer)
     for (int32_t i = 0; i < s->nprev[l]; i++) {
         size_t ri = (size_t)l * E + pv[i];
         TR_PREFETCH(s->lanes + ri * TR_ROW);
+        TR_PREFETCH(s->An + ri); /* (its total and lanes used, and the expert: */
+        TR_PREFETCH(s->tn + ri); /* an event of that visit) */
+        TR_PREFETCH(s->x + ri);
     }
 }
 
@@ -778,10 +791,9 @@ static void tr_used(trans *s, uint32_t id)
         return;
     s->last[id] = now;
     uint32_t l = tr_layer_of(s, id), slot = s->base.env.where[id];
-    if (slot != FERRY_MOE_NONE && !s->asleep[l]) /* (a wake touches them all) */
-        ord_touch(&s->o, l, slot);
-    if (s->fol && (slot = s->fol->env.where[id]) != FERRY_MOE_NONE)
-        ord_touch(s->fol_o, l, slot);
+    ord_touch_any(&s->o, l, s->asleep[l] ? FERRY_MOE_NONE : slot); /* (a wake touches them all) */
+    if (s->fol)
+        ord_touch_any(s->fol_o, l, s->fol->env.where[id]);
 }
 
 static void tr_hit(ferry__policy *p, uint32_t slot, uint32_t id)

@@ -32,6 +32,15 @@ typedef struct trrowv {
     __m128i top[2], tc[2];
 } trrowv;
 
+/* a visit's successor as every row compares it: in all 8 lanes */
+typedef __m128i trev;
+
+static inline void rowv_events(const uint16_t *le, uint32_t n, trev *ev)
+{
+    for (uint32_t j = 0; j < n; j++)
+        ev[j] = _mm_set1_epi16((short)le[j]);
+}
+
 static inline void rowv_load(trrowv *v, const uint16_t *top, const uint16_t *tc)
 {
     v->top[0] = _mm_loadu_si128((const __m128i *)(const void *)top);
@@ -74,14 +83,14 @@ static inline uint32_t rowv_least(const trrowv *v)
 /* the visit's successors le[0..n) (distinct) counted in the row: first
  * every one that has a lane (independent adds), then the others in order,
  * each taking the least lane (miss: scratch for them) */
-static inline uint32_t rowv_visit(trrowv *v, const uint16_t *le, uint32_t n, uint32_t used,
-                                  uint16_t *miss)
+static inline uint32_t rowv_visit(trrowv *v, const uint16_t *le, const trev *evs, uint32_t n,
+                                  uint32_t used, uint16_t *miss)
 {
     static const int16_t lane[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     __m128i h0 = _mm_setzero_si128(), h1 = _mm_setzero_si128();
     uint32_t nm = 0;
     for (uint32_t j = 0; j < n; j++) {
-        __m128i ev = _mm_set1_epi16((short)le[j]);
+        __m128i ev = evs[j];
         __m128i eq0 = _mm_cmpeq_epi16(v->top[0], ev), eq1 = _mm_cmpeq_epi16(v->top[1], ev);
         h0 = _mm_or_si128(h0, eq0);
         h1 = _mm_or_si128(h1, eq1);
@@ -139,6 +148,13 @@ typedef struct trrowv {
     uint16_t top[TR_K], tc[TR_K];
 } trrowv;
 
+typedef uint16_t trev;
+
+static inline void rowv_events(const uint16_t *le, uint32_t n, trev *ev)
+{
+    memcpy(ev, le, n * sizeof *ev);
+}
+
 static inline void rowv_load(trrowv *v, const uint16_t *top, const uint16_t *tc)
 {
     memcpy(v->top, top, sizeof v->top);
@@ -159,9 +175,10 @@ static inline void rowv_halve(trrowv *v)
     }
 }
 
-static inline uint32_t rowv_visit(trrowv *v, const uint16_t *le, uint32_t n, uint32_t used,
-                                  uint16_t *miss)
+static inline uint32_t rowv_visit(trrowv *v, const uint16_t *le, const trev *evs, uint32_t n,
+                                  uint32_t used, uint16_t *miss)
 {
+    (void)evs;
     uint32_t nm = 0;
     for (uint32_t j = 0; j < n; j++) {
         uint32_t i = 0;
