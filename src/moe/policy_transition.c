@@ -518,8 +518,9 @@ static void tr_move(trans *s, uint32_t l, uint32_t id, uint16_t c)
     s->corr[c] += t;
     s->x[id].cell = c;
     ord_touch_any(&s->o, l, s->base.env.where[id]);
-    if (s->fol)
-        ord_touch_any(s->fol_o, l, s->fol->env.where[id]);
+    uint32_t slot; /* (a follower's shadow holds the layers it samples alone) */
+    if (s->fol && (slot = s->fol->env.where[id]) != FERRY_MOE_NONE)
+        ord_touch(s->fol_o, l, slot);
 }
 
 /* e (layer-local) joins the visit's events once */
@@ -791,9 +792,10 @@ static void tr_used(trans *s, uint32_t id)
         return;
     s->last[id] = now;
     uint32_t l = tr_layer_of(s, id), slot = s->base.env.where[id];
-    ord_touch_any(&s->o, l, s->asleep[l] ? FERRY_MOE_NONE : slot); /* (a wake touches them all) */
-    if (s->fol)
-        ord_touch_any(s->fol_o, l, s->fol->env.where[id]);
+    if (!s->asleep[l]) /* (a wake touches them all) */
+        ord_touch_any(&s->o, l, slot);
+    if (s->fol && (slot = s->fol->env.where[id]) != FERRY_MOE_NONE)
+        ord_touch(s->fol_o, l, slot);
 }
 
 static void tr_hit(ferry__policy *p, uint32_t slot, uint32_t id)
