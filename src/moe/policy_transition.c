@@ -36,8 +36,11 @@
  * list of binned experts: O(|R| x TR_K) events a visit. n[c] is counted
  * without visiting the cells (a layer's count in c held over t visits
  * adds count x t: see corr), folded in, with the p of every cell, at
- * visits 1, 2, 4, .. TR_REFRESH and then every TR_REFRESH: the p used
- * between refreshes is the last one's (the prototype's, every visit).
+ * visits 1, 2, 4, .. TR_REFRESH and then every TR_REFRESH (each awake
+ * layer's TR_NC counts: about 1.5 a step, cheaper than keeping a list of
+ * the non-empty cells at every move): the p used between refreshes is
+ * the last one's (the prototype's, every visit). A move's slot is
+ * touched at the end of the visit, all of them in one loop, in order.
  * A resident whose cell changed or that was used is "touched": its slot
  * is marked, and marked slots are filed again, in the order first
  * marked, before the next victim.
@@ -139,7 +142,6 @@ typedef struct trans {
     uint32_t *V;                     /* visits */
     uint32_t *lt;                    /* visits since the last fold */
     uint16_t *cc;                    /* [L][TR_NC] experts in each cell */
-    uint64_t *ccnz;                  /* [L][TR_BMW] */
     uint16_t *ring;                  /* [L][TR_RING][E] routed sets (layer-local) */
     uint32_t *ring_n, *ring_v;       /* [L][TR_RING] */
     uint16_t *uset;                  /* [L][E] the last visit's tracked experts */
@@ -156,6 +158,7 @@ typedef struct trans {
     uint8_t *qv;
     uint16_t *ev, *tk, *miss;
     void *evv;                       /* (E) the visit's successors as rows compare them */
+    uint32_t *tq, ntq;               /* (2E + 1) the visit's moved experts' slots, in order */
     /* learned */
     uint64_t opps[TR_NC], kG[TR_NC], corr[TR_NC];
     double P[TR_NC];
@@ -278,6 +281,27 @@ static inline void ord_touch_any(trord *o, uint32_t l, uint32_t slot)
     o->pend[v] |= (uint8_t)on;
 }
 
+/* the same for each of q[0..n), in that order: one loop, the order's
+ * fields in registers */
+static void ord_touch_all(trord *o, uint32_t l, const uint32_t *q, uint32_t n)
+{
+    uint32_t pn = o->pn, any = 0, *plist = o->plist, none = o->n, ops = 0;
+    const uint16_t *scell = o->scell;
+    uint8_t *pend = o->pend;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t v = q[i] < none ? q[i] : none;
+        uint32_t on = scell[v] != CELL_NONE;
+        any |= on;
+        ops += on;
+        plist[pn] = v;
+        pn += on & !pend[v];
+        pend[v] |= (uint8_t)on;
+    }
+    o->pn = pn;
+    o->ops += ops;
+    o->lgen[l] &= (uint64_t)any - 1; /* one filed: 0, find the least again */
+}
+
 /* every touched slot still filed, at the end of its expert's cell's list
  * now, in the order first touched (cell: per id, of the model) */
 static void ord_flush(trord *o, const struct trx *x, const uint32_t *occupant, uint32_t E)
@@ -308,13 +332,14 @@ static void tr_fini(ferry__policy *p)
 {
     trans *s = (trans *)p;
     ord_fini(&s->o);
-    void *arr[] = {s->x, s->last, s->V, s->asleep, s->wk,    s->lt,   s->cc,    s->ccnz,
+    void *arr[] = {s->x, s->last, s->V, s->asleep, s->wk,    s->lt,   s->cc,
                    s->ring, s->ring_n, s->ring_v, s->uset, s->un, s->nprev, s->An,
                    s->tn,   s->acc, s->wr,  s->umark, s->emark, s->ev, s->tk, s->miss, s->qv};
     for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
         ferry__free(arr[i]);
     ferry__free(s->lanes);
     ferry__free(s->evv);
+    ferry__free(s->tq);
 }
 
 static uint16_t tr_cell(uint32_t h, uint32_t q);
@@ -336,7 +361,6 @@ static int tr_init(ferry__policy *p)
     s->wk = ferry__malloc(((size_t)p->env.slots + 1) * sizeof *s->wk);
     s->lt = ferry__calloc(L, sizeof *s->lt);
     s->cc = ferry__calloc((size_t)L * TR_NC, sizeof *s->cc);
-    s->ccnz = ferry__calloc((size_t)L * TR_BMW, sizeof *s->ccnz);
     s->ring = ferry__malloc((size_t)L * TR_RING * E * sizeof *s->ring);
     s->ring_n = ferry__calloc((size_t)L * TR_RING, sizeof *s->ring_n);
     s->ring_v = ferry__calloc((size_t)L * TR_RING, sizeof *s->ring_v);
@@ -346,6 +370,7 @@ static int tr_init(ferry__policy *p)
     s->An = ferry__calloc(ids, sizeof *s->An);
     s->lanes = ferry__aligned_alloc(64, ids * TR_ROW * sizeof *s->lanes);
     s->evv = ferry__aligned_alloc(64, (size_t)E * 16);
+    s->tq = ferry__malloc(((size_t)2 * E + 1) * sizeof *s->tq);
     s->tn = ferry__calloc(ids, sizeof *s->tn);
     s->acc = ferry__calloc(E, sizeof *s->acc);
     s->wr = ferry__malloc((size_t)E * sizeof *s->wr);
@@ -356,8 +381,8 @@ static int tr_init(ferry__policy *p)
     s->tk = ferry__malloc((size_t)E * sizeof *s->tk);
     s->miss = ferry__malloc(((size_t)E + 1) * sizeof *s->miss); /* (+1: a branchless append) */
     if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->last || !s->V || !s->asleep || !s->wk ||
-        !s->lt || !s->cc || !s->ccnz || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
-        !s->un || !s->nprev || !s->An || !s->lanes || !s->evv || !s->tn || !s->acc || !s->wr ||
+        !s->lt || !s->cc || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
+        !s->un || !s->nprev || !s->An || !s->lanes || !s->evv || !s->tq || !s->tn || !s->acc || !s->wr ||
         !s->umark || !s->emark || !s->ev || !s->tk || !s->miss || !s->qv) {
         tr_fini(p);
         return -ENOMEM;
@@ -381,7 +406,6 @@ static int tr_init(ferry__policy *p)
     for (uint32_t l = 0; l < L; l++) {
         s->nprev[l] = -1;
         s->cc[(size_t)l * TR_NC + c0] = (uint16_t)E;
-        s->ccnz[(size_t)l * TR_BMW + c0 / 64] |= 1ull << (c0 % 64);
     }
     refresh_p(s); /* the priors */
     return 0;
@@ -429,21 +453,26 @@ static uint16_t tr_cell(uint32_t h, uint32_t q)
     return (uint16_t)(((h & 1) * (TR_W + 1) + popcount16(h)) * TR_NCQ + q);
 }
 
+/* layer l's counts held since its last fold into opps: every cell, a
+ * plain loop (no list of the non-empty ones to keep at every move) */
+static void fold_layer(trans *s, uint32_t l)
+{
+    const uint16_t *cc = s->cc + (size_t)l * TR_NC;
+    uint64_t t = s->lt[l];
+    if (!t)
+        return; /* (asleep, or folded already) */
+    for (uint32_t c = 0; c < TR_NC; c++)
+        s->opps[c] += (uint64_t)cc[c] * t;
+    s->lt[l] = 0;
+    s->o.ops += TR_NC;
+}
+
 /* fold the counts held since the last fold into opps; every cell's p */
 static void refresh_p(trans *s)
 {
     uint32_t L = s->base.env.num_layers;
-    for (uint32_t l = 0; l < L; l++) {
-        const uint64_t *nz = s->ccnz + (size_t)l * TR_BMW;
-        const uint16_t *cc = s->cc + (size_t)l * TR_NC;
-        for (uint32_t w = 0; w < TR_BMW; w++)
-            for (uint64_t b = nz[w]; b; b &= b - 1) {
-                uint32_t c = w * 64 + (uint32_t)__builtin_ctzll(b);
-                s->opps[c] += (uint64_t)cc[c] * s->lt[l];
-                s->o.ops++;
-            }
-        s->lt[l] = 0;
-    }
+    for (uint32_t l = 0; l < L; l++)
+        fold_layer(s, l);
     for (uint32_t c = 0; c < TR_NC; c++) {
         s->opps[c] -= s->corr[c];
         double prior = c / TR_NCQ >= TR_W + 1 ? TR_P_HI : TR_P_LO;
@@ -509,15 +538,13 @@ static void tr_move(trans *s, uint32_t l, uint32_t id, uint16_t c)
     if (old == c)
         return;
     uint16_t *cc = s->cc + (size_t)l * TR_NC;
-    uint64_t *nz = s->ccnz + (size_t)l * TR_BMW, t = s->lt[l];
-    /* (no branches: which cells empty or fill is not predictable) */
-    nz[old / 64] &= ~((uint64_t)(--cc[old] == 0) << (old % 64));
+    uint64_t t = s->lt[l];
+    cc[old]--;
     cc[c]++;
-    nz[c / 64] |= 1ull << (c % 64);
     s->corr[old] -= t; /* a count down by one at fold-visit t */
     s->corr[c] += t;
     s->x[id].cell = c;
-    ord_touch_any(&s->o, l, s->base.env.where[id]);
+    s->tq[s->ntq++] = s->base.env.where[id]; /* (touched at the visit's end) */
     uint32_t slot; /* (a follower's shadow holds the layers it samples alone) */
     if (s->fol && (slot = s->fol->env.where[id]) != FERRY_MOE_NONE)
         ord_touch(s->fol_o, l, slot);
@@ -610,14 +637,7 @@ static void tr_end_visit(trans *s, uint32_t layer)
  * corrections of its moves stay where they are: a fold is linear) */
 static void layer_sleep(trans *s, uint32_t l)
 {
-    const uint64_t *nz = s->ccnz + (size_t)l * TR_BMW;
-    const uint16_t *cc = s->cc + (size_t)l * TR_NC;
-    for (uint32_t w = 0; w < TR_BMW; w++)
-        for (uint64_t bits = nz[w]; bits; bits &= bits - 1) {
-            uint32_t c = w * 64 + (uint32_t)__builtin_ctzll(bits);
-            s->opps[c] += (uint64_t)cc[c] * s->lt[l];
-        }
-    s->lt[l] = 0;
+    fold_layer(s, l);
     s->asleep[l] = 1;
 }
 
@@ -655,15 +675,12 @@ static void layer_wake(trans *s, uint32_t l)
         nu = tracked_set(s, l, s->ring + rr * E, s->ring_n[rr], s->uset + b);
     s->un[l] = nu;
     uint16_t *cc = s->cc + (size_t)l * TR_NC;
-    uint64_t *nz = s->ccnz + (size_t)l * TR_BMW;
     memset(cc, 0, TR_NC * sizeof *cc);
-    memset(nz, 0, TR_BMW * sizeof *nz);
     for (uint32_t e = 0; e < E; e++) {
         uint32_t q = s->umark[e] == s->stamp ? s->qv[e] : 0;
         uint16_t c = tr_cell(s->x[b + e].hist, q);
         s->x[b + e].cell = c;
         cc[c]++;
-        nz[c / 64] |= 1ull << (c % 64);
     }
     /* its residents filed again from the least recently used, as their
      * uses while it slept would have (a slept layer's uses touch nothing) */
@@ -724,6 +741,7 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
         return 0;
     }
     s->lt[layer]++;
+    s->ntq = 0;
     for (uint32_t j = 0; j < n; j++) /* routed now, counted in the cells of before */
         s->kG[s->x[b + le[j]].cell] += 1;
     if (s->nprev[layer] >= 0)
@@ -758,8 +776,14 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
     }
     uint16_t *bm = s->ev + nev; /* (the scratch past the events) */
     uint32_t nbm = 0;
-    for (uint32_t i = 0; i < nold + ntk; i++) { /* each once, without a branch */
-        uint32_t e = i < nold ? us[i] : tk[i - nold];
+    for (uint32_t i = 0; i < nold; i++) { /* each once, without a branch */
+        uint32_t e = us[i];
+        bm[nbm] = (uint16_t)e;
+        nbm += s->emark[e] != s->stamp;
+        s->emark[e] = s->stamp;
+    }
+    for (uint32_t i = 0; i < ntk; i++) {
+        uint32_t e = tk[i];
         bm[nbm] = (uint16_t)e;
         nbm += s->emark[e] != s->stamp;
         s->emark[e] = s->stamp;
@@ -769,11 +793,12 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
         uint16_t c = s->x[id].cell;
         tr_move(s, layer, id, (uint16_t)(c - c % TR_NCQ + q));
     }
-    for (uint32_t i = 0; i < ntk; i++) /* named for the next visit's events */
-        us[nu++] = tk[i];
+    memcpy(us, tk, ntk * sizeof *us); /* named for the next visit's events */
+    nu = ntk;
     s->o.ops += nold + ntk;
     s->un[layer] = nu;
     s->o.ops += nev + n;
+    ord_touch_all(&s->o, layer, s->tq, s->ntq);
     tr_end_visit(s, layer);
     return 0;
 }
