@@ -489,14 +489,17 @@ static void refresh_p(trans *s)
 static void learn_transitions(trans *s, uint32_t l, const uint16_t *le, uint32_t n)
 {
     uint32_t E = s->base.env.num_experts;
-    uint16_t *An = s->An + (size_t)l * E;
+    size_t b = (size_t)l * E;
+    /* (locals: a store to tn, a char, would have every field read again) */
+    uint16_t *An = s->An + b, *lanes = s->lanes + b * TR_ROW, *miss = s->miss;
+    uint8_t *tn = s->tn + b;
     const uint16_t *prev = s->ring + ((size_t)l * TR_RING + (s->V[l] - 1) % TR_RING) * E;
+    int32_t np = s->nprev[l];
     trev *evs = s->evv;
     rowv_events(le, n, evs);
-    for (int32_t i = 0; i < s->nprev[l]; i++) {
+    for (int32_t i = 0; i < np; i++) {
         uint32_t r = prev[i];
-        size_t ri = (size_t)l * E + r;
-        uint16_t *top = s->lanes + ri * TR_ROW, *tc = top + TR_K;
+        uint16_t *top = lanes + (size_t)r * TR_ROW, *tc = top + TR_K;
         trrowv v;
         rowv_load(&v, top, tc);
         if (An[r] == TR_CNT) { /* halve the row with its total: order kept */
@@ -504,15 +507,15 @@ static void learn_transitions(trans *s, uint32_t l, const uint16_t *le, uint32_t
             An[r] >>= 1;
         }
         An[r] = (uint16_t)(An[r] + 1);
-        uint32_t used = s->tn[ri], app = rowv_visit(&v, le, evs, n, used, s->miss);
+        uint32_t used = tn[r], app = rowv_visit(&v, evs, n, used, miss);
         rowv_store(&v, top, tc);
         for (uint32_t j = 0; j < app; j++) { /* new successors into unused lanes */
-            top[used + j] = s->miss[j];
+            top[used + j] = le[miss[j]];
             tc[used + j] = 1;
         }
-        s->tn[ri] = (uint8_t)(app ? used + app : rowv_used(&v));
-        s->o.ops += n;
+        tn[r] = (uint8_t)(app ? used + app : rowv_used(&v));
     }
+    s->o.ops += (uint64_t)n * (uint32_t)(np > 0 ? np : 0);
 }
 
 /* the rows the next layer's visit will count in (its last routed set's:
