@@ -37,10 +37,10 @@
  * without visiting the cells (a layer's count in c held over t visits
  * adds count x t: see corr), folded in, with the p of every cell, at
  * visits 1, 2, 4, .. TR_REFRESH and then every TR_REFRESH (each awake
- * layer's TR_NC counts: about 1.5 a step, cheaper than keeping a list of
- * the non-empty cells at every move): the p used between refreshes is
- * the last one's (the prototype's, every visit). A move's slot is
- * touched at the end of the visit, all of them in one loop, in order.
+ * layer's cells that filled since, the empty ones dropped then): the p
+ * used between refreshes is the last one's (the prototype's, every
+ * visit). A move's slot is touched at the end of the visit, all of them
+ * in one loop, in order.
  * A resident whose cell changed or that was used is "touched": its slot
  * is marked, and marked slots are filed again, in the order first
  * marked, before the next victim.
@@ -142,6 +142,8 @@ typedef struct trans {
     uint32_t *V;                     /* visits */
     uint32_t *lt;                    /* visits since the last fold */
     uint16_t *cc;                    /* [L][TR_NC] experts in each cell */
+    uint64_t *ccnz;                  /* [L][TR_BMW] cells that may be non-empty (a
+                                        superset: set as one fills, cleared at a fold) */
     uint16_t *ring;                  /* [L][TR_RING][E] routed sets (layer-local) */
     uint32_t *ring_n, *ring_v;       /* [L][TR_RING] */
     uint16_t *uset;                  /* [L][E] the last visit's tracked experts */
@@ -332,7 +334,7 @@ static void tr_fini(ferry__policy *p)
 {
     trans *s = (trans *)p;
     ord_fini(&s->o);
-    void *arr[] = {s->x, s->last, s->V, s->asleep, s->wk,    s->lt,   s->cc,
+    void *arr[] = {s->x, s->last, s->V, s->asleep, s->wk,    s->lt,   s->cc,    s->ccnz,
                    s->ring, s->ring_n, s->ring_v, s->uset, s->un, s->nprev, s->An,
                    s->tn,   s->acc, s->wr,  s->umark, s->emark, s->ev, s->tk, s->miss, s->qv};
     for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
@@ -361,6 +363,7 @@ static int tr_init(ferry__policy *p)
     s->wk = ferry__malloc(((size_t)p->env.slots + 1) * sizeof *s->wk);
     s->lt = ferry__calloc(L, sizeof *s->lt);
     s->cc = ferry__calloc((size_t)L * TR_NC, sizeof *s->cc);
+    s->ccnz = ferry__calloc((size_t)L * TR_BMW, sizeof *s->ccnz);
     s->ring = ferry__malloc((size_t)L * TR_RING * E * sizeof *s->ring);
     s->ring_n = ferry__calloc((size_t)L * TR_RING, sizeof *s->ring_n);
     s->ring_v = ferry__calloc((size_t)L * TR_RING, sizeof *s->ring_v);
@@ -381,7 +384,7 @@ static int tr_init(ferry__policy *p)
     s->tk = ferry__malloc((size_t)E * sizeof *s->tk);
     s->miss = ferry__malloc(((size_t)E + 1) * sizeof *s->miss); /* (+1: a branchless append) */
     if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->last || !s->V || !s->asleep || !s->wk ||
-        !s->lt || !s->cc || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
+        !s->lt || !s->cc || !s->ccnz || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
         !s->un || !s->nprev || !s->An || !s->lanes || !s->evv || !s->tq || !s->tn || !s->acc || !s->wr ||
         !s->umark || !s->emark || !s->ev || !s->tk || !s->miss || !s->qv) {
         tr_fini(p);
@@ -406,6 +409,7 @@ static int tr_init(ferry__policy *p)
     for (uint32_t l = 0; l < L; l++) {
         s->nprev[l] = -1;
         s->cc[(size_t)l * TR_NC + c0] = (uint16_t)E;
+        s->ccnz[(size_t)l * TR_BMW + c0 / 64] |= 1ull << (c0 % 64);
     }
     refresh_p(s); /* the priors */
     return 0;
@@ -453,18 +457,27 @@ static uint16_t tr_cell(uint32_t h, uint32_t q)
     return (uint16_t)(((h & 1) * (TR_W + 1) + popcount16(h)) * TR_NCQ + q);
 }
 
-/* layer l's counts held since its last fold into opps: every cell, a
- * plain loop (no list of the non-empty ones to keep at every move) */
+/* layer l's counts held since its last fold into opps: the cells its
+ * bitmap names, the empty ones leaving it (a move only sets its new
+ * cell's bit: clearing the old one's when it empties is a branch or a
+ * read-modify-write at every move) */
 static void fold_layer(trans *s, uint32_t l)
 {
     const uint16_t *cc = s->cc + (size_t)l * TR_NC;
-    uint64_t t = s->lt[l];
+    uint64_t t = s->lt[l], *nz = s->ccnz + (size_t)l * TR_BMW;
     if (!t)
         return; /* (asleep, or folded already) */
-    for (uint32_t c = 0; c < TR_NC; c++)
-        s->opps[c] += (uint64_t)cc[c] * t;
+    for (uint32_t w = 0; w < TR_BMW; w++) {
+        uint64_t keep = nz[w];
+        for (uint64_t bits = nz[w]; bits; bits &= bits - 1) {
+            uint32_t i = (uint32_t)__builtin_ctzll(bits), c = w * 64 + i;
+            s->opps[c] += (uint64_t)cc[c] * t;
+            keep &= ~((uint64_t)(cc[c] == 0) << i);
+            s->o.ops++;
+        }
+        nz[w] = keep;
+    }
     s->lt[l] = 0;
-    s->o.ops += TR_NC;
 }
 
 /* fold the counts held since the last fold into opps; every cell's p */
@@ -544,6 +557,7 @@ static void tr_move(trans *s, uint32_t l, uint32_t id, uint16_t c)
     uint64_t t = s->lt[l];
     cc[old]--;
     cc[c]++;
+    s->ccnz[(size_t)l * TR_BMW + c / 64] |= 1ull << (c % 64);
     s->corr[old] -= t; /* a count down by one at fold-visit t */
     s->corr[c] += t;
     s->x[id].cell = c;
@@ -678,12 +692,15 @@ static void layer_wake(trans *s, uint32_t l)
         nu = tracked_set(s, l, s->ring + rr * E, s->ring_n[rr], s->uset + b);
     s->un[l] = nu;
     uint16_t *cc = s->cc + (size_t)l * TR_NC;
+    uint64_t *nz = s->ccnz + (size_t)l * TR_BMW;
     memset(cc, 0, TR_NC * sizeof *cc);
+    memset(nz, 0, TR_BMW * sizeof *nz);
     for (uint32_t e = 0; e < E; e++) {
         uint32_t q = s->umark[e] == s->stamp ? s->qv[e] : 0;
         uint16_t c = tr_cell(s->x[b + e].hist, q);
         s->x[b + e].cell = c;
         cc[c]++;
+        nz[c / 64] |= 1ull << (c % 64);
     }
     /* its residents filed again from the least recently used, as their
      * uses while it slept would have (a slept layer's uses touch nothing) */
