@@ -905,7 +905,8 @@ static void routed_step(routing *s, stepv *v, const uint32_t *ids, uint32_t n, i
         xinfo *xi = &v->x[e];
         uint32_t last = xi->last_tok;
         if (last != tok) {
-            xi->bits = last != UINT32_MAX && tok - last < 32 ? (xi->bits << (tok - last)) | 1u : 1u;
+            uint32_t d = tok - last, keep = (last != UINT32_MAX) & (d < 32); /* (no branch) */
+            xi->bits = keep ? (xi->bits << (d & 31)) | 1u : 1u;
             xi->last_tok = tok;
             xi->cnt++;
             double share_e = (double)xi->cnt * E;

@@ -442,13 +442,18 @@ static uint32_t tr_bin(double t)
     return q;
 }
 
+/* bits set in each byte */
+#define TR_B2(n) n, n + 1, n + 1, n + 2
+#define TR_B4(n) TR_B2(n), TR_B2(n + 1), TR_B2(n + 1), TR_B2(n + 2)
+#define TR_B6(n) TR_B4(n), TR_B4(n + 1), TR_B4(n + 1), TR_B4(n + 2)
+static const uint8_t tr_pop8[256] = {TR_B6(0), TR_B6(1), TR_B6(1), TR_B6(2)};
+#undef TR_B2
+#undef TR_B4
+#undef TR_B6
+
 static uint32_t popcount16(uint32_t x)
 {
-    x &= 0xffffu;
-    x = x - ((x >> 1) & 0x5555u);
-    x = (x & 0x3333u) + ((x >> 2) & 0x3333u);
-    x = (x + (x >> 4)) & 0x0f0fu;
-    return (x + (x >> 8)) & 0x1fu;
+    return (uint32_t)tr_pop8[x & 0xffu] + tr_pop8[(x >> 8) & 0xffu];
 }
 
 /* the cell of history h (bit 0: routed now) and bin q */
