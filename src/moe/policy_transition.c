@@ -749,11 +749,14 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
     uint32_t V = ++s->V[layer];
     tr_new_stamp(s);
     /* this visit's set, layer-local (for the next visit and the one 16
-     * later): the one division of each id */
+     * later): the step's ids are its layer's, so a subtraction, not a
+     * division (an id of another layer would take the division) */
     size_t rr = (size_t)layer * TR_RING + V % TR_RING;
     uint16_t *le = s->ring + rr * E;
-    for (uint32_t j = 0; j < n; j++)
-        le[j] = (uint16_t)(ids[j] % E);
+    for (uint32_t j = 0; j < n; j++) {
+        uint32_t e = ids[j] - (uint32_t)b;
+        le[j] = (uint16_t)(e < E ? e : ids[j] % E);
+    }
     if (s->sleep_stride && layer % s->sleep_stride) { /* asleep: the rows and ring only */
         if (!s->asleep[layer])
             layer_sleep(s, layer);
