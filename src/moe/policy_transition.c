@@ -160,7 +160,7 @@ typedef struct trans {
     uint8_t *qv;
     uint16_t *ev, *tk, *miss;
     void *evv;                       /* (E) the visit's successors as rows compare them */
-    uint32_t *tq, ntq;               /* (2E + 1) the visit's moved experts' slots, in order */
+    uint32_t *tq;                    /* (2E + 1) the visit's moved experts' slots, in order */
     /* learned */
     uint64_t opps[TR_NC], kG[TR_NC], corr[TR_NC];
     double P[TR_NC];
@@ -551,25 +551,53 @@ static void prefetch_next_rows(const trans *s, uint32_t layer)
     }
 }
 
-/* e (of layer l, id) gets cell c now: counts, and its slot in the lead's
- * and the follower's lists */
-static void tr_move(trans *s, uint32_t l, uint32_t id, uint16_t c)
+/* a visit's moves, against its layer's arrays in locals (a store to a
+ * count would have every field of the policy read again) */
+typedef struct trmv {
+    struct trx *x;         /* the layer's experts */
+    const uint32_t *where; /* their slots */
+    uint16_t *cc;          /* the layer's cell counts */
+    uint64_t *nz, *corr, t;
+    uint32_t *tq, ntq;     /* the slots moved, in order */
+    trans *s;
+    uint32_t l, b;
+} trmv;
+
+static inline void mv_init(trmv *m, trans *s, uint32_t l)
 {
-    uint16_t old = s->x[id].cell;
+    uint32_t E = s->base.env.num_experts;
+    m->b = l * E;
+    m->x = s->x + m->b;
+    m->where = s->base.env.where + m->b;
+    m->cc = s->cc + (size_t)l * TR_NC;
+    m->nz = s->ccnz + (size_t)l * TR_BMW;
+    m->corr = s->corr;
+    m->t = s->lt[l];
+    m->tq = s->tq;
+    m->ntq = 0;
+    m->s = s;
+    m->l = l;
+}
+
+/* expert e (layer-local) gets cell c now: counts, and its slot in the
+ * lead's (at the visit's end) and the follower's lists */
+static inline void mv_move(trmv *m, uint32_t e, uint16_t c)
+{
+    struct trx *xe = &m->x[e];
+    uint16_t old = xe->cell;
     if (old == c)
         return;
-    uint16_t *cc = s->cc + (size_t)l * TR_NC;
-    uint64_t t = s->lt[l];
-    cc[old]--;
-    cc[c]++;
-    s->ccnz[(size_t)l * TR_BMW + c / 64] |= 1ull << (c % 64);
-    s->corr[old] -= t; /* a count down by one at fold-visit t */
-    s->corr[c] += t;
-    s->x[id].cell = c;
-    s->tq[s->ntq++] = s->base.env.where[id]; /* (touched at the visit's end) */
+    m->cc[old]--;
+    m->cc[c]++;
+    m->nz[c / 64] |= 1ull << (c % 64);
+    m->corr[old] -= m->t; /* a count down by one at fold-visit t */
+    m->corr[c] += m->t;
+    xe->cell = c;
+    m->tq[m->ntq++] = m->where[e];
     uint32_t slot; /* (a follower's shadow holds the layers it samples alone) */
-    if (s->fol && (slot = s->fol->env.where[id]) != FERRY_MOE_NONE)
-        ord_touch(s->fol_o, l, slot);
+    if (__builtin_expect(m->s->fol != NULL, 0) &&
+        (slot = m->s->fol->env.where[m->b + e]) != FERRY_MOE_NONE)
+        ord_touch(m->s->fol_o, m->l, slot);
 }
 
 /* e (layer-local) joins the visit's events once */
@@ -617,12 +645,14 @@ static uint32_t tracked_set(trans *s, uint32_t l, const uint16_t *le, uint32_t n
         s->o.ops += s->tn[ri];
     }
     double kk = s->k ? (double)s->k : (double)n, base = wsum * kk / E, inv = 1.0 / n;
+    uint32_t *umark = s->umark, stamp = s->stamp;
+    uint8_t *qv = s->qv;
     for (uint32_t i = 0; i < nc; i++) {
-        uint32_t e = cand[i], q = tr_bin((s->acc[e] + base) * inv);
-        s->acc[e] = 0;
+        uint32_t e = cand[i], q = tr_bin((acc[e] + base) * inv);
+        acc[e] = 0;
         if (q) {
-            s->umark[e] = s->stamp;
-            s->qv[e] = (uint8_t)q;
+            umark[e] = stamp;
+            qv[e] = (uint8_t)q;
             us[nu++] = (uint16_t)e;
         }
     }
@@ -769,7 +799,8 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
         return 0;
     }
     s->lt[layer]++;
-    s->ntq = 0;
+    trmv mv;
+    mv_init(&mv, s, layer);
     for (uint32_t j = 0; j < n; j++) /* routed now, counted in the cells of before */
         s->kG[s->x[b + le[j]].cell] += 1;
     if (s->nprev[layer] >= 0)
@@ -794,13 +825,15 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
     uint32_t ntk = tracked_set(s, layer, le, n, tk);
     /* each history event's history brought to this visit, the routed bit
      * set, then its new cell */
+    const uint16_t *ev = s->ev;
+    const uint32_t *umark = s->umark, stamp = s->stamp;
+    const uint8_t *qv = s->qv;
     for (uint32_t i = 0; i < nev; i++) {
-        uint32_t e = s->ev[i], id = (uint32_t)b + e, d = V - s->x[id].hv;
-        uint32_t q = s->umark[e] == s->stamp ? s->qv[e] : 0;
-        uint16_t h = (uint16_t)((d >= 16 ? 0 : (uint16_t)(s->x[id].hist << d)) | (i < nr));
-        s->x[id].hist = h;
-        s->x[id].hv = V;
-        tr_move(s, layer, id, tr_cell(h, q));
+        uint32_t e = ev[i], d = V - mv.x[e].hv, q = umark[e] == stamp ? qv[e] : 0;
+        uint16_t h = (uint16_t)((d >= 16 ? 0 : (uint16_t)(mv.x[e].hist << d)) | (i < nr));
+        mv.x[e].hist = h;
+        mv.x[e].hv = V;
+        mv_move(&mv, e, tr_cell(h, q));
     }
     uint16_t *bm = s->ev + nev; /* (the scratch past the events) */
     uint32_t nbm = 0;
@@ -817,16 +850,16 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
         s->emark[e] = s->stamp;
     }
     for (uint32_t i = 0; i < nbm; i++) {
-        uint32_t e = bm[i], q = s->umark[e] == s->stamp ? s->qv[e] : 0, id = (uint32_t)b + e;
-        uint16_t c = s->x[id].cell;
-        tr_move(s, layer, id, (uint16_t)(c - c % TR_NCQ + q));
+        uint32_t e = bm[i], q = umark[e] == stamp ? qv[e] : 0;
+        uint16_t c = mv.x[e].cell;
+        mv_move(&mv, e, (uint16_t)(c - c % TR_NCQ + q));
     }
     memcpy(us, tk, ntk * sizeof *us); /* named for the next visit's events */
     nu = ntk;
     s->o.ops += nold + ntk;
     s->un[layer] = nu;
     s->o.ops += nev + n;
-    ord_touch_all(&s->o, layer, s->tq, s->ntq);
+    ord_touch_all(&s->o, layer, mv.tq, mv.ntq);
     tr_end_visit(s, layer);
     return 0;
 }
