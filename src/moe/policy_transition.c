@@ -600,13 +600,13 @@ static inline void mv_move(trmv *m, uint32_t e, uint16_t c)
         ord_touch(m->s->fol_o, m->l, slot);
 }
 
-/* e (layer-local) joins the visit's events once */
-static inline void ev_add(trans *s, uint32_t e, uint32_t *nev)
+/* e (layer-local) joins the visit's events ev once (marked in emark) */
+static inline void ev_add(uint16_t *ev, uint32_t *emark, uint32_t stamp, uint32_t e, uint32_t *nev)
 {
     /* (no branch: the routed sets of two visits overlap by chance) */
-    s->ev[*nev] = (uint16_t)e;
-    *nev += s->emark[e] != s->stamp;
-    s->emark[e] = s->stamp;
+    ev[*nev] = (uint16_t)e;
+    *nev += emark[e] != stamp;
+    emark[e] = stamp;
 }
 
 /* the experts the routed set's rows track whose feature's bin is above
@@ -807,9 +807,11 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
         learn_transitions(s, layer, le, n);
     /* history events: routed now, at the last visit, 16 visits ago */
     uint32_t nev = 0, nold = s->un[layer], nu = 0;
-    uint16_t *us = s->uset + b, *tk = s->tk;
+    uint16_t *us = s->uset + b, *tk = s->tk, *ev = s->ev;
+    uint32_t *emark = s->emark, *umark = s->umark, stamp = s->stamp;
+    const uint8_t *qv = s->qv;
     for (uint32_t j = 0; j < n; j++)
-        ev_add(s, le[j], &nev);
+        ev_add(ev, emark, stamp, le[j], &nev);
     uint32_t nr = nev; /* the routed set's events come first */
     for (uint32_t back = 1; back <= TR_W; back += TR_W - 1) {
         size_t ri = (size_t)layer * TR_RING + (V - back) % TR_RING;
@@ -817,7 +819,7 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
             continue;
         const uint16_t *set = s->ring + ri * E;
         for (uint32_t i = 0; i < s->ring_n[ri]; i++)
-            ev_add(s, set[i], &nev);
+            ev_add(ev, emark, stamp, set[i], &nev);
     }
     s->ring_n[rr] = n;
     s->ring_v[rr] = V;
@@ -825,9 +827,6 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
     uint32_t ntk = tracked_set(s, layer, le, n, tk);
     /* each history event's history brought to this visit, the routed bit
      * set, then its new cell */
-    const uint16_t *ev = s->ev;
-    const uint32_t *umark = s->umark, stamp = s->stamp;
-    const uint8_t *qv = s->qv;
     for (uint32_t i = 0; i < nev; i++) {
         uint32_t e = ev[i], d = V - mv.x[e].hv, q = umark[e] == stamp ? qv[e] : 0;
         uint16_t h = (uint16_t)((d >= 16 ? 0 : (uint16_t)(mv.x[e].hist << d)) | (i < nr));
@@ -835,19 +834,19 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
         mv.x[e].hv = V;
         mv_move(&mv, e, tr_cell(h, q));
     }
-    uint16_t *bm = s->ev + nev; /* (the scratch past the events) */
+    uint16_t *bm = ev + nev; /* (the scratch past the events) */
     uint32_t nbm = 0;
     for (uint32_t i = 0; i < nold; i++) { /* each once, without a branch */
         uint32_t e = us[i];
         bm[nbm] = (uint16_t)e;
-        nbm += s->emark[e] != s->stamp;
-        s->emark[e] = s->stamp;
+        nbm += emark[e] != stamp;
+        emark[e] = stamp;
     }
     for (uint32_t i = 0; i < ntk; i++) {
         uint32_t e = tk[i];
         bm[nbm] = (uint16_t)e;
-        nbm += s->emark[e] != s->stamp;
-        s->emark[e] = s->stamp;
+        nbm += emark[e] != stamp;
+        emark[e] = stamp;
     }
     for (uint32_t i = 0; i < nbm; i++) {
         uint32_t e = bm[i], q = umark[e] == stamp ? qv[e] : 0;
