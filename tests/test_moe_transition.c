@@ -256,7 +256,7 @@ static void transition_refuses_huge_shapes(void **state)
     o.policy = "transition";
     o.slots = 64;
     ferry_moe_planner *p = NULL;
-    /* 1024 x 4096 ids at 127 bytes each: 508 MiB of model */
+    /* 1024 x 4096 ids at 119 bytes each: 476 MiB of model */
     o.num_layers = 1024;
     o.num_experts = 4096;
     assert_int_equal(ferry_moe_planner_create(&o, &p), -EINVAL);
@@ -267,7 +267,7 @@ static void transition_refuses_huge_shapes(void **state)
     o.num_experts = FERRY_MOE_MAX_EXPERTS;
     assert_int_equal(ferry_moe_planner_create(&o, &p), -EINVAL);
     assert_null(p);
-    /* DeepSeek-V3's shape (58 x 256) fits: 1.8 MiB; so does one of 64 x
+    /* DeepSeek-V3's shape (58 x 256) fits: 1.7 MiB; so does one of 64 x
      * 2048, refused while the model held an E x E table a layer */
     o.num_layers = 64;
     o.num_experts = 2048;

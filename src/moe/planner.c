@@ -57,7 +57,8 @@ struct ferry_moe_planner {
     uint32_t free_fresh;
     uint32_t *free_pos;
     double *free_key;     /* all zero: free slots order by index */
-    uint64_t *seen;       /* per id: gen of the call that last saw it */
+    uint64_t *seen;       /* per expert (a step's ids are one layer's): gen of the
+                             call that last saw it */
     uint64_t gen, step, pin_now;
     uint32_t n_pinned;    /* slots with pin_step == pin_now */
     uint32_t token, last_layer;
@@ -324,7 +325,7 @@ int ferry_moe_planner_create(const ferry_moe_planner_options *uopt, ferry_moe_pl
     if (rc < 0)
         goto oom;
     p->where = ferry__malloc(ids * sizeof *p->where);
-    p->seen = ferry__calloc(ids, sizeof *p->seen);
+    p->seen = ferry__calloc(p->E, sizeof *p->seen);
     p->uniq = ferry__malloc((size_t)p->E * sizeof(uint32_t));
     p->miss = ferry__malloc((size_t)p->E * sizeof(uint32_t));
     p->plan_dst = ferry__malloc((size_t)p->E * sizeof(uint32_t));
@@ -392,11 +393,11 @@ static int collect(ferry_moe_planner *p, const char *what, uint32_t layer, const
     uint64_t gen = ++p->gen;
     uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t id = layer * p->E + experts[i];
-        if (p->seen[id] == gen)
+        uint32_t e = experts[i];
+        if (p->seen[e] == gen)
             continue;
-        p->seen[id] = gen;
-        p->uniq[k++] = id;
+        p->seen[e] = gen;
+        p->uniq[k++] = layer * p->E + e;
     }
     *nu = k;
     return 0;
@@ -554,7 +555,8 @@ static void settle_hints(ferry_moe_planner *p)
 {
     uint32_t id;
     while ((id = ferry__hints_due(&p->hints, p->step)) != UINT32_MAX) {
-        int right = p->hints.near[id] == (double)p->step && p->seen[id] == p->gen;
+        int right = p->hints.near[id] == (double)p->step &&
+                    id - p->last_layer * p->E < p->E && p->seen[id % p->E] == p->gen;
         if (right)
             p->hst.right++;
         else

@@ -103,7 +103,7 @@ typedef struct routing {
     uint16_t *scell;           /* per slot: the cell it is listed in, CELL_NONE */
     uint32_t *ht;              /* [L][CELLS]: head, tail (one cache line) */
     uint64_t *bm;              /* [L][BMW] */
-    uint64_t *ccbm;            /* [L][BMW] by cell: cell_count non-zero */
+    uint64_t *ccbm;            /* [L][BMW] by cell: set where cell_count is non-zero */
     uint16_t rank[CELLS], at_rank[CELLS];
     xinfo *x;                  /* per id, one cache line's worth each */
     /* per layer */
@@ -197,12 +197,13 @@ static int rank_before(const routing *s, uint32_t a, uint32_t b)
 static void opps_fold(routing *s)
 {
     for (uint32_t l = 0; l < s->base.env.num_layers; l++) {
-        const uint64_t *nz = s->ccbm + (size_t)l * BMW;
+        uint64_t *nz = s->ccbm + (size_t)l * BMW; /* (the empty cells' bits go now) */
         const uint16_t *cc = s->cell_count + (size_t)l * CELLS;
         for (uint32_t w = 0; w < BMW; w++)
             for (uint64_t b = nz[w]; b; b &= b - 1) {
                 uint32_t c = w * 64 + (uint32_t)__builtin_ctzll(b);
                 s->opps[c] += (uint64_t)cc[c] * s->lturns[l];
+                nz[w] &= ~((uint64_t)(cc[c] == 0) << (c % 64));
             }
         s->lturns[l] = 0;
     }
@@ -651,10 +652,9 @@ static inline void count_move(routing *s, uint32_t m, uint16_t o, uint16_t c)
     uint64_t t = s->lturns[m];
     s->corr[o] -= t; /* (unsigned: wraps, and the fold wraps back) */
     s->corr[c] += t;
-    if (--cc[o] == 0)
-        nz[o / 64] &= ~(1ull << (o % 64));
-    if (cc[c]++ == 0)
-        nz[c / 64] |= 1ull << (c % 64);
+    cc[o]--; /* (no branch on emptying: the fold drops an empty cell's bit) */
+    cc[c]++;
+    nz[c / 64] |= 1ull << (c % 64);
 }
 
 /* move id (of layer m) to the cell it is in after its layer's turn at
@@ -727,10 +727,9 @@ static inline __attribute__((always_inline)) void step_move(stepv *v, uint32_t e
     if (c != o) {
         v->corr[o] -= v->lt; /* count_move() */
         v->corr[c] += v->lt;
-        if (--v->cc[o] == 0)
-            v->nz[o / 64] &= ~(1ull << (o % 64));
-        if (v->cc[c]++ == 0)
-            v->nz[c / 64] |= 1ull << (c % 64);
+        v->cc[o]--;
+        v->cc[c]++;
+        v->nz[c / 64] |= 1ull << (c % 64);
         xi->cell = c;
         if (__builtin_expect(v->fol != NULL, 0))
             follow(v->fol, v->m, v->base + e, c, 1);
@@ -906,19 +905,15 @@ static void routed_step(routing *s, stepv *v, const uint32_t *ids, uint32_t n, i
         xinfo *xi = &v->x[e];
         uint32_t last = xi->last_tok;
         if (last != tok) {
-            xi->bits = last != UINT32_MAX && tok - last < 32 ? (xi->bits << (tok - last)) | 1u : 1u;
+            uint32_t d = tok - last, keep = (last != UINT32_MAX) & (d < 32); /* (no branch) */
+            xi->bits = keep ? (xi->bits << (d & 31)) | 1u : 1u;
             xi->last_tok = tok;
             xi->cnt++;
             double share_e = (double)xi->cnt * E;
-            uint8_t pop = 0;
-            if (routes > 0) {
-                pop = share_e >= tr[3] ? 4 : 0;
-                if (share_e >= tr[pop + 1])
-                    pop += 2;
-                if (share_e >= tr[pop])
-                    pop += 1;
-            }
-            xi->pop = pop;
+            uint32_t pop = (uint32_t)(share_e >= tr[3]) * 4; /* (no branches) */
+            pop += (uint32_t)(share_e >= tr[pop + 1]) * 2;
+            pop += share_e >= tr[pop];
+            xi->pop = (uint8_t)(routes > 0 ? pop : 0);
         }
         /* each expert's move reads only its own features: the same as
          * all features first, then all moves. Routed at tok, its history
@@ -1133,7 +1128,7 @@ int ferry__routing_check(const ferry__policy *p, char *why, size_t len)
             uint32_t cnt = s->cell_count[(size_t)m * CELLS + c];
             sum += cnt;
             int nz = (int)(s->ccbm[(size_t)m * BMW + c / 64] >> (c % 64) & 1u);
-            if (nz != (cnt != 0))
+            if (cnt && !nz)
                 return FAIL("layer %u cell %u: count %u, non-zero bit %d", m, c, cnt, nz);
             size_t lc = (size_t)m * CELLS + c;
             uint32_t r = s->rank[c], prev = NONE, k = 0;

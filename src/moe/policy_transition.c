@@ -36,8 +36,11 @@
  * list of binned experts: O(|R| x TR_K) events a visit. n[c] is counted
  * without visiting the cells (a layer's count in c held over t visits
  * adds count x t: see corr), folded in, with the p of every cell, at
- * visits 1, 2, 4, .. TR_REFRESH and then every TR_REFRESH: the p used
- * between refreshes is the last one's (the prototype's, every visit).
+ * visits 1, 2, 4, .. TR_REFRESH and then every TR_REFRESH (each awake
+ * layer's cells that filled since, the empty ones dropped then): the p
+ * used between refreshes is the last one's (the prototype's, every
+ * visit). A move's slot is touched at the end of the visit, all of them
+ * in one loop, in order.
  * A resident whose cell changed or that was used is "touched": its slot
  * is marked, and marked slots are filed again, in the order first
  * marked, before the next victim.
@@ -59,8 +62,8 @@
  * non-empty cells. ferry__transition_verify() has every victim checked
  * against a scan of all the slots by the same rule (tests).
  *
- * Memory: about 127 bytes an id (ferry__transition_bytes: DeepSeek-V3's
- * 58 x 256, 1.8 MiB); shapes past FERRY__TRANSITION_MAX_BYTES are
+ * Memory: about 119 bytes an id (ferry__transition_bytes: DeepSeek-V3's
+ * 58 x 256, 1.7 MiB); shapes past FERRY__TRANSITION_MAX_BYTES are
  * refused at planner create.
  */
 #include <errno.h>
@@ -108,16 +111,18 @@ typedef struct trord {
     uint8_t *pend;       /* per slot: touched since the last victim */
     uint32_t *plist, pn; /* those slots, in the order first touched */
     uint64_t clock;
+    uint32_t n;          /* slots; scell[n] and pend[n]: a slot never filed */
     uint64_t ops;        /* work done: events, filings, layers and cells visited (tests) */
 } trord;
 
-/* what is known of one expert, together: an event touches it all */
+/* what an event reads and writes of one expert, together in 8 bytes (a
+ * layer's 256 in 2 KiB: a decode's sweep of all layers stays in L2) */
 typedef struct trx {
-    uint64_t last; /* step of its last use (ties) */
-    uint32_t hist; /* bit i = routed at its layer's visit hv - i */
     uint32_t hv;   /* the visit hist is of */
+    uint16_t hist; /* bit i = routed at its layer's visit hv - i (the window) */
     uint16_t cell;
 } trx;
+_Static_assert(sizeof(trx) == 8 && TR_W <= 16, "an expert's state is 8 bytes");
 
 typedef struct trwk { /* a resident of a waking layer: its last use */
     uint64_t last;
@@ -132,11 +137,13 @@ typedef struct trans {
     uint32_t layer;                  /* the current step's layer */
     uint32_t k;                      /* top_k, 0: the step's route count */
     struct trx *x;                   /* per id */
+    uint64_t *last;                  /* per id: step of its last use (ties) */
     /* per layer */
     uint32_t *V;                     /* visits */
     uint32_t *lt;                    /* visits since the last fold */
     uint16_t *cc;                    /* [L][TR_NC] experts in each cell */
-    uint64_t *ccnz;                  /* [L][TR_BMW] */
+    uint64_t *ccnz;                  /* [L][TR_BMW] cells that may be non-empty (a
+                                        superset: set as one fills, cleared at a fold) */
     uint16_t *ring;                  /* [L][TR_RING][E] routed sets (layer-local) */
     uint32_t *ring_n, *ring_v;       /* [L][TR_RING] */
     uint16_t *uset;                  /* [L][E] the last visit's tracked experts */
@@ -152,6 +159,8 @@ typedef struct trans {
     uint32_t *umark, *emark, stamp;
     uint8_t *qv;
     uint16_t *ev, *tk, *miss;
+    void *evv;                       /* (E) the visit's successors as rows compare them */
+    uint32_t *tq;                    /* (2E + 1) the visit's moved experts' slots, in order */
     /* learned */
     uint64_t opps[TR_NC], kG[TR_NC], corr[TR_NC];
     double P[TR_NC];
@@ -182,12 +191,12 @@ static int ord_init(trord *o, const ferry__policy_env *env)
     o->nx = ferry__malloc((size_t)n * sizeof *o->nx);
     o->pv = ferry__malloc((size_t)n * sizeof *o->pv);
     o->key = ferry__calloc(n, sizeof *o->key);
-    o->scell = ferry__malloc((size_t)n * sizeof *o->scell);
+    o->scell = ferry__malloc(((size_t)n + 1) * sizeof *o->scell);
     o->ht = ferry__malloc((size_t)L * TR_NC * 2 * sizeof *o->ht);
     o->nz = ferry__calloc((size_t)L * TR_BMW, sizeof *o->nz);
     o->least = ferry__malloc((size_t)L * sizeof *o->least);
     o->lgen = ferry__calloc(L, sizeof *o->lgen);
-    o->pend = ferry__calloc(n, sizeof *o->pend);
+    o->pend = ferry__calloc((size_t)n + 1, sizeof *o->pend);
     o->plist = ferry__malloc(((size_t)n + 1) * sizeof *o->plist);
     if (!o->pend || !o->plist || !o->nx || !o->pv || !o->key || !o->scell || !o->ht || !o->nz || !o->least || !o->lgen) {
         ord_fini(o);
@@ -195,7 +204,8 @@ static int ord_init(trord *o, const ferry__policy_env *env)
     }
     memset(o->nx, 0xff, (size_t)n * sizeof *o->nx);
     memset(o->pv, 0xff, (size_t)n * sizeof *o->pv);
-    memset(o->scell, 0xff, (size_t)n * sizeof *o->scell);
+    memset(o->scell, 0xff, ((size_t)n + 1) * sizeof *o->scell);
+    o->n = n;
     memset(o->ht, 0xff, (size_t)L * TR_NC * 2 * sizeof *o->ht);
     memset(o->least, 0xff, (size_t)L * sizeof *o->least);
     return 0;
@@ -246,7 +256,7 @@ static void ord_unfile(trord *o, uint32_t l, uint32_t slot)
 /* a filed slot (of layer l) is touched: its expert was used or moved to
  * another cell. It goes to the end of its cell's list before the next
  * victim is chosen (ord_flush): O(1) now, once however often touched. */
-static void ord_touch(trord *o, uint32_t l, uint32_t slot)
+static inline void ord_touch(trord *o, uint32_t l, uint32_t slot)
 {
     if (o->scell[slot] == CELL_NONE)
         return;
@@ -257,6 +267,41 @@ static void ord_touch(trord *o, uint32_t l, uint32_t slot)
     o->plist[o->pn] = slot;
     o->pn += !o->pend[slot];
     o->pend[slot] = 1;
+}
+
+/* the same for a slot or FERRY_MOE_NONE (nothing then), without a
+ * branch on which: whether an expert is resident is a coin toss to the
+ * branch predictor */
+static inline void ord_touch_any(trord *o, uint32_t l, uint32_t slot)
+{
+    uint32_t v = slot < o->n ? slot : o->n;
+    uint32_t on = o->scell[v] != CELL_NONE;
+    o->lgen[l] &= (uint64_t)on - 1; /* filed: 0, find the least again */
+    o->ops += on;
+    o->plist[o->pn] = v;
+    o->pn += on & !o->pend[v];
+    o->pend[v] |= (uint8_t)on;
+}
+
+/* the same for each of q[0..n), in that order: one loop, the order's
+ * fields in registers */
+static void ord_touch_all(trord *o, uint32_t l, const uint32_t *q, uint32_t n)
+{
+    uint32_t pn = o->pn, any = 0, *plist = o->plist, none = o->n, ops = 0;
+    const uint16_t *scell = o->scell;
+    uint8_t *pend = o->pend;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t v = q[i] < none ? q[i] : none;
+        uint32_t on = scell[v] != CELL_NONE;
+        any |= on;
+        ops += on;
+        plist[pn] = v;
+        pn += on & !pend[v];
+        pend[v] |= (uint8_t)on;
+    }
+    o->pn = pn;
+    o->ops += ops;
+    o->lgen[l] &= (uint64_t)any - 1; /* one filed: 0, find the least again */
 }
 
 /* every touched slot still filed, at the end of its expert's cell's list
@@ -281,7 +326,7 @@ size_t ferry__transition_bytes(uint32_t num_layers, uint32_t num_experts)
      * is known of it, its row's total, its place in the tracked set, and
      * its row's lanes used */
     size_t per_id = TR_K * 2 * sizeof(uint16_t) + TR_RING * sizeof(uint16_t) + sizeof(trx) +
-                    2 * sizeof(uint16_t) + 1;
+                    sizeof(uint64_t) + 2 * sizeof(uint16_t) + 1;
     return (size_t)num_layers * num_experts * per_id;
 }
 
@@ -289,12 +334,14 @@ static void tr_fini(ferry__policy *p)
 {
     trans *s = (trans *)p;
     ord_fini(&s->o);
-    void *arr[] = {s->x, s->V, s->asleep, s->wk,    s->lt,   s->cc,    s->ccnz,
+    void *arr[] = {s->x, s->last, s->V, s->asleep, s->wk,    s->lt,   s->cc,    s->ccnz,
                    s->ring, s->ring_n, s->ring_v, s->uset, s->un, s->nprev, s->An,
                    s->tn,   s->acc, s->wr,  s->umark, s->emark, s->ev, s->tk, s->miss, s->qv};
     for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
         ferry__free(arr[i]);
     ferry__free(s->lanes);
+    ferry__free(s->evv);
+    ferry__free(s->tq);
 }
 
 static uint16_t tr_cell(uint32_t h, uint32_t q);
@@ -310,6 +357,7 @@ static int tr_init(ferry__policy *p)
     size_t ids = (size_t)L * E;
     s->k = p->env.top_k;
     s->x = ferry__calloc(ids, sizeof *s->x);
+    s->last = ferry__calloc(ids, sizeof *s->last);
     s->V = ferry__calloc(L, sizeof *s->V);
     s->asleep = ferry__calloc(L, 1);
     s->wk = ferry__malloc(((size_t)p->env.slots + 1) * sizeof *s->wk);
@@ -324,6 +372,8 @@ static int tr_init(ferry__policy *p)
     s->nprev = ferry__malloc((size_t)L * sizeof *s->nprev);
     s->An = ferry__calloc(ids, sizeof *s->An);
     s->lanes = ferry__aligned_alloc(64, ids * TR_ROW * sizeof *s->lanes);
+    s->evv = ferry__aligned_alloc(64, (size_t)E * 16);
+    s->tq = ferry__malloc(((size_t)2 * E + 1) * sizeof *s->tq);
     s->tn = ferry__calloc(ids, sizeof *s->tn);
     s->acc = ferry__calloc(E, sizeof *s->acc);
     s->wr = ferry__malloc((size_t)E * sizeof *s->wr);
@@ -333,9 +383,9 @@ static int tr_init(ferry__policy *p)
     s->qv = ferry__calloc(E, sizeof *s->qv);
     s->tk = ferry__malloc((size_t)E * sizeof *s->tk);
     s->miss = ferry__malloc(((size_t)E + 1) * sizeof *s->miss); /* (+1: a branchless append) */
-    if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->V || !s->asleep || !s->wk ||
+    if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->last || !s->V || !s->asleep || !s->wk ||
         !s->lt || !s->cc || !s->ccnz || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
-        !s->un || !s->nprev || !s->An || !s->lanes || !s->tn || !s->acc || !s->wr ||
+        !s->un || !s->nprev || !s->An || !s->lanes || !s->evv || !s->tq || !s->tn || !s->acc || !s->wr ||
         !s->umark || !s->emark || !s->ev || !s->tk || !s->miss || !s->qv) {
         tr_fini(p);
         return -ENOMEM;
@@ -344,6 +394,11 @@ static int tr_init(ferry__policy *p)
      * in the first tokens of a decode */
     memset(s->ring, 0, (size_t)L * TR_RING * E * sizeof *s->ring);
     memset(s->uset, 0, ids * sizeof *s->uset);
+    memset(s->last, 0, ids * sizeof *s->last); /* (zero already: the pages) */
+    memset(s->An, 0, ids * sizeof *s->An);
+    memset(s->tn, 0, ids * sizeof *s->tn);
+    memset(s->cc, 0, (size_t)L * TR_NC * sizeof *s->cc);
+    memset(s->o.key, 0, (size_t)p->env.slots * sizeof *s->o.key);
     for (size_t i = 0; i < ids; i++) { /* no expert (TR_NOBODY), count 0 */
         memset(s->lanes + i * TR_ROW, 0xff, TR_K * sizeof *s->lanes);
         memset(s->lanes + i * TR_ROW + TR_K, 0, TR_K * sizeof *s->lanes);
@@ -387,13 +442,18 @@ static uint32_t tr_bin(double t)
     return q;
 }
 
+/* bits set in each byte */
+#define TR_B2(n) n, n + 1, n + 1, n + 2
+#define TR_B4(n) TR_B2(n), TR_B2(n + 1), TR_B2(n + 1), TR_B2(n + 2)
+#define TR_B6(n) TR_B4(n), TR_B4(n + 1), TR_B4(n + 1), TR_B4(n + 2)
+static const uint8_t tr_pop8[256] = {TR_B6(0), TR_B6(1), TR_B6(1), TR_B6(2)};
+#undef TR_B2
+#undef TR_B4
+#undef TR_B6
+
 static uint32_t popcount16(uint32_t x)
 {
-    x &= 0xffffu;
-    x = x - ((x >> 1) & 0x5555u);
-    x = (x & 0x3333u) + ((x >> 2) & 0x3333u);
-    x = (x + (x >> 4)) & 0x0f0fu;
-    return (x + (x >> 8)) & 0x1fu;
+    return (uint32_t)tr_pop8[x & 0xffu] + tr_pop8[(x >> 8) & 0xffu];
 }
 
 /* the cell of history h (bit 0: routed now) and bin q */
@@ -402,21 +462,35 @@ static uint16_t tr_cell(uint32_t h, uint32_t q)
     return (uint16_t)(((h & 1) * (TR_W + 1) + popcount16(h)) * TR_NCQ + q);
 }
 
+/* layer l's counts held since its last fold into opps: the cells its
+ * bitmap names, the empty ones leaving it (a move only sets its new
+ * cell's bit: clearing the old one's when it empties is a branch or a
+ * read-modify-write at every move) */
+static void fold_layer(trans *s, uint32_t l)
+{
+    const uint16_t *cc = s->cc + (size_t)l * TR_NC;
+    uint64_t t = s->lt[l], *nz = s->ccnz + (size_t)l * TR_BMW;
+    if (!t)
+        return; /* (asleep, or folded already) */
+    for (uint32_t w = 0; w < TR_BMW; w++) {
+        uint64_t keep = nz[w];
+        for (uint64_t bits = nz[w]; bits; bits &= bits - 1) {
+            uint32_t i = (uint32_t)__builtin_ctzll(bits), c = w * 64 + i;
+            s->opps[c] += (uint64_t)cc[c] * t;
+            keep &= ~((uint64_t)(cc[c] == 0) << i);
+            s->o.ops++;
+        }
+        nz[w] = keep;
+    }
+    s->lt[l] = 0;
+}
+
 /* fold the counts held since the last fold into opps; every cell's p */
 static void refresh_p(trans *s)
 {
     uint32_t L = s->base.env.num_layers;
-    for (uint32_t l = 0; l < L; l++) {
-        const uint64_t *nz = s->ccnz + (size_t)l * TR_BMW;
-        const uint16_t *cc = s->cc + (size_t)l * TR_NC;
-        for (uint32_t w = 0; w < TR_BMW; w++)
-            for (uint64_t b = nz[w]; b; b &= b - 1) {
-                uint32_t c = w * 64 + (uint32_t)__builtin_ctzll(b);
-                s->opps[c] += (uint64_t)cc[c] * s->lt[l];
-                s->o.ops++;
-            }
-        s->lt[l] = 0;
-    }
+    for (uint32_t l = 0; l < L; l++)
+        fold_layer(s, l);
     for (uint32_t c = 0; c < TR_NC; c++) {
         s->opps[c] -= s->corr[c];
         double prior = c / TR_NCQ >= TR_W + 1 ? TR_P_HI : TR_P_LO;
@@ -433,12 +507,17 @@ static void refresh_p(trans *s)
 static void learn_transitions(trans *s, uint32_t l, const uint16_t *le, uint32_t n)
 {
     uint32_t E = s->base.env.num_experts;
-    uint16_t *An = s->An + (size_t)l * E;
+    size_t b = (size_t)l * E;
+    /* (locals: a store to tn, a char, would have every field read again) */
+    uint16_t *An = s->An + b, *lanes = s->lanes + b * TR_ROW, *miss = s->miss;
+    uint8_t *tn = s->tn + b;
     const uint16_t *prev = s->ring + ((size_t)l * TR_RING + (s->V[l] - 1) % TR_RING) * E;
-    for (int32_t i = 0; i < s->nprev[l]; i++) {
+    int32_t np = s->nprev[l];
+    trev *evs = s->evv;
+    rowv_events(le, n, evs);
+    for (int32_t i = 0; i < np; i++) {
         uint32_t r = prev[i];
-        size_t ri = (size_t)l * E + r;
-        uint16_t *top = s->lanes + ri * TR_ROW, *tc = top + TR_K;
+        uint16_t *top = lanes + (size_t)r * TR_ROW, *tc = top + TR_K;
         trrowv v;
         rowv_load(&v, top, tc);
         if (An[r] == TR_CNT) { /* halve the row with its total: order kept */
@@ -446,15 +525,15 @@ static void learn_transitions(trans *s, uint32_t l, const uint16_t *le, uint32_t
             An[r] >>= 1;
         }
         An[r] = (uint16_t)(An[r] + 1);
-        uint32_t used = s->tn[ri], app = rowv_visit(&v, le, n, used, s->miss);
+        uint32_t used = tn[r], app = rowv_visit(&v, evs, n, used, miss);
         rowv_store(&v, top, tc);
         for (uint32_t j = 0; j < app; j++) { /* new successors into unused lanes */
-            top[used + j] = s->miss[j];
+            top[used + j] = le[miss[j]];
             tc[used + j] = 1;
         }
-        s->tn[ri] = (uint8_t)(app ? used + app : rowv_used(&v));
-        s->o.ops += n;
+        tn[r] = (uint8_t)(app ? used + app : rowv_used(&v));
     }
+    s->o.ops += (uint64_t)n * (uint32_t)(np > 0 ? np : 0);
 }
 
 /* the rows the next layer's visit will count in (its last routed set's:
@@ -466,39 +545,68 @@ static void prefetch_next_rows(const trans *s, uint32_t layer)
     for (int32_t i = 0; i < s->nprev[l]; i++) {
         size_t ri = (size_t)l * E + pv[i];
         TR_PREFETCH(s->lanes + ri * TR_ROW);
+        TR_PREFETCH(s->An + ri); /* (its total and lanes used, and the expert: */
+        TR_PREFETCH(s->tn + ri); /* an event of that visit) */
+        TR_PREFETCH(s->x + ri);
     }
 }
 
-/* e (of layer l, id) gets cell c now: counts, and its slot in the lead's
- * and the follower's lists */
-static void tr_move(trans *s, uint32_t l, uint32_t id, uint16_t c)
+/* a visit's moves, against its layer's arrays in locals (a store to a
+ * count would have every field of the policy read again) */
+typedef struct trmv {
+    struct trx *x;         /* the layer's experts */
+    const uint32_t *where; /* their slots */
+    uint16_t *cc;          /* the layer's cell counts */
+    uint64_t *nz, *corr, t;
+    uint32_t *tq, ntq;     /* the slots moved, in order */
+    trans *s;
+    uint32_t l, b;
+} trmv;
+
+static inline void mv_init(trmv *m, trans *s, uint32_t l)
 {
-    uint16_t old = s->x[id].cell;
+    uint32_t E = s->base.env.num_experts;
+    m->b = l * E;
+    m->x = s->x + m->b;
+    m->where = s->base.env.where + m->b;
+    m->cc = s->cc + (size_t)l * TR_NC;
+    m->nz = s->ccnz + (size_t)l * TR_BMW;
+    m->corr = s->corr;
+    m->t = s->lt[l];
+    m->tq = s->tq;
+    m->ntq = 0;
+    m->s = s;
+    m->l = l;
+}
+
+/* expert e (layer-local) gets cell c now: counts, and its slot in the
+ * lead's (at the visit's end) and the follower's lists */
+static inline void mv_move(trmv *m, uint32_t e, uint16_t c)
+{
+    struct trx *xe = &m->x[e];
+    uint16_t old = xe->cell;
     if (old == c)
         return;
-    uint16_t *cc = s->cc + (size_t)l * TR_NC;
-    uint64_t *nz = s->ccnz + (size_t)l * TR_BMW, t = s->lt[l];
-    /* (no branches: which cells empty or fill is not predictable) */
-    nz[old / 64] &= ~((uint64_t)(--cc[old] == 0) << (old % 64));
-    cc[c]++;
-    nz[c / 64] |= 1ull << (c % 64);
-    s->corr[old] -= t; /* a count down by one at fold-visit t */
-    s->corr[c] += t;
-    s->x[id].cell = c;
-    uint32_t slot = s->base.env.where[id];
-    if (slot != FERRY_MOE_NONE)
-        ord_touch(&s->o, l, slot);
-    if (s->fol && (slot = s->fol->env.where[id]) != FERRY_MOE_NONE)
-        ord_touch(s->fol_o, l, slot);
+    m->cc[old]--;
+    m->cc[c]++;
+    m->nz[c / 64] |= 1ull << (c % 64);
+    m->corr[old] -= m->t; /* a count down by one at fold-visit t */
+    m->corr[c] += m->t;
+    xe->cell = c;
+    m->tq[m->ntq++] = m->where[e];
+    uint32_t slot; /* (a follower's shadow holds the layers it samples alone) */
+    if (__builtin_expect(m->s->fol != NULL, 0) &&
+        (slot = m->s->fol->env.where[m->b + e]) != FERRY_MOE_NONE)
+        ord_touch(m->s->fol_o, m->l, slot);
 }
 
-/* e (layer-local) joins the visit's events once */
-static void ev_add(trans *s, uint32_t e, uint32_t *nev)
+/* e (layer-local) joins the visit's events ev once (marked in emark) */
+static inline void ev_add(uint16_t *ev, uint32_t *emark, uint32_t stamp, uint32_t e, uint32_t *nev)
 {
-    if (s->emark[e] != s->stamp) {
-        s->emark[e] = s->stamp;
-        s->ev[(*nev)++] = (uint16_t)e;
-    }
+    /* (no branch: the routed sets of two visits overlap by chance) */
+    ev[*nev] = (uint16_t)e;
+    *nev += emark[e] != stamp;
+    emark[e] = stamp;
 }
 
 /* the experts the routed set's rows track whose feature's bin is above
@@ -520,25 +628,31 @@ static uint32_t tracked_set(trans *s, uint32_t l, const uint16_t *le, uint32_t n
         uint32_t r = le[j];
         size_t ri = (size_t)l * E + r;
         const uint16_t *top = s->lanes + ri * TR_ROW, *tc = top + TR_K;
-        double w = wr[j];
-        /* acc is all zero between visits (a lane's count is at least 1):
-         * a candidate is listed once, at its first term, without a
-         * branch */
+        double term[TR_K];
+        rowv_terms(tc, wr[j], term);
+        /* acc is all zero between visits (a lane's count is at least 1,
+         * and a sum of positive terms is never -0): a candidate is listed
+         * once, at its first term, without a branch */
         for (uint32_t i = 0, tn = s->tn[ri]; i < tn; i++) {
             uint32_t e = top[i];
+            double a = acc[e];
+            uint64_t bits;
+            memcpy(&bits, &a, sizeof bits);
             cand[nc] = (uint16_t)e;
-            nc += acc[e] == 0.0;
-            acc[e] += (double)tc[i] * w;
+            nc += bits == 0;
+            acc[e] = a + term[i];
         }
         s->o.ops += s->tn[ri];
     }
     double kk = s->k ? (double)s->k : (double)n, base = wsum * kk / E, inv = 1.0 / n;
+    uint32_t *umark = s->umark, stamp = s->stamp;
+    uint8_t *qv = s->qv;
     for (uint32_t i = 0; i < nc; i++) {
-        uint32_t e = cand[i], q = tr_bin((s->acc[e] + base) * inv);
-        s->acc[e] = 0;
+        uint32_t e = cand[i], q = tr_bin((acc[e] + base) * inv);
+        acc[e] = 0;
         if (q) {
-            s->umark[e] = s->stamp;
-            s->qv[e] = (uint8_t)q;
+            umark[e] = stamp;
+            qv[e] = (uint8_t)q;
             us[nu++] = (uint16_t)e;
         }
     }
@@ -575,14 +689,7 @@ static void tr_end_visit(trans *s, uint32_t layer)
  * corrections of its moves stay where they are: a fold is linear) */
 static void layer_sleep(trans *s, uint32_t l)
 {
-    const uint64_t *nz = s->ccnz + (size_t)l * TR_BMW;
-    const uint16_t *cc = s->cc + (size_t)l * TR_NC;
-    for (uint32_t w = 0; w < TR_BMW; w++)
-        for (uint64_t bits = nz[w]; bits; bits &= bits - 1) {
-            uint32_t c = w * 64 + (uint32_t)__builtin_ctzll(bits);
-            s->opps[c] += (uint64_t)cc[c] * s->lt[l];
-        }
-    s->lt[l] = 0;
+    fold_layer(s, l);
     s->asleep[l] = 1;
 }
 
@@ -611,7 +718,7 @@ static void layer_wake(trans *s, uint32_t l)
             continue;
         const uint16_t *set = s->ring + ri * E;
         for (uint32_t i = 0; i < s->ring_n[ri]; i++)
-            s->x[b + set[i]].hist |= 1u << back;
+            s->x[b + set[i]].hist |= (uint16_t)(1u << back); /* (16: out of the window) */
     }
     tr_new_stamp(s);
     size_t rr = (size_t)l * TR_RING + V % TR_RING;
@@ -636,7 +743,7 @@ static void layer_wake(trans *s, uint32_t l)
     uint32_t nw = 0;
     for (uint32_t v = 0; v < env->slots; v++)
         if (env->occupant[v] != FERRY_MOE_NONE && env->occupant[v] / E == l)
-            s->wk[nw++] = (trwk){s->x[env->occupant[v]].last, v};
+            s->wk[nw++] = (trwk){s->last[env->occupant[v]], v};
     qsort(s->wk, nw, sizeof *s->wk, wk_cmp);
     for (uint32_t i = 0; i < nw; i++)
         ord_touch(&s->o, l, s->wk[i].slot);
@@ -672,11 +779,14 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
     uint32_t V = ++s->V[layer];
     tr_new_stamp(s);
     /* this visit's set, layer-local (for the next visit and the one 16
-     * later): the one division of each id */
+     * later): the step's ids are its layer's, so a subtraction, not a
+     * division (an id of another layer would take the division) */
     size_t rr = (size_t)layer * TR_RING + V % TR_RING;
     uint16_t *le = s->ring + rr * E;
-    for (uint32_t j = 0; j < n; j++)
-        le[j] = (uint16_t)(ids[j] % E);
+    for (uint32_t j = 0; j < n; j++) {
+        uint32_t e = ids[j] - (uint32_t)b;
+        le[j] = (uint16_t)(e < E ? e : ids[j] % E);
+    }
     if (s->sleep_stride && layer % s->sleep_stride) { /* asleep: the rows and ring only */
         if (!s->asleep[layer])
             layer_sleep(s, layer);
@@ -689,22 +799,27 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
         return 0;
     }
     s->lt[layer]++;
+    trmv mv;
+    mv_init(&mv, s, layer);
     for (uint32_t j = 0; j < n; j++) /* routed now, counted in the cells of before */
         s->kG[s->x[b + le[j]].cell] += 1;
     if (s->nprev[layer] >= 0)
         learn_transitions(s, layer, le, n);
     /* history events: routed now, at the last visit, 16 visits ago */
     uint32_t nev = 0, nold = s->un[layer], nu = 0;
-    uint16_t *us = s->uset + b, *tk = s->tk;
+    uint16_t *us = s->uset + b, *tk = s->tk, *ev = s->ev;
+    uint32_t *emark = s->emark, *umark = s->umark, stamp = s->stamp;
+    const uint8_t *qv = s->qv;
     for (uint32_t j = 0; j < n; j++)
-        ev_add(s, le[j], &nev);
+        ev_add(ev, emark, stamp, le[j], &nev);
+    uint32_t nr = nev; /* the routed set's events come first */
     for (uint32_t back = 1; back <= TR_W; back += TR_W - 1) {
         size_t ri = (size_t)layer * TR_RING + (V - back) % TR_RING;
         if (V <= back || s->ring_v[ri] != V - back)
             continue;
         const uint16_t *set = s->ring + ri * E;
         for (uint32_t i = 0; i < s->ring_n[ri]; i++)
-            ev_add(s, set[i], &nev);
+            ev_add(ev, emark, stamp, set[i], &nev);
     }
     s->ring_n[rr] = n;
     s->ring_v[rr] = V;
@@ -713,34 +828,37 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
     /* each history event's history brought to this visit, the routed bit
      * set, then its new cell */
     for (uint32_t i = 0; i < nev; i++) {
-        uint32_t id = (uint32_t)b + s->ev[i], d = V - s->x[id].hv;
-        s->x[id].hist = d >= 32 ? 0 : s->x[id].hist << d;
-        s->x[id].hv = V;
+        uint32_t e = ev[i], d = V - mv.x[e].hv, q = umark[e] == stamp ? qv[e] : 0;
+        uint16_t h = (uint16_t)((d >= 16 ? 0 : (uint16_t)(mv.x[e].hist << d)) | (i < nr));
+        mv.x[e].hist = h;
+        mv.x[e].hv = V;
+        mv_move(&mv, e, tr_cell(h, q));
     }
-    for (uint32_t j = 0; j < n; j++)
-        s->x[b + le[j]].hist |= 1;
-    for (uint32_t i = 0; i < nev; i++) {
-        uint32_t e = s->ev[i], q = s->umark[e] == s->stamp ? s->qv[e] : 0;
-        tr_move(s, layer, (uint32_t)b + e, tr_cell(s->x[b + e].hist, q));
-    }
-    uint16_t *bm = s->ev + nev; /* (the scratch past the events) */
+    uint16_t *bm = ev + nev; /* (the scratch past the events) */
     uint32_t nbm = 0;
-    for (uint32_t i = 0; i < nold + ntk; i++) { /* each once, without a branch */
-        uint32_t e = i < nold ? us[i] : tk[i - nold];
+    for (uint32_t i = 0; i < nold; i++) { /* each once, without a branch */
+        uint32_t e = us[i];
         bm[nbm] = (uint16_t)e;
-        nbm += s->emark[e] != s->stamp;
-        s->emark[e] = s->stamp;
+        nbm += emark[e] != stamp;
+        emark[e] = stamp;
+    }
+    for (uint32_t i = 0; i < ntk; i++) {
+        uint32_t e = tk[i];
+        bm[nbm] = (uint16_t)e;
+        nbm += emark[e] != stamp;
+        emark[e] = stamp;
     }
     for (uint32_t i = 0; i < nbm; i++) {
-        uint32_t e = bm[i], q = s->umark[e] == s->stamp ? s->qv[e] : 0, id = (uint32_t)b + e;
-        uint16_t c = s->x[id].cell;
-        tr_move(s, layer, id, (uint16_t)(c - c % TR_NCQ + q));
+        uint32_t e = bm[i], q = umark[e] == stamp ? qv[e] : 0;
+        uint16_t c = mv.x[e].cell;
+        mv_move(&mv, e, (uint16_t)(c - c % TR_NCQ + q));
     }
-    for (uint32_t i = 0; i < ntk; i++) /* named for the next visit's events */
-        us[nu++] = tk[i];
+    memcpy(us, tk, ntk * sizeof *us); /* named for the next visit's events */
+    nu = ntk;
     s->o.ops += nold + ntk;
     s->un[layer] = nu;
     s->o.ops += nev + n;
+    ord_touch_all(&s->o, layer, mv.tq, mv.ntq);
     tr_end_visit(s, layer);
     return 0;
 }
@@ -755,12 +873,12 @@ static inline uint32_t tr_layer_of(const trans *s, uint32_t id)
 static void tr_used(trans *s, uint32_t id)
 {
     uint64_t now = *s->base.env.step;
-    if (s->x[id].last == now)
+    if (s->last[id] == now)
         return;
-    s->x[id].last = now;
+    s->last[id] = now;
     uint32_t l = tr_layer_of(s, id), slot = s->base.env.where[id];
-    if (slot != FERRY_MOE_NONE && !s->asleep[l]) /* (a wake touches them all) */
-        ord_touch(&s->o, l, slot);
+    if (!s->asleep[l]) /* (a wake touches them all) */
+        ord_touch_any(&s->o, l, slot);
     if (s->fol && (slot = s->fol->env.where[id]) != FERRY_MOE_NONE)
         ord_touch(s->fol_o, l, slot);
 }

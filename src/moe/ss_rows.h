@@ -32,6 +32,15 @@ typedef struct trrowv {
     __m128i top[2], tc[2];
 } trrowv;
 
+/* a visit's successor as every row compares it: in all 8 lanes */
+typedef __m128i trev;
+
+static inline void rowv_events(const uint16_t *le, uint32_t n, trev *ev)
+{
+    for (uint32_t j = 0; j < n; j++)
+        ev[j] = _mm_set1_epi16((short)le[j]);
+}
+
 static inline void rowv_load(trrowv *v, const uint16_t *top, const uint16_t *tc)
 {
     v->top[0] = _mm_loadu_si128((const __m128i *)(const void *)top);
@@ -71,21 +80,31 @@ static inline uint32_t rowv_least(const trrowv *v)
     return (uint32_t)__builtin_ctz(k) / 2;
 }
 
-/* the visit's successors le[0..n) (distinct) counted in the row: first
- * every one that has a lane (independent adds), then the others in order,
- * each taking the least lane (miss: scratch for them) */
-static inline uint32_t rowv_visit(trrowv *v, const uint16_t *le, uint32_t n, uint32_t used,
+/* lane i's mask: all ones in lane i of the two registers */
+#define TR_LM(i) {(i) == 0 ? -1 : 0, (i) == 1 ? -1 : 0, (i) == 2 ? -1 : 0, (i) == 3 ? -1 : 0, \
+                  (i) == 4 ? -1 : 0, (i) == 5 ? -1 : 0, (i) == 6 ? -1 : 0, (i) == 7 ? -1 : 0}
+static const int16_t rowv_lane_mask[TR_K][2][8] __attribute__((aligned(16))) = {
+    {TR_LM(0), TR_LM(8)},  {TR_LM(1), TR_LM(9)},   {TR_LM(2), TR_LM(10)}, {TR_LM(3), TR_LM(11)},
+    {TR_LM(4), TR_LM(12)}, {TR_LM(5), TR_LM(13)},  {TR_LM(6), TR_LM(14)}, {TR_LM(7), TR_LM(15)},
+    {TR_LM(8), TR_LM(0)},  {TR_LM(9), TR_LM(1)},   {TR_LM(10), TR_LM(2)}, {TR_LM(11), TR_LM(3)},
+    {TR_LM(12), TR_LM(4)}, {TR_LM(13), TR_LM(5)},  {TR_LM(14), TR_LM(6)}, {TR_LM(15), TR_LM(7)}};
+#undef TR_LM
+
+/* the visit's successors le[0..n) (distinct; evs: rowv_events) counted in
+ * the row: first every one that has a lane (independent adds), then the
+ * others in order, each taking the least lane (miss: scratch for their
+ * indices in le) */
+static inline uint32_t rowv_visit(trrowv *v, const trev *evs, uint32_t n, uint32_t used,
                                   uint16_t *miss)
 {
-    static const int16_t lane[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     __m128i h0 = _mm_setzero_si128(), h1 = _mm_setzero_si128();
     uint32_t nm = 0;
     for (uint32_t j = 0; j < n; j++) {
-        __m128i ev = _mm_set1_epi16((short)le[j]);
+        __m128i ev = evs[j];
         __m128i eq0 = _mm_cmpeq_epi16(v->top[0], ev), eq1 = _mm_cmpeq_epi16(v->top[1], ev);
         h0 = _mm_or_si128(h0, eq0);
         h1 = _mm_or_si128(h1, eq1);
-        miss[nm] = le[j];
+        miss[nm] = (uint16_t)j;
         nm += _mm_movemask_epi8(_mm_or_si128(eq0, eq1)) == 0;
     }
     /* (+1, saturating: a lane may pass the row's total by inheritances) */
@@ -93,19 +112,36 @@ static inline uint32_t rowv_visit(trrowv *v, const uint16_t *le, uint32_t n, uin
     v->tc[1] = _mm_subs_epi16(v->tc[1], h1);
     if (used + nm <= TR_K) /* room for them all: the caller appends them */
         return nm;
-    __m128i l0 = _mm_loadu_si128((const __m128i *)(const void *)lane);
-    __m128i l1 = _mm_loadu_si128((const __m128i *)(const void *)(lane + 8));
     for (uint32_t j = 0; j < nm; j++) {
         /* an unused lane while any is left (the least, at count 0) */
         uint32_t at = used < TR_K ? used++ : rowv_least(v);
-        __m128i ev = _mm_set1_epi16((short)miss[j]), mi = _mm_set1_epi16((short)at);
-        __m128i n0 = _mm_cmpeq_epi16(l0, mi), n1 = _mm_cmpeq_epi16(l1, mi);
+        const int16_t(*lm)[8] = rowv_lane_mask[at];
+        __m128i ev = evs[miss[j]];
+        __m128i n0 = _mm_load_si128((const __m128i *)(const void *)lm[0]);
+        __m128i n1 = _mm_load_si128((const __m128i *)(const void *)lm[1]);
         v->tc[0] = _mm_subs_epi16(v->tc[0], n0);
         v->tc[1] = _mm_subs_epi16(v->tc[1], n1);
         v->top[0] = _mm_or_si128(_mm_andnot_si128(n0, v->top[0]), _mm_and_si128(n0, ev));
         v->top[1] = _mm_or_si128(_mm_andnot_si128(n1, v->top[1]), _mm_and_si128(n1, ev));
     }
     return 0;
+}
+
+/* term[i] = tc[i] x w, each rounded as (double)tc[i] * w is: the
+ * conversions are exact and the products IEEE's, two lanes at a time */
+static inline void rowv_terms(const uint16_t *tc, double w, double *term)
+{
+    __m128d wv = _mm_set1_pd(w);
+    __m128i z = _mm_setzero_si128();
+    for (int h = 0; h < 2; h++) {
+        __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(tc + 8 * h));
+        __m128i lo = _mm_unpacklo_epi16(c, z), hi = _mm_unpackhi_epi16(c, z);
+        double *t = term + 8 * h;
+        _mm_storeu_pd(t, _mm_mul_pd(_mm_cvtepi32_pd(lo), wv));
+        _mm_storeu_pd(t + 2, _mm_mul_pd(_mm_cvtepi32_pd(_mm_shuffle_epi32(lo, 0xee)), wv));
+        _mm_storeu_pd(t + 4, _mm_mul_pd(_mm_cvtepi32_pd(hi), wv));
+        _mm_storeu_pd(t + 6, _mm_mul_pd(_mm_cvtepi32_pd(_mm_shuffle_epi32(hi, 0xee)), wv));
+    }
 }
 
 /* lanes used: a prefix */
@@ -121,6 +157,13 @@ static inline uint32_t rowv_used(const trrowv *v)
 typedef struct trrowv {
     uint16_t top[TR_K], tc[TR_K];
 } trrowv;
+
+typedef uint16_t trev;
+
+static inline void rowv_events(const uint16_t *le, uint32_t n, trev *ev)
+{
+    memcpy(ev, le, n * sizeof *ev);
+}
 
 static inline void rowv_load(trrowv *v, const uint16_t *top, const uint16_t *tc)
 {
@@ -142,7 +185,7 @@ static inline void rowv_halve(trrowv *v)
     }
 }
 
-static inline uint32_t rowv_visit(trrowv *v, const uint16_t *le, uint32_t n, uint32_t used,
+static inline uint32_t rowv_visit(trrowv *v, const trev *le, uint32_t n, uint32_t used,
                                   uint16_t *miss)
 {
     uint32_t nm = 0;
@@ -151,7 +194,7 @@ static inline uint32_t rowv_visit(trrowv *v, const uint16_t *le, uint32_t n, uin
         while (i < TR_K && v->top[i] != le[j])
             i++;
         if (i == TR_K)
-            miss[nm++] = le[j];
+            miss[nm++] = (uint16_t)j;
         else
             v->tc[i] = (uint16_t)(v->tc[i] + (v->tc[i] < TR_CNT));
     }
@@ -162,10 +205,16 @@ static inline uint32_t rowv_visit(trrowv *v, const uint16_t *le, uint32_t n, uin
         else
             for (uint32_t i = 1; i < TR_K; i++)
                 mi = v->tc[i] < v->tc[mi] ? i : mi;
-        v->top[mi] = miss[j];
+        v->top[mi] = le[miss[j]];
         v->tc[mi] = (uint16_t)(v->tc[mi] + (v->tc[mi] < TR_CNT));
     }
     return 0;
+}
+
+static inline void rowv_terms(const uint16_t *tc, double w, double *term)
+{
+    for (uint32_t i = 0; i < TR_K; i++)
+        term[i] = (double)tc[i] * w;
 }
 
 static inline uint32_t rowv_used(const trrowv *v)
