@@ -255,6 +255,12 @@ static void test_streamed_copies_at_any_alignment(void **state)
         {2, 4, 128, 8, 40, 32, 96, 0}, /* runs of 256 bytes, 128 KiB a chunk */
         {2, 4, 40, 8, 40, 64, 192, 0}, /* runs of 80 bytes */
         {2, 8, 24, 4, 80, 64, 192, 0}, /* runs of 48 bytes */
+        /* runs of a line (head_dim 32), 3 heads, blocks of 8 that chunks
+         * of 92 split */
+        {2, 3, 32, 8, 60, 92, 184, 0},
+        {2, 1, 32, 16, 40, 256, 512, 0}, /* one head */
+        {2, 2, 64, 16, 48, 128, 384, 0}, /* two heads of 128 bytes */
+        {2, 5, 48, 6, 60, 70, 210, 0},   /* runs of 96 bytes, 5 heads */
     };
     static const unsigned offsets[] = {0, 2, 16, 48, 62};
     for (size_t g = 0; g < sizeof geos / sizeof geos[0]; g++)

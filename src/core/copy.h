@@ -98,6 +98,21 @@ static inline void ferry__copy_part(unsigned char *d, const unsigned char *s, si
     memcpy(d, s, n);
 }
 
+/* n bytes (a multiple of 16) to 16-byte aligned d in streamed 16-byte
+ * words: the words of a line written one after another are joined into
+ * a whole line by the processor, so a destination written front to back
+ * in such pieces costs what whole lines do (pre: FERRY__COPY_RUNS_STREAM) */
+#if defined(FERRY__COPY_RUNS_STREAM)
+static inline __attribute__((always_inline)) void ferry__copy_words_nt(unsigned char *d,
+                                                                       const unsigned char *s,
+                                                                       size_t n)
+{
+    for (size_t o = 0; o < n; o += 16)
+        _mm_stream_si128((__m128i *)(void *)(d + o),
+                         _mm_loadu_si128((const __m128i *)(const void *)(s + o)));
+}
+#endif
+
 /* write what w holds (each part is its run's own bytes) and empty it */
 static inline void ferry__copy_lines_flush(ferry__copy_lines *w)
 {
@@ -109,7 +124,8 @@ static inline void ferry__copy_lines_flush(ferry__copy_lines *w)
 
 #if defined(FERRY__COPY_RUNS_STREAM)
 /* one whole line at 64-byte aligned d */
-static inline void ferry__copy_line_nt(unsigned char *d, const unsigned char *s)
+static inline __attribute__((always_inline)) void ferry__copy_line_nt(unsigned char *d,
+                                                                      const unsigned char *s)
 {
     __m128i a = _mm_loadu_si128((const __m128i *)(const void *)s);
     __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(s + 16));
@@ -123,8 +139,9 @@ static inline void ferry__copy_line_nt(unsigned char *d, const unsigned char *s)
 
 /* the line at 64-byte aligned d made of held's bytes [0, a) and s's
  * [a, 64), streamed whole */
-static inline void ferry__copy_line_join(unsigned char *d, const unsigned char *held, unsigned a,
-                                         const unsigned char *s)
+static inline __attribute__((always_inline)) void
+ferry__copy_line_join(unsigned char *d, const unsigned char *held, unsigned a,
+                      const unsigned char *s)
 {
     if (!(a & 15)) { /* (16-byte parts: streamed straight from where they are) */
         for (unsigned o = 0; o < 64; o += 16) {
