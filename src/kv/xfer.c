@@ -183,32 +183,49 @@ int ferry__kv_buffer_take(const ferry_kv_buffer *in, ferry_kv_buffer *buf,
  * handed whole to a copy that can do better than run by run: rows
  * [0, rows) of heads [0, heads) of planes [0, np), the run of (row r,
  * head h, plane p) at eng[p] + r*ts + h*hs in the engine's buffer and at
- * img[p] + r*tb + h*run in the image */
+ * img[p] + r*tb + h*run in the image; next: the engine's bytes [next[0],
+ * next[1]) that the walk copies next where they do not follow this
+ * block's (else both 0) */
 typedef struct xtile {
     uint64_t eng[2];
     unsigned char *img[2];
     unsigned np;
     uint32_t heads;
     uint64_t rows, ts, hs, tb, run;
+    uint64_t next[2];
 } xtile;
 /* 0 (copied), 1 (left to the walk, run by run) or an error */
 #define XTILE_HEADS 128 /* (the most heads a tile's copy takes) */
 typedef int (*xtile_fn)(void *ctx, const xtile *t);
 
 /* a tile fn's call for one block (k rows from off in each plane's blocks,
- * at in the image parts) */
+ * at in the image parts; nxt: the next block's offset, or UINT64_MAX) */
 static FERRY__ALWAYS_INLINE int tile_block(const ferry_kv_buffer *buf, const uint64_t *pl,
                                            unsigned char *const *part, unsigned np, uint64_t off,
-                                           uint64_t at, uint64_t k, xtile_fn tile, void *ctx)
+                                           uint64_t at, uint64_t k, uint64_t nxt, xtile_fn tile,
+                                           void *ctx)
 {
     const ferry_kv_layout *l = &buf->layout;
     xtile t = {{0, 0}, {NULL, NULL}, np, l->num_heads, k, buf->token_stride, buf->head_stride,
-               ferry__kv_token_bytes(l), (uint64_t)l->head_dim * ferry_dtype_size(l->dtype)};
-    for (unsigned p = 0; p < np && p < 2; p++) {
+               ferry__kv_token_bytes(l), (uint64_t)l->head_dim * ferry_dtype_size(l->dtype), {0, 0}};
+    if (np > 2 || !t.ts || !t.hs)
+        return 1;
+    for (unsigned p = 0; p < np; p++) {
         t.eng[p] = buf->block_bases[pl[p]] + off;
         t.img[p] = part[p] + at;
     }
-    return np <= 2 && t.ts && t.hs ? tile(ctx, &t) : 1;
+    if (nxt != UINT64_MAX) { /* (a block's planes: one span where they share its rows) */
+        uint64_t lo = buf->block_bases[pl[0]], hi = lo;
+        if (np > 1 && FERRY__MAX(lo, buf->block_bases[pl[1]]) -
+                              FERRY__MIN(lo, buf->block_bases[pl[1]]) < t.ts) {
+            lo = FERRY__MIN(lo, buf->block_bases[pl[1]]);
+            hi = FERRY__MAX(hi, buf->block_bases[pl[1]]);
+        }
+        t.next[0] = lo + nxt;
+        t.next[1] = hi + nxt + (uint64_t)(l->num_heads - 1) * t.hs +
+                    (uint64_t)(buf->block_tokens - 1) * t.ts + t.run;
+    }
+    return tile(ctx, &t);
 }
 
 /* the runs of planes pl[0..np) of a paged buffer for tokens [tok0,
@@ -258,7 +275,12 @@ static FERRY__ALWAYS_INLINE int walk_paged(const ferry_kv_buffer *buf, const uin
             for (unsigned p = 0; rc == 0 && p < np; p++)
                 rc = fn(ctx, buf->block_bases[pl[p]] + off + row * tb, part[p] + at, k * tb);
         } else if (tile && !row_whole &&
-                   (tiled = tile_block(buf, pl, part, np, off + row * ts, at, k, tile, ctx)) != 1) {
+                   (tiled = tile_block(buf, pl, part, np, off + row * ts, at, k,
+                                       t + k < end && buf->block_table[blk + 1] !=
+                                                          buf->block_table[blk] + 1
+                                           ? (uint64_t)buf->block_table[blk + 1] * stride
+                                           : UINT64_MAX,
+                                       tile, ctx)) != 1) {
             rc = tiled; /* copied whole, or failed */
         } else if (engine_order && !row_whole && hs > ts) {
             for (uint32_t h = 0; rc == 0 && h < l->num_heads; h++)
@@ -399,16 +421,22 @@ static FERRY__ALWAYS_INLINE int xrun(void *ctx, uint64_t addr, unsigned char *im
 #if defined(FERRY__COPY_RUNS_STREAM)
 /* a tile out of the engine's buffer (a store), in the engine's order,
  * which reads it front to back; each run lands on whole lines of the
- * image (pre) */
+ * image (pre). The next block, where it does not follow this one (and
+ * the processor would not guess it), is fetched a line for each line
+ * copied: all at once, the fetches crowd out the copy's own */
 static FERRY__ALWAYS_INLINE void tile_store(const xtile *t, uint64_t run)
 {
+    uint64_t pf = t->next[0] & ~(uint64_t)63;
     for (uint32_t h = 0; h < t->heads; h++)
         for (uint64_t r = 0; r < t->rows; r++)
-            for (unsigned p = 0; p < t->np; p++)
+            for (unsigned p = 0; p < t->np; p++) {
                 ferry__copy_words_nt(t->img[p] + r * t->tb + h * run,
                                      (const unsigned char *)(uintptr_t)(t->eng[p] + r * t->ts +
                                                                         h * t->hs),
                                      run);
+                for (uint64_t o = 0; o < run && pf < t->next[1]; o += 64, pf += 64)
+                    _mm_prefetch((const char *)(uintptr_t)pf, _MM_HINT_T0);
+            }
 }
 
 /* a tile into the engine's buffer (a retrieve), in the image's order,
