@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/copy.h"
 #include "ferry/kv.h"
 #include "ferry/serve.h"
 #include "ferry_test.h"
@@ -247,10 +248,10 @@ static void test_every_layout_pair_through_a_daemon(void **state)
 /* copies large enough to stream (each chunk's over 64 KiB): runs of
  * whole lines, of a line and a part, and shorter than a line, into and
  * out of caches that start on a line or 2, 16, 48 or 62 bytes past one,
- * so that runs start and end inside lines that other runs finish */
-static void test_streamed_copies_at_any_alignment(void **state)
+ * so that runs start and end inside lines that other runs finish; with
+ * 32-byte words where the processor has them, and with 16-byte words */
+static void streamed_copies(void)
 {
-    (void)state;
     static const geo geos[] = {
         {2, 4, 128, 8, 40, 32, 96, 0}, /* runs of 256 bytes, 128 KiB a chunk */
         {2, 4, 40, 8, 40, 64, 192, 0}, /* runs of 80 bytes */
@@ -274,6 +275,15 @@ static void test_streamed_copies_at_any_alignment(void **state)
             every_pair(kv);
             ferry_kv_close(kv);
         }
+}
+
+static void test_streamed_copies_at_any_alignment(void **state)
+{
+    (void)state;
+    streamed_copies();
+    ferry__copy_narrow = 1;
+    streamed_copies();
+    ferry__copy_narrow = 0;
 }
 
 /* strides ferry cannot express are refused before any byte moves */

@@ -423,21 +423,40 @@ static FERRY__ALWAYS_INLINE int xrun(void *ctx, uint64_t addr, unsigned char *im
  * which reads it front to back; each run lands on whole lines of the
  * image (pre). The next block, where it does not follow this one (and
  * the processor would not guess it), is fetched a line for each line
- * copied: all at once, the fetches crowd out the copy's own */
-static FERRY__ALWAYS_INLINE void tile_store(const xtile *t, uint64_t run)
+ * copied: all at once, the fetches crowd out the copy's own. COPY: the
+ * words' copy (16 or 32 bytes) */
+#define TILE_STORE(t, run, COPY)                                                                  \
+    do {                                                                                          \
+        uint64_t pf_ = (t)->next[0] & ~(uint64_t)63;                                              \
+        for (uint32_t h_ = 0; h_ < (t)->heads; h_++)                                              \
+            for (uint64_t r_ = 0; r_ < (t)->rows; r_++)                                           \
+                for (unsigned p_ = 0; p_ < (t)->np; p_++) {                                       \
+                    COPY((t)->img[p_] + r_ * (t)->tb + h_ * (run),                                \
+                         (const unsigned char *)(uintptr_t)((t)->eng[p_] + r_ * (t)->ts +          \
+                                                            h_ * (t)->hs),                         \
+                         (run));                                                                  \
+                    for (uint64_t o_ = 0; o_ < (run) && pf_ < (t)->next[1]; o_ += 64, pf_ += 64)  \
+                        _mm_prefetch((const char *)(uintptr_t)pf_, _MM_HINT_T0);                  \
+                }                                                                                 \
+    } while (0)
+
+static void tile_store(const xtile *t)
 {
-    uint64_t pf = t->next[0] & ~(uint64_t)63;
-    for (uint32_t h = 0; h < t->heads; h++)
-        for (uint64_t r = 0; r < t->rows; r++)
-            for (unsigned p = 0; p < t->np; p++) {
-                ferry__copy_words_nt(t->img[p] + r * t->tb + h * run,
-                                     (const unsigned char *)(uintptr_t)(t->eng[p] + r * t->ts +
-                                                                        h * t->hs),
-                                     run);
-                for (uint64_t o = 0; o < run && pf < t->next[1]; o += 64, pf += 64)
-                    _mm_prefetch((const char *)(uintptr_t)pf, _MM_HINT_T0);
-            }
+    if (t->run == 64) /* (a line: unrolled) */
+        TILE_STORE(t, 64, ferry__copy_words_nt);
+    else
+        TILE_STORE(t, t->run, ferry__copy_words_nt);
 }
+
+#if defined(FERRY__COPY_AVX2)
+__attribute__((target("avx2"))) static void tile_store_avx2(const xtile *t)
+{
+    if (t->run == 64)
+        TILE_STORE(t, 64, ferry__copy_words_nt32);
+    else
+        TILE_STORE(t, t->run, ferry__copy_words_nt32);
+}
+#endif
 
 /* a tile into the engine's buffer (a retrieve), in the image's order,
  * which reads the image front to back. Each head's runs lie back to back
@@ -518,10 +537,13 @@ static int xtile_run(void *ctx, const xtile *t)
             al |= (uintptr_t)t->img[p];
         if (al & 63)
             return 1;
-        if (t->run == 64) /* (a line: unrolled) */
-            tile_store(t, 64);
-        else
-            tile_store(t, t->run);
+#if defined(FERRY__COPY_AVX2)
+        if (ferry__copy_avx2()) {
+            tile_store_avx2(t);
+            return 0;
+        }
+#endif
+        tile_store(t);
         return 0;
     }
     if (t->run < 64 || ((t->eng[0] | t->hs) & 15) || t->ts != t->np * t->run ||
