@@ -18,6 +18,12 @@
  * start on a line costs about what one that does. The side that is read
  * is walked front to back: a retrieve in the image's order, a store in
  * the engine's where a block holds its heads apart (HND, packed K|V).
+ * Such a block is copied whole (xtile: tile_store, tile_retrieve) rather
+ * than run by run: with runs of 64 bytes (head_dim 32 at bf16) the work
+ * around each run (a call, a search of the lines table) cost more than
+ * its copy. A retrieve keeps one part of a line per head, which the
+ * head's next run finishes; a store fetches the next block ahead where
+ * the table jumps.
  *
  * Invariant: a buffer is validated whole (layout, capacity, every block id
  * the request touches) before the first byte moves, so a bad request never
