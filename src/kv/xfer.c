@@ -190,8 +190,7 @@ int ferry__kv_buffer_take(const ferry_kv_buffer *in, ferry_kv_buffer *buf,
  * [0, rows) of heads [0, heads) of planes [0, np), the run of (row r,
  * head h, plane p) at eng[p] + r*ts + h*hs in the engine's buffer and at
  * img[p] + r*tb + h*run in the image; next: the engine's bytes [next[0],
- * next[1]) that the walk copies next where they do not follow this
- * block's (else both 0) */
+ * next[1]) that the copy reads next, where it knows them (else both 0) */
 typedef struct xtile {
     uint64_t eng[2];
     unsigned char *img[2];
@@ -205,7 +204,8 @@ typedef struct xtile {
 typedef int (*xtile_fn)(void *ctx, const xtile *t);
 
 /* a tile fn's call for one block (k rows from off in each plane's blocks,
- * at in the image parts; nxt: the next block's offset, or UINT64_MAX) */
+ * at in the image parts; nxt: where the next block of plane pl[0] starts
+ * in the engine's buffer, or 0) */
 static FERRY__ALWAYS_INLINE int tile_block(const ferry_kv_buffer *buf, const uint64_t *pl,
                                            unsigned char *const *part, unsigned np, uint64_t off,
                                            uint64_t at, uint64_t k, uint64_t nxt, xtile_fn tile,
@@ -220,15 +220,12 @@ static FERRY__ALWAYS_INLINE int tile_block(const ferry_kv_buffer *buf, const uin
         t.eng[p] = buf->block_bases[pl[p]] + off;
         t.img[p] = part[p] + at;
     }
-    if (nxt != UINT64_MAX) { /* (a block's planes: one span where they share its rows) */
-        uint64_t lo = buf->block_bases[pl[0]], hi = lo;
-        if (np > 1 && FERRY__MAX(lo, buf->block_bases[pl[1]]) -
-                              FERRY__MIN(lo, buf->block_bases[pl[1]]) < t.ts) {
-            lo = FERRY__MIN(lo, buf->block_bases[pl[1]]);
-            hi = FERRY__MAX(hi, buf->block_bases[pl[1]]);
-        }
-        t.next[0] = lo + nxt;
-        t.next[1] = hi + nxt + (uint64_t)(l->num_heads - 1) * t.hs +
+    if (nxt) { /* (a block's planes: one span where they share its rows) */
+        uint64_t b0 = buf->block_bases[pl[0]], b1 = np > 1 ? buf->block_bases[pl[1]] : b0;
+        uint64_t d = b1 > b0 ? b1 - b0 : b0 - b1;
+        d = d < t.ts ? d : 0;
+        t.next[0] = nxt - (b1 < b0 ? d : 0);
+        t.next[1] = nxt + (b1 > b0 ? d : 0) + (uint64_t)(l->num_heads - 1) * t.hs +
                     (uint64_t)(buf->block_tokens - 1) * t.ts + t.run;
     }
     return tile(ctx, &t);
@@ -253,7 +250,7 @@ static FERRY__ALWAYS_INLINE int tile_block(const ferry_kv_buffer *buf, const uin
 static FERRY__ALWAYS_INLINE int walk_paged(const ferry_kv_buffer *buf, const uint64_t *pl,
                                            unsigned char *const *part, unsigned np, uint64_t tb,
                                            uint64_t tok0, uint32_t ntok, int engine_order,
-                                           ferry__kv_run_fn fn, xtile_fn tile,
+                                           ferry__kv_run_fn fn, xtile_fn tile, uint64_t after,
                                            void (*blk_end)(void *), void *ctx)
 {
     const ferry_kv_layout *l = &buf->layout;
@@ -282,10 +279,9 @@ static FERRY__ALWAYS_INLINE int walk_paged(const ferry_kv_buffer *buf, const uin
                 rc = fn(ctx, buf->block_bases[pl[p]] + off + row * tb, part[p] + at, k * tb);
         } else if (tile && !row_whole &&
                    (tiled = tile_block(buf, pl, part, np, off + row * ts, at, k,
-                                       t + k < end && buf->block_table[blk + 1] !=
-                                                          buf->block_table[blk] + 1
-                                           ? (uint64_t)buf->block_table[blk + 1] * stride
-                                           : UINT64_MAX,
+                                       t + k < end ? buf->block_bases[pl[0]] +
+                                                         buf->block_table[blk + 1] * stride
+                                                   : after,
                                        tile, ctx)) != 1) {
             rc = tiled; /* copied whole, or failed */
         } else if (engine_order && !row_whole && hs > ts) {
@@ -316,6 +312,19 @@ static FERRY__ALWAYS_INLINE int walk_paged(const ferry_kv_buffer *buf, const uin
     return 0;
 }
 
+/* where the walk of a paged buffer's plane over ntok tokens from tok0
+ * starts in the engine's buffer (for a tile's fetch ahead: 0 without a
+ * tile or tokens) */
+static FERRY__ALWAYS_INLINE uint64_t walk_start(const ferry_kv_buffer *buf, uint64_t plane,
+                                                uint64_t tok0, uint32_t ntok, xtile_fn tile)
+{
+    if (!tile || !ntok || buf->form != FERRY_KV_PAGED)
+        return 0;
+    return buf->block_bases[plane] +
+           (uint64_t)buf->block_table[tok0 / buf->block_tokens] * buf->block_stride +
+           tok0 % buf->block_tokens * buf->token_stride;
+}
+
 /* the runs of layers [layer0, layer1) (see ferry__kv_xfer_walk); kv_together:
  * a paged buffer's K and V of a layer walked together where they share
  * blocks (a plain copy; the checksum and ferry__kv_xfer_walk want each
@@ -342,7 +351,8 @@ static FERRY__ALWAYS_INLINE int walk_layers(const ferry_kv_buffer *buf, uint32_t
         for (uint32_t layer = layer0; layer < layer1; layer++) {
             uint64_t pl[2] = {layer, (uint64_t)l->num_layers + layer};
             unsigned char *part[2] = {img + pl[0] * span, img + pl[1] * span};
-            int rc = walk_paged(buf, pl, part, 2, tb, tok0, ntok, engine_order, fn, tile,
+            uint64_t after = layer + 1 < layer1 ? walk_start(buf, layer + 1, tok0, ntok, tile) : 0;
+            int rc = walk_paged(buf, pl, part, 2, tb, tok0, ntok, engine_order, fn, tile, after,
                                 blk_end, ctx);
             if (rc < 0)
                 return rc;
@@ -359,6 +369,11 @@ static FERRY__ALWAYS_INLINE int walk_layers(const ferry_kv_buffer *buf, uint32_t
                         (uint64_t)ntok * tb);
             else
                 rc = walk_paged(buf, &plane, &part, 1, tb, tok0, ntok, engine_order, fn, tile,
+                                layer + 1 < layer1 ? walk_start(buf, plane + 1, tok0, ntok, tile)
+                                : kvi + 1 < l->kv
+                                    ? walk_start(buf, (uint64_t)(kvi + 1) * l->num_layers + layer0,
+                                                 tok0, ntok, tile)
+                                    : 0,
                                 blk_end, ctx);
             if (rc < 0)
                 return rc;
@@ -675,7 +690,7 @@ int ferry__kv_xfer_out_range(const ferry_kv_buffer *buf, uint32_t chunk_tokens, 
                       (t1 - t0) * tb);
         else
             rc = walk_paged(buf, &p, &part, 1, tb, tok0 + t0, (uint32_t)(t1 - t0), 0, xrun,
-                            xtile_run, xblock_end, &x);
+                            xtile_run, 0, xblock_end, &x);
         a = (p + 1) * span;
     }
     return xflush(&x, NULL, rc, NULL);
