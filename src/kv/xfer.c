@@ -22,8 +22,7 @@
  * than run by run: with runs of 64 bytes (head_dim 32 at bf16) the work
  * around each run (a call, a search of the lines table) cost more than
  * its copy. A retrieve keeps one part of a line per head, which the
- * head's next run finishes; a store fetches the next block ahead where
- * the table jumps.
+ * head's next run finishes; a store fetches the next block ahead.
  *
  * Invariant: a buffer is validated whole (layout, capacity, every block id
  * the request touches) before the first byte moves, so a bad request never
@@ -442,10 +441,11 @@ static FERRY__ALWAYS_INLINE int xrun(void *ctx, uint64_t addr, unsigned char *im
 #if defined(FERRY__COPY_RUNS_STREAM)
 /* a tile out of the engine's buffer (a store), in the engine's order,
  * which reads it front to back; each run lands on whole lines of the
- * image (pre). The next block, where it does not follow this one (and
- * the processor would not guess it), is fetched a line for each line
- * copied: all at once, the fetches crowd out the copy's own. COPY: the
- * words' copy (16 or 32 bytes) */
+ * image (pre). The next block (wherever it lies: the processor's own
+ * prefetcher stops at each page, and does not guess a jump) is fetched a
+ * line for each line copied, into the outer caches: all at once, or into
+ * the innermost, the fetches crowd out the copy's own. COPY: the words'
+ * copy (16 or 32 bytes) */
 #define TILE_STORE(t, run, COPY)                                                                  \
     do {                                                                                          \
         uint64_t pf_ = (t)->next[0] & ~(uint64_t)63;                                              \
@@ -457,7 +457,7 @@ static FERRY__ALWAYS_INLINE int xrun(void *ctx, uint64_t addr, unsigned char *im
                                                             h_ * (t)->hs),                         \
                          (run));                                                                  \
                     for (uint64_t o_ = 0; o_ < (run) && pf_ < (t)->next[1]; o_ += 64, pf_ += 64)  \
-                        _mm_prefetch((const char *)(uintptr_t)pf_, _MM_HINT_T0);                  \
+                        _mm_prefetch((const char *)(uintptr_t)pf_, _MM_HINT_T2);                  \
                 }                                                                                 \
     } while (0)
 
