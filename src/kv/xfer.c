@@ -189,7 +189,7 @@ int ferry__kv_buffer_take(const ferry_kv_buffer *in, ferry_kv_buffer *buf,
  * [0, rows) of heads [0, heads) of planes [0, np), the run of (row r,
  * head h, plane p) at eng[p] + r*ts + h*hs in the engine's buffer and at
  * img[p] + r*tb + h*run in the image; next: the engine's bytes [next[0],
- * next[1]) that the copy reads next, where it knows them (else both 0) */
+ * next[1]) of the walk's next block (else both 0) */
 typedef struct xtile {
     uint64_t eng[2];
     unsigned char *img[2];
@@ -249,7 +249,7 @@ static FERRY__ALWAYS_INLINE int tile_block(const ferry_kv_buffer *buf, const uin
 static FERRY__ALWAYS_INLINE int walk_paged(const ferry_kv_buffer *buf, const uint64_t *pl,
                                            unsigned char *const *part, unsigned np, uint64_t tb,
                                            uint64_t tok0, uint32_t ntok, int engine_order,
-                                           ferry__kv_run_fn fn, xtile_fn tile, uint64_t after,
+                                           ferry__kv_run_fn fn, xtile_fn tile,
                                            void (*blk_end)(void *), void *ctx)
 {
     const ferry_kv_layout *l = &buf->layout;
@@ -280,7 +280,7 @@ static FERRY__ALWAYS_INLINE int walk_paged(const ferry_kv_buffer *buf, const uin
                    (tiled = tile_block(buf, pl, part, np, off + row * ts, at, k,
                                        t + k < end ? buf->block_bases[pl[0]] +
                                                          buf->block_table[blk + 1] * stride
-                                                   : after,
+                                                   : 0,
                                        tile, ctx)) != 1) {
             rc = tiled; /* copied whole, or failed */
         } else if (engine_order && !row_whole && hs > ts) {
@@ -311,19 +311,6 @@ static FERRY__ALWAYS_INLINE int walk_paged(const ferry_kv_buffer *buf, const uin
     return 0;
 }
 
-/* where the walk of a paged buffer's plane over ntok tokens from tok0
- * starts in the engine's buffer (for a tile's fetch ahead: 0 without a
- * tile or tokens) */
-static FERRY__ALWAYS_INLINE uint64_t walk_start(const ferry_kv_buffer *buf, uint64_t plane,
-                                                uint64_t tok0, uint32_t ntok, xtile_fn tile)
-{
-    if (!tile || !ntok || buf->form != FERRY_KV_PAGED)
-        return 0;
-    return buf->block_bases[plane] +
-           (uint64_t)buf->block_table[tok0 / buf->block_tokens] * buf->block_stride +
-           tok0 % buf->block_tokens * buf->token_stride;
-}
-
 /* the runs of layers [layer0, layer1) (see ferry__kv_xfer_walk); kv_together:
  * a paged buffer's K and V of a layer walked together where they share
  * blocks (a plain copy; the checksum and ferry__kv_xfer_walk want each
@@ -350,8 +337,7 @@ static FERRY__ALWAYS_INLINE int walk_layers(const ferry_kv_buffer *buf, uint32_t
         for (uint32_t layer = layer0; layer < layer1; layer++) {
             uint64_t pl[2] = {layer, (uint64_t)l->num_layers + layer};
             unsigned char *part[2] = {img + pl[0] * span, img + pl[1] * span};
-            uint64_t after = layer + 1 < layer1 ? walk_start(buf, layer + 1, tok0, ntok, tile) : 0;
-            int rc = walk_paged(buf, pl, part, 2, tb, tok0, ntok, engine_order, fn, tile, after,
+            int rc = walk_paged(buf, pl, part, 2, tb, tok0, ntok, engine_order, fn, tile,
                                 blk_end, ctx);
             if (rc < 0)
                 return rc;
@@ -368,11 +354,6 @@ static FERRY__ALWAYS_INLINE int walk_layers(const ferry_kv_buffer *buf, uint32_t
                         (uint64_t)ntok * tb);
             else
                 rc = walk_paged(buf, &plane, &part, 1, tb, tok0, ntok, engine_order, fn, tile,
-                                layer + 1 < layer1 ? walk_start(buf, plane + 1, tok0, ntok, tile)
-                                : kvi + 1 < l->kv
-                                    ? walk_start(buf, (uint64_t)(kvi + 1) * l->num_layers + layer0,
-                                                 tok0, ntok, tile)
-                                    : 0,
                                 blk_end, ctx);
             if (rc < 0)
                 return rc;
@@ -528,8 +509,9 @@ static FERRY__ALWAYS_INLINE void tile_retrieve(const xtile *t, uint64_t run, uns
         unsigned char *d = (unsigned char *)(uintptr_t)(t->eng[0] + h * t->hs);
         if (!lead[h])
             continue;
-        if (h && have[h - 1] && t->hs == len) {
-            ferry__copy_line_join(d - have[h - 1], tail[h - 1], have[h - 1], first[h]);
+        if (h && have[h - 1] && t->hs == len) { /* (then have[h - 1] is fa, where fixed) */
+            unsigned a = fa < 64 ? fa : have[h - 1];
+            ferry__copy_line_join(d - a, tail[h - 1], a, first[h]);
             have[h - 1] = 0;
         } else {
             ferry__copy_part(d, first[h], lead[h]);
@@ -690,7 +672,7 @@ int ferry__kv_xfer_out_range(const ferry_kv_buffer *buf, uint32_t chunk_tokens, 
                       (t1 - t0) * tb);
         else
             rc = walk_paged(buf, &p, &part, 1, tb, tok0 + t0, (uint32_t)(t1 - t0), 0, xrun,
-                            xtile_run, 0, xblock_end, &x);
+                            xtile_run, xblock_end, &x);
         a = (p + 1) * span;
     }
     return xflush(&x, NULL, rc, NULL);
