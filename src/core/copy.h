@@ -99,9 +99,8 @@ static inline void ferry__copy_part(unsigned char *d, const unsigned char *s, si
 }
 
 /* n bytes (a multiple of 16) to 16-byte aligned d in streamed 16-byte
- * words: the words of a line written one after another are joined into
- * a whole line by the processor, so a destination written front to back
- * in such pieces costs what whole lines do (pre: FERRY__COPY_RUNS_STREAM) */
+ * words, for runs whose lines are written whole one after another (a
+ * strided store's runs into an image's lines) */
 #if defined(FERRY__COPY_RUNS_STREAM)
 static inline __attribute__((always_inline)) void ferry__copy_words_nt(unsigned char *d,
                                                                        const unsigned char *s,
@@ -128,8 +127,8 @@ ferry__copy_words_nt32(unsigned char *d, const unsigned char *s, size_t n)
         _mm256_stream_si256((__m256i *)(void *)(d + o),
                             _mm256_loadu_si256((const __m256i *)(const void *)(s + o)));
 }
-
 #endif
+
 /* (tests: set, the 16-byte words where the processor has AVX2 too) */
 extern int ferry__copy_narrow;
 
@@ -165,7 +164,8 @@ static inline __attribute__((always_inline)) void ferry__copy_line_nt(unsigned c
 }
 
 /* the line at 64-byte aligned d made of held's bytes [0, a) and s's
- * [a, 64), streamed whole */
+ * [a, 64), streamed whole (inlined: where the caller's a is a constant,
+ * the join is four loads and four stores) */
 static inline __attribute__((always_inline)) void
 ferry__copy_line_join(unsigned char *d, const unsigned char *held, unsigned a,
                       const unsigned char *s)
