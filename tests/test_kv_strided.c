@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/copy.h"
 #include "ferry/kv.h"
 #include "ferry/serve.h"
 #include "ferry_test.h"
@@ -247,14 +248,20 @@ static void test_every_layout_pair_through_a_daemon(void **state)
 /* copies large enough to stream (each chunk's over 64 KiB): runs of
  * whole lines, of a line and a part, and shorter than a line, into and
  * out of caches that start on a line or 2, 16, 48 or 62 bytes past one,
- * so that runs start and end inside lines that other runs finish */
-static void test_streamed_copies_at_any_alignment(void **state)
+ * so that runs start and end inside lines that other runs finish; with
+ * 32-byte words where the processor has them, and with 16-byte words */
+static void streamed_copies(void)
 {
-    (void)state;
     static const geo geos[] = {
         {2, 4, 128, 8, 40, 32, 96, 0}, /* runs of 256 bytes, 128 KiB a chunk */
         {2, 4, 40, 8, 40, 64, 192, 0}, /* runs of 80 bytes */
         {2, 8, 24, 4, 80, 64, 192, 0}, /* runs of 48 bytes */
+        /* runs of a line (head_dim 32), 3 heads, blocks of 8 that chunks
+         * of 92 split */
+        {2, 3, 32, 8, 60, 92, 184, 0},
+        {2, 1, 32, 16, 40, 256, 512, 0}, /* one head */
+        {2, 2, 64, 16, 48, 128, 384, 0}, /* two heads of 128 bytes */
+        {2, 5, 48, 6, 60, 70, 210, 0},   /* runs of 96 bytes, 5 heads */
     };
     static const unsigned offsets[] = {0, 2, 16, 48, 62};
     for (size_t g = 0; g < sizeof geos / sizeof geos[0]; g++)
@@ -268,6 +275,15 @@ static void test_streamed_copies_at_any_alignment(void **state)
             every_pair(kv);
             ferry_kv_close(kv);
         }
+}
+
+static void test_streamed_copies_at_any_alignment(void **state)
+{
+    (void)state;
+    streamed_copies();
+    ferry__copy_narrow = 1;
+    streamed_copies();
+    ferry__copy_narrow = 0;
 }
 
 /* strides ferry cannot express are refused before any byte moves */

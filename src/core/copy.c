@@ -18,6 +18,8 @@
 #include "copy.h"
 #include "core.h"
 
+int ferry__copy_narrow;
+
 void ferry__copy_stream(void *dst, const void *src, size_t n)
 {
 #if defined(FERRY__COPY_RUNS_STREAM)

@@ -18,6 +18,11 @@
  * start on a line costs about what one that does. The side that is read
  * is walked front to back: a retrieve in the image's order, a store in
  * the engine's where a block holds its heads apart (HND, packed K|V).
+ * Such a block is copied whole (xtile: tile_store, tile_retrieve) rather
+ * than run by run: with runs of 64 bytes (head_dim 32 at bf16) the work
+ * around each run (a call, a search of the lines table) cost more than
+ * its copy. A retrieve keeps one part of a line per head, which the
+ * head's next run finishes; a store fetches the next block ahead.
  *
  * Invariant: a buffer is validated whole (layout, capacity, every block id
  * the request touches) before the first byte moves, so a bad request never
@@ -179,6 +184,52 @@ int ferry__kv_buffer_take(const ferry_kv_buffer *in, ferry_kv_buffer *buf,
     return 0;
 }
 
+/* one block's rows of a cache whose heads lie apart (HND, packed K|V),
+ * handed whole to a copy that can do better than run by run: rows
+ * [0, rows) of heads [0, heads) of planes [0, np), the run of (row r,
+ * head h, plane p) at eng[p] + r*ts + h*hs in the engine's buffer and at
+ * img[p] + r*tb + h*run in the image; next: the engine's bytes [next[0],
+ * next[1]) of the walk's next block (else both 0) */
+typedef struct xtile {
+    uint64_t eng[2];
+    unsigned char *img[2];
+    unsigned np;
+    uint32_t heads;
+    uint64_t rows, ts, hs, tb, run;
+    uint64_t next[2];
+} xtile;
+/* 0 (copied), 1 (left to the walk, run by run) or an error */
+#define XTILE_HEADS 128 /* (the most heads a tile's copy takes) */
+typedef int (*xtile_fn)(void *ctx, const xtile *t);
+
+/* a tile fn's call for one block (k rows from off in each plane's blocks,
+ * at in the image parts; nxt: where the next block of plane pl[0] starts
+ * in the engine's buffer, or 0) */
+static FERRY__ALWAYS_INLINE int tile_block(const ferry_kv_buffer *buf, const uint64_t *pl,
+                                           unsigned char *const *part, unsigned np, uint64_t off,
+                                           uint64_t at, uint64_t k, uint64_t nxt, xtile_fn tile,
+                                           void *ctx)
+{
+    const ferry_kv_layout *l = &buf->layout;
+    xtile t = {{0, 0}, {NULL, NULL}, np, l->num_heads, k, buf->token_stride, buf->head_stride,
+               ferry__kv_token_bytes(l), (uint64_t)l->head_dim * ferry_dtype_size(l->dtype), {0, 0}};
+    if (np > 2 || !t.ts || !t.hs)
+        return 1;
+    for (unsigned p = 0; p < np; p++) {
+        t.eng[p] = buf->block_bases[pl[p]] + off;
+        t.img[p] = part[p] + at;
+    }
+    if (nxt) { /* (a block's planes: one span where they share its rows) */
+        uint64_t b0 = buf->block_bases[pl[0]], b1 = np > 1 ? buf->block_bases[pl[1]] : b0;
+        uint64_t d = b1 > b0 ? b1 - b0 : b0 - b1;
+        d = d < t.ts ? d : 0;
+        t.next[0] = nxt - (b1 < b0 ? d : 0);
+        t.next[1] = nxt + (b1 > b0 ? d : 0) + (uint64_t)(l->num_heads - 1) * t.hs +
+                    (uint64_t)(buf->block_tokens - 1) * t.ts + t.run;
+    }
+    return tile(ctx, &t);
+}
+
 /* the runs of planes pl[0..np) of a paged buffer for tokens [tok0,
  * tok0+ntok), part[i] the image part of plane pl[i]; each plane's runs in
  * the order of the image part they fill (the checksum's order, and the
@@ -198,7 +249,8 @@ int ferry__kv_buffer_take(const ferry_kv_buffer *in, ferry_kv_buffer *buf,
 static FERRY__ALWAYS_INLINE int walk_paged(const ferry_kv_buffer *buf, const uint64_t *pl,
                                            unsigned char *const *part, unsigned np, uint64_t tb,
                                            uint64_t tok0, uint32_t ntok, int engine_order,
-                                           ferry__kv_run_fn fn, void (*blk_end)(void *), void *ctx)
+                                           ferry__kv_run_fn fn, xtile_fn tile,
+                                           void (*blk_end)(void *), void *ctx)
 {
     const ferry_kv_layout *l = &buf->layout;
     uint64_t run = (uint64_t)l->head_dim * ferry_dtype_size(l->dtype);
@@ -214,7 +266,7 @@ static FERRY__ALWAYS_INLINE int walk_paged(const ferry_kv_buffer *buf, const uin
         uint64_t blk = t / buf->block_tokens, row = t % buf->block_tokens;
         uint64_t k = FERRY__MIN(end - t, buf->block_tokens - row);
         uint64_t off = (uint64_t)buf->block_table[blk] * stride, at = (t - tok0) * tb;
-        int rc = 0;
+        int rc = 0, tiled;
         if (block_whole) {
             /* blocks that follow each other in memory are one run */
             while (packed && t + k < end &&
@@ -224,6 +276,13 @@ static FERRY__ALWAYS_INLINE int walk_paged(const ferry_kv_buffer *buf, const uin
             }
             for (unsigned p = 0; rc == 0 && p < np; p++)
                 rc = fn(ctx, buf->block_bases[pl[p]] + off + row * tb, part[p] + at, k * tb);
+        } else if (tile && !row_whole &&
+                   (tiled = tile_block(buf, pl, part, np, off + row * ts, at, k,
+                                       t + k < end ? buf->block_bases[pl[0]] +
+                                                         buf->block_table[blk + 1] * stride
+                                                   : 0,
+                                       tile, ctx)) != 1) {
+            rc = tiled; /* copied whole, or failed */
         } else if (engine_order && !row_whole && hs > ts) {
             for (uint32_t h = 0; rc == 0 && h < l->num_heads; h++)
                 for (uint64_t r = row, a = at; rc == 0 && r < row + k; r++, a += tb)
@@ -260,7 +319,7 @@ static FERRY__ALWAYS_INLINE int walk_layers(const ferry_kv_buffer *buf, uint32_t
                                             uint64_t tok0, uint32_t ntok, void *chunk,
                                             uint32_t layer0, uint32_t layer1, int kv_together,
                                             int engine_order, ferry__kv_run_fn fn,
-                                            void (*blk_end)(void *), void *ctx)
+                                            xtile_fn tile, void (*blk_end)(void *), void *ctx)
 {
     const ferry_kv_layout *l = &buf->layout;
     uint64_t tb = ferry__kv_token_bytes(l);
@@ -278,7 +337,8 @@ static FERRY__ALWAYS_INLINE int walk_layers(const ferry_kv_buffer *buf, uint32_t
         for (uint32_t layer = layer0; layer < layer1; layer++) {
             uint64_t pl[2] = {layer, (uint64_t)l->num_layers + layer};
             unsigned char *part[2] = {img + pl[0] * span, img + pl[1] * span};
-            int rc = walk_paged(buf, pl, part, 2, tb, tok0, ntok, engine_order, fn, blk_end, ctx);
+            int rc = walk_paged(buf, pl, part, 2, tb, tok0, ntok, engine_order, fn, tile,
+                                blk_end, ctx);
             if (rc < 0)
                 return rc;
         }
@@ -293,8 +353,8 @@ static FERRY__ALWAYS_INLINE int walk_layers(const ferry_kv_buffer *buf, uint32_t
                 rc = fn(ctx, buf->base + (plane * buf->capacity_tokens + tok0) * tb, part,
                         (uint64_t)ntok * tb);
             else
-                rc = walk_paged(buf, &plane, &part, 1, tb, tok0, ntok, engine_order, fn, blk_end,
-                                ctx);
+                rc = walk_paged(buf, &plane, &part, 1, tb, tok0, ntok, engine_order, fn, tile,
+                                blk_end, ctx);
             if (rc < 0)
                 return rc;
         }
@@ -306,7 +366,7 @@ int ferry__kv_xfer_walk(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint6
                         uint32_t ntok, void *chunk, ferry__kv_run_fn fn, void *ctx)
 {
     return walk_layers(buf, chunk_tokens, tok0, ntok, chunk, 0, buf->layout.num_layers, 0, 0, fn,
-                       NULL, ctx);
+                       NULL, NULL, ctx);
 }
 
 /* a chunk's runs as one batch of device copies */
@@ -357,6 +417,163 @@ static FERRY__ALWAYS_INLINE int xrun(void *ctx, uint64_t addr, unsigned char *im
     c->src = x->to_chunk ? addr : (uint64_t)(uintptr_t)img;
     c->bytes = len;
     return 0;
+}
+
+#if defined(FERRY__COPY_RUNS_STREAM)
+/* a tile out of the engine's buffer (a store), in the engine's order,
+ * which reads it front to back; each run lands on whole lines of the
+ * image (pre). The next block (wherever it lies: the processor's own
+ * prefetcher stops at each page, and does not guess a jump) is fetched a
+ * line for each line copied, into the outer caches: all at once, or into
+ * the innermost, the fetches crowd out the copy's own. COPY: the words'
+ * copy (16 or 32 bytes) */
+#define TILE_STORE(t, run, COPY)                                                                  \
+    do {                                                                                          \
+        uint64_t pf_ = (t)->next[0] & ~(uint64_t)63;                                              \
+        for (uint32_t h_ = 0; h_ < (t)->heads; h_++)                                              \
+            for (uint64_t r_ = 0; r_ < (t)->rows; r_++)                                           \
+                for (unsigned p_ = 0; p_ < (t)->np; p_++) {                                       \
+                    COPY((t)->img[p_] + r_ * (t)->tb + h_ * (run),                                \
+                         (const unsigned char *)(uintptr_t)((t)->eng[p_] + r_ * (t)->ts +          \
+                                                            h_ * (t)->hs),                         \
+                         (run));                                                                  \
+                    for (uint64_t o_ = 0; o_ < (run) && pf_ < (t)->next[1]; o_ += 64, pf_ += 64)  \
+                        _mm_prefetch((const char *)(uintptr_t)pf_, _MM_HINT_T2);                  \
+                }                                                                                 \
+    } while (0)
+
+static void tile_store(const xtile *t)
+{
+    if (t->run == 64) /* (a line: unrolled) */
+        TILE_STORE(t, 64, ferry__copy_words_nt);
+    else
+        TILE_STORE(t, t->run, ferry__copy_words_nt);
+}
+
+#if defined(FERRY__COPY_AVX2)
+__attribute__((target("avx2"))) static void tile_store_avx2(const xtile *t)
+{
+    if (t->run == 64)
+        TILE_STORE(t, 64, ferry__copy_words_nt32);
+    else
+        TILE_STORE(t, t->run, ferry__copy_words_nt32);
+}
+#endif
+
+/* a tile into the engine's buffer (a retrieve), in the image's order,
+ * which reads the image front to back. Each head's runs lie back to back
+ * in the engine's buffer (pre), so the part of a line that a run leaves
+ * (its source's address in tail[h], have[h] bytes) is finished by the
+ * same head's next run, and the whole line streamed; a head's first part
+ * (first[h], lead[h] bytes) waits for the tile's end, where the previous
+ * head's last part finishes it where the heads lie back to back (HND's
+ * whole blocks); what nothing finishes goes as a part. Runs of at least
+ * a line, 16-byte aligned in the engine's buffer (pre); fa: where in its
+ * line every run starts, where all do at one place (else 64): a join of
+ * parts whose length the compiler knows costs half what one of any
+ * length does */
+static FERRY__ALWAYS_INLINE void tile_retrieve(const xtile *t, uint64_t run, unsigned fa)
+{
+    const unsigned char *tail[XTILE_HEADS], *first[XTILE_HEADS];
+    unsigned char have[XTILE_HEADS], lead[XTILE_HEADS];
+    for (uint32_t h = 0; h < t->heads; h++) {
+        have[h] = lead[h] = 0;
+        first[h] = tail[h] = NULL;
+    }
+    for (uint64_t r = 0; r < t->rows; r++)
+        for (uint32_t h = 0; h < t->heads; h++)
+            for (unsigned p = 0; p < t->np; p++) {
+                unsigned char *d = (unsigned char *)(uintptr_t)(t->eng[p] + r * t->ts + h * t->hs);
+                const unsigned char *s = t->img[p] + r * t->tb + h * run;
+                uint64_t n = run;
+                unsigned a = fa < 64 ? fa : (unsigned)((uintptr_t)d & 63);
+                if (a) {
+                    if (have[h] == a)
+                        ferry__copy_line_join(d - a, tail[h], a, s);
+                    else if (!lead[h]) {
+                        first[h] = s;
+                        lead[h] = (unsigned char)(64 - a);
+                    } else /* (not a head's first run: the strides rule it out) */
+                        ferry__copy_part(d, s, 64 - a);
+                    d += 64 - a;
+                    s += 64 - a;
+                    n -= 64 - a;
+                }
+                for (; n >= 64; n -= 64, d += 64, s += 64)
+                    ferry__copy_line_nt(d, s);
+                tail[h] = s;
+                have[h] = (unsigned char)n;
+            }
+    uint64_t len = t->rows * t->ts; /* of a head's stretch */
+    for (uint32_t h = 0; h < t->heads; h++) {
+        unsigned char *d = (unsigned char *)(uintptr_t)(t->eng[0] + h * t->hs);
+        if (!lead[h])
+            continue;
+        if (h && have[h - 1] && t->hs == len) { /* (then have[h - 1] is fa, where fixed) */
+            unsigned a = fa < 64 ? fa : have[h - 1];
+            ferry__copy_line_join(d - a, tail[h - 1], a, first[h]);
+            have[h - 1] = 0;
+        } else {
+            ferry__copy_part(d, first[h], lead[h]);
+        }
+    }
+    for (uint32_t h = 0; h < t->heads; h++)
+        if (have[h])
+            ferry__copy_part((unsigned char *)(uintptr_t)(t->eng[0] + h * t->hs + len) - have[h],
+                             tail[h], have[h]);
+}
+#endif
+
+/* a block of a cache whose heads lie apart (HND, packed K|V) copied whole
+ * on the host (see tile_store and tile_retrieve); 1 where its runs go
+ * one by one: a short copy (cached stores), short runs, runs that do not
+ * fit those whole lines */
+static int xtile_run(void *ctx, const xtile *t)
+{
+#if defined(FERRY__COPY_RUNS_STREAM)
+    xctx *x = ctx;
+    if (!x->stream || t->run % 16 || t->heads > XTILE_HEADS || t->hs <= t->ts)
+        return 1;
+    if (x->to_chunk) {
+        uint64_t al = t->run | t->tb;
+        for (unsigned p = 0; p < t->np; p++)
+            al |= (uintptr_t)t->img[p];
+        if (al & 63)
+            return 1;
+#if defined(FERRY__COPY_AVX2)
+        if (ferry__copy_avx2()) {
+            tile_store_avx2(t);
+            return 0;
+        }
+#endif
+        tile_store(t);
+        return 0;
+    }
+    if (t->run < 64 || ((t->eng[0] | t->hs) & 15) || t->ts != t->np * t->run ||
+        (t->np > 1 && t->eng[1] != t->eng[0] + t->run))
+        return 1;
+    unsigned fa = (t->run | t->hs) % 64 ? 64 : (unsigned)(t->eng[0] & 63);
+    if (t->run == 64) /* (the compiler's own copy for each place in a line) */
+        switch (fa) {
+        case 0: tile_retrieve(t, 64, 0); break;
+        case 16: tile_retrieve(t, 64, 16); break;
+        case 32: tile_retrieve(t, 64, 32); break;
+        case 48: tile_retrieve(t, 64, 48); break;
+        default: tile_retrieve(t, 64, 64); break;
+        }
+    else
+        switch (fa) {
+        case 0: tile_retrieve(t, t->run, 0); break;
+        case 16: tile_retrieve(t, t->run, 16); break;
+        case 32: tile_retrieve(t, t->run, 32); break;
+        case 48: tile_retrieve(t, t->run, 48); break;
+        default: tile_retrieve(t, t->run, 64); break;
+        }
+    return 0;
+#else
+    (void)ctx, (void)t;
+    return 1;
+#endif
 }
 
 /* the end of a block: parts of lines its runs left are written (the
@@ -420,7 +637,7 @@ int ferry__kv_xfer_layer(const ferry_kv_buffer *buf, uint32_t chunk_tokens,
     for (size_t k = 0; rc == 0 && k < nch; k++)
         if (ch[k].ntok)
             rc = walk_layers(buf, chunk_tokens, ch[k].tok0, ch[k].ntok, ch[k].img, layer,
-                             layer + 1, 1, to_chunk, xrun, xblock_end, &x);
+                             layer + 1, 1, to_chunk, xrun, xtile_run, xblock_end, &x);
     return xflush(&x, s, rc, eb);
 }
 
@@ -431,7 +648,7 @@ int ferry__kv_xfer(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t t
     xinit(&x, buf, to_chunk,
           (uint64_t)ntok * ferry__kv_token_bytes(&buf->layout) * buf->layout.kv * buf->layout.num_layers);
     int rc = walk_layers(buf, chunk_tokens, tok0, ntok, chunk, 0, buf->layout.num_layers, 1,
-                         to_chunk, xrun, xblock_end, &x);
+                         to_chunk, xrun, xtile_run, xblock_end, &x);
     return xflush(&x, s, rc, eb);
 }
 int ferry__kv_xfer_out_range(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint64_t tok0,
@@ -455,7 +672,7 @@ int ferry__kv_xfer_out_range(const ferry_kv_buffer *buf, uint32_t chunk_tokens, 
                       (t1 - t0) * tb);
         else
             rc = walk_paged(buf, &p, &part, 1, tb, tok0 + t0, (uint32_t)(t1 - t0), 0, xrun,
-                            xblock_end, &x);
+                            xtile_run, xblock_end, &x);
         a = (p + 1) * span;
     }
     return xflush(&x, NULL, rc, NULL);
