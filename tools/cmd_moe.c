@@ -715,6 +715,33 @@ done:
     return rc;
 }
 
+/* the planner's ns per layer-step, each policy the best of 3 replays
+ * (--quick too: one replay of 64 tokens lasts about 4 ms, and a neighbour
+ * on a shared host stretches one of them by half); 0 or cli_fail's code */
+static int bench_planner(const char *cmd, const ferry_moe_trace *t, int json, json_t *pl)
+{
+    const char *const *pols = ferry_moe_policies();
+    for (int i = 0; pols[i]; i++) {
+        double best = 1e30;
+        ferry_moe_replay_result r;
+        int rc = 0;
+        for (int rep = 0; rep < 3 && rc >= 0; rep++) {
+            rc = ferry_moe_replay(t, pols[i], 4096, 0, &r);
+            if (rc >= 0 && r.ns_per_step < best)
+                best = r.ns_per_step;
+        }
+        if (rc < 0)
+            return cli_fail(cmd, pols[i], rc);
+        if (json)
+            json_array_append_new(pl, json_pack("{s:s,s:f,s:f}", "policy", pols[i], "ns_per_step",
+                                                best, "hit_rate", r.hit_rate));
+        else
+            printf("  %-10s %8.0f ns/layer-step   (hit rate %.2f%%)\n", pols[i], best,
+                   100 * r.hit_rate);
+    }
+    return 0;
+}
+
 int cmd_moe_bench(int argc, char **argv)
 {
     const char *cmd = "moe bench";
@@ -767,31 +794,12 @@ int cmd_moe_bench(int argc, char **argv)
         printf("planner: %s, %u layers x 256 experts, top-8, 4096 slots, %zu layer-steps\n",
                ferry_moe_trace_model(t)->name, ferry_moe_trace_model(t)->num_layers,
                ferry_moe_trace_steps(t));
-    const char *const *pols = ferry_moe_policies();
-    for (int i = 0; pols[i]; i++) {
-        double best = 1e30;
-        ferry_moe_replay_result r;
-        /* the best of 3, --quick too: one replay of 64 tokens lasts about 4 ms,
-         * and a neighbour on a shared host stretches one of them by half */
-        for (int rep = 0; rep < 3; rep++) {
-            rc = ferry_moe_replay(t, pols[i], 4096, 0, &r);
-            if (rc < 0)
-                break;
-            if (r.ns_per_step < best)
-                best = r.ns_per_step;
-        }
-        if (rc < 0) {
-            ferry_moe_trace_destroy(t);
-            json_decref(root);
-            json_decref(pl);
-            return cli_fail(cmd, pols[i], rc);
-        }
-        if (json)
-            json_array_append_new(pl, json_pack("{s:s,s:f,s:f}", "policy", pols[i], "ns_per_step",
-                                                best, "hit_rate", r.hit_rate));
-        else
-            printf("  %-10s %8.0f ns/layer-step   (hit rate %.2f%%)\n", pols[i], best,
-                   100 * r.hit_rate);
+    rc = bench_planner(cmd, t, json, pl);
+    if (rc != 0) {
+        ferry_moe_trace_destroy(t);
+        json_decref(root);
+        json_decref(pl);
+        return rc;
     }
     ferry_moe_trace_destroy(t);
     exec_bench eb = {0};
