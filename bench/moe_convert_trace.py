@@ -30,13 +30,23 @@ Sources (--format):
               or one .npz); the aggregate routing_trace.npz of the same schema works too.
               Needs numpy.
 
+  vllm-jsonl  Mario928/speculative-moe, commit 216e26eb86ee09fa46bb0e8c000be7e9758e10b6,
+              routing_data_collected/gsm8k_2_routing.jsonl and humaneval_2_routing.jsonl
+              (later commits keep them in Git LFS only): mistralai Mixtral-8x7B-Instruct-v0.1
+              (FP8) in vLLM with a routing profiler in its fused MoE layer, greedy decode of
+              two GSM8K and two HumanEval problems (79-255 tokens each); one line per
+              (problem, generated token, layer) with the top-2 expert ids (of 8) at all 32
+              MoE layers, prefill not recorded. A problem's last 1-3 tokens were cut off
+              part-way through the layers by the capture; they are dropped.
+
 Usage:
   moe_convert_trace.py --format onnx-genai SRC.json --prompt NAME|all
                        [--prefill none|batch|tokens] -o OUT.jsonl
   moe_convert_trace.py --format olmoe-race SRC [--domain D|all] -o OUT.jsonl
+  moe_convert_trace.py --format vllm-jsonl SRC.jsonl [--problem N|all] -o OUT.jsonl
 
---prompt all (onnx-genai) and --domain all (olmoe-race, sequence id order,
-domain by domain) concatenate the requests' decode streams, as one engine
+--prompt all (onnx-genai), --domain all (olmoe-race, sequence id order,
+domain by domain) and --problem all (vllm-jsonl) concatenate the requests' decode streams, as one engine
 serving them one after another (token numbers run on, the cache is kept).
 --prefill none (default) keeps decode only; batch adds each prompt's prefill
 as one step per layer (the union of its tokens' experts, as an engine runs a
@@ -199,17 +209,62 @@ def convert_olmoe_race(src, args, out):
     return token, steps
 
 
+MIXTRAL_LAYERS, MIXTRAL_EXPERTS, MIXTRAL_TOP_K = 32, 8, 2
+
+
+def convert_vllm_jsonl(src, args, out):
+    """Mixtral-8x7B decode routing, one JSON object per (problem, token, layer)."""
+    by = {}
+    name = None
+    with open(src) as f:
+        for n, line in enumerate(f, 1):
+            try:
+                r = json.loads(line)
+                p, t, l, route = r["problem_id"], r["token_idx"], r["layer"], r["experts"]
+            except (ValueError, KeyError, TypeError):
+                fail("%s line %d: not a routing record" % (src, n))
+            name = name or r.get("dataset", "?")
+            if not isinstance(l, int) or l < 0 or l >= MIXTRAL_LAYERS:
+                fail("%s line %d: layer %r outside 0..%d" % (src, n, l, MIXTRAL_LAYERS - 1))
+            check_route("%s line %d" % (src, n), route, MIXTRAL_EXPERTS, MIXTRAL_TOP_K)
+            by.setdefault(p, {}).setdefault(t, {})[l] = route
+    if not by:
+        fail("%s: no routing records" % src)
+    probs = sorted(by) if args.problem == "all" else [int(args.problem)]
+    out.write(json.dumps({"model": "Mixtral-8x7B %s %s decode" % (name, args.problem),
+                          "num_layers": MIXTRAL_LAYERS, "num_experts": MIXTRAL_EXPERTS,
+                          "top_k": MIXTRAL_TOP_K, "expert_bytes": 3 * 4096 * 14336 * 2}) + "\n")
+    token = steps = dropped = 0
+    for p in probs:
+        if p not in by:
+            fail("%s: no problem %r (it has %s)" % (src, p, ", ".join(map(str, sorted(by)))))
+        for t in sorted(by[p]):
+            layers = by[p][t]
+            if len(layers) != MIXTRAL_LAYERS:  # (cut off by the capture)
+                dropped += 1
+                continue
+            for l in range(MIXTRAL_LAYERS):
+                out.write('{"token":%d,"layer":%d,"experts":%s}\n'
+                          % (token, l, json.dumps(layers[l], separators=(",", ":"))))
+                steps += 1
+            token += 1
+    sys.stderr.write("%d problems, %d partial tokens dropped\n" % (len(probs), dropped))
+    return token, steps
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("src")
-    ap.add_argument("--format", required=True, choices=["onnx-genai", "olmoe-race"])
+    ap.add_argument("--format", required=True, choices=["onnx-genai", "olmoe-race", "vllm-jsonl"])
     ap.add_argument("--prompt", default="all")
     ap.add_argument("--prefill", default="none", choices=["none", "batch", "tokens"])
     ap.add_argument("--domain", default="all", choices=("all",) + RACE_DOMAINS)
+    ap.add_argument("--problem", default="all")
     ap.add_argument("-o", "--out", required=True)
     args = ap.parse_args()
     with open(args.out, "w") as out:
-        conv = convert_onnx_genai if args.format == "onnx-genai" else convert_olmoe_race
+        conv = {"onnx-genai": convert_onnx_genai, "olmoe-race": convert_olmoe_race,
+                "vllm-jsonl": convert_vllm_jsonl}[args.format]
         tokens, steps = conv(args.src, args, out)
     sys.stderr.write("%s: %d tokens, %d steps\n" % (args.out, tokens, steps))
 

@@ -3,7 +3,7 @@
 # (issue 15: judge the default policy on real decode routing, not only on
 # the generator).
 #
-#   bench/moe_real_traces.sh [--granite FILE] [--olmoe DIR] [--ferry F] [--out DIR]
+#   bench/moe_real_traces.sh [--granite FILE] [--olmoe DIR] [--mixtral DIR] [--ferry F] [--out DIR]
 #
 # Neither source is kept in ferry; fetch them from the commits cited here
 # (and in bench/moe_convert_trace.py, which converts them):
@@ -18,28 +18,36 @@
 #              x 64 experts, top-8; 400 prompts in 4 domains, greedy decode up to
 #              128 tokens, 51,112 tokens; needs numpy):
 #                git -C opt archive cdd89062f93bb6e7b04fdd25a602757d542a1ad7 stage3_residency/traces/full/chunks | tar -x
+#   --mixtral  a directory holding gsm8k_2_routing.jsonl and humaneval_2_routing.jsonl of
+#              routing_data_collected/ in github.com/Mario928/speculative-moe at
+#              216e26eb86ee09fa46bb0e8c000be7e9758e10b6 (Mixtral-8x7B-Instruct FP8 in
+#              vLLM, 32 layers x 8 experts, top-2; 2 GSM8K and 2 HumanEval problems,
+#              greedy decode, 78-252 whole tokens each; later commits hold them in LFS):
+#                for f in gsm8k_2 humaneval_2; do git -C speculative-moe show \
+#                  216e26eb86ee09fa46bb0e8c000be7e9758e10b6:routing_data_collected/${f}_routing.jsonl > DIR/${f}_routing.jsonl; done
 #
 # --ferry defaults to build/ferry, --out (the converted traces) to a new
 # temporary directory; PYTHON names the interpreter (default: the first of
 # python3, /usr/bin/python3 that has numpy). Prints, per trace and budget,
 # the hit rates of lru, routing, auto and belady, auto - lru in points,
 # auto's share of the LRU -> Belady gap, and the issue's two checks: at
-# 12.5% auto >= LRU + 10% of the gap, at 25% auto no more than 0.2 points
+# 12.5% auto >= LRU + 15% of the gap, at 25% auto no more than 0.2 points
 # below LRU.
 set -eu
 
-granite='' olmoe='' ferry=build/ferry out=''
+granite='' olmoe='' mixtral='' ferry=build/ferry out=''
 while [ $# -gt 0 ]; do
     case $1 in
     --granite) granite=$2; shift 2 ;;
     --olmoe) olmoe=$2; shift 2 ;;
+    --mixtral) mixtral=$2; shift 2 ;;
     --ferry) ferry=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    *) echo "usage: moe_real_traces.sh [--granite FILE] [--olmoe DIR] [--ferry F] [--out DIR]" >&2
+    *) echo "usage: moe_real_traces.sh [--granite FILE] [--olmoe DIR] [--mixtral DIR] [--ferry F] [--out DIR]" >&2
        exit 2 ;;
     esac
 done
-[ -n "$granite$olmoe" ] || { echo "moe_real_traces.sh: give --granite and/or --olmoe" >&2; exit 2; }
+[ -n "$granite$olmoe$mixtral" ] || { echo "moe_real_traces.sh: give --granite, --olmoe and/or --mixtral" >&2; exit 2; }
 [ -x "$ferry" ] || { echo "moe_real_traces.sh: $ferry: not an executable (build it first)" >&2; exit 2; }
 here=$(dirname "$0")
 [ -n "$out" ] || out=$(mktemp -d)
@@ -70,6 +78,14 @@ if [ -n "$olmoe" ]; then
         conv olmoe-$d-decode olmoe-race "$olmoe" --domain $d
     done
 fi
+if [ -n "$mixtral" ]; then
+    for d in gsm8k humaneval; do
+        conv mixtral-$d-decode vllm-jsonl "$mixtral/${d}_2_routing.jsonl" --problem all
+        for p in 0 1; do
+            conv mixtral-$d-p$p-decode vllm-jsonl "$mixtral/${d}_2_routing.jsonl" --problem $p
+        done
+    done
+fi
 
 for t in $traces; do
     for s in 12.5% 25%; do
@@ -95,7 +111,7 @@ for (t, s), r in rows.items():
     d = r["auto"] - r["lru"]
     share = "%.1f%%" % (100.0 * d / gap) if gap > 0 else "-"
     if s == "12.5%":
-        need = r["lru"] + 0.1 * gap
+        need = r["lru"] + 0.15 * gap
         chk = "%s (>= %.2f)" % ("ok" if r["auto"] >= need else "MISS", need)
     else:
         chk = "ok" if d >= -0.2 else "MISS"
