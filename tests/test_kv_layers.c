@@ -759,42 +759,11 @@ static void test_retrieve_device(void **state)
  * whose pending copy writes the layer's final bytes) */
 /* no memory for the images of the chunks past the window: those chunks
  * report -ENOMEM with a message saying so, the window's are stored */
-static size_t g_fail_size;
-
-static void *fail_malloc(size_t n, void *ctx)
-{
-    (void)ctx;
-    return n == g_fail_size ? NULL : malloc(n);
-}
-static void *std_calloc(size_t n, size_t size, void *ctx)
-{
-    (void)ctx;
-    return calloc(n, size);
-}
-static void *std_realloc(void *p, size_t n, void *ctx)
-{
-    (void)ctx;
-    return realloc(p, n);
-}
-static void *std_aligned(size_t a, size_t n, void *ctx)
-{
-    (void)ctx;
-    void *p = NULL;
-    return posix_memalign(&p, a < sizeof(void *) ? sizeof(void *) : a, n) == 0 ? p : NULL;
-}
-static void std_free(void *p, void *ctx)
-{
-    (void)ctx;
-    free(p);
-}
-
 static void test_store_stage_nomem(void **state)
 {
     (void)state;
-    static const ferry_allocator fa = {fail_malloc, std_calloc, std_realloc, std_aligned,
-                                       std_free, NULL};
-    g_fail_size = 3 * (size_t)CHUNK_BYTES; /* the images of chunks 2..4 */
-    ferry_set_allocator(&fa);
+    ft_alloc_install(0, 0);
+    ft_alloc_fail_size(3 * (size_t)CHUNK_BYTES); /* the images of chunks 2..4 */
     ferry_kv *kv = open_store(8, NULL);
     int32_t tok[NTOK];
     make_tokens(tok, NTOK, 3300);
@@ -816,7 +785,9 @@ static void test_store_stage_nomem(void **state)
     ferry_kv_op_free(op);
     assert_int_equal(lookup(kv, tok), (int)(2 * CT));
     ferry_kv_close(kv);
-    ferry_set_allocator(NULL);
+    assert_true(ft_alloc_failures() >= 1);
+    assert_int_equal(ft_alloc_live(), 0); /* (nothing of the op or its store left) */
+    ft_alloc_reset();
     free(src);
 }
 

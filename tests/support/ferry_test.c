@@ -17,6 +17,7 @@ static atomic_uint_fast64_t g_count, g_armed_count, g_fail_at, g_failures;
 static atomic_int_fast64_t g_live;
 static atomic_int g_paused;
 static int g_sticky;
+static atomic_size_t g_fail_size; /* a malloc of exactly this many bytes fails (0: none) */
 
 static int should_fail(void)
 {
@@ -50,6 +51,10 @@ static void *t_malloc(size_t n, void *c)
     (void)c;
     if (should_fail())
         return NULL;
+    if (n && n == atomic_load(&g_fail_size)) {
+        atomic_fetch_add(&g_failures, 1);
+        return NULL;
+    }
     return wrap(malloc(n + HDR), HDR);
 }
 static void *t_calloc(size_t n, size_t s, void *c)
@@ -109,9 +114,14 @@ void ft_alloc_install(uint64_t fail_at, int sticky)
     atomic_store(&g_failures, 0);
     atomic_store(&g_live, 0);
     atomic_store(&g_fail_at, fail_at);
+    atomic_store(&g_fail_size, 0);
     g_sticky = sticky;
     ferry_allocator a = {t_malloc, t_calloc, t_realloc, t_aligned, t_free, NULL};
     ferry_set_allocator(&a);
+}
+void ft_alloc_fail_size(size_t n)
+{
+    atomic_store(&g_fail_size, n);
 }
 void ft_alloc_fail_next(uint64_t k)
 {

@@ -20,6 +20,9 @@
 /* Install a counting allocator; allocation number fail_at (1-based) and,
  * when sticky, every later one returns NULL. fail_at 0 = never fail. */
 void ft_alloc_install(uint64_t fail_at, int sticky);
+/* With the allocator installed: every malloc of exactly n bytes fails
+ * (0: none), beside fail_at's count. */
+void ft_alloc_fail_size(size_t n);
 /* Restore the default allocator. */
 void ft_alloc_reset(void);
 /* Allocations made since install, and blocks still live (leaks if > 0 at the end). */
