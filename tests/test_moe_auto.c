@@ -5,7 +5,8 @@
  * of the LRU -> Belady gap, where only transition learns the structure it
  * follows transition; it is deterministic, listed, and its routing half
  * stays consistent; while LRU leads its learners sleep off the sampled
- * layers (exact on those, half the work).
+ * layers (exact on those, half the work); a challenger takes the lead
+ * only past one standard deviation of the score difference.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -182,6 +183,42 @@ static void auto_learners_sleep_while_lru_leads(void **state)
     ferry_moe_trace_destroy(t);
 }
 
+/* the switching rule: a challenger ahead by less than one standard
+ * deviation of the score difference stays out, one clearly ahead takes
+ * over, a tie keeps the leader; and on a trace the rule holds back noise
+ * while a clearly better policy still takes the lead (the context trace) */
+static void auto_switches_only_past_the_noise(void **state)
+{
+    (void)state;
+    /* sd 4: ahead by 3 or by exactly 4 is noise, by 4.5 or 10 it is not */
+    assert_false(ferry__auto_overtakes(103.0, 100.0, 16.0));
+    assert_false(ferry__auto_overtakes(104.0, 100.0, 16.0));
+    assert_true(ferry__auto_overtakes(104.5, 100.0, 16.0));
+    assert_true(ferry__auto_overtakes(110.0, 100.0, 16.0));
+    /* a tie, or behind, never takes over, whatever the variance */
+    assert_false(ferry__auto_overtakes(100.0, 100.0, 0.0));
+    assert_false(ferry__auto_overtakes(99.0, 100.0, 0.0));
+    /* one more hit at each of 9 steps: D 9, sd 3 - it takes over */
+    assert_true(ferry__auto_overtakes(9.0, 0.0, 9.0));
+    /* +3, -3, +3, -3, +3 (D 3, sd sqrt 45): it does not */
+    assert_false(ferry__auto_overtakes(3.0, 0.0, 45.0));
+    /* on the context trace transition is clearly better and leads */
+    ferry_moe_trace *t = ft_moe_context_trace(4, 4000, 11);
+    ferry_moe_planner *p = planner_for(t, "auto", 4 + 2);
+    size_t n = ferry_moe_trace_steps(t);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t tok, layer, k;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &k));
+        FT_ASSERT_OK(ferry_moe_planner_ensure(p, layer, ex, k, NULL, NULL, NULL));
+    }
+    uint64_t sw = 0;
+    assert_int_equal(ferry__auto_lead(ferry__planner_policy(p), &sw), 2); /* transition */
+    print_message("context trace: transition leads after %llu switches\n", (unsigned long long)sw);
+    ferry_moe_planner_destroy(p);
+    ferry_moe_trace_destroy(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -190,6 +227,7 @@ int main(void)
         cmocka_unit_test(auto_is_deterministic_and_listed),
         cmocka_unit_test(auto_keeps_its_structures_through_a_trace),
         cmocka_unit_test(auto_learners_sleep_while_lru_leads),
+        cmocka_unit_test(auto_switches_only_past_the_noise),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -199,6 +199,10 @@ extern const ferry__policy_ops ferry__policy_auto;
 /* (tests, bench) auto's lead - 0 lru, 1 routing, 2 transition - and the
  * times it changed (switches may be NULL); -1 for another policy */
 int ferry__auto_lead(const ferry__policy *p, uint64_t *switches);
+/* auto's switching rule: 1 when a challenger's decayed score passes the
+ * leader's by more than one standard deviation of the difference (var,
+ * its variance); a tie or a lead within the noise keeps the leader */
+int ferry__auto_overtakes(double challenger, double leader, double var);
 /* a routing leader's layers that are not a multiple of stride (> 1)
  * sleep from their next turn: their experts' features and routed sets are
  * kept, not their cells, which no victim may read meanwhile; stride 0 or
