@@ -90,12 +90,10 @@ static const int16_t rowv_lane_mask[TR_K][2][8] __attribute__((aligned(16))) = {
     {TR_LM(12), TR_LM(4)}, {TR_LM(13), TR_LM(5)},  {TR_LM(14), TR_LM(6)}, {TR_LM(15), TR_LM(7)}};
 #undef TR_LM
 
-/* the visit's successors le[0..n) (distinct; evs: rowv_events) counted in
- * the row: first every one that has a lane (independent adds), then the
- * others in order, each taking the least lane (miss: scratch for their
- * indices in le) */
-static inline uint32_t rowv_visit(trrowv *v, const trev *evs, uint32_t n, uint32_t used,
-                                  uint16_t *miss)
+/* the visit's successors le[0..n) (distinct; evs: rowv_events) that have
+ * a lane counted in the row (independent adds); those without listed in
+ * miss (their indices in le), their number returned */
+static inline uint32_t rowv_count(trrowv *v, const trev *evs, uint32_t n, uint16_t *miss)
 {
     __m128i h0 = _mm_setzero_si128(), h1 = _mm_setzero_si128();
     uint32_t nm = 0;
@@ -110,8 +108,14 @@ static inline uint32_t rowv_visit(trrowv *v, const trev *evs, uint32_t n, uint32
     /* (+1, saturating: a lane may pass the row's total by inheritances) */
     v->tc[0] = _mm_subs_epi16(v->tc[0], h0);
     v->tc[1] = _mm_subs_epi16(v->tc[1], h1);
-    if (used + nm <= TR_K) /* room for them all: the caller appends them */
-        return nm;
+    return nm;
+}
+
+/* the others (miss[0..nm), after rowv_count, used + nm > TR_K) in
+ * order, each taking the least lane */
+static inline void rowv_place(trrowv *v, const trev *evs, const uint16_t *miss, uint32_t nm,
+                              uint32_t used)
+{
     for (uint32_t j = 0; j < nm; j++) {
         /* an unused lane while any is left (the least, at count 0) */
         uint32_t at = used < TR_K ? used++ : rowv_least(v);
@@ -124,8 +128,35 @@ static inline uint32_t rowv_visit(trrowv *v, const trev *evs, uint32_t n, uint32
         v->top[0] = _mm_or_si128(_mm_andnot_si128(n0, v->top[0]), _mm_and_si128(n0, ev));
         v->top[1] = _mm_or_si128(_mm_andnot_si128(n1, v->top[1]), _mm_and_si128(n1, ev));
     }
-    return 0;
 }
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+/* where the processor has AVX2 (asked at run time: the build assumes
+ * SSE2), rowv_count of the row in memory, its 16 lanes in one register:
+ * half the compares and none of the copies the two-operand forms take */
+#define TR_ROWS_AVX2 1
+#include <immintrin.h>
+
+static __attribute__((target("avx2"), noinline)) uint32_t row_count_avx2(uint16_t *top,
+                                                                      const trev *evs, uint32_t n,
+                                                                      uint16_t *miss,
+                                                                      uint32_t *used)
+{
+    __m256i t = _mm256_loadu_si256((const __m256i *)(const void *)top), h = _mm256_setzero_si256();
+    uint32_t nm = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        __m256i eq = _mm256_cmpeq_epi16(t, _mm256_broadcastsi128_si256(evs[j]));
+        h = _mm256_or_si256(h, eq);
+        miss[nm] = (uint16_t)j;
+        nm += _mm256_movemask_epi8(eq) == 0;
+    }
+    uint32_t k = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi16(t, _mm256_set1_epi16(-1)));
+    *used = k ? (uint32_t)__builtin_ctz(k) / 2 : TR_K; /* (TR_NOBODY lanes: a suffix) */
+    __m256i *tc = (__m256i *)(void *)(top + TR_K);
+    _mm256_storeu_si256(tc, _mm256_subs_epi16(_mm256_loadu_si256(tc), h));
+    return nm;
+}
+#endif
 
 /* term[i] = tc[i] x w, each rounded as (double)tc[i] * w is: the
  * conversions are exact and the products IEEE's, two lanes at a time */
@@ -150,6 +181,17 @@ static inline uint32_t rowv_used(const trrowv *v)
     __m128i none = _mm_set1_epi16((short)TR_NOBODY);
     uint32_t k = (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(v->top[0], none)) |
                  (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(v->top[1], none)) << 16;
+    return k ? (uint32_t)__builtin_ctz(k) / 2 : TR_K;
+}
+
+/* the same of a row in memory (its experts' lanes) */
+static inline uint32_t row_used(const uint16_t *top)
+{
+    __m128i none = _mm_set1_epi16((short)TR_NOBODY);
+    __m128i t0 = _mm_loadu_si128((const __m128i *)(const void *)top);
+    __m128i t1 = _mm_loadu_si128((const __m128i *)(const void *)(top + 8));
+    uint32_t k = (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(t0, none)) |
+                 (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(t1, none)) << 16;
     return k ? (uint32_t)__builtin_ctz(k) / 2 : TR_K;
 }
 #else
@@ -185,8 +227,7 @@ static inline void rowv_halve(trrowv *v)
     }
 }
 
-static inline uint32_t rowv_visit(trrowv *v, const trev *le, uint32_t n, uint32_t used,
-                                  uint16_t *miss)
+static inline uint32_t rowv_count(trrowv *v, const trev *le, uint32_t n, uint16_t *miss)
 {
     uint32_t nm = 0;
     for (uint32_t j = 0; j < n; j++) {
@@ -198,6 +239,12 @@ static inline uint32_t rowv_visit(trrowv *v, const trev *le, uint32_t n, uint32_
         else
             v->tc[i] = (uint16_t)(v->tc[i] + (v->tc[i] < TR_CNT));
     }
+    return nm;
+}
+
+static inline void rowv_place(trrowv *v, const trev *le, const uint16_t *miss, uint32_t nm,
+                              uint32_t used)
+{
     for (uint32_t j = 0; j < nm; j++) {
         uint32_t mi = 0;
         if (used < TR_K)
@@ -208,7 +255,6 @@ static inline uint32_t rowv_visit(trrowv *v, const trev *le, uint32_t n, uint32_
         v->top[mi] = le[miss[j]];
         v->tc[mi] = (uint16_t)(v->tc[mi] + (v->tc[mi] < TR_CNT));
     }
-    return 0;
 }
 
 static inline void rowv_terms(const uint16_t *tc, double w, double *term)
@@ -217,13 +263,58 @@ static inline void rowv_terms(const uint16_t *tc, double w, double *term)
         term[i] = (double)tc[i] * w;
 }
 
-static inline uint32_t rowv_used(const trrowv *v)
+static inline uint32_t row_used(const uint16_t *top)
 {
     uint32_t n = 0;
-    while (n < TR_K && v->top[n] != TR_NOBODY)
+    while (n < TR_K && top[n] != TR_NOBODY)
         n++;
     return n;
 }
+
+static inline uint32_t rowv_used(const trrowv *v)
+{
+    return row_used(v->top);
+}
 #endif
+
+/* the visit's successors le[0..n) (distinct; evs: rowv_events) counted in
+ * the row at top, its total *an up by one (both halved first when the
+ * total is full); wide: row_count_avx2 counts */
+static inline void row_learn(uint16_t *top, uint16_t *an, const trev *evs, const uint16_t *le,
+                             uint32_t n, uint16_t *miss, int wide)
+{
+    uint16_t *tc = top + TR_K;
+    uint32_t used, nm;
+    trrowv v;
+    if (*an == TR_CNT) { /* halve the row with its total: order kept */
+        rowv_load(&v, top, tc);
+        rowv_halve(&v);
+        rowv_store(&v, top, tc);
+        *an >>= 1;
+    }
+    *an = (uint16_t)(*an + 1);
+#if defined(TR_ROWS_AVX2)
+    if (wide) {
+        nm = row_count_avx2(top, evs, n, miss, &used);
+    } else
+#endif
+    {
+        (void)wide;
+        rowv_load(&v, top, tc);
+        used = rowv_used(&v);
+        nm = rowv_count(&v, evs, n, miss);
+        rowv_store(&v, top, tc);
+    }
+    if (used + nm <= TR_K) { /* new successors into unused lanes */
+        for (uint32_t j = 0; j < nm; j++) {
+            top[used + j] = le[miss[j]];
+            tc[used + j] = 1;
+        }
+    } else { /* not room for all: the others in order */
+        rowv_load(&v, top, tc);
+        rowv_place(&v, evs, miss, nm, used);
+        rowv_store(&v, top, tc);
+    }
+}
 
 #endif
