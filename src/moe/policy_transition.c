@@ -62,7 +62,7 @@
  * non-empty cells. ferry__transition_verify() has every victim checked
  * against a scan of all the slots by the same rule (tests).
  *
- * Memory: about 118 bytes an id (ferry__transition_bytes: DeepSeek-V3's
+ * Memory: about 119 bytes an id (ferry__transition_bytes: DeepSeek-V3's
  * 58 x 256, 1.7 MiB); shapes past FERRY__TRANSITION_MAX_BYTES are
  * refused at planner create.
  */
@@ -158,6 +158,7 @@ typedef struct trans {
     uint16_t *An;                    /* [L][E] */
     uint16_t *lanes;                 /* [L][E] rows of TR_K experts then TR_K counts:
                                         a 64-byte line each */
+    uint8_t *tn;                     /* [L][E] lanes used */
     /* per visit scratch (E) */
     double *acc, *wr;
     uint32_t *umark, *emark, stamp;
@@ -171,7 +172,7 @@ typedef struct trans {
     uint64_t visits, pgen;
     uint32_t sleep_stride;           /* > 1: layers not a multiple of it may sleep */
     uint8_t *asleep;                 /* [L] */
-    int wide;                        /* the rows counted with AVX2 (row_count_avx2) */
+    int wide;                        /* the rows counted with AVX2 (row_learn) */
     trwk *wk;                        /* [slots] a wake's scratch */
 } trans;
 
@@ -328,10 +329,10 @@ static void ord_flush(trord *o, const struct trx *x, const uint32_t *occupant, u
 size_t ferry__transition_bytes(uint32_t num_layers, uint32_t num_experts)
 {
     /* per id: its row's lanes, its place in the ring of routed sets, what
-     * is known of it, its last use, its row's total and its place in the
-     * tracked set (a row's lanes used are read off its lanes) */
+     * is known of it, its last use, its row's total, its place in the
+     * tracked set and its row's lanes used */
     size_t per_id = TR_K * 2 * sizeof(uint16_t) + TR_RING * sizeof(uint16_t) + sizeof(trx) +
-                    sizeof(uint64_t) + 2 * sizeof(uint16_t);
+                    sizeof(uint64_t) + 2 * sizeof(uint16_t) + 1;
     return (size_t)num_layers * num_experts * per_id;
 }
 
@@ -340,7 +341,7 @@ static void tr_fini(ferry__policy *p)
     trans *s = (trans *)p;
     ord_fini(&s->o);
     void *arr[] = {s->x, s->last, s->V, s->asleep, s->wk,    s->lt,   s->cc,    s->ccnz,
-                   s->ring, s->ring_n, s->ring_v, s->uset, s->un, s->nprev, s->lv, s->An,
+                   s->ring, s->ring_n, s->ring_v, s->uset, s->un, s->nprev, s->lv, s->An, s->tn,
                    s->acc, s->wr,  s->umark, s->emark, s->ev, s->tk, s->miss, s->qv};
     for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
         ferry__free(arr[i]);
@@ -380,6 +381,7 @@ static int tr_init(ferry__policy *p)
     s->nprev = ferry__malloc((size_t)L * sizeof *s->nprev);
     s->lv = ferry__calloc(L, sizeof *s->lv);
     s->An = ferry__calloc(ids, sizeof *s->An);
+    s->tn = ferry__calloc(ids, sizeof *s->tn);
     s->lanes = ferry__aligned_alloc(64, ids * TR_ROW * sizeof *s->lanes);
     s->evv = ferry__aligned_alloc(64, (size_t)E * 16);
     s->tq = ferry__malloc(((size_t)2 * E + 1) * sizeof *s->tq);
@@ -393,7 +395,7 @@ static int tr_init(ferry__policy *p)
     s->miss = ferry__malloc(((size_t)E + 1) * sizeof *s->miss); /* (+1: a branchless append) */
     if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->last || !s->V || !s->asleep || !s->wk ||
         !s->lt || !s->cc || !s->ccnz || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
-        !s->un || !s->nprev || !s->lv || !s->An || !s->lanes || !s->evv || !s->tq || !s->acc || !s->wr ||
+        !s->un || !s->nprev || !s->lv || !s->An || !s->tn || !s->lanes || !s->evv || !s->tq || !s->acc || !s->wr ||
         !s->umark || !s->emark || !s->ev || !s->tk || !s->miss || !s->qv) {
         tr_fini(p);
         return -ENOMEM;
@@ -519,8 +521,10 @@ static void learn_transitions(trans *s, uint32_t l, const uint16_t *le, uint32_t
     trev *evs = s->evv;
     int wide = s->wide;
     rowv_events(le, n, evs);
+    uint8_t *tn = s->tn + b;
     for (int32_t i = 0; i < np; i++)
-        row_learn(lanes + (size_t)prev[i] * TR_ROW, &An[prev[i]], evs, le, n, miss, wide);
+        tn[prev[i]] = (uint8_t)row_learn(lanes + (size_t)prev[i] * TR_ROW, &An[prev[i]], evs, le,
+                                         n, miss, wide);
     s->o.ops += (uint64_t)n * (uint32_t)(np > 0 ? np : 0);
 }
 
@@ -566,8 +570,9 @@ static void prefetch_next_rows(const trans *s, uint32_t layer)
     for (int32_t i = 0; i < s->nprev[l]; i++) {
         size_t ri = (size_t)l * E + pv[i];
         TR_PREFETCH(s->lanes + ri * TR_ROW);
-        TR_PREFETCH(s->An + ri); /* (its total, and the expert: an event of */
-        TR_PREFETCH(s->x + ri); /* that visit) */
+        TR_PREFETCH(s->An + ri); /* (its total and lanes used, and the expert: */
+        TR_PREFETCH(s->tn + ri); /* an event of that visit) */
+        TR_PREFETCH(s->x + ri);
     }
 }
 
@@ -653,7 +658,7 @@ static uint32_t tracked_set(trans *s, uint32_t l, const uint16_t *le, uint32_t n
         /* acc is all zero between visits (a lane's count is at least 1,
          * and a sum of positive terms is never -0): a candidate is listed
          * once, at its first term, without a branch */
-        uint32_t tn = row_used(top);
+        uint32_t tn = s->tn[ri];
         for (uint32_t i = 0; i < tn; i++) {
             uint32_t e = top[i];
             double a = acc[e];

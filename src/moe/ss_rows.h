@@ -132,17 +132,15 @@ static inline void rowv_place(trrowv *v, const trev *evs, const uint16_t *miss, 
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 /* where the processor has AVX2 (asked at run time: the build assumes
- * SSE2), rowv_count of the row in memory, its 16 lanes in one register:
- * half the compares and none of the copies the two-operand forms take */
+ * SSE2), rowv_count with the row's 16 lanes in one register: half the
+ * compares and none of the copies the two-operand forms take */
 #define TR_ROWS_AVX2 1
 #include <immintrin.h>
 
-static __attribute__((target("avx2"), noinline)) uint32_t row_count_avx2(uint16_t *top,
-                                                                      const trev *evs, uint32_t n,
-                                                                      uint16_t *miss,
-                                                                      uint32_t *used)
+static inline __attribute__((always_inline, target("avx2"))) uint32_t
+rowv_count_avx2(trrowv *v, const trev *evs, uint32_t n, uint16_t *miss)
 {
-    __m256i t = _mm256_loadu_si256((const __m256i *)(const void *)top), h = _mm256_setzero_si256();
+    __m256i t = _mm256_set_m128i(v->top[1], v->top[0]), h = _mm256_setzero_si256();
     uint32_t nm = 0;
     for (uint32_t j = 0; j < n; j++) {
         __m256i eq = _mm256_cmpeq_epi16(t, _mm256_broadcastsi128_si256(evs[j]));
@@ -150,10 +148,8 @@ static __attribute__((target("avx2"), noinline)) uint32_t row_count_avx2(uint16_
         miss[nm] = (uint16_t)j;
         nm += _mm256_movemask_epi8(eq) == 0;
     }
-    uint32_t k = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi16(t, _mm256_set1_epi16(-1)));
-    *used = k ? (uint32_t)__builtin_ctz(k) / 2 : TR_K; /* (TR_NOBODY lanes: a suffix) */
-    __m256i *tc = (__m256i *)(void *)(top + TR_K);
-    _mm256_storeu_si256(tc, _mm256_subs_epi16(_mm256_loadu_si256(tc), h));
+    v->tc[0] = _mm_subs_epi16(v->tc[0], _mm256_castsi256_si128(h));
+    v->tc[1] = _mm_subs_epi16(v->tc[1], _mm256_extracti128_si256(h, 1));
     return nm;
 }
 #endif
@@ -181,17 +177,6 @@ static inline uint32_t rowv_used(const trrowv *v)
     __m128i none = _mm_set1_epi16((short)TR_NOBODY);
     uint32_t k = (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(v->top[0], none)) |
                  (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(v->top[1], none)) << 16;
-    return k ? (uint32_t)__builtin_ctz(k) / 2 : TR_K;
-}
-
-/* the same of a row in memory (its experts' lanes) */
-static inline uint32_t row_used(const uint16_t *top)
-{
-    __m128i none = _mm_set1_epi16((short)TR_NOBODY);
-    __m128i t0 = _mm_loadu_si128((const __m128i *)(const void *)top);
-    __m128i t1 = _mm_loadu_si128((const __m128i *)(const void *)(top + 8));
-    uint32_t k = (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(t0, none)) |
-                 (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(t1, none)) << 16;
     return k ? (uint32_t)__builtin_ctz(k) / 2 : TR_K;
 }
 #else
@@ -263,58 +248,70 @@ static inline void rowv_terms(const uint16_t *tc, double w, double *term)
         term[i] = (double)tc[i] * w;
 }
 
-static inline uint32_t row_used(const uint16_t *top)
-{
-    uint32_t n = 0;
-    while (n < TR_K && top[n] != TR_NOBODY)
-        n++;
-    return n;
-}
-
 static inline uint32_t rowv_used(const trrowv *v)
 {
-    return row_used(v->top);
+    uint32_t n = 0;
+    while (n < TR_K && v->top[n] != TR_NOBODY)
+        n++;
+    return n;
 }
 #endif
 
 /* the visit's successors le[0..n) (distinct; evs: rowv_events) counted in
  * the row at top, its total *an up by one (both halved first when the
- * total is full); wide: row_count_avx2 counts */
-static inline void row_learn(uint16_t *top, uint16_t *an, const trev *evs, const uint16_t *le,
-                             uint32_t n, uint16_t *miss, int wide)
+ * total is full): first each that has a lane (count), then the others;
+ * returns the lanes used after */
+static inline __attribute__((always_inline)) uint32_t
+row_learn_in(uint16_t *top, uint16_t *an, const trev *evs, const uint16_t *le, uint32_t n,
+             uint16_t *miss, uint32_t (*count)(trrowv *, const trev *, uint32_t, uint16_t *))
 {
     uint16_t *tc = top + TR_K;
-    uint32_t used, nm;
     trrowv v;
+    rowv_load(&v, top, tc);
     if (*an == TR_CNT) { /* halve the row with its total: order kept */
-        rowv_load(&v, top, tc);
         rowv_halve(&v);
-        rowv_store(&v, top, tc);
         *an >>= 1;
     }
     *an = (uint16_t)(*an + 1);
-#if defined(TR_ROWS_AVX2)
-    if (wide) {
-        nm = row_count_avx2(top, evs, n, miss, &used);
-    } else
-#endif
-    {
-        (void)wide;
-        rowv_load(&v, top, tc);
-        used = rowv_used(&v);
-        nm = rowv_count(&v, evs, n, miss);
-        rowv_store(&v, top, tc);
-    }
-    if (used + nm <= TR_K) { /* new successors into unused lanes */
-        for (uint32_t j = 0; j < nm; j++) {
-            top[used + j] = le[miss[j]];
-            tc[used + j] = 1;
-        }
-    } else { /* not room for all: the others in order */
-        rowv_load(&v, top, tc);
+    uint32_t used = rowv_used(&v), nm = count(&v, evs, n, miss);
+    if (used + nm > TR_K) /* not room for all: the others in order */
         rowv_place(&v, evs, miss, nm, used);
-        rowv_store(&v, top, tc);
+    rowv_store(&v, top, tc);
+    if (used + nm > TR_K)
+        return TR_K;
+    for (uint32_t j = 0; j < nm; j++) { /* new successors into unused lanes */
+        top[used + j] = le[miss[j]];
+        tc[used + j] = 1;
     }
+    return used + nm;
+}
+
+static __attribute__((noinline)) uint32_t
+row_learn_narrow(uint16_t *top, uint16_t *an, const trev *evs, const uint16_t *le, uint32_t n,
+                 uint16_t *miss)
+{
+    return row_learn_in(top, an, evs, le, n, miss, rowv_count);
+}
+
+#if defined(TR_ROWS_AVX2)
+static __attribute__((target("avx2"), noinline)) uint32_t
+row_learn_avx2(uint16_t *top, uint16_t *an, const trev *evs, const uint16_t *le, uint32_t n,
+               uint16_t *miss)
+{
+    return row_learn_in(top, an, evs, le, n, miss, rowv_count_avx2);
+}
+#endif
+
+/* row_learn_in, its count in one AVX2 register where wide */
+static inline uint32_t row_learn(uint16_t *top, uint16_t *an, const trev *evs, const uint16_t *le,
+                                 uint32_t n, uint16_t *miss, int wide)
+{
+#if defined(TR_ROWS_AVX2)
+    if (wide)
+        return row_learn_avx2(top, an, evs, le, n, miss);
+#endif
+    (void)wide;
+    return row_learn_narrow(top, an, evs, le, n, miss);
 }
 
 #endif
