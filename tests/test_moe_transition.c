@@ -295,13 +295,13 @@ static ferry_moe_planner *planner_for(const ferry_moe_trace *t, const char *poli
 
 /* a layer asleep keeps its rows and routed sets only; woken, every
  * expert's cell is what it would be had the layer never slept: a
- * transition put to sleep (every 3rd layer awake) and woken every 37
- * steps against one that never sleeps, the same routes, cell for cell at
- * every step (layers asleep skipped), and all of them at each wake */
-static void transition_wakes_to_the_cells_it_would_have(void **state)
+ * transition put to sleep (every 3rd layer awake) and woken every
+ * `period` steps against one that never sleeps, the same routes, cell for
+ * cell at every step (layers asleep skipped), and all of them at each
+ * wake. Returns the wakes. */
+static size_t sleep_and_wake(uint32_t tokens, size_t period)
 {
-    (void)state;
-    ferry_moe_trace *t = ft_moe_gen("qwen3-30b-a3b", 96, 5);
+    ferry_moe_trace *t = ft_moe_gen("qwen3-30b-a3b", tokens, 5);
     uint32_t slots = ft_moe_share(t, 12.5);
     ferry_moe_planner *awake = planner_for(t, "transition", slots);
     ferry_moe_planner *sleepy = planner_for(t, "transition", slots);
@@ -318,7 +318,7 @@ static void transition_wakes_to_the_cells_it_would_have(void **state)
         long d = ferry__transition_cells_differ(a, z);
         if (d != 0)
             fail_msg("step %zu: %ld cells differ from the policy that never slept", i, d);
-        if (i % 37 == 36) {
+        if (i % period == period - 1) {
             FT_ASSERT_OK(ferry__transition_sleep(z, 0)); /* all awake: all compared */
             if ((d = ferry__transition_cells_differ(a, z)) != 0)
                 fail_msg("woken at step %zu: %ld cells differ", i, d);
@@ -326,12 +326,53 @@ static void transition_wakes_to_the_cells_it_would_have(void **state)
             FT_ASSERT_OK(ferry__transition_sleep(z, 3));
         }
     }
-    print_message("%zu wakes, no cell differed\n", wakes);
-    assert_true(wakes > 50);
-    assert_int_equal(ferry__transition_sleep(NULL, 3), -EINVAL);
     ferry_moe_planner_destroy(awake);
     ferry_moe_planner_destroy(sleepy);
     ferry_moe_trace_destroy(t);
+    return wakes;
+}
+
+static void transition_wakes_to_the_cells_it_would_have(void **state)
+{
+    (void)state;
+    /* woken often: a layer sleeps through a visit or two */
+    size_t wakes = sleep_and_wake(96, 37);
+    print_message("%zu wakes, no cell differed\n", wakes);
+    assert_true(wakes > 50);
+    /* woken every 20.8 visits of a layer (48 layers): a sleeping layer's
+     * rows, learned in batches of 16 visits, have visits pending at most
+     * wakes and a batch behind them */
+    wakes = sleep_and_wake(400, 997);
+    print_message("%zu long sleeps, no cell differed\n", wakes);
+    assert_true(wakes >= 19);
+    assert_int_equal(ferry__transition_sleep(NULL, 3), -EINVAL);
+}
+
+/* the rows counted with AVX2 (where the processor has it) and with SSE2
+ * alone give the same counts: the same hits for transition and auto */
+static void transition_rows_count_the_same_narrow(void **state)
+{
+    (void)state;
+    const char *models[] = {"deepseek-v3", "mixtral-8x7b"};
+    for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
+        ferry_moe_trace *t = ft_moe_gen(models[i], 300, 7);
+        uint32_t slots = ft_moe_share(t, 12.5);
+        const char *pol[] = {"transition", "auto"};
+        for (size_t j = 0; j < 2; j++) {
+            ferry_moe_replay_result w, nr;
+            FT_ASSERT_OK(ferry_moe_replay(t, pol[j], slots, 0, &w));
+            ferry__transition_narrow = 1;
+            int rc = ferry_moe_replay(t, pol[j], slots, 0, &nr);
+            ferry__transition_narrow = 0;
+            FT_ASSERT_OK(rc);
+            print_message("%s %s: %llu hits (SSE2: %llu)\n", models[i], pol[j],
+                          (unsigned long long)w.hits, (unsigned long long)nr.hits);
+            assert_int_equal(w.hits, nr.hits);
+            assert_int_equal(w.misses, nr.misses);
+            assert_int_equal(w.evictions, nr.evictions);
+        }
+        ferry_moe_trace_destroy(t);
+    }
 }
 
 int main(void)
@@ -345,6 +386,7 @@ int main(void)
         cmocka_unit_test(transition_lists_choose_as_the_scan),
         cmocka_unit_test(transition_work_does_not_grow_with_slots),
         cmocka_unit_test(transition_wakes_to_the_cells_it_would_have),
+        cmocka_unit_test(transition_rows_count_the_same_narrow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -235,6 +235,9 @@ int ferry__transition_follow(ferry__policy *p, ferry__policy *lead);
  * checked against a scan of all its slots by the same rule; turning it on
  * zeroes the counts of victims checked and of those that differed */
 void ferry__transition_verify(int on);
+/* (tests) non-zero: transition policies created from now count their rows
+ * with SSE2 even where the processor has AVX2 (the same counts) */
+extern int ferry__transition_narrow;
 void ferry__transition_verified(uint64_t *checked, uint64_t *mismatched);
 /* a transition policy's layers that are not a multiple of stride (> 1)
  * sleep from their next visit: they keep learning their rows and routed

@@ -435,7 +435,8 @@ static void au_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, u
 static void au_hit(ferry__policy *p, uint32_t slot, uint32_t id)
 {
     autop *s = (autop *)p;
-    for (uint32_t i = 0; i < s->nsub; i++)
+    ll_hit(s->sub[0], slot, id); /* (sub[0] is lru_list: a call inlined) */
+    for (uint32_t i = 1; i < s->nsub; i++)
         s->sub[i]->ops->hit(s->sub[i], slot, id);
 }
 

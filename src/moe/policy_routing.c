@@ -950,13 +950,17 @@ static void layer_sleep_step(routing *s, uint32_t m, const uint32_t *ids, uint32
         s->asleep[m] = 1;
     }
     s->turn_tok[m] = tok;
-    stepv v;
-    stepv_init(&v, s, m, tok);
+    stepv v; /* (no moves: the features' fields alone) */
+    v.base = m * s->base.env.num_experts;
+    v.x = s->x + v.base;
+    v.m = m;
+    v.tok = tok;
     routed_step(s, &v, ids, n, 0);
     for (uint32_t j = 0; j < n; j++) { /* (order within a cell: a wake's) */
         uint32_t slot = s->base.env.where[ids[j]];
         if (slot != FERRY_MOE_NONE && s->scell[slot] == CELL_NONE)
-            list_move(v.lk, v.scell, v.ht, v.bm, v.rank, slot, v.x[ids[j] - v.base].cell);
+            list_move(s->lk, s->scell, s->ht + (size_t)m * CELLS * 2, s->bm + (size_t)m * BMW,
+                      s->rank, slot, v.x[ids[j] - v.base].cell);
     }
     if (s->n_parked)
         unpark(s, m);

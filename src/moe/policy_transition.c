@@ -97,6 +97,10 @@ static const double tr_edges[TR_NQ - 1] = {0.01, 0.02, 0.03, 0.05, 0.07, 0.10, 0
 #define NIL UINT32_MAX
 #define CELL_NONE UINT16_MAX
 
+#include "moe/ss_rows.h"
+
+int ferry__transition_narrow; /* (tests) set: SSE2 rows where AVX2 is too */
+
 /* ---- the order over a set of slots: per (layer, cell) a list of its
  * residents, the least recently touched (filed, moved in, used) first;
  * per layer the cached least ---- */
@@ -149,6 +153,7 @@ typedef struct trans {
     uint16_t *uset;                  /* [L][E] the last visit's tracked experts */
     uint32_t *un;                    /* [L] */
     int32_t *nprev;                  /* [L] experts of the last visit, -1 before it */
+    uint32_t *lv;                    /* [L] the last visit whose transitions are learned */
     /* transitions */
     uint16_t *An;                    /* [L][E] */
     uint16_t *lanes;                 /* [L][E] rows of TR_K experts then TR_K counts:
@@ -167,6 +172,7 @@ typedef struct trans {
     uint64_t visits, pgen;
     uint32_t sleep_stride;           /* > 1: layers not a multiple of it may sleep */
     uint8_t *asleep;                 /* [L] */
+    int wide;                        /* the rows counted with AVX2 (row_learn) */
     trwk *wk;                        /* [slots] a wake's scratch */
 } trans;
 
@@ -323,8 +329,8 @@ static void ord_flush(trord *o, const struct trx *x, const uint32_t *occupant, u
 size_t ferry__transition_bytes(uint32_t num_layers, uint32_t num_experts)
 {
     /* per id: its row's lanes, its place in the ring of routed sets, what
-     * is known of it, its row's total, its place in the tracked set, and
-     * its row's lanes used */
+     * is known of it, its last use, its row's total, its place in the
+     * tracked set and its row's lanes used */
     size_t per_id = TR_K * 2 * sizeof(uint16_t) + TR_RING * sizeof(uint16_t) + sizeof(trx) +
                     sizeof(uint64_t) + 2 * sizeof(uint16_t) + 1;
     return (size_t)num_layers * num_experts * per_id;
@@ -335,8 +341,8 @@ static void tr_fini(ferry__policy *p)
     trans *s = (trans *)p;
     ord_fini(&s->o);
     void *arr[] = {s->x, s->last, s->V, s->asleep, s->wk,    s->lt,   s->cc,    s->ccnz,
-                   s->ring, s->ring_n, s->ring_v, s->uset, s->un, s->nprev, s->An,
-                   s->tn,   s->acc, s->wr,  s->umark, s->emark, s->ev, s->tk, s->miss, s->qv};
+                   s->ring, s->ring_n, s->ring_v, s->uset, s->un, s->nprev, s->lv, s->An, s->tn,
+                   s->acc, s->wr,  s->umark, s->emark, s->ev, s->tk, s->miss, s->qv};
     for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
         ferry__free(arr[i]);
     ferry__free(s->lanes);
@@ -356,6 +362,9 @@ static int tr_init(ferry__policy *p)
         return -EINVAL;
     size_t ids = (size_t)L * E;
     s->k = p->env.top_k;
+#if defined(TR_ROWS_AVX2)
+    s->wide = !ferry__transition_narrow && __builtin_cpu_supports("avx2");
+#endif
     s->x = ferry__calloc(ids, sizeof *s->x);
     s->last = ferry__calloc(ids, sizeof *s->last);
     s->V = ferry__calloc(L, sizeof *s->V);
@@ -370,11 +379,12 @@ static int tr_init(ferry__policy *p)
     s->uset = ferry__malloc(ids * sizeof *s->uset);
     s->un = ferry__calloc(L, sizeof *s->un);
     s->nprev = ferry__malloc((size_t)L * sizeof *s->nprev);
+    s->lv = ferry__calloc(L, sizeof *s->lv);
     s->An = ferry__calloc(ids, sizeof *s->An);
+    s->tn = ferry__calloc(ids, sizeof *s->tn);
     s->lanes = ferry__aligned_alloc(64, ids * TR_ROW * sizeof *s->lanes);
     s->evv = ferry__aligned_alloc(64, (size_t)E * 16);
     s->tq = ferry__malloc(((size_t)2 * E + 1) * sizeof *s->tq);
-    s->tn = ferry__calloc(ids, sizeof *s->tn);
     s->acc = ferry__calloc(E, sizeof *s->acc);
     s->wr = ferry__malloc((size_t)E * sizeof *s->wr);
     s->umark = ferry__calloc(E, sizeof *s->umark);
@@ -385,7 +395,7 @@ static int tr_init(ferry__policy *p)
     s->miss = ferry__malloc(((size_t)E + 1) * sizeof *s->miss); /* (+1: a branchless append) */
     if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->last || !s->V || !s->asleep || !s->wk ||
         !s->lt || !s->cc || !s->ccnz || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
-        !s->un || !s->nprev || !s->An || !s->lanes || !s->evv || !s->tq || !s->tn || !s->acc || !s->wr ||
+        !s->un || !s->nprev || !s->lv || !s->An || !s->tn || !s->lanes || !s->evv || !s->tq || !s->acc || !s->wr ||
         !s->umark || !s->emark || !s->ev || !s->tk || !s->miss || !s->qv) {
         tr_fini(p);
         return -ENOMEM;
@@ -396,7 +406,6 @@ static int tr_init(ferry__policy *p)
     memset(s->uset, 0, ids * sizeof *s->uset);
     memset(s->last, 0, ids * sizeof *s->last); /* (zero already: the pages) */
     memset(s->An, 0, ids * sizeof *s->An);
-    memset(s->tn, 0, ids * sizeof *s->tn);
     memset(s->cc, 0, (size_t)L * TR_NC * sizeof *s->cc);
     memset(s->o.key, 0, (size_t)p->env.slots * sizeof *s->o.key);
     for (size_t i = 0; i < ids; i++) { /* no expert (TR_NOBODY), count 0 */
@@ -501,39 +510,53 @@ static void refresh_p(trans *s)
     s->pgen++; /* every layer's least is of the old p */
 }
 
-#include "moe/ss_rows.h"
-
-/* the transitions from layer l's last visit to this one's routes */
-static void learn_transitions(trans *s, uint32_t l, const uint16_t *le, uint32_t n)
+/* the transitions from a visit of layer l (its routed set prev[0..np))
+ * to the next one's routes le[0..n) */
+static void learn_transitions(trans *s, uint32_t l, const uint16_t *le, uint32_t n,
+                              const uint16_t *prev, int32_t np)
 {
-    uint32_t E = s->base.env.num_experts;
-    size_t b = (size_t)l * E;
-    /* (locals: a store to tn, a char, would have every field read again) */
+    size_t b = (size_t)l * s->base.env.num_experts;
+    /* (locals: a store to a count would have every field read again) */
     uint16_t *An = s->An + b, *lanes = s->lanes + b * TR_ROW, *miss = s->miss;
-    uint8_t *tn = s->tn + b;
-    const uint16_t *prev = s->ring + ((size_t)l * TR_RING + (s->V[l] - 1) % TR_RING) * E;
-    int32_t np = s->nprev[l];
     trev *evs = s->evv;
+    int wide = s->wide;
     rowv_events(le, n, evs);
-    for (int32_t i = 0; i < np; i++) {
-        uint32_t r = prev[i];
-        uint16_t *top = lanes + (size_t)r * TR_ROW, *tc = top + TR_K;
-        trrowv v;
-        rowv_load(&v, top, tc);
-        if (An[r] == TR_CNT) { /* halve the row with its total: order kept */
-            rowv_halve(&v);
-            An[r] >>= 1;
-        }
-        An[r] = (uint16_t)(An[r] + 1);
-        uint32_t used = tn[r], app = rowv_visit(&v, evs, n, used, miss);
-        rowv_store(&v, top, tc);
-        for (uint32_t j = 0; j < app; j++) { /* new successors into unused lanes */
-            top[used + j] = le[miss[j]];
-            tc[used + j] = 1;
-        }
-        tn[r] = (uint8_t)(app ? used + app : rowv_used(&v));
-    }
+    uint8_t *tn = s->tn + b;
+    for (int32_t i = 0; i < np; i++)
+        tn[prev[i]] = (uint8_t)row_learn(lanes + (size_t)prev[i] * TR_ROW, &An[prev[i]], evs, le,
+                                         n, miss, wide);
     s->o.ops += (uint64_t)n * (uint32_t)(np > 0 ? np : 0);
+}
+
+/* the rows layer l's visit u + 1 counts in: its visit u's set's */
+static void prefetch_rows(const trans *s, uint32_t l, uint32_t u)
+{
+    size_t a = (size_t)l * TR_RING + u % TR_RING, b = (size_t)l * s->base.env.num_experts;
+    const uint16_t *set = s->ring + a * s->base.env.num_experts;
+    for (uint32_t i = 0; i < s->ring_n[a]; i++) {
+        TR_PREFETCH(s->lanes + (b + set[i]) * TR_ROW);
+        TR_PREFETCH(s->An + b + set[i]);
+    }
+}
+
+/* layer l's transitions of the visits after lv[l] through its last,
+ * learned now from the ring, in order (a sleeping layer's, in batches:
+ * see "sleep"); each visit's rows asked for a visit ahead */
+static void learn_pending(trans *s, uint32_t l)
+{
+    uint32_t E = s->base.env.num_experts, V = s->V[l];
+    if (s->lv[l] >= 1 && s->lv[l] + 1 < V)
+        prefetch_rows(s, l, s->lv[l]);
+    for (uint32_t u = s->lv[l] + 1; u <= V; u++) {
+        if (u < V)
+            prefetch_rows(s, l, u);
+        if (u < 2)
+            continue; /* (the first visit follows none) */
+        size_t a = (size_t)l * TR_RING + (u - 1) % TR_RING, c = (size_t)l * TR_RING + u % TR_RING;
+        learn_transitions(s, l, s->ring + c * E, s->ring_n[c], s->ring + a * E,
+                          (int32_t)s->ring_n[a]);
+    }
+    s->lv[l] = V;
 }
 
 /* the rows the next layer's visit will count in (its last routed set's:
@@ -542,6 +565,8 @@ static void prefetch_next_rows(const trans *s, uint32_t layer)
 {
     uint32_t E = s->base.env.num_experts, L = s->base.env.num_layers, l = layer + 1 == L ? 0 : layer + 1;
     const uint16_t *pv = s->ring + ((size_t)l * TR_RING + (s->V[l] % TR_RING)) * E;
+    if (s->sleep_stride && l % s->sleep_stride)
+        return; /* asleep: its rows are learned in a batch */
     for (int32_t i = 0; i < s->nprev[l]; i++) {
         size_t ri = (size_t)l * E + pv[i];
         TR_PREFETCH(s->lanes + ri * TR_ROW);
@@ -633,7 +658,8 @@ static uint32_t tracked_set(trans *s, uint32_t l, const uint16_t *le, uint32_t n
         /* acc is all zero between visits (a lane's count is at least 1,
          * and a sum of positive terms is never -0): a candidate is listed
          * once, at its first term, without a branch */
-        for (uint32_t i = 0, tn = s->tn[ri]; i < tn; i++) {
+        uint32_t tn = s->tn[ri];
+        for (uint32_t i = 0; i < tn; i++) {
             uint32_t e = top[i];
             double a = acc[e];
             uint64_t bits;
@@ -642,7 +668,7 @@ static uint32_t tracked_set(trans *s, uint32_t l, const uint16_t *le, uint32_t n
             nc += bits == 0;
             acc[e] = a + term[i];
         }
-        s->o.ops += s->tn[ri];
+        s->o.ops += tn;
     }
     double kk = s->k ? (double)s->k : (double)n, base = wsum * kk / E, inv = 1.0 / n;
     uint32_t *umark = s->umark, stamp = s->stamp;
@@ -679,9 +705,11 @@ static void tr_end_visit(trans *s, uint32_t layer)
 
 /* ---- sleep: a layer whose cells no one reads (auto's transition while
  * another policy leads, on the layers its shadow does not sample) keeps
- * learning its rows and its ring of routed sets, and nothing else: no
- * events, no bins, no cells, no counts for the p. Waking it rebuilds
- * every expert's cell from the ring and the rows, as the visits it slept
+ * its ring of routed sets and learns its rows from it (learn_pending: 16
+ * visits at a time, before the ring forgets a set they need, and at its
+ * wake: the same counts in the same order), and nothing else: no events,
+ * no bins, no cells, no counts for the p. Waking it rebuilds every
+ * expert's cell from the ring and the rows, as the visits it slept
  * through would have left it (the rows are the same: they never slept);
  * only the p have learned from the layers awake meanwhile. ---- */
 
@@ -708,6 +736,7 @@ static void layer_wake(trans *s, uint32_t l)
 {
     uint32_t E = s->base.env.num_experts, V = s->V[l];
     size_t b = (size_t)l * E;
+    learn_pending(s, l);
     for (uint32_t e = 0; e < E; e++) {
         s->x[b + e].hist = 0;
         s->x[b + e].hv = V;
@@ -787,14 +816,14 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
         uint32_t e = ids[j] - (uint32_t)b;
         le[j] = (uint16_t)(e < E ? e : ids[j] % E);
     }
-    if (s->sleep_stride && layer % s->sleep_stride) { /* asleep: the rows and ring only */
+    s->ring_n[rr] = n;
+    s->ring_v[rr] = V;
+    s->nprev[layer] = (int32_t)n;
+    if (s->sleep_stride && layer % s->sleep_stride) { /* asleep: the ring, the rows in batches */
         if (!s->asleep[layer])
             layer_sleep(s, layer);
-        if (s->nprev[layer] >= 0)
-            learn_transitions(s, layer, le, n);
-        s->ring_n[rr] = n;
-        s->ring_v[rr] = V;
-        s->nprev[layer] = (int32_t)n;
+        if (V - s->lv[layer] >= TR_RING - 1) /* before the ring forgets a set they need */
+            learn_pending(s, layer);
         tr_end_visit(s, layer);
         return 0;
     }
@@ -803,8 +832,7 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
     mv_init(&mv, s, layer);
     for (uint32_t j = 0; j < n; j++) /* routed now, counted in the cells of before */
         s->kG[s->x[b + le[j]].cell] += 1;
-    if (s->nprev[layer] >= 0)
-        learn_transitions(s, layer, le, n);
+    learn_pending(s, layer); /* (this visit's alone) */
     /* history events: routed now, at the last visit, 16 visits ago */
     uint32_t nev = 0, nold = s->un[layer], nu = 0;
     uint16_t *us = s->uset + b, *tk = s->tk, *ev = s->ev;
@@ -821,9 +849,6 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
         for (uint32_t i = 0; i < s->ring_n[ri]; i++)
             ev_add(ev, emark, stamp, set[i], &nev);
     }
-    s->ring_n[rr] = n;
-    s->ring_v[rr] = V;
-    s->nprev[layer] = (int32_t)n;
     uint32_t ntk = tracked_set(s, layer, le, n, tk);
     /* each history event's history brought to this visit, the routed bit
      * set, then its new cell */
