@@ -522,6 +522,68 @@ static FERRY__ALWAYS_INLINE void tile_retrieve(const xtile *t, uint64_t run, uns
             ferry__copy_part((unsigned char *)(uintptr_t)(t->eng[0] + h * t->hs + len) - have[h],
                              tail[h], have[h]);
 }
+
+/* a whole block whose heads lie back to back in the engine's buffer
+ * (HND's or packed K|V's blocks of block_tokens rows: heads * rows * np
+ * runs, one stretch) into it (a retrieve), in the image's order as
+ * tile_retrieve; NP planes (1, or 2 whose rows interleave), RUN a
+ * multiple of 64, FA where in its line the block (and so every run)
+ * starts, a multiple of 16. The run before each in the engine's order is
+ * known without keeping it: the same head's previous plane or row, or
+ * for a head's first run the previous head's last row, read last; so a
+ * line that two runs share is joined from both sources with no table:
+ * about half tile_retrieve's work around each run, which with runs of a
+ * line (head_dim 32 at bf16) kept it below NHD's rate where memory is
+ * fast. The block's first and last parts are written as parts */
+static FERRY__ALWAYS_INLINE void tile_retrieve_whole(const xtile *t, unsigned np, uint64_t run,
+                                                     unsigned fa)
+{
+    unsigned char *e = (unsigned char *)(uintptr_t)t->eng[0];
+    const unsigned char *i0 = t->img[0], *i1 = np > 1 ? t->img[1] : t->img[0];
+    const uint64_t tb = t->tb, hs = t->hs, rows = t->rows, lead = fa ? 64 - fa : 0;
+    for (uint64_t r = 0; r < rows; r++) {
+        unsigned char *d = e + r * np * run;
+        const unsigned char *s0 = i0 + r * tb, *s1 = i1 + r * tb;
+        for (uint32_t h = 0; h < t->heads; h++, d += hs, s0 += run, s1 += run)
+            for (unsigned p = 0; p < np; p++) {
+                unsigned char *dp = d + p * run;
+                const unsigned char *s = p ? s1 : s0;
+                if (fa && (r || p)) /* the line it shares with the run before */
+                    ferry__copy_line_join(dp - fa, (p ? s0 : (np > 1 ? s1 : s0) - tb) + run - fa,
+                                          fa, s);
+                for (uint64_t o = lead; o + 64 <= run; o += 64)
+                    ferry__copy_line_nt(dp + o, s + o);
+            }
+    }
+    if (!fa)
+        return;
+    const unsigned char *last = i1 + (rows - 1) * tb + run - fa; /* (of head 0) */
+    for (uint32_t h = 1; h < t->heads; h++)
+        ferry__copy_line_join(e + h * hs - fa, last + (h - 1) * run, fa, i0 + h * run);
+    ferry__copy_part(e, i0, lead);
+    ferry__copy_part(e + t->heads * hs - fa, last + (t->heads - 1) * run, fa);
+}
+
+/* tile_retrieve_whole with its constants (1 where it does not apply) */
+static int tile_retrieve_whole_any(const xtile *t)
+{
+    unsigned fa = (unsigned)(t->eng[0] & 63);
+    if (t->run % 64 || fa % 16 || t->np < 1 || t->hs != t->rows * t->ts)
+        return 1;
+#define TRW(np_, fa_)                                                                             \
+    case (np_) * 64 + (fa_):                                                                      \
+        if (t->run == 64)                                                                         \
+            tile_retrieve_whole(t, np_, 64, fa_);                                                 \
+        else                                                                                      \
+            tile_retrieve_whole(t, np_, t->run, fa_);                                             \
+        return 0;
+    switch (t->np * 64 + fa) {
+        TRW(1, 0) TRW(1, 16) TRW(1, 32) TRW(1, 48)
+        TRW(2, 0) TRW(2, 16) TRW(2, 32) TRW(2, 48)
+    }
+#undef TRW
+    return 1;
+}
 #endif
 
 /* a block of a cache whose heads lie apart (HND, packed K|V) copied whole
@@ -552,6 +614,8 @@ static int xtile_run(void *ctx, const xtile *t)
     if (t->run < 64 || ((t->eng[0] | t->hs) & 15) || t->ts != t->np * t->run ||
         (t->np > 1 && t->eng[1] != t->eng[0] + t->run))
         return 1;
+    if (!tile_retrieve_whole_any(t))
+        return 0;
     unsigned fa = (t->run | t->hs) % 64 ? 64 : (unsigned)(t->eng[0] & 63);
     if (t->run == 64) /* (the compiler's own copy for each place in a line) */
         switch (fa) {
