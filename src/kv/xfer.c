@@ -21,8 +21,13 @@
  * Such a block is copied whole (xtile: tile_store, tile_retrieve) rather
  * than run by run: with runs of 64 bytes (head_dim 32 at bf16) the work
  * around each run (a call, a search of the lines table) cost more than
- * its copy. A retrieve keeps one part of a line per head, which the
- * head's next run finishes; a store fetches the next block ahead.
+ * its copy. A retrieve of a whole block whose heads lie back to back
+ * (tile_retrieve_whole: HND's, packed K|V's) joins each line that two
+ * runs share straight from their two sources, the run before known from
+ * the indices, and holds the block's last part for the next block where
+ * that one follows in memory; a block that a chunk splits keeps one part
+ * of a line per head, which the head's next run finishes. A store
+ * fetches the next block ahead.
  *
  * Invariant: a buffer is validated whole (layout, capacity, every block id
  * the request touches) before the first byte moves, so a bad request never
@@ -548,10 +553,13 @@ static FERRY__ALWAYS_INLINE void tile_retrieve(const xtile *t, uint64_t run, uns
  * starts, a multiple of 16. The run before each in the engine's order is
  * known without keeping it: the same head's previous plane or row, or
  * for a head's first run the previous head's last row, read last; so a
- * line that two runs share is joined from both sources with no table:
- * about half tile_retrieve's work around each run, which with runs of a
- * line (head_dim 32 at bf16) kept it below NHD's rate where memory is
- * fast. The block's first and last parts are written as parts */
+ * line that two runs share is joined from both sources with no per-head
+ * slots to read and write: with runs of a line (head_dim 32 at bf16),
+ * tile_retrieve's work around each run held it below NHD's rate where
+ * memory was fast. The block's first part finishes the line that the block before
+ * left in pe where that one ends right here (blocks that follow each
+ * other in memory), else goes as a part; its last part is left in pe
+ * (xpend_flush writes it) */
 static FERRY__ALWAYS_INLINE void tile_retrieve_whole(const xtile *t, xpend *pe, unsigned np,
                                                      uint64_t run, unsigned fa)
 {
