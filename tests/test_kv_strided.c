@@ -262,8 +262,12 @@ static void streamed_copies(void)
         {2, 1, 32, 16, 40, 256, 512, 0}, /* one head */
         {2, 2, 64, 16, 48, 128, 384, 0}, /* two heads of 128 bytes */
         {2, 5, 48, 6, 60, 70, 210, 0},   /* runs of 96 bytes, 5 heads */
+        /* runs of a line, 8 heads, blocks of 16: whole blocks (HND's
+         * and packed K|V's one stretch each, joined run to run) and
+         * halves (chunks of 40 tokens end inside a block) */
+        {2, 8, 32, 16, 40, 40, 160, 0},
     };
-    static const unsigned offsets[] = {0, 2, 16, 48, 62};
+    static const unsigned offsets[] = {0, 2, 16, 32, 48, 62};
     for (size_t g = 0; g < sizeof geos / sizeof geos[0]; g++)
         for (size_t o = 0; o < sizeof offsets / sizeof offsets[0]; o++) {
             G = geos[g];

@@ -164,18 +164,26 @@ static inline __attribute__((always_inline)) void ferry__copy_line_nt(unsigned c
 }
 
 /* the line at 64-byte aligned d made of held's bytes [0, a) and s's
- * [a, 64), streamed whole (inlined: where the caller's a is a constant,
+ * [a, 64) (0 < a < 64), streamed whole (inlined: where the caller's a is a constant,
  * the join is four loads and four stores) */
 static inline __attribute__((always_inline)) void
 ferry__copy_line_join(unsigned char *d, const unsigned char *held, unsigned a,
                       const unsigned char *s)
 {
-    if (!(a & 15)) { /* (16-byte parts: streamed straight from where they are) */
-        for (unsigned o = 0; o < 64; o += 16) {
-            const unsigned char *from = o < a ? held + o : s + (o - a);
-            _mm_stream_si128((__m128i *)(void *)(d + o),
-                             _mm_loadu_si128((const __m128i *)(const void *)from));
-        }
+    if (!(a & 15)) { /* (16-byte parts: streamed straight from where they are, the
+                      * words written out: a loop, which the compiler kept, cost
+                      * a branch a word) */
+        const unsigned char *f1 = a > 16 ? held + 16 : s + 16 - a;
+        const unsigned char *f2 = a > 32 ? held + 32 : s + 32 - a;
+        const unsigned char *f3 = a > 48 ? held + 48 : s + 48 - a;
+        __m128i w0 = _mm_loadu_si128((const __m128i *)(const void *)held);
+        __m128i w1 = _mm_loadu_si128((const __m128i *)(const void *)f1);
+        __m128i w2 = _mm_loadu_si128((const __m128i *)(const void *)f2);
+        __m128i w3 = _mm_loadu_si128((const __m128i *)(const void *)f3);
+        _mm_stream_si128((__m128i *)(void *)d, w0);
+        _mm_stream_si128((__m128i *)(void *)(d + 16), w1);
+        _mm_stream_si128((__m128i *)(void *)(d + 32), w2);
+        _mm_stream_si128((__m128i *)(void *)(d + 48), w3);
         return;
     }
     unsigned char line[64];

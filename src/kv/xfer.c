@@ -21,8 +21,13 @@
  * Such a block is copied whole (xtile: tile_store, tile_retrieve) rather
  * than run by run: with runs of 64 bytes (head_dim 32 at bf16) the work
  * around each run (a call, a search of the lines table) cost more than
- * its copy. A retrieve keeps one part of a line per head, which the
- * head's next run finishes; a store fetches the next block ahead.
+ * its copy. A retrieve of a whole block whose heads lie back to back
+ * (tile_retrieve_whole: HND's, packed K|V's) joins each line that two
+ * runs share straight from their two sources, the run before known from
+ * the indices, and holds the block's last part for the next block where
+ * that one follows in memory; a block that a chunk splits keeps one part
+ * of a line per head, which the head's next run finishes. A store
+ * fetches the next block ahead.
  *
  * Invariant: a buffer is validated whole (layout, capacity, every block id
  * the request touches) before the first byte moves, so a bad request never
@@ -369,6 +374,21 @@ int ferry__kv_xfer_walk(const ferry_kv_buffer *buf, uint32_t chunk_tokens, uint6
                        NULL, NULL, ctx);
 }
 
+/* the last part of a line that a whole block (tile_retrieve_whole) left,
+ * written when the next block does not continue it (n: 0, none) */
+typedef struct xpend {
+    unsigned char *d;
+    const unsigned char *s;
+    unsigned n;
+} xpend;
+
+static inline void xpend_flush(xpend *pe)
+{
+    if (pe->n)
+        ferry__copy_part(pe->d, pe->s, pe->n);
+    pe->n = 0;
+}
+
 /* a chunk's runs as one batch of device copies */
 typedef struct xctx {
     const ferry_kv_buffer *buf;
@@ -377,6 +397,7 @@ typedef struct xctx {
     int join;        /* (stream) parts of lines joined across runs (lines): more than two
                       * heads, whose parts the processor's own write combining loses */
     ferry__copy_lines lines; /* (stream) the parts of lines its runs leave */
+    xpend pend;              /* (stream) and the last whole block's */
     ferry_copy *c;
     size_t n, cap;
     ferry_copy local[128];
@@ -392,6 +413,7 @@ static FERRY__ALWAYS_INLINE int xrun(void *ctx, uint64_t addr, unsigned char *im
          * strided cache's heads) streams each run too */
         void *dst = x->to_chunk ? (void *)img : (void *)(uintptr_t)addr;
         const void *src = x->to_chunk ? (const void *)(uintptr_t)addr : (const void *)img;
+        xpend_flush(&x->pend);
         if (x->join)
             ferry__copy_lines_run(&x->lines, dst, src, len);
         else if (x->stream && len < FERRY__COPY_STREAM_MIN)
@@ -522,6 +544,78 @@ static FERRY__ALWAYS_INLINE void tile_retrieve(const xtile *t, uint64_t run, uns
             ferry__copy_part((unsigned char *)(uintptr_t)(t->eng[0] + h * t->hs + len) - have[h],
                              tail[h], have[h]);
 }
+
+/* a whole block whose heads lie back to back in the engine's buffer
+ * (HND's or packed K|V's blocks of block_tokens rows: heads * rows * np
+ * runs, one stretch) into it (a retrieve), in the image's order as
+ * tile_retrieve; NP planes (1, or 2 whose rows interleave), RUN a
+ * multiple of 64, FA where in its line the block (and so every run)
+ * starts, a multiple of 16. The run before each in the engine's order is
+ * known without keeping it: the same head's previous plane or row, or
+ * for a head's first run the previous head's last row, read last; so a
+ * line that two runs share is joined from both sources with no per-head
+ * slots to read and write: with runs of a line (head_dim 32 at bf16),
+ * tile_retrieve's work around each run held it below NHD's rate where
+ * memory was fast. The block's first part finishes the line that the block before
+ * left in pe where that one ends right here (blocks that follow each
+ * other in memory), else goes as a part; its last part is left in pe
+ * (xpend_flush writes it) */
+static FERRY__ALWAYS_INLINE void tile_retrieve_whole(const xtile *t, xpend *pe, unsigned np,
+                                                     uint64_t run, unsigned fa)
+{
+    unsigned char *e = (unsigned char *)(uintptr_t)t->eng[0];
+    const unsigned char *i0 = t->img[0], *i1 = np > 1 ? t->img[1] : t->img[0];
+    const uint64_t tb = t->tb, hs = t->hs, rows = t->rows, lead = fa ? 64 - fa : 0;
+    if (fa && pe->n == fa && pe->d + fa == e) { /* continues the block before */
+        ferry__copy_line_join(e - fa, pe->s, fa, i0);
+        pe->n = 0;
+    } else {
+        xpend_flush(pe);
+        if (fa)
+            ferry__copy_part(e, i0, lead);
+    }
+    for (uint64_t r = 0; r < rows; r++) {
+        unsigned char *d = e + r * np * run;
+        const unsigned char *s0 = i0 + r * tb, *s1 = i1 + r * tb;
+        for (uint32_t h = 0; h < t->heads; h++, d += hs, s0 += run, s1 += run)
+            for (unsigned p = 0; p < np; p++) {
+                unsigned char *dp = d + p * run;
+                const unsigned char *s = p ? s1 : s0;
+                if (fa && (r || p)) /* the line it shares with the run before */
+                    ferry__copy_line_join(dp - fa, (p ? s0 : (np > 1 ? s1 : s0) - tb) + run - fa,
+                                          fa, s);
+                for (uint64_t o = lead; o + 64 <= run; o += 64)
+                    ferry__copy_line_nt(dp + o, s + o);
+            }
+    }
+    if (!fa)
+        return;
+    const unsigned char *last = i1 + (rows - 1) * tb + run - fa; /* (of head 0) */
+    for (uint32_t h = 1; h < t->heads; h++)
+        ferry__copy_line_join(e + h * hs - fa, last + (h - 1) * run, fa, i0 + h * run);
+    *pe = (xpend){e + t->heads * hs - fa, last + (t->heads - 1) * run, fa};
+}
+
+/* tile_retrieve_whole with its constants (1 where it does not apply) */
+static int tile_retrieve_whole_any(const xtile *t, xpend *pe)
+{
+    unsigned fa = (unsigned)(t->eng[0] & 63);
+    if (t->run % 64 || fa % 16 || t->np < 1 || t->hs != t->rows * t->ts)
+        return 1;
+#define TRW(np_, fa_)                                                                             \
+    case (np_) * 64 + (fa_):                                                                      \
+        if (t->run == 64)                                                                         \
+            tile_retrieve_whole(t, pe, np_, 64, fa_);                                             \
+        else                                                                                      \
+            tile_retrieve_whole(t, pe, np_, t->run, fa_);                                         \
+        return 0;
+    switch (t->np * 64 + fa) {
+        TRW(1, 0) TRW(1, 16) TRW(1, 32) TRW(1, 48)
+        TRW(2, 0) TRW(2, 16) TRW(2, 32) TRW(2, 48)
+    }
+#undef TRW
+    return 1;
+}
 #endif
 
 /* a block of a cache whose heads lie apart (HND, packed K|V) copied whole
@@ -552,6 +646,9 @@ static int xtile_run(void *ctx, const xtile *t)
     if (t->run < 64 || ((t->eng[0] | t->hs) & 15) || t->ts != t->np * t->run ||
         (t->np > 1 && t->eng[1] != t->eng[0] + t->run))
         return 1;
+    if (!tile_retrieve_whole_any(t, &x->pend))
+        return 0;
+    xpend_flush(&x->pend);
     unsigned fa = (t->run | t->hs) % 64 ? 64 : (unsigned)(t->eng[0] & 63);
     if (t->run == 64) /* (the compiler's own copy for each place in a line) */
         switch (fa) {
@@ -591,6 +688,7 @@ static int xflush(xctx *x, ferry_stream *s, int rc, ferry__errbuf *eb)
     const ferry_kv_buffer *buf = x->buf;
     int to_chunk = x->to_chunk;
     if (x->stream) {
+        xpend_flush(&x->pend);
         ferry__copy_lines_flush(&x->lines);
         ferry__copy_fence();
     }
@@ -619,6 +717,7 @@ static void xinit(xctx *x, const ferry_kv_buffer *buf, int to_chunk, uint64_t by
      * 0.9x without) */
     x->join = x->stream && buf->layout.num_heads > 2;
     ferry__copy_lines_init(&x->lines);
+    x->pend.n = 0;
     x->c = x->local;
     x->n = 0;
     x->cap = sizeof x->local / sizeof x->local[0];
