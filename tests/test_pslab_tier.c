@@ -1003,13 +1003,7 @@ static void pc_stored(pcfix *f, unsigned format)
     assert_true(f->mem && f->got);
     prompt(f->tok, PC_N, 77);
     /* (no period: a chunk's first token is found in the slab file by its bytes) */
-    for (size_t w = 0; w < f->bytes / 8; w++) {
-        uint64_t z = (w + 770) * 0x9E3779B97F4A7C15ull;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
-        memcpy(f->mem + 8 * w, &z, 8);
-    }
+    ft_fill_mixed(f->mem, f->bytes, 770);
     atomic_store(&ferry__pslab_test_format, format);
     ferry_kv *kv = NULL;
     FT_ASSERT_OK(ferry_kv_open(&f->c, &kv));

@@ -119,6 +119,18 @@ void ft_alloc_install(uint64_t fail_at, int sticky)
     ferry_allocator a = {t_malloc, t_calloc, t_realloc, t_aligned, t_free, NULL};
     ferry_set_allocator(&a);
 }
+void ft_fill_mixed(void *buf, size_t bytes, uint64_t seed)
+{
+    unsigned char *p = buf;
+    for (size_t w = 0; w < bytes / 8; w++) {
+        uint64_t z = (w + seed) * 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        memcpy(p + 8 * w, &z, 8);
+    }
+}
+
 void ft_alloc_fail_size(size_t n)
 {
     atomic_store(&g_fail_size, n);

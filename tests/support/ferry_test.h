@@ -16,6 +16,10 @@
 #include "ferry.h"
 #include "ferry/testctl.h"
 
+/* Fill buf's whole 8-byte words with a mix of their index from seed
+ * (splitmix64: no period, so any 8 bytes name where they came from). */
+void ft_fill_mixed(void *buf, size_t bytes, uint64_t seed);
+
 /* ---- allocation fault injection through ferry_set_allocator ---- */
 /* Install a counting allocator; allocation number fail_at (1-based) and,
  * when sticky, every later one returns NULL. fail_at 0 = never fail. */
