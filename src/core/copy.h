@@ -38,6 +38,22 @@
 #include <emmintrin.h>
 #endif
 
+#if defined(FERRY__COPY_RUNS_STREAM)
+/* 64 bytes from s streamed to d (16-byte aligned; a whole line where d is 64-byte aligned) */
+static inline __attribute__((always_inline)) void ferry__copy_line_nt(unsigned char *d,
+                                                                      const unsigned char *s)
+{
+    __m128i a = _mm_loadu_si128((const __m128i *)(const void *)s);
+    __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(s + 16));
+    __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(s + 32));
+    __m128i e = _mm_loadu_si128((const __m128i *)(const void *)(s + 48));
+    _mm_stream_si128((__m128i *)(void *)d, a);
+    _mm_stream_si128((__m128i *)(void *)(d + 16), b);
+    _mm_stream_si128((__m128i *)(void *)(d + 32), c);
+    _mm_stream_si128((__m128i *)(void *)(d + 48), e);
+}
+#endif
+
 static inline void ferry__copy_stream_run(void *dst, const void *src, size_t n)
 {
 #if defined(FERRY__COPY_RUNS_STREAM)
@@ -47,16 +63,8 @@ static inline void ferry__copy_stream_run(void *dst, const void *src, size_t n)
         memcpy(d, s, n);
         return;
     }
-    for (; n >= 64; n -= 64, d += 64, s += 64) {
-        __m128i a = _mm_loadu_si128((const __m128i *)(const void *)s);
-        __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(s + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(s + 32));
-        __m128i e = _mm_loadu_si128((const __m128i *)(const void *)(s + 48));
-        _mm_stream_si128((__m128i *)(void *)d, a);
-        _mm_stream_si128((__m128i *)(void *)(d + 16), b);
-        _mm_stream_si128((__m128i *)(void *)(d + 32), c);
-        _mm_stream_si128((__m128i *)(void *)(d + 48), e);
-    }
+    for (; n >= 64; n -= 64, d += 64, s += 64)
+        ferry__copy_line_nt(d, s); /* (aligned to 16, as _mm_stream_si128 needs) */
     if (n)
         memcpy(d, s, n);
 #else
@@ -149,20 +157,6 @@ static inline void ferry__copy_lines_flush(ferry__copy_lines *w)
 }
 
 #if defined(FERRY__COPY_RUNS_STREAM)
-/* one whole line at 64-byte aligned d */
-static inline __attribute__((always_inline)) void ferry__copy_line_nt(unsigned char *d,
-                                                                      const unsigned char *s)
-{
-    __m128i a = _mm_loadu_si128((const __m128i *)(const void *)s);
-    __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(s + 16));
-    __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(s + 32));
-    __m128i e = _mm_loadu_si128((const __m128i *)(const void *)(s + 48));
-    _mm_stream_si128((__m128i *)(void *)d, a);
-    _mm_stream_si128((__m128i *)(void *)(d + 16), b);
-    _mm_stream_si128((__m128i *)(void *)(d + 32), c);
-    _mm_stream_si128((__m128i *)(void *)(d + 48), e);
-}
-
 /* the line at 64-byte aligned d made of held's bytes [0, a) and s's
  * [a, 64) (0 < a < 64), streamed whole (inlined: where the caller's a is a constant,
  * the join is four loads and four stores) */
