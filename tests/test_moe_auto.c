@@ -116,20 +116,6 @@ static void auto_keeps_its_structures_through_a_trace(void **state)
     ferry_moe_trace_destroy(t);
 }
 
-static ferry_moe_planner *planner_for(const ferry_moe_trace *t, const char *policy, uint32_t slots)
-{
-    const ferry_moe_model *mo = ferry_moe_trace_model(t);
-    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
-    o.num_layers = mo->num_layers;
-    o.num_experts = mo->num_experts;
-    o.top_k = mo->top_k;
-    o.slots = slots;
-    o.policy = policy;
-    ferry_moe_planner *p;
-    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
-    return p;
-}
-
 /* set dueling's followers pay for the winner only: while LRU leads, auto's
  * routing and transition sleep off the layers their shadows sample (those
  * stay exact: the shadows read them). On a 58-layer trace at a budget
@@ -144,9 +130,9 @@ static void auto_learners_sleep_while_lru_leads(void **state)
     const ferry_moe_model *mo = ferry_moe_trace_model(t);
     uint32_t slots = 4096, E = mo->num_experts; /* 24 x 58 x 8 routes fit: no eviction */
     uint32_t stride = (mo->num_layers + 15) / 16; /* auto samples at most 16 layers */
-    ferry_moe_planner *au = planner_for(t, "auto", slots);
-    ferry_moe_planner *tr = planner_for(t, "transition", slots);
-    ferry_moe_planner *rt = planner_for(t, "routing", slots);
+    ferry_moe_planner *au = ft_moe_planner(t, "auto", slots);
+    ferry_moe_planner *tr = ft_moe_planner(t, "transition", slots);
+    ferry_moe_planner *rt = ft_moe_planner(t, "routing", slots);
     const ferry__policy *at = ferry__auto_transition(ferry__planner_policy(au));
     const ferry__policy *ar = ferry__auto_routing(ferry__planner_policy(au));
     const ferry__policy *lt = ferry__planner_policy(tr), *lr = ferry__planner_policy(rt);
@@ -204,7 +190,7 @@ static void auto_switches_only_past_the_noise(void **state)
     assert_false(ferry__auto_overtakes(3.0, 0.0, 45.0));
     /* on the context trace transition is clearly better and leads */
     ferry_moe_trace *t = ft_moe_context_trace(4, 4000, 11);
-    ferry_moe_planner *p = planner_for(t, "auto", 4 + 2);
+    ferry_moe_planner *p = ft_moe_planner(t, "auto", 4 + 2);
     size_t n = ferry_moe_trace_steps(t);
     for (size_t i = 0; i < n; i++) {
         uint32_t tok, layer, k;

@@ -279,20 +279,6 @@ static void transition_refuses_huge_shapes(void **state)
     ferry_moe_planner_destroy(p);
 }
 
-static ferry_moe_planner *planner_for(const ferry_moe_trace *t, const char *policy, uint32_t slots)
-{
-    const ferry_moe_model *mo = ferry_moe_trace_model(t);
-    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
-    o.num_layers = mo->num_layers;
-    o.num_experts = mo->num_experts;
-    o.top_k = mo->top_k;
-    o.slots = slots;
-    o.policy = policy;
-    ferry_moe_planner *p;
-    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
-    return p;
-}
-
 /* a layer asleep keeps its rows and routed sets only; woken, every
  * expert's cell is what it would be had the layer never slept: a
  * transition put to sleep (every 3rd layer awake) and woken every
@@ -303,8 +289,8 @@ static size_t sleep_and_wake(uint32_t tokens, size_t period)
 {
     ferry_moe_trace *t = ft_moe_gen("qwen3-30b-a3b", tokens, 5);
     uint32_t slots = ft_moe_share(t, 12.5);
-    ferry_moe_planner *awake = planner_for(t, "transition", slots);
-    ferry_moe_planner *sleepy = planner_for(t, "transition", slots);
+    ferry_moe_planner *awake = ft_moe_planner(t, "transition", slots);
+    ferry_moe_planner *sleepy = ft_moe_planner(t, "transition", slots);
     const ferry__policy *a = ferry__planner_policy(awake);
     ferry__policy *z = (ferry__policy *)ferry__planner_policy(sleepy);
     FT_ASSERT_OK(ferry__transition_sleep(z, 3));

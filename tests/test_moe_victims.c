@@ -137,15 +137,7 @@ static void victims_are_the_scans_on_random_routing(void **state)
 static double work_per_step(const ferry_moe_trace *t, const char *policy, uint32_t slots,
                             uint64_t *evictions)
 {
-    const ferry_moe_model *mo = ferry_moe_trace_model(t);
-    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
-    o.num_layers = mo->num_layers;
-    o.num_experts = mo->num_experts;
-    o.top_k = mo->top_k;
-    o.slots = slots;
-    o.policy = policy;
-    ferry_moe_planner *p;
-    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
+    ferry_moe_planner *p = ft_moe_planner(t, policy, slots);
     const ferry__policy *pol = ferry__planner_policy(p), *a = pol, *b = NULL;
     if (!strcmp(policy, "auto")) {
         a = ferry__auto_transition(pol);

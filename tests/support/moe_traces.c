@@ -26,6 +26,20 @@ uint32_t ft_moe_share(const ferry_moe_trace *t, double pct)
     return (uint32_t)((double)m->num_layers * m->num_experts * pct / 100.0);
 }
 
+ferry_moe_planner *ft_moe_planner(const ferry_moe_trace *t, const char *policy, uint32_t slots)
+{
+    const ferry_moe_model *mo = ferry_moe_trace_model(t);
+    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
+    o.num_layers = mo->num_layers;
+    o.num_experts = mo->num_experts;
+    o.top_k = mo->top_k;
+    o.slots = slots;
+    o.policy = policy;
+    ferry_moe_planner *p = NULL;
+    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
+    return p;
+}
+
 double ft_moe_rate(const ferry_moe_trace *t, const char *policy, uint32_t slots)
 {
     ferry_moe_replay_result r;

@@ -1,6 +1,7 @@
 /*
  * moe_traces.h - traces and replays the MoE tests share: a generator
- * trace, a share of a trace's experts as slots, a replay's hit rate, and
+ * trace, a share of a trace's experts as slots, a planner for a trace, a
+ * replay's hit rate, and
  * a trace with a learnable same-layer token-to-token structure.
  */
 #ifndef FERRY_TEST_MOE_TRACES_H
@@ -14,6 +15,9 @@
 ferry_moe_trace *ft_moe_gen(const char *model, uint32_t tokens, uint64_t seed);
 /* pct % of the trace's layers x experts, as slots */
 uint32_t ft_moe_share(const ferry_moe_trace *t, double pct);
+/* a planner for t's model (its layers, experts and top_k) with `slots`
+ * and `policy` (fails the test on an error) */
+ferry_moe_planner *ft_moe_planner(const ferry_moe_trace *t, const char *policy, uint32_t slots);
 /* the replay's hit rate in percent */
 double ft_moe_rate(const ferry_moe_trace *t, const char *policy, uint32_t slots);
 /* a policy is listed once in ferry_moe_policies(), described, and
