@@ -262,6 +262,21 @@ static void readv_on(const char *engine)
     v.niov = FERRY_IO_IOV_MAX + 1;
     assert_int_equal(ferry_io_submit(io, &q, 1), -EINVAL);
     v.niov = 3;
+    v.iov = NULL; /* no pieces, an empty one, one whose length wraps the sum */
+    assert_int_equal(ferry_io_submit(io, &q, 1), -EINVAL);
+    v.iov = iov;
+    v.niov = 0;
+    assert_int_equal(ferry_io_submit(io, &q, 1), -EINVAL);
+    v.niov = 3;
+    size_t len0 = iov[0].iov_len;
+    iov[0].iov_len = 0;
+    assert_int_equal(ferry_io_submit(io, &q, 1), -EINVAL);
+    struct iovec wrap[2] = {{buf, (size_t)1 << 63}, {buf + FB, ((size_t)1 << 63) + FB}};
+    ferry_io_vreq w = {{0}, wrap, 2};
+    w.req = v.req;
+    ferry_io_req *wq = &w.req;
+    assert_int_equal(ferry_io_submit(io, &wq, 1), -EINVAL);
+    iov[0].iov_len = len0;
     if (ferry_file_is_direct(f)) { /* a piece off 4096 on O_DIRECT */
         iov[1].iov_base = buf + 64;
         assert_int_equal(ferry_io_submit(io, &q, 1), FERRY_EALIGN);

@@ -597,7 +597,7 @@ static int validate_vec(ferry_io *io, const ferry_io_vreq *v)
     uint64_t sum = 0;
     for (unsigned k = 0; k < v->niov; k++) {
         const struct iovec *e = &v->iov[k];
-        int bad = !e->iov_base || !e->iov_len;
+        int bad = !e->iov_base || !e->iov_len || e->iov_len > r->len; /* (no sum wraps) */
         int unaligned = f->direct && (!FERRY__IS_ALIGNED(e->iov_base, FERRY_IO_ALIGN) ||
                                       !FERRY__IS_ALIGNED(e->iov_len, FERRY_IO_ALIGN));
         if (bad || unaligned)
@@ -605,7 +605,8 @@ static int validate_vec(ferry_io *io, const ferry_io_vreq *v)
                                   "file %s: vectored read of %zu bytes at offset %llu: piece %u "
                                   "(%zu bytes at %p) %s", f->path, r->len,
                                   (unsigned long long)r->offset, k, e->iov_len, e->iov_base,
-                                  bad ? "is empty" : "is not 4096-aligned for O_DIRECT");
+                                  bad ? "is empty, NULL or longer than the read"
+                                      : "is not 4096-aligned for O_DIRECT");
         sum += e->iov_len;
     }
     if (sum != r->len || (f->direct && !FERRY__IS_ALIGNED(r->offset, FERRY_IO_ALIGN)))
