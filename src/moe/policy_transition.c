@@ -152,7 +152,7 @@ typedef struct trans {
     uint32_t *tq;                    /* (2E + 1) the visit's moved experts' slots, in order */
     /* learned */
     uint64_t opps[TR_NC], kG[TR_NC], corr[TR_NC];
-    double P[TR_NC];
+    double P[TR_NC], pmin;           /* pmin: the least of the P */
     uint64_t visits, pgen;
     uint32_t sleep_stride;           /* > 1: layers not a multiple of it may sleep */
     uint8_t *asleep;                 /* [L] */
@@ -340,6 +340,7 @@ static void refresh_p(trans *s)
         s->opps[c] -= s->corr[c];
         double prior = c / TR_NCQ >= TR_W + 1 ? TR_P_HI : TR_P_LO;
         s->P[c] = ((double)s->kG[c] + TR_M * prior) / ((double)s->opps[c] + TR_M);
+        s->pmin = c == 0 || s->P[c] < s->pmin ? s->P[c] : s->pmin;
     }
     s->o.ops += TR_NC;
     memset(s->corr, 0, sizeof s->corr);
@@ -824,13 +825,21 @@ static void best_offer(trbest *b, uint32_t v, double pa, double da, uint64_t key
 }
 
 /* the unpinned resident of p's slots (filed in o) with the least p / d
- * under m's model, then touched longer ago */
+ * under m's model, then touched longer ago. The layers are offered from
+ * the furthest d down, and none is looked at once the best so far is
+ * below what any later one could offer (the least P over the nearer d:
+ * pmin / d, compared as best_offer does, strictly, so a tie is still
+ * looked at): the same victim as offering every layer, whose cached
+ * least is mostly of the layer just run, the furthest. */
 static uint32_t tr_pick(const trans *m, const ferry__policy *p, trord *o)
 {
     uint32_t L = p->env.num_layers;
     trbest b = {NIL, 0, 1, 0};
-    ord_flush(o, m->x, p->env.occupant, p->env.num_experts);
-    for (uint32_t l = 0; l < L; l++) {
+    ord_flush(o, m->x, p->env.occupant);
+    for (uint32_t i = 0, l = m->layer; i < L; i++, l = l ? l - 1 : L - 1) {
+        double d = (double)(L - i); /* (l + L - layer) % L, 0 read as L */
+        if (b.slot != NIL && b.p * d < m->pmin * b.d)
+            break;
         o->ops++;
         if (o->lgen[l] != m->pgen) {
             o->least[l] = layer_least(m, p, o, l, 0);
@@ -839,8 +848,7 @@ static uint32_t tr_pick(const trans *m, const ferry__policy *p, trord *o)
         uint32_t v = o->least[l];
         if (v == NIL || (ferry__pinned(p, v) && (v = layer_least(m, p, o, l, 1)) == NIL))
             continue;
-        uint32_t d = (l + L - m->layer) % L;
-        best_offer(&b, v, m->P[o->scell[v]], d ? (double)d : (double)L, o->key[v]);
+        best_offer(&b, v, m->P[o->scell[v]], d, o->key[v]);
     }
     return b.slot;
 }

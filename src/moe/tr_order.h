@@ -18,6 +18,7 @@ typedef struct trord {
     uint32_t *nx, *pv;   /* per slot; NIL at the ends */
     uint64_t *key;       /* per slot: when it was last touched (this order's clock) */
     uint16_t *scell;     /* per slot: the cell it is filed in, CELL_NONE */
+    uint32_t *sli;       /* per slot, while filed: its list, layer x TR_NC + cell */
     uint32_t *ht;        /* [L][TR_NC][2]: head, tail */
     uint64_t *nz;        /* [L][TR_BMW]: non-empty lists */
     uint32_t *least;     /* [L]: least resident, pinned ones too; NIL: empty */
@@ -35,6 +36,7 @@ static void ord_fini(trord *o)
     ferry__free(o->pv);
     ferry__free(o->key);
     ferry__free(o->scell);
+    ferry__free(o->sli);
     ferry__free(o->ht);
     ferry__free(o->nz);
     ferry__free(o->least);
@@ -51,13 +53,14 @@ static int ord_init(trord *o, const ferry__policy_env *env)
     o->pv = ferry__malloc((size_t)n * sizeof *o->pv);
     o->key = ferry__calloc(n, sizeof *o->key);
     o->scell = ferry__malloc(((size_t)n + 1) * sizeof *o->scell);
+    o->sli = ferry__calloc((size_t)n + 1, sizeof *o->sli);
     o->ht = ferry__malloc((size_t)L * TR_NC * 2 * sizeof *o->ht);
     o->nz = ferry__calloc((size_t)L * TR_BMW, sizeof *o->nz);
     o->least = ferry__malloc((size_t)L * sizeof *o->least);
     o->lgen = ferry__calloc(L, sizeof *o->lgen);
     o->pend = ferry__calloc((size_t)n + 1, sizeof *o->pend);
     o->plist = ferry__malloc(((size_t)n + 1) * sizeof *o->plist);
-    if (!o->pend || !o->plist || !o->nx || !o->pv || !o->key || !o->scell || !o->ht || !o->nz || !o->least || !o->lgen) {
+    if (!o->pend || !o->plist || !o->nx || !o->pv || !o->key || !o->scell || !o->sli || !o->ht || !o->nz || !o->least || !o->lgen) {
         ord_fini(o);
         return -ENOMEM;
     }
@@ -76,6 +79,7 @@ static void ord_file(trord *o, uint32_t l, uint32_t slot, uint16_t c)
 {
     uint32_t *ht = o->ht + ((size_t)l * TR_NC + c) * 2;
     o->scell[slot] = c;
+    o->sli[slot] = l * TR_NC + c;
     o->key[slot] = ++o->clock;
     o->nx[slot] = NIL;
     o->pv[slot] = ht[1];
@@ -164,17 +168,52 @@ static void ord_touch_all(trord *o, uint32_t l, const uint32_t *q, uint32_t n)
 }
 
 /* every touched slot still filed, at the end of its expert's cell's list
- * now, in the order first touched (cell: per id, of the model) */
-static void ord_flush(trord *o, const struct trx *x, const uint32_t *occupant, uint32_t E)
+ * now, in the order first touched (cell: per id, of the model): an
+ * ord_unfile and an ord_file each, in one loop with the order's arrays in
+ * registers and the slot's layer from its list, not its id */
+static void ord_flush(trord *o, const struct trx *x, const uint32_t *occupant)
 {
+    uint32_t *nx = o->nx, *pv = o->pv, *ht = o->ht, *sli = o->sli, *plist = o->plist;
+    uint64_t *nz = o->nz, *key = o->key, *lgen = o->lgen, clock = o->clock;
+    uint16_t *scell = o->scell;
+    uint8_t *pend = o->pend;
+    uint32_t ops = 0;
     for (uint32_t i = 0; i < o->pn; i++) {
-        uint32_t slot = o->plist[i], id = occupant[slot];
-        o->pend[slot] = 0;
-        if (o->scell[slot] == CELL_NONE || id == FERRY_MOE_NONE)
+        uint32_t slot = plist[i], id = occupant[slot];
+        pend[slot] = 0;
+        uint16_t c = scell[slot];
+        if (c == CELL_NONE || id == FERRY_MOE_NONE)
             continue;
-        ord_unfile(o, id / E, slot);
-        ord_file(o, id / E, slot, x[id].cell);
+        uint32_t li = sli[slot], l = li / TR_NC, a = pv[slot], b = nx[slot], *h = ht + 2 * (size_t)li;
+        if (a != NIL)
+            nx[a] = b;
+        else
+            h[0] = b;
+        if (b != NIL)
+            pv[b] = a;
+        else
+            h[1] = a;
+        if (h[0] == NIL)
+            nz[(size_t)l * TR_BMW + c / 64] &= ~(1ull << (c % 64));
+        uint16_t nc = x[id].cell;
+        li = l * TR_NC + nc;
+        h = ht + 2 * (size_t)li;
+        scell[slot] = nc;
+        sli[slot] = li;
+        key[slot] = ++clock;
+        nx[slot] = NIL;
+        pv[slot] = h[1];
+        if (h[1] != NIL)
+            nx[h[1]] = slot;
+        else
+            h[0] = slot;
+        h[1] = slot;
+        nz[(size_t)l * TR_BMW + nc / 64] |= 1ull << (nc % 64);
+        lgen[l] = 0;
+        ops += 2;
     }
+    o->clock = clock;
+    o->ops += ops;
     o->pn = 0;
 }
 
