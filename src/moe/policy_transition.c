@@ -421,7 +421,8 @@ typedef struct trmv {
     uint16_t *cc;          /* the layer's cell counts */
     uint64_t *nz, *corr, t;
     uint32_t *tq, ntq;     /* the slots moved, in order */
-    trans *s;
+    const uint32_t *fwhere; /* a follower's slots of the layer's experts, NULL: none */
+    trord *fo;              /* its order */
     uint32_t l, b;
 } trmv;
 
@@ -437,7 +438,8 @@ static inline void mv_init(trmv *m, trans *s, uint32_t l)
     m->t = s->lt[l];
     m->tq = s->tq;
     m->ntq = 0;
-    m->s = s;
+    m->fwhere = s->fol ? s->fol->env.where + m->b : NULL;
+    m->fo = s->fol_o;
     m->l = l;
 }
 
@@ -450,16 +452,15 @@ static inline void mv_move(trmv *m, uint32_t e, uint16_t c)
     if (old == c)
         return;
     m->cc[old]--;
-    m->cc[c]++;
-    m->nz[c / 64] |= 1ull << (c % 64);
+    if (m->cc[c]++ == 0) /* (mostly not: a superset, cleared at a fold) */
+        m->nz[c / 64] |= 1ull << (c % 64);
     m->corr[old] -= m->t; /* a count down by one at fold-visit t */
     m->corr[c] += m->t;
     xe->cell = c;
     m->tq[m->ntq++] = m->where[e];
     uint32_t slot; /* (a follower's shadow holds the layers it samples alone) */
-    if (__builtin_expect(m->s->fol != NULL, 0) &&
-        (slot = m->s->fol->env.where[m->b + e]) != FERRY_MOE_NONE)
-        ord_touch(m->s->fol_o, m->l, slot);
+    if (__builtin_expect(m->fwhere != NULL, 0) && (slot = m->fwhere[e]) != FERRY_MOE_NONE)
+        ord_touch(m->fo, m->l, slot);
 }
 
 /* e (layer-local) joins the visit's events ev once (marked in emark) */

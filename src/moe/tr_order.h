@@ -191,9 +191,7 @@ static void ord_flush(trord *o, const struct trx *x, const uint32_t *occupant)
             h[0] = b;
         if (b != NIL)
             pv[b] = a;
-        else
-            h[1] = a;
-        if (h[0] == NIL)
+        else if ((h[1] = a) == NIL) /* (its list empty now: a and b both NIL) */
             nz[(size_t)l * TR_BMW + c / 64] &= ~(1ull << (c % 64));
         uint16_t nc = x[id].cell;
         li = l * TR_NC + nc;
@@ -203,12 +201,13 @@ static void ord_flush(trord *o, const struct trx *x, const uint32_t *occupant)
         key[slot] = ++clock;
         nx[slot] = NIL;
         pv[slot] = h[1];
-        if (h[1] != NIL)
+        if (h[1] != NIL) {
             nx[h[1]] = slot;
-        else
+        } else { /* (its list was empty) */
             h[0] = slot;
+            nz[(size_t)l * TR_BMW + nc / 64] |= 1ull << (nc % 64);
+        }
         h[1] = slot;
-        nz[(size_t)l * TR_BMW + nc / 64] |= 1ull << (nc % 64);
         lgen[l] = 0;
         ops += 2;
     }
