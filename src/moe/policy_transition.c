@@ -452,8 +452,8 @@ static inline void mv_move(trmv *m, uint32_t e, uint16_t c)
     if (old == c)
         return;
     m->cc[old]--;
-    if (m->cc[c]++ == 0) /* (mostly not: a superset, cleared at a fold) */
-        m->nz[c / 64] |= 1ull << (c % 64);
+    m->cc[c]++;
+    m->nz[c / 64] |= 1ull << (c % 64);
     m->corr[old] -= m->t; /* a count down by one at fold-visit t */
     m->corr[c] += m->t;
     xe->cell = c;
