@@ -249,6 +249,66 @@ static void transition_work_does_not_grow_with_slots(void **state)
     ferry_moe_trace_destroy(t);
 }
 
+/* the transition work of a layer-step once the slots are full (every
+ * miss evicting): its mean over those steps, the most of one, and how
+ * many; auto's is its transition's and that one's shadow's */
+static void work_when_full(const ferry_moe_trace *t, const char *policy, uint32_t slots,
+                           double *mean, uint64_t *most, uint64_t *steps)
+{
+    ferry_moe_planner *p = ft_moe_planner(t, policy, slots);
+    const ferry__policy *pol = ferry__planner_policy(p), *sh = NULL;
+    if (!strcmp(policy, "auto")) {
+        sh = ferry__auto_shadow_transition(pol);
+        pol = ferry__auto_transition(pol);
+        assert_non_null(pol);
+    }
+    uint64_t missed = 0, total = 0;
+    *most = *steps = 0;
+    for (size_t i = 0; i < ferry_moe_trace_steps(t); i++) {
+        uint32_t tok, layer, k;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &k));
+        uint64_t before = ferry__transition_ops(pol) + (sh ? ferry__transition_ops(sh) : 0);
+        ferry_moe_counts c;
+        FT_ASSERT_OK(ferry_moe_planner_ensure(p, layer, ex, k, NULL, NULL, &c));
+        uint64_t d = ferry__transition_ops(pol) + (sh ? ferry__transition_ops(sh) : 0) - before;
+        if (missed >= slots) { /* full before the step */
+            total += d;
+            *most = d > *most ? d : *most;
+            ++*steps;
+        }
+        missed += c.missing;
+    }
+    *mean = *steps ? (double)total / (double)*steps : 0;
+    ferry_moe_planner_destroy(p);
+}
+
+/* at DeepSeek-V3's shape (58 x 256, top-8), once the slots are full, the
+ * work of a layer-step does not grow when the slots go from 1024 to 8192
+ * - transition alone and as auto's - where a scan of the residents, or a
+ * victim that looked at every layer's, would grow with them */
+static void transition_steady_work_does_not_grow_with_slots(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = ft_moe_gen("deepseek-v3", 512, 1);
+    const char *pols[] = {"transition", "auto"};
+    for (size_t i = 0; i < 2; i++) {
+        double m1, m2;
+        uint64_t x1, x2, n1, n2;
+        work_when_full(t, pols[i], 1024, &m1, &x1, &n1);
+        work_when_full(t, pols[i], 8192, &m2, &x2, &n2);
+        print_message("%s, full: 1024 slots %.1f ops a step (most %llu, %llu steps); 8192 "
+                      "slots %.1f (most %llu, %llu steps)\n",
+                      pols[i], m1, (unsigned long long)x1, (unsigned long long)n1, m2,
+                      (unsigned long long)x2, (unsigned long long)n2);
+        assert_true(n1 > 20000 && n2 > 5000); /* both long past full */
+        if (m2 > 1.25 * m1)
+            fail_msg("%s: work grows with slots once full: %.1f at 1024, %.1f at 8192", pols[i],
+                     m1, m2);
+    }
+    ferry_moe_trace_destroy(t);
+}
+
 static void transition_refuses_huge_shapes(void **state)
 {
     (void)state;
@@ -371,6 +431,7 @@ int main(void)
         cmocka_unit_test(transition_refuses_huge_shapes),
         cmocka_unit_test(transition_lists_choose_as_the_scan),
         cmocka_unit_test(transition_work_does_not_grow_with_slots),
+        cmocka_unit_test(transition_steady_work_does_not_grow_with_slots),
         cmocka_unit_test(transition_wakes_to_the_cells_it_would_have),
         cmocka_unit_test(transition_rows_count_the_same_narrow),
     };

@@ -57,10 +57,10 @@
  * intrusive list, the least recently touched first, so filing is O(1) and
  * never allocates; a layer's least is the best of its non-empty cells'
  * heads, found again only when one of them changed or the p were
- * refreshed. A victim costs
- * O(L) over the layers' cached least, plus, for a layer that changed, its
- * non-empty cells. ferry__transition_verify() has every victim checked
- * against a scan of all the slots by the same rule (tests).
+ * refreshed (the lists: tr_order.h). A victim costs O(L) over the layers'
+ * cached least, plus, for a layer that changed, its non-empty cells.
+ * ferry__transition_verify() has every victim checked against a scan of
+ * all the slots by the same rule (tests).
  *
  * Memory: about 119 bytes an id (ferry__transition_bytes: DeepSeek-V3's
  * 58 x 256, 1.7 MiB); shapes past FERRY__TRANSITION_MAX_BYTES are
@@ -101,24 +101,6 @@ static const double tr_edges[TR_NQ - 1] = {0.01, 0.02, 0.03, 0.05, 0.07, 0.10, 0
 
 int ferry__transition_narrow; /* (tests) set: SSE2 rows where AVX2 is too */
 
-/* ---- the order over a set of slots: per (layer, cell) a list of its
- * residents, the least recently touched (filed, moved in, used) first;
- * per layer the cached least ---- */
-typedef struct trord {
-    uint32_t *nx, *pv;   /* per slot; NIL at the ends */
-    uint64_t *key;       /* per slot: when it was last touched (this order's clock) */
-    uint16_t *scell;     /* per slot: the cell it is filed in, CELL_NONE */
-    uint32_t *ht;        /* [L][TR_NC][2]: head, tail */
-    uint64_t *nz;        /* [L][TR_BMW]: non-empty lists */
-    uint32_t *least;     /* [L]: least resident, pinned ones too; NIL: empty */
-    uint64_t *lgen;      /* [L]: the p refresh the least is of; 0: find again */
-    uint8_t *pend;       /* per slot: touched since the last victim */
-    uint32_t *plist, pn; /* those slots, in the order first touched */
-    uint64_t clock;
-    uint32_t n;          /* slots; scell[n] and pend[n]: a slot never filed */
-    uint64_t ops;        /* work done: events, filings, layers and cells visited (tests) */
-} trord;
-
 /* what an event reads and writes of one expert, together in 8 bytes (a
  * layer's 256 in 2 KiB: a decode's sweep of all layers stays in L2) */
 typedef struct trx {
@@ -127,6 +109,8 @@ typedef struct trx {
     uint16_t cell;
 } trx;
 _Static_assert(sizeof(trx) == 8 && TR_W <= 16, "an expert's state is 8 bytes");
+
+#include "moe/tr_order.h"
 
 typedef struct trwk { /* a resident of a waking layer: its last use */
     uint64_t last;
@@ -168,7 +152,7 @@ typedef struct trans {
     uint32_t *tq;                    /* (2E + 1) the visit's moved experts' slots, in order */
     /* learned */
     uint64_t opps[TR_NC], kG[TR_NC], corr[TR_NC];
-    double P[TR_NC];
+    double P[TR_NC], pmin;           /* pmin: the least of the P */
     uint64_t visits, pgen;
     uint32_t sleep_stride;           /* > 1: layers not a multiple of it may sleep */
     uint8_t *asleep;                 /* [L] */
@@ -176,154 +160,6 @@ typedef struct trans {
     trwk *wk;                        /* [slots] a wake's scratch */
 } trans;
 
-static void ord_fini(trord *o)
-{
-    ferry__free(o->nx);
-    ferry__free(o->pv);
-    ferry__free(o->key);
-    ferry__free(o->scell);
-    ferry__free(o->ht);
-    ferry__free(o->nz);
-    ferry__free(o->least);
-    ferry__free(o->lgen);
-    ferry__free(o->pend);
-    ferry__free(o->plist);
-    memset(o, 0, sizeof *o);
-}
-
-static int ord_init(trord *o, const ferry__policy_env *env)
-{
-    uint32_t n = env->slots, L = env->num_layers;
-    o->nx = ferry__malloc((size_t)n * sizeof *o->nx);
-    o->pv = ferry__malloc((size_t)n * sizeof *o->pv);
-    o->key = ferry__calloc(n, sizeof *o->key);
-    o->scell = ferry__malloc(((size_t)n + 1) * sizeof *o->scell);
-    o->ht = ferry__malloc((size_t)L * TR_NC * 2 * sizeof *o->ht);
-    o->nz = ferry__calloc((size_t)L * TR_BMW, sizeof *o->nz);
-    o->least = ferry__malloc((size_t)L * sizeof *o->least);
-    o->lgen = ferry__calloc(L, sizeof *o->lgen);
-    o->pend = ferry__calloc((size_t)n + 1, sizeof *o->pend);
-    o->plist = ferry__malloc(((size_t)n + 1) * sizeof *o->plist);
-    if (!o->pend || !o->plist || !o->nx || !o->pv || !o->key || !o->scell || !o->ht || !o->nz || !o->least || !o->lgen) {
-        ord_fini(o);
-        return -ENOMEM;
-    }
-    memset(o->nx, 0xff, (size_t)n * sizeof *o->nx);
-    memset(o->pv, 0xff, (size_t)n * sizeof *o->pv);
-    memset(o->scell, 0xff, ((size_t)n + 1) * sizeof *o->scell);
-    o->n = n;
-    memset(o->ht, 0xff, (size_t)L * TR_NC * 2 * sizeof *o->ht);
-    memset(o->least, 0xff, (size_t)L * sizeof *o->least);
-    return 0;
-}
-
-/* slot (of layer l) at the end of cell c's list, touched now; not filed
- * before */
-static void ord_file(trord *o, uint32_t l, uint32_t slot, uint16_t c)
-{
-    uint32_t *ht = o->ht + ((size_t)l * TR_NC + c) * 2;
-    o->scell[slot] = c;
-    o->key[slot] = ++o->clock;
-    o->nx[slot] = NIL;
-    o->pv[slot] = ht[1];
-    if (ht[1] != NIL)
-        o->nx[ht[1]] = slot;
-    else
-        ht[0] = slot;
-    ht[1] = slot;
-    o->nz[(size_t)l * TR_BMW + c / 64] |= 1ull << (c % 64);
-    o->lgen[l] = 0;
-    o->ops++;
-}
-
-/* slot (of layer l) off its list; nothing if not filed */
-static void ord_unfile(trord *o, uint32_t l, uint32_t slot)
-{
-    uint16_t c = o->scell[slot];
-    if (c == CELL_NONE)
-        return;
-    uint32_t *ht = o->ht + ((size_t)l * TR_NC + c) * 2, a = o->pv[slot], b = o->nx[slot];
-    if (a != NIL)
-        o->nx[a] = b;
-    else
-        ht[0] = b;
-    if (b != NIL)
-        o->pv[b] = a;
-    else
-        ht[1] = a;
-    if (ht[0] == NIL)
-        o->nz[(size_t)l * TR_BMW + c / 64] &= ~(1ull << (c % 64));
-    o->scell[slot] = CELL_NONE;
-    o->nx[slot] = o->pv[slot] = NIL;
-    o->lgen[l] = 0;
-    o->ops++;
-}
-
-/* a filed slot (of layer l) is touched: its expert was used or moved to
- * another cell. It goes to the end of its cell's list before the next
- * victim is chosen (ord_flush): O(1) now, once however often touched. */
-static inline void ord_touch(trord *o, uint32_t l, uint32_t slot)
-{
-    if (o->scell[slot] == CELL_NONE)
-        return;
-    o->lgen[l] = 0;
-    o->ops++;
-    /* listed once, without a branch (plist has room for one past the
-     * slots) */
-    o->plist[o->pn] = slot;
-    o->pn += !o->pend[slot];
-    o->pend[slot] = 1;
-}
-
-/* the same for a slot or FERRY_MOE_NONE (nothing then), without a
- * branch on which: whether an expert is resident is a coin toss to the
- * branch predictor */
-static inline void ord_touch_any(trord *o, uint32_t l, uint32_t slot)
-{
-    uint32_t v = slot < o->n ? slot : o->n;
-    uint32_t on = o->scell[v] != CELL_NONE;
-    o->lgen[l] &= (uint64_t)on - 1; /* filed: 0, find the least again */
-    o->ops += on;
-    o->plist[o->pn] = v;
-    o->pn += on & !o->pend[v];
-    o->pend[v] |= (uint8_t)on;
-}
-
-/* the same for each of q[0..n), in that order: one loop, the order's
- * fields in registers */
-static void ord_touch_all(trord *o, uint32_t l, const uint32_t *q, uint32_t n)
-{
-    uint32_t pn = o->pn, any = 0, *plist = o->plist, none = o->n, ops = 0;
-    const uint16_t *scell = o->scell;
-    uint8_t *pend = o->pend;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t v = q[i] < none ? q[i] : none;
-        uint32_t on = scell[v] != CELL_NONE;
-        any |= on;
-        ops += on;
-        plist[pn] = v;
-        pn += on & !pend[v];
-        pend[v] |= (uint8_t)on;
-    }
-    o->pn = pn;
-    o->ops += ops;
-    o->lgen[l] &= (uint64_t)any - 1; /* one filed: 0, find the least again */
-}
-
-/* every touched slot still filed, at the end of its expert's cell's list
- * now, in the order first touched (cell: per id, of the model) */
-static void ord_flush(trord *o, const struct trx *x, const uint32_t *occupant, uint32_t E)
-{
-    for (uint32_t i = 0; i < o->pn; i++) {
-        uint32_t slot = o->plist[i], id = occupant[slot];
-        o->pend[slot] = 0;
-        if (o->scell[slot] == CELL_NONE || id == FERRY_MOE_NONE)
-            continue;
-        ord_unfile(o, id / E, slot);
-        ord_file(o, id / E, slot, x[id].cell);
-    }
-    o->pn = 0;
-}
 
 /* ---- the model ---- */
 size_t ferry__transition_bytes(uint32_t num_layers, uint32_t num_experts)
@@ -504,6 +340,7 @@ static void refresh_p(trans *s)
         s->opps[c] -= s->corr[c];
         double prior = c / TR_NCQ >= TR_W + 1 ? TR_P_HI : TR_P_LO;
         s->P[c] = ((double)s->kG[c] + TR_M * prior) / ((double)s->opps[c] + TR_M);
+        s->pmin = c == 0 || s->P[c] < s->pmin ? s->P[c] : s->pmin;
     }
     s->o.ops += TR_NC;
     memset(s->corr, 0, sizeof s->corr);
@@ -584,7 +421,8 @@ typedef struct trmv {
     uint16_t *cc;          /* the layer's cell counts */
     uint64_t *nz, *corr, t;
     uint32_t *tq, ntq;     /* the slots moved, in order */
-    trans *s;
+    const uint32_t *fwhere; /* a follower's slots of the layer's experts, NULL: none */
+    trord *fo;              /* its order */
     uint32_t l, b;
 } trmv;
 
@@ -600,7 +438,8 @@ static inline void mv_init(trmv *m, trans *s, uint32_t l)
     m->t = s->lt[l];
     m->tq = s->tq;
     m->ntq = 0;
-    m->s = s;
+    m->fwhere = s->fol ? s->fol->env.where + m->b : NULL;
+    m->fo = s->fol_o;
     m->l = l;
 }
 
@@ -620,9 +459,8 @@ static inline void mv_move(trmv *m, uint32_t e, uint16_t c)
     xe->cell = c;
     m->tq[m->ntq++] = m->where[e];
     uint32_t slot; /* (a follower's shadow holds the layers it samples alone) */
-    if (__builtin_expect(m->s->fol != NULL, 0) &&
-        (slot = m->s->fol->env.where[m->b + e]) != FERRY_MOE_NONE)
-        ord_touch(m->s->fol_o, m->l, slot);
+    if (__builtin_expect(m->fwhere != NULL, 0) && (slot = m->fwhere[e]) != FERRY_MOE_NONE)
+        ord_touch(m->fo, m->l, slot);
 }
 
 /* e (layer-local) joins the visit's events ev once (marked in emark) */
@@ -988,13 +826,21 @@ static void best_offer(trbest *b, uint32_t v, double pa, double da, uint64_t key
 }
 
 /* the unpinned resident of p's slots (filed in o) with the least p / d
- * under m's model, then touched longer ago */
+ * under m's model, then touched longer ago. The layers are offered from
+ * the furthest d down, and none is looked at once the best so far is
+ * below what any later one could offer (the least P over the nearer d:
+ * pmin / d, compared as best_offer does, strictly, so a tie is still
+ * looked at): the same victim as offering every layer, whose cached
+ * least is mostly of the layer just run, the furthest. */
 static uint32_t tr_pick(const trans *m, const ferry__policy *p, trord *o)
 {
     uint32_t L = p->env.num_layers;
     trbest b = {NIL, 0, 1, 0};
-    ord_flush(o, m->x, p->env.occupant, p->env.num_experts);
-    for (uint32_t l = 0; l < L; l++) {
+    ord_flush(o, m->x, p->env.occupant);
+    for (uint32_t i = 0, l = m->layer; i < L; i++, l = l ? l - 1 : L - 1) {
+        double d = (double)(L - i); /* (l + L - layer) % L, 0 read as L */
+        if (b.slot != NIL && b.p * d < m->pmin * b.d)
+            break;
         o->ops++;
         if (o->lgen[l] != m->pgen) {
             o->least[l] = layer_least(m, p, o, l, 0);
@@ -1003,8 +849,7 @@ static uint32_t tr_pick(const trans *m, const ferry__policy *p, trord *o)
         uint32_t v = o->least[l];
         if (v == NIL || (ferry__pinned(p, v) && (v = layer_least(m, p, o, l, 1)) == NIL))
             continue;
-        uint32_t d = (l + L - m->layer) % L;
-        best_offer(&b, v, m->P[o->scell[v]], d ? (double)d : (double)L, o->key[v]);
+        best_offer(&b, v, m->P[o->scell[v]], d, o->key[v]);
     }
     return b.slot;
 }
