@@ -72,7 +72,13 @@
 
 #include "moe/moe_internal.h"
 
+/* TR_W, TR_K and TR_REFRESH may be set at build time (-DTR_W=8) to
+ * measure another model; the tests and the README's figures are of these
+ * defaults (a TR_K other than 16 counts its rows a lane at a time) */
+#ifndef TR_W
 #define TR_W 16            /* history window (visits of the id's layer) */
+#endif
+#define TR_HMASK ((1u << TR_W) - 1u) /* a history's bits in the window */
 #define TR_NQ 17           /* transition bins: 1 + the edges */
 #define TR_NCQ TR_NQ       /* q values */
 #define TR_NC (2 * (TR_W + 1) * TR_NCQ)
@@ -80,10 +86,14 @@
 #define TR_M 20.0 /* backoff strength toward the prior */
 #define TR_P_HI 0.45
 #define TR_P_LO 0.08
+#ifndef TR_K
 #define TR_K 16         /* successors a row tracks */
+#endif
 #define TR_ROW (2 * TR_K) /* a row's lanes: experts, then counts */
 #define TR_RING (TR_W + 1)
+#ifndef TR_REFRESH
 #define TR_REFRESH 256u /* visits between refreshes of the cells' p */
+#endif
 #define TR_CNT 0x7fffu  /* the most a count or a row's total holds */
 #if defined(__GNUC__)
 #define TR_PREFETCH(a) __builtin_prefetch(a)
@@ -108,7 +118,8 @@ typedef struct trx {
     uint16_t hist; /* bit i = routed at its layer's visit hv - i (the window) */
     uint16_t cell;
 } trx;
-_Static_assert(sizeof(trx) == 8 && TR_W <= 16, "an expert's state is 8 bytes");
+_Static_assert(sizeof(trx) == 8 && TR_W >= 2 && TR_W <= 16, "an expert's state is 8 bytes");
+_Static_assert(TR_K >= 1 && TR_K <= 255 && TR_REFRESH >= 1, "a row's lanes used fit a byte");
 
 #include "moe/tr_order.h"
 
@@ -585,7 +596,7 @@ static void layer_wake(trans *s, uint32_t l)
             continue;
         const uint16_t *set = s->ring + ri * E;
         for (uint32_t i = 0; i < s->ring_n[ri]; i++)
-            s->x[b + set[i]].hist |= (uint16_t)(1u << back); /* (16: out of the window) */
+            s->x[b + set[i]].hist |= (uint16_t)((1u << back) & TR_HMASK); /* (TR_W: out of it) */
     }
     tr_new_stamp(s);
     size_t rr = (size_t)l * TR_RING + V % TR_RING;
@@ -692,7 +703,7 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
      * set, then its new cell */
     for (uint32_t i = 0; i < nev; i++) {
         uint32_t e = ev[i], d = V - mv.x[e].hv, q = umark[e] == stamp ? qv[e] : 0;
-        uint16_t h = (uint16_t)((d >= 16 ? 0 : (uint16_t)(mv.x[e].hist << d)) | (i < nr));
+        uint16_t h = (uint16_t)((d >= TR_W ? 0 : (mv.x[e].hist << d) & TR_HMASK) | (i < nr));
         mv.x[e].hist = h;
         mv.x[e].hv = V;
         mv_move(&mv, e, tr_cell(h, q));

@@ -3,7 +3,9 @@
  * TR_K lanes of (expert, count) kept by space-saving, counted a visit at a
  * time in SSE2 registers where there are some, a lane at a time where not.
  * Static inline functions for that one file; it defines TR_K, TR_CNT and
- * includes <stdint.h> and <string.h> before this.
+ * includes <stdint.h> and <string.h> before this. The registers hold 16
+ * lanes: a TR_K other than 16 (a build-time experiment) takes the lane at
+ * a time form.
  */
 #ifndef FERRY_MOE_SS_ROWS_H
 #define FERRY_MOE_SS_ROWS_H
@@ -23,7 +25,7 @@
  * run in registers: no branch on which lane, no store between two. */
 #define TR_NOBODY 0xffffu
 
-#if defined(__SSE2__)
+#if defined(__SSE2__) && TR_K == 16
 #include <emmintrin.h>
 
 _Static_assert(TR_K == 16, "a row is two registers of 8 lanes");
