@@ -202,6 +202,8 @@ static void every_subcommand_refuses_alike(void **state)
         {"moe sim @/x --model huge", "--model huge"},
         {"moe bench --row-bytes 0", "--row-bytes 0"},
         {"moe bench --device tpu", "--device tpu"},
+        {"moe bench --tokens 8", "--tokens 8"},
+        {"moe bench --tokens 9000", "--tokens 9000"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         expect_usage(cases[i].args, cases[i].piece, NULL);
@@ -373,6 +375,18 @@ static void json_is_one_document(void **state)
     j = one_document("moe bench --quick --row-bytes 64K --device host --json", r);
     assert_string_equal(
         json_string_value(json_object_get(json_object_get(j, "executor"), "device")), "host");
+    json_decref(j);
+    /* --tokens sets the trace: each policy's steps, filling and full, are
+     * its 128 tokens x 58 layers */
+    j = one_document("moe bench --tokens 128 --row-bytes 64K --json", r);
+    json_t *pl = json_object_get(j, "planner");
+    assert_true(json_array_size(pl) > 0);
+    for (size_t i = 0; i < json_array_size(pl); i++) {
+        json_t *e = json_array_get(pl, i);
+        assert_int_equal(json_integer_value(json_object_get(e, "fill_steps")) +
+                             json_integer_value(json_object_get(e, "steady_steps")),
+                         128 * 58);
+    }
     json_decref(j);
     free(r);
 }

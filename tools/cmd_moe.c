@@ -826,7 +826,7 @@ int cmd_moe_bench(int argc, char **argv)
     const char *device = "host";
     int json = 0, quick = 0, k = 0;
     uint64_t row_bytes = 0;
-    uint32_t tokens = 512;
+    uint32_t tokens = 512, tokens_set = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json"))
             json = 1;
@@ -837,6 +837,12 @@ int cmd_moe_bench(int argc, char **argv)
                 return 2;
             device = devices[k];
             i++;
+        } else if (!strcmp(argv[i], "--tokens")) {
+            uint64_t x;
+            if (cli_opt_count(cmd, argv[i], i + 1 < argc ? argv[i + 1] : NULL, 16, 8192, &x))
+                return 2;
+            tokens_set = (uint32_t)x;
+            i++;
         } else if (!strcmp(argv[i], "--row-bytes")) {
             /* 64 rows x 3 banks, twice over (banks and destination): 1.5 GiB at 4M */
             if (cli_opt_size(cmd, argv[i], i + 1 < argc ? argv[i + 1] : NULL, 64, 4u << 20, 0,
@@ -844,7 +850,8 @@ int cmd_moe_bench(int argc, char **argv)
                 return 2;
             i++;
         } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: ferry moe bench [--json] [--quick] [--row-bytes SIZE] [--device host|cuda]\n"
+            printf("usage: ferry moe bench [--json] [--quick] [--tokens N] [--row-bytes SIZE] "
+                   "[--device host|cuda]\n"
                    "planner: ns per layer-step, top-8 of 256 experts x 58 layers, 4096 slots,\n"
                    "         per policy, on the generator's deepseek-v3 trace (512 tokens,\n"
                    "         256 with --quick), the best of 3 passes: once the slots are\n"
@@ -852,6 +859,7 @@ int cmd_moe_bench(int argc, char **argv)
                    "         fill (the first tokens' steps, no victim), apart;\n"
                    "executor: GB/s of slot writes (3 banks) on the device (default host, the\n"
                    "         host backend) vs plain memcpy of the same bytes in the same run.\n"
+                   "  --tokens     16..8192: the trace's length (default 512, 256 with --quick)\n"
                    "  --row-bytes  64..4M (default 1M, 256K with --quick)\n");
             return 0;
         } else
@@ -859,6 +867,8 @@ int cmd_moe_bench(int argc, char **argv)
     }
     if (quick)
         tokens = 256; /* (64 would only fill the slots: no eviction to time) */
+    if (tokens_set)
+        tokens = tokens_set;
     if (!row_bytes) /* not given: the default of the mode */
         row_bytes = quick ? 256u << 10 : 1u << 20;
     ferry_moe_gen_options go = FERRY_MOE_GEN_OPTIONS_INIT;
