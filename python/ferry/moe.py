@@ -22,7 +22,10 @@ next tokens) go to the planner as hints, with a confidence:
 The planner alone (no memory, no copies) is ferry.moe.Planner.
 """
 import ctypes
+import errno
+import functools
 import os
+import threading
 
 import numpy as np
 
@@ -66,9 +69,71 @@ def _bank_bytes(x):
     return addr, n * item
 
 
+_U32_MAX = 2**32 - 1
+
+
+def _u32(v, what):
+    """An integer argument C takes as uint32 (a layer, a slot, a count): a
+    negative value or one past 2^32-1 is refused here, where ctypes would
+    wrap it onto another value (2^32 + 1 onto 1)."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"ferry: {what} is an integer, got {type(v).__name__} {v!r}")
+    if not 0 <= v <= _U32_MAX:
+        raise FerryError(-errno.EINVAL, f"{what} {v} is outside 0 .. 2^32-1")
+    return int(v)
+
+
 def _u32s(experts):
-    ex = np.ascontiguousarray(np.asarray(experts), dtype=np.uint32)
+    """Expert ids as a contiguous uint32 array: a sequence (or array, or
+    tensor) of integers, one-dimensional. Floats, bools and strings are a
+    TypeError and ids outside 0 .. 2^32-1 a FerryError (EINVAL) naming the
+    first, before a cast could truncate 1.7 onto 1 or wrap 2^32 + 1 onto 1."""
+    if is_torch(experts):
+        experts = experts.detach().cpu().numpy()
+    arr = experts if isinstance(experts, np.ndarray) else np.asarray(experts)
+    if arr.ndim != 1:
+        raise ValueError(f"ferry: expert ids are one-dimensional, got shape {arr.shape}")
+    if arr.size and arr.dtype == object:   # ints past int64, or other objects
+        for i, v in enumerate(arr):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"ferry: expert ids must be integers, got "
+                                f"{type(v).__name__} {v!r} at position {i}")
+            if not 0 <= v <= _U32_MAX:
+                raise FerryError(-errno.EINVAL, f"expert id {v} at position {i} is outside "
+                                 "0 .. 2^32-1")
+        arr = arr.astype(np.uint64)
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"ferry: expert ids must be integers, got dtype {arr.dtype}")
+    if arr.size and arr.dtype.kind == "i":
+        bad = (arr < 0) | (arr > _U32_MAX)
+    else:
+        bad = arr > _U32_MAX if arr.size else np.zeros(0, bool)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise FerryError(-errno.EINVAL, f"expert id {int(arr[i])} at position {i} is outside "
+                         "0 .. 2^32-1")
+    ex = np.ascontiguousarray(arr, dtype=np.uint32)
     return ex, ex.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32))
+
+
+def _locked(fn):
+    """One call at a time on the object (ferry/moe.h: each object is used by
+    one thread at a time): threads calling ensure() at once are serialized,
+    and a close() from another thread waits for the call inside."""
+    @functools.wraps(fn)
+    def call(self, *args, **kwargs):
+        with self._lock:
+            return fn(self, *args, **kwargs)
+    return call
+
+
+def _policy_bytes(policy):
+    if policy is None:
+        return None
+    if not isinstance(policy, str):
+        raise TypeError(f"ferry: policy is a name of ferry.policies() or None, got "
+                        f"{type(policy).__name__} {policy!r}")
+    return policy.encode()
 
 
 def _plan_dict(plan):
@@ -79,6 +144,7 @@ def _plan_dict(plan):
 
 def _hint(handle, layer, steps_ahead, experts, confidence):
     ex, ptr = _u32s(experts)
+    layer, steps_ahead = _u32(layer, "layer"), _u32(steps_ahead, "steps_ahead")
     return check(lib.ferry_moe_planner_hint(handle, layer, steps_ahead, ptr, ex.size,
                                             float(confidence)), f"hint layer {layer}")
 
@@ -99,19 +165,24 @@ class Planner(Closing):
     """The planner of ferry/moe.h alone: which expert lives in which of
     `slots` slots, decided by an eviction policy (None: the library's
     default, "auto"), with no memory and no copies - ensure() returns the slots
-    and the copy plan for your own executor."""
+    and the copy plan for your own executor. Calls from several threads are
+    serialized; after close() they raise FerryError (EBADF)."""
+
+    _lock = threading.RLock()   # until __init__ gives the object its own
 
     def __init__(self, num_layers, num_experts, slots, policy=None, expert_bytes=0):
         self._h = None
+        self._lock = threading.RLock()
         po = A.MoePlannerOptions(num_layers=num_layers, num_experts=num_experts, slots=slots,
                                  expert_bytes=expert_bytes)
-        self._policy = policy.encode() if policy is not None else None
+        self._policy = _policy_bytes(policy)
         po.policy = self._policy
         h = ctypes.c_void_p()
         check(lib.ferry_moe_planner_create(ctypes.byref(po), ctypes.byref(h)), "planner create")
         self._h = h
         self.num_layers, self.num_experts, self.slots = num_layers, num_experts, slots
 
+    @_locked
     def close(self):
         if getattr(self, "_h", None):
             lib.ferry_moe_planner_destroy(self._h)
@@ -122,12 +193,14 @@ class Planner(Closing):
             raise FerryError(-9, "the planner is closed", "Planner")
         return self._h
 
+    @_locked
     def ensure(self, layer, experts):
         """One layer of one step: (the slot of each expert in the order given,
         the copy plan {"layer", "dst_slots", "src_rows"} of the rows to move).
         self.last_counts says what the step found."""
         h = self._need()
         ex, ptr = _u32s(experts)
+        layer = _u32(layer, "layer")
         slots = (ctypes.c_uint32 * max(ex.size, 1))()
         plan, counts = A.MoeCopyPlan(), A.MoeCounts()
         check(lib.ferry_moe_planner_ensure(h, layer, ptr, ex.size, slots, ctypes.byref(plan),
@@ -135,6 +208,7 @@ class Planner(Closing):
         self.last_counts = {f: getattr(counts, f) for f, _ in A.MoeCounts._fields_}
         return [slots[i] for i in range(ex.size)], _plan_dict(plan)
 
+    @_locked
     def hint(self, layer, steps_ahead, experts, confidence=1.0):
         """`experts` of `layer` are expected at the step `steps_ahead` layer-steps
         from now (1: the next ensure()), right with probability `confidence`:
@@ -142,32 +216,41 @@ class Planner(Closing):
         evicts instead. Returns the distinct experts hinted."""
         return _hint(self._need(), layer, steps_ahead, experts, confidence)
 
+    @_locked
     def hint_prefetch(self, max_rows):
         """The copy plan of up to max_rows hinted experts that are missing, the
         most valuable layer first, only those expected to save more copies
         than they cost ({"layer", "dst_slots", "src_rows"}; empty: none)."""
         plan = A.MoeCopyPlan()
-        check(lib.ferry_moe_planner_hint_prefetch(self._need(), max_rows, ctypes.byref(plan)),
+        h = self._need()
+        check(lib.ferry_moe_planner_hint_prefetch(h, _u32(max_rows, "max_rows"), ctypes.byref(plan)),
               "hint prefetch")
         return _plan_dict(plan)
 
+    @_locked
     def hint_stats(self):
         """hinted, right, wrong, saves, evicted, fetched, live."""
         return _hint_stats(self._need())
 
+    @_locked
     def stats(self):
         return _planner_stats(self._need())
 
+    @_locked
     def lookup(self, layer, expert):
         """The slot holding (layer, expert), or None."""
-        s = lib.ferry_moe_planner_lookup(self._need(), layer, expert)
+        h = self._need()
+        s = lib.ferry_moe_planner_lookup(h, _u32(layer, "layer"), _u32(expert, "expert"))
         return None if s == 0xFFFFFFFF else s
 
+    @_locked
     def forget(self, slot):
         """The slot's copy failed: it becomes free and its expert missing."""
-        check(lib.ferry_moe_planner_forget(self._need(), slot), f"forget slot {slot}")
+        h = self._need()
+        check(lib.ferry_moe_planner_forget(h, _u32(slot, "slot")), f"forget slot {slot}")
 
     @property
+    @_locked
     def policy(self):
         return lib.ferry_moe_planner_policy(self._need()).decode()
 
@@ -175,11 +258,18 @@ class Planner(Closing):
 class ExpertPool(Closing):
     """Expert slots on a ferry device ("host" here; "cuda" on a GPU), an
     eviction planner over them (policy None: the library's default, "auto"),
-    and a rows source (host banks or a file)."""
+    and a rows source (host banks or a file).
+
+    Threads: calls from several threads are serialized (one ensure at a
+    time, as the C objects require); close() waits for the call inside, and
+    calls after it raise FerryError (EBADF)."""
+
+    _lock = threading.RLock()   # until __init__ gives the object its own
 
     def __init__(self, num_layers, num_experts, slots, banks=None, *, rows_file=None,
                  row_bytes=None, policy=None, device="host"):
         self._dev = self._planner = self._slots = self._rows = self._io = None
+        self._lock = threading.RLock()
         if (banks is None) == (rows_file is None):
             raise ValueError("ferry: give banks (host tensors) or rows_file, one of them")
         g = A.MoeGeometry(num_layers=num_layers, num_experts=num_experts, slots=slots)
@@ -240,13 +330,14 @@ class ExpertPool(Closing):
         self._rows = r
         po = A.MoePlannerOptions(num_layers=g.num_layers, num_experts=g.num_experts,
                                  slots=g.slots, expert_bytes=sum(self.row_bytes))
-        self._policy = policy.encode() if policy is not None else None
+        self._policy = _policy_bytes(policy)
         po.policy = self._policy
         p = ctypes.c_void_p()
         check(lib.ferry_moe_planner_create(ctypes.byref(po), ctypes.byref(p)), "planner create")
         self._planner = p
 
     # -- life --
+    @_locked
     def close(self):
         for attr, fn in (("_planner", lib.ferry_moe_planner_destroy),
                          ("_rows", lib.ferry_moe_rows_destroy),
@@ -263,13 +354,15 @@ class ExpertPool(Closing):
             raise FerryError(-9, "the expert pool is closed", "ExpertPool")
 
     # -- a step --
+    @_locked
     def ensure(self, layer, experts):
         """Make every expert of `experts` (layer-local ids) resident at `layer`:
         the planner picks slots (evicting by its policy) and the executor
         copies only the rows that were missing. Returns the slot of each
         expert, in the order given; self.last_counts says what moved."""
         self._need()
-        ex = np.ascontiguousarray(np.asarray(experts), dtype=np.uint32)
+        ex, _ = _u32s(experts)
+        layer = _u32(layer, "layer")
         n = ex.size
         slots = (ctypes.c_uint32 * max(n, 1))()
         plan, counts = A.MoeCopyPlan(), A.MoeCounts()
@@ -281,11 +374,13 @@ class ExpertPool(Closing):
         self.last_counts = {f: getattr(counts, f) for f, _ in A.MoeCounts._fields_}
         return [slots[i] for i in range(n)]
 
+    @_locked
     def check(self):
         """Raise FerryError unless the planner and the slots agree slot by slot."""
         self._need()
         check(lib.ferry_moe_check(self._planner, self._slots), "check")
 
+    @_locked
     def slot_tensor(self, bank, dtype=None, shape=None):
         """Bank `bank`'s slots as a tensor [slots, *shape] of dtype (default: the
         raw bytes, [slots, row_bytes] uint8), viewing the device memory itself
@@ -318,11 +413,13 @@ class ExpertPool(Closing):
         v = arr.view(dtype) if dtype is not None else arr
         return v.reshape((self.slots,) + tuple(shape)) if shape is not None else v
 
+    @_locked
     def stats(self):
         self._need()
         return _planner_stats(self._planner)
 
     # -- hints --
+    @_locked
     def hint(self, layer, steps_ahead, experts, confidence=1.0):
         """Predicted routes: `experts` of `layer` at the step `steps_ahead`
         layer-steps from now (1: the next ensure()), right with probability
@@ -330,13 +427,15 @@ class ExpertPool(Closing):
         self._need()
         return _hint(self._planner, layer, steps_ahead, experts, confidence)
 
+    @_locked
     def hint_prefetch(self, max_rows=8):
         """Copy up to max_rows hinted experts that are missing into slots now
         (those expected to save more copies than they cost, the most valuable
         layer first), so a later ensure() finds them. Returns the rows copied."""
         self._need()
         plan = A.MoeCopyPlan()
-        n = check(lib.ferry_moe_planner_hint_prefetch(self._planner, max_rows, ctypes.byref(plan)),
+        n = check(lib.ferry_moe_planner_hint_prefetch(self._planner, _u32(max_rows, "max_rows"),
+                                                      ctypes.byref(plan)),
                   "hint prefetch")
         if n:
             self._apply(plan, f"apply hint prefetch of layer {plan.layer}")
@@ -358,13 +457,16 @@ class ExpertPool(Closing):
             raise FerryError(rc, msg or None, what)
         return rc
 
+    @_locked
     def hint_stats(self):
         """hinted, right, wrong, saves, evicted, fetched, live."""
         self._need()
         return _hint_stats(self._planner)
 
     @property
+    @_locked
     def policy(self):
+        self._need()
         return lib.ferry_moe_planner_policy(self._planner).decode()
 
 
@@ -376,7 +478,7 @@ def replay(trace_path, policy=None, slots=0, expert_bytes=0):
     check(lib.ferry_moe_trace_load(os.fsencode(trace_path), ctypes.byref(t)), f"trace {trace_path}")
     try:
         r = A.MoeReplayResult()
-        pol = policy.encode() if policy is not None else None
+        pol = _policy_bytes(policy)
         check(lib.ferry_moe_replay(t, pol, slots, expert_bytes, ctypes.byref(r)),
               "replay")
         out = {f: getattr(r, f) for f, _ in A.MoeReplayResult._fields_}
