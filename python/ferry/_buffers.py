@@ -127,6 +127,28 @@ def _contiguous_strides(shape):
     return tuple(reversed(strides))
 
 
+def _is_contiguous(shape, strides):
+    """Row-major with no gaps. As torch's is_contiguous: the stride of an
+    axis of size 1 is never used, so any value is; an empty tensor holds no
+    element (its capacity, 0 tokens, is checked where the tokens are)."""
+    if any(d == 0 for d in shape):
+        return True
+    want = _contiguous_strides(shape)
+    return all(d == 1 or s == w for d, s, w in zip(shape, strides, want))
+
+
+def storage_of(x):
+    """What keeps a tensor's bytes alive while ferry reads or writes them,
+    whatever later happens to the tensor object (x.set_(), x.data = y):
+    its storage (a torch tensor) or the array itself."""
+    if is_torch(x):
+        try:
+            return x.untyped_storage()
+        except (AttributeError, RuntimeError):   # older torch, or no storage (meta)
+            return x
+    return x
+
+
 def _writable(x):
     if isinstance(x, np.ndarray) and not x.flags.writeable:
         raise ValueError("ferry: the destination array is read-only")
@@ -144,6 +166,9 @@ def tokens_array(tokens):
             return tokens, ctypes.c_int32.from_buffer(tokens)
         except (TypeError, ValueError):  # read-only: fall through
             pass
+    if isinstance(tokens, (int, np.integer)) or (hasattr(tokens, "ndim") and tokens.ndim == 0):
+        raise ValueError("ferry: token ids are a sequence (a list, an array, a tensor), "
+                         f"got the single value {tokens!r}")
     arr = id_array(tokens, "token id")
     if arr.ndim != 1:
         raise ValueError(f"ferry: token ids must be one-dimensional, got shape {arr.shape}")
@@ -281,6 +306,7 @@ class Buffer:
         self.c = A.KVBuffer()
         self.c.layout = layout.c
         self._keep = [data]
+        self.addrs = []       # (tensor, data_ptr) of each tensor given, for moved()
         self._dev = dev
         self.device = False   # FERRY_KV_MEM_DEVICE
         if block_table is None:
@@ -306,15 +332,32 @@ class Buffer:
             raise ValueError(
                 f"ferry: a contiguous KV tensor is [kv={lc.kv}][layers={lc.num_layers}][tokens]"
                 f"[heads*head_dim={row}] (or [..][heads][head_dim]), got {list(shape)}")
-        if strides != _contiguous_strides(shape):
-            raise ValueError("ferry: the KV tensor must be contiguous")
+        if any(d == 0 for d in shape):
+            raise ValueError(f"ferry: the KV tensor {list(shape)} holds no element")
+        if not _is_contiguous(shape, strides):
+            raise ValueError(f"ferry: the KV tensor must be contiguous (shape {list(shape)}, "
+                             f"strides {list(strides)} elements)")
         if writable:
             _writable(t)
+        self._hold(t, addr)
         self.device = bool(mem)
         self.c.mem = mem
         self.c.form = 0
         self.c.base = addr
         self.c.capacity_tokens = shape[2]
+
+    def _hold(self, t, addr):
+        self._keep.append(storage_of(t))
+        if is_torch(t):
+            self.addrs.append((t, addr))
+
+    def moved(self):
+        """A tensor whose memory is no longer where the call read or wrote it
+        (resize_() past its capacity, set_(), .data = ...), or None."""
+        for t, addr in self.addrs:
+            if t.data_ptr() != addr:
+                return t
+        return None
 
     def _paged(self, layout, caches, block_table, writable):
         lc = layout.c
@@ -338,6 +381,8 @@ class Buffer:
                                  f"{dtype_name(lc.dtype)}")
             if writable:
                 _writable(c)
+            if layer_axis is None or i == 0:
+                self._hold(c, addr)
             item = dtype_bytes(dt)
             name, g, kv_offs = paged_geometry(shape, strides, lc, hint, i, layer_axis)
             if layer_axis is not None:   # one tensor for every layer: this layer's slice

@@ -3,6 +3,7 @@ import asyncio
 import ctypes
 import errno
 import os
+import threading
 
 import numpy as np
 
@@ -34,6 +35,20 @@ def parse_size(s):
     return out.value
 
 
+_U32_MAX = 2**32 - 1
+
+
+def _u32_arg(v, what):
+    """A count C takes as uint32 (layers, heads, chunk_tokens, workers ...):
+    a negative value or one past 2^32-1 is refused here, where ctypes would
+    wrap it (-1 onto 4294967295, 2^32 onto 0) and C name the wrapped value."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"ferry: {what} is an integer, got {type(v).__name__} {v!r}")
+    if not 0 <= v <= _U32_MAX:
+        raise FerryError(-errno.EINVAL, f"{what} {v} is outside 0 .. 2^32-1")
+    return int(v)
+
+
 def _name_bytes(names):
     """Chunk names as a list of bytes (str as UTF-8); TypeError for a name
     that is neither, and for one str or bytes where a sequence belongs."""
@@ -57,8 +72,9 @@ class Layout:
     one MLA latent), KV heads, head_dim and dtype."""
 
     def __init__(self, num_layers, num_heads, head_dim, dtype="bf16", kv=2):
-        self.c = A.KVLayout(num_layers=num_layers, kv=kv, num_heads=num_heads,
-                            head_dim=head_dim, dtype=dtype_code(dtype))
+        self.c = A.KVLayout(num_layers=_u32_arg(num_layers, "num_layers"),
+                            kv=_u32_arg(kv, "kv"), num_heads=_u32_arg(num_heads, "num_heads"),
+                            head_dim=_u32_arg(head_dim, "head_dim"), dtype=dtype_code(dtype))
         out = ctypes.c_uint64()
         check(lib.ferry_kv_layout_chunk_bytes(ctypes.byref(self.c), 1, ctypes.byref(out)), "layout")
         self.token_bytes = out.value
@@ -175,6 +191,14 @@ class Op:
     task being cancelled, does not stop the operation: it goes on with its
     buffers, and op.cancel() (safe at any time, from any thread) stops it;
     await op again, or wait(), for its result.
+
+    Buffers in flight: the Op keeps each tensor's storage alive, so
+    dropping the tensor, or x.set_() / x.data = y on it, leaves the memory
+    ferry reads or writes in place. What it cannot hold is memory torch
+    itself frees in place (x.resize_() past the storage's capacity): keep a
+    buffer's size until wait() returns. A tensor whose data_ptr moved while
+    the Op ran makes wait() raise FerryError (EFAULT) instead of returning
+    the tokens moved, since that tensor does not hold them.
     """
 
     def __init__(self, kv, handle, keep, call):
@@ -183,6 +207,7 @@ class Op:
         self._keep = keep
         self._call = call
         self._result = None
+        self._moved = None    # (tensor, address) of a buffer that moved in flight
         self._guard = CallGuard(call)
 
     def _c(self, fn, *args):
@@ -197,6 +222,10 @@ class Op:
     def _settle(self, rc):
         """Keep the first result, free the handle; returns the kept result."""
         if self._result is None:
+            buf = self._keep[0] if self._keep else None
+            t = buf.moved() if buf is not None else None
+            if t is not None:
+                self._moved = (t, dict((id(a), b) for a, b in buf.addrs)[id(t)])
             self._result = rc
         self.free()
         return self._result
@@ -208,6 +237,12 @@ class Op:
                              self._call)
         if rc < 0:
             raise FerryError(rc, None, self._call)
+        if self._moved is not None:
+            raise FerryError(-errno.EFAULT, "a tensor of the operation was resized or given "
+                             "other memory while the operation ran (its data_ptr moved from "
+                             f"{self._moved[1]:#x} to {self._moved[0].data_ptr():#x}): it does "
+                             "not hold the operation's bytes; keep a buffer's memory in place "
+                             "until wait() returns", self._call)
         return rc
 
     def wait(self, timeout=None):
@@ -395,6 +430,7 @@ class KVStore(Closing):
                  device=None, pool_wait_ms=300):
         self._h = None
         self._guard = CallGuard("KVStore")
+        self._released = threading.Event()   # set once close() released everything
         self._salt_reqs = {}
         self._dev = None
         self._devmem = None
@@ -425,6 +461,12 @@ class KVStore(Closing):
                 l2_dir = parsed[0][0]
             else:
                 l2_dirs = [d for d, _ in parsed]
+        if not isinstance(layout, Layout):
+            raise TypeError(f"ferry: layout is a ferry.Layout, got {type(layout).__name__}")
+        for what, v in (("chunk_tokens", chunk_tokens), ("tp_rank", tp_rank),
+                        ("tp_world", tp_world), ("workers", workers),
+                        ("server_timeout_ms", server_timeout_ms), ("pool_wait_ms", pool_wait_ms)):
+            _u32_arg(v, what)
         self.layout = layout
         self._strs = []
         c = A.KVConfig()
@@ -531,11 +573,16 @@ class KVStore(Closing):
         if n <= 0:
             raise ValueError(f"ferry: device_empty of shape {list(shape)} holds no bytes")
         ptr = ctypes.c_uint64()
-        check(lib.ferry_device_alloc(self._dev, n, ctypes.byref(ptr)), "device_empty")
-        host = lib.ferry_devptr_host(self._dev, ptr.value)
-        if not host:
-            lib.ferry_device_free(self._dev, ptr.value)
-            raise FerryError(-errno.EINVAL, "device memory is not host-addressable", "device_empty")
+
+        def alloc(_h):   # inside the store's guard: a close() waits, the device stays open
+            check(lib.ferry_device_alloc(self._dev, n, ctypes.byref(ptr)), "device_empty")
+            host = lib.ferry_devptr_host(self._dev, ptr.value)
+            if not host:
+                lib.ferry_device_free(self._dev, ptr.value)
+                raise FerryError(-errno.EINVAL, "device memory is not host-addressable",
+                                 "device_empty")
+            return host
+        host = self._call(alloc)
         self._devmem.allocs[host] = n
         raw = (ctypes.c_uint8 * n).from_address(host)
         return torch.from_numpy(np.frombuffer(raw, np.uint8)).view(dtype).reshape(shape)
@@ -568,17 +615,28 @@ class KVStore(Closing):
     def close(self):
         """Close the store: calls other threads are inside finish first, later
         calls raise FerryError (EBADF). Ops it started stay valid (close
-        finishes them) and are freed on their own. Safe to call again."""
+        finishes them) and are freed on their own. Safe to call again, and
+        from several threads at once: one releases the store, its streams
+        and its device (after every call inside returned), the others
+        return once it has."""
         guard = getattr(self, "_guard", None)
-        if getattr(self, "_h", None) and guard is not None and guard.end():
-            lib.ferry_kv_close(self._h)
-            self._h = None
-        for s in getattr(self, "_streams", {}).values():
-            lib.ferry_stream_destroy(s)
-        self._streams = {}
-        if getattr(self, "_dev", None):
-            lib.ferry_device_close(self._dev)   # frees device_empty()'s memory too
-            self._dev = None
+        if guard is None:
+            return
+        if not guard.end():      # another close released, or is releasing, it all
+            self._released.wait()
+            return
+        try:
+            if self._h:
+                lib.ferry_kv_close(self._h)
+                self._h = None
+            for s in self._streams.values():
+                lib.ferry_stream_destroy(s)
+            self._streams = {}
+            if self._dev:
+                lib.ferry_device_close(self._dev)   # frees device_empty()'s memory too
+                self._dev = None
+        finally:
+            self._released.set()
 
     # -- lookups --
     def lookup(self, tokens, *, salt=None, partial=False):
