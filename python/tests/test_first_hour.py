@@ -333,3 +333,50 @@ def test_buffer_moved_while_async_op_in_flight():
         # untouched: exact
         y = torch.zeros_like(x)
         assert s.retrieve_async(toks, y).wait() == 2048 and torch.equal(x, y)
+
+
+# -- the vLLM connector called out of order --
+
+@pytest.mark.parametrize("layerwise", ["False", "True"])
+def test_vllm_connector_out_of_order_and_mismatched(layerwise):
+    from types import SimpleNamespace
+    from ferry.adapters import unregister_store
+    from test_adapter_vllm import CHUNK, NAME, Engine, Request, layer_names
+    from tiny_llama import TinyLlama
+    model = TinyLlama(seed=1)
+    lay = ferry.Layout.from_model(model.layers, model.kv_heads, model.head_dim, dtype="f32")
+    s = ferry.KVStore("tiny-llama", lay, l1=64 * CHUNK * lay.token_bytes, chunk_tokens=CHUNK)
+    try:
+        eng = Engine(model, s, {"ferry.store": NAME, "ferry.layerwise": layerwise})
+        w, sc = eng.worker, eng.sched
+        fc = SimpleNamespace(attn_metadata={}, no_compile_layers={})
+        names = layer_names(model)
+        # no metadata bound (a step without the connector's plan): each call does nothing
+        assert w.start_load_kv(fc) is None
+        assert w.wait_for_layer_load(names[0]) is None
+        assert w.save_kv_layer(names[0], eng.caches[0], SimpleNamespace()) is None
+        assert w.wait_for_save() is None
+        assert w.get_finished(set()) == (None, None)
+        # another connector's metadata: a TypeError naming it, not an AttributeError
+        w.bind_connector_metadata(object())
+        with pytest.raises(TypeError, match="FerryConnectorMetadata"):
+            w.start_load_kv(fc)
+        w.clear_connector_metadata()
+        # a negative computed count was answered with tokens ferry does not hold
+        r = Request("r1", list(range(100)))
+        with pytest.raises(ValueError, match="num_computed_tokens"):
+            sc.get_num_new_matched_tokens(r, -5)
+        assert sc.get_num_new_matched_tokens(r, 0) == (0, False)     # nothing stored yet
+        assert sc.get_num_new_matched_tokens(r, 500) == (0, False)
+        # finishing a request twice, or one never seen, releases nothing twice
+        assert sc.request_finished(r, [0]) == (False, None)
+        assert sc.request_finished(r, [0]) == (False, None)
+        assert sc.request_finished(Request("never", [1, 2]), [1]) == (False, None)
+        # caches that do not match the store are refused by name
+        with pytest.raises(ValueError, match="Layout"):
+            w.register_kv_caches({"only": eng.caches[0]})
+        w.shutdown()
+        w.shutdown()
+    finally:
+        unregister_store(NAME)
+        s.close()

@@ -513,11 +513,25 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             log.warning("ferry: vLLM connector: %s; ferry neither loads nor stores for "
                         "this model", self._disabled)
 
+    def _bound_meta(self):
+        """The bound FerryConnectorMetadata, or a TypeError naming what was bound
+        (another connector's metadata would fail deep inside otherwise)."""
+        meta = self._get_connector_metadata()
+        if not isinstance(meta, FerryConnectorMetadata):
+            raise TypeError(f"ferry: the bound connector metadata is {type(meta).__name__}, "
+                            "not the FerryConnectorMetadata build_connector_meta returns")
+        return meta
+
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         """Tokens ferry can supply beyond vLLM's num_computed_tokens: the whole
         chunks every cached group holds (never the last prompt token). Second:
         True with "ferry.async_load" (vLLM allocates the blocks and goes on
         scheduling while the load runs; get_finished reports its end)."""
+        if isinstance(num_computed_tokens, bool) or not isinstance(num_computed_tokens, int) \
+                or num_computed_tokens < 0:
+            # a negative count would be answered with tokens ferry does not hold
+            raise ValueError(f"ferry: num_computed_tokens is an integer >= 0, got "
+                             f"{num_computed_tokens!r} (request {request.request_id!r})")
         tokens = list(getattr(request, "all_token_ids", None) or request.prompt_token_ids or [])
         salt = _salt_of(request)
         prompt = getattr(request, "prompt_token_ids", None)
@@ -797,7 +811,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         layerwise form: start them; load-async: start them and return)."""
         if not self.has_connector_metadata():
             return
-        for spec in self._get_connector_metadata().loads:
+        for spec in self._bound_meta().loads:
             if self._caches is None:
                 raise RuntimeError("ferry: vLLM connector: a load before register_kv_caches")
             if spec.is_async:
@@ -899,7 +913,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             return
         if self._saving is None:
             self._saving = []
-            for spec in self._get_connector_metadata().saves:
+            for spec in self._bound_meta().saves:
                 for g, caches, ids, _, salt in self._targets(spec):
                     try:
                         op = self.store.store_layers(spec.tokens, caches, ids, salt=salt)
@@ -956,7 +970,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         if self._layerwise:
             self._save_finish()
             return
-        for spec in self._get_connector_metadata().saves:
+        for spec in self._bound_meta().saves:
             for g, caches, ids, _, salt in self._targets(spec):
                 try:
                     if self._async_save:
