@@ -380,3 +380,39 @@ def test_vllm_connector_out_of_order_and_mismatched(layerwise):
     finally:
         unregister_store(NAME)
         s.close()
+
+
+# -- the SGLang backend given host indices it cannot honour --
+
+def test_sglang_host_indices_that_name_other_tokens_are_refused():
+    from ferry.adapters import unregister_store
+    from sglang_pools import MHAHost, create_backend, fill
+    from test_adapter_sglang import MHA_LAYOUTS
+    pool = MHAHost(MHA_LAYOUTS[0], page=4)
+    fill(pool.kv_buffer, 1)
+    b = create_backend({"ferry_store": "sgl", "ferry_l1": "8M"}, {"kv": pool})
+    try:
+        keys = ["k0", "k1"]
+        # page 0 named by [0, 9, 2, 3]: ferry moves pages whole, so it stored 0..3
+        with pytest.raises(ValueError, match="not one run"):
+            b.batch_set_v1(keys, torch.tensor([0, 9, 2, 3, 4, 5, 6, 7]))
+        with pytest.raises(TypeError, match="integers"):
+            b.batch_set_v1(keys, torch.arange(8).float())
+        with pytest.raises(ValueError, match="page boundary"):
+            b.batch_set_v1(keys, torch.arange(1, 9))
+        with pytest.raises(FerryError) as e:
+            b.batch_set_v1(keys, torch.arange(-8, 0))
+        assert e.value.code == -errno.EINVAL
+        assert b.batch_exists(keys) == 0          # none of the refused sets stored a page
+        assert b.batch_set_v1(keys, torch.arange(8)) == [True, True]
+        assert b.batch_exists(keys) == 2
+        b.close()
+        b.close()
+        with pytest.raises(FerryError) as e:
+            b.batch_get_v1(keys, torch.arange(8))
+        assert e.value.code == -errno.EBADF and "closed" in e.value.message
+    finally:
+        b.close()
+        s = unregister_store("sgl")
+        if s is not None:
+            s.close()

@@ -364,6 +364,9 @@ class FerryHiCacheStorage(HiCacheStorage):
     def _pool(self, name):
         key = _pool_key(name)
         got = self._pools.get(key)
+        if got is None and getattr(self, "_closed", False):
+            raise FerryError(-errno.EBADF, f"the backend is closed (pool {key!r})",
+                             "FerryHiCacheStorage")
         if got is None:
             known = ", ".join(sorted(self._pools)) or "none"
             raise ValueError(f"ferry: SGLang pool {key!r} is not registered with this backend "
@@ -384,10 +387,22 @@ class FerryHiCacheStorage(HiCacheStorage):
         if hasattr(hi, "detach"):
             hi = hi.detach().cpu().numpy()
         hi = np.asarray(hi).reshape(-1)
+        if hi.size and hi.dtype.kind not in "iu":
+            raise TypeError(f"ferry: SGLang pool {pm.name!r}: host indices are integers, got "
+                            f"dtype {hi.dtype}")
         if hi.size != n * pm.page:
             raise ValueError(f"ferry: SGLang pool {pm.name!r}: {n} pages of {pm.page} tokens "
                              f"need {n * pm.page} host indices, got {hi.size}")
-        return [int(hi[i * pm.page]) for i in range(n)]
+        # a page moves whole from its first index: the others must follow it, or
+        # the page ferry moves would not be the tokens the indices name
+        pages = hi.reshape(n, pm.page).astype(np.int64)
+        off = pages - pages[:, :1]
+        bad = np.flatnonzero((off != np.arange(pm.page)).any(axis=1))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"ferry: SGLang pool {pm.name!r}: page {i}'s host indices "
+                             f"{pages[i].tolist()} are not one run of {pm.page} from a page start")
+        return [int(x) for x in pages[:, 0]]
 
     def _shared_reader(self):
         """MLA pages are the same on every TP rank: rank 0 writes them."""
@@ -671,6 +686,7 @@ class FerryHiCacheStorage(HiCacheStorage):
         self._pools = {}
         self._lookups = {}
         self.store = None
+        self._closed = True     # calls after close: EBADF, not "pool not registered"
 
 
 __all__ = ["FerryHiCacheStorage", "HiCacheStorageConfig", "HiCacheStorageExtraInfo", "PoolName",
