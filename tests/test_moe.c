@@ -197,6 +197,23 @@ static void bad_routes_fail_and_change_nothing(void **state)
     assert_null(q);
 }
 
+/* moe.h: a NULL planner's accessors answer ("", 0, NONE, -EINVAL), never
+ * dereference it (a binding that closed its planner may still ask) */
+static void a_null_planner_is_answered_not_dereferenced(void **state)
+{
+    (void)state;
+    ferry_moe_planner_stats st = FERRY_MOE_PLANNER_STATS_INIT;
+    uint32_t one = 1;
+    assert_string_equal(ferry_moe_planner_policy(NULL), "");
+    assert_string_equal(ferry_moe_planner_last_error(NULL), "");
+    assert_int_equal(ferry_moe_planner_slots(NULL), 0);
+    assert_int_equal(ferry_moe_planner_occupant(NULL, 0), FERRY_MOE_NONE);
+    assert_int_equal(ferry_moe_planner_lookup(NULL, 0, 0), FERRY_MOE_NONE);
+    assert_int_equal(ferry_moe_planner_stats_get(NULL, &st), -EINVAL);
+    assert_int_equal(ferry_moe_planner_ensure(NULL, 0, &one, 1, NULL, NULL, NULL), -EINVAL);
+    ferry_moe_planner_destroy(NULL);
+}
+
 static void planner_options_are_range_checked(void **state)
 {
     (void)state;
@@ -852,6 +869,7 @@ int main(void)
         cmocka_unit_test(lru_evicts_least_recent_with_lowest_slot_ties),
         cmocka_unit_test(every_policy_keeps_the_current_step_resident),
         cmocka_unit_test(bad_routes_fail_and_change_nothing),
+        cmocka_unit_test(a_null_planner_is_answered_not_dereferenced),
         cmocka_unit_test(planner_options_are_range_checked),
         cmocka_unit_test(older_planner_options_prefix_is_accepted),
         cmocka_unit_test(the_default_policy_is_auto_and_top_k_reaches_it),

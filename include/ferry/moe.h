@@ -351,8 +351,11 @@ typedef struct ferry_moe_planner_stats {
 FERRY_API int ferry_moe_planner_create(const ferry_moe_planner_options *opt,
                                        ferry_moe_planner **out);
 FERRY_API void ferry_moe_planner_destroy(ferry_moe_planner *p);
+/** The last error's message ("" for a NULL planner). */
 FERRY_API const char *ferry_moe_planner_last_error(const ferry_moe_planner *p);
+/** The policy's name ("" for a NULL planner). */
 FERRY_API const char *ferry_moe_planner_policy(const ferry_moe_planner *p);
+/** The planner's slots (0 for a NULL planner). */
 FERRY_API uint32_t ferry_moe_planner_slots(const ferry_moe_planner *p);
 
 /**

@@ -358,7 +358,7 @@ const char *ferry_moe_planner_last_error(const ferry_moe_planner *p)
 
 const char *ferry_moe_planner_policy(const ferry_moe_planner *p)
 {
-    return p->pops->name;
+    return p ? p->pops->name : "";
 }
 
 const ferry__policy *ferry__planner_policy(const ferry_moe_planner *p)
@@ -373,7 +373,7 @@ double ferry__planner_hint_p(const ferry_moe_planner *p, double c)
 
 uint32_t ferry_moe_planner_slots(const ferry_moe_planner *p)
 {
-    return p->slots;
+    return p ? p->slots : 0;
 }
 
 /* validate a route and collect its distinct global ids into p->uniq */
