@@ -472,7 +472,10 @@ static void test_direct_cancel_leaves_no_late_write(void **state)
         ferry_kv *kv = NULL;
         FT_ASSERT_OK(ferry_kv_open(&f.c, &kv));
         dst d;
-        dst_contig(&d, &f, 0);
+        if (w % 2) /* (a paged buffer's chunks are many runs each) */
+            dst_paged(&d, &f);
+        else
+            dst_contig(&d, &f, 0);
         memset(f.got, 0xEE, f.bytes + 4096);
         int st[CH];
         ferry_kv_req r = FERRY_KV_REQ_INIT;
@@ -831,6 +834,52 @@ static void test_close_with_direct_retrieve_in_flight(void **state)
     fix_free(&f);
 }
 
+/* a buffer aligned but for one plane (its blocks 2 KiB off a page), and a
+ * retrieve whose skip_tokens falls inside a chunk: those chunks go through
+ * L1 (the rest may be read straight in), every chunk exact, and no byte
+ * below skip_tokens written */
+static void test_partly_aligned_and_straddling_skip(void **state)
+{
+    (void)state;
+    fix f;
+    stored(&f, 0);
+    dst d;
+    dst_paged(&d, &f);
+    d.bases[PLANES - 1] += 2048; /* (into the buffer's spare page) */
+    int st[CH];
+    ferry_kv_stats m;
+    assert_int_equal(cold(&f, &d, st, &m), N);
+    for (unsigned k = 0; k < CH; k++) {
+        assert_int_equal(st[k], 0);
+        assert_true(chunk_from(&d, f.mem, k));
+    }
+    /* (none read straight in: each counted out of L1) */
+    assert_int_equal(m.tier[FERRY_KV_TIER_L1].bytes_read, (uint64_t)CH * CHUNK);
+
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&f.c, &kv));
+    dst_contig(&d, &f, 0);
+    memset(f.got, 0xEE, f.bytes + 4096);
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = CH;
+    r.skip_tokens = CT + 3;
+    assert_int_equal(ferry_kv_retrieve(kv, f.tok, N, &r, &d.b), N);
+    for (unsigned p = 0; p < PLANES; p++)
+        for (unsigned t = 0; t < N; t++) {
+            const uint8_t *g = tok_at(&d, p, t);
+            if (t < CT + 3)
+                assert_true(g[0] == 0xEE && g[TB - 1] == 0xEE && !memcmp(g, g + 1, TB - 1));
+            else
+                assert_memory_equal(g, f.mem + ((size_t)p * N + t) * TB, TB);
+        }
+    m = (ferry_kv_stats)FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
+    assert_int_equal(m.tier[FERRY_KV_TIER_L1].bytes_read, 2 * (uint64_t)CHUNK); /* 0 and 1 */
+    ferry_kv_close(kv);
+    fix_free(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -847,6 +896,7 @@ int main(void)
         cmocka_unit_test(test_direct_and_l1_retrieves_of_one_prefix_at_once),
         cmocka_unit_test(test_direct_retrieve_while_deleted_and_restored),
         cmocka_unit_test(test_close_with_direct_retrieve_in_flight),
+        cmocka_unit_test(test_partly_aligned_and_straddling_skip),
     };
     /* (the test buffers are in 4 KiB pages: direct reads into any aligned one) */
     ferry__kv_set_direct_mode(1);
