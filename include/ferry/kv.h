@@ -71,7 +71,8 @@
  * allocations), no two runs overlap (nor, in the whole retrieve, any two
  * tokens it writes: a block table naming one block for two chunks sends
  * every chunk of it through L1, and the shared block holds one of those
- * chunks' bytes), the whole chunk goes to the buffer
+ * chunks' bytes, or zeros where one failed its check), the whole chunk
+ * goes to the buffer
  * (none of it below skip_tokens), and the buffer lies in huge pages
  * (transparent or hugetlbfs, as the kernel reports them, Linux 6.7+; a
  * read into 4 KiB pages went at half the rate on a VM's disk). The
