@@ -1376,22 +1376,32 @@ static void *writer_thread(void *arg)
 
 typedef struct scribbler {
     unsigned char *src;
-    atomic_int layer; /* the layer being computed: scribbled over; -1 none */
+    pthread_mutex_t mu; /* held while it scribbles, and to change layer */
+    int layer;          /* the layer it scribbles over; -1 none */
     atomic_int stop;
 } scribbler;
 
-/* the engine computing the next layer into its buffer meanwhile */
+/* the engine computing a layer into its buffer meanwhile */
 static void *scribble_thread(void *arg)
 {
     scribbler *s = arg;
     for (unsigned v = 0; !atomic_load(&s->stop); v++) {
-        int l = atomic_load(&s->layer);
-        if (l >= 0)
+        pthread_mutex_lock(&s->mu);
+        if (s->layer >= 0)
             for (unsigned kvi = 0; kvi < 2; kvi++)
-                memset(at(s->src, kvi * L + (unsigned)l, 0), (int)(v & 0xff), plane_bytes());
+                memset(at(s->src, kvi * L + (unsigned)s->layer, 0), (int)(v & 0xff),
+                       plane_bytes());
+        pthread_mutex_unlock(&s->mu);
         sched_yield();
     }
     return NULL;
+}
+
+static void scribble_on(scribbler *s, int layer)
+{
+    pthread_mutex_lock(&s->mu);
+    s->layer = layer;
+    pthread_mutex_unlock(&s->mu);
 }
 
 /* a store of five chunks into an L1 of eight (a window of two, three
@@ -1418,7 +1428,7 @@ static void test_store_window_among_evicting_writers(void **state)
         int32_t tok[NTOK];
         make_tokens(tok, NTOK, 50000 + rep * 1000);
         memset(src, 0x5A, PLANES * plane_bytes());
-        scribbler s = {src, -1, 0};
+        scribbler s = {src, PTHREAD_MUTEX_INITIALIZER, -1, 0};
         assert_int_equal(pthread_create(&stt, NULL, scribble_thread, &s), 0);
         int st[NCH];
         ferry_kv_req req = FERRY_KV_REQ_INIT;
@@ -1429,20 +1439,23 @@ static void test_store_window_among_evicting_writers(void **state)
         if (rc == FERRY_ENOSPACE) { /* (the other writer held every slot) */
             atomic_store(&s.stop, 1);
             pthread_join(stt, NULL);
+            pthread_mutex_destroy(&s.mu);
             continue;
         }
         FT_ASSERT_OK(rc);
         static const unsigned order[L] = {2, 0, 3, 1};
         for (unsigned k = 0; k < L; k++) {
             unsigned l = order[k];
+            scribble_on(&s, -1);
             for (unsigned kvi = 0; kvi < 2; kvi++)
                 memcpy(at(src, kvi * L + l, 0), at(want, kvi * L + l, 0), plane_bytes());
-            atomic_store(&s.layer, k + 1 < L ? (int)order[k + 1] : -1);
+            scribble_on(&s, k + 1 < L ? (int)order[k + 1] : -1); /* the next one */
             FT_ASSERT_OK(ferry_kv_op_layer_done(op, l, NULL));
-            atomic_store(&s.layer, (int)l); /* reused at once */
+            scribble_on(&s, (int)l); /* reused at once */
         }
         atomic_store(&s.stop, 1);
         pthread_join(stt, NULL);
+        pthread_mutex_destroy(&s.mu);
         rc = ferry_kv_op_wait(op, -1);
         assert_true(rc >= 0 || rc == FERRY_ENOSPACE);
         ferry_kv_op_free(op);
