@@ -6,7 +6,10 @@
  * its chunk, cancels at several moments leaving each chunk exact or
  * zeroed or untouched and nothing written after they return, and the L1
  * path kept for misaligned buffers and (by default) for buffers in 4 KiB
- * pages; old-format slabs read directly too.
+ * pages; old-format slabs read directly too; a block shared by two chunks
+ * keeping every chunk off the direct path; two retrieves of one prefix at
+ * once, direct and through L1; retrieves racing deletes and re-stores of
+ * their chunks; the store closed under an in-flight direct retrieve.
  */
 /* ferry-test-labels: concurrent */
 #include <errno.h>
@@ -369,12 +372,15 @@ static void test_direct_bad_piece_is_a_zeroed_miss(void **state)
 static atomic_llong torn_at = -1;
 static atomic_int slow_us;
 static atomic_int tears;
+static atomic_llong late_at = -1; /* a read there reports its landing 30 ms late */
 
 static ssize_t seam_preadv(int fd, const struct iovec *iov, int n, off_t off)
 {
     if (atomic_load(&slow_us))
         usleep((useconds_t)atomic_load(&slow_us));
     ssize_t r = ferry__sys_default()->preadv(fd, iov, n, off);
+    if (off == (off_t)atomic_load(&late_at))
+        usleep(30000);
     if (r > 4096 && off == (off_t)atomic_load(&torn_at)) {
         atomic_fetch_add(&tears, 1);
         return 4096;
@@ -466,7 +472,10 @@ static void test_direct_cancel_leaves_no_late_write(void **state)
         ferry_kv *kv = NULL;
         FT_ASSERT_OK(ferry_kv_open(&f.c, &kv));
         dst d;
-        dst_contig(&d, &f, 0);
+        if (w % 2) /* (a paged buffer's chunks are many runs each) */
+            dst_paged(&d, &f);
+        else
+            dst_contig(&d, &f, 0);
         memset(f.got, 0xEE, f.bytes + 4096);
         int st[CH];
         ferry_kv_req r = FERRY_KV_REQ_INIT;
@@ -564,6 +573,313 @@ static void test_default_reads_only_into_huge_pages(void **state)
     fix_free(&f);
 }
 
+/* a block table that names one block for a token of chunk 1 and one of
+ * chunk 2 (the engine's aliasing, misuse or not): no chunk is read
+ * straight into the buffer, so neither chunk's check sees the other's
+ * bytes: every chunk is found (none blamed as corrupt, none dropped from
+ * L2), the unshared blocks exact, the shared one whole rows of one of them */
+static void test_direct_block_shared_across_chunks_not_direct(void **state)
+{
+    (void)state;
+    fix f;
+    stored(&f, 0);
+    /* chunk 1's first piece lands in the shared block, and reports it
+     * only after chunk 2's first piece landed there too */
+    atomic_store(&late_at, (long long)image_at(&f, 1));
+    seam_on();
+    f.c.l1_bytes = 16 * (uint64_t)CHUNK; /* (several chunks read at once) */
+    for (int rep = 0; rep < 2; rep++) {
+        dst d;
+        dst_paged(&d, &f);
+        d.table[2 * CT / BT] = d.table[CT / BT]; /* chunk 2's first block is chunk 1's */
+        int st[CH];
+        ferry_kv_stats m;
+        assert_int_equal(cold(&f, &d, st, &m), N);
+        assert_int_equal(m.corrupt_chunks, 0);
+        assert_int_equal(m.tier[FERRY_KV_TIER_L2].chunks, CH);
+        for (unsigned k = 0; k < CH; k++)
+            assert_int_equal(st[k], 0);
+        chunk_is(&f, &d, 0, EXACT);
+        chunk_is(&f, &d, 3, EXACT);
+        for (unsigned p = 0; p < PLANES; p++)
+            for (unsigned t = CT; t < 3 * CT; t++) {
+                const uint8_t *g = tok_at(&d, p, t);
+                unsigned row = t % BT, t1 = CT + row, t2 = 2 * CT + row;
+                int shared = t / BT == CT / BT || t / BT == 2 * CT / BT;
+                if (!shared) {
+                    assert_memory_equal(g, f.mem + ((size_t)p * N + t) * TB, TB);
+                    continue;
+                }
+                assert_true(!memcmp(g, f.mem + ((size_t)p * N + t1) * TB, TB) ||
+                            !memcmp(g, f.mem + ((size_t)p * N + t2) * TB, TB));
+            }
+    }
+    ferry__sys_set(NULL);
+    atomic_store(&late_at, -1);
+    fix_free(&f);
+}
+
+/* chunk k in d is src's chunk k, exact */
+static int chunk_from(const dst *d, const uint8_t *src, unsigned k)
+{
+    for (unsigned p = 0; p < PLANES; p++)
+        for (unsigned t = k * CT; t < (k + 1) * CT; t++)
+            if (memcmp(tok_at(d, p, t), src + ((size_t)p * N + t) * TB, TB))
+                return 0;
+    return 1;
+}
+
+typedef struct rthread {
+    ferry_kv *kv;
+    const int32_t *tok;
+    const dst *d;
+    int st[CH];
+    int rc;
+    pthread_barrier_t *go;
+} rthread;
+
+static void *retrieve_thread(void *arg)
+{
+    rthread *t = arg;
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = t->st;
+    r.max_chunks = CH;
+    pthread_barrier_wait(t->go);
+    t->rc = ferry_kv_retrieve(t->kv, t->tok, N, &r, &t->d->b);
+    return NULL;
+}
+
+/* two retrieves of one L2-only prefix at once, one into an aligned buffer
+ * (read straight in), one into a buffer off a page boundary (through L1):
+ * each waits for or reads the chunks the other is reading, and both get
+ * every chunk exact */
+static void test_direct_and_l1_retrieves_of_one_prefix_at_once(void **state)
+{
+    (void)state;
+    fix f;
+    stored(&f, 0);
+    f.c.l1_bytes = 16 * (uint64_t)CHUNK;
+    uint8_t *other = NULL;
+    assert_int_equal(posix_memalign((void **)&other, 4096, f.bytes + 4096), 0);
+    atomic_store(&slow_us, 200);
+    seam_on();
+    for (int rep = 0; rep < 4; rep++) {
+        ferry_kv *kv = NULL;
+        FT_ASSERT_OK(ferry_kv_open(&f.c, &kv));
+        dst a, b;
+        if (rep % 2)
+            dst_paged(&a, &f);
+        else
+            dst_contig(&a, &f, 0);
+        dst_contig(&b, &f, 0);
+        b.b.base = (uint64_t)(uintptr_t)(other + 64);
+        memset(f.got, 0xEE, f.bytes + 4096);
+        memset(other, 0xEE, f.bytes + 4096);
+        pthread_barrier_t go;
+        pthread_barrier_init(&go, NULL, 2);
+        rthread ta = {kv, f.tok, &a, {0}, 0, &go}, tb = {kv, f.tok, &b, {0}, 0, &go};
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, retrieve_thread, &tb), 0);
+        retrieve_thread(&ta);
+        pthread_join(th, NULL);
+        pthread_barrier_destroy(&go);
+        assert_int_equal(ta.rc, N);
+        assert_int_equal(tb.rc, N);
+        for (unsigned k = 0; k < CH; k++) {
+            assert_int_equal(ta.st[k], 0);
+            assert_int_equal(tb.st[k], 0);
+            assert_true(chunk_from(&a, f.mem, k));
+            assert_true(chunk_from(&b, f.mem, k));
+        }
+        ferry_kv_stats m = FERRY_KV_STATS_INIT;
+        FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
+        assert_int_equal(m.corrupt_chunks, 0);
+        FT_ASSERT_OK(ferry__kv_check(kv));
+        ferry_kv_close(kv);
+    }
+    ferry__sys_set(NULL);
+    atomic_store(&slow_us, 0);
+    free(other);
+    fix_free(&f);
+}
+
+typedef struct churn {
+    ferry_kv *kv;
+    fix *f;
+    const uint8_t *alt;
+    atomic_int stop;
+    int deletes, locked;
+} churn;
+
+/* delete the prompt and store it again from the other source, over and over */
+static void *churn_thread(void *arg)
+{
+    churn *c = arg;
+    ferry_kv_buffer src = FERRY_KV_BUFFER_INIT;
+    src.layout = c->f->c.layout;
+    src.capacity_tokens = N;
+    for (unsigned i = 0; !atomic_load(&c->stop); i++) {
+        int rc = ferry_kv_delete(c->kv, c->f->tok, N, NULL);
+        assert_true(rc >= 0 || rc == FERRY_ELOCKED);
+        c->deletes++;
+        c->locked += rc == FERRY_ELOCKED;
+        src.base = (uint64_t)(uintptr_t)(i % 2 ? c->alt : c->f->mem);
+        rc = ferry_kv_store(c->kv, c->f->tok, N, NULL, &src);
+        assert_true(rc >= 0 || rc == FERRY_ENOSPACE);
+    }
+    return NULL;
+}
+
+/* retrieves, direct and not, while another thread deletes the prompt and
+ * stores it again with other bytes (the L1 of two chunks sends the first
+ * ones down to L2 only): every chunk retrieved is wholly one version
+ * or the other, never a mix, and every chunk not retrieved is untouched
+ * or zeroed */
+static void test_direct_retrieve_while_deleted_and_restored(void **state)
+{
+    (void)state;
+    fix f;
+    stored(&f, 0);
+    uint8_t *alt = malloc(f.bytes);
+    assert_non_null(alt);
+    ft_fill_mixed(alt, f.bytes, 771);
+    atomic_store(&slow_us, 100);
+    seam_on();
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&f.c, &kv));
+    churn c = {kv, &f, alt, 0, 0, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, churn_thread, &c), 0);
+    unsigned got = 0, missed = 0;
+    for (int rep = 0; rep < 24; rep++) {
+        dst d;
+        if (rep % 2)
+            dst_paged(&d, &f);
+        else
+            dst_contig(&d, &f, rep % 4 == 2 ? 64 : 0);
+        memset(f.got, 0xEE, f.bytes + 4096);
+        int st[CH];
+        ferry_kv_req r = FERRY_KV_REQ_INIT;
+        r.status = st;
+        r.max_chunks = CH;
+        int rc = ferry_kv_retrieve(kv, f.tok, N, &r, &d.b);
+        assert_true(rc >= 0 && rc <= N);
+        for (unsigned k = 0; k < CH; k++) {
+            if (st[k] == 0) {
+                assert_true(chunk_from(&d, f.mem, k) || chunk_from(&d, alt, k));
+                got++;
+            } else {
+                assert_true(st[k] == FERRY_ENOTFOUND || st[k] == FERRY_ENOSPACE);
+                chunk_is(&f, &d, k, UNTOUCHED_OR_ZEROED);
+                missed++;
+            }
+        }
+    }
+    atomic_store(&c.stop, 1);
+    pthread_join(th, NULL);
+    print_message("retrieved %u chunks, %u missed; %d deletes (%d locked)\n", got, missed,
+                  c.deletes, c.locked);
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
+    assert_int_equal(m.corrupt_chunks, 0);
+    FT_ASSERT_OK(ferry__kv_check(kv));
+    ferry_kv_close(kv);
+    ferry__sys_set(NULL);
+    atomic_store(&slow_us, 0);
+    free(alt);
+    fix_free(&f);
+}
+
+/* the store closed while a direct retrieve is in flight (each read
+ * slowed): close waits for it; the op, freed after the close, answers its
+ * result, every chunk it reports exact, and nothing is written into the
+ * buffer after the close returned */
+static void test_close_with_direct_retrieve_in_flight(void **state)
+{
+    (void)state;
+    fix f;
+    stored(&f, 0);
+    atomic_store(&slow_us, 1000);
+    seam_on();
+    for (int w = 0; w < 3; w++) {
+        ferry_kv *kv = NULL;
+        FT_ASSERT_OK(ferry_kv_open(&f.c, &kv));
+        dst d;
+        if (w == 1)
+            dst_paged(&d, &f);
+        else
+            dst_contig(&d, &f, 0);
+        memset(f.got, 0xEE, f.bytes + 4096);
+        int st[CH];
+        ferry_kv_req r = FERRY_KV_REQ_INIT;
+        r.status = st;
+        r.max_chunks = CH;
+        ferry_kv_op *op = NULL;
+        FT_ASSERT_OK(ferry_kv_retrieve_async(kv, f.tok, N, &r, &d.b, &op));
+        sleep_us(w * 2000);
+        ferry_kv_close(kv);
+        memset(f.got, 0x77, f.bytes + 4096); /* (the engine reuses it at once) */
+        int rc = ferry_kv_op_wait(op, 0);
+        assert_int_equal(rc, N); /* (close waited for it: it ran to its end) */
+        assert_int_equal(ferry_kv_op_test(op), N);
+        for (unsigned k = 0; k < CH; k++)
+            assert_int_equal(st[k], 0);
+        sleep_us(5000);
+        for (size_t x = 0; x < f.bytes + 4096; x += 512)
+            assert_int_equal(f.got[x], 0x77);
+        ferry_kv_op_free(op);
+    }
+    ferry__sys_set(NULL);
+    atomic_store(&slow_us, 0);
+    fix_free(&f);
+}
+
+/* a buffer aligned but for one plane (its blocks 2 KiB off a page), and a
+ * retrieve whose skip_tokens falls inside a chunk: those chunks go through
+ * L1 (the rest may be read straight in), every chunk exact, and no byte
+ * below skip_tokens written */
+static void test_partly_aligned_and_straddling_skip(void **state)
+{
+    (void)state;
+    fix f;
+    stored(&f, 0);
+    dst d;
+    dst_paged(&d, &f);
+    d.bases[PLANES - 1] += 2048; /* (into the buffer's spare page) */
+    int st[CH];
+    ferry_kv_stats m;
+    assert_int_equal(cold(&f, &d, st, &m), N);
+    for (unsigned k = 0; k < CH; k++) {
+        assert_int_equal(st[k], 0);
+        assert_true(chunk_from(&d, f.mem, k));
+    }
+    /* (none read straight in: each counted out of L1) */
+    assert_int_equal(m.tier[FERRY_KV_TIER_L1].bytes_read, (uint64_t)CH * CHUNK);
+
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&f.c, &kv));
+    dst_contig(&d, &f, 0);
+    memset(f.got, 0xEE, f.bytes + 4096);
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = CH;
+    r.skip_tokens = CT + 3;
+    assert_int_equal(ferry_kv_retrieve(kv, f.tok, N, &r, &d.b), N);
+    for (unsigned p = 0; p < PLANES; p++)
+        for (unsigned t = 0; t < N; t++) {
+            const uint8_t *g = tok_at(&d, p, t);
+            if (t < CT + 3)
+                assert_true(g[0] == 0xEE && g[TB - 1] == 0xEE && !memcmp(g, g + 1, TB - 1));
+            else
+                assert_memory_equal(g, f.mem + ((size_t)p * N + t) * TB, TB);
+        }
+    m = (ferry_kv_stats)FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
+    assert_int_equal(m.tier[FERRY_KV_TIER_L1].bytes_read, 2 * (uint64_t)CHUNK); /* 0 and 1 */
+    ferry_kv_close(kv);
+    fix_free(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -576,6 +892,11 @@ int main(void)
         cmocka_unit_test(test_misaligned_buffer_goes_through_l1),
         cmocka_unit_test(test_old_format_read_directly_checked_whole),
         cmocka_unit_test(test_default_reads_only_into_huge_pages),
+        cmocka_unit_test(test_direct_block_shared_across_chunks_not_direct),
+        cmocka_unit_test(test_direct_and_l1_retrieves_of_one_prefix_at_once),
+        cmocka_unit_test(test_direct_retrieve_while_deleted_and_restored),
+        cmocka_unit_test(test_close_with_direct_retrieve_in_flight),
+        cmocka_unit_test(test_partly_aligned_and_straddling_skip),
     };
     /* (the test buffers are in 4 KiB pages: direct reads into any aligned one) */
     ferry__kv_set_direct_mode(1);

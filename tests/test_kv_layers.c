@@ -15,6 +15,8 @@
 /* ferry-test-timeout: 300 */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1328,6 +1330,224 @@ static int child_store(const char *sock, int fd)
         pause();
 }
 
+/* ---- a store past its window among other writers ---- */
+
+typedef struct writer {
+    ferry_kv *kv;
+    atomic_int stop;
+    unsigned stores, exact, missed;
+} writer;
+
+/* store prompts of its own over and over (evicting), each read back: a
+ * chunk it gets is its own bytes */
+static void *writer_thread(void *arg)
+{
+    writer *w = arg;
+    unsigned char *img = pattern_image(41), *got = malloc(PLANES * plane_bytes());
+    ferry_kv_buffer sb = contiguous((uintptr_t)img, FERRY_KV_MEM_HOST);
+    ferry_kv_buffer gb = contiguous((uintptr_t)got, FERRY_KV_MEM_HOST);
+    int32_t tok[NTOK];
+    for (unsigned i = 0; !atomic_load(&w->stop); i++) {
+        make_tokens(tok, NTOK, 30000 + (int32_t)(i % 6) * 1000);
+        int rc = ferry_kv_store(w->kv, tok, NTOK, NULL, &sb);
+        assert_true(rc >= 0 || rc == FERRY_ENOSPACE);
+        w->stores++;
+        int st[NCH];
+        ferry_kv_req req = FERRY_KV_REQ_INIT;
+        req.status = st;
+        req.max_chunks = NCH;
+        memset(got, SENT, PLANES * plane_bytes());
+        rc = ferry_kv_retrieve(w->kv, tok, NTOK, &req, &gb);
+        assert_true(rc >= 0);
+        for (unsigned c = 0; c < NCH; c++) {
+            if (st[c] != 0) {
+                w->missed++;
+                continue;
+            }
+            for (unsigned l = 0; l < L; l++)
+                assert_true(layer_same(img, got, NULL, l, c * CT, (c + 1) * CT));
+            w->exact++;
+        }
+    }
+    free(img);
+    free(got);
+    return NULL;
+}
+
+typedef struct scribbler {
+    unsigned char *src;
+    pthread_mutex_t mu; /* held while it scribbles, and to change layer */
+    int layer;          /* the layer it scribbles over; -1 none */
+    atomic_int stop;
+} scribbler;
+
+/* the engine computing a layer into its buffer meanwhile */
+static void *scribble_thread(void *arg)
+{
+    scribbler *s = arg;
+    for (unsigned v = 0; !atomic_load(&s->stop); v++) {
+        pthread_mutex_lock(&s->mu);
+        if (s->layer >= 0)
+            for (unsigned kvi = 0; kvi < 2; kvi++)
+                memset(at(s->src, kvi * L + (unsigned)s->layer, 0), (int)(v & 0xff),
+                       plane_bytes());
+        pthread_mutex_unlock(&s->mu);
+        sched_yield();
+    }
+    return NULL;
+}
+
+static void scribble_on(scribbler *s, int layer)
+{
+    pthread_mutex_lock(&s->mu);
+    s->layer = layer;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* a store of five chunks into an L1 of eight (a window of two, three
+ * staged) while another writer stores and evicts, the engine writing
+ * each next layer into its buffer while the previous one is declared
+ * done and reusing each layer at once after: every chunk it reports
+ * stored is the layers' bytes as they were at their layer_done, exact,
+ * and the other writer only ever reads back its own bytes */
+static void test_store_window_among_evicting_writers(void **state)
+{
+    (void)state;
+    ferry_kv_config c = config(8, NULL);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    unsigned char *want = pattern_image(43), *src = malloc(PLANES * plane_bytes());
+    unsigned char *got = malloc(PLANES * plane_bytes());
+    ferry_kv_buffer sb = contiguous((uintptr_t)src, FERRY_KV_MEM_HOST);
+    ferry_kv_buffer gb = contiguous((uintptr_t)got, FERRY_KV_MEM_HOST);
+    writer w = {kv, 0, 0, 0, 0};
+    pthread_t wt, stt;
+    assert_int_equal(pthread_create(&wt, NULL, writer_thread, &w), 0);
+    unsigned stored = 0;
+    for (int rep = 0; rep < 12; rep++) {
+        int32_t tok[NTOK];
+        make_tokens(tok, NTOK, 50000 + rep * 1000);
+        memset(src, 0x5A, PLANES * plane_bytes());
+        scribbler s = {src, PTHREAD_MUTEX_INITIALIZER, -1, 0};
+        assert_int_equal(pthread_create(&stt, NULL, scribble_thread, &s), 0);
+        int st[NCH];
+        ferry_kv_req req = FERRY_KV_REQ_INIT;
+        req.status = st;
+        req.max_chunks = NCH;
+        ferry_kv_op *op = NULL;
+        int rc = ferry_kv_store_layers(kv, tok, NTOK, &req, &sb, NULL, &op);
+        if (rc == FERRY_ENOSPACE) { /* (the other writer held every slot) */
+            atomic_store(&s.stop, 1);
+            pthread_join(stt, NULL);
+            pthread_mutex_destroy(&s.mu);
+            continue;
+        }
+        FT_ASSERT_OK(rc);
+        static const unsigned order[L] = {2, 0, 3, 1};
+        for (unsigned k = 0; k < L; k++) {
+            unsigned l = order[k];
+            scribble_on(&s, -1);
+            for (unsigned kvi = 0; kvi < 2; kvi++)
+                memcpy(at(src, kvi * L + l, 0), at(want, kvi * L + l, 0), plane_bytes());
+            scribble_on(&s, k + 1 < L ? (int)order[k + 1] : -1); /* the next one */
+            FT_ASSERT_OK(ferry_kv_op_layer_done(op, l, NULL));
+            scribble_on(&s, (int)l); /* reused at once */
+        }
+        atomic_store(&s.stop, 1);
+        pthread_join(stt, NULL);
+        pthread_mutex_destroy(&s.mu);
+        rc = ferry_kv_op_wait(op, -1);
+        assert_true(rc >= 0 || rc == FERRY_ENOSPACE);
+        ferry_kv_op_free(op);
+        int gst[NCH];
+        req.status = gst;
+        memset(got, SENT, PLANES * plane_bytes());
+        assert_true(ferry_kv_retrieve(kv, tok, NTOK, &req, &gb) >= 0);
+        for (unsigned i = 0; i < NCH; i++) {
+            assert_true(st[i] == 0 || st[i] == FERRY_ENOSPACE);
+            if (gst[i] != 0)
+                continue; /* (not stored, or evicted since) */
+            assert_int_equal(st[i], 0);
+            for (unsigned l = 0; l < L; l++)
+                assert_true(layer_same(want, got, NULL, l, i * CT, (i + 1) * CT));
+            stored++;
+        }
+    }
+    atomic_store(&w.stop, 1);
+    pthread_join(wt, NULL);
+    print_message("layerwise chunks read back %u; the writer's %u stores: %u exact, %u "
+                  "missed\n", stored, w.stores, w.exact, w.missed);
+    assert_true(stored > 0);
+    FT_ASSERT_OK(ferry__kv_check(kv));
+    ferry_kv_close(kv);
+    free(want);
+    free(src);
+    free(got);
+}
+
+typedef struct canceller {
+    ferry_kv_op *op;
+    pthread_barrier_t *go;
+    int rc;
+} canceller;
+
+static void *cancel_thread(void *arg)
+{
+    canceller *c = arg;
+    pthread_barrier_wait(c->go);
+    c->rc = ferry_kv_op_cancel(c->op);
+    return NULL;
+}
+
+/* the last layer declared done while another thread cancels (past the
+ * window: staged chunks too): the store ends whole or not at all (the
+ * cancel answers the tokens stored, or -ECANCELED and nothing visible),
+ * the layer's call answers 0 or -ECANCELED, and no slot is left held */
+static void test_store_last_layer_races_cancel(void **state)
+{
+    (void)state;
+    ferry_kv *kv = open_store(8, NULL);
+    unsigned char *src = pattern_image(47);
+    ferry_kv_buffer sb = contiguous((uintptr_t)src, FERRY_KV_MEM_HOST);
+    unsigned whole = 0, none = 0;
+    for (int rep = 0; rep < 40; rep++) {
+        int32_t tok[NTOK];
+        make_tokens(tok, NTOK, 70000 + rep * 1000);
+        int st[NCH];
+        ferry_kv_req req = FERRY_KV_REQ_INIT;
+        req.status = st;
+        req.max_chunks = NCH;
+        ferry_kv_op *op = NULL;
+        FT_ASSERT_OK(ferry_kv_store_layers(kv, tok, NTOK, &req, &sb, NULL, &op));
+        for (unsigned l = 0; l + 1 < L; l++)
+            FT_ASSERT_OK(ferry_kv_op_layer_done(op, l, NULL));
+        pthread_barrier_t go;
+        pthread_barrier_init(&go, NULL, 2);
+        canceller c = {op, &go, 0};
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, cancel_thread, &c), 0);
+        pthread_barrier_wait(&go);
+        int lrc = ferry_kv_op_layer_done(op, L - 1, NULL);
+        pthread_join(th, NULL);
+        pthread_barrier_destroy(&go);
+        assert_true(lrc == 0 || lrc == -ECANCELED);
+        assert_true(c.rc == (int)NTOK || c.rc == -ECANCELED);
+        assert_int_equal(ferry_kv_op_wait(op, 0), c.rc);
+        for (unsigned i = 0; i < NCH; i++)
+            assert_int_equal(st[i], c.rc < 0 ? -ECANCELED : 0);
+        ferry_kv_op_free(op);
+        assert_int_equal(lookup(kv, tok), c.rc < 0 ? 0 : (int)NTOK);
+        whole += c.rc >= 0;
+        none += c.rc < 0;
+        FT_ASSERT_OK(ferry__kv_check(kv));
+        assert_true(ferry_kv_clear(kv) >= 0);
+    }
+    print_message("stored whole %u, cancelled %u\n", whole, none);
+    assert_l1_chunks(kv, 0);
+    ferry_kv_close(kv);
+    free(src);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 4 && strcmp(argv[1], "--child-store") == 0)
@@ -1341,6 +1561,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_retrieve_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_store_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_store_stage_nomem, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_store_window_among_evicting_writers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_store_last_layer_races_cancel, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fake_cuda, setup, teardown),
         cmocka_unit_test_setup_teardown(test_server, setup, teardown),
     };

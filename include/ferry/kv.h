@@ -68,7 +68,11 @@
  * copy, when every run of the buffer the chunk fills (one per layer and
  * K/V for a contiguous buffer, one per block of those for a paged one)
  * starts and ends on a 4096-byte boundary (pinned host memory, page-aligned
- * allocations), no two runs overlap, the whole chunk goes to the buffer
+ * allocations), no two runs overlap (nor, in the whole retrieve, any two
+ * tokens it writes: a block table naming one block for two chunks sends
+ * every chunk of it through L1, and the shared block holds one of those
+ * chunks' bytes, or zeros where one failed its check), the whole chunk
+ * goes to the buffer
  * (none of it below skip_tokens), and the buffer lies in huge pages
  * (transparent or hugetlbfs, as the kernel reports them, Linux 6.7+; a
  * read into 4 KiB pages went at half the rate on a VM's disk). The
@@ -132,7 +136,10 @@
  * inside have returned before it frees anything. A call that begins after
  * ferry_kv_close() returned uses a freed handle (as with any freed
  * object). Buffers given to an asynchronous call stay the caller's and
- * must not be touched (or freed) until the operation completes.
+ * must not be touched (or freed) until the operation completes, nor be
+ * given to another call meanwhile: two operations in flight into buffers
+ * that overlap race, and a direct read (below) whose checked bytes another
+ * write changed is a miss, zeroed.
  *
  * Token ids are 0 .. 2^31-1: a negative id is refused (-EINVAL, naming its
  * position), as is a negative block id.

@@ -10,7 +10,8 @@
  * It can when every run's address and length are multiples of
  * FERRY_IO_ALIGN (what O_DIRECT needs; pinned host memory, page-aligned
  * allocations and their block pools are), no two runs overlap (a block
- * table naming one block twice), the whole chunk goes to the engine (no
+ * table naming one block twice), nor any two tokens the retrieve writes
+ * (checked once per retrieve), the whole chunk goes to the engine (no
  * token of it below skip_tokens), the tier reads exactly the chunk image
  * (its slot bytes are the chunk's) and the op was not cancelled. Else the
  * chunk takes the L1 path (store_rpiece.c, store_retrieve.c) unchanged.
@@ -156,6 +157,55 @@ static int runs_apart(const ferry__kv_run *run, size_t n)
     return ok;
 }
 
+/* one run of a token the retrieve writes, kept (joined to the one before
+ * when it follows it) */
+static int any_run(void *ctx, uint64_t addr, unsigned char *img, uint64_t len)
+{
+    (void)img;
+    plan_ctx *p = ctx;
+    ferry__kv_run *last = p->n ? &p->run[p->n - 1] : NULL;
+    if (last && last->addr + last->len == addr) {
+        last->len += len;
+        return 0;
+    }
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? 2 * p->cap : 256;
+        ferry__kv_run *g = ferry__realloc(p->run, cap * sizeof *g);
+        if (!g)
+            return -1;
+        p->run = g;
+        p->cap = cap;
+    }
+    p->run[p->n++] = (ferry__kv_run){0, addr, len};
+    return 0;
+}
+
+/* no two tokens the retrieve writes (from skip_tokens on) share a byte of
+ * the buffer: else a chunk read straight in could be checked over another
+ * chunk's bytes that landed on its own (a block table naming one block
+ * for two chunks), fail, be dropped from L2 as damaged, and be zeroed over
+ * the other chunk's checked bytes. A contiguous tensor's tokens never
+ * share; a paged buffer's are walked once per retrieve */
+static int request_apart(rtv *r)
+{
+    ferry_kv *kv = r->kv;
+    if (r->buf->form != FERRY_KV_PAGED)
+        return 1;
+    plan_ctx p = {NULL, 0, 0, NULL};
+    int rc = 0;
+    for (size_t i = 0; rc >= 0 && i < r->nch; i++) {
+        ferry__kv_span sp = ferry__kv_span_from(&kv->layout, kv->chunk_tokens, i,
+                                                ferry__kv_chunk_ntok(kv, i, r->n), r->skip);
+        if (sp.ntok)
+            rc = ferry__kv_xfer_walk(r->buf, kv->chunk_tokens, sp.tok0, sp.ntok,
+                                     (unsigned char *)(uintptr_t)FERRY_IO_ALIGN + sp.img_off,
+                                     any_run, &p);
+    }
+    int ok = rc >= 0 && (p.n < 2 || runs_apart(p.run, p.n));
+    ferry__free(p.run);
+    return ok;
+}
+
 int ferry__kv_rt_direct_plan(rtv *r, size_t i)
 {
     ferry_kv *kv = r->kv;
@@ -166,6 +216,10 @@ int ferry__kv_rt_direct_plan(rtv *r, size_t i)
     if (!mode || r->s || !t->aops->submitv || !r->plnd || t->slot_bytes != kv->chunk_bytes ||
         ferry__kv_chunk_ntok(kv, i, r->n) != kv->chunk_tokens || r->skip > tok0 ||
         ferry__kv_cancelled(r->cancel) || ferry__kv_rt_failed(r) < 0)
+        return 0;
+    if (!r->dapart)
+        r->dapart = request_apart(r) ? 1 : 2;
+    if (r->dapart != 1)
         return 0;
     plan_ctx p = {NULL, 0, 0, (const unsigned char *)(uintptr_t)FERRY_IO_ALIGN};
     int rc = ferry__kv_xfer_walk(r->buf, kv->chunk_tokens, tok0, kv->chunk_tokens,

@@ -127,6 +127,9 @@ typedef struct rtv {
     uint64_t dgot;              /* chunks read straight into the buffer (not out of L1) */
     struct iovec *iov;          /* a direct piece's runs, while it is submitted */
     unsigned iov_cap;
+    /* direct reads: no two tokens the retrieve writes share a byte of the
+     * buffer (1), some do (2: none is read directly), not asked yet (0) */
+    int dapart;
 } rtv;
 
 /* *at, once: the time since the retrieve began */
