@@ -255,6 +255,26 @@ class Planner(Closing):
         return lib.ferry_moe_planner_policy(self._need()).decode()
 
 
+class _SlotMemory:
+    """The slots and the device under them once the pool is closed: freed
+    when the last slot_tensor view of them is gone (each view's buffer
+    holds this), so a view read after close() reads the last bytes, never
+    freed memory."""
+
+    def __init__(self):
+        self.slots = self.dev = None
+
+    def __del__(self):
+        try:
+            if self.slots:
+                lib.ferry_moe_slots_destroy(self.slots)
+            if self.dev:
+                lib.ferry_device_close(self.dev)
+        except Exception:  # interpreter shutdown: the library may be gone
+            pass
+        self.slots = self.dev = None
+
+
 class ExpertPool(Closing):
     """Expert slots on a ferry device ("host" here; "cuda" on a GPU), an
     eviction planner over them (policy None: the library's default, "auto"),
@@ -269,6 +289,7 @@ class ExpertPool(Closing):
     def __init__(self, num_layers, num_experts, slots, banks=None, *, rows_file=None,
                  row_bytes=None, policy=None, device="host"):
         self._dev = self._planner = self._slots = self._rows = self._io = None
+        self._mem = None   # the slots' memory, once a slot_tensor view holds it
         self._lock = threading.RLock()
         if (banks is None) == (rows_file is None):
             raise ValueError("ferry: give banks (host tensors) or rows_file, one of them")
@@ -339,6 +360,12 @@ class ExpertPool(Closing):
     # -- life --
     @_locked
     def close(self):
+        mem = getattr(self, "_mem", None)
+        if mem is not None:
+            # slot_tensor views hold the slots' memory: it goes with the last
+            # of them (now, when none is left), the device after it
+            mem.slots, mem.dev = getattr(self, "_slots", None), getattr(self, "_dev", None)
+            self._slots = self._dev = self._mem = None
         for attr, fn in (("_planner", lib.ferry_moe_planner_destroy),
                          ("_rows", lib.ferry_moe_rows_destroy),
                          ("_slots", lib.ferry_moe_slots_destroy),
@@ -348,6 +375,7 @@ class ExpertPool(Closing):
             if h:
                 fn(h)
                 setattr(self, attr, None)
+        del mem
 
     def _need(self):
         if not self._planner:
@@ -384,8 +412,9 @@ class ExpertPool(Closing):
     def slot_tensor(self, bank, dtype=None, shape=None):
         """Bank `bank`'s slots as a tensor [slots, *shape] of dtype (default: the
         raw bytes, [slots, row_bytes] uint8), viewing the device memory itself
-        (the host device; a GPU's slots are not host memory). The view is valid
-        while the pool is open: close() frees the memory under it."""
+        (the host device; a GPU's slots are not host memory). The view keeps
+        that memory: after close() it holds the slots' last bytes, and the
+        memory goes with the last view."""
         self._need()
         if self._backend != b"host":
             raise ValueError("ferry: slot_tensor views host-device slots only")
@@ -400,6 +429,9 @@ class ExpertPool(Closing):
             raise FerryError(-22, "slot memory is not host-addressable", "slot_tensor")
         rb = self.row_bytes[bank]
         raw = (ctypes.c_uint8 * (stride * (self.slots - 1) + rb)).from_address(host)
+        if self._mem is None:
+            self._mem = _SlotMemory()
+        raw._ferry_mem = self._mem  # every view of raw's bytes holds the memory
         arr = np.lib.stride_tricks.as_strided(np.frombuffer(raw, np.uint8),
                                               shape=(self.slots, rb), strides=(stride, 1))
         if torch is not None and (dtype is None or isinstance(dtype, torch.dtype)):

@@ -204,6 +204,38 @@ def test_pool_policy_after_close_raises_instead_of_crashing():
     assert out.strip() == str(-errno.EBADF)
 
 
+def test_slot_view_read_after_close_holds_the_last_bytes():
+    """slot_tensor's view keeps the slots' memory: read after close() (and
+    after the pool is dropped) it holds the rows last copied in, where it
+    used to read freed memory (a segfault); views derived from it too."""
+    L, E, S, R = 2, 8, 4, 4096
+    bank = torch.randint(0, 256, (L * E, R), dtype=torch.uint8,
+                         generator=torch.Generator().manual_seed(3))
+    pool = ferry.ExpertPool(L, E, S, [bank], policy="lru")
+    slots = pool.ensure(1, [2, 5])
+    view = pool.slot_tensor(0)
+    row = view[slots[1]]                      # a view of the view
+    words = pool.slot_tensor(0, dtype=torch.int32)
+    pool.close()
+    with pytest.raises(FerryError):
+        pool.slot_tensor(0)                   # no new view of a closed pool
+    del pool
+    gc.collect()
+    assert torch.equal(view[slots[0]], bank[E + 2])
+    assert torch.equal(row, bank[E + 5])
+    assert torch.equal(words[slots[1]], bank[E + 5].view(torch.int32))
+    del view, words
+    gc.collect()
+    assert torch.equal(row, bank[E + 5])      # the last view still holds it
+    # a pool with views never taken closes at once, and one whose views are
+    # all gone frees them with close
+    p2 = ferry.ExpertPool(L, E, S, [bank], policy="lru")
+    v2 = p2.slot_tensor(0)
+    del v2
+    p2.close()
+    assert p2._mem is None and p2._slots is None and p2._dev is None
+
+
 def test_pool_refuses_ids_a_cast_would_wrap_or_truncate():
     bank = torch.arange(2 * 8 * 64, dtype=torch.int64).to(torch.uint8).reshape(16, 64)
     with ferry.ExpertPool(2, 8, 4, [bank]) as pool, ferry.Planner(2, 8, 4) as planner:
