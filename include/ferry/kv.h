@@ -70,8 +70,9 @@
  * starts and ends on a 4096-byte boundary (pinned host memory, page-aligned
  * allocations), no two runs overlap (nor, in the whole retrieve, any two
  * tokens it writes: a block table naming one block for two chunks sends
- * every chunk of it through L1, and the shared block holds one of those
- * chunks' bytes, or zeros where one failed its check), the whole chunk
+ * every chunk of it through L1, copied out one after another, and the
+ * shared block holds whole rows of one of those chunks, or zeros where
+ * one failed its check), the whole chunk
  * goes to the buffer
  * (none of it below skip_tokens), and the buffer lies in huge pages
  * (transparent or hugetlbfs, as the kernel reports them, Linux 6.7+; a

@@ -795,6 +795,40 @@ static void rt_free(rtv *r)
 
 /* the per-chunk state and the read plan of a retrieve of nch chunks:
  * 0, or -ENOMEM with nothing held */
+/* a paged buffer's block table naming one block twice among the tokens
+ * the retrieve writes ([skip, n)): two chunks' copies would meet in that
+ * block, so they are made one after another on this thread, never at once
+ * on two (the block then holds whole rows of one of them). 1 also when
+ * there is no memory to tell */
+static int by_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int table_repeats(const ferry_kv_buffer *b, uint64_t skip, uint64_t n)
+{
+    if (b->form != FERRY_KV_PAGED || !b->block_tokens || n <= skip || !b->block_table)
+        return 0;
+    uint64_t first = skip / b->block_tokens, last = (n - 1) / b->block_tokens;
+    if (last >= b->table_len)
+        last = b->table_len ? b->table_len - 1 : 0;
+    if (last <= first)
+        return 0;
+    size_t m = (size_t)(last - first + 1);
+    uint32_t *ids = ferry__malloc(m * sizeof *ids);
+    if (!ids)
+        return 1;
+    for (size_t k = 0; k < m; k++)
+        ids[k] = (uint32_t)b->block_table[first + k];
+    qsort(ids, m, sizeof *ids, by_u32);
+    int rep = 0;
+    for (size_t k = 1; !rep && k < m; k++)
+        rep = ids[k] == ids[k - 1];
+    ferry__free(ids);
+    return rep;
+}
+
 static int rt_init(rtv *r, size_t nch)
 {
     ferry_kv *kv = r->kv;
@@ -842,7 +876,8 @@ static int rt_init(rtv *r, size_t nch)
      * together: two CPUs copy them, not one after the other). Not for
      * small chunks: waking a worker (tens of us) would cost more than the
      * copy it takes over (a 256 KiB chunk copies in about as long) */
-    if (!r->s && nch > 1 && r->kv->chunk_bytes >= r->kv->handoff_min) {
+    if (!r->s && nch > 1 && r->kv->chunk_bytes >= r->kv->handoff_min &&
+        !table_repeats(r->buf, r->skip, r->n)) {
         r->wcopy = 1;
         pthread_mutex_init(&r->cmu, NULL);
         pthread_cond_init(&r->ccv, NULL);
