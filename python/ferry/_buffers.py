@@ -359,6 +359,16 @@ class Buffer:
                 return t
         return None
 
+    def moved_layer(self, layer, num_layers):
+        """moved() for the tensor holding layer `layer` alone when each layer
+        is a tensor of its own (a paged buffer's per-layer caches: addrs are
+        in layer order), else for every tensor: one check per layer_done."""
+        a = self.addrs
+        if len(a) == num_layers > 1:
+            t, addr = a[layer]
+            return t if t.data_ptr() != addr else None
+        return self.moved()
+
     def _paged(self, layout, caches, block_table, writable):
         lc = layout.c
         hint = getattr(layout, "cache_layout", None)

@@ -346,14 +346,36 @@ class LayerOp(Op):
         return super().done()
 
     def _live(self, what, fn, *args):
-        """fn(handle, *args) on the live handle, else FerryError."""
+        """fn(handle, *args) on the live handle; once the operation ended (its
+        handle freed), what C would answer from its end: _ended's."""
         rc = self._c(fn, *args)
         if rc is None:
-            raise FerryError(-errno.EINVAL, "the operation is finished and freed", what)
+            return self._ended(what)
+        return rc
+
+    def _ended(self, what):
+        """A layer call on an operation that ended (waited, cancelled, or its
+        store closed): a retrieve's wait_layer answers its result (every layer
+        landed, or its error: -ECANCELED after a cancel); layer_done answers
+        -ECANCELED for a store that ended short of its layers, FERRY_ESTATE
+        for one that took them all; the wrong kind of op, FERRY_ESTATE."""
+        rc = self._result
+        call = f"{self._call}: {what}"
+        if rc is None:
+            raise FerryError(-errno.EINVAL, "the operation was freed before it finished", call)
+        if (what == "layer_done") != bool(self._store):
+            kind = "store" if what == "layer_done" else "retrieve"
+            raise FerryError(_FERRY_ESTATE, f"the op is not a layerwise {kind}", call)
+        if rc < 0:
+            raise FerryError(rc, "the operation ended", call)
+        if what == "layer_done":
+            raise FerryError(_FERRY_ESTATE, "the store is over: every layer was done already",
+                             call)
         return rc
 
     def wait_layer(self, layer, timeout=None):
-        """Tokens loaded into layer `layer` (a retrieve), once it landed. Into
+        """Tokens loaded into layer `layer` (a retrieve), once it landed (after
+        the op ended: its result, or its error, -ECANCELED after a cancel). Into
         CUDA tensors: torch.cuda.current_stream() is made to wait for the
         layer's copies on the device (ferry_kv_op_stream_wait_layer), so the
         engine's next kernels on that stream read the loaded KV."""
@@ -378,8 +400,20 @@ class LayerOp(Op):
         """Layer `layer` of the source is ready: copy it (a store). From CUDA
         tensors the copies are queued after the work already queued on
         torch.cuda.current_stream() (the kernels that computed the layer), so
-        the call does not block the host."""
+        the call does not block the host. A source whose memory moved since
+        store_layers (resize_ past its capacity, set_) cancels the store:
+        FerryError (EFAULT), nothing of it stored."""
         layer = _layer_index(layer, self.num_layers)
+        keep = self._keep
+        t = keep[0].moved_layer(layer, self.num_layers) if keep else None
+        if t is not None:
+            # its memory is not where the op reads (resized past capacity: freed):
+            # the layer would be other bytes, so the store ends, committing nothing
+            self.cancel()
+            raise FerryError(-errno.EFAULT, f"layer {layer}'s source tensor was resized or "
+                             "given other memory after store_layers (its data_ptr moved to "
+                             f"{t.data_ptr():#x}); the store is cancelled, nothing of it "
+                             "stored", f"{self._call}: layer_done")
         stream = self._kv._engine_stream() if self._cuda else None
         check(self._live("layer_done", lib.ferry_kv_op_layer_done, layer, stream),
               f"{self._call}: layer_done({layer})")

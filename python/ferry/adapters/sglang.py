@@ -364,7 +364,7 @@ class FerryHiCacheStorage(HiCacheStorage):
     def _pool(self, name):
         key = _pool_key(name)
         got = self._pools.get(key)
-        if got is None and getattr(self, "_closed", False):
+        if getattr(self, "_closed", False):
             raise FerryError(-errno.EBADF, f"the backend is closed (pool {key!r})",
                              "FerryHiCacheStorage")
         if got is None:
@@ -381,6 +381,8 @@ class FerryHiCacheStorage(HiCacheStorage):
 
     # ---- the page moves ----
     def _starts(self, pm, n, host_indices):
+        if n == 0 and (host_indices is None or len(host_indices) == 0):
+            return []
         if host_indices is None:
             raise ValueError(f"ferry: SGLang pool {pm.name!r}: no host indices for {n} pages")
         hi = host_indices
@@ -402,7 +404,17 @@ class FerryHiCacheStorage(HiCacheStorage):
             i = int(bad[0])
             raise ValueError(f"ferry: SGLang pool {pm.name!r}: page {i}'s host indices "
                              f"{pages[i].tolist()} are not one run of {pm.page} from a page start")
-        return [int(x) for x in pages[:, 0]]
+        # inside the pool: a negative index would be Python's from the end (a
+        # flat-byte pool's page read or written in another slot)
+        size = getattr(pm.host, "size", None)
+        out = pages[:, 0]
+        oob = np.flatnonzero((out < 0) | (out > size - pm.page if size is not None else False))
+        if oob.size:
+            i = int(oob[0])
+            raise FerryError(-errno.EINVAL, f"SGLang pool {pm.name!r}: page {i}'s host "
+                             f"indices {pages[i].tolist()} are outside the pool (0 .. {size})",
+                             "FerryHiCacheStorage")
+        return [int(x) for x in out]
 
     def _shared_reader(self):
         """MLA pages are the same on every TP rank: rank 0 writes them."""
@@ -497,6 +509,9 @@ class FerryHiCacheStorage(HiCacheStorage):
             got = self._lookups[key] = (store.lookup_named_packed, tuple(self._salts(key)))
         lookup, salts = got
         if type(keys) is not list and not isinstance(keys, (list, tuple)):
+            if isinstance(keys, (str, bytes, bytearray)):   # would be its characters as keys
+                raise TypeError(f"ferry: SGLang keys are a list of keys, got one "
+                                f"{type(keys).__name__}")
             keys = list(keys)
         asked = n = len(keys)
         if n == 1 and type(keys[0]) is str:     # the scheduler's one-key exists
@@ -587,8 +602,13 @@ class FerryHiCacheStorage(HiCacheStorage):
 
     def _v2(self, transfers, fn):
         plan = []
+        seen = set()
         for t in transfers:     # every transfer checked before any page moves
             pm, _ = self._pool(t.name)
+            if pm.name in seen:     # one result per pool: a second would hide the first's
+                raise ValueError(f"ferry: SGLang pool {pm.name!r} has two transfers in one "
+                                 "call; give its keys in one")
+            seen.add(pm.name)
             keys = list(t.keys or [])
             self._names(keys)
             plan.append((t.name, keys, self._starts(pm, len(keys), t.host_indices)))
@@ -678,6 +698,9 @@ class FerryHiCacheStorage(HiCacheStorage):
         return True
 
     def close(self):
+        # refused first: a call racing the close then answers EBADF, never
+        # "pool not registered" from the emptied pool table
+        self._closed = True
         for reg, store in self._opened:
             if registered_store(reg) is store:
                 unregister_store(reg)
@@ -686,7 +709,6 @@ class FerryHiCacheStorage(HiCacheStorage):
         self._pools = {}
         self._lookups = {}
         self.store = None
-        self._closed = True     # calls after close: EBADF, not "pool not registered"
 
 
 __all__ = ["FerryHiCacheStorage", "HiCacheStorageConfig", "HiCacheStorageExtraInfo", "PoolName",

@@ -890,7 +890,10 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         blocks (whole form: start_load_kv loaded every layer already)."""
         if not self._loading:
             return
-        gidx, idx = self._layer_pos[layer_name]
+        pos = self._layer_pos.get(layer_name)
+        if pos is None:     # a layer without a cache ferry loads (as save_kv_layer)
+            return
+        gidx, idx = pos
         done = []
         for e in self._loading:
             spec, g, _, _, op = e
