@@ -193,11 +193,13 @@ def test_close_while_other_threads_look_up_names(url):
             src = kv(16)
             s.store_named([b"k" * 64], src)
             errs, hits = [], []
+            going = [threading.Event() for _ in range(3)]
             def worker(i):
                 n = 0
                 while True:
                     try:
                         n += s.lookup_named([b"k" * 64]) + s.lookup_named([b"k" * 64, b"m"])
+                        going[i].set()
                     except FerryError as e:
                         errs.append(e.code)
                         hits.append(n)
@@ -205,7 +207,9 @@ def test_close_while_other_threads_look_up_names(url):
             th = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
             for t in th:
                 t.start()
-            time.sleep(0.02)
+            for g in going:                    # every thread has looked up (a
+                assert g.wait(30)              # busy host may take more than
+            time.sleep(0.02)                   # the 20 ms given to them)
             s.close()                          # waits for the calls inside
             for t in th:
                 t.join()
