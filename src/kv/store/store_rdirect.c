@@ -109,17 +109,11 @@ typedef struct plan_ctx {
     const unsigned char *base; /* the image's stand-in address: img - base is the offset */
 } plan_ctx;
 
-/* one run of the chunk (ferry__kv_xfer_walk): kept, joined to the one
- * before when it follows it in both; -1 stops the walk (not direct) */
-static int plan_run(void *ctx, uint64_t addr, unsigned char *img, uint64_t len)
+/* a run appended to p's (joined to the one before when it follows it in
+ * the buffer); -1 out of memory */
+static int run_add(plan_ctx *p, uint64_t at, uint64_t addr, uint64_t len)
 {
-    plan_ctx *p = ctx;
-    uint64_t at = (uint64_t)(img - p->base);
-    if (!FERRY__IS_ALIGNED(addr, FERRY_IO_ALIGN) || !FERRY__IS_ALIGNED(len, FERRY_IO_ALIGN))
-        return -1;
     ferry__kv_run *last = p->n ? &p->run[p->n - 1] : NULL;
-    if (at != (last ? last->img + last->len : 0)) /* (not in image order: never so now) */
-        return -1;
     if (last && last->addr + last->len == addr) {
         last->len += len;
         return 0;
@@ -134,6 +128,20 @@ static int plan_run(void *ctx, uint64_t addr, unsigned char *img, uint64_t len)
     }
     p->run[p->n++] = (ferry__kv_run){at, addr, len};
     return 0;
+}
+
+/* one run of the chunk (ferry__kv_xfer_walk): kept, joined to the one
+ * before when it follows it in both; -1 stops the walk (not direct) */
+static int plan_run(void *ctx, uint64_t addr, unsigned char *img, uint64_t len)
+{
+    plan_ctx *p = ctx;
+    uint64_t at = (uint64_t)(img - p->base);
+    if (!FERRY__IS_ALIGNED(addr, FERRY_IO_ALIGN) || !FERRY__IS_ALIGNED(len, FERRY_IO_ALIGN))
+        return -1;
+    ferry__kv_run *last = p->n ? &p->run[p->n - 1] : NULL;
+    if (at != (last ? last->img + last->len : 0)) /* (not in image order: never so now) */
+        return -1;
+    return run_add(p, at, addr, len);
 }
 
 static int by_addr(const void *a, const void *b)
@@ -162,22 +170,7 @@ static int runs_apart(const ferry__kv_run *run, size_t n)
 static int any_run(void *ctx, uint64_t addr, unsigned char *img, uint64_t len)
 {
     (void)img;
-    plan_ctx *p = ctx;
-    ferry__kv_run *last = p->n ? &p->run[p->n - 1] : NULL;
-    if (last && last->addr + last->len == addr) {
-        last->len += len;
-        return 0;
-    }
-    if (p->n == p->cap) {
-        size_t cap = p->cap ? 2 * p->cap : 256;
-        ferry__kv_run *g = ferry__realloc(p->run, cap * sizeof *g);
-        if (!g)
-            return -1;
-        p->run = g;
-        p->cap = cap;
-    }
-    p->run[p->n++] = (ferry__kv_run){0, addr, len};
-    return 0;
+    return run_add(ctx, 0, addr, len);
 }
 
 /* no two tokens the retrieve writes (from skip_tokens on) share a byte of

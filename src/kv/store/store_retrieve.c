@@ -876,8 +876,12 @@ static int rt_init(rtv *r, size_t nch)
      * together: two CPUs copy them, not one after the other). Not for
      * small chunks: waking a worker (tens of us) would cost more than the
      * copy it takes over (a 256 KiB chunk copies in about as long) */
-    if (!r->s && nch > 1 && r->kv->chunk_bytes >= r->kv->handoff_min &&
-        !table_repeats(r->buf, r->skip, r->n)) {
+    /* a block named twice: the chunks meeting there are not read straight
+     * in either (store_rdirect.c need not walk the request to find it) */
+    int repeats = table_repeats(r->buf, r->skip, r->n);
+    if (repeats)
+        r->dapart = 2;
+    if (!r->s && nch > 1 && r->kv->chunk_bytes >= r->kv->handoff_min && !repeats) {
         r->wcopy = 1;
         pthread_mutex_init(&r->cmu, NULL);
         pthread_cond_init(&r->ccv, NULL);
