@@ -287,9 +287,26 @@ def test_sglang_one_str_as_the_key_list_is_a_type_error():
     h = page_hashes(list(range(4)), 4)
     assert b.batch_set_v1(h, indices(0, 1, 4)) == [True]
     for keys in (h[0], h[0].encode()):
-        with pytest.raises(TypeError, match="a list of keys, got one"):
+        with pytest.raises(TypeError, match="a list of str or bytes keys, got one"):
             b.batch_exists(keys)
     assert b.batch_exists(iter(h)) == 1          # any other iterable of keys is fine
+    b.close()
+
+
+def test_sglang_keys_none_or_not_a_sequence_is_a_type_error_naming_it():
+    b, pools = hybrid()
+    h = page_hashes(list(range(4)), 4)
+    before = snapshot(pools)
+    kvi = indices(0, 1, 4)
+    for call in (b.batch_set_v1, b.batch_get_v1):
+        for keys, what in ((None, "got None"), (h[0], "got one str"), (7, "got int")):
+            with pytest.raises(TypeError, match=f"a list of str or bytes keys, {what}"):
+                call(keys, kvi)
+    for call in (b.batch_set_v2, b.batch_get_v2):
+        with pytest.raises(TypeError, match="keys, got one str"):
+            call([base.PoolTransfer(name=PN.KV, host_indices=kvi, keys=h[0])])
+    assert all(torch.equal(a, c) for a, c in zip(before, snapshot(pools)))
+    assert b.batch_set_v1(tuple(h[:1]), kvi) == [True]    # a tuple of keys is fine
     b.close()
 
 

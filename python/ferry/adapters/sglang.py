@@ -74,6 +74,21 @@ _KV_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 _NAME_MAX = 1024
 
 
+def _key_list(keys):
+    """keys as a list; TypeError for None, one str or bytes (which would be
+    read as its characters) or anything that is not a sequence of keys."""
+    if isinstance(keys, list):
+        return keys
+    if keys is None or isinstance(keys, (str, bytes, bytearray)):
+        what = "None" if keys is None else f"one {type(keys).__name__}"
+        raise TypeError(f"ferry: SGLang keys are a list of str or bytes keys, got {what}")
+    try:
+        return list(keys)
+    except TypeError:
+        raise TypeError(f"ferry: SGLang keys are a list of str or bytes keys, got "
+                        f"{type(keys).__name__}") from None
+
+
 def _pool_key(name):
     return str(name.value if isinstance(name, PoolName) else name)
 
@@ -509,10 +524,7 @@ class FerryHiCacheStorage(HiCacheStorage):
             got = self._lookups[key] = (store.lookup_named_packed, tuple(self._salts(key)))
         lookup, salts = got
         if type(keys) is not list and not isinstance(keys, (list, tuple)):
-            if isinstance(keys, (str, bytes, bytearray)):   # would be its characters as keys
-                raise TypeError(f"ferry: SGLang keys are a list of keys, got one "
-                                f"{type(keys).__name__}")
-            keys = list(keys)
+            keys = _key_list(keys)
         asked = n = len(keys)
         if n == 1 and type(keys[0]) is str:     # the scheduler's one-key exists
             b = keys[0].encode()
@@ -592,11 +604,13 @@ class FerryHiCacheStorage(HiCacheStorage):
     def batch_get_v1(self, keys, host_indices, extra_info=None):
         """Read kv pages into the host pool at host_indices (page i at
         host_indices[i * page_size]); one bool per key."""
+        keys = _key_list(keys)
         pm, _ = self._pool("kv")
         return self._get_pages("kv", keys, self._starts(pm, len(keys), host_indices))
 
     def batch_set_v1(self, keys, host_indices, extra_info=None):
         """Store the host pool's kv pages at host_indices under keys."""
+        keys = _key_list(keys)
         pm, _ = self._pool("kv")
         return self._set_pages("kv", keys, self._starts(pm, len(keys), host_indices))
 
@@ -609,7 +623,7 @@ class FerryHiCacheStorage(HiCacheStorage):
                 raise ValueError(f"ferry: SGLang pool {pm.name!r} has two transfers in one "
                                  "call; give its keys in one")
             seen.add(pm.name)
-            keys = list(t.keys or [])
+            keys = [] if t.keys is None else _key_list(t.keys)
             self._names(keys)
             plan.append((t.name, keys, self._starts(pm, len(keys), t.host_indices)))
         return {name: fn(_pool_key(name), keys, starts) for name, keys, starts in plan}
