@@ -385,15 +385,16 @@ static int collect(ferry_moe_planner *p, const char *what, uint32_t layer, const
                               layer, p->L);
     if (n == 0 || !experts)
         return ferry__err_set(&p->err, -EINVAL, "moe %s: empty route at layer %u", what, layer);
-    for (uint32_t i = 0; i < n; i++)
-        if (experts[i] >= p->E)
-            return ferry__err_set(&p->err, -EINVAL,
-                                  "moe %s: layer %u route %u names expert %u, model has %u", what,
-                                  layer, i, experts[i], p->E);
+    /* checked and deduplicated in one pass: a bad id leaves only marks of
+     * this generation in seen[], which the next one's ignores */
     uint64_t gen = ++p->gen;
     uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t e = experts[i];
+        if (e >= p->E)
+            return ferry__err_set(&p->err, -EINVAL,
+                                  "moe %s: layer %u route %u names expert %u, model has %u", what,
+                                  layer, i, e, p->E);
         if (p->seen[e] == gen)
             continue;
         p->seen[e] = gen;

@@ -37,7 +37,7 @@
  * learning its rows and routed sets there, not its cells, which no victim
  * reads), and wakes, rebuilt as if it had never slept, when it takes the
  * lead; so does routing (ferry__routing_sleep: its features kept, not
- * its cells). On `ferry moe bench --quick`, where LRU leads, that is 3/4
+ * its cells, nor those layers' leaves of its tournament). On `ferry moe bench --quick`, where LRU leads, that is 3/4
  * of both learners' cell work.
  * Its LRU is a list (O(1) per hit, where "lru" keeps a heap): the same
  * order but for ties within one step, which go by use rather than by slot.

@@ -964,7 +964,7 @@ static void layer_sleep_step(routing *s, uint32_t m, const uint32_t *ids, uint32
     }
     if (s->n_parked)
         unpark(s, m);
-    seg_update(s, m);
+    /* (its leaf stays: auto asks no victim of it asleep; a wake updates it) */
     ring_put(s, m, tok, v.base, ids, n);
 }
 
@@ -1181,14 +1181,14 @@ int ferry__routing_check(const ferry__policy *p, char *why, size_t len)
     }
     if (listed != resident)
         return FAIL("%u slots listed, %u resident", listed, resident);
-    /* the tournament: each layer's cached candidate and value are current,
-     * and the root holds the furthest predicted use of every listed slot */
+    /* the tournament: an awake layer's cached candidate and value are
+     * current (a sleeping one's as it left them); the root, the furthest */
     if (s->seg_tok == *p->env.token) {
         double best = -INFINITY;
         for (uint32_t m = 0; m < L; m++) {
-            if (s->ltop[m] != layer_top(s, m) || s->lval[m] != layer_value(s, m))
+            if (!(!s->follower && s->asleep[m]) && (s->ltop[m] != layer_top(s, m) || s->lval[m] != layer_value(s, m)))
                 return FAIL("layer %u: cached candidate %u / value stale", m, s->ltop[m]);
-            if (s->lval[m] > best)
+            if (s->ltop[m] != NONE && s->lval[m] > best)
                 best = s->lval[m];
         }
         uint32_t w = s->seg[1];
