@@ -830,8 +830,8 @@ static int table_repeats(const ferry_kv_buffer *b, uint64_t skip, uint64_t n)
 }
 
 /* the pieces kept in flight: the tier's own depth, or FERRY_KV_READ_DEPTH
- * (1-32) where the drive wants another (kv.h, "Environment") */
-static unsigned rt_read_depth(unsigned dflt)
+ * (1-32) where the drive wants another (kv.h, "Read depth") */
+unsigned ferry__kv_read_depth(unsigned dflt)
 {
     const char *e = getenv("FERRY_KV_READ_DEPTH");
     char *end;
@@ -865,7 +865,7 @@ static int rt_init(rtv *r, size_t nch)
         r->piece = r->at->apiece && r->at->apiece < r->at->slot_bytes ? r->at->apiece
                                                                        : r->at->slot_bytes;
         r->npieces = (uint32_t)((r->at->slot_bytes + r->piece - 1) / r->piece);
-        r->pdepth = r->npieces > 1 ? rt_read_depth(r->at->aops->pdepth) : r->depth;
+        r->pdepth = r->npieces > 1 ? ferry__kv_read_depth(r->at->aops->pdepth) : r->depth;
         r->ramp = r->npieces > 1 ? 1 : r->pdepth;
         r->first_hold = r->npieces > 1;
         /* pieces checked as they land: a map of those landed, and room
