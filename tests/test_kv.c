@@ -1820,6 +1820,39 @@ static void l2_one_bad_piece_is_a_miss_never_bytes(void **state)
     bad_piece_is_a_miss(0, 6000, 5 * 6000 + 7, 3);       /* pieces that split tokens */
 }
 
+/* FERRY_KV_READ_DEPTH sets the reads kept in flight (1-32, others
+ * ignored); at 1, 2 and 32 every chunk is exact and one bad piece (its
+ * check on a worker, queued behind the refill) still a zeroed miss */
+static void l2_read_depth_from_the_environment_keeps_every_byte(void **state)
+{
+    (void)state;
+    const struct {
+        const char *v;
+        unsigned want;
+    } cases[] = {{"1", 1}, {"2", 2}, {"32", 32}, {"0", 16}, {"33", 16}, {"4x", 16}, {"", 16}};
+    for (size_t k = 0; k < FERRY__ARRAY_LEN(cases); k++) {
+        assert_int_equal(setenv("FERRY_KV_READ_DEPTH", cases[k].v, 1), 0);
+        assert_int_equal(ferry__kv_read_depth(16), cases[k].want);
+        if (cases[k].want == 16)
+            continue;
+        bigfix f;
+        big_open_checked(&f, BIG, 16384, 9000);
+        int st[BIG];
+        ferry_kv_req r = FERRY_KV_REQ_INIT;
+        r.status = st;
+        r.max_chunks = BIG;
+        assert_int_equal(ferry_kv_retrieve(f.kv, f.a, BIG * CT, &r, &f.d.b), BIG * CT);
+        for (int i = 0; i < BIG; i++)
+            assert_int_equal(st[i], 0);
+        assert_true(same_tokens(&f.h, &f.d, 0, BIG * CT));
+        big_close(&f);
+        bad_piece_is_a_miss(16384, 9000, 3 * 9000 + 100, 1);
+        bad_piece_is_a_miss(16384, 8192, 7 * 8192 + 10, 1);
+    }
+    assert_int_equal(unsetenv("FERRY_KV_READ_DEPTH"), 0);
+    assert_int_equal(ferry__kv_read_depth(16), 16);
+}
+
 /* a piece torn at its edge: its last byte, or the next piece's first */
 static void l2_piece_torn_at_its_edge_is_a_miss(void **state)
 {
@@ -2695,6 +2728,7 @@ int main(void)
         cmocka_unit_test(l2_pieces_checked_as_they_land_are_exact),
         cmocka_unit_test(l2_one_bad_piece_is_a_miss_never_bytes),
         cmocka_unit_test(l2_piece_torn_at_its_edge_is_a_miss),
+        cmocka_unit_test(l2_read_depth_from_the_environment_keeps_every_byte),
         cmocka_unit_test(l2_pieces_checked_into_a_device_buffer_and_alone),
         cmocka_unit_test(l2_pieces_cancelled_chunks_are_whole_or_untouched),
         cmocka_unit_test(l2_corrupt_chunk_prefetched_is_dropped),

@@ -90,6 +90,11 @@
  * the one exception: the L2 read queue itself breaking, an engine
  * failure, leaves reads the kernel may still finish).
  *
+ * Read depth. A retrieve from a persistent L2 keeps 16 reads of 2 MiB in
+ * flight; the environment variable FERRY_KV_READ_DEPTH=1..32 sets another
+ * depth (read at each retrieve; any other value is ignored). On the
+ * development VM's virtual disk depths 2 to 16 read alike.
+ *
  * States. A chunk goes absent -> being written (invisible: lookups and
  * retrieves miss it) -> ready -> read-locked (counted, by retrieves in
  * flight and by ferry_kv_pin()). Locks carry a TTL (write 600 s, read

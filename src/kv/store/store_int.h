@@ -174,6 +174,10 @@ void ferry__kv_remote_discover_missing(ferry_kv *kv, const ferry_kv_hash *ids, s
 void ferry__kv_write_through(ferry_kv *kv, ferry__kv_entry *e, ferry__kv_job *j,
                              ferry__kv_job *rj, uint64_t now, ferry__kv_job ***tail);
 
+/* store_retrieve.c: the reads a retrieve keeps in flight from an
+ * asynchronous tier: FERRY_KV_READ_DEPTH (1-32) when set to one, else dflt */
+unsigned ferry__kv_read_depth(unsigned dflt);
+
 /* promote.c */
 int ferry__kv_lower_tier(const ferry_kv *kv, const ferry__kv_entry *e);
 void ferry__kv_promote_finish(ferry_kv *kv, ferry__kv_entry *e, uint64_t slot, int rc, int src);

@@ -829,6 +829,16 @@ static int table_repeats(const ferry_kv_buffer *b, uint64_t skip, uint64_t n)
     return rep;
 }
 
+/* the pieces kept in flight: the tier's own depth, or FERRY_KV_READ_DEPTH
+ * (1-32) where the drive wants another (kv.h, "Read depth") */
+unsigned ferry__kv_read_depth(unsigned dflt)
+{
+    const char *e = getenv("FERRY_KV_READ_DEPTH");
+    char *end;
+    long v = e && *e ? strtol(e, &end, 10) : 0;
+    return e && *e && *end == 0 && v >= 1 && v <= 32 ? (unsigned)v : dflt;
+}
+
 static int rt_init(rtv *r, size_t nch)
 {
     ferry_kv *kv = r->kv;
@@ -855,7 +865,7 @@ static int rt_init(rtv *r, size_t nch)
         r->piece = r->at->apiece && r->at->apiece < r->at->slot_bytes ? r->at->apiece
                                                                        : r->at->slot_bytes;
         r->npieces = (uint32_t)((r->at->slot_bytes + r->piece - 1) / r->piece);
-        r->pdepth = r->npieces > 1 ? r->at->aops->pdepth : r->depth;
+        r->pdepth = r->npieces > 1 ? ferry__kv_read_depth(r->at->aops->pdepth) : r->depth;
         r->ramp = r->npieces > 1 ? 1 : r->pdepth;
         r->first_hold = r->npieces > 1;
         /* pieces checked as they land: a map of those landed, and room
@@ -892,6 +902,7 @@ static int rt_init(rtv *r, size_t nch)
 /* take the chunks of ours that landed, from chunk k up to ic */
 static void rt_landed_from(rtv *r, size_t k, size_t ic)
 {
+    ferry__kv_rt_units_hand(r); /* (the reads topped up first) */
     for (size_t j = k; j < ic; j++)
         if (r->c[j].fate == RT_LANDED)
             rt_read_done(r, j, r->c[j].res);

@@ -86,7 +86,8 @@ static void rt_unit_job(void *ctx, size_t i)
 }
 
 /* read piece k of piece-mode chunk i landed: the runs of vp bytes now
- * landed whole are checked (and copied out) on a free worker, else here */
+ * landed whole are queued for their check (and copy out), which a free
+ * worker or this thread runs after the reads are topped up */
 void ferry__kv_rt_piece_landed(rtv *r, size_t i, uint32_t k)
 {
     ferry_kv *kv = r->kv;
@@ -111,19 +112,10 @@ void ferry__kv_rt_piece_landed(rtv *r, size_t i, uint32_t k)
             rt_unit_run(r, i, &u);
             continue;
         }
+        /* queued: handed to the workers once this thread topped the reads
+         * up (ferry__kv_rt_units_hand), so a worker woken to check never
+         * takes the CPU from the submission of the drive's next reads */
         *w = u;
-        if (r->wcopy) {
-            pthread_mutex_lock(&r->cmu);
-            c->pjobs++;
-            pthread_mutex_unlock(&r->cmu);
-            if (ferry__kv_rt_hand_off(r, i, rt_unit_job, w))
-                continue; /* (counted in wpending too; the job takes both back) */
-            pthread_mutex_lock(&r->cmu);
-            c->pjobs--;
-            pthread_mutex_unlock(&r->cmu);
-        }
-        /* no worker free: this thread runs it once the reads are topped up
-         * (a check here now would leave the drive's queue to run dry) */
         if (r->uq_tail)
             r->uq_tail->next = w;
         else
@@ -132,8 +124,35 @@ void ferry__kv_rt_piece_landed(rtv *r, size_t i, uint32_t k)
     }
 }
 
+/* the queued checks, from the first, to free workers while there are
+ * any; the rest stay queued for this thread */
+void ferry__kv_rt_units_hand(rtv *r)
+{
+    if (!r->wcopy)
+        return;
+    while (r->uq) {
+        rt_unit *w = r->uq;
+        rt_chunk *c = &r->c[w->i];
+        rt_unit *next = w->next;
+        pthread_mutex_lock(&r->cmu);
+        c->pjobs++;
+        pthread_mutex_unlock(&r->cmu);
+        if (ferry__kv_rt_hand_off(r, w->i, rt_unit_job, w)) {
+            r->uq = next; /* (counted in wpending too; the job takes both back) */
+            continue;
+        }
+        pthread_mutex_lock(&r->cmu);
+        c->pjobs--;
+        pthread_mutex_unlock(&r->cmu);
+        /* no worker free: the rest stay for this thread, in order */
+        return;
+    }
+    r->uq_tail = NULL;
+}
+
 void ferry__kv_rt_units_run(rtv *r)
 {
+    ferry__kv_rt_units_hand(r);
     while (r->uq) {
         rt_unit *u = r->uq;
         r->uq = u->next;

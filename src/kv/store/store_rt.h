@@ -121,8 +121,9 @@ typedef struct rtv {
     /* since t0: the first bytes / whole chunk from the async tier in the
      * engine's buffer, checked (0: none yet) */
     atomic_uint_fast64_t first_bytes, first_chunk;
-    /* piece-mode checks no worker took: run by the retrieving thread
-     * before it next waits for reads (after topping them up) */
+    /* piece-mode checks queued as their pieces land: handed to free
+     * workers once the reads are topped up, the rest run by the
+     * retrieving thread before it next waits for reads */
     struct rt_unit *uq, *uq_tail;
     uint64_t dgot;              /* chunks read straight into the buffer (not out of L1) */
     struct iovec *iov;          /* a direct piece's runs, while it is submitted */
@@ -159,7 +160,11 @@ int ferry__kv_rt_hand_off(rtv *r, size_t i, void (*job)(void *ctx, size_t i), vo
 void ferry__kv_rt_piece_mode(rtv *r, size_t i);
 /* read piece k of piece-mode chunk i landed */
 void ferry__kv_rt_piece_landed(rtv *r, size_t i, uint32_t k);
-/* the checks no worker took, run here (the retrieving thread) */
+/* the queued checks handed to free workers (called once the reads are
+ * topped up); those no worker took stay queued */
+void ferry__kv_rt_units_hand(rtv *r);
+/* the queued checks handed to free workers, the rest run here (the
+ * retrieving thread) */
 void ferry__kv_rt_units_run(rtv *r);
 /* its read is over: its checks waited for; the first that failed, or 0 */
 int ferry__kv_rt_pieces_done(rtv *r, size_t i);
