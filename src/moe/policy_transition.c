@@ -254,7 +254,6 @@ static int tr_init(ferry__policy *p)
     memset(s->last, 0, ids * sizeof *s->last); /* (zero already: the pages) */
     memset(s->An, 0, ids * sizeof *s->An);
     memset(s->cc, 0, (size_t)L * TR_NC * sizeof *s->cc);
-    memset(s->o.key, 0, (size_t)p->env.slots * sizeof *s->o.key);
     for (size_t i = 0; i < ids; i++) { /* no expert (TR_NOBODY), count 0 */
         memset(s->lanes + i * TR_ROW, 0xff, TR_K * sizeof *s->lanes);
         memset(s->lanes + i * TR_ROW + TR_K, 0, TR_K * sizeof *s->lanes);
@@ -787,10 +786,10 @@ static void tr_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
  * unique) */
 static int tr_before(const trans *m, const trord *o, uint32_t x, uint32_t y)
 {
-    double px = m->P[o->scell[x]], py = m->P[o->scell[y]];
+    double px = m->P[o->sl[x].cell], py = m->P[o->sl[y].cell];
     if (px != py)
         return px < py;
-    return o->key[x] < o->key[y];
+    return o->sl[x].key < o->sl[y].key;
 }
 
 /* layer l's least resident of o (pinned ones skipped when unpinned_only:
@@ -806,7 +805,7 @@ static uint32_t layer_least(const trans *m, const ferry__policy *p, trord *o, ui
             uint32_t c = w * 64 + (uint32_t)__builtin_ctzll(bits), v = ht[2 * c];
             o->ops++;
             while (unpinned_only && v != NIL && ferry__pinned(p, v)) {
-                v = o->nx[v];
+                v = o->sl[v].nx;
                 o->ops++;
             }
             if (v != NIL && (best == NIL || tr_before(m, o, v, best)))
@@ -860,7 +859,7 @@ static uint32_t tr_pick(const trans *m, const ferry__policy *p, trord *o)
         uint32_t v = o->least[l];
         if (v == NIL || (ferry__pinned(p, v) && (v = layer_least(m, p, o, l, 1)) == NIL))
             continue;
-        best_offer(&b, v, m->P[o->scell[v]], d, o->key[v]);
+        best_offer(&b, v, m->P[o->sl[v].cell], d, o->sl[v].key);
     }
     return b.slot;
 }
@@ -879,7 +878,7 @@ static uint32_t tr_scan_all(const trans *m, const ferry__policy *p, const trord 
             if (id == FERRY_MOE_NONE || id / E != l || ferry__pinned(p, v))
                 continue;
             double pv = m->P[m->x[id].cell];
-            if (best == NIL || pv < bp || (pv == bp && o->key[v] < o->key[best])) {
+            if (best == NIL || pv < bp || (pv == bp && o->sl[v].key < o->sl[best].key)) {
                 best = v;
                 bp = pv;
             }
@@ -887,7 +886,7 @@ static uint32_t tr_scan_all(const trans *m, const ferry__policy *p, const trord 
         if (best == NIL)
             continue;
         uint32_t d = (l + L - m->layer) % L;
-        best_offer(&b, best, bp, d ? (double)d : (double)L, o->key[best]);
+        best_offer(&b, best, bp, d ? (double)d : (double)L, o->sl[best].key);
     }
     return b.slot;
 }
@@ -1022,7 +1021,7 @@ int ferry__transition_follow(ferry__policy *p, ferry__policy *lead)
     trans *m = (trans *)lead;
     if (m->fol && m->fol != p)
         return -EINVAL; /* one follower a lead */
-    if (!f->o.ht && ord_init(&f->o, &p->env) < 0)
+    if (!f->o.sl && ord_init(&f->o, &p->env) < 0)
         return -ENOMEM;
     f->lead = m;
     m->fol = p;
