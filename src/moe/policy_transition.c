@@ -37,7 +37,8 @@
  * without visiting the cells (a layer's count in c held over t visits
  * adds count x t: see corr), folded in, with the p of every cell, at
  * visits 1, 2, 4, .. TR_REFRESH and then every TR_REFRESH (each awake
- * layer's cells that filled since, the empty ones dropped then): the p
+ * layer's every cell, four at a time: no list of the non-empty ones is
+ * kept at each move): the p
  * used between refreshes is the last one's (the prototype's, every
  * visit). A move's slot is touched at the end of the visit, all of them
  * in one loop, in order.
@@ -141,8 +142,6 @@ typedef struct trans {
     uint32_t *V;                     /* visits */
     uint32_t *lt;                    /* visits since the last fold */
     uint16_t *cc;                    /* [L][TR_NC] experts in each cell */
-    uint64_t *ccnz;                  /* [L][TR_BMW] cells that may be non-empty (a
-                                        superset: set as one fills, cleared at a fold) */
     uint16_t *ring;                  /* [L][TR_RING][E] routed sets (layer-local) */
     uint32_t *ring_n, *ring_v;       /* [L][TR_RING] */
     uint16_t *uset;                  /* [L][E] the last visit's tracked experts */
@@ -187,7 +186,7 @@ static void tr_fini(ferry__policy *p)
 {
     trans *s = (trans *)p;
     ord_fini(&s->o);
-    void *arr[] = {s->x, s->last, s->V, s->asleep, s->wk,    s->lt,   s->cc,    s->ccnz,
+    void *arr[] = {s->x, s->last, s->V, s->asleep, s->wk,    s->lt,   s->cc,
                    s->ring, s->ring_n, s->ring_v, s->uset, s->un, s->nprev, s->lv, s->An, s->tn,
                    s->acc, s->wr,  s->umark, s->emark, s->ev, s->tk, s->miss, s->qv};
     for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
@@ -219,7 +218,6 @@ static int tr_init(ferry__policy *p)
     s->wk = ferry__malloc(((size_t)p->env.slots + 1) * sizeof *s->wk);
     s->lt = ferry__calloc(L, sizeof *s->lt);
     s->cc = ferry__calloc((size_t)L * TR_NC, sizeof *s->cc);
-    s->ccnz = ferry__calloc((size_t)L * TR_BMW, sizeof *s->ccnz);
     s->ring = ferry__malloc((size_t)L * TR_RING * E * sizeof *s->ring);
     s->ring_n = ferry__calloc((size_t)L * TR_RING, sizeof *s->ring_n);
     s->ring_v = ferry__calloc((size_t)L * TR_RING, sizeof *s->ring_v);
@@ -241,7 +239,7 @@ static int tr_init(ferry__policy *p)
     s->tk = ferry__malloc((size_t)E * sizeof *s->tk);
     s->miss = ferry__malloc(((size_t)E + 1) * sizeof *s->miss); /* (+1: a branchless append) */
     if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->last || !s->V || !s->asleep || !s->wk ||
-        !s->lt || !s->cc || !s->ccnz || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
+        !s->lt || !s->cc || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
         !s->un || !s->nprev || !s->lv || !s->An || !s->tn || !s->lanes || !s->evv || !s->tq || !s->acc || !s->wr ||
         !s->umark || !s->emark || !s->ev || !s->tk || !s->miss || !s->qv) {
         tr_fini(p);
@@ -264,7 +262,6 @@ static int tr_init(ferry__policy *p)
     for (uint32_t l = 0; l < L; l++) {
         s->nprev[l] = -1;
         s->cc[(size_t)l * TR_NC + c0] = (uint16_t)E;
-        s->ccnz[(size_t)l * TR_BMW + c0 / 64] |= 1ull << (c0 % 64);
     }
     refresh_p(s); /* the priors */
     return 0;
@@ -317,26 +314,49 @@ static uint16_t tr_cell(uint32_t h, uint32_t q)
     return (uint16_t)(((h & 1) * (TR_W + 1) + popcount16(h)) * TR_NCQ + q);
 }
 
-/* layer l's counts held since its last fold into opps: the cells its
- * bitmap names, the empty ones leaving it (a move only sets its new
- * cell's bit: clearing the old one's when it empties is a branch or a
- * read-modify-write at every move) */
+/* opps[c] += cc[c] x t over every cell, t > 0: four cells an instruction
+ * where the processor has AVX2 (asked at run time, as the rows are) */
+#if defined(TR_ROWS_AVX2)
+static __attribute__((target("avx2"), noinline)) void fold_cells_avx2(uint64_t *opps,
+                                                                       const uint16_t *cc,
+                                                                       uint64_t t)
+{
+    __m256i tv = _mm256_set1_epi64x((long long)t);
+    uint32_t c = 0;
+    for (; c + 4 <= TR_NC; c += 4) {
+        uint64_t four;
+        memcpy(&four, cc + c, sizeof four);
+        __m256i n = _mm256_cvtepu16_epi64(_mm_cvtsi64_si128((long long)four));
+        __m256i *o = (__m256i *)(void *)(opps + c);
+        _mm256_storeu_si256(o, _mm256_add_epi64(_mm256_loadu_si256(o), _mm256_mul_epu32(n, tv)));
+    }
+    for (; c < TR_NC; c++)
+        opps[c] += (uint64_t)cc[c] * t;
+}
+#endif
+
+/* layer l's counts held since its last fold into opps: every cell, four
+ * at a time (a layer's 578 counts; a refresh folds each layer's once in
+ * TR_REFRESH visits, so no list of the non-empty ones is kept at each
+ * move) */
 static void fold_layer(trans *s, uint32_t l)
 {
     const uint16_t *cc = s->cc + (size_t)l * TR_NC;
-    uint64_t t = s->lt[l], *nz = s->ccnz + (size_t)l * TR_BMW;
+    uint64_t t = s->lt[l];
     if (!t)
         return; /* (asleep, or folded already) */
-    for (uint32_t w = 0; w < TR_BMW; w++) {
-        uint64_t keep = nz[w];
-        for (uint64_t bits = nz[w]; bits; bits &= bits - 1) {
-            uint32_t i = (uint32_t)__builtin_ctzll(bits), c = w * 64 + i;
-            s->opps[c] += (uint64_t)cc[c] * t;
-            keep &= ~((uint64_t)(cc[c] == 0) << i);
-            s->o.ops++;
-        }
-        nz[w] = keep;
+    /* (t counts visits: below 2^32, so cc x t is one 32 x 32 product) */
+#if defined(TR_ROWS_AVX2)
+    if (s->wide && t <= UINT32_MAX) {
+        fold_cells_avx2(s->opps, cc, t);
+        s->o.ops += TR_NC / 4;
+        s->lt[l] = 0;
+        return;
     }
+#endif
+    for (uint32_t c = 0; c < TR_NC; c++)
+        s->opps[c] += (uint64_t)cc[c] * t;
+    s->o.ops += TR_NC / 4;
     s->lt[l] = 0;
 }
 
@@ -429,7 +449,7 @@ typedef struct trmv {
     struct trx *x;         /* the layer's experts */
     const uint32_t *where; /* their slots */
     uint16_t *cc;          /* the layer's cell counts */
-    uint64_t *nz, *corr, t;
+    uint64_t *corr, t;
     uint32_t *tq, ntq;     /* the slots moved, in order */
     const uint32_t *fwhere; /* a follower's slots of the layer's experts, NULL: none */
     trord *fo;              /* its order */
@@ -443,7 +463,6 @@ static inline void mv_init(trmv *m, trans *s, uint32_t l)
     m->x = s->x + m->b;
     m->where = s->base.env.where + m->b;
     m->cc = s->cc + (size_t)l * TR_NC;
-    m->nz = s->ccnz + (size_t)l * TR_BMW;
     m->corr = s->corr;
     m->t = s->lt[l];
     m->tq = s->tq;
@@ -463,7 +482,6 @@ static inline void mv_move(trmv *m, uint32_t e, uint16_t c)
         return;
     m->cc[old]--;
     m->cc[c]++;
-    m->nz[c / 64] |= 1ull << (c % 64);
     m->corr[old] -= m->t; /* a count down by one at fold-visit t */
     m->corr[c] += m->t;
     xe->cell = c;
@@ -604,15 +622,12 @@ static void layer_wake(trans *s, uint32_t l)
         nu = tracked_set(s, l, s->ring + rr * E, s->ring_n[rr], s->uset + b);
     s->un[l] = nu;
     uint16_t *cc = s->cc + (size_t)l * TR_NC;
-    uint64_t *nz = s->ccnz + (size_t)l * TR_BMW;
     memset(cc, 0, TR_NC * sizeof *cc);
-    memset(nz, 0, TR_BMW * sizeof *nz);
     for (uint32_t e = 0; e < E; e++) {
         uint32_t q = s->umark[e] == s->stamp ? s->qv[e] : 0;
         uint16_t c = tr_cell(s->x[b + e].hist, q);
         s->x[b + e].cell = c;
         cc[c]++;
-        nz[c / 64] |= 1ull << (c % 64);
     }
     /* its residents filed again from the least recently used, as their
      * uses while it slept would have (a slept layer's uses touch nothing) */
