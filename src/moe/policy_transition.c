@@ -40,8 +40,8 @@
  * layer's every cell, four at a time: no list of the non-empty ones is
  * kept at each move): the p
  * used between refreshes is the last one's (the prototype's, every
- * visit). A move's slot is touched at the end of the visit, all of them
- * in one loop, in order.
+ * visit). A move's slot is touched as it moves, the order's fields in
+ * locals for the visit (mv_move).
  * A resident whose cell changed or that was used is "touched": its slot
  * is marked, and marked slots are filed again, in the order first
  * marked, before the next victim.
@@ -159,7 +159,6 @@ typedef struct trans {
     uint8_t *qv;
     uint16_t *ev, *tk, *miss;
     void *evv;                       /* (E) the visit's successors as rows compare them */
-    uint32_t *tq;                    /* (2E + 1) the visit's moved experts' slots, in order */
     /* learned */
     uint64_t opps[TR_NC], kG[TR_NC], corr[TR_NC];
     double P[TR_NC], pmin;           /* pmin: the least of the P */
@@ -193,7 +192,6 @@ static void tr_fini(ferry__policy *p)
         ferry__free(arr[i]);
     ferry__free(s->lanes);
     ferry__free(s->evv);
-    ferry__free(s->tq);
 }
 
 static uint16_t tr_cell(uint32_t h, uint32_t q);
@@ -229,7 +227,6 @@ static int tr_init(ferry__policy *p)
     s->tn = ferry__calloc(ids, sizeof *s->tn);
     s->lanes = ferry__aligned_alloc(64, ids * TR_ROW * sizeof *s->lanes);
     s->evv = ferry__aligned_alloc(64, (size_t)E * 16);
-    s->tq = ferry__malloc(((size_t)2 * E + 1) * sizeof *s->tq);
     s->acc = ferry__calloc(E, sizeof *s->acc);
     s->wr = ferry__malloc((size_t)E * sizeof *s->wr);
     s->umark = ferry__calloc(E, sizeof *s->umark);
@@ -240,7 +237,7 @@ static int tr_init(ferry__policy *p)
     s->miss = ferry__malloc(((size_t)E + 1) * sizeof *s->miss); /* (+1: a branchless append) */
     if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->last || !s->V || !s->asleep || !s->wk ||
         !s->lt || !s->cc || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
-        !s->un || !s->nprev || !s->lv || !s->An || !s->tn || !s->lanes || !s->evv || !s->tq || !s->acc || !s->wr ||
+        !s->un || !s->nprev || !s->lv || !s->An || !s->tn || !s->lanes || !s->evv || !s->acc || !s->wr ||
         !s->umark || !s->emark || !s->ev || !s->tk || !s->miss || !s->qv) {
         tr_fini(p);
         return -ENOMEM;
@@ -450,7 +447,8 @@ typedef struct trmv {
     const uint32_t *where; /* their slots */
     uint16_t *cc;          /* the layer's cell counts */
     uint64_t *corr, t;
-    uint32_t *tq, ntq;     /* the slots moved, in order */
+    trslot *sl;            /* the lead's order: its slots, touched at each move */
+    uint32_t *plist, pn, none, on, ops;
     const uint32_t *fwhere; /* a follower's slots of the layer's experts, NULL: none */
     trord *fo;              /* its order */
     uint32_t l, b;
@@ -465,15 +463,27 @@ static inline void mv_init(trmv *m, trans *s, uint32_t l)
     m->cc = s->cc + (size_t)l * TR_NC;
     m->corr = s->corr;
     m->t = s->lt[l];
-    m->tq = s->tq;
-    m->ntq = 0;
+    m->sl = s->o.sl;
+    m->plist = s->o.plist;
+    m->pn = s->o.pn;
+    m->none = s->o.n;
+    m->on = m->ops = 0;
     m->fwhere = s->fol ? s->fol->env.where + m->b : NULL;
     m->fo = s->fol_o;
     m->l = l;
 }
 
-/* expert e (layer-local) gets cell c now: counts, and its slot in the
- * lead's (at the visit's end) and the follower's lists */
+/* the visit's moves' touches of the lead's slots, into its order */
+static inline void mv_done(trmv *m, trans *s)
+{
+    s->o.pn = m->pn;
+    s->o.ops += m->ops;
+    s->o.lgen[m->l] &= (uint64_t)m->on - 1; /* one filed: 0, find the least again */
+}
+
+/* expert e (layer-local) gets cell c now: counts, and its slot touched
+ * in the lead's order (ord_touch_any's, the order's fields in locals) and
+ * the follower's */
 static inline void mv_move(trmv *m, uint32_t e, uint16_t c)
 {
     struct trx *xe = &m->x[e];
@@ -485,7 +495,14 @@ static inline void mv_move(trmv *m, uint32_t e, uint16_t c)
     m->corr[old] -= m->t; /* a count down by one at fold-visit t */
     m->corr[c] += m->t;
     xe->cell = c;
-    m->tq[m->ntq++] = m->where[e];
+    uint32_t v = m->where[e] < m->none ? m->where[e] : m->none, on;
+    trslot *sv = &m->sl[v];
+    on = sv->cell != CELL_NONE;
+    m->on |= on;
+    m->ops += on;
+    m->plist[m->pn] = v;
+    m->pn += on & !sv->pend;
+    sv->pend |= (uint8_t)on;
     uint32_t slot; /* (a follower's shadow holds the layers it samples alone) */
     if (__builtin_expect(m->fwhere != NULL, 0) && (slot = m->fwhere[e]) != FERRY_MOE_NONE)
         ord_touch(m->fo, m->l, slot);
@@ -746,7 +763,7 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
     s->o.ops += nold + ntk;
     s->un[layer] = nu;
     s->o.ops += nev + n;
-    ord_touch_all(&s->o, layer, mv.tq, mv.ntq);
+    mv_done(&mv, s);
     tr_end_visit(s, layer);
     return 0;
 }

@@ -144,27 +144,6 @@ static inline void ord_touch_any(trord *o, uint32_t l, uint32_t slot)
     s->pend |= (uint8_t)on;
 }
 
-/* the same for each of q[0..n), in that order: one loop, the order's
- * fields in registers */
-static void ord_touch_all(trord *o, uint32_t l, const uint32_t *q, uint32_t n)
-{
-    uint32_t pn = o->pn, any = 0, *plist = o->plist, none = o->n, ops = 0;
-    trslot *sl = o->sl;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t v = q[i] < none ? q[i] : none;
-        trslot *s = &sl[v];
-        uint32_t on = s->cell != CELL_NONE;
-        any |= on;
-        ops += on;
-        plist[pn] = v;
-        pn += on & !s->pend;
-        s->pend |= (uint8_t)on;
-    }
-    o->pn = pn;
-    o->ops += ops;
-    o->lgen[l] &= (uint64_t)any - 1; /* one filed: 0, find the least again */
-}
-
 /* every touched slot still filed, at the end of its expert's cell's list
  * now, in the order first touched (cell: per id, of the model): an
  * ord_unfile and an ord_file each, in one loop with the order's arrays in
