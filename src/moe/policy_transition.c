@@ -517,6 +517,20 @@ static inline void ev_add(uint16_t *ev, uint32_t *emark, uint32_t stamp, uint32_
     emark[e] = stamp;
 }
 
+/* a row's lane (expert e, term) summed into acc[e]; e listed in cand at
+ * its first term, without a branch: acc is all zero between visits (a
+ * lane's count is at least 1, and a sum of positive terms is never -0) */
+static inline __attribute__((always_inline)) void ts_lane(double *acc, uint16_t *cand,
+                                                          uint32_t *nc, uint32_t e, double term)
+{
+    double a = acc[e];
+    uint64_t bits;
+    memcpy(&bits, &a, sizeof bits);
+    cand[*nc] = (uint16_t)e;
+    *nc += bits == 0;
+    acc[e] = a + term;
+}
+
 /* the experts the routed set's rows track whose feature's bin is above
  * the lowest: listed in us, marked umark, their bin in qv; the others'
  * is the lowest (0) */
@@ -538,18 +552,16 @@ static uint32_t tracked_set(trans *s, uint32_t l, const uint16_t *le, uint32_t n
         const uint16_t *top = s->lanes + ri * TR_ROW, *tc = top + TR_K;
         double term[TR_K];
         rowv_terms(tc, wr[j], term);
-        /* acc is all zero between visits (a lane's count is at least 1,
-         * and a sum of positive terms is never -0): a candidate is listed
-         * once, at its first term, without a branch */
         uint32_t tn = s->tn[ri];
-        for (uint32_t i = 0; i < tn; i++) {
-            uint32_t e = top[i];
-            double a = acc[e];
-            uint64_t bits;
-            memcpy(&bits, &a, sizeof bits);
-            cand[nc] = (uint16_t)e;
-            nc += bits == 0;
-            acc[e] = a + term[i];
+        if (tn == TR_K) { /* (a full row, the steady state: no loop count) */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC unroll 16
+#endif
+            for (uint32_t i = 0; i < TR_K; i++)
+                ts_lane(acc, cand, &nc, top[i], term[i]);
+        } else {
+            for (uint32_t i = 0; i < tn; i++)
+                ts_lane(acc, cand, &nc, top[i], term[i]);
         }
         s->o.ops += tn;
     }
@@ -775,7 +787,7 @@ static inline uint32_t tr_layer_of(const trans *s, uint32_t id)
     return id - s->layer * E < E ? s->layer : id / E;
 }
 
-static void tr_used(trans *s, uint32_t id)
+static inline __attribute__((always_inline)) void tr_used(trans *s, uint32_t id)
 {
     uint64_t now = *s->base.env.step;
     if (s->last[id] == now)
