@@ -826,35 +826,37 @@ static void tr_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
         ord_unfile(&((trans *)p)->o, tr_layer_of((trans *)p, id), slot);
 }
 
-/* x before y within a layer: less p, then touched longer ago (keys are
- * unique) */
-static int tr_before(const trans *m, const trord *o, uint32_t x, uint32_t y)
-{
-    double px = m->P[o->sl[x].cell], py = m->P[o->sl[y].cell];
-    if (px != py)
-        return px < py;
-    return o->sl[x].key < o->sl[y].key;
-}
-
 /* layer l's least resident of o (pinned ones skipped when unpinned_only:
- * walked over from each list's head), NIL when none */
+ * walked over from each list's head), NIL when none: the least p, then
+ * touched longer ago (keys are unique). A list's members are all of its
+ * cell c: p is P[c], the head's key the list's least */
 static uint32_t layer_least(const trans *m, const ferry__policy *p, trord *o, uint32_t l,
                             int unpinned_only)
 {
     const uint64_t *nz = o->nz + (size_t)l * TR_BMW;
     const uint32_t *ht = o->ht + (size_t)l * TR_NC * 2;
-    uint32_t best = NIL;
+    const trslot *sl = o->sl;
+    uint32_t best = NIL, ops = 0;
+    double bp = 0;
+    uint64_t bk = 0;
     for (uint32_t w = 0; w < TR_BMW; w++)
         for (uint64_t bits = nz[w]; bits; bits &= bits - 1) {
             uint32_t c = w * 64 + (uint32_t)__builtin_ctzll(bits), v = ht[2 * c];
-            o->ops++;
+            ops++;
             while (unpinned_only && v != NIL && ferry__pinned(p, v)) {
-                v = o->sl[v].nx;
-                o->ops++;
+                v = sl[v].nx;
+                ops++;
             }
-            if (v != NIL && (best == NIL || tr_before(m, o, v, best)))
+            if (v == NIL)
+                continue;
+            double pc = m->P[c];
+            if (best == NIL || pc < bp || (pc == bp && sl[v].key < bk)) {
                 best = v;
+                bp = pc;
+                bk = sl[v].key;
+            }
         }
+    o->ops += ops;
     return best;
 }
 
