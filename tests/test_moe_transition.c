@@ -396,6 +396,9 @@ static void transition_wakes_to_the_cells_it_would_have(void **state)
 
 /* the rows counted with AVX2 (where the processor has it) and with SSE2
  * alone give the same counts: the same hits for transition and auto */
+/* the rows counted with SSE2, and the cells' counts folded a cell at a
+ * time (ferry__transition_narrow), decide as AVX2's rows and four-cell
+ * folds do: the same counts and the same p at every refresh */
 static void transition_rows_count_the_same_narrow(void **state)
 {
     (void)state;

@@ -110,7 +110,7 @@ static const double tr_edges[TR_NQ - 1] = {0.01, 0.02, 0.03, 0.05, 0.07, 0.10, 0
 
 #include "moe/ss_rows.h"
 
-int ferry__transition_narrow; /* (tests) set: SSE2 rows where AVX2 is too */
+int ferry__transition_narrow; /* (tests) set: SSE2 rows and a scalar fold where AVX2 is */
 
 /* what an event reads and writes of one expert, together in 8 bytes (a
  * layer's 256 in 2 KiB: a decode's sweep of all layers stays in L2) */
