@@ -395,7 +395,9 @@ static void transition_wakes_to_the_cells_it_would_have(void **state)
 }
 
 /* the rows counted with AVX2 (where the processor has it) and with SSE2
- * alone give the same counts: the same hits for transition and auto */
+ * alone, and the cells' counts folded four at a time or one at a time
+ * (ferry__transition_narrow), give the same counts: the same hits for
+ * transition and auto */
 static void transition_rows_count_the_same_narrow(void **state)
 {
     (void)state;
@@ -421,6 +423,46 @@ static void transition_rows_count_the_same_narrow(void **state)
     }
 }
 
+/* step by step, a planner whose rows and folds are SSE2's and scalar
+ * holds every expert in the cell the AVX2 one does (its rows' counts
+ * give the same bins), and evicts the same */
+static void transition_narrow_keeps_the_same_cells(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = ft_moe_gen("deepseek-v3", 160, 11);
+    uint32_t slots = ft_moe_share(t, 12.5);
+    ferry_moe_planner *w = ft_moe_planner(t, "transition", slots);
+    ferry__transition_narrow = 1;
+    ferry_moe_planner *nr = ft_moe_planner(t, "transition", slots);
+    ferry__transition_narrow = 0;
+    const ferry__policy *a = ferry__planner_policy(w), *z = ferry__planner_policy(nr);
+    size_t n = ferry_moe_trace_steps(t), compared = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t tok, layer, k;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &k));
+        FT_ASSERT_OK(ferry_moe_planner_ensure(w, layer, ex, k, NULL, NULL, NULL));
+        FT_ASSERT_OK(ferry_moe_planner_ensure(nr, layer, ex, k, NULL, NULL, NULL));
+        if (i % 7 == 0 || i + 1 == n) {
+            long d = ferry__transition_cells_differ(a, z);
+            if (d != 0)
+                fail_msg("step %zu: %ld cells differ between AVX2 and SSE2", i, d);
+            compared++;
+        }
+    }
+    ferry_moe_planner_stats sw = FERRY_MOE_PLANNER_STATS_INIT, sn = FERRY_MOE_PLANNER_STATS_INIT;
+    FT_ASSERT_OK(ferry_moe_planner_stats_get(w, &sw));
+    FT_ASSERT_OK(ferry_moe_planner_stats_get(nr, &sn));
+    print_message("%zu steps compared, %llu evictions each\n", compared,
+                  (unsigned long long)sw.evictions);
+    assert_true(compared > 1000 && sw.evictions > 0);
+    assert_int_equal(sw.hits, sn.hits);
+    assert_int_equal(sw.evictions, sn.evictions);
+    ferry_moe_planner_destroy(w);
+    ferry_moe_planner_destroy(nr);
+    ferry_moe_trace_destroy(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -434,6 +476,7 @@ int main(void)
         cmocka_unit_test(transition_steady_work_does_not_grow_with_slots),
         cmocka_unit_test(transition_wakes_to_the_cells_it_would_have),
         cmocka_unit_test(transition_rows_count_the_same_narrow),
+        cmocka_unit_test(transition_narrow_keeps_the_same_cells),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -37,10 +37,11 @@
  * without visiting the cells (a layer's count in c held over t visits
  * adds count x t: see corr), folded in, with the p of every cell, at
  * visits 1, 2, 4, .. TR_REFRESH and then every TR_REFRESH (each awake
- * layer's cells that filled since, the empty ones dropped then): the p
+ * layer's every cell, four at a time: no list of the non-empty ones is
+ * kept at each move): the p
  * used between refreshes is the last one's (the prototype's, every
- * visit). A move's slot is touched at the end of the visit, all of them
- * in one loop, in order.
+ * visit). A move's slot is touched as it moves, the order's fields in
+ * locals for the visit (mv_move).
  * A resident whose cell changed or that was used is "touched": its slot
  * is marked, and marked slots are filed again, in the order first
  * marked, before the next victim.
@@ -109,7 +110,7 @@ static const double tr_edges[TR_NQ - 1] = {0.01, 0.02, 0.03, 0.05, 0.07, 0.10, 0
 
 #include "moe/ss_rows.h"
 
-int ferry__transition_narrow; /* (tests) set: SSE2 rows where AVX2 is too */
+int ferry__transition_narrow; /* (tests) set: SSE2 rows and a scalar fold where AVX2 is */
 
 /* what an event reads and writes of one expert, together in 8 bytes (a
  * layer's 256 in 2 KiB: a decode's sweep of all layers stays in L2) */
@@ -141,8 +142,6 @@ typedef struct trans {
     uint32_t *V;                     /* visits */
     uint32_t *lt;                    /* visits since the last fold */
     uint16_t *cc;                    /* [L][TR_NC] experts in each cell */
-    uint64_t *ccnz;                  /* [L][TR_BMW] cells that may be non-empty (a
-                                        superset: set as one fills, cleared at a fold) */
     uint16_t *ring;                  /* [L][TR_RING][E] routed sets (layer-local) */
     uint32_t *ring_n, *ring_v;       /* [L][TR_RING] */
     uint16_t *uset;                  /* [L][E] the last visit's tracked experts */
@@ -160,7 +159,6 @@ typedef struct trans {
     uint8_t *qv;
     uint16_t *ev, *tk, *miss;
     void *evv;                       /* (E) the visit's successors as rows compare them */
-    uint32_t *tq;                    /* (2E + 1) the visit's moved experts' slots, in order */
     /* learned */
     uint64_t opps[TR_NC], kG[TR_NC], corr[TR_NC];
     double P[TR_NC], pmin;           /* pmin: the least of the P */
@@ -187,14 +185,13 @@ static void tr_fini(ferry__policy *p)
 {
     trans *s = (trans *)p;
     ord_fini(&s->o);
-    void *arr[] = {s->x, s->last, s->V, s->asleep, s->wk,    s->lt,   s->cc,    s->ccnz,
+    void *arr[] = {s->x, s->last, s->V, s->asleep, s->wk,    s->lt,   s->cc,
                    s->ring, s->ring_n, s->ring_v, s->uset, s->un, s->nprev, s->lv, s->An, s->tn,
                    s->acc, s->wr,  s->umark, s->emark, s->ev, s->tk, s->miss, s->qv};
     for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
         ferry__free(arr[i]);
     ferry__free(s->lanes);
     ferry__free(s->evv);
-    ferry__free(s->tq);
 }
 
 static uint16_t tr_cell(uint32_t h, uint32_t q);
@@ -219,7 +216,6 @@ static int tr_init(ferry__policy *p)
     s->wk = ferry__malloc(((size_t)p->env.slots + 1) * sizeof *s->wk);
     s->lt = ferry__calloc(L, sizeof *s->lt);
     s->cc = ferry__calloc((size_t)L * TR_NC, sizeof *s->cc);
-    s->ccnz = ferry__calloc((size_t)L * TR_BMW, sizeof *s->ccnz);
     s->ring = ferry__malloc((size_t)L * TR_RING * E * sizeof *s->ring);
     s->ring_n = ferry__calloc((size_t)L * TR_RING, sizeof *s->ring_n);
     s->ring_v = ferry__calloc((size_t)L * TR_RING, sizeof *s->ring_v);
@@ -231,7 +227,6 @@ static int tr_init(ferry__policy *p)
     s->tn = ferry__calloc(ids, sizeof *s->tn);
     s->lanes = ferry__aligned_alloc(64, ids * TR_ROW * sizeof *s->lanes);
     s->evv = ferry__aligned_alloc(64, (size_t)E * 16);
-    s->tq = ferry__malloc(((size_t)2 * E + 1) * sizeof *s->tq);
     s->acc = ferry__calloc(E, sizeof *s->acc);
     s->wr = ferry__malloc((size_t)E * sizeof *s->wr);
     s->umark = ferry__calloc(E, sizeof *s->umark);
@@ -241,8 +236,8 @@ static int tr_init(ferry__policy *p)
     s->tk = ferry__malloc((size_t)E * sizeof *s->tk);
     s->miss = ferry__malloc(((size_t)E + 1) * sizeof *s->miss); /* (+1: a branchless append) */
     if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->last || !s->V || !s->asleep || !s->wk ||
-        !s->lt || !s->cc || !s->ccnz || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
-        !s->un || !s->nprev || !s->lv || !s->An || !s->tn || !s->lanes || !s->evv || !s->tq || !s->acc || !s->wr ||
+        !s->lt || !s->cc || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
+        !s->un || !s->nprev || !s->lv || !s->An || !s->tn || !s->lanes || !s->evv || !s->acc || !s->wr ||
         !s->umark || !s->emark || !s->ev || !s->tk || !s->miss || !s->qv) {
         tr_fini(p);
         return -ENOMEM;
@@ -254,7 +249,6 @@ static int tr_init(ferry__policy *p)
     memset(s->last, 0, ids * sizeof *s->last); /* (zero already: the pages) */
     memset(s->An, 0, ids * sizeof *s->An);
     memset(s->cc, 0, (size_t)L * TR_NC * sizeof *s->cc);
-    memset(s->o.key, 0, (size_t)p->env.slots * sizeof *s->o.key);
     for (size_t i = 0; i < ids; i++) { /* no expert (TR_NOBODY), count 0 */
         memset(s->lanes + i * TR_ROW, 0xff, TR_K * sizeof *s->lanes);
         memset(s->lanes + i * TR_ROW + TR_K, 0, TR_K * sizeof *s->lanes);
@@ -265,7 +259,6 @@ static int tr_init(ferry__policy *p)
     for (uint32_t l = 0; l < L; l++) {
         s->nprev[l] = -1;
         s->cc[(size_t)l * TR_NC + c0] = (uint16_t)E;
-        s->ccnz[(size_t)l * TR_BMW + c0 / 64] |= 1ull << (c0 % 64);
     }
     refresh_p(s); /* the priors */
     return 0;
@@ -318,26 +311,49 @@ static uint16_t tr_cell(uint32_t h, uint32_t q)
     return (uint16_t)(((h & 1) * (TR_W + 1) + popcount16(h)) * TR_NCQ + q);
 }
 
-/* layer l's counts held since its last fold into opps: the cells its
- * bitmap names, the empty ones leaving it (a move only sets its new
- * cell's bit: clearing the old one's when it empties is a branch or a
- * read-modify-write at every move) */
+/* opps[c] += cc[c] x t over every cell, t > 0: four cells an instruction
+ * where the processor has AVX2 (asked at run time, as the rows are) */
+#if defined(TR_ROWS_AVX2)
+static __attribute__((target("avx2"), noinline)) void fold_cells_avx2(uint64_t *opps,
+                                                                       const uint16_t *cc,
+                                                                       uint64_t t)
+{
+    __m256i tv = _mm256_set1_epi64x((long long)t);
+    uint32_t c = 0;
+    for (; c + 4 <= TR_NC; c += 4) {
+        uint64_t four;
+        memcpy(&four, cc + c, sizeof four);
+        __m256i n = _mm256_cvtepu16_epi64(_mm_cvtsi64_si128((long long)four));
+        __m256i *o = (__m256i *)(void *)(opps + c);
+        _mm256_storeu_si256(o, _mm256_add_epi64(_mm256_loadu_si256(o), _mm256_mul_epu32(n, tv)));
+    }
+    for (; c < TR_NC; c++)
+        opps[c] += (uint64_t)cc[c] * t;
+}
+#endif
+
+/* layer l's counts held since its last fold into opps: every cell, four
+ * at a time (a layer's 578 counts; a refresh folds each layer's once in
+ * TR_REFRESH visits, so no list of the non-empty ones is kept at each
+ * move) */
 static void fold_layer(trans *s, uint32_t l)
 {
     const uint16_t *cc = s->cc + (size_t)l * TR_NC;
-    uint64_t t = s->lt[l], *nz = s->ccnz + (size_t)l * TR_BMW;
+    uint64_t t = s->lt[l];
     if (!t)
         return; /* (asleep, or folded already) */
-    for (uint32_t w = 0; w < TR_BMW; w++) {
-        uint64_t keep = nz[w];
-        for (uint64_t bits = nz[w]; bits; bits &= bits - 1) {
-            uint32_t i = (uint32_t)__builtin_ctzll(bits), c = w * 64 + i;
-            s->opps[c] += (uint64_t)cc[c] * t;
-            keep &= ~((uint64_t)(cc[c] == 0) << i);
-            s->o.ops++;
-        }
-        nz[w] = keep;
+    /* (t counts visits: below 2^32, so cc x t is one 32 x 32 product) */
+#if defined(TR_ROWS_AVX2)
+    if (s->wide && t <= UINT32_MAX) {
+        fold_cells_avx2(s->opps, cc, t);
+        s->o.ops += TR_NC / 4;
+        s->lt[l] = 0;
+        return;
     }
+#endif
+    for (uint32_t c = 0; c < TR_NC; c++)
+        s->opps[c] += (uint64_t)cc[c] * t;
+    s->o.ops += TR_NC / 4;
     s->lt[l] = 0;
 }
 
@@ -430,8 +446,9 @@ typedef struct trmv {
     struct trx *x;         /* the layer's experts */
     const uint32_t *where; /* their slots */
     uint16_t *cc;          /* the layer's cell counts */
-    uint64_t *nz, *corr, t;
-    uint32_t *tq, ntq;     /* the slots moved, in order */
+    uint64_t *corr, t;
+    trslot *sl;            /* the lead's order: its slots, touched at each move */
+    uint32_t *plist, pn, none, on, ops;
     const uint32_t *fwhere; /* a follower's slots of the layer's experts, NULL: none */
     trord *fo;              /* its order */
     uint32_t l, b;
@@ -444,18 +461,29 @@ static inline void mv_init(trmv *m, trans *s, uint32_t l)
     m->x = s->x + m->b;
     m->where = s->base.env.where + m->b;
     m->cc = s->cc + (size_t)l * TR_NC;
-    m->nz = s->ccnz + (size_t)l * TR_BMW;
     m->corr = s->corr;
     m->t = s->lt[l];
-    m->tq = s->tq;
-    m->ntq = 0;
+    m->sl = s->o.sl;
+    m->plist = s->o.plist;
+    m->pn = s->o.pn;
+    m->none = s->o.n;
+    m->on = m->ops = 0;
     m->fwhere = s->fol ? s->fol->env.where + m->b : NULL;
     m->fo = s->fol_o;
     m->l = l;
 }
 
-/* expert e (layer-local) gets cell c now: counts, and its slot in the
- * lead's (at the visit's end) and the follower's lists */
+/* the visit's moves' touches of the lead's slots, into its order */
+static inline void mv_done(trmv *m, trans *s)
+{
+    s->o.pn = m->pn;
+    s->o.ops += m->ops;
+    s->o.lgen[m->l] &= (uint64_t)m->on - 1; /* one filed: 0, find the least again */
+}
+
+/* expert e (layer-local) gets cell c now: counts, and its slot touched
+ * in the lead's order (ord_touch_any's, the order's fields in locals) and
+ * the follower's */
 static inline void mv_move(trmv *m, uint32_t e, uint16_t c)
 {
     struct trx *xe = &m->x[e];
@@ -464,11 +492,17 @@ static inline void mv_move(trmv *m, uint32_t e, uint16_t c)
         return;
     m->cc[old]--;
     m->cc[c]++;
-    m->nz[c / 64] |= 1ull << (c % 64);
     m->corr[old] -= m->t; /* a count down by one at fold-visit t */
     m->corr[c] += m->t;
     xe->cell = c;
-    m->tq[m->ntq++] = m->where[e];
+    uint32_t v = m->where[e] < m->none ? m->where[e] : m->none, on;
+    trslot *sv = &m->sl[v];
+    on = sv->cell != CELL_NONE;
+    m->on |= on;
+    m->ops += on;
+    m->plist[m->pn] = v;
+    m->pn += on & !sv->pend;
+    sv->pend |= (uint8_t)on;
     uint32_t slot; /* (a follower's shadow holds the layers it samples alone) */
     if (__builtin_expect(m->fwhere != NULL, 0) && (slot = m->fwhere[e]) != FERRY_MOE_NONE)
         ord_touch(m->fo, m->l, slot);
@@ -481,6 +515,20 @@ static inline void ev_add(uint16_t *ev, uint32_t *emark, uint32_t stamp, uint32_
     ev[*nev] = (uint16_t)e;
     *nev += emark[e] != stamp;
     emark[e] = stamp;
+}
+
+/* a row's lane (expert e, term) summed into acc[e]; e listed in cand at
+ * its first term, without a branch: acc is all zero between visits (a
+ * lane's count is at least 1, and a sum of positive terms is never -0) */
+static inline __attribute__((always_inline)) void ts_lane(double *acc, uint16_t *cand,
+                                                          uint32_t *nc, uint32_t e, double term)
+{
+    double a = acc[e];
+    uint64_t bits;
+    memcpy(&bits, &a, sizeof bits);
+    cand[*nc] = (uint16_t)e;
+    *nc += bits == 0;
+    acc[e] = a + term;
 }
 
 /* the experts the routed set's rows track whose feature's bin is above
@@ -504,18 +552,16 @@ static uint32_t tracked_set(trans *s, uint32_t l, const uint16_t *le, uint32_t n
         const uint16_t *top = s->lanes + ri * TR_ROW, *tc = top + TR_K;
         double term[TR_K];
         rowv_terms(tc, wr[j], term);
-        /* acc is all zero between visits (a lane's count is at least 1,
-         * and a sum of positive terms is never -0): a candidate is listed
-         * once, at its first term, without a branch */
         uint32_t tn = s->tn[ri];
-        for (uint32_t i = 0; i < tn; i++) {
-            uint32_t e = top[i];
-            double a = acc[e];
-            uint64_t bits;
-            memcpy(&bits, &a, sizeof bits);
-            cand[nc] = (uint16_t)e;
-            nc += bits == 0;
-            acc[e] = a + term[i];
+        if (tn == TR_K) { /* (a full row, the steady state: no loop count) */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC unroll 16
+#endif
+            for (uint32_t i = 0; i < TR_K; i++)
+                ts_lane(acc, cand, &nc, top[i], term[i]);
+        } else {
+            for (uint32_t i = 0; i < tn; i++)
+                ts_lane(acc, cand, &nc, top[i], term[i]);
         }
         s->o.ops += tn;
     }
@@ -605,15 +651,12 @@ static void layer_wake(trans *s, uint32_t l)
         nu = tracked_set(s, l, s->ring + rr * E, s->ring_n[rr], s->uset + b);
     s->un[l] = nu;
     uint16_t *cc = s->cc + (size_t)l * TR_NC;
-    uint64_t *nz = s->ccnz + (size_t)l * TR_BMW;
     memset(cc, 0, TR_NC * sizeof *cc);
-    memset(nz, 0, TR_BMW * sizeof *nz);
     for (uint32_t e = 0; e < E; e++) {
         uint32_t q = s->umark[e] == s->stamp ? s->qv[e] : 0;
         uint16_t c = tr_cell(s->x[b + e].hist, q);
         s->x[b + e].cell = c;
         cc[c]++;
-        nz[c / 64] |= 1ull << (c % 64);
     }
     /* its residents filed again from the least recently used, as their
      * uses while it slept would have (a slept layer's uses touch nothing) */
@@ -732,7 +775,7 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
     s->o.ops += nold + ntk;
     s->un[layer] = nu;
     s->o.ops += nev + n;
-    ord_touch_all(&s->o, layer, mv.tq, mv.ntq);
+    mv_done(&mv, s);
     tr_end_visit(s, layer);
     return 0;
 }
@@ -744,7 +787,7 @@ static inline uint32_t tr_layer_of(const trans *s, uint32_t id)
     return id - s->layer * E < E ? s->layer : id / E;
 }
 
-static void tr_used(trans *s, uint32_t id)
+static inline __attribute__((always_inline)) void tr_used(trans *s, uint32_t id)
 {
     uint64_t now = *s->base.env.step;
     if (s->last[id] == now)
@@ -783,35 +826,37 @@ static void tr_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
         ord_unfile(&((trans *)p)->o, tr_layer_of((trans *)p, id), slot);
 }
 
-/* x before y within a layer: less p, then touched longer ago (keys are
- * unique) */
-static int tr_before(const trans *m, const trord *o, uint32_t x, uint32_t y)
-{
-    double px = m->P[o->scell[x]], py = m->P[o->scell[y]];
-    if (px != py)
-        return px < py;
-    return o->key[x] < o->key[y];
-}
-
 /* layer l's least resident of o (pinned ones skipped when unpinned_only:
- * walked over from each list's head), NIL when none */
+ * walked over from each list's head), NIL when none: the least p, then
+ * touched longer ago (keys are unique). A list's members are all of its
+ * cell c: p is P[c], the head's key the list's least */
 static uint32_t layer_least(const trans *m, const ferry__policy *p, trord *o, uint32_t l,
                             int unpinned_only)
 {
     const uint64_t *nz = o->nz + (size_t)l * TR_BMW;
     const uint32_t *ht = o->ht + (size_t)l * TR_NC * 2;
-    uint32_t best = NIL;
+    const trslot *sl = o->sl;
+    uint32_t best = NIL, ops = 0;
+    double bp = 0;
+    uint64_t bk = 0;
     for (uint32_t w = 0; w < TR_BMW; w++)
         for (uint64_t bits = nz[w]; bits; bits &= bits - 1) {
             uint32_t c = w * 64 + (uint32_t)__builtin_ctzll(bits), v = ht[2 * c];
-            o->ops++;
+            ops++;
             while (unpinned_only && v != NIL && ferry__pinned(p, v)) {
-                v = o->nx[v];
-                o->ops++;
+                v = sl[v].nx;
+                ops++;
             }
-            if (v != NIL && (best == NIL || tr_before(m, o, v, best)))
+            if (v == NIL)
+                continue;
+            double pc = m->P[c];
+            if (best == NIL || pc < bp || (pc == bp && sl[v].key < bk)) {
                 best = v;
+                bp = pc;
+                bk = sl[v].key;
+            }
         }
+    o->ops += ops;
     return best;
 }
 
@@ -860,7 +905,7 @@ static uint32_t tr_pick(const trans *m, const ferry__policy *p, trord *o)
         uint32_t v = o->least[l];
         if (v == NIL || (ferry__pinned(p, v) && (v = layer_least(m, p, o, l, 1)) == NIL))
             continue;
-        best_offer(&b, v, m->P[o->scell[v]], d, o->key[v]);
+        best_offer(&b, v, m->P[o->sl[v].cell], d, o->sl[v].key);
     }
     return b.slot;
 }
@@ -879,7 +924,7 @@ static uint32_t tr_scan_all(const trans *m, const ferry__policy *p, const trord 
             if (id == FERRY_MOE_NONE || id / E != l || ferry__pinned(p, v))
                 continue;
             double pv = m->P[m->x[id].cell];
-            if (best == NIL || pv < bp || (pv == bp && o->key[v] < o->key[best])) {
+            if (best == NIL || pv < bp || (pv == bp && o->sl[v].key < o->sl[best].key)) {
                 best = v;
                 bp = pv;
             }
@@ -887,7 +932,7 @@ static uint32_t tr_scan_all(const trans *m, const ferry__policy *p, const trord 
         if (best == NIL)
             continue;
         uint32_t d = (l + L - m->layer) % L;
-        best_offer(&b, best, bp, d ? (double)d : (double)L, o->key[best]);
+        best_offer(&b, best, bp, d ? (double)d : (double)L, o->sl[best].key);
     }
     return b.slot;
 }
@@ -1022,7 +1067,7 @@ int ferry__transition_follow(ferry__policy *p, ferry__policy *lead)
     trans *m = (trans *)lead;
     if (m->fol && m->fol != p)
         return -EINVAL; /* one follower a lead */
-    if (!f->o.ht && ord_init(&f->o, &p->env) < 0)
+    if (!f->o.sl && ord_init(&f->o, &p->env) < 0)
         return -ENOMEM;
     f->lead = m;
     m->fol = p;

@@ -134,26 +134,11 @@ static inline void rowv_place(trrowv *v, const trev *evs, const uint16_t *miss, 
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 /* where the processor has AVX2 (asked at run time: the build assumes
- * SSE2), rowv_count with the row's 16 lanes in one register: half the
+ * SSE2), a row's 16 lanes in one register (row_learn_avx2): half the
  * compares and none of the copies the two-operand forms take */
 #define TR_ROWS_AVX2 1
 #include <immintrin.h>
 
-static inline __attribute__((always_inline, target("avx2"))) uint32_t
-rowv_count_avx2(trrowv *v, const trev *evs, uint32_t n, uint16_t *miss)
-{
-    __m256i t = _mm256_set_m128i(v->top[1], v->top[0]), h = _mm256_setzero_si256();
-    uint32_t nm = 0;
-    for (uint32_t j = 0; j < n; j++) {
-        __m256i eq = _mm256_cmpeq_epi16(t, _mm256_broadcastsi128_si256(evs[j]));
-        h = _mm256_or_si256(h, eq);
-        miss[nm] = (uint16_t)j;
-        nm += _mm256_movemask_epi8(eq) == 0;
-    }
-    v->tc[0] = _mm_subs_epi16(v->tc[0], _mm256_castsi256_si128(h));
-    v->tc[1] = _mm_subs_epi16(v->tc[1], _mm256_extracti128_si256(h, 1));
-    return nm;
-}
 #endif
 
 /* term[i] = tc[i] x w, each rounded as (double)tc[i] * w is: the
@@ -296,15 +281,66 @@ row_learn_narrow(uint16_t *top, uint16_t *an, const trev *evs, const uint16_t *l
 }
 
 #if defined(TR_ROWS_AVX2)
+/* the first of the least count's lane of a row's 16 in one register */
+static inline __attribute__((always_inline, target("avx2"))) uint32_t rowv_least_avx2(__m256i c)
+{
+    __m128i m = _mm_min_epi16(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+    m = _mm_min_epi16(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(1, 0, 3, 2)));
+    m = _mm_min_epi16(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(2, 3, 0, 1)));
+    m = _mm_min_epi16(m, _mm_shufflelo_epi16(m, _MM_SHUFFLE(2, 3, 0, 1)));
+    uint32_t k = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi16(c, _mm256_broadcastw_epi16(m)));
+    return (uint32_t)__builtin_ctz(k) / 2;
+}
+
+/* row_learn_in with the row's 16 lanes of experts and of counts in one
+ * AVX2 register each: the same counts, halving and placing, half the
+ * compares, and a lane taken with one blend (rowv_lane_mask[at]'s 32
+ * bytes are lane at's mask over the 16) */
 static __attribute__((target("avx2"), noinline)) uint32_t
 row_learn_avx2(uint16_t *top, uint16_t *an, const trev *evs, const uint16_t *le, uint32_t n,
                uint16_t *miss)
 {
-    return row_learn_in(top, an, evs, le, n, miss, rowv_count_avx2);
+    uint16_t *tc = top + TR_K;
+    __m256i t = _mm256_loadu_si256((const __m256i *)(const void *)top);
+    __m256i c = _mm256_loadu_si256((const __m256i *)(const void *)tc);
+    __m256i none = _mm256_set1_epi16((short)TR_NOBODY);
+    if (*an == TR_CNT) { /* halve the row with its total: order kept */
+        __m256i used1 = _mm256_andnot_si256(_mm256_cmpeq_epi16(t, none), _mm256_set1_epi16(1));
+        c = _mm256_max_epi16(_mm256_srli_epi16(c, 1), used1);
+        *an >>= 1;
+    }
+    *an = (uint16_t)(*an + 1);
+    uint32_t k = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi16(t, none));
+    uint32_t used = k ? (uint32_t)__builtin_ctz(k) / 2 : TR_K, nm = 0;
+    __m256i h = _mm256_setzero_si256();
+    for (uint32_t j = 0; j < n; j++) { /* each that has a lane: +1 (saturating) */
+        __m256i eq = _mm256_cmpeq_epi16(t, _mm256_broadcastsi128_si256(evs[j]));
+        h = _mm256_or_si256(h, eq);
+        miss[nm] = (uint16_t)j;
+        nm += _mm256_movemask_epi8(eq) == 0;
+    }
+    c = _mm256_subs_epi16(c, h);
+    uint32_t full = used + nm > TR_K;
+    if (full) /* not room for all: the others in order, each the least lane */
+        for (uint32_t j = 0; j < nm; j++) {
+            uint32_t at = used < TR_K ? used++ : rowv_least_avx2(c);
+            __m256i lm = _mm256_loadu_si256((const __m256i *)(const void *)rowv_lane_mask[at]);
+            c = _mm256_subs_epi16(c, lm);
+            t = _mm256_blendv_epi8(t, _mm256_broadcastsi128_si256(evs[miss[j]]), lm);
+        }
+    _mm256_storeu_si256((__m256i *)(void *)top, t);
+    _mm256_storeu_si256((__m256i *)(void *)tc, c);
+    if (full)
+        return TR_K;
+    for (uint32_t j = 0; j < nm; j++) { /* new successors into unused lanes */
+        top[used + j] = le[miss[j]];
+        tc[used + j] = 1;
+    }
+    return used + nm;
 }
 #endif
 
-/* row_learn_in, its count in one AVX2 register where wide */
+/* row_learn_in, or its AVX2 form (a row in two registers) where wide */
 static inline uint32_t row_learn(uint16_t *top, uint16_t *an, const trev *evs, const uint16_t *le,
                                  uint32_t n, uint16_t *miss, int wide)
 {

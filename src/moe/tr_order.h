@@ -14,34 +14,34 @@
 /* ---- the order over a set of slots: per (layer, cell) a list of its
  * residents, the least recently touched (filed, moved in, used) first;
  * per layer the cached least ---- */
+typedef struct trslot {
+    uint64_t key;   /* when it was last touched (the order's clock) */
+    uint32_t nx, pv; /* its list's next and previous; NIL at the ends */
+    uint16_t cell;  /* the cell it is filed in, CELL_NONE */
+    uint16_t layer; /* while filed: its layer */
+    uint8_t pend;   /* touched since the last victim */
+} trslot;
+_Static_assert(sizeof(trslot) == 24, "a slot's order fields are 24 bytes");
+
 typedef struct trord {
-    uint32_t *nx, *pv;   /* per slot; NIL at the ends */
-    uint64_t *key;       /* per slot: when it was last touched (this order's clock) */
-    uint16_t *scell;     /* per slot: the cell it is filed in, CELL_NONE */
-    uint32_t *sli;       /* per slot, while filed: its list, layer x TR_NC + cell */
+    trslot *sl;          /* per slot, and sl[n]: a slot never filed */
     uint32_t *ht;        /* [L][TR_NC][2]: head, tail */
     uint64_t *nz;        /* [L][TR_BMW]: non-empty lists */
     uint32_t *least;     /* [L]: least resident, pinned ones too; NIL: empty */
     uint64_t *lgen;      /* [L]: the p refresh the least is of; 0: find again */
-    uint8_t *pend;       /* per slot: touched since the last victim */
-    uint32_t *plist, pn; /* those slots, in the order first touched */
+    uint32_t *plist, pn; /* the touched slots, in the order first touched */
     uint64_t clock;
-    uint32_t n;          /* slots; scell[n] and pend[n]: a slot never filed */
+    uint32_t n;          /* slots */
     uint64_t ops;        /* work done: events, filings, layers and cells visited (tests) */
 } trord;
 
 static void ord_fini(trord *o)
 {
-    ferry__free(o->nx);
-    ferry__free(o->pv);
-    ferry__free(o->key);
-    ferry__free(o->scell);
-    ferry__free(o->sli);
+    ferry__free(o->sl);
     ferry__free(o->ht);
     ferry__free(o->nz);
     ferry__free(o->least);
     ferry__free(o->lgen);
-    ferry__free(o->pend);
     ferry__free(o->plist);
     memset(o, 0, sizeof *o);
 }
@@ -49,24 +49,18 @@ static void ord_fini(trord *o)
 static int ord_init(trord *o, const ferry__policy_env *env)
 {
     uint32_t n = env->slots, L = env->num_layers;
-    o->nx = ferry__malloc((size_t)n * sizeof *o->nx);
-    o->pv = ferry__malloc((size_t)n * sizeof *o->pv);
-    o->key = ferry__calloc(n, sizeof *o->key);
-    o->scell = ferry__malloc(((size_t)n + 1) * sizeof *o->scell);
-    o->sli = ferry__calloc((size_t)n + 1, sizeof *o->sli);
+    o->sl = ferry__malloc(((size_t)n + 1) * sizeof *o->sl);
     o->ht = ferry__malloc((size_t)L * TR_NC * 2 * sizeof *o->ht);
     o->nz = ferry__calloc((size_t)L * TR_BMW, sizeof *o->nz);
     o->least = ferry__malloc((size_t)L * sizeof *o->least);
     o->lgen = ferry__calloc(L, sizeof *o->lgen);
-    o->pend = ferry__calloc((size_t)n + 1, sizeof *o->pend);
     o->plist = ferry__malloc(((size_t)n + 1) * sizeof *o->plist);
-    if (!o->pend || !o->plist || !o->nx || !o->pv || !o->key || !o->scell || !o->sli || !o->ht || !o->nz || !o->least || !o->lgen) {
+    if (!o->sl || !o->plist || !o->ht || !o->nz || !o->least || !o->lgen) {
         ord_fini(o);
         return -ENOMEM;
     }
-    memset(o->nx, 0xff, (size_t)n * sizeof *o->nx);
-    memset(o->pv, 0xff, (size_t)n * sizeof *o->pv);
-    memset(o->scell, 0xff, ((size_t)n + 1) * sizeof *o->scell);
+    for (size_t v = 0; v <= n; v++) /* (written now: the pages fault in at create) */
+        o->sl[v] = (trslot){0, NIL, NIL, CELL_NONE, 0, 0};
     o->n = n;
     memset(o->ht, 0xff, (size_t)L * TR_NC * 2 * sizeof *o->ht);
     memset(o->least, 0xff, (size_t)L * sizeof *o->least);
@@ -78,13 +72,14 @@ static int ord_init(trord *o, const ferry__policy_env *env)
 static void ord_file(trord *o, uint32_t l, uint32_t slot, uint16_t c)
 {
     uint32_t *ht = o->ht + ((size_t)l * TR_NC + c) * 2;
-    o->scell[slot] = c;
-    o->sli[slot] = l * TR_NC + c;
-    o->key[slot] = ++o->clock;
-    o->nx[slot] = NIL;
-    o->pv[slot] = ht[1];
+    trslot *s = &o->sl[slot];
+    s->cell = c;
+    s->layer = (uint16_t)l;
+    s->key = ++o->clock;
+    s->nx = NIL;
+    s->pv = ht[1];
     if (ht[1] != NIL)
-        o->nx[ht[1]] = slot;
+        o->sl[ht[1]].nx = slot;
     else
         ht[0] = slot;
     ht[1] = slot;
@@ -96,22 +91,23 @@ static void ord_file(trord *o, uint32_t l, uint32_t slot, uint16_t c)
 /* slot (of layer l) off its list; nothing if not filed */
 static void ord_unfile(trord *o, uint32_t l, uint32_t slot)
 {
-    uint16_t c = o->scell[slot];
+    trslot *s = &o->sl[slot];
+    uint16_t c = s->cell;
     if (c == CELL_NONE)
         return;
-    uint32_t *ht = o->ht + ((size_t)l * TR_NC + c) * 2, a = o->pv[slot], b = o->nx[slot];
+    uint32_t *ht = o->ht + ((size_t)l * TR_NC + c) * 2, a = s->pv, b = s->nx;
     if (a != NIL)
-        o->nx[a] = b;
+        o->sl[a].nx = b;
     else
         ht[0] = b;
     if (b != NIL)
-        o->pv[b] = a;
+        o->sl[b].pv = a;
     else
         ht[1] = a;
     if (ht[0] == NIL)
         o->nz[(size_t)l * TR_BMW + c / 64] &= ~(1ull << (c % 64));
-    o->scell[slot] = CELL_NONE;
-    o->nx[slot] = o->pv[slot] = NIL;
+    s->cell = CELL_NONE;
+    s->nx = s->pv = NIL;
     o->lgen[l] = 0;
     o->ops++;
 }
@@ -121,15 +117,16 @@ static void ord_unfile(trord *o, uint32_t l, uint32_t slot)
  * victim is chosen (ord_flush): O(1) now, once however often touched. */
 static inline void ord_touch(trord *o, uint32_t l, uint32_t slot)
 {
-    if (o->scell[slot] == CELL_NONE)
+    trslot *s = &o->sl[slot];
+    if (s->cell == CELL_NONE)
         return;
     o->lgen[l] = 0;
     o->ops++;
     /* listed once, without a branch (plist has room for one past the
      * slots) */
     o->plist[o->pn] = slot;
-    o->pn += !o->pend[slot];
-    o->pend[slot] = 1;
+    o->pn += !s->pend;
+    s->pend = 1;
 }
 
 /* the same for a slot or FERRY_MOE_NONE (nothing then), without a
@@ -138,81 +135,55 @@ static inline void ord_touch(trord *o, uint32_t l, uint32_t slot)
 static inline void ord_touch_any(trord *o, uint32_t l, uint32_t slot)
 {
     uint32_t v = slot < o->n ? slot : o->n;
-    uint32_t on = o->scell[v] != CELL_NONE;
+    trslot *s = &o->sl[v];
+    uint32_t on = s->cell != CELL_NONE;
     o->lgen[l] &= (uint64_t)on - 1; /* filed: 0, find the least again */
     o->ops += on;
     o->plist[o->pn] = v;
-    o->pn += on & !o->pend[v];
-    o->pend[v] |= (uint8_t)on;
-}
-
-/* the same for each of q[0..n), in that order: one loop, the order's
- * fields in registers */
-static void ord_touch_all(trord *o, uint32_t l, const uint32_t *q, uint32_t n)
-{
-    uint32_t pn = o->pn, any = 0, *plist = o->plist, none = o->n, ops = 0;
-    const uint16_t *scell = o->scell;
-    uint8_t *pend = o->pend;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t v = q[i] < none ? q[i] : none;
-        uint32_t on = scell[v] != CELL_NONE;
-        any |= on;
-        ops += on;
-        plist[pn] = v;
-        pn += on & !pend[v];
-        pend[v] |= (uint8_t)on;
-    }
-    o->pn = pn;
-    o->ops += ops;
-    o->lgen[l] &= (uint64_t)any - 1; /* one filed: 0, find the least again */
+    o->pn += on & !s->pend;
+    s->pend |= (uint8_t)on;
 }
 
 /* every touched slot still filed, at the end of its expert's cell's list
  * now, in the order first touched (cell: per id, of the model): an
  * ord_unfile and an ord_file each, in one loop with the order's arrays in
- * registers and the slot's layer from its list, not its id */
+ * registers. Its layer's least was dropped at the touch (lgen 0 till the
+ * next pick), or at its filing since. */
 static void ord_flush(trord *o, const struct trx *x, const uint32_t *occupant)
 {
-    uint32_t *nx = o->nx, *pv = o->pv, *ht = o->ht, *sli = o->sli, *plist = o->plist;
-    uint64_t *nz = o->nz, *key = o->key, *lgen = o->lgen, clock = o->clock;
-    uint16_t *scell = o->scell;
-    uint8_t *pend = o->pend;
-    uint32_t ops = 0;
-    for (uint32_t i = 0; i < o->pn; i++) {
+    uint32_t *ht = o->ht, *plist = o->plist, pn = o->pn;
+    uint64_t *nz = o->nz, clock = o->clock;
+    trslot *sl = o->sl;
+    for (uint32_t i = 0; i < pn; i++) {
         uint32_t slot = plist[i], id = occupant[slot];
-        pend[slot] = 0;
-        uint16_t c = scell[slot];
+        trslot *s = &sl[slot];
+        s->pend = 0;
+        uint32_t c = s->cell;
         if (c == CELL_NONE || id == FERRY_MOE_NONE)
             continue;
-        uint32_t li = sli[slot], l = li / TR_NC, a = pv[slot], b = nx[slot], *h = ht + 2 * (size_t)li;
-        if (a != NIL)
-            nx[a] = b;
-        else
-            h[0] = b;
-        if (b != NIL)
-            pv[b] = a;
-        else if ((h[1] = a) == NIL) /* (its list empty now: a and b both NIL) */
-            nz[(size_t)l * TR_BMW + c / 64] &= ~(1ull << (c % 64));
-        uint16_t nc = x[id].cell;
-        li = l * TR_NC + nc;
-        h = ht + 2 * (size_t)li;
-        scell[slot] = nc;
-        sli[slot] = li;
-        key[slot] = ++clock;
-        nx[slot] = NIL;
-        pv[slot] = h[1];
-        if (h[1] != NIL) {
-            nx[h[1]] = slot;
+        uint32_t nc = x[id].cell, a = s->pv, b = s->nx;
+        size_t l = s->layer;
+        uint32_t *lh = ht + l * (2 * TR_NC), *h = lh + 2 * c, *g = lh + 2 * nc;
+        uint64_t *lz = nz + l * TR_BMW;
+        *(a != NIL ? &sl[a].nx : &h[0]) = b;
+        *(b != NIL ? &sl[b].pv : &h[1]) = a;
+        if ((a & b) == NIL) /* (its list empty now: a and b both NIL) */
+            lz[c / 64] &= ~(1ull << (c % 64));
+        uint32_t t = g[1]; /* (read after the unlink: the same list, maybe) */
+        if (t != NIL) {
+            sl[t].nx = slot;
         } else { /* (its list was empty) */
-            h[0] = slot;
-            nz[(size_t)l * TR_BMW + nc / 64] |= 1ull << (nc % 64);
+            g[0] = slot;
+            lz[nc / 64] |= 1ull << (nc % 64);
         }
-        h[1] = slot;
-        lgen[l] = 0;
-        ops += 2;
+        g[1] = slot;
+        s->pv = t;
+        s->nx = NIL;
+        s->cell = (uint16_t)nc;
+        s->key = ++clock;
     }
+    o->ops += 2 * (uint64_t)(clock - o->clock);
     o->clock = clock;
-    o->ops += ops;
     o->pn = 0;
 }
 
