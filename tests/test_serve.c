@@ -7,10 +7,12 @@
  */
 /* ferry-test-labels: concurrent */
 /* ferry-test-timeout: 300 */
+#include <dirent.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1142,6 +1144,63 @@ static void test_socket_owner(void **state)
     assert_int_equal(stat(g_sock, &st), -1);
 }
 
+/* a client that waits for the socket file and connects the moment it
+ * appears (as a script starting the daemon does) */
+typedef struct sockwatch {
+    atomic_int go, done;
+    int rc; /* 0 connected, else the errno */
+} sockwatch;
+
+static void *sock_watch_thread(void *arg)
+{
+    sockwatch *w = arg;
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    memcpy(a.sun_path, g_sock, strlen(g_sock) + 1); /* (setup: it fits) */
+    struct stat st;
+    while (!atomic_load(&w->go))
+        ;
+    while (lstat(g_sock, &st) != 0)
+        ;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    w->rc = connect(fd, (struct sockaddr *)&a, sizeof a) == 0 ? 0 : errno;
+    close(fd);
+    atomic_store(&w->done, 1);
+    return NULL;
+}
+
+/* the socket file appears only once the daemon listens on it: a client
+ * connecting the moment it sees the file is never refused, and no
+ * temporary name is left beside it */
+static void test_socket_appears_listening(void **state)
+{
+    (void)state;
+    ferry_kv_config kc = store_config(4);
+    ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
+    sc.socket_path = g_sock;
+    sc.kv = &kc;
+    unsigned refused = 0;
+    for (int round = 0; round < 200; round++) {
+        sockwatch w = {0};
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, sock_watch_thread, &w), 0);
+        atomic_store(&w.go, 1);
+        ferry_serve *s = NULL;
+        FT_ASSERT_OK(ferry_serve_open(&sc, &s));
+        pthread_join(t, NULL);
+        refused += w.rc != 0;
+        if (w.rc != 0)
+            print_message("round %d: connect at the file's appearance: %s\n", round,
+                          strerror(w.rc));
+        ferry_serve_close(s);
+        DIR *d = opendir(g_dir);
+        assert_non_null(d);
+        for (struct dirent *e; (e = readdir(d));)
+            assert_null(strchr(e->d_name, '~'));
+        closedir(d);
+    }
+    assert_int_equal(refused, 0);
+}
+
 /* a read lock that outlived its TTL: the slot was reused, the release says
  * the bytes read are void, never passes them as the chunk's */
 static void test_stale_release(void **state)
@@ -1273,6 +1332,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_many_connections, setup, teardown),
         cmocka_unit_test_setup_teardown(test_other_uid, setup, teardown),
         cmocka_unit_test_setup_teardown(test_socket_owner, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_socket_appears_listening, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stale_release, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wait_and_why, setup, teardown),
     };

@@ -63,7 +63,11 @@ typedef struct ferry_serve ferry_serve;
 /**
  * Open the store (its L1 pool in shared memory) and bind the socket. A
  * socket file left by a daemon that died is replaced; one a live daemon
- * answers on is FERRY_EBUSY. Errors: -EINVAL, FERRY_EBUSY, -EEXIST (the
+ * answers on is FERRY_EBUSY. The socket file appears only once the store
+ * is open and the socket listens (it is bound under a temporary name
+ * beside it, then linked there): a client that waits for the file may
+ * connect as soon as it sees it, and requests wait in the backlog until
+ * ferry_serve_run serves them. Errors: -EINVAL, FERRY_EBUSY, -EEXIST (the
  * path is not a socket), the store's and the system's. *out: ferry_serve_close.
  */
 FERRY_API int ferry_serve_open(const ferry_serve_config *cfg, ferry_serve **out);

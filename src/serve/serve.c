@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -58,40 +59,69 @@ static int clear_stale(const char *path, const struct sockaddr_un *a, ferry__err
     return 0;
 }
 
+/* the name a socket is bound under until it listens: beside path, unique
+ * to this process and call; 0 when it would not fit (then path itself) */
+static int tmp_name(const char *path, char *out, size_t cap)
+{
+    static atomic_uint seq;
+    int n = snprintf(out, cap, "%s.%ld.%u~", path, (long)getpid(), atomic_fetch_add(&seq, 1));
+    return n > 0 && (size_t)n < cap;
+}
+
+/* the socket bound, given its owner and mode and listening under a
+ * temporary name, then linked at path: a client that sees path can
+ * connect (a client that waits for the file and connects at once is never
+ * refused), and a daemon that got there first keeps it (FERRY_EBUSY) */
 static int listen_on(ferry_serve *s, const char *group)
 {
-    struct sockaddr_un a;
+    struct sockaddr_un a, b;
     int rc = addr_of(s->path, &a, &s->err);
     if (rc == 0)
         rc = clear_stale(s->path, &a, &s->err);
     if (rc < 0)
         return rc;
+    b = a;
+    int tmp = tmp_name(s->path, b.sun_path, sizeof b.sun_path);
+    if (!tmp)
+        b = a;
+    const char *at = b.sun_path;
     s->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (s->lfd < 0)
         return ferry__err_set(&s->err, -errno, "serve: socket: %s", strerror(errno));
-    if (bind(s->lfd, (struct sockaddr *)&a, sizeof a) != 0)
-        return ferry__err_set(&s->err, -errno, "serve: bind %s: %s", s->path, strerror(errno));
+    if (bind(s->lfd, (struct sockaddr *)&b, sizeof b) != 0)
+        return ferry__err_set(&s->err, -errno, "serve: bind %s: %s", at, strerror(errno));
     gid_t gid = (gid_t)-1;
     if (group) {
         struct group gr, *res = NULL;
         char buf[4096];
         if (getgrnam_r(group, &gr, buf, sizeof buf, &res) != 0 || !res) {
-            unlink(s->path);
+            unlink(at);
             return ferry__err_set(&s->err, -EINVAL, "serve: no group named %s", group);
         }
         gid = res->gr_gid;
     }
-    if ((gid != (gid_t)-1 && chown(s->path, (uid_t)-1, gid) != 0) ||
-        chmod(s->path, group ? 0660 : 0600) != 0) {
+    if ((gid != (gid_t)-1 && chown(at, (uid_t)-1, gid) != 0) ||
+        chmod(at, group ? 0660 : 0600) != 0) {
         int e = errno;
-        unlink(s->path);
-        return ferry__err_set(&s->err, -e, "serve: setting the owner and mode of %s: %s",
-                              s->path, strerror(e));
+        unlink(at);
+        return ferry__err_set(&s->err, -e, "serve: setting the owner and mode of %s: %s", at,
+                              strerror(e));
     }
     if (listen(s->lfd, 1024) != 0) {
         int e = errno;
-        unlink(s->path);
-        return ferry__err_set(&s->err, -e, "serve: listen on %s: %s", s->path, strerror(e));
+        unlink(at);
+        return ferry__err_set(&s->err, -e, "serve: listen on %s: %s", at, strerror(e));
+    }
+    if (tmp) {
+        int e = link(at, s->path) == 0 ? 0 : errno;
+        unlink(at);
+        if (e == EEXIST)
+            return ferry__err_set(&s->err, FERRY_EBUSY,
+                                  "serve: another daemon took %s while this one started",
+                                  s->path);
+        if (e)
+            return ferry__err_set(&s->err, -e, "serve: linking the socket at %s: %s", s->path,
+                                  strerror(e));
     }
     return 0;
 }
