@@ -5,7 +5,8 @@
  * read-only ACL user; a server that sleeps (DEBUG SLEEP) past the
  * timeout; a first call made before the topology is known; and threads
  * that read while other writers (other layouts, other sizes), SETRANGE,
- * APPEND, FLUSHALL and maxmemory eviction change the values under them.
+ * APPEND, FLUSHALL and maxmemory eviction change the values under them,
+ * or the server is killed and restarted under them.
  * Every get is either exactly a value this layout stored for that key or
  * a refusal. Skipped (77) without redis-server.
  */
@@ -13,10 +14,12 @@
 /* ferry-test-timeout: 300 */
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 
 #include <hiredis/hiredis.h>
@@ -296,7 +299,7 @@ static void slow_server_is_a_miss_then_in_step(void **state)
 
 /* ---- many writers and vandals on the same keys ---- */
 
-#define NKEYS 24
+#define NKEYS 160
 #define VAL_MAX 20000
 
 typedef struct chaos {
@@ -441,12 +444,71 @@ static void writers_and_vandals_never_give_wrong_bytes(void **state)
     atomic_store(&c.stop, 1);
     for (int i = 0; i < 7; i++)
         pthread_join(th[i], NULL);
+    /* maxmemory did evict under them */
+    static const char *const info[] = {"INFO", "stats", NULL};
+    char out[8192];
+    assert_int_equal(ft_redis_cmd(&s, out, sizeof out, info), REDIS_REPLY_STRING);
+    const char *ev = strstr(out, "evicted_keys:");
+    assert_non_null(ev);
+    fprintf(stderr, "chaos: %ld keys evicted\n", atol(ev + 13));
+    assert_true(atol(ev + 13) > 0);
     fprintf(stderr, "chaos: %llu hits, %llu refused, %llu misses, %llu wrong\n",
             (unsigned long long)c.hits, (unsigned long long)c.refused,
             (unsigned long long)c.misses, (unsigned long long)c.wrong);
     assert_int_equal(atomic_load(&c.wrong), 0);
     assert_true(atomic_load(&c.hits) > 0);
     assert_true(atomic_load(&c.refused) > 0);
+    ferry_remote_close(c.a1);
+    ferry_remote_close(c.a2);
+    ferry_remote_close(c.b);
+    ft_redis_destroy(&s);
+}
+
+/* The same writers and readers while the server is killed (SIGKILL, its
+ * data gone) and restarted on the same port, again and again: every hit
+ * is exactly a value written for that key, and both handles are up and
+ * reading again afterwards. */
+static void killed_server_mid_traffic(void **state)
+{
+    (void)state;
+    ft_redis s;
+    assert_int_equal(ft_redis_start(&s, NULL), 0);
+    chaos c;
+    memset(&c, 0, sizeof c);
+    c.srv = &s;
+    c.a1 = open_on(&s, LAYOUT_A, "ch:", 0);
+    c.a2 = open_on(&s, LAYOUT_A, "ch:", 0);
+    c.b = open_on(&s, LAYOUT_B, "ch:", 0);
+    pthread_t th[6];
+    for (int i = 0; i < 3; i++)
+        pthread_create(&th[i], NULL, chaos_writer, &c);
+    for (int i = 3; i < 6; i++)
+        pthread_create(&th[i], NULL, chaos_reader, &c);
+    for (int k = 0; k < 4; k++) {
+        sleep_ms(300);
+        kill(s.pid, SIGKILL);
+        int st;
+        waitpid(s.pid, &st, 0);
+        s.pid = 0;
+        sleep_ms(100);
+        assert_int_equal(ft_redis_restart(&s), 0);
+    }
+    sleep_ms(400);
+    atomic_store(&c.stop, 1);
+    for (int i = 0; i < 6; i++)
+        pthread_join(th[i], NULL);
+    fprintf(stderr, "killed: %llu hits, %llu refused, %llu misses, %llu wrong\n",
+            (unsigned long long)c.hits, (unsigned long long)c.refused,
+            (unsigned long long)c.misses, (unsigned long long)c.wrong);
+    assert_int_equal(atomic_load(&c.wrong), 0);
+    assert_true(atomic_load(&c.hits) > 0);
+    sleep_ms(150); /* past any backoff */
+    uint8_t p[VAL_MAX], dst[VAL_MAX];
+    size_t len = make_payload(p, 1, 12345, 0);
+    FT_ASSERT_OK(ferry_remote_put_sync(c.a1, "key-1", 5, p, len));
+    assert_int_equal(ferry_remote_get(c.a2, "key-1", 5, dst, sizeof dst), (int)len);
+    assert_memory_equal(dst, p, len);
+    assert_true(metrics(c.a1).reconnects > 0);
     ferry_remote_close(c.a1);
     ferry_remote_close(c.a2);
     ferry_remote_close(c.b);
@@ -465,6 +527,7 @@ int main(void)
         cmocka_unit_test(read_only_acl_user),
         cmocka_unit_test(slow_server_is_a_miss_then_in_step),
         cmocka_unit_test(writers_and_vandals_never_give_wrong_bytes),
+        cmocka_unit_test(killed_server_mid_traffic),
     };
     return cmocka_run_group_tests_name("remote_hostile", tests, srv_setup, srv_teardown);
 }
