@@ -150,10 +150,13 @@ static void foreign_values_are_never_data(void **state)
     raw_set(&g_srv, "fv:k", v, vmax);
     assert_int_equal(ferry_remote_get(r, "k", 1, dst, sizeof dst), FERRY_ECORRUPT);
     /* a huge ferry value of another layout, and of this one */
-    n = craft(v, 1, LAYOUT_B, "k", v + 4096, vmax - 8192);
+    uint8_t *pl = calloc(1, vmax);
+    assert_non_null(pl);
+    n = craft(v, 1, LAYOUT_B, "k", pl, vmax - 8192);
     raw_set(&g_srv, "fv:k", v, n);
     assert_int_equal(ferry_remote_get(r, "k", 1, dst, sizeof dst), FERRY_EMISMATCH);
-    n = craft(v, 1, LAYOUT_A, "k", v + 4096, vmax - 8192);
+    n = craft(v, 1, LAYOUT_A, "k", pl, vmax - 8192);
+    free(pl);
     raw_set(&g_srv, "fv:k", v, n);
     assert_int_equal(ferry_remote_get(r, "k", 1, dst, sizeof dst), -ENOBUFS);
     /* prefix "fv:" + key "xk" and prefix "fv:x" + key "k" name the same
