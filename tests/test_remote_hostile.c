@@ -105,8 +105,11 @@ static size_t craft(uint8_t *dst, unsigned version, const char *layout, const ch
 static int srv_setup(void **state)
 {
     (void)state;
+    /* a server older than 7 has no such option (and DEBUG on): without it */
     static const char *const args[] = {"--enable-debug-command", "yes", NULL};
-    return ft_redis_start(&g_srv, args) == 0 ? 0 : -1;
+    if (ft_redis_start(&g_srv, args) == 0)
+        return 0;
+    return ft_redis_start(&g_srv, NULL) == 0 ? 0 : -1;
 }
 static int srv_teardown(void **state)
 {
@@ -279,6 +282,11 @@ static void slow_server_is_a_miss_then_in_step(void **state)
     ft_fill_pattern(b, sizeof b, 2);
     FT_ASSERT_OK(ferry_remote_put_sync(r, "a", 1, a, sizeof a));
     FT_ASSERT_OK(ferry_remote_put_sync(r, "b", 1, b, sizeof b));
+    static const char *const probe[] = {"DEBUG", "SLEEP", "0", NULL};
+    if (ft_redis_cmd(&g_srv, NULL, 0, probe) != REDIS_REPLY_STATUS) {
+        ferry_remote_close(r);
+        skip(); /* DEBUG refused by this server's configuration */
+    }
     sleeper sl = {g_srv.port, 1000};
     pthread_t th;
     pthread_create(&th, NULL, debug_sleep, &sl);
