@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1088,6 +1089,140 @@ static void threads_share_through_the_server(void **state)
     free(x);
 }
 
+/* ---- two layouts on one prefix, under threads and a vandal ---- */
+
+#define DN (4 * CT)
+typedef struct dual_ctx {
+    ferry_kv *kv[2]; /* bf16 and f16: the same chunk size, the same keys */
+    int32_t tok[DN];
+    const ft_redis *srv;
+    atomic_int stop, round;
+    atomic_long bad, hits, misses;
+} dual_ctx;
+
+typedef struct dual_arg {
+    dual_ctx *x;
+    int which;
+} dual_arg;
+
+static void dual_fill(hbuf *h, const int32_t *t, int which)
+{
+    hbuf_fill(h, t, DN);
+    if (which)
+        for (size_t i = 0; i < PLANES * h->cap * TB; i++)
+            h->mem[i] ^= 0x5A;
+}
+
+/* chunk c of h holds exactly layout which's bytes */
+static int dual_ok(const hbuf *h, const int32_t *t, int which, size_t c)
+{
+    for (unsigned k = 0; k < PLANES; k++)
+        for (size_t p = c * CT; p < (c + 1) * CT; p++)
+            for (unsigned b = 0; b < TB; b++)
+                if (h->mem[((size_t)k * h->cap + p) * TB + b] !=
+                    (unsigned char)(kv_byte(t, p, k, b) ^ (which ? 0x5A : 0)))
+                    return 0;
+    return 1;
+}
+
+static void *dual_thread(void *arg)
+{
+    dual_arg *a = arg;
+    dual_ctx *x = a->x;
+    ferry_kv *kv = x->kv[a->which];
+    hbuf src, d;
+    hbuf_init(&src, DN);
+    dual_fill(&src, x->tok, a->which);
+    src.b.layout.dtype = a->which ? FERRY_DTYPE_F16 : FERRY_DTYPE_BF16;
+    while (!atomic_load(&x->stop)) {
+        ferry_kv_store(kv, x->tok, DN, NULL, &src.b);
+        if (atomic_fetch_add(&x->round, 1) % 3 == 0)
+            ferry_kv_clear(kv); /* the next retrieve goes to the server */
+        hbuf_init(&d, DN);
+        d.b.layout.dtype = src.b.layout.dtype;
+        int st[4];
+        ferry_kv_req req = FERRY_KV_REQ_INIT;
+        req.status = st;
+        req.max_chunks = 4;
+        int rc = ferry_kv_retrieve(kv, x->tok, DN, &req, &d.b);
+        for (size_t c = 0; rc >= 0 && c < 4; c++) {
+            if (st[c] == 0 && !dual_ok(&d, x->tok, a->which, c))
+                atomic_fetch_add(&x->bad, 1);
+            else if (st[c] == 0)
+                atomic_fetch_add(&x->hits, 1);
+            else if (!hbuf_untouched(&d, c * CT, (c + 1) * CT))
+                atomic_fetch_add(&x->bad, 1);
+            else
+                atomic_fetch_add(&x->misses, 1);
+        }
+        hbuf_free(&d);
+    }
+    hbuf_free(&src);
+    return NULL;
+}
+
+static void *dual_vandal(void *arg)
+{
+    dual_ctx *x = arg;
+    unsigned seed = 3;
+    while (!atomic_load(&x->stop)) {
+        char key[128];
+        chunk_key("dual:", x->tok, DN, (size_t)rand_r(&seed) % 4, key, sizeof key);
+        const char *setrange[] = {"SETRANGE", key, "2000", "XX", NULL};
+        const char *del[] = {"DEL", key, NULL};
+        const char *flush[] = {"FLUSHALL", NULL};
+        int r = rand_r(&seed) % 10;
+        ft_redis_cmd(x->srv, NULL, 0, r < 4 ? setrange : r < 9 ? del : flush);
+        sleep_ms(2);
+    }
+    return NULL;
+}
+
+/* Stores of two layouts with the same chunk size (bf16, f16) share one
+ * server and key prefix; the same tokens give them the same keys. Threads
+ * of each store and retrieve them over and over (clearing their local
+ * tiers so reads go to the server) while a vandal damages, deletes and
+ * flushes the values: a chunk a retrieve reports is exactly its own
+ * layout's bytes, every other chunk untouched. */
+static void two_layouts_one_prefix_under_threads(void **state)
+{
+    (void)state;
+    dual_ctx *x = calloc(1, sizeof *x);
+    assert_non_null(x);
+    x->srv = &g_srv;
+    make_tokens(x->tok, DN, 55);
+    for (int i = 0; i < 2; i++) {
+        char url[128];
+        ferry_kv_config c = remote_config(&g_srv, url, sizeof url, "dual:", 16);
+        c.layout.dtype = i ? FERRY_DTYPE_F16 : FERRY_DTYPE_BF16;
+        FT_ASSERT_OK(ferry_kv_open(&c, &x->kv[i]));
+    }
+    assert_int_equal(ferry_kv_chunk_bytes(x->kv[0]), ferry_kv_chunk_bytes(x->kv[1]));
+    pthread_t th[5];
+    dual_arg args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i].x = x;
+        args[i].which = i % 2;
+        assert_int_equal(pthread_create(&th[i], NULL, dual_thread, &args[i]), 0);
+    }
+    assert_int_equal(pthread_create(&th[4], NULL, dual_vandal, x), 0);
+    sleep_ms(2500);
+    atomic_store(&x->stop, 1);
+    for (int i = 0; i < 5; i++)
+        pthread_join(th[i], NULL);
+    fprintf(stderr, "two layouts: %ld chunks read, %ld misses, %ld wrong\n",
+            (long)atomic_load(&x->hits), (long)atomic_load(&x->misses),
+            (long)atomic_load(&x->bad));
+    assert_int_equal(atomic_load(&x->bad), 0);
+    assert_true(atomic_load(&x->hits) > 0);
+    assert_true(stats(x->kv[0]).remote_refused + stats(x->kv[1]).remote_refused > 0);
+    for (int i = 0; i < 2; i++) {
+        FT_ASSERT_OK(ferry__kv_check(x->kv[i]));
+        ferry_kv_close(x->kv[i]);
+    }
+    free(x);
+}
+
 static int srv_setup(void **state)
 {
     (void)state;
@@ -1125,6 +1260,7 @@ int main(void)
         cmocka_unit_test(remote_index_is_bounded),
         cmocka_unit_test(out_of_memory_anywhere),
         cmocka_unit_test(threads_share_through_the_server),
+        cmocka_unit_test(two_layouts_one_prefix_under_threads),
     };
     return cmocka_run_group_tests_name("kv_remote", tests, srv_setup, srv_teardown);
 }

@@ -212,6 +212,55 @@ static void cluster_refuses_a_database(void **state)
     ferry_remote_close(r);
 }
 
+/* Another writer's value under the same key, bigger than the reader's
+ * destination (another layout with bigger chunks, or this layout's value
+ * of another size, or not ferry's at all), is refused on the cluster path
+ * as on a single server: never data, and not a reply out of bounds that
+ * would mark the whole shared remote down. */
+static void bigger_values_of_other_writers_are_refused(void **state)
+{
+    (void)state;
+    static const char OTHER[] = "mistral-7b|fp16|L40";
+    ferry_remote *r = open_cluster(0, NULL);
+    char url[160];
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d/0", g_cl.node[1].port);
+    ferry_remote_options o = FERRY_REMOTE_OPTIONS_INIT;
+    o.layout = OTHER;
+    o.layout_len = sizeof OTHER - 1;
+    o.key_prefix = "c:";
+    o.command_timeout_ms = 2000;
+    ferry_remote *other = NULL;
+    FT_ASSERT_OK(ferry_remote_open(url, &o, &other));
+    size_t big = 1u << 20;
+    uint8_t *v = malloc(big), small[4096];
+    ft_fill_pattern(v, big, 3);
+    FT_ASSERT_OK(ferry_remote_put_sync(other, "shared", 6, v, big));
+    assert_int_equal(ferry_remote_get(r, "shared", 6, small, sizeof small), FERRY_EMISMATCH);
+    FT_ASSERT_OK(ferry_remote_put_sync(r, "mine", 4, v, big));
+    assert_int_equal(ferry_remote_get(r, "mine", 4, small, sizeof small), -ENOBUFS);
+    assert_non_null(strstr(ferry_remote_last_error(r), "1048576"));
+    /* a foreign value, larger, under the server key */
+    char node_out[32];
+    unsigned slot = ferry_remote_key_slot("c:foreign", 9);
+    int owner = ft_redis_cluster_owner(&g_cl, slot);
+    assert_true(owner >= 0);
+    const char *argv[] = {"SET", "c:foreign", (const char *)v};
+    size_t lens[] = {3, 9, big};
+    assert_int_equal(ft_redis_cmd_bin(&g_cl.node[owner], node_out, sizeof node_out, 3, argv,
+                                      lens),
+                     REDIS_REPLY_STATUS);
+    assert_int_equal(ferry_remote_get(r, "foreign", 7, small, sizeof small), FERRY_ECORRUPT);
+    /* still up, and the right value of the right size is data */
+    ferry_remote_stats m = metrics(r);
+    assert_int_equal(m.down, 0);
+    FT_ASSERT_OK(ferry_remote_put_sync(r, "mine", 4, v, sizeof small));
+    assert_int_equal(ferry_remote_get(r, "mine", 4, small, sizeof small), (int)sizeof small);
+    assert_int_equal(ft_check_pattern(small, sizeof small, 3), -1);
+    free(v);
+    ferry_remote_close(other);
+    ferry_remote_close(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -219,6 +268,7 @@ int main(void)
         cmocka_unit_test(keys_spread_over_nodes_and_read_back),
         cmocka_unit_test(ask_and_moved_during_a_slot_migration),
         cmocka_unit_test(cluster_refuses_a_database),
+        cmocka_unit_test(bigger_values_of_other_writers_are_refused),
     };
     if (!ft_redis_available()) {
         fprintf(stderr, "redis-server/redis-cli not installed: skipping\n");

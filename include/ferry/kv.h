@@ -102,33 +102,40 @@
  * writer or a reader that never unpinned does not hold memory forever.
  * Deleting a locked chunk answers FERRY_ELOCKED.
  *
- * Remote tier. With remote_url, a Redis/Valkey server (ferry/remote.h) is
- * a third tier below L1 and L2, shared by every store (in any process or
+ * Remote tier. With remote_url, a Redis/Valkey server (ferry/remote.h) is a
+ * third tier below L1 and L2, shared by every store (in any process or
  * machine) that opens the same URL with the same model, TP rank/world,
  * layout, chunk size and hash seed. A chunk's server key is the remote's
- * key_prefix ("ferry:kv:" by default) and the 32 hex digits of its id
- * (chunk hash xor the namespace digest of model, TP rank/world, salt), and
- * its value carries a layout fingerprint, so a value written for another
- * layout under the same key is refused (a miss). A store writes each new
- * chunk through to the remote asynchronously (queued by a worker; never
- * waiting on the network; dropped when the remote is down or its bounded
- * queue is full: remote_dropped). Other stores see a chunk once its write
- * has landed (ferry_kv_flush waits for that), and this store counts a
- * chunk as remote-resident only on the server's word, never because its
- * put was queued: a chunk evicted locally before its write landed is a
- * miss until it has. A lookup that misses the local index asks the remote, in one
- * pipelined round trip, about all the chunks from the first local miss
- * on, and indexes those it has as resident in FERRY_KV_TIER_REMOTE; a
- * retrieve (or prefetch) does the same for chunks it does not find
- * locally, then fetches each remote chunk into an L1 slot (promotion;
- * checksums verified by the remote module) before copying it out. A value
- * that is gone, refused (other layout, corrupt) or unreachable is a miss
- * for exactly that chunk, never bytes. While the remote is down (after a
- * timeout or refused connection, for its backoff period) every remote
- * question is answered as a miss at once. The index remembers at most
- * remote_index_chunks remote-only chunks (forgetting one never deletes it
- * on the server). ferry_kv_delete deletes the chunks' remote copies too;
- * ferry_kv_clear is local only.
+ * key_prefix ("ferry:kv:" by default) and the 32 hex digits of its id (chunk
+ * hash xor the namespace digest of model, TP rank/world, salt), and its
+ * value carries a layout fingerprint, so a value written for another layout
+ * under the same key is refused (a miss). The key leaves the layout out:
+ * stores of one model, TP rank/world and seed but different layouts (dtype,
+ * heads, layers) under one key_prefix use the same keys for the same tokens,
+ * so they never read each other's bytes but do replace (and ferry_kv_delete)
+ * each other's values; give each layout its own key_prefix to keep both.
+ * What other clients of the server do to a value (overwrite, truncate,
+ * SETRANGE, delete, evict, FLUSHALL), even between a lookup and the
+ * retrieve, makes that chunk a miss, never other bytes (ferry/remote.h says
+ * what a shared server may do). A store writes each new chunk through to the
+ * remote asynchronously (queued by a worker; never waiting on the network;
+ * dropped when the remote is down or its bounded queue is full:
+ * remote_dropped). Other stores see a chunk once its write has landed
+ * (ferry_kv_flush waits for that), and this store counts a chunk as
+ * remote-resident only on the server's word, never because its put was
+ * queued: a chunk evicted locally before its write landed is a miss until it
+ * has. A lookup that misses the local index asks the remote, in one
+ * pipelined round trip, about all the chunks from the first local miss on,
+ * and indexes those it has as resident in FERRY_KV_TIER_REMOTE; a retrieve
+ * (or prefetch) does the same for chunks it does not find locally, then
+ * fetches each remote chunk into an L1 slot (promotion; checksums verified
+ * by the remote module) before copying it out. A value that is gone, refused
+ * (other layout, corrupt) or unreachable is a miss for exactly that chunk,
+ * never bytes. While the remote is down (after a timeout or refused
+ * connection, for its backoff period) every remote question is answered as a
+ * miss at once. The index remembers at most remote_index_chunks remote-only
+ * chunks (forgetting one never deletes it on the server). ferry_kv_delete
+ * deletes the chunks' remote copies too; ferry_kv_clear is local only.
  *
  * Eviction. Each tier has its own policy (LRU or S3-FIFO). When a tier's
  * usage reaches the watermark (0.8), chunks are evicted until usage is

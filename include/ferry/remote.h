@@ -18,6 +18,22 @@
  *    reader's is refused with FERRY_EMISMATCH, a value that fails a
  *    checksum or is malformed with FERRY_ECORRUPT, one from a newer format
  *    with FERRY_EVERSION; none of them is ever returned as data.
+ *  - Shared servers: every writer of a key (any handle, process, layout)
+ *    replaces the whole value (one SET). A get returns exactly one value
+ *    some writer stored for that key and this layout, whole, or a
+ *    refusal: never a mix of two writes, never bytes changed in place by
+ *    another client (SETRANGE, APPEND: FERRY_ECORRUPT), never a value
+ *    copied from another key. A value deleted, evicted (maxmemory) or
+ *    flushed, even during the call, is a miss. Handles of different
+ *    layouts (or sizes) under one key prefix displace each other's values
+ *    (last write wins; the other sees a refusal): give them different
+ *    key prefixes to keep both. Values not written by ferry, empty ones
+ *    included, are refused (an empty value may read as a miss).
+ *  - The checksums catch accidents (other writers, other versions,
+ *    damage), not forgery: a client that may write to the database and
+ *    knows the format can store bytes that pass them. Share a database
+ *    only with writers you trust; give others an ACL user without write
+ *    permission (its puts are refused with FERRY_EREMOTE, gets work).
  *
  * URLs (ferry_remote_url_validate says what is wrong with one)
  *    redis://[[user]:password@]host[:port][/db][?query]
@@ -41,8 +57,11 @@
  *
  * Bounds: what a server sends is never trusted to be small. Each reply is
  *  framed before it is buffered: a GET's within the destination size plus
- *  the value header, CLUSTER SLOTS within 8 MiB, every other reply within
- *  64 KiB; arrays only where one is expected, nested at most 7 deep. A
+ *  the value header (a value longer than that is refused as the get says,
+ *  from its header: -ENOBUFS, FERRY_EMISMATCH...; it is not a transport
+ *  failure and does not mark the remote down), CLUSTER SLOTS within
+ *  8 MiB, every other reply within 64 KiB; arrays only where one is
+ *  expected, nested at most 7 deep. A
  *  reply out of bounds or not RESP2 is a transport failure (-EMSGSIZE,
  *  -EPROTO): the connection is dropped. Every call has one deadline for
  *  the whole of it (command_timeout_ms, on CLOCK_MONOTONIC); a server that

@@ -900,18 +900,26 @@ int ferry_remote_get(ferry_remote *r, const void *key, size_t key_len, void *dst
     g.key_sum = ferry__rvalue_key_sum(key, key_len);
     g.dst = dst;
     g.cap = cap;
+    /* the generic path (a cluster, or a first call before the topology is
+     * known) reads at most one byte more than dst and the header can take,
+     * with GETRANGE: a longer value (another writer's) is refused from its
+     * header, not a reply out of bounds that would mark the remote down */
+    size_t fetch = FERRY__MIN(cap, (size_t)512 << 20) + r->header_len;
+    char end[24];
+    snprintf(end, sizeof end, "%zu", fetch);
     ferry__rcmd cmd;
     memset(&cmd, 0, sizeof cmd);
-    cmd.argc = 2;
-    cmd.argv[0] = "GET";
-    cmd.argvlen[0] = 3;
+    cmd.argc = 4;
+    cmd.argv[0] = "GETRANGE";
+    cmd.argvlen[0] = 8;
     cmd.argv[1] = (const char *)kb;
     cmd.argvlen[1] = g.key_len;
+    cmd.argv[2] = "0";
+    cmd.argvlen[2] = 1;
+    cmd.argv[3] = end;
+    cmd.argvlen[3] = strlen(end);
     cmd.key_arg = 1;
-    /* the generic path frames the reply within what dst can take */
-    cmd.reply_max = FERRY__MAX((size_t)FERRY__RREPLY_SMALL,
-                               FERRY__MIN(cap, (size_t)512 << 20) + r->header_len +
-                                   FERRY__RREPLY_ENVELOPE);
+    cmd.reply_max = FERRY__MAX((size_t)FERRY__RREPLY_SMALL, fetch + 1 + FERRY__RREPLY_ENVELOPE);
     /* the direct path when the topology has one, else a generic exchange */
     const ferry__rtopo_ops *ops = atomic_load(&r->ops);
     int direct = ops && ops->get_into;
@@ -930,32 +938,18 @@ int ferry_remote_get(ferry_remote *r, const void *key, size_t key_len, void *dst
     if (direct)
         return get_outcome(r, key, key_len, &g);
     redisReply *rep = cmd.reply;
-    if (rep->type == REDIS_REPLY_NIL) {
+    /* GETRANGE answers "" for an absent key (and for an empty value, which
+     * is no ferry value either) */
+    if (rep->type == REDIS_REPLY_STRING && rep->len == 0)
         g.kind = FERRY__RGET_NIL;
-    } else if (rep->type == REDIS_REPLY_ERROR) {
+    else if (rep->type == REDIS_REPLY_STRING)
+        ferry__rvalue_range_outcome(&g, rep->str, rep->len, rep->len <= fetch);
+    else {
         g.kind = FERRY__RGET_ERROR;
-        snprintf(g.msg, sizeof g.msg, "%s", rep->str);
-    } else if (rep->type != REDIS_REPLY_STRING) {
-        g.kind = FERRY__RGET_ERROR;
-        snprintf(g.msg, sizeof g.msg, "unexpected reply type %d", rep->type);
-    } else {
-        g.kind = FERRY__RGET_VALUE;
-        g.value_len = rep->len;
-        const void *pl;
-        size_t plen;
-        g.code = ferry__rvalue_decode(rep->str, rep->len, r->layout, r->layout_len, g.key_sum,
-                                      &pl, &plen, &eb);
-        if (g.code)
-            memcpy(g.msg, eb.msg, sizeof g.msg);
-        else if (plen > cap) {
-            g.code = -ENOBUFS;
-            snprintf(g.msg, sizeof g.msg,
-                     "value of %zu bytes does not fit the %zu-byte destination", plen, cap);
-        } else {
-            if (plen)
-                memcpy(dst, pl, plen);
-            g.payload_len = plen;
-        }
+        if (rep->type == REDIS_REPLY_ERROR)
+            snprintf(g.msg, sizeof g.msg, "%s", rep->str);
+        else
+            snprintf(g.msg, sizeof g.msg, "unexpected reply type %d", rep->type);
     }
     ferry__rcmd_release(&cmd, 1);
     return get_outcome(r, key, key_len, &g);

@@ -193,6 +193,12 @@ typedef struct ferry__rget {
     size_t payload_len;  /* VALUE, code 0: bytes in dst */
     char msg[FERRY__ERRMSG_MAX]; /* ERROR: the server's text; VALUE: why refused */
 } ferry__rget;
+/* The outcome of a generic-path read of a value into g (kind VALUE, code,
+ * payload copied into g->dst on success) from buf[0..len): the whole value
+ * when whole, else only its first len bytes (the value is longer: refused
+ * from its header as -ENOBUFS, FERRY_EMISMATCH, FERRY_ECORRUPT or
+ * FERRY_EVERSION, never data). */
+void ferry__rvalue_range_outcome(ferry__rget *g, const void *buf, size_t len, int whole);
 /* 0 when the reply was dealt with (g filled in; a refused value longer
  * than cap + 64 KiB is not drained: the connection is closed instead),
  * else a transport code (-ETIMEDOUT after deadline_ns, 0: now + the

@@ -21,7 +21,11 @@
  * payload checksum. Anything else is FERRY_ECORRUPT, FERRY_EVERSION or
  * FERRY_EMISMATCH. The bytes come from the network and are fuzzed
  * (fuzz/fuzz_remote_value.c); the parser reads buf[0..len) only.
+ * A value read through a bounded GETRANGE (the generic reply path) may be
+ * only its first bytes: then it is refused from its header alone
+ * (ferry__rvalue_range_outcome), never taken as data.
  */
+#include <errno.h>
 #include <string.h>
 
 #include <xxhash.h>
@@ -158,4 +162,42 @@ int ferry__rvalue_decode(const void *buf, size_t len, const void *layout, size_t
     *payload = pl;
     *payload_len = (size_t)h.payload_len;
     return 0;
+}
+
+void ferry__rvalue_range_outcome(ferry__rget *g, const void *buf, size_t len, int whole)
+{
+    ferry__errbuf eb;
+    const void *pl = NULL;
+    size_t plen = 0;
+    ferry__rvalue_hdr h;
+    g->kind = FERRY__RGET_VALUE;
+    g->value_len = len;
+    g->code = 0;
+    if (whole) {
+        g->code = ferry__rvalue_decode(buf, len, g->layout, g->layout_len, g->key_sum, &pl,
+                                       &plen, &eb);
+        if (g->code == 0 && plen > g->cap)
+            g->code = ferry__err_set(&eb, -ENOBUFS, "value of %zu bytes does not fit the "
+                                     "%zu-byte destination", plen, g->cap);
+    } else if (!(g->code = ferry__rvalue_parse_header(buf, len, &h, &eb)) &&
+               !(g->code = ferry__rvalue_match(&h, g->layout, g->layout_len, g->key_sum,
+                                                &eb))) {
+        /* the value goes on past what was read: longer than the destination
+         * by its header's word, or longer than its header says */
+        if (h.payload_len > g->cap)
+            g->code = ferry__err_set(&eb, -ENOBUFS, "value of %llu bytes does not fit the "
+                                     "%zu-byte destination",
+                                     (unsigned long long)h.payload_len, g->cap);
+        else
+            g->code = ferry__err_set(&eb, FERRY_ECORRUPT, "remote value: header says %llu "
+                                     "payload bytes, more than %zu arrived",
+                                     (unsigned long long)h.payload_len, len - h.header_len);
+    }
+    if (g->code) {
+        memcpy(g->msg, eb.msg, sizeof g->msg);
+        return;
+    }
+    if (plen)
+        memcpy(g->dst, pl, plen);
+    g->payload_len = plen;
 }
