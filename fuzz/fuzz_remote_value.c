@@ -6,8 +6,13 @@
  *  - decode either refuses with FERRY_ECORRUPT/EVERSION/EMISMATCH or hands
  *    back a payload lying inside the input whose length adds up;
  *  - the same payload encoded with that layout decodes to itself, and any
- *    single flipped byte of that encoding is refused (never returned).
+ *    single flipped byte of that encoding is refused (never returned);
+ *  - a bounded read's outcome (ferry__rvalue_range_outcome), of the whole
+ *    value or of only its first bytes, into a destination of a size the
+ *    input picks: data only for a whole value that decodes and fits, its
+ *    payload copied exactly; a cut value is always refused.
  */
+#include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +46,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     rc = ferry__rvalue_parse_header(val, vlen, &h, &eb);
     if (rc == 0 && (h.header_len > vlen || h.layout_len > FERRY_REMOTE_LAYOUT_MAX))
         abort();
+
+    /* a bounded read: the whole value, or its first bytes only */
+    for (int whole = 0; whole < 2; whole++) {
+        uint8_t dst[256];
+        ferry__rget g = {0};
+        g.layout = layout;
+        g.layout_len = ll;
+        g.key_sum = ks;
+        g.dst = dst;
+        g.cap = vlen ? val[vlen - 1] : 0; /* <= sizeof dst */
+        ferry__rvalue_range_outcome(&g, val, vlen, whole);
+        if (g.kind != FERRY__RGET_VALUE || g.value_len != vlen)
+            abort();
+        if (g.code == 0) {
+            if (!whole || ferry__rvalue_decode(val, vlen, layout, ll, ks, &pl, &plen, &eb) ||
+                g.payload_len != plen || plen > g.cap || (plen && memcmp(dst, pl, plen)))
+                abort();
+        } else if (g.code != FERRY_ECORRUPT && g.code != FERRY_EVERSION &&
+                   g.code != FERRY_EMISMATCH && g.code != -ENOBUFS) {
+            abort();
+        }
+    }
 
     /* round trip of the value bytes as a payload */
     size_t hl = ferry__rvalue_header_size(ll);
