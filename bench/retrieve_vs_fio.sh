@@ -39,7 +39,8 @@
 #                                 [--rounds 5] [--parts "retrieve serve io l1"]
 #                                 [--base OLD/ferry] [--cold-args "ARGS"] [--quick]
 #   --base:  another build (with `kv bench --cold`) whose retrieve runs in
-#            the same rounds, next to this one: what a change gained
+#            the same rounds, next to this one: what a change gained (serve:
+#            a daemon of each build, each its own L2 directory, taking turns)
 #   --cold-args "ARGS": more arguments for this build's `kv bench --cold`
 #            (not the base's), e.g. "--aligned-huge": the engine buffer
 #            page-aligned in huge pages, read straight into (with --base
@@ -65,7 +66,7 @@ while [ $# -gt 0 ]; do
     --quick) quick=1; shift ;;
     --base) base=$2; shift 2 ;;
     --cold-args) read -r -a cold_args <<<"$2"; shift 2 ;;
-    -h | --help) sed -n '2,45p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,46p' "$0"; exit 0 ;;
     *) echo "retrieve_vs_fio.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -259,50 +260,74 @@ fi
 # ---- a2: the same retrieve through a daemon against fio ----
 srv_r=""
 srv_rs=""
+srv_rb=""
 if [[ " $parts " == *" serve "* ]]; then
     echo
     srv_l1=${l1s%% *}
     echo "L2-only retrieve through ferry serve (L1 $srv_l1, L2 $l2 in the same directory) against fio read:"
     fio --name=ref --filename="$work/fio.bin" --rw=write --size=$fio_size --bs=4M --iodepth=16 \
         "${fio_common[@]}" >/dev/null 2>&1
-    mkdir -p "$work/serve-l2"
-    sock="$work/ferry.sock"
     # the daemon's pool in huge pages too (MFD_HUGETLB), as fio's buffers
     # and an in-process L1 are: its size in 2 MiB pages, added for this run
     pool_pages=$(numfmt --from=iec "$srv_l1" | awk '{ printf "%d", int(($1 + 2097151) / 2097152) }')
-    n=$(pages)
-    echo $((n + pool_pages)) >/proc/sys/vm/nr_hugepages 2>/dev/null || true
-    echo $(($(pages) - n)) >>"$work/raised-pages"
-    "$ferry" serve --socket "$sock" "${srv_model[@]}" --l1 "$srv_l1" --l2 "$work/serve-l2:$l2" \
-        2>"$work/serve.log" &
-    spid=$!
-    for _ in $(seq 300); do "$ferry" serve status --socket "$sock" >/dev/null 2>&1 && break; sleep 0.1; done
-    if grep -q "is in 4 KiB pages" "$work/serve.log"; then
-        echo "  (the daemon's pool is in 4 KiB pages: the kernel gave too few huge pages)"
-    else
-        echo "  (the daemon's pool is in huge pages)"
-    fi
-    srv_cold() {
-        "$ferry" kv bench "${model[@]}" --server "unix:$sock" --server-timeout 30000 --cold 1 --json |
-            jq -r '.cold_l2_retrieve.median_gb_per_s'
+    # one daemon of this build and, with --base, one of the base build
+    # (each its own L2 directory and pool), taking turns in each round
+    declare -A spid
+    srv_start() { # name binary
+        mkdir -p "$work/serve-l2-$1"
+        local n
+        n=$(pages)
+        echo $((n + pool_pages)) >/proc/sys/vm/nr_hugepages 2>/dev/null || true
+        echo $(($(pages) - n)) >>"$work/raised-pages"
+        "$2" serve --socket "$work/ferry-$1.sock" "${srv_model[@]}" --l1 "$srv_l1" \
+            --l2 "$work/serve-l2-$1:$l2" 2>"$work/serve-$1.log" &
+        spid[$1]=$!
+        for _ in $(seq 300); do
+            "$2" serve status --socket "$work/ferry-$1.sock" >/dev/null 2>&1 && break
+            sleep 0.1
+        done
+        if grep -q "is in 4 KiB pages" "$work/serve-$1.log"; then
+            echo "  (the $1 daemon's pool is in 4 KiB pages: the kernel gave too few huge pages)"
+        else
+            echo "  (the $1 daemon's pool is in huge pages)"
+        fi
     }
-    srv_cold >/dev/null # the documents stored through it once (and a warm-up)
+    srv_cold() { # name binary -> GB/s
+        "$2" kv bench "${model[@]}" --server "unix:$work/ferry-$1.sock" --server-timeout 30000 \
+            --cold 1 --json | jq -r '.cold_l2_retrieve.median_gb_per_s'
+    }
+    srv_start this "$ferry"
+    srv_cold this "$ferry" >/dev/null # the documents stored through it once (and a warm-up)
+    if [ -n "$base" ]; then
+        srv_start base "$base"
+        srv_cold base "$base" >/dev/null
+    fi
     for ((i = 1; i <= rounds; i++)); do
         f1=$(fio_read "$work/fio.bin" $fio_size 4M 16)
-        s1=$(slab_read "$work/serve-l2/ferry_pslab.bin")
-        gs=$(srv_cold)
+        s1=$(slab_read "$work/serve-l2-this/ferry_pslab.bin")
+        # (this build and the base take turns going first)
+        if [ -n "$base" ] && ! ((i % 2)); then gsb=$(srv_cold base "$base"); fi
+        gs=$(srv_cold this "$ferry")
+        if [ -n "$base" ] && ((i % 2)); then gsb=$(srv_cold base "$base"); fi
         f2=$(fio_read "$work/fio.bin" $fio_size 4M 16)
-        s2=$(slab_read "$work/serve-l2/ferry_pslab.bin")
+        s2=$(slab_read "$work/serve-l2-this/ferry_pslab.bin")
         f=$(mean2 "$f1" "$f2")
         r=$(ratio "$gs" "$f")
         srv_r+="$r "
-        rs=$(ratio "$gs" "$(mean2 "$s1" "$s2")")
+        fs=$(mean2 "$s1" "$s2")
+        rs=$(ratio "$gs" "$fs")
         srv_rs+="$rs "
-        printf '  round %d (load %s): fio %.2f/%.2f GB/s, on the slab %.2f/%.2f, through the daemon %.2f GB/s = %sx (%sx the slab'"'"'s)\n' \
-            "$i" "$(cut -d' ' -f1 /proc/loadavg)" "$f1" "$f2" "$s1" "$s2" "$gs" "$r" "$rs"
+        line=$(printf '  round %d (load %s): fio %.2f/%.2f GB/s, on the slab %.2f/%.2f, through the daemon %.2f GB/s = %sx (%sx the slab'"'"'s)' \
+            "$i" "$(cut -d' ' -f1 /proc/loadavg)" "$f1" "$f2" "$s1" "$s2" "$gs" "$r" "$rs")
+        if [ -n "$base" ]; then
+            rb=$(ratio "$gsb" "$fs")
+            srv_rb+="$rb "
+            line+=" (base $(printf %.2f "$gsb") = ${rb}x the slab's)"
+        fi
+        echo "$line"
     done
-    kill -TERM $spid
-    wait $spid || true
+    for k in "${!spid[@]}"; do kill -TERM "${spid[$k]}"; done
+    for k in "${!spid[@]}"; do wait "${spid[$k]}" || true; done
     rm -f "$work/fio.bin"
 fi
 
@@ -387,6 +412,7 @@ for l1 in $l1s; do
 done
 [ -n "$srv_rs" ] && verdict "L2 retrieve through serve / fio, slab" "$srv_rs" 0.90
 [ -n "$srv_r" ] && verdict "  (/ fio, a file fio wrote)" "$srv_r" 0.90
+[ -n "$srv_rb" ] && verdict "  (base build through serve / slab)" "$srv_rb" 0.90
 for cfg in $io_cfgs; do
     [ -n "${io[$cfg.w]:-}" ] && verdict "bench io write $cfg / fio" "${io[$cfg.w]}" 0.95
     [ -n "${io[$cfg.r]:-}" ] && verdict "bench io read $cfg / fio" "${io[$cfg.r]}" 0.95

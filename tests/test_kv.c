@@ -1435,6 +1435,48 @@ static void l2_prefetch_read_error_in_a_piece_drops_only_its_chunk(void **state)
     prefetch_read_error(16384);
 }
 
+/* a prefetch stream sends the reads that replace the ones that landed
+ * before it checks the chunks they completed (store_aprefetch.c): a drive
+ * that completes its whole queue at once otherwise idles for every check.
+ * Chunks of 64 KiB in pieces of 16 KiB, 16 pieces in flight: each check
+ * made while pieces remain to be sent finds all 16 in flight (before, the
+ * check came first: the landed chunk's reads not yet replaced), and every
+ * chunk lands byte-exact */
+static atomic_int g_checks, g_early, g_short;
+static void on_check(ferry_kv *kv, unsigned inflight, unsigned depth, int more)
+{
+    (void)kv;
+    atomic_fetch_add(&g_checks, 1);
+    if (more) {
+        atomic_fetch_add(&g_early, 1);
+        if (inflight < depth)
+            atomic_fetch_add(&g_short, 1);
+    }
+}
+
+static void l2_prefetch_sends_the_next_reads_before_it_checks(void **state)
+{
+    (void)state;
+    bigfix f;
+    big_open_pieces(&f, 40, 12, 16384);
+    f.kv->prefetch_max = 40 * f.kv->slot_bytes;
+    assert_int_equal(f.kv->slot_bytes, 4 * 16384);
+    atomic_store(&g_checks, 0);
+    atomic_store(&g_early, 0);
+    atomic_store(&g_short, 0);
+    ferry__kv_aprefetch_on_check = on_check;
+    assert_int_equal(ferry_kv_prefetch(f.kv, f.a, 12 * CT, NULL), 12 * CT);
+    FT_ASSERT_OK(ferry_kv_flush(f.kv));
+    ferry__kv_aprefetch_on_check = NULL;
+    assert_int_equal(atomic_load(&g_checks), 12);
+    assert_true(atomic_load(&g_early) > 0); /* (the first 8 of them, at least) */
+    assert_int_equal(atomic_load(&g_short), 0);
+    memset(f.d.mem, 0xEE, PLANES * 2 * 12 * CT * TB);
+    assert_int_equal(ferry_kv_retrieve(f.kv, f.a, 12 * CT, NULL, &f.d.b), 12 * CT);
+    assert_true(same_tokens(&f.h, &f.d, 0, 12 * CT));
+    big_close(&f);
+}
+
 /* the tier's read queue breaks under a prefetch's stream: no copy is
  * dropped for it (every chunk is still found), the slots a read may still
  * land in are never handed out again, and a retrieve (now synchronous)
@@ -2715,6 +2757,7 @@ int main(void)
         cmocka_unit_test(l2_prefetch_read_error_drops_only_its_chunk),
         cmocka_unit_test(l2_prefetch_read_error_in_a_piece_drops_only_its_chunk),
         cmocka_unit_test(l2_prefetch_with_the_queue_breaking_keeps_every_copy),
+        cmocka_unit_test(l2_prefetch_sends_the_next_reads_before_it_checks),
         cmocka_unit_test(l2_out_of_memory_in_a_retrieve_in_pieces_keeps_every_copy),
         cmocka_unit_test(l2_retrieve_over_a_tiny_l1_waits_for_its_copies),
         cmocka_unit_test(l2_refused_reads_in_a_batch_are_misses),

@@ -410,6 +410,12 @@ int ferry__kv_xfer_out_range(const ferry_kv_buffer *buf, uint32_t chunk_tokens, 
 /* the non-persistent L2 checks chunk images over this many bytes (2 MiB)
  * in pieces of it; read when a tier opens (a test seam) */
 extern uint64_t ferry__kv_l2_check_piece;
+/* a test seam (NULL but in tests): called by a prefetch stream
+ * (store_aprefetch.c) as it checks a chunk that landed, with its reads in
+ * flight then, the most it keeps in flight, and whether reads of the
+ * group remain to be sent */
+extern void (*ferry__kv_aprefetch_on_check)(ferry_kv *kv, unsigned inflight, unsigned depth,
+                                            int more);
 
 /* ---- chunk checksums (sum.c) ---- */
 /* XXH3-64 of n bytes, on the widest vector unit the CPU has */
