@@ -79,7 +79,16 @@ vLLM does not wait for, reported through get_finished), "ferry.async_save"
 the end of this module, is ferry behind vLLM's own OffloadingConnector.
 
 Engine versions: written against vLLM's KVConnectorBase_V1 of 2025-2026
-(three-argument constructor with kv_cache_config, also the older two); its
+(three-argument constructor with kv_cache_config, also the older two), up
+to vllm-project/vllm 00f4240ee6458263d76cf51ca7901ce1350bb4d1: there the
+workers report through get_transfer_results (ferry's answers it), start
+async-only loads after the forward, and the scheduler refuses block-level
+load errors for a model of several KV cache groups, so on such an engine a
+hybrid model's loads are async and a failed one is reported for its
+request (failed_recving); has_pending_block_frees holds off preemption
+while finished requests' blocks wait on ferry. The cross-layer pair
+(prefer_cross_layer_blocks, register_cross_layers_kv_cache) is kept for
+the engines that still call it. Its
 caches are per layer [2, num_blocks, block_size, heads, head_dim]
 (FlashAttention), [num_blocks, 2, ...] (FlashInfer, used through a
 transposed view) or [num_blocks, block_size, head_dim] (MLA), on the CPU or
