@@ -366,3 +366,28 @@ def test_a_hybrid_models_failed_load_is_reported_for_its_request():
     finally:
         unregister_store(NAME)
         store.close()
+
+
+def test_cuda_graph_capture_between_steps_leaves_nothing_behind(model, store):
+    """Capture runs dummy forwards with no metadata bound (the per-layer
+    hooks run in the layerwise form's PIECEWISE graphs), then vLLM calls
+    reset_capture_state (base.py at 00f4240e); finish_forward follows each
+    forward. None of it may start a transfer or leave state for the next
+    real step, which still loads and stores bitwise."""
+    eng = Engine(model, store, extra={"ferry.store": NAME, "ferry.layerwise": True})
+    w = eng.worker
+    for name, cache in zip(layer_names(model), eng.caches):
+        w.wait_for_layer_load(name)
+        w.save_kv_layer(name, cache, SimpleNamespace())
+    w.finish_forward()
+    w.reset_capture_state()
+    assert w._saving is None and w._loading == [] and w.get_kv_connector_stats() is None
+    assert w.get_mem_pool_context() is None
+    kv_a = serve_a(eng)
+    _, b = prompts()
+    rb = Request("b", b)
+    assert eng.admit(rb) == 32
+    eng.step_new(rb)
+    assert torch.equal(model.kv_of(eng.caches, eng.blocks["b"], 32), kv_a)
+    eng.finish(rb)
+    eng.close()
