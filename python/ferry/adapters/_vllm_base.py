@@ -7,12 +7,18 @@ events in vllm/distributed/kv_events.py, the secondary offloading tier's in
 vllm/v1/kv_offload/tiering/base.py and vllm/v1/kv_offload/base.py. Each
 group is imported on its own, so a vLLM without the tiering layer still
 gets its own connector classes. Without vLLM, minimal classes with the
-methods, arguments and defaults those files declare (as of
-vllm-project/vllm 003df2961dd8830c317a61f9745ccd557da9fa06 for the connector,
-cda0f3248538da3cc96b3760fe4cfaa7d3d652b9 for the tier), so ferry's classes
-load and can be driven through the engine's call sequence in tests. The
-stand-ins are not vLLM: they carry no behaviour beyond what a subclass
-inherits.
+methods, arguments and defaults those files declare: the connector's as of
+vllm-project/vllm 00f4240ee6458263d76cf51ca7901ce1350bb4d1 (newer than
+003df2961dd8830c317a61f9745ccd557da9fa06, which ferry followed before: it
+adds get_transfer_results with KVConnectorTransferResults, finish_forward,
+reset_capture_state, get_mem_pool_context, bind_kv_cache_manager,
+has_pending_block_frees, register_finished_partial_tail, the prefix-replay
+checkpoint pair and KVConnectorStats.to_dict, and drops the cross-layer
+pair prefer_cross_layer_blocks / register_cross_layers_kv_cache, which
+ferry's connector keeps for the engines that still call them), the tier's
+as of cda0f3248538da3cc96b3760fe4cfaa7d3d652b9. So ferry's classes load and
+can be driven through the engine's call sequence in tests. The stand-ins
+are not vLLM: they carry no behaviour beyond what a subclass inherits.
 """
 import enum
 from abc import ABC, abstractmethod
@@ -24,6 +30,19 @@ try:
     VLLM = True
 except ImportError:
     VLLM = False
+
+try:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: F401
+        KVConnectorTransferResults)
+except ImportError:
+    @dataclass
+    class KVConnectorTransferResults:
+        """Stand-in: one worker's snapshot of finished async transfers; a
+        failed receive is in finished_recving as well as failed_recving."""
+        finished_sending: set = field(default_factory=set)
+        finished_recving: set = field(default_factory=set)
+        failed_recving: set = field(default_factory=set)
+        prefix_replay_checkpoints: dict = field(default_factory=dict)
 
 try:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA  # noqa: F401
@@ -43,6 +62,9 @@ except ImportError:
     class KVConnectorStats:
         """Stand-in: a connector's stats for one interval, as a dict."""
         data: dict = field(default_factory=dict)
+
+        def to_dict(self):
+            return self.data
 
         def reset(self):
             raise NotImplementedError
@@ -109,15 +131,25 @@ if not VLLM:
         SCHEDULER = 0
         WORKER = 1
 
+    class KVConnectorHandshakeMetadata(ABC):  # noqa: B024
+        """Out-of-band handshake data between P/D workers."""
+
     class KVConnectorMetadata(ABC):  # noqa: B024
         """What the scheduler-side connector hands the workers for one step."""
+
+    class KVConnectorWorkerMetadata(ABC):
+        """What a worker-side connector hands back to the scheduler's."""
+
+        @abstractmethod
+        def aggregate(self, other):
+            ...
 
     class KVConnectorBase_V1(ABC):
         """Stand-in for vLLM's KVConnectorBase_V1 (same method names, arguments
         and defaults; the engine's own class replaces it when vLLM is installed)."""
 
         @property
-        def prefer_cross_layer_blocks(self):
+        def supports_divergent_local_hybrid_hits(self):
             return False
 
         @property
@@ -132,6 +164,7 @@ if not VLLM:
             else:
                 raise ValueError("kv_transfer_config must be set for KVConnectorBase_V1")
             self._kv_cache_config = kv_cache_config
+            self._kv_cache_manager = None
             self._role = role
 
         @property
@@ -139,6 +172,9 @@ if not VLLM:
             return self._role
 
         # worker side
+        def get_mem_pool_context(self):
+            return None
+
         def bind_connector_metadata(self, connector_metadata):
             self._connector_metadata = connector_metadata
 
@@ -155,7 +191,13 @@ if not VLLM:
         def register_kv_caches(self, kv_caches):
             return
 
-        def register_cross_layers_kv_cache(self, kv_cache, attn_backend):
+        def set_host_xfer_buffer_ops(self, copy_operation):
+            return
+
+        def finish_forward(self):
+            return
+
+        def reset_capture_state(self):
             return
 
         def handle_preemptions(self, kv_connector_metadata):
@@ -180,6 +222,11 @@ if not VLLM:
         def get_finished(self, finished_req_ids):
             return None, None
 
+        def get_transfer_results(self, finished_req_ids):
+            finished_sending, finished_recving = self.get_finished(finished_req_ids)
+            return KVConnectorTransferResults(finished_sending=set(finished_sending or ()),
+                                              finished_recving=set(finished_recving or ()))
+
         def get_block_ids_with_load_errors(self):
             return set()
 
@@ -199,6 +246,10 @@ if not VLLM:
             return None
 
         # scheduler side
+        def bind_kv_cache_manager(self, kv_cache_manager):
+            self._kv_cache_manager = kv_cache_manager
+            self.bind_gpu_block_pool(kv_cache_manager.block_pool)
+
         def bind_gpu_block_pool(self, gpu_block_pool):
             return
 
@@ -220,11 +271,24 @@ if not VLLM:
         def update_connector_output(self, connector_output):
             return
 
+        def can_load_prefix_replay_checkpoint(self, request, num_local_tokens,
+                                              num_external_tokens):
+            return False
+
+        def consume_prefix_replay_checkpoint(self, request, num_hit_tokens):
+            return False
+
         def request_finished(self, request, block_ids):
             return False, None
 
+        def register_finished_partial_tail(self, request, block_ids, partial_tail_offloads):
+            return False
+
         def take_events(self):
             return ()
+
+        def has_pending_block_frees(self):
+            return False
 
         def has_pending_push_work(self):
             return False
@@ -247,6 +311,16 @@ if not VLLM:
         def build_kv_connector_stats(cls, data=None):
             return None
 
+        def set_xfer_handshake_metadata(self, metadata):
+            return None
+
+        def set_xfer_handshake_metadata_pp_aware(self, metadata):
+            if any(pp_rank != 0 for pp_rank, _ in metadata):
+                raise ValueError(f"{type(self).__name__} received pp_rank > 0 handshake "
+                                 "metadata but does not support PP-disaggregated KV transfer.")
+            self.set_xfer_handshake_metadata(
+                {tp_rank: meta for (_, tp_rank), meta in metadata.items()})
+
         @classmethod
         def build_prom_metrics(cls, vllm_config, metric_types, labelnames,
                                per_engine_labelvalues):
@@ -254,6 +328,17 @@ if not VLLM:
 
         def reset_cache(self):
             return None
+else:
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: F401
+            KVConnectorHandshakeMetadata)
+    except ImportError:
+        KVConnectorHandshakeMetadata = None
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: F401
+            KVConnectorWorkerMetadata)
+    except ImportError:
+        KVConnectorWorkerMetadata = None
 
 # ---- the offloading connector's secondary tiers (vllm/v1/kv_offload) ----
 try:
@@ -329,6 +414,10 @@ except ImportError:
         def block_size_bytes(self):
             return self._block_size_bytes
 
+        @property
+        def bp_detector(self):
+            return self._bp_detector
+
         @abstractmethod
         def lookup(self, key, req_context):
             ...
@@ -383,6 +472,8 @@ except ImportError:
 
 
 __all__ = ["KVConnectorBase_V1", "KVConnectorMetadata", "KVConnectorRole", "SupportsHMA",
+           "KVConnectorTransferResults", "KVConnectorWorkerMetadata",
+           "KVConnectorHandshakeMetadata",
            "KVConnectorStats", "KVConnectorPromMetrics", "BlockStored", "BlockRemoved",
            "AllBlocksCleared", "VLLM", "VLLM_TIERING", "SecondaryTierManager", "TransferJob",
            "JobResult", "LookupResult", "Medium", "OffloadingEvent", "ReqContext",

@@ -79,7 +79,16 @@ vLLM does not wait for, reported through get_finished), "ferry.async_save"
 the end of this module, is ferry behind vLLM's own OffloadingConnector.
 
 Engine versions: written against vLLM's KVConnectorBase_V1 of 2025-2026
-(three-argument constructor with kv_cache_config, also the older two); its
+(three-argument constructor with kv_cache_config, also the older two), up
+to vllm-project/vllm 00f4240ee6458263d76cf51ca7901ce1350bb4d1: there the
+workers report through get_transfer_results (ferry's answers it), start
+async-only loads after the forward, and the scheduler refuses block-level
+load errors for a model of several KV cache groups, so on such an engine a
+hybrid model's loads are async and a failed one is reported for its
+request (failed_recving); has_pending_block_frees holds off preemption
+while finished requests' blocks wait on ferry. The cross-layer pair
+(prefer_cross_layer_blocks, register_cross_layers_kv_cache) is kept for
+the engines that still call it. Its
 caches are per layer [2, num_blocks, block_size, heads, head_dim]
 (FlashAttention), [num_blocks, 2, ...] (FlashInfer, used through a
 transposed view) or [num_blocks, block_size, head_dim] (MLA), on the CPU or
@@ -106,7 +115,7 @@ from ..kv import KVStore, Layout, hash_chunks
 from . import register_store, registered_store
 from ._vllm_base import (VLLM, AllBlocksCleared, BlockRemoved, BlockStored, KVConnectorBase_V1,
                          KVConnectorMetadata, KVConnectorPromMetrics, KVConnectorRole,
-                         KVConnectorStats, SupportsHMA)
+                         KVConnectorStats, KVConnectorTransferResults, SupportsHMA)
 from ._vllm_base import (JobResult, LookupResult, Medium, OffloadingEvent,
                          RequestOffloadingContext, SecondaryTierManager)
 
@@ -116,6 +125,13 @@ except ImportError:  # pragma: no cover - vLLM always has torch
     torch = None
 
 log = logging.getLogger("ferry.vllm")
+
+# An engine whose workers report transfers through get_transfer_results
+# (vLLM after 003df296) takes a failed load per request (failed_recving); with
+# more than one KV cache group it refuses per-block reports outright
+# (Scheduler._handle_invalid_blocks raises: block ids are unique only within
+# a group).
+_PER_REQUEST_FAILURES = hasattr(KVConnectorBase_V1, "get_transfer_results")
 
 # a save that finds the store full is a future miss, not a failed step
 _SKIPPABLE = {getattr(errors, "ENOSPACE", None), getattr(errors, "ELOCKED", None), -errno.ENOMEM}
@@ -244,6 +260,10 @@ class FerryConnectorStats(KVConnectorStats):
 
     def reduce(self):
         return dict(self.data)
+
+    def to_dict(self):
+        """What the scheduler puts in SchedulerStats (vLLM's make_stats)."""
+        return self.data
 
     def is_empty(self):
         return not any(self.data.values())
@@ -381,8 +401,15 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
                           f"({', '.join(sorted({g.spec for g in skipped}))}) hold state ferry "
                           "does not cache" if skipped else None)
         self._checked = False
+        # A load of a model with several KV cache groups that comes short is
+        # reported for its request (failed_recving), which only an async load
+        # can be: such models load asynchronously on engines that take it.
+        self._fail_requests = len(self._groups) > 1 and _PER_REQUEST_FAILURES
+        if self._fail_requests:
+            self._async_load = True
         # scheduler side
         self._reqs = {}
+        self._held = set()      # finished requests whose blocks ferry still holds
         self._async_ready = []  # requests whose load-async blocks were just allocated
         kec = getattr(vllm_config, "kv_events_config", None)
         self._events_on = bool(getattr(kec, "enable_kv_cache_events", False)) or \
@@ -396,6 +423,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._layout = None
         self._block_size = 0
         self._load_errors = set()
+        self._failed_recving = set()  # async loads that came short (several groups)
         self.saves_skipped = 0
         self._stats = dict.fromkeys(_STAT_DOCS, 0)
         self._layerwise = _flag(self._extra, "ferry.layerwise")
@@ -654,11 +682,27 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         if st is None:
             return False, None
         self._unpin(st)
+        if st.deferred:
+            self._held.add(request.request_id)
         return st.deferred, None
 
     def request_finished_all_groups(self, request, block_ids):
         """SupportsHMA: request_finished with every group's block ids."""
         return self.request_finished(request, block_ids)
+
+    def update_connector_output(self, connector_output):
+        """The workers' report of a step: the finished requests whose blocks
+        ferry held (request_finished returned True) are released."""
+        for rid in (getattr(connector_output, "finished_sending", None) or ()):
+            self._held.discard(rid)
+        for rid in (getattr(connector_output, "finished_recving", None) or ()):
+            self._held.discard(rid)
+
+    def has_pending_block_frees(self):
+        """True while finished requests' blocks wait on ferry's async stores
+        or loads: vLLM then waits for them instead of preempting a running
+        request when it runs out of blocks (Scheduler.schedule)."""
+        return bool(self._held)
 
     def _unpin(self, st):
         for g, n in zip(self._cached, st.pinned):
@@ -877,6 +921,15 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             first = max(got, skip) // bs
             last = -(-spec.need // bs)
             bad = ids[first:last]
+            if self._fail_requests and spec.is_async:
+                # the whole request is recomputed (or failed): vLLM cannot map a
+                # block id of one of several groups back to its request
+                self._failed_recving.add(spec.req_id)
+                self._stats["load_error_blocks"] += len(bad)
+                log.warning("ferry: request %s: group %d: loaded %d of %d tokens; the "
+                            "request reported failed to vLLM (kv_load_failure_policy %r)",
+                            spec.req_id, g.idx, got, spec.need, self._failure_policy)
+                return
             self._load_errors.update(bad)
             self._stats["load_error_blocks"] += len(bad)
             log.warning("ferry: request %s: group %d: loaded %d of %d tokens; blocks %s "
@@ -1010,12 +1063,8 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             self._loaded(spec, g, ids, skip, self._result(spec, op))
         return True
 
-    def get_finished(self, finished_req_ids):
-        """(requests whose blocks vLLM may free now, requests whose load-async
-        is over). The first set names only requests vLLM said finished and
-        whose request_finished returned True: their async stores (and an
-        aborted request's async load) are over. A load's failed blocks are in
-        get_block_ids_with_load_errors no later than the call that names it."""
+    def _transfers(self, finished_req_ids):
+        """(sending, recving, failed) since the last call; see get_finished."""
         for rid in finished_req_ids or ():
             if rid in self._deferred:
                 self._finishing.add(rid)
@@ -1027,9 +1076,33 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             self._reap_saves(rid, False)
         sending = {rid for rid in self._finishing
                    if rid not in self._saves_inflight and rid not in self._async_loads}
-        self._finishing -= sending
-        self._deferred -= sending
+        # A request aborted while loading is named once: vLLM frees a finished
+        # request's blocks on either report and asserts it still knows the
+        # request on the second (Scheduler._update_from_kv_xfer_finished).
+        sending -= recving
+        done = sending | (recving & self._finishing)
+        self._finishing -= done
+        self._deferred -= done
+        failed, self._failed_recving = self._failed_recving & recving, set()
+        return sending, recving, failed
+
+    def get_finished(self, finished_req_ids):
+        """(requests whose blocks vLLM may free now, requests whose load-async
+        is over). The first set names only requests vLLM said finished and
+        whose request_finished returned True: their async stores (and an
+        aborted request's async load) are over. A load's failed blocks are in
+        get_block_ids_with_load_errors no later than the call that names it."""
+        sending, recving, _ = self._transfers(finished_req_ids)
         return (sending or None), (recving or None)
+
+    def get_transfer_results(self, finished_req_ids):
+        """get_finished as vLLM after 003df296 asks for it (one
+        KVConnectorTransferResults): with several KV cache groups, an async
+        load that came short is in failed_recving (and finished_recving)
+        instead of get_block_ids_with_load_errors."""
+        sending, recving, failed = self._transfers(finished_req_ids)
+        return KVConnectorTransferResults(finished_sending=sending, finished_recving=recving,
+                                          failed_recving=failed)
 
     def handle_preemptions(self, kv_connector_metadata):
         """Before a preempted request's blocks are reused: its async stores

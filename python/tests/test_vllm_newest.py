@@ -1,0 +1,393 @@
+"""ferry's vLLM connector driven as vllm-project/vllm
+00f4240ee6458263d76cf51ca7901ce1350bb4d1 drives a KV connector (newer than
+003df2961dd8830c317a61f9745ccd557da9fa06, which test_vllm_contract.py
+follows). What that commit changed for a connector, from its sources:
+
+- vllm/distributed/kv_transfer/kv_connector/v1/base.py: the worker reports
+  finished transfers through get_transfer_results(finished_req_ids), one
+  KVConnectorTransferResults (finished_sending, finished_recving,
+  failed_recving; a failed receive is in finished_recving too); new
+  defaults finish_forward, reset_capture_state, get_mem_pool_context,
+  bind_kv_cache_manager, has_pending_block_frees,
+  register_finished_partial_tail, can_load_/consume_prefix_replay_checkpoint,
+  supports_divergent_local_hybrid_hits; prefer_cross_layer_blocks and
+  register_cross_layers_kv_cache are gone; KVConnectorStats gains to_dict
+  (metrics.py), which Scheduler.make_stats now calls.
+- vllm/v1/worker/kv_connector_model_runner_mixin.py,
+  _get_kv_connector_output: bind_connector_metadata; start_load_kv before
+  the forward only when scheduler_output.has_sync_kv_loads, otherwise after
+  it (async loads' submission off the critical path); wait_for_save (also
+  on steps without a forward, metadata still bound);
+  get_transfer_results(finished_req_ids); get_block_ids_with_load_errors;
+  get_kv_connector_stats; get_kv_connector_kv_cache_events;
+  build_connector_worker_meta; clear_connector_metadata. The model runner
+  calls handle_preemptions(metadata) before binding it.
+- vllm/v1/core/sched/scheduler.py: schedule() sets has_sync_kv_loads only
+  for a request admitted this step with external tokens and no async load;
+  when allocate_slots fails and connector.has_pending_block_frees() is
+  True it stops instead of preempting; update_from_output: with more than
+  one KV cache group, reported invalid_block_ids raise RuntimeError
+  (_handle_invalid_blocks: "Connectors must report failed requests via
+  KVConnectorTransferResults.failed_recving"); _handle_failed_recving sets
+  a failed async load's request back to 0 computed tokens (policy
+  "recompute") or fails it; _update_from_kv_xfer_finished calls
+  update_connector_output, then frees a finished request's blocks on its
+  finished_recving and asserts every finished_sending request is still
+  known; the scheduler-side get_kv_connector_stats() is aggregated each
+  step and make_stats sends stats.to_dict().
+
+vLLM is not installed: the stand-ins below replay those calls, in that
+order, around the tiny Llama.
+"""
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import ferry
+from ferry.adapters import register_store, unregister_store
+from ferry.adapters import _vllm_base as base
+from ferry.adapters.vllm import FerryConnector, FerryConnectorMetadata, FerryConnectorStats
+from test_adapter_vllm import (BLOCKS, BS, CHUNK, NAME, Engine, Request, connector_class,
+                               layer_names, prompts, serve_a, vllm_config)
+from test_vllm_contract import KVCacheBlocks, empty_output
+from test_vllm_hybrid import L0, L1, SlidingWindowSpec, W, kv_cache_config, step
+from tiny_llama import TinyLlama
+
+Role = base.KVConnectorRole
+FWD = SimpleNamespace(attn_metadata={}, no_compile_layers={})
+WAITING_FOR_REMOTE_KVS, FINISHED = "WAITING_FOR_REMOTE_KVS", "FINISHED"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return TinyLlama(seed=4321)
+
+
+@pytest.fixture
+def store(model):
+    lay = ferry.Layout.from_model(model.layers, model.kv_heads, model.head_dim, dtype="f32")
+    s = ferry.KVStore("tiny-llama", lay, l1=64 * CHUNK * lay.token_bytes, chunk_tokens=CHUNK)
+    yield s
+    unregister_store(NAME)
+    s.close()
+
+
+def worker_step(w, so, forward=None, calls=None):
+    """GPUModelRunner (handle_preemptions) and
+    KVConnectorModelRunnerMixin._get_kv_connector_output around one step;
+    forward None: kv_connector_no_forward. Returns the KVConnectorOutput."""
+    calls = calls if calls is not None else []
+    w.handle_preemptions(so.kv_connector_metadata)
+    w.bind_connector_metadata(so.kv_connector_metadata)
+    if so.has_sync_kv_loads:
+        calls.append("start_load_kv")
+        w.start_load_kv(FWD)
+    if forward is not None:
+        calls.append("forward")
+        forward()
+    if not so.has_sync_kv_loads:
+        calls.append("start_load_kv")
+        w.start_load_kv(FWD)
+    w.wait_for_save()
+    res = w.get_transfer_results(so.finished_req_ids)
+    assert isinstance(res, base.KVConnectorTransferResults)
+    out = SimpleNamespace(finished_sending=res.finished_sending,
+                          finished_recving=res.finished_recving,
+                          failed_recving=res.failed_recving,
+                          invalid_block_ids=w.get_block_ids_with_load_errors(),
+                          kv_connector_stats=w.get_kv_connector_stats(),
+                          kv_cache_events=w.get_kv_connector_kv_cache_events(),
+                          kv_connector_worker_meta=w.build_connector_worker_meta())
+    w.clear_connector_metadata()
+    return out
+
+
+class Sched:
+    """The connector's part of Scheduler.update_from_output at 00f4240e, for
+    requests tracked by status; policy "recompute"."""
+
+    def __init__(self, conn, groups=1):
+        self.c, self.groups = conn, groups
+        self.requests = {}              # req id -> Request (with .status)
+        self.finished_recving = set()
+        self.failed_recving = set()
+
+    def update_from_output(self, out):
+        if out.invalid_block_ids and self.groups > 1:
+            raise RuntimeError("block-level load failures with several KV cache groups")
+        for rid in out.failed_recving:              # _handle_failed_recving
+            req = self.requests.get(rid)
+            if req is not None and req.status == WAITING_FOR_REMOTE_KVS:
+                req.num_computed_tokens = 0
+                self.failed_recving.add(rid)
+        self.c.update_connector_output(out)         # _update_from_kv_xfer_finished
+        for rid in out.finished_recving:
+            assert rid in self.requests
+            if self.requests[rid].status == WAITING_FOR_REMOTE_KVS:
+                self.finished_recving.add(rid)
+            else:
+                assert self.requests[rid].status == FINISHED
+                del self.requests[rid]
+        for rid in out.finished_sending:
+            assert rid in self.requests, f"{rid} reported finished twice"
+            del self.requests[rid]
+        stats = self.c.get_kv_connector_stats()
+        assert stats is None or stats.is_empty() is False
+
+
+def poll(w, finished, until, timeout=30):
+    """Steps without a forward until `until(outputs)`; every output."""
+    outs = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        # an empty step's metadata, as build_connector_meta returns it
+        outs.append(worker_step(w, empty_output(kv_connector_metadata=FerryConnectorMetadata(),
+                                                has_sync_kv_loads=False,
+                                                finished_req_ids=set(finished)),
+                                None))
+        finished = ()
+        if until(outs):
+            break
+        time.sleep(0.001)
+    return outs
+
+
+@pytest.mark.skipif(base.VLLM, reason="vLLM's own base class is installed")
+def test_the_stand_in_base_has_the_newest_surface():
+    B = base.KVConnectorBase_V1
+    for name in ("get_transfer_results", "finish_forward", "reset_capture_state",
+                 "get_mem_pool_context", "set_host_xfer_buffer_ops", "bind_kv_cache_manager",
+                 "bind_gpu_block_pool", "has_pending_block_frees", "has_pending_push_work",
+                 "register_finished_partial_tail", "can_load_prefix_replay_checkpoint",
+                 "consume_prefix_replay_checkpoint", "set_xfer_handshake_metadata_pp_aware",
+                 "on_new_request", "update_connector_output", "build_connector_worker_meta"):
+        assert callable(getattr(B, name)), name
+    assert not hasattr(B, "register_cross_layers_kv_cache")
+    assert not hasattr(B, "prefer_cross_layer_blocks")
+    assert set(B.__abstractmethods__) == {
+        "start_load_kv", "wait_for_layer_load", "save_kv_layer", "wait_for_save",
+        "get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta"}
+    r = base.KVConnectorTransferResults()
+    assert (r.finished_sending, r.finished_recving, r.failed_recving,
+            r.prefix_replay_checkpoints) == (set(), set(), set(), {})
+    # ferry keeps the cross-layer pair for the engines that still call it
+    assert callable(FerryConnector.register_cross_layers_kv_cache)
+
+
+def test_the_connectors_answers_to_the_new_scheduler_hooks(store):
+    register_store(NAME, store)
+    c = FerryConnector(vllm_config({"ferry.store": NAME}), Role.SCHEDULER, None)
+    assert c.supports_divergent_local_hybrid_hits is False   # no recurrent state restored
+    assert c.has_pending_block_frees() is False
+    assert c.register_finished_partial_tail(Request("x", range(8)), ([1, 2],),
+                                            [(0, 1, 3)]) is False   # whole chunks only
+    assert c.can_load_prefix_replay_checkpoint(Request("x", range(8)), 0, 16) is False
+    assert c.get_kv_connector_stats() is None                 # nothing happened here
+    s = FerryConnectorStats(data={"loads": 2})
+    assert s.to_dict() == {"loads": 2}                        # Scheduler.make_stats
+    c.shutdown()
+
+
+@pytest.mark.parametrize("layerwise", [False, True])
+def test_an_async_only_step_starts_its_loads_after_the_forward(model, store, layerwise):
+    """has_sync_kv_loads False: start_load_kv comes after the forward (whose
+    attention layers already called wait_for_layer_load for the running
+    batch); the load is reported through get_transfer_results in later steps
+    without a forward, wait_for_save being called in each; the blocks vLLM
+    keeps for the finished request count as a pending free until the
+    worker names it."""
+    eng = Engine(model, store)
+    kv_a = serve_a(eng)
+    eng.close()
+    register_store(NAME, store)
+    extra = {"ferry.store": NAME, "ferry.async_load": True}
+    if layerwise:
+        extra["ferry.layerwise"] = True
+    cfg = vllm_config(extra)
+    cls = connector_class(cfg)
+    w, c = cls(cfg, Role.WORKER, None), cls(cfg, Role.SCHEDULER, None)
+    caches = model.new_caches(BLOCKS, BS)
+    w.register_kv_caches(dict(zip(layer_names(model), caches)))
+    sched = Sched(c)
+    _, b = prompts()
+    rb = Request("b", b)
+    c.on_new_request(rb)
+    assert c.get_num_new_matched_tokens(rb, 0) == (32, True)
+    blocks = list(range(20, 36))
+    c.update_state_after_alloc(rb, KVCacheBlocks(blocks), 32)
+    rb.status = WAITING_FOR_REMOTE_KVS
+    sched.requests["b"] = rb
+    so = empty_output(has_sync_kv_loads=False)
+    so.kv_connector_metadata = c.build_connector_meta(so)
+    calls = []
+    names = layer_names(model)
+    # another request's forward: its attention layers ask for their loads first
+    out = worker_step(w, so, lambda: [w.wait_for_layer_load(n) for n in names], calls)
+    assert calls == ["forward", "start_load_kv"]
+    sched.update_from_output(out)
+    outs = [out]
+    if "b" not in out.finished_recving:     # (the load may be over within its step)
+        outs += poll(w, (), lambda o: "b" in o[-1].finished_recving)
+    for o in outs[1:]:
+        sched.update_from_output(o)
+    assert [o.finished_recving for o in outs if o.finished_recving] == [{"b"}]
+    assert all(not o.failed_recving and not o.invalid_block_ids for o in outs)
+    assert torch.equal(model.kv_of(caches, blocks, 32), kv_a)
+    assert sched.finished_recving == {"b"}
+    c.update_state_after_alloc(rb, KVCacheBlocks(blocks), 0)   # promoted, allocated again
+    # aborted: vLLM keeps the blocks (the load was deferred) until the worker says
+    rb.status = FINISHED
+    assert c.request_finished(rb, blocks) == (True, None)
+    assert c.has_pending_block_frees() is True
+    outs = poll(w, {"b"}, lambda o: "b" in o[-1].finished_sending)
+    for o in outs:
+        sched.update_from_output(o)
+    assert "b" not in sched.requests
+    assert c.has_pending_block_frees() is False
+    w.shutdown()
+    c.shutdown()
+
+
+def test_a_request_aborted_while_loading_is_named_once(model, store):
+    """vLLM frees a finished request's blocks on finished_recving and asserts
+    it still knows every finished_sending request: a request aborted during
+    its async load must be in one of the two sets, not both."""
+    eng = Engine(model, store)
+    serve_a(eng)
+    eng.close()
+    register_store(NAME, store)
+    cfg = vllm_config({"ferry.store": NAME, "ferry.async_load": True})
+    cls = connector_class(cfg)
+    w, c = cls(cfg, Role.WORKER, None), cls(cfg, Role.SCHEDULER, None)
+    w.register_kv_caches(dict(zip(layer_names(model), model.new_caches(BLOCKS, BS))))
+    sched = Sched(c)
+    _, b = prompts()
+    rb = Request("b", b)
+    assert c.get_num_new_matched_tokens(rb, 0) == (32, True)
+    blocks = list(range(20, 36))
+    c.update_state_after_alloc(rb, KVCacheBlocks(blocks), 32)
+    rb.status = WAITING_FOR_REMOTE_KVS
+    sched.requests["b"] = rb
+    so = empty_output(has_sync_kv_loads=False)
+    so.kv_connector_metadata = c.build_connector_meta(so)
+    w.bind_connector_metadata(so.kv_connector_metadata)
+    w.start_load_kv(FWD)              # started, never polled before the abort
+    w.clear_connector_metadata()
+    rb.status = FINISHED              # Scheduler.finish_requests: aborted
+    assert c.request_finished(rb, blocks) == (True, None)
+    outs = poll(w, {"b"}, lambda o: bool(o[-1].finished_recving | o[-1].finished_sending))
+    outs += poll(w, (), lambda o: len(o) >= 3)      # and nothing more comes
+    named = [o.finished_recving | o.finished_sending for o in outs]
+    assert sum("b" in n for n in named) == 1
+    for o in outs:
+        sched.update_from_output(o)
+    assert "b" not in sched.requests
+    c.update_connector_output(outs[-1])
+    assert c.has_pending_block_frees() is False
+    w.shutdown()
+    c.shutdown()
+
+
+def test_async_saves_are_a_pending_block_free(model, store):
+    eng = Engine(model, store, extra={"ferry.store": NAME, "ferry.async_save": True})
+    a, _ = prompts()
+    ra = Request("a", a)
+    eng.admit(ra)
+    eng.step_new(ra)
+    assert eng.sched.has_pending_block_frees() is False
+    assert eng.sched.request_finished(ra, eng.blocks["a"]) == (True, None)
+    assert eng.sched.has_pending_block_frees() is True   # vLLM waits, does not preempt
+    outs = poll(eng.worker, {"a"}, lambda o: "a" in o[-1].finished_sending)
+    assert outs[-1].finished_sending == {"a"}
+    for o in outs:
+        eng.sched.update_connector_output(o)
+    assert eng.sched.has_pending_block_frees() is False
+    assert store.lookup(a) == 32
+    eng.close()
+
+
+def test_a_hybrid_models_failed_load_is_reported_for_its_request():
+    """Two KV cache groups (full attention, sliding window): block ids are
+    unique only within a group, so the newest scheduler raises on
+    invalid_block_ids. ferry loads such a model asynchronously and reports a
+    load that came short in failed_recving; the request starts over, and its
+    next lookup answers only what every group still holds."""
+    model = TinyLlama(seed=4321)
+    lay = ferry.Layout.from_model(1, model.kv_heads, model.head_dim, dtype="f32")
+    store = ferry.KVStore("tiny-hybrid", lay, l1=64 * CHUNK * lay.token_bytes,
+                          chunk_tokens=CHUNK)
+    register_store(NAME, store)
+    try:
+        cfg = vllm_config({"ferry.store": NAME})
+        cls = connector_class(cfg)
+        kcc = kv_cache_config(SlidingWindowSpec(W))
+        worker = cls(cfg, Role.WORKER, kcc)
+        caches = model.new_caches(64, BS)
+        worker.register_kv_caches({L0: caches[0], L1: caches[1]})
+        c = cls(cfg, Role.SCHEDULER, kcc)
+        sched = Sched(c, groups=2)
+        a, b = prompts()
+        ra = Request("a", a)
+        assert c.get_num_new_matched_tokens(ra, 0) == (0, False)
+        ta = [list(range(1, 11)), list(range(11, 21))]
+        c.update_state_after_alloc(ra, None, 0)
+        step(c, worker, model, caches, ra, ta, 0, 40)
+        c.request_finished_all_groups(ra, tuple(ta))
+        salt1 = "\0ferry-group\0" "1"
+        assert store.lookup(a) == 32 and store.lookup(a, salt=salt1) == 32
+        rb = Request("b", b)
+        assert c.get_num_new_matched_tokens(rb, 0) == (32, True)   # async: one group may fail
+        full, sliding = list(range(21, 37)), [0] * 4 + list(range(37, 49))
+        c.update_state_after_alloc(rb, KVCacheBlocks(full, sliding), 32)
+        rb.status = WAITING_FOR_REMOTE_KVS
+        sched.requests["b"] = rb
+        # the sliding group's second chunk is lost after the plan
+        store.unpin(b[:32], salt=salt1)
+        store.delete(b[:32], salt=salt1)
+        so = empty_output(has_sync_kv_loads=False)
+        so.kv_connector_metadata = c.build_connector_meta(so)
+        assert [(s.req_id, s.is_async) for s in so.kv_connector_metadata.loads] == [("b", True)]
+        outs = [worker_step(worker, so, None)]
+        if "b" not in outs[0].finished_recving:
+            outs += poll(worker, (), lambda o: "b" in o[-1].finished_recving)
+        for o in outs:
+            sched.update_from_output(o)       # would raise on invalid_block_ids
+        assert outs[-1].finished_recving == {"b"} and outs[-1].failed_recving == {"b"}
+        assert all(not o.invalid_block_ids for o in outs)
+        assert sched.failed_recving == {"b"} and rb.num_computed_tokens == 0
+        # _update_waiting_for_remote_kv frees the blocks; the next schedule()
+        # looks the request up again: group 1 holds neither chunk now
+        c.update_state_after_alloc(rb, KVCacheBlocks([], []), 0)
+        assert c.get_num_new_matched_tokens(rb, 0) == (0, False)
+        worker.shutdown()
+        c.shutdown()
+    finally:
+        unregister_store(NAME)
+        store.close()
+
+
+def test_cuda_graph_capture_between_steps_leaves_nothing_behind(model, store):
+    """Capture runs dummy forwards with no metadata bound (the per-layer
+    hooks run in the layerwise form's PIECEWISE graphs), then vLLM calls
+    reset_capture_state (base.py at 00f4240e); finish_forward follows each
+    forward. None of it may start a transfer or leave state for the next
+    real step, which still loads and stores bitwise."""
+    eng = Engine(model, store, extra={"ferry.store": NAME, "ferry.layerwise": True})
+    w = eng.worker
+    for name, cache in zip(layer_names(model), eng.caches):
+        w.wait_for_layer_load(name)
+        w.save_kv_layer(name, cache, SimpleNamespace())
+    w.finish_forward()
+    w.reset_capture_state()
+    assert w._saving is None and w._loading == [] and w.get_kv_connector_stats() is None
+    assert w.get_mem_pool_context() is None
+    kv_a = serve_a(eng)
+    _, b = prompts()
+    rb = Request("b", b)
+    assert eng.admit(rb) == 32
+    eng.step_new(rb)
+    assert torch.equal(model.kv_of(eng.caches, eng.blocks["b"], 32), kv_a)
+    eng.finish(rb)
+    eng.close()
