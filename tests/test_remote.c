@@ -647,6 +647,78 @@ static uint8_t *encode(const char *layout, const void *key, size_t klen, const v
     return v;
 }
 
+/* the generic path's bounded read (GETRANGE key 0 cap+hl, its end
+ * inclusive: at most cap+hl+1 bytes, whole when no more than cap+hl came)
+ * of a value whose payload is the destination's size -2..+2: what fits is
+ * copied exactly, with not a byte past it; what does not is -ENOBUFS with
+ * the destination untouched; a value longer than its header says (bytes
+ * appended by another writer), cut at the read's end or whole, and one cut
+ * inside its header, are refused, never data */
+static void value_range_outcome_at_the_destination_size(void **state)
+{
+    (void)state;
+    const size_t cap = 4096;
+    size_t hl = ferry__rvalue_header_size(strlen(LAYOUT_A));
+    uint64_t ks = ferry__rvalue_key_sum("k1", 2);
+    uint8_t payload[4100], dst[4096 + 64];
+    ft_fill_pattern(payload, sizeof payload, 11);
+    size_t fetch = cap + hl;
+    for (size_t p = cap - 2; p <= cap + 2; p++) {
+        size_t len;
+        uint8_t *v = encode(LAYOUT_A, "k1", 2, payload, p, &len);
+        size_t got = FERRY__MIN(len, fetch + 1);
+        memset(dst, 0xA5, sizeof dst);
+        ferry__rget g = {.layout = LAYOUT_A, .layout_len = strlen(LAYOUT_A), .key_sum = ks,
+                         .dst = dst, .cap = cap};
+        ferry__rvalue_range_outcome(&g, v, got, got <= fetch);
+        assert_int_equal(g.kind, FERRY__RGET_VALUE);
+        if (p <= cap) {
+            assert_int_equal(g.code, 0);
+            assert_int_equal(g.payload_len, p);
+            assert_memory_equal(dst, payload, p);
+            for (size_t k = p; k < sizeof dst; k++)
+                assert_int_equal(dst[k], 0xA5);
+        } else {
+            assert_int_equal(g.code, -ENOBUFS);
+            for (size_t k = 0; k < sizeof dst; k++)
+                assert_int_equal(dst[k], 0xA5);
+        }
+        free(v);
+    }
+    /* a value of cap bytes with bytes appended after it (APPEND by
+     * another client): cut at the read's end it is longer than it says */
+    for (size_t extra = 1; extra <= 3; extra++) {
+        size_t len;
+        uint8_t *v = encode(LAYOUT_A, "k1", 2, payload, cap - 1, &len);
+        uint8_t *w = malloc(len + extra);
+        memcpy(w, v, len);
+        memset(w + len, 0x5A, extra);
+        size_t got = FERRY__MIN(len + extra, fetch + 1);
+        memset(dst, 0xA5, sizeof dst);
+        ferry__rget g = {.layout = LAYOUT_A, .layout_len = strlen(LAYOUT_A), .key_sum = ks,
+                         .dst = dst, .cap = cap};
+        ferry__rvalue_range_outcome(&g, w, got, got <= fetch);
+        assert_int_equal(g.code, FERRY_ECORRUPT);
+        for (size_t k = 0; k < sizeof dst; k++)
+            assert_int_equal(dst[k], 0xA5);
+        free(w);
+        free(v);
+    }
+    /* a read cut inside the header (a server that sent less than asked for
+     * while saying there is more) */
+    size_t len;
+    uint8_t *v = encode(LAYOUT_A, "k1", 2, payload, 10, &len);
+    for (size_t cut = 0; cut < hl; cut++) {
+        memset(dst, 0xA5, sizeof dst);
+        ferry__rget g = {.layout = LAYOUT_A, .layout_len = strlen(LAYOUT_A), .key_sum = ks,
+                         .dst = dst, .cap = cap};
+        ferry__rvalue_range_outcome(&g, v, cut, 0);
+        assert_true(g.code < 0);
+        assert_int_equal(dst[0], 0xA5);
+    }
+    free(v);
+}
+
 static void value_codec_checks_every_field(void **state)
 {
     (void)state;
@@ -801,6 +873,51 @@ static void round_trip_sync_and_async(void **state)
     free(src);
     free(dst);
     ferry_remote_close(r);
+}
+
+/* a first get on a fresh handle takes the generic path (a bounded
+ * GETRANGE): values of the destination's size -1, +0, +1 are exact or
+ * -ENOBUFS, the handle stays in step (the next get is exact), and a key
+ * deleted between two gets is a miss with nothing written */
+static void first_get_at_the_destination_size(void **state)
+{
+    (void)state;
+    const size_t cap = 65536;
+    uint8_t *src = malloc(cap + 2), *dst = malloc(cap + 64);
+    ft_fill_pattern(src, cap + 2, 5);
+    ferry_remote *w = open_a(&g_srv, 0, "edge:");
+    FT_ASSERT_OK(ferry_remote_put_sync(w, "m1", 2, src, cap - 1));
+    FT_ASSERT_OK(ferry_remote_put_sync(w, "m0", 2, src, cap));
+    FT_ASSERT_OK(ferry_remote_put_sync(w, "p1", 2, src, cap + 1));
+    ferry_remote_close(w);
+    static const struct {
+        const char *key;
+        int want;
+    } cases[] = {{"m1", 65535}, {"m0", 65536}, {"p1", -ENOBUFS}};
+    for (size_t k = 0; k < FERRY__ARRAY_LEN(cases); k++) {
+        ferry_remote *r = open_a(&g_srv, 0, "edge:");
+        memset(dst, 0xA5, cap + 64);
+        assert_int_equal(ferry_remote_get(r, cases[k].key, 2, dst, cap), cases[k].want);
+        size_t n = cases[k].want > 0 ? (size_t)cases[k].want : 0;
+        assert_memory_equal(dst, src, n);
+        for (size_t b = n; b < cap + 64; b++)
+            assert_int_equal(dst[b], 0xA5);
+        assert_int_equal(ferry_remote_get(r, "m0", 2, dst, cap), (int)cap);
+        assert_memory_equal(dst, src, cap);
+        assert_int_equal(metrics(r).errors, 0);
+        ferry_remote_close(r);
+    }
+    ferry_remote *r = open_a(&g_srv, 0, "edge:");
+    char out[64];
+    static const char *const del[] = {"DEL", "edge:m1", NULL};
+    ft_redis_cmd(&g_srv, out, sizeof out, del);
+    memset(dst, 0xA5, cap + 64);
+    assert_int_equal(ferry_remote_get(r, "m1", 2, dst, cap), FERRY_ENOTFOUND);
+    assert_int_equal(dst[0], 0xA5);
+    assert_int_equal(ferry_remote_get(r, "m0", 2, dst, cap), (int)cap);
+    ferry_remote_close(r);
+    free(src);
+    free(dst);
 }
 
 static void missing_key_is_a_miss(void **state)
@@ -1519,6 +1636,7 @@ int main(void)
         cmocka_unit_test(url_valid_forms),
         cmocka_unit_test(url_invalid_forms),
         cmocka_unit_test(value_codec_checks_every_field),
+        cmocka_unit_test(value_range_outcome_at_the_destination_size),
         cmocka_unit_test(key_slot_known_vectors),
         cmocka_unit_test(reply_framer_bounds),
         cmocka_unit_test(options_are_range_checked),
@@ -1527,6 +1645,7 @@ int main(void)
     const struct CMUnitTest online[] = {
         cmocka_unit_test(round_trip_sync_and_async),
         cmocka_unit_test(missing_key_is_a_miss),
+        cmocka_unit_test(first_get_at_the_destination_size),
         cmocka_unit_test(corruption_is_detected),
         cmocka_unit_test(other_layout_or_key_is_refused),
         cmocka_unit_test(server_error_replies),

@@ -9,6 +9,7 @@
 /* ferry-test-timeout: 300 */
 #include <dirent.h>
 #include <errno.h>
+#include <grp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -1201,6 +1202,173 @@ static void test_socket_appears_listening(void **state)
     assert_int_equal(refused, 0);
 }
 
+/* the names in g_dir with a '~' (a temporary socket name left behind) */
+static int tmp_names_left(const char *dir)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += strchr(e->d_name, '~') != NULL;
+    closedir(d);
+    return n;
+}
+
+/* a client's connect to path: 0, else the errno */
+static int try_connect(const char *path)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int rc = connect(fd, (struct sockaddr *)&a, sizeof a) == 0 ? 0 : errno;
+    close(fd);
+    return rc;
+}
+
+/* socket paths of every length up to the limit of 107 bytes (the
+ * temporary name beside them fits, or not: then the path is bound itself):
+ * each daemon listens at its path, leaves no temporary name, and its close
+ * removes the socket; 108 bytes is -ENAMETOOLONG with nothing created */
+static void test_socket_paths_near_the_limit(void **state)
+{
+    (void)state;
+    ferry_kv_config kc = store_config(4);
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/d", g_dir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    size_t dl = strlen(dir);
+    assert_true(dl + 2 < 90);
+    for (size_t len = 90; len <= 108; len++) {
+        char path[400];
+        snprintf(path, sizeof path, "%s/", dir);
+        memset(path + dl + 1, 's', len - dl - 1);
+        path[len] = 0;
+        ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
+        sc.socket_path = path;
+        sc.kv = &kc;
+        ferry_serve *s = NULL;
+        struct stat st;
+        if (len == 108) {
+            assert_int_equal(ferry_serve_open(&sc, &s), -ENAMETOOLONG);
+            assert_int_equal(lstat(path, &st), -1);
+        } else {
+            FT_ASSERT_OK(ferry_serve_open(&sc, &s));
+            assert_int_equal(lstat(path, &st), 0);
+            assert_true(S_ISSOCK(st.st_mode));
+            assert_int_equal(st.st_mode & 0777, 0600);
+            assert_int_equal(try_connect(path), 0);
+            ferry_serve_close(s);
+            assert_int_equal(lstat(path, &st), -1);
+        }
+        assert_int_equal(tmp_names_left(dir), 0);
+    }
+}
+
+/* a group: the linked socket has its gid and mode 0660; a group that does
+ * not exist fails the open with nothing left in the directory */
+static void test_socket_group_mode_and_no_group(void **state)
+{
+    (void)state;
+    ferry_kv_config kc = store_config(4);
+    struct group *gr = getgrgid(getgid());
+    if (gr) {
+        char name[256];
+        snprintf(name, sizeof name, "%s", gr->gr_name);
+        ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
+        sc.socket_path = g_sock;
+        sc.kv = &kc;
+        sc.group = name;
+        ferry_serve *s = NULL;
+        FT_ASSERT_OK(ferry_serve_open(&sc, &s));
+        struct stat st;
+        assert_int_equal(lstat(g_sock, &st), 0);
+        assert_int_equal(st.st_mode & 0777, 0660);
+        assert_int_equal(st.st_gid, getgid());
+        assert_int_equal(st.st_nlink, 1); /* (the temporary name is gone) */
+        ferry_serve_close(s);
+        assert_int_equal(lstat(g_sock, &st), -1);
+    }
+    ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
+    sc.socket_path = g_sock;
+    sc.kv = &kc;
+    sc.group = "no-such-group-of-ferry-tests";
+    ferry_serve *s = NULL;
+    assert_int_equal(ferry_serve_open(&sc, &s), -EINVAL);
+    assert_null(s);
+    DIR *d = opendir(g_dir);
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d));)
+        assert_true(e->d_name[0] == '.');
+    closedir(d);
+}
+
+/* daemons started together on one path where a dead daemon's socket file
+ * lies: exactly one opens, the others are FERRY_EBUSY, and the one that
+ * opened is the one a client reaches at the path (none serves a socket
+ * whose file another removed) */
+#define RACERS 3
+typedef struct racer {
+    atomic_int *go;
+    ferry_serve *s;
+    int rc;
+} racer;
+
+static void *racer_thread(void *arg)
+{
+    racer *x = arg;
+    ferry_kv_config kc = store_config(1);
+    ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
+    sc.socket_path = g_sock;
+    sc.kv = &kc;
+    atomic_fetch_add(x->go, 1);
+    while (atomic_load(x->go) < RACERS)
+        ;
+    x->rc = ferry_serve_open(&sc, &x->s);
+    return NULL;
+}
+
+static void stale_socket(const char *path)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    close(fd); /* (its file stays: a dead daemon's) */
+}
+
+static void test_daemons_racing_for_one_path(void **state)
+{
+    (void)state;
+    for (unsigned round = 0; round < 3000; round++) {
+        if (round % 2 == 0)
+            stale_socket(g_sock);
+        atomic_int go = 0;
+        racer x[RACERS];
+        pthread_t t[RACERS];
+        for (int k = 0; k < RACERS; k++) {
+            x[k] = (racer){&go, NULL, 0};
+            assert_int_equal(pthread_create(&t[k], NULL, racer_thread, &x[k]), 0);
+        }
+        int opened = 0;
+        for (int k = 0; k < RACERS; k++) {
+            pthread_join(t[k], NULL);
+            if (x[k].rc == 0)
+                opened++;
+            else
+                assert_int_equal(x[k].rc, FERRY_EBUSY);
+        }
+        if (opened != 1)
+            print_message("round %u: %d daemons opened on one path\n", round, opened);
+        assert_int_equal(opened, 1);
+        assert_int_equal(try_connect(g_sock), 0);
+        for (int k = 0; k < RACERS; k++)
+            ferry_serve_close(x[k].s);
+        struct stat st;
+        assert_int_equal(lstat(g_sock, &st), -1);
+        assert_int_equal(tmp_names_left(g_dir), 0);
+    }
+}
+
 /* a read lock that outlived its TTL: the slot was reused, the release says
  * the bytes read are void, never passes them as the chunk's */
 static void test_stale_release(void **state)
@@ -1333,6 +1501,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_other_uid, setup, teardown),
         cmocka_unit_test_setup_teardown(test_socket_owner, setup, teardown),
         cmocka_unit_test_setup_teardown(test_socket_appears_listening, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_socket_paths_near_the_limit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_socket_group_mode_and_no_group, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_daemons_racing_for_one_path, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stale_release, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wait_and_why, setup, teardown),
     };

@@ -4,6 +4,12 @@
  * daemon's refused), the accept loop (peers checked by SO_PEERCRED, a
  * thread per connection, at most max_clients), and a clean stop
  * (disconnect, flush, sync, close).
+ *
+ * Daemons starting on one path take turns (a lock on its directory) from
+ * the stale check to the link, so one never removes the file another just
+ * linked (then both would open, one serving a socket no client reaches);
+ * a closing daemon removes its file while it still listens, so no other
+ * can have replaced it by then.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -12,6 +18,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
@@ -72,7 +79,37 @@ static int tmp_name(const char *path, char *out, size_t cap)
  * temporary name, then linked at path: a client that sees path can
  * connect (a client that waits for the file and connects at once is never
  * refused), and a daemon that got there first keeps it (FERRY_EBUSY) */
+/* the directory that holds path, opened and locked (flock) so that
+ * daemons starting on the same path take turns; -1 where it cannot be
+ * opened (then no lock: the start is as racy as without one) */
+static int lock_dir(const char *path)
+{
+    char dir[sizeof ((struct sockaddr_un *)0)->sun_path];
+    const char *sl = strrchr(path, '/');
+    size_t n = !sl ? 0 : sl == path ? 1 : (size_t)(sl - path);
+    if (n >= sizeof dir)
+        return -1;
+    memcpy(dir, n ? path : ".", n ? n : 1);
+    dir[n ? n : 1] = 0;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0)
+        while (flock(fd, LOCK_EX) != 0 && errno == EINTR)
+            ;
+    return fd;
+}
+
+static int listen_locked(ferry_serve *s, const char *group);
+
 static int listen_on(ferry_serve *s, const char *group)
+{
+    int dfd = lock_dir(s->path);
+    int rc = listen_locked(s, group);
+    if (dfd >= 0)
+        close(dfd); /* (the lock goes with it) */
+    return rc;
+}
+
+static int listen_locked(ferry_serve *s, const char *group)
 {
     struct sockaddr_un a, b;
     int rc = addr_of(s->path, &a, &s->err);
@@ -278,8 +315,10 @@ int ferry_serve_close(ferry_serve *s)
         ferry_kv_close(s->kv);
     }
     if (s->lfd >= 0) {
-        close(s->lfd);
+        /* the file first, while this daemon still listens: another daemon
+         * finds it live until then and cannot have replaced it */
         unlink(s->path);
+        close(s->lfd);
     }
     for (int i = 0; i < 2; i++)
         if (s->stop_pipe[i] >= 0)
