@@ -75,10 +75,6 @@ static int tmp_name(const char *path, char *out, size_t cap)
     return n > 0 && (size_t)n < cap;
 }
 
-/* the socket bound, given its owner and mode and listening under a
- * temporary name, then linked at path: a client that sees path can
- * connect (a client that waits for the file and connects at once is never
- * refused), and a daemon that got there first keeps it (FERRY_EBUSY) */
 /* the directory that holds path, opened and locked (flock) so that
  * daemons starting on the same path take turns; -1 where it cannot be
  * opened (then no lock: the start is as racy as without one) */
@@ -100,6 +96,7 @@ static int lock_dir(const char *path)
 
 static int listen_locked(ferry_serve *s, const char *group);
 
+/* the socket at path, its directory locked meanwhile */
 static int listen_on(ferry_serve *s, const char *group)
 {
     int dfd = lock_dir(s->path);
@@ -109,6 +106,10 @@ static int listen_on(ferry_serve *s, const char *group)
     return rc;
 }
 
+/* the socket bound, given its owner and mode and listening under a
+ * temporary name, then linked at path: a client that sees path can
+ * connect (a client that waits for the file and connects at once is never
+ * refused), and a daemon that got there first keeps it (FERRY_EBUSY) */
 static int listen_locked(ferry_serve *s, const char *group)
 {
     struct sockaddr_un a, b;
