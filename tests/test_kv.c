@@ -1981,6 +1981,127 @@ static void l2_pieces_checked_into_a_device_buffer_and_alone(void **state)
     big_close(&f);
 }
 
+/* a prefetch stream checks a chunk with piece sums piece by piece as its
+ * reads land (store_aprefetch.c), not in a whole pass once the last one
+ * landed: what the stream checks, counted through its seam */
+static atomic_uint_fast64_t g_vpieces, g_vwholes, g_vbytes;
+static void on_verify(ferry_kv *kv, uint64_t bytes, int whole)
+{
+    (void)kv;
+    atomic_fetch_add(whole ? &g_vwholes : &g_vpieces, 1);
+    atomic_fetch_add(&g_vbytes, bytes);
+}
+
+/* prefetch the BIG chunks of f (big_open_checked) through the stream,
+ * counting its checks: chunk bad (-1: none) is dropped (a corrupt miss,
+ * its L2 copy gone), every other lands in L1 and a retrieve takes it from
+ * there byte-exact */
+static void prefetch_checked(bigfix *f, int bad)
+{
+    f->kv->prefetch_max = 40 * f->kv->slot_bytes;
+    ferry_kv_stats m0 = FERRY_KV_STATS_INIT, m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(f->kv, &m0));
+    atomic_store(&g_vpieces, 0);
+    atomic_store(&g_vwholes, 0);
+    atomic_store(&g_vbytes, 0);
+    ferry__kv_aprefetch_on_verify = on_verify;
+    assert_int_equal(ferry_kv_prefetch(f->kv, f->a, BIG * CT, NULL), BIG * CT);
+    FT_ASSERT_OK(ferry_kv_flush(f->kv));
+    ferry__kv_aprefetch_on_verify = NULL;
+    FT_ASSERT_OK(ferry_kv_stats_get(f->kv, &m));
+    FT_ASSERT_OK(ferry__kv_check(f->kv));
+    assert_int_equal(m.corrupt_chunks - m0.corrupt_chunks, bad >= 0);
+    assert_int_equal(m.prefetched_chunks - m0.prefetched_chunks, BIG - (bad >= 0));
+    uint8_t tiers[BIG];
+    ferry_kv_req lr = FERRY_KV_REQ_INIT;
+    lr.tiers = tiers;
+    lr.max_chunks = BIG;
+    uint64_t upto = bad >= 0 ? (uint64_t)bad : BIG;
+    assert_int_equal(ferry_kv_lookup(f->kv, f->a, BIG * CT, &lr), upto * CT);
+    for (uint64_t i = 0; i < upto; i++)
+        assert_int_equal(tiers[i], FERRY_KV_TIER_L1);
+    int st[BIG];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = BIG;
+    memset(f->d.mem, 0xEE, PLANES * 2 * BIG * CT * TB);
+    assert_int_equal(ferry_kv_retrieve(f->kv, f->a, BIG * CT, &r, &f->d.b), upto * CT);
+    for (int i = 0; i < BIG; i++) {
+        assert_int_equal(st[i], i == bad ? FERRY_ENOTFOUND : 0);
+        if (i != bad)
+            assert_true(same_tokens(&f->h, &f->d, (uint64_t)i * CT, (uint64_t)(i + 1) * CT));
+    }
+    FT_ASSERT_OK(ferry_kv_stats_get(f->kv, &m0));
+    assert_int_equal(m0.tier[FERRY_KV_TIER_L2].hits, m.tier[FERRY_KV_TIER_L2].hits);
+}
+
+/* read in 16 KiB requests (0: whole), checked in pieces of cp bytes: every
+ * chunk exact, each byte checked once in pieces, none in a whole pass */
+static void l2_prefetch_checks_pieces_as_they_land(void **state)
+{
+    (void)state;
+    const struct {
+        uint64_t read, cp;
+    } cases[] = {{16384, 8192}, {16384, 9000}, {16384, 16384}, {16384, 25000}, {0, 6000}};
+    for (size_t k = 0; k < FERRY__ARRAY_LEN(cases); k++) {
+        bigfix f;
+        big_open_checked(&f, BIG, cases[k].read, cases[k].cp);
+        prefetch_checked(&f, -1);
+        uint64_t per = (CHUNK + cases[k].cp - 1) / cases[k].cp;
+        assert_int_equal(atomic_load(&g_vwholes), 0);
+        assert_int_equal(atomic_load(&g_vpieces), BIG * per);
+        assert_int_equal(atomic_load(&g_vbytes), (uint64_t)BIG * CHUNK);
+        big_close(&f);
+    }
+}
+
+/* one bad byte at off of chunk k (read in requests of read bytes, checked
+ * in pieces of cp): that chunk is a miss, never published; the others
+ * exact, and still no whole pass */
+static void prefetch_bad_piece(uint64_t read, uint64_t cp, uint64_t off, int k)
+{
+    bigfix f;
+    big_open_checked(&f, BIG, read, cp);
+    damage_l2_chunk(&f, (size_t)k, off, 1, 0x40);
+    prefetch_checked(&f, k);
+    assert_int_equal(atomic_load(&g_vwholes), 0);
+    big_close(&f);
+}
+
+static void l2_prefetch_bad_piece_drops_only_its_chunk(void **state)
+{
+    (void)state;
+    prefetch_bad_piece(16384, 8192, 3 * 8192 + 5, 4);   /* a middle piece */
+    prefetch_bad_piece(16384, 8192, 4 * 8192 - 1, 1);   /* a piece's last byte */
+    prefetch_bad_piece(16384, 8192, 4 * 8192, 1);       /* the next one's first */
+    prefetch_bad_piece(16384, 9000, 2 * 9000 - 1, 7);   /* an edge inside a read */
+    prefetch_bad_piece(16384, 8192, 7 * 8192 + 10, 2);  /* the last piece */
+    prefetch_bad_piece(16384, 9000, 7 * 9000 + 10, 0);  /* the last piece, short */
+    prefetch_bad_piece(16384, 8192, CHUNK - 1, BIG - 1); /* the last byte of the last */
+    prefetch_bad_piece(0, 6000, 5 * 6000 + 7, 3);       /* one read, pieces split tokens */
+}
+
+/* a chunk without piece sums (a check piece over the chunk: an older
+ * slab's whole-sum records) is checked whole as its last read lands:
+ * every chunk exact, and a bad byte still makes its chunk a miss */
+static void l2_prefetch_whole_sum_chunks_are_checked_whole(void **state)
+{
+    (void)state;
+    bigfix f;
+    big_open_checked(&f, BIG, 16384, 1u << 20);
+    assert_int_equal(f.kv->tier[FERRY_KV_TIER_L2]->aops->vpiece(f.kv->tier[FERRY_KV_TIER_L2], 0),
+                     0);
+    prefetch_checked(&f, -1);
+    assert_int_equal(atomic_load(&g_vpieces), 0);
+    assert_int_equal(atomic_load(&g_vwholes), BIG);
+    big_close(&f);
+    big_open_checked(&f, BIG, 16384, 1u << 20);
+    damage_l2_chunk(&f, 6, 5 * 8192 + 3, 1, 0x01);
+    prefetch_checked(&f, 6);
+    assert_int_equal(atomic_load(&g_vwholes), BIG);
+    big_close(&f);
+}
+
 /* the synchronous read (a prefetch on the workers) checks too */
 static void l2_corrupt_chunk_prefetched_is_dropped(void **state)
 {
@@ -2758,6 +2879,9 @@ int main(void)
         cmocka_unit_test(l2_prefetch_read_error_in_a_piece_drops_only_its_chunk),
         cmocka_unit_test(l2_prefetch_with_the_queue_breaking_keeps_every_copy),
         cmocka_unit_test(l2_prefetch_sends_the_next_reads_before_it_checks),
+        cmocka_unit_test(l2_prefetch_checks_pieces_as_they_land),
+        cmocka_unit_test(l2_prefetch_bad_piece_drops_only_its_chunk),
+        cmocka_unit_test(l2_prefetch_whole_sum_chunks_are_checked_whole),
         cmocka_unit_test(l2_out_of_memory_in_a_retrieve_in_pieces_keeps_every_copy),
         cmocka_unit_test(l2_retrieve_over_a_tiny_l1_waits_for_its_copies),
         cmocka_unit_test(l2_refused_reads_in_a_batch_are_misses),

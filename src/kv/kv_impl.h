@@ -416,6 +416,10 @@ extern uint64_t ferry__kv_l2_check_piece;
  * group remain to be sent */
 extern void (*ferry__kv_aprefetch_on_check)(ferry_kv *kv, unsigned inflight, unsigned depth,
                                             int more);
+/* a test seam (NULL but in tests): called by a prefetch stream as it
+ * checks bytes bytes of a chunk that landed, whole (its whole sum: a chunk
+ * without piece sums) or one check piece */
+extern void (*ferry__kv_aprefetch_on_verify)(ferry_kv *kv, uint64_t bytes, int whole);
 
 /* ---- chunk checksums (sum.c) ---- */
 /* XXH3-64 of n bytes, on the widest vector unit the CPU has */
