@@ -427,6 +427,21 @@ static void *chaos_vandal(void *arg)
     return NULL;
 }
 
+/* c on server s: two handles of layout A and one of B on one prefix,
+ * three writers (th[0..2]) and three readers (th[3..5]) started */
+static void chaos_start(chaos *c, ft_redis *s, pthread_t *th)
+{
+    memset(c, 0, sizeof *c);
+    c->srv = s;
+    c->a1 = open_on(s, LAYOUT_A, "ch:", 0);
+    c->a2 = open_on(s, LAYOUT_A, "ch:", 0);
+    c->b = open_on(s, LAYOUT_B, "ch:", 0);
+    for (int i = 0; i < 3; i++)
+        pthread_create(&th[i], NULL, chaos_writer, c);
+    for (int i = 3; i < 6; i++)
+        pthread_create(&th[i], NULL, chaos_reader, c);
+}
+
 /* Two handles of one layout and one of another (other sizes) write the
  * same keys from several threads, readers read them through both, and a
  * vandal SETRANGEs, APPENDs, deletes, copies and FLUSHALLs, all while a
@@ -440,16 +455,8 @@ static void writers_and_vandals_never_give_wrong_bytes(void **state)
     ft_redis s;
     assert_int_equal(ft_redis_start(&s, args), 0);
     chaos c;
-    memset(&c, 0, sizeof c);
-    c.srv = &s;
-    c.a1 = open_on(&s, LAYOUT_A, "ch:", 0);
-    c.a2 = open_on(&s, LAYOUT_A, "ch:", 0);
-    c.b = open_on(&s, LAYOUT_B, "ch:", 0);
     pthread_t th[7];
-    for (int i = 0; i < 3; i++)
-        pthread_create(&th[i], NULL, chaos_writer, &c);
-    for (int i = 3; i < 6; i++)
-        pthread_create(&th[i], NULL, chaos_reader, &c);
+    chaos_start(&c, &s, th);
     pthread_create(&th[6], NULL, chaos_vandal, &c);
     sleep_ms(3000);
     atomic_store(&c.stop, 1);
@@ -485,16 +492,8 @@ static void killed_server_mid_traffic(void **state)
     ft_redis s;
     assert_int_equal(ft_redis_start(&s, NULL), 0);
     chaos c;
-    memset(&c, 0, sizeof c);
-    c.srv = &s;
-    c.a1 = open_on(&s, LAYOUT_A, "ch:", 0);
-    c.a2 = open_on(&s, LAYOUT_A, "ch:", 0);
-    c.b = open_on(&s, LAYOUT_B, "ch:", 0);
     pthread_t th[6];
-    for (int i = 0; i < 3; i++)
-        pthread_create(&th[i], NULL, chaos_writer, &c);
-    for (int i = 3; i < 6; i++)
-        pthread_create(&th[i], NULL, chaos_reader, &c);
+    chaos_start(&c, &s, th);
     for (int k = 0; k < 4; k++) {
         sleep_ms(300);
         kill(s.pid, SIGKILL);
