@@ -190,6 +190,42 @@ def test_the_connectors_answers_to_the_new_scheduler_hooks(store):
     c.shutdown()
 
 
+def async_connectors(model, store, extra=None):
+    """Request "a" stored by an engine, then a worker and a scheduler
+    connector with async loads (ferry.<key> for each of extra) over the
+    same store; (worker, scheduler, the worker's caches, a's KV)."""
+    eng = Engine(model, store)
+    kv_a = serve_a(eng)
+    eng.close()
+    register_store(NAME, store)
+    cfg = vllm_config({"ferry.store": NAME, "ferry.async_load": True,
+                       **{"ferry." + k: v for k, v in (extra or {}).items()}})
+    cls = connector_class(cfg)
+    w, c = cls(cfg, Role.WORKER, None), cls(cfg, Role.SCHEDULER, None)
+    caches = model.new_caches(BLOCKS, BS)
+    w.register_kv_caches(dict(zip(layer_names(model), caches)))
+    return w, c, caches, kv_a
+
+
+def loading_request(c, sched, announce=False):
+    """Request "b" (a's 32 tokens cached) matched, allocated blocks 20..35
+    and waiting for its remote KV in sched, as vLLM's scheduler leaves it
+    (announce: on_new_request first, as 00f4240e calls it); (request,
+    blocks, the step's SchedulerOutput with the connector's metadata)."""
+    _, b = prompts()
+    rb = Request("b", b)
+    if announce:
+        c.on_new_request(rb)
+    assert c.get_num_new_matched_tokens(rb, 0) == (32, True)
+    blocks = list(range(20, 36))
+    c.update_state_after_alloc(rb, KVCacheBlocks(blocks), 32)
+    rb.status = WAITING_FOR_REMOTE_KVS
+    sched.requests["b"] = rb
+    so = empty_output(has_sync_kv_loads=False)
+    so.kv_connector_metadata = c.build_connector_meta(so)
+    return rb, blocks, so
+
+
 @pytest.mark.parametrize("layerwise", [False, True])
 def test_an_async_only_step_starts_its_loads_after_the_forward(model, store, layerwise):
     """has_sync_kv_loads False: start_load_kv comes after the forward (whose
@@ -198,29 +234,10 @@ def test_an_async_only_step_starts_its_loads_after_the_forward(model, store, lay
     without a forward, wait_for_save being called in each; the blocks vLLM
     keeps for the finished request count as a pending free until the
     worker names it."""
-    eng = Engine(model, store)
-    kv_a = serve_a(eng)
-    eng.close()
-    register_store(NAME, store)
-    extra = {"ferry.store": NAME, "ferry.async_load": True}
-    if layerwise:
-        extra["ferry.layerwise"] = True
-    cfg = vllm_config(extra)
-    cls = connector_class(cfg)
-    w, c = cls(cfg, Role.WORKER, None), cls(cfg, Role.SCHEDULER, None)
-    caches = model.new_caches(BLOCKS, BS)
-    w.register_kv_caches(dict(zip(layer_names(model), caches)))
+    extra = {"layerwise": True} if layerwise else {}
+    w, c, caches, kv_a = async_connectors(model, store, extra)
     sched = Sched(c)
-    _, b = prompts()
-    rb = Request("b", b)
-    c.on_new_request(rb)
-    assert c.get_num_new_matched_tokens(rb, 0) == (32, True)
-    blocks = list(range(20, 36))
-    c.update_state_after_alloc(rb, KVCacheBlocks(blocks), 32)
-    rb.status = WAITING_FOR_REMOTE_KVS
-    sched.requests["b"] = rb
-    so = empty_output(has_sync_kv_loads=False)
-    so.kv_connector_metadata = c.build_connector_meta(so)
+    rb, blocks, so = loading_request(c, sched, announce=True)
     calls = []
     names = layer_names(model)
     # another request's forward: its attention layers ask for their loads first
@@ -254,24 +271,9 @@ def test_a_request_aborted_while_loading_is_named_once(model, store):
     """vLLM frees a finished request's blocks on finished_recving and asserts
     it still knows every finished_sending request: a request aborted during
     its async load must be in one of the two sets, not both."""
-    eng = Engine(model, store)
-    serve_a(eng)
-    eng.close()
-    register_store(NAME, store)
-    cfg = vllm_config({"ferry.store": NAME, "ferry.async_load": True})
-    cls = connector_class(cfg)
-    w, c = cls(cfg, Role.WORKER, None), cls(cfg, Role.SCHEDULER, None)
-    w.register_kv_caches(dict(zip(layer_names(model), model.new_caches(BLOCKS, BS))))
+    w, c, _, _ = async_connectors(model, store)
     sched = Sched(c)
-    _, b = prompts()
-    rb = Request("b", b)
-    assert c.get_num_new_matched_tokens(rb, 0) == (32, True)
-    blocks = list(range(20, 36))
-    c.update_state_after_alloc(rb, KVCacheBlocks(blocks), 32)
-    rb.status = WAITING_FOR_REMOTE_KVS
-    sched.requests["b"] = rb
-    so = empty_output(has_sync_kv_loads=False)
-    so.kv_connector_metadata = c.build_connector_meta(so)
+    rb, blocks, so = loading_request(c, sched)
     w.bind_connector_metadata(so.kv_connector_metadata)
     w.start_load_kv(FWD)              # started, never polled before the abort
     w.clear_connector_metadata()
