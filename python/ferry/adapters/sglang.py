@@ -248,7 +248,9 @@ class FerryHiCacheStorage(HiCacheStorage):
         self._extra = dict(c.extra_config or {})
         self._name = self._extra.get("ferry_store", "sglang")
         self._mla = bool(c.is_mla_model)
-        g = lambda k, d: getattr(c, k, d)  # noqa: E731 (older configs lack newer fields)
+        # older SGLangs' configs lack the newer fields (at bb424de23a46 there is
+        # no pp, cp, dp, metrics or split-heads field): each read with its default
+        g = lambda k, d: getattr(c, k, d)  # noqa: E731
         self._tp, self._tp_size = int(c.tp_rank), int(c.tp_size)
         self._cp, self._cp_size = int(g("attn_cp_rank", 0)), int(g("attn_cp_size", 1))
         self._split = 1
@@ -258,7 +260,7 @@ class FerryHiCacheStorage(HiCacheStorage):
                 raise ValueError(f"ferry: should_split_heads needs an MHA model and tp_lcm_size "
                                  f"a multiple of tp_size {self._tp_size} above it, got {lcm}")
             self._split = lcm // self._tp_size
-        base = f"pp{int(c.pp_rank)}/{int(c.pp_size)}"
+        base = f"pp{int(g('pp_rank', 0))}/{int(g('pp_size', 1))}"
         if not self._extra.get("ferry_share_dp", False):
             base += f"/dp{int(g('dp_rank', 0))}/{int(g('dp_size', 1))}"
         if self._cp_size > 1:
@@ -320,7 +322,13 @@ class FerryHiCacheStorage(HiCacheStorage):
         self.store = self._pools["kv"][1]
 
     def register_mem_host_pool_v2(self, host_pool, host_pool_name):
-        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        up = getattr(super(), "register_mem_host_pool_v2", None)
+        if up is not None:
+            up(host_pool, host_pool_name)
+        else:       # an older SGLang's base class has no v2 pools: keep its table here
+            if not hasattr(self, "registered_pools"):
+                self.registered_pools = {}
+            self.registered_pools[host_pool_name] = host_pool
         self._register(host_pool_name, host_pool)
         if _pool_key(host_pool_name) == "kv":
             self.mem_pool_host = host_pool
