@@ -437,3 +437,25 @@ def test_stand_in_base_without_sglang():
     from ferry.adapters.sglang import FerryHiCacheStorage
     assert FerryHiCacheStorage.__mro__[1].__module__ == "ferry.adapters._sglang_base"
     assert not getattr(FerryHiCacheStorage, "__abstractmethods__", None)
+
+
+def test_extra_config_flags_read_as_booleans_from_a_file():
+    """SGLang's HiRadixCache._parse_storage_backend_extra_config (sgl-project/
+    sglang, the stored versions of python/sglang/srt/mem_cache/
+    hiradix_cache.py) reads --hicache-storage-backend-extra-config inline as
+    JSON or as @file.json / .toml / .yaml, and hands the dict on as
+    HiCacheStorageConfig.extra_config: a quoted YAML value is a string.
+    "false" must read False (bool("false") is True: DP replicas would
+    share pages they do not compute alike), and a value that is neither
+    is refused naming the key, before any store opens."""
+    pool = MHAHost("page_first", 4)
+    base_extra = {"ferry_store": "sgl", "ferry_l1": "4M"}
+    for val, shared in (("false", False), ("No", False), (0, False), (False, False),
+                        ("true", True), ("on", True), (1, True), (True, True)):
+        b = create_backend(dict(base_extra, ferry_share_dp=val), {"kv": pool}, dp=(1, 2))
+        assert ("/dp1/2" not in b._base_tag) == shared, (val, b._base_tag)
+        b.close()
+    for key in ("ferry_share_dp", "ferry_persistent"):
+        with pytest.raises(ValueError, match=f"'{key}' is true or false, got 'maybe'"):
+            create_backend(dict(base_extra, **{key: "maybe"}), {"kv": pool})
+        assert ferry.adapters.registered_store("sgl") is None     # nothing opened

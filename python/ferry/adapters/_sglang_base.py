@@ -1,146 +1,160 @@
 """SGLang's HiCache storage interface, or stand-ins with the same surface.
 
-With SGLang installed, these are its own (sglang/srt/mem_cache/
-hicache_storage.py). Without it, stand-ins that keep upstream's names,
+Each name is SGLang's own (sglang/srt/mem_cache/hicache_storage.py) where
+the installed SGLang has it, else a stand-in that keeps upstream's names,
 fields, defaults and method signatures as of sgl-project/sglang commit
-001067fffe33427bee0ed2f007fb7551a1d76b44 (python/sglang/srt/mem_cache/
-hicache_storage.py): HiCacheStorageConfig, HiCacheStorageExtraInfo,
-PoolName, PoolHitPolicy, PoolTransfer, PoolTransferResult and the
-HiCacheStorage base class (v1 and v2 calls). They carry no behaviour of
-SGLang's beyond the base class's defaults; they are not SGLang.
+001067fffe33427bee0ed2f007fb7551a1d76b44: HiCacheStorageConfig,
+HiCacheStorageExtraInfo, PoolName, PoolHitPolicy, PoolTransfer,
+PoolTransferResult and the HiCacheStorage base class (v1 and v2 calls).
+Name by name, because an older SGLang has the base class but not the v2
+names (at commit bb424de23a4659f89cfd97dcad3aa1935a1e1d3e the module
+holds HiCacheStorageConfig of six fields, HiCacheStorageExtraInfo and
+HiCacheStorage with batch_get_v1 / batch_set_v1 only): the backend must
+still subclass that SGLang's HiCacheStorage, or its backend factory
+refuses it (StorageBackendFactory._load_backend_class: "must inherit
+from HiCacheStorage"). The stand-ins carry no behaviour of SGLang's
+beyond the base class's defaults; they are not SGLang.
 """
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, List, Optional
 
+
+@dataclass
+class HiCacheStorageConfig:
+    tp_rank: int
+    tp_size: int
+    pp_rank: int
+    pp_size: int
+    attn_cp_rank: int
+    attn_cp_size: int
+    is_mla_model: bool
+    enable_storage_metrics: bool
+    is_page_first_layout: bool
+    model_name: Optional[str]
+    dp_rank: int = 0
+    dp_size: int = 1
+    tp_lcm_size: Optional[int] = None
+    should_split_heads: bool = False
+    extra_config: Optional[dict] = None
+
+@dataclass
+class HiCacheStorageExtraInfo:
+    prefix_keys: Optional[List[str]] = None
+    extra_info: Optional[dict] = None
+
+class PoolName(str, Enum):
+    KV = "kv"
+    MAMBA = "mamba"
+    SWA = "swa"
+    INDEXER = "indexer"
+    DEEPSEEK_V4_C4 = "deepseek_v4_c4"
+    DEEPSEEK_V4_C4_INDEXER = "deepseek_v4_c4_indexer"
+    DEEPSEEK_V4_C128 = "deepseek_v4_c128"
+    DEEPSEEK_V4_C4_STATE = "deepseek_v4_c4_state"
+    DEEPSEEK_V4_C4_INDEXER_STATE = "deepseek_v4_c4_indexer_state"
+    DEEPSEEK_V4_C128_STATE = "deepseek_v4_c128_state"
+    DRAFT = "draft"
+    DRAFT_INDEXER = "draft_indexer"
+    DRAFT_SWA = "draft_swa"
+
+    def __str__(self) -> str:
+        return self.value
+
+class PoolHitPolicy(str, Enum):
+    ALL_PAGES = "all_pages"
+    TRAILING_PAGES = "trailing_pages"
+
+@dataclass
+class PoolTransfer:
+    name: PoolName
+    host_indices: Optional[Any] = None
+    device_indices: Optional[Any] = None
+    keys: Optional[List[str]] = None
+    hit_policy: PoolHitPolicy = PoolHitPolicy.ALL_PAGES
+    nodes_to_load: Optional[List[Any]] = None
+    indices_from_pool: Optional[PoolName] = None
+
+@dataclass
+class PoolTransferResult:
+    kv_hit_pages: int
+    extra_pool_hit_pages: dict
+
+class HiCacheStorage(ABC):
+    """Stand-in for SGLang's HiCacheStorage (same method names and arguments)."""
+
+    def register_mem_pool_host(self, mem_pool_host):
+        self.mem_pool_host = mem_pool_host
+
+    def register_mem_host_pool_v2(self, host_pool, host_pool_name):
+        if not hasattr(self, "registered_pools"):
+            self.registered_pools = {}
+        self.registered_pools[host_pool_name] = host_pool
+
+    def batch_exists_v2(self, keys, pool_transfers=None, extra_info=None):
+        raise NotImplementedError()
+
+    def batch_get_v2(self, transfers, extra_info=None):
+        raise NotImplementedError()
+
+    def batch_set_v2(self, transfers, extra_info=None):
+        raise NotImplementedError()
+
+    def batch_get_v1(self, keys, host_indices, extra_info=None):
+        raise NotImplementedError()
+
+    def batch_set_v1(self, keys, host_indices, extra_info=None):
+        raise NotImplementedError()
+
+    @abstractmethod
+    def get(self, key, target_location=None, target_sizes=None):
+        ...
+
+    @abstractmethod
+    def batch_get(self, keys, target_locations=None, target_sizes=None):
+        ...
+
+    @abstractmethod
+    def set(self, key, value=None, target_location=None, target_sizes=None):
+        ...
+
+    @abstractmethod
+    def batch_set(self, keys, values=None, target_locations=None, target_sizes=None):
+        ...
+
+    @abstractmethod
+    def exists(self, key):
+        ...
+
+    def batch_exists(self, keys, extra_info=None):
+        for i in range(len(keys)):
+            if not self.exists(keys[i]):
+                return i
+        return len(keys)
+
+    def clear(self):
+        pass
+
+    def get_stats(self):
+        return None
+
+
 try:
-    from sglang.srt.mem_cache.hicache_storage import (  # noqa: F401
-        HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo, PoolHitPolicy, PoolName,
-        PoolTransfer, PoolTransferResult)
-    SGLANG = True
+    from sglang.srt.mem_cache import hicache_storage as _upstream
 except ImportError:
-    SGLANG = False
+    _upstream = None
 
-    @dataclass
-    class HiCacheStorageConfig:
-        tp_rank: int
-        tp_size: int
-        pp_rank: int
-        pp_size: int
-        attn_cp_rank: int
-        attn_cp_size: int
-        is_mla_model: bool
-        enable_storage_metrics: bool
-        is_page_first_layout: bool
-        model_name: Optional[str]
-        dp_rank: int = 0
-        dp_size: int = 1
-        tp_lcm_size: Optional[int] = None
-        should_split_heads: bool = False
-        extra_config: Optional[dict] = None
-
-    @dataclass
-    class HiCacheStorageExtraInfo:
-        prefix_keys: Optional[List[str]] = None
-        extra_info: Optional[dict] = None
-
-    class PoolName(str, Enum):
-        KV = "kv"
-        MAMBA = "mamba"
-        SWA = "swa"
-        INDEXER = "indexer"
-        DEEPSEEK_V4_C4 = "deepseek_v4_c4"
-        DEEPSEEK_V4_C4_INDEXER = "deepseek_v4_c4_indexer"
-        DEEPSEEK_V4_C128 = "deepseek_v4_c128"
-        DEEPSEEK_V4_C4_STATE = "deepseek_v4_c4_state"
-        DEEPSEEK_V4_C4_INDEXER_STATE = "deepseek_v4_c4_indexer_state"
-        DEEPSEEK_V4_C128_STATE = "deepseek_v4_c128_state"
-        DRAFT = "draft"
-        DRAFT_INDEXER = "draft_indexer"
-        DRAFT_SWA = "draft_swa"
-
-        def __str__(self) -> str:
-            return self.value
-
-    class PoolHitPolicy(str, Enum):
-        ALL_PAGES = "all_pages"
-        TRAILING_PAGES = "trailing_pages"
-
-    @dataclass
-    class PoolTransfer:
-        name: PoolName
-        host_indices: Optional[Any] = None
-        device_indices: Optional[Any] = None
-        keys: Optional[List[str]] = None
-        hit_policy: PoolHitPolicy = PoolHitPolicy.ALL_PAGES
-        nodes_to_load: Optional[List[Any]] = None
-        indices_from_pool: Optional[PoolName] = None
-
-    @dataclass
-    class PoolTransferResult:
-        kv_hit_pages: int
-        extra_pool_hit_pages: dict
-
-    class HiCacheStorage(ABC):
-        """Stand-in for SGLang's HiCacheStorage (same method names and arguments)."""
-
-        def register_mem_pool_host(self, mem_pool_host):
-            self.mem_pool_host = mem_pool_host
-
-        def register_mem_host_pool_v2(self, host_pool, host_pool_name):
-            if not hasattr(self, "registered_pools"):
-                self.registered_pools = {}
-            self.registered_pools[host_pool_name] = host_pool
-
-        def batch_exists_v2(self, keys, pool_transfers=None, extra_info=None):
-            raise NotImplementedError()
-
-        def batch_get_v2(self, transfers, extra_info=None):
-            raise NotImplementedError()
-
-        def batch_set_v2(self, transfers, extra_info=None):
-            raise NotImplementedError()
-
-        def batch_get_v1(self, keys, host_indices, extra_info=None):
-            raise NotImplementedError()
-
-        def batch_set_v1(self, keys, host_indices, extra_info=None):
-            raise NotImplementedError()
-
-        @abstractmethod
-        def get(self, key, target_location=None, target_sizes=None):
-            ...
-
-        @abstractmethod
-        def batch_get(self, keys, target_locations=None, target_sizes=None):
-            ...
-
-        @abstractmethod
-        def set(self, key, value=None, target_location=None, target_sizes=None):
-            ...
-
-        @abstractmethod
-        def batch_set(self, keys, values=None, target_locations=None, target_sizes=None):
-            ...
-
-        @abstractmethod
-        def exists(self, key):
-            ...
-
-        def batch_exists(self, keys, extra_info=None):
-            for i in range(len(keys)):
-                if not self.exists(keys[i]):
-                    return i
-            return len(keys)
-
-        def clear(self):
-            pass
-
-        def get_stats(self):
-            return None
+_NAMES = ("HiCacheStorage", "HiCacheStorageConfig", "HiCacheStorageExtraInfo", "PoolName",
+          "PoolHitPolicy", "PoolTransfer", "PoolTransferResult")
+# the names taken from the installed SGLang (the others are the stand-ins above)
+FROM_SGLANG = tuple(n for n in _NAMES if hasattr(_upstream, n))
+for _n in FROM_SGLANG:
+    globals()[_n] = getattr(_upstream, _n)
+SGLANG = "HiCacheStorage" in FROM_SGLANG
 
 UPSTREAM = ("sgl-project/sglang", "001067fffe33427bee0ed2f007fb7551a1d76b44")
 
 __all__ = ["HiCacheStorage", "HiCacheStorageConfig", "HiCacheStorageExtraInfo", "PoolName",
-           "PoolHitPolicy", "PoolTransfer", "PoolTransferResult", "SGLANG", "UPSTREAM"]
+           "PoolHitPolicy", "PoolTransfer", "PoolTransferResult", "SGLANG", "FROM_SGLANG",
+           "UPSTREAM"]

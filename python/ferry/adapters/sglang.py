@@ -49,7 +49,13 @@ Stores (extra config):
 - "ferry_l1" (and "ferry_l1_<pool>", "ferry_l2", "ferry_persistent") opens
   an in-process store per pool when the pool registers.
 "ferry_key_len": N refuses keys that are not N bytes (SGLang's SHA-256
-hex keys are 64).
+hex keys are 64). The flags ("ferry_share_dp", "ferry_persistent") are
+bools, 0 / 1 or strings of one ("false", "on", ...), as a JSON, TOML or
+YAML extra-config file may carry them; any other value is refused.
+
+Older SGLangs: their configs lack the newer fields (pp, dp, cp, metrics,
+split heads read as their defaults), and the base class is theirs even
+where their hicache_storage.py has no v2 names (_sglang_base).
 """
 import errno
 import logging
@@ -87,6 +93,27 @@ def _key_list(keys):
     except TypeError:
         raise TypeError(f"ferry: SGLang keys are a list of str or bytes keys, got "
                         f"{type(keys).__name__}") from None
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _flag(extra, key):
+    """A boolean of the extra config: a JSON or YAML bool, 0 / 1, or a
+    string of one ("false" is False: bool("false") would be True). The
+    config may come from a file (--hicache-storage-backend-extra-config
+    @file.yaml), where a quoted value is a string. Anything else is
+    refused, naming the key: a misspelt value must not flip a setting."""
+    v = extra.get(key, False)
+    if isinstance(v, bool) or v is None:
+        return bool(v)
+    t = str(v).strip().lower()
+    if t in _TRUE:
+        return True
+    if t in _FALSE:
+        return False
+    raise ValueError(f"ferry: SGLang extra config {key!r} is true or false, got {v!r}")
 
 
 def _pool_key(name):
@@ -248,7 +275,9 @@ class FerryHiCacheStorage(HiCacheStorage):
         self._extra = dict(c.extra_config or {})
         self._name = self._extra.get("ferry_store", "sglang")
         self._mla = bool(c.is_mla_model)
-        g = lambda k, d: getattr(c, k, d)  # noqa: E731 (older configs lack newer fields)
+        # older SGLangs' configs lack the newer fields (at bb424de23a46 there is
+        # no pp, cp, dp, metrics or split-heads field): each read with its default
+        g = lambda k, d: getattr(c, k, d)  # noqa: E731
         self._tp, self._tp_size = int(c.tp_rank), int(c.tp_size)
         self._cp, self._cp_size = int(g("attn_cp_rank", 0)), int(g("attn_cp_size", 1))
         self._split = 1
@@ -258,12 +287,13 @@ class FerryHiCacheStorage(HiCacheStorage):
                 raise ValueError(f"ferry: should_split_heads needs an MHA model and tp_lcm_size "
                                  f"a multiple of tp_size {self._tp_size} above it, got {lcm}")
             self._split = lcm // self._tp_size
-        base = f"pp{int(c.pp_rank)}/{int(c.pp_size)}"
-        if not self._extra.get("ferry_share_dp", False):
+        base = f"pp{int(g('pp_rank', 0))}/{int(g('pp_size', 1))}"
+        if not _flag(self._extra, "ferry_share_dp"):
             base += f"/dp{int(g('dp_rank', 0))}/{int(g('dp_size', 1))}"
         if self._cp_size > 1:
             base += f"/cp{self._cp}/{self._cp_size}"
         self._base_tag = base
+        self._persistent = _flag(self._extra, "ferry_persistent")   # refused before any store opens
         kl = self._extra.get("ferry_key_len")
         self._key_len = int(kl) if kl is not None else None
         self._key_range = (1, _NAME_MAX) if kl is None else (self._key_len, self._key_len)
@@ -320,7 +350,13 @@ class FerryHiCacheStorage(HiCacheStorage):
         self.store = self._pools["kv"][1]
 
     def register_mem_host_pool_v2(self, host_pool, host_pool_name):
-        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        up = getattr(super(), "register_mem_host_pool_v2", None)
+        if up is not None:
+            up(host_pool, host_pool_name)
+        else:       # an older SGLang's base class has no v2 pools: keep its table here
+            if not hasattr(self, "registered_pools"):
+                self.registered_pools = {}
+            self.registered_pools[host_pool_name] = host_pool
         self._register(host_pool_name, host_pool)
         if _pool_key(host_pool_name) == "kv":
             self.mem_pool_host = host_pool
@@ -367,7 +403,7 @@ class FerryHiCacheStorage(HiCacheStorage):
                                    f"no {how} and no \"ferry_l1\" to open one")
             store = KVStore(model=model, layout=pm.layout, l1=l1, l2=e.get("ferry_l2"),
                             chunk_tokens=pm.chunk_tokens,
-                            persistent=bool(e.get("ferry_persistent", False)))
+                            persistent=self._persistent)
         try:
             register_store(reg, store)
         except ValueError:
