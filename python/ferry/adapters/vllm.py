@@ -88,8 +88,11 @@ hybrid model's loads are async and a failed one is reported for its
 request (failed_recving); has_pending_block_frees holds off preemption
 while finished requests' blocks wait on ferry. The cross-layer pair
 (prefer_cross_layer_blocks, register_cross_layers_kv_cache) is kept for
-the engines that still call it. Its
-caches are per layer [2, num_blocks, block_size, heads, head_dim]
+the engines that still call it, as is handle_preemptions in both forms:
+the step's metadata (00f4240e) or, on engines as old as vllm-project/vllm
+13f4ad0f55b08ca1d37d1459f50ce950feaeb547, the set of preempted request
+ids (either way a preempted request's async stores end before vLLM reuses
+its blocks). Its caches are per layer [2, num_blocks, block_size, heads, head_dim]
 (FlashAttention), [num_blocks, 2, ...] (FlashInfer, used through a
 transposed view) or [num_blocks, block_size, head_dim] (MLA), on the CPU or
 on a GPU. CUDA caches are libferry device buffers at their data_ptr(),
@@ -1104,10 +1107,23 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         return KVConnectorTransferResults(finished_sending=sending, finished_recving=recving,
                                           failed_recving=failed)
 
-    def handle_preemptions(self, kv_connector_metadata):
+    def handle_preemptions(self, kv_connector_metadata, connector_metadata=None):
         """Before a preempted request's blocks are reused: its async stores
-        finish reading them."""
-        for rid in getattr(kv_connector_metadata, "preempted", None) or ():
+        finish reading them. vLLM after 003df296 passes the step's connector
+        metadata (build_connector_meta put scheduler_output.preempted_req_ids
+        in it); vLLM before it passes scheduler_output.preempted_req_ids
+        itself, a set of request ids (base.py at 13f4ad0f:
+        handle_preemptions(self, preempted_req_ids: set[str])), and some
+        engines pass both, ids first."""
+        ids = set()
+        for arg in (kv_connector_metadata, connector_metadata):
+            if arg is None:
+                continue
+            if isinstance(arg, (set, frozenset, list, tuple)):
+                ids.update(arg)
+            else:
+                ids.update(getattr(arg, "preempted", None) or ())
+        for rid in ids:
             self._reap_saves(rid, True)
 
     def get_block_ids_with_load_errors(self):

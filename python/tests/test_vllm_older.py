@@ -1,0 +1,153 @@
+"""ferry's vLLM connector against the KVConnectorBase_V1 the index now holds,
+vllm-project/vllm 13f4ad0f55b08ca1d37d1459f50ce950feaeb547
+(vllm/distributed/kv_transfer/kv_connector/v1/base.py), which is OLDER than
+00f4240ee6458263d76cf51ca7901ce1350bb4d1 (test_vllm_newest.py) and than
+003df2961dd8830c317a61f9745ccd557da9fa06 (test_vllm_contract.py). From its
+code: handle_preemptions(self, preempted_req_ids: set[str]) (later: the
+step's KVConnectorMetadata); the constructor's kv_cache_config is Optional
+and its absence only warned about; get_num_new_matched_tokens may answer
+None ("query again later"); no get_transfer_results,
+KVConnectorWorkerMetadata / build_connector_worker_meta,
+requires_piecewise_for_cudagraph, requires_kv_delivery, on_new_request,
+has_pending_block_frees, finish_forward or reset_capture_state; the
+cross-layer pair prefer_cross_layer_blocks / register_cross_layers_kv_cache
+is there. The model runner of that API calls
+handle_preemptions(scheduler_output.preempted_req_ids) when the set is not
+empty, before it updates its request states and before the step's
+bind_connector_metadata, start_load_kv and forward (which may write the
+preempted requests' freed blocks).
+
+What a connector must do there that ferry did not: take the set of ids.
+ferry read `.preempted` off its argument, so on such an engine an async
+store of a preempted request went on reading blocks vLLM had handed to
+another request, and stored that request's KV under the first one's tokens.
+"""
+import pytest
+import torch
+
+import ferry
+from ferry.adapters import unregister_store
+from ferry.adapters import _vllm_base as base
+from test_adapter_vllm import CHUNK, NAME, Engine, Request, prompts
+from test_vllm_contract import empty_output
+from tiny_llama import TinyLlama
+
+Role = base.KVConnectorRole
+FWD = None
+
+
+@pytest.fixture(scope="module")
+def model():
+    return TinyLlama(seed=4321)
+
+
+@pytest.fixture
+def store(model):
+    lay = ferry.Layout.from_model(model.layers, model.kv_heads, model.head_dim, dtype="f32")
+    s = ferry.KVStore("tiny-llama", lay, l1=64 * CHUNK * lay.token_bytes, chunk_tokens=CHUNK)
+    yield s
+    unregister_store(NAME)
+    s.close()
+
+
+class _Later:
+    """An async store whose copy has not read its blocks yet: it reads them
+    when waited for, or at a poll once `released` (the copy engine got to it)."""
+
+    def __init__(self, run):
+        self._run, self._rc, self.released = run, None, False
+
+    def _go(self):
+        if self._rc is None:
+            self._rc = self._run()
+        return self._rc
+
+    def wait(self, timeout=None):
+        return self._go()
+
+    def done(self):
+        if self.released:
+            self._go()
+        return self._rc is not None
+
+    def cancel(self):
+        return False
+
+
+def slow_stores(store, monkeypatch):
+    ops = []
+
+    def store_async(tokens, kv, block_table=None, *, salt=None, partial=False):
+        op = _Later(lambda: store.store(tokens, kv, block_table, salt=salt, partial=partial))
+        ops.append(op)
+        return op
+    monkeypatch.setattr(store, "store_async", store_async)
+    return ops
+
+
+@pytest.mark.parametrize("engine", ["13f4ad0f", "00f4240e"])
+def test_a_preempted_requests_async_store_ends_before_its_blocks_are_reused(
+        model, store, monkeypatch, engine):
+    """Request "a" prefills with "ferry.async_save"; its store is still in
+    flight when the scheduler preempts it (Scheduler._preempt_request frees
+    its blocks) and hands the blocks to "c", whose forward writes them. The
+    worker is told first: 13f4ad0f's model runner calls
+    handle_preemptions(scheduler_output.preempted_req_ids); 00f4240e's
+    (vllm/v1/worker/gpu/kv_connector.py, ActiveKVConnector.pre_forward)
+    calls handle_preemptions(kv_connector_metadata) and then binds it. Either
+    way the store must have read a's KV before c's forward: a later request
+    sharing a's prefix loads a's KV, bitwise."""
+    ops = slow_stores(store, monkeypatch)
+    eng = Engine(model, store, extra={"ferry.store": NAME, "ferry.async_save": True})
+    w = eng.worker
+    a, b = prompts()
+    ra = Request("a", a)
+    assert eng.admit(ra) == 0
+    meta = eng.step_new(ra)
+    assert [s.tokens for s in meta.saves] == [a[:32]] and len(ops) == 1
+    kv_a = model.kv_of(eng.caches, eng.blocks["a"], 32).clone()
+    assert store.lookup(a) == 0                     # the store has not read a's blocks
+    # next step: "a" preempted, its blocks given to "c"
+    so = empty_output(preempted_req_ids={"a"}, finished_req_ids=set())
+    so.kv_connector_metadata = eng.sched.build_connector_meta(so)
+    if engine == "13f4ad0f":
+        w.handle_preemptions(so.preempted_req_ids)
+    else:
+        w.handle_preemptions(so.kv_connector_metadata)
+    w.bind_connector_metadata(so.kv_connector_metadata)
+    w.start_load_kv(FWD)
+    c = [(t + 1) % 512 for t in a]
+    model.forward(c, 0, eng.caches, eng.blocks["a"])    # c's forward writes a's old blocks
+    assert not torch.equal(model.kv_of(eng.caches, eng.blocks["a"], 32), kv_a)
+    w.wait_for_save()
+    for op in ops:
+        op.released = True                            # the copy engine gets to it now
+    w.get_finished(set())
+    w.clear_connector_metadata()
+    assert store.lookup(a) == 32
+    rb = Request("b", b)
+    assert eng.admit(rb) == 32
+    eng.load_only(rb)
+    assert eng.errors == set()
+    assert torch.equal(model.kv_of(eng.caches, eng.blocks["b"], 32), kv_a)
+    eng.close()
+
+
+def test_preempted_ids_and_metadata_together_are_both_handled(model, store,
+                                                             monkeypatch):
+    """Engines that pass (preempted_req_ids, connector_metadata), ids first,
+    as some connectors built on 13f4ad0f's API take it: every id named in
+    either is waited for."""
+    ops = slow_stores(store, monkeypatch)
+    eng = Engine(model, store, extra={"ferry.store": NAME, "ferry.async_save": True})
+    a, _ = prompts()
+    ra = Request("a", a)
+    eng.admit(ra)
+    eng.step_new(ra)
+    assert len(ops) == 1 and ops[0].done() is False
+    meta = eng.sched.build_connector_meta(empty_output(preempted_req_ids=set()))
+    eng.worker.handle_preemptions({"a"}, meta)
+    assert ops[0].done() is True and store.lookup(a) == 32
+    eng.worker.handle_preemptions(set())            # nothing preempted: nothing to do
+    eng.worker.handle_preemptions(None)
+    eng.close()
