@@ -21,6 +21,11 @@ What a connector must do there that ferry did not: take the set of ids.
 ferry read `.preempted` off its argument, so on such an engine an async
 store of a preempted request went on reading blocks vLLM had handed to
 another request, and stored that request's KV under the first one's tokens.
+And, on any engine, read kv_connector_extra_config's booleans as written:
+"false" from a YAML file or an environment variable was True for
+ferry.persistent, "true" was False for ferry.cross_layer_blocks (the
+prefer_cross_layer_blocks 13f4ad0f still asks), and a misspelt value
+silently switched a setting off.
 """
 import pytest
 import torch
@@ -28,7 +33,10 @@ import torch
 import ferry
 from ferry.adapters import unregister_store
 from ferry.adapters import _vllm_base as base
-from test_adapter_vllm import CHUNK, NAME, Engine, Request, prompts
+from ferry.adapters.vllm import FerryConnector, FerrySecondaryTier
+from ferry.adapters import vllm as vllm_adapter
+from test_adapter_vllm import (CHUNK, NAME, Engine, Request, connector_class, prompts,
+                               vllm_config)
 from test_vllm_contract import empty_output
 from tiny_llama import TinyLlama
 
@@ -151,3 +159,56 @@ def test_preempted_ids_and_metadata_together_are_both_handled(model, store,
     eng.worker.handle_preemptions(set())            # nothing preempted: nothing to do
     eng.worker.handle_preemptions(None)
     eng.close()
+
+
+@pytest.mark.parametrize("value,want", [(True, True), ("true", True), ("True", True),
+                                        ("1", True), ("on", True), (False, False),
+                                        ("false", False), ("False", False), ("0", False),
+                                        ("no", False), (None, False)])
+def test_boolean_settings_are_read_as_written(value, want, monkeypatch):
+    """kv_connector_extra_config from a YAML file or an environment variable
+    carries "false" as a string: bool("false") is True, and "true" did not
+    turn on ferry.cross_layer_blocks (13f4ad0f still asks
+    prefer_cross_layer_blocks). Both read as written now, for every flag."""
+    cfg = vllm_config({"ferry.store": NAME, "ferry.cross_layer_blocks": value,
+                       "ferry.async_save": value})
+    c = connector_class(cfg)(cfg, Role.WORKER, None)
+    assert c.prefer_cross_layer_blocks is want
+    assert c._async_save is want
+    assert FerryConnector.requires_piecewise_for_cudagraph({"ferry.layerwise": value}) is want
+    # the store a worker opens itself: "ferry.persistent"
+    seen = {}
+
+    class KVStore:
+        def __init__(self, **kw):
+            seen.update(kw)
+    monkeypatch.setattr(vllm_adapter, "KVStore", KVStore)
+    monkeypatch.setattr(vllm_adapter, "register_store", lambda name, s: None)
+    w = connector_class(cfg)(vllm_config({"ferry.store": "none-such", "ferry.l1": "4M",
+                                          "ferry.persistent": value}), Role.WORKER, None)
+    w._open_store(None)
+    assert seen["persistent"] is want
+
+
+def test_a_misspelt_boolean_setting_is_refused():
+    for key in ("ferry.async_save", "ferry.async_load", "ferry.layerwise",
+                "ferry.cross_layer_blocks", "ferry.persistent", "ferry.kv_events"):
+        cfg = vllm_config({"ferry.store": NAME, key: "ture"})
+        with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+            connector_class(cfg)(cfg, Role.SCHEDULER, None)
+
+
+def test_the_secondary_tiers_persistent_setting_is_read_as_written(monkeypatch):
+    seen = {}
+
+    class KVStore:
+        def __init__(self, **kw):
+            seen.update(kw)
+            self.layout = kw["layout"]
+            self.chunk_tokens = kw["chunk_tokens"]
+    monkeypatch.setattr(vllm_adapter, "KVStore", KVStore)
+    view = memoryview(bytearray(4 * 64)).cast("B", (4, 64))
+    FerrySecondaryTier(None, view, l1="1M", persistent="false")
+    assert seen["persistent"] is False
+    with pytest.raises(ValueError, match="persistent"):
+        FerrySecondaryTier(None, view, l1="1M", persistent="maybe")

@@ -75,7 +75,10 @@ warning: a hit must cover every group. Options: "ferry.async_load" (loads
 vLLM does not wait for, reported through get_finished), "ferry.async_save"
 (stores not waited for; the request's blocks are kept until they end),
 "ferry.kv_events" (KV events without vLLM's kv_events_config),
-"ferry.kv_cache_layout" (a layout to ask vLLM for). FerrySecondaryTier, at
+"ferry.kv_cache_layout" (a layout to ask vLLM for). A boolean setting is a
+JSON boolean or one of the strings true/false, 1/0, yes/no, on/off (as a
+YAML file or an environment variable carries it); any other value is
+refused with a ValueError when the connector is built. FerrySecondaryTier, at
 the end of this module, is ferry behind vLLM's own OffloadingConnector.
 
 Engine versions: written against vLLM's KVConnectorBase_V1 of 2025-2026
@@ -205,11 +208,27 @@ class _Group:
 
 _FULL_SPECS = {"FullAttentionSpec", "MLAAttentionSpec"}
 _SLIDING_SPECS = {"SlidingWindowSpec", "SlidingWindowMLASpec"}
-_TRUE = ("1", "true", "yes")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "", "none")
+
+
+def _truthy(value, key):
+    """A boolean setting as kv_connector_extra_config may carry it: a JSON
+    bool, or a string from a YAML file or an environment variable ("false"
+    is False; bool("false") would be True). Anything else is refused: a
+    misspelt value must not silently switch a setting."""
+    if isinstance(value, bool) or value is None:
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError(f"ferry: {key!r} is true or false, got {value!r}")
 
 
 def _flag(extra, key):
-    return str((extra or {}).get(key, False)).lower() in _TRUE
+    return _truthy((extra or {}).get(key, False), key)
 
 
 def _groups_of(kv_cache_config):
@@ -430,6 +449,8 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self.saves_skipped = 0
         self._stats = dict.fromkeys(_STAT_DOCS, 0)
         self._layerwise = _flag(self._extra, "ferry.layerwise")
+        self._cross_layer = _flag(self._extra, "ferry.cross_layer_blocks")
+        _flag(self._extra, "ferry.persistent")   # refused here, not when the store opens
         self._layer_index = {}
         self._layer_pos = {}    # layer name -> (group index, index in its group)
         self._loading = []      # [spec, group, ids, skip, LayerOp] of this step's layerwise loads
@@ -521,7 +542,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             found = KVStore(model=str(e.get("ferry.model", getattr(mc, "model", "vllm"))),
                             layout=layout, l1=e["ferry.l1"], l2=e.get("ferry.l2"),
                             chunk_tokens=int(e.get("ferry.chunk_tokens", 0)),
-                            persistent=bool(e.get("ferry.persistent", False)),
+                            persistent=_flag(e, "ferry.persistent"),
                             tp_rank=rank, tp_world=world, device=device)
             register_store(self._name, found)
             self._opened = True
@@ -777,7 +798,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         """True with "ferry.cross_layer_blocks": vLLM then allocates one tensor
         for every layer (register_cross_layers_kv_cache). ferry reads either
         form by strides; the per-layer form is the default."""
-        return str(self._extra.get("ferry.cross_layer_blocks", False)) == "True"
+        return self._cross_layer
 
     def register_cross_layers_kv_cache(self, kv_cache, attn_backend=None):
         """vLLM's one KV cache tensor for every layer, num_layers first: each
@@ -1218,7 +1239,8 @@ class FerrySecondaryTier(SecondaryTierManager):
                                  "\"ferry.store\"")
             self.store = KVStore(model=str(config.pop("model", "vllm-offload")), layout=layout,
                                  l1=config.pop("l1"), l2=config.pop("l2", None),
-                                 persistent=bool(config.pop("persistent", False)),
+                                 persistent=_truthy(config.pop("persistent", False),
+                                                    "persistent"),
                                  remote=config.pop("remote", None), chunk_tokens=self.TOKENS)
             self._own = True
         if config:
