@@ -25,8 +25,11 @@ And, on any engine, read kv_connector_extra_config's booleans as written:
 "false" from a YAML file or an environment variable was True for
 ferry.persistent, "true" was False for ferry.cross_layer_blocks (the
 prefer_cross_layer_blocks 13f4ad0f still asks), and a misspelt value
-silently switched a setting off.
+silently switched a setting off. And take the cross-layer cache the way
+vLLM allocates it (physical order, not num_layers first).
 """
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -35,8 +38,8 @@ from ferry.adapters import unregister_store
 from ferry.adapters import _vllm_base as base
 from ferry.adapters.vllm import FerryConnector, FerrySecondaryTier
 from ferry.adapters import vllm as vllm_adapter
-from test_adapter_vllm import (CHUNK, NAME, Engine, Request, connector_class, prompts,
-                               vllm_config)
+from test_adapter_vllm import (BLOCKS, BS, CHUNK, NAME, Engine, Request, connector_class,
+                               layer_names, prompts, serve_a, vllm_config)
 from test_vllm_contract import empty_output
 from tiny_llama import TinyLlama
 
@@ -212,3 +215,73 @@ def test_the_secondary_tiers_persistent_setting_is_read_as_written(monkeypatch):
     assert seen["persistent"] is False
     with pytest.raises(ValueError, match="persistent"):
         FerrySecondaryTier(None, view, l1="1M", persistent="maybe")
+
+
+class _Backend:
+    """An attention backend's two static methods allocate_uniform_kv_caches reads."""
+
+    def __init__(self, name, shape, order):
+        self.__name__, self._shape, self._order = name, shape, order
+
+    def get_kv_cache_shape(self, num_blocks, block_size, num_kv_heads, head_size, **_):
+        return self._shape(num_blocks, block_size, num_kv_heads, head_size)
+
+    def get_kv_cache_stride_order(self, include_num_layers_dimension=False):
+        assert include_num_layers_dimension
+        return self._order
+
+
+_FA = lambda n, b, h, d: (2, n, b, h, d)      # noqa: E731 (FlashAttention)
+_FI = lambda n, b, h, d: (n, 2, b, h, d)      # noqa: E731 (FlashInfer)
+
+
+@pytest.mark.parametrize("backend", [
+    _Backend("FlashAttention NHD", _FA, (2, 0, 1, 3, 4, 5)),
+    _Backend("FlashAttention HND", _FA, (2, 4, 0, 1, 3, 5)),
+    _Backend("FlashInfer NHD", _FI, (1, 0, 2, 3, 4, 5)),
+    _Backend(None, _FA, None)], ids=lambda b: str(b.__name__))
+def test_a_cross_layer_cache_is_taken_in_vllms_physical_order(model, store, backend):
+    """With prefer_cross_layer_blocks (still asked at 13f4ad0f),
+    KVConnectorModelRunnerMixin.allocate_uniform_kv_caches
+    (vllm/v1/worker/kv_connector_model_runner_mixin.py) builds the shape
+    (num_layers,) + get_kv_cache_shape(...), permutes it by
+    get_kv_cache_stride_order(include_num_layers_dimension=True)
+    (vllm/v1/attention/backends/flash_attn.py: (2, 0, 1, 3, 4, 5) for NHD,
+    (2, 4, 0, 1, 3, 5) for HND), views one buffer in that physical shape and
+    passes THAT to register_cross_layers_kv_cache(kv_cache, attn_backend);
+    the layers get permuted[i] of the inverse permutation. FlashAttention's
+    NHD tensor is [num_blocks, num_layers, 2, ...]: ferry took dim 0 as the
+    layers and refused it (or, without KV cache groups, registered every
+    block as a layer). A backend without the stride order (here: the last
+    case) leaves the tensor num_layers first."""
+    L, H, D = model.layers, model.kv_heads, model.head_dim
+    logical = (L,) + backend.get_kv_cache_shape(BLOCKS, BS, H, D)
+    order = backend._order or tuple(range(len(logical)))
+    cross = torch.zeros(tuple(logical[i] for i in order))       # the physical buffer
+    per_layer = cross.permute(*[order.index(i) for i in range(len(order))])
+    views = [per_layer[i] if backend._shape is _FA else per_layer[i].transpose(0, 1)
+             for i in range(L)]
+    cfg = vllm_config({"ferry.store": NAME, "ferry.cross_layer_blocks": True})
+    eng = Engine(model, store, extra=cfg.kv_transfer_config.kv_connector_extra_config,
+                 caches=views)
+    eng.worker.shutdown()   # (vLLM calls one of the two registrations: this one)
+    eng.worker = connector_class(cfg)(cfg, Role.WORKER, _one_group(layer_names(model)))
+    assert eng.worker.prefer_cross_layer_blocks is True
+    eng.worker.register_cross_layers_kv_cache(
+        cross, backend if backend.__name__ else SimpleNamespace())
+    kv_a = serve_a(eng)
+    _, b = prompts()
+    rb = Request("b", b)
+    assert eng.admit(rb) == 32
+    eng.load_only(rb)
+    assert eng.errors == set()
+    assert torch.equal(model.kv_of(eng.caches, eng.blocks["b"], 32), kv_a)
+    eng.finish(rb)
+    eng.close()
+
+
+def _one_group(names):
+    """KVCacheConfig with one full-attention group of every layer."""
+    FullAttentionSpec = type("FullAttentionSpec", (), {})
+    return SimpleNamespace(kv_cache_groups=[SimpleNamespace(
+        layer_names=list(names), kv_cache_spec=FullAttentionSpec())])

@@ -397,6 +397,23 @@ def paged_view(cache):
                      "block_size, 2*head_dim], [blocks, block_size, dim]")
 
 
+def _layers_first(kv_cache, attn_backend):
+    """A cross-layer cache in vLLM's physical order, viewed [num_layers,
+    *get_kv_cache_shape] (the inverse of the backend's stride order)."""
+    get = getattr(attn_backend, "get_kv_cache_stride_order", None)
+    try:
+        order = tuple(get(include_num_layers_dimension=True)) if get else None
+    except (TypeError, NotImplementedError):  # (an older backend: no layers dimension)
+        order = None
+    if order is None:
+        return kv_cache
+    if sorted(order) != list(range(kv_cache.dim())):
+        raise ValueError(f"ferry: vLLM connector: a cross-layer cache of shape "
+                         f"{list(kv_cache.shape)} with the stride order {list(order)} of "
+                         f"{getattr(attn_backend, '__name__', attn_backend)}")
+    return kv_cache.permute(*[order.index(i) for i in range(len(order))])
+
+
 class FerryConnector(KVConnectorBase_V1, SupportsHMA):
     """ferry's KV connector for vLLM v1 (see the module's documentation)."""
 
@@ -801,10 +818,17 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         return self._cross_layer
 
     def register_cross_layers_kv_cache(self, kv_cache, attn_backend=None):
-        """vLLM's one KV cache tensor for every layer, num_layers first: each
-        layer's slice is a paged cache in the attention backend's layout (a
-        view of the cross-layer blocks, read by its strides). The layers are
+        """vLLM's one KV cache tensor for every layer. vLLM hands it over in
+        its physical order (KVConnectorModelRunnerMixin.allocate_uniform_kv_caches
+        views the buffer as [num_layers, *get_kv_cache_shape] permuted by
+        attn_backend.get_kv_cache_stride_order(include_num_layers_dimension=True):
+        FlashAttention's NHD is [num_blocks, num_layers, 2, block_size, heads,
+        head_dim]); the inverse permutation gives num_layers first again, as
+        vLLM's own per-layer views are taken. A backend without that stride
+        order (or none) means the tensor is num_layers first already. Each
+        layer's slice is a paged cache read by its strides; the layers are
         named as vLLM's KV cache groups name them, in layer order."""
+        kv_cache = _layers_first(kv_cache, attn_backend)
         names = []
         for g in self._groups:
             names.extend(g.layer_names or [])
