@@ -423,7 +423,9 @@ def test_cross_layer_blocks_are_read_by_their_strides(model, store):
     """register_cross_layers_kv_cache (vllm-project/vllm 003df2961dd8830c317a61f9745ccd557da9fa06,
     vllm/distributed/kv_transfer/kv_connector/v1/base.py): one tensor for every layer,
     num_layers first; here blocks hold every layer ([blocks][layers][2][bs][heads][hd])
-    and vLLM's tensor is the [layers][2][blocks][bs][heads][hd] view of them."""
+    and the tensor is the [layers][2][blocks][bs][heads][hd] view of them, as it is
+    with no attention backend to say otherwise (the physical order vLLM passes with
+    one: test_vllm_older.py)."""
     H, D, L = model.kv_heads, model.head_dim, model.layers
     phys = torch.zeros(BLOCKS, L, 2, BS, H, D)
     cross = phys.permute(1, 2, 0, 3, 4, 5)

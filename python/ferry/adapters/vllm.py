@@ -75,7 +75,10 @@ warning: a hit must cover every group. Options: "ferry.async_load" (loads
 vLLM does not wait for, reported through get_finished), "ferry.async_save"
 (stores not waited for; the request's blocks are kept until they end),
 "ferry.kv_events" (KV events without vLLM's kv_events_config),
-"ferry.kv_cache_layout" (a layout to ask vLLM for). FerrySecondaryTier, at
+"ferry.kv_cache_layout" (a layout to ask vLLM for). A boolean setting is a
+JSON boolean or one of the strings true/false, 1/0, yes/no, on/off (as a
+YAML file or an environment variable carries it); any other value is
+refused with a ValueError when the connector is built. FerrySecondaryTier, at
 the end of this module, is ferry behind vLLM's own OffloadingConnector.
 
 Engine versions: written against vLLM's KVConnectorBase_V1 of 2025-2026
@@ -88,8 +91,11 @@ hybrid model's loads are async and a failed one is reported for its
 request (failed_recving); has_pending_block_frees holds off preemption
 while finished requests' blocks wait on ferry. The cross-layer pair
 (prefer_cross_layer_blocks, register_cross_layers_kv_cache) is kept for
-the engines that still call it. Its
-caches are per layer [2, num_blocks, block_size, heads, head_dim]
+the engines that still call it, as is handle_preemptions in both forms:
+the step's metadata (00f4240e) or, on engines as old as vllm-project/vllm
+13f4ad0f55b08ca1d37d1459f50ce950feaeb547, the set of preempted request
+ids (either way a preempted request's async stores end before vLLM reuses
+its blocks). Its caches are per layer [2, num_blocks, block_size, heads, head_dim]
 (FlashAttention), [num_blocks, 2, ...] (FlashInfer, used through a
 transposed view) or [num_blocks, block_size, head_dim] (MLA), on the CPU or
 on a GPU. CUDA caches are libferry device buffers at their data_ptr(),
@@ -202,11 +208,27 @@ class _Group:
 
 _FULL_SPECS = {"FullAttentionSpec", "MLAAttentionSpec"}
 _SLIDING_SPECS = {"SlidingWindowSpec", "SlidingWindowMLASpec"}
-_TRUE = ("1", "true", "yes")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "", "none")
+
+
+def _truthy(value, key):
+    """A boolean setting as kv_connector_extra_config may carry it: a JSON
+    bool, or a string from a YAML file or an environment variable ("false"
+    is False; bool("false") would be True). Anything else is refused: a
+    misspelt value must not silently switch a setting."""
+    if isinstance(value, bool) or value is None:
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError(f"ferry: {key!r} is true or false, got {value!r}")
 
 
 def _flag(extra, key):
-    return str((extra or {}).get(key, False)).lower() in _TRUE
+    return _truthy((extra or {}).get(key, False), key)
 
 
 def _groups_of(kv_cache_config):
@@ -375,6 +397,23 @@ def paged_view(cache):
                      "block_size, 2*head_dim], [blocks, block_size, dim]")
 
 
+def _layers_first(kv_cache, attn_backend):
+    """A cross-layer cache in vLLM's physical order, viewed [num_layers,
+    *get_kv_cache_shape] (the inverse of the backend's stride order)."""
+    get = getattr(attn_backend, "get_kv_cache_stride_order", None)
+    try:
+        order = tuple(get(include_num_layers_dimension=True)) if get else None
+    except (TypeError, NotImplementedError):  # (an older backend: no layers dimension)
+        order = None
+    if order is None:
+        return kv_cache
+    if sorted(order) != list(range(kv_cache.dim())):
+        raise ValueError(f"ferry: vLLM connector: a cross-layer cache of shape "
+                         f"{list(kv_cache.shape)} with the stride order {list(order)} of "
+                         f"{getattr(attn_backend, '__name__', attn_backend)}")
+    return kv_cache.permute(*[order.index(i) for i in range(len(order))])
+
+
 class FerryConnector(KVConnectorBase_V1, SupportsHMA):
     """ferry's KV connector for vLLM v1 (see the module's documentation)."""
 
@@ -427,6 +466,8 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self.saves_skipped = 0
         self._stats = dict.fromkeys(_STAT_DOCS, 0)
         self._layerwise = _flag(self._extra, "ferry.layerwise")
+        self._cross_layer = _flag(self._extra, "ferry.cross_layer_blocks")
+        _flag(self._extra, "ferry.persistent")   # refused here, not when the store opens
         self._layer_index = {}
         self._layer_pos = {}    # layer name -> (group index, index in its group)
         self._loading = []      # [spec, group, ids, skip, LayerOp] of this step's layerwise loads
@@ -518,7 +559,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             found = KVStore(model=str(e.get("ferry.model", getattr(mc, "model", "vllm"))),
                             layout=layout, l1=e["ferry.l1"], l2=e.get("ferry.l2"),
                             chunk_tokens=int(e.get("ferry.chunk_tokens", 0)),
-                            persistent=bool(e.get("ferry.persistent", False)),
+                            persistent=_flag(e, "ferry.persistent"),
                             tp_rank=rank, tp_world=world, device=device)
             register_store(self._name, found)
             self._opened = True
@@ -774,13 +815,20 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         """True with "ferry.cross_layer_blocks": vLLM then allocates one tensor
         for every layer (register_cross_layers_kv_cache). ferry reads either
         form by strides; the per-layer form is the default."""
-        return str(self._extra.get("ferry.cross_layer_blocks", False)) == "True"
+        return self._cross_layer
 
     def register_cross_layers_kv_cache(self, kv_cache, attn_backend=None):
-        """vLLM's one KV cache tensor for every layer, num_layers first: each
-        layer's slice is a paged cache in the attention backend's layout (a
-        view of the cross-layer blocks, read by its strides). The layers are
+        """vLLM's one KV cache tensor for every layer. vLLM hands it over in
+        its physical order (KVConnectorModelRunnerMixin.allocate_uniform_kv_caches
+        views the buffer as [num_layers, *get_kv_cache_shape] permuted by
+        attn_backend.get_kv_cache_stride_order(include_num_layers_dimension=True):
+        FlashAttention's NHD is [num_blocks, num_layers, 2, block_size, heads,
+        head_dim]); the inverse permutation gives num_layers first again, as
+        vLLM's own per-layer views are taken. A backend without that stride
+        order (or none) means the tensor is num_layers first already. Each
+        layer's slice is a paged cache read by its strides; the layers are
         named as vLLM's KV cache groups name them, in layer order."""
+        kv_cache = _layers_first(kv_cache, attn_backend)
         names = []
         for g in self._groups:
             names.extend(g.layer_names or [])
@@ -1104,10 +1152,23 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         return KVConnectorTransferResults(finished_sending=sending, finished_recving=recving,
                                           failed_recving=failed)
 
-    def handle_preemptions(self, kv_connector_metadata):
+    def handle_preemptions(self, kv_connector_metadata, connector_metadata=None):
         """Before a preempted request's blocks are reused: its async stores
-        finish reading them."""
-        for rid in getattr(kv_connector_metadata, "preempted", None) or ():
+        finish reading them. vLLM after 003df296 passes the step's connector
+        metadata (build_connector_meta put scheduler_output.preempted_req_ids
+        in it); vLLM before it passes scheduler_output.preempted_req_ids
+        itself, a set of request ids (base.py at 13f4ad0f:
+        handle_preemptions(self, preempted_req_ids: set[str])), and some
+        engines pass both, ids first."""
+        ids = set()
+        for arg in (kv_connector_metadata, connector_metadata):
+            if arg is None:
+                continue
+            if isinstance(arg, (set, frozenset, list, tuple)):
+                ids.update(arg)
+            else:
+                ids.update(getattr(arg, "preempted", None) or ())
+        for rid in ids:
             self._reap_saves(rid, True)
 
     def get_block_ids_with_load_errors(self):
@@ -1202,7 +1263,8 @@ class FerrySecondaryTier(SecondaryTierManager):
                                  "\"ferry.store\"")
             self.store = KVStore(model=str(config.pop("model", "vllm-offload")), layout=layout,
                                  l1=config.pop("l1"), l2=config.pop("l2", None),
-                                 persistent=bool(config.pop("persistent", False)),
+                                 persistent=_truthy(config.pop("persistent", False),
+                                                    "persistent"),
                                  remote=config.pop("remote", None), chunk_tokens=self.TOKENS)
             self._own = True
         if config:
