@@ -68,6 +68,7 @@ from .. import errors
 from ..errors import FerryError
 from ..kv import KVStore, Layout
 from . import register_store, registered_store, unregister_store
+from . import _settings
 from ._sglang_base import (SGLANG, UPSTREAM, HiCacheStorage, HiCacheStorageConfig,
                            HiCacheStorageExtraInfo, PoolHitPolicy, PoolName, PoolTransfer,
                            PoolTransferResult)
@@ -95,25 +96,10 @@ def _key_list(keys):
                         f"{type(keys).__name__}") from None
 
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
-
-
 def _flag(extra, key):
-    """A boolean of the extra config: a JSON or YAML bool, 0 / 1, or a
-    string of one ("false" is False: bool("false") would be True). The
-    config may come from a file (--hicache-storage-backend-extra-config
-    @file.yaml), where a quoted value is a string. Anything else is
-    refused, naming the key: a misspelt value must not flip a setting."""
-    v = extra.get(key, False)
-    if isinstance(v, bool) or v is None:
-        return bool(v)
-    t = str(v).strip().lower()
-    if t in _TRUE:
-        return True
-    if t in _FALSE:
-        return False
-    raise ValueError(f"ferry: SGLang extra config {key!r} is true or false, got {v!r}")
+    """A boolean of the extra config (--hicache-storage-backend-extra-config
+    may be a YAML file, where a quoted value is a string)."""
+    return _settings.flag(extra, key, f"SGLang extra config {key!r}")
 
 
 def _pool_key(name):

@@ -119,6 +119,7 @@ from .._buffers import Buffer
 from ..errors import FerryError
 from ..kv import KVStore, Layout, hash_chunks
 from . import register_store, registered_store
+from ._settings import flag as _flag, truthy as _truthy
 from ._vllm_base import (VLLM, AllBlocksCleared, BlockRemoved, BlockStored, KVConnectorBase_V1,
                          KVConnectorMetadata, KVConnectorPromMetrics, KVConnectorRole,
                          KVConnectorStats, KVConnectorTransferResults, SupportsHMA)
@@ -208,29 +209,6 @@ class _Group:
 
 _FULL_SPECS = {"FullAttentionSpec", "MLAAttentionSpec"}
 _SLIDING_SPECS = {"SlidingWindowSpec", "SlidingWindowMLASpec"}
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off", "", "none")
-
-
-def _truthy(value, key):
-    """A boolean setting as kv_connector_extra_config may carry it: a JSON
-    bool, or a string from a YAML file or an environment variable ("false"
-    is False; bool("false") would be True). Anything else is refused: a
-    misspelt value must not silently switch a setting."""
-    if isinstance(value, bool) or value is None:
-        return bool(value)
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ValueError(f"ferry: {key!r} is true or false, got {value!r}")
-
-
-def _flag(extra, key):
-    return _truthy((extra or {}).get(key, False), key)
-
-
 def _groups_of(kv_cache_config):
     """vLLM's KV cache groups (KVCacheConfig.kv_cache_groups, each a
     KVCacheGroupSpec with layer_names and kv_cache_spec); one full-attention
@@ -1264,7 +1242,7 @@ class FerrySecondaryTier(SecondaryTierManager):
             self.store = KVStore(model=str(config.pop("model", "vllm-offload")), layout=layout,
                                  l1=config.pop("l1"), l2=config.pop("l2", None),
                                  persistent=_truthy(config.pop("persistent", False),
-                                                    "persistent"),
+                                                    "'persistent'"),
                                  remote=config.pop("remote", None), chunk_tokens=self.TOKENS)
             self._own = True
         if config:
