@@ -155,7 +155,7 @@ static int sc_init(ferry__policy *p)
         return -EINVAL;
     s->L = L;
     s->E = E;
-    s->Ep = (E + 15) & ~15u;
+    s->Ep = (E + 16) & ~15u; /* a pad byte at least: q8[E] takes unused lanes */
     size_t lp = (size_t)L * s->Ep;
 #if defined(TR_ROWS_AVX2)
     s->wide = __builtin_cpu_supports("avx2");
@@ -306,14 +306,20 @@ static int sc_begin(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint3
         le[j] = (uint16_t)(ids[j] - base);
     /* the classes' p: how many of each class were routed */
     uint32_t *kc = s->kc + lc, *nc = s->nc + lc, *size = s->size + lc;
-    {
-        uint32_t *restrict ncr = nc, *restrict ngr = s->ng;
-        const uint32_t *restrict szr = size;
-        for (uint32_t c = 0; c < SC_NC; c++) {
-            ncr[c] += szr[c];
-            ngr[c] += szr[c];
-        }
+#if defined(__SSE2__)
+    _Static_assert(SC_NC % 4 == 0, "a layer's class counts in whole registers");
+    for (uint32_t c = 0; c < SC_NC; c += 4) {
+        __m128i z = _mm_loadu_si128((const __m128i *)(const void *)(size + c));
+        __m128i *a = (__m128i *)(void *)(nc + c), *g = (__m128i *)(void *)(s->ng + c);
+        _mm_storeu_si128(a, _mm_add_epi32(_mm_loadu_si128(a), z));
+        _mm_storeu_si128(g, _mm_add_epi32(_mm_loadu_si128(g), z));
     }
+#else
+    for (uint32_t c = 0; c < SC_NC; c++) {
+        nc[c] += size[c];
+        s->ng[c] += size[c];
+    }
+#endif
     for (uint32_t j = 0; j < n; j++) {
         kc[cls[le[j]]]++;
         s->kg[cls[le[j]]]++;
@@ -368,8 +374,10 @@ static int sc_begin(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint3
         uint32_t r = ids[j];
         const uint16_t *top = s->lanes + (size_t)r * TR_ROW, *tc = top + TR_K;
         uint32_t m = (qs << 16) / (s->an[r] + 1u);
-        for (uint32_t i = 0; i < TR_K && top[i] != TR_NOBODY; i++)
-            q8[top[i]] = (uint8_t)(q8[top[i]] + ((tc[i] * m) >> 16));
+        for (uint32_t i = 0; i < TR_K; i++) { /* an unused lane into the pad byte */
+            uint32_t e = top[i] < E ? top[i] : E;
+            q8[e] = (uint8_t)(q8[e] + ((tc[i] * m) >> 16));
+        }
     }
     uint8_t th[SC_NP - 1];
     for (uint32_t i = 0; i < SC_NP - 1; i++) {
