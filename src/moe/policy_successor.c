@@ -301,9 +301,16 @@ static int sc_begin(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint3
     uint32_t lc = layer * SC_NC;
     size_t lo = (size_t)layer * Ep;
     uint8_t *rl = s->rl + lo, *h = s->h + lo, *hc = s->hc + lo, *cls = s->cls + lo;
+    uint16_t *ring = s->ring + (size_t)layer * (SC_W + 1) * E;
+    uint16_t *rn = s->ring_n + (size_t)layer * (SC_W + 1);
+    uint32_t prev = (v - 1) % (SC_W + 1), cur = v % (SC_W + 1);
+    const uint16_t *pr = ring + (size_t)prev * E;
+    uint32_t npr = v > 1 ? rn[prev] : 0, nlearn = v % SC_LEARN ? 0 : npr;
     uint16_t *le = s->le;
-    for (uint32_t j = 0; j < n; j++)
+    for (uint32_t j = 0; j < n; j++) { /* (this set's rows are read below) */
         le[j] = (uint16_t)(ids[j] - base);
+        __builtin_prefetch(s->lanes + (size_t)ids[j] * TR_ROW);
+    }
     /* the classes' p: how many of each class were routed */
     uint32_t *kc = s->kc + lc, *nc = s->nc + lc, *size = s->size + lc;
 #if defined(__SSE2__)
@@ -337,11 +344,7 @@ static int sc_begin(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint3
         sc_refresh(s, layer);
     }
     /* the rows of the last visit's routed set learn this one */
-    uint16_t *ring = s->ring + (size_t)layer * (SC_W + 1) * E;
-    uint16_t *rn = s->ring_n + (size_t)layer * (SC_W + 1);
-    uint32_t prev = (v - 1) % (SC_W + 1), cur = v % (SC_W + 1);
-    const uint16_t *pr = ring + (size_t)prev * E;
-    uint32_t npr = v > 1 ? rn[prev] : 0, nlearn = v % SC_LEARN ? 0 : npr;
+
     rowv_events(le, n, s->evv);
     for (uint32_t j = 0; j < nlearn; j++) {
         uint32_t r = base + pr[j];
