@@ -217,6 +217,17 @@ const ferry__policy *ferry__auto_routing(const ferry__policy *p);
 const ferry__policy *ferry__auto_shadow_routing(const ferry__policy *p);
 extern const ferry__policy_ops ferry__policy_belady;
 extern const ferry__policy_ops ferry__policy_transition;
+extern const ferry__policy_ops ferry__policy_successor;
+/* "successor"'s bytes (rows, window ring, per-expert bytes); planner
+ * create refuses shapes past FERRY__TRANSITION_MAX_BYTES of them */
+size_t ferry__successor_bytes(uint32_t num_layers, uint32_t num_experts);
+/* (tests) while on, every victim "successor" names is checked against a
+ * scan of all its slots by the same rule; turning it on zeroes the counts */
+void ferry__successor_verify(int on);
+void ferry__successor_verified(uint64_t *checked, uint64_t *mismatched);
+/* (tests) the work a successor policy has done: experts refiled, routed
+ * rows, layers and 16-expert blocks visited (0 for another policy) */
+uint64_t ferry__successor_ops(const ferry__policy *p);
 /* "transition"'s model (per id: its row's successor lanes, ring,
  * history): its bytes, and the most a planner accepts (larger shapes are
  * refused at create) */

@@ -118,12 +118,12 @@ static const ferry__policy_ops *const registry[] = {
     &ferry__policy_lru,    &ferry__policy_lru_layer, &ferry__policy_lfu,
     &ferry__policy_lfru,   &ferry__policy_s3fifo,    &ferry__policy_routing,
     &ferry__policy_arc,    &ferry__policy_auto,      &ferry__policy_belady,
-    &ferry__policy_transition,
+    &ferry__policy_transition, &ferry__policy_successor,
 };
 
 static const char *const policy_names[] = {"lru",     "lru-layer", "lfu",    "lfru",
                                            "s3fifo",  "routing",   "arc",    "auto",
-                                           "belady",  "transition", NULL};
+                                           "belady",  "transition", "successor", NULL};
 
 const char *const *ferry_moe_policies(void)
 {
@@ -308,6 +308,14 @@ int ferry_moe_planner_create(const ferry_moe_planner_options *uopt, ferry_moe_pl
                               "%zu bytes of transition model, more than the %zu accepted",
                               opt->num_layers, opt->num_experts,
                               ferry__transition_bytes(opt->num_layers, opt->num_experts),
+                              (size_t)FERRY__TRANSITION_MAX_BYTES);
+    if (ops == &ferry__policy_successor &&
+        ferry__successor_bytes(opt->num_layers, opt->num_experts) > FERRY__TRANSITION_MAX_BYTES)
+        return ferry__err_set(NULL, -EINVAL,
+                              "moe planner: policy successor: %u layers x %u experts need "
+                              "%zu bytes of successor model, more than the %zu accepted",
+                              opt->num_layers, opt->num_experts,
+                              ferry__successor_bytes(opt->num_layers, opt->num_experts),
                               (size_t)FERRY__TRANSITION_MAX_BYTES);
     ferry_moe_planner *p = ferry__calloc(1, sizeof *p);
     if (!p)

@@ -1,0 +1,603 @@
+/*
+ * policy_successor.c - "successor": transition's successor rows feeding
+ * a victim order that costs a few vector passes over a layer's experts a
+ * visit, no lists (issue 27, ninth pass).
+ *
+ * Model. As in "transition" (policy_transition.c), each expert r of layer
+ * l keeps a row of TR_K successors counted by space-saving (ss_rows.h):
+ * at each visit of l the rows of the last visit's routed set count this
+ * one (every second visit: on the real traces of the README the same
+ * hit rates as every visit, for half the learning). An expert's class at a visit of its layer is (routed at this
+ * visit, routes in the last SC_W + 1 visits bucketed 0 / 1 / 2-3 / 4-7 /
+ * 8+, predicted level): the level bins its mean share over this visit's
+ * routed set R, sum over r in R of count_r(e) / (total_r + 1) / |R|,
+ * quantized to eighths in a byte (scaled down past 31 routed), at the
+ * edges 0.02 0.05 0.10 0.20 0.35 - the same quantity transition bins
+ * (without its smoothing term), in 6 levels rather than 17. A class's p
+ * = (k + 100 pg) / (n + 100), n the layer's experts in the class at each
+ * visit, k those of them routed at the next, backed off to the class's
+ * p over all layers, pg = (K + 20 prior) / (N + 20), prior 0.45 routed
+ * and 0.08 not; counts halved every 512 visits, p read afresh at visits
+ * 1, 2, 4 .. 32 and then every 64 (SC_REFRESH).
+ *
+ * Cost. Everything per expert sits in per-layer byte arrays (routed last,
+ * window count, class, resident), so a visit computes all E classes with
+ * SSE2 (16 experts an instruction) from the quantized shares, and only
+ * the experts whose class changed are counted again (no list to move):
+ * O(E / 16 + top_k x TR_K + changed) a visit, nothing per slot.
+ *
+ * Victim: the unpinned resident with the least p / d, d the steps until
+ * its layer runs again, as transition's; ties to the layer run longer
+ * ago, then the class of least p (ties by class), then the one touched
+ * (routed, moved to another class, placed) longer ago. A layer's least
+ * is found by one vector pass over its experts for its least non-empty
+ * class (a mask of them by p), cached until the layer is visited or
+ * gains or loses a resident (or its pins end); layers are offered from
+ * the furthest next use down, skipped when not even their least class
+ * can win, and the search stops once no nearer layer can (pmin, as
+ * transition). ferry__successor_verify() has every victim checked
+ * against a scan of all the slots by the same rule (tests).
+ *
+ * Memory: about 110 bytes an id (ferry__successor_bytes); shapes past
+ * FERRY__TRANSITION_MAX_BYTES are refused at planner create.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "moe/moe_internal.h"
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#define TR_K 16
+#define TR_CNT 0x7fffu
+#define TR_ROW (2 * TR_K)
+#include "moe/ss_rows.h"
+
+#define SC_W 16u           /* history window - 1 (visits of the id's layer) */
+#define SC_NH 5u           /* history buckets: 0, 1, 2-3, 4-7, 8-17 */
+#define SC_NP 6u           /* predicted levels */
+#define SC_NC (2u * SC_NH * SC_NP)
+#define SC_M 20.0           /* the all-layer p's strength toward the prior */
+#define SC_MG 100.0        /* a layer's p's strength toward the all-layer p */
+#define SC_LEARN 2u        /* the rows learn every SC_LEARN-th visit of their layer */
+#define SC_REFRESH 64u
+#define NIL UINT32_MAX
+_Static_assert(SC_NC <= 64, "a layer's classes in one mask");
+
+typedef struct succ {
+    ferry__policy base;
+    uint32_t L, E, Ep;
+    int wide;
+    uint16_t *lanes;   /* [id][TR_ROW] */
+    uint16_t *an;      /* [id] a row's total */
+    uint32_t *V;       /* [L] visits */
+    uint16_t *ring;    /* [L][SC_W + 1][E] routed sets (layer-local) */
+    uint16_t *ring_n;  /* [L][SC_W + 1] */
+    uint8_t *rl;       /* [L][Ep] routed at the last visit */
+    uint8_t *h;        /* [L][Ep] routes in the window */
+    uint8_t *hc;       /* [L][Ep] the class part of h */
+    uint8_t *cls;      /* [L][Ep] class at the last visit */
+    uint8_t *res;      /* [L][Ep] resident */
+    uint8_t *q8;       /* [Ep] scratch: a visit's quantized shares */
+    uint32_t *size;    /* [L][SC_NC] experts in each class */
+    uint32_t *rsz;     /* [L][SC_NC] residents in each class */
+    uint32_t *kc, *nc; /* [L][SC_NC] */
+    uint32_t kg[SC_NC], ng[SC_NC]; /* all layers' */
+    double *pc;        /* [L][SC_NC] */
+    uint8_t *ord;      /* [L][SC_NC] classes by p, least first */
+    uint8_t *rank;     /* [L][SC_NC] */
+    uint64_t *rmask;   /* [L] non-empty lists by rank */
+    double *lmin;      /* [L] least p of a layer */
+    double pmin;
+    uint32_t *tch;     /* per id: when last touched (routed, refiled, inserted) */
+    uint32_t clk;
+    uint32_t *lslot;   /* [L] cached least resident; NIL: none; NIL - 1: find again */
+    double *lp;        /* [L] its p */
+    uint16_t *le, *miss;
+    trev *evv;
+    uint32_t cur;      /* the current step's layer */
+    uint64_t ops;      /* work: experts refiled, lanes read, layers and blocks visited (tests) */
+} succ;
+
+static const double sc_prior[2] = {0.08, 0.45};
+static const float sc_edge[SC_NP - 1] = {0.02f, 0.05f, 0.10f, 0.20f, 0.35f};
+static const uint8_t sc_hb[SC_W + 2] = {0, 1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4};
+
+static void sc_fini(ferry__policy *p)
+{
+    succ *s = (succ *)p;
+    void *arr[] = {s->an, s->V, s->ring, s->ring_n, s->rl, s->h, s->hc, s->cls, s->res,
+                   s->q8, s->size, s->rsz, s->kc, s->nc, s->pc, s->ord, s->rank,
+                   s->rmask, s->lmin, s->tch, s->lslot, s->lp, s->le, s->miss,
+                   s->lanes, s->evv};
+    for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++)
+        ferry__free(arr[i]);
+}
+
+static void sc_refresh(succ *s, uint32_t l)
+{
+    size_t lc = (size_t)l * SC_NC;
+    double *pc = s->pc + lc;
+    const uint32_t *kc = s->kc + lc, *nc = s->nc + lc, *rsz = s->rsz + lc;
+    uint8_t *o = s->ord + lc, *rk = s->rank + lc;
+    for (uint32_t c = 0; c < SC_NC; c++) {
+        double pg = ((double)s->kg[c] + SC_M * sc_prior[c & 1]) / ((double)s->ng[c] + SC_M);
+        pc[c] = ((double)kc[c] + SC_MG * pg) / ((double)nc[c] + SC_MG);
+    }
+    for (uint32_t c = 0; c < SC_NC; c++) { /* insertion sort, ties by class */
+        uint32_t j = c;
+        while (j > 0 && pc[o[j - 1]] > pc[c]) {
+            o[j] = o[j - 1];
+            j--;
+        }
+        o[j] = (uint8_t)c;
+    }
+    uint64_t m = 0;
+    for (uint32_t i = 0; i < SC_NC; i++) {
+        rk[o[i]] = (uint8_t)i;
+        m |= (uint64_t)(rsz[o[i]] != 0) << i;
+    }
+    s->rmask[l] = m;
+    s->lmin[l] = pc[o[0]];
+    double mn = s->lmin[0];
+    for (uint32_t i = 1; i < s->L; i++)
+        mn = s->lmin[i] < mn ? s->lmin[i] : mn;
+    s->pmin = mn;
+}
+
+static int sc_init(ferry__policy *p)
+{
+    succ *s = (succ *)p;
+    uint32_t L = p->env.num_layers, E = p->env.num_experts;
+    size_t ids = (size_t)L * E;
+    if (E > 0xfffe || ferry__successor_bytes(L, E) > FERRY__TRANSITION_MAX_BYTES)
+        return -EINVAL;
+    s->L = L;
+    s->E = E;
+    s->Ep = (E + 16) & ~15u; /* a pad byte at least: q8[E] takes unused lanes */
+    size_t lp = (size_t)L * s->Ep;
+#if defined(TR_ROWS_AVX2)
+    s->wide = __builtin_cpu_supports("avx2");
+#endif
+    s->lanes = ferry__aligned_alloc(64, ids * TR_ROW * sizeof *s->lanes);
+    s->an = ferry__calloc(ids, sizeof *s->an);
+    s->V = ferry__calloc(L, sizeof *s->V);
+    s->ring = ferry__calloc((size_t)L * (SC_W + 1) * E, sizeof *s->ring);
+    s->ring_n = ferry__calloc((size_t)L * (SC_W + 1), sizeof *s->ring_n);
+    s->rl = ferry__calloc(lp, 1);
+    s->h = ferry__calloc(lp, 1);
+    s->hc = ferry__calloc(lp, 1);
+    s->cls = ferry__calloc(lp, 1);
+    s->res = ferry__calloc(lp, 1);
+    s->q8 = ferry__aligned_alloc(64, s->Ep);
+    s->size = ferry__calloc((size_t)L * SC_NC, sizeof *s->size);
+    s->rsz = ferry__calloc((size_t)L * SC_NC, sizeof *s->rsz);
+    s->kc = ferry__calloc((size_t)L * SC_NC, sizeof *s->kc);
+    s->nc = ferry__calloc((size_t)L * SC_NC, sizeof *s->nc);
+    s->pc = ferry__calloc((size_t)L * SC_NC, sizeof *s->pc);
+    s->ord = ferry__calloc((size_t)L * SC_NC, sizeof *s->ord);
+    s->rank = ferry__calloc((size_t)L * SC_NC, sizeof *s->rank);
+    s->rmask = ferry__calloc(L, sizeof *s->rmask);
+    s->lmin = ferry__calloc(L, sizeof *s->lmin);
+    s->tch = ferry__calloc(ids, sizeof *s->tch);
+    s->lslot = ferry__malloc((size_t)L * sizeof *s->lslot);
+    s->lp = ferry__calloc(L, sizeof *s->lp);
+    s->le = ferry__malloc(((size_t)E + 1) * sizeof *s->le);
+    s->miss = ferry__malloc(((size_t)E + 1) * sizeof *s->miss);
+    s->evv = ferry__aligned_alloc(64, (size_t)E * sizeof(trev));
+    if (!s->lanes || !s->an || !s->V || !s->ring || !s->ring_n || !s->rl || !s->h || !s->hc ||
+        !s->cls || !s->res || !s->q8 || !s->size || !s->rsz || !s->kc || !s->nc ||
+        !s->pc || !s->ord || !s->rank || !s->rmask || !s->lmin || !s->tch || !s->lslot || !s->lp ||
+        !s->le || !s->miss || !s->evv) {
+        sc_fini(p);
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < ids; i++) {
+        memset(s->lanes + i * TR_ROW, 0xff, TR_K * sizeof *s->lanes);
+        memset(s->lanes + i * TR_ROW + TR_K, 0, TR_K * sizeof *s->lanes);
+    }
+    memset(s->q8, 0, s->Ep);
+    for (uint32_t l = 0; l < L; l++) {
+        s->lslot[l] = NIL - 1;
+        s->size[(size_t)l * SC_NC] = E;
+        sc_refresh(s, l);
+    }
+    return 0;
+}
+
+/* ---- residents: counted per class, a mask of the classes that have one ---- */
+static inline void rs_add(succ *s, uint32_t l, uint32_t c)
+{
+    size_t k = (size_t)l * SC_NC + c;
+    if (s->rsz[k]++ == 0)
+        s->rmask[l] |= (uint64_t)1 << s->rank[k];
+}
+
+static inline void rs_sub(succ *s, uint32_t l, uint32_t c)
+{
+    size_t k = (size_t)l * SC_NC + c;
+    if (--s->rsz[k] == 0)
+        s->rmask[l] &= ~((uint64_t)1 << s->rank[k]);
+}
+
+/* each expert's class from its quantized shares (q8, zeroed after),
+ * routed-last and window bytes; the changed ones counted, residents
+ * refiled */
+static void sc_refile(succ *s, uint32_t layer, uint32_t e, uint32_t c)
+{
+    size_t lo = (size_t)layer * s->Ep;
+    uint32_t *size = s->size + layer * SC_NC;
+    uint8_t *cls = s->cls + lo;
+    uint32_t o = cls[e];
+    size[o]--;
+    size[c]++;
+    cls[e] = (uint8_t)c;
+    s->ops++;
+    if (s->res[lo + e]) {
+        rs_sub(s, layer, o);
+        rs_add(s, layer, c);
+        s->tch[layer * s->E + e] = ++s->clk;
+    }
+}
+
+#if defined(__SSE2__)
+static void sc_classes(succ *s, uint32_t layer, const uint8_t *th)
+{
+    size_t lo = (size_t)layer * s->Ep;
+    const uint8_t *rl = s->rl + lo, *hc = s->hc + lo, *cls = s->cls + lo;
+    uint8_t *q8 = s->q8;
+    __m128i t[SC_NP - 1], z = _mm_setzero_si128();
+    for (uint32_t i = 0; i < SC_NP - 1; i++)
+        t[i] = _mm_set1_epi8((char)th[i]);
+    for (uint32_t b = 0; b < s->Ep; b += 16) {
+        __m128i q = _mm_load_si128((const __m128i *)(const void *)(q8 + b)), lv = z;
+        for (uint32_t i = 0; i < SC_NP - 1; i++) /* q >= t: max(q, t) == q */
+            lv = _mm_sub_epi8(lv, _mm_cmpeq_epi8(_mm_max_epu8(q, t[i]), q));
+        __m128i c = _mm_add_epi8(_mm_add_epi8(lv, lv),
+                                 _mm_or_si128(_mm_loadu_si128((const __m128i *)(const void *)(rl + b)),
+                                              _mm_loadu_si128((const __m128i *)(const void *)(hc + b))));
+        _mm_store_si128((__m128i *)(void *)(q8 + b), z);
+        uint32_t ch = 0xffffu & ~(uint32_t)_mm_movemask_epi8(
+                          _mm_cmpeq_epi8(c, _mm_loadu_si128((const __m128i *)(const void *)(cls + b))));
+        if (!ch)
+            continue;
+        uint8_t cb[16];
+        _mm_storeu_si128((__m128i *)(void *)cb, c);
+        for (; ch; ch &= ch - 1) {
+            uint32_t i = (uint32_t)__builtin_ctz(ch);
+            if (b + i < s->E)
+                sc_refile(s, layer, b + i, cb[i]);
+        }
+    }
+}
+#else
+static void sc_classes(succ *s, uint32_t layer, const uint8_t *th)
+{
+    size_t lo = (size_t)layer * s->Ep;
+    const uint8_t *rl = s->rl + lo, *hc = s->hc + lo, *cls = s->cls + lo;
+    uint8_t *q8 = s->q8;
+    for (uint32_t e = 0; e < s->E; e++) {
+        uint32_t lv = 0;
+        for (uint32_t i = 0; i < SC_NP - 1; i++)
+            lv += q8[e] >= th[i];
+        q8[e] = 0;
+        uint32_t c = (lv << 1) + (rl[e] | hc[e]);
+        if (c != cls[e])
+            sc_refile(s, layer, e, c);
+    }
+}
+#endif
+
+static int sc_begin(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint32_t n)
+{
+    succ *s = (succ *)p;
+    uint32_t E = s->E, Ep = s->Ep, base = layer * E;
+    const uint32_t *where = p->env.where;
+    s->lslot[s->cur] = NIL - 1; /* its pins end */
+    s->lslot[layer] = NIL - 1;
+    s->cur = layer;
+    uint32_t v = ++s->V[layer];
+    uint32_t lc = layer * SC_NC;
+    size_t lo = (size_t)layer * Ep;
+    uint8_t *rl = s->rl + lo, *h = s->h + lo, *hc = s->hc + lo, *cls = s->cls + lo;
+    uint16_t *ring = s->ring + (size_t)layer * (SC_W + 1) * E;
+    uint16_t *rn = s->ring_n + (size_t)layer * (SC_W + 1);
+    uint32_t prev = (v - 1) % (SC_W + 1), cur = v % (SC_W + 1);
+    const uint16_t *pr = ring + (size_t)prev * E;
+    uint32_t npr = v > 1 ? rn[prev] : 0, nlearn = v % SC_LEARN ? 0 : npr;
+    uint16_t *le = s->le;
+    for (uint32_t j = 0; j < n; j++) { /* (this set's rows are read below) */
+        le[j] = (uint16_t)(ids[j] - base);
+        __builtin_prefetch(s->lanes + (size_t)ids[j] * TR_ROW);
+    }
+    /* the classes' p: how many of each class were routed */
+    uint32_t *kc = s->kc + lc, *nc = s->nc + lc, *size = s->size + lc;
+#if defined(__SSE2__)
+    _Static_assert(SC_NC % 4 == 0, "a layer's class counts in whole registers");
+    for (uint32_t c = 0; c < SC_NC; c += 4) {
+        __m128i z = _mm_loadu_si128((const __m128i *)(const void *)(size + c));
+        __m128i *a = (__m128i *)(void *)(nc + c), *g = (__m128i *)(void *)(s->ng + c);
+        _mm_storeu_si128(a, _mm_add_epi32(_mm_loadu_si128(a), z));
+        _mm_storeu_si128(g, _mm_add_epi32(_mm_loadu_si128(g), z));
+    }
+#else
+    for (uint32_t c = 0; c < SC_NC; c++) {
+        nc[c] += size[c];
+        s->ng[c] += size[c];
+    }
+#endif
+    for (uint32_t j = 0; j < n; j++) {
+        kc[cls[le[j]]]++;
+        s->kg[cls[le[j]]]++;
+    }
+    if (v % SC_REFRESH == 0 || (v < SC_REFRESH && !(v & (v - 1)))) {
+        if (v % (SC_REFRESH * 8) == 0)
+            for (uint32_t c = 0; c < SC_NC; c++) {
+                kc[c] >>= 1;
+                nc[c] >>= 1;
+                if (layer == 0) {
+                    s->kg[c] >>= 1;
+                    s->ng[c] >>= 1;
+                }
+            }
+        sc_refresh(s, layer);
+    }
+    /* the rows of the last visit's routed set learn this one */
+
+    rowv_events(le, n, s->evv);
+    for (uint32_t j = 0; j < nlearn; j++) {
+        uint32_t r = base + pr[j];
+        (void)row_learn(s->lanes + (size_t)r * TR_ROW, &s->an[r], s->evv, le, n, s->miss,
+                        s->wide);
+    }
+    /* the window: the set SC_W + 1 visits ago leaves it (its ring entry reused) */
+    uint16_t *out = ring + (size_t)cur * E;
+    uint32_t nout = v > SC_W + 1 ? rn[cur] : 0;
+    for (uint32_t j = 0; j < nout; j++) {
+        uint32_t e = out[j];
+        h[e]--;
+        hc[e] = (uint8_t)(sc_hb[h[e]] * 2 * SC_NP);
+    }
+    for (uint32_t j = 0; j < npr; j++)
+        rl[pr[j]] = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        uint32_t e = le[j];
+        h[e]++;
+        hc[e] = (uint8_t)(sc_hb[h[e]] * 2 * SC_NP);
+        rl[e] = 1;
+        out[j] = (uint16_t)e;
+    }
+    rn[cur] = (uint16_t)n;
+    /* this set's rows: each successor's shares, quantized to eighths
+     * (scaled down past 31 routed, so that a byte holds their sum) */
+    uint8_t *q8 = s->q8;
+    uint32_t qs = n <= 31 ? 8 : 255 / n;
+    for (uint32_t j = 0; j < n; j++) {
+        uint32_t r = ids[j];
+        const uint16_t *top = s->lanes + (size_t)r * TR_ROW, *tc = top + TR_K;
+        uint32_t m = (qs << 16) / (s->an[r] + 1u);
+        for (uint32_t i = 0; i < TR_K; i++) { /* an unused lane into the pad byte */
+            uint32_t e = top[i] < E ? top[i] : E;
+            q8[e] = (uint8_t)(q8[e] + ((tc[i] * m) >> 16));
+        }
+    }
+    uint8_t th[SC_NP - 1];
+    for (uint32_t i = 0; i < SC_NP - 1; i++) {
+        float t = sc_edge[i] * (float)(n * qs);
+        th[i] = n == 0 || t > 255.0f ? 255 : (uint8_t)(t + 0.999f);
+        th[i] = th[i] ? th[i] : 1;
+    }
+    sc_classes(s, layer, th);
+    s->ops += Ep / 16 + n;
+    for (uint32_t j = 0; j < n; j++) /* the routed residents: touched */
+        if (where[ids[j]] != FERRY_MOE_NONE)
+            s->tch[ids[j]] = ++s->clk;
+    return 0;
+}
+
+static void sc_hit(ferry__policy *p, uint32_t slot, uint32_t id)
+{
+    (void)p;
+    (void)slot;
+    (void)id;
+}
+
+static int sc_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
+{
+    succ *s = (succ *)p;
+    (void)prefetch;
+    (void)slot;
+    uint32_t l = id / s->E;
+    size_t at = (size_t)l * s->Ep + (id - l * s->E);
+    s->lslot[l] = NIL - 1;
+    if (!s->res[at]) {
+        s->res[at] = 0xff;
+        rs_add(s, l, s->cls[at]);
+    }
+    s->tch[id] = ++s->clk;
+    return 0;
+}
+
+static void sc_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
+{
+    succ *s = (succ *)p;
+    (void)evicted;
+    (void)slot;
+    uint32_t l = id / s->E;
+    size_t at = (size_t)l * s->Ep + (id - l * s->E);
+    s->lslot[l] = NIL - 1;
+    if (s->res[at]) {
+        s->res[at] = 0;
+        rs_sub(s, l, s->cls[at]);
+    }
+}
+
+/* of layer l's residents in class c, the unpinned one touched longest ago */
+static uint32_t sc_class_least(succ *s, uint32_t l, uint32_t c)
+{
+    size_t lo = (size_t)l * s->Ep;
+    const uint8_t *cls = s->cls + lo, *res = s->res + lo;
+    const uint32_t *where = s->base.env.where, *tch = s->tch + (size_t)l * s->E;
+    uint32_t best = NIL, bt = 0, base = l * s->E;
+    s->ops += (s->E + 15) / 16;
+#if defined(__SSE2__)
+    __m128i cv = _mm_set1_epi8((char)c);
+    for (uint32_t b = 0; b < s->E; b += 16) {
+        __m128i m = _mm_and_si128(
+            _mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(const void *)(cls + b)), cv),
+            _mm_loadu_si128((const __m128i *)(const void *)(res + b)));
+        for (uint32_t k = (uint32_t)_mm_movemask_epi8(m); k; k &= k - 1) {
+            uint32_t e = b + (uint32_t)__builtin_ctz(k);
+#else
+    for (uint32_t b = 0; b < 1; b++) {
+        for (uint32_t e = 0; e < s->E; e++) {
+            if (!res[e] || cls[e] != c)
+                continue;
+#endif
+            if (e >= s->E || (best != NIL && tch[e] >= bt))
+                continue;
+            uint32_t slot = where[base + e];
+            if (ferry__pinned(&s->base, slot))
+                continue;
+            best = slot;
+            bt = tch[e];
+        }
+    }
+    return best;
+}
+
+/* a layer's least unpinned resident and its p; NIL when none */
+static uint32_t sc_layer_find(succ *s, uint32_t l, double *pout)
+{
+    const uint8_t *o = s->ord + (size_t)l * SC_NC;
+    for (uint64_t m = s->rmask[l]; m; m &= m - 1) {
+        uint32_t c = o[__builtin_ctzll(m)];
+        uint32_t v = sc_class_least(s, l, c);
+        if (v != NIL) {
+            *pout = s->pc[(size_t)l * SC_NC + c];
+            return v;
+        }
+    }
+    return NIL;
+}
+
+static uint32_t sc_layer_least(succ *s, uint32_t l, double *pout)
+{
+    if (s->lslot[l] == NIL - 1) {
+        s->lp[l] = 0;
+        s->lslot[l] = sc_layer_find(s, l, &s->lp[l]);
+    }
+    *pout = s->lp[l];
+    return s->lslot[l];
+}
+
+static int sc_verify_on;
+static uint64_t sc_checked, sc_mismatched;
+
+void ferry__successor_verify(int on)
+{
+    sc_verify_on = on;
+    sc_checked = sc_mismatched = 0;
+}
+
+void ferry__successor_verified(uint64_t *checked, uint64_t *mismatched)
+{
+    *checked = sc_checked;
+    *mismatched = sc_mismatched;
+}
+
+/* the victim by a scan of every slot under the same rule: least p / d,
+ * then the larger d, the class of lesser rank, the older touch */
+static void sc_verify(succ *s, uint32_t got)
+{
+    const ferry__policy_env *env = &s->base.env;
+    uint32_t best = NIL, bd = 0, brk = 0, bt = 0;
+    double bp = 0;
+    for (uint32_t v = 0; v < env->slots; v++) {
+        uint32_t id = env->occupant[v];
+        if (id == FERRY_MOE_NONE || ferry__pinned(&s->base, v))
+            continue;
+        uint32_t l = id / s->E, c = s->cls[(size_t)l * s->Ep + (id - l * s->E)];
+        uint32_t d = (l + s->L - s->cur) % s->L, rk = s->rank[(size_t)l * SC_NC + c];
+        d = d ? d : s->L;
+        double pv = s->pc[(size_t)l * SC_NC + c];
+        int better = best == NIL || pv * bd < bp * d ||
+                     (pv * bd == bp * d &&
+                      (d > bd || (d == bd && (rk < brk || (rk == brk && s->tch[id] < bt)))));
+        if (better) {
+            best = v;
+            bd = d;
+            brk = rk;
+            bt = s->tch[id];
+            bp = pv;
+        }
+    }
+    sc_checked++;
+    sc_mismatched += best != got;
+}
+
+uint64_t ferry__successor_ops(const ferry__policy *p)
+{
+    return p && p->ops == &ferry__policy_successor ? ((const succ *)p)->ops : 0;
+}
+
+size_t ferry__successor_bytes(uint32_t num_layers, uint32_t num_experts)
+{
+    size_t ids = (size_t)num_layers * num_experts;
+    return ids * (TR_ROW * sizeof(uint16_t) + sizeof(uint16_t) + sizeof(uint32_t) +
+                  (SC_W + 1) * sizeof(uint16_t) + 5) +
+           (size_t)num_layers * SC_NC * 30;
+}
+
+static int sc_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slot)
+{
+    succ *s = (succ *)p;
+    (void)id;
+    if (have_free)
+        return 1;
+    uint32_t L = s->L, best = NIL;
+    double bp = 0;
+    uint32_t bd = 1;
+    for (uint32_t d = L; d >= 1; d--) { /* furthest next use first */
+        s->ops++;
+        if (best != NIL && bp * d < s->pmin * bd)
+            break; /* bp/bd < pmin/d: no nearer layer can win */
+        uint32_t l = (s->cur + d) % L;
+        uint64_t m = s->rmask[l];
+        if (!m)
+            continue;
+        if (best != NIL &&
+            s->pc[(size_t)l * SC_NC + s->ord[(size_t)l * SC_NC + __builtin_ctzll(m)]] * bd >= bp * d)
+            continue; /* not even its least class can win */
+        double pl;
+        uint32_t v = sc_layer_least(s, l, &pl);
+        if (v == NIL)
+            continue;
+        if (best == NIL || pl * bd < bp * d) {
+            best = v;
+            bp = pl;
+            bd = d;
+        }
+    }
+    if (sc_verify_on)
+        sc_verify(s, best);
+    if (best == NIL)
+        return -1;
+    *slot = best;
+    return 0;
+}
+
+const ferry__policy_ops ferry__policy_successor = {
+    .name = "successor",
+    .describe = "learned successors of the routed set, a few classes per layer, least p / steps to its layer",
+    .state_size = sizeof(succ),
+    .init = sc_init,
+    .fini = sc_fini,
+    .begin_step = sc_begin,
+    .end_step = NULL,
+    .hit = sc_hit,
+    .insert = sc_insert,
+    .remove = sc_remove,
+    .victim = sc_victim,
+};

@@ -1,0 +1,181 @@
+/*
+ * test_moe_successor.c - the opt-in "successor" policy: listed and
+ * deterministic; every victim is the one a scan of all the slots names by
+ * the same rule (generator and structured traces, budgets from top_k to
+ * half the ids); the work of a layer-step once the slots are full does
+ * not grow with the slots; on traces whose routes follow a same-layer
+ * token-to-token structure it beats LRU clearly at a tight budget; shapes
+ * whose model is too large are refused, and a bad step leaves the planner
+ * usable.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ferry_test.h"
+#include "moe_traces.h"
+#include "moe/moe_internal.h"
+
+static void successor_is_listed_and_deterministic(void **state)
+{
+    (void)state;
+    ft_moe_policy_listed_and_deterministic("successor", 12.5);
+    ft_moe_policy_listed_and_deterministic("successor", 25);
+}
+
+static uint64_t verify_replay(const ferry_moe_trace *t, uint32_t slots)
+{
+    uint64_t c, bad;
+    ferry_moe_replay_result r;
+    ferry__successor_verify(1);
+    FT_ASSERT_OK(ferry_moe_replay(t, "successor", slots, 0, &r));
+    ferry__successor_verified(&c, &bad);
+    ferry__successor_verify(0);
+    if (bad)
+        fail_msg("successor at %u slots: %llu of %llu victims differ from the scan's", slots,
+                 (unsigned long long)bad, (unsigned long long)c);
+    assert_int_equal(r.evictions, c);
+    return c;
+}
+
+/* the cached layers' least, the skipped layers and the early stop choose
+ * what a scan of every slot chooses (ties included: every class starts
+ * at its prior, so equal p are many) */
+static void successor_victims_match_the_scan(void **state)
+{
+    (void)state;
+    const char *models[] = {"qwen3-30b-a3b", "mixtral-8x7b", "small", "deepseek-v3"};
+    const double pcts[] = {6.25, 12.5, 25, 50};
+    uint64_t checked = 0;
+    for (size_t i = 0; i < 4; i++) {
+        ferry_moe_trace *t = ft_moe_gen(models[i], i == 3 ? 48 : 160, 7);
+        for (size_t j = 0; j < 4; j++)
+            checked += verify_replay(t, ft_moe_share(t, pcts[j]));
+        ferry_moe_trace_destroy(t);
+    }
+    ferry_moe_trace *t = ft_moe_pair_trace(4, 3000, 1, 3);
+    checked += verify_replay(t, 6) + verify_replay(t, 40);
+    ferry_moe_trace_destroy(t);
+    t = ft_moe_context_trace(6, 3000, 4);
+    checked += verify_replay(t, 12) + verify_replay(t, 24);
+    ferry_moe_trace_destroy(t);
+    print_message("%llu victims, each as the scan's\n", (unsigned long long)checked);
+    assert_true(checked > 50000);
+}
+
+/* the work of a layer-step once the slots are full: its mean, the most
+ * of one, and how many steps */
+static void work_when_full(const ferry_moe_trace *t, uint32_t slots, double *mean, uint64_t *most,
+                           uint64_t *steps)
+{
+    ferry_moe_planner *p = ft_moe_planner(t, "successor", slots);
+    const ferry__policy *pol = ferry__planner_policy(p);
+    uint64_t missed = 0, total = 0;
+    *most = *steps = 0;
+    for (size_t i = 0; i < ferry_moe_trace_steps(t); i++) {
+        uint32_t tok, layer, k;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &k));
+        uint64_t before = ferry__successor_ops(pol);
+        ferry_moe_counts c;
+        FT_ASSERT_OK(ferry_moe_planner_ensure(p, layer, ex, k, NULL, NULL, &c));
+        uint64_t d = ferry__successor_ops(pol) - before;
+        if (missed >= slots) { /* full before the step */
+            total += d;
+            *most = d > *most ? d : *most;
+            ++*steps;
+        }
+        missed += c.missing;
+    }
+    *mean = *steps ? (double)total / (double)*steps : 0;
+    ferry_moe_planner_destroy(p);
+}
+
+/* at DeepSeek-V3's shape (58 x 256, top-8), once the slots are full, the
+ * work of a layer-step does not grow when the slots go from 1024 to 8192,
+ * where a scan of the residents would grow eightfold */
+static void successor_steady_work_does_not_grow_with_slots(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = ft_moe_gen("deepseek-v3", 512, 1);
+    double m1, m2;
+    uint64_t x1, x2, n1, n2;
+    work_when_full(t, 1024, &m1, &x1, &n1);
+    work_when_full(t, 8192, &m2, &x2, &n2);
+    print_message("full: 1024 slots %.1f ops a step (most %llu, %llu steps); 8192 slots %.1f "
+                  "(most %llu, %llu steps)\n",
+                  m1, (unsigned long long)x1, (unsigned long long)n1, m2, (unsigned long long)x2,
+                  (unsigned long long)n2);
+    assert_true(n1 > 20000 && n2 > 5000); /* both long past full */
+    if (m2 > 1.25 * m1)
+        fail_msg("work grows with slots once full: %.1f at 1024, %.1f at 8192", m1, m2);
+    ferry_moe_trace_destroy(t);
+}
+
+/* routes whose next one at a layer follows from this one: the successor
+ * rows keep it where LRU keeps the drawn ones as long */
+static void successor_beats_lru_on_a_transition_structure(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = ft_moe_pair_trace(4, 4000, 1, 11);
+    double lru = ft_moe_rate(t, "lru", 6), sc = ft_moe_rate(t, "successor", 6);
+    print_message("pair trace, 6 slots: lru %.2f successor %.2f\n", lru, sc);
+    if (sc < lru + 10.0)
+        fail_msg("successor %.2f not 10 points above lru %.2f", sc, lru);
+    ferry_moe_trace_destroy(t);
+    t = ft_moe_context_trace(4, 4000, 2);
+    lru = ft_moe_rate(t, "lru", 12);
+    sc = ft_moe_rate(t, "successor", 12);
+    print_message("context trace, 12 slots: lru %.2f successor %.2f\n", lru, sc);
+    if (sc < lru + 5.0)
+        fail_msg("successor %.2f not 5 points above lru %.2f", sc, lru);
+    ferry_moe_trace_destroy(t);
+}
+
+static void successor_refuses_huge_shapes(void **state)
+{
+    (void)state;
+    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
+    o.policy = "successor";
+    o.slots = 64;
+    ferry_moe_planner *p = NULL;
+    o.num_layers = 1024; /* 4 M ids at about 110 bytes each */
+    o.num_experts = 4096;
+    assert_int_equal(ferry_moe_planner_create(&o, &p), -EINVAL);
+    assert_null(p);
+    assert_non_null(strstr(ferry_last_error(), "successor"));
+    assert_non_null(strstr(ferry_last_error(), "bytes"));
+    o.num_layers = FERRY_MOE_MAX_LAYERS;
+    o.num_experts = FERRY_MOE_MAX_EXPERTS;
+    assert_int_equal(ferry_moe_planner_create(&o, &p), -EINVAL);
+    assert_null(p);
+    o.num_layers = 58; /* DeepSeek-V3: 1.6 MiB */
+    o.num_experts = 256;
+    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
+    assert_true(ferry__successor_bytes(58, 256) < ((size_t)2 << 20));
+    /* a bad step (an expert out of range, more experts than slots) is
+     * refused before the policy sees it; the planner goes on */
+    uint32_t bad[2] = {3, 256}, many[65], out[8];
+    for (uint32_t i = 0; i < 65; i++)
+        many[i] = i;
+    assert_true(ferry_moe_planner_ensure(p, 0, bad, 2, NULL, NULL, NULL) < 0);
+    assert_true(ferry_moe_planner_ensure(p, 58, bad, 1, NULL, NULL, NULL) < 0);
+    assert_true(ferry_moe_planner_ensure(p, 0, many, 65, NULL, NULL, NULL) < 0);
+    uint32_t ok[2] = {3, 4};
+    FT_ASSERT_OK(ferry_moe_planner_ensure(p, 0, ok, 2, out, NULL, NULL));
+    assert_true(out[0] < 64 && out[1] < 64 && out[0] != out[1]);
+    ferry_moe_planner_destroy(p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(successor_is_listed_and_deterministic),
+        cmocka_unit_test(successor_victims_match_the_scan),
+        cmocka_unit_test(successor_steady_work_does_not_grow_with_slots),
+        cmocka_unit_test(successor_beats_lru_on_a_transition_structure),
+        cmocka_unit_test(successor_refuses_huge_shapes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
