@@ -1895,6 +1895,41 @@ static void l2_read_depth_from_the_environment_keeps_every_byte(void **state)
     assert_int_equal(ferry__kv_read_depth(16), 16);
 }
 
+/* a retrieve checks (and copies) the pieces that landed on its own thread
+ * while no more than a chunk's pieces wait (one memory stream at a time:
+ * store_rpiece.c): with reads of at most one chunk in flight no check
+ * goes to a worker; with reads of several chunks in flight a backlog may;
+ * every byte exact either way, and a bad piece a zeroed miss */
+static void l2_checks_stay_on_one_thread_within_a_chunk_of_backlog(void **state)
+{
+    (void)state;
+    g_tb = 1024; /* (as big_open_checked's chunks: 64 KiB, 4 read pieces) */
+    char per[8];
+    snprintf(per, sizeof per, "%u", (unsigned)((CHUNK + 16383) / 16384));
+    g_tb = 64;
+    const char *depths[] = {per, "32"};
+    for (size_t k = 0; k < FERRY__ARRAY_LEN(depths); k++) {
+        assert_int_equal(setenv("FERRY_KV_READ_DEPTH", depths[k], 1), 0);
+        bigfix f;
+        big_open_checked(&f, BIG, 16384, 9000);
+        assert_int_equal(f.kv->tier[FERRY_KV_TIER_L2]->slot_bytes / 16384, atoi(per));
+        uint64_t h0 = atomic_load(&f.kv->rt_handed);
+        int st[BIG];
+        ferry_kv_req r = FERRY_KV_REQ_INIT;
+        r.status = st;
+        r.max_chunks = BIG;
+        assert_int_equal(ferry_kv_retrieve(f.kv, f.a, BIG * CT, &r, &f.d.b), BIG * CT);
+        for (int i = 0; i < BIG; i++)
+            assert_int_equal(st[i], 0);
+        assert_true(same_tokens(&f.h, &f.d, 0, BIG * CT));
+        if (k == 0)
+            assert_int_equal(atomic_load(&f.kv->rt_handed) - h0, 0);
+        big_close(&f);
+        bad_piece_is_a_miss(16384, 9000, 3 * 9000 + 100, 1);
+    }
+    assert_int_equal(unsetenv("FERRY_KV_READ_DEPTH"), 0);
+}
+
 /* a piece torn at its edge: its last byte, or the next piece's first */
 static void l2_piece_torn_at_its_edge_is_a_miss(void **state)
 {
@@ -2896,6 +2931,7 @@ int main(void)
         cmocka_unit_test(l2_one_bad_piece_is_a_miss_never_bytes),
         cmocka_unit_test(l2_piece_torn_at_its_edge_is_a_miss),
         cmocka_unit_test(l2_read_depth_from_the_environment_keeps_every_byte),
+        cmocka_unit_test(l2_checks_stay_on_one_thread_within_a_chunk_of_backlog),
         cmocka_unit_test(l2_pieces_checked_into_a_device_buffer_and_alone),
         cmocka_unit_test(l2_pieces_cancelled_chunks_are_whole_or_untouched),
         cmocka_unit_test(l2_corrupt_chunk_prefetched_is_dropped),

@@ -640,6 +640,7 @@ struct ferry_kv {
     ferry__kv_hist h_lookup, h_store, h_retrieve;
     ferry__kv_hist h_first_bytes, h_first_chunk; /* a retrieve's first chunk from L2 */
     atomic_uint_fast64_t rt_check_ns, rt_copy_ns; /* a retrieve's checks and copy-outs */
+    atomic_uint_fast64_t rt_handed; /* piece checks a retrieve handed to a worker */
 };
 
 /* record a failure on the store (and the thread), under err_mu; returns code

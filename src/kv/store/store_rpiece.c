@@ -121,24 +121,36 @@ void ferry__kv_rt_piece_landed(rtv *r, size_t i, uint32_t k)
         else
             r->uq = w;
         r->uq_tail = w;
+        r->qbytes += w->c1 - w->c0;
     }
 }
 
-/* the queued checks, from the first, to free workers while there are
- * any; the rest stay queued for this thread */
+/* the queued checks beyond a chunk's bytes, from the first, to free
+ * workers while there are any; the rest stay queued for this thread.
+ * A check and copy streams memory: two at once on this machine's two
+ * CPUs cost each about 1.5x the CPU of one alone (bench/check_copy_floor.c
+ * runs one), and one stream clears a chunk's 2 MiB pieces at 12 GB/s or
+ * so, far ahead of a drive that lands a chunk at a time. So the checks
+ * stay with this thread, which runs them once the reads are topped up,
+ * until a backlog of more than a chunk says that one stream no longer
+ * keeps up with the drive (a faster drive, or many chunks landing at
+ * once): then free workers take the excess */
 void ferry__kv_rt_units_hand(rtv *r)
 {
     if (!r->wcopy)
         return;
-    while (r->uq) {
+    while (r->uq && r->qbytes > r->kv->chunk_bytes) {
         rt_unit *w = r->uq;
         rt_chunk *c = &r->c[w->i];
         rt_unit *next = w->next;
+        uint64_t len = w->c1 - w->c0; /* (w is the worker's once handed) */
         pthread_mutex_lock(&r->cmu);
         c->pjobs++;
         pthread_mutex_unlock(&r->cmu);
         if (ferry__kv_rt_hand_off(r, w->i, rt_unit_job, w)) {
             r->uq = next; /* (counted in wpending too; the job takes both back) */
+            r->qbytes -= len;
+            atomic_fetch_add_explicit(&r->kv->rt_handed, 1, memory_order_relaxed);
             continue;
         }
         pthread_mutex_lock(&r->cmu);
@@ -147,7 +159,8 @@ void ferry__kv_rt_units_hand(rtv *r)
         /* no worker free: the rest stay for this thread, in order */
         return;
     }
-    r->uq_tail = NULL;
+    if (!r->uq)
+        r->uq_tail = NULL;
 }
 
 void ferry__kv_rt_units_run(rtv *r)
@@ -156,6 +169,7 @@ void ferry__kv_rt_units_run(rtv *r)
     while (r->uq) {
         rt_unit *u = r->uq;
         r->uq = u->next;
+        r->qbytes -= u->c1 - u->c0;
         if (!r->uq)
             r->uq_tail = NULL;
         rt_unit_run(r, u->i, u);

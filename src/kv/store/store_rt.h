@@ -121,10 +121,12 @@ typedef struct rtv {
     /* since t0: the first bytes / whole chunk from the async tier in the
      * engine's buffer, checked (0: none yet) */
     atomic_uint_fast64_t first_bytes, first_chunk;
-    /* piece-mode checks queued as their pieces land: handed to free
-     * workers once the reads are topped up, the rest run by the
-     * retrieving thread before it next waits for reads */
+    /* piece-mode checks queued as their pieces land, run by the
+     * retrieving thread before it next waits for reads; only what is
+     * queued beyond a chunk's pieces goes to free workers, once the reads
+     * are topped up (store_rpiece.c says why) */
     struct rt_unit *uq, *uq_tail;
+    uint64_t qbytes;            /* the bytes the queued checks cover */
     uint64_t dgot;              /* chunks read straight into the buffer (not out of L1) */
     struct iovec *iov;          /* a direct piece's runs, while it is submitted */
     unsigned iov_cap;
