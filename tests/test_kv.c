@@ -1896,23 +1896,20 @@ static void l2_read_depth_from_the_environment_keeps_every_byte(void **state)
 }
 
 /* a retrieve checks (and copies) the pieces that landed on its own thread
- * while no more than a chunk's pieces wait (one memory stream at a time:
- * store_rpiece.c): with reads of at most one chunk in flight no check
- * goes to a worker; with reads of several chunks in flight a backlog may;
- * every byte exact either way, and a bad piece a zeroed miss */
+ * while no more than a chunk's bytes of them wait (one memory stream at a
+ * time: store_rpiece.c): with one read in flight at a time nothing ever
+ * waits beyond it, and no check goes to a worker; with 32 in flight
+ * (completing out of order) a backlog may; every byte exact either way,
+ * and a bad piece a zeroed miss */
 static void l2_checks_stay_on_one_thread_within_a_chunk_of_backlog(void **state)
 {
     (void)state;
-    g_tb = 1024; /* (as big_open_checked's chunks: 64 KiB, 4 read pieces) */
-    char per[8];
-    snprintf(per, sizeof per, "%u", (unsigned)((CHUNK + 16383) / 16384));
-    g_tb = 64;
-    const char *depths[] = {per, "32"};
+    const char *depths[] = {"1", "32"};
     for (size_t k = 0; k < FERRY__ARRAY_LEN(depths); k++) {
         assert_int_equal(setenv("FERRY_KV_READ_DEPTH", depths[k], 1), 0);
         bigfix f;
-        big_open_checked(&f, BIG, 16384, 9000);
-        assert_int_equal(f.kv->tier[FERRY_KV_TIER_L2]->slot_bytes / 16384, atoi(per));
+        big_open_checked(&f, BIG, 16384, 16384); /* (a check piece a read, as 2 MiB are) */
+        ferry__kv_set_handoff_min(f.kv, 0);
         uint64_t h0 = atomic_load(&f.kv->rt_handed);
         int st[BIG];
         ferry_kv_req r = FERRY_KV_REQ_INIT;
