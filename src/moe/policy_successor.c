@@ -32,9 +32,10 @@
  * (routed, moved to another class, placed) longer ago. A layer's least
  * is found by one vector pass over its experts for its least non-empty
  * class (a mask of them by p), cached until the layer is visited or
- * gains or loses a resident (or its pins end); layers are offered from
- * the furthest next use down, skipped when not even their least class
- * can win, and the search stops once no nearer layer can (pmin, as
+ * gains or loses a resident, or a pin touches it (its cached one
+ * pinned now, or a pinned one it passed over freed by a new round);
+ * layers are offered from the furthest next use down, skipped when
+ * not even their least class can win, and the search stops once no nearer layer can (pmin, as
  * transition). ferry__successor_verify() has every victim checked
  * against a scan of all the slots by the same rule (tests).
  *
@@ -63,6 +64,7 @@
 #define SC_LEARN 2u        /* the rows learn every SC_LEARN-th visit of their layer */
 #define SC_REFRESH 64u
 #define NIL UINT32_MAX
+#define NOPIN UINT64_MAX
 _Static_assert(SC_NC <= 64, "a layer's classes in one mask");
 
 typedef struct succ {
@@ -94,6 +96,8 @@ typedef struct succ {
     uint32_t clk;
     uint32_t *lslot;   /* [L] cached least resident; NIL: none; NIL - 1: find again */
     double *lp;        /* [L] its p */
+    uint64_t *lpin;    /* [L] the pin round it passed over a pinned one in; NOPIN: none */
+    int skipped;       /* (a find passed over a pinned resident) */
     uint16_t *le, *miss;
     trev *evv;
     uint32_t cur;      /* the current step's layer */
@@ -109,7 +113,7 @@ static void sc_fini(ferry__policy *p)
     succ *s = (succ *)p;
     void *arr[] = {s->an, s->V, s->ring, s->ring_n, s->rl, s->h, s->hc, s->cls, s->res,
                    s->q8, s->size, s->rsz, s->kc, s->nc, s->pc, s->ord, s->rank,
-                   s->rmask, s->lmin, s->tch, s->lslot, s->lp, s->le, s->miss,
+                   s->rmask, s->lmin, s->tch, s->lslot, s->lp, s->lpin, s->le, s->miss,
                    s->lanes, s->evv};
     for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++)
         ferry__free(arr[i]);
@@ -183,13 +187,14 @@ static int sc_init(ferry__policy *p)
     s->tch = ferry__calloc(ids, sizeof *s->tch);
     s->lslot = ferry__malloc((size_t)L * sizeof *s->lslot);
     s->lp = ferry__calloc(L, sizeof *s->lp);
+    s->lpin = ferry__calloc(L, sizeof *s->lpin);
     s->le = ferry__malloc(((size_t)E + 1) * sizeof *s->le);
     s->miss = ferry__malloc(((size_t)E + 1) * sizeof *s->miss);
     s->evv = ferry__aligned_alloc(64, (size_t)E * sizeof(trev));
     if (!s->lanes || !s->an || !s->V || !s->ring || !s->ring_n || !s->rl || !s->h || !s->hc ||
         !s->cls || !s->res || !s->q8 || !s->size || !s->rsz || !s->kc || !s->nc ||
         !s->pc || !s->ord || !s->rank || !s->rmask || !s->lmin || !s->tch || !s->lslot || !s->lp ||
-        !s->le || !s->miss || !s->evv) {
+        !s->lpin || !s->le || !s->miss || !s->evv) {
         sc_fini(p);
         return -ENOMEM;
     }
@@ -458,8 +463,10 @@ static uint32_t sc_class_least(succ *s, uint32_t l, uint32_t c)
             if (e >= s->E || (best != NIL && tch[e] >= bt))
                 continue;
             uint32_t slot = where[base + e];
-            if (ferry__pinned(&s->base, slot))
+            if (ferry__pinned(&s->base, slot)) {
+                s->skipped = 1;
                 continue;
+            }
             best = slot;
             bt = tch[e];
         }
@@ -482,11 +489,20 @@ static uint32_t sc_layer_find(succ *s, uint32_t l, double *pout)
     return NIL;
 }
 
+/* cached until the layer changes; pins change it too without a call
+ * here (a prefetch or a kept hinted victim pins another layer's
+ * residents, a new round ends the pins): found again when the cached one
+ * is pinned now, or the find passed over a pinned one whose round ended */
 static uint32_t sc_layer_least(succ *s, uint32_t l, double *pout)
 {
-    if (s->lslot[l] == NIL - 1) {
+    uint32_t v = s->lslot[l];
+    uint64_t now = *s->base.env.pin_now;
+    if (v == NIL - 1 || (v != NIL && ferry__pinned(&s->base, v)) ||
+        (s->lpin[l] != NOPIN && s->lpin[l] != now)) {
         s->lp[l] = 0;
+        s->skipped = 0;
         s->lslot[l] = sc_layer_find(s, l, &s->lp[l]);
+        s->lpin[l] = s->skipped ? now : NOPIN;
     }
     *pout = s->lp[l];
     return s->lslot[l];
