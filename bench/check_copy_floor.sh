@@ -20,7 +20,7 @@ while [ $# -gt 0 ]; do
     --build) build=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
-    -h | --help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "check_copy_floor.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
