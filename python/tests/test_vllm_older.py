@@ -199,6 +199,11 @@ def test_a_misspelt_boolean_setting_is_refused():
         cfg = vllm_config({"ferry.store": NAME, key: "ture"})
         with pytest.raises(ValueError, match=key.replace(".", r"\.")):
             connector_class(cfg)(cfg, Role.SCHEDULER, None)
+    # refused too where vLLM's own kv_events_config already turns events on
+    cfg = vllm_config({"ferry.store": NAME, "ferry.kv_events": "ture"})
+    cfg.kv_events_config = SimpleNamespace(enable_kv_cache_events=True)
+    with pytest.raises(ValueError, match=r"ferry\.kv_events"):
+        connector_class(cfg)(cfg, Role.SCHEDULER, None)
 
 
 def test_the_secondary_tiers_persistent_setting_is_read_as_written(monkeypatch):

@@ -429,8 +429,8 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._held = set()      # finished requests whose blocks ferry still holds
         self._async_ready = []  # requests whose load-async blocks were just allocated
         kec = getattr(vllm_config, "kv_events_config", None)
-        self._events_on = bool(getattr(kec, "enable_kv_cache_events", False)) or \
-            _flag(self._extra, "ferry.kv_events")
+        own = _flag(self._extra, "ferry.kv_events")   # (read, so a misspelling is refused)
+        self._events_on = bool(getattr(kec, "enable_kv_cache_events", False)) or own
         self._events = []
         self._published = set()
         # worker side
