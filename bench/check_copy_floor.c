@@ -85,14 +85,20 @@ int main(int argc, char **argv)
                                MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
     if (pool == MAP_FAILED) {
         pool = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (pool == MAP_FAILED)
+        if (pool == MAP_FAILED) {
+            fprintf(stderr, "check_copy_floor: %llu bytes for the chunk images: %s\n",
+                    (unsigned long long)bytes, strerror(errno));
             return 1;
+        }
         madvise(pool, bytes, MADV_HUGEPAGE);
     }
     /* the engine's buffer: malloc, touched once */
     unsigned char *eng = malloc(bytes);
-    if (!eng)
+    if (!eng) {
+        fprintf(stderr, "check_copy_floor: %llu bytes for the engine buffer: out of memory\n",
+                (unsigned long long)bytes);
         return 1;
+    }
     memset(eng, 1, bytes);
     ferry_kv_buffer b = FERRY_KV_BUFFER_INIT;
     b.layout = l;
