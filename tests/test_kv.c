@@ -1808,6 +1808,19 @@ static void damage_l2_chunk(bigfix *f, size_t k, uint64_t off, size_t n, unsigne
     edit_l2_chunk(f, k, off, n, x, 0);
 }
 
+/* the whole of prompt a retrieved from f: every chunk status 0, byte-exact */
+static void big_retrieve_exact(bigfix *f)
+{
+    int st[BIG];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = BIG;
+    assert_int_equal(ferry_kv_retrieve(f->kv, f->a, BIG * CT, &r, &f->d.b), BIG * CT);
+    for (int i = 0; i < BIG; i++)
+        assert_int_equal(st[i], 0);
+    assert_true(same_tokens(&f->h, &f->d, 0, BIG * CT));
+}
+
 /* every chunk comes back byte-exact, checked piece by piece, for check
  * pieces that split tokens (6000 bytes), hold several (8 and 24 KiB,
  * smaller and larger than a read request), and one request's worth */
@@ -1823,16 +1836,9 @@ static void l2_pieces_checked_as_they_land_are_exact(void **state)
             assert_int_equal(f.kv->tier[FERRY_KV_TIER_L2]->aops->vpiece(
                                  f.kv->tier[FERRY_KV_TIER_L2], 0),
                              cps[a]);
-            int st[BIG];
-            ferry_kv_req r = FERRY_KV_REQ_INIT;
-            r.status = st;
-            r.max_chunks = BIG;
             ferry_kv_stats m0 = FERRY_KV_STATS_INIT, m = FERRY_KV_STATS_INIT;
             FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m0));
-            assert_int_equal(ferry_kv_retrieve(f.kv, f.a, BIG * CT, &r, &f.d.b), BIG * CT);
-            for (int i = 0; i < BIG; i++)
-                assert_int_equal(st[i], 0);
-            assert_true(same_tokens(&f.h, &f.d, 0, BIG * CT));
+            big_retrieve_exact(&f);
             FT_ASSERT_OK(ferry_kv_stats_get(f.kv, &m));
             assert_int_equal(m.corrupt_chunks, 0);
             assert_int_equal(m.tier[FERRY_KV_TIER_L2].hits - m0.tier[FERRY_KV_TIER_L2].hits, BIG);
@@ -1879,14 +1885,7 @@ static void l2_read_depth_from_the_environment_keeps_every_byte(void **state)
             continue;
         bigfix f;
         big_open_checked(&f, BIG, 16384, 9000);
-        int st[BIG];
-        ferry_kv_req r = FERRY_KV_REQ_INIT;
-        r.status = st;
-        r.max_chunks = BIG;
-        assert_int_equal(ferry_kv_retrieve(f.kv, f.a, BIG * CT, &r, &f.d.b), BIG * CT);
-        for (int i = 0; i < BIG; i++)
-            assert_int_equal(st[i], 0);
-        assert_true(same_tokens(&f.h, &f.d, 0, BIG * CT));
+        big_retrieve_exact(&f);
         big_close(&f);
         bad_piece_is_a_miss(16384, 9000, 3 * 9000 + 100, 1);
         bad_piece_is_a_miss(16384, 8192, 7 * 8192 + 10, 1);
@@ -1911,14 +1910,7 @@ static void l2_checks_stay_on_one_thread_within_a_chunk_of_backlog(void **state)
         big_open_checked(&f, BIG, 16384, 16384); /* (a check piece a read, as 2 MiB are) */
         ferry__kv_set_handoff_min(f.kv, 0);
         uint64_t h0 = atomic_load(&f.kv->rt_handed);
-        int st[BIG];
-        ferry_kv_req r = FERRY_KV_REQ_INIT;
-        r.status = st;
-        r.max_chunks = BIG;
-        assert_int_equal(ferry_kv_retrieve(f.kv, f.a, BIG * CT, &r, &f.d.b), BIG * CT);
-        for (int i = 0; i < BIG; i++)
-            assert_int_equal(st[i], 0);
-        assert_true(same_tokens(&f.h, &f.d, 0, BIG * CT));
+        big_retrieve_exact(&f);
         if (k == 0)
             assert_int_equal(atomic_load(&f.kv->rt_handed) - h0, 0);
         big_close(&f);

@@ -301,21 +301,17 @@ int ferry_moe_planner_create(const ferry_moe_planner_options *uopt, ferry_moe_pl
                                   "moe planner: oracle trace is %u x %u experts, planner %u x %u",
                                   m->num_layers, m->num_experts, opt->num_layers, opt->num_experts);
     }
-    if (ops == &ferry__policy_transition &&
-        ferry__transition_bytes(opt->num_layers, opt->num_experts) > FERRY__TRANSITION_MAX_BYTES)
+    /* the learned models' size, bounded alike */
+    size_t model = ops == &ferry__policy_transition
+                       ? ferry__transition_bytes(opt->num_layers, opt->num_experts)
+                   : ops == &ferry__policy_successor
+                       ? ferry__successor_bytes(opt->num_layers, opt->num_experts)
+                       : 0;
+    if (model > FERRY__TRANSITION_MAX_BYTES)
         return ferry__err_set(NULL, -EINVAL,
-                              "moe planner: policy transition: %u layers x %u experts need "
-                              "%zu bytes of transition model, more than the %zu accepted",
-                              opt->num_layers, opt->num_experts,
-                              ferry__transition_bytes(opt->num_layers, opt->num_experts),
-                              (size_t)FERRY__TRANSITION_MAX_BYTES);
-    if (ops == &ferry__policy_successor &&
-        ferry__successor_bytes(opt->num_layers, opt->num_experts) > FERRY__TRANSITION_MAX_BYTES)
-        return ferry__err_set(NULL, -EINVAL,
-                              "moe planner: policy successor: %u layers x %u experts need "
-                              "%zu bytes of successor model, more than the %zu accepted",
-                              opt->num_layers, opt->num_experts,
-                              ferry__successor_bytes(opt->num_layers, opt->num_experts),
+                              "moe planner: policy %s: %u layers x %u experts need %zu bytes of "
+                              "%s model, more than the %zu accepted",
+                              ops->name, opt->num_layers, opt->num_experts, model, ops->name,
                               (size_t)FERRY__TRANSITION_MAX_BYTES);
     ferry_moe_planner *p = ferry__calloc(1, sizeof *p);
     if (!p)
