@@ -175,3 +175,130 @@ def test_a_group_ferry_cannot_cache_turns_the_connector_off(caplog):
     finally:
         unregister_store(NAME)
         store.close()
+
+
+def test_a_sliding_group_never_stores_blocks_vllm_let_go(monkeypatch):
+    """vLLM hands a sliding-window group the null block for every block
+    wholly below the window: a local prefix-cache hit
+    (SlidingWindowManager.find_longest_cache_hit returns [NULL, ..., hit
+    blocks]) and, as prefill moves on, remove_skipped_blocks(request,
+    num_computed_tokens) frees them (vllm-project/vllm
+    129ab7c60cbb8eb11e875373e67f7e521b74aa30,
+    vllm/v1/core/single_type_kv_cache_manager.py). A save of the request's
+    prompt from token 0 must not read those blocks into ferry: here a's
+    chunks left ferry (evicted) while vLLM kept them, b hits them locally,
+    and b's save would store the null block's bytes as b's window-group
+    chunks, which a later request loading inside its window would read."""
+    monkeypatch.setattr(vllm_adapter, "_PER_REQUEST_FAILURES", False)
+    model = TinyLlama(seed=4321)
+    lay = ferry.Layout.from_model(1, model.kv_heads, model.head_dim, dtype="f32")
+    store = ferry.KVStore("tiny-hybrid", lay, l1=64 * CHUNK * lay.token_bytes,
+                          chunk_tokens=CHUNK)
+    register_store(NAME, store)
+    g1 = "\0ferry-group\0" "1"
+    try:
+        cfg = vllm_config({"ferry.store": NAME})
+        cls = connector_class(cfg)
+        kcc = kv_cache_config(SlidingWindowSpec(W))
+        worker = cls(cfg, base.KVConnectorRole.WORKER, kcc)
+        caches = model.new_caches(64, BS)
+        worker.register_kv_caches({L0: caches[0], L1: caches[1]})
+        sched = cls(cfg, base.KVConnectorRole.SCHEDULER, kcc)
+        a, b = prompts()
+        ra = Request("a", a)
+        assert sched.get_num_new_matched_tokens(ra, 0) == (0, False)
+        ta = [list(range(1, 11)), list(range(11, 21))]
+        sched.update_state_after_alloc(ra, None, 0)
+        step(sched, worker, model, caches, ra, ta, 0, 40)
+        sched.request_finished_all_groups(ra, tuple(ta))
+        store.clear()                       # ferry evicted a; vLLM still has it
+        rb = Request("b", b)
+        assert sched.get_num_new_matched_tokens(rb, 32) == (0, False)
+        sched.update_state_after_alloc(rb, None, 0)
+        # b's 32-token local hit: the full group shares a's blocks, the sliding
+        # group gets the null block below the window (32 - W + 1 = 17 tokens:
+        # 4 blocks) and a's blocks above it
+        full = ta[0][:8] + list(range(21, 29))
+        sliding = [NULL] * 4 + ta[1][4:8] + list(range(29, 37))
+        step(sched, worker, model, caches, rb, [full, sliding], 32, 32)
+        # every chunk ferry holds for b's window group is b's KV
+        ref = model.new_caches(64, BS)
+        tr = [list(range(1, 17)), list(range(17, 33))]
+        forward(model, b, 0, ref, tr)
+        held = store.lookup(b, salt=g1)
+        out = model.new_caches(64, BS)[1:]
+        if held:
+            assert store.retrieve(b[:held], out, tr[1], salt=g1) == held
+        t = torch.arange(held)
+        assert torch.allclose(out[0][:, torch.tensor(tr[1])[t // BS], t % BS],
+                              ref[1][:, torch.tensor(tr[1])[t // BS], t % BS], atol=1e-5)
+        assert store.lookup(b) == 64        # the full group's chunks were stored
+        assert sched.get_num_new_matched_tokens(Request("c", b), 0)[0] == held
+        sched.request_finished_all_groups(rb, ([], []))
+        worker.shutdown()
+        sched.shutdown()
+    finally:
+        unregister_store(NAME)
+        store.close()
+
+
+def test_a_sliding_group_never_stores_blocks_vllm_reused(monkeypatch):
+    """Chunked prefill: when b's second step is scheduled, vLLM's
+    remove_skipped_blocks(b, 32) gives the sliding group's blocks below
+    32 - W + 1 back (vllm-project/vllm
+    129ab7c60cbb8eb11e875373e67f7e521b74aa30,
+    vllm/v1/core/single_type_kv_cache_manager.py) and another request's
+    forward writes them, while the worker's block table for b still names
+    them. With b's first chunks gone from ferry, the second step's save must
+    not store that request's KV as b's."""
+    monkeypatch.setattr(vllm_adapter, "_PER_REQUEST_FAILURES", False)
+    model = TinyLlama(seed=4321)
+    lay = ferry.Layout.from_model(1, model.kv_heads, model.head_dim, dtype="f32")
+    store = ferry.KVStore("tiny-hybrid", lay, l1=64 * CHUNK * lay.token_bytes,
+                          chunk_tokens=CHUNK)
+    register_store(NAME, store)
+    g1 = "\0ferry-group\0" "1"
+    try:
+        cfg = vllm_config({"ferry.store": NAME})
+        cls = connector_class(cfg)
+        kcc = kv_cache_config(SlidingWindowSpec(W))
+        worker = cls(cfg, base.KVConnectorRole.WORKER, kcc)
+        caches = model.new_caches(64, BS)
+        worker.register_kv_caches({L0: caches[0], L1: caches[1]})
+        sched = cls(cfg, base.KVConnectorRole.SCHEDULER, kcc)
+        _, b = prompts()
+        rb = Request("b", b)
+        assert sched.get_num_new_matched_tokens(rb, 0) == (0, False)
+        sched.update_state_after_alloc(rb, None, 0)
+        tb = [list(range(1, 17)), list(range(17, 33))]
+        step(sched, worker, model, caches, rb, [tb[0][:8], tb[1][:8]], 0, 32)
+        assert store.lookup(b, salt=g1) == 32
+        store.clear()                                     # ferry evicted b's chunks
+        caches[1][:, tb[1][:4]] = torch.randn_like(caches[1][:, tb[1][:4]])  # reused
+        so = SimpleNamespace(
+            scheduled_new_reqs=[], num_scheduled_tokens={"b": 32}, finished_req_ids=set(),
+            scheduled_cached_reqs=SimpleNamespace(
+                req_ids=["b"], resumed_req_ids=set(), num_computed_tokens=[32],
+                new_block_ids=[(tb[0][8:], tb[1][8:])]))
+        meta = sched.build_connector_meta(so)
+        worker.bind_connector_metadata(meta)
+        worker.start_load_kv(None)
+        forward(model, b[32:], 32, caches, tb)
+        worker.wait_for_save()
+        worker.clear_connector_metadata()
+        ref = model.new_caches(64, BS)
+        forward(model, b, 0, ref, tb)
+        held = store.lookup(b, salt=g1)
+        out = model.new_caches(64, BS)[1:]
+        if held:
+            assert store.retrieve(b[:held], out, tb[1], salt=g1) == held
+        t = torch.arange(held)
+        assert torch.allclose(out[0][:, torch.tensor(tb[1])[t // BS], t % BS],
+                              ref[1][:, torch.tensor(tb[1])[t // BS], t % BS], atol=1e-5)
+        assert store.lookup(b) == 64
+        sched.request_finished_all_groups(rb, ([], []))
+        worker.shutdown()
+        sched.shutdown()
+    finally:
+        unregister_store(NAME)
+        store.close()

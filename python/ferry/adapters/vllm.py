@@ -69,7 +69,9 @@ stored, in whole chunks; decode tokens are not.
 KV cache groups (SupportsHMA): the connector reads vLLM's groups from
 kv_cache_config. Full-attention and sliding-window groups are cached, each
 group's chunks keyed apart (group 0 keeps the request's salt); a
-sliding-window group is loaded only inside its window. A group of any other
+sliding-window group is loaded only inside its window, and a save of it
+reads no block below its window (vLLM has given those back): its chunks
+there must be in ferry already, else the group's save is skipped. A group of any other
 kind (Mamba state, ...) turns the connector off for that model, with a
 warning: a hit must cover every group. Options: "ferry.async_load" (loads
 vLLM does not wait for, reported through get_finished), "ferry.async_save"
@@ -163,12 +165,15 @@ class LoadSpec:
 
 @dataclass
 class SaveSpec:
-    """Store tokens (whole chunks) from the request's blocks."""
+    """Store tokens (whole chunks) from the request's blocks. start: the
+    tokens computed before this step; a sliding-window group's blocks below
+    its window of them are vLLM's null block or already given back."""
     req_id: str
     tokens: list
     block_ids: list
     salt: object = None
     groups: tuple = ()
+    start: int = 0
 
 
 @dataclass
@@ -449,9 +454,9 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._layer_index = {}
         self._layer_pos = {}    # layer name -> (group index, index in its group)
         self._loading = []      # [spec, group, ids, skip, LayerOp] of this step's layerwise loads
-        self._saving = None     # [spec, group, LayerOp] of this step's layerwise saves
+        self._saving = None     # (spec, group, LayerOp, pin) of this step's layerwise saves
         self._async_loads = {}  # req id -> [[spec, group, ids, skip, Op]]
-        self._saves_inflight = {}  # req id -> [(spec, Op)]
+        self._saves_inflight = {}  # req id -> [(spec, Op, pin)]
         self._deferred = set()  # req ids reported through get_finished's first set
         self._finishing = set()  # of those, the ones vLLM said finished
 
@@ -646,7 +651,8 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
                 st = self._reqs[new.req_id] = _Req(tokens=toks, prompt_len=len(toks))
             st.group_ids = [list(x) for x in new.block_ids]
             st.block_ids = list(st.group_ids[0])
-            self._plan(meta, new.req_id, st, new.num_computed_tokens + sched.get(new.req_id, 0))
+            self._plan(meta, new.req_id, st, new.num_computed_tokens,
+                       new.num_computed_tokens + sched.get(new.req_id, 0))
         cached = scheduler_output.scheduled_cached_reqs
         resumed_ids = getattr(cached, "resumed_req_ids", None)
         for i, rid in enumerate(cached.req_ids):
@@ -664,7 +670,8 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
                 else:
                     st.group_ids = [old + list(x) for old, x in zip(st.group_ids, new_ids)]
                 st.block_ids = list(st.group_ids[0])
-            self._plan(meta, rid, st, cached.num_computed_tokens[i] + sched.get(rid, 0))
+            self._plan(meta, rid, st, cached.num_computed_tokens[i],
+                       cached.num_computed_tokens[i] + sched.get(rid, 0))
         return meta
 
     def _groups_ids(self, st):
@@ -677,7 +684,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         st.load = None
         st.deferred = st.deferred or is_async
 
-    def _plan(self, meta, rid, st, computed):
+    def _plan(self, meta, rid, st, before, computed):
         if st.load is not None:
             self._plan_load(meta, rid, st, False)
         if self._disabled:
@@ -686,7 +693,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         end = min(computed, st.prompt_len) // chunk * chunk
         if end > st.saved:
             meta.saves.append(SaveSpec(rid, st.tokens[:end], list(st.block_ids), st.salt,
-                                       self._groups_ids(st)))
+                                       self._groups_ids(st), before))
             if self._events_on:
                 self._note_stored(st, st.saved, end)
             st.saved = end
@@ -868,13 +875,48 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
     def _targets(self, spec):
         """(group, caches, block ids, skip, salt) for each cached group of a load
         or save. A sliding-window group is written only inside its window: the
-        blocks below it are vLLM's null blocks."""
+        blocks below it are vLLM's null blocks. A save's skip is the tokens
+        its chunks must already be in ferry up to (see _hold)."""
+        chunk = self.store.chunk_tokens
         for g in self._cached:
             ids = list(spec.groups[g.idx]) if spec.groups else list(spec.block_ids)
             skip = getattr(spec, "skip", 0)
             if g.kind == "sliding" and isinstance(spec, LoadSpec):
                 skip = max(skip, spec.need - g.window + 1)
+            elif g.kind == "sliding":
+                gone = max(0, spec.start - g.window + 1)
+                skip = min(len(spec.tokens), -(-gone // chunk) * chunk)
             yield g, self._gcaches[g.idx], ids, skip, _group_salt(spec.salt, g.idx)
+
+    def _hold(self, spec, g, salt, below):
+        """A save of a sliding-window group reads nothing below its window:
+        vLLM gave those blocks back when it computed them (the null block in
+        their place, or a block since reused, which the worker's block table
+        still names). Its chunks below `below` must be in ferry already, so
+        they are pinned for the store, which then skips them as present.
+        Returns the tokens pinned (0: none needed), or None when ferry lacks
+        one: the group's save is skipped (a later chunk with an earlier one
+        missing could never be found)."""
+        if below <= 0:
+            return 0
+        n = self.store.pin(spec.tokens[:below], salt=salt)
+        if n >= below:
+            return n
+        if n:
+            self.store.unpin(spec.tokens[:n], salt=salt)
+        self.saves_skipped += 1
+        self._stats["saves_skipped"] += 1
+        log.info("ferry: request %s: group %d: store skipped: its chunks below token %d "
+                 "are not in ferry and vLLM no longer holds their blocks", spec.req_id,
+                 g.idx, below)
+        return None
+
+    def _release(self, spec, salt, held):
+        if held:
+            try:
+                self.store.unpin(spec.tokens[:held], salt=salt)
+            except FerryError as e:
+                log.warning("ferry: request %s: unpin after store: %s", spec.req_id, e)
 
     def start_load_kv(self, forward_context, **kwargs):
         """Load every planned request's chunks into its blocks, all layers (the
@@ -996,19 +1038,23 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         if self._saving is None:
             self._saving = []
             for spec in self._bound_meta().saves:
-                for g, caches, ids, _, salt in self._targets(spec):
+                for g, caches, ids, below, salt in self._targets(spec):
+                    held = self._hold(spec, g, salt, below)
+                    if held is None:
+                        continue
                     try:
                         op = self.store.store_layers(spec.tokens, caches, ids, salt=salt)
                     except FerryError as e:
+                        self._release(spec, salt, held)
                         if e.code not in _SKIPPABLE:
                             raise
                         self._skipped(spec, e)
                         continue
-                    self._saving.append((spec, g, op))
+                    self._saving.append((spec, g, op, (salt, held)))
         pos = self._layer_pos.get(layer_name)
         if pos is None:
             return
-        for spec, g, op in self._saving:
+        for spec, g, op, _ in self._saving:
             if g.idx == pos[0]:
                 op.layer_done(pos[1])
 
@@ -1017,8 +1063,16 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._stats["saves_skipped"] += 1
         log.warning("ferry: request %s: store skipped: %s", spec.req_id, e)
 
-    def _saved(self, spec, op):
-        """A store is over: count it, or skip it when ferry was full."""
+    def _saved(self, spec, op, pin=None):
+        """A store is over: count it, or skip it when ferry was full; drop
+        the pins _hold took for it."""
+        try:
+            self._saved_op(spec, op)
+        finally:
+            if pin is not None:
+                self._release(spec, *pin)
+
+    def _saved_op(self, spec, op):
         try:
             op.wait()
         except FerryError as e:
@@ -1035,8 +1089,8 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _save_finish(self):
         saving, self._saving = self._saving or [], None
-        for spec, _, op in saving:
-            self._saved(spec, op)
+        for spec, _, op, pin in saving:
+            self._saved(spec, op, pin)
 
     def wait_for_save(self):
         """Store this step's planned chunks from all layers (after the forward
@@ -1053,11 +1107,16 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             self._save_finish()
             return
         for spec in self._bound_meta().saves:
-            for g, caches, ids, _, salt in self._targets(spec):
+            for g, caches, ids, below, salt in self._targets(spec):
+                held = self._hold(spec, g, salt, below)
+                if held is None:
+                    continue
                 try:
                     if self._async_save:
                         op = self.store.store_async(spec.tokens, caches, ids, salt=salt)
-                        self._saves_inflight.setdefault(spec.req_id, []).append((spec, op))
+                        self._saves_inflight.setdefault(spec.req_id, []).append(
+                            (spec, op, (salt, held)))
+                        held = 0   # released when the store is reaped
                         continue
                     self.store.store(spec.tokens, caches, ids, salt=salt)
                     self._stats["saves"] += 1
@@ -1066,6 +1125,8 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
                     if e.code not in _SKIPPABLE:
                         raise
                     self._skipped(spec, e)
+                finally:
+                    self._release(spec, salt, held)
             if self._async_save:
                 self._deferred.add(spec.req_id)
 
@@ -1073,10 +1134,10 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         ops = self._saves_inflight.get(rid)
         if ops is None:
             return True
-        if not block and not all(op.done() for _, op in ops):
+        if not block and not all(op.done() for _, op, _ in ops):
             return False
-        for spec, op in self._saves_inflight.pop(rid):
-            self._saved(spec, op)
+        for spec, op, pin in self._saves_inflight.pop(rid):
+            self._saved(spec, op, pin)
         return True
 
     def _reap_loads(self, rid):
