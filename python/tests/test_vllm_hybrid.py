@@ -302,3 +302,67 @@ def test_a_sliding_group_never_stores_blocks_vllm_reused(monkeypatch):
     finally:
         unregister_store(NAME)
         store.close()
+
+
+def test_an_async_save_of_a_sliding_group_ends_before_vllm_frees_its_blocks(monkeypatch):
+    """"ferry.async_save": b's first step starts its stores and returns. At
+    b's next step vLLM frees the sliding group's blocks below the window
+    (remove_skipped_blocks(b, 32); vllm-project/vllm
+    129ab7c60cbb8eb11e875373e67f7e521b74aa30,
+    vllm/v1/core/single_type_kv_cache_manager.py) though b still runs, so
+    no preemption is reported for b, and another request's forward writes
+    them. The sliding group's store must have read them first."""
+    from test_vllm_older import slow_stores
+    monkeypatch.setattr(vllm_adapter, "_PER_REQUEST_FAILURES", False)
+    model = TinyLlama(seed=4321)
+    lay = ferry.Layout.from_model(1, model.kv_heads, model.head_dim, dtype="f32")
+    store = ferry.KVStore("tiny-hybrid", lay, l1=64 * CHUNK * lay.token_bytes,
+                          chunk_tokens=CHUNK)
+    register_store(NAME, store)
+    ops = slow_stores(store, monkeypatch)
+    g1 = "\0ferry-group\0" "1"
+    try:
+        cfg = vllm_config({"ferry.store": NAME, "ferry.async_save": True})
+        cls = connector_class(cfg)
+        kcc = kv_cache_config(SlidingWindowSpec(W))
+        worker = cls(cfg, base.KVConnectorRole.WORKER, kcc)
+        caches = model.new_caches(64, BS)
+        worker.register_kv_caches({L0: caches[0], L1: caches[1]})
+        sched = cls(cfg, base.KVConnectorRole.SCHEDULER, kcc)
+        _, b = prompts()
+        rb = Request("b", b)
+        assert sched.get_num_new_matched_tokens(rb, 0) == (0, False)
+        sched.update_state_after_alloc(rb, None, 0)
+        tb = [list(range(1, 17)), list(range(17, 33))]
+        step(sched, worker, model, caches, rb, [tb[0][:8], tb[1][:8]], 0, 32)
+        so = SimpleNamespace(
+            scheduled_new_reqs=[], num_scheduled_tokens={"b": 32}, finished_req_ids=set(),
+            preempted_req_ids=set(),
+            scheduled_cached_reqs=SimpleNamespace(
+                req_ids=["b"], resumed_req_ids=set(), num_computed_tokens=[32],
+                new_block_ids=[(tb[0][8:], tb[1][8:])]))
+        meta = sched.build_connector_meta(so)
+        worker.handle_preemptions(meta)
+        worker.bind_connector_metadata(meta)
+        caches[1][:, tb[1][:4]] = torch.randn_like(caches[1][:, tb[1][:4]])  # reused
+        forward(model, b[32:], 32, caches, tb)
+        worker.start_load_kv(None)
+        worker.wait_for_save()
+        worker.clear_connector_metadata()
+        for op in ops:
+            op.wait()
+        ref = model.new_caches(64, BS)
+        forward(model, b, 0, ref, tb)
+        held = store.lookup(b, salt=g1)
+        out = model.new_caches(64, BS)[1:]
+        assert store.retrieve(b[:held], out, tb[1], salt=g1) == held
+        t = torch.arange(held)
+        assert torch.allclose(out[0][:, torch.tensor(tb[1])[t // BS], t % BS],
+                              ref[1][:, torch.tensor(tb[1])[t // BS], t % BS], atol=1e-5)
+        assert held == 64 and store.lookup(b) == 64
+        assert sched.request_finished_all_groups(rb, ([], []))[0] is True
+        worker.shutdown()
+        sched.shutdown()
+    finally:
+        unregister_store(NAME)
+        store.close()

@@ -75,7 +75,8 @@ there must be in ferry already, else the group's save is skipped. A group of any
 kind (Mamba state, ...) turns the connector off for that model, with a
 warning: a hit must cover every group. Options: "ferry.async_load" (loads
 vLLM does not wait for, reported through get_finished), "ferry.async_save"
-(stores not waited for; the request's blocks are kept until they end),
+(stores not waited for; the request's blocks are kept until they end; a
+sliding-window group's are waited for, its blocks freed while it runs),
 "ferry.kv_events" (KV events without vLLM's kv_events_config),
 "ferry.kv_cache_layout" (a layout to ask vLLM for). A boolean setting is a
 JSON boolean or one of the strings true/false, 1/0, yes/no, on/off (as a
@@ -1097,8 +1098,10 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         wrote them); layerwise: wait until every layer was handed over and the
         chunks are stored. With "ferry.async_save" the stores are started and
         not waited for: request_finished keeps the request's blocks until
-        get_finished reports its stores over. A store that finds ferry full is
-        skipped and counted."""
+        get_finished reports its stores over (a sliding-window group's
+        stores excepted: vLLM frees its blocks below the window while the
+        request still runs, so they end here). A store that finds ferry full
+        is skipped and counted."""
         if self._loading:  # (a forward that skipped some layer's wait)
             self._load_finish()
         if not self.has_connector_metadata():
@@ -1112,7 +1115,9 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
                 if held is None:
                     continue
                 try:
-                    if self._async_save:
+                    # a sliding group's blocks below its window are freed while
+                    # the request runs (no preemption reported): stored now
+                    if self._async_save and g.kind != "sliding":
                         op = self.store.store_async(spec.tokens, caches, ids, salt=salt)
                         self._saves_inflight.setdefault(spec.req_id, []).append(
                             (spec, op, (salt, held)))
