@@ -603,6 +603,45 @@ def test_multimodal_inputs_are_part_of_the_key(model, store):
     eng.close()
 
 
+def test_lora_and_prompt_embeds_are_part_of_the_key(model, store):
+    """vLLM keys its own prefix cache by the request's LoRA adapter name and
+    by a hash of its prompt embeddings as well as its tokens
+    (generate_block_hash_extra_keys: _gen_lora_extra_hash_keys,
+    _gen_prompt_embeds_extra_hash_keys; vllm-project/vllm
+    bbf906a88ba1a39104884c88c9811a4f968e4659, vllm/v1/core/kv_cache_utils.py):
+    an adapter's KV is not the base model's, and a prompt given as
+    embeddings has placeholder token ids (Request: [0] * its length)."""
+    eng = Engine(model, store)
+    a, _ = prompts()
+
+    def req(rid, lora=None, embeds=None):
+        r = Request(rid, a)
+        r.lora_request = None if lora is None else SimpleNamespace(lora_name=lora,
+                                                                   lora_int_id=7)
+        r.prompt_embeds = embeds
+        return r
+
+    r1 = req("l1", lora="alpha")
+    assert eng.admit(r1) == 0
+    eng.step_new(r1)
+    eng.finish(r1)
+    others = [req("l2"), req("l3", lora="beta")]
+    assert [eng.admit(r) for r in others] == [0, 0]     # the base model, another adapter
+    same = req("l4", lora="alpha")
+    assert eng.admit(same) == 32
+    e1 = torch.randn(len(a), 8)
+    r5 = req("e1", embeds=e1)
+    assert eng.admit(r5) == 0
+    eng.step_new(r5)
+    eng.finish(r5)
+    r6, r7 = req("e2", embeds=torch.randn(len(a), 8)), req("e3", embeds=e1.clone())
+    assert eng.admit(r6) == 0               # same placeholder tokens, other embeddings
+    assert eng.admit(r7) == 32
+    for r in others + [same, r6, r7]:
+        eng.finish(r)
+    eng.close()
+
+
 def test_layerwise_form_loads_and_saves_layer_by_layer_bitwise(model, store, monkeypatch):
     calls = []
     real_wait, real_done = ferry.LayerOp.wait_layer, ferry.LayerOp.layer_done

@@ -61,10 +61,12 @@ blocks it did not fill through get_block_ids_with_load_errors, so vLLM
 recomputes them instead of reading stale blocks. Blocks holding vLLM's
 own prefix-cache hit are never written: when vLLM already computed part of
 a prefix, the retrieve skips those tokens (the request's skip_tokens) and
-writes only the rest into vLLM's blocks, zero-copy as every load is. vLLM's cache_salt is ferry's salt, with the identities of a request's
-multimodal inputs added (their placeholder token ids do not tell images
-apart). Only prompt tokens are
-stored, in whole chunks; decode tokens are not.
+writes only the rest into vLLM's blocks, zero-copy as every load is.
+vLLM's cache_salt is ferry's salt, with what else vLLM keys its own prefix
+cache by added: the LoRA adapter's name, the identities of the request's
+multimodal inputs and a digest of its prompt embeddings (placeholder
+token ids tell neither images nor embeddings apart). Only prompt tokens
+are stored, in whole chunks; decode tokens are not.
 
 KV cache groups (SupportsHMA): the connector reads vLLM's groups from
 kv_cache_config. Full-attention and sliding-window groups are cached, each
@@ -197,6 +199,7 @@ class _Req:
     saved: int = 0          # leading tokens known to be in ferry
     block_ids: list = field(default_factory=list)
     group_ids: list = field(default_factory=list)  # every group's block ids
+    salted: bool = False      # salt taken from the request (get_num_new_matched_tokens)
     async_load: bool = False  # get_num_new_matched_tokens answered load-async
     deferred: bool = False    # an async load or save the worker reports at the end
 
@@ -340,15 +343,41 @@ def _config_layout(vllm_config, extra):
                          "num_kv_heads, head_dim, dtype) or a vLLM model_config") from e
 
 
+def _embeds_digest(embeds):
+    """A digest of a request's prompt embeddings: their dtype, shape and bytes."""
+    t = embeds.detach().cpu().contiguous() if torch is not None and \
+        isinstance(embeds, torch.Tensor) else None
+    h = hashlib.blake2b(digest_size=16)
+    if t is None:
+        a = np.ascontiguousarray(embeds)
+        h.update(f"{a.dtype}{a.shape}".encode())
+        h.update(a.tobytes())
+    else:
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def _salt_of(request):
-    """ferry's salt for a request: vLLM's cache_salt, and the identities of
-    its multimodal inputs (their placeholder token ids are the same for any
-    image, so a prefix with another image must not match)."""
+    """ferry's salt for a request: what vLLM keys its own prefix cache by
+    beyond the tokens. vLLM's cache_salt; the LoRA adapter's name (its KV is
+    not the base model's); the identities of its multimodal inputs (their
+    placeholder token ids are the same for any image, so a prefix with
+    another image must not match); and a digest of its prompt embeddings
+    (a prompt given as embeddings has placeholder token ids)."""
     salt = getattr(request, "cache_salt", None)
+    lora = getattr(request, "lora_request", None)
+    if lora is not None:
+        name = getattr(lora, "lora_name", None)
+        name = name if name is not None else getattr(lora, "lora_int_id", lora)
+        salt = (salt or "") + "\0lora\0" + str(name)
     mm = [str(getattr(f, "identifier", f)) for f in getattr(request, "mm_features", None) or []]
     mm = mm or [str(h) for h in getattr(request, "mm_hashes", None) or []]
     if mm:
         salt = (salt or "") + "\0mm\0" + "\0".join(mm)
+    embeds = getattr(request, "prompt_embeds", None)
+    if embeds is not None:
+        salt = (salt or "") + "\0embeds\0" + _embeds_digest(embeds)
     return salt
 
 
@@ -586,12 +615,13 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             raise ValueError(f"ferry: num_computed_tokens is an integer >= 0, got "
                              f"{num_computed_tokens!r} (request {request.request_id!r})")
         tokens = list(getattr(request, "all_token_ids", None) or request.prompt_token_ids or [])
-        salt = _salt_of(request)
         prompt = getattr(request, "prompt_token_ids", None)
         st = self._reqs.get(request.request_id)
         if st is None:
             st = self._reqs[request.request_id] = _Req(tokens=tokens)
-        st.tokens, st.salt = tokens, salt
+        if not st.salted:   # once per request (prompt embeddings are hashed)
+            st.salt, st.salted = _salt_of(request), True
+        st.tokens, salt = tokens, st.salt
         st.prompt_len = len(prompt) if prompt is not None else len(tokens)
         st.local = num_computed_tokens
         self._check_groups()
@@ -645,8 +675,10 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         sched = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             st = self._reqs.get(new.req_id)
-            if st is None and getattr(new, "mm_features", None):
-                continue  # never looked up: its multimodal salt is unknown here
+            if st is None and (getattr(new, "mm_features", None)
+                               or getattr(new, "lora_request", None) is not None
+                               or getattr(new, "prompt_embeds", None) is not None):
+                continue  # never looked up: its salt is unknown here
             if st is None:
                 toks = list(new.prompt_token_ids or [])
                 st = self._reqs[new.req_id] = _Req(tokens=toks, prompt_len=len(toks))
