@@ -730,3 +730,38 @@ def test_through_a_ferry_serve_daemon_scheduler_and_worker_apart(tmp_path):
     finally:
         unregister_store(NAME)
         d.stop()
+
+
+def test_layerwise_save_kv_layer_never_raises_into_the_forward(model, store):
+    """save_kv_layer runs inside the model's attention layers (vLLM's
+    maybe_save_kv_layer_to_connector; vllm-project/vllm
+    00f4240ee6458263d76cf51ca7901ce1350bb4d1,
+    vllm/distributed/kv_transfer/kv_connector/v1/base.py: "called from
+    within attention layer"): a store that cannot take a layer (here one
+    handed over twice in a step, its KV written again after the first
+    hand-over) is cancelled and counted, never an exception in the forward,
+    and nothing of it is stored."""
+    eng = Engine(model, store, extra={"ferry.store": NAME, "ferry.layerwise": True})
+    w, names = eng.worker, layer_names(model)
+    a, _ = prompts()
+    ra = Request("a", a)
+    assert eng.admit(ra) == 0
+    new = SimpleNamespace(req_id="a", prompt_token_ids=a, block_ids=(eng.blocks["a"],),
+                          num_computed_tokens=0)
+    so = SimpleNamespace(scheduled_new_reqs=[new], num_scheduled_tokens={"a": len(a)},
+                         scheduled_cached_reqs=SimpleNamespace(
+                             req_ids=[], resumed_req_ids=set(), new_block_ids=[],
+                             num_computed_tokens=[]))
+    w.bind_connector_metadata(eng.sched.build_connector_meta(so))
+    w.start_load_kv(None)
+    model.forward(a, 0, eng.caches, eng.blocks["a"])
+    w.save_kv_layer(names[0], eng.caches[0], SimpleNamespace())
+    eng.caches[0].add_(1.0)                 # layer 0 written again after its hand-over
+    for name, cache in zip(names, eng.caches):
+        w.save_kv_layer(name, cache, SimpleNamespace())
+    w.wait_for_save()
+    w.clear_connector_metadata()
+    assert store.lookup(a) == 0
+    assert w.get_kv_connector_stats().data["saves_skipped"] == 1
+    eng.finish(ra)
+    eng.close()

@@ -484,7 +484,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._layer_index = {}
         self._layer_pos = {}    # layer name -> (group index, index in its group)
         self._loading = []      # [spec, group, ids, skip, LayerOp] of this step's layerwise loads
-        self._saving = None     # (spec, group, LayerOp, pin) of this step's layerwise saves
+        self._saving = None     # [spec, group, LayerOp, pin, error] of this step's layerwise saves
         self._async_loads = {}  # req id -> [[spec, group, ids, skip, Op]]
         self._saves_inflight = {}  # req id -> [(spec, Op, pin)]
         self._deferred = set()  # req ids reported through get_finished's first set
@@ -1065,7 +1065,9 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
         """Layerwise: hand this layer of every planned save over as soon as
-        the forward wrote it (whole form: wait_for_save stores all layers)."""
+        the forward wrote it (whole form: wait_for_save stores all layers).
+        A store that refuses the layer (handed over twice, its tensor moved)
+        is cancelled and counted skipped: nothing raises into the forward."""
         if not self._layerwise or not self.has_connector_metadata():
             return
         if self._saving is None:
@@ -1083,13 +1085,21 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
                             raise
                         self._skipped(spec, e)
                         continue
-                    self._saving.append((spec, g, op, (salt, held)))
+                    self._saving.append([spec, g, op, (salt, held), None])
         pos = self._layer_pos.get(layer_name)
         if pos is None:
             return
-        for spec, g, op, _ in self._saving:
-            if g.idx == pos[0]:
+        for entry in self._saving:
+            spec, g, op, _, failed = entry
+            if g.idx != pos[0] or failed is not None:
+                continue
+            try:
                 op.layer_done(pos[1])
+            except FerryError as e:
+                # (inside the forward: never raised there) the store ends,
+                # nothing of it stored; counted when the step's saves end
+                op.cancel()
+                entry[4] = e
 
     def _skipped(self, spec, e):
         self.saves_skipped += 1
@@ -1122,8 +1132,12 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _save_finish(self):
         saving, self._saving = self._saving or [], None
-        for spec, _, op, pin in saving:
-            self._saved(spec, op, pin)
+        for spec, _, op, pin, failed in saving:
+            if failed is None:
+                self._saved(spec, op, pin)
+                continue
+            self._release(spec, *pin)
+            self._skipped(spec, failed)
 
     def wait_for_save(self):
         """Store this step's planned chunks from all layers (after the forward
