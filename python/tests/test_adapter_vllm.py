@@ -765,3 +765,31 @@ def test_layerwise_save_kv_layer_never_raises_into_the_forward(model, store):
     assert w.get_kv_connector_stats().data["saves_skipped"] == 1
     eng.finish(ra)
     eng.close()
+
+
+def test_shutdown_mid_step_ends_the_layerwise_ops(model, store):
+    """A worker shut down inside a step (the engine failed in its forward;
+    vLLM's shutdown calls the connector's shutdown,
+    vllm-project/vllm 00f4240ee6458263d76cf51ca7901ce1350bb4d1 base.py:
+    "ensure that all the async operations are completed") ends the step's
+    layerwise stores: a store registered by the application outlives the
+    connector, and a store left waiting for layers would hold its chunks'
+    slots write-locked (the lock's TTL: minutes), so no one could store them."""
+    eng = Engine(model, store, extra={"ferry.store": NAME, "ferry.layerwise": True})
+    w, names = eng.worker, layer_names(model)
+    a, _ = prompts()
+    ra = Request("a", a)
+    assert eng.admit(ra) == 0
+    new = SimpleNamespace(req_id="a", prompt_token_ids=a, block_ids=(eng.blocks["a"],),
+                          num_computed_tokens=0)
+    so = SimpleNamespace(scheduled_new_reqs=[new], num_scheduled_tokens={"a": len(a)},
+                         scheduled_cached_reqs=SimpleNamespace(
+                             req_ids=[], resumed_req_ids=set(), new_block_ids=[],
+                             num_computed_tokens=[]))
+    w.bind_connector_metadata(eng.sched.build_connector_meta(so))
+    w.start_load_kv(None)
+    model.forward(a, 0, eng.caches, eng.blocks["a"])
+    w.save_kv_layer(names[0], eng.caches[0], SimpleNamespace())   # then the engine fails
+    eng.close()
+    assert store.lookup(a) == 0
+    assert store.store(a[:32], eng.caches, eng.blocks["a"]) == 32

@@ -1275,6 +1275,15 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         return out
 
     def shutdown(self):
+        # a step cut short (the forward failed): its layerwise stores would
+        # keep their chunks' slots write-locked, its loads their chunks pinned
+        saving, self._saving = self._saving or [], None
+        for spec, _, op, pin, _ in saving:
+            op.cancel()
+            self._release(spec, *pin)
+        loading, self._loading = self._loading, []
+        for *_, op in loading:
+            op.cancel()
         for rid in list(self._async_loads):
             for *_, op in self._async_loads[rid]:
                 if op is not None:
