@@ -58,14 +58,14 @@ static void assert_consistent(const ferry_moe_planner *p, uint32_t L, uint32_t E
     }
 }
 
-static const char *const online[] = {"lru",     "lru-layer", "lfu", "lfru",
+static const char *const online[] = {"lru",     "lru-layer", "lfu", "lfru", "trio", "successor",
                                      "s3fifo",  "routing",   "arc", "auto"};
 
-/* the routing policy's structures, on its own or inside auto */
+/* the routing policy's structures, on its own or inside trio */
 static void check_routing(const ferry_moe_planner *p, const char *policy, uint32_t at)
 {
     const ferry__policy *pol = ferry__planner_policy(p);
-    if (!strcmp(policy, "auto"))
+    if (!strcmp(policy, "trio"))
         pol = ferry__auto_routing(pol);
     else if (strcmp(policy, "routing"))
         return;

@@ -140,7 +140,7 @@ static void transition_survives_counter_halving(void **state)
     ferry_moe_trace_destroy(t);
 }
 
-/* every victim the lists name, by the lead and by auto's shadow, is the
+/* every victim the lists name, by the lead and by trio's shadow, is the
  * one a scan of all the slots names by the same rule (ties included: the
  * traces start with every cell at its prior, so equal p are many) */
 static void verify_replay(const ferry_moe_trace *t, const char *policy, uint32_t slots,
@@ -168,14 +168,14 @@ static void transition_lists_choose_as_the_scan(void **state)
         ferry_moe_trace *t = ft_moe_gen(models[m], 96, 4);
         for (size_t i = 0; i < sizeof pcts / sizeof *pcts; i++) {
             verify_replay(t, "transition", ft_moe_share(t, pcts[i]), &checked);
-            verify_replay(t, "auto", ft_moe_share(t, pcts[i]), &checked);
+            verify_replay(t, "trio", ft_moe_share(t, pcts[i]), &checked);
         }
         ferry_moe_trace_destroy(t);
     }
     ferry_moe_trace *ctx = ft_moe_context_trace(4, 2000, 3), *pair = ft_moe_pair_trace(4, 2000, 1, 3);
     for (uint32_t slots = 3; slots <= 24; slots *= 2) {
         verify_replay(ctx, "transition", slots, &checked);
-        verify_replay(ctx, "auto", slots, &checked);
+        verify_replay(ctx, "trio", slots, &checked);
         verify_replay(pair, "transition", slots, &checked);
     }
     ferry_moe_trace_destroy(ctx);
@@ -251,13 +251,13 @@ static void transition_work_does_not_grow_with_slots(void **state)
 
 /* the transition work of a layer-step once the slots are full (every
  * miss evicting): its mean over those steps, the most of one, and how
- * many; auto's is its transition's and that one's shadow's */
+ * many; trio's is its transition's and that one's shadow's */
 static void work_when_full(const ferry_moe_trace *t, const char *policy, uint32_t slots,
                            double *mean, uint64_t *most, uint64_t *steps)
 {
     ferry_moe_planner *p = ft_moe_planner(t, policy, slots);
     const ferry__policy *pol = ferry__planner_policy(p), *sh = NULL;
-    if (!strcmp(policy, "auto")) {
+    if (!strcmp(policy, "trio")) {
         sh = ferry__auto_shadow_transition(pol);
         pol = ferry__auto_transition(pol);
         assert_non_null(pol);
@@ -285,13 +285,13 @@ static void work_when_full(const ferry_moe_trace *t, const char *policy, uint32_
 
 /* at DeepSeek-V3's shape (58 x 256, top-8), once the slots are full, the
  * work of a layer-step does not grow when the slots go from 1024 to 8192
- * - transition alone and as auto's - where a scan of the residents, or a
+ * - transition alone and as trio's - where a scan of the residents, or a
  * victim that looked at every layer's, would grow with them */
 static void transition_steady_work_does_not_grow_with_slots(void **state)
 {
     (void)state;
     ferry_moe_trace *t = ft_moe_gen("deepseek-v3", 512, 1);
-    const char *pols[] = {"transition", "auto"};
+    const char *pols[] = {"transition", "trio"};
     for (size_t i = 0; i < 2; i++) {
         double m1, m2;
         uint64_t x1, x2, n1, n2;
@@ -397,7 +397,7 @@ static void transition_wakes_to_the_cells_it_would_have(void **state)
 /* the rows counted with AVX2 (where the processor has it) and with SSE2
  * alone, and the cells' counts folded four at a time or one at a time
  * (ferry__transition_narrow), give the same counts: the same hits for
- * transition and auto */
+ * transition and trio */
 static void transition_rows_count_the_same_narrow(void **state)
 {
     (void)state;
@@ -405,7 +405,7 @@ static void transition_rows_count_the_same_narrow(void **state)
     for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
         ferry_moe_trace *t = ft_moe_gen(models[i], 300, 7);
         uint32_t slots = ft_moe_share(t, 12.5);
-        const char *pol[] = {"transition", "auto"};
+        const char *pol[] = {"transition", "trio"};
         for (size_t j = 0; j < 2; j++) {
             ferry_moe_replay_result w, nr;
             FT_ASSERT_OK(ferry_moe_replay(t, pol[j], slots, 0, &w));

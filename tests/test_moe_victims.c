@@ -1,5 +1,5 @@
 /*
- * test_moe_victims.c - the victim structures of "transition" and "auto"
+ * test_moe_victims.c - the victim structures of "transition" and "trio" (the three-way duel)
  * against their references, on randomized routing: every victim the
  * per-layer lists name is the one a scan of all the slots names by the
  * same rule (ties included), and the work of a layer-step - counted, not
@@ -101,7 +101,7 @@ static uint64_t verified_replay(const ferry_moe_trace *t, const char *policy, ui
 }
 
 /* randomized routing, several shapes and budgets: transition's every
- * eviction (its planner asks it for each) and every victim of auto's
+ * eviction (its planner asks it for each) and every victim of trio's
  * transition (real or shadow) is the scan's */
 static void victims_are_the_scans_on_random_routing(void **state)
 {
@@ -118,12 +118,12 @@ static void victims_are_the_scans_on_random_routing(void **state)
             uint32_t budgets[] = {shapes[s].k, ids / 16, ids / 8, ids / 4, ids / 2};
             for (size_t b = 0; b < sizeof budgets / sizeof *budgets; b++) {
                 uint32_t slots = budgets[b] < shapes[s].k ? shapes[s].k : budgets[b];
-                uint64_t ev, ev_auto;
+                uint64_t ev, ev_trio;
                 uint64_t c = verified_replay(t, "transition", slots, &ev);
                 /* every eviction compared: the planner asks for each */
                 assert_int_equal(c, ev);
                 total += c;
-                total += verified_replay(t, "auto", slots, &ev_auto);
+                total += verified_replay(t, "trio", slots, &ev_trio);
             }
             ferry_moe_trace_destroy(t);
         }
@@ -133,13 +133,13 @@ static void victims_are_the_scans_on_random_routing(void **state)
 
 /* transition's counted work (events, filings, layers and cells visited)
  * per layer-step after the first token, in a planner of `policy` at
- * `slots`: for auto, its transition and that one's shadow together */
+ * `slots`: for trio, its transition and that one's shadow together */
 static double work_per_step(const ferry_moe_trace *t, const char *policy, uint32_t slots,
                             uint64_t *evictions)
 {
     ferry_moe_planner *p = ft_moe_planner(t, policy, slots);
     const ferry__policy *pol = ferry__planner_policy(p), *a = pol, *b = NULL;
-    if (!strcmp(policy, "auto")) {
+    if (!strcmp(policy, "trio")) {
         a = ferry__auto_transition(pol);
         b = ferry__auto_shadow_transition(pol);
         assert_non_null(a);
@@ -175,7 +175,7 @@ static void work_per_step_is_flat_in_the_slots(void **state)
     (void)state;
     ferry_moe_trace *t = random_trace(128, 512, 8, 160, 10, 512.0, 11);
     const uint32_t slots[] = {512, 4096, 32768};
-    const char *pols[] = {"transition", "auto"};
+    const char *pols[] = {"transition", "trio"};
     for (size_t p = 0; p < 2; p++) {
         double w[3];
         for (size_t i = 0; i < 3; i++) {

@@ -196,8 +196,10 @@ extern const ferry__policy_ops ferry__policy_routing_follower;
 int ferry__routing_follow(ferry__policy *p, ferry__policy *lead);
 extern const ferry__policy_ops ferry__policy_arc;
 extern const ferry__policy_ops ferry__policy_auto;
-/* (tests, bench) auto's lead - 0 lru, 1 routing, 2 transition - and the
- * times it changed (switches may be NULL); -1 for another policy */
+extern const ferry__policy_ops ferry__policy_trio;
+/* (tests, bench) auto's or trio's lead - auto: 0 lru, 1 successor; trio:
+ * 0 lru, 1 routing, 2 transition - and the times it changed (switches may
+ * be NULL); -1 for another policy */
 int ferry__auto_lead(const ferry__policy *p, uint64_t *switches);
 /* auto's switching rule: 1 when a challenger's decayed score passes the
  * leader's by more than one standard deviation of the difference (var,
@@ -211,16 +213,26 @@ int ferry__auto_overtakes(double challenger, double leader, double var);
 int ferry__routing_sleep(ferry__policy *p, uint32_t stride);
 /* (tests) the cell of id in a routing leader's model */
 uint32_t ferry__routing_cell(const ferry__policy *p, uint32_t id);
-/* (tests) auto's routing sub-policy, NULL for another policy */
+/* (tests) trio's routing sub-policy, NULL for another policy */
 const ferry__policy *ferry__auto_routing(const ferry__policy *p);
-/* (tests) auto's routing shadow (a follower), NULL for another policy */
+/* (tests) trio's routing shadow (a follower), NULL for another policy */
 const ferry__policy *ferry__auto_shadow_routing(const ferry__policy *p);
+/* (tests) auto's successor sub-policy and its shadow, NULL for another */
+const ferry__policy *ferry__auto_successor(const ferry__policy *p);
+const ferry__policy *ferry__auto_shadow_successor(const ferry__policy *p);
 extern const ferry__policy_ops ferry__policy_belady;
 extern const ferry__policy_ops ferry__policy_transition;
 extern const ferry__policy_ops ferry__policy_successor;
 /* "successor"'s bytes (rows, window ring, per-expert bytes); planner
  * create refuses shapes past FERRY__TRANSITION_MAX_BYTES of them */
 size_t ferry__successor_bytes(uint32_t num_layers, uint32_t num_experts);
+/* on: a successor policy sleeps from its next visit - it keeps learning
+ * its rows and window, not its classes, so no victim may be asked of it
+ * meanwhile; off: it wakes, every layer classed as after its last visit,
+ * the classes' counts taken from teacher (a successor of the same shape
+ * that stayed awake, e.g. auto's shadow; NULL: its own, as they were) where
+ * teacher has seen a layer. -EINVAL for another policy or shape */
+int ferry__successor_sleep(ferry__policy *p, int on, const ferry__policy *teacher);
 /* (tests) while on, every victim "successor" names is checked against a
  * scan of all its slots by the same rule; turning it on zeroes the counts */
 void ferry__successor_verify(int on);
@@ -228,6 +240,9 @@ void ferry__successor_verified(uint64_t *checked, uint64_t *mismatched);
 /* (tests) the work a successor policy has done: experts refiled, routed
  * rows, layers and 16-expert blocks visited (0 for another policy) */
 uint64_t ferry__successor_ops(const ferry__policy *p);
+/* (tests) id's class in a successor policy (as of its layer's last visit
+ * awake); UINT32_MAX for another policy or an id past its shape */
+uint32_t ferry__successor_class(const ferry__policy *p, uint32_t id);
 /* "transition"'s model (per id: its row's successor lanes, ring,
  * history): its bytes, and the most a planner accepts (larger shapes are
  * refused at create) */
@@ -263,8 +278,8 @@ long ferry__transition_cells_differ(const ferry__policy *a, const ferry__policy 
 /* (tests) the work a transition policy or follower has done: events,
  * filings, layers and cells visited (0 for another policy) */
 uint64_t ferry__transition_ops(const ferry__policy *p);
-/* (tests) auto's transition sub-policy and its shadow; NULL for another
- * policy or when auto runs without transition */
+/* (tests) trio's transition sub-policy and its shadow; NULL for another
+ * policy or when trio runs without transition */
 const ferry__policy *ferry__auto_transition(const ferry__policy *p);
 const ferry__policy *ferry__auto_shadow_transition(const ferry__policy *p);
 

@@ -118,12 +118,12 @@ static const ferry__policy_ops *const registry[] = {
     &ferry__policy_lru,    &ferry__policy_lru_layer, &ferry__policy_lfu,
     &ferry__policy_lfru,   &ferry__policy_s3fifo,    &ferry__policy_routing,
     &ferry__policy_arc,    &ferry__policy_auto,      &ferry__policy_belady,
-    &ferry__policy_transition, &ferry__policy_successor,
+    &ferry__policy_transition, &ferry__policy_successor, &ferry__policy_trio,
 };
 
 static const char *const policy_names[] = {"lru",     "lru-layer", "lfu",    "lfru",
                                            "s3fifo",  "routing",   "arc",    "auto",
-                                           "belady",  "transition", "successor", NULL};
+                                           "belady",  "transition", "successor", "trio", NULL};
 
 const char *const *ferry_moe_policies(void)
 {

@@ -183,7 +183,8 @@ typedef struct shadow {
     uint32_t hits; /* at the last sampled step */
 } shadow;
 
-#define NSUB 3 /* 0: lru, 1: routing, 2: transition (when its model fits) */
+#define NSUB 3 /* auto: 0 lru, 1 successor; trio: 0 lru, 1 routing, 2 transition (when
+                * their models fit) */
 
 typedef struct autop {
     ferry__policy base;
@@ -289,6 +290,8 @@ static void shadow_step(shadow *h, uint32_t layer, const uint32_t *ids, uint32_t
         return;
     h->step++;
     h->pin_now++;
+    if (h->pol->ops == &ferry__policy_successor) /* (learns its own layers: no follower) */
+        (void)h->pol->ops->begin_step(h->pol, layer, ids, n);
     uint32_t nm = 0, hits = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t slot = h->where[ids[i]];
@@ -351,18 +354,34 @@ static void au_fini(ferry__policy *p)
     }
 }
 
+/* a member that does not lead sleeps off the sampled layers (routing,
+ * transition: their shadows follow their models there) or everywhere
+ * (successor: its shadow learns its own); the lead is awake */
+static void member_rest(autop *s, uint32_t i, int awake)
+{
+    ferry__policy *q = s->sub[i];
+    if (q->ops == &ferry__policy_routing)
+        (void)ferry__routing_sleep(q, awake ? 0 : s->stride);
+    else if (q->ops == &ferry__policy_transition)
+        (void)ferry__transition_sleep(q, awake ? 0 : s->stride);
+    else if (q->ops == &ferry__policy_successor)
+        (void)ferry__successor_sleep(q, !awake, s->sh[i].pol);
+}
+
 static int au_init(ferry__policy *p)
 {
     autop *s = (autop *)p;
-    uint32_t L = p->env.num_layers;
+    uint32_t L = p->env.num_layers, E = p->env.num_experts;
     s->stride = L <= SAMPLED ? 1 : (L + SAMPLED - 1) / SAMPLED;
     uint32_t sampled = (L + s->stride - 1) / s->stride;
     uint64_t ss = ((uint64_t)p->env.slots * sampled + L / 2) / L;
-    const ferry__policy_ops *ops[NSUB] = {&lru_list, &ferry__policy_routing,
-                                          &ferry__policy_transition};
-    s->nsub = ferry__transition_bytes(L, p->env.num_experts) <= AUTO_TRANSITION_MAX_BYTES
-                  ? NSUB
-                  : NSUB - 1;
+    const ferry__policy_ops *ops[NSUB] = {&lru_list, &ferry__policy_successor, NULL};
+    s->nsub = 2 * ferry__successor_bytes(L, E) <= AUTO_TRANSITION_MAX_BYTES ? 2 : 1;
+    if (p->ops == &ferry__policy_trio) {
+        ops[1] = &ferry__policy_routing;
+        ops[2] = &ferry__policy_transition;
+        s->nsub = ferry__transition_bytes(L, E) <= AUTO_TRANSITION_MAX_BYTES ? NSUB : NSUB - 1;
+    }
     for (uint32_t i = 0; i < s->nsub; i++) {
         s->sub[i] = sub_create(ops[i], &p->env);
         if (!s->sub[i] || shadow_init(&s->sh[i], ops[i], p, ss ? (uint32_t)ss : 1, s->sub[i]) < 0) {
@@ -370,10 +389,8 @@ static int au_init(ferry__policy *p)
             return -ENOMEM;
         }
     }
-    /* LRU leads first: the others sleep off their shadows' layers */
-    (void)ferry__routing_sleep(s->sub[1], s->stride);
-    if (s->nsub > 2)
-        (void)ferry__transition_sleep(s->sub[2], s->stride);
+    for (uint32_t i = 1; i < s->nsub; i++) /* LRU leads first */
+        member_rest(s, i, 0);
     return 0;
 }
 
@@ -423,10 +440,10 @@ static void au_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, u
     if (lead != s->lead) {
         /* the lead is awake on every layer (waking rebuilds its cells
          * before its next victim); the others sleep off the samples */
-        if (lead == 1 || s->lead == 1)
-            (void)ferry__routing_sleep(s->sub[1], lead == 1 ? 0 : s->stride);
-        if (s->nsub > 2 && (lead == 2 || s->lead == 2))
-            (void)ferry__transition_sleep(s->sub[2], lead == 2 ? 0 : s->stride);
+        if (lead)
+            member_rest(s, (uint32_t)lead, 1);
+        if (s->lead)
+            member_rest(s, (uint32_t)s->lead, 0);
         s->lead = lead;
         s->switches++;
     }
@@ -469,9 +486,14 @@ static int au_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slo
 
 /* (tests, bench) the policy that names the victims now and how often the
  * lead has changed */
+static int is_auto(const ferry__policy *p)
+{
+    return p && (p->ops == &ferry__policy_auto || p->ops == &ferry__policy_trio);
+}
+
 int ferry__auto_lead(const ferry__policy *p, uint64_t *switches)
 {
-    if (p->ops != &ferry__policy_auto)
+    if (!is_auto(p))
         return -1;
     const autop *s = (const autop *)p;
     if (switches)
@@ -479,34 +501,69 @@ int ferry__auto_lead(const ferry__policy *p, uint64_t *switches)
     return s->lead;
 }
 
+/* the member of auto or trio run by ops, or its shadow; NULL if none */
+static const ferry__policy *member(const ferry__policy *p, const ferry__policy_ops *ops, int sh)
+{
+    if (!is_auto(p))
+        return NULL;
+    const autop *s = (const autop *)p;
+    for (uint32_t i = 0; i < s->nsub; i++)
+        if (s->sub[i]->ops == ops)
+            return sh ? s->sh[i].pol : s->sub[i];
+    return NULL;
+}
+
 /* (tests) the routing sub-policy, for its structure checker */
 const ferry__policy *ferry__auto_routing(const ferry__policy *p)
 {
-    return p->ops == &ferry__policy_auto ? ((const autop *)p)->sub[1] : NULL;
+    return member(p, &ferry__policy_routing, 0);
 }
 
 /* (tests) the routing shadow, a follower of the routing sub-policy */
 const ferry__policy *ferry__auto_shadow_routing(const ferry__policy *p)
 {
-    return p->ops == &ferry__policy_auto ? ((const autop *)p)->sh[1].pol : NULL;
+    return member(p, &ferry__policy_routing, 1);
 }
 
 /* (tests) the transition sub-policy and its shadow */
 const ferry__policy *ferry__auto_transition(const ferry__policy *p)
 {
-    return p->ops == &ferry__policy_auto && ((const autop *)p)->nsub > 2 ? ((const autop *)p)->sub[2]
-                                                                        : NULL;
+    return member(p, &ferry__policy_transition, 0);
 }
 
 const ferry__policy *ferry__auto_shadow_transition(const ferry__policy *p)
 {
-    return p->ops == &ferry__policy_auto && ((const autop *)p)->nsub > 2
-               ? ((const autop *)p)->sh[2].pol
-               : NULL;
+    return member(p, &ferry__policy_transition, 1);
+}
+
+/* (tests) the successor sub-policy and its shadow */
+const ferry__policy *ferry__auto_successor(const ferry__policy *p)
+{
+    return member(p, &ferry__policy_successor, 0);
+}
+
+const ferry__policy *ferry__auto_shadow_successor(const ferry__policy *p)
+{
+    return member(p, &ferry__policy_successor, 1);
 }
 
 const ferry__policy_ops ferry__policy_auto = {
     .name = "auto",
+    .describe = "lru or successor, whichever hits most lately in shadow caches of sampled "
+                "layers (set dueling)",
+    .state_size = sizeof(autop),
+    .init = au_init,
+    .fini = au_fini,
+    .begin_step = au_begin_step,
+    .end_step = au_end_step,
+    .hit = au_hit,
+    .insert = au_insert,
+    .remove = au_remove,
+    .victim = au_victim,
+};
+
+const ferry__policy_ops ferry__policy_trio = {
+    .name = "trio",
     .describe = "lru, routing or transition, whichever hits most lately in shadow caches of "
                 "sampled layers (set dueling)",
     .state_size = sizeof(autop),

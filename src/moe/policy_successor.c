@@ -101,6 +101,7 @@ typedef struct succ {
     uint16_t *le, *miss;
     trev *evv;
     uint32_t cur;      /* the current step's layer */
+    int asleep;        /* (ferry__successor_sleep) rows and window only */
     uint64_t ops;      /* work: experts refiled, lanes read, layers and blocks visited (tests) */
 } succ;
 
@@ -294,29 +295,13 @@ static void sc_classes(succ *s, uint32_t layer, const uint8_t *th)
 }
 #endif
 
-static int sc_begin(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint32_t n)
+/* the classes' p: how many of each class (as of the last visit) were
+ * routed at this one (le: the layer's experts), the layer's p read
+ * afresh at its refresh visits */
+static void sc_count(succ *s, uint32_t layer, const uint16_t *le, uint32_t n, uint32_t v)
 {
-    succ *s = (succ *)p;
-    uint32_t E = s->E, Ep = s->Ep, base = layer * E;
-    const uint32_t *where = p->env.where;
-    s->lslot[s->cur] = NIL - 1; /* its pins end */
-    s->lslot[layer] = NIL - 1;
-    s->cur = layer;
-    uint32_t v = ++s->V[layer];
     uint32_t lc = layer * SC_NC;
-    size_t lo = (size_t)layer * Ep;
-    uint8_t *rl = s->rl + lo, *h = s->h + lo, *hc = s->hc + lo, *cls = s->cls + lo;
-    uint16_t *ring = s->ring + (size_t)layer * (SC_W + 1) * E;
-    uint16_t *rn = s->ring_n + (size_t)layer * (SC_W + 1);
-    uint32_t prev = (v - 1) % (SC_W + 1), cur = v % (SC_W + 1);
-    const uint16_t *pr = ring + (size_t)prev * E;
-    uint32_t npr = v > 1 ? rn[prev] : 0, nlearn = v % SC_LEARN ? 0 : npr;
-    uint16_t *le = s->le;
-    for (uint32_t j = 0; j < n; j++) { /* (this set's rows are read below) */
-        le[j] = (uint16_t)(ids[j] - base);
-        __builtin_prefetch(s->lanes + (size_t)ids[j] * TR_ROW);
-    }
-    /* the classes' p: how many of each class were routed */
+    const uint8_t *cls = s->cls + (size_t)layer * s->Ep;
     uint32_t *kc = s->kc + lc, *nc = s->nc + lc, *size = s->size + lc;
 #if defined(__SSE2__)
     _Static_assert(SC_NC % 4 == 0, "a layer's class counts in whole registers");
@@ -348,8 +333,63 @@ static int sc_begin(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint3
             }
         sc_refresh(s, layer);
     }
-    /* the rows of the last visit's routed set learn this one */
+}
 
+/* each expert's class after a visit that routed le[0..n): its successor
+ * shares over the set's rows, quantized to eighths (scaled down past 31
+ * routed, so that a byte holds their sum), binned; refiled where changed */
+static void sc_predict(succ *s, uint32_t layer, const uint16_t *le, uint32_t n)
+{
+    uint32_t E = s->E, base = layer * E;
+    uint8_t *q8 = s->q8;
+    uint32_t qs = n <= 31 ? 8 : 255 / n;
+    for (uint32_t j = 0; j < n; j++) {
+        uint32_t r = base + le[j];
+        const uint16_t *top = s->lanes + (size_t)r * TR_ROW, *tc = top + TR_K;
+        uint32_t m = (qs << 16) / (s->an[r] + 1u);
+        for (uint32_t i = 0; i < TR_K; i++) { /* an unused lane into the pad byte */
+            uint32_t e = top[i] < E ? top[i] : E;
+            q8[e] = (uint8_t)(q8[e] + ((tc[i] * m) >> 16));
+        }
+    }
+    uint8_t th[SC_NP - 1];
+    for (uint32_t i = 0; i < SC_NP - 1; i++) {
+        float t = sc_edge[i] * (float)(n * qs);
+        th[i] = n == 0 || t > 255.0f ? 255 : (uint8_t)(t + 0.999f);
+        th[i] = th[i] ? th[i] : 1;
+    }
+    sc_classes(s, layer, th);
+    s->ops += s->Ep / 16 + n;
+}
+
+/* a visit: the rows of the last visit's routed set learn this one, the
+ * window moves on; awake, the classes' p count it and every expert is
+ * classed again; asleep (ferry__successor_sleep), only the rows and the
+ * window */
+static int sc_begin(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint32_t n)
+{
+    succ *s = (succ *)p;
+    uint32_t E = s->E, Ep = s->Ep, base = layer * E;
+    const uint32_t *where = p->env.where;
+    s->lslot[s->cur] = NIL - 1; /* its pins end */
+    s->lslot[layer] = NIL - 1;
+    s->cur = layer;
+    uint32_t v = ++s->V[layer];
+    size_t lo = (size_t)layer * Ep;
+    uint8_t *rl = s->rl + lo, *h = s->h + lo, *hc = s->hc + lo;
+    uint16_t *ring = s->ring + (size_t)layer * (SC_W + 1) * E;
+    uint16_t *rn = s->ring_n + (size_t)layer * (SC_W + 1);
+    uint32_t prev = (v - 1) % (SC_W + 1), cur = v % (SC_W + 1);
+    const uint16_t *pr = ring + (size_t)prev * E;
+    uint32_t npr = v > 1 ? rn[prev] : 0, nlearn = v % SC_LEARN ? 0 : npr;
+    uint16_t *le = s->le;
+    for (uint32_t j = 0; j < n; j++) { /* (this set's rows are read below) */
+        le[j] = (uint16_t)(ids[j] - base);
+        __builtin_prefetch(s->lanes + (size_t)ids[j] * TR_ROW);
+    }
+    if (!s->asleep)
+        sc_count(s, layer, le, n, v);
+    /* the rows of the last visit's routed set learn this one */
     rowv_events(le, n, s->evv);
     for (uint32_t j = 0; j < nlearn; j++) {
         uint32_t r = base + pr[j];
@@ -374,30 +414,47 @@ static int sc_begin(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint3
         out[j] = (uint16_t)e;
     }
     rn[cur] = (uint16_t)n;
-    /* this set's rows: each successor's shares, quantized to eighths
-     * (scaled down past 31 routed, so that a byte holds their sum) */
-    uint8_t *q8 = s->q8;
-    uint32_t qs = n <= 31 ? 8 : 255 / n;
-    for (uint32_t j = 0; j < n; j++) {
-        uint32_t r = ids[j];
-        const uint16_t *top = s->lanes + (size_t)r * TR_ROW, *tc = top + TR_K;
-        uint32_t m = (qs << 16) / (s->an[r] + 1u);
-        for (uint32_t i = 0; i < TR_K; i++) { /* an unused lane into the pad byte */
-            uint32_t e = top[i] < E ? top[i] : E;
-            q8[e] = (uint8_t)(q8[e] + ((tc[i] * m) >> 16));
-        }
-    }
-    uint8_t th[SC_NP - 1];
-    for (uint32_t i = 0; i < SC_NP - 1; i++) {
-        float t = sc_edge[i] * (float)(n * qs);
-        th[i] = n == 0 || t > 255.0f ? 255 : (uint8_t)(t + 0.999f);
-        th[i] = th[i] ? th[i] : 1;
-    }
-    sc_classes(s, layer, th);
-    s->ops += Ep / 16 + n;
+    if (!s->asleep)
+        sc_predict(s, layer, le, n);
     for (uint32_t j = 0; j < n; j++) /* the routed residents: touched */
         if (where[ids[j]] != FERRY_MOE_NONE)
             s->tch[ids[j]] = ++s->clk;
+    return 0;
+}
+
+int ferry__successor_sleep(ferry__policy *p, int on, const ferry__policy *teacher)
+{
+    if (!p || p->ops != &ferry__policy_successor)
+        return -EINVAL;
+    succ *s = (succ *)p;
+    const succ *t = (const succ *)teacher;
+    if (t && (teacher->ops != &ferry__policy_successor || t->L != s->L || t->E != s->E))
+        return -EINVAL;
+    if (on || !s->asleep) {
+        s->asleep = on ? 1 : s->asleep;
+        return 0;
+    }
+    s->asleep = 0;
+    if (t) { /* its counts where it has seen a layer, and its all-layer ones */
+        for (uint32_t l = 0; l < s->L; l++)
+            if (t->V[l]) {
+                size_t lc = (size_t)l * SC_NC;
+                memcpy(s->kc + lc, t->kc + lc, SC_NC * sizeof *s->kc);
+                memcpy(s->nc + lc, t->nc + lc, SC_NC * sizeof *s->nc);
+            }
+        memcpy(s->kg, t->kg, sizeof s->kg);
+        memcpy(s->ng, t->ng, sizeof s->ng);
+    }
+    for (uint32_t l = 0; l < s->L; l++) { /* each layer's classes after its last visit */
+        uint32_t v = s->V[l], cur = v % (SC_W + 1);
+        if (v) {
+            const uint16_t *set = s->ring + ((size_t)l * (SC_W + 1) + cur) * s->E;
+            sc_predict(s, l, set, s->ring_n[(size_t)l * (SC_W + 1) + cur]);
+        }
+        s->lslot[l] = NIL - 1;
+    }
+    for (uint32_t l = 0; l < s->L; l++)
+        sc_refresh(s, l);
     return 0;
 }
 
@@ -556,6 +613,15 @@ static void sc_verify(succ *s, uint32_t got)
 uint64_t ferry__successor_ops(const ferry__policy *p)
 {
     return p && p->ops == &ferry__policy_successor ? ((const succ *)p)->ops : 0;
+}
+
+uint32_t ferry__successor_class(const ferry__policy *p, uint32_t id)
+{
+    if (!p || p->ops != &ferry__policy_successor)
+        return UINT32_MAX;
+    const succ *s = (const succ *)p;
+    uint32_t l = id / s->E;
+    return l < s->L ? s->cls[(size_t)l * s->Ep + (id - l * s->E)] : UINT32_MAX;
 }
 
 size_t ferry__successor_bytes(uint32_t num_layers, uint32_t num_experts)
