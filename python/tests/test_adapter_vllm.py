@@ -40,6 +40,7 @@ import ferry
 from ferry import FerryError
 from ferry.adapters import register_store, registered_store, unregister_store
 from ferry.adapters import _vllm_base
+from ferry.adapters.vllm import _embeds_digest
 from tiny_llama import TinyLlama
 
 CHUNK, BS, BLOCKS = 16, 4, 64
@@ -638,6 +639,54 @@ def test_lora_and_prompt_embeds_are_part_of_the_key(model, store):
     assert eng.admit(r6) == 0               # same placeholder tokens, other embeddings
     assert eng.admit(r7) == 32
     for r in others + [same, r6, r7]:
+        eng.finish(r)
+    eng.close()
+
+
+def test_a_salt_spelled_as_another_requests_key_finds_nothing(model, store):
+    r"""ferry's salt joins cache_salt, the LoRA name and the multimodal
+    identities with NUL-separated tags. cache_salt and multimodal UUIDs are
+    the client's strings: one spelled as another request's tagged parts
+    ("\0lora\0alpha", an image id ending "\0ferry-group\0"...) must not
+    name that request's chunks (the base model would load an adapter's KV,
+    or store its own under the adapter's key). Salts without a NUL keep the
+    keys they always had: what the Python API stores under them."""
+    eng = Engine(model, store)
+    a, _ = prompts()
+
+    def req(rid, salt=None, lora=None, mm=None, embeds=None):
+        r = Request(rid, a, salt=salt)
+        r.lora_request = None if lora is None else SimpleNamespace(lora_name=lora)
+        if mm is not None:
+            r.mm_features = [SimpleNamespace(identifier=i) for i in mm]
+        r.prompt_embeds = embeds
+        return r
+
+    e = torch.randn(len(a), 8)
+    stored = [req("x1", lora="alpha"), req("x2", mm=["img"]),
+              req("x3", lora="alpha", mm=["img"]), req("x4", mm=["img"], embeds=e)]
+    for r in stored:
+        eng.admit(r)
+        eng.step_new(r)
+        eng.finish(r)
+    forged = [req("y1", salt="\0lora\0alpha"),       # no adapter, its salt spelled as one
+              req("y2", salt="\0mm\0img"),            # no image
+              req("y3", lora="alpha\0mm\0img"),       # an adapter's name, no image
+              req("y4", mm=["img", "embeds", _embeds_digest(e)])]   # images' ids, no embeds
+    assert [eng.admit(r) for r in forged] == [0, 0, 0, 0]
+    for r in forged:
+        eng.finish(r)
+    again = [req("z1", lora="alpha"), req("z2", mm=["img"]),
+             req("z3", lora="alpha", mm=["img"]), req("z4", mm=["img"], embeds=e.clone())]
+    assert [eng.admit(r) for r in again] == [32] * 4   # the real ones still hit
+    # salts without a NUL are the keys the Python API uses
+    r9 = req("x9", salt="tenant-9")
+    eng.admit(r9)
+    eng.step_new(r9)
+    eng.finish(r9)
+    assert store.lookup(a, salt="tenant-9") == 32
+    assert store.lookup(a, salt="tenant-9\0lora\0alpha") == 0
+    for r in again:
         eng.finish(r)
     eng.close()
 

@@ -358,6 +358,28 @@ def _embeds_digest(embeds):
     return h.hexdigest()
 
 
+# the tags _salt_of and _group_salt join a salt's parts with ("\0lora\0name")
+_SALT_TAGS = frozenset(("lora", "mm", "embeds", "ferry-group"))
+
+
+def _salt_part(s, tags=True):
+    """One client-given part of a salt (cache_salt, a LoRA name, a multimodal
+    identity) as a field no other salt's fields can spell: one holding a NUL
+    (or, tags: equal to a tag) is replaced by a digest of it, so "\0lora\0a"
+    as a cache_salt is not the salt of adapter "a". Any other part is kept as
+    it is (the keys it always had)."""
+    if isinstance(s, (bytes, bytearray)):
+        if b"\0" not in s:
+            return s.decode("utf-8", "surrogateescape")
+        raw = bytes(s)
+    else:
+        s = str(s)
+        if "\0" not in s and not (tags and s in _SALT_TAGS):
+            return s
+        raw = s.encode("utf-8", "surrogatepass")
+    return "\x01" + hashlib.blake2b(raw, digest_size=16).hexdigest()
+
+
 def _salt_of(request):
     """ferry's salt for a request: what vLLM keys its own prefix cache by
     beyond the tokens. vLLM's cache_salt; the LoRA adapter's name (its KV is
@@ -366,13 +388,16 @@ def _salt_of(request):
     another image must not match); and a digest of its prompt embeddings
     (a prompt given as embeddings has placeholder token ids)."""
     salt = getattr(request, "cache_salt", None)
+    if salt is not None:   # (the first field: a tag's name is a salt like any other)
+        salt = _salt_part(salt, tags=False)
     lora = getattr(request, "lora_request", None)
     if lora is not None:
         name = getattr(lora, "lora_name", None)
         name = name if name is not None else getattr(lora, "lora_int_id", lora)
-        salt = (salt or "") + "\0lora\0" + str(name)
-    mm = [str(getattr(f, "identifier", f)) for f in getattr(request, "mm_features", None) or []]
-    mm = mm or [str(h) for h in getattr(request, "mm_hashes", None) or []]
+        salt = (salt or "") + "\0lora\0" + _salt_part(name)
+    mm = [_salt_part(getattr(f, "identifier", f))
+          for f in getattr(request, "mm_features", None) or []]
+    mm = mm or [_salt_part(h) for h in getattr(request, "mm_hashes", None) or []]
     if mm:
         salt = (salt or "") + "\0mm\0" + "\0".join(mm)
     embeds = getattr(request, "prompt_embeds", None)
