@@ -691,6 +691,32 @@ def test_a_salt_spelled_as_another_requests_key_finds_nothing(model, store):
     eng.close()
 
 
+def test_a_request_never_looked_up_is_not_stored_without_its_salt(model, store):
+    """vLLM's MultiConnector as it was first written asks its connectors in
+    turn and returns at the first with a hit: a connector after it is never
+    asked (get_num_new_matched_tokens) nor told of the allocation, but its
+    build_connector_meta sees the request scheduled. NewRequestData has no
+    cache_salt (vllm-project/vllm 00e8f1fd, vllm/v1/core/sched/output.py),
+    so ferry cannot key it: it is not stored, rather than stored where a
+    request of another tenant (or of no tenant) with that prompt finds it."""
+    eng = Engine(model, store)
+    a, _ = prompts()
+    r = Request("t1", a, salt="tenant-1")
+    # Scheduler.schedule: another connector answered first; ferry not asked
+    eng.blocks["t1"] = [eng.free.pop(0) for _ in range(-(-r.num_tokens // BS))]
+    meta = eng.step_new(r, budget=20)
+    assert meta.saves == []
+    meta = eng.step_cached(r)
+    assert meta.saves == []
+    eng.finish(r)
+    assert store.lookup(a) == 0
+    assert eng.admit(Request("t2", a)) == 0            # no tenant
+    assert eng.admit(Request("t3", a, salt="tenant-2")) == 0
+    for rid in ("t2", "t3"):
+        eng.finish(Request(rid, a))
+    eng.close()
+
+
 def test_layerwise_form_loads_and_saves_layer_by_layer_bitwise(model, store, monkeypatch):
     calls = []
     real_wait, real_done = ferry.LayerOp.wait_layer, ferry.LayerOp.layer_done

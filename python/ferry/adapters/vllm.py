@@ -65,8 +65,10 @@ writes only the rest into vLLM's blocks, zero-copy as every load is.
 vLLM's cache_salt is ferry's salt, with what else vLLM keys its own prefix
 cache by added: the LoRA adapter's name, the identities of the request's
 multimodal inputs and a digest of its prompt embeddings (placeholder
-token ids tell neither images nor embeddings apart). Only prompt tokens
-are stored, in whole chunks; decode tokens are not.
+token ids tell neither images nor embeddings apart). A request the
+connector was never asked about (get_num_new_matched_tokens) is not
+stored: the step's NewRequestData does not carry its cache_salt. Only
+prompt tokens are stored, in whole chunks; decode tokens are not.
 
 KV cache groups (SupportsHMA): the connector reads vLLM's groups from
 kv_cache_config. Full-attention and sliding-window groups are cached, each
@@ -700,13 +702,11 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         sched = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             st = self._reqs.get(new.req_id)
-            if st is None and (getattr(new, "mm_features", None)
-                               or getattr(new, "lora_request", None) is not None
-                               or getattr(new, "prompt_embeds", None) is not None):
-                continue  # never looked up: its salt is unknown here
             if st is None:
-                toks = list(new.prompt_token_ids or [])
-                st = self._reqs[new.req_id] = _Req(tokens=toks, prompt_len=len(toks))
+                # never looked up (a MultiConnector that stops at the first
+                # connector with a hit): its cache_salt is not in NewRequestData,
+                # so it is not stored (a miss later, never another tenant's key)
+                continue
             st.group_ids = [list(x) for x in new.block_ids]
             st.block_ids = list(st.group_ids[0])
             self._plan(meta, new.req_id, st, new.num_computed_tokens,
