@@ -686,6 +686,11 @@ def test_a_salt_spelled_as_another_requests_key_finds_nothing(model, store):
     eng.finish(r9)
     assert store.lookup(a, salt="tenant-9") == 32
     assert store.lookup(a, salt="tenant-9\0lora\0alpha") == 0
+    r10 = req("x10", salt=b"t\xff")    # a salt given as bytes stays those bytes
+    eng.admit(r10)
+    eng.step_new(r10)
+    eng.finish(r10)
+    assert store.lookup(a, salt=b"t\xff") == 32
     for r in again:
         eng.finish(r)
     eng.close()

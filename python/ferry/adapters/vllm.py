@@ -369,16 +369,17 @@ def _salt_part(s, tags=True):
     identity) as a field no other salt's fields can spell: one holding a NUL
     (or, tags: equal to a tag) is replaced by a digest of it, so "\0lora\0a"
     as a cache_salt is not the salt of adapter "a". Any other part is kept as
-    it is (the keys it always had)."""
+    it is, bytes as bytes (the keys it always had)."""
     if isinstance(s, (bytes, bytearray)):
         if b"\0" not in s:
-            return s.decode("utf-8", "surrogateescape")
+            return s
         raw = bytes(s)
-    else:
-        s = str(s)
+    elif isinstance(s, str):
         if "\0" not in s and not (tags and s in _SALT_TAGS):
             return s
         raw = s.encode("utf-8", "surrogatepass")
+    else:
+        return s
     return "\x01" + hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 
@@ -396,10 +397,10 @@ def _salt_of(request):
     if lora is not None:
         name = getattr(lora, "lora_name", None)
         name = name if name is not None else getattr(lora, "lora_int_id", lora)
-        salt = (salt or "") + "\0lora\0" + _salt_part(name)
-    mm = [_salt_part(getattr(f, "identifier", f))
+        salt = (salt or "") + "\0lora\0" + _salt_part(str(name))
+    mm = [_salt_part(str(getattr(f, "identifier", f)))
           for f in getattr(request, "mm_features", None) or []]
-    mm = mm or [_salt_part(h) for h in getattr(request, "mm_hashes", None) or []]
+    mm = mm or [_salt_part(str(h)) for h in getattr(request, "mm_hashes", None) or []]
     if mm:
         salt = (salt or "") + "\0mm\0" + "\0".join(mm)
     embeds = getattr(request, "prompt_embeds", None)
