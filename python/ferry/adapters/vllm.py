@@ -1157,13 +1157,21 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._stats["save_tokens"] += len(spec.tokens)
 
     def _save_finish(self):
+        """The step's layerwise stores end, every one of them (its pins
+        dropped) before the first that failed is raised."""
         saving, self._saving = self._saving or [], None
+        error = None
         for spec, _, op, pin, failed in saving:
-            if failed is None:
-                self._saved(spec, op, pin)
+            if failed is not None:
+                self._release(spec, *pin)
+                self._skipped(spec, failed)
                 continue
-            self._release(spec, *pin)
-            self._skipped(spec, failed)
+            try:
+                self._saved(spec, op, pin)
+            except FerryError as e:
+                error = error or e
+        if error is not None:
+            raise error
 
     def wait_for_save(self):
         """Store this step's planned chunks from all layers (after the forward
