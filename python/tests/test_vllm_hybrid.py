@@ -414,9 +414,10 @@ def test_a_failed_layerwise_store_leaves_no_other_stores_pins(monkeypatch):
 
                 def wait(op, timeout=None):
                     calls.append(op)
-                    if len(calls) == 1:   # the full group's store
+                    got = real_wait(op, timeout)
+                    if len(calls) == 1:   # the full group's store, once it ended
                         raise ferry.FerryError(-errno.EIO, "an L2 write failed", "store")
-                    return real_wait(op, timeout)
+                    return got
                 monkeypatch.setattr(ferry.LayerOp, "wait", wait)
                 try:
                     worker.wait_for_save()
