@@ -40,6 +40,7 @@ import ferry
 from ferry import FerryError
 from ferry.adapters import register_store, registered_store, unregister_store
 from ferry.adapters import _vllm_base
+from ferry.adapters.vllm import _embeds_digest
 from tiny_llama import TinyLlama
 
 CHUNK, BS, BLOCKS = 16, 4, 64
@@ -639,6 +640,85 @@ def test_lora_and_prompt_embeds_are_part_of_the_key(model, store):
     assert eng.admit(r7) == 32
     for r in others + [same, r6, r7]:
         eng.finish(r)
+    eng.close()
+
+
+def test_a_salt_spelled_as_another_requests_key_finds_nothing(model, store):
+    r"""ferry's salt joins cache_salt, the LoRA name and the multimodal
+    identities with NUL-separated tags. cache_salt and multimodal UUIDs are
+    the client's strings: one spelled as another request's tagged parts
+    ("\0lora\0alpha", an image id ending "\0ferry-group\0"...) must not
+    name that request's chunks (the base model would load an adapter's KV,
+    or store its own under the adapter's key). Salts without a NUL keep the
+    keys they always had: what the Python API stores under them."""
+    eng = Engine(model, store)
+    a, _ = prompts()
+
+    def req(rid, salt=None, lora=None, mm=None, embeds=None):
+        r = Request(rid, a, salt=salt)
+        r.lora_request = None if lora is None else SimpleNamespace(lora_name=lora)
+        if mm is not None:
+            r.mm_features = [SimpleNamespace(identifier=i) for i in mm]
+        r.prompt_embeds = embeds
+        return r
+
+    e = torch.randn(len(a), 8)
+    stored = [req("x1", lora="alpha"), req("x2", mm=["img"]),
+              req("x3", lora="alpha", mm=["img"]), req("x4", mm=["img"], embeds=e)]
+    for r in stored:
+        eng.admit(r)
+        eng.step_new(r)
+        eng.finish(r)
+    forged = [req("y1", salt="\0lora\0alpha"),       # no adapter, its salt spelled as one
+              req("y2", salt="\0mm\0img"),            # no image
+              req("y3", lora="alpha\0mm\0img"),       # an adapter's name, no image
+              req("y4", mm=["img", "embeds", _embeds_digest(e)])]   # images' ids, no embeds
+    assert [eng.admit(r) for r in forged] == [0, 0, 0, 0]
+    for r in forged:
+        eng.finish(r)
+    again = [req("z1", lora="alpha"), req("z2", mm=["img"]),
+             req("z3", lora="alpha", mm=["img"]), req("z4", mm=["img"], embeds=e.clone())]
+    assert [eng.admit(r) for r in again] == [32] * 4   # the real ones still hit
+    # salts without a NUL are the keys the Python API uses
+    r9 = req("x9", salt="tenant-9")
+    eng.admit(r9)
+    eng.step_new(r9)
+    eng.finish(r9)
+    assert store.lookup(a, salt="tenant-9") == 32
+    assert store.lookup(a, salt="tenant-9\0lora\0alpha") == 0
+    r10 = req("x10", salt=b"t\xff")    # a salt given as bytes stays those bytes
+    eng.admit(r10)
+    eng.step_new(r10)
+    eng.finish(r10)
+    assert store.lookup(a, salt=b"t\xff") == 32
+    for r in again:
+        eng.finish(r)
+    eng.close()
+
+
+def test_a_request_never_looked_up_is_not_stored_without_its_salt(model, store):
+    """vLLM's MultiConnector as it was first written asks its connectors in
+    turn and returns at the first with a hit: a connector after it is never
+    asked (get_num_new_matched_tokens) nor told of the allocation, but its
+    build_connector_meta sees the request scheduled. NewRequestData has no
+    cache_salt (vllm-project/vllm 00e8f1fd, vllm/v1/core/sched/output.py),
+    so ferry cannot key it: it is not stored, rather than stored where a
+    request of another tenant (or of no tenant) with that prompt finds it."""
+    eng = Engine(model, store)
+    a, _ = prompts()
+    r = Request("t1", a, salt="tenant-1")
+    # Scheduler.schedule: another connector answered first; ferry not asked
+    eng.blocks["t1"] = [eng.free.pop(0) for _ in range(-(-r.num_tokens // BS))]
+    meta = eng.step_new(r, budget=20)
+    assert meta.saves == []
+    meta = eng.step_cached(r)
+    assert meta.saves == []
+    eng.finish(r)
+    assert store.lookup(a) == 0
+    assert eng.admit(Request("t2", a)) == 0            # no tenant
+    assert eng.admit(Request("t3", a, salt="tenant-2")) == 0
+    for rid in ("t2", "t3"):
+        eng.finish(Request(rid, a))
     eng.close()
 
 

@@ -366,3 +366,86 @@ def test_an_async_save_of_a_sliding_group_ends_before_vllm_frees_its_blocks(monk
     finally:
         unregister_store(NAME)
         store.close()
+
+
+def test_a_failed_layerwise_store_leaves_no_other_stores_pins(monkeypatch):
+    """Layerwise: the step's stores end in wait_for_save, each dropping the
+    pins a sliding group's store took on its chunks below the window. A
+    store that fails (an L2 write error: not "ferry full") is raised to
+    vLLM, but only after every other store of the step ended: here the full
+    group's store fails first and the sliding group's pins must still go
+    (else its chunks stay read-locked, unevictable, until the lock's TTL)."""
+    import errno
+    monkeypatch.setattr(vllm_adapter, "_PER_REQUEST_FAILURES", False)
+    model = TinyLlama(seed=4321)
+    lay = ferry.Layout.from_model(1, model.kv_heads, model.head_dim, dtype="f32")
+    store = ferry.KVStore("tiny-hybrid", lay, l1=64 * CHUNK * lay.token_bytes,
+                          chunk_tokens=CHUNK)
+    register_store(NAME, store)
+    pins = []
+    real_pin, real_unpin = store.pin, store.unpin
+    monkeypatch.setattr(store, "pin", lambda t, **kw: pins.append(real_pin(t, **kw)) or pins[-1])
+    monkeypatch.setattr(store, "unpin",
+                        lambda t, **kw: pins.append(-real_unpin(t, **kw)) or -pins[-1])
+    try:
+        cfg = vllm_config({"ferry.store": NAME, "ferry.layerwise": True})
+        cls = connector_class(cfg)
+        kcc = kv_cache_config(SlidingWindowSpec(W))
+        worker = cls(cfg, base.KVConnectorRole.WORKER, kcc)
+        caches = model.new_caches(64, BS)
+        worker.register_kv_caches({L0: caches[0], L1: caches[1]})
+        sched = cls(cfg, base.KVConnectorRole.SCHEDULER, kcc)
+        _, b = prompts()
+        rb = Request("b", b)
+        assert sched.get_num_new_matched_tokens(rb, 0) == (0, False)
+        sched.update_state_after_alloc(rb, None, 0)
+        tb = [list(range(1, 17)), list(range(17, 33))]
+
+        def run(so, start, n, fail):
+            meta = sched.build_connector_meta(so)
+            worker.bind_connector_metadata(meta)
+            worker.start_load_kv(None)
+            forward(model, b[start:start + n], start, caches, tb)
+            worker.save_kv_layer(L0, caches[0], None)
+            worker.save_kv_layer(L1, caches[1], None)
+            if fail:
+                real_wait = ferry.LayerOp.wait
+                calls = []
+
+                def wait(op, timeout=None):
+                    calls.append(op)
+                    got = real_wait(op, timeout)
+                    if len(calls) == 1:   # the full group's store, once it ended
+                        raise ferry.FerryError(-errno.EIO, "an L2 write failed", "store")
+                    return got
+                monkeypatch.setattr(ferry.LayerOp, "wait", wait)
+                try:
+                    worker.wait_for_save()
+                except ferry.FerryError as e:
+                    assert e.code == -errno.EIO
+                else:
+                    raise AssertionError("the failed store was not raised")
+                monkeypatch.setattr(ferry.LayerOp, "wait", real_wait)
+            else:
+                worker.wait_for_save()
+            worker.clear_connector_metadata()
+
+        new = SimpleNamespace(req_id="b", prompt_token_ids=b, num_computed_tokens=0,
+                              block_ids=(tb[0][:8], tb[1][:8]))
+        run(SimpleNamespace(scheduled_new_reqs=[new], num_scheduled_tokens={"b": 32},
+                            finished_req_ids=set(), scheduled_cached_reqs=SimpleNamespace(
+                                req_ids=[], resumed_req_ids=set(), new_block_ids=[],
+                                num_computed_tokens=[])), 0, 32, False)
+        run(SimpleNamespace(
+            scheduled_new_reqs=[], num_scheduled_tokens={"b": 32}, finished_req_ids=set(),
+            scheduled_cached_reqs=SimpleNamespace(
+                req_ids=["b"], resumed_req_ids=set(), num_computed_tokens=[32],
+                new_block_ids=[(tb[0][8:], tb[1][8:])])), 32, 32, True)
+        assert pins and pins[0] == 32       # the sliding group's chunks below its window
+        assert sum(pins) == 0, pins         # every pin dropped
+        sched.request_finished_all_groups(rb, ([], []))
+        worker.shutdown()
+        sched.shutdown()
+    finally:
+        unregister_store(NAME)
+        store.close()

@@ -65,8 +65,10 @@ writes only the rest into vLLM's blocks, zero-copy as every load is.
 vLLM's cache_salt is ferry's salt, with what else vLLM keys its own prefix
 cache by added: the LoRA adapter's name, the identities of the request's
 multimodal inputs and a digest of its prompt embeddings (placeholder
-token ids tell neither images nor embeddings apart). Only prompt tokens
-are stored, in whole chunks; decode tokens are not.
+token ids tell neither images nor embeddings apart). A request the
+connector was never asked about (get_num_new_matched_tokens) is not
+stored: the step's NewRequestData does not carry its cache_salt. Only
+prompt tokens are stored, in whole chunks; decode tokens are not.
 
 KV cache groups (SupportsHMA): the connector reads vLLM's groups from
 kv_cache_config. Full-attention and sliding-window groups are cached, each
@@ -358,6 +360,29 @@ def _embeds_digest(embeds):
     return h.hexdigest()
 
 
+# the tags _salt_of and _group_salt join a salt's parts with ("\0lora\0name")
+_SALT_TAGS = frozenset(("lora", "mm", "embeds", "ferry-group"))
+
+
+def _salt_part(s, tags=True):
+    """One client-given part of a salt (cache_salt, a LoRA name, a multimodal
+    identity) as a field no other salt's fields can spell: one holding a NUL
+    (or, tags: equal to a tag) is replaced by a digest of it, so "\0lora\0a"
+    as a cache_salt is not the salt of adapter "a". Any other part is kept as
+    it is, bytes as bytes (the keys it always had)."""
+    if isinstance(s, (bytes, bytearray)):
+        if b"\0" not in s:
+            return s
+        raw = bytes(s)
+    elif isinstance(s, str):
+        if "\0" not in s and not (tags and s in _SALT_TAGS):
+            return s
+        raw = s.encode("utf-8", "surrogatepass")
+    else:
+        return s
+    return "\x01" + hashlib.blake2b(raw, digest_size=16).hexdigest()
+
+
 def _salt_of(request):
     """ferry's salt for a request: what vLLM keys its own prefix cache by
     beyond the tokens. vLLM's cache_salt; the LoRA adapter's name (its KV is
@@ -366,13 +391,16 @@ def _salt_of(request):
     another image must not match); and a digest of its prompt embeddings
     (a prompt given as embeddings has placeholder token ids)."""
     salt = getattr(request, "cache_salt", None)
+    if salt is not None:   # (the first field: a tag's name is a salt like any other)
+        salt = _salt_part(salt, tags=False)
     lora = getattr(request, "lora_request", None)
     if lora is not None:
         name = getattr(lora, "lora_name", None)
         name = name if name is not None else getattr(lora, "lora_int_id", lora)
-        salt = (salt or "") + "\0lora\0" + str(name)
-    mm = [str(getattr(f, "identifier", f)) for f in getattr(request, "mm_features", None) or []]
-    mm = mm or [str(h) for h in getattr(request, "mm_hashes", None) or []]
+        salt = (salt or "") + "\0lora\0" + _salt_part(str(name))
+    mm = [_salt_part(str(getattr(f, "identifier", f)))
+          for f in getattr(request, "mm_features", None) or []]
+    mm = mm or [_salt_part(str(h)) for h in getattr(request, "mm_hashes", None) or []]
     if mm:
         salt = (salt or "") + "\0mm\0" + "\0".join(mm)
     embeds = getattr(request, "prompt_embeds", None)
@@ -675,13 +703,11 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         sched = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             st = self._reqs.get(new.req_id)
-            if st is None and (getattr(new, "mm_features", None)
-                               or getattr(new, "lora_request", None) is not None
-                               or getattr(new, "prompt_embeds", None) is not None):
-                continue  # never looked up: its salt is unknown here
             if st is None:
-                toks = list(new.prompt_token_ids or [])
-                st = self._reqs[new.req_id] = _Req(tokens=toks, prompt_len=len(toks))
+                # never looked up (a MultiConnector that stops at the first
+                # connector with a hit): its cache_salt is not in NewRequestData,
+                # so it is not stored (a miss later, never another tenant's key)
+                continue
             st.group_ids = [list(x) for x in new.block_ids]
             st.block_ids = list(st.group_ids[0])
             self._plan(meta, new.req_id, st, new.num_computed_tokens,
@@ -1131,13 +1157,21 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._stats["save_tokens"] += len(spec.tokens)
 
     def _save_finish(self):
+        """The step's layerwise stores end, every one of them (its pins
+        dropped) before the first that failed is raised."""
         saving, self._saving = self._saving or [], None
+        error = None
         for spec, _, op, pin, failed in saving:
-            if failed is None:
-                self._saved(spec, op, pin)
+            if failed is not None:
+                self._release(spec, *pin)
+                self._skipped(spec, failed)
                 continue
-            self._release(spec, *pin)
-            self._skipped(spec, failed)
+            try:
+                self._saved(spec, op, pin)
+            except FerryError as e:
+                error = error or e
+        if error is not None:
+            raise error
 
     def wait_for_save(self):
         """Store this step's planned chunks from all layers (after the forward
