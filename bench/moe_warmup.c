@@ -1,12 +1,13 @@
 /*
  * moe_warmup.c - what auto's duel costs before it settles.
  *
- *   moe_warmup TRACE... [--slots P%] (default 12.5%)
+ *   moe_warmup TRACE... [--slots P%] [--duel auto|trio] (default 12.5%, auto)
  *
- * Replays each trace through four planners in lockstep - auto, lru,
- * routing, transition - as ferry_moe_replay does (ensure, or waves for a
- * step wider than the slots), and after every step asks auto which of the
- * three names its victims. Prints, per trace: the layer-step (and token)
+ * Replays each trace through the duel and each of its members in lockstep
+ * - auto, lru, successor; or trio, lru, routing, transition - as
+ * ferry_moe_replay does (ensure, or waves for a step wider than the
+ * slots), and after every step asks the duel which member names its
+ * victims. Prints, per trace: the layer-step (and token)
  * at which auto's lead last changed ("settles"), how often it changed,
  * the eventual lead, and the hit rates of auto and of each single policy
  * over the steps before it settled and over the whole trace: the warm-up
@@ -20,8 +21,11 @@
 
 #include "moe/moe_internal.h"
 
-#define NP 4
-static const char *const pols[NP] = {"auto", "lru", "routing", "transition"};
+#define NPMAX 4
+static const char *const duels[2][NPMAX] = {{"auto", "lru", "successor", NULL},
+                                           {"trio", "lru", "routing", "transition"}};
+static const char *const *pols = duels[0];
+static int NP = 3;
 
 static int step(ferry_moe_planner *p, const ferry_moe_trace *t, size_t i, uint32_t slots)
 {
@@ -45,7 +49,7 @@ static int run(const char *path, double pct)
     }
     size_t n = t->n_steps;
     uint32_t slots = (uint32_t)((double)t->model.num_layers * t->model.num_experts * pct / 100.0);
-    ferry_moe_planner *pl[NP] = {0};
+    ferry_moe_planner *pl[NPMAX] = {0};
     uint64_t *hits = calloc((size_t)NP * (n + 1), sizeof *hits); /* cumulative, per step */
     uint64_t *routes = calloc(n + 1, sizeof *routes);
     size_t *tok = calloc(n + 1, sizeof *tok);
@@ -83,9 +87,9 @@ static int run(const char *path, double pct)
         int win = 1 + lead[n]; /* the eventual lead's own planner */
         double r_all = (double)routes[n], r_w = (double)routes[settle];
 #define H(k, i) ((double)hits[(size_t)(k) * (n + 1) + (i)])
-        printf("%s at %.4g%% (%u slots): %zu layer-steps; auto's lead changed %llu times, "
+        printf("%s at %.4g%% (%u slots): %zu layer-steps; %s's lead changed %llu times, "
                "last at layer-step %zu (token %zu), then %s to the end\n",
-               path, pct, slots, n, (unsigned long long)switches, settle,
+               path, pct, slots, n, pols[0], (unsigned long long)switches, settle,
                settle ? tok[settle] : 0, pols[win]);
         printf("  hit rate      before it settled   whole trace\n");
         for (int k = 0; k < NP; k++)
@@ -93,8 +97,8 @@ static int run(const char *path, double pct)
                    r_w > 0 ? 100 * H(k, settle) / r_w : 0.0, 100 * H(k, n) / r_all);
         double lost = H(win, settle) - H(0, settle);
         printf("  warm-up cost: %.0f hits below %s before it settled (%.2f points of the "
-               "whole trace's hit rate); auto - %s over the whole trace: %+.2f points\n",
-               lost, pols[win], 100 * lost / r_all, pols[win],
+               "whole trace's hit rate); %s - %s over the whole trace: %+.2f points\n",
+               lost, pols[win], 100 * lost / r_all, pols[0], pols[win],
                100 * (H(0, n) - H(win, n)) / r_all);
 #undef H
     } else {
@@ -123,8 +127,18 @@ int main(int argc, char **argv)
             }
             continue;
         }
+        if (!strcmp(argv[i], "--duel") && i + 1 < argc) {
+            i++;
+            if (strcmp(argv[i], "auto") && strcmp(argv[i], "trio")) {
+                fprintf(stderr, "moe_warmup: --duel %s: auto or trio\n", argv[i]);
+                return 2;
+            }
+            pols = duels[!strcmp(argv[i], "trio")];
+            NP = pols == duels[1] ? 4 : 3;
+            continue;
+        }
         if (argv[i][0] == '-') {
-            fprintf(stderr, "usage: moe_warmup TRACE... [--slots P%%]\n");
+            fprintf(stderr, "usage: moe_warmup TRACE... [--slots P%%] [--duel auto|trio]\n");
             return 2;
         }
         any = 1;
@@ -132,7 +146,7 @@ int main(int argc, char **argv)
             rc = 1;
     }
     if (!any) {
-        fprintf(stderr, "usage: moe_warmup TRACE... [--slots P%%]\n");
+        fprintf(stderr, "usage: moe_warmup TRACE... [--slots P%%] [--duel auto|trio]\n");
         return 2;
     }
     return rc;

@@ -226,13 +226,21 @@ extern const ferry__policy_ops ferry__policy_successor;
 /* "successor"'s bytes (rows, window ring, per-expert bytes); planner
  * create refuses shapes past FERRY__TRANSITION_MAX_BYTES of them */
 size_t ferry__successor_bytes(uint32_t num_layers, uint32_t num_experts);
-/* on: a successor policy sleeps from its next visit - it keeps learning
- * its rows and window, not its classes, so no victim may be asked of it
- * meanwhile; off: it wakes, every layer classed as after its last visit,
- * the classes' counts taken from teacher (a successor of the same shape
- * that stayed awake, e.g. auto's shadow; NULL: its own, as they were) where
- * teacher has seen a layer. -EINVAL for another policy or shape */
-int ferry__successor_sleep(ferry__policy *p, int on, const ferry__policy *teacher);
+/* a successor policy's layers that are not a multiple of stride (> 1)
+ * sleep from their next visit: they keep learning their rows and window,
+ * not their classes or their classes' counts, so no victim may be asked
+ * of it meanwhile; stride 0 or 1 wakes them, each classed as after its
+ * last visit (as if it had not slept). auto puts its successor to sleep
+ * while LRU leads, awake on the layers its shadow samples. -EINVAL for
+ * another policy */
+int ferry__successor_sleep(ferry__policy *p, uint32_t stride);
+/* a successor policy over another set of slots (p, allocated with
+ * ferry__policy_successor_follower's state_size, ops and env set) that
+ * evicts by lead's classes: lead's begin_step of a step runs before p's;
+ * a lead has one follower, the two destroyed together; -EINVAL (another
+ * shape, not a successor lead, or one followed already), -ENOMEM */
+extern const ferry__policy_ops ferry__policy_successor_follower;
+int ferry__successor_follow(ferry__policy *p, ferry__policy *lead);
 /* (tests) while on, every victim "successor" names is checked against a
  * scan of all its slots by the same rule; turning it on zeroes the counts */
 void ferry__successor_verify(int on);

@@ -1,51 +1,52 @@
 /*
- * policy_auto.c - "auto": global LRU, the routing policy or the transition
- * policy, whichever has been hitting most lately (set dueling, as CPU
- * caches choose between replacement policies).
+ * policy_auto.c - set dueling between replacement policies, as CPU caches
+ * choose between theirs: "auto" (the planner's default) runs global LRU
+ * or the successor policy, "trio" global LRU, the routing policy or the
+ * transition policy - whichever has been hitting most lately.
  *
- * All three order the real residents all the time (every hit, insert and
- * remove goes to each), so the cache can follow any of them at any victim.
- * Which one names the victim is decided by three shadow caches - metadata
- * only: where each expert would be, no rows - one per policy, fed the same
- * steps, on a sample of the layers (every stride-th: at most 16 sampled
- * layers) with the same share of the slots. The routing and transition
- * shadows learn nothing themselves: each follows the real policy's model
- * (ferry__routing_follow, ferry__transition_follow: the learned tables
- * and per-expert features depend on the routes alone), so a sampled step
- * costs a shadow its placements, not a second learning of the turn. The
- * shadows place a step as the real policies did: before routing learns
- * the turn (its end_step) and after transition has (its begin_step).
+ * Every member orders the real residents all the time (every hit, insert
+ * and remove goes to each), so the cache can follow any of them at any
+ * victim. Which one names the victim is decided by shadow caches -
+ * metadata only: where each expert would be, no rows - one per member,
+ * fed the same steps, on a sample of the layers (every stride-th: at most
+ * 16 sampled layers; auto samples every layer of a model of at most
+ * AUTO_FULL_IDS ids) with the same share of the slots. The learners'
+ * shadows learn nothing themselves: each follows the real member's model
+ * (ferry__successor_follow, ferry__routing_follow,
+ * ferry__transition_follow), so a sampled step costs a shadow its
+ * placements, not a second learning of the turn. The shadows place a
+ * step as the real members did: before routing learns the turn (its
+ * end_step) and after transition and successor have (their begin_step).
  * Each counts its hits with a decay of 1/WINDOW per sampled step; the
- * highest count leads, a tie going to the simpler policy (LRU, then
- * routing): a policy that has not shown it is better does not lead.
- * Nor does one whose lead is within noise: a challenger takes over only
- * when its score passes the leader's by more than one standard deviation
- * of that difference - the square root of the decayed sum of squares of
- * the per-step hit differences of the two (decayed by the square of the
+ * highest count leads, a tie going to the simpler policy (LRU first): a
+ * policy that has not shown it is better does not lead. Nor does one
+ * whose lead is within noise: a challenger takes over only when its score
+ * passes the leader's by more than one standard deviation of that
+ * difference - the square root of the decayed sum of squares of the
+ * per-step hit differences of the two (decayed by the square of the
  * score's factor, as the variance of a weighted sum is), a paired test
- * kept for each pair of shadows on the sampled steps alone. A policy
- * that hits more at every step passes it in a few steps; one that is
- * ahead by a lucky run does not. On the 81-token Mixtral capture (README,
- * issue 27) the lead changed 16 times without it, and auto ended 0.29
- * points below LRU at 25%; with it, twice. So
- * the cache tracks the best of the three on what the trace is doing now,
- * within what the sample and the window miss. Transition joins only while
- * its model fits AUTO_TRANSITION_MAX_BYTES.
- * The followers pay for the winner only, where that is cheap to undo:
- * while transition does not lead, the real transition policy sleeps on
- * the layers the shadows do not sample (ferry__transition_sleep: it keeps
- * learning its rows and routed sets there, not its cells, which no victim
- * reads), and wakes, rebuilt as if it had never slept, when it takes the
- * lead; so does routing (ferry__routing_sleep: its features kept, not
- * its cells, nor those layers' leaves of its tournament). On `ferry moe bench --quick`, where LRU leads, that is 3/4
- * of both learners' cell work.
+ * kept for each pair of shadows on the sampled steps alone. On the
+ * 81-token Mixtral capture (README, issue 27) trio's lead changed 16
+ * times without it, and it ended 0.29 points below LRU at 25%; with it,
+ * twice. A learner joins only while its model fits
+ * AUTO_TRANSITION_MAX_BYTES.
+ *
+ * The followers pay for the winner only: a learner that does not lead
+ * sleeps on the layers the shadows do not sample (ferry__successor_sleep:
+ * rows and window kept, not classes; ferry__transition_sleep: rows and
+ * routed sets, not cells; ferry__routing_sleep: features, not cells), and
+ * wakes, rebuilt as if it had never slept, when it takes the lead. On
+ * `ferry moe bench --quick`, where LRU leads, auto's successor classes a
+ * quarter of the layer-steps (README, issue 27: 0.66-0.84 us a layer-step
+ * against successor's 1.07-1.09 alone).
  * Its LRU is a list (O(1) per hit, where "lru" keeps a heap): the same
  * order but for ties within one step, which go by use rather than by slot.
  * Measured on the generator's traces: 8 sampled layers followed the better
  * policy less closely (up to 1.9 points behind it on a 256-token trace),
  * and a window of 4096 reacted later than 1024. On real decode routing
- * (README, "Real decode routing") transition leads on OLMoE and LRU or
- * routing where transition learns less.
+ * (README, "Real decode routing") auto's successor leads on OLMoE and
+ * granite, LRU or successor on Mixtral; trio's transition leads on OLMoE
+ * and LRU or routing where transition learns less.
  */
 #include <errno.h>
 #include <math.h>
@@ -55,6 +56,10 @@
 
 #define WINDOW 1024.0 /* sampled steps of memory */
 #define SAMPLED 16u   /* most layers a shadow follows */
+/* auto's shadows follow every layer of a model of at most this many ids
+ * (Mixtral's 256, OLMoE's 1,024): sampled halves of a few small layers
+ * told LRU and successor apart by chance (README, issue 27) */
+#define AUTO_FULL_IDS 4096u
 #define SWITCH_SD 1.0 /* standard deviations a challenger must lead by */
 /* the largest transition table auto keeps; beyond it, lru and routing */
 #define AUTO_TRANSITION_MAX_BYTES ((size_t)64 << 20)
@@ -237,6 +242,7 @@ static ferry__policy *shadow_policy(const ferry__policy_ops *ops, const ferry__p
 {
     const ferry__policy_ops *fops = ops == &ferry__policy_routing      ? &ferry__policy_routing_follower
                                     : ops == &ferry__policy_transition ? &ferry__policy_transition_follower
+                                    : ops == &ferry__policy_successor  ? &ferry__policy_successor_follower
                                                                        : NULL;
     if (!fops)
         return sub_create(ops, env);
@@ -245,8 +251,9 @@ static ferry__policy *shadow_policy(const ferry__policy_ops *ops, const ferry__p
         return NULL;
     q->ops = fops;
     q->env = *env;
-    int rc = fops == &ferry__policy_routing_follower ? ferry__routing_follow(q, lead)
-                                                     : ferry__transition_follow(q, lead);
+    int rc = fops == &ferry__policy_routing_follower     ? ferry__routing_follow(q, lead)
+             : fops == &ferry__policy_transition_follower ? ferry__transition_follow(q, lead)
+                                                          : ferry__successor_follow(q, lead);
     if (rc < 0) {
         ferry__free(q);
         return NULL;
@@ -290,7 +297,7 @@ static void shadow_step(shadow *h, uint32_t layer, const uint32_t *ids, uint32_t
         return;
     h->step++;
     h->pin_now++;
-    if (h->pol->ops == &ferry__policy_successor) /* (learns its own layers: no follower) */
+    if (h->pol->ops->begin_step) /* (successor's follower: its pins end, its routed touched) */
         (void)h->pol->ops->begin_step(h->pol, layer, ids, n);
     uint32_t nm = 0, hits = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -354,9 +361,8 @@ static void au_fini(ferry__policy *p)
     }
 }
 
-/* a member that does not lead sleeps off the sampled layers (routing,
- * transition: their shadows follow their models there) or everywhere
- * (successor: its shadow learns its own); the lead is awake */
+/* a member that does not lead sleeps off the sampled layers (its shadow
+ * follows its model there); the lead is awake everywhere */
 static void member_rest(autop *s, uint32_t i, int awake)
 {
     ferry__policy *q = s->sub[i];
@@ -365,7 +371,7 @@ static void member_rest(autop *s, uint32_t i, int awake)
     else if (q->ops == &ferry__policy_transition)
         (void)ferry__transition_sleep(q, awake ? 0 : s->stride);
     else if (q->ops == &ferry__policy_successor)
-        (void)ferry__successor_sleep(q, !awake, s->sh[i].pol);
+        (void)ferry__successor_sleep(q, awake ? 0 : s->stride);
 }
 
 static int au_init(ferry__policy *p)
@@ -373,10 +379,12 @@ static int au_init(ferry__policy *p)
     autop *s = (autop *)p;
     uint32_t L = p->env.num_layers, E = p->env.num_experts;
     s->stride = L <= SAMPLED ? 1 : (L + SAMPLED - 1) / SAMPLED;
+    if (p->ops == &ferry__policy_auto && (uint64_t)L * E <= AUTO_FULL_IDS)
+        s->stride = 1; /* a small model: shadows of every layer cost little */
     uint32_t sampled = (L + s->stride - 1) / s->stride;
     uint64_t ss = ((uint64_t)p->env.slots * sampled + L / 2) / L;
     const ferry__policy_ops *ops[NSUB] = {&lru_list, &ferry__policy_successor, NULL};
-    s->nsub = 2 * ferry__successor_bytes(L, E) <= AUTO_TRANSITION_MAX_BYTES ? 2 : 1;
+    s->nsub = ferry__successor_bytes(L, E) <= AUTO_TRANSITION_MAX_BYTES ? 2 : 1;
     if (p->ops == &ferry__policy_trio) {
         ops[1] = &ferry__policy_routing;
         ops[2] = &ferry__policy_transition;

@@ -39,6 +39,14 @@
  * transition). ferry__successor_verify() has every victim checked
  * against a scan of all the slots by the same rule (tests).
  *
+ * Views. The residents a victim chooses among are a view: the policy's
+ * own slots, and a follower's (ferry__successor_follow: auto's shadow
+ * cache, another set of slots evicted by this model's classes), each with
+ * its bit in res, its per-class counts and mask, touch clock and cached
+ * layer least; a class change refiles the expert in every view holding
+ * it. Sleep (ferry__successor_sleep): the layers off a stride learn their
+ * rows and window only; a wake classes them as after their last visit.
+ *
  * Memory: about 110 bytes an id (ferry__successor_bytes); shapes past
  * FERRY__TRANSITION_MAX_BYTES are refused at planner create.
  */
@@ -67,6 +75,21 @@
 #define NOPIN UINT64_MAX
 _Static_assert(SC_NC <= 64, "a layer's classes in one mask");
 
+/* one set of slots' residents as the model classes them: the policy's
+ * own, or a follower's (auto's shadow) */
+typedef struct scview {
+    ferry__policy *pol; /* whose env: where, occupant, pins */
+    uint8_t bit;        /* its bit in res */
+    uint32_t *rsz;      /* [L][SC_NC] residents in each class */
+    uint64_t *rmask;    /* [L] classes with a resident, by rank */
+    uint32_t *tch;      /* per id: when last touched (routed, refiled, inserted) */
+    uint32_t *lslot;    /* [L] cached least resident; NIL: none; NIL - 1: find again */
+    double *lp;         /* [L] its p */
+    uint64_t *lpin;     /* [L] the pin round it passed over a pinned one in; NOPIN: none */
+    uint32_t clk, cur;  /* cur: the layer of its step */
+    int skipped;        /* (a find passed over a pinned resident) */
+} scview;
+
 typedef struct succ {
     ferry__policy base;
     uint32_t L, E, Ep;
@@ -80,28 +103,22 @@ typedef struct succ {
     uint8_t *h;        /* [L][Ep] routes in the window */
     uint8_t *hc;       /* [L][Ep] the class part of h */
     uint8_t *cls;      /* [L][Ep] class at the last visit */
-    uint8_t *res;      /* [L][Ep] resident */
+    uint8_t *res;      /* [L][Ep] resident: a bit per view */
     uint8_t *q8;       /* [Ep] scratch: a visit's quantized shares */
     uint32_t *size;    /* [L][SC_NC] experts in each class */
-    uint32_t *rsz;     /* [L][SC_NC] residents in each class */
     uint32_t *kc, *nc; /* [L][SC_NC] */
     uint32_t kg[SC_NC], ng[SC_NC]; /* all layers' */
     double *pc;        /* [L][SC_NC] */
     uint8_t *ord;      /* [L][SC_NC] classes by p, least first */
     uint8_t *rank;     /* [L][SC_NC] */
-    uint64_t *rmask;   /* [L] non-empty lists by rank */
     double *lmin;      /* [L] least p of a layer */
     double pmin;
-    uint32_t *tch;     /* per id: when last touched (routed, refiled, inserted) */
-    uint32_t clk;
-    uint32_t *lslot;   /* [L] cached least resident; NIL: none; NIL - 1: find again */
-    double *lp;        /* [L] its p */
-    uint64_t *lpin;    /* [L] the pin round it passed over a pinned one in; NOPIN: none */
-    int skipped;       /* (a find passed over a pinned resident) */
+    scview own;        /* its slots */
+    scview *fv;        /* a follower's (ferry__successor_follow), or NULL */
     uint16_t *le, *miss;
     trev *evv;
     uint32_t cur;      /* the current step's layer */
-    int asleep;        /* (ferry__successor_sleep) rows and window only */
+    uint32_t stride;   /* > 1: the layers not a multiple of it sleep (ferry__successor_sleep) */
     uint64_t ops;      /* work: experts refiled, lanes read, layers and blocks visited (tests) */
 } succ;
 
@@ -109,22 +126,49 @@ static const double sc_prior[2] = {0.08, 0.45};
 static const float sc_edge[SC_NP - 1] = {0.02f, 0.05f, 0.10f, 0.20f, 0.35f};
 static const uint8_t sc_hb[SC_W + 2] = {0, 1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4};
 
+static void view_fini(scview *v)
+{
+    void *arr[] = {v->rsz, v->rmask, v->tch, v->lslot, v->lp, v->lpin};
+    for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++)
+        ferry__free(arr[i]);
+    memset(v, 0, sizeof *v);
+}
+
+static int view_init(scview *v, ferry__policy *pol, uint8_t bit, uint32_t L, uint32_t E)
+{
+    v->pol = pol;
+    v->bit = bit;
+    v->rsz = ferry__calloc((size_t)L * SC_NC, sizeof *v->rsz);
+    v->rmask = ferry__calloc(L, sizeof *v->rmask);
+    v->tch = ferry__calloc((size_t)L * E, sizeof *v->tch);
+    v->lslot = ferry__malloc((size_t)L * sizeof *v->lslot);
+    v->lp = ferry__calloc(L, sizeof *v->lp);
+    v->lpin = ferry__calloc(L, sizeof *v->lpin);
+    if (!v->rsz || !v->rmask || !v->tch || !v->lslot || !v->lp || !v->lpin) {
+        view_fini(v);
+        return -ENOMEM;
+    }
+    for (uint32_t l = 0; l < L; l++)
+        v->lslot[l] = NIL - 1;
+    return 0;
+}
+
 static void sc_fini(ferry__policy *p)
 {
     succ *s = (succ *)p;
     void *arr[] = {s->an, s->V, s->ring, s->ring_n, s->rl, s->h, s->hc, s->cls, s->res,
-                   s->q8, s->size, s->rsz, s->kc, s->nc, s->pc, s->ord, s->rank,
-                   s->rmask, s->lmin, s->tch, s->lslot, s->lp, s->lpin, s->le, s->miss,
-                   s->lanes, s->evv};
+                   s->q8, s->size, s->kc, s->nc, s->pc, s->ord, s->rank,
+                   s->lmin, s->le, s->miss, s->lanes, s->evv};
     for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++)
         ferry__free(arr[i]);
+    view_fini(&s->own);
 }
 
 static void sc_refresh(succ *s, uint32_t l)
 {
     size_t lc = (size_t)l * SC_NC;
     double *pc = s->pc + lc;
-    const uint32_t *kc = s->kc + lc, *nc = s->nc + lc, *rsz = s->rsz + lc;
+    const uint32_t *kc = s->kc + lc, *nc = s->nc + lc;
     uint8_t *o = s->ord + lc, *rk = s->rank + lc;
     for (uint32_t c = 0; c < SC_NC; c++) {
         double pg = ((double)s->kg[c] + SC_M * sc_prior[c & 1]) / ((double)s->ng[c] + SC_M);
@@ -138,12 +182,15 @@ static void sc_refresh(succ *s, uint32_t l)
         }
         o[j] = (uint8_t)c;
     }
-    uint64_t m = 0;
-    for (uint32_t i = 0; i < SC_NC; i++) {
+    for (uint32_t i = 0; i < SC_NC; i++)
         rk[o[i]] = (uint8_t)i;
-        m |= (uint64_t)(rsz[o[i]] != 0) << i;
+    for (scview *v = &s->own; v; v = v == &s->own ? s->fv : NULL) {
+        const uint32_t *rsz = v->rsz + lc;
+        uint64_t m = 0;
+        for (uint32_t i = 0; i < SC_NC; i++)
+            m |= (uint64_t)(rsz[o[i]] != 0) << i;
+        v->rmask[l] = m;
     }
-    s->rmask[l] = m;
     s->lmin[l] = pc[o[0]];
     double mn = s->lmin[0];
     for (uint32_t i = 1; i < s->L; i++)
@@ -177,25 +224,19 @@ static int sc_init(ferry__policy *p)
     s->res = ferry__calloc(lp, 1);
     s->q8 = ferry__aligned_alloc(64, s->Ep);
     s->size = ferry__calloc((size_t)L * SC_NC, sizeof *s->size);
-    s->rsz = ferry__calloc((size_t)L * SC_NC, sizeof *s->rsz);
     s->kc = ferry__calloc((size_t)L * SC_NC, sizeof *s->kc);
     s->nc = ferry__calloc((size_t)L * SC_NC, sizeof *s->nc);
     s->pc = ferry__calloc((size_t)L * SC_NC, sizeof *s->pc);
     s->ord = ferry__calloc((size_t)L * SC_NC, sizeof *s->ord);
     s->rank = ferry__calloc((size_t)L * SC_NC, sizeof *s->rank);
-    s->rmask = ferry__calloc(L, sizeof *s->rmask);
     s->lmin = ferry__calloc(L, sizeof *s->lmin);
-    s->tch = ferry__calloc(ids, sizeof *s->tch);
-    s->lslot = ferry__malloc((size_t)L * sizeof *s->lslot);
-    s->lp = ferry__calloc(L, sizeof *s->lp);
-    s->lpin = ferry__calloc(L, sizeof *s->lpin);
     s->le = ferry__malloc(((size_t)E + 1) * sizeof *s->le);
     s->miss = ferry__malloc(((size_t)E + 1) * sizeof *s->miss);
     s->evv = ferry__aligned_alloc(64, (size_t)E * sizeof(trev));
     if (!s->lanes || !s->an || !s->V || !s->ring || !s->ring_n || !s->rl || !s->h || !s->hc ||
-        !s->cls || !s->res || !s->q8 || !s->size || !s->rsz || !s->kc || !s->nc ||
-        !s->pc || !s->ord || !s->rank || !s->rmask || !s->lmin || !s->tch || !s->lslot || !s->lp ||
-        !s->lpin || !s->le || !s->miss || !s->evv) {
+        !s->cls || !s->res || !s->q8 || !s->size || !s->kc || !s->nc || !s->pc || !s->ord ||
+        !s->rank || !s->lmin || !s->le || !s->miss || !s->evv ||
+        view_init(&s->own, p, 1, L, E) < 0) {
         sc_fini(p);
         return -ENOMEM;
     }
@@ -205,7 +246,6 @@ static int sc_init(ferry__policy *p)
     }
     memset(s->q8, 0, s->Ep);
     for (uint32_t l = 0; l < L; l++) {
-        s->lslot[l] = NIL - 1;
         s->size[(size_t)l * SC_NC] = E;
         sc_refresh(s, l);
     }
@@ -213,18 +253,18 @@ static int sc_init(ferry__policy *p)
 }
 
 /* ---- residents: counted per class, a mask of the classes that have one ---- */
-static inline void rs_add(succ *s, uint32_t l, uint32_t c)
+static inline void rs_add(const succ *s, scview *v, uint32_t l, uint32_t c)
 {
     size_t k = (size_t)l * SC_NC + c;
-    if (s->rsz[k]++ == 0)
-        s->rmask[l] |= (uint64_t)1 << s->rank[k];
+    if (v->rsz[k]++ == 0)
+        v->rmask[l] |= (uint64_t)1 << s->rank[k];
 }
 
-static inline void rs_sub(succ *s, uint32_t l, uint32_t c)
+static inline void rs_sub(const succ *s, scview *v, uint32_t l, uint32_t c)
 {
     size_t k = (size_t)l * SC_NC + c;
-    if (--s->rsz[k] == 0)
-        s->rmask[l] &= ~((uint64_t)1 << s->rank[k]);
+    if (--v->rsz[k] == 0)
+        v->rmask[l] &= ~((uint64_t)1 << s->rank[k]);
 }
 
 /* each expert's class from its quantized shares (q8, zeroed after),
@@ -240,11 +280,13 @@ static void sc_refile(succ *s, uint32_t layer, uint32_t e, uint32_t c)
     size[c]++;
     cls[e] = (uint8_t)c;
     s->ops++;
-    if (s->res[lo + e]) {
-        rs_sub(s, layer, o);
-        rs_add(s, layer, c);
-        s->tch[layer * s->E + e] = ++s->clk;
-    }
+    uint8_t r = s->res[lo + e];
+    for (scview *v = &s->own; r && v; v = v == &s->own ? s->fv : NULL)
+        if (r & v->bit) {
+            rs_sub(s, v, layer, o);
+            rs_add(s, v, layer, c);
+            v->tch[layer * s->E + e] = ++v->clk;
+        }
 }
 
 #if defined(__SSE2__)
@@ -364,17 +406,18 @@ static void sc_predict(succ *s, uint32_t layer, const uint16_t *le, uint32_t n)
 
 /* a visit: the rows of the last visit's routed set learn this one, the
  * window moves on; awake, the classes' p count it and every expert is
- * classed again; asleep (ferry__successor_sleep), only the rows and the
- * window */
+ * classed again; a layer asleep (ferry__successor_sleep) only learns its
+ * rows and moves its window */
 static int sc_begin(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint32_t n)
 {
     succ *s = (succ *)p;
     uint32_t E = s->E, Ep = s->Ep, base = layer * E;
     const uint32_t *where = p->env.where;
-    s->lslot[s->cur] = NIL - 1; /* its pins end */
-    s->lslot[layer] = NIL - 1;
-    s->cur = layer;
+    s->own.lslot[s->cur] = NIL - 1; /* its pins end */
+    s->own.lslot[layer] = NIL - 1;
+    s->cur = s->own.cur = layer;
     uint32_t v = ++s->V[layer];
+    int awake = !(s->stride > 1 && layer % s->stride);
     size_t lo = (size_t)layer * Ep;
     uint8_t *rl = s->rl + lo, *h = s->h + lo, *hc = s->hc + lo;
     uint16_t *ring = s->ring + (size_t)layer * (SC_W + 1) * E;
@@ -387,7 +430,7 @@ static int sc_begin(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint3
         le[j] = (uint16_t)(ids[j] - base);
         __builtin_prefetch(s->lanes + (size_t)ids[j] * TR_ROW);
     }
-    if (!s->asleep)
+    if (awake)
         sc_count(s, layer, le, n, v);
     /* the rows of the last visit's routed set learn this one */
     rowv_events(le, n, s->evv);
@@ -414,47 +457,38 @@ static int sc_begin(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint3
         out[j] = (uint16_t)e;
     }
     rn[cur] = (uint16_t)n;
-    if (!s->asleep)
+    if (awake)
         sc_predict(s, layer, le, n);
     for (uint32_t j = 0; j < n; j++) /* the routed residents: touched */
         if (where[ids[j]] != FERRY_MOE_NONE)
-            s->tch[ids[j]] = ++s->clk;
+            s->own.tch[ids[j]] = ++s->own.clk;
     return 0;
 }
 
-int ferry__successor_sleep(ferry__policy *p, int on, const ferry__policy *teacher)
+int ferry__successor_sleep(ferry__policy *p, uint32_t stride)
 {
     if (!p || p->ops != &ferry__policy_successor)
         return -EINVAL;
     succ *s = (succ *)p;
-    const succ *t = (const succ *)teacher;
-    if (t && (teacher->ops != &ferry__policy_successor || t->L != s->L || t->E != s->E))
-        return -EINVAL;
-    if (on || !s->asleep) {
-        s->asleep = on ? 1 : s->asleep;
-        return 0;
-    }
-    s->asleep = 0;
-    if (t) { /* its counts where it has seen a layer, and its all-layer ones */
-        for (uint32_t l = 0; l < s->L; l++)
-            if (t->V[l]) {
-                size_t lc = (size_t)l * SC_NC;
-                memcpy(s->kc + lc, t->kc + lc, SC_NC * sizeof *s->kc);
-                memcpy(s->nc + lc, t->nc + lc, SC_NC * sizeof *s->nc);
-            }
-        memcpy(s->kg, t->kg, sizeof s->kg);
-        memcpy(s->ng, t->ng, sizeof s->ng);
-    }
-    for (uint32_t l = 0; l < s->L; l++) { /* each layer's classes after its last visit */
+    uint32_t was = s->stride, woke = 0;
+    s->stride = stride > 1 ? stride : 0;
+    for (uint32_t l = 0; l < s->L; l++) { /* the layers awake again: classed as after their last visit */
+        if (!(was > 1 && l % was) || (s->stride > 1 && l % s->stride))
+            continue;
         uint32_t v = s->V[l], cur = v % (SC_W + 1);
         if (v) {
             const uint16_t *set = s->ring + ((size_t)l * (SC_W + 1) + cur) * s->E;
             sc_predict(s, l, set, s->ring_n[(size_t)l * (SC_W + 1) + cur]);
         }
-        s->lslot[l] = NIL - 1;
+        woke++;
     }
-    for (uint32_t l = 0; l < s->L; l++)
-        sc_refresh(s, l);
+    if (woke)
+        for (uint32_t l = 0; l < s->L; l++) {
+            sc_refresh(s, l);
+            s->own.lslot[l] = NIL - 1;
+            if (s->fv)
+                s->fv->lslot[l] = NIL - 1;
+        }
     return 0;
 }
 
@@ -465,63 +499,74 @@ static void sc_hit(ferry__policy *p, uint32_t slot, uint32_t id)
     (void)id;
 }
 
-static int sc_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
+/* a view's resident in and out */
+static void view_insert(succ *s, scview *v, uint32_t id)
 {
-    succ *s = (succ *)p;
-    (void)prefetch;
-    (void)slot;
     uint32_t l = id / s->E;
     size_t at = (size_t)l * s->Ep + (id - l * s->E);
-    s->lslot[l] = NIL - 1;
-    if (!s->res[at]) {
-        s->res[at] = 0xff;
-        rs_add(s, l, s->cls[at]);
+    v->lslot[l] = NIL - 1;
+    if (!(s->res[at] & v->bit)) {
+        s->res[at] |= v->bit;
+        rs_add(s, v, l, s->cls[at]);
     }
-    s->tch[id] = ++s->clk;
+    v->tch[id] = ++v->clk;
+}
+
+static void view_remove(succ *s, scview *v, uint32_t id)
+{
+    uint32_t l = id / s->E;
+    size_t at = (size_t)l * s->Ep + (id - l * s->E);
+    v->lslot[l] = NIL - 1;
+    if (s->res[at] & v->bit) {
+        s->res[at] &= (uint8_t)~v->bit;
+        rs_sub(s, v, l, s->cls[at]);
+    }
+}
+
+static int sc_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
+{
+    (void)prefetch;
+    (void)slot;
+    view_insert((succ *)p, &((succ *)p)->own, id);
     return 0;
 }
 
 static void sc_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
 {
-    succ *s = (succ *)p;
     (void)evicted;
     (void)slot;
-    uint32_t l = id / s->E;
-    size_t at = (size_t)l * s->Ep + (id - l * s->E);
-    s->lslot[l] = NIL - 1;
-    if (s->res[at]) {
-        s->res[at] = 0;
-        rs_sub(s, l, s->cls[at]);
-    }
+    view_remove((succ *)p, &((succ *)p)->own, id);
 }
 
-/* of layer l's residents in class c, the unpinned one touched longest ago */
-static uint32_t sc_class_least(succ *s, uint32_t l, uint32_t c)
+/* of layer l's residents of view v in class c, the unpinned one touched
+ * longest ago */
+static uint32_t sc_class_least(succ *s, scview *v, uint32_t l, uint32_t c)
 {
     size_t lo = (size_t)l * s->Ep;
     const uint8_t *cls = s->cls + lo, *res = s->res + lo;
-    const uint32_t *where = s->base.env.where, *tch = s->tch + (size_t)l * s->E;
+    const uint32_t *where = v->pol->env.where, *tch = v->tch + (size_t)l * s->E;
     uint32_t best = NIL, bt = 0, base = l * s->E;
     s->ops += (s->E + 15) / 16;
 #if defined(__SSE2__)
-    __m128i cv = _mm_set1_epi8((char)c);
+    __m128i cv = _mm_set1_epi8((char)c), bv = _mm_set1_epi8((char)v->bit);
     for (uint32_t b = 0; b < s->E; b += 16) {
+        __m128i r = _mm_and_si128(_mm_loadu_si128((const __m128i *)(const void *)(res + b)), bv);
         __m128i m = _mm_and_si128(
             _mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(const void *)(cls + b)), cv),
-            _mm_loadu_si128((const __m128i *)(const void *)(res + b)));
+            _mm_cmpeq_epi8(r, bv));
         for (uint32_t k = (uint32_t)_mm_movemask_epi8(m); k; k &= k - 1) {
             uint32_t e = b + (uint32_t)__builtin_ctz(k);
 #else
     for (uint32_t b = 0; b < 1; b++) {
         for (uint32_t e = 0; e < s->E; e++) {
-            if (!res[e] || cls[e] != c)
+            if (!(res[e] & v->bit) || cls[e] != c)
                 continue;
 #endif
             if (e >= s->E || (best != NIL && tch[e] >= bt))
                 continue;
             uint32_t slot = where[base + e];
-            if (ferry__pinned(&s->base, slot)) {
-                s->skipped = 1;
+            if (ferry__pinned(v->pol, slot)) {
+                v->skipped = 1;
                 continue;
             }
             best = slot;
@@ -532,15 +577,15 @@ static uint32_t sc_class_least(succ *s, uint32_t l, uint32_t c)
 }
 
 /* a layer's least unpinned resident and its p; NIL when none */
-static uint32_t sc_layer_find(succ *s, uint32_t l, double *pout)
+static uint32_t sc_layer_find(succ *s, scview *v, uint32_t l, double *pout)
 {
     const uint8_t *o = s->ord + (size_t)l * SC_NC;
-    for (uint64_t m = s->rmask[l]; m; m &= m - 1) {
+    for (uint64_t m = v->rmask[l]; m; m &= m - 1) {
         uint32_t c = o[__builtin_ctzll(m)];
-        uint32_t v = sc_class_least(s, l, c);
-        if (v != NIL) {
+        uint32_t slot = sc_class_least(s, v, l, c);
+        if (slot != NIL) {
             *pout = s->pc[(size_t)l * SC_NC + c];
-            return v;
+            return slot;
         }
     }
     return NIL;
@@ -550,19 +595,19 @@ static uint32_t sc_layer_find(succ *s, uint32_t l, double *pout)
  * here (a prefetch or a kept hinted victim pins another layer's
  * residents, a new round ends the pins): found again when the cached one
  * is pinned now, or the find passed over a pinned one whose round ended */
-static uint32_t sc_layer_least(succ *s, uint32_t l, double *pout)
+static uint32_t sc_layer_least(succ *s, scview *v, uint32_t l, double *pout)
 {
-    uint32_t v = s->lslot[l];
-    uint64_t now = *s->base.env.pin_now;
-    if (v == NIL - 1 || (v != NIL && ferry__pinned(&s->base, v)) ||
-        (s->lpin[l] != NOPIN && s->lpin[l] != now)) {
-        s->lp[l] = 0;
-        s->skipped = 0;
-        s->lslot[l] = sc_layer_find(s, l, &s->lp[l]);
-        s->lpin[l] = s->skipped ? now : NOPIN;
+    uint32_t c = v->lslot[l];
+    uint64_t now = *v->pol->env.pin_now;
+    if (c == NIL - 1 || (c != NIL && ferry__pinned(v->pol, c)) ||
+        (v->lpin[l] != NOPIN && v->lpin[l] != now)) {
+        v->lp[l] = 0;
+        v->skipped = 0;
+        v->lslot[l] = sc_layer_find(s, v, l, &v->lp[l]);
+        v->lpin[l] = v->skipped ? now : NOPIN;
     }
-    *pout = s->lp[l];
-    return s->lslot[l];
+    *pout = v->lp[l];
+    return v->lslot[l];
 }
 
 static int sc_verify_on;
@@ -580,29 +625,30 @@ void ferry__successor_verified(uint64_t *checked, uint64_t *mismatched)
     *mismatched = sc_mismatched;
 }
 
-/* the victim by a scan of every slot under the same rule: least p / d,
- * then the larger d, the class of lesser rank, the older touch */
-static void sc_verify(succ *s, uint32_t got)
+/* the victim by a scan of every slot of the view under the same rule:
+ * least p / d, then the larger d, the class of lesser rank, the older
+ * touch */
+static void sc_verify(succ *s, scview *vw, uint32_t got)
 {
-    const ferry__policy_env *env = &s->base.env;
+    const ferry__policy_env *env = &vw->pol->env;
     uint32_t best = NIL, bd = 0, brk = 0, bt = 0;
     double bp = 0;
     for (uint32_t v = 0; v < env->slots; v++) {
         uint32_t id = env->occupant[v];
-        if (id == FERRY_MOE_NONE || ferry__pinned(&s->base, v))
+        if (id == FERRY_MOE_NONE || ferry__pinned(vw->pol, v))
             continue;
         uint32_t l = id / s->E, c = s->cls[(size_t)l * s->Ep + (id - l * s->E)];
-        uint32_t d = (l + s->L - s->cur) % s->L, rk = s->rank[(size_t)l * SC_NC + c];
+        uint32_t d = (l + s->L - vw->cur) % s->L, rk = s->rank[(size_t)l * SC_NC + c];
         d = d ? d : s->L;
         double pv = s->pc[(size_t)l * SC_NC + c];
         int better = best == NIL || pv * bd < bp * d ||
                      (pv * bd == bp * d &&
-                      (d > bd || (d == bd && (rk < brk || (rk == brk && s->tch[id] < bt)))));
+                      (d > bd || (d == bd && (rk < brk || (rk == brk && vw->tch[id] < bt)))));
         if (better) {
             best = v;
             bd = d;
             brk = rk;
-            bt = s->tch[id];
+            bt = vw->tch[id];
             bp = pv;
         }
     }
@@ -632,42 +678,45 @@ size_t ferry__successor_bytes(uint32_t num_layers, uint32_t num_experts)
            (size_t)num_layers * SC_NC * 30;
 }
 
-static int sc_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slot)
+/* the view's victim: layers offered from the furthest next use down */
+static int view_victim(succ *s, scview *v, uint32_t *slot)
 {
-    succ *s = (succ *)p;
-    (void)id;
-    if (have_free)
-        return 1;
     uint32_t L = s->L, best = NIL;
     double bp = 0;
     uint32_t bd = 1;
-    for (uint32_t d = L; d >= 1; d--) { /* furthest next use first */
+    for (uint32_t d = L; d >= 1; d--) {
         s->ops++;
         if (best != NIL && bp * d < s->pmin * bd)
             break; /* bp/bd < pmin/d: no nearer layer can win */
-        uint32_t l = (s->cur + d) % L;
-        uint64_t m = s->rmask[l];
+        uint32_t l = (v->cur + d) % L;
+        uint64_t m = v->rmask[l];
         if (!m)
             continue;
         if (best != NIL &&
             s->pc[(size_t)l * SC_NC + s->ord[(size_t)l * SC_NC + __builtin_ctzll(m)]] * bd >= bp * d)
             continue; /* not even its least class can win */
         double pl;
-        uint32_t v = sc_layer_least(s, l, &pl);
-        if (v == NIL)
+        uint32_t c = sc_layer_least(s, v, l, &pl);
+        if (c == NIL)
             continue;
         if (best == NIL || pl * bd < bp * d) {
-            best = v;
+            best = c;
             bp = pl;
             bd = d;
         }
     }
     if (sc_verify_on)
-        sc_verify(s, best);
+        sc_verify(s, v, best);
     if (best == NIL)
         return -1;
     *slot = best;
     return 0;
+}
+
+static int sc_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slot)
+{
+    (void)id;
+    return have_free ? 1 : view_victim((succ *)p, &((succ *)p)->own, slot);
 }
 
 const ferry__policy_ops ferry__policy_successor = {
@@ -682,4 +731,89 @@ const ferry__policy_ops ferry__policy_successor = {
     .insert = sc_insert,
     .remove = sc_remove,
     .victim = sc_victim,
+};
+
+/* ---- a follower: another set of slots, the lead's model ---- */
+typedef struct sfollow {
+    ferry__policy base;
+    succ *m;
+    scview v;
+} sfollow;
+
+int ferry__successor_follow(ferry__policy *p, ferry__policy *lead)
+{
+    if (!p || !lead || lead->ops != &ferry__policy_successor ||
+        p->ops != &ferry__policy_successor_follower)
+        return -EINVAL;
+    succ *s = (succ *)lead;
+    sfollow *f = (sfollow *)p;
+    if (s->fv || p->env.num_layers != s->L || p->env.num_experts != s->E)
+        return -EINVAL;
+    int rc = view_init(&f->v, p, 2, s->L, s->E);
+    if (rc < 0)
+        return rc;
+    f->m = s;
+    s->fv = &f->v;
+    return 0;
+}
+
+static int sf_init(ferry__policy *p)
+{
+    (void)p;
+    return -EINVAL; /* made by ferry__successor_follow */
+}
+
+static void sf_fini(ferry__policy *p)
+{
+    /* (the lead is destroyed with it, not told: it may be gone already) */
+    view_fini(&((sfollow *)p)->v);
+}
+
+/* the lead has learned the step (its begin_step ran first): only the
+ * follower's own pins end and its routed residents are touched */
+static int sf_begin(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint32_t n)
+{
+    sfollow *f = (sfollow *)p;
+    scview *v = &f->v;
+    v->lslot[v->cur] = NIL - 1;
+    v->lslot[layer] = NIL - 1;
+    v->cur = layer;
+    for (uint32_t j = 0; j < n; j++)
+        if (p->env.where[ids[j]] != FERRY_MOE_NONE)
+            v->tch[ids[j]] = ++v->clk;
+    return 0;
+}
+
+static int sf_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
+{
+    (void)prefetch;
+    (void)slot;
+    view_insert(((sfollow *)p)->m, &((sfollow *)p)->v, id);
+    return 0;
+}
+
+static void sf_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
+{
+    (void)evicted;
+    (void)slot;
+    view_remove(((sfollow *)p)->m, &((sfollow *)p)->v, id);
+}
+
+static int sf_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slot)
+{
+    (void)id;
+    return have_free ? 1 : view_victim(((sfollow *)p)->m, &((sfollow *)p)->v, slot);
+}
+
+const ferry__policy_ops ferry__policy_successor_follower = {
+    .name = "successor-follower",
+    .describe = "successor's victims over another set of slots, from a lead's model",
+    .state_size = sizeof(sfollow),
+    .init = sf_init,
+    .fini = sf_fini,
+    .begin_step = sf_begin,
+    .hit = sc_hit,
+    .insert = sf_insert,
+    .remove = sf_remove,
+    .victim = sf_victim,
 };
