@@ -6,7 +6,8 @@
  * context trace) it takes the lead; every victim its successor names, real
  * or shadow, is a scan's, through prefetches, hints, a resize and a wake;
  * while LRU leads its successor sleeps (rows and window only) and wakes
- * with every expert in the class a successor that never slept gives it.
+ * with every expert in the class a successor that never slept gives it;
+ * its work per layer-step once full does not grow with the slots.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -199,6 +200,45 @@ static void auto_successor_sleeps_while_lru_leads_and_wakes_as_if_awake(void **s
     ferry_moe_trace_destroy(t);
 }
 
+/* the work of auto's successor (its classes, its victims and its
+ * shadow's) per layer-step once the slots are full, at DeepSeek-V3's
+ * shape: flat from 1024 to 8192 slots, where a scan of the residents
+ * would grow eightfold */
+static double auto_work_when_full(const ferry_moe_trace *t, uint32_t slots)
+{
+    ferry_moe_planner *p = ft_moe_planner(t, "auto", slots);
+    const ferry__policy *sc = ferry__auto_successor(ferry__planner_policy(p));
+    assert_non_null(sc);
+    uint64_t missed = 0, total = 0, steps = 0;
+    for (size_t i = 0; i < ferry_moe_trace_steps(t); i++) {
+        uint32_t tok, layer, k;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &k));
+        uint64_t before = ferry__successor_ops(sc);
+        ferry_moe_counts c;
+        FT_ASSERT_OK(ferry_moe_planner_ensure(p, layer, ex, k, NULL, NULL, &c));
+        if (missed >= slots) {
+            total += ferry__successor_ops(sc) - before;
+            steps++;
+        }
+        missed += c.missing;
+    }
+    ferry_moe_planner_destroy(p);
+    assert_true(steps > 5000);
+    return (double)total / (double)steps;
+}
+
+static void auto_steady_work_does_not_grow_with_slots(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = ft_moe_gen("deepseek-v3", 512, 1);
+    double m1 = auto_work_when_full(t, 1024), m2 = auto_work_when_full(t, 8192);
+    print_message("full: 1024 slots %.1f ops a step, 8192 slots %.1f\n", m1, m2);
+    if (m2 > 1.25 * m1)
+        fail_msg("work grows with slots once full: %.1f at 1024, %.1f at 8192", m1, m2);
+    ferry_moe_trace_destroy(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -207,6 +247,7 @@ int main(void)
         cmocka_unit_test(auto_is_deterministic_and_listed),
         cmocka_unit_test(auto_victims_are_the_scans_through_a_trace),
         cmocka_unit_test(auto_successor_sleeps_while_lru_leads_and_wakes_as_if_awake),
+        cmocka_unit_test(auto_steady_work_does_not_grow_with_slots),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
