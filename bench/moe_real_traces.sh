@@ -29,7 +29,8 @@
 # --ferry defaults to build/ferry, --out (the converted traces) to a new
 # temporary directory; PYTHON names the interpreter (default: the first of
 # python3, /usr/bin/python3 that has numpy). Prints, per trace and budget,
-# the hit rates of lru, routing, auto and belady, auto - lru in points,
+# the hit rates of lru, successor, trio, auto (the default) and belady,
+# auto - lru in points,
 # auto's share of the LRU -> Belady gap, and the issue's two checks: at
 # 12.5% auto >= LRU + 15% of the gap, at 25% auto no more than 0.2 points
 # below LRU.
@@ -89,7 +90,7 @@ fi
 
 for t in $traces; do
     for s in 12.5% 25%; do
-        for p in lru routing auto; do
+        for p in lru successor trio auto; do
             printf '%s %s %s ' "$t" "$s" "$p"
             "$ferry" moe replay "$out/$t.jsonl" --slots "$s" --policy "$p" --json | tr -d '\n'
             echo
@@ -104,8 +105,8 @@ for line in sys.stdin:
     r = rows.setdefault((t, s), {"slots": d["slots"]})
     r[p] = 100.0 * d["hit_rate"]
     r["belady"] = 100.0 * d["belady"]["hit_rate"]
-print("| trace | slots | lru | routing | auto | belady | auto - lru | share of gap | check |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| trace | slots | lru | successor | trio | auto | belady | auto - lru | share of gap | check |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for (t, s), r in rows.items():
     gap = r["belady"] - r["lru"]
     d = r["auto"] - r["lru"]
@@ -115,6 +116,7 @@ for (t, s), r in rows.items():
         chk = "%s (>= %.2f)" % ("ok" if r["auto"] >= need else "MISS", need)
     else:
         chk = "ok" if d >= -0.2 else "MISS"
-    print("| %s | %s (%d) | %.2f | %.2f | %.2f | %.2f | %+.2f | %s | %s |" % (
-        t, s, r["slots"], r["lru"], r["routing"], r["auto"], r["belady"], d, share, chk))
+    print("| %s | %s (%d) | %.2f | %.2f | %.2f | %.2f | %.2f | %+.2f | %s | %s |" % (
+        t, s, r["slots"], r["lru"], r["successor"], r["trio"], r["auto"], r["belady"], d, share,
+        chk))
 '

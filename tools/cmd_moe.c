@@ -448,7 +448,7 @@ static void replay_usage(void)
            "  --slots        top-k..layers x experts, or P%% of layers x experts (the\n"
            "                 layers the trace holds; default 25%%); never adjusted\n"
            "  --policy       one of the policies below (default auto: the hits of\n"
-           "                 lru, routing or transition, whichever is ahead lately)\n"
+           "                 lru or successor, whichever is ahead lately)\n"
            "  --expert-bytes 1..1T (default: the trace's)\n"
            "  --budgets      up to 32 of --slots' values; --policies up to 16 policies\n"
            "  --stage        a capture's stage to read (default: its only stage, else\n"

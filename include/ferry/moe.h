@@ -264,19 +264,23 @@ typedef struct ferry_moe_planner_options {
  *    log slots).
  *  - "arc": adaptive replacement, recency against frequency, balanced by
  *    ghosts of recent evictions; O(log slots).
- *  - "auto" (the default: policy NULL): "lru", "routing" or
- *    "transition", whichever has been hitting most lately in shadow
- *    caches (metadata only) of a sample of the layers (at most 16) with
- *    their share of the slots, hits decayed over about 1024 sampled steps
- *    (set dueling): all three order the real residents, the one ahead
- *    names the victim, ties to the simpler ("lru", then "routing"); the
- *    shadows use the real policies' learned models rather than learning
- *    again, and while "routing" or "transition" trails it keeps only its
- *    features and learning, not its cells, on the layers no shadow
- *    samples (rebuilt exactly when it takes the lead). "transition" takes
- *    part while its model fits 64 MiB. On the real decode routing and
- *    generator traces measured it is never more than 0.2 points below
- *    LRU (README, "Real decode routing").
+ *  - "auto" (the default: policy NULL): "lru" or "successor", whichever
+ *    has been hitting most lately in shadow caches (metadata only) of a
+ *    sample of the layers (at most 16; every layer of a model of at most
+ *    4096 expert ids) with their share of the slots, hits decayed over
+ *    about 1024 sampled steps (set dueling): both order the real
+ *    residents, the one ahead by more than the noise names the victim,
+ *    ties to "lru"; the successor shadow evicts by the real successor's
+ *    classes rather than learning again, and while "lru" leads the real
+ *    successor learns only its rows and window on the layers no shadow
+ *    samples (classed again exactly when it takes the lead). "successor"
+ *    takes part while its model fits 64 MiB. On the 32 real decode rows
+ *    of the README it closes at least 15% of the LRU -> Belady gap at
+ *    12.5% of the ids and is never more than 0.2 points below LRU at 25%
+ *    (README, issue 27, tenth pass).
+ *  - "trio": the same duel between "lru", "routing" and "transition"
+ *    (the default before "auto" above; a point or two better on the
+ *    generator's traces, about twice auto's time a layer-step).
  *  - "belady": Belady's MIN, offline (needs the trace as oracle).
  *  - "transition": learns P(routed at its layer's next turn) per cell of
  *    (routed at the last turn, turns routed of the last 16, bin of a
@@ -301,10 +305,9 @@ typedef struct ferry_moe_planner_options {
  *    changed) a layer-step in byte arrays (SSE2), no lists; a victim
  *    O(num_layers) plus a pass over the experts of the layers that
  *    changed: nothing grows with the slots. About 110 bytes per expert
- *    id: planner create refuses shapes needing over 256 MiB. Not the
- *    default: on the real traces of the README it is below LRU by more
- *    than 0.2 points on 3 of 16 at 25% of the ids (README, issue 27,
- *    ninth pass).
+ *    id: planner create refuses shapes needing over 256 MiB. Alone it is
+ *    below LRU by more than 0.2 points on 3 of the README's 16 real
+ *    traces at 25% of the ids; "auto" duels it with "lru".
  * Every victim is unpinned (never an expert of the current step); ties go
  * to the lowest slot index. Under every policy, an expert hinted for a
  * later step (ferry_moe_planner_hint), likely enough to be right, is
