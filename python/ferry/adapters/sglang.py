@@ -32,8 +32,11 @@ slice it is: "sglang/<pool>/<rank tag>". The rank tag holds the pipeline
 stage (pp), the attention-DP rank (dp, unless "ferry_share_dp": true:
 DP replicas compute the same KV for the same tokens), the context-parallel
 rank when attn_cp_size > 1 (each holds a disjoint slice of a page, MLA
-too), and for MHA the TP rank. MLA pages are the same on every TP rank:
-one key for all, written by TP rank 0 only, read by all. With
+too), and the TP rank. An MLA model's pages are the same on every TP
+rank: one key for all, written by TP rank 0 only, read by all; but not
+its mamba state (its heads are split over TP, and SGLang backs it up on
+every rank) nor a pool of MHA pages (a draft model's): those keep the TP
+rank. With
 should_split_heads (tp_lcm_size > tp_size, page_head), a rank's page is
 tp_lcm_size / tp_size head groups, each stored under the TP rank it would
 have at TP = tp_lcm_size, so instances of different TP sizes share pages.
@@ -301,9 +304,20 @@ class FerryHiCacheStorage(HiCacheStorage):
             got = self._salt_cache[pool] = self._make_salts(pool)
         return got
 
+    def _replicated(self, pool):
+        """Whether pool `pool`'s pages are the same on every TP rank: one key
+        for all, written by TP rank 0. Only under an MLA (rank-replicated)
+        model, and only for a pool that is not split over TP there: a mamba
+        state (its heads are; SGLang backs it up on every TP rank) or a
+        pool of MHA pages (a draft model's) is each rank's own."""
+        if not self._mla or pool == "mamba":
+            return False
+        pm = self._pools.get(pool)
+        return pm is None or pm[0].kind != "mha"
+
     def _make_salts(self, pool):
         tag = f"sglang/{pool}/{self._base_tag}"
-        if self._mla:
+        if self._replicated(pool):
             return [tag]
         if self._split > 1:
             lcm = self._tp_size * self._split
@@ -453,9 +467,9 @@ class FerryHiCacheStorage(HiCacheStorage):
                              "FerryHiCacheStorage")
         return [int(x) for x in out]
 
-    def _shared_reader(self):
-        """MLA pages are the same on every TP rank: rank 0 writes them."""
-        return self._mla and self._tp != 0
+    def _shared_reader(self, pool):
+        """A rank-replicated pool's pages are written by TP rank 0 only."""
+        return self._tp != 0 and self._replicated(pool)
 
     def _set_pages(self, key, keys, starts):
         pm, store = self._pool(key)
@@ -464,7 +478,7 @@ class FerryHiCacheStorage(HiCacheStorage):
             return []
         if pm.structured:
             blocks = [pm.block_of(s) for s in starts]
-        if self._shared_reader() and key not in ("mamba",):
+        if self._shared_reader(key):
             return [True] * len(names)
         ok = [True] * len(names)
         try:
@@ -688,7 +702,7 @@ class FerryHiCacheStorage(HiCacheStorage):
         pm, store = self._pool("kv")
         names = self._names([key])
         views = [pm.flat_planes(value, g) for g in range(self._split)]
-        if self._shared_reader():
+        if self._shared_reader("kv"):
             return True
         try:
             for g, salt in enumerate(self._salts("kv")):

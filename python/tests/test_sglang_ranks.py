@@ -1,0 +1,64 @@
+"""The SGLang backend keeps every rank's slice of every pool apart, and
+shares only what SGLang's controllers treat as the same on every rank.
+Pools and controllers are the stand-ins of tests/sglang_pools.py; what a
+test mirrors of SGLang is cited at the test."""
+import pytest
+import torch
+
+import ferry
+from ferry.adapters import _sglang_base as base, register_store, unregister_store
+from sglang_pools import MambaHost, MLAHost, create_backend, fill, indices, page_hashes
+
+PN, HP = base.PoolName, base.PoolHitPolicy
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    yield
+    for n in ("shared", "shared.mamba"):
+        s = unregister_store(n)
+        if s is not None:
+            s.close()
+
+
+def _shared_stores(kv, mamba):
+    register_store("shared", ferry.KVStore("tiny", ferry.Layout(kv.layer_num, 1, kv.head_dim,
+                                                                "bf16", kv=1),
+                                           l1="4M", chunk_tokens=kv.page_size))
+    register_store("shared.mamba", ferry.KVStore("tiny", ferry.Layout(1, 1, mamba.size_per_token,
+                                                                      "u8", kv=1),
+                                                 l1="4M", chunk_tokens=1))
+
+
+def test_mla_model_mamba_state_is_per_tp_rank():
+    """An MLA model with a mamba pool (Kimi-style MLA + KDA): the MLA kv
+    pages are the same on every TP rank, the mamba state is not (its heads
+    are split over TP). SGLang's HybridCacheController.should_backup
+    (sgl-project/sglang 00343773d3293d382f0b39101f36b656d30ad2f0,
+    python/sglang/srt/mem_cache/hybrid_cache/hybrid_cache_controller.py:
+    "Kimi-K3 Mamba/KDA state is TP-sharded even when the primary MLA KV
+    pool is replicated") has every TP rank back its mamba pool up with
+    batch_set_v2 and read it back with batch_get_v2: each rank must get
+    its own state back, never another rank's."""
+    ranks = []
+    for r in range(2):
+        pools = {"kv": MLAHost("page_first", 4), "mamba": MambaHost()}
+        if r == 0:
+            _shared_stores(pools["kv"], pools["mamba"])
+        pools["mamba"].fill(10 + 7 * r)
+        ranks.append((create_backend({"ferry_store": "shared"}, pools, mla=True, tp=(r, 2)),
+                      pools["mamba"]))
+    h = page_hashes(list(range(8)), 4)
+    want = []
+    for b, m in ranks:
+        t = base.PoolTransfer(name=PN.MAMBA, host_indices=torch.tensor([2]), keys=h[-1:],
+                              hit_policy=HP.TRAILING_PAGES)
+        assert b.batch_set_v2([t]) == {PN.MAMBA: [True]}
+        want.append(m.get_data_page(2).clone())
+    assert not torch.equal(want[0], want[1])
+    for (b, m), w in zip(ranks, want):
+        m.fill(99)
+        t = base.PoolTransfer(name=PN.MAMBA, host_indices=torch.tensor([5]), keys=h[-1:],
+                              hit_policy=HP.TRAILING_PAGES)
+        assert b.batch_get_v2([t]) == {PN.MAMBA: [True]}
+        assert torch.equal(m.get_data_page(5), w)
