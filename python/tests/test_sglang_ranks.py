@@ -62,3 +62,47 @@ def test_mla_model_mamba_state_is_per_tp_rank():
                               hit_policy=HP.TRAILING_PAGES)
         assert b.batch_get_v2([t]) == {PN.MAMBA: [True]}
         assert torch.equal(m.get_data_page(5), w)
+
+
+def test_a_lost_daemon_reads_as_misses_and_calls_resume(tmp_path):
+    """SGLang calls the backend from its cache controller's threads and
+    catches nothing there (sgl-project/sglang 001067fffe33427bee0ed2f007f
+    b7551a1d76b44, python/sglang/srt/managers/cache_controller.py:
+    prefetch_thread_func calls batch_exists, prefetch_io_aux_func
+    _page_transfer -> batch_get_v1, backup_thread_func _page_backup ->
+    batch_set_v1, each catching only queue.Empty): an exception ends the
+    thread for the life of the process, and the other TP ranks then wait
+    in the prefetch all_reduce for a rank that never comes. A `ferry
+    serve` daemon that went away is the store failing, not the caller: it
+    reads as misses and pages not stored, and once a daemon serves the
+    socket again the same backend's calls find it."""
+    from test_adapter_sglang import LayoutDaemon
+    from sglang_pools import MHAHost
+    lay = dict(L=2, kv=2, H=2, D=64, dtype=torch.bfloat16)
+    pool = MHAHost("page_first", 4)
+    fill(pool.kv_buffer, 1)
+    d = LayoutDaemon(str(tmp_path), lay, 4)
+    b = create_backend({"ferry_store": "shared", "ferry_server": d.url,
+                        "ferry_server_timeout_ms": 3000}, {"kv": pool})
+    h = page_hashes(list(range(16)), 4)
+    try:
+        assert b.batch_set_v1(h[:2], indices(0, 2, 4)) == [True, True]
+        pool.kv_buffer[:, 16:24] = 0
+        d.stop()
+        assert b.batch_exists(h) == 0
+        assert b.exists(h[0]) is False
+        assert b.batch_get_v1(h[:2], indices(4, 2, 4)) == [False, False]
+        assert b.batch_set_v1(h[2:4], indices(0, 2, 4)) == [False, False]
+        assert b.get(h[0], pool.get_dummy_flat_data_page()) is None
+        assert b.set(h[3], pool.get_data_page(0)) is False
+        r = b.batch_exists_v2(h, [])
+        assert r.kv_hit_pages == 0
+        assert torch.count_nonzero(pool.kv_buffer[:, 16:24]) == 0   # nothing read
+        d = LayoutDaemon(str(tmp_path), lay, 4)                     # a new daemon, same socket
+        assert b.batch_set_v1(h[:2], indices(0, 2, 4)) == [True, True]
+        assert b.batch_exists(h) == 2
+        assert b.batch_get_v1(h[:2], indices(4, 2, 4)) == [True, True]
+        assert torch.equal(pool.kv_buffer[:, 16:24], pool.kv_buffer[:, 0:8])
+    finally:
+        b.close()
+        d.stop()

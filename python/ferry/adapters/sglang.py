@@ -56,6 +56,12 @@ hex keys are 64). The flags ("ferry_share_dp", "ferry_persistent") are
 bools, 0 / 1 or strings of one ("false", "on", ...), as a JSON, TOML or
 YAML extra-config file may carry them; any other value is refused.
 
+Failures. SGLang calls from its controller's threads, which catch
+nothing and are never restarted: a call's own mistakes (bad keys, host
+indices, pools; a closed backend) raise, but the store failing (a daemon
+gone, an I/O error, a full pool) reads as a miss or a page not stored,
+with a warning, and the next call tries the store again.
+
 Older SGLangs: their configs lack the newer fields (pp, dp, cp, metrics,
 split heads read as their defaults), and the base class is theirs even
 where their hicache_storage.py has no v2 names (_sglang_base).
@@ -63,6 +69,7 @@ where their hicache_storage.py has no v2 names (_sglang_base).
 import errno
 import logging
 import threading
+import time
 from operator import itemgetter
 
 import numpy as np
@@ -79,6 +86,13 @@ from ._sglang_base import (SGLANG, UPSTREAM, HiCacheStorage, HiCacheStorageConfi
 log = logging.getLogger("ferry.sglang")
 
 _SKIPPABLE = {errors.ENOSPACE, errors.ELOCKED, -errno.ENOMEM}
+# a call's own mistakes (bad input, a closed backend): raised. Any other
+# failure is the store's (a daemon gone, an I/O error, a timeout): SGLang
+# calls from its cache controller's threads, which catch nothing and are
+# never restarted, so it reads as a miss / a page not stored (_failed)
+_CALLER_ERRORS = {-errno.EINVAL, -errno.EBADF, errors.EPARSE, errors.EMISMATCH,
+                  errors.ENOTSUP, errors.ESTATE, errors.EBOUNDS}
+_WARN_EVERY_S = 10.0
 _OK = {0, errors.EEXIST}
 _KV_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 _NAME_MAX = 1024
@@ -430,6 +444,21 @@ class FerryHiCacheStorage(HiCacheStorage):
             for k, v in kw.items():
                 c[k] += v
 
+    def _failed(self, e, key, what):
+        """A FerryError of a page call: re-raised when it is the caller's
+        (_CALLER_ERRORS), else the store failed (or was full): warned (at
+        most once per _WARN_EVERY_S, the others at debug level) and the
+        call answers a miss / not stored."""
+        if e.code in _CALLER_ERRORS:
+            raise e
+        now = time.monotonic()
+        quiet = now - getattr(self, "_warned_at", -1e9) < _WARN_EVERY_S
+        if not quiet:
+            self._warned_at = now
+        (log.debug if quiet else log.warning)(
+            "ferry: SGLang pool %r: %s failed, read as %s: %s", key, what,
+            "a miss" if what != "set" else "not stored", e)
+
     # ---- the page moves ----
     def _starts(self, pm, n, host_indices):
         if n == 0 and (host_indices is None or len(host_indices) == 0):
@@ -496,9 +525,7 @@ class FerryHiCacheStorage(HiCacheStorage):
                 _, st = store.store_named(names, stage, salt=self._salts(key)[0], statuses=True)
                 ok = [s in _OK for s in st]
         except FerryError as e:
-            if e.code not in _SKIPPABLE:
-                raise
-            log.warning("ferry: SGLang pages of pool %r not stored: %s", key, e)
+            self._failed(e, key, "set")
             ok = [False] * len(names)
         self._count(key, set=len(names), stored=sum(ok))
         return ok
@@ -512,13 +539,22 @@ class FerryHiCacheStorage(HiCacheStorage):
         if pm.structured:
             blocks = [pm.block_of(s) for s in starts]
             for g, salt in enumerate(self._salts(key)):
-                _, st = store.retrieve_named(names, pm.pool_planes[g], blocks, salt=salt,
-                                             statuses=True)
+                try:
+                    _, st = store.retrieve_named(names, pm.pool_planes[g], blocks, salt=salt,
+                                                 statuses=True)
+                except FerryError as e:
+                    self._failed(e, key, "get")
+                    st = [e.code] * len(names)
                 ok = [a and s == 0 for a, s in zip(ok, st)]
         else:
             import torch
             stage = torch.empty((1, 1, len(names), pm.page_bytes), dtype=torch.uint8)
-            _, st = store.retrieve_named(names, stage, salt=self._salts(key)[0], statuses=True)
+            try:
+                _, st = store.retrieve_named(names, stage, salt=self._salts(key)[0],
+                                             statuses=True)
+            except FerryError as e:
+                self._failed(e, key, "get")
+                st = [e.code] * len(names)
             ok = [s == 0 for s in st]
             for i, s in enumerate(starts):
                 if ok[i]:
@@ -574,13 +610,17 @@ class FerryHiCacheStorage(HiCacheStorage):
             names = self._names(keys)      # raises for a bad key
         else:
             buf, size = packed
-        for salt in salts:    # a page is held when every head group is
-            if packed is not None:
-                n = lookup(buf, size, n, salt=salt)
-            else:
-                n = self._pools[key][1].lookup_named(names[:n], salt=salt)
-            if not n:
-                break
+        try:
+            for salt in salts:    # a page is held when every head group is
+                if packed is not None:
+                    n = lookup(buf, size, n, salt=salt)
+                else:
+                    n = self._pools[key][1].lookup_named(names[:n], salt=salt)
+                if not n:
+                    break
+        except FerryError as e:
+            self._failed(e, key, "exists")
+            n = 0
         tally = self._tallies[key]     # no lock on this path: list.append is atomic
         tally.append((asked, n))
         if len(tally) >= 256:
@@ -683,13 +723,17 @@ class FerryHiCacheStorage(HiCacheStorage):
         if not pm.structured:
             raise ValueError("ferry: the kv pool's pages are not a ferry layout")
         views = [pm.flat_planes(target_location, g) for g in range(self._split)]
-        for g, salt in enumerate(self._salts("kv")):
-            if store.lookup_named(names, salt=salt) != 1:
-                self._count("kv", get=1)
-                return None
         ok = True
-        for g, salt in enumerate(self._salts("kv")):
-            ok = store.retrieve_named(names, views[g], [0], salt=salt) == 1 and ok
+        try:
+            for g, salt in enumerate(self._salts("kv")):
+                if store.lookup_named(names, salt=salt) != 1:
+                    self._count("kv", get=1)
+                    return None
+            for g, salt in enumerate(self._salts("kv")):
+                ok = store.retrieve_named(names, views[g], [0], salt=salt) == 1 and ok
+        except FerryError as e:
+            self._failed(e, "kv", "get")
+            ok = False
         self._count("kv", get=1, got=int(ok))
         return target_location if ok else None
 
@@ -709,9 +753,7 @@ class FerryHiCacheStorage(HiCacheStorage):
                 if store.store_named(names, views[g], [0], salt=salt) != 1:
                     return False
         except FerryError as e:
-            if e.code not in _SKIPPABLE:
-                raise
-            log.warning("ferry: SGLang page not stored: %s", e)
+            self._failed(e, "kv", "set")
             return False
         self._count("kv", set=1, stored=1)
         return True
