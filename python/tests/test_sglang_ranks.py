@@ -15,7 +15,7 @@ PN, HP = base.PoolName, base.PoolHitPolicy
 @pytest.fixture(autouse=True)
 def _clean():
     yield
-    for n in ("shared", "shared.mamba"):
+    for n in ("shared", "shared.mamba", "r0", "r0.mamba", "r1", "r1.mamba"):
         s = unregister_store(n)
         if s is not None:
             s.close()
@@ -106,3 +106,35 @@ def test_a_lost_daemon_reads_as_misses_and_calls_resume(tmp_path):
     finally:
         b.close()
         d.stop()
+
+
+def test_ferry_l2_opens_for_every_rank_and_pool(tmp_path):
+    """SGLang builds one backend per (pp, dp, cp, tp) rank, each in its
+    own process, from one shared extra config (sgl-project/sglang
+    001067fffe33427bee0ed2f007fb7551a1d76b44, python/sglang/srt/mem_cache/
+    hicache_storage.py, HiCacheStorageConfig's dp_rank comment), and a
+    hybrid model registers a store per pool. One "ferry_l2" directory has
+    one owner: every rank's and pool's store gets its own directory under
+    it, found again by the same rank after a restart (persistent). Two
+    registry names stand in for two processes (each opens its own store)."""
+    from sglang_pools import MHAHost
+    l2 = f"{tmp_path}:16M"
+
+    def rank(tp, persistent=False):
+        pools = {"kv": MHAHost("page_first", 4), "mamba": MambaHost()}
+        return create_backend({"ferry_store": f"r{tp}", "ferry_l1": "2M", "ferry_l2": l2,
+                               "ferry_persistent": persistent}, pools, tp=(tp, 2)), pools
+
+    (b0, p0), (b1, p1) = rank(0, True), rank(1, True)
+    fill(p0["kv"].kv_buffer, 3)
+    h = page_hashes(list(range(8)), 4)
+    assert b0.batch_set_v1(h, indices(0, 2, 4)) == [True, True]
+    b0._pools["kv"][1].sync()
+    want = p0["kv"].kv_buffer[:, 0:8].clone()
+    b0.close()
+    b1.close()
+    b0, p0 = rank(0, True)                    # the same rank again: its pages found
+    assert b0.batch_exists(h) == 2
+    assert b0.batch_get_v1(h, indices(4, 2, 4)) == [True, True]
+    assert torch.equal(p0["kv"].kv_buffer[:, 16:24], want)
+    b0.close()

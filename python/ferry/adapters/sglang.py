@@ -49,8 +49,11 @@ Stores (extra config):
   daemon serves one layout, so another pool needs its own daemon,
   "ferry_server_<pool>" (e.g. "ferry_server_mamba"), or an in-process
   store;
-- "ferry_l1" (and "ferry_l1_<pool>", "ferry_l2", "ferry_persistent") opens
-  an in-process store per pool when the pool registers.
+- "ferry_l1" (and "ferry_l1_<pool>", "ferry_l2", "ferry_l2_<pool>",
+  "ferry_persistent") opens an in-process store per pool when the pool
+  registers. An L2 directory has one owner, so "DIR:SIZE" gives each
+  pool of each rank DIR/<pool>-pp<r>of<n>-dp..-cp..-tp<r>of<n> of SIZE (a
+  persistent one is found again by the same rank).
 "ferry_key_len": N refuses keys that are not N bytes (SGLang's SHA-256
 hex keys are 64). The flags ("ferry_share_dp", "ferry_persistent") are
 bools, 0 / 1 or strings of one ("false", "on", ...), as a JSON, TOML or
@@ -68,6 +71,7 @@ where their hicache_storage.py has no v2 names (_sglang_base).
 """
 import errno
 import logging
+import os
 import threading
 import time
 from operator import itemgetter
@@ -296,6 +300,10 @@ class FerryHiCacheStorage(HiCacheStorage):
         if self._cp_size > 1:
             base += f"/cp{self._cp}/{self._cp_size}"
         self._base_tag = base
+        g2 = lambda k, d: int(g(k, d))  # noqa: E731
+        self._rank_dir = (f"pp{g2('pp_rank', 0)}of{g2('pp_size', 1)}-dp{g2('dp_rank', 0)}of"
+                          f"{g2('dp_size', 1)}-cp{self._cp}of{self._cp_size}-tp{self._tp}of"
+                          f"{self._tp_size}")
         self._persistent = _flag(self._extra, "ferry_persistent")   # refused before any store opens
         kl = self._extra.get("ferry_key_len")
         self._key_len = int(kl) if kl is not None else None
@@ -415,7 +423,8 @@ class FerryHiCacheStorage(HiCacheStorage):
                        else f"\"ferry_server_{key}\" (a daemon serves one layout)")
                 raise RuntimeError(f"ferry: SGLang pool {key!r}: no store registered as {reg!r}, "
                                    f"no {how} and no \"ferry_l1\" to open one")
-            store = KVStore(model=model, layout=pm.layout, l1=l1, l2=e.get("ferry_l2"),
+            store = KVStore(model=model, layout=pm.layout, l1=l1,
+                            l2=self._l2_for(key, e.get(f"ferry_l2_{key}", e.get("ferry_l2"))),
                             chunk_tokens=pm.chunk_tokens,
                             persistent=self._persistent)
         try:
@@ -425,6 +434,26 @@ class FerryHiCacheStorage(HiCacheStorage):
             raise
         self._opened.append((reg, store))
         return store
+
+    def _l2_for(self, key, spec):
+        """The L2 of pool `key`'s in-process store: each "DIR:SIZE" of spec
+        (one, or a list of them) as DIR/<pool>-<rank>:SIZE. An L2
+        directory has one owner, and every rank's process and every pool
+        opens a store from the same extra config; the rank names every
+        coordinate, so the same rank finds its persistent L2 again."""
+        if spec is None:
+            return None
+        specs = [spec] if isinstance(spec, (str, bytes, os.PathLike)) else list(spec)
+        out = []
+        for one in specs:
+            d, sep, size = os.fsdecode(one).rpartition(":")
+            if not sep or not d:
+                raise ValueError(f"ferry: SGLang extra config: an L2 is 'DIR:SIZE' or a list of "
+                                 f"them, got {spec!r}")
+            sub = os.path.join(d, f"{key}-{self._rank_dir}")
+            os.makedirs(sub, exist_ok=True)
+            out.append(f"{sub}:{size}")
+        return out[0] if len(out) == 1 else out
 
     def _pool(self, name):
         key = _pool_key(name)
