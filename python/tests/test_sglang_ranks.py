@@ -138,3 +138,28 @@ def test_ferry_l2_opens_for_every_rank_and_pool(tmp_path):
     assert b0.batch_get_v1(h, indices(4, 2, 4)) == [True, True]
     assert torch.equal(p0["kv"].kv_buffer[:, 16:24], want)
     b0.close()
+
+
+def test_mla_at_tp_above_one_refuses_a_store_of_its_own_rank():
+    """SGLang writes an MLA model's pages from TP rank 0 only
+    (sgl-project/sglang 001067fffe33427bee0ed2f007fb7551a1d76b44,
+    python/sglang/srt/managers/cache_controller.py: backup_skip =
+    is_mla_model and tp_rank != 0) and takes the smallest storage hit of
+    all ranks (prefetch_thread_func's all_reduce MIN). An in-process
+    store is one rank's process's own: rank 1's would never hold a page,
+    so no prefetch would ever hit, silently. Refused, naming the way that
+    works; TP 1, and a mamba pool (each rank writes its own), still open."""
+    pools = {"kv": MLAHost("page_first", 4), "mamba": MambaHost()}
+    for tp in ((0, 2), (1, 2)):
+        with pytest.raises(ValueError, match="MLA model at TP 2.*ferry_server"):
+            create_backend({"ferry_store": "r0", "ferry_l1": "2M"}, pools, mla=True, tp=tp)
+        assert ferry.adapters.registered_store("r0") is None
+    b = create_backend({"ferry_store": "r0", "ferry_l1": "2M"}, pools, mla=True)
+    b.close()
+    register_store("shared", ferry.KVStore("tiny", ferry.Layout(2, 1, 64, "bf16", kv=1),
+                                           l1="4M", chunk_tokens=4))
+    b = create_backend({"ferry_store": "shared", "ferry_l1_mamba": "2M"}, pools, mla=True,
+                       tp=(1, 2))
+    assert set(b._pools) == {"kv", "mamba"}
+    b.close()
+    unregister_store("shared.mamba")

@@ -51,7 +51,9 @@ Stores (extra config):
   store;
 - "ferry_l1" (and "ferry_l1_<pool>", "ferry_l2", "ferry_l2_<pool>",
   "ferry_persistent") opens an in-process store per pool when the pool
-  registers. An L2 directory has one owner, so "DIR:SIZE" gives each
+  registers; not for an MLA model's shared pools at TP > 1 (SGLang
+  writes them from TP rank 0 only: other ranks' own stores would stay
+  empty, and SGLang takes the smallest hit of all ranks), refused. An L2 directory has one owner, so "DIR:SIZE" gives each
   pool of each rank DIR/<pool>-pp<r>of<n>-dp..-cp..-tp<r>of<n> of SIZE (a
   persistent one is found again by the same rank).
 "ferry_key_len": N refuses keys that are not N bytes (SGLang's SHA-256
@@ -326,7 +328,7 @@ class FerryHiCacheStorage(HiCacheStorage):
             got = self._salt_cache[pool] = self._make_salts(pool)
         return got
 
-    def _replicated(self, pool):
+    def _replicated(self, pool, pm=None):
         """Whether pool `pool`'s pages are the same on every TP rank: one key
         for all, written by TP rank 0. Only under an MLA (rank-replicated)
         model, and only for a pool that is not split over TP there: a mamba
@@ -334,8 +336,10 @@ class FerryHiCacheStorage(HiCacheStorage):
         pool of MHA pages (a draft model's) is each rank's own."""
         if not self._mla or pool == "mamba":
             return False
-        pm = self._pools.get(pool)
-        return pm is None or pm[0].kind != "mha"
+        if pm is None:
+            got = self._pools.get(pool)
+            pm = got[0] if got else None
+        return pm is None or pm.kind != "mha"
 
     def _make_salts(self, pool):
         tag = f"sglang/{pool}/{self._base_tag}"
@@ -418,6 +422,12 @@ class FerryHiCacheStorage(HiCacheStorage):
                             server_timeout_ms=int(e.get("ferry_server_timeout_ms", 0)))
         else:
             l1 = e.get(f"ferry_l1_{key}", e.get("ferry_l1"))
+            if l1 is not None and self._tp_size > 1 and self._replicated(key, pm):
+                raise ValueError(
+                    f"ferry: SGLang pool {key!r} of an MLA model at TP {self._tp_size}: SGLang "
+                    "stores its pages from TP rank 0 only, and an in-process store is its own "
+                    "rank's, so no other rank would ever find a page; give \"ferry_server\" "
+                    f"(a `ferry serve` daemon every rank shares) for this pool")
             if l1 is None:
                 how = ("\"ferry_server\"" if key == "kv"
                        else f"\"ferry_server_{key}\" (a daemon serves one layout)")
