@@ -234,7 +234,7 @@ def test_v2_hybrid_pools_round_trip_and_hit_policies(kind, layout, where, tmp_pa
         b._pools["indexer"][1].delete_named([hashes[2]], salt=b._salts("indexer")[0])
         r = b.batch_exists_v2(hashes, [base.PoolTransfer(name=PN.INDEXER)])
         assert (r.kv_hit_pages, r.extra_pool_hit_pages) == (2, {PN.KV: 6, PN.INDEXER: 2})
-        st = b.get_stats()
+        st = b.ferry_stats()
         assert set(st) == {"kv", "mamba", "indexer"}
         assert st["mamba"]["pages"]["stored"] == 1 and st["kv"]["pages"]["got"] == 6
         assert st["kv"]["store"] == b.store.stats() or st["kv"]["store"].keys() == b.store.stats().keys()

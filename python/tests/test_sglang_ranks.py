@@ -163,3 +163,45 @@ def test_mla_at_tp_above_one_refuses_a_store_of_its_own_rank():
     assert set(b._pools) == {"kv", "mamba"}
     b.close()
     unregister_store("shared.mamba")
+
+
+def log_storage_metrics(storage_metrics):
+    """SGLang's StorageMetricsCollector.log_storage_metrics, which
+    HiRadixCache.check_hicache_events calls with storage_backend.
+    get_stats() on every scheduler step while storage metrics are on
+    (sgl-project/sglang 44cedc2b9c7dd31d9acae4498ea4fa0d3665feed,
+    python/sglang/srt/observability/metrics_collector.py: None returns,
+    anything else must be a StorageMetrics with four lists of numbers):
+    an AssertionError here is one on the scheduler's own thread."""
+    if storage_metrics is None:
+        return []
+    assert isinstance(storage_metrics, base.StorageMetrics)
+    out = []
+    for name in ("prefetch_pgs", "backup_pgs", "prefetch_bandwidth", "backup_bandwidth"):
+        vals = list(getattr(storage_metrics, name))
+        assert all(isinstance(v, (int, float)) and v >= 0 for v in vals), (name, vals)
+        out.append(vals)
+    return out
+
+
+def test_storage_metrics_are_what_sglangs_collector_takes():
+    from sglang_pools import MHAHost
+    pool = MHAHost("page_first", 4)
+    fill(pool.kv_buffer, 2)
+    b = create_backend({"ferry_store": "r0", "ferry_l1": "2M"}, {"kv": pool}, metrics=True)
+    assert log_storage_metrics(b.get_stats()) == [[], [], [], []]
+    h = page_hashes(list(range(12)), 4)
+    assert b.batch_set_v1(h, indices(0, 3, 4)) == [True] * 3
+    assert b.batch_exists(h) == 3
+    assert b.batch_get_v1(h[:2], indices(5, 2, 4)) == [True, True]
+    pre, back, pre_bw, back_bw = log_storage_metrics(b.get_stats())
+    assert (pre, back) == ([2], [3]) and len(pre_bw) == 1 and len(back_bw) == 1
+    assert log_storage_metrics(b.get_stats()) == [[], [], [], []]   # drained by each call
+    st = b.ferry_stats()                     # ferry's own counts, per pool
+    assert st["kv"]["pages"]["stored"] == 3 and st["kv"]["pages"]["got"] == 2
+    b.close()
+    off = create_backend({"ferry_store": "r1", "ferry_l1": "2M"}, {"kv": pool}, metrics=False)
+    assert off.batch_set_v1(h[:1], indices(0, 1, 4)) == [True]
+    assert off.get_stats() is None           # metrics off: as SGLang's base class
+    assert off.ferry_stats()["kv"]["pages"]["stored"] == 1
+    off.close()

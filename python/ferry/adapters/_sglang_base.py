@@ -16,7 +16,7 @@ from HiCacheStorage"). The stand-ins carry no behaviour of SGLang's
 beyond the base class's defaults; they are not SGLang.
 """
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, List, Optional
 
@@ -80,6 +80,17 @@ class PoolTransfer:
 class PoolTransferResult:
     kv_hit_pages: int
     extra_pool_hit_pages: dict
+
+@dataclass
+class StorageMetrics:
+    """Stand-in for SGLang's StorageMetrics (what get_stats returns, and
+    its StorageMetricsCollector.log_storage_metrics asserts it is): pages
+    per prefetch / backup call and their GB/s, since the last get_stats."""
+    prefetch_pgs: List[int] = field(default_factory=list)
+    backup_pgs: List[int] = field(default_factory=list)
+    prefetch_bandwidth: List[float] = field(default_factory=list)
+    backup_bandwidth: List[float] = field(default_factory=list)
+
 
 class HiCacheStorage(ABC):
     """Stand-in for SGLang's HiCacheStorage (same method names and arguments)."""
@@ -152,9 +163,17 @@ FROM_SGLANG = tuple(n for n in _NAMES if hasattr(_upstream, n))
 for _n in FROM_SGLANG:
     globals()[_n] = getattr(_upstream, _n)
 SGLANG = "HiCacheStorage" in FROM_SGLANG
+# StorageMetrics lives beside the metrics collector: sglang/srt/observability/
+# metrics_collector.py (001067ff), sglang/srt/metrics/collector.py before
+for _mod in ("sglang.srt.observability.metrics_collector", "sglang.srt.metrics.collector"):
+    try:
+        StorageMetrics = __import__(_mod, fromlist=["StorageMetrics"]).StorageMetrics
+        break
+    except (ImportError, AttributeError):
+        continue
 
 UPSTREAM = ("sgl-project/sglang", "001067fffe33427bee0ed2f007fb7551a1d76b44")
 
 __all__ = ["HiCacheStorage", "HiCacheStorageConfig", "HiCacheStorageExtraInfo", "PoolName",
-           "PoolHitPolicy", "PoolTransfer", "PoolTransferResult", "SGLANG", "FROM_SGLANG",
-           "UPSTREAM"]
+           "PoolHitPolicy", "PoolTransfer", "PoolTransferResult", "StorageMetrics", "SGLANG",
+           "FROM_SGLANG", "UPSTREAM"]

@@ -67,6 +67,11 @@ indices, pools; a closed backend) raise, but the store failing (a daemon
 gone, an I/O error, a full pool) reads as a miss or a page not stored,
 with a warning, and the next call tries the store again.
 
+Metrics. With enable_storage_metrics on, get_stats returns SGLang's
+StorageMetrics (kv pages per prefetch / backup call and their GB/s,
+drained by each call), the type its scheduler's metrics collector
+asserts; ferry_stats() gives ferry's own page counts and store stats.
+
 Older SGLangs: their configs lack the newer fields (pp, dp, cp, metrics,
 split heads read as their defaults), and the base class is theirs even
 where their hicache_storage.py has no v2 names (_sglang_base).
@@ -87,7 +92,7 @@ from . import register_store, registered_store, unregister_store
 from . import _settings
 from ._sglang_base import (SGLANG, UPSTREAM, HiCacheStorage, HiCacheStorageConfig,
                            HiCacheStorageExtraInfo, PoolHitPolicy, PoolName, PoolTransfer,
-                           PoolTransferResult)
+                           PoolTransferResult, StorageMetrics)
 
 log = logging.getLogger("ferry.sglang")
 
@@ -317,6 +322,10 @@ class FerryHiCacheStorage(HiCacheStorage):
         self._tallies = {}     # pool -> (keys asked, pages held) per exists, not yet counted
         self._salt_cache = {}  # pool -> its salts
         self._lookups = {}     # pool -> (its store's lookup_named_packed, its salts)
+        # SGLang's StorageMetrics of the kv pool's page moves (pages, GB/s per
+        # call), kept only while storage metrics are on: get_stats drains them
+        self._metrics = bool(g("enable_storage_metrics", False))
+        self._io = ([], [], [], [])   # prefetch pages, backup pages, their GB/s
         self.store = None
 
     # ---- names and salts ----
@@ -549,6 +558,7 @@ class FerryHiCacheStorage(HiCacheStorage):
         if self._shared_reader(key):
             return [True] * len(names)
         ok = [True] * len(names)
+        t0 = time.perf_counter()
         try:
             if pm.structured:
                 for g, salt in enumerate(self._salts(key)):
@@ -567,6 +577,7 @@ class FerryHiCacheStorage(HiCacheStorage):
             self._failed(e, key, "set")
             ok = [False] * len(names)
         self._count(key, set=len(names), stored=sum(ok))
+        self._measure(key, 1, len(names), store, t0)
         return ok
 
     def _get_pages(self, key, keys, starts):
@@ -575,6 +586,7 @@ class FerryHiCacheStorage(HiCacheStorage):
         if not names:
             return []
         ok = [True] * len(names)
+        t0 = time.perf_counter()
         if pm.structured:
             blocks = [pm.block_of(s) for s in starts]
             for g, salt in enumerate(self._salts(key)):
@@ -599,6 +611,7 @@ class FerryHiCacheStorage(HiCacheStorage):
                 if ok[i]:
                     pm.host.set_from_flat_data_page(s, stage[0, 0, i].view(pm.flat_dtype))
         self._count(key, get=len(names), got=sum(ok))
+        self._measure(key, 0, len(names), store, t0)
         return ok
 
     def _packed(self, keys):
@@ -778,7 +791,11 @@ class FerryHiCacheStorage(HiCacheStorage):
 
     def batch_get(self, keys, target_locations=None, target_sizes=None):
         targets = target_locations or [None] * len(keys)
-        return [self.get(k, t) for k, t in zip(keys, targets)]
+        t0 = time.perf_counter()
+        out = [self.get(k, t) for k, t in zip(keys, targets)]
+        if keys:
+            self._measure("kv", 0, len(keys), self._pool("kv")[1], t0)
+        return out
 
     def set(self, key, value=None, target_location=None, target_sizes=None):
         """Store one flat kv page; False when ferry declined it (full)."""
@@ -798,18 +815,46 @@ class FerryHiCacheStorage(HiCacheStorage):
         return True
 
     def batch_set(self, keys, values=None, target_locations=None, target_sizes=None):
+        t0 = time.perf_counter()
+        n = 0
         for k, v in zip(keys, values):
             if not self.set(k, v):
-                return False
-        return True
+                break
+            n += 1
+        if n:
+            self._measure("kv", 1, n, self._pool("kv")[1], t0)
+        return n == len(keys)
 
     # ---- housekeeping ----
+    def _measure(self, key, backup, pages, store, t0):
+        """One kv-pool page move for get_stats: its pages and GB/s."""
+        if not self._metrics or key != "kv" or not pages:
+            return
+        dt = max(time.perf_counter() - t0, 1e-9)
+        gb = pages * store.chunk_bytes * len(self._salts(key)) / (1 << 30)
+        with self._lock:
+            self._io[backup].append(pages)
+            self._io[2 + backup].append(gb / dt)
+
     def get_stats(self):
-        """{pool: {"pages": the adapter's page counts (exists, hit, get, got,
-        set, stored), "store": that pool's KVStore.stats()}}; with the
-        config's enable_storage_metrics off, None (as SGLang's base)."""
-        if not getattr(self.config, "enable_storage_metrics", False):
+        """SGLang's StorageMetrics (its scheduler hands get_stats() to
+        StorageMetricsCollector.log_storage_metrics on every step, which
+        asserts the type): pages per kv prefetch / backup call and their
+        GB/s since the last call, drained by it. None while the config's
+        enable_storage_metrics is off, as SGLang's base. ferry's own page
+        counts and store stats: ferry_stats()."""
+        if not self._metrics:
             return None
+        with self._lock:
+            lists = [list(x) for x in self._io]
+            for x in self._io:
+                x.clear()
+        return StorageMetrics(prefetch_pgs=lists[0], backup_pgs=lists[1],
+                              prefetch_bandwidth=lists[2], backup_bandwidth=lists[3])
+
+    def ferry_stats(self):
+        """{pool: {"pages": the adapter's page counts (exists, hit, get, got,
+        set, stored), "store": that pool's KVStore.stats()}}."""
         out = {}
         for key in list(self._tallies):
             self._fold(key)
