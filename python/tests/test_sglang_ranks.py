@@ -205,3 +205,23 @@ def test_storage_metrics_are_what_sglangs_collector_takes():
     assert off.get_stats() is None           # metrics off: as SGLang's base class
     assert off.ferry_stats()["kv"]["pages"]["stored"] == 1
     off.close()
+
+
+def test_a_misspelt_ferry_key_is_refused():
+    """SGLang hands --hicache-storage-backend-extra-config to the backend as
+    a dict (sgl-project/sglang 001067fffe33427bee0ed2f007fb7551a1d76b44,
+    cache_controller.py _generate_storage_config: extra_config=...) and
+    reads no ferry key itself: a misspelt one ("ferry_persistant") would
+    silently leave the setting off. Keys of ferry's prefix that name no
+    setting are refused, naming the key, before any store opens; other
+    keys (SGLang's own, "interface_v1", ...) pass."""
+    from sglang_pools import MHAHost
+    pool = MHAHost("page_first", 4)
+    for bad in ("ferry_persistant", "ferry_l1_kvv", "ferry_server_mambaa", "ferry_l3"):
+        with pytest.raises(ValueError, match=f"'{bad}'"):
+            create_backend({"ferry_store": "r0", "ferry_l1": "2M", bad: 1}, {"kv": pool})
+        assert ferry.adapters.registered_store("r0") is None
+    b = create_backend({"ferry_store": "r0", "ferry_l1": "2M", "ferry_l1_mamba": "1M",
+                        "ferry_server_indexer": None, "ferry_key_len": 64, "interface_v1": 1,
+                        "ferry_share_dp": False}, {"kv": pool})
+    b.close()

@@ -104,6 +104,12 @@ _SKIPPABLE = {errors.ENOSPACE, errors.ELOCKED, -errno.ENOMEM}
 _CALLER_ERRORS = {-errno.EINVAL, -errno.EBADF, errors.EPARSE, errors.EMISMATCH,
                   errors.ENOTSUP, errors.ESTATE, errors.EBOUNDS}
 _WARN_EVERY_S = 10.0
+# the extra-config settings ferry reads (SGLang reads none of them): any
+# other "ferry_" key is a misspelling, refused; the per-pool forms take a
+# pool name (PoolName's values) after the setting
+_KEYS = {"ferry_store", "ferry_server", "ferry_server_timeout_ms", "ferry_l1", "ferry_l2",
+         "ferry_persistent", "ferry_share_dp", "ferry_key_len"}
+_POOL_KEYS = ("ferry_server_", "ferry_l1_", "ferry_l2_")
 _OK = {0, errors.EEXIST}
 _KV_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 _NAME_MAX = 1024
@@ -287,6 +293,13 @@ class FerryHiCacheStorage(HiCacheStorage):
     def __init__(self, storage_config, kwargs=None):
         c = self.config = storage_config
         self._extra = dict(c.extra_config or {})
+        pools = {str(p.value) for p in PoolName} | {"kv"}
+        for k in self._extra:
+            if isinstance(k, str) and k.startswith("ferry_") and k not in _KEYS and not any(
+                    k.startswith(p) and k[len(p):] in pools for p in _POOL_KEYS):
+                raise ValueError(f"ferry: SGLang extra config {k!r} is no ferry setting (they "
+                                 f"are {', '.join(sorted(_KEYS))} and {', '.join(_POOL_KEYS)}"
+                                 "<pool>)")
         self._name = self._extra.get("ferry_store", "sglang")
         self._mla = bool(c.is_mla_model)
         # older SGLangs' configs lack the newer fields (at bb424de23a46 there is
