@@ -53,9 +53,11 @@ Stores (extra config):
   "ferry_persistent") opens an in-process store per pool when the pool
   registers; not for an MLA model's shared pools at TP > 1 (SGLang
   writes them from TP rank 0 only: other ranks' own stores would stay
-  empty, and SGLang takes the smallest hit of all ranks), refused. An L2 directory has one owner, so "DIR:SIZE" gives each
-  pool of each rank DIR/<pool>-pp<r>of<n>-dp..-cp..-tp<r>of<n> of SIZE (a
-  persistent one is found again by the same rank).
+  empty, and SGLang takes the smallest hit of all ranks), refused. An
+  L2 directory has one owner, so "DIR:SIZE" gives each pool of each rank
+  DIR/<pool>-pp<r>of<n>-dp..-cp..-tp<r>of<n> of SIZE (a persistent one
+  is found again by the same rank).
+  Any other "ferry_" key is refused (a misspelt setting).
 "ferry_key_len": N refuses keys that are not N bytes (SGLang's SHA-256
 hex keys are 64). The flags ("ferry_share_dp", "ferry_persistent") are
 bools, 0 / 1 or strings of one ("false", "on", ...), as a JSON, TOML or
