@@ -20,7 +20,10 @@ Where the store comes from (kv_connector_extra_config):
       when they are CUDA tensors) with "ferry.l2", "ferry.model",
       "ferry.chunk_tokens", "ferry.persistent", and registers it under that
       name for a scheduler in the same process (vLLM's single-process
-      executor).
+      executor). An L2 directory has one owner, so "ferry.l2": "DIR:SIZE"
+      gives each worker DIR/vllm-pp<s>of<S>-dp<d>of<D>-tp<r>of<T> of SIZE
+      (pipeline stage, data-parallel replica, tensor-parallel rank): the
+      same worker of the same topology finds its persistent L2 again.
   "ferry.server": a `ferry serve` address ("unix:/run/ferry/ferry.sock"),
       for a scheduler and workers in separate processes (or separate
       engines sharing one cache). When no store is registered under
@@ -116,6 +119,7 @@ import errno
 import hashlib
 import inspect
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -323,6 +327,46 @@ def _tp_rank_world(vllm_config, rank=True):
         return 0, world
     from vllm.distributed import get_tensor_model_parallel_rank
     return get_tensor_model_parallel_rank(), world
+
+
+def _rank_name(vllm_config):
+    """This worker's place in vLLM's topology, every coordinate named:
+    "pp<stage>of<stages>-dp<replica>of<replicas>-tp<rank>of<world>". The
+    stage from vLLM's pipeline group (get_pp_group().rank_in_group), the
+    replica from parallel_config.data_parallel_rank (each DP replica's
+    engine has its own)."""
+    pc = getattr(vllm_config, "parallel_config", None)
+    pp_world = int(getattr(pc, "pipeline_parallel_size", 1) or 1)
+    pp = 0
+    if pp_world > 1:
+        from vllm.distributed import get_pp_group
+        pp = int(get_pp_group().rank_in_group)
+    dp_world = int(getattr(pc, "data_parallel_size", 1) or 1)
+    dp = int(getattr(pc, "data_parallel_rank", 0) or 0)
+    tp, tp_world = _tp_rank_world(vllm_config)
+    return f"pp{pp}of{pp_world}-dp{dp}of{dp_world}-tp{tp}of{tp_world}"
+
+
+def _rank_l2(spec, rank):
+    """The L2 of one worker's in-process store: each "DIR:SIZE" of spec (one,
+    or a list of them) as DIR/vllm-<rank>:SIZE, the directory made if absent.
+    An L2 directory has one owner and every worker process opens its store
+    from the same extra config; the rank names every coordinate, so the same
+    worker of the same topology finds its persistent L2 again, and a worker
+    of another topology opens another directory (a miss)."""
+    if spec is None:
+        return None
+    specs = [spec] if isinstance(spec, (str, bytes, os.PathLike)) else list(spec)
+    out = []
+    for one in specs:
+        d, sep, size = os.fsdecode(one).rpartition(":")
+        if not sep or not d:
+            raise ValueError(f"ferry: \"ferry.l2\" is 'DIR:SIZE' or a list of them, "
+                             f"got {spec!r}")
+        sub = os.path.join(d, f"vllm-{rank}")
+        os.makedirs(sub, exist_ok=True)
+        out.append(f"{sub}:{size}")
+    return out[0] if len(out) == 1 else out
 
 
 def _config_layout(vllm_config, extra):
@@ -598,7 +642,8 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             mc = getattr(self._vllm_config, "model_config", None)
             rank, world = _tp_rank_world(self._vllm_config)
             found = KVStore(model=str(e.get("ferry.model", getattr(mc, "model", "vllm"))),
-                            layout=layout, l1=e["ferry.l1"], l2=e.get("ferry.l2"),
+                            layout=layout, l1=e["ferry.l1"],
+                            l2=_rank_l2(e.get("ferry.l2"), _rank_name(self._vllm_config)),
                             chunk_tokens=int(e.get("ferry.chunk_tokens", 0)),
                             persistent=_flag(e, "ferry.persistent"),
                             tp_rank=rank, tp_world=world, device=device)

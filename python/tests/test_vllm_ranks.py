@@ -1,0 +1,158 @@
+"""ferry's vLLM connector under vLLM's process topology.
+
+vLLM builds the scheduler's connector (KVConnectorRole.SCHEDULER) in the
+engine core process and one worker connector (WORKER) per GPU, each in its
+own process under the multiprocessing executor: tensor-parallel rank r of
+tensor_parallel_size, pipeline stage s of pipeline_parallel_size, and with
+data parallelism one engine core (scheduler and workers) per DP replica,
+each with its own parallel_config.data_parallel_rank. Every process gets
+the same kv_connector_extra_config. The ranks come from
+vllm/distributed/parallel_state.py (vllm-project/vllm
+0030a317c88a6e37f69ab74a3ecb25e7372a1701 and later: get_tensor_model_parallel_rank,
+get_pp_group() -> GroupCoordinator with rank_in_group). The engine core
+builds the workers and lets them register their caches before it builds
+the scheduler (vllm-project/vllm 00080ee13c7a451fce071ccb8d0e94d395acf5a7,
+vllm/v1/engine/core.py, EngineCore.__init__: _initialize_kv_caches, then
+Scheduler(...)). vLLM is not installable here: a process is stood in for by
+its own "ferry.store" name and the rank helpers vllm.distributed answers
+in it.
+"""
+import sys
+from types import ModuleType, SimpleNamespace
+
+import pytest
+import torch
+
+from ferry import FerryError
+from ferry.adapters import registered_store, unregister_store
+from ferry.adapters import _vllm_base
+from ferry.adapters.vllm import FerryConnector, FerryConnectorMetadata, LoadSpec, SaveSpec
+from tiny_llama import TinyLlama
+
+Role = _vllm_base.KVConnectorRole
+CHUNK, BS, BLOCKS = 16, 4, 16
+TOKENS = list(range(1, 2 * CHUNK + 1))
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    yield
+    for n in [n for n in list(_opened)]:
+        s = unregister_store(n)
+        if s is not None:
+            s.close()
+    _opened.clear()
+
+
+_opened = set()
+
+
+class Ranks:
+    """vllm.distributed as one process of the topology sees it."""
+
+    def __init__(self, monkeypatch):
+        self.tp = self.pp = 0
+        vllm = ModuleType("vllm")
+        dist = ModuleType("vllm.distributed")
+        dist.get_tensor_model_parallel_rank = lambda: self.tp
+        dist.get_pp_group = lambda: SimpleNamespace(rank_in_group=self.pp)
+        vllm.distributed = dist
+        monkeypatch.setitem(sys.modules, "vllm", vllm)
+        monkeypatch.setitem(sys.modules, "vllm.distributed", dist)
+
+
+def config(extra, tp=1, pp=1, dp=(0, 1), model="tiny-llama"):
+    ktc = SimpleNamespace(kv_connector="FerryConnector",
+                          kv_connector_module_path="ferry.adapters.vllm",
+                          kv_role="kv_both", kv_connector_extra_config=extra)
+    pc = SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=pp,
+                         data_parallel_rank=dp[0], data_parallel_size=dp[1])
+    return SimpleNamespace(kv_transfer_config=ktc, parallel_config=pc,
+                           cache_config=SimpleNamespace(block_size=BS),
+                           model_config=SimpleNamespace(model=model))
+
+
+def worker(ranks, extra, *, tp=(0, 1), pp=(0, 1), dp=(0, 1), model="tiny-llama", seed=0):
+    """One worker process: its connector, with caches registered (filled
+    with this rank's own values from `seed`)."""
+    ranks.tp, ranks.pp = tp[0], pp[0]
+    name = f"w-pp{pp[0]}-dp{dp[0]}-tp{tp[0]}"
+    _opened.add(name)
+    w = FerryConnector(config(dict(extra, **{"ferry.store": name,
+                                             "ferry.chunk_tokens": CHUNK}),
+                              tp=tp[1], pp=pp[1], dp=dp, model=model), Role.WORKER, None)
+    caches = TinyLlama().new_caches(BLOCKS, BS)
+    g = torch.Generator().manual_seed(seed)
+    for c in caches:
+        c.copy_(torch.randn(c.shape, generator=g).to(c.dtype))
+    w.register_kv_caches({f"model.layers.{i}.self_attn.attn": c for i, c in enumerate(caches)})
+    return w, caches
+
+
+def save(w, blocks):
+    w.bind_connector_metadata(FerryConnectorMetadata(
+        saves=[SaveSpec("r", TOKENS, list(blocks))]))
+    w.wait_for_save()
+    w.clear_connector_metadata()
+
+
+def load(w, blocks):
+    w.bind_connector_metadata(FerryConnectorMetadata(
+        loads=[LoadSpec("r", TOKENS, list(blocks), 0, len(TOKENS))]))
+    w.start_load_kv(None)
+    w.clear_connector_metadata()
+    return w.get_block_ids_with_load_errors()
+
+
+def blocks_of(caches, ids):
+    return [c[:, ids].clone() for c in caches]
+
+
+SRC, DST = list(range(0, 8)), list(range(8, 16))
+TOPOLOGY = [dict(tp=(t, 2), pp=(p, 2), dp=(d, 2)) for d in range(2) for p in range(2)
+            for t in range(2)]
+
+
+def test_every_worker_of_tp_pp_dp_opens_its_own_l2(monkeypatch, tmp_path):
+    """TP 2 x PP 2 x DP 2: eight worker processes, one extra config with one
+    "ferry.l2" directory. An L2 directory has one owner: each worker opens
+    its own under it (before, the second worker's open failed with EBUSY
+    and vLLM's start with it)."""
+    ranks = Ranks(monkeypatch)
+    extra = {"ferry.l1": "2M", "ferry.l2": f"{tmp_path}:16M"}
+    workers = [worker(ranks, extra, **r, seed=i) for i, r in enumerate(TOPOLOGY)]
+    dirs = sorted(p.name for p in tmp_path.iterdir())
+    assert len(dirs) == len(TOPOLOGY)
+    assert "vllm-pp1of2-dp0of2-tp1of2" in dirs
+    for w, _ in workers:
+        w.shutdown()
+
+
+def test_a_restart_finds_its_own_ranks_data_and_no_other(monkeypatch, tmp_path):
+    """A persistent L2 is found again by the same rank of the same topology:
+    each rank loads the bytes it stored, not another rank's. A restart at
+    another TP size is a miss; another model on the same directories is
+    refused (the persistent L2 records the model), never another's bytes."""
+    ranks = Ranks(monkeypatch)
+    extra = {"ferry.l1": "2M", "ferry.l2": f"{tmp_path}:16M", "ferry.persistent": True}
+    ws = [worker(ranks, extra, tp=(t, 2), seed=t) for t in range(2)]
+    want = []
+    for w, caches in ws:
+        save(w, SRC)
+        want.append(blocks_of(caches, SRC))
+        w.store.sync()
+    assert not torch.equal(want[0][0], want[1][0])
+    for w, _ in ws:
+        w.shutdown()
+    for t in (1, 0):   # restarted in another order: rank 1 first
+        w, caches = worker(ranks, extra, tp=(t, 2), seed=10 + t)
+        assert load(w, DST) == set()
+        for got, exp in zip(blocks_of(caches, DST), want[t]):
+            assert torch.equal(got, exp)
+        w.shutdown()
+    w, caches = worker(ranks, extra, tp=(0, 1), seed=20)   # TP 1 now: a miss
+    assert w.store.lookup(TOKENS) == 0
+    w.shutdown()
+    with pytest.raises(FerryError, match="model|mismatch|MISMATCH"):
+        worker(ranks, extra, tp=(0, 2), model="other-model")
+    assert registered_store("w-pp0-dp0-tp0") is None
