@@ -72,7 +72,8 @@ def config(extra, tp=1, pp=1, dp=(0, 1), model="tiny-llama"):
                            model_config=SimpleNamespace(model=model))
 
 
-def worker(ranks, extra, *, tp=(0, 1), pp=(0, 1), dp=(0, 1), model="tiny-llama", seed=0):
+def worker(ranks, extra, *, tp=(0, 1), pp=(0, 1), dp=(0, 1), model="tiny-llama", seed=0,
+           net=None):
     """One worker process: its connector, with caches registered (filled
     with this rank's own values from `seed`)."""
     ranks.tp, ranks.pp = tp[0], pp[0]
@@ -81,7 +82,7 @@ def worker(ranks, extra, *, tp=(0, 1), pp=(0, 1), dp=(0, 1), model="tiny-llama",
     w = FerryConnector(config(dict(extra, **{"ferry.store": name,
                                              "ferry.chunk_tokens": CHUNK}),
                               tp=tp[1], pp=pp[1], dp=dp, model=model), Role.WORKER, None)
-    caches = TinyLlama().new_caches(BLOCKS, BS)
+    caches = (net or TinyLlama()).new_caches(BLOCKS, BS)
     g = torch.Generator().manual_seed(seed)
     for c in caches:
         c.copy_(torch.randn(c.shape, generator=g).to(c.dtype))
@@ -156,3 +157,44 @@ def test_a_restart_finds_its_own_ranks_data_and_no_other(monkeypatch, tmp_path):
     with pytest.raises(FerryError, match="model|mismatch|MISMATCH"):
         worker(ranks, extra, tp=(0, 2), model="other-model")
     assert registered_store("w-pp0-dp0-tp0") is None
+
+
+def test_pipeline_stages_sharing_a_daemon_keep_their_own_kv(monkeypatch, tmp_path):
+    """PP 2 with "ferry.server": both stages' workers are TP rank 0 of 1 of
+    the same model, and with an even split their layouts are the same, so
+    one daemon takes both. Each stage's chunks hold its own layers' KV:
+    stage 1 must load what stage 1 stored, never stage 0's bytes (before,
+    both stages stored under one key and stage 1 was handed stage 0's
+    layers). The scheduler's lookup counts a chunk only once every stage
+    holds it."""
+    from test_server import Daemon
+    net = TinyLlama(dim=256, layers=2, heads=4, kv_heads=2, ffn=256,
+                    dtype=torch.bfloat16)              # the daemon's tiny preset
+    ranks = Ranks(monkeypatch)
+    d = Daemon(str(tmp_path)).start()
+    try:
+        extra = {"ferry.server": d.url}
+        ws = [worker(ranks, extra, pp=(s, 2), seed=s, net=net) for s in range(2)]
+        sched_cfg = config({"ferry.server": d.url, "ferry.store": "scheduler-process",
+                            "ferry.chunk_tokens": CHUNK}, pp=2)
+        sched_cfg.model_config = SimpleNamespace(
+            model="tiny-llama", dtype=torch.bfloat16, use_mla=False,
+            get_num_layers=lambda pc: net.layers, get_num_kv_heads=lambda pc: net.kv_heads,
+            get_head_size=lambda: net.head_dim)
+        sched = FerryConnector(sched_cfg, Role.SCHEDULER, None)
+        req = SimpleNamespace(request_id="q", prompt_token_ids=TOKENS + [7],
+                              all_token_ids=TOKENS + [7], cache_salt=None)
+        save(ws[0][0], SRC)                 # stage 0 only: no hit yet
+        assert sched.get_num_new_matched_tokens(req, 0) == (0, False)
+        save(ws[1][0], SRC)
+        assert sched.get_num_new_matched_tokens(req, 0) == (len(TOKENS), False)
+        for w, caches in ws:
+            want = blocks_of(caches, SRC)
+            assert load(w, DST) == set()
+            for got, exp in zip(blocks_of(caches, DST), want):
+                assert torch.equal(got, exp)
+        sched.shutdown()
+        for w, _ in ws:
+            w.shutdown()
+    finally:
+        d.stop()

@@ -35,6 +35,10 @@ Where the store comes from (kv_connector_extra_config):
       "num_kv_heads", "head_dim", "dtype", "mla"}) or, without it, from
       vLLM's model_config (get_num_layers, get_num_kv_heads, get_head_size,
       dtype, use_mla). "ferry.chunk_tokens" must match the daemon's.
+      With pipeline parallelism every stage's worker is the same TP rank of
+      the same model, but holds only its stage's layers: each stage's chunks
+      are keyed apart, and the scheduler counts a chunk as a hit only once
+      every stage holds it.
 
 Two forms of the four worker methods that move KV, chosen with
 "ferry.layerwise" in kv_connector_extra_config (default False):
@@ -253,6 +257,16 @@ def _group_salt(salt, idx):
     return f"{salt or ''}\0ferry-group\0{idx}"
 
 
+def _stage_salt(salt, stage, stages):
+    """A pipeline stage's chunks hold only its own layers' KV, and every
+    stage's worker is the same TP rank of the same model: with more than
+    one stage each stage's chunks are keyed apart (one stage keeps the
+    salt, the keys it always had)."""
+    if stages <= 1:
+        return salt
+    return f"{salt or ''}\0ferry-pp\0{stage}/{stages}"
+
+
 def _block_ids_of(blocks):
     """Every group's block ids from vLLM's KVCacheBlocks (get_block_ids())."""
     get = getattr(blocks, "get_block_ids", None)
@@ -405,7 +419,7 @@ def _embeds_digest(embeds):
 
 
 # the tags _salt_of and _group_salt join a salt's parts with ("\0lora\0name")
-_SALT_TAGS = frozenset(("lora", "mm", "embeds", "ferry-group"))
+_SALT_TAGS = frozenset(("lora", "mm", "embeds", "ferry-group", "ferry-pp"))
 
 
 def _salt_part(s, tags=True):
@@ -518,6 +532,9 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._async_load = _flag(self._extra, "ferry.async_load")
         self._async_save = _flag(self._extra, "ferry.async_save")
         self._groups = _groups_of(kv_cache_config)
+        pc = getattr(vllm_config, "parallel_config", None)
+        self._stages = int(getattr(pc, "pipeline_parallel_size", 1) or 1)
+        self._stage = 0     # the worker's pipeline stage (register_kv_caches)
         self._cached = [g for g in self._groups if g.kind != "skipped"]
         skipped = [g for g in self._groups if g.kind == "skipped"]
         # a hit must cover every group: one ferry cannot fill makes every hit useless
@@ -701,8 +718,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         if self._disabled or not tokens:
             st.hit = 0
             return 0, False
-        st.hit = min(self.store.lookup(tokens, salt=_group_salt(salt, g.idx))
-                     for g in self._cached)
+        st.hit = min(self.store.lookup(tokens, salt=k) for k in self._key_salts(salt))
         if self._events_on:
             self._note_removed(st)
         st.saved = max(st.saved, st.hit)
@@ -726,8 +742,8 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._unpin(st)
         chunk = self.store.chunk_tokens
         end = min(st.hit, -(-need // chunk) * chunk)
-        st.pinned = [self.store.pin(st.tokens[:end], salt=_group_salt(st.salt, g.idx))
-                     if end else 0 for g in self._cached]
+        st.pinned = [self.store.pin(st.tokens[:end], salt=k) if end else 0
+                     for k in self._key_salts(st.salt)]
         st.load = (skip, need, end)
         if st.async_load:  # the request is not scheduled until the load is over
             st.group_ids = _block_ids_of(blocks)
@@ -834,10 +850,16 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         request when it runs out of blocks (Scheduler.schedule)."""
         return bool(self._held)
 
+    def _key_salts(self, salt):
+        """The salts of every key a hit needs: each cached group's, of every
+        pipeline stage (a chunk is a hit once every stage's worker holds it)."""
+        return [_stage_salt(_group_salt(salt, g.idx), s, self._stages)
+                for g in self._cached for s in range(self._stages)]
+
     def _unpin(self, st):
-        for g, n in zip(self._cached, st.pinned):
+        for k, n in zip(self._key_salts(st.salt), st.pinned):
             if n:
-                self.store.unpin(st.tokens[:n], salt=_group_salt(st.salt, g.idx))
+                self.store.unpin(st.tokens[:n], salt=k)
         st.pinned = []
 
     # ---- KV events (for KV-aware routers) ----
@@ -935,6 +957,9 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         cache groups and in layer order within each."""
         names = _layer_order(list(kv_caches))
         byname = {n: paged_view(kv_caches[n]) for n in names}
+        if self._stages > 1:   # vLLM's pipeline group is up by the time caches exist
+            from vllm.distributed import get_pp_group
+            self._stage = int(get_pp_group().rank_in_group)
         groups = {}
         for g in self._cached:
             layer_names = g.layer_names if g.layer_names else names
@@ -990,7 +1015,8 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             elif g.kind == "sliding":
                 gone = max(0, spec.start - g.window + 1)
                 skip = min(len(spec.tokens), -(-gone // chunk) * chunk)
-            yield g, self._gcaches[g.idx], ids, skip, _group_salt(spec.salt, g.idx)
+            yield (g, self._gcaches[g.idx], ids, skip,
+                   _stage_salt(_group_salt(spec.salt, g.idx), self._stage, self._stages))
 
     def _hold(self, spec, g, salt, below):
         """A save of a sliding-window group reads nothing below its window:
