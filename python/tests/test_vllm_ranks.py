@@ -198,3 +198,25 @@ def test_pipeline_stages_sharing_a_daemon_keep_their_own_kv(monkeypatch, tmp_pat
             w.shutdown()
     finally:
         d.stop()
+
+
+def test_a_scheduler_apart_from_its_workers_refuses_an_in_process_store(monkeypatch, tmp_path):
+    """With "ferry.l1" the store lives in the worker's process. The engine
+    core lets its workers register their caches before it builds the
+    scheduler (EngineCore.__init__ at 00080ee1), so a scheduler that finds
+    no store registered in its process runs apart from its workers (the
+    multiprocessing executor: TP above one, or DP replicas' engines): it
+    cannot see what they store. It is refused when vLLM builds it, naming
+    "ferry.server", not at the first request (before, vLLM started and the
+    first request's lookup raised inside the scheduler's step)."""
+    ranks = Ranks(monkeypatch)
+    extra = {"ferry.l1": "2M", "ferry.l2": f"{tmp_path}:16M", "ferry.store": "sched-proc",
+             "ferry.chunk_tokens": CHUNK}
+    with pytest.raises(ValueError, match='"ferry.server"'):
+        FerryConnector(config(extra, tp=2), Role.SCHEDULER, None)
+    # one process (vLLM's single-process executor): the worker's store is found
+    w, _ = worker(ranks, {"ferry.l1": "2M"}, tp=(0, 1))
+    sched = FerryConnector(config(dict(extra, **{"ferry.store": "w-pp0-dp0-tp0"})),
+                           Role.SCHEDULER, None)
+    assert sched.store is w.store
+    w.shutdown()

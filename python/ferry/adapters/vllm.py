@@ -20,7 +20,10 @@ Where the store comes from (kv_connector_extra_config):
       when they are CUDA tensors) with "ferry.l2", "ferry.model",
       "ferry.chunk_tokens", "ferry.persistent", and registers it under that
       name for a scheduler in the same process (vLLM's single-process
-      executor). An L2 directory has one owner, so "ferry.l2": "DIR:SIZE"
+      executor). A scheduler that finds no store there runs apart from its
+      workers (multiprocessing executor) and cannot see what they store:
+      it is refused when vLLM builds it, with a ValueError naming
+      "ferry.server". An L2 directory has one owner, so "ferry.l2": "DIR:SIZE"
       gives each worker DIR/vllm-pp<s>of<S>-dp<d>of<D>-tp<r>of<T> of SIZE
       (pipeline stage, data-parallel replica, tensor-parallel rank): the
       same worker of the same topology finds its persistent L2 again.
@@ -527,6 +530,17 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._name = self._extra.get("ferry.store", "vllm")
         self._store = None
         self._opened = False
+        if role == KVConnectorRole.SCHEDULER and not self._server \
+                and "ferry.l1" in self._extra and registered_store(self._name) is None:
+            # vLLM's engine core registers its workers' caches before it builds
+            # the scheduler: no store here means the workers run elsewhere
+            raise ValueError(
+                f"ferry: vLLM connector: \"ferry.l1\" opens a store in each worker's "
+                f"process, and none is registered as {self._name!r} in the scheduler's: "
+                "the workers run in other processes (the multiprocessing executor, TP or "
+                "PP above one) and the scheduler cannot see what they store; give "
+                "\"ferry.server\" (a `ferry serve` daemon the scheduler and every worker "
+                "share) instead")
         ktc = getattr(vllm_config, "kv_transfer_config", None)
         self._failure_policy = str(getattr(ktc, "kv_load_failure_policy", None) or "fail")
         self._async_load = _flag(self._extra, "ferry.async_load")
