@@ -159,6 +159,55 @@ def test_a_restart_finds_its_own_ranks_data_and_no_other(monkeypatch, tmp_path):
     assert registered_store("w-pp0-dp0-tp0") is None
 
 
+def daemon_scheduler(url, net, **topology):
+    """The scheduler's connector in the engine core process: "ferry.server",
+    its layout from vLLM's model_config."""
+    cfg = config({"ferry.server": url, "ferry.store": "scheduler-process",
+                  "ferry.chunk_tokens": CHUNK}, **topology)
+    cfg.model_config = SimpleNamespace(
+        model="tiny-llama", dtype=torch.bfloat16, use_mla=False,
+        get_num_layers=lambda pc: net.layers, get_num_kv_heads=lambda pc: net.kv_heads,
+        get_head_size=lambda: net.head_dim)
+    return FerryConnector(cfg, Role.SCHEDULER, None)
+
+
+def daemon_net():
+    return TinyLlama(dim=256, layers=2, heads=4, kv_heads=2, ffn=256,
+                     dtype=torch.bfloat16)              # the daemon's tiny preset
+
+
+REQ = SimpleNamespace(request_id="q", prompt_token_ids=TOKENS + [7],
+                      all_token_ids=TOKENS + [7], cache_salt=None)
+
+
+def test_a_hit_is_what_every_tp_rank_holds(monkeypatch, tmp_path):
+    """TP 2 with "ferry.server": each TP rank stores its own heads under its
+    own keys. A hit the scheduler reports is loaded by every rank, so it
+    counts a chunk once every rank holds it: before, it asked for rank 0's
+    keys only, reported a hit rank 1 could not load, and under vLLM's
+    default kv_load_failure_policy "fail" (vllm-project/vllm
+    00f4240ee6458263d76cf51ca7901ce1350bb4d1, vllm/config/kv_transfer.py)
+    the request failed."""
+    from test_server import Daemon
+    net, ranks = daemon_net(), Ranks(monkeypatch)
+    d = Daemon(str(tmp_path)).start()
+    try:
+        ws = [worker(ranks, {"ferry.server": d.url}, tp=(t, 2), seed=t, net=net)
+              for t in range(2)]
+        sched = daemon_scheduler(d.url, net, tp=2)
+        save(ws[0][0], SRC)                 # rank 0 only: no hit yet
+        assert sched.get_num_new_matched_tokens(REQ, 0) == (0, False)
+        save(ws[1][0], SRC)
+        assert sched.get_num_new_matched_tokens(REQ, 0) == (len(TOKENS), False)
+        for w, _ in ws:
+            assert load(w, DST) == set()
+        sched.shutdown()
+        for w, _ in ws:
+            w.shutdown()
+    finally:
+        d.stop()
+
+
 def test_pipeline_stages_sharing_a_daemon_keep_their_own_kv(monkeypatch, tmp_path):
     """PP 2 with "ferry.server": both stages' workers are TP rank 0 of 1 of
     the same model, and with an even split their layouts are the same, so
@@ -168,26 +217,16 @@ def test_pipeline_stages_sharing_a_daemon_keep_their_own_kv(monkeypatch, tmp_pat
     layers). The scheduler's lookup counts a chunk only once every stage
     holds it."""
     from test_server import Daemon
-    net = TinyLlama(dim=256, layers=2, heads=4, kv_heads=2, ffn=256,
-                    dtype=torch.bfloat16)              # the daemon's tiny preset
-    ranks = Ranks(monkeypatch)
+    net, ranks = daemon_net(), Ranks(monkeypatch)
     d = Daemon(str(tmp_path)).start()
     try:
         extra = {"ferry.server": d.url}
         ws = [worker(ranks, extra, pp=(s, 2), seed=s, net=net) for s in range(2)]
-        sched_cfg = config({"ferry.server": d.url, "ferry.store": "scheduler-process",
-                            "ferry.chunk_tokens": CHUNK}, pp=2)
-        sched_cfg.model_config = SimpleNamespace(
-            model="tiny-llama", dtype=torch.bfloat16, use_mla=False,
-            get_num_layers=lambda pc: net.layers, get_num_kv_heads=lambda pc: net.kv_heads,
-            get_head_size=lambda: net.head_dim)
-        sched = FerryConnector(sched_cfg, Role.SCHEDULER, None)
-        req = SimpleNamespace(request_id="q", prompt_token_ids=TOKENS + [7],
-                              all_token_ids=TOKENS + [7], cache_salt=None)
+        sched = daemon_scheduler(d.url, net, pp=2)
         save(ws[0][0], SRC)                 # stage 0 only: no hit yet
-        assert sched.get_num_new_matched_tokens(req, 0) == (0, False)
+        assert sched.get_num_new_matched_tokens(REQ, 0) == (0, False)
         save(ws[1][0], SRC)
-        assert sched.get_num_new_matched_tokens(req, 0) == (len(TOKENS), False)
+        assert sched.get_num_new_matched_tokens(REQ, 0) == (len(TOKENS), False)
         for w, caches in ws:
             want = blocks_of(caches, SRC)
             assert load(w, DST) == set()

@@ -34,7 +34,9 @@ Where the store comes from (kv_connector_extra_config):
       registers its caches (layout read from them; device="cuda:N" when
       they are CUDA tensors, so they move as device buffers), and the
       scheduler opens a lookup-only client (lookup, pin and unpin; it maps
-      no pool) whose layout comes from "ferry.layout" ({"num_layers",
+      no pool) per TP rank (each rank stores its own heads under its own
+      keys, and a hit is what every rank holds, pinned on every rank) whose
+      layout comes from "ferry.layout" ({"num_layers",
       "num_kv_heads", "head_dim", "dtype", "mla"}) or, without it, from
       vLLM's model_config (get_num_layers, get_num_kv_heads, get_head_size,
       dtype, use_mla). "ferry.chunk_tokens" must match the daemon's.
@@ -530,6 +532,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._name = self._extra.get("ferry.store", "vllm")
         self._store = None
         self._opened = False
+        self._ranks = None      # the scheduler's stores, one per TP rank (_rank_stores)
         if role == KVConnectorRole.SCHEDULER and not self._server \
                 and "ferry.l1" in self._extra and registered_store(self._name) is None:
             # vLLM's engine core registers its workers' caches before it builds
@@ -643,17 +646,31 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
                     "\"ferry.server\"")
         return self._store
 
-    def _open_lookup_client(self):
-        """The scheduler's client of "ferry.server": lookups and pins only."""
+    def _open_lookup_client(self, rank=0):
+        """The scheduler's client of "ferry.server" for TP rank `rank`'s keys:
+        lookups and pins only."""
         e = self._extra
         mc = getattr(self._vllm_config, "model_config", None)
         _, world = _tp_rank_world(self._vllm_config, rank=False)
         s = KVStore(model=str(e.get("ferry.model", getattr(mc, "model", "vllm"))),
                     layout=_config_layout(self._vllm_config, e), server=self._server,
                     lookup_only=True, chunk_tokens=int(e.get("ferry.chunk_tokens", 0)),
-                    tp_rank=0, tp_world=world)
+                    tp_rank=rank, tp_world=world)
         self._opened = True
         return s
+
+    def _rank_stores(self):
+        """The stores a hit must be in: the scheduler's store and, when it is
+        its own client of "ferry.server" at TP above one, a client for each
+        other TP rank's keys (every rank stores its own heads, and every
+        rank loads a hit: one rank's chunks alone are no hit)."""
+        if self._ranks is None:
+            store = self.store
+            _, world = _tp_rank_world(self._vllm_config, rank=False)
+            self._ranks = [store]
+            if self._opened and store is not registered_store(self._name):
+                self._ranks += [self._open_lookup_client(r) for r in range(1, world)]
+        return self._ranks
 
     def _open_store(self, layout, device=None):
         """The worker's store: the registered one, or one opened from the config."""
@@ -732,7 +749,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         if self._disabled or not tokens:
             st.hit = 0
             return 0, False
-        st.hit = min(self.store.lookup(tokens, salt=k) for k in self._key_salts(salt))
+        st.hit = min(s.lookup(tokens, salt=k) for s, k in self._key_salts(salt))
         if self._events_on:
             self._note_removed(st)
         st.saved = max(st.saved, st.hit)
@@ -756,8 +773,8 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._unpin(st)
         chunk = self.store.chunk_tokens
         end = min(st.hit, -(-need // chunk) * chunk)
-        st.pinned = [self.store.pin(st.tokens[:end], salt=k) if end else 0
-                     for k in self._key_salts(st.salt)]
+        st.pinned = [s.pin(st.tokens[:end], salt=k) if end else 0
+                     for s, k in self._key_salts(st.salt)]
         st.load = (skip, need, end)
         if st.async_load:  # the request is not scheduled until the load is over
             st.group_ids = _block_ids_of(blocks)
@@ -865,15 +882,17 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         return bool(self._held)
 
     def _key_salts(self, salt):
-        """The salts of every key a hit needs: each cached group's, of every
-        pipeline stage (a chunk is a hit once every stage's worker holds it)."""
-        return [_stage_salt(_group_salt(salt, g.idx), s, self._stages)
+        """(store, salt) of every key a hit needs: each cached group's, of
+        every pipeline stage, of every TP rank (a chunk is a hit once every
+        worker holds it)."""
+        return [(store, _stage_salt(_group_salt(salt, g.idx), s, self._stages))
+                for store in self._rank_stores()
                 for g in self._cached for s in range(self._stages)]
 
     def _unpin(self, st):
-        for k, n in zip(self._key_salts(st.salt), st.pinned):
+        for (s, k), n in zip(self._key_salts(st.salt), st.pinned):
             if n:
-                self.store.unpin(st.tokens[:n], salt=k)
+                s.unpin(st.tokens[:n], salt=k)
         st.pinned = []
 
     # ---- KV events (for KV-aware routers) ----
@@ -1413,6 +1432,9 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
                 self._reap_saves(rid, True)
             except FerryError as e:
                 log.warning("ferry: request %s: store at shutdown: %s", rid, e)
+        for other in (self._ranks or [])[1:]:
+            other.close()
+        self._ranks = None
         if self._opened and self._store is not None:
             unregister = registered_store(self._name) is self._store
             if unregister:
