@@ -684,11 +684,11 @@ static int view_victim(succ *s, scview *v, uint32_t *slot)
     uint32_t L = s->L, best = NIL;
     double bp = 0;
     uint32_t bd = 1;
-    for (uint32_t d = L; d >= 1; d--) {
+    uint32_t l = v->cur; /* (cur + d) % L, stepped down with d: no division */
+    for (uint32_t d = L; d >= 1; d--, l = l ? l - 1 : L - 1) {
         s->ops++;
         if (best != NIL && bp * d < s->pmin * bd)
             break; /* bp/bd < pmin/d: no nearer layer can win */
-        uint32_t l = (v->cur + d) % L;
         uint64_t m = v->rmask[l];
         if (!m)
             continue;
