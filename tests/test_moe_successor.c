@@ -231,6 +231,63 @@ static void successor_victims_skip_pins_of_prefetches_and_hints(void **state)
     }
 }
 
+/* a planner over t at `slots`, the successor's counters carried past 2^32
+ * (skip) after `at` steps, or not; its hits and misses, every victim
+ * checked against the scan */
+static void replay_skipping(const ferry_moe_trace *t, uint32_t slots, size_t at, int skip,
+                            uint64_t *hits, uint64_t *misses)
+{
+    ferry_moe_planner *p = ft_moe_planner(t, "successor", slots);
+    for (size_t i = 0; i < ferry_moe_trace_steps(t); i++) {
+        if (i == at && skip) { /* each layer 4,000-12,704 visits short of 2^32: it crosses */
+            uint32_t L = ferry_moe_trace_model(t)->num_layers;
+            uint64_t visits = ((UINT64_C(1) << 32) - at / L - 4000) / 8704 * 8704;
+            FT_ASSERT_OK(ferry__successor_skip((ferry__policy *)ferry__planner_policy(p), visits,
+                                               (UINT64_C(1) << 32) - 5));
+        }
+        uint32_t tok, layer, k;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &k));
+        FT_ASSERT_OK(ferry_moe_planner_ensure(p, layer, ex, k, NULL, NULL, NULL));
+    }
+    ferry_moe_planner_stats st = FERRY_MOE_PLANNER_STATS_INIT;
+    ferry_moe_planner_stats_get(p, &st);
+    *hits = st.hits;
+    *misses = st.misses;
+    ferry_moe_planner_destroy(p);
+}
+
+/* a decode loop runs a layer 2^32 times in weeks and touches experts 2^32
+ * times in a day: past both, the policy decides as it did (its window's
+ * ring is the visit count mod 17, its ties the touch clock), every victim
+ * still the scan's */
+static void successor_decides_alike_past_2_to_the_32_visits(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = ft_moe_gen("small", 36000, 5); /* 4 x 16: 18,000 visits a layer after */
+    uint32_t slots = ft_moe_share(t, 25);
+    size_t at = ferry_moe_trace_steps(t) / 2; /* past every layer's early refreshes */
+    uint64_t h0, m0, h1, m1;
+    replay_skipping(t, slots, at, 0, &h0, &m0);
+    ferry__successor_verify(1);
+    replay_skipping(t, slots, at, 1, &h1, &m1);
+    uint64_t checked, bad;
+    ferry__successor_verified(&checked, &bad);
+    ferry__successor_verify(0);
+    print_message("hits %llu / %llu, misses %llu / %llu; %llu victims checked\n",
+                  (unsigned long long)h0, (unsigned long long)h1, (unsigned long long)m0,
+                  (unsigned long long)m1, (unsigned long long)checked);
+    assert_int_equal(h0, h1);
+    assert_int_equal(m0, m1);
+    assert_true(checked > 1000);
+    assert_int_equal(bad, 0);
+    assert_int_equal(ferry__successor_skip(NULL, 0, 0), -EINVAL);
+    ferry_moe_planner *p = ft_moe_planner(t, "successor", slots);
+    assert_int_equal(ferry__successor_skip((ferry__policy *)ferry__planner_policy(p), 17, 0), -EINVAL);
+    ferry_moe_planner_destroy(p);
+    ferry_moe_trace_destroy(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -240,6 +297,7 @@ int main(void)
         cmocka_unit_test(successor_beats_lru_on_a_transition_structure),
         cmocka_unit_test(successor_refuses_huge_shapes),
         cmocka_unit_test(successor_victims_skip_pins_of_prefetches_and_hints),
+        cmocka_unit_test(successor_decides_alike_past_2_to_the_32_visits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

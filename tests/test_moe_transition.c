@@ -463,6 +463,54 @@ static void transition_narrow_keeps_the_same_cells(void **state)
     ferry_moe_trace_destroy(t);
 }
 
+/* transition's planner over t at `slots`, its visit counts carried past
+ * 2^32 (skip) after `at` steps, or not: its hits and misses */
+static void tr_replay_skipping(const ferry_moe_trace *t, uint32_t slots, size_t at, int skip,
+                               uint64_t *hits, uint64_t *misses)
+{
+    ferry_moe_planner *p = ft_moe_planner(t, "transition", slots);
+    for (size_t i = 0; i < ferry_moe_trace_steps(t); i++) {
+        if (i == at && skip) { /* each layer 4,000-4,017 visits short of 2^32: it crosses */
+            uint32_t L = ferry_moe_trace_model(t)->num_layers;
+            uint64_t visits = ((UINT64_C(1) << 32) - at / L - 4000) / 17 * 17;
+            FT_ASSERT_OK(ferry__transition_skip((ferry__policy *)ferry__planner_policy(p), visits));
+        }
+        uint32_t tok, layer, k;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &k));
+        FT_ASSERT_OK(ferry_moe_planner_ensure(p, layer, ex, k, NULL, NULL, NULL));
+    }
+    ferry_moe_planner_stats st = FERRY_MOE_PLANNER_STATS_INIT;
+    ferry_moe_planner_stats_get(p, &st);
+    *hits = st.hits;
+    *misses = st.misses;
+    ferry_moe_planner_destroy(p);
+}
+
+/* a decode loop runs a layer 2^32 times within weeks: past that the
+ * policy decides as it did (its ring of routed sets is the visit count
+ * mod 17; at 32 bits the count wrapped, and the learning of a layer's
+ * pending visits ran on forever at the last one) */
+static void transition_decides_alike_past_2_to_the_32_visits(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = ft_moe_gen("small", 16000, 5); /* 4 layers: 8,000 visits each after */
+    uint32_t slots = ft_moe_share(t, 25);
+    size_t at = ferry_moe_trace_steps(t) / 2;
+    uint64_t h0, m0, h1, m1;
+    tr_replay_skipping(t, slots, at, 0, &h0, &m0);
+    tr_replay_skipping(t, slots, at, 1, &h1, &m1);
+    print_message("hits %llu / %llu, misses %llu / %llu\n", (unsigned long long)h0,
+                  (unsigned long long)h1, (unsigned long long)m0, (unsigned long long)m1);
+    assert_int_equal(h0, h1);
+    assert_int_equal(m0, m1);
+    assert_int_equal(ferry__transition_skip(NULL, 17), -EINVAL);
+    ferry_moe_planner *p = ft_moe_planner(t, "transition", slots);
+    assert_int_equal(ferry__transition_skip((ferry__policy *)ferry__planner_policy(p), 16), -EINVAL);
+    ferry_moe_planner_destroy(p);
+    ferry_moe_trace_destroy(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -477,6 +525,7 @@ int main(void)
         cmocka_unit_test(transition_wakes_to_the_cells_it_would_have),
         cmocka_unit_test(transition_rows_count_the_same_narrow),
         cmocka_unit_test(transition_narrow_keeps_the_same_cells),
+        cmocka_unit_test(transition_decides_alike_past_2_to_the_32_visits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

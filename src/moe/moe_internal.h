@@ -248,6 +248,12 @@ void ferry__successor_verified(uint64_t *checked, uint64_t *mismatched);
 /* (tests) the work a successor policy has done: experts refiled, routed
  * rows, layers and 16-expert blocks visited (0 for another policy) */
 uint64_t ferry__successor_ops(const ferry__policy *p);
+/* (tests) a successor policy's layers as if each had been visited
+ * `visits` more times (a multiple of 17 x 512: the window's ring and the
+ * schedules keep their phase) and its clocks touched `touches` more: the
+ * same decisions after, past 2^32 of either. -EINVAL for another policy
+ * or another multiple */
+int ferry__successor_skip(ferry__policy *p, uint64_t visits, uint64_t touches);
 /* (tests) id's class in a successor policy (as of its layer's last visit
  * awake); UINT32_MAX for another policy or an id past its shape */
 uint32_t ferry__successor_class(const ferry__policy *p, uint32_t id);
@@ -280,6 +286,11 @@ void ferry__transition_verified(uint64_t *checked, uint64_t *mismatched);
  * auto puts its transition to sleep while another policy leads, awake on
  * the layers its shadow samples. -EINVAL for another policy */
 int ferry__transition_sleep(ferry__policy *p, uint32_t stride);
+/* (tests) a transition policy's visited layers as if each had been
+ * visited `visits` more times (a multiple of 17: its ring keeps its
+ * phase): the same decisions after, past 2^32 visits. -EINVAL for another
+ * policy or another multiple */
+int ferry__transition_skip(ferry__policy *p, uint64_t visits);
 /* (tests) how many ids' cells differ between two transition policies of
  * one shape (the layers asleep in either skipped); -1 if not both */
 long ferry__transition_cells_differ(const ferry__policy *a, const ferry__policy *b);

@@ -82,11 +82,12 @@ typedef struct scview {
     uint8_t bit;        /* its bit in res */
     uint32_t *rsz;      /* [L][SC_NC] residents in each class */
     uint64_t *rmask;    /* [L] classes with a resident, by rank */
-    uint32_t *tch;      /* per id: when last touched (routed, refiled, inserted) */
+    uint64_t *tch;      /* per id: when last touched (routed, refiled, inserted) */
     uint32_t *lslot;    /* [L] cached least resident; NIL: none; NIL - 1: find again */
     double *lp;         /* [L] its p */
     uint64_t *lpin;     /* [L] the pin round it passed over a pinned one in; NOPIN: none */
-    uint32_t clk, cur;  /* cur: the layer of its step */
+    uint64_t clk;       /* (64 bits: a decode loop touches 2^32 times within days) */
+    uint32_t cur;       /* the layer of its step */
     int skipped;        /* (a find passed over a pinned resident) */
 } scview;
 
@@ -96,7 +97,7 @@ typedef struct succ {
     int wide;
     uint16_t *lanes;   /* [id][TR_ROW] */
     uint16_t *an;      /* [id] a row's total */
-    uint32_t *V;       /* [L] visits */
+    uint64_t *V;       /* [L] visits (64 bits: the window's ring is V % 17, no wrap) */
     uint16_t *ring;    /* [L][SC_W + 1][E] routed sets (layer-local) */
     uint16_t *ring_n;  /* [L][SC_W + 1] */
     uint8_t *rl;       /* [L][Ep] routed at the last visit */
@@ -340,7 +341,7 @@ static void sc_classes(succ *s, uint32_t layer, const uint8_t *th)
 /* the classes' p: how many of each class (as of the last visit) were
  * routed at this one (le: the layer's experts), the layer's p read
  * afresh at its refresh visits */
-static void sc_count(succ *s, uint32_t layer, const uint16_t *le, uint32_t n, uint32_t v)
+static void sc_count(succ *s, uint32_t layer, const uint16_t *le, uint32_t n, uint64_t v)
 {
     uint32_t lc = layer * SC_NC;
     const uint8_t *cls = s->cls + (size_t)layer * s->Ep;
@@ -416,13 +417,13 @@ static int sc_begin(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint3
     s->own.lslot[s->cur] = NIL - 1; /* its pins end */
     s->own.lslot[layer] = NIL - 1;
     s->cur = s->own.cur = layer;
-    uint32_t v = ++s->V[layer];
+    uint64_t v = ++s->V[layer];
     int awake = !(s->stride > 1 && layer % s->stride);
     size_t lo = (size_t)layer * Ep;
     uint8_t *rl = s->rl + lo, *h = s->h + lo, *hc = s->hc + lo;
     uint16_t *ring = s->ring + (size_t)layer * (SC_W + 1) * E;
     uint16_t *rn = s->ring_n + (size_t)layer * (SC_W + 1);
-    uint32_t prev = (v - 1) % (SC_W + 1), cur = v % (SC_W + 1);
+    uint32_t prev = (uint32_t)((v - 1) % (SC_W + 1)), cur = (uint32_t)(v % (SC_W + 1));
     const uint16_t *pr = ring + (size_t)prev * E;
     uint32_t npr = v > 1 ? rn[prev] : 0, nlearn = v % SC_LEARN ? 0 : npr;
     uint16_t *le = s->le;
@@ -475,7 +476,8 @@ int ferry__successor_sleep(ferry__policy *p, uint32_t stride)
     for (uint32_t l = 0; l < s->L; l++) { /* the layers awake again: classed as after their last visit */
         if (!(was > 1 && l % was) || (s->stride > 1 && l % s->stride))
             continue;
-        uint32_t v = s->V[l], cur = v % (SC_W + 1);
+        uint64_t v = s->V[l];
+        uint32_t cur = (uint32_t)(v % (SC_W + 1));
         if (v) {
             const uint16_t *set = s->ring + ((size_t)l * (SC_W + 1) + cur) * s->E;
             sc_predict(s, l, set, s->ring_n[(size_t)l * (SC_W + 1) + cur]);
@@ -544,8 +546,10 @@ static uint32_t sc_class_least(succ *s, scview *v, uint32_t l, uint32_t c)
 {
     size_t lo = (size_t)l * s->Ep;
     const uint8_t *cls = s->cls + lo, *res = s->res + lo;
-    const uint32_t *where = v->pol->env.where, *tch = v->tch + (size_t)l * s->E;
-    uint32_t best = NIL, bt = 0, base = l * s->E;
+    const uint32_t *where = v->pol->env.where;
+    const uint64_t *tch = v->tch + (size_t)l * s->E;
+    uint32_t best = NIL, base = l * s->E;
+    uint64_t bt = 0;
     s->ops += (s->E + 15) / 16;
 #if defined(__SSE2__)
     __m128i cv = _mm_set1_epi8((char)c), bv = _mm_set1_epi8((char)v->bit);
@@ -631,7 +635,8 @@ void ferry__successor_verified(uint64_t *checked, uint64_t *mismatched)
 static void sc_verify(succ *s, scview *vw, uint32_t got)
 {
     const ferry__policy_env *env = &vw->pol->env;
-    uint32_t best = NIL, bd = 0, brk = 0, bt = 0;
+    uint32_t best = NIL, bd = 0, brk = 0;
+    uint64_t bt = 0;
     double bp = 0;
     for (uint32_t v = 0; v < env->slots; v++) {
         uint32_t id = env->occupant[v];
@@ -661,6 +666,19 @@ uint64_t ferry__successor_ops(const ferry__policy *p)
     return p && p->ops == &ferry__policy_successor ? ((const succ *)p)->ops : 0;
 }
 
+int ferry__successor_skip(ferry__policy *p, uint64_t visits, uint64_t touches)
+{
+    if (!p || p->ops != &ferry__policy_successor || visits % ((SC_W + 1) * SC_REFRESH * 8))
+        return -EINVAL;
+    succ *s = (succ *)p;
+    for (uint32_t l = 0; l < s->L; l++)
+        s->V[l] += s->V[l] ? visits : 0;
+    s->own.clk += touches;
+    if (s->fv)
+        s->fv->clk += touches;
+    return 0;
+}
+
 uint32_t ferry__successor_class(const ferry__policy *p, uint32_t id)
 {
     if (!p || p->ops != &ferry__policy_successor)
@@ -673,7 +691,7 @@ uint32_t ferry__successor_class(const ferry__policy *p, uint32_t id)
 size_t ferry__successor_bytes(uint32_t num_layers, uint32_t num_experts)
 {
     size_t ids = (size_t)num_layers * num_experts;
-    return ids * (TR_ROW * sizeof(uint16_t) + sizeof(uint16_t) + sizeof(uint32_t) +
+    return ids * (TR_ROW * sizeof(uint16_t) + sizeof(uint16_t) + sizeof(uint64_t) +
                   (SC_W + 1) * sizeof(uint16_t) + 5) +
            (size_t)num_layers * SC_NC * 30;
 }

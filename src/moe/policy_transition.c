@@ -139,15 +139,16 @@ typedef struct trans {
     struct trx *x;                   /* per id */
     uint64_t *last;                  /* per id: step of its last use (ties) */
     /* per layer */
-    uint32_t *V;                     /* visits */
+    uint64_t *V;                     /* visits (64 bits: the ring is V % 17, no wrap) */
     uint32_t *lt;                    /* visits since the last fold */
     uint16_t *cc;                    /* [L][TR_NC] experts in each cell */
     uint16_t *ring;                  /* [L][TR_RING][E] routed sets (layer-local) */
-    uint32_t *ring_n, *ring_v;       /* [L][TR_RING] */
+    uint32_t *ring_n;                /* [L][TR_RING] */
+    uint64_t *ring_v;                /* [L][TR_RING] the visit a ring entry holds */
     uint16_t *uset;                  /* [L][E] the last visit's tracked experts */
     uint32_t *un;                    /* [L] */
     int32_t *nprev;                  /* [L] experts of the last visit, -1 before it */
-    uint32_t *lv;                    /* [L] the last visit whose transitions are learned */
+    uint64_t *lv;                    /* [L] the last visit whose transitions are learned */
     /* transitions */
     uint16_t *An;                    /* [L][E] */
     uint16_t *lanes;                 /* [L][E] rows of TR_K experts then TR_K counts:
@@ -393,7 +394,7 @@ static void learn_transitions(trans *s, uint32_t l, const uint16_t *le, uint32_t
 }
 
 /* the rows layer l's visit u + 1 counts in: its visit u's set's */
-static void prefetch_rows(const trans *s, uint32_t l, uint32_t u)
+static void prefetch_rows(const trans *s, uint32_t l, uint64_t u)
 {
     size_t a = (size_t)l * TR_RING + u % TR_RING, b = (size_t)l * s->base.env.num_experts;
     const uint16_t *set = s->ring + a * s->base.env.num_experts;
@@ -408,10 +409,11 @@ static void prefetch_rows(const trans *s, uint32_t l, uint32_t u)
  * see "sleep"); each visit's rows asked for a visit ahead */
 static void learn_pending(trans *s, uint32_t l)
 {
-    uint32_t E = s->base.env.num_experts, V = s->V[l];
+    uint32_t E = s->base.env.num_experts;
+    uint64_t V = s->V[l];
     if (s->lv[l] >= 1 && s->lv[l] + 1 < V)
         prefetch_rows(s, l, s->lv[l]);
-    for (uint32_t u = s->lv[l] + 1; u <= V; u++) {
+    for (uint64_t u = s->lv[l] + 1; u <= V; u++) {
         if (u < V)
             prefetch_rows(s, l, u);
         if (u < 2)
@@ -629,12 +631,13 @@ static int wk_cmp(const void *a, const void *b)
  * layer touched (filed again before the next victim). O(E + slots) */
 static void layer_wake(trans *s, uint32_t l)
 {
-    uint32_t E = s->base.env.num_experts, V = s->V[l];
+    uint32_t E = s->base.env.num_experts;
+    uint64_t V = s->V[l];
     size_t b = (size_t)l * E;
     learn_pending(s, l);
     for (uint32_t e = 0; e < E; e++) {
         s->x[b + e].hist = 0;
-        s->x[b + e].hv = V;
+        s->x[b + e].hv = (uint32_t)V; /* (its low half: distances under 2^32) */
     }
     for (uint32_t back = 0; back <= TR_W && back < V; back++) {
         size_t ri = (size_t)l * TR_RING + (V - back) % TR_RING;
@@ -697,7 +700,7 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
     if (!n)
         return 0;
     s->visits++;
-    uint32_t V = ++s->V[layer];
+    uint64_t V = ++s->V[layer];
     tr_new_stamp(s);
     /* this visit's set, layer-local (for the next visit and the one 16
      * later): the step's ids are its layer's, so a subtraction, not a
@@ -745,10 +748,10 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
     /* each history event's history brought to this visit, the routed bit
      * set, then its new cell */
     for (uint32_t i = 0; i < nev; i++) {
-        uint32_t e = ev[i], d = V - mv.x[e].hv, q = umark[e] == stamp ? qv[e] : 0;
+        uint32_t e = ev[i], d = (uint32_t)V - mv.x[e].hv, q = umark[e] == stamp ? qv[e] : 0;
         uint16_t h = (uint16_t)((d >= TR_W ? 0 : (mv.x[e].hist << d) & TR_HMASK) | (i < nr));
         mv.x[e].hist = h;
-        mv.x[e].hv = V;
+        mv.x[e].hv = (uint32_t)V;
         mv_move(&mv, e, tr_cell(h, q));
     }
     uint16_t *bm = ev + nev; /* (the scratch past the events) */
@@ -1088,6 +1091,25 @@ long ferry__transition_cells_differ(const ferry__policy *a, const ferry__policy 
             for (size_t i = (size_t)l * E; i < (size_t)(l + 1) * E; i++)
                 d += x->x[i].cell != y->x[i].cell;
     return d;
+}
+
+int ferry__transition_skip(ferry__policy *p, uint64_t visits)
+{
+    if (!p || p->ops != &ferry__policy_transition || visits % TR_RING)
+        return -EINVAL;
+    trans *s = (trans *)p;
+    uint32_t L = p->env.num_layers, E = p->env.num_experts;
+    for (uint32_t l = 0; l < L; l++) {
+        if (!s->V[l])
+            continue;
+        s->V[l] += visits;
+        s->lv[l] += s->lv[l] ? visits : 0;
+        for (uint32_t i = 0; i < TR_RING; i++)
+            s->ring_v[(size_t)l * TR_RING + i] += s->ring_v[(size_t)l * TR_RING + i] ? visits : 0;
+        for (uint32_t e = 0; e < E; e++)
+            s->x[(size_t)l * E + e].hv = (uint32_t)(s->x[(size_t)l * E + e].hv + visits);
+    }
+    return 0;
 }
 
 uint64_t ferry__transition_ops(const ferry__policy *p)
