@@ -62,11 +62,17 @@ class Ranks:
 
 
 def config(extra, tp=1, pp=1, dp=(0, 1), model="tiny-llama"):
+    """dp is (data_parallel_rank, data_parallel_size), or (index, size,
+    "dense"): a dense model's replica, which vLLM runs as an independent
+    DP=1 engine (see test_dense_dp_replicas_open_their_own_l2)."""
     ktc = SimpleNamespace(kv_connector="FerryConnector",
                           kv_connector_module_path="ferry.adapters.vllm",
                           kv_role="kv_both", kv_connector_extra_config=extra)
     pc = SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=pp,
-                         data_parallel_rank=dp[0], data_parallel_size=dp[1])
+                         data_parallel_rank=dp[0], data_parallel_size=dp[1],
+                         data_parallel_index=dp[0])
+    if dp[2:] == ("dense",):    # ParallelConfig.reconfigure_for_independent_dp_rank
+        pc.data_parallel_rank, pc.data_parallel_size = 0, 1
     return SimpleNamespace(kv_transfer_config=ktc, parallel_config=pc,
                            cache_config=SimpleNamespace(block_size=BS),
                            model_config=SimpleNamespace(model=model))
@@ -77,7 +83,7 @@ def worker(ranks, extra, *, tp=(0, 1), pp=(0, 1), dp=(0, 1), model="tiny-llama",
     """One worker process: its connector, with caches registered (filled
     with this rank's own values from `seed`)."""
     ranks.tp, ranks.pp = tp[0], pp[0]
-    name = f"w-pp{pp[0]}-dp{dp[0]}-tp{tp[0]}"
+    name = f"w-pp{pp[0]}-dp{dp[0]}-tp{tp[0]}" + "".join(dp[2:])
     _opened.add(name)
     w = FerryConnector(config(dict(extra, **{"ferry.store": name,
                                              "ferry.chunk_tokens": CHUNK}),
@@ -124,8 +130,29 @@ def test_every_worker_of_tp_pp_dp_opens_its_own_l2(monkeypatch, tmp_path):
     workers = [worker(ranks, extra, **r, seed=i) for i, r in enumerate(TOPOLOGY)]
     dirs = sorted(p.name for p in tmp_path.iterdir())
     assert len(dirs) == len(TOPOLOGY)
-    assert "vllm-pp1of2-dp0of2-tp1of2" in dirs
+    assert "vllm-pp1of2-dp0-tp1of2" in dirs
     for w, _ in workers:
+        w.shutdown()
+
+
+def test_dense_dp_replicas_open_their_own_l2(monkeypatch, tmp_path):
+    """DP 2 of a dense (non-MoE) model: vLLM runs each replica as an
+    independent DP=1 engine. EngineCoreProc.run_engine_core sets
+    parallel_config.data_parallel_index = dp_rank, then for a non-MoE model
+    calls reconfigure_for_independent_dp_rank(), which sets
+    data_parallel_size 1 and data_parallel_rank 0 and leaves
+    data_parallel_index (vllm-project/vllm
+    00080ee13c7a451fce071ccb8d0e94d395acf5a7, vllm/v1/engine/core.py;
+    vllm-project/vllm 00193b82b0e2d4faea5d3b4ea4f6c4c2bd9d057a,
+    vllm/config/parallel.py). Both replicas' workers on one host must still
+    open directories of their own: before, both named theirs dp0of1 and
+    the second's open failed with FERRY_EBUSY, and vLLM's start with it."""
+    ranks = Ranks(monkeypatch)
+    extra = {"ferry.l1": "2M", "ferry.l2": f"{tmp_path}:16M"}
+    ws = [worker(ranks, extra, dp=(d, 2, "dense"), seed=d) for d in range(2)]
+    dirs = sorted(p.name for p in tmp_path.iterdir())
+    assert dirs == ["vllm-pp0of1-dp0-tp0of1", "vllm-pp0of1-dp1-tp0of1"]
+    for w, _ in ws:
         w.shutdown()
 
 

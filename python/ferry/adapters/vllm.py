@@ -24,7 +24,7 @@ Where the store comes from (kv_connector_extra_config):
       workers (multiprocessing executor) and cannot see what they store:
       it is refused when vLLM builds it, with a ValueError naming
       "ferry.server". An L2 directory has one owner, so "ferry.l2": "DIR:SIZE"
-      gives each worker DIR/vllm-pp<s>of<S>-dp<d>of<D>-tp<r>of<T> of SIZE
+      gives each worker DIR/vllm-pp<s>of<S>-dp<d>-tp<r>of<T> of SIZE
       (pipeline stage, data-parallel replica, tensor-parallel rank): the
       same worker of the same topology finds its persistent L2 again.
   "ferry.server": a `ferry serve` address ("unix:/run/ferry/ferry.sock"),
@@ -350,20 +350,26 @@ def _tp_rank_world(vllm_config, rank=True):
 
 def _rank_name(vllm_config):
     """This worker's place in vLLM's topology, every coordinate named:
-    "pp<stage>of<stages>-dp<replica>of<replicas>-tp<rank>of<world>". The
-    stage from vLLM's pipeline group (get_pp_group().rank_in_group), the
-    replica from parallel_config.data_parallel_rank (each DP replica's
-    engine has its own)."""
+    "pp<stage>of<stages>-dp<replica>-tp<rank>of<world>". The stage from
+    vLLM's pipeline group (get_pp_group().rank_in_group); the replica from
+    parallel_config.data_parallel_index where vLLM has it, else
+    data_parallel_rank: a dense model's replica runs as an independent
+    DP=1 engine (reconfigure_for_independent_dp_rank sets its
+    data_parallel_rank 0 and data_parallel_size 1, and keeps the index), so
+    the rank would name every replica 0. The number of replicas is not
+    named: a replica's KV is whole (its own requests, all heads of its TP
+    ranks) whatever their number, and a dense replica does not know it."""
     pc = getattr(vllm_config, "parallel_config", None)
     pp_world = int(getattr(pc, "pipeline_parallel_size", 1) or 1)
     pp = 0
     if pp_world > 1:
         from vllm.distributed import get_pp_group
         pp = int(get_pp_group().rank_in_group)
-    dp_world = int(getattr(pc, "data_parallel_size", 1) or 1)
-    dp = int(getattr(pc, "data_parallel_rank", 0) or 0)
+    dp = getattr(pc, "data_parallel_index", None)
+    if dp is None:
+        dp = getattr(pc, "data_parallel_rank", 0)
     tp, tp_world = _tp_rank_world(vllm_config)
-    return f"pp{pp}of{pp_world}-dp{dp}of{dp_world}-tp{tp}of{tp_world}"
+    return f"pp{pp}of{pp_world}-dp{int(dp or 0)}-tp{tp}of{tp_world}"
 
 
 def _rank_l2(spec, rank):
