@@ -186,6 +186,48 @@ def test_a_restart_finds_its_own_ranks_data_and_no_other(monkeypatch, tmp_path):
     assert registered_store("w-pp0-dp0-tp0") is None
 
 
+def test_an_l2_the_previous_ferry_left_in_dir_is_named_once(monkeypatch, tmp_path, caplog):
+    """Before 558d5e4 a worker opened "ferry.l2"'s DIR itself (one worker:
+    TP, PP and DP of one). Each worker now opens a directory under DIR, so
+    the slab left in DIR is no longer read (a persistent one's chunks are
+    misses) and still holds its SIZE of the drive. That is said once, as
+    a warning naming the slab and the directory now used, never in
+    silence; what it advises (move the slab into the TP 1 worker's
+    directory) finds the chunks again; a DIR holding no slab of its own
+    says nothing."""
+    import os
+    ranks = Ranks(monkeypatch)
+    extra = {"ferry.l1": "2M", "ferry.l2": f"{tmp_path}:16M", "ferry.persistent": True}
+    one = tmp_path / "vllm-pp0of1-dp0-tp0of1"
+    w, _ = worker(ranks, extra)          # the slab a one-worker vLLM left in DIR
+    save(w, SRC)
+    w.store.sync()
+    w.shutdown()
+    for f in ("ferry_pslab.bin", "ferry_pslab.idx"):
+        os.rename(one / f, tmp_path / f)
+    with caplog.at_level("WARNING", logger="ferry.vllm"):
+        for t in range(2):
+            w, _ = worker(ranks, extra, tp=(t, 2))
+            w.shutdown()
+        w, _ = worker(ranks, extra)      # again in this process: said once
+        assert w.store.lookup(TOKENS) == 0
+        w.shutdown()
+    said = [r.getMessage() for r in caplog.records if "ferry_pslab.bin" in r.getMessage()]
+    assert len(said) == 1, said
+    assert str(tmp_path / "ferry_pslab.bin") in said[0]
+    assert "vllm-pp0of1-dp0-tp0of2" in said[0] and str(one) in said[0]
+    for f in ("ferry_pslab.bin", "ferry_pslab.idx"):   # as the warning says
+        os.replace(tmp_path / f, one / f)
+    w, _ = worker(ranks, extra)
+    assert w.store.lookup(TOKENS) == len(TOKENS)
+    w.shutdown()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ferry.vllm"):
+        w, _ = worker(ranks, {"ferry.l1": "2M", "ferry.l2": f"{tmp_path / 'fresh'}:16M"})
+        w.shutdown()
+    assert not [r for r in caplog.records if "slab" in r.getMessage()]
+
+
 def daemon_scheduler(url, net, **topology):
     """The scheduler's connector in the engine core process: "ferry.server",
     its layout from vLLM's model_config."""

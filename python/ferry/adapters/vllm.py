@@ -26,7 +26,9 @@ Where the store comes from (kv_connector_extra_config):
       "ferry.server". An L2 directory has one owner, so "ferry.l2": "DIR:SIZE"
       gives each worker DIR/vllm-pp<s>of<S>-dp<d>-tp<r>of<T> of SIZE
       (pipeline stage, data-parallel replica, tensor-parallel rank): the
-      same worker of the same topology finds its persistent L2 again.
+      same worker of the same topology finds its persistent L2 again. A
+      slab an earlier ferry left in DIR itself (one worker opened DIR) is
+      not read: a warning names it once, and where to move it to keep it.
   "ferry.server": a `ferry serve` address ("unix:/run/ferry/ferry.sock"),
       for a scheduler and workers in separate processes (or separate
       engines sharing one cache). When no store is registered under
@@ -390,8 +392,36 @@ def _rank_l2(spec, rank):
                              f"got {spec!r}")
         sub = os.path.join(d, f"vllm-{rank}")
         os.makedirs(sub, exist_ok=True)
+        _name_old_l2(d, sub)
         out.append(f"{sub}:{size}")
     return out[0] if len(out) == 1 else out
+
+
+# the slabs an L2 keeps in its directory (persistent: ferry_pslab.bin and its
+# journal ferry_pslab.idx; else ferry_slab.bin), and the ones already named
+_L2_SLABS = ("ferry_pslab.bin", "ferry_slab.bin")
+_OLD_L2_NAMED = set()
+
+
+def _name_old_l2(d, sub):
+    """Before each worker had its own directory, the one worker (TP, PP and
+    DP of one) opened DIR itself. A slab it left there is no longer read and
+    still holds its size of the drive: said once per process, never lost
+    in silence."""
+    for slab in _L2_SLABS:
+        path = os.path.join(d, slab)
+        if path in _OLD_L2_NAMED or not os.path.isfile(path):
+            continue
+        _OLD_L2_NAMED.add(path)
+        keep = ("its chunks are misses now; to keep them for a worker of TP, PP and DP "
+                "of one, move ferry_pslab.bin and ferry_pslab.idx into "
+                f"{os.path.join(d, 'vllm-pp0of1-dp0-tp0of1')} while no ferry has them open, "
+                "else delete them" if slab == "ferry_pslab.bin" else "delete it")
+        log.warning("ferry: vLLM connector: %s (%d bytes) is an L2 slab an earlier ferry "
+                    "opened in \"ferry.l2\"'s directory itself; each worker now opens a "
+                    "directory of its own under it (this one %s), so that slab is not read "
+                    "and still holds its space on the drive: %s", path,
+                    os.stat(path).st_size, sub, keep)
 
 
 def _config_layout(vllm_config, extra):
