@@ -277,6 +277,44 @@ def test_a_hit_is_what_every_tp_rank_holds(monkeypatch, tmp_path):
         d.stop()
 
 
+def test_a_rank_client_that_fails_to_open_leaves_no_rank_behind(monkeypatch, tmp_path):
+    """The scheduler opens its lookup clients of the other TP ranks at the
+    first lookup. One that fails (the daemon at its max_clients answers
+    FERRY_EBUSY) fails that lookup, and the clients opened before it are
+    closed (each holds a connection and a thread of the daemon). The next
+    lookup opens them all again: it never counts rank 0's chunks alone,
+    which rank 1 and 2 could not load (before, the failed open left the
+    scheduler with rank 0's client only, and a later lookup reported
+    rank 0's chunks as a hit)."""
+    from test_server import Daemon
+    net, ranks = daemon_net(), Ranks(monkeypatch)
+    d = Daemon(str(tmp_path)).start()
+    try:
+        w, _ = worker(ranks, {"ferry.server": d.url}, tp=(0, 3), net=net)
+        save(w, SRC)                        # rank 0 only: no hit
+        sched = daemon_scheduler(d.url, net, tp=3)
+        real, opened, fail = sched._open_lookup_client, [], [2]
+
+        def open_client(rank=0):
+            if rank in fail:
+                fail.remove(rank)
+                raise FerryError(-4116, "the daemon serves as many clients as it may",
+                                 "ferry_kv_open")
+            s = real(rank)
+            opened.append((rank, s))
+            return s
+        monkeypatch.setattr(sched, "_open_lookup_client", open_client)
+        with pytest.raises(FerryError, match="as many clients"):
+            sched.get_num_new_matched_tokens(REQ, 0)
+        assert [r for r, s in opened if r and s._h] == [], "a rank's client left open"
+        assert sched.get_num_new_matched_tokens(REQ, 0) == (0, False)
+        sched.shutdown()
+        assert all(s._h is None for _, s in opened)
+        w.shutdown()
+    finally:
+        d.stop()
+
+
 def test_pipeline_stages_sharing_a_daemon_keep_their_own_kv(monkeypatch, tmp_path):
     """PP 2 with "ferry.server": both stages' workers are TP rank 0 of 1 of
     the same model, and with an even split their layouts are the same, so

@@ -703,9 +703,17 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         if self._ranks is None:
             store = self.store
             _, world = _tp_rank_world(self._vllm_config, rank=False)
-            self._ranks = [store]
+            ranks = [store]
             if self._opened and store is not registered_store(self._name):
-                self._ranks += [self._open_lookup_client(r) for r in range(1, world)]
+                try:
+                    for r in range(1, world):
+                        ranks.append(self._open_lookup_client(r))
+                except BaseException:
+                    # (rank 0's alone would count hits the others cannot load)
+                    for other in ranks[1:]:
+                        other.close()
+                    raise
+            self._ranks = ranks
         return self._ranks
 
     def _open_store(self, layout, device=None):
