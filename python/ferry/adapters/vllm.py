@@ -1033,7 +1033,12 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         """vLLM's per-layer caches (layer name -> tensor), grouped as vLLM's KV
         cache groups and in layer order within each."""
         names = _layer_order(list(kv_caches))
-        byname = {n: paged_view(kv_caches[n]) for n in names}
+        # only the cached groups' layers are paged KV: a Mamba layer's cache
+        # is a list of state tensors, read by no one here
+        wanted = set()
+        for g in self._cached:
+            wanted.update(g.layer_names if g.layer_names else names)
+        byname = {n: paged_view(kv_caches[n]) for n in names if n in wanted}
         if self._stages > 1:   # vLLM's pipeline group is up by the time caches exist
             from vllm.distributed import get_pp_group
             self._stage = int(get_pp_group().rank_in_group)
