@@ -186,6 +186,43 @@ def test_a_restart_finds_its_own_ranks_data_and_no_other(monkeypatch, tmp_path):
     assert registered_store("w-pp0-dp0-tp0") is None
 
 
+def test_a_model_ferry_cannot_cache_is_not_refused_as_apart(monkeypatch, caplog):
+    """A model whose every KV cache group holds state ferry does not cache
+    (an all-Mamba model: MambaSpec) turns the connector off, with a
+    warning; its worker opens no store. In one process (vLLM's
+    single-process executor) the scheduler must not take that for a
+    scheduler apart from its workers and refuse vLLM's start naming the
+    multiprocessing executor; its lookups are misses (before a72becd the
+    first lookup raised, reaching for a store no worker opened)."""
+    class MambaSpec:
+        pass
+    kcc = SimpleNamespace(kv_cache_groups=[SimpleNamespace(
+        kv_cache_spec=MambaSpec(), layer_names=["model.layers.0.mixer"])])
+    extra = {"ferry.l1": "2M", "ferry.store": "mamba-proc", "ferry.chunk_tokens": CHUNK}
+    _opened.add("mamba-proc")
+    w = FerryConnector(config(extra), Role.WORKER, kcc)
+    w.register_kv_caches({"model.layers.0.mixer": [torch.zeros(BLOCKS, 3, 8),
+                                                   torch.zeros(BLOCKS, 4, 8, 8)]})
+    with caplog.at_level("WARNING", logger="ferry.vllm"):
+        sched = FerryConnector(config(extra), Role.SCHEDULER, kcc)
+        assert sched.get_num_new_matched_tokens(REQ, 0) == (0, False)
+        blocks = list(range(9))
+        sched.update_state_after_alloc(REQ, SimpleNamespace(block_ids=(blocks,)), 0)
+        new = SimpleNamespace(req_id="q", prompt_token_ids=REQ.prompt_token_ids,
+                              block_ids=(blocks,), num_computed_tokens=0)
+        cached = SimpleNamespace(req_ids=[], resumed_req_ids=set(), new_token_ids=[],
+                                 all_token_ids={}, new_block_ids=[], num_computed_tokens=[],
+                                 num_output_tokens=[])
+        meta = sched.build_connector_meta(SimpleNamespace(
+            scheduled_new_reqs=[new], scheduled_cached_reqs=cached,
+            num_scheduled_tokens={"q": len(TOKENS) + 1}, finished_req_ids=set()))
+        assert not meta.loads and not meta.saves
+        assert sched.request_finished(REQ, blocks) == (False, None)
+    assert "MambaSpec" in caplog.text and "neither loads nor stores" in caplog.text
+    sched.shutdown()
+    w.shutdown()
+
+
 def test_an_l2_the_previous_ferry_left_in_dir_is_named_once(monkeypatch, tmp_path, caplog):
     """Before 558d5e4 a worker opened "ferry.l2"'s DIR itself (one worker:
     TP, PP and DP of one). Each worker now opens a directory under DIR, so

@@ -569,17 +569,6 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._store = None
         self._opened = False
         self._ranks = None      # the scheduler's stores, one per TP rank (_rank_stores)
-        if role == KVConnectorRole.SCHEDULER and not self._server \
-                and "ferry.l1" in self._extra and registered_store(self._name) is None:
-            # vLLM's engine core registers its workers' caches before it builds
-            # the scheduler: no store here means the workers run elsewhere
-            raise ValueError(
-                f"ferry: vLLM connector: \"ferry.l1\" opens a store in each worker's "
-                f"process, and none is registered as {self._name!r} in the scheduler's: "
-                "the workers run in other processes (the multiprocessing executor, TP or "
-                "PP above one) and the scheduler cannot see what they store; give "
-                "\"ferry.server\" (a `ferry serve` daemon the scheduler and every worker "
-                "share) instead")
         ktc = getattr(vllm_config, "kv_transfer_config", None)
         self._failure_policy = str(getattr(ktc, "kv_load_failure_policy", None) or "fail")
         self._async_load = _flag(self._extra, "ferry.async_load")
@@ -590,6 +579,18 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._stage = 0     # the worker's pipeline stage (register_kv_caches)
         self._cached = [g for g in self._groups if g.kind != "skipped"]
         skipped = [g for g in self._groups if g.kind == "skipped"]
+        if role == KVConnectorRole.SCHEDULER and not self._server and self._cached \
+                and "ferry.l1" in self._extra and registered_store(self._name) is None:
+            # vLLM's engine core registers its workers' caches before it builds
+            # the scheduler: no store here means the workers run elsewhere (a
+            # model of no group ferry caches opens none: it is off, not apart)
+            raise ValueError(
+                f"ferry: vLLM connector: \"ferry.l1\" opens a store in each worker's "
+                f"process, and none is registered as {self._name!r} in the scheduler's: "
+                "the workers run in other processes (the multiprocessing executor, TP or "
+                "PP above one) and the scheduler cannot see what they store; give "
+                "\"ferry.server\" (a `ferry serve` daemon the scheduler and every worker "
+                "share) instead")
         # a hit must cover every group: one ferry cannot fill makes every hit useless
         self._disabled = (f"KV cache group(s) {[g.idx for g in skipped]} "
                           f"({', '.join(sorted({g.spec for g in skipped}))}) hold state ferry "
@@ -751,9 +752,10 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         if self._checked:
             return
         self._checked = True
-        chunk = self.store.chunk_tokens
-        short = [g.idx for g in self._cached if g.kind == "sliding" and g.window < chunk]
-        if short and not self._disabled:
+        sliding = [g for g in self._cached if g.kind == "sliding"]
+        chunk = self.store.chunk_tokens if sliding and not self._disabled else 0
+        short = [g.idx for g in sliding if g.window < chunk]
+        if short:
             self._disabled = (f"sliding-window group(s) {short} have a window shorter than "
                               f"ferry's {chunk}-token chunk")
         if self._disabled:
@@ -934,6 +936,8 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
                 for g in self._cached for s in range(self._stages)]
 
     def _unpin(self, st):
+        if not st.pinned:   # (nothing to reach a store for: a model ferry is off for has none)
+            return
         for (s, k), n in zip(self._key_salts(st.salt), st.pinned):
             if n:
                 s.unpin(st.tokens[:n], salt=k)
