@@ -133,6 +133,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
+from stat import S_ISREG
 
 import numpy as np
 
@@ -410,7 +411,12 @@ def _name_old_l2(d, sub):
     in silence."""
     for slab in _L2_SLABS:
         path = os.path.join(d, slab)
-        if path in _OLD_L2_NAMED or not os.path.isfile(path):
+        try:
+            st = None if path in _OLD_L2_NAMED else os.stat(path)
+        except OSError:     # (none there, or not ours to read)
+            st = None
+        size = st.st_size if st is not None and S_ISREG(st.st_mode) else None
+        if size is None:
             continue
         _OLD_L2_NAMED.add(path)
         keep = ("its chunks are misses now; to keep them for a worker of TP, PP and DP "
@@ -420,8 +426,7 @@ def _name_old_l2(d, sub):
         log.warning("ferry: vLLM connector: %s (%d bytes) is an L2 slab an earlier ferry "
                     "opened in \"ferry.l2\"'s directory itself; each worker now opens a "
                     "directory of its own under it (this one %s), so that slab is not read "
-                    "and still holds its space on the drive: %s", path,
-                    os.stat(path).st_size, sub, keep)
+                    "and still holds its space on the drive: %s", path, size, sub, keep)
 
 
 def _config_layout(vllm_config, extra):
