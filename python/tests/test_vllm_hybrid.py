@@ -449,3 +449,31 @@ def test_a_failed_layerwise_store_leaves_no_other_stores_pins(monkeypatch):
     finally:
         unregister_store(NAME)
         store.close()
+
+
+def test_a_worker_of_a_mamba_hybrid_registers_its_caches(caplog):
+    """A Mamba hybrid's worker is handed every layer's cache, its Mamba
+    layers' as a list of state tensors (conv, ssm), not one paged tensor
+    (vllm-project/vllm 000fc94b754f66aeb60ef5acf1ea2e94cdc65164,
+    vllm/v1/worker/gpu_model_runner.py: initialize_kv_cache hands
+    register_kv_caches what allocate_kv_cache built, where a MambaSpec
+    layer's entry is `kv_caches[layer_name] = state_tensors`). The
+    connector is off for such a model (a hit must cover every group), but
+    its worker must register them: before, it read a paged layout from
+    every layer's cache and the list's failed vLLM's start."""
+    model = TinyLlama(seed=4321)
+    lay = ferry.Layout.from_model(1, model.kv_heads, model.head_dim, dtype="f32")
+    store = ferry.KVStore("tiny-hybrid", lay, l1=64 * CHUNK * lay.token_bytes,
+                          chunk_tokens=CHUNK)
+    register_store(NAME, store)
+    try:
+        cfg = vllm_config({"ferry.store": NAME})
+        cls = connector_class(cfg)
+        w = cls(cfg, base.KVConnectorRole.WORKER, kv_cache_config(MambaSpec()))
+        attn = model.new_caches(16, BS)[0]
+        w.register_kv_caches({L0: attn, L1: [torch.zeros(16, 3, 8), torch.zeros(16, 4, 8, 8)]})
+        assert w.store is store
+        w.shutdown()
+    finally:
+        unregister_store(NAME)
+        store.close()

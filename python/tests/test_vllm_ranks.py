@@ -62,11 +62,17 @@ class Ranks:
 
 
 def config(extra, tp=1, pp=1, dp=(0, 1), model="tiny-llama"):
+    """dp is (data_parallel_rank, data_parallel_size), or (index, size,
+    "dense"): a dense model's replica, which vLLM runs as an independent
+    DP=1 engine (see test_dense_dp_replicas_open_their_own_l2)."""
     ktc = SimpleNamespace(kv_connector="FerryConnector",
                           kv_connector_module_path="ferry.adapters.vllm",
                           kv_role="kv_both", kv_connector_extra_config=extra)
     pc = SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=pp,
-                         data_parallel_rank=dp[0], data_parallel_size=dp[1])
+                         data_parallel_rank=dp[0], data_parallel_size=dp[1],
+                         data_parallel_index=dp[0])
+    if dp[2:] == ("dense",):    # ParallelConfig.reconfigure_for_independent_dp_rank
+        pc.data_parallel_rank, pc.data_parallel_size = 0, 1
     return SimpleNamespace(kv_transfer_config=ktc, parallel_config=pc,
                            cache_config=SimpleNamespace(block_size=BS),
                            model_config=SimpleNamespace(model=model))
@@ -77,7 +83,7 @@ def worker(ranks, extra, *, tp=(0, 1), pp=(0, 1), dp=(0, 1), model="tiny-llama",
     """One worker process: its connector, with caches registered (filled
     with this rank's own values from `seed`)."""
     ranks.tp, ranks.pp = tp[0], pp[0]
-    name = f"w-pp{pp[0]}-dp{dp[0]}-tp{tp[0]}"
+    name = f"w-pp{pp[0]}-dp{dp[0]}-tp{tp[0]}" + "".join(dp[2:])
     _opened.add(name)
     w = FerryConnector(config(dict(extra, **{"ferry.store": name,
                                              "ferry.chunk_tokens": CHUNK}),
@@ -124,8 +130,29 @@ def test_every_worker_of_tp_pp_dp_opens_its_own_l2(monkeypatch, tmp_path):
     workers = [worker(ranks, extra, **r, seed=i) for i, r in enumerate(TOPOLOGY)]
     dirs = sorted(p.name for p in tmp_path.iterdir())
     assert len(dirs) == len(TOPOLOGY)
-    assert "vllm-pp1of2-dp0of2-tp1of2" in dirs
+    assert "vllm-pp1of2-dp0-tp1of2" in dirs
     for w, _ in workers:
+        w.shutdown()
+
+
+def test_dense_dp_replicas_open_their_own_l2(monkeypatch, tmp_path):
+    """DP 2 of a dense (non-MoE) model: vLLM runs each replica as an
+    independent DP=1 engine. EngineCoreProc.run_engine_core sets
+    parallel_config.data_parallel_index = dp_rank, then for a non-MoE model
+    calls reconfigure_for_independent_dp_rank(), which sets
+    data_parallel_size 1 and data_parallel_rank 0 and leaves
+    data_parallel_index (vllm-project/vllm
+    00080ee13c7a451fce071ccb8d0e94d395acf5a7, vllm/v1/engine/core.py;
+    vllm-project/vllm 00193b82b0e2d4faea5d3b4ea4f6c4c2bd9d057a,
+    vllm/config/parallel.py). Both replicas' workers on one host must still
+    open directories of their own: before, both named theirs dp0of1 and
+    the second's open failed with FERRY_EBUSY, and vLLM's start with it."""
+    ranks = Ranks(monkeypatch)
+    extra = {"ferry.l1": "2M", "ferry.l2": f"{tmp_path}:16M"}
+    ws = [worker(ranks, extra, dp=(d, 2, "dense"), seed=d) for d in range(2)]
+    dirs = sorted(p.name for p in tmp_path.iterdir())
+    assert dirs == ["vllm-pp0of1-dp0-tp0of1", "vllm-pp0of1-dp1-tp0of1"]
+    for w, _ in ws:
         w.shutdown()
 
 
@@ -157,6 +184,85 @@ def test_a_restart_finds_its_own_ranks_data_and_no_other(monkeypatch, tmp_path):
     with pytest.raises(FerryError, match="model|mismatch|MISMATCH"):
         worker(ranks, extra, tp=(0, 2), model="other-model")
     assert registered_store("w-pp0-dp0-tp0") is None
+
+
+def test_a_model_ferry_cannot_cache_is_not_refused_as_apart(monkeypatch, caplog):
+    """A model whose every KV cache group holds state ferry does not cache
+    (an all-Mamba model: MambaSpec) turns the connector off, with a
+    warning; its worker opens no store. In one process (vLLM's
+    single-process executor) the scheduler must not take that for a
+    scheduler apart from its workers and refuse vLLM's start naming the
+    multiprocessing executor; its lookups are misses (before a72becd the
+    first lookup raised, reaching for a store no worker opened)."""
+    class MambaSpec:
+        pass
+    kcc = SimpleNamespace(kv_cache_groups=[SimpleNamespace(
+        kv_cache_spec=MambaSpec(), layer_names=["model.layers.0.mixer"])])
+    extra = {"ferry.l1": "2M", "ferry.store": "mamba-proc", "ferry.chunk_tokens": CHUNK}
+    _opened.add("mamba-proc")
+    w = FerryConnector(config(extra), Role.WORKER, kcc)
+    w.register_kv_caches({"model.layers.0.mixer": [torch.zeros(BLOCKS, 3, 8),
+                                                   torch.zeros(BLOCKS, 4, 8, 8)]})
+    with caplog.at_level("WARNING", logger="ferry.vllm"):
+        sched = FerryConnector(config(extra), Role.SCHEDULER, kcc)
+        assert sched.get_num_new_matched_tokens(REQ, 0) == (0, False)
+        blocks = list(range(9))
+        sched.update_state_after_alloc(REQ, SimpleNamespace(block_ids=(blocks,)), 0)
+        new = SimpleNamespace(req_id="q", prompt_token_ids=REQ.prompt_token_ids,
+                              block_ids=(blocks,), num_computed_tokens=0)
+        cached = SimpleNamespace(req_ids=[], resumed_req_ids=set(), new_token_ids=[],
+                                 all_token_ids={}, new_block_ids=[], num_computed_tokens=[],
+                                 num_output_tokens=[])
+        meta = sched.build_connector_meta(SimpleNamespace(
+            scheduled_new_reqs=[new], scheduled_cached_reqs=cached,
+            num_scheduled_tokens={"q": len(TOKENS) + 1}, finished_req_ids=set()))
+        assert not meta.loads and not meta.saves
+        assert sched.request_finished(REQ, blocks) == (False, None)
+    assert "MambaSpec" in caplog.text and "neither loads nor stores" in caplog.text
+    sched.shutdown()
+    w.shutdown()
+
+
+def test_an_l2_the_previous_ferry_left_in_dir_is_named_once(monkeypatch, tmp_path, caplog):
+    """Before 558d5e4 a worker opened "ferry.l2"'s DIR itself (one worker:
+    TP, PP and DP of one). Each worker now opens a directory under DIR, so
+    the slab left in DIR is no longer read (a persistent one's chunks are
+    misses) and still holds its SIZE of the drive. That is said once, as
+    a warning naming the slab and the directory now used, never in
+    silence; what it advises (move the slab into the TP 1 worker's
+    directory) finds the chunks again; a DIR holding no slab of its own
+    says nothing."""
+    import os
+    ranks = Ranks(monkeypatch)
+    extra = {"ferry.l1": "2M", "ferry.l2": f"{tmp_path}:16M", "ferry.persistent": True}
+    one = tmp_path / "vllm-pp0of1-dp0-tp0of1"
+    w, _ = worker(ranks, extra)          # the slab a one-worker vLLM left in DIR
+    save(w, SRC)
+    w.store.sync()
+    w.shutdown()
+    for f in ("ferry_pslab.bin", "ferry_pslab.idx"):
+        os.rename(one / f, tmp_path / f)
+    with caplog.at_level("WARNING", logger="ferry.vllm"):
+        for t in range(2):
+            w, _ = worker(ranks, extra, tp=(t, 2))
+            w.shutdown()
+        w, _ = worker(ranks, extra)      # again in this process: said once
+        assert w.store.lookup(TOKENS) == 0
+        w.shutdown()
+    said = [r.getMessage() for r in caplog.records if "ferry_pslab.bin" in r.getMessage()]
+    assert len(said) == 1, said
+    assert str(tmp_path / "ferry_pslab.bin") in said[0]
+    assert "vllm-pp0of1-dp0-tp0of2" in said[0] and str(one) in said[0]
+    for f in ("ferry_pslab.bin", "ferry_pslab.idx"):   # as the warning says
+        os.replace(tmp_path / f, one / f)
+    w, _ = worker(ranks, extra)
+    assert w.store.lookup(TOKENS) == len(TOKENS)
+    w.shutdown()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ferry.vllm"):
+        w, _ = worker(ranks, {"ferry.l1": "2M", "ferry.l2": f"{tmp_path / 'fresh'}:16M"})
+        w.shutdown()
+    assert not [r for r in caplog.records if "slab" in r.getMessage()]
 
 
 def daemon_scheduler(url, net, **topology):
@@ -204,6 +310,44 @@ def test_a_hit_is_what_every_tp_rank_holds(monkeypatch, tmp_path):
         sched.shutdown()
         for w, _ in ws:
             w.shutdown()
+    finally:
+        d.stop()
+
+
+def test_a_rank_client_that_fails_to_open_leaves_no_rank_behind(monkeypatch, tmp_path):
+    """The scheduler opens its lookup clients of the other TP ranks at the
+    first lookup. One that fails (the daemon at its max_clients answers
+    FERRY_EBUSY) fails that lookup, and the clients opened before it are
+    closed (each holds a connection and a thread of the daemon). The next
+    lookup opens them all again: it never counts rank 0's chunks alone,
+    which rank 1 and 2 could not load (before, the failed open left the
+    scheduler with rank 0's client only, and a later lookup reported
+    rank 0's chunks as a hit)."""
+    from test_server import Daemon
+    net, ranks = daemon_net(), Ranks(monkeypatch)
+    d = Daemon(str(tmp_path)).start()
+    try:
+        w, _ = worker(ranks, {"ferry.server": d.url}, tp=(0, 3), net=net)
+        save(w, SRC)                        # rank 0 only: no hit
+        sched = daemon_scheduler(d.url, net, tp=3)
+        real, opened, fail = sched._open_lookup_client, [], [2]
+
+        def open_client(rank=0):
+            if rank in fail:
+                fail.remove(rank)
+                raise FerryError(-4116, "the daemon serves as many clients as it may",
+                                 "ferry_kv_open")
+            s = real(rank)
+            opened.append((rank, s))
+            return s
+        monkeypatch.setattr(sched, "_open_lookup_client", open_client)
+        with pytest.raises(FerryError, match="as many clients"):
+            sched.get_num_new_matched_tokens(REQ, 0)
+        assert [r for r, s in opened if r and s._h] == [], "a rank's client left open"
+        assert sched.get_num_new_matched_tokens(REQ, 0) == (0, False)
+        sched.shutdown()
+        assert all(s._h is None for _, s in opened)
+        w.shutdown()
     finally:
         d.stop()
 

@@ -24,9 +24,11 @@ Where the store comes from (kv_connector_extra_config):
       workers (multiprocessing executor) and cannot see what they store:
       it is refused when vLLM builds it, with a ValueError naming
       "ferry.server". An L2 directory has one owner, so "ferry.l2": "DIR:SIZE"
-      gives each worker DIR/vllm-pp<s>of<S>-dp<d>of<D>-tp<r>of<T> of SIZE
+      gives each worker DIR/vllm-pp<s>of<S>-dp<d>-tp<r>of<T> of SIZE
       (pipeline stage, data-parallel replica, tensor-parallel rank): the
-      same worker of the same topology finds its persistent L2 again.
+      same worker of the same topology finds its persistent L2 again. A
+      slab an earlier ferry left in DIR itself (one worker opened DIR) is
+      not read: a warning names it once, and where to move it to keep it.
   "ferry.server": a `ferry serve` address ("unix:/run/ferry/ferry.sock"),
       for a scheduler and workers in separate processes (or separate
       engines sharing one cache). When no store is registered under
@@ -131,6 +133,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
+from stat import S_ISREG
 
 import numpy as np
 
@@ -350,20 +353,26 @@ def _tp_rank_world(vllm_config, rank=True):
 
 def _rank_name(vllm_config):
     """This worker's place in vLLM's topology, every coordinate named:
-    "pp<stage>of<stages>-dp<replica>of<replicas>-tp<rank>of<world>". The
-    stage from vLLM's pipeline group (get_pp_group().rank_in_group), the
-    replica from parallel_config.data_parallel_rank (each DP replica's
-    engine has its own)."""
+    "pp<stage>of<stages>-dp<replica>-tp<rank>of<world>". The stage from
+    vLLM's pipeline group (get_pp_group().rank_in_group); the replica from
+    parallel_config.data_parallel_index where vLLM has it, else
+    data_parallel_rank: a dense model's replica runs as an independent
+    DP=1 engine (reconfigure_for_independent_dp_rank sets its
+    data_parallel_rank 0 and data_parallel_size 1, and keeps the index), so
+    the rank would name every replica 0. The number of replicas is not
+    named: a replica's KV is whole (its own requests, all heads of its TP
+    ranks) whatever their number, and a dense replica does not know it."""
     pc = getattr(vllm_config, "parallel_config", None)
     pp_world = int(getattr(pc, "pipeline_parallel_size", 1) or 1)
     pp = 0
     if pp_world > 1:
         from vllm.distributed import get_pp_group
         pp = int(get_pp_group().rank_in_group)
-    dp_world = int(getattr(pc, "data_parallel_size", 1) or 1)
-    dp = int(getattr(pc, "data_parallel_rank", 0) or 0)
+    dp = getattr(pc, "data_parallel_index", None)
+    if dp is None:
+        dp = getattr(pc, "data_parallel_rank", 0)
     tp, tp_world = _tp_rank_world(vllm_config)
-    return f"pp{pp}of{pp_world}-dp{dp}of{dp_world}-tp{tp}of{tp_world}"
+    return f"pp{pp}of{pp_world}-dp{int(dp or 0)}-tp{tp}of{tp_world}"
 
 
 def _rank_l2(spec, rank):
@@ -384,8 +393,40 @@ def _rank_l2(spec, rank):
                              f"got {spec!r}")
         sub = os.path.join(d, f"vllm-{rank}")
         os.makedirs(sub, exist_ok=True)
+        _name_old_l2(d, sub)
         out.append(f"{sub}:{size}")
     return out[0] if len(out) == 1 else out
+
+
+# the slabs an L2 keeps in its directory (persistent: ferry_pslab.bin and its
+# journal ferry_pslab.idx; else ferry_slab.bin), and the ones already named
+_L2_SLABS = ("ferry_pslab.bin", "ferry_slab.bin")
+_OLD_L2_NAMED = set()
+
+
+def _name_old_l2(d, sub):
+    """Before each worker had its own directory, the one worker (TP, PP and
+    DP of one) opened DIR itself. A slab it left there is no longer read and
+    still holds its size of the drive: said once per process, never lost
+    in silence."""
+    for slab in _L2_SLABS:
+        path = os.path.join(d, slab)
+        try:
+            st = None if path in _OLD_L2_NAMED else os.stat(path)
+        except OSError:     # (none there, or not ours to read)
+            st = None
+        size = st.st_size if st is not None and S_ISREG(st.st_mode) else None
+        if size is None:
+            continue
+        _OLD_L2_NAMED.add(path)
+        keep = ("its chunks are misses now; to keep them for a worker of TP, PP and DP "
+                "of one, move ferry_pslab.bin and ferry_pslab.idx into "
+                f"{os.path.join(d, 'vllm-pp0of1-dp0-tp0of1')} while no ferry has them open, "
+                "else delete them" if slab == "ferry_pslab.bin" else "delete it")
+        log.warning("ferry: vLLM connector: %s (%d bytes) is an L2 slab an earlier ferry "
+                    "opened in \"ferry.l2\"'s directory itself; each worker now opens a "
+                    "directory of its own under it (this one %s), so that slab is not read "
+                    "and still holds its space on the drive: %s", path, size, sub, keep)
 
 
 def _config_layout(vllm_config, extra):
@@ -533,17 +574,6 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._store = None
         self._opened = False
         self._ranks = None      # the scheduler's stores, one per TP rank (_rank_stores)
-        if role == KVConnectorRole.SCHEDULER and not self._server \
-                and "ferry.l1" in self._extra and registered_store(self._name) is None:
-            # vLLM's engine core registers its workers' caches before it builds
-            # the scheduler: no store here means the workers run elsewhere
-            raise ValueError(
-                f"ferry: vLLM connector: \"ferry.l1\" opens a store in each worker's "
-                f"process, and none is registered as {self._name!r} in the scheduler's: "
-                "the workers run in other processes (the multiprocessing executor, TP or "
-                "PP above one) and the scheduler cannot see what they store; give "
-                "\"ferry.server\" (a `ferry serve` daemon the scheduler and every worker "
-                "share) instead")
         ktc = getattr(vllm_config, "kv_transfer_config", None)
         self._failure_policy = str(getattr(ktc, "kv_load_failure_policy", None) or "fail")
         self._async_load = _flag(self._extra, "ferry.async_load")
@@ -554,6 +584,18 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._stage = 0     # the worker's pipeline stage (register_kv_caches)
         self._cached = [g for g in self._groups if g.kind != "skipped"]
         skipped = [g for g in self._groups if g.kind == "skipped"]
+        if role == KVConnectorRole.SCHEDULER and not self._server and self._cached \
+                and "ferry.l1" in self._extra and registered_store(self._name) is None:
+            # vLLM's engine core registers its workers' caches before it builds
+            # the scheduler: no store here means the workers run elsewhere (a
+            # model of no group ferry caches opens none: it is off, not apart)
+            raise ValueError(
+                f"ferry: vLLM connector: \"ferry.l1\" opens a store in each worker's "
+                f"process, and none is registered as {self._name!r} in the scheduler's: "
+                "the workers run in other processes (the multiprocessing executor, TP or "
+                "PP above one) and the scheduler cannot see what they store; give "
+                "\"ferry.server\" (a `ferry serve` daemon the scheduler and every worker "
+                "share) instead")
         # a hit must cover every group: one ferry cannot fill makes every hit useless
         self._disabled = (f"KV cache group(s) {[g.idx for g in skipped]} "
                           f"({', '.join(sorted({g.spec for g in skipped}))}) hold state ferry "
@@ -667,9 +709,17 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         if self._ranks is None:
             store = self.store
             _, world = _tp_rank_world(self._vllm_config, rank=False)
-            self._ranks = [store]
+            ranks = [store]
             if self._opened and store is not registered_store(self._name):
-                self._ranks += [self._open_lookup_client(r) for r in range(1, world)]
+                try:
+                    for r in range(1, world):
+                        ranks.append(self._open_lookup_client(r))
+                except BaseException:
+                    # (rank 0's alone would count hits the others cannot load)
+                    for other in ranks[1:]:
+                        other.close()
+                    raise
+            self._ranks = ranks
         return self._ranks
 
     def _open_store(self, layout, device=None):
@@ -707,9 +757,10 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         if self._checked:
             return
         self._checked = True
-        chunk = self.store.chunk_tokens
-        short = [g.idx for g in self._cached if g.kind == "sliding" and g.window < chunk]
-        if short and not self._disabled:
+        sliding = [g for g in self._cached if g.kind == "sliding"]
+        chunk = self.store.chunk_tokens if sliding and not self._disabled else 0
+        short = [g.idx for g in sliding if g.window < chunk]
+        if short:
             self._disabled = (f"sliding-window group(s) {short} have a window shorter than "
                               f"ferry's {chunk}-token chunk")
         if self._disabled:
@@ -890,6 +941,8 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
                 for g in self._cached for s in range(self._stages)]
 
     def _unpin(self, st):
+        if not st.pinned:   # (nothing to reach a store for: a model ferry is off for has none)
+            return
         for (s, k), n in zip(self._key_salts(st.salt), st.pinned):
             if n:
                 s.unpin(st.tokens[:n], salt=k)
@@ -989,7 +1042,12 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         """vLLM's per-layer caches (layer name -> tensor), grouped as vLLM's KV
         cache groups and in layer order within each."""
         names = _layer_order(list(kv_caches))
-        byname = {n: paged_view(kv_caches[n]) for n in names}
+        # only the cached groups' layers are paged KV: a Mamba layer's cache
+        # is a list of state tensors, read by no one here
+        wanted = set()
+        for g in self._cached:
+            wanted.update(g.layer_names if g.layer_names else names)
+        byname = {n: paged_view(kv_caches[n]) for n in names if n in wanted}
         if self._stages > 1:   # vLLM's pipeline group is up by the time caches exist
             from vllm.distributed import get_pp_group
             self._stage = int(get_pp_group().rank_in_group)
