@@ -20,30 +20,7 @@
 static void auto_follows_the_better_of_lru_and_successor(void **state)
 {
     (void)state;
-    struct {
-        const char *model;
-        double pct;
-    } cases[] = {{"mixtral-8x7b", 25}, {"mixtral-8x7b", 12.5}, {"qwen3-30b-a3b", 12.5},
-                 {"qwen3-30b-a3b", 25}};
-    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
-        ferry_moe_trace *t = ft_moe_gen(cases[c].model, 512, 2);
-        uint32_t slots = ft_moe_share(t, cases[c].pct);
-        double lru = ft_moe_rate(t, "lru", slots), sc = ft_moe_rate(t, "successor", slots);
-        double au = ft_moe_rate(t, "auto", slots), bel = ft_moe_rate(t, "belady", slots);
-        double best = lru > sc ? lru : sc;
-        print_message("%s %.1f%%: lru %.2f successor %.2f auto %.2f belady %.2f\n",
-                      cases[c].model, cases[c].pct, lru, sc, au, bel);
-        if (au < lru - 0.2)
-            fail_msg("%s at %.1f%%: auto %.2f, more than 0.2 below lru %.2f", cases[c].model,
-                     cases[c].pct, au, lru);
-        if (au < best - 1.0)
-            fail_msg("%s at %.1f%%: auto %.2f, a point below the better policy %.2f",
-                     cases[c].model, cases[c].pct, au, best);
-        if (cases[c].pct == 12.5 && au < lru + 0.1 * (bel - lru))
-            fail_msg("%s at 12.5%%: auto %.2f below lru + a tenth of the gap to belady %.2f",
-                     cases[c].model, au, lru + 0.1 * (bel - lru));
-        ferry_moe_trace_destroy(t);
-    }
+    ft_moe_duel_follows("auto", "successor");
 }
 
 /* the context trace: only the learned successors tell which hot expert
@@ -62,12 +39,7 @@ static void auto_takes_successor_where_it_learns_more(void **state)
     if (au < sc - 1.0)
         fail_msg("auto %.2f, a point below successor %.2f", au, sc);
     ferry_moe_planner *p = ft_moe_planner(t, "auto", slots);
-    for (size_t i = 0; i < ferry_moe_trace_steps(t); i++) {
-        uint32_t tok, layer, k;
-        const uint32_t *ex;
-        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &k));
-        FT_ASSERT_OK(ferry_moe_planner_ensure(p, layer, ex, k, NULL, NULL, NULL));
-    }
+    ft_moe_drive(p, t, 0, NULL);
     uint64_t sw = 0;
     assert_int_equal(ferry__auto_lead(ferry__planner_policy(p), &sw), 1); /* successor */
     print_message("context trace: successor leads after %llu switches\n", (unsigned long long)sw);
@@ -85,29 +57,8 @@ static void auto_is_deterministic_and_listed(void **state)
  * step's experts resident after it; the lead changes it saw */
 static uint64_t replay_checked(const ferry_moe_trace *t, uint32_t slots)
 {
-    const ferry_moe_model *m = ferry_moe_trace_model(t);
-    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
-    o.num_layers = m->num_layers;
-    o.num_experts = m->num_experts;
-    o.slots = slots;
-    o.policy = "auto";
-    ferry_moe_planner *p;
-    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
-    size_t n = ferry_moe_trace_steps(t);
-    for (size_t i = 0; i < n; i++) {
-        uint32_t tok, layer, k;
-        const uint32_t *ex;
-        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &k));
-        FT_ASSERT_OK(ferry_moe_planner_ensure(p, layer, ex, k, NULL, NULL, NULL));
-        for (uint32_t j = 0; j < k; j++)
-            assert_true(ferry_moe_planner_lookup(p, layer, ex[j]) != FERRY_MOE_NONE);
-        if (i + 1 < n && i % 3 == 0) {
-            FT_ASSERT_OK(ferry_moe_trace_step(t, i + 1, &tok, &layer, &ex, &k));
-            assert_true(ferry_moe_planner_prefetch(p, layer, ex, k, NULL) >= 0);
-        }
-        if (i == n / 2)
-            assert_true(ferry_moe_planner_resize(p, slots - slots / 8) >= 0);
-    }
+    ferry_moe_planner *p = ft_moe_planner(t, "auto", slots);
+    ft_moe_drive(p, t, slots - slots / 8, NULL);
     uint64_t switches = 0;
     (void)ferry__auto_lead(ferry__planner_policy(p), &switches);
     ferry_moe_planner_destroy(p);

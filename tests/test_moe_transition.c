@@ -463,28 +463,12 @@ static void transition_narrow_keeps_the_same_cells(void **state)
     ferry_moe_trace_destroy(t);
 }
 
-/* transition's planner over t at `slots`, its visit counts carried past
- * 2^32 (skip) after `at` steps, or not: its hits and misses */
-static void tr_replay_skipping(const ferry_moe_trace *t, uint32_t slots, size_t at, int skip,
-                               uint64_t *hits, uint64_t *misses)
+/* each visited layer 4,000-4,017 visits short of 2^32 (whole turns of
+ * the ring): the rest crosses */
+static void transition_jump(ferry__policy *pol, uint64_t visits_before)
 {
-    ferry_moe_planner *p = ft_moe_planner(t, "transition", slots);
-    for (size_t i = 0; i < ferry_moe_trace_steps(t); i++) {
-        if (i == at && skip) { /* each layer 4,000-4,017 visits short of 2^32: it crosses */
-            uint32_t L = ferry_moe_trace_model(t)->num_layers;
-            uint64_t visits = ((UINT64_C(1) << 32) - at / L - 4000) / 17 * 17;
-            FT_ASSERT_OK(ferry__transition_skip((ferry__policy *)ferry__planner_policy(p), visits));
-        }
-        uint32_t tok, layer, k;
-        const uint32_t *ex;
-        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &k));
-        FT_ASSERT_OK(ferry_moe_planner_ensure(p, layer, ex, k, NULL, NULL, NULL));
-    }
-    ferry_moe_planner_stats st = FERRY_MOE_PLANNER_STATS_INIT;
-    ferry_moe_planner_stats_get(p, &st);
-    *hits = st.hits;
-    *misses = st.misses;
-    ferry_moe_planner_destroy(p);
+    uint64_t visits = ((UINT64_C(1) << 32) - visits_before - 4000) / 17 * 17;
+    FT_ASSERT_OK(ferry__transition_skip(pol, visits));
 }
 
 /* a decode loop runs a layer 2^32 times within weeks: past that the
@@ -498,8 +482,8 @@ static void transition_decides_alike_past_2_to_the_32_visits(void **state)
     uint32_t slots = ft_moe_share(t, 25);
     size_t at = ferry_moe_trace_steps(t) / 2;
     uint64_t h0, m0, h1, m1;
-    tr_replay_skipping(t, slots, at, 0, &h0, &m0);
-    tr_replay_skipping(t, slots, at, 1, &h1, &m1);
+    ft_moe_hits_jumping(t, "transition", slots, at, NULL, &h0, &m0);
+    ft_moe_hits_jumping(t, "transition", slots, at, transition_jump, &h1, &m1);
     print_message("hits %llu / %llu, misses %llu / %llu\n", (unsigned long long)h0,
                   (unsigned long long)h1, (unsigned long long)m0, (unsigned long long)m1);
     assert_int_equal(h0, h1);

@@ -20,30 +20,7 @@
 static void trio_follows_the_better_of_lru_and_routing(void **state)
 {
     (void)state;
-    struct {
-        const char *model;
-        double pct;
-    } cases[] = {{"mixtral-8x7b", 25}, {"mixtral-8x7b", 12.5}, {"qwen3-30b-a3b", 12.5},
-                 {"qwen3-30b-a3b", 25}};
-    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
-        ferry_moe_trace *t = ft_moe_gen(cases[c].model, 512, 2);
-        uint32_t slots = ft_moe_share(t, cases[c].pct);
-        double lru = ft_moe_rate(t, "lru", slots), rt = ft_moe_rate(t, "routing", slots);
-        double au = ft_moe_rate(t, "trio", slots), bel = ft_moe_rate(t, "belady", slots);
-        double best = lru > rt ? lru : rt;
-        print_message("%s %.1f%%: lru %.2f routing %.2f trio %.2f belady %.2f\n",
-                      cases[c].model, cases[c].pct, lru, rt, au, bel);
-        if (au < lru - 0.2)
-            fail_msg("%s at %.1f%%: trio %.2f, more than 0.2 below lru %.2f", cases[c].model,
-                     cases[c].pct, au, lru);
-        if (au < best - 1.0)
-            fail_msg("%s at %.1f%%: trio %.2f, a point below the better policy %.2f",
-                     cases[c].model, cases[c].pct, au, best);
-        if (cases[c].pct == 12.5 && au < lru + 0.1 * (bel - lru))
-            fail_msg("%s at 12.5%%: trio %.2f below lru + a tenth of the gap to belady %.2f",
-                     cases[c].model, au, lru + 0.1 * (bel - lru));
-        ferry_moe_trace_destroy(t);
-    }
+    ft_moe_duel_follows("trio", "routing");
     /* where routing loses (Mixtral at 25%), trio is LRU within a hair */
     ferry_moe_trace *t = ft_moe_gen("mixtral-8x7b", 512, 2);
     uint32_t slots = ft_moe_share(t, 25);
@@ -76,6 +53,18 @@ static void trio_is_deterministic_and_listed(void **state)
     ft_moe_policy_listed_and_deterministic("trio", 12.5);
 }
 
+/* trio's routing and its shadow (which follows the real policy's model)
+ * consistent after a step */
+static void check_routing_halves(const ferry_moe_planner *p, size_t i)
+{
+    char why[256];
+    if (ferry__routing_check(ferry__auto_routing(ferry__planner_policy(p)), why, sizeof why) < 0)
+        fail_msg("step %zu: %s", i, why);
+    if (ferry__routing_check(ferry__auto_shadow_routing(ferry__planner_policy(p)), why,
+                             sizeof why) < 0)
+        fail_msg("step %zu, shadow: %s", i, why);
+}
+
 /* every step: the step's experts resident, the routing half consistent,
  * through prefetches, a resize and a budget below a step */
 static void trio_keeps_its_structures_through_a_trace(void **state)
@@ -90,29 +79,7 @@ static void trio_keeps_its_structures_through_a_trace(void **state)
     o.policy = "trio";
     ferry_moe_planner *p;
     FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
-    size_t n = ferry_moe_trace_steps(t);
-    for (size_t i = 0; i < n; i++) {
-        uint32_t tok, layer, k;
-        const uint32_t *ex;
-        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &k));
-        FT_ASSERT_OK(ferry_moe_planner_ensure(p, layer, ex, k, NULL, NULL, NULL));
-        for (uint32_t j = 0; j < k; j++)
-            assert_true(ferry_moe_planner_lookup(p, layer, ex[j]) != FERRY_MOE_NONE);
-        if (i + 1 < n && i % 3 == 0) {
-            FT_ASSERT_OK(ferry_moe_trace_step(t, i + 1, &tok, &layer, &ex, &k));
-            assert_true(ferry_moe_planner_prefetch(p, layer, ex, k, NULL) >= 0);
-        }
-        if (i == n / 2)
-            assert_true(ferry_moe_planner_resize(p, o.slots / 2) >= 0);
-        char why[256];
-        if (ferry__routing_check(ferry__auto_routing(ferry__planner_policy(p)), why,
-                                 sizeof why) < 0)
-            fail_msg("step %zu: %s", i, why);
-        /* the shadow's lists follow the real policy's model */
-        if (ferry__routing_check(ferry__auto_shadow_routing(ferry__planner_policy(p)), why,
-                                 sizeof why) < 0)
-            fail_msg("step %zu, shadow: %s", i, why);
-    }
+    ft_moe_drive(p, t, o.slots / 2, check_routing_halves);
     ferry_moe_planner_destroy(p);
     ferry_moe_trace_destroy(t);
 }
@@ -192,13 +159,7 @@ static void trio_switches_only_past_the_noise(void **state)
     /* on the context trace transition is clearly better and leads */
     ferry_moe_trace *t = ft_moe_context_trace(4, 4000, 11);
     ferry_moe_planner *p = ft_moe_planner(t, "trio", 4 + 2);
-    size_t n = ferry_moe_trace_steps(t);
-    for (size_t i = 0; i < n; i++) {
-        uint32_t tok, layer, k;
-        const uint32_t *ex;
-        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &k));
-        FT_ASSERT_OK(ferry_moe_planner_ensure(p, layer, ex, k, NULL, NULL, NULL));
-    }
+    ft_moe_drive(p, t, 0, NULL);
     uint64_t sw = 0;
     assert_int_equal(ferry__auto_lead(ferry__planner_policy(p), &sw), 2); /* transition */
     print_message("context trace: transition leads after %llu switches\n", (unsigned long long)sw);

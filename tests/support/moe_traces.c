@@ -64,6 +64,79 @@ void ft_moe_policy_listed_and_deterministic(const char *policy, double pct)
     ferry_moe_trace_destroy(t);
 }
 
+void ft_moe_duel_follows(const char *duel, const char *member)
+{
+    struct {
+        const char *model;
+        double pct;
+    } cases[] = {{"mixtral-8x7b", 25}, {"mixtral-8x7b", 12.5}, {"qwen3-30b-a3b", 12.5},
+                 {"qwen3-30b-a3b", 25}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        ferry_moe_trace *t = ft_moe_gen(cases[c].model, 512, 2);
+        uint32_t slots = ft_moe_share(t, cases[c].pct);
+        double lru = ft_moe_rate(t, "lru", slots), mb = ft_moe_rate(t, member, slots);
+        double du = ft_moe_rate(t, duel, slots), bel = ft_moe_rate(t, "belady", slots);
+        double best = lru > mb ? lru : mb;
+        print_message("%s %.1f%%: lru %.2f %s %.2f %s %.2f belady %.2f\n", cases[c].model,
+                      cases[c].pct, lru, member, mb, duel, du, bel);
+        if (du < lru - 0.2)
+            fail_msg("%s at %.1f%%: %s %.2f, more than 0.2 below lru %.2f", cases[c].model,
+                     cases[c].pct, duel, du, lru);
+        if (du < best - 1.0)
+            fail_msg("%s at %.1f%%: %s %.2f, a point below the better policy %.2f",
+                     cases[c].model, cases[c].pct, duel, du, best);
+        if (cases[c].pct == 12.5 && du < lru + 0.1 * (bel - lru))
+            fail_msg("%s at 12.5%%: %s %.2f below lru + a tenth of the gap to belady %.2f",
+                     cases[c].model, duel, du, lru + 0.1 * (bel - lru));
+        ferry_moe_trace_destroy(t);
+    }
+}
+
+void ft_moe_drive(ferry_moe_planner *p, const ferry_moe_trace *t, uint32_t resize_to,
+                  void (*each)(const ferry_moe_planner *p, size_t step))
+{
+    size_t n = ferry_moe_trace_steps(t);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t tok, layer, k;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &k));
+        FT_ASSERT_OK(ferry_moe_planner_ensure(p, layer, ex, k, NULL, NULL, NULL));
+        if (resize_to) {
+            for (uint32_t j = 0; j < k; j++)
+                assert_true(ferry_moe_planner_lookup(p, layer, ex[j]) != FERRY_MOE_NONE);
+            if (i + 1 < n && i % 3 == 0) {
+                FT_ASSERT_OK(ferry_moe_trace_step(t, i + 1, &tok, &layer, &ex, &k));
+                assert_true(ferry_moe_planner_prefetch(p, layer, ex, k, NULL) >= 0);
+            }
+            if (i == n / 2)
+                assert_true(ferry_moe_planner_resize(p, resize_to) >= 0);
+        }
+        if (each)
+            each(p, i);
+    }
+}
+
+void ft_moe_hits_jumping(const ferry_moe_trace *t, const char *policy, uint32_t slots, size_t at,
+                         void (*jump)(ferry__policy *pol, uint64_t visits_before), uint64_t *hits,
+                         uint64_t *misses)
+{
+    ferry_moe_planner *p = ft_moe_planner(t, policy, slots);
+    uint32_t L = ferry_moe_trace_model(t)->num_layers;
+    for (size_t i = 0; i < ferry_moe_trace_steps(t); i++) {
+        if (i == at && jump)
+            jump((ferry__policy *)ferry__planner_policy(p), at / L);
+        uint32_t tok, layer, k;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &k));
+        FT_ASSERT_OK(ferry_moe_planner_ensure(p, layer, ex, k, NULL, NULL, NULL));
+    }
+    ferry_moe_planner_stats st = FERRY_MOE_PLANNER_STATS_INIT;
+    ferry_moe_planner_stats_get(p, &st);
+    *hits = st.hits;
+    *misses = st.misses;
+    ferry_moe_planner_destroy(p);
+}
+
 ferry_moe_trace *ft_moe_pair_trace(uint32_t L, uint32_t tokens, uint32_t switch_tenths, uint64_t seed)
 {
     assert_true(L >= 1 && L <= 64);

@@ -25,6 +25,23 @@ double ft_moe_rate(const ferry_moe_trace *t, const char *policy, uint32_t slots)
  * 64 tokens, seed 5) with pct % of its experts as slots agree on hits and
  * evictions, and name the policy */
 void ft_moe_policy_listed_and_deterministic(const char *policy, double pct);
+/* a set-dueling policy against one of its members on generator routing
+ * (Mixtral and Qwen3, 512 tokens, at 12.5% and 25%): never 0.2 below LRU,
+ * never a point below the better of LRU and the member, and at 12.5% at
+ * least LRU plus a tenth of the LRU -> Belady gap (fails the test if not) */
+void ft_moe_duel_follows(const char *duel, const char *member);
+/* every step of t through p; with resize_to, checked too: each step's
+ * experts resident after it, the next step prefetched every third, the
+ * slots resized to resize_to halfway; each(p, step) after each step
+ * (NULL: none) */
+void ft_moe_drive(ferry_moe_planner *p, const ferry_moe_trace *t, uint32_t resize_to,
+                  void (*each)(const ferry_moe_planner *p, size_t step));
+/* a replay of t under policy at `slots`, jump(policy, visits of each
+ * layer so far) called before step `at` (none: NULL); its hits, misses */
+typedef struct ferry__policy ferry__policy;
+void ft_moe_hits_jumping(const ferry_moe_trace *t, const char *policy, uint32_t slots, size_t at,
+                         void (*jump)(ferry__policy *pol, uint64_t visits_before), uint64_t *hits,
+                         uint64_t *misses);
 /* L layers (at most 64) of 64 experts, top-2: at each layer one expert of
  * the layer's own pair, which switches to the other of the pair from one
  * token to the next switch_tenths times in ten (1: "sticky", 9:
