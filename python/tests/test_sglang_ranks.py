@@ -225,3 +225,40 @@ def test_a_misspelt_ferry_key_is_refused():
                         "ferry_server_indexer": None, "ferry_key_len": 64, "interface_v1": 1,
                         "ferry_share_dp": False}, {"kv": pool})
     b.close()
+
+
+def test_a_daemon_restarted_with_another_layout_reads_as_misses(tmp_path):
+    """A `ferry serve` restarted on the same socket with another chunk size
+    (or layout, or seed) answers the reconnecting client FERRY_EMISMATCH,
+    and a daemon of another version may answer ENOTSUP or EPARSE: each is
+    the store's state, not the caller's mistake, and SGLang calls from
+    threads that catch nothing (sgl-project/sglang 001067fffe33427bee0ed2f
+    007fb7551a1d76b44, python/sglang/srt/managers/cache_controller.py,
+    prefetch_thread_func / backup_thread_func catch only queue.Empty).
+    Every call reads as misses / pages not stored, nothing raises, and
+    the host pool is untouched."""
+    from test_adapter_sglang import LayoutDaemon
+    from sglang_pools import MHAHost
+    lay = dict(L=2, kv=2, H=2, D=64, dtype=torch.bfloat16)
+    pool = MHAHost("page_first", 4)
+    fill(pool.kv_buffer, 1)
+    d = LayoutDaemon(str(tmp_path), lay, 4)
+    b = create_backend({"ferry_store": "shared", "ferry_server": d.url,
+                        "ferry_server_timeout_ms": 3000}, {"kv": pool})
+    h = page_hashes(list(range(16)), 4)
+    try:
+        assert b.batch_set_v1(h[:2], indices(0, 2, 4)) == [True, True]
+        d.stop()
+        d = LayoutDaemon(str(tmp_path), lay, 8)     # another chunk size, same socket
+        pool.kv_buffer[:, 16:24] = 0
+        assert b.batch_exists(h) == 0
+        assert b.exists(h[0]) is False
+        assert b.batch_get_v1(h[:2], indices(4, 2, 4)) == [False, False]
+        assert b.batch_set_v1(h[2:4], indices(0, 2, 4)) == [False, False]
+        assert b.get(h[0], pool.get_dummy_flat_data_page()) is None
+        assert b.set(h[3], pool.get_data_page(0)) is False
+        assert b.batch_exists_v2(h, []).kv_hit_pages == 0
+        assert torch.count_nonzero(pool.kv_buffer[:, 16:24]) == 0
+    finally:
+        b.close()
+        d.stop()

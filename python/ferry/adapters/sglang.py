@@ -99,12 +99,14 @@ from ._sglang_base import (SGLANG, UPSTREAM, HiCacheStorage, HiCacheStorageConfi
 log = logging.getLogger("ferry.sglang")
 
 _SKIPPABLE = {errors.ENOSPACE, errors.ELOCKED, -errno.ENOMEM}
-# a call's own mistakes (bad input, a closed backend): raised. Any other
-# failure is the store's (a daemon gone, an I/O error, a timeout): SGLang
-# calls from its cache controller's threads, which catch nothing and are
-# never restarted, so it reads as a miss / a page not stored (_failed)
-_CALLER_ERRORS = {-errno.EINVAL, -errno.EBADF, errors.EPARSE, errors.EMISMATCH,
-                  errors.ENOTSUP, errors.ESTATE, errors.EBOUNDS}
+# a call's own mistakes (bad keys, host indices, pools) are found before any
+# store call and raised. Whatever a store call raises is the store's: a
+# daemon gone, one restarted with another layout (FERRY_EMISMATCH), one of
+# another version (ENOTSUP, EPARSE), an I/O error, a timeout. SGLang calls
+# from its cache controller's threads, which catch nothing and are never
+# restarted, so it reads as a miss / a page not stored (_failed); only a
+# closed backend or store still raises (EBADF: the owner closed it, and
+# no later call can succeed)
 _WARN_EVERY_S = 10.0
 # the extra-config settings ferry reads (SGLang reads none of them): any
 # other "ferry_" key is a misspelling, refused; the per-pool forms take a
@@ -508,11 +510,11 @@ class FerryHiCacheStorage(HiCacheStorage):
                 c[k] += v
 
     def _failed(self, e, key, what):
-        """A FerryError of a page call: re-raised when it is the caller's
-        (_CALLER_ERRORS), else the store failed (or was full): warned (at
-        most once per _WARN_EVERY_S, the others at debug level) and the
-        call answers a miss / not stored."""
-        if e.code in _CALLER_ERRORS:
+        """A FerryError of a store call: re-raised when the backend or its
+        store is closed (EBADF), else the store failed (or was full):
+        warned (at most once per _WARN_EVERY_S, the others at debug level)
+        and the call answers a miss / not stored."""
+        if e.code == -errno.EBADF:
             raise e
         now = time.monotonic()
         quiet = now - getattr(self, "_warned_at", -1e9) < _WARN_EVERY_S
