@@ -262,3 +262,45 @@ def test_a_daemon_restarted_with_another_layout_reads_as_misses(tmp_path):
     finally:
         b.close()
         d.stop()
+
+
+def test_store_failures_warn_once_across_controller_threads(caplog):
+    """SGLang's prefetch and backup threads call the backend at once
+    (sgl-project/sglang 001067fffe33427bee0ed2f007fb7551a1d76b44,
+    python/sglang/srt/managers/cache_controller.py: prefetch_thread_func,
+    prefetch_io_aux_func, backup_thread_func): two failures in one
+    interval give one warning, whichever thread comes first. The time of
+    the last warning is made to hold both threads until both have read it
+    (the race; a lock around it lets the second in only after the first
+    is done, and the wait then gives up)."""
+    import threading
+    from ferry.adapters.sglang import FerryHiCacheStorage
+    from sglang_pools import MHAHost
+    both = threading.Barrier(2, timeout=0.5)
+
+    class Racy(FerryHiCacheStorage):
+        @property
+        def _warned_at(self):
+            at = self.__dict__.get("_at", -1e9)
+            try:
+                both.wait()
+            except threading.BrokenBarrierError:
+                pass
+            return at
+
+        @_warned_at.setter
+        def _warned_at(self, v):
+            self.__dict__["_at"] = v
+
+    b = create_backend({"ferry_store": "r0", "ferry_l1": "2M"}, {"kv": MHAHost("page_first", 4)})
+    b.__class__ = Racy
+    err = ferry.FerryError(ferry.errors.ECONN, "gone", "test")
+    caplog.set_level("WARNING", logger="ferry.sglang")
+    ts = [threading.Thread(target=b._failed, args=(err, "kv", "get")) for _ in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 1
+    b.__class__ = FerryHiCacheStorage
+    b.close()

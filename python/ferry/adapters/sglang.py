@@ -335,6 +335,7 @@ class FerryHiCacheStorage(HiCacheStorage):
         self._pools = {}      # pool name -> (_PageMap, KVStore)
         self._opened = []     # (registry name, store) opened here
         self._lock = threading.Lock()
+        self._warn_lock = threading.Lock()   # _failed's last warning time
         self._counts = {}
         self._tallies = {}     # pool -> (keys asked, pages held) per exists, not yet counted
         self._salt_cache = {}  # pool -> its salts
@@ -517,9 +518,10 @@ class FerryHiCacheStorage(HiCacheStorage):
         if e.code == -errno.EBADF:
             raise e
         now = time.monotonic()
-        quiet = now - getattr(self, "_warned_at", -1e9) < _WARN_EVERY_S
-        if not quiet:
-            self._warned_at = now
+        with self._warn_lock:   # the prefetch and backup threads fail at once
+            quiet = now - getattr(self, "_warned_at", -1e9) < _WARN_EVERY_S
+            if not quiet:
+                self._warned_at = now
         (log.debug if quiet else log.warning)(
             "ferry: SGLang pool %r: %s failed, read as %s: %s", key, what,
             "a miss" if what != "set" else "not stored", e)
