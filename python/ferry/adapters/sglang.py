@@ -25,7 +25,13 @@ its own page shape:
   generic get/set included;
 - any other pool (mamba: a temporal state and conv states, separate
   tensors of their own dtypes) is stored as its flat page bytes
-  (host_pool.get_data_page / set_from_flat_data_page), one copy each way.
+  (host_pool.get_data_page / set_from_flat_data_page), one copy each way:
+  DeepSeek V4's compressed pools too (C4 / C128 KV and indexer, their
+  compress states; a page is a uint8 row of every layer);
+- a logical pool (DeepSeek V4's KV anchor: page slots, no tensor) has
+  no bytes and no store: a page move on it moves nothing and answers
+  done, and batch_exists_v2 takes its prefix from the pools that carry
+  the pages (batch_exists alone finds nothing in it).
 
 Keys. A page's ferry name is SGLang's key; the request salt says whose
 slice it is: "sglang/<pool>/<rank tag>". The rank tag holds the pipeline
@@ -164,14 +170,31 @@ class _PageMap:
         self.hlayout = getattr(host, "layout", None)
         self.split = split
         self.kind = None
+        self.layout = None
         buf = getattr(host, "kv_buffer", None)
         idx = getattr(host, "index_k_with_scale_buffer", None)
-        if isinstance(buf, torch.Tensor):
+        # DeepSeek V4's compressed pools (C4 / C128 KV and indexer; their
+        # compress states): a page is a uint8 row of every layer, host index
+        # i in row i // page_size, the buffer a list of layers or a tensor
+        # of neither MHA's nor MLA's shape: their flat pages
+        self.rows = any(hasattr(host, a) for a in ("slot_page_size", "swa_page_size")) or \
+            isinstance(buf, (list, tuple))
+        if self.rows:
+            self._bytes()
+        elif isinstance(buf, torch.Tensor):
             self._kv(buf)
         elif isinstance(idx, torch.Tensor):
             self._indexer(idx)
+        elif buf is None and self._no_bytes():
+            self.kind = "logical"
         else:
             self._bytes()
+
+    def _no_bytes(self):
+        """A logical pool (DeepSeek V4's KV anchor, LogicalHostPool): page
+        slots and no tensor, its pages empty. Nothing of it is stored."""
+        dummy = getattr(self.host, "get_dummy_flat_data_page", None)
+        return dummy is None or dummy().numel() == 0
 
     def _kv(self, buf):
         lay, nd, p = self.hlayout, buf.dim(), self.page
@@ -240,11 +263,15 @@ class _PageMap:
 
     @property
     def chunk_tokens(self):
-        return 1 if self.kind == "bytes" else self.page
+        return 1 if self.kind in ("bytes", "logical") else self.page
 
     @property
     def structured(self):
-        return self.kind != "bytes"
+        return self.kind not in ("bytes", "logical")
+
+    @property
+    def logical(self):
+        return self.kind == "logical"
 
     def planes(self, t, g=0):
         """Per-layer paged views of t (a tensor in the pool's layout) for head group g."""
@@ -426,6 +453,11 @@ class FerryHiCacheStorage(HiCacheStorage):
                     f"{pm.chunk_tokens}; it holds {old[0].layout} x {old[0].chunk_tokens}")
             self._pools[key] = (pm, old[1])
             return
+        if pm.logical:      # no bytes: no store; the other pools carry the pages
+            self._pools[key] = (pm, None)
+            self._counts[key] = dict(exists=0, hit=0, get=0, got=0, set=0, stored=0)
+            self._tallies[key] = []
+            return
         store = self._store_for(key, pm)
         if store.layout != pm.layout or store.chunk_tokens != pm.chunk_tokens:
             raise ValueError(
@@ -528,6 +560,8 @@ class FerryHiCacheStorage(HiCacheStorage):
 
     # ---- the page moves ----
     def _starts(self, pm, n, host_indices):
+        if pm.logical:      # no page of it moves: its indices name nothing
+            return [0] * n
         if n == 0 and (host_indices is None or len(host_indices) == 0):
             return []
         if host_indices is None:
@@ -572,6 +606,8 @@ class FerryHiCacheStorage(HiCacheStorage):
         names = self._names(keys)
         if not names:
             return []
+        if pm.logical:      # nothing to move (Mooncake's answer too)
+            return [True] * len(names)
         if pm.structured:
             blocks = [pm.block_of(s) for s in starts]
         if self._shared_reader(key):
@@ -604,6 +640,8 @@ class FerryHiCacheStorage(HiCacheStorage):
         names = self._names(keys)
         if not names:
             return []
+        if pm.logical:
+            return [True] * len(names)
         ok = [True] * len(names)
         t0 = time.perf_counter()
         if pm.structured:
@@ -663,11 +701,16 @@ class FerryHiCacheStorage(HiCacheStorage):
         exists is on the scheduler's path."""
         got = self._lookups.get(key)
         if got is None:
-            store = self._pool(key)[1]     # raises for a pool not registered
-            got = self._lookups[key] = (store.lookup_named_packed, tuple(self._salts(key)))
+            pm, store = self._pool(key)     # raises for a pool not registered
+            got = self._lookups[key] = (None, ()) if pm.logical else \
+                (store.lookup_named_packed, tuple(self._salts(key)))
         lookup, salts = got
         if type(keys) is not list and not isinstance(keys, (list, tuple)):
             keys = _key_list(keys)
+        if lookup is None:      # a logical pool holds no page: never a hit on its own
+            self._names(keys)
+            self._tallies[key].append((len(keys), 0))
+            return 0
         asked = n = len(keys)
         if n == 1 and type(keys[0]) is str:     # the scheduler's one-key exists
             b = keys[0].encode()
@@ -724,7 +767,14 @@ class FerryHiCacheStorage(HiCacheStorage):
         last len(transfer.keys) pages of it), as SGLang's base class says."""
         for t in pool_transfers or []:
             self._pool(t.name)          # unknown pools refused before any lookup
-        kv_pages = self._held("kv", keys)
+        if self._pool("kv")[0].logical and pool_transfers:
+            # a logical anchor (DeepSeek V4) holds no bytes: every kv prefix is
+            # one, and the pools that carry the pages decide (as Mooncake's)
+            keys = _key_list(keys)
+            self._names(keys)
+            kv_pages = len(keys)
+        else:
+            kv_pages = self._held("kv", keys)
         hits = {PoolName.KV: kv_pages} if kv_pages else {}
         final = kv_pages
         for t in pool_transfers or []:
@@ -791,6 +841,9 @@ class FerryHiCacheStorage(HiCacheStorage):
         if target_location is None:
             target_location = self.mem_pool_host.get_dummy_flat_data_page()
         names = self._names([key])
+        if pm.logical:      # no bytes of its own: never a page to read
+            self._count("kv", get=1)
+            return None
         if not pm.structured:
             raise ValueError("ferry: the kv pool's pages are not a ferry layout")
         views = [pm.flat_planes(target_location, g) for g in range(self._split)]
@@ -820,6 +873,8 @@ class FerryHiCacheStorage(HiCacheStorage):
         """Store one flat kv page; False when ferry declined it (full)."""
         pm, store = self._pool("kv")
         names = self._names([key])
+        if pm.logical:      # nothing to store
+            return True
         views = [pm.flat_planes(value, g) for g in range(self._split)]
         if self._shared_reader("kv"):
             return True
@@ -847,7 +902,7 @@ class FerryHiCacheStorage(HiCacheStorage):
     # ---- housekeeping ----
     def _measure(self, key, backup, pages, store, t0):
         """One kv-pool page move for get_stats: its pages and GB/s."""
-        if not self._metrics or key != "kv" or not pages:
+        if not self._metrics or key != "kv" or not pages or store is None:
             return
         dt = max(time.perf_counter() - t0, 1e-9)
         gb = pages * store.chunk_bytes * len(self._salts(key)) / (1 << 30)
@@ -880,14 +935,14 @@ class FerryHiCacheStorage(HiCacheStorage):
         with self._lock:
             counts = {k: dict(v) for k, v in self._counts.items()}
         for key, (_, store) in self._pools.items():
-            out[key] = {"pages": counts[key], "store": store.stats()}
+            out[key] = {"pages": counts[key], "store": store and store.stats()}
         return out
 
     def clear(self):
         """Empty every pool's store (a shared daemon's cache too: every rank's)."""
         seen = set()
         for _, store in self._pools.values():
-            if id(store) not in seen:
+            if store is not None and id(store) not in seen:
                 seen.add(id(store))
                 store.clear()
         return True

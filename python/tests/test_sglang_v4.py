@@ -1,0 +1,85 @@
+"""DeepSeek V4's host pools under the SGLang backend: the logical KV
+anchor (no bytes), the compressed page-row pools, and host indices that
+are not whole pages of them. Pools are the stand-ins of
+tests/sglang_pools.py (V4's mirror sgl-project/sglang 00343773d3293d382f0b
+39101f36b656d30ad2f0, python/sglang/srt/mem_cache/memory_pool_host.py);
+what a test mirrors of SGLang is cited at the test."""
+import pytest
+import torch
+
+from ferry.adapters import _sglang_base as base, unregister_store
+from sglang_pools import LogicalHost, V4RowsHost, create_backend, indices, page_hashes
+
+PN, HP, PT = base.PoolName, base.PoolHitPolicy, base.PoolTransfer
+C4, C4S = PN.DEEPSEEK_V4_C4, PN.DEEPSEEK_V4_C4_STATE
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    yield
+    for n in ("v4", "v4.deepseek_v4_c4", "v4.deepseek_v4_c4_state", "h", "h.indexer",
+              "h.mamba"):
+        s = unregister_store(n)
+        if s is not None:
+            s.close()
+
+
+def v4_backend(pools, **kw):
+    return create_backend({"ferry_store": "v4", "ferry_l1": "4M"}, pools, mla=True, **kw)
+
+
+def restorable(r):
+    return getattr(r, "restorable_prefix_pages", None)
+
+
+def test_a_logical_kv_anchor_registers_and_holds_no_bytes():
+    """V4's KV anchor is a LogicalHostPool (kv_buffer None, empty pages):
+    SGLang registers it as the kv pool (register_mem_pool_host). Mooncake's
+    backend (sgl-project/sglang 00fe477f32b3878f64d44cc36895e1de4a113afe,
+    python/sglang/srt/mem_cache/storage/mooncake_store/mooncake_store.py:
+    register_mem_pool_host returns for kv_buffer None, batch_get_v1 and
+    batch_set_v1 answer [True] * len(keys), batch_exists_v2 starts from
+    every KV prefix and lets the side pools decide) treats it as holding
+    nothing to move. ferry too: it opens no store for it, moves nothing
+    for it, and the side pools' pages decide the usable prefix; with no
+    side pool asked, nothing is a hit (no page would carry a byte)."""
+    anchor, c4 = LogicalHost(page=8), V4RowsHost("page_first", 2)
+    b = v4_backend({"kv": anchor, C4.value: c4}, metrics=True)
+    h = page_hashes(list(range(48)), 8)
+    assert b.batch_set_v1(h[:2], indices(0, 2, 8)) == [True, True]
+    assert b.batch_get_v1(h[:2], indices(2, 2, 8)) == [True, True]
+    assert b.batch_exists(h) == 0 and b.exists(h[0]) is False
+    assert b.get(h[0], anchor.get_dummy_flat_data_page()) is None
+    c4.fill(5)
+    t = PT(name=C4, host_indices=indices(0, 3, 2), keys=h[:3])
+    assert b.batch_set_v2([t]) == {C4: [True] * 3}
+    r = b.batch_exists_v2(h[:5], [PT(name=C4)])
+    assert r.kv_hit_pages == 3 and r.extra_pool_hit_pages[C4] == 3
+    assert restorable(r) in (None, [1, 2, 3])
+    assert b.batch_exists_v2(h[:5], []).kv_hit_pages == 0
+    assert b.get_stats() is not None and set(b.ferry_stats()) == {"kv", C4.value}
+    assert b.clear()
+    b.close()
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct"])
+@pytest.mark.parametrize("state", [False, True])
+def test_v4_row_pools_round_trip_bitwise(layout, state):
+    """A compressed pool's page is one row of every layer (its
+    get_data_page / set_from_flat_data_page at 00343773, host index i in
+    row i // page_size): stored from rows 1..3, read into rows 5..7, the
+    same bytes, in each host layout V4 allocates (layer_first is a list
+    of per-layer tensors, which ferry used to refuse at register)."""
+    name = C4S if state else C4
+    pool = V4RowsHost(layout, 4, state=state)
+    pool.fill(7)
+    b = v4_backend({"kv": LogicalHost(page=16), name.value: pool})
+    h = page_hashes(list(range(48)), 16)
+    want = [pool.row(i * 4).clone() for i in (1, 2, 3)]
+    assert b.batch_set_v2([PT(name=name, host_indices=indices(1, 3, 4), keys=h)]) == \
+        {name: [True] * 3}
+    assert b.batch_get_v2([PT(name=name, host_indices=indices(5, 3, 4), keys=h)]) == \
+        {name: [True] * 3}
+    for i, w in zip((5, 6, 7), want):
+        assert torch.equal(pool.row(i * 4), w)
+    b.close()
