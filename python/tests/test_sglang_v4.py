@@ -4,6 +4,8 @@ are not whole pages of them. Pools are the stand-ins of
 tests/sglang_pools.py (V4's mirror sgl-project/sglang 00343773d3293d382f0b
 39101f36b656d30ad2f0, python/sglang/srt/mem_cache/memory_pool_host.py);
 what a test mirrors of SGLang is cited at the test."""
+import logging
+
 import pytest
 import torch
 
@@ -82,4 +84,40 @@ def test_v4_row_pools_round_trip_bitwise(layout, state):
         {name: [True] * 3}
     for i, w in zip((5, 6, 7), want):
         assert torch.equal(pool.row(i * 4), w)
+    b.close()
+
+
+def test_v4_host_indices_not_whole_pool_pages_read_as_misses(caplog):
+    """SGLang hands a V4 compressed pool host indices that are not its own
+    whole pages: HybridCacheController (sgl-project/sglang 00343773d3293d3
+    82f0b39101f36b656d30ad2f0, python/sglang/srt/mem_cache/hybrid_cache/
+    hybrid_cache_controller.py) gives a KV-derived pool the KV anchor's
+    indices on backup (_resolve_sidecar_kv_derived_pool_transfers) and
+    _apply_kv_anchor_ratio divides them by the compression ratio; and a
+    token-granular C4 copy is one that is not a multiple of the page
+    (memory_pool_host.py, backup_from_device_all_layer). Each used to
+    raise ValueError into SGLang's backup or prefetch thread, which dies.
+    ferry cannot tell which rows such indices name, so it moves nothing:
+    not stored, a miss, the host pool untouched, one warning naming the
+    pool; pages at whole rows still move."""
+    pool = V4RowsHost("page_first", 4)
+    pool.fill(3)
+    b = v4_backend({"kv": LogicalHost(page=16), C4.value: pool})
+    h = page_hashes(list(range(64)), 16)
+    caplog.set_level(logging.WARNING, logger="ferry.sglang")
+    bad = [indices(0, 2, 16),                      # the anchor's (16 a page, not 4)
+           indices(0, 2, 16) // 4,                 # the anchor's over the ratio: repeats
+           torch.tensor([2, 3, 4, 5, 6, 7, 8, 9]),   # a run of 4 off a row start
+           torch.arange(6)]                        # token-granular
+    for hi in bad:
+        assert b.batch_set_v2([PT(name=C4, host_indices=hi, keys=h[:2])]) == {C4: [False] * 2}
+    assert b.batch_exists_v2(h[:2], [PT(name=C4)]).kv_hit_pages == 0
+    assert b.batch_set_v2([PT(name=C4, host_indices=indices(0, 2, 4), keys=h[:2])]) == \
+        {C4: [True] * 2}
+    before = pool.kv_buffer.clone()
+    for hi in bad:
+        assert b.batch_get_v2([PT(name=C4, host_indices=hi, keys=h[:2])]) == {C4: [False] * 2}
+    assert torch.equal(pool.kv_buffer, before)
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "deepseek_v4_c4" in warned[0].getMessage()
     b.close()

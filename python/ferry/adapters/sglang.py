@@ -71,9 +71,12 @@ YAML extra-config file may carry them; any other value is refused.
 
 Failures. SGLang calls from its controller's threads, which catch
 nothing and are never restarted: a call's own mistakes (bad keys, host
-indices, pools; a closed backend) raise, but the store failing (a daemon
-gone, an I/O error, a full pool) reads as a miss or a page not stored,
-with a warning, and the next call tries the store again.
+indices, pools; a closed backend or store) raise, but the store failing
+(a daemon gone or restarted with another layout, an I/O error, a full
+pool) reads as a miss or a page not stored, with a warning, and the
+next call tries the store again. A DeepSeek V4 row pool's host indices
+that are not its whole pages (SGLang hands it the KV anchor's, or
+token-granular ones) move nothing: misses, not stored, warned once.
 
 Metrics. With enable_storage_metrics on, get_stats returns SGLang's
 StorageMetrics (kv pages per prefetch / backup call and their GB/s,
@@ -362,7 +365,8 @@ class FerryHiCacheStorage(HiCacheStorage):
         self._pools = {}      # pool name -> (_PageMap, KVStore)
         self._opened = []     # (registry name, store) opened here
         self._lock = threading.Lock()
-        self._warn_lock = threading.Lock()   # _failed's last warning time
+        self._warn_lock = threading.Lock()   # _failed's last warning time, _rows_warned
+        self._rows_warned = set()   # V4 row pools warned of host indices not their pages
         self._counts = {}
         self._tallies = {}     # pool -> (keys asked, pages held) per exists, not yet counted
         self._salt_cache = {}  # pool -> its salts
@@ -560,8 +564,33 @@ class FerryHiCacheStorage(HiCacheStorage):
 
     # ---- the page moves ----
     def _starts(self, pm, n, host_indices):
+        """The host index each of n pages starts at; None for host indices
+        that are not whole pages of a V4 row pool (then nothing moves)."""
         if pm.logical:      # no page of it moves: its indices name nothing
             return [0] * n
+        if not pm.rows:
+            return self._page_starts(pm, n, host_indices)
+        # SGLang itself hands a V4 compressed pool indices that are not its
+        # whole pages: the KV anchor's, the anchor's over the compression
+        # ratio, token-granular ones. Which rows they name is not ferry's to
+        # guess, and SGLang's threads catch nothing: nothing moves (a miss,
+        # not stored), warned once for the pool
+        try:
+            out = self._page_starts(pm, n, host_indices)
+            if any(x % pm.page for x in out):
+                raise ValueError(f"ferry: SGLang pool {pm.name!r}: host indices start off "
+                                 f"its page rows ({pm.page} a row)")
+            return out
+        except (ValueError, TypeError, FerryError) as e:
+            with self._warn_lock:
+                first = pm.name not in self._rows_warned
+                self._rows_warned.add(pm.name)
+            (log.warning if first else log.debug)(
+                "ferry: SGLang pool %r: host indices that are not whole pages of it (%s); "
+                "its pages read as misses and are not stored (warned once)", pm.name, e)
+            return None
+
+    def _page_starts(self, pm, n, host_indices):
         if n == 0 and (host_indices is None or len(host_indices) == 0):
             return []
         if host_indices is None:
@@ -608,6 +637,9 @@ class FerryHiCacheStorage(HiCacheStorage):
             return []
         if pm.logical:      # nothing to move (Mooncake's answer too)
             return [True] * len(names)
+        if starts is None:  # host indices that are not whole pages of a row pool
+            self._count(key, set=len(names))
+            return [False] * len(names)
         if pm.structured:
             blocks = [pm.block_of(s) for s in starts]
         if self._shared_reader(key):
@@ -642,6 +674,9 @@ class FerryHiCacheStorage(HiCacheStorage):
             return []
         if pm.logical:
             return [True] * len(names)
+        if starts is None:
+            self._count(key, get=len(names))
+            return [False] * len(names)
         ok = [True] * len(names)
         t0 = time.perf_counter()
         if pm.structured:
