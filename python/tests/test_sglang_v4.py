@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from ferry.adapters import _sglang_base as base, unregister_store
-from sglang_pools import LogicalHost, V4RowsHost, create_backend, indices, page_hashes
+from sglang_pools import (IndexerHost, LogicalHost, MambaHost, MHAHost, V4RowsHost,
+                          create_backend, fill, indices, page_hashes)
 
 PN, HP, PT = base.PoolName, base.PoolHitPolicy, base.PoolTransfer
 C4, C4S = PN.DEEPSEEK_V4_C4, PN.DEEPSEEK_V4_C4_STATE
@@ -120,4 +121,38 @@ def test_v4_host_indices_not_whole_pool_pages_read_as_misses(caplog):
     assert torch.equal(pool.kv_buffer, before)
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and "deepseek_v4_c4" in warned[0].getMessage()
+    b.close()
+
+
+def test_v2_usable_prefix_is_a_stop_point_every_pool_restores():
+    """A trailing-pages pool (mamba, SWA) can restore only at the ends of
+    its stored windows, so the usable prefix is the greatest stop point
+    every pool restores, not the least of the pools' greatest ones.
+    Mooncake's batch_exists_v2 (sgl-project/sglang 00fe477f32b3878f64d44c
+    c36895e1de4a113afe, mooncake_store.py) intersects the pools' stop
+    points and returns them as PoolTransferResult.restorable_prefix_pages
+    (hicache_storage.py at that commit: the caller intersects these sets
+    over ranks). kv holds 6 pages, the indexer the first 5, mamba the
+    states ending pages 3 and 6: 3 is the prefix; 5 (the old answer) has
+    no mamba state."""
+    from ferry.adapters import register_store
+    import ferry
+    kv = MHAHost("page_first", 4)
+    idx, mamba = IndexerHost(kv), MambaHost(slots=8)
+    fill(kv.kv_buffer, 1)
+    mamba.fill(2)
+    b = create_backend({"ferry_store": "h", "ferry_l1": "4M"},
+                       {"kv": kv, "indexer": idx, "mamba": mamba})
+    h = page_hashes(list(range(24)), 4)
+    assert b.batch_set_v1(h, indices(0, 6, 4)) == [True] * 6
+    assert b.batch_set_v2([PT(name=PN.INDEXER, host_indices=indices(0, 5, 4), keys=h[:5])]) \
+        == {PN.INDEXER: [True] * 5}
+    for end in (3, 6):
+        assert b.batch_set_v2([PT(name=PN.MAMBA, host_indices=torch.tensor([end]),
+                                  keys=h[end - 1:end])]) == {PN.MAMBA: [True]}
+    r = b.batch_exists_v2(h, [PT(name=PN.INDEXER),
+                              PT(name=PN.MAMBA, keys=h[-1:], hit_policy=HP.TRAILING_PAGES)])
+    assert r.kv_hit_pages == 3
+    assert r.extra_pool_hit_pages == {PN.KV: 6, PN.INDEXER: 5, PN.MAMBA: 6}
+    assert restorable(r) == [3]
     b.close()

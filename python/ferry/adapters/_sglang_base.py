@@ -80,6 +80,10 @@ class PoolTransfer:
 class PoolTransferResult:
     kv_hit_pages: int
     extra_pool_hit_pages: dict
+    # the stop points every pool restores, as sgl-project/sglang commit
+    # 00fe477f32b3878f64d44cc36895e1de4a113afe has it (the caller
+    # intersects them over ranks); None where a backend gives none
+    restorable_prefix_pages: Optional[List[int]] = None
 
 @dataclass
 class StorageMetrics:

@@ -126,6 +126,10 @@ _POOL_KEYS = ("ferry_server_", "ferry_l1_", "ferry_l2_")
 _OK = {0, errors.EEXIST}
 _KV_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 _NAME_MAX = 1024
+# newer SGLang's PoolTransferResult carries the stop points every pool
+# restores (restorable_prefix_pages, a default None: sgl-project/sglang
+# 00fe477f32b3878f64d44cc36895e1de4a113afe); an older one has two fields
+_RESTORABLE = "restorable_prefix_pages" in getattr(PoolTransferResult, "__dataclass_fields__", {})
 
 
 def _key_list(keys):
@@ -797,9 +801,14 @@ class FerryHiCacheStorage(HiCacheStorage):
         return self._held("kv", keys)
 
     def batch_exists_v2(self, keys, pool_transfers=None, extra_info=None):
-        """The usable prefix over the kv pool and every pool transfer's own
-        hit policy (ALL_PAGES: each page of the prefix; TRAILING_PAGES: the
-        last len(transfer.keys) pages of it), as SGLang's base class says."""
+        """The usable prefix: the greatest stop point (a page count) that
+        the kv pool and every pool transfer restore, each by its own hit
+        policy (ALL_PAGES: each page up to it; TRAILING_PAGES: the last
+        len(transfer.keys) pages before it). A trailing pool restores only
+        at the ends of its stored windows, so the stop points are
+        intersected, never the pools' greatest ones taken at their least;
+        they go back as restorable_prefix_pages where SGLang's result has
+        that field (the caller intersects them over ranks)."""
         for t in pool_transfers or []:
             self._pool(t.name)          # unknown pools refused before any lookup
         if self._pool("kv")[0].logical and pool_transfers:
@@ -811,26 +820,37 @@ class FerryHiCacheStorage(HiCacheStorage):
         else:
             kv_pages = self._held("kv", keys)
         hits = {PoolName.KV: kv_pages} if kv_pages else {}
-        final = kv_pages
+        stops = set(range(1, kv_pages + 1))
         for t in pool_transfers or []:
-            if final == 0:
+            if not stops:
                 break
             name = _pool_key(t.name)
-            policy = PoolHitPolicy(t.hit_policy)
-            if policy == PoolHitPolicy.ALL_PAGES:
+            if PoolHitPolicy(t.hit_policy) == PoolHitPolicy.ALL_PAGES:
                 boundary = self._held(name, keys[:kv_pages])
+                own = set(range(1, boundary + 1))
             else:
                 trailing = max(1, len(t.keys) if t.keys else 1)
-                boundary = 0
-                for end in range(kv_pages, 0, -1):
-                    win = keys[max(0, end - trailing):end]
-                    if self._held(name, win) == len(win):
-                        boundary = end
-                        break
+                held = self._presence(name, keys[:kv_pages])
+                own = {end for end in range(1, kv_pages + 1)
+                       if all(held[max(0, end - trailing):end])}
+                boundary = max(own, default=0)
             if boundary:
                 hits[t.name] = boundary
-            final = min(final, boundary)
+            stops &= own
+        final = max(stops, default=0)
+        if _RESTORABLE:
+            return PoolTransferResult(final, hits, restorable_prefix_pages=sorted(stops))
         return PoolTransferResult(final, hits)
+
+    def _presence(self, name, keys):
+        """Whether pool `name` holds each of keys: a lookup per run of held
+        keys and the gap after it (the leading keys held, from each start)."""
+        held, i = [False] * len(keys), 0
+        while i < len(keys):
+            n = self._held(name, keys[i:])
+            held[i:i + n] = [True] * n
+            i += n + 1
+        return held
 
     # ---- pages in the host pools (v1: the kv pool; v2: every pool) ----
     def batch_get_v1(self, keys, host_indices, extra_info=None):
