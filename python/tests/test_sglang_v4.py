@@ -135,8 +135,6 @@ def test_v2_usable_prefix_is_a_stop_point_every_pool_restores():
     over ranks). kv holds 6 pages, the indexer the first 5, mamba the
     states ending pages 3 and 6: 3 is the prefix; 5 (the old answer) has
     no mamba state."""
-    from ferry.adapters import register_store
-    import ferry
     kv = MHAHost("page_first", 4)
     idx, mamba = IndexerHost(kv), MambaHost(slots=8)
     fill(kv.kv_buffer, 1)
@@ -155,4 +153,18 @@ def test_v2_usable_prefix_is_a_stop_point_every_pool_restores():
     assert r.kv_hit_pages == 3
     assert r.extra_pool_hit_pages == {PN.KV: 6, PN.INDEXER: 5, PN.MAMBA: 6}
     assert restorable(r) == [3]
+    b.close()
+
+
+def test_a_v4_scale_pool_takes_its_own_settings():
+    """SGLang names an FP4 indexer's scale pool DEEPSEEK_V4_C4_INDEXER_SCALE
+    (sgl-project/sglang 00fe477f32b3878f64d44cc36895e1de4a113afe,
+    python/sglang/srt/mem_cache/hicache_storage.py PoolName): its per-pool
+    settings ("ferry_l1_deepseek_v4_c4_indexer_scale") are ferry's, not a
+    misspelling, and the pool registers as a row pool."""
+    name = "deepseek_v4_c4_indexer_scale"
+    assert PN(name).value == name
+    pools = {"kv": LogicalHost(page=16), name: V4RowsHost("page_first", 4)}
+    b = create_backend({"ferry_store": "v4", f"ferry_l1_{name}": "1M"}, pools, mla=True)
+    assert set(b._pools) == {"kv", name}
     b.close()
