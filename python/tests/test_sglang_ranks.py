@@ -304,3 +304,23 @@ def test_store_failures_warn_once_across_controller_threads(caplog):
     assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 1
     b.__class__ = FerryHiCacheStorage
     b.close()
+
+
+def test_a_persistent_l2_of_the_shared_directory_is_named_not_lost(tmp_path, caplog):
+    """Before each rank and pool opened its own directory under "ferry_l2"
+    (08e4f8d), the one rank SGLang could start (TP 1, the kv pool alone)
+    kept its persistent L2 in the directory itself. Upgraded, that rank
+    opens DIR/kv-pp0of1-... and never reads the old pages: no wrong byte,
+    but a warm cache gone with no word. The backend says so, once, naming
+    the directory and where the pages are looked for now."""
+    from sglang_pools import MHAHost
+    old = ferry.KVStore("tiny", ferry.Layout(2, 2, 64, "bf16"), l1="2M",
+                        l2=f"{tmp_path}:16M", chunk_tokens=4, persistent=True)
+    old.close()
+    caplog.set_level("WARNING", logger="ferry.sglang")
+    b = create_backend({"ferry_store": "r0", "ferry_l1": "2M", "ferry_l2": f"{tmp_path}:16M",
+                        "ferry_persistent": True},
+                       {"kv": MHAHost("page_first", 4), "mamba": MambaHost()})
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and str(tmp_path) in warned[0] and "kv-pp0of1" in warned[0]
+    b.close()

@@ -126,6 +126,7 @@ _POOL_KEYS = ("ferry_server_", "ferry_l1_", "ferry_l2_")
 _OK = {0, errors.EEXIST}
 _KV_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 _NAME_MAX = 1024
+_OLD_L2_WARNED = set()    # L2 roots holding a persistent L2 of their own, warned of
 # newer SGLang's PoolTransferResult carries the stop points every pool
 # restores (restorable_prefix_pages, a default None: sgl-project/sglang
 # 00fe477f32b3878f64d44cc36895e1de4a113afe); an older one has two fields
@@ -528,6 +529,16 @@ class FerryHiCacheStorage(HiCacheStorage):
                 raise ValueError(f"ferry: SGLang extra config: an L2 is 'DIR:SIZE' or a list of "
                                  f"them, got {spec!r}")
             sub = os.path.join(d, f"{key}-{self._rank_dir}")
+            if self._persistent and d not in _OLD_L2_WARNED and \
+                    os.path.exists(os.path.join(d, "ferry_pslab.idx")):
+                # a persistent L2 of the directory itself: one rank's, from
+                # before each rank and pool had its own. Not read (whose it
+                # is, is not ferry's to guess), but not lost without a word
+                _OLD_L2_WARNED.add(d)
+                log.warning("ferry: SGLang L2 directory %s holds a persistent L2 of its own (each "
+                            "rank and pool once shared it); this rank's %r pool now keeps its "
+                            "pages in %s and does not read those (remove them to free the space)",
+                            d, key, sub)
             os.makedirs(sub, exist_ok=True)
             out.append(f"{sub}:{size}")
         return out[0] if len(out) == 1 else out
