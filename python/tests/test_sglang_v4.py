@@ -168,3 +168,16 @@ def test_a_v4_scale_pool_takes_its_own_settings():
     b = create_backend({"ferry_store": "v4", f"ferry_l1_{name}": "1M"}, pools, mla=True)
     assert set(b._pools) == {"kv", name}
     b.close()
+
+
+def test_v4_pools_at_tp_above_one_are_refused_naming_their_own_server_setting():
+    """DeepSeek V4 is an MLA model: SGLang backs its side pools up from TP
+    rank 0 only (sgl-project/sglang 00343773d3293d382f0b39101f36b656d30ad2f0,
+    hybrid_cache_controller.py should_backup: False but for mamba and
+    Mooncake's MHA drafts), so an in-process store of another rank would
+    never hold a page. The refusal names the setting that gives this pool
+    a shared daemon, "ferry_server_<pool>" ("ferry_server" is the kv
+    pool's alone); the logical anchor needs no store at all."""
+    pools = {"kv": LogicalHost(page=16), C4.value: V4RowsHost("page_first", 4)}
+    with pytest.raises(ValueError, match='"ferry_server_deepseek_v4_c4"'):
+        v4_backend(pools, tp=(1, 2))

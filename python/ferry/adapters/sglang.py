@@ -491,11 +491,12 @@ class FerryHiCacheStorage(HiCacheStorage):
         else:
             l1 = e.get(f"ferry_l1_{key}", e.get("ferry_l1"))
             if l1 is not None and self._tp_size > 1 and self._replicated(key, pm):
+                setting = "ferry_server" if key == "kv" else f"ferry_server_{key}"
                 raise ValueError(
                     f"ferry: SGLang pool {key!r} of an MLA model at TP {self._tp_size}: SGLang "
                     "stores its pages from TP rank 0 only, and an in-process store is its own "
-                    "rank's, so no other rank would ever find a page; give \"ferry_server\" "
-                    f"(a `ferry serve` daemon every rank shares) for this pool")
+                    "rank's, so no other rank would ever find a page; give "
+                    f"\"{setting}\" (a `ferry serve` daemon every rank shares) for this pool")
             if l1 is None:
                 how = ("\"ferry_server\"" if key == "kv"
                        else f"\"ferry_server_{key}\" (a daemon serves one layout)")
