@@ -324,3 +324,38 @@ def test_a_persistent_l2_of_the_shared_directory_is_named_not_lost(tmp_path, cap
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warned) == 1 and str(tmp_path) in warned[0] and "kv-pp0of1" in warned[0]
     b.close()
+
+
+def test_storage_metrics_count_pages_moved(tmp_path):
+    """StorageMetrics' prefetch_pgs / backup_pgs and their GB/s are pages
+    moved (Mooncake's backend, sgl-project/sglang 00fe477f32b3878f64d44cc3
+    6895e1de4a113afe, mooncake_store.py batch_set_v1: backup_pgs counts the
+    keys it puts, and nothing when it puts none). A store that failed moved
+    nothing: no pages, and no bandwidth made of a call that returned at
+    once; a read counts the pages found."""
+    from test_adapter_sglang import LayoutDaemon
+    from sglang_pools import MHAHost
+    lay = dict(L=2, kv=2, H=2, D=64, dtype=torch.bfloat16)
+    pool = MHAHost("page_first", 4)
+    fill(pool.kv_buffer, 1)
+    d = LayoutDaemon(str(tmp_path), lay, 4)
+    b = create_backend({"ferry_store": "shared", "ferry_server": d.url,
+                        "ferry_server_timeout_ms": 3000}, {"kv": pool}, metrics=True)
+    h = page_hashes(list(range(16)), 4)
+    try:
+        assert b.batch_set_v1(h[:2], indices(0, 2, 4)) == [True, True]
+        assert b.batch_get_v1(h[:3], indices(4, 3, 4)) == [True, True, False]
+        m = b.get_stats()
+        assert (m.backup_pgs, m.prefetch_pgs) == ([2], [2])
+        assert len(m.backup_bandwidth) == 1 and len(m.prefetch_bandwidth) == 1
+        d.stop()
+        assert b.batch_set_v1(h[2:4], indices(0, 2, 4)) == [False, False]
+        assert b.batch_get_v1(h[:2], indices(4, 2, 4)) == [False, False]
+        assert b.batch_get(h[:2], [pool.get_dummy_flat_data_page() for _ in range(2)]) == \
+            [None, None]
+        m = b.get_stats()
+        assert (m.backup_pgs, m.prefetch_pgs, m.backup_bandwidth, m.prefetch_bandwidth) == \
+            ([], [], [], [])
+    finally:
+        b.close()
+        d.stop()

@@ -661,6 +661,7 @@ class FerryHiCacheStorage(HiCacheStorage):
         if self._shared_reader(key):
             return [True] * len(names)
         ok = [True] * len(names)
+        wrote = [0] * len(names)    # head groups stored (or found present), per page
         t0 = time.perf_counter()
         try:
             if pm.structured:
@@ -668,6 +669,7 @@ class FerryHiCacheStorage(HiCacheStorage):
                     _, st = store.store_named(names, pm.pool_planes[g], blocks, salt=salt,
                                               statuses=True)
                     ok = [a and s in _OK for a, s in zip(ok, st)]
+                    wrote = [w + (s == 0) for w, s in zip(wrote, st)]
             else:
                 import torch
                 stage = torch.empty((1, 1, len(names), pm.page_bytes), dtype=torch.uint8)
@@ -676,11 +678,12 @@ class FerryHiCacheStorage(HiCacheStorage):
                         .contiguous().view(torch.uint8)
                 _, st = store.store_named(names, stage, salt=self._salts(key)[0], statuses=True)
                 ok = [s in _OK for s in st]
+                wrote = [int(s == 0) for s in st]
         except FerryError as e:
             self._failed(e, key, "set")
-            ok = [False] * len(names)
+            ok, wrote = [False] * len(names), [0] * len(names)
         self._count(key, set=len(names), stored=sum(ok))
-        self._measure(key, 1, len(names), store, t0)
+        self._measure(key, 1, sum(map(bool, wrote)), sum(wrote), store, t0)
         return ok
 
     def _get_pages(self, key, keys, starts):
@@ -719,7 +722,7 @@ class FerryHiCacheStorage(HiCacheStorage):
                 if ok[i]:
                     pm.host.set_from_flat_data_page(s, stage[0, 0, i].view(pm.flat_dtype))
         self._count(key, get=len(names), got=sum(ok))
-        self._measure(key, 0, len(names), store, t0)
+        self._measure(key, 0, sum(ok), sum(ok) * len(self._salts(key)), store, t0)
         return ok
 
     def _packed(self, keys):
@@ -932,8 +935,8 @@ class FerryHiCacheStorage(HiCacheStorage):
         targets = target_locations or [None] * len(keys)
         t0 = time.perf_counter()
         out = [self.get(k, t) for k, t in zip(keys, targets)]
-        if keys:
-            self._measure("kv", 0, len(keys), self._pool("kv")[1], t0)
+        got = sum(x is not None for x in out)
+        self._measure("kv", 0, got, got * len(self._salts("kv")), self._pool("kv")[1], t0)
         return out
 
     def set(self, key, value=None, target_location=None, target_sizes=None):
@@ -962,17 +965,20 @@ class FerryHiCacheStorage(HiCacheStorage):
             if not self.set(k, v):
                 break
             n += 1
-        if n:
-            self._measure("kv", 1, n, self._pool("kv")[1], t0)
+        self._measure("kv", 1, n, n * len(self._salts("kv")), self._pool("kv")[1], t0)
         return n == len(keys)
 
     # ---- housekeeping ----
-    def _measure(self, key, backup, pages, store, t0):
-        """One kv-pool page move for get_stats: its pages and GB/s."""
+    def _measure(self, key, backup, pages, chunks, store, t0):
+        """One kv-pool page move for get_stats: the pages moved (read, or
+        stored) and the GB/s of their chunks (one per head group). A call
+        that moved nothing (the store failed, a shared page another rank
+        writes) is no sample: no pages, and no bandwidth of a call that
+        returned at once."""
         if not self._metrics or key != "kv" or not pages or store is None:
             return
         dt = max(time.perf_counter() - t0, 1e-9)
-        gb = pages * store.chunk_bytes * len(self._salts(key)) / (1 << 30)
+        gb = chunks * store.chunk_bytes / (1 << 30)
         with self._lock:
             self._io[backup].append(pages)
             self._io[2 + backup].append(gb / dt)
