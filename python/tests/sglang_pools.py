@@ -257,3 +257,83 @@ class Controller:
 
 def indices(first_page, pages, page):
     return torch.arange(first_page * page, (first_page + pages) * page, dtype=torch.int64)
+
+
+# DeepSeek V4's host pools: stand-ins with the attribute names, buffer
+# shapes and page methods of sgl-project/sglang at commit
+# 00343773d3293d382f0b39101f36b656d30ad2f0,
+# python/sglang/srt/mem_cache/memory_pool_host.py (the newest version of
+# that file the reference index holds):
+# - LogicalHostPool: the pure-logical KV anchor of V4 HiCache; page-aligned
+#   token slots and no tensor (kv_buffer None, layer_num 0; get_data_page
+#   and get_dummy_flat_data_page give an empty uint8 tensor,
+#   set_from_flat_data_page does nothing);
+# - DeepSeekV4PagedHostPool (the compressed C4 / C128 KV and indexer pools)
+#   and DeepSeekV4StateHostPool (their compress states): uint8 page rows,
+#   page_size = slot_page_size (swa_page_size for the states), size =
+#   num_host_pages * page_size; kv_buffer a list of [pages][item_bytes] per
+#   layer (layer_first), [pages][layers][item_bytes] (page_first) or
+#   [pages][layers][1][item_bytes] (page_first_direct); host index i is in
+#   row i // page_size, and a flat page is a row's bytes of every layer.
+class LogicalHost:
+    def __init__(self, pages=16, page=8, layout="page_first"):
+        self.size, self.page_size, self.layout = pages * page, page, layout
+        self.dtype, self.layer_num, self.kv_buffer, self.size_per_token = \
+            torch.uint8, 0, None, 0
+
+    def get_data_page(self, index, flat=True):
+        return torch.empty(0, dtype=torch.uint8)
+
+    def get_dummy_flat_data_page(self):
+        return torch.empty(0, dtype=torch.uint8)
+
+    def set_from_flat_data_page(self, index, data_page):
+        pass
+
+    def get_page_buffer_meta(self, indices):
+        return None
+
+
+class V4RowsHost:
+    def __init__(self, layout, page, layers=3, item_bytes=96, pages=8, state=False):
+        self.layout, self.layer_num, self.item_bytes = layout, layers, item_bytes
+        self.num_host_pages, self.dtype = pages, torch.uint8
+        if state:
+            self.swa_page_size = page
+        else:
+            self.slot_page_size = page
+        self.page_size, self.size = page, pages * page
+        if layout == "layer_first":
+            self.kv_buffer = [torch.zeros((pages, item_bytes), dtype=torch.uint8)
+                              for _ in range(layers)]
+        elif layout == "page_first":
+            self.kv_buffer = torch.zeros((pages, layers, item_bytes), dtype=torch.uint8)
+        else:
+            self.kv_buffer = torch.zeros((pages, layers, 1, item_bytes), dtype=torch.uint8)
+
+    def row(self, index):
+        r = int(index) // self.page_size
+        if self.layout == "layer_first":
+            return torch.stack([b[r] for b in self.kv_buffer])
+        return self.kv_buffer[r]
+
+    def get_data_page(self, index, flat=True):
+        p = self.row(index)
+        return p.flatten() if flat else p
+
+    def get_dummy_flat_data_page(self):
+        return torch.zeros((self.layer_num, self.item_bytes), dtype=torch.uint8).flatten()
+
+    def set_from_flat_data_page(self, index, data_page):
+        r = int(index) // self.page_size
+        data = data_page.view(torch.uint8).reshape(self.layer_num, self.item_bytes)
+        if self.layout == "layer_first":
+            for i, b in enumerate(self.kv_buffer):
+                b[r].copy_(data[i])
+        else:
+            self.kv_buffer[r].copy_(data.reshape(self.kv_buffer[r].shape))
+
+    def fill(self, seed):
+        for i, b in enumerate(self.kv_buffer if isinstance(self.kv_buffer, list)
+                              else [self.kv_buffer]):
+            fill(b, seed + i)

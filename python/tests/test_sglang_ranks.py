@@ -225,3 +225,137 @@ def test_a_misspelt_ferry_key_is_refused():
                         "ferry_server_indexer": None, "ferry_key_len": 64, "interface_v1": 1,
                         "ferry_share_dp": False}, {"kv": pool})
     b.close()
+
+
+def test_a_daemon_restarted_with_another_layout_reads_as_misses(tmp_path):
+    """A `ferry serve` restarted on the same socket with another chunk size
+    (or layout, or seed) answers the reconnecting client FERRY_EMISMATCH,
+    and a daemon of another version may answer ENOTSUP or EPARSE: each is
+    the store's state, not the caller's mistake, and SGLang calls from
+    threads that catch nothing (sgl-project/sglang 001067fffe33427bee0ed2f
+    007fb7551a1d76b44, python/sglang/srt/managers/cache_controller.py,
+    prefetch_thread_func / backup_thread_func catch only queue.Empty).
+    Every call reads as misses / pages not stored, nothing raises, and
+    the host pool is untouched."""
+    from test_adapter_sglang import LayoutDaemon
+    from sglang_pools import MHAHost
+    lay = dict(L=2, kv=2, H=2, D=64, dtype=torch.bfloat16)
+    pool = MHAHost("page_first", 4)
+    fill(pool.kv_buffer, 1)
+    d = LayoutDaemon(str(tmp_path), lay, 4)
+    b = create_backend({"ferry_store": "shared", "ferry_server": d.url,
+                        "ferry_server_timeout_ms": 3000}, {"kv": pool})
+    h = page_hashes(list(range(16)), 4)
+    try:
+        assert b.batch_set_v1(h[:2], indices(0, 2, 4)) == [True, True]
+        d.stop()
+        d = LayoutDaemon(str(tmp_path), lay, 8)     # another chunk size, same socket
+        pool.kv_buffer[:, 16:24] = 0
+        assert b.batch_exists(h) == 0
+        assert b.exists(h[0]) is False
+        assert b.batch_get_v1(h[:2], indices(4, 2, 4)) == [False, False]
+        assert b.batch_set_v1(h[2:4], indices(0, 2, 4)) == [False, False]
+        assert b.get(h[0], pool.get_dummy_flat_data_page()) is None
+        assert b.set(h[3], pool.get_data_page(0)) is False
+        assert b.batch_exists_v2(h, []).kv_hit_pages == 0
+        assert torch.count_nonzero(pool.kv_buffer[:, 16:24]) == 0
+    finally:
+        b.close()
+        d.stop()
+
+
+def test_store_failures_warn_once_across_controller_threads(caplog):
+    """SGLang's prefetch and backup threads call the backend at once
+    (sgl-project/sglang 001067fffe33427bee0ed2f007fb7551a1d76b44,
+    python/sglang/srt/managers/cache_controller.py: prefetch_thread_func,
+    prefetch_io_aux_func, backup_thread_func): two failures in one
+    interval give one warning, whichever thread comes first. The time of
+    the last warning is made to hold both threads until both have read it
+    (the race; a lock around it lets the second in only after the first
+    is done, and the wait then gives up)."""
+    import threading
+    from ferry.adapters.sglang import FerryHiCacheStorage
+    from sglang_pools import MHAHost
+    both = threading.Barrier(2, timeout=0.5)
+
+    class Racy(FerryHiCacheStorage):
+        @property
+        def _warned_at(self):
+            at = self.__dict__.get("_at", -1e9)
+            try:
+                both.wait()
+            except threading.BrokenBarrierError:
+                pass
+            return at
+
+        @_warned_at.setter
+        def _warned_at(self, v):
+            self.__dict__["_at"] = v
+
+    b = create_backend({"ferry_store": "r0", "ferry_l1": "2M"}, {"kv": MHAHost("page_first", 4)})
+    b.__class__ = Racy
+    err = ferry.FerryError(ferry.errors.ECONN, "gone", "test")
+    caplog.set_level("WARNING", logger="ferry.sglang")
+    ts = [threading.Thread(target=b._failed, args=(err, "kv", "get")) for _ in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 1
+    b.__class__ = FerryHiCacheStorage
+    b.close()
+
+
+def test_a_persistent_l2_of_the_shared_directory_is_named_not_lost(tmp_path, caplog):
+    """Before each rank and pool opened its own directory under "ferry_l2"
+    (08e4f8d), the one rank SGLang could start (TP 1, the kv pool alone)
+    kept its persistent L2 in the directory itself. Upgraded, that rank
+    opens DIR/kv-pp0of1-... and never reads the old pages: no wrong byte,
+    but a warm cache gone with no word. The backend says so, once, naming
+    the directory and where the pages are looked for now."""
+    from sglang_pools import MHAHost
+    old = ferry.KVStore("tiny", ferry.Layout(2, 2, 64, "bf16"), l1="2M",
+                        l2=f"{tmp_path}:16M", chunk_tokens=4, persistent=True)
+    old.close()
+    caplog.set_level("WARNING", logger="ferry.sglang")
+    b = create_backend({"ferry_store": "r0", "ferry_l1": "2M", "ferry_l2": f"{tmp_path}:16M",
+                        "ferry_persistent": True},
+                       {"kv": MHAHost("page_first", 4), "mamba": MambaHost()})
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and str(tmp_path) in warned[0] and "kv-pp0of1" in warned[0]
+    b.close()
+
+
+def test_storage_metrics_count_pages_moved(tmp_path):
+    """StorageMetrics' prefetch_pgs / backup_pgs and their GB/s are pages
+    moved (Mooncake's backend, sgl-project/sglang 00fe477f32b3878f64d44cc3
+    6895e1de4a113afe, mooncake_store.py batch_set_v1: backup_pgs counts the
+    keys it puts, and nothing when it puts none). A store that failed moved
+    nothing: no pages, and no bandwidth made of a call that returned at
+    once; a read counts the pages found."""
+    from test_adapter_sglang import LayoutDaemon
+    from sglang_pools import MHAHost
+    lay = dict(L=2, kv=2, H=2, D=64, dtype=torch.bfloat16)
+    pool = MHAHost("page_first", 4)
+    fill(pool.kv_buffer, 1)
+    d = LayoutDaemon(str(tmp_path), lay, 4)
+    b = create_backend({"ferry_store": "shared", "ferry_server": d.url,
+                        "ferry_server_timeout_ms": 3000}, {"kv": pool}, metrics=True)
+    h = page_hashes(list(range(16)), 4)
+    try:
+        assert b.batch_set_v1(h[:2], indices(0, 2, 4)) == [True, True]
+        assert b.batch_get_v1(h[:3], indices(4, 3, 4)) == [True, True, False]
+        m = b.get_stats()
+        assert (m.backup_pgs, m.prefetch_pgs) == ([2], [2])
+        assert len(m.backup_bandwidth) == 1 and len(m.prefetch_bandwidth) == 1
+        d.stop()
+        assert b.batch_set_v1(h[2:4], indices(0, 2, 4)) == [False, False]
+        assert b.batch_get_v1(h[:2], indices(4, 2, 4)) == [False, False]
+        assert b.batch_get(h[:2], [pool.get_dummy_flat_data_page() for _ in range(2)]) == \
+            [None, None]
+        m = b.get_stats()
+        assert (m.backup_pgs, m.prefetch_pgs, m.backup_bandwidth, m.prefetch_bandwidth) == \
+            ([], [], [], [])
+    finally:
+        b.close()
+        d.stop()

@@ -51,6 +51,8 @@ class PoolName(str, Enum):
     INDEXER = "indexer"
     DEEPSEEK_V4_C4 = "deepseek_v4_c4"
     DEEPSEEK_V4_C4_INDEXER = "deepseek_v4_c4_indexer"
+    # an FP4 indexer's scale pool (sgl-project/sglang 00fe477f32b3878f64d44cc36895e1de4a113afe)
+    DEEPSEEK_V4_C4_INDEXER_SCALE = "deepseek_v4_c4_indexer_scale"
     DEEPSEEK_V4_C128 = "deepseek_v4_c128"
     DEEPSEEK_V4_C4_STATE = "deepseek_v4_c4_state"
     DEEPSEEK_V4_C4_INDEXER_STATE = "deepseek_v4_c4_indexer_state"
@@ -80,6 +82,10 @@ class PoolTransfer:
 class PoolTransferResult:
     kv_hit_pages: int
     extra_pool_hit_pages: dict
+    # the stop points every pool restores, as sgl-project/sglang commit
+    # 00fe477f32b3878f64d44cc36895e1de4a113afe has it (the caller
+    # intersects them over ranks); None where a backend gives none
+    restorable_prefix_pages: Optional[List[int]] = None
 
 @dataclass
 class StorageMetrics:

@@ -25,7 +25,13 @@ its own page shape:
   generic get/set included;
 - any other pool (mamba: a temporal state and conv states, separate
   tensors of their own dtypes) is stored as its flat page bytes
-  (host_pool.get_data_page / set_from_flat_data_page), one copy each way.
+  (host_pool.get_data_page / set_from_flat_data_page), one copy each way:
+  DeepSeek V4's compressed pools too (C4 / C128 KV and indexer, their
+  compress states; a page is a uint8 row of every layer);
+- a logical pool (DeepSeek V4's KV anchor: page slots, no tensor) has
+  no bytes and no store: a page move on it moves nothing and answers
+  done, and batch_exists_v2 takes its prefix from the pools that carry
+  the pages (batch_exists alone finds nothing in it).
 
 Keys. A page's ferry name is SGLang's key; the request salt says whose
 slice it is: "sglang/<pool>/<rank tag>". The rank tag holds the pipeline
@@ -65,9 +71,12 @@ YAML extra-config file may carry them; any other value is refused.
 
 Failures. SGLang calls from its controller's threads, which catch
 nothing and are never restarted: a call's own mistakes (bad keys, host
-indices, pools; a closed backend) raise, but the store failing (a daemon
-gone, an I/O error, a full pool) reads as a miss or a page not stored,
-with a warning, and the next call tries the store again.
+indices, pools; a closed backend or store) raise, but the store failing
+(a daemon gone or restarted with another layout, an I/O error, a full
+pool) reads as a miss or a page not stored, with a warning, and the
+next call tries the store again. A DeepSeek V4 row pool's host indices
+that are not its whole pages (SGLang hands it the KV anchor's, or
+token-granular ones) move nothing: misses, not stored, warned once.
 
 Metrics. With enable_storage_metrics on, get_stats returns SGLang's
 StorageMetrics (kv pages per prefetch / backup call and their GB/s,
@@ -99,12 +108,14 @@ from ._sglang_base import (SGLANG, UPSTREAM, HiCacheStorage, HiCacheStorageConfi
 log = logging.getLogger("ferry.sglang")
 
 _SKIPPABLE = {errors.ENOSPACE, errors.ELOCKED, -errno.ENOMEM}
-# a call's own mistakes (bad input, a closed backend): raised. Any other
-# failure is the store's (a daemon gone, an I/O error, a timeout): SGLang
-# calls from its cache controller's threads, which catch nothing and are
-# never restarted, so it reads as a miss / a page not stored (_failed)
-_CALLER_ERRORS = {-errno.EINVAL, -errno.EBADF, errors.EPARSE, errors.EMISMATCH,
-                  errors.ENOTSUP, errors.ESTATE, errors.EBOUNDS}
+# a call's own mistakes (bad keys, host indices, pools) are found before any
+# store call and raised. Whatever a store call raises is the store's: a
+# daemon gone, one restarted with another layout (FERRY_EMISMATCH), one of
+# another version (ENOTSUP, EPARSE), an I/O error, a timeout. SGLang calls
+# from its cache controller's threads, which catch nothing and are never
+# restarted, so it reads as a miss / a page not stored (_failed); only a
+# closed backend or store still raises (EBADF: the owner closed it, and
+# no later call can succeed)
 _WARN_EVERY_S = 10.0
 # the extra-config settings ferry reads (SGLang reads none of them): any
 # other "ferry_" key is a misspelling, refused; the per-pool forms take a
@@ -115,6 +126,11 @@ _POOL_KEYS = ("ferry_server_", "ferry_l1_", "ferry_l2_")
 _OK = {0, errors.EEXIST}
 _KV_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 _NAME_MAX = 1024
+_OLD_L2_WARNED = set()    # L2 roots holding a persistent L2 of their own, warned of
+# newer SGLang's PoolTransferResult carries the stop points every pool
+# restores (restorable_prefix_pages, a default None: sgl-project/sglang
+# 00fe477f32b3878f64d44cc36895e1de4a113afe); an older one has two fields
+_RESTORABLE = "restorable_prefix_pages" in getattr(PoolTransferResult, "__dataclass_fields__", {})
 
 
 def _key_list(keys):
@@ -162,14 +178,31 @@ class _PageMap:
         self.hlayout = getattr(host, "layout", None)
         self.split = split
         self.kind = None
+        self.layout = None
         buf = getattr(host, "kv_buffer", None)
         idx = getattr(host, "index_k_with_scale_buffer", None)
-        if isinstance(buf, torch.Tensor):
+        # DeepSeek V4's compressed pools (C4 / C128 KV and indexer; their
+        # compress states): a page is a uint8 row of every layer, host index
+        # i in row i // page_size, the buffer a list of layers or a tensor
+        # of neither MHA's nor MLA's shape: their flat pages
+        self.rows = any(hasattr(host, a) for a in ("slot_page_size", "swa_page_size")) or \
+            isinstance(buf, (list, tuple))
+        if self.rows:
+            self._bytes()
+        elif isinstance(buf, torch.Tensor):
             self._kv(buf)
         elif isinstance(idx, torch.Tensor):
             self._indexer(idx)
+        elif buf is None and self._no_bytes():
+            self.kind = "logical"
         else:
             self._bytes()
+
+    def _no_bytes(self):
+        """A logical pool (DeepSeek V4's KV anchor, LogicalHostPool): page
+        slots and no tensor, its pages empty. Nothing of it is stored."""
+        dummy = getattr(self.host, "get_dummy_flat_data_page", None)
+        return dummy is None or dummy().numel() == 0
 
     def _kv(self, buf):
         lay, nd, p = self.hlayout, buf.dim(), self.page
@@ -238,11 +271,15 @@ class _PageMap:
 
     @property
     def chunk_tokens(self):
-        return 1 if self.kind == "bytes" else self.page
+        return 1 if self.kind in ("bytes", "logical") else self.page
 
     @property
     def structured(self):
-        return self.kind != "bytes"
+        return self.kind not in ("bytes", "logical")
+
+    @property
+    def logical(self):
+        return self.kind == "logical"
 
     def planes(self, t, g=0):
         """Per-layer paged views of t (a tensor in the pool's layout) for head group g."""
@@ -333,6 +370,8 @@ class FerryHiCacheStorage(HiCacheStorage):
         self._pools = {}      # pool name -> (_PageMap, KVStore)
         self._opened = []     # (registry name, store) opened here
         self._lock = threading.Lock()
+        self._warn_lock = threading.Lock()   # _failed's last warning time, _rows_warned
+        self._rows_warned = set()   # V4 row pools warned of host indices not their pages
         self._counts = {}
         self._tallies = {}     # pool -> (keys asked, pages held) per exists, not yet counted
         self._salt_cache = {}  # pool -> its salts
@@ -423,6 +462,11 @@ class FerryHiCacheStorage(HiCacheStorage):
                     f"{pm.chunk_tokens}; it holds {old[0].layout} x {old[0].chunk_tokens}")
             self._pools[key] = (pm, old[1])
             return
+        if pm.logical:      # no bytes: no store; the other pools carry the pages
+            self._pools[key] = (pm, None)
+            self._counts[key] = dict(exists=0, hit=0, get=0, got=0, set=0, stored=0)
+            self._tallies[key] = []
+            return
         store = self._store_for(key, pm)
         if store.layout != pm.layout or store.chunk_tokens != pm.chunk_tokens:
             raise ValueError(
@@ -447,11 +491,12 @@ class FerryHiCacheStorage(HiCacheStorage):
         else:
             l1 = e.get(f"ferry_l1_{key}", e.get("ferry_l1"))
             if l1 is not None and self._tp_size > 1 and self._replicated(key, pm):
+                setting = "ferry_server" if key == "kv" else f"ferry_server_{key}"
                 raise ValueError(
                     f"ferry: SGLang pool {key!r} of an MLA model at TP {self._tp_size}: SGLang "
                     "stores its pages from TP rank 0 only, and an in-process store is its own "
-                    "rank's, so no other rank would ever find a page; give \"ferry_server\" "
-                    f"(a `ferry serve` daemon every rank shares) for this pool")
+                    "rank's, so no other rank would ever find a page; give "
+                    f"\"{setting}\" (a `ferry serve` daemon every rank shares) for this pool")
             if l1 is None:
                 how = ("\"ferry_server\"" if key == "kv"
                        else f"\"ferry_server_{key}\" (a daemon serves one layout)")
@@ -485,6 +530,16 @@ class FerryHiCacheStorage(HiCacheStorage):
                 raise ValueError(f"ferry: SGLang extra config: an L2 is 'DIR:SIZE' or a list of "
                                  f"them, got {spec!r}")
             sub = os.path.join(d, f"{key}-{self._rank_dir}")
+            if self._persistent and d not in _OLD_L2_WARNED and \
+                    os.path.exists(os.path.join(d, "ferry_pslab.idx")):
+                # a persistent L2 of the directory itself: one rank's, from
+                # before each rank and pool had its own. Not read (whose it
+                # is, is not ferry's to guess), but not lost without a word
+                _OLD_L2_WARNED.add(d)
+                log.warning("ferry: SGLang L2 directory %s holds a persistent L2 of its own (each "
+                            "rank and pool once shared it); this rank's %r pool now keeps its "
+                            "pages in %s and does not read those (remove them to free the space)",
+                            d, key, sub)
             os.makedirs(sub, exist_ok=True)
             out.append(f"{sub}:{size}")
         return out[0] if len(out) == 1 else out
@@ -508,22 +563,50 @@ class FerryHiCacheStorage(HiCacheStorage):
                 c[k] += v
 
     def _failed(self, e, key, what):
-        """A FerryError of a page call: re-raised when it is the caller's
-        (_CALLER_ERRORS), else the store failed (or was full): warned (at
-        most once per _WARN_EVERY_S, the others at debug level) and the
-        call answers a miss / not stored."""
-        if e.code in _CALLER_ERRORS:
+        """A FerryError of a store call: re-raised when the backend or its
+        store is closed (EBADF), else the store failed (or was full):
+        warned (at most once per _WARN_EVERY_S, the others at debug level)
+        and the call answers a miss / not stored."""
+        if e.code == -errno.EBADF:
             raise e
         now = time.monotonic()
-        quiet = now - getattr(self, "_warned_at", -1e9) < _WARN_EVERY_S
-        if not quiet:
-            self._warned_at = now
+        with self._warn_lock:   # the prefetch and backup threads fail at once
+            quiet = now - getattr(self, "_warned_at", -1e9) < _WARN_EVERY_S
+            if not quiet:
+                self._warned_at = now
         (log.debug if quiet else log.warning)(
             "ferry: SGLang pool %r: %s failed, read as %s: %s", key, what,
             "a miss" if what != "set" else "not stored", e)
 
     # ---- the page moves ----
     def _starts(self, pm, n, host_indices):
+        """The host index each of n pages starts at; None for host indices
+        that are not whole pages of a V4 row pool (then nothing moves)."""
+        if pm.logical:      # no page of it moves: its indices name nothing
+            return [0] * n
+        if not pm.rows:
+            return self._page_starts(pm, n, host_indices)
+        # SGLang itself hands a V4 compressed pool indices that are not its
+        # whole pages: the KV anchor's, the anchor's over the compression
+        # ratio, token-granular ones. Which rows they name is not ferry's to
+        # guess, and SGLang's threads catch nothing: nothing moves (a miss,
+        # not stored), warned once for the pool
+        try:
+            out = self._page_starts(pm, n, host_indices)
+            if any(x % pm.page for x in out):
+                raise ValueError(f"ferry: SGLang pool {pm.name!r}: host indices start off "
+                                 f"its page rows ({pm.page} a row)")
+            return out
+        except (ValueError, TypeError, FerryError) as e:
+            with self._warn_lock:
+                first = pm.name not in self._rows_warned
+                self._rows_warned.add(pm.name)
+            (log.warning if first else log.debug)(
+                "ferry: SGLang pool %r: host indices that are not whole pages of it (%s); "
+                "its pages read as misses and are not stored (warned once)", pm.name, e)
+            return None
+
+    def _page_starts(self, pm, n, host_indices):
         if n == 0 and (host_indices is None or len(host_indices) == 0):
             return []
         if host_indices is None:
@@ -568,11 +651,17 @@ class FerryHiCacheStorage(HiCacheStorage):
         names = self._names(keys)
         if not names:
             return []
+        if pm.logical:      # nothing to move (Mooncake's answer too)
+            return [True] * len(names)
+        if starts is None:  # host indices that are not whole pages of a row pool
+            self._count(key, set=len(names))
+            return [False] * len(names)
         if pm.structured:
             blocks = [pm.block_of(s) for s in starts]
         if self._shared_reader(key):
             return [True] * len(names)
         ok = [True] * len(names)
+        wrote = [0] * len(names)    # head groups stored (or found present), per page
         t0 = time.perf_counter()
         try:
             if pm.structured:
@@ -580,6 +669,7 @@ class FerryHiCacheStorage(HiCacheStorage):
                     _, st = store.store_named(names, pm.pool_planes[g], blocks, salt=salt,
                                               statuses=True)
                     ok = [a and s in _OK for a, s in zip(ok, st)]
+                    wrote = [w + (s == 0) for w, s in zip(wrote, st)]
             else:
                 import torch
                 stage = torch.empty((1, 1, len(names), pm.page_bytes), dtype=torch.uint8)
@@ -588,11 +678,12 @@ class FerryHiCacheStorage(HiCacheStorage):
                         .contiguous().view(torch.uint8)
                 _, st = store.store_named(names, stage, salt=self._salts(key)[0], statuses=True)
                 ok = [s in _OK for s in st]
+                wrote = [int(s == 0) for s in st]
         except FerryError as e:
             self._failed(e, key, "set")
-            ok = [False] * len(names)
+            ok, wrote = [False] * len(names), [0] * len(names)
         self._count(key, set=len(names), stored=sum(ok))
-        self._measure(key, 1, len(names), store, t0)
+        self._measure(key, 1, sum(map(bool, wrote)), sum(wrote), store, t0)
         return ok
 
     def _get_pages(self, key, keys, starts):
@@ -600,6 +691,11 @@ class FerryHiCacheStorage(HiCacheStorage):
         names = self._names(keys)
         if not names:
             return []
+        if pm.logical:
+            return [True] * len(names)
+        if starts is None:
+            self._count(key, get=len(names))
+            return [False] * len(names)
         ok = [True] * len(names)
         t0 = time.perf_counter()
         if pm.structured:
@@ -626,7 +722,7 @@ class FerryHiCacheStorage(HiCacheStorage):
                 if ok[i]:
                     pm.host.set_from_flat_data_page(s, stage[0, 0, i].view(pm.flat_dtype))
         self._count(key, get=len(names), got=sum(ok))
-        self._measure(key, 0, len(names), store, t0)
+        self._measure(key, 0, sum(ok), sum(ok) * len(self._salts(key)), store, t0)
         return ok
 
     def _packed(self, keys):
@@ -659,11 +755,16 @@ class FerryHiCacheStorage(HiCacheStorage):
         exists is on the scheduler's path."""
         got = self._lookups.get(key)
         if got is None:
-            store = self._pool(key)[1]     # raises for a pool not registered
-            got = self._lookups[key] = (store.lookup_named_packed, tuple(self._salts(key)))
+            pm, store = self._pool(key)     # raises for a pool not registered
+            got = self._lookups[key] = (None, ()) if pm.logical else \
+                (store.lookup_named_packed, tuple(self._salts(key)))
         lookup, salts = got
         if type(keys) is not list and not isinstance(keys, (list, tuple)):
             keys = _key_list(keys)
+        if lookup is None:      # a logical pool holds no page: never a hit on its own
+            self._names(keys)
+            self._tallies[key].append((len(keys), 0))
+            return 0
         asked = n = len(keys)
         if n == 1 and type(keys[0]) is str:     # the scheduler's one-key exists
             b = keys[0].encode()
@@ -715,33 +816,56 @@ class FerryHiCacheStorage(HiCacheStorage):
         return self._held("kv", keys)
 
     def batch_exists_v2(self, keys, pool_transfers=None, extra_info=None):
-        """The usable prefix over the kv pool and every pool transfer's own
-        hit policy (ALL_PAGES: each page of the prefix; TRAILING_PAGES: the
-        last len(transfer.keys) pages of it), as SGLang's base class says."""
+        """The usable prefix: the greatest stop point (a page count) that
+        the kv pool and every pool transfer restore, each by its own hit
+        policy (ALL_PAGES: each page up to it; TRAILING_PAGES: the last
+        len(transfer.keys) pages before it). A trailing pool restores only
+        at the ends of its stored windows, so the stop points are
+        intersected, never the pools' greatest ones taken at their least;
+        they go back as restorable_prefix_pages where SGLang's result has
+        that field (the caller intersects them over ranks)."""
         for t in pool_transfers or []:
             self._pool(t.name)          # unknown pools refused before any lookup
-        kv_pages = self._held("kv", keys)
+        if self._pool("kv")[0].logical and pool_transfers:
+            # a logical anchor (DeepSeek V4) holds no bytes: every kv prefix is
+            # one, and the pools that carry the pages decide (as Mooncake's)
+            keys = _key_list(keys)
+            self._names(keys)
+            kv_pages = len(keys)
+        else:
+            kv_pages = self._held("kv", keys)
         hits = {PoolName.KV: kv_pages} if kv_pages else {}
-        final = kv_pages
+        stops = set(range(1, kv_pages + 1))
         for t in pool_transfers or []:
-            if final == 0:
+            if not stops:
                 break
             name = _pool_key(t.name)
-            policy = PoolHitPolicy(t.hit_policy)
-            if policy == PoolHitPolicy.ALL_PAGES:
+            if PoolHitPolicy(t.hit_policy) == PoolHitPolicy.ALL_PAGES:
                 boundary = self._held(name, keys[:kv_pages])
+                own = set(range(1, boundary + 1))
             else:
                 trailing = max(1, len(t.keys) if t.keys else 1)
-                boundary = 0
-                for end in range(kv_pages, 0, -1):
-                    win = keys[max(0, end - trailing):end]
-                    if self._held(name, win) == len(win):
-                        boundary = end
-                        break
+                held = self._presence(name, keys[:kv_pages])
+                own = {end for end in range(1, kv_pages + 1)
+                       if all(held[max(0, end - trailing):end])}
+                boundary = max(own, default=0)
             if boundary:
                 hits[t.name] = boundary
-            final = min(final, boundary)
+            stops &= own
+        final = max(stops, default=0)
+        if _RESTORABLE:
+            return PoolTransferResult(final, hits, restorable_prefix_pages=sorted(stops))
         return PoolTransferResult(final, hits)
+
+    def _presence(self, name, keys):
+        """Whether pool `name` holds each of keys: a lookup per run of held
+        keys and the gap after it (the leading keys held, from each start)."""
+        held, i = [False] * len(keys), 0
+        while i < len(keys):
+            n = self._held(name, keys[i:])
+            held[i:i + n] = [True] * n
+            i += n + 1
+        return held
 
     # ---- pages in the host pools (v1: the kv pool; v2: every pool) ----
     def batch_get_v1(self, keys, host_indices, extra_info=None):
@@ -787,6 +911,9 @@ class FerryHiCacheStorage(HiCacheStorage):
         if target_location is None:
             target_location = self.mem_pool_host.get_dummy_flat_data_page()
         names = self._names([key])
+        if pm.logical:      # no bytes of its own: never a page to read
+            self._count("kv", get=1)
+            return None
         if not pm.structured:
             raise ValueError("ferry: the kv pool's pages are not a ferry layout")
         views = [pm.flat_planes(target_location, g) for g in range(self._split)]
@@ -808,14 +935,16 @@ class FerryHiCacheStorage(HiCacheStorage):
         targets = target_locations or [None] * len(keys)
         t0 = time.perf_counter()
         out = [self.get(k, t) for k, t in zip(keys, targets)]
-        if keys:
-            self._measure("kv", 0, len(keys), self._pool("kv")[1], t0)
+        got = sum(x is not None for x in out)
+        self._measure("kv", 0, got, got * len(self._salts("kv")), self._pool("kv")[1], t0)
         return out
 
     def set(self, key, value=None, target_location=None, target_sizes=None):
         """Store one flat kv page; False when ferry declined it (full)."""
         pm, store = self._pool("kv")
         names = self._names([key])
+        if pm.logical:      # nothing to store
+            return True
         views = [pm.flat_planes(value, g) for g in range(self._split)]
         if self._shared_reader("kv"):
             return True
@@ -836,17 +965,20 @@ class FerryHiCacheStorage(HiCacheStorage):
             if not self.set(k, v):
                 break
             n += 1
-        if n:
-            self._measure("kv", 1, n, self._pool("kv")[1], t0)
+        self._measure("kv", 1, n, n * len(self._salts("kv")), self._pool("kv")[1], t0)
         return n == len(keys)
 
     # ---- housekeeping ----
-    def _measure(self, key, backup, pages, store, t0):
-        """One kv-pool page move for get_stats: its pages and GB/s."""
-        if not self._metrics or key != "kv" or not pages:
+    def _measure(self, key, backup, pages, chunks, store, t0):
+        """One kv-pool page move for get_stats: the pages moved (read, or
+        stored) and the GB/s of their chunks (one per head group). A call
+        that moved nothing (the store failed, a shared page another rank
+        writes) is no sample: no pages, and no bandwidth of a call that
+        returned at once."""
+        if not self._metrics or key != "kv" or not pages or store is None:
             return
         dt = max(time.perf_counter() - t0, 1e-9)
-        gb = pages * store.chunk_bytes * len(self._salts(key)) / (1 << 30)
+        gb = chunks * store.chunk_bytes / (1 << 30)
         with self._lock:
             self._io[backup].append(pages)
             self._io[2 + backup].append(gb / dt)
@@ -876,14 +1008,14 @@ class FerryHiCacheStorage(HiCacheStorage):
         with self._lock:
             counts = {k: dict(v) for k, v in self._counts.items()}
         for key, (_, store) in self._pools.items():
-            out[key] = {"pages": counts[key], "store": store.stats()}
+            out[key] = {"pages": counts[key], "store": store and store.stats()}
         return out
 
     def clear(self):
         """Empty every pool's store (a shared daemon's cache too: every rank's)."""
         seen = set()
         for _, store in self._pools.values():
-            if id(store) not in seen:
+            if store is not None and id(store) not in seen:
                 seen.add(id(store))
                 store.clear()
         return True
