@@ -100,7 +100,7 @@ from .. import errors
 from ..errors import FerryError
 from ..kv import KVStore, Layout
 from . import register_store, registered_store, unregister_store
-from . import _settings
+from . import _l2dir, _settings
 from ._sglang_base import (SGLANG, UPSTREAM, HiCacheStorage, HiCacheStorageConfig,
                            HiCacheStorageExtraInfo, PoolHitPolicy, PoolName, PoolTransfer,
                            PoolTransferResult, StorageMetrics)
@@ -520,29 +520,23 @@ class FerryHiCacheStorage(HiCacheStorage):
         directory has one owner, and every rank's process and every pool
         opens a store from the same extra config; the rank names every
         coordinate, so the same rank finds its persistent L2 again."""
-        if spec is None:
-            return None
-        specs = [spec] if isinstance(spec, (str, bytes, os.PathLike)) else list(spec)
-        out = []
-        for one in specs:
-            d, sep, size = os.fsdecode(one).rpartition(":")
-            if not sep or not d:
-                raise ValueError(f"ferry: SGLang extra config: an L2 is 'DIR:SIZE' or a list of "
-                                 f"them, got {spec!r}")
-            sub = os.path.join(d, f"{key}-{self._rank_dir}")
+        return _l2dir.rank_l2(spec, f"{key}-{self._rank_dir}",
+                              "ferry: SGLang extra config: an L2 is", self._old_l2(key))
+
+    def _old_l2(self, key):
+        """The word about a persistent L2 an older ferry kept in DIR itself."""
+        def name(d, sub):
             if self._persistent and d not in _OLD_L2_WARNED and \
                     os.path.exists(os.path.join(d, "ferry_pslab.idx")):
                 # a persistent L2 of the directory itself: one rank's, from
                 # before each rank and pool had its own. Not read (whose it
                 # is, is not ferry's to guess), but not lost without a word
                 _OLD_L2_WARNED.add(d)
-                log.warning("ferry: SGLang L2 directory %s holds a persistent L2 of its own (each "
-                            "rank and pool once shared it); this rank's %r pool now keeps its "
-                            "pages in %s and does not read those (remove them to free the space)",
-                            d, key, sub)
-            os.makedirs(sub, exist_ok=True)
-            out.append(f"{sub}:{size}")
-        return out[0] if len(out) == 1 else out
+                log.warning("ferry: SGLang L2 directory %s holds a persistent L2 of its own "
+                            "(each rank and pool once shared it); this rank's %r pool now keeps "
+                            "its pages in %s and does not read those (remove them to free the "
+                            "space)", d, key, sub)
+        return name
 
     def _pool(self, name):
         key = _pool_key(name)

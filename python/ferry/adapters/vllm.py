@@ -142,6 +142,7 @@ from .._buffers import Buffer
 from ..errors import FerryError
 from ..kv import KVStore, Layout, hash_chunks
 from . import register_store, registered_store
+from . import _l2dir
 from ._settings import flag as _flag, truthy as _truthy
 from ._vllm_base import (VLLM, AllBlocksCleared, BlockRemoved, BlockStored, KVConnectorBase_V1,
                          KVConnectorMetadata, KVConnectorPromMetrics, KVConnectorRole,
@@ -381,21 +382,10 @@ def _rank_l2(spec, rank):
     An L2 directory has one owner and every worker process opens its store
     from the same extra config; the rank names every coordinate, so the same
     worker of the same topology finds its persistent L2 again, and a worker
-    of another topology opens another directory (a miss)."""
-    if spec is None:
-        return None
-    specs = [spec] if isinstance(spec, (str, bytes, os.PathLike)) else list(spec)
-    out = []
-    for one in specs:
-        d, sep, size = os.fsdecode(one).rpartition(":")
-        if not sep or not d:
-            raise ValueError(f"ferry: \"ferry.l2\" is 'DIR:SIZE' or a list of them, "
-                             f"got {spec!r}")
-        sub = os.path.join(d, f"vllm-{rank}")
-        os.makedirs(sub, exist_ok=True)
-        _name_old_l2(d, sub)
-        out.append(f"{sub}:{size}")
-    return out[0] if len(out) == 1 else out
+    of another topology opens another directory (a miss). Every worker's
+    name is its own (the DP replica is data_parallel_index), so no two
+    workers of one vLLM share a name: no series of directories here."""
+    return _l2dir.rank_l2(spec, f"vllm-{rank}", "ferry: \"ferry.l2\" is", _name_old_l2)
 
 
 # the slabs an L2 keeps in its directory (persistent: ferry_pslab.bin and its
