@@ -62,7 +62,14 @@ Stores (extra config):
   empty, and SGLang takes the smallest hit of all ranks), refused. An
   L2 directory has one owner, so "DIR:SIZE" gives each pool of each rank
   DIR/<pool>-pp<r>of<n>-dp..-cp..-tp<r>of<n> of SIZE (a persistent one
-  is found again by the same rank).
+  is found again by the same rank). SGLang's plain DP replicas (--dp-size
+  without attention DP) all report DP rank 0, so their TP rank r shares a
+  name: the first replica to open it owns it, the next take <name>.1,
+  <name>.2, ... (at most _L2_REPLICAS, then refused naming them). The
+  replicas run one model with one TP layout, so whichever finds whichever
+  directory after a restart reads valid pages: the name keeps the TP rank
+  and pipeline stage, the page names carry them too, and a persistent L2
+  refuses another model, layout, page size or hash seed.
   Any other "ferry_" key is refused (a misspelt setting).
 "ferry_key_len": N refuses keys that are not N bytes (SGLang's SHA-256
 hex keys are 64). The flags ("ferry_share_dp", "ferry_persistent") are
@@ -127,6 +134,15 @@ _OK = {0, errors.EEXIST}
 _KV_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 _NAME_MAX = 1024
 _OLD_L2_WARNED = set()    # L2 roots holding a persistent L2 of their own, warned of
+_L2_WHAT = "ferry: SGLang extra config: an L2 is"
+# a rank's L2 directory and its series: SGLang's storage config does not
+# tell plain DP replicas apart (dp_rank is attention DP's, "plain --dp-size
+# replicas all report 0": sgl-project/sglang 001067fffe33427bee0ed2f007fb7551a1d76b44,
+# python/sglang/srt/mem_cache/hicache_storage.py), so every replica's TP
+# rank r names the same directory; the first opens it, the next ones
+# DIR/<name>.1, .2, ... (see _store_for). A replica is a copy of the same
+# model and TP layout, so after a restart either may take either's pages
+_L2_REPLICAS = 16
 # newer SGLang's PoolTransferResult carries the stop points every pool
 # restores (restorable_prefix_pages, a default None: sgl-project/sglang
 # 00fe477f32b3878f64d44cc36895e1de4a113afe); an older one has two fields
@@ -502,10 +518,12 @@ class FerryHiCacheStorage(HiCacheStorage):
                        else f"\"ferry_server_{key}\" (a daemon serves one layout)")
                 raise RuntimeError(f"ferry: SGLang pool {key!r}: no store registered as {reg!r}, "
                                    f"no {how} and no \"ferry_l1\" to open one")
-            store = KVStore(model=model, layout=pm.layout, l1=l1,
-                            l2=self._l2_for(key, e.get(f"ferry_l2_{key}", e.get("ferry_l2"))),
-                            chunk_tokens=pm.chunk_tokens,
-                            persistent=self._persistent)
+            store = _l2dir.open_in_series(
+                lambda l2: KVStore(model=model, layout=pm.layout, l1=l1, l2=l2,
+                                   chunk_tokens=pm.chunk_tokens, persistent=self._persistent),
+                e.get(f"ferry_l2_{key}", e.get("ferry_l2")), f"{key}-{self._rank_dir}",
+                _L2_WHAT, self._old_l2(key), _L2_REPLICAS,
+                f"ferry: SGLang pool {key!r} of rank {self._rank_dir}")
         try:
             register_store(reg, store)
         except ValueError:
@@ -513,15 +531,6 @@ class FerryHiCacheStorage(HiCacheStorage):
             raise
         self._opened.append((reg, store))
         return store
-
-    def _l2_for(self, key, spec):
-        """The L2 of pool `key`'s in-process store: each "DIR:SIZE" of spec
-        (one, or a list of them) as DIR/<pool>-<rank>:SIZE. An L2
-        directory has one owner, and every rank's process and every pool
-        opens a store from the same extra config; the rank names every
-        coordinate, so the same rank finds its persistent L2 again."""
-        return _l2dir.rank_l2(spec, f"{key}-{self._rank_dir}",
-                              "ferry: SGLang extra config: an L2 is", self._old_l2(key))
 
     def _old_l2(self, key):
         """The word about a persistent L2 an older ferry kept in DIR itself."""
