@@ -8,7 +8,9 @@ through a `ferry serve` daemon:
   free, cancel and layer_done; and a store finalized before its op at exit;
 - close() from one thread while others are inside store and lookup, or
   in a tight loop of one-name lookups;
-- ids a cast to int32 would wrap, negative ids, floats and strings.
+- ids a cast to int32 would wrap, negative ids, floats and strings;
+- an async retrieve's destination given other memory (set_, .data =)
+  while the op runs: the op's bytes land in the memory it holds.
 """
 import os
 import subprocess
@@ -251,6 +253,39 @@ def test_ids_out_of_range_are_refused(url):
         assert op.wait() == 32
         assert s.lookup(np.array(toks, dtype=np.int64)) == 32
         s.close()
+    """)
+
+
+def test_destination_given_other_memory_in_flight_is_not_written(url):
+    # retrieve_async into y, then y.set_() / y.data = ... before it lands:
+    # the op holds y's old storage (on a torch without untyped_storage too),
+    # so the bytes land there, never in freed memory a new tensor took;
+    # wait() says EFAULT (y does not hold them)
+    run_child(url, """
+        import gc
+        s = store()
+        n = 8192
+        toks = np.arange(n, dtype=np.int32) + 500000
+        x = kv(n)
+        assert s.store(toks, x) == n
+        for r in range(12):
+            y = torch.zeros_like(x)
+            op = s.retrieve_async(toks, y)
+            if r % 2:
+                y.set_(torch.zeros(4, dtype=torch.bfloat16))
+            else:
+                y.data = torch.zeros(4, dtype=torch.bfloat16)
+            gc.collect()
+            z = torch.full(x.shape, 3.0, dtype=torch.bfloat16)   # may reuse freed memory
+            try:
+                rc = op.wait()
+            except FerryError as e:
+                assert e.code == -errno.EFAULT and "moved" in e.message, e
+            else:
+                assert rc == n   # (landed before the set_)
+            assert bool((z == 3.0).all()), f"round {r}: a tensor allocated later was written"
+        s.close()
+        print("ok")
     """)
 
 
