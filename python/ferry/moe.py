@@ -31,7 +31,7 @@ import numpy as np
 
 from . import _abi as A
 from ._handle import NOT_OPENED, Closing, Opened
-from ._buffers import describe, is_torch
+from ._buffers import describe, is_torch, storage_of
 from ._lib import lib
 from .errors import FerryError, check
 
@@ -295,7 +295,12 @@ class ExpertPool(Closing):
 
     Threads: calls from several threads are serialized (one ensure at a
     time, as the C objects require); close() waits for the call inside, and
-    calls after it raise FerryError (EBADF)."""
+    calls after it raise FerryError (EBADF).
+
+    Banks: the pool reads the memory the bank tensors had when it was made
+    (it keeps their storages). A bank resized past its capacity or given
+    other memory (set_, .data =) after that makes the next copy raise
+    FerryError (EFAULT); keep a bank's memory while the pool is open."""
 
     _lock = threading.RLock()   # until __init__ gives the object its own
     _where = NOT_OPENED
@@ -319,6 +324,10 @@ class ExpertPool(Closing):
                                      f"({num_layers} layers x {num_experts} experts)")
             row_bytes = [n // (num_layers * num_experts) for _, n in info]
             self._banks = banks
+            # what the rows source reads: the banks' storages (kept whatever
+            # set_() or .data = does to a tensor) at these addresses
+            self._bank_keep = [storage_of(b) for b in banks]
+            self._bank_addrs = [a for a, _ in info]
         elif row_bytes is None:
             raise ValueError("ferry: a rows_file needs row_bytes (one per bank)")
         if not 1 <= len(row_bytes) <= A.MOE_MAX_BANKS:
@@ -494,6 +503,8 @@ class ExpertPool(Closing):
     def _apply(self, plan, what):
         """Copy a plan's rows; slots a failure leaves unknown are forgotten by
         the planner too, so the two never disagree on an occupant."""
+        if plan.n and self._banks is not None:
+            self._banks_in_place(plan, what)
         unknown = getattr(self, "_unknown", None)
         if unknown is None:  # made once: room for every slot
             unknown = self._unknown = (ctypes.c_uint32 * max(self.slots, 1))()
@@ -506,6 +517,21 @@ class ExpertPool(Closing):
                 lib.ferry_moe_planner_forget(self._planner, unknown[i])
             raise FerryError(rc, msg or None, what)
         return rc
+
+    def _banks_in_place(self, plan, what):
+        """Refuse a copy from a bank whose memory moved since the pool was made
+        (resize_() past its capacity frees what the rows source reads; set_()
+        or .data = leaves it stale): the plan's slots are forgotten (nothing
+        was copied into them) and FerryError (EFAULT) names the bank."""
+        for b, (t, addr) in enumerate(zip(self._banks, self._bank_addrs)):
+            now = describe(t)[0]
+            if now != addr:
+                for i in range(plan.n):
+                    lib.ferry_moe_planner_forget(self._planner, plan.dst_slots[i])
+                raise FerryError(-errno.EFAULT, f"expert bank {b} was resized or given other "
+                                 f"memory (its address moved from {addr:#x} to {now:#x}) "
+                                 "since the pool was made: the pool reads the banks it was "
+                                 "given; open a pool over the new banks", what)
 
     @_locked
     def hint_stats(self):

@@ -10,7 +10,8 @@ through a `ferry serve` daemon:
   in a tight loop of one-name lookups;
 - ids a cast to int32 would wrap, negative ids, floats and strings;
 - an async retrieve's destination given other memory (set_, .data =)
-  while the op runs: the op's bytes land in the memory it holds.
+  while the op runs: the op's bytes land in the memory it holds;
+- an expert bank given other memory after its pool was made: refused.
 """
 import os
 import subprocess
@@ -287,6 +288,46 @@ def test_destination_given_other_memory_in_flight_is_not_written(url):
         s.close()
         print("ok")
     """)
+
+
+@pytest.mark.parametrize("how", ["set_", "data", "resize_"])
+def test_expert_bank_given_other_memory_is_refused(how):
+    # an ExpertPool over host banks, then a bank given other memory: its
+    # next copy is refused (EFAULT naming the bank), never read from freed
+    # or stale memory; the slots it planned are forgotten, so planner and
+    # slots agree and the experts resident before stay exact
+    out = run_child("", """
+        L, E, S, R = 2, 8, 4, 4096
+        bank = torch.arange(L * E * R, dtype=torch.int32).to(torch.uint8)
+        want = bank.clone().view(L, E, R)
+        pool = ferry.ExpertPool(L, E, S, [bank])
+        view = pool.slot_tensor(0)
+        first = pool.ensure(0, [1, 2])
+        how = %r
+        if how == "set_":
+            bank.set_(torch.zeros(4, dtype=torch.uint8))
+        elif how == "data":
+            bank.data = torch.zeros(4, dtype=torch.uint8)
+        else:
+            bank.resize_(L * E * R * 64)     # past its capacity: moved, the old freed
+        import gc; gc.collect()
+        junk = torch.full((L * E * R,), 0xAB, dtype=torch.uint8)  # may take the freed memory
+        try:
+            pool.ensure(1, [5, 6])
+        except FerryError as e:
+            assert e.code == -errno.EFAULT and "bank 0" in str(e), e
+        else:
+            raise AssertionError("a copy from a moved bank was made")
+        pool.check()                                            # planner and slots agree
+        assert pool.ensure(0, [1, 2]) == first                  # resident: no copy
+        assert pool.last_counts["missing"] == 0
+        for sl, e in zip(first, [1, 2]):
+            assert torch.equal(view[sl], want[0, e])
+        pool.close()
+        del junk
+        print("ok")
+    """ % how)
+    assert "ok" in out
 
 
 @pytest.mark.parametrize("locked", [False, True])
