@@ -418,6 +418,12 @@ class Buffer:
         table = id_array(block_table, "block id")
         if table.ndim != 1:
             raise ValueError(f"ferry: a block table is one-dimensional, got shape {table.shape}")
+        if table is block_table or table.base is not None:
+            # the engine's own memory (an int32 array, a tensor's view): an
+            # async op reads the table after the call returns, and an engine
+            # rewrites its table in place for the next step; ferry checked
+            # the ids at the call, so it reads a copy of them
+            table = table.copy()
         self._table = table
         self._keep.append(caches)
         c = self.c

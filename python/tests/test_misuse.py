@@ -11,7 +11,8 @@ through a `ferry serve` daemon:
 - ids a cast to int32 would wrap, negative ids, floats and strings;
 - an async retrieve's destination given other memory (set_, .data =)
   while the op runs: the op's bytes land in the memory it holds;
-- an expert bank given other memory after its pool was made: refused.
+- an expert bank given other memory after its pool was made: refused;
+- an engine's block table rewritten in place while an async op runs.
 """
 import os
 import subprocess
@@ -287,6 +288,42 @@ def test_destination_given_other_memory_in_flight_is_not_written(url):
             assert bool((z == 3.0).all()), f"round {r}: a tensor allocated later was written"
         s.close()
         print("ok")
+    """)
+
+
+def test_block_table_rewritten_in_flight_moves_the_blocks_given(url):
+    # an engine hands its own int32 block table (an array, a tensor) to an
+    # async op and rewrites it in place for the next step at once: the op
+    # moves the blocks the table named at the call, never the new ones
+    # (another request's blocks) nor ids past the cache (out of bounds)
+    run_child(url, """
+        BS, NB, NBLK = 16, 256, 128
+        caches = [torch.randn(2, NB, BS, 2, 64).to(torch.bfloat16) for _ in range(2)]
+        n = NBLK * BS
+        toks = np.arange(n, dtype=np.int32) + 900000
+        s = store()
+        assert s.store(toks, caches, np.arange(NBLK, dtype=np.int32)) == n
+        for r in range(40):
+            dst = [torch.zeros_like(c) for c in caches]
+            arr = np.arange(NBLK, dtype=np.int32) + NBLK          # blocks 128..255
+            t = arr if r % 2 else torch.from_numpy(arr)
+            op = s.retrieve_async(toks, dst, t)
+            arr[:] = 0 if r % 4 < 2 else 2**31 - 1               # rewritten at once
+            assert op.wait() == n
+            for l in range(2):
+                assert torch.equal(dst[l][:, NBLK:], caches[l][:, :NBLK]), (r, l)
+                assert not dst[l][:, :NBLK].any(), f"round {r}: KV landed in other blocks"
+        # a store: the chunks hold the blocks named at the call
+        src = [torch.randn(2, NB, BS, 2, 64).to(torch.bfloat16) for _ in range(2)]
+        arr = np.arange(NBLK, dtype=np.int32) + NBLK
+        op = s.store_async(toks + 5000000, src, arr)
+        arr[:] = 0
+        assert op.wait() == n
+        back = [torch.zeros_like(c) for c in caches]
+        assert s.retrieve(toks + 5000000, back, np.arange(NBLK, dtype=np.int32)) == n
+        for l in range(2):
+            assert torch.equal(back[l][:, :NBLK], src[l][:, NBLK:])
+        s.close()
     """)
 
 
