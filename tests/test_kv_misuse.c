@@ -11,6 +11,8 @@
  *  - a layerwise retrieve that outlives its store;
  *  - close while another thread is inside a store call;
  *  - negative token and block ids;
+ *  - a store closed in a forked child: nothing released, the parent's
+ *    store whole;
  *  - a fork while threads are inside op calls: the child's own store
  *    makes, waits and frees ops (no lock left held by the fork).
  */
@@ -457,6 +459,57 @@ static void test_server_addresses_and_a_full_listener(void **state)
     in_child(bad_servers, 0);
 }
 
+/* ---- a store closed in a forked child ---- */
+
+/* the child's close releases nothing: it returns at once (no join of
+ * workers the child lacks, no goodbye on the parent's connection), and the
+ * parent's store answers bitwise afterwards */
+static void close_in_forked_child(int server)
+{
+    env e;
+    env_up(&e, server);
+    ferry_kv *kv = open_kv(&e);
+    unsigned char *img = malloc(IMG_BYTES), *back = calloc(1, IMG_BYTES);
+    CHECK(img && back);
+    ft_fill_pattern(img, IMG_BYTES, 11);
+    ferry_kv_buffer b = host_buf(img), bb = host_buf(back);
+    static int32_t t[NTOK];
+    tokens(t, NTOK, 77);
+    CHECK(ferry_kv_store(kv, t, NTOK, NULL, &b) == (int)NTOK);
+    ferry_kv_op *op = NULL;  /* one in flight at the fork too */
+    tokens(t, NTOK, 555555);
+    CHECK(ferry_kv_store_async(kv, t, NTOK, NULL, &b, &op) == 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        alarm(10);
+        ferry_kv_close(kv);
+        _exit(0);
+    }
+    int st = 0;
+    CHECK(waitpid(pid, &st, 0) == pid);
+    if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0))
+        fprintf(stderr, "the child's close ended it with status %#x\n", st);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    CHECK(ferry_kv_op_wait(op, -1) == (int)NTOK);
+    ferry_kv_op_free(op);
+    tokens(t, NTOK, 77);
+    CHECK(ferry_kv_retrieve(kv, t, NTOK, NULL, &bb) == (int)NTOK);
+    CHECK(memcmp(img, back, IMG_BYTES) == 0);
+    ferry_kv_close(kv);
+    free(img);
+    free(back);
+    env_down(&e);
+}
+
+static void test_close_in_a_forked_child(void **state)
+{
+    (void)state;
+    in_child(close_in_forked_child, 0);
+    in_child(close_in_forked_child, 1);
+}
+
 /* ---- fork while threads are inside op calls ---- */
 
 typedef struct poller {
@@ -557,6 +610,7 @@ int main(void)
         cmocka_unit_test(test_close_waits_for_calls_inside),
         cmocka_unit_test(test_ids_out_of_range),
         cmocka_unit_test(test_server_addresses_and_a_full_listener),
+        cmocka_unit_test(test_close_in_a_forked_child),
         cmocka_unit_test(test_fork_with_op_calls_inside),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
