@@ -3,7 +3,9 @@
  * size parsing and the version.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +48,45 @@ static void error_messages_go_to_handle_and_thread(void **state)
     ferry__errbuf other = {0};
     assert_int_equal(ferry__err_pass(&other, -EIO), -EIO);
     assert_string_equal(other.msg, eb.msg);
+}
+
+/* a fork while other threads write messages: the child's own message on a
+ * buffer of the same lock is written, never spun on forever (the lock a
+ * writer held at the fork is free in the child) */
+static ferry__errbuf g_fork_eb;
+static atomic_int g_fork_stop;
+
+static void *write_messages(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&g_fork_stop))
+        ferry__err_set(&g_fork_eb, -EIO, "file /x: read of %d bytes at %d: EIO", 4096, 8192);
+    return NULL;
+}
+
+static void error_locks_are_free_in_a_forked_child(void **state)
+{
+    (void)state;
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, write_messages, NULL), 0);
+    int bad = 0;
+    for (int i = 0; i < 200 && !bad; i++) {
+        fflush(NULL);
+        pid_t c = fork();
+        if (c == 0) {
+            alarm(5);
+            ferry__err_set(&g_fork_eb, -ENOENT, "the child's");
+            _exit(strcmp(ferry__err_msg(&g_fork_eb), "the child's") == 0 ? 0 : 1);
+        }
+        int ws = 0;
+        assert_int_equal(waitpid(c, &ws, 0), c);
+        bad = !(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    }
+    atomic_store(&g_fork_stop, 1);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    assert_false(bad);
 }
 
 static int g_logged;
@@ -294,6 +335,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(strerror_never_null_and_names_codes),
         cmocka_unit_test(error_messages_go_to_handle_and_thread),
+        cmocka_unit_test(error_locks_are_free_in_a_forked_child),
         cmocka_unit_test(log_levels_filter_and_parse),
         cmocka_unit_test(allocation_hook_injects_oom),
         cmocka_unit_test(sizes_parse_with_suffixes),

@@ -10,13 +10,18 @@
  *    free, cancel, wait and layer_done afterwards (nothing committed);
  *  - a layerwise retrieve that outlives its store;
  *  - close while another thread is inside a store call;
- *  - negative token and block ids.
+ *  - negative token and block ids;
+ *  - a store closed in a forked child: nothing released, the parent's
+ *    store whole;
+ *  - a fork while threads are inside op calls: the child's own store
+ *    makes, waits and frees ops (no lock left held by the fork).
  */
 /* ferry-test-labels: concurrent */
 /* ferry-test-timeout: 300 */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -454,6 +459,149 @@ static void test_server_addresses_and_a_full_listener(void **state)
     in_child(bad_servers, 0);
 }
 
+/* ---- a store closed in a forked child ---- */
+
+/* the child's close releases nothing: it returns at once (no join of
+ * workers the child lacks, no goodbye on the parent's connection), and the
+ * parent's store answers bitwise afterwards */
+static void close_in_forked_child(int server)
+{
+    env e;
+    env_up(&e, server);
+    ferry_kv *kv = open_kv(&e);
+    unsigned char *img = malloc(IMG_BYTES), *back = calloc(1, IMG_BYTES);
+    CHECK(img && back);
+    ft_fill_pattern(img, IMG_BYTES, 11);
+    ferry_kv_buffer b = host_buf(img), bb = host_buf(back);
+    static int32_t t[NTOK];
+    tokens(t, NTOK, 77);
+    CHECK(ferry_kv_store(kv, t, NTOK, NULL, &b) == (int)NTOK);
+    ferry_kv_op *op = NULL;  /* one in flight at the fork too */
+    tokens(t, NTOK, 555555);
+    CHECK(ferry_kv_store_async(kv, t, NTOK, NULL, &b, &op) == 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        alarm(10);
+        ferry_kv_close(kv);
+        _exit(0);
+    }
+    int st = 0;
+    CHECK(waitpid(pid, &st, 0) == pid);
+    if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0))
+        fprintf(stderr, "the child's close ended it with status %#x\n", st);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    CHECK(ferry_kv_op_wait(op, -1) == (int)NTOK);
+    ferry_kv_op_free(op);
+    tokens(t, NTOK, 77);
+    CHECK(ferry_kv_retrieve(kv, t, NTOK, NULL, &bb) == (int)NTOK);
+    CHECK(memcmp(img, back, IMG_BYTES) == 0);
+    ferry_kv_close(kv);
+    free(img);
+    free(back);
+    env_down(&e);
+}
+
+static void test_close_in_a_forked_child(void **state)
+{
+    (void)state;
+    in_child(close_in_forked_child, 0);
+    in_child(close_in_forked_child, 1);
+}
+
+/* ---- fork while threads are inside op calls ---- */
+
+typedef struct poller {
+    ferry_kv_op *op;
+    atomic_int *stop;
+} poller;
+
+static void *poll_op(void *arg)
+{
+    poller *p = arg;
+    while (!atomic_load(p->stop))
+        (void)ferry_kv_op_test(p->op);  /* each call takes the ops' lock */
+    return NULL;
+}
+
+/* a forked child: a store of its own, one op made, waited, freed */
+static void own_store_after_fork(void)
+{
+    alarm(10);
+    env e;
+    env_up(&e, 0);
+    ferry_kv *kv = open_kv(&e);
+    unsigned char *img = calloc(1, IMG_BYTES);
+    CHECK(img);
+    ferry_kv_buffer b = host_buf(img);
+    int32_t t[2 * CT];
+    tokens(t, 2 * CT, 7);
+    ferry_kv_op *op = NULL;
+    CHECK(ferry_kv_store_async(kv, t, 2 * CT, NULL, &b, &op) == 0);
+    CHECK(ferry_kv_op_wait(op, -1) == (int)(2 * CT));
+    ferry_kv_op_free(op);
+    ferry_kv_close(kv);
+    free(img);
+    _exit(0);
+}
+
+static void fork_with_op_calls_inside(int server)
+{
+    (void)server;
+    env e;
+    env_up(&e, 0);
+    ferry_kv *kv = open_kv(&e);
+    unsigned char *img = calloc(1, IMG_BYTES);
+    CHECK(img);
+    ferry_kv_buffer b = host_buf(img);
+    static int32_t t[NTOK];
+    tokens(t, NTOK, 3);
+    ferry_kv_op *op = NULL;
+    CHECK(ferry_kv_store_async(kv, t, NTOK, NULL, &b, &op) == 0);
+    atomic_int stop = 0;
+    poller p = {op, &stop};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        CHECK(pthread_create(&th[i], NULL, poll_op, &p) == 0);
+    int bad = 0;
+    for (int i = 0; i < 40 && !bad; i++) {
+        fflush(NULL);
+        pid_t pid = fork();
+        CHECK(pid >= 0);
+        if (pid == 0)
+            own_store_after_fork();
+        int st = 0;
+        CHECK(waitpid(pid, &st, 0) == pid);
+        bad += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    atomic_store(&stop, 1);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    if (bad)
+        fprintf(stderr, "a forked child hung or failed making an op\n");
+    CHECK(bad == 0);
+    CHECK(ferry_kv_op_wait(op, -1) == (int)NTOK);
+    ferry_kv_op_free(op);
+    ferry_kv_close(kv);
+    free(img);
+}
+
+static void test_fork_with_op_calls_inside(void **state)
+{
+    (void)state;
+    /* a sanitizer's runtime keeps locks of its own (ASan's allocator, TSan's
+     * threads) that a threaded fork leaves held in the child: skipped there */
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+    skip();
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+    skip();
+#endif
+#endif
+    in_child(fork_with_op_calls_inside, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -462,6 +610,8 @@ int main(void)
         cmocka_unit_test(test_close_waits_for_calls_inside),
         cmocka_unit_test(test_ids_out_of_range),
         cmocka_unit_test(test_server_addresses_and_a_full_listener),
+        cmocka_unit_test(test_close_in_a_forked_child),
+        cmocka_unit_test(test_fork_with_op_calls_inside),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -500,7 +500,10 @@ FERRY_API int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out);
  * Operations not yet freed stay valid handles: their wait, test, cancel,
  * wait_layer and free answer from the operation's end, layer_done answers
  * -ECANCELED; free them with ferry_kv_op_free before or after the close.
- * NULL does nothing. Call it once per store.
+ * NULL does nothing. Call it once per store. In a forked child of the
+ * process that opened the store it releases nothing (logs a warning): the
+ * store's threads, files and connection are its opener's, and a child
+ * opens a store of its own.
  */
 FERRY_API void ferry_kv_close(ferry_kv *kv);
 /**

@@ -140,12 +140,17 @@ def _is_contiguous(shape, strides):
 def storage_of(x):
     """What keeps a tensor's bytes alive while ferry reads or writes them,
     whatever later happens to the tensor object (x.set_(), x.data = y):
-    its storage (a torch tensor) or the array itself."""
+    its storage (a torch tensor) or the array itself. A torch before 2.0
+    has no untyped_storage(): its storage() (a TypedStorage over the same
+    storage) holds the bytes as well, where the tensor would not (set_()
+    gives the tensor another storage and frees the old one in flight)."""
     if is_torch(x):
-        try:
-            return x.untyped_storage()
-        except (AttributeError, RuntimeError):   # older torch, or no storage (meta)
-            return x
+        for get in ("untyped_storage", "storage"):
+            try:
+                return getattr(x, get)()
+            except (AttributeError, RuntimeError):   # that torch lacks it, or no storage (meta)
+                pass
+        return x
     return x
 
 
@@ -413,6 +418,12 @@ class Buffer:
         table = id_array(block_table, "block id")
         if table.ndim != 1:
             raise ValueError(f"ferry: a block table is one-dimensional, got shape {table.shape}")
+        if table is block_table or table.base is not None:
+            # the engine's own memory (an int32 array, a tensor's view): an
+            # async op reads the table after the call returns, and an engine
+            # rewrites its table in place for the next step; ferry checked
+            # the ids at the call, so it reads a copy of them
+            table = table.copy()
         self._table = table
         self._keep.append(caches)
         c = self.c

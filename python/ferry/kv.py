@@ -211,8 +211,11 @@ class Op:
         self._guard = CallGuard(call)
 
     def _c(self, fn, *args):
-        """fn(handle, *args), or None when the handle was freed already."""
+        """fn(handle, *args), or None when the handle was freed already
+        (FerryError in a forked child: the op is its parent's)."""
         if not self._guard.enter():
+            if self._guard.forked:
+                raise self._guard.refused("the operation", self._call)
             return None
         try:
             return fn(self._h, *args)
@@ -289,6 +292,8 @@ class Op:
     def __await__(self):
         loop = asyncio.get_running_loop()
         return loop.run_in_executor(None, self.wait).__await__()
+
+    __reduce_ex__ = Closing.__reduce_ex__
 
     def __del__(self):
         try:
@@ -557,7 +562,7 @@ class KVStore(Closing):
     def _call(self, fn, *args):
         """fn(handle, *args) as one call inside the store: close() waits for it."""
         if not self._h or not self._guard.enter():
-            raise FerryError(-errno.EBADF, "the store is closed", "KVStore")
+            raise self._guard.refused("the store", "KVStore")
         try:
             return fn(self._h, *args)
         finally:
@@ -657,6 +662,10 @@ class KVStore(Closing):
         if guard is None:
             return
         if not guard.end():      # another close released, or is releasing, it all
+            if guard.forked:     # a forked child's copy: the parent's to release
+                self._h = self._dev = None
+                self._streams = {}
+                return
             self._released.wait()
             return
         try:
@@ -831,7 +840,7 @@ class KVStore(Closing):
         req = self._salt_reqs.get(salt) or self._salt_req(salt)
         guard = self._guard
         if not self._h or not guard.enter():
-            raise FerryError(-errno.EBADF, "the store is closed", "KVStore")
+            raise guard.refused("the store", "KVStore")
         try:   # sizes as ctypes objects: argtypes then passes them on unconverted
             rc = lib.ferry_kv_lookup_named_packed(
                 self._h, names, _SIZES[name_len] if name_len < _NSIZES else name_len,

@@ -30,8 +30,8 @@ import threading
 import numpy as np
 
 from . import _abi as A
-from ._handle import Closing
-from ._buffers import describe, is_torch
+from ._handle import NOT_OPENED, Closing, Opened
+from ._buffers import describe, is_torch, storage_of
 from ._lib import lib
 from .errors import FerryError, check
 
@@ -119,9 +119,16 @@ def _u32s(experts):
 def _locked(fn):
     """One call at a time on the object (ferry/moe.h: each object is used by
     one thread at a time): threads calling ensure() at once are serialized,
-    and a close() from another thread waits for the call inside."""
+    and a close() from another thread waits for the call inside. In a
+    forked child the object is its parent's: calls raise FerryError (EBADF)
+    before the lock (a thread the child lacks may have held it), and close()
+    forgets the handles, calling no C (ferry/_handle.py)."""
     @functools.wraps(fn)
     def call(self, *args, **kwargs):
+        if self._where.forked:
+            if fn.__name__ == "close":
+                return self._forget_forked()
+            raise self._where.refused(f"the {type(self).__name__}", fn.__name__)
         with self._lock:
             return fn(self, *args, **kwargs)
     return call
@@ -169,10 +176,12 @@ class Planner(Closing):
     serialized; after close() they raise FerryError (EBADF)."""
 
     _lock = threading.RLock()   # until __init__ gives the object its own
+    _where = NOT_OPENED
 
     def __init__(self, num_layers, num_experts, slots, policy=None, expert_bytes=0):
         self._h = None
         self._lock = threading.RLock()
+        self._where = Opened()
         po = A.MoePlannerOptions(num_layers=num_layers, num_experts=num_experts, slots=slots,
                                  expert_bytes=expert_bytes)
         self._policy = _policy_bytes(policy)
@@ -187,6 +196,9 @@ class Planner(Closing):
         if getattr(self, "_h", None):
             lib.ferry_moe_planner_destroy(self._h)
             self._h = None
+
+    def _forget_forked(self):
+        self._h = None
 
     def _need(self):
         if not self._h:
@@ -259,16 +271,17 @@ class _SlotMemory:
     """The slots and the device under them once the pool is closed: freed
     when the last slot_tensor view of them is gone (each view's buffer
     holds this), so a view read after close() reads the last bytes, never
-    freed memory."""
+    freed memory. In a forked child they are the parent's: not freed."""
 
     def __init__(self):
         self.slots = self.dev = None
+        self.where = Opened()
 
     def __del__(self):
         try:
-            if self.slots:
+            if self.slots and not self.where.forked:
                 lib.ferry_moe_slots_destroy(self.slots)
-            if self.dev:
+            if self.dev and not self.where.forked:
                 lib.ferry_device_close(self.dev)
         except Exception:  # interpreter shutdown: the library may be gone
             pass
@@ -282,15 +295,22 @@ class ExpertPool(Closing):
 
     Threads: calls from several threads are serialized (one ensure at a
     time, as the C objects require); close() waits for the call inside, and
-    calls after it raise FerryError (EBADF)."""
+    calls after it raise FerryError (EBADF).
+
+    Banks: the pool reads the memory the bank tensors had when it was made
+    (it keeps their storages). A bank resized past its capacity or given
+    other memory (set_, .data =) after that makes the next copy raise
+    FerryError (EFAULT); keep a bank's memory while the pool is open."""
 
     _lock = threading.RLock()   # until __init__ gives the object its own
+    _where = NOT_OPENED
 
     def __init__(self, num_layers, num_experts, slots, banks=None, *, rows_file=None,
                  row_bytes=None, policy=None, device="host"):
         self._dev = self._planner = self._slots = self._rows = self._io = None
         self._mem = None   # the slots' memory, once a slot_tensor view holds it
         self._lock = threading.RLock()
+        self._where = Opened()
         if (banks is None) == (rows_file is None):
             raise ValueError("ferry: give banks (host tensors) or rows_file, one of them")
         g = A.MoeGeometry(num_layers=num_layers, num_experts=num_experts, slots=slots)
@@ -304,6 +324,10 @@ class ExpertPool(Closing):
                                      f"({num_layers} layers x {num_experts} experts)")
             row_bytes = [n // (num_layers * num_experts) for _, n in info]
             self._banks = banks
+            # what the rows source reads: the banks' storages (kept whatever
+            # set_() or .data = does to a tensor) at these addresses
+            self._bank_keep = [storage_of(b) for b in banks]
+            self._bank_addrs = [a for a, _ in info]
         elif row_bytes is None:
             raise ValueError("ferry: a rows_file needs row_bytes (one per bank)")
         if not 1 <= len(row_bytes) <= A.MOE_MAX_BANKS:
@@ -376,6 +400,9 @@ class ExpertPool(Closing):
                 fn(h)
                 setattr(self, attr, None)
         del mem
+
+    def _forget_forked(self):
+        self._dev = self._planner = self._slots = self._rows = self._io = self._mem = None
 
     def _need(self):
         if not self._planner:
@@ -476,6 +503,8 @@ class ExpertPool(Closing):
     def _apply(self, plan, what):
         """Copy a plan's rows; slots a failure leaves unknown are forgotten by
         the planner too, so the two never disagree on an occupant."""
+        if plan.n and self._banks is not None:
+            self._banks_in_place(plan, what)
         unknown = getattr(self, "_unknown", None)
         if unknown is None:  # made once: room for every slot
             unknown = self._unknown = (ctypes.c_uint32 * max(self.slots, 1))()
@@ -488,6 +517,21 @@ class ExpertPool(Closing):
                 lib.ferry_moe_planner_forget(self._planner, unknown[i])
             raise FerryError(rc, msg or None, what)
         return rc
+
+    def _banks_in_place(self, plan, what):
+        """Refuse a copy from a bank whose memory moved since the pool was made
+        (resize_() past its capacity frees what the rows source reads; set_()
+        or .data = leaves it stale): the plan's slots are forgotten (nothing
+        was copied into them) and FerryError (EFAULT) names the bank."""
+        for b, (t, addr) in enumerate(zip(self._banks, self._bank_addrs)):
+            now = describe(t)[0]
+            if now != addr:
+                for i in range(plan.n):
+                    lib.ferry_moe_planner_forget(self._planner, plan.dst_slots[i])
+                raise FerryError(-errno.EFAULT, f"expert bank {b} was resized or given other "
+                                 f"memory (its address moved from {addr:#x} to {now:#x}) "
+                                 "since the pool was made: the pool reads the banks it was "
+                                 "given; open a pool over the new banks", what)
 
     @_locked
     def hint_stats(self):

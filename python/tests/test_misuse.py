@@ -8,7 +8,11 @@ through a `ferry serve` daemon:
   free, cancel and layer_done; and a store finalized before its op at exit;
 - close() from one thread while others are inside store and lookup, or
   in a tight loop of one-name lookups;
-- ids a cast to int32 would wrap, negative ids, floats and strings.
+- ids a cast to int32 would wrap, negative ids, floats and strings;
+- an async retrieve's destination given other memory (set_, .data =)
+  while the op runs: the op's bytes land in the memory it holds;
+- an expert bank given other memory after its pool was made: refused;
+- an engine's block table rewritten in place while an async op runs.
 """
 import os
 import subprocess
@@ -252,6 +256,115 @@ def test_ids_out_of_range_are_refused(url):
         assert s.lookup(np.array(toks, dtype=np.int64)) == 32
         s.close()
     """)
+
+
+def test_destination_given_other_memory_in_flight_is_not_written(url):
+    # retrieve_async into y, then y.set_() / y.data = ... before it lands:
+    # the op holds y's old storage (on a torch without untyped_storage too),
+    # so the bytes land there, never in freed memory a new tensor took;
+    # wait() says EFAULT (y does not hold them)
+    run_child(url, """
+        import gc
+        s = store()
+        n = 8192
+        toks = np.arange(n, dtype=np.int32) + 500000
+        x = kv(n)
+        assert s.store(toks, x) == n
+        for r in range(12):
+            y = torch.zeros_like(x)
+            op = s.retrieve_async(toks, y)
+            if r % 2:
+                y.set_(torch.zeros(4, dtype=torch.bfloat16))
+            else:
+                y.data = torch.zeros(4, dtype=torch.bfloat16)
+            gc.collect()
+            z = torch.full(x.shape, 3.0, dtype=torch.bfloat16)   # may reuse freed memory
+            try:
+                rc = op.wait()
+            except FerryError as e:
+                assert e.code == -errno.EFAULT and "moved" in e.message, e
+            else:
+                assert rc == n   # (landed before the set_)
+            assert bool((z == 3.0).all()), f"round {r}: a tensor allocated later was written"
+        s.close()
+        print("ok")
+    """)
+
+
+def test_block_table_rewritten_in_flight_moves_the_blocks_given(url):
+    # an engine hands its own int32 block table (an array, a tensor) to an
+    # async op and rewrites it in place for the next step at once: the op
+    # moves the blocks the table named at the call, never the new ones
+    # (another request's blocks) nor ids past the cache (out of bounds)
+    run_child(url, """
+        BS, NB, NBLK = 16, 256, 128
+        caches = [torch.randn(2, NB, BS, 2, 64).to(torch.bfloat16) for _ in range(2)]
+        n = NBLK * BS
+        toks = np.arange(n, dtype=np.int32) + 900000
+        s = store()
+        assert s.store(toks, caches, np.arange(NBLK, dtype=np.int32)) == n
+        for r in range(40):
+            dst = [torch.zeros_like(c) for c in caches]
+            arr = np.arange(NBLK, dtype=np.int32) + NBLK          # blocks 128..255
+            t = arr if r % 2 else torch.from_numpy(arr)
+            op = s.retrieve_async(toks, dst, t)
+            arr[:] = 0 if r % 4 < 2 else 2**31 - 1               # rewritten at once
+            assert op.wait() == n
+            for l in range(2):
+                assert torch.equal(dst[l][:, NBLK:], caches[l][:, :NBLK]), (r, l)
+                assert not dst[l][:, :NBLK].any(), f"round {r}: KV landed in other blocks"
+        # a store: the chunks hold the blocks named at the call
+        src = [torch.randn(2, NB, BS, 2, 64).to(torch.bfloat16) for _ in range(2)]
+        arr = np.arange(NBLK, dtype=np.int32) + NBLK
+        op = s.store_async(toks + 5000000, src, arr)
+        arr[:] = 0
+        assert op.wait() == n
+        back = [torch.zeros_like(c) for c in caches]
+        assert s.retrieve(toks + 5000000, back, np.arange(NBLK, dtype=np.int32)) == n
+        for l in range(2):
+            assert torch.equal(back[l][:, :NBLK], src[l][:, NBLK:])
+        s.close()
+    """)
+
+
+@pytest.mark.parametrize("how", ["set_", "data", "resize_"])
+def test_expert_bank_given_other_memory_is_refused(how):
+    # an ExpertPool over host banks, then a bank given other memory: its
+    # next copy is refused (EFAULT naming the bank), never read from freed
+    # or stale memory; the slots it planned are forgotten, so planner and
+    # slots agree and the experts resident before stay exact
+    out = run_child("", """
+        L, E, S, R = 2, 8, 4, 4096
+        bank = torch.arange(L * E * R, dtype=torch.int32).to(torch.uint8)
+        want = bank.clone().view(L, E, R)
+        pool = ferry.ExpertPool(L, E, S, [bank])
+        view = pool.slot_tensor(0)
+        first = pool.ensure(0, [1, 2])
+        how = %r
+        if how == "set_":
+            bank.set_(torch.zeros(4, dtype=torch.uint8))
+        elif how == "data":
+            bank.data = torch.zeros(4, dtype=torch.uint8)
+        else:
+            bank.resize_(L * E * R * 64)     # past its capacity: moved, the old freed
+        import gc; gc.collect()
+        junk = torch.full((L * E * R,), 0xAB, dtype=torch.uint8)  # may take the freed memory
+        try:
+            pool.ensure(1, [5, 6])
+        except FerryError as e:
+            assert e.code == -errno.EFAULT and "bank 0" in str(e), e
+        else:
+            raise AssertionError("a copy from a moved bank was made")
+        pool.check()                                            # planner and slots agree
+        assert pool.ensure(0, [1, 2]) == first                  # resident: no copy
+        assert pool.last_counts["missing"] == 0
+        for sl, e in zip(first, [1, 2]):
+            assert torch.equal(view[sl], want[0, e])
+        pool.close()
+        del junk
+        print("ok")
+    """ % how)
+    assert "ok" in out
 
 
 @pytest.mark.parametrize("locked", [False, True])

@@ -7,6 +7,7 @@
  * never returns NULL and is safe to call from any thread.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -90,22 +91,50 @@ const char *ferry_last_error(void)
 
 /* a handle's message is a few hundred bytes copied under a spin lock held
  * only for the copy: one of a few locks chosen by the buffer's address, so
- * a buffer on a caller's stack needs no initialization */
-static _Atomic int eb_locks[64];
+ * a buffer on a caller's stack needs no initialization. The locks are the
+ * process's: a fork while another thread holds one would leave it held in
+ * the child (whose next message on a buffer of that lock spins forever),
+ * so pthread_atfork takes them all around a fork and frees them on both
+ * sides (registered before any is first taken). */
+#define EB_LOCKS 64
+static _Atomic int eb_locks[EB_LOCKS];
+static pthread_once_t eb_atfork_once = PTHREAD_ONCE_INIT;
 
 static _Atomic int *eb_lk(const ferry__errbuf *eb)
 {
     uintptr_t a = (uintptr_t)eb;
-    return &eb_locks[(a >> 6 ^ a >> 12) % 64];
+    return &eb_locks[(a >> 6 ^ a >> 12) % EB_LOCKS];
 }
 
-static void eb_lock(const ferry__errbuf *eb)
+static void eb_spin(_Atomic int *lk)
 {
-    _Atomic int *lk = eb_lk(eb);
     int free_ = 0;
     while (!atomic_compare_exchange_weak_explicit(lk, &free_, 1, memory_order_acquire,
                                                   memory_order_relaxed))
         free_ = 0;
+}
+
+static void eb_take_all(void)
+{
+    for (int i = 0; i < EB_LOCKS; i++)
+        eb_spin(&eb_locks[i]);
+}
+
+static void eb_give_all(void)
+{
+    for (int i = 0; i < EB_LOCKS; i++)
+        atomic_store_explicit(&eb_locks[i], 0, memory_order_release);
+}
+
+static void eb_atfork(void)
+{
+    pthread_atfork(eb_take_all, eb_give_all, eb_give_all);
+}
+
+static void eb_lock(const ferry__errbuf *eb)
+{
+    pthread_once(&eb_atfork_once, eb_atfork);
+    eb_spin(eb_lk(eb));
 }
 
 static void eb_unlock(const ferry__errbuf *eb)

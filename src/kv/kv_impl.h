@@ -555,6 +555,7 @@ typedef struct ferry__kv_hist {
 struct ferry_kv {
     ferry__errbuf err;             /* last failure; written under err_mu */
     pthread_mutex_t err_mu;
+    long opener;                   /* getpid() at open: a fork's child is not it */
     char *model;
     uint32_t tp_rank, tp_world;
     ferry_kv_layout layout;

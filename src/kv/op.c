@@ -25,6 +25,14 @@
  *
  * Lock order: ops_mu before kv->call_mu and op->mu; close takes call_mu
  * alone first (guard.c), then ops_mu.
+ *
+ * Fork: ops_mu is the process's, so a thread inside an op call (an engine
+ * polling op_test) when another thread forks would leave it locked in the
+ * child, and the child's first op on a store of its own would wait on it
+ * forever. pthread_atfork takes ops_mu around every fork (registered once,
+ * before ops_mu is first taken: ops_lock) and releases it on both sides.
+ * The parent's stores and ops themselves stay the parent's: a child does
+ * not use them (their workers are not in it).
  */
 #include <errno.h>
 #include <string.h>
@@ -34,6 +42,28 @@
 #include "kv/kv_layers.h"
 
 static pthread_mutex_t ops_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t ops_atfork_once = PTHREAD_ONCE_INIT;
+
+static void ops_mu_take(void)
+{
+    pthread_mutex_lock(&ops_mu);
+}
+
+static void ops_mu_give(void)
+{
+    pthread_mutex_unlock(&ops_mu);
+}
+
+static void ops_atfork(void)
+{
+    pthread_atfork(ops_mu_take, ops_mu_give, ops_mu_give);
+}
+
+static void ops_lock(void)
+{
+    pthread_once(&ops_atfork_once, ops_atfork);
+    pthread_mutex_lock(&ops_mu);
+}
 
 ferry_kv_op *ferry__kv_op_new(ferry_kv *kv, int kind, const ferry_kv_hash *ids, size_t nchunks,
                               size_t n, const ferry_kv_req *req, const ferry_kv_buffer *buf)
@@ -59,7 +89,7 @@ ferry_kv_op *ferry__kv_op_new(ferry_kv *kv, int kind, const ferry_kv_hash *ids, 
     pthread_mutex_init(&op->mu, NULL);
     ferry__cond_init_mono(&op->cv); /* (ferry_kv_op_wait's deadline) */
     op->refs = 1;
-    pthread_mutex_lock(&ops_mu);
+    ops_lock();
     op->lnext = kv->ops;
     if (kv->ops)
         kv->ops->lprev = op;
@@ -92,7 +122,7 @@ static void destroy(ferry_kv_op *op)
 
 ferry_kv *ferry__kv_op_enter(ferry_kv_op *op)
 {
-    pthread_mutex_lock(&ops_mu);
+    ops_lock();
     op->refs++;
     ferry_kv *s = op->kv, *kv = NULL;
     if (s) {
@@ -109,7 +139,7 @@ ferry_kv *ferry__kv_op_enter(ferry_kv_op *op)
 
 void ferry__kv_op_leave(ferry_kv_op *op, ferry_kv *kv, unsigned drops)
 {
-    pthread_mutex_lock(&ops_mu);
+    ops_lock();
     FERRY__ASSERT(op->refs >= drops);
     op->refs -= drops;
     int dead = op->refs == 0;
@@ -132,7 +162,7 @@ void ferry__kv_op_leave(ferry_kv_op *op, ferry_kv *kv, unsigned drops)
 
 void ferry__kv_ops_orphan(ferry_kv *kv)
 {
-    pthread_mutex_lock(&ops_mu);
+    ops_lock();
     while (kv->ops) {
         ferry_kv_op *op = kv->ops;
         unlink_op(op);
@@ -202,7 +232,7 @@ void ferry_kv_op_free(ferry_kv_op *op)
     if (!op)
         return;
     ferry_kv *kv = ferry__kv_op_enter(op);
-    pthread_mutex_lock(&ops_mu);
+    ops_lock();
     int twice = op->freed;
     op->freed = 1;
     pthread_mutex_unlock(&ops_mu);
@@ -219,7 +249,7 @@ void ferry_kv_op_free(ferry_kv_op *op)
 
 unsigned ferry__kv_op_refs(ferry_kv_op *op)
 {
-    pthread_mutex_lock(&ops_mu);
+    ops_lock();
     unsigned r = op->refs;
     pthread_mutex_unlock(&ops_mu);
     return r;

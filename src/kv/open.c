@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ferry/pslab.h"
 #include "ferry/remote.h"
@@ -232,6 +233,7 @@ ferry_kv *ferry__kv_alloc(const ferry_kv_config *cfg, uint32_t ct, uint64_t chun
     ferry_kv *kv = ferry__calloc(1, sizeof *kv);
     if (!kv)
         return NULL;
+    kv->opener = (long)getpid();
     pthread_mutex_init(&kv->mu, NULL);
     pthread_mutex_init(&kv->err_mu, NULL);
     pthread_cond_init(&kv->loaded, NULL);
@@ -420,6 +422,15 @@ void ferry_kv_close(ferry_kv *kv)
 {
     if (!kv)
         return;
+    if ((long)getpid() != kv->opener) {
+        /* a forked child: the store's workers, calls inside, files, rings and
+         * connection are its opener's (joining them here would crash or wait
+         * forever, and a connection's goodbye would be the opener's) */
+        FERRY_LOGW("kv close in process %ld: the store was opened in process %ld, of "
+                   "which this is a fork; nothing released (the opener's to close)",
+                   (long)getpid(), kv->opener);
+        return;
+    }
     ferry__kv_close_wait(kv);   /* calls still inside end first (guard.c) */
     ferry__kv_workers_stop(kv);
     ferry__kv_ops_orphan(kv);   /* ops outlive it (op.c) */
