@@ -176,3 +176,37 @@ def test_more_replicas_than_the_series_are_refused_naming_it(tmp_path, monkeypat
     assert len(dirs(tmp_path)) == 3
     for b in opened:
         b.close()
+
+
+def test_a_pools_l2_under_another_pools_name_is_never_read(tmp_path):
+    """A persistent L2's header names the model and the page layout, not
+    the pool: a draft model's MHA pages can have the kv pool's layout
+    exactly, and a directory of the series may be found under another
+    name (a replica's, a pool's moved by hand). The page names are salted
+    with the pool, so the kv pool reads none of the draft pool's pages:
+    misses, its host pool untouched; they are in its store, under the
+    draft pool's salt only (the test is not vacuous)."""
+    l2 = f"{tmp_path}:16M"
+
+    def open_both():
+        pools = {"kv": MHAHost("page_first", 4), "draft": MHAHost("page_first", 4)}
+        return create_backend({"ferry_store": "a", "ferry_l1": "2M", "ferry_l2": l2,
+                               "ferry_persistent": True}, pools), pools
+
+    b, pools = open_both()
+    fill(pools["draft"].kv_buffer, 5)
+    h = page_hashes(list(range(8)), 4)
+    t = sglang.PoolTransfer(name=sglang.PoolName.DRAFT, host_indices=indices(0, 2, 4), keys=h)
+    assert b.batch_set_v2([t]) == {sglang.PoolName.DRAFT: [True, True]}
+    b._pools["draft"][1].sync()
+    b.close()
+    rank = "pp0of1-dp0of1-cp0of1-tp0of1"
+    os.rename(tmp_path / f"kv-{rank}", tmp_path / "kv-old")
+    os.rename(tmp_path / f"draft-{rank}", tmp_path / f"kv-{rank}")
+    b, pools = open_both()
+    assert b.batch_exists(h) == 0
+    assert b.batch_get_v1(h, indices(4, 2, 4)) == [False, False]
+    assert not pools["kv"].kv_buffer.any()
+    names = [k.encode() for k in h]
+    assert b._pools["kv"][1].lookup_named(names, salt=b._salts("draft")[0]) == 2
+    b.close()

@@ -269,28 +269,28 @@ def test_store_failures_warn_once_across_controller_threads(caplog):
     (sgl-project/sglang 001067fffe33427bee0ed2f007fb7551a1d76b44,
     python/sglang/srt/managers/cache_controller.py: prefetch_thread_func,
     prefetch_io_aux_func, backup_thread_func): two failures in one
-    interval give one warning, whichever thread comes first. The time of
-    the last warning is made to hold both threads until both have read it
-    (the race; a lock around it lets the second in only after the first
-    is done, and the wait then gives up)."""
+    interval give one warning, whichever thread comes first. The read of
+    the last warning's time is made to hold both threads until both have
+    read it (the race; a lock around it lets the second in only after the
+    first is done, and the wait then gives up)."""
     import threading
     from ferry.adapters.sglang import FerryHiCacheStorage
     from sglang_pools import MHAHost
     both = threading.Barrier(2, timeout=0.5)
 
-    class Racy(FerryHiCacheStorage):
-        @property
-        def _warned_at(self):
-            at = self.__dict__.get("_at", -1e9)
+    class Slow(dict):
+        def get(self, k, default=None):
+            at = dict.get(self, k, default)
             try:
                 both.wait()
             except threading.BrokenBarrierError:
                 pass
             return at
 
-        @_warned_at.setter
-        def _warned_at(self, v):
-            self.__dict__["_at"] = v
+    class Racy(FerryHiCacheStorage):
+        @property
+        def _warned_at(self):
+            return self.__dict__.setdefault("_slow", Slow())
 
     b = create_backend({"ferry_store": "r0", "ferry_l1": "2M"}, {"kv": MHAHost("page_first", 4)})
     b.__class__ = Racy
@@ -359,3 +359,30 @@ def test_storage_metrics_count_pages_moved(tmp_path):
     finally:
         b.close()
         d.stop()
+
+
+def test_a_second_pools_first_failure_is_warned_at_once(caplog):
+    """The ten-second limit is per pool and failure: a daemon of the kv pool
+    gone (ECONN, warned) must not keep a side pool's own first failure,
+    another daemon serving another layout (FERRY_EMISMATCH, a wrong
+    setting that reads as misses for ever after), at debug level for ten
+    seconds, nor a new failure of the same pool (the daemon back with
+    another layout). A repeat of one failure in the interval stays quiet."""
+    from sglang_pools import MHAHost
+    b = create_backend({"ferry_store": "r0", "ferry_l1": "2M"},
+                       {"kv": MHAHost("page_first", 4), "mamba": MambaHost()})
+    caplog.set_level("DEBUG", logger="ferry.sglang")
+    gone = ferry.FerryError(ferry.errors.ECONN, "daemon gone", "test")
+    other = ferry.FerryError(ferry.errors.EMISMATCH, "another layout", "test")
+    b._failed(gone, "kv", "get")
+    b._failed(gone, "kv", "set")            # the same failure again: quiet
+    b._failed(other, "mamba", "get")        # another pool's first failure
+    b._failed(other, "kv", "get")           # the kv pool's new failure
+    b._failed(other, "mamba", "set")        # a repeat: quiet
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 3, warned
+    assert "'kv'" in warned[0] and "daemon gone" in warned[0]
+    assert "'mamba'" in warned[1] and "another layout" in warned[1]
+    assert "'kv'" in warned[2] and "another layout" in warned[2]
+    assert len([r for r in caplog.records if r.levelname == "DEBUG"]) == 2
+    b.close()

@@ -386,7 +386,8 @@ class FerryHiCacheStorage(HiCacheStorage):
         self._pools = {}      # pool name -> (_PageMap, KVStore)
         self._opened = []     # (registry name, store) opened here
         self._lock = threading.Lock()
-        self._warn_lock = threading.Lock()   # _failed's last warning time, _rows_warned
+        self._warn_lock = threading.Lock()   # _warned_at, _rows_warned
+        self._warned_at = {}        # (pool, error code) -> _failed's last warning of it
         self._rows_warned = set()   # V4 row pools warned of host indices not their pages
         self._counts = {}
         self._tallies = {}     # pool -> (keys asked, pages held) per exists, not yet counted
@@ -568,15 +569,18 @@ class FerryHiCacheStorage(HiCacheStorage):
     def _failed(self, e, key, what):
         """A FerryError of a store call: re-raised when the backend or its
         store is closed (EBADF), else the store failed (or was full):
-        warned (at most once per _WARN_EVERY_S, the others at debug level)
-        and the call answers a miss / not stored."""
+        warned (at most once per _WARN_EVERY_S for each pool and error
+        code, the others at debug level) and the call answers a miss / not
+        stored. Per pool and code: one pool's failing daemon must not keep
+        another pool's first failure, or a new one (a daemon back with
+        another layout), at debug level."""
         if e.code == -errno.EBADF:
             raise e
-        now = time.monotonic()
+        now, seen = time.monotonic(), (key, e.code)
         with self._warn_lock:   # the prefetch and backup threads fail at once
-            quiet = now - getattr(self, "_warned_at", -1e9) < _WARN_EVERY_S
+            quiet = now - self._warned_at.get(seen, -1e9) < _WARN_EVERY_S
             if not quiet:
-                self._warned_at = now
+                self._warned_at[seen] = now
         (log.debug if quiet else log.warning)(
             "ferry: SGLang pool %r: %s failed, read as %s: %s", key, what,
             "a miss" if what != "set" else "not stored", e)
