@@ -403,3 +403,163 @@ def test_a_scheduler_apart_from_its_workers_refuses_an_in_process_store(monkeypa
                            Role.SCHEDULER, None)
     assert sched.store is w.store
     w.shutdown()
+
+
+# ---- external_launcher (torchrun: verl, OpenRLHF) ----
+# ExecutorWithExternalLauncher (vllm-project/vllm
+# 01e4fce07423dafcc832600ba05159fb28dc1126, vllm/v1/executor/uniproc_executor.py)
+# is a UniProcExecutor per rank: torchrun starts every rank's process, each
+# builds a whole engine (EngineCore.__init__: its one worker, whose connector
+# registers its caches, then its own Scheduler with its own connector), and
+# the ranks stay in step only because each schedules alike.
+# parallel_config.distributed_executor_backend is "external_launcher"
+# (vllm-project/vllm 00193b82b0e2d4faea5d3b4ea4f6c4c2bd9d057a, vllm/config/parallel.py).
+
+def external(cfg):
+    cfg.parallel_config.distributed_executor_backend = "external_launcher"
+    return cfg
+
+
+def test_external_launcher_refuses_a_store_of_its_rank_alone(monkeypatch, tmp_path):
+    """TP 2 under external_launcher with "ferry.l1": each rank's worker opens
+    its own store in its own process and registers it, so each rank's
+    scheduler finds a store (a72becd does not refuse it) and counts what
+    its rank alone holds. A chunk rank 0 stored and rank 1 did not (rank
+    1's store was full, or evicted it) was a hit of 32 tokens for rank 0's
+    scheduler and a miss for rank 1's: the ranks schedule apart and their
+    TP collectives hang. Refused when vLLM builds the worker's connector
+    (the first built), naming the setting and "ferry.server"; a rank's
+    scheduler given a store registered in its process is refused too. At
+    TP, PP and PCP of one (torchrun for DP alone) each engine is whole and
+    its in-process store is right."""
+    ranks = Ranks(monkeypatch)
+    extra = {"ferry.l1": "2M", "ferry.l2": f"{tmp_path}:16M", "ferry.chunk_tokens": CHUNK}
+    for t in range(2):
+        ranks.tp = t
+        with pytest.raises(ValueError, match='external_launcher.*"ferry.server"'):
+            FerryConnector(external(config(dict(extra, **{"ferry.store": f"x{t}"}), tp=2)),
+                           Role.WORKER, None)
+        assert registered_store(f"x{t}") is None
+    w, _ = worker(ranks, {"ferry.l1": "2M"})    # a store the user registered in the rank
+    with pytest.raises(ValueError, match="external_launcher"):
+        FerryConnector(external(config(dict(extra, **{"ferry.store": "w-pp0-dp0-tp0"}),
+                                       pp=2)), Role.SCHEDULER, None)
+    w.shutdown()
+    ranks.tp = 0
+    _opened.add("solo")
+    solo = dict(extra, **{"ferry.store": "solo"})
+    w = FerryConnector(external(config(solo, dp=(1, 2))), Role.WORKER, None)
+    caches = TinyLlama().new_caches(BLOCKS, BS)
+    w.register_kv_caches({f"model.layers.{i}.self_attn.attn": c for i, c in enumerate(caches)})
+    sched = FerryConnector(external(config(solo, dp=(1, 2))), Role.SCHEDULER, None)
+    assert sched.store is w.store
+    save(w, SRC)
+    assert sched.get_num_new_matched_tokens(REQ, 0) == (len(TOKENS), False)
+    sched.shutdown()
+    w.shutdown()
+
+
+_RANK = r'''
+import json, os, sys, time
+from types import ModuleType, SimpleNamespace
+import torch, torch.distributed as dist
+rank, tmp, url = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+vllm, vd = ModuleType("vllm"), ModuleType("vllm.distributed")
+vd.get_tensor_model_parallel_rank = lambda: rank
+vd.get_pp_group = lambda: SimpleNamespace(rank_in_group=0)
+vllm.distributed = vd
+sys.modules["vllm"], sys.modules["vllm.distributed"] = vllm, vd
+dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=rank, world_size=2)
+import test_vllm_ranks as T
+from ferry.adapters.vllm import FerryConnector
+
+def cfg():
+    c = T.external(T.config({"ferry.server": url, "ferry.chunk_tokens": T.CHUNK,
+                             "ferry.store": "rank"}, tp=2))
+    net = T.daemon_net()
+    c.model_config = SimpleNamespace(
+        model="tiny-llama", dtype=torch.bfloat16, use_mla=False,
+        get_num_layers=lambda pc: net.layers, get_num_kv_heads=lambda pc: net.kv_heads,
+        get_head_size=lambda: net.head_dim)
+    return c
+
+# EngineCore.__init__ in this rank's process: the worker registers its caches,
+# then the scheduler is built
+w = FerryConnector(cfg(), T.Role.WORKER, None)
+caches = T.daemon_net().new_caches(T.BLOCKS, T.BS)
+g = torch.Generator().manual_seed(rank)
+for c in caches:
+    c.copy_(torch.randn(c.shape, generator=g).to(c.dtype))
+w.register_kv_caches({f"model.layers.{i}.self_attn.attn": c for i, c in enumerate(caches)})
+sched = FerryConnector(cfg(), T.Role.SCHEDULER, None)
+hits = []
+REQ = lambda rid: SimpleNamespace(request_id=rid, prompt_token_ids=T.TOKENS + [7],
+                                  all_token_ids=T.TOKENS + [7], cache_salt=None)
+# 1: rank 0's worker stored the chunks, rank 1's not (yet)
+if rank == 0:
+    T.save(w, T.SRC)
+dist.barrier()
+hits.append(sched.get_num_new_matched_tokens(REQ("a"), 0)[0])
+# 2: rank 1's store lands while rank 0's scheduler is already asking
+mark = os.path.join(tmp, "asked")
+if rank == 0:
+    real = getattr(sched, "_agree", None)   # (where the ranks agree on a hit)
+    def agree(hit, error):
+        open(mark, "w").close()
+        return real(hit, error)
+    if real is not None:
+        sched._agree = agree
+else:
+    for _ in range(500):    # (a scheduler that asks no other rank never marks)
+        if os.path.exists(mark):
+            break
+        time.sleep(0.01)
+    T.save(w, T.SRC)
+hits.append(sched.get_num_new_matched_tokens(REQ("b"), 0)[0])
+dist.barrier()
+hits.append(sched.get_num_new_matched_tokens(REQ("c"), 0)[0])
+sched.shutdown()
+w.shutdown()
+json.dump(hits, open(os.path.join(tmp, f"hits{rank}"), "w"))
+dist.destroy_process_group()
+'''
+
+
+def test_external_launcher_ranks_agree_on_every_hit(tmp_path):
+    """TP 2 under external_launcher with "ferry.server": two rank processes,
+    each an engine (its worker's daemon client registered in its process,
+    then its scheduler), as torchrun starts them. Every rank's scheduler
+    must answer every lookup alike. Before, each scheduler took its
+    worker's registered client and asked for its own rank's keys only:
+    with rank 0's chunks stored and rank 1's not, rank 0 answered a hit of
+    32 tokens and rank 1 a miss. Asking for every rank's keys is not
+    enough either: the ranks' schedulers ask at moments of their own, and a
+    store that lands between (rank 1's here, while rank 0's scheduler is
+    asking) made rank 1's answer a hit and rank 0's a miss. The ranks now
+    agree on the least of their answers, over a group of the engine's
+    ranks."""
+    import json
+    import os
+    import subprocess
+    from test_server import Daemon
+    d = Daemon(str(tmp_path)).start()
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")]))
+    try:
+        procs = [subprocess.Popen([sys.executable, "-c", _RANK, str(r), str(tmp_path), d.url],
+                                  env=env, stderr=subprocess.PIPE, text=True)
+                 for r in range(2)]
+        errs = []
+        for p in procs:
+            try:
+                errs.append(p.communicate(timeout=60)[1])
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                pytest.fail("a rank hung: the ranks took different steps")
+        assert all(p.returncode == 0 for p in procs), errs
+        hits = [json.load(open(tmp_path / f"hits{r}")) for r in range(2)]
+    finally:
+        d.stop()
+    assert hits[0] == hits[1] == [0, 0, len(TOKENS)], hits
