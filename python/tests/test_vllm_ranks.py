@@ -51,17 +51,18 @@ class Ranks:
     """vllm.distributed as one process of the topology sees it."""
 
     def __init__(self, monkeypatch):
-        self.tp = self.pp = 0
+        self.tp = self.pp = self.pcp = 0
         vllm = ModuleType("vllm")
         dist = ModuleType("vllm.distributed")
         dist.get_tensor_model_parallel_rank = lambda: self.tp
         dist.get_pp_group = lambda: SimpleNamespace(rank_in_group=self.pp)
+        dist.get_pcp_group = lambda: SimpleNamespace(rank_in_group=self.pcp)
         vllm.distributed = dist
         monkeypatch.setitem(sys.modules, "vllm", vllm)
         monkeypatch.setitem(sys.modules, "vllm.distributed", dist)
 
 
-def config(extra, tp=1, pp=1, dp=(0, 1), model="tiny-llama"):
+def config(extra, tp=1, pp=1, dp=(0, 1), model="tiny-llama", pcp=1, dcp=1):
     """dp is (data_parallel_rank, data_parallel_size), or (index, size,
     "dense"): a dense model's replica, which vLLM runs as an independent
     DP=1 engine (see test_dense_dp_replicas_open_their_own_l2)."""
@@ -70,7 +71,8 @@ def config(extra, tp=1, pp=1, dp=(0, 1), model="tiny-llama"):
                           kv_role="kv_both", kv_connector_extra_config=extra)
     pc = SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=pp,
                          data_parallel_rank=dp[0], data_parallel_size=dp[1],
-                         data_parallel_index=dp[0])
+                         data_parallel_index=dp[0], prefill_context_parallel_size=pcp,
+                         decode_context_parallel_size=dcp)
     if dp[2:] == ("dense",):    # ParallelConfig.reconfigure_for_independent_dp_rank
         pc.data_parallel_rank, pc.data_parallel_size = 0, 1
     return SimpleNamespace(kv_transfer_config=ktc, parallel_config=pc,
@@ -79,15 +81,16 @@ def config(extra, tp=1, pp=1, dp=(0, 1), model="tiny-llama"):
 
 
 def worker(ranks, extra, *, tp=(0, 1), pp=(0, 1), dp=(0, 1), model="tiny-llama", seed=0,
-           net=None):
+           net=None, pcp=(0, 1), dcp=1):
     """One worker process: its connector, with caches registered (filled
     with this rank's own values from `seed`)."""
-    ranks.tp, ranks.pp = tp[0], pp[0]
-    name = f"w-pp{pp[0]}-dp{dp[0]}-tp{tp[0]}" + "".join(dp[2:])
+    ranks.tp, ranks.pp, ranks.pcp = tp[0], pp[0], pcp[0]
+    name = f"w-pp{pp[0]}-dp{dp[0]}-pcp{pcp[0]}-tp{tp[0]}" + "".join(dp[2:])
     _opened.add(name)
     w = FerryConnector(config(dict(extra, **{"ferry.store": name,
                                              "ferry.chunk_tokens": CHUNK}),
-                              tp=tp[1], pp=pp[1], dp=dp, model=model), Role.WORKER, None)
+                              tp=tp[1], pp=pp[1], dp=dp, model=model, pcp=pcp[1], dcp=dcp),
+                       Role.WORKER, None)
     caches = (net or TinyLlama()).new_caches(BLOCKS, BS)
     g = torch.Generator().manual_seed(seed)
     for c in caches:
@@ -183,7 +186,7 @@ def test_a_restart_finds_its_own_ranks_data_and_no_other(monkeypatch, tmp_path):
     w.shutdown()
     with pytest.raises(FerryError, match="model|mismatch|MISMATCH"):
         worker(ranks, extra, tp=(0, 2), model="other-model")
-    assert registered_store("w-pp0-dp0-tp0") is None
+    assert registered_store("w-pp0-dp0-pcp0-tp0") is None
 
 
 def test_a_model_ferry_cannot_cache_is_not_refused_as_apart(monkeypatch, caplog):
@@ -399,7 +402,7 @@ def test_a_scheduler_apart_from_its_workers_refuses_an_in_process_store(monkeypa
         FerryConnector(config(extra, tp=2), Role.SCHEDULER, None)
     # one process (vLLM's single-process executor): the worker's store is found
     w, _ = worker(ranks, {"ferry.l1": "2M"}, tp=(0, 1))
-    sched = FerryConnector(config(dict(extra, **{"ferry.store": "w-pp0-dp0-tp0"})),
+    sched = FerryConnector(config(dict(extra, **{"ferry.store": "w-pp0-dp0-pcp0-tp0"})),
                            Role.SCHEDULER, None)
     assert sched.store is w.store
     w.shutdown()
@@ -442,7 +445,7 @@ def test_external_launcher_refuses_a_store_of_its_rank_alone(monkeypatch, tmp_pa
         assert registered_store(f"x{t}") is None
     w, _ = worker(ranks, {"ferry.l1": "2M"})    # a store the user registered in the rank
     with pytest.raises(ValueError, match="external_launcher"):
-        FerryConnector(external(config(dict(extra, **{"ferry.store": "w-pp0-dp0-tp0"}),
+        FerryConnector(external(config(dict(extra, **{"ferry.store": "w-pp0-dp0-pcp0-tp0"}),
                                        pp=2)), Role.SCHEDULER, None)
     w.shutdown()
     ranks.tp = 0
@@ -563,3 +566,31 @@ def test_external_launcher_ranks_agree_on_every_hit(tmp_path):
     finally:
         d.stop()
     assert hits[0] == hits[1] == [0, 0, len(TOKENS)], hits
+
+
+# ---- context parallelism ----
+# vLLM lays its ranks out ExternalDP x DP x PP x PCP x TP: the PCP group holds
+# the ranks of one TP rank (vllm-project/vllm 0c175ae9295b575078961a68c4d3a2a838dce5ef,
+# vllm/distributed/parallel_state.py, initialize_model_parallel). PCP adds
+# processes but no KV shard: "Only DCP shards the KV cache. With PCP ... each
+# rank inserts the FULL sequence into its cache" (vllm-project/vllm
+# 01edfd091847f63b5db913c293f4834c823dac40, vllm/v1/worker/block_table.py).
+
+def test_prefill_context_parallel_ranks_open_their_own_l2(monkeypatch, tmp_path):
+    """TP 2 x PCP 2: four worker processes, two of each TP rank (same
+    pipeline stage, replica and TP rank), one extra config. Before, the two
+    PCP ranks of a TP rank named the same directory and the second's open
+    failed with FERRY_EBUSY (and vLLM's start with it). Each opens its
+    own now; a PCP of one keeps the names it had."""
+    ranks = Ranks(monkeypatch)
+    extra = {"ferry.l1": "2M", "ferry.l2": f"{tmp_path}:16M"}
+    ws = [worker(ranks, extra, tp=(t, 2), pcp=(c, 2), seed=2 * c + t)
+          for c in range(2) for t in range(2)]
+    dirs = sorted(p.name for p in tmp_path.iterdir())
+    assert dirs == [f"vllm-pp0of1-dp0-pcp{c}of2-tp{t}of2" for c in range(2) for t in range(2)]
+    for w, _ in ws:
+        w.shutdown()
+    w, _ = worker(ranks, {"ferry.l1": "2M", "ferry.l2": f"{tmp_path / 'one'}:16M"})
+    assert [p.name for p in (tmp_path / "one").iterdir()] == ["vllm-pp0of1-dp0-tp0of1"]
+    w.shutdown()
+

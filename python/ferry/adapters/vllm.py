@@ -25,8 +25,10 @@ Where the store comes from (kv_connector_extra_config):
       it is refused when vLLM builds it, with a ValueError naming
       "ferry.server". An L2 directory has one owner, so "ferry.l2": "DIR:SIZE"
       gives each worker DIR/vllm-pp<s>of<S>-dp<d>-tp<r>of<T> of SIZE
-      (pipeline stage, data-parallel replica, tensor-parallel rank): the
-      same worker of the same topology finds its persistent L2 again. A
+      (pipeline stage, data-parallel replica, tensor-parallel rank; with
+      prefill context parallelism -pcp<c>of<C> before -tp, since vLLM runs
+      C processes of each TP rank): the same worker of the same topology
+      finds its persistent L2 again. A
       slab an earlier ferry left in DIR itself (one worker opened DIR) is
       not read: a warning names it once, and where to move it to keep it.
   "ferry.server": a `ferry serve` address ("unix:/run/ferry/ferry.sock"),
@@ -45,7 +47,9 @@ Where the store comes from (kv_connector_extra_config):
       With pipeline parallelism every stage's worker is the same TP rank of
       the same model, but holds only its stage's layers: each stage's chunks
       are keyed apart, and the scheduler counts a chunk as a hit only once
-      every stage holds it.
+      every stage holds it. The PCP ranks of one TP rank each hold the
+      whole sequence's KV of its heads (vLLM shards no KV across PCP), the
+      same bytes under the same keys.
       Under distributed_executor_backend "external_launcher" (torchrun, as
       verl and OpenRLHF run vLLM) every rank is an engine of its own, its
       scheduler beside its one worker, and the ranks of an engine stay in
@@ -436,7 +440,12 @@ def _rank_name(vllm_config):
     if dp is None:
         dp = getattr(pc, "data_parallel_rank", 0)
     tp, tp_world = _tp_rank_world(vllm_config)
-    return f"pp{pp}of{pp_world}-dp{int(dp or 0)}-tp{tp}of{tp_world}"
+    pcp_world = int(getattr(pc, "prefill_context_parallel_size", 1) or 1)
+    pcp = ""
+    if pcp_world > 1:   # (the ranks of one TP rank; a PCP of one keeps the old names)
+        from vllm.distributed import get_pcp_group
+        pcp = f"-pcp{int(get_pcp_group().rank_in_group)}of{pcp_world}"
+    return f"pp{pp}of{pp_world}-dp{int(dp or 0)}{pcp}-tp{tp}of{tp_world}"
 
 
 def _rank_l2(spec, rank):
