@@ -575,6 +575,8 @@ def test_external_launcher_ranks_agree_on_every_hit(tmp_path):
 # processes but no KV shard: "Only DCP shards the KV cache. With PCP ... each
 # rank inserts the FULL sequence into its cache" (vllm-project/vllm
 # 01edfd091847f63b5db913c293f4834c823dac40, vllm/v1/worker/block_table.py).
+# DCP reuses the TP ranks (vllm/config/parallel.py at 00193b82) and shards
+# each request's KV across them by position.
 
 def test_prefill_context_parallel_ranks_open_their_own_l2(monkeypatch, tmp_path):
     """TP 2 x PCP 2: four worker processes, two of each TP rank (same
@@ -594,3 +596,53 @@ def test_prefill_context_parallel_ranks_open_their_own_l2(monkeypatch, tmp_path)
     assert [p.name for p in (tmp_path / "one").iterdir()] == ["vllm-pp0of1-dp0-tp0of1"]
     w.shutdown()
 
+
+def dcp_slots(ids, positions, rank, world):
+    """(block, offset) of each of `positions` a DCP rank holds, as vLLM's
+    _compute_slot_mapping_kernel lays them out (block_table.py at 01edfd09,
+    cp_kv_cache_interleave_size 1): a virtual block of BS x world tokens,
+    position p on rank p % world."""
+    vb = BS * world
+    return {p: (ids[p // vb], (p % vb) // world) for p in positions if p % vb % world == rank}
+
+
+def test_decode_context_parallel_is_refused_not_given_wrong_bytes(monkeypatch):
+    """TP 2 with decode_context_parallel_size 2: rank 0 holds the even
+    positions of each request, BS of them in each of its blocks (a virtual
+    block of 2 x BS tokens). Request A stores its 32 prompt tokens; request
+    B shares that prompt, and vLLM's own prefix cache already holds its
+    first virtual block (A's block 0: num_computed_tokens 8), so ferry
+    loads tokens 8 to 32 into B's blocks. Every position rank 0 holds must
+    then be A's KV. ferry read each block as BS consecutive tokens of the
+    request, so it asked for twice the blocks vLLM holds: A's save failed
+    with ENOBUFS, and vLLM's step with it; given the blocks (8 and 8, as a
+    longer request holds) it stored and loaded the wrong positions, and
+    B's positions 8 to 14 on rank 0 were never written (attention read
+    whatever the blocks held). Until ferry lays chunks out as DCP does, a
+    connector built for DCP above one is refused, naming the setting."""
+    ranks = Ranks(monkeypatch)
+    try:
+        w, caches = worker(ranks, {"ferry.l1": "2M"}, tp=(0, 2), dcp=2)
+    except ValueError as e:
+        assert "decode_context_parallel_size" in str(e)
+        with pytest.raises(ValueError, match="decode_context_parallel_size"):
+            FerryConnector(config({"ferry.server": "unix:/nowhere"}, tp=2, dcp=2),
+                           Role.SCHEDULER, None)
+        return
+    a_ids, b_ids = [0, 1, 2, 3, 4], [0, 8, 9, 10, 11]   # cdiv(33, 2 x BS) blocks each
+    for c in caches:
+        c.zero_()
+        for p, (blk, off) in dcp_slots(a_ids, range(len(TOKENS)), 0, 2).items():
+            c[:, blk, off] = p + 1
+    w.bind_connector_metadata(FerryConnectorMetadata(saves=[SaveSpec("a", TOKENS, a_ids)]))
+    w.wait_for_save()
+    w.clear_connector_metadata()
+    w.bind_connector_metadata(FerryConnectorMetadata(
+        loads=[LoadSpec("b", TOKENS, b_ids, 2 * BS, len(TOKENS))]))
+    w.start_load_kv(None)
+    w.clear_connector_metadata()
+    w.get_block_ids_with_load_errors()
+    for c in caches:
+        for p, (blk, off) in dcp_slots(b_ids, range(len(TOKENS)), 0, 2).items():
+            assert float(c[0, blk, off].flatten()[0]) == p + 1, f"position {p}"
+    w.shutdown()

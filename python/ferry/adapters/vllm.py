@@ -49,7 +49,11 @@ Where the store comes from (kv_connector_extra_config):
       are keyed apart, and the scheduler counts a chunk as a hit only once
       every stage holds it. The PCP ranks of one TP rank each hold the
       whole sequence's KV of its heads (vLLM shards no KV across PCP), the
-      same bytes under the same keys.
+      same bytes under the same keys. Decode context parallelism (vLLM's
+      decode_context_parallel_size above one: each rank's block holds every
+      Nth token of N blocks' worth) is refused when vLLM builds the
+      connector, naming the setting: ferry's chunks are blocks of
+      consecutive tokens.
       Under distributed_executor_backend "external_launcher" (torchrun, as
       verl and OpenRLHF run vLLM) every rank is an engine of its own, its
       scheduler beside its one worker, and the ranks of an engine stay in
@@ -646,6 +650,16 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._stage = 0     # the worker's pipeline stage (register_kv_caches)
         self._cached = [g for g in self._groups if g.kind != "skipped"]
         skipped = [g for g in self._groups if g.kind == "skipped"]
+        dcp = int(getattr(pc, "decode_context_parallel_size", 1) or 1)
+        if dcp > 1 and self._cached:
+            # vLLM's _compute_slot_mapping_kernel (vllm/v1/worker/block_table.py)
+            raise ValueError(
+                f"ferry: vLLM connector: decode_context_parallel_size {dcp} shards each "
+                "request's KV across the ranks by position (a block holds every "
+                f"{dcp}th token of a virtual block of {dcp} blocks' tokens), and ferry's "
+                "chunks are blocks of consecutive tokens: ferry cannot store or load for "
+                "it yet; run with decode_context_parallel_size 1, or without ferry's "
+                "connector")
         if role == KVConnectorRole.SCHEDULER and not self._server and self._cached \
                 and "ferry.l1" in self._extra and registered_store(self._name) is None:
             # vLLM's engine core registers its workers' caches before it builds
