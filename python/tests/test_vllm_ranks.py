@@ -447,6 +447,13 @@ def test_external_launcher_refuses_a_store_of_its_rank_alone(monkeypatch, tmp_pa
     with pytest.raises(ValueError, match="external_launcher"):
         FerryConnector(external(config(dict(extra, **{"ferry.store": "w-pp0-dp0-pcp0-tp0"}),
                                        pp=2)), Role.SCHEDULER, None)
+    # given "ferry.server" too, the rank's worker refuses that store
+    on = {"ferry.server": "unix:/nowhere", "ferry.store": "w-pp0-dp0-pcp0-tp0",
+          "ferry.chunk_tokens": CHUNK}
+    other = FerryConnector(external(config(on, tp=2)), Role.WORKER, None)
+    with pytest.raises(ValueError, match="rank's chunks alone"):
+        other.register_kv_caches({f"model.layers.{i}.self_attn.attn": c
+                                  for i, c in enumerate(TinyLlama().new_caches(BLOCKS, BS))})
     w.shutdown()
     ranks.tp = 0
     _opened.add("solo")

@@ -425,7 +425,8 @@ def _replica_group(span):
 
 def _rank_name(vllm_config):
     """This worker's place in vLLM's topology, every coordinate named:
-    "pp<stage>of<stages>-dp<replica>-tp<rank>of<world>". The stage from
+    "pp<stage>of<stages>-dp<replica>-tp<rank>of<world>", and at PCP above
+    one "-pcp<rank>of<size>" (get_pcp_group()) before "-tp". The stage from
     vLLM's pipeline group (get_pp_group().rank_in_group); the replica from
     parallel_config.data_parallel_index where vLLM has it, else
     data_parallel_rank: a dense model's replica runs as an independent
