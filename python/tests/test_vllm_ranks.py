@@ -51,17 +51,18 @@ class Ranks:
     """vllm.distributed as one process of the topology sees it."""
 
     def __init__(self, monkeypatch):
-        self.tp = self.pp = 0
+        self.tp = self.pp = self.pcp = 0
         vllm = ModuleType("vllm")
         dist = ModuleType("vllm.distributed")
         dist.get_tensor_model_parallel_rank = lambda: self.tp
         dist.get_pp_group = lambda: SimpleNamespace(rank_in_group=self.pp)
+        dist.get_pcp_group = lambda: SimpleNamespace(rank_in_group=self.pcp)
         vllm.distributed = dist
         monkeypatch.setitem(sys.modules, "vllm", vllm)
         monkeypatch.setitem(sys.modules, "vllm.distributed", dist)
 
 
-def config(extra, tp=1, pp=1, dp=(0, 1), model="tiny-llama"):
+def config(extra, tp=1, pp=1, dp=(0, 1), model="tiny-llama", pcp=1, dcp=1):
     """dp is (data_parallel_rank, data_parallel_size), or (index, size,
     "dense"): a dense model's replica, which vLLM runs as an independent
     DP=1 engine (see test_dense_dp_replicas_open_their_own_l2)."""
@@ -70,7 +71,8 @@ def config(extra, tp=1, pp=1, dp=(0, 1), model="tiny-llama"):
                           kv_role="kv_both", kv_connector_extra_config=extra)
     pc = SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=pp,
                          data_parallel_rank=dp[0], data_parallel_size=dp[1],
-                         data_parallel_index=dp[0])
+                         data_parallel_index=dp[0], prefill_context_parallel_size=pcp,
+                         decode_context_parallel_size=dcp)
     if dp[2:] == ("dense",):    # ParallelConfig.reconfigure_for_independent_dp_rank
         pc.data_parallel_rank, pc.data_parallel_size = 0, 1
     return SimpleNamespace(kv_transfer_config=ktc, parallel_config=pc,
@@ -79,15 +81,16 @@ def config(extra, tp=1, pp=1, dp=(0, 1), model="tiny-llama"):
 
 
 def worker(ranks, extra, *, tp=(0, 1), pp=(0, 1), dp=(0, 1), model="tiny-llama", seed=0,
-           net=None):
+           net=None, pcp=(0, 1), dcp=1):
     """One worker process: its connector, with caches registered (filled
     with this rank's own values from `seed`)."""
-    ranks.tp, ranks.pp = tp[0], pp[0]
-    name = f"w-pp{pp[0]}-dp{dp[0]}-tp{tp[0]}" + "".join(dp[2:])
+    ranks.tp, ranks.pp, ranks.pcp = tp[0], pp[0], pcp[0]
+    name = f"w-pp{pp[0]}-dp{dp[0]}-pcp{pcp[0]}-tp{tp[0]}" + "".join(dp[2:])
     _opened.add(name)
     w = FerryConnector(config(dict(extra, **{"ferry.store": name,
                                              "ferry.chunk_tokens": CHUNK}),
-                              tp=tp[1], pp=pp[1], dp=dp, model=model), Role.WORKER, None)
+                              tp=tp[1], pp=pp[1], dp=dp, model=model, pcp=pcp[1], dcp=dcp),
+                       Role.WORKER, None)
     caches = (net or TinyLlama()).new_caches(BLOCKS, BS)
     g = torch.Generator().manual_seed(seed)
     for c in caches:
@@ -183,7 +186,7 @@ def test_a_restart_finds_its_own_ranks_data_and_no_other(monkeypatch, tmp_path):
     w.shutdown()
     with pytest.raises(FerryError, match="model|mismatch|MISMATCH"):
         worker(ranks, extra, tp=(0, 2), model="other-model")
-    assert registered_store("w-pp0-dp0-tp0") is None
+    assert registered_store("w-pp0-dp0-pcp0-tp0") is None
 
 
 def test_a_model_ferry_cannot_cache_is_not_refused_as_apart(monkeypatch, caplog):
@@ -399,7 +402,254 @@ def test_a_scheduler_apart_from_its_workers_refuses_an_in_process_store(monkeypa
         FerryConnector(config(extra, tp=2), Role.SCHEDULER, None)
     # one process (vLLM's single-process executor): the worker's store is found
     w, _ = worker(ranks, {"ferry.l1": "2M"}, tp=(0, 1))
-    sched = FerryConnector(config(dict(extra, **{"ferry.store": "w-pp0-dp0-tp0"})),
+    sched = FerryConnector(config(dict(extra, **{"ferry.store": "w-pp0-dp0-pcp0-tp0"})),
                            Role.SCHEDULER, None)
     assert sched.store is w.store
+    w.shutdown()
+
+
+# ---- external_launcher (torchrun: verl, OpenRLHF) ----
+# ExecutorWithExternalLauncher (vllm-project/vllm
+# 01e4fce07423dafcc832600ba05159fb28dc1126, vllm/v1/executor/uniproc_executor.py)
+# is a UniProcExecutor per rank: torchrun starts every rank's process, each
+# builds a whole engine (EngineCore.__init__: its one worker, whose connector
+# registers its caches, then its own Scheduler with its own connector), and
+# the ranks stay in step only because each schedules alike.
+# parallel_config.distributed_executor_backend is "external_launcher"
+# (vllm-project/vllm 00193b82b0e2d4faea5d3b4ea4f6c4c2bd9d057a, vllm/config/parallel.py).
+
+def external(cfg):
+    cfg.parallel_config.distributed_executor_backend = "external_launcher"
+    return cfg
+
+
+def test_external_launcher_refuses_a_store_of_its_rank_alone(monkeypatch, tmp_path):
+    """TP 2 under external_launcher with "ferry.l1": each rank's worker opens
+    its own store in its own process and registers it, so each rank's
+    scheduler finds a store (a72becd does not refuse it) and counts what
+    its rank alone holds. A chunk rank 0 stored and rank 1 did not (rank
+    1's store was full, or evicted it) was a hit of 32 tokens for rank 0's
+    scheduler and a miss for rank 1's: the ranks schedule apart and their
+    TP collectives hang. Refused when vLLM builds the worker's connector
+    (the first built), naming the setting and "ferry.server"; a rank's
+    scheduler given a store registered in its process is refused too. At
+    TP, PP and PCP of one (torchrun for DP alone) each engine is whole and
+    its in-process store is right."""
+    ranks = Ranks(monkeypatch)
+    extra = {"ferry.l1": "2M", "ferry.l2": f"{tmp_path}:16M", "ferry.chunk_tokens": CHUNK}
+    for t in range(2):
+        ranks.tp = t
+        with pytest.raises(ValueError, match='external_launcher.*"ferry.server"'):
+            FerryConnector(external(config(dict(extra, **{"ferry.store": f"x{t}"}), tp=2)),
+                           Role.WORKER, None)
+        assert registered_store(f"x{t}") is None
+    w, _ = worker(ranks, {"ferry.l1": "2M"})    # a store the user registered in the rank
+    with pytest.raises(ValueError, match="external_launcher"):
+        FerryConnector(external(config(dict(extra, **{"ferry.store": "w-pp0-dp0-pcp0-tp0"}),
+                                       pp=2)), Role.SCHEDULER, None)
+    # given "ferry.server" too, the rank's worker refuses that store
+    on = {"ferry.server": "unix:/nowhere", "ferry.store": "w-pp0-dp0-pcp0-tp0",
+          "ferry.chunk_tokens": CHUNK}
+    other = FerryConnector(external(config(on, tp=2)), Role.WORKER, None)
+    with pytest.raises(ValueError, match="rank's chunks alone"):
+        other.register_kv_caches({f"model.layers.{i}.self_attn.attn": c
+                                  for i, c in enumerate(TinyLlama().new_caches(BLOCKS, BS))})
+    w.shutdown()
+    ranks.tp = 0
+    _opened.add("solo")
+    solo = dict(extra, **{"ferry.store": "solo"})
+    w = FerryConnector(external(config(solo, dp=(1, 2))), Role.WORKER, None)
+    caches = TinyLlama().new_caches(BLOCKS, BS)
+    w.register_kv_caches({f"model.layers.{i}.self_attn.attn": c for i, c in enumerate(caches)})
+    sched = FerryConnector(external(config(solo, dp=(1, 2))), Role.SCHEDULER, None)
+    assert sched.store is w.store
+    save(w, SRC)
+    assert sched.get_num_new_matched_tokens(REQ, 0) == (len(TOKENS), False)
+    sched.shutdown()
+    w.shutdown()
+
+
+_RANK = r'''
+import json, os, sys, time
+from types import ModuleType, SimpleNamespace
+import torch, torch.distributed as dist
+rank, tmp, url = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+vllm, vd = ModuleType("vllm"), ModuleType("vllm.distributed")
+vd.get_tensor_model_parallel_rank = lambda: rank
+vd.get_pp_group = lambda: SimpleNamespace(rank_in_group=0)
+vllm.distributed = vd
+sys.modules["vllm"], sys.modules["vllm.distributed"] = vllm, vd
+dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=rank, world_size=2)
+import test_vllm_ranks as T
+from ferry.adapters.vllm import FerryConnector
+
+def cfg():
+    c = T.external(T.config({"ferry.server": url, "ferry.chunk_tokens": T.CHUNK,
+                             "ferry.store": "rank"}, tp=2))
+    net = T.daemon_net()
+    c.model_config = SimpleNamespace(
+        model="tiny-llama", dtype=torch.bfloat16, use_mla=False,
+        get_num_layers=lambda pc: net.layers, get_num_kv_heads=lambda pc: net.kv_heads,
+        get_head_size=lambda: net.head_dim)
+    return c
+
+# EngineCore.__init__ in this rank's process: the worker registers its caches,
+# then the scheduler is built
+w = FerryConnector(cfg(), T.Role.WORKER, None)
+caches = T.daemon_net().new_caches(T.BLOCKS, T.BS)
+g = torch.Generator().manual_seed(rank)
+for c in caches:
+    c.copy_(torch.randn(c.shape, generator=g).to(c.dtype))
+w.register_kv_caches({f"model.layers.{i}.self_attn.attn": c for i, c in enumerate(caches)})
+sched = FerryConnector(cfg(), T.Role.SCHEDULER, None)
+hits = []
+REQ = lambda rid: SimpleNamespace(request_id=rid, prompt_token_ids=T.TOKENS + [7],
+                                  all_token_ids=T.TOKENS + [7], cache_salt=None)
+# 1: rank 0's worker stored the chunks, rank 1's not (yet)
+if rank == 0:
+    T.save(w, T.SRC)
+dist.barrier()
+hits.append(sched.get_num_new_matched_tokens(REQ("a"), 0)[0])
+# 2: rank 1's store lands while rank 0's scheduler is already asking
+mark = os.path.join(tmp, "asked")
+if rank == 0:
+    real = getattr(sched, "_agree", None)   # (where the ranks agree on a hit)
+    def agree(hit, error):
+        open(mark, "w").close()
+        return real(hit, error)
+    if real is not None:
+        sched._agree = agree
+else:
+    for _ in range(500):    # (a scheduler that asks no other rank never marks)
+        if os.path.exists(mark):
+            break
+        time.sleep(0.01)
+    T.save(w, T.SRC)
+hits.append(sched.get_num_new_matched_tokens(REQ("b"), 0)[0])
+dist.barrier()
+hits.append(sched.get_num_new_matched_tokens(REQ("c"), 0)[0])
+sched.shutdown()
+w.shutdown()
+json.dump(hits, open(os.path.join(tmp, f"hits{rank}"), "w"))
+dist.destroy_process_group()
+'''
+
+
+def test_external_launcher_ranks_agree_on_every_hit(tmp_path):
+    """TP 2 under external_launcher with "ferry.server": two rank processes,
+    each an engine (its worker's daemon client registered in its process,
+    then its scheduler), as torchrun starts them. Every rank's scheduler
+    must answer every lookup alike. Before, each scheduler took its
+    worker's registered client and asked for its own rank's keys only:
+    with rank 0's chunks stored and rank 1's not, rank 0 answered a hit of
+    32 tokens and rank 1 a miss. Asking for every rank's keys is not
+    enough either: the ranks' schedulers ask at moments of their own, and a
+    store that lands between (rank 1's here, while rank 0's scheduler is
+    asking) made rank 1's answer a hit and rank 0's a miss. The ranks now
+    agree on the least of their answers, over a group of the engine's
+    ranks."""
+    import json
+    import os
+    import subprocess
+    from test_server import Daemon
+    d = Daemon(str(tmp_path)).start()
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")]))
+    try:
+        procs = [subprocess.Popen([sys.executable, "-c", _RANK, str(r), str(tmp_path), d.url],
+                                  env=env, stderr=subprocess.PIPE, text=True)
+                 for r in range(2)]
+        errs = []
+        for p in procs:
+            try:
+                errs.append(p.communicate(timeout=60)[1])
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                pytest.fail("a rank hung: the ranks took different steps")
+        assert all(p.returncode == 0 for p in procs), errs
+        hits = [json.load(open(tmp_path / f"hits{r}")) for r in range(2)]
+    finally:
+        d.stop()
+    assert hits[0] == hits[1] == [0, 0, len(TOKENS)], hits
+
+
+# ---- context parallelism ----
+# vLLM lays its ranks out ExternalDP x DP x PP x PCP x TP: the PCP group holds
+# the ranks of one TP rank (vllm-project/vllm 0c175ae9295b575078961a68c4d3a2a838dce5ef,
+# vllm/distributed/parallel_state.py, initialize_model_parallel). PCP adds
+# processes but no KV shard: "Only DCP shards the KV cache. With PCP ... each
+# rank inserts the FULL sequence into its cache" (vllm-project/vllm
+# 01edfd091847f63b5db913c293f4834c823dac40, vllm/v1/worker/block_table.py).
+# DCP reuses the TP ranks (vllm/config/parallel.py at 00193b82) and shards
+# each request's KV across them by position.
+
+def test_prefill_context_parallel_ranks_open_their_own_l2(monkeypatch, tmp_path):
+    """TP 2 x PCP 2: four worker processes, two of each TP rank (same
+    pipeline stage, replica and TP rank), one extra config. Before, the two
+    PCP ranks of a TP rank named the same directory and the second's open
+    failed with FERRY_EBUSY (and vLLM's start with it). Each opens its
+    own now; a PCP of one keeps the names it had."""
+    ranks = Ranks(monkeypatch)
+    extra = {"ferry.l1": "2M", "ferry.l2": f"{tmp_path}:16M"}
+    ws = [worker(ranks, extra, tp=(t, 2), pcp=(c, 2), seed=2 * c + t)
+          for c in range(2) for t in range(2)]
+    dirs = sorted(p.name for p in tmp_path.iterdir())
+    assert dirs == [f"vllm-pp0of1-dp0-pcp{c}of2-tp{t}of2" for c in range(2) for t in range(2)]
+    for w, _ in ws:
+        w.shutdown()
+    w, _ = worker(ranks, {"ferry.l1": "2M", "ferry.l2": f"{tmp_path / 'one'}:16M"})
+    assert [p.name for p in (tmp_path / "one").iterdir()] == ["vllm-pp0of1-dp0-tp0of1"]
+    w.shutdown()
+
+
+def dcp_slots(ids, positions, rank, world):
+    """(block, offset) of each of `positions` a DCP rank holds, as vLLM's
+    _compute_slot_mapping_kernel lays them out (block_table.py at 01edfd09,
+    cp_kv_cache_interleave_size 1): a virtual block of BS x world tokens,
+    position p on rank p % world."""
+    vb = BS * world
+    return {p: (ids[p // vb], (p % vb) // world) for p in positions if p % vb % world == rank}
+
+
+def test_decode_context_parallel_is_refused_not_given_wrong_bytes(monkeypatch):
+    """TP 2 with decode_context_parallel_size 2: rank 0 holds the even
+    positions of each request, BS of them in each of its blocks (a virtual
+    block of 2 x BS tokens). Request A stores its 32 prompt tokens; request
+    B shares that prompt, and vLLM's own prefix cache already holds its
+    first virtual block (A's block 0: num_computed_tokens 8), so ferry
+    loads tokens 8 to 32 into B's blocks. Every position rank 0 holds must
+    then be A's KV. ferry read each block as BS consecutive tokens of the
+    request, so it asked for twice the blocks vLLM holds: A's save failed
+    with ENOBUFS, and vLLM's step with it; given the blocks (8 and 8, as a
+    longer request holds) it stored and loaded the wrong positions, and
+    B's positions 8 to 14 on rank 0 were never written (attention read
+    whatever the blocks held). Until ferry lays chunks out as DCP does, a
+    connector built for DCP above one is refused, naming the setting."""
+    ranks = Ranks(monkeypatch)
+    try:
+        w, caches = worker(ranks, {"ferry.l1": "2M"}, tp=(0, 2), dcp=2)
+    except ValueError as e:
+        assert "decode_context_parallel_size" in str(e)
+        with pytest.raises(ValueError, match="decode_context_parallel_size"):
+            FerryConnector(config({"ferry.server": "unix:/nowhere"}, tp=2, dcp=2),
+                           Role.SCHEDULER, None)
+        return
+    a_ids, b_ids = [0, 1, 2, 3, 4], [0, 8, 9, 10, 11]   # cdiv(33, 2 x BS) blocks each
+    for c in caches:
+        c.zero_()
+        for p, (blk, off) in dcp_slots(a_ids, range(len(TOKENS)), 0, 2).items():
+            c[:, blk, off] = p + 1
+    w.bind_connector_metadata(FerryConnectorMetadata(saves=[SaveSpec("a", TOKENS, a_ids)]))
+    w.wait_for_save()
+    w.clear_connector_metadata()
+    w.bind_connector_metadata(FerryConnectorMetadata(
+        loads=[LoadSpec("b", TOKENS, b_ids, 2 * BS, len(TOKENS))]))
+    w.start_load_kv(None)
+    w.clear_connector_metadata()
+    w.get_block_ids_with_load_errors()
+    for c in caches:
+        for p, (blk, off) in dcp_slots(b_ids, range(len(TOKENS)), 0, 2).items():
+            assert float(c[0, blk, off].flatten()[0]) == p + 1, f"position {p}"
     w.shutdown()

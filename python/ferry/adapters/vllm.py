@@ -25,8 +25,10 @@ Where the store comes from (kv_connector_extra_config):
       it is refused when vLLM builds it, with a ValueError naming
       "ferry.server". An L2 directory has one owner, so "ferry.l2": "DIR:SIZE"
       gives each worker DIR/vllm-pp<s>of<S>-dp<d>-tp<r>of<T> of SIZE
-      (pipeline stage, data-parallel replica, tensor-parallel rank): the
-      same worker of the same topology finds its persistent L2 again. A
+      (pipeline stage, data-parallel replica, tensor-parallel rank; with
+      prefill context parallelism -pcp<c>of<C> before -tp, since vLLM runs
+      C processes of each TP rank): the same worker of the same topology
+      finds its persistent L2 again. A
       slab an earlier ferry left in DIR itself (one worker opened DIR) is
       not read: a warning names it once, and where to move it to keep it.
   "ferry.server": a `ferry serve` address ("unix:/run/ferry/ferry.sock"),
@@ -45,7 +47,25 @@ Where the store comes from (kv_connector_extra_config):
       With pipeline parallelism every stage's worker is the same TP rank of
       the same model, but holds only its stage's layers: each stage's chunks
       are keyed apart, and the scheduler counts a chunk as a hit only once
-      every stage holds it.
+      every stage holds it. The PCP ranks of one TP rank each hold the
+      whole sequence's KV of its heads (vLLM shards no KV across PCP), the
+      same bytes under the same keys. Decode context parallelism (vLLM's
+      decode_context_parallel_size above one: each rank's block holds every
+      Nth token of N blocks' worth) is refused when vLLM builds the
+      connector, naming the setting: ferry's chunks are blocks of
+      consecutive tokens.
+      Under distributed_executor_backend "external_launcher" (torchrun, as
+      verl and OpenRLHF run vLLM) every rank is an engine of its own, its
+      scheduler beside its one worker, and the ranks of an engine stay in
+      step only while they schedule alike: at TP x PP x PCP above one
+      "ferry.server" is required (a store in a rank's process, "ferry.l1" or
+      registered, is refused when vLLM builds the connector, as are
+      "ferry.async_load" and "ferry.async_save", whose transfers end at a
+      step of each rank's own). Each rank's scheduler then asks the daemon
+      for every rank's keys, and the ranks agree on the least of their
+      answers (an all-reduce over a gloo group of the engine's ranks, made
+      when vLLM builds the scheduler): a store that lands between two
+      ranks' lookups makes no hit one rank has and another has not.
 
 Two forms of the four worker methods that move KV, chosen with
 "ferry.layerwise" in kv_connector_extra_config (default False):
@@ -352,9 +372,61 @@ def _tp_rank_world(vllm_config, rank=True):
     return get_tensor_model_parallel_rank(), world
 
 
+def _external_launcher(vllm_config):
+    """True under vLLM's external_launcher (torchrun: verl, OpenRLHF):
+    parallel_config.distributed_executor_backend "external_launcher", or
+    ExecutorWithExternalLauncher (or a subclass, or its qualified name) given
+    as the backend (vllm-project/vllm 00193b82b0e2d4faea5d3b4ea4f6c4c2bd9d057a,
+    vllm/config/parallel.py; 01e4fce07423dafcc832600ba05159fb28dc1126,
+    vllm/v1/executor/uniproc_executor.py). Every rank then runs an engine
+    of its own, its scheduler with its one worker in its process."""
+    pc = getattr(vllm_config, "parallel_config", None)
+    backend = getattr(pc, "distributed_executor_backend", None)
+    if isinstance(backend, type):
+        return any(c.__name__ == "ExecutorWithExternalLauncher" for c in backend.__mro__)
+    return isinstance(backend, str) and (
+        backend == "external_launcher"
+        or backend.rsplit(".", 1)[-1] == "ExecutorWithExternalLauncher")
+
+
+def _replica_span(vllm_config):
+    """The processes of one engine replica that step together (TP x PP x
+    PCP; vLLM's ranks are laid out ExternalDP x DP x PP x PCP x TP, so they
+    are consecutive global ranks)."""
+    pc = getattr(vllm_config, "parallel_config", None)
+    return (int(getattr(pc, "tensor_parallel_size", 1) or 1)
+            * int(getattr(pc, "pipeline_parallel_size", 1) or 1)
+            * int(getattr(pc, "prefill_context_parallel_size", 1) or 1))
+
+
+def _replica_group(span):
+    """A CPU (gloo) group of this process's engine replica under
+    external_launcher: global ranks [r - r % span, r - r % span + span).
+    Every rank builds its scheduler at the same point of EngineCore's
+    start, so every rank enters this collective."""
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("ferry: vLLM connector: under distributed_executor_backend="
+                         "\"external_launcher\" the scheduler agrees its hits with the "
+                         "other ranks of its engine, and torch.distributed is not "
+                         "initialized in this process")
+    world = dist.get_world_size()
+    if world % span:
+        raise ValueError(f"ferry: vLLM connector: torch.distributed's world of {world} is "
+                         f"not a whole number of engine replicas of {span} ranks (TP x PP "
+                         "x PCP) under distributed_executor_backend=\"external_launcher\"")
+    me, mine = dist.get_rank(), None
+    for first in range(0, world, span):   # (every rank creates every group, in order)
+        group = dist.new_group(list(range(first, first + span)), backend="gloo")
+        if first <= me < first + span:
+            mine = group
+    return mine
+
+
 def _rank_name(vllm_config):
     """This worker's place in vLLM's topology, every coordinate named:
-    "pp<stage>of<stages>-dp<replica>-tp<rank>of<world>". The stage from
+    "pp<stage>of<stages>-dp<replica>-tp<rank>of<world>", and at PCP above
+    one "-pcp<rank>of<size>" (get_pcp_group()) before "-tp". The stage from
     vLLM's pipeline group (get_pp_group().rank_in_group); the replica from
     parallel_config.data_parallel_index where vLLM has it, else
     data_parallel_rank: a dense model's replica runs as an independent
@@ -373,7 +445,12 @@ def _rank_name(vllm_config):
     if dp is None:
         dp = getattr(pc, "data_parallel_rank", 0)
     tp, tp_world = _tp_rank_world(vllm_config)
-    return f"pp{pp}of{pp_world}-dp{int(dp or 0)}-tp{tp}of{tp_world}"
+    pcp_world = int(getattr(pc, "prefill_context_parallel_size", 1) or 1)
+    pcp = ""
+    if pcp_world > 1:   # (the ranks of one TP rank; a PCP of one keeps the old names)
+        from vllm.distributed import get_pcp_group
+        pcp = f"-pcp{int(get_pcp_group().rank_in_group)}of{pcp_world}"
+    return f"pp{pp}of{pp_world}-dp{int(dp or 0)}{pcp}-tp{tp}of{tp_world}"
 
 
 def _rank_l2(spec, rank):
@@ -574,6 +651,16 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._stage = 0     # the worker's pipeline stage (register_kv_caches)
         self._cached = [g for g in self._groups if g.kind != "skipped"]
         skipped = [g for g in self._groups if g.kind == "skipped"]
+        dcp = int(getattr(pc, "decode_context_parallel_size", 1) or 1)
+        if dcp > 1 and self._cached:
+            # vLLM's _compute_slot_mapping_kernel (vllm/v1/worker/block_table.py)
+            raise ValueError(
+                f"ferry: vLLM connector: decode_context_parallel_size {dcp} shards each "
+                "request's KV across the ranks by position (a block holds every "
+                f"{dcp}th token of a virtual block of {dcp} blocks' tokens), and ferry's "
+                "chunks are blocks of consecutive tokens: ferry cannot store or load for "
+                "it yet; run with decode_context_parallel_size 1, or without ferry's "
+                "connector")
         if role == KVConnectorRole.SCHEDULER and not self._server and self._cached \
                 and "ferry.l1" in self._extra and registered_store(self._name) is None:
             # vLLM's engine core registers its workers' caches before it builds
@@ -597,6 +684,13 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._fail_requests = len(self._groups) > 1 and _PER_REQUEST_FAILURES
         if self._fail_requests:
             self._async_load = True
+        # Under external_launcher each rank schedules for itself, and the ranks
+        # of one engine replica must take the same steps (their forward's
+        # collectives are matched): a hit ranks disagree on hangs them.
+        self._spmd = _external_launcher(vllm_config) and _replica_span(vllm_config) > 1
+        self._agree_group = None
+        if self._spmd and self._cached:
+            self._check_spmd()
         # scheduler side
         self._reqs = {}
         self._held = set()      # finished requests whose blocks ferry still holds
@@ -627,6 +721,52 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._saves_inflight = {}  # req id -> [(spec, Op, pin)]
         self._deferred = set()  # req ids reported through get_finished's first set
         self._finishing = set()  # of those, the ones vLLM said finished
+        if self._spmd and self._cached and role == KVConnectorRole.SCHEDULER:
+            self._agree_group = _replica_group(_replica_span(vllm_config))
+
+    def _check_spmd(self):
+        """Under external_launcher at TP x PP x PCP above one, each rank's
+        scheduler sees only its own process: a store there holds its rank's
+        chunks alone, and a load or store that ends at a step of its rank's
+        own lets the ranks' schedules part. Refused when vLLM builds the
+        connector, naming the setting."""
+        where = ("under distributed_executor_backend=\"external_launcher\" (torchrun) with "
+                 "TP x PP x PCP above one, each rank runs its own scheduler, and the ranks "
+                 "of an engine must schedule alike or their collectives hang")
+        if not self._server:
+            raise ValueError(
+                f"ferry: vLLM connector: {where}; a store in a rank's process holds that "
+                "rank's chunks alone, so its hits would be its own: give \"ferry.server\" "
+                "(a `ferry serve` daemon every rank shares; each rank's scheduler then "
+                "counts a chunk once every rank holds it, and the ranks agree on it)")
+        for opt in ("ferry.async_load", "ferry.async_save"):
+            if _flag(self._extra, opt):
+                raise ValueError(
+                    f"ferry: vLLM connector: {where}; {opt!r} ends a transfer at a step "
+                    "of each rank's own: leave it off")
+        if self._fail_requests and not self._disabled:
+            self._disabled = ("under distributed_executor_backend=\"external_launcher\" a "
+                              "model of several KV cache groups loads asynchronously on this "
+                              "vLLM, and each rank would see its loads end at a step of its "
+                              "own")
+
+    def _agree(self, hit, error):
+        """The hit every rank of this engine replica holds (the least of the
+        ranks' hits); a rank whose lookup failed fails every rank's."""
+        if self._agree_group is None:
+            if error is not None:
+                raise error
+            return hit
+        import torch.distributed as dist
+        t = torch.tensor([-1 if error is not None else hit], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self._agree_group)
+        if error is not None:
+            raise error
+        if int(t.item()) < 0:
+            raise RuntimeError("ferry: vLLM connector: another rank of this engine failed "
+                               "its lookup (under distributed_executor_backend="
+                               "\"external_launcher\" the ranks agree on every hit)")
+        return int(t.item())
 
     # ---- the contract's class-level answers ----
     @classmethod
@@ -667,7 +807,10 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
     @property
     def store(self):
         if self._store is None:
-            self._store = registered_store(self._name)
+            # under external_launcher the store registered here is this rank's
+            # worker's: the scheduler asks the daemon for every rank's keys
+            self._store = None if self._agree_group is not None else \
+                registered_store(self._name)
             if self._store is None and self._server:
                 self._store = self._open_lookup_client()
             if self._store is None:
@@ -715,6 +858,13 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
     def _open_store(self, layout, device=None):
         """The worker's store: the registered one, or one opened from the config."""
         found = registered_store(self._name)
+        if found is not None and self._spmd:
+            raise ValueError(
+                f"ferry: vLLM connector: a store is registered as {self._name!r} in this "
+                "rank's process; under distributed_executor_backend=\"external_launcher\" "
+                "it holds this rank's chunks alone while the scheduler counts what the "
+                "\"ferry.server\" daemon holds for every rank: register none, each worker "
+                "opens its client of \"ferry.server\" itself")
         if found is None and self._server:
             e = self._extra
             mc = getattr(self._vllm_config, "model_config", None)
@@ -790,7 +940,12 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         if self._disabled or not tokens:
             st.hit = 0
             return 0, False
-        st.hit = min(s.lookup(tokens, salt=k) for s, k in self._key_salts(salt))
+        hit, error = 0, None
+        try:
+            hit = min(s.lookup(tokens, salt=k) for s, k in self._key_salts(salt))
+        except Exception as e:  # (every rank of an external_launcher engine must hear it)
+            error = e
+        st.hit = self._agree(hit, error)
         if self._events_on:
             self._note_removed(st)
         st.saved = max(st.saved, st.hit)
