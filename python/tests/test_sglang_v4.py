@@ -15,13 +15,14 @@ from sglang_pools import (IndexerHost, LogicalHost, MambaHost, MHAHost, V4RowsHo
 
 PN, HP, PT = base.PoolName, base.PoolHitPolicy, base.PoolTransfer
 C4, C4S = PN.DEEPSEEK_V4_C4, PN.DEEPSEEK_V4_C4_STATE
+C4I, SWA = PN.DEEPSEEK_V4_C4_INDEXER, PN.SWA
 
 
 @pytest.fixture(autouse=True)
 def _clean():
     yield
-    for n in ("v4", "v4.deepseek_v4_c4", "v4.deepseek_v4_c4_state", "h", "h.indexer",
-              "h.mamba"):
+    for n in ("v4", "v4.deepseek_v4_c4", "v4.deepseek_v4_c4_state", "v4.swa",
+              "v4.deepseek_v4_c4_indexer", "h", "h.indexer", "h.mamba"):
         s = unregister_store(n)
         if s is not None:
             s.close()
@@ -181,3 +182,79 @@ def test_v4_pools_at_tp_above_one_are_refused_naming_their_own_server_setting():
     pools = {"kv": LogicalHost(page=16), C4.value: V4RowsHost("page_first", 4)}
     with pytest.raises(ValueError, match='"ferry_server_deepseek_v4_c4"'):
         v4_backend(pools, tp=(1, 2))
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct"])
+def test_a_v4_prefix_backed_up_as_sglang_does_hits_and_loads_its_rows(layout):
+    """SGLang's own V4 storage calls, in its order (sgl-project/sglang
+    00343773d3293d382f0b39101f36b656d30ad2f0, python/sglang/srt/mem_cache/
+    hybrid_cache/hybrid_cache_controller.py and managers/cache_controller.py
+    as the index holds them). The stack builder (build_deepseek_v4_hicache_
+    stack) makes the C4 KV and indexer pools with slot_page_size = the tree
+    page size and the anchor's num_host_pages, so the anchor's host indices
+    are whole pages of them, anchor page k their row k; the states ride the
+    SWA pool's indices, swa_page_size a page each.
+    Backup (_page_backup): the KV-derived pools get the anchor's host
+    indices and every hash (_resolve_sidecar_kv_derived_pool_transfers),
+    the states the SWA pool's (_resolve_sidecar_nonkv_derived_pool_
+    transfers), all in one batch_set_v2; then batch_set_v1 for the anchor.
+    Prefetch: batch_exists_v2; per batch batch_get_v1 on the anchor, then
+    batch_get_v2 of the KV-derived pools on that batch's anchor host
+    indices and hashes (_page_transfer_kv_batch); then the trailing
+    pools, keys realigned to the hit (_sync_trailing_keys), the states on
+    the SWA pool's indices. Mooncake (00fe477f32b3, mooncake_store.py
+    _batch_io_v2) maps each to one object per key at row indices[::page]
+    // page (get_page_buffer_meta). The prefix hits whole, and each pool's
+    rows land bitwise where the prefetch's indices name, no other row
+    touched."""
+    P, S = 8, 4                     # tree page, swa_page_size (P % S == 0)
+    anchor = LogicalHost(pages=16, page=P, layout=layout)
+    c4 = V4RowsHost(layout, P, pages=16)
+    c4i = V4RowsHost(layout, P, pages=16, item_bytes=40)
+    swa = V4RowsHost(layout, S, pages=8, item_bytes=64)
+    c4s = V4RowsHost(layout, S, pages=8, item_bytes=24, state=True)
+    pools = (c4, c4i, swa, c4s)
+    for i, p in enumerate(pools):
+        p.fill(10 * i + 1)
+    b = v4_backend({"kv": anchor, C4.value: c4, C4I.value: c4i, SWA.value: swa,
+                    C4S.value: c4s})
+    h = page_hashes(list(range(6 * P)), P)
+    # backup of 5 pages: anchor host pages 2..6, the SWA window in SWA row 3
+    kv_hi, swa_hi = indices(2, 5, P), indices(3, 1, S)
+    want = {id(c4): [c4.row(i * P).clone() for i in range(2, 7)],
+            id(c4i): [c4i.row(i * P).clone() for i in range(2, 7)],
+            id(swa): [swa.row(3 * S).clone()], id(c4s): [c4s.row(3 * S).clone()]}
+    backup = [PT(name=C4, host_indices=kv_hi, keys=h[:5], indices_from_pool=PN.KV),
+              PT(name=C4I, host_indices=kv_hi, keys=h[:5], indices_from_pool=PN.KV),
+              PT(name=SWA, host_indices=swa_hi, keys=h[4:5], hit_policy=HP.TRAILING_PAGES),
+              PT(name=C4S, host_indices=swa_hi, keys=h[4:5],
+                 hit_policy=HP.TRAILING_PAGES, indices_from_pool=SWA)]
+    assert b.batch_set_v2(backup) == {C4: [True] * 5, C4I: [True] * 5, SWA: [True],
+                                      C4S: [True]}
+    assert b.batch_set_v1(h[:5], kv_hi) == [True] * 5
+    # a later request of 6 pages: 5 stored
+    asked = [PT(name=C4, indices_from_pool=PN.KV), PT(name=C4I, indices_from_pool=PN.KV),
+             PT(name=SWA, keys=h[5:6], hit_policy=HP.TRAILING_PAGES),
+             PT(name=C4S, keys=h[5:6], hit_policy=HP.TRAILING_PAGES, indices_from_pool=SWA)]
+    r = b.batch_exists_v2(h, asked)
+    assert r.kv_hit_pages == 5
+    assert restorable(r) in (None, [5])
+    before = {id(p): [p.row(i * p.page_size).clone() for i in range(p.num_host_pages)]
+              for p in pools}
+    kv_new, swa_new = indices(9, 5, P), indices(6, 1, S)
+    assert b.batch_get_v1(h[:5], kv_new) == [True] * 5
+    got = b.batch_get_v2([PT(name=C4, host_indices=kv_new, keys=h[:5]),
+                          PT(name=C4I, host_indices=kv_new, keys=h[:5])])
+    assert got == {C4: [True] * 5, C4I: [True] * 5}
+    trailing = h[4:5]               # _sync_trailing_keys at 5 pages hit
+    got = b.batch_get_v2([PT(name=SWA, host_indices=swa_new, keys=trailing,
+                             hit_policy=HP.TRAILING_PAGES),
+                          PT(name=C4S, host_indices=swa_new, keys=trailing,
+                             hit_policy=HP.TRAILING_PAGES, indices_from_pool=SWA)])
+    assert got == {SWA: [True], C4S: [True]}
+    for p, rows in ((c4, range(9, 14)), (c4i, range(9, 14)), (swa, [6]), (c4s, [6])):
+        loaded = dict(zip(rows, want[id(p)]))
+        for i in range(p.num_host_pages):
+            expect = loaded.get(i, before[id(p)][i])
+            assert torch.equal(p.row(i * p.page_size), expect), (p.page_size, i)
+    b.close()
