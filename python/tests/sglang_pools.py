@@ -275,6 +275,11 @@ def indices(first_page, pages, page):
 #   layer (layer_first), [pages][layers][item_bytes] (page_first) or
 #   [pages][layers][1][item_bytes] (page_first_direct); host index i is in
 #   row i // page_size, and a flat page is a row's bytes of every layer.
+#   SGLang's V4 stack (build_deepseek_v4_hicache_stack) builds the
+#   KV-derived ones (C4, C128, the C4 indexer) with slot_page_size = the
+#   tree page size and the anchor's num_host_pages (anchor page k is their
+#   row k), the SWA pool and the states with swa_page_size and the SWA
+#   pool's page count.
 class LogicalHost:
     def __init__(self, pages=16, page=8, layout="page_first"):
         self.size, self.page_size, self.layout = pages * page, page, layout

@@ -90,18 +90,20 @@ def test_v4_row_pools_round_trip_bitwise(layout, state):
 
 
 def test_v4_host_indices_not_whole_pool_pages_read_as_misses(caplog):
-    """SGLang hands a V4 compressed pool host indices that are not its own
-    whole pages: HybridCacheController (sgl-project/sglang 00343773d3293d3
-    82f0b39101f36b656d30ad2f0, python/sglang/srt/mem_cache/hybrid_cache/
-    hybrid_cache_controller.py) gives a KV-derived pool the KV anchor's
-    indices on backup (_resolve_sidecar_kv_derived_pool_transfers) and
-    _apply_kv_anchor_ratio divides them by the compression ratio; and a
-    token-granular C4 copy is one that is not a multiple of the page
-    (memory_pool_host.py, backup_from_device_all_layer). Each used to
-    raise ValueError into SGLang's backup or prefetch thread, which dies.
-    ferry cannot tell which rows such indices name, so it moves nothing:
-    not stored, a miss, the host pool untouched, one warning naming the
-    pool; pages at whole rows still move."""
+    """Host indices that are not a V4 row pool's whole pages. HybridCache-
+    Controller (sgl-project/sglang 00343773d3293d382f0b39101f36b656d30ad2f0,
+    python/sglang/srt/mem_cache/hybrid_cache/hybrid_cache_controller.py)
+    gives a KV-derived pool the KV anchor's indices on backup and prefetch,
+    and _apply_kv_anchor_ratio would divide them by page_size //
+    slot_page_size: SGLang's V4 stack builds those pools with the anchor's
+    page size (ratio 1, the anchor's indices whole pages of them: the test
+    below replays that), but a pool of a smaller page (here 4 under an
+    anchor of 16) would get the anchor's, the anchor's over the ratio, or
+    token-granular ones (backup_from_device_all_layer's C4 copy). Each used
+    to raise ValueError into SGLang's backup or prefetch thread, which
+    dies. ferry cannot tell which rows such indices name, so it moves
+    nothing: not stored, a miss, the host pool untouched, one warning
+    naming the pool; pages at whole rows still move."""
     pool = V4RowsHost("page_first", 4)
     pool.fill(3)
     b = v4_backend({"kv": LogicalHost(page=16), C4.value: pool})

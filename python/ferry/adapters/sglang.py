@@ -82,8 +82,12 @@ indices, pools; a closed backend or store) raise, but the store failing
 (a daemon gone or restarted with another layout, an I/O error, a full
 pool) reads as a miss or a page not stored, with a warning, and the
 next call tries the store again. A DeepSeek V4 row pool's host indices
-that are not its whole pages (SGLang hands it the KV anchor's, or
-token-granular ones) move nothing: misses, not stored, warned once.
+that are not its whole pages move nothing: misses, not stored, warned
+once. SGLang's V4 stack hands it none: its KV-derived pools (C4, C128,
+the C4 indexer) take the tree's page size and the anchor's page count,
+so the anchor's host indices are their whole pages (anchor page k, row
+k), and the states take the SWA pool's; the guard is for a pool built
+otherwise, whose rows ferry will not guess.
 
 Metrics. With enable_storage_metrics on, get_stats returns SGLang's
 StorageMetrics (kv pages per prefetch / backup call and their GB/s,
@@ -593,11 +597,13 @@ class FerryHiCacheStorage(HiCacheStorage):
             return [0] * n
         if not pm.rows:
             return self._page_starts(pm, n, host_indices)
-        # SGLang itself hands a V4 compressed pool indices that are not its
-        # whole pages: the KV anchor's, the anchor's over the compression
-        # ratio, token-granular ones. Which rows they name is not ferry's to
-        # guess, and SGLang's threads catch nothing: nothing moves (a miss,
-        # not stored), warned once for the pool
+        # SGLang's V4 stack gives a KV-derived pool the anchor's page size,
+        # so the anchor's host indices it hands on backup and prefetch are
+        # whole pages of it. Indices that are not (a pool of another page
+        # size: the anchor's then name no row of it, the anchor's over a
+        # compression ratio repeat) name rows ferry will not guess, and
+        # SGLang's threads catch nothing: nothing moves (a miss, not
+        # stored), warned once for the pool
         try:
             out = self._page_starts(pm, n, host_indices)
             if any(x % pm.page for x in out):
