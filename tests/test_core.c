@@ -268,6 +268,8 @@ static void directory_lock_is_not_a_forked_childs(void **state)
         close(go[1]);
         close(done[0]);
         char b;
+        if (write(done[1], "r", 1) != 1) /* running (past fork's handlers) */
+            _exit(4);
         if (read(go[0], &b, 1) != 1) /* the parent unlocked and locked again */
             _exit(1);
         ferry__dir_unlock(fd);       /* the parent's number: none of ours */
@@ -277,11 +279,12 @@ static void directory_lock_is_not_a_forked_childs(void **state)
     }
     close(go[0]);
     close(done[1]);
+    char b;
+    assert_int_equal(read(done[0], &b, 1), 1); /* the child is running */
     ferry__dir_unlock(fd);
     assert_int_equal(ferry__dir_lock_holder(dir), 0); /* free, the child alive */
     FT_ASSERT_OK(ferry__dir_lock(dir, 0, 0, "test", &eb, &fd));
     assert_int_equal(write(go[1], "x", 1), 1);
-    char b;
     assert_int_equal(read(done[0], &b, 1), 1);
     /* the child's unlock left the parent's new lock held */
     assert_int_equal(ferry__dir_lock(dir, 0, 1, "check", &eb, &rd), FERRY_EBUSY);
