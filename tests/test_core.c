@@ -246,6 +246,57 @@ static void directory_lock_has_one_owner(void **state)
     ft_rmtree(dir);
 }
 
+/* a fork's child does not hold its parent's directory locks: once the
+ * parent unlocks (a store closed, reopened), the directory is free while
+ * the child lives on; and the child's own unlock of the inherited number
+ * closes nothing of its own */
+static void directory_lock_is_not_a_forked_childs(void **state)
+{
+    (void)state;
+    char dir[256];
+    ft_tmpdir(dir, sizeof dir);
+    ferry__errbuf eb = {0};
+    int fd = -1, rd = -1;
+    FT_ASSERT_OK(ferry__dir_lock(dir, 0, 0, "test", &eb, &fd));
+    int go[2], done[2];
+    assert_int_equal(pipe(go), 0);
+    assert_int_equal(pipe(done), 0);
+    fflush(NULL);
+    pid_t c = fork();
+    if (c == 0) {
+        alarm(10);
+        close(go[1]);
+        close(done[0]);
+        char b;
+        if (write(done[1], "r", 1) != 1) /* running (past fork's handlers) */
+            _exit(4);
+        if (read(go[0], &b, 1) != 1) /* the parent unlocked and locked again */
+            _exit(1);
+        ferry__dir_unlock(fd);       /* the parent's number: none of ours */
+        if (write(done[1], "x", 1) != 1)
+            _exit(2);
+        _exit(read(go[0], &b, 1) == 0 ? 0 : 3); /* live until the parent is done */
+    }
+    close(go[0]);
+    close(done[1]);
+    char b;
+    assert_int_equal(read(done[0], &b, 1), 1); /* the child is running */
+    ferry__dir_unlock(fd);
+    assert_int_equal(ferry__dir_lock_holder(dir), 0); /* free, the child alive */
+    FT_ASSERT_OK(ferry__dir_lock(dir, 0, 0, "test", &eb, &fd));
+    assert_int_equal(write(go[1], "x", 1), 1);
+    assert_int_equal(read(done[0], &b, 1), 1);
+    /* the child's unlock left the parent's new lock held */
+    assert_int_equal(ferry__dir_lock(dir, 0, 1, "check", &eb, &rd), FERRY_EBUSY);
+    ferry__dir_unlock(fd);
+    close(go[1]);
+    int ws = 0;
+    assert_int_equal(waitpid(c, &ws, 0), c);
+    assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    close(done[0]);
+    ft_rmtree(dir);
+}
+
 /* a warning at the rate of the I/O: the first few, then one a second
  * carrying how many were held back */
 static void repeated_warnings_are_rate_limited(void **state)
@@ -342,6 +393,7 @@ int main(void)
         cmocka_unit_test(version_matches_macros),
         cmocka_unit_test(every_errno_has_a_name),
         cmocka_unit_test(directory_lock_has_one_owner),
+        cmocka_unit_test(directory_lock_is_not_a_forked_childs),
         cmocka_unit_test(repeated_warnings_are_rate_limited),
         cmocka_unit_test(sized_structs_take_prefixes_and_write_what_the_caller_knows),
     };

@@ -13,6 +13,8 @@
  *  - negative token and block ids;
  *  - a store closed in a forked child: nothing released, the parent's
  *    store whole;
+ *  - a daemon connection ends with its store's close while a forked
+ *    child (holding a copy of its socket) lives on;
  *  - a fork while threads are inside op calls: the child's own store
  *    makes, waits and frees ops (no lock left held by the fork).
  */
@@ -510,6 +512,54 @@ static void test_close_in_a_forked_child(void **state)
     in_child(close_in_forked_child, 1);
 }
 
+/* ---- a daemon connection ends with its store's close, a fork alive ---- */
+
+/* the child holds a copy of the connection's socket: the parent's close
+ * still ends the connection (the daemon sees it go, and lets go of what it
+ * held for it) while the child lives on */
+static void connection_ends_with_close_in_parent(int server)
+{
+    (void)server;
+    env e;
+    env_up(&e, 1);
+    ferry_kv *kv = open_kv(&e);
+    int go[2];
+    CHECK(pipe(go) == 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        alarm(20);
+        close(go[1]);
+        char b;
+        _exit(read(go[0], &b, 1) == 0 ? 0 : 1); /* lives until the parent is done */
+    }
+    close(go[0]);
+    ferry_kv_close(kv);
+    ferry_serve_stats st = FERRY_SERVE_STATS_INIT;
+    for (int i = 0; i < 500; i++) {
+        CHECK(ferry_serve_stats_get(e.srv.s, &st) == 0);
+        if (st.clients == 0)
+            break;
+        usleep(10000);
+    }
+    if (st.clients)
+        fprintf(stderr, "the daemon still serves %llu connection(s) after the close\n",
+                (unsigned long long)st.clients);
+    close(go[1]);
+    int ws = 0;
+    CHECK(waitpid(pid, &ws, 0) == pid);
+    CHECK(st.clients == 0);
+    CHECK(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    env_down(&e);
+}
+
+static void test_connection_ends_with_its_close(void **state)
+{
+    (void)state;
+    in_child(connection_ends_with_close_in_parent, 1);
+}
+
 /* ---- fork while threads are inside op calls ---- */
 
 typedef struct poller {
@@ -611,6 +661,7 @@ int main(void)
         cmocka_unit_test(test_ids_out_of_range),
         cmocka_unit_test(test_server_addresses_and_a_full_listener),
         cmocka_unit_test(test_close_in_a_forked_child),
+        cmocka_unit_test(test_connection_ends_with_its_close),
         cmocka_unit_test(test_fork_with_op_calls_inside),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -11,12 +11,23 @@
  * The owner writes its pid into the file so a refused opener can name it
  * (the lock itself cannot: F_OFD_GETLK reports pid -1).
  *
+ * Fork: a forked child inherits the owner's descriptor, and with it a
+ * reference to the locked description: the lock would then outlive the
+ * owner's unlock (and the owner's death) for as long as the child lives
+ * (a worker, a DataLoader process), and the owner could not reopen its
+ * own directory. So the held locks' descriptors are listed (held_mu), and
+ * pthread_atfork replaces each in the child by /dev/null (dup2: the number
+ * stays taken, so a later unlock of it in the child closes nothing of the
+ * child's own), which drops the child's reference to the lock. The
+ * handlers are registered once, before held_mu is first taken.
+ *
  * Modes: files 0600 and directories 0700 unless the caller gives a mode
  * (0660 for a deliberate group, say); a directory gets the execute bit
  * wherever the file mode has the read bit.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -84,6 +95,76 @@ int ferry__mkdir_p(const char *dir, unsigned mode, int create, ferry__errbuf *eb
     return 0;
 }
 
+/* the descriptors of the locks this process holds (see Fork above) */
+static pthread_mutex_t held_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t held_once = PTHREAD_ONCE_INIT;
+static int *held_fds;
+static size_t nheld, held_cap;
+
+static void held_take(void)
+{
+    pthread_mutex_lock(&held_mu);
+}
+
+static void held_give(void)
+{
+    pthread_mutex_unlock(&held_mu);
+}
+
+/* in a forked child: its copies of the parent's lock descriptors become
+ * /dev/null (or /, where there is none), the locks the parent's alone */
+static void held_drop_in_child(void)
+{
+    int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (nul < 0)
+        nul = open("/", O_RDONLY | O_CLOEXEC);
+    for (size_t i = 0; i < nheld && nul >= 0; i++)
+        if (held_fds[i] != nul)
+            dup3(nul, held_fds[i], O_CLOEXEC);
+    if (nul >= 0)
+        close(nul);
+    nheld = 0; /* none of them is the child's */
+    pthread_mutex_unlock(&held_mu);
+}
+
+static void held_atfork(void)
+{
+    pthread_atfork(held_take, held_give, held_drop_in_child);
+}
+
+static int held_add(int fd)
+{
+    pthread_once(&held_once, held_atfork);
+    pthread_mutex_lock(&held_mu);
+    int rc = 0;
+    if (nheld == held_cap) {
+        size_t cap = held_cap ? 2 * held_cap : 16;
+        int *h = ferry__realloc(held_fds, cap * sizeof *h);
+        if (h) {
+            held_fds = h;
+            held_cap = cap;
+        } else {
+            rc = -ENOMEM;
+        }
+    }
+    if (rc == 0)
+        held_fds[nheld++] = fd;
+    pthread_mutex_unlock(&held_mu);
+    return rc;
+}
+
+static void held_remove(int fd)
+{
+    pthread_once(&held_once, held_atfork);
+    pthread_mutex_lock(&held_mu);
+    for (size_t i = 0; i < nheld; i++)
+        if (held_fds[i] == fd) {
+            held_fds[i] = held_fds[--nheld];
+            break;
+        }
+    pthread_mutex_unlock(&held_mu);
+}
+
 static int holder_pid(int fd)
 {
     char b[32];
@@ -143,6 +224,11 @@ int ferry__dir_lock(const char *dir, unsigned mode, int shared, const char *what
         close(fd);
         return ferry__err_set(eb, rc, "%s: locking %s: %s", what, path, strerror(-rc));
     }
+    if (held_add(fd) < 0) {
+        close(fd);
+        return ferry__err_set(eb, -ENOMEM, "%s: listing the lock on %s: out of memory", what,
+                              path);
+    }
     if (!shared) {
         char b[32];
         int k = snprintf(b, sizeof b, "%d\n", (int)getpid());
@@ -155,8 +241,10 @@ int ferry__dir_lock(const char *dir, unsigned mode, int shared, const char *what
 
 void ferry__dir_unlock(int fd)
 {
-    if (fd >= 0)
-        close(fd); /* closing the description drops its OFD lock */
+    if (fd < 0)
+        return;
+    held_remove(fd);
+    close(fd); /* closing the description drops its OFD lock */
 }
 
 int ferry__dir_lock_holder(const char *dir)

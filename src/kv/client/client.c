@@ -22,8 +22,15 @@
 
 #define TIMEOUT_MS_DEFAULT 2000u
 
+/* the connection ends here: a forked child holds a copy of the socket (a
+ * worker living on), which alone would keep it open, and the daemon would
+ * serve it, pins and all, until the child ended; shutdown ends it for
+ * every copy. Only the process that connected ends it (a child dropping
+ * its copy of its parent's would cut the parent's). */
 void ferry__kvc_drop(ferry__kvc *c)
 {
+    if (c->fd >= 0 && c->fd_pid == (long)getpid())
+        (void)shutdown(c->fd, SHUT_RDWR);
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
@@ -413,6 +420,7 @@ int ferry__kvc_ensure(ferry_kv *kv, ferry__kvc *c)
                              c->path, sizeof a.sun_path - 1);
     memcpy(a.sun_path, c->path, strlen(c->path) + 1);
     c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    c->fd_pid = (long)getpid();
     if (c->fd < 0)
         return ferry__kv_err(kv, -errno, "kv server %s: socket: %s", c->path, strerror(errno));
     /* a listener whose queue is full (a daemon that stopped accepting) is

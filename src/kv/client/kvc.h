@@ -22,6 +22,7 @@ typedef struct ferry__kvc {
     pthread_mutex_t mu;           /* one operation at a time */
     char *path;                   /* the socket */
     int fd;                       /* -1: not connected */
+    long fd_pid;                  /* the process that connected fd (drop: client.c) */
     uint32_t timeout_ms;
     uint32_t wait_ms;             /* pool_wait_ms: sent as WAIT at connect; a round trip
                                      may take timeout_ms plus this */
