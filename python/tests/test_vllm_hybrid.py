@@ -6,6 +6,7 @@ vllm/v1/kv_cache_interface.py). vLLM is not installed: the groups, their
 block tables (the sliding group's blocks below its window are vLLM's null
 block 0) and the windowed attention are stand-ins around the tiny Llama.
 """
+import contextlib
 from types import SimpleNamespace
 
 import torch
@@ -92,25 +93,38 @@ def step(sched, worker, model, caches, req, tables, start, n):
     return meta, logits, errors
 
 
-def test_a_sliding_window_group_is_stored_and_loaded_inside_its_window(monkeypatch):
-    """As an engine of 003df296 drives it (no get_transfer_results: a hybrid
-    model's loads stay synchronous). The newest engine's path, where such
-    loads go async so a failure can be reported per request, is in
-    test_vllm_newest.py."""
-    monkeypatch.setattr(vllm_adapter, "_PER_REQUEST_FAILURES", False)
+@contextlib.contextmanager
+def hybrid_engine(extra=None):
+    """TinyLlama's two layers as a hybrid model (a full-attention group and a
+    sliding-window group of W tokens), its store registered as NAME, a
+    worker with its caches registered and a scheduler, built as vLLM builds
+    them; the store unregistered and closed after."""
     model = TinyLlama(seed=4321)
     lay = ferry.Layout.from_model(1, model.kv_heads, model.head_dim, dtype="f32")
     store = ferry.KVStore("tiny-hybrid", lay, l1=64 * CHUNK * lay.token_bytes,
                           chunk_tokens=CHUNK)
     register_store(NAME, store)
     try:
-        cfg = vllm_config({"ferry.store": NAME})
+        cfg = vllm_config({"ferry.store": NAME, **(extra or {})})
         cls = connector_class(cfg)
         kcc = kv_cache_config(SlidingWindowSpec(W))
         worker = cls(cfg, base.KVConnectorRole.WORKER, kcc)
         caches = model.new_caches(64, BS)
         worker.register_kv_caches({L0: caches[0], L1: caches[1]})
         sched = cls(cfg, base.KVConnectorRole.SCHEDULER, kcc)
+        yield model, store, worker, sched, caches
+    finally:
+        unregister_store(NAME)
+        store.close()
+
+
+def test_a_sliding_window_group_is_stored_and_loaded_inside_its_window(monkeypatch):
+    """As an engine of 003df296 drives it (no get_transfer_results: a hybrid
+    model's loads stay synchronous). The newest engine's path, where such
+    loads go async so a failure can be reported per request, is in
+    test_vllm_newest.py."""
+    monkeypatch.setattr(vllm_adapter, "_PER_REQUEST_FAILURES", False)
+    with hybrid_engine() as (model, store, worker, sched, caches):
         a, b = prompts()
         ra = Request("a", a)
         assert sched.get_num_new_matched_tokens(ra, 0) == (0, False)
@@ -148,9 +162,6 @@ def test_a_sliding_window_group_is_stored_and_loaded_inside_its_window(monkeypat
         sched.request_finished_all_groups(rb, ([], []))
         worker.shutdown()
         sched.shutdown()
-    finally:
-        unregister_store(NAME)
-        store.close()
 
 
 def test_a_group_ferry_cannot_cache_turns_the_connector_off(caplog):
@@ -190,20 +201,8 @@ def test_a_sliding_group_never_stores_blocks_vllm_let_go(monkeypatch):
     and b's save would store the null block's bytes as b's window-group
     chunks, which a later request loading inside its window would read."""
     monkeypatch.setattr(vllm_adapter, "_PER_REQUEST_FAILURES", False)
-    model = TinyLlama(seed=4321)
-    lay = ferry.Layout.from_model(1, model.kv_heads, model.head_dim, dtype="f32")
-    store = ferry.KVStore("tiny-hybrid", lay, l1=64 * CHUNK * lay.token_bytes,
-                          chunk_tokens=CHUNK)
-    register_store(NAME, store)
-    g1 = "\0ferry-group\0" "1"
-    try:
-        cfg = vllm_config({"ferry.store": NAME})
-        cls = connector_class(cfg)
-        kcc = kv_cache_config(SlidingWindowSpec(W))
-        worker = cls(cfg, base.KVConnectorRole.WORKER, kcc)
-        caches = model.new_caches(64, BS)
-        worker.register_kv_caches({L0: caches[0], L1: caches[1]})
-        sched = cls(cfg, base.KVConnectorRole.SCHEDULER, kcc)
+    with hybrid_engine() as (model, store, worker, sched, caches):
+        g1 = "\0ferry-group\0" "1"
         a, b = prompts()
         ra = Request("a", a)
         assert sched.get_num_new_matched_tokens(ra, 0) == (0, False)
@@ -237,9 +236,6 @@ def test_a_sliding_group_never_stores_blocks_vllm_let_go(monkeypatch):
         sched.request_finished_all_groups(rb, ([], []))
         worker.shutdown()
         sched.shutdown()
-    finally:
-        unregister_store(NAME)
-        store.close()
 
 
 def test_a_sliding_group_never_stores_blocks_vllm_reused(monkeypatch):
@@ -252,20 +248,8 @@ def test_a_sliding_group_never_stores_blocks_vllm_reused(monkeypatch):
     them. With b's first chunks gone from ferry, the second step's save must
     not store that request's KV as b's."""
     monkeypatch.setattr(vllm_adapter, "_PER_REQUEST_FAILURES", False)
-    model = TinyLlama(seed=4321)
-    lay = ferry.Layout.from_model(1, model.kv_heads, model.head_dim, dtype="f32")
-    store = ferry.KVStore("tiny-hybrid", lay, l1=64 * CHUNK * lay.token_bytes,
-                          chunk_tokens=CHUNK)
-    register_store(NAME, store)
-    g1 = "\0ferry-group\0" "1"
-    try:
-        cfg = vllm_config({"ferry.store": NAME})
-        cls = connector_class(cfg)
-        kcc = kv_cache_config(SlidingWindowSpec(W))
-        worker = cls(cfg, base.KVConnectorRole.WORKER, kcc)
-        caches = model.new_caches(64, BS)
-        worker.register_kv_caches({L0: caches[0], L1: caches[1]})
-        sched = cls(cfg, base.KVConnectorRole.SCHEDULER, kcc)
+    with hybrid_engine() as (model, store, worker, sched, caches):
+        g1 = "\0ferry-group\0" "1"
         _, b = prompts()
         rb = Request("b", b)
         assert sched.get_num_new_matched_tokens(rb, 0) == (0, False)
@@ -299,9 +283,6 @@ def test_a_sliding_group_never_stores_blocks_vllm_reused(monkeypatch):
         sched.request_finished_all_groups(rb, ([], []))
         worker.shutdown()
         sched.shutdown()
-    finally:
-        unregister_store(NAME)
-        store.close()
 
 
 def test_an_async_save_of_a_sliding_group_ends_before_vllm_frees_its_blocks(monkeypatch):
@@ -314,21 +295,9 @@ def test_an_async_save_of_a_sliding_group_ends_before_vllm_frees_its_blocks(monk
     them. The sliding group's store must have read them first."""
     from test_vllm_older import slow_stores
     monkeypatch.setattr(vllm_adapter, "_PER_REQUEST_FAILURES", False)
-    model = TinyLlama(seed=4321)
-    lay = ferry.Layout.from_model(1, model.kv_heads, model.head_dim, dtype="f32")
-    store = ferry.KVStore("tiny-hybrid", lay, l1=64 * CHUNK * lay.token_bytes,
-                          chunk_tokens=CHUNK)
-    register_store(NAME, store)
-    ops = slow_stores(store, monkeypatch)
-    g1 = "\0ferry-group\0" "1"
-    try:
-        cfg = vllm_config({"ferry.store": NAME, "ferry.async_save": True})
-        cls = connector_class(cfg)
-        kcc = kv_cache_config(SlidingWindowSpec(W))
-        worker = cls(cfg, base.KVConnectorRole.WORKER, kcc)
-        caches = model.new_caches(64, BS)
-        worker.register_kv_caches({L0: caches[0], L1: caches[1]})
-        sched = cls(cfg, base.KVConnectorRole.SCHEDULER, kcc)
+    with hybrid_engine({"ferry.async_save": True}) as (model, store, worker, sched, caches):
+        ops = slow_stores(store, monkeypatch)
+        g1 = "\0ferry-group\0" "1"
         _, b = prompts()
         rb = Request("b", b)
         assert sched.get_num_new_matched_tokens(rb, 0) == (0, False)
@@ -363,9 +332,6 @@ def test_an_async_save_of_a_sliding_group_ends_before_vllm_frees_its_blocks(monk
         assert sched.request_finished_all_groups(rb, ([], []))[0] is True
         worker.shutdown()
         sched.shutdown()
-    finally:
-        unregister_store(NAME)
-        store.close()
 
 
 def test_a_failed_layerwise_store_leaves_no_other_stores_pins(monkeypatch):
@@ -377,24 +343,13 @@ def test_a_failed_layerwise_store_leaves_no_other_stores_pins(monkeypatch):
     (else its chunks stay read-locked, unevictable, until the lock's TTL)."""
     import errno
     monkeypatch.setattr(vllm_adapter, "_PER_REQUEST_FAILURES", False)
-    model = TinyLlama(seed=4321)
-    lay = ferry.Layout.from_model(1, model.kv_heads, model.head_dim, dtype="f32")
-    store = ferry.KVStore("tiny-hybrid", lay, l1=64 * CHUNK * lay.token_bytes,
-                          chunk_tokens=CHUNK)
-    register_store(NAME, store)
-    pins = []
-    real_pin, real_unpin = store.pin, store.unpin
-    monkeypatch.setattr(store, "pin", lambda t, **kw: pins.append(real_pin(t, **kw)) or pins[-1])
-    monkeypatch.setattr(store, "unpin",
-                        lambda t, **kw: pins.append(-real_unpin(t, **kw)) or -pins[-1])
-    try:
-        cfg = vllm_config({"ferry.store": NAME, "ferry.layerwise": True})
-        cls = connector_class(cfg)
-        kcc = kv_cache_config(SlidingWindowSpec(W))
-        worker = cls(cfg, base.KVConnectorRole.WORKER, kcc)
-        caches = model.new_caches(64, BS)
-        worker.register_kv_caches({L0: caches[0], L1: caches[1]})
-        sched = cls(cfg, base.KVConnectorRole.SCHEDULER, kcc)
+    with hybrid_engine({"ferry.layerwise": True}) as (model, store, worker, sched, caches):
+        pins = []
+        real_pin, real_unpin = store.pin, store.unpin
+        monkeypatch.setattr(store, "pin",
+                            lambda t, **kw: pins.append(real_pin(t, **kw)) or pins[-1])
+        monkeypatch.setattr(store, "unpin",
+                            lambda t, **kw: pins.append(-real_unpin(t, **kw)) or -pins[-1])
         _, b = prompts()
         rb = Request("b", b)
         assert sched.get_num_new_matched_tokens(rb, 0) == (0, False)
@@ -446,9 +401,6 @@ def test_a_failed_layerwise_store_leaves_no_other_stores_pins(monkeypatch):
         sched.request_finished_all_groups(rb, ([], []))
         worker.shutdown()
         sched.shutdown()
-    finally:
-        unregister_store(NAME)
-        store.close()
 
 
 def test_a_worker_of_a_mamba_hybrid_registers_its_caches(caplog):
