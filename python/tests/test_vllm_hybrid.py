@@ -94,17 +94,28 @@ def step(sched, worker, model, caches, req, tables, start, n):
 
 
 @contextlib.contextmanager
-def hybrid_engine(extra=None):
-    """TinyLlama's two layers as a hybrid model (a full-attention group and a
-    sliding-window group of W tokens), its store registered as NAME, a
-    worker with its caches registered and a scheduler, built as vLLM builds
-    them; the store unregistered and closed after."""
+def tiny_store():
+    """The tiny Llama and an in-process store for it, registered as NAME;
+    unregistered and closed after."""
     model = TinyLlama(seed=4321)
     lay = ferry.Layout.from_model(1, model.kv_heads, model.head_dim, dtype="f32")
     store = ferry.KVStore("tiny-hybrid", lay, l1=64 * CHUNK * lay.token_bytes,
                           chunk_tokens=CHUNK)
     register_store(NAME, store)
     try:
+        yield model, store
+    finally:
+        unregister_store(NAME)
+        store.close()
+
+
+@contextlib.contextmanager
+def hybrid_engine(extra=None):
+    """TinyLlama's two layers as a hybrid model (a full-attention group and a
+    sliding-window group of W tokens), its store registered as NAME (see
+    tiny_store), a worker with its caches registered and a scheduler, built
+    as vLLM builds them."""
+    with tiny_store() as (model, store):
         cfg = vllm_config({"ferry.store": NAME, **(extra or {})})
         cls = connector_class(cfg)
         kcc = kv_cache_config(SlidingWindowSpec(W))
@@ -113,9 +124,6 @@ def hybrid_engine(extra=None):
         worker.register_kv_caches({L0: caches[0], L1: caches[1]})
         sched = cls(cfg, base.KVConnectorRole.SCHEDULER, kcc)
         yield model, store, worker, sched, caches
-    finally:
-        unregister_store(NAME)
-        store.close()
 
 
 def test_a_sliding_window_group_is_stored_and_loaded_inside_its_window(monkeypatch):
@@ -165,12 +173,7 @@ def test_a_sliding_window_group_is_stored_and_loaded_inside_its_window(monkeypat
 
 
 def test_a_group_ferry_cannot_cache_turns_the_connector_off(caplog):
-    model = TinyLlama(seed=4321)
-    lay = ferry.Layout.from_model(1, model.kv_heads, model.head_dim, dtype="f32")
-    store = ferry.KVStore("tiny-hybrid", lay, l1=64 * CHUNK * lay.token_bytes,
-                          chunk_tokens=CHUNK)
-    register_store(NAME, store)
-    try:
+    with tiny_store() as (model, store):
         cfg = vllm_config({"ferry.store": NAME})
         cls = connector_class(cfg)
         sched = cls(cfg, base.KVConnectorRole.SCHEDULER, kv_cache_config(MambaSpec()))
@@ -183,9 +186,6 @@ def test_a_group_ferry_cannot_cache_turns_the_connector_off(caplog):
                     kv_cache_config(SlidingWindowSpec(CHUNK - 1)))
         assert short.get_num_new_matched_tokens(Request("a2", a), 0) == (0, False)
         assert "shorter than" in caplog.text
-    finally:
-        unregister_store(NAME)
-        store.close()
 
 
 def test_a_sliding_group_never_stores_blocks_vllm_let_go(monkeypatch):
@@ -413,12 +413,7 @@ def test_a_worker_of_a_mamba_hybrid_registers_its_caches(caplog):
     connector is off for such a model (a hit must cover every group), but
     its worker must register them: before, it read a paged layout from
     every layer's cache and the list's failed vLLM's start."""
-    model = TinyLlama(seed=4321)
-    lay = ferry.Layout.from_model(1, model.kv_heads, model.head_dim, dtype="f32")
-    store = ferry.KVStore("tiny-hybrid", lay, l1=64 * CHUNK * lay.token_bytes,
-                          chunk_tokens=CHUNK)
-    register_store(NAME, store)
-    try:
+    with tiny_store() as (model, store):
         cfg = vllm_config({"ferry.store": NAME})
         cls = connector_class(cfg)
         w = cls(cfg, base.KVConnectorRole.WORKER, kv_cache_config(MambaSpec()))
@@ -426,6 +421,3 @@ def test_a_worker_of_a_mamba_hybrid_registers_its_caches(caplog):
         w.register_kv_caches({L0: attn, L1: [torch.zeros(16, 3, 8), torch.zeros(16, 4, 8, 8)]})
         assert w.store is store
         w.shutdown()
-    finally:
-        unregister_store(NAME)
-        store.close()
