@@ -386,6 +386,54 @@ def test_pipeline_stages_sharing_a_daemon_keep_their_own_kv(monkeypatch, tmp_pat
         d.stop()
 
 
+def test_a_lookup_stops_at_the_first_key_no_worker_holds(monkeypatch, tmp_path):
+    """TP 2 x PP 2 with "ferry.server": a hit needs every rank's chunks of
+    every stage, four keys, each a round trip to the daemon from the
+    scheduler (get_num_new_matched_tokens is on vLLM's scheduling path:
+    vllm-project/vllm b4622cf924bc72504aed99e486062d6633fde39e,
+    vllm/v1/core/sched/scheduler.py, Scheduler.schedule). Before, all four
+    were asked for every token whatever the first answered; now a key that
+    holds nothing ends the lookup (the least is 0), and each key is asked
+    only for the chunks the least so far covers. The answers are those of
+    asking all four."""
+    from test_server import Daemon
+    from ferry.kv import KVStore
+    net, ranks = daemon_net(), Ranks(monkeypatch)
+    d = Daemon(str(tmp_path)).start()
+    try:
+        extra = {"ferry.server": d.url}
+        ws = {(t, s): worker(ranks, extra, tp=(t, 2), pp=(s, 2), seed=2 * s + t, net=net)[0]
+              for s in range(2) for t in range(2)}
+        sched = daemon_scheduler(d.url, net, tp=2, pp=2)
+        asked, real = [], KVStore.lookup
+
+        def lookup(store, tokens, **kw):
+            got = real(store, tokens, **kw)
+            if store in sched._ranks:
+                asked.append((len(tokens), got))
+            return got
+        monkeypatch.setattr(KVStore, "lookup", lookup)
+        assert sched.get_num_new_matched_tokens(REQ, 0) == (0, False)
+        sched._rank_stores()
+        assert asked == [(len(REQ.all_token_ids), 0)]   # one round trip, not four
+        asked.clear()
+        save(ws[0, 0], SRC)
+        save(ws[0, 1], SRC)                 # rank 0's stages, rank 1's not
+        assert sched.get_num_new_matched_tokens(REQ, 0) == (0, False)
+        assert asked == [(len(REQ.all_token_ids), len(TOKENS)), (len(TOKENS), len(TOKENS)),
+                         (len(TOKENS), 0)]
+        asked.clear()
+        save(ws[1, 0], SRC)
+        save(ws[1, 1], SRC)
+        assert sched.get_num_new_matched_tokens(REQ, 0) == (len(TOKENS), False)
+        assert [got for _, got in asked] == [len(TOKENS)] * 4
+        sched.shutdown()
+        for w in ws.values():
+            w.shutdown()
+    finally:
+        d.stop()
+
+
 def test_a_scheduler_apart_from_its_workers_refuses_an_in_process_store(monkeypatch, tmp_path):
     """With "ferry.l1" the store lives in the worker's process. The engine
     core lets its workers register their caches before it builds the

@@ -47,7 +47,10 @@ Where the store comes from (kv_connector_extra_config):
       With pipeline parallelism every stage's worker is the same TP rank of
       the same model, but holds only its stage's layers: each stage's chunks
       are keyed apart, and the scheduler counts a chunk as a hit only once
-      every stage holds it. The PCP ranks of one TP rank each hold the
+      every stage holds it. Its lookup asks those keys (TP ranks x KV cache
+      groups x stages, one daemon round trip each: a lookup of the
+      protocol is one key) one after the other, each for the chunks the
+      least so far covers, and stops at the first that holds none. The PCP ranks of one TP rank each hold the
       whole sequence's KV of its heads (vLLM shards no KV across PCP), the
       same bytes under the same keys. Decode context parallelism (vLLM's
       decode_context_parallel_size above one: each rank's block holds every
@@ -942,7 +945,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             return 0, False
         hit, error = 0, None
         try:
-            hit = min(s.lookup(tokens, salt=k) for s, k in self._key_salts(salt))
+            hit = self._least_hit(tokens, salt)
         except Exception as e:  # (every rank of an external_launcher engine must hear it)
             error = e
         st.hit = self._agree(hit, error)
@@ -953,6 +956,20 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         n = max(0, usable - num_computed_tokens)
         st.async_load = self._async_load and n > 0
         return n, st.async_load
+
+    def _least_hit(self, tokens, salt):
+        """The least of every key's hit (_key_salts: TP ranks x groups x
+        stages, a daemon round trip each), asked one after the other: each
+        asks only for the whole chunks the least so far covers (the keys
+        are chained, so a prefix's hit is the hit capped at it), and the
+        first that holds none ends the lookup: the least is 0 whatever the
+        others hold. The same answer as asking every key for every token."""
+        least = len(tokens)
+        for s, k in self._key_salts(salt):
+            least = s.lookup(tokens[:least], salt=k)
+            if least <= 0:
+                return 0
+        return least
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         """vLLM allocated blocks: a load is planned when num_external_tokens > 0;
