@@ -242,6 +242,7 @@ class _Req:
     block_ids: list = field(default_factory=list)
     group_ids: list = field(default_factory=list)  # every group's block ids
     salted: bool = False      # salt taken from the request (get_num_new_matched_tokens)
+    lora: tuple = (None, None)  # its LoRA adapter's (name, id), for KV events
     async_load: bool = False  # get_num_new_matched_tokens answered load-async
     deferred: bool = False    # an async load or save the worker reports at the end
 
@@ -581,6 +582,18 @@ def _salt_of(request):
     if embeds is not None:
         salt = (salt or "") + "\0embeds\0" + _embeds_digest(embeds)
     return salt
+
+
+def _lora_of(request):
+    """(name, id) of the request's LoRA adapter for its KV events, as vLLM's
+    own BlockStored carries them (lora_name, and lora_id, which vLLM keeps
+    for old consumers); (None, None) for the base model."""
+    lora = getattr(request, "lora_request", None)
+    if lora is None:
+        return None, None
+    name = getattr(lora, "lora_name", None)
+    lid = getattr(lora, "lora_int_id", None)
+    return (str(name) if name is not None else None), lid
 
 
 def _layer_order(names):
@@ -936,6 +949,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             st = self._reqs[request.request_id] = _Req(tokens=tokens)
         if not st.salted:   # once per request (prompt embeddings are hashed)
             st.salt, st.salted = _salt_of(request), True
+            st.lora = _lora_of(request)
         st.tokens, salt = tokens, st.salt
         st.prompt_len = len(prompt) if prompt is not None else len(tokens)
         st.local = num_computed_tokens
@@ -1129,8 +1143,8 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._published.update(new)
         self._events.append(BlockStored(
             block_hashes=new, parent_block_hash=hashes[first - 1] if first else None,
-            token_ids=list(st.tokens[start:end]), block_size=chunk, lora_id=None,
-            medium="CPU", lora_name=None))
+            token_ids=list(st.tokens[start:end]), block_size=chunk, lora_id=st.lora[1],
+            medium="CPU", lora_name=st.lora[0]))
 
     def _note_removed(self, st):
         """Chunks published as stored that this lookup no longer finds."""
@@ -1149,7 +1163,8 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         is planned, BlockRemoved when a lookup no longer finds chunks published
         as stored (evicted, or a save that found ferry full), AllBlocksCleared
         after reset_cache. Collected when vLLM's kv_events_config enables KV
-        cache events (or "ferry.kv_events")."""
+        cache events (or "ferry.kv_events"). A LoRA request's BlockStored
+        names its adapter (lora_name, and lora_id), as vLLM's own do."""
         out, self._events = self._events, []
         return out
 
