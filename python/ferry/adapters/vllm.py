@@ -105,7 +105,13 @@ multimodal inputs and a digest of its prompt embeddings (placeholder
 token ids tell neither images nor embeddings apart). A request the
 connector was never asked about (get_num_new_matched_tokens) is not
 stored: the step's NewRequestData does not carry its cache_salt. Only
-prompt tokens are stored, in whole chunks; decode tokens are not.
+prompt tokens are stored, in whole chunks; decode tokens are not. A
+streaming session (vLLM's resumable requests) is one request over its
+rounds: each round's prompt holds what the rounds before it computed
+(their prompts and kept output tokens) and the round's input, and the
+round's chunks are stored keyed by those tokens and the round's salt (its
+images included), as vLLM tells the round's start through
+update_state_after_alloc alone.
 
 KV cache groups (SupportsHMA): the connector reads vLLM's groups from
 kv_cache_config. Full-attention and sliding-window groups are cached, each
@@ -947,11 +953,10 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         st = self._reqs.get(request.request_id)
         if st is None:
             st = self._reqs[request.request_id] = _Req(tokens=tokens)
-        if not st.salted:   # once per request (prompt embeddings are hashed)
-            st.salt, st.salted = _salt_of(request), True
-            st.lora = _lora_of(request)
+        prompt_len = len(prompt) if prompt is not None else len(tokens)
+        self._salt_round(st, request, prompt_len)
         st.tokens, salt = tokens, st.salt
-        st.prompt_len = len(prompt) if prompt is not None else len(tokens)
+        st.prompt_len = prompt_len
         st.local = num_computed_tokens
         self._check_groups()
         if self._disabled or not tokens:
@@ -985,6 +990,40 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
                 return 0
         return least
 
+    def _salt_round(self, st, request, prompt_len):
+        """Salt the request: once (prompt embeddings are hashed), and again
+        at each later round of a streaming session, whose prompt grew (vLLM's
+        resumable requests: Scheduler._update_request_as_session extends the
+        same request's prompt with the last round's computed tokens and the
+        round's input, and its multimodal inputs with the round's). A round's
+        chunks are keyed by what its tokens were computed with: a salt that
+        changed (a new image) leaves none of the request's chunks known
+        stored under it, and drops the pins taken under the old one."""
+        if st.salted and prompt_len <= st.prompt_len:
+            return
+        salt = _salt_of(request)
+        if st.salted and salt != st.salt:
+            self._unpin(st)
+            st.saved = 0
+        st.salt, st.salted, st.lora = salt, True, _lora_of(request)
+
+    def _next_round(self, st, request):
+        """A streaming session's next round, which vLLM schedules with the
+        tokens it computed before (num_computed_tokens above 0: no lookup)
+        and tells the connector of only here: its tokens (the grown prompt)
+        and salt, so that build_connector_meta stores the round's chunks.
+        vLLM keeps a session's blocks between its rounds, and the KV at
+        each position below num_computed_tokens is that of the token now
+        there (vLLM's own prefix cache counts on it too)."""
+        prompt = getattr(request, "prompt_token_ids", None)
+        if prompt is None or len(prompt) <= st.prompt_len:
+            return
+        tokens = list(getattr(request, "all_token_ids", None) or prompt)
+        self._salt_round(st, request, len(prompt))
+        if tokens[:st.saved] != st.tokens[:st.saved]:   # (not a continuation: store anew)
+            st.saved = 0
+        st.tokens, st.prompt_len = tokens, len(prompt)
+
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         """vLLM allocated blocks: a load is planned when num_external_tokens > 0;
         its chunks are pinned until the request finishes (or, load-async, until
@@ -995,6 +1034,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         if num_external_tokens <= 0:
             st.load = None
             self._unpin(st)
+            self._next_round(st, request)
             return
         skip, need = st.local, st.local + num_external_tokens
         self._unpin(st)
