@@ -68,7 +68,11 @@ Where the store comes from (kv_connector_extra_config):
       for every rank's keys, and the ranks agree on the least of their
       answers (an all-reduce over a gloo group of the engine's ranks, made
       when vLLM builds the scheduler): a store that lands between two
-      ranks' lookups makes no hit one rank has and another has not.
+      ranks' lookups makes no hit one rank has and another has not. Each
+      rank's worker reports its load errors to its own rank's scheduler
+      alone, so the workers agree each step's loads over the same group
+      (the least tokens each load got on any rank) before they report:
+      a load short on one rank is recomputed, or failed, on every rank.
 
 Two forms of the four worker methods that move KV, chosen with
 "ferry.layerwise" in kv_connector_extra_config (default False):
@@ -430,7 +434,15 @@ def _replica_group(span):
         group = dist.new_group(list(range(first, first + span)), backend="gloo")
         if first <= me < first + span:
             mine = group
+    _REPLICA_GROUP[span] = mine
     return mine
+
+
+# The group the scheduler last made (_replica_group), by span: the worker
+# in its process (external_launcher) agrees its loads over it. It exists by
+# the worker's first step: vLLM builds the worker, then the scheduler,
+# then steps.
+_REPLICA_GROUP = {}
 
 
 def _rank_name(vllm_config):
@@ -729,6 +741,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._layout = None
         self._block_size = 0
         self._load_errors = set()
+        self._agreeing = []     # this step's loads, to agree with the other ranks (_agree_loads)
         self._failed_recving = set()  # async loads that came short (several groups)
         self.saves_skipped = 0
         self._stats = dict.fromkeys(_STAT_DOCS, 0)
@@ -1375,7 +1388,10 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         for g, caches, ids, skip, salt in self._targets(spec):
             got = 0
             if spec.tokens:  # tokens below skip are vLLM's own blocks: never written
-                got = self.store.retrieve(spec.tokens, caches, ids, salt=salt, skip=skip)
+                try:
+                    got = self.store.retrieve(spec.tokens, caches, ids, salt=salt, skip=skip)
+                except FerryError as e:   # (its blocks reported: vLLM recomputes or fails)
+                    log.warning("ferry: request %s: load failed: %s", spec.req_id, e)
             self._loaded(spec, g, ids, skip, got)
 
     def _load_async(self, spec):
@@ -1397,7 +1413,12 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             if not spec.tokens:
                 self._loaded(spec, g, ids, skip, 0)
                 continue
-            op = self.store.retrieve_layers(spec.tokens, caches, ids, salt=salt, skip=skip)
+            try:
+                op = self.store.retrieve_layers(spec.tokens, caches, ids, salt=salt, skip=skip)
+            except FerryError as e:
+                log.warning("ferry: request %s: load not started: %s", spec.req_id, e)
+                self._loaded(spec, g, ids, skip, 0)
+                continue
             self._loading.append([spec, g, ids, skip, op])
 
     @staticmethod
@@ -1420,6 +1441,41 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             self._loaded(spec, g, ids, skip, self._result(spec, op))
 
     def _loaded(self, spec, g, ids, skip, got):
+        if self._spmd and not spec.is_async:
+            self._agreeing.append((spec, g, ids, skip, got))   # (reported once agreed)
+            return
+        self._report_load(spec, g, ids, skip, got)
+
+    def _agree_loads(self):
+        """Under external_launcher at TP x PP x PCP above one, each rank's
+        worker reports its load errors to its own rank's scheduler alone:
+        a load short on one rank (a chunk failed its checksum there) had
+        that rank's scheduler recompute or fail the request while the
+        others went on, and their schedules parted (their collectives
+        hang). The ranks load the same plan (their schedulers agree every
+        hit), so each step's loads are the same on every rank: the ranks
+        take the least each load got, over the group of the engine's
+        ranks, and every rank reports the same blocks. Called where the
+        step's loads are over (wait_for_save, and
+        get_block_ids_with_load_errors for an engine that skips it)."""
+        entries, self._agreeing = self._agreeing, []
+        if not entries:
+            return
+        group = _REPLICA_GROUP.get(_replica_span(self._vllm_config))
+        if group is None:
+            log.warning("ferry: vLLM connector: under external_launcher no scheduler of "
+                        "this process made the group the ranks agree over; this rank "
+                        "reports its own loads")
+        else:
+            import torch.distributed as dist
+            entries.sort(key=lambda e: (str(e[0].req_id), e[1].idx))
+            t = torch.tensor([max(0, int(e[4])) for e in entries], dtype=torch.int64)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+            entries = [e[:4] + (v,) for e, v in zip(entries, t.tolist())]
+        for e in entries:
+            self._report_load(*e)
+
+    def _report_load(self, spec, g, ids, skip, got):
         self._stats["loads"] += 1
         self._stats["load_tokens"] += max(0, min(got, spec.need) - skip)
         if got < spec.need:
@@ -1563,6 +1619,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         is skipped and counted."""
         if self._loading:  # (a forward that skipped some layer's wait)
             self._load_finish()
+        self._agree_loads()
         if not self.has_connector_metadata():
             return
         if self._layerwise:
@@ -1675,6 +1732,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             self._reap_saves(rid, True)
 
     def get_block_ids_with_load_errors(self):
+        self._agree_loads()
         out, self._load_errors = self._load_errors, set()
         return out
 
