@@ -50,8 +50,9 @@ Where the store comes from (kv_connector_extra_config):
       every stage holds it. Its lookup asks those keys (TP ranks x KV cache
       groups x stages, one daemon round trip each: a lookup of the
       protocol is one key) one after the other, each for the chunks the
-      least so far covers, and stops at the first that holds none. The PCP ranks of one TP rank each hold the
-      whole sequence's KV of its heads (vLLM shards no KV across PCP), the
+      least so far covers, and stops at the first that holds none. The
+      PCP ranks of one TP rank each hold the whole sequence's KV of its
+      heads (vLLM shards no KV across PCP), the
       same bytes under the same keys. Decode context parallelism (vLLM's
       decode_context_parallel_size above one: each rank's block holds every
       Nth token of N blocks' worth) is refused when vLLM builds the
