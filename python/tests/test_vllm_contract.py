@@ -255,3 +255,33 @@ def test_events_stats_prometheus_and_reset(model, store):
     assert [type(e).__name__ for e in eng.sched.take_events()] == ["AllBlocksCleared"]
     eng.finish(Request("c", a))
     eng.close()
+
+
+def test_a_lora_requests_events_name_its_adapter(model, store):
+    """vLLM's BlockStored carries the adapter a block's KV was computed
+    with: lora_name (what a KV-aware router keys a LoRA's blocks by) and
+    the deprecated lora_id (vllm-project/vllm
+    0181ea3173e53eea8cf04a86891488e3dc89bb34, vllm/distributed/kv_events.py),
+    filled from request.lora_request.name and .adapter_id (lora_name and
+    lora_int_id of LoRARequest) by vLLM's own block pool
+    (c59cb7941357443da7c5eef75cfa8697d683d228, vllm/v1/core/block_pool.py,
+    BlockPool.cache_full_blocks). Before, ferry's events said None for
+    both, so a router took an adapter's stored chunks for the base
+    model's."""
+    eng = Engine(model, store, extra={"ferry.store": NAME, "ferry.kv_events": True})
+    a, _ = prompts()
+    r = Request("lora", a)
+    r.lora_request = SimpleNamespace(lora_name="alpha", lora_int_id=7, lora_path="/a")
+    eng.admit(r)
+    eng.step_new(r)
+    ev = list(eng.sched.take_events())
+    assert [type(e).__name__ for e in ev] == ["BlockStored"]
+    assert (ev[0].lora_name, ev[0].lora_id) == ("alpha", 7)
+    eng.finish(r)
+    base = Request("base", a)
+    eng.admit(base)
+    eng.step_new(base)
+    ev = list(eng.sched.take_events())
+    assert [(e.lora_name, e.lora_id) for e in ev] == [(None, None)]
+    eng.finish(base)
+    eng.close()

@@ -393,3 +393,112 @@ def test_cuda_graph_capture_between_steps_leaves_nothing_behind(model, store):
     assert torch.equal(model.kv_of(eng.caches, eng.blocks["b"], 32), kv_a)
     eng.finish(rb)
     eng.close()
+
+
+# ---- streaming input (resumable requests) ----
+# vllm-project/vllm b4622cf924bc72504aed99e486062d6633fde39e,
+# vllm/v1/core/sched/scheduler.py: a resumable request that stops is not
+# finished (_handle_stopped_request: no _free_request, so no
+# request_finished, its blocks kept); the next StreamingUpdate (add_request
+# with the same id) goes through _update_request_as_session: the prompt is
+# extended with the output tokens already computed (the last sampled one
+# is dropped) and the update's prompt_token_ids, mm_features appended, the
+# status WAITING. schedule() then takes it from the waiting queue with
+# num_computed_tokens above 0: no get_computed_blocks and no
+# get_num_new_matched_tokens, allocate_slots, update_state_after_alloc(
+# request, blocks, 0), and NewRequestData.from_request (all its block ids,
+# its num_computed_tokens). Request and StreamingUpdate:
+# dba83d52c06471eabafba4310718ac7a100cbfa4, vllm/v1/request.py.
+
+def _next_round(eng, r, new_tokens, mm=()):
+    """Scheduler._update_request_as_session, then the session's admission."""
+    kept = r.all_token_ids[len(r.prompt_token_ids):r.num_computed_tokens]
+    r.prompt_token_ids = r.prompt_token_ids + kept + list(new_tokens)
+    r.all_token_ids = list(r.prompt_token_ids)
+    r.num_tokens = len(r.all_token_ids)
+    r.mm_features = list(getattr(r, "mm_features", [])) + list(mm)
+    blocks = eng.blocks[r.request_id]
+    blocks += [eng.free.pop(0) for _ in range(-(-r.num_tokens // BS) - len(blocks))]
+    eng.sched.update_state_after_alloc(r, KVCacheBlocks(blocks), 0)
+
+
+def _decode(eng, r, sampled):
+    """One decode step feeding the token sampled last (vLLM appended it to
+    all_token_ids); `sampled` is the one this step samples."""
+    pos = r.num_computed_tokens
+    blocks = eng.blocks[r.request_id]
+    if pos // BS >= len(blocks):
+        blocks.append(eng.free.pop(0))
+    view = SimpleNamespace(request_id=r.request_id, prompt_token_ids=r.all_token_ids,
+                           num_tokens=pos + 1, num_computed_tokens=pos)
+    meta = eng.step_cached(view)
+    r.num_computed_tokens = view.num_computed_tokens
+    r.all_token_ids.append(sampled)
+    return meta
+
+
+def test_a_streaming_sessions_later_rounds_are_stored(model, store):
+    """A streaming session's first round was stored; its later rounds never
+    were: vLLM asks nothing of the connector for them but
+    update_state_after_alloc(request, blocks, 0) and the step's
+    NewRequestData, and the connector kept the first round's tokens and
+    prompt length, so no chunk past the first prompt was ever planned.
+    Now the round's grown prompt is taken there, and its chunks are stored
+    under its own tokens: a later request with the same tokens loads them,
+    the bytes the session computed."""
+    eng = Engine(model, store)
+    a, _ = prompts()
+    r = Request("s", a)
+    r.resumable = True
+    assert eng.admit(r) == 0
+    meta = eng.step_new(r)                          # round 1: its 40-token prompt
+    assert [s.tokens for s in meta.saves] == [a[:32]]
+    r.all_token_ids.append(101)                     # sampled by the prefill
+    assert _decode(eng, r, 102).saves == []         # 101 computed; 102 stops the round
+    new = torch.randint(0, 512, (29,), generator=torch.Generator().manual_seed(3)).tolist()
+    _next_round(eng, r, new)
+    round2 = a + [101] + new                        # 102 dropped, as vLLM drops it
+    assert r.prompt_token_ids == round2 and r.num_computed_tokens == 41
+    meta = eng.step_new(r)                          # round 2: tokens 41..69
+    assert [(s.tokens, s.start) for s in meta.saves] == [(round2[:64], 41)]
+    kv = model.kv_of(eng.caches, eng.blocks["s"], 64).clone()
+    f = Request("f", round2)
+    assert eng.admit(f) == 64
+    eng.load_only(f)
+    assert eng.errors == set()
+    assert torch.equal(model.kv_of(eng.caches, eng.blocks["f"], 64), kv)
+    eng.finish(f)
+    eng.finish(r)
+    eng.close()
+
+
+def test_a_streaming_round_with_a_new_image_is_keyed_by_it(model, store):
+    """A round may bring images (the update's mm_features): their
+    placeholder token ids are the same for any image, so the round's chunks
+    must be keyed by the session's images, the new one included, or a
+    request with the same tokens and another image would load them. The
+    round's chunks are stored under the new salt (every chunk of the
+    round's tokens, the first round's again); the first round's stay under
+    its own."""
+    eng = Engine(model, store)
+    a, _ = prompts()
+    r = Request("s", a)
+    r.resumable = True
+    eng.admit(r)
+    eng.step_new(r)                                 # round 1, no image: a[:32] stored
+    r.all_token_ids.append(101)                     # the prefill's token stops the round
+    placeholders = [9] * 24
+    _next_round(eng, r, placeholders, mm=[SimpleNamespace(identifier="image-2")])
+    round2 = a + placeholders
+    meta = eng.step_new(r)
+    assert [s.tokens for s in meta.saves] == [round2[:64]]
+
+    def req(rid, image):
+        q = Request(rid, round2)
+        q.mm_features = [SimpleNamespace(identifier=image)] if image else []
+        return q
+    qs = [req("i2", "image-2"), req("i3", "image-3"), req("none", None)]
+    assert [eng.admit(q) for q in qs] == [63, 0, 32]
+    for q in qs + [r]:
+        eng.finish(q)
+    eng.close()

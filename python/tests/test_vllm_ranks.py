@@ -386,6 +386,54 @@ def test_pipeline_stages_sharing_a_daemon_keep_their_own_kv(monkeypatch, tmp_pat
         d.stop()
 
 
+def test_a_lookup_stops_at_the_first_key_no_worker_holds(monkeypatch, tmp_path):
+    """TP 2 x PP 2 with "ferry.server": a hit needs every rank's chunks of
+    every stage, four keys, each a round trip to the daemon from the
+    scheduler (get_num_new_matched_tokens is on vLLM's scheduling path:
+    vllm-project/vllm b4622cf924bc72504aed99e486062d6633fde39e,
+    vllm/v1/core/sched/scheduler.py, Scheduler.schedule). Before, all four
+    were asked for every token whatever the first answered; now a key that
+    holds nothing ends the lookup (the least is 0), and each key is asked
+    only for the chunks the least so far covers. The answers are those of
+    asking all four."""
+    from test_server import Daemon
+    from ferry.kv import KVStore
+    net, ranks = daemon_net(), Ranks(monkeypatch)
+    d = Daemon(str(tmp_path)).start()
+    try:
+        extra = {"ferry.server": d.url}
+        ws = {(t, s): worker(ranks, extra, tp=(t, 2), pp=(s, 2), seed=2 * s + t, net=net)[0]
+              for s in range(2) for t in range(2)}
+        sched = daemon_scheduler(d.url, net, tp=2, pp=2)
+        asked, real = [], KVStore.lookup
+
+        def lookup(store, tokens, **kw):
+            got = real(store, tokens, **kw)
+            if store in sched._ranks:
+                asked.append((len(tokens), got))
+            return got
+        monkeypatch.setattr(KVStore, "lookup", lookup)
+        assert sched.get_num_new_matched_tokens(REQ, 0) == (0, False)
+        sched._rank_stores()
+        assert asked == [(len(REQ.all_token_ids), 0)]   # one round trip, not four
+        asked.clear()
+        save(ws[0, 0], SRC)
+        save(ws[0, 1], SRC)                 # rank 0's stages, rank 1's not
+        assert sched.get_num_new_matched_tokens(REQ, 0) == (0, False)
+        assert asked == [(len(REQ.all_token_ids), len(TOKENS)), (len(TOKENS), len(TOKENS)),
+                         (len(TOKENS), 0)]
+        asked.clear()
+        save(ws[1, 0], SRC)
+        save(ws[1, 1], SRC)
+        assert sched.get_num_new_matched_tokens(REQ, 0) == (len(TOKENS), False)
+        assert [got for _, got in asked] == [len(TOKENS)] * 4
+        sched.shutdown()
+        for w in ws.values():
+            w.shutdown()
+    finally:
+        d.stop()
+
+
 def test_a_scheduler_apart_from_its_workers_refuses_an_in_process_store(monkeypatch, tmp_path):
     """With "ferry.l1" the store lives in the worker's process. The engine
     core lets its workers register their caches before it builds the
@@ -469,7 +517,9 @@ def test_external_launcher_refuses_a_store_of_its_rank_alone(monkeypatch, tmp_pa
     w.shutdown()
 
 
-_RANK = r'''
+# one rank's process under torchrun: vllm.distributed's rank helpers, the
+# gloo world of two, and its engine's config (argv: rank, tmp dir, daemon)
+_RANK_HEAD = r'''
 import json, os, sys, time
 from types import ModuleType, SimpleNamespace
 import torch, torch.distributed as dist
@@ -492,7 +542,9 @@ def cfg():
         get_num_layers=lambda pc: net.layers, get_num_kv_heads=lambda pc: net.kv_heads,
         get_head_size=lambda: net.head_dim)
     return c
+'''
 
+_RANK = _RANK_HEAD + r'''
 # EngineCore.__init__ in this rank's process: the worker registers its caches,
 # then the scheduler is built
 w = FerryConnector(cfg(), T.Role.WORKER, None)
@@ -573,6 +625,109 @@ def test_external_launcher_ranks_agree_on_every_hit(tmp_path):
     finally:
         d.stop()
     assert hits[0] == hits[1] == [0, 0, len(TOKENS)], hits
+
+
+_LOAD_RANK = _RANK_HEAD + r'''
+from test_vllm_contract import KVCacheBlocks
+
+w = FerryConnector(cfg(), T.Role.WORKER, None)
+caches = T.daemon_net().new_caches(T.BLOCKS, T.BS)
+g = torch.Generator().manual_seed(rank)
+for c in caches:
+    c.copy_(torch.randn(c.shape, generator=g).to(c.dtype))
+w.register_kv_caches({f"model.layers.{i}.self_attn.attn": c for i, c in enumerate(caches)})
+sched = FerryConnector(cfg(), T.Role.SCHEDULER, None)
+T.save(w, T.SRC)                    # every rank stores its chunks
+dist.barrier()
+if rank == 1:                       # rank 1's second chunk fails its checksum
+    real = w.store.retrieve
+    w.store.retrieve = lambda *a, **k: min(real(*a, **k), T.CHUNK)
+req = SimpleNamespace(request_id="q", prompt_token_ids=T.TOKENS + [7],
+                      all_token_ids=T.TOKENS + [7], cache_salt=None)
+out = {}
+# Scheduler.schedule: the lookup (agreed), allocate_slots, update_state_after_alloc,
+# build_connector_meta; then the worker's step and what it reports
+n, _ = sched.get_num_new_matched_tokens(req, 0)
+ids = list(range(7, 16))
+sched.update_state_after_alloc(req, KVCacheBlocks(ids), n)
+so = SimpleNamespace(
+    scheduled_new_reqs=[SimpleNamespace(req_id="q", prompt_token_ids=req.prompt_token_ids,
+                                        block_ids=(ids,), num_computed_tokens=n)],
+    scheduled_cached_reqs=SimpleNamespace(req_ids=[], resumed_req_ids=set(), new_block_ids=[],
+                                          num_computed_tokens=[]),
+    num_scheduled_tokens={"q": len(req.all_token_ids) - n}, finished_req_ids=set())
+meta = sched.build_connector_meta(so)
+w.bind_connector_metadata(meta)
+w.start_load_kv(None)
+w.wait_for_save()
+out["hit"], out["errors"] = n, sorted(w.get_block_ids_with_load_errors())
+w.clear_connector_metadata()
+sched.request_finished(req, ids)
+sched.shutdown()
+w.shutdown()
+json.dump(out, open(os.path.join(tmp, f"out{rank}"), "w"))
+dist.destroy_process_group()
+'''
+
+def test_external_launcher_ranks_report_a_short_load_alike(tmp_path):
+    """TP 2 under external_launcher with "ferry.server": both ranks' schedulers
+    agree on a hit of 32 tokens, and rank 1's load of it comes up short (its
+    second chunk fails its checksum: 16 tokens). Each rank's worker reports
+    get_block_ids_with_load_errors to its own rank's engine core
+    (ExecutorWithExternalLauncher, vllm-project/vllm
+    01e4fce07423dafcc832600ba05159fb28dc1126,
+    vllm/v1/executor/uniproc_executor.py), whose
+    Scheduler.update_from_output hands them to _handle_invalid_blocks: with
+    kv_load_failure_policy "recompute" the request's computed tokens are cut
+    back to the first bad block, with "fail" the request is failed
+    (b4622cf924bc72504aed99e486062d6633fde39e,
+    vllm/v1/core/sched/scheduler.py). Before, rank 1 reported blocks 11-14
+    and rank 0 none: rank 1 recomputed (or failed) what rank 0 went on
+    from, and the ranks' schedules parted. The ranks now agree each load's
+    result (the least tokens it got on any rank) and report the same
+    blocks."""
+    import json
+    import os
+    import subprocess
+    from test_server import Daemon
+    d = Daemon(str(tmp_path)).start()
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")]))
+    try:
+        procs = [subprocess.Popen([sys.executable, "-c", _LOAD_RANK, str(r), str(tmp_path),
+                                   d.url], env=env, stderr=subprocess.PIPE, text=True)
+                 for r in range(2)]
+        errs = []
+        for p in procs:
+            try:
+                errs.append(p.communicate(timeout=60)[1])
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                pytest.fail("a rank hung: the ranks took different steps")
+        assert all(p.returncode == 0 for p in procs), errs
+        out = [json.load(open(tmp_path / f"out{r}")) for r in range(2)]
+    finally:
+        d.stop()
+    assert out[0] == out[1] == {"hit": len(TOKENS), "errors": [11, 12, 13, 14]}, out
+
+
+def test_a_load_that_fails_is_reported_as_one_that_came_short(monkeypatch):
+    """A retrieve that raises (an L2 read that failed, a device copy
+    error) raised out of start_load_kv into vLLM's step, and under
+    external_launcher that rank alone left the step the others agree
+    their loads in. Its blocks are reported now, as for a load that came
+    up short: vLLM recomputes them or fails the request, by its policy."""
+    ranks = Ranks(monkeypatch)
+    w, _ = worker(ranks, {"ferry.l1": "2M"})
+    save(w, SRC)
+
+    def fail(*a, **k):
+        raise FerryError(-5, "an L2 read failed", "ferry_kv_retrieve")
+    monkeypatch.setattr(w.store, "retrieve", fail)
+    assert load(w, DST) == set(DST)
+    w.shutdown()
 
 
 # ---- context parallelism ----

@@ -47,8 +47,12 @@ Where the store comes from (kv_connector_extra_config):
       With pipeline parallelism every stage's worker is the same TP rank of
       the same model, but holds only its stage's layers: each stage's chunks
       are keyed apart, and the scheduler counts a chunk as a hit only once
-      every stage holds it. The PCP ranks of one TP rank each hold the
-      whole sequence's KV of its heads (vLLM shards no KV across PCP), the
+      every stage holds it. Its lookup asks those keys (TP ranks x KV cache
+      groups x stages, one daemon round trip each: a lookup of the
+      protocol is one key) one after the other, each for the chunks the
+      least so far covers, and stops at the first that holds none. The
+      PCP ranks of one TP rank each hold the whole sequence's KV of its
+      heads (vLLM shards no KV across PCP), the
       same bytes under the same keys. Decode context parallelism (vLLM's
       decode_context_parallel_size above one: each rank's block holds every
       Nth token of N blocks' worth) is refused when vLLM builds the
@@ -65,7 +69,11 @@ Where the store comes from (kv_connector_extra_config):
       for every rank's keys, and the ranks agree on the least of their
       answers (an all-reduce over a gloo group of the engine's ranks, made
       when vLLM builds the scheduler): a store that lands between two
-      ranks' lookups makes no hit one rank has and another has not.
+      ranks' lookups makes no hit one rank has and another has not. Each
+      rank's worker reports its load errors to its own rank's scheduler
+      alone, so the workers agree each step's loads over the same group
+      (the least tokens each load got on any rank) before they report:
+      a load short on one rank is recomputed, or failed, on every rank.
 
 Two forms of the four worker methods that move KV, chosen with
 "ferry.layerwise" in kv_connector_extra_config (default False):
@@ -102,7 +110,13 @@ multimodal inputs and a digest of its prompt embeddings (placeholder
 token ids tell neither images nor embeddings apart). A request the
 connector was never asked about (get_num_new_matched_tokens) is not
 stored: the step's NewRequestData does not carry its cache_salt. Only
-prompt tokens are stored, in whole chunks; decode tokens are not.
+prompt tokens are stored, in whole chunks; decode tokens are not. A
+streaming session (vLLM's resumable requests) is one request over its
+rounds: each round's prompt holds what the rounds before it computed
+(their prompts and kept output tokens) and the round's input, and the
+round's chunks are stored keyed by those tokens and the round's salt (its
+images included), as vLLM tells the round's start through
+update_state_after_alloc alone.
 
 KV cache groups (SupportsHMA): the connector reads vLLM's groups from
 kv_cache_config. Full-attention and sliding-window groups are cached, each
@@ -239,6 +253,7 @@ class _Req:
     block_ids: list = field(default_factory=list)
     group_ids: list = field(default_factory=list)  # every group's block ids
     salted: bool = False      # salt taken from the request (get_num_new_matched_tokens)
+    lora: tuple = (None, None)  # its LoRA adapter's (name, id), for KV events
     async_load: bool = False  # get_num_new_matched_tokens answered load-async
     deferred: bool = False    # an async load or save the worker reports at the end
 
@@ -420,7 +435,15 @@ def _replica_group(span):
         group = dist.new_group(list(range(first, first + span)), backend="gloo")
         if first <= me < first + span:
             mine = group
+    _REPLICA_GROUP[span] = mine
     return mine
+
+
+# The group the scheduler last made (_replica_group), by span: the worker
+# in its process (external_launcher) agrees its loads over it. It exists by
+# the worker's first step: vLLM builds the worker, then the scheduler,
+# then steps.
+_REPLICA_GROUP = {}
 
 
 def _rank_name(vllm_config):
@@ -580,6 +603,18 @@ def _salt_of(request):
     return salt
 
 
+def _lora_of(request):
+    """(name, id) of the request's LoRA adapter for its KV events, as vLLM's
+    own BlockStored carries them (lora_name, and lora_id, which vLLM keeps
+    for old consumers); (None, None) for the base model."""
+    lora = getattr(request, "lora_request", None)
+    if lora is None:
+        return None, None
+    name = getattr(lora, "lora_name", None)
+    lid = getattr(lora, "lora_int_id", None)
+    return (str(name) if name is not None else None), lid
+
+
 def _layer_order(names):
     """vLLM's layer names in layer order ("model.layers.7.self_attn.attn")."""
     idx = {}
@@ -707,6 +742,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._layout = None
         self._block_size = 0
         self._load_errors = set()
+        self._agreeing = []     # this step's loads, to agree with the other ranks (_agree_loads)
         self._failed_recving = set()  # async loads that came short (several groups)
         self.saves_skipped = 0
         self._stats = dict.fromkeys(_STAT_DOCS, 0)
@@ -931,10 +967,10 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         st = self._reqs.get(request.request_id)
         if st is None:
             st = self._reqs[request.request_id] = _Req(tokens=tokens)
-        if not st.salted:   # once per request (prompt embeddings are hashed)
-            st.salt, st.salted = _salt_of(request), True
+        prompt_len = len(prompt) if prompt is not None else len(tokens)
+        self._salt_round(st, request, prompt_len)
         st.tokens, salt = tokens, st.salt
-        st.prompt_len = len(prompt) if prompt is not None else len(tokens)
+        st.prompt_len = prompt_len
         st.local = num_computed_tokens
         self._check_groups()
         if self._disabled or not tokens:
@@ -942,7 +978,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             return 0, False
         hit, error = 0, None
         try:
-            hit = min(s.lookup(tokens, salt=k) for s, k in self._key_salts(salt))
+            hit = self._least_hit(tokens, salt)
         except Exception as e:  # (every rank of an external_launcher engine must hear it)
             error = e
         st.hit = self._agree(hit, error)
@@ -954,6 +990,54 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         st.async_load = self._async_load and n > 0
         return n, st.async_load
 
+    def _least_hit(self, tokens, salt):
+        """The least of every key's hit (_key_salts: TP ranks x groups x
+        stages, a daemon round trip each), asked one after the other: each
+        asks only for the whole chunks the least so far covers (the keys
+        are chained, so a prefix's hit is the hit capped at it), and the
+        first that holds none ends the lookup: the least is 0 whatever the
+        others hold. The same answer as asking every key for every token."""
+        least = len(tokens)
+        for s, k in self._key_salts(salt):
+            least = s.lookup(tokens[:least], salt=k)
+            if least <= 0:
+                return 0
+        return least
+
+    def _salt_round(self, st, request, prompt_len):
+        """Salt the request: once (prompt embeddings are hashed), and again
+        at each later round of a streaming session, whose prompt grew (vLLM's
+        resumable requests: Scheduler._update_request_as_session extends the
+        same request's prompt with the last round's computed tokens and the
+        round's input, and its multimodal inputs with the round's). A round's
+        chunks are keyed by what its tokens were computed with: a salt that
+        changed (a new image) leaves none of the request's chunks known
+        stored under it, and drops the pins taken under the old one."""
+        if st.salted and prompt_len <= st.prompt_len:
+            return
+        salt = _salt_of(request)
+        if st.salted and salt != st.salt:
+            self._unpin(st)
+            st.saved = 0
+        st.salt, st.salted, st.lora = salt, True, _lora_of(request)
+
+    def _next_round(self, st, request):
+        """A streaming session's next round, which vLLM schedules with the
+        tokens it computed before (num_computed_tokens above 0: no lookup)
+        and tells the connector of only here: its tokens (the grown prompt)
+        and salt, so that build_connector_meta stores the round's chunks.
+        vLLM keeps a session's blocks between its rounds, and the KV at
+        each position below num_computed_tokens is that of the token now
+        there (vLLM's own prefix cache counts on it too)."""
+        prompt = getattr(request, "prompt_token_ids", None)
+        if prompt is None or len(prompt) <= st.prompt_len:
+            return
+        tokens = list(getattr(request, "all_token_ids", None) or prompt)
+        self._salt_round(st, request, len(prompt))
+        if tokens[:st.saved] != st.tokens[:st.saved]:   # (not a continuation: store anew)
+            st.saved = 0
+        st.tokens, st.prompt_len = tokens, len(prompt)
+
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         """vLLM allocated blocks: a load is planned when num_external_tokens > 0;
         its chunks are pinned until the request finishes (or, load-async, until
@@ -964,6 +1048,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         if num_external_tokens <= 0:
             st.load = None
             self._unpin(st)
+            self._next_round(st, request)
             return
         skip, need = st.local, st.local + num_external_tokens
         self._unpin(st)
@@ -1112,8 +1197,8 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self._published.update(new)
         self._events.append(BlockStored(
             block_hashes=new, parent_block_hash=hashes[first - 1] if first else None,
-            token_ids=list(st.tokens[start:end]), block_size=chunk, lora_id=None,
-            medium="CPU", lora_name=None))
+            token_ids=list(st.tokens[start:end]), block_size=chunk, lora_id=st.lora[1],
+            medium="CPU", lora_name=st.lora[0]))
 
     def _note_removed(self, st):
         """Chunks published as stored that this lookup no longer finds."""
@@ -1132,7 +1217,8 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         is planned, BlockRemoved when a lookup no longer finds chunks published
         as stored (evicted, or a save that found ferry full), AllBlocksCleared
         after reset_cache. Collected when vLLM's kv_events_config enables KV
-        cache events (or "ferry.kv_events")."""
+        cache events (or "ferry.kv_events"). A LoRA request's BlockStored
+        names its adapter (lora_name, and lora_id), as vLLM's own do."""
         out, self._events = self._events, []
         return out
 
@@ -1303,7 +1389,10 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         for g, caches, ids, skip, salt in self._targets(spec):
             got = 0
             if spec.tokens:  # tokens below skip are vLLM's own blocks: never written
-                got = self.store.retrieve(spec.tokens, caches, ids, salt=salt, skip=skip)
+                try:
+                    got = self.store.retrieve(spec.tokens, caches, ids, salt=salt, skip=skip)
+                except FerryError as e:   # (its blocks reported: vLLM recomputes or fails)
+                    log.warning("ferry: request %s: load failed: %s", spec.req_id, e)
             self._loaded(spec, g, ids, skip, got)
 
     def _load_async(self, spec):
@@ -1325,7 +1414,12 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             if not spec.tokens:
                 self._loaded(spec, g, ids, skip, 0)
                 continue
-            op = self.store.retrieve_layers(spec.tokens, caches, ids, salt=salt, skip=skip)
+            try:
+                op = self.store.retrieve_layers(spec.tokens, caches, ids, salt=salt, skip=skip)
+            except FerryError as e:
+                log.warning("ferry: request %s: load not started: %s", spec.req_id, e)
+                self._loaded(spec, g, ids, skip, 0)
+                continue
             self._loading.append([spec, g, ids, skip, op])
 
     @staticmethod
@@ -1348,6 +1442,41 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             self._loaded(spec, g, ids, skip, self._result(spec, op))
 
     def _loaded(self, spec, g, ids, skip, got):
+        if self._spmd and not spec.is_async:
+            self._agreeing.append((spec, g, ids, skip, got))   # (reported once agreed)
+            return
+        self._report_load(spec, g, ids, skip, got)
+
+    def _agree_loads(self):
+        """Under external_launcher at TP x PP x PCP above one, each rank's
+        worker reports its load errors to its own rank's scheduler alone:
+        a load short on one rank (a chunk failed its checksum there) had
+        that rank's scheduler recompute or fail the request while the
+        others went on, and their schedules parted (their collectives
+        hang). The ranks load the same plan (their schedulers agree every
+        hit), so each step's loads are the same on every rank: the ranks
+        take the least each load got, over the group of the engine's
+        ranks, and every rank reports the same blocks. Called where the
+        step's loads are over (wait_for_save, and
+        get_block_ids_with_load_errors for an engine that skips it)."""
+        entries, self._agreeing = self._agreeing, []
+        if not entries:
+            return
+        group = _REPLICA_GROUP.get(_replica_span(self._vllm_config))
+        if group is None:
+            log.warning("ferry: vLLM connector: under external_launcher no scheduler of "
+                        "this process made the group the ranks agree over; this rank "
+                        "reports its own loads")
+        else:
+            import torch.distributed as dist
+            entries.sort(key=lambda e: (str(e[0].req_id), e[1].idx))
+            t = torch.tensor([max(0, int(e[4])) for e in entries], dtype=torch.int64)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+            entries = [e[:4] + (v,) for e, v in zip(entries, t.tolist())]
+        for e in entries:
+            self._report_load(*e)
+
+    def _report_load(self, spec, g, ids, skip, got):
         self._stats["loads"] += 1
         self._stats["load_tokens"] += max(0, min(got, spec.need) - skip)
         if got < spec.need:
@@ -1491,6 +1620,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         is skipped and counted."""
         if self._loading:  # (a forward that skipped some layer's wait)
             self._load_finish()
+        self._agree_loads()
         if not self.has_connector_metadata():
             return
         if self._layerwise:
@@ -1603,6 +1733,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             self._reap_saves(rid, True)
 
     def get_block_ids_with_load_errors(self):
+        self._agree_loads()
         out, self._load_errors = self._load_errors, set()
         return out
 
