@@ -15,6 +15,16 @@
  *    OUT_OF_MEMORY -> -ENOMEM, NOT_READY -> -EAGAIN, NO_DEVICE /
  *    INVALID_DEVICE -> FERRY_ENODEV, HOST_MEMORY_ALREADY_REGISTERED ->
  *    FERRY_EEXIST, anything else -> FERRY_EDRIVER.
+ *  - Fork: g_lock is the process's and is held across the driver's dlopen,
+ *    so a fork while another thread loads would leave it locked in the
+ *    child, whose first cuda open or probe would wait on it forever.
+ *    pthread_atfork takes g_lock around every fork (registered once, before
+ *    g_lock is first taken: cu_lock) and releases it on both sides, as
+ *    kv/op.c does for its ops' lock: the fork waits for a load in progress
+ *    to end, so the child finds the driver loaded, failed or not tried,
+ *    never half loaded. The handlers only lock and unlock (no dlopen, no
+ *    malloc): glibc runs prepare handlers before it takes its own fork-time
+ *    locks (malloc's, stdio's) and resets its loader lock in the child.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -37,10 +47,33 @@ static char g_why[FERRY__ERRMSG_MAX];
 static int g_have_test_api;
 static struct ferry__cuda_api g_test_api;
 static char g_lib[256] = DEFAULT_LIB;
+static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
+
+static void fork_take(void)
+{
+    pthread_mutex_lock(&g_lock);
+}
+
+static void fork_give(void)
+{
+    pthread_mutex_unlock(&g_lock);
+}
+
+static void register_atfork(void)
+{
+    pthread_atfork(fork_take, fork_give, fork_give);
+}
+
+/* g_lock, its fork handlers registered first */
+static void cu_lock(void)
+{
+    pthread_once(&g_atfork_once, register_atfork);
+    pthread_mutex_lock(&g_lock);
+}
 
 void ferry__cuda_set_api_for_test(const struct ferry__cuda_api *api)
 {
-    pthread_mutex_lock(&g_lock);
+    cu_lock();
     if (api) {
         g_test_api = *api;
         g_have_test_api = 1;
@@ -52,7 +85,7 @@ void ferry__cuda_set_api_for_test(const struct ferry__cuda_api *api)
 
 void ferry__cuda_set_library_for_test(const char *soname)
 {
-    pthread_mutex_lock(&g_lock);
+    cu_lock();
     snprintf(g_lib, sizeof g_lib, "%s", soname ? soname : DEFAULT_LIB);
     /* the old handle stays loaded: pointers from it may still be in use */
     g_state = 0;
@@ -105,7 +138,7 @@ static void load_locked(void)
 
 int ferry__cuda_load(const struct ferry__cuda_api **out)
 {
-    pthread_mutex_lock(&g_lock);
+    cu_lock();
     if (g_have_test_api) {
         *out = &g_test_api;
         pthread_mutex_unlock(&g_lock);
@@ -183,7 +216,7 @@ int ferry__cuda_available(const char **why)
             ok = 1;
         }
     }
-    pthread_mutex_lock(&g_lock);
+    cu_lock();
     memcpy(g_avail_why, buf, sizeof g_avail_why);
     pthread_mutex_unlock(&g_lock);
     *why = ok ? "" : g_avail_why;
