@@ -1135,6 +1135,36 @@ static void a_fork_during_the_load_leaves_the_child_a_usable_loader(void **state
     close(rel[1]);
 }
 
+/* a driver that forks inside its own load (its constructor, run by the
+ * dlopen that the loader lock covers) must not deadlock the process: the
+ * open goes on to the library's answer (run in a child of the test under
+ * an alarm, so a deadlock fails the test rather than hanging it) */
+static void a_fork_from_inside_the_load_does_not_deadlock(void **state)
+{
+    (void)state;
+    pid_t subject = fork();
+    if (subject == 0) {
+        alarm(10);
+        setenv("FERRY_TEST_LOADER_FORK", "1", 1);
+        ferry__cuda_set_api_for_test(NULL);
+        ferry__cuda_set_library_for_test(FERRY_TEST_FORKING_LOADER);
+        ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
+        o.backend = "cuda";
+        ferry_device *dev = NULL;
+        if (ferry_device_open(&o, &dev) != FERRY_ENODEV || dev)
+            _exit(2);
+        _exit(strstr(ferry_last_error(), "symbol cuInit missing") ? 0 : 3);
+    }
+    assert_true(subject > 0);
+    int ws = 0;
+    assert_int_equal(waitpid(subject, &ws, 0), subject);
+    if (WIFSIGNALED(ws))
+        fail_msg("the loading process died of signal %d (SIGALRM: deadlocked on its fork)",
+                 WTERMSIG(ws));
+    assert_true(WIFEXITED(ws));
+    assert_int_equal(WEXITSTATUS(ws), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1159,6 +1189,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(engine_streams_and_events_are_used_not_owned,
                                         setup_fake, teardown_fake),
         cmocka_unit_test(a_fork_during_the_load_leaves_the_child_a_usable_loader),
+        cmocka_unit_test(a_fork_from_inside_the_load_does_not_deadlock),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -59,6 +59,7 @@ static struct {
     int nrec;
     int fds[64];
     int block;           /* DriverOpen signals on g_block[0], waits on g_block[1] */
+    int fork_inside;     /* DriverOpen forks (a child that exits at once) */
 } F;
 static int g_block[2];
 
@@ -91,6 +92,13 @@ static ferry__CUfileError_t f_open(void)
         char b = 1;
         if (write(g_block[0], &b, 1) != 1 || read(g_block[1], &b, 1) != 1)
             abort();
+    }
+    if (F.fork_inside) { /* (a driver starting a helper program) */
+        pid_t ch = fork();
+        if (ch == 0)
+            _exit(0);
+        if (ch > 0)
+            waitpid(ch, NULL, 0);
     }
     F.opens++;
     return F.driver_open_err ? err(F.driver_open_err) : ok();
@@ -762,6 +770,30 @@ static void a_fork_during_driver_open_leaves_the_child_a_usable_loader(void **st
     close(rel[1]);
 }
 
+/* a driver that forks from inside DriverOpen (which the loader lock
+ * covers) must not deadlock the process: the probe answers (run in a child
+ * of the test under an alarm, so a deadlock fails the test, not hangs it) */
+static void a_fork_from_inside_driver_open_does_not_deadlock(void **state)
+{
+    (void)state;
+    pid_t subject = fork();
+    if (subject == 0) {
+        alarm(10);
+        F.fork_inside = 1;
+        char why[256] = "";
+        int rc = ferry_io_engine_probe("cufile", NULL, why, sizeof why);
+        _exit(rc == 0 && strstr(why, "cuFileDriverOpen succeeded") ? 0 : 2);
+    }
+    assert_true(subject > 0);
+    int ws = 0;
+    assert_int_equal(waitpid(subject, &ws, 0), subject);
+    if (WIFSIGNALED(ws))
+        fail_msg("the probing process died of signal %d (SIGALRM: deadlocked on its fork)",
+                 WTERMSIG(ws));
+    assert_true(WIFEXITED(ws));
+    assert_int_equal(WEXITSTATUS(ws), 0);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -794,6 +826,7 @@ int main(void)
         T(driver_refcounted_across_engines_and_oom),
         T(engine_and_gds_context_share_one_driver_open),
         T(a_fork_during_driver_open_leaves_the_child_a_usable_loader),
+        T(a_fork_from_inside_driver_open_does_not_deadlock),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -21,13 +21,15 @@
  * across DriverOpen / DriverClose, so a fork while another thread is in
  * one of them would leave it locked in the child, whose first cufile
  * probe, I/O engine or GDS context would wait on it forever. Each library
- * is listed on its first use (lib_lock), and pthread_atfork (registered
- * before the first is listed) takes list_mu, then every listed library's
- * mu in list order, around every fork and releases them all on both
- * sides: the fork waits for a load or a driver open in progress, and the
- * child finds each library loaded, failed or not tried and its user count
- * as its parent left it. The handlers only lock and unlock. Lock order:
- * list_mu before any library's mu; nothing takes list_mu holding a mu.
+ * is listed on its first use (lib_lock), and a child handler
+ * (pthread_atfork, registered before the first is listed) gives the child
+ * a fresh list_mu and a fresh mu for every listed library; a load or a
+ * driver open in progress publishes nothing until it ends (real_rc, refs),
+ * so the child finds it not tried and does it itself. Nothing is taken
+ * before a fork: a fork never waits for a DriverOpen (seconds, and a
+ * driver that forks from inside it must not deadlock on its own lock).
+ * Lock order: list_mu before any library's mu; nothing takes list_mu
+ * holding a mu.
  *
  * Also here: the text and ferry code of every cuFile error number.
  */
@@ -144,23 +146,22 @@ static pthread_mutex_t list_mu = PTHREAD_MUTEX_INITIALIZER;
 static ferry__cufile_lib *g_listed; /* through next_listed, newest first */
 static pthread_once_t list_once = PTHREAD_ONCE_INIT;
 
-static void fork_take(void)
+/* the child of a fork: one thread; list_mu and any library's mu perhaps
+ * held by a thread it does not have, each given a fresh one (a library
+ * listed is so before its mu is first taken). A load or a driver open the
+ * fork cut short left real_rc at 1 and refs at 0: the child's own, when
+ * it wants one */
+static void fork_child(void)
 {
-    pthread_mutex_lock(&list_mu);
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    list_mu = fresh;
     for (ferry__cufile_lib *l = g_listed; l; l = l->next_listed)
-        pthread_mutex_lock(&l->mu);
-}
-
-static void fork_give(void)
-{
-    for (ferry__cufile_lib *l = g_listed; l; l = l->next_listed)
-        pthread_mutex_unlock(&l->mu);
-    pthread_mutex_unlock(&list_mu);
+        l->mu = fresh;
 }
 
 static void register_atfork(void)
 {
-    pthread_atfork(fork_take, fork_give, fork_give);
+    pthread_atfork(NULL, NULL, fork_child);
 }
 
 /* l->mu, l listed for the fork handlers first */
