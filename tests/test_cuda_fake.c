@@ -8,12 +8,16 @@
  * ferry declares for itself are checked against it at compile time.
  */
 #include <errno.h>
+#include <signal.h>
 #include <stddef.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "device/cuda_api.h"
 #include "device/device_impl.h"
@@ -1038,6 +1042,129 @@ static void kv_device_chunks_move_in_one_driver_call_each(void **state)
     assert_int_equal(g_single_copies, calls);
 }
 
+/* ---- a fork while another thread is inside the driver's load ---- */
+
+struct loader_arg {
+    int rc;
+    char msg[FERRY__ERRMSG_MAX];
+};
+
+static void *open_cuda_in_thread(void *arg)
+{
+    struct loader_arg *la = arg;
+    ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
+    o.backend = "cuda";
+    ferry_device *dev = NULL;
+    la->rc = ferry_device_open(&o, &dev);
+    snprintf(la->msg, sizeof la->msg, "%s", ferry_last_error());
+    if (dev)
+        ferry_device_close(dev);
+    return NULL;
+}
+
+static void *release_after_300ms(void *arg)
+{
+    struct timespec ts = {0, 300 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    char b = 1;
+    if (write(*(int *)arg, &b, 1) != 1)
+        abort();
+    return NULL;
+}
+
+/* the child of a fork taken while a thread of the parent holds the loader
+ * lock inside dlopen (a stand-in driver whose constructor blocks until a
+ * third thread lets it go) opens and probes cuda: it gets the failed load's
+ * answer at once, where it used to wait forever on the lock (the alarm
+ * kills such a child) */
+static void a_fork_during_the_load_leaves_the_child_a_usable_loader(void **state)
+{
+    (void)state;
+    int sig[2], rel[2];
+    assert_int_equal(pipe(sig), 0);
+    assert_int_equal(pipe(rel), 0);
+    char num[16];
+    snprintf(num, sizeof num, "%d", sig[1]);
+    assert_int_equal(setenv("FERRY_TEST_LOADER_SIGNAL_FD", num, 1), 0);
+    snprintf(num, sizeof num, "%d", rel[0]);
+    assert_int_equal(setenv("FERRY_TEST_LOADER_RELEASE_FD", num, 1), 0);
+    ferry__cuda_set_api_for_test(NULL);
+    ferry__cuda_set_library_for_test(FERRY_TEST_BLOCKING_LOADER);
+
+    struct loader_arg la = {1, ""};
+    pthread_t loader, releaser;
+    assert_int_equal(pthread_create(&loader, NULL, open_cuda_in_thread, &la), 0);
+    char b = 0;
+    assert_int_equal(read(sig[0], &b, 1), 1); /* the loader is inside dlopen, lock held */
+    assert_int_equal(pthread_create(&releaser, NULL, release_after_300ms, &rel[1]), 0);
+    pid_t ch = fork();
+    if (ch == 0) {
+        alarm(10); /* a child waiting on the parent's lock dies of SIGALRM */
+        ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
+        o.backend = "cuda";
+        ferry_device *dev = NULL;
+        if (ferry_device_open(&o, &dev) != FERRY_ENODEV || dev)
+            _exit(2);
+        if (!strstr(ferry_last_error(), "symbol cuInit missing"))
+            _exit(3);
+        const char *why = NULL;
+        if (ferry_device_backend_available("cuda", &why) || !strstr(why, "symbol cuInit missing"))
+            _exit(4);
+        _exit(0);
+    }
+    assert_true(ch > 0);
+    int ws = 0;
+    assert_int_equal(waitpid(ch, &ws, 0), ch);
+    pthread_join(releaser, NULL);
+    pthread_join(loader, NULL);
+    if (WIFSIGNALED(ws))
+        fail_msg("the forked child died of signal %d (SIGALRM: it hung on the loader lock)",
+                 WTERMSIG(ws));
+    assert_true(WIFEXITED(ws));
+    assert_int_equal(WEXITSTATUS(ws), 0);
+    /* the parent's own load ended as the library deserves */
+    assert_int_equal(la.rc, FERRY_ENODEV);
+    assert_msg_has(la.msg, "symbol cuInit missing");
+
+    unsetenv("FERRY_TEST_LOADER_SIGNAL_FD");
+    unsetenv("FERRY_TEST_LOADER_RELEASE_FD");
+    ferry__cuda_set_library_for_test(NULL);
+    close(sig[0]);
+    close(sig[1]);
+    close(rel[0]);
+    close(rel[1]);
+}
+
+/* a driver that forks inside its own load (its constructor, run by the
+ * dlopen that the loader lock covers) must not deadlock the process: the
+ * open goes on to the library's answer (run in a child of the test under
+ * an alarm, so a deadlock fails the test rather than hanging it) */
+static void a_fork_from_inside_the_load_does_not_deadlock(void **state)
+{
+    (void)state;
+    pid_t subject = fork();
+    if (subject == 0) {
+        alarm(10);
+        setenv("FERRY_TEST_LOADER_FORK", "1", 1);
+        ferry__cuda_set_api_for_test(NULL);
+        ferry__cuda_set_library_for_test(FERRY_TEST_FORKING_LOADER);
+        ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
+        o.backend = "cuda";
+        ferry_device *dev = NULL;
+        if (ferry_device_open(&o, &dev) != FERRY_ENODEV || dev)
+            _exit(2);
+        _exit(strstr(ferry_last_error(), "symbol cuInit missing") ? 0 : 3);
+    }
+    assert_true(subject > 0);
+    int ws = 0;
+    assert_int_equal(waitpid(subject, &ws, 0), subject);
+    if (WIFSIGNALED(ws))
+        fail_msg("the loading process died of signal %d (SIGALRM: deadlocked on its fork)",
+                 WTERMSIG(ws));
+    assert_true(WIFEXITED(ws));
+    assert_int_equal(WEXITSTATUS(ws), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1061,6 +1188,8 @@ int main(void)
                                         setup_fake, teardown_fake),
         cmocka_unit_test_setup_teardown(engine_streams_and_events_are_used_not_owned,
                                         setup_fake, teardown_fake),
+        cmocka_unit_test(a_fork_during_the_load_leaves_the_child_a_usable_loader),
+        cmocka_unit_test(a_fork_from_inside_the_load_does_not_deadlock),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

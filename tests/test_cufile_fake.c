@@ -14,9 +14,13 @@
  * driver open shared by the engine and a GDS context (one loader).
  */
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ferry_test.h"
@@ -54,7 +58,10 @@ static struct {
     io_rec rec[MAXREC];
     int nrec;
     int fds[64];
+    int block;           /* DriverOpen signals on g_block[0], waits on g_block[1] */
+    int fork_inside;     /* DriverOpen forks (a child that exits at once) */
 } F;
+static int g_block[2];
 
 static ferry__CUfileError_t ok(void)
 {
@@ -81,6 +88,18 @@ static ssize_t do_io(void *fh, int write, void *base, size_t size, off_t fo, off
 
 static ferry__CUfileError_t f_open(void)
 {
+    if (F.block) {
+        char b = 1;
+        if (write(g_block[0], &b, 1) != 1 || read(g_block[1], &b, 1) != 1)
+            abort();
+    }
+    if (F.fork_inside) { /* (a driver starting a helper program) */
+        pid_t ch = fork();
+        if (ch == 0)
+            _exit(0);
+        if (ch > 0)
+            waitpid(ch, NULL, 0);
+    }
     F.opens++;
     return F.driver_open_err ? err(F.driver_open_err) : ok();
 }
@@ -679,6 +698,102 @@ static void engine_and_gds_context_share_one_driver_open(void **state)
     assert_int_equal(F.closes, 1);
 }
 
+/* ---- a fork while another thread is inside DriverOpen ---- */
+
+struct probe_arg {
+    int rc;
+    char why[256];
+};
+
+static void *probe_in_thread(void *arg)
+{
+    struct probe_arg *pa = arg;
+    pa->rc = ferry_io_engine_probe("cufile", NULL, pa->why, sizeof pa->why);
+    return NULL;
+}
+
+static void *release_after_300ms(void *arg)
+{
+    struct timespec ts = {0, 300 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    char b = 1;
+    if (write(*(int *)arg, &b, 1) != 1)
+        abort();
+    return NULL;
+}
+
+/* the child of a fork taken while a thread of the parent holds cuFile's
+ * loader lock inside DriverOpen (the fake's blocks until a third thread
+ * lets it go) probes the cufile engine: it gets an answer, where it used
+ * to wait forever on the lock (the alarm kills such a child) */
+static void a_fork_during_driver_open_leaves_the_child_a_usable_loader(void **state)
+{
+    (void)state;
+    int sig[2], rel[2];
+    assert_int_equal(pipe(sig), 0);
+    assert_int_equal(pipe(rel), 0);
+    g_block[0] = sig[1];
+    g_block[1] = rel[0];
+    F.block = 1;
+    struct probe_arg pa = {1, ""};
+    pthread_t prober, releaser;
+    assert_int_equal(pthread_create(&prober, NULL, probe_in_thread, &pa), 0);
+    char b = 0;
+    assert_int_equal(read(sig[0], &b, 1), 1); /* the prober is inside DriverOpen, lock held */
+    assert_int_equal(pthread_create(&releaser, NULL, release_after_300ms, &rel[1]), 0);
+    pid_t ch = fork();
+    if (ch == 0) {
+        alarm(10); /* a child waiting on the parent's lock dies of SIGALRM */
+        F.block = 0;
+        char why[256] = "";
+        int rc = ferry_io_engine_probe("cufile", NULL, why, sizeof why);
+        _exit(rc == 0 && strstr(why, "cuFileDriverOpen succeeded") ? 0 : 2);
+    }
+    assert_true(ch > 0);
+    int ws = 0;
+    assert_int_equal(waitpid(ch, &ws, 0), ch);
+    pthread_join(releaser, NULL);
+    pthread_join(prober, NULL);
+    F.block = 0;
+    if (WIFSIGNALED(ws))
+        fail_msg("the forked child died of signal %d (SIGALRM: it hung on the loader lock)",
+                 WTERMSIG(ws));
+    assert_true(WIFEXITED(ws));
+    assert_int_equal(WEXITSTATUS(ws), 0);
+    assert_int_equal(pa.rc, 0); /* the parent's probe went on as usual */
+    assert_msg_has(pa.why, "cuFileDriverOpen succeeded");
+    assert_int_equal(F.opens, 1);
+    assert_int_equal(F.closes, 1);
+    close(sig[0]);
+    close(sig[1]);
+    close(rel[0]);
+    close(rel[1]);
+}
+
+/* a driver that forks from inside DriverOpen (which the loader lock
+ * covers) must not deadlock the process: the probe answers (run in a child
+ * of the test under an alarm, so a deadlock fails the test, not hangs it) */
+static void a_fork_from_inside_driver_open_does_not_deadlock(void **state)
+{
+    (void)state;
+    pid_t subject = fork();
+    if (subject == 0) {
+        alarm(10);
+        F.fork_inside = 1;
+        char why[256] = "";
+        int rc = ferry_io_engine_probe("cufile", NULL, why, sizeof why);
+        _exit(rc == 0 && strstr(why, "cuFileDriverOpen succeeded") ? 0 : 2);
+    }
+    assert_true(subject > 0);
+    int ws = 0;
+    assert_int_equal(waitpid(subject, &ws, 0), subject);
+    if (WIFSIGNALED(ws))
+        fail_msg("the probing process died of signal %d (SIGALRM: deadlocked on its fork)",
+                 WTERMSIG(ws));
+    assert_true(WIFEXITED(ws));
+    assert_int_equal(WEXITSTATUS(ws), 0);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -710,6 +825,8 @@ int main(void)
         T(buffer_registration_errors),
         T(driver_refcounted_across_engines_and_oom),
         T(engine_and_gds_context_share_one_driver_open),
+        T(a_fork_during_driver_open_leaves_the_child_a_usable_loader),
+        T(a_fork_from_inside_driver_open_does_not_deadlock),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -383,12 +383,16 @@ class LayerOp(Op):
         the op ended: its result, or its error, -ECANCELED after a cancel). Into
         CUDA tensors: torch.cuda.current_stream() is made to wait for the
         layer's copies on the device (ferry_kv_op_stream_wait_layer), so the
-        engine's next kernels on that stream read the loaded KV."""
+        engine's next kernels on that stream read the loaded KV; the stream is
+        the store's (imported once), so that wait is a call inside the store:
+        a close() from another thread waits for it, and once the store is
+        closed it raises FerryError (EBADF)."""
         ms = -1 if timeout is None else max(0, int(timeout * 1000))
-        stream = self._kv._engine_stream() if self._cuda else None
         layer = _layer_index(layer, self.num_layers)
-        if stream:
-            rc = self._live("wait_layer", lib.ferry_kv_op_stream_wait_layer, layer, stream, ms)
+        if self._cuda:   # the stream is the store's: looked up and used inside its guard
+            rc = self._kv._on_engine_stream(
+                lambda s: self._live("wait_layer", lib.ferry_kv_op_stream_wait_layer, layer, s,
+                                     ms))
         else:
             rc = self._live("wait_layer", lib.ferry_kv_op_wait_layer, layer, ms)
         if rc == -errno.ETIMEDOUT:
@@ -405,9 +409,10 @@ class LayerOp(Op):
         """Layer `layer` of the source is ready: copy it (a store). From CUDA
         tensors the copies are queued after the work already queued on
         torch.cuda.current_stream() (the kernels that computed the layer), so
-        the call does not block the host. A source whose memory moved since
-        store_layers (resize_ past its capacity, set_) cancels the store:
-        FerryError (EFAULT), nothing of it stored."""
+        the call does not block the host (a call inside the store, as
+        wait_layer's: FerryError (EBADF) once the store is closed). A source
+        whose memory moved since store_layers (resize_ past its capacity,
+        set_) cancels the store: FerryError (EFAULT), nothing of it stored."""
         layer = _layer_index(layer, self.num_layers)
         keep = self._keep
         t = keep[0].moved_layer(layer, self.num_layers) if keep else None
@@ -419,9 +424,12 @@ class LayerOp(Op):
                              "given other memory after store_layers (its data_ptr moved to "
                              f"{t.data_ptr():#x}); the store is cancelled, nothing of it "
                              "stored", f"{self._call}: layer_done")
-        stream = self._kv._engine_stream() if self._cuda else None
-        check(self._live("layer_done", lib.ferry_kv_op_layer_done, layer, stream),
-              f"{self._call}: layer_done({layer})")
+        if self._cuda:
+            rc = self._kv._on_engine_stream(
+                lambda s: self._live("layer_done", lib.ferry_kv_op_layer_done, layer, s))
+        else:
+            rc = self._live("layer_done", lib.ferry_kv_op_layer_done, layer, None)
+        check(rc, f"{self._call}: layer_done({layer})")
         self._done_layers.add(layer)
 
 
@@ -626,9 +634,20 @@ class KVStore(Closing):
         raw = (ctypes.c_uint8 * n).from_address(host)
         return torch.from_numpy(np.frombuffer(raw, np.uint8)).view(dtype).reshape(shape)
 
+    def _on_engine_stream(self, fn):
+        """fn(stream) with the engine's current CUDA stream as a ferry_stream
+        (_engine_stream), both inside the store's guard: a close() from
+        another thread waits until fn returned, so the stream and the device
+        it was imported on stay open while the lookup and fn's C call use
+        them. A closed store (or a forked child's copy) raises FerryError
+        (EBADF) before the lookup."""
+        return self._call(lambda _h: fn(self._engine_stream()))
+
     def _engine_stream(self):
         """The engine's current CUDA stream as a ferry_stream (imported once per
-        stream and kept until close), or None on a backend without raw streams."""
+        stream and kept until close), or None on a backend without raw streams.
+        Only inside the store's guard (_on_engine_stream): close() destroys the
+        streams and closes the device."""
         if self._devmem is None or self._devmem.kind != "cuda":
             return None
         import torch

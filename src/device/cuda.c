@@ -15,6 +15,16 @@
  *    OUT_OF_MEMORY -> -ENOMEM, NOT_READY -> -EAGAIN, NO_DEVICE /
  *    INVALID_DEVICE -> FERRY_ENODEV, HOST_MEMORY_ALREADY_REGISTERED ->
  *    FERRY_EEXIST, anything else -> FERRY_EDRIVER.
+ *  - Fork: g_lock is the process's and is held across the driver's dlopen
+ *    (and the constructors it runs), so a fork while another thread loads
+ *    would leave it locked in the child, whose first cuda open or probe
+ *    would wait on it forever. A child handler (pthread_atfork, registered
+ *    before g_lock is first taken: cu_lock) gives the child a fresh lock
+ *    and, where the fork came during a load (g_state 2), the state of a
+ *    driver not tried yet: the child loads it itself. Nothing is taken
+ *    before the fork, so a fork never waits for a load: a driver whose
+ *    constructor forks (or registers fork handlers, which glibc before 2.36
+ *    serialises with a fork in progress) cannot deadlock the parent.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -30,17 +40,40 @@
 #define DEFAULT_LIB "libcuda.so.1"
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static int g_state; /* 0 not tried, 1 loaded, -1 failed */
+static int g_state; /* 0 not tried, 1 loaded, -1 failed, 2 loading */
 static struct ferry__cuda_api g_api;
 static void *g_handle;
 static char g_why[FERRY__ERRMSG_MAX];
 static int g_have_test_api;
 static struct ferry__cuda_api g_test_api;
 static char g_lib[256] = DEFAULT_LIB;
+static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
+
+/* the child of a fork: one thread, g_lock perhaps held by a thread it
+ * does not have (async-signal-safe work only) */
+static void fork_child(void)
+{
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    g_lock = fresh;
+    if (g_state == 2) /* a load half done: the child's own, when it wants one */
+        g_state = 0;
+}
+
+static void register_atfork(void)
+{
+    pthread_atfork(NULL, NULL, fork_child);
+}
+
+/* g_lock, its fork handlers registered first */
+static void cu_lock(void)
+{
+    pthread_once(&g_atfork_once, register_atfork);
+    pthread_mutex_lock(&g_lock);
+}
 
 void ferry__cuda_set_api_for_test(const struct ferry__cuda_api *api)
 {
-    pthread_mutex_lock(&g_lock);
+    cu_lock();
     if (api) {
         g_test_api = *api;
         g_have_test_api = 1;
@@ -52,7 +85,7 @@ void ferry__cuda_set_api_for_test(const struct ferry__cuda_api *api)
 
 void ferry__cuda_set_library_for_test(const char *soname)
 {
-    pthread_mutex_lock(&g_lock);
+    cu_lock();
     snprintf(g_lib, sizeof g_lib, "%s", soname ? soname : DEFAULT_LIB);
     /* the old handle stays loaded: pointers from it may still be in use */
     g_state = 0;
@@ -65,6 +98,7 @@ void ferry__cuda_set_library_for_test(const char *soname)
 /* with g_lock held */
 static void load_locked(void)
 {
+    g_state = 2; /* (until it ends, 1 or -1: a fork's child starts over) */
     dlerror();
     void *h = dlopen(g_lib, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
@@ -105,7 +139,7 @@ static void load_locked(void)
 
 int ferry__cuda_load(const struct ferry__cuda_api **out)
 {
-    pthread_mutex_lock(&g_lock);
+    cu_lock();
     if (g_have_test_api) {
         *out = &g_test_api;
         pthread_mutex_unlock(&g_lock);
@@ -183,7 +217,7 @@ int ferry__cuda_available(const char **why)
             ok = 1;
         }
     }
-    pthread_mutex_lock(&g_lock);
+    cu_lock();
     memcpy(g_avail_why, buf, sizeof g_avail_why);
     pthread_mutex_unlock(&g_lock);
     *why = ok ? "" : g_avail_why;

@@ -120,7 +120,9 @@ typedef struct ferry__cufile_api {
  * calls mirror it one to one), loaded with dlopen once per process on
  * first use and never unloaded; its driver is opened by the first user
  * (a cufile I/O engine, a GDS context) and closed after the last. The
- * fields after sonames are the loader's (guarded by mu).
+ * fields after sonames are the loader's (guarded by mu). A library is an
+ * object of static storage: its first use lists it for the fork handlers
+ * (cufile_lib.c), and the list is never shortened.
  */
 typedef struct ferry__cufile_lib {
     const char *prefix;               /* "cuFile": symbol names, messages */
@@ -131,6 +133,8 @@ typedef struct ferry__cufile_lib {
     int real_rc;                      /* 1: not tried yet, 0: loaded, < 0: failed */
     char why[256];                    /* why loading failed */
     unsigned refs;                    /* users with the driver open */
+    _Atomic int listed;               /* in the fork handlers' list (cufile_lib.c) */
+    struct ferry__cufile_lib *next_listed;
 } ferry__cufile_lib;
 
 #define FERRY__CUFILE_LIB_INIT(prefix_, sonames_)                                           \

@@ -17,11 +17,26 @@
  * stream calls before cuFile 1.7, the batch API); each user decides what
  * it cannot do without.
  *
+ * Fork: a library's mu is the process's and is held across its dlopen and
+ * across DriverOpen / DriverClose, so a fork while another thread is in
+ * one of them would leave it locked in the child, whose first cufile
+ * probe, I/O engine or GDS context would wait on it forever. Each library
+ * is listed on its first use (lib_lock), and a child handler
+ * (pthread_atfork, registered before the first is listed) gives the child
+ * a fresh list_mu and a fresh mu for every listed library; a load or a
+ * driver open in progress publishes nothing until it ends (real_rc, refs),
+ * so the child finds it not tried and does it itself. Nothing is taken
+ * before a fork: a fork never waits for a DriverOpen (seconds, and a
+ * driver that forks from inside it must not deadlock on its own lock).
+ * Lock order: list_mu before any library's mu; nothing takes list_mu
+ * holding a mu.
+ *
  * Also here: the text and ferry code of every cuFile error number.
  */
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -127,9 +142,47 @@ int ferry__cufile_ret_code(ssize_t ret, int saved_errno)
 
 /* ---- the library ---- */
 
+static pthread_mutex_t list_mu = PTHREAD_MUTEX_INITIALIZER;
+static ferry__cufile_lib *g_listed; /* through next_listed, newest first */
+static pthread_once_t list_once = PTHREAD_ONCE_INIT;
+
+/* the child of a fork: one thread; list_mu and any library's mu perhaps
+ * held by a thread it does not have, each given a fresh one (a library
+ * listed is so before its mu is first taken). A load or a driver open the
+ * fork cut short left real_rc at 1 and refs at 0: the child's own, when
+ * it wants one */
+static void fork_child(void)
+{
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    list_mu = fresh;
+    for (ferry__cufile_lib *l = g_listed; l; l = l->next_listed)
+        l->mu = fresh;
+}
+
+static void register_atfork(void)
+{
+    pthread_atfork(NULL, NULL, fork_child);
+}
+
+/* l->mu, l listed for the fork handlers first */
+static void lib_lock(ferry__cufile_lib *l)
+{
+    if (!atomic_load_explicit(&l->listed, memory_order_acquire)) {
+        pthread_once(&list_once, register_atfork);
+        pthread_mutex_lock(&list_mu);
+        if (!atomic_load_explicit(&l->listed, memory_order_relaxed)) {
+            l->next_listed = g_listed;
+            g_listed = l;
+            atomic_store_explicit(&l->listed, 1, memory_order_release);
+        }
+        pthread_mutex_unlock(&list_mu);
+    }
+    pthread_mutex_lock(&l->mu);
+}
+
 void ferry__cufile_lib_set_api(ferry__cufile_lib *l, const ferry__cufile_api *api)
 {
-    pthread_mutex_lock(&l->mu);
+    lib_lock(l);
     l->test_api = api;
     l->refs = 0;
     pthread_mutex_unlock(&l->mu);
@@ -142,7 +195,7 @@ void ferry__cufile_set_api(const ferry__cufile_api *api)
 
 const ferry__cufile_api *ferry__cufile_lib_test_api(ferry__cufile_lib *l)
 {
-    pthread_mutex_lock(&l->mu);
+    lib_lock(l);
     const ferry__cufile_api *a = l->test_api;
     pthread_mutex_unlock(&l->mu);
     return a;
@@ -222,7 +275,7 @@ static int load_real(ferry__cufile_lib *l)
 
 const ferry__cufile_api *ferry__cufile_lib_api(ferry__cufile_lib *l, char *why, size_t why_len)
 {
-    pthread_mutex_lock(&l->mu);
+    lib_lock(l);
     const ferry__cufile_api *a = l->test_api;
     if (!a) {
         if (l->real_rc == 1)
@@ -238,7 +291,7 @@ const ferry__cufile_api *ferry__cufile_lib_api(ferry__cufile_lib *l, char *why, 
 int ferry__cufile_lib_open(ferry__cufile_lib *l, const ferry__cufile_api *a,
                            ferry__CUfileError_t *e)
 {
-    pthread_mutex_lock(&l->mu);
+    lib_lock(l);
     e->err = 0;
     e->cu_err = 0;
     if (l->refs == 0)
@@ -252,7 +305,7 @@ int ferry__cufile_lib_open(ferry__cufile_lib *l, const ferry__cufile_api *a,
 void ferry__cufile_lib_close(ferry__cufile_lib *l, const ferry__cufile_api *a,
                              ferry__CUfileError_t *e)
 {
-    pthread_mutex_lock(&l->mu);
+    lib_lock(l);
     e->err = 0;
     e->cu_err = 0;
     if (l->refs && --l->refs == 0 && a->DriverClose)
