@@ -22,7 +22,10 @@ its own page shape:
   ferry in place, by strides, in every host layout (layer_first,
   page_first, page_first_direct, page_head; the indexer's layer_first
   and page_first): nothing is copied in Python, the flat pages of the
-  generic get/set included;
+  generic get/set included; a kv pool with bytes outside kv_buffer (the
+  MXFP8 / FP4 pools' block scales: its size_per_token says more) or
+  sharded over decode-context-parallel ranks (dcp_size > 1) is refused
+  when it registers, as SGLang's own flat-page calls refuse them;
 - any other pool (mamba: a temporal state and conv states, separate
   tensors of their own dtypes) is stored as its flat page bytes
   (host_pool.get_data_page / set_from_flat_data_page), one copy each way:
@@ -259,9 +262,33 @@ class _PageMap:
             self.layout = Layout(L, 1, D, buf.dtype, kv=1)
             self.flat_shape = {"layer_first": (L, p, 1, D), "page_first": (p, L, 1, D),
                                "page_first_direct": (1, L, p, 1, D)}[lay]
+        self._whole_page_in(buf)
         self.dtype = buf.dtype
         self.buffer = buf
         self.pool_planes = [self.planes(buf, g) for g in range(self.split)]
+
+    def _whole_page_in(self, buf):
+        """Refuse a kv pool whose tokens are not all in kv_buffer, or not this
+        rank's whole tokens: ferry moves kv_buffer's bytes and nothing else.
+        SGLang's block-scaled host pools (MXFP8, FP4) keep each page's
+        scales in side buffers that its size_per_token counts (their flat
+        pages raise: "scales live outside kv_buffer"); a decode-context-
+        parallel MLA pool (dcp_size > 1) holds a shard of each page under
+        keys that do not name the shard. Stored, either would load values
+        that are not the page's."""
+        dcp = getattr(self.host, "dcp_size", 1)
+        if isinstance(dcp, int) and dcp > 1:
+            raise ValueError(f"ferry: SGLang pool {self.name!r} is sharded over {dcp} decode-"
+                             "context-parallel ranks (dcp_size); its pages are no rank's whole "
+                             "pages, and ferry does not store them")
+        want = getattr(self.host, "size_per_token", None)
+        have = self.kv * self.layers * self.heads * self.head_dim * buf.element_size()
+        if isinstance(want, (int, np.integer)) and not isinstance(want, bool) and want != have:
+            raise ValueError(
+                f"ferry: SGLang pool {self.name!r} ({type(self.host).__name__}) holds "
+                f"{int(want)} bytes a token, its kv_buffer {have}: part of each page (a "
+                "block-scaled pool's scales) lives outside kv_buffer, which is all ferry "
+                "moves; this pool's pages cannot be stored")
 
     def _indexer(self, buf):
         lay, s, p = self.hlayout, buf.shape, self.page
