@@ -20,6 +20,11 @@ the reference index holds):
   MHATokenToKVPoolFP4Host, the same boundary ("L3 flat storage is
   unsupported (scales live outside kv_buffer)"), its scales in
   _scale_host_<name> side buffers;
+- pool_host/mha.py at 0047d999 too: AsymmetricMHATokenToKVPoolHost (MHA
+  models whose K and V head dims differ, e.g. MiMo-V2): kv_buffer is the
+  tuple (k_buffer, v_buffer) of [size][L][H][head_dim] and [size][L][H]
+  [v_head_dim] (page_first), v_head_dim set beside head_dim, and its
+  flat-page calls raise NotImplementedError naming other backends;
 - pool_host/mla.py at 01c0ede38cc9645488fd2847dbea8a2f6a9241d8:
   MLATokenToKVPoolHost(dcp_size, dcp_rank): host page_size = page_size //
   dcp_size, and get_data_page asserts dcp_size == 1 ("HiCache L3 storage
@@ -105,3 +110,32 @@ def test_pools_whose_pages_are_all_in_kv_buffer_still_round_trip(layout, mla):
     for w, s in zip(want, (20, 24)):
         assert torch.equal(pool.get_data_page(s).view(torch.uint8), w.view(torch.uint8))
     b.close()
+
+
+class AsymmetricHost:
+    """AsymmetricMHATokenToKVPoolHost's storage surface (see the module's note)."""
+
+    def __init__(self, page=4, layers=2, heads=2, head_dim=64, v_head_dim=32, pages=8):
+        self.layout, self.page_size, self.layer_num = "page_first", page, layers
+        self.head_num, self.head_dim, self.v_head_dim = heads, head_dim, v_head_dim
+        self.dtype, self.page_num, self.size = torch.bfloat16, pages, pages * page
+        self.kv_buffer = (torch.zeros((self.size, layers, heads, head_dim), dtype=self.dtype),
+                          torch.zeros((self.size, layers, heads, v_head_dim), dtype=self.dtype))
+        self.size_per_token = (head_dim + v_head_dim) * heads * layers * 2
+
+    def _unsupported(self, *a, **k):
+        raise NotImplementedError("Models with head_dim != v_head_dim do not support the "
+                                  "flat-page interface used by HiCache L3 storage backends "
+                                  "{hf3fs, eic, nixl}. Use a backend that does not use this "
+                                  "interface (e.g. mooncake, simm).")
+
+    get_data_page = get_dummy_flat_data_page = set_from_flat_data_page = _unsupported
+
+
+def test_k_and_v_of_two_head_dims_are_refused_naming_them():
+    """Before, the pool's (k, v) tuple read as a DeepSeek V4 row pool and
+    SGLang's NotImplementedError escaped from registration, pointing the
+    operator at other backends."""
+    with pytest.raises(ValueError, match="head_dim 64, v_head_dim 32"):
+        create_backend({"ferry_store": "sgl", "ferry_l1": "4M"}, {"kv": AsymmetricHost()})
+    assert registered_store("sgl") is None

@@ -24,8 +24,9 @@ its own page shape:
   and page_first): nothing is copied in Python, the flat pages of the
   generic get/set included; a kv pool with bytes outside kv_buffer (the
   MXFP8 / FP4 pools' block scales: its size_per_token says more) or
-  sharded over decode-context-parallel ranks (dcp_size > 1) is refused
-  when it registers, as SGLang's own flat-page calls refuse them;
+  sharded over decode-context-parallel ranks (dcp_size > 1), or whose K
+  and V have two head dims (v_head_dim: K and V in two buffers), is
+  refused when it registers, as SGLang's own flat-page calls refuse them;
 - any other pool (mamba: a temporal state and conv states, separate
   tensors of their own dtypes) is stored as its flat page bytes
   (host_pool.get_data_page / set_from_flat_data_page), one copy each way:
@@ -204,6 +205,14 @@ class _PageMap:
         self.layout = None
         buf = getattr(host, "kv_buffer", None)
         idx = getattr(host, "index_k_with_scale_buffer", None)
+        vd = getattr(host, "v_head_dim", None)
+        if vd is not None and vd != getattr(host, "head_dim", vd):
+            # SGLang's AsymmetricMHATokenToKVPoolHost (MiMo-V2): K and V in two
+            # buffers of two head dims, and no flat pages (they raise)
+            raise ValueError(
+                f"ferry: SGLang pool {name!r}: K and V of different head dims (head_dim "
+                f"{host.head_dim}, v_head_dim {vd}) are not a ferry layout (one head_dim "
+                "for K and V); this pool's pages cannot be stored")
         # DeepSeek V4's compressed pools (C4 / C128 KV and indexer; their
         # compress states): a page is a uint8 row of every layer, host index
         # i in row i // page_size, the buffer a list of layers or a tensor
