@@ -47,9 +47,11 @@ rank: one key for all, written by TP rank 0 only, read by all; but not
 its mamba state (its heads are split over TP, and SGLang backs it up on
 every rank) nor a pool of MHA pages (a draft model's): those keep the TP
 rank. With
-should_split_heads (tp_lcm_size > tp_size, page_head), a rank's page is
-tp_lcm_size / tp_size head groups, each stored under the TP rank it would
-have at TP = tp_lcm_size, so instances of different TP sizes share pages.
+should_split_heads (tp_lcm_size > tp_size, page_head), a rank's kv (and
+draft) page is tp_lcm_size / tp_size head groups, each stored under the TP
+rank it would have at TP = tp_lcm_size, so instances of different TP sizes
+share pages; the other pools' pages (SWA, mamba, ...) stay whole, under
+the rank's own TP rank and size.
 
 Stores (extra config):
 - "ferry_store": NAME uses the KVStore registered as NAME (kv pool) and
@@ -465,9 +467,16 @@ class FerryHiCacheStorage(HiCacheStorage):
         tag = f"sglang/{pool}/{self._base_tag}"
         if self._replicated(pool):
             return [tag]
-        if self._split > 1:
-            lcm = self._tp_size * self._split
-            return [f"{tag}/tp{self._tp * self._split + g}/{lcm}" for g in range(self._split)]
+        # split heads apply to the pools whose pages split (kv, draft): one
+        # salt per head group there. Another pool (mamba, SWA, ...) is moved
+        # whole, so one salt, under this rank at its own TP size: a salt per
+        # group there asked for groups never stored (no hit) and indexed
+        # head groups the pool does not have
+        got = self._pools.get(pool)
+        split = got[0].split if got else 1
+        if split > 1:
+            lcm = self._tp_size * split
+            return [f"{tag}/tp{self._tp * split + g}/{lcm}" for g in range(split)]
         return [f"{tag}/tp{self._tp}/{self._tp_size}"]
 
     def _names(self, keys):
