@@ -7,7 +7,7 @@ import torch
 
 import ferry
 from ferry.adapters import _sglang_base as base, register_store, unregister_store
-from sglang_pools import MambaHost, MLAHost, create_backend, fill, indices, page_hashes
+from sglang_pools import MambaHost, MHAHost, MLAHost, create_backend, fill, indices, page_hashes
 
 PN, HP = base.PoolName, base.PoolHitPolicy
 
@@ -15,7 +15,8 @@ PN, HP = base.PoolName, base.PoolHitPolicy
 @pytest.fixture(autouse=True)
 def _clean():
     yield
-    for n in ("shared", "shared.mamba", "r0", "r0.mamba", "r1", "r1.mamba"):
+    for n in ("shared", "shared.mamba", "r0", "r0.mamba", "r1", "r1.mamba", "split",
+              "split.swa", "split.mamba"):
         s = unregister_store(n)
         if s is not None:
             s.close()
@@ -385,4 +386,54 @@ def test_a_second_pools_first_failure_is_warned_at_once(caplog):
     assert "'mamba'" in warned[1] and "another layout" in warned[1]
     assert "'kv'" in warned[2] and "another layout" in warned[2]
     assert len([r for r in caplog.records if r.levelname == "DEBUG"]) == 2
+    b.close()
+
+
+def test_split_heads_leave_the_other_pools_whole_and_found():
+    """should_split_heads (tp_lcm_size above tp_size, page_head: sgl-project/
+    sglang 001067fffe33427bee0ed2f007fb7551a1d76b44, python/sglang/srt/
+    managers/cache_controller.py, _generate_storage_config) splits the kv
+    pool's pages into tp_lcm_size / tp_size head groups. A hybrid model's
+    other pools (an MHA SWA pool, a mamba state: HybridCacheController.
+    _page_backup and _storage_hit_query at sgl-project/sglang
+    00343773d3293d382f0b39101f36b656d30ad2f0, python/sglang/srt/mem_cache/
+    hybrid_cache/hybrid_cache_controller.py) are moved whole, one page per
+    key. Before, they were keyed once per head group:
+    an SWA backup indexed a head group the pool does not have (IndexError
+    in SGLang's backup thread) and a mamba state, stored under the first
+    group only, was never found."""
+    kv = MHAHost("page_head", 4, heads=4, head_dim=16)
+    swa = MHAHost("page_head", 4, heads=4, head_dim=16)
+    mamba = MambaHost()
+    b = create_backend({"ferry_store": "split", "ferry_l1": "8M"},
+                       {"kv": kv, "swa": swa, "mamba": mamba}, tp=(1, 2), lcm=4, split=True)
+    fill(kv.kv_buffer, 1)
+    fill(swa.kv_buffer, 2)
+    mamba.fill(3)
+    h = page_hashes(list(range(12)), 4)
+    assert b.batch_set_v1(h, indices(0, 3, 4)) == [True] * 3
+    sets = [base.PoolTransfer(name=PN.SWA, host_indices=indices(1, 2, 4), keys=h[1:],
+                              hit_policy=HP.TRAILING_PAGES),
+            base.PoolTransfer(name=PN.MAMBA, host_indices=torch.tensor([4]), keys=h[-1:],
+                              hit_policy=HP.TRAILING_PAGES)]
+    assert b.batch_set_v2(sets) == {PN.SWA: [True, True], PN.MAMBA: [True]}
+    want_swa = swa.kv_buffer[:, 1:3].clone()
+    want_m = mamba.get_data_page(4).clone()
+    r = b.batch_exists_v2(h, [base.PoolTransfer(name=PN.SWA, keys=h[1:],
+                                                hit_policy=HP.TRAILING_PAGES),
+                              base.PoolTransfer(name=PN.MAMBA, keys=h[-1:],
+                                                hit_policy=HP.TRAILING_PAGES)])
+    assert r.kv_hit_pages == 3
+    assert r.extra_pool_hit_pages == {PN.KV: 3, PN.SWA: 3, PN.MAMBA: 3}
+    swa.kv_buffer.zero_()
+    mamba.fill(99)
+    gets = [base.PoolTransfer(name=PN.SWA, host_indices=indices(6, 2, 4), keys=h[1:]),
+            base.PoolTransfer(name=PN.MAMBA, host_indices=torch.tensor([7]), keys=h[-1:])]
+    assert b.batch_get_v2(gets) == {PN.SWA: [True, True], PN.MAMBA: [True]}
+    assert torch.equal(swa.kv_buffer[:, 6:8].view(torch.uint8), want_swa.view(torch.uint8))
+    assert torch.equal(mamba.get_data_page(7), want_m)
+    # the whole pools are this rank's at its own TP size; the kv pool's pages,
+    # its head groups under the TP-4 ranks 2 and 3
+    assert b._salts("swa") == ["sglang/swa/pp0/1/dp0/1/tp1/2"]
+    assert [s.rsplit("/", 2)[1:] for s in b._salts("kv")] == [["tp2", "4"], ["tp3", "4"]]
     b.close()

@@ -22,7 +22,11 @@ its own page shape:
   ferry in place, by strides, in every host layout (layer_first,
   page_first, page_first_direct, page_head; the indexer's layer_first
   and page_first): nothing is copied in Python, the flat pages of the
-  generic get/set included;
+  generic get/set included; a kv pool with bytes outside kv_buffer (the
+  MXFP8 / FP4 pools' block scales: its size_per_token says more) or
+  sharded over decode-context-parallel ranks (dcp_size > 1), or whose K
+  and V have two head dims (v_head_dim: K and V in two buffers), is
+  refused when it registers, as SGLang's own flat-page calls refuse them;
 - any other pool (mamba: a temporal state and conv states, separate
   tensors of their own dtypes) is stored as its flat page bytes
   (host_pool.get_data_page / set_from_flat_data_page), one copy each way:
@@ -43,9 +47,11 @@ rank: one key for all, written by TP rank 0 only, read by all; but not
 its mamba state (its heads are split over TP, and SGLang backs it up on
 every rank) nor a pool of MHA pages (a draft model's): those keep the TP
 rank. With
-should_split_heads (tp_lcm_size > tp_size, page_head), a rank's page is
-tp_lcm_size / tp_size head groups, each stored under the TP rank it would
-have at TP = tp_lcm_size, so instances of different TP sizes share pages.
+should_split_heads (tp_lcm_size > tp_size, page_head), a rank's kv (and
+draft) page is tp_lcm_size / tp_size head groups, each stored under the TP
+rank it would have at TP = tp_lcm_size, so instances of different TP sizes
+share pages; the other pools' pages (SWA, mamba, ...) stay whole, under
+the rank's own TP rank and size.
 
 Stores (extra config):
 - "ferry_store": NAME uses the KVStore registered as NAME (kv pool) and
@@ -201,6 +207,14 @@ class _PageMap:
         self.layout = None
         buf = getattr(host, "kv_buffer", None)
         idx = getattr(host, "index_k_with_scale_buffer", None)
+        vd = getattr(host, "v_head_dim", None)
+        if vd is not None and vd != getattr(host, "head_dim", vd):
+            # SGLang's AsymmetricMHATokenToKVPoolHost (MiMo-V2): K and V in two
+            # buffers of two head dims, and no flat pages (they raise)
+            raise ValueError(
+                f"ferry: SGLang pool {name!r}: K and V of different head dims (head_dim "
+                f"{host.head_dim}, v_head_dim {vd}) are not a ferry layout (one head_dim "
+                "for K and V); this pool's pages cannot be stored")
         # DeepSeek V4's compressed pools (C4 / C128 KV and indexer; their
         # compress states): a page is a uint8 row of every layer, host index
         # i in row i // page_size, the buffer a list of layers or a tensor
@@ -259,9 +273,33 @@ class _PageMap:
             self.layout = Layout(L, 1, D, buf.dtype, kv=1)
             self.flat_shape = {"layer_first": (L, p, 1, D), "page_first": (p, L, 1, D),
                                "page_first_direct": (1, L, p, 1, D)}[lay]
+        self._whole_page_in(buf)
         self.dtype = buf.dtype
         self.buffer = buf
         self.pool_planes = [self.planes(buf, g) for g in range(self.split)]
+
+    def _whole_page_in(self, buf):
+        """Refuse a kv pool whose tokens are not all in kv_buffer, or not this
+        rank's whole tokens: ferry moves kv_buffer's bytes and nothing else.
+        SGLang's block-scaled host pools (MXFP8, FP4) keep each page's
+        scales in side buffers that its size_per_token counts (their flat
+        pages raise: "scales live outside kv_buffer"); a decode-context-
+        parallel MLA pool (dcp_size > 1) holds a shard of each page under
+        keys that do not name the shard. Stored, either would load values
+        that are not the page's."""
+        dcp = getattr(self.host, "dcp_size", 1)
+        if isinstance(dcp, int) and dcp > 1:
+            raise ValueError(f"ferry: SGLang pool {self.name!r} is sharded over {dcp} decode-"
+                             "context-parallel ranks (dcp_size); its pages are no rank's whole "
+                             "pages, and ferry does not store them")
+        want = getattr(self.host, "size_per_token", None)
+        have = self.kv * self.layers * self.heads * self.head_dim * buf.element_size()
+        if isinstance(want, (int, np.integer)) and not isinstance(want, bool) and want != have:
+            raise ValueError(
+                f"ferry: SGLang pool {self.name!r} ({type(self.host).__name__}) holds "
+                f"{int(want)} bytes a token, its kv_buffer {have}: part of each page (a "
+                "block-scaled pool's scales) lives outside kv_buffer, which is all ferry "
+                "moves; this pool's pages cannot be stored")
 
     def _indexer(self, buf):
         lay, s, p = self.hlayout, buf.shape, self.page
@@ -429,9 +467,16 @@ class FerryHiCacheStorage(HiCacheStorage):
         tag = f"sglang/{pool}/{self._base_tag}"
         if self._replicated(pool):
             return [tag]
-        if self._split > 1:
-            lcm = self._tp_size * self._split
-            return [f"{tag}/tp{self._tp * self._split + g}/{lcm}" for g in range(self._split)]
+        # split heads apply to the pools whose pages split (kv, draft): one
+        # salt per head group there. Another pool (mamba, SWA, ...) is moved
+        # whole, so one salt, under this rank at its own TP size: a salt per
+        # group there asked for groups never stored (no hit) and indexed
+        # head groups the pool does not have
+        got = self._pools.get(pool)
+        split = got[0].split if got else 1
+        if split > 1:
+            lcm = self._tp_size * split
+            return [f"{tag}/tp{self._tp * split + g}/{lcm}" for g in range(split)]
         return [f"{tag}/tp{self._tp}/{self._tp_size}"]
 
     def _names(self, keys):

@@ -1,0 +1,141 @@
+"""ferry's SGLang backend against host pools whose pages are not all in
+kv_buffer, and against the controller's attach / detach cycle.
+
+Upstream files mirrored (sgl-project/sglang, the newest stored versions
+the reference index holds):
+- python/sglang/srt/mem_cache/pool_host/mha.py at
+  0047d999bb3a3ad311df5a4b6356bfb5586e0d66: MHATokenToKVPoolHost.
+  get_size_per_token is head_dim * head_num * layer_num * itemsize * 2,
+  exactly kv_buffer's bytes a token (HostKVCache keeps it as
+  size_per_token);
+- pool_host/mha_mxfp8.py at 02d20b8bfc3d023a255f8ca70332fb035ee5d7b3:
+  MHATokenToKVPoolMXFP8Host, page_first only; the fp8 payload is the MHA
+  kv_buffer, the UE8M0 scales are k_scale_host / v_scale_host
+  [page_num][layer_num][sf_page_bytes] uint8, get_size_per_token adds
+  (k_sf_page_bytes + v_sf_page_bytes) // page_size * layer_num, and
+  get_data_page / get_dummy_flat_data_page / set_from_flat_data_page /
+  get_page_buffer_meta raise NotImplementedError ("a page's UE8M0 scales
+  live outside kv_buffer");
+- pool_host/mha_fp4.py at 35efab099f612332025848253fd778f5e3805cbd:
+  MHATokenToKVPoolFP4Host, the same boundary ("L3 flat storage is
+  unsupported (scales live outside kv_buffer)"), its scales in
+  _scale_host_<name> side buffers;
+- pool_host/mha.py at 0047d999 too: AsymmetricMHATokenToKVPoolHost (MHA
+  models whose K and V head dims differ, e.g. MiMo-V2): kv_buffer is the
+  tuple (k_buffer, v_buffer) of [size][L][H][head_dim] and [size][L][H]
+  [v_head_dim] (page_first), v_head_dim set beside head_dim, and its
+  flat-page calls raise NotImplementedError naming other backends;
+- pool_host/mla.py at 01c0ede38cc9645488fd2847dbea8a2f6a9241d8:
+  MLATokenToKVPoolHost(dcp_size, dcp_rank): host page_size = page_size //
+  dcp_size, and get_data_page asserts dcp_size == 1 ("HiCache L3 storage
+  paths are not yet DCP-aware (per-rank shards need dcp_rank-scoped
+  keys)").
+
+A backend that stored such a pool through kv_buffer's strides would keep
+the fp8 / fp4 payload without its scales (or one DCP rank's shard under
+every rank's key), and a later prefetch would load values that are not
+the page's: ferry refuses the pool when it registers, naming why.
+"""
+import pytest
+import torch
+
+from ferry.adapters import registered_store, unregister_store
+from sglang_pools import MHAHost, MLAHost, create_backend, fill, indices, page_hashes
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    yield
+    for n in ("sgl", "sgl.mamba"):
+        s = unregister_store(n)
+        if s is not None:
+            s.close()
+
+
+def sized(host):
+    """HostKVCache's size_per_token, as SGLang's MHA / MLA host pools give it."""
+    kv = 1 if isinstance(host, MLAHost) else 2
+    host.size_per_token = kv * host.layer_num * host.head_num * host.head_dim * \
+        host.kv_buffer.element_size()
+    return host
+
+
+class MXFP8Host(MHAHost):
+    """MHATokenToKVPoolMXFP8Host's storage surface (see the module's note)."""
+
+    def __init__(self, page=4, sf_page_bytes=16):
+        super().__init__("page_first", page, dtype=torch.uint8)    # fp8 bytes (this torch has no float8)
+        self.k_sf_page_bytes = self.v_sf_page_bytes = sf_page_bytes
+        self.k_scale_host = torch.zeros((self.page_num, self.layer_num, sf_page_bytes),
+                                        dtype=torch.uint8)
+        self.v_scale_host = torch.zeros_like(self.k_scale_host)
+        sized(self)
+        self.size_per_token += (2 * sf_page_bytes) // page * self.layer_num
+
+    def _unsupported(self, *a, **k):
+        raise NotImplementedError("MXFP8 KV host pool does not expose flat storage (L3) "
+                                  "pages yet: a page's UE8M0 scales live outside kv_buffer.")
+
+    get_data_page = get_dummy_flat_data_page = set_from_flat_data_page = _unsupported
+
+
+def test_a_pool_with_scales_outside_kv_buffer_is_refused():
+    """Without the check the pool registers, and a page backed up and
+    loaded again comes back with the payload and the slot's old scales."""
+    pool = MXFP8Host()
+    with pytest.raises(ValueError, match=r"outside kv_buffer.*cannot be stored"):
+        create_backend({"ferry_store": "sgl", "ferry_l1": "4M"}, {"kv": pool})
+    assert registered_store("sgl") is None         # refused before any store opened
+
+
+def test_a_dcp_sharded_mla_pool_is_refused():
+    pool = sized(MLAHost("page_first", 4))
+    pool.dcp_size, pool.dcp_rank = 2, 1
+    with pytest.raises(ValueError, match="decode-context-parallel"):
+        create_backend({"ferry_store": "sgl", "ferry_l1": "4M"}, {"kv": pool}, mla=True)
+    assert registered_store("sgl") is None
+
+
+@pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
+@pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct"])
+def test_pools_whose_pages_are_all_in_kv_buffer_still_round_trip(layout, mla):
+    pool = sized(MLAHost(layout, 4) if mla else MHAHost(layout, 4))
+    b = create_backend({"ferry_store": "sgl", "ferry_l1": "4M"}, {"kv": pool}, mla=mla)
+    fill(pool.kv_buffer, 9)
+    want = [pool.get_data_page(s).clone() for s in (0, 4)]
+    h = page_hashes(list(range(8)), 4)
+    assert b.batch_set_v1(h, indices(0, 2, 4)) == [True, True]
+    pool.kv_buffer.zero_()
+    assert b.batch_get_v1(h, indices(5, 2, 4)) == [True, True]
+    for w, s in zip(want, (20, 24)):
+        assert torch.equal(pool.get_data_page(s).view(torch.uint8), w.view(torch.uint8))
+    b.close()
+
+
+class AsymmetricHost:
+    """AsymmetricMHATokenToKVPoolHost's storage surface (see the module's note)."""
+
+    def __init__(self, page=4, layers=2, heads=2, head_dim=64, v_head_dim=32, pages=8):
+        self.layout, self.page_size, self.layer_num = "page_first", page, layers
+        self.head_num, self.head_dim, self.v_head_dim = heads, head_dim, v_head_dim
+        self.dtype, self.page_num, self.size = torch.bfloat16, pages, pages * page
+        self.kv_buffer = (torch.zeros((self.size, layers, heads, head_dim), dtype=self.dtype),
+                          torch.zeros((self.size, layers, heads, v_head_dim), dtype=self.dtype))
+        self.size_per_token = (head_dim + v_head_dim) * heads * layers * 2
+
+    def _unsupported(self, *a, **k):
+        raise NotImplementedError("Models with head_dim != v_head_dim do not support the "
+                                  "flat-page interface used by HiCache L3 storage backends "
+                                  "{hf3fs, eic, nixl}. Use a backend that does not use this "
+                                  "interface (e.g. mooncake, simm).")
+
+    get_data_page = get_dummy_flat_data_page = set_from_flat_data_page = _unsupported
+
+
+def test_k_and_v_of_two_head_dims_are_refused_naming_them():
+    """Before, the pool's (k, v) tuple read as a DeepSeek V4 row pool and
+    SGLang's NotImplementedError escaped from registration, pointing the
+    operator at other backends."""
+    with pytest.raises(ValueError, match="head_dim 64, v_head_dim 32"):
+        create_backend({"ferry_store": "sgl", "ferry_l1": "4M"}, {"kv": AsymmetricHost()})
+    assert registered_store("sgl") is None
