@@ -502,3 +502,43 @@ def test_a_streaming_round_with_a_new_image_is_keyed_by_it(model, store):
     for q in qs + [r]:
         eng.finish(q)
     eng.close()
+
+
+def test_a_streaming_round_over_several_steps_after_a_loaded_round(model, store):
+    """The rounds as they also come: round 1 loads its prompt's chunks
+    from ferry (pinned under round 1's salt and tokens), round 2 brings
+    an image (a new salt) and is computed over two steps (chunked
+    prefill: its first step is the session's NewRequestData, the second
+    its CachedRequestData). Each step stores the chunks it completed,
+    every chunk of the round's tokens under the round's salt; a request
+    with the round's tokens and images loads the bytes the session
+    computed; and no pin of round 1 outlives the session."""
+    eng = Engine(model, store)
+    serve_a(eng)
+    a, _ = prompts()
+    r = Request("s", a)
+    r.resumable = True
+    assert eng.admit(r) == 32                       # round 1: a's two chunks loaded
+    assert eng.step_new(r).saves == []              # 32..40: no chunk completed
+    r.all_token_ids.append(101)
+    assert _decode(eng, r, 102).saves == []         # 101 computed; 102 stops the round
+    new = [9] * 24 + torch.randint(0, 512, (30,),
+                                   generator=torch.Generator().manual_seed(5)).tolist()
+    image = SimpleNamespace(identifier="image-2")
+    _next_round(eng, r, new, mm=[image])
+    round2 = a + [101] + new                        # 95 tokens, 41 computed
+    first = eng.step_new(r, budget=20)              # 41..61
+    assert [(s.tokens, s.start) for s in first.saves] == [(round2[:48], 41)]
+    second = eng.step_cached(r)                     # 61..95
+    assert [(s.tokens, s.start) for s in second.saves] == [(round2[:80], 61)]
+    kv = model.kv_of(eng.caches, eng.blocks["s"], 80).clone()
+    f = Request("f", round2)
+    f.mm_features = [image]
+    assert eng.admit(f) == 80
+    eng.load_only(f)
+    assert eng.errors == set()
+    assert torch.equal(model.kv_of(eng.caches, eng.blocks["f"], 80), kv)
+    eng.finish(f)
+    eng.finish(r)
+    assert store.delete(a[:32]) == 2                # no pin of round 1 left
+    eng.close()

@@ -627,21 +627,38 @@ def test_external_launcher_ranks_agree_on_every_hit(tmp_path):
     assert hits[0] == hits[1] == [0, 0, len(TOKENS)], hits
 
 
+# argv[4]: how rank 1's load fails ("short": its second chunk fails its
+# checksum; "raise": its retrieve raises), argv[5]: the worker's form
+# ("whole" or "layerwise")
 _LOAD_RANK = _RANK_HEAD + r'''
 from test_vllm_contract import KVCacheBlocks
+from ferry import FerryError
+failure, form = sys.argv[4], sys.argv[5]
 
-w = FerryConnector(cfg(), T.Role.WORKER, None)
+
+def cfg_form():
+    c = cfg()
+    c.kv_transfer_config.kv_connector_extra_config["ferry.layerwise"] = form == "layerwise"
+    return c
+
+
+w = FerryConnector(cfg_form(), T.Role.WORKER, None)
 caches = T.daemon_net().new_caches(T.BLOCKS, T.BS)
 g = torch.Generator().manual_seed(rank)
 for c in caches:
     c.copy_(torch.randn(c.shape, generator=g).to(c.dtype))
-w.register_kv_caches({f"model.layers.{i}.self_attn.attn": c for i, c in enumerate(caches)})
-sched = FerryConnector(cfg(), T.Role.SCHEDULER, None)
-T.save(w, T.SRC)                    # every rank stores its chunks
+names = [f"model.layers.{i}.self_attn.attn" for i in range(len(caches))]
+w.register_kv_caches(dict(zip(names, caches)))
+sched = FerryConnector(cfg_form(), T.Role.SCHEDULER, None)
+w.store.store(T.TOKENS, caches, list(T.SRC))    # every rank stores its chunks
 dist.barrier()
-if rank == 1:                       # rank 1's second chunk fails its checksum
+if rank == 1 and failure == "short":
     real = w.store.retrieve
     w.store.retrieve = lambda *a, **k: min(real(*a, **k), T.CHUNK)
+elif rank == 1:                     # an L2 read that failed, a lost daemon connection
+    def fail(*a, **k):
+        raise FerryError(-5, "an L2 read failed", "ferry_kv_retrieve")
+    w.store.retrieve = w.store.retrieve_layers = fail
 req = SimpleNamespace(request_id="q", prompt_token_ids=T.TOKENS + [7],
                       all_token_ids=T.TOKENS + [7], cache_salt=None)
 out = {}
@@ -659,6 +676,8 @@ so = SimpleNamespace(
 meta = sched.build_connector_meta(so)
 w.bind_connector_metadata(meta)
 w.start_load_kv(None)
+for name in names:                  # the forward: each layer's attention waits for it
+    w.wait_for_layer_load(name)
 w.wait_for_save()
 out["hit"], out["errors"] = n, sorted(w.get_block_ids_with_load_errors())
 w.clear_connector_metadata()
@@ -686,6 +705,32 @@ def test_external_launcher_ranks_report_a_short_load_alike(tmp_path):
     from, and the ranks' schedules parted. The ranks now agree each load's
     result (the least tokens it got on any rank) and report the same
     blocks."""
+    out = _two_ranks(tmp_path, "short", "whole")
+    assert out[0] == out[1] == {"hit": len(TOKENS), "errors": [11, 12, 13, 14]}, out
+
+
+@pytest.mark.parametrize("form", ["whole", "layerwise"])
+def test_external_launcher_ranks_agree_a_load_that_raised_on_one(tmp_path, form):
+    """As above, with rank 1's retrieve raising (an L2 read that failed, a
+    lost daemon connection) instead of coming up short, in both worker
+    forms: the layerwise one starts the load in start_load_kv
+    (retrieve_layers), finishes it at the last layer's
+    wait_for_layer_load, and agrees it in wait_for_save. Each rank's
+    engine calls start_load_kv, the forward (one wait_for_layer_load per
+    layer), wait_for_save, get_block_ids_with_load_errors, in that order,
+    every step (vllm-project/vllm 00f4240ee6458263d76cf51ca7901ce1350bb4d1,
+    vllm/v1/worker/kv_connector_model_runner_mixin.py,
+    _get_kv_connector_output). The failed rank still takes part in the
+    agreement (no rank waits on the MIN all-reduce alone), and both report
+    every block of the load, the ones rank 0 did load included, so both
+    schedulers recompute (or fail) the request alike."""
+    out = _two_ranks(tmp_path, "raise", form)
+    every = list(range(7, 7 + len(TOKENS) // BS))
+    assert out[0] == out[1] == {"hit": len(TOKENS), "errors": every}, out
+
+
+def _two_ranks(tmp_path, failure, form):
+    """_LOAD_RANK in two gloo processes on one daemon; what each reported."""
     import json
     import os
     import subprocess
@@ -696,7 +741,8 @@ def test_external_launcher_ranks_report_a_short_load_alike(tmp_path):
         [here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")]))
     try:
         procs = [subprocess.Popen([sys.executable, "-c", _LOAD_RANK, str(r), str(tmp_path),
-                                   d.url], env=env, stderr=subprocess.PIPE, text=True)
+                                   d.url, failure, form],
+                                  env=env, stderr=subprocess.PIPE, text=True)
                  for r in range(2)]
         errs = []
         for p in procs:
@@ -707,10 +753,9 @@ def test_external_launcher_ranks_report_a_short_load_alike(tmp_path):
                     q.kill()
                 pytest.fail("a rank hung: the ranks took different steps")
         assert all(p.returncode == 0 for p in procs), errs
-        out = [json.load(open(tmp_path / f"out{r}")) for r in range(2)]
+        return [json.load(open(tmp_path / f"out{r}")) for r in range(2)]
     finally:
         d.stop()
-    assert out[0] == out[1] == {"hit": len(TOKENS), "errors": [11, 12, 13, 14]}, out
 
 
 def test_a_load_that_fails_is_reported_as_one_that_came_short(monkeypatch):

@@ -52,12 +52,11 @@ Where the store comes from (kv_connector_extra_config):
       protocol is one key) one after the other, each for the chunks the
       least so far covers, and stops at the first that holds none. The
       PCP ranks of one TP rank each hold the whole sequence's KV of its
-      heads (vLLM shards no KV across PCP), the
-      same bytes under the same keys. Decode context parallelism (vLLM's
-      decode_context_parallel_size above one: each rank's block holds every
-      Nth token of N blocks' worth) is refused when vLLM builds the
-      connector, naming the setting: ferry's chunks are blocks of
-      consecutive tokens.
+      heads (vLLM shards no KV across PCP), the same bytes under the same
+      keys. Decode context parallelism (vLLM's decode_context_parallel_size
+      above one: each rank's block holds every Nth token of N blocks'
+      worth) is refused when vLLM builds the connector, naming the
+      setting: ferry's chunks are blocks of consecutive tokens.
       Under distributed_executor_backend "external_launcher" (torchrun, as
       verl and OpenRLHF run vLLM) every rank is an engine of its own, its
       scheduler beside its one worker, and the ranks of an engine stay in
