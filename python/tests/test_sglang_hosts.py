@@ -39,8 +39,9 @@ the page's: ferry refuses the pool when it registers, naming why.
 import pytest
 import torch
 
-from ferry.adapters import registered_store, unregister_store
-from sglang_pools import MHAHost, MLAHost, create_backend, fill, indices, page_hashes
+from ferry.adapters import _sglang_base as base, registered_store, unregister_store
+from sglang_pools import (MambaHost, MHAHost, MLAHost, create_backend, fill, indices,
+                          page_hashes)
 
 
 @pytest.fixture(autouse=True)
@@ -139,3 +140,46 @@ def test_k_and_v_of_two_head_dims_are_refused_naming_them():
     with pytest.raises(ValueError, match="head_dim 64, v_head_dim 32"):
         create_backend({"ferry_store": "sgl", "ferry_l1": "4M"}, {"kv": AsymmetricHost()})
     assert registered_store("sgl") is None
+
+
+class _Publishing(dict):
+    """A pool table that lets a caller in the moment a pool is published,
+    as another thread may: SGLang's HybridCacheController.
+    register_host_pool_entry (sgl-project/sglang 00343773d3293d382f0b39101f36b656d30ad2f0,
+    python/sglang/srt/mem_cache/hybrid_cache/hybrid_cache_controller.py)
+    registers a sidecar pool with register_mem_host_pool_v2 while the
+    controller's prefetch and backup threads run, and ferry_stats may be
+    read from any thread."""
+
+    def __init__(self, old, on_publish):
+        super().__init__(old)
+        self.on_publish = on_publish
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self.on_publish(key)
+
+
+def test_a_pool_is_published_only_with_its_counts():
+    """Before, _register put the pool in the table and then made its page
+    counts: a page move or ferry_stats in between raised KeyError (in
+    SGLang's backup thread, which catches nothing)."""
+    kv = MHAHost("page_first", 4)
+    b = create_backend({"ferry_store": "sgl", "ferry_l1": "4M"}, {"kv": kv})
+    mamba = MambaHost()
+    mamba.fill(3)
+    h = page_hashes(list(range(4)), 4)
+    seen = []
+
+    def on_publish(key):
+        if key != "mamba":
+            return
+        t = base.PoolTransfer(name=base.PoolName.MAMBA, host_indices=torch.tensor([2]),
+                              keys=h)
+        seen.append(b.batch_set_v2([t]))
+        seen.append(b.ferry_stats()["mamba"]["pages"]["stored"])
+
+    b._pools = _Publishing(b._pools, on_publish)
+    b.register_mem_host_pool_v2(mamba, base.PoolName.MAMBA)
+    assert seen == [{base.PoolName.MAMBA: [True]}, 1]
+    b.close()

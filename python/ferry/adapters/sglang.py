@@ -528,19 +528,22 @@ class FerryHiCacheStorage(HiCacheStorage):
                     f"{pm.chunk_tokens}; it holds {old[0].layout} x {old[0].chunk_tokens}")
             self._pools[key] = (pm, old[1])
             return
+        # a pool is published (self._pools) last: a caller that finds it, on
+        # another thread (SGLang registers sidecar pools while its prefetch and
+        # backup threads run), finds its counts
         if pm.logical:      # no bytes: no store; the other pools carry the pages
-            self._pools[key] = (pm, None)
             self._counts[key] = dict(exists=0, hit=0, get=0, got=0, set=0, stored=0)
             self._tallies[key] = []
+            self._pools[key] = (pm, None)
             return
         store = self._store_for(key, pm)
         if store.layout != pm.layout or store.chunk_tokens != pm.chunk_tokens:
             raise ValueError(
                 f"ferry: SGLang pool {key!r} has pages {pm.layout} x {pm.chunk_tokens} tokens; "
                 f"its store holds {store.layout} x {store.chunk_tokens} tokens")
-        self._pools[key] = (pm, store)
         self._counts[key] = dict(exists=0, hit=0, get=0, got=0, set=0, stored=0)
         self._tallies[key] = []
+        self._pools[key] = (pm, store)
 
     def _store_for(self, key, pm):
         reg = self._name if key == "kv" else f"{self._name}.{key}"
