@@ -183,3 +183,25 @@ def test_a_pool_is_published_only_with_its_counts():
     b.register_mem_host_pool_v2(mamba, base.PoolName.MAMBA)
     assert seen == [{base.PoolName.MAMBA: [True]}, 1]
     b.close()
+
+
+def test_ferry_stats_while_a_pool_registers():
+    """ferry_stats walked the live pool table, with the counts read before
+    it: a pool registered meanwhile (another thread) made it raise
+    (RuntimeError: the table changed size, or KeyError: no counts)."""
+    kv = MHAHost("page_first", 4)
+    b = create_backend({"ferry_store": "sgl", "ferry_l1": "4M"}, {"kv": kv})
+    store, stats = b._pools["kv"][1], b._pools["kv"][1].stats
+
+    def registering():      # the other thread, between two reads of ferry_stats
+        if "mamba" not in b._pools:
+            b.register_mem_host_pool_v2(MambaHost(), base.PoolName.MAMBA)
+        return stats()
+
+    store.stats = registering
+    got = b.ferry_stats()       # the pools it found when it began
+    assert set(got) == {"kv"}
+    assert got["kv"]["pages"]["set"] == 0
+    assert set(b.ferry_stats()) == {"kv", "mamba"}
+    del store.stats
+    b.close()

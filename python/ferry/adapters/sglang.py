@@ -1064,18 +1064,22 @@ class FerryHiCacheStorage(HiCacheStorage):
         """{pool: {"pages": the adapter's page counts (exists, hit, get, got,
         set, stored), "store": that pool's KVStore.stats()}}."""
         out = {}
-        for key in list(self._tallies):
+        # copies: another thread may register a pool meanwhile. The pools
+        # first, then the counts: a pool is published after its counts
+        # (_register), so each pool taken here has them
+        pools = list(self._pools.items())
+        for key, _ in pools:
             self._fold(key)
         with self._lock:
-            counts = {k: dict(v) for k, v in self._counts.items()}
-        for key, (_, store) in self._pools.items():
+            counts = {k: dict(v) for k, v in list(self._counts.items())}
+        for key, (_, store) in pools:
             out[key] = {"pages": counts[key], "store": store and store.stats()}
         return out
 
     def clear(self):
         """Empty every pool's store (a shared daemon's cache too: every rank's)."""
         seen = set()
-        for _, store in self._pools.values():
+        for _, store in list(self._pools.values()):    # a copy: a pool may register meanwhile
             if store is not None and id(store) not in seen:
                 seen.add(id(store))
                 store.clear()
