@@ -40,14 +40,14 @@ import pytest
 import torch
 
 from ferry.adapters import _sglang_base as base, registered_store, unregister_store
-from sglang_pools import (MambaHost, MHAHost, MLAHost, create_backend, fill, indices,
-                          page_hashes)
+from sglang_pools import (LogicalHost, MambaHost, MHAHost, MLAHost, V4RowsHost, create_backend,
+                          fill, indices, page_hashes)
 
 
 @pytest.fixture(autouse=True)
 def _clean():
     yield
-    for n in ("sgl", "sgl.mamba"):
+    for n in ("sgl", "sgl.mamba", "sgl.deepseek_v4_c4_indexer"):
         s = unregister_store(n)
         if s is not None:
             s.close()
@@ -204,4 +204,32 @@ def test_ferry_stats_while_a_pool_registers():
     assert got["kv"]["pages"]["set"] == 0
     assert set(b.ferry_stats()) == {"kv", "mamba"}
     del store.stats
+    b.close()
+
+
+def test_a_row_pool_with_its_scales_beside_kv_buffer_is_refused():
+    """DeepSeekV4PagedHostPool.attach_scale_buffers (sgl-project/sglang
+    00343773d3293d382f0b39101f36b656d30ad2f0, python/sglang/srt/mem_cache/
+    memory_pool_host.py: the NPU C4 indexer's int8 K in kv_buffer, its fp16
+    scales in scale_kv_buffer [pages][layers][1][scale_item_bytes] for a
+    page_first pool) moves the scales beside the rows, but get_data_page /
+    set_from_flat_data_page (what ferry stores of a row pool) hold
+    kv_buffer's rows only. Stored, a page would come back with the slot's
+    old scales: the pool is refused when it registers, naming them."""
+    rows = V4RowsHost("page_first", 4)
+    rows.scale_item_bytes = 4 * 2
+    rows.scale_kv_buffer = torch.zeros((rows.num_host_pages, rows.layer_num, 1,
+                                        rows.scale_item_bytes), dtype=torch.uint8)
+    pools = {"kv": LogicalHost(page=4), "deepseek_v4_c4_indexer": rows}
+    with pytest.raises(ValueError, match="scale_kv_buffer"):
+        create_backend({"ferry_store": "sgl", "ferry_l1": "4M"}, pools, mla=True)
+    assert registered_store("sgl.deepseek_v4_c4_indexer") is None
+
+
+def test_a_row_pool_without_scale_buffers_still_registers():
+    rows = V4RowsHost("page_first", 4)
+    rows.scale_kv_buffer = None          # attach_scale_buffers never called
+    pools = {"kv": LogicalHost(page=4), "deepseek_v4_c4_indexer": rows}
+    b = create_backend({"ferry_store": "sgl", "ferry_l1": "4M"}, pools, mla=True)
+    assert set(b._pools) == {"kv", "deepseek_v4_c4_indexer"}
     b.close()

@@ -31,7 +31,8 @@ its own page shape:
   tensors of their own dtypes) is stored as its flat page bytes
   (host_pool.get_data_page / set_from_flat_data_page), one copy each way:
   DeepSeek V4's compressed pools too (C4 / C128 KV and indexer, their
-  compress states; a page is a uint8 row of every layer);
+  compress states; a page is a uint8 row of every layer; one that keeps
+  its scales beside the rows, scale_kv_buffer, is refused);
 - a logical pool (DeepSeek V4's KV anchor: page slots, no tensor) has
   no bytes and no store: a page move on it moves nothing and answers
   done, and batch_exists_v2 takes its prefix from the pools that carry
@@ -222,6 +223,14 @@ class _PageMap:
         self.rows = any(hasattr(host, a) for a in ("slot_page_size", "swa_page_size")) or \
             isinstance(buf, (list, tuple))
         if self.rows:
+            if getattr(host, "scale_kv_buffer", None) is not None:
+                # DeepSeekV4PagedHostPool.attach_scale_buffers (the NPU C4
+                # indexer's fp16 scales): beside the rows, and not in the
+                # flat pages ferry stores of a row pool
+                raise ValueError(
+                    f"ferry: SGLang pool {name!r} keeps each page's scales in "
+                    "scale_kv_buffer, outside the rows of kv_buffer that its flat pages "
+                    "hold and ferry moves; this pool's pages cannot be stored")
             self._bytes()
         elif isinstance(buf, torch.Tensor):
             self._kv(buf)
