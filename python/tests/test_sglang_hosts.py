@@ -1,5 +1,6 @@
 """ferry's SGLang backend against host pools whose pages are not all in
-kv_buffer, and against the controller's attach / detach cycle.
+kv_buffer (or in a row pool's rows), and against a pool that registers
+while other threads call the backend.
 
 Upstream files mirrored (sgl-project/sglang, the newest stored versions
 the reference index holds):
