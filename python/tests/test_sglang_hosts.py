@@ -234,3 +234,26 @@ def test_a_row_pool_without_scale_buffers_still_registers():
     b = create_backend({"ferry_store": "sgl", "ferry_l1": "4M"}, pools, mla=True)
     assert set(b._pools) == {"kv", "deepseek_v4_c4_indexer"}
     b.close()
+
+
+@pytest.mark.parametrize("host", [
+    # page_head MHA (the layout of should_split_heads), fp8 e4m3 KV (SGLang's
+    # store_dtype uint8: size_per_token counts 1 byte an element), and DSA's
+    # fp8 MLA page (override_kv_cache_dim: latent, rope and scale packed in
+    # one uint8 row of kv_buffer, pool_host/mla.py at 01c0ede3)
+    lambda: MHAHost("page_head", 4),
+    lambda: MHAHost("page_first", 4, dtype=torch.uint8),
+    lambda: MLAHost("page_first", 4, dim=656, dtype=torch.uint8),
+], ids=["page_head", "fp8_mha", "dsa_fp8_mla"])
+def test_default_pools_with_size_per_token_are_not_refused(host):
+    pool = sized(host())
+    mla = isinstance(pool, MLAHost)
+    b = create_backend({"ferry_store": "sgl", "ferry_l1": "4M"}, {"kv": pool}, mla=mla)
+    fill(pool.kv_buffer, 4)
+    want = pool.get_data_page(8).clone()
+    h = page_hashes(list(range(4)), 4)
+    assert b.batch_set_v1(h, indices(2, 1, 4)) == [True]
+    pool.kv_buffer.zero_()
+    assert b.batch_get_v1(h, indices(2, 1, 4)) == [True]
+    assert torch.equal(pool.get_data_page(8).view(torch.uint8), want.view(torch.uint8))
+    b.close()
