@@ -257,3 +257,23 @@ def test_default_pools_with_size_per_token_are_not_refused(host):
     assert b.batch_get_v1(h, indices(2, 1, 4)) == [True]
     assert torch.equal(pool.get_data_page(8).view(torch.uint8), want.view(torch.uint8))
     b.close()
+
+
+def test_a_logical_kv_pool_is_published_only_with_its_counts():
+    """The same order for a logical kv anchor (DeepSeek V4's LogicalHostPool:
+    no store, sgl-project/sglang 00343773d3293d382f0b39101f36b656d30ad2f0,
+    python/sglang/srt/mem_cache/memory_pool_host.py): an exists the moment
+    it is published found no tallies (KeyError) before."""
+    from sglang_pools import storage_config
+    from ferry.adapters.sglang import FerryHiCacheStorage
+    b = FerryHiCacheStorage(storage_config({"ferry_store": "sgl"}, mla=True), {})
+    seen = []
+
+    def on_publish(key):
+        seen.append(b.batch_exists(page_hashes(list(range(8)), 4)))
+        seen.append(b.ferry_stats()[key]["pages"]["exists"])
+
+    b._pools = _Publishing(b._pools, on_publish)
+    b.register_mem_pool_host(LogicalHost(page=4))
+    assert seen == [0, 2]
+    b.close()
