@@ -1,5 +1,6 @@
 """ferry's SGLang backend against host pools whose pages are not all in
-kv_buffer, and against the controller's attach / detach cycle.
+kv_buffer (or in a row pool's rows), and against a pool that registers
+while other threads call the backend.
 
 Upstream files mirrored (sgl-project/sglang, the newest stored versions
 the reference index holds):
@@ -39,14 +40,15 @@ the page's: ferry refuses the pool when it registers, naming why.
 import pytest
 import torch
 
-from ferry.adapters import registered_store, unregister_store
-from sglang_pools import MHAHost, MLAHost, create_backend, fill, indices, page_hashes
+from ferry.adapters import _sglang_base as base, registered_store, unregister_store
+from sglang_pools import (LogicalHost, MambaHost, MHAHost, MLAHost, V4RowsHost, create_backend,
+                          fill, indices, page_hashes)
 
 
 @pytest.fixture(autouse=True)
 def _clean():
     yield
-    for n in ("sgl", "sgl.mamba"):
+    for n in ("sgl", "sgl.mamba", "sgl.deepseek_v4_c4_indexer"):
         s = unregister_store(n)
         if s is not None:
             s.close()
@@ -139,3 +141,139 @@ def test_k_and_v_of_two_head_dims_are_refused_naming_them():
     with pytest.raises(ValueError, match="head_dim 64, v_head_dim 32"):
         create_backend({"ferry_store": "sgl", "ferry_l1": "4M"}, {"kv": AsymmetricHost()})
     assert registered_store("sgl") is None
+
+
+class _Publishing(dict):
+    """A pool table that lets a caller in the moment a pool is published,
+    as another thread may: SGLang's HybridCacheController.
+    register_host_pool_entry (sgl-project/sglang 00343773d3293d382f0b39101f36b656d30ad2f0,
+    python/sglang/srt/mem_cache/hybrid_cache/hybrid_cache_controller.py)
+    registers a sidecar pool with register_mem_host_pool_v2 while the
+    controller's prefetch and backup threads run, and ferry_stats may be
+    read from any thread."""
+
+    def __init__(self, old, on_publish):
+        super().__init__(old)
+        self.on_publish = on_publish
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self.on_publish(key)
+
+
+def test_a_pool_is_published_only_with_its_counts():
+    """Before, _register put the pool in the table and then made its page
+    counts: a page move or ferry_stats in between raised KeyError (in
+    SGLang's backup thread, which catches nothing)."""
+    kv = MHAHost("page_first", 4)
+    b = create_backend({"ferry_store": "sgl", "ferry_l1": "4M"}, {"kv": kv})
+    mamba = MambaHost()
+    mamba.fill(3)
+    h = page_hashes(list(range(4)), 4)
+    seen = []
+
+    def on_publish(key):
+        if key != "mamba":
+            return
+        t = base.PoolTransfer(name=base.PoolName.MAMBA, host_indices=torch.tensor([2]),
+                              keys=h)
+        seen.append(b.batch_set_v2([t]))
+        seen.append(b.ferry_stats()["mamba"]["pages"]["stored"])
+
+    b._pools = _Publishing(b._pools, on_publish)
+    b.register_mem_host_pool_v2(mamba, base.PoolName.MAMBA)
+    assert seen == [{base.PoolName.MAMBA: [True]}, 1]
+    b.close()
+
+
+def test_ferry_stats_while_a_pool_registers():
+    """ferry_stats walked the live pool table, with the counts read before
+    it: a pool registered meanwhile (another thread) made it raise
+    (RuntimeError: the table changed size, or KeyError: no counts)."""
+    kv = MHAHost("page_first", 4)
+    b = create_backend({"ferry_store": "sgl", "ferry_l1": "4M"}, {"kv": kv})
+    store, stats = b._pools["kv"][1], b._pools["kv"][1].stats
+
+    def registering():      # the other thread, between two reads of ferry_stats
+        if "mamba" not in b._pools:
+            b.register_mem_host_pool_v2(MambaHost(), base.PoolName.MAMBA)
+        return stats()
+
+    store.stats = registering
+    got = b.ferry_stats()       # the pools it found when it began
+    assert set(got) == {"kv"}
+    assert got["kv"]["pages"]["set"] == 0
+    assert set(b.ferry_stats()) == {"kv", "mamba"}
+    del store.stats
+    b.close()
+
+
+def test_a_row_pool_with_its_scales_beside_kv_buffer_is_refused():
+    """DeepSeekV4PagedHostPool.attach_scale_buffers (sgl-project/sglang
+    00343773d3293d382f0b39101f36b656d30ad2f0, python/sglang/srt/mem_cache/
+    memory_pool_host.py: the NPU C4 indexer's int8 K in kv_buffer, its fp16
+    scales in scale_kv_buffer [pages][layers][1][scale_item_bytes] for a
+    page_first pool) moves the scales beside the rows, but get_data_page /
+    set_from_flat_data_page (what ferry stores of a row pool) hold
+    kv_buffer's rows only. Stored, a page would come back with the slot's
+    old scales: the pool is refused when it registers, naming them."""
+    rows = V4RowsHost("page_first", 4)
+    rows.scale_item_bytes = 4 * 2
+    rows.scale_kv_buffer = torch.zeros((rows.num_host_pages, rows.layer_num, 1,
+                                        rows.scale_item_bytes), dtype=torch.uint8)
+    pools = {"kv": LogicalHost(page=4), "deepseek_v4_c4_indexer": rows}
+    with pytest.raises(ValueError, match="scale_kv_buffer"):
+        create_backend({"ferry_store": "sgl", "ferry_l1": "4M"}, pools, mla=True)
+    assert registered_store("sgl.deepseek_v4_c4_indexer") is None
+
+
+def test_a_row_pool_without_scale_buffers_still_registers():
+    rows = V4RowsHost("page_first", 4)
+    rows.scale_kv_buffer = None          # attach_scale_buffers never called
+    pools = {"kv": LogicalHost(page=4), "deepseek_v4_c4_indexer": rows}
+    b = create_backend({"ferry_store": "sgl", "ferry_l1": "4M"}, pools, mla=True)
+    assert set(b._pools) == {"kv", "deepseek_v4_c4_indexer"}
+    b.close()
+
+
+@pytest.mark.parametrize("host", [
+    # page_head MHA (the layout of should_split_heads), fp8 e4m3 KV (SGLang's
+    # store_dtype uint8: size_per_token counts 1 byte an element), and DSA's
+    # fp8 MLA page (override_kv_cache_dim: latent, rope and scale packed in
+    # one uint8 row of kv_buffer, pool_host/mla.py at 01c0ede3)
+    lambda: MHAHost("page_head", 4),
+    lambda: MHAHost("page_first", 4, dtype=torch.uint8),
+    lambda: MLAHost("page_first", 4, dim=656, dtype=torch.uint8),
+], ids=["page_head", "fp8_mha", "dsa_fp8_mla"])
+def test_default_pools_with_size_per_token_are_not_refused(host):
+    pool = sized(host())
+    mla = isinstance(pool, MLAHost)
+    b = create_backend({"ferry_store": "sgl", "ferry_l1": "4M"}, {"kv": pool}, mla=mla)
+    fill(pool.kv_buffer, 4)
+    want = pool.get_data_page(8).clone()
+    h = page_hashes(list(range(4)), 4)
+    assert b.batch_set_v1(h, indices(2, 1, 4)) == [True]
+    pool.kv_buffer.zero_()
+    assert b.batch_get_v1(h, indices(2, 1, 4)) == [True]
+    assert torch.equal(pool.get_data_page(8).view(torch.uint8), want.view(torch.uint8))
+    b.close()
+
+
+def test_a_logical_kv_pool_is_published_only_with_its_counts():
+    """The same order for a logical kv anchor (DeepSeek V4's LogicalHostPool:
+    no store, sgl-project/sglang 00343773d3293d382f0b39101f36b656d30ad2f0,
+    python/sglang/srt/mem_cache/memory_pool_host.py): an exists the moment
+    it is published found no tallies (KeyError) before."""
+    from sglang_pools import storage_config
+    from ferry.adapters.sglang import FerryHiCacheStorage
+    b = FerryHiCacheStorage(storage_config({"ferry_store": "sgl"}, mla=True), {})
+    seen = []
+
+    def on_publish(key):
+        seen.append(b.batch_exists(page_hashes(list(range(8)), 4)))
+        seen.append(b.ferry_stats()[key]["pages"]["exists"])
+
+    b._pools = _Publishing(b._pools, on_publish)
+    b.register_mem_pool_host(LogicalHost(page=4))
+    assert seen == [0, 2]
+    b.close()

@@ -31,7 +31,8 @@ its own page shape:
   tensors of their own dtypes) is stored as its flat page bytes
   (host_pool.get_data_page / set_from_flat_data_page), one copy each way:
   DeepSeek V4's compressed pools too (C4 / C128 KV and indexer, their
-  compress states; a page is a uint8 row of every layer);
+  compress states; a page is a uint8 row of every layer; one that keeps
+  its scales beside the rows, scale_kv_buffer, is refused);
 - a logical pool (DeepSeek V4's KV anchor: page slots, no tensor) has
   no bytes and no store: a page move on it moves nothing and answers
   done, and batch_exists_v2 takes its prefix from the pools that carry
@@ -222,6 +223,14 @@ class _PageMap:
         self.rows = any(hasattr(host, a) for a in ("slot_page_size", "swa_page_size")) or \
             isinstance(buf, (list, tuple))
         if self.rows:
+            if getattr(host, "scale_kv_buffer", None) is not None:
+                # DeepSeekV4PagedHostPool.attach_scale_buffers (the NPU C4
+                # indexer's fp16 scales): beside the rows, and not in the
+                # flat pages ferry stores of a row pool
+                raise ValueError(
+                    f"ferry: SGLang pool {name!r} keeps each page's scales in "
+                    "scale_kv_buffer, outside the rows of kv_buffer that its flat pages "
+                    "hold and ferry moves; this pool's pages cannot be stored")
             self._bytes()
         elif isinstance(buf, torch.Tensor):
             self._kv(buf)
@@ -528,19 +537,22 @@ class FerryHiCacheStorage(HiCacheStorage):
                     f"{pm.chunk_tokens}; it holds {old[0].layout} x {old[0].chunk_tokens}")
             self._pools[key] = (pm, old[1])
             return
+        # a pool is published (self._pools) last: a caller that finds it, on
+        # another thread (SGLang registers sidecar pools while its prefetch and
+        # backup threads run), finds its counts
         if pm.logical:      # no bytes: no store; the other pools carry the pages
-            self._pools[key] = (pm, None)
             self._counts[key] = dict(exists=0, hit=0, get=0, got=0, set=0, stored=0)
             self._tallies[key] = []
+            self._pools[key] = (pm, None)
             return
         store = self._store_for(key, pm)
         if store.layout != pm.layout or store.chunk_tokens != pm.chunk_tokens:
             raise ValueError(
                 f"ferry: SGLang pool {key!r} has pages {pm.layout} x {pm.chunk_tokens} tokens; "
                 f"its store holds {store.layout} x {store.chunk_tokens} tokens")
-        self._pools[key] = (pm, store)
         self._counts[key] = dict(exists=0, hit=0, get=0, got=0, set=0, stored=0)
         self._tallies[key] = []
+        self._pools[key] = (pm, store)
 
     def _store_for(self, key, pm):
         reg = self._name if key == "kv" else f"{self._name}.{key}"
@@ -1061,18 +1073,22 @@ class FerryHiCacheStorage(HiCacheStorage):
         """{pool: {"pages": the adapter's page counts (exists, hit, get, got,
         set, stored), "store": that pool's KVStore.stats()}}."""
         out = {}
-        for key in list(self._tallies):
+        # copies: another thread may register a pool meanwhile. The pools
+        # first, then the counts: a pool is published after its counts
+        # (_register), so each pool taken here has them
+        pools = list(self._pools.items())
+        for key, _ in pools:
             self._fold(key)
         with self._lock:
-            counts = {k: dict(v) for k, v in self._counts.items()}
-        for key, (_, store) in self._pools.items():
+            counts = {k: dict(v) for k, v in list(self._counts.items())}
+        for key, (_, store) in pools:
             out[key] = {"pages": counts[key], "store": store and store.stats()}
         return out
 
     def clear(self):
         """Empty every pool's store (a shared daemon's cache too: every rank's)."""
         seen = set()
-        for _, store in self._pools.values():
+        for _, store in list(self._pools.values()):    # a copy: a pool may register meanwhile
             if store is not None and id(store) not in seen:
                 seen.add(id(store))
                 store.clear()
