@@ -1606,6 +1606,58 @@ static void test_read_ahead_spared_until_acquired(void **state)
     ft_srv_close(&v);
 }
 
+/* ---- a write-through that cannot be queued ---- */
+
+/* no memory for the daemon's write-through jobs: the chunks are stored in
+ * L1 and the client told so, and each write-through not made is counted
+ * as the L2 tier's failure (kv.h), not dropped without a trace */
+static void test_write_through_without_memory(void **state)
+{
+    (void)state;
+    assert_int_not_equal(sizeof(ferry__kv_job), sizeof(ferry__kv_entry));
+    char l2[300];
+    snprintf(l2, sizeof l2, "%s/l2wt", g_dir);
+    assert_int_equal(mkdir(l2, 0700), 0);
+    ft_alloc_install(0, 0);
+    srv v;
+    ferry_kv_config kc = store_config(8);
+    kc.l2_dir = l2;
+    kc.l2_bytes = 64 * CHUNK;
+    srv_start_cfg(&v, &kc, 0, 0);
+    ferry_kv_config c = client_config();
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    hbuf h;
+    hbuf_init(&h, 4 * CT, 6);
+    int32_t tok[4 * CT];
+    make_tokens(tok, 4 * CT, 8700);
+    /* (the client's buffers grown first: none of them may fail below) */
+    assert_int_equal(ferry_kv_store(kv, tok, 4 * CT, NULL, &h.b), 4 * CT);
+    FT_ASSERT_OK(ferry_kv_flush(kv));
+    make_tokens(tok, 4 * CT, 8800);
+    ft_alloc_fail_size(sizeof(ferry__kv_job));
+    int st[4];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = 4;
+    int src = ferry_kv_store(kv, tok, 4 * CT, &r, &h.b);
+    if (src != 4 * CT)
+        fprintf(stderr, "store: %d: %s\n", src, ferry_kv_last_error(kv));
+    assert_int_equal(src, 4 * CT);
+    FT_ASSERT_OK(ferry_kv_flush(kv));
+    ft_alloc_fail_size(0);
+    assert_true(ft_alloc_failures() >= 4);
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(ferry_serve_kv(v.s), &m));
+    assert_int_equal(m.tier[FERRY_KV_TIER_L2].chunks, 4); /* the first store's only */
+    assert_int_equal(m.tier[FERRY_KV_TIER_L2].failures, 4);
+    assert_true(m.failures >= 4);
+    ferry_kv_close(kv);
+    ft_srv_close(&v);
+    free(h.mem);
+    ft_alloc_reset();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1628,6 +1680,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stale_release, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wait_and_why, setup, teardown),
         cmocka_unit_test_setup_teardown(test_read_ahead_spared_until_acquired, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_write_through_without_memory, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
