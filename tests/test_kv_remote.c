@@ -760,6 +760,38 @@ static void bad_and_unreachable_remotes(void **state)
     ft_redis_destroy(&s);
 }
 
+/* A chunk is one remote value: a geometry whose chunks would be over
+ * Redis's 512 MiB string limit is refused at open, before anything is
+ * allocated or connected, naming the chunk's size, the limit and the
+ * largest chunk_tokens that fits; that one opens. */
+static void chunks_over_the_value_limit_refused_at_open(void **state)
+{
+    (void)state;
+    char url[128];
+    ferry_kv_config c = remote_config(&g_srv, url, sizeof url, "big:", 1);
+    uint64_t per = 0;
+    FT_ASSERT_OK(ferry_kv_layout_chunk_bytes(&c.layout, 1, &per));
+    c.chunk_tokens = (uint32_t)(FERRY_REMOTE_VALUE_MAX / per) + 1;
+    c.l1_bytes = (uint64_t)c.chunk_tokens * per + 4096;
+    ferry_kv *kv = NULL;
+    assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
+    assert_null(kv);
+    const char *msg = ferry_last_error();
+    char bytes[32];
+    snprintf(bytes, sizeof bytes, "%llu bytes", (unsigned long long)c.chunk_tokens * per);
+    assert_non_null(strstr(msg, bytes));
+    assert_non_null(strstr(msg, "536870912"));
+    const char *at = strstr(msg, "chunk_tokens ");
+    assert_non_null(at);
+    unsigned long most = strtoul(at + strlen("chunk_tokens "), NULL, 10);
+    assert_true(most > 0 && most < c.chunk_tokens);
+    c.chunk_tokens = (uint32_t)most + 1;
+    assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
+    c.chunk_tokens = (uint32_t)most;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv)); /* (its L1 is never touched here) */
+    ferry_kv_close(kv);
+}
+
 /* ---- passwords, refused writes, killed servers ---- */
 
 /* every log line (at trace level) that contains the needle */
@@ -1254,6 +1286,7 @@ int main(void)
         cmocka_unit_test(stopped_server_degrades_then_recovers),
         cmocka_unit_test(hung_server_answers_misses),
         cmocka_unit_test(bad_and_unreachable_remotes),
+        cmocka_unit_test(chunks_over_the_value_limit_refused_at_open),
         cmocka_unit_test(passwords_never_shown_and_noauth_fails_open),
         cmocka_unit_test(server_kills_count_in_remote_errors),
         cmocka_unit_test(metrics_and_prometheus),

@@ -525,6 +525,61 @@ static void killed_server_mid_traffic(void **state)
     ft_redis_destroy(&s);
 }
 
+/* A value longer than Redis's default 512 MiB limit (a server whose
+ * proto-max-bulk-len was raised, written by another client) is no value
+ * ferry writes: its read is refused as such, naming the key, the size and
+ * the limit, without reading it and without taking the remote down; and
+ * a put of one is refused before anything is queued, naming the same. */
+static void values_over_the_limit(void **state)
+{
+    (void)state;
+    static const char *const args[] = {"--proto-max-bulk-len", "1gb", NULL};
+    ft_redis s;
+    if (ft_redis_start(&s, args) != 0)
+        skip();
+    /* the server copies the whole value into its reply before the first
+     * byte of it goes: time enough for that */
+    char url[128];
+    ferry_remote_options o = opts(LAYOUT_A, "big:");
+    o.command_timeout_ms = 10000;
+    ferry_remote *r = NULL;
+    FT_ASSERT_OK(ferry_remote_open(ft_redis_url(&s, 0, url, sizeof url), &o, &r));
+    uint8_t good[512], dst[4096];
+    ft_fill_pattern(good, sizeof good, 5);
+    FT_ASSERT_OK(ferry_remote_put_sync(r, "good", 4, good, sizeof good));
+    /* one byte over: SETRANGE grows the value with zeros on the server */
+    char off[32];
+    snprintf(off, sizeof off, "%llu", (unsigned long long)FERRY_REMOTE_VALUE_MAX);
+    const char *argv[] = {"SETRANGE", "big:huge", off, "x", NULL};
+    assert_int_equal(ft_redis_cmd(&s, NULL, 0, argv), REDIS_REPLY_INTEGER);
+    memset(dst, 0xee, sizeof dst);
+    assert_int_equal(ferry_remote_get(r, "huge", 4, dst, sizeof dst), FERRY_ECORRUPT);
+    const char *msg = ferry_remote_last_error(r);
+    assert_non_null(strstr(msg, "huge"));
+    assert_non_null(strstr(msg, "536870913"));
+    assert_non_null(strstr(msg, "536870912"));
+    for (size_t i = 0; i < sizeof dst; i++)
+        assert_int_equal(dst[i], 0xee); /* not a byte of it */
+    ferry_remote_stats m = metrics(r);
+    assert_int_equal(m.down, 0);
+    assert_int_equal(m.corrupt, 1);
+    /* the connection it came on was closed, not left out of step */
+    assert_int_equal(ferry_remote_get(r, "good", 4, dst, sizeof dst), (int)sizeof good);
+    assert_memory_equal(dst, good, sizeof good);
+    /* a put of a payload that would make such a value */
+    size_t over = FERRY_REMOTE_VALUE_MAX - FERRY_REMOTE_HEADER_FIXED - strlen(LAYOUT_A) + 1;
+    uint8_t *big = malloc(over); /* (never touched: refused before a byte is read) */
+    assert_non_null(big);
+    assert_int_equal(ferry_remote_put(r, "p", 1, big, over), -EINVAL);
+    free(big);
+    msg = ferry_remote_last_error(r);
+    assert_non_null(strstr(msg, "put p"));
+    assert_non_null(strstr(msg, "536870912"));
+    assert_int_equal(metrics(r).down, 0);
+    ferry_remote_close(r);
+    ft_redis_destroy(&s);
+}
+
 int main(void)
 {
     if (!ft_redis_available()) {
@@ -534,6 +589,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(foreign_values_are_never_data),
         cmocka_unit_test(oversized_value_on_the_first_lazy_call),
+        cmocka_unit_test(values_over_the_limit),
         cmocka_unit_test(read_only_acl_user),
         cmocka_unit_test(slow_server_is_a_miss_then_in_step),
         cmocka_unit_test(writers_and_vandals_never_give_wrong_bytes),

@@ -3,7 +3,8 @@
  * lookup and retrieve assertions on an in-process store and through a
  * daemon; a client killed mid-store; the daemon killed and restarted on a
  * persistent L2; bad frames, slots not held, a client that never reads,
- * more connections than allowed, another uid, a lock that outlived its TTL.
+ * more connections than allowed, another uid, a lock that outlived its TTL,
+ * a client's read-ahead spared under pressure until its ACQUIRE.
  */
 /* ferry-test-labels: concurrent */
 /* ferry-test-timeout: 300 */
@@ -1485,6 +1486,178 @@ static void test_wait_and_why(void **state)
     ft_srv_close(&v);
 }
 
+/* ---- a client's read-ahead, spared until its ACQUIRE ---- */
+
+static uint64_t frozen_clock(void *ctx)
+{
+    (void)ctx;
+    return (uint64_t)1000 * 1000 * 1000 * 1000; /* no hold ever runs out here */
+}
+
+/* 4 chunks from base through client kv, written through to L2 */
+static void store4(ferry_kv *kv, int32_t base, hbuf *h)
+{
+    int32_t tok[4 * CT];
+    make_tokens(tok, 4 * CT, base);
+    assert_int_equal(ferry_kv_store(kv, tok, 4 * CT, NULL, &h->b), 4 * CT);
+    FT_ASSERT_OK(ferry_kv_flush(kv));
+}
+
+/* the tier each of the 4 chunks from base is found in (every one is there;
+ * the lookup touches them, as an engine's does) */
+static void tiers4(ferry_kv *kv, int32_t base, uint8_t *tiers)
+{
+    int32_t tok[4 * CT];
+    make_tokens(tok, 4 * CT, base);
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.tiers = tiers;
+    r.max_chunks = 4;
+    assert_int_equal(ferry_kv_lookup(kv, tok, 4 * CT, &r), 4 * CT);
+}
+
+static void assert_tier4(ferry_kv *kv, int32_t base, int tier)
+{
+    uint8_t t[4];
+    tiers4(kv, base, t);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(t[i], tier);
+}
+
+/* a raw request of type t over the 4 chunks from base (ch: their ids and,
+ * for a RELEASE, their slots); the reply is left in r->rd */
+static void raw4(raw *r, int t, int32_t base, ferry__proto_chunk *ch)
+{
+    int32_t tok[4 * CT];
+    make_tokens(tok, 4 * CT, base);
+    ferry_kv_hash id[4];
+    ids_of(tok, 4 * CT, id);
+    for (int i = 0; i < 4; i++)
+        ch[i].id = id[i];
+    raw_chunks(r, t, ch, 4);
+    int32_t rc;
+    char msg[256];
+    assert_int_equal(raw_reply(r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(r->h.type, t | FERRY__PROTO_REPLY);
+    assert_true(rc >= 0);
+}
+
+/*
+ * The chunks a client's PREFETCH landed are what its retrieve acquires
+ * next: while other clients store, an LRU pool would evict them first and
+ * the drive read them again. They are spared as an in-process retrieve's
+ * read-ahead is, and only until acquired: a chunk acquired and released is
+ * an ordinary chunk, evicted in LRU order.
+ */
+static void test_read_ahead_spared_until_acquired(void **state)
+{
+    (void)state;
+    enum { A = 100, S = 2000, C = 4000, D = 6000, E = 8000 }; /* 4 chunks each */
+    char l2[300];
+    snprintf(l2, sizeof l2, "%s/l2ra", g_dir);
+    assert_int_equal(mkdir(l2, 0700), 0);
+    srv v;
+    ferry_kv_config kc = store_config(8);
+    kc.l2_dir = l2;
+    kc.l2_bytes = 64 * CHUNK;
+    kc.watermark = 1.0; /* evict only when full, one chunk at a time */
+    kc.evict_fraction = 1.0 / 16;
+    srv_start_cfg(&v, &kc, 0, 0);
+    ferry__kv_set_clock(ferry_serve_kv(v.s), frozen_clock, NULL);
+    ferry_kv_config c = client_config();
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    hbuf h;
+    hbuf_init(&h, 4 * CT, 9);
+    store4(kv, A, &h);
+    store4(kv, S, &h);
+    store4(kv, C, &h); /* the pool holds 8: A went to L2 */
+    assert_tier4(kv, A, FERRY_KV_TIER_L2);
+    raw r;
+    FT_ASSERT_OK(raw_connect(&r));
+    raw_hello(&r, 1);
+    ferry__proto_chunk ch[4];
+    memset(ch, 0, sizeof ch);
+    raw4(&r, FERRY__P_PREFETCH, A, ch);
+    FT_ASSERT_OK(ferry_kv_flush(ferry_serve_kv(v.s))); /* A landed, in S's slots */
+    assert_tier4(kv, C, FERRY_KV_TIER_L1); /* C touched after A landed */
+    /* another client's store needs 4 slots: C goes, not the read-ahead */
+    store4(kv, D, &h);
+    assert_tier4(kv, C, FERRY_KV_TIER_L2);
+    raw4(&r, FERRY__P_ACQUIRE, A, ch);
+    assert_int_equal(ferry__proto_get_u32(&r.rd), 4);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal((int32_t)ferry__proto_get_u32(&r.rd), 0);
+        ch[i].slot = ferry__proto_get_u64(&r.rd);
+        ch[i].gen = ferry__proto_get_u64(&r.rd);
+        assert_int_equal(ferry__proto_get_u8(&r.rd), FERRY_KV_TIER_L1); /* no second read */
+    }
+    raw4(&r, FERRY__P_RELEASE, A, ch);
+    assert_int_equal(ferry__proto_get_u32(&r.rd), 4);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal((int32_t)ferry__proto_get_u32(&r.rd), 0);
+    /* consumed: A is the least recently used now, and goes first */
+    assert_tier4(kv, D, FERRY_KV_TIER_L1);
+    store4(kv, E, &h);
+    assert_tier4(kv, D, FERRY_KV_TIER_L1);
+    assert_tier4(kv, A, FERRY_KV_TIER_L2);
+    raw_close(&r);
+    ferry_kv_close(kv);
+    free(h.mem);
+    ft_srv_close(&v);
+}
+
+/* ---- a write-through that cannot be queued ---- */
+
+/* no memory for the daemon's write-through jobs: the chunks are stored in
+ * L1 and the client told so, and each write-through not made is counted
+ * as the L2 tier's failure (kv.h), not dropped without a trace */
+static void test_write_through_without_memory(void **state)
+{
+    (void)state;
+    assert_int_not_equal(sizeof(ferry__kv_job), sizeof(ferry__kv_entry));
+    char l2[300];
+    snprintf(l2, sizeof l2, "%s/l2wt", g_dir);
+    assert_int_equal(mkdir(l2, 0700), 0);
+    ft_alloc_install(0, 0);
+    srv v;
+    ferry_kv_config kc = store_config(8);
+    kc.l2_dir = l2;
+    kc.l2_bytes = 64 * CHUNK;
+    srv_start_cfg(&v, &kc, 0, 0);
+    ferry_kv_config c = client_config();
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    hbuf h;
+    hbuf_init(&h, 4 * CT, 6);
+    int32_t tok[4 * CT];
+    make_tokens(tok, 4 * CT, 8700);
+    /* (the client's buffers grown first: none of them may fail below) */
+    assert_int_equal(ferry_kv_store(kv, tok, 4 * CT, NULL, &h.b), 4 * CT);
+    FT_ASSERT_OK(ferry_kv_flush(kv));
+    make_tokens(tok, 4 * CT, 8800);
+    ft_alloc_fail_size(sizeof(ferry__kv_job));
+    int st[4];
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = 4;
+    int src = ferry_kv_store(kv, tok, 4 * CT, &r, &h.b);
+    if (src != 4 * CT)
+        fprintf(stderr, "store: %d: %s\n", src, ferry_kv_last_error(kv));
+    assert_int_equal(src, 4 * CT);
+    FT_ASSERT_OK(ferry_kv_flush(kv));
+    ft_alloc_fail_size(0);
+    assert_true(ft_alloc_failures() >= 4);
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(ferry_serve_kv(v.s), &m));
+    assert_int_equal(m.tier[FERRY_KV_TIER_L2].chunks, 4); /* the first store's only */
+    assert_int_equal(m.tier[FERRY_KV_TIER_L2].failures, 4);
+    assert_true(m.failures >= 4);
+    ferry_kv_close(kv);
+    ft_srv_close(&v);
+    free(h.mem);
+    ft_alloc_reset();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1506,6 +1679,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_daemons_racing_for_one_path, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stale_release, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wait_and_why, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_read_ahead_spared_until_acquired, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_write_through_without_memory, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

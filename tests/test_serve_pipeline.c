@@ -18,6 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -488,6 +490,225 @@ static void test_cancel_mid_pipeline(void **state)
     ft_srv_close(&v);
 }
 
+/* ---- stores and retrieves at once, under pressure ---- */
+
+#define WRITERS 6
+#define WROUNDS 8
+
+/* what a writer's store answered, for the parent to hold it to: written
+ * before done is set, so a writer killed mid-store leaves done 0 */
+typedef struct wrec {
+    int rc;
+    int st[NCH];
+    atomic_int done;
+} wrec;
+
+/* the prompt writer c stores in round r: in odd rounds the same as its
+ * neighbour's (c ^ 1), so two writers race for the same chunks */
+static int wprompt(int c, int r)
+{
+    return 100 + (r % 2 ? c / 2 * 2 : c) * 10 + r;
+}
+
+/* a store's answer against kv.h: rc the leading tokens whose chunks are
+ * status 0, the chunk it stopped at declined with a code (never 0), or rc
+ * < 0 with the first chunk declined; 0 when it holds */
+static int store_answer_ok(int rc, const int *st)
+{
+    if (rc < 0)
+        return rc == FERRY_ENOSPACE && st[0] < 0;
+    if (rc % CT || rc > (int)N)
+        return 0;
+    for (int i = 0; i < rc / (int)CT; i++)
+        if (st[i] != 0)
+            return 0;
+    return rc == (int)N || st[rc / CT] < 0;
+}
+
+/* a writer process: each round stores a prompt of its own, then reads it
+ * and a prompt every writer reads back; exit 0, 1 on a wrong byte, 5 on a
+ * store answer that breaks the contract */
+static void writer_run(int c, wrec *tab, int forever)
+{
+    ferry_kv_config cfg = client_config(g_sock);
+    cfg.pool_wait_ms = c % 2 ? 0 : 2; /* declines at once, or nearly */
+    ferry_kv *kv = NULL;
+    if (ferry_kv_open(&cfg, &kv) < 0)
+        _exit(3);
+    unsigned char *shared = prompt_bytes(c % PROMPTS);
+    for (int r = 0; forever || r < WROUNDS; r++) {
+        int p = wprompt(c, r % WROUNDS);
+        int32_t t[N];
+        prompt_tokens(p, t);
+        unsigned char *m = prompt_bytes(p);
+        ferry_kv_buffer b = buffer_of(m);
+        wrec *w = &tab[c * WROUNDS + r % WROUNDS];
+        ferry_kv_req q = FERRY_KV_REQ_INIT;
+        q.status = w->st;
+        q.max_chunks = NCH;
+        w->rc = ferry_kv_store(kv, t, N, &q, &b);
+        if (!store_answer_ok(w->rc, w->st)) {
+            fprintf(stderr, "writer %d round %d: store answered %d, chunk 0 status %d: %s\n", c,
+                    r, w->rc, w->st[0], ferry_kv_last_error(kv));
+            _exit(5);
+        }
+        if (!forever)
+            atomic_store(&w->done, 1);
+        if (retrieve_checked(kv, p, m) < 0 || retrieve_checked(kv, c % PROMPTS, shared) < 0)
+            _exit(1);
+        free(m);
+    }
+    ferry_kv_close(kv);
+    free(shared);
+    _exit(0);
+}
+
+/* retrieve prompt p: each chunk's status into st; -1 on a wrong byte */
+static int retrieve_status(ferry_kv *kv, int p, const unsigned char *want, int *st)
+{
+    int32_t t[N];
+    prompt_tokens(p, t);
+    static unsigned char got[PLANES * N * TB];
+    memset(got, 0, sizeof got);
+    ferry_kv_buffer b = buffer_of(got);
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = NCH;
+    if (ferry_kv_retrieve(kv, t, N, &r, &b) < 0)
+        return 0;
+    for (size_t i = 0; i < NCH; i++)
+        for (unsigned pl = 0; pl < PLANES; pl++) {
+            size_t off = ((size_t)pl * N + i * CT) * TB;
+            if (memcmp(got + off, st[i] == 0 ? want + off : got + off, CT * TB) != 0)
+                return -1;
+        }
+    return 0;
+}
+
+/*
+ * Several engines on one small pool: writers storing prompts longer than
+ * the pool and reading them back at once, while this process holds a
+ * layerwise store's window reserved and a layerwise retrieve's chunks
+ * acquired and never lets either go, and later writers killed mid-store or
+ * mid-retrieve. Every store answers by the contract (a chunk not stored
+ * is declined with a code, never a silent 0), no byte is ever wrong, and
+ * every chunk a store answered 0 for is found afterwards, exact.
+ */
+static void test_stores_and_retrieves_at_once(void **state)
+{
+    (void)state;
+    srv v;
+    {
+        ferry_kv_config kc = store_config();
+        kc.l2_dir = g_l2;
+        kc.l2_bytes = 8 * WRITERS * WROUNDS * NCH * CHUNK;
+        ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
+        sc.socket_path = g_sock;
+        sc.kv = &kc;
+        ft_srv_open(&v, &sc);
+    }
+    store_prompts();
+    wrec *tab = mmap(NULL, 2 * WRITERS * WROUNDS * sizeof *tab, PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(tab != MAP_FAILED);
+    memset(tab, 0, 2 * WRITERS * WROUNDS * sizeof *tab);
+    /* a client that never lets go: a prefill's window and a retrieve's chunks */
+    ferry_kv_config hc = client_config(g_sock);
+    ferry_kv *hog = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&hc, &hog));
+    int32_t ht[4 * CT], pt[N];
+    for (size_t i = 0; i < 4 * CT; i++)
+        ht[i] = 77000000 + (int32_t)i;
+    prompt_tokens(0, pt);
+    unsigned char *hm = prompt_bytes(0);
+    ferry_kv_buffer hb = buffer_of(hm);
+    static unsigned char hgot[PLANES * N * TB];
+    ferry_kv_buffer hg = buffer_of(hgot);
+    ferry_kv_op *hs = NULL, *hr = NULL;
+    FT_ASSERT_OK(ferry_kv_store_layers(hog, ht, 4 * CT, NULL, &hb, NULL, &hs));
+    FT_ASSERT_OK(ferry_kv_retrieve_layers(hog, pt, 2 * CT, NULL, &hg, NULL, &hr));
+    pid_t pid[WRITERS];
+    for (int c = 0; c < WRITERS; c++) {
+        pid[c] = fork();
+        assert_true(pid[c] >= 0);
+        if (pid[c] == 0)
+            writer_run(c, tab, 0);
+    }
+    for (int c = 0; c < WRITERS; c++) {
+        int ws;
+        assert_int_equal(waitpid(pid[c], &ws, 0), pid[c]);
+        assert_true(WIFEXITED(ws));
+        assert_int_equal(WEXITSTATUS(ws), 0);
+    }
+    ferry_kv_op_free(hs);
+    ferry_kv_op_free(hr);
+    ferry_kv_close(hog);
+    /* writers killed mid-op: what they finished is held to the same */
+    unsigned seed = (unsigned)time(NULL);
+    fprintf(stderr, "seed %u\n", seed);
+    srand(seed);
+    wrec *tab2 = tab + WRITERS * WROUNDS;
+    for (int round = 0; round < 4; round++) {
+        for (int c = 0; c < 2; c++) {
+            pid[c] = fork();
+            assert_true(pid[c] >= 0);
+            if (pid[c] == 0)
+                writer_run(c, tab2, 1);
+        }
+        usleep(5000 + (useconds_t)(rand() % 60000));
+        for (int c = 0; c < 2; c++) {
+            int ws;
+            kill(pid[c], SIGKILL);
+            assert_int_equal(waitpid(pid[c], &ws, 0), pid[c]);
+            assert_true(WIFSIGNALED(ws)); /* an exit: a wrong byte or a broken answer */
+        }
+    }
+    ferry_serve_stats ss = FERRY_SERVE_STATS_INIT;
+    for (int i = 0; i < 500; i++) {
+        FT_ASSERT_OK(ferry_serve_stats_get(v.s, &ss));
+        if (ss.clients == 0)
+            break;
+        usleep(10000);
+    }
+    assert_int_equal(ss.clients, 0);
+    /* every chunk a finished store answered 0 for is there, exact */
+    ferry_kv_config fc = client_config(g_sock);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&fc, &kv));
+    FT_ASSERT_OK(ferry_kv_flush(kv));
+    long stored = 0, declined = 0;
+    for (int c = 0; c < WRITERS; c++)
+        for (int r = 0; r < WROUNDS; r++) {
+            wrec *w = &tab[c * WROUNDS + r];
+            assert_int_equal(atomic_load(&w->done), 1);
+            unsigned char *m = prompt_bytes(wprompt(c, r));
+            int st[NCH];
+            assert_int_equal(retrieve_status(kv, wprompt(c, r), m, st), 0);
+            for (int i = 0; i < NCH; i++) {
+                if (w->st[i] == 0 && st[i] != 0)
+                    fprintf(stderr, "writer %d round %d chunk %d: stored, now %d\n", c, r, i,
+                            st[i]);
+                assert_true(w->st[i] != 0 || st[i] == 0);
+                stored += w->st[i] == 0;
+                declined += w->st[i] != 0;
+            }
+            free(m);
+        }
+    fprintf(stderr, "%ld chunks stored, %ld declined, by %d writers at once\n", stored,
+            declined, WRITERS);
+    ferry_kv_close(kv);
+    for (int c = 0; c < WRITERS; c++)
+        for (int r = 0; r < WROUNDS; r++) {
+            int32_t t[N];
+            prompt_tokens(wprompt(c, r), t);
+            assert_true(ferry_kv_delete(ferry_serve_kv(v.s), t, N, NULL) >= 0);
+        }
+    assert_nothing_held(v.s);
+    munmap(tab, 2 * WRITERS * WROUNDS * sizeof *tab);
+    free(hm);
+    ft_srv_close(&v);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -495,6 +716,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_clients_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_killed_mid_pipeline, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cancel_mid_pipeline, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stores_and_retrieves_at_once, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

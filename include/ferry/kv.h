@@ -114,6 +114,9 @@
  * heads, layers) under one key_prefix use the same keys for the same tokens,
  * so they never read each other's bytes but do replace (and ferry_kv_delete)
  * each other's values; give each layout its own key_prefix to keep both.
+ * A chunk is one value, so a geometry whose chunk and value header exceed
+ * FERRY_REMOTE_VALUE_MAX (Redis's 512 MiB) is refused at open (-EINVAL
+ * naming the chunk's size and the largest chunk_tokens that fits).
  * What other clients of the server do to a value (overwrite, truncate,
  * SETRANGE, delete, evict, FLUSHALL), even between a lookup and the
  * retrieve, makes that chunk a miss, never other bytes (ferry/remote.h says
@@ -485,8 +488,8 @@ typedef struct ferry_kv ferry_kv;
  * fraction above the watermark, tp_rank not below tp_world, an unknown
  * policy, more than FERRY_KV_WORKERS_MAX workers, an empty l2_dir; l2_dirs
  * with l2_dir, NULL, empty or repeated entries, more than
- * FERRY_KV_L2_DIRS_MAX),
- * FERRY_EBUSY (l2_dir is another open store's), FERRY_EMISMATCH (a
+ * FERRY_KV_L2_DIRS_MAX; with remote_url, a chunk over the remote's value
+ * limit), FERRY_EBUSY (l2_dir is another open store's), FERRY_EMISMATCH (a
  * persistent L2 made for another layout, chunk size, hash seed, model or
  * TP rank/world; nothing is changed, see l2_reset), -ENOMEM, and the
  * slab's errors. *out owned by

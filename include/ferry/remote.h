@@ -119,6 +119,11 @@ typedef struct ferry_remote ferry_remote;
 #define FERRY_REMOTE_KEY_MAX 4096u
 /** Bytes of a value header before the layout bytes. */
 #define FERRY_REMOTE_HEADER_FIXED 48u
+/** Longest value, header included, that ferry writes or reads: Redis's
+ *  default limit on a string (proto-max-bulk-len, 512 MiB). A payload may
+ *  have FERRY_REMOTE_VALUE_MAX - FERRY_REMOTE_HEADER_FIXED - layout_len
+ *  bytes at most. */
+#define FERRY_REMOTE_VALUE_MAX ((size_t)512 << 20)
 /** Number of Redis Cluster hash slots. */
 #define FERRY_REMOTE_SLOTS 16384u
 
@@ -248,8 +253,10 @@ FERRY_API void ferry_remote_close(ferry_remote *r);
  * network. Returns 0 when queued; FERRY_ENOSPACE when the queue is full
  * (the put is dropped and counted); -EAGAIN when the remote is down and
  * backing off (dropped without copying, counted); -ENOMEM (dropped);
- * -EINVAL for a NULL/empty key, a key over FERRY_REMOTE_KEY_MAX or data
- * NULL with len > 0. A queued put may still be dropped by the writer when
+ * -EINVAL for a NULL/empty key, a key over FERRY_REMOTE_KEY_MAX, data
+ * NULL with len > 0, or a value over FERRY_REMOTE_VALUE_MAX with its header
+ * (the message names the key, both sizes and the most a payload may
+ * have). A queued put may still be dropped by the writer when
  * the remote goes down or refuses it (stats.dropped). Thread-safe.
  * A later put of the same key replaces the value.
  */
@@ -271,8 +278,10 @@ FERRY_API int ferry_remote_put_sync(ferry_remote *r, const void *key, size_t key
  * remote is down (answered at once while backing off, or after at most the
  * timeouts when the failure happens during this call; the message says
  * which). FERRY_EMISMATCH: the value was stored for another layout or key.
- * FERRY_ECORRUPT: it failed a checksum or is malformed. FERRY_EVERSION: a
- * newer format. FERRY_EREMOTE: the server answered an error (e.g.
+ * FERRY_ECORRUPT: it failed a checksum or is malformed (or is longer than
+ * FERRY_REMOTE_VALUE_MAX, on a server whose limit was raised: refused
+ * unread, its connection dropped, the remote not marked down).
+ * FERRY_EVERSION: a newer format. FERRY_EREMOTE: the server answered an error (e.g.
  * WRONGTYPE). -ENOBUFS: cap is smaller than the payload (the message says
  * how big it is). On every failure dst may have been written to but holds
  * nothing the caller should use.

@@ -153,8 +153,10 @@ int ferry_kv_retrieve_async(ferry_kv *kv, const int32_t *tokens, size_t n,
  * to prefetch_max bytes in flight, in order. Leading mode (the public
  * prefetch) stops at the first chunk that is not cached or does not fit;
  * otherwise (a retrieve's read-ahead) it skips those. Leading 2 (the
- * daemon's reads for a client's ACQUIRE and PREFETCH) is leading mode
- * with the read-ahead's budget. queued[i] (when
+ * daemon's reads for a client's ACQUIRE and PREFETCH: its retrieve's
+ * read-ahead) is leading mode with the read-ahead's budget, and what it
+ * lands is spared as a retrieve's read-ahead is (kv_impl.h: ahead_until)
+ * until an ACQUIRE holds it. queued[i] (when
  * non-NULL) gets the source tier of each chunk queued. Returns the leading tokens that
  * are in L1 or on their way.
  */
@@ -209,7 +211,7 @@ size_t ferry__kv_prefetch_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch
         j->e = e;
         j->l1_loc = slot;
         j->src_tier = src;
-        j->ahead = !leading;
+        j->ahead = leading != 1; /* a retrieve's, in process or a client's */
         *tail = j;
         tail = &j->next;
         if (queued)

@@ -91,6 +91,41 @@ void ferry__kv_free(ferry_kv *kv)
     ferry__free(kv);
 }
 
+/* everything that makes the bytes of a chunk mean something, into fp
+ * (FERRY_REMOTE_LAYOUT_MAX bytes): a value written under another
+ * fingerprint is refused as a miss. Its length. */
+static size_t remote_fingerprint(const ferry_kv *kv, char *fp)
+{
+    int fl = snprintf(fp, FERRY_REMOTE_LAYOUT_MAX,
+                      "ferry-kv/1;layers=%u;kv=%u;heads=%u;head_dim=%u;dtype=%s;chunk_tokens=%u;"
+                      "seed=%016llx;tp=%u/%u;model=%s",
+                      kv->layout.num_layers, kv->layout.kv, kv->layout.num_heads,
+                      kv->layout.head_dim, ferry_dtype_name(kv->layout.dtype), kv->chunk_tokens,
+                      (unsigned long long)kv->seed, kv->tp_rank, kv->tp_world, kv->model);
+    return fl < 0 ? 0 : FERRY__MIN((size_t)fl, (size_t)FERRY_REMOTE_LAYOUT_MAX - 1);
+}
+
+/* a chunk is one remote value: one over Redis's limit would make every
+ * write-through fail, so such a store is refused before anything opens */
+static int remote_chunk_fits(ferry_kv *kv)
+{
+    char fp[FERRY_REMOTE_LAYOUT_MAX];
+    uint64_t hdr = FERRY_REMOTE_HEADER_FIXED + remote_fingerprint(kv, fp);
+    uint64_t max = FERRY_REMOTE_VALUE_MAX - hdr;
+    if (kv->chunk_bytes <= max)
+        return 0;
+    uint64_t per_token = kv->chunk_bytes / kv->chunk_tokens;
+    return ferry__err_set(&kv->err, -EINVAL,
+                          "kv open: remote tier: a chunk of %u tokens is %llu bytes, a value of "
+                          "%llu bytes with its header: over Redis's 512 MiB string limit "
+                          "(FERRY_REMOTE_VALUE_MAX, %zu bytes), so no chunk could be written "
+                          "through; chunk_tokens %llu at most (%llu bytes a token), or no "
+                          "remote_url",
+                          kv->chunk_tokens, (unsigned long long)kv->chunk_bytes,
+                          (unsigned long long)(kv->chunk_bytes + hdr), FERRY_REMOTE_VALUE_MAX,
+                          (unsigned long long)(max / per_token), (unsigned long long)per_token);
+}
+
 /* the remote tier: the caller's options with the store's layout
  * fingerprint and key prefix */
 static int open_remote(ferry_kv *kv, const ferry_kv_config *cfg, const char *url)
@@ -113,17 +148,9 @@ static int open_remote(ferry_kv *kv, const ferry_kv_config *cfg, const char *url
         ro.connect_timeout_ms = 200;
     if (!ro.command_timeout_ms)
         ro.command_timeout_ms = 300;
-    /* everything that makes the bytes of a chunk mean something: a value
-     * written under another fingerprint is refused as a miss */
     char fp[FERRY_REMOTE_LAYOUT_MAX];
-    int fl = snprintf(fp, sizeof fp,
-                      "ferry-kv/1;layers=%u;kv=%u;heads=%u;head_dim=%u;dtype=%s;chunk_tokens=%u;"
-                      "seed=%016llx;tp=%u/%u;model=%s",
-                      kv->layout.num_layers, kv->layout.kv, kv->layout.num_heads,
-                      kv->layout.head_dim, ferry_dtype_name(kv->layout.dtype), kv->chunk_tokens,
-                      (unsigned long long)kv->seed, kv->tp_rank, kv->tp_world, kv->model);
     ro.layout = fp;
-    ro.layout_len = fl < 0 ? 0 : FERRY__MIN((size_t)fl, sizeof fp - 1);
+    ro.layout_len = remote_fingerprint(kv, fp);
     uint64_t cap = cfg->remote_index_chunks ? cfg->remote_index_chunks : 65536;
     return ferry__kv_tier_remote_open(url, &ro, kv->chunk_bytes, kv->slot_bytes, cap, &kv->err,
                                       &kv->tier[FERRY_KV_TIER_REMOTE]);
@@ -282,6 +309,11 @@ static int open_tiers(ferry_kv *kv, const ferry_kv_config *cfg, int persistent, 
 {
     ferry__errbuf *eb = &kv->err;
     uint64_t slot = kv->slot_bytes;
+    if (cfg->remote_url) {
+        int rc = remote_chunk_fits(kv);
+        if (rc < 0)
+            return rc;
+    }
     int rc = ferry__kv_tier_l1_open(shared ? NULL : cfg->device, slot, cfg->l1_bytes / slot,
                                     shared, eb, &kv->tier[FERRY_KV_TIER_L1]);
     if (rc == 0) {

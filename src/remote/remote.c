@@ -322,7 +322,7 @@ static uint64_t work_bytes(const ferry_remote *r, const work *w)
         for (int a = 0; a < w->cmds[i].argc; a++)
             b += w->cmds[i].argvlen[a];
     if (w->get)
-        b += FERRY__MIN(w->get->cap, (size_t)512 << 20) + r->header_len;
+        b += FERRY__MIN(w->get->cap, FERRY_REMOTE_VALUE_MAX) + r->header_len;
     return b;
 }
 
@@ -437,14 +437,21 @@ static void cmd_set(ferry_remote *r, ferry__rcmd *c, const void *k, size_t kl, c
     }
 }
 
-static int check_data(ferry_remote *r, const void *data, size_t len, const char *what)
+static int check_data(ferry_remote *r, const void *key, size_t key_len, const void *data,
+                      size_t len, const char *what)
 {
+    char ks[80];
     if (!data && len)
-        return rfail(r, -EINVAL, "remote %s: %s: NULL data of %zu bytes", r->url.redacted, what,
-                     len);
-    if (len > (512ull << 20) - r->header_len)
-        return rfail(r, -EINVAL, "remote %s: %s: %zu bytes exceed Redis's 512 MiB value limit",
-                     r->url.redacted, what, len);
+        return rfail(r, -EINVAL, "remote %s: %s %s: NULL data of %zu bytes", r->url.redacted,
+                     what, key_str(key, key_len, ks, sizeof ks), len);
+    if (len > FERRY_REMOTE_VALUE_MAX - r->header_len)
+        return rfail(r, -EINVAL,
+                     "remote %s: %s %s: %zu bytes and the %zu-byte header make a value of %zu "
+                     "bytes, over Redis's 512 MiB string limit (FERRY_REMOTE_VALUE_MAX, %zu "
+                     "bytes): at most %zu bytes a value",
+                     r->url.redacted, what, key_str(key, key_len, ks, sizeof ks), len,
+                     r->header_len, len + r->header_len, FERRY_REMOTE_VALUE_MAX,
+                     FERRY_REMOTE_VALUE_MAX - r->header_len);
     return 0;
 }
 
@@ -732,7 +739,7 @@ static int check_put(ferry_remote *r, const void *key, size_t key_len, const voi
     if (!r)
         return ferry__err_set(NULL, -EINVAL, "%s: NULL handle", fn);
     int rc = check_key(r, key, key_len, "put");
-    return rc ? rc : check_data(r, data, len, "put");
+    return rc ? rc : check_data(r, key, key_len, data, len, "put");
 }
 
 int ferry_remote_put(ferry_remote *r, const void *key, size_t key_len, const void *data,
@@ -904,7 +911,7 @@ int ferry_remote_get(ferry_remote *r, const void *key, size_t key_len, void *dst
      * known) reads at most one byte more than dst and the header can take,
      * with GETRANGE: a longer value (another writer's) is refused from its
      * header, not a reply out of bounds that would mark the remote down */
-    size_t fetch = FERRY__MIN(cap, (size_t)512 << 20) + r->header_len;
+    size_t fetch = FERRY__MIN(cap, FERRY_REMOTE_VALUE_MAX) + r->header_len;
     char end[24];
     snprintf(end, sizeof end, "%zu", fetch);
     ferry__rcmd cmd;

@@ -660,8 +660,21 @@ int ferry__rconn_get_into(ferry__rconn *c, ferry__rget *g, uint64_t deadline_ns,
         } else if (line[0] == '$' && line[1] >= '0' && line[1] <= '9' && strlen(line) <= 11) {
             char *end;
             unsigned long long v = strtoull(line + 1, &end, 10);
-            if (*end || v > (512ull << 20)) {
+            if (*end) {
                 io = -EPROTO;
+            } else if (v > FERRY_REMOTE_VALUE_MAX) {
+                /* a server whose limit was raised, another writer's value:
+                 * never ferry's, refused unread (the connection is dropped
+                 * to resynchronize, the remote is not down) */
+                g->kind = FERRY__RGET_VALUE;
+                g->value_len = (size_t)v;
+                ferry__errbuf veb;
+                g->code = ferry__err_set(&veb, FERRY_ECORRUPT,
+                                         "a value of %llu bytes, over the %zu bytes (Redis's "
+                                         "512 MiB string limit) that no ferry value exceeds",
+                                         v, FERRY_REMOTE_VALUE_MAX);
+                memcpy(g->msg, veb.msg, sizeof g->msg);
+                drop = 1;
             } else {
                 g->kind = FERRY__RGET_VALUE;
                 g->value_len = (size_t)v;

@@ -64,6 +64,10 @@ static void *t_calloc(size_t n, size_t s, void *c)
         return NULL;
     if (s && n > (SIZE_MAX - HDR) / s)
         return NULL;
+    if (n * s != 0 && n * s == atomic_load(&g_fail_size)) {
+        atomic_fetch_add(&g_failures, 1);
+        return NULL;
+    }
     return wrap(calloc(1, n * s + HDR), HDR);
 }
 static void t_free(void *p, void *c)

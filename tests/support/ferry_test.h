@@ -24,7 +24,7 @@ void ft_fill_mixed(void *buf, size_t bytes, uint64_t seed);
 /* Install a counting allocator; allocation number fail_at (1-based) and,
  * when sticky, every later one returns NULL. fail_at 0 = never fail. */
 void ft_alloc_install(uint64_t fail_at, int sticky);
-/* With the allocator installed: every malloc of exactly n bytes fails
+/* With the allocator installed: every malloc or calloc of exactly n bytes fails
  * (0: none), beside fail_at's count. */
 void ft_alloc_fail_size(size_t n);
 /* Restore the default allocator. */

@@ -193,6 +193,9 @@ static void hold(ferry_kv *kv, ferry__kv_entry *e, uint64_t now, ferry__kv_entry
     ferry__kv_read_lock(kv, e, now);
     e->refs++;
     l1->policy->ops->touch(l1->policy, e);
+    /* a read-ahead that landed for this acquire is consumed now: it loses
+     * its sparing, as an in-process retrieve's copy-out takes it away */
+    e->ahead_until = 0;
     *out = e;
     *slot = e->loc[FERRY_KV_TIER_L1];
     *gen = kv->l1_gen[*slot];

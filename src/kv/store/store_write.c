@@ -182,6 +182,13 @@ void ferry__kv_write_through(ferry_kv *kv, ferry__kv_entry *e, ferry__kv_job *j,
                              ferry__kv_job *rj, uint64_t now, ferry__kv_job ***tail)
 {
     uint64_t l2loc;
+    /* a tier's job that could not be allocated: that write-through is not
+     * made, so it is counted as that tier's failure (kv.h), never silent */
+    for (int t = FERRY_KV_TIER_L2; t <= FERRY_KV_TIER_REMOTE; t++)
+        if (kv->tier[t] && !(t == FERRY_KV_TIER_L2 ? j : rj)) {
+            atomic_fetch_add(&kv->tier[t]->failures, 1);
+            atomic_fetch_add(&kv->failures, 1);
+        }
     if (j && ferry__kv_reserve(kv, FERRY_KV_TIER_L2, now, &l2loc, RESERVE_NOW) == 0) {
         e->l2_writing = 1;
         kv->l2_writes_inflight++;
