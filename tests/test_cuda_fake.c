@@ -1062,16 +1062,6 @@ static void *open_cuda_in_thread(void *arg)
     return NULL;
 }
 
-static void *release_after_300ms(void *arg)
-{
-    struct timespec ts = {0, 300 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-    char b = 1;
-    if (write(*(int *)arg, &b, 1) != 1)
-        abort();
-    return NULL;
-}
-
 /* the child of a fork taken while a thread of the parent holds the loader
  * lock inside dlopen (a stand-in driver whose constructor blocks until a
  * third thread lets it go) opens and probes cuda: it gets the failed load's
@@ -1096,7 +1086,7 @@ static void a_fork_during_the_load_leaves_the_child_a_usable_loader(void **state
     assert_int_equal(pthread_create(&loader, NULL, open_cuda_in_thread, &la), 0);
     char b = 0;
     assert_int_equal(read(sig[0], &b, 1), 1); /* the loader is inside dlopen, lock held */
-    assert_int_equal(pthread_create(&releaser, NULL, release_after_300ms, &rel[1]), 0);
+    assert_int_equal(pthread_create(&releaser, NULL, ft_write_byte_after_300ms, &rel[1]), 0);
     pid_t ch = fork();
     if (ch == 0) {
         alarm(10); /* a child waiting on the parent's lock dies of SIGALRM */
@@ -1113,15 +1103,12 @@ static void a_fork_during_the_load_leaves_the_child_a_usable_loader(void **state
         _exit(0);
     }
     assert_true(ch > 0);
-    int ws = 0;
-    assert_int_equal(waitpid(ch, &ws, 0), ch);
+    int cx = ft_child_exit(ch);
     pthread_join(releaser, NULL);
     pthread_join(loader, NULL);
-    if (WIFSIGNALED(ws))
-        fail_msg("the forked child died of signal %d (SIGALRM: it hung on the loader lock)",
-                 WTERMSIG(ws));
-    assert_true(WIFEXITED(ws));
-    assert_int_equal(WEXITSTATUS(ws), 0);
+    if (cx < 0)
+        fail_msg("the forked child died of signal %d (SIGALRM: it hung on the loader lock)", -cx);
+    assert_int_equal(cx, 0);
     /* the parent's own load ended as the library deserves */
     assert_int_equal(la.rc, FERRY_ENODEV);
     assert_msg_has(la.msg, "symbol cuInit missing");
@@ -1156,13 +1143,7 @@ static void a_fork_from_inside_the_load_does_not_deadlock(void **state)
         _exit(strstr(ferry_last_error(), "symbol cuInit missing") ? 0 : 3);
     }
     assert_true(subject > 0);
-    int ws = 0;
-    assert_int_equal(waitpid(subject, &ws, 0), subject);
-    if (WIFSIGNALED(ws))
-        fail_msg("the loading process died of signal %d (SIGALRM: deadlocked on its fork)",
-                 WTERMSIG(ws));
-    assert_true(WIFEXITED(ws));
-    assert_int_equal(WEXITSTATUS(ws), 0);
+    FT_ASSERT_CHILD_OK(subject, "the loading process (deadlocked on its fork?)");
 }
 
 int main(void)

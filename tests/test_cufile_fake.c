@@ -712,16 +712,6 @@ static void *probe_in_thread(void *arg)
     return NULL;
 }
 
-static void *release_after_300ms(void *arg)
-{
-    struct timespec ts = {0, 300 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-    char b = 1;
-    if (write(*(int *)arg, &b, 1) != 1)
-        abort();
-    return NULL;
-}
-
 /* the child of a fork taken while a thread of the parent holds cuFile's
  * loader lock inside DriverOpen (the fake's blocks until a third thread
  * lets it go) probes the cufile engine: it gets an answer, where it used
@@ -740,7 +730,7 @@ static void a_fork_during_driver_open_leaves_the_child_a_usable_loader(void **st
     assert_int_equal(pthread_create(&prober, NULL, probe_in_thread, &pa), 0);
     char b = 0;
     assert_int_equal(read(sig[0], &b, 1), 1); /* the prober is inside DriverOpen, lock held */
-    assert_int_equal(pthread_create(&releaser, NULL, release_after_300ms, &rel[1]), 0);
+    assert_int_equal(pthread_create(&releaser, NULL, ft_write_byte_after_300ms, &rel[1]), 0);
     pid_t ch = fork();
     if (ch == 0) {
         alarm(10); /* a child waiting on the parent's lock dies of SIGALRM */
@@ -750,16 +740,13 @@ static void a_fork_during_driver_open_leaves_the_child_a_usable_loader(void **st
         _exit(rc == 0 && strstr(why, "cuFileDriverOpen succeeded") ? 0 : 2);
     }
     assert_true(ch > 0);
-    int ws = 0;
-    assert_int_equal(waitpid(ch, &ws, 0), ch);
+    int cx = ft_child_exit(ch);
     pthread_join(releaser, NULL);
     pthread_join(prober, NULL);
     F.block = 0;
-    if (WIFSIGNALED(ws))
-        fail_msg("the forked child died of signal %d (SIGALRM: it hung on the loader lock)",
-                 WTERMSIG(ws));
-    assert_true(WIFEXITED(ws));
-    assert_int_equal(WEXITSTATUS(ws), 0);
+    if (cx < 0)
+        fail_msg("the forked child died of signal %d (SIGALRM: it hung on the loader lock)", -cx);
+    assert_int_equal(cx, 0);
     assert_int_equal(pa.rc, 0); /* the parent's probe went on as usual */
     assert_msg_has(pa.why, "cuFileDriverOpen succeeded");
     assert_int_equal(F.opens, 1);
@@ -785,13 +772,7 @@ static void a_fork_from_inside_driver_open_does_not_deadlock(void **state)
         _exit(rc == 0 && strstr(why, "cuFileDriverOpen succeeded") ? 0 : 2);
     }
     assert_true(subject > 0);
-    int ws = 0;
-    assert_int_equal(waitpid(subject, &ws, 0), subject);
-    if (WIFSIGNALED(ws))
-        fail_msg("the probing process died of signal %d (SIGALRM: deadlocked on its fork)",
-                 WTERMSIG(ws));
-    assert_true(WIFEXITED(ws));
-    assert_int_equal(WEXITSTATUS(ws), 0);
+    FT_ASSERT_CHILD_OK(subject, "the probing process (deadlocked on its fork?)");
 }
 
 static int setup(void **state)

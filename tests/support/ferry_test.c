@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ferry_test.h"
@@ -280,4 +282,27 @@ ferry_kv_buffer ft_kv_host_buffer(void *img, uint64_t capacity, unsigned token_b
     b.base = (uint64_t)(uintptr_t)img;
     b.capacity_tokens = capacity;
     return b;
+}
+
+void *ft_write_byte_after_300ms(void *fd_ptr)
+{
+    struct timespec ts = {0, 300 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    char b = 1;
+    if (write(*(int *)fd_ptr, &b, 1) != 1)
+        abort();
+    return NULL;
+}
+
+int ft_child_exit(pid_t pid)
+{
+    int ws = 0;
+    pid_t r;
+    while ((r = waitpid(pid, &ws, 0)) < 0 && errno == EINTR)
+        ;
+    if (r != pid)
+        return 255;
+    if (WIFSIGNALED(ws))
+        return -WTERMSIG(ws);
+    return WIFEXITED(ws) ? WEXITSTATUS(ws) : 255;
 }

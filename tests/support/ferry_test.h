@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <cmocka.h>
 
 #include "ferry.h"
@@ -92,6 +93,22 @@ void ft_rmtree(const char *path);
 void ft_fill_pattern(void *buf, size_t len, unsigned seed);
 /* Index of the first byte that differs from the pattern, or -1. */
 long ft_check_pattern(const void *buf, size_t len, unsigned seed);
+
+/* ---- forked children ---- */
+/* A thread body: sleeps 300 ms, then writes one byte to *(int *)fd_ptr
+ * (lets a stand-in driver blocked on a pipe go on). */
+void *ft_write_byte_after_300ms(void *fd_ptr);
+/* Waits for pid: its exit status, or -(signal) when a signal ended it. */
+int ft_child_exit(pid_t pid);
+
+/* The child pid exits 0; a signal (SIGALRM: it hung) fails naming what */
+#define FT_ASSERT_CHILD_OK(pid, what)                                                \
+    do {                                                                           \
+        int ft_x_ = ft_child_exit(pid);                                            \
+        if (ft_x_ < 0)                                                             \
+            fail_msg("%s died of signal %d (SIGALRM: it hung)", (what), -ft_x_);   \
+        assert_int_equal(ft_x_, 0);                                                \
+    } while (0)
 
 #define FT_ASSERT_OK(expr)                                                        \
     do {                                                                          \
