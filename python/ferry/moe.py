@@ -83,6 +83,24 @@ def _u32(v, what):
     return int(v)
 
 
+def _u64(v, what):
+    """An integer C takes as uint64 or size_t (expert_bytes, row_bytes): refused
+    outside 0 .. 2^64-1, where ctypes would wrap it (-1 onto 2^64-1)."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"ferry: {what} is an integer, got {type(v).__name__} {v!r}")
+    if not 0 <= v <= 2**64 - 1:
+        raise FerryError(-errno.EINVAL, f"{what} {v} is outside 0 .. 2^64-1")
+    return int(v)
+
+
+def _shape(num_layers, num_experts, slots):
+    """The (num_layers, num_experts, slots) of a planner or pool as C's uint32
+    fields take them: checked here, where a structure's field would wrap
+    2^32 + 4 slots onto 4 (the C side then checks their ranges)."""
+    return (_u32(num_layers, "num_layers"), _u32(num_experts, "num_experts"),
+            _u32(slots, "slots"))
+
+
 def _u32s(experts):
     """Expert ids as a contiguous uint32 array: a sequence (or array, or
     tensor) of integers, one-dimensional. Floats, bools and strings are a
@@ -182,8 +200,9 @@ class Planner(Closing):
         self._h = None
         self._lock = threading.RLock()
         self._where = Opened()
+        num_layers, num_experts, slots = _shape(num_layers, num_experts, slots)
         po = A.MoePlannerOptions(num_layers=num_layers, num_experts=num_experts, slots=slots,
-                                 expert_bytes=expert_bytes)
+                                 expert_bytes=_u64(expert_bytes, "expert_bytes"))
         self._policy = _policy_bytes(policy)
         po.policy = self._policy
         h = ctypes.c_void_p()
@@ -313,11 +332,15 @@ class ExpertPool(Closing):
         self._where = Opened()
         if (banks is None) == (rows_file is None):
             raise ValueError("ferry: give banks (host tensors) or rows_file, one of them")
+        num_layers, num_experts, slots = _shape(num_layers, num_experts, slots)
         g = A.MoeGeometry(num_layers=num_layers, num_experts=num_experts, slots=slots)
         self._banks = None
         if banks is not None:
             banks = list(banks)
             info = [_bank_bytes(b) for b in banks]
+            if not num_layers or not num_experts:
+                raise FerryError(-errno.EINVAL, f"num_layers {num_layers} x num_experts "
+                                 f"{num_experts}: banks need at least one row", "expert pool")
             for b, (_, n) in enumerate(info):
                 if n % (num_layers * num_experts):
                     raise ValueError(f"ferry: bank {b} has {n} bytes, not a whole row per "
@@ -333,6 +356,7 @@ class ExpertPool(Closing):
         if not 1 <= len(row_bytes) <= A.MOE_MAX_BANKS:
             raise ValueError(f"ferry: 1..{A.MOE_MAX_BANKS} banks, got {len(row_bytes)}")
         g.banks = len(row_bytes)
+        row_bytes = [_u64(n, f"row_bytes[{b}]") for b, n in enumerate(row_bytes)]
         for b, n in enumerate(row_bytes):
             g.row_bytes[b] = n
         self.geometry = g

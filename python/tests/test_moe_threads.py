@@ -1,0 +1,99 @@
+"""The MoE side (ferry.moe: Planner, ExpertPool) as an engine team misuses
+it in its first hour, each case that could crash or hang the interpreter
+in a child process (its exit status and a timeout are the test's, not the
+runner's death):
+
+- sizes ctypes would wrap: a planner or pool made with num_layers,
+  num_experts, slots, expert_bytes or row_bytes past their C type (2^32 + 4
+  slots became 4, and the pool sized its Python-side arrays by 2^32 + 4);
+"""
+import errno
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import ferry  # noqa: E402
+from ferry import FerryError  # noqa: E402
+
+PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PRELUDE = """
+import errno, gc, random, sys, threading, time
+import numpy as np, torch
+sys.path.insert(0, {pkg!r})
+import ferry
+from ferry import FerryError
+"""
+
+
+def run_child(body, timeout=120):
+    """Run body in a fresh interpreter: it must exit 0 (not by a signal) in time."""
+    code = PRELUDE.format(pkg=PKG) + textwrap.dedent(body)
+    try:
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"child hung past {timeout} s\n{e.stdout}\n{e.stderr}")
+    assert p.returncode == 0, f"child exited {p.returncode}\n{p.stdout}\n{p.stderr}"
+    return p.stdout
+
+
+# -- sizes ctypes would wrap --
+
+@pytest.mark.parametrize("args", [dict(num_layers=2**32 + 2), dict(num_experts=2**32 + 8),
+                                  dict(slots=2**32 + 4), dict(slots=-1), dict(num_layers=-2),
+                                  dict(expert_bytes=-1), dict(expert_bytes=2**64 + 5)])
+def test_planner_refuses_sizes_a_cast_would_wrap(args):
+    kw = dict(num_layers=2, num_experts=8, slots=4)
+    kw.update(args)
+    with pytest.raises(FerryError) as e:
+        ferry.Planner(**kw)
+    (name, v), = args.items()
+    assert e.value.code == -errno.EINVAL and name in e.value.message
+    assert str(v) in e.value.message, e.value.message
+    with pytest.raises(TypeError):
+        ferry.Planner(2, 8, 4.0)
+
+
+def test_pool_refuses_sizes_a_cast_would_wrap(tmp_path):
+    # slots 2^32 + 4 was a pool of 4 slots whose Python side believed in
+    # 2^32 + 4 (its first copy allocated a 16 GiB array: a hang, or the
+    # OOM killer); a row_bytes of 2^64 + 64 read rows of 64 bytes
+    out = run_child("""
+        bank = torch.zeros(2 * 8, 64, dtype=torch.uint8)
+        for kw in (dict(slots=2**32 + 4), dict(num_layers=2**32 + 2), dict(slots=-4)):
+            a = dict(num_layers=2, num_experts=8, slots=4)
+            a.update(kw)
+            try:
+                ferry.ExpertPool(banks=[bank], **a)
+            except FerryError as e:
+                (name, v), = kw.items()
+                assert e.code == -errno.EINVAL and name in e.message and str(v) in e.message, e
+            else:
+                raise AssertionError(f"pool made with {kw}")
+        for L, E in ((0, 8), (2, 0)):
+            try:
+                ferry.ExpertPool(L, E, 4, [bank])       # was a ZeroDivisionError
+            except FerryError as e:
+                assert e.code == -errno.EINVAL, e
+            else:
+                raise AssertionError("pool made with no rows")
+        path = %r
+        open(path, "wb").write(bytes(2 * 8 * 64))
+        for rb in (2**64 + 64, -64):
+            try:
+                ferry.ExpertPool(2, 8, 4, rows_file=path, row_bytes=[rb])
+            except FerryError as e:
+                assert e.code == -errno.EINVAL and str(rb) in e.message, e
+            else:
+                raise AssertionError(f"pool made with row_bytes {rb}")
+        with ferry.ExpertPool(2, 8, 4, rows_file=path, row_bytes=[64]) as pool:
+            assert pool.ensure(1, [7]) == [0]
+        print("ok")
+    """ % str(tmp_path / "rows.bin"), timeout=60)
+    assert "ok" in out
