@@ -51,6 +51,18 @@ def policies():
     return out
 
 
+def _bank_addr(x):
+    """A bank's address now: its dtype, whatever it became, is not asked
+    (the rows source reads bytes; describe() refuses a dtype ferry has no
+    code for, which a bank given .data = of another dtype may have)."""
+    if is_torch(x):
+        return x.data_ptr()
+    if isinstance(x, np.ndarray):
+        return x.__array_interface__["data"][0]
+    raise TypeError(f"ferry: an expert bank is a torch.Tensor or numpy.ndarray, got "
+                    f"{type(x).__name__}")
+
+
 def _bank_bytes(x):
     """(address, bytes) of a contiguous host tensor or array."""
     addr, shape, strides, dt, dev = describe(x)
@@ -526,9 +538,16 @@ class ExpertPool(Closing):
 
     def _apply(self, plan, what):
         """Copy a plan's rows; slots a failure leaves unknown are forgotten by
-        the planner too, so the two never disagree on an occupant."""
-        if plan.n and self._banks is not None:
-            self._banks_in_place(plan, what)
+        the planner too, so the two never disagree on an occupant. Whatever
+        is raised before the copy (a bank that moved, an interrupt) forgets
+        the plan's slots: the planner placed experts there that never came."""
+        try:
+            if plan.n and self._banks is not None:
+                self._banks_in_place(what)
+        except BaseException:
+            for i in range(plan.n):
+                lib.ferry_moe_planner_forget(self._planner, plan.dst_slots[i])
+            raise
         unknown = getattr(self, "_unknown", None)
         if unknown is None:  # made once: room for every slot
             unknown = self._unknown = (ctypes.c_uint32 * max(self.slots, 1))()
@@ -542,16 +561,14 @@ class ExpertPool(Closing):
             raise FerryError(rc, msg or None, what)
         return rc
 
-    def _banks_in_place(self, plan, what):
+    def _banks_in_place(self, what):
         """Refuse a copy from a bank whose memory moved since the pool was made
         (resize_() past its capacity frees what the rows source reads; set_()
-        or .data = leaves it stale): the plan's slots are forgotten (nothing
-        was copied into them) and FerryError (EFAULT) names the bank."""
+        or .data = leaves it stale): FerryError (EFAULT) names the bank (and
+        _apply forgets the plan's slots: nothing was copied into them)."""
         for b, (t, addr) in enumerate(zip(self._banks, self._bank_addrs)):
-            now = describe(t)[0]
+            now = _bank_addr(t)
             if now != addr:
-                for i in range(plan.n):
-                    lib.ferry_moe_planner_forget(self._planner, plan.dst_slots[i])
                 raise FerryError(-errno.EFAULT, f"expert bank {b} was resized or given other "
                                  f"memory (its address moved from {addr:#x} to {now:#x}) "
                                  "since the pool was made: the pool reads the banks it was "

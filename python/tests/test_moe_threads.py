@@ -6,6 +6,10 @@ runner's death):
 - sizes ctypes would wrap: a planner or pool made with num_layers,
   num_experts, slots, expert_bytes or row_bytes past their C type (2^32 + 4
   slots became 4, and the pool sized its Python-side arrays by 2^32 + 4);
+- a bank given another dtype after its pool was made (.data = a view or a
+  tensor of a dtype ferry has no code for): the copy was refused with a
+  ValueError after the planner had placed the experts, so planner and
+  slots disagreed and the next ensure() answered slots holding other bytes;
 """
 import errno
 import os
@@ -97,3 +101,34 @@ def test_pool_refuses_sizes_a_cast_would_wrap(tmp_path):
         print("ok")
     """ % str(tmp_path / "rows.bin"), timeout=60)
     assert "ok" in out
+
+
+# -- banks changed under the pool --
+
+@pytest.mark.parametrize("how", ["view", "other"])
+def test_bank_given_another_dtype_keeps_planner_and_slots_agreed(how):
+    L, E, S, R = 2, 8, 4, 64
+    bank = torch.arange(L * E * R, dtype=torch.int32).to(torch.uint8).reshape(L * E, R)
+    want = bank.clone()
+    with ferry.ExpertPool(L, E, S, [bank], policy="lru") as pool:
+        view = pool.slot_tensor(0)
+        first = pool.ensure(0, [1, 2])
+        if how == "view":      # the same memory as bools: the rows are the same bytes
+            bank.data = bank.data.view(torch.bool)
+            slots = pool.ensure(1, [5, 6])
+        else:                  # other memory of a dtype ferry has no code for
+            bank.data = torch.zeros(L * E, R // 8, dtype=torch.complex64)
+            with pytest.raises(FerryError) as e:
+                pool.ensure(1, [5, 6])
+            assert e.value.code == -errno.EFAULT and "bank 0" in e.value.message
+            bank.data = want.clone()
+            with pytest.raises(FerryError):     # still not the memory the pool reads
+                pool.ensure(1, [5, 6])
+            slots = None
+        pool.check()                            # planner and slots agree slot by slot
+        assert pool.ensure(0, [1, 2]) == first and pool.last_counts["missing"] == 0
+        for sl, ex in zip(first, (1, 2)):
+            assert torch.equal(view[sl], want[ex])
+        if slots is not None:
+            for sl, ex in zip(slots, (5, 6)):
+                assert torch.equal(view[sl], want[E + ex])
