@@ -331,7 +331,10 @@ class ExpertPool(Closing):
     Banks: the pool reads the memory the bank tensors had when it was made
     (it keeps their storages). A bank resized past its capacity or given
     other memory (set_, .data =) after that makes the next copy raise
-    FerryError (EFAULT); keep a bank's memory while the pool is open."""
+    FerryError (EFAULT); keep a bank's memory while the pool is open. A
+    bank resized from another thread while a copy reads it is refused
+    after the copy (EFAULT, its slots forgotten), but the copy may have
+    read memory torch freed: a crash where the pages were unmapped."""
 
     _lock = threading.RLock()   # until __init__ gives the object its own
     _where = NOT_OPENED
@@ -540,7 +543,9 @@ class ExpertPool(Closing):
         """Copy a plan's rows; slots a failure leaves unknown are forgotten by
         the planner too, so the two never disagree on an occupant. Whatever
         is raised before the copy (a bank that moved, an interrupt) forgets
-        the plan's slots: the planner placed experts there that never came."""
+        the plan's slots: the planner placed experts there that never came.
+        A bank that moved during the copy (freed under it) makes the copied
+        slots unknown to both after it: their bytes are not the rows."""
         try:
             if plan.n and self._banks is not None:
                 self._banks_in_place(what)
@@ -559,6 +564,14 @@ class ExpertPool(Closing):
             for i in range(n_unknown.value):
                 lib.ferry_moe_planner_forget(self._planner, unknown[i])
             raise FerryError(rc, msg or None, what)
+        if plan.n and self._banks is not None:
+            try:   # a bank freed (resize_ in another thread) while the copy read it
+                self._banks_in_place(what)
+            except BaseException:
+                for i in range(plan.n):
+                    lib.ferry_moe_slots_invalidate(self._slots, plan.dst_slots[i])
+                    lib.ferry_moe_planner_forget(self._planner, plan.dst_slots[i])
+                raise
         return rc
 
     def _banks_in_place(self, what):

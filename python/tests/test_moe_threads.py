@@ -10,6 +10,11 @@ runner's death):
   tensor of a dtype ferry has no code for): the copy was refused with a
   ValueError after the planner had placed the experts, so planner and
   slots disagreed and the next ensure() answered slots holding other bytes;
+- a bank resized (its memory freed) by another thread while a copy from it
+  runs: the copy read freed memory and ensure() returned its slots as the
+  experts' rows; now the copy is refused after the fact (EFAULT) and its
+  slots forgotten (a free that unmaps the pages under the copy is a crash
+  no Python-side check can prevent: the class says to keep the banks);
 """
 import errno
 import os
@@ -132,3 +137,44 @@ def test_bank_given_another_dtype_keeps_planner_and_slots_agreed(how):
         if slots is not None:
             for sl, ex in zip(slots, (5, 6)):
                 assert torch.equal(view[sl], want[E + ex])
+
+
+@pytest.mark.parametrize("how", ["resize_", "storage"])
+def test_bank_freed_while_its_copy_runs_is_refused_after_the_copy(how):
+    # the copy's C call is wrapped to free the bank just before it reads
+    # (another thread's resize_ landing inside the copy, made deterministic);
+    # the bank is small, so its freed memory stays mapped (taken by junk)
+    out = run_child("""
+        import ferry.moe as moe
+        L, E, S, R = 2, 8, 4, 64
+        bank = torch.arange(L * E * R, dtype=torch.int32).to(torch.uint8).reshape(L * E, R)
+        want = bank.clone()
+        pool = ferry.ExpertPool(L, E, S, [bank], policy="lru")
+        view = pool.slot_tensor(0)
+        first = pool.ensure(0, [1, 2])
+        real, junk = moe.lib.ferry_moe_slots_apply, []
+        def apply_after_a_free(*a):
+            if %r == "resize_":
+                bank.resize_(L * E * R * 64)
+            else:
+                bank.storage().resize_(0)
+            junk.append(torch.full((L * E * R,), 0xAB, dtype=torch.uint8))
+            return real(*a)
+        moe.lib.ferry_moe_slots_apply = apply_after_a_free
+        try:
+            got = pool.ensure(1, [5, 6])
+        except FerryError as e:
+            assert e.code == -errno.EFAULT and "bank 0" in str(e), e
+        else:
+            raise AssertionError(f"slots {got} answered from a bank freed under the copy: "
+                                 f"{[view[s][:4].tolist() for s in got]}")
+        finally:
+            moe.lib.ferry_moe_slots_apply = real
+        pool.check()                                  # planner and slots agree
+        assert pool.ensure(0, [1, 2]) == first and pool.last_counts["missing"] == 0
+        for sl, ex in zip(first, (1, 2)):
+            assert torch.equal(view[sl], want[ex])
+        pool.close()
+        print("ok")
+    """ % how, timeout=60)
+    assert "ok" in out
