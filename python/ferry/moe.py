@@ -604,6 +604,7 @@ def replay(trace_path, policy=None, slots=0, expert_bytes=0):
     """Replay a routing trace (ferry moe gen / engine captures) through a planner
     (policy None: the library's default, "auto"): a dict with hits, misses,
     hit_rate, evictions, host_bytes, ns_per_step."""
+    slots, expert_bytes = _u32(slots, "slots"), _u64(expert_bytes, "expert_bytes")
     t = ctypes.c_void_p()
     check(lib.ferry_moe_trace_load(os.fsencode(trace_path), ctypes.byref(t)), f"trace {trace_path}")
     try:

@@ -5,7 +5,8 @@ runner's death):
 
 - sizes ctypes would wrap: a planner or pool made with num_layers,
   num_experts, slots, expert_bytes or row_bytes past their C type (2^32 + 4
-  slots became 4, and the pool sized its Python-side arrays by 2^32 + 4);
+  slots became 4, and the pool sized its Python-side arrays by 2^32 + 4),
+  and ferry.replay's slots and expert_bytes (2^32 + 64 slots replayed 64);
 - a bank given another dtype after its pool was made (.data = a view or a
   tensor of a dtype ferry has no code for): the copy was refused with a
   ValueError after the planner had placed the experts, so planner and
@@ -15,6 +16,11 @@ runner's death):
   experts' rows; now the copy is refused after the fact (EFAULT) and its
   slots forgotten (a free that unmaps the pages under the copy is a crash
   no Python-side check can prevent: the class says to keep the banks);
+- every method of one Planner and one ExpertPool from 8 threads at once
+  (ensure, hint, hint_prefetch, lookup, forget, stats, check, slot_tensor,
+  with numpy and torch ids and bad arguments among them), then a close()
+  mid-way and calls after it: only the package's errors, no slot named
+  for two experts, every resident slot holding its expert's bytes.
 """
 import errno
 import os
@@ -108,6 +114,23 @@ def test_pool_refuses_sizes_a_cast_would_wrap(tmp_path):
     assert "ok" in out
 
 
+def test_replay_refuses_sizes_a_cast_would_wrap(tmp_path):
+    cli = os.environ.get("FERRY_CLI") or os.path.join(PKG, "..", "build", "ferry")
+    trace = tmp_path / "t.jsonl"
+    subprocess.run([cli, "moe", "gen", "--model", "small", "--tokens", "16", "-o", str(trace)],
+                   check=True, capture_output=True)
+    assert ferry.replay(str(trace), "lru", 64)["slots"] == 64
+    for kw in (dict(slots=2**32 + 64), dict(slots=-1), dict(expert_bytes=-1),
+               dict(expert_bytes=2**64 + 1)):
+        a = dict(policy="lru", slots=64)
+        a.update(kw)
+        with pytest.raises(FerryError) as e:
+            ferry.replay(str(trace), **a)
+        (name, v), = kw.items()
+        assert e.value.code == -errno.EINVAL and name in e.value.message
+        assert str(v) in e.value.message, e.value.message
+
+
 # -- banks changed under the pool --
 
 @pytest.mark.parametrize("how", ["view", "other"])
@@ -178,3 +201,92 @@ def test_bank_freed_while_its_copy_runs_is_refused_after_the_copy(how):
         print("ok")
     """ % how, timeout=60)
     assert "ok" in out
+
+
+# -- one object, many threads --
+
+STORM = """
+    L, E, S, R = 3, 16, 8, 512
+    bank = torch.randint(0, 256, (L * E, R), dtype=torch.uint8,
+                         generator=torch.Generator().manual_seed(5))
+    pool = ferry.ExpertPool(L, E, S, [bank], policy=%r)
+    planner = ferry.Planner(L, E, S, policy=%r)
+    view = pool.slot_tensor(0)
+    other, codes = [], {}
+    def call(r, obj):
+        layer = r.randrange(L + 1)             # L: no such layer
+        k = r.choice([0, 1, 2, 3, S + 1])      # 0: no route; S + 1: more than the slots
+        ex = r.sample(range(E), min(k, E))
+        form = r.randrange(3)
+        ids = np.array(ex, dtype=np.int64)[::-1][::-1] if form == 1 else \
+            torch.tensor(ex, dtype=torch.int32) if form == 2 else ex
+        op = r.randrange(10)
+        if op < 4:
+            return obj.ensure(layer, ids)
+        if op == 4:
+            return obj.hint(layer, r.choice([1, 2, L, 0]), ids, r.random())
+        if op == 5:
+            return obj.hint_prefetch(r.randrange(4))
+        if op == 6:
+            return obj.stats(), obj.hint_stats(), obj.policy
+        if obj is planner:
+            return planner.forget(r.randrange(S + 1)) if op == 7 else planner.lookup(layer, r.randrange(E))
+        return pool.check() if op == 7 else pool.slot_tensor(0, torch.int32, (R // 4,))
+    def worker(i, n):
+        r = random.Random(i)
+        for _ in range(n):
+            for obj in (pool, planner):
+                try:
+                    call(r, obj)
+                except FerryError as e:
+                    codes[e.name] = codes.get(e.name, 0) + 1
+                except Exception as e:
+                    other.append(f"{type(e).__name__}: {e}")
+    def verify():
+        pool.check()
+        seen = {}
+        for layer in range(L):
+            for e in range(E):
+                s = planner.lookup(layer, e)
+                if s is not None:
+                    assert s not in seen, f"slot {s} named for {seen[s]} and {(layer, e)}"
+                    seen[s] = (layer, e)
+        for layer in range(L):
+            for e in range(E):
+                sl = pool.ensure(layer, [e])[0]
+                assert torch.equal(view[sl], bank[layer * E + e]), (layer, e, sl)
+    th = [threading.Thread(target=worker, args=(i, 150)) for i in range(8)]
+    for t in th: t.start()
+    for t in th: t.join()
+    assert not other, other[:5]
+    verify()
+    # the same, with a close() of each from another thread mid-way
+    def closer():
+        time.sleep(0.05)
+        pool.close()
+        planner.close()
+    th = [threading.Thread(target=worker, args=(i, 400)) for i in range(8)]
+    th.append(threading.Thread(target=closer))
+    for t in th: t.start()
+    for t in th: t.join()
+    assert not other, other[:5]
+    assert set(codes) <= {"EINVAL", "FERRY_ENOSPACE", "EBADF"}, codes
+    assert codes.get("EBADF"), codes
+    for f in (lambda: pool.ensure(0, [1]), lambda: planner.stats(), lambda: pool.policy,
+              lambda: planner.hint(0, 1, [1]), lambda: pool.slot_tensor(0)):
+        try:
+            f()
+        except FerryError as e:
+            assert e.code == -errno.EBADF, e
+        else:
+            raise AssertionError("a call after close() answered")
+    pool.close(); planner.close()                  # twice: a no-op
+    assert view[0].numel() == R                    # the view outlives the pool
+    print("ok", sorted(codes.items()))
+"""
+
+
+@pytest.mark.parametrize("policy", ["lru", "routing", "auto"])
+def test_every_method_from_threads_then_close(policy):
+    out = run_child(STORM % (policy, policy), timeout=240)
+    assert "ok" in out, out
