@@ -173,6 +173,18 @@ def _policy_bytes(policy):
     return policy.encode()
 
 
+def _drop_plan(planner, plan, slots=None):
+    """The plan's slots are not what the planner placed there (a call cut
+    short between the plan and its copy, by an interrupt or a refused
+    copy): the planner forgets them, and the executor, when given, marks
+    them unknown. Forgetting a free slot is a no-op; a planner call that
+    failed changed nothing and left plan.n 0."""
+    for i in range(plan.n):
+        if slots:
+            lib.ferry_moe_slots_invalidate(slots, plan.dst_slots[i])
+        lib.ferry_moe_planner_forget(planner, plan.dst_slots[i])
+
+
 def _plan_dict(plan):
     n = plan.n
     return {"layer": plan.layer, "dst_slots": [plan.dst_slots[i] for i in range(n)],
@@ -246,10 +258,14 @@ class Planner(Closing):
         layer = _u32(layer, "layer")
         slots = (ctypes.c_uint32 * max(ex.size, 1))()
         plan, counts = A.MoeCopyPlan(), A.MoeCounts()
-        check(lib.ferry_moe_planner_ensure(h, layer, ptr, ex.size, slots, ctypes.byref(plan),
-                                           ctypes.byref(counts)), f"ensure layer {layer}")
-        self.last_counts = {f: getattr(counts, f) for f, _ in A.MoeCounts._fields_}
-        return [slots[i] for i in range(ex.size)], _plan_dict(plan)
+        try:   # until the plan is returned, an interrupt drops what it placed
+            check(lib.ferry_moe_planner_ensure(h, layer, ptr, ex.size, slots, ctypes.byref(plan),
+                                               ctypes.byref(counts)), f"ensure layer {layer}")
+            self.last_counts = {f: getattr(counts, f) for f, _ in A.MoeCounts._fields_}
+            return [slots[i] for i in range(ex.size)], _plan_dict(plan)
+        except BaseException:
+            _drop_plan(h, plan)
+            raise
 
     @_locked
     def hint(self, layer, steps_ahead, experts, confidence=1.0):
@@ -266,9 +282,14 @@ class Planner(Closing):
         than they cost ({"layer", "dst_slots", "src_rows"}; empty: none)."""
         plan = A.MoeCopyPlan()
         h = self._need()
-        check(lib.ferry_moe_planner_hint_prefetch(h, _u32(max_rows, "max_rows"), ctypes.byref(plan)),
-              "hint prefetch")
-        return _plan_dict(plan)
+        max_rows = _u32(max_rows, "max_rows")
+        try:   # as ensure(): an interrupt before the plan is returned drops it
+            check(lib.ferry_moe_planner_hint_prefetch(h, max_rows, ctypes.byref(plan)),
+                  "hint prefetch")
+            return _plan_dict(plan)
+        except BaseException:
+            _drop_plan(h, plan)
+            raise
 
     @_locked
     def hint_stats(self):
@@ -460,11 +481,19 @@ class ExpertPool(Closing):
         n = ex.size
         slots = (ctypes.c_uint32 * max(n, 1))()
         plan, counts = A.MoeCopyPlan(), A.MoeCounts()
-        check(lib.ferry_moe_planner_ensure(self._planner, layer,
-                                           ex.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)), n,
-                                           slots, ctypes.byref(plan), ctypes.byref(counts)),
-              f"ensure layer {layer}")
-        self._apply(plan, f"apply layer {layer}")
+        try:
+            check(lib.ferry_moe_planner_ensure(self._planner, layer,
+                                               ex.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)),
+                                               n, slots, ctypes.byref(plan), ctypes.byref(counts)),
+                  f"ensure layer {layer}")
+            self._apply(plan, f"apply layer {layer}")
+        except FerryError:
+            raise   # the planner changed nothing, or _apply settled the plan's slots
+        except BaseException:
+            # an interrupt (SIGINT surfaces after the C call it came in) between
+            # the plan and the end of its copy: none of the plan's slots is trusted
+            _drop_plan(self._planner, plan, self._slots)
+            raise
         self.last_counts = {f: getattr(counts, f) for f, _ in A.MoeCounts._fields_}
         return [slots[i] for i in range(n)]
 
@@ -532,12 +561,18 @@ class ExpertPool(Closing):
         layer first), so a later ensure() finds them. Returns the rows copied."""
         self._need()
         plan = A.MoeCopyPlan()
-        n = check(lib.ferry_moe_planner_hint_prefetch(self._planner, _u32(max_rows, "max_rows"),
-                                                      ctypes.byref(plan)),
-                  "hint prefetch")
-        if n:
-            self._apply(plan, f"apply hint prefetch of layer {plan.layer}")
-        return n
+        max_rows = _u32(max_rows, "max_rows")
+        try:   # as ensure()
+            n = check(lib.ferry_moe_planner_hint_prefetch(self._planner, max_rows,
+                                                          ctypes.byref(plan)), "hint prefetch")
+            if n:
+                self._apply(plan, f"apply hint prefetch of layer {plan.layer}")
+            return n
+        except FerryError:
+            raise
+        except BaseException:
+            _drop_plan(self._planner, plan, self._slots)
+            raise
 
     def _apply(self, plan, what):
         """Copy a plan's rows; slots a failure leaves unknown are forgotten by
@@ -550,8 +585,7 @@ class ExpertPool(Closing):
             if plan.n and self._banks is not None:
                 self._banks_in_place(what)
         except BaseException:
-            for i in range(plan.n):
-                lib.ferry_moe_planner_forget(self._planner, plan.dst_slots[i])
+            _drop_plan(self._planner, plan)
             raise
         unknown = getattr(self, "_unknown", None)
         if unknown is None:  # made once: room for every slot
@@ -568,9 +602,7 @@ class ExpertPool(Closing):
             try:   # a bank freed (resize_ in another thread) while the copy read it
                 self._banks_in_place(what)
             except BaseException:
-                for i in range(plan.n):
-                    lib.ferry_moe_slots_invalidate(self._slots, plan.dst_slots[i])
-                    lib.ferry_moe_planner_forget(self._planner, plan.dst_slots[i])
+                _drop_plan(self._planner, plan, self._slots)
                 raise
         return rc
 

@@ -16,6 +16,11 @@ runner's death):
   experts' rows; now the copy is refused after the fact (EFAULT) and its
   slots forgotten (a free that unmaps the pages under the copy is a crash
   no Python-side check can prevent: the class says to keep the banks);
+- a KeyboardInterrupt (a notebook's interrupt, Ctrl-C) arriving while the
+  planner's C call runs: it surfaced after the planner had placed the
+  step's experts and before their copy, so the pool answered those slots
+  later as resident with other experts' bytes (and a Planner kept experts
+  whose copy plan never reached its caller);
 - every method of one Planner and one ExpertPool from 8 threads at once
   (ensure, hint, hint_prefetch, lookup, forget, stats, check, slot_tensor,
   with numpy and torch ids and bad arguments among them), then a close()
@@ -290,3 +295,57 @@ STORM = """
 def test_every_method_from_threads_then_close(policy):
     out = run_child(STORM % (policy, policy), timeout=240)
     assert "ok" in out, out
+
+
+# -- an interrupt between the plan and its copy --
+
+@pytest.mark.parametrize("call", ["pool.ensure", "pool.hint_prefetch", "planner.ensure",
+                                  "planner.hint_prefetch"])
+def test_interrupt_during_the_planner_call_leaves_no_phantom_expert(call):
+    # the planner's C call is wrapped to deliver SIGINT's KeyboardInterrupt
+    # while it runs (as a notebook's interrupt does): it surfaces after the
+    # call returned, with the planner holding the step's experts
+    out = run_child("""
+        import _thread
+        import ferry.moe as moe
+        L, E, S, R = 2, 8, 4, 64
+        bank = torch.randint(0, 256, (L * E, R), dtype=torch.uint8,
+                             generator=torch.Generator().manual_seed(2))
+        pool = ferry.ExpertPool(L, E, S, [bank], policy="lru")
+        planner = ferry.Planner(L, E, S, policy="lru")
+        view = pool.slot_tensor(0)
+        for obj in (pool, planner):
+            obj.ensure(0, [0, 1])
+            obj.hint(1, 1, [5, 6], 0.99)
+        call = %r
+        name = "ferry_moe_planner_" + call.split(".")[1]
+        real = getattr(moe.lib, name)
+        def interrupted(*a):
+            rc = real(*a)
+            _thread.interrupt_main()
+            return rc
+        setattr(moe.lib, name, interrupted)
+        try:
+            if call == "pool.ensure":
+                pool.ensure(1, [5, 6])
+            elif call == "planner.ensure":
+                planner.ensure(1, [5, 6])
+            else:
+                eval(call)(4)
+            for _ in range(1000):   # the interrupt lands at the next check
+                pass
+        except KeyboardInterrupt:
+            pass
+        else:
+            raise AssertionError("no interrupt")
+        setattr(moe.lib, name, real)
+        pool.check()                                    # planner and slots agree
+        for e in (5, 6):
+            assert planner.lookup(1, e) is None, "a slot placed by an interrupted call"
+        for layer, ex in ((1, [5, 6]), (0, [0, 1])):
+            slots = pool.ensure(layer, ex)
+            for sl, e in zip(slots, ex):
+                assert torch.equal(view[sl], bank[layer * E + e]), (layer, e, sl)
+        print("ok")
+    """ % call, timeout=60)
+    assert "ok" in out
