@@ -210,7 +210,28 @@ def _planner_stats(handle):
     return {f: getattr(s, f) for f, _ in A.MoePlannerStats._fields_ if f != "size"}
 
 
-class Planner(Closing):
+class _LastCounts:
+    """last_counts: what the calling thread's last ensure() found (its step's
+    active, missing, fetched, prefetch_hits), not another thread's that came
+    in between; a thread that made no ensure() of its own reads the
+    object's last (AttributeError before any)."""
+
+    _mine = threading.local()   # until __init__ gives the object its own
+    _last = None
+
+    def _counted(self, counts):
+        d = {f: getattr(counts, f) for f, _ in A.MoeCounts._fields_}
+        self._mine.counts = self._last = d
+
+    @property
+    def last_counts(self):
+        d = getattr(self._mine, "counts", None) or self._last
+        if d is None:
+            raise AttributeError(f"{type(self).__name__}.last_counts: no ensure() yet")
+        return d
+
+
+class Planner(_LastCounts, Closing):
     """The planner of ferry/moe.h alone: which expert lives in which of
     `slots` slots, decided by an eviction policy (None: the library's
     default, "auto"), with no memory and no copies - ensure() returns the slots
@@ -224,6 +245,7 @@ class Planner(Closing):
         self._h = None
         self._lock = threading.RLock()
         self._where = Opened()
+        self._mine = threading.local()
         num_layers, num_experts, slots = _shape(num_layers, num_experts, slots)
         po = A.MoePlannerOptions(num_layers=num_layers, num_experts=num_experts, slots=slots,
                                  expert_bytes=_u64(expert_bytes, "expert_bytes"))
@@ -252,7 +274,7 @@ class Planner(Closing):
     def ensure(self, layer, experts):
         """One layer of one step: (the slot of each expert in the order given,
         the copy plan {"layer", "dst_slots", "src_rows"} of the rows to move).
-        self.last_counts says what the step found."""
+        self.last_counts (the calling thread's last) says what the step found."""
         h = self._need()
         ex, ptr = _u32s(experts)
         layer = _u32(layer, "layer")
@@ -261,7 +283,7 @@ class Planner(Closing):
         try:   # until the plan is returned, an interrupt drops what it placed
             check(lib.ferry_moe_planner_ensure(h, layer, ptr, ex.size, slots, ctypes.byref(plan),
                                                ctypes.byref(counts)), f"ensure layer {layer}")
-            self.last_counts = {f: getattr(counts, f) for f, _ in A.MoeCounts._fields_}
+            self._counted(counts)
             return [slots[i] for i in range(ex.size)], _plan_dict(plan)
         except BaseException:
             _drop_plan(h, plan)
@@ -340,7 +362,7 @@ class _SlotMemory:
         self.slots = self.dev = None
 
 
-class ExpertPool(Closing):
+class ExpertPool(_LastCounts, Closing):
     """Expert slots on a ferry device ("host" here; "cuda" on a GPU), an
     eviction planner over them (policy None: the library's default, "auto"),
     and a rows source (host banks or a file).
@@ -366,6 +388,7 @@ class ExpertPool(Closing):
         self._mem = None   # the slots' memory, once a slot_tensor view holds it
         self._lock = threading.RLock()
         self._where = Opened()
+        self._mine = threading.local()
         if (banks is None) == (rows_file is None):
             raise ValueError("ferry: give banks (host tensors) or rows_file, one of them")
         num_layers, num_experts, slots = _shape(num_layers, num_experts, slots)
@@ -474,7 +497,8 @@ class ExpertPool(Closing):
         """Make every expert of `experts` (layer-local ids) resident at `layer`:
         the planner picks slots (evicting by its policy) and the executor
         copies only the rows that were missing. Returns the slot of each
-        expert, in the order given; self.last_counts says what moved."""
+        expert, in the order given; self.last_counts (the calling thread's
+        last) says what moved."""
         self._need()
         ex, _ = _u32s(experts)
         layer = _u32(layer, "layer")
@@ -494,7 +518,7 @@ class ExpertPool(Closing):
             # the plan and the end of its copy: none of the plan's slots is trusted
             _drop_plan(self._planner, plan, self._slots)
             raise
-        self.last_counts = {f: getattr(counts, f) for f, _ in A.MoeCounts._fields_}
+        self._counted(counts)
         return [slots[i] for i in range(n)]
 
     @_locked

@@ -21,6 +21,8 @@ runner's death):
   step's experts and before their copy, so the pool answered those slots
   later as resident with other experts' bytes (and a Planner kept experts
   whose copy plan never reached its caller);
+- last_counts read by a thread after its own ensure() while another
+  thread's ensure() came between: it answered the other thread's step;
 - every method of one Planner and one ExpertPool from 8 threads at once
   (ensure, hint, hint_prefetch, lookup, forget, stats, check, slot_tensor,
   with numpy and torch ids and bad arguments among them), then a close()
@@ -235,7 +237,9 @@ STORM = """
         if op == 6:
             return obj.stats(), obj.hint_stats(), obj.policy
         if obj is planner:
-            return planner.forget(r.randrange(S + 1)) if op == 7 else planner.lookup(layer, r.randrange(E))
+            if op == 7:
+                return planner.forget(r.randrange(S + 1))
+            return planner.lookup(layer, r.randrange(E))
         return pool.check() if op == 7 else pool.slot_tensor(0, torch.int32, (R // 4,))
     def worker(i, n):
         r = random.Random(i)
@@ -349,3 +353,32 @@ def test_interrupt_during_the_planner_call_leaves_no_phantom_expert(call):
         print("ok")
     """ % call, timeout=60)
     assert "ok" in out
+
+
+# -- what a thread's own step found --
+
+@pytest.mark.parametrize("kind", ["pool", "planner"])
+def test_last_counts_are_the_calling_threads_step(kind):
+    import threading
+    bank = torch.zeros(2 * 8, 64, dtype=torch.uint8)
+    obj = ferry.ExpertPool(2, 8, 6, [bank]) if kind == "pool" else ferry.Planner(2, 8, 6)
+    with obj:
+        mine_done, theirs_done, seen = threading.Event(), threading.Event(), []
+
+        def other():
+            mine_done.wait()
+            obj.ensure(1, [4, 5])            # two rows fetched
+            theirs_done.set()
+
+        t = threading.Thread(target=other)
+        t.start()
+        obj.ensure(0, [1])                   # one row fetched
+        mine_done.set()
+        theirs_done.wait()
+        seen.append(dict(obj.last_counts))
+        t.join()
+        assert seen[0]["fetched"] == 1 and seen[0]["active"] == 1, seen
+        t = threading.Thread(target=lambda: seen.append(dict(obj.last_counts)))
+        t.start()
+        t.join()
+        assert seen[1]["fetched"] == 2, seen  # a thread with no step of its own: the last
