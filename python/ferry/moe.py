@@ -429,6 +429,9 @@ class ExpertPool(_LastCounts, Closing):
 
     def _open(self, device, policy, rows_file, info):
         g = self.geometry
+        if not isinstance(device, str):
+            raise TypeError(f"ferry: device is a name (\"host\", \"cuda\"), got "
+                            f"{type(device).__name__} {device!r}")
         dopt = A.DeviceOptions()
         self._backend = device.encode()
         dopt.backend = self._backend
@@ -537,6 +540,8 @@ class ExpertPool(_LastCounts, Closing):
         self._need()
         if self._backend != b"host":
             raise ValueError("ferry: slot_tensor views host-device slots only")
+        if isinstance(bank, bool) or not isinstance(bank, (int, np.integer)):
+            raise TypeError(f"ferry: bank is an integer, got {type(bank).__name__} {bank!r}")
         if not 0 <= bank < len(self.row_bytes):
             raise IndexError(f"ferry: bank {bank} of {len(self.row_bytes)}")
         ctx = lib.ferry_moe_slots_device(self._slots)

@@ -23,6 +23,8 @@ runner's death):
   whose copy plan never reached its caller);
 - last_counts read by a thread after its own ensure() while another
   thread's ensure() came between: it answered the other thread's step;
+- a slot_tensor bank that is not an integer (a ctypes ArgumentError) and
+  a device that is not a name (an AttributeError);
 - every method of one Planner and one ExpertPool from 8 threads at once
   (ensure, hint, hint_prefetch, lookup, forget, stats, check, slot_tensor,
   with numpy and torch ids and bad arguments among them), then a close()
@@ -136,6 +138,21 @@ def test_replay_refuses_sizes_a_cast_would_wrap(tmp_path):
         (name, v), = kw.items()
         assert e.value.code == -errno.EINVAL and name in e.value.message
         assert str(v) in e.value.message, e.value.message
+
+
+def test_pool_argument_types_are_type_errors():
+    bank = torch.zeros(2 * 8, 64, dtype=torch.uint8)
+    for device in (None, b"host", 0):
+        with pytest.raises(TypeError, match="device"):
+            ferry.ExpertPool(2, 8, 4, [bank], device=device)
+    with ferry.ExpertPool(2, 8, 4, [bank]) as pool:
+        for b in (0.0, "0", None, True):
+            with pytest.raises(TypeError, match="bank"):
+                pool.slot_tensor(b)
+        with pytest.raises(IndexError):
+            pool.slot_tensor(-1)
+        import numpy as np
+        assert pool.slot_tensor(np.int64(0)).shape == (4, 64)
 
 
 # -- banks changed under the pool --
