@@ -28,8 +28,9 @@ runner's death):
 - every method of one Planner and one ExpertPool from 8 threads at once
   (ensure, hint, hint_prefetch, lookup, forget, stats, check, slot_tensor,
   with numpy and torch ids and bad arguments among them), then a close()
-  mid-way and calls after it: only the package's errors, no slot named
-  for two experts, every resident slot holding its expert's bytes.
+  mid-way and calls after it, over host banks and over a rows file: only
+  the package's errors, no slot named for two experts, every resident
+  slot holding its expert's bytes.
 """
 import errno
 import os
@@ -233,7 +234,11 @@ STORM = """
     L, E, S, R = 3, 16, 8, 512
     bank = torch.randint(0, 256, (L * E, R), dtype=torch.uint8,
                          generator=torch.Generator().manual_seed(5))
-    pool = ferry.ExpertPool(L, E, S, [bank], policy=%r)
+    if %r == "file":
+        open(%r, "wb").write(bank.numpy().tobytes())
+        pool = ferry.ExpertPool(L, E, S, rows_file=%r, row_bytes=[R], policy=%r)
+    else:
+        pool = ferry.ExpertPool(L, E, S, [bank], policy=%r)
     planner = ferry.Planner(L, E, S, policy=%r)
     view = pool.slot_tensor(0)
     other, codes = [], {}
@@ -312,9 +317,11 @@ STORM = """
 """
 
 
-@pytest.mark.parametrize("policy", ["lru", "routing", "auto"])
-def test_every_method_from_threads_then_close(policy):
-    out = run_child(STORM % (policy, policy), timeout=240)
+@pytest.mark.parametrize("policy,rows", [("lru", "banks"), ("routing", "file"),
+                                         ("auto", "banks")])
+def test_every_method_from_threads_then_close(policy, rows, tmp_path):
+    path = str(tmp_path / "rows.bin")
+    out = run_child(STORM % (rows, path, path, policy, policy, policy), timeout=240)
     assert "ok" in out, out
 
 
