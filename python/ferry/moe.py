@@ -51,6 +51,18 @@ def policies():
     return out
 
 
+def _bank_addr(x):
+    """A bank's address now: its dtype, whatever it became, is not asked
+    (the rows source reads bytes; describe() refuses a dtype ferry has no
+    code for, which a bank given .data = of another dtype may have)."""
+    if is_torch(x):
+        return x.data_ptr()
+    if isinstance(x, np.ndarray):
+        return x.__array_interface__["data"][0]
+    raise TypeError(f"ferry: an expert bank is a torch.Tensor or numpy.ndarray, got "
+                    f"{type(x).__name__}")
+
+
 def _bank_bytes(x):
     """(address, bytes) of a contiguous host tensor or array."""
     addr, shape, strides, dt, dev = describe(x)
@@ -81,6 +93,24 @@ def _u32(v, what):
     if not 0 <= v <= _U32_MAX:
         raise FerryError(-errno.EINVAL, f"{what} {v} is outside 0 .. 2^32-1")
     return int(v)
+
+
+def _u64(v, what):
+    """An integer C takes as uint64 or size_t (expert_bytes, row_bytes): refused
+    outside 0 .. 2^64-1, where ctypes would wrap it (-1 onto 2^64-1)."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"ferry: {what} is an integer, got {type(v).__name__} {v!r}")
+    if not 0 <= v <= 2**64 - 1:
+        raise FerryError(-errno.EINVAL, f"{what} {v} is outside 0 .. 2^64-1")
+    return int(v)
+
+
+def _shape(num_layers, num_experts, slots):
+    """The (num_layers, num_experts, slots) of a planner or pool as C's uint32
+    fields take them: checked here, where a structure's field would wrap
+    2^32 + 4 slots onto 4 (the C side then checks their ranges)."""
+    return (_u32(num_layers, "num_layers"), _u32(num_experts, "num_experts"),
+            _u32(slots, "slots"))
 
 
 def _u32s(experts):
@@ -143,6 +173,18 @@ def _policy_bytes(policy):
     return policy.encode()
 
 
+def _drop_plan(planner, plan, slots=None):
+    """The plan's slots are not what the planner placed there (a call cut
+    short between the plan and its copy, by an interrupt or a refused
+    copy): the planner forgets them, and the executor, when given, marks
+    them unknown. Forgetting a free slot is a no-op; a planner call that
+    failed changed nothing and left plan.n 0."""
+    for i in range(plan.n):
+        if slots:
+            lib.ferry_moe_slots_invalidate(slots, plan.dst_slots[i])
+        lib.ferry_moe_planner_forget(planner, plan.dst_slots[i])
+
+
 def _plan_dict(plan):
     n = plan.n
     return {"layer": plan.layer, "dst_slots": [plan.dst_slots[i] for i in range(n)],
@@ -168,7 +210,28 @@ def _planner_stats(handle):
     return {f: getattr(s, f) for f, _ in A.MoePlannerStats._fields_ if f != "size"}
 
 
-class Planner(Closing):
+class _LastCounts:
+    """last_counts: what the calling thread's last ensure() found (its step's
+    active, missing, fetched, prefetch_hits), not another thread's that came
+    in between; a thread that made no ensure() of its own reads the
+    object's last (AttributeError before any)."""
+
+    _mine = threading.local()   # until __init__ gives the object its own
+    _last = None
+
+    def _counted(self, counts):
+        d = {f: getattr(counts, f) for f, _ in A.MoeCounts._fields_}
+        self._mine.counts = self._last = d
+
+    @property
+    def last_counts(self):
+        d = getattr(self._mine, "counts", None) or self._last
+        if d is None:
+            raise AttributeError(f"{type(self).__name__}.last_counts: no ensure() yet")
+        return d
+
+
+class Planner(_LastCounts, Closing):
     """The planner of ferry/moe.h alone: which expert lives in which of
     `slots` slots, decided by an eviction policy (None: the library's
     default, "auto"), with no memory and no copies - ensure() returns the slots
@@ -182,8 +245,10 @@ class Planner(Closing):
         self._h = None
         self._lock = threading.RLock()
         self._where = Opened()
+        self._mine = threading.local()
+        num_layers, num_experts, slots = _shape(num_layers, num_experts, slots)
         po = A.MoePlannerOptions(num_layers=num_layers, num_experts=num_experts, slots=slots,
-                                 expert_bytes=expert_bytes)
+                                 expert_bytes=_u64(expert_bytes, "expert_bytes"))
         self._policy = _policy_bytes(policy)
         po.policy = self._policy
         h = ctypes.c_void_p()
@@ -209,16 +274,20 @@ class Planner(Closing):
     def ensure(self, layer, experts):
         """One layer of one step: (the slot of each expert in the order given,
         the copy plan {"layer", "dst_slots", "src_rows"} of the rows to move).
-        self.last_counts says what the step found."""
+        self.last_counts (the calling thread's last) says what the step found."""
         h = self._need()
         ex, ptr = _u32s(experts)
         layer = _u32(layer, "layer")
         slots = (ctypes.c_uint32 * max(ex.size, 1))()
         plan, counts = A.MoeCopyPlan(), A.MoeCounts()
-        check(lib.ferry_moe_planner_ensure(h, layer, ptr, ex.size, slots, ctypes.byref(plan),
-                                           ctypes.byref(counts)), f"ensure layer {layer}")
-        self.last_counts = {f: getattr(counts, f) for f, _ in A.MoeCounts._fields_}
-        return [slots[i] for i in range(ex.size)], _plan_dict(plan)
+        try:   # until the plan is returned, an interrupt drops what it placed
+            check(lib.ferry_moe_planner_ensure(h, layer, ptr, ex.size, slots, ctypes.byref(plan),
+                                               ctypes.byref(counts)), f"ensure layer {layer}")
+            self._counted(counts)
+            return [slots[i] for i in range(ex.size)], _plan_dict(plan)
+        except BaseException:
+            _drop_plan(h, plan)
+            raise
 
     @_locked
     def hint(self, layer, steps_ahead, experts, confidence=1.0):
@@ -235,9 +304,14 @@ class Planner(Closing):
         than they cost ({"layer", "dst_slots", "src_rows"}; empty: none)."""
         plan = A.MoeCopyPlan()
         h = self._need()
-        check(lib.ferry_moe_planner_hint_prefetch(h, _u32(max_rows, "max_rows"), ctypes.byref(plan)),
-              "hint prefetch")
-        return _plan_dict(plan)
+        max_rows = _u32(max_rows, "max_rows")
+        try:   # as ensure(): an interrupt before the plan is returned drops it
+            check(lib.ferry_moe_planner_hint_prefetch(h, max_rows, ctypes.byref(plan)),
+                  "hint prefetch")
+            return _plan_dict(plan)
+        except BaseException:
+            _drop_plan(h, plan)
+            raise
 
     @_locked
     def hint_stats(self):
@@ -288,7 +362,7 @@ class _SlotMemory:
         self.slots = self.dev = None
 
 
-class ExpertPool(Closing):
+class ExpertPool(_LastCounts, Closing):
     """Expert slots on a ferry device ("host" here; "cuda" on a GPU), an
     eviction planner over them (policy None: the library's default, "auto"),
     and a rows source (host banks or a file).
@@ -300,7 +374,10 @@ class ExpertPool(Closing):
     Banks: the pool reads the memory the bank tensors had when it was made
     (it keeps their storages). A bank resized past its capacity or given
     other memory (set_, .data =) after that makes the next copy raise
-    FerryError (EFAULT); keep a bank's memory while the pool is open."""
+    FerryError (EFAULT); keep a bank's memory while the pool is open. A
+    bank resized from another thread while a copy reads it is refused
+    after the copy (EFAULT, its slots forgotten), but the copy may have
+    read memory torch freed: a crash where the pages were unmapped."""
 
     _lock = threading.RLock()   # until __init__ gives the object its own
     _where = NOT_OPENED
@@ -311,13 +388,18 @@ class ExpertPool(Closing):
         self._mem = None   # the slots' memory, once a slot_tensor view holds it
         self._lock = threading.RLock()
         self._where = Opened()
+        self._mine = threading.local()
         if (banks is None) == (rows_file is None):
             raise ValueError("ferry: give banks (host tensors) or rows_file, one of them")
+        num_layers, num_experts, slots = _shape(num_layers, num_experts, slots)
         g = A.MoeGeometry(num_layers=num_layers, num_experts=num_experts, slots=slots)
         self._banks = None
         if banks is not None:
             banks = list(banks)
             info = [_bank_bytes(b) for b in banks]
+            if not num_layers or not num_experts:
+                raise FerryError(-errno.EINVAL, f"num_layers {num_layers} x num_experts "
+                                 f"{num_experts}: banks need at least one row", "expert pool")
             for b, (_, n) in enumerate(info):
                 if n % (num_layers * num_experts):
                     raise ValueError(f"ferry: bank {b} has {n} bytes, not a whole row per "
@@ -333,6 +415,7 @@ class ExpertPool(Closing):
         if not 1 <= len(row_bytes) <= A.MOE_MAX_BANKS:
             raise ValueError(f"ferry: 1..{A.MOE_MAX_BANKS} banks, got {len(row_bytes)}")
         g.banks = len(row_bytes)
+        row_bytes = [_u64(n, f"row_bytes[{b}]") for b, n in enumerate(row_bytes)]
         for b, n in enumerate(row_bytes):
             g.row_bytes[b] = n
         self.geometry = g
@@ -346,6 +429,9 @@ class ExpertPool(Closing):
 
     def _open(self, device, policy, rows_file, info):
         g = self.geometry
+        if not isinstance(device, str):
+            raise TypeError(f"ferry: device is a name (\"host\", \"cuda\"), got "
+                            f"{type(device).__name__} {device!r}")
         dopt = A.DeviceOptions()
         self._backend = device.encode()
         dopt.backend = self._backend
@@ -414,19 +500,28 @@ class ExpertPool(Closing):
         """Make every expert of `experts` (layer-local ids) resident at `layer`:
         the planner picks slots (evicting by its policy) and the executor
         copies only the rows that were missing. Returns the slot of each
-        expert, in the order given; self.last_counts says what moved."""
+        expert, in the order given; self.last_counts (the calling thread's
+        last) says what moved."""
         self._need()
         ex, _ = _u32s(experts)
         layer = _u32(layer, "layer")
         n = ex.size
         slots = (ctypes.c_uint32 * max(n, 1))()
         plan, counts = A.MoeCopyPlan(), A.MoeCounts()
-        check(lib.ferry_moe_planner_ensure(self._planner, layer,
-                                           ex.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)), n,
-                                           slots, ctypes.byref(plan), ctypes.byref(counts)),
-              f"ensure layer {layer}")
-        self._apply(plan, f"apply layer {layer}")
-        self.last_counts = {f: getattr(counts, f) for f, _ in A.MoeCounts._fields_}
+        try:
+            check(lib.ferry_moe_planner_ensure(self._planner, layer,
+                                               ex.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)),
+                                               n, slots, ctypes.byref(plan), ctypes.byref(counts)),
+                  f"ensure layer {layer}")
+            self._apply(plan, f"apply layer {layer}")
+        except FerryError:
+            raise   # the planner changed nothing, or _apply settled the plan's slots
+        except BaseException:
+            # an interrupt (SIGINT surfaces after the C call it came in) between
+            # the plan and the end of its copy: none of the plan's slots is trusted
+            _drop_plan(self._planner, plan, self._slots)
+            raise
+        self._counted(counts)
         return [slots[i] for i in range(n)]
 
     @_locked
@@ -445,6 +540,8 @@ class ExpertPool(Closing):
         self._need()
         if self._backend != b"host":
             raise ValueError("ferry: slot_tensor views host-device slots only")
+        if isinstance(bank, bool) or not isinstance(bank, (int, np.integer)):
+            raise TypeError(f"ferry: bank is an integer, got {type(bank).__name__} {bank!r}")
         if not 0 <= bank < len(self.row_bytes):
             raise IndexError(f"ferry: bank {bank} of {len(self.row_bytes)}")
         ctx = lib.ferry_moe_slots_device(self._slots)
@@ -493,18 +590,32 @@ class ExpertPool(Closing):
         layer first), so a later ensure() finds them. Returns the rows copied."""
         self._need()
         plan = A.MoeCopyPlan()
-        n = check(lib.ferry_moe_planner_hint_prefetch(self._planner, _u32(max_rows, "max_rows"),
-                                                      ctypes.byref(plan)),
-                  "hint prefetch")
-        if n:
-            self._apply(plan, f"apply hint prefetch of layer {plan.layer}")
-        return n
+        max_rows = _u32(max_rows, "max_rows")
+        try:   # as ensure()
+            n = check(lib.ferry_moe_planner_hint_prefetch(self._planner, max_rows,
+                                                          ctypes.byref(plan)), "hint prefetch")
+            if n:
+                self._apply(plan, f"apply hint prefetch of layer {plan.layer}")
+            return n
+        except FerryError:
+            raise
+        except BaseException:
+            _drop_plan(self._planner, plan, self._slots)
+            raise
 
     def _apply(self, plan, what):
         """Copy a plan's rows; slots a failure leaves unknown are forgotten by
-        the planner too, so the two never disagree on an occupant."""
-        if plan.n and self._banks is not None:
-            self._banks_in_place(plan, what)
+        the planner too, so the two never disagree on an occupant. Whatever
+        is raised before the copy (a bank that moved, an interrupt) forgets
+        the plan's slots: the planner placed experts there that never came.
+        A bank that moved during the copy (freed under it) makes the copied
+        slots unknown to both after it: their bytes are not the rows."""
+        try:
+            if plan.n and self._banks is not None:
+                self._banks_in_place(what)
+        except BaseException:
+            _drop_plan(self._planner, plan)
+            raise
         unknown = getattr(self, "_unknown", None)
         if unknown is None:  # made once: room for every slot
             unknown = self._unknown = (ctypes.c_uint32 * max(self.slots, 1))()
@@ -516,18 +627,22 @@ class ExpertPool(Closing):
             for i in range(n_unknown.value):
                 lib.ferry_moe_planner_forget(self._planner, unknown[i])
             raise FerryError(rc, msg or None, what)
+        if plan.n and self._banks is not None:
+            try:   # a bank freed (resize_ in another thread) while the copy read it
+                self._banks_in_place(what)
+            except BaseException:
+                _drop_plan(self._planner, plan, self._slots)
+                raise
         return rc
 
-    def _banks_in_place(self, plan, what):
+    def _banks_in_place(self, what):
         """Refuse a copy from a bank whose memory moved since the pool was made
         (resize_() past its capacity frees what the rows source reads; set_()
-        or .data = leaves it stale): the plan's slots are forgotten (nothing
-        was copied into them) and FerryError (EFAULT) names the bank."""
+        or .data = leaves it stale): FerryError (EFAULT) names the bank (and
+        _apply forgets the plan's slots: nothing was copied into them)."""
         for b, (t, addr) in enumerate(zip(self._banks, self._bank_addrs)):
-            now = describe(t)[0]
+            now = _bank_addr(t)
             if now != addr:
-                for i in range(plan.n):
-                    lib.ferry_moe_planner_forget(self._planner, plan.dst_slots[i])
                 raise FerryError(-errno.EFAULT, f"expert bank {b} was resized or given other "
                                  f"memory (its address moved from {addr:#x} to {now:#x}) "
                                  "since the pool was made: the pool reads the banks it was "
@@ -550,6 +665,7 @@ def replay(trace_path, policy=None, slots=0, expert_bytes=0):
     """Replay a routing trace (ferry moe gen / engine captures) through a planner
     (policy None: the library's default, "auto"): a dict with hits, misses,
     hit_rate, evictions, host_bytes, ns_per_step."""
+    slots, expert_bytes = _u32(slots, "slots"), _u64(expert_bytes, "expert_bytes")
     t = ctypes.c_void_p()
     check(lib.ferry_moe_trace_load(os.fsencode(trace_path), ctypes.byref(t)), f"trace {trace_path}")
     try:
