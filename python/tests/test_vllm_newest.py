@@ -310,6 +310,33 @@ def test_async_saves_are_a_pending_block_free(model, store):
     eng.close()
 
 
+def test_layerwise_async_saves_are_never_a_block_free_left_pending(model, store):
+    """"ferry.layerwise" with "ferry.async_save": the layerwise stores end in
+    wait_for_save, and the worker then names no request in
+    finished_sending. A scheduler that still answered request_finished True
+    kept the request's blocks for a report that never came: vLLM frees them
+    only on it (vllm-project/vllm 00f4240ee6458263d76cf51ca7901ce1350bb4d1,
+    vllm/v1/core/sched/scheduler.py, Scheduler._free_request and
+    _update_from_kv_xfer_finished), and has_pending_block_frees stayed True,
+    so Scheduler.schedule stopped instead of preempting for good. Whatever
+    request_finished answers, the worker's reports must agree with it."""
+    eng = Engine(model, store, extra={"ferry.store": NAME, "ferry.layerwise": True,
+                                      "ferry.async_save": True})
+    a, _ = prompts()
+    ra = Request("a", a)
+    eng.admit(ra)
+    eng.step_new(ra)
+    assert store.lookup(a) == 32
+    held, _ = eng.sched.request_finished(ra, eng.blocks["a"])
+    outs = poll(eng.worker, {"a"}, lambda o: "a" in o[-1].finished_sending, timeout=2)
+    named = [o for o in outs if "a" in o.finished_sending]
+    assert len(named) == (1 if held else 0)
+    for o in outs:
+        eng.sched.update_connector_output(o)
+    assert eng.sched.has_pending_block_frees() is False
+    eng.close()
+
+
 def test_a_hybrid_models_failed_load_is_reported_for_its_request():
     """Two KV cache groups (full attention, sliding window): block ids are
     unique only within a group, so the newest scheduler raises on

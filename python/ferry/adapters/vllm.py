@@ -127,7 +127,8 @@ kind (Mamba state, ...) turns the connector off for that model, with a
 warning: a hit must cover every group. Options: "ferry.async_load" (loads
 vLLM does not wait for, reported through get_finished), "ferry.async_save"
 (stores not waited for; the request's blocks are kept until they end; a
-sliding-window group's are waited for, its blocks freed while it runs),
+sliding-window group's are waited for, its blocks freed while it runs;
+with "ferry.layerwise" it does nothing: layerwise stores end in their step),
 "ferry.kv_events" (KV events without vLLM's kv_events_config),
 "ferry.kv_cache_layout" (a layout to ask vLLM for). A boolean setting is a
 JSON boolean or one of the strings true/false, 1/0, yes/no, on/off (as a
@@ -746,6 +747,13 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self.saves_skipped = 0
         self._stats = dict.fromkeys(_STAT_DOCS, 0)
         self._layerwise = _flag(self._extra, "ferry.layerwise")
+        if self._layerwise and self._async_save:
+            # layerwise stores end in wait_for_save (their layers are handed
+            # over during the forward): none is left for get_finished to
+            # report, so request_finished must not keep the blocks for one
+            log.warning("ferry: vLLM connector: \"ferry.async_save\" does nothing with "
+                        "\"ferry.layerwise\": layerwise stores end in their step")
+            self._async_save = False
         self._cross_layer = _flag(self._extra, "ferry.cross_layer_blocks")
         _flag(self._extra, "ferry.persistent")   # refused here, not when the store opens
         self._layer_index = {}
