@@ -569,3 +569,78 @@ def test_a_streaming_round_over_several_steps_after_a_loaded_round(model, store)
     eng.finish(r)
     assert store.delete(a[:32]) == 2                # no pin of round 1 left
     eng.close()
+
+
+class _Factory:
+    """KVConnectorFactory's registry by name, as vllm-project/vllm
+    a4cd9d0d28bdb41db8dfe0acdafac2bf2f608630 declares it
+    (vllm/distributed/kv_transfer/kv_connector/factory.py: register_connector
+    refuses a name taken; get_connector_class_by_name raises ValueError for
+    a name not registered, whatever module paths were used)."""
+    _registry = {}
+
+    @classmethod
+    def register_connector(cls, name, module_path, class_name):
+        if name in cls._registry:
+            raise ValueError(f"Connector '{name}' is already registered.")
+        import importlib
+
+        def loader():
+            return getattr(importlib.import_module(module_path), class_name)
+        cls._registry[name] = loader
+
+    @classmethod
+    def get_connector_class_by_name(cls, connector_name):
+        if connector_name not in cls._registry:
+            raise ValueError(f"Connector '{connector_name}' is not registered.")
+        return cls._registry[connector_name]()
+
+
+def _fake_vllm_factory(monkeypatch):
+    import sys
+    import types
+    parts = "vllm.distributed.kv_transfer.kv_connector.factory".split(".")
+    for i in range(1, len(parts) + 1):
+        name = ".".join(parts[:i])
+        mod = types.ModuleType(name)
+        if i == len(parts):
+            mod.KVConnectorFactory = type("KVConnectorFactory", (_Factory,), {"_registry": {}})
+        monkeypatch.setitem(sys.modules, name, mod)
+    return sys.modules["vllm.distributed.kv_transfer.kv_connector.factory"].KVConnectorFactory
+
+
+def test_a_multiconnector_rebuilds_ferrys_stats_by_its_name(monkeypatch):
+    """Inside vLLM's MultiConnector, the stats reach the API server as
+    {"FerryConnector": FerryConnectorStats.to_dict()} (Scheduler.make_stats,
+    MultiKVConnectorStats.to_dict), and MultiConnector.build_kv_connector_stats
+    rebuilds each child's by KVConnectorFactory.get_connector_class_by_name
+    (vllm-project/vllm 00f4240ee6458263d76cf51ca7901ce1350bb4d1,
+    vllm/distributed/kv_transfer/kv_connector/v1/multi_connector.py). A
+    connector vLLM loaded by module path alone is not registered there: the
+    server's stat logger raised ValueError. vLLM runs the
+    "vllm.general_plugins" entry points in each of its processes; ferry's
+    registers the name, and so does loading ferry's connector module."""
+    import tomllib
+    from pathlib import Path
+
+    import ferry.adapters as adapters
+    factory = _fake_vllm_factory(monkeypatch)
+    with pytest.raises(ValueError):
+        factory.get_connector_class_by_name("FerryConnector")
+    meta = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    hook = meta["project"]["entry-points"]["vllm.general_plugins"]["ferry"]
+    assert hook == "ferry.adapters:register_vllm_connector"
+    assert adapters.register_vllm_connector() is True
+    assert adapters.register_vllm_connector() is True      # each process, any number of times
+    cls = factory.get_connector_class_by_name("FerryConnector")
+    assert cls is FerryConnector
+    # MultiConnector.get_kv_connector_stats -> to_dict -> build_kv_connector_stats
+    sent = {cls.__name__: FerryConnectorStats(data={"loads": 2, "save_tokens": 64}).to_dict()}
+    rebuilt = {name: factory.get_connector_class_by_name(name).build_kv_connector_stats(data=d)
+               for name, d in sent.items()}
+    assert rebuilt["FerryConnector"].reduce() == {"loads": 2, "save_tokens": 64}
+
+
+def test_without_vllm_the_plugin_hook_registers_nothing():
+    import ferry.adapters as adapters
+    assert base.VLLM or adapters.register_vllm_connector() is False

@@ -10,7 +10,10 @@ vLLM loads it through its external connector setting:
 
 and builds one instance per role: the scheduler's (lookups and per-step
 plans) and each worker's (moving KV between vLLM's paged caches and the
-store).
+store). The name "FerryConnector" is registered with vLLM's
+KVConnectorFactory too, by the package's "vllm.general_plugins" entry point
+in each vLLM process and by loading this module: inside a MultiConnector,
+vLLM's API server rebuilds each child's stats by its class name.
 
 Where the store comes from (kv_connector_extra_config):
   "ferry.store": the name of a ferry.KVStore registered in this process
@@ -175,7 +178,7 @@ from .. import errors
 from .._buffers import Buffer
 from ..errors import FerryError
 from ..kv import KVStore, Layout, hash_chunks
-from . import register_store, registered_store
+from . import register_store, register_vllm_connector, registered_store
 from . import _l2dir
 from ._settings import flag as _flag, truthy as _truthy
 from ._vllm_base import (VLLM, AllBlocksCleared, BlockRemoved, BlockStored, KVConnectorBase_V1,
@@ -1784,6 +1787,13 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             self._store.close()
             self._opened = False
         self._store = None
+
+
+if VLLM:
+    # vLLM loaded this module by kv_connector_module_path: from here on
+    # "FerryConnector" is a name its KVConnectorFactory knows in this process
+    # (a MultiConnector rebuilds its children's stats by name)
+    register_vllm_connector()
 
 
 # ==== ferry behind vLLM's own OffloadingConnector ====
