@@ -163,6 +163,7 @@ caches' GPU (KVStore(device="cuda:N")); a registered store must have been
 opened with that device, else register_kv_caches refuses the caches with
 a ValueError naming the device they need.
 """
+import dataclasses
 import errno
 import hashlib
 import inspect
@@ -616,6 +617,19 @@ def _lora_of(request):
     name = getattr(lora, "lora_name", None)
     lid = getattr(lora, "lora_int_id", None)
     return (str(name) if name is not None else None), lid
+
+
+def _kv_event(cls, **fields):
+    """vLLM's KV event `cls` with those of `fields` its kv_events.py declares:
+    a vLLM as old as connectors' take_events has BlockStored without medium
+    and lora_name, and BlockRemoved without medium (msgspec refuses a keyword
+    a Struct does not declare); newer fields have defaults."""
+    names = getattr(cls, "__struct_fields__", None)
+    if names is None and dataclasses.is_dataclass(cls):
+        names = [f.name for f in dataclasses.fields(cls)]
+    if names is not None:
+        fields = {k: v for k, v in fields.items() if k in names}
+    return cls(**fields)
 
 
 def _layer_order(names):
@@ -1205,8 +1219,9 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         if not new:
             return
         self._published.update(new)
-        self._events.append(BlockStored(
-            block_hashes=new, parent_block_hash=hashes[first - 1] if first else None,
+        self._events.append(_kv_event(
+            BlockStored, block_hashes=new,
+            parent_block_hash=hashes[first - 1] if first else None,
             token_ids=list(st.tokens[start:end]), block_size=chunk, lora_id=st.lora[1],
             medium="CPU", lora_name=st.lora[0]))
 
@@ -1219,7 +1234,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         gone = [h for h in self._chunk_hashes(st, end)[st.hit // chunk:] if h in self._published]
         if gone:
             self._published.difference_update(gone)
-            self._events.append(BlockRemoved(block_hashes=gone, medium="CPU"))
+            self._events.append(_kv_event(BlockRemoved, block_hashes=gone, medium="CPU"))
             st.saved = min(st.saved, st.hit)
 
     def take_events(self):
