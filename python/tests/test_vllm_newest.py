@@ -644,3 +644,50 @@ def test_a_multiconnector_rebuilds_ferrys_stats_by_its_name(monkeypatch):
 def test_without_vllm_the_plugin_hook_registers_nothing():
     import ferry.adapters as adapters
     assert base.VLLM or adapters.register_vllm_connector() is False
+
+
+def test_a_daemon_schedulers_layout_counts_the_layers_vllm_caches(tmp_path):
+    """With "ferry.server" the scheduler's lookup-only client says its KV
+    layout to the daemon, which refuses one that is not its own (HELLO). The
+    workers' layout is that of the caches vLLM registers: every layer of the
+    KV cache group, a speculative drafter's too (vllm-project/vllm
+    00da92319af4b2ad2cde8525b7b609c779bdc52f,
+    vllm/model_executor/models/llama_eagle.py: EagleLlamaForCausalLM names
+    its layers model.layers.{target layers + i}, attention layers that get
+    KV caches beside the target's). The scheduler took its layer count from
+    model_config.get_num_layers, the target's alone, and its first lookup
+    raised (the daemon serves the workers' layout). The scheduler is built
+    with the same kv_cache_config (Scheduler.__init__ ->
+    KVConnectorFactory.create_connector at 00f4240ee6458263d76cf51ca7901ce1350bb4d1,
+    vllm/v1/core/sched/scheduler.py): its group's layers are the count."""
+    from ferry.adapters import registered_store
+    from test_server import Daemon
+    model = TinyLlama(dim=256, layers=2, heads=4, kv_heads=2, ffn=256, seed=4321,
+                      dtype=torch.bfloat16)        # the daemon's tiny preset: 2 layers
+    d = Daemon(str(tmp_path)).start()
+    try:
+        extra = {"ferry.server": d.url, "ferry.store": NAME, "ferry.chunk_tokens": CHUNK}
+        eng = Engine(model, extra=extra)
+        assert registered_store(NAME).layout.num_layers == 2   # target layer + drafter's
+        # the target model has 1 layer; its EAGLE drafter's is model.layers.1
+        mc = SimpleNamespace(model="tiny-llama", dtype=torch.bfloat16, use_mla=False,
+                             get_num_layers=lambda pc: 1,
+                             get_num_kv_heads=lambda pc: model.kv_heads,
+                             get_head_size=lambda: model.head_dim)
+        cfg = vllm_config(dict(extra, **{"ferry.store": "scheduler-process"}))
+        cfg.model_config = mc
+        kcc = SimpleNamespace(kv_cache_groups=[SimpleNamespace(
+            kv_cache_spec=type("FullAttentionSpec", (), {})(), layer_names=layer_names(model))])
+        eng.sched.shutdown()
+        eng.sched = connector_class(cfg)(cfg, Role.SCHEDULER, kcc)
+        kv_a = serve_a(eng)
+        _, b = prompts()
+        rb = Request("b", b)
+        assert eng.admit(rb) == 32
+        eng.step_new(rb)
+        assert torch.equal(model.kv_of(eng.caches, eng.blocks["b"], 32), kv_a)
+        eng.finish(rb)
+        eng.close()
+    finally:
+        unregister_store(NAME)
+        d.stop()

@@ -46,7 +46,10 @@ Where the store comes from (kv_connector_extra_config):
       layout comes from "ferry.layout" ({"num_layers",
       "num_kv_heads", "head_dim", "dtype", "mla"}) or, without it, from
       vLLM's model_config (get_num_layers, get_num_kv_heads, get_head_size,
-      dtype, use_mla). "ferry.chunk_tokens" must match the daemon's.
+      dtype, use_mla), its layers counted from the scheduler's
+      kv_cache_config when that names them at one pipeline stage (the
+      workers' layout is the caches of a KV cache group: a speculative
+      drafter's layers are among them). "ferry.chunk_tokens" must match the daemon's.
       With pipeline parallelism every stage's worker is the same TP rank of
       the same model, but holds only its stage's layers: each stage's chunks
       are keyed apart, and the scheduler counts a chunk as a hit only once
@@ -523,9 +526,13 @@ def _name_old_l2(d, sub):
                     "and still holds its space on the drive: %s", path, size, sub, keep)
 
 
-def _config_layout(vllm_config, extra):
+def _config_layout(vllm_config, extra, cached=()):
     """The KV layout per TP rank for a scheduler that has no caches to read it
-    from: "ferry.layout", else vLLM's ModelConfig."""
+    from: "ferry.layout", else vLLM's ModelConfig, with the layers of the
+    first KV cache group ferry caches (`cached`, from the scheduler's
+    kv_cache_config) when vLLM names them and runs one pipeline stage: a
+    worker's layout is that group's caches, a speculative drafter's layers
+    among them (and a hybrid model's group holds some of its layers only)."""
     spec = extra.get("ferry.layout")
     if spec:
         return Layout.from_model(int(spec["num_layers"]), int(spec["num_kv_heads"]),
@@ -534,7 +541,12 @@ def _config_layout(vllm_config, extra):
     mc = getattr(vllm_config, "model_config", None)
     pc = getattr(vllm_config, "parallel_config", None)
     try:
-        return Layout.from_model(mc.get_num_layers(pc), mc.get_num_kv_heads(pc),
+        layers = mc.get_num_layers(pc)
+        stages = int(getattr(pc, "pipeline_parallel_size", 1) or 1)
+        named = [g for g in cached if g.layer_names]
+        if named and stages == 1:
+            layers = len(set(named[0].layer_names))
+        return Layout.from_model(layers, mc.get_num_kv_heads(pc),
                                  mc.get_head_size(), mc.dtype,
                                  mla=bool(getattr(mc, "use_mla", False)))
     except AttributeError as e:
@@ -888,7 +900,8 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         mc = getattr(self._vllm_config, "model_config", None)
         _, world = _tp_rank_world(self._vllm_config, rank=False)
         s = KVStore(model=str(e.get("ferry.model", getattr(mc, "model", "vllm"))),
-                    layout=_config_layout(self._vllm_config, e), server=self._server,
+                    layout=_config_layout(self._vllm_config, e, self._cached),
+                    server=self._server,
                     lookup_only=True, chunk_tokens=int(e.get("ferry.chunk_tokens", 0)),
                     tp_rank=rank, tp_world=world)
         self._opened = True
