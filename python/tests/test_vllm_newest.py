@@ -691,3 +691,48 @@ def test_a_daemon_schedulers_layout_counts_the_layers_vllm_caches(tmp_path):
     finally:
         unregister_store(NAME)
         d.stop()
+
+
+def test_a_layerwise_load_is_reported_before_the_drafters_forward(model, store):
+    """vLLM's model runner with a drafter whose KV the connector saves
+    (vllm-project/vllm 00f4240ee6458263d76cf51ca7901ce1350bb4d1,
+    vllm/v1/worker/kv_connector_model_runner_mixin.py,
+    _get_kv_connector_output(defer_finalize=True) then
+    finalize_kv_connector): start_load_kv, the target's forward, then
+    get_transfer_results and get_block_ids_with_load_errors for the step's
+    output, and only then the drafter's forward (its layers' waits) and
+    wait_for_save. A layerwise load ended at the wait of its last layer, a
+    drafter's: a load that came short was reported a step late, after vLLM
+    had sampled from the blocks it did not fill. Here layer 1 plays the
+    drafter's layer."""
+    eng = Engine(model, store, extra={"ferry.store": NAME, "ferry.layerwise": True})
+    serve_a(eng)
+    _, b = prompts()
+    rb = Request("b", b)
+    assert eng.admit(rb) == 32
+    store.unpin(b[:32])                     # the chunks lost after the plan
+    assert store.delete(b[:32]) == 2
+    names = layer_names(model)
+    w = eng.worker
+    reported = []
+
+    def execute(so, req, n):
+        w.bind_connector_metadata(so.kv_connector_metadata)
+        w.start_load_kv(FWD)
+        w.wait_for_layer_load(names[0])                    # the target's forward
+        w.save_kv_layer(names[0], eng.caches[0], SimpleNamespace())
+        res = w.get_transfer_results(so.finished_req_ids)  # the step's output
+        reported.append((res, w.get_block_ids_with_load_errors()))
+        w.wait_for_layer_load(names[1])                    # the drafter's forward
+        w.save_kv_layer(names[1], eng.caches[1], SimpleNamespace())
+        w.wait_for_save()                                  # finalize_kv_connector
+        w.clear_connector_metadata()
+
+    eng.execute = execute
+    eng.step_new(rb)
+    (res, errors), = reported
+    assert errors == set(eng.blocks["b"][:8])              # in the step that loaded
+    assert res.failed_recving == set()
+    assert w.get_block_ids_with_load_errors() == set()     # and once
+    eng.finish(rb)
+    eng.close()

@@ -1771,6 +1771,13 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             self._reap_saves(rid, True)
 
     def get_block_ids_with_load_errors(self):
+        """Blocks the step's loads did not fill. vLLM asks after the target's
+        forward, and with a drafter whose KV is saved before the drafter's
+        forward (KVConnectorModelRunnerMixin, defer_finalize): a layerwise
+        load still waiting for a drafter layer's wait ends here, so that
+        what it did not fill is reported in the step that loaded it."""
+        if self._loading:
+            self._load_finish()
         self._agree_loads()
         out, self._load_errors = self._load_errors, set()
         return out
