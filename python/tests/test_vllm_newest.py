@@ -736,3 +736,38 @@ def test_a_layerwise_load_is_reported_before_the_drafters_forward(model, store):
     assert w.get_block_ids_with_load_errors() == set()     # and once
     eng.finish(rb)
     eng.close()
+
+
+def test_a_daemon_schedulers_layout_has_the_kv_caches_dtype(monkeypatch):
+    """vLLM's fp8 KV cache ("fp8", "fp8_e4m3", "fp8_e5m2") is stored as
+    torch.uint8 (STR_DTYPE_TO_TORCH_DTYPE, vllm/utils/torch_utils.py), which
+    is the dtype of the group's KV cache spec and of the caches the workers
+    register (their layout, the daemon's); model_config.dtype stays the
+    model's (bfloat16). The scheduler's lookup-only client said bfloat16,
+    which the daemon refuses (HELLO compares dtypes): its dtype is the
+    spec's now."""
+    from ferry.adapters import vllm as vllm_adapter
+    opened = []
+
+    class Client:
+        def __init__(self, **kw):
+            opened.append(kw)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(vllm_adapter, "KVStore", Client)
+    mc = SimpleNamespace(model="m", dtype=torch.bfloat16, use_mla=False,
+                         get_num_layers=lambda pc: 2, get_num_kv_heads=lambda pc: 2,
+                         get_head_size=lambda: 64)
+    cfg = vllm_config({"ferry.server": "unix:/nonexistent", "ferry.store": "elsewhere"})
+    cfg.model_config = mc
+    spec = type("FullAttentionSpec", (), {})()
+    spec.dtype = torch.uint8
+    kcc = SimpleNamespace(kv_cache_groups=[SimpleNamespace(
+        kv_cache_spec=spec, layer_names=["model.layers.0.attn", "model.layers.1.attn"])])
+    c = FerryConnector(cfg, Role.SCHEDULER, kcc)
+    c.store
+    caches = [torch.zeros(2, 8, 16, 2, 64, dtype=torch.uint8) for _ in range(2)]
+    assert opened[0]["layout"] == ferry.Layout.from_kv_caches(caches)   # the workers'
+    c._store = None

@@ -49,7 +49,8 @@ Where the store comes from (kv_connector_extra_config):
       dtype, use_mla), its layers counted from the scheduler's
       kv_cache_config when that names them at one pipeline stage (the
       workers' layout is the caches of a KV cache group: a speculative
-      drafter's layers are among them). "ferry.chunk_tokens" must match the daemon's.
+      drafter's layers are among them) and its dtype that of the group's
+      KV cache spec (an fp8 KV cache is uint8). "ferry.chunk_tokens" must match the daemon's.
       With pipeline parallelism every stage's worker is the same TP rank of
       the same model, but holds only its stage's layers: each stage's chunks
       are keyed apart, and the scheduler counts a chunk as a hit only once
@@ -275,6 +276,7 @@ class _Group:
     window: int = 0
     layer_names: list = None
     spec: str = ""
+    dtype: object = None    # the spec's dtype: the caches' (vLLM's AttentionSpec.dtype)
 
 
 _FULL_SPECS = {"FullAttentionSpec", "MLAAttentionSpec"}
@@ -291,12 +293,13 @@ def _groups_of(kv_cache_config):
         spec = getattr(g, "kv_cache_spec", None)
         name = type(spec).__name__
         names = list(getattr(g, "layer_names", None) or []) or None
+        dtype = getattr(spec, "dtype", None)
         if name in _FULL_SPECS:
-            out.append(_Group(i, "full", 0, names, name))
+            out.append(_Group(i, "full", 0, names, name, dtype))
         elif name in _SLIDING_SPECS and getattr(spec, "sliding_window", None):
-            out.append(_Group(i, "sliding", int(spec.sliding_window), names, name))
+            out.append(_Group(i, "sliding", int(spec.sliding_window), names, name, dtype))
         else:
-            out.append(_Group(i, "skipped", 0, names, name))
+            out.append(_Group(i, "skipped", 0, names, name, dtype))
     return out
 
 
@@ -532,7 +535,8 @@ def _config_layout(vllm_config, extra, cached=()):
     first KV cache group ferry caches (`cached`, from the scheduler's
     kv_cache_config) when vLLM names them and runs one pipeline stage: a
     worker's layout is that group's caches, a speculative drafter's layers
-    among them (and a hybrid model's group holds some of its layers only)."""
+    among them (and a hybrid model's group holds some of its layers only);
+    and with the dtype of that group's spec, the caches' dtype."""
     spec = extra.get("ferry.layout")
     if spec:
         return Layout.from_model(int(spec["num_layers"]), int(spec["num_kv_heads"]),
@@ -541,13 +545,15 @@ def _config_layout(vllm_config, extra, cached=()):
     mc = getattr(vllm_config, "model_config", None)
     pc = getattr(vllm_config, "parallel_config", None)
     try:
-        layers = mc.get_num_layers(pc)
+        layers, dtype = mc.get_num_layers(pc), mc.dtype
         stages = int(getattr(pc, "pipeline_parallel_size", 1) or 1)
-        named = [g for g in cached if g.layer_names]
-        if named and stages == 1:
-            layers = len(set(named[0].layer_names))
+        first = cached[0] if cached else None
+        if first is not None and first.layer_names and stages == 1:
+            layers = len(set(first.layer_names))
+        if first is not None and torch is not None and isinstance(first.dtype, torch.dtype):
+            dtype = first.dtype   # the caches' (an fp8 KV cache is uint8, not the model's)
         return Layout.from_model(layers, mc.get_num_kv_heads(pc),
-                                 mc.get_head_size(), mc.dtype,
+                                 mc.get_head_size(), dtype,
                                  mla=bool(getattr(mc, "use_mla", False)))
     except AttributeError as e:
         raise ValueError("ferry: vLLM connector: the scheduler's \"ferry.server\" client "
