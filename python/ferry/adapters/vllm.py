@@ -1834,7 +1834,11 @@ if VLLM:
     # vLLM loaded this module by kv_connector_module_path: from here on
     # "FerryConnector" is a name its KVConnectorFactory knows in this process
     # (a MultiConnector rebuilds its children's stats by name)
-    register_vllm_connector()
+    try:
+        register_vllm_connector()
+    except Exception as _e:  # pragma: no cover - a vLLM whose factory will not load
+        log.warning("ferry: vLLM connector: not registered with vLLM's "
+                    "KVConnectorFactory: %s", _e)
 
 
 # ==== ferry behind vLLM's own OffloadingConnector ====
