@@ -310,6 +310,33 @@ def test_async_saves_are_a_pending_block_free(model, store):
     eng.close()
 
 
+def test_layerwise_async_saves_are_never_a_block_free_left_pending(model, store):
+    """"ferry.layerwise" with "ferry.async_save": the layerwise stores end in
+    wait_for_save, and the worker then names no request in
+    finished_sending. A scheduler that still answered request_finished True
+    kept the request's blocks for a report that never came: vLLM frees them
+    only on it (vllm-project/vllm 00f4240ee6458263d76cf51ca7901ce1350bb4d1,
+    vllm/v1/core/sched/scheduler.py, Scheduler._free_request and
+    _update_from_kv_xfer_finished), and has_pending_block_frees stayed True,
+    so Scheduler.schedule stopped instead of preempting for good. Whatever
+    request_finished answers, the worker's reports must agree with it."""
+    eng = Engine(model, store, extra={"ferry.store": NAME, "ferry.layerwise": True,
+                                      "ferry.async_save": True})
+    a, _ = prompts()
+    ra = Request("a", a)
+    eng.admit(ra)
+    eng.step_new(ra)
+    assert store.lookup(a) == 32
+    held, _ = eng.sched.request_finished(ra, eng.blocks["a"])
+    outs = poll(eng.worker, {"a"}, lambda o: "a" in o[-1].finished_sending, timeout=2)
+    named = [o for o in outs if "a" in o.finished_sending]
+    assert len(named) == (1 if held else 0)
+    for o in outs:
+        eng.sched.update_connector_output(o)
+    assert eng.sched.has_pending_block_frees() is False
+    eng.close()
+
+
 def test_a_hybrid_models_failed_load_is_reported_for_its_request():
     """Two KV cache groups (full attention, sliding window): block ids are
     unique only within a group, so the newest scheduler raises on
@@ -542,3 +569,205 @@ def test_a_streaming_round_over_several_steps_after_a_loaded_round(model, store)
     eng.finish(r)
     assert store.delete(a[:32]) == 2                # no pin of round 1 left
     eng.close()
+
+
+class _Factory:
+    """KVConnectorFactory's registry by name, as vllm-project/vllm
+    a4cd9d0d28bdb41db8dfe0acdafac2bf2f608630 declares it
+    (vllm/distributed/kv_transfer/kv_connector/factory.py: register_connector
+    refuses a name taken; get_connector_class_by_name raises ValueError for
+    a name not registered, whatever module paths were used)."""
+    _registry = {}
+
+    @classmethod
+    def register_connector(cls, name, module_path, class_name):
+        if name in cls._registry:
+            raise ValueError(f"Connector '{name}' is already registered.")
+        import importlib
+
+        def loader():
+            return getattr(importlib.import_module(module_path), class_name)
+        cls._registry[name] = loader
+
+    @classmethod
+    def get_connector_class_by_name(cls, connector_name):
+        if connector_name not in cls._registry:
+            raise ValueError(f"Connector '{connector_name}' is not registered.")
+        return cls._registry[connector_name]()
+
+
+def _fake_vllm_factory(monkeypatch):
+    import sys
+    import types
+    parts = "vllm.distributed.kv_transfer.kv_connector.factory".split(".")
+    for i in range(1, len(parts) + 1):
+        name = ".".join(parts[:i])
+        mod = types.ModuleType(name)
+        if i == len(parts):
+            mod.KVConnectorFactory = type("KVConnectorFactory", (_Factory,), {"_registry": {}})
+        monkeypatch.setitem(sys.modules, name, mod)
+    return sys.modules["vllm.distributed.kv_transfer.kv_connector.factory"].KVConnectorFactory
+
+
+def test_a_multiconnector_rebuilds_ferrys_stats_by_its_name(monkeypatch):
+    """Inside vLLM's MultiConnector, the stats reach the API server as
+    {"FerryConnector": FerryConnectorStats.to_dict()} (Scheduler.make_stats,
+    MultiKVConnectorStats.to_dict), and MultiConnector.build_kv_connector_stats
+    rebuilds each child's by KVConnectorFactory.get_connector_class_by_name
+    (vllm-project/vllm 00f4240ee6458263d76cf51ca7901ce1350bb4d1,
+    vllm/distributed/kv_transfer/kv_connector/v1/multi_connector.py). A
+    connector vLLM loaded by module path alone is not registered there: the
+    server's stat logger raised ValueError. vLLM runs the
+    "vllm.general_plugins" entry points in each of its processes; ferry's
+    registers the name, and so does loading ferry's connector module."""
+    import tomllib
+    from pathlib import Path
+
+    import ferry.adapters as adapters
+    factory = _fake_vllm_factory(monkeypatch)
+    with pytest.raises(ValueError):
+        factory.get_connector_class_by_name("FerryConnector")
+    meta = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    hook = meta["project"]["entry-points"]["vllm.general_plugins"]["ferry"]
+    assert hook == "ferry.adapters:register_vllm_connector"
+    assert adapters.register_vllm_connector() is True
+    assert adapters.register_vllm_connector() is True      # each process, any number of times
+    cls = factory.get_connector_class_by_name("FerryConnector")
+    assert cls is FerryConnector
+    # MultiConnector.get_kv_connector_stats -> to_dict -> build_kv_connector_stats
+    sent = {cls.__name__: FerryConnectorStats(data={"loads": 2, "save_tokens": 64}).to_dict()}
+    rebuilt = {name: factory.get_connector_class_by_name(name).build_kv_connector_stats(data=d)
+               for name, d in sent.items()}
+    assert rebuilt["FerryConnector"].reduce() == {"loads": 2, "save_tokens": 64}
+
+
+def test_without_vllm_the_plugin_hook_registers_nothing():
+    import ferry.adapters as adapters
+    assert base.VLLM or adapters.register_vllm_connector() is False
+
+
+def test_a_daemon_schedulers_layout_counts_the_layers_vllm_caches(tmp_path):
+    """With "ferry.server" the scheduler's lookup-only client says its KV
+    layout to the daemon, which refuses one that is not its own (HELLO). The
+    workers' layout is that of the caches vLLM registers: every layer of the
+    KV cache group, a speculative drafter's too (vllm-project/vllm
+    00da92319af4b2ad2cde8525b7b609c779bdc52f,
+    vllm/model_executor/models/llama_eagle.py: EagleLlamaForCausalLM names
+    its layers model.layers.{target layers + i}, attention layers that get
+    KV caches beside the target's). The scheduler took its layer count from
+    model_config.get_num_layers, the target's alone, and its first lookup
+    raised (the daemon serves the workers' layout). The scheduler is built
+    with the same kv_cache_config (Scheduler.__init__ ->
+    KVConnectorFactory.create_connector at 00f4240ee6458263d76cf51ca7901ce1350bb4d1,
+    vllm/v1/core/sched/scheduler.py): its group's layers are the count."""
+    from ferry.adapters import registered_store
+    from test_server import Daemon
+    model = TinyLlama(dim=256, layers=2, heads=4, kv_heads=2, ffn=256, seed=4321,
+                      dtype=torch.bfloat16)        # the daemon's tiny preset: 2 layers
+    d = Daemon(str(tmp_path)).start()
+    try:
+        extra = {"ferry.server": d.url, "ferry.store": NAME, "ferry.chunk_tokens": CHUNK}
+        eng = Engine(model, extra=extra)
+        assert registered_store(NAME).layout.num_layers == 2   # target layer + drafter's
+        # the target model has 1 layer; its EAGLE drafter's is model.layers.1
+        mc = SimpleNamespace(model="tiny-llama", dtype=torch.bfloat16, use_mla=False,
+                             get_num_layers=lambda pc: 1,
+                             get_num_kv_heads=lambda pc: model.kv_heads,
+                             get_head_size=lambda: model.head_dim)
+        cfg = vllm_config(dict(extra, **{"ferry.store": "scheduler-process"}))
+        cfg.model_config = mc
+        kcc = SimpleNamespace(kv_cache_groups=[SimpleNamespace(
+            kv_cache_spec=type("FullAttentionSpec", (), {})(), layer_names=layer_names(model))])
+        eng.sched.shutdown()
+        eng.sched = connector_class(cfg)(cfg, Role.SCHEDULER, kcc)
+        kv_a = serve_a(eng)
+        _, b = prompts()
+        rb = Request("b", b)
+        assert eng.admit(rb) == 32
+        eng.step_new(rb)
+        assert torch.equal(model.kv_of(eng.caches, eng.blocks["b"], 32), kv_a)
+        eng.finish(rb)
+        eng.close()
+    finally:
+        unregister_store(NAME)
+        d.stop()
+
+
+def test_a_layerwise_load_is_reported_before_the_drafters_forward(model, store):
+    """vLLM's model runner with a drafter whose KV the connector saves
+    (vllm-project/vllm 00f4240ee6458263d76cf51ca7901ce1350bb4d1,
+    vllm/v1/worker/kv_connector_model_runner_mixin.py,
+    _get_kv_connector_output(defer_finalize=True) then
+    finalize_kv_connector): start_load_kv, the target's forward, then
+    get_transfer_results and get_block_ids_with_load_errors for the step's
+    output, and only then the drafter's forward (its layers' waits) and
+    wait_for_save. A layerwise load ended at the wait of its last layer, a
+    drafter's: a load that came short was reported a step late, after vLLM
+    had sampled from the blocks it did not fill. Here layer 1 plays the
+    drafter's layer."""
+    eng = Engine(model, store, extra={"ferry.store": NAME, "ferry.layerwise": True})
+    serve_a(eng)
+    _, b = prompts()
+    rb = Request("b", b)
+    assert eng.admit(rb) == 32
+    store.unpin(b[:32])                     # the chunks lost after the plan
+    assert store.delete(b[:32]) == 2
+    names = layer_names(model)
+    w = eng.worker
+    reported = []
+
+    def execute(so, req, n):
+        w.bind_connector_metadata(so.kv_connector_metadata)
+        w.start_load_kv(FWD)
+        w.wait_for_layer_load(names[0])                    # the target's forward
+        w.save_kv_layer(names[0], eng.caches[0], SimpleNamespace())
+        res = w.get_transfer_results(so.finished_req_ids)  # the step's output
+        reported.append((res, w.get_block_ids_with_load_errors()))
+        w.wait_for_layer_load(names[1])                    # the drafter's forward
+        w.save_kv_layer(names[1], eng.caches[1], SimpleNamespace())
+        w.wait_for_save()                                  # finalize_kv_connector
+        w.clear_connector_metadata()
+
+    eng.execute = execute
+    eng.step_new(rb)
+    (res, errors), = reported
+    assert errors == set(eng.blocks["b"][:8])              # in the step that loaded
+    assert res.failed_recving == set()
+    assert w.get_block_ids_with_load_errors() == set()     # and once
+    eng.finish(rb)
+    eng.close()
+
+
+def test_a_daemon_schedulers_layout_has_the_kv_caches_dtype(monkeypatch):
+    """vLLM's fp8 KV cache ("fp8", "fp8_e4m3", "fp8_e5m2") is stored as
+    torch.uint8 (STR_DTYPE_TO_TORCH_DTYPE, vllm/utils/torch_utils.py), which
+    is the dtype of the group's KV cache spec and of the caches the workers
+    register (their layout, the daemon's); model_config.dtype stays the
+    model's (bfloat16). The scheduler's lookup-only client said bfloat16,
+    which the daemon refuses (HELLO compares dtypes): its dtype is the
+    spec's now."""
+    from ferry.adapters import vllm as vllm_adapter
+    opened = []
+
+    class Client:
+        def __init__(self, **kw):
+            opened.append(kw)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(vllm_adapter, "KVStore", Client)
+    mc = SimpleNamespace(model="m", dtype=torch.bfloat16, use_mla=False,
+                         get_num_layers=lambda pc: 2, get_num_kv_heads=lambda pc: 2,
+                         get_head_size=lambda: 64)
+    cfg = vllm_config({"ferry.server": "unix:/nonexistent", "ferry.store": "elsewhere"})
+    cfg.model_config = mc
+    spec = type("FullAttentionSpec", (), {})()
+    spec.dtype = torch.uint8
+    kcc = SimpleNamespace(kv_cache_groups=[SimpleNamespace(
+        kv_cache_spec=spec, layer_names=["model.layers.0.attn", "model.layers.1.attn"])])
+    c = FerryConnector(cfg, Role.SCHEDULER, kcc)
+    c.store
+    caches = [torch.zeros(2, 8, 16, 2, 64, dtype=torch.uint8) for _ in range(2)]
+    assert opened[0]["layout"] == ferry.Layout.from_kv_caches(caches)   # the workers'
+    c._store = None

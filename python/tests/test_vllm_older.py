@@ -290,3 +290,46 @@ def _one_group(names):
     FullAttentionSpec = type("FullAttentionSpec", (), {})
     return SimpleNamespace(kv_cache_groups=[SimpleNamespace(
         layer_names=list(names), kv_cache_spec=FullAttentionSpec())])
+
+
+def test_kv_events_carry_only_the_fields_the_engines_events_declare(model, store, monkeypatch):
+    """Connectors' KV events (take_events) are as old as the two-argument
+    constructor (vllm-project/vllm 23ec7c7fab7aa8edb1c14195c048113e210683fa,
+    vllm/distributed/kv_transfer/kv_connector/v1/base.py), and the events of
+    such a vLLM have neither medium nor lora_name: BlockStored(block_hashes,
+    parent_block_hash, token_ids, block_size, lora_id), BlockRemoved(
+    block_hashes) (b4e69e0af33f4698e157a262cc787fe61983cd3d,
+    vllm/distributed/kv_events.py; msgspec Structs, which refuse a keyword
+    they do not declare, as the dataclasses below do). ferry built them with
+    medium= and lora_name= inside build_connector_meta and the lookup: with KV
+    events on, the scheduler raised TypeError. Newer fields with defaults
+    (group_idx, extra_keys) are left to them."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class BlockStored:
+        block_hashes: list
+        parent_block_hash: object
+        token_ids: list
+        block_size: int
+        lora_id: object
+
+    @dataclass
+    class BlockRemoved:
+        block_hashes: list
+
+    monkeypatch.setattr(vllm_adapter, "BlockStored", BlockStored)
+    monkeypatch.setattr(vllm_adapter, "BlockRemoved", BlockRemoved)
+    eng = Engine(model, store, extra={"ferry.store": NAME, "ferry.kv_events": True})
+    serve_a(eng)
+    ev = list(eng.sched.take_events())
+    assert [type(e) for e in ev] == [BlockStored]
+    assert len(ev[0].block_hashes) == 2 and ev[0].block_size == CHUNK
+    assert ev[0].token_ids == list(prompts()[0][:32]) and ev[0].lora_id is None
+    a, _ = prompts()
+    store.delete(a[:32])
+    eng.admit(Request("c", a))                    # the lookup finds them gone
+    ev = list(eng.sched.take_events())
+    assert [type(e) for e in ev] == [BlockRemoved] and len(ev[0].block_hashes) == 2
+    eng.finish(Request("c", a))
+    eng.close()

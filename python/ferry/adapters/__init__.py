@@ -48,3 +48,28 @@ def registered_store(name):
     """The store registered as `name`, or None."""
     with _lock:
         return _stores.get(name)
+
+
+def register_vllm_connector():
+    """vLLM's general plugin hook (the "vllm.general_plugins" entry point
+    "ferry"; vLLM runs these in each of its processes): makes
+    "FerryConnector" a name vLLM's KVConnectorFactory knows. A connector
+    loaded by kv_connector_module_path alone is not registered by name, and
+    MultiConnector rebuilds a child's stats in the API server by that name
+    (KVConnectorFactory.get_connector_class_by_name, which raises for a name
+    not registered). Loading ferry's connector module registers it as well.
+    Returns True once the name is registered; False without vLLM. The
+    registry loads ferry.adapters.vllm only when the name is first used."""
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    except ImportError:
+        return False
+    registry = getattr(KVConnectorFactory, "_registry", None)
+    if isinstance(registry, dict) and "FerryConnector" in registry:
+        return True
+    try:
+        KVConnectorFactory.register_connector("FerryConnector", "ferry.adapters.vllm",
+                                              "FerryConnector")
+    except ValueError:  # (registered meanwhile)
+        pass
+    return True

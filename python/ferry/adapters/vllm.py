@@ -10,7 +10,10 @@ vLLM loads it through its external connector setting:
 
 and builds one instance per role: the scheduler's (lookups and per-step
 plans) and each worker's (moving KV between vLLM's paged caches and the
-store).
+store). The name "FerryConnector" is registered with vLLM's
+KVConnectorFactory too, by the package's "vllm.general_plugins" entry point
+in each vLLM process and by loading this module: inside a MultiConnector,
+vLLM's API server rebuilds each child's stats by its class name.
 
 Where the store comes from (kv_connector_extra_config):
   "ferry.store": the name of a ferry.KVStore registered in this process
@@ -43,7 +46,11 @@ Where the store comes from (kv_connector_extra_config):
       layout comes from "ferry.layout" ({"num_layers",
       "num_kv_heads", "head_dim", "dtype", "mla"}) or, without it, from
       vLLM's model_config (get_num_layers, get_num_kv_heads, get_head_size,
-      dtype, use_mla). "ferry.chunk_tokens" must match the daemon's.
+      dtype, use_mla), its layers counted from the scheduler's
+      kv_cache_config when that names them at one pipeline stage (the
+      workers' layout is the caches of a KV cache group: a speculative
+      drafter's layers are among them) and its dtype that of the group's
+      KV cache spec (an fp8 KV cache is uint8). "ferry.chunk_tokens" must match the daemon's.
       With pipeline parallelism every stage's worker is the same TP rank of
       the same model, but holds only its stage's layers: each stage's chunks
       are keyed apart, and the scheduler counts a chunk as a hit only once
@@ -127,7 +134,8 @@ kind (Mamba state, ...) turns the connector off for that model, with a
 warning: a hit must cover every group. Options: "ferry.async_load" (loads
 vLLM does not wait for, reported through get_finished), "ferry.async_save"
 (stores not waited for; the request's blocks are kept until they end; a
-sliding-window group's are waited for, its blocks freed while it runs),
+sliding-window group's are waited for, its blocks freed while it runs;
+with "ferry.layerwise" it does nothing: layerwise stores end in their step),
 "ferry.kv_events" (KV events without vLLM's kv_events_config),
 "ferry.kv_cache_layout" (a layout to ask vLLM for). A boolean setting is a
 JSON boolean or one of the strings true/false, 1/0, yes/no, on/off (as a
@@ -159,6 +167,7 @@ caches' GPU (KVStore(device="cuda:N")); a registered store must have been
 opened with that device, else register_kv_caches refuses the caches with
 a ValueError naming the device they need.
 """
+import dataclasses
 import errno
 import hashlib
 import inspect
@@ -174,7 +183,7 @@ from .. import errors
 from .._buffers import Buffer
 from ..errors import FerryError
 from ..kv import KVStore, Layout, hash_chunks
-from . import register_store, registered_store
+from . import register_store, register_vllm_connector, registered_store
 from . import _l2dir
 from ._settings import flag as _flag, truthy as _truthy
 from ._vllm_base import (VLLM, AllBlocksCleared, BlockRemoved, BlockStored, KVConnectorBase_V1,
@@ -267,6 +276,7 @@ class _Group:
     window: int = 0
     layer_names: list = None
     spec: str = ""
+    dtype: object = None    # the spec's dtype: the caches' (vLLM's AttentionSpec.dtype)
 
 
 _FULL_SPECS = {"FullAttentionSpec", "MLAAttentionSpec"}
@@ -283,12 +293,13 @@ def _groups_of(kv_cache_config):
         spec = getattr(g, "kv_cache_spec", None)
         name = type(spec).__name__
         names = list(getattr(g, "layer_names", None) or []) or None
+        dtype = getattr(spec, "dtype", None)
         if name in _FULL_SPECS:
-            out.append(_Group(i, "full", 0, names, name))
+            out.append(_Group(i, "full", 0, names, name, dtype))
         elif name in _SLIDING_SPECS and getattr(spec, "sliding_window", None):
-            out.append(_Group(i, "sliding", int(spec.sliding_window), names, name))
+            out.append(_Group(i, "sliding", int(spec.sliding_window), names, name, dtype))
         else:
-            out.append(_Group(i, "skipped", 0, names, name))
+            out.append(_Group(i, "skipped", 0, names, name, dtype))
     return out
 
 
@@ -518,9 +529,14 @@ def _name_old_l2(d, sub):
                     "and still holds its space on the drive: %s", path, size, sub, keep)
 
 
-def _config_layout(vllm_config, extra):
+def _config_layout(vllm_config, extra, cached=()):
     """The KV layout per TP rank for a scheduler that has no caches to read it
-    from: "ferry.layout", else vLLM's ModelConfig."""
+    from: "ferry.layout", else vLLM's ModelConfig, with the layers of the
+    first KV cache group ferry caches (`cached`, from the scheduler's
+    kv_cache_config) when vLLM names them and runs one pipeline stage: a
+    worker's layout is that group's caches, a speculative drafter's layers
+    among them (and a hybrid model's group holds some of its layers only);
+    and with the dtype of that group's spec, the caches' dtype."""
     spec = extra.get("ferry.layout")
     if spec:
         return Layout.from_model(int(spec["num_layers"]), int(spec["num_kv_heads"]),
@@ -529,8 +545,15 @@ def _config_layout(vllm_config, extra):
     mc = getattr(vllm_config, "model_config", None)
     pc = getattr(vllm_config, "parallel_config", None)
     try:
-        return Layout.from_model(mc.get_num_layers(pc), mc.get_num_kv_heads(pc),
-                                 mc.get_head_size(), mc.dtype,
+        layers, dtype = mc.get_num_layers(pc), mc.dtype
+        stages = int(getattr(pc, "pipeline_parallel_size", 1) or 1)
+        first = cached[0] if cached else None
+        if first is not None and first.layer_names and stages == 1:
+            layers = len(set(first.layer_names))
+        if first is not None and torch is not None and isinstance(first.dtype, torch.dtype):
+            dtype = first.dtype   # the caches' (an fp8 KV cache is uint8, not the model's)
+        return Layout.from_model(layers, mc.get_num_kv_heads(pc),
+                                 mc.get_head_size(), dtype,
                                  mla=bool(getattr(mc, "use_mla", False)))
     except AttributeError as e:
         raise ValueError("ferry: vLLM connector: the scheduler's \"ferry.server\" client "
@@ -612,6 +635,19 @@ def _lora_of(request):
     name = getattr(lora, "lora_name", None)
     lid = getattr(lora, "lora_int_id", None)
     return (str(name) if name is not None else None), lid
+
+
+def _kv_event(cls, **fields):
+    """vLLM's KV event `cls` with those of `fields` its kv_events.py declares:
+    a vLLM as old as connectors' take_events has BlockStored without medium
+    and lora_name, and BlockRemoved without medium (msgspec refuses a keyword
+    a Struct does not declare); newer fields have defaults."""
+    names = getattr(cls, "__struct_fields__", None)
+    if names is None and dataclasses.is_dataclass(cls):
+        names = [f.name for f in dataclasses.fields(cls)]
+    if names is not None:
+        fields = {k: v for k, v in fields.items() if k in names}
+    return cls(**fields)
 
 
 def _layer_order(names):
@@ -746,6 +782,13 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         self.saves_skipped = 0
         self._stats = dict.fromkeys(_STAT_DOCS, 0)
         self._layerwise = _flag(self._extra, "ferry.layerwise")
+        if self._layerwise and self._async_save:
+            # layerwise stores end in wait_for_save (their layers are handed
+            # over during the forward): none is left for get_finished to
+            # report, so request_finished must not keep the blocks for one
+            log.warning("ferry: vLLM connector: \"ferry.async_save\" does nothing with "
+                        "\"ferry.layerwise\": layerwise stores end in their step")
+            self._async_save = False
         self._cross_layer = _flag(self._extra, "ferry.cross_layer_blocks")
         _flag(self._extra, "ferry.persistent")   # refused here, not when the store opens
         self._layer_index = {}
@@ -863,7 +906,8 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         mc = getattr(self._vllm_config, "model_config", None)
         _, world = _tp_rank_world(self._vllm_config, rank=False)
         s = KVStore(model=str(e.get("ferry.model", getattr(mc, "model", "vllm"))),
-                    layout=_config_layout(self._vllm_config, e), server=self._server,
+                    layout=_config_layout(self._vllm_config, e, self._cached),
+                    server=self._server,
                     lookup_only=True, chunk_tokens=int(e.get("ferry.chunk_tokens", 0)),
                     tp_rank=rank, tp_world=world)
         self._opened = True
@@ -1194,8 +1238,9 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         if not new:
             return
         self._published.update(new)
-        self._events.append(BlockStored(
-            block_hashes=new, parent_block_hash=hashes[first - 1] if first else None,
+        self._events.append(_kv_event(
+            BlockStored, block_hashes=new,
+            parent_block_hash=hashes[first - 1] if first else None,
             token_ids=list(st.tokens[start:end]), block_size=chunk, lora_id=st.lora[1],
             medium="CPU", lora_name=st.lora[0]))
 
@@ -1208,7 +1253,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         gone = [h for h in self._chunk_hashes(st, end)[st.hit // chunk:] if h in self._published]
         if gone:
             self._published.difference_update(gone)
-            self._events.append(BlockRemoved(block_hashes=gone, medium="CPU"))
+            self._events.append(_kv_event(BlockRemoved, block_hashes=gone, medium="CPU"))
             st.saved = min(st.saved, st.hit)
 
     def take_events(self):
@@ -1732,6 +1777,13 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             self._reap_saves(rid, True)
 
     def get_block_ids_with_load_errors(self):
+        """Blocks the step's loads did not fill. vLLM asks after the target's
+        forward, and with a drafter whose KV is saved before the drafter's
+        forward (KVConnectorModelRunnerMixin, defer_finalize): a layerwise
+        load still waiting for a drafter layer's wait ends here, so that
+        what it did not fill is reported in the step that loaded it."""
+        if self._loading:
+            self._load_finish()
         self._agree_loads()
         out, self._load_errors = self._load_errors, set()
         return out
@@ -1776,6 +1828,17 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             self._store.close()
             self._opened = False
         self._store = None
+
+
+if VLLM:
+    # vLLM loaded this module by kv_connector_module_path: from here on
+    # "FerryConnector" is a name its KVConnectorFactory knows in this process
+    # (a MultiConnector rebuilds its children's stats by name)
+    try:
+        register_vllm_connector()
+    except Exception as _e:  # pragma: no cover - a vLLM whose factory will not load
+        log.warning("ferry: vLLM connector: not registered with vLLM's "
+                    "KVConnectorFactory: %s", _e)
 
 
 # ==== ferry behind vLLM's own OffloadingConnector ====
