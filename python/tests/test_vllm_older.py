@@ -333,3 +333,42 @@ def test_kv_events_carry_only_the_fields_the_engines_events_declare(model, store
     assert [type(e) for e in ev] == [BlockRemoved] and len(ev[0].block_hashes) == 2
     eng.finish(Request("c", a))
     eng.close()
+
+
+@pytest.mark.parametrize("cache_dtype,want", [("fp8", torch.uint8), ("fp8_e5m2", torch.uint8),
+                                              ("auto", torch.bfloat16),
+                                              ("bfloat16", torch.bfloat16)])
+def test_a_daemon_schedulers_layout_has_the_cache_dtype_without_a_kv_cache_config(
+        cache_dtype, want, monkeypatch):
+    """A vLLM that builds connectors with (vllm_config, role) alone
+    (vllm-project/vllm 23ec7c7fab7aa8edb1c14195c048113e210683fa,
+    vllm/distributed/kv_transfer/kv_connector/v1/base.py) gives the
+    scheduler no KV cache spec to read the caches' dtype from. An fp8 KV
+    cache ("fp8", "fp8_e4m3", "fp8_e5m2": cache_config.cache_dtype) is
+    still stored as torch.uint8 (STR_DTYPE_TO_TORCH_DTYPE and
+    get_kv_cache_torch_dtype, vllm/utils/torch_utils.py at
+    0024350b5da3ad174435e62a15273c0d3caba57b), the dtype of the caches the
+    workers register and of the daemon's layout. The scheduler's lookup-only
+    client said model_config.dtype (bfloat16), which the daemon refuses
+    (HELLO): the first lookup raised inside vLLM's schedule()."""
+    opened = []
+
+    class Client:
+        def __init__(self, **kw):
+            opened.append(kw)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(vllm_adapter, "KVStore", Client)
+    mc = SimpleNamespace(model="m", dtype=torch.bfloat16, use_mla=False,
+                         get_num_layers=lambda pc: 2, get_num_kv_heads=lambda pc: 2,
+                         get_head_size=lambda: 64)
+    cfg = vllm_config({"ferry.server": "unix:/nonexistent", "ferry.store": "elsewhere"})
+    cfg.model_config = mc
+    cfg.cache_config.cache_dtype = cache_dtype
+    c = FerryConnector(cfg, Role.SCHEDULER)       # no kv_cache_config
+    c.store
+    caches = [torch.zeros(2, 8, 16, 2, 64, dtype=want) for _ in range(2)]
+    assert opened[0]["layout"] == ferry.Layout.from_kv_caches(caches)   # the workers'
+    c._store = None

@@ -50,7 +50,8 @@ Where the store comes from (kv_connector_extra_config):
       kv_cache_config when that names them at one pipeline stage (the
       workers' layout is the caches of a KV cache group: a speculative
       drafter's layers are among them) and its dtype that of the group's
-      KV cache spec (an fp8 KV cache is uint8). "ferry.chunk_tokens" must match the daemon's.
+      KV cache spec (an fp8 KV cache is uint8), or of cache_config.cache_dtype
+      on a vLLM that passes no kv_cache_config. "ferry.chunk_tokens" must match the daemon's.
       With pipeline parallelism every stage's worker is the same TP rank of
       the same model, but holds only its stage's layers: each stage's chunks
       are keyed apart, and the scheduler counts a chunk as a hit only once
@@ -529,6 +530,35 @@ def _name_old_l2(d, sub):
                     "and still holds its space on the drive: %s", path, size, sub, keep)
 
 
+# vLLM's KV cache dtypes by name, where vLLM is not there to ask
+# (STR_DTYPE_TO_TORCH_DTYPE, vllm/utils/torch_utils.py): a quantized cache is
+# stored as bytes
+_CACHE_DTYPES = {"float32": "float32", "float": "float32", "half": "float16",
+                 "float16": "float16", "bfloat16": "bfloat16", "int8": "int8"}
+
+
+def _cache_dtype(vllm_config, model_dtype):
+    """The dtype of vLLM's KV caches from cache_config.cache_dtype ("auto":
+    the model's): vLLM's own get_kv_cache_torch_dtype where it has one, else
+    an fp8 name (and any other quantized one) is torch.uint8."""
+    name = getattr(getattr(vllm_config, "cache_config", None), "cache_dtype", None)
+    if not isinstance(name, str) or name == "auto" or torch is None:
+        return model_dtype
+    try:
+        from vllm.utils.torch_utils import get_kv_cache_torch_dtype
+    except ImportError:
+        try:
+            from vllm.utils import get_kv_cache_torch_dtype
+        except ImportError:
+            get_kv_cache_torch_dtype = None
+    if get_kv_cache_torch_dtype is not None:
+        try:
+            return get_kv_cache_torch_dtype(name, model_dtype)
+        except ValueError:
+            pass
+    return getattr(torch, _CACHE_DTYPES.get(name, "uint8"))
+
+
 def _config_layout(vllm_config, extra, cached=()):
     """The KV layout per TP rank for a scheduler that has no caches to read it
     from: "ferry.layout", else vLLM's ModelConfig, with the layers of the
@@ -552,6 +582,8 @@ def _config_layout(vllm_config, extra, cached=()):
             layers = len(set(first.layer_names))
         if first is not None and torch is not None and isinstance(first.dtype, torch.dtype):
             dtype = first.dtype   # the caches' (an fp8 KV cache is uint8, not the model's)
+        else:   # a vLLM that passes no kv_cache_config: cache_config says it
+            dtype = _cache_dtype(vllm_config, dtype)
         return Layout.from_model(layers, mc.get_num_kv_heads(pc),
                                  mc.get_head_size(), dtype,
                                  mla=bool(getattr(mc, "use_mla", False)))
