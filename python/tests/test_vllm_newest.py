@@ -771,3 +771,40 @@ def test_a_daemon_schedulers_layout_has_the_kv_caches_dtype(monkeypatch):
     caches = [torch.zeros(2, 8, 16, 2, 64, dtype=torch.uint8) for _ in range(2)]
     assert opened[0]["layout"] == ferry.Layout.from_kv_caches(caches)   # the workers'
     c._store = None
+
+
+@pytest.mark.parametrize("broken", ["import", "register"])
+def test_the_plugin_hook_never_raises_into_vllm(monkeypatch, broken, caplog):
+    """vLLM runs every "vllm.general_plugins" entry point in each of its
+    processes, whether or not that process (or its engine) uses ferry, and
+    calls the hook unguarded (vllm-project/vllm
+    01425553bdbed63400efa72ff14a8f4ffe20bada, vllm/plugins/__init__.py:
+    load_general_plugins runs func() outside load_plugins_by_group's
+    try). A factory module whose import raises something other than
+    ImportError (vLLM's modules raise RuntimeError where, say, the platform
+    cannot be told) or a factory that refuses the name in another way than
+    ValueError stopped the vLLM process; the hook now logs a warning and
+    answers False."""
+    import sys
+
+    import ferry.adapters as adapters
+    factory = _fake_vllm_factory(monkeypatch)
+    name = "vllm.distributed.kv_transfer.kv_connector.factory"
+    if broken == "import":
+        class Finder:                      # the factory's import raises
+            @staticmethod
+            def find_spec(fullname, path=None, target=None):
+                if fullname == name:
+                    raise RuntimeError("vLLM failed to infer the device type")
+                return None
+        monkeypatch.delitem(sys.modules, name)
+        monkeypatch.setattr(sys.modules[name.rpartition(".")[0]], "__path__", [],
+                            raising=False)    # (a package: its children are looked up)
+        monkeypatch.setattr(sys, "meta_path", [Finder] + sys.meta_path)
+    else:
+        def refuse(cls, *a):
+            raise RuntimeError("registry frozen")
+        monkeypatch.setattr(factory, "register_connector", classmethod(refuse))
+    with caplog.at_level("WARNING"):
+        assert adapters.register_vllm_connector() is False
+    assert "FerryConnector" in caplog.text

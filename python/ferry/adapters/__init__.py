@@ -22,8 +22,10 @@ to the daemon, so the TP workers of a host share one cache; a pool of
 another shape needs a daemon of its own, "ferry_server_<pool>", or an
 in-process store; see ferry.adapters.sglang).
 """
+import logging
 import threading
 
+_log = logging.getLogger("ferry.vllm")
 _lock = threading.Lock()
 _stores = {}
 
@@ -58,11 +60,18 @@ def register_vllm_connector():
     MultiConnector rebuilds a child's stats in the API server by that name
     (KVConnectorFactory.get_connector_class_by_name, which raises for a name
     not registered). Loading ferry's connector module registers it as well.
-    Returns True once the name is registered; False without vLLM. The
-    registry loads ferry.adapters.vllm only when the name is first used."""
+    Returns True once the name is registered; False without vLLM, or when
+    vLLM's factory would not take it (a warning says why: vLLM calls its
+    plugins unguarded, in processes that may not use ferry at all, so
+    nothing here raises). The registry loads ferry.adapters.vllm only when
+    the name is first used."""
     try:
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     except ImportError:
+        return False
+    except Exception as e:  # vLLM's own modules failed to import: not ferry's to stop
+        _log.warning("ferry: \"FerryConnector\" not registered with vLLM's "
+                     "KVConnectorFactory: its module failed to import: %r", e)
         return False
     registry = getattr(KVConnectorFactory, "_registry", None)
     if isinstance(registry, dict) and "FerryConnector" in registry:
@@ -72,4 +81,8 @@ def register_vllm_connector():
                                               "FerryConnector")
     except ValueError:  # (registered meanwhile)
         pass
+    except Exception as e:
+        _log.warning("ferry: \"FerryConnector\" not registered with vLLM's "
+                     "KVConnectorFactory: %r", e)
+        return False
     return True
