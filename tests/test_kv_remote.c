@@ -792,6 +792,54 @@ static void chunks_over_the_value_limit_refused_at_open(void **state)
     ferry_kv_close(kv);
 }
 
+/* the chunk_tokens the open-time refusal names as the most that fits */
+static unsigned long named_most(void)
+{
+    const char *at = strstr(ferry_last_error(), "chunk_tokens ");
+    assert_non_null(at);
+    return strtoul(at + strlen("chunk_tokens "), NULL, 10);
+}
+
+/* The value's header holds chunk_tokens in decimal, so the most that fits
+ * is counted with its own header: with one byte a token and a chunk of 10
+ * digits of tokens, one of 9 digits has a header a byte shorter and one
+ * token more fits. A token alone over the limit is said to be so, never
+ * "chunk_tokens 0" (which asks for the default). */
+static void largest_chunk_named_with_its_own_header(void **state)
+{
+    (void)state;
+    char url[128];
+    ferry_kv_config c = remote_config(&g_srv, url, sizeof url, "big1:", 1);
+    ferry_kv_layout one = c.layout; /* one byte a token */
+    one.num_layers = one.kv = one.num_heads = one.head_dim = 1;
+    one.dtype = FERRY_DTYPE_U8;
+    c.layout = one;
+    c.chunk_tokens = 1000u * 1000u * 1000u;
+    c.l1_bytes = (uint64_t)c.chunk_tokens + 4096;
+    ferry_kv *kv = NULL;
+    assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
+    unsigned long most = named_most();
+    assert_true(most > 0 && most < FERRY_REMOTE_VALUE_MAX);
+    c.chunk_tokens = (uint32_t)most + 1;
+    c.l1_bytes = (uint64_t)c.chunk_tokens + 4096;
+    assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
+    assert_null(kv);
+    c.chunk_tokens = (uint32_t)most;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv)); /* (its L1 is never touched here) */
+    ferry_kv_close(kv);
+    kv = NULL;
+    /* a token over the limit by itself */
+    ferry_kv_layout wide = one;
+    wide.head_dim = 600u * 1000u * 1000u;
+    c.layout = wide;
+    c.chunk_tokens = 1;
+    c.l1_bytes = (uint64_t)wide.head_dim + 4096;
+    assert_int_equal(ferry_kv_open(&c, &kv), -EINVAL);
+    assert_null(kv);
+    assert_null(strstr(ferry_last_error(), "chunk_tokens 0"));
+    assert_non_null(strstr(ferry_last_error(), "600000000 bytes a token"));
+}
+
 /* ---- passwords, refused writes, killed servers ---- */
 
 /* every log line (at trace level) that contains the needle */
@@ -1287,6 +1335,7 @@ int main(void)
         cmocka_unit_test(hung_server_answers_misses),
         cmocka_unit_test(bad_and_unreachable_remotes),
         cmocka_unit_test(chunks_over_the_value_limit_refused_at_open),
+        cmocka_unit_test(largest_chunk_named_with_its_own_header),
         cmocka_unit_test(passwords_never_shown_and_noauth_fails_open),
         cmocka_unit_test(server_kills_count_in_remote_errors),
         cmocka_unit_test(metrics_and_prometheus),

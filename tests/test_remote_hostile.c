@@ -563,6 +563,7 @@ static void values_over_the_limit(void **state)
     ferry_remote_stats m = metrics(r);
     assert_int_equal(m.down, 0);
     assert_int_equal(m.corrupt, 1);
+    assert_int_equal(m.bytes_read, 0); /* refused unread: no byte of it received */
     /* the connection it came on was closed, not left out of step */
     assert_int_equal(ferry_remote_get(r, "good", 4, dst, sizeof dst), (int)sizeof good);
     assert_memory_equal(dst, good, sizeof good);

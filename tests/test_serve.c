@@ -1658,6 +1658,62 @@ static void test_write_through_without_memory(void **state)
     ft_alloc_reset();
 }
 
+/*
+ * Sparing a client's read-ahead is a preference only: with every L1 slot
+ * holding chunks PREFETCHed and never acquired (and a clock that never
+ * lets their sparing run out), another client's store still finds room,
+ * taking read-ahead rather than failing, as it did before they were spared.
+ */
+static void test_read_ahead_yields_to_stores(void **state)
+{
+    (void)state;
+    enum { A = 100, B = 2000, C = 4000, D = 6000, E = 8000 }; /* 4 chunks each */
+    char l2[300];
+    snprintf(l2, sizeof l2, "%s/l2ry", g_dir);
+    assert_int_equal(mkdir(l2, 0700), 0);
+    srv v;
+    ferry_kv_config kc = store_config(8);
+    kc.l2_dir = l2;
+    kc.l2_bytes = 64 * CHUNK;
+    srv_start_cfg(&v, &kc, 0, 0);
+    ferry_kv *skv = ferry_serve_kv(v.s);
+    ferry__kv_set_clock(skv, frozen_clock, NULL);
+    ferry_kv_config c = client_config();
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    hbuf h;
+    hbuf_init(&h, 4 * CT, 9);
+    store4(kv, A, &h);
+    store4(kv, B, &h);
+    store4(kv, C, &h);
+    store4(kv, D, &h); /* the pool holds 8: A and B only in L2 */
+    assert_tier4(kv, A, FERRY_KV_TIER_L2);
+    assert_tier4(kv, B, FERRY_KV_TIER_L2);
+    raw r;
+    FT_ASSERT_OK(raw_connect(&r));
+    raw_hello(&r, 1);
+    ferry__proto_chunk ch[4];
+    memset(ch, 0, sizeof ch);
+    raw4(&r, FERRY__P_PREFETCH, A, ch);
+    FT_ASSERT_OK(ferry_kv_flush(skv));
+    raw4(&r, FERRY__P_PREFETCH, B, ch);
+    FT_ASSERT_OK(ferry_kv_flush(skv)); /* every slot a spared read-ahead */
+    assert_tier4(kv, A, FERRY_KV_TIER_L1);
+    assert_tier4(kv, B, FERRY_KV_TIER_L1);
+    ferry_kv_stats before = FERRY_KV_STATS_INIT, after = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(skv, &before));
+    store4(kv, E, &h); /* room taken from the read-ahead, not refused */
+    assert_tier4(kv, E, FERRY_KV_TIER_L1);
+    FT_ASSERT_OK(ferry_kv_stats_get(skv, &after));
+    assert_int_equal(after.alloc_failures, before.alloc_failures);
+    assert_int_equal(after.tier[FERRY_KV_TIER_L1].failures,
+                     before.tier[FERRY_KV_TIER_L1].failures);
+    raw_close(&r);
+    ferry_kv_close(kv);
+    free(h.mem);
+    ft_srv_close(&v);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1680,6 +1736,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stale_release, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wait_and_why, setup, teardown),
         cmocka_unit_test_setup_teardown(test_read_ahead_spared_until_acquired, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_read_ahead_yields_to_stores, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_through_without_memory, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -31,6 +31,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -134,6 +135,9 @@ static void load_locked(void)
     dlerror();
     g_api = api;
     g_handle = h;
+    /* the table whole before the state that says so: a fork's child reads
+     * g_state without this thread's unlock ordering the two (fork_child) */
+    atomic_thread_fence(memory_order_release);
     g_state = 1;
 }
 

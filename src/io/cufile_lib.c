@@ -172,6 +172,9 @@ static void lib_lock(ferry__cufile_lib *l)
         pthread_mutex_lock(&list_mu);
         if (!atomic_load_explicit(&l->listed, memory_order_relaxed)) {
             l->next_listed = g_listed;
+            /* linked before it is the head: a fork's child walks the list
+             * without list_mu ordering the two (fork_child) */
+            atomic_thread_fence(memory_order_release);
             g_listed = l;
             atomic_store_explicit(&l->listed, 1, memory_order_release);
         }
@@ -278,8 +281,12 @@ const ferry__cufile_api *ferry__cufile_lib_api(ferry__cufile_lib *l, char *why, 
     lib_lock(l);
     const ferry__cufile_api *a = l->test_api;
     if (!a) {
-        if (l->real_rc == 1)
-            l->real_rc = load_real(l);
+        if (l->real_rc == 1) {
+            int rc = load_real(l);
+            /* the table whole before real_rc says so (fork_child) */
+            atomic_thread_fence(memory_order_release);
+            l->real_rc = rc;
+        }
         a = l->real_rc == 0 ? &l->real : NULL;
         if (!a && why)
             snprintf(why, why_len, "%s", l->why);

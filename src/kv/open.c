@@ -91,39 +91,57 @@ void ferry__kv_free(ferry_kv *kv)
     ferry__free(kv);
 }
 
-/* everything that makes the bytes of a chunk mean something, into fp
- * (FERRY_REMOTE_LAYOUT_MAX bytes): a value written under another
+/* everything that makes the bytes of a chunk of ct tokens mean something,
+ * into fp (FERRY_REMOTE_LAYOUT_MAX bytes): a value written under another
  * fingerprint is refused as a miss. Its length. */
-static size_t remote_fingerprint(const ferry_kv *kv, char *fp)
+static size_t remote_fingerprint(const ferry_kv *kv, uint32_t ct, char *fp)
 {
     int fl = snprintf(fp, FERRY_REMOTE_LAYOUT_MAX,
                       "ferry-kv/1;layers=%u;kv=%u;heads=%u;head_dim=%u;dtype=%s;chunk_tokens=%u;"
                       "seed=%016llx;tp=%u/%u;model=%s",
                       kv->layout.num_layers, kv->layout.kv, kv->layout.num_heads,
-                      kv->layout.head_dim, ferry_dtype_name(kv->layout.dtype), kv->chunk_tokens,
+                      kv->layout.head_dim, ferry_dtype_name(kv->layout.dtype), ct,
                       (unsigned long long)kv->seed, kv->tp_rank, kv->tp_world, kv->model);
     return fl < 0 ? 0 : FERRY__MIN((size_t)fl, (size_t)FERRY_REMOTE_LAYOUT_MAX - 1);
+}
+
+/* the remote value of a chunk of ct tokens of per bytes each: its payload
+ * and its header, whose fingerprint spells ct out */
+static uint64_t remote_value_bytes(const ferry_kv *kv, uint32_t ct, uint64_t per)
+{
+    char fp[FERRY_REMOTE_LAYOUT_MAX];
+    return (uint64_t)ct * per + FERRY_REMOTE_HEADER_FIXED + remote_fingerprint(kv, ct, fp);
 }
 
 /* a chunk is one remote value: one over Redis's limit would make every
  * write-through fail, so such a store is refused before anything opens */
 static int remote_chunk_fits(ferry_kv *kv)
 {
-    char fp[FERRY_REMOTE_LAYOUT_MAX];
-    uint64_t hdr = FERRY_REMOTE_HEADER_FIXED + remote_fingerprint(kv, fp);
-    uint64_t max = FERRY_REMOTE_VALUE_MAX - hdr;
-    if (kv->chunk_bytes <= max)
+    uint64_t per = kv->chunk_bytes / kv->chunk_tokens;
+    uint64_t value = remote_value_bytes(kv, kv->chunk_tokens, per);
+    if (value <= FERRY_REMOTE_VALUE_MAX)
         return 0;
-    uint64_t per_token = kv->chunk_bytes / kv->chunk_tokens;
+    /* the most that fits, counted with its own header (fewer digits of
+     * tokens, a shorter one): from the estimate with this chunk's header,
+     * which fits, up by the few tokens the shorter header leaves room for */
+    uint64_t most = (FERRY_REMOTE_VALUE_MAX - (value - kv->chunk_bytes)) / per;
+    while (most + 1 < kv->chunk_tokens &&
+           remote_value_bytes(kv, (uint32_t)(most + 1), per) <= FERRY_REMOTE_VALUE_MAX)
+        most++;
+    char fix[160];
+    if (most)
+        snprintf(fix, sizeof fix, "chunk_tokens %llu at most (%llu bytes a token)",
+                 (unsigned long long)most, (unsigned long long)per);
+    else
+        snprintf(fix, sizeof fix, "not one token fits (%llu bytes a token)",
+                 (unsigned long long)per);
     return ferry__err_set(&kv->err, -EINVAL,
                           "kv open: remote tier: a chunk of %u tokens is %llu bytes, a value of "
                           "%llu bytes with its header: over Redis's 512 MiB string limit "
                           "(FERRY_REMOTE_VALUE_MAX, %zu bytes), so no chunk could be written "
-                          "through; chunk_tokens %llu at most (%llu bytes a token), or no "
-                          "remote_url",
+                          "through; %s, or no remote_url",
                           kv->chunk_tokens, (unsigned long long)kv->chunk_bytes,
-                          (unsigned long long)(kv->chunk_bytes + hdr), FERRY_REMOTE_VALUE_MAX,
-                          (unsigned long long)(max / per_token), (unsigned long long)per_token);
+                          (unsigned long long)value, FERRY_REMOTE_VALUE_MAX, fix);
 }
 
 /* the remote tier: the caller's options with the store's layout
@@ -150,7 +168,7 @@ static int open_remote(ferry_kv *kv, const ferry_kv_config *cfg, const char *url
         ro.command_timeout_ms = 300;
     char fp[FERRY_REMOTE_LAYOUT_MAX];
     ro.layout = fp;
-    ro.layout_len = remote_fingerprint(kv, fp);
+    ro.layout_len = remote_fingerprint(kv, kv->chunk_tokens, fp);
     uint64_t cap = cfg->remote_index_chunks ? cfg->remote_index_chunks : 65536;
     return ferry__kv_tier_remote_open(url, &ro, kv->chunk_bytes, kv->slot_bytes, cap, &kv->err,
                                       &kv->tier[FERRY_KV_TIER_REMOTE]);

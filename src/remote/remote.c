@@ -871,7 +871,7 @@ static int get_outcome(ferry_remote *r, const void *key, size_t key_len, const f
         INC(r->misses);
         return rfail(r, FERRY_EREMOTE, "remote %s: GET %s: %s", r->url.redacted, ks, g->msg);
     }
-    ADD(r->bytes_read, g->value_len);
+    ADD(r->bytes_read, g->read_len); /* (a value refused unread: none of it) */
     if (g->code) {
         INC(r->misses);
         if (g->code == FERRY_EMISMATCH)

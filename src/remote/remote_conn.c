@@ -590,14 +590,17 @@ static void read_value(rd *r, ferry__rget *g, size_t vlen, int *io, int *drop)
         memcpy(g->msg, veb.msg, sizeof g->msg);
         /* draining costs time, not memory; past what the deadline was
          * sized for, dropping the connection is cheaper */
-        if (rest > g->cap && rest - g->cap > RD_DRAIN_SLACK)
+        if (rest > g->cap && rest - g->cap > RD_DRAIN_SLACK) {
             *drop = 1;
-        else
-            *io = rd_take(r, NULL, rest);
+            g->read_len = have; /* its header only */
+        } else if ((*io = rd_take(r, NULL, rest)) == 0) {
+            g->read_len = vlen;
+        }
         return;
     }
     if ((*io = rd_take(r, g->dst, rest)) != 0)
         return;
+    g->read_len = vlen;
     uint64_t sum = XXH3_64bits(rest ? g->dst : (const void *)"", rest);
     if (sum != h.payload_sum) {
         g->code = ferry__err_set(&veb, FERRY_ECORRUPT,
@@ -617,6 +620,7 @@ int ferry__rconn_get_into(ferry__rconn *c, ferry__rget *g, uint64_t deadline_ns,
 {
     g->kind = 0;
     g->code = 0;
+    g->read_len = 0;
     if (!c->c)
         return ferry__err_set(eb, -ENOTCONN, "remote %s:%d: not connected", c->host, c->port);
     uint64_t t0 = ferry__now_ns();
@@ -678,6 +682,7 @@ int ferry__rconn_get_into(ferry__rconn *c, ferry__rget *g, uint64_t deadline_ns,
             } else {
                 g->kind = FERRY__RGET_VALUE;
                 g->value_len = (size_t)v;
+                g->read_len = 0;
                 read_value(r, g, (size_t)v, &io, &drop);
                 char crlf[2] = {0, 0};
                 if (io == 0 && !drop)

@@ -190,6 +190,7 @@ typedef struct ferry__rget {
     int kind;            /* FERRY__RGET_* */
     int code;            /* VALUE: 0, FERRY_ECORRUPT/EMISMATCH/EVERSION or -ENOBUFS */
     size_t value_len;    /* VALUE: bytes the server sent */
+    size_t read_len;     /* VALUE: of them, bytes received (fewer when refused unread) */
     size_t payload_len;  /* VALUE, code 0: bytes in dst */
     char msg[FERRY__ERRMSG_MAX]; /* ERROR: the server's text; VALUE: why refused */
 } ferry__rget;

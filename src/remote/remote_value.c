@@ -172,6 +172,7 @@ void ferry__rvalue_range_outcome(ferry__rget *g, const void *buf, size_t len, in
     ferry__rvalue_hdr h;
     g->kind = FERRY__RGET_VALUE;
     g->value_len = len;
+    g->read_len = len;
     g->code = 0;
     if (whole) {
         g->code = ferry__rvalue_decode(buf, len, g->layout, g->layout_len, g->key_sum, &pl,

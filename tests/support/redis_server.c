@@ -247,7 +247,9 @@ char *ft_redis_url(const ft_redis *r, int db, char *buf, size_t len)
 int ft_redis_cmd_bin(const ft_redis *r, char *out, size_t outlen, int argc, const char **argv,
                      const size_t *lens)
 {
-    struct timeval tv = {2, 0};
+    /* (a command may take its time on a loaded machine: a SETRANGE that
+     * grows a value to 512 MiB zeroes it, seconds under sanitizers) */
+    struct timeval tv = {10, 0};
     redisContext *c = redisConnectWithTimeout("127.0.0.1", r->port, tv);
     if (!c || c->err) {
         if (c)
