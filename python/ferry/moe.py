@@ -607,14 +607,16 @@ class ExpertPool(_LastCounts, Closing):
         """Copy a plan's rows; slots a failure leaves unknown are forgotten by
         the planner too, so the two never disagree on an occupant. Whatever
         is raised before the copy (a bank that moved, an interrupt) forgets
-        the plan's slots: the planner placed experts there that never came.
+        the plan's slots: the planner placed experts there that never came,
+        and the slots lose the experts the planner evicted for them (their
+        bytes are still there, but the planner no longer counts them).
         A bank that moved during the copy (freed under it) makes the copied
         slots unknown to both after it: their bytes are not the rows."""
         try:
             if plan.n and self._banks is not None:
                 self._banks_in_place(what)
         except BaseException:
-            _drop_plan(self._planner, plan)
+            _drop_plan(self._planner, plan, self._slots)
             raise
         unknown = getattr(self, "_unknown", None)
         if unknown is None:  # made once: room for every slot

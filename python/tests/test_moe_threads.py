@@ -187,6 +187,33 @@ def test_bank_given_another_dtype_keeps_planner_and_slots_agreed(how):
                 assert torch.equal(view[sl], want[E + ex])
 
 
+@pytest.mark.parametrize("how", ["dtype", "set_"])
+def test_bank_moved_before_an_evicting_copy_keeps_planner_and_slots_agreed(how):
+    # the copy refused before it starts (EFAULT) after the planner evicted
+    # the pool's experts for the step's: the slots still named the evicted
+    # experts while the planner had forgotten them (check() raised)
+    L, E, S, R = 2, 8, 4, 64
+    bank = torch.arange(L * E * R, dtype=torch.int32).to(torch.uint8).reshape(L * E, R)
+    want = bank.clone()
+    with ferry.ExpertPool(L, E, S, [bank], policy="lru") as pool:
+        view = pool.slot_tensor(0)
+        pool.ensure(0, [0, 1, 2, 3])               # every slot taken: the next step evicts
+        orig = bank.data
+        if how == "dtype":
+            bank.data = torch.zeros(L * E, R // 8, dtype=torch.complex64)
+        else:
+            bank.set_(want.clone())
+        with pytest.raises(FerryError) as e:
+            pool.ensure(1, [5, 6])
+        assert e.value.code == -errno.EFAULT and "bank 0" in e.value.message
+        pool.check()                               # planner and slots agree slot by slot
+        bank.data = orig                           # the memory the pool reads, again
+        for layer, ex in ((1, [5, 6]), (0, [0, 1]), (1, [5, 6])):
+            for sl, x in zip(pool.ensure(layer, ex), ex):
+                assert torch.equal(view[sl], want[layer * E + x]), (layer, x, sl)
+            pool.check()
+
+
 @pytest.mark.parametrize("how", ["resize_", "storage"])
 def test_bank_freed_while_its_copy_runs_is_refused_after_the_copy(how):
     # the copy's C call is wrapped to free the bank just before it reads
