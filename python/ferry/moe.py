@@ -63,6 +63,16 @@ def _bank_addr(x):
                     f"{type(x).__name__}")
 
 
+def _kept_addr(keep):
+    """Where what storage_of() kept for a bank holds its bytes now: it moves
+    when the memory the rows source reads is freed (a storage resized,
+    resize_() past capacity, or an array resized in place), whatever
+    address the bank tensor shows meanwhile."""
+    if isinstance(keep, np.ndarray):
+        return keep.__array_interface__["data"][0]
+    return keep.data_ptr()
+
+
 def _bank_bytes(x):
     """(address, bytes) of a contiguous host tensor or array."""
     addr, shape, strides, dt, dev = describe(x)
@@ -410,6 +420,7 @@ class ExpertPool(_LastCounts, Closing):
             # set_() or .data = does to a tensor) at these addresses
             self._bank_keep = [storage_of(b) for b in banks]
             self._bank_addrs = [a for a, _ in info]
+            self._keep_addrs = [_kept_addr(k) for k in self._bank_keep]
         elif row_bytes is None:
             raise ValueError("ferry: a rows_file needs row_bytes (one per bank)")
         if not 1 <= len(row_bytes) <= A.MOE_MAX_BANKS:
@@ -641,9 +652,13 @@ class ExpertPool(_LastCounts, Closing):
         """Refuse a copy from a bank whose memory moved since the pool was made
         (resize_() past its capacity frees what the rows source reads; set_()
         or .data = leaves it stale): FerryError (EFAULT) names the bank (and
-        _apply forgets the plan's slots: nothing was copied into them)."""
+        _apply forgets the plan's slots: nothing was copied into them). The
+        kept storage is asked too: freed by a resize, its old address may
+        come back under another tensor the bank was then given, of any size."""
         for b, (t, addr) in enumerate(zip(self._banks, self._bank_addrs)):
             now = _bank_addr(t)
+            if now == addr and _kept_addr(self._bank_keep[b]) != self._keep_addrs[b]:
+                now = _kept_addr(self._bank_keep[b]) + (addr - self._keep_addrs[b])
             if now != addr:
                 raise FerryError(-errno.EFAULT, f"expert bank {b} was resized or given other "
                                  f"memory (its address moved from {addr:#x} to {now:#x}) "

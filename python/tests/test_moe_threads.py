@@ -214,6 +214,28 @@ def test_bank_moved_before_an_evicting_copy_keeps_planner_and_slots_agreed(how):
             pool.check()
 
 
+def test_bank_freed_then_given_memory_at_its_old_address_is_refused():
+    # resize_() past capacity frees the memory the rows source reads; the
+    # next allocation of about that size takes the same address, and a bank
+    # given it (set_) passed the address check: the copy read the rows of
+    # a smaller array and past its end (the last row's tail: heap bytes)
+    import numpy as np
+    L, E, S, R = 2, 8, 4, 256                  # 4 KiB: past numpy's small-block cache
+    bank = torch.arange(L * E * R, dtype=torch.int32).to(torch.uint8).reshape(L * E, R)
+    a0 = bank.data_ptr()
+    with ferry.ExpertPool(L, E, S, [bank], policy="lru") as pool:
+        bank.resize_(L * E * R * 4)            # its storage moves; the old memory is freed
+        cands = [np.full(L * E * R - 48, 0xAB, np.uint8) for _ in range(16)]
+        at = [c for c in cands if c.__array_interface__["data"][0] == a0]
+        if not at:
+            pytest.skip("the allocator gave no array the freed address")
+        bank.set_(torch.from_numpy(at[0]))     # the bank's address is the old one again
+        with pytest.raises(FerryError) as e:
+            pool.ensure(1, [E - 1])
+        assert e.value.code == -errno.EFAULT and "bank 0" in e.value.message
+        pool.check()
+
+
 @pytest.mark.parametrize("how", ["resize_", "storage"])
 def test_bank_freed_while_its_copy_runs_is_refused_after_the_copy(how):
     # the copy's C call is wrapped to free the bank just before it reads
