@@ -94,12 +94,28 @@ def _bank_bytes(x):
 _U32_MAX = 2**32 - 1
 
 
+def _int(v, what):
+    """An integer argument as a Python int: an int, a numpy integer, or a
+    numpy or torch integer scalar (0-d: a size computed with either, as
+    ctypes took them); bools, floats and arrays are a TypeError."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        if isinstance(v, np.ndarray):
+            ok = v.ndim == 0 and v.dtype.kind in "iu"
+        elif is_torch(v):
+            ok = v.ndim == 0 and not (v.is_floating_point() or v.is_complex()
+                                      or v.dtype == torch.bool)
+        else:
+            ok = False
+        if not ok:
+            raise TypeError(f"ferry: {what} is an integer, got {type(v).__name__} {v!r}")
+    return int(v)
+
+
 def _u32(v, what):
     """An integer argument C takes as uint32 (a layer, a slot, a count): a
     negative value or one past 2^32-1 is refused here, where ctypes would
     wrap it onto another value (2^32 + 1 onto 1)."""
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"ferry: {what} is an integer, got {type(v).__name__} {v!r}")
+    v = _int(v, what)
     if not 0 <= v <= _U32_MAX:
         raise FerryError(-errno.EINVAL, f"{what} {v} is outside 0 .. 2^32-1")
     return int(v)
@@ -108,8 +124,7 @@ def _u32(v, what):
 def _u64(v, what):
     """An integer C takes as uint64 or size_t (expert_bytes, row_bytes): refused
     outside 0 .. 2^64-1, where ctypes would wrap it (-1 onto 2^64-1)."""
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"ferry: {what} is an integer, got {type(v).__name__} {v!r}")
+    v = _int(v, what)
     if not 0 <= v <= 2**64 - 1:
         raise FerryError(-errno.EINVAL, f"{what} {v} is outside 0 .. 2^64-1")
     return int(v)

@@ -85,6 +85,28 @@ def test_planner_refuses_sizes_a_cast_would_wrap(args):
         ferry.Planner(2, 8, 4.0)
 
 
+def test_sizes_may_be_integer_scalars_of_numpy_and_torch():
+    # a size computed with numpy or torch (np.array(4), torch.tensor(4))
+    # was taken before the checks against wrapping (ctypes reads __index__);
+    # they made it a TypeError. Floats, bools and arrays of several stay one.
+    import numpy as np
+    bank = torch.zeros(2 * 8, 64, dtype=torch.uint8)
+    for v in (np.uint16(4), np.array(4), torch.tensor(4), torch.tensor(4, dtype=torch.uint8)):
+        with ferry.Planner(np.array(2), torch.tensor(8), v, expert_bytes=torch.tensor(64)) as p:
+            assert (p.num_layers, p.num_experts, p.slots) == (2, 8, 4)
+            assert type(p.slots) is int
+            assert p.ensure(torch.tensor(1), [3])[0] == [0]
+        with ferry.ExpertPool(2, 8, v, [bank]) as pool:
+            assert pool.slots == 4 and pool.ensure(np.array(1), [3]) == [0]
+    for bad in (4.0, np.float32(4), np.array(4.0), torch.tensor(4.0), True, np.bool_(True),
+                np.array(True), torch.tensor(True), np.array([4]), torch.tensor([4]), "4"):
+        with pytest.raises(TypeError, match="slots"):
+            ferry.Planner(2, 8, bad)
+    with pytest.raises(FerryError) as e:
+        ferry.Planner(2, 8, torch.tensor(-4))
+    assert e.value.code == -errno.EINVAL and "-4" in e.value.message
+
+
 def test_pool_refuses_sizes_a_cast_would_wrap(tmp_path):
     # slots 2^32 + 4 was a pool of 4 slots whose Python side believed in
     # 2^32 + 4 (its first copy allocated a 16 GiB array: a hang, or the
