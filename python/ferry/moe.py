@@ -654,6 +654,14 @@ class ExpertPool(_LastCounts, Closing):
             msg = lib.ferry_last_error().decode(errors="replace")
             for i in range(n_unknown.value):
                 lib.ferry_moe_planner_forget(self._planner, unknown[i])
+            # a plan refused whole (validation: nothing moved) names no slot
+            # unknown: every slot of the plan whose row did not land goes
+            base = plan.layer * self.num_experts
+            for i in range(plan.n):
+                d = plan.dst_slots[i]
+                if lib.ferry_moe_slots_occupant(self._slots, d) != base + plan.src_rows[i]:
+                    lib.ferry_moe_slots_invalidate(self._slots, d)
+                    lib.ferry_moe_planner_forget(self._planner, d)
             raise FerryError(rc, msg or None, what)
         if plan.n and self._banks is not None:
             try:   # a bank freed (resize_ in another thread) while the copy read it

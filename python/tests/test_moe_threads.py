@@ -236,6 +236,35 @@ def test_bank_moved_before_an_evicting_copy_keeps_planner_and_slots_agreed(how):
             pool.check()
 
 
+@pytest.mark.parametrize("full", [False, True])
+def test_copy_refused_whole_by_the_executor_leaves_no_phantom_expert(full):
+    # ferry_moe_slots_apply refuses a plan it cannot validate whole
+    # (-EINVAL, nothing moves) without naming any slot unknown: the pool
+    # forgot only the slots named, so the planner kept the step's experts
+    # in slots that never got their rows, and the next ensure() answered
+    # them as hits over other bytes. (The call is wrapped to pass no rows
+    # source, one of the things validation refuses.)
+    import ferry.moe as moe
+    L, E, S, R = 2, 8, 4, 64
+    bank = torch.randint(0, 256, (L * E, R), dtype=torch.uint8,
+                         generator=torch.Generator().manual_seed(3))
+    with ferry.ExpertPool(L, E, S, [bank], policy="lru") as pool:
+        view = pool.slot_tensor(0)
+        pool.ensure(0, [0, 1, 2, 3] if full else [0, 1])
+        real = moe.lib.ferry_moe_slots_apply
+        moe.lib.ferry_moe_slots_apply = lambda s, plan, rows, u, n: real(s, plan, None, u, n)
+        try:
+            with pytest.raises(FerryError) as e:
+                pool.ensure(1, [5, 6])
+        finally:
+            moe.lib.ferry_moe_slots_apply = real
+        assert e.value.code == -errno.EINVAL, e.value
+        pool.check()                                # planner and slots agree
+        for layer, ex in ((1, [5, 6]), (0, [0, 1])):
+            for sl, x in zip(pool.ensure(layer, ex), ex):
+                assert torch.equal(view[sl], bank[layer * E + x]), (layer, x, sl)
+
+
 def test_bank_freed_then_given_memory_at_its_old_address_is_refused():
     # resize_() past capacity frees the memory the rows source reads; the
     # next allocation of about that size takes the same address, and a bank
