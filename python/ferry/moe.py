@@ -566,8 +566,7 @@ class ExpertPool(_LastCounts, Closing):
         self._need()
         if self._backend != b"host":
             raise ValueError("ferry: slot_tensor views host-device slots only")
-        if isinstance(bank, bool) or not isinstance(bank, (int, np.integer)):
-            raise TypeError(f"ferry: bank is an integer, got {type(bank).__name__} {bank!r}")
+        bank = _int(bank, "bank")
         if not 0 <= bank < len(self.row_bytes):
             raise IndexError(f"ferry: bank {bank} of {len(self.row_bytes)}")
         ctx = lib.ferry_moe_slots_device(self._slots)

@@ -178,6 +178,19 @@ def test_pool_argument_types_are_type_errors():
         assert pool.slot_tensor(np.int64(0)).shape == (4, 64)
 
 
+def test_slot_tensor_bank_may_be_an_integer_scalar():
+    # slot_tensor(torch.tensor(1)) viewed bank 1 before bank became a
+    # TypeError unless an int or numpy integer
+    import numpy as np
+    banks = [torch.zeros(2 * 8, 64, dtype=torch.uint8), torch.ones(2 * 8, 32, dtype=torch.uint8)]
+    with ferry.ExpertPool(2, 8, 4, banks) as pool:
+        for b in (torch.tensor(1), np.array(1), np.uint8(1)):
+            assert pool.slot_tensor(b).shape == (4, 32)
+        for b in (torch.tensor(1.0), np.array([1]), torch.tensor(True)):
+            with pytest.raises(TypeError, match="bank"):
+                pool.slot_tensor(b)
+
+
 # -- banks changed under the pool --
 
 @pytest.mark.parametrize("how", ["view", "other"])
