@@ -24,7 +24,15 @@ runner's death):
 - last_counts read by a thread after its own ensure() while another
   thread's ensure() came between: it answered the other thread's step;
 - a slot_tensor bank that is not an integer (a ctypes ArgumentError) and
-  a device that is not a name (an AttributeError);
+  a device that is not a name (an AttributeError), while sizes and banks
+  that are numpy or torch integer scalars stay taken, as ctypes took them;
+- a bank found moved before a copy that evicted (a full pool): the slots
+  kept naming the evicted experts the planner had forgotten;
+- a bank resized past its capacity, then given a tensor that the
+  allocator put at the freed address: the address check passed and the
+  copy read past the end of a smaller array;
+- a plan the executor refuses whole (nothing moved, no slot named
+  unknown): the planner kept the step's experts in slots without them;
 - every method of one Planner and one ExpertPool from 8 threads at once
   (ensure, hint, hint_prefetch, lookup, forget, stats, check, slot_tensor,
   with numpy and torch ids and bad arguments among them), then a close()
