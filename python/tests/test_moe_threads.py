@@ -500,6 +500,46 @@ def test_interrupt_during_the_planner_call_leaves_no_phantom_expert(call):
     assert "ok" in out
 
 
+@pytest.mark.parametrize("call", ["ensure", "hint_prefetch"])
+def test_interrupt_during_the_copy_leaves_no_phantom_expert(call):
+    # the same interrupt during the copy's C call: it surfaces after the
+    # rows landed; the plan's slots are dropped (a copy wasted, no wrong byte)
+    out = run_child("""
+        import _thread
+        import ferry.moe as moe
+        L, E, S, R = 2, 8, 4, 64
+        bank = torch.randint(0, 256, (L * E, R), dtype=torch.uint8,
+                             generator=torch.Generator().manual_seed(4))
+        pool = ferry.ExpertPool(L, E, S, [bank], policy="lru")
+        view = pool.slot_tensor(0)
+        # ensure: a full pool (the step evicts); a prefetch takes free slots
+        pool.ensure(0, [0, 1, 2, 3] if %r == "ensure" else [0, 1])
+        pool.hint(1, 1, [5, 6], 0.99)
+        real = moe.lib.ferry_moe_slots_apply
+        def interrupted(*a):
+            rc = real(*a)
+            _thread.interrupt_main()
+            return rc
+        moe.lib.ferry_moe_slots_apply = interrupted
+        try:
+            pool.ensure(1, [5, 6]) if %r == "ensure" else pool.hint_prefetch(4)
+            for _ in range(1000):
+                pass
+        except KeyboardInterrupt:
+            pass
+        else:
+            raise AssertionError("no interrupt")
+        moe.lib.ferry_moe_slots_apply = real
+        pool.check()
+        for layer, ex in ((1, [5, 6]), (0, [0, 1]), (1, [5, 6])):
+            for sl, e in zip(pool.ensure(layer, ex), ex):
+                assert torch.equal(view[sl], bank[layer * E + e]), (layer, e, sl)
+            pool.check()
+        print("ok")
+    """ % (call, call), timeout=60)
+    assert "ok" in out
+
+
 # -- what a thread's own step found --
 
 @pytest.mark.parametrize("kind", ["pool", "planner"])
