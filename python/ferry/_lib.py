@@ -135,6 +135,7 @@ _PROTOS = {
     "ferry_moe_slots_apply": (_c_int, [_vp, ctypes.POINTER(A.MoeCopyPlan), _vp,
                                        ctypes.POINTER(_c_u32), ctypes.POINTER(_c_u32)]),
     "ferry_moe_slots_invalidate": (_c_int, [_vp, _c_u32]),
+    "ferry_moe_slots_occupant": (_c_u32, [_vp, _c_u32]),
     "ferry_moe_rows_host": (_c_int, [ctypes.POINTER(A.MoeGeometry), ctypes.POINTER(_vp), _vp,
                                      _c_u64, ctypes.POINTER(_vp)]),
     "ferry_moe_rows_file": (_c_int, [ctypes.POINTER(A.MoeGeometry), _vp, _cp,

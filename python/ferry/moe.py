@@ -63,6 +63,16 @@ def _bank_addr(x):
                     f"{type(x).__name__}")
 
 
+def _kept_addr(keep):
+    """Where what storage_of() kept for a bank holds its bytes now: it moves
+    when the memory the rows source reads is freed (a storage resized,
+    resize_() past capacity, or an array resized in place), whatever
+    address the bank tensor shows meanwhile."""
+    if isinstance(keep, np.ndarray):
+        return keep.__array_interface__["data"][0]
+    return keep.data_ptr()
+
+
 def _bank_bytes(x):
     """(address, bytes) of a contiguous host tensor or array."""
     addr, shape, strides, dt, dev = describe(x)
@@ -84,12 +94,28 @@ def _bank_bytes(x):
 _U32_MAX = 2**32 - 1
 
 
+def _int(v, what):
+    """An integer argument as a Python int: an int, a numpy integer, or a
+    numpy or torch integer scalar (0-d: a size computed with either, as
+    ctypes took them); bools, floats and arrays are a TypeError."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        if isinstance(v, np.ndarray):
+            ok = v.ndim == 0 and v.dtype.kind in "iu"
+        elif is_torch(v):
+            ok = v.ndim == 0 and not (v.is_floating_point() or v.is_complex()
+                                      or v.dtype == torch.bool)
+        else:
+            ok = False
+        if not ok:
+            raise TypeError(f"ferry: {what} is an integer, got {type(v).__name__} {v!r}")
+    return int(v)
+
+
 def _u32(v, what):
     """An integer argument C takes as uint32 (a layer, a slot, a count): a
     negative value or one past 2^32-1 is refused here, where ctypes would
     wrap it onto another value (2^32 + 1 onto 1)."""
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"ferry: {what} is an integer, got {type(v).__name__} {v!r}")
+    v = _int(v, what)
     if not 0 <= v <= _U32_MAX:
         raise FerryError(-errno.EINVAL, f"{what} {v} is outside 0 .. 2^32-1")
     return int(v)
@@ -98,8 +124,7 @@ def _u32(v, what):
 def _u64(v, what):
     """An integer C takes as uint64 or size_t (expert_bytes, row_bytes): refused
     outside 0 .. 2^64-1, where ctypes would wrap it (-1 onto 2^64-1)."""
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"ferry: {what} is an integer, got {type(v).__name__} {v!r}")
+    v = _int(v, what)
     if not 0 <= v <= 2**64 - 1:
         raise FerryError(-errno.EINVAL, f"{what} {v} is outside 0 .. 2^64-1")
     return int(v)
@@ -410,6 +435,7 @@ class ExpertPool(_LastCounts, Closing):
             # set_() or .data = does to a tensor) at these addresses
             self._bank_keep = [storage_of(b) for b in banks]
             self._bank_addrs = [a for a, _ in info]
+            self._keep_addrs = [_kept_addr(k) for k in self._bank_keep]
         elif row_bytes is None:
             raise ValueError("ferry: a rows_file needs row_bytes (one per bank)")
         if not 1 <= len(row_bytes) <= A.MOE_MAX_BANKS:
@@ -540,8 +566,7 @@ class ExpertPool(_LastCounts, Closing):
         self._need()
         if self._backend != b"host":
             raise ValueError("ferry: slot_tensor views host-device slots only")
-        if isinstance(bank, bool) or not isinstance(bank, (int, np.integer)):
-            raise TypeError(f"ferry: bank is an integer, got {type(bank).__name__} {bank!r}")
+        bank = _int(bank, "bank")
         if not 0 <= bank < len(self.row_bytes):
             raise IndexError(f"ferry: bank {bank} of {len(self.row_bytes)}")
         ctx = lib.ferry_moe_slots_device(self._slots)
@@ -607,14 +632,16 @@ class ExpertPool(_LastCounts, Closing):
         """Copy a plan's rows; slots a failure leaves unknown are forgotten by
         the planner too, so the two never disagree on an occupant. Whatever
         is raised before the copy (a bank that moved, an interrupt) forgets
-        the plan's slots: the planner placed experts there that never came.
+        the plan's slots: the planner placed experts there that never came,
+        and the slots lose the experts the planner evicted for them (their
+        bytes are still there, but the planner no longer counts them).
         A bank that moved during the copy (freed under it) makes the copied
         slots unknown to both after it: their bytes are not the rows."""
         try:
             if plan.n and self._banks is not None:
                 self._banks_in_place(what)
         except BaseException:
-            _drop_plan(self._planner, plan)
+            _drop_plan(self._planner, plan, self._slots)
             raise
         unknown = getattr(self, "_unknown", None)
         if unknown is None:  # made once: room for every slot
@@ -626,6 +653,14 @@ class ExpertPool(_LastCounts, Closing):
             msg = lib.ferry_last_error().decode(errors="replace")
             for i in range(n_unknown.value):
                 lib.ferry_moe_planner_forget(self._planner, unknown[i])
+            # a plan refused whole (validation: nothing moved) names no slot
+            # unknown: every slot of the plan whose row did not land goes
+            base = plan.layer * self.num_experts
+            for i in range(plan.n):
+                d = plan.dst_slots[i]
+                if lib.ferry_moe_slots_occupant(self._slots, d) != base + plan.src_rows[i]:
+                    lib.ferry_moe_slots_invalidate(self._slots, d)
+                    lib.ferry_moe_planner_forget(self._planner, d)
             raise FerryError(rc, msg or None, what)
         if plan.n and self._banks is not None:
             try:   # a bank freed (resize_ in another thread) while the copy read it
@@ -639,9 +674,13 @@ class ExpertPool(_LastCounts, Closing):
         """Refuse a copy from a bank whose memory moved since the pool was made
         (resize_() past its capacity frees what the rows source reads; set_()
         or .data = leaves it stale): FerryError (EFAULT) names the bank (and
-        _apply forgets the plan's slots: nothing was copied into them)."""
+        _apply forgets the plan's slots: nothing was copied into them). The
+        kept storage is asked too: freed by a resize, its old address may
+        come back under another tensor the bank was then given, of any size."""
         for b, (t, addr) in enumerate(zip(self._banks, self._bank_addrs)):
             now = _bank_addr(t)
+            if now == addr and _kept_addr(self._bank_keep[b]) != self._keep_addrs[b]:
+                now = _kept_addr(self._bank_keep[b]) + (addr - self._keep_addrs[b])
             if now != addr:
                 raise FerryError(-errno.EFAULT, f"expert bank {b} was resized or given other "
                                  f"memory (its address moved from {addr:#x} to {now:#x}) "

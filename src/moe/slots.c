@@ -721,13 +721,17 @@ int ferry_moe_check(const ferry_moe_planner *p, const ferry_moe_slots *s)
                               ps, s->g.slots);
     for (uint32_t slot = 0; slot < ps; slot++) {
         uint32_t po = ferry_moe_planner_occupant(p, slot), so = s->occupant[slot];
+        if (so != FERRY_MOE_NONE && so != po && po == FERRY_MOE_NONE)
+            return ferry__err_set(NULL, FERRY_EMISMATCH,
+                                  "moe check: slot %u holds expert %u (layer %u, expert %u) but the "
+                                  "planner says it is free",
+                                  slot, so, so / s->g.num_experts, so % s->g.num_experts);
         if (so != FERRY_MOE_NONE && so != po)
             return ferry__err_set(NULL, FERRY_EMISMATCH,
                                   "moe check: slot %u holds expert %u (layer %u, expert %u) but the "
-                                  "planner says %s%u",
-                                  slot, so, so / s->g.num_experts, so % s->g.num_experts,
-                                  po == FERRY_MOE_NONE ? "it is free" : "expert ",
-                                  po == FERRY_MOE_NONE ? 0 : po);
+                                  "planner says expert %u (layer %u, expert %u)",
+                                  slot, so, so / s->g.num_experts, so % s->g.num_experts, po,
+                                  po / s->g.num_experts, po % s->g.num_experts);
         if (po != FERRY_MOE_NONE && so == FERRY_MOE_NONE)
             return ferry__err_set(NULL, FERRY_EMISMATCH,
                                   "moe check: the planner puts expert %u (layer %u, expert %u) in "
