@@ -146,6 +146,19 @@ class Layout:
                 f"head_dim={c.head_dim}, dtype={c.dtype}, kv={c.kv})")
 
 
+def _salt_bytes(salt):
+    """A salt's bytes: str as UTF-8, bytes, bytearray or memoryview as they
+    are. Anything else is refused (TypeError): bytes() of an int is that
+    many zero bytes (salt=0 the unsalted tenant, 3 the salt b"\\0\\0\\0"),
+    and of a list of ints bytes no tenant meant."""
+    if isinstance(salt, str):
+        return salt.encode()
+    if isinstance(salt, (bytes, bytearray, memoryview)):
+        return bytes(salt)
+    raise TypeError(f"ferry: a salt is str or bytes (a tenant's key), got "
+                    f"{type(salt).__name__} {salt!r:.40}")
+
+
 class _Req:
     """A ferry_kv_req with optional per-chunk out-arrays."""
 
@@ -156,9 +169,7 @@ class _Req:
         self.c.skip_tokens = skip
         self._salt = salt
         if salt is not None:
-            if isinstance(salt, str):
-                salt = salt.encode()
-            self._salt = bytes(salt)
+            self._salt = _salt_bytes(salt)
             self.c.salt = ctypes.cast(ctypes.c_char_p(self._salt), ctypes.c_void_p)
             self.c.salt_len = len(self._salt)
         self.c.flags = _PARTIAL if partial else 0
@@ -801,8 +812,12 @@ class KVStore(Closing):
         return arr, keep
 
     def _salt_req(self, salt):
-        """A request with only a salt, made once per salt (nothing writes it)."""
-        req = self._salt_reqs.get(salt)
+        """A request with only a salt, made once per salt (nothing writes it);
+        an unhashable salt (bytearray, memoryview) gets one of its own."""
+        try:
+            req = self._salt_reqs.get(salt)
+        except TypeError:
+            return _Req(salt, False)
         if req is None:
             if len(self._salt_reqs) >= 256:
                 self._salt_reqs.clear()
@@ -856,7 +871,10 @@ class KVStore(Closing):
         if name_len < 0 or n < 0 or len(names) < name_len * n:
             raise ValueError(f"ferry: {n} packed names of {name_len} bytes need "
                              f"{max(0, name_len * n)} bytes, got {len(names)}")
-        req = self._salt_reqs.get(salt) or self._salt_req(salt)
+        try:
+            req = self._salt_reqs[salt]
+        except (KeyError, TypeError):   # a salt not seen yet, or unhashable
+            req = self._salt_req(salt)
         guard = self._guard
         if not self._h or not guard.enter():
             raise guard.refused("the store", "KVStore")
