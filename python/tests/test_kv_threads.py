@@ -6,7 +6,13 @@ close races, ids, moved buffers and a rewritten block table):
   many zero bytes (salt=0 read the unsalted tenant's chunks, salt=3 the
   chunks of salt b"\\0\\0\\0"); bytearray and memoryview salts work on
   every call, the named ones too;
+- wait(timeout=) and wait_layer(timeout=) past what C's int of
+  milliseconds holds (a "forever" of 1e9 s, inf) wait, they do not time
+  out at once or raise OverflowError.
 """
+import threading
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -81,3 +87,43 @@ def test_bytes_like_salts_work_on_every_call(s):
     assert s.retrieve_named([b"p0", b"p1"], y, salt=bytearray(b"tenant")) == 2
     assert torch.equal(x, y)
     assert s.delete_named([b"p0"], salt=bytearray(b"tenant")) == 1
+
+
+# -- timeouts past C's int of milliseconds --
+
+def test_wait_with_a_timeout_past_an_int_of_milliseconds_waits():
+    # a store_async waiting for L1 slots that layerwise stores hold: it
+    # ends only when they are done, from another thread half a second on
+    s = ferry.KVStore("kvthreads-wait", LAY, l1="2M", chunk_tokens=16, pool_wait_ms=20000)
+    x = kv(512)
+    try:
+        for to in (4294967.297, 1e9, float("inf")):
+            hold = []
+            for i in range(4):                  # a quarter of L1 each: all of it
+                op = s.store_layers(np.arange(512, dtype=np.int32) + 1000 * i, x)
+                op.layer_done(0)
+                hold.append(op)
+            op = s.store_async(np.arange(512, dtype=np.int32) + 99999, x)
+
+            def release():
+                time.sleep(0.5)
+                for h in hold:
+                    h.layer_done(1)
+            th = threading.Thread(target=release)
+            th.start()
+            t0 = time.monotonic()
+            assert op.wait(timeout=to) == 512, to
+            assert time.monotonic() - t0 >= 0.4, to
+            th.join()
+            assert [h.wait() for h in hold] == [512] * 4
+            s.clear()
+        op = s.store_async(np.arange(32, dtype=np.int32) + 5, x[:, :, :32].contiguous())
+        with pytest.raises(ValueError, match="timeout"):
+            op.wait(timeout=float("nan"))
+        assert op.wait() == 32
+        lop = s.retrieve_layers(np.arange(32, dtype=np.int32) + 5, torch.zeros(2, 2, 32, 128,
+                                                                               dtype=torch.bfloat16))
+        assert lop.wait_layer(1, timeout=float("inf")) == 32
+        assert lop.wait(timeout=1e12) == 32
+    finally:
+        s.close()
