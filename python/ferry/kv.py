@@ -261,7 +261,7 @@ class Op:
 
     def wait(self, timeout=None):
         if self._result is None:
-            ms = -1 if timeout is None else max(0, int(timeout * 1000))
+            ms = _timeout_ms(timeout)
             rc = self._c(lib.ferry_kv_op_wait, ms)
             if rc == -errno.ETIMEDOUT:
                 raise TimeoutError(f"ferry: {self._call} still running after {timeout} s")
@@ -311,6 +311,25 @@ class Op:
             self.free()
         except Exception:  # interpreter shutdown
             pass
+
+
+_INT_MAX = 2**31 - 1
+
+
+def _timeout_ms(timeout):
+    """A timeout in seconds as C's int timeout_ms: None, inf, or more than
+    an int of milliseconds holds (24.8 days) is -1 (forever), where a cast
+    would wrap it onto a short or negative wait; a negative one is 0 (a
+    test). NaN is refused."""
+    if timeout is None:
+        return -1
+    t = float(timeout)
+    if t != t:
+        raise ValueError("ferry: timeout is NaN (seconds, or None to wait until done)")
+    ms = t * 1000
+    if ms >= _INT_MAX:
+        return -1
+    return max(0, int(ms))
 
 
 def _layer_index(layer, num_layers):
@@ -398,7 +417,7 @@ class LayerOp(Op):
         the store's (imported once), so that wait is a call inside the store:
         a close() from another thread waits for it, and once the store is
         closed it raises FerryError (EBADF)."""
-        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        ms = _timeout_ms(timeout)
         layer = _layer_index(layer, self.num_layers)
         if self._cuda:   # the stream is the store's: looked up and used inside its guard
             rc = self._kv._on_engine_stream(
