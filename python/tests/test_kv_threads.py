@@ -8,8 +8,11 @@ close races, ids, moved buffers and a rewritten block table):
   every call, the named ones too;
 - wait(timeout=) and wait_layer(timeout=) past what C's int of
   milliseconds holds (a "forever" of 1e9 s, inf) wait, they do not time
-  out at once or raise OverflowError.
+  out at once or raise OverflowError;
+- a retrieve's skip past 2^64-1 is refused, not wrapped onto a small skip
+  that writes the engine's prefix.
 """
+import errno
 import threading
 import time
 
@@ -18,6 +21,7 @@ import pytest
 import torch
 
 import ferry
+from ferry import FerryError
 from test_server import Daemon
 
 LAY = ferry.Layout(num_layers=2, num_heads=2, head_dim=64, dtype="bf16")
@@ -127,3 +131,25 @@ def test_wait_with_a_timeout_past_an_int_of_milliseconds_waits():
         assert lop.wait(timeout=1e12) == 32
     finally:
         s.close()
+
+
+# -- skip past what the request's uint64 holds --
+
+@pytest.mark.parametrize("skip", [2**64, 2**64 + 5, 2**70])
+def test_a_skip_past_uint64_writes_nothing_below_it(s, skip):
+    # "nothing below skip is written": ctypes kept skip's low 64 bits, so
+    # 2**64 was 0 and the engine's whole prefix was overwritten
+    toks = np.arange(64, dtype=np.int32) + 3
+    x = kv(64, 2)
+    assert s.store(toks, x) == 64
+    for call in (lambda y: s.retrieve(toks, y, skip=skip),
+                 lambda y: s.retrieve_async(toks, y, skip=skip).wait(),
+                 lambda y: s.retrieve_layers(toks, y, skip=skip).wait()):
+        y = torch.full_like(x, 7.0)
+        with pytest.raises(FerryError) as e:
+            call(y)
+        assert e.value.code == -errno.EINVAL and "skip" in str(e.value)
+        assert bool((y == 7.0).all())
+    for bad in (1.5, True, "3"):
+        with pytest.raises(TypeError, match="skip"):
+            s.retrieve(toks, torch.zeros_like(x), skip=bad)
