@@ -36,6 +36,7 @@ def parse_size(s):
 
 
 _U32_MAX = 2**32 - 1
+_U64_MAX = 2**64 - 1
 
 
 def _u32_arg(v, what):
@@ -164,9 +165,15 @@ class _Req:
 
     def __init__(self, salt, partial, chunks=0, skip=0):
         self.c = A.KVReq()
-        if skip < 0:
-            raise ValueError(f"ferry: skip {skip} is negative")
-        self.c.skip_tokens = skip
+        if skip:
+            if isinstance(skip, bool) or not isinstance(skip, (int, np.integer)):
+                raise TypeError(f"ferry: skip is a count of tokens, got {type(skip).__name__} "
+                                f"{skip!r}")
+            if skip < 0:
+                raise ValueError(f"ferry: skip {skip} is negative")
+            if skip > _U64_MAX:   # (ctypes would keep its low 64 bits: a small skip)
+                raise FerryError(-errno.EINVAL, f"skip {skip} is past 2^64-1")
+            self.c.skip_tokens = int(skip)
         self._salt = salt
         if salt is not None:
             self._salt = _salt_bytes(salt)
