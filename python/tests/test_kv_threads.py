@@ -153,3 +153,52 @@ def test_a_skip_past_uint64_writes_nothing_below_it(s, skip):
     for bad in (1.5, True, "3"):
         with pytest.raises(TypeError, match="skip"):
             s.retrieve(toks, torch.zeros_like(x), skip=bad)
+
+
+# -- an op freed by one thread, waited on by another --
+
+def test_a_freed_op_answers_its_result(s):
+    # free() waits for the op (C's ferry_kv_op_free does); a wait, done,
+    # cancel or wait_layer after it answers from that end ("later calls
+    # answer from its result"), not EINVAL "freed before it finished"
+    x = kv(1024, 3)
+    toks = np.arange(1024, dtype=np.int32) + 20000
+    op = s.store_async(toks, x)
+    op.free()
+    assert op.done() and op.wait() == 1024 and op.cancel() is False
+    assert s.lookup(toks) == 1024
+    y = torch.zeros_like(x)
+    rop = s.retrieve_layers(toks, y)
+    rop.free()
+    assert rop.wait_layer(1) == 1024 and rop.wait() == 1024 and torch.equal(x, y)
+    lop = s.store_layers(toks + 5000, x)
+    lop.layer_done(0)
+    lop.free()                                  # lacking layer 1: abandoned
+    for call in (lop.wait, lambda: lop.layer_done(1)):
+        with pytest.raises(FerryError) as e:
+            call()
+        assert e.value.code == -errno.ECANCELED
+    assert s.lookup(toks + 5000) == 0
+
+
+def test_an_op_waited_on_while_another_thread_frees_it(s):
+    x = kv(2048, 4)
+    got, bad = [], []
+    for r in range(40):
+        toks = np.arange(2048, dtype=np.int32) + 30000 * (r + 1)
+        op = s.store_async(toks, x)
+        go = threading.Barrier(2)
+
+        def waiter():
+            go.wait()
+            try:
+                got.append(op.wait())
+            except Exception as e:      # any exception is the finding
+                bad.append(repr(e))
+
+        th = threading.Thread(target=waiter)
+        th.start()
+        go.wait()
+        op.free()
+        th.join()
+    assert not bad and got == [2048] * 40, (bad[:3], got)
