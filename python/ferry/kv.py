@@ -227,13 +227,16 @@ class Op:
         self._result = None
         self._moved = None    # (tensor, address) of a buffer that moved in flight
         self._guard = CallGuard(call)
+        self._freed = threading.Event()   # set once free() kept the end and let go
 
     def _c(self, fn, *args):
-        """fn(handle, *args), or None when the handle was freed already
-        (FerryError in a forked child: the op is its parent's)."""
+        """fn(handle, *args), or None when the handle was freed already, once
+        the free (in whichever thread) kept the op's end (FerryError in a
+        forked child: the op is its parent's)."""
         if not self._guard.enter():
             if self._guard.forked:
                 raise self._guard.refused("the operation", self._call)
+            self._freed.wait()
             return None
         try:
             return fn(self._h, *args)
@@ -242,14 +245,20 @@ class Op:
 
     def _settle(self, rc):
         """Keep the first result, free the handle; returns the kept result."""
+        self._keep_result(rc)
+        self.free()
+        return self._result
+
+    def _keep_result(self, rc):
+        """Keep rc as the result unless one is kept already (with the buffer
+        that moved in flight, if one did)."""
         if self._result is None:
-            buf = self._keep[0] if self._keep else None
+            keep = self._keep    # (a free in another thread may drop it meanwhile)
+            buf = keep[0] if keep else None
             t = buf.moved() if buf is not None else None
             if t is not None:
                 self._moved = (t, dict((id(a), b) for a, b in buf.addrs)[id(t)])
             self._result = rc
-        self.free()
-        return self._result
 
     def _outcome(self):
         rc = self._result
@@ -302,10 +311,25 @@ class Op:
     def free(self):
         """Let the operation go (waiting for it if it still runs). Calls on it
         in other threads finish first; later calls answer from its result."""
-        if self._guard.end():
+        if not self._guard.end():
+            if not self._guard.forked:
+                self._freed.wait()    # another free is letting it go: until it has
+            return
+        try:
+            if self._result is None:
+                # ferry_kv_op_free waits for the op anyway: wait first and keep
+                # its end for the calls that come later. A layerwise store still
+                # lacking layers answers the wait FERRY_ESTATE at once; free
+                # abandons it, as a cancel does (-ECANCELED)
+                rc = lib.ferry_kv_op_wait(self._h, -1)
+                if rc == _FERRY_ESTATE:
+                    rc = lib.ferry_kv_op_cancel(self._h)
+                self._keep_result(rc)
             lib.ferry_kv_op_free(self._h)
             self._h = None
             self._keep = None
+        finally:
+            self._freed.set()
 
     def __await__(self):
         loop = asyncio.get_running_loop()
