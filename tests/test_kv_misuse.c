@@ -10,6 +10,8 @@
  *    free, cancel, wait and layer_done afterwards (nothing committed);
  *  - a layerwise retrieve that outlives its store;
  *  - close while another thread is inside a store call;
+ *  - close while an op waits for the L1 slots that layerwise stores
+ *    lacking layers hold: the close frees them before it waits;
  *  - negative token and block ids;
  *  - a store closed in a forked child: nothing released, the parent's
  *    store whole;
@@ -359,6 +361,67 @@ static void test_close_waits_for_calls_inside(void **state)
     in_child(close_during_call, 1);
 }
 
+/* ---- close while an op waits for slots layerwise stores hold ---- */
+
+static double ms_since(const struct timespec *t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) * 1e3 + (double)(t1.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+/* four layerwise stores lacking their last layer hold every L1 slot (a
+ * quarter each); a store_async waits for one (pool_wait_ms: 20 s). The
+ * close abandons those stores: it frees their slots before it waits for
+ * the op, which then stores, rather than waiting the op's 20 s out (and
+ * failing it FERRY_ENOSPACE) before abandoning them */
+static void close_with_an_op_waiting_for_slots(int server)
+{
+    (void)server;
+    enum { LCH = 64, WIN = LCH / 4, WTOK = WIN * CT };
+    ferry_kv_config c = config(LCH);
+    c.pool_wait_ms = 20000;
+    ferry_kv *kv = NULL;
+    CHECK(ferry_kv_open(&c, &kv) == 0);
+    unsigned char *img = malloc(IMG_BYTES);
+    CHECK(img);
+    ft_fill_pattern(img, IMG_BYTES, 5);
+    ferry_kv_buffer b = host_buf(img);
+    static int32_t t[5][WTOK];
+    ferry_kv_op *lw[4], *op = NULL;
+    for (int i = 0; i < 4; i++) {
+        for (int k = 0; k < WTOK; k++)
+            t[i][k] = 1000 * i + k;
+        CHECK(ferry_kv_store_layers(kv, t[i], WTOK, NULL, &b, NULL, &lw[i]) == 0);
+        CHECK(ferry_kv_op_layer_done(lw[i], 0, NULL) == 0);
+    }
+    for (int k = 0; k < WTOK; k++)
+        t[4][k] = 90000 + k;
+    CHECK(ferry_kv_store_async(kv, t[4], WTOK, NULL, &b, &op) == 0);
+    CHECK(ferry_kv_op_wait(op, 100) == -ETIMEDOUT); /* waiting for a slot */
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ferry_kv_close(kv);
+    double ms = ms_since(&t0);
+    if (ms > 5000) {
+        fprintf(stderr, "close took %.0f ms: it waited the op's pool wait out\n", ms);
+        _exit(1);
+    }
+    CHECK(ferry_kv_op_wait(op, 0) == WTOK); /* stored in the slots freed */
+    for (int i = 0; i < 4; i++) {
+        CHECK(ferry_kv_op_wait(lw[i], 0) == -ECANCELED);
+        ferry_kv_op_free(lw[i]);
+    }
+    ferry_kv_op_free(op);
+    free(img);
+}
+
+static void test_close_frees_abandoned_slots_before_waiting_for_ops(void **state)
+{
+    (void)state;
+    in_child(close_with_an_op_waiting_for_slots, 0);
+}
+
 /* ---- ids out of range ---- */
 
 static void bad_ids(int server)
@@ -658,6 +721,7 @@ int main(void)
         cmocka_unit_test(test_one_op_many_threads),
         cmocka_unit_test(test_ops_outlive_their_store),
         cmocka_unit_test(test_close_waits_for_calls_inside),
+        cmocka_unit_test(test_close_frees_abandoned_slots_before_waiting_for_ops),
         cmocka_unit_test(test_ids_out_of_range),
         cmocka_unit_test(test_server_addresses_and_a_full_listener),
         cmocka_unit_test(test_close_in_a_forked_child),
