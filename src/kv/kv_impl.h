@@ -515,6 +515,10 @@ ferry_kv_op *ferry__kv_op_new(ferry_kv *kv, int kind, const ferry_kv_hash *ids, 
 ferry_kv *ferry__kv_op_enter(ferry_kv_op *op);
 /* the call that entered with kv ends (drops = references it gives back) */
 void ferry__kv_op_leave(ferry_kv_op *op, ferry_kv *kv, unsigned drops);
+/* close, once no call is inside: abandon every layerwise store of kv still
+ * lacking layers (-ECANCELED, its slots given back) while the workers run,
+ * so an op waiting for an L1 slot gets one before close waits for it */
+void ferry__kv_ops_abandon(ferry_kv *kv);
 /* close: finish and detach every op of kv still alive (no call is inside
  * the store and no worker runs); an op nobody holds any more is freed */
 void ferry__kv_ops_orphan(ferry_kv *kv);
