@@ -370,14 +370,21 @@ static double ms_since(const struct timespec *t0)
     return (double)(t1.tv_sec - t0->tv_sec) * 1e3 + (double)(t1.tv_nsec - t0->tv_nsec) / 1e6;
 }
 
-/* four layerwise stores lacking their last layer hold every L1 slot (a
- * quarter each); a store_async waits for one (pool_wait_ms: 20 s). The
- * close abandons those stores: it frees their slots before it waits for
- * the op, which then stores, rather than waiting the op's 20 s out (and
- * failing it FERRY_ENOSPACE) before abandoning them */
-static void close_with_an_op_waiting_for_slots(int server)
+static void *wait_forever(void *arg)
 {
-    (void)server;
+    sharer *s = arg;
+    s->rc = ferry_kv_op_wait(s->op, -1);
+    return NULL;
+}
+
+/* four layerwise stores lacking their last layer hold every L1 slot (a
+ * quarter each); a store_async waits for one (pool_wait_ms: 20 s), and
+ * with waiter != 0 a thread waits on it (a call inside the store, which
+ * close waits for). The close abandons those stores: it frees their slots
+ * before it waits for the op or the calls inside, so the op then stores,
+ * rather than waiting its 20 s out (and failing FERRY_ENOSPACE) */
+static void close_with_an_op_waiting_for_slots(int waiter)
+{
     enum { LCH = 64, WIN = LCH / 4, WTOK = WIN * CT };
     ferry_kv_config c = config(LCH);
     c.pool_wait_ms = 20000;
@@ -399,10 +406,21 @@ static void close_with_an_op_waiting_for_slots(int server)
         t[4][k] = 90000 + k;
     CHECK(ferry_kv_store_async(kv, t[4], WTOK, NULL, &b, &op) == 0);
     CHECK(ferry_kv_op_wait(op, 100) == -ETIMEDOUT); /* waiting for a slot */
+    sharer w = {op, 0, 0};
+    pthread_t th;
+    if (waiter) {
+        CHECK(pthread_create(&th, NULL, wait_forever, &w) == 0);
+        while (ferry__kv_calls(kv) == 0) /* inside its wait */
+            ;
+    }
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     ferry_kv_close(kv);
     double ms = ms_since(&t0);
+    if (waiter) {
+        pthread_join(th, NULL);
+        CHECK(w.rc == WTOK);
+    }
     if (ms > 5000) {
         fprintf(stderr, "close took %.0f ms: it waited the op's pool wait out\n", ms);
         _exit(1);
@@ -420,6 +438,7 @@ static void test_close_frees_abandoned_slots_before_waiting_for_ops(void **state
 {
     (void)state;
     in_child(close_with_an_op_waiting_for_slots, 0);
+    in_child(close_with_an_op_waiting_for_slots, 1);
 }
 
 /* ---- ids out of range ---- */
