@@ -18,9 +18,11 @@
  *   closed touches only the op: waits and tests answer from its state, and
  *   close finishes what would need the store (a layerwise store lacking
  *   layers is abandoned: -ECANCELED, nothing committed).
- * - Close abandons those stores first (ferry__kv_ops_abandon), before it
- *   waits for the other ops: their slots are free for an op waiting for
- *   one (pool_wait_ms), which would otherwise wait its deadline out.
+ * - Close abandons those stores first (ferry__kv_ops_abandon), once new
+ *   calls are refused and before it waits for the calls inside and the
+ *   other ops: their slots are free for an op waiting for one
+ *   (pool_wait_ms), which would otherwise wait its deadline out. A
+ *   layer_done still inside finds the store sealed and copies nothing.
  * - Close detaches each op (ferry__kv_ops_orphan): whatever it holds of the
  *   store (layer events, a stream, a server connection) is given back, and
  *   op->kv becomes NULL. An op whose references all went while its store
