@@ -545,7 +545,6 @@ class KVStore(Closing):
         self._devmem = None
         self._streams = {}
         self._lw_stores = weakref.WeakSet()   # layerwise stores: close abandons them first
-        self._lw_lock = threading.Lock()      # (a set iterated while another thread adds)
         if server is not None:
             if l1 is not None or l2 is not None or l2_dir is not None or remote is not None:
                 raise ValueError("ferry: with server= the daemon owns the tiers: "
@@ -753,9 +752,7 @@ class KVStore(Closing):
             # inside waits its pool_wait_ms out. In C only, as the close's
             # own abandonment: the op keeps answering from its end in C
             # (cancel() True, wait() and layer_done() -ECANCELED)
-            with self._lw_lock:
-                ops = list(self._lw_stores)
-            for op in ops:
+            for op in list(getattr(self, "_lw_stores", ())):
                 if op._lacking():
                     op._c(lib.ferry_kv_op_cancel)
         if not guard.end():      # another close released, or is releasing, it all
@@ -855,8 +852,7 @@ class KVStore(Closing):
         store = fn is lib.ferry_kv_store_layers
         op = LayerOp(self, h, (buf, req, arr, opt), name, self.layout.num_layers, store)
         if store:
-            with self._lw_lock:
-                self._lw_stores.add(op)
+            self._lw_stores.add(op)
         return op
 
     def retrieve_layers(self, tokens, kv, block_table=None, *, salt=None, partial=False, skip=0):
