@@ -4,7 +4,6 @@ import ctypes
 import errno
 import os
 import threading
-import weakref
 
 import numpy as np
 
@@ -544,7 +543,6 @@ class KVStore(Closing):
         self._dev = None
         self._devmem = None
         self._streams = {}
-        self._lw_stores = weakref.WeakSet()   # layerwise stores: close abandons them first
         if server is not None:
             if l1 is not None or l2 is not None or l2_dir is not None or remote is not None:
                 raise ValueError("ferry: with server= the daemon owns the tiers: "
@@ -736,25 +734,13 @@ class KVStore(Closing):
     def close(self):
         """Close the store: calls other threads are inside finish first, later
         calls raise FerryError (EBADF). Ops it started stay valid (close
-        finishes them) and are freed on their own; a layerwise store still
-        lacking layers is abandoned (-ECANCELED) before close waits, so a
-        call waiting for the L1 slots it held goes on. Safe to call again, and
+        finishes them) and are freed on their own. Safe to call again, and
         from several threads at once: one releases the store, its streams
         and its device (after every call inside returned), the others
         return once it has."""
         guard = getattr(self, "_guard", None)
         if guard is None:
             return
-        if not guard.forked and not guard.ended:
-            # the layerwise stores still lacking layers, which the close
-            # abandons, first: a call inside (a blocking store) waiting for
-            # the L1 slots they hold gets them, where the wait for the calls
-            # inside waits its pool_wait_ms out. In C only, as the close's
-            # own abandonment: the op keeps answering from its end in C
-            # (cancel() True, wait() and layer_done() -ECANCELED)
-            for op in list(getattr(self, "_lw_stores", ())):
-                if op._lacking():
-                    op._c(lib.ferry_kv_op_cancel)
         if not guard.end():      # another close released, or is releasing, it all
             if guard.forked:     # a forked child's copy: the parent's to release
                 self._h = self._dev = None
@@ -849,11 +835,8 @@ class KVStore(Closing):
         h = ctypes.c_void_p()
         check(self._call(fn, p, arr.size, req.ptr(), ctypes.byref(buf.c), ctypes.byref(opt),
                          ctypes.byref(h)), name)
-        store = fn is lib.ferry_kv_store_layers
-        op = LayerOp(self, h, (buf, req, arr, opt), name, self.layout.num_layers, store)
-        if store:
-            self._lw_stores.add(op)
-        return op
+        return LayerOp(self, h, (buf, req, arr, opt), name, self.layout.num_layers,
+                       fn is lib.ferry_kv_store_layers)
 
     def retrieve_layers(self, tokens, kv, block_table=None, *, salt=None, partial=False, skip=0):
         """Start a layer-by-layer retrieve into `kv` (forms as retrieve): the
