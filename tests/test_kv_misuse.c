@@ -434,11 +434,72 @@ static void close_with_an_op_waiting_for_slots(int waiter)
     free(img);
 }
 
+typedef struct last_layer {
+    ferry_kv_op *op;
+    pthread_barrier_t *go;
+    int rc;
+} last_layer;
+
+static void *do_last_layer(void *arg)
+{
+    last_layer *l = arg;
+    pthread_barrier_wait(l->go);
+    l->rc = ferry_kv_op_layer_done(l->op, 1, NULL);
+    return NULL;
+}
+
+/* the last layer_done of a layerwise store racing the close: a layer_done
+ * the close found inside finishes first (the store commits), one that came
+ * after is refused; never a layer_done answered 0 whose store the close
+ * then abandoned */
+static void close_racing_the_last_layer(int server)
+{
+    (void)server;
+    ferry_kv_config c = config(64);
+    unsigned char *img = malloc(IMG_BYTES);
+    CHECK(img);
+    ft_fill_pattern(img, IMG_BYTES, 9);
+    ferry_kv_buffer b = host_buf(img);
+    static int32_t t[4 * CT];
+    int first = 0;
+    for (int round = 0; round < 400; round++) {
+        ferry_kv *kv = NULL;
+        CHECK(ferry_kv_open(&c, &kv) == 0);
+        tokens(t, 4 * CT, 77 * round);
+        ferry_kv_op *op = NULL;
+        CHECK(ferry_kv_store_layers(kv, t, 4 * CT, NULL, &b, NULL, &op) == 0);
+        CHECK(ferry_kv_op_layer_done(op, 0, NULL) == 0);
+        pthread_barrier_t go;
+        pthread_barrier_init(&go, NULL, 2);
+        last_layer l = {op, &go, 1};
+        pthread_t th;
+        CHECK(pthread_create(&th, NULL, do_last_layer, &l) == 0);
+        pthread_barrier_wait(&go);
+        ferry_kv_close(kv);
+        pthread_join(th, NULL);
+        pthread_barrier_destroy(&go);
+        int rc = ferry_kv_op_wait(op, -1);
+        if (l.rc == 0) {
+            first++;
+            if (rc != (int)(4 * CT)) {
+                fprintf(stderr, "round %d: layer_done answered 0, the store %d\n", round, rc);
+                _exit(1);
+            }
+        } else {
+            CHECK(l.rc == -ECANCELED && rc == -ECANCELED);
+        }
+        ferry_kv_op_free(op);
+    }
+    fprintf(stderr, "%d of 400 last layers came first\n", first);
+    free(img);
+}
+
 static void test_close_frees_abandoned_slots_before_waiting_for_ops(void **state)
 {
     (void)state;
     in_child(close_with_an_op_waiting_for_slots, 0);
     in_child(close_with_an_op_waiting_for_slots, 1);
+    in_child(close_racing_the_last_layer, 0);
 }
 
 /* ---- ids out of range ---- */
