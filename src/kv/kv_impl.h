@@ -516,10 +516,10 @@ ferry_kv *ferry__kv_op_enter(ferry_kv_op *op);
 /* the call that entered with kv ends (drops = references it gives back) */
 void ferry__kv_op_leave(ferry_kv_op *op, ferry_kv *kv, unsigned drops);
 /* close, once new calls are refused: abandon every layerwise store of kv
- * still lacking layers (-ECANCELED, its slots given back; as a cancel, so
- * a layer_done inside copies nothing after it) while the workers run, so
- * an op waiting for an L1 slot gets one before close waits for it and for
- * the calls inside (a thread waiting on that op) */
+ * still lacking layers that no call is inside (-ECANCELED, its slots given
+ * back, as a cancel does) while the workers run, so an op waiting for an
+ * L1 slot gets one before close waits for it and for the calls inside (a
+ * thread waiting on that op) */
 void ferry__kv_ops_abandon(ferry_kv *kv);
 /* close: finish and detach every op of kv still alive (no call is inside
  * the store and no worker runs); an op nobody holds any more is freed */
