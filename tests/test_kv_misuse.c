@@ -10,6 +10,8 @@
  *    free, cancel, wait and layer_done afterwards (nothing committed);
  *  - a layerwise retrieve that outlives its store;
  *  - close while another thread is inside a store call;
+ *  - close while an op waits for the L1 slots that layerwise stores
+ *    lacking layers hold: the close frees them before it waits;
  *  - negative token and block ids;
  *  - a store closed in a forked child: nothing released, the parent's
  *    store whole;
@@ -359,6 +361,147 @@ static void test_close_waits_for_calls_inside(void **state)
     in_child(close_during_call, 1);
 }
 
+/* ---- close while an op waits for slots layerwise stores hold ---- */
+
+static double ms_since(const struct timespec *t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) * 1e3 + (double)(t1.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+static void *wait_forever(void *arg)
+{
+    sharer *s = arg;
+    s->rc = ferry_kv_op_wait(s->op, -1);
+    return NULL;
+}
+
+/* four layerwise stores lacking their last layer hold every L1 slot (a
+ * quarter each); a store_async waits for one (pool_wait_ms: 20 s), and
+ * with waiter != 0 a thread waits on it (a call inside the store, which
+ * close waits for). The close abandons those stores: it frees their slots
+ * before it waits for the op or the calls inside, so the op then stores,
+ * rather than waiting its 20 s out (and failing FERRY_ENOSPACE) */
+static void close_with_an_op_waiting_for_slots(int waiter)
+{
+    enum { LCH = 64, WIN = LCH / 4, WTOK = WIN * CT };
+    ferry_kv_config c = config(LCH);
+    c.pool_wait_ms = 20000;
+    ferry_kv *kv = NULL;
+    CHECK(ferry_kv_open(&c, &kv) == 0);
+    unsigned char *img = malloc(IMG_BYTES);
+    CHECK(img);
+    ft_fill_pattern(img, IMG_BYTES, 5);
+    ferry_kv_buffer b = host_buf(img);
+    static int32_t t[5][WTOK];
+    ferry_kv_op *lw[4], *op = NULL;
+    for (int i = 0; i < 4; i++) {
+        for (int k = 0; k < WTOK; k++)
+            t[i][k] = 1000 * i + k;
+        CHECK(ferry_kv_store_layers(kv, t[i], WTOK, NULL, &b, NULL, &lw[i]) == 0);
+        CHECK(ferry_kv_op_layer_done(lw[i], 0, NULL) == 0);
+    }
+    for (int k = 0; k < WTOK; k++)
+        t[4][k] = 90000 + k;
+    CHECK(ferry_kv_store_async(kv, t[4], WTOK, NULL, &b, &op) == 0);
+    CHECK(ferry_kv_op_wait(op, 100) == -ETIMEDOUT); /* waiting for a slot */
+    sharer w = {op, 0, 0};
+    pthread_t th;
+    if (waiter) {
+        CHECK(pthread_create(&th, NULL, wait_forever, &w) == 0);
+        while (ferry__kv_calls(kv) == 0) /* inside its wait */
+            ;
+    }
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ferry_kv_close(kv);
+    double ms = ms_since(&t0);
+    if (waiter) {
+        pthread_join(th, NULL);
+        CHECK(w.rc == WTOK);
+    }
+    if (ms > 5000) {
+        fprintf(stderr, "close took %.0f ms: it waited the op's pool wait out\n", ms);
+        _exit(1);
+    }
+    CHECK(ferry_kv_op_wait(op, 0) == WTOK); /* stored in the slots freed */
+    for (int i = 0; i < 4; i++) {
+        CHECK(ferry_kv_op_wait(lw[i], 0) == -ECANCELED);
+        ferry_kv_op_free(lw[i]);
+    }
+    ferry_kv_op_free(op);
+    free(img);
+}
+
+typedef struct last_layer {
+    ferry_kv_op *op;
+    pthread_barrier_t *go;
+    int rc;
+} last_layer;
+
+static void *do_last_layer(void *arg)
+{
+    last_layer *l = arg;
+    pthread_barrier_wait(l->go);
+    l->rc = ferry_kv_op_layer_done(l->op, 1, NULL);
+    return NULL;
+}
+
+/* the last layer_done of a layerwise store racing the close: a layer_done
+ * the close found inside finishes first (the store commits), one that came
+ * after is refused; never a layer_done answered 0 whose store the close
+ * then abandoned */
+static void close_racing_the_last_layer(int server)
+{
+    (void)server;
+    ferry_kv_config c = config(64);
+    unsigned char *img = malloc(IMG_BYTES);
+    CHECK(img);
+    ft_fill_pattern(img, IMG_BYTES, 9);
+    ferry_kv_buffer b = host_buf(img);
+    static int32_t t[4 * CT];
+    int first = 0;
+    for (int round = 0; round < 400; round++) {
+        ferry_kv *kv = NULL;
+        CHECK(ferry_kv_open(&c, &kv) == 0);
+        tokens(t, 4 * CT, 77 * round);
+        ferry_kv_op *op = NULL;
+        CHECK(ferry_kv_store_layers(kv, t, 4 * CT, NULL, &b, NULL, &op) == 0);
+        CHECK(ferry_kv_op_layer_done(op, 0, NULL) == 0);
+        pthread_barrier_t go;
+        pthread_barrier_init(&go, NULL, 2);
+        last_layer l = {op, &go, 1};
+        pthread_t th;
+        CHECK(pthread_create(&th, NULL, do_last_layer, &l) == 0);
+        pthread_barrier_wait(&go);
+        ferry_kv_close(kv);
+        pthread_join(th, NULL);
+        pthread_barrier_destroy(&go);
+        int rc = ferry_kv_op_wait(op, -1);
+        if (l.rc == 0) {
+            first++;
+            if (rc != (int)(4 * CT)) {
+                fprintf(stderr, "round %d: layer_done answered 0, the store %d\n", round, rc);
+                _exit(1);
+            }
+        } else {
+            CHECK(l.rc == -ECANCELED && rc == -ECANCELED);
+        }
+        ferry_kv_op_free(op);
+    }
+    fprintf(stderr, "%d of 400 last layers came first\n", first);
+    free(img);
+}
+
+static void test_close_frees_abandoned_slots_before_waiting_for_ops(void **state)
+{
+    (void)state;
+    in_child(close_with_an_op_waiting_for_slots, 0);
+    in_child(close_with_an_op_waiting_for_slots, 1);
+    in_child(close_racing_the_last_layer, 0);
+}
+
 /* ---- ids out of range ---- */
 
 static void bad_ids(int server)
@@ -658,6 +801,7 @@ int main(void)
         cmocka_unit_test(test_one_op_many_threads),
         cmocka_unit_test(test_ops_outlive_their_store),
         cmocka_unit_test(test_close_waits_for_calls_inside),
+        cmocka_unit_test(test_close_frees_abandoned_slots_before_waiting_for_ops),
         cmocka_unit_test(test_ids_out_of_range),
         cmocka_unit_test(test_server_addresses_and_a_full_listener),
         cmocka_unit_test(test_close_in_a_forked_child),

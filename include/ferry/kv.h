@@ -499,7 +499,9 @@ FERRY_API int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out);
 /**
  * Wait for the calls other threads are inside, every operation and
  * background write, then free the store and its tiers. A layerwise store
- * still lacking layers is abandoned (-ECANCELED, nothing of it committed).
+ * still lacking layers is abandoned (-ECANCELED, nothing of it committed),
+ * before the other operations are waited for: one waiting for an L1 slot
+ * such a store held takes it then.
  * Operations not yet freed stay valid handles: their wait, test, cancel,
  * wait_layer and free answer from the operation's end, layer_done answers
  * -ECANCELED; free them with ferry_kv_op_free before or after the close.

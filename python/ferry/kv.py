@@ -36,6 +36,7 @@ def parse_size(s):
 
 
 _U32_MAX = 2**32 - 1
+_U64_MAX = 2**64 - 1
 
 
 def _u32_arg(v, what):
@@ -146,19 +147,36 @@ class Layout:
                 f"head_dim={c.head_dim}, dtype={c.dtype}, kv={c.kv})")
 
 
+def _salt_bytes(salt):
+    """A salt's bytes: str as UTF-8, bytes, bytearray or memoryview as they
+    are. Anything else is refused (TypeError): bytes() of an int is that
+    many zero bytes (salt=0 the unsalted tenant, 3 the salt b"\\0\\0\\0"),
+    and of a list of ints bytes no tenant meant."""
+    if isinstance(salt, str):
+        return salt.encode()
+    if isinstance(salt, (bytes, bytearray, memoryview)):
+        return bytes(salt)
+    raise TypeError(f"ferry: a salt is str or bytes (a tenant's key), got "
+                    f"{type(salt).__name__} {salt!r:.40}")
+
+
 class _Req:
     """A ferry_kv_req with optional per-chunk out-arrays."""
 
     def __init__(self, salt, partial, chunks=0, skip=0):
         self.c = A.KVReq()
-        if skip < 0:
-            raise ValueError(f"ferry: skip {skip} is negative")
-        self.c.skip_tokens = skip
+        if skip:
+            if isinstance(skip, bool) or not isinstance(skip, (int, np.integer)):
+                raise TypeError(f"ferry: skip is a count of tokens, got {type(skip).__name__} "
+                                f"{skip!r}")
+            if skip < 0:
+                raise ValueError(f"ferry: skip {skip} is negative")
+            if skip > _U64_MAX:   # (ctypes would keep its low 64 bits: a small skip)
+                raise FerryError(-errno.EINVAL, f"skip {skip} is past 2^64-1")
+            self.c.skip_tokens = int(skip)
         self._salt = salt
         if salt is not None:
-            if isinstance(salt, str):
-                salt = salt.encode()
-            self._salt = bytes(salt)
+            self._salt = _salt_bytes(salt)
             self.c.salt = ctypes.cast(ctypes.c_char_p(self._salt), ctypes.c_void_p)
             self.c.salt_len = len(self._salt)
         self.c.flags = _PARTIAL if partial else 0
@@ -209,13 +227,16 @@ class Op:
         self._result = None
         self._moved = None    # (tensor, address) of a buffer that moved in flight
         self._guard = CallGuard(call)
+        self._freed = threading.Event()   # set once free() kept the end and let go
 
     def _c(self, fn, *args):
-        """fn(handle, *args), or None when the handle was freed already
-        (FerryError in a forked child: the op is its parent's)."""
+        """fn(handle, *args), or None when the handle was freed already, once
+        the free (in whichever thread) kept the op's end (FerryError in a
+        forked child: the op is its parent's)."""
         if not self._guard.enter():
             if self._guard.forked:
                 raise self._guard.refused("the operation", self._call)
+            self._freed.wait()
             return None
         try:
             return fn(self._h, *args)
@@ -224,14 +245,20 @@ class Op:
 
     def _settle(self, rc):
         """Keep the first result, free the handle; returns the kept result."""
+        self._keep_result(rc)
+        self.free()
+        return self._result
+
+    def _keep_result(self, rc):
+        """Keep rc as the result unless one is kept already (with the buffer
+        that moved in flight, if one did)."""
         if self._result is None:
-            buf = self._keep[0] if self._keep else None
+            keep = self._keep    # (a free in another thread may drop it meanwhile)
+            buf = keep[0] if keep else None
             t = buf.moved() if buf is not None else None
             if t is not None:
                 self._moved = (t, dict((id(a), b) for a, b in buf.addrs)[id(t)])
             self._result = rc
-        self.free()
-        return self._result
 
     def _outcome(self):
         rc = self._result
@@ -250,7 +277,7 @@ class Op:
 
     def wait(self, timeout=None):
         if self._result is None:
-            ms = -1 if timeout is None else max(0, int(timeout * 1000))
+            ms = _timeout_ms(timeout)
             rc = self._c(lib.ferry_kv_op_wait, ms)
             if rc == -errno.ETIMEDOUT:
                 raise TimeoutError(f"ferry: {self._call} still running after {timeout} s")
@@ -284,10 +311,25 @@ class Op:
     def free(self):
         """Let the operation go (waiting for it if it still runs). Calls on it
         in other threads finish first; later calls answer from its result."""
-        if self._guard.end():
+        if not self._guard.end():
+            if not self._guard.forked:
+                self._freed.wait()    # another free is letting it go: until it has
+            return
+        try:
+            if self._result is None:
+                # ferry_kv_op_free waits for the op anyway: wait first and keep
+                # its end for the calls that come later. A layerwise store still
+                # lacking layers answers the wait FERRY_ESTATE at once; free
+                # abandons it, as a cancel does (-ECANCELED)
+                rc = lib.ferry_kv_op_wait(self._h, -1)
+                if rc == _FERRY_ESTATE:
+                    rc = lib.ferry_kv_op_cancel(self._h)
+                self._keep_result(rc)
             lib.ferry_kv_op_free(self._h)
             self._h = None
             self._keep = None
+        finally:
+            self._freed.set()
 
     def __await__(self):
         loop = asyncio.get_running_loop()
@@ -300,6 +342,25 @@ class Op:
             self.free()
         except Exception:  # interpreter shutdown
             pass
+
+
+_INT_MAX = 2**31 - 1
+
+
+def _timeout_ms(timeout):
+    """A timeout in seconds as C's int timeout_ms: None, inf, or more than
+    an int of milliseconds holds (24.8 days) is -1 (forever), where a cast
+    would wrap it onto a short or negative wait; a negative one is 0 (a
+    test). NaN is refused."""
+    if timeout is None:
+        return -1
+    t = float(timeout)
+    if t != t:
+        raise ValueError("ferry: timeout is NaN (seconds, or None to wait until done)")
+    ms = t * 1000
+    if ms >= _INT_MAX:
+        return -1
+    return max(0, int(ms))
 
 
 def _layer_index(layer, num_layers):
@@ -387,7 +448,7 @@ class LayerOp(Op):
         the store's (imported once), so that wait is a call inside the store:
         a close() from another thread waits for it, and once the store is
         closed it raises FerryError (EBADF)."""
-        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        ms = _timeout_ms(timeout)
         layer = _layer_index(layer, self.num_layers)
         if self._cuda:   # the stream is the store's: looked up and used inside its guard
             rc = self._kv._on_engine_stream(
@@ -801,8 +862,12 @@ class KVStore(Closing):
         return arr, keep
 
     def _salt_req(self, salt):
-        """A request with only a salt, made once per salt (nothing writes it)."""
-        req = self._salt_reqs.get(salt)
+        """A request with only a salt, made once per salt (nothing writes it);
+        an unhashable salt (bytearray, memoryview) gets one of its own."""
+        try:
+            req = self._salt_reqs.get(salt)
+        except TypeError:
+            return _Req(salt, False)
         if req is None:
             if len(self._salt_reqs) >= 256:
                 self._salt_reqs.clear()
@@ -856,7 +921,10 @@ class KVStore(Closing):
         if name_len < 0 or n < 0 or len(names) < name_len * n:
             raise ValueError(f"ferry: {n} packed names of {name_len} bytes need "
                              f"{max(0, name_len * n)} bytes, got {len(names)}")
-        req = self._salt_reqs.get(salt) or self._salt_req(salt)
+        try:
+            req = self._salt_reqs[salt]
+        except (KeyError, TypeError):   # a salt not seen yet, or unhashable
+            req = self._salt_req(salt)
         guard = self._guard
         if not self._h or not guard.enter():
             raise guard.refused("the store", "KVStore")

@@ -37,6 +37,13 @@ void ferry__kv_leave(ferry_kv *kv)
     pthread_mutex_unlock(&kv->call_mu);
 }
 
+void ferry__kv_close_begin(ferry_kv *kv)
+{
+    pthread_mutex_lock(&kv->call_mu);
+    kv->closing = 1;
+    pthread_mutex_unlock(&kv->call_mu);
+}
+
 void ferry__kv_close_wait(ferry_kv *kv)
 {
     pthread_mutex_lock(&kv->call_mu);

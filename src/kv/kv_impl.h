@@ -515,6 +515,12 @@ ferry_kv_op *ferry__kv_op_new(ferry_kv *kv, int kind, const ferry_kv_hash *ids, 
 ferry_kv *ferry__kv_op_enter(ferry_kv_op *op);
 /* the call that entered with kv ends (drops = references it gives back) */
 void ferry__kv_op_leave(ferry_kv_op *op, ferry_kv *kv, unsigned drops);
+/* close, once new calls are refused: abandon every layerwise store of kv
+ * still lacking layers that no call is inside (-ECANCELED, its slots given
+ * back, as a cancel does) while the workers run, so an op waiting for an
+ * L1 slot gets one before close waits for it and for the calls inside (a
+ * thread waiting on that op) */
+void ferry__kv_ops_abandon(ferry_kv *kv);
 /* close: finish and detach every op of kv still alive (no call is inside
  * the store and no worker runs); an op nobody holds any more is freed */
 void ferry__kv_ops_orphan(ferry_kv *kv);
@@ -523,6 +529,8 @@ void ferry__kv_ops_orphan(ferry_kv *kv);
  * message) when the store is closing. Every 0 is paired with a leave. */
 int ferry__kv_enter(ferry_kv *kv, const char *what);
 void ferry__kv_leave(ferry_kv *kv);
+/* close: refuse new calls (the calls inside go on) */
+void ferry__kv_close_begin(ferry_kv *kv);
 /* close: refuse new calls, then wait until no call is inside */
 void ferry__kv_close_wait(ferry_kv *kv);
 /* the body of public call `what` on kv: NULL refused, then expr evaluated

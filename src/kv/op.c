@@ -18,6 +18,11 @@
  *   closed touches only the op: waits and tests answer from its state, and
  *   close finishes what would need the store (a layerwise store lacking
  *   layers is abandoned: -ECANCELED, nothing committed).
+ * - Close abandons those stores first (ferry__kv_ops_abandon), once new
+ *   calls are refused and before it waits for the calls inside and the
+ *   other ops: their slots are free for an op waiting for one
+ *   (pool_wait_ms), which would otherwise wait its deadline out. A store
+ *   a call is inside (a layer_done) is left to ops_orphan, after it.
  * - Close detaches each op (ferry__kv_ops_orphan): whatever it holds of the
  *   store (layer events, a stream, a server connection) is given back, and
  *   op->kv becomes NULL. An op whose references all went while its store
@@ -158,6 +163,19 @@ void ferry__kv_op_leave(ferry_kv_op *op, ferry_kv *kv, unsigned drops)
     }
     if (kv)
         ferry__kv_leave(kv);
+}
+
+void ferry__kv_ops_abandon(ferry_kv *kv)
+{
+    ops_lock();
+    /* only a store no call is inside (refs: the owner's, if not freed): a
+     * layer_done that entered before close began finishes first, as close
+     * promises (its last layer commits the store); the calls entering from
+     * now on find the store closing. The others wait for ops_orphan. */
+    for (ferry_kv_op *op = kv->ops; op; op = op->lnext)
+        if (op->refs <= 1)
+            ferry__kv_lw_abandon(kv, op);
+    pthread_mutex_unlock(&ops_mu);
 }
 
 void ferry__kv_ops_orphan(ferry_kv *kv)

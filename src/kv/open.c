@@ -481,7 +481,9 @@ void ferry_kv_close(ferry_kv *kv)
                    (long)getpid(), kv->opener);
         return;
     }
-    ferry__kv_close_wait(kv);   /* calls still inside end first (guard.c) */
+    ferry__kv_close_begin(kv);  /* no new call (guard.c) */
+    ferry__kv_ops_abandon(kv);  /* their slots free before calls and ops are waited for */
+    ferry__kv_close_wait(kv);   /* calls still inside end first */
     ferry__kv_workers_stop(kv);
     ferry__kv_ops_orphan(kv);   /* ops outlive it (op.c) */
     if (kv->be->close)
