@@ -494,12 +494,91 @@ static void close_racing_the_last_layer(int server)
     free(img);
 }
 
+typedef struct maker {
+    ferry_kv *kv;
+    const int32_t *t;
+    size_t n;
+    ferry_kv_buffer *b;
+    ferry_kv_op *op;
+    int rc, lrc;
+} maker;
+
+static void *make_store_layers(void *arg)
+{
+    maker *m = arg;
+    m->rc = ferry_kv_store_layers(m->kv, m->t, m->n, NULL, m->b, NULL, &m->op);
+    if (m->rc == 0)
+        m->lrc = ferry_kv_op_layer_done(m->op, 0, NULL);
+    return NULL;
+}
+
+/* a store_layers call inside the store when close begins, waiting for an
+ * L1 slot that four layerwise stores lacking layers hold: its op is on the
+ * store's list but not yet its caller's. The close's early abandonment
+ * must leave that op alone (the call is still filling it in, without the
+ * op's lock); the call finishes first, as close promises, gets the slots
+ * the others gave back, and its op is abandoned after it (-ECANCELED).
+ * Under ThreadSanitizer an abandonment racing the call's reservation is a
+ * data race on the op's layer state. */
+static void close_with_a_store_layers_inside(int server)
+{
+    (void)server;
+    enum { LCH = 64, WIN = LCH / 4, WTOK = WIN * CT };
+    ferry_kv_config c = config(LCH);
+    c.pool_wait_ms = 20000;
+    ferry_kv *kv = NULL;
+    CHECK(ferry_kv_open(&c, &kv) == 0);
+    unsigned char *img = malloc(IMG_BYTES);
+    CHECK(img);
+    ft_fill_pattern(img, IMG_BYTES, 6);
+    ferry_kv_buffer b = host_buf(img);
+    static int32_t t[5][WTOK];
+    ferry_kv_op *lw[4];
+    for (int i = 0; i < 4; i++) {
+        for (int k = 0; k < WTOK; k++)
+            t[i][k] = 1000 * i + k;
+        CHECK(ferry_kv_store_layers(kv, t[i], WTOK, NULL, &b, NULL, &lw[i]) == 0);
+        CHECK(ferry_kv_op_layer_done(lw[i], 0, NULL) == 0);
+    }
+    for (int k = 0; k < WTOK; k++)
+        t[4][k] = 90000 + k;
+    maker m = {kv, t[4], WTOK, &b, NULL, 1, 1};
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, make_store_layers, &m) == 0);
+    while (ferry__kv_calls(kv) == 0) /* inside its store_layers */
+        ;
+    struct timespec nap = {0, 200 * 1000 * 1000}; /* (waiting for a slot by now) */
+    nanosleep(&nap, NULL);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ferry_kv_close(kv);
+    double ms = ms_since(&t0);
+    pthread_join(th, NULL);
+    if (ms > 5000) {
+        fprintf(stderr, "close took %.0f ms: the call waited its pool wait out\n", ms);
+        _exit(1);
+    }
+    /* the call found the slots the close gave back: an op, which the
+     * close abandoned after the call (its layer_done came after close
+     * began: refused) */
+    CHECK(m.rc == 0 && m.op);
+    CHECK(m.lrc == -ECANCELED);
+    CHECK(ferry_kv_op_wait(m.op, 0) == -ECANCELED);
+    ferry_kv_op_free(m.op);
+    for (int i = 0; i < 4; i++) {
+        CHECK(ferry_kv_op_wait(lw[i], 0) == -ECANCELED);
+        ferry_kv_op_free(lw[i]);
+    }
+    free(img);
+}
+
 static void test_close_frees_abandoned_slots_before_waiting_for_ops(void **state)
 {
     (void)state;
     in_child(close_with_an_op_waiting_for_slots, 0);
     in_child(close_with_an_op_waiting_for_slots, 1);
     in_child(close_racing_the_last_layer, 0);
+    in_child(close_with_a_store_layers_inside, 0);
 }
 
 /* ---- ids out of range ---- */
