@@ -502,6 +502,7 @@ struct ferry_kv_op {
      * of its live ops; kv is NULL once the store closed (orphaned) */
     unsigned refs;
     int freed;
+    int handed; /* its caller has it (ferry__kv_op_hand): made in full */
     struct ferry_kv_op *lprev, *lnext;
 };
 
@@ -515,8 +516,11 @@ ferry_kv_op *ferry__kv_op_new(ferry_kv *kv, int kind, const ferry_kv_hash *ids, 
 ferry_kv *ferry__kv_op_enter(ferry_kv_op *op);
 /* the call that entered with kv ends (drops = references it gives back) */
 void ferry__kv_op_leave(ferry_kv_op *op, ferry_kv *kv, unsigned drops);
+/* the call that made op hands it to its caller: from now on close's early
+ * abandonment may end it (before, that call still fills it in) */
+void ferry__kv_op_hand(ferry_kv_op *op);
 /* close, once new calls are refused: abandon every layerwise store of kv
- * still lacking layers that no call is inside (-ECANCELED, its slots given
+ * still lacking layers, handed to its caller, that no call is inside (-ECANCELED, its slots given
  * back, as a cancel does) while the workers run, so an op waiting for an
  * L1 slot gets one before close waits for it and for the calls inside (a
  * thread waiting on that op) */

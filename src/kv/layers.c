@@ -478,6 +478,7 @@ static int store_layers_call(ferry_kv *kv, const int32_t *tokens, size_t n,
         store_end_locked(kv, op, 0, 0);
         pthread_mutex_unlock(&op->mu);
     }
+    ferry__kv_op_hand(op); /* made: close may abandon it from now on */
     *out = op;
     return 0;
 }

@@ -22,7 +22,8 @@
  *   calls are refused and before it waits for the calls inside and the
  *   other ops: their slots are free for an op waiting for one
  *   (pool_wait_ms), which would otherwise wait its deadline out. A store
- *   a call is inside (a layer_done) is left to ops_orphan, after it.
+ *   a call is inside (a layer_done), or one its store_layers call is still
+ *   making (op->handed not yet set), is left to ops_orphan, after it.
  * - Close detaches each op (ferry__kv_ops_orphan): whatever it holds of the
  *   store (layer events, a stream, a server connection) is given back, and
  *   op->kv becomes NULL. An op whose references all went while its store
@@ -165,15 +166,25 @@ void ferry__kv_op_leave(ferry_kv_op *op, ferry_kv *kv, unsigned drops)
         ferry__kv_leave(kv);
 }
 
+void ferry__kv_op_hand(ferry_kv_op *op)
+{
+    ops_lock();
+    op->handed = 1;
+    pthread_mutex_unlock(&ops_mu);
+}
+
 void ferry__kv_ops_abandon(ferry_kv *kv)
 {
     ops_lock();
     /* only a store no call is inside (refs: the owner's, if not freed): a
      * layer_done that entered before close began finishes first, as close
      * promises (its last layer commits the store); the calls entering from
-     * now on find the store closing. The others wait for ops_orphan. */
+     * now on find the store closing. The others wait for ops_orphan, as
+     * does an op its caller does not have yet: the store_layers call
+     * making it (inside the store) still reserves its slots and fills its
+     * layer state in without op->mu, and may wait for a slot meanwhile. */
     for (ferry_kv_op *op = kv->ops; op; op = op->lnext)
-        if (op->refs <= 1)
+        if (op->handed && op->refs <= 1)
             ferry__kv_lw_abandon(kv, op);
     pthread_mutex_unlock(&ops_mu);
 }
