@@ -234,3 +234,25 @@ def test_close_gives_back_a_lacking_layerwise_stores_slots_first():
         with pytest.raises(FerryError) as e:
             h.wait()
         assert e.value.code == -errno.ECANCELED
+
+
+def test_wait_with_a_negative_infinite_or_huge_timeout():
+    # -inf is a negative timeout (a test, as -1 s is); an int of seconds
+    # past what a float holds is forever, as inf is
+    s = ferry.KVStore("kvthreads-wait-inf", LAY, l1="2M", chunk_tokens=16)
+    x = kv(512)
+    try:
+        lop = s.store_layers(np.arange(64, dtype=np.int32) + 7, x[:, :, :64].contiguous())
+        lop.layer_done(0)
+        with pytest.raises(FerryError):      # lacks a layer: the wait is refused at once
+            lop.wait(timeout=-float("inf"))
+        lop.layer_done(1)
+        assert lop.wait(timeout=10**400) == 64
+        rop = s.retrieve_layers(np.arange(64, dtype=np.int32) + 7,
+                                torch.zeros(2, 2, 64, 128, dtype=torch.bfloat16))
+        assert rop.wait_layer(1, timeout=10**400) == 64
+        assert rop.wait(timeout=-float("inf")) == 64
+        op = s.store_async(np.arange(32, dtype=np.int32) + 5, x[:, :, :32].contiguous())
+        assert op.wait(timeout=10**400) == 32
+    finally:
+        s.close()
