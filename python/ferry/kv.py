@@ -350,17 +350,22 @@ _INT_MAX = 2**31 - 1
 def _timeout_ms(timeout):
     """A timeout in seconds as C's int timeout_ms: None, inf, or more than
     an int of milliseconds holds (24.8 days) is -1 (forever), where a cast
-    would wrap it onto a short or negative wait; a negative one is 0 (a
-    test). NaN is refused."""
+    would wrap it onto a short or negative wait (an int past a float too);
+    a negative one, -inf included, is 0 (a test). NaN is refused."""
     if timeout is None:
         return -1
-    t = float(timeout)
+    try:
+        t = float(timeout)
+    except OverflowError:   # an int past a float: forever, or a test
+        return -1 if timeout > 0 else 0
     if t != t:
         raise ValueError("ferry: timeout is NaN (seconds, or None to wait until done)")
     ms = t * 1000
     if ms >= _INT_MAX:
         return -1
-    return max(0, int(ms))
+    if ms <= 0:             # (-inf too, which int() refuses)
+        return 0
+    return int(ms)
 
 
 def _layer_index(layer, num_layers):
