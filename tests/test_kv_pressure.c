@@ -293,6 +293,22 @@ static void *bg_store(void *arg)
     return NULL;
 }
 
+/* until the store's waits counter reaches n: the event that a store on
+ * another thread found the pool full and is waiting (a sleep would only
+ * guess how soon that thread runs, which a loaded machine can exceed) */
+static void await_waits(ferry_kv *home, uint64_t n)
+{
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    uint64_t t0 = now_ms();
+    for (;;) {
+        FT_ASSERT_OK(ferry_kv_stats_get(home, &m));
+        if (m.pool_waits >= n)
+            return;
+        assert_true(now_ms() - t0 < 60000); /* (never waited: fail, not hang) */
+        usleep(1000);
+    }
+}
+
 static void wait_then_proceed(int mode)
 {
     env e;
@@ -302,6 +318,7 @@ static void wait_then_proceed(int mode)
     bg g = {.kv = c, .base = 300000, .nch = 6};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, bg_store, &g), 0);
+    await_waits(e.home, 1); /* it waits; then the slots stay held 150 ms more */
     usleep(150 * 1000);
     unhold(&ha); /* frees half of the pool; the other half stays held */
     pthread_join(th, NULL);
@@ -567,9 +584,10 @@ static void long_prefills(int mode)
     ferry_kv_op *oa = NULL, *ob = NULL;
     FT_ASSERT_OK(ferry_kv_store_layers(a, ta, SLOTS * CT, &ra, &ba, NULL, &oa));
     FT_ASSERT_OK(ferry_kv_store_layers(b, tb, SLOTS * CT, &rb, &bb, NULL, &ob));
-    uint64_t t0 = now_ms();
     assert_int_equal(store(c, 900000, 4, sc), (int)(4 * CT));
-    assert_true(now_ms() - t0 < 150); /* (no wait for the prefills' slots) */
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(e.home, &m));
+    assert_int_equal(m.pool_waits, 0); /* (no wait for the prefills' slots) */
     for (unsigned l = 0; l < L; l++) {
         FT_ASSERT_OK(ferry_kv_op_layer_done(oa, l, NULL));
         FT_ASSERT_OK(ferry_kv_op_layer_done(ob, l, NULL));
@@ -582,7 +600,6 @@ static void long_prefills(int mode)
     }
     ferry_kv_op_free(oa);
     ferry_kv_op_free(ob);
-    ferry_kv_stats m = FERRY_KV_STATS_INIT;
     FT_ASSERT_OK(ferry_kv_stats_get(e.home, &m));
     assert_int_equal(m.pool_declines, 0);
     FT_ASSERT_OK(ferry_kv_flush(c));
