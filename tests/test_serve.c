@@ -1543,6 +1543,27 @@ static void raw4(raw *r, int t, int32_t base, ferry__proto_chunk *ch)
     assert_true(rc >= 0);
 }
 
+/* a daemon of an 8-chunk pool over an L2 in g_dir/sub, its clock frozen
+ * (a read-ahead's sparing never runs out); evict_at_full: a watermark of
+ * 1, one chunk evicted at a time, else the store's defaults */
+static ferry_kv *read_ahead_daemon(srv *v, const char *sub, int evict_at_full)
+{
+    char l2[300];
+    snprintf(l2, sizeof l2, "%s/%s", g_dir, sub);
+    assert_int_equal(mkdir(l2, 0700), 0);
+    ferry_kv_config kc = store_config(8);
+    kc.l2_dir = l2;
+    kc.l2_bytes = 64 * CHUNK;
+    if (evict_at_full) {
+        kc.watermark = 1.0;
+        kc.evict_fraction = 1.0 / 16;
+    }
+    srv_start_cfg(v, &kc, 0, 0);
+    ferry_kv *skv = ferry_serve_kv(v->s);
+    ferry__kv_set_clock(skv, frozen_clock, NULL);
+    return skv;
+}
+
 /*
  * The chunks a client's PREFETCH landed are what its retrieve acquires
  * next: while other clients store, an LRU pool would evict them first and
@@ -1554,17 +1575,8 @@ static void test_read_ahead_spared_until_acquired(void **state)
 {
     (void)state;
     enum { A = 100, S = 2000, C = 4000, D = 6000, E = 8000 }; /* 4 chunks each */
-    char l2[300];
-    snprintf(l2, sizeof l2, "%s/l2ra", g_dir);
-    assert_int_equal(mkdir(l2, 0700), 0);
     srv v;
-    ferry_kv_config kc = store_config(8);
-    kc.l2_dir = l2;
-    kc.l2_bytes = 64 * CHUNK;
-    kc.watermark = 1.0; /* evict only when full, one chunk at a time */
-    kc.evict_fraction = 1.0 / 16;
-    srv_start_cfg(&v, &kc, 0, 0);
-    ferry__kv_set_clock(ferry_serve_kv(v.s), frozen_clock, NULL);
+    read_ahead_daemon(&v, "l2ra", 1); /* evict only when full, one chunk at a time */
     ferry_kv_config c = client_config();
     ferry_kv *kv = NULL;
     FT_ASSERT_OK(ferry_kv_open(&c, &kv));
@@ -1670,16 +1682,8 @@ static void test_read_ahead_yields_to_stores(void **state)
 {
     (void)state;
     enum { A = 100, B = 2000, C = 4000, D = 6000, E = 8000 }; /* 4 chunks each */
-    char l2[300];
-    snprintf(l2, sizeof l2, "%s/l2ry", g_dir);
-    assert_int_equal(mkdir(l2, 0700), 0);
     srv v;
-    ferry_kv_config kc = store_config(8);
-    kc.l2_dir = l2;
-    kc.l2_bytes = 64 * CHUNK;
-    srv_start_cfg(&v, &kc, 0, 0);
-    ferry_kv *skv = ferry_serve_kv(v.s);
-    ferry__kv_set_clock(skv, frozen_clock, NULL);
+    ferry_kv *skv = read_ahead_daemon(&v, "l2ry", 0);
     ferry_kv_config c = client_config();
     ferry_kv *kv = NULL;
     FT_ASSERT_OK(ferry_kv_open(&c, &kv));
