@@ -60,6 +60,9 @@ def register_vllm_connector():
     MultiConnector rebuilds a child's stats in the API server by that name
     (KVConnectorFactory.get_connector_class_by_name, which raises for a name
     not registered). Loading ferry's connector module registers it as well.
+    The name never shadows a user's choice: a config that names its own
+    "FerryConnector" by kv_connector_module_path gets that class, as it
+    would from vLLM without ferry's registration.
     Returns True once the name is registered; False without vLLM, or when
     vLLM's factory would not take it (a warning says why: vLLM calls its
     plugins unguarded, in processes that may not use ferry at all, so
@@ -77,8 +80,11 @@ def register_vllm_connector():
     if isinstance(registry, dict) and "FerryConnector" in registry:
         return True
     try:
+        # FerryConnectorByName is resolved each time the factory asks: a
+        # user's own "FerryConnector" named by kv_connector_module_path is
+        # what it gets then, not ferry's (vllm.py, _factory_choice)
         KVConnectorFactory.register_connector("FerryConnector", "ferry.adapters.vllm",
-                                              "FerryConnector")
+                                              "FerryConnectorByName")
     except ValueError:  # (registered meanwhile)
         pass
     except Exception as e:

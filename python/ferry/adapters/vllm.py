@@ -175,6 +175,7 @@ import inspect
 import logging
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from stat import S_ISREG
 
@@ -730,6 +731,21 @@ def _layers_first(kv_cache, attn_backend):
 
 class FerryConnector(KVConnectorBase_V1, SupportsHMA):
     """ferry's KV connector for vLLM v1 (see the module's documentation)."""
+
+    def __new__(cls, *args, **kwargs):
+        # The last guard of a user's own "FerryConnector" (_chosen_class):
+        # should vLLM's factory have reached ferry's class by the registered
+        # name although the config names another module's class, that class
+        # is what is built. Python runs a subclass's __init__ itself; another
+        # class is built whole, and ferry's __init__ is then not run.
+        if cls is FerryConnector:
+            cfg = args[0] if args else kwargs.get("vllm_config")
+            chosen = _chosen_class(getattr(cfg, "kv_transfer_config", None))
+            if chosen is not FerryConnector:
+                if issubclass(chosen, FerryConnector):
+                    return super().__new__(chosen)
+                return chosen(*args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, vllm_config, role, kv_cache_config=None):
         params = inspect.signature(KVConnectorBase_V1.__init__).parameters
@@ -1860,6 +1876,76 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             self._store.close()
             self._opened = False
         self._store = None
+
+
+def _chosen_class(ktc):
+    """The class a kv_transfer_config names "FerryConnector" in a module of
+    its own (kv_connector_module_path), where that is not ferry's: a user's
+    subclass (or class) vLLM's factory imports from that module when the
+    name is not in its registry. ferry's class otherwise: no module path,
+    ferry's own, or one with no "FerryConnector" (a name vLLM could then
+    only have found registered). The user's module is imported as vLLM
+    imports it: its failure is the user's to see, raised, as vLLM raises
+    it. A class whose constructor takes no kv_cache_config is given one
+    that drops it, since vLLM passes it to every registered class."""
+    if ktc is None or getattr(ktc, "kv_connector", None) != "FerryConnector":
+        return FerryConnector
+    path = getattr(ktc, "kv_connector_module_path", None)
+    if not isinstance(path, str) or not path or path == __name__:
+        return FerryConnector
+    import importlib
+    cls = getattr(importlib.import_module(path), "FerryConnector", None)
+    if not isinstance(cls, type) or cls is FerryConnector:
+        return FerryConnector
+    try:
+        params = inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        return cls
+    if "kv_cache_config" in params or any(
+            p.kind == p.VAR_KEYWORD for p in params.values()):
+        return cls
+    if cls not in _compat:
+        def __init__(self, vllm_config, role, kv_cache_config=None):
+            cls.__init__(self, vllm_config, role)
+        _compat[cls] = type(cls.__name__, (cls,), {
+            "__init__": __init__, "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
+    return _compat[cls]
+
+
+_compat = {}    # a user's class -> its form that takes kv_cache_config
+
+
+def _factory_choice():
+    """The class vLLM's KVConnectorFactory gets for the name "FerryConnector"
+    that ferry registered (register_vllm_connector names this). That
+    factory looks a name up in its registry before it reads
+    kv_connector_module_path (vllm-project/vllm
+    a4cd9d0d28bdb41db8dfe0acdafac2bf2f608630,
+    vllm/distributed/kv_transfer/kv_connector/factory.py,
+    _get_connector_class_with_compat), so ferry's registration would
+    replace a user's own "FerryConnector" given by module path. Its
+    registry's loader takes no argument: the config being resolved is the
+    kv_transfer_config argument of the factory's frame that called it (a
+    MultiConnector child's own, inside its create_connector), and
+    _chosen_class answers for it. Without one (get_connector_class_by_name,
+    for a MultiConnector's stats) ferry's class: the stats are a dict either
+    way."""
+    f = sys._getframe(1)
+    for _ in range(16):
+        if f is None:
+            break
+        ktc = f.f_locals.get("kv_transfer_config")
+        if getattr(ktc, "kv_connector", None) == "FerryConnector":
+            return _chosen_class(ktc)
+        f = f.f_back
+    return FerryConnector
+
+
+def __getattr__(name):
+    if name == "FerryConnectorByName":     # (PEP 562: asked each time)
+        return _factory_choice()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if VLLM:

@@ -1,0 +1,186 @@
+"""ferry's "FerryConnector" in vLLM's KVConnectorFactory never shadows a
+user's own "FerryConnector" named by kv_connector_module_path.
+
+vllm-project/vllm a4cd9d0d28bdb41db8dfe0acdafac2bf2f608630,
+vllm/distributed/kv_transfer/kv_connector/factory.py: create_connector ->
+_get_connector_class_with_compat(kv_transfer_config) looks
+kv_transfer_config.kv_connector up in _registry first and reads
+kv_connector_module_path only for a name not registered; a registered
+class is built as connector_cls(config, role, kv_cache_config), one from a
+module path as connector_cls(config, role) when its constructor takes no
+kv_cache_config. ferry's "vllm.general_plugins" hook registers
+"FerryConnector" in every vLLM process, so a team's own subclass named
+FerryConnector in its own module was silently replaced by ferry's class:
+its overrides (hooks, class methods such as requires_piecewise_for_cudagraph)
+never ran. The stand-in below replays those lines.
+"""
+import importlib
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+import ferry.adapters as adapters
+from ferry.adapters import _vllm_base as base
+from ferry.adapters.vllm import FerryConnector
+from test_adapter_vllm import vllm_config
+
+Role = base.KVConnectorRole
+
+
+class _Factory:
+    """KVConnectorFactory as a4cd9d0d declares it (the lines a connector
+    meets; supports_kw is inspect's look for the parameter)."""
+    _registry = {}
+
+    @classmethod
+    def register_connector(cls, name, module_path, class_name):
+        if name in cls._registry:
+            raise ValueError(f"Connector '{name}' is already registered.")
+
+        def loader():
+            return getattr(importlib.import_module(module_path), class_name)
+        cls._registry[name] = loader
+
+    @classmethod
+    def create_connector(cls, config, role, kv_cache_config=None):
+        kv_transfer_config = config.kv_transfer_config
+        connector_cls, compat_sig = cls._get_connector_class_with_compat(kv_transfer_config)
+        if compat_sig:
+            return connector_cls(config, role)
+        return connector_cls(config, role, kv_cache_config)
+
+    @classmethod
+    def get_connector_class_by_name(cls, connector_name):
+        if connector_name not in cls._registry:
+            raise ValueError(f"Connector '{connector_name}' is not registered.")
+        return cls._registry[connector_name]()
+
+    @classmethod
+    def _get_connector_class_with_compat(cls, kv_transfer_config):
+        import inspect
+        connector_name = kv_transfer_config.kv_connector
+        compat_sig = False
+        if connector_name in cls._registry:
+            connector_cls = cls._registry[connector_name]()
+        else:
+            connector_module_path = kv_transfer_config.kv_connector_module_path
+            if connector_module_path is None:
+                raise ValueError(f"Unsupported connector type: {connector_name}")
+            connector_module = importlib.import_module(connector_module_path)
+            connector_cls = getattr(connector_module, connector_name)
+            if "kv_cache_config" not in inspect.signature(connector_cls).parameters:
+                compat_sig = True
+        return connector_cls, compat_sig
+
+    @classmethod
+    def get_connector_class(cls, kv_transfer_config):
+        connector_cls, _ = cls._get_connector_class_with_compat(kv_transfer_config)
+        return connector_cls
+
+
+USER_SUBCLASS = '''
+from ferry.adapters.vllm import FerryConnector as _Ferry
+
+
+class FerryConnector(_Ferry):
+    """A team's own connector: ferry's, with a hook of its own."""
+    built = 0
+
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        type(self).built += 1
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config):
+        return True
+'''
+
+USER_OWN = '''
+class FerryConnector:
+    """A connector of the same name with vLLM's older two-argument form."""
+
+    def __init__(self, vllm_config, role):
+        self.args = (vllm_config, role)
+'''
+
+
+@pytest.fixture
+def factory(monkeypatch, tmp_path):
+    import types
+    parts = "vllm.distributed.kv_transfer.kv_connector.factory".split(".")
+    for i in range(1, len(parts) + 1):
+        mod = types.ModuleType(".".join(parts[:i]))
+        if i == len(parts):
+            mod.KVConnectorFactory = type("KVConnectorFactory", (_Factory,), {"_registry": {}})
+        monkeypatch.setitem(sys.modules, ".".join(parts[:i]), mod)
+    (tmp_path / "team_connector.py").write_text(USER_SUBCLASS)
+    (tmp_path / "team_old_connector.py").write_text(USER_OWN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("team_connector", "team_old_connector"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    f = sys.modules[".".join(parts)].KVConnectorFactory
+    assert adapters.register_vllm_connector() is True
+    return f
+
+
+def _cfg(path):
+    cfg = vllm_config({"ferry.store": "factory-test"})
+    cfg.kv_transfer_config.kv_connector_module_path = path
+    return cfg
+
+
+def test_a_users_own_ferryconnector_by_module_path_is_the_one_built(factory):
+    import team_connector
+    mine = team_connector.FerryConnector
+    cfg = _cfg("team_connector")
+    ktc = cfg.kv_transfer_config
+    assert "FerryConnector" in factory._registry     # ferry's plugin registered the name
+    assert factory.get_connector_class(ktc) is mine
+    assert factory.get_connector_class(ktc).requires_piecewise_for_cudagraph({}) is True
+    c = factory.create_connector(cfg, Role.SCHEDULER, None)
+    assert type(c) is mine and mine.built == 1
+    # ferry's own module path, or none, is ferry's class
+    for path in ("ferry.adapters.vllm", None):
+        assert factory.get_connector_class(_cfg(path).kv_transfer_config) is FerryConnector
+    # by name alone (a MultiConnector's stats in the API server): ferry's
+    assert factory.get_connector_class_by_name("FerryConnector") is FerryConnector
+
+
+def test_a_multiconnector_child_gets_its_own_modules_class(factory):
+    """MultiConnector builds each child by create_connector with the child's
+    own kv_transfer_config (a4cd9d0d, v1/multi_connector.py): each is
+    resolved for itself."""
+    import team_connector
+
+    def multi(children):
+        return [factory.create_connector(c, Role.SCHEDULER, None) for c in children]
+    got = multi([_cfg("ferry.adapters.vllm"), _cfg("team_connector")])
+    assert [type(c) for c in got] == [FerryConnector, team_connector.FerryConnector]
+
+
+def test_a_two_argument_class_of_the_same_name_is_built_as_vllm_would(factory):
+    import team_old_connector
+    cfg = _cfg("team_old_connector")
+    c = factory.create_connector(cfg, Role.SCHEDULER, "kv-cache-config")
+    assert isinstance(c, team_old_connector.FerryConnector)
+    assert c.args == (cfg, Role.SCHEDULER)
+    assert type(c).__name__ == "FerryConnector"          # (stats are keyed by it)
+
+
+def test_ferrys_class_built_for_a_users_config_builds_the_users(factory):
+    """The last guard: a vLLM whose factory reaches the registered class some
+    other way still builds the class the config names."""
+    import team_connector
+    import team_old_connector
+    c = FerryConnector(_cfg("team_connector"), Role.SCHEDULER, None)
+    assert type(c) is team_connector.FerryConnector
+    c = FerryConnector(_cfg("team_old_connector"), Role.SCHEDULER, None)
+    assert isinstance(c, team_old_connector.FerryConnector)
+    assert type(FerryConnector(_cfg("ferry.adapters.vllm"), Role.SCHEDULER, None)) \
+        is FerryConnector
+
+
+def test_a_module_path_that_will_not_import_raises_as_vllm_raises(factory):
+    with pytest.raises(ModuleNotFoundError):
+        factory.get_connector_class(_cfg("no_such_team_module").kv_transfer_config)
