@@ -13,7 +13,9 @@ plans) and each worker's (moving KV between vLLM's paged caches and the
 store). The name "FerryConnector" is registered with vLLM's
 KVConnectorFactory too, by the package's "vllm.general_plugins" entry point
 in each vLLM process and by loading this module: inside a MultiConnector,
-vLLM's API server rebuilds each child's stats by its class name.
+vLLM's API server rebuilds each child's stats by its class name. The name
+never shadows a user's own "FerryConnector" given by
+kv_connector_module_path: that class is what vLLM builds (_factory_choice).
 
 Where the store comes from (kv_connector_extra_config):
   "ferry.store": the name of a ferry.KVStore registered in this process
