@@ -16,7 +16,6 @@ never ran. The stand-in below replays those lines.
 """
 import importlib
 import sys
-from types import SimpleNamespace
 
 import pytest
 
