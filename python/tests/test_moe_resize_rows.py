@@ -1,7 +1,8 @@
 """Planner.resize: the slot budget changed under a running planner, as
 ferry_moe_planner_resize does in C: growing adds free slots, shrinking
 drops the experts of the slots cut off (they miss at their next ensure),
-bad budgets are refused naming them, a closed planner refuses."""
+bad budgets are refused naming them, a closed planner refuses. And a
+rows_file that is a directory is refused when the pool is made."""
 import pytest
 
 import ferry
@@ -48,3 +49,13 @@ def test_bad_budgets_are_refused_and_change_nothing():
         assert [p.lookup(0, e) is not None for e in range(4)] == [True] * 4
     with pytest.raises(FerryError):
         p.resize(4)
+
+
+def test_a_directory_as_rows_file_is_refused_at_creation(tmp_path):
+    """A directory opens for reading, and (a small geometry: under its
+    4 KiB size) passed the size check, so the pool was made and its first
+    ensure() failed; now the pool is refused when made, naming it."""
+    from ferry.moe import ExpertPool
+    with pytest.raises(FerryError) as e:
+        ExpertPool(1, 4, 2, rows_file=str(tmp_path), row_bytes=[64])
+    assert "a directory" in str(e.value) and str(tmp_path) in str(e.value)
