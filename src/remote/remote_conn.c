@@ -676,7 +676,7 @@ int ferry__rconn_get_into(ferry__rconn *c, ferry__rget *g, uint64_t deadline_ns,
                 g->value_len = (size_t)v;
                 ferry__errbuf veb;
                 g->code = ferry__err_set(&veb, FERRY_ECORRUPT,
-                                         "a value of %.24s bytes, over the %zu bytes (Redis's "
+                                         "a value of %.40s bytes, over the %zu bytes (Redis's "
                                          "512 MiB string limit) that no ferry value exceeds",
                                          line + 1, FERRY_REMOTE_VALUE_MAX);
                 memcpy(g->msg, veb.msg, sizeof g->msg);
