@@ -582,6 +582,15 @@ static void missing_and_unwritable_directories(void **state)
     FT_ASSERT_OK(ferry_file_open(io, p, FERRY_FILE_WRITE | FERRY_FILE_CREATE, &f));
     FT_ASSERT_OK(ferry_file_close(f));
     ferry__sys_set(NULL);
+    /* a directory opens for reading (and O_DIRECT falls back on it), and
+     * its reads fail later: refused at the open, naming it */
+    for (unsigned extra = 0; extra <= FERRY_FILE_DIRECT; extra += FERRY_FILE_DIRECT) {
+        f = (ferry_file *)0x1;
+        assert_int_equal(ferry_file_open(io, g_dir, FERRY_FILE_READ | extra, &f), -EISDIR);
+        assert_ptr_equal(f, (ferry_file *)0x1);
+        assert_msg_has(ferry_io_last_error(io), g_dir);
+        assert_msg_has(ferry_io_last_error(io), "a directory");
+    }
     char why[256];
     assert_int_equal(ferry_io_direct_probe(path_of("no/such"), why, sizeof why), -ENOENT);
     assert_msg_has(why, "no/such");

@@ -76,6 +76,8 @@ enum fake_mode {
     FAKE_DRIP,       /* a 40-byte error reply, one byte per 100 ms */
     FAKE_LONG_LINE,  /* a 16 MiB status line without CRLF, then silence */
     FAKE_DEEP_ARRAY, /* "*1\r\n" nested without end */
+    FAKE_LEN_11,     /* "$10737418240\r\n" (10 GiB: 11 digits) then endless bytes */
+    FAKE_LEN_25,     /* a 25-digit length, past 2^64, then endless bytes */
 };
 
 typedef struct fake {
@@ -148,6 +150,15 @@ static void fake_hostile(fake *f, int fd)
         while (atomic_load(&f->sent) < limit && fake_send(f, fd, junk, sizeof junk) == 0)
             ;
         return;
+    case FAKE_LEN_11:
+    case FAKE_LEN_25: {
+        const char *h = f->mode == FAKE_LEN_11 ? "$10737418240\r\n" : "$1234567890123456789012345\r\n";
+        if (fake_send(f, fd, h, strlen(h)))
+            return;
+        while (atomic_load(&f->sent) < limit && fake_send(f, fd, junk, sizeof junk) == 0)
+            ;
+        return;
+    }
     case FAKE_ENDLESS_ARRAY: {
         if (fake_send(f, fd, "*2147483647\r\n", 13))
             return;
@@ -253,6 +264,46 @@ static void fake_stop(fake *f)
     atomic_store(&f->stop, 1);
     pthread_join(f->th, NULL);
     close(f->lfd);
+}
+
+/* A GET answered with a length of 11 digits or more (a server whose
+ * proto-max-bulk-len was raised past 10 GB) is a value over the limit like
+ * any other: refused unread, naming the length the server sent, the
+ * connection dropped, the remote not down - where a length past 10 digits
+ * was read as a broken reply and took the remote down. */
+static void lengths_of_many_digits_are_over_the_limit(void **state)
+{
+    (void)state;
+    static const int modes[] = {FAKE_LEN_11, FAKE_LEN_25};
+    static const char *const text[] = {"10737418240", "1234567890123456789012345"};
+    for (size_t mi = 0; mi < 2; mi++) {
+        fake f;
+        fake_start(&f, modes[mi]);
+        char url[128];
+        snprintf(url, sizeof url, "redis://127.0.0.1:%d/0?cluster=no", f.port);
+        ferry_remote_options o = opts_a();
+        o.command_timeout_ms = 2000;
+        ferry_remote *r = NULL;
+        FT_ASSERT_OK(ferry_remote_open(url, &o, &r));
+        uint8_t dst[4096];
+        memset(dst, 0xee, sizeof dst);
+        int64_t t0 = now_ms();
+        assert_int_equal(ferry_remote_get(r, "key", 3, dst, sizeof dst), FERRY_ECORRUPT);
+        assert_true(now_ms() - t0 < 1500); /* refused at its first line, not timed out */
+        const char *msg = ferry_remote_last_error(r);
+        if (!strstr(msg, text[mi]) || !strstr(msg, "536870912"))
+            fprintf(stderr, "message: %s\n", msg);
+        assert_non_null(strstr(msg, text[mi]));
+        assert_non_null(strstr(msg, "536870912"));
+        for (size_t i = 0; i < sizeof dst; i++)
+            assert_int_equal(dst[i], 0xee);
+        ferry_remote_stats m = metrics(r);
+        assert_int_equal(m.down, 0);
+        assert_int_equal(m.corrupt, 1);
+        assert_int_equal(m.bytes_read, 0);
+        ferry_remote_close(r);
+        fake_stop(&f);
+    }
 }
 
 static long maxrss_kib(void)
@@ -1641,6 +1692,7 @@ int main(void)
         cmocka_unit_test(reply_framer_bounds),
         cmocka_unit_test(options_are_range_checked),
         cmocka_unit_test(hostile_server_is_bounded_in_time_and_memory),
+        cmocka_unit_test(lengths_of_many_digits_are_over_the_limit),
     };
     const struct CMUnitTest online[] = {
         cmocka_unit_test(round_trip_sync_and_async),

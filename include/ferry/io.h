@@ -144,7 +144,7 @@ enum ferry_file_flags {
 /**
  * Open path through io. With FERRY_FILE_CREATE a new file is made with mode
  * 0600 (KV caches hold what prompts can be rebuilt from); -EINVAL for
- * unknown flags or none of READ/WRITE.
+ * unknown flags or none of READ/WRITE; -EISDIR when path is a directory.
  */
 FERRY_API int ferry_file_open(ferry_io *io, const char *path, unsigned flags, ferry_file **out);
 /**

@@ -121,6 +121,7 @@ _PROTOS = {
     "ferry_moe_planner_slots": (_c_u32, [_vp]),
     "ferry_moe_planner_lookup": (_c_u32, [_vp, _c_u32, _c_u32]),
     "ferry_moe_planner_forget": (_c_int, [_vp, _c_u32]),
+    "ferry_moe_planner_resize": (_c_int, [_vp, _c_u32]),
     "ferry_moe_planner_hint": (_c_int, [_vp, _c_u32, _c_u32, ctypes.POINTER(_c_u32), _c_u32,
                                         ctypes.c_double]),
     "ferry_moe_planner_hint_prefetch": (_c_int, [_vp, _c_u32, ctypes.POINTER(A.MoeCopyPlan)]),

@@ -360,6 +360,17 @@ class Planner(_LastCounts, Closing):
         h = self._need()
         check(lib.ferry_moe_planner_forget(h, _u32(slot, "slot")), f"forget slot {slot}")
 
+    @_locked
+    def resize(self, slots):
+        """A new slot budget: growing adds free slots; shrinking drops the
+        experts in slots >= `slots` (they miss at their next ensure()).
+        Returns how many were dropped; your executor's slots must follow."""
+        h = self._need()
+        n = _u32(slots, "slots")
+        dropped = check(lib.ferry_moe_planner_resize(h, n), f"resize to {n} slots")
+        self.slots = n
+        return dropped
+
     @property
     @_locked
     def policy(self):

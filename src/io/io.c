@@ -328,12 +328,10 @@ int ferry_file_open_mode(ferry_io *io, const char *path, unsigned flags, unsigne
         else if (e == EINVAL && !(flags & FERRY_FILE_REQUIRE_DIRECT)) {
             fd = sys->open(path, of, fmode);
             e = errno;
-            if (fd >= 0) {
+            if (fd >= 0)
                 snprintf(f->fallback, sizeof f->fallback,
                          "O_DIRECT refused by the file system (open: EINVAL); using buffered "
                          "I/O through the page cache");
-                FERRY_LOGW("file %s: %s", path, f->fallback);
-            }
         } else if (e == EINVAL) {
             ferry__free(p);
             ferry__free(f);
@@ -355,6 +353,16 @@ int ferry_file_open_mode(ferry_io *io, const char *path, unsigned flags, unsigne
                               access_name(flags), (flags & FERRY_FILE_CREATE) ? " (create)" : "",
                               ferry_err_name(-e), strerror(e));
     }
+    struct stat st; /* (a directory opens for reading, and its reads fail later) */
+    if (sys->fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+        sys->close(fd);
+        ferry__free(p);
+        ferry__free(f);
+        return ferry__err_set(&io->err, -EISDIR, "file %s: open for %s: a directory, not a file",
+                              path, access_name(flags));
+    }
+    if (f->fallback[0])
+        FERRY_LOGW("file %s: %s", path, f->fallback);
     f->io = io;
     f->path = p;
     f->fd = fd;

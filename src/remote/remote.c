@@ -878,6 +878,8 @@ static int get_outcome(ferry_remote *r, const void *key, size_t key_len, const f
             INC(r->mismatched);
         else if (g->code != -ENOBUFS)
             INC(r->corrupt);
+        if (g->value_len > FERRY_REMOTE_VALUE_MAX) /* (its message names its length) */
+            return rfail(r, g->code, "remote %s: get %s: %s", r->url.redacted, ks, g->msg);
         return rfail(r, g->code, "remote %s: get %s (%zu bytes): %s", r->url.redacted, ks,
                      g->value_len, g->msg);
     }

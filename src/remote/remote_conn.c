@@ -661,7 +661,9 @@ int ferry__rconn_get_into(ferry__rconn *c, ferry__rget *g, uint64_t deadline_ns,
             snprintf(g->msg, sizeof g->msg, "%s", line + 1);
         } else if (line[0] == '$' && !strcmp(line + 1, "-1")) {
             g->kind = FERRY__RGET_NIL;
-        } else if (line[0] == '$' && line[1] >= '0' && line[1] <= '9' && strlen(line) <= 11) {
+        } else if (line[0] == '$' && line[1] >= '0' && line[1] <= '9') {
+            /* (a length of any number of digits: past 2^64 it is read
+             * as the most, over the limit as well, not a broken reply) */
             char *end;
             unsigned long long v = strtoull(line + 1, &end, 10);
             if (*end) {
@@ -674,9 +676,9 @@ int ferry__rconn_get_into(ferry__rconn *c, ferry__rget *g, uint64_t deadline_ns,
                 g->value_len = (size_t)v;
                 ferry__errbuf veb;
                 g->code = ferry__err_set(&veb, FERRY_ECORRUPT,
-                                         "a value of %llu bytes, over the %zu bytes (Redis's "
+                                         "a value of %.40s bytes, over the %zu bytes (Redis's "
                                          "512 MiB string limit) that no ferry value exceeds",
-                                         v, FERRY_REMOTE_VALUE_MAX);
+                                         line + 1, FERRY_REMOTE_VALUE_MAX);
                 memcpy(g->msg, veb.msg, sizeof g->msg);
                 drop = 1;
             } else {
