@@ -33,6 +33,14 @@ its own page shape:
   DeepSeek V4's compressed pools too (C4 / C128 KV and indexer, their
   compress states; a page is a uint8 row of every layer; one that keeps
   its scales beside the rows, scale_kv_buffer, is refused);
+- SGLang's dummy MLA host pool (is_dummy: page slots, kv_buffer None;
+  every attention-TP rank but 0 under MLA host-memory dedup, rank 0
+  holding the one host copy) is rank 0's pages under rank 0's keys, of
+  the full pool's layout: it registers against the store or daemon rank 0
+  uses, moves no byte, and answers rank 0's hits (batch_exists, and
+  batch_get_v1 / _v2: done for the leading pages the store holds); its
+  flat reads are misses (SGLang would write them into the missing
+  buffer); anywhere but an MLA model's TP rank > 0 it is refused;
 - a logical pool (DeepSeek V4's KV anchor: page slots, no tensor) has
   no bytes and no store: a page move on it moves nothing and answers
   done, and batch_exists_v2 takes its prefix from the pools that carry
@@ -236,10 +244,36 @@ class _PageMap:
             self._kv(buf)
         elif isinstance(idx, torch.Tensor):
             self._indexer(idx)
+        elif buf is None and getattr(host, "_is_dummy", False) is True:
+            self._dummy()
         elif buf is None and self._no_bytes():
             self.kind = "logical"
         else:
             self._bytes()
+
+    def _dummy(self):
+        """SGLang's dummy MLA host pool (MLATokenToKVPoolHost(is_dummy=True)):
+        the host-memory dedup of an MLA model's TP ranks gives every rank but
+        attention-TP rank 0 a pool of page slots and no kv_buffer, rank 0
+        keeping the one host copy. Its pages are rank 0's MLA pages, under
+        rank 0's keys: the layout is the full pool's, from the same fields
+        (layer_num, kv_cache_dim, dtype), so a store or daemon of that
+        layout serves it; no byte of it is ever moved (there is none)."""
+        h, lay = self.host, self.hlayout
+        if lay not in ("layer_first", "page_first", "page_first_direct"):
+            raise ValueError(f"ferry: SGLang pool {self.name!r}: a dummy MLA pool of host layout "
+                             f"{lay!r}; ferry maps MLA pools of layer_first, page_first and "
+                             "page_first_direct")
+        if self.split != 1:
+            raise ValueError("ferry: split heads do not apply to an MLA pool")
+        L, D, dt = int(h.layer_num), int(h.kv_cache_dim), h.dtype
+        self.kind, self.kv, self.layers, self.heads, self.head_dim = "dummy", 1, L, 1, D
+        self.layout = Layout(L, 1, D, dt, kv=1)
+        self.flat_shape = {"layer_first": (L, self.page, 1, D), "page_first": (self.page, L, 1, D),
+                           "page_first_direct": (1, L, self.page, 1, D)}[lay]
+        import torch
+        self._whole_page_in(torch.empty(0, dtype=dt))
+        self.dtype, self.buffer, self.pool_planes = dt, None, None
 
     def _no_bytes(self):
         """A logical pool (DeepSeek V4's KV anchor, LogicalHostPool): page
@@ -347,6 +381,11 @@ class _PageMap:
     @property
     def logical(self):
         return self.kind == "logical"
+
+    @property
+    def dummy(self):
+        """SGLang's dummy MLA pool: rank 0's pages, no buffer (see _dummy)."""
+        return self.kind == "dummy"
 
     def planes(self, t, g=0):
         """Per-layer paged views of t (a tensor in the pool's layout) for head group g."""
@@ -529,6 +568,15 @@ class FerryHiCacheStorage(HiCacheStorage):
     def _register(self, name, host):
         key = _pool_key(name)
         pm = _PageMap(key, host, self._split if key in ("kv", "draft") else 1)
+        if pm.dummy and not (self._tp != 0 and self._replicated(key, pm)):
+            # SGLang makes one only where another rank (attention-TP rank 0 of
+            # an MLA model) holds and writes the pages; here nothing would
+            # ever be written, and every read would be a miss
+            raise ValueError(
+                f"ferry: SGLang pool {key!r} is a dummy MLA pool (no kv_buffer) on TP rank "
+                f"{self._tp} of {self._tp_size} of a{'n MLA' if self._mla else ' non-MLA'} "
+                "model: only a rank whose pages TP rank 0 of an MLA model writes may hold "
+                "one; this rank's pages would never be stored")
         old = self._pools.get(key)
         if old is not None:
             if old[0].layout != pm.layout or old[0].chunk_tokens != pm.chunk_tokens:
@@ -766,6 +814,8 @@ class FerryHiCacheStorage(HiCacheStorage):
         if starts is None:
             self._count(key, get=len(names))
             return [False] * len(names)
+        if pm.dummy:
+            return self._dummy_got(key, store, names)
         ok = [True] * len(names)
         t0 = time.perf_counter()
         if pm.structured:
@@ -794,6 +844,21 @@ class FerryHiCacheStorage(HiCacheStorage):
         self._count(key, get=len(names), got=sum(ok))
         self._measure(key, 0, sum(ok), sum(ok) * len(self._salts(key)), store, t0)
         return ok
+
+    def _dummy_got(self, key, store, names):
+        """A page read on SGLang's dummy MLA pool: nothing moves (it has no
+        buffer; SGLang's load from it asserts, and the rank's device pages
+        come from rank 0's host copy), and each page answers what rank 0's
+        read of the same shared page finds: done for the leading pages the
+        store holds, a miss after. SGLang takes the least of the ranks'
+        counts, so rank 0's own result bounds it."""
+        try:
+            n = store.lookup_named(names, salt=self._salts(key)[0])
+        except FerryError as e:
+            self._failed(e, key, "get")
+            n = 0
+        self._count(key, get=len(names), got=n)
+        return [i < n for i in range(len(names))]
 
     def _packed(self, keys):
         """(keys back to back as one bytes, each key's size) for keys of one
@@ -984,6 +1049,19 @@ class FerryHiCacheStorage(HiCacheStorage):
         if pm.logical:      # no bytes of its own: never a page to read
             self._count("kv", get=1)
             return None
+        if pm.dummy:
+            # SGLang writes a page read here into the host pool
+            # (set_from_flat_data_page), and a dummy pool has no buffer: a
+            # miss, never a page (batch_get_v1, "interface_v1": 1, answers)
+            self._count("kv", get=1)
+            with self._warn_lock:
+                first = "dummy-get" not in self._rows_warned
+                self._rows_warned.add("dummy-get")
+            (log.warning if first else log.debug)(
+                "ferry: SGLang's dummy MLA host pool (TP rank %d) takes no flat page: its reads "
+                "are misses, and SGLang keeps the least hit of all ranks; give \"interface_v1\": "
+                "1 in the extra config (batch_get_v1 answers rank 0's hits)", self._tp)
+            return None
         if not pm.structured:
             raise ValueError("ferry: the kv pool's pages are not a ferry layout")
         views = [pm.flat_planes(target_location, g) for g in range(self._split)]
@@ -1013,7 +1091,7 @@ class FerryHiCacheStorage(HiCacheStorage):
         """Store one flat kv page; False when ferry declined it (full)."""
         pm, store = self._pool("kv")
         names = self._names([key])
-        if pm.logical:      # nothing to store
+        if pm.logical or pm.dummy:      # nothing to store (a dummy's pages are rank 0's)
             return True
         views = [pm.flat_planes(value, g) for g in range(self._split)]
         if self._shared_reader("kv"):
