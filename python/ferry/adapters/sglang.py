@@ -448,8 +448,10 @@ class FerryHiCacheStorage(HiCacheStorage):
         self._name = self._extra.get("ferry_store", "sglang")
         self._mla = bool(c.is_mla_model)
         # older SGLangs' configs lack the newer fields (at bb424de23a46 there is
-        # no pp, cp, dp, metrics or split-heads field): each read with its default
-        g = lambda k, d: getattr(c, k, d)  # noqa: E731
+        # no pp, cp, dp, metrics or split-heads field), and some give a field
+        # as None (at 00fe477f32b3 dp_rank is Optional[int] = None, and no
+        # dp_size): each read with its default where absent or None
+        g = lambda k, d: d if getattr(c, k, None) is None else getattr(c, k)  # noqa: E731
         self._tp, self._tp_size = int(c.tp_rank), int(c.tp_size)
         self._cp, self._cp_size = int(g("attn_cp_rank", 0)), int(g("attn_cp_size", 1))
         self._split = 1
