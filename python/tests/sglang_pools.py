@@ -135,6 +135,24 @@ class DummyMLAHost:
         self.kv_buffer[index:index + self.page_size] = data_page
 
 
+class DummyIndexerHost:
+    """DSAIndexerPoolHost(is_dummy=True), as sgl-project/sglang commit
+    03ba7b5b7dd249244bd5af01b236fd6449c66e8d has it
+    (python/sglang/srt/mem_cache/pool_host/dsa.py): the DSA index pool
+    beside a dummy MLA pool, its slots the anchor's (page_size, layout,
+    size, page_num), its page rows' size (indexer_page_stride_size bytes a
+    layer, indexer_dtype uint8) and index_k_with_scale_buffer None."""
+
+    def __init__(self, anchor, page_bytes_per_token=132):
+        self._is_dummy = True
+        self.page_size, self.layout, self.size = anchor.page_size, anchor.layout, anchor.size
+        self.page_num, self.layer_num = anchor.page_num, anchor.layer_num
+        self.indexer_dtype = self.dtype = torch.uint8
+        self.indexer_page_stride_size = page_bytes_per_token * anchor.page_size
+        self.size_per_token = page_bytes_per_token * self.layer_num
+        self.index_k_with_scale_buffer = None
+
+
 class MambaHost:
     def __init__(self, slots=8, layers=2, temporal=(2, 4, 4), convs=((3, 8), (3, 4)),
                  layout="page_first"):

@@ -30,8 +30,8 @@ import torch
 
 from ferry.adapters import _sglang_base as base
 from ferry.errors import FerryError
-from sglang_pools import DummyMLAHost, MLAHost, STORAGE_BATCH_SIZE, create_backend, fill, \
-    indices, page_hashes
+from sglang_pools import DummyIndexerHost, DummyMLAHost, IndexerHost, MLAHost, \
+    STORAGE_BATCH_SIZE, create_backend, fill, indices, page_hashes
 from test_adapter_sglang import LayoutDaemon
 
 PAGE, LAYERS, DIM = 4, 2, 64
@@ -58,7 +58,7 @@ def _ranks(url, layout, tp_size=2, v1=True):
 
 
 def _close(ranks):
-    for b, _ in ranks:
+    for b, *_ in ranks:
         b.close()
 
 
@@ -189,6 +189,61 @@ def test_a_dummy_pool_of_another_layout_than_rank0s_is_refused(tmp_path):
                            tp=(1, 2))
     finally:
         d.stop()
+
+
+def test_a_dummy_dsa_rank_answers_rank0s_kv_and_indexer_pages(tmp_path):
+    """A DSA model under the same dedup: rank 0 keeps the MLA latent and
+    the index pages (DSAIndexerPoolHost), every other rank a dummy of each
+    (sgl-project/sglang 03ba7b5b7dd249244bd5af01b236fd6449c66e8d,
+    python/sglang/srt/mem_cache/pool_host/dsa.py: is_dummy leaves
+    index_k_with_scale_buffer None). Registered as the hybrid controller
+    registers them (register_mem_pool_host, then register_mem_host_pool_v2
+    for the indexer), the dummy rank answers batch_exists_v2 and the reads
+    of _page_transfer_kv_batch (01c0ede38cc9645488fd2847dbea8a2f6a9241d8,
+    managers/cache_controller.py: batch_get_v1 for the kv pages, then
+    batch_get_v2 for the KV-derived indexer with the kv host indices) as
+    rank 0 does, and rank 0's index pages come back bitwise."""
+    (tmp_path / "kv").mkdir()
+    (tmp_path / "ix").mkdir()
+    dk = _daemon(tmp_path / "kv")
+    di = LayoutDaemon(str(tmp_path / "ix"), dict(L=LAYERS, kv=1, H=1, D=132, dtype=torch.uint8),
+                      PAGE)
+    ranks = []
+    try:
+        for r in range(2):
+            kv = MLAHost("page_first", PAGE, LAYERS, DIM) if r == 0 else DummyMLAHost(
+                "page_first", PAGE, LAYERS, DIM)
+            ix = IndexerHost(kv) if r == 0 else DummyIndexerHost(kv)
+            extra = {"ferry_server": dk.url, "ferry_server_indexer": di.url,
+                     "ferry_store": f"dummy-dsa-r{r}", "interface_v1": 1}
+            ranks.append((create_backend(extra, {"kv": kv, "indexer": ix}, mla=True,
+                                         tp=(r, 2)), kv, ix))
+        (b0, kv0, ix0), (b1, _, ix1) = ranks
+        fill(kv0.kv_buffer, 1)
+        fill(ix0.index_k_with_scale_buffer, 2)
+        h = page_hashes(list(range(3 * PAGE)), PAGE)
+        IX = base.PoolName.INDEXER
+        assert all(b0.batch_set_v1(h[:2], indices(0, 2, PAGE)))
+        assert b0.batch_set_v2([base.PoolTransfer(name=IX, host_indices=indices(0, 2, PAGE),
+                                                  keys=h[:2])]) == {IX: [True, True]}
+        want = [ix0.page(i * PAGE) for i in range(2)]
+        ix0.index_k_with_scale_buffer.zero_()
+        t = [base.PoolTransfer(name=IX, keys=h)]
+        r0, r1 = b0.batch_exists_v2(h, t), b1.batch_exists_v2(h, t)
+        assert (r0.kv_hit_pages, r0.extra_pool_hit_pages) == \
+            (r1.kv_hit_pages, r1.extra_pool_hit_pages) == (2, {base.PoolName.KV: 2, IX: 2})
+        for b, _, _ in ranks:
+            assert b.batch_get_v1(h[:2], indices(4, 2, PAGE)) == [True, True]
+            got = b.batch_get_v2([base.PoolTransfer(name=IX, host_indices=indices(4, 2, PAGE),
+                                                    keys=h[:2])])
+            assert got == {IX: [True, True]}
+        for i, w in enumerate(want):
+            assert torch.equal(ix0.page((4 + i) * PAGE), w)
+        assert ix1.index_k_with_scale_buffer is None
+    finally:
+        _close(ranks)
+        dk.stop()
+        di.stop()
 
 
 assert STORAGE_BATCH_SIZE >= 5     # each prefetch above is one batch

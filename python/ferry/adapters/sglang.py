@@ -33,10 +33,10 @@ its own page shape:
   DeepSeek V4's compressed pools too (C4 / C128 KV and indexer, their
   compress states; a page is a uint8 row of every layer; one that keeps
   its scales beside the rows, scale_kv_buffer, is refused);
-- SGLang's dummy MLA host pool (is_dummy: page slots, kv_buffer None;
-  every attention-TP rank but 0 under MLA host-memory dedup, rank 0
-  holding the one host copy) is rank 0's pages under rank 0's keys, of
-  the full pool's layout: it registers against the store or daemon rank 0
+- SGLang's dummy host pools (is_dummy: page slots, no buffer; the MLA
+  latent's and the DSA indexer's on every attention-TP rank but 0 under
+  MLA host-memory dedup, rank 0 holding the one host copy) are rank 0's
+  pages under rank 0's keys, of the full pool's layout: it registers against the store or daemon rank 0
   uses, moves no byte, and answers rank 0's hits (batch_exists, and
   batch_get_v1 / _v2: done for the leading pages the store holds); its
   flat reads are misses (SGLang would write them into the missing
@@ -252,25 +252,39 @@ class _PageMap:
             self._bytes()
 
     def _dummy(self):
-        """SGLang's dummy MLA host pool (MLATokenToKVPoolHost(is_dummy=True)):
-        the host-memory dedup of an MLA model's TP ranks gives every rank but
-        attention-TP rank 0 a pool of page slots and no kv_buffer, rank 0
-        keeping the one host copy. Its pages are rank 0's MLA pages, under
-        rank 0's keys: the layout is the full pool's, from the same fields
-        (layer_num, kv_cache_dim, dtype), so a store or daemon of that
-        layout serves it; no byte of it is ever moved (there is none)."""
-        h, lay = self.host, self.hlayout
+        """SGLang's dummy host pools: the host-memory dedup of an MLA (or DSA)
+        model's TP ranks gives every rank but attention-TP rank 0 pools of
+        page slots and no buffer, rank 0 keeping the one host copy
+        (MLATokenToKVPoolHost(is_dummy=True): kv_buffer None;
+        DSAIndexerPoolHost(is_dummy=True): index_k_with_scale_buffer None).
+        Their pages are rank 0's, under rank 0's keys: the layout is the
+        full pool's, from the same fields (layer_num and kv_cache_dim, or
+        indexer_page_stride_size, and the dtype), so a store or daemon of
+        that layout serves it; no byte of it is ever moved (there is none)."""
+        h, lay, p = self.host, self.hlayout, self.page
         if lay not in ("layer_first", "page_first", "page_first_direct"):
-            raise ValueError(f"ferry: SGLang pool {self.name!r}: a dummy MLA pool of host layout "
-                             f"{lay!r}; ferry maps MLA pools of layer_first, page_first and "
-                             "page_first_direct")
+            raise ValueError(f"ferry: SGLang pool {self.name!r}: a dummy pool of host layout "
+                             f"{lay!r}; ferry maps MLA and indexer pools of layer_first, "
+                             "page_first and page_first_direct")
         if self.split != 1:
             raise ValueError("ferry: split heads do not apply to an MLA pool")
-        L, D, dt = int(h.layer_num), int(h.kv_cache_dim), h.dtype
+        if hasattr(h, "kv_cache_dim"):          # the MLA latent
+            L, D, dt = int(h.layer_num), int(h.kv_cache_dim), h.dtype
+            self.flat_shape = {"layer_first": (L, p, 1, D), "page_first": (p, L, 1, D),
+                               "page_first_direct": (1, L, p, 1, D)}[lay]
+        elif hasattr(h, "indexer_page_stride_size"):    # the DSA indexer's page rows
+            L, pb, dt = int(h.layer_num), int(h.indexer_page_stride_size), h.indexer_dtype
+            if pb % p:
+                raise ValueError(f"ferry: SGLang pool {self.name!r}: a {pb}-byte index page "
+                                 f"does not split over {p} tokens")
+            D, self.flat_shape = pb // p, None
+        else:
+            raise ValueError(f"ferry: SGLang pool {self.name!r} ({type(h).__name__}) is a dummy "
+                             "pool (no buffer) of neither an MLA latent (kv_cache_dim) nor a "
+                             "DSA indexer (indexer_page_stride_size): its pages' layout is "
+                             "unknown to ferry")
         self.kind, self.kv, self.layers, self.heads, self.head_dim = "dummy", 1, L, 1, D
         self.layout = Layout(L, 1, D, dt, kv=1)
-        self.flat_shape = {"layer_first": (L, self.page, 1, D), "page_first": (self.page, L, 1, D),
-                           "page_first_direct": (1, L, self.page, 1, D)}[lay]
         import torch
         self._whole_page_in(torch.empty(0, dtype=dt))
         self.dtype, self.buffer, self.pool_planes = dt, None, None
@@ -575,7 +589,7 @@ class FerryHiCacheStorage(HiCacheStorage):
             # an MLA model) holds and writes the pages; here nothing would
             # ever be written, and every read would be a miss
             raise ValueError(
-                f"ferry: SGLang pool {key!r} is a dummy MLA pool (no kv_buffer) on TP rank "
+                f"ferry: SGLang pool {key!r} is a dummy MLA pool (no buffer) on TP rank "
                 f"{self._tp} of {self._tp_size} of a{'n MLA' if self._mla else ' non-MLA'} "
                 "model: only a rank whose pages TP rank 0 of an MLA model writes may hold "
                 "one; this rank's pages would never be stored")
@@ -848,7 +862,7 @@ class FerryHiCacheStorage(HiCacheStorage):
         return ok
 
     def _dummy_got(self, key, store, names):
-        """A page read on SGLang's dummy MLA pool: nothing moves (it has no
+        """A page read on one of SGLang's dummy pools: nothing moves (it has no
         buffer; SGLang's load from it asserts, and the rank's device pages
         come from rank 0's host copy), and each page answers what rank 0's
         read of the same shared page finds: done for the leading pages the
