@@ -105,6 +105,54 @@ class MLAHost(MHAHost):
                            dtype=self.dtype).flatten()
 
 
+class DummyMLAHost:
+    """MLATokenToKVPoolHost(is_dummy=True), as sgl-project/sglang commit
+    01c0ede38cc9645488fd2847dbea8a2f6a9241d8 has it
+    (python/sglang/srt/mem_cache/pool_host/mla.py, _init_dummy): the host
+    pool of an attention-TP rank other than 0 under MLA host-memory dedup.
+    Page slots and the fields of a full pool (layout, page_size, size,
+    layer_num, kv_cache_dim, dtype, size_per_token), but kv_buffer,
+    data_refs and data_ptrs None; get_dummy_flat_data_page is a full page
+    of zeros, and get_data_page / set_from_flat_data_page index the None
+    kv_buffer (a TypeError, as upstream's)."""
+
+    def __init__(self, layout, page, layers=2, dim=64, pages=16, dtype=torch.bfloat16):
+        self._is_dummy = True
+        self.layout, self.page_size, self.layer_num = layout, page, layers
+        self.kv_cache_dim, self.dtype, self.dcp_size = dim, dtype, 1
+        self.page_num, self.size = pages, pages * page
+        self.size_per_token = dim * torch.empty(0, dtype=dtype).element_size() * layers
+        self.kv_buffer = self.data_refs = self.data_ptrs = None
+
+    def get_data_page(self, index, flat=True):
+        return self.kv_buffer[index:index + self.page_size]
+
+    def get_dummy_flat_data_page(self):
+        return torch.zeros((self.layer_num, self.page_size, 1, self.kv_cache_dim),
+                           dtype=self.dtype).flatten()
+
+    def set_from_flat_data_page(self, index, data_page):
+        self.kv_buffer[index:index + self.page_size] = data_page
+
+
+class DummyIndexerHost:
+    """DSAIndexerPoolHost(is_dummy=True), as sgl-project/sglang commit
+    03ba7b5b7dd249244bd5af01b236fd6449c66e8d has it
+    (python/sglang/srt/mem_cache/pool_host/dsa.py): the DSA index pool
+    beside a dummy MLA pool, its slots the anchor's (page_size, layout,
+    size, page_num), its page rows' size (indexer_page_stride_size bytes a
+    layer, indexer_dtype uint8) and index_k_with_scale_buffer None."""
+
+    def __init__(self, anchor, page_bytes_per_token=132):
+        self._is_dummy = True
+        self.page_size, self.layout, self.size = anchor.page_size, anchor.layout, anchor.size
+        self.page_num, self.layer_num = anchor.page_num, anchor.layer_num
+        self.indexer_dtype = self.dtype = torch.uint8
+        self.indexer_page_stride_size = page_bytes_per_token * anchor.page_size
+        self.size_per_token = page_bytes_per_token * self.layer_num
+        self.index_k_with_scale_buffer = None
+
+
 class MambaHost:
     def __init__(self, slots=8, layers=2, temporal=(2, 4, 4), convs=((3, 8), (3, 4)),
                  layout="page_first"):

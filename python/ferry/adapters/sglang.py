@@ -33,6 +33,14 @@ its own page shape:
   DeepSeek V4's compressed pools too (C4 / C128 KV and indexer, their
   compress states; a page is a uint8 row of every layer; one that keeps
   its scales beside the rows, scale_kv_buffer, is refused);
+- SGLang's dummy host pools (is_dummy: page slots, no buffer; the MLA
+  latent's and the DSA indexer's on every attention-TP rank but 0 under
+  MLA host-memory dedup, rank 0 holding the one host copy) are rank 0's
+  pages under rank 0's keys, of the full pool's layout: it registers against the store or daemon rank 0
+  uses, moves no byte, and answers rank 0's hits (batch_exists, and
+  batch_get_v1 / _v2: done for the leading pages the store holds); its
+  flat reads are misses (SGLang would write them into the missing
+  buffer); anywhere but an MLA model's TP rank > 0 it is refused;
 - a logical pool (DeepSeek V4's KV anchor: page slots, no tensor) has
   no bytes and no store: a page move on it moves nothing and answers
   done, and batch_exists_v2 takes its prefix from the pools that carry
@@ -236,10 +244,50 @@ class _PageMap:
             self._kv(buf)
         elif isinstance(idx, torch.Tensor):
             self._indexer(idx)
+        elif buf is None and getattr(host, "_is_dummy", False) is True:
+            self._dummy()
         elif buf is None and self._no_bytes():
             self.kind = "logical"
         else:
             self._bytes()
+
+    def _dummy(self):
+        """SGLang's dummy host pools: the host-memory dedup of an MLA (or DSA)
+        model's TP ranks gives every rank but attention-TP rank 0 pools of
+        page slots and no buffer, rank 0 keeping the one host copy
+        (MLATokenToKVPoolHost(is_dummy=True): kv_buffer None;
+        DSAIndexerPoolHost(is_dummy=True): index_k_with_scale_buffer None).
+        Their pages are rank 0's, under rank 0's keys: the layout is the
+        full pool's, from the same fields (layer_num and kv_cache_dim, or
+        indexer_page_stride_size, and the dtype), so a store or daemon of
+        that layout serves it; no byte of it is ever moved (there is none)."""
+        h, lay, p = self.host, self.hlayout, self.page
+        if lay not in ("layer_first", "page_first", "page_first_direct"):
+            raise ValueError(f"ferry: SGLang pool {self.name!r}: a dummy pool of host layout "
+                             f"{lay!r}; ferry maps MLA and indexer pools of layer_first, "
+                             "page_first and page_first_direct")
+        if self.split != 1:
+            raise ValueError("ferry: split heads do not apply to an MLA pool")
+        if hasattr(h, "kv_cache_dim"):          # the MLA latent
+            L, D, dt = int(h.layer_num), int(h.kv_cache_dim), h.dtype
+            self.flat_shape = {"layer_first": (L, p, 1, D), "page_first": (p, L, 1, D),
+                               "page_first_direct": (1, L, p, 1, D)}[lay]
+        elif hasattr(h, "indexer_page_stride_size"):    # the DSA indexer's page rows
+            L, pb, dt = int(h.layer_num), int(h.indexer_page_stride_size), h.indexer_dtype
+            if pb % p:
+                raise ValueError(f"ferry: SGLang pool {self.name!r}: a {pb}-byte index page "
+                                 f"does not split over {p} tokens")
+            D, self.flat_shape = pb // p, None
+        else:
+            raise ValueError(f"ferry: SGLang pool {self.name!r} ({type(h).__name__}) is a dummy "
+                             "pool (no buffer) of neither an MLA latent (kv_cache_dim) nor a "
+                             "DSA indexer (indexer_page_stride_size): its pages' layout is "
+                             "unknown to ferry")
+        self.kind, self.kv, self.layers, self.heads, self.head_dim = "dummy", 1, L, 1, D
+        self.layout = Layout(L, 1, D, dt, kv=1)
+        import torch
+        self._whole_page_in(torch.empty(0, dtype=dt))
+        self.dtype, self.buffer, self.pool_planes = dt, None, None
 
     def _no_bytes(self):
         """A logical pool (DeepSeek V4's KV anchor, LogicalHostPool): page
@@ -348,6 +396,11 @@ class _PageMap:
     def logical(self):
         return self.kind == "logical"
 
+    @property
+    def dummy(self):
+        """SGLang's dummy MLA pool: rank 0's pages, no buffer (see _dummy)."""
+        return self.kind == "dummy"
+
     def planes(self, t, g=0):
         """Per-layer paged views of t (a tensor in the pool's layout) for head group g."""
         lay, p, L = self.hlayout, self.page, self.layers
@@ -409,8 +462,10 @@ class FerryHiCacheStorage(HiCacheStorage):
         self._name = self._extra.get("ferry_store", "sglang")
         self._mla = bool(c.is_mla_model)
         # older SGLangs' configs lack the newer fields (at bb424de23a46 there is
-        # no pp, cp, dp, metrics or split-heads field): each read with its default
-        g = lambda k, d: getattr(c, k, d)  # noqa: E731
+        # no pp, cp, dp, metrics or split-heads field), and some give a field
+        # as None (at 00fe477f32b3 dp_rank is Optional[int] = None, and no
+        # dp_size): each read with its default where absent or None
+        g = lambda k, d: d if getattr(c, k, None) is None else getattr(c, k)  # noqa: E731
         self._tp, self._tp_size = int(c.tp_rank), int(c.tp_size)
         self._cp, self._cp_size = int(g("attn_cp_rank", 0)), int(g("attn_cp_size", 1))
         self._split = 1
@@ -529,6 +584,15 @@ class FerryHiCacheStorage(HiCacheStorage):
     def _register(self, name, host):
         key = _pool_key(name)
         pm = _PageMap(key, host, self._split if key in ("kv", "draft") else 1)
+        if pm.dummy and not (self._tp != 0 and self._replicated(key, pm)):
+            # SGLang makes one only where another rank (attention-TP rank 0 of
+            # an MLA model) holds and writes the pages; here nothing would
+            # ever be written, and every read would be a miss
+            raise ValueError(
+                f"ferry: SGLang pool {key!r} is a dummy MLA pool (no buffer) on TP rank "
+                f"{self._tp} of {self._tp_size} of a{'n MLA' if self._mla else ' non-MLA'} "
+                "model: only a rank whose pages TP rank 0 of an MLA model writes may hold "
+                "one; this rank's pages would never be stored")
         old = self._pools.get(key)
         if old is not None:
             if old[0].layout != pm.layout or old[0].chunk_tokens != pm.chunk_tokens:
@@ -766,6 +830,8 @@ class FerryHiCacheStorage(HiCacheStorage):
         if starts is None:
             self._count(key, get=len(names))
             return [False] * len(names)
+        if pm.dummy:
+            return self._dummy_got(key, store, names)
         ok = [True] * len(names)
         t0 = time.perf_counter()
         if pm.structured:
@@ -794,6 +860,21 @@ class FerryHiCacheStorage(HiCacheStorage):
         self._count(key, get=len(names), got=sum(ok))
         self._measure(key, 0, sum(ok), sum(ok) * len(self._salts(key)), store, t0)
         return ok
+
+    def _dummy_got(self, key, store, names):
+        """A page read on one of SGLang's dummy pools: nothing moves (it has no
+        buffer; SGLang's load from it asserts, and the rank's device pages
+        come from rank 0's host copy), and each page answers what rank 0's
+        read of the same shared page finds: done for the leading pages the
+        store holds, a miss after. SGLang takes the least of the ranks'
+        counts, so rank 0's own result bounds it."""
+        try:
+            n = store.lookup_named(names, salt=self._salts(key)[0])
+        except FerryError as e:
+            self._failed(e, key, "get")
+            n = 0
+        self._count(key, get=len(names), got=n)
+        return [i < n for i in range(len(names))]
 
     def _packed(self, keys):
         """(keys back to back as one bytes, each key's size) for keys of one
@@ -984,6 +1065,19 @@ class FerryHiCacheStorage(HiCacheStorage):
         if pm.logical:      # no bytes of its own: never a page to read
             self._count("kv", get=1)
             return None
+        if pm.dummy:
+            # SGLang writes a page read here into the host pool
+            # (set_from_flat_data_page), and a dummy pool has no buffer: a
+            # miss, never a page (batch_get_v1, "interface_v1": 1, answers)
+            self._count("kv", get=1)
+            with self._warn_lock:
+                first = "dummy-get" not in self._rows_warned
+                self._rows_warned.add("dummy-get")
+            (log.warning if first else log.debug)(
+                "ferry: SGLang's dummy MLA host pool (TP rank %d) takes no flat page: its reads "
+                "are misses, and SGLang keeps the least hit of all ranks; give \"interface_v1\": "
+                "1 in the extra config (batch_get_v1 answers rank 0's hits)", self._tp)
+            return None
         if not pm.structured:
             raise ValueError("ferry: the kv pool's pages are not a ferry layout")
         views = [pm.flat_planes(target_location, g) for g in range(self._split)]
@@ -1013,7 +1107,7 @@ class FerryHiCacheStorage(HiCacheStorage):
         """Store one flat kv page; False when ferry declined it (full)."""
         pm, store = self._pool("kv")
         names = self._names([key])
-        if pm.logical:      # nothing to store
+        if pm.logical or pm.dummy:      # nothing to store (a dummy's pages are rank 0's)
             return True
         views = [pm.flat_planes(value, g) for g in range(self._split)]
         if self._shared_reader("kv"):
