@@ -222,6 +222,19 @@ def test_a_users_wrapper_of_ferrys_connector_builds_ferrys_inside(factory):
         assert type(c.inner) is FerryConnector
 
 
+def test_a_wrapper_kept_in_vllms_own_tree_builds_ferrys_inside(factory, monkeypatch):
+    """The same wrapper in a fork's vLLM tree (a module named vllm.*):
+    ferry's class built from the wrapper's own module is ferry's."""
+    import types
+    name = "vllm.distributed.kv_transfer.kv_connector.v1.team_wrapper"
+    mod = types.ModuleType(name)
+    exec(compile(USER_WRAPPER, name, "exec"), mod.__dict__)
+    monkeypatch.setitem(sys.modules, name, mod)
+    c = factory.create_connector(_cfg(name), Role.SCHEDULER, None)
+    assert type(c) is mod.FerryConnector and mod.FerryConnector.built == 1
+    assert type(c.inner) is FerryConnector
+
+
 def test_a_module_path_that_will_not_import_raises_as_vllm_raises(factory):
     with pytest.raises(ModuleNotFoundError):
         factory.get_connector_class(_cfg("no_such_team_module").kv_transfer_config)

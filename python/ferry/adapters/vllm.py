@@ -742,11 +742,14 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         # class is built whole, and ferry's __init__ is then not run. Only
         # vLLM's own code is redirected: a user's class that builds ferry's
         # by name (a wrapper that delegates to it, with the config it was
-        # given) gets ferry's, not itself again without end.
-        if cls is FerryConnector and _called_by_vllm(sys._getframe(1)):
+        # given) gets ferry's, not itself again without end; so does one
+        # kept in a tree of vLLM's own (a fork's), from its own module.
+        caller = sys._getframe(1)
+        if cls is FerryConnector and _called_by_vllm(caller):
             cfg = args[0] if args else kwargs.get("vllm_config")
             chosen = _chosen_class(getattr(cfg, "kv_transfer_config", None))
-            if chosen is not FerryConnector:
+            if chosen is not FerryConnector and \
+                    caller.f_globals.get("__name__") != chosen.__module__:
                 if issubclass(chosen, FerryConnector):
                     return super().__new__(chosen)
                 return chosen(*args, **kwargs)
