@@ -306,6 +306,81 @@ static void lengths_of_many_digits_are_over_the_limit(void **state)
     }
 }
 
+/* ferry__rconn_get_into on reply bytes from a socketpair (the fuzz
+ * target's harness): its return, with g filled in */
+static int get_from_bytes(const char *reply, size_t len, ferry__rget *g, ferry__errbuf *eb)
+{
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    assert_int_equal(write(sv[1], reply, len), (ssize_t)len);
+    shutdown(sv[1], SHUT_WR);
+    redisContext *ctx = redisConnectFd(sv[0]);
+    assert_non_null(ctx);
+    ferry__rconn c;
+    memset(&c, 0, sizeof c);
+    c.c = ctx;
+    c.port = 1;
+    c.timeout_ms = 1000;
+    memcpy(c.host, "test", 5);
+    static uint8_t dst[4096];
+    memset(g, 0, sizeof *g);
+    g->key = "k";
+    g->key_len = 1;
+    g->layout = "L";
+    g->layout_len = 1;
+    g->key_sum = ferry__rvalue_key_sum("k", 1);
+    g->dst = dst;
+    g->cap = sizeof dst;
+    int rc = ferry__rconn_get_into(&c, g, 0, eb);
+    ferry__rconn_close(&c);
+    close(sv[1]);
+    return rc;
+}
+
+/* A length line with more after its digits is a broken reply, whatever
+ * hides the rest: a line longer than the reader's 512-byte buffer (its
+ * tail, "x" here, cut off) or a NUL byte inside it. Neither is read as
+ * the digits before it (an over-limit value, or 5 bytes to read). */
+static void a_length_line_with_more_after_its_digits_is_broken(void **state)
+{
+    (void)state;
+    char longline[700];
+    size_t n = 0;
+    longline[n++] = '$';
+    for (int i = 0; i < 600; i++)
+        longline[n++] = (char)('1' + i % 9);
+    memcpy(longline + n, "x\r\nhello\r\n", 10);
+    n += 10;
+    static const char nul[] = "$5\0garbage\r\nhello\r\n";
+    const struct {
+        const char *bytes;
+        size_t len;
+    } cases[] = {{longline, n}, {nul, sizeof nul - 1}};
+    for (size_t i = 0; i < 2; i++) {
+        ferry__rget g;
+        ferry__errbuf eb;
+        memset(&eb, 0, sizeof eb);
+        int rc = get_from_bytes(cases[i].bytes, cases[i].len, &g, &eb);
+        if (rc != -EPROTO)
+            fprintf(stderr, "case %zu: rc %d kind %d code %d: %s\n", i, rc, g.kind, g.code,
+                    rc ? eb.msg : g.msg);
+        assert_int_equal(rc, -EPROTO);
+        assert_non_null(strstr(eb.msg, "not a bulk string"));
+    }
+    /* while digits alone are a length: over the limit (400 of them, whole
+     * in the buffer; 600 are not seen whole, and are broken), and 5 */
+    ferry__rget g;
+    ferry__errbuf eb;
+    memcpy(longline + 401, "\r\n", 2);
+    assert_int_equal(get_from_bytes(longline, 403, &g, &eb), 0);
+    assert_int_equal(g.kind, FERRY__RGET_VALUE);
+    assert_int_equal(g.code, FERRY_ECORRUPT);
+    assert_non_null(strstr(g.msg, "over the"));
+    assert_int_equal(get_from_bytes("$5\r\nhello\r\n", 11, &g, &eb), 0);
+    assert_int_equal(g.kind, FERRY__RGET_VALUE);
+    assert_int_equal(g.value_len, 5);
+}
+
 static long maxrss_kib(void)
 {
     struct rusage ru;
@@ -1693,6 +1768,7 @@ int main(void)
         cmocka_unit_test(options_are_range_checked),
         cmocka_unit_test(hostile_server_is_bounded_in_time_and_memory),
         cmocka_unit_test(lengths_of_many_digits_are_over_the_limit),
+        cmocka_unit_test(a_length_line_with_more_after_its_digits_is_broken),
     };
     const struct CMUnitTest online[] = {
         cmocka_unit_test(round_trip_sync_and_async),

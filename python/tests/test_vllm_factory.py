@@ -103,6 +103,31 @@ class FerryConnector:
         self.args = (vllm_config, role)
 '''
 
+USER_WRAPPER = '''
+from ferry.adapters.vllm import FerryConnector as _Ferry
+
+
+class FerryConnector:
+    """A team's own connector that wraps ferry's, built with the config it
+    is given (which names this module), and hands each call on."""
+    built = 0
+
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        type(self).built += 1
+        self.inner = _Ferry(vllm_config, role, kv_cache_config)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+'''
+
+
+def _in_vllm(cls, *args):
+    """cls(*args) called from code of vLLM's (a factory or a MultiConnector
+    that reached the class some other way)."""
+    ns = {"__name__": "vllm.distributed.kv_transfer.kv_connector.v1.multi_connector"}
+    exec("def build(cls, *args):\n    return cls(*args)\n", ns)
+    return ns["build"](cls, *args)
+
 
 @pytest.fixture
 def factory(monkeypatch, tmp_path):
@@ -115,8 +140,9 @@ def factory(monkeypatch, tmp_path):
         monkeypatch.setitem(sys.modules, ".".join(parts[:i]), mod)
     (tmp_path / "team_connector.py").write_text(USER_SUBCLASS)
     (tmp_path / "team_old_connector.py").write_text(USER_OWN)
+    (tmp_path / "team_wrapper.py").write_text(USER_WRAPPER)
     monkeypatch.syspath_prepend(str(tmp_path))
-    for name in ("team_connector", "team_old_connector"):
+    for name in ("team_connector", "team_old_connector", "team_wrapper"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     f = sys.modules[".".join(parts)].KVConnectorFactory
     assert adapters.register_vllm_connector() is True
@@ -172,12 +198,41 @@ def test_ferrys_class_built_for_a_users_config_builds_the_users(factory):
     other way still builds the class the config names."""
     import team_connector
     import team_old_connector
-    c = FerryConnector(_cfg("team_connector"), Role.SCHEDULER, None)
+    c = _in_vllm(FerryConnector, _cfg("team_connector"), Role.SCHEDULER, None)
     assert type(c) is team_connector.FerryConnector
-    c = FerryConnector(_cfg("team_old_connector"), Role.SCHEDULER, None)
+    assert team_connector.FerryConnector.built == 1
+    c = _in_vllm(FerryConnector, _cfg("team_old_connector"), Role.SCHEDULER, None)
     assert isinstance(c, team_old_connector.FerryConnector)
-    assert type(FerryConnector(_cfg("ferry.adapters.vllm"), Role.SCHEDULER, None)) \
+    assert type(_in_vllm(FerryConnector, _cfg("ferry.adapters.vllm"), Role.SCHEDULER, None)) \
         is FerryConnector
+
+
+def test_a_users_wrapper_of_ferrys_connector_builds_ferrys_inside(factory):
+    """A team's "FerryConnector" that wraps ferry's and builds it with the
+    config it was given (naming the team's module) gets ferry's class
+    there: the guard above is vLLM's alone, so the wrapper is built once
+    and does not build itself again until the stack runs out."""
+    import team_wrapper
+    for build in (factory.create_connector,
+                  lambda cfg, role, kcc: _in_vllm(FerryConnector, cfg, role, kcc)):
+        team_wrapper.FerryConnector.built = 0
+        c = build(_cfg("team_wrapper"), Role.SCHEDULER, None)
+        assert type(c) is team_wrapper.FerryConnector
+        assert team_wrapper.FerryConnector.built == 1
+        assert type(c.inner) is FerryConnector
+
+
+def test_a_wrapper_kept_in_vllms_own_tree_builds_ferrys_inside(factory, monkeypatch):
+    """The same wrapper in a fork's vLLM tree (a module named vllm.*):
+    ferry's class built from the wrapper's own module is ferry's."""
+    import types
+    name = "vllm.distributed.kv_transfer.kv_connector.v1.team_wrapper"
+    mod = types.ModuleType(name)
+    exec(compile(USER_WRAPPER, name, "exec"), mod.__dict__)
+    monkeypatch.setitem(sys.modules, name, mod)
+    c = factory.create_connector(_cfg(name), Role.SCHEDULER, None)
+    assert type(c) is mod.FerryConnector and mod.FerryConnector.built == 1
+    assert type(c.inner) is FerryConnector
 
 
 def test_a_module_path_that_will_not_import_raises_as_vllm_raises(factory):

@@ -508,9 +508,10 @@ static int rd_take(rd *r, void *dst, size_t n)
     return 0;
 }
 
-/* one line without its CRLF into out (truncated to cap - 1, NUL-ended);
+/* one line without its CRLF into out (truncated to cap - 1, NUL-ended),
+ * *len its whole length (more than strlen(out) when cut or holding a NUL);
  * -EMSGSIZE past RD_LINE_MAX bytes without one */
-static int rd_line(rd *r, char *out, size_t cap)
+static int rd_line(rd *r, char *out, size_t cap, size_t *len)
 {
     size_t o = 0, seen = 0;
     char prev = 0;
@@ -525,6 +526,7 @@ static int rd_line(rd *r, char *out, size_t cap)
             if (o && o < cap && out[o - 1] == '\r')
                 o--;
             out[o < cap ? o : cap - 1] = 0;
+            *len = seen - 1;
             return 0;
         }
         if (++seen > RD_LINE_MAX)
@@ -653,8 +655,9 @@ int ferry__rconn_get_into(ferry__rconn *c, ferry__rget *g, uint64_t deadline_ns,
     r->deadline = deadline_ns;
     r->pos = r->len = 0;
     char line[FERRY__ERRMSG_MAX];
+    size_t line_len = 0;
     int drop = 0;
-    int io = rd_line(r, line, sizeof line);
+    int io = rd_line(r, line, sizeof line, &line_len);
     if (io == 0) {
         if (line[0] == '-') {
             g->kind = FERRY__RGET_ERROR;
@@ -663,10 +666,11 @@ int ferry__rconn_get_into(ferry__rconn *c, ferry__rget *g, uint64_t deadline_ns,
             g->kind = FERRY__RGET_NIL;
         } else if (line[0] == '$' && line[1] >= '0' && line[1] <= '9') {
             /* (a length of any number of digits: past 2^64 it is read
-             * as the most, over the limit as well, not a broken reply) */
+             * as the most, over the limit as well, not a broken reply;
+             * but digits then more, cut off or past a NUL, are broken) */
             char *end;
             unsigned long long v = strtoull(line + 1, &end, 10);
-            if (*end) {
+            if (*end || (size_t)(end - line) != line_len) {
                 io = -EPROTO;
             } else if (v > FERRY_REMOTE_VALUE_MAX) {
                 /* a server whose limit was raised, another writer's value:

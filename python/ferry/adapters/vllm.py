@@ -739,11 +739,17 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         # should vLLM's factory have reached ferry's class by the registered
         # name although the config names another module's class, that class
         # is what is built. Python runs a subclass's __init__ itself; another
-        # class is built whole, and ferry's __init__ is then not run.
-        if cls is FerryConnector:
+        # class is built whole, and ferry's __init__ is then not run. Only
+        # vLLM's own code is redirected: a user's class that builds ferry's
+        # by name (a wrapper that delegates to it, with the config it was
+        # given) gets ferry's, not itself again without end; so does one
+        # kept in a tree of vLLM's own (a fork's), from its own module.
+        caller = sys._getframe(1)
+        if cls is FerryConnector and _called_by_vllm(caller):
             cfg = args[0] if args else kwargs.get("vllm_config")
             chosen = _chosen_class(getattr(cfg, "kv_transfer_config", None))
-            if chosen is not FerryConnector:
+            if chosen is not FerryConnector and \
+                    caller.f_globals.get("__name__") != chosen.__module__:
                 if issubclass(chosen, FerryConnector):
                     return super().__new__(chosen)
                 return chosen(*args, **kwargs)
@@ -1916,6 +1922,13 @@ def _chosen_class(ktc):
 
 
 _compat = {}    # a user's class -> its form that takes kv_cache_config
+
+
+def _called_by_vllm(frame):
+    """Whether frame (the one that called a class to build it) runs vLLM's
+    code: its factory or a MultiConnector, not a user's module."""
+    name = frame.f_globals.get("__name__", "") if frame is not None else ""
+    return isinstance(name, str) and (name == "vllm" or name.startswith("vllm."))
 
 
 def _factory_choice():
