@@ -36,11 +36,19 @@ its own page shape:
 - SGLang's dummy host pools (is_dummy: page slots, no buffer; the MLA
   latent's and the DSA indexer's on every attention-TP rank but 0 under
   MLA host-memory dedup, rank 0 holding the one host copy) are rank 0's
-  pages under rank 0's keys, of the full pool's layout: it registers against the store or daemon rank 0
-  uses, moves no byte, and answers rank 0's hits (batch_exists, and
-  batch_get_v1 / _v2: done for the leading pages the store holds); its
-  flat reads are misses (SGLang would write them into the missing
-  buffer); anywhere but an MLA model's TP rank > 0 it is refused;
+  pages under rank 0's keys, of the full pool's layout: it registers
+  against the store or daemon rank 0 uses, moves no byte, and answers
+  rank 0's hits (batch_exists, and batch_get_v1 / _v2: done for the
+  leading pages the store holds); its flat reads are misses (SGLang
+  would write them into the missing buffer); anywhere but an MLA model's
+  TP rank > 0 it is refused.
+  SGLang engages that dedup only with no storage backend or its "file"
+  one (storage_supports_host_dedup: None, "", "file"), so a "dynamic"
+  backend given at start-up meets full pools on every rank; ferry meets a
+  dummy where it is attached at run time to a server started without a
+  storage backend (some SGLangs refuse that attach). Its answers are
+  safe because SGLang inserts no prefetched page before taking the least
+  count over the TP ranks: rank 0's own read bounds the dummy's "done";
 - a logical pool (DeepSeek V4's KV anchor: page slots, no tensor) has
   no bytes and no store: a page move on it moves nothing and answers
   done, and batch_exists_v2 takes its prefix from the pools that carry
