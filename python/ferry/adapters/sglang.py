@@ -72,7 +72,12 @@ the rank's own TP rank and size.
 
 Stores (extra config):
 - "ferry_store": NAME uses the KVStore registered as NAME (kv pool) and
-  NAME.<pool> (other pools) with ferry.adapters.register_store();
+  NAME.<pool> (other pools) with ferry.adapters.register_store(); for an
+  MLA model's shared pools at TP > 1 (a dummy pool's included) it must be
+  one every rank reads, a client of a shared `ferry serve` daemon: SGLang
+  writes them from TP rank 0 only, so another rank's in-process store
+  stays empty and the least hit over the ranks is 0 (not checked: the
+  registered store is the caller's);
 - "ferry_server": "unix:/run/ferry/ferry.sock" connects the kv pool to a
   `ferry serve` daemon (every TP worker of the host shares its cache); a
   daemon serves one layout, so another pool needs its own daemon,
