@@ -164,6 +164,37 @@ def test_a_dummy_rank_without_interface_v1_reads_misses_never_a_page(tmp_path, c
         d.stop()
 
 
+def test_a_dummy_ranks_done_is_bounded_by_what_rank0_then_reads(tmp_path):
+    """The dummy rank answers what the store holds when it reads, and rank 0
+    reads after it: the pages may be gone by then (evicted, or the daemon
+    emptied). SGLang uses no rank's count alone: _reduce_prefetch_ack
+    (01c0ede38cc9645488fd2847dbea8a2f6a9241d8, managers/cache_controller.py)
+    and HiRadixCache.check_prefetch_progress all-reduce the least count
+    over the TP group before any page is inserted, so rank 0's miss bounds
+    the dummy's done and no rank takes a page rank 0 did not load. And a
+    dummy that reads after the loss answers a miss, not the earlier hit."""
+    d = _daemon(tmp_path)
+    ranks = []
+    try:
+        ranks = _ranks(d.url, "page_first")
+        (b0, full), (b1, _) = ranks
+        fill(full.kv_buffer, 4)
+        h = page_hashes(list(range(3 * PAGE)), PAGE)
+        _backup(ranks, h, indices(0, 3, PAGE))
+        hits = min(b.batch_exists(h) for b, _ in ranks)
+        assert hits == 3
+        dummy_first = b1.batch_get_v1(h, indices(8, 3, PAGE))
+        b0.clear()                  # rank 0's store loses the pages in between
+        rank0 = b0.batch_get_v1(h, indices(8, 3, PAGE))
+        assert dummy_first == [True] * 3 and rank0 == [False] * 3
+        count = [r.index(False) if False in r else len(r) for r in (dummy_first, rank0)]
+        assert min(count) == 0      # what SGLang takes: nothing loaded, nothing used
+        assert b1.batch_get_v1(h, indices(8, 3, PAGE)) == [False] * 3
+    finally:
+        _close(ranks)
+        d.stop()
+
+
 @pytest.mark.parametrize("mla,tp", [(True, (0, 2)), (False, (1, 2))])
 def test_a_dummy_pool_where_no_rank_writes_its_pages_is_refused(mla, tp):
     """A dummy pool holds pages only another rank writes: TP rank 0 of an

@@ -36,11 +36,19 @@ its own page shape:
 - SGLang's dummy host pools (is_dummy: page slots, no buffer; the MLA
   latent's and the DSA indexer's on every attention-TP rank but 0 under
   MLA host-memory dedup, rank 0 holding the one host copy) are rank 0's
-  pages under rank 0's keys, of the full pool's layout: it registers against the store or daemon rank 0
-  uses, moves no byte, and answers rank 0's hits (batch_exists, and
-  batch_get_v1 / _v2: done for the leading pages the store holds); its
-  flat reads are misses (SGLang would write them into the missing
-  buffer); anywhere but an MLA model's TP rank > 0 it is refused;
+  pages under rank 0's keys, of the full pool's layout: it registers
+  against the store or daemon rank 0 uses, moves no byte, and answers
+  rank 0's hits (batch_exists, and batch_get_v1 / _v2: done for the
+  leading pages the store holds); its flat reads are misses (SGLang
+  would write them into the missing buffer); anywhere but an MLA model's
+  TP rank > 0 it is refused.
+  SGLang engages that dedup only with no storage backend or its "file"
+  one (storage_supports_host_dedup: None, "", "file"), so a "dynamic"
+  backend given at start-up meets full pools on every rank; ferry meets a
+  dummy where it is attached at run time to a server started without a
+  storage backend (some SGLangs refuse that attach). Its answers are
+  safe because SGLang inserts no prefetched page before taking the least
+  count over the TP ranks: rank 0's own read bounds the dummy's "done";
 - a logical pool (DeepSeek V4's KV anchor: page slots, no tensor) has
   no bytes and no store: a page move on it moves nothing and answers
   done, and batch_exists_v2 takes its prefix from the pools that carry
@@ -64,7 +72,12 @@ the rank's own TP rank and size.
 
 Stores (extra config):
 - "ferry_store": NAME uses the KVStore registered as NAME (kv pool) and
-  NAME.<pool> (other pools) with ferry.adapters.register_store();
+  NAME.<pool> (other pools) with ferry.adapters.register_store(); for an
+  MLA model's shared pools at TP > 1 (a dummy pool's included) it must be
+  one every rank reads, a client of a shared `ferry serve` daemon: SGLang
+  writes them from TP rank 0 only, so another rank's in-process store
+  stays empty and the least hit over the ranks is 0 (not checked: the
+  registered store is the caller's);
 - "ferry_server": "unix:/run/ferry/ferry.sock" connects the kv pool to a
   `ferry serve` daemon (every TP worker of the host shares its cache); a
   daemon serves one layout, so another pool needs its own daemon,
