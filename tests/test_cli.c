@@ -707,6 +707,54 @@ static void serve_runs_and_stops_cleanly(void **state)
     assert_int_equal(access(sock, F_OK), -1);
 }
 
+/* `serve status` names the remote tier once it has worked (it printed L1
+ * and L2 only: a daemon's Redis was invisible); needs the server CI starts */
+static void serve_status_shows_the_remote(void **state)
+{
+    (void)state;
+    const char *url = getenv("FERRY_TEST_REDIS_URL");
+    if (!url || !*url)
+        skip();
+    char sock[320], args[700];
+    snprintf(sock, sizeof sock, "%s/remote.sock", g_dir);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open("/dev/null", O_WRONLY);
+        dup2(fd, 2);
+        execl(g_ferry, g_ferry, "serve", "--socket", sock, "--model", "tiny", "--l1", "64M",
+              "--remote", url, (char *)NULL);
+        _exit(127);
+    }
+    static run_out r_;
+    run_out *r = &r_;
+    snprintf(args, sizeof args, "serve status --socket %s", sock);
+    for (int i = 0; i < 3000; i++) { /* up to 60 s */
+        run_ferry(args, r);
+        if (r->status == 0 || waitpid(pid, NULL, WNOHANG) == pid)
+            break;
+        usleep(20000);
+    }
+    if (r->status != 0) {
+        kill(pid, SIGKILL);
+        fail_msg("ferry serve --remote %s did not answer: %s", url, r->err);
+    }
+    int before = strstr(r->out, "\n  remote ") != NULL; /* nothing done yet: no line */
+    snprintf(args, sizeof args, "kv bench --model tiny --docs 2 --doc-tokens 512 --questions 4 "
+             "--no-refs --server %s", sock);
+    run_ferry(args, r);
+    int bench = r->status;
+    snprintf(args, sizeof args, "serve status --socket %s", sock);
+    run_ferry(args, r);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    assert_false(before);
+    assert_int_equal(bench, 0);
+    assert_int_equal(r->status, 0);
+    if (!strstr(r->out, "\n  remote ") || !strstr(r->out, " puts ("))
+        fail_msg("serve status: no remote line in '%s'", r->out);
+}
+
 /* ---- issue 25: server addresses, timeouts, a refused start ---- */
 
 static double now_s(void)
@@ -912,6 +960,7 @@ int main(void)
         cmocka_unit_test(a_refused_serve_says_one_line),
         cmocka_unit_test(the_readmes_options_do_what_it_says),
         cmocka_unit_test(options_that_would_be_ignored_are_refused),
+        cmocka_unit_test(serve_status_shows_the_remote),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ft_rmtree(g_dir);

@@ -525,6 +525,23 @@ static int xfer(int fd, ferry__proto_buf *b, uint8_t *in, size_t cap, ferry__pro
     return 0;
 }
 
+/* the remote tier, once it has done anything (its counters are all 0
+ * without one; its capacity is the server's, not known here) */
+static void print_remote(const ferry_kv_stats *m)
+{
+    const ferry_kv_tier_stats *ts = &m->tier[FERRY_KV_TIER_REMOTE];
+    if (!ts->chunks && !m->remote_lookups && !m->remote_puts && !m->remote_gets &&
+        !m->remote_errors && !m->remote_down)
+        return;
+    printf("  %-6s %llu chunks known, %llu hits, %llu puts (%llu written, %llu dropped), "
+           "%llu fetches (%llu misses), %llu refused, %llu errors%s\n", "remote",
+           (unsigned long long)ts->chunks, (unsigned long long)ts->hits,
+           (unsigned long long)m->remote_puts, (unsigned long long)m->remote_written,
+           (unsigned long long)m->remote_dropped, (unsigned long long)m->remote_gets,
+           (unsigned long long)m->remote_misses, (unsigned long long)m->remote_refused,
+           (unsigned long long)m->remote_errors, m->remote_down ? ", down now" : "");
+}
+
 static void print_status(ferry__proto_rd *rd, const char *path)
 {
     uint32_t clients = ferry__proto_get_u32(rd), size = ferry__proto_get_u32(rd);
@@ -537,6 +554,10 @@ static void print_status(ferry__proto_rd *rd, const char *path)
            (unsigned long long)m.chunks);
     for (int t = 1; t < FERRY_KV_TIERS; t++) {
         const ferry_kv_tier_stats *ts = &m.tier[t];
+        if (t == FERRY_KV_TIER_REMOTE) {
+            print_remote(&m);
+            continue;
+        }
         if (!ts->capacity_bytes && !ts->chunks)
             continue;
         printf("  %-6s %llu chunks, %.1f%% of %llu bytes, %llu hits, %llu evictions\n", names[t],
