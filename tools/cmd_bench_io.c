@@ -666,9 +666,10 @@ int cmd_bench_io(int argc, char **argv)
     result *res = calloc(ne * nc, sizeof *res);
     if (!res)
         return cli_fail(CMD, "allocating results", -ENOMEM);
+    char fsz[32];
     if (!o.json)
-        printf("ferry bench io: %llu MiB file in %s, depth %u%s%s\n",
-               (unsigned long long)(o.size >> 20), o.dir, o.depth,
+        printf("ferry bench io: %s file in %s, depth %u%s%s\n",
+               ferry__size_str(o.size, fsz, sizeof fsz), o.dir, o.depth,
                o.device ? ", device " : ", host buffers", o.device ? o.device : "");
     /* one document in all: several runs are collected into a list */
     int many = o.sweep || ne > 1;

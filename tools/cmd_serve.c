@@ -162,7 +162,9 @@ static void usage(FILE *f)
             "                         127.0.0.1:9400 (default: none)\n"
             "  --chunk-tokens N       tokens per chunk (default 256)\n"
             "clients open their store with ferry_kv_config.server = \"unix:PATH\" and the same\n"
-            "layout and chunk size; SIGTERM stops cleanly (flush, sync, close).\n",
+            "layout and chunk size; SIGTERM stops cleanly (flush, sync, close).\n"
+            "ferry serve status [--socket PATH]: a running daemon's tiers, clients and hit\n"
+            "rates (ferry serve status --help).\n",
             FERRY__SERVE_CONF_MAX_ALLOW);
 }
 
