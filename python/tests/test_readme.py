@@ -85,7 +85,10 @@ def test_the_kvstore_block_runs_as_printed(tmp_path, llama_daemon):
     table = list(range(16))
     first = run(src, {"kv_caches": caches, "token_ids": tokens, "block_table": table})
     assert first["hit"] == 0
-    assert first["layout"].num_layers == 32
+    # the layout found in the caches, printed as the call that makes it
+    lay = first["layout"]
+    assert repr(lay) == "Layout(num_layers=32, num_heads=8, head_dim=128, dtype='bf16', kv=2)"
+    assert eval(repr(lay), {"Layout": ferry.Layout}) == lay
     # through the daemon: the worker's store is the scheduler's hit
     store, sched = first["store"], first["sched"]
     assert sched.lookup(tokens) == 0
