@@ -457,6 +457,124 @@ static void group_help_exits_0(void **state)
     free(r);
 }
 
+/* what README's "The command" shows a newcomer, option for option: each
+ * works, or is refused in one line, never ignored */
+static void the_readmes_options_do_what_it_says(void **state)
+{
+    (void)state;
+    static run_out r_;
+    run_out *r = &r_;
+    /* moe sim --hints made|trace: the trace's own predictions as hints
+     * (was an unknown option though the synopsis and --help showed it) */
+    char p[512];
+    snprintf(p, sizeof p, "%s/pred.jsonl", g_dir);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"model\":\"m\",\"num_layers\":2,\"num_experts\":8,\"top_k\":2,"
+               "\"expert_bytes\":4096}\n");
+    for (int t = 0; t < 64; t++)
+        for (int l = 0; l < 2; l++) { /* every prediction wrong: 6 and 7 are never routed */
+            int e1 = (t * 3 + l) % 6, e2 = (e1 + 1 + t % 5) % 6;
+            fprintf(f, "{\"token\":%d,\"layer\":%d,\"experts\":[%d,%d],\"pred\":[6,7]}\n", t,
+                    l, e1, e2);
+        }
+    fclose(f);
+    const char *base = "moe sim @/pred.jsonl --budgets 4 --policies lru --hint-accuracy 1 --json";
+    char args[400];
+    static char made[sizeof r_.out];
+    snprintf(args, sizeof args, "%s --hints made", base);
+    run_ferry(args, r);
+    if (r->status != 0)
+        fail_msg("ferry %s: exit %d: %s", args, r->status, r->err);
+    memcpy(made, r->out, sizeof made);
+    snprintf(args, sizeof args, "%s --hints trace", base);
+    run_ferry(args, r);
+    if (r->status != 0)
+        fail_msg("ferry %s: exit %d: %s", args, r->status, r->err);
+    /* made hints at accuracy 1 are the routes; the trace's are all wrong */
+    assert_string_not_equal(made, r->out);
+    snprintf(args, sizeof args, "moe sim @/pred.jsonl --budgets 4 --hints trace");
+    run_ferry(args, r);
+    assert_int_equal(r->status, 0);
+    assert_non_null(strstr(r->out, "from the trace's predictions"));
+    expect_usage("moe sim @/pred.jsonl --hints guess", "--hints guess", "made or trace");
+    expect_usage("moe sim @/pred.jsonl --hints", "--hints", "made or trace");
+    run_ferry("moe gen --model small --tokens 16 -o @/nopred.jsonl", r);
+    assert_int_equal(r->status, 0);
+    expect_usage("moe sim @/nopred.jsonl --hints trace", "--hints trace", "no predictions");
+    /* moe gen: no "top-32 cover 0.0%" for a model of fewer than 64 experts */
+    assert_null(strstr(r->out, "top-32 cover"));
+    run_ferry("moe gen --model small --tokens 16 --json -o @/nopred.jsonl", r);
+    assert_non_null(strstr(r->out, "\"top32_cover\":null"));
+    run_ferry("moe gen --model qwen3-30b-a3b --tokens 16 -o @/q.jsonl", r);
+    assert_int_equal(r->status, 0);
+    assert_non_null(strstr(r->out, "top-32 cover "));
+    /* every subcommand's --help, the slab and serve ones too */
+    static const char *const cmds[] = {"slab check", "slab reset", "slab bench", "serve",
+                                       "serve status"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        snprintf(args, sizeof args, "%s --help", cmds[i]);
+        run_ferry(args, r);
+        if (r->status != 0 || !strstr(r->out, "usage: ferry") || r->err[0])
+            fail_msg("ferry %s: exit %d, stderr '%s'", args, r->status, r->err);
+        snprintf(args, sizeof args, "%s --bogus", cmds[i]);
+        char want[64];
+        snprintf(want, sizeof want, "see ferry %s --help", cmds[i]);
+        expect_usage(args, "--bogus: unknown option", want);
+    }
+    run_ferry("--help", r);
+    assert_non_null(strstr(r->out, "FERRY_DEVICE"));
+    assert_non_null(strstr(r->out, "FERRY_KV_READ_DEPTH"));
+    expect_usage("slab bench --dir @/none", "--dir", "no such directory");
+    /* a device that cannot be opened is named once ("device cuda: device
+     * cuda: ..." before) */
+    run_ferry("bench io --size 64K --chunk 64K --engine posix --device cuda --dir @", r);
+    if (r->status == 1) {
+        assert_null(strstr(r->err, "device cuda: device cuda"));
+        assert_non_null(strstr(r->err, "device cuda"));
+    }
+}
+
+/* an option the run would ignore, or an output that could not be written
+ * at the end of the work, is refused before anything runs */
+static void options_that_would_be_ignored_are_refused(void **state)
+{
+    (void)state;
+    expect_usage("kv bench --workload chat --questions 3", "--questions", "--workload qa");
+    expect_usage("kv bench --workload chat --zipf 0.5", "--zipf", "--workload qa");
+    expect_usage("kv bench --sessions 3", "--sessions", "--workload chat");
+    expect_usage("kv bench --workload qa --turn-tokens 64", "--turn-tokens", "--workload chat");
+    expect_usage("kv bench --clients 3", "--clients 3", "--server");
+    expect_usage("kv bench --model tiny --dir @ --cold 2 --layerwise 2", "--cold 2",
+                 "--layerwise 2");
+    /* --plot and -o in a directory that does not exist */
+    expect_usage("bench io --sweep --size 128K --dir @ --plot @/none/x.png", "--plot",
+                 "none: No such file or directory");
+    expect_usage("kv bench --model tiny --plot @/none/x.png", "--plot", "none");
+    expect_usage("moe gen --tokens 16 -o @/none/t.jsonl", "-o", "none");
+    expect_usage("moe replay @/x --sweep --plot @/none/x.png", "--plot", "none");
+    expect_usage("moe sim @/x --plot @/none/x.png", "--plot", "none");
+    assert_false(exists("none"));
+    /* serve: a group that does not exist, a remote URL ferry does not read:
+     * usage errors naming the flag (an exit 1 from deep in the start before) */
+    expect_usage("serve --socket @/g.sock --model tiny --l1 4M --group no-such-group-here",
+                 "--group no-such-group-here", "no such group");
+    expect_usage("serve --socket @/g.sock --model tiny --l1 4M --remote http://u:pw@@x",
+                 "--remote", "unknown scheme");
+    expect_usage("kv bench --model tiny --l1 4M --remote http://u:pw@@x", "--remote",
+                 "unknown scheme");
+    assert_false(exists("g.sock"));
+    /* the persistence figure's progress line is for a terminal only */
+    static run_out r_;
+    run_out *r = &r_;
+    run_ferry("kv bench --model tiny --docs 1 --doc-tokens 512 --questions 2 --l1 4M --no-refs "
+              "--dir @/pc --create --l2 4M --persistent --persist-rounds 1", r);
+    if (r->status != 0 || r->err[0])
+        fail_msg("kv bench --persistent: exit %d, stderr '%s' (want 0 and nothing)", r->status,
+                 r->err);
+    assert_non_null(strstr(r->out, "persistence cost"));
+}
+
 /* GET path from 127.0.0.1:port: the whole response (status line first) */
 static void http_get(int port, const char *path, char *out, size_t len)
 {
@@ -543,8 +661,10 @@ static void serve_runs_and_stops_cleanly(void **state)
         }
         usleep(20000);
     }
-    assert_non_null(strstr(r->out, "clients"));
-    assert_non_null(strstr(r->out, "L1"));
+    if (!strstr(r->out, "clients") || !strstr(r->out, "L1")) {
+        kill(pid, SIGKILL); /* (not left serving, holding the runner's output open) */
+        fail_msg("serve status: '%s'", r->out);
+    }
     /* the same daemon as unix:PATH (a failure below stops the daemon first) */
     snprintf(args, sizeof args, "serve status --socket unix:%s", sock);
     run_ferry(args, r);
@@ -587,6 +707,54 @@ static void serve_runs_and_stops_cleanly(void **state)
     assert_true(WIFEXITED(st));
     assert_int_equal(WEXITSTATUS(st), 0);
     assert_int_equal(access(sock, F_OK), -1);
+}
+
+/* `serve status` names the remote tier once it has worked (it printed L1
+ * and L2 only: a daemon's Redis was invisible); needs the server CI starts */
+static void serve_status_shows_the_remote(void **state)
+{
+    (void)state;
+    const char *url = getenv("FERRY_TEST_REDIS_URL");
+    if (!url || !*url)
+        skip();
+    char sock[320], args[700];
+    snprintf(sock, sizeof sock, "%s/remote.sock", g_dir);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open("/dev/null", O_WRONLY);
+        dup2(fd, 2);
+        execl(g_ferry, g_ferry, "serve", "--socket", sock, "--model", "tiny", "--l1", "64M",
+              "--remote", url, (char *)NULL);
+        _exit(127);
+    }
+    static run_out r_;
+    run_out *r = &r_;
+    snprintf(args, sizeof args, "serve status --socket %s", sock);
+    for (int i = 0; i < 3000; i++) { /* up to 60 s */
+        run_ferry(args, r);
+        if (r->status == 0 || waitpid(pid, NULL, WNOHANG) == pid)
+            break;
+        usleep(20000);
+    }
+    if (r->status != 0) {
+        kill(pid, SIGKILL);
+        fail_msg("ferry serve --remote %s did not answer: %s", url, r->err);
+    }
+    int before = strstr(r->out, "\n  remote ") != NULL; /* nothing done yet: no line */
+    snprintf(args, sizeof args, "kv bench --model tiny --docs 2 --doc-tokens 512 --questions 4 "
+             "--no-refs --server %s", sock);
+    run_ferry(args, r);
+    int bench = r->status;
+    snprintf(args, sizeof args, "serve status --socket %s", sock);
+    run_ferry(args, r);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    assert_false(before);
+    assert_int_equal(bench, 0);
+    assert_int_equal(r->status, 0);
+    if (!strstr(r->out, "\n  remote ") || !strstr(r->out, " puts ("))
+        fail_msg("serve status: no remote line in '%s'", r->out);
 }
 
 /* ---- issue 25: server addresses, timeouts, a refused start ---- */
@@ -792,6 +960,9 @@ int main(void)
         cmocka_unit_test(kv_bench_server_gives_up_within_the_timeout),
         cmocka_unit_test(server_addresses_are_unix_sockets_only),
         cmocka_unit_test(a_refused_serve_says_one_line),
+        cmocka_unit_test(the_readmes_options_do_what_it_says),
+        cmocka_unit_test(options_that_would_be_ignored_are_refused),
+        cmocka_unit_test(serve_status_shows_the_remote),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ft_rmtree(g_dir);

@@ -4,8 +4,9 @@
  * says, on a clean slab, one with bad payloads and a torn journal tail
  * (found, then repaired, then clean), one of a newer format, and none;
  * a slab in use by a store (named, left alone) and --reset; a missing
- * directory, a plain one and an unreadable slab header: refused in the
- * CLI's words, and nothing made or changed.
+ * directory, a plain one, an unreadable slab header and part of a slab
+ * striped over several directories: refused in the CLI's words, and
+ * nothing made or changed.
  * Runs the ferry binary built next to this test (skipped when absent).
  */
 #include <dirent.h>
@@ -289,6 +290,69 @@ static int entries(const char *dir)
     return n;
 }
 
+/* a slab striped over two directories: a reset given one of them, the
+ * other alone, both in the other order or a third one besides is refused
+ * (exit 2, naming the mismatch) and changes nothing: the library's reset
+ * would make a new one-drive slab of the whole size in the one directory,
+ * orphaning the other; given both in order, the reset empties it */
+static void test_reset_of_part_of_a_striped_slab_is_refused(void **state)
+{
+    (void)state;
+    char a[256], b[256], c[256], out[16384], args[1024];
+    ft_tmpdir(a, sizeof a);
+    ft_tmpdir(b, sizeof b);
+    ft_tmpdir(c, sizeof c);
+    const char *dirs[] = {a, b};
+    ferry_pslab_options o = FERRY_PSLAB_OPTIONS_INIT;
+    o.dirs = dirs;
+    o.n_dirs = 2;
+    o.bytes = 8 << 20;
+    o.flags = FERRY_PSLAB_CREATE;
+    ferry_pslab *p = NULL;
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p));
+    FT_ASSERT_OK(ferry_pslab_put(p, "k", 1, "value", 5));
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    char forms[5][1024];
+    snprintf(forms[0], sizeof forms[0], "slab reset %s", a);
+    snprintf(forms[1], sizeof forms[1], "slab reset %s --json", a);
+    snprintf(forms[2], sizeof forms[2], "slab check %s --reset", b);
+    snprintf(forms[3], sizeof forms[3], "slab reset %s %s", b, a);
+    snprintf(forms[4], sizeof forms[4], "slab reset %s %s %s", a, b, c);
+    static const char *const why[5] = {"1 directories given", "1 directories given",
+                                       "another order", "another order",
+                                       "3 directories given"};
+    for (size_t i = 0; i < 5; i++) {
+        int st = run_ferry(forms[i], out, sizeof out);
+        if (st != 2 || !strstr(out, "FERRY_EMISMATCH") || !strstr(out, why[i]) ||
+            !strstr(out, "nothing was changed"))
+            fail_msg("ferry %s: exit %d, '%s'", forms[i], st, out);
+    }
+    char f[512];
+    struct stat st;
+    snprintf(f, sizeof f, "%s/%s", c, FERRY_PSLAB_FILE); /* the third directory: no slab */
+    assert_int_not_equal(stat(f, &st), 0);
+    snprintf(args, sizeof args, "slab check %s %s", a, b);
+    assert_int_equal(run_ferry(args, out, sizeof out), 0);
+    assert_non_null(strstr(out, "2 drive(s), 8388608 bytes"));
+    o.flags = 0;
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p)); /* still the two-drive slab, its chunk kept */
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+    assert_int_equal(s.chunks, 1);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    snprintf(args, sizeof args, "slab reset %s %s", a, b);
+    assert_int_equal(run_ferry(args, out, sizeof out), 0);
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p));
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+    assert_int_equal(s.chunks, 0);
+    assert_int_equal(s.drives, 2);
+    assert_int_equal(s.capacity, 8 << 20);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(a);
+    ft_rmtree(b);
+    ft_rmtree(c);
+}
+
 /* reset of a missing directory: refused naming it (ENOENT), nothing made */
 static void test_reset_of_a_missing_directory_creates_nothing(void **state)
 {
@@ -429,6 +493,7 @@ int main(void)
         cmocka_unit_test(test_reset_of_a_missing_directory_creates_nothing),
         cmocka_unit_test(test_plain_directory_is_left_empty),
         cmocka_unit_test(test_reset_of_an_unreadable_header_changes_nothing),
+        cmocka_unit_test(test_reset_of_part_of_a_striped_slab_is_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

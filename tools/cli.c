@@ -221,6 +221,29 @@ int cli_opt_string(const char *cmd, const char *flag, const char *val, const cha
     return 0;
 }
 
+int cli_opt_outfile(const char *cmd, const char *flag, const char *val, const char *what,
+                    const char **out)
+{
+    int rc = cli_opt_string(cmd, flag, val, what, out);
+    if (rc)
+        return rc;
+    char dir[4096];
+    const char *slash = strrchr(val, '/');
+    if (!slash)
+        return 0; /* the working directory */
+    size_t n = slash == val ? 1 : (size_t)(slash - val);
+    if (n >= sizeof dir)
+        return cli_bad(cmd, flag, val, what, "too long a path");
+    memcpy(dir, val, n);
+    dir[n] = 0;
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return cli_bad(cmd, flag, val, what, "its directory %s: %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return cli_bad(cmd, flag, val, what, "%s is not a directory", dir);
+    return 0;
+}
+
 int cli_opt_dir(const char *cmd, const char *flag, const char *dir, int create)
 {
     struct stat st;

@@ -79,6 +79,10 @@ int cli_opt_choice(const char *cmd, const char *flag, const char *val,
 /* A non-empty string (a path, a URL). */
 int cli_opt_string(const char *cmd, const char *flag, const char *val, const char *what,
                    const char **out);
+/* A file to write (--plot, -o): non-empty, in a directory that exists,
+ * so the work is not run only to fail at its end. 0, or 2 (printed). */
+int cli_opt_outfile(const char *cmd, const char *flag, const char *val, const char *what,
+                    const char **out);
 /* A directory given with flag: 0 when it is one; when it does not exist,
  * 2 unless create (then made, with its parents, mode 0700; 1 when that
  * fails); 2 when it is not a directory. */

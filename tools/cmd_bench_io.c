@@ -365,7 +365,12 @@ static int bench_one(const char *engine, const opts *o, size_t chunk, result *re
         d.backend = o->device;
         rc = ferry_device_open(&d, &dev);
         if (rc < 0) {
-            snprintf(res->note, sizeof res->note, "device %s: %s", o->device, ferry_last_error());
+            /* the library's message names the device ("device cuda: ...") */
+            const char *m = ferry_last_error();
+            if (!strncmp(m, "device ", 7))
+                snprintf(res->note, sizeof res->note, "%s", m);
+            else
+                snprintf(res->note, sizeof res->note, "device %s: %s", o->device, m);
             goto out;
         }
     }
@@ -586,7 +591,7 @@ static int parse(int argc, char **argv, opts *o, int *create, int *chunk_given)
                 o->device = device_names[k];
             i++;
         } else if (!strcmp(a, "--plot")) {
-            rc = cli_opt_string(CMD, a, v, "a PNG file to write", &o->plot);
+            rc = cli_opt_outfile(CMD, a, v, "a PNG file to write", &o->plot);
             i++;
         } else if (!strcmp(a, "--chunk")) {
             if ((rc = cli_opt_size(CMD, a, v, 4096, 1ull << 30, 4096, &x)) == 0)
@@ -661,9 +666,10 @@ int cmd_bench_io(int argc, char **argv)
     result *res = calloc(ne * nc, sizeof *res);
     if (!res)
         return cli_fail(CMD, "allocating results", -ENOMEM);
+    char fsz[32];
     if (!o.json)
-        printf("ferry bench io: %llu MiB file in %s, depth %u%s%s\n",
-               (unsigned long long)(o.size >> 20), o.dir, o.depth,
+        printf("ferry bench io: %s file in %s, depth %u%s%s\n",
+               ferry__size_str(o.size, fsz, sizeof fsz), o.dir, o.depth,
                o.device ? ", device " : ", host buffers", o.device ? o.device : "");
     /* one document in all: several runs are collected into a list */
     int many = o.sweep || ne > 1;

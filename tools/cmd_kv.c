@@ -87,33 +87,41 @@ static void usage(FILE *f)
             LAYERWISE_MAX_ROUNDS, KVB_SERVER_TIMEOUT_MAX_MS, COLD_MAX_INFLIGHT);
 }
 
-/* a count option: flag, its field, its range */
+/* a count option: flag, its field, its range, the workload it shapes
+ * ('q' qa, 'c' chat, 0 both) */
 typedef struct num_opt {
     const char *flag;
     size_t off;
     unsigned min, max;
+    char workload;
 } num_opt;
 
 static const num_opt num_opts[] = {
-    {"--docs", offsetof(opts, docs), 1, 65536},
-    {"--doc-tokens", offsetof(opts, doc_tokens), 1, 1u << 20},
-    {"--questions", offsetof(opts, questions), 1, 1000000},
-    {"--question-tokens", offsetof(opts, qtokens), 0, 65536},
-    {"--sessions", offsetof(opts, sessions), 1, 65536},
-    {"--turns", offsetof(opts, turns), 1, 4096},
-    {"--turn-tokens", offsetof(opts, turn_tokens), 1, 1u << 20},
-    {"--chunk-tokens", offsetof(opts, chunk_tokens), 1, 65536},
-    {"--layers", offsetof(opts, layers), 1, 1024},
-    {"--heads", offsetof(opts, heads), 1, 1024},
-    {"--head-dim", offsetof(opts, head_dim), 1, 4096},
-    {"--persist-rounds", offsetof(opts, persist_rounds), 0, PC_MAX_ROUNDS},
-    {"--cold", offsetof(opts, cold_rounds), 1, COLD_MAX_ROUNDS},
-    {"--inflight", offsetof(opts, cold_inflight), 1, COLD_MAX_INFLIGHT},
-    {"--paged", offsetof(opts, paged), 1, 65536},
-    {"--layerwise", offsetof(opts, layerwise_rounds), 1, LAYERWISE_MAX_ROUNDS},
+    {"--docs", offsetof(opts, docs), 1, 65536, 'q'},
+    {"--doc-tokens", offsetof(opts, doc_tokens), 1, 1u << 20, 'q'},
+    {"--questions", offsetof(opts, questions), 1, 1000000, 'q'},
+    {"--question-tokens", offsetof(opts, qtokens), 0, 65536, 'q'},
+    {"--sessions", offsetof(opts, sessions), 1, 65536, 'c'},
+    {"--turns", offsetof(opts, turns), 1, 4096, 'c'},
+    {"--turn-tokens", offsetof(opts, turn_tokens), 1, 1u << 20, 'c'},
+    {"--chunk-tokens", offsetof(opts, chunk_tokens), 1, 65536, 0},
+    {"--layers", offsetof(opts, layers), 1, 1024, 0},
+    {"--heads", offsetof(opts, heads), 1, 1024, 0},
+    {"--head-dim", offsetof(opts, head_dim), 1, 4096, 0},
+    {"--persist-rounds", offsetof(opts, persist_rounds), 0, PC_MAX_ROUNDS, 0},
+    {"--cold", offsetof(opts, cold_rounds), 1, COLD_MAX_ROUNDS, 0},
+    {"--inflight", offsetof(opts, cold_inflight), 1, COLD_MAX_INFLIGHT, 0},
+    {"--paged", offsetof(opts, paged), 1, 65536, 0},
+    {"--layerwise", offsetof(opts, layerwise_rounds), 1, LAYERWISE_MAX_ROUNDS, 0},
 };
 
-static int parse_check(opts *o, int l2_given, int engine_given, int create);
+/* options that belong to one workload or need another option */
+typedef struct given {
+    const char *qa, *chat; /* the first option given of each workload */
+    const char *clients;   /* --clients N */
+} given;
+
+static int parse_check(opts *o, int l2_given, int engine_given, int create, const given *g);
 
 /* 0 to run, 2 on a usage error (printed), -1 after --help */
 static int parse(int argc, char **argv, opts *o)
@@ -124,6 +132,7 @@ static int parse(int argc, char **argv, opts *o)
     static const char *const engines[] = {"auto", "posix", "uring", NULL};
     static const char *const devices[] = {"host", "cuda", NULL};
     int create = 0, l2_given = 0, engine_given = 0;
+    given g = {NULL, NULL, NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         uint64_t x = 0;
@@ -134,6 +143,10 @@ static int parse(int argc, char **argv, opts *o)
                 if (rc)
                     return rc;
                 *(unsigned *)(void *)((char *)o + num_opts[n].off) = (unsigned)x;
+                if (num_opts[n].workload == 'q' && !g.qa)
+                    g.qa = a;
+                else if (num_opts[n].workload == 'c' && !g.chat)
+                    g.chat = a;
                 i++;
                 done = 1;
                 break;
@@ -146,6 +159,8 @@ static int parse(int argc, char **argv, opts *o)
             i++;
         } else if (!strcmp(a, "--zipf")) {
             rc = cli_opt_real(KVB_CMD, a, v, 0, 10, &o->zipf);
+            if (!g.qa)
+                g.qa = a;
             i++;
         } else if (!strcmp(a, "--seed")) {
             rc = cli_opt_u64(KVB_CMD, a, v, &o->seed);
@@ -175,7 +190,7 @@ static int parse(int argc, char **argv, opts *o)
             rc = cli_opt_string(KVB_CMD, a, v, "a directory", &o->dir);
             i++;
         } else if (!strcmp(a, "--plot")) {
-            rc = cli_opt_string(KVB_CMD, a, v, "a PNG file to write", &o->plot);
+            rc = cli_opt_outfile(KVB_CMD, a, v, "a PNG file to write", &o->plot);
             i++;
         } else if (!strcmp(a, "--create")) {
             create = 1;
@@ -207,6 +222,7 @@ static int parse(int argc, char **argv, opts *o)
         } else if (!strcmp(a, "--clients")) {
             rc = cli_opt_count(KVB_CMD, a, v, 1, 64, &x);
             o->clients = (unsigned)x;
+            g.clients = a;
             i++;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
@@ -217,13 +233,27 @@ static int parse(int argc, char **argv, opts *o)
         if (rc)
             return rc;
     }
-    return parse_check(o, l2_given, engine_given, create);
+    return parse_check(o, l2_given, engine_given, create, &g);
 }
 
 /* what no single option shows: flags that need another, the workload's size */
-static int parse_check(opts *o, int l2_given, int engine_given, int create)
+static int parse_check(opts *o, int l2_given, int engine_given, int create, const given *g)
 {
     char sz[32];
+    /* an option of the other workload would be ignored: refused instead */
+    int qa = !strcmp(o->workload, "qa");
+    if (qa && g->chat)
+        return cli_usage(KVB_CMD, "%s: a chat workload's option, and the workload is qa; "
+                                  "accepted: --workload chat %s ...", g->chat, g->chat);
+    if (!qa && g->qa)
+        return cli_usage(KVB_CMD, "%s: a qa workload's option, and the workload is chat; "
+                                  "accepted: --workload qa %s ... (the default)", g->qa, g->qa);
+    if (g->clients && !o->server)
+        return cli_usage(KVB_CMD, "--clients %u: client processes of a daemon; accepted: "
+                                  "--server ADDR --clients N", o->clients);
+    if (o->cold_rounds && o->layerwise_rounds)
+        return cli_usage(KVB_CMD, "--cold %u and --layerwise %u: each is a run of its own; "
+                                  "accepted: one of them", o->cold_rounds, o->layerwise_rounds);
     if (!o->dir && l2_given)
         return cli_usage(KVB_CMD, "--l2 %s: the L2 tier needs --dir DIR; accepted: --dir DIR --l2 SIZE",
                          ferry__size_str(o->l2, sz, sizeof sz));

@@ -114,6 +114,49 @@ static int generate(const char *cmd, const ferry_moe_gen_options *o, ferry_moe_t
     return 0;
 }
 
+/* what moe gen wrote: the trace's shape and its statistics */
+static void gen_report(const ferry_moe_trace *t, const char *outp, int json)
+{
+    ferry__trace_stats st;
+    int rc = ferry__trace_stats_compute(t, &st);
+    const ferry_moe_model *tm = ferry_moe_trace_model(t);
+    /* the share of the 32 busiest experts says something only where a
+     * layer has many more (the library reports 0 under 64) */
+    int top32 = tm->num_experts >= 64;
+    if (json) {
+        json_t *j = json_pack("{s:s,s:s,s:i,s:i,s:i,s:i,s:I}", "file", outp, "model", tm->name,
+                              "num_layers", (int)tm->num_layers, "num_experts",
+                              (int)tm->num_experts, "top_k", (int)tm->top_k, "tokens",
+                              (int)ferry_moe_trace_tokens(t), "steps",
+                              (json_int_t)ferry_moe_trace_steps(t));
+        if (rc == 0)
+            json_object_set_new(
+                j, "stats",
+                json_pack("{s:f,s:o,s:f,s:f,s:f,s:f}", "top1_share", st.top1_share, "top32_cover",
+                          top32 ? json_real(st.top32_cover) : json_null(), "repeat_next",
+                          st.repeat_next, "within8", st.within8, "median_reuse",
+                          st.median_reuse, "cross_lift", st.cross_lift));
+        char *s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        printf("%s\n", s ? s : "{}");
+        free(s);
+        json_decref(j);
+    } else {
+        printf("%s: %s, %u layers x %u experts, top-%u, %u tokens, %zu steps\n", outp, tm->name,
+               tm->num_layers, tm->num_experts, tm->top_k, ferry_moe_trace_tokens(t),
+               ferry_moe_trace_steps(t));
+        char cover[48] = "";
+        if (top32)
+            snprintf(cover, sizeof cover, "top-32 cover %.1f%%, ", 100 * st.top32_cover);
+        if (rc == 0)
+            printf("top expert share %.1f%%, %srepeat at next token %.1f%%, "
+                   "within 8 tokens %.1f%%, median reuse %.0f tokens, cross-layer lift %.1fx\n",
+                   100 * st.top1_share, cover, 100 * st.repeat_next, 100 * st.within8,
+                   st.median_reuse, st.cross_lift);
+    }
+    if (rc == 0)
+        ferry__free(st.layer_repeat);
+}
+
 int cmd_moe_gen(int argc, char **argv)
 {
     const char *cmd = "moe gen";
@@ -136,7 +179,7 @@ int cmd_moe_gen(int argc, char **argv)
             if ((rc = cli_opt_choice(cmd, a, v, ferry_moe_gen_presets(), &k)) == 0)
                 o.model = ferry_moe_gen_presets()[k];
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output"))
-            rc = cli_opt_string(cmd, a, v, "a file to write", &outp);
+            rc = cli_opt_outfile(cmd, a, v, "a file to write", &outp);
         else if (!strcmp(a, "--tokens")) {
             if ((rc = cli_opt_count(cmd, a, v, 1, GEN_MAX_TOKENS, &x)) == 0)
                 o.tokens = (uint32_t)x;
@@ -198,37 +241,7 @@ int cmd_moe_gen(int argc, char **argv)
         ferry_moe_trace_destroy(t);
         return cli_fail(cmd, outp, rc);
     }
-    ferry__trace_stats st;
-    rc = ferry__trace_stats_compute(t, &st);
-    const ferry_moe_model *tm = ferry_moe_trace_model(t);
-    if (json) {
-        json_t *j = json_pack("{s:s,s:s,s:i,s:i,s:i,s:i,s:I}", "file", outp, "model", tm->name,
-                              "num_layers", (int)tm->num_layers, "num_experts",
-                              (int)tm->num_experts, "top_k", (int)tm->top_k, "tokens",
-                              (int)ferry_moe_trace_tokens(t), "steps",
-                              (json_int_t)ferry_moe_trace_steps(t));
-        if (rc == 0)
-            json_object_set_new(
-                j, "stats",
-                json_pack("{s:f,s:f,s:f,s:f,s:f,s:f}", "top1_share", st.top1_share, "top32_cover",
-                          st.top32_cover, "repeat_next", st.repeat_next, "within8", st.within8,
-                          "median_reuse", st.median_reuse, "cross_lift", st.cross_lift));
-        char *s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
-        printf("%s\n", s ? s : "{}");
-        free(s);
-        json_decref(j);
-    } else {
-        printf("%s: %s, %u layers x %u experts, top-%u, %u tokens, %zu steps\n", outp, tm->name,
-               tm->num_layers, tm->num_experts, tm->top_k, ferry_moe_trace_tokens(t),
-               ferry_moe_trace_steps(t));
-        if (rc == 0)
-            printf("top expert share %.1f%%, top-32 cover %.1f%%, repeat at next token %.1f%%, "
-                   "within 8 tokens %.1f%%, median reuse %.0f tokens, cross-layer lift %.1fx\n",
-                   100 * st.top1_share, 100 * st.top32_cover, 100 * st.repeat_next,
-                   100 * st.within8, st.median_reuse, st.cross_lift);
-    }
-    if (rc == 0)
-        ferry__free(st.layer_repeat);
+    gen_report(t, outp, json);
     ferry_moe_trace_destroy(t);
     return 0;
 }
@@ -533,7 +546,7 @@ int cmd_moe_replay(int argc, char **argv)
             if ((rc = cli_opt_choice(cmd, a, v, ferry_moe_policies(), &k)) == 0)
                 policy = ferry_moe_policies()[k];
         } else if (!strcmp(a, "--plot"))
-            rc = cli_opt_string(cmd, a, v, "a PNG file to write", &plot);
+            rc = cli_opt_outfile(cmd, a, v, "a PNG file to write", &plot);
         else if (!strcmp(a, "--stage"))
             rc = cli_opt_string(cmd, a, v, "a capture stage (at most 31 bytes)", &stage);
         else if (!strcmp(a, "--budgets")) {

@@ -72,7 +72,7 @@ static json_t *row_json(const row *w, uint32_t slots)
 static void row_text(const row *w, uint32_t slots, double pct)
 {
     const ferry_moe_sim_result *r = &w->r;
-    printf("%-7u %5.1f%% %-22s %10.1f %11.2f %7.1f%% %10.2f %7.2f%%\n", slots, pct, w->label,
+    printf("%-7u %5.1f%% %-25s %10.1f %11.2f %7.1f%% %10.2f %7.2f%%\n", slots, pct, w->label,
            r->tokens_per_s, r->stall_us / 1e3, 100 * r->no_wait_share,
            (double)r->bytes_moved / 1e9,
            r->hits + r->misses ? 100.0 * r->hits / (double)(r->hits + r->misses) : 100.0);
@@ -110,6 +110,19 @@ static int plot(const char *cmd, const char *png, const char *title, int nb, con
     if (st != 0) {
         fprintf(stderr, "ferry %s: gnuplot failed (status %d)\n", cmd, st);
         return 1;
+    }
+    return 0;
+}
+
+/* 1 when some step of t carries the engine's own prediction */
+static int trace_predicts(const ferry_moe_trace *t)
+{
+    size_t n = ferry_moe_trace_steps(t);
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t *pr = NULL;
+        uint32_t np = 0;
+        if (ferry_moe_trace_step_pred(t, i, &pr, &np) == 0 && np)
+            return 1;
     }
     return 0;
 }
@@ -179,10 +192,13 @@ static int sim_run(const char *cmd, const ferry_moe_trace *t, const ferry_moe_si
                o->link_gbs, (double)B / 1e6, (double)B / (o->link_gbs * 1e3), o->compute_us);
         if (o->nvme_share > 0)
             printf("; %.0f%% of experts on NVMe at %.1f GB/s", 100 * o->nvme_share, o->nvme_gbs);
-        if (o->hint_steps)
+        if (o->hint_steps && o->hint_trace)
+            printf("; hints %u layer-steps ahead from the trace's predictions, confidence "
+                   "%.0f%%", o->hint_steps, 100 * o->hint_accuracy);
+        else if (o->hint_steps)
             printf("; hints %u layer-steps ahead, %.0f%% right", o->hint_steps,
                    100 * o->hint_accuracy);
-        printf("\n%-7s %6s %-22s %10s %11s %8s %10s %8s\n", "slots", "%all", "policy", "tokens/s",
+        printf("\n%-7s %6s %-25s %10s %11s %8s %10s %8s\n", "slots", "%all", "policy", "tokens/s",
                "stall ms", "no-wait", "GB moved", "hits");
     }
     json_t *arr = json_array();
@@ -287,12 +303,18 @@ int cmd_moe_sim(int argc, char **argv)
                 o.hint_steps = (uint32_t)x;
         } else if (!strcmp(a, "--hint-accuracy"))
             rc = cli_opt_real(cmd, a, v, 0, 1, &o.hint_accuracy);
+        else if (!strcmp(a, "--hints")) {
+            static const char *const kinds[] = {"made", "trace", NULL};
+            int k = 0;
+            if ((rc = cli_opt_choice(cmd, a, v, kinds, &k)) == 0)
+                o.hint_trace = k;
+        }
         else if (!strcmp(a, "--seed"))
             rc = cli_opt_u64(cmd, a, v, &o.seed);
         else if (!strcmp(a, "--stage"))
             rc = cli_opt_string(cmd, a, v, "a capture stage (at most 31 bytes)", &stage);
         else if (!strcmp(a, "--plot"))
-            rc = cli_opt_string(cmd, a, v, "a PNG file to write", &png);
+            rc = cli_opt_outfile(cmd, a, v, "a PNG file to write", &png);
         else if (a[0] == '-' && a[1])
             return cli_unknown(cmd, a);
         else if (!path) {
@@ -333,6 +355,12 @@ int cmd_moe_sim(int argc, char **argv)
     int rc = ferry_moe_trace_load_opts(path, &to, &t);
     if (rc < 0)
         return cli_fail(cmd, "load", rc);
+    if (o.hint_trace && o.hint_steps && !trace_predicts(t)) {
+        ferry_moe_trace_destroy(t);
+        return cli_usage(cmd, "--hints trace: %s holds no predictions (no record has pred_ids, "
+                              "or pred in ferry's form); accepted: --hints made, or a capture "
+                              "with pred_ids", path);
+    }
     if (!o.expert_bytes)
         o.expert_bytes = preset_bytes; /* --expert-bytes first, then --model */
     if (!o.expert_bytes && !ferry_moe_trace_model(t)->expert_bytes) {

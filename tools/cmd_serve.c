@@ -16,6 +16,7 @@
  * FERRY_SOCKET), never taken for a path.
  */
 #include <errno.h>
+#include <grp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -36,6 +37,7 @@
 #define SERVE_CMD "serve"
 #define STATUS_CMD "serve status"
 #define SOCKET_DEFAULT "/run/ferry/ferry.sock"
+#define REMOTE_FORMS "redis://[user:password@]host:port/db or unix:///path"
 
 static ferry_serve *g_serve;
 
@@ -160,7 +162,9 @@ static void usage(FILE *f)
             "                         127.0.0.1:9400 (default: none)\n"
             "  --chunk-tokens N       tokens per chunk (default 256)\n"
             "clients open their store with ferry_kv_config.server = \"unix:PATH\" and the same\n"
-            "layout and chunk size; SIGTERM stops cleanly (flush, sync, close).\n",
+            "layout and chunk size; SIGTERM stops cleanly (flush, sync, close).\n"
+            "ferry serve status [--socket PATH]: a running daemon's tiers, clients and hit\n"
+            "rates (ferry serve status --help).\n",
             FERRY__SERVE_CONF_MAX_ALLOW);
 }
 
@@ -244,7 +248,7 @@ static int parse_one(ferry__serve_conf *c, const char *a, const char *v, int *us
             rc = cli_bad(SERVE_CMD, a, v, "HOST:PORT, an IPv4 address and a port 0..65535",
                          "not an address and port");
     } else if (!strcmp(a, "--remote"))
-        rc = cli_opt_string(SERVE_CMD, a, v, "redis://host:port/db", &c->kv.remote_url);
+        rc = cli_opt_string(SERVE_CMD, a, v, REMOTE_FORMS, &c->kv.remote_url);
     else if (!strcmp(a, "--l1"))
         rc = cli_opt_size(SERVE_CMD, a, v, 4096, 16ull << 40, 0, &c->kv.l1_bytes);
     else if (!strcmp(a, "--max-clients"))
@@ -321,6 +325,37 @@ static int socket_of(ferry__serve_conf *c, const char *cmd)
                      why, CLI_SOCKET_FORMS);
 }
 
+/* a value from a flag ("--group") or elsewhere (the file's place or the
+ * variable, with its key): a usage error naming where it came from */
+static int bad_value(ferry__serve_conf *c, const char *flag, const char *key, const char *val,
+                     const char *accepted, const char *why)
+{
+    const char *o = ferry__serve_conf_origin(c, key);
+    if (!strcmp(o, flag))
+        return cli_bad(SERVE_CMD, flag, val, accepted, "%s", why);
+    return cli_usage(SERVE_CMD, "%s: %s %s: %s; accepted: %s", *o ? o : "the default", key, val,
+                     why, accepted);
+}
+
+/* the socket's group exists and the remote URL parses: a value the user
+ * gave, refused before anything is opened (exit 2), as the flags' are */
+static int group_and_remote_ok(ferry__serve_conf *c)
+{
+    if (c->group && !getgrnam(c->group))
+        return bad_value(c, "--group", "group", c->group, "the name of an existing group",
+                         "no such group");
+    if (c->kv.remote_url && ferry_remote_url_validate(c->kv.remote_url) < 0) {
+        /* the URL is not echoed: it may hold a password (the message quotes
+         * what it must) */
+        const char *o = ferry__serve_conf_origin(c, "remote_url");
+        if (!strcmp(o, "--remote"))
+            return cli_bad(SERVE_CMD, "--remote", NULL, REMOTE_FORMS, "%s", ferry_last_error());
+        return cli_usage(SERVE_CMD, "%s: remote_url: %s; accepted: %s", *o ? o : "the default",
+                         ferry_last_error(), REMOTE_FORMS);
+    }
+    return 0;
+}
+
 /* every flag over c, then what no single value shows: 0 or 2 (printed) */
 static int parse_flags(ferry__serve_conf *c, int argc, char **argv)
 {
@@ -344,6 +379,8 @@ static int parse_flags(ferry__serve_conf *c, int argc, char **argv)
                          "daemon hosts the store itself)", ferry__serve_conf_origin(c, "server"));
     int rc = socket_of(c, SERVE_CMD);
     if (rc)
+        return rc;
+    if ((rc = group_and_remote_ok(c)) != 0)
         return rc;
     for (unsigned i = 0; i < c->n_l2; i++) {
         const char *key = c->n_l2 > 1 ? "l2_dirs" : "l2_dir", *o = ferry__serve_conf_origin(c, key);
@@ -490,6 +527,23 @@ static int xfer(int fd, ferry__proto_buf *b, uint8_t *in, size_t cap, ferry__pro
     return 0;
 }
 
+/* the remote tier, once it has done anything (its counters are all 0
+ * without one; its capacity is the server's, not known here) */
+static void print_remote(const ferry_kv_stats *m)
+{
+    const ferry_kv_tier_stats *ts = &m->tier[FERRY_KV_TIER_REMOTE];
+    if (!ts->chunks && !m->remote_lookups && !m->remote_puts && !m->remote_gets &&
+        !m->remote_errors && !m->remote_down)
+        return;
+    printf("  %-6s %llu chunks known, %llu hits, %llu puts (%llu written, %llu dropped), "
+           "%llu fetches (%llu misses), %llu refused, %llu errors%s\n", "remote",
+           (unsigned long long)ts->chunks, (unsigned long long)ts->hits,
+           (unsigned long long)m->remote_puts, (unsigned long long)m->remote_written,
+           (unsigned long long)m->remote_dropped, (unsigned long long)m->remote_gets,
+           (unsigned long long)m->remote_misses, (unsigned long long)m->remote_refused,
+           (unsigned long long)m->remote_errors, m->remote_down ? ", down now" : "");
+}
+
 static void print_status(ferry__proto_rd *rd, const char *path)
 {
     uint32_t clients = ferry__proto_get_u32(rd), size = ferry__proto_get_u32(rd);
@@ -502,6 +556,10 @@ static void print_status(ferry__proto_rd *rd, const char *path)
            (unsigned long long)m.chunks);
     for (int t = 1; t < FERRY_KV_TIERS; t++) {
         const ferry_kv_tier_stats *ts = &m.tier[t];
+        if (t == FERRY_KV_TIER_REMOTE) {
+            print_remote(&m);
+            continue;
+        }
         if (!ts->capacity_bytes && !ts->chunks)
             continue;
         printf("  %-6s %llu chunks, %.1f%% of %llu bytes, %llu hits, %llu evictions\n", names[t],

@@ -95,7 +95,8 @@ static void on_bad(const void *key, size_t klen, const ferry_pslab_info *info, i
 }
 
 /* the open failed with FERRY_EBUSY: say who has the slab; exit 1 */
-static int in_use(const char *const *dirs, unsigned nd, int json, const char *doing)
+static int in_use(const char *cmd, const char *const *dirs, unsigned nd, int json,
+                  const char *doing)
 {
     int pid = 0;
     const char *dir = dirs[0];
@@ -115,11 +116,11 @@ static int in_use(const char *const *dirs, unsigned nd, int json, const char *do
         printf("\n");
         json_decref(root);
     } else if (pid > 0) {
-        fprintf(stderr, "ferry slab check: %s: the slab is in use by process %d: not %s "
-                "while a store has it open (close that store first)\n", dir, pid, doing);
+        fprintf(stderr, "ferry %s: %s: the slab is in use by process %d: not %s "
+                "while a store has it open (close that store first)\n", cmd, dir, pid, doing);
     } else {
-        fprintf(stderr, "ferry slab check: %s: the slab is in use by another process: not %s "
-                "while a store has it open (%s)\n", dir, doing, ferry_last_error());
+        fprintf(stderr, "ferry %s: %s: the slab is in use by another process: not %s "
+                "while a store has it open (%s)\n", cmd, dir, doing, ferry_last_error());
     }
     return 1;
 }
@@ -154,7 +155,7 @@ static const char *no_slab_msg(const char *const *dirs, unsigned nd, const char 
     return dirs[0];
 }
 
-static int reset_refused(const char *const *dirs, unsigned nd, int json, int rc)
+static int reset_refused(const char *cmd, const char *const *dirs, unsigned nd, int json, int rc)
 {
     char msg[2048];
     const char *dir = dirs[0];
@@ -175,13 +176,61 @@ static int reset_refused(const char *const *dirs, unsigned nd, int json, int rc)
         printf("\n");
         json_decref(root);
     } else {
-        fprintf(stderr, "ferry slab reset: %s (%s)\n", msg, ferry_err_name(rc));
+        fprintf(stderr, "ferry %s: %s (%s)\n", cmd, msg, ferry_err_name(rc));
     }
     return 2;
 }
 
-static int slab_reset(const char *const *dirs, unsigned nd, int json)
+/*
+ * The directories must be the slab's own, all of them in their order: the
+ * library's reset makes a new slab of whatever directories it is given, so
+ * one drive of a striped slab would become a slab of its own (the others
+ * orphaned, the size the whole slab's). A read-only open says whether they
+ * are (FERRY_EMISMATCH: another count or order); any other answer is left
+ * to the reset itself (a slab in use, unreadable or of a newer format).
+ * 0 to go on, else the exit status (2, printed; nothing changed).
+ */
+static int reset_dirs_ok(const char *cmd, const char *const *dirs, unsigned nd, int json)
 {
+    ferry_pslab_options o = FERRY_PSLAB_OPTIONS_INIT;
+    o.dirs = dirs;
+    o.n_dirs = nd;
+    o.flags = FERRY_PSLAB_READONLY;
+    o.engine = "posix";
+    ferry_pslab *p = NULL;
+    int rc = ferry_pslab_open(&o, &p);
+    if (rc >= 0) {
+        ferry_pslab_close(p);
+        return 0;
+    }
+    if (rc != FERRY_EMISMATCH)
+        return 0;
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s: not the slab's directories: %s; nothing was changed. Give "
+             "every directory of the slab, in its order (as the store was opened), or to start "
+             "afresh remove %s and %s from each", dirs[0], ferry_last_error(), FERRY_PSLAB_FILE,
+             FERRY_PSLAB_JOURNAL);
+    if (json) {
+        json_t *root = json_object();
+        json_object_set_new(root, "dir", json_string(dirs[0]));
+        json_object_set_new(root, "reset", json_false());
+        json_object_set_new(root, "error", json_string(ferry_err_name(rc)));
+        json_object_set_new(root, "message", json_string(msg));
+        json_dumpf(root, stdout, JSON_INDENT(2));
+        printf("\n");
+        json_decref(root);
+    } else {
+        fprintf(stderr, "ferry %s: %s (%s)\n", cmd, msg, ferry_err_name(rc));
+    }
+    return 2;
+}
+
+/* cmd: "slab reset" or "slab check" (--reset), for its messages */
+static int slab_reset(const char *cmd, const char *const *dirs, unsigned nd, int json)
+{
+    int st = reset_dirs_ok(cmd, dirs, nd, json);
+    if (st)
+        return st;
     ferry_pslab_options o = FERRY_PSLAB_OPTIONS_INIT;
     o.dirs = dirs;
     o.n_dirs = nd;
@@ -190,19 +239,19 @@ static int slab_reset(const char *const *dirs, unsigned nd, int json)
     ferry_pslab *p = NULL;
     int rc = ferry_pslab_open(&o, &p);
     if (rc == FERRY_EBUSY)
-        return in_use(dirs, nd, json, "resetting it");
+        return in_use(cmd, dirs, nd, json, "resetting it");
     if (rc == -ENOENT || rc == FERRY_ECORRUPT || rc == FERRY_EVERSION)
-        return reset_refused(dirs, nd, json, rc);
+        return reset_refused(cmd, dirs, nd, json, rc);
     if (rc < 0) {
-        fprintf(stderr, "ferry slab reset: %s: %s (%s)\n", dirs[0],
-                ferry_last_error(), ferry_err_name(rc));
+        fprintf(stderr, "ferry %s: %s: %s (%s)\n", cmd, dirs[0], ferry_last_error(),
+                ferry_err_name(rc));
         return rc == -EINVAL ? 2 : 1;
     }
     ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
     ferry_pslab_stats_get(p, &s);
     rc = ferry_pslab_close(p);
     if (rc < 0) {
-        fprintf(stderr, "ferry slab reset: %s: closing after the reset: %s\n", dirs[0],
+        fprintf(stderr, "ferry %s: %s: closing after the reset: %s\n", cmd, dirs[0],
                 ferry_last_error());
         return 1;
     }
@@ -248,7 +297,7 @@ static int slab_parse(const char *cmd, int modes, const char *help, int argc, ch
             printf("%s", help);
             return 0;
         } else if (argv[i][0] == '-')
-            return cli_usage(cmd, "unknown option '%s'", argv[i]);
+            return cli_unknown(cmd, argv[i]);
         else if (a->nd < FERRY_PSLAB_MAX_DIRS)
             a->dirs[a->nd++] = argv[i];
         else
@@ -380,7 +429,7 @@ static int slab_check(int argc, char **argv)
     if (st >= 0)
         return st;
     if (a.reset)
-        return slab_reset(a.dirs, a.nd, a.json);
+        return slab_reset("slab check", a.dirs, a.nd, a.json);
     ferry_pslab_options o = FERRY_PSLAB_OPTIONS_INIT;
     o.dirs = a.dirs;
     o.n_dirs = a.nd;
@@ -389,7 +438,7 @@ static int slab_check(int argc, char **argv)
     ferry_pslab *p = NULL;
     int rc = ferry_pslab_open(&o, &p);
     if (rc == FERRY_EBUSY)
-        return in_use(a.dirs, a.nd, a.json, a.repair ? "repairing it" : "checking it");
+        return in_use("slab check", a.dirs, a.nd, a.json, a.repair ? "repairing it" : "checking it");
     if (rc < 0)
         return slab_unreadable(&a, rc);
     ferry_pslab_stats s0 = FERRY_PSLAB_STATS_INIT;
@@ -670,7 +719,15 @@ static int bench_parse(int argc, char **argv, bench_opts *o)
         if (!strcmp(a, "--json"))
             o->json = 1;
         else if (!strcmp(a, "--dir"))
+        {
             rc = cli_opt_string("slab bench", a, v, "a directory", &o->dir), i++;
+            struct stat st;
+            if (rc == 0 && stat(o->dir, &st) != 0)
+                rc = cli_bad("slab bench", a, o->dir, "an existing directory", "%s",
+                             errno == ENOENT ? "no such directory" : strerror(errno));
+            else if (rc == 0 && !S_ISDIR(st.st_mode))
+                rc = cli_bad("slab bench", a, o->dir, "an existing directory", "not a directory");
+        }
         else if (!strcmp(a, "--engine")) {
             rc = cli_opt_choice("slab bench", a, v, engines, &idx), i++;
             o->engine = engines[idx];
@@ -691,7 +748,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o)
                    "--count 1..100000, --batch 1..100000\n");
             return 0;
         } else
-            return cli_usage("slab bench", "unknown option '%s'", a);
+            return cli_unknown("slab bench", a);
         if (rc)
             return rc;
     }
@@ -844,7 +901,7 @@ int cmd_slab_reset(int argc, char **argv)
                         "exit status: 0 reset, 1 failed or in use, 2 usage or unreadable "
                         "slab\n",
                         argc, argv, &a);
-    return st >= 0 ? st : slab_reset(a.dirs, a.nd, a.json);
+    return st >= 0 ? st : slab_reset("slab reset", a.dirs, a.nd, a.json);
 }
 
 int cmd_slab_bench(int argc, char **argv)

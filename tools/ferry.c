@@ -32,7 +32,10 @@ static void usage(FILE *f)
     fprintf(f, "\nexit status: 0 ok, 1 failure, 2 usage error (one line on stderr names the\n"
                "option and what it accepts)\n"
                "env: FERRY_LOG=error|warn|info|debug|trace, FERRY_IO_ENGINE=posix|uring|cufile,\n"
-               "     FERRY_NO_PROGRESS=1 (no progress bars on a terminal)\n");
+               "     FERRY_DEVICE=host|cuda, FERRY_NO_PROGRESS=1 (no progress bars on a terminal),\n"
+               "     FERRY_KV_DIRECT=0|1, FERRY_KV_READ_DEPTH=1..32 (a retrieve's reads straight\n"
+               "     into the engine's buffer, and the reads in flight), and ferry serve's keys\n"
+               "     as FERRY_<KEY> (ferry serve --help)\n");
 }
 
 /* the commands of a group ("kv", "bench", ...), or 0 when it is none */

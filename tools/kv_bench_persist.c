@@ -154,9 +154,11 @@ void kvb_persist_cost_run(const opts *o, const ferry_kv_layout *l, const workloa
     double v[3][PC_MAX_ROUNDS];
     unsigned nv[3] = {0, 0, 0};
     uint64_t b_bytes = 0;
+    /* a progress line for a terminal only (not a log, a pipe or a file) */
+    int progress = !o->json && cli_isatty();
     for (unsigned i = 0; pc->rc == 0 && i < 3 * o->persist_rounds; i++) {
         int p = (int)(i % 3); /* A B C A B C ... */
-        if (!o->json)
+        if (progress)
             fprintf(stderr, "  persistence cost: round %u of %u (%s)\r", i + 1,
                     3 * o->persist_rounds,
                     p == 2 ? "raw durable writes" : p ? "persistent" : "non-persistent");
@@ -171,7 +173,7 @@ void kvb_persist_cost_run(const opts *o, const ferry_kv_layout *l, const workloa
             pc->n = i + 1;
         }
     }
-    if (!o->json)
+    if (progress)
         fprintf(stderr, "%60s\r", "");
     rmdir(sub);
     kvb_buffer_free(&buf);

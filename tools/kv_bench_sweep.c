@@ -35,10 +35,14 @@ int kvb_sweep(const opts *o, const workload *w, point **out, size_t *np)
     }
     size_t k = 0;
     for (size_t j = 0; j < nl2; j++) {
+        uint64_t prev = 0;
         for (size_t i = 0; i < 6; i++) {
             uint64_t c1 = (uint64_t)((double)ws * l1f[i]), c2 = (uint64_t)((double)ws * l2f[j]);
             if (c1 < 2)
                 c1 = 2;
+            if (c1 == prev) /* a small workload: the floor again, the same point */
+                continue;
+            prev = c1;
             ferry_kv *kv;
             opts so = *o;
             so.model = "sweep";

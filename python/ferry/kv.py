@@ -10,7 +10,7 @@ import numpy as np
 from . import _abi as A
 from ._handle import CallGuard, Closing
 from ._buffers import (CACHE_LAYOUTS, Buffer, DeviceMem, cache_planes, describe, dtype_code,
-                       is_torch, paged_geometry, tokens_array)
+                       dtype_name, is_torch, paged_geometry, tokens_array)
 from ._lib import lib
 from .errors import FerryError, check
 
@@ -144,7 +144,7 @@ class Layout:
     def __repr__(self):
         c = self.c
         return (f"Layout(num_layers={c.num_layers}, num_heads={c.num_heads}, "
-                f"head_dim={c.head_dim}, dtype={c.dtype}, kv={c.kv})")
+                f"head_dim={c.head_dim}, dtype={dtype_name(c.dtype)!r}, kv={c.kv})")
 
 
 def _salt_bytes(salt):
