@@ -151,7 +151,9 @@
  * (FERRY_ESTATE, "the store is closing") and waits until the calls already
  * inside have returned before it frees anything. A call that begins after
  * ferry_kv_close() returned uses a freed handle (as with any freed
- * object). Buffers given to an asynchronous call stay the caller's and
+ * object). To end the calls inside at once rather than wait for them (a
+ * store waiting pool_wait_ms for an L1 slot), call ferry_kv_close_begin()
+ * first. Buffers given to an asynchronous call stay the caller's and
  * must not be touched (or freed) until the operation completes, nor be
  * given to another call meanwhile: two operations in flight into buffers
  * that overlap race, and a direct read (below) whose checked bytes another
@@ -511,6 +513,44 @@ FERRY_API int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out);
  * opens a store of its own.
  */
 FERRY_API void ferry_kv_close(ferry_kv *kv);
+/**
+ * Begin closing the store, for an engine shutting down while other threads
+ * are inside calls on it: ferry_kv_close() then waits milliseconds, not
+ * the pool_wait_ms a call waiting for an L1 slot would wait out. It frees
+ * nothing; ferry_kv_close() must still be called, once, after it.
+ *
+ * From its return on:
+ * - calls that begin are refused (FERRY_ESTATE, "the store is closing"),
+ *   as once ferry_kv_close() began;
+ * - every wait for an L1 slot (back-pressure, pool_wait_ms; in process, or
+ *   a server client's wait for the daemon's answer) ends at once, and the
+ *   call it was in returns -ECANCELED with a message naming the close;
+ *   so do the stores, retrieves and asynchronous operations inside, before
+ *   their next batch or chunk; a server client's other round trips end
+ *   likewise (-ECANCELED), closing their connection (the daemon lets go
+ *   of what the connection held);
+ * - such a call ends as a cancelled operation does (ferry_kv_op_cancel):
+ *   a store's chunks committed before it stay stored, whole
+ *   (req->status 0), and no other chunk of it is ever visible
+ *   (-ECANCELED); a retrieve reports only chunks whose bytes it copied
+ *   whole and verified (req->status 0), and leaves every other chunk's
+ *   destination untouched, or zeroed where bytes it could no longer vouch
+ *   for had reached a host buffer (-ECANCELED, never torn data). No byte
+ *   is written to an L1 or pool slot after that slot may be reused.
+ * The calls that do not wait (a copy, an I/O in flight) finish what they
+ * are doing; ferry_kv_close() waits for them as before. Layerwise
+ * operations lacking layers are abandoned by ferry_kv_close(), as without
+ * this call; operations' handles stay valid as ferry_kv_close() says.
+ *
+ * Thread-safety: any thread, while other threads are inside calls on the
+ * store, as often as wanted, but never once ferry_kv_close() has begun
+ * (the handle is freed then): the caller orders the two (the Python
+ * package calls it inside its call guard). NULL does nothing; in a forked
+ * child of the opener it does nothing (logs a warning). A program that
+ * never calls it keeps ferry_kv_close()'s behaviour above: the calls
+ * inside finish undisturbed.
+ */
+FERRY_API void ferry_kv_close_begin(ferry_kv *kv);
 /**
  * The message of this store's last failure, "" if none, as the calling
  * thread's own copy: taken whole, it does not change while it is read

@@ -37,7 +37,7 @@ void ferry__kv_leave(ferry_kv *kv)
     pthread_mutex_unlock(&kv->call_mu);
 }
 
-void ferry__kv_close_begin(ferry_kv *kv)
+void ferry__kv_refuse_calls(ferry_kv *kv)
 {
     pthread_mutex_lock(&kv->call_mu);
     kv->closing = 1;
