@@ -151,9 +151,9 @@
  * (FERRY_ESTATE, "the store is closing") and waits until the calls already
  * inside have returned before it frees anything. A call that begins after
  * ferry_kv_close() returned uses a freed handle (as with any freed
- * object). To end the calls inside at once rather than wait for them (a
- * store waiting pool_wait_ms for an L1 slot), call ferry_kv_close_begin()
- * first. Buffers given to an asynchronous call stay the caller's and
+ * object). To end the calls inside that wait for an L1 slot (up to
+ * pool_wait_ms) at once rather than wait for them, call
+ * ferry_kv_close_begin() first. Buffers given to an asynchronous call stay the caller's and
  * must not be touched (or freed) until the operation completes, nor be
  * given to another call meanwhile: two operations in flight into buffers
  * that overlap race, and a direct read (below) whose checked bytes another
@@ -522,25 +522,27 @@ FERRY_API void ferry_kv_close(ferry_kv *kv);
  * From its return on:
  * - calls that begin are refused (FERRY_ESTATE, "the store is closing"),
  *   as once ferry_kv_close() began;
- * - every wait for an L1 slot (back-pressure, pool_wait_ms; in process, or
- *   a server client's wait for the daemon's answer) ends at once, and the
- *   call it was in returns -ECANCELED with a message naming the close;
- *   so do the stores, retrieves and asynchronous operations inside, before
- *   their next batch or chunk; a server client's other round trips end
- *   likewise (-ECANCELED), closing their connection (the daemon lets go
- *   of what the connection held);
- * - such a call ends as a cancelled operation does (ferry_kv_op_cancel):
- *   a store's chunks committed before it stay stored, whole
- *   (req->status 0), and no other chunk of it is ever visible
- *   (-ECANCELED); a retrieve reports only chunks whose bytes it copied
- *   whole and verified (req->status 0), and leaves every other chunk's
- *   destination untouched, or zeroed where bytes it could no longer vouch
- *   for had reached a host buffer (-ECANCELED, never torn data). No byte
- *   is written to an L1 or pool slot after that slot may be reused.
- * The calls that do not wait (a copy, an I/O in flight) finish what they
- * are doing; ferry_kv_close() waits for them as before. Layerwise
- * operations lacking layers are abandoned by ferry_kv_close(), as without
- * this call; operations' handles stay valid as ferry_kv_close() says.
+ * - every wait for an L1 slot (back-pressure, pool_wait_ms) ends at once,
+ *   and no call waits for one again: in process, a store's, retrieve's,
+ *   layerwise store's or asynchronous operation's wait in the pool's
+ *   queue; through a server, a client's wait for the daemon's answer to a
+ *   request that may wait for a slot (a reservation for a store, the
+ *   promotion of a retrieve), which closes that connection (the daemon
+ *   lets go of what it held) and connects no more. The call returns
+ *   -ECANCELED with a message naming the close;
+ * - such a call ends as a cancelled operation does (ferry_kv_op_cancel).
+ *   A waiter holds no slot: a store's chunks committed before the wait
+ *   stay stored, whole (req->status 0), and no byte of the rest is ever
+ *   visible (-ECANCELED; through a server, a chunk whose commit had
+ *   already been sent may be stored, whole, though it reports -ECANCELED).
+ *   A retrieve reports only chunks it copied whole and verified
+ *   (req->status 0); every other chunk's destination is untouched, or
+ *   zeroed where a server's bytes it could no longer vouch for had
+ *   reached a host buffer (-ECANCELED; never torn data). No byte is
+ *   written to an L1 or pool slot after that slot may be reused.
+ * Calls that do not wait for a slot (copies, I/O, a lookup) finish as
+ * they would; ferry_kv_close() waits for them. Layerwise operations
+ * lacking layers are abandoned by ferry_kv_close(), as without this call.
  *
  * Thread-safety: any thread, while other threads are inside calls on the
  * store, as often as wanted, but never once ferry_kv_close() has begun
