@@ -914,8 +914,18 @@ class KVStore(Closing):
         """Store chunk i of `kv` (tokens [i*chunk_tokens, (i+1)*chunk_tokens))
         under names[i] (str or bytes, an engine's own page key). Returns the
         leading chunks stored or present (and per-chunk codes with
-        statuses=True)."""
-        return self._named(lib.ferry_kv_store_named, "store_named", names, kv, block_table,
+        statuses=True). A name given twice in one call is refused
+        (ValueError naming it and both chunks): one name is one chunk, and
+        two chunks under it would keep one and drop the other's bytes."""
+        keep = _name_bytes(names)
+        if len(set(keep)) != len(keep):
+            seen = {}
+            for i, n in enumerate(keep):
+                if n in seen:
+                    raise ValueError(f"ferry: store_named: name {n!r} is given twice, for "
+                                     f"chunks {seen[n]} and {i}: one name is one chunk")
+                seen[n] = i
+        return self._named(lib.ferry_kv_store_named, "store_named", keep, kv, block_table,
                            salt, False, statuses)
 
     def retrieve_named(self, names, kv, block_table=None, *, salt=None, statuses=False):

@@ -10,7 +10,11 @@ close races, ids, moved buffers and a rewritten block table):
   milliseconds holds (a "forever" of 1e9 s, inf) wait, they do not time
   out at once or raise OverflowError;
 - a retrieve's skip past 2^64-1 is refused, not wrapped onto a small skip
-  that writes the engine's prefix.
+  that writes the engine's prefix;
+- a name given twice in one store_named is refused (ValueError naming it),
+  not stored once with the other chunk's bytes dropped (ELOCKED);
+- a reversed (negative-stride) NumPy cache is refused with its strides
+  signed, not as 2^64 - 4096.
 """
 import errno
 import threading
@@ -264,3 +268,33 @@ def test_wait_with_a_negative_infinite_or_huge_timeout():
         assert op.wait(timeout=10**400) == 32
     finally:
         s.close()
+
+
+# -- a name twice in one store_named; a reversed cache's strides --
+
+def test_a_name_given_twice_in_one_store_named_is_refused(s):
+    # the second chunk under one name was skipped FERRY_ELOCKED (the call's
+    # own first chunk "being written by another writer"), its bytes dropped
+    x = kv(48, 5)
+    with pytest.raises(ValueError, match=r"name b'p0' is given twice, for chunks 0 and 2"):
+        s.store_named(["p0", b"p1", b"p0"], x)
+    assert s.lookup_named([b"p0"]) == 0 and s.lookup_named([b"p1"]) == 0   # nothing stored
+    assert s.store_named([b"p0", b"p1", b"p2"], x) == 3
+    y = torch.zeros(2, 2, 32, 128, dtype=torch.bfloat16)
+    assert s.retrieve_named([b"p2", b"p2"], y) == 2      # loading one twice is fine
+    assert torch.equal(y[:, :, :16], x[:, :, 32:]) and torch.equal(y[:, :, 16:], x[:, :, 32:])
+
+
+def test_a_reversed_paged_cache_names_its_strides_signed():
+    # a view with blocks reversed has a negative block stride: C took it as
+    # uint64 and said "block 18446744073709547520"
+    caches = [np.zeros((2, 8, 16, 2, 64), np.float16)[:, ::-1] for _ in range(2)]
+    lay = ferry.Layout(num_layers=2, num_heads=2, head_dim=64, dtype="f16")
+    st = ferry.KVStore("kvthreads-rev", lay, l1="2M", chunk_tokens=16)
+    try:
+        with pytest.raises(ValueError) as e:
+            st.store(np.arange(32, dtype=np.int32), caches, [0, 1])
+        assert "block -4096" in str(e.value) and "18446744" not in str(e.value)
+        assert st.lookup(np.arange(32, dtype=np.int32)) == 0
+    finally:
+        st.close()
