@@ -520,8 +520,10 @@ FERRY_API void ferry_kv_close(ferry_kv *kv);
  * nothing; ferry_kv_close() must still be called, once, after it.
  *
  * From its return on:
- * - calls that begin are refused (FERRY_ESTATE, "the store is closing"),
- *   as once ferry_kv_close() began;
+ * - calls on the store that begin are refused (FERRY_ESTATE, "the store
+ *   is closing"), as once ferry_kv_close() began; calls on its
+ *   operations (wait, layer_done, ...) go on as before until
+ *   ferry_kv_close();
  * - every wait for an L1 slot (back-pressure, pool_wait_ms) ends at once,
  *   and no call waits for one again: in process, a store's, retrieve's,
  *   layerwise store's or asynchronous operation's wait in the pool's

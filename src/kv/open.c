@@ -478,7 +478,7 @@ void ferry_kv_close_begin(ferry_kv *kv)
                    (long)getpid(), kv->opener);
         return;
     }
-    ferry__kv_refuse_calls(kv);
+    ferry__kv_refuse_store_calls(kv);
     /* under mu, as every waiter checks it: a waiter between its check and
      * its sleep holds mu, so the broadcast cannot fall between them */
     pthread_mutex_lock(&kv->mu);
