@@ -670,6 +670,82 @@ static void test_abandoned_reservation(void **state)
     }
 }
 
+/* an engine shutting down: ferry_kv_close_begin ends a store waiting
+ * (pool_wait_ms 20 s) for a pool that pinned chunks and unfinished
+ * layerwise stores hold whole, at once: -ECANCELED naming the close, none
+ * of its chunks stored, later calls refused; the chunks stored before stay
+ * whole (through the daemon a fresh client reads them back) */
+typedef struct bgc {
+    ferry_kv *kv;
+    int rc;
+    int st[4];
+    char msg[512];
+} bgc;
+
+static void *bg_closed_store(void *arg)
+{
+    bgc *g = arg;
+    g->rc = store(g->kv, 300000, 4, g->st);
+    snprintf(g->msg, sizeof g->msg, "%s", ferry_last_error());
+    return NULL;
+}
+
+static void close_begin_ends_waits(int mode)
+{
+    env e;
+    env_open(&e, mode, SLOTS, 20000, 0);
+    ferry_kv *a = env_client(&e), *c = env_client(&e);
+    int st[SLOTS];
+    static int32_t tok[2 * CT];
+    tokens(tok, 2 * CT, 50000);
+    assert_int_equal(store(a, 50000, 2, st), (int)(2 * CT)); /* stored before */
+    assert_int_equal(ferry_kv_pin(a, tok, 2 * CT, NULL), (int)(2 * CT));
+    held h = hold(a, 100000, SLOTS - 2, SLOTS); /* the rest of the pool */
+    bgc g = {.kv = c, .rc = 1, .st = {1, 1, 1, 1}};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, bg_closed_store, &g), 0);
+    await_waits(e.home, 1);
+    usleep(50 * 1000); /* well inside its wait */
+    uint64_t t0 = now_ms();
+    ferry_kv_close_begin(c);
+    pthread_join(th, NULL);
+    uint64_t took = now_ms() - t0;
+    assert_true(took < 1000); /* not the 20 s of its pool_wait_ms */
+    assert_int_equal(g.rc, -ECANCELED);
+    for (size_t i = 0; i < 4; i++)
+        assert_int_equal(g.st[i], -ECANCELED);
+    assert_non_null(strstr(g.msg, "closing (ferry_kv_close_begin)"));
+    ferry_kv_close_begin(c); /* again: nothing more */
+    assert_int_equal(lookup(c, 50000, 2), FERRY_ESTATE);
+    assert_non_null(strstr(ferry_last_error(), "the store is closing"));
+    if (mode == INPROC) { /* the store: its close abandons the layerwise stores */
+        ferry_kv_close(e.home);
+        unhold(&h);
+        return;
+    }
+    ferry_kv_close(c);
+    unhold(&h);
+    ferry_kv *d = env_client(&e);
+    static unsigned char back[PLANES * MAXTOK * TB];
+    memset(back, 0, sizeof back);
+    ferry_kv_buffer b = buffer(back);
+    assert_int_equal(ferry_kv_retrieve(d, tok, 2 * CT, NULL, &b), (int)(2 * CT));
+    for (size_t p = 0; p < PLANES; p++) /* [plane][token][TB]: the first 2 chunks */
+        assert_memory_equal(back + p * MAXTOK * TB, g_img + p * MAXTOK * TB, 2 * CT * TB);
+    assert_int_equal(lookup(d, 300000, 4), 0); /* nothing of the woken store */
+    env_unclient(&e, d);
+    env_unclient(&e, a);
+    env_close(&e);
+}
+
+static void test_close_begin_ends_waits(void **state)
+{
+    (void)state;
+    ferry_kv_close_begin(NULL); /* does nothing */
+    close_begin_ends_waits(INPROC);
+    close_begin_ends_waits(DAEMON);
+}
+
 /* the deadline's bounds: 0 to 60000, else -EINVAL naming the field, in
  * process and for a client alike */
 static void test_bad_deadline(void **state)
@@ -753,6 +829,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_long_prefills, setup, teardown),
         cmocka_unit_test_setup_teardown(test_abandoned_reservation, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_deadline, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_close_begin_ends_waits, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -151,7 +151,9 @@
  * (FERRY_ESTATE, "the store is closing") and waits until the calls already
  * inside have returned before it frees anything. A call that begins after
  * ferry_kv_close() returned uses a freed handle (as with any freed
- * object). Buffers given to an asynchronous call stay the caller's and
+ * object). To end the calls inside that wait for an L1 slot (up to
+ * pool_wait_ms) at once rather than wait for them, call
+ * ferry_kv_close_begin() first. Buffers given to an asynchronous call stay the caller's and
  * must not be touched (or freed) until the operation completes, nor be
  * given to another call meanwhile: two operations in flight into buffers
  * that overlap race, and a direct read (below) whose checked bytes another
@@ -511,6 +513,48 @@ FERRY_API int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out);
  * opens a store of its own.
  */
 FERRY_API void ferry_kv_close(ferry_kv *kv);
+/**
+ * Begin closing the store, for an engine shutting down while other threads
+ * are inside calls on it: ferry_kv_close() then waits milliseconds, not
+ * the pool_wait_ms a call waiting for an L1 slot would wait out. It frees
+ * nothing; ferry_kv_close() must still be called, once, after it.
+ *
+ * From its return on:
+ * - calls on the store that begin are refused (FERRY_ESTATE, "the store
+ *   is closing"), as once ferry_kv_close() began; calls on its
+ *   operations (wait, layer_done, ...) go on as before until
+ *   ferry_kv_close();
+ * - every wait for an L1 slot (back-pressure, pool_wait_ms) ends at once,
+ *   and no call waits for one again: in process, a store's, retrieve's,
+ *   layerwise store's or asynchronous operation's wait in the pool's
+ *   queue; through a server, a client's wait for the daemon's answer to a
+ *   request that may wait for a slot (a reservation for a store, the
+ *   promotion of a retrieve), which closes that connection (the daemon
+ *   lets go of what it held) and connects no more. The call returns
+ *   -ECANCELED with a message naming the close;
+ * - such a call ends as a cancelled operation does (ferry_kv_op_cancel).
+ *   A waiter holds no slot: a store's chunks committed before the wait
+ *   stay stored, whole (req->status 0), and no byte of the rest is ever
+ *   visible (-ECANCELED; through a server, a chunk whose commit had
+ *   already been sent may be stored, whole, though it reports -ECANCELED).
+ *   A retrieve reports only chunks it copied whole and verified
+ *   (req->status 0); every other chunk's destination is untouched, or
+ *   zeroed where a server's bytes it could no longer vouch for had
+ *   reached a host buffer (-ECANCELED; never torn data). No byte is
+ *   written to an L1 or pool slot after that slot may be reused.
+ * Calls that do not wait for a slot (copies, I/O, a lookup) finish as
+ * they would; ferry_kv_close() waits for them. Layerwise operations
+ * lacking layers are abandoned by ferry_kv_close(), as without this call.
+ *
+ * Thread-safety: any thread, while other threads are inside calls on the
+ * store, as often as wanted, but never once ferry_kv_close() has begun
+ * (the handle is freed then): the caller orders the two (the Python
+ * package calls it inside its call guard). NULL does nothing; in a forked
+ * child of the opener it does nothing (logs a warning). A program that
+ * never calls it keeps ferry_kv_close()'s behaviour above: the calls
+ * inside finish undisturbed.
+ */
+FERRY_API void ferry_kv_close_begin(ferry_kv *kv);
 /**
  * The message of this store's last failure, "" if none, as the calling
  * thread's own copy: taken whole, it does not change while it is read

@@ -403,6 +403,12 @@ class Buffer:
             if layer_axis is not None:   # one tensor for every layer: this layer's slice
                 addr += i * strides[layer_axis] * item
             g = tuple(x * item if k >= 2 else x for k, x in enumerate(g))
+            if min(g[2:]) < 0:
+                # C takes the strides as uint64 and would name -4096 as
+                # 18446744073709547520: refused here, signed
+                raise ValueError(f"ferry: layer {i} ({name}) has a negative stride (block "
+                                 f"{g[2]}, token {g[3]}, head {g[4]} bytes): a reversed view "
+                                 "of a cache; give the cache itself (or a copy)")
             for k in range(lc.kv):
                 per_kv[k].append(addr + kv_offs[k] * item)
             if geom is None:

@@ -55,6 +55,7 @@ _PROTOS = {
                                       ctypes.POINTER(A.KVHash), _c_size]),
     "ferry_kv_open": (_c_int, [ctypes.POINTER(A.KVConfig), ctypes.POINTER(_vp)]),
     "ferry_kv_close": (None, [_vp]),
+    "ferry_kv_close_begin": (None, [_vp]),
     "ferry_kv_last_error": (_cp, [_vp]),
     "ferry_kv_chunk_bytes": (_c_u64, [_vp]),
     "ferry_kv_chunk_tokens": (_c_u32, [_vp]),

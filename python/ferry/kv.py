@@ -542,6 +542,7 @@ class KVStore(Closing):
                  eviction="lru", server=None, server_timeout_ms=0, lookup_only=False,
                  device=None, pool_wait_ms=300):
         self._h = None
+        self._closing = False   # close() began the C store's close (ferry_kv_close_begin)
         self._guard = CallGuard("KVStore")
         self._released = threading.Event()   # set once close() released everything
         self._salt_reqs = {}
@@ -638,9 +639,14 @@ class KVStore(Closing):
         if not self._h or not self._guard.enter():
             raise self._guard.refused("the store", "KVStore")
         try:
-            return fn(self._h, *args)
+            rc = fn(self._h, *args)
         finally:
             self._guard.leave()
+        if rc == _FERRY_ESTATE and self._closing:
+            # C refused it ("the store is closing"): it came in after close()
+            # began, as one the guard refuses does
+            raise self._guard.refused("the store", "KVStore")
+        return rc
 
     def _open_device(self, device):
         if is_torch_device(device):
@@ -737,15 +743,28 @@ class KVStore(Closing):
 
     # -- life --
     def close(self):
-        """Close the store: calls other threads are inside finish first, later
-        calls raise FerryError (EBADF). Ops it started stay valid (close
-        finishes them) and are freed on their own. Safe to call again, and
-        from several threads at once: one releases the store, its streams
-        and its device (after every call inside returned), the others
-        return once it has."""
+        """Close the store: later calls raise FerryError (EBADF); calls other
+        threads are inside end first. One waiting for an L1 slot
+        (back-pressure, up to pool_wait_ms; in process or through a daemon)
+        stops waiting at once and raises FerryError (ECANCELED) naming the
+        close (ferry_kv_close_begin: what it stored or loaded whole before
+        stays so, nothing torn), so close returns in milliseconds; the
+        others finish. Ops it started stay valid (close finishes them: one
+        waiting for a slot ends ECANCELED) and are freed on their own. Safe
+        to call again, and from several threads at once: one releases the
+        store, its streams and its device (after every call inside
+        returned), the others return once it has."""
         guard = getattr(self, "_guard", None)
         if guard is None:
             return
+        # begin the close inside the guard: the calls inside stop waiting for
+        # slots, and no close below can free the handle while this is in it
+        if self._h and guard.enter():
+            try:
+                self._closing = True
+                lib.ferry_kv_close_begin(self._h)
+            finally:
+                guard.leave()
         if not guard.end():      # another close released, or is releasing, it all
             if guard.forked:     # a forked child's copy: the parent's to release
                 self._h = self._dev = None
@@ -895,8 +914,18 @@ class KVStore(Closing):
         """Store chunk i of `kv` (tokens [i*chunk_tokens, (i+1)*chunk_tokens))
         under names[i] (str or bytes, an engine's own page key). Returns the
         leading chunks stored or present (and per-chunk codes with
-        statuses=True)."""
-        return self._named(lib.ferry_kv_store_named, "store_named", names, kv, block_table,
+        statuses=True). A name given twice in one call is refused
+        (ValueError naming it and both chunks): one name is one chunk, and
+        two chunks under it would keep one and drop the other's bytes."""
+        keep = _name_bytes(names)
+        if len(set(keep)) != len(keep):
+            seen = {}
+            for i, n in enumerate(keep):
+                if n in seen:
+                    raise ValueError(f"ferry: store_named: name {n!r} is given twice, for "
+                                     f"chunks {seen[n]} and {i}: one name is one chunk")
+                seen[n] = i
+        return self._named(lib.ferry_kv_store_named, "store_named", keep, kv, block_table,
                            salt, False, statuses)
 
     def retrieve_named(self, names, kv, block_table=None, *, salt=None, statuses=False):
@@ -939,6 +968,8 @@ class KVStore(Closing):
                 _SIZES[n] if n < _NSIZES else n, req.c)
         finally:
             guard.leave()
+        if rc == _FERRY_ESTATE and self._closing:   # (as _call says)
+            raise guard.refused("the store", "KVStore")
         return rc if rc >= 0 else check(rc, "lookup_named")
 
     def delete_named(self, names, *, salt=None):

@@ -10,7 +10,11 @@ close races, ids, moved buffers and a rewritten block table):
   milliseconds holds (a "forever" of 1e9 s, inf) wait, they do not time
   out at once or raise OverflowError;
 - a retrieve's skip past 2^64-1 is refused, not wrapped onto a small skip
-  that writes the engine's prefix.
+  that writes the engine's prefix;
+- a name given twice in one store_named is refused (ValueError naming it),
+  not stored once with the other chunk's bytes dropped (ELOCKED);
+- a reversed (negative-stride) NumPy cache is refused with its strides
+  signed, not as 2^64 - 4096.
 """
 import errno
 import threading
@@ -209,10 +213,12 @@ def test_an_op_waited_on_while_another_thread_frees_it(s):
 def test_close_gives_back_a_lacking_layerwise_stores_slots_first():
     # four layerwise stores lacking their last layer hold all of L1; a
     # store_async another thread waits on (a call inside the store, which
-    # close waits for) needs a slot (pool_wait_ms 20 s). The close abandons
-    # those stores before it waits, so the op stores at once. (A blocking
-    # store in that thread instead is a call inside the store's guard that
-    # close() lets finish first, as it promises: it waits its pool_wait_ms.)
+    # close waits for) needs a slot (pool_wait_ms 20 s). close() begins the
+    # store's close first (ferry_kv_close_begin), which ends the op's wait
+    # for a slot (ECANCELED), and ferry_kv_close abandons those stores
+    # before it waits; the op, woken, may find their slots free already
+    # and store. Either way close returns at once (test_kv_close.py: a
+    # blocking store waiting so ends ECANCELED).
     s = ferry.KVStore("kvthreads-close", LAY, l1="2M", chunk_tokens=16, pool_wait_ms=20000)
     x = kv(512)
     hold = []
@@ -221,15 +227,21 @@ def test_close_gives_back_a_lacking_layerwise_stores_slots_first():
         op.layer_done(0)
         hold.append(op)
     res = []
+
+    def wait():
+        try:
+            res.append(op.wait())
+        except FerryError as e:
+            res.append(e.code)
     op = s.store_async(np.arange(512, dtype=np.int32) + 99999, x)
-    th = threading.Thread(target=lambda: res.append(op.wait()))
+    th = threading.Thread(target=wait)
     th.start()
     time.sleep(0.3)                            # it waits for a slot
     t0 = time.monotonic()
     s.close()
     took = time.monotonic() - t0
     th.join()
-    assert res == [512] and took < 5, (res, took)
+    assert res in ([512], [-errno.ECANCELED]) and took < 5, (res, took)
     for h in hold:
         with pytest.raises(FerryError) as e:
             h.wait()
@@ -256,3 +268,33 @@ def test_wait_with_a_negative_infinite_or_huge_timeout():
         assert op.wait(timeout=10**400) == 32
     finally:
         s.close()
+
+
+# -- a name twice in one store_named; a reversed cache's strides --
+
+def test_a_name_given_twice_in_one_store_named_is_refused(s):
+    # the second chunk under one name was skipped FERRY_ELOCKED (the call's
+    # own first chunk "being written by another writer"), its bytes dropped
+    x = kv(48, 5)
+    with pytest.raises(ValueError, match=r"name b'p0' is given twice, for chunks 0 and 2"):
+        s.store_named(["p0", b"p1", b"p0"], x)
+    assert s.lookup_named([b"p0"]) == 0 and s.lookup_named([b"p1"]) == 0   # nothing stored
+    assert s.store_named([b"p0", b"p1", b"p2"], x) == 3
+    y = torch.zeros(2, 2, 32, 128, dtype=torch.bfloat16)
+    assert s.retrieve_named([b"p2", b"p2"], y) == 2      # loading one twice is fine
+    assert torch.equal(y[:, :, :16], x[:, :, 32:]) and torch.equal(y[:, :, 16:], x[:, :, 32:])
+
+
+def test_a_reversed_paged_cache_names_its_strides_signed():
+    # a view with blocks reversed has a negative block stride: C took it as
+    # uint64 and said "block 18446744073709547520"
+    caches = [np.zeros((2, 8, 16, 2, 64), np.float16)[:, ::-1] for _ in range(2)]
+    lay = ferry.Layout(num_layers=2, num_heads=2, head_dim=64, dtype="f16")
+    st = ferry.KVStore("kvthreads-rev", lay, l1="2M", chunk_tokens=16)
+    try:
+        with pytest.raises(ValueError) as e:
+            st.store(np.arange(32, dtype=np.int32), caches, [0, 1])
+        assert "block -4096" in str(e.value) and "18446744" not in str(e.value)
+        assert st.lookup(np.arange(32, dtype=np.int32)) == 0
+    finally:
+        st.close()

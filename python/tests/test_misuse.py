@@ -184,7 +184,11 @@ def test_close_while_other_threads_are_inside(url):
             s.close()                          # waits for the calls inside
             for t in th:
                 t.join()
-            assert errs == [-errno.EBADF] * 3, errs
+            # EBADF: refused after the close; ECANCELED: a store inside
+            # whose wait for the daemon's slots the close cut short (a
+            # client cannot tell a wait for a slot from a slow answer)
+            ok = {-errno.EBADF} if not URL else {-errno.EBADF, -errno.ECANCELED}
+            assert len(errs) == 3 and set(errs) <= ok, errs
     """)
 
 

@@ -72,6 +72,10 @@ typedef struct ferry__kv_backend {
     /* optional: the backend's own state, after the workers stopped and the
      * ops were detached */
     void (*close)(ferry_kv *kv);
+    /* optional: ferry_kv_close_begin, after kv->close_begun is set: what
+     * the backend's calls wait on (besides kv->loaded) ends at once; any
+     * thread, calls inside, called once or more */
+    void (*close_begin)(ferry_kv *kv);
 } ferry__kv_backend;
 
 extern const ferry__kv_backend ferry__kv_backend_store;   /* in process */

@@ -10,6 +10,11 @@
  * as with any freed handle; that gap is the caller's (the Python package
  * closes it with a lock of its own).
  *
+ * ferry_kv_close_begin refuses new calls on the store the same way
+ * (refusing), but not calls on its ops (op.c looks at closing alone): a
+ * layer_done an engine makes as its close begins still copies its layer,
+ * as one made before would; ferry_kv_close then finishes those ops.
+ *
  * Invariant: calls > 0 keeps the store's memory alive; closing only grows.
  * The count is guarded by call_mu, not an atomic: a leaving call must be
  * done with the store's memory before close can see zero.
@@ -19,7 +24,7 @@
 int ferry__kv_enter(ferry_kv *kv, const char *what)
 {
     pthread_mutex_lock(&kv->call_mu);
-    int closing = kv->closing;
+    int closing = kv->closing || kv->refusing;
     if (!closing)
         kv->calls++;
     pthread_mutex_unlock(&kv->call_mu);
@@ -37,10 +42,17 @@ void ferry__kv_leave(ferry_kv *kv)
     pthread_mutex_unlock(&kv->call_mu);
 }
 
-void ferry__kv_close_begin(ferry_kv *kv)
+void ferry__kv_refuse_calls(ferry_kv *kv)
 {
     pthread_mutex_lock(&kv->call_mu);
     kv->closing = 1;
+    pthread_mutex_unlock(&kv->call_mu);
+}
+
+void ferry__kv_refuse_store_calls(ferry_kv *kv)
+{
+    pthread_mutex_lock(&kv->call_mu);
+    kv->refusing = 1;
     pthread_mutex_unlock(&kv->call_mu);
 }
 

@@ -534,7 +534,9 @@ void ferry__kv_ops_orphan(ferry_kv *kv);
 int ferry__kv_enter(ferry_kv *kv, const char *what);
 void ferry__kv_leave(ferry_kv *kv);
 /* close: refuse new calls (the calls inside go on) */
-void ferry__kv_close_begin(ferry_kv *kv);
+void ferry__kv_refuse_calls(ferry_kv *kv);
+/* ferry_kv_close_begin: refuse new calls on the store, not on its ops */
+void ferry__kv_refuse_store_calls(ferry_kv *kv);
 /* close: refuse new calls, then wait until no call is inside */
 void ferry__kv_close_wait(ferry_kv *kv);
 /* the body of public call `what` on kv: NULL refused, then expr evaluated
@@ -622,6 +624,11 @@ struct ferry_kv {
     pthread_cond_t call_cv;
     uint64_t calls;
     int closing;
+    int refusing;                  /* ferry_kv_close_begin: new calls on the store are
+                                      refused; calls on its ops go on until the close */
+    /* ferry_kv_close_begin was called: waits for L1 slots end (-ECANCELED;
+     * store_reserve.c, a server client's client.c); set once, never cleared */
+    atomic_int close_begun;
     struct ferry_kv_op *ops;
 
     /* workers: q[0] runs async operations (which may wait for a chunk's

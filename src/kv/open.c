@@ -468,6 +468,27 @@ int ferry__kv_open_shared(const ferry_kv_config *cfg, ferry_kv **out)
     return kv_open(cfg, 1, out);
 }
 
+void ferry_kv_close_begin(ferry_kv *kv)
+{
+    if (!kv)
+        return;
+    if ((long)getpid() != kv->opener) { /* a fork's: nothing of it is this process's */
+        FERRY_LOGW("kv close_begin in process %ld: the store was opened in process %ld, of "
+                   "which this is a fork; nothing done (the opener's to close)",
+                   (long)getpid(), kv->opener);
+        return;
+    }
+    ferry__kv_refuse_store_calls(kv);
+    /* under mu, as every waiter checks it: a waiter between its check and
+     * its sleep holds mu, so the broadcast cannot fall between them */
+    pthread_mutex_lock(&kv->mu);
+    atomic_store_explicit(&kv->close_begun, 1, memory_order_release);
+    pthread_cond_broadcast(&kv->loaded);
+    pthread_mutex_unlock(&kv->mu);
+    if (kv->be->close_begin)
+        kv->be->close_begin(kv);
+}
+
 void ferry_kv_close(ferry_kv *kv)
 {
     if (!kv)
@@ -481,7 +502,7 @@ void ferry_kv_close(ferry_kv *kv)
                    (long)getpid(), kv->opener);
         return;
     }
-    ferry__kv_close_begin(kv);  /* no new call (guard.c) */
+    ferry__kv_refuse_calls(kv); /* no new call (guard.c) */
     ferry__kv_ops_abandon(kv);  /* their slots free before calls and ops are waited for */
     ferry__kv_close_wait(kv);   /* calls still inside end first */
     ferry__kv_workers_stop(kv);

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
@@ -50,21 +51,43 @@ static int lost(ferry_kv *kv, ferry__kvc *c, const char *fmt, const char *what)
     return ferry__kv_err(kv, FERRY_ECONN, "kv server %s: %s: %s", c->path, fmt, what);
 }
 
-/* wait until fd is ready for ev or the deadline passed: 0, or a code */
-static int wait_fd(int fd, short ev, uint64_t deadline)
+/* wait until fd is ready for ev or the deadline passed: 0, or a code
+ * (-ECANCELED: the store's close began, wake is readable) */
+static int wait_fd(int fd, int wake, short ev, uint64_t deadline)
 {
     for (;;) {
         uint64_t now = ferry__now_ns();
         if (now >= deadline)
             return -ETIMEDOUT;
-        struct pollfd p = {fd, ev, 0};
+        struct pollfd p[2] = {{fd, ev, 0}, {wake, POLLIN, 0}};
         int ms = (int)((deadline - now + 999999) / 1000000);
-        int r = poll(&p, 1, ms);
+        int r = poll(p, wake >= 0 ? 2 : 1, ms);
+        if (r > 0 && wake >= 0 && p[1].revents)
+            return -ECANCELED;
         if (r > 0)
-            return (p.revents & (ev | POLLHUP | POLLERR)) ? 0 : -EIO;
+            return (p[0].revents & (ev | POLLHUP | POLLERR)) ? 0 : -EIO;
         if (r < 0 && errno != EINTR)
             return -errno;
     }
+}
+
+void ferry__kvc_close_begin(ferry_kv *kv)
+{
+    ferry__kvc *c = kv->be_impl;
+    uint64_t one = 1;
+    if (c && c->wake >= 0 && write(c->wake, &one, sizeof one) != (ssize_t)sizeof one)
+        FERRY_LOGW("kv server %s: close_begin: waking the calls inside: %s", c->path,
+                   strerror(errno)); /* (only at 2^64 - 2 writes: readable already) */
+}
+
+/* a wait for a slot cut short by the store's close: the connection goes
+ * (the daemon lets go of what it held); -ECANCELED with a message */
+static int closing(ferry_kv *kv, ferry__kvc *c, const char *fmt)
+{
+    ferry__kvc_drop(c);
+    return ferry__kv_err(kv, -ECANCELED,
+                         "kv server %s: %s: the store is closing (ferry_kv_close_begin): the "
+                         "request is abandoned and its connection closed", c->path, fmt);
 }
 
 static int send_all(ferry__kvc *c, const uint8_t *p, size_t n, uint64_t deadline)
@@ -79,7 +102,7 @@ static int send_all(ferry__kvc *c, const uint8_t *p, size_t n, uint64_t deadline
         if (w < 0 && errno == EINTR)
             continue;
         if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int r = wait_fd(c->fd, POLLOUT, deadline);
+            int r = wait_fd(c->fd, -1, POLLOUT, deadline);
             if (r < 0)
                 return r;
             continue;
@@ -128,7 +151,7 @@ static int recv_all(ferry__kvc *c, uint8_t *p, size_t n, uint64_t deadline, int 
         if (errno == EINTR)
             continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            int w = wait_fd(c->fd, POLLIN, deadline);
+            int w = wait_fd(c->fd, c->cut ? c->wake : -1, POLLIN, deadline);
             if (w < 0)
                 return w;
             continue;
@@ -144,6 +167,8 @@ static int read_reply(ferry_kv *kv, ferry__kvc *c, ferry__proto_hdr *h, uint64_t
 {
     uint8_t hb[FERRY__PROTO_HDR];
     int r = recv_all(c, hb, sizeof hb, deadline, fd);
+    if (r == -ECANCELED)
+        return closing(kv, c, "waiting for an L1 slot");
     if (r < 0)
         return lost(kv, c, "reading a reply", r == -ETIMEDOUT ? "no answer within the timeout"
                                                                : ferry_strerror(r));
@@ -162,6 +187,8 @@ static int read_reply(ferry_kv *kv, ferry__kvc *c, ferry__proto_hdr *h, uint64_t
         c->in_cap = h->len;
     }
     r = recv_all(c, c->in, h->len, deadline, fd);
+    if (r == -ECANCELED)
+        return closing(kv, c, "reading a reply's payload");
     if (r < 0)
         return lost(kv, c, "reading a reply's payload",
                     r == -ETIMEDOUT ? "no answer within the timeout" : ferry_strerror(r));
@@ -190,7 +217,11 @@ static int send_out(ferry_kv *kv, ferry__kvc *c, uint64_t deadline)
 static int recv_reply(ferry_kv *kv, ferry__kvc *c, uint8_t type, uint64_t rid,
                       ferry__proto_hdr *h, int *fd, uint64_t deadline)
 {
+    /* the replies the daemon may hold back up to the client's pool_wait_ms,
+     * waiting for a slot: the store's close cuts those waits short */
+    c->cut = type == FERRY__P_RESERVE || type == FERRY__P_ACQUIRE;
     int r = read_reply(kv, c, h, deadline, fd);
+    c->cut = 0;
     if (r < 0)
         return r;
     if (h->type == (FERRY__P_ERROR | FERRY__PROTO_REPLY) && h->rid == rid)
@@ -412,6 +443,10 @@ int ferry__kvc_ensure(ferry_kv *kv, ferry__kvc *c)
 {
     if (c->fd >= 0)
         return 0;
+    if (atomic_load_explicit(&kv->close_begun, memory_order_acquire))
+        return ferry__kv_err(kv, -ECANCELED,
+                             "kv server %s: the store is closing (ferry_kv_close_begin): not "
+                             "connecting again", c->path);
     struct sockaddr_un a;
     memset(&a, 0, sizeof a);
     a.sun_family = AF_UNIX;
@@ -488,6 +523,13 @@ int ferry__kvc_open(ferry_kv *kv, const ferry_kv_config *cfg)
     pthread_mutex_init(&c->wmu, NULL);
     c->nworkers = cfg->workers ? cfg->workers : 1;
     c->fd = -1;
+    c->wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    c->own_wake = 1;
+    if (c->wake < 0) {
+        kv->be_impl = c;
+        return ferry__err_set(NULL, -errno, "kv open: eventfd for the server client: %s",
+                              strerror(errno));
+    }
     /* PATH, unix:PATH or unix:///PATH: a Unix socket, nothing else */
     const char *s = cfg->server;
     if (!strncmp(s, "unix://", 7) && s[7] == '/')
@@ -525,6 +567,8 @@ static void kvc_free(ferry__kvc *c)
     ferry__free(c->ch);
     ferry__free(c->pins);
     ferry__free(c->path);
+    if (c->own_wake && c->wake >= 0)
+        close(c->wake);
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->wmu);
     ferry__free(c);
@@ -567,6 +611,7 @@ ferry__kvc *ferry__kvc_lease(ferry_kv *kv, int *rc)
         pthread_mutex_init(&c->mu, NULL);
         pthread_mutex_init(&c->wmu, NULL);
         c->fd = -1;
+        c->wake = m->wake;
         c->timeout_ms = m->timeout_ms;
         c->wait_ms = m->wait_ms;
         c->want_pool = m->want_pool;

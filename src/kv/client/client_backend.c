@@ -98,4 +98,5 @@ const ferry__kv_backend ferry__kv_backend_client = {
     .lw_commit = ferry__kvc_lw_commit,
     .lw_unlease = ferry__kvc_lw_unlease,
     .close = ferry__kvc_close,
+    .close_begin = ferry__kvc_close_begin,
 };

@@ -166,11 +166,13 @@ static int store_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, si
         held++;
     }
     *placed = held;
-    if ((r = ferry__kvc_reply_end(kv, c, &rd)) < 0)
-        goto lost;
+    /* the copies land before anything may end the connection (a malformed
+     * reply drops it, and the daemon may then hand the slots out again) */
     if (s && held && copy_rc == 0 && (r = ferry_stream_sync(s)) < 0)
         copy_rc = ferry__kv_err(kv, r, "kv store: device copies into the server's pool: %s",
                                 ferry_last_error());
+    if ((r = ferry__kvc_reply_end(kv, c, &rd)) < 0)
+        goto lost;
     if (!held)
         return 0;
     for (size_t k = 0; k < held; k++)
@@ -231,6 +233,12 @@ static int run_batches(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
         if ((r = ferry__kvc_chunks(kv, c, m)) < 0)
             break;
         r = store_batch(kv, c, ids, i, m, n, buf, s, st, &placed);
+        if (r == -ECANCELED) { /* its wait ended by the close: none of the rest stored */
+            for (size_t k = i; k < nch; k++)
+                if (st[k] == FERRY_ENOTFOUND)
+                    st[k] = -ECANCELED;
+            break;
+        }
         /* stop at the first chunk that could not be placed (as in-process);
          * but when the pool had room for part of the batch, that part is
          * committed now and the rest is asked for again (the daemon waits

@@ -291,10 +291,8 @@ static int pipe_run(rpipe *p, rbatch *cur, rbatch *nx, const atomic_int *cancel)
                 r = reacquire(p, cur);
             got = cur->held != 0;
         }
-        if (r == 0 && ferry__kv_cancelled(cancel)) {
+        if (r == 0 && ferry__kv_cancelled(cancel))
             r = -ECANCELED; /* nothing more moves: cur is let go uncopied */
-            p->cancel_from = cur->first;
-        }
         size_t next = cur->first + cur->m;
         int more = r == 0 && next < p->nch;
         if (more && p->pipelined) {
@@ -321,6 +319,11 @@ static int pipe_run(rpipe *p, rbatch *cur, rbatch *nx, const atomic_int *cancel)
         cur = nx;
         nx = t;
     }
+    /* a cancel, or a wait for an ACQUIRE the store's close cut short
+     * (ferry_kv_close_begin): the chunks from cur on are not retrieved
+     * (those before it were answered) */
+    if (r == -ECANCELED)
+        p->cancel_from = cur->first;
     return r;
 }
 
@@ -352,8 +355,10 @@ int ferry__kvc_retrieve_run(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *id
         left->copy_rc = r < 0 ? r : FERRY_ECONN; /* nothing was copied: not retrieved */
         (void)drain(&p);
     }
-    for (size_t i = p.cancel_from; r == -ECANCELED && i < nch; i++)
-        st[i] = -ECANCELED;
+    /* (a chunk held when the close cut the connection: not vouched for) */
+    for (size_t i = 0; r == -ECANCELED && i < nch; i++)
+        if (i >= p.cancel_from || st[i] == FERRY_ECONN)
+            st[i] = -ECANCELED;
     ferry__free(h);
     return r < 0 ? r : d;
 }

@@ -9,6 +9,16 @@
  * trip that fails, times out or finds the daemon gone closes the
  * connection and answers FERRY_ECONN; the next call connects again. One
  * operation (its round trips and its copies) at a time per store.
+ *
+ * Close begun (ferry_kv_close_begin): a wait for the reply to a RESERVE or
+ * an ACQUIRE (which the daemon holds back while it waits for a pool slot,
+ * up to the client's pool_wait_ms) also polls the store's wake eventfd,
+ * which the close makes readable for good; that round trip then ends
+ * -ECANCELED and its own thread, the one that holds the connection, closes
+ * it (the daemon lets go of what it held). Other replies are waited for as
+ * before (they do not wait for slots); no call connects again.
+ * No other thread touches the socket or the pool mapping, so no copy into
+ * a slot the daemon may hand out again runs after the connection ended.
  */
 #ifndef FERRY_SRC_KV_KVC_H
 #define FERRY_SRC_KV_KVC_H
@@ -22,6 +32,10 @@ typedef struct ferry__kvc {
     pthread_mutex_t mu;           /* one operation at a time */
     char *path;                   /* the socket */
     int fd;                       /* -1: not connected */
+    int wake;                     /* the store's close-begun eventfd (the store's
+                                     client owns it; its layer connections borrow it) */
+    int own_wake;
+    int cut;                      /* the reply awaited may wait for a slot: wake ends it */
     long fd_pid;                  /* the process that connected fd (drop: client.c) */
     uint32_t timeout_ms;
     uint32_t wait_ms;             /* pool_wait_ms: sent as WAIT at connect; a round trip
@@ -79,6 +93,8 @@ int ferry__kvc_recv(ferry_kv *kv, ferry__kvc *c, int t, uint64_t rid, ferry__pro
 int ferry__kvc_chunks(ferry_kv *kv, ferry__kvc *c, size_t n);
 /* close the connection (and unmap the pool) after a failure */
 void ferry__kvc_drop(ferry__kvc *c);
+/* ferry_kv_close_begin: the wake eventfd readable (backend.h close_begin) */
+void ferry__kvc_close_begin(ferry_kv *kv);
 
 /* under c->mu: ask the daemon why its last chunk was declined (WHY) and
  * record its message on the store under code; code when it has none or

@@ -111,7 +111,9 @@ typedef struct ferry__kv_waiter {
  * deadline passed, or wait_ns 0 and nothing free: counted as a decline;
  * wait_ns FERRY__KV_TAKE_FREE (kv_slots.h): only what is free, no wait,
  * not counted),
- * -ENOMEM; or -EAGAIN after a wait: kv->mu was released, the caller looks
+ * -ENOMEM; -ECANCELED instead of a wait once the store's close began
+ * (ferry_kv_close_begin; w left); or -EAGAIN after a wait: kv->mu was
+ * released, the caller looks
  * its entry up again and calls once more with the same w. wait_ns 0: as
  * ferry__kv_reserve(last), and `last`
  * (RESERVE_WAIT or RESERVE_WAIT_READS) is also the last try once the

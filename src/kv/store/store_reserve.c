@@ -9,7 +9,10 @@
  * slot waits up to its deadline in a FIFO queue, only the head reserving,
  * so slots that free go in arrival order; it re-checks at least every
  * WAIT_SLICE_NS besides the wake-ups (a lock's TTL passes without one).
- * Holders never queue, so the queue never waits on itself.
+ * Holders never queue, so the queue never waits on itself. Once the
+ * store's close began (ferry_kv_close_begin: close_begun set and `loaded`
+ * broadcast under mu) no caller waits: it gets -ECANCELED, holding
+ * nothing, so no slot of it is ever written.
  */
 #include <errno.h>
 #include <time.h>
@@ -169,6 +172,10 @@ int ferry__kv_reserve_l1(ferry_kv *kv, ferry__kv_waiter *w, uint64_t wait_ns, in
             ferry__kv_wait_leave(kv, w);
             return r;
         }
+    }
+    if (atomic_load_explicit(&kv->close_begun, memory_order_acquire)) {
+        ferry__kv_wait_leave(kv, w);
+        return -ECANCELED;
     }
     uint64_t t = ferry__now_ns();
     if (!w->deadline) {

@@ -751,6 +751,20 @@ static int rt_one(rtv *r, const ferry_kv_hash *ids, size_t i)
             pthread_mutex_unlock(&r->cmu);
             return 0;
         }
+        if (rc == -ECANCELED) {
+            /* the store's close began: nothing of this chunk was read, and
+             * its destination is untouched (rt_run stops the rest) */
+            ferry__kv_read_unlock(e);
+            ferry__kv_put(kv, e);
+            pthread_mutex_unlock(&kv->mu);
+            if (r->wcopy)
+                pthread_mutex_lock(&r->cmu);
+            r->c[i].st = rc;
+            r->ncancel++;
+            if (r->wcopy)
+                pthread_mutex_unlock(&r->cmu);
+            return 1;
+        }
         if (rc < 0) {
             ferry__kv_read_unlock(e);
             ferry__kv_put(kv, e);
@@ -1051,5 +1065,9 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
         atomic_fetch_add(&kv->failures, 1);
         return r.copy_rc;
     }
+    if (r.ncancel && !ferry__kv_cancelled(r.cancel))
+        ferry__kv_err(kv, -ECANCELED,
+                      "kv retrieve: the store is closing (ferry_kv_close_begin): %u of %zu "
+                      "chunks not retrieved (their destination untouched)", r.ncancel, nch);
     return r.ncancel ? -ECANCELED : (int)lead;
 }

@@ -118,6 +118,12 @@ int ferry__kv_slot_reserve_wait(ferry_kv *kv, ferry_kv_hash id, uint32_t tokens,
         if (r == -EAGAIN)
             continue; /* the mutex was dropped: look the chunk up again */
         ferry__kv_wait_leave(kv, &wt);
+        if (r == -ECANCELED) {
+            pthread_mutex_unlock(&kv->mu);
+            ferry__free(ne);
+            return ferry__kv_err(kv, r, "kv store: the store is closing (ferry_kv_close_begin): "
+                                 "stopped waiting for an L1 slot; not stored");
+        }
         if (r < 0) {
             char why[320];
             ferry__kv_pool_holders(kv, why, sizeof why);
@@ -213,6 +219,10 @@ static int promote(ferry_kv *kv, ferry__kv_entry *e, int src, uint64_t now, ferr
     if (r == -EAGAIN)
         return 1;
     ferry__kv_wait_leave(kv, wt);
+    if (r == -ECANCELED)
+        return ferry__kv_err(kv, r, "kv retrieve: the store is closing (ferry_kv_close_begin): "
+                             "stopped waiting for an L1 slot to promote a chunk from %s into",
+                             kv->tier[src]->ops->name);
     if (r < 0) {
         char why[320];
         ferry__kv_pool_holders(kv, why, sizeof why);

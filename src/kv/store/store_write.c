@@ -71,6 +71,11 @@ static int wr_slot(wr *w, ferry__kv_waiter *wt, size_t i, uint64_t *loc)
         return ferry__kv_err(kv, r, "kv store: no L1 slot for chunk %zu after waiting %llu ms: %s",
                              i, (unsigned long long)(kv->pool_wait_ns / 1000000u), why);
     }
+    if (r == -ECANCELED)
+        return ferry__kv_err(kv, r,
+                             "kv store: chunk %zu: the store is closing (ferry_kv_close_begin): "
+                             "stopped waiting for an L1 slot; it and the chunks after it are "
+                             "not stored", i);
     if (r < 0 && r != -EAGAIN)
         return ferry__kv_err(kv, r, "kv store: no L1 slot for chunk %zu", i);
     return r;
@@ -139,8 +144,9 @@ static void wr_place(wr *w)
     }
     ferry__kv_wait_leave(kv, &wt);
     pthread_mutex_unlock(&kv->mu);
-    if (w->place_rc < 0) {
+    if (w->place_rc < 0)
         w->st[i] = w->place_rc;
+    if (w->place_rc < 0 && w->place_rc != -ECANCELED) { /* (a close is no failure) */
         atomic_fetch_add(&kv->alloc_failures, 1);
         atomic_fetch_add(&kv->failures, 1);
     }
@@ -306,6 +312,11 @@ int ferry__kv_do_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
         wr_place(&w);
         wr_copy(&w);
         wr_commit(&w);
+    }
+    if (w.place_rc == -ECANCELED) { /* its wait for a slot ended by the close */
+        for (size_t i = w.next; i < nch; i++)
+            w.st[i] = -ECANCELED;
+        cancelled = 1;
     }
     ferry__kv_stream_put(kv, w.s);
     atomic_fetch_add(&w.l1->bytes_written, w.stored * kv->chunk_bytes);
