@@ -77,8 +77,10 @@ FERRY_API int ferry_serve_run(ferry_serve *s);
 FERRY_API void ferry_serve_stop(ferry_serve *s);
 /**
  * Disconnect every client (releasing what each held), flush and sync the
- * store, close it and remove the socket. Returns 0 or the sync's failure.
- * NULL does nothing. Not thread-safe with ferry_serve_run.
+ * store, close it and remove the socket. Before the disconnect, waits for
+ * a pool slot end (the chunk declined -ECANCELED) and the requests already
+ * received are answered, for 250 ms at most. Returns 0 or the sync's
+ * failure. NULL does nothing. Not thread-safe with ferry_serve_run.
  */
 FERRY_API int ferry_serve_close(ferry_serve *s);
 /** The hosted store (valid until ferry_serve_close). */

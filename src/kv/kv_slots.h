@@ -19,6 +19,8 @@
 #ifndef FERRY_SRC_KV_SLOTS_H
 #define FERRY_SRC_KV_SLOTS_H
 
+#include <stdatomic.h>
+
 #include "ferry/kv.h"
 
 typedef struct ferry__kv_entry ferry__kv_entry;
@@ -40,6 +42,12 @@ void ferry__kv_geometry(ferry_kv *kv, ferry_kv_layout *layout, uint32_t *chunk_t
 /* the store's pool_wait_ms, in ns: how long a client that sends no WAIT
  * waits for a slot */
 uint64_t ferry__kv_pool_wait_ns(ferry_kv *kv);
+/* from now on this thread takes no L1 slot once *cut is set: its waits
+ * for one end (within a few ms: they look at least that often) and its
+ * reservations and promotions fail, -ECANCELED, nothing taken. For a
+ * daemon's connection thread (its client hung up, or the daemon is
+ * closing); NULL: never */
+void ferry__kv_thread_cut(const atomic_int *cut);
 /* the waits for a slot this thread made since it last asked, and their
  * time (read and reset) */
 void ferry__kv_thread_waits(uint64_t *waits, uint64_t *ns);

@@ -2,8 +2,10 @@
  * serve.c - `ferry serve`'s daemon (ferry/serve.h): the hosted store, the
  * socket (0600, or 0660 with a group; a stale file replaced, a live
  * daemon's refused), the accept loop (peers checked by SO_PEERCRED, a
- * thread per connection, at most max_clients), and a clean stop
- * (disconnect, flush, sync, close).
+ * thread per connection, at most max_clients), each connection watched
+ * for its client hanging up (serve_int.h), and a clean stop (waits for a
+ * slot cut short, requests received answered, disconnect, flush, sync,
+ * close).
  *
  * Daemons starting on one path take turns (a lock on its directory) from
  * the stale check to the link, so one never removes the file another just
@@ -303,10 +305,39 @@ static void reap(ferry_serve *s, int all)
     }
 }
 
+/* how long a closing daemon lets its connections answer what they were
+ * asking before it cuts them off (a client that reads no replies holds
+ * its connection's send up to send_timeout_ms otherwise) */
+#define CLOSE_GRACE_NS ((uint64_t)250 * 1000 * 1000)
+
+/* every connection cut (its waits for a slot end, -ECANCELED, and it takes
+ * none) and its reading side shut (its thread ends once it has answered
+ * the requests already received), then a grace for those answers */
+static void cut_all(ferry_serve *s)
+{
+    pthread_mutex_lock(&s->mu);
+    for (ferry__srv_conn *c = s->conns; c; c = c->next) {
+        atomic_store(&c->cut, FERRY__SRV_CLOSING);
+        shutdown(c->fd, SHUT_RD);
+    }
+    pthread_mutex_unlock(&s->mu);
+    for (uint64_t until = ferry__now_ns() + CLOSE_GRACE_NS; ferry__now_ns() < until;) {
+        int busy = 0;
+        pthread_mutex_lock(&s->mu);
+        for (ferry__srv_conn *c = s->conns; c && !busy; c = c->next)
+            busy = !atomic_load(&c->done);
+        pthread_mutex_unlock(&s->mu);
+        if (!busy)
+            break;
+        usleep(1000);
+    }
+}
+
 int ferry_serve_close(ferry_serve *s)
 {
     if (!s)
         return 0;
+    cut_all(s);
     reap(s, 1);
     int rc = 0;
     if (s->kv) {
@@ -325,6 +356,8 @@ int ferry_serve_close(ferry_serve *s)
         if (s->stop_pipe[i] >= 0)
             close(s->stop_pipe[i]);
     pthread_mutex_destroy(&s->mu);
+    ferry__free(s->watch);
+    ferry__free(s->watch_c);
     ferry__free(s->allow);
     ferry__free(s->path);
     ferry__free(s);
@@ -405,19 +438,71 @@ static void accept_one(ferry_serve *s)
     atomic_fetch_add(&s->connections, 1);
 }
 
+/* the poll set (s->watch): the socket, the stop pipe, and each connection
+ * not cut, its thread still running, watched for a hang-up alone (events
+ * 0); its size. Without memory for them, the first two */
+static nfds_t watch_set(ferry_serve *s)
+{
+    pthread_mutex_lock(&s->mu);
+    size_t want = 2;
+    for (ferry__srv_conn *c = s->conns; c; c = c->next)
+        want++;
+    if (want > s->watch_cap) {
+        struct pollfd *w = ferry__realloc(s->watch, want * sizeof *w);
+        if (w)
+            s->watch = w;
+        ferry__srv_conn **wc = ferry__realloc(s->watch_c, want * sizeof *wc);
+        if (wc)
+            s->watch_c = wc;
+        if (w && wc)
+            s->watch_cap = want;
+    }
+    nfds_t n = 0;
+    if (s->watch_cap >= 2) {
+        s->watch[n++] = (struct pollfd){s->lfd, POLLIN, 0};
+        s->watch[n++] = (struct pollfd){s->stop_pipe[0], POLLIN, 0};
+        for (ferry__srv_conn *c = s->conns; c && n < s->watch_cap; c = c->next) {
+            if (atomic_load(&c->cut) || atomic_load(&c->done))
+                continue;
+            s->watch_c[n] = c;
+            s->watch[n++] = (struct pollfd){c->fd, 0, 0};
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+/* the connections whose clients hung up: cut (a wait for a slot on their
+ * behalf ends; they are reaped once their threads notice) */
+static void watch_hangups(ferry_serve *s, nfds_t n)
+{
+    for (nfds_t i = 2; i < n; i++) {
+        if (!(s->watch[i].revents & (POLLHUP | POLLERR | POLLNVAL)))
+            continue;
+        ferry__srv_conn *c = s->watch_c[i];
+        int none = 0;
+        if (atomic_compare_exchange_strong(&c->cut, &none, FERRY__SRV_GONE))
+            FERRY_LOGD("serve: client pid %d hung up", (int)c->pid);
+    }
+}
+
 int ferry_serve_run(ferry_serve *s)
 {
     if (!s)
         return ferry__err_set(NULL, -EINVAL, "serve run: NULL");
     for (;;) {
-        struct pollfd p[2] = {{s->lfd, POLLIN, 0}, {s->stop_pipe[0], POLLIN, 0}};
-        int r = poll(p, 2, 500);
+        struct pollfd p2[2] = {{s->lfd, POLLIN, 0}, {s->stop_pipe[0], POLLIN, 0}};
+        nfds_t n = watch_set(s);
+        struct pollfd *p = n ? s->watch : p2;
+        int r = poll(p, n ? n : 2, 500);
         if (r < 0 && errno != EINTR)
             return ferry__err_set(&s->err, -errno, "serve: poll: %s", strerror(errno));
         if (p[1].revents)
             break;
         if (r > 0 && (p[0].revents & POLLIN))
             accept_one(s);
+        if (r > 0)
+            watch_hangups(s, n);
         reap(s, 0);
     }
     char b[16];

@@ -283,6 +283,30 @@ static int over_share(ferry__srv_conn *c, int write)
     return FERRY_ENOSPACE;
 }
 
+/* a cut connection (its client hung up, or the daemon is closing) asks
+ * for a slot: none taken, -ECANCELED, and why */
+static int cut_off(ferry__srv_conn *c, int write)
+{
+    char msg[FERRY__PROTO_MAX_MSG];
+    int closing = atomic_load(&c->cut) == FERRY__SRV_CLOSING;
+    snprintf(msg, sizeof msg, "kv %s: client pid %d: %s: no L1 slot taken (not %s)",
+             write ? "store" : "retrieve", (int)c->pid,
+             closing ? "the daemon is closing" : "the client hung up",
+             write ? "stored" : "promoted");
+    declined(c, -ECANCELED, msg, 0);
+    return -ECANCELED;
+}
+
+/* a wait for a slot (reserve or promotion) declined with rc; counted:
+ * whether a decline for a full pool counts */
+static void wait_declined(ferry__srv_conn *c, int rc, int write, int counted)
+{
+    if (rc == -ECANCELED && atomic_load(&c->cut))
+        cut_off(c, write); /* (the store's message would name its own close) */
+    else
+        declined(c, rc, NULL, counted);
+}
+
 /* a RESERVE: a connection that holds no reservation waits for its first
  * slot (up to its deadline); one that holds some takes what is free, so
  * a waiter never holds what another waits for. After a decline the rest
@@ -297,11 +321,13 @@ static void on_reserve(ferry__srv_conn *c, const ferry__proto_req *q)
         ferry__kv_entry *e = NULL;
         uint64_t slot = 0, gen = 0;
         uint64_t wait = c->nreserved || full ? FERRY__KV_TAKE_FREE : c->wait_ns;
-        int rc = full ? FERRY_ENOSPACE : over_share(c, 1);
+        int rc = full                    ? FERRY_ENOSPACE
+                 : atomic_load(&c->cut) ? cut_off(c, 1)
+                                        : over_share(c, 1);
         if (rc == 0 &&
             (rc = ferry__kv_slot_reserve_wait(c->s->kv, ch->id, ch->tokens, wait, &e, &slot,
                                               &gen)) < 0)
-            declined(c, rc, NULL, wait != FERRY__KV_TAKE_FREE);
+            wait_declined(c, rc, 1, wait != FERRY__KV_TAKE_FREE);
         if (rc == 0 && hold_add(c, e, &ch->id, slot, gen, 1) < 0) {
             ferry__kv_slot_commit(c->s->kv, e, 1);
             rc = -ENOMEM;
@@ -362,7 +388,7 @@ static void on_acquire(ferry__srv_conn *c, const ferry__proto_req *q)
         if (rc == 0 && (rc = ferry__kv_slot_acquire_wait(kv, ch->id, wait, &e, &slot, &gen,
                                                          &tokens, &tier)) < 0 &&
             rc != FERRY_ENOTFOUND)
-            declined(c, rc, NULL, wait != FERRY__KV_TAKE_FREE);
+            wait_declined(c, rc, 0, wait != FERRY__KV_TAKE_FREE);
         if (rc == 0 && hold_add(c, e, &ch->id, slot, gen, 0) < 0) {
             ferry__kv_slot_release(kv, e, slot, gen);
             rc = -ENOMEM;
@@ -554,8 +580,10 @@ void *ferry__srv_conn_main(void *arg)
 {
     ferry__srv_conn *c = arg;
     FERRY_LOGD("serve: client pid %d uid %d connected", (int)c->pid, (int)c->uid);
+    ferry__kv_thread_cut(&c->cut);
     while (serve_one(c) == 0)
         ;
+    ferry__kv_thread_cut(NULL);
     holds_release(c);
     shutdown(c->fd, SHUT_RDWR);
     FERRY_LOGD("serve: client pid %d disconnected", (int)c->pid);

@@ -6,10 +6,19 @@
  * connection's own state (buffers, what it holds) belongs to its thread.
  * A connection's fd is closed only by whoever joins its thread, so a
  * shutdown() from ferry_serve_close never hits a reused descriptor.
+ *
+ * A connection thread waiting for an L1 slot (back-pressure) sits in the
+ * store, not on its socket, so others tell it when the wait is useless:
+ * ferry_serve_run polls every connection for a hang-up (events 0: only
+ * POLLHUP / POLLERR, never a request, wake it) and cuts the one whose
+ * client went; ferry_serve_close cuts them all. A cut connection takes no
+ * slot (kv_slots.h), so nothing is given out to a client that is gone or
+ * about to be.
  */
 #ifndef FERRY_SRC_SERVE_INT_H
 #define FERRY_SRC_SERVE_INT_H
 
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/types.h>
@@ -18,6 +27,9 @@
 #include "ferry/serve.h"
 #include "kv/kv_slots.h"
 #include "proto/proto.h"
+
+/* why a connection was cut */
+enum { FERRY__SRV_GONE = 1, FERRY__SRV_CLOSING = 2 };
 
 /* a slot a connection holds: reserved for its store (W) or acquired (R) */
 typedef struct ferry__srv_hold {
@@ -35,6 +47,9 @@ typedef struct ferry__srv_conn {
     uid_t uid;
     pthread_t th;
     atomic_int done;              /* its thread finished: join and free it */
+    atomic_int cut;               /* FERRY__SRV_GONE / _CLOSING: it takes no slot
+                                     (kv_slots.h: ferry__kv_thread_cut), so a wait
+                                     for one ends; 0 while it may */
     int hello;                    /* HELLO answered */
     uint8_t *in;                  /* the request payload */
     size_t in_cap;
@@ -79,6 +94,11 @@ struct ferry_serve {
     pthread_mutex_t mu;
     ferry__srv_conn *conns;
     unsigned nconns;
+    /* ferry_serve_run's poll set (its thread's alone): the socket, the stop
+     * pipe, then each connection not cut yet, watched for a hang-up */
+    struct pollfd *watch;
+    ferry__srv_conn **watch_c;
+    size_t watch_cap;
     atomic_uint_fast64_t connections, refused, requests, bad_frames, slow_clients, released;
     ferry__warnlim warn;          /* refusals and bad frames can come at any rate */
 };

@@ -12,7 +12,9 @@
  * Holders never queue, so the queue never waits on itself. Once the
  * store's close began (ferry_kv_close_begin: close_begun set and `loaded`
  * broadcast under mu) no caller waits: it gets -ECANCELED, holding
- * nothing, so no slot of it is ever written.
+ * nothing, so no slot of it is ever written. A daemon's connection thread
+ * that was cut (ferry__kv_thread_cut) gets -ECANCELED the same way, before
+ * it could take a slot, at its next look (a slice at most).
  */
 #include <errno.h>
 #include <time.h>
@@ -102,6 +104,13 @@ int ferry__kv_reserve(ferry_kv *kv, int tier, uint64_t now, uint64_t *loc, int m
 /* this thread's waits since it last asked (a daemon's connection thread:
  * its client's) */
 static _Thread_local uint64_t t_waits, t_wait_ns;
+/* this thread's cut (kv_slots.h), or NULL */
+static _Thread_local const atomic_int *t_cut;
+
+void ferry__kv_thread_cut(const atomic_int *cut)
+{
+    t_cut = cut;
+}
 
 void ferry__kv_thread_waits(uint64_t *waits, uint64_t *ns)
 {
@@ -158,6 +167,10 @@ int ferry__kv_reserve_l1(ferry_kv *kv, ferry__kv_waiter *w, uint64_t wait_ns, in
 {
     uint64_t now = ferry__kv_now_ns(kv);
     int r;
+    if (ferry__kv_cancelled(t_cut)) { /* (before any slot is taken: see kv_slots.h) */
+        ferry__kv_wait_leave(kv, w);
+        return -ECANCELED;
+    }
     if (wait_ns == FERRY__KV_TAKE_FREE)
         return ferry__kv_reserve(kv, FERRY_KV_TIER_L1, now, loc, RESERVE_TRY);
     if (!wait_ns) {

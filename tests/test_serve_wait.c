@@ -1,0 +1,599 @@
+/*
+ * test_serve_wait.c - a daemon connection waiting for an L1 slot on its
+ * client's behalf (back-pressure, pool_wait_ms) stops waiting when that
+ * wait can no longer help anyone: its client hangs up (killed, or closed
+ * with ferry_kv_close_begin), or the daemon closes (ferry_serve_close, or
+ * `ferry serve` given SIGTERM). Each case ends within a second where the
+ * wait would have lasted pool_wait_ms (20 s here); the waiter answers a
+ * closing daemon's client with a clear error, and no slot it could have
+ * taken is left held (the pool takes a whole L1 again afterwards).
+ */
+/* ferry-test-labels: concurrent */
+/* ferry-test-timeout: 300 */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ferry_test.h"
+#include "kv/kv_impl.h"
+#include "kv/kv_slots.h"
+#include "proto/proto.h"
+#include "serve_fixture.h"
+
+#define CT 16
+#define TB 64u
+#define PLANES 4u
+#define CHUNK (PLANES * CT * TB)
+#define SLOTS 4
+#define WAIT_MS 20000 /* what a waiter would wait out */
+
+static char g_dir[256];
+static char g_sock[300];
+static char g_ferry[4096];
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static ferry_kv_config store_config(void)
+{
+    ferry_kv_config c = FERRY_KV_CONFIG_INIT;
+    c.model = "wait-model";
+    c.layout = ft_kv_layout(TB);
+    c.chunk_tokens = CT;
+    c.l1_bytes = (uint64_t)SLOTS * CHUNK;
+    c.workers = 2;
+    c.pool_wait_ms = WAIT_MS;
+    return c;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    ft_tmpdir(g_dir, sizeof g_dir);
+    snprintf(g_sock, sizeof g_sock, "%s/ferry.sock", g_dir);
+    signal(SIGPIPE, SIG_IGN);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    ft_rmtree(g_dir);
+    return 0;
+}
+
+/* ---- a raw client: the protocol by hand ---- */
+
+typedef struct raw {
+    int fd, pool_fd;
+    uint64_t rid;
+    ferry__proto_buf out;
+    uint8_t in[1 << 14];
+    ferry__proto_hdr h;
+    ferry__proto_rd rd;
+} raw;
+
+static void raw_connect(raw *r)
+{
+    memset(r, 0, sizeof *r);
+    r->pool_fd = -1;
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    memcpy(a.sun_path, g_sock, strlen(g_sock) + 1);
+    r->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(r->fd >= 0);
+    for (int i = 0; connect(r->fd, (struct sockaddr *)&a, sizeof a) != 0; i++) {
+        if (i > 3000)
+            fail_msg("no daemon on %s: %s", g_sock, strerror(errno));
+        usleep(10000); /* (a daemon process still starting) */
+    }
+}
+
+static void raw_close(raw *r)
+{
+    if (r->fd >= 0)
+        close(r->fd);
+    if (r->pool_fd >= 0)
+        close(r->pool_fd);
+    r->fd = r->pool_fd = -1;
+    ferry__proto_buf_free(&r->out);
+}
+
+/* one reply: 0 and r->h, r->rd after its head (*rc its code), or -1 when
+ * the daemon closed the connection */
+static int raw_reply(raw *r, int32_t *rc, char *msg, size_t len)
+{
+    uint8_t hb[FERRY__PROTO_HDR];
+    for (size_t got = 0; got < sizeof hb;) {
+        ssize_t k = ft_recv_fd(r->fd, hb + got, sizeof hb - got, MSG_CMSG_CLOEXEC, &r->pool_fd);
+        if (k <= 0)
+            return -1;
+        got += (size_t)k;
+    }
+    char why[128];
+    assert_int_equal(ferry__proto_hdr_decode(hb, sizeof hb, &r->h, why, sizeof why), 0);
+    assert_true(r->h.len <= sizeof r->in);
+    for (size_t got = 0; got < r->h.len;) {
+        ssize_t k = recv(r->fd, r->in + got, r->h.len - got, 0);
+        if (k <= 0)
+            return -1;
+        got += (size_t)k;
+    }
+    r->rd = (ferry__proto_rd){r->in, r->in + r->h.len, 0};
+    *rc = ferry__proto_reply_head(&r->rd, msg, len);
+    return 0;
+}
+
+static void raw_req(raw *r, ferry__proto_req *q)
+{
+    q->hdr.rid = ++r->rid;
+    FT_ASSERT_OK(ferry__proto_req_encode(&r->out, q));
+    assert_int_equal(send(r->fd, r->out.p, r->out.len, MSG_NOSIGNAL), (ssize_t)r->out.len);
+}
+
+/* HELLO, any geometry, no pool: the daemon's slot count */
+static uint64_t raw_hello(raw *r)
+{
+    ferry__proto_req q;
+    memset(&q, 0, sizeof q);
+    q.hdr.type = FERRY__P_HELLO;
+    q.hello.layout = ft_kv_layout(TB);
+    q.hello.chunk_tokens = CT;
+    q.hello.seed = FERRY_KV_HASH_SEED_DEFAULT;
+    q.hello.flags = FERRY__HELLO_NO_POOL | FERRY__HELLO_ANY;
+    raw_req(r, &q);
+    int32_t rc;
+    char msg[256];
+    assert_int_equal(raw_reply(r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(rc, 0);
+    for (int i = 0; i < 7; i++)
+        (void)(i == 6 ? ferry__proto_get_u64(&r->rd) : ferry__proto_get_u32(&r->rd));
+    (void)ferry__proto_get_u32(&r->rd); /* pool */
+    (void)ferry__proto_get_u64(&r->rd); /* chunk bytes */
+    (void)ferry__proto_get_u64(&r->rd); /* slot bytes */
+    return ferry__proto_get_u64(&r->rd);
+}
+
+/* a RESERVE of n chunks (ids from base), sent */
+static void raw_reserve_send(raw *r, uint64_t base, uint32_t n)
+{
+    ferry__proto_chunk ch[64];
+    assert_true(n <= 64);
+    memset(ch, 0, sizeof ch);
+    for (uint32_t i = 0; i < n; i++) {
+        ch[i].id.lo = base + i;
+        ch[i].id.hi = 0x5eed;
+        ch[i].tokens = 1;
+    }
+    ferry__proto_req q;
+    memset(&q, 0, sizeof q);
+    q.hdr.type = FERRY__P_RESERVE;
+    q.n = n;
+    q.chunks = ch;
+    raw_req(r, &q);
+}
+
+/* its reply: how many chunks were reserved; codes[] each chunk's (n max) */
+static int raw_reserve_reply(raw *r, int32_t *codes, uint32_t n)
+{
+    int32_t rc;
+    char msg[256];
+    if (raw_reply(r, &rc, msg, sizeof msg) < 0)
+        return -1;
+    assert_int_equal(r->h.type, FERRY__P_RESERVE | FERRY__PROTO_REPLY);
+    assert_int_equal(rc, 0);
+    assert_int_equal(ferry__proto_get_u32(&r->rd), n);
+    int got = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        codes[i] = (int32_t)ferry__proto_get_u32(&r->rd);
+        (void)ferry__proto_get_u64(&r->rd);
+        (void)ferry__proto_get_u64(&r->rd);
+        got += codes[i] == 0;
+    }
+    return got;
+}
+
+/* the daemon's store's counters, asked over a connection */
+static ferry_kv_stats raw_stats(raw *r)
+{
+    ferry__proto_req q;
+    memset(&q, 0, sizeof q);
+    q.hdr.type = FERRY__P_STATS;
+    raw_req(r, &q);
+    int32_t rc;
+    char msg[256];
+    assert_int_equal(raw_reply(r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(rc, 0);
+    (void)ferry__proto_get_u32(&r->rd);
+    uint32_t sz = ferry__proto_get_u32(&r->rd);
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    assert_true(sz <= sizeof m && r->rd.p + sz <= r->rd.end);
+    memcpy(&m, r->rd.p, sz);
+    return m;
+}
+
+/* ---- the pool held whole, a waiter behind it ---- */
+
+#define MAX_HOLDERS 8
+
+typedef struct crowd {
+    raw holder[MAX_HOLDERS];
+    int nholders;
+    raw waiter, watch;
+    uint64_t nslots;
+    uint64_t waits0; /* pool_waits before the waiter's */
+} crowd;
+
+/* every slot reserved, each holder its share (half the pool), then one
+ * RESERVE from the waiter, which waits: back once the daemon counts it */
+static void crowd_start(crowd *c)
+{
+    memset(c, 0, sizeof *c);
+    raw_connect(&c->watch);
+    c->nslots = raw_hello(&c->watch);
+    assert_true(c->nslots >= 1 && c->nslots <= 64);
+    c->waits0 = raw_stats(&c->watch).pool_waits;
+    uint64_t share = c->nslots > 1 ? c->nslots / 2 : 1, held = 0;
+    while (held < c->nslots) {
+        assert_true(c->nholders < MAX_HOLDERS);
+        raw *h = &c->holder[c->nholders++];
+        raw_connect(h);
+        raw_hello(h);
+        uint32_t n = (uint32_t)FERRY__MIN(share, c->nslots - held);
+        int32_t codes[64];
+        raw_reserve_send(h, 0x1000u * (uint64_t)c->nholders, n);
+        assert_int_equal(raw_reserve_reply(h, codes, n), (int)n);
+        held += n;
+    }
+    raw_connect(&c->waiter);
+    raw_hello(&c->waiter);
+    raw_reserve_send(&c->waiter, 0x900000u, 1);
+    for (int i = 0;; i++) {
+        ferry_kv_stats m = raw_stats(&c->watch);
+        if (m.pool_waits > c->waits0)
+            break;
+        if (i > 500)
+            fail_msg("the waiter's RESERVE never waited");
+        usleep(10000);
+    }
+}
+
+static void crowd_close_holders(crowd *c)
+{
+    for (int i = 0; i < c->nholders; i++)
+        raw_close(&c->holder[i]);
+    raw_close(&c->watch);
+}
+
+/* the daemon (in this process) serves n clients within limit_s: the time
+ * it took */
+static double clients_become(ferry_serve *s, unsigned n, double limit_s)
+{
+    double t0 = now_s();
+    ferry_serve_stats ss = FERRY_SERVE_STATS_INIT;
+    for (;;) {
+        FT_ASSERT_OK(ferry_serve_stats_get(s, &ss));
+        if (ss.clients == n)
+            return now_s() - t0;
+        if (now_s() - t0 > limit_s)
+            fail_msg("the daemon still serves %u clients after %.1f s (expected %u)",
+                     ss.clients, limit_s, n);
+        usleep(2000);
+    }
+}
+
+/* every slot free again: a fresh connection per share reserves the whole
+ * pool at once, and the store's index is sound */
+static void assert_pool_whole(ferry_serve *s, uint64_t nslots)
+{
+    ferry_kv *kv = ferry_serve_kv(s);
+    FT_ASSERT_OK(ferry__kv_check(kv));
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
+    assert_int_equal(m.tier[FERRY_KV_TIER_L1].chunks, 0);
+    assert_int_equal(m.tier[FERRY_KV_TIER_L1].used_bytes, 0);
+    raw r[MAX_HOLDERS];
+    uint64_t share = nslots > 1 ? nslots / 2 : 1, held = 0;
+    int k = 0;
+    for (; held < nslots; k++) {
+        raw_connect(&r[k]);
+        raw_hello(&r[k]);
+        uint32_t n = (uint32_t)FERRY__MIN(share, nslots - held);
+        int32_t codes[64];
+        /* (WAIT 0: decline at once rather than wait for a slot that leaked) */
+        ferry__proto_req q;
+        memset(&q, 0, sizeof q);
+        q.hdr.type = FERRY__P_WAIT;
+        raw_req(&r[k], &q);
+        int32_t rc;
+        char msg[64];
+        assert_int_equal(raw_reply(&r[k], &rc, msg, sizeof msg), 0);
+        raw_reserve_send(&r[k], 0x70000u * (uint64_t)(k + 1), n);
+        assert_int_equal(raw_reserve_reply(&r[k], codes, n), (int)n);
+        held += n;
+    }
+    for (int i = 0; i < k; i++)
+        raw_close(&r[i]);
+    clients_become(s, 0, 5);
+}
+
+static void srv_start(ft_srv *v)
+{
+    ferry_kv_config kc = store_config();
+    ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
+    sc.socket_path = g_sock;
+    sc.kv = &kc;
+    ft_srv_open(v, &sc);
+}
+
+/* ---- the client hangs up ---- */
+
+static void test_waiter_whose_client_hangs_up_ends(void **state)
+{
+    (void)state;
+    ft_srv v;
+    srv_start(&v);
+    crowd c;
+    crowd_start(&c);
+    unsigned n = 2u + (unsigned)c.nholders; /* watch, holders, waiter */
+    clients_become(v.s, n, 5);
+    raw_close(&c.waiter); /* (as a kill -9 would) */
+    double took = clients_become(v.s, n - 1, 10);
+    print_message("waiter's thread ended %.3f s after its client hung up\n", took);
+    assert_true(took < 1.0);
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(ferry_serve_kv(v.s), &m));
+    assert_true(m.pool_wait_us < 1000000); /* the wait itself ended, not just the thread */
+    crowd_close_holders(&c);
+    clients_become(v.s, 0, 5);
+    assert_pool_whole(v.s, c.nslots);
+    ft_srv_close(&v);
+}
+
+typedef struct store_arg {
+    ferry_kv *kv;
+    int rc, st;
+    double t_end;
+    char msg[512];
+} store_arg;
+
+static void *store_main(void *p)
+{
+    store_arg *a = p;
+    int32_t tok[CT];
+    for (int i = 0; i < CT; i++)
+        tok[i] = 4242 + i;
+    unsigned char *mem = calloc(PLANES * CT, TB);
+    ferry_kv_buffer b = FERRY_KV_BUFFER_INIT;
+    b.layout = ft_kv_layout(TB);
+    b.base = (uint64_t)(uintptr_t)mem;
+    b.capacity_tokens = CT;
+    int st[1] = {1};
+    ferry_kv_req r = FERRY_KV_REQ_INIT;
+    r.status = st;
+    r.max_chunks = 1;
+    a->rc = ferry_kv_store(a->kv, tok, CT, &r, &b);
+    a->st = st[0];
+    a->t_end = now_s();
+    snprintf(a->msg, sizeof a->msg, "%s", ferry_kv_last_error(a->kv));
+    free(mem);
+    return NULL;
+}
+
+static ferry_kv *client_open(void)
+{
+    ferry_kv_config c = store_config();
+    c.server = g_sock;
+    c.server_timeout_ms = 2000;
+    c.l1_bytes = 1;
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    return kv;
+}
+
+/* a client's store waits in the daemon; ferry_kv_close_begin drops its
+ * connection: the daemon's waiter goes with it */
+static void test_waiter_whose_client_closes_ends(void **state)
+{
+    (void)state;
+    ft_srv v;
+    srv_start(&v);
+    crowd c;
+    crowd_start(&c);
+    raw_close(&c.waiter);
+    unsigned n = 1u + (unsigned)c.nholders;
+    clients_become(v.s, n, 5);
+    uint64_t waits = raw_stats(&c.watch).pool_waits;
+    store_arg a = {client_open(), 1, 1, 0, ""};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, store_main, &a), 0);
+    for (int i = 0; raw_stats(&c.watch).pool_waits == waits; i++) {
+        if (i > 500)
+            fail_msg("the client's store never waited");
+        usleep(10000);
+    }
+    ferry_kv_close_begin(a.kv);
+    double t0 = now_s();
+    pthread_join(th, NULL);
+    double took = clients_become(v.s, n, 10) + (now_s() - t0);
+    print_message("store returned %d (%s); the daemon's waiter ended within %.3f s\n", a.rc,
+                  a.msg, took);
+    assert_true(a.rc < 0 || a.st < 0);
+    assert_true(took < 1.0);
+    ferry_kv_close(a.kv);
+    crowd_close_holders(&c);
+    clients_become(v.s, 0, 5);
+    assert_pool_whole(v.s, c.nslots);
+    ft_srv_close(&v);
+}
+
+/* ---- the daemon closes ---- */
+
+static void test_close_answers_its_waiters(void **state)
+{
+    (void)state;
+    ft_srv v;
+    srv_start(&v);
+    crowd c;
+    crowd_start(&c);
+    uint64_t waits = raw_stats(&c.watch).pool_waits;
+    store_arg a = {client_open(), 1, 1, 0, ""};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, store_main, &a), 0);
+    for (int i = 0; raw_stats(&c.watch).pool_waits == waits; i++) {
+        if (i > 500)
+            fail_msg("the client's store never waited");
+        usleep(10000);
+    }
+    double t0 = now_s();
+    ft_srv_close(&v);
+    double took = now_s() - t0;
+    pthread_join(th, NULL);
+    print_message("serve close took %.3f s; the client's store returned %d/%d after %.3f s: "
+                  "%s\n", took, a.rc, a.st, a.t_end - t0, a.msg);
+    assert_true(took < 1.0);
+    assert_true(a.t_end - t0 < 1.5);
+    assert_true(a.rc < 0 || a.st < 0);
+    /* the raw waiter: its RESERVE answered, the chunk declined as cancelled */
+    int32_t code = 0;
+    assert_int_equal(raw_reserve_reply(&c.waiter, &code, 1), 0);
+    assert_int_equal(code, -ECANCELED);
+    raw_close(&c.waiter);
+    ferry_kv_close(a.kv);
+    crowd_close_holders(&c);
+}
+
+/*
+ * The slots held by something a connection's end does not free (here the
+ * daemon's store reserving them itself; in life a write-through that does
+ * not finish, a slot retired): before, close joined a waiter that waited
+ * its pool_wait_ms out. (The reservations go with the store's close.)
+ */
+static void test_close_with_slots_held_in_the_daemon(void **state)
+{
+    (void)state;
+    ft_srv v;
+    srv_start(&v);
+    ferry_kv *skv = ferry_serve_kv(v.s);
+    for (uint64_t i = 0; i < SLOTS; i++) {
+        ferry__kv_entry *e;
+        uint64_t slot, gen;
+        ferry_kv_hash id = {0xabc0u + i, 0x1d};
+        FT_ASSERT_OK(ferry__kv_slot_reserve(skv, id, 1, &e, &slot, &gen));
+    }
+    raw w;
+    raw_connect(&w);
+    raw_hello(&w);
+    uint64_t waits = raw_stats(&w).pool_waits;
+    raw_reserve_send(&w, 0x900000u, 1);
+    raw watch;
+    raw_connect(&watch);
+    raw_hello(&watch);
+    for (int i = 0; raw_stats(&watch).pool_waits == waits; i++) {
+        if (i > 500)
+            fail_msg("the waiter's RESERVE never waited");
+        usleep(10000);
+    }
+    double t0 = now_s();
+    ft_srv_close(&v);
+    double took = now_s() - t0;
+    print_message("serve close with the pool held in the daemon took %.3f s\n", took);
+    assert_true(took < 1.0);
+    int32_t code = 0;
+    assert_int_equal(raw_reserve_reply(&w, &code, 1), 0);
+    assert_int_equal(code, -ECANCELED);
+    raw_close(&w);
+    raw_close(&watch);
+}
+
+/* `ferry serve` given SIGTERM while a client waits exits at once */
+static void test_sigterm_while_a_client_waits(void **state)
+{
+    (void)state;
+    if (access(g_ferry, X_OK) != 0) {
+        print_message("skip: %s not built\n", g_ferry);
+        skip();
+    }
+    char conf[320], log[320];
+    snprintf(conf, sizeof conf, "%s/serve.yaml", g_dir);
+    snprintf(log, sizeof log, "%s/serve.log", g_dir);
+    FILE *f = fopen(conf, "w");
+    assert_non_null(f);
+    fprintf(f, "model: tiny\nl1_bytes: 4M\nsocket: %s\nworkers: 2\npool_wait_ms: %d\n", g_sock,
+            WAIT_MS);
+    fclose(f);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        dup2(fd, 2);
+        execl(g_ferry, g_ferry, "serve", "--config", conf, (char *)NULL);
+        _exit(127);
+    }
+    crowd c;
+    crowd_start(&c);
+    double t0 = now_s();
+    kill(pid, SIGTERM);
+    int st = 0;
+    for (;;) {
+        pid_t w = waitpid(pid, &st, WNOHANG);
+        if (w == pid)
+            break;
+        if (now_s() - t0 > 60) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            fail_msg("ferry serve did not exit within 60 s of SIGTERM");
+        }
+        usleep(2000);
+    }
+    double took = now_s() - t0;
+    print_message("ferry serve (%llu slots) exited %.3f s after SIGTERM\n",
+                  (unsigned long long)c.nslots, took);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    assert_true(took < 2.0);
+    int32_t code = 0;
+    assert_int_equal(raw_reserve_reply(&c.waiter, &code, 1), 0);
+    assert_int_equal(code, -ECANCELED);
+    raw_close(&c.waiter);
+    crowd_close_holders(&c);
+}
+
+int main(void)
+{
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+        self[n] = 0;
+        snprintf(g_ferry, sizeof g_ferry, "%s/../ferry", dirname(self));
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_waiter_whose_client_hangs_up_ends, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_waiter_whose_client_closes_ends, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_close_answers_its_waiters, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_close_with_slots_held_in_the_daemon, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_sigterm_while_a_client_waits, setup, teardown),
+    };
+    if (getenv("FT_FILTER")) /* (one test by name, when chasing one) */
+        cmocka_set_test_filter(getenv("FT_FILTER"));
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
