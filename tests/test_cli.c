@@ -855,6 +855,35 @@ static void kv_bench_server_gives_up_within_the_timeout(void **state)
 
 /* tcp:// (or any scheme but unix) is not a path: refused wherever a
  * daemon's address is given, naming what is accepted */
+/* a bad value of the library's own environment variables is one warning
+ * line each at the first open (it used to be dropped in silence): the
+ * variable, its value, what is used instead; the command runs as without
+ * it (here: a slab check of no slab, exit 2 in its own line) */
+static void bad_environment_values_are_warned_of_once(void **state)
+{
+    (void)state;
+    run_out *r = malloc(sizeof *r);
+    assert_non_null(r);
+    static const char *const vars[] = {"FERRY_LOG", "FERRY_KV_DIRECT", "FERRY_KV_READ_DEPTH"};
+    static const char *const bad[] = {"verbose", "yes", "64"};
+    for (size_t i = 0; i < 3; i++)
+        assert_int_equal(setenv(vars[i], bad[i], 1), 0);
+    run_ferry("slab check @/none", r);
+    for (size_t i = 0; i < 3; i++)
+        unsetenv(vars[i]);
+    assert_int_equal(r->status, 2);
+    assert_int_equal(count_lines(r->err), 4);
+    for (size_t i = 0; i < 3; i++) {
+        char want[80];
+        snprintf(want, sizeof want, "ferry warn: %s=%s: ", vars[i], bad[i]);
+        const char *at = strstr(r->err, want);
+        if (!at || strstr(at + 1, want) || !strstr(at, "using"))
+            fail_msg("want one '%s...using...' line: '%s'", want, r->err);
+    }
+    assert_non_null(strstr(r->err, "ferry slab check: "));
+    free(r);
+}
+
 static void server_addresses_are_unix_sockets_only(void **state)
 {
     (void)state;
@@ -958,6 +987,7 @@ int main(void)
         cmocka_unit_test(group_help_exits_0),
         cmocka_unit_test(serve_runs_and_stops_cleanly),
         cmocka_unit_test(kv_bench_server_gives_up_within_the_timeout),
+        cmocka_unit_test(bad_environment_values_are_warned_of_once),
         cmocka_unit_test(server_addresses_are_unix_sockets_only),
         cmocka_unit_test(a_refused_serve_says_one_line),
         cmocka_unit_test(the_readmes_options_do_what_it_says),
