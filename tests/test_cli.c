@@ -545,6 +545,12 @@ static void options_that_would_be_ignored_are_refused(void **state)
     expect_usage("kv bench --sessions 3", "--sessions", "--workload chat");
     expect_usage("kv bench --workload qa --turn-tokens 64", "--turn-tokens", "--workload chat");
     expect_usage("kv bench --clients 3", "--clients 3", "--server");
+    /* the --cold figure is of the qa documents (a chat run read past its
+     * prompts); --persist-rounds shapes --persistent's figure alone */
+    expect_usage("kv bench --model tiny --workload chat --dir @ --cold 1", "--cold",
+                 "--workload qa");
+    expect_usage("kv bench --model tiny --persist-rounds 2", "--persist-rounds 2",
+                 "--persistent");
     expect_usage("kv bench --model tiny --dir @ --cold 2 --layerwise 2", "--cold 2",
                  "--layerwise 2");
     /* --plot and -o in a directory that does not exist */

@@ -109,7 +109,7 @@ static const num_opt num_opts[] = {
     {"--heads", offsetof(opts, heads), 1, 1024, 0},
     {"--head-dim", offsetof(opts, head_dim), 1, 4096, 0},
     {"--persist-rounds", offsetof(opts, persist_rounds), 0, PC_MAX_ROUNDS, 0},
-    {"--cold", offsetof(opts, cold_rounds), 1, COLD_MAX_ROUNDS, 0},
+    {"--cold", offsetof(opts, cold_rounds), 1, COLD_MAX_ROUNDS, 'q'}, /* (the documents) */
     {"--inflight", offsetof(opts, cold_inflight), 1, COLD_MAX_INFLIGHT, 0},
     {"--paged", offsetof(opts, paged), 1, 65536, 0},
     {"--layerwise", offsetof(opts, layerwise_rounds), 1, LAYERWISE_MAX_ROUNDS, 0},
@@ -119,6 +119,7 @@ static const num_opt num_opts[] = {
 typedef struct given {
     const char *qa, *chat; /* the first option given of each workload */
     const char *clients;   /* --clients N */
+    const char *rounds;    /* --persist-rounds N */
 } given;
 
 static int parse_check(opts *o, int l2_given, int engine_given, int create, const given *g);
@@ -132,7 +133,7 @@ static int parse(int argc, char **argv, opts *o)
     static const char *const engines[] = {"auto", "posix", "uring", NULL};
     static const char *const devices[] = {"host", "cuda", NULL};
     int create = 0, l2_given = 0, engine_given = 0;
-    given g = {NULL, NULL, NULL};
+    given g = {NULL, NULL, NULL, NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         uint64_t x = 0;
@@ -147,6 +148,8 @@ static int parse(int argc, char **argv, opts *o)
                     g.qa = a;
                 else if (num_opts[n].workload == 'c' && !g.chat)
                     g.chat = a;
+                if (!strcmp(a, "--persist-rounds"))
+                    g.rounds = a;
                 i++;
                 done = 1;
                 break;
@@ -251,6 +254,10 @@ static int parse_check(opts *o, int l2_given, int engine_given, int create, cons
     if (g->clients && !o->server)
         return cli_usage(KVB_CMD, "--clients %u: client processes of a daemon; accepted: "
                                   "--server ADDR --clients N", o->clients);
+    if (g->rounds && !o->persistent)
+        return cli_usage(KVB_CMD, "--persist-rounds %u: rounds of --persistent's cost figure; "
+                                  "accepted: --dir DIR --persistent --persist-rounds N",
+                         o->persist_rounds);
     if (o->cold_rounds && o->layerwise_rounds)
         return cli_usage(KVB_CMD, "--cold %u and --layerwise %u: each is a run of its own; "
                                   "accepted: one of them", o->cold_rounds, o->layerwise_rounds);
