@@ -502,6 +502,12 @@ static void the_readmes_options_do_what_it_says(void **state)
     run_ferry("moe gen --model small --tokens 16 -o @/nopred.jsonl", r);
     assert_int_equal(r->status, 0);
     expect_usage("moe sim @/nopred.jsonl --hints trace", "--hints trace", "no predictions");
+    /* hints' options with no hints, the NVMe link with no experts there: ignored before */
+    expect_usage("moe sim @/pred.jsonl --hints trace --hint-steps 0", "--hints",
+                 "--hint-steps 0");
+    expect_usage("moe sim @/pred.jsonl --hint-steps 0 --hint-accuracy 0.5", "--hint-accuracy",
+                 "--hint-steps N");
+    expect_usage("moe sim @/pred.jsonl --nvme-gbs 12", "--nvme-gbs 12", "--nvme-share");
     /* moe gen: no "top-32 cover 0.0%" for a model of fewer than 64 experts */
     assert_null(strstr(r->out, "top-32 cover"));
     run_ferry("moe gen --model small --tokens 16 --json -o @/nopred.jsonl", r);

@@ -260,6 +260,7 @@ int cmd_moe_sim(int argc, char **argv)
     o.hint_steps = 1;
     int json = 0;
     uint64_t preset_bytes = 0;
+    const char *hint_flag = NULL; /* --hints or --hint-accuracy, as given */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int rc = 0;
@@ -301,9 +302,11 @@ int cmd_moe_sim(int argc, char **argv)
         else if (!strcmp(a, "--hint-steps")) {
             if ((rc = cli_opt_count(cmd, a, v, 0, 1u << 20, &x)) == 0)
                 o.hint_steps = (uint32_t)x;
-        } else if (!strcmp(a, "--hint-accuracy"))
+        } else if (!strcmp(a, "--hint-accuracy")) {
             rc = cli_opt_real(cmd, a, v, 0, 1, &o.hint_accuracy);
-        else if (!strcmp(a, "--hints")) {
+            hint_flag = hint_flag ? hint_flag : a;
+        } else if (!strcmp(a, "--hints")) {
+            hint_flag = hint_flag ? hint_flag : a;
             static const char *const kinds[] = {"made", "trace", NULL};
             int k = 0;
             if ((rc = cli_opt_choice(cmd, a, v, kinds, &k)) == 0)
@@ -344,6 +347,13 @@ int cmd_moe_sim(int argc, char **argv)
             if (!ferry_moe_policy_describe(pl[p]))
                 return cli_bad(cmd, "--policies", pcopy, acc, "unknown policy '%s'", pl[p]);
     }
+    /* an option the run would ignore is refused */
+    if (hint_flag && !o.hint_steps)
+        return cli_usage(cmd, "%s with --hint-steps 0: no hints are given then; accepted: "
+                              "--hint-steps N (1 or more) %s ...", hint_flag, hint_flag);
+    if (o.nvme_gbs > 0 && o.nvme_share <= 0)
+        return cli_usage(cmd, "--nvme-gbs %g: the link of the experts on NVMe; accepted: "
+                              "--nvme-share F (above 0) --nvme-gbs G", o.nvme_gbs);
     if (o.nvme_share > 0 && o.nvme_gbs <= 0)
         return cli_usage(cmd, "--nvme-share %g needs --nvme-gbs; accepted: (0, 1e6]",
                          o.nvme_share);
