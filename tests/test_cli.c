@@ -502,6 +502,12 @@ static void the_readmes_options_do_what_it_says(void **state)
     run_ferry("moe gen --model small --tokens 16 -o @/nopred.jsonl", r);
     assert_int_equal(r->status, 0);
     expect_usage("moe sim @/nopred.jsonl --hints trace", "--hints trace", "no predictions");
+    /* hints' options with no hints, the NVMe link with no experts there: ignored before */
+    expect_usage("moe sim @/pred.jsonl --hints trace --hint-steps 0", "--hints",
+                 "--hint-steps 0");
+    expect_usage("moe sim @/pred.jsonl --hint-steps 0 --hint-accuracy 0.5", "--hint-accuracy",
+                 "--hint-steps N");
+    expect_usage("moe sim @/pred.jsonl --nvme-gbs 12", "--nvme-gbs 12", "--nvme-share");
     /* moe gen: no "top-32 cover 0.0%" for a model of fewer than 64 experts */
     assert_null(strstr(r->out, "top-32 cover"));
     run_ferry("moe gen --model small --tokens 16 --json -o @/nopred.jsonl", r);
@@ -545,6 +551,12 @@ static void options_that_would_be_ignored_are_refused(void **state)
     expect_usage("kv bench --sessions 3", "--sessions", "--workload chat");
     expect_usage("kv bench --workload qa --turn-tokens 64", "--turn-tokens", "--workload chat");
     expect_usage("kv bench --clients 3", "--clients 3", "--server");
+    /* the --cold figure is of the qa documents (a chat run read past its
+     * prompts); --persist-rounds shapes --persistent's figure alone */
+    expect_usage("kv bench --model tiny --workload chat --dir @ --cold 1", "--cold",
+                 "--workload qa");
+    expect_usage("kv bench --model tiny --persist-rounds 2", "--persist-rounds 2",
+                 "--persistent");
     expect_usage("kv bench --model tiny --dir @ --cold 2 --layerwise 2", "--cold 2",
                  "--layerwise 2");
     /* --plot and -o in a directory that does not exist */
@@ -855,6 +867,35 @@ static void kv_bench_server_gives_up_within_the_timeout(void **state)
 
 /* tcp:// (or any scheme but unix) is not a path: refused wherever a
  * daemon's address is given, naming what is accepted */
+/* a bad value of the library's own environment variables is one warning
+ * line each at the first open (it used to be dropped in silence): the
+ * variable, its value, what is used instead; the command runs as without
+ * it (here: a slab check of no slab, exit 2 in its own line) */
+static void bad_environment_values_are_warned_of_once(void **state)
+{
+    (void)state;
+    run_out *r = malloc(sizeof *r);
+    assert_non_null(r);
+    static const char *const vars[] = {"FERRY_LOG", "FERRY_KV_DIRECT", "FERRY_KV_READ_DEPTH"};
+    static const char *const bad[] = {"verbose", "yes", "64"};
+    for (size_t i = 0; i < 3; i++)
+        assert_int_equal(setenv(vars[i], bad[i], 1), 0);
+    run_ferry("slab check @/none", r);
+    for (size_t i = 0; i < 3; i++)
+        unsetenv(vars[i]);
+    assert_int_equal(r->status, 2);
+    assert_int_equal(count_lines(r->err), 4);
+    for (size_t i = 0; i < 3; i++) {
+        char want[80];
+        snprintf(want, sizeof want, "ferry warn: %s=%s: ", vars[i], bad[i]);
+        const char *at = strstr(r->err, want);
+        if (!at || strstr(at + 1, want) || !strstr(at, "using"))
+            fail_msg("want one '%s...using...' line: '%s'", want, r->err);
+    }
+    assert_non_null(strstr(r->err, "ferry slab check: "));
+    free(r);
+}
+
 static void server_addresses_are_unix_sockets_only(void **state)
 {
     (void)state;
@@ -958,6 +999,7 @@ int main(void)
         cmocka_unit_test(group_help_exits_0),
         cmocka_unit_test(serve_runs_and_stops_cleanly),
         cmocka_unit_test(kv_bench_server_gives_up_within_the_timeout),
+        cmocka_unit_test(bad_environment_values_are_warned_of_once),
         cmocka_unit_test(server_addresses_are_unix_sockets_only),
         cmocka_unit_test(a_refused_serve_says_one_line),
         cmocka_unit_test(the_readmes_options_do_what_it_says),

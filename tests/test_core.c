@@ -16,6 +16,8 @@
 
 #include "core.h"
 #include "dirlock.h"
+#include "env.h"
+#include "kv/store/store_int.h"
 #include "sized.h"
 #include "ferry_test.h"
 
@@ -119,6 +121,81 @@ static void log_levels_filter_and_parse(void **state)
     assert_int_equal(g_logged, 1);
     ferry_log_set_callback(NULL, NULL);
     ferry_log_set_level(FERRY_LOG_WARN);
+}
+
+/* the library's environment variables: a valid value reads as before, a
+ * bad one as unset and is flagged; the read depth's rules are the store's
+ * own (ferry__kv_read_depth, read at each retrieve) */
+static void env_values_read_as_their_readers_do(void **state)
+{
+    (void)state;
+    int bad = -1;
+    assert_int_equal(ferry__env_log_level("debug", &bad), FERRY_LOG_DEBUG);
+    assert_int_equal(bad, 0);
+    assert_int_equal(ferry__env_log_level("Warning", &bad), FERRY_LOG_WARN);
+    assert_int_equal(bad, 0);
+    assert_int_equal(ferry__env_log_level("0", &bad), FERRY_LOG_OFF);
+    assert_int_equal(bad, 0);
+    assert_int_equal(ferry__env_log_level("verbose", &bad), FERRY_LOG_WARN);
+    assert_int_equal(bad, 1);
+    assert_int_equal(ferry__env_log_level("", &bad), FERRY_LOG_WARN);
+    assert_int_equal(bad, 0);
+    assert_int_equal(ferry__env_log_level(NULL, &bad), FERRY_LOG_WARN);
+    assert_int_equal(bad, 0);
+    static const struct {
+        const char *v;
+        int mode, bad;
+    } direct[] = {{"0", 0, 0}, {"1", 1, 0}, {NULL, 2, 0}, {"", 2, 0},
+                  {"2", 2, 1}, {"yes", 2, 1}, {"1 ", 2, 1}, {"01", 2, 1}};
+    for (size_t i = 0; i < sizeof direct / sizeof direct[0]; i++) {
+        assert_int_equal(ferry__env_kv_direct(direct[i].v, &bad), direct[i].mode);
+        assert_int_equal(bad, direct[i].bad);
+    }
+    static const char *const depths[] = {"1", "2", "16", "32", "+4", " 8", "0", "33", "4x",
+                                         "-1", "", "99999999999999999999", "x"};
+    for (size_t i = 0; i < sizeof depths / sizeof depths[0]; i++) {
+        assert_int_equal(setenv("FERRY_KV_READ_DEPTH", depths[i], 1), 0);
+        unsigned want = ferry__kv_read_depth(7);
+        if (ferry__env_read_depth(depths[i], 7, &bad) != want)
+            fail_msg("FERRY_KV_READ_DEPTH=%s: %u here, %u in the store", depths[i],
+                     ferry__env_read_depth(depths[i], 7, NULL), want);
+        assert_int_equal(bad, depths[i][0] && want == 7);
+    }
+    assert_int_equal(unsetenv("FERRY_KV_READ_DEPTH"), 0);
+    assert_int_equal(ferry__env_read_depth(NULL, 7, &bad), 7);
+    assert_int_equal(bad, 0);
+}
+
+/* a bad value of each is one warning naming the variable, its value and
+ * what is used instead; unset or valid values say nothing */
+static void env_bad_values_are_warned_of(void **state)
+{
+    (void)state;
+    static const char *const vars[] = {"FERRY_LOG", "FERRY_KV_DIRECT", "FERRY_KV_READ_DEPTH"};
+    static const char *const bad[] = {"verbose", "yes", "64"};
+    static const char *const good[] = {"warn", "1", "8"};
+    ferry_log_set_callback(log_cb, NULL);
+    ferry_log_set_level(FERRY_LOG_WARN);
+    for (size_t i = 0; i < 3; i++)
+        unsetenv(vars[i]);
+    g_logged = 0;
+    assert_int_equal(ferry__env_warn(), 0);
+    assert_int_equal(g_logged, 0);
+    for (size_t i = 0; i < 3; i++) {
+        assert_int_equal(setenv(vars[i], good[i], 1), 0);
+        assert_int_equal(ferry__env_warn(), 0);
+        assert_int_equal(g_logged, 0);
+        char want[64];
+        snprintf(want, sizeof want, "%s=%s: ", vars[i], bad[i]);
+        assert_int_equal(setenv(vars[i], bad[i], 1), 0);
+        assert_int_equal(ferry__env_warn(), 1);
+        assert_int_equal(g_logged, 1);
+        if (strncmp(g_last_log, want, strlen(want)) || !strstr(g_last_log, "using"))
+            fail_msg("%s: '%s'", want, g_last_log);
+        g_logged = 0;
+        unsetenv(vars[i]);
+    }
+    ferry_log_set_callback(NULL, NULL);
 }
 
 static void allocation_hook_injects_oom(void **state)
@@ -388,6 +465,8 @@ int main(void)
         cmocka_unit_test(error_messages_go_to_handle_and_thread),
         cmocka_unit_test(error_locks_are_free_in_a_forked_child),
         cmocka_unit_test(log_levels_filter_and_parse),
+        cmocka_unit_test(env_values_read_as_their_readers_do),
+        cmocka_unit_test(env_bad_values_are_warned_of),
         cmocka_unit_test(allocation_hook_injects_oom),
         cmocka_unit_test(sizes_parse_with_suffixes),
         cmocka_unit_test(version_matches_macros),

@@ -2021,6 +2021,58 @@ static void test_opens_without_create_make_no_file(void **state)
     ft_rmtree(d);
 }
 
+/* a later directory holding nothing of a store, given to an open that may
+ * not create (read-only, or a plain writable open as --repair makes): the
+ * open is refused as before and leaves no lock file there; a directory
+ * of the slab still gets its lock, and a writable open its pid there */
+static void test_opens_without_create_lock_no_bare_later_directory(void **state)
+{
+    (void)state;
+    char a[256], b[256], c[256], path[400];
+    ft_tmpdir(a, sizeof a);
+    ft_tmpdir(b, sizeof b);
+    ft_tmpdir(c, sizeof c);
+    const char *ab[] = {a, b}, *abc[] = {a, b, c}, *ac[] = {a, c};
+    ferry_pslab_options o = opts(ab, 2, 8 * MiB);
+    ferry_pslab *p = open_ok(&o);
+    put_k(p, 1, 1);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    unsigned modes[] = {FERRY_PSLAB_READONLY, 0, FERRY_PSLAB_READONLY | FERRY_PSLAB_CREATE};
+    for (size_t i = 0; i < 3; i++) {
+        o = opts(abc, 3, 0);
+        o.flags = modes[i];
+        assert_int_equal(ferry_pslab_open(&o, &p), FERRY_EMISMATCH);
+        assert_non_null(strstr(ferry_last_error(), "3 directories given"));
+        assert_int_equal(dir_entries(c), 0);
+        o = opts(ac, 2, 0);
+        o.flags = modes[i];
+        assert_true(ferry_pslab_open(&o, &p) < 0);
+        assert_non_null(strstr(ferry_last_error(), c));
+        assert_int_equal(dir_entries(c), 0);
+    }
+    /* b without its lock file (removed by hand): it holds the slab file,
+     * so the open locks it (a shared lock, then an owner's with its pid) */
+    path_in(b, FERRY_PSLAB_LOCK, path, sizeof path);
+    assert_int_equal(unlink(path), 0);
+    o = opts(ab, 2, 0);
+    o.flags = FERRY_PSLAB_READONLY;
+    p = open_ok(&o);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_true(has_k(p, 1, 1));
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    o.flags = 0;
+    p = open_ok(&o);
+    assert_true(file_size(path) > 0);
+    ferry_pslab *q = NULL;
+    o.flags = FERRY_PSLAB_READONLY;
+    assert_int_equal(ferry_pslab_open(&o, &q), FERRY_EBUSY);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(a);
+    ft_rmtree(b);
+    ft_rmtree(c);
+}
+
 static void test_full_batch_slab_reuses_forgotten_extents_without_a_sync(void **state)
 {
     (void)state;
@@ -2252,6 +2304,7 @@ int main(void)
         cmocka_unit_test(test_iterate_and_put_many),
         cmocka_unit_test(test_two_drives_striped_restart),
         cmocka_unit_test(test_open_without_store_is_enoent),
+        cmocka_unit_test(test_opens_without_create_lock_no_bare_later_directory),
         cmocka_unit_test(test_newer_format_version_is_eversion),
         cmocka_unit_test(test_truncated_files_are_ecorrupt),
         cmocka_unit_test(test_other_geometry_is_emismatch),

@@ -331,6 +331,11 @@ static void test_reset_of_part_of_a_striped_slab_is_refused(void **state)
     struct stat st;
     snprintf(f, sizeof f, "%s/%s", c, FERRY_PSLAB_FILE); /* the third directory: no slab */
     assert_int_not_equal(stat(f, &st), 0);
+    assert_int_equal(entries(c), 0); /* nor a lock file: nothing was changed */
+    snprintf(args, sizeof args, "slab check %s %s %s", a, b, c);
+    assert_int_equal(run_ferry(args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "3 directories given"));
+    assert_int_equal(entries(c), 0);
     snprintf(args, sizeof args, "slab check %s %s", a, b);
     assert_int_equal(run_ferry(args, out, sizeof out), 0);
     assert_non_null(strstr(out, "2 drive(s), 8388608 bytes"));

@@ -41,12 +41,14 @@ static void usage(FILE *f)
             "                           measures what that costs: the store workload against\n"
             "                           a non-persistent and a persistent L2 (and the drive's own\n"
             "                           durable writes) in alternating rounds\n"
-            "  --persist-rounds N       rounds of each for that figure (default 5, 0: skip)\n"
-            "  --cold N                 only the L2-only retrieve: the documents in a persistent\n"
-            "                           L2 under DIR (stored once, synced), then N rounds that\n"
-            "                           each reopen the store and retrieve every document from\n"
-            "                           the drive into plain host memory (needs --dir; with\n"
-            "                           --server, the daemon's L2 and a new client each round)\n"
+            "  --persist-rounds N       with --persistent: rounds of each for that figure\n"
+            "                           (default 5, 0: skip)\n"
+            "  --cold N                 only the L2-only retrieve (qa): the documents in a\n"
+            "                           persistent L2 under DIR (stored once, synced), then N\n"
+            "                           rounds that each reopen the store and retrieve every\n"
+            "                           document from the drive into plain host memory (needs\n"
+            "                           --dir; with --server, the daemon's L2 and a new client\n"
+            "                           each round)\n"
             "  --inflight N             with --cold: N documents retrieved at once (asynchronous\n"
             "                           retrieves, each into its own buffer; default 1: one after\n"
             "                           another)\n"
@@ -109,7 +111,7 @@ static const num_opt num_opts[] = {
     {"--heads", offsetof(opts, heads), 1, 1024, 0},
     {"--head-dim", offsetof(opts, head_dim), 1, 4096, 0},
     {"--persist-rounds", offsetof(opts, persist_rounds), 0, PC_MAX_ROUNDS, 0},
-    {"--cold", offsetof(opts, cold_rounds), 1, COLD_MAX_ROUNDS, 0},
+    {"--cold", offsetof(opts, cold_rounds), 1, COLD_MAX_ROUNDS, 'q'}, /* (the documents) */
     {"--inflight", offsetof(opts, cold_inflight), 1, COLD_MAX_INFLIGHT, 0},
     {"--paged", offsetof(opts, paged), 1, 65536, 0},
     {"--layerwise", offsetof(opts, layerwise_rounds), 1, LAYERWISE_MAX_ROUNDS, 0},
@@ -119,6 +121,7 @@ static const num_opt num_opts[] = {
 typedef struct given {
     const char *qa, *chat; /* the first option given of each workload */
     const char *clients;   /* --clients N */
+    const char *rounds;    /* --persist-rounds N */
 } given;
 
 static int parse_check(opts *o, int l2_given, int engine_given, int create, const given *g);
@@ -132,7 +135,7 @@ static int parse(int argc, char **argv, opts *o)
     static const char *const engines[] = {"auto", "posix", "uring", NULL};
     static const char *const devices[] = {"host", "cuda", NULL};
     int create = 0, l2_given = 0, engine_given = 0;
-    given g = {NULL, NULL, NULL};
+    given g = {NULL, NULL, NULL, NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         uint64_t x = 0;
@@ -147,6 +150,8 @@ static int parse(int argc, char **argv, opts *o)
                     g.qa = a;
                 else if (num_opts[n].workload == 'c' && !g.chat)
                     g.chat = a;
+                if (!strcmp(a, "--persist-rounds"))
+                    g.rounds = a;
                 i++;
                 done = 1;
                 break;
@@ -251,6 +256,10 @@ static int parse_check(opts *o, int l2_given, int engine_given, int create, cons
     if (g->clients && !o->server)
         return cli_usage(KVB_CMD, "--clients %u: client processes of a daemon; accepted: "
                                   "--server ADDR --clients N", o->clients);
+    if (g->rounds && !o->persistent)
+        return cli_usage(KVB_CMD, "--persist-rounds %u: rounds of --persistent's cost figure; "
+                                  "accepted: --dir DIR --persistent --persist-rounds N",
+                         o->persist_rounds);
     if (o->cold_rounds && o->layerwise_rounds)
         return cli_usage(KVB_CMD, "--cold %u and --layerwise %u: each is a run of its own; "
                                   "accepted: one of them", o->cold_rounds, o->layerwise_rounds);

@@ -252,6 +252,35 @@ static int sim_run(const char *cmd, const ferry_moe_trace *t, const ferry_moe_si
     return ret;
 }
 
+/* what no single option shows, before the trace is read: 0 or 2 (printed) */
+static int sim_check(const char *cmd, const ferry_moe_sim_options *o, const char *pols,
+                     const char *hint_flag, const char *stage)
+{
+    char check[256], acc[256], *pl[MAX_POLICIES];
+    snprintf(check, sizeof check, "%s", pols);
+    moe_policy_list(acc, sizeof acc);
+    int np = moe_split_list(check, pl, MAX_POLICIES);
+    if (np < 0)
+        return cli_bad(cmd, "--policies", pols, acc, "an empty piece or more than %d",
+                       MAX_POLICIES);
+    for (int p = 0; p < np; p++)
+        if (!ferry_moe_policy_describe(pl[p]))
+            return cli_bad(cmd, "--policies", pols, acc, "unknown policy '%s'", pl[p]);
+    /* an option the run would ignore is refused */
+    if (hint_flag && !o->hint_steps)
+        return cli_usage(cmd, "%s with --hint-steps 0: no hints are given then; accepted: "
+                              "--hint-steps N (1 or more) %s ...", hint_flag, hint_flag);
+    if (o->nvme_gbs > 0 && o->nvme_share <= 0)
+        return cli_usage(cmd, "--nvme-gbs %g: the link of the experts on NVMe; accepted: "
+                              "--nvme-share F (above 0) --nvme-gbs G", o->nvme_gbs);
+    if (o->nvme_share > 0 && o->nvme_gbs <= 0)
+        return cli_usage(cmd, "--nvme-share %g needs --nvme-gbs; accepted: (0, 1e6]",
+                         o->nvme_share);
+    if (stage && strlen(stage) > 31)
+        return cli_bad(cmd, "--stage", stage, "a capture stage of at most 31 bytes", "too long");
+    return 0;
+}
+
 int cmd_moe_sim(int argc, char **argv)
 {
     const char *cmd = "moe sim";
@@ -260,6 +289,7 @@ int cmd_moe_sim(int argc, char **argv)
     o.hint_steps = 1;
     int json = 0;
     uint64_t preset_bytes = 0;
+    const char *hint_flag = NULL; /* --hints or --hint-accuracy, as given */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int rc = 0;
@@ -301,9 +331,11 @@ int cmd_moe_sim(int argc, char **argv)
         else if (!strcmp(a, "--hint-steps")) {
             if ((rc = cli_opt_count(cmd, a, v, 0, 1u << 20, &x)) == 0)
                 o.hint_steps = (uint32_t)x;
-        } else if (!strcmp(a, "--hint-accuracy"))
+        } else if (!strcmp(a, "--hint-accuracy")) {
             rc = cli_opt_real(cmd, a, v, 0, 1, &o.hint_accuracy);
-        else if (!strcmp(a, "--hints")) {
+            hint_flag = hint_flag ? hint_flag : a;
+        } else if (!strcmp(a, "--hints")) {
+            hint_flag = hint_flag ? hint_flag : a;
             static const char *const kinds[] = {"made", "trace", NULL};
             int k = 0;
             if ((rc = cli_opt_choice(cmd, a, v, kinds, &k)) == 0)
@@ -329,26 +361,12 @@ int cmd_moe_sim(int argc, char **argv)
     if (!path)
         return cli_usage(cmd, "TRACE is required; accepted: a trace file (ferry moe gen -o FILE "
                               "makes one)");
-    char bcopy[512], pcopy[256], acc[256];
+    char bcopy[512], pcopy[256];
     snprintf(bcopy, sizeof bcopy, "%s", b ? b : "12.5%,25%");
     snprintf(pcopy, sizeof pcopy, "%s", pols ? pols : "lru,auto");
-    {
-        char check[256], *pl[MAX_POLICIES];
-        snprintf(check, sizeof check, "%s", pcopy);
-        moe_policy_list(acc, sizeof acc);
-        int np = moe_split_list(check, pl, MAX_POLICIES);
-        if (np < 0)
-            return cli_bad(cmd, "--policies", pcopy, acc, "an empty piece or more than %d",
-                           MAX_POLICIES);
-        for (int p = 0; p < np; p++)
-            if (!ferry_moe_policy_describe(pl[p]))
-                return cli_bad(cmd, "--policies", pcopy, acc, "unknown policy '%s'", pl[p]);
-    }
-    if (o.nvme_share > 0 && o.nvme_gbs <= 0)
-        return cli_usage(cmd, "--nvme-share %g needs --nvme-gbs; accepted: (0, 1e6]",
-                         o.nvme_share);
-    if (stage && strlen(stage) > 31)
-        return cli_bad(cmd, "--stage", stage, "a capture stage of at most 31 bytes", "too long");
+    int st = sim_check(cmd, &o, pcopy, hint_flag, stage);
+    if (st)
+        return st;
     ferry_moe_trace_options to = FERRY_MOE_TRACE_OPTIONS_INIT;
     to.stage = stage;
     ferry_moe_trace *t;

@@ -92,7 +92,9 @@
  *
  * Read depth. A retrieve from a persistent L2 keeps 16 reads of 2 MiB in
  * flight; the environment variable FERRY_KV_READ_DEPTH=1..32 sets another
- * depth (read at each retrieve; any other value is ignored). On the
+ * depth (read at each retrieve; any other value is ignored, and warned of
+ * at the process's first open, as a FERRY_KV_DIRECT of neither 0 nor 1
+ * is). On the
  * development VM's virtual disk depths 2 to 16 read alike.
  *
  * States. A chunk goes absent -> being written (invisible: lookups and

@@ -1,8 +1,9 @@
 /*
  * log.c - leveled logging to stderr or a callback.
  *
- * The level is read once from env FERRY_LOG (lazily, on first use) and can
- * be changed at run time; reads and writes of the level are atomic so any
+ * The level is read once from env FERRY_LOG (lazily, on first use; a value
+ * that is no level reads as warn, and the first open says so: env.c) and
+ * can be changed at run time; reads and writes of the level are atomic so any
  * thread may log while another changes it.
  */
 #include <stdarg.h>
@@ -13,6 +14,7 @@
 #include <strings.h>
 
 #include "core.h"
+#include "env.h"
 
 static atomic_int g_level = -1; /* -1: not yet read from the environment */
 static ferry_log_fn g_fn;
@@ -37,8 +39,8 @@ int ferry_log_get_level(void)
 {
     int l = atomic_load(&g_level);
     if (l < 0) {
-        int v = ferry_log_level_parse(getenv("FERRY_LOG"));
-        l = v < 0 ? FERRY_LOG_WARN : v;
+        /* (a value that is no level is warned of at the first open: env.c) */
+        l = ferry__env_log_level(getenv("FERRY_LOG"), NULL);
         atomic_store(&g_level, l);
     }
     return l;

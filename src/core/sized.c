@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core.h"
+#include "env.h"
 #include "sized.h"
 
 /* the member s ends inside, or NULL */
@@ -51,6 +52,9 @@ int ferry__opts_size_ok(ferry__errbuf *eb, const char *what, const ferry__sized 
 int ferry__opts_take(ferry__errbuf *eb, const char *what, const ferry__sized *d, void *dst,
                      const void *src)
 {
+    /* every open passes here: the first one warns of the library's
+     * environment variables it would otherwise ignore (env.c) */
+    ferry__env_check();
     size_t s;
     memcpy(&s, src, sizeof s);
     int rc = ferry__opts_size_ok(eb, what, d, s);

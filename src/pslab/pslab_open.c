@@ -334,6 +334,30 @@ static int nothing_here(ferry_pslab *p, const ferry_pslab_options *o)
                           reset ? ": nothing to reset" : "; FERRY_PSLAB_CREATE creates one");
 }
 
+/*
+ * Directory i (after the first) of an open that may not create and is no
+ * reset, holding nothing of a store - no lock file, slab file or journal:
+ * 1, and the open takes no lock there (a lock file made there would be
+ * left behind: `ferry slab check a b c` of a slab on a and b). Such an
+ * open fails on it (another count of drives, or no slab file) before it
+ * reads anything there, and whoever makes a store there meanwhile cannot
+ * make this one's drive i: that needs the first directory's lock, held.
+ */
+static int bare_later_dir(const ferry_pslab *p, const ferry_pslab_options *o, int mk, unsigned i)
+{
+    static const char *const names[] = {FERRY_PSLAB_LOCK, FERRY_PSLAB_FILE, FERRY_PSLAB_JOURNAL};
+    if (i == 0 || mk || (o->flags & FERRY_PSLAB_RESET))
+        return 0;
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        char path[PATH_MAX_];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", p->dirs[i], names[k]);
+        if (lstat(path, &st) == 0 || errno != ENOENT)
+            return 0;
+    }
+    return 1;
+}
+
 /* a handle for o (checked), its locks, settings, directories and tag copied; no file touched */
 static int pslab_new(const ferry_pslab_options *o, ferry_pslab **out)
 {
@@ -494,8 +518,11 @@ int ferry_pslab_open(const ferry_pslab_options *uo, ferry_pslab **out)
         goto out;
     rc = 0;
     for (unsigned i = 0; i < o->n_dirs; i++) {
-        if ((rc = ferry__mkdir_p(p->dirs[i], p->mode, mk, &p->err)) < 0 ||
-            (rc = ferry__dir_lock(p->dirs[i], p->mode, ro, "pslab", &p->err, &p->lockfd[i])) < 0)
+        if ((rc = ferry__mkdir_p(p->dirs[i], p->mode, mk, &p->err)) < 0)
+            goto out;
+        if (bare_later_dir(p, o, mk, i))
+            continue;
+        if ((rc = ferry__dir_lock(p->dirs[i], p->mode, ro, "pslab", &p->err, &p->lockfd[i])) < 0)
             goto out;
     }
 
