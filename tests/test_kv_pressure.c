@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ferry/device.h"
 #include "ferry/kv.h"
 #include "ferry/serve.h"
 #include "ferry_test.h"
@@ -774,6 +775,146 @@ static void test_bad_deadline(void **state)
     assert_int_equal(d.pool_wait_ms, FERRY_KV_POOL_WAIT_MS_DEFAULT);
 }
 
+/* a daemon client's copies between a device buffer and the pool, of which
+ * one fails part way through a batch (here: the buffer's last chunk lies
+ * past its device allocation): the copies queued before it land before
+ * the call returns, as in process. A retrieve's would otherwise go on
+ * writing into the engine's buffer after the call returned (over what the
+ * engine puts there next), and a store's would go on reading it into
+ * slots its abort gave back to the daemon (another client's, once it
+ * reserves them). The "host" device's memory is this process's: right
+ * after the call the test writes marks into the engine's buffer where the
+ * last copies queued read or write, waits for every queued copy, and
+ * looks for them: intact in the buffer, nowhere in the pool. */
+#define DTB 16384u                      /* token bytes of a plane: 1 MiB chunks */
+#define DPLANES 4u
+#define DCHUNK (DPLANES * CT * DTB)
+#define DSLOTS 64u                      /* a store's batch 16 chunks, a retrieve's 8 */
+#define DN 16u                          /* chunks a call moves */
+#define DTOK (DN * CT)
+#define MARK 0xA5
+
+static ferry_kv_config dconfig(uint64_t slots)
+{
+    ferry_kv_config c = config(slots, 1000);
+    c.layout.num_layers = DPLANES / 2;
+    c.layout.head_dim = DTB / 4;
+    c.l1_bytes = slots * DCHUNK;
+    return c;
+}
+
+/* the pool's mapping in this process of that size (the daemon's and its
+ * client's are the same memory): its start, or NULL */
+static unsigned char *pool_map(size_t bytes)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    assert_non_null(f);
+    char line[512];
+    unsigned char *at = NULL;
+    while (!at && fgets(line, sizeof line, f)) {
+        unsigned long long a = 0, b = 0;
+        if (strstr(line, "memfd:ferry-l1") && sscanf(line, "%llx-%llx", &a, &b) == 2 &&
+            b - a == bytes)
+            at = (unsigned char *)(uintptr_t)a;
+    }
+    fclose(f);
+    return at;
+}
+
+/* every plane's part of chunk i in [plane][DTOK][DTB] at base: set to MARK
+ * (set 1), or 1 when it all is MARK (set 0) */
+static int marks(uint64_t base, unsigned i, int set)
+{
+    for (unsigned p = 0; p < DPLANES; p++) {
+        unsigned char *q = (unsigned char *)(uintptr_t)(base + ((uint64_t)p * DTOK + i * CT) * DTB);
+        if (set)
+            memset(q, MARK, CT * DTB);
+        for (size_t k = 0; !set && k < CT * DTB; k++)
+            if (q[k] != MARK)
+                return 0;
+    }
+    return 1;
+}
+
+/* a page-aligned page of MARK bytes anywhere in p[0, n) */
+static int has_marked_page(const unsigned char *p, size_t n)
+{
+    static unsigned char page[4096];
+    memset(page, MARK, sizeof page);
+    for (size_t o = 0; o + sizeof page <= n; o += sizeof page)
+        if (!memcmp(p + o, page, sizeof page))
+            return 1;
+    return 0;
+}
+
+static void test_client_copy_fails_midway(void **state)
+{
+    (void)state;
+    ferry_device_options dopt = FERRY_DEVICE_OPTIONS_INIT;
+    dopt.backend = "host";
+    ferry_device *dev = NULL;
+    FT_ASSERT_OK(ferry_device_open(&dopt, &dev));
+    ferry_kv_config kc = dconfig(DSLOTS);
+    ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
+    sc.socket_path = g_sock;
+    sc.kv = &kc;
+    ft_srv srv;
+    ft_srv_open(&srv, &sc);
+    ferry_kv_config c = dconfig(1);
+    c.server = g_sock;
+    c.server_timeout_ms = 5000;
+    c.device = dev;
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    size_t pool_bytes = (size_t)DSLOTS * DCHUNK, whole = (size_t)DPLANES * DTOK * DTB;
+    /* [plane][token][DTB], the last plane's part of the last chunk past
+     * the device allocation: that chunk's copy fails, the others queue */
+    size_t bytes = ((size_t)(DPLANES - 1) * DTOK + (DN - 1) * CT) * DTB;
+    unsigned char *host = malloc(whole);
+    assert_non_null(host);
+    for (size_t i = 0; i < whole; i++)
+        host[i] = (unsigned char)(i * 131 + i / 4096 + 1);
+    ferry_devptr d = 0, one = 0;
+    FT_ASSERT_OK(ferry_device_alloc(dev, bytes, &d));
+    FT_ASSERT_OK(ferry_device_alloc(dev, 1, &one));
+    ferry_kv_buffer hb = FERRY_KV_BUFFER_INIT, db;
+    hb.layout = c.layout;
+    hb.mem = FERRY_KV_MEM_HOST;
+    hb.base = (uintptr_t)host;
+    hb.capacity_tokens = DTOK;
+    db = hb;
+    db.mem = FERRY_KV_MEM_DEVICE;
+    db.base = d;
+    static int32_t tok[DTOK];
+    /* (the copies race the call's return: each try catches a late one
+     * about every other time) */
+    for (int rep = 0; rep < 10; rep++) {
+        tokens(tok, DTOK, 1000000 * (rep + 1));
+        assert_int_equal(ferry_kv_store(kv, tok, DTOK, NULL, &hb), (int)DTOK);
+        /* a retrieve: the engine's bytes, written once the call returned,
+         * stay (no copy of the call lands over them) */
+        assert_true(ferry_kv_retrieve(kv, tok, DTOK, NULL, &db) < 0);
+        marks(d, DN - 2, 1);
+        FT_ASSERT_OK(ferry_device_memset(dev, one, 0, 1)); /* after all queued work */
+        assert_true(marks(d, DN - 2, 0));
+        /* a store: what the engine writes once it returned reaches no slot */
+        memcpy((void *)(uintptr_t)d, host, bytes);
+        tokens(tok, DTOK, 1000000 * (rep + 1) + 500000);
+        assert_true(ferry_kv_store(kv, tok, DTOK, NULL, &db) < 0);
+        marks(d, DN - 2, 1);
+        FT_ASSERT_OK(ferry_device_memset(dev, one, 0, 1));
+        unsigned char *pool = pool_map(pool_bytes);
+        assert_non_null(pool);
+        assert_false(has_marked_page(pool, pool_bytes));
+    }
+    ferry_kv_close(kv);
+    ft_srv_close(&srv);
+    FT_ASSERT_OK(ferry_device_free(dev, d));
+    FT_ASSERT_OK(ferry_device_free(dev, one));
+    ferry_device_close(dev);
+    free(host);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -830,6 +971,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_abandoned_reservation, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_deadline, setup, teardown),
         cmocka_unit_test_setup_teardown(test_close_begin_ends_waits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_client_copy_fails_midway, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

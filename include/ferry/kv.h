@@ -540,10 +540,12 @@ FERRY_API void ferry_kv_close(ferry_kv *kv);
  *   visible (-ECANCELED; through a server, a chunk whose commit had
  *   already been sent may be stored, whole, though it reports -ECANCELED).
  *   A retrieve reports only chunks it copied whole and verified
- *   (req->status 0); every other chunk's destination is untouched, or
- *   zeroed where a server's bytes it could no longer vouch for had
- *   reached a host buffer (-ECANCELED; never torn data). No byte is
- *   written to an L1 or pool slot after that slot may be reused.
+ *   (req->status 0); every other chunk's destination is untouched, or,
+ *   where a server's bytes it could no longer vouch for had reached it
+ *   (-ECANCELED), zeroed in a host buffer and left as copied in a device
+ *   buffer (never reported loaded). No byte is written to an L1 or pool
+ *   slot after that slot may be reused, nor into the caller's buffer
+ *   after the call (an operation: its end) returned.
  * Calls that do not wait for a slot (copies, I/O, a lookup) finish as
  * they would; ferry_kv_close() waits for them. Layerwise operations
  * lacking layers are abandoned by ferry_kv_close(), as without this call.

@@ -167,9 +167,13 @@ static int store_batch(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, si
     }
     *placed = held;
     /* the copies land before anything may end the connection (a malformed
-     * reply drops it, and the daemon may then hand the slots out again) */
-    if (s && held && copy_rc == 0 && (r = ferry_stream_sync(s)) < 0)
-        copy_rc = ferry__kv_err(kv, r, "kv store: device copies into the server's pool: %s",
+     * reply drops it, and the daemon may then hand the slots out again),
+     * those queued before a copy that failed too: its abort gives the
+     * slots back, and nothing of this call reads the engine's buffer once
+     * it returned */
+    int sr = s && held ? ferry_stream_sync(s) : 0;
+    if (sr < 0 && copy_rc == 0)
+        copy_rc = ferry__kv_err(kv, sr, "kv store: device copies into the server's pool: %s",
                                 ferry_last_error());
     if ((r = ferry__kvc_reply_end(kv, c, &rd)) < 0)
         goto lost;

@@ -224,8 +224,12 @@ static void copy_out(rpipe *p, rbatch *bt)
     for (size_t k = 0; k < bt->held && rc == 0; k++)
         rc = ferry__kvc_copy_slot(p->kv, p->c, p->buf, bt->first + bt->h[k].tokens, p->n,
                                   bt->h[k].slot, 0, p->s, p->skip);
-    if (p->s && bt->held && rc == 0 && (rc = ferry_stream_sync(p->s)) < 0)
-        rc = ferry__kv_err(p->kv, rc, "kv retrieve: device copies out of the server's pool: %s",
+    /* waited for even after a failed copy: those queued before it land
+     * before the RELEASE lets the slots go, and never after the call
+     * returned, in the engine's buffer */
+    int sr = p->s && bt->held ? ferry_stream_sync(p->s) : 0;
+    if (sr < 0 && rc == 0)
+        rc = ferry__kv_err(p->kv, sr, "kv retrieve: device copies out of the server's pool: %s",
                            ferry_last_error());
     bt->copy_rc = rc;
     bt->copied = 1;

@@ -753,7 +753,8 @@ static int rt_one(rtv *r, const ferry_kv_hash *ids, size_t i)
         }
         if (rc == -ECANCELED) {
             /* the store's close began: nothing of this chunk was read, and
-             * its destination is untouched (rt_run stops the rest) */
+             * its destination is untouched (the chunks after it go on: one
+             * in L1 is copied out, one needing a slot ends so too) */
             ferry__kv_read_unlock(e);
             ferry__kv_put(kv, e);
             pthread_mutex_unlock(&kv->mu);
