@@ -13,8 +13,9 @@
  * "auto" open, the one that reads them, fails naming the value), and
  * ferry serve's FERRY_<KEY> (serve_config.c).
  *
- * The rules are the readers': ferry__env_kv_direct and
- * ferry__env_read_depth parse as store_rdirect.c and store_retrieve.c do
+ * The rules are the readers': store_rdirect.c and store_retrieve.c read
+ * FERRY_KV_DIRECT and FERRY_KV_READ_DEPTH through ferry__env_kv_direct and
+ * ferry__env_read_depth, so what is warned of is what they ignore
  * (tests/test_core.c holds the read depth to the store's own answers).
  */
 #include <pthread.h>

@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "ferry/io.h"
+#include "core/env.h"
 #include "kv/kv_impl.h"
 #include "kv/store/store_int.h"
 #include "kv/store/store_rt.h"
@@ -60,8 +61,7 @@ static int mode_get(void)
     int m = atomic_load(&direct_mode);
     if (m >= 0)
         return m;
-    const char *e = getenv("FERRY_KV_DIRECT");
-    m = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "1") ? 1 : 2;
+    m = ferry__env_kv_direct(getenv("FERRY_KV_DIRECT"), NULL); /* (a bad value: warned at open) */
     int unset = -1;
     atomic_compare_exchange_strong(&direct_mode, &unset, m);
     return atomic_load(&direct_mode);

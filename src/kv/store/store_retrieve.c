@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/env.h"
 #include "kv/kv_impl.h"
 #include "kv/kv_slots.h"
 #include "kv/store/store_int.h"
@@ -848,10 +849,7 @@ static int table_repeats(const ferry_kv_buffer *b, uint64_t skip, uint64_t n)
  * (1-32) where the drive wants another (kv.h, "Read depth") */
 unsigned ferry__kv_read_depth(unsigned dflt)
 {
-    const char *e = getenv("FERRY_KV_READ_DEPTH");
-    char *end;
-    long v = e && *e ? strtol(e, &end, 10) : 0;
-    return e && *e && *end == 0 && v >= 1 && v <= 32 ? (unsigned)v : dflt;
+    return ferry__env_read_depth(getenv("FERRY_KV_READ_DEPTH"), dflt, NULL);
 }
 
 static int rt_init(rtv *r, size_t nch)
