@@ -7,6 +7,9 @@
  * wait would have lasted pool_wait_ms (20 s here); the waiter answers a
  * closing daemon's client with a clear error, and no slot it could have
  * taken is left held (the pool takes a whole L1 again afterwards).
+ *
+ * The accept loop that watches for hang-ups sleeps: clients a daemon out
+ * of descriptors cannot take yet cost it no CPU.
  */
 /* ferry-test-labels: concurrent */
 /* ferry-test-timeout: 300 */
@@ -20,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -576,6 +580,85 @@ static void test_sigterm_while_a_client_waits(void **state)
     crowd_close_holders(&c);
 }
 
+/* ---- the accept loop ---- */
+
+/* the CPU time (s) of process pid so far */
+static double proc_cpu_s(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t k = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[k] = 0;
+    char *p = strrchr(buf, ')');
+    assert_non_null(p);
+    unsigned long ut = 0, st = 0;
+    /* after ")": state ppid pgrp session tty tpgid flags minflt cminflt
+     * majflt cmajflt, then utime stime */
+    assert_int_equal(
+        sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st), 2);
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* the descriptors this process has open */
+static int fds_open(void)
+{
+    int n = 0;
+    for (int fd = 0; fd < 4096; fd++)
+        n += fcntl(fd, F_GETFD) >= 0;
+    return n;
+}
+
+/*
+ * A daemon out of descriptors (more clients than its open files limit
+ * lets it take) rests its socket instead of polling it hot: accept failed
+ * EMFILE with the connection still pending, so the socket stayed readable
+ * and the loop spun (a core, and a warning a turn). The clients it could
+ * not take wait in the backlog and are served once others leave.
+ */
+static void test_daemon_out_of_descriptors_does_not_spin(void **state)
+{
+    (void)state;
+    ferry_kv_config kc = store_config();
+    ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
+    sc.socket_path = g_sock;
+    sc.kv = &kc;
+    struct rlimit old, low;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    low = old;
+    low.rlim_cur = (rlim_t)fds_open() + 32; /* (the daemon's own, then a few clients) */
+    assert_true(low.rlim_cur <= old.rlim_cur);
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    pid_t pid = ft_srv_fork(&sc, FERRY_LOG_ERROR);
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    enum { N = 64 };
+    static raw r[N];
+    for (int i = 0; i < N; i++)
+        raw_connect(&r[i]);
+    raw_hello(&r[0]); /* (served: the daemon is up) */
+    usleep(300000);
+    double c0 = proc_cpu_s(pid), t0 = now_s();
+    usleep(2000000);
+    double cpu = proc_cpu_s(pid) - c0, wall = now_s() - t0;
+    print_message("a daemon out of descriptors, %d clients: %.3f s of CPU in %.2f s\n", N, cpu,
+                  wall);
+    /* the others leave: the last one in the backlog is served */
+    for (int i = 0; i < N - 1; i++)
+        raw_close(&r[i]);
+    struct timeval tv = {10, 0};
+    assert_int_equal(setsockopt(r[N - 1].fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
+    raw_hello(&r[N - 1]);
+    raw_close(&r[N - 1]);
+    kill(pid, SIGTERM);
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    assert_true(cpu < 0.25);
+}
+
 int main(void)
 {
     char self[4096];
@@ -592,6 +675,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_close_with_slots_held_in_the_daemon, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_while_a_client_waits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_daemon_out_of_descriptors_does_not_spin,
+                                        setup, teardown),
     };
     if (getenv("FT_FILTER")) /* (one test by name, when chasing one) */
         cmocka_set_test_filter(getenv("FT_FILTER"));
