@@ -9,7 +9,8 @@
  * taken is left held (the pool takes a whole L1 again afterwards).
  *
  * The accept loop that watches for hang-ups sleeps: clients a daemon out
- * of descriptors cannot take yet cost it no CPU.
+ * of descriptors cannot take yet cost it no CPU; and it survives an open
+ * files limit lowered below what it watches.
  */
 /* ferry-test-labels: concurrent */
 /* ferry-test-timeout: 300 */
@@ -659,6 +660,70 @@ static void test_daemon_out_of_descriptors_does_not_spin(void **state)
     assert_true(cpu < 0.25);
 }
 
+/* a PING answered on r */
+static void raw_ping(raw *r)
+{
+    ferry__proto_req q;
+    memset(&q, 0, sizeof q);
+    q.hdr.type = FERRY__P_PING;
+    raw_req(r, &q);
+    int32_t rc = 1;
+    char msg[64];
+    assert_int_equal(raw_reply(r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(r->h.type, FERRY__P_PING | FERRY__PROTO_REPLY);
+    assert_int_equal(rc, 0);
+}
+
+static void *run_main(void *p)
+{
+    ft_srv *v = p;
+    intptr_t rc = ferry_serve_run(v->s);
+    return (void *)rc;
+}
+
+/*
+ * The open files limit lowered under a running daemon (prlimit, or the
+ * process that hosts it) below the connections it watches: poll refuses
+ * more descriptors than the limit (EINVAL), which must not end the
+ * daemon's loop; it goes on, its clients served.
+ */
+static void test_limit_lowered_under_the_daemon(void **state)
+{
+    (void)state;
+    ferry_kv_config kc = store_config();
+    ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
+    sc.socket_path = g_sock;
+    sc.kv = &kc;
+    ft_srv v;
+    FT_ASSERT_OK(ferry_serve_open(&sc, &v.s));
+    assert_int_equal(pthread_create(&v.th, NULL, run_main, &v), 0);
+    enum { N = 48 };
+    static raw r[N];
+    for (int i = 0; i < N; i++) {
+        raw_connect(&r[i]);
+        raw_hello(&r[i]);
+    }
+    struct rlimit old, low;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    low = old;
+    low.rlim_cur = N / 2;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    usleep(1200000); /* (the loop polls at least every 500 ms) */
+    raw_ping(&r[1]);
+    raw_close(&r[0]);
+    clients_become(v.s, N - 1, 5);
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    raw_ping(&r[1]);
+    for (int i = 1; i < N; i++)
+        raw_close(&r[i]);
+    clients_become(v.s, 0, 5);
+    ferry_serve_stop(v.s);
+    void *rc = NULL;
+    pthread_join(v.th, &rc);
+    assert_int_equal((intptr_t)rc, 0);
+    FT_ASSERT_OK(ferry_serve_close(v.s));
+}
+
 int main(void)
 {
     char self[4096];
@@ -675,6 +740,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_close_with_slots_held_in_the_daemon, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_while_a_client_waits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_limit_lowered_under_the_daemon, setup, teardown),
         cmocka_unit_test_setup_teardown(test_daemon_out_of_descriptors_does_not_spin,
                                         setup, teardown),
     };

@@ -522,6 +522,17 @@ int ferry_serve_run(ferry_serve *s)
             ms = (int)FERRY__MIN((s->accept_after - now + 999999) / 1000000, (uint64_t)ms);
         }
         int r = poll(p, n ? n : 2, ms);
+        if (r < 0 && (errno == EINVAL || errno == ENOMEM) && n > 2) {
+            /* more descriptors than the open files limit (lowered under a
+             * running daemon) or no kernel memory for them: this turn
+             * watches the socket and the stop pipe alone (a hang-up is
+             * then noticed when its thread reads), the daemon goes on */
+            ferry__srv_warn(s, "serve: poll of %lu descriptors: %s: hang-ups not watched "
+                            "(the open files limit, ulimit -n, is below the clients served)",
+                            (unsigned long)n, strerror(errno));
+            n = 2;
+            r = poll(p, n, ms);
+        }
         if (r < 0 && errno != EINTR)
             return ferry__err_set(&s->err, -errno, "serve: poll: %s", strerror(errno));
         if (p[1].revents)
