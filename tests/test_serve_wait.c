@@ -8,9 +8,10 @@
  * closing daemon's client with a clear error, and no slot it could have
  * taken is left held (the pool takes a whole L1 again afterwards).
  *
- * The accept loop that watches for hang-ups sleeps: clients a daemon out
- * of descriptors cannot take yet cost it no CPU; and it survives an open
- * files limit lowered below what it watches.
+ * And what is no hang-up is not cut: a client that half-closes after its
+ * last request gets its answers. The accept loop that watches for
+ * hang-ups sleeps: idle clients cost it no CPU, nor do clients a daemon
+ * out of descriptors cannot take yet.
  */
 /* ferry-test-labels: concurrent */
 /* ferry-test-timeout: 300 */
@@ -581,7 +582,117 @@ static void test_sigterm_while_a_client_waits(void **state)
     crowd_close_holders(&c);
 }
 
-/* ---- the accept loop ---- */
+/* ---- what is not a hang-up ---- */
+
+/* a client that half-closes (shutdown SHUT_WR) after its last request
+ * still reads the answers: its connection is not cut, and its waiting
+ * RESERVE gets the slot that frees (its PING, pipelined behind it, its
+ * answer too) */
+static void test_half_closed_waiter_is_not_cut(void **state)
+{
+    (void)state;
+    ft_srv v;
+    srv_start(&v);
+    crowd c;
+    crowd_start(&c);
+    ferry__proto_req q;
+    memset(&q, 0, sizeof q);
+    q.hdr.type = FERRY__P_PING;
+    raw_req(&c.waiter, &q);
+    assert_int_equal(shutdown(c.waiter.fd, SHUT_WR), 0);
+    usleep(200000); /* (the accept loop has looked at it by now) */
+    raw_close(&c.holder[0]); /* its slots free: the waiter's turn */
+    int32_t code = 1;
+    assert_int_equal(raw_reserve_reply(&c.waiter, &code, 1), 1);
+    assert_int_equal(code, 0);
+    int32_t rc = 1;
+    char msg[64];
+    assert_int_equal(raw_reply(&c.waiter, &rc, msg, sizeof msg), 0);
+    assert_int_equal(c.waiter.h.type, FERRY__P_PING | FERRY__PROTO_REPLY);
+    assert_int_equal(rc, 0);
+    raw_close(&c.waiter);
+    crowd_close_holders(&c);
+    clients_become(v.s, 0, 5);
+    assert_pool_whole(v.s, c.nslots);
+    ft_srv_close(&v);
+}
+
+static double cpu_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* idle clients cost the accept loop nothing: it sleeps in poll */
+static void test_idle_clients_cost_no_cpu(void **state)
+{
+    (void)state;
+    ft_srv v;
+    srv_start(&v);
+    enum { N = 64 };
+    static raw r[N];
+    for (int i = 0; i < N; i++) {
+        raw_connect(&r[i]);
+        raw_hello(&r[i]);
+    }
+    /* one half-closed, one hung up whose thread has gone */
+    assert_int_equal(shutdown(r[0].fd, SHUT_WR), 0);
+    clients_become(v.s, N - 1, 5);
+    usleep(100000);
+    double c0 = cpu_s(), t0 = now_s();
+    usleep(2000000);
+    double cpu = cpu_s() - c0, wall = now_s() - t0;
+    print_message("%d idle clients: %.4f s of CPU in %.2f s\n", N, cpu, wall);
+    assert_true(cpu < 0.1);
+    t0 = now_s();
+    ft_srv_close(&v);
+    double took = now_s() - t0;
+    print_message("close with %d idle clients took %.3f s\n", N, took);
+    assert_true(took < 1.0); /* (their threads end at once: no grace waited out) */
+    for (int i = 0; i < N; i++)
+        raw_close(&r[i]);
+}
+
+/* many clients waiting when the daemon closes: every wait ends, each
+ * answered -ECANCELED, within the grace */
+static void test_close_with_many_waiters(void **state)
+{
+    (void)state;
+    ft_srv v;
+    srv_start(&v);
+    crowd c;
+    crowd_start(&c);
+    enum { N = 48 };
+    static raw w[N];
+    uint64_t waits = raw_stats(&c.watch).pool_waits;
+    for (int i = 0; i < N; i++) {
+        raw_connect(&w[i]);
+        raw_hello(&w[i]);
+        raw_reserve_send(&w[i], 0xa00000u + 0x100u * (uint64_t)i, 1);
+    }
+    for (int i = 0; raw_stats(&c.watch).pool_waits < waits + N; i++) {
+        if (i > 1000)
+            fail_msg("the %d waiters' RESERVEs never all waited", N);
+        usleep(10000);
+    }
+    double t0 = now_s();
+    ft_srv_close(&v);
+    double took = now_s() - t0;
+    print_message("close with %d clients waiting took %.3f s\n", N + 1, took);
+    assert_true(took < 1.0);
+    for (int i = 0; i < N; i++) {
+        int32_t code = 0;
+        assert_int_equal(raw_reserve_reply(&w[i], &code, 1), 0);
+        assert_int_equal(code, -ECANCELED);
+        raw_close(&w[i]);
+    }
+    int32_t code = 0;
+    assert_int_equal(raw_reserve_reply(&c.waiter, &code, 1), 0);
+    assert_int_equal(code, -ECANCELED);
+    raw_close(&c.waiter);
+    crowd_close_holders(&c);
+}
 
 /* the CPU time (s) of process pid so far */
 static double proc_cpu_s(pid_t pid)
@@ -740,6 +851,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_close_with_slots_held_in_the_daemon, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_while_a_client_waits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_half_closed_waiter_is_not_cut, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_idle_clients_cost_no_cpu, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_close_with_many_waiters, setup, teardown),
         cmocka_unit_test_setup_teardown(test_limit_lowered_under_the_daemon, setup, teardown),
         cmocka_unit_test_setup_teardown(test_daemon_out_of_descriptors_does_not_spin,
                                         setup, teardown),
