@@ -7,6 +7,11 @@
  * wait would have lasted pool_wait_ms (20 s here); the waiter answers a
  * closing daemon's client with a clear error, and no slot it could have
  * taken is left held (the pool takes a whole L1 again afterwards).
+ *
+ * And what is no hang-up is not cut: a client that half-closes after its
+ * last request gets its answers. The accept loop that watches for
+ * hang-ups sleeps: idle clients cost it no CPU, nor do clients a daemon
+ * out of descriptors cannot take yet.
  */
 /* ferry-test-labels: concurrent */
 /* ferry-test-timeout: 300 */
@@ -20,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -576,6 +582,259 @@ static void test_sigterm_while_a_client_waits(void **state)
     crowd_close_holders(&c);
 }
 
+/* ---- what is not a hang-up ---- */
+
+/* a client that half-closes (shutdown SHUT_WR) after its last request
+ * still reads the answers: its connection is not cut, and its waiting
+ * RESERVE gets the slot that frees (its PING, pipelined behind it, its
+ * answer too) */
+static void test_half_closed_waiter_is_not_cut(void **state)
+{
+    (void)state;
+    ft_srv v;
+    srv_start(&v);
+    crowd c;
+    crowd_start(&c);
+    ferry__proto_req q;
+    memset(&q, 0, sizeof q);
+    q.hdr.type = FERRY__P_PING;
+    raw_req(&c.waiter, &q);
+    assert_int_equal(shutdown(c.waiter.fd, SHUT_WR), 0);
+    usleep(200000); /* (the accept loop has looked at it by now) */
+    raw_close(&c.holder[0]); /* its slots free: the waiter's turn */
+    int32_t code = 1;
+    assert_int_equal(raw_reserve_reply(&c.waiter, &code, 1), 1);
+    assert_int_equal(code, 0);
+    int32_t rc = 1;
+    char msg[64];
+    assert_int_equal(raw_reply(&c.waiter, &rc, msg, sizeof msg), 0);
+    assert_int_equal(c.waiter.h.type, FERRY__P_PING | FERRY__PROTO_REPLY);
+    assert_int_equal(rc, 0);
+    raw_close(&c.waiter);
+    crowd_close_holders(&c);
+    clients_become(v.s, 0, 5);
+    assert_pool_whole(v.s, c.nslots);
+    ft_srv_close(&v);
+}
+
+static double cpu_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* idle clients cost the accept loop nothing: it sleeps in poll */
+static void test_idle_clients_cost_no_cpu(void **state)
+{
+    (void)state;
+    ft_srv v;
+    srv_start(&v);
+    enum { N = 64 };
+    static raw r[N];
+    for (int i = 0; i < N; i++) {
+        raw_connect(&r[i]);
+        raw_hello(&r[i]);
+    }
+    /* one half-closed, one hung up whose thread has gone */
+    assert_int_equal(shutdown(r[0].fd, SHUT_WR), 0);
+    clients_become(v.s, N - 1, 5);
+    usleep(100000);
+    double c0 = cpu_s(), t0 = now_s();
+    usleep(2000000);
+    double cpu = cpu_s() - c0, wall = now_s() - t0;
+    print_message("%d idle clients: %.4f s of CPU in %.2f s\n", N, cpu, wall);
+    assert_true(cpu < 0.1);
+    t0 = now_s();
+    ft_srv_close(&v);
+    double took = now_s() - t0;
+    print_message("close with %d idle clients took %.3f s\n", N, took);
+    assert_true(took < 1.0); /* (their threads end at once: no grace waited out) */
+    for (int i = 0; i < N; i++)
+        raw_close(&r[i]);
+}
+
+/* many clients waiting when the daemon closes: every wait ends, each
+ * answered -ECANCELED, within the grace */
+static void test_close_with_many_waiters(void **state)
+{
+    (void)state;
+    ft_srv v;
+    srv_start(&v);
+    crowd c;
+    crowd_start(&c);
+    enum { N = 48 };
+    static raw w[N];
+    uint64_t waits = raw_stats(&c.watch).pool_waits;
+    for (int i = 0; i < N; i++) {
+        raw_connect(&w[i]);
+        raw_hello(&w[i]);
+        raw_reserve_send(&w[i], 0xa00000u + 0x100u * (uint64_t)i, 1);
+    }
+    for (int i = 0; raw_stats(&c.watch).pool_waits < waits + N; i++) {
+        if (i > 1000)
+            fail_msg("the %d waiters' RESERVEs never all waited", N);
+        usleep(10000);
+    }
+    double t0 = now_s();
+    ft_srv_close(&v);
+    double took = now_s() - t0;
+    print_message("close with %d clients waiting took %.3f s\n", N + 1, took);
+    assert_true(took < 1.0);
+    for (int i = 0; i < N; i++) {
+        int32_t code = 0;
+        assert_int_equal(raw_reserve_reply(&w[i], &code, 1), 0);
+        assert_int_equal(code, -ECANCELED);
+        raw_close(&w[i]);
+    }
+    int32_t code = 0;
+    assert_int_equal(raw_reserve_reply(&c.waiter, &code, 1), 0);
+    assert_int_equal(code, -ECANCELED);
+    raw_close(&c.waiter);
+    crowd_close_holders(&c);
+}
+
+/* the CPU time (s) of process pid so far */
+static double proc_cpu_s(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t k = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[k] = 0;
+    char *p = strrchr(buf, ')');
+    assert_non_null(p);
+    unsigned long ut = 0, st = 0;
+    /* after ")": state ppid pgrp session tty tpgid flags minflt cminflt
+     * majflt cmajflt, then utime stime */
+    assert_int_equal(
+        sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st), 2);
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* the descriptors this process has open */
+static int fds_open(void)
+{
+    int n = 0;
+    for (int fd = 0; fd < 4096; fd++)
+        n += fcntl(fd, F_GETFD) >= 0;
+    return n;
+}
+
+/*
+ * A daemon out of descriptors (more clients than its open files limit
+ * lets it take) rests its socket instead of polling it hot: accept failed
+ * EMFILE with the connection still pending, so the socket stayed readable
+ * and the loop spun (a core, and a warning a turn). The clients it could
+ * not take wait in the backlog and are served once others leave.
+ */
+static void test_daemon_out_of_descriptors_does_not_spin(void **state)
+{
+    (void)state;
+    ferry_kv_config kc = store_config();
+    ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
+    sc.socket_path = g_sock;
+    sc.kv = &kc;
+    struct rlimit old, low;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    low = old;
+    low.rlim_cur = (rlim_t)fds_open() + 32; /* (the daemon's own, then a few clients) */
+    assert_true(low.rlim_cur <= old.rlim_cur);
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    pid_t pid = ft_srv_fork(&sc, FERRY_LOG_ERROR);
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    enum { N = 64 };
+    static raw r[N];
+    for (int i = 0; i < N; i++)
+        raw_connect(&r[i]);
+    raw_hello(&r[0]); /* (served: the daemon is up) */
+    usleep(300000);
+    double c0 = proc_cpu_s(pid), t0 = now_s();
+    usleep(2000000);
+    double cpu = proc_cpu_s(pid) - c0, wall = now_s() - t0;
+    print_message("a daemon out of descriptors, %d clients: %.3f s of CPU in %.2f s\n", N, cpu,
+                  wall);
+    /* the others leave: the last one in the backlog is served */
+    for (int i = 0; i < N - 1; i++)
+        raw_close(&r[i]);
+    struct timeval tv = {10, 0};
+    assert_int_equal(setsockopt(r[N - 1].fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
+    raw_hello(&r[N - 1]);
+    raw_close(&r[N - 1]);
+    kill(pid, SIGTERM);
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    assert_true(cpu < 0.25);
+}
+
+/* a PING answered on r */
+static void raw_ping(raw *r)
+{
+    ferry__proto_req q;
+    memset(&q, 0, sizeof q);
+    q.hdr.type = FERRY__P_PING;
+    raw_req(r, &q);
+    int32_t rc = 1;
+    char msg[64];
+    assert_int_equal(raw_reply(r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(r->h.type, FERRY__P_PING | FERRY__PROTO_REPLY);
+    assert_int_equal(rc, 0);
+}
+
+static void *run_main(void *p)
+{
+    ft_srv *v = p;
+    intptr_t rc = ferry_serve_run(v->s);
+    return (void *)rc;
+}
+
+/*
+ * The open files limit lowered under a running daemon (prlimit, or the
+ * process that hosts it) below the connections it watches: poll refuses
+ * more descriptors than the limit (EINVAL), which must not end the
+ * daemon's loop; it goes on, its clients served.
+ */
+static void test_limit_lowered_under_the_daemon(void **state)
+{
+    (void)state;
+    ferry_kv_config kc = store_config();
+    ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
+    sc.socket_path = g_sock;
+    sc.kv = &kc;
+    ft_srv v;
+    FT_ASSERT_OK(ferry_serve_open(&sc, &v.s));
+    assert_int_equal(pthread_create(&v.th, NULL, run_main, &v), 0);
+    enum { N = 48 };
+    static raw r[N];
+    for (int i = 0; i < N; i++) {
+        raw_connect(&r[i]);
+        raw_hello(&r[i]);
+    }
+    struct rlimit old, low;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    low = old;
+    low.rlim_cur = N / 2;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    usleep(1200000); /* (the loop polls at least every 500 ms) */
+    raw_ping(&r[1]);
+    raw_close(&r[0]);
+    clients_become(v.s, N - 1, 5);
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    raw_ping(&r[1]);
+    for (int i = 1; i < N; i++)
+        raw_close(&r[i]);
+    clients_become(v.s, 0, 5);
+    ferry_serve_stop(v.s);
+    void *rc = NULL;
+    pthread_join(v.th, &rc);
+    assert_int_equal((intptr_t)rc, 0);
+    FT_ASSERT_OK(ferry_serve_close(v.s));
+}
+
 int main(void)
 {
     char self[4096];
@@ -592,6 +851,12 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_close_with_slots_held_in_the_daemon, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_while_a_client_waits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_half_closed_waiter_is_not_cut, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_idle_clients_cost_no_cpu, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_close_with_many_waiters, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_limit_lowered_under_the_daemon, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_daemon_out_of_descriptors_does_not_spin,
+                                        setup, teardown),
     };
     if (getenv("FT_FILTER")) /* (one test by name, when chasing one) */
         cmocka_set_test_filter(getenv("FT_FILTER"));

@@ -2,7 +2,8 @@
  * serve.c - `ferry serve`'s daemon (ferry/serve.h): the hosted store, the
  * socket (0600, or 0660 with a group; a stale file replaced, a live
  * daemon's refused), the accept loop (peers checked by SO_PEERCRED, a
- * thread per connection, at most max_clients), each connection watched
+ * thread per connection, at most max_clients; out of descriptors, the
+ * socket rests rather than spin), each connection watched
  * for its client hanging up (serve_int.h), and a clean stop (waits for a
  * slot cut short, requests received answered, disconnect, flush, sync,
  * close).
@@ -376,12 +377,30 @@ static int allowed(const ferry_serve *s, uid_t uid)
     return 0;
 }
 
+/* how long the listening socket rests after an accept failed for want of
+ * something (descriptors, memory) that only a connection ending gives
+ * back: its clients wait in the backlog, and the loop does not spin on a
+ * connection it cannot take */
+#define ACCEPT_REST_NS ((uint64_t)100 * 1000 * 1000)
+
 static void accept_one(ferry_serve *s)
 {
     int fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0) {
-        if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-            FERRY_LOGW("serve: accept on %s: %s", s->path, strerror(errno));
+        int e = errno;
+        if (e == EAGAIN || e == EINTR || e == ECONNABORTED)
+            return;
+        s->accept_after = ferry__now_ns() + ACCEPT_REST_NS;
+        unsigned n = 0;
+        pthread_mutex_lock(&s->mu);
+        n = s->nconns;
+        pthread_mutex_unlock(&s->mu);
+        ferry__srv_warn(s, "serve: accept on %s: %s (serving %u clients, max_clients %u): "
+                        "new clients wait until one ends%s", s->path, strerror(e), n,
+                        s->max_clients,
+                        e == EMFILE || e == ENFILE ? " (raise the open files limit, "
+                                                     "ulimit -n, or lower max_clients)"
+                                                   : "");
         return;
     }
     struct ucred cr;
@@ -494,7 +513,26 @@ int ferry_serve_run(ferry_serve *s)
         struct pollfd p2[2] = {{s->lfd, POLLIN, 0}, {s->stop_pipe[0], POLLIN, 0}};
         nfds_t n = watch_set(s);
         struct pollfd *p = n ? s->watch : p2;
-        int r = poll(p, n ? n : 2, 500);
+        /* (after an accept that failed for want of descriptors, the
+         * socket rests a while: the rest are still watched) */
+        uint64_t now = ferry__now_ns();
+        int ms = 500;
+        if (now < s->accept_after) {
+            p[0].events = 0;
+            ms = (int)FERRY__MIN((s->accept_after - now + 999999) / 1000000, (uint64_t)ms);
+        }
+        int r = poll(p, n ? n : 2, ms);
+        if (r < 0 && (errno == EINVAL || errno == ENOMEM) && n > 2) {
+            /* more descriptors than the open files limit (lowered under a
+             * running daemon) or no kernel memory for them: this turn
+             * watches the socket and the stop pipe alone (a hang-up is
+             * then noticed when its thread reads), the daemon goes on */
+            ferry__srv_warn(s, "serve: poll of %lu descriptors: %s: hang-ups not watched "
+                            "(the open files limit, ulimit -n, is below the clients served)",
+                            (unsigned long)n, strerror(errno));
+            n = 2;
+            r = poll(p, n, ms);
+        }
         if (r < 0 && errno != EINTR)
             return ferry__err_set(&s->err, -errno, "serve: poll: %s", strerror(errno));
         if (p[1].revents)

@@ -99,6 +99,8 @@ struct ferry_serve {
     struct pollfd *watch;
     ferry__srv_conn **watch_c;
     size_t watch_cap;
+    uint64_t accept_after;        /* (that thread's too) an accept failed for want of
+                                     descriptors: the socket rests until then (ns) */
     atomic_uint_fast64_t connections, refused, requests, bad_frames, slow_clients, released;
     ferry__warnlim warn;          /* refusals and bad frames can come at any rate */
 };
