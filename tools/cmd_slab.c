@@ -155,17 +155,9 @@ static const char *no_slab_msg(const char *const *dirs, unsigned nd, const char 
     return dirs[0];
 }
 
-static int reset_refused(const char *cmd, const char *const *dirs, unsigned nd, int json, int rc)
+/* a refused reset, printed (JSON on stdout, else a line on stderr): exit 2 */
+static int reset_says_no(const char *cmd, const char *dir, int rc, const char *msg, int json)
 {
-    char msg[2048];
-    const char *dir = dirs[0];
-    if (rc == -ENOENT)
-        dir = no_slab_msg(dirs, nd, "reset", msg, sizeof msg);
-    else
-        snprintf(msg, sizeof msg, "%s: the slab's header cannot be read, so a reset cannot keep "
-                 "its size; nothing was changed. To start afresh remove %s/%s and %s/%s (a store "
-                 "creates a new slab when it opens)", dir, dir, FERRY_PSLAB_FILE, dir,
-                 FERRY_PSLAB_JOURNAL);
     if (json) {
         json_t *root = json_object();
         json_object_set_new(root, "dir", json_string(dir));
@@ -179,6 +171,20 @@ static int reset_refused(const char *cmd, const char *const *dirs, unsigned nd, 
         fprintf(stderr, "ferry %s: %s (%s)\n", cmd, msg, ferry_err_name(rc));
     }
     return 2;
+}
+
+static int reset_refused(const char *cmd, const char *const *dirs, unsigned nd, int json, int rc)
+{
+    char msg[2048];
+    const char *dir = dirs[0];
+    if (rc == -ENOENT)
+        dir = no_slab_msg(dirs, nd, "reset", msg, sizeof msg);
+    else
+        snprintf(msg, sizeof msg, "%s: the slab's header cannot be read, so a reset cannot keep "
+                 "its size; nothing was changed. To start afresh remove %s/%s and %s/%s (a store "
+                 "creates a new slab when it opens)", dir, dir, FERRY_PSLAB_FILE, dir,
+                 FERRY_PSLAB_JOURNAL);
+    return reset_says_no(cmd, dir, rc, msg, json);
 }
 
 /*
@@ -210,19 +216,7 @@ static int reset_dirs_ok(const char *cmd, const char *const *dirs, unsigned nd, 
              "every directory of the slab, in its order (as the store was opened), or to start "
              "afresh remove %s and %s from each", dirs[0], ferry_last_error(), FERRY_PSLAB_FILE,
              FERRY_PSLAB_JOURNAL);
-    if (json) {
-        json_t *root = json_object();
-        json_object_set_new(root, "dir", json_string(dirs[0]));
-        json_object_set_new(root, "reset", json_false());
-        json_object_set_new(root, "error", json_string(ferry_err_name(rc)));
-        json_object_set_new(root, "message", json_string(msg));
-        json_dumpf(root, stdout, JSON_INDENT(2));
-        printf("\n");
-        json_decref(root);
-    } else {
-        fprintf(stderr, "ferry %s: %s (%s)\n", cmd, msg, ferry_err_name(rc));
-    }
-    return 2;
+    return reset_says_no(cmd, dirs[0], rc, msg, json);
 }
 
 /* cmd: "slab reset" or "slab check" (--reset), for its messages */
