@@ -436,6 +436,14 @@ int ferry__kvc_why(ferry_kv *kv, ferry__kvc *c, int code)
     int r = ferry__kvc_roundtrip(kv, c, &rd, &rc); /* rc < 0: its message is on the store */
     if (r == 0 && rc == FERRY_ENOTSUP)
         c->no_why = 1;
+    if (r < 0) { /* (the message names the asking's failure: say what was answered first) */
+        char lost[FERRY__ERRMSG_MAX];
+        snprintf(lost, sizeof lost, "%s", ferry_kv_last_error(kv));
+        ferry__kv_err(kv, code,
+                      "kv server %s: the daemon answered %s (%s) and could not say why (it may "
+                      "be closing): %s",
+                      c->path, ferry_err_name(code), ferry_strerror(code), lost);
+    }
     return code;
 }
 
