@@ -376,75 +376,16 @@ static void test_shared_and_lookup_only(void **state)
 
 /* ---- a raw client: the protocol by hand ---- */
 
-typedef struct raw {
-    int fd;
-    int pool_fd;
-    uint64_t rid;
-    ferry__proto_buf out;
-    uint8_t in[1 << 16];
-    ferry__proto_hdr h;
-    ferry__proto_rd rd;
-} raw;
+typedef ft_raw raw;
 
 static int raw_connect(raw *r)
 {
-    memset(r, 0, sizeof *r);
-    r->pool_fd = -1;
-    struct sockaddr_un a;
-    memset(&a, 0, sizeof a);
-    a.sun_family = AF_UNIX;
-    memcpy(a.sun_path, g_sock, strlen(g_sock) + 1);
-    r->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (r->fd < 0 || connect(r->fd, (struct sockaddr *)&a, sizeof a) != 0)
-        return -errno;
-    return 0;
-}
-
-static void raw_close(raw *r)
-{
-    if (r->fd >= 0)
-        close(r->fd);
-    if (r->pool_fd >= 0)
-        close(r->pool_fd);
-    ferry__proto_buf_free(&r->out);
+    return ft_raw_connect(r, g_sock);
 }
 
 static void raw_send_bytes(raw *r, const void *p, size_t n)
 {
     assert_int_equal(send(r->fd, p, n, MSG_NOSIGNAL), (ssize_t)n);
-}
-
-/* read one reply: 0 and r->h / r->rd after its head (rc returned in *rc),
- * or -1 when the daemon closed the connection */
-static int raw_reply(raw *r, int32_t *rc, char *msg, size_t msglen)
-{
-    uint8_t hb[FERRY__PROTO_HDR];
-    size_t got = 0;
-    while (got < sizeof hb) {
-        ssize_t k = ft_recv_fd(r->fd, hb + got, sizeof hb - got, MSG_CMSG_CLOEXEC, &r->pool_fd);
-        if (k <= 0)
-            return -1;
-        got += (size_t)k;
-    }
-    char why[128];
-    assert_int_equal(ferry__proto_hdr_decode(hb, sizeof hb, &r->h, why, sizeof why), 0);
-    assert_true(r->h.len <= sizeof r->in);
-    for (got = 0; got < r->h.len;) {
-        ssize_t k = recv(r->fd, r->in + got, r->h.len - got, 0);
-        if (k <= 0)
-            return -1;
-        got += (size_t)k;
-    }
-    r->rd = (ferry__proto_rd){r->in, r->in + r->h.len, 0};
-    *rc = ferry__proto_reply_head(&r->rd, msg, msglen);
-    return 0;
-}
-
-static void raw_req(raw *r, ferry__proto_req *q)
-{
-    q->hdr.rid = ++r->rid;
-    FT_ASSERT_OK(ferry__proto_req_encode(&r->out, q));
-    raw_send_bytes(r, r->out.p, r->out.len);
 }
 
 static void raw_hello(raw *r, int pool)
@@ -456,10 +397,10 @@ static void raw_hello(raw *r, int pool)
     q.hello.chunk_tokens = CT;
     q.hello.seed = FERRY_KV_HASH_SEED_DEFAULT;
     q.hello.flags = pool ? 0 : FERRY__HELLO_NO_POOL;
-    raw_req(r, &q);
+    ft_raw_req(r, &q);
     int32_t rc;
     char msg[256];
-    assert_int_equal(raw_reply(r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ft_raw_reply(r, &rc, msg, sizeof msg), 0);
     assert_int_equal(rc, 0);
     assert_int_equal(pool ? r->pool_fd >= 0 : r->pool_fd < 0, 1);
 }
@@ -472,7 +413,7 @@ static void raw_chunks(raw *r, int t, ferry__proto_chunk *ch, uint32_t n)
     q.hdr.type = (uint8_t)t;
     q.n = n;
     q.chunks = ch;
-    raw_req(r, &q);
+    ft_raw_req(r, &q);
 }
 
 static void raw_ping(raw *r)
@@ -480,10 +421,10 @@ static void raw_ping(raw *r)
     ferry__proto_req q;
     memset(&q, 0, sizeof q);
     q.hdr.type = FERRY__P_PING;
-    raw_req(r, &q);
+    ft_raw_req(r, &q);
     int32_t rc;
     char msg[64];
-    assert_int_equal(raw_reply(r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ft_raw_reply(r, &rc, msg, sizeof msg), 0);
     assert_int_equal(r->h.type, FERRY__P_PING | FERRY__PROTO_REPLY);
     assert_int_equal(rc, 0);
 }
@@ -543,7 +484,7 @@ static void test_client_killed_mid_store(void **state)
         raw_chunks(&r, FERRY__P_RESERVE, ch, 4);
         int32_t rc;
         char msg[64];
-        if (raw_reply(&r, &rc, msg, sizeof msg) < 0 || rc != 0)
+        if (ft_raw_reply(&r, &rc, msg, sizeof msg) < 0 || rc != 0)
             _exit(4);
         unsigned char *pool = mmap(NULL, 16 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED,
                                    r.pool_fd, 0);
@@ -619,7 +560,7 @@ static pid_t daemon_fork(const char *l2dir)
     for (int i = 0; i < 500; i++) {
         raw r;
         int rc = raw_connect(&r);
-        raw_close(&r);
+        ft_raw_close(&r);
         if (rc == 0)
             return pid;
         usleep(10000);
@@ -742,7 +683,7 @@ static void test_prefetch(void **state)
     for (int i = 0; i < 3; i++)
         ch[i].id.lo = 0x5150u + (uint64_t)i; /* chunks nobody stored */
     raw_chunks(&w, FERRY__P_PREFETCH, ch, 3);
-    assert_int_equal(raw_reply(&w, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ft_raw_reply(&w, &rc, msg, sizeof msg), 0);
     assert_int_equal(w.h.type, FERRY__P_PREFETCH | FERRY__PROTO_REPLY);
     assert_int_equal(rc, 3);
     uint8_t bad[FERRY__PROTO_HDR + 8];
@@ -750,10 +691,10 @@ static void test_prefetch(void **state)
     ferry__proto_hdr_encode(bad, &h);
     memset(bad + FERRY__PROTO_HDR, 0, 8); /* n = 0 and 4 stray bytes */
     raw_send_bytes(&w, bad, sizeof bad);
-    assert_int_equal(raw_reply(&w, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ft_raw_reply(&w, &rc, msg, sizeof msg), 0);
     assert_int_equal(rc, FERRY_EPARSE);
     raw_ping(&w);
-    raw_close(&w);
+    ft_raw_close(&w);
     ferry_kv_close(kv);
     kill(pid, SIGTERM);
     waitpid(pid, &ws, 0);
@@ -873,48 +814,48 @@ static void test_bad_frames(void **state)
     /* garbage: an ERROR reply, then the connection is closed */
     FT_ASSERT_OK(raw_connect(&r));
     raw_send_bytes(&r, "GET / HTTP/1.1\r\n\r\n", 18);
-    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ft_raw_reply(&r, &rc, msg, sizeof msg), 0);
     assert_int_equal(r.h.type, FERRY__P_ERROR | FERRY__PROTO_REPLY);
     assert_int_equal(rc, FERRY_EPARSE);
     assert_non_null(strstr(msg, "magic"));
-    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), -1);
-    raw_close(&r);
+    assert_int_equal(ft_raw_reply(&r, &rc, msg, sizeof msg), -1);
+    ft_raw_close(&r);
     /* another version: EVERSION naming both, for that request id */
     FT_ASSERT_OK(raw_connect(&r));
     ferry__proto_hdr h = {9, FERRY__P_PING, 0, 0, 4242};
     uint8_t hb[FERRY__PROTO_HDR];
     ferry__proto_hdr_encode(hb, &h);
     raw_send_bytes(&r, hb, sizeof hb);
-    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ft_raw_reply(&r, &rc, msg, sizeof msg), 0);
     assert_int_equal(rc, FERRY_EVERSION);
     assert_int_equal(r.h.rid, 4242);
     assert_non_null(strstr(msg, "version 9"));
-    raw_close(&r);
+    ft_raw_close(&r);
     /* a payload over the bound is refused before anything is read */
     FT_ASSERT_OK(raw_connect(&r));
     h = (ferry__proto_hdr){FERRY__PROTO_VERSION, FERRY__P_LOOKUP, 0, 0xffffffffu, 1};
     ferry__proto_hdr_encode(hb, &h);
     raw_send_bytes(&r, hb, sizeof hb);
-    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ft_raw_reply(&r, &rc, msg, sizeof msg), 0);
     assert_int_equal(rc, FERRY_EPARSE);
-    raw_close(&r);
+    ft_raw_close(&r);
     /* a truncated frame, then the client leaves */
     FT_ASSERT_OK(raw_connect(&r));
     h = (ferry__proto_hdr){FERRY__PROTO_VERSION, FERRY__P_LOOKUP, 0, 100, 1};
     ferry__proto_hdr_encode(hb, &h);
     raw_send_bytes(&r, hb, sizeof hb);
     raw_send_bytes(&r, "0123456789", 10);
-    raw_close(&r);
+    ft_raw_close(&r);
     /* well framed, malformed inside: an error and the connection goes on */
     FT_ASSERT_OK(raw_connect(&r));
     ferry__proto_req pq;
     memset(&pq, 0, sizeof pq);
     pq.hdr.type = FERRY__P_PING;
-    raw_req(&r, &pq); /* before HELLO: refused */
-    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    ft_raw_req(&r, &pq); /* before HELLO: refused */
+    assert_int_equal(ft_raw_reply(&r, &rc, msg, sizeof msg), 0);
     assert_int_equal(rc, FERRY_ESTATE);
     assert_non_null(strstr(msg, "before HELLO"));
-    raw_close(&r);
+    ft_raw_close(&r);
     FT_ASSERT_OK(raw_connect(&r));
     raw_hello(&r, 0);
     raw_ping(&r);
@@ -923,13 +864,13 @@ static void test_bad_frames(void **state)
     ferry__proto_hdr_encode(bad, &h);
     memset(bad + FERRY__PROTO_HDR, 0xff, 8); /* tokens, no count */
     raw_send_bytes(&r, bad, sizeof bad);
-    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ft_raw_reply(&r, &rc, msg, sizeof msg), 0);
     assert_int_equal(r.h.rid, 77);
     assert_int_equal(rc, FERRY_EPARSE);
     h = (ferry__proto_hdr){FERRY__PROTO_VERSION, 0x55, 0, 0, 78};
     ferry__proto_hdr_encode(hb, &h);
     raw_send_bytes(&r, hb, sizeof hb);
-    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ft_raw_reply(&r, &rc, msg, sizeof msg), 0);
     assert_int_equal(rc, FERRY_ENOTSUP);
     /* slots it does not hold: refused per chunk, nothing touched */
     ferry__proto_chunk ch[2];
@@ -937,13 +878,13 @@ static void test_bad_frames(void **state)
     ch[0].slot = 3;
     ch[1].slot = 999999;
     raw_chunks(&r, FERRY__P_COMMIT, ch, 2);
-    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ft_raw_reply(&r, &rc, msg, sizeof msg), 0);
     assert_int_equal(rc, 0);
     assert_int_equal(ferry__proto_get_u32(&r.rd), 2);
     assert_int_equal((int32_t)ferry__proto_get_u32(&r.rd), FERRY_ESTATE);
     assert_int_equal((int32_t)ferry__proto_get_u32(&r.rd), FERRY_ESTATE);
     raw_chunks(&r, FERRY__P_RELEASE, ch, 1);
-    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ft_raw_reply(&r, &rc, msg, sizeof msg), 0);
     assert_int_equal(ferry__proto_get_u32(&r.rd), 1);
     assert_int_equal((int32_t)ferry__proto_get_u32(&r.rd), FERRY_ESTATE);
     /* one connection reserves at most half the pool (8 of 16 slots) */
@@ -955,7 +896,7 @@ static void test_bad_frames(void **state)
         many[i].tokens = CT;
     }
     raw_chunks(&r, FERRY__P_RESERVE, many, 12);
-    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ft_raw_reply(&r, &rc, msg, sizeof msg), 0);
     assert_int_equal(ferry__proto_get_u32(&r.rd), 12);
     for (int i = 0; i < 12; i++) {
         assert_int_equal((int32_t)ferry__proto_get_u32(&r.rd), i < 8 ? 0 : FERRY_ENOSPACE);
@@ -976,10 +917,10 @@ static void test_bad_frames(void **state)
     raw_send_bytes(&r, all.p, all.len);
     ferry__proto_buf_free(&all);
     for (int i = 0; i < 3; i++) {
-        assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+        assert_int_equal(ft_raw_reply(&r, &rc, msg, sizeof msg), 0);
         assert_int_equal(r.h.rid, 500 + (uint64_t)i);
     }
-    raw_close(&r);
+    ft_raw_close(&r);
     /* the daemon serves on */
     ferry_kv_config c = client_config();
     ferry_kv *kv = NULL;
@@ -1036,7 +977,7 @@ static void test_client_never_reads(void **state)
         usleep(10000);
     }
     assert_int_equal(ss.slow_clients, 1);
-    raw_close(&r);
+    ft_raw_close(&r);
     ferry_kv_config c = client_config();
     ferry_kv *kv = NULL;
     FT_ASSERT_OK(ferry_kv_open(&c, &kv));
@@ -1071,7 +1012,7 @@ static void test_many_connections(void **state)
         send(r[i].fd, r[i].out.p, r[i].out.len, MSG_NOSIGNAL);
         int32_t rc;
         char msg[256];
-        if (raw_reply(&r[i], &rc, msg, sizeof msg) == 0 && rc == 0)
+        if (ft_raw_reply(&r[i], &rc, msg, sizeof msg) == 0 && rc == 0)
             continue;
         assert_int_equal(rc, FERRY_EBUSY);
         assert_non_null(strstr(msg, "max_clients 16"));
@@ -1079,7 +1020,7 @@ static void test_many_connections(void **state)
     }
     assert_int_equal(refused, N - 16);
     for (int i = 0; i < N; i++)
-        raw_close(&r[i]);
+        ft_raw_close(&r[i]);
     /* once they left, a client is served */
     ferry_kv_config c = client_config();
     ferry_kv *kv = NULL;
@@ -1113,7 +1054,7 @@ static void test_other_uid(void **state)
             _exit(4);
         int32_t rc;
         char msg[256];
-        if (raw_reply(&r, &rc, msg, sizeof msg) < 0)
+        if (ft_raw_reply(&r, &rc, msg, sizeof msg) < 0)
             _exit(5);
         _exit(rc == -EACCES && strstr(msg, "uid 65534") ? 0 : 6);
     }
@@ -1398,7 +1339,7 @@ static void test_stale_release(void **state)
     raw_chunks(&r, FERRY__P_ACQUIRE, &ch, 1);
     int32_t rc;
     char msg[256];
-    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ft_raw_reply(&r, &rc, msg, sizeof msg), 0);
     assert_int_equal(ferry__proto_get_u32(&r.rd), 1);
     assert_int_equal((int32_t)ferry__proto_get_u32(&r.rd), 0);
     ch.slot = ferry__proto_get_u64(&r.rd);
@@ -1408,10 +1349,10 @@ static void test_stale_release(void **state)
     make_tokens(more, 4 * CT, 5000);
     assert_int_equal(ferry_kv_store(kv, more, 4 * CT, NULL, &h.b), 4 * CT);
     raw_chunks(&r, FERRY__P_RELEASE, &ch, 1);
-    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ft_raw_reply(&r, &rc, msg, sizeof msg), 0);
     assert_int_equal(ferry__proto_get_u32(&r.rd), 1);
     assert_int_equal((int32_t)ferry__proto_get_u32(&r.rd), FERRY_ESTATE);
-    raw_close(&r);
+    ft_raw_close(&r);
     free(h.mem);
     ferry_kv_close(kv);
     ft_srv_close(&v);
@@ -1425,8 +1366,8 @@ static void raw_simple(raw *r, int t, uint64_t ms, int32_t *rc, char *msg, size_
     memset(&q, 0, sizeof q);
     q.hdr.type = (uint8_t)t;
     q.tokens = ms;
-    raw_req(r, &q);
-    assert_int_equal(raw_reply(r, rc, msg, len), 0);
+    ft_raw_req(r, &q);
+    assert_int_equal(ft_raw_reply(r, rc, msg, len), 0);
 }
 
 static void test_wait_and_why(void **state)
@@ -1451,7 +1392,7 @@ static void test_wait_and_why(void **state)
     ferry__proto_hdr_encode(bad, &h);
     memset(bad + FERRY__PROTO_HDR, 0, 3);
     raw_send_bytes(&r, bad, sizeof bad);
-    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ft_raw_reply(&r, &rc, msg, sizeof msg), 0);
     assert_int_equal(rc, FERRY_EPARSE);
     raw_simple(&r, FERRY__P_WAIT, 0, &rc, msg, sizeof msg);
     assert_int_equal(r.h.type, FERRY__P_WAIT | FERRY__PROTO_REPLY);
@@ -1465,7 +1406,7 @@ static void test_wait_and_why(void **state)
         ch[i].tokens = CT;
     }
     raw_chunks(&r, FERRY__P_RESERVE, ch, 3);
-    assert_int_equal(raw_reply(&r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ft_raw_reply(&r, &rc, msg, sizeof msg), 0);
     assert_int_equal(ferry__proto_get_u32(&r.rd), 3);
     int32_t cs[3];
     for (int i = 0; i < 3; i++) {
@@ -1482,7 +1423,7 @@ static void test_wait_and_why(void **state)
     raw_simple(&r, FERRY__P_WHY, 0, &rc, msg, sizeof msg);
     assert_int_equal(rc, 0); /* told once */
     raw_ping(&r);
-    raw_close(&r); /* (its reservations go with it) */
+    ft_raw_close(&r); /* (its reservations go with it) */
     ft_srv_close(&v);
 }
 
@@ -1538,7 +1479,7 @@ static void raw4(raw *r, int t, int32_t base, ferry__proto_chunk *ch)
     raw_chunks(r, t, ch, 4);
     int32_t rc;
     char msg[256];
-    assert_int_equal(raw_reply(r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ft_raw_reply(r, &rc, msg, sizeof msg), 0);
     assert_int_equal(r->h.type, t | FERRY__PROTO_REPLY);
     assert_true(rc >= 0);
 }
@@ -1614,7 +1555,7 @@ static void test_read_ahead_spared_until_acquired(void **state)
     store4(kv, E, &h);
     assert_tier4(kv, D, FERRY_KV_TIER_L1);
     assert_tier4(kv, A, FERRY_KV_TIER_L2);
-    raw_close(&r);
+    ft_raw_close(&r);
     ferry_kv_close(kv);
     free(h.mem);
     ft_srv_close(&v);
@@ -1722,7 +1663,7 @@ static void test_read_ahead_yields_to_stores(void **state)
     assert_int_equal(after.alloc_failures, before.alloc_failures);
     assert_int_equal(after.tier[FERRY_KV_TIER_L1].failures,
                      before.tier[FERRY_KV_TIER_L1].failures);
-    raw_close(&r);
+    ft_raw_close(&r);
     ferry_kv_close(kv);
     free(h.mem);
     ft_srv_close(&v);

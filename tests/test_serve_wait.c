@@ -86,72 +86,17 @@ static int teardown(void **state)
 
 /* ---- a raw client: the protocol by hand ---- */
 
-typedef struct raw {
-    int fd, pool_fd;
-    uint64_t rid;
-    ferry__proto_buf out;
-    uint8_t in[1 << 14];
-    ferry__proto_hdr h;
-    ferry__proto_rd rd;
-} raw;
+typedef ft_raw raw;
 
+/* (a daemon process may still be starting: tried for 30 s) */
 static void raw_connect(raw *r)
 {
-    memset(r, 0, sizeof *r);
-    r->pool_fd = -1;
-    struct sockaddr_un a;
-    memset(&a, 0, sizeof a);
-    a.sun_family = AF_UNIX;
-    memcpy(a.sun_path, g_sock, strlen(g_sock) + 1);
-    r->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    assert_true(r->fd >= 0);
-    for (int i = 0; connect(r->fd, (struct sockaddr *)&a, sizeof a) != 0; i++) {
+    for (int i = 0; ft_raw_connect(r, g_sock) != 0; i++) {
         if (i > 3000)
             fail_msg("no daemon on %s: %s", g_sock, strerror(errno));
-        usleep(10000); /* (a daemon process still starting) */
+        ft_raw_close(r);
+        usleep(10000);
     }
-}
-
-static void raw_close(raw *r)
-{
-    if (r->fd >= 0)
-        close(r->fd);
-    if (r->pool_fd >= 0)
-        close(r->pool_fd);
-    r->fd = r->pool_fd = -1;
-    ferry__proto_buf_free(&r->out);
-}
-
-/* one reply: 0 and r->h, r->rd after its head (*rc its code), or -1 when
- * the daemon closed the connection */
-static int raw_reply(raw *r, int32_t *rc, char *msg, size_t len)
-{
-    uint8_t hb[FERRY__PROTO_HDR];
-    for (size_t got = 0; got < sizeof hb;) {
-        ssize_t k = ft_recv_fd(r->fd, hb + got, sizeof hb - got, MSG_CMSG_CLOEXEC, &r->pool_fd);
-        if (k <= 0)
-            return -1;
-        got += (size_t)k;
-    }
-    char why[128];
-    assert_int_equal(ferry__proto_hdr_decode(hb, sizeof hb, &r->h, why, sizeof why), 0);
-    assert_true(r->h.len <= sizeof r->in);
-    for (size_t got = 0; got < r->h.len;) {
-        ssize_t k = recv(r->fd, r->in + got, r->h.len - got, 0);
-        if (k <= 0)
-            return -1;
-        got += (size_t)k;
-    }
-    r->rd = (ferry__proto_rd){r->in, r->in + r->h.len, 0};
-    *rc = ferry__proto_reply_head(&r->rd, msg, len);
-    return 0;
-}
-
-static void raw_req(raw *r, ferry__proto_req *q)
-{
-    q->hdr.rid = ++r->rid;
-    FT_ASSERT_OK(ferry__proto_req_encode(&r->out, q));
-    assert_int_equal(send(r->fd, r->out.p, r->out.len, MSG_NOSIGNAL), (ssize_t)r->out.len);
 }
 
 /* HELLO, any geometry, no pool: the daemon's slot count */
@@ -164,10 +109,10 @@ static uint64_t raw_hello(raw *r)
     q.hello.chunk_tokens = CT;
     q.hello.seed = FERRY_KV_HASH_SEED_DEFAULT;
     q.hello.flags = FERRY__HELLO_NO_POOL | FERRY__HELLO_ANY;
-    raw_req(r, &q);
+    ft_raw_req(r, &q);
     int32_t rc;
     char msg[256];
-    assert_int_equal(raw_reply(r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ft_raw_reply(r, &rc, msg, sizeof msg), 0);
     assert_int_equal(rc, 0);
     for (int i = 0; i < 7; i++)
         (void)(i == 6 ? ferry__proto_get_u64(&r->rd) : ferry__proto_get_u32(&r->rd));
@@ -193,7 +138,7 @@ static void raw_reserve_send(raw *r, uint64_t base, uint32_t n)
     q.hdr.type = FERRY__P_RESERVE;
     q.n = n;
     q.chunks = ch;
-    raw_req(r, &q);
+    ft_raw_req(r, &q);
 }
 
 /* its reply: how many chunks were reserved; codes[] each chunk's (n max) */
@@ -201,7 +146,7 @@ static int raw_reserve_reply(raw *r, int32_t *codes, uint32_t n)
 {
     int32_t rc;
     char msg[256];
-    if (raw_reply(r, &rc, msg, sizeof msg) < 0)
+    if (ft_raw_reply(r, &rc, msg, sizeof msg) < 0)
         return -1;
     assert_int_equal(r->h.type, FERRY__P_RESERVE | FERRY__PROTO_REPLY);
     assert_int_equal(rc, 0);
@@ -222,10 +167,10 @@ static ferry_kv_stats raw_stats(raw *r)
     ferry__proto_req q;
     memset(&q, 0, sizeof q);
     q.hdr.type = FERRY__P_STATS;
-    raw_req(r, &q);
+    ft_raw_req(r, &q);
     int32_t rc;
     char msg[256];
-    assert_int_equal(raw_reply(r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ft_raw_reply(r, &rc, msg, sizeof msg), 0);
     assert_int_equal(rc, 0);
     (void)ferry__proto_get_u32(&r->rd);
     uint32_t sz = ferry__proto_get_u32(&r->rd);
@@ -284,8 +229,8 @@ static void crowd_start(crowd *c)
 static void crowd_close_holders(crowd *c)
 {
     for (int i = 0; i < c->nholders; i++)
-        raw_close(&c->holder[i]);
-    raw_close(&c->watch);
+        ft_raw_close(&c->holder[i]);
+    ft_raw_close(&c->watch);
 }
 
 /* the daemon (in this process) serves n clients within limit_s: the time
@@ -327,16 +272,16 @@ static void assert_pool_whole(ferry_serve *s, uint64_t nslots)
         ferry__proto_req q;
         memset(&q, 0, sizeof q);
         q.hdr.type = FERRY__P_WAIT;
-        raw_req(&r[k], &q);
+        ft_raw_req(&r[k], &q);
         int32_t rc;
         char msg[64];
-        assert_int_equal(raw_reply(&r[k], &rc, msg, sizeof msg), 0);
+        assert_int_equal(ft_raw_reply(&r[k], &rc, msg, sizeof msg), 0);
         raw_reserve_send(&r[k], 0x70000u * (uint64_t)(k + 1), n);
         assert_int_equal(raw_reserve_reply(&r[k], codes, n), (int)n);
         held += n;
     }
     for (int i = 0; i < k; i++)
-        raw_close(&r[i]);
+        ft_raw_close(&r[i]);
     clients_become(s, 0, 5);
 }
 
@@ -360,7 +305,7 @@ static void test_waiter_whose_client_hangs_up_ends(void **state)
     crowd_start(&c);
     unsigned n = 2u + (unsigned)c.nholders; /* watch, holders, waiter */
     clients_become(v.s, n, 5);
-    raw_close(&c.waiter); /* (as a kill -9 would) */
+    ft_raw_close(&c.waiter); /* (as a kill -9 would) */
     double took = clients_become(v.s, n - 1, 10);
     print_message("waiter's thread ended %.3f s after its client hung up\n", took);
     assert_true(took < 1.0);
@@ -423,7 +368,7 @@ static void test_waiter_whose_client_closes_ends(void **state)
     srv_start(&v);
     crowd c;
     crowd_start(&c);
-    raw_close(&c.waiter);
+    ft_raw_close(&c.waiter);
     unsigned n = 1u + (unsigned)c.nholders;
     clients_become(v.s, n, 5);
     uint64_t waits = raw_stats(&c.watch).pool_waits;
@@ -485,7 +430,7 @@ static void test_close_answers_its_waiters(void **state)
     int32_t code = 0;
     assert_int_equal(raw_reserve_reply(&c.waiter, &code, 1), 0);
     assert_int_equal(code, -ECANCELED);
-    raw_close(&c.waiter);
+    ft_raw_close(&c.waiter);
     ferry_kv_close(a.kv);
     crowd_close_holders(&c);
 }
@@ -529,8 +474,8 @@ static void test_close_with_slots_held_in_the_daemon(void **state)
     int32_t code = 0;
     assert_int_equal(raw_reserve_reply(&w, &code, 1), 0);
     assert_int_equal(code, -ECANCELED);
-    raw_close(&w);
-    raw_close(&watch);
+    ft_raw_close(&w);
+    ft_raw_close(&watch);
 }
 
 /* `ferry serve` given SIGTERM while a client waits exits at once */
@@ -582,7 +527,7 @@ static void test_sigterm_while_a_client_waits(void **state)
     int32_t code = 0;
     assert_int_equal(raw_reserve_reply(&c.waiter, &code, 1), 0);
     assert_int_equal(code, -ECANCELED);
-    raw_close(&c.waiter);
+    ft_raw_close(&c.waiter);
     crowd_close_holders(&c);
 }
 
@@ -602,19 +547,19 @@ static void test_half_closed_waiter_is_not_cut(void **state)
     ferry__proto_req q;
     memset(&q, 0, sizeof q);
     q.hdr.type = FERRY__P_PING;
-    raw_req(&c.waiter, &q);
+    ft_raw_req(&c.waiter, &q);
     assert_int_equal(shutdown(c.waiter.fd, SHUT_WR), 0);
     usleep(200000); /* (the accept loop has looked at it by now) */
-    raw_close(&c.holder[0]); /* its slots free: the waiter's turn */
+    ft_raw_close(&c.holder[0]); /* its slots free: the waiter's turn */
     int32_t code = 1;
     assert_int_equal(raw_reserve_reply(&c.waiter, &code, 1), 1);
     assert_int_equal(code, 0);
     int32_t rc = 1;
     char msg[64];
-    assert_int_equal(raw_reply(&c.waiter, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ft_raw_reply(&c.waiter, &rc, msg, sizeof msg), 0);
     assert_int_equal(c.waiter.h.type, FERRY__P_PING | FERRY__PROTO_REPLY);
     assert_int_equal(rc, 0);
-    raw_close(&c.waiter);
+    ft_raw_close(&c.waiter);
     crowd_close_holders(&c);
     clients_become(v.s, 0, 5);
     assert_pool_whole(v.s, c.nslots);
@@ -655,7 +600,7 @@ static void test_idle_clients_cost_no_cpu(void **state)
     print_message("close with %d idle clients took %.3f s\n", N, took);
     assert_true(took < 1.0); /* (their threads end at once: no grace waited out) */
     for (int i = 0; i < N; i++)
-        raw_close(&r[i]);
+        ft_raw_close(&r[i]);
 }
 
 /* many clients waiting when the daemon closes: every wait ends, each
@@ -689,12 +634,12 @@ static void test_close_with_many_waiters(void **state)
         int32_t code = 0;
         assert_int_equal(raw_reserve_reply(&w[i], &code, 1), 0);
         assert_int_equal(code, -ECANCELED);
-        raw_close(&w[i]);
+        ft_raw_close(&w[i]);
     }
     int32_t code = 0;
     assert_int_equal(raw_reserve_reply(&c.waiter, &code, 1), 0);
     assert_int_equal(code, -ECANCELED);
-    raw_close(&c.waiter);
+    ft_raw_close(&c.waiter);
     crowd_close_holders(&c);
 }
 
@@ -762,11 +707,11 @@ static void test_daemon_out_of_descriptors_does_not_spin(void **state)
                   wall);
     /* the others leave: the last one in the backlog is served */
     for (int i = 0; i < N - 1; i++)
-        raw_close(&r[i]);
+        ft_raw_close(&r[i]);
     struct timeval tv = {10, 0};
     assert_int_equal(setsockopt(r[N - 1].fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
     raw_hello(&r[N - 1]);
-    raw_close(&r[N - 1]);
+    ft_raw_close(&r[N - 1]);
     kill(pid, SIGTERM);
     int st = 0;
     assert_int_equal(waitpid(pid, &st, 0), pid);
@@ -781,10 +726,10 @@ static void raw_ping(raw *r)
     ferry__proto_req q;
     memset(&q, 0, sizeof q);
     q.hdr.type = FERRY__P_PING;
-    raw_req(r, &q);
+    ft_raw_req(r, &q);
     int32_t rc = 1;
     char msg[64];
-    assert_int_equal(raw_reply(r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(ft_raw_reply(r, &rc, msg, sizeof msg), 0);
     assert_int_equal(r->h.type, FERRY__P_PING | FERRY__PROTO_REPLY);
     assert_int_equal(rc, 0);
 }
@@ -825,12 +770,12 @@ static void test_limit_lowered_under_the_daemon(void **state)
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
     usleep(1200000); /* (the loop polls at least every 500 ms) */
     raw_ping(&r[1]);
-    raw_close(&r[0]);
+    ft_raw_close(&r[0]);
     clients_become(v.s, N - 1, 5);
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
     raw_ping(&r[1]);
     for (int i = 1; i < N; i++)
-        raw_close(&r[i]);
+        ft_raw_close(&r[i]);
     clients_become(v.s, 0, 5);
     ferry_serve_stop(v.s);
     void *rc = NULL;

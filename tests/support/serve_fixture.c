@@ -3,10 +3,12 @@
  */
 #include "serve_fixture.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "ferry_test.h"
@@ -138,4 +140,58 @@ void ft_kv_daemon_stop(ft_kv_daemon *d)
 {
     ft_srv_close(&d->srv);
     ft_rmtree(d->dir);
+}
+
+int ft_raw_connect(ft_raw *r, const char *sock)
+{
+    memset(r, 0, sizeof *r);
+    r->pool_fd = -1;
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    memcpy(a.sun_path, sock, strlen(sock) + 1);
+    r->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (r->fd < 0 || connect(r->fd, (struct sockaddr *)&a, sizeof a) != 0)
+        return -errno;
+    return 0;
+}
+
+void ft_raw_close(ft_raw *r)
+{
+    if (r->fd >= 0)
+        close(r->fd);
+    if (r->pool_fd >= 0)
+        close(r->pool_fd);
+    r->fd = r->pool_fd = -1;
+    ferry__proto_buf_free(&r->out);
+}
+
+void ft_raw_req(ft_raw *r, ferry__proto_req *q)
+{
+    q->hdr.rid = ++r->rid;
+    FT_ASSERT_OK(ferry__proto_req_encode(&r->out, q));
+    assert_int_equal(send(r->fd, r->out.p, r->out.len, MSG_NOSIGNAL), (ssize_t)r->out.len);
+}
+
+int ft_raw_reply(ft_raw *r, int32_t *rc, char *msg, size_t len)
+{
+    uint8_t hb[FERRY__PROTO_HDR];
+    for (size_t got = 0; got < sizeof hb;) {
+        ssize_t k = ft_recv_fd(r->fd, hb + got, sizeof hb - got, MSG_CMSG_CLOEXEC, &r->pool_fd);
+        if (k <= 0)
+            return -1;
+        got += (size_t)k;
+    }
+    char why[128];
+    assert_int_equal(ferry__proto_hdr_decode(hb, sizeof hb, &r->h, why, sizeof why), 0);
+    assert_true(r->h.len <= sizeof r->in);
+    for (size_t got = 0; got < r->h.len;) {
+        ssize_t k = recv(r->fd, r->in + got, r->h.len - got, 0);
+        if (k <= 0)
+            return -1;
+        got += (size_t)k;
+    }
+    r->rd = (ferry__proto_rd){r->in, r->in + r->h.len, 0};
+    *rc = ferry__proto_reply_head(&r->rd, msg, len);
+    return 0;
 }

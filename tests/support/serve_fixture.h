@@ -12,6 +12,7 @@
 #include <sys/types.h>
 
 #include "ferry/serve.h"
+#include "proto/proto.h"
 
 typedef struct ft_srv {
     ferry_serve *s;
@@ -52,5 +53,25 @@ ssize_t ft_recv_fd(int sock, void *buf, size_t n, int flags, int *fd);
 /* send all n bytes, fd (>= 0) passed with the first of them (SCM_RIGHTS);
  * 0, or -1 when the peer is gone */
 int ft_send_fd(int sock, const void *buf, size_t n, int fd);
+
+/* a client speaking the wire by hand: its socket, the pool's fd once a
+ * HELLO passed one, the next request id, and the last reply (h, rd over in) */
+typedef struct ft_raw {
+    int fd, pool_fd;
+    uint64_t rid;
+    ferry__proto_buf out;
+    uint8_t in[1 << 16];
+    ferry__proto_hdr h;
+    ferry__proto_rd rd;
+} ft_raw;
+
+/* connect to sock: 0, or -errno (r closable either way) */
+int ft_raw_connect(ft_raw *r, const char *sock);
+void ft_raw_close(ft_raw *r);
+/* request q, its rid the next one (fails the test when it cannot go) */
+void ft_raw_req(ft_raw *r, ferry__proto_req *q);
+/* one reply: 0 and r->h, r->rd after its head (*rc its code, msg its
+ * message), or -1 when the daemon closed the connection */
+int ft_raw_reply(ft_raw *r, int32_t *rc, char *msg, size_t len);
 
 #endif
