@@ -377,6 +377,48 @@ static void *wait_forever(void *arg)
     return NULL;
 }
 
+/* a store of HLCH chunks (pool_wait_ms 20 s) whose every L1 slot is held
+ * by four layerwise stores lacking their last layer (a quarter each);
+ * t[4] the tokens of a fifth request, which must wait for a slot */
+enum { HLCH = 64, HWIN = HLCH / 4, HWTOK = HWIN * CT };
+typedef struct held {
+    ferry_kv *kv;
+    unsigned char *img;
+    ferry_kv_buffer b;
+    ferry_kv_op *lw[4];
+    int32_t t[5][HWTOK];
+} held;
+
+static void held_open(held *h, int seed)
+{
+    ferry_kv_config c = config(HLCH);
+    c.pool_wait_ms = 20000;
+    h->kv = NULL;
+    CHECK(ferry_kv_open(&c, &h->kv) == 0);
+    h->img = malloc(IMG_BYTES);
+    CHECK(h->img);
+    ft_fill_pattern(h->img, IMG_BYTES, seed);
+    h->b = host_buf(h->img);
+    for (int i = 0; i < 4; i++) {
+        for (int k = 0; k < HWTOK; k++)
+            h->t[i][k] = 1000 * i + k;
+        CHECK(ferry_kv_store_layers(h->kv, h->t[i], HWTOK, NULL, &h->b, NULL, &h->lw[i]) == 0);
+        CHECK(ferry_kv_op_layer_done(h->lw[i], 0, NULL) == 0);
+    }
+    for (int k = 0; k < HWTOK; k++)
+        h->t[4][k] = 90000 + k;
+}
+
+/* after the store's close: the four were abandoned (-ECANCELED) */
+static void held_done(held *h)
+{
+    for (int i = 0; i < 4; i++) {
+        CHECK(ferry_kv_op_wait(h->lw[i], 0) == -ECANCELED);
+        ferry_kv_op_free(h->lw[i]);
+    }
+    free(h->img);
+}
+
 /* four layerwise stores lacking their last layer hold every L1 slot (a
  * quarter each); a store_async waits for one (pool_wait_ms: 20 s), and
  * with waiter != 0 a thread waits on it (a call inside the store, which
@@ -385,26 +427,11 @@ static void *wait_forever(void *arg)
  * rather than waiting its 20 s out (and failing FERRY_ENOSPACE) */
 static void close_with_an_op_waiting_for_slots(int waiter)
 {
-    enum { LCH = 64, WIN = LCH / 4, WTOK = WIN * CT };
-    ferry_kv_config c = config(LCH);
-    c.pool_wait_ms = 20000;
-    ferry_kv *kv = NULL;
-    CHECK(ferry_kv_open(&c, &kv) == 0);
-    unsigned char *img = malloc(IMG_BYTES);
-    CHECK(img);
-    ft_fill_pattern(img, IMG_BYTES, 5);
-    ferry_kv_buffer b = host_buf(img);
-    static int32_t t[5][WTOK];
-    ferry_kv_op *lw[4], *op = NULL;
-    for (int i = 0; i < 4; i++) {
-        for (int k = 0; k < WTOK; k++)
-            t[i][k] = 1000 * i + k;
-        CHECK(ferry_kv_store_layers(kv, t[i], WTOK, NULL, &b, NULL, &lw[i]) == 0);
-        CHECK(ferry_kv_op_layer_done(lw[i], 0, NULL) == 0);
-    }
-    for (int k = 0; k < WTOK; k++)
-        t[4][k] = 90000 + k;
-    CHECK(ferry_kv_store_async(kv, t[4], WTOK, NULL, &b, &op) == 0);
+    static held h;
+    held_open(&h, 5);
+    ferry_kv *kv = h.kv;
+    ferry_kv_op *op = NULL;
+    CHECK(ferry_kv_store_async(kv, h.t[4], HWTOK, NULL, &h.b, &op) == 0);
     CHECK(ferry_kv_op_wait(op, 100) == -ETIMEDOUT); /* waiting for a slot */
     sharer w = {op, 0, 0};
     pthread_t th;
@@ -419,19 +446,15 @@ static void close_with_an_op_waiting_for_slots(int waiter)
     double ms = ms_since(&t0);
     if (waiter) {
         pthread_join(th, NULL);
-        CHECK(w.rc == WTOK);
+        CHECK(w.rc == HWTOK);
     }
     if (ms > 5000) {
         fprintf(stderr, "close took %.0f ms: it waited the op's pool wait out\n", ms);
         _exit(1);
     }
-    CHECK(ferry_kv_op_wait(op, 0) == WTOK); /* stored in the slots freed */
-    for (int i = 0; i < 4; i++) {
-        CHECK(ferry_kv_op_wait(lw[i], 0) == -ECANCELED);
-        ferry_kv_op_free(lw[i]);
-    }
+    CHECK(ferry_kv_op_wait(op, 0) == HWTOK); /* stored in the slots freed */
+    held_done(&h);
     ferry_kv_op_free(op);
-    free(img);
 }
 
 typedef struct last_layer {
@@ -523,26 +546,10 @@ static void *make_store_layers(void *arg)
 static void close_with_a_store_layers_inside(int server)
 {
     (void)server;
-    enum { LCH = 64, WIN = LCH / 4, WTOK = WIN * CT };
-    ferry_kv_config c = config(LCH);
-    c.pool_wait_ms = 20000;
-    ferry_kv *kv = NULL;
-    CHECK(ferry_kv_open(&c, &kv) == 0);
-    unsigned char *img = malloc(IMG_BYTES);
-    CHECK(img);
-    ft_fill_pattern(img, IMG_BYTES, 6);
-    ferry_kv_buffer b = host_buf(img);
-    static int32_t t[5][WTOK];
-    ferry_kv_op *lw[4];
-    for (int i = 0; i < 4; i++) {
-        for (int k = 0; k < WTOK; k++)
-            t[i][k] = 1000 * i + k;
-        CHECK(ferry_kv_store_layers(kv, t[i], WTOK, NULL, &b, NULL, &lw[i]) == 0);
-        CHECK(ferry_kv_op_layer_done(lw[i], 0, NULL) == 0);
-    }
-    for (int k = 0; k < WTOK; k++)
-        t[4][k] = 90000 + k;
-    maker m = {kv, t[4], WTOK, &b, NULL, 1, 1};
+    static held h;
+    held_open(&h, 6);
+    ferry_kv *kv = h.kv;
+    maker m = {kv, h.t[4], HWTOK, &h.b, NULL, 1, 1};
     pthread_t th;
     CHECK(pthread_create(&th, NULL, make_store_layers, &m) == 0);
     while (ferry__kv_calls(kv) == 0) /* inside its store_layers */
@@ -565,11 +572,7 @@ static void close_with_a_store_layers_inside(int server)
     CHECK(m.lrc == -ECANCELED);
     CHECK(ferry_kv_op_wait(m.op, 0) == -ECANCELED);
     ferry_kv_op_free(m.op);
-    for (int i = 0; i < 4; i++) {
-        CHECK(ferry_kv_op_wait(lw[i], 0) == -ECANCELED);
-        ferry_kv_op_free(lw[i]);
-    }
-    free(img);
+    held_done(&h);
 }
 
 static void test_close_frees_abandoned_slots_before_waiting_for_ops(void **state)
