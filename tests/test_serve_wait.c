@@ -180,6 +180,17 @@ static ferry_kv_stats raw_stats(raw *r)
     return m;
 }
 
+/* until the daemon's count of waits for a slot passes `waits` (read
+ * through watch): what waits has begun to */
+static void wait_begun(raw *watch, uint64_t waits, const char *what)
+{
+    for (int i = 0; raw_stats(watch).pool_waits == waits; i++) {
+        if (i > 500)
+            fail_msg("%s never waited", what);
+        usleep(10000);
+    }
+}
+
 /* ---- the pool held whole, a waiter behind it ---- */
 
 #define MAX_HOLDERS 8
@@ -375,11 +386,7 @@ static void test_waiter_whose_client_closes_ends(void **state)
     store_arg a = {client_open(), 1, 1, 0, ""};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, store_main, &a), 0);
-    for (int i = 0; raw_stats(&c.watch).pool_waits == waits; i++) {
-        if (i > 500)
-            fail_msg("the client's store never waited");
-        usleep(10000);
-    }
+    wait_begun(&c.watch, waits, "the client's store");
     ferry_kv_close_begin(a.kv);
     double t0 = now_s();
     pthread_join(th, NULL);
@@ -408,11 +415,7 @@ static void test_close_answers_its_waiters(void **state)
     store_arg a = {client_open(), 1, 1, 0, ""};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, store_main, &a), 0);
-    for (int i = 0; raw_stats(&c.watch).pool_waits == waits; i++) {
-        if (i > 500)
-            fail_msg("the client's store never waited");
-        usleep(10000);
-    }
+    wait_begun(&c.watch, waits, "the client's store");
     double t0 = now_s();
     ft_srv_close(&v);
     double took = now_s() - t0;
@@ -461,11 +464,7 @@ static void test_close_with_slots_held_in_the_daemon(void **state)
     raw watch;
     raw_connect(&watch);
     raw_hello(&watch);
-    for (int i = 0; raw_stats(&watch).pool_waits == waits; i++) {
-        if (i > 500)
-            fail_msg("the waiter's RESERVE never waited");
-        usleep(10000);
-    }
+    wait_begun(&watch, waits, "the waiter's RESERVE");
     double t0 = now_s();
     ft_srv_close(&v);
     double took = now_s() - t0;
