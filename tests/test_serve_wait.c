@@ -227,14 +227,7 @@ static void crowd_start(crowd *c)
     raw_connect(&c->waiter);
     raw_hello(&c->waiter);
     raw_reserve_send(&c->waiter, 0x900000u, 1);
-    for (int i = 0;; i++) {
-        ferry_kv_stats m = raw_stats(&c->watch);
-        if (m.pool_waits > c->waits0)
-            break;
-        if (i > 500)
-            fail_msg("the waiter's RESERVE never waited");
-        usleep(10000);
-    }
+    wait_begun(&c->watch, c->waits0, "the waiter's RESERVE");
 }
 
 static void crowd_close_holders(crowd *c)
