@@ -359,9 +359,14 @@ class Buffer:
     def moved(self):
         """A tensor whose memory is no longer where the call read or wrote it
         (resize_() past its capacity, set_(), .data = ...), or None."""
+        m = self.moved_from()
+        return m[0] if m is not None else None
+
+    def moved_from(self):
+        """(tensor, the address the call took) of a tensor that moved, or None."""
         for t, addr in self.addrs:
             if t.data_ptr() != addr:
-                return t
+                return t, addr
         return None
 
     def moved_layer(self, layer, num_layers):

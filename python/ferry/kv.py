@@ -216,7 +216,8 @@ class Op:
     itself frees in place (x.resize_() past the storage's capacity): keep a
     buffer's size until wait() returns. A tensor whose data_ptr moved while
     the Op ran makes wait() raise FerryError (EFAULT) instead of returning
-    the tokens moved, since that tensor does not hold them.
+    the tokens moved, since that tensor does not hold them; a store's op
+    then deletes what it stored (it may have read memory torch freed).
     """
 
     def __init__(self, kv, handle, keep, call):
@@ -226,6 +227,7 @@ class Op:
         self._call = call
         self._result = None
         self._moved = None    # (tensor, address) of a buffer that moved in flight
+        self._stores = call.startswith("store")
         self._guard = CallGuard(call)
         self._freed = threading.Event()   # set once free() kept the end and let go
 
@@ -255,9 +257,9 @@ class Op:
         if self._result is None:
             keep = self._keep    # (a free in another thread may drop it meanwhile)
             buf = keep[0] if keep else None
-            t = buf.moved() if buf is not None else None
-            if t is not None:
-                self._moved = (t, dict((id(a), b) for a, b in buf.addrs)[id(t)])
+            self._moved = buf.moved_from() if buf is not None else None
+            if self._moved is not None and self._stores and rc != -errno.ECANCELED:
+                self._kv._forget_stored(keep[2], keep[1])
             self._result = rc
 
     def _outcome(self):
@@ -268,11 +270,7 @@ class Op:
         if rc < 0:
             raise FerryError(rc, None, self._call)
         if self._moved is not None:
-            raise FerryError(-errno.EFAULT, "a tensor of the operation was resized or given "
-                             "other memory while the operation ran (its data_ptr moved from "
-                             f"{self._moved[1]:#x} to {self._moved[0].data_ptr():#x}): it does "
-                             "not hold the operation's bytes; keep a buffer's memory in place "
-                             "until wait() returns", self._call)
+            raise _moved_error(self._moved, "operation", self._stores, self._call)
         return rc
 
     def wait(self, timeout=None):
@@ -342,6 +340,20 @@ class Op:
             self.free()
         except Exception:  # interpreter shutdown
             pass
+
+
+def _moved_error(moved, what, store, call):
+    """FerryError (EFAULT) for a call or operation whose tensor moved while it
+    ran (another thread's resize_, set_ or .data =): moved is (the tensor,
+    the address the call took)."""
+    t, addr = moved
+    end = ("what it stored was deleted (it may have read memory torch freed under it)" if store
+           else "it does not hold the bytes loaded")
+    until = "wait() returns" if what == "operation" else "the call returns"
+    return FerryError(-errno.EFAULT, f"a tensor of the {what} was resized or given other "
+                      f"memory while the {what} ran (its data_ptr moved from {addr:#x} to "
+                      f"{t.data_ptr():#x}): {end}; keep a buffer's memory in place until "
+                      f"{until}", call)
 
 
 _INT_MAX = 2**31 - 1
@@ -811,16 +823,44 @@ class KVStore(Closing):
         n = -(-arr.size // self.chunk_tokens) if statuses else 0
         req = _Req(salt, partial, n, skip)
         self._sync_engine(buf)
-        rc = check(self._call(fn, p, arr.size, req.ptr(), ctypes.byref(buf.c)), name)
+        rc = self._call(fn, p, arr.size, req.ptr(), ctypes.byref(buf.c))
+        self._check_moved(buf, name, writable, lambda: self._forget_stored(arr, req))
+        rc = check(rc, name)
         if statuses:
             return rc, list(req.status)
         return rc
+
+    def _check_moved(self, buf, name, writable, forget):
+        """After a blocking call on buf: FerryError (EFAULT) when one of its
+        tensors moved while the call ran (another thread's resize_, set_ or
+        .data =; ctypes lets the GIL go for the call): a retrieve's tensor
+        does not hold the bytes loaded; a store may have read memory torch
+        freed under it, so forget() deletes what it stored first."""
+        moved = buf.moved_from() if buf.addrs else None
+        if moved is None:
+            return
+        if not writable:
+            forget()
+        raise _moved_error(moved, "call", not writable, name)
+
+    def _forget(self, fn, *args):
+        """fn(handle, *args), a delete of what a store whose source moved
+        stored; on a store closed meanwhile there is nothing to delete from."""
+        try:
+            self._call(fn, *args)
+        except FerryError:
+            pass
+
+    def _forget_stored(self, arr, req):
+        self._forget(lib.ferry_kv_delete, arr.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+                     arr.size, req.ptr())
 
     def store(self, tokens, kv, block_table=None, *, salt=None, partial=False, statuses=False):
         """Store the KV of `tokens` from `kv`: vLLM's per-layer paged caches with
         `block_table`, or one contiguous tensor [kv][layers][tokens][heads*head_dim].
         Returns the leading tokens stored or already present (and per-chunk codes
-        with statuses=True)."""
+        with statuses=True). A source another thread resized or re-pointed
+        while the call ran: FerryError (EFAULT), what it stored deleted."""
         return self._op(lib.ferry_kv_store, "store", tokens, kv, block_table, salt, partial,
                         False, statuses)
 
@@ -828,7 +868,9 @@ class KVStore(Closing):
                  skip=0):
         """Load the cached KV of `tokens` into `kv` (same forms as store). Returns
         the leading tokens loaded; chunks not loaded leave their destination as it was.
-        skip: leading tokens the engine already holds; nothing below it is written."""
+        skip: leading tokens the engine already holds; nothing below it is written.
+        A `kv` another thread resized or re-pointed while the call ran (it does
+        not hold the bytes loaded): FerryError (EFAULT)."""
         return self._op(lib.ferry_kv_retrieve, "retrieve", tokens, kv, block_table, salt,
                         partial, True, statuses, skip)
 
@@ -903,11 +945,16 @@ class KVStore(Closing):
         arr, keep = self._names(names)
         req = _Req(salt, False, len(keep)) if statuses else self._salt_req(salt)
         args = [arr, len(keep), req.ptr()]
+        buf = None
         if data is not None:
             buf = self._buffer(data, block_table, writable)
             self._sync_engine(buf)
             args.append(ctypes.byref(buf.c))
-        rc = check(self._call(fn, *args), what)
+        rc = self._call(fn, *args)
+        if buf is not None:
+            self._check_moved(buf, what, writable, lambda: self._forget(
+                lib.ferry_kv_delete_named, arr, len(keep), req.ptr()))
+        rc = check(rc, what)
         return (rc, list(req.status)) if statuses else rc
 
     def store_named(self, names, kv, block_table=None, *, salt=None, statuses=False):

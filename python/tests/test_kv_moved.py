@@ -1,0 +1,172 @@
+"""A blocking store or retrieve whose tensor another thread resizes or
+re-points while the call runs (ctypes lets the GIL go for the C call, so
+an engine thread's x.resize_(), x.set_() or x.data = lands inside it):
+
+- a retrieve answered the tokens loaded while the tensor no longer held
+  them (its bytes went to the storage the call kept, or, resized, to
+  memory torch had freed); now it raises FerryError (EFAULT) naming the
+  move, as an async op's wait() does;
+- a store read memory torch had freed under it (resize_ past capacity)
+  and kept what it found there as the tokens' KV: a later retrieve loaded
+  those bytes. Now the store raises EFAULT and deletes what it stored, so
+  no later call finds it; the named forms too.
+
+Each move is made deterministic by wrapping the C call: after it for a
+retrieve (its bytes land, then the tensor moves), before it for a store
+(the freed memory stays mapped, taken by junk), in a child process.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PRELUDE = """
+import errno, sys
+import numpy as np, torch
+sys.path.insert(0, {pkg!r})
+import ferry
+import ferry.kv as fkv
+from ferry import FerryError
+LAY = ferry.Layout(num_layers=2, num_heads=2, head_dim=64, dtype="bf16")
+s = ferry.KVStore("moved", LAY, l1="16M", chunk_tokens=16)
+N = 64                                    # 4 chunks, 64 KiB of KV
+toks = np.arange(N, dtype=np.int32) + 1000
+names = [f"page{{i}}" for i in range(N // 16)]
+x = torch.randn(2, 2, N, 128, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+
+def move(t, how):
+    if how == "resize_":
+        t.resize_(2, 2, N * 64, 128)          # past its capacity: its memory freed
+    elif how == "set_":
+        t.set_(torch.zeros(4, dtype=torch.bfloat16))
+    else:
+        t.data = torch.zeros(4, dtype=torch.bfloat16)
+
+def wrapped(name, before, after=None):
+    real = getattr(fkv.lib, name)
+    def call(*a):
+        before()
+        rc = real(*a)
+        if after is not None:
+            after()
+        return rc
+    setattr(fkv.lib, name, call)
+    return lambda: setattr(fkv.lib, name, real)
+
+def efault(f):
+    try:
+        rc = f()
+    except FerryError as e:
+        assert e.code == -errno.EFAULT and "moved" in e.message, e
+        return e
+    raise AssertionError(f"answered {{rc}} though its tensor moved during the call")
+"""
+
+
+def run_child(body, timeout=60):
+    code = PRELUDE.format(pkg=PKG) + textwrap.dedent(body)
+    try:
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"child hung past {timeout} s\n{e.stdout}\n{e.stderr}")
+    assert p.returncode == 0, f"child exited {p.returncode}\n{p.stdout}\n{p.stderr}"
+    assert "ok" in p.stdout, p.stdout
+
+
+@pytest.mark.parametrize("named", [False, True])
+@pytest.mark.parametrize("how", ["resize_", "set_", "data"])
+def test_a_retrieve_whose_tensor_moved_during_the_call_raises(how, named):
+    run_child("""
+        named = %r
+        assert (s.store_named(names, x) if named else s.store(toks, x)) == (4 if named else N)
+        y = torch.zeros_like(x)
+        undo = wrapped("ferry_kv_retrieve_named" if named else "ferry_kv_retrieve",
+                       lambda: None, lambda: move(y, %r))
+        efault(lambda: s.retrieve_named(names, y) if named else s.retrieve(toks, y))
+        undo()
+        y = torch.zeros_like(x)                   # untouched: exact
+        assert (s.retrieve_named(names, y) if named else s.retrieve(toks, y)) == \\
+            (4 if named else N)
+        assert torch.equal(x, y)
+        s.close()
+        print("ok")
+    """ % (named, how))
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_a_store_whose_source_was_freed_during_the_call_keeps_nothing(named):
+    run_child("""
+        named = %r
+        src = x.clone()
+        junk = []
+        def free_then_junk():
+            move(src, "resize_")
+            junk.append(torch.full((2 * 2 * N * 128,), 7.0, dtype=torch.bfloat16))
+        undo = wrapped("ferry_kv_store_named" if named else "ferry_kv_store", free_then_junk)
+        e = efault(lambda: s.store_named(names, src) if named else s.store(toks, src))
+        assert "deleted" in e.message, e
+        undo()
+        # nothing of it is found: no later retrieve loads the junk as these tokens
+        assert (s.lookup_named(names) if named else s.lookup(toks)) == 0
+        y = torch.zeros_like(x)
+        assert (s.retrieve_named(names, y) if named else s.retrieve(toks, y)) == 0
+        assert not y.any()
+        # stored again from a tensor left alone: exact
+        assert (s.store_named(names, x) if named else s.store(toks, x)) == (4 if named else N)
+        assert (s.retrieve_named(names, y) if named else s.retrieve(toks, y)) == \\
+            (4 if named else N)
+        assert torch.equal(x, y)
+        s.close()
+        print("ok")
+    """ % named)
+
+
+def test_a_store_whose_source_was_re_pointed_during_the_call_raises(tmp_path):
+    # set_ mid-call: the call read the storage it kept (the tensor's bytes
+    # when called), but the tensor no longer holds them: EFAULT, as a
+    # retrieve; what it stored is deleted all the same (one rule for a move)
+    run_child("""
+        src = x.clone()
+        undo = wrapped("ferry_kv_store", lambda: move(src, "set_"))
+        efault(lambda: s.store(toks, src))
+        undo()
+        assert s.lookup(toks) == 0
+        s.close()
+        print("ok")
+    """)
+
+
+@pytest.mark.parametrize("form", ["store_async", "store_layers"])
+def test_an_async_store_whose_source_was_freed_keeps_nothing(form):
+    # the same for an op: wait() said EFAULT, but the junk stayed stored. A
+    # layerwise store's source is freed inside the last layer_done's copy
+    # (after its check that the source is in place), which commits it
+    run_child("""
+        form = %r
+        src = x.clone()
+        junk, calls = [], []
+        def free_then_junk():
+            calls.append(1)
+            if len(calls) == (2 if form == "store_layers" else 1):
+                move(src, "resize_")
+                junk.append(torch.full((2 * 2 * N * 128,), 7.0, dtype=torch.bfloat16))
+        undo = wrapped("ferry_kv_op_layer_done" if form == "store_layers" else
+                       "ferry_kv_store_async", free_then_junk)
+        op = getattr(s, form)(toks, src)
+        if form == "store_layers":
+            op.layer_done(0)
+            op.layer_done(1)
+        undo()
+        e = efault(op.wait)
+        assert "deleted" in e.message, e
+        assert s.lookup(toks) == 0
+        y = torch.zeros_like(x)
+        assert s.retrieve(toks, y) == 0 and not y.any()
+        s.close()
+        print("ok")
+    """ % form)
