@@ -8,7 +8,7 @@ import threading
 import numpy as np
 
 from . import _abi as A
-from ._handle import CallGuard, Closing
+from ._handle import CallGuard, Closing, Opened
 from ._buffers import (CACHE_LAYOUTS, Buffer, DeviceMem, cache_planes, describe, dtype_code,
                        dtype_name, is_torch, paged_geometry, tokens_array)
 from ._lib import lib
@@ -511,6 +511,26 @@ class LayerOp(Op):
         self._done_layers.add(layer)
 
 
+class _DeviceMemory:
+    """A closed store's "host" device while device_empty() tensors of it are
+    alive: each tensor's buffer holds this, and the device (which frees
+    their memory) closes with the last of them, so a tensor read or written
+    after close(), from any thread, touches memory that is still there. In
+    a forked child the device is the parent's: not closed."""
+
+    def __init__(self):
+        self.dev = None
+        self.where = Opened()
+
+    def __del__(self):
+        try:
+            if self.dev and not self.where.forked:
+                lib.ferry_device_close(self.dev)
+        except Exception:  # interpreter shutdown: the library may be gone
+            pass
+        self.dev = None
+
+
 class KVStore(Closing):
     """A ferry KV store: in this process, or a `ferry serve` daemon's.
 
@@ -544,8 +564,8 @@ class KVStore(Closing):
     the copies after the stream's pending work (ferry_stream_import of the
     stream, passed to ferry_kv_op_layer_done) and wait_layer(l) makes the
     stream wait for layer l on the device (ferry_kv_op_stream_wait_layer).
-    On "host", device memory comes from device_empty(); the tensor must not
-    be used after close() (the device frees it).
+    On "host", device memory comes from device_empty(); after close() such a
+    tensor keeps its memory (the device closes with the last of them).
     """
 
     def __init__(self, model, layout, l1=None, l2=None, *, l2_dir=None, l2_bytes=None,
@@ -560,6 +580,7 @@ class KVStore(Closing):
         self._salt_reqs = {}
         self._dev = None
         self._devmem = None
+        self._devhold = None   # what device_empty() tensors hold ("host" only)
         self._streams = {}
         if server is not None:
             if l1 is not None or l2 is not None or l2_dir is not None or remote is not None:
@@ -681,6 +702,8 @@ class KVStore(Closing):
         check(lib.ferry_device_open(ctypes.byref(opt), ctypes.byref(h)), f"device {spec!r}")
         self._dev = h
         self._devmem = DeviceMem(kind, ordinal)
+        if kind == "host":
+            self._devhold = _DeviceMemory()
 
     @property
     def device(self):
@@ -691,8 +714,9 @@ class KVStore(Closing):
         """An uninitialised tensor in the store's device memory: on "cuda:N",
         torch.empty on that GPU; on "host", memory from ferry_device_alloc
         viewed as a CPU tensor that the store takes as FERRY_KV_MEM_DEVICE
-        (the host backend's device pointers are host addresses). Valid until
-        close()."""
+        (the host backend's device pointers are host addresses). The tensor
+        keeps that memory: after close() it is still there (the device
+        closes with the last such tensor)."""
         import torch
         if self._devmem is None:
             raise ValueError("ferry: device_empty needs a store opened with device=")
@@ -712,10 +736,11 @@ class KVStore(Closing):
                 lib.ferry_device_free(self._dev, ptr.value)
                 raise FerryError(-errno.EINVAL, "device memory is not host-addressable",
                                  "device_empty")
-            return host
-        host = self._call(alloc)
+            return host, self._devhold   # (taken inside: a close after it hands it the device)
+        host, hold = self._call(alloc)
         self._devmem.allocs[host] = n
         raw = (ctypes.c_uint8 * n).from_address(host)
+        raw._ferry_mem = hold   # every view of raw's bytes holds the device
         return torch.from_numpy(np.frombuffer(raw, np.uint8)).view(dtype).reshape(shape)
 
     def _on_engine_stream(self, fn):
@@ -792,8 +817,14 @@ class KVStore(Closing):
                 lib.ferry_stream_destroy(s)
             self._streams = {}
             if self._dev:
-                lib.ferry_device_close(self._dev)   # frees device_empty()'s memory too
-                self._dev = None
+                hold, self._devhold = self._devhold, None
+                if hold is not None:   # closed now, or with the last device_empty() tensor
+                    hold.dev = self._dev
+                    self._dev = None
+                    del hold
+                else:
+                    lib.ferry_device_close(self._dev)
+                    self._dev = None
         finally:
             self._released.set()
 
