@@ -238,3 +238,52 @@ def test_a_wrapper_kept_in_vllms_own_tree_builds_ferrys_inside(factory, monkeypa
 def test_a_module_path_that_will_not_import_raises_as_vllm_raises(factory):
     with pytest.raises(ModuleNotFoundError):
         factory.get_connector_class(_cfg("no_such_team_module").kv_transfer_config)
+
+
+def test_a_factory_that_renames_its_argument_still_builds_the_users_class(factory):
+    """Should vLLM rename _get_connector_class_with_compat's kv_transfer_config
+    (or hold only the VllmConfig), ferry's registered name still resolves to
+    the class the config's module path names: the config is found by value,
+    and its class-level hooks are the user's, not ferry's."""
+    import team_connector
+    mine = team_connector.FerryConnector
+
+    def renamed(cls, transfer_cfg):      # the registry's lookup, the argument renamed
+        return cls._registry[transfer_cfg.kv_connector]()
+
+    def by_config(cls, whole_config):    # or given the whole VllmConfig
+        return cls._registry[whole_config.kv_transfer_config.kv_connector]()
+
+    cfg = _cfg("team_connector")
+    got = renamed(factory, cfg.kv_transfer_config)
+    assert got is mine and got.requires_piecewise_for_cudagraph({}) is True
+    assert by_config(factory, cfg) is mine
+    # ferry's own path by value is ferry's class; a frame that is not the
+    # factory's is not looked through by value
+    assert renamed(factory, _cfg("ferry.adapters.vllm").kv_transfer_config) is FerryConnector
+    assert renamed(type("NotTheFactory", (), {"_registry": factory._registry}),
+                   cfg.kv_transfer_config) is FerryConnector
+
+
+def test_the_lookup_by_value_runs_no_code_of_other_locals(factory):
+    """Locals of the frames walked whose attributes are computed (a property,
+    __getattr__) are looked at as stored: none of their code runs."""
+    import team_connector
+    ran = []
+
+    class Loud:
+        def __getattr__(self, name):
+            ran.append(name)
+            raise AttributeError(name)
+
+        @property
+        def kv_transfer_config(self):
+            ran.append("property")
+            raise RuntimeError("not to be run")
+
+    def renamed(cls, noisy, transfer_cfg):
+        return cls._registry[transfer_cfg.kv_connector]()
+
+    got = renamed(factory, Loud(), _cfg("team_connector").kv_transfer_config)
+    assert got is team_connector.FerryConnector
+    assert ran == []

@@ -1942,19 +1942,51 @@ def _factory_choice():
     replace a user's own "FerryConnector" given by module path. Its
     registry's loader takes no argument: the config being resolved is the
     kv_transfer_config argument of the factory's frame that called it (a
-    MultiConnector child's own, inside its create_connector), and
-    _chosen_class answers for it. Without one (get_connector_class_by_name,
+    MultiConnector child's own, inside its create_connector; found by value
+    should vLLM rename that argument), and _chosen_class answers for it. Without one (get_connector_class_by_name,
     for a MultiConnector's stats) ferry's class: the stats are a dict either
     way."""
     f = sys._getframe(1)
     for _ in range(16):
         if f is None:
             break
-        ktc = f.f_locals.get("kv_transfer_config")
-        if getattr(ktc, "kv_connector", None) == "FerryConnector":
+        ktc = _ferry_config_in(f.f_locals)
+        if ktc is not None:
             return _chosen_class(ktc)
         f = f.f_back
     return FerryConnector
+
+
+def _static(obj, name):
+    """obj's attribute name as stored (inspect.getattr_static: no property,
+    __getattr__ or descriptor of a stranger's object runs), or None."""
+    try:
+        return inspect.getattr_static(obj, name, None)
+    except Exception:
+        return None
+
+
+def _ferry_config_in(local_vars):
+    """The kv_transfer_config naming "FerryConnector" that a frame holds: its
+    local of that name; in a frame of vLLM's KVConnectorFactory itself (a
+    class method's cls), should vLLM rename that argument, any local that is
+    such a config or a config holding one (looked at without running any of
+    their code); else None."""
+    def names_ferry(v):
+        return v is not None and _static(v, "kv_connector") == "FerryConnector"
+    ktc = local_vars.get("kv_transfer_config")
+    if names_ferry(ktc):
+        return ktc
+    owner = local_vars.get("cls")
+    if not (isinstance(owner, type) and owner.__name__ == "KVConnectorFactory"):
+        return None
+    for v in list(local_vars.values()):
+        if names_ferry(v):
+            return v
+        inner = _static(v, "kv_transfer_config")
+        if names_ferry(inner):
+            return inner
+    return None
 
 
 def __getattr__(name):
