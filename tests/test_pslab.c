@@ -1676,6 +1676,101 @@ static void test_put_of_many_segments_at_depth_16(void **state)
     ft_rmtree(d1);
 }
 
+/* whether dir holds name */
+static int has_file(const char *dir, const char *name)
+{
+    char path[600];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return stat(path, &st) == 0;
+}
+
+/*
+ * A reset of a slab striped over two drives that loses power at each of
+ * its mutating calls in turn leaves the old store whole (its journal
+ * there) or an interrupted reset (journal gone, drives part rewritten).
+ * The latter is recognised: every open given drive a alone - read-only
+ * (what `ferry slab reset a` asks first), a reset, a create - is refused
+ * with FERRY_EMISMATCH naming drive b, where a reset of a alone used to
+ * make a one-drive slab of the whole size there, dropping b. Given both,
+ * the reset completes: two drives, the size and tag kept, empty, and no
+ * marker left in either directory.
+ */
+static void test_power_loss_in_a_two_drive_reset(void **state)
+{
+    (void)state;
+    int interrupted = 0, cases = 0;
+    for (uint64_t crash_at = 1; crash_at < 400; crash_at++) {
+        char a[256], b[256];
+        ft_tmpdir(a, sizeof a);
+        ft_tmpdir(b, sizeof b);
+        const char *dirs[] = {a, b}, *one[] = {a};
+        ferry_pslab_options o = opts(dirs, 2, 8 * MiB);
+        o.engine = "posix";
+        o.tag = "two-drive";
+        o.tag_len = 9;
+        ferry_pslab *p = open_ok(&o);
+        put_k(p, 1, 1);
+        FT_ASSERT_OK(ferry_pslab_close(p));
+
+        ferry_pslab_options r = o;
+        r.flags = FERRY_PSLAB_RESET;
+        r.bytes = 0; /* (kept from the slab, as the CLI's reset does) */
+        r.tag = NULL;
+        r.tag_len = 0;
+        ov_install(crash_at, crash_at * 13 + 7);
+        p = NULL;
+        if (ferry_pslab_open(&r, &p) == 0)
+            ferry_pslab_close(p);
+        pthread_mutex_lock(&ov.mu);
+        int died = ov.dead;
+        if (!died)
+            ov_power_loss();
+        pthread_mutex_unlock(&ov.mu);
+        ov_uninstall();
+        cases++;
+
+        int journal = has_file(a, FERRY_PSLAB_JOURNAL);
+        unsigned modes[] = {FERRY_PSLAB_READONLY, FERRY_PSLAB_RESET, FERRY_PSLAB_CREATE};
+        for (size_t m = 0; m < (journal ? 1 : 3); m++) {
+            ferry_pslab_options q = opts(one, 1, 0);
+            q.engine = "posix";
+            q.flags = modes[m];
+            p = NULL;
+            int rc = ferry_pslab_open(&q, &p);
+            if (rc == 0)
+                ferry_pslab_close(p);
+            if (rc != FERRY_EMISMATCH || (!journal && !strstr(ferry_last_error(), b)))
+                fail_msg("crash at call %llu (journal %s): an open of %s alone (flags %#x) "
+                         "answered %d: %s", (unsigned long long)crash_at,
+                         journal ? "kept" : "gone", a, modes[m], rc,
+                         rc ? ferry_last_error() : "a store of one drive");
+        }
+        interrupted += !journal;
+
+        p = open_ok(&r);
+        ferry_pslab_stats st = FERRY_PSLAB_STATS_INIT;
+        FT_ASSERT_OK(ferry_pslab_stats_get(p, &st));
+        assert_int_equal(st.drives, 2);
+        assert_int_equal(st.chunks, 0);
+        assert_int_equal(st.capacity, 8 * MiB);
+        FT_ASSERT_OK(ferry_pslab_close(p));
+        assert_false(has_file(a, FERRY_PSLAB_RESET_MARK));
+        assert_false(has_file(b, FERRY_PSLAB_RESET_MARK));
+        o.flags = 0;
+        p = open_ok(&o); /* (its tag kept: another would be refused) */
+        FT_ASSERT_OK(ferry_pslab_close(p));
+        ft_rmtree(a);
+        ft_rmtree(b);
+        if (!died)
+            break; /* the whole reset ran before the crash point */
+    }
+    print_message("%d crash points, %d of them left an interrupted reset\n", cases,
+                  interrupted);
+    assert_true(interrupted > 3);
+}
+
+
 static void test_power_loss_in_batch_mode_keeps_every_synced_chunk(void **state)
 {
     (void)state;
@@ -2321,6 +2416,7 @@ int main(void)
         cmocka_unit_test(test_oom_at_every_allocation_of_open_and_put),
         cmocka_unit_test(test_forget_is_durable_with_the_next_commit_only),
         cmocka_unit_test(test_power_loss_keeps_every_acknowledged_chunk),
+        cmocka_unit_test(test_power_loss_in_a_two_drive_reset),
         cmocka_unit_test(test_batch_puts_are_visible_at_once_and_durable_at_commit),
         cmocka_unit_test(test_batch_commits_run_on_the_flusher_and_bound_the_queue),
         cmocka_unit_test(test_put_of_many_segments_at_depth_16),

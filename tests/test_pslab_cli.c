@@ -24,6 +24,7 @@
 #include <jansson.h>
 
 #include "ferry_test.h"
+#include "io/sys.h"
 #include "pslab/pslab_impl.h"
 
 static char g_ferry[4096];
@@ -358,6 +359,96 @@ static void test_reset_of_part_of_a_striped_slab_is_refused(void **state)
     ft_rmtree(c);
 }
 
+/* the forked resetter's death: it is killed as it opens this file */
+static const char *g_kill_at;
+
+static int open_or_die(const char *path, int flags, mode_t mode)
+{
+    if (g_kill_at && strcmp(path, g_kill_at) == 0)
+        _exit(9);
+    return ferry__sys_default()->open(path, flags, mode);
+}
+
+/*
+ * A reset of a two-drive slab killed part way (after the journal went and
+ * drive a was rewritten, as it opens drive b's slab file): `ferry slab
+ * reset a` then used to find no journal to check the directories by and
+ * make a one-drive slab of the whole size in a, silently dropping b. Now
+ * it is refused (exit 2, FERRY_EMISMATCH) naming b, nothing changed, and
+ * `ferry slab reset a b` completes the reset: both drives, size kept.
+ */
+static void test_reset_killed_part_way_needs_every_drive(void **state)
+{
+    (void)state;
+    char a[256], b[256], out[16384], args[1024], bfile[600];
+    ft_tmpdir(a, sizeof a);
+    ft_tmpdir(b, sizeof b);
+    const char *dirs[] = {a, b};
+    ferry_pslab_options o = FERRY_PSLAB_OPTIONS_INIT;
+    o.dirs = dirs;
+    o.n_dirs = 2;
+    o.bytes = 8 << 20;
+    o.flags = FERRY_PSLAB_CREATE;
+    ferry_pslab *p = NULL;
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p));
+    FT_ASSERT_OK(ferry_pslab_put(p, "k", 1, "value", 5));
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    snprintf(bfile, sizeof bfile, "%s/%s", b, FERRY_PSLAB_FILE);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        static ferry__sys t;
+        t = *ferry__sys_default();
+        t.open = open_or_die;
+        g_kill_at = bfile;
+        ferry__sys_set(&t);
+        o.flags = FERRY_PSLAB_RESET;
+        o.bytes = 0;
+        p = NULL;
+        _exit(ferry_pslab_open(&o, &p) == 0 ? 0 : 1);
+    }
+    int ws = 0;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    assert_true(WIFEXITED(ws));
+    assert_int_equal(WEXITSTATUS(ws), 9); /* (killed inside the reset) */
+    char jp[600];
+    struct stat st;
+    snprintf(jp, sizeof jp, "%s/%s", a, FERRY_PSLAB_JOURNAL);
+    assert_int_not_equal(stat(jp, &st), 0); /* the journal went first */
+
+    const char *forms[][2] = {{"slab reset", ""}, {"slab reset", " --json"},
+                              {"slab check", " --reset"}};
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "%s %s%s", forms[i][0], a, forms[i][1]);
+        int rc = run_ferry(args, out, sizeof out);
+        if (rc != 2 || !strstr(out, "FERRY_EMISMATCH") || !strstr(out, b) ||
+            !strstr(out, "interrupted") || !strstr(out, "nothing was changed"))
+            fail_msg("ferry %s: exit %d, '%s'", args, rc, out);
+        if (i == 0)
+            print_message("ferry %s: %s", args, out);
+    }
+    snprintf(jp, sizeof jp, "%s/%s", a, FERRY_PSLAB_JOURNAL);
+    assert_int_not_equal(stat(jp, &st), 0); /* (no one-drive slab was made) */
+    snprintf(args, sizeof args, "slab reset %s %s", a, b);
+    assert_int_equal(run_ferry(args, out, sizeof out), 0);
+    assert_non_null(strstr(out, "8388608 bytes"));
+    o.flags = 0;
+    p = NULL;
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p));
+    ferry_pslab_stats s = FERRY_PSLAB_STATS_INIT;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &s));
+    assert_int_equal(s.drives, 2);
+    assert_int_equal(s.chunks, 0);
+    assert_int_equal(s.capacity, 8 << 20);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    for (int i = 0; i < 2; i++) {
+        snprintf(jp, sizeof jp, "%s/%s", dirs[i], FERRY_PSLAB_RESET_MARK);
+        assert_int_not_equal(stat(jp, &st), 0);
+    }
+    ft_rmtree(a);
+    ft_rmtree(b);
+}
+
 /* reset of a missing directory: refused naming it (ENOENT), nothing made */
 static void test_reset_of_a_missing_directory_creates_nothing(void **state)
 {
@@ -499,6 +590,7 @@ int main(void)
         cmocka_unit_test(test_plain_directory_is_left_empty),
         cmocka_unit_test(test_reset_of_an_unreadable_header_changes_nothing),
         cmocka_unit_test(test_reset_of_part_of_a_striped_slab_is_refused),
+        cmocka_unit_test(test_reset_killed_part_way_needs_every_drive),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -192,7 +192,8 @@ static int reset_refused(const char *cmd, const char *const *dirs, unsigned nd, 
  * library's reset makes a new slab of whatever directories it is given, so
  * one drive of a striped slab would become a slab of its own (the others
  * orphaned, the size the whole slab's). A read-only open says whether they
- * are (FERRY_EMISMATCH: another count or order); any other answer is left
+ * are (FERRY_EMISMATCH: another count or order, or not every drive of a
+ * reset that was interrupted, its marker says); any other answer is left
  * to the reset itself (a slab in use, unreadable or of a newer format).
  * 0 to go on, else the exit status (2, printed; nothing changed).
  */
@@ -212,10 +213,13 @@ static int reset_dirs_ok(const char *cmd, const char *const *dirs, unsigned nd, 
     if (rc != FERRY_EMISMATCH)
         return 0;
     char msg[2048];
-    snprintf(msg, sizeof msg, "%s: not the slab's directories: %s; nothing was changed. Give "
-             "every directory of the slab, in its order (as the store was opened), or to start "
-             "afresh remove %s and %s from each", dirs[0], ferry_last_error(), FERRY_PSLAB_FILE,
-             FERRY_PSLAB_JOURNAL);
+    if (strstr(ferry_last_error(), FERRY_PSLAB_RESET_MARK)) /* (says what to do itself) */
+        snprintf(msg, sizeof msg, "%s: %s", dirs[0], ferry_last_error());
+    else
+        snprintf(msg, sizeof msg, "%s: not the slab's directories: %s; nothing was changed. "
+                 "Give every directory of the slab, in its order (as the store was opened), or "
+                 "to start afresh remove %s and %s from each", dirs[0], ferry_last_error(),
+                 FERRY_PSLAB_FILE, FERRY_PSLAB_JOURNAL);
     return reset_says_no(cmd, dirs[0], rc, msg, json);
 }
 

@@ -50,6 +50,9 @@ static size_t serve_families(ferry_serve *s, char *buf, size_t cap, size_t off)
         {"ferry_serve_released_total", "counter",
          "Reservations and locks released by a closing connection.",
          offsetof(ferry_serve_stats, released)},
+        {"ferry_serve_ahead_dropped_total", "counter",
+         "Read-ahead chunks dropped unread because their client went.",
+         offsetof(ferry_serve_stats, ahead_dropped)},
     };
     for (size_t i = 0; i < sizeof fam / sizeof fam[0] && off < cap; i++) {
         uint64_t v;

@@ -73,6 +73,11 @@ extern "C" {
 #define FERRY_PSLAB_TAG_MAX 1024u
 /** A directory's lock file (one owner per directory; see ferry_pslab_open). */
 #define FERRY_PSLAB_LOCK "ferry.lock"
+/** A reset in progress (in every drive's directory, naming all the drives):
+ *  left by a reset that crashed part way, it makes every open not given
+ *  exactly those drives fail with FERRY_EMISMATCH naming the one missing,
+ *  so a later reset cannot make a slab of some of them alone. */
+#define FERRY_PSLAB_RESET_MARK "ferry_pslab.reset"
 
 typedef struct ferry_pslab ferry_pslab;
 
@@ -93,7 +98,11 @@ enum ferry_pslab_flags {
      * another geometry or tag is FERRY_EMISMATCH and nothing is touched.
      * Directories are made only with CREATE: a missing one is -ENOENT,
      * and so is a directory holding no store (no journal, lock or slab
-     * file), with no file made there. Not with READONLY.
+     * file), with no file made there. Not with READONLY. A reset that
+     * crashed part way leaves FERRY_PSLAB_RESET_MARK in every directory:
+     * an open not given every drive it names is then FERRY_EMISMATCH
+     * naming the one missing, and a reset given them all completes (the
+     * size and tag kept, from the marker if the first header was lost).
      */
     FERRY_PSLAB_RESET = 1u << 2
 };

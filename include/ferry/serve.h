@@ -124,11 +124,16 @@ typedef struct ferry_serve_stats {
     uint64_t bad_frames;       /**< malformed frames, unknown versions or types */
     uint64_t slow_clients;     /**< disconnected for not reading their replies */
     uint64_t released;         /**< reservations and locks released by a closing connection */
+    /** read-ahead (PREFETCH, ACQUIRE) dropped unread because its client
+     *  hung up or its connection ended: chunks whose queued read had not
+     *  begun, their L1 slots given back at once */
+    uint64_t ahead_dropped;
 } ferry_serve_stats;
 #define FERRY_SERVE_STATS_INIT \
     {FERRY_FIELD(size) sizeof(ferry_serve_stats), FERRY_FIELD(clients) 0, \
      FERRY_FIELD(connections) 0, FERRY_FIELD(refused) 0, FERRY_FIELD(requests) 0, \
-     FERRY_FIELD(bad_frames) 0, FERRY_FIELD(slow_clients) 0, FERRY_FIELD(released) 0}
+     FERRY_FIELD(bad_frames) 0, FERRY_FIELD(slow_clients) 0, FERRY_FIELD(released) 0, \
+     FERRY_FIELD(ahead_dropped) 0}
 /** A snapshot of the daemon's counters: the caller sets out->size (start
  *  from FERRY_SERVE_STATS_INIT) and only that many bytes are written.
  *  Errors: -EINVAL (NULL, or out->size not set). */

@@ -156,7 +156,8 @@ int ferry_kv_retrieve_async(ferry_kv *kv, const int32_t *tokens, size_t n,
  * daemon's reads for a client's ACQUIRE and PREFETCH: its retrieve's
  * read-ahead) is leading mode with the read-ahead's budget, and what it
  * lands is spared as a retrieve's read-ahead is (kv_impl.h: ahead_until)
- * until an ACQUIRE holds it. queued[i] (when
+ * until an ACQUIRE holds it; its jobs carry the thread's cut (kv_slots.h),
+ * so they are dropped unread once the client is gone. queued[i] (when
  * non-NULL) gets the source tier of each chunk queued. Returns the leading tokens that
  * are in L1 or on their way.
  */
@@ -177,6 +178,7 @@ size_t ferry__kv_prefetch_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch
         uint64_t half = kv->tier[FERRY_KV_TIER_L1]->capacity / 2 * kv->slot_bytes;
         budget = FERRY__MAX(budget, FERRY__MIN(want, half));
     }
+    ferry__kv_cut *cut = leading == 2 ? ferry__kv_thread_cut_get() : NULL;
     pthread_mutex_lock(&kv->mu);
     uint64_t now = ferry__kv_now_ns(kv);
     for (size_t i = 0; i < nch; i++) {
@@ -212,6 +214,10 @@ size_t ferry__kv_prefetch_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch
         j->l1_loc = slot;
         j->src_tier = src;
         j->ahead = leading != 1; /* a retrieve's, in process or a client's */
+        if (cut) {
+            atomic_fetch_add(&cut->refs, 1);
+            j->cut = cut;
+        }
         *tail = j;
         tail = &j->next;
         if (queued)

@@ -10,7 +10,9 @@
  * a retrieve's copy lent to an idle operation worker (ferry__kv_lend) is
  * never queued behind an operation: operations may wait for it.
  *
- * Invariant: every job queued is run exactly once; flush and close wait
+ * Invariant: every job queued is run exactly once (or withdrawn once:
+ * read-ahead for a daemon's client that is gone is taken back out of the
+ * queue and dropped by whoever withdrew it); flush and close wait
  * until both queues are empty and no worker is busy, so no job outlives the
  * store and every write-through has landed (or failed and released its
  * extent) before the tiers are torn down. An operation's handle and its
@@ -90,6 +92,33 @@ void ferry__kv_enqueue(ferry_kv *kv, ferry__kv_job *j)
     q->tail = j;
     pthread_cond_signal(&q->cv);
     pthread_mutex_unlock(&kv->qmu);
+}
+
+ferry__kv_job *ferry__kv_withdraw(ferry_kv *kv, int (*match)(const ferry__kv_job *, void *),
+                                  void *ctx)
+{
+    ferry__kv_job *out = NULL, **otail = &out;
+    struct ferry__kv_queue *q = &kv->q[1];
+    pthread_mutex_lock(&kv->qmu);
+    ferry__kv_job **pp = &q->head, *prev = NULL;
+    while (*pp) {
+        ferry__kv_job *j = *pp;
+        if (!match(j, ctx)) {
+            prev = j;
+            pp = &j->next;
+            continue;
+        }
+        *pp = j->next;
+        if (q->tail == j)
+            q->tail = prev;
+        j->next = NULL;
+        *otail = j;
+        otail = &j->next;
+    }
+    if (out && all_idle(kv))
+        pthread_cond_broadcast(&kv->idle);
+    pthread_mutex_unlock(&kv->qmu);
+    return out;
 }
 
 int ferry__kv_io_worker_free(ferry_kv *kv, unsigned mine)

@@ -18,6 +18,7 @@
 
 #include "core.h"
 #include "ferry/kv.h"
+#include "kv/kv_slots.h"
 
 typedef struct ferry__kv_entry ferry__kv_entry;
 typedef struct ferry__kv_tier ferry__kv_tier;
@@ -479,6 +480,8 @@ typedef struct ferry__kv_job {
     int src_tier;              /* PREFETCH: the tier read from */
     int ahead;                 /* PREFETCH: a retrieve's read-ahead (kept once landed) */
     struct ferry__kv_job *group; /* PREFETCH from an async tier: the next of its group */
+    struct ferry__kv_cut *cut; /* PREFETCH for a daemon's connection: its cut (a reference,
+                                  dropped as it lands), else NULL */
     void (*copy)(void *ctx, size_t idx); /* COPY: run copy(ctx, idx) */
     void *ctx;
     size_t idx;
@@ -655,6 +658,7 @@ struct ferry_kv {
     atomic_uint_fast64_t lookups, lookup_tokens, hit_tokens, stores, stored_chunks,
         stored_bytes, retrieves, retrieved_chunks, retrieved_bytes, misses, prefetched,
         deleted, failures, alloc_failures, lock_expired;
+    atomic_uint_fast64_t ahead_dropped; /* read-ahead dropped unread: its connection was cut */
     atomic_uint_fast64_t corrupt; /* chunks read from below L1 that failed their check */
     atomic_uint_fast64_t device_chunks, device_calls; /* device buffer <-> L1 moves */
     ferry__kv_hist h_lookup, h_store, h_retrieve;
@@ -680,7 +684,13 @@ void ferry__kv_job_run(ferry_kv *kv, ferry__kv_job *j);
  * copy that failed), or, when the failure was not the copy's (a broken
  * queue, memory), RELEASE the slot or RETIRE it (a read may still land
  * there) keeping the copy; then the job's locks and budget go */
-enum { FERRY__KV_LAND_PROMOTE = 0, FERRY__KV_LAND_RELEASE = 1, FERRY__KV_LAND_RETIRE = 2 };
+enum { FERRY__KV_LAND_PROMOTE = 0, FERRY__KV_LAND_RELEASE = 1, FERRY__KV_LAND_RETIRE = 2,
+       FERRY__KV_LAND_DROP = 3 /* never read: its connection was cut (not a failure) */ };
+/* whether j is read-ahead for a daemon connection that was cut since */
+static inline int ferry__kv_ahead_gone(const ferry__kv_job *j)
+{
+    return j->cut && atomic_load_explicit(&j->cut->why, memory_order_acquire);
+}
 void ferry__kv_prefetch_land(ferry_kv *kv, ferry__kv_job *j, int rc, int how);
 /* store_aprefetch.c: queue prefetch jobs (linked by next); those reading
  * from a tier with asynchronous reads go as one group when leading != 0
@@ -693,6 +703,10 @@ int ferry__kv_flush(ferry_kv *kv);
 int ferry__kv_workers_start(ferry_kv *kv, unsigned n);
 void ferry__kv_workers_stop(ferry_kv *kv);
 void ferry__kv_enqueue(ferry_kv *kv, ferry__kv_job *j);
+/* async.c: take the I/O queue's jobs that match out of it, in order (linked
+ * by next): the caller runs their end itself, as a worker would */
+ferry__kv_job *ferry__kv_withdraw(ferry_kv *kv, int (*match)(const ferry__kv_job *, void *),
+                                  void *ctx);
 /* 1 when a job queued now runs at once or right after the caller's own:
  * nothing queued, and an I/O worker free or mine (> 0, fewer than the
  * workers) of the caller's jobs running or queued. A retrieve's copy-out

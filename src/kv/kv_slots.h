@@ -42,12 +42,33 @@ void ferry__kv_geometry(ferry_kv *kv, ferry_kv_layout *layout, uint32_t *chunk_t
 /* the store's pool_wait_ms, in ns: how long a client that sends no WAIT
  * waits for a slot */
 uint64_t ferry__kv_pool_wait_ns(ferry_kv *kv);
-/* from now on this thread takes no L1 slot once *cut is set: its waits
+/* a daemon connection's cut: why (0 while its client may still use what
+ * it asked for; else the daemon's reason, nonzero), and references: the
+ * connection's and one per read-ahead chunk queued on its behalf, which
+ * may outlive the connection (the last put frees it) */
+typedef struct ferry__kv_cut {
+    atomic_int why;
+    atomic_uint refs;
+} ferry__kv_cut;
+/* a cut not set yet, one reference (the caller's); NULL: no memory */
+ferry__kv_cut *ferry__kv_cut_new(void);
+/* drop a reference (NULL: nothing) */
+void ferry__kv_cut_put(ferry__kv_cut *cut);
+/* from now on this thread takes no L1 slot once cut->why is set: its waits
  * for one end (within a few ms: they look at least that often) and its
- * reservations and promotions fail, -ECANCELED, nothing taken. For a
+ * reservations and promotions fail, -ECANCELED, nothing taken; and its
+ * read-ahead (ferry__kv_slot_prefetch) is queued under cut. For a
  * daemon's connection thread (its client hung up, or the daemon is
  * closing); NULL: never */
-void ferry__kv_thread_cut(const atomic_int *cut);
+void ferry__kv_thread_cut(ferry__kv_cut *cut);
+/* cut->why was set: the read-ahead queued under it that no read has begun
+ * for is dropped now, its L1 slots and locks given back (what is being
+ * read lands first: a slot a read may still write is never handed on).
+ * Read-ahead a worker picks up later under a cut that is set is dropped
+ * the same way, unread */
+void ferry__kv_ahead_cut(ferry_kv *kv, ferry__kv_cut *cut);
+/* read-ahead chunks dropped unread because their connection was cut */
+uint64_t ferry__kv_ahead_dropped(ferry_kv *kv);
 /* the waits for a slot this thread made since it last asked, and their
  * time (read and reset) */
 void ferry__kv_thread_waits(uint64_t *waits, uint64_t *ns);
@@ -87,7 +108,8 @@ int ferry__kv_slot_acquire_wait(ferry_kv *kv, ferry_kv_hash id, uint64_t wait_ns
  * the acquire (generation gen), FERRY_ESTATE when it did not */
 int ferry__kv_slot_release(ferry_kv *kv, ferry__kv_entry *e, uint64_t slot, uint64_t gen);
 /* queue the L2 reads of the chunks of ids that are only below L1 (ahead of
- * their acquires) */
+ * their acquires), under this thread's cut; nothing once it is set (its
+ * client is gone: nothing read for it) */
 void ferry__kv_slot_prefetch(ferry_kv *kv, const ferry_kv_hash *ids, size_t n);
 /* delete ids[0..n) (as ferry_kv_delete) */
 int ferry__kv_slot_delete(ferry_kv *kv, const ferry_kv_hash *ids, size_t n);

@@ -242,6 +242,24 @@ int ferry__pslab_reclaim_by_commit(ferry_pslab *p);
 /* the commit leader (committing set, no lock held): rewrite the journal */
 int ferry__pslab_compact_locked(ferry_pslab *p);
 
+/* ---- pslab_mark.c: the reset-in-progress marker ---- */
+/* what a marker keeps of the slab being reset, besides its drives: what a
+ * reset that finds the first drive's header gone recreates it with */
+typedef struct ferry__pslab_markgeo {
+    uint64_t bytes, stripe;
+    uint32_t alignment, tag_len;
+    uint8_t tag[FERRY_PSLAB_TAG_MAX];
+} ferry__pslab_markgeo;
+/* every directory gets a marker naming all of p's and g, durably (before
+ * a reset touches anything) */
+int ferry__pslab_mark_write(ferry_pslab *p, const ferry__pslab_markgeo *g);
+/* the markers removed, the first directory's last (the store whole again) */
+int ferry__pslab_mark_clear(ferry_pslab *p);
+/* a marker in any of p's directories must name exactly them: 0 (*found:
+ * one was there), else FERRY_EMISMATCH naming the drive missing, or the
+ * marker's read failure (FERRY_ECORRUPT) */
+int ferry__pslab_mark_check(ferry_pslab *p, int *found, ferry__pslab_markgeo *g);
+
 /* ---- pslab_recover.c ---- */
 /* a requested size rounded up to the alignment and a whole stripe row */
 uint64_t ferry__pslab_round_capacity(uint64_t bytes, uint64_t align, uint64_t stripe,

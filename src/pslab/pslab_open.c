@@ -250,11 +250,15 @@ static int old_header(ferry_pslab *p, ferry__pslab_hdr *h, uint8_t *blk)
 }
 
 /*
- * FERRY_PSLAB_RESET: drop the journal first (without it the slab files are
- * nobody's, so a crash during the reset leaves no store, never a mix), then
- * create a new store over the old files.
+ * FERRY_PSLAB_RESET: mark every directory as one slab being reset, then
+ * drop the journal (without it the slab files are nobody's, so a crash
+ * during the reset leaves no store, never a mix), then create a new store
+ * over the old files; the open removes the markers once it is whole. A
+ * crash part way leaves the markers: only an open given every drive goes
+ * on (pslab_mark.c).
  */
-static int reset_store(ferry_pslab *p, const ferry_pslab_options *o, ferry_pslab_options *eff)
+static int reset_store(ferry_pslab *p, const ferry_pslab_options *o, ferry_pslab_options *eff,
+                       ferry__pslab_markgeo *mg)
 {
     uint8_t *blk = ferry__malloc(FERRY__PSLAB_HDR_BLOCK);
     if (!blk)
@@ -263,6 +267,15 @@ static int reset_store(ferry_pslab *p, const ferry_pslab_options *o, ferry_pslab
     *eff = *o;
     int hrc = old_header(p, &h, blk);
     int have = hrc == 0;
+    if (!have && mg->bytes) {
+        /* an interrupted reset's marker keeps what the header said */
+        h.g.capacity = mg->bytes;
+        h.g.alignment = mg->alignment;
+        h.g.stripe = mg->stripe;
+        h.tag_len = mg->tag_len;
+        h.tag = mg->tag;
+        have = 1;
+    }
     if (!have && !o->bytes) {
         /* nothing to recreate the store from: say so before anything is dropped */
         char path[PATH_MAX_];
@@ -292,13 +305,24 @@ static int reset_store(ferry_pslab *p, const ferry_pslab_options *o, ferry_pslab
         }
     }
     ferry__free(blk);
+    /* before anything is touched: which directories are this slab, and
+     * its size and tag, should the reset not finish (pslab_mark.c) */
+    mg->bytes = eff->bytes;
+    mg->stripe = eff->stripe_bytes;
+    mg->alignment = (uint32_t)eff->alignment;
+    mg->tag_len = p->tag_len;
+    if (p->tag_len)
+        memcpy(mg->tag, p->tag, p->tag_len);
+    int rc = ferry__pslab_mark_write(p, mg);
+    if (rc < 0)
+        return rc;
     char tmp[PATH_MAX_];
     snprintf(tmp, sizeof tmp, "%s/%s", p->dirs[0], FERRY__PSLAB_JOURNAL_TMP);
     unlink(tmp);
     if (unlink(p->jpath) != 0 && errno != ENOENT)
         return ferry__err_set(&p->err, -errno, "pslab: reset: removing journal %s: %s",
                               p->jpath, strerror(errno));
-    int rc = ferry__pslab_fsync_dir(p->dirs[0]);
+    rc = ferry__pslab_fsync_dir(p->dirs[0]);
     if (rc < 0)
         return ferry__err_set(&p->err, rc, "pslab: reset: fsync of directory %s: %s",
                               p->dirs[0], strerror(-rc));
@@ -345,7 +369,8 @@ static int nothing_here(ferry_pslab *p, const ferry_pslab_options *o)
  */
 static int bare_later_dir(const ferry_pslab *p, const ferry_pslab_options *o, int mk, unsigned i)
 {
-    static const char *const names[] = {FERRY_PSLAB_LOCK, FERRY_PSLAB_FILE, FERRY_PSLAB_JOURNAL};
+    static const char *const names[] = {FERRY_PSLAB_LOCK, FERRY_PSLAB_FILE, FERRY_PSLAB_JOURNAL,
+                                        FERRY_PSLAB_RESET_MARK};
     if (i == 0 || mk || (o->flags & FERRY_PSLAB_RESET))
         return 0;
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
@@ -408,7 +433,7 @@ static int pslab_new(const ferry_pslab_options *o, ferry_pslab **out)
  * RESET, not read-only, with a size), after making sure the directories
  * hold no other store. A journal there: nothing to do.
  */
-static int create_if_missing(ferry_pslab *p, const ferry_pslab_options *o, int ro)
+static int create_if_missing(ferry_pslab *p, const ferry_pslab_options *o, int ro, int marked)
 {
     int rc;
     struct stat jst;
@@ -420,7 +445,10 @@ static int create_if_missing(ferry_pslab *p, const ferry_pslab_options *o, int r
     if (e != ENOENT || !(o->flags & (FERRY_PSLAB_CREATE | FERRY_PSLAB_RESET)) || ro)
         return ferry__err_set(&p->err, -e, "pslab: no store in %s (journal %s: %s)%s",
                               p->dirs[0], p->jpath, strerror(e),
-                              e == ENOENT ? "; FERRY_PSLAB_CREATE creates one" : "");
+                              e != ENOENT ? ""
+                              : marked    ? ": a reset of it was interrupted (" FERRY_PSLAB_RESET_MARK
+                                            "); a reset given every drive completes it"
+                                          : "; FERRY_PSLAB_CREATE creates one");
     if (!o->bytes)
         return ferry__err_set(&p->err, -EINVAL, "pslab: creating a store in %s needs a size "
                               "(options.bytes)", p->dirs[0]);
@@ -535,11 +563,26 @@ int ferry_pslab_open(const ferry_pslab_options *uo, ferry_pslab **out)
                                   p->dirs[0]);
         goto out;
     }
+    /* a reset that did not finish: every one of its drives, or nothing */
     ferry_pslab_options eff = *o;
-    if ((o->flags & FERRY_PSLAB_RESET) && (rc = reset_store(p, o, &eff)) < 0)
+    int marked = 0;
+    ferry__pslab_markgeo *mg = ferry__calloc(1, sizeof *mg);
+    if (!mg) {
+        rc = ferry__pslab_fail(p, -ENOMEM, "pslab %s: out of memory", p->dirs[0]);
+        goto out;
+    }
+    if ((rc = ferry__pslab_mark_check(p, &marked, mg)) == 0 && (o->flags & FERRY_PSLAB_RESET))
+        rc = reset_store(p, o, &eff, mg);
+    ferry__free(mg);
+    if (rc < 0)
         goto out;
     o = &eff;
-    if ((rc = create_if_missing(p, o, ro)) < 0 || (rc = ferry__pslab_recover(p, o)) < 0)
+    if ((rc = create_if_missing(p, o, ro, marked)) < 0)
+        goto out;
+    /* the store is whole (its journal in place): the reset is over */
+    if (!ro && (marked || (o->flags & FERRY_PSLAB_RESET)) && (rc = ferry__pslab_mark_clear(p)) < 0)
+        goto out;
+    if ((rc = ferry__pslab_recover(p, o)) < 0)
         goto out;
     if (p->need_compact && (rc = compact_at_open(p)) < 0)
         goto out;

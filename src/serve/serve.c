@@ -302,6 +302,7 @@ static void reap(ferry_serve *s, int all)
         ferry__free(c->tiers);
         ferry__free(c->held);
         ferry__proto_buf_free(&c->out);
+        ferry__kv_cut_put(c->cut); /* (read-ahead still landing may hold it a while) */
         ferry__free(c);
     }
 }
@@ -318,8 +319,9 @@ static void cut_all(ferry_serve *s)
 {
     pthread_mutex_lock(&s->mu);
     for (ferry__srv_conn *c = s->conns; c; c = c->next) {
-        atomic_store(&c->cut, FERRY__SRV_CLOSING);
+        atomic_store(&c->cut->why, FERRY__SRV_CLOSING);
         shutdown(c->fd, SHUT_RD);
+        ferry__kv_ahead_cut(s->kv, c->cut); /* (its read-ahead not begun: dropped) */
     }
     pthread_mutex_unlock(&s->mu);
     for (uint64_t until = ferry__now_ns() + CLOSE_GRACE_NS; ferry__now_ns() < until;) {
@@ -416,6 +418,10 @@ static void accept_one(ferry_serve *s)
         return;
     }
     ferry__srv_conn *c = ferry__calloc(1, sizeof *c);
+    if (c && !(c->cut = ferry__kv_cut_new())) {
+        ferry__free(c);
+        c = NULL;
+    }
     pthread_mutex_lock(&s->mu);
     int full = s->nconns >= s->max_clients;
     pthread_mutex_unlock(&s->mu);
@@ -426,6 +432,8 @@ static void accept_one(ferry_serve *s)
         ferry__srv_warn(s, "serve: refused pid %d: %s", (int)cr.pid, msg);
         atomic_fetch_add(&s->refused, 1);
         ferry__srv_refuse(fd, 0, c ? FERRY_EBUSY : -ENOMEM, msg);
+        if (c)
+            ferry__kv_cut_put(c->cut);
         ferry__free(c);
         close(fd);
         return;
@@ -451,6 +459,7 @@ static void accept_one(ferry_serve *s)
         ferry__srv_refuse(fd, 0, -rc, "the daemon could not start a thread for this client");
         FERRY_LOGW("serve: no thread for pid %d: %s", (int)cr.pid, strerror(rc));
         close(fd);
+        ferry__kv_cut_put(c->cut);
         ferry__free(c);
         return;
     }
@@ -481,7 +490,7 @@ static nfds_t watch_set(ferry_serve *s)
         s->watch[n++] = (struct pollfd){s->lfd, POLLIN, 0};
         s->watch[n++] = (struct pollfd){s->stop_pipe[0], POLLIN, 0};
         for (ferry__srv_conn *c = s->conns; c && n < s->watch_cap; c = c->next) {
-            if (atomic_load(&c->cut) || atomic_load(&c->done))
+            if (atomic_load(&c->cut->why) || atomic_load(&c->done))
                 continue;
             s->watch_c[n] = c;
             s->watch[n++] = (struct pollfd){c->fd, 0, 0};
@@ -492,7 +501,8 @@ static nfds_t watch_set(ferry_serve *s)
 }
 
 /* the connections whose clients hung up: cut (a wait for a slot on their
- * behalf ends; they are reaped once their threads notice) */
+ * behalf ends, their read-ahead not begun is dropped; they are reaped once
+ * their threads notice) */
 static void watch_hangups(ferry_serve *s, nfds_t n)
 {
     for (nfds_t i = 2; i < n; i++) {
@@ -500,8 +510,10 @@ static void watch_hangups(ferry_serve *s, nfds_t n)
             continue;
         ferry__srv_conn *c = s->watch_c[i];
         int none = 0;
-        if (atomic_compare_exchange_strong(&c->cut, &none, FERRY__SRV_GONE))
+        if (atomic_compare_exchange_strong(&c->cut->why, &none, FERRY__SRV_GONE)) {
             FERRY_LOGD("serve: client pid %d hung up", (int)c->pid);
+            ferry__kv_ahead_cut(s->kv, c->cut);
+        }
     }
 }
 
@@ -584,6 +596,7 @@ int ferry_serve_stats_get(const ferry_serve *cs, ferry_serve_stats *out)
     m.bad_frames = atomic_load(&s->bad_frames);
     m.slow_clients = atomic_load(&s->slow_clients);
     m.released = atomic_load(&s->released);
+    m.ahead_dropped = ferry__kv_ahead_dropped(s->kv);
     return ferry__stats_put(NULL, "ferry_serve_stats_get", out, &m, sizeof m);
 }
 

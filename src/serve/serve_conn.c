@@ -288,7 +288,7 @@ static int over_share(ferry__srv_conn *c, int write)
 static int cut_off(ferry__srv_conn *c, int write)
 {
     char msg[FERRY__PROTO_MAX_MSG];
-    int closing = atomic_load(&c->cut) == FERRY__SRV_CLOSING;
+    int closing = atomic_load(&c->cut->why) == FERRY__SRV_CLOSING;
     snprintf(msg, sizeof msg, "kv %s: client pid %d: %s: no L1 slot taken (not %s)",
              write ? "store" : "retrieve", (int)c->pid,
              closing ? "the daemon is closing" : "the client hung up",
@@ -301,7 +301,7 @@ static int cut_off(ferry__srv_conn *c, int write)
  * whether a decline for a full pool counts */
 static void wait_declined(ferry__srv_conn *c, int rc, int write, int counted)
 {
-    if (rc == -ECANCELED && atomic_load(&c->cut))
+    if (rc == -ECANCELED && atomic_load(&c->cut->why))
         cut_off(c, write); /* (the store's message would name its own close) */
     else
         declined(c, rc, NULL, counted);
@@ -322,7 +322,7 @@ static void on_reserve(ferry__srv_conn *c, const ferry__proto_req *q)
         uint64_t slot = 0, gen = 0;
         uint64_t wait = c->nreserved || full ? FERRY__KV_TAKE_FREE : c->wait_ns;
         int rc = full                    ? FERRY_ENOSPACE
-                 : atomic_load(&c->cut) ? cut_off(c, 1)
+                 : atomic_load(&c->cut->why) ? cut_off(c, 1)
                                         : over_share(c, 1);
         if (rc == 0 &&
             (rc = ferry__kv_slot_reserve_wait(c->s->kv, ch->id, ch->tokens, wait, &e, &slot,
@@ -580,9 +580,14 @@ void *ferry__srv_conn_main(void *arg)
 {
     ferry__srv_conn *c = arg;
     FERRY_LOGD("serve: client pid %d uid %d connected", (int)c->pid, (int)c->uid);
-    ferry__kv_thread_cut(&c->cut);
+    ferry__kv_thread_cut(c->cut);
     while (serve_one(c) == 0)
         ;
+    /* nobody reads for it any more: what it queued and no read began for
+     * is dropped now (the accept loop may not have seen it go) */
+    int none = 0;
+    atomic_compare_exchange_strong(&c->cut->why, &none, FERRY__SRV_GONE);
+    ferry__kv_ahead_cut(c->s->kv, c->cut);
     ferry__kv_thread_cut(NULL);
     holds_release(c);
     shutdown(c->fd, SHUT_RDWR);

@@ -11,9 +11,11 @@
  * store, not on its socket, so others tell it when the wait is useless:
  * ferry_serve_run polls every connection for a hang-up (events 0: only
  * POLLHUP / POLLERR, never a request, wake it) and cuts the one whose
- * client went; ferry_serve_close cuts them all. A cut connection takes no
- * slot (kv_slots.h), so nothing is given out to a client that is gone or
- * about to be.
+ * client went; ferry_serve_close cuts them all, and a connection's thread
+ * cuts its own as it ends. A cut connection takes no slot and queues no
+ * read-ahead (kv_slots.h), and what read-ahead it had queued and not begun
+ * is dropped, its slots given back: nothing is given out to or read for a
+ * client that is gone or about to be.
  */
 #ifndef FERRY_SRC_SERVE_INT_H
 #define FERRY_SRC_SERVE_INT_H
@@ -47,9 +49,11 @@ typedef struct ferry__srv_conn {
     uid_t uid;
     pthread_t th;
     atomic_int done;              /* its thread finished: join and free it */
-    atomic_int cut;               /* FERRY__SRV_GONE / _CLOSING: it takes no slot
+    ferry__kv_cut *cut;           /* why: FERRY__SRV_GONE / _CLOSING: it takes no slot
                                      (kv_slots.h: ferry__kv_thread_cut), so a wait
-                                     for one ends; 0 while it may */
+                                     for one ends, and its read-ahead is dropped
+                                     unread; 0 while it may. A reference: read-ahead
+                                     queued for it holds others */
     int hello;                    /* HELLO answered */
     uint8_t *in;                  /* the request payload */
     size_t in_cap;

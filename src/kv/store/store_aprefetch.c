@@ -141,7 +141,7 @@ static void ap_land(ap *p, size_t i)
             if (rc < 0)
                 ferry__kv_tier_io_done(kv, t, 0, c->loc, &j->e->id, 0, rc);
         }
-    } else {
+    } else if (c->how != FERRY__KV_LAND_DROP) {
         atomic_fetch_add(&kv->failures, 1);
     }
     ferry__kv_prefetch_land(kv, j, rc, c->how);
@@ -258,6 +258,34 @@ static void ap_land_ready(ap *p)
     }
 }
 
+/* the group is read-ahead for a daemon's client that is gone:
+ * every chunk of the group no read was sent for is dropped now, its slot
+ * given back (the group is one call's, one cut); those being read land */
+static void ap_drop_gone(ap *p)
+{
+    size_t i = p->cur;
+    while (i < p->n && !p->c[i].j)
+        i++;
+    if (i == p->n || !ferry__kv_ahead_gone(p->c[i].j))
+        return;
+    for (; i < p->n; i++) {
+        ap_chunk *c = &p->c[i];
+        if (!c->j || c->sent)
+            continue;
+        c->how = FERRY__KV_LAND_DROP;
+        c->sent = p->npieces;
+        ap_land(p, i);
+    }
+}
+
+/* the next chunk with pieces to send (p->cur), or 0 */
+static int ap_more(ap *p)
+{
+    while (p->cur < p->n && p->c[p->cur].sent == p->npieces)
+        p->cur++;
+    return p->cur < p->n;
+}
+
 /* a worker's job: the group of prefetches that starts with j0 */
 static void ap_run(ferry_kv *kv, ferry__kv_job *j0)
 {
@@ -292,7 +320,8 @@ static void ap_run(ferry_kv *kv, ferry__kv_job *j0)
     /* (no memory for the landed map: each chunk checked whole) */
     p.lnd = t->aops->vpiece && t->aops->psum ? ferry__calloc(p.n, p.npieces) : NULL;
     while (p.done < p.n) {
-        while (p.inflight < p.pdepth && p.cur < p.n)
+        ap_drop_gone(&p);
+        while (p.inflight < p.pdepth && ap_more(&p))
             ap_send(&p);
         ap_land_ready(&p);
         if (!p.inflight) {

@@ -184,6 +184,9 @@ unsigned ferry__kv_read_depth(unsigned dflt);
 int ferry__kv_lower_tier(const ferry_kv *kv, const ferry__kv_entry *e);
 void ferry__kv_promote_finish(ferry_kv *kv, ferry__kv_entry *e, uint64_t slot, int rc, int src);
 
+/* store_reserve.c: this thread's cut (ferry__kv_thread_cut), or NULL */
+ferry__kv_cut *ferry__kv_thread_cut_get(void);
+
 /* api.c */
 size_t ferry__kv_prefetch_ids(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
                            int leading, uint8_t *queued);

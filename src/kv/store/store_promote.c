@@ -83,6 +83,10 @@ void ferry__kv_job_run(ferry_kv *kv, ferry__kv_job *j)
         pthread_mutex_unlock(&kv->mu);
         return;
     }
+    if (ferry__kv_ahead_gone(j)) { /* its client is gone: never read */
+        ferry__kv_prefetch_land(kv, j, 0, FERRY__KV_LAND_DROP);
+        return;
+    }
     /* prefetch: the entry is read-locked, its location in src is stable */
     int src = j->src_tier;
     int rc = ferry__kv_tier_io(kv, kv->tier[src], 0, e->loc[src], &e->id, slot, kv->slot_bytes);
@@ -97,8 +101,9 @@ void ferry__kv_prefetch_land(ferry_kv *kv, ferry__kv_job *j, int rc, int how)
     if (how == FERRY__KV_LAND_PROMOTE) {
         ferry__kv_promote_finish(kv, e, j->l1_loc, rc, src);
     } else {
-        /* not the copy's failure: it stays where it is, the chunk is not
-         * promoted; a slot a read may still land in is never reused */
+        /* not the copy's failure (or never read: DROP): it stays where it
+         * is, the chunk is not promoted; a slot a read may still land in
+         * is never reused */
         e->l1_loading = 0;
         pthread_cond_broadcast(&kv->loaded);
         if (how == FERRY__KV_LAND_RETIRE) {
@@ -108,6 +113,8 @@ void ferry__kv_prefetch_land(ferry_kv *kv, ferry__kv_job *j, int rc, int how)
                        (unsigned long long)j->l1_loc);
         } else {
             ferry__kv_tier_release(kv, FERRY_KV_TIER_L1, j->l1_loc);
+            if (how == FERRY__KV_LAND_DROP)
+                atomic_fetch_add(&kv->ahead_dropped, 1);
         }
         rc = rc < 0 ? rc : FERRY_ENOTFOUND;
     }
@@ -117,11 +124,33 @@ void ferry__kv_prefetch_land(ferry_kv *kv, ferry__kv_job *j, int rc, int how)
      * take it first (landed before the copies that touched older chunks),
      * and the drive would read it again; it stays until that copy, or a
      * while if the retrieve went away */
-    if (rc == 0 && j->ahead)
+    if (rc == 0 && j->ahead && !ferry__kv_ahead_gone(j))
         e->ahead_until = ferry__kv_now_ns(kv) + KV_AHEAD_HOLD_NS;
     FERRY__ASSERT(kv->prefetch_inflight >= kv->slot_bytes);
     kv->prefetch_inflight -= kv->slot_bytes;
     ferry__kv_read_unlock(e);
     ferry__kv_put(kv, e);
     pthread_mutex_unlock(&kv->mu);
+    ferry__kv_cut_put(j->cut);
+    j->cut = NULL;
+}
+
+static int cut_match(const ferry__kv_job *j, void *cut)
+{
+    return j->kind == FERRY__KV_JOB_PREFETCH && j->cut == cut;
+}
+
+void ferry__kv_ahead_cut(ferry_kv *kv, ferry__kv_cut *cut)
+{
+    /* those queued: no read of theirs has begun (an asynchronous tier's
+     * group is queued whole, every chunk of it from one call, one cut) */
+    ferry__kv_job *head = ferry__kv_withdraw(kv, cut_match, cut);
+    for (ferry__kv_job *j = head, *next; j; j = next) {
+        next = j->next;
+        for (ferry__kv_job *g = j, *gn; g; g = gn) {
+            gn = g->group;
+            ferry__kv_prefetch_land(kv, g, 0, FERRY__KV_LAND_DROP);
+            ferry__free(g);
+        }
+    }
 }

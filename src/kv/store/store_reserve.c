@@ -105,11 +105,32 @@ int ferry__kv_reserve(ferry_kv *kv, int tier, uint64_t now, uint64_t *loc, int m
  * its client's) */
 static _Thread_local uint64_t t_waits, t_wait_ns;
 /* this thread's cut (kv_slots.h), or NULL */
-static _Thread_local const atomic_int *t_cut;
+static _Thread_local ferry__kv_cut *t_cut;
 
-void ferry__kv_thread_cut(const atomic_int *cut)
+void ferry__kv_thread_cut(ferry__kv_cut *cut)
 {
     t_cut = cut;
+}
+
+ferry__kv_cut *ferry__kv_thread_cut_get(void)
+{
+    return t_cut;
+}
+
+ferry__kv_cut *ferry__kv_cut_new(void)
+{
+    ferry__kv_cut *c = ferry__malloc(sizeof *c);
+    if (c) {
+        atomic_init(&c->why, 0);
+        atomic_init(&c->refs, 1);
+    }
+    return c;
+}
+
+void ferry__kv_cut_put(ferry__kv_cut *cut)
+{
+    if (cut && atomic_fetch_sub(&cut->refs, 1) == 1)
+        ferry__free(cut);
 }
 
 void ferry__kv_thread_waits(uint64_t *waits, uint64_t *ns)
@@ -167,7 +188,7 @@ int ferry__kv_reserve_l1(ferry_kv *kv, ferry__kv_waiter *w, uint64_t wait_ns, in
 {
     uint64_t now = ferry__kv_now_ns(kv);
     int r;
-    if (ferry__kv_cancelled(t_cut)) { /* (before any slot is taken: see kv_slots.h) */
+    if (t_cut && ferry__kv_cancelled(&t_cut->why)) { /* (before any slot is taken: see kv_slots.h) */
         ferry__kv_wait_leave(kv, w);
         return -ECANCELED;
     }

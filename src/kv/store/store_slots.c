@@ -333,8 +333,16 @@ int ferry__kv_slot_release(ferry_kv *kv, ferry__kv_entry *e, uint64_t slot, uint
 
 void ferry__kv_slot_prefetch(ferry_kv *kv, const ferry_kv_hash *ids, size_t n)
 {
+    ferry__kv_cut *cut = ferry__kv_thread_cut_get();
+    if (cut && ferry__kv_cancelled(&cut->why))
+        return; /* its client is gone: nothing is read for it */
     if (kv->tier[FERRY_KV_TIER_L2] || kv->tier[FERRY_KV_TIER_REMOTE]) {
         ferry__kv_remote_discover_missing(kv, ids, n, n * kv->chunk_tokens);
         ferry__kv_prefetch_ids(kv, ids, n, n * kv->chunk_tokens, 2, NULL);
     }
+}
+
+uint64_t ferry__kv_ahead_dropped(ferry_kv *kv)
+{
+    return atomic_load(&kv->ahead_dropped);
 }
