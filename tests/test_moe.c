@@ -672,6 +672,27 @@ static void saved_traces_load_back_identical(void **state)
     ft_rmtree(dir);
 }
 
+/* a refused prefetch pins nothing: the experts it named stay victims for
+ * the next prefetch of the same step */
+static void a_refused_prefetch_leaves_the_pins_as_they_were(void **state)
+{
+    (void)state;
+    ferry_moe_planner *p = mk(1, 8, 4, "lru", NULL);
+    uint32_t all[] = {0, 1, 2, 3}, zero[] = {0}, many[] = {1, 2, 3, 4, 5}, four[] = {4};
+    assert_int_equal(ferry_moe_planner_ensure(p, 0, all, 4, NULL, NULL, NULL), 4);
+    assert_int_equal(ferry_moe_planner_ensure(p, 0, zero, 1, NULL, NULL, NULL), 0);
+    /* 2 misses, and 1, 2, 3 named with 0 pinned by the step: no room */
+    assert_int_equal(ferry_moe_planner_prefetch(p, 0, many, 5, NULL), FERRY_ENOSPACE);
+    assert_non_null(strstr(ferry_last_error(), "0 of 4 slots"));
+    /* only 0 is pinned still: 4 evicts one of 1, 2, 3 */
+    ferry_moe_copy_plan plan;
+    assert_int_equal(ferry_moe_planner_prefetch(p, 0, four, 1, &plan), 1);
+    assert_int_not_equal(ferry_moe_planner_lookup(p, 0, 0), FERRY_MOE_NONE);
+    assert_int_not_equal(ferry_moe_planner_lookup(p, 0, 4), FERRY_MOE_NONE);
+    assert_consistent(p, 1, 8);
+    ferry_moe_planner_destroy(p);
+}
+
 /* ---- replay and Belady ---- */
 static ferry_moe_trace *tiny_trace(void)
 {
@@ -882,6 +903,7 @@ int main(void)
         cmocka_unit_test(malformed_traces_name_the_line_and_field),
         cmocka_unit_test(traces_survive_out_of_memory_at_every_allocation),
         cmocka_unit_test(saved_traces_load_back_identical),
+        cmocka_unit_test(a_refused_prefetch_leaves_the_pins_as_they_were),
         cmocka_unit_test(replay_counts_match_a_hand_computed_trace),
         cmocka_unit_test(belady_refuses_steps_off_its_trace),
         cmocka_unit_test(belady_bounds_every_policy_on_generated_traces),
