@@ -849,6 +849,12 @@ static void out_of_memory_and_device_faults_leak_nothing(void **state)
     no_flush.flush = NULL;
     ferry_moe_slots *s;
     assert_int_equal(ferry_moe_slots_create(&g, &no_flush, NULL, &s), -EINVAL);
+    /* an ops table of the wrong size is named as such, not as one
+     * missing its functions */
+    ferry_moe_slot_device_ops short_ops = fake_ops;
+    short_ops.size = offsetof(ferry_moe_slot_device_ops, flush_prefetch);
+    assert_int_equal(ferry_moe_slots_create(&g, &short_ops, NULL, &s), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "size"));
     ferry_device_close(dev);
 }
 

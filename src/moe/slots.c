@@ -115,8 +115,12 @@ int ferry_moe_slots_create(const ferry_moe_geometry *g, const ferry_moe_slot_dev
                            void *ctx, ferry_moe_slots **out)
 {
     int rc = ferry__geometry_check(g, "slots", 1);
-    if (rc == 0 && (!ops || ops->size < sizeof(ferry_moe_slot_device_ops) || !ops->write_slot ||
-                    !ops->copy_slot || !ops->flush || !out))
+    if (rc == 0 && ops && ops->size < sizeof(ferry_moe_slot_device_ops))
+        rc = ferry__err_set(NULL, -EINVAL,
+                            "moe slots: ferry_moe_slot_device_ops size %zu is not accepted: "
+                            "accepted %zu (its sizeof here) or more",
+                            ops->size, sizeof(ferry_moe_slot_device_ops));
+    if (rc == 0 && (!ops || !ops->write_slot || !ops->copy_slot || !ops->flush || !out))
         rc = ferry__err_set(NULL, -EINVAL,
                             "moe slots: device ops need write_slot, copy_slot and flush");
     ferry_moe_slots *s = NULL;
