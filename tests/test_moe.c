@@ -672,6 +672,83 @@ static void saved_traces_load_back_identical(void **state)
     ft_rmtree(dir);
 }
 
+/* a refused prefetch pins nothing: the experts it named stay victims for
+ * the next prefetch of the same step */
+static void a_refused_prefetch_leaves_the_pins_as_they_were(void **state)
+{
+    (void)state;
+    ferry_moe_planner *p = mk(1, 8, 4, "lru", NULL);
+    uint32_t all[] = {0, 1, 2, 3}, zero[] = {0}, many[] = {1, 2, 3, 4, 5}, four[] = {4};
+    assert_int_equal(ferry_moe_planner_ensure(p, 0, all, 4, NULL, NULL, NULL), 4);
+    assert_int_equal(ferry_moe_planner_ensure(p, 0, zero, 1, NULL, NULL, NULL), 0);
+    /* 2 misses, and 1, 2, 3 named with 0 pinned by the step: no room */
+    assert_int_equal(ferry_moe_planner_prefetch(p, 0, many, 5, NULL), FERRY_ENOSPACE);
+    assert_non_null(strstr(ferry_last_error(), "0 of 4 slots"));
+    /* only 0 is pinned still: 4 evicts one of 1, 2, 3 */
+    ferry_moe_copy_plan plan;
+    assert_int_equal(ferry_moe_planner_prefetch(p, 0, four, 1, &plan), 1);
+    assert_int_not_equal(ferry_moe_planner_lookup(p, 0, 0), FERRY_MOE_NONE);
+    assert_int_not_equal(ferry_moe_planner_lookup(p, 0, 4), FERRY_MOE_NONE);
+    assert_consistent(p, 1, 8);
+    ferry_moe_planner_destroy(p);
+}
+
+/* whatever a trace holds, what save writes loads back: a shape the
+ * reader refuses is refused when the trace is made */
+static void every_saved_trace_loads_back(void **state)
+{
+    (void)state;
+    char dir[256], path[300];
+    ft_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/t.jsonl", dir);
+    ferry_moe_model m = {0};
+    m.num_layers = 2;
+    m.num_experts = 3;
+    ferry_moe_trace *t = NULL, *b = NULL;
+    m.top_k = 4;
+    assert_int_equal(ferry_moe_trace_create(&m, &t), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "top_k 4"));
+    m.top_k = 1;
+    m.expert_bytes = (uint64_t)INT64_MAX + 1;
+    assert_int_equal(ferry_moe_trace_create(&m, &t), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "expert_bytes"));
+    m.expert_bytes = 100;
+    snprintf(m.name, sizeof m.name, "bad\xff");
+    assert_int_equal(ferry_moe_trace_create(&m, &t), -EINVAL);
+    assert_null(t);
+    snprintf(m.name, sizeof m.name, "ok");
+    FT_ASSERT_OK(ferry_moe_trace_create(&m, &t));
+    /* a token count of 2^32 cannot be held: refused, nothing appended */
+    uint32_t dup[] = {1, 1, 1, 1, 1};
+    assert_int_equal(ferry_moe_trace_append(t, UINT32_MAX, 0, dup, 1), -EINVAL);
+    assert_int_equal(ferry_moe_trace_steps(t), 0);
+    /* a route of repeated ids, wider than the experts */
+    FT_ASSERT_OK(ferry_moe_trace_append(t, UINT32_MAX - 1, 1, dup, 5));
+    FT_ASSERT_OK(ferry_moe_trace_save(t, path));
+    FT_ASSERT_OK(ferry_moe_trace_load(path, &b));
+    assert_int_equal(ferry_moe_trace_tokens(b), UINT32_MAX);
+    assert_int_equal(ferry_moe_trace_model(b)->expert_bytes, 100);
+    assert_int_equal(ferry_moe_trace_model(b)->top_k, ferry_moe_trace_model(t)->top_k);
+    ferry_moe_trace_destroy(b);
+    ferry_moe_trace_destroy(t);
+    /* a long name of two-byte characters is cut at a character */
+    char buf[512];
+    int n = snprintf(buf, sizeof buf, "{\"model\":\"");
+    for (int i = 0; i < 40; i++)
+        n += snprintf(buf + n, sizeof buf - n, "\xc3\xa9");
+    snprintf(buf + n, sizeof buf - n, "\",\"num_layers\":1,\"num_experts\":2}\n"
+                                      "{\"token\":0,\"layer\":0,\"experts\":[1]}\n");
+    FT_ASSERT_OK(ferry_moe_trace_parse(buf, strlen(buf), &t));
+    assert_int_equal(strlen(ferry_moe_trace_model(t)->name), 62);
+    FT_ASSERT_OK(ferry_moe_trace_save(t, path));
+    FT_ASSERT_OK(ferry_moe_trace_load(path, &b));
+    assert_string_equal(ferry_moe_trace_model(b)->name, ferry_moe_trace_model(t)->name);
+    ferry_moe_trace_destroy(b);
+    ferry_moe_trace_destroy(t);
+    assert_int_equal(ferry_moe_trace_model(NULL)->num_layers, 0);
+    ft_rmtree(dir);
+}
+
 /* ---- replay and Belady ---- */
 static ferry_moe_trace *tiny_trace(void)
 {
@@ -882,6 +959,8 @@ int main(void)
         cmocka_unit_test(malformed_traces_name_the_line_and_field),
         cmocka_unit_test(traces_survive_out_of_memory_at_every_allocation),
         cmocka_unit_test(saved_traces_load_back_identical),
+        cmocka_unit_test(every_saved_trace_loads_back),
+        cmocka_unit_test(a_refused_prefetch_leaves_the_pins_as_they_were),
         cmocka_unit_test(replay_counts_match_a_hand_computed_trace),
         cmocka_unit_test(belady_refuses_steps_off_its_trace),
         cmocka_unit_test(belady_bounds_every_policy_on_generated_traces),

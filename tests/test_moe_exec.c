@@ -7,6 +7,7 @@
  * and out-of-memory.
  */
 #include <errno.h>
+#include <malloc.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -745,6 +746,73 @@ static void nvme_rows_land_in_their_slots(void **state)
     ft_rmtree(dir);
 }
 
+/* an allocator that scribbles over what it frees and keeps it (freed at
+ * the end): a use after free of ferry's own memory reads garbage, not the
+ * old values */
+static void *pz_held[4096];
+static size_t pz_n;
+static void *pz_malloc(size_t n, void *c) { (void)c; return malloc(n); }
+static void *pz_calloc(size_t n, size_t m, void *c) { (void)c; return calloc(n, m); }
+static void *pz_realloc(void *p, size_t n, void *c) { (void)c; return realloc(p, n); }
+static void *pz_aligned(size_t a, size_t n, void *c)
+{
+    (void)c;
+    void *p = NULL;
+    return posix_memalign(&p, a, n ? n : 1) == 0 ? p : NULL;
+}
+static void pz_free(void *p, void *c)
+{
+    (void)c;
+    if (!p)
+        return;
+    memset(p, 0xa5, malloc_usable_size(p));
+    if (pz_n < sizeof pz_held / sizeof pz_held[0])
+        pz_held[pz_n++] = p;
+    else
+        free(p);
+}
+
+/* the executor keeps nothing of the rows' engine: rows and engine may go
+ * before the executor does */
+static void an_executor_outlives_the_engine_of_its_staged_rows(void **state)
+{
+    (void)state;
+    const ferry_allocator pz = {pz_malloc, pz_calloc, pz_realloc, pz_aligned, pz_free, NULL};
+    ferry_set_allocator(&pz);
+    char dir[256], path[300];
+    ft_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/experts.bin", dir);
+    ferry_moe_geometry g = geom(1, 2, 2, 4096);
+    uint8_t img[2 * 4096];
+    ft_fill_pattern(img, sizeof img, 3);
+    int fd = open(path, O_CREAT | O_WRONLY | O_TRUNC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, img, sizeof img), (ssize_t)sizeof img);
+    close(fd);
+    ferry_io_options io_o = FERRY_IO_OPTIONS_INIT;
+    io_o.engine = "posix";
+    ferry_io *io;
+    FT_ASSERT_OK(ferry_io_open(&io_o, &io));
+    ferry_moe_rows *rows;
+    FT_ASSERT_OK(ferry_moe_rows_file(&g, io, path, NULL, &rows));
+    fake f;
+    fake_init(&f, &g);
+    ferry_moe_slots *s;
+    FT_ASSERT_OK(ferry_moe_slots_create(&g, &fake_ops, &f, &s));
+    uint32_t dst[] = {1}, src[] = {1};
+    ferry_moe_copy_plan plan = {0, 1, dst, src};
+    assert_int_equal(ferry_moe_slots_apply(s, &plan, rows, NULL, NULL), 1);
+    assert_memory_equal(f.mem[0] + 4096, img + 4096, 4096);
+    ferry_moe_rows_destroy(rows);
+    ferry_io_close(io);
+    ferry_moe_slots_destroy(s); /* touched the closed engine before */
+    fake_fini(&f);
+    ferry_set_allocator(NULL);
+    while (pz_n)
+        free(pz_held[--pz_n]);
+    ft_rmtree(dir);
+}
+
 static int oom_slots(void *ctx)
 {
     const ferry_moe_geometry *g = ctx;
@@ -781,6 +849,12 @@ static void out_of_memory_and_device_faults_leak_nothing(void **state)
     no_flush.flush = NULL;
     ferry_moe_slots *s;
     assert_int_equal(ferry_moe_slots_create(&g, &no_flush, NULL, &s), -EINVAL);
+    /* an ops table of the wrong size is named as such, not as one
+     * missing its functions */
+    ferry_moe_slot_device_ops short_ops = fake_ops;
+    short_ops.size = offsetof(ferry_moe_slot_device_ops, flush_prefetch);
+    assert_int_equal(ferry_moe_slots_create(&g, &short_ops, NULL, &s), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "size"));
     ferry_device_close(dev);
 }
 
@@ -1053,6 +1127,7 @@ int main(void)
         cmocka_unit_test(a_faulty_device_never_desynchronises_the_pool),
         cmocka_unit_test(a_pin_budget_splits_layers_into_classes),
         cmocka_unit_test(nvme_rows_land_in_their_slots),
+        cmocka_unit_test(an_executor_outlives_the_engine_of_its_staged_rows),
         cmocka_unit_test(out_of_memory_and_device_faults_leak_nothing),
         cmocka_unit_test(a_prefetch_overlaps_and_then_hits),
         cmocka_unit_test(eight_banks_land_whole),

@@ -141,11 +141,15 @@ FERRY_API int ferry_moe_trace_step_pred(const ferry_moe_trace *t, size_t i, cons
                                         uint32_t *n);
 /** Tokens of step i (its batch: 1 for decode); 0 when i is out of range. */
 FERRY_API uint32_t ferry_moe_trace_step_tokens(const ferry_moe_trace *t, size_t i);
-/** An empty trace of the given shape, to append to. */
+/** An empty trace of the given shape, to append to. -EINVAL for a shape
+ * out of range (num_layers 1..1024, num_experts 1..16384, top_k
+ * 0..num_experts, expert_bytes 0..INT64_MAX) or a name that is not UTF-8
+ * text: what ferry_moe_trace_save writes loads back. */
 FERRY_API int ferry_moe_trace_create(const ferry_moe_model *model, ferry_moe_trace **out);
 /**
- * Append one step (token, layer, n experts). Errors: -EINVAL for a layer or
- * expert out of range or n == 0 (nothing appended); -ENOMEM.
+ * Append one step (token, layer, n experts). Errors: -EINVAL for a token
+ * of UINT32_MAX (the token count must fit), a layer or expert out of range
+ * or n == 0 (nothing appended); -ENOMEM.
  */
 FERRY_API int ferry_moe_trace_append(ferry_moe_trace *t, uint32_t token, uint32_t layer,
                                      const uint32_t *experts, uint32_t n);
@@ -153,6 +157,7 @@ FERRY_API int ferry_moe_trace_append(ferry_moe_trace *t, uint32_t token, uint32_
 FERRY_API int ferry_moe_trace_save(const ferry_moe_trace *t, const char *path);
 /** NULL does nothing. */
 FERRY_API void ferry_moe_trace_destroy(ferry_moe_trace *t);
+/** The trace's shape (valid while it lives; all zero for a NULL trace). */
 FERRY_API const ferry_moe_model *ferry_moe_trace_model(const ferry_moe_trace *t);
 /** Number of steps (one token at one layer). */
 FERRY_API size_t ferry_moe_trace_steps(const ferry_moe_trace *t);

@@ -746,23 +746,27 @@ int ferry_moe_planner_prefetch(ferry_moe_planner *p, uint32_t layer, const uint3
     int rc = stream_open(p, "prefetch");
     if (rc < 0 || (rc = collect(p, "prefetch", layer, experts, n, &nu)) < 0)
         return rc;
-    if (rc < 0)
-        return rc;
-    uint32_t nm = 0;
+    uint32_t nm = 0, np = 0;
     for (uint32_t i = 0; i < nu; i++) {
         uint32_t id = p->uniq[i], slot = p->where[id];
         if (slot == FERRY_MOE_NONE)
             p->miss[nm++] = id;
-        else
-            pin(p, slot); /* named here: not a victim now */
+        else if (p->pin_step[slot] != p->pin_now || is_soft(p, slot))
+            np++; /* named here: pinned below */
     }
     /* refused whole rather than half placed: every miss needs a slot that
-     * no expert of the step (or of this call) pins */
-    if (nm > p->slots - p->n_pinned)
+     * no expert of the step (or of this call) pins; counted before
+     * anything is pinned, so a refusal leaves the step's pins as they were */
+    if (nm > p->slots - p->n_pinned - np)
         return ferry__err_set(&p->err, FERRY_ENOSPACE,
                               "moe prefetch: layer %u: %u experts to place, %u of %u slots "
                               "free of the current step's pins: nothing placed",
-                              layer, nm, p->slots - p->n_pinned, p->slots);
+                              layer, nm, p->slots - p->n_pinned - np, p->slots);
+    for (uint32_t i = 0; i < nu; i++) {
+        uint32_t slot = p->where[p->uniq[i]];
+        if (slot != FERRY_MOE_NONE)
+            pin(p, slot); /* named here: not a victim now */
+    }
     rc = place_misses(p, "prefetch", layer, nm, 1);
     if (rc < 0)
         return rc;

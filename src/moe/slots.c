@@ -35,9 +35,11 @@ struct ferry_moe_slots {
     uint32_t *stamp;     /* per slot: gen of the plan that named it */
     uint32_t gen;
     size_t row_total;    /* sum of row_bytes over banks */
-    void *staging;       /* one row, for file rows without read_file */
+    /* one row, for file rows without read_file: the executor's own
+     * memory, so it outlives no engine (the rows source's may be closed
+     * before the executor is destroyed) */
+    void *staging;
     size_t staging_len;
-    ferry_io *staging_io;
     int pending;         /* a prefetch plan is in flight */
     uint32_t pend_layer, pend_n;
     uint32_t *pend_dst, *pend_row; /* slots each */
@@ -113,8 +115,12 @@ int ferry_moe_slots_create(const ferry_moe_geometry *g, const ferry_moe_slot_dev
                            void *ctx, ferry_moe_slots **out)
 {
     int rc = ferry__geometry_check(g, "slots", 1);
-    if (rc == 0 && (!ops || ops->size < sizeof(ferry_moe_slot_device_ops) || !ops->write_slot ||
-                    !ops->copy_slot || !ops->flush || !out))
+    if (rc == 0 && ops && ops->size < sizeof(ferry_moe_slot_device_ops))
+        rc = ferry__err_set(NULL, -EINVAL,
+                            "moe slots: ferry_moe_slot_device_ops size %zu is not accepted: "
+                            "accepted %zu (its sizeof here) or more",
+                            ops->size, sizeof(ferry_moe_slot_device_ops));
+    if (rc == 0 && (!ops || !ops->write_slot || !ops->copy_slot || !ops->flush || !out))
         rc = ferry__err_set(NULL, -EINVAL,
                             "moe slots: device ops need write_slot, copy_slot and flush");
     ferry_moe_slots *s = NULL;
@@ -253,8 +259,7 @@ void ferry_moe_slots_destroy(ferry_moe_slots *s)
     reader_stop(s); /* a read in flight lands first */
     if (s->pending && s->ops->flush_prefetch)
         (void)s->ops->flush_prefetch(s->ctx); /* its buffers must not be freed under it */
-    if (s->staging)
-        ferry_io_buffer_free(s->staging_io, s->staging);
+    ferry__free(s->staging);
     if (s->ops->destroy && s->ctx)
         s->ops->destroy(s->ctx);
     ferry__free(s->occupant);
@@ -403,16 +408,14 @@ static int write_row(ferry_moe_slots *s, const ferry_moe_rows *rows, uint32_t b,
     /* stage through one aligned host row; the device may copy it
      * asynchronously, so flush before the buffer is reused */
     size_t need = FERRY__ALIGN_UP(n, (size_t)FERRY_IO_ALIGN);
-    if (s->staging_len < need || s->staging_io != io) {
-        if (s->staging)
-            ferry_io_buffer_free(s->staging_io, s->staging);
-        s->staging = NULL;
+    if (s->staging_len < need) {
+        ferry__free(s->staging);
         s->staging_len = 0;
-        rc = ferry_io_buffer_alloc(io, need, &s->staging);
-        if (rc < 0)
-            return rc;
+        s->staging = ferry__aligned_alloc(FERRY_IO_ALIGN, need);
+        if (!s->staging)
+            return ferry__err_set(NULL, -ENOMEM, "moe apply: out of memory for a %zu-byte "
+                                  "staging row", need);
         s->staging_len = need;
-        s->staging_io = io;
     }
     rc = ferry_io_pread(io, f, s->staging, n, off);
     if (rc < 0)

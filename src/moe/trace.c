@@ -170,6 +170,22 @@ int ferry_moe_trace_create(const ferry_moe_model *model, ferry_moe_trace **out)
         return ferry__err_set(NULL, -EINVAL, "moe trace: shape %u layers x %u experts not in 1..%u x 1..%u",
                               model ? model->num_layers : 0, model ? model->num_experts : 0,
                               MAX_LAYERS, MAX_EXPERTS);
+    /* what ferry_moe_trace_save writes must load back: the reader takes
+     * top_k up to num_experts, expert_bytes up to INT64_MAX and a name
+     * that is JSON text (UTF-8) */
+    if (model->top_k > model->num_experts)
+        return ferry__err_set(NULL, -EINVAL, "moe trace: top_k %u: accepted 0..num_experts (%u)",
+                              model->top_k, model->num_experts);
+    if (model->expert_bytes > (uint64_t)INT64_MAX)
+        return ferry__err_set(NULL, -EINVAL, "moe trace: expert_bytes %llu: accepted 0..%llu",
+                              (unsigned long long)model->expert_bytes,
+                              (unsigned long long)INT64_MAX);
+    char name[sizeof model->name];
+    snprintf(name, sizeof name, "%.*s", (int)sizeof name - 1, model->name);
+    json_t *js = json_string(name);
+    if (!js)
+        return ferry__err_set(NULL, -EINVAL, "moe trace: model name is not UTF-8 text");
+    json_decref(js);
     ferry_moe_trace *t;
     if (trace_new(&t) < 0)
         return ferry__err_set(NULL, -ENOMEM, "moe trace: out of memory");
@@ -185,6 +201,9 @@ int ferry_moe_trace_append(ferry_moe_trace *t, uint32_t token, uint32_t layer,
     if (!t || !experts || n == 0)
         return ferry__err_set(NULL, -EINVAL, "moe trace: empty route at token %u layer %u", token,
                               layer);
+    if (token == UINT32_MAX) /* the token count, token + 1, must fit (as the reader's) */
+        return ferry__err_set(NULL, -EINVAL, "moe trace: token %u: accepted 0..%u", token,
+                              UINT32_MAX - 1);
     if (layer >= t->model.num_layers)
         return ferry__err_set(NULL, -EINVAL, "moe trace: token %u: layer %u >= %u", token, layer,
                               t->model.num_layers);
@@ -199,7 +218,8 @@ int ferry_moe_trace_append(ferry_moe_trace *t, uint32_t token, uint32_t layer,
 
 const ferry_moe_model *ferry_moe_trace_model(const ferry_moe_trace *t)
 {
-    return &t->model;
+    static const ferry_moe_model none;
+    return t ? &t->model : &none;
 }
 
 size_t ferry_moe_trace_steps(const ferry_moe_trace *t)
@@ -413,7 +433,16 @@ static int parse_header(parser *ps, json_t *o, size_t line)
     if (name) {
         if (!json_is_string(name))
             return PERR(line, "field 'model': expected a string");
-        snprintf(m->name, sizeof m->name, "%s", json_string_value(name));
+        /* cut at a character, not inside one: the name saves back as JSON */
+        const char *nm = json_string_value(name);
+        size_t len = strlen(nm);
+        if (len >= sizeof m->name) {
+            len = sizeof m->name - 1;
+            while (len && ((unsigned char)nm[len] & 0xC0) == 0x80)
+                len--;
+        }
+        memcpy(m->name, nm, len);
+        m->name[len] = 0;
     }
     json_t *st = json_object_get(o, "stage");
     if (st) {
@@ -830,6 +859,10 @@ int ferry_moe_trace_save(const ferry_moe_trace *t, const char *path)
                           (int)t->model.num_layers, "num_experts", (int)t->model.num_experts,
                           "top_k", (int)t->model.top_k, "expert_bytes",
                           (json_int_t)t->model.expert_bytes);
+    /* a route of repeated ids may be wider than the experts: the reader
+     * takes no such top_k, and finds the same one from the routes */
+    if (h && t->model.top_k > t->model.num_experts)
+        json_object_del(h, "top_k");
     if (h && t->stage[0])
         json_object_set_new(h, "stage", json_string(t->stage));
     if (h && t->layer_ids) {
