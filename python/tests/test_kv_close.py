@@ -88,9 +88,10 @@ def blocked_call(s, call):
     waits0 = s.stats()["pool_waits"]
     th.start()
     t0 = time.monotonic()
-    while s.stats()["pool_waits"] == waits0 and time.monotonic() - t0 < 10:
+    while s.stats()["pool_waits"] == waits0 and th.is_alive() and time.monotonic() - t0 < 30:
         time.sleep(0.01)
-    assert s.stats()["pool_waits"] > waits0, "the call never waited for a slot"
+    assert s.stats()["pool_waits"] > waits0, \
+        f"the call never waited for a slot: {'it returned ' + repr(out) if out else 'none after 30 s'}"
     time.sleep(0.1)                             # well inside its wait
     return th, out
 
