@@ -64,12 +64,14 @@ static void held(ferry__kv_l1_fill *f, unsigned steps)
     }
 }
 
-static void *fill_main(void *arg)
+/* fault [from, to) step by step until stopped; `seam`: the test hold
+ * applies (the thread's run, not open's own when it has no thread) */
+static void fill_range(ferry__kv_l1_fill *f, int seam)
 {
-    ferry__kv_l1_fill *f = arg;
     unsigned steps = 1; /* open did the first */
     for (size_t off = f->from; off < f->to; off += FILL_STEP, steps++) {
-        held(f, steps);
+        if (seam)
+            held(f, steps);
         if (atomic_load_explicit(&f->stop, memory_order_relaxed))
             break;
         size_t n = f->to - off < FILL_STEP ? f->to - off : FILL_STEP;
@@ -81,6 +83,11 @@ static void *fill_main(void *arg)
             break;
         }
     }
+}
+
+static void *fill_main(void *arg)
+{
+    fill_range(arg, 1);
     return NULL;
 }
 
@@ -115,7 +122,7 @@ void ferry__kv_l1_fill_start(ferry__kv_l1_fill *f, unsigned char *pool, size_t b
     }
     FERRY_LOGD("kv L1: no thread to fault the pool in (%s): faulting %zu bytes now", strerror(e),
                bytes - first);
-    fill_main(f);
+    fill_range(f, 0);
 }
 
 void ferry__kv_l1_fill_stop(ferry__kv_l1_fill *f)
