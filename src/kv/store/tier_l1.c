@@ -5,7 +5,9 @@
  * one, so device copies are truly asynchronous and DMA-able; page-aligned
  * host memory otherwise), split into `capacity` slots of slot_bytes, each a
  * multiple of 4096 so a slot is also a valid O_DIRECT buffer for the L2
- * write-through. Free slots are a stack of indices.
+ * write-through. Free slots are a stack of indices. A pool that is not
+ * pinned is faulted in by a thread after open (tier_l1_fill.c), not by
+ * open itself.
  *
  * A shared pool (the one `ferry serve` hosts) lives in a memfd, with huge
  * pages where the kernel gives them (MFD_HUGETLB when huge pages are
