@@ -487,7 +487,13 @@ typedef struct ferry_kv ferry_kv;
 /**
  * Open a store. Allocates the L1 pool (pinned through cfg->device when it
  * is set) and, with l2_dir, locks that directory and creates the slab
- * (ferry_gds_open). Errors: -EINVAL (NULL, no model, bad layout, l1_bytes
+ * (ferry_gds_open). A pool that is not pinned is not faulted in by open:
+ * open faults its first 8 MiB and a thread of the store the rest (about a
+ * second for 8 GiB; the process's resident memory grows by the whole pool
+ * then, as when open did it), while the store is already in use; a store
+ * into a page the thread has not reached faults that page itself, and
+ * close stops the thread within a step. A pinned pool is faulted in by
+ * the pinning, inside open. Errors: -EINVAL (NULL, no model, bad layout, l1_bytes
  * below one chunk, watermark or evict_fraction outside [0, 1] or NaN, a
  * fraction above the watermark, tp_rank not below tp_world, an unknown
  * policy, more than FERRY_KV_WORKERS_MAX workers, an empty l2_dir; l2_dirs

@@ -5,7 +5,9 @@
  * one, so device copies are truly asynchronous and DMA-able; page-aligned
  * host memory otherwise), split into `capacity` slots of slot_bytes, each a
  * multiple of 4096 so a slot is also a valid O_DIRECT buffer for the L2
- * write-through. Free slots are a stack of indices.
+ * write-through. Free slots are a stack of indices. A pool that is not
+ * pinned is faulted in by a thread after open (tier_l1_fill.c), not by
+ * open itself.
  *
  * A shared pool (the one `ferry serve` hosts) lives in a memfd, with huge
  * pages where the kernel gives them (MFD_HUGETLB when huge pages are
@@ -24,6 +26,7 @@
 #include <unistd.h>
 
 #include "kv/kv_impl.h"
+#include "kv/store/tier_l1_fill.h"
 
 typedef struct l1 {
     ferry_device *dev;     /* NULL: pool from the allocation hook */
@@ -32,23 +35,11 @@ typedef struct l1 {
     size_t map_bytes;      /* shared: the mapping's length */
     uint64_t *free_stack;
     uint64_t nfree;
+    /* unpinned pools: faulted in by a thread while the store is in use, so
+     * that open does not pay a fault per page (tier_l1_fill.c); pinned
+     * pools are faulted in by pinning */
+    ferry__kv_l1_fill fill;
 } l1;
-
-/*
- * Fault the pool's pages in now, with huge pages where the kernel gives
- * them: a first touch inside a store costs a page fault per 4 KiB (tens of
- * microseconds each in a VM), which would make the first pass over L1 run
- * at a fraction of memcpy speed. Pinned pools are faulted in by pinning.
- */
-static void prefault(unsigned char *pool, size_t bytes)
-{
-#ifdef MADV_HUGEPAGE
-    if (madvise(pool, bytes, MADV_HUGEPAGE) != 0)
-        FERRY_LOGD("kv L1: madvise(MADV_HUGEPAGE) on %zu bytes: %s", bytes, strerror(errno));
-#endif
-    for (size_t off = 0; off < bytes; off += 4096)
-        pool[off] = 0;
-}
 
 static int l1_reserve(ferry__kv_tier *t, uint64_t *loc)
 {
@@ -91,6 +82,7 @@ static void l1_close(ferry__kv_tier *t)
     l1 *p = t->impl;
     if (!p)
         return;
+    ferry__kv_l1_fill_stop(&p->fill); /* before the pool goes */
     if (p->fd >= 0) {
         if (p->pool)
             munmap(p->pool, p->map_bytes);
@@ -149,7 +141,7 @@ static int shm_pool(l1 *p, size_t bytes, ferry__errbuf *eb)
                               bytes, strerror(errno));
     p->pool = m;
     p->map_bytes = bytes;
-    prefault(p->pool, bytes);
+    ferry__kv_l1_fill_start(&p->fill, p->pool, bytes);
 sealed:
     if (fcntl(p->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
         FERRY_LOGD("kv L1: sealing the shared pool: %s", strerror(errno));
@@ -217,7 +209,7 @@ int ferry__kv_tier_l1_open(ferry_device *dev, uint64_t slot_bytes, uint64_t capa
             return ferry__err_set(eb, -ENOMEM, "kv L1: out of memory for a pool of %zu bytes",
                                   bytes);
         }
-        prefault(p->pool, bytes);
+        ferry__kv_l1_fill_start(&p->fill, p->pool, bytes);
     }
     /* hand out low slots first: the stack pops from its end */
     for (uint64_t i = 0; i < capacity; i++)

@@ -1,0 +1,135 @@
+/*
+ * tier_l1_fill.c - fault the L1 pool's pages in off the open path.
+ *
+ * A first touch of a pool page costs a fault that zeroes it (about 0.15 s
+ * a GiB with huge pages on an idle host, several times that in a VM whose
+ * memory was never touched), so faulting an 8 GiB pool on open made
+ * `ferry_kv_open` take seconds. Now open faults the first step and a
+ * thread faults the rest while the store is already in use.
+ *
+ * Why this is safe while stores write into the pool: the thread never
+ * writes a byte. It asks the kernel, with madvise(MADV_POPULATE_WRITE), to
+ * map each page as a write fault would; a page already present (a store's
+ * copy got there first) is left as it is, so no store's bytes are ever
+ * overwritten and there is nothing for a race detector to see. A store
+ * into a page not yet faulted simply faults it itself, as with any
+ * anonymous memory. The memory the pool takes is the same as before, it is
+ * only taken during the first seconds instead of inside open.
+ *
+ * Close stops the thread between steps (FILL_STEP bytes, a few ms) and
+ * joins it before the pool is unmapped; the pages it did not reach are
+ * never faulted.
+ */
+#include "kv/store/tier_l1_fill.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "core/core.h"
+
+#define FILL_STEP ((size_t)8 << 20)
+
+_Atomic unsigned ferry__kv_l1_test_hold;
+
+/* 0, or the errno of MADV_POPULATE_WRITE (EINVAL: the kernel has none) */
+static int populate(unsigned char *at, size_t n)
+{
+#ifdef MADV_POPULATE_WRITE
+    return madvise(at, n, MADV_POPULATE_WRITE) == 0 ? 0 : errno;
+#else
+    (void)at;
+    (void)n;
+    return EINVAL;
+#endif
+}
+
+/* the old way: write a zero into every page (before any store can see it) */
+static void touch_all(unsigned char *pool, size_t bytes)
+{
+    for (size_t off = 0; off < bytes; off += 4096)
+        pool[off] = 0;
+}
+
+/* test seam: wait while the hold says this thread has done its steps */
+static void held(ferry__kv_l1_fill *f, unsigned steps)
+{
+    for (;;) {
+        unsigned hold = atomic_load_explicit(&ferry__kv_l1_test_hold, memory_order_relaxed);
+        if (!hold || steps < hold || atomic_load_explicit(&f->stop, memory_order_relaxed))
+            return;
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+}
+
+/* fault [from, to) step by step until stopped; `seam`: the test hold
+ * applies (the thread's run, not open's own when it has no thread) */
+static void fill_range(ferry__kv_l1_fill *f, int seam)
+{
+    unsigned steps = 1; /* open did the first */
+    for (size_t off = f->from; off < f->to; off += FILL_STEP, steps++) {
+        if (seam)
+            held(f, steps);
+        if (atomic_load_explicit(&f->stop, memory_order_relaxed))
+            break;
+        size_t n = f->to - off < FILL_STEP ? f->to - off : FILL_STEP;
+        int e = populate(f->pool + off, n);
+        if (e) { /* out of memory: what is left faults on first use */
+            FERRY_LOGD("kv L1: faulting in %zu bytes at offset %zu of the pool: %s; the rest "
+                       "faults on first use",
+                       n, off, strerror(e));
+            break;
+        }
+    }
+}
+
+static void *fill_main(void *arg)
+{
+    fill_range(arg, 1);
+    return NULL;
+}
+
+void ferry__kv_l1_fill_start(ferry__kv_l1_fill *f, unsigned char *pool, size_t bytes)
+{
+    memset(f, 0, sizeof *f);
+#ifdef MADV_HUGEPAGE
+    if (madvise(pool, bytes, MADV_HUGEPAGE) != 0)
+        FERRY_LOGD("kv L1: madvise(MADV_HUGEPAGE) on %zu bytes: %s", bytes, strerror(errno));
+#endif
+    size_t first = bytes < FILL_STEP ? bytes : FILL_STEP;
+    int e = populate(pool, first);
+    if (e == EINVAL) {
+        touch_all(pool, bytes);
+        return;
+    }
+    if (e) {
+        FERRY_LOGD("kv L1: faulting in the pool's first %zu bytes: %s; pages fault on first use",
+                   first, strerror(e));
+        return;
+    }
+    if (first == bytes)
+        return;
+    f->pool = pool;
+    f->from = first;
+    f->to = bytes;
+    atomic_init(&f->stop, 0);
+    e = pthread_create(&f->th, NULL, fill_main, f);
+    if (e == 0) {
+        f->on = 1;
+        return;
+    }
+    FERRY_LOGD("kv L1: no thread to fault the pool in (%s): faulting %zu bytes now", strerror(e),
+               bytes - first);
+    fill_range(f, 0);
+}
+
+void ferry__kv_l1_fill_stop(ferry__kv_l1_fill *f)
+{
+    if (!f->on)
+        return;
+    atomic_store_explicit(&f->stop, 1, memory_order_relaxed);
+    pthread_join(f->th, NULL);
+    f->on = 0;
+}

@@ -1,0 +1,37 @@
+/*
+ * tier_l1_fill.h - the L1 pool's pages faulted in off the open path
+ * (private; tier_l1_fill.c).
+ */
+#ifndef FERRY_SRC_KV_TIER_L1_FILL_H
+#define FERRY_SRC_KV_TIER_L1_FILL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+
+typedef struct ferry__kv_l1_fill {
+    unsigned char *pool;
+    size_t from, to;      /* what the thread has left to fault: [from, to) */
+    pthread_t th;
+    int on;               /* th runs (joined by _stop) */
+    atomic_int stop;
+} ferry__kv_l1_fill;
+
+/*
+ * Fault [pool, pool + bytes) in, advised huge: the first step now, the rest
+ * by a thread while the store is already in use. f is the caller's (inside
+ * the L1 tier) and must stay put until ferry__kv_l1_fill_stop. Never
+ * fails: without MADV_POPULATE_WRITE (Linux before 5.14) every page is
+ * touched now, as before; without a thread the rest is faulted now.
+ */
+void ferry__kv_l1_fill_start(ferry__kv_l1_fill *f, unsigned char *pool, size_t bytes);
+/* stop the thread within one step (a few ms) and join it; pages it did not
+ * reach fault on first use. Idempotent; a zeroed f is a no-op. */
+void ferry__kv_l1_fill_stop(ferry__kv_l1_fill *f);
+
+/* test seam: while nonzero, every fill thread waits after that many steps
+ * (until it is cleared or its pool closes). Unarmed: one relaxed load per
+ * step. */
+extern _Atomic unsigned ferry__kv_l1_test_hold;
+
+#endif

@@ -1,0 +1,208 @@
+/*
+ * test_kv_l1fill.c - the L1 pool faulted in by a thread after open
+ * (src/kv/store/tier_l1_fill.c): open leaves the pool to the thread and
+ * the process's memory still grows by the whole pool; stores and
+ * retrieves while the thread runs (and before it reached their slots)
+ * keep every byte; close while the thread is held returns and leaks
+ * nothing.
+ *
+ * The thread is held with the seam ferry__kv_l1_test_hold (it waits after
+ * that many 8 MiB steps while the hold is set, or until its pool closes).
+ */
+/* ferry-test-labels: concurrent */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ferry/kv.h"
+#include "ferry_test.h"
+#include "kv/store/tier_l1_fill.h"
+
+#define CT 16u
+#define TB 4096u                        /* bytes per token and plane */
+#define PLANES 4u                       /* K and V of 2 layers */
+#define CHUNK (PLANES * CT * TB)        /* 256 KiB */
+#define MiB ((uint64_t)1 << 20)
+#define POOL (256 * MiB)                /* 1024 chunks */
+
+static ferry_kv_config config(uint64_t l1_bytes)
+{
+    ferry_kv_config c = FERRY_KV_CONFIG_INIT;
+    c.model = "l1fill";
+    c.layout = ft_kv_layout(TB);
+    c.chunk_tokens = CT;
+    c.l1_bytes = l1_bytes;
+    c.workers = 2;
+    return c;
+}
+
+/* resident bytes of this process */
+static uint64_t rss(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    assert_non_null(f);
+    unsigned long size = 0, res = 0;
+    assert_int_equal(fscanf(f, "%lu %lu", &size, &res), 2);
+    fclose(f);
+    return (uint64_t)res * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* the kernel can populate without writing (Linux 5.14); else open touches
+ * every page as it always did, and the thread is never started */
+static int kernel_populates(void)
+{
+#ifdef MADV_POPULATE_WRITE
+    void *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(m != MAP_FAILED);
+    int ok = madvise(m, 4096, MADV_POPULATE_WRITE) == 0;
+    munmap(m, 4096);
+    return ok;
+#else
+    return 0;
+#endif
+}
+
+static void hold(unsigned steps)
+{
+    atomic_store(&ferry__kv_l1_test_hold, steps);
+}
+
+/* open faults at most its first step; the pool's memory comes after, all
+ * of it, once the thread may go on */
+static void open_leaves_the_pool_to_the_thread(void **state)
+{
+    (void)state;
+    if (!kernel_populates())
+        skip();
+    hold(1);
+    uint64_t before = rss();
+    ferry_kv_config c = config(POOL);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    uint64_t opened = rss();
+    assert_true(opened < before + POOL / 4);
+    hold(0);
+    double end = now_s() + 60;
+    while (rss() < before + POOL - 8 * MiB && now_s() < end) {
+        struct timespec ms = {0, 5000000};
+        nanosleep(&ms, NULL);
+    }
+    assert_true(rss() >= before + POOL - 8 * MiB);
+    ferry_kv_close(kv);
+}
+
+static void tokens_of(int32_t *t, size_t n, int32_t prompt)
+{
+    for (size_t i = 0; i < n; i++)
+        t[i] = prompt * 100003 + (int32_t)i;
+}
+
+enum { PROMPTS = 32, PCH = 8, PTOK = PCH * CT }; /* 256 chunks: a quarter of the pool */
+
+static size_t img_bytes(void)
+{
+    return (size_t)PLANES * PTOK * TB;
+}
+
+/* prompt p's image, stored and then compared byte for byte */
+static void store_prompt(ferry_kv *kv, unsigned char *img, int p)
+{
+    int32_t tok[PTOK];
+    tokens_of(tok, PTOK, p);
+    ft_fill_pattern(img, img_bytes(), 1000u + (unsigned)p);
+    ferry_kv_buffer b = ft_kv_host_buffer(img, PTOK, TB);
+    assert_int_equal(ferry_kv_store(kv, tok, PTOK, NULL, &b), PTOK);
+}
+
+static void retrieve_prompt(ferry_kv *kv, unsigned char *img, int p)
+{
+    int32_t tok[PTOK];
+    tokens_of(tok, PTOK, p);
+    memset(img, 0xA5, img_bytes());
+    ferry_kv_buffer b = ft_kv_host_buffer(img, PTOK, TB);
+    assert_int_equal(ferry_kv_retrieve(kv, tok, PTOK, NULL, &b), PTOK);
+    assert_int_equal(ft_check_pattern(img, img_bytes(), 1000u + (unsigned)p), -1);
+}
+
+/* stores land in pages the thread has not reached (it is held after its
+ * first step), then the thread runs over them while more stores and
+ * retrieves go on: every retrieve returns the exact bytes stored */
+static void stores_before_and_while_the_thread_runs_keep_their_bytes(void **state)
+{
+    (void)state;
+    hold(1);
+    ferry_kv_config c = config(POOL);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    unsigned char *img = malloc(img_bytes());
+    assert_non_null(img);
+    for (int p = 0; p < PROMPTS / 2; p++)
+        store_prompt(kv, img, p);
+    hold(0);
+    for (int p = PROMPTS / 2; p < PROMPTS; p++) {
+        store_prompt(kv, img, p);
+        retrieve_prompt(kv, img, p - PROMPTS / 2);
+    }
+    /* let the thread pass over every slot, then read them all */
+    double end = now_s() + 60;
+    while (rss() < POOL && now_s() < end) {
+        struct timespec ms = {0, 5000000};
+        nanosleep(&ms, NULL);
+    }
+    for (int p = 0; p < PROMPTS; p++)
+        retrieve_prompt(kv, img, p);
+    ferry_kv_stats m = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &m));
+    assert_int_equal(m.stored_chunks, PROMPTS * PCH);
+    ferry_kv_close(kv);
+    free(img);
+}
+
+/* close while the thread waits (held, with most of the pool left):
+ * close stops it and returns; the run's leak check sees nothing left */
+static void close_while_the_thread_is_held_returns(void **state)
+{
+    (void)state;
+    hold(1);
+    for (int i = 0; i < 3; i++) {
+        ferry_kv_config c = config(POOL);
+        ferry_kv *kv = NULL;
+        FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+        unsigned char *img = malloc(img_bytes());
+        assert_non_null(img);
+        store_prompt(kv, img, i);
+        retrieve_prompt(kv, img, i);
+        ferry_kv_close(kv);
+        free(img);
+    }
+    hold(0);
+    /* and with the thread running: close right after open */
+    for (int i = 0; i < 3; i++) {
+        ferry_kv_config c = config(POOL);
+        ferry_kv *kv = NULL;
+        FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+        ferry_kv_close(kv);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(open_leaves_the_pool_to_the_thread),
+        cmocka_unit_test(stores_before_and_while_the_thread_runs_keep_their_bytes),
+        cmocka_unit_test(close_while_the_thread_is_held_returns),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
