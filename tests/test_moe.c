@@ -624,6 +624,36 @@ static int oom_resize(void *ctx)
     return rc;
 }
 
+/* a resize with allocation n failing while a hinted victim is soft pinned:
+ * the soft pin holds, so a prefetch may still take that slot */
+static int oom_resize_soft(void *ctx)
+{
+    (void)ctx;
+    ft_oom_pause();
+    ferry_moe_planner *p = mk(1, 8, 3, "lru", NULL);
+    uint32_t fill[] = {0, 1, 2}, zero[] = {0}, three[] = {3}, next[] = {4, 5};
+    assert_int_equal(ferry_moe_planner_ensure(p, 0, fill, 3, NULL, NULL, NULL), 3);
+    assert_int_equal(ferry_moe_planner_hint(p, 0, 2, zero, 1, 1.0), 1);
+    /* 0 is the LRU victim but hinted: kept (soft pinned), 1 goes */
+    assert_int_equal(ferry_moe_planner_ensure(p, 0, three, 1, NULL, NULL, NULL), 1);
+    assert_int_equal(ferry_moe_planner_lookup(p, 0, 1), FERRY_MOE_NONE);
+    ft_oom_resume();
+    int rc = ferry_moe_planner_resize(p, 4);
+    ft_oom_pause();
+    if (rc < 0) {
+        assert_int_equal(rc, -ENOMEM);
+        assert_int_equal(ferry_moe_planner_slots(p), 3);
+        /* 2 and then the soft pinned 0 make room; both rows planned */
+        ferry_moe_copy_plan plan;
+        assert_int_equal(ferry_moe_planner_prefetch(p, 0, next, 2, &plan), 2);
+        assert_int_equal(ferry_moe_planner_lookup(p, 0, 0), FERRY_MOE_NONE);
+        assert_int_not_equal(ferry_moe_planner_lookup(p, 0, 3), FERRY_MOE_NONE);
+        assert_consistent(p, 1, 8);
+    }
+    ferry_moe_planner_destroy(p);
+    return rc;
+}
+
 static void traces_survive_out_of_memory_at_every_allocation(void **state)
 {
     (void)state;
@@ -631,6 +661,7 @@ static void traces_survive_out_of_memory_at_every_allocation(void **state)
     ft_oom_each(200, FT_OOM_STICKY, oom_planner, NULL);
     /* a resize that runs out of memory changes nothing and leaks nothing */
     ft_oom_each(100, FT_OOM_STICKY, oom_resize, NULL);
+    ft_oom_each(100, FT_OOM_STICKY, oom_resize_soft, NULL);
 }
 
 static void saved_traces_load_back_identical(void **state)
@@ -691,6 +722,38 @@ static void a_refused_prefetch_leaves_the_pins_as_they_were(void **state)
     assert_int_not_equal(ferry_moe_planner_lookup(p, 0, 4), FERRY_MOE_NONE);
     assert_consistent(p, 1, 8);
     ferry_moe_planner_destroy(p);
+}
+
+/* a resize keeps the current step's pins: a prefetch after it still never
+ * evicts an expert of the step (the caller may be computing it) */
+static void a_resize_keeps_the_steps_pins(void **state)
+{
+    (void)state;
+    uint32_t both[] = {0, 1}, zero[] = {0}, next[] = {2, 3}, four[] = {4};
+    ferry_moe_copy_plan plan;
+    const char *const pols[] = {"lru", "lfu", "s3fifo", "arc", "auto", "routing"};
+    for (size_t i = 0; i < sizeof pols / sizeof pols[0]; i++) {
+        ferry_moe_planner *p = mk(1, 8, 2, pols[i], NULL);
+        assert_int_equal(ferry_moe_planner_ensure(p, 0, both, 2, NULL, NULL, NULL), 2);
+        assert_int_equal(ferry_moe_planner_ensure(p, 0, zero, 1, NULL, NULL, NULL), 0);
+        uint32_t s0 = ferry_moe_planner_lookup(p, 0, 0);
+        /* the same budget, then a larger one: 0 stays pinned either way */
+        assert_int_equal(ferry_moe_planner_resize(p, 2), 0);
+        assert_int_equal(ferry_moe_planner_prefetch(p, 0, next, 2, &plan), FERRY_ENOSPACE);
+        assert_non_null(strstr(ferry_last_error(), "1 of 2 slots"));
+        assert_int_equal(ferry_moe_planner_lookup(p, 0, 0), s0);
+        assert_int_equal(ferry_moe_planner_resize(p, 3), 0);
+        assert_int_equal(ferry_moe_planner_prefetch(p, 0, next, 2, &plan), 2);
+        assert_int_equal(ferry_moe_planner_lookup(p, 0, 0), s0);
+        /* the prefetch pinned its own: nothing is left to evict */
+        assert_int_equal(ferry_moe_planner_prefetch(p, 0, four, 1, &plan), FERRY_ENOSPACE);
+        assert_int_equal(ferry_moe_planner_lookup(p, 0, 0), s0);
+        assert_consistent(p, 1, 8);
+        /* the next step unpins as ever */
+        assert_int_equal(ferry_moe_planner_ensure(p, 0, four, 1, NULL, &plan, NULL), 1);
+        assert_consistent(p, 1, 8);
+        ferry_moe_planner_destroy(p);
+    }
 }
 
 /* whatever a trace holds, what save writes loads back: a shape the
@@ -961,6 +1024,7 @@ int main(void)
         cmocka_unit_test(saved_traces_load_back_identical),
         cmocka_unit_test(every_saved_trace_loads_back),
         cmocka_unit_test(a_refused_prefetch_leaves_the_pins_as_they_were),
+        cmocka_unit_test(a_resize_keeps_the_steps_pins),
         cmocka_unit_test(replay_counts_match_a_hand_computed_trace),
         cmocka_unit_test(belady_refuses_steps_off_its_trace),
         cmocka_unit_test(belady_bounds_every_policy_on_generated_traces),

@@ -529,7 +529,9 @@ FERRY_API int ferry_moe_planner_forget(ferry_moe_planner *p, uint32_t slot);
 /**
  * Change the slot budget. Growing adds free slots. Shrinking drops the
  * occupants of slots >= new_slots (returns how many were dropped; the
- * executor must be resized to match). -EINVAL when new_slots is outside
+ * executor must be resized to match). The experts of the current step
+ * (and of its prefetches) that keep their slots stay pinned: a prefetch
+ * after a resize still never evicts them. -EINVAL when new_slots is outside
  * 1..FERRY_MOE_MAX_SLOTS, FERRY_ESTATE while a streamed step is open,
  * -ENOMEM (nothing changes).
  */
