@@ -756,6 +756,61 @@ static void a_resize_keeps_the_steps_pins(void **state)
     }
 }
 
+/* save refuses, and writes nothing, what would not load back as it is;
+ * append refuses what the reader would */
+static void save_refuses_what_would_load_differently(void **state)
+{
+    (void)state;
+    char dir[256], path[300];
+    ft_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/t.jsonl", dir);
+    ferry_moe_model m = {0};
+    m.num_layers = 2;
+    m.num_experts = 4;
+    ferry_moe_trace *t = NULL, *b = NULL;
+    FT_ASSERT_OK(ferry_moe_trace_create(&m, &t));
+    /* no steps: the reader refuses a trace of no routes */
+    assert_int_equal(ferry_moe_trace_save(t, path), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "no steps"));
+    assert_int_equal(access(path, F_OK), -1);
+    /* a route wider than the reader takes (repeated ids) */
+    static uint32_t wide[16385];
+    assert_int_equal(ferry_moe_trace_append(t, 0, 0, wide, 16385), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "16385 experts"));
+    assert_int_equal(ferry_moe_trace_steps(t), 0);
+    FT_ASSERT_OK(ferry_moe_trace_append(t, 0, 0, wide, 16384));
+    /* steps out of (token, layer) order would load back reordered */
+    uint32_t e1[] = {1}, e2[] = {2};
+    FT_ASSERT_OK(ferry_moe_trace_append(t, 1, 1, e1, 1));
+    FT_ASSERT_OK(ferry_moe_trace_append(t, 1, 0, e2, 1));
+    assert_int_equal(ferry_moe_trace_save(t, path), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "step 2 (token 1, layer 0)"));
+    assert_int_equal(access(path, F_OK), -1);
+    ferry_moe_trace_destroy(t);
+    /* in order, the same steps load back step for step */
+    FT_ASSERT_OK(ferry_moe_trace_create(&m, &t));
+    FT_ASSERT_OK(ferry_moe_trace_append(t, 0, 0, wide, 16384));
+    FT_ASSERT_OK(ferry_moe_trace_append(t, 1, 0, e2, 1));
+    FT_ASSERT_OK(ferry_moe_trace_append(t, 1, 1, e1, 1));
+    FT_ASSERT_OK(ferry_moe_trace_save(t, path));
+    FT_ASSERT_OK(ferry_moe_trace_load(path, &b));
+    assert_int_equal(ferry_moe_trace_steps(b), 3);
+    for (size_t i = 0; i < 3; i++) {
+        uint32_t ta, la, na, tb, lb, nb;
+        const uint32_t *ea, *eb;
+        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &ta, &la, &ea, &na));
+        FT_ASSERT_OK(ferry_moe_trace_step(b, i, &tb, &lb, &eb, &nb));
+        assert_int_equal(ta, tb);
+        assert_int_equal(la, lb);
+        assert_int_equal(na, nb);
+        assert_memory_equal(ea, eb, na * sizeof *ea);
+    }
+    assert_int_equal(ferry_moe_trace_model(b)->top_k, ferry_moe_trace_model(t)->top_k);
+    ferry_moe_trace_destroy(b);
+    ferry_moe_trace_destroy(t);
+    ft_rmtree(dir);
+}
+
 /* whatever a trace holds, what save writes loads back: a shape the
  * reader refuses is refused when the trace is made */
 static void every_saved_trace_loads_back(void **state)
@@ -1025,6 +1080,7 @@ int main(void)
         cmocka_unit_test(every_saved_trace_loads_back),
         cmocka_unit_test(a_refused_prefetch_leaves_the_pins_as_they_were),
         cmocka_unit_test(a_resize_keeps_the_steps_pins),
+        cmocka_unit_test(save_refuses_what_would_load_differently),
         cmocka_unit_test(replay_counts_match_a_hand_computed_trace),
         cmocka_unit_test(belady_refuses_steps_off_its_trace),
         cmocka_unit_test(belady_bounds_every_policy_on_generated_traces),

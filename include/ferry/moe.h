@@ -148,12 +148,16 @@ FERRY_API uint32_t ferry_moe_trace_step_tokens(const ferry_moe_trace *t, size_t 
 FERRY_API int ferry_moe_trace_create(const ferry_moe_model *model, ferry_moe_trace **out);
 /**
  * Append one step (token, layer, n experts). Errors: -EINVAL for a token
- * of UINT32_MAX (the token count must fit), a layer or expert out of range
- * or n == 0 (nothing appended); -ENOMEM.
+ * of UINT32_MAX (the token count must fit), a layer or expert out of range,
+ * n == 0 or n > 16384, or a trace already at the reader's bounds (2^26
+ * steps, 2^29 expert ids) (nothing appended); -ENOMEM.
  */
 FERRY_API int ferry_moe_trace_append(ferry_moe_trace *t, uint32_t token, uint32_t layer,
                                      const uint32_t *experts, uint32_t n);
-/** Write t as ferry JSON Lines (header first). -errno on I/O failure. */
+/** Write t as ferry JSON Lines (header first). -EINVAL (nothing written)
+ * for a trace that would not load back as it is: one of no steps, or one
+ * whose steps are not in (token, layer) order (the reader's order; a
+ * loaded or generated trace always is). -errno on I/O failure. */
 FERRY_API int ferry_moe_trace_save(const ferry_moe_trace *t, const char *path);
 /** NULL does nothing. */
 FERRY_API void ferry_moe_trace_destroy(ferry_moe_trace *t);
