@@ -716,9 +716,10 @@ typedef struct ferry_moe_slots_stats {
 
 /**
  * The executor over a slot device. Takes ownership of ctx (ops->destroy is
- * called on it by ferry_moe_slots_destroy, and on failure here). Errors:
- * -EINVAL (the geometry outside the ranges above; ops without write_slot,
- * copy_slot or flush), -ENOMEM.
+ * called on it by ferry_moe_slots_destroy, and on failure here when
+ * ops->size covers destroy; nothing past ops->size is read). Errors:
+ * -EINVAL (the geometry outside the ranges above; ops->size below this
+ * header's sizeof; ops without write_slot, copy_slot or flush), -ENOMEM.
  */
 FERRY_API int ferry_moe_slots_create(const ferry_moe_geometry *g,
                                      const ferry_moe_slot_device_ops *ops, void *ctx,
