@@ -84,7 +84,8 @@ typedef struct ferry_moe_model {
  *    never guessed from the ids: num_experts (required in every record
  *    unless a header gives it; all must agree), top_k (else the widest
  *    list). Only the layers logged are kept, in model order and numbered
- *    densely (ferry_moe_trace_layer_id() maps back). One stage is read
+ *    densely (ferry_moe_trace_layer_id() maps back; a header's "layer_ids"
+ *    is refused in a capture). One stage is read
  *    (ferry_moe_trace_options.stage; else the file's only stage; else
  *    "apply", the stage that applies experts; a file of several stages and
  *    no "apply" is refused rather than counting each route once per
