@@ -624,6 +624,36 @@ static int oom_resize(void *ctx)
     return rc;
 }
 
+/* a resize with allocation n failing while a hinted victim is soft pinned:
+ * the soft pin holds, so a prefetch may still take that slot */
+static int oom_resize_soft(void *ctx)
+{
+    (void)ctx;
+    ft_oom_pause();
+    ferry_moe_planner *p = mk(1, 8, 3, "lru", NULL);
+    uint32_t fill[] = {0, 1, 2}, zero[] = {0}, three[] = {3}, next[] = {4, 5};
+    assert_int_equal(ferry_moe_planner_ensure(p, 0, fill, 3, NULL, NULL, NULL), 3);
+    assert_int_equal(ferry_moe_planner_hint(p, 0, 2, zero, 1, 1.0), 1);
+    /* 0 is the LRU victim but hinted: kept (soft pinned), 1 goes */
+    assert_int_equal(ferry_moe_planner_ensure(p, 0, three, 1, NULL, NULL, NULL), 1);
+    assert_int_equal(ferry_moe_planner_lookup(p, 0, 1), FERRY_MOE_NONE);
+    ft_oom_resume();
+    int rc = ferry_moe_planner_resize(p, 4);
+    ft_oom_pause();
+    if (rc < 0) {
+        assert_int_equal(rc, -ENOMEM);
+        assert_int_equal(ferry_moe_planner_slots(p), 3);
+        /* 2 and then the soft pinned 0 make room; both rows planned */
+        ferry_moe_copy_plan plan;
+        assert_int_equal(ferry_moe_planner_prefetch(p, 0, next, 2, &plan), 2);
+        assert_int_equal(ferry_moe_planner_lookup(p, 0, 0), FERRY_MOE_NONE);
+        assert_int_not_equal(ferry_moe_planner_lookup(p, 0, 3), FERRY_MOE_NONE);
+        assert_consistent(p, 1, 8);
+    }
+    ferry_moe_planner_destroy(p);
+    return rc;
+}
+
 static void traces_survive_out_of_memory_at_every_allocation(void **state)
 {
     (void)state;
@@ -631,6 +661,7 @@ static void traces_survive_out_of_memory_at_every_allocation(void **state)
     ft_oom_each(200, FT_OOM_STICKY, oom_planner, NULL);
     /* a resize that runs out of memory changes nothing and leaks nothing */
     ft_oom_each(100, FT_OOM_STICKY, oom_resize, NULL);
+    ft_oom_each(100, FT_OOM_STICKY, oom_resize_soft, NULL);
 }
 
 static void saved_traces_load_back_identical(void **state)
@@ -691,6 +722,93 @@ static void a_refused_prefetch_leaves_the_pins_as_they_were(void **state)
     assert_int_not_equal(ferry_moe_planner_lookup(p, 0, 4), FERRY_MOE_NONE);
     assert_consistent(p, 1, 8);
     ferry_moe_planner_destroy(p);
+}
+
+/* a resize keeps the current step's pins: a prefetch after it still never
+ * evicts an expert of the step (the caller may be computing it) */
+static void a_resize_keeps_the_steps_pins(void **state)
+{
+    (void)state;
+    uint32_t both[] = {0, 1}, zero[] = {0}, next[] = {2, 3}, four[] = {4};
+    ferry_moe_copy_plan plan;
+    const char *const pols[] = {"lru", "lfu", "s3fifo", "arc", "auto", "routing"};
+    for (size_t i = 0; i < sizeof pols / sizeof pols[0]; i++) {
+        ferry_moe_planner *p = mk(1, 8, 2, pols[i], NULL);
+        assert_int_equal(ferry_moe_planner_ensure(p, 0, both, 2, NULL, NULL, NULL), 2);
+        assert_int_equal(ferry_moe_planner_ensure(p, 0, zero, 1, NULL, NULL, NULL), 0);
+        uint32_t s0 = ferry_moe_planner_lookup(p, 0, 0);
+        /* the same budget, then a larger one: 0 stays pinned either way */
+        assert_int_equal(ferry_moe_planner_resize(p, 2), 0);
+        assert_int_equal(ferry_moe_planner_prefetch(p, 0, next, 2, &plan), FERRY_ENOSPACE);
+        assert_non_null(strstr(ferry_last_error(), "1 of 2 slots"));
+        assert_int_equal(ferry_moe_planner_lookup(p, 0, 0), s0);
+        assert_int_equal(ferry_moe_planner_resize(p, 3), 0);
+        assert_int_equal(ferry_moe_planner_prefetch(p, 0, next, 2, &plan), 2);
+        assert_int_equal(ferry_moe_planner_lookup(p, 0, 0), s0);
+        /* the prefetch pinned its own: nothing is left to evict */
+        assert_int_equal(ferry_moe_planner_prefetch(p, 0, four, 1, &plan), FERRY_ENOSPACE);
+        assert_int_equal(ferry_moe_planner_lookup(p, 0, 0), s0);
+        assert_consistent(p, 1, 8);
+        /* the next step unpins as ever */
+        assert_int_equal(ferry_moe_planner_ensure(p, 0, four, 1, NULL, &plan, NULL), 1);
+        assert_consistent(p, 1, 8);
+        ferry_moe_planner_destroy(p);
+    }
+}
+
+/* save refuses, and writes nothing, what would not load back as it is;
+ * append refuses what the reader would */
+static void save_refuses_what_would_load_differently(void **state)
+{
+    (void)state;
+    char dir[256], path[300];
+    ft_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/t.jsonl", dir);
+    ferry_moe_model m = {0};
+    m.num_layers = 2;
+    m.num_experts = 4;
+    ferry_moe_trace *t = NULL, *b = NULL;
+    FT_ASSERT_OK(ferry_moe_trace_create(&m, &t));
+    /* no steps: the reader refuses a trace of no routes */
+    assert_int_equal(ferry_moe_trace_save(t, path), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "no steps"));
+    assert_int_equal(access(path, F_OK), -1);
+    /* a route wider than the reader takes (repeated ids) */
+    static uint32_t wide[16385];
+    assert_int_equal(ferry_moe_trace_append(t, 0, 0, wide, 16385), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "16385 experts"));
+    assert_int_equal(ferry_moe_trace_steps(t), 0);
+    FT_ASSERT_OK(ferry_moe_trace_append(t, 0, 0, wide, 16384));
+    /* steps out of (token, layer) order would load back reordered */
+    uint32_t e1[] = {1}, e2[] = {2};
+    FT_ASSERT_OK(ferry_moe_trace_append(t, 1, 1, e1, 1));
+    FT_ASSERT_OK(ferry_moe_trace_append(t, 1, 0, e2, 1));
+    assert_int_equal(ferry_moe_trace_save(t, path), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "step 2 (token 1, layer 0)"));
+    assert_int_equal(access(path, F_OK), -1);
+    ferry_moe_trace_destroy(t);
+    /* in order, the same steps load back step for step */
+    FT_ASSERT_OK(ferry_moe_trace_create(&m, &t));
+    FT_ASSERT_OK(ferry_moe_trace_append(t, 0, 0, wide, 16384));
+    FT_ASSERT_OK(ferry_moe_trace_append(t, 1, 0, e2, 1));
+    FT_ASSERT_OK(ferry_moe_trace_append(t, 1, 1, e1, 1));
+    FT_ASSERT_OK(ferry_moe_trace_save(t, path));
+    FT_ASSERT_OK(ferry_moe_trace_load(path, &b));
+    assert_int_equal(ferry_moe_trace_steps(b), 3);
+    for (size_t i = 0; i < 3; i++) {
+        uint32_t ta, la, na, tb, lb, nb;
+        const uint32_t *ea, *eb;
+        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &ta, &la, &ea, &na));
+        FT_ASSERT_OK(ferry_moe_trace_step(b, i, &tb, &lb, &eb, &nb));
+        assert_int_equal(ta, tb);
+        assert_int_equal(la, lb);
+        assert_int_equal(na, nb);
+        assert_memory_equal(ea, eb, na * sizeof *ea);
+    }
+    assert_int_equal(ferry_moe_trace_model(b)->top_k, ferry_moe_trace_model(t)->top_k);
+    ferry_moe_trace_destroy(b);
+    ferry_moe_trace_destroy(t);
+    ft_rmtree(dir);
 }
 
 /* whatever a trace holds, what save writes loads back: a shape the
@@ -961,6 +1079,8 @@ int main(void)
         cmocka_unit_test(saved_traces_load_back_identical),
         cmocka_unit_test(every_saved_trace_loads_back),
         cmocka_unit_test(a_refused_prefetch_leaves_the_pins_as_they_were),
+        cmocka_unit_test(a_resize_keeps_the_steps_pins),
+        cmocka_unit_test(save_refuses_what_would_load_differently),
         cmocka_unit_test(replay_counts_match_a_hand_computed_trace),
         cmocka_unit_test(belady_refuses_steps_off_its_trace),
         cmocka_unit_test(belady_bounds_every_policy_on_generated_traces),

@@ -236,6 +236,13 @@ static void counts_only_and_shapeless_records_are_refused_clearly(void **state)
                "{\"layer\":3,\"num_experts\":8,\"topk_ids\":[[1,2]]}\n");
     parse_fails(&g, NULL, "line 2", "one form per file");
     free(g.s);
+    /* a header's layer numbers and the records' own: refused (they made
+     * layer 0 model layer 10, and the header's table leaked) */
+    sbuf h = {0};
+    sb_add(&h, "{\"num_layers\":4,\"num_experts\":8,\"layer_ids\":[10,20,30,40]}\n"
+               "{\"layer\":0,\"num_experts\":8,\"topk_ids\":[[1]]}\n");
+    parse_fails(&h, NULL, "line 2", "'layer_ids'");
+    free(h.s);
 }
 
 static void hostile_captures_stay_bounded(void **state)

@@ -825,6 +825,11 @@ static int oom_slots(void *ctx)
     return rc;
 }
 
+static void count_destroy(void *ctx)
+{
+    ++*(int *)ctx;
+}
+
 static void out_of_memory_and_device_faults_leak_nothing(void **state)
 {
     (void)state;
@@ -855,6 +860,15 @@ static void out_of_memory_and_device_faults_leak_nothing(void **state)
     short_ops.size = offsetof(ferry_moe_slot_device_ops, flush_prefetch);
     assert_int_equal(ferry_moe_slots_create(&g, &short_ops, NULL, &s), -EINVAL);
     assert_non_null(strstr(ferry_last_error(), "size"));
+    /* the refused table's context is still destroyed when the table holds
+     * destroy, and nothing past the size it declares is read when not */
+    int destroyed = 0;
+    short_ops.destroy = count_destroy;
+    assert_int_equal(ferry_moe_slots_create(&g, &short_ops, &destroyed, &s), -EINVAL);
+    assert_int_equal(destroyed, 1);
+    short_ops.size = offsetof(ferry_moe_slot_device_ops, destroy);
+    assert_int_equal(ferry_moe_slots_create(&g, &short_ops, &destroyed, &s), -EINVAL);
+    assert_int_equal(destroyed, 1);
     ferry_device_close(dev);
 }
 

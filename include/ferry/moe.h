@@ -84,7 +84,8 @@ typedef struct ferry_moe_model {
  *    never guessed from the ids: num_experts (required in every record
  *    unless a header gives it; all must agree), top_k (else the widest
  *    list). Only the layers logged are kept, in model order and numbered
- *    densely (ferry_moe_trace_layer_id() maps back). One stage is read
+ *    densely (ferry_moe_trace_layer_id() maps back; a header's "layer_ids"
+ *    is refused in a capture). One stage is read
  *    (ferry_moe_trace_options.stage; else the file's only stage; else
  *    "apply", the stage that applies experts; a file of several stages and
  *    no "apply" is refused rather than counting each route once per
@@ -148,12 +149,16 @@ FERRY_API uint32_t ferry_moe_trace_step_tokens(const ferry_moe_trace *t, size_t 
 FERRY_API int ferry_moe_trace_create(const ferry_moe_model *model, ferry_moe_trace **out);
 /**
  * Append one step (token, layer, n experts). Errors: -EINVAL for a token
- * of UINT32_MAX (the token count must fit), a layer or expert out of range
- * or n == 0 (nothing appended); -ENOMEM.
+ * of UINT32_MAX (the token count must fit), a layer or expert out of range,
+ * n == 0 or n > 16384, or a trace already at the reader's bounds (2^26
+ * steps, 2^29 expert ids) (nothing appended); -ENOMEM.
  */
 FERRY_API int ferry_moe_trace_append(ferry_moe_trace *t, uint32_t token, uint32_t layer,
                                      const uint32_t *experts, uint32_t n);
-/** Write t as ferry JSON Lines (header first). -errno on I/O failure. */
+/** Write t as ferry JSON Lines (header first). -EINVAL (nothing written)
+ * for a trace that would not load back as it is: one of no steps, or one
+ * whose steps are not in (token, layer) order (the reader's order; a
+ * loaded or generated trace always is). -errno on I/O failure. */
 FERRY_API int ferry_moe_trace_save(const ferry_moe_trace *t, const char *path);
 /** NULL does nothing. */
 FERRY_API void ferry_moe_trace_destroy(ferry_moe_trace *t);
@@ -529,7 +534,9 @@ FERRY_API int ferry_moe_planner_forget(ferry_moe_planner *p, uint32_t slot);
 /**
  * Change the slot budget. Growing adds free slots. Shrinking drops the
  * occupants of slots >= new_slots (returns how many were dropped; the
- * executor must be resized to match). -EINVAL when new_slots is outside
+ * executor must be resized to match). The experts of the current step
+ * (and of its prefetches) that keep their slots stay pinned: a prefetch
+ * after a resize still never evicts them. -EINVAL when new_slots is outside
  * 1..FERRY_MOE_MAX_SLOTS, FERRY_ESTATE while a streamed step is open,
  * -ENOMEM (nothing changes).
  */
@@ -710,9 +717,10 @@ typedef struct ferry_moe_slots_stats {
 
 /**
  * The executor over a slot device. Takes ownership of ctx (ops->destroy is
- * called on it by ferry_moe_slots_destroy, and on failure here). Errors:
- * -EINVAL (the geometry outside the ranges above; ops without write_slot,
- * copy_slot or flush), -ENOMEM.
+ * called on it by ferry_moe_slots_destroy, and on failure here when
+ * ops->size covers destroy; nothing past ops->size is read). Errors:
+ * -EINVAL (the geometry outside the ranges above; ops->size below this
+ * header's sizeof; ops without write_slot, copy_slot or flush), -ENOMEM.
  */
 FERRY_API int ferry_moe_slots_create(const ferry_moe_geometry *g,
                                      const ferry_moe_slot_device_ops *ops, void *ctx,

@@ -825,14 +825,27 @@ int ferry_moe_planner_resize(ferry_moe_planner *p, uint32_t new_slots)
     uint8_t *pf;
     double *fkey;
     ferry__heap fh;
-    /* (as large as the old ones too: a failure below leaves the planner
-     * as it was, with soft pin arrays that still cover its slots) */
-    if (p->soft_at && soft_arrays(p, new_slots > p->slots ? new_slots : p->slots) < 0)
-        return ferry__err_set(&p->err, -ENOMEM, "moe resize: out of memory for %u slots", new_slots);
     if (slot_arrays(new_slots, &occ, &pin, &pf, &fpos, &fkey, &fh) < 0)
         return ferry__err_set(&p->err, -ENOMEM, "moe resize: out of memory for %u slots", new_slots);
+    /* the step's pins (and a prefetch's) hold across a resize: a prefetch
+     * after it still never evicts an expert of the current step. Soft pins
+     * (hinted victims) end with the round's soft pin arrays below. */
+    uint32_t n_pinned = 0;
+    for (uint32_t s = 0; s < p->slots && s < new_slots; s++)
+        if (p->occupant[s] != FERRY_MOE_NONE && p->pin_step[s] == p->pin_now && !is_soft(p, s)) {
+            pin[s] = p->pin_now;
+            n_pinned++;
+        }
     ferry__policy *pol;
     int rc = policy_create(p, new_slots, pin, occ, &pol);
+    /* (as large as the old ones too; made last, so that a failure leaves
+     * the planner as it was, soft pins and all) */
+    const char *cause = "policy";
+    if (rc == 0 && p->soft_at && soft_arrays(p, new_slots > p->slots ? new_slots : p->slots) < 0) {
+        policy_destroy(pol);
+        rc = -ENOMEM;
+        cause = "soft pins of";
+    }
     if (rc < 0) {
         ferry__heap_fini(&fh);
         ferry__free(occ);
@@ -840,8 +853,8 @@ int ferry_moe_planner_resize(ferry_moe_planner *p, uint32_t new_slots)
         ferry__free(pf);
         ferry__free(fpos);
         ferry__free(fkey);
-        return ferry__err_set(&p->err, rc, "moe resize: policy %s for %u slots: %s", p->pops->name,
-                              new_slots, ferry_strerror(rc));
+        return ferry__err_set(&p->err, rc, "moe resize: %s %s for %u slots: %s", cause,
+                              p->pops->name, new_slots, ferry_strerror(rc));
     }
     /* the policy's history restarts; survivors keep their slots, in slot
      * order, as if used now */
@@ -886,7 +899,7 @@ int ferry_moe_planner_resize(ferry_moe_planner *p, uint32_t new_slots)
     p->freeh = fh;
     p->free_fresh = fresh;
     p->slots = new_slots;
-    p->n_pinned = 0; /* the new pin array pins nothing */
+    p->n_pinned = n_pinned;
     p->n_soft = 0;
     p->st.evictions += (uint64_t)dropped;
     return dropped;

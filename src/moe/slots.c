@@ -20,6 +20,7 @@
  * link, slot-to-slot gathers stay on the device.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -143,7 +144,10 @@ int ferry_moe_slots_create(const ferry_moe_geometry *g, const ferry_moe_slot_dev
             ferry__free(s->pend_row);
             ferry__free(s);
         }
-        if (ops && ops->destroy && ctx)
+        /* a table too short to hold destroy has none: read nothing past
+         * the size it declares */
+        if (ops && ops->size >= offsetof(ferry_moe_slot_device_ops, destroy) + sizeof ops->destroy &&
+            ops->destroy && ctx)
             ops->destroy(ctx);
         return rc;
     }

@@ -211,6 +211,18 @@ int ferry_moe_trace_append(ferry_moe_trace *t, uint32_t token, uint32_t layer,
         if (experts[i] >= t->model.num_experts)
             return ferry__err_set(NULL, -EINVAL, "moe trace: token %u layer %u: expert %u >= %u",
                                   token, layer, experts[i], t->model.num_experts);
+    /* the reader's bounds, so that what save writes loads back */
+    if (n > MAX_EXPERTS)
+        return ferry__err_set(NULL, -EINVAL,
+                              "moe trace: token %u layer %u: a route of %u experts; accepted "
+                              "1..%u",
+                              token, layer, n, MAX_EXPERTS);
+    if (t->n_steps >= FERRY__TRACE_MAX_STEPS || t->n_ex + n > FERRY__TRACE_MAX_IDS)
+        return ferry__err_set(NULL, -EINVAL,
+                              "moe trace: token %u layer %u: a trace holds at most %zu steps "
+                              "and %zu expert ids (it has %zu and %zu)",
+                              token, layer, FERRY__TRACE_MAX_STEPS, FERRY__TRACE_MAX_IDS,
+                              t->n_steps, t->n_ex);
     if (ferry__trace_push(t, token, layer, experts, n, 1) < 0)
         return ferry__err_set(NULL, -ENOMEM, "moe trace: out of memory at step %zu", t->n_steps);
     return 0;
@@ -850,6 +862,20 @@ int ferry_moe_trace_save(const ferry_moe_trace *t, const char *path)
 {
     if (!t || !path)
         return ferry__err_set(NULL, -EINVAL, "moe trace save: no trace or path");
+    /* what is written must load back: the reader refuses a trace of no
+     * routes, and holds its steps in (token, layer) order */
+    if (!t->n_steps)
+        return ferry__err_set(NULL, -EINVAL,
+                              "moe trace save %s: the trace has no steps (a trace of no "
+                              "routes does not load)", path);
+    for (size_t i = 1; i < t->n_steps && !t->sorted; i++)
+        if (t->tok[i] < t->tok[i - 1] ||
+            (t->tok[i] == t->tok[i - 1] && t->layer[i] < t->layer[i - 1]))
+            return ferry__err_set(NULL, -EINVAL,
+                                  "moe trace save %s: step %zu (token %u, layer %u) comes after "
+                                  "token %u layer %u: it would load back in (token, layer) "
+                                  "order, not this one",
+                                  path, i, t->tok[i], t->layer[i], t->tok[i - 1], t->layer[i - 1]);
     FILE *f = fopen(path, "w");
     if (!f) {
         int e = errno;

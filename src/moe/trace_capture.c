@@ -225,6 +225,9 @@ int ferry__capture_record(ferry__trace_parser *ps, json_t *o, size_t line)
         return PERR(line, "a capture record ('topk_ids') after ferry records ('experts'): one "
                           "form per file");
     ps->form = TRACE_FORM_CAPTURE;
+    if (ps->t->layer_ids) /* two numberings of one trace's layers: refused */
+        return PERR(line, "a capture record after a header with 'layer_ids': a capture's "
+                          "records name their model layers themselves");
     int rc = capture_tables(ps, line);
     if (rc < 0)
         return rc;
