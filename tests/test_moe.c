@@ -162,6 +162,41 @@ static void every_policy_keeps_the_current_step_resident(void **state)
     }
 }
 
+/* slots as few as a step routes (top_k up to twice it): every policy
+ * places every step; a victim is always there (the slots not of the step).
+ * s3fifo failed this: with its small queue at its target and the main one
+ * holding only the step's experts, it cycled the main queue and gave up. */
+static void every_policy_fits_a_step_in_as_few_slots_as_it_routes(void **state)
+{
+    (void)state;
+    const char *const *pols = ferry_moe_policies();
+    const uint32_t L = 2, E = 8;
+    for (int i = 0; pols[i]; i++) {
+        if (!strcmp(pols[i], "belady"))
+            continue;
+        for (uint32_t K = 1; K <= 3; K++)
+            for (uint32_t slots = K; slots <= 2 * K; slots++) {
+                ferry_moe_planner *p = mk(L, E, slots, pols[i], NULL);
+                ferry__rng r;
+                ferry__rng_seed(&r, 7 * slots + K);
+                for (int t = 0; t < 200; t++)
+                    for (uint32_t l = 0; l < L; l++) {
+                        uint32_t route[3], out[3];
+                        for (uint32_t k = 0; k < K; k++)
+                            route[k] = ferry__rng_below(&r, k == 0 ? 2 : E);
+                        if (ferry_moe_planner_ensure(p, l, route, K, out, NULL, NULL) < 0)
+                            fail_msg("%s, top-%u in %u slots, token %d layer %u: %s", pols[i], K,
+                                     slots, t, l, ferry_last_error());
+                        for (uint32_t k = 0; k < K; k++)
+                            assert_int_equal(ferry_moe_planner_occupant(p, out[k]),
+                                             l * E + route[k]);
+                    }
+                assert_consistent(p, L, E);
+                ferry_moe_planner_destroy(p);
+            }
+    }
+}
+
 static void bad_routes_fail_and_change_nothing(void **state)
 {
     (void)state;
@@ -1063,6 +1098,7 @@ int main(void)
         cmocka_unit_test(a_resident_route_is_a_warm_step_with_an_empty_plan),
         cmocka_unit_test(lru_evicts_least_recent_with_lowest_slot_ties),
         cmocka_unit_test(every_policy_keeps_the_current_step_resident),
+        cmocka_unit_test(every_policy_fits_a_step_in_as_few_slots_as_it_routes),
         cmocka_unit_test(bad_routes_fail_and_change_nothing),
         cmocka_unit_test(a_null_planner_is_answered_not_dereferenced),
         cmocka_unit_test(planner_options_are_range_checked),

@@ -154,8 +154,12 @@ static int s3_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slo
     /* bound the walk: each expert can be passed over at most 4 times
      * (3 counter units and one move S -> M) plus once per pinned visit */
     uint64_t budget = 6ull * (s->s.n + s->m.n) + 16;
+    /* M's pinned experts passed over in a row: a whole round of them (M
+     * holds the step's experts alone) and the victim comes from S, however
+     * small S is, rather than nowhere */
+    uint32_t pinned_run = 0;
     while (budget--) {
-        int from_s = s->s.n && (s->s.n > s->small_target || s->m.n == 0);
+        int from_s = s->s.n && (s->s.n > s->small_target || s->m.n == 0 || pinned_run >= s->m.n);
         fifo *f = from_s ? &s->s : &s->m;
         uint32_t v = f->head;
         if (v == NIL)
@@ -172,6 +176,7 @@ static int s3_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slo
         } else if (s->freq[v] > 0 || ferry__pinned(p, v)) {
             if (s->freq[v] > 0)
                 s->freq[v]--;
+            pinned_run = s->freq[v] == 0 && ferry__pinned(p, v) ? pinned_run + 1 : 0;
             unlink_slot(s, f, v);
             push_tail(s, f, v);
             continue;
