@@ -316,7 +316,7 @@ static void transition_refuses_huge_shapes(void **state)
     o.policy = "transition";
     o.slots = 64;
     ferry_moe_planner *p = NULL;
-    /* 1024 x 4096 ids at 119 bytes each: 476 MiB of model */
+    /* 1024 x 4096 ids at 133 bytes each: 532 MiB of model */
     o.num_layers = 1024;
     o.num_experts = 4096;
     assert_int_equal(ferry_moe_planner_create(&o, &p), -EINVAL);

@@ -54,17 +54,19 @@
  * experts of one history and bin, so the two mostly agree: on the real
  * traces auto moved by at most 0.36 points, transition alone 0.65.) All
  * residents of a layer share d, so the victim is the best of each layer's
- * least (p, touched): each (layer, cell) keeps its resident slots in an
- * intrusive list, the least recently touched first, so filing is O(1) and
- * never allocates; a layer's least is the best of its non-empty cells'
- * heads, found again only when one of them changed or the p were
- * refreshed (the lists: tr_order.h). A victim costs O(L) over the layers'
- * cached least, plus, for a layer that changed, its non-empty cells.
+ * least (p, touched): each resident's cell and key are kept by id, and
+ * each (layer, cell) counts its residents, so filing is O(1) and never
+ * allocates; a layer's least is the cell of least p among its non-empty
+ * ones (the cells ranked by p at each refresh) and, of its residents, the
+ * least key (a pass over the layer's ids, eight a compare), found again
+ * only when the layer changed or the p were refreshed (the order:
+ * tr_order.h). A victim costs O(L) over the layers' cached least, plus,
+ * for a layer that changed, its non-empty cells and O(E) compares.
  * ferry__transition_verify() has every victim checked against a scan of
  * all the slots by the same rule (tests).
  *
- * Memory: about 119 bytes an id (ferry__transition_bytes: DeepSeek-V3's
- * 58 x 256, 1.7 MiB); shapes past FERRY__TRANSITION_MAX_BYTES are
+ * Memory: about 133 bytes an id (ferry__transition_bytes: DeepSeek-V3's
+ * 58 x 256, 1.9 MiB); shapes past FERRY__TRANSITION_MAX_BYTES are
  * refused at planner create.
  */
 #include <errno.h>
@@ -163,6 +165,8 @@ typedef struct trans {
     /* learned */
     uint64_t opps[TR_NC], kG[TR_NC], corr[TR_NC];
     double P[TR_NC], pmin;           /* pmin: the least of the P */
+    uint16_t srt[TR_NC], rk[TR_NC];  /* the cells by p, least first; each one's rank in it
+                                        (equal p, equal rank) */
     uint64_t visits, pgen;
     uint32_t sleep_stride;           /* > 1: layers not a multiple of it may sleep */
     uint8_t *asleep;                 /* [L] */
@@ -176,9 +180,11 @@ size_t ferry__transition_bytes(uint32_t num_layers, uint32_t num_experts)
 {
     /* per id: its row's lanes, its place in the ring of routed sets, what
      * is known of it, its last use, its row's total, its place in the
-     * tracked set and its row's lanes used */
+     * tracked set and its row's lanes used; and in the victims' order, its
+     * cell, slot and key */
     size_t per_id = TR_K * 2 * sizeof(uint16_t) + TR_RING * sizeof(uint16_t) + sizeof(trx) +
-                    sizeof(uint64_t) + 2 * sizeof(uint16_t) + 1;
+                    sizeof(uint64_t) + 2 * sizeof(uint16_t) + 1 + sizeof(uint16_t) +
+                    sizeof(uint32_t) + sizeof(uint64_t);
     return (size_t)num_layers * num_experts * per_id;
 }
 
@@ -261,6 +267,8 @@ static int tr_init(ferry__policy *p)
         s->nprev[l] = -1;
         s->cc[(size_t)l * TR_NC + c0] = (uint16_t)E;
     }
+    for (uint32_t c = 0; c < TR_NC; c++)
+        s->srt[c] = (uint16_t)c;
     refresh_p(s); /* the priors */
     return 0;
 }
@@ -358,6 +366,30 @@ static void fold_layer(trans *s, uint32_t l)
     s->lt[l] = 0;
 }
 
+/* the cells in order of p (srt: an insertion sort from the last order,
+ * which the p mostly keep) and each one's rank, equal p equal rank: a
+ * layer's least compares ranks (tr_order.h) */
+static void rank_p(trans *s)
+{
+    uint16_t *srt = s->srt;
+    const double *P = s->P;
+    for (uint32_t i = 1; i < TR_NC; i++) {
+        uint16_t c = srt[i];
+        double pc = P[c];
+        uint32_t j = i;
+        for (; j > 0 && P[srt[j - 1]] > pc; j--)
+            srt[j] = srt[j - 1];
+        srt[j] = c;
+    }
+    uint16_t r = 0;
+    s->rk[srt[0]] = 0;
+    for (uint32_t i = 1; i < TR_NC; i++) {
+        r = (uint16_t)(r + (P[srt[i]] != P[srt[i - 1]]));
+        s->rk[srt[i]] = r;
+    }
+    s->o.ops += TR_NC;
+}
+
 /* fold the counts held since the last fold into opps; every cell's p */
 static void refresh_p(trans *s)
 {
@@ -371,6 +403,7 @@ static void refresh_p(trans *s)
         s->pmin = c == 0 || s->P[c] < s->pmin ? s->P[c] : s->pmin;
     }
     s->o.ops += TR_NC;
+    rank_p(s);
     memset(s->corr, 0, sizeof s->corr);
     s->pgen++; /* every layer's least is of the old p */
 }
@@ -499,7 +532,7 @@ static inline void mv_move(trmv *m, uint32_t e, uint16_t c)
     xe->cell = c;
     uint32_t v = m->where[e] < m->none ? m->where[e] : m->none, on;
     trslot *sv = &m->sl[v];
-    on = sv->cell != CELL_NONE;
+    on = sv->id != NIL;
     m->on |= on;
     m->ops += on;
     m->plist[m->pn] = v;
@@ -817,8 +850,7 @@ static int tr_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
         return -EINVAL;
     tr_used(s, id);
     uint32_t l = tr_layer_of(s, id);
-    ord_unfile(&s->o, l, slot);
-    ord_file(&s->o, l, slot, s->x[id].cell);
+    ord_file(&s->o, l, slot, id, s->x[id].cell);
     return 0;
 }
 
@@ -829,36 +861,46 @@ static void tr_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
         ord_unfile(&((trans *)p)->o, tr_layer_of((trans *)p, id), slot);
 }
 
-/* layer l's least resident of o (pinned ones skipped when unpinned_only:
- * walked over from each list's head), NIL when none: the least p, then
- * touched longer ago (keys are unique). A list's members are all of its
- * cell c: p is P[c], the head's key the list's least */
+/* layer l's least filed id of o (pinned ones skipped when unpinned_only),
+ * NIL when none: the least p, then touched longer ago (keys are unique).
+ * The least rank of p over the layer's non-empty cells, then the ids
+ * filed in the cells of that rank (mostly one); the next rank only where
+ * all of those are pinned */
 static uint32_t layer_least(const trans *m, const ferry__policy *p, trord *o, uint32_t l,
                             int unpinned_only)
 {
     const uint64_t *nz = o->nz + (size_t)l * TR_BMW;
-    const uint32_t *ht = o->ht + (size_t)l * TR_NC * 2;
-    const trslot *sl = o->sl;
-    uint32_t best = NIL, ops = 0;
-    double bp = 0;
-    uint64_t bk = 0;
-    for (uint32_t w = 0; w < TR_BMW; w++)
-        for (uint64_t bits = nz[w]; bits; bits &= bits - 1) {
-            uint32_t c = w * 64 + (uint32_t)__builtin_ctzll(bits), v = ht[2 * c];
-            ops++;
-            while (unpinned_only && v != NIL && ferry__pinned(p, v)) {
-                v = sl[v].nx;
+    const uint16_t *rk = m->rk;
+    uint32_t best = NIL, ops = 0, lo = 0, b = l * o->E;
+    uint64_t bk = UINT64_MAX;
+    for (;;) {
+        uint32_t r = UINT32_MAX, c1 = 0, ties = 0;
+        for (uint32_t w = 0; w < TR_BMW; w++)
+            for (uint64_t bits = nz[w]; bits; bits &= bits - 1) {
+                uint32_t c = w * 64 + (uint32_t)__builtin_ctzll(bits), rc = rk[c];
                 ops++;
+                if (rc < lo)
+                    continue;
+                ties = rc == r ? ties + 1 : rc < r ? 1 : ties;
+                c1 = rc < r ? c : c1;
+                r = rc < r ? rc : r;
             }
-            if (v == NIL)
-                continue;
-            double pc = m->P[c];
-            if (best == NIL || pc < bp || (pc == bp && sl[v].key < bk)) {
-                best = v;
-                bp = pc;
-                bk = sl[v].key;
-            }
+        if (r == UINT32_MAX)
+            break;
+        if (ties == 1) {
+            ord_cell_least(o, p, b, (uint16_t)c1, unpinned_only, &best, &bk);
+        } else {
+            for (uint32_t w = 0; w < TR_BMW; w++)
+                for (uint64_t bits = nz[w]; bits; bits &= bits - 1) {
+                    uint32_t c = w * 64 + (uint32_t)__builtin_ctzll(bits);
+                    if (rk[c] == r)
+                        ord_cell_least(o, p, b, (uint16_t)c, unpinned_only, &best, &bk);
+                }
         }
+        if (best != NIL || !unpinned_only)
+            break;
+        lo = r + 1;
+    }
     o->ops += ops;
     return best;
 }
@@ -895,7 +937,7 @@ static uint32_t tr_pick(const trans *m, const ferry__policy *p, trord *o)
 {
     uint32_t L = p->env.num_layers;
     trbest b = {NIL, 0, 1, 0};
-    ord_flush(o, m->x, p->env.occupant);
+    ord_flush(o, m->x);
     for (uint32_t i = 0, l = m->layer; i < L; i++, l = l ? l - 1 : L - 1) {
         double d = (double)(L - i); /* (l + L - layer) % L, 0 read as L */
         if (b.slot != NIL && b.p * d < m->pmin * b.d)
@@ -905,16 +947,16 @@ static uint32_t tr_pick(const trans *m, const ferry__policy *p, trord *o)
             o->least[l] = layer_least(m, p, o, l, 0);
             o->lgen[l] = m->pgen;
         }
-        uint32_t v = o->least[l];
-        if (v == NIL || (ferry__pinned(p, v) && (v = layer_least(m, p, o, l, 1)) == NIL))
+        uint32_t v = o->least[l]; /* (an id) */
+        if (v == NIL || (ferry__pinned(p, o->fs[v]) && (v = layer_least(m, p, o, l, 1)) == NIL))
             continue;
-        best_offer(&b, v, m->P[o->sl[v].cell], d, o->sl[v].key);
+        best_offer(&b, o->fs[v], m->P[o->fc[v]], d, o->key[v]);
     }
     return b.slot;
 }
 
 /* the same rule by a scan of every slot, with p from the model's cells:
- * the reference the tests hold the lists to (ferry__transition_verify) */
+ * the reference the tests hold the order to (ferry__transition_verify) */
 static uint32_t tr_scan_all(const trans *m, const ferry__policy *p, const trord *o)
 {
     uint32_t L = p->env.num_layers, E = p->env.num_experts;
@@ -922,20 +964,22 @@ static uint32_t tr_scan_all(const trans *m, const ferry__policy *p, const trord 
     for (uint32_t l = 0; l < L; l++) {
         uint32_t best = NIL;
         double bp = 0;
+        uint64_t bk = 0;
         for (uint32_t v = 0; v < p->env.slots; v++) {
             uint32_t id = p->env.occupant[v];
             if (id == FERRY_MOE_NONE || id / E != l || ferry__pinned(p, v))
                 continue;
             double pv = m->P[m->x[id].cell];
-            if (best == NIL || pv < bp || (pv == bp && o->sl[v].key < o->sl[best].key)) {
+            if (best == NIL || pv < bp || (pv == bp && o->key[id] < bk)) {
                 best = v;
                 bp = pv;
+                bk = o->key[id];
             }
         }
         if (best == NIL)
             continue;
         uint32_t d = (l + L - m->layer) % L;
-        best_offer(&b, best, bp, d ? (double)d : (double)L, o->sl[best].key);
+        best_offer(&b, best, bp, d ? (double)d : (double)L, bk);
     }
     return b.slot;
 }
@@ -1024,8 +1068,7 @@ static int tf_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
     if (!f->lead || slot >= p->env.slots || id >= p->env.num_layers * p->env.num_experts)
         return -EINVAL;
     uint32_t l = tr_layer_of(f->lead, id);
-    ord_unfile(&f->o, l, slot);
-    ord_file(&f->o, l, slot, f->lead->x[id].cell);
+    ord_file(&f->o, l, slot, id, f->lead->x[id].cell);
     return 0;
 }
 

@@ -1,124 +1,124 @@
 /*
  * tr_order.h - transition's order over a set of slots (policy_transition.c):
- * per (layer, cell) an intrusive list of the cell's resident slots, the
- * least recently touched (filed, moved in, used) first, and per layer the
- * cached least. A touch is O(1): the slot is listed once and filed again
- * at the end of its cell's list before the next victim (ord_flush), in the
- * order first touched. Static functions for that one file; it defines
- * TR_NC, TR_BMW, NIL, CELL_NONE and struct trx before this.
+ * which cell each filed id is in, when it was last touched (filed, moved
+ * in, used: the order's clock), and per (layer, cell) how many are filed;
+ * per layer the cached least. A touch is O(1): the slot is listed once and
+ * its id keyed again (and its cell's count moved) before the next victim
+ * (ord_flush), in the order first touched. A layer's least is found from
+ * its non-empty cells' ranks of p and a pass over the layer's ids of the
+ * least ones (E ids, eight a compare): nothing grows with the slots.
+ * Static functions for that one file; it defines TR_NC, TR_BMW, NIL,
+ * CELL_NONE and struct trx before this.
  */
 #ifndef FERRY_MOE_TR_ORDER_H
 #define FERRY_MOE_TR_ORDER_H
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
-/* ---- the order over a set of slots: per (layer, cell) a list of its
- * residents, the least recently touched (filed, moved in, used) first;
- * per layer the cached least ---- */
 typedef struct trslot {
-    uint64_t key;   /* when it was last touched (the order's clock) */
-    uint32_t nx, pv; /* its list's next and previous; NIL at the ends */
-    uint16_t cell;  /* the cell it is filed in, CELL_NONE */
+    uint32_t id;    /* the id filed in it, NIL: none */
     uint16_t layer; /* while filed: its layer */
     uint8_t pend;   /* touched since the last victim */
+    uint8_t pad;
 } trslot;
-_Static_assert(sizeof(trslot) == 24, "a slot's order fields are 24 bytes");
+_Static_assert(sizeof(trslot) == 8, "a slot's order fields are 8 bytes");
 
 typedef struct trord {
     trslot *sl;          /* per slot, and sl[n]: a slot never filed */
-    uint32_t *ht;        /* [L][TR_NC][2]: head, tail */
-    uint64_t *nz;        /* [L][TR_BMW]: non-empty lists */
-    uint32_t *least;     /* [L]: least resident, pinned ones too; NIL: empty */
+    uint16_t *fc;        /* per id: the cell it is filed in, CELL_NONE: not filed */
+    uint32_t *fs;        /* per id: its slot while filed */
+    uint64_t *key;       /* per id: when it was last touched (the order's clock) */
+    uint16_t *cnt;       /* [L][TR_NC]: ids filed in each cell */
+    uint64_t *nz;        /* [L][TR_BMW]: cells with one filed */
+    uint32_t *least;     /* [L]: least filed id, pinned ones too; NIL: none */
     uint64_t *lgen;      /* [L]: the p refresh the least is of; 0: find again */
     uint32_t *plist, pn; /* the touched slots, in the order first touched */
     uint64_t clock;
-    uint32_t n;          /* slots */
+    uint32_t n, E;       /* slots; experts a layer */
     uint64_t ops;        /* work done: events, filings, layers and cells visited (tests) */
 } trord;
 
 static void ord_fini(trord *o)
 {
-    ferry__free(o->sl);
-    ferry__free(o->ht);
-    ferry__free(o->nz);
-    ferry__free(o->least);
-    ferry__free(o->lgen);
-    ferry__free(o->plist);
+    void *arr[] = {o->sl, o->fc, o->fs, o->key, o->cnt, o->nz, o->least, o->lgen, o->plist};
+    for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
+        ferry__free(arr[i]);
     memset(o, 0, sizeof *o);
 }
 
 static int ord_init(trord *o, const ferry__policy_env *env)
 {
-    uint32_t n = env->slots, L = env->num_layers;
+    uint32_t n = env->slots, L = env->num_layers, E = env->num_experts;
+    size_t ids = (size_t)L * E;
     o->sl = ferry__malloc(((size_t)n + 1) * sizeof *o->sl);
-    o->ht = ferry__malloc((size_t)L * TR_NC * 2 * sizeof *o->ht);
+    o->fc = ferry__malloc(ids * sizeof *o->fc);
+    o->fs = ferry__calloc(ids, sizeof *o->fs);
+    o->key = ferry__calloc(ids, sizeof *o->key);
+    o->cnt = ferry__calloc((size_t)L * TR_NC, sizeof *o->cnt);
     o->nz = ferry__calloc((size_t)L * TR_BMW, sizeof *o->nz);
     o->least = ferry__malloc((size_t)L * sizeof *o->least);
     o->lgen = ferry__calloc(L, sizeof *o->lgen);
     o->plist = ferry__malloc(((size_t)n + 1) * sizeof *o->plist);
-    if (!o->sl || !o->plist || !o->ht || !o->nz || !o->least || !o->lgen) {
+    if (!o->sl || !o->fc || !o->fs || !o->key || !o->cnt || !o->nz || !o->least || !o->lgen ||
+        !o->plist) {
         ord_fini(o);
         return -ENOMEM;
     }
     for (size_t v = 0; v <= n; v++) /* (written now: the pages fault in at create) */
-        o->sl[v] = (trslot){0, NIL, NIL, CELL_NONE, 0, 0};
+        o->sl[v] = (trslot){NIL, 0, 0, 0};
+    memset(o->fc, 0xff, ids * sizeof *o->fc);
     o->n = n;
-    memset(o->ht, 0xff, (size_t)L * TR_NC * 2 * sizeof *o->ht);
+    o->E = E;
     memset(o->least, 0xff, (size_t)L * sizeof *o->least);
     return 0;
 }
 
-/* slot (of layer l) at the end of cell c's list, touched now; not filed
- * before */
-static void ord_file(trord *o, uint32_t l, uint32_t slot, uint16_t c)
-{
-    uint32_t *ht = o->ht + ((size_t)l * TR_NC + c) * 2;
-    trslot *s = &o->sl[slot];
-    s->cell = c;
-    s->layer = (uint16_t)l;
-    s->key = ++o->clock;
-    s->nx = NIL;
-    s->pv = ht[1];
-    if (ht[1] != NIL)
-        o->sl[ht[1]].nx = slot;
-    else
-        ht[0] = slot;
-    ht[1] = slot;
-    o->nz[(size_t)l * TR_BMW + c / 64] |= 1ull << (c % 64);
-    o->lgen[l] = 0;
-    o->ops++;
-}
-
-/* slot (of layer l) off its list; nothing if not filed */
+/* slot's id off its cell; nothing if none is filed there */
 static void ord_unfile(trord *o, uint32_t l, uint32_t slot)
 {
     trslot *s = &o->sl[slot];
-    uint16_t c = s->cell;
-    if (c == CELL_NONE)
+    uint32_t id = s->id;
+    if (id == NIL)
         return;
-    uint32_t *ht = o->ht + ((size_t)l * TR_NC + c) * 2, a = s->pv, b = s->nx;
-    if (a != NIL)
-        o->sl[a].nx = b;
-    else
-        ht[0] = b;
-    if (b != NIL)
-        o->sl[b].pv = a;
-    else
-        ht[1] = a;
-    if (ht[0] == NIL)
-        o->nz[(size_t)l * TR_BMW + c / 64] &= ~(1ull << (c % 64));
-    s->cell = CELL_NONE;
-    s->nx = s->pv = NIL;
+    size_t lc = (size_t)s->layer * TR_NC;
+    uint16_t c = o->fc[id];
+    if (--o->cnt[lc + c] == 0)
+        o->nz[(size_t)s->layer * TR_BMW + c / 64] &= ~(1ull << (c % 64));
+    o->fc[id] = CELL_NONE;
+    s->id = NIL;
+    o->lgen[l] = 0;
+    o->lgen[s->layer] = 0;
+    o->ops++;
+}
+
+/* id (of layer l) filed in slot and cell c, touched now (its slot empty:
+ * unfiled first; the id's slot before, if it is filed elsewhere, too) */
+static void ord_file(trord *o, uint32_t l, uint32_t slot, uint32_t id, uint16_t c)
+{
+    if (o->fc[id] != CELL_NONE)
+        ord_unfile(o, l, o->fs[id]);
+    ord_unfile(o, l, slot);
+    trslot *s = &o->sl[slot];
+    s->id = id;
+    s->layer = (uint16_t)l;
+    o->fc[id] = c;
+    o->fs[id] = slot;
+    o->key[id] = ++o->clock;
+    if (o->cnt[(size_t)l * TR_NC + c]++ == 0)
+        o->nz[(size_t)l * TR_BMW + c / 64] |= 1ull << (c % 64);
     o->lgen[l] = 0;
     o->ops++;
 }
 
 /* a filed slot (of layer l) is touched: its expert was used or moved to
- * another cell. It goes to the end of its cell's list before the next
+ * another cell. Its id is keyed again, in its cell now, before the next
  * victim is chosen (ord_flush): O(1) now, once however often touched. */
 static inline void ord_touch(trord *o, uint32_t l, uint32_t slot)
 {
     trslot *s = &o->sl[slot];
-    if (s->cell == CELL_NONE)
+    if (s->id == NIL)
         return;
     o->lgen[l] = 0;
     o->ops++;
@@ -136,7 +136,7 @@ static inline void ord_touch_any(trord *o, uint32_t l, uint32_t slot)
 {
     uint32_t v = slot < o->n ? slot : o->n;
     trslot *s = &o->sl[v];
-    uint32_t on = s->cell != CELL_NONE;
+    uint32_t on = s->id != NIL;
     o->lgen[l] &= (uint64_t)on - 1; /* filed: 0, find the least again */
     o->ops += on;
     o->plist[o->pn] = v;
@@ -144,47 +144,68 @@ static inline void ord_touch_any(trord *o, uint32_t l, uint32_t slot)
     s->pend |= (uint8_t)on;
 }
 
-/* every touched slot still filed, at the end of its expert's cell's list
- * now, in the order first touched (cell: per id, of the model): an
- * ord_unfile and an ord_file each, in one loop with the order's arrays in
- * registers. Its layer's least was dropped at the touch (lgen 0 till the
- * next pick), or at its filing since. */
-static void ord_flush(trord *o, const struct trx *x, const uint32_t *occupant)
+/* every touched slot still filed: its id in its cell of the model now
+ * (x, per id) and keyed again, in the order first touched. Its layer's
+ * least was dropped at the touch (lgen 0 till the next pick), or at its
+ * filing since. */
+static void ord_flush(trord *o, const struct trx *x)
 {
-    uint32_t *ht = o->ht, *plist = o->plist, pn = o->pn;
-    uint64_t *nz = o->nz, clock = o->clock;
+    uint32_t *plist = o->plist, pn = o->pn;
+    uint64_t *nz = o->nz, *key = o->key, clock = o->clock;
+    uint16_t *fc = o->fc, *cnt = o->cnt;
     trslot *sl = o->sl;
     for (uint32_t i = 0; i < pn; i++) {
-        uint32_t slot = plist[i], id = occupant[slot];
-        trslot *s = &sl[slot];
+        trslot *s = &sl[plist[i]];
+        uint32_t id = s->id;
         s->pend = 0;
-        uint32_t c = s->cell;
-        if (c == CELL_NONE || id == FERRY_MOE_NONE)
+        if (id == NIL)
             continue;
-        uint32_t nc = x[id].cell, a = s->pv, b = s->nx;
         size_t l = s->layer;
-        uint32_t *lh = ht + l * (2 * TR_NC), *h = lh + 2 * c, *g = lh + 2 * nc;
+        uint32_t c = fc[id], nc = x[id].cell;
+        uint16_t *lc = cnt + l * TR_NC;
         uint64_t *lz = nz + l * TR_BMW;
-        *(a != NIL ? &sl[a].nx : &h[0]) = b;
-        *(b != NIL ? &sl[b].pv : &h[1]) = a;
-        if ((a & b) == NIL) /* (its list empty now: a and b both NIL) */
-            lz[c / 64] &= ~(1ull << (c % 64));
-        uint32_t t = g[1]; /* (read after the unlink: the same list, maybe) */
-        if (t != NIL) {
-            sl[t].nx = slot;
-        } else { /* (its list was empty) */
-            g[0] = slot;
-            lz[nc / 64] |= 1ull << (nc % 64);
-        }
-        g[1] = slot;
-        s->pv = t;
-        s->nx = NIL;
-        s->cell = (uint16_t)nc;
-        s->key = ++clock;
+        /* (no branch on whether the cell changed: a count down and up) */
+        uint32_t left = --lc[c];
+        lz[c / 64] &= ~((uint64_t)(left == 0) << (c % 64));
+        lc[nc]++;
+        lz[nc / 64] |= 1ull << (nc % 64);
+        fc[id] = (uint16_t)nc;
+        key[id] = ++clock;
     }
     o->ops += 2 * (uint64_t)(clock - o->clock);
     o->clock = clock;
     o->pn = 0;
+}
+
+/* the least-keyed of layer l's ids (b its first) filed in cell c, pinned
+ * ones skipped when unpinned_only; best and bk the least so far */
+static void ord_cell_least(trord *o, const ferry__policy *p, uint32_t b, uint16_t c,
+                           int unpinned_only, uint32_t *best, uint64_t *bk)
+{
+    const uint16_t *fc = o->fc + b;
+    const uint64_t *key = o->key + b;
+    uint32_t E = o->E, e = 0;
+#if defined(__SSE2__)
+    __m128i cv = _mm_set1_epi16((short)c);
+    for (; e + 8 <= E; e += 8) {
+        uint32_t m = (uint32_t)_mm_movemask_epi8(
+                         _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)(const void *)(fc + e)), cv)) &
+                     0x5555u;
+        for (; m; m &= m - 1) {
+            uint32_t i = e + (uint32_t)__builtin_ctz(m) / 2;
+            if (key[i] < *bk && !(unpinned_only && ferry__pinned(p, o->fs[b + i]))) {
+                *best = b + i;
+                *bk = key[i];
+            }
+        }
+    }
+    o->ops += E / 8;
+#endif
+    for (; e < E; e++)
+        if (fc[e] == c && key[e] < *bk && !(unpinned_only && ferry__pinned(p, o->fs[b + e]))) {
+            *best = b + e;
+            *bk = key[e];
+        }
 }
 
 #endif
