@@ -1869,6 +1869,55 @@ static void test_reset_marker_outlives_a_device_renumbered(void **state)
     ft_rmtree(b);
 }
 
+/*
+ * A reset refused before it dropped the journal (here b's marker cannot be
+ * written: a directory stands at its temporary name) changed nothing: the
+ * marker it had written in a goes too, the store opens as it was, and an
+ * open of a alone is refused for the journal's drive count, not as a
+ * reset that was interrupted (before: a's marker stayed, naming a and b).
+ */
+static void test_reset_refused_before_the_journal_leaves_no_marker(void **state)
+{
+    (void)state;
+    char a[256], b[256], tmp_b[600];
+    ft_tmpdir(a, sizeof a);
+    ft_tmpdir(b, sizeof b);
+    const char *dirs[] = {a, b}, *one[] = {a};
+    ferry_pslab_options o = opts(dirs, 2, 8 * MiB);
+    o.engine = "posix";
+    ferry_pslab *p = open_ok(&o);
+    put_k(p, 1, 1);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+
+    snprintf(tmp_b, sizeof tmp_b, "%s/%s.tmp", b, FERRY_PSLAB_RESET_MARK);
+    assert_int_equal(mkdir(tmp_b, 0700), 0);
+    ferry_pslab_options r = o;
+    r.flags = FERRY_PSLAB_RESET;
+    r.bytes = 0;
+    p = NULL;
+    int rc = ferry_pslab_open(&r, &p);
+    assert_true(rc < 0);
+    assert_non_null(strstr(ferry_last_error(), "reset marker"));
+    assert_true(has_file(a, FERRY_PSLAB_JOURNAL));
+    assert_false(has_file(a, FERRY_PSLAB_RESET_MARK));
+    assert_false(has_file(b, FERRY_PSLAB_RESET_MARK));
+
+    ferry_pslab_options q = opts(one, 1, 0);
+    q.engine = "posix";
+    q.flags = FERRY_PSLAB_READONLY;
+    assert_int_equal(ferry_pslab_open(&q, &p), FERRY_EMISMATCH);
+    assert_null(strstr(ferry_last_error(), "interrupted"));
+    assert_int_equal(rmdir(tmp_b), 0);
+    o.flags = FERRY_PSLAB_READONLY;
+    p = open_ok(&o);
+    ferry_pslab_stats st = FERRY_PSLAB_STATS_INIT;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &st));
+    assert_int_equal(st.chunks, 1);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(a);
+    ft_rmtree(b);
+}
+
 static void test_power_loss_in_batch_mode_keeps_every_synced_chunk(void **state)
 {
     (void)state;
@@ -2516,6 +2565,7 @@ int main(void)
         cmocka_unit_test(test_power_loss_keeps_every_acknowledged_chunk),
         cmocka_unit_test(test_power_loss_in_a_two_drive_reset),
         cmocka_unit_test(test_reset_marker_outlives_a_device_renumbered),
+        cmocka_unit_test(test_reset_refused_before_the_journal_leaves_no_marker),
         cmocka_unit_test(test_batch_puts_are_visible_at_once_and_durable_at_commit),
         cmocka_unit_test(test_batch_commits_run_on_the_flusher_and_bound_the_queue),
         cmocka_unit_test(test_put_of_many_segments_at_depth_16),
