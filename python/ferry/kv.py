@@ -891,8 +891,11 @@ class KVStore(Closing):
         returns (an L2's l2_writing, a remote put's read lock; a remote put
         still queued would land after the delete), so they are flushed
         first, and a lock another thread holds a moment (a retrieve copying
-        them out) is waited for up to _FORGET_WAIT_S. None once deleted,
-        else why some of it stays (a pin held on, the store closed)."""
+        them out) is waited for up to _FORGET_WAIT_S. The delete is then
+        synced: a persistent L2 may hold the write-through durably already
+        (another thread's sync), and a crash must not bring it back. None
+        once deleted, else why some of it stays (a pin held on, the store
+        closed, the sync failed)."""
         try:
             self._call(lib.ferry_kv_flush)
             until = time.monotonic() + self._FORGET_WAIT_S
@@ -901,12 +904,15 @@ class KVStore(Closing):
                 if rc != ELOCKED or time.monotonic() >= until:
                     break
                 time.sleep(0.002)
+            why = None if rc >= 0 else lib.ferry_last_error().decode(errors="replace")
+            synced = self._call(lib.ferry_kv_sync)
+            if rc >= 0 and synced < 0:
+                rc, why = synced, lib.ferry_last_error().decode(errors="replace")
         except FerryError as e:
             return f"the store was closed first ({e.message})"
         if rc >= 0:
             return None
-        msg = lib.ferry_last_error().decode(errors="replace")
-        return f"{msg or strerror(rc)} ({err_name(rc)})"
+        return f"{why or strerror(rc)} ({err_name(rc)})"
 
     def _forget_stored(self, arr, req):
         return self._forget(lib.ferry_kv_delete,

@@ -249,3 +249,38 @@ def test_a_moved_store_whose_chunks_stay_locked_says_so():
         s.close()
         print("ok")
     """)
+
+
+def test_a_moved_store_deletion_outlives_a_crash(tmp_path):
+    # with a persistent L2, the junk's write-through may be made durable
+    # (here another thread's sync as the call returns) before the delete:
+    # the delete must be durable too, or a crash brings the junk back on
+    # the next open (before: all 64 tokens found after the restart)
+    l2 = str(tmp_path / "l2")
+    run_child("""
+        import os
+        s2 = ferry.KVStore("moved3", LAY, l1="16M", l2=%r + ":64M", persistent=True,
+                           chunk_tokens=16)
+        src = x.clone()
+        junk = []
+        def free_then_junk():
+            move(src, "resize_")
+            junk.append(torch.full((2 * 2 * N * 128,), 7.0, dtype=torch.bfloat16))
+        undo = wrapped("ferry_kv_store", free_then_junk, lambda: s2.sync())
+        e = efault(lambda: s2.store(toks, src))
+        undo()
+        assert "was deleted" in e.message, e
+        assert s2.lookup(toks) == 0
+        print("ok", flush=True)
+        os._exit(0)   # a crash: no close
+    """ % l2)
+    run_child("""
+        s2 = ferry.KVStore("moved3", LAY, l1="16M", l2=%r + ":64M", persistent=True,
+                           chunk_tokens=16)
+        assert s2.lookup(toks) == 0, s2.lookup(toks)
+        y = torch.zeros_like(x)
+        assert s2.retrieve(toks, y) == 0 and not y.any()
+        s2.close()
+        s.close()
+        print("ok")
+    """ % l2)
