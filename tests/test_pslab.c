@@ -1771,6 +1771,153 @@ static void test_power_loss_in_a_two_drive_reset(void **state)
 }
 
 
+static uint64_t le64_at(const uint8_t *b)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | b[i];
+    return v;
+}
+
+static void le64_put(uint8_t *b, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* dir's reset marker as the boot after a crash may see it: every drive's
+ * device numbered otherwise (its checksum made again to match) */
+static void renumber_mark_devices(const char *dir)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", dir, FERRY_PSLAB_RESET_MARK);
+    static uint8_t b[1 << 16];
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    size_t len = fread(b, 1, sizeof b, f);
+    assert_true(len > 48 && len < sizeof b);
+    uint32_t n = b[12] | (uint32_t)b[13] << 8, tag = b[36] | (uint32_t)b[37] << 8;
+    size_t off = 40 + tag;
+    for (uint32_t k = 0; k < n; k++) {
+        le64_put(b + off, le64_at(b + off) ^ 0x5a5a);
+        off += 20 + (b[off + 16] | (size_t)b[off + 17] << 8);
+    }
+    assert_int_equal(off, len - 8);
+    le64_put(b + len - 8, XXH3_64bits(b, len - 8));
+    rewind(f);
+    assert_int_equal(fwrite(b, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+}
+
+/*
+ * A reset of a two-drive slab that stopped after dropping the journal (here
+ * b's slab file could not be created) leaves its markers; the machine then
+ * boots with its drives numbered otherwise (st_dev is the block device's
+ * number, given by the order they were found in). The marker still names
+ * the directories given, by inode and path: a reset given both completes
+ * (it used to be refused, FERRY_EMISMATCH naming a drive that was given,
+ * with no way on but removing the markers by hand), and one given a alone
+ * is still refused.
+ */
+static void test_reset_marker_outlives_a_device_renumbered(void **state)
+{
+    (void)state;
+    char a[256], b[256], slab_b[600];
+    ft_tmpdir(a, sizeof a);
+    ft_tmpdir(b, sizeof b);
+    const char *dirs[] = {a, b}, *one[] = {a};
+    ferry_pslab_options o = opts(dirs, 2, 8 * MiB);
+    o.engine = "posix";
+    ferry_pslab *p = open_ok(&o);
+    put_k(p, 1, 1);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+
+    snprintf(slab_b, sizeof slab_b, "%s/%s", b, FERRY_PSLAB_FILE);
+    assert_int_equal(unlink(slab_b), 0);
+    assert_int_equal(mkdir(slab_b, 0700), 0); /* (its slab file cannot be made) */
+    ferry_pslab_options r = o;
+    r.flags = FERRY_PSLAB_RESET;
+    r.bytes = 0;
+    p = NULL;
+    assert_true(ferry_pslab_open(&r, &p) < 0);
+    assert_true(has_file(a, FERRY_PSLAB_RESET_MARK) && has_file(b, FERRY_PSLAB_RESET_MARK));
+    assert_false(has_file(a, FERRY_PSLAB_JOURNAL));
+    assert_int_equal(rmdir(slab_b), 0);
+    renumber_mark_devices(a);
+    renumber_mark_devices(b);
+
+    ferry_pslab_options q = opts(one, 1, 0);
+    q.engine = "posix";
+    q.flags = FERRY_PSLAB_READONLY;
+    assert_int_equal(ferry_pslab_open(&q, &p), FERRY_EMISMATCH);
+    assert_non_null(strstr(ferry_last_error(), b));
+
+    p = NULL;
+    int rc = ferry_pslab_open(&r, &p);
+    if (rc != 0)
+        fail_msg("a reset given both drives after they were renumbered: %d: %s", rc,
+                 ferry_last_error());
+    ferry_pslab_stats st = FERRY_PSLAB_STATS_INIT;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &st));
+    assert_int_equal(st.drives, 2);
+    assert_int_equal(st.chunks, 0);
+    assert_int_equal(st.capacity, 8 * MiB);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    assert_false(has_file(a, FERRY_PSLAB_RESET_MARK));
+    assert_false(has_file(b, FERRY_PSLAB_RESET_MARK));
+    ft_rmtree(a);
+    ft_rmtree(b);
+}
+
+/*
+ * A reset refused before it dropped the journal (here b's marker cannot be
+ * written: a directory stands at its temporary name) changed nothing: the
+ * marker it had written in a goes too, the store opens as it was, and an
+ * open of a alone is refused for the journal's drive count, not as a
+ * reset that was interrupted (before: a's marker stayed, naming a and b).
+ */
+static void test_reset_refused_before_the_journal_leaves_no_marker(void **state)
+{
+    (void)state;
+    char a[256], b[256], tmp_b[600];
+    ft_tmpdir(a, sizeof a);
+    ft_tmpdir(b, sizeof b);
+    const char *dirs[] = {a, b}, *one[] = {a};
+    ferry_pslab_options o = opts(dirs, 2, 8 * MiB);
+    o.engine = "posix";
+    ferry_pslab *p = open_ok(&o);
+    put_k(p, 1, 1);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+
+    snprintf(tmp_b, sizeof tmp_b, "%s/%s.tmp", b, FERRY_PSLAB_RESET_MARK);
+    assert_int_equal(mkdir(tmp_b, 0700), 0);
+    ferry_pslab_options r = o;
+    r.flags = FERRY_PSLAB_RESET;
+    r.bytes = 0;
+    p = NULL;
+    int rc = ferry_pslab_open(&r, &p);
+    assert_true(rc < 0);
+    assert_non_null(strstr(ferry_last_error(), "reset marker"));
+    assert_true(has_file(a, FERRY_PSLAB_JOURNAL));
+    assert_false(has_file(a, FERRY_PSLAB_RESET_MARK));
+    assert_false(has_file(b, FERRY_PSLAB_RESET_MARK));
+
+    ferry_pslab_options q = opts(one, 1, 0);
+    q.engine = "posix";
+    q.flags = FERRY_PSLAB_READONLY;
+    assert_int_equal(ferry_pslab_open(&q, &p), FERRY_EMISMATCH);
+    assert_null(strstr(ferry_last_error(), "interrupted"));
+    assert_int_equal(rmdir(tmp_b), 0);
+    o.flags = FERRY_PSLAB_READONLY;
+    p = open_ok(&o);
+    ferry_pslab_stats st = FERRY_PSLAB_STATS_INIT;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &st));
+    assert_int_equal(st.chunks, 1);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(a);
+    ft_rmtree(b);
+}
+
 static void test_power_loss_in_batch_mode_keeps_every_synced_chunk(void **state)
 {
     (void)state;
@@ -2417,6 +2564,8 @@ int main(void)
         cmocka_unit_test(test_forget_is_durable_with_the_next_commit_only),
         cmocka_unit_test(test_power_loss_keeps_every_acknowledged_chunk),
         cmocka_unit_test(test_power_loss_in_a_two_drive_reset),
+        cmocka_unit_test(test_reset_marker_outlives_a_device_renumbered),
+        cmocka_unit_test(test_reset_refused_before_the_journal_leaves_no_marker),
         cmocka_unit_test(test_batch_puts_are_visible_at_once_and_durable_at_commit),
         cmocka_unit_test(test_batch_commits_run_on_the_flusher_and_bound_the_queue),
         cmocka_unit_test(test_put_of_many_segments_at_depth_16),

@@ -4,6 +4,7 @@ import ctypes
 import errno
 import os
 import threading
+import time
 
 import numpy as np
 
@@ -12,7 +13,7 @@ from ._handle import CallGuard, Closing, Opened
 from ._buffers import (CACHE_LAYOUTS, Buffer, DeviceMem, cache_planes, describe, dtype_code,
                        dtype_name, is_torch, paged_geometry, tokens_array)
 from ._lib import lib
-from .errors import FerryError, check
+from .errors import ELOCKED, FerryError, check, err_name, strerror
 
 TIER_NONE, TIER_L1, TIER_L2, TIER_REMOTE = 0, 1, 2, 3
 TIER_NAMES = {TIER_NONE: "none", TIER_L1: "l1", TIER_L2: "l2", TIER_REMOTE: "remote"}
@@ -228,6 +229,7 @@ class Op:
         self._result = None
         self._moved = None    # (tensor, address) of a buffer that moved in flight
         self._stores = call.startswith("store")
+        self._left = None     # why a moved store's delete left some of it (_forget)
         self._guard = CallGuard(call)
         self._freed = threading.Event()   # set once free() kept the end and let go
 
@@ -259,7 +261,7 @@ class Op:
             buf = keep[0] if keep else None
             self._moved = buf.moved_from() if buf is not None else None
             if self._moved is not None and self._stores and rc != -errno.ECANCELED:
-                self._kv._forget_stored(keep[2], keep[1])
+                self._left = self._kv._forget_stored(keep[2], keep[1])
             self._result = rc
 
     def _outcome(self):
@@ -270,7 +272,8 @@ class Op:
         if rc < 0:
             raise FerryError(rc, None, self._call)
         if self._moved is not None:
-            raise _moved_error(self._moved, "operation", self._stores, self._call)
+            raise _moved_error(self._moved, "operation", self._stores, self._call,
+                               self._left)
         return rc
 
     def wait(self, timeout=None):
@@ -342,13 +345,19 @@ class Op:
             pass
 
 
-def _moved_error(moved, what, store, call):
+def _moved_error(moved, what, store, call, left=None):
     """FerryError (EFAULT) for a call or operation whose tensor moved while it
     ran (another thread's resize_, set_ or .data =): moved is (the tensor,
-    the address the call took)."""
+    the address the call took); left: why a store's delete of what it
+    stored did not take it all (KVStore._forget), or None."""
     t, addr = moved
-    end = ("what it stored was deleted (it may have read memory torch freed under it)" if store
-           else "it does not hold the bytes loaded")
+    if not store:
+        end = "it does not hold the bytes loaded"
+    elif left is None:
+        end = "what it stored was deleted (it may have read memory torch freed under it)"
+    else:
+        end = ("what it stored (it may have read memory torch freed under it) could not all "
+               f"be deleted: {left}")
     until = "wait() returns" if what == "operation" else "the call returns"
     return FerryError(-errno.EFAULT, f"a tensor of the {what} was resized or given other "
                       f"memory while the {what} ran (its data_ptr moved from {addr:#x} to "
@@ -870,21 +879,45 @@ class KVStore(Closing):
         moved = buf.moved_from() if buf.addrs else None
         if moved is None:
             return
-        if not writable:
-            forget()
-        raise _moved_error(moved, "call", not writable, name)
+        left = forget() if not writable else None
+        raise _moved_error(moved, "call", not writable, name, left)
+
+    # how long a moved store's delete waits for a lock on what it stored
+    _FORGET_WAIT_S = 2.0
 
     def _forget(self, fn, *args):
         """fn(handle, *args), a delete of what a store whose source moved
-        stored; on a store closed meanwhile there is nothing to delete from."""
+        stored. The store's own write-throughs hold those chunks as it
+        returns (an L2's l2_writing, a remote put's read lock; a remote put
+        still queued would land after the delete), so they are flushed
+        first, and a lock another thread holds a moment (a retrieve copying
+        them out) is waited for up to _FORGET_WAIT_S. The delete is then
+        synced: a persistent L2 may hold the write-through durably already
+        (another thread's sync), and a crash must not bring it back. None
+        once deleted, else why some of it stays (a pin held on, the store
+        closed, the sync failed)."""
         try:
-            self._call(fn, *args)
-        except FerryError:
-            pass
+            self._call(lib.ferry_kv_flush)
+            until = time.monotonic() + self._FORGET_WAIT_S
+            while True:
+                rc = self._call(fn, *args)
+                if rc != ELOCKED or time.monotonic() >= until:
+                    break
+                time.sleep(0.002)
+            why = None if rc >= 0 else lib.ferry_last_error().decode(errors="replace")
+            synced = self._call(lib.ferry_kv_sync)
+            if rc >= 0 and synced < 0:
+                rc, why = synced, lib.ferry_last_error().decode(errors="replace")
+        except FerryError as e:
+            return f"the store was closed first ({e.message})"
+        if rc >= 0:
+            return None
+        return f"{why or strerror(rc)} ({err_name(rc)})"
 
     def _forget_stored(self, arr, req):
-        self._forget(lib.ferry_kv_delete, arr.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
-                     arr.size, req.ptr())
+        return self._forget(lib.ferry_kv_delete,
+                            arr.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), arr.size,
+                            req.ptr())
 
     def store(self, tokens, kv, block_table=None, *, salt=None, partial=False, statuses=False):
         """Store the KV of `tokens` from `kv`: vLLM's per-layer paged caches with

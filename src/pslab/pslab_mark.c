@@ -13,8 +13,10 @@
  * is in place (the first directory's last). An open that finds a marker
  * in any directory it is given is refused (FERRY_EMISMATCH, nothing
  * changed) unless it is given exactly the drives the marker names, and
- * the refusal names the first one missing. A writable open given them
- * removes the markers once its store is whole.
+ * the refusal names the first one missing (a drive is known by its inode
+ * and device, or by its inode and real path: st_dev is the block device's
+ * number, which the boot after a crash may give otherwise). A writable
+ * open given them removes the markers once its store is whole.
  *
  * It keeps the slab's size, stripe, alignment and tag too, so a reset
  * that finds the first drive's header gone (the crash came between its
@@ -210,6 +212,21 @@ static int mark_read(const char *path, uint8_t *buf, mark *m)
     return rc < 0 ? rc : mark_decode(buf, len, m);
 }
 
+/* directory dir is the marker's drive k: the same inode on the same device,
+ * or, the device numbered otherwise (the boot after the crash that left the
+ * marker may enumerate the drives in another order: st_dev is the block
+ * device's number), the same inode at the same real path */
+static int same_dir(const char *dir, const mark *m, unsigned k)
+{
+    struct stat st;
+    if (stat(dir, &st) != 0 || (uint64_t)st.st_ino != m->ino[k])
+        return 0;
+    if ((uint64_t)st.st_dev == m->dev[k])
+        return 1;
+    char real[PATH_MAX_];
+    return realpath(dir, real) && strcmp(real, m->path[k]) == 0;
+}
+
 /* the marker m (read from path) names exactly p's directories: 0, else
  * FERRY_EMISMATCH naming the first drive missing (or the one too many) */
 static int mark_match(ferry_pslab *p, const mark *m, const char *path)
@@ -217,9 +234,8 @@ static int mark_match(ferry_pslab *p, const mark *m, const char *path)
     int given[FERRY_PSLAB_MAX_DIRS] = {0};
     for (unsigned k = 0; k < m->n; k++) {
         unsigned i = 0;
-        for (struct stat st; i < p->n_dirs; i++)
-            if (stat(p->dirs[i], &st) == 0 && (uint64_t)st.st_dev == m->dev[k] &&
-                (uint64_t)st.st_ino == m->ino[k])
+        for (; i < p->n_dirs; i++)
+            if (same_dir(p->dirs[i], m, k))
                 break;
         if (i == p->n_dirs)
             return ferry__pslab_fail(p, FERRY_EMISMATCH,

@@ -249,6 +249,21 @@ static int old_header(ferry_pslab *p, ferry__pslab_hdr *h, uint8_t *blk)
     return ferry__pslab_hdr_decode(blk, (size_t)n, h, NULL, 0);
 }
 
+/* a reset that failed with rc before it dropped the journal: nothing else
+ * was changed, so the markers it wrote go too (unless an earlier reset's
+ * were there: they still say what that one left); rc, its message kept */
+static int unmark(ferry_pslab *p, int rc, int marked)
+{
+    if (!marked) {
+        ferry__errbuf keep;
+        ferry__err_copy(&keep, &p->err, rc);
+        if (ferry__pslab_mark_clear(p) < 0)
+            FERRY_LOGW("%s", ferry__err_msg(&p->err));
+        ferry__err_copy(&p->err, &keep, rc);
+    }
+    return rc;
+}
+
 /*
  * FERRY_PSLAB_RESET: mark every directory as one slab being reset, then
  * drop the journal (without it the slab files are nobody's, so a crash
@@ -258,7 +273,7 @@ static int old_header(ferry_pslab *p, ferry__pslab_hdr *h, uint8_t *blk)
  * on (pslab_mark.c).
  */
 static int reset_store(ferry_pslab *p, const ferry_pslab_options *o, ferry_pslab_options *eff,
-                       ferry__pslab_markgeo *mg)
+                       ferry__pslab_markgeo *mg, int marked)
 {
     uint8_t *blk = ferry__malloc(FERRY__PSLAB_HDR_BLOCK);
     if (!blk)
@@ -315,13 +330,13 @@ static int reset_store(ferry_pslab *p, const ferry_pslab_options *o, ferry_pslab
         memcpy(mg->tag, p->tag, p->tag_len);
     int rc = ferry__pslab_mark_write(p, mg);
     if (rc < 0)
-        return rc;
+        return unmark(p, rc, marked);
     char tmp[PATH_MAX_];
     snprintf(tmp, sizeof tmp, "%s/%s", p->dirs[0], FERRY__PSLAB_JOURNAL_TMP);
     unlink(tmp);
     if (unlink(p->jpath) != 0 && errno != ENOENT)
-        return ferry__err_set(&p->err, -errno, "pslab: reset: removing journal %s: %s",
-                              p->jpath, strerror(errno));
+        return unmark(p, ferry__err_set(&p->err, -errno, "pslab: reset: removing journal %s: "
+                                        "%s", p->jpath, strerror(errno)), marked);
     rc = ferry__pslab_fsync_dir(p->dirs[0]);
     if (rc < 0)
         return ferry__err_set(&p->err, rc, "pslab: reset: fsync of directory %s: %s",
@@ -572,7 +587,7 @@ int ferry_pslab_open(const ferry_pslab_options *uo, ferry_pslab **out)
         goto out;
     }
     if ((rc = ferry__pslab_mark_check(p, &marked, mg)) == 0 && (o->flags & FERRY_PSLAB_RESET))
-        rc = reset_store(p, o, &eff, mg);
+        rc = reset_store(p, o, &eff, mg, marked);
     ferry__free(mg);
     if (rc < 0)
         goto out;
