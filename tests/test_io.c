@@ -6,7 +6,8 @@
  * completion seam (uring): ENOSPC, EIO, short transfers, EINTR, EAGAIN;
  * O_DIRECT fallback, engine selection and probes, out-of-memory at every
  * allocation of open and submit, reap timeouts with a request held in the
- * seam, and independent engines on several threads at once.
+ * seam, independent engines on several threads at once, and a buffer
+ * registered on one thread while another drives the io.
  *
  * Every engine-dependent test runs once per engine (the prestate names it).
  */
@@ -20,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ferry_test.h"
@@ -331,6 +333,109 @@ static void registered_buffers_round_trip(void **state)
     assert_int_equal(ft_check_pattern(b, n, 5), -1);
     assert_int_equal(ferry_io_register_buffer(io, NULL, 10), -EINVAL);
     ferry_io_buffer_free(io, a);
+    FT_ASSERT_OK(ferry_file_close(f));
+    ferry_io_close(io);
+    free(b);
+}
+
+/* ---- registering beside the I/O (uring) ----
+ * ferry/io.h lets one thread register a buffer while another drives the
+ * io: the driver's requests from that buffer go the plain way until the
+ * registration returned, the fixed way after; every byte is right either
+ * way, and a race detector sees the table published, never torn. */
+static atomic_int g_reg_delay_ms, g_reg_fail, g_reg_calls;
+static int reg_hook(void *ctx, unsigned slot, void *base, size_t len)
+{
+    (void)ctx;
+    (void)slot;
+    (void)base;
+    (void)len;
+    atomic_fetch_add(&g_reg_calls, 1);
+    int ms = atomic_load(&g_reg_delay_ms);
+    struct timespec t = {0, (long)ms * 1000000};
+    nanosleep(&t, NULL);
+    return -atomic_load(&g_reg_fail);
+}
+
+static uint64_t vmpin_bytes(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    assert_non_null(f);
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f) && sscanf(line, "VmPin: %llu kB", &kb) != 1)
+        ;
+    fclose(f);
+    return (uint64_t)kb << 10;
+}
+
+typedef struct driver_arg {
+    ferry_io *io;
+    ferry_file *f;
+    char *buf; /* halves: written from the first, read into the second */
+    size_t half;
+    atomic_int stop;
+    unsigned rounds, failures;
+} driver_arg;
+
+static void *io_driver(void *p)
+{
+    driver_arg *a = p;
+    while (!atomic_load(&a->stop) || a->rounds < 4) {
+        unsigned seed = 100 + a->rounds++;
+        ft_fill_pattern(a->buf, a->half, seed);
+        memset(a->buf + a->half, 0, a->half);
+        if (ferry_io_pwrite(a->io, a->f, a->buf, a->half, 0) < 0 ||
+            ferry_io_pread(a->io, a->f, a->buf + a->half, a->half, 0) < 0 ||
+            ft_check_pattern(a->buf + a->half, a->half, seed) != -1)
+            a->failures++;
+    }
+    return NULL;
+}
+
+static void register_beside_io_on_another_thread(void **state)
+{
+    (void)state;
+    ferry_io *io = open_io("uring", 8, 256 << 10);
+    ferry_file *f = open_file(io, "regthr.bin", FERRY_FILE_DIRECT | FERRY_FILE_TRUNC);
+    size_t n = 8 << 20;
+    char *b = abuf(n);
+    memset(b, 0, n);
+    static ferry__sys t;
+    t = *ferry__sys_default();
+    t.uring_register = reg_hook;
+    ferry__sys_set(&t);
+    atomic_store(&g_reg_calls, 0);
+    atomic_store(&g_reg_delay_ms, 100); /* the driver's I/O runs meanwhile */
+    for (int round = 0; round < 2; round++) {
+        int fails = round == 1; /* the second: the engine refuses it */
+        atomic_store(&g_reg_fail, fails ? ENOMEM : 0);
+        uint64_t pin0 = vmpin_bytes();
+        driver_arg a = {.io = io, .f = f, .buf = b, .half = n / 2};
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, io_driver, &a), 0);
+        struct timespec ms20 = {0, 20000000};
+        nanosleep(&ms20, NULL);
+        int rc = ferry_io_register_buffer(io, b, n);
+        nanosleep(&ms20, NULL); /* more I/O, now fixed (or plain: refused) */
+        atomic_store(&a.stop, 1);
+        pthread_join(th, NULL);
+        assert_int_equal(a.failures, 0);
+        assert_true(a.rounds >= 4);
+        if (fails) {
+            assert_int_equal(rc, -ENOMEM);
+            assert_msg_has(ferry_io_last_error(io), "registering buffer");
+            assert_true(vmpin_bytes() < pin0 + n);
+            assert_int_equal(ferry_io_unregister_buffer(io, b), FERRY_ENOTFOUND);
+        } else {
+            FT_ASSERT_OK(rc);
+            assert_true(vmpin_bytes() >= pin0 + n); /* the kernel holds it */
+            FT_ASSERT_OK(ferry_io_unregister_buffer(io, b));
+            assert_true(vmpin_bytes() < pin0 + n);
+        }
+    }
+    assert_int_equal(atomic_load(&g_reg_calls), 2);
+    ferry__sys_set(NULL);
     FT_ASSERT_OK(ferry_file_close(f));
     ferry_io_close(io);
     free(b);
@@ -1063,6 +1168,7 @@ int main(void)
         cmocka_unit_test(open_range_checks_every_option),
         cmocka_unit_test(reap_timeout_returns_zero_then_completes),
         cmocka_unit_test(engines_on_several_threads),
+        cmocka_unit_test(register_beside_io_on_another_thread),
         cmocka_unit_test(selection_env_and_reasons),
         cmocka_unit_test(probes_really_try),
     };

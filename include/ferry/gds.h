@@ -317,7 +317,9 @@ FERRY_API int ferry_gds_pread(ferry_gds *g, void *buf, size_t len, uint64_t slab
  * without registration accept and ignore it. Unregister before freeing the
  * memory. Errors: FERRY_ESTATE (off), -EINVAL, the engine's codes (FERRY_ENOSPACE
  * when its fixed-buffer table is full); on failure nothing stays
- * registered.
+ * registered. It may run while other threads transfer through the context
+ * (from buf too: those go the plain way until it returned), and it may
+ * take long (the kernel pins, so faults, every page of buf).
  */
 FERRY_API int ferry_gds_host_register(ferry_gds *g, void *buf, size_t len);
 /** Undo ferry_gds_host_register. FERRY_ENOTFOUND when buf was not registered. */

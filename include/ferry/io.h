@@ -48,7 +48,9 @@
  * -EACCES for an unwritable one) with the path in the message.
  *
  * Thread-safety: one ferry_io may be driven by one thread at a time
- * (submit/reap); different ferry_io objects are independent.
+ * (submit/reap); different ferry_io objects are independent. The one
+ * exception: ferry_io_register_buffer may run on another thread while the
+ * io is driven (below).
  */
 #ifndef FERRY_IO_H
 #define FERRY_IO_H
@@ -189,6 +191,13 @@ FERRY_API int ferry_file_drop_cache(ferry_file *f);
  * are used up, FERRY_EEXIST for buf registered with another length;
  * unregister of an unknown buf: FERRY_ENOTFOUND. Unregister before freeing
  * the memory.
+ *
+ * Register may run on one thread while another submits and reaps on the
+ * same io (it may take long: the kernel pins, so faults, every page of
+ * buf): requests submitted before it returned go the plain way, those
+ * after it returned 0 the fixed way. Unregister follows the io's one-thread
+ * rule, and no request on buf may be submitted once it started (those in
+ * flight complete normally).
  */
 FERRY_API int ferry_io_register_buffer(ferry_io *io, void *buf, size_t len);
 FERRY_API int ferry_io_unregister_buffer(ferry_io *io, void *buf);

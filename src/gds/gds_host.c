@@ -408,11 +408,11 @@ int ferry_gds_host_register(ferry_gds *g, void *buf, size_t len)
         return ferry__err_set(&g->err, FERRY_ESTATE, "gds: host register: the context is off");
     int rc = 0;
     unsigned d = 0;
-    for (; d < g->ndrives && rc == 0; d++) {
-        pthread_mutex_lock(&g->drives[d].mu);
+    /* without the drive's lock: a registration may run beside the drive's
+     * transfers (ferry/io.h), and it pins every page, which must not hold
+     * up the transfers of other threads meanwhile */
+    for (; d < g->ndrives && rc == 0; d++)
         rc = ferry_io_register_buffer(g->drives[d].io, buf, len);
-        pthread_mutex_unlock(&g->drives[d].mu);
-    }
     if (rc == FERRY_ENOTSUP)
         rc = 0; /* this engine has no fixed buffers: nothing to gain, nothing to do */
     if (rc < 0) {

@@ -54,7 +54,8 @@ static int s_fadvise(int fd, off_t off, off_t len, int advice)
 
 static const ferry__sys g_default = {s_open,      s_close,    s_pread,     s_pwrite,
                                      s_fallocate, s_fdatasync, s_fstat,    s_ftruncate,
-                                     s_fadvise,   NULL,        NULL,       s_preadv};
+                                     s_fadvise,   NULL,        NULL,       s_preadv,
+                                     NULL};
 static _Atomic(const ferry__sys *) g_sys = &g_default;
 
 const ferry__sys *ferry__sys_get(void)

@@ -11,7 +11,7 @@
  * io_uring does its I/O in the kernel, so the table also carries a hook
  * that sees (and may rewrite) every completion result before the engine
  * acts on it: a test turns a full read into -EIO, a short count, -EINTR or
- * -EAGAIN that way.
+ * -EAGAIN that way; likewise a hook before each fixed-buffer registration.
  *
  * The table is swapped atomically; engines load it once per call, so a
  * test may install or restore it while worker threads run.
@@ -46,6 +46,13 @@ typedef struct ferry__sys {
     void *ctx;
     /* vectored reads (the posix engine's FERRY_IO_READV) */
     ssize_t (*preadv)(int fd, const struct iovec *iov, int n, off_t off);
+    /*
+     * io_uring buffer registration hook, NULL for none: called before the
+     * kernel is asked to take [base, base + len) as fixed-buffer slot
+     * `slot` (on the registering thread, which it may delay); a negative
+     * errno fails that registration without asking the kernel.
+     */
+    int (*uring_register)(void *ctx, unsigned slot, void *base, size_t len);
 } ferry__sys;
 
 /* The table in force (never NULL). */

@@ -16,11 +16,29 @@
  * tables are optional: when the kernel refuses them the engine still works
  * with plain reads and writes.
  *
+ * Registering a buffer may run on one thread while another submits and
+ * reaps (ferry/io.h): the kv store registers its L1 pool after open, with
+ * the pool's I/O already running. So the buffer table is written under its
+ * own lock (regmu: register and unregister) and read by the submit path
+ * without one: a slot's len is stored before its base, base last with
+ * release, and only once the kernel took every piece of the buffer; submit
+ * loads base with acquire, so it never names a buf_index whose
+ * registration is incomplete (until then the part goes as a plain
+ * read/write) and never sees a base without its len. Unregister clears base
+ * first; it runs, as the io contract says, with no submit beside it for
+ * that buffer (the kv store: at close, after its reads landed). The kernel
+ * serializes the update with the ring's submissions itself (uring_lock:
+ * io_uring_enter waits while pages are pinned, so the kv store registers
+ * only once its pool's pages are present).
+ *
  * The kernel does the I/O, so the syscall seam cannot see it; instead each
  * CQE's result passes through the seam's uring_result hook, which a test
- * uses to inject errors and short completions.
+ * uses to inject errors and short completions, and each buffer slot's
+ * registration through uring_register, which may fail or delay it.
  */
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -37,9 +55,10 @@
 #define BUF_PIECE ((size_t)1 << 30) /* the kernel's cap on one fixed buffer */
 
 typedef struct ur_buf {
-    char *owner; /* what the caller registered (several pieces when > 1 GiB) */
-    char *base;
-    size_t len;
+    char *owner;            /* what the caller registered (several pieces when > 1 GiB);
+                             * claims the slot (regmu) */
+    _Atomic(char *) base;   /* published last, once the kernel has the whole buffer */
+    _Atomic size_t len;
 } ur_buf;
 
 typedef struct ur_st {
@@ -47,6 +66,7 @@ typedef struct ur_st {
     int have_files;
     unsigned char file_used[FILE_SLOTS];
     int have_bufs;
+    pthread_mutex_t regmu;  /* bufs[].owner, and the kernel's buffer table */
     ur_buf bufs[BUF_SLOTS];
 } ur_st;
 
@@ -90,6 +110,7 @@ static int ur_init(ferry_io *io)
                               "io uring: io_uring_queue_init(%u) refused by the kernel: %s (%s)",
                               entries, ferry_err_name(rc), strerror(-rc));
     }
+    pthread_mutex_init(&st->regmu, NULL);
     st->have_files = io_uring_register_files_sparse(&st->ring, FILE_SLOTS) == 0;
     st->have_bufs = io_uring_register_buffers_sparse(&st->ring, BUF_SLOTS) == 0;
     if (!st->have_files || !st->have_bufs)
@@ -105,6 +126,7 @@ static void ur_fini(ferry_io *io)
     if (!st)
         return;
     io_uring_queue_exit(&st->ring);
+    pthread_mutex_destroy(&st->regmu);
     ferry__free(st);
     io->eng = NULL;
 }
@@ -143,38 +165,55 @@ static void ur_file_close(ferry_io *io, ferry_file *f)
 
 static int set_buf_slot(ur_st *st, unsigned i, void *base, size_t len)
 {
+    const ferry__sys *sys = ferry__sys_get();
+    if (base && sys->uring_register) {
+        int r = sys->uring_register(sys->ctx, i, base, len);
+        if (r < 0)
+            return r;
+    }
     struct iovec iov = {base, len};
     int rc = io_uring_register_buffers_update_tag(&st->ring, i, &iov, NULL, 1);
     return rc == 1 ? 0 : rc < 0 ? rc : -EIO;
 }
 
-static int ur_buf_unregister(ferry_io *io, void *buf)
+/* drop buf's slots (regmu held); published ones first leave the table
+ * the submit path reads */
+static int drop_slots(ur_st *st, const void *buf)
 {
-    ur_st *st = io->eng;
     int found = 0;
     for (unsigned i = 0; i < BUF_SLOTS; i++) {
         if (st->bufs[i].owner != buf)
             continue;
+        atomic_store_explicit(&st->bufs[i].base, NULL, memory_order_release);
         set_buf_slot(st, i, NULL, 0);
-        memset(&st->bufs[i], 0, sizeof st->bufs[i]);
+        atomic_store_explicit(&st->bufs[i].len, 0, memory_order_relaxed);
+        st->bufs[i].owner = NULL;
         found = 1;
     }
+    return found;
+}
+
+static int ur_buf_unregister(ferry_io *io, void *buf)
+{
+    ur_st *st = io->eng;
+    pthread_mutex_lock(&st->regmu);
+    int found = drop_slots(st, buf);
+    pthread_mutex_unlock(&st->regmu);
     if (!found)
         return ferry__err_set(&io->err, FERRY_ENOTFOUND, "io uring: buffer %p is not registered",
                               buf);
     return 0;
 }
 
-static int ur_buf_register(ferry_io *io, void *buf, size_t len)
+/* register buf's pieces in free slots (regmu held); published only once
+ * the kernel took them all */
+static int buf_register_locked(ferry_io *io, ur_st *st, char *buf, size_t len)
 {
-    ur_st *st = io->eng;
-    if (!st->have_bufs)
-        return ferry__err_set(&io->err, FERRY_ENOTSUP,
-                              "io uring: the kernel refused a fixed-buffer table; buffer %p of "
-                              "%zu bytes not registered", buf, len);
     for (unsigned i = 0; i < BUF_SLOTS; i++)
         if (st->bufs[i].owner == buf) {
-            if (st->bufs[i].base == buf && st->bufs[i].len >= FERRY__MIN(len, BUF_PIECE))
+            if (atomic_load_explicit(&st->bufs[i].base, memory_order_relaxed) == buf &&
+                atomic_load_explicit(&st->bufs[i].len, memory_order_relaxed) >=
+                    FERRY__MIN(len, BUF_PIECE))
                 return 0; /* already registered */
             return ferry__err_set(&io->err, FERRY_EEXIST,
                                   "io uring: buffer %p is already registered with another length",
@@ -187,32 +226,52 @@ static int ur_buf_register(ferry_io *io, void *buf, size_t len)
         return ferry__err_set(&io->err, FERRY_ENOSPACE,
                               "io uring: buffer %p of %zu bytes needs %zu fixed-buffer slots, %zu "
                               "free of %u", buf, len, pieces, free_slots, BUF_SLOTS);
+    unsigned slot[BUF_SLOTS], n = 0;
     size_t pos = 0;
     for (unsigned i = 0; i < BUF_SLOTS && pos < len; i++) {
         if (st->bufs[i].owner)
             continue;
-        size_t n = FERRY__MIN(len - pos, BUF_PIECE);
-        int rc = set_buf_slot(st, i, (char *)buf + pos, n);
+        size_t k = FERRY__MIN(len - pos, BUF_PIECE);
+        int rc = set_buf_slot(st, i, buf + pos, k);
         if (rc < 0) {
-            if (pos)
-                ur_buf_unregister(io, buf);
+            drop_slots(st, buf); /* (never published: no submit saw them) */
             return ferry__err_set(&io->err, rc,
                                   "io uring: registering buffer %p (%zu bytes at +%zu) failed: "
-                                  "%s (%s)", buf, n, pos, ferry_err_name(rc), strerror(-rc));
+                                  "%s (%s)", buf, k, pos, ferry_err_name(rc), strerror(-rc));
         }
         st->bufs[i].owner = buf;
-        st->bufs[i].base = (char *)buf + pos;
-        st->bufs[i].len = n;
-        pos += n;
+        atomic_store_explicit(&st->bufs[i].len, k, memory_order_relaxed);
+        slot[n++] = i;
+        pos += k;
     }
+    for (unsigned j = 0; j < n; j++) /* the whole buffer is the kernel's: publish */
+        atomic_store_explicit(&st->bufs[slot[j]].base, buf + (size_t)j * BUF_PIECE,
+                              memory_order_release);
     return 0;
 }
 
+static int ur_buf_register(ferry_io *io, void *buf, size_t len)
+{
+    ur_st *st = io->eng;
+    if (!st->have_bufs)
+        return ferry__err_set(&io->err, FERRY_ENOTSUP,
+                              "io uring: the kernel refused a fixed-buffer table; buffer %p of "
+                              "%zu bytes not registered", buf, len);
+    pthread_mutex_lock(&st->regmu);
+    int rc = buf_register_locked(io, st, buf, len);
+    pthread_mutex_unlock(&st->regmu);
+    return rc;
+}
+
+/* the published slot holding [p, p + len), or -1 (see the top: base with
+ * acquire, then its len) */
 static int find_buf(const ur_st *st, const char *p, size_t len)
 {
     for (unsigned i = 0; i < BUF_SLOTS; i++) {
         const ur_buf *b = &st->bufs[i];
-        if (b->base && p >= b->base && p + len <= b->base + b->len)
+        const char *base = atomic_load_explicit(&b->base, memory_order_acquire);
+        if (base && p >= base && p + len <= base + atomic_load_explicit(&b->len,
+                                                                       memory_order_relaxed))
             return (int)i;
     }
     return -1;

@@ -263,6 +263,8 @@ int ferry__kv_tier_l1_open(ferry_device *dev, uint64_t slot_bytes, uint64_t capa
                            ferry__errbuf *eb, ferry__kv_tier **out);
 /* the memfd of a shared L1 pool and its size, or -1 */
 int ferry__kv_tier_l1_fd(ferry__kv_tier *t, uint64_t *bytes);
+/* whether the L1 pool's fill thread is still faulting it in (any thread) */
+int ferry__kv_tier_l1_filling(ferry__kv_tier *t);
 /* L2: an NVMe slab of `bytes` in all, striped over dirs[0..ndirs) (one
  * per drive), through the GDS context */
 int ferry__kv_tier_l2_open(const char *const *dirs, unsigned ndirs, uint64_t bytes, int direct,
@@ -274,6 +276,31 @@ void ferry__kv_tier_free(ferry__kv_tier *t);
  * outlive the registration. 0 or the context's code (message set). */
 int ferry__kv_tier_l2_register(ferry__kv_tier *t, void *pool, size_t len);
 void ferry__kv_tier_l2_unregister(ferry__kv_tier *t);
+
+/* the L1 pool registered with L2 by a thread after open
+ * (store/tier_l2_poolreg.c) */
+enum { FERRY__KV_POOLREG_PENDING = 0, FERRY__KV_POOLREG_DONE = 1 };
+typedef struct ferry__kv_poolreg {
+    ferry__kv_tier *l1, *l2;
+    pthread_t th;
+    int on;                 /* th runs (joined by _stop) */
+    atomic_int stop;
+    atomic_int state;       /* PENDING, DONE, or the registration's failure (< 0) */
+} ferry__kv_poolreg;
+/* start registering l1's pool with l2 (a tier with reg_pool; NULL or none:
+ * nothing to do): once the fill thread has faulted the pool in, on a
+ * thread of its own (without one: now). Never fails: an unregistered pool
+ * moves the plain way. r stays put until _stop. */
+void ferry__kv_poolreg_start(ferry__kv_poolreg *r, ferry__kv_tier *l1, ferry__kv_tier *l2);
+/* PENDING, DONE or the failure's code (any thread) */
+int ferry__kv_poolreg_state(const ferry__kv_poolreg *r);
+/* stop the thread (at once while it waits, else once the registration
+ * returned), join it and undo a registration; before the tiers close and
+ * after the store's I/O ended. A zeroed r is a no-op. */
+void ferry__kv_poolreg_stop(ferry__kv_poolreg *r);
+/* test seam: while nonzero, the thread waits before registering (until
+ * it is cleared or its store closes) */
+extern _Atomic unsigned ferry__kv_poolreg_test_hold;
 /* test seam: after `reaps` more reaps that found completions, the next
  * reap fails with code as if the engine's queue broke, its reads still in
  * flight (they land later, into memory the tier no longer tracks) */
@@ -601,7 +628,7 @@ struct ferry_kv {
     uint64_t nbuckets, count;
     ferry__kv_entry *doomed;
     ferry__kv_tier *tier[FERRY_KV_TIERS];
-    int l2_registered;             /* the L1 pool is registered with the L2 slab */
+    ferry__kv_poolreg l2reg;       /* the L1 pool registered with L2 after open */
     ferry_stream **streams;        /* idle streams (under mu) */
     unsigned nstreams, cap_streams;
     uint64_t prefetch_inflight, prefetch_max;

@@ -68,9 +68,9 @@ void ferry__kv_free(ferry_kv *kv)
     for (unsigned i = 0; i < kv->nstreams; i++)
         ferry_stream_destroy(kv->streams[i]);
     ferry__free(kv->streams);
-    /* the L1 pool is registered with L2's drive queues: undo that first */
-    if (kv->l2_registered)
-        kv->tier[FERRY_KV_TIER_L2]->ops->unreg_pool(kv->tier[FERRY_KV_TIER_L2]);
+    /* the L1 pool is registered with L2's drive queues (or about to be):
+     * stop that and undo it first */
+    ferry__kv_poolreg_stop(&kv->l2reg);
     /* the lower tiers first: a read of theirs still in flight after a
      * failure lands in an L1 slot, so the pool goes last */
     for (int t = FERRY_KV_TIERS - 1; t >= 1; t--)
@@ -348,22 +348,14 @@ static int open_tiers(ferry_kv *kv, const ferry_kv_config *cfg, int persistent, 
                                                  cfg->l2_direct, cfg->l2_engine, cfg->l2_mode,
                                                  kv->chunk_bytes, slot, eb,
                                                  &kv->tier[FERRY_KV_TIER_L2]);
-    ferry__kv_tier *l2 = kv->tier[FERRY_KV_TIER_L2];
-    if (rc == 0 && l2 && l2->ops->reg_pool) {
-        /* L2 reads land in L1 slots and write-throughs leave from them:
-         * register the pool for the engines' fixed-buffer path. Optional:
-         * an engine that cannot (memlock limit, table full) still works */
-        ferry__kv_tier *l1 = kv->tier[FERRY_KV_TIER_L1];
-        int r = l2->ops->reg_pool(l2, l1->ops->host_ptr(l1, 0),
-                                  (size_t)(l1->capacity * l1->slot_bytes));
-        if (r < 0)
-            FERRY_LOGI("kv open: L1 pool not registered with the L2 slab in %s%s (%s): "
-                       "L2 transfers take the engine's plain path",
-                       dirs[0], ndirs > 1 ? " and the other L2 directories" : "",
-                       ferry_last_error());
-        else
-            kv->l2_registered = 1;
-    }
+    /* L2 reads land in L1 slots and write-throughs leave from them: the
+     * pool is registered for the engines' fixed-buffer path, after open
+     * (the kernel pins every page: seconds for a pool not yet faulted in).
+     * Optional: until then, or when an engine cannot (memlock limit, table
+     * full), L2 transfers take the engine's plain path */
+    if (rc == 0)
+        ferry__kv_poolreg_start(&kv->l2reg, kv->tier[FERRY_KV_TIER_L1],
+                                kv->tier[FERRY_KV_TIER_L2]);
     if (rc == 0 && cfg->remote_url)
         rc = open_remote(kv, cfg, cfg->remote_url);
     return rc;

@@ -156,6 +156,12 @@ int ferry__kv_tier_l1_fd(ferry__kv_tier *t, uint64_t *bytes)
     return p->fd;
 }
 
+int ferry__kv_tier_l1_filling(ferry__kv_tier *t)
+{
+    l1 *p = t->impl;
+    return ferry__kv_l1_fill_busy(&p->fill);
+}
+
 int ferry__kv_tier_l1_open(ferry_device *dev, uint64_t slot_bytes, uint64_t capacity, int shared,
                            ferry__errbuf *eb, ferry__kv_tier **out)
 {

@@ -87,8 +87,15 @@ static void fill_range(ferry__kv_l1_fill *f, int seam)
 
 static void *fill_main(void *arg)
 {
-    fill_range(arg, 1);
+    ferry__kv_l1_fill *f = arg;
+    fill_range(f, 1);
+    atomic_store_explicit(&f->busy, 0, memory_order_release);
     return NULL;
+}
+
+int ferry__kv_l1_fill_busy(ferry__kv_l1_fill *f)
+{
+    return atomic_load_explicit(&f->busy, memory_order_acquire);
 }
 
 void ferry__kv_l1_fill_start(ferry__kv_l1_fill *f, unsigned char *pool, size_t bytes)
@@ -115,11 +122,13 @@ void ferry__kv_l1_fill_start(ferry__kv_l1_fill *f, unsigned char *pool, size_t b
     f->from = first;
     f->to = bytes;
     atomic_init(&f->stop, 0);
+    atomic_store_explicit(&f->busy, 1, memory_order_relaxed); /* (before the thread can end) */
     e = pthread_create(&f->th, NULL, fill_main, f);
     if (e == 0) {
         f->on = 1;
         return;
     }
+    atomic_store_explicit(&f->busy, 0, memory_order_relaxed);
     FERRY_LOGD("kv L1: no thread to fault the pool in (%s): faulting %zu bytes now", strerror(e),
                bytes - first);
     fill_range(f, 0);

@@ -15,6 +15,7 @@ typedef struct ferry__kv_l1_fill {
     pthread_t th;
     int on;               /* th runs (joined by _stop) */
     atomic_int stop;
+    atomic_int busy;      /* th has steps left (cleared, release, when it ends) */
 } ferry__kv_l1_fill;
 
 /*
@@ -28,6 +29,10 @@ void ferry__kv_l1_fill_start(ferry__kv_l1_fill *f, unsigned char *pool, size_t b
 /* stop the thread within one step (a few ms) and join it; pages it did not
  * reach fault on first use. Idempotent; a zeroed f is a no-op. */
 void ferry__kv_l1_fill_stop(ferry__kv_l1_fill *f);
+/* whether a thread is still faulting the pool in: 0 once it ended (every
+ * page present, or it stopped or failed) and for a pool that has none; any
+ * thread may ask */
+int ferry__kv_l1_fill_busy(ferry__kv_l1_fill *f);
 
 /* test seam: while nonzero, every fill thread waits after that many steps
  * (until it is cleared or its pool closes). Unarmed: one relaxed load per

@@ -26,7 +26,9 @@
  * store's read-ahead keeps several chunk reads in flight that way. The L1
  * pool is registered with the context (ferry__kv_tier_l2_register) so
  * reads into and write-throughs from L1 slots take the engines' fixed-
- * buffer path; it is unregistered before the pool is freed.
+ * buffer path, by a thread of the store after open while transfers run
+ * (tier_l2_poolreg.c; `registered` is read only after it was joined); it
+ * is unregistered before the pool is freed.
  */
 #include <errno.h>
 #include <pthread.h>

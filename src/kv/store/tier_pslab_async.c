@@ -31,7 +31,12 @@
  * A slot's pin is set by begin and taken by end under aq.mu; submit reads it
  * without: only the read that set it submits for that slot (the store
  * lets one read of a chunk run at a time, and begin refuses a slot whose
- * pin is still held). verify checks the id the pin was taken for.
+ * pin is still held). verify checks the id the pin was taken for. The L1
+ * pool's registration with the engine (ferry__kv_tpa_register) runs
+ * without iomu, on the store's registering thread while reads go on
+ * (ferry/io.h allows it; the kernel's pin must not hold up the reads);
+ * `registered` is read by unregister and close only after that thread
+ * was joined.
  */
 #include <errno.h>
 #include <pthread.h>
