@@ -631,6 +631,69 @@ static void async_host_requests(void **state)
     free(back);
 }
 
+/* A request is the context's from submit until reaped: submitting it again
+ * meanwhile (in flight, done and unreaped, or twice in one call) is
+ * FERRY_EBUSY naming it, and it comes back once; where it was queued
+ * anyway, two hops shared one request and a caller reaping both hung. A
+ * request whose priv_ is stale (a copy of one in flight) is taken. */
+static void resubmit_in_flight_is_ebusy(void **state)
+{
+    (void)state;
+    ferry_gds_config c = config(2, "cpu");
+    ferry_gds *g = NULL;
+    FT_ASSERT_OK(ferry_gds_open(&c, &g));
+    const size_t n = 1 * MiB;
+    unsigned char *mem = aligned_alloc(4096, 2 * n);
+    ft_fill_pattern(mem, 2 * n, 5);
+    ferry_gds_req r = {FERRY_GDS_WRITE, mem, n, 0, NULL, 1, NULL};
+    ferry_gds_req *p[2] = {&r, &r}, *done[4] = {NULL};
+    assert_int_equal(ferry_gds_submit(g, p, 1), 1);
+    assert_int_equal(ferry_gds_submit(g, p, 1), FERRY_EBUSY);
+    char want[64];
+    snprintf(want, sizeof want, "(%p, write of", (void *)&r);
+    assert_non_null(strstr(ferry_gds_last_error(g), want));
+    assert_non_null(strstr(ferry_gds_last_error(g), "already in flight"));
+    ferry_gds_req copy = r; /* priv_ points at r's hop */
+    copy.buf = mem + n;
+    copy.slab_off = n;
+    ferry_gds_req *cp = &copy;
+    assert_int_equal(ferry_gds_submit(g, &cp, 1), 1);
+    int seen = 0;
+    while (seen < 2) {
+        int k = ferry_gds_reap(g, done + seen, 1, 4 - (unsigned)seen, -1);
+        assert_true(k > 0);
+        seen += k;
+    }
+    assert_int_equal(ferry_gds_reap(g, done, 1, 4, 50), 0); /* nothing more comes */
+    assert_null(r.priv_);
+    /* done but not reaped is still the context's */
+    ferry_gds_stats st = FERRY_GDS_STATS_INIT;
+    FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
+    uint64_t before = st.bytes_written;
+    assert_int_equal(ferry_gds_submit(g, p, 1), 1);
+    while (st.bytes_written == before) { /* a poll taking none: completed, left unreaped */
+        assert_int_equal(ferry_gds_reap(g, done, 0, 0, 0), 0);
+        FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
+    }
+    assert_int_equal(ferry_gds_submit(g, p, 1), FERRY_EBUSY);
+    assert_int_equal(ferry_gds_reap(g, done, 1, 4, -1), 1);
+    /* twice in one call: the first is queued */
+    assert_int_equal(ferry_gds_submit(g, p, 2), 1);
+    assert_non_null(strstr(ferry_gds_last_error(g), "request 1 ("));
+    assert_int_equal(ferry_gds_reap(g, done, 1, 4, -1), 1);
+    assert_ptr_equal(done[0], &r);
+    FT_ASSERT_OK(r.result);
+    assert_int_equal(ferry_gds_reap(g, done, 1, 4, 50), 0);
+    /* reaped: the caller's again */
+    assert_int_equal(ferry_gds_submit(g, p, 1), 1);
+    assert_int_equal(ferry_gds_reap(g, done, 1, 4, -1), 1);
+    memset(mem, 0, 2 * n);
+    FT_ASSERT_OK(ferry_gds_pread(g, mem, 2 * n, 0));
+    assert_int_equal(ft_check_pattern(mem, 2 * n, 5), -1);
+    ferry_gds_close(g);
+    free(mem);
+}
+
 /* threads storing and loading their own extents at once; thread 0 mixes in async reads */
 typedef struct tjob {
     ferry_gds *g;
@@ -1029,6 +1092,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(driver_selection, setup, teardown),
         cmocka_unit_test_setup_teardown(registered_host_buffers, setup, teardown),
         cmocka_unit_test_setup_teardown(async_host_requests, setup, teardown),
+        cmocka_unit_test_setup_teardown(resubmit_in_flight_is_ebusy, setup, teardown),
         cmocka_unit_test_setup_teardown(threads_share_the_drive_queues, setup, teardown),
         cmocka_unit_test_setup_teardown(cufile_driver_over_fake_library, setup, teardown),
         cmocka_unit_test_setup_teardown(cufile_driver_over_old_library, setup, teardown),

@@ -350,7 +350,9 @@ typedef struct ferry_gds_req {
  * drives' bandwidth (as `ferry bench io` does with its depth). Returns the
  * number queued (fewer than n when request k is invalid: the code of its
  * failure is then in ferry_gds_last_error) or a negative code when none
- * was. Thread-safe; any thread may reap any request.
+ * was. A request submitted and not yet reaped (earlier, or earlier in the
+ * same reqs) is FERRY_EBUSY naming it, and stays as it was. Thread-safe;
+ * any thread may reap any request.
  */
 FERRY_API int ferry_gds_submit(ferry_gds *g, ferry_gds_req *const *reqs, unsigned n);
 /**

@@ -32,6 +32,7 @@
 
 typedef struct hop {
     struct hop *next;          /* done list */
+    struct hop *lprev, *lnext; /* async: the live list, from submit until reaped */
     ferry_gds_req *req;        /* async: the caller's request; NULL when synchronous */
     ferry_io_req *io;          /* n engine requests */
     size_t n;
@@ -281,6 +282,30 @@ int ferry_gds_pread(ferry_gds *g, void *buf, size_t len, uint64_t slab_off)
     return host_rw(g, FERRY_GDS_READ, buf, len, slab_off);
 }
 
+/* The live list holds every asynchronous hop from submit until it is
+ * reaped, so a request submitted again meanwhile is refused before it is
+ * relinked (it would complete once while counted twice, and a caller
+ * waiting for both would hang). A request's priv_ is the caller's garbage
+ * until first submitted and NULL once reaped: only a non-NULL one is
+ * looked up, never dereferenced. Caller holds amu. */
+static int req_live(const ferry_gds *g, const ferry_gds_req *q)
+{
+    for (const hop *h = g->live; h; h = h->lnext)
+        if (h->req == q)
+            return 1;
+    return 0;
+}
+
+static void live_unlink(ferry_gds *g, hop *h)
+{
+    if (h->lprev)
+        h->lprev->lnext = h->lnext;
+    else
+        g->live = h->lnext;
+    if (h->lnext)
+        h->lnext->lprev = h->lprev;
+}
+
 /* close: host requests still in flight land first; unreaped ones are dropped */
 void ferry__gds_async_drain(ferry_gds *g)
 {
@@ -302,6 +327,8 @@ void ferry__gds_async_drain(ferry_gds *g)
             hop_free_parts(h);
             ferry__free(h);
         }
+        g->done_tail = NULL;
+        g->live = NULL;
     }
 }
 
@@ -320,6 +347,20 @@ int ferry_gds_submit(ferry_gds *g, ferry_gds_req *const *reqs, unsigned n)
                 rc = ferry__err_set(&g->err, -EINVAL, "gds: submit: request %u is NULL", k);
                 break;
             }
+            if (q->priv_) {
+                pthread_mutex_lock(&g->amu);
+                int live = req_live(g, q);
+                pthread_mutex_unlock(&g->amu);
+                if (live) {
+                    rc = ferry__err_set(&g->err, FERRY_EBUSY,
+                                        "gds: submit: request %u (%p, %s of %zu bytes at slab "
+                                        "offset %llu) is already in flight: a request is the "
+                                        "context's from submit until reaped",
+                                        k, (void *)q, ferry__gds_dirname(q->dir), q->len,
+                                        (unsigned long long)q->slab_off);
+                    break;
+                }
+            }
             if ((rc = host_check(g, q->dir, q->buf, q->len, q->slab_off)) < 0)
                 break;
             hop *h = ferry__malloc(sizeof *h);
@@ -335,6 +376,13 @@ int ferry_gds_submit(ferry_gds *g, ferry_gds_req *const *reqs, unsigned n)
             h->req = q;
             q->result = 0;
             q->priv_ = h;
+            pthread_mutex_lock(&g->amu);
+            h->lprev = NULL;
+            h->lnext = g->live;
+            if (g->live)
+                g->live->lprev = h;
+            g->live = h;
+            pthread_mutex_unlock(&g->amu);
             batch[m++] = h;
         }
         atomic_fetch_add(&g->async_hops, m);
@@ -371,6 +419,7 @@ int ferry_gds_reap(ferry_gds *g, ferry_gds_req **done, unsigned min, unsigned ma
             g->ndone--;
             done[got++] = h->req;
             h->req->priv_ = NULL;
+            live_unlink(g, h);
             hop_free_parts(h);
             ferry__free(h);
             atomic_fetch_sub(&g->async_hops, 1);

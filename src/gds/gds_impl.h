@@ -114,6 +114,7 @@ struct ferry_gds {
     /* asynchronous host requests: completed ones wait here for ferry_gds_reap */
     pthread_mutex_t amu;
     struct hop *done_head, *done_tail;
+    struct hop *live;            /* submitted and not yet reaped (under amu) */
     unsigned ndone;
     _Atomic unsigned async_hops; /* submitted and not yet reaped */
 };
