@@ -19,9 +19,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core.h"
@@ -752,6 +754,168 @@ static void threads_share_the_drive_queues(void **state)
     ferry_gds_close(g);
 }
 
+/* What the header promises of threads (ferry/gds.h): device transfers from
+ * several threads at once, each with its own stream, while registrations
+ * come and go on other threads; and host requests submitted by one
+ * thread are reaped by another. Every byte comes back as written. */
+typedef struct dxjob {
+    ferry_gds *g;
+    ferry_extent e;
+    unsigned seed;
+    int rc;
+    char what[160];
+} dxjob;
+
+#define DX_FAIL(j, rc_, step)                                                              \
+    do {                                                                               \
+        (j)->rc = (rc_) ? (rc_) : -1;                                                  \
+        snprintf((j)->what, sizeof (j)->what, "%s: %s", step, ferry_gds_last_error((j)->g)); \
+        goto out;                                                                      \
+    } while (0)
+
+static void *dxjob_run(void *arg)
+{
+    dxjob *j = arg;
+    size_t n = (size_t)j->e.size;
+    unsigned char *a = malloc(n), *b = malloc(n);
+    ferry_stream *s = NULL;
+    ferry_devptr buf = 0, scratch = 0;
+    int rc;
+    j->rc = 0;
+    if ((rc = ferry_stream_create(g_dev, &s)) < 0 || (rc = ferry_device_alloc(g_dev, n, &buf)) < 0)
+        DX_FAIL(j, rc, "setup");
+    if ((rc = ferry_gds_register(j->g, buf, n, s)) < 0)
+        DX_FAIL(j, rc, "register");
+    for (int round = 0; round < 6; round++) {
+        unsigned seed = j->seed + (unsigned)round;
+        /* a registration that comes and goes while the others transfer */
+        if ((rc = ferry_device_alloc(g_dev, 1 * MiB, &scratch)) < 0 ||
+            (rc = ferry_gds_register(j->g, scratch, 1 * MiB, s)) < 0)
+            DX_FAIL(j, rc, "scratch register");
+        ft_fill_pattern(a, n, seed);
+        if ((rc = ferry_device_upload(g_dev, buf, a, n)) < 0)
+            DX_FAIL(j, rc, "upload");
+        rc = round % 2 ? ferry_gds_extent_transfer_async(j->g, FERRY_GDS_WRITE, &j->e, buf, s)
+                       : ferry_gds_extent_transfer(j->g, FERRY_GDS_WRITE, &j->e, buf, s);
+        if (rc < 0 || (rc = ferry_gds_stream_sync(j->g, s)) < 0)
+            DX_FAIL(j, rc, "write");
+        if ((rc = ferry_gds_deregister(j->g, scratch)) < 0)
+            DX_FAIL(j, rc, "scratch deregister");
+        ferry_device_free(g_dev, scratch);
+        scratch = 0;
+        if ((rc = ferry_device_memset(g_dev, buf, 0, n)) < 0)
+            DX_FAIL(j, rc, "memset");
+        rc = round % 2 ? ferry_gds_extent_transfer(j->g, FERRY_GDS_READ, &j->e, buf, s)
+                       : ferry_gds_extent_transfer_async(j->g, FERRY_GDS_READ, &j->e, buf, s);
+        if (rc < 0 || (rc = ferry_gds_stream_sync(j->g, s)) < 0)
+            DX_FAIL(j, rc, "read");
+        if ((rc = ferry_device_download(g_dev, b, buf, n)) < 0)
+            DX_FAIL(j, rc, "download");
+        long bad = ft_check_pattern(b, n, seed);
+        if (bad != -1) {
+            j->rc = -EBADMSG;
+            snprintf(j->what, sizeof j->what, "round %d: byte %ld differs", round, bad);
+            goto out;
+        }
+    }
+out:
+    if (scratch) {
+        ferry_gds_deregister(j->g, scratch);
+        ferry_device_free(g_dev, scratch);
+    }
+    if (buf) {
+        ferry_gds_deregister(j->g, buf);
+        ferry_device_free(g_dev, buf);
+    }
+    if (s)
+        ferry_stream_destroy(s);
+    free(a);
+    free(b);
+    return NULL;
+}
+
+enum { RQ_N = 24 };
+typedef struct reaper {
+    ferry_gds *g;
+    ferry_gds_req *rq;
+    int got, bad;
+} reaper;
+
+static void *reaper_run(void *arg)
+{
+    reaper *x = arg;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (x->got < RQ_N) {
+        ferry_gds_req *d[RQ_N];
+        /* 0 at once while none is outstanding (the submitter not there yet) */
+        int k = ferry_gds_reap(x->g, d, 1, RQ_N, 100);
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if (k < 0 || t.tv_sec - t0.tv_sec > 60) {
+            x->bad = k < 0 ? k : -ETIMEDOUT;
+            return NULL;
+        }
+        if (k == 0)
+            sched_yield();
+        for (int i = 0; i < k; i++) {
+            if (d[i] < x->rq || d[i] >= x->rq + RQ_N || d[i]->result != 0)
+                x->bad = -EBADMSG;
+            x->got++;
+        }
+    }
+    return NULL;
+}
+
+static void threads_transfer_register_and_reap(void **state)
+{
+    (void)state;
+    ferry_gds_config c = config(2, "cpu");
+    c.region_cap = 1 * MiB; /* buffers of several regions: more to look up */
+    c.stripe_bytes = 1 * MiB;
+    ferry_gds *g = NULL;
+    FT_ASSERT_OK(ferry_gds_open(&c, &g));
+    enum { T = 3 };
+    dxjob jobs[T];
+    pthread_t th[T + 1];
+    for (int i = 0; i < T; i++) {
+        jobs[i] = (dxjob){g, alloc_chunk(g, 3 * MiB), 100u + (unsigned)i * 13u, -1, ""};
+        assert_int_equal(pthread_create(&th[i], NULL, dxjob_run, &jobs[i]), 0);
+    }
+    /* host requests submitted here, reaped by another thread */
+    const size_t chunk = 256 << 10;
+    ferry_extent he = alloc_chunk(g, RQ_N * chunk);
+    unsigned char *mem = aligned_alloc(4096, RQ_N * chunk);
+    ft_fill_pattern(mem, RQ_N * chunk, 77);
+    ferry_gds_req rq[RQ_N];
+    reaper x = {g, rq, 0, 0};
+    for (int i = 0; i < RQ_N; i++)
+        rq[i] = (ferry_gds_req){FERRY_GDS_WRITE, mem + i * chunk, chunk,
+                                he.offset + (uint64_t)i * chunk, NULL, 1, NULL};
+    assert_int_equal(pthread_create(&th[T], NULL, reaper_run, &x), 0);
+    for (int i = 0; i < RQ_N; i++) {
+        ferry_gds_req *p = &rq[i];
+        assert_int_equal(ferry_gds_submit(g, &p, 1), 1);
+    }
+    for (int i = 0; i <= T; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < T; i++)
+        if (jobs[i].rc != 0)
+            fail_msg("thread %d: %d (%s): %s", i, jobs[i].rc, ferry_strerror(jobs[i].rc),
+                     jobs[i].what);
+    assert_int_equal(x.bad, 0);
+    assert_int_equal(x.got, RQ_N);
+    memset(mem, 0, RQ_N * chunk);
+    FT_ASSERT_OK(ferry_gds_extent_pread(g, &he, mem));
+    assert_int_equal(ft_check_pattern(mem, RQ_N * chunk, 77), -1);
+    ferry_gds_stats st = FERRY_GDS_STATS_INIT;
+    FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
+    assert_int_equal(st.regions, 0);
+    assert_int_equal(st.streams, 0);
+    assert_int_equal(st.async_pending, 0);
+    ferry_gds_close(g);
+    free(mem);
+}
+
 /* ---- a fake cuFile library that moves real bytes ---- */
 typedef struct fcf {
     int opens, closes, handles, handle_deregs, bufregs, bufderegs, sregs, sderegs;
@@ -1094,6 +1258,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(async_host_requests, setup, teardown),
         cmocka_unit_test_setup_teardown(resubmit_in_flight_is_ebusy, setup, teardown),
         cmocka_unit_test_setup_teardown(threads_share_the_drive_queues, setup, teardown),
+        cmocka_unit_test_setup_teardown(threads_transfer_register_and_reap, setup, teardown),
         cmocka_unit_test_setup_teardown(cufile_driver_over_fake_library, setup, teardown),
         cmocka_unit_test_setup_teardown(cufile_driver_over_old_library, setup, teardown),
         cmocka_unit_test_setup_teardown(hipfile_driver_over_fake_library, setup, teardown),

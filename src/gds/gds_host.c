@@ -203,26 +203,40 @@ static void drive_flush(ferry_gds *g, unsigned d, ferry_io_req **ptrs, unsigned 
 }
 
 /* hand built hops' requests to the drive queues: per drive, one lock and
- * one submission per 64 requests (one io_uring_submit for a batch) */
+ * one submission per 64 requests (one io_uring_submit for a batch).
+ * An asynchronous hop may complete, be reaped and freed by another thread
+ * as soon as its last request is submitted and its drive's lock dropped,
+ * so nothing of a hop is read after that: how many requests each hop has
+ * on each drive is counted before the first submission, and a hop is
+ * scanned only while it has requests left to submit on the locked drive
+ * (those cannot complete before the lock is dropped). */
 static int hops_submit(ferry_gds *g, hop *const *hops, unsigned m)
 {
+    uint32_t todo[32][FERRY_GDS_MAX_DIRS];
+    FERRY__ASSERT(m <= FERRY__ARRAY_LEN(todo));
+    for (unsigned hi = 0; hi < m; hi++)
+        for (unsigned d = 0; d < g->ndrives; d++)
+            todo[hi][d] = (uint32_t)hops[hi]->left[d];
     int rc = 0;
     for (unsigned d = 0; d < g->ndrives; d++) {
         ferry_io_req *ptrs[64];
         unsigned k = 0;
         int locked = 0;
         for (unsigned hi = 0; hi < m; hi++) {
-            const hop *h = hops[hi];
-            if (!h->left[d])
+            if (!todo[hi][d])
                 continue;
             if (!locked) {
                 pthread_mutex_lock(&g->drives[d].mu);
                 locked = 1;
             }
-            for (size_t j = 0; j < h->n; j++) {
-                if (h->io[j].file != g->drives[d].f)
+            /* (a refused request completes at once, inside drive_flush: the
+             * hop is not read once its last one here is in ptrs) */
+            ferry_io_req *io = hops[hi]->io;
+            for (size_t j = 0; todo[hi][d]; j++) {
+                if (io[j].file != g->drives[d].f)
                     continue;
-                ptrs[k++] = &h->io[j];
+                ptrs[k++] = &io[j];
+                todo[hi][d]--;
                 if (k == FERRY__ARRAY_LEN(ptrs)) {
                     drive_flush(g, d, ptrs, k, &rc);
                     k = 0;
