@@ -1769,7 +1769,7 @@ static void *worker(void *p)
         unsigned k = rand_r(&a->seed) % NKEYS;
         char key[16];
         snprintf(key, sizeof key, "t%u", k);
-        int op = (int)(rand_r(&a->seed) % 4);
+        int op = (int)(rand_r(&a->seed) % 7);
         if (op == 0) {
             ft_fill_pattern(buf, VLEN, k); /* the value of a key never changes */
             int rc = ferry_remote_put(a->r, key, strlen(key), buf, VLEN);
@@ -1793,14 +1793,64 @@ static void *worker(void *p)
             int rc = ferry_remote_exists(a->r, ks, 4);
             if (rc < 0 || rc > 4)
                 a->bad++;
-        } else {
+        } else if (op == 3) {
             ferry_remote_key kk = {key, strlen(key)};
             int rc = ferry_remote_delete(a->r, &kk, 1);
             if (rc < 0 || rc > 1)
                 a->bad++;
+        } else if (op == 4) {
+            ft_fill_pattern(buf, VLEN, k);
+            if (ferry_remote_put_sync(a->r, key, strlen(key), buf, VLEN) != 0)
+                a->bad++;
+        } else if (op == 5) {
+            if (ferry_remote_flush(a->r, 10000) != 0)
+                a->bad++;
+        } else {
+            ferry_remote_stats m = FERRY_REMOTE_STATS_INIT;
+            if (ferry_remote_stats_get(a->r, &m) != 0 || m.hits > m.gets)
+                a->bad++;
+            /* read whole while the others (and the writer) may record */
+            if (strlen(ferry_remote_last_error(a->r)) >= 4096)
+                a->bad++;
         }
     }
     return NULL;
+}
+
+/* keys are byte strings: NUL, CR, LF and bytes >= 0x80 inside a key are
+ * its own, so keys that differ only there never see each other's values */
+static void binary_keys_are_distinct(void **state)
+{
+    (void)state;
+    char url[128];
+    ferry_remote_options o = opts_a();
+    o.key_prefix = "bin:";
+    ferry_remote *r = NULL;
+    FT_ASSERT_OK(ferry_remote_open(ft_redis_url(&g_srv, 0, url, sizeof url), &o, &r));
+    static const char k1[] = {'k', 0, '\r', '\n', '1'}, k2[] = {'k', 0, '\r', '\n', '2'},
+                      k3[] = {'k', (char)0xff, '*', '1', '\r', '\n', '$'};
+    const ferry_remote_key keys[3] = {{k1, sizeof k1}, {k2, sizeof k2}, {k3, sizeof k3}};
+    for (int i = 0; i < 3; i++) {
+        char v[64];
+        memset(v, 'a' + i, sizeof v);
+        FT_ASSERT_OK(ferry_remote_put_sync(r, keys[i].data, keys[i].len, v, sizeof v - (size_t)i));
+    }
+    for (int i = 0; i < 3; i++) {
+        char v[64];
+        memset(v, 0, sizeof v);
+        assert_int_equal(ferry_remote_get(r, keys[i].data, keys[i].len, v, sizeof v),
+                         (int)sizeof v - i);
+        for (int j = 0; j < (int)sizeof v - i; j++)
+            assert_int_equal(v[j], 'a' + i);
+    }
+    char v[64];
+    assert_int_equal(ferry_remote_get(r, "k", 1, v, sizeof v), FERRY_ENOTFOUND);
+    assert_int_equal(ferry_remote_exists(r, keys, 3), 3);
+    assert_int_equal(ferry_remote_delete(r, keys + 1, 1), 1);
+    assert_int_equal(ferry_remote_exists(r, keys, 3), 1);
+    assert_int_equal(ferry_remote_get(r, keys[0].data, keys[0].len, v, sizeof v), 64);
+    assert_int_equal(ferry_remote_delete(r, keys, 3), 2);
+    ferry_remote_close(r);
 }
 
 static void threads_share_one_handle(void **state)
@@ -1865,6 +1915,7 @@ int main(void)
         cmocka_unit_test(unreachable_server_lazy_or_not),
         cmocka_unit_test(passwords_and_acl_users),
         cmocka_unit_test(threads_share_one_handle),
+        cmocka_unit_test(binary_keys_are_distinct),
         cmocka_unit_test(ci_server_round_trip),
     };
     int rc = cmocka_run_group_tests_name("remote_offline", offline, NULL, NULL);
