@@ -315,17 +315,22 @@ FERRY_API int ferry_gds_pread(ferry_gds *g, void *buf, size_t len, uint64_t slab
  * fixed buffers): transfers from inside it skip the kernel's per-I/O page
  * pinning, which is most of the cost of large O_DIRECT requests. Engines
  * without registration accept and ignore it. Unregister before freeing the
- * memory. Errors: FERRY_ESTATE (off), -EINVAL, the engine's codes (FERRY_ENOSPACE
- * when its fixed-buffer table is full); on failure nothing stays
- * registered.
+ * memory. Registering buf again with the same len does nothing.
+ * Errors: FERRY_ESTATE (off), -EINVAL, FERRY_EEXIST (buf registered with
+ * another len), the engine's codes (FERRY_ENOSPACE when its fixed-buffer
+ * table is full); on failure nothing stays registered.
  */
 FERRY_API int ferry_gds_host_register(ferry_gds *g, void *buf, size_t len);
-/** Undo ferry_gds_host_register. FERRY_ENOTFOUND when buf was not registered. */
+/** Undo ferry_gds_host_register. FERRY_ENOTFOUND when buf was not registered
+ *  (with every engine, those that ignore registrations too), FERRY_ESTATE
+ *  (off), -EINVAL (NULL). */
 FERRY_API int ferry_gds_host_unregister(ferry_gds *g, void *buf);
 /**
  * Allocate len bytes of host memory aligned for the slab (pinned when the
  * context has a device) and registered with the drive queues; free with
- * ferry_gds_buffer_free before closing the context.
+ * ferry_gds_buffer_free before closing the context. Errors: -EINVAL (out
+ * NULL, len 0), FERRY_ESTATE (off), -ENOMEM (also a len too large to
+ * round up to the alignment); *out is set only on success.
  */
 FERRY_API int ferry_gds_buffer_alloc(ferry_gds *g, size_t len, void **out);
 FERRY_API void ferry_gds_buffer_free(ferry_gds *g, void *buf);

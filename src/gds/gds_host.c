@@ -460,17 +460,69 @@ int ferry_gds_reap(ferry_gds *g, ferry_gds_req **done, unsigned min, unsigned ma
     }
 }
 
-/* ---- registered host buffers ---- */
+/* ---- registered host buffers ----
+ *
+ * The context keeps its own table of what it registered: engines without
+ * fixed buffers (posix, or io_uring where the kernel refused a table)
+ * accept and ignore a registration, so only the table can say that an
+ * unregister names a buffer never registered (FERRY_ENOTFOUND, whatever
+ * the engine). The table and the engines' registrations change together
+ * under mu (before the drives' locks). */
+
+static size_t hostbuf_find(const ferry_gds *g, const void *buf)
+{
+    for (size_t i = 0; i < g->nhost; i++)
+        if (g->hostbufs[i].buf == buf)
+            return i;
+    return SIZE_MAX;
+}
+
+/* unregister buf from every drive (caller holds mu); the first failure
+ * other than "this engine has nothing registered" is returned */
+static int host_unregister_drives(ferry_gds *g, void *buf)
+{
+    int rc = 0;
+    for (unsigned d = 0; d < g->ndrives; d++) {
+        pthread_mutex_lock(&g->drives[d].mu);
+        int r = ferry_io_unregister_buffer(g->drives[d].io, buf);
+        pthread_mutex_unlock(&g->drives[d].mu);
+        if (r < 0 && r != FERRY_ENOTSUP && r != FERRY_ENOTFOUND && rc == 0)
+            rc = ferry__err_set(&g->err, r, "gds: host unregister %p on drive %u: %s", buf, d,
+                                ferry_last_error());
+    }
+    return rc;
+}
 
 int ferry_gds_host_register(ferry_gds *g, void *buf, size_t len)
 {
     if (!g || !buf || !len)
         return ferry__err_set(g ? &g->err : NULL, -EINVAL,
                               "gds: host register needs a buffer and a length");
-    if (!g->on)
-        return ferry__err_set(&g->err, FERRY_ESTATE, "gds: host register: the context is off");
+    pthread_mutex_lock(&g->mu);
     int rc = 0;
     unsigned d = 0;
+    if (!g->on) {
+        rc = ferry__err_set(&g->err, FERRY_ESTATE, "gds: host register: the context is off");
+        goto out;
+    }
+    size_t at = hostbuf_find(g, buf);
+    if (at != SIZE_MAX) { /* again: a no-op for the same length, as the engines' */
+        if (g->hostbufs[at].len != len)
+            rc = ferry__err_set(&g->err, FERRY_EEXIST, "gds: host register %p (%zu bytes): "
+                                "registered already with %zu bytes",
+                                buf, len, g->hostbufs[at].len);
+        goto out;
+    }
+    if (g->nhost == g->caphost) {
+        size_t nc = g->caphost ? g->caphost * 2 : 8;
+        hostbuf *nv = ferry__realloc(g->hostbufs, nc * sizeof *nv);
+        if (!nv) {
+            rc = ferry__err_set(&g->err, -ENOMEM, "gds: host register %p: out of memory", buf);
+            goto out;
+        }
+        g->hostbufs = nv;
+        g->caphost = nc;
+    }
     for (; d < g->ndrives && rc == 0; d++) {
         pthread_mutex_lock(&g->drives[d].mu);
         rc = ferry_io_register_buffer(g->drives[d].io, buf, len);
@@ -486,28 +538,34 @@ int ferry_gds_host_register(ferry_gds *g, void *buf, size_t len)
             ferry_io_unregister_buffer(g->drives[j].io, buf);
             pthread_mutex_unlock(&g->drives[j].mu);
         }
-        return ferry__err_set(&g->err, rc, "gds: host register %p (%zu bytes) on drive %u: %s",
-                              buf, len, d - 1, m);
+        rc = ferry__err_set(&g->err, rc, "gds: host register %p (%zu bytes) on drive %u: %s",
+                            buf, len, d - 1, m);
+        goto out;
     }
-    return 0;
+    g->hostbufs[g->nhost++] = (hostbuf){buf, len};
+out:
+    pthread_mutex_unlock(&g->mu);
+    return rc;
 }
 
 int ferry_gds_host_unregister(ferry_gds *g, void *buf)
 {
     if (!g || !buf)
         return ferry__err_set(g ? &g->err : NULL, -EINVAL, "gds: host unregister of NULL");
+    pthread_mutex_lock(&g->mu);
+    int rc;
+    size_t at;
     if (!g->on)
-        return ferry__err_set(&g->err, FERRY_ESTATE, "gds: host unregister: the context is off");
-    int rc = 0;
-    for (unsigned d = 0; d < g->ndrives; d++) {
-        pthread_mutex_lock(&g->drives[d].mu);
-        int r = ferry_io_unregister_buffer(g->drives[d].io, buf);
-        pthread_mutex_unlock(&g->drives[d].mu);
-        if (r < 0 && r != FERRY_ENOTSUP && rc == 0)
-            rc = ferry__err_set(&g->err, r,
-                                "gds: host unregister %p on drive %u: %s", buf, d,
-                                ferry_last_error());
+        rc = ferry__err_set(&g->err, FERRY_ESTATE, "gds: host unregister: the context is off");
+    else if ((at = hostbuf_find(g, buf)) == SIZE_MAX)
+        rc = ferry__err_set(&g->err, FERRY_ENOTFOUND,
+                            "gds: host unregister %p: not registered (%zu host buffers are)", buf,
+                            g->nhost);
+    else {
+        g->hostbufs[at] = g->hostbufs[--g->nhost];
+        rc = host_unregister_drives(g, buf);
     }
+    pthread_mutex_unlock(&g->mu);
     return rc;
 }
 
@@ -517,6 +575,9 @@ int ferry_gds_buffer_alloc(ferry_gds *g, size_t len, void **out)
         return ferry__err_set(g ? &g->err : NULL, -EINVAL, "gds: buffer alloc needs a length");
     if (!g->on)
         return ferry__err_set(&g->err, FERRY_ESTATE, "gds: buffer alloc: the context is off");
+    if (len > SIZE_MAX - (g->align - 1)) /* rounding up would wrap to a tiny buffer */
+        return ferry__err_set(&g->err, -ENOMEM, "gds: buffer alloc of %zu bytes: larger than "
+                              "any allocation (rounded up to %zu it wraps)", len, g->align);
     size_t n = FERRY__ALIGN_UP(len, g->align);
     void *p = NULL;
     if (g->dev) {
@@ -548,13 +609,13 @@ void ferry_gds_buffer_free(ferry_gds *g, void *buf)
 {
     if (!g || !buf)
         return;
-    if (g->on) {
-        for (unsigned d = 0; d < g->ndrives; d++) {
-            pthread_mutex_lock(&g->drives[d].mu);
-            ferry_io_unregister_buffer(g->drives[d].io, buf);
-            pthread_mutex_unlock(&g->drives[d].mu);
-        }
+    pthread_mutex_lock(&g->mu);
+    size_t at = g->on ? hostbuf_find(g, buf) : SIZE_MAX;
+    if (at != SIZE_MAX) { /* (registration was best effort: it may not be) */
+        g->hostbufs[at] = g->hostbufs[--g->nhost];
+        host_unregister_drives(g, buf);
     }
+    pthread_mutex_unlock(&g->mu);
     if (g->dev)
         ferry_device_host_free(g->dev, buf);
     else
