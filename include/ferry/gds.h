@@ -329,8 +329,8 @@ FERRY_API int ferry_gds_host_unregister(ferry_gds *g, void *buf);
  * Allocate len bytes of host memory aligned for the slab (pinned when the
  * context has a device) and registered with the drive queues; free with
  * ferry_gds_buffer_free before closing the context. Errors: -EINVAL (out
- * NULL, len 0), FERRY_ESTATE (off), -ENOMEM (also a len too large to
- * round up to the alignment); *out is set only on success.
+ * NULL, len 0 or too large to round up to the alignment), FERRY_ESTATE
+ * (off), -ENOMEM; *out is set only on success.
  */
 FERRY_API int ferry_gds_buffer_alloc(ferry_gds *g, size_t len, void **out);
 FERRY_API void ferry_gds_buffer_free(ferry_gds *g, void *buf);

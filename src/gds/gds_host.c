@@ -576,8 +576,8 @@ int ferry_gds_buffer_alloc(ferry_gds *g, size_t len, void **out)
     if (!g->on)
         return ferry__err_set(&g->err, FERRY_ESTATE, "gds: buffer alloc: the context is off");
     if (len > SIZE_MAX - (g->align - 1)) /* rounding up would wrap to a tiny buffer */
-        return ferry__err_set(&g->err, -ENOMEM, "gds: buffer alloc of %zu bytes: larger than "
-                              "any allocation (rounded up to %zu it wraps)", len, g->align);
+        return ferry__err_set(&g->err, -EINVAL, "gds: buffer alloc of %zu bytes: too large "
+                              "(rounded up to %zu it wraps)", len, g->align);
     size_t n = FERRY__ALIGN_UP(len, g->align);
     void *p = NULL;
     if (g->dev) {
