@@ -9,6 +9,8 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -800,6 +802,89 @@ static void shared_device_from_threads(void **state)
     ferry_device_close(dev);
 }
 
+/* "events may be queried from any thread" (ferry/device.h): one thread
+ * records an event after each copy on its own stream and another waits
+ * on it, while a third polls it; whoever sees it complete sees the
+ * copy's bytes. */
+typedef struct ev_share {
+    ferry_device *dev;
+    ferry_event *e;
+    ferry_stream *s;
+    ferry_devptr d;
+    unsigned char *out;
+    size_t n;
+    atomic_int round;   /* recorded rounds */
+    atomic_int checked; /* rounds the waiter verified */
+    atomic_int stop;
+    atomic_int bad;
+} ev_share;
+
+static void *ev_waiter(void *p)
+{
+    ev_share *x = p;
+    for (int r = 1; r <= 30 && !atomic_load(&x->bad); r++) {
+        while (atomic_load(&x->round) < r)
+            sched_yield();
+        /* the recorder re-records only after this round is checked */
+        if (ferry_event_sync(x->e) != 0 || ft_check_pattern(x->out, x->n, (unsigned)r) != -1)
+            atomic_store(&x->bad, r);
+        atomic_store(&x->checked, r);
+    }
+    atomic_store(&x->stop, 1);
+    return NULL;
+}
+
+static void *ev_poller(void *p)
+{
+    ev_share *x = p;
+    while (!atomic_load(&x->stop)) {
+        int rc = ferry_event_query(x->e);
+        if (rc != 0 && rc != -EAGAIN)
+            atomic_store(&x->bad, -1);
+    }
+    return NULL;
+}
+
+static void events_are_waited_on_from_other_threads(void **state)
+{
+    (void)state;
+    ev_share x = {0};
+    x.dev = open_host();
+    x.n = 256 << 10;
+    unsigned char *src = malloc(x.n);
+    x.out = malloc(x.n);
+    FT_ASSERT_OK(ferry_stream_create(x.dev, &x.s));
+    FT_ASSERT_OK(ferry_event_create(x.dev, &x.e));
+    FT_ASSERT_OK(ferry_device_alloc(x.dev, x.n, &x.d));
+    pthread_t w, q;
+    assert_int_equal(pthread_create(&w, NULL, ev_waiter, &x), 0);
+    assert_int_equal(pthread_create(&q, NULL, ev_poller, &x), 0);
+    for (int r = 1; r <= 30; r++) {
+        if (atomic_load(&x.bad))
+            break;
+        ft_fill_pattern(src, x.n, (unsigned)r);
+        FT_ASSERT_OK(ferry_memcpy_htod_async(x.s, x.d, src, x.n));
+        FT_ASSERT_OK(ferry_memcpy_dtoh_async(x.s, x.out, x.d, x.n));
+        FT_ASSERT_OK(ferry_event_record(x.e, x.s));
+        atomic_store(&x.round, r);
+        /* src may change only once the copy is done: the waiter says so */
+        while (atomic_load(&x.checked) < r && !atomic_load(&x.bad))
+            sched_yield();
+    }
+    atomic_store(&x.round, 1000);
+    pthread_join(w, NULL);
+    atomic_store(&x.stop, 1);
+    pthread_join(q, NULL);
+    assert_int_equal(atomic_load(&x.bad), 0);
+    assert_int_equal(atomic_load(&x.checked), 30);
+    FT_ASSERT_OK(ferry_device_free(x.dev, x.d));
+    ferry_event_destroy(x.e);
+    FT_ASSERT_OK(ferry_stream_destroy(x.s));
+    ferry_device_close(x.dev);
+    free(src);
+    free(x.out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -823,6 +908,7 @@ int main(void)
         cmocka_unit_test(allocation_failures_unwind_without_leaks),
         cmocka_unit_test(close_frees_leftovers),
         cmocka_unit_test(shared_device_from_threads),
+        cmocka_unit_test(events_are_waited_on_from_other_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

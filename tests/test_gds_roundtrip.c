@@ -19,9 +19,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core.h"
@@ -564,8 +566,7 @@ static void registered_host_buffers(void **state)
     /* a slice inside a registered buffer works as well */
     FT_ASSERT_OK(ferry_gds_pread(g, b + 4096, 8192, 8 * MiB + 4096));
     FT_ASSERT_OK(ferry_gds_host_unregister(g, mine));
-    if (strcmp(ferry_gds_engine(g), "uring") == 0)
-        assert_int_equal(ferry_gds_host_unregister(g, mine), FERRY_ENOTFOUND);
+    assert_int_equal(ferry_gds_host_unregister(g, mine), FERRY_ENOTFOUND);
     assert_int_equal(ferry_gds_host_register(g, NULL, 4096), -EINVAL);
     ferry_gds_buffer_free(g, a);
     ferry_gds_close(g);
@@ -576,6 +577,45 @@ static void registered_host_buffers(void **state)
     void *p = NULL;
     assert_int_equal(ferry_gds_buffer_alloc(off, 4096, &p), FERRY_ESTATE);
     ferry_gds_close(off);
+}
+
+/* ferry_gds_host_unregister of a buffer never registered (or already
+ * unregistered) is FERRY_ENOTFOUND with every engine: the posix engine
+ * ignores registrations, and it was 0 there. The same buffer again with
+ * its length is a no-op, with another length FERRY_EEXIST. A buffer
+ * length that cannot be rounded up to the alignment is -EINVAL, as
+ * ferry_io_buffer_alloc's, out untouched (it wrapped to a tiny buffer and
+ * succeeded). */
+static void host_registration_contract_on_every_engine(void **state)
+{
+    (void)state;
+    static const char *const engines[] = {"posix", "uring"};
+    for (size_t i = 0; i < 2; i++) {
+        ferry_gds_config c = config(2, "cpu");
+        c.engine = engines[i];
+        ferry_gds *g = NULL;
+        if (ferry_gds_open(&c, &g) < 0) {
+            assert_string_equal(engines[i], "uring"); /* (no io_uring here) */
+            continue;
+        }
+        unsigned char *mine = aligned_alloc(4096, 2 * MiB), other[64];
+        assert_int_equal(ferry_gds_host_unregister(g, other), FERRY_ENOTFOUND);
+        assert_non_null(strstr(ferry_gds_last_error(g), "not registered"));
+        FT_ASSERT_OK(ferry_gds_host_register(g, mine, 2 * MiB));
+        FT_ASSERT_OK(ferry_gds_host_register(g, mine, 2 * MiB));
+        assert_int_equal(ferry_gds_host_register(g, mine, 1 * MiB), FERRY_EEXIST);
+        FT_ASSERT_OK(ferry_gds_host_unregister(g, mine));
+        assert_int_equal(ferry_gds_host_unregister(g, mine), FERRY_ENOTFOUND);
+        void *p = (void *)&c;
+        assert_int_equal(ferry_gds_buffer_alloc(g, SIZE_MAX - 100, &p), -EINVAL);
+        assert_ptr_equal(p, (void *)&c);
+        p = NULL;
+        FT_ASSERT_OK(ferry_gds_buffer_alloc(g, 4096, &p));
+        ferry_gds_buffer_free(g, p);
+        assert_int_equal(ferry_gds_host_unregister(g, p), FERRY_ENOTFOUND);
+        ferry_gds_close(g);
+        free(mine);
+    }
 }
 
 /* asynchronous host requests: many in flight over three drives, reaped in any order */
@@ -629,6 +669,69 @@ static void async_host_requests(void **state)
     ferry_gds_close(g);
     free(mem);
     free(back);
+}
+
+/* A request is the context's from submit until reaped: submitting it again
+ * meanwhile (in flight, done and unreaped, or twice in one call) is
+ * FERRY_EBUSY naming it, and it comes back once; where it was queued
+ * anyway, two hops shared one request and a caller reaping both hung. A
+ * request whose priv_ is stale (a copy of one in flight) is taken. */
+static void resubmit_in_flight_is_ebusy(void **state)
+{
+    (void)state;
+    ferry_gds_config c = config(2, "cpu");
+    ferry_gds *g = NULL;
+    FT_ASSERT_OK(ferry_gds_open(&c, &g));
+    const size_t n = 1 * MiB;
+    unsigned char *mem = aligned_alloc(4096, 2 * n);
+    ft_fill_pattern(mem, 2 * n, 5);
+    ferry_gds_req r = {FERRY_GDS_WRITE, mem, n, 0, NULL, 1, NULL};
+    ferry_gds_req *p[2] = {&r, &r}, *done[4] = {NULL};
+    assert_int_equal(ferry_gds_submit(g, p, 1), 1);
+    assert_int_equal(ferry_gds_submit(g, p, 1), FERRY_EBUSY);
+    char want[64];
+    snprintf(want, sizeof want, "(%p, write of", (void *)&r);
+    assert_non_null(strstr(ferry_gds_last_error(g), want));
+    assert_non_null(strstr(ferry_gds_last_error(g), "already in flight"));
+    ferry_gds_req copy = r; /* priv_ points at r's hop */
+    copy.buf = mem + n;
+    copy.slab_off = n;
+    ferry_gds_req *cp = &copy;
+    assert_int_equal(ferry_gds_submit(g, &cp, 1), 1);
+    int seen = 0;
+    while (seen < 2) {
+        int k = ferry_gds_reap(g, done + seen, 1, 4 - (unsigned)seen, -1);
+        assert_true(k > 0);
+        seen += k;
+    }
+    assert_int_equal(ferry_gds_reap(g, done, 1, 4, 50), 0); /* nothing more comes */
+    assert_null(r.priv_);
+    /* done but not reaped is still the context's */
+    ferry_gds_stats st = FERRY_GDS_STATS_INIT;
+    FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
+    uint64_t before = st.bytes_written;
+    assert_int_equal(ferry_gds_submit(g, p, 1), 1);
+    while (st.bytes_written == before) { /* a poll taking none: completed, left unreaped */
+        assert_int_equal(ferry_gds_reap(g, done, 0, 0, 0), 0);
+        FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
+    }
+    assert_int_equal(ferry_gds_submit(g, p, 1), FERRY_EBUSY);
+    assert_int_equal(ferry_gds_reap(g, done, 1, 4, -1), 1);
+    /* twice in one call: the first is queued */
+    assert_int_equal(ferry_gds_submit(g, p, 2), 1);
+    assert_non_null(strstr(ferry_gds_last_error(g), "request 1 ("));
+    assert_int_equal(ferry_gds_reap(g, done, 1, 4, -1), 1);
+    assert_ptr_equal(done[0], &r);
+    FT_ASSERT_OK(r.result);
+    assert_int_equal(ferry_gds_reap(g, done, 1, 4, 50), 0);
+    /* reaped: the caller's again */
+    assert_int_equal(ferry_gds_submit(g, p, 1), 1);
+    assert_int_equal(ferry_gds_reap(g, done, 1, 4, -1), 1);
+    memset(mem, 0, 2 * n);
+    FT_ASSERT_OK(ferry_gds_pread(g, mem, 2 * n, 0));
+    assert_int_equal(ft_check_pattern(mem, 2 * n, 5), -1);
+    ferry_gds_close(g);
+    free(mem);
 }
 
 /* threads storing and loading their own extents at once; thread 0 mixes in async reads */
@@ -687,6 +790,168 @@ static void threads_share_the_drive_queues(void **state)
         assert_int_equal(jobs[i].rc, 0);
     }
     ferry_gds_close(g);
+}
+
+/* What the header promises of threads (ferry/gds.h): device transfers from
+ * several threads at once, each with its own stream, while registrations
+ * come and go on other threads; and host requests submitted by one
+ * thread are reaped by another. Every byte comes back as written. */
+typedef struct dxjob {
+    ferry_gds *g;
+    ferry_extent e;
+    unsigned seed;
+    int rc;
+    char what[160];
+} dxjob;
+
+#define DX_FAIL(j, rc_, step)                                                              \
+    do {                                                                               \
+        (j)->rc = (rc_) ? (rc_) : -1;                                                  \
+        snprintf((j)->what, sizeof (j)->what, "%s: %s", step, ferry_gds_last_error((j)->g)); \
+        goto out;                                                                      \
+    } while (0)
+
+static void *dxjob_run(void *arg)
+{
+    dxjob *j = arg;
+    size_t n = (size_t)j->e.size;
+    unsigned char *a = malloc(n), *b = malloc(n);
+    ferry_stream *s = NULL;
+    ferry_devptr buf = 0, scratch = 0;
+    int rc;
+    j->rc = 0;
+    if ((rc = ferry_stream_create(g_dev, &s)) < 0 || (rc = ferry_device_alloc(g_dev, n, &buf)) < 0)
+        DX_FAIL(j, rc, "setup");
+    if ((rc = ferry_gds_register(j->g, buf, n, s)) < 0)
+        DX_FAIL(j, rc, "register");
+    for (int round = 0; round < 6; round++) {
+        unsigned seed = j->seed + (unsigned)round;
+        /* a registration that comes and goes while the others transfer */
+        if ((rc = ferry_device_alloc(g_dev, 1 * MiB, &scratch)) < 0 ||
+            (rc = ferry_gds_register(j->g, scratch, 1 * MiB, s)) < 0)
+            DX_FAIL(j, rc, "scratch register");
+        ft_fill_pattern(a, n, seed);
+        if ((rc = ferry_device_upload(g_dev, buf, a, n)) < 0)
+            DX_FAIL(j, rc, "upload");
+        rc = round % 2 ? ferry_gds_extent_transfer_async(j->g, FERRY_GDS_WRITE, &j->e, buf, s)
+                       : ferry_gds_extent_transfer(j->g, FERRY_GDS_WRITE, &j->e, buf, s);
+        if (rc < 0 || (rc = ferry_gds_stream_sync(j->g, s)) < 0)
+            DX_FAIL(j, rc, "write");
+        if ((rc = ferry_gds_deregister(j->g, scratch)) < 0)
+            DX_FAIL(j, rc, "scratch deregister");
+        ferry_device_free(g_dev, scratch);
+        scratch = 0;
+        if ((rc = ferry_device_memset(g_dev, buf, 0, n)) < 0)
+            DX_FAIL(j, rc, "memset");
+        rc = round % 2 ? ferry_gds_extent_transfer(j->g, FERRY_GDS_READ, &j->e, buf, s)
+                       : ferry_gds_extent_transfer_async(j->g, FERRY_GDS_READ, &j->e, buf, s);
+        if (rc < 0 || (rc = ferry_gds_stream_sync(j->g, s)) < 0)
+            DX_FAIL(j, rc, "read");
+        if ((rc = ferry_device_download(g_dev, b, buf, n)) < 0)
+            DX_FAIL(j, rc, "download");
+        long bad = ft_check_pattern(b, n, seed);
+        if (bad != -1) {
+            j->rc = -EBADMSG;
+            snprintf(j->what, sizeof j->what, "round %d: byte %ld differs", round, bad);
+            goto out;
+        }
+    }
+out:
+    if (scratch) {
+        ferry_gds_deregister(j->g, scratch);
+        ferry_device_free(g_dev, scratch);
+    }
+    if (buf) {
+        ferry_gds_deregister(j->g, buf);
+        ferry_device_free(g_dev, buf);
+    }
+    if (s)
+        ferry_stream_destroy(s);
+    free(a);
+    free(b);
+    return NULL;
+}
+
+enum { RQ_N = 24 };
+typedef struct reaper {
+    ferry_gds *g;
+    ferry_gds_req *rq;
+    int got, bad;
+} reaper;
+
+static void *reaper_run(void *arg)
+{
+    reaper *x = arg;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (x->got < RQ_N) {
+        ferry_gds_req *d[RQ_N];
+        /* 0 at once while none is outstanding (the submitter not there yet) */
+        int k = ferry_gds_reap(x->g, d, 1, RQ_N, 100);
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if (k < 0 || t.tv_sec - t0.tv_sec > 60) {
+            x->bad = k < 0 ? k : -ETIMEDOUT;
+            return NULL;
+        }
+        if (k == 0)
+            sched_yield();
+        for (int i = 0; i < k; i++) {
+            if (d[i] < x->rq || d[i] >= x->rq + RQ_N || d[i]->result != 0)
+                x->bad = -EBADMSG;
+            x->got++;
+        }
+    }
+    return NULL;
+}
+
+static void threads_transfer_register_and_reap(void **state)
+{
+    (void)state;
+    ferry_gds_config c = config(2, "cpu");
+    c.region_cap = 1 * MiB; /* buffers of several regions: more to look up */
+    c.stripe_bytes = 1 * MiB;
+    ferry_gds *g = NULL;
+    FT_ASSERT_OK(ferry_gds_open(&c, &g));
+    enum { T = 3 };
+    dxjob jobs[T];
+    pthread_t th[T + 1];
+    for (int i = 0; i < T; i++) {
+        jobs[i] = (dxjob){g, alloc_chunk(g, 3 * MiB), 100u + (unsigned)i * 13u, -1, ""};
+        assert_int_equal(pthread_create(&th[i], NULL, dxjob_run, &jobs[i]), 0);
+    }
+    /* host requests submitted here, reaped by another thread */
+    const size_t chunk = 256 << 10;
+    ferry_extent he = alloc_chunk(g, RQ_N * chunk);
+    unsigned char *mem = aligned_alloc(4096, RQ_N * chunk);
+    ft_fill_pattern(mem, RQ_N * chunk, 77);
+    ferry_gds_req rq[RQ_N];
+    reaper x = {g, rq, 0, 0};
+    for (int i = 0; i < RQ_N; i++)
+        rq[i] = (ferry_gds_req){FERRY_GDS_WRITE, mem + i * chunk, chunk,
+                                he.offset + (uint64_t)i * chunk, NULL, 1, NULL};
+    assert_int_equal(pthread_create(&th[T], NULL, reaper_run, &x), 0);
+    for (int i = 0; i < RQ_N; i++) {
+        ferry_gds_req *p = &rq[i];
+        assert_int_equal(ferry_gds_submit(g, &p, 1), 1);
+    }
+    for (int i = 0; i <= T; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < T; i++)
+        if (jobs[i].rc != 0)
+            fail_msg("thread %d: %d (%s): %s", i, jobs[i].rc, ferry_strerror(jobs[i].rc),
+                     jobs[i].what);
+    assert_int_equal(x.bad, 0);
+    assert_int_equal(x.got, RQ_N);
+    memset(mem, 0, RQ_N * chunk);
+    FT_ASSERT_OK(ferry_gds_extent_pread(g, &he, mem));
+    assert_int_equal(ft_check_pattern(mem, RQ_N * chunk, 77), -1);
+    ferry_gds_stats st = FERRY_GDS_STATS_INIT;
+    FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
+    assert_int_equal(st.regions, 0);
+    assert_int_equal(st.streams, 0);
+    assert_int_equal(st.async_pending, 0);
+    ferry_gds_close(g);
+    free(mem);
 }
 
 /* ---- a fake cuFile library that moves real bytes ---- */
@@ -1028,8 +1293,12 @@ int main(void)
         cmocka_unit_test_setup_teardown(device_fault_mid_transfer, setup, teardown),
         cmocka_unit_test_setup_teardown(driver_selection, setup, teardown),
         cmocka_unit_test_setup_teardown(registered_host_buffers, setup, teardown),
+        cmocka_unit_test_setup_teardown(host_registration_contract_on_every_engine, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(async_host_requests, setup, teardown),
+        cmocka_unit_test_setup_teardown(resubmit_in_flight_is_ebusy, setup, teardown),
         cmocka_unit_test_setup_teardown(threads_share_the_drive_queues, setup, teardown),
+        cmocka_unit_test_setup_teardown(threads_transfer_register_and_reap, setup, teardown),
         cmocka_unit_test_setup_teardown(cufile_driver_over_fake_library, setup, teardown),
         cmocka_unit_test_setup_teardown(cufile_driver_over_old_library, setup, teardown),
         cmocka_unit_test_setup_teardown(hipfile_driver_over_fake_library, setup, teardown),

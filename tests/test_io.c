@@ -962,6 +962,59 @@ static void sync_helper_leaves_async_completions(void **state)
 
 /* a pread that blocks until the test lets it go (posix only: uring's I/O
  * runs in the kernel) */
+/* A request is the engine's from submit until reaped: submitting it again
+ * meanwhile (in flight, or done and not yet reaped, or twice in one call)
+ * is FERRY_EBUSY naming it, and it still completes exactly once; where it
+ * was queued anyway, the in-flight count reached 2 for one completion and
+ * a caller waiting for both hung. A copy of a request in flight (its
+ * private words included) is a different request and is taken. */
+static void resubmit_in_flight_is_ebusy(void **state)
+{
+    const char *eng = engine_of(state);
+    ferry_io *io = open_io(eng, 4, 0);
+    ferry_file *f = open_file(io, "busy.bin", FERRY_FILE_TRUNC);
+    char *b = abuf(8192);
+    memset(b, 3, 8192);
+    ferry_io_req r = {.op = FERRY_IO_WRITE, .file = f, .buf = b, .len = 4096};
+    ferry_io_req *p[2] = {&r, &r}, *d[4] = {NULL};
+    assert_int_equal(ferry_io_submit(io, p, 1), 1);
+    assert_int_equal(ferry_io_submit(io, p, 1), FERRY_EBUSY);
+    char want[64];
+    snprintf(want, sizeof want, "request %p", (void *)&r);
+    assert_msg_has(ferry_io_last_error(io), want);
+    assert_msg_has(ferry_io_last_error(io), "already in flight");
+    assert_int_equal(ferry_io_inflight(io), 1);
+    ferry_io_req copy = r; /* the private words of one in flight */
+    copy.buf = b + 4096;
+    copy.offset = 4096;
+    ferry_io_req *cp = &copy;
+    assert_int_equal(ferry_io_submit(io, &cp, 1), 1);
+    assert_int_equal(ferry_io_reap(io, d, 2, 4, -1), 2);
+    assert_int_equal(ferry_io_inflight(io), 0);
+    assert_int_equal(r.result, 4096);
+    assert_int_equal(copy.result, 4096);
+    /* done but not reaped is still the engine's */
+    assert_int_equal(ferry_io_submit(io, p, 1), 1);
+    while (r.result == 0) /* a synchronous call completes it, leaving it for reap */
+        FT_ASSERT_OK(ferry_io_pwrite(io, f, b + 4096, 4096, 8192));
+    assert_int_equal(ferry_io_submit(io, p, 1), FERRY_EBUSY);
+    assert_int_equal(ferry_io_reap(io, d, 1, 4, -1), 1);
+    /* the same request twice in one call: the first is queued */
+    assert_int_equal(ferry_io_submit(io, p, 2), 1);
+    assert_msg_has(ferry_io_last_error(io), "already in flight");
+    assert_int_equal(ferry_io_inflight(io), 1);
+    assert_int_equal(ferry_io_reap(io, d, 1, 4, -1), 1);
+    assert_ptr_equal(d[0], &r);
+    assert_int_equal(ferry_io_reap(io, d, 1, 4, 50), 0); /* nothing more comes */
+    assert_int_equal(ferry_io_inflight(io), 0);
+    /* reaped: it is the caller's again */
+    assert_int_equal(ferry_io_submit(io, p, 1), 1);
+    assert_int_equal(ferry_io_reap(io, d, 1, 4, -1), 1);
+    FT_ASSERT_OK(ferry_file_close(f));
+    ferry_io_close(io);
+    free(b);
+}
+
 static pthread_mutex_t g_gate_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_gate_cv = PTHREAD_COND_INITIALIZER;
 static int g_gate_open;
@@ -1164,6 +1217,7 @@ int main(void)
         PER_ENGINE(direct_fallback_with_reason),
         PER_ENGINE(oom_everywhere_without_leaks),
         PER_ENGINE(sync_helper_leaves_async_completions),
+        PER_ENGINE(resubmit_in_flight_is_ebusy),
         cmocka_unit_test(older_options_prefix_is_accepted),
         cmocka_unit_test(open_range_checks_every_option),
         cmocka_unit_test(reap_timeout_returns_zero_then_completes),

@@ -78,10 +78,12 @@ enum fake_mode {
     FAKE_DEEP_ARRAY, /* "*1\r\n" nested without end */
     FAKE_LEN_11,     /* "$10737418240\r\n" (10 GiB: 11 digits) then endless bytes */
     FAKE_LEN_25,     /* a 25-digit length, past 2^64, then endless bytes */
+    FAKE_REPLY,      /* fake.reply, then the connection closed */
 };
 
 typedef struct fake {
     int lfd, port, mode;
+    const char *reply; /* FAKE_REPLY */
     atomic_int stop;
     atomic_ullong sent;
     pthread_t th;
@@ -144,6 +146,9 @@ static void fake_hostile(fake *f, int fd)
     memset(junk, 'x', sizeof junk);
     const uint64_t limit = 640ull << 20; /* a client without bounds still ends */
     switch (f->mode) {
+    case FAKE_REPLY:
+        fake_send(f, fd, f->reply, strlen(f->reply));
+        return;
     case FAKE_BIG_BULK:
         if (fake_send(f, fd, "$335544320\r\n", 12))
             return;
@@ -465,6 +470,76 @@ static void hostile_server_is_bounded_in_time_and_memory(void **state)
                         mi, op_name[op], grown, (unsigned long long)atomic_load(&f.sent));
             assert_true(grown < 48 * 1024);
         }
+}
+
+/* A server (or a proxy before it) that answers well-formed RESP of the
+ * wrong kind or range: never a hit, never a success, never a count out of
+ * 0..n or one that reads as an error code. DEL of one key answers 0 or 1;
+ * SET answers +OK. */
+static ferry_remote *open_fake_reply(fake *f, const char *reply)
+{
+    fake_start(f, FAKE_REPLY);
+    f->reply = reply;
+    char url[128];
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d/0?cluster=no", f->port);
+    ferry_remote_options o = opts_a();
+    o.command_timeout_ms = 5000; /* (every answer is prompt: a loaded machine is not) */
+    o.backoff_initial_ms = 60000;
+    o.backoff_max_ms = 60000;
+    ferry_remote *r = NULL;
+    FT_ASSERT_OK(ferry_remote_open(url, &o, &r));
+    return r;
+}
+
+static void wrong_kind_of_reply_is_never_success(void **state)
+{
+    (void)state;
+    static const char *const del_replies[] = {":-7\r\n", ":3000000000\r\n", ":2\r\n",
+                                              "+OK\r\n", "$1\r\n1\r\n"};
+    for (size_t i = 0; i < sizeof del_replies / sizeof del_replies[0]; i++) {
+        fake f;
+        ferry_remote *r = open_fake_reply(&f, del_replies[i]);
+        ferry_remote_key k = {"key", 3};
+        int rc = ferry_remote_delete(r, &k, 1);
+        if (rc != -EPROTO)
+            fprintf(stderr, "DEL answered %s: rc %d: %s\n", del_replies[i], rc,
+                    ferry_remote_last_error(r));
+        assert_int_equal(rc, -EPROTO);
+        assert_non_null(strstr(ferry_remote_last_error(r), "DEL"));
+        assert_int_equal(metrics(r).deletes, 0);
+        ferry_remote_close(r);
+        fake_stop(&f);
+    }
+    static const char *const set_replies[] = {":1\r\n", "$2\r\nOK\r\n", "$-1\r\n", "+QUEUED\r\n",
+                                              "*0\r\n"};
+    for (size_t i = 0; i < sizeof set_replies / sizeof set_replies[0]; i++) {
+        fake f;
+        ferry_remote *r = open_fake_reply(&f, set_replies[i]);
+        int rc = ferry_remote_put_sync(r, "key", 3, "value", 5);
+        if (rc != -EPROTO)
+            fprintf(stderr, "SET answered %s: rc %d: %s\n", set_replies[i], rc,
+                    ferry_remote_last_error(r));
+        assert_int_equal(rc, -EPROTO);
+        assert_non_null(strstr(ferry_remote_last_error(r), "SET"));
+        assert_int_equal(metrics(r).puts_written, 0);
+        ferry_remote_close(r);
+        fake_stop(&f);
+    }
+    /* a GET answered with something other than a value, or a value cut
+     * off by the server closing: never a hit */
+    static const char *const get_replies[] = {":1\r\n", "+OK\r\n", "*1\r\n$1\r\nx\r\n",
+                                              "$100\r\nabc"};
+    for (size_t i = 0; i < sizeof get_replies / sizeof get_replies[0]; i++) {
+        fake f;
+        ferry_remote *r = open_fake_reply(&f, get_replies[i]);
+        uint8_t dst[256];
+        memset(dst, 0, sizeof dst);
+        int rc = ferry_remote_get(r, "key", 3, dst, sizeof dst);
+        assert_true(rc < 0);
+        assert_int_equal(metrics(r).hits, 0);
+        ferry_remote_close(r);
+        fake_stop(&f);
+    }
 }
 
 /* the reply framer alone: bounds found from headers, before the bytes */
@@ -1694,7 +1769,7 @@ static void *worker(void *p)
         unsigned k = rand_r(&a->seed) % NKEYS;
         char key[16];
         snprintf(key, sizeof key, "t%u", k);
-        int op = (int)(rand_r(&a->seed) % 4);
+        int op = (int)(rand_r(&a->seed) % 7);
         if (op == 0) {
             ft_fill_pattern(buf, VLEN, k); /* the value of a key never changes */
             int rc = ferry_remote_put(a->r, key, strlen(key), buf, VLEN);
@@ -1718,14 +1793,64 @@ static void *worker(void *p)
             int rc = ferry_remote_exists(a->r, ks, 4);
             if (rc < 0 || rc > 4)
                 a->bad++;
-        } else {
+        } else if (op == 3) {
             ferry_remote_key kk = {key, strlen(key)};
             int rc = ferry_remote_delete(a->r, &kk, 1);
             if (rc < 0 || rc > 1)
                 a->bad++;
+        } else if (op == 4) {
+            ft_fill_pattern(buf, VLEN, k);
+            if (ferry_remote_put_sync(a->r, key, strlen(key), buf, VLEN) != 0)
+                a->bad++;
+        } else if (op == 5) {
+            if (ferry_remote_flush(a->r, 10000) != 0)
+                a->bad++;
+        } else {
+            ferry_remote_stats m = FERRY_REMOTE_STATS_INIT;
+            if (ferry_remote_stats_get(a->r, &m) != 0 || m.hits > m.gets)
+                a->bad++;
+            /* read whole while the others (and the writer) may record */
+            if (strlen(ferry_remote_last_error(a->r)) >= 4096)
+                a->bad++;
         }
     }
     return NULL;
+}
+
+/* keys are byte strings: NUL, CR, LF and bytes >= 0x80 inside a key are
+ * its own, so keys that differ only there never see each other's values */
+static void binary_keys_are_distinct(void **state)
+{
+    (void)state;
+    char url[128];
+    ferry_remote_options o = opts_a();
+    o.key_prefix = "bin:";
+    ferry_remote *r = NULL;
+    FT_ASSERT_OK(ferry_remote_open(ft_redis_url(&g_srv, 0, url, sizeof url), &o, &r));
+    static const char k1[] = {'k', 0, '\r', '\n', '1'}, k2[] = {'k', 0, '\r', '\n', '2'},
+                      k3[] = {'k', (char)0xff, '*', '1', '\r', '\n', '$'};
+    const ferry_remote_key keys[3] = {{k1, sizeof k1}, {k2, sizeof k2}, {k3, sizeof k3}};
+    for (int i = 0; i < 3; i++) {
+        char v[64];
+        memset(v, 'a' + i, sizeof v);
+        FT_ASSERT_OK(ferry_remote_put_sync(r, keys[i].data, keys[i].len, v, sizeof v - (size_t)i));
+    }
+    for (int i = 0; i < 3; i++) {
+        char v[64];
+        memset(v, 0, sizeof v);
+        assert_int_equal(ferry_remote_get(r, keys[i].data, keys[i].len, v, sizeof v),
+                         (int)sizeof v - i);
+        for (int j = 0; j < (int)sizeof v - i; j++)
+            assert_int_equal(v[j], 'a' + i);
+    }
+    char v[64];
+    assert_int_equal(ferry_remote_get(r, "k", 1, v, sizeof v), FERRY_ENOTFOUND);
+    assert_int_equal(ferry_remote_exists(r, keys, 3), 3);
+    assert_int_equal(ferry_remote_delete(r, keys + 1, 1), 1);
+    assert_int_equal(ferry_remote_exists(r, keys, 3), 1);
+    assert_int_equal(ferry_remote_get(r, keys[0].data, keys[0].len, v, sizeof v), 64);
+    assert_int_equal(ferry_remote_delete(r, keys, 3), 2);
+    ferry_remote_close(r);
 }
 
 static void threads_share_one_handle(void **state)
@@ -1767,6 +1892,7 @@ int main(void)
         cmocka_unit_test(reply_framer_bounds),
         cmocka_unit_test(options_are_range_checked),
         cmocka_unit_test(hostile_server_is_bounded_in_time_and_memory),
+        cmocka_unit_test(wrong_kind_of_reply_is_never_success),
         cmocka_unit_test(lengths_of_many_digits_are_over_the_limit),
         cmocka_unit_test(a_length_line_with_more_after_its_digits_is_broken),
     };
@@ -1789,6 +1915,7 @@ int main(void)
         cmocka_unit_test(unreachable_server_lazy_or_not),
         cmocka_unit_test(passwords_and_acl_users),
         cmocka_unit_test(threads_share_one_handle),
+        cmocka_unit_test(binary_keys_are_distinct),
         cmocka_unit_test(ci_server_round_trip),
     };
     int rc = cmocka_run_group_tests_name("remote_offline", offline, NULL, NULL);

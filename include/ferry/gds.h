@@ -315,19 +315,25 @@ FERRY_API int ferry_gds_pread(ferry_gds *g, void *buf, size_t len, uint64_t slab
  * fixed buffers): transfers from inside it skip the kernel's per-I/O page
  * pinning, which is most of the cost of large O_DIRECT requests. Engines
  * without registration accept and ignore it. Unregister before freeing the
- * memory. Errors: FERRY_ESTATE (off), -EINVAL, the engine's codes (FERRY_ENOSPACE
- * when its fixed-buffer table is full); on failure nothing stays
- * registered. It may run while other threads transfer through the context
- * (from buf too: those go the plain way until it returned), and it may
- * take long (the kernel pins, so faults, every page of buf).
+ * memory. Registering buf again with the same len does nothing.
+ * Errors: FERRY_ESTATE (off), -EINVAL, FERRY_EEXIST (buf registered with
+ * another len), the engine's codes (FERRY_ENOSPACE when its fixed-buffer
+ * table is full); on failure nothing stays registered. It may run while
+ * other threads transfer through the context (from buf too: those go the
+ * plain way until it returned), and it may take long (the kernel pins, so
+ * faults, every page of buf).
  */
 FERRY_API int ferry_gds_host_register(ferry_gds *g, void *buf, size_t len);
-/** Undo ferry_gds_host_register. FERRY_ENOTFOUND when buf was not registered. */
+/** Undo ferry_gds_host_register. FERRY_ENOTFOUND when buf was not registered
+ *  (with every engine, those that ignore registrations too), FERRY_ESTATE
+ *  (off), -EINVAL (NULL). */
 FERRY_API int ferry_gds_host_unregister(ferry_gds *g, void *buf);
 /**
  * Allocate len bytes of host memory aligned for the slab (pinned when the
  * context has a device) and registered with the drive queues; free with
- * ferry_gds_buffer_free before closing the context.
+ * ferry_gds_buffer_free before closing the context. Errors: -EINVAL (out
+ * NULL, len 0 or too large to round up to the alignment), FERRY_ESTATE
+ * (off), -ENOMEM; *out is set only on success.
  */
 FERRY_API int ferry_gds_buffer_alloc(ferry_gds *g, size_t len, void **out);
 FERRY_API void ferry_gds_buffer_free(ferry_gds *g, void *buf);
@@ -352,7 +358,9 @@ typedef struct ferry_gds_req {
  * drives' bandwidth (as `ferry bench io` does with its depth). Returns the
  * number queued (fewer than n when request k is invalid: the code of its
  * failure is then in ferry_gds_last_error) or a negative code when none
- * was. Thread-safe; any thread may reap any request.
+ * was. A request submitted and not yet reaped (earlier, or earlier in the
+ * same reqs) is FERRY_EBUSY naming it, and stays as it was. Thread-safe;
+ * any thread may reap any request.
  */
 FERRY_API int ferry_gds_submit(ferry_gds *g, ferry_gds_req *const *reqs, unsigned n);
 /**

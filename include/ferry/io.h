@@ -269,7 +269,9 @@ typedef struct ferry_io_vreq {
  * allocates): all valid requests are queued and the engine runs `depth`
  * at a time. n: 0..INT_MAX (-EINVAL beyond). Returns the number queued,
  * or a negative code when reqs[0] is invalid; a count k < n means reqs[k] was invalid (the message says
- * why) and reqs[k..n) were not queued.
+ * why) and reqs[k..n) were not queued. A request submitted and not yet
+ * reaped (earlier, or earlier in the same reqs) is FERRY_EBUSY naming it,
+ * and stays as it was.
  */
 FERRY_API int ferry_io_submit(ferry_io *io, ferry_io_req *const *reqs, unsigned n);
 /**

@@ -264,8 +264,10 @@ FERRY_API int ferry_remote_put(ferry_remote *r, const void *key, size_t key_len,
                                const void *data, size_t len);
 
 /**
- * Store data under key now, waiting for the server's answer. Returns 0.
- * Errors: FERRY_EREMOTE (error reply, e.g. OOM, quoted),
+ * Store data under key now, waiting for the server's answer. Returns 0
+ * when the server answered +OK.
+ * Errors: FERRY_EREMOTE (error reply, e.g. OOM, quoted), -EPROTO (any
+ * other answer, named in the message: the value may not be stored),
  * -ECONNREFUSED/-ETIMEDOUT/... (transport; the remote is marked down),
  * -EAGAIN (the remote is down and backing off: nothing was sent), -EINVAL.
  */
@@ -302,8 +304,9 @@ FERRY_API int ferry_remote_exists(ferry_remote *r, const ferry_remote_key *keys,
 
 /**
  * Delete keys[0..n) (pipelined). Returns how many existed and were
- * deleted. Errors: -EAGAIN (down, nothing sent), transport codes,
- * FERRY_EREMOTE, -EINVAL.
+ * deleted (0..n). Errors: -EAGAIN (down, nothing sent), transport codes,
+ * FERRY_EREMOTE, -EPROTO (a key's answer was not 0 or 1: the message
+ * names it), -EINVAL.
  */
 FERRY_API int ferry_remote_delete(ferry_remote *r, const ferry_remote_key *keys, size_t n);
 

@@ -317,6 +317,7 @@ void ferry_gds_close(ferry_gds *g)
         g->on = 0;
     }
     ferry__free(g->regions);
+    ferry__free(g->hostbufs);
     pthread_mutex_unlock(&g->mu);
     pthread_mutex_destroy(&g->mu);
     pthread_mutex_destroy(&g->amu);

@@ -32,6 +32,7 @@
 
 typedef struct hop {
     struct hop *next;          /* done list */
+    struct hop *lprev, *lnext; /* async: the live list, from submit until reaped */
     ferry_gds_req *req;        /* async: the caller's request; NULL when synchronous */
     ferry_io_req *io;          /* n engine requests */
     size_t n;
@@ -202,26 +203,40 @@ static void drive_flush(ferry_gds *g, unsigned d, ferry_io_req **ptrs, unsigned 
 }
 
 /* hand built hops' requests to the drive queues: per drive, one lock and
- * one submission per 64 requests (one io_uring_submit for a batch) */
+ * one submission per 64 requests (one io_uring_submit for a batch).
+ * An asynchronous hop may complete, be reaped and freed by another thread
+ * as soon as its last request is submitted and its drive's lock dropped,
+ * so nothing of a hop is read after that: how many requests each hop has
+ * on each drive is counted before the first submission, and a hop is
+ * scanned only while it has requests left to submit on the locked drive
+ * (those cannot complete before the lock is dropped). */
 static int hops_submit(ferry_gds *g, hop *const *hops, unsigned m)
 {
+    uint32_t todo[32][FERRY_GDS_MAX_DIRS];
+    FERRY__ASSERT(m <= FERRY__ARRAY_LEN(todo));
+    for (unsigned hi = 0; hi < m; hi++)
+        for (unsigned d = 0; d < g->ndrives; d++)
+            todo[hi][d] = (uint32_t)hops[hi]->left[d];
     int rc = 0;
     for (unsigned d = 0; d < g->ndrives; d++) {
         ferry_io_req *ptrs[64];
         unsigned k = 0;
         int locked = 0;
         for (unsigned hi = 0; hi < m; hi++) {
-            const hop *h = hops[hi];
-            if (!h->left[d])
+            if (!todo[hi][d])
                 continue;
             if (!locked) {
                 pthread_mutex_lock(&g->drives[d].mu);
                 locked = 1;
             }
-            for (size_t j = 0; j < h->n; j++) {
-                if (h->io[j].file != g->drives[d].f)
+            /* (a refused request completes at once, inside drive_flush: the
+             * hop is not read once its last one here is in ptrs) */
+            ferry_io_req *io = hops[hi]->io;
+            for (size_t j = 0; todo[hi][d]; j++) {
+                if (io[j].file != g->drives[d].f)
                     continue;
-                ptrs[k++] = &h->io[j];
+                ptrs[k++] = &io[j];
+                todo[hi][d]--;
                 if (k == FERRY__ARRAY_LEN(ptrs)) {
                     drive_flush(g, d, ptrs, k, &rc);
                     k = 0;
@@ -281,6 +296,30 @@ int ferry_gds_pread(ferry_gds *g, void *buf, size_t len, uint64_t slab_off)
     return host_rw(g, FERRY_GDS_READ, buf, len, slab_off);
 }
 
+/* The live list holds every asynchronous hop from submit until it is
+ * reaped, so a request submitted again meanwhile is refused before it is
+ * relinked (it would complete once while counted twice, and a caller
+ * waiting for both would hang). A request's priv_ is the caller's garbage
+ * until first submitted and NULL once reaped: only a non-NULL one is
+ * looked up, never dereferenced. Caller holds amu. */
+static int req_live(const ferry_gds *g, const ferry_gds_req *q)
+{
+    for (const hop *h = g->live; h; h = h->lnext)
+        if (h->req == q)
+            return 1;
+    return 0;
+}
+
+static void live_unlink(ferry_gds *g, hop *h)
+{
+    if (h->lprev)
+        h->lprev->lnext = h->lnext;
+    else
+        g->live = h->lnext;
+    if (h->lnext)
+        h->lnext->lprev = h->lprev;
+}
+
 /* close: host requests still in flight land first; unreaped ones are dropped */
 void ferry__gds_async_drain(ferry_gds *g)
 {
@@ -302,6 +341,8 @@ void ferry__gds_async_drain(ferry_gds *g)
             hop_free_parts(h);
             ferry__free(h);
         }
+        g->done_tail = NULL;
+        g->live = NULL;
     }
 }
 
@@ -320,6 +361,20 @@ int ferry_gds_submit(ferry_gds *g, ferry_gds_req *const *reqs, unsigned n)
                 rc = ferry__err_set(&g->err, -EINVAL, "gds: submit: request %u is NULL", k);
                 break;
             }
+            if (q->priv_) {
+                pthread_mutex_lock(&g->amu);
+                int live = req_live(g, q);
+                pthread_mutex_unlock(&g->amu);
+                if (live) {
+                    rc = ferry__err_set(&g->err, FERRY_EBUSY,
+                                        "gds: submit: request %u (%p, %s of %zu bytes at slab "
+                                        "offset %llu) is already in flight: a request is the "
+                                        "context's from submit until reaped",
+                                        k, (void *)q, ferry__gds_dirname(q->dir), q->len,
+                                        (unsigned long long)q->slab_off);
+                    break;
+                }
+            }
             if ((rc = host_check(g, q->dir, q->buf, q->len, q->slab_off)) < 0)
                 break;
             hop *h = ferry__malloc(sizeof *h);
@@ -335,6 +390,13 @@ int ferry_gds_submit(ferry_gds *g, ferry_gds_req *const *reqs, unsigned n)
             h->req = q;
             q->result = 0;
             q->priv_ = h;
+            pthread_mutex_lock(&g->amu);
+            h->lprev = NULL;
+            h->lnext = g->live;
+            if (g->live)
+                g->live->lprev = h;
+            g->live = h;
+            pthread_mutex_unlock(&g->amu);
             batch[m++] = h;
         }
         atomic_fetch_add(&g->async_hops, m);
@@ -371,6 +433,7 @@ int ferry_gds_reap(ferry_gds *g, ferry_gds_req **done, unsigned min, unsigned ma
             g->ndone--;
             done[got++] = h->req;
             h->req->priv_ = NULL;
+            live_unlink(g, h);
             hop_free_parts(h);
             ferry__free(h);
             atomic_fetch_sub(&g->async_hops, 1);
@@ -397,20 +460,73 @@ int ferry_gds_reap(ferry_gds *g, ferry_gds_req **done, unsigned min, unsigned ma
     }
 }
 
-/* ---- registered host buffers ---- */
+/* ---- registered host buffers ----
+ *
+ * The context keeps its own table of what it registered: engines without
+ * fixed buffers (posix, or io_uring where the kernel refused a table)
+ * accept and ignore a registration, so only the table can say that an
+ * unregister names a buffer never registered (FERRY_ENOTFOUND, whatever
+ * the engine). The table and the engines' registrations change together
+ * under mu (before the drives' locks). */
+
+static size_t hostbuf_find(const ferry_gds *g, const void *buf)
+{
+    for (size_t i = 0; i < g->nhost; i++)
+        if (g->hostbufs[i].buf == buf)
+            return i;
+    return SIZE_MAX;
+}
+
+/* unregister buf from every drive (caller holds mu); the first failure
+ * other than "this engine has nothing registered" is returned */
+static int host_unregister_drives(ferry_gds *g, void *buf)
+{
+    int rc = 0;
+    for (unsigned d = 0; d < g->ndrives; d++) {
+        pthread_mutex_lock(&g->drives[d].mu);
+        int r = ferry_io_unregister_buffer(g->drives[d].io, buf);
+        pthread_mutex_unlock(&g->drives[d].mu);
+        if (r < 0 && r != FERRY_ENOTSUP && r != FERRY_ENOTFOUND && rc == 0)
+            rc = ferry__err_set(&g->err, r, "gds: host unregister %p on drive %u: %s", buf, d,
+                                ferry_last_error());
+    }
+    return rc;
+}
 
 int ferry_gds_host_register(ferry_gds *g, void *buf, size_t len)
 {
     if (!g || !buf || !len)
         return ferry__err_set(g ? &g->err : NULL, -EINVAL,
                               "gds: host register needs a buffer and a length");
-    if (!g->on)
-        return ferry__err_set(&g->err, FERRY_ESTATE, "gds: host register: the context is off");
+    pthread_mutex_lock(&g->mu);
     int rc = 0;
     unsigned d = 0;
-    /* without the drive's lock: a registration may run beside the drive's
-     * transfers (ferry/io.h), and it pins every page, which must not hold
-     * up the transfers of other threads meanwhile */
+    if (!g->on) {
+        rc = ferry__err_set(&g->err, FERRY_ESTATE, "gds: host register: the context is off");
+        goto out;
+    }
+    size_t at = hostbuf_find(g, buf);
+    if (at != SIZE_MAX) { /* again: a no-op for the same length, as the engines' */
+        if (g->hostbufs[at].len != len)
+            rc = ferry__err_set(&g->err, FERRY_EEXIST, "gds: host register %p (%zu bytes): "
+                                "registered already with %zu bytes",
+                                buf, len, g->hostbufs[at].len);
+        goto out;
+    }
+    if (g->nhost == g->caphost) {
+        size_t nc = g->caphost ? g->caphost * 2 : 8;
+        hostbuf *nv = ferry__realloc(g->hostbufs, nc * sizeof *nv);
+        if (!nv) {
+            rc = ferry__err_set(&g->err, -ENOMEM, "gds: host register %p: out of memory", buf);
+            goto out;
+        }
+        g->hostbufs = nv;
+        g->caphost = nc;
+    }
+    /* without the drive's lock (the context's, g->mu, guards only
+     * registrations, frees and close): a registration may run beside the
+     * drive's transfers (ferry/io.h), and it pins every page, which must
+     * not hold up the transfers of other threads meanwhile */
     for (; d < g->ndrives && rc == 0; d++)
         rc = ferry_io_register_buffer(g->drives[d].io, buf, len);
     if (rc == FERRY_ENOTSUP)
@@ -423,28 +539,34 @@ int ferry_gds_host_register(ferry_gds *g, void *buf, size_t len)
             ferry_io_unregister_buffer(g->drives[j].io, buf);
             pthread_mutex_unlock(&g->drives[j].mu);
         }
-        return ferry__err_set(&g->err, rc, "gds: host register %p (%zu bytes) on drive %u: %s",
-                              buf, len, d - 1, m);
+        rc = ferry__err_set(&g->err, rc, "gds: host register %p (%zu bytes) on drive %u: %s",
+                            buf, len, d - 1, m);
+        goto out;
     }
-    return 0;
+    g->hostbufs[g->nhost++] = (hostbuf){buf, len};
+out:
+    pthread_mutex_unlock(&g->mu);
+    return rc;
 }
 
 int ferry_gds_host_unregister(ferry_gds *g, void *buf)
 {
     if (!g || !buf)
         return ferry__err_set(g ? &g->err : NULL, -EINVAL, "gds: host unregister of NULL");
+    pthread_mutex_lock(&g->mu);
+    int rc;
+    size_t at;
     if (!g->on)
-        return ferry__err_set(&g->err, FERRY_ESTATE, "gds: host unregister: the context is off");
-    int rc = 0;
-    for (unsigned d = 0; d < g->ndrives; d++) {
-        pthread_mutex_lock(&g->drives[d].mu);
-        int r = ferry_io_unregister_buffer(g->drives[d].io, buf);
-        pthread_mutex_unlock(&g->drives[d].mu);
-        if (r < 0 && r != FERRY_ENOTSUP && rc == 0)
-            rc = ferry__err_set(&g->err, r,
-                                "gds: host unregister %p on drive %u: %s", buf, d,
-                                ferry_last_error());
+        rc = ferry__err_set(&g->err, FERRY_ESTATE, "gds: host unregister: the context is off");
+    else if ((at = hostbuf_find(g, buf)) == SIZE_MAX)
+        rc = ferry__err_set(&g->err, FERRY_ENOTFOUND,
+                            "gds: host unregister %p: not registered (%zu host buffers are)", buf,
+                            g->nhost);
+    else {
+        g->hostbufs[at] = g->hostbufs[--g->nhost];
+        rc = host_unregister_drives(g, buf);
     }
+    pthread_mutex_unlock(&g->mu);
     return rc;
 }
 
@@ -454,6 +576,9 @@ int ferry_gds_buffer_alloc(ferry_gds *g, size_t len, void **out)
         return ferry__err_set(g ? &g->err : NULL, -EINVAL, "gds: buffer alloc needs a length");
     if (!g->on)
         return ferry__err_set(&g->err, FERRY_ESTATE, "gds: buffer alloc: the context is off");
+    if (len > SIZE_MAX - (g->align - 1)) /* rounding up would wrap to a tiny buffer */
+        return ferry__err_set(&g->err, -EINVAL, "gds: buffer alloc of %zu bytes: too large "
+                              "(rounded up to %zu it wraps)", len, g->align);
     size_t n = FERRY__ALIGN_UP(len, g->align);
     void *p = NULL;
     if (g->dev) {
@@ -485,13 +610,13 @@ void ferry_gds_buffer_free(ferry_gds *g, void *buf)
 {
     if (!g || !buf)
         return;
-    if (g->on) {
-        for (unsigned d = 0; d < g->ndrives; d++) {
-            pthread_mutex_lock(&g->drives[d].mu);
-            ferry_io_unregister_buffer(g->drives[d].io, buf);
-            pthread_mutex_unlock(&g->drives[d].mu);
-        }
+    pthread_mutex_lock(&g->mu);
+    size_t at = g->on ? hostbuf_find(g, buf) : SIZE_MAX;
+    if (at != SIZE_MAX) { /* (registration was best effort: it may not be) */
+        g->hostbufs[at] = g->hostbufs[--g->nhost];
+        host_unregister_drives(g, buf);
     }
+    pthread_mutex_unlock(&g->mu);
     if (g->dev)
         ferry_device_host_free(g->dev, buf);
     else

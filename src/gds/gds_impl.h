@@ -73,6 +73,12 @@ typedef struct gstream {
     char errmsg[320];
 } gstream;
 
+/* a host buffer registered with the drive queues (ferry_gds_host_register) */
+typedef struct hostbuf {
+    void *buf;
+    size_t len;
+} hostbuf;
+
 typedef struct region {
     ferry_devptr base;
     size_t len;
@@ -109,11 +115,14 @@ struct ferry_gds {
     unsigned nbuffers;
     gstream *streams;
     unsigned nstreams;
+    hostbuf *hostbufs;           /* registered host buffers (under mu) */
+    size_t nhost, caphost;
     uint64_t async_pending; /* under mu */
     _Atomic uint64_t bytes_read, bytes_written, driver_ios, engine_ios, checkpoints;
     /* asynchronous host requests: completed ones wait here for ferry_gds_reap */
     pthread_mutex_t amu;
     struct hop *done_head, *done_tail;
+    struct hop *live;            /* submitted and not yet reaped (under amu) */
     unsigned ndone;
     _Atomic unsigned async_hops; /* submitted and not yet reaped */
 };

@@ -45,13 +45,37 @@ typedef struct rq_priv {
     uint32_t piece;       /* split size */
     uint16_t flags;
     uint16_t pad;         /* RQ_EOF_OK: bytes at the end that may lie past EOF */
-    uint32_t spare;
+    uint32_t mark;        /* RQ_MARK from submit until reaped */
 } rq_priv;
 _Static_assert(sizeof(rq_priv) <= sizeof(((ferry_io_req *)0)->priv_), "rq_priv fits priv_");
 
 static rq_priv *P(ferry_io_req *r)
 {
     return (rq_priv *)(void *)r->priv_;
+}
+
+/* A request's private words hold RQ_MARK from submit until it is reaped,
+ * so a second submit of a request still in flight is caught before it
+ * relinks the queues (it would complete once, with the in-flight count
+ * left one too high and a caller waiting for both hanging). The words of
+ * a fresh request are whatever the caller's memory held: a mark is only a
+ * hint, confirmed by finding the request in this engine's queues or parts.
+ * (A request is a file's, and a file is one engine's: an untouched request
+ * in flight can only come back to the engine that holds it.) */
+#define RQ_MARK 0x46525251u /* "FRRQ" */
+
+static int req_held(const ferry_io *io, const ferry_io_req *r)
+{
+    for (const ferry_io_req *q = io->pend_head; q; q = P((ferry_io_req *)q)->next)
+        if (q == r)
+            return 1;
+    for (const ferry_io_req *q = io->done_head; q; q = P((ferry_io_req *)q)->next)
+        if (q == r)
+            return 1;
+    for (unsigned i = 0; i < io->nparts; i++)
+        if (io->parts[i].parent == r)
+            return 1;
+    return 0;
 }
 
 #define RETRY_MAX 1000u      /* consecutive EINTR/EAGAIN on one part */
@@ -630,6 +654,12 @@ static int validate(ferry_io *io, ferry_io_req *r)
 {
     if (!r)
         return ferry__err_set(&io->err, -EINVAL, "io: request is NULL");
+    if (P(r)->mark == RQ_MARK && req_held(io, r))
+        return ferry__err_set(&io->err, FERRY_EBUSY,
+                              "io: request %p (%s of %zu bytes at offset %llu) is already in "
+                              "flight: a request is the engine's from submit until reaped",
+                              (void *)r, r->op == FERRY_IO_WRITE ? "write" : "read", r->len,
+                              (unsigned long long)r->offset);
     ferry_file *f = r->file;
     if (!f || f->io != io)
         return ferry__err_set(&io->err, -EINVAL,
@@ -692,6 +722,7 @@ static void enqueue(ferry_io *io, ferry_io_req *r, uint32_t piece, uint16_t flag
     p->piece = piece;
     p->flags = (uint16_t)(flags | RQ_PENDING);
     p->pad = pad;
+    p->mark = RQ_MARK;
     r->result = 0;
     if (io->pend_tail)
         P(io->pend_tail)->next = r;
@@ -964,6 +995,7 @@ int ferry_io_reap(ferry_io *io, ferry_io_req **done, unsigned min, unsigned max,
         if (!io->done_head)
             io->done_tail = NULL;
         P(r)->next = NULL;
+        P(r)->mark = 0;
         FERRY__ASSERT(io->ndone > 0 && io->inflight >= io->ndone);
         io->ndone--;
         io->inflight--;
@@ -1094,105 +1126,4 @@ int ferry_io_write_dev(ferry_io *io, ferry_file *f, ferry_stream *s, ferry_devpt
                        uint64_t off)
 {
     return dev_rw(io, f, s, FERRY_IO_WRITE, src, len, off);
-}
-
-/* ---- probes ---- */
-static int dir_writable(const char *dir, char *why, size_t why_len)
-{
-    if (access(dir, W_OK | X_OK) != 0) {
-        int e = errno;
-        snprintf(why, why_len, "directory %s is not usable: %s (%s)", dir, ferry_err_name(-e),
-                 strerror(e));
-        return -e;
-    }
-    return 0;
-}
-
-int ferry_io_direct_probe(const char *dir, char *why, size_t why_len)
-{
-    char dummy[8];
-    if (!why || !why_len) {
-        why = dummy;
-        why_len = sizeof dummy;
-    }
-    why[0] = 0;
-    if (!dir || !*dir) {
-        snprintf(why, why_len, "no directory given");
-        return -EINVAL;
-    }
-    static unsigned counter;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/.ferry-direct-probe-%d-%u", dir, (int)getpid(),
-             __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
-    const ferry__sys *sys = ferry__sys_get();
-    int fd = sys->open(path, O_CREAT | O_EXCL | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        int e = errno;
-        if (e == EINVAL) {
-            snprintf(why, why_len, "O_DIRECT refused by the file system of %s (open: EINVAL)",
-                     dir);
-            return -EINVAL;
-        }
-        snprintf(why, why_len, "cannot create a file in %s: %s (%s)", dir, ferry_err_name(-e),
-                 strerror(e));
-        return -e;
-    }
-    int rc = 0;
-    void *buf = NULL;
-    if (posix_memalign(&buf, FERRY_IO_ALIGN, FERRY_IO_ALIGN) != 0) {
-        rc = -ENOMEM;
-        snprintf(why, why_len, "out of memory");
-    } else {
-        memset(buf, 0, FERRY_IO_ALIGN);
-        ssize_t w = sys->pwrite(fd, buf, FERRY_IO_ALIGN, 0);
-        if (w != (ssize_t)FERRY_IO_ALIGN) {
-            int e = w < 0 ? errno : EIO;
-            rc = -e;
-            snprintf(why, why_len, "O_DIRECT write of %u bytes in %s failed: %s (%s)",
-                     FERRY_IO_ALIGN, dir, ferry_err_name(-e), strerror(e));
-        } else {
-            ssize_t r = sys->pread(fd, buf, FERRY_IO_ALIGN, 0);
-            if (r != (ssize_t)FERRY_IO_ALIGN) {
-                int e = r < 0 ? errno : EIO;
-                rc = -e;
-                snprintf(why, why_len, "O_DIRECT read of %u bytes in %s failed: %s (%s)",
-                         FERRY_IO_ALIGN, dir, ferry_err_name(-e), strerror(e));
-            }
-        }
-        free(buf);
-    }
-    sys->close(fd);
-    unlink(path);
-    if (rc == 0)
-        snprintf(why, why_len, "O_DIRECT works in %s (4096-byte write and read)", dir);
-    return rc;
-}
-
-int ferry_io_engine_probe(const char *engine, const char *dir, char *why, size_t why_len)
-{
-    char dummy[8];
-    if (!why || !why_len) {
-        why = dummy;
-        why_len = sizeof dummy;
-    }
-    why[0] = 0;
-    if (!engine || !*engine || !strcmp(engine, "auto")) {
-        snprintf(why, why_len, "name an engine: posix, uring or cufile");
-        return -EINVAL;
-    }
-    int rc;
-    if (!strcmp(engine, "posix")) {
-        rc = 0;
-        snprintf(why, why_len, "pread/pwrite on a thread pool: always available");
-    } else if (!strcmp(engine, "uring"))
-        rc = ferry__uring_probe(why, why_len);
-    else if (!strcmp(engine, "cufile"))
-        rc = ferry__cufile_probe(why, why_len);
-    else {
-        snprintf(why, why_len, "unknown engine '%s' (posix|uring|cufile)", engine);
-        return -EINVAL;
-    }
-    if (rc == 0 && dir && *dir)
-        rc = dir_writable(dir, why, why_len);
-    return rc;
 }

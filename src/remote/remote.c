@@ -505,6 +505,13 @@ static void *writer_main(void *arg)
                         FERRY_LOGW("%s (the write is dropped; %llu more refused since the "
                                    "last warning)",
                                    ferry_remote_last_error(r), (unsigned long long)quiet);
+                } else if (!ferry__rreply_is_ok(cmds[i].reply)) {
+                    INC(r->errors);
+                    INC(r->dropped);
+                    char ks[80], d[64];
+                    rfail(r, -EPROTO, "remote %s: SET %s (%zu bytes): answered %s, not +OK",
+                          r->url.redacted, key_str(batch[i]->key, batch[i]->klen, ks, sizeof ks),
+                          batch[i]->vlen, ferry__rreply_desc(cmds[i].reply, d, sizeof d));
                 } else {
                     INC(r->puts_written);
                     ADD(r->bytes_written, batch[i]->vlen);
@@ -845,10 +852,16 @@ int ferry_remote_put_sync(ferry_remote *r, const void *key, size_t key_len, cons
         return publish(r, &eb, -EAGAIN);
     if (rc < 0)
         return publish(r, &eb, rc);
+    char d[64];
     if (cmd.reply->type == REDIS_REPLY_ERROR) {
         INC(r->errors);
         rc = rfail(r, FERRY_EREMOTE, "remote %s: SET %s (%zu bytes): %s", r->url.redacted,
                    key_str(key, key_len, ks, sizeof ks), vlen, cmd.reply->str);
+    } else if (!ferry__rreply_is_ok(cmd.reply)) { /* (a proxy or no server of ours) */
+        INC(r->errors);
+        rc = rfail(r, -EPROTO, "remote %s: SET %s (%zu bytes): answered %s, not +OK",
+                   r->url.redacted, key_str(key, key_len, ks, sizeof ks), vlen,
+                   ferry__rreply_desc(cmd.reply, d, sizeof d));
     } else {
         INC(r->puts_written);
         ADD(r->bytes_written, vlen);
@@ -1082,14 +1095,21 @@ int ferry_remote_delete(ferry_remote *r, const ferry_remote_key *keys, size_t n)
     } else if (rc == RUN_OK) {
         long long deleted = 0;
         for (size_t i = 0; i < n; i++) {
+            /* DEL of one key answers 0 or 1: anything else is no count */
             redisReply *rep = cmds[i].reply;
-            if (rep->type == REDIS_REPLY_INTEGER)
+            char d[64];
+            if (rep->type == REDIS_REPLY_INTEGER && (rep->integer == 0 || rep->integer == 1))
                 deleted += rep->integer;
             else if (rep->type == REDIS_REPLY_ERROR) {
                 INC(r->errors);
                 if (rc == 0)
                     rc = rfail(r, FERRY_EREMOTE, "remote %s: DEL: %s", r->url.redacted,
                                rep->str);
+            } else {
+                INC(r->errors);
+                if (rc == 0)
+                    rc = rfail(r, -EPROTO, "remote %s: DEL of key %zu: answered %s, not 0 or 1",
+                               r->url.redacted, i, ferry__rreply_desc(rep, d, sizeof d));
             }
         }
         ADD(r->deletes, deleted);

@@ -257,6 +257,37 @@ void ferry__rcmd_release(ferry__rcmd *cmds, size_t n)
         }
 }
 
+const char *ferry__rreply_desc(const redisReply *rep, char *buf, size_t cap)
+{
+    switch (rep->type) {
+    case REDIS_REPLY_INTEGER:
+        snprintf(buf, cap, "integer %lld", (long long)rep->integer);
+        break;
+    case REDIS_REPLY_STATUS:
+    case REDIS_REPLY_ERROR:
+        snprintf(buf, cap, "%s %.40s", rep->type == REDIS_REPLY_STATUS ? "status" : "error",
+                 rep->str);
+        break;
+    case REDIS_REPLY_STRING:
+        snprintf(buf, cap, "a string of %zu bytes", (size_t)rep->len);
+        break;
+    case REDIS_REPLY_ARRAY:
+        snprintf(buf, cap, "an array of %zu", (size_t)rep->elements);
+        break;
+    case REDIS_REPLY_NIL:
+        snprintf(buf, cap, "nil");
+        break;
+    default:
+        snprintf(buf, cap, "reply type %d", rep->type);
+    }
+    return buf;
+}
+
+int ferry__rreply_is_ok(const redisReply *rep)
+{
+    return rep->type == REDIS_REPLY_STATUS && rep->len == 2 && !memcmp(rep->str, "OK", 2);
+}
+
 /* hiredis keeps the cause as text; errno may have been clobbered since.
  * Recover the errno whose strerror() hiredis recorded. */
 static int map_err(const redisContext *ctx, int saved_errno)

@@ -107,6 +107,10 @@ typedef struct ferry__rcmd {
     struct redisReply *reply;   /* out; freed with ferry__rcmd_release */
 } ferry__rcmd;
 void ferry__rcmd_release(ferry__rcmd *cmds, size_t n);
+/* What a reply is, for a message ("integer -7", "status QUEUED", "nil"...) */
+const char *ferry__rreply_desc(const struct redisReply *rep, char *buf, size_t cap);
+/* 1 when a SET was acknowledged: the status reply +OK, nothing else */
+int ferry__rreply_is_ok(const struct redisReply *rep);
 
 /* An incremental RESP2 scanner that frames one reply at a time within its
  * bounds (fuzzed: fuzz/fuzz_remote_frame.c). */
