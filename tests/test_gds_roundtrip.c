@@ -20,6 +20,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,7 @@
 #include "ferry_test.h"
 #include "gds/driver.h"
 #include "io/cufile_api.h"
+#include "io/sys.h"
 
 #define MiB (1u << 20)
 
@@ -616,6 +618,98 @@ static void host_registration_contract_on_every_engine(void **state)
         ferry_gds_close(g);
         free(mine);
     }
+}
+
+/* A host registration holds up no device transfer of another thread
+ * (ferry/gds.h: it may run beside transfers, and may take long: the
+ * kernel pins every page). The registration is held inside the kernel
+ * call (the io seam's hook) until the main thread's device transfer and
+ * stats returned, or for 3 s: the context's lock was held across the pin,
+ * so the transfer waited out the whole registration. uring only. */
+static atomic_int g_pin_entered, g_pin_release, g_pin_timed_out;
+static int pin_hook(void *ctx, unsigned slot, void *base, size_t len)
+{
+    (void)ctx;
+    (void)slot;
+    (void)base;
+    (void)len;
+    atomic_store(&g_pin_entered, 1);
+    for (int ms = 0; !atomic_load(&g_pin_release); ms++) {
+        if (ms == 3000) {
+            atomic_store(&g_pin_timed_out, 1);
+            break;
+        }
+        struct timespec t = {0, 1000000};
+        nanosleep(&t, NULL);
+    }
+    return 0;
+}
+
+typedef struct {
+    ferry_gds *g;
+    void *buf;
+    size_t len;
+    int rc;
+} pin_arg;
+
+static void *pin_thread(void *p)
+{
+    pin_arg *a = p;
+    a->rc = ferry_gds_host_register(a->g, a->buf, a->len);
+    return NULL;
+}
+
+static void host_register_holds_up_no_device_transfer(void **state)
+{
+    (void)state;
+    ferry_gds_config c = config(2, "cpu");
+    c.engine = "uring";
+    ferry_gds *g = NULL;
+    if (ferry_gds_open(&c, &g) < 0)
+        return; /* (no io_uring here) */
+    const size_t n = 4 * MiB;
+    ferry_devptr dbuf;
+    FT_ASSERT_OK(ferry_device_alloc(g_dev, n, &dbuf));
+    FT_ASSERT_OK(ferry_gds_register(g, dbuf, n, NULL));
+    unsigned char *pat = malloc(n), *back = malloc(n);
+    ft_fill_pattern(pat, n, 29);
+    FT_ASSERT_OK(ferry_device_upload(g_dev, dbuf, pat, n));
+    static ferry__sys t;
+    t = *ferry__sys_default();
+    t.uring_register = pin_hook;
+    atomic_store(&g_pin_entered, 0);
+    atomic_store(&g_pin_release, 0);
+    atomic_store(&g_pin_timed_out, 0);
+    ferry__sys_set(&t);
+    pin_arg a = {g, aligned_alloc(4096, 2 * MiB), 2 * MiB, -1};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, pin_thread, &a), 0);
+    /* the posix fallback of a uring without a table never calls the hook */
+    for (int ms = 0; !atomic_load(&g_pin_entered) && ms < 500; ms++) {
+        struct timespec one = {0, 1000000};
+        nanosleep(&one, NULL);
+    }
+    int entered = atomic_load(&g_pin_entered);
+    FT_ASSERT_OK(ferry_gds_transfer(g, FERRY_GDS_WRITE, 0, n, dbuf, NULL));
+    FT_ASSERT_OK(ferry_device_memset(g_dev, dbuf, 0, n));
+    FT_ASSERT_OK(ferry_gds_transfer(g, FERRY_GDS_READ, 0, n, dbuf, NULL));
+    ferry_gds_stats st = FERRY_GDS_STATS_INIT;
+    FT_ASSERT_OK(ferry_gds_stats_get(g, &st));
+    atomic_store(&g_pin_release, 1);
+    pthread_join(th, NULL);
+    ferry__sys_set(NULL);
+    FT_ASSERT_OK(a.rc);
+    if (entered)
+        assert_int_equal(atomic_load(&g_pin_timed_out), 0); /* released by the transfer */
+    FT_ASSERT_OK(ferry_device_download(g_dev, back, dbuf, n));
+    assert_memory_equal(back, pat, n);
+    FT_ASSERT_OK(ferry_gds_host_unregister(g, a.buf));
+    FT_ASSERT_OK(ferry_gds_deregister(g, dbuf));
+    ferry_gds_close(g);
+    FT_ASSERT_OK(ferry_device_free(g_dev, dbuf));
+    free(a.buf);
+    free(pat);
+    free(back);
 }
 
 /* asynchronous host requests: many in flight over three drives, reaped in any order */
@@ -1294,6 +1388,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(driver_selection, setup, teardown),
         cmocka_unit_test_setup_teardown(registered_host_buffers, setup, teardown),
         cmocka_unit_test_setup_teardown(host_registration_contract_on_every_engine, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(host_register_holds_up_no_device_transfer, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(async_host_requests, setup, teardown),
         cmocka_unit_test_setup_teardown(resubmit_in_flight_is_ebusy, setup, teardown),

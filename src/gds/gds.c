@@ -45,6 +45,7 @@ static int gds_alloc(ferry_gds **out)
     ferry_gds *g = ferry__calloc(1, sizeof *g);
     if (!g)
         return ferry__err_set(NULL, -ENOMEM, "gds: out of memory creating the context");
+    pthread_mutex_init(&g->hmu, NULL);
     pthread_mutex_init(&g->mu, NULL);
     pthread_mutex_init(&g->amu, NULL);
     *out = g;
@@ -307,6 +308,7 @@ void ferry_gds_close(ferry_gds *g)
     if (!g)
         return;
     ferry__gds_async_drain(g);
+    pthread_mutex_lock(&g->hmu); /* (waits for a registration still pinning) */
     pthread_mutex_lock(&g->mu);
     if (g->on) {
         ferry__gds_regions_release(g);
@@ -319,7 +321,9 @@ void ferry_gds_close(ferry_gds *g)
     ferry__free(g->regions);
     ferry__free(g->hostbufs);
     pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->hmu);
     pthread_mutex_destroy(&g->mu);
+    pthread_mutex_destroy(&g->hmu);
     pthread_mutex_destroy(&g->amu);
     ferry__free(g);
 }

@@ -467,7 +467,19 @@ int ferry_gds_reap(ferry_gds *g, ferry_gds_req **done, unsigned min, unsigned ma
  * accept and ignore a registration, so only the table can say that an
  * unregister names a buffer never registered (FERRY_ENOTFOUND, whatever
  * the engine). The table and the engines' registrations change together
- * under mu (before the drives' locks). */
+ * under hmu, never mu: a registration pins every page of the buffer
+ * (seconds for a large one not yet faulted in) and device transfers take
+ * mu, so holding mu across it would stall every other thread's device
+ * transfers, which ferry/gds.h says may run meanwhile. */
+
+/* the on flag, read under mu (init and close write it there) */
+static int ctx_on(ferry_gds *g)
+{
+    pthread_mutex_lock(&g->mu);
+    int on = g->on;
+    pthread_mutex_unlock(&g->mu);
+    return on;
+}
 
 static size_t hostbuf_find(const ferry_gds *g, const void *buf)
 {
@@ -477,7 +489,7 @@ static size_t hostbuf_find(const ferry_gds *g, const void *buf)
     return SIZE_MAX;
 }
 
-/* unregister buf from every drive (caller holds mu); the first failure
+/* unregister buf from every drive (caller holds hmu); the first failure
  * other than "this engine has nothing registered" is returned */
 static int host_unregister_drives(ferry_gds *g, void *buf)
 {
@@ -498,10 +510,10 @@ int ferry_gds_host_register(ferry_gds *g, void *buf, size_t len)
     if (!g || !buf || !len)
         return ferry__err_set(g ? &g->err : NULL, -EINVAL,
                               "gds: host register needs a buffer and a length");
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->hmu);
     int rc = 0;
     unsigned d = 0;
-    if (!g->on) {
+    if (!ctx_on(g)) {
         rc = ferry__err_set(&g->err, FERRY_ESTATE, "gds: host register: the context is off");
         goto out;
     }
@@ -523,10 +535,10 @@ int ferry_gds_host_register(ferry_gds *g, void *buf, size_t len)
         g->hostbufs = nv;
         g->caphost = nc;
     }
-    /* without the drive's lock (the context's, g->mu, guards only
-     * registrations, frees and close): a registration may run beside the
-     * drive's transfers (ferry/io.h), and it pins every page, which must
-     * not hold up the transfers of other threads meanwhile */
+    /* without the drive's lock or mu (hmu guards only the host buffer
+     * table): a registration may run beside the drive's transfers
+     * (ferry/io.h), and it pins every page, which must not hold up the
+     * transfers of other threads meanwhile */
     for (; d < g->ndrives && rc == 0; d++)
         rc = ferry_io_register_buffer(g->drives[d].io, buf, len);
     if (rc == FERRY_ENOTSUP)
@@ -545,7 +557,7 @@ int ferry_gds_host_register(ferry_gds *g, void *buf, size_t len)
     }
     g->hostbufs[g->nhost++] = (hostbuf){buf, len};
 out:
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->hmu);
     return rc;
 }
 
@@ -553,10 +565,10 @@ int ferry_gds_host_unregister(ferry_gds *g, void *buf)
 {
     if (!g || !buf)
         return ferry__err_set(g ? &g->err : NULL, -EINVAL, "gds: host unregister of NULL");
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->hmu);
     int rc;
     size_t at;
-    if (!g->on)
+    if (!ctx_on(g))
         rc = ferry__err_set(&g->err, FERRY_ESTATE, "gds: host unregister: the context is off");
     else if ((at = hostbuf_find(g, buf)) == SIZE_MAX)
         rc = ferry__err_set(&g->err, FERRY_ENOTFOUND,
@@ -566,7 +578,7 @@ int ferry_gds_host_unregister(ferry_gds *g, void *buf)
         g->hostbufs[at] = g->hostbufs[--g->nhost];
         rc = host_unregister_drives(g, buf);
     }
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->hmu);
     return rc;
 }
 
@@ -610,13 +622,13 @@ void ferry_gds_buffer_free(ferry_gds *g, void *buf)
 {
     if (!g || !buf)
         return;
-    pthread_mutex_lock(&g->mu);
-    size_t at = g->on ? hostbuf_find(g, buf) : SIZE_MAX;
+    pthread_mutex_lock(&g->hmu);
+    size_t at = ctx_on(g) ? hostbuf_find(g, buf) : SIZE_MAX;
     if (at != SIZE_MAX) { /* (registration was best effort: it may not be) */
         g->hostbufs[at] = g->hostbufs[--g->nhost];
         host_unregister_drives(g, buf);
     }
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->hmu);
     if (g->dev)
         ferry_device_host_free(g->dev, buf);
     else

@@ -14,10 +14,13 @@
  *                 (submit/reap) over the drive queues, host buffers
  *   gds_stats.c   accessors, stats, the extent forms of the transfers
  *
- * Locks: mu guards the registry (regions, streams, batches, the on flag);
- * each drive's mu guards its ferry_io (single-threaded) and the hops'
- * per-drive counters; amu guards the done list of asynchronous host
- * requests. Order: mu before a drive's mu; drives in index order; amu last.
+ * Locks: hmu guards the table of registered host buffers and is held
+ * across a host registration (which may pin for seconds: device transfers
+ * take mu, so mu is never held across it); mu guards the registry
+ * (regions, streams, batches, the on flag); each drive's mu guards its
+ * ferry_io (single-threaded) and the hops' per-drive counters; amu guards
+ * the done list of asynchronous host requests. Order: hmu before mu; mu
+ * before a drive's mu; drives in index order; amu last.
  * A function named "..._locked" or documented "caller holds mu" expects mu.
  */
 #ifndef FERRY_SRC_GDS_IMPL_H
@@ -115,7 +118,8 @@ struct ferry_gds {
     unsigned nbuffers;
     gstream *streams;
     unsigned nstreams;
-    hostbuf *hostbufs;           /* registered host buffers (under mu) */
+    pthread_mutex_t hmu;
+    hostbuf *hostbufs;           /* registered host buffers (under hmu) */
     size_t nhost, caphost;
     uint64_t async_pending; /* under mu */
     _Atomic uint64_t bytes_read, bytes_written, driver_ios, engine_ios, checkpoints;
