@@ -22,6 +22,8 @@ import textwrap
 
 import pytest
 
+from test_server import Daemon
+
 PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PRELUDE = """
@@ -32,7 +34,10 @@ import ferry
 import ferry.kv as fkv
 from ferry import FerryError
 LAY = ferry.Layout(num_layers=2, num_heads=2, head_dim=64, dtype="bf16")
-s = ferry.KVStore("moved", LAY, l1="16M", chunk_tokens=16)
+import os
+SERVER = os.environ.get("FERRY_MOVED_SERVER")   # the same cases through `ferry serve`
+s = (ferry.KVStore("tiny", LAY, server=SERVER, chunk_tokens=16) if SERVER else
+     ferry.KVStore("moved", LAY, l1="16M", chunk_tokens=16))
 N = 64                                    # 4 chunks, 64 KiB of KV
 toks = np.arange(N, dtype=np.int32) + 1000
 names = [f"page{{i}}" for i in range(N // 16)]
@@ -67,20 +72,35 @@ def efault(f):
 """
 
 
-def run_child(body, timeout=60):
+def run_child(body, timeout=60, server=None):
     code = PRELUDE.format(pkg=PKG) + textwrap.dedent(body)
+    env = dict(os.environ, FERRY_MOVED_SERVER=server) if server else None
     try:
         p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           timeout=timeout)
+                           timeout=timeout, env=env)
     except subprocess.TimeoutExpired as e:
         raise AssertionError(f"child hung past {timeout} s\n{e.stdout}\n{e.stderr}")
     assert p.returncode == 0, f"child exited {p.returncode}\n{p.stdout}\n{p.stderr}"
     assert "ok" in p.stdout, p.stdout
 
 
+@pytest.fixture(params=["local", "server"])
+def server(request, tmp_path):
+    """None (a store in the child's process), or a `ferry serve` daemon's URL
+    for the child's store: the check and the delete are the Python layer's,
+    the same through either backend."""
+    if request.param == "local":
+        yield None
+        return
+    d = Daemon(str(tmp_path))
+    d.start()
+    yield d.url
+    d.stop()
+
+
 @pytest.mark.parametrize("named", [False, True])
 @pytest.mark.parametrize("how", ["resize_", "set_", "data"])
-def test_a_retrieve_whose_tensor_moved_during_the_call_raises(how, named):
+def test_a_retrieve_whose_tensor_moved_during_the_call_raises(how, named, server):
     run_child("""
         named = %r
         assert (s.store_named(names, x) if named else s.store(toks, x)) == (4 if named else N)
@@ -95,11 +115,11 @@ def test_a_retrieve_whose_tensor_moved_during_the_call_raises(how, named):
         assert torch.equal(x, y)
         s.close()
         print("ok")
-    """ % (named, how))
+    """ % (named, how), server=server)
 
 
 @pytest.mark.parametrize("named", [False, True])
-def test_a_store_whose_source_was_freed_during_the_call_keeps_nothing(named):
+def test_a_store_whose_source_was_freed_during_the_call_keeps_nothing(named, server):
     run_child("""
         named = %r
         src = x.clone()
@@ -123,7 +143,7 @@ def test_a_store_whose_source_was_freed_during_the_call_keeps_nothing(named):
         assert torch.equal(x, y)
         s.close()
         print("ok")
-    """ % named)
+    """ % named, server=server)
 
 
 def test_a_store_whose_source_was_re_pointed_during_the_call_raises(tmp_path):
