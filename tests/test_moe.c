@@ -197,6 +197,81 @@ static void every_policy_fits_a_step_in_as_few_slots_as_it_routes(void **state)
     }
 }
 
+/* held[slot]: the expert whose row a caller copied there, from the plans
+ * it was given (a failed call gives none) */
+static void apply_plan(uint32_t *held, uint32_t E, const ferry_moe_copy_plan *plan)
+{
+    for (uint32_t i = 0; i < plan->n; i++)
+        held[plan->dst_slots[i]] = plan->layer * E + plan->src_rows[i];
+}
+
+/* every slot the planner calls some expert's holds that expert's row */
+static void assert_rows_right(const ferry_moe_planner *p, const uint32_t *held, const char *pol,
+                              int t)
+{
+    for (uint32_t s = 0; s < ferry_moe_planner_slots(p); s++) {
+        uint32_t id = ferry_moe_planner_occupant(p, s);
+        if (id != FERRY_MOE_NONE && held[s] != id)
+            fail_msg("%s, call %d: slot %u said to hold expert id %u, holds %u's row", pol, t, s,
+                     id, held[s]);
+    }
+}
+
+/* A policy that fails part way through a step's misses (-ENOMEM, or a
+ * policy that finds no victim) must not leave the misses placed before it
+ * resident: the caller got an error and no plan, so those slots still
+ * hold other experts' rows, and a later step would "hit" them. Each call
+ * below fails at its first, second or later insert in turn; after every
+ * call, failed or not, each resident expert's slot holds its row. */
+static void a_step_that_fails_part_way_places_nothing(void **state)
+{
+    (void)state;
+    const char *const *pols = ferry_moe_policies();
+    const uint32_t L = 2, E = 16, K = 4;
+    for (int i = 0; pols[i]; i++) {
+        if (!strcmp(pols[i], "belady"))
+            continue;
+        ferry_moe_planner *p = mk(L, E, 10, pols[i], NULL);
+        uint32_t held[10];
+        for (uint32_t s = 0; s < 10; s++)
+            held[s] = FERRY_MOE_NONE;
+        ferry__rng r;
+        ferry__rng_seed(&r, 11);
+        int failed = 0;
+        for (int t = 0; t < 300; t++) {
+            uint32_t l = (uint32_t)t % L, route[K], out[K];
+            for (uint32_t k = 0; k < K; k++)
+                route[k] = ferry__rng_below(&r, E);
+            ferry__planner_fault_insert = t % 3 ? 0 : 1 + (uint64_t)(t / 3) % 3;
+            ferry_moe_copy_plan plan;
+            int rc;
+            if (t % 7 == 3) {
+                rc = ferry_moe_planner_prefetch(p, (l + 1) % L, route, K, &plan);
+            } else if (t % 7 == 5) {
+                rc = ferry_moe_planner_stream_begin(p, l, route, K, NULL);
+                ferry_moe_wave w;
+                while (rc >= 0 && (rc = ferry_moe_planner_stream_next(p, &w)) > 0)
+                    apply_plan(held, E, &w.plan);
+            } else {
+                rc = ferry_moe_planner_ensure(p, l, route, K, out, &plan, NULL);
+            }
+            if (rc == -ENOMEM) {
+                failed++;
+                assert_non_null(strstr(ferry_moe_planner_last_error(p), pols[i]));
+            } else if (rc < 0) {
+                fail_msg("%s, call %d: %s", pols[i], t, ferry_moe_planner_last_error(p));
+            } else if (t % 7 != 5) {
+                apply_plan(held, E, &plan);
+            }
+            ferry__planner_fault_insert = 0;
+            assert_rows_right(p, held, pols[i], t);
+            assert_consistent(p, L, E);
+        }
+        assert_true(failed > 20); /* (the loop tested failures) */
+        ferry_moe_planner_destroy(p);
+    }
+}
+
 static void bad_routes_fail_and_change_nothing(void **state)
 {
     (void)state;
@@ -1099,6 +1174,7 @@ int main(void)
         cmocka_unit_test(lru_evicts_least_recent_with_lowest_slot_ties),
         cmocka_unit_test(every_policy_keeps_the_current_step_resident),
         cmocka_unit_test(every_policy_fits_a_step_in_as_few_slots_as_it_routes),
+        cmocka_unit_test(a_step_that_fails_part_way_places_nothing),
         cmocka_unit_test(bad_routes_fail_and_change_nothing),
         cmocka_unit_test(a_null_planner_is_answered_not_dereferenced),
         cmocka_unit_test(planner_options_are_range_checked),

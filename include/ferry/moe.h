@@ -396,7 +396,10 @@ FERRY_API uint32_t ferry_moe_planner_slots(const ferry_moe_planner *p);
  * Errors (nothing changes): -EINVAL for layer >= num_layers, n == 0, an
  * expert >= num_experts, or (belady) a step that is not the oracle's next;
  * FERRY_ENOSPACE when the step's distinct experts outnumber the slots
- * (stream it); FERRY_ESTATE while a streamed step is open.
+ * (stream it); FERRY_ESTATE while a streamed step is open. A policy's
+ * -ENOMEM part way through the misses places none of them (no expert is
+ * called resident that a plan did not name); experts evicted for them
+ * stay out, and the step counts as begun.
  */
 FERRY_API int ferry_moe_planner_ensure(ferry_moe_planner *p, uint32_t layer,
                                        const uint32_t *experts, uint32_t n, uint32_t *slots_out,

@@ -171,6 +171,9 @@ static inline int ferry__pinned(const ferry__policy *p, uint32_t slot)
 /* the routing policy's structure checker: 0, or -EINVAL with a message
  * naming the first broken invariant in why (tests) */
 int ferry__routing_check(const ferry__policy *p, char *why, size_t len);
+/* (tests) > 0: the policy insert that many from now fails with -ENOMEM
+ * (counted down by every planner of the process) */
+extern uint64_t ferry__planner_fault_insert;
 /* the planner's policy (tests) */
 const ferry__policy *ferry__planner_policy(const ferry_moe_planner *p);
 /* the calibrated probability that a hint of confidence c naming a missing

@@ -489,6 +489,23 @@ static uint32_t place(ferry_moe_planner *p, uint32_t id, double floor)
     }
 }
 
+uint64_t ferry__planner_fault_insert;
+
+/* what settle() did to slot undone: free, unpinned, its occupant gone
+ * (told to the policy when it had been told of it) */
+static void unsettle(ferry_moe_planner *p, uint32_t slot, int told)
+{
+    uint32_t id = p->occupant[slot];
+    if (told)
+        p->pol->ops->remove(p->pol, slot, id, 0);
+    p->where[id] = FERRY_MOE_NONE;
+    p->occupant[slot] = FERRY_MOE_NONE;
+    p->prefetched[slot] = 0;
+    p->pin_step[slot] = UINT64_MAX;
+    p->n_pinned--;
+    (void)ferry__heap_set(&p->freeh, slot, 0);
+}
+
 /* id moves into slot (free now), pinned; a policy's failure frees it */
 static int settle(ferry_moe_planner *p, const char *what, uint32_t layer, uint32_t slot,
                   uint32_t id, int prefetch)
@@ -498,35 +515,38 @@ static int settle(ferry_moe_planner *p, const char *what, uint32_t layer, uint32
     p->where[id] = slot;
     pin(p, slot);
     p->prefetched[slot] = (uint8_t)(prefetch != 0);
-    int rc = p->pol->ops->insert(p->pol, slot, id, prefetch);
+    int rc = ferry__planner_fault_insert && !--ferry__planner_fault_insert
+                 ? -ENOMEM
+                 : p->pol->ops->insert(p->pol, slot, id, prefetch);
     if (rc < 0) {
-        p->where[id] = FERRY_MOE_NONE;
-        p->occupant[slot] = FERRY_MOE_NONE;
-        p->prefetched[slot] = 0;
-        p->pin_step[slot] = UINT64_MAX;
-        p->n_pinned--;
-        (void)ferry__heap_set(&p->freeh, slot, 0);
+        unsettle(p, slot, 0);
         return ferry__err_set(&p->err, rc, "moe %s: layer %u expert %u: policy %s: %s", what,
                               layer, id % p->E, p->pops->name, ferry_strerror(rc));
     }
     return 0;
 }
 
-/* place the misses p->miss[0..nm) of layer; fills the plan */
+/* place the misses p->miss[0..nm) of layer; fills the plan. All or none:
+ * a failure part way takes back the misses placed before it (their rows
+ * were never copied: a later step must miss them, not find them resident
+ * in slots that hold other bytes); the victims evicted for them stay out */
 static int place_misses(ferry_moe_planner *p, const char *what, uint32_t layer, uint32_t nm,
                         int prefetch)
 {
     for (uint32_t i = 0; i < nm; i++) {
         uint32_t id = p->miss[i];
         uint32_t slot = place(p, id, INFINITY);
-        if (slot == FERRY_MOE_NONE)
-            return ferry__err_set(&p->err, FERRY_ENOSPACE,
-                                  "moe %s: layer %u expert %u: every one of %u slots is pinned by "
-                                  "the current step",
-                                  what, layer, id % p->E, p->slots);
-        int rc = settle(p, what, layer, slot, id, prefetch);
-        if (rc < 0)
+        int rc = slot == FERRY_MOE_NONE
+                     ? ferry__err_set(&p->err, FERRY_ENOSPACE,
+                                      "moe %s: layer %u expert %u: every one of %u slots is "
+                                      "pinned by the current step",
+                                      what, layer, id % p->E, p->slots)
+                     : settle(p, what, layer, slot, id, prefetch);
+        if (rc < 0) {
+            while (i-- > 0)
+                unsettle(p, p->plan_dst[i], 1);
             return rc;
+        }
         p->plan_dst[i] = slot;
         p->plan_row[i] = id % p->E;
     }
