@@ -1869,6 +1869,46 @@ static void test_reset_marker_outlives_a_device_renumbered(void **state)
     ft_rmtree(b);
 }
 
+/* A reset given the drives in another order than the store's drops the
+ * old store whole: no journal of it is left in the other directory
+ * (before, a's journal stayed, naming the keys of a store whose slab
+ * files the new one had taken), and the new store opens in its order. */
+static void test_reset_in_another_order_leaves_no_old_journal(void **state)
+{
+    (void)state;
+    char a[256], b[256];
+    ft_tmpdir(a, sizeof a);
+    ft_tmpdir(b, sizeof b);
+    const char *ab[] = {a, b}, *ba[] = {b, a};
+    ferry_pslab_options o = opts(ab, 2, 8 * MiB);
+    o.engine = "posix";
+    ferry_pslab *p = open_ok(&o);
+    put_k(p, 1, 1);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    assert_true(has_file(a, FERRY_PSLAB_JOURNAL));
+
+    ferry_pslab_options r = opts(ba, 2, 0);
+    r.engine = "posix";
+    r.flags = FERRY_PSLAB_RESET;
+    p = open_ok(&r);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    assert_true(has_file(b, FERRY_PSLAB_JOURNAL));
+    assert_false(has_file(a, FERRY_PSLAB_JOURNAL));
+
+    r.flags = 0;
+    p = open_ok(&r);
+    ferry_pslab_stats st = FERRY_PSLAB_STATS_INIT;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &st));
+    assert_int_equal(st.chunks, 0);
+    assert_int_equal(st.capacity, 8 * MiB);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    /* the old order is now another store's drives, refused */
+    o.flags = 0;
+    assert_true(ferry_pslab_open(&o, &p) < 0);
+    ft_rmtree(a);
+    ft_rmtree(b);
+}
+
 /*
  * A reset refused before it dropped the journal (here b's marker cannot be
  * written: a directory stands at its temporary name) changed nothing: the
@@ -2565,6 +2605,7 @@ int main(void)
         cmocka_unit_test(test_power_loss_keeps_every_acknowledged_chunk),
         cmocka_unit_test(test_power_loss_in_a_two_drive_reset),
         cmocka_unit_test(test_reset_marker_outlives_a_device_renumbered),
+        cmocka_unit_test(test_reset_in_another_order_leaves_no_old_journal),
         cmocka_unit_test(test_reset_refused_before_the_journal_leaves_no_marker),
         cmocka_unit_test(test_batch_puts_are_visible_at_once_and_durable_at_commit),
         cmocka_unit_test(test_batch_commits_run_on_the_flusher_and_bound_the_queue),

@@ -337,10 +337,24 @@ static int reset_store(ferry_pslab *p, const ferry_pslab_options *o, ferry_pslab
     if (unlink(p->jpath) != 0 && errno != ENOENT)
         return unmark(p, ferry__err_set(&p->err, -errno, "pslab: reset: removing journal %s: "
                                         "%s", p->jpath, strerror(errno)), marked);
-    rc = ferry__pslab_fsync_dir(p->dirs[0]);
-    if (rc < 0)
-        return ferry__err_set(&p->err, rc, "pslab: reset: fsync of directory %s: %s",
-                              p->dirs[0], strerror(-rc));
+    /* a journal in another drive's directory (the drives given in
+     * another order than the store's, or a store that was one of them):
+     * its store is dropped too, never left naming slab files the new
+     * store takes */
+    for (unsigned i = 0; i < p->n_dirs; i++) {
+        char jp[PATH_MAX_];
+        snprintf(jp, sizeof jp, "%s/%s", p->dirs[i], FERRY__PSLAB_JOURNAL_TMP);
+        if (i > 0)
+            unlink(jp);
+        snprintf(jp, sizeof jp, "%s/%s", p->dirs[i], FERRY_PSLAB_JOURNAL);
+        if (i > 0 && unlink(jp) != 0 && errno != ENOENT)
+            return ferry__err_set(&p->err, -errno, "pslab: reset: removing journal %s: %s", jp,
+                                  strerror(errno));
+        rc = ferry__pslab_fsync_dir(p->dirs[i]);
+        if (rc < 0)
+            return ferry__err_set(&p->err, rc, "pslab: reset: fsync of directory %s: %s",
+                                  p->dirs[i], strerror(-rc));
+    }
     FERRY_LOGI("pslab %s: reset asked: the old store (if any) is dropped", p->dirs[0]);
     return 0;
 }
