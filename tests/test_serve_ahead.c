@@ -15,12 +15,16 @@
 /* ferry-test-labels: concurrent */
 /* ferry-test-timeout: 120 */
 #include <errno.h>
+#include <libgen.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -325,6 +329,194 @@ static void test_live_clients_read_ahead_lands(void **state)
     ft_srv_close(&v);
 }
 
+/* ---- the count where the daemon's counters are listed ---- */
+
+/* the daemon's counters after the store's in a STATS reply (raw) */
+static ferry_serve_stats raw_serve_stats(ft_raw *r)
+{
+    ferry__proto_req q;
+    memset(&q, 0, sizeof q);
+    q.hdr.type = FERRY__P_STATS;
+    ft_raw_req(r, &q);
+    int32_t rc;
+    char msg[256];
+    assert_int_equal(ft_raw_reply(r, &rc, msg, sizeof msg), 0);
+    assert_int_equal(rc, 0);
+    (void)ferry__proto_get_u32(&r->rd);
+    uint32_t kv_size = ferry__proto_get_u32(&r->rd);
+    assert_true(r->rd.p + kv_size <= r->rd.end);
+    r->rd.p += kv_size;
+    uint32_t size = ferry__proto_get_u32(&r->rd);
+    ferry_serve_stats ss = FERRY_SERVE_STATS_INIT;
+    assert_false(r->rd.err);
+    assert_int_equal(size, sizeof ss);
+    assert_true(r->rd.p + size <= r->rd.end);
+    memcpy(&ss, r->rd.p, size);
+    return ss;
+}
+
+/* `ferry serve status --socket g_sock`'s output into out; its exit status
+ * (-1: the CLI is not built next to the tests) */
+static int run_status(char *out, size_t len)
+{
+    char self[4096], cmd[8192];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        return -1;
+    self[n] = 0;
+    snprintf(cmd, sizeof cmd, "%s/../ferry", dirname(self));
+    if (access(cmd, X_OK) != 0)
+        return -1;
+    snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), " serve status --socket %s", g_sock);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t got = fread(out, 1, len - 1, p);
+    out[got] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* read-ahead dropped for a client that hung up is counted where every
+ * other daemon counter is: the STATS reply (after the store's counters)
+ * and `ferry serve status` (which showed none of the daemon's counters,
+ * so the drops were visible in the metrics alone) */
+static void test_status_lists_read_ahead_dropped(void **state)
+{
+    (void)state;
+    ft_srv v;
+    srv_start(&v);
+    ferry_kv *kv = ferry_serve_kv(v.s);
+    fill_l2_only(kv);
+    workers_hold(kv);
+    ft_raw r, watch;
+    raw_open(&watch);
+    raw_open(&r);
+    raw_prefetch(&r, NA);
+    uint64_t queued = ahead_inflight(kv);
+    assert_true(queued > 0);
+    ft_raw_close(&r);
+    for (int i = 0; ahead_inflight(kv) && i < 2000; i++)
+        usleep(1000);
+    workers_go(kv);
+    uint64_t n = dropped(v.s);
+    assert_int_equal(n, queued);
+    ferry_serve_stats ss = raw_serve_stats(&watch);
+    assert_int_equal(ss.ahead_dropped, n);
+    assert_true(ss.connections >= 2);
+    ft_raw_close(&watch);
+    static char out[8192];
+    int st = run_status(out, sizeof out);
+    if (st < 0) {
+        ft_srv_close(&v);
+        skip();
+    }
+    print_message("ferry serve status:\n%s", out);
+    char want[64];
+    snprintf(want, sizeof want, " %llu read-ahead dropped", (unsigned long long)n);
+    assert_int_equal(st, 0);
+    if (!strstr(out, want))
+        fail_msg("serve status lacks '%s': '%s'", want, out);
+    ft_srv_close(&v);
+}
+
+/* ---- flush and a withdrawal under way ---- */
+
+struct cutter {
+    ferry_kv *kv;
+    ferry__kv_cut *cut;
+};
+
+static void *cutter_run(void *arg)
+{
+    struct cutter *c = arg;
+    atomic_store(&c->cut->why, 1);
+    ferry__kv_ahead_cut(c->kv, c->cut); /* (its drops wait for kv->mu) */
+    return NULL;
+}
+
+struct flusher {
+    ferry_kv *kv;
+    atomic_int done;
+    int rc;
+};
+
+static void *flusher_run(void *arg)
+{
+    struct flusher *f = arg;
+    f->rc = ferry_kv_flush(f->kv);
+    atomic_store(&f->done, 1);
+    return NULL;
+}
+
+/* nothing left on the I/O queue (read-ahead withdrawn, or taken) */
+static int io_queue_empty(ferry_kv *kv)
+{
+    pthread_mutex_lock(&kv->qmu);
+    int empty = !kv->q[1].head;
+    pthread_mutex_unlock(&kv->qmu);
+    return empty;
+}
+
+/* ferry_kv_flush waits for read-ahead another thread withdrew and is still
+ * dropping (it returned once the queues were empty and the workers idle,
+ * with the dropped chunks' L1 slots and read-ahead budget not yet given
+ * back): after flush, L1 usage and the counters show the drop done. The
+ * withdrawer is held between its withdrawal and its drops by the store's
+ * mutex, which the test holds */
+static void test_flush_waits_for_read_ahead_being_dropped(void **state)
+{
+    (void)state;
+    ft_srv v;
+    srv_start(&v);
+    ferry_kv *kv = ferry_serve_kv(v.s);
+    fill_l2_only(kv);
+    ferry_kv_hash ids[NA];
+    for (uint64_t k = 0; k < NA; k++)
+        ids[k] = id_of(k);
+    workers_hold(kv);
+    uint64_t drop0 = dropped(v.s);
+    ferry__kv_cut *cut = ferry__kv_cut_new();
+    assert_non_null(cut);
+    ferry__kv_thread_cut(cut);
+    ferry__kv_slot_prefetch(kv, ids, NA);
+    ferry__kv_thread_cut(NULL);
+    uint64_t queued = ahead_inflight(kv), used1 = l1_used(kv);
+    assert_true(queued > 0);
+    pthread_mutex_lock(&kv->mu);
+    struct cutter c = {kv, cut};
+    pthread_t tc, tf;
+    assert_int_equal(pthread_create(&tc, NULL, cutter_run, &c), 0);
+    int i = 0;
+    for (; !io_queue_empty(kv) && i < 5000; i++)
+        usleep(1000);
+    int withdrawn = io_queue_empty(kv);
+    atomic_store(&g_release, 1); /* the workers go idle: only the drops remain */
+    for (i = 0; atomic_load(&g_blocked) && i < 5000; i++)
+        usleep(1000);
+    struct flusher f = {kv, 0, 0};
+    assert_int_equal(pthread_create(&tf, NULL, flusher_run, &f), 0);
+    usleep(200000);
+    int early = atomic_load(&f.done);
+    pthread_mutex_unlock(&kv->mu);
+    assert_int_equal(pthread_join(tf, NULL), 0);
+    uint64_t used2 = l1_used(kv), inflight2 = ahead_inflight(kv), drop2 = dropped(v.s) - drop0;
+    assert_int_equal(pthread_join(tc, NULL), 0);
+    ferry__kv_cut_put(cut);
+    print_message("flush with a withdrawal under way: returned %s; right after it %llu of "
+                  "%llu chunks dropped, %llu still in flight\n",
+                  early ? "before the drops (stale)" : "after the drops",
+                  (unsigned long long)drop2, (unsigned long long)queued,
+                  (unsigned long long)inflight2);
+    assert_true(withdrawn);
+    FT_ASSERT_OK(f.rc);
+    assert_false(early);
+    assert_int_equal(drop2, queued);
+    assert_int_equal(inflight2, 0);
+    assert_int_equal(used2, used1 - queued);
+    FT_ASSERT_OK(ferry__kv_check(kv));
+    ft_srv_close(&v);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -333,6 +525,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_cut_connection_reads_nothing_ahead, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_live_clients_read_ahead_lands, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_flush_waits_for_read_ahead_being_dropped, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_status_lists_read_ahead_dropped, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,8 +1,8 @@
 /*
  * cmd_serve.c - `ferry serve`: the host's KV cache daemon, in the
  * foreground (logs on stderr; SIGTERM or SIGINT: disconnect, flush, sync,
- * close), and `ferry serve status`: a running daemon's tiers, clients and
- * hit rates.
+ * close), and `ferry serve status`: a running daemon's tiers, clients, hit
+ * rates and its own counters (ferry_serve_stats).
  *
  * A start that is refused (the socket in use, the metrics port taken, a
  * bad directory) prints exactly one line, the reason: what the daemon
@@ -544,13 +544,34 @@ static void print_remote(const ferry_kv_stats *m)
            (unsigned long long)m->remote_errors, m->remote_down ? ", down now" : "");
 }
 
+/* the daemon's own counters (ferry_serve_stats), after the store's in a
+ * STATS reply; nothing from a daemon that sends none */
+static void print_daemon(ferry__proto_rd *rd)
+{
+    uint32_t size = ferry__proto_get_u32(rd);
+    if (rd->err || size < sizeof(uint64_t) || size > (size_t)(rd->end - rd->p))
+        return;
+    ferry_serve_stats ss;
+    memset(&ss, 0, sizeof ss);
+    memcpy(&ss, rd->p, size < sizeof ss ? size : sizeof ss);
+    printf("  daemon %llu connections (%llu refused), %llu requests, %llu bad frames, "
+           "%llu slow clients, %llu released, %llu read-ahead dropped\n",
+           (unsigned long long)ss.connections, (unsigned long long)ss.refused,
+           (unsigned long long)ss.requests, (unsigned long long)ss.bad_frames,
+           (unsigned long long)ss.slow_clients, (unsigned long long)ss.released,
+           (unsigned long long)ss.ahead_dropped);
+}
+
 static void print_status(ferry__proto_rd *rd, const char *path)
 {
     uint32_t clients = ferry__proto_get_u32(rd), size = ferry__proto_get_u32(rd);
     ferry_kv_stats m;
     memset(&m, 0, sizeof m);
-    if (!rd->err && size <= (size_t)(rd->end - rd->p))
+    int whole = !rd->err && size <= (size_t)(rd->end - rd->p);
+    if (whole) {
         memcpy(&m, rd->p, size < sizeof m ? size : sizeof m);
+        rd->p += size;
+    }
     static const char *const names[FERRY_KV_TIERS] = {"-", "L1", "L2", "remote"};
     printf("ferry serve on %s: %u clients, %llu chunks indexed\n", path, clients,
            (unsigned long long)m.chunks);
@@ -572,6 +593,8 @@ static void print_status(ferry__proto_rd *rd, const char *path)
            "misses %llu\n",
            (unsigned long long)m.lookups, hr * 100, (unsigned long long)m.stored_chunks,
            (unsigned long long)m.retrieved_chunks, (unsigned long long)m.misses);
+    if (whole && rd->p < rd->end)
+        print_daemon(rd);
 }
 
 /* the daemon's socket for `serve status`: --socket, else the FILE's or

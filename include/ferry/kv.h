@@ -945,7 +945,12 @@ FERRY_API int ferry_kv_delete(ferry_kv *kv, const int32_t *tokens, size_t n,
 FERRY_API int ferry_kv_clear(ferry_kv *kv);
 /** Wait until every queued op, write-through and prefetch is done and,
  *  with a remote tier, every write-through queued for the server was
- *  written or dropped (each write bounded by the remote's timeouts). */
+ *  written or dropped (each write bounded by the remote's timeouts). A
+ *  prefetch is done once it landed in L1 or was dropped with its L1 slot
+ *  and read-ahead budget given back; that includes read-ahead a daemon
+ *  withdrew for a client that left (its drop may be under way in another
+ *  thread when flush is called), so stats and tier usage read after flush
+ *  returns count every one of them. */
 FERRY_API int ferry_kv_flush(ferry_kv *kv);
 /** ferry_kv_flush(), then, with a persistent L2 (l2_persistent), make
  *  every chunk written through so far durable: the slab's group commit

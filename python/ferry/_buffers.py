@@ -373,11 +373,17 @@ class Buffer:
         """moved() for the tensor holding layer `layer` alone when each layer
         is a tensor of its own (a paged buffer's per-layer caches: addrs are
         in layer order), else for every tensor: one check per layer_done."""
+        m = self.moved_layer_from(layer, num_layers)
+        return m[0] if m is not None else None
+
+    def moved_layer_from(self, layer, num_layers):
+        """moved_from() for layer `layer` as moved_layer chooses its tensors:
+        (tensor, the address the call took), or None."""
         a = self.addrs
         if len(a) == num_layers > 1:
             t, addr = a[layer]
-            return t if t.data_ptr() != addr else None
-        return self.moved()
+            return (t, addr) if t.data_ptr() != addr else None
+        return self.moved_from()
 
     def _paged(self, layout, caches, block_table, writable):
         lc = layout.c

@@ -404,7 +404,9 @@ class LayerOp(Op):
     one layer at a time.
 
     A retrieve: wait_layer(l) returns the tokens loaded once layer l is in
-    the engine's buffer (later layers may still be moving). A store:
+    the engine's buffer (later layers may still be moving), or raises
+    FerryError (EFAULT) when the tensor holding layer l moved meanwhile
+    (as wait() does for any of its tensors). A store:
     layer_done(l) hands layer l over (copied before the call returns for
     host buffers); the chunks become visible only after the last layer,
     and wait() then returns the tokens stored. Cancelling or freeing a
@@ -473,7 +475,11 @@ class LayerOp(Op):
         engine's next kernels on that stream read the loaded KV; the stream is
         the store's (imported once), so that wait is a call inside the store:
         a close() from another thread waits for it, and once the store is
-        closed it raises FerryError (EBADF)."""
+        closed it raises FerryError (EBADF). A destination tensor of that
+        layer whose data_ptr moved while the op ran (resize_, set_, .data =
+        from another thread) makes it raise FerryError (EFAULT) naming the
+        move instead of returning the tokens, as wait() does: the tensor
+        does not hold them."""
         ms = _timeout_ms(timeout)
         layer = _layer_index(layer, self.num_layers)
         if self._cuda:   # the stream is the store's: looked up and used inside its guard
@@ -485,7 +491,21 @@ class LayerOp(Op):
         if rc == -errno.ETIMEDOUT:
             raise TimeoutError(f"ferry: layer {layer} of {self._call} not loaded after "
                                f"{timeout} s")
-        return check(rc, f"{self._call}: wait_layer({layer})")
+        call = f"{self._call}: wait_layer({layer})"
+        rc = check(rc, call)
+        self._check_layer_moved(layer, call)
+        return rc
+
+    def _check_layer_moved(self, layer, call):
+        """After a wait_layer that landed: FerryError (EFAULT) when the tensor
+        holding layer `layer` moved since retrieve_layers (another thread's
+        resize_, set_ or .data =): it does not hold the layer loaded, as a
+        blocking retrieve or wait() would say. Once the op ended (its buffers
+        let go), what its end found: any tensor of it that moved."""
+        keep = self._keep    # (a free in another thread may drop it meanwhile)
+        moved = keep[0].moved_layer_from(layer, self.num_layers) if keep else self._moved
+        if moved is not None:
+            raise _moved_error(moved, "operation", False, call)
 
     async def wait_layer_async(self, layer):
         """wait_layer for asyncio: awaits layer `layer` without blocking the loop."""

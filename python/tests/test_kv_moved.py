@@ -304,3 +304,52 @@ def test_a_moved_store_deletion_outlives_a_crash(tmp_path):
         s.close()
         print("ok")
     """ % l2)
+
+
+@pytest.mark.parametrize("how", ["resize_", "set_", "data"])
+def test_a_layerwise_retrieve_whose_tensor_moved_raises_at_wait_layer(how, server):
+    # wait_layer answered the tokens loaded into a layer though the tensor
+    # had moved (only wait() said EFAULT): an engine that runs each layer's
+    # attention as its wait_layer returns computed on a tensor not holding
+    # it. The move comes after the last layer landed (layers land in
+    # order), so a resize_ frees nothing still being written
+    run_child("""
+        assert s.store(toks, x) == N
+        y = torch.zeros_like(x)
+        op = s.retrieve_layers(toks, y)
+        undo = wrapped("ferry_kv_op_wait_layer", lambda: None, lambda: move(y, %r))
+        e = efault(lambda: op.wait_layer(1))
+        undo()
+        assert "wait_layer(1)" in str(e), e
+        efault(lambda: op.wait_layer(0))         # the same tensor holds layer 0
+        efault(op.wait)
+        efault(lambda: op.wait_layer(0))         # after the op ended: its end
+        y = torch.zeros_like(x)                   # untouched: every layer exact
+        op = s.retrieve_layers(toks, y)
+        assert [op.wait_layer(l) for l in (1, 0)] == [N, N]
+        assert op.wait() == N and torch.equal(x, y)
+        s.close()
+        print("ok")
+    """ % how, server=server)
+
+
+@pytest.mark.parametrize("how", ["set_", "data"])
+def test_a_paged_layerwise_retrieve_names_only_the_layer_that_moved(how, server):
+    # each layer a cache tensor of its own: the layer whose tensor moved
+    # raises, the other one loaded in place answers its tokens
+    run_child("""
+        g = torch.Generator().manual_seed(2)
+        src = [torch.randn(2, 4, 16, 2, 64, generator=g).to(torch.bfloat16) for _ in range(2)]
+        table = [2, 0, 3, 1]
+        assert s.store(toks, src, table) == N
+        dst = [torch.zeros_like(c) for c in src]
+        op = s.retrieve_layers(toks, dst, table)
+        assert op.wait_layer(0) == N and torch.equal(dst[0], src[0])
+        undo = wrapped("ferry_kv_op_wait_layer", lambda: None, lambda: move(dst[1], %r))
+        efault(lambda: op.wait_layer(1))
+        undo()
+        assert op.wait_layer(0) == N              # its tensor stayed in place
+        efault(op.wait)
+        s.close()
+        print("ok")
+    """ % how, server=server)

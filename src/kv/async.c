@@ -13,7 +13,8 @@
  * Invariant: every job queued is run exactly once (or withdrawn once:
  * read-ahead for a daemon's client that is gone is taken back out of the
  * queue and dropped by whoever withdrew it); flush and close wait
- * until both queues are empty and no worker is busy, so no job outlives the
+ * until both queues are empty, no worker is busy and no withdrawer is still
+ * dropping what it took (its slots and budget given back), so no job outlives the
  * store and every write-through has landed (or failed and released its
  * extent) before the tiers are torn down. An operation's handle and its
  * life are op.c's.
@@ -34,7 +35,7 @@ static void run_job(ferry_kv *kv, ferry__kv_job *j)
 static int all_idle(const ferry_kv *kv)
 {
     return !kv->q[0].head && !kv->q[1].head && !kv->q[0].lhead && !kv->q[1].lhead &&
-           !kv->q[0].active && !kv->q[1].active;
+           !kv->q[0].active && !kv->q[1].active && !kv->q[1].withdrawing;
 }
 
 /* under qmu: the next job of q, a lent copy first, or NULL */
@@ -115,10 +116,20 @@ ferry__kv_job *ferry__kv_withdraw(ferry_kv *kv, int (*match)(const ferry__kv_job
         *otail = j;
         otail = &j->next;
     }
-    if (out && all_idle(kv))
-        pthread_cond_broadcast(&kv->idle);
+    if (out)
+        q->withdrawing++; /* (busy as a worker until ferry__kv_withdraw_end) */
     pthread_mutex_unlock(&kv->qmu);
     return out;
+}
+
+void ferry__kv_withdraw_end(ferry_kv *kv)
+{
+    pthread_mutex_lock(&kv->qmu);
+    FERRY__ASSERT(kv->q[1].withdrawing > 0);
+    kv->q[1].withdrawing--;
+    if (all_idle(kv))
+        pthread_cond_broadcast(&kv->idle);
+    pthread_mutex_unlock(&kv->qmu);
 }
 
 int ferry__kv_io_worker_free(ferry_kv *kv, unsigned mine)

@@ -675,6 +675,9 @@ struct ferry_kv {
         unsigned nlent;
         pthread_cond_t cv;
         unsigned active;
+        /* withdrawals (ferry__kv_withdraw) whose jobs are still being
+         * dropped by their withdrawer: flush and close wait for them too */
+        unsigned withdrawing;
         pthread_t *threads;
         unsigned nthreads;
         ferry_kv *kv;
@@ -731,9 +734,12 @@ int ferry__kv_workers_start(ferry_kv *kv, unsigned n);
 void ferry__kv_workers_stop(ferry_kv *kv);
 void ferry__kv_enqueue(ferry_kv *kv, ferry__kv_job *j);
 /* async.c: take the I/O queue's jobs that match out of it, in order (linked
- * by next): the caller runs their end itself, as a worker would */
+ * by next): the caller runs their end itself, as a worker would, then
+ * calls ferry__kv_withdraw_end when it took any (non-NULL): until then the
+ * store is not idle (flush and close wait for those jobs as for a worker's) */
 ferry__kv_job *ferry__kv_withdraw(ferry_kv *kv, int (*match)(const ferry__kv_job *, void *),
                                   void *ctx);
+void ferry__kv_withdraw_end(ferry_kv *kv);
 /* 1 when a job queued now runs at once or right after the caller's own:
  * nothing queued, and an I/O worker free or mine (> 0, fewer than the
  * workers) of the caller's jobs running or queued. A retrieve's copy-out

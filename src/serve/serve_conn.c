@@ -451,6 +451,13 @@ static void on_stats(ferry__srv_conn *c, const ferry__proto_req *q)
     ferry__proto_put_u32(&c->out, n);
     ferry__proto_put_u32(&c->out, (uint32_t)sizeof m);
     ferry__proto_put_bytes(&c->out, &m, sizeof m);
+    /* then the daemon's own counters (a reader that knows only the store's
+     * stops before them) */
+    ferry_serve_stats ss = FERRY_SERVE_STATS_INIT;
+    if (ferry_serve_stats_get(c->s, &ss) < 0)
+        return;
+    ferry__proto_put_u32(&c->out, (uint32_t)sizeof ss);
+    ferry__proto_put_bytes(&c->out, &ss, sizeof ss);
 }
 
 /* answer one decoded request into c->out; *pass_fd: an fd to send along */

@@ -153,4 +153,6 @@ void ferry__kv_ahead_cut(ferry_kv *kv, ferry__kv_cut *cut)
             ferry__free(g);
         }
     }
+    if (head)
+        ferry__kv_withdraw_end(kv); /* (a flush waiting for these returns now) */
 }
