@@ -63,7 +63,9 @@
  *
  * Thread-safety: registration, deregistration and close take the context's
  * lock; transfers look regions up under it and may run from several
- * threads at once, each with its own stream. A ferry_stream is used by one
+ * threads at once, each with its own stream. Every call but close may run
+ * while another thread's ferry_gds_init turns the context on: it sees the
+ * context off (FERRY_ESTATE, or a no-op where off is one) or wholly on. A ferry_stream is used by one
  * thread at a time (ferry/device.h). cuFile's stream registration is
  * process-wide: keep one context per process when the driver is cufile.
  */
@@ -240,7 +242,7 @@ FERRY_API int ferry_gds_is_on(const ferry_gds *g);
 FERRY_API const char *ferry_gds_driver_name(const ferry_gds *g);
 /** The I/O engine of the drive queues ("posix", "uring"); "off" when off. */
 FERRY_API const char *ferry_gds_engine(const ferry_gds *g);
-/** Why O_DIRECT (or the requested driver) fell back, or NULL. */
+/** Why O_DIRECT (or the requested driver) fell back, or NULL (always NULL when off). */
 FERRY_API const char *ferry_gds_fallback_reason(const ferry_gds *g);
 /** The message of this context's last failure, "" if none. */
 FERRY_API const char *ferry_gds_last_error(const ferry_gds *g);
@@ -359,8 +361,11 @@ typedef struct ferry_gds_req {
  * number queued (fewer than n when request k is invalid: the code of its
  * failure is then in ferry_gds_last_error) or a negative code when none
  * was. A request submitted and not yet reaped (earlier, or earlier in the
- * same reqs) is FERRY_EBUSY naming it, and stays as it was. Thread-safe;
- * any thread may reap any request.
+ * same reqs, or by another thread at the same moment: exactly one of them
+ * takes it) is FERRY_EBUSY naming it, and stays as it was; so is one
+ * submitted to another context and not yet reaped there (the message
+ * names that context). priv_ need not be initialized before the first
+ * submission. Thread-safe; any thread may reap any request.
  */
 FERRY_API int ferry_gds_submit(ferry_gds *g, ferry_gds_req *const *reqs, unsigned n);
 /**
@@ -368,7 +373,9 @@ FERRY_API int ferry_gds_submit(ferry_gds *g, ferry_gds_req *const *reqs, unsigne
  * -1 = forever) and hand back up to max of them in done[], each with its
  * result. Returns the count (0 on timeout or when none is outstanding) or
  * a negative code when a drive queue broke. ferry_gds_close() waits for
- * requests in flight and drops unreaped ones.
+ * requests in flight (not for those of a drive whose queue broke) and
+ * drops unreaped ones: their memory is freed and each request is the
+ * caller's again (priv_ NULL), to submit to any context.
  */
 FERRY_API int ferry_gds_reap(ferry_gds *g, ferry_gds_req **done, unsigned min, unsigned max,
                              int timeout_ms);

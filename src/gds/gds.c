@@ -258,7 +258,9 @@ static int init_locked(ferry_gds *g, const ferry_gds_config *cfg)
     if (g->fallback[0])
         FERRY_LOGI("gds: on with driver %s, %u drive(s): %s", g->drv.name, g->ndrives,
                    g->fallback);
-    g->on = 1;
+    /* last: a thread reading `on` without mu sees everything above once it
+     * sees 1 (gds_impl.h) */
+    atomic_store(&g->on, 1);
     return 0;
 }
 
@@ -314,9 +316,10 @@ void ferry_gds_close(ferry_gds *g)
         ferry__gds_regions_release(g);
         ferry__gds_drives_deregister(g);
         drives_close(g);
+        ferry__gds_async_release(g); /* (no queue holds a hop's requests now) */
         ferry__gds_driver_drop(g);
         ferry_slab_destroy(g->slab);
-        g->on = 0;
+        atomic_store(&g->on, 0);
     }
     ferry__free(g->regions);
     ferry__free(g->hostbufs);

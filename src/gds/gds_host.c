@@ -9,7 +9,11 @@
  * until its hop has nothing left; an asynchronous one lands on the done
  * list, where exactly one ferry_gds_reap takes it (or close drops it).
  * Why: several threads share the drive queues, and a completion reaped by
- * one thread may belong to another's request.
+ * one thread may belong to another's request. An asynchronous hop is on
+ * its context's live list, and its request in the process's table
+ * (gds_live.c), from submit until reaped; close frees what is left on the
+ * live list once the drive queues are closed, whether or not its
+ * completions ever arrived (a queue that broke delivers none).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -34,6 +38,7 @@ typedef struct hop {
     struct hop *next;          /* done list */
     struct hop *lprev, *lnext; /* async: the live list, from submit until reaped */
     ferry_gds_req *req;        /* async: the caller's request; NULL when synchronous */
+    ferry__gds_live reg;       /* async: req in the process's table */
     ferry_io_req *io;          /* n engine requests */
     size_t n;
     size_t left[FERRY_GDS_MAX_DIRS];
@@ -171,11 +176,19 @@ static void deliver(ferry_gds *g, unsigned d, ferry_io_req *r)
     pthread_mutex_unlock(&g->amu);
 }
 
+static _Atomic(ferry__gds_reap_fn) g_reap_seam;
+
+void ferry__gds_reap_seam(ferry__gds_reap_fn fn)
+{
+    atomic_store(&g_reap_seam, fn);
+}
+
 /* reap drive d once (caller holds its lock); returns completions or a code */
 static int pump_drive(ferry_gds *g, unsigned d, unsigned min, int timeout_ms)
 {
     ferry_io_req *done[32];
-    int k = ferry_io_reap(g->drives[d].io, done, min, 32, timeout_ms);
+    ferry__gds_reap_fn reap = atomic_load(&g_reap_seam);
+    int k = (reap ? reap : ferry_io_reap)(g->drives[d].io, done, min, 32, timeout_ms);
     if (k < 0)
         return ferry__err_set(&g->err, k, "gds: drive %u (%s): reap: %s", d, g->drives[d].path,
                               ferry_last_error());
@@ -296,20 +309,8 @@ int ferry_gds_pread(ferry_gds *g, void *buf, size_t len, uint64_t slab_off)
     return host_rw(g, FERRY_GDS_READ, buf, len, slab_off);
 }
 
-/* The live list holds every asynchronous hop from submit until it is
- * reaped, so a request submitted again meanwhile is refused before it is
- * relinked (it would complete once while counted twice, and a caller
- * waiting for both would hang). A request's priv_ is the caller's garbage
- * until first submitted and NULL once reaped: only a non-NULL one is
- * looked up, never dereferenced. Caller holds amu. */
-static int req_live(const ferry_gds *g, const ferry_gds_req *q)
-{
-    for (const hop *h = g->live; h; h = h->lnext)
-        if (h->req == q)
-            return 1;
-    return 0;
-}
-
+/* The live list holds every asynchronous hop of this context from submit
+ * until it is reaped (close frees what it still holds). Caller holds amu. */
 static void live_unlink(ferry_gds *g, hop *h)
 {
     if (h->lprev)
@@ -320,30 +321,70 @@ static void live_unlink(ferry_gds *g, hop *h)
         h->lnext->lprev = h->lprev;
 }
 
-/* close: host requests still in flight land first; unreaped ones are dropped */
+/* hop h of g's is done with: its request is the caller's again, to
+ * submit to any context (caller holds amu) */
+static void hop_retire(ferry_gds *g, hop *h)
+{
+    h->req->priv_ = NULL;
+    live_unlink(g, h);
+    ferry__gds_live_drop(&h->reg);
+    hop_free_parts(h);
+    ferry__free(h);
+}
+
+/* close, before the drives close: host requests still in flight land
+ * (unless a drive's queue broke: what it held never comes back) */
 void ferry__gds_async_drain(ferry_gds *g)
 {
-    if (g->on) {
-        int broken = 0;
-        while (!broken && atomic_load(&g->async_hops) > g->ndone) {
-            for (unsigned d = 0; d < g->ndrives; d++) {
-                pthread_mutex_lock(&g->drives[d].mu);
-                int k = ferry_io_inflight(g->drives[d].io) ? pump_drive(g, d, 1, 10) : 0;
-                pthread_mutex_unlock(&g->drives[d].mu);
-                if (k < 0)
-                    broken = 1;
+    int broken = 0;
+    while (g->on && !broken) {
+        pthread_mutex_lock(&g->amu);
+        int waiting = atomic_load(&g->async_hops) > g->ndone;
+        pthread_mutex_unlock(&g->amu);
+        if (!waiting)
+            break;
+        for (unsigned d = 0; d < g->ndrives; d++) {
+            pthread_mutex_lock(&g->drives[d].mu);
+            int k = ferry_io_inflight(g->drives[d].io) ? pump_drive(g, d, 1, 10) : 0;
+            pthread_mutex_unlock(&g->drives[d].mu);
+            if (k < 0) {
+                FERRY_LOGW("%s (at close: its host requests in flight are dropped)",
+                           ferry__err_msg(&g->err));
+                broken = 1;
             }
         }
-        while (g->done_head) {
-            hop *h = g->done_head;
-            g->done_head = h->next;
-            h->req->priv_ = NULL;
-            hop_free_parts(h);
-            ferry__free(h);
-        }
-        g->done_tail = NULL;
-        g->live = NULL;
     }
+}
+
+/* close, after the drives closed (no engine holds a hop's requests): every
+ * hop not reaped, landed or not, is freed and its request given back */
+void ferry__gds_async_release(ferry_gds *g)
+{
+    pthread_mutex_lock(&g->amu);
+    while (g->live)
+        hop_retire(g, g->live);
+    g->done_head = g->done_tail = NULL;
+    g->ndone = 0;
+    atomic_store(&g->async_hops, 0);
+    pthread_mutex_unlock(&g->amu);
+}
+
+/* request k (q) is in flight on holder already: FERRY_EBUSY naming both */
+static int submit_busy(ferry_gds *g, unsigned k, const ferry_gds_req *q, const ferry_gds *holder)
+{
+    if (holder == g)
+        return ferry__err_set(&g->err, FERRY_EBUSY,
+                              "gds: submit: request %u (%p, %s of %zu bytes at slab offset %llu) "
+                              "is already in flight: a request is the context's from submit "
+                              "until reaped",
+                              k, (void *)q, ferry__gds_dirname(q->dir), q->len,
+                              (unsigned long long)q->slab_off);
+    return ferry__err_set(&g->err, FERRY_EBUSY,
+                          "gds: submit: request %u (%p, %s of %zu bytes at slab offset %llu) is "
+                          "in flight on another context (%p, not this one, %p): a request is "
+                          "the context's it was submitted to until reaped there",
+                          k, (void *)q, ferry__gds_dirname(q->dir), q->len,
+                          (unsigned long long)q->slab_off, (const void *)holder, (void *)g);
 }
 
 int ferry_gds_submit(ferry_gds *g, ferry_gds_req *const *reqs, unsigned n)
@@ -361,20 +402,6 @@ int ferry_gds_submit(ferry_gds *g, ferry_gds_req *const *reqs, unsigned n)
                 rc = ferry__err_set(&g->err, -EINVAL, "gds: submit: request %u is NULL", k);
                 break;
             }
-            if (q->priv_) {
-                pthread_mutex_lock(&g->amu);
-                int live = req_live(g, q);
-                pthread_mutex_unlock(&g->amu);
-                if (live) {
-                    rc = ferry__err_set(&g->err, FERRY_EBUSY,
-                                        "gds: submit: request %u (%p, %s of %zu bytes at slab "
-                                        "offset %llu) is already in flight: a request is the "
-                                        "context's from submit until reaped",
-                                        k, (void *)q, ferry__gds_dirname(q->dir), q->len,
-                                        (unsigned long long)q->slab_off);
-                    break;
-                }
-            }
             if ((rc = host_check(g, q->dir, q->buf, q->len, q->slab_off)) < 0)
                 break;
             hop *h = ferry__malloc(sizeof *h);
@@ -387,7 +414,17 @@ int ferry_gds_submit(ferry_gds *g, ferry_gds_req *const *reqs, unsigned n)
                 ferry__free(h);
                 break;
             }
+            /* the check and the claim in one step: of threads submitting
+             * q at once, to this context or another, one takes it */
             h->req = q;
+            h->reg = (ferry__gds_live){NULL, q, g};
+            ferry_gds *holder = ferry__gds_live_take(&h->reg);
+            if (holder) {
+                hop_free_parts(h);
+                ferry__free(h);
+                rc = submit_busy(g, k, q, holder);
+                break;
+            }
             q->result = 0;
             q->priv_ = h;
             pthread_mutex_lock(&g->amu);
@@ -412,6 +449,8 @@ int ferry_gds_reap(ferry_gds *g, ferry_gds_req **done, unsigned min, unsigned ma
         return ferry__err_set(g ? &g->err : NULL, -EINVAL, "gds: reap: NULL context or done");
     if (min > max)
         return ferry__err_set(&g->err, -EINVAL, "gds: reap: min %u > max %u", min, max);
+    if (!g->on)
+        return 0; /* nothing was submitted; the drives are read only once it is on */
     uint64_t deadline = timeout_ms < 0 ? 0 : ferry__now_ns() + (uint64_t)timeout_ms * 1000000ull;
     unsigned got = 0, turn = 0;
     /* a poll (min 0) collects what has finished without waiting; a wait
@@ -432,10 +471,7 @@ int ferry_gds_reap(ferry_gds *g, ferry_gds_req **done, unsigned min, unsigned ma
                 g->done_tail = NULL;
             g->ndone--;
             done[got++] = h->req;
-            h->req->priv_ = NULL;
-            live_unlink(g, h);
-            hop_free_parts(h);
-            ferry__free(h);
+            hop_retire(g, h);
             atomic_fetch_sub(&g->async_hops, 1);
         }
         unsigned waiting = (unsigned)atomic_load(&g->async_hops) - g->ndone;
@@ -586,7 +622,9 @@ int ferry_gds_buffer_alloc(ferry_gds *g, size_t len, void **out)
 {
     if (!g || !len || !out)
         return ferry__err_set(g ? &g->err : NULL, -EINVAL, "gds: buffer alloc needs a length");
-    if (!g->on)
+    /* `on` is read once, atomically: init may be turning the context on
+     * meanwhile, and what it set before (alignment, device) is read after */
+    if (!atomic_load(&g->on))
         return ferry__err_set(&g->err, FERRY_ESTATE, "gds: buffer alloc: the context is off");
     if (len > SIZE_MAX - (g->align - 1)) /* rounding up would wrap to a tiny buffer */
         return ferry__err_set(&g->err, -EINVAL, "gds: buffer alloc of %zu bytes: too large "

@@ -12,6 +12,8 @@
  *                 batches that keep async argument blocks alive
  *   gds_host.c    host transfers: the asynchronous host-I/O engine
  *                 (submit/reap) over the drive queues, host buffers
+ *   gds_live.c    the process's table of asynchronous host requests in
+ *                 flight, whichever context took them
  *   gds_stats.c   accessors, stats, the extent forms of the transfers
  *
  * Locks: hmu guards the table of registered host buffers and is held
@@ -19,8 +21,12 @@
  * take mu, so mu is never held across it); mu guards the registry
  * (regions, streams, batches, the on flag); each drive's mu guards its
  * ferry_io (single-threaded) and the hops' per-drive counters; amu guards
- * the done list of asynchronous host requests. Order: hmu before mu; mu
- * before a drive's mu; drives in index order; amu last.
+ * the done list of asynchronous host requests; a bucket lock of
+ * gds_live.c guards its requests in flight. Order: hmu before mu; mu
+ * before a drive's mu; drives in index order; amu; a live bucket last.
+ * `on` is atomic besides: init sets it (under mu) only after everything
+ * it publishes is in place, and callers that take no lock (host
+ * transfers, buffer alloc, the accessors) read it once before the rest.
  * A function named "..._locked" or documented "caller holds mu" expects mu.
  */
 #ifndef FERRY_SRC_GDS_IMPL_H
@@ -98,9 +104,16 @@ typedef struct seg {
     uint64_t slab_off;
 } seg;
 
+/* an asynchronous host request in the process's table (gds_live.c) */
+typedef struct ferry__gds_live {
+    struct ferry__gds_live *next; /* in its bucket */
+    const ferry_gds_req *req;
+    ferry_gds *owner;             /* the context that took it */
+} ferry__gds_live;
+
 struct ferry_gds {
     pthread_mutex_t mu;
-    int on;
+    _Atomic int on;
     ferry__errbuf err;
     ferry_gds_driver drv;
     ferry__gds_destroy_fn destroy;
@@ -164,7 +177,18 @@ void ferry__gds_regions_release(ferry_gds *g);
 int ferry__gds_check_range(ferry_gds *g, const char *what, uint64_t slab_off, size_t len);
 void ferry__gds_drain_batches(ferry_gds *g, gstream *st); /* caller holds mu */
 
-/* gds_host.c */
+/* gds_host.c (close: drain before the drives close, release after) */
 void ferry__gds_async_drain(ferry_gds *g);
+void ferry__gds_async_release(ferry_gds *g);
+/* test seam: how a drive's queue is reaped (NULL: ferry_io_reap), so a
+ * test can make a drive's queue break */
+typedef int (*ferry__gds_reap_fn)(ferry_io *io, ferry_io_req **done, unsigned min, unsigned max,
+                                  int timeout_ms);
+void ferry__gds_reap_seam(ferry__gds_reap_fn fn);
+
+/* gds_live.c: take e->req for e->owner; NULL when taken, else the context
+ * it is in flight on already (e->owner itself, or another) */
+ferry_gds *ferry__gds_live_take(ferry__gds_live *e);
+void ferry__gds_live_drop(ferry__gds_live *e);
 
 #endif

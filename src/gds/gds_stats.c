@@ -32,7 +32,8 @@ const char *ferry_gds_engine(const ferry_gds *g)
 
 const char *ferry_gds_fallback_reason(const ferry_gds *g)
 {
-    return g && g->fallback[0] ? g->fallback : NULL;
+    /* (only once on: init writes the text before it turns `on` to 1) */
+    return g && g->on && g->fallback[0] ? g->fallback : NULL;
 }
 
 const char *ferry_gds_last_error(const ferry_gds *g)
