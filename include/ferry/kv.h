@@ -38,6 +38,19 @@
  * device's asynchronous copies and L1 <-> L2 through the slab's I/O
  * engines; the copies of one chunk overlap the disk I/O of the next.
  *
+ * Fork. A store belongs to the process that opened it. Its L1 pool,
+ * unless pinned through a device, is a mapping of its own kept out of a
+ * fork's child (MADV_DONTFORK), so a fork of a process with a multi-GiB
+ * pool registered with L2's io_uring engines copies none of it (it used
+ * to copy every pinned page, seconds a fork). In the child every call on
+ * the parent's store and on its operations returns FERRY_ESTATE, with a
+ * message naming the opener's process id and the child's, touching
+ * nothing of the store (a warning is logged once a process);
+ * ferry_kv_close, ferry_kv_close_begin and ferry_kv_op_free there release
+ * nothing. A child opens a store of its own. The check costs one load a
+ * call: it relies on fork()'s pthread_atfork handlers (os.fork,
+ * multiprocessing and DataLoader workers run them; a raw clone does not).
+ *
  * One owner per directory. An L2 directory belongs to one open store at a
  * time: ferry_kv_open takes an exclusive lock on it (l2_dir/ferry.lock,
  * dropped at ferry_kv_close and by the kernel when the process dies, so a
@@ -517,8 +530,9 @@ FERRY_API int ferry_kv_open(const ferry_kv_config *cfg, ferry_kv **out);
  * -ECANCELED; free them with ferry_kv_op_free before or after the close.
  * NULL does nothing. Call it once per store. In a forked child of the
  * process that opened the store it releases nothing (logs a warning): the
- * store's threads, files and connection are its opener's, and a child
- * opens a store of its own.
+ * store's threads, L1 pool, files and connection are its opener's, and a
+ * child opens a store of its own (its other calls on the store: see Fork
+ * above).
  */
 FERRY_API void ferry_kv_close(ferry_kv *kv);
 /**

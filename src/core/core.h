@@ -114,6 +114,9 @@ int ferry__cond_init_mono(pthread_cond_t *cv);
 struct timespec ferry__deadline_ms(uint64_t ms);
 /* process CPU time (user + system), seconds */
 double ferry__cpu_seconds(void);
+/* getpid(), without a system call: kept right in fork()'s children by a
+ * pthread_atfork handler (pid.c) */
+long ferry__pid(void);
 
 #define FERRY__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define FERRY__MAX(a, b) ((a) > (b) ? (a) : (b))

@@ -265,6 +265,10 @@ int ferry__kv_tier_l1_open(ferry_device *dev, uint64_t slot_bytes, uint64_t capa
 int ferry__kv_tier_l1_fd(ferry__kv_tier *t, uint64_t *bytes);
 /* whether the L1 pool's fill thread is still faulting it in (any thread) */
 int ferry__kv_tier_l1_filling(ferry__kv_tier *t);
+/* once not filling: 1 when every page of the pool is present (pinned or
+ * populated by its allocation, or faulted in whole by the fill), 0 when
+ * the fill stopped early (*err, if given: its errno, 0 when stopped) */
+int ferry__kv_tier_l1_faulted(ferry__kv_tier *t, int *err);
 /* L2: an NVMe slab of `bytes` in all, striped over dirs[0..ndirs) (one
  * per drive), through the GDS context */
 int ferry__kv_tier_l2_open(const char *const *dirs, unsigned ndirs, uint64_t bytes, int direct,
@@ -516,6 +520,7 @@ typedef struct ferry__kv_job {
 
 struct ferry_kv_op {
     ferry_kv *kv;
+    long maker; /* ferry__pid() of the process that made it (its store's opener) */
     int kind;
     ferry_kv_hash *ids;
     size_t nchunks, n;
@@ -544,6 +549,11 @@ ferry_kv_op *ferry__kv_op_new(ferry_kv *kv, int kind, const ferry_kv_hash *ids, 
  * the store is open and not closing. Returns that store, or NULL when the
  * call must not touch it (closing or closed): the op's own state only. */
 ferry_kv *ferry__kv_op_enter(ferry_kv_op *op);
+/* 0 in the process that made op; in a fork of it FERRY_ESTATE with a
+ * message naming both processes (op call `what`), op untouched: checked
+ * before ferry__kv_op_enter (op's locks may have been held at the fork,
+ * its end comes from workers the child lacks) */
+int ferry__kv_op_forked(const ferry_kv_op *op, const char *what);
 /* the call that entered with kv ends (drops = references it gives back) */
 void ferry__kv_op_leave(ferry_kv_op *op, ferry_kv *kv, unsigned drops);
 /* the call that made op hands it to its caller: from now on close's early
@@ -560,8 +570,13 @@ void ferry__kv_ops_abandon(ferry_kv *kv);
 void ferry__kv_ops_orphan(ferry_kv *kv);
 
 /* guard.c: a public call on kv begins: 0, or FERRY_ESTATE (with a
- * message) when the store is closing. Every 0 is paired with a leave. */
+ * message) when the store is closing or this process is a fork of its
+ * opener. Every 0 is paired with a leave. */
 int ferry__kv_enter(ferry_kv *kv, const char *what);
+/* guard.c: 0 in the process that opened kv; in a fork of it FERRY_ESTATE
+ * with a message naming both processes (call `what`), kv untouched but
+ * for its last error */
+int ferry__kv_forked(ferry_kv *kv, const char *what);
 void ferry__kv_leave(ferry_kv *kv);
 /* close: refuse new calls (the calls inside go on) */
 void ferry__kv_refuse_calls(ferry_kv *kv);
@@ -599,7 +614,7 @@ typedef struct ferry__kv_hist {
 struct ferry_kv {
     ferry__errbuf err;             /* last failure; written under err_mu */
     pthread_mutex_t err_mu;
-    long opener;                   /* getpid() at open: a fork's child is not it */
+    long opener;                   /* ferry__pid() at open: a fork's child is not it */
     char *model;
     uint32_t tp_rank, tp_world;
     ferry_kv_layout layout;

@@ -375,6 +375,9 @@ int ferry_kv_op_wait_layer(ferry_kv_op *op, uint32_t layer, int timeout_ms)
 {
     if (!op)
         return ferry__err_set(NULL, -EINVAL, "kv wait_layer: op is NULL");
+    int forked = ferry__kv_op_forked(op, "wait_layer");
+    if (forked < 0)
+        return forked;
     ferry_kv *kv = ferry__kv_op_enter(op);
     int rc = wait_layer(op, kv, layer, NULL, timeout_ms);
     ferry__kv_op_leave(op, kv, 1);
@@ -386,6 +389,9 @@ int ferry_kv_op_stream_wait_layer(ferry_kv_op *op, uint32_t layer, ferry_stream 
 {
     if (!op)
         return ferry__err_set(NULL, -EINVAL, "kv stream_wait_layer: op is NULL");
+    int forked = ferry__kv_op_forked(op, "stream_wait_layer");
+    if (forked < 0)
+        return forked;
     ferry_kv *kv = ferry__kv_op_enter(op);
     int rc = stream ? wait_layer(op, kv, layer, stream, timeout_ms)
                     : ferry__kv_err(kv, -EINVAL, "kv stream_wait_layer: stream is NULL");
@@ -569,6 +575,9 @@ int ferry_kv_op_layer_done(ferry_kv_op *op, uint32_t layer, ferry_stream *stream
 {
     if (!op)
         return ferry__err_set(NULL, -EINVAL, "kv layer_done: op is NULL");
+    int forked = ferry__kv_op_forked(op, "layer_done");
+    if (forked < 0)
+        return forked;
     ferry_kv *kv = ferry__kv_op_enter(op);
     int rc = layer_done(op, kv, layer, stream);
     ferry__kv_op_leave(op, kv, 1);

@@ -84,6 +84,7 @@ ferry_kv_op *ferry__kv_op_new(ferry_kv *kv, int kind, const ferry_kv_hash *ids, 
     if (nchunks)
         memcpy(copy, ids, nchunks * sizeof *copy);
     op->kv = kv;
+    op->maker = kv->opener;
     op->kind = kind;
     op->ids = copy;
     op->nchunks = nchunks;
@@ -124,6 +125,17 @@ static void destroy(ferry_kv_op *op)
     pthread_cond_destroy(&op->cv);
     ferry__free(op->ids);
     ferry__free(op);
+}
+
+int ferry__kv_op_forked(const ferry_kv_op *op, const char *what)
+{
+    long self = ferry__pid();
+    if (self == op->maker)
+        return 0;
+    return ferry__err_set(NULL, FERRY_ESTATE,
+                          "kv op %s: the op was made in process %ld and is used in process %ld, "
+                          "a fork of it: the op and its store are the maker's (nothing done)",
+                          what, op->maker, self);
 }
 
 ferry_kv *ferry__kv_op_enter(ferry_kv_op *op)
@@ -229,6 +241,9 @@ int ferry_kv_op_wait(ferry_kv_op *op, int timeout_ms)
 {
     if (!op)
         return ferry__err_set(NULL, -EINVAL, "kv op wait: op is NULL");
+    int forked = ferry__kv_op_forked(op, "wait");
+    if (forked < 0)
+        return forked;
     ferry_kv *kv = ferry__kv_op_enter(op);
     int rc = ferry__kv_lw_wait_check(kv, op); /* a layerwise store lacking layers */
     if (rc == 0)
@@ -241,6 +256,9 @@ int ferry_kv_op_cancel(ferry_kv_op *op)
 {
     if (!op)
         return ferry__err_set(NULL, -EINVAL, "kv op cancel: op is NULL");
+    int forked = ferry__kv_op_forked(op, "cancel");
+    if (forked < 0)
+        return forked;
     ferry_kv *kv = ferry__kv_op_enter(op);
     atomic_store_explicit(&op->cancel, 1, memory_order_release);
     if (kv) /* a layerwise store not finished: aborted now (else by close) */
@@ -260,6 +278,10 @@ void ferry_kv_op_free(ferry_kv_op *op)
 {
     if (!op)
         return;
+    if (ferry__kv_op_forked(op, "free") < 0) { /* the maker's to free: left as it is */
+        FERRY_LOGW("%s", ferry_last_error());
+        return;
+    }
     ferry_kv *kv = ferry__kv_op_enter(op);
     ops_lock();
     int twice = op->freed;

@@ -278,7 +278,7 @@ ferry_kv *ferry__kv_alloc(const ferry_kv_config *cfg, uint32_t ct, uint64_t chun
     ferry_kv *kv = ferry__calloc(1, sizeof *kv);
     if (!kv)
         return NULL;
-    kv->opener = (long)getpid();
+    kv->opener = ferry__pid();
     pthread_mutex_init(&kv->mu, NULL);
     pthread_mutex_init(&kv->err_mu, NULL);
     pthread_cond_init(&kv->loaded, NULL);

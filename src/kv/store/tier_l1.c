@@ -2,12 +2,24 @@
  * tier_l1.c - L1: a pool of host memory carved into chunk slots.
  *
  * The pool is one allocation (pinned through the store's device when it has
- * one, so device copies are truly asynchronous and DMA-able; page-aligned
- * host memory otherwise), split into `capacity` slots of slot_bytes, each a
- * multiple of 4096 so a slot is also a valid O_DIRECT buffer for the L2
- * write-through. Free slots are a stack of indices. A pool that is not
- * pinned is faulted in by a thread after open (tier_l1_fill.c), not by
- * open itself.
+ * one, so device copies are truly asynchronous and DMA-able; a private
+ * anonymous mapping of its own otherwise), split into `capacity` slots of
+ * slot_bytes, each a multiple of 4096 so a slot is also a valid O_DIRECT
+ * buffer for the L2 write-through. Free slots are a stack of indices. A
+ * pool that is not pinned is faulted in by a thread after open
+ * (tier_l1_fill.c), not by open itself.
+ *
+ * Fork: the private pool is advised MADV_DONTFORK, so a fork's child has
+ * no mapping at its address. Without it a child got a copy of the pool,
+ * and once the L2 tier registered the pool (io_uring fixed buffers pin
+ * every page, tier_l2_poolreg.c) Linux copies pinned pages at the fork
+ * itself: forking an engine with an 8 GiB pool took 8 GiB more and
+ * seconds, per DataLoader worker. A child never touches the pool: every
+ * call on its parent's store is refused (guard.c). The pool is a mapping
+ * of its own, never heap memory: MADV_DONTFORK stays on pages after free,
+ * and heap pages missing in a child crash its malloc later. It is 2 MiB
+ * aligned when that large, so the fill's MADV_HUGEPAGE can use huge pages
+ * (as posix_memalign's 2 MiB alignment gave before), and unmapped at close.
  *
  * A shared pool (the one `ferry serve` hosts) lives in a memfd, with huge
  * pages where the kernel gives them (MFD_HUGETLB when huge pages are
@@ -29,10 +41,12 @@
 #include "kv/store/tier_l1_fill.h"
 
 typedef struct l1 {
-    ferry_device *dev;     /* NULL: pool from the allocation hook */
+    ferry_device *dev;     /* NULL: pool mapped here (own_pool or shm_pool) */
     unsigned char *pool;
     int fd;                /* shared: the memfd (else -1) */
-    size_t map_bytes;      /* shared: the mapping's length */
+    size_t map_bytes;      /* without a device: the mapping's length */
+    int present;           /* every page present from the allocation (pinned or
+                            * MAP_POPULATE'd huge pages): no fill */
     uint64_t *free_stack;
     uint64_t nfree;
     /* unpinned pools: faulted in by a thread while the store is in use, so
@@ -83,16 +97,12 @@ static void l1_close(ferry__kv_tier *t)
     if (!p)
         return;
     ferry__kv_l1_fill_stop(&p->fill); /* before the pool goes */
-    if (p->fd >= 0) {
-        if (p->pool)
-            munmap(p->pool, p->map_bytes);
+    if (p->pool && p->dev)
+        ferry_device_host_free(p->dev, p->pool);
+    else if (p->pool)
+        munmap(p->pool, p->map_bytes);
+    if (p->fd >= 0)
         close(p->fd);
-    } else if (p->pool) {
-        if (p->dev)
-            ferry_device_host_free(p->dev, p->pool);
-        else
-            ferry__free(p->pool);
-    }
     ferry__free(p->free_stack);
     ferry__free(p);
     t->impl = NULL;
@@ -121,6 +131,7 @@ static int shm_pool(l1 *p, size_t bytes, ferry__errbuf *eb)
             p->fd = fd;
             p->pool = m;
             p->map_bytes = huge;
+            p->present = 1;
             FERRY_LOGI("kv L1: shared pool of %zu bytes in huge pages", huge);
             goto sealed;
         }
@@ -148,6 +159,36 @@ sealed:
     return 0;
 }
 
+/* a private anonymous mapping of at least bytes, 2 MiB aligned when it is
+ * that large, kept out of a fork's child (MADV_DONTFORK) */
+static int own_pool(l1 *p, size_t bytes, ferry__errbuf *eb)
+{
+    const size_t huge = (size_t)2 << 20;
+    long pg = sysconf(_SC_PAGESIZE);
+    size_t page = pg > 0 ? (size_t)pg : 4096;
+    size_t len = FERRY__ALIGN_UP(bytes, page);
+    size_t align = len >= huge ? huge : page;
+    if (len < bytes || len > SIZE_MAX - align)
+        return ferry__err_set(eb, -EOVERFLOW, "kv L1: a pool of %zu bytes overflows", bytes);
+    size_t span = len + align - page; /* room to align inside */
+    unsigned char *m = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return ferry__err_set(eb, -ENOMEM, "kv L1: mapping a pool of %zu bytes: %s", len,
+                              strerror(errno));
+    unsigned char *at = (unsigned char *)FERRY__ALIGN_UP((uintptr_t)m, (uintptr_t)align);
+    if (at > m)
+        munmap(m, (size_t)(at - m));
+    if (at + len < m + span)
+        munmap(at + len, (size_t)(m + span - (at + len)));
+    if (madvise(at, len, MADV_DONTFORK) != 0) /* (every Linux since 2.6.16 has it) */
+        FERRY_LOGW("kv L1: madvise(MADV_DONTFORK) on the pool of %zu bytes: %s; a fork copies "
+                   "the pool",
+                   len, strerror(errno));
+    p->pool = at;
+    p->map_bytes = len;
+    return 0;
+}
+
 int ferry__kv_tier_l1_fd(ferry__kv_tier *t, uint64_t *bytes)
 {
     l1 *p = t->impl;
@@ -160,6 +201,14 @@ int ferry__kv_tier_l1_filling(ferry__kv_tier *t)
 {
     l1 *p = t->impl;
     return ferry__kv_l1_fill_busy(&p->fill);
+}
+
+int ferry__kv_tier_l1_faulted(ferry__kv_tier *t, int *err)
+{
+    l1 *p = t->impl;
+    if (err)
+        *err = 0;
+    return p->present || ferry__kv_l1_fill_whole(&p->fill, err);
 }
 
 int ferry__kv_tier_l1_open(ferry_device *dev, uint64_t slot_bytes, uint64_t capacity, int shared,
@@ -207,13 +256,12 @@ int ferry__kv_tier_l1_open(ferry_device *dev, uint64_t slot_bytes, uint64_t capa
                                   ferry_device_name(dev), ferry_last_error());
         }
         p->pool = mem;
+        p->present = 1;
     } else {
-        size_t align = bytes >= (2u << 20) ? (2u << 20) : 4096;
-        p->pool = ferry__aligned_alloc(align, bytes);
-        if (!p->pool) {
+        int rc = own_pool(p, bytes, eb);
+        if (rc < 0) {
             ferry__kv_tier_free(t);
-            return ferry__err_set(eb, -ENOMEM, "kv L1: out of memory for a pool of %zu bytes",
-                                  bytes);
+            return rc;
         }
         ferry__kv_l1_fill_start(&p->fill, p->pool, bytes);
     }

@@ -18,7 +18,11 @@
  *
  * Close stops the thread between steps (FILL_STEP bytes, a few ms) and
  * joins it before the pool is unmapped; the pages it did not reach are
- * never faulted.
+ * never faulted. A step the kernel refuses (out of memory) ends the
+ * thread too. Either way `whole` stays 0, and the L2 pool registration
+ * (tier_l2_poolreg.c), which waits for the thread, then does not pin the
+ * pool: pinning would fault every page left inside one system call that
+ * close cannot interrupt, the memory the kernel just refused.
  */
 #include "kv/store/tier_l1_fill.h"
 
@@ -32,6 +36,7 @@
 #define FILL_STEP ((size_t)8 << 20)
 
 _Atomic unsigned ferry__kv_l1_test_hold;
+_Atomic unsigned ferry__kv_l1_test_fail_step;
 
 /* 0, or the errno of MADV_POPULATE_WRITE (EINVAL: the kernel has none) */
 static int populate(unsigned char *at, size_t n)
@@ -64,38 +69,53 @@ static void held(ferry__kv_l1_fill *f, unsigned steps)
     }
 }
 
-/* fault [from, to) step by step until stopped; `seam`: the test hold
- * applies (the thread's run, not open's own when it has no thread) */
+/* fault [from, to) step by step until stopped; `seam`: the test hold and
+ * failure apply (the thread's run, not open's own when it has no thread).
+ * Sets whole when it reached the end, err when the kernel refused. */
 static void fill_range(ferry__kv_l1_fill *f, int seam)
 {
-    unsigned steps = 1; /* open did the first */
+    unsigned steps = 2; /* open did the first */
     for (size_t off = f->from; off < f->to; off += FILL_STEP, steps++) {
         if (seam)
-            held(f, steps);
+            held(f, steps - 1);
         if (atomic_load_explicit(&f->stop, memory_order_relaxed))
-            break;
+            return;
         size_t n = f->to - off < FILL_STEP ? f->to - off : FILL_STEP;
-        int e = populate(f->pool + off, n);
+        int e = seam && atomic_load_explicit(&ferry__kv_l1_test_fail_step,
+                                             memory_order_relaxed) == steps
+                    ? ENOMEM
+                    : populate(f->pool + off, n);
         if (e) { /* out of memory: what is left faults on first use */
             FERRY_LOGD("kv L1: faulting in %zu bytes at offset %zu of the pool: %s; the rest "
                        "faults on first use",
                        n, off, strerror(e));
-            break;
+            atomic_store_explicit(&f->err, e, memory_order_relaxed);
+            return;
         }
     }
+    atomic_store_explicit(&f->whole, 1, memory_order_relaxed);
 }
 
 static void *fill_main(void *arg)
 {
     ferry__kv_l1_fill *f = arg;
     fill_range(f, 1);
-    atomic_store_explicit(&f->busy, 0, memory_order_release);
+    atomic_store_explicit(&f->busy, 0, memory_order_release); /* (whole and err before) */
     return NULL;
 }
 
 int ferry__kv_l1_fill_busy(ferry__kv_l1_fill *f)
 {
     return atomic_load_explicit(&f->busy, memory_order_acquire);
+}
+
+int ferry__kv_l1_fill_whole(ferry__kv_l1_fill *f, int *err)
+{
+    if (ferry__kv_l1_fill_busy(f)) /* (acquire: whole and err as the thread left them) */
+        return 0;
+    if (err)
+        *err = atomic_load_explicit(&f->err, memory_order_relaxed);
+    return atomic_load_explicit(&f->whole, memory_order_relaxed);
 }
 
 void ferry__kv_l1_fill_start(ferry__kv_l1_fill *f, unsigned char *pool, size_t bytes)
@@ -109,15 +129,19 @@ void ferry__kv_l1_fill_start(ferry__kv_l1_fill *f, unsigned char *pool, size_t b
     int e = populate(pool, first);
     if (e == EINVAL) {
         touch_all(pool, bytes);
+        atomic_store_explicit(&f->whole, 1, memory_order_relaxed);
         return;
     }
     if (e) {
         FERRY_LOGD("kv L1: faulting in the pool's first %zu bytes: %s; pages fault on first use",
                    first, strerror(e));
+        atomic_store_explicit(&f->err, e, memory_order_relaxed);
         return;
     }
-    if (first == bytes)
+    if (first == bytes) {
+        atomic_store_explicit(&f->whole, 1, memory_order_relaxed);
         return;
+    }
     f->pool = pool;
     f->from = first;
     f->to = bytes;

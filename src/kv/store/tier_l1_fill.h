@@ -16,6 +16,8 @@ typedef struct ferry__kv_l1_fill {
     int on;               /* th runs (joined by _stop) */
     atomic_int stop;
     atomic_int busy;      /* th has steps left (cleared, release, when it ends) */
+    atomic_int whole;     /* every page faulted in (set, release, before busy clears) */
+    atomic_int err;       /* the errno that stopped the faulting early (0: none) */
 } ferry__kv_l1_fill;
 
 /*
@@ -33,10 +35,18 @@ void ferry__kv_l1_fill_stop(ferry__kv_l1_fill *f);
  * page present, or it stopped or failed) and for a pool that has none; any
  * thread may ask */
 int ferry__kv_l1_fill_busy(ferry__kv_l1_fill *f);
+/* once not busy: 1 when every page of the pool was faulted in (by open or
+ * the thread), 0 when the faulting stopped early (out of memory: *err, if
+ * given, says why; or close stopped it); any thread may ask */
+int ferry__kv_l1_fill_whole(ferry__kv_l1_fill *f, int *err);
 
 /* test seam: while nonzero, every fill thread waits after that many steps
  * (until it is cleared or its pool closes). Unarmed: one relaxed load per
  * step. */
 extern _Atomic unsigned ferry__kv_l1_test_hold;
+/* test seam: while nonzero, a fill thread's step of that number (2: the
+ * thread's first, as open does step 1) fails with ENOMEM, as the kernel's
+ * MADV_POPULATE_WRITE does when memory runs out */
+extern _Atomic unsigned ferry__kv_l1_test_fail_step;
 
 #endif

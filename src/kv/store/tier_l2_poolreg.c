@@ -9,7 +9,11 @@
  * `ferry_kv_open` of a 4 GiB pool with an L2 take seconds, whatever the L1
  * fill thread (tier_l1_fill.c) saved. Here a thread waits until the fill
  * thread has faulted the pool in (the pin then only takes present pages),
- * then registers it, while the store already serves.
+ * then registers it, while the store already serves. A fill that ended
+ * early (the kernel refused a step: out of memory) leaves the pool
+ * unregistered for good: pinning it would fault every page left inside
+ * the registration, one system call close cannot interrupt, asking again
+ * for the memory the kernel just refused (state: the fill's -errno).
  *
  * Why that is safe: until the registration returned, the engines do not
  * know the pool and move its bytes the plain way (uring.c publishes a
@@ -45,6 +49,16 @@ static void register_now(ferry__kv_poolreg *r)
 {
     ferry__kv_tier *l1 = r->l1, *l2 = r->l2;
     size_t len = (size_t)(l1->capacity * l1->slot_bytes);
+    int e = 0;
+    if (ferry__kv_tier_l1_filling(l1) || !ferry__kv_tier_l1_faulted(l1, &e)) {
+        /* (filling: no thread to wait for the fill with) */
+        FERRY_LOGI("kv: the L1 pool (%zu bytes) is not faulted in whole (%s): not registered "
+                   "with the L2 tier's engines (the pin would fault the rest); L2 transfers "
+                   "take the engines' plain path",
+                   len, e ? strerror(e) : "its fill has not finished");
+        atomic_store_explicit(&r->state, e ? -e : FERRY_ESTATE, memory_order_release);
+        return;
+    }
     int rc = l2->ops->reg_pool(l2, l1->ops->host_ptr(l1, 0), len);
     if (rc < 0)
         FERRY_LOGI("kv: the L1 pool (%zu bytes) is not registered with the L2 tier's engines "
