@@ -62,13 +62,24 @@ def holder_of(backend, s):
     return s if backend.kind == "local" else backend(pool_wait_ms=WAIT_MS)
 
 
-def fill_and_pin(s):
-    """Store and pin chunks filling the whole pool: every slot read-locked."""
-    toks = np.arange(SLOTS * CT, dtype=np.int32) + 7
-    x = kv(SLOTS * CT, 1)
-    assert s.store(toks, x) == SLOTS * CT
+def fill_and_pin(s, base=7, seed=1):
+    """Store and pin chunks filling the whole pool: every slot read-locked.
+    In two halves, the first pinned before the second is stored: a store
+    that fills the pool at once crosses the eviction watermark (0.8) at its
+    seventh chunk and moves to L2 whichever of its first chunks finished
+    their write-through by then (under load, some do), and a pin of a
+    chunk in L2 holds no L1 slot, so the pool was not full after all."""
+    toks = np.arange(SLOTS * CT, dtype=np.int32) + base
+    x = kv(SLOTS * CT, seed)
+    half = SLOTS // 2 * CT
+    assert s.store(toks[:half], x[:, :, :half].contiguous()) == half
     s.flush()                                   # written through: nothing else holds a slot
+    assert s.pin(toks[:half]) == half
+    assert s.store(toks, x) == SLOTS * CT       # the rest: one batch, none of it evictable
+    s.flush()
     assert s.pin(toks) == SLOTS * CT
+    s.unpin(toks[:half])                        # (pinned twice: once, as the rest)
+    assert s.stats()["tier"]["l1"]["chunks"] == SLOTS, s.stats()["tier"]["l1"]
     return toks, x
 
 
@@ -110,10 +121,7 @@ def test_close_ends_a_call_waiting_for_a_slot_at_once(backend, what):
         # them into, and every slot is pinned by other chunks
         y = torch.full((2, 2, 4 * CT, 128), 3.0, dtype=torch.bfloat16)
         h.unpin(toks)
-        more = np.arange(SLOTS * CT, dtype=np.int32) + 50000
-        assert h.store(more, kv(SLOTS * CT, 3)) > 0     # evicts the first into L2 only
-        h.flush()
-        assert h.pin(more) == SLOTS * CT
+        fill_and_pin(h, 50000, 3)               # evicts the first into L2 only
         th, out = blocked_call(h, lambda: s.retrieve(toks[:4 * CT], y))
     t0 = time.monotonic()
     s.close()
