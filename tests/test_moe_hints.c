@@ -292,6 +292,7 @@ static void a_hint_prefetch_that_fails_part_way_places_nothing(void **state)
                              "no plan copied its row there", online[k], (unsigned long long)at,
                              next[i], ferry_moe_planner_lookup(p, 1, next[i]));
             assert_consistent(p, 2, 8);
+            check_routing(p, online[k], (uint32_t)at);
             /* the next step misses all three, and every slot can be used */
             ferry_moe_counts c;
             FT_ASSERT_OK(ferry_moe_planner_ensure(p, 1, next, 3, NULL, &plan, &c));
