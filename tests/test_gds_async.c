@@ -371,6 +371,85 @@ static void close_frees_requests_on_failing_drives(void **state)
     free(mem);
 }
 
+/* ---- close with one drive's queue broken and the others still busy ---- */
+
+/* the fds the library closed (set before the close), and the writes it
+ * issued on one of them afterwards */
+static _Atomic int g_fd_closed[1024];
+static _Atomic int g_io_after_close;
+static ferry_io *_Atomic g_broken_io;
+
+static int track_close(int fd)
+{
+    if (fd >= 0 && fd < 1024)
+        atomic_store(&g_fd_closed[fd], 1);
+    return close(fd);
+}
+
+static ssize_t slow_pwrite(int fd, const void *b, size_t n, off_t o)
+{
+    usleep(2000); /* the healthy drives are still busy when close comes */
+    if (fd >= 0 && fd < 1024 && atomic_load(&g_fd_closed[fd]))
+        atomic_fetch_add(&g_io_after_close, 1);
+    return pwrite(fd, b, n, o);
+}
+
+/* drive 0's queue breaks (what it holds finishes, nothing is handed back) */
+static int one_broken_reap(ferry_io *io, ferry_io_req **done, unsigned min, unsigned max,
+                           int timeout_ms)
+{
+    if (io != atomic_load(&g_broken_io))
+        return ferry_io_reap(io, done, min, max, timeout_ms);
+    while (ferry_io_inflight(io) > 0)
+        if (ferry_io_reap(io, done, 1, max, -1) < 0)
+            break;
+    return ferry__err_set(NULL, -EIO, "test: drive 0's queue broke");
+}
+
+/* ferry/gds.h: close waits for requests in flight, but for those of a
+ * drive whose queue broke. Drive 0's queue breaks at close while drives 1
+ * and 2 still hold queued writes: close must let those finish before it
+ * closes their files (before, the drain gave up at the broken drive and
+ * the files were closed under the engines' pending writes, which then ran
+ * on the closed descriptors: a number the process may have given to
+ * another file meanwhile) */
+static void close_waits_for_healthy_drives_when_one_broke(void **state)
+{
+    (void)state;
+    memset(g_fd_closed, 0, sizeof g_fd_closed);
+    atomic_store(&g_io_after_close, 0);
+    const size_t n = 64 * 1024;
+    unsigned char *mem = aligned_alloc(4096, NQ * n);
+    memset(mem, 5, NQ * n);
+    ferry_gds_config c = config(0, 3, "posix");
+    c.stripe_bytes = n;
+    c.depth = 2;
+    ferry_gds *g = NULL;
+    FT_ASSERT_OK(ferry_gds_open(&c, &g));
+    ferry__sys sys = *ferry__sys_default();
+    sys.pwrite = slow_pwrite;
+    sys.close = track_close;
+    ferry__sys_set(&sys);
+    ferry_gds_req rq[NQ], *p[NQ];
+    for (int i = 0; i < NQ; i++) {
+        rq[i] = (ferry_gds_req){FERRY_GDS_WRITE, mem + i * n, n, (uint64_t)i * n, NULL, 1, NULL};
+        p[i] = &rq[i];
+    }
+    assert_int_equal(ferry_gds_submit(g, p, NQ), NQ);
+    atomic_store(&g_broken_io, g->drives[0].io);
+    ferry__gds_reap_seam(one_broken_reap);
+    ferry_gds_close(g);
+    ferry__gds_reap_seam(NULL);
+    atomic_store(&g_broken_io, NULL);
+    ferry__sys_set(NULL);
+    int after = atomic_load(&g_io_after_close);
+    if (after)
+        fail_msg("%d writes ran on a drive's descriptor after close closed it", after);
+    for (int i = 0; i < NQ; i++)
+        assert_null(rq[i].priv_);
+    free(mem);
+}
+
 /* ---- init on one thread while others use the context ---- */
 typedef struct user {
     ferry_gds *g;
@@ -563,6 +642,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(racing_submits_to_two_contexts, setup, teardown),
         cmocka_unit_test_setup_teardown(request_in_flight_on_another_context, setup, teardown),
         cmocka_unit_test_setup_teardown(close_frees_requests_on_failing_drives, setup, teardown),
+        cmocka_unit_test_setup_teardown(close_waits_for_healthy_drives_when_one_broke, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(users_while_init_turns_it_on, setup, teardown),
         cmocka_unit_test_setup_teardown(submitters_and_reapers_at_once, setup, teardown),
     };

@@ -263,6 +263,49 @@ static void hint_prefetch_brings_the_best_missing_hints_in(void **state)
     ferry_moe_planner_destroy(p);
 }
 
+/* ferry/moe.h: a hint prefetch fails with a policy's -ENOMEM and no plan.
+ * The rows it had placed before the failure were never copied (the caller
+ * got no plan), so none of them may be left resident: a later step would
+ * "hit" a slot holding another expert's row (before: the first hinted
+ * expert stayed resident, and the next ensure found it with nothing to
+ * copy). Every policy that prefetches, failing at the 2nd and 3rd insert. */
+static void a_hint_prefetch_that_fails_part_way_places_nothing(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < sizeof online / sizeof *online; k++) {
+        for (uint64_t at = 2; at <= 3; at++) {
+            ferry_moe_planner *p = mk(2, 8, 6, online[k]);
+            step1(p, 0, 0);
+            uint32_t next[3] = {2, 3, 4};
+            FT_ASSERT_OK(ferry_moe_planner_hint(p, 1, 1, next, 3, 1.0));
+            ferry_moe_copy_plan plan;
+            ferry__planner_fault_insert = at;
+            int rc = ferry_moe_planner_hint_prefetch(p, 8, &plan);
+            uint64_t left = ferry__planner_fault_insert;
+            ferry__planner_fault_insert = 0;
+            if (rc != -ENOMEM || left != 0)
+                fail_msg("%s, insert %llu failing: %d (%s)", online[k], (unsigned long long)at,
+                         rc, ferry_moe_planner_last_error(p));
+            for (uint32_t i = 0; i < 3; i++)
+                if (resident(p, 1, next[i]))
+                    fail_msg("%s, insert %llu failing: expert %u is resident in slot %u, yet "
+                             "no plan copied its row there", online[k], (unsigned long long)at,
+                             next[i], ferry_moe_planner_lookup(p, 1, next[i]));
+            assert_consistent(p, 2, 8);
+            check_routing(p, online[k], (uint32_t)at);
+            /* the next step misses all three, and every slot can be used */
+            ferry_moe_counts c;
+            FT_ASSERT_OK(ferry_moe_planner_ensure(p, 1, next, 3, NULL, &plan, &c));
+            assert_int_equal(c.missing, 3);
+            assert_int_equal(plan.n, 3);
+            uint32_t all[6] = {0, 1, 2, 3, 4, 5};
+            FT_ASSERT_OK(ferry_moe_planner_ensure(p, 0, all, 6, NULL, NULL, NULL));
+            assert_consistent(p, 2, 8);
+            ferry_moe_planner_destroy(p);
+        }
+    }
+}
+
 static void hint_prefetch_never_evicts_a_hint_worth_as_much(void **state)
 {
     (void)state;
@@ -677,6 +720,7 @@ int main(void)
         cmocka_unit_test(random_hints_never_fail_a_step),
         cmocka_unit_test(hinted_plans_move_the_right_bytes_through_an_executor),
         cmocka_unit_test(hints_survive_out_of_memory_at_every_allocation),
+        cmocka_unit_test(a_hint_prefetch_that_fails_part_way_places_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -373,8 +373,9 @@ FERRY_API int ferry_gds_submit(ferry_gds *g, ferry_gds_req *const *reqs, unsigne
  * -1 = forever) and hand back up to max of them in done[], each with its
  * result. Returns the count (0 on timeout or when none is outstanding) or
  * a negative code when a drive queue broke. ferry_gds_close() waits for
- * requests in flight (not for those of a drive whose queue broke) and
- * drops unreaped ones: their memory is freed and each request is the
+ * requests in flight (a drive whose queue broke hands none back, but
+ * every drive's engine finishes what it holds before its file is closed)
+ * and drops unreaped ones: their memory is freed and each request is the
  * caller's again (priv_ NULL), to submit to any context.
  */
 FERRY_API int ferry_gds_reap(ferry_gds *g, ferry_gds_req **done, unsigned min, unsigned max,

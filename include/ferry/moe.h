@@ -467,7 +467,8 @@ FERRY_API int ferry_moe_planner_hint(ferry_moe_planner *p, uint32_t layer, uint3
  * room. *plan as for ensure(). Returns the rows to copy
  * (0: nothing hinted is missing, or no room). Errors: -EINVAL (NULL
  * planner), FERRY_ENOTSUP for "belady", FERRY_ESTATE while a streamed step
- * is open, a policy's -ENOMEM.
+ * is open, a policy's -ENOMEM (no plan: none of the rows is placed, though
+ * experts evicted for them stay out).
  */
 FERRY_API int ferry_moe_planner_hint_prefetch(ferry_moe_planner *p, uint32_t max_rows,
                                               ferry_moe_copy_plan *plan);

@@ -68,10 +68,24 @@ void ferry__gds_add_fallback(ferry_gds *g, const char *fmt, ...)
     va_end(ap);
 }
 
+/* nothing an engine holds may run once its file is closed: the request
+ * would use a descriptor number the process may have given another file
+ * meanwhile. Close's drain stops at a drive whose queue broke, leaving the
+ * other drives' requests in flight: they finish here, their completions
+ * dropped (ferry__gds_async_release frees their hops) */
+static void drive_quiesce(drive *d)
+{
+    ferry_io_req *done[32];
+    while (ferry_io_inflight(d->io) > 0)
+        if (ferry_io_reap(d->io, done, 1, FERRY__ARRAY_LEN(done), -1) < 0)
+            break;
+}
+
 static void drives_close(ferry_gds *g)
 {
     for (unsigned i = 0; i < g->ndrives; i++) {
         drive *d = &g->drives[i];
+        drive_quiesce(d);
         ferry_file_close(d->f);
         ferry_io_close(d->io);
         ferry__dir_unlock(d->lock_fd); /* after the file: nobody may open it before */

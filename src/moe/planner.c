@@ -1048,8 +1048,13 @@ int ferry_moe_planner_hint_prefetch(ferry_moe_planner *p, uint32_t max_rows,
         } else if ((slot = place(p, id, p->hcand[i].v)) == FERRY_MOE_NONE) {
             break; /* never at the cost of a hinted expert worth as much */
         }
-        if ((rc = settle(p, "hint prefetch", layer, slot, id, 1)) < 0)
+        if ((rc = settle(p, "hint prefetch", layer, slot, id, 1)) < 0) {
+            /* all or none, as place_misses: the caller gets no plan, so
+             * the rows placed before are taken back (never copied) */
+            while (nm-- > 0)
+                unsettle(p, p->plan_dst[nm], 1);
             return rc;
+        }
         p->plan_dst[nm] = slot;
         p->plan_row[nm++] = id % p->E;
     }
