@@ -373,9 +373,10 @@ FERRY_API int ferry_gds_submit(ferry_gds *g, ferry_gds_req *const *reqs, unsigne
  * -1 = forever) and hand back up to max of them in done[], each with its
  * result. Returns the count (0 on timeout or when none is outstanding) or
  * a negative code when a drive queue broke. ferry_gds_close() waits for
- * requests in flight (not for those of a drive whose queue broke) and
- * drops unreaped ones: their memory is freed and each request is the
- * caller's again (priv_ NULL), to submit to any context.
+ * requests in flight (on a drive whose queue broke, for the I/O its engine
+ * still holds, before the slab files close) and drops unreaped ones: their
+ * memory is freed and each request is the caller's again (priv_ NULL), to
+ * submit to any context.
  */
 FERRY_API int ferry_gds_reap(ferry_gds *g, ferry_gds_req **done, unsigned min, unsigned max,
                              int timeout_ms);

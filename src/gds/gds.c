@@ -68,10 +68,24 @@ void ferry__gds_add_fallback(ferry_gds *g, const char *fmt, ...)
     va_end(ap);
 }
 
+/* every request in io's engine finished and reaped, its completion
+ * dropped (close frees the hops: ferry__gds_async_release) */
+static void io_drain(ferry_io *io)
+{
+    ferry_io_req *done[32];
+    while (ferry_io_inflight(io) > 0 && ferry_io_reap(io, done, 1, 32, -1) > 0)
+        ;
+}
+
 static void drives_close(ferry_gds *g)
 {
     for (unsigned i = 0; i < g->ndrives; i++) {
         drive *d = &g->drives[i];
+        /* the engine's I/O before the file it runs on (ferry_file_close
+         * waits for none): a queue whose drain gave up (close) still has
+         * requests in the engine, which would finish on a closed
+         * descriptor and fail with a message read from the freed file */
+        io_drain(d->io);
         ferry_file_close(d->f);
         ferry_io_close(d->io);
         ferry__dir_unlock(d->lock_fd); /* after the file: nobody may open it before */
