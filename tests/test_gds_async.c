@@ -10,6 +10,8 @@
  *   - close with requests unreaped on drives failing every I/O, and on a
  *     drive whose queue broke (its completions never delivered): every
  *     block freed, every request submittable again;
+ *   - close on a drive whose queue broke with I/O still in its engine: the
+ *     I/O finishes before the slab files close;
  *   - threads allocating buffers, transferring and asking the accessors
  *     while another thread turns the context on (a TSan build checks the
  *     reads of its state);
@@ -19,6 +21,7 @@
  */
 /* ferry-test-labels: concurrent */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -450,6 +453,99 @@ static void close_waits_for_healthy_drives_when_one_broke(void **state)
     free(mem);
 }
 
+/* ---- close with I/O in flight on a broken queue ---- */
+/* a queue that broke hard: it fails at once, and its engine keeps what it
+ * holds (in flight, or landed and not reaped) */
+static int hard_broken_reap(ferry_io *io, ferry_io_req **done, unsigned min, unsigned max,
+                            int timeout_ms)
+{
+    (void)io, (void)done, (void)min, (void)max, (void)timeout_ms;
+    return ferry__err_set(NULL, -EIO, "test: the drive's queue broke with I/O in flight");
+}
+
+/* I/O that outlives the file it was issued on: each write and completion
+ * checks its descriptor is still open (the engine's I/O would otherwise
+ * land in whatever file took the number next), the first writes slowly
+ * enough for close to reach the files meanwhile; then fails with EIO (a
+ * failed part's message names its file, freed under it: ASan) */
+static atomic_int g_io_on_closed, g_slow_writes;
+
+static void check_still_open(int fd)
+{
+    if (fcntl(fd, F_GETFD) < 0 && errno == EBADF)
+        atomic_fetch_add(&g_io_on_closed, 1);
+}
+
+static ssize_t slow_eio_pwrite(int fd, const void *b, size_t n, off_t o)
+{
+    (void)b, (void)n, (void)o;
+    if (atomic_fetch_add(&g_slow_writes, 1) < 8)
+        usleep(50 * 1000);
+    check_still_open(fd);
+    errno = EIO;
+    return -1;
+}
+
+static int checked_eio_uring(void *ctx, int op, int fd, uint64_t off, size_t len, int res)
+{
+    (void)ctx, (void)op, (void)off, (void)len, (void)res;
+    check_still_open(fd);
+    return -EIO;
+}
+
+/* Close shut each drive's slab file before its engine: with the queue
+ * broken (the drain gave up), the engine still held I/O on the file, and
+ * its close then finished it on a closed descriptor and failed it with a
+ * message read from the freed file ("2 I/Os ran on a closed file"; ASan:
+ * heap-use-after-free in the engine's close). The engine's I/O is drained
+ * before the files close now: none runs on a closed file, every block is
+ * freed, every request can be submitted again. */
+static void close_drains_io_before_files(void **state)
+{
+    (void)state;
+    static const char *const engines[] = {"posix", "uring"};
+    const size_t n = 256 * 1024;
+    unsigned char *mem = aligned_alloc(4096, NQ * n);
+    memset(mem, 1, NQ * n);
+    ferry_gds_req rq[NQ];
+    for (size_t e = 0; e < 2; e++) {
+        ferry_gds_config c = config(0, 3, engines[e]);
+        ferry_gds *g = NULL;
+        ft_alloc_install(0, 0);
+        if (ferry_gds_open(&c, &g) < 0) {
+            ft_alloc_reset();
+            assert_string_equal(engines[e], "uring"); /* (no io_uring here) */
+            continue;
+        }
+        ferry__sys sys = *ferry__sys_default();
+        sys.pwrite = slow_eio_pwrite;
+        sys.uring_result = checked_eio_uring;
+        atomic_store(&g_io_on_closed, 0);
+        atomic_store(&g_slow_writes, 0);
+        ferry__sys_set(&sys);
+        for (int i = 0; i < NQ; i++)
+            rq[i] = (ferry_gds_req){FERRY_GDS_WRITE, mem + i * n, n, (uint64_t)i * n, NULL, 1,
+                                    NULL};
+        ferry_gds_req *p[NQ];
+        for (int i = 0; i < NQ; i++)
+            p[i] = &rq[i];
+        assert_int_equal(ferry_gds_submit(g, p, NQ), NQ);
+        ferry__gds_reap_seam(hard_broken_reap);
+        ferry_gds_close(g);
+        ferry__gds_reap_seam(NULL);
+        ferry__sys_set(NULL);
+        int after = atomic_load(&g_io_on_closed);
+        int64_t live = ft_alloc_live();
+        ft_alloc_reset();
+        if (after)
+            fail_msg("%s: %d I/Os ran on a closed file", engines[e], after);
+        if (live != 0)
+            fail_msg("%s: %lld blocks left allocated after close", engines[e], (long long)live);
+        resubmit_all(&c, rq);
+    }
+    free(mem);
+}
+
 /* ---- init on one thread while others use the context ---- */
 typedef struct user {
     ferry_gds *g;
@@ -644,6 +740,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(close_frees_requests_on_failing_drives, setup, teardown),
         cmocka_unit_test_setup_teardown(close_waits_for_healthy_drives_when_one_broke, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(close_drains_io_before_files, setup, teardown),
         cmocka_unit_test_setup_teardown(users_while_init_turns_it_on, setup, teardown),
         cmocka_unit_test_setup_teardown(submitters_and_reapers_at_once, setup, teardown),
     };

@@ -48,9 +48,12 @@
  * -EACCES for an unwritable one) with the path in the message.
  *
  * Thread-safety: one ferry_io may be driven by one thread at a time
- * (submit/reap); different ferry_io objects are independent. The one
- * exception: ferry_io_register_buffer may run on another thread while the
- * io is driven (below).
+ * (submit/reap); different ferry_io objects are independent. Two
+ * exceptions: ferry_io_register_buffer may run on another thread while the
+ * io is driven (below); and threads may race to submit one request, to one
+ * io or to several: exactly one takes it, and the others get FERRY_EBUSY
+ * from a submit that touched nothing of their engine but its last error
+ * (ferry_io_submit).
  */
 #ifndef FERRY_IO_H
 #define FERRY_IO_H
@@ -109,9 +112,12 @@ typedef struct ferry_io_options {
 FERRY_API int ferry_io_open(const ferry_io_options *opt, ferry_io **out);
 /**
  * Waits for requests in flight, then frees (completions not yet reaped are
- * dropped; their buffers are the caller's again). Close the engine's files
- * first, and close the engine before the device it was given (it frees
- * its bounce buffers and stream there). NULL does nothing.
+ * dropped; those requests and their buffers are the caller's again, each
+ * request free to be submitted anywhere: keep a request's memory until it
+ * is reaped or its engine closed). Close the engine's files first (reap
+ * or wait for their requests before: ferry_file_close waits for none), and
+ * close the engine before the device it was given (it frees its bounce
+ * buffers and stream there). NULL does nothing.
  */
 FERRY_API void ferry_io_close(ferry_io *io);
 /** "posix", "uring" or "cufile". */
@@ -270,8 +276,14 @@ typedef struct ferry_io_vreq {
  * at a time. n: 0..INT_MAX (-EINVAL beyond). Returns the number queued,
  * or a negative code when reqs[0] is invalid; a count k < n means reqs[k] was invalid (the message says
  * why) and reqs[k..n) were not queued. A request submitted and not yet
- * reaped (earlier, or earlier in the same reqs) is FERRY_EBUSY naming it,
- * and stays as it was.
+ * reaped, to this io or to any other in the process (earlier, or earlier
+ * in the same reqs), is FERRY_EBUSY naming it and the io that holds it,
+ * and stays as it was: a request is the io's it was submitted to until
+ * reaped there or that io is closed. Whether a request is in flight is
+ * known by its address, not its private words (a fresh request's may hold
+ * anything), so of threads racing to submit one request exactly one takes
+ * it; a submit answered FERRY_EBUSY for reqs[0] touches nothing of the
+ * io but its last error, and may run beside the thread driving it.
  */
 FERRY_API int ferry_io_submit(ferry_io *io, ferry_io_req *const *reqs, unsigned n);
 /**

@@ -31,52 +31,28 @@
 #include "sized.h"
 #include "sys.h"
 
-/* ---- per-request private state, overlaid on ferry_io_req.priv_ ---- */
+/* ---- per-request private state: ferry__rq (io_impl.h) over priv_ ---- */
 enum {
     RQ_PENDING = 1u << 0,  /* on the pending list (not fully dispatched) */
     RQ_DONE = 1u << 1,     /* finished */
     RQ_INTERNAL = 1u << 2, /* a synchronous helper's: never on the done list */
     RQ_EOF_OK = 1u << 3    /* end of file after len - pad bytes is success */
 };
-typedef struct rq_priv {
-    ferry_io_req *next;
-    uint64_t cursor;      /* bytes handed to parts */
-    uint32_t outstanding; /* parts in the engine */
-    uint32_t piece;       /* split size */
-    uint16_t flags;
-    uint16_t pad;         /* RQ_EOF_OK: bytes at the end that may lie past EOF */
-    uint32_t mark;        /* RQ_MARK from submit until reaped */
-} rq_priv;
-_Static_assert(sizeof(rq_priv) <= sizeof(((ferry_io_req *)0)->priv_), "rq_priv fits priv_");
+typedef ferry__rq rq_priv;
 
 static rq_priv *P(ferry_io_req *r)
 {
-    return (rq_priv *)(void *)r->priv_;
+    return ferry__rq_of(r);
 }
 
-/* A request's private words hold RQ_MARK from submit until it is reaped,
- * so a second submit of a request still in flight is caught before it
- * relinks the queues (it would complete once, with the in-flight count
- * left one too high and a caller waiting for both hanging). The words of
- * a fresh request are whatever the caller's memory held: a mark is only a
- * hint, confirmed by finding the request in this engine's queues or parts.
- * (A request is a file's, and a file is one engine's: an untouched request
- * in flight can only come back to the engine that holds it.) */
-#define RQ_MARK 0x46525251u /* "FRRQ" */
-
-static int req_held(const ferry_io *io, const ferry_io_req *r)
-{
-    for (const ferry_io_req *q = io->pend_head; q; q = P((ferry_io_req *)q)->next)
-        if (q == r)
-            return 1;
-    for (const ferry_io_req *q = io->done_head; q; q = P((ferry_io_req *)q)->next)
-        if (q == r)
-            return 1;
-    for (unsigned i = 0; i < io->nparts; i++)
-        if (io->parts[i].parent == r)
-            return 1;
-    return 0;
-}
+/* A request submitted through ferry_io_submit is in the process's table
+ * of requests in flight (live.c) until it is reaped or its engine closes,
+ * so a second submit of it, to this engine or any other, is caught before
+ * it relinks the queues (it would complete once, with the in-flight count
+ * left one too high and a caller waiting for both hanging, or complete on
+ * two engines that both write its result and private words). The
+ * synchronous helpers' own requests never leave this file and stay out of
+ * the table. */
 
 #define RETRY_MAX 1000u      /* consecutive EINTR/EAGAIN on one part */
 #define ZERO_WRITE_MAX 8u    /* consecutive zero-byte writes before giving up */
@@ -260,6 +236,12 @@ void ferry_io_close(ferry_io *io)
         return;
     while (io->parts_busy || io->pend_head)
         pump(io, -1);
+    /* completions not reaped are dropped: each request is the caller's
+     * again, to submit anywhere */
+    for (ferry_io_req *r = io->done_head, *nx; r; r = nx) {
+        nx = P(r)->next;
+        ferry__io_live_drop(r);
+    }
     if (io->nfiles)
         FERRY_LOGW("io %s: closed with %u file(s) still open; close files first", io->ops->name,
                    io->nfiles);
@@ -654,12 +636,6 @@ static int validate(ferry_io *io, ferry_io_req *r)
 {
     if (!r)
         return ferry__err_set(&io->err, -EINVAL, "io: request is NULL");
-    if (P(r)->mark == RQ_MARK && req_held(io, r))
-        return ferry__err_set(&io->err, FERRY_EBUSY,
-                              "io: request %p (%s of %zu bytes at offset %llu) is already in "
-                              "flight: a request is the engine's from submit until reaped",
-                              (void *)r, r->op == FERRY_IO_WRITE ? "write" : "read", r->len,
-                              (unsigned long long)r->offset);
     ferry_file *f = r->file;
     if (!f || f->io != io)
         return ferry__err_set(&io->err, -EINVAL,
@@ -718,11 +694,13 @@ static int validate(ferry_io *io, ferry_io_req *r)
 static void enqueue(ferry_io *io, ferry_io_req *r, uint32_t piece, uint16_t flags, uint16_t pad)
 {
     rq_priv *p = P(r);
-    memset(p, 0, sizeof *p);
-    p->piece = piece;
-    p->flags = (uint16_t)(flags | RQ_PENDING);
+    /* (not p->live: the table's, and r may be in it already) */
+    p->next = NULL;
+    p->cursor = 0;
+    p->piece_pg = piece / FERRY_IO_ALIGN & ((1u << 20) - 1);
+    p->flags = (flags | RQ_PENDING) & 0xfu;
+    p->outstanding = 0;
     p->pad = pad;
-    p->mark = RQ_MARK;
     r->result = 0;
     if (io->pend_tail)
         P(io->pend_tail)->next = r;
@@ -739,7 +717,7 @@ static void pend_pop(ferry_io *io)
     if (!io->pend_head)
         io->pend_tail = NULL;
     P(r)->next = NULL;
-    P(r)->flags &= (uint16_t)~RQ_PENDING;
+    P(r)->flags &= ~RQ_PENDING & 0xfu;
 }
 
 static void req_finish(ferry_io *io, ferry_io_req *r)
@@ -819,7 +797,8 @@ static void dispatch(ferry_io *io)
                 req_finish(io, r);
             continue;
         }
-        size_t chunk = FERRY__MIN((size_t)p->piece, r->len - (size_t)p->cursor);
+        size_t piece = (size_t)p->piece_pg * FERRY_IO_ALIGN;
+        size_t chunk = FERRY__MIN(piece, r->len - (size_t)p->cursor);
         ferry__part *pt = io->free_parts;
         io->free_parts = pt->next;
         io->parts_busy++;
@@ -944,6 +923,27 @@ static void pump(ferry_io *io, int timeout_ms)
     dispatch(io);
 }
 
+/* reqs[k] is in flight already (on this engine or another): FERRY_EBUSY
+ * naming it and its engine. Its file is the holder's (the holder checked
+ * it, and a request is not the caller's to change until reaped). */
+static int submit_busy(ferry_io *io, unsigned k, const ferry_io_req *r)
+{
+    const ferry_io *holder = r->file ? r->file->io : NULL;
+    const char *opn = r->op == FERRY_IO_WRITE ? "write" : "read";
+    if (holder == io)
+        return ferry__err_set(&io->err, FERRY_EBUSY,
+                              "io: submit: request %p (reqs[%u], %s of %zu bytes at offset %llu "
+                              "of file %s) is already in flight: a request is the engine's from "
+                              "submit until reaped", (const void *)r, k, opn, r->len,
+                              (unsigned long long)r->offset, r->file->path);
+    return ferry__err_set(&io->err, FERRY_EBUSY,
+                          "io: submit: request %p (reqs[%u], %s of %zu bytes at offset %llu of "
+                          "file %s) is in flight on another engine (%p, not this one, %p): a "
+                          "request is the engine's it was submitted to until reaped there",
+                          (const void *)r, k, opn, r->len, (unsigned long long)r->offset,
+                          r->file ? r->file->path : "?", (const void *)holder, (void *)io);
+}
+
 int ferry_io_submit(ferry_io *io, ferry_io_req *const *reqs, unsigned n)
 {
     if (!io || (!reqs && n))
@@ -955,13 +955,22 @@ int ferry_io_submit(ferry_io *io, ferry_io_req *const *reqs, unsigned n)
     unsigned k = 0;
     int rc = 0;
     for (; k < n; k++) {
-        rc = validate(io, reqs[k]);
+        ferry_io_req *r = reqs[k];
+        rc = validate(io, r);
+        /* a request in flight elsewhere fails validation here (its file is
+         * the other engine's): busy is what it is. Checked first, taken
+         * last: only a request this engine can run enters the table. */
+        if (rc < 0 ? r && ferry__io_live_held(r) : !ferry__io_live_take(r))
+            rc = submit_busy(io, k, r);
         if (rc < 0)
             break;
-        enqueue(io, reqs[k], (uint32_t)io->max_request, 0, 0);
+        enqueue(io, r, (uint32_t)io->max_request, 0, 0);
         io->inflight++;
     }
-    dispatch(io);
+    /* none taken: the engine untouched (a racer that lost to another
+     * thread's submit of the same request must not drive the io) */
+    if (k)
+        dispatch(io);
     return k ? (int)k : rc;
 }
 
@@ -995,7 +1004,7 @@ int ferry_io_reap(ferry_io *io, ferry_io_req **done, unsigned min, unsigned max,
         if (!io->done_head)
             io->done_tail = NULL;
         P(r)->next = NULL;
-        P(r)->mark = 0;
+        ferry__io_live_drop(r); /* the caller's again: any engine may take it */
         FERRY__ASSERT(io->ndone > 0 && io->inflight >= io->ndone);
         io->ndone--;
         io->inflight--;

@@ -121,6 +121,43 @@ struct ferry_file {
     char fallback[384];         /* empty when no fallback happened */
 };
 
+/*
+ * A submitted request's private words (ferry_io_req.priv_): io.c's queues
+ * and live.c's table of requests in flight. 32 bytes, all of priv_, so
+ * sizes are packed: a piece is a multiple of FERRY_IO_ALIGN of at most
+ * FERRY_IO_REQUEST_MAX, and a request has at most the engine's parts
+ * (slots(FERRY_IO_DEPTH_MAX) <= 2 * FERRY_IO_DEPTH_MAX) outstanding.
+ */
+typedef struct ferry__rq {
+    ferry_io_req *next;   /* io.c: the pending or done list */
+    ferry_io_req *live;   /* live.c: its bucket's chain, from submit until reaped;
+                           * written only under that bucket's lock */
+    uint64_t cursor;      /* bytes handed to parts */
+    unsigned piece_pg : 20; /* split size in FERRY_IO_ALIGN pages */
+    unsigned flags : 4;     /* io.c's RQ_* */
+    uint16_t outstanding; /* parts in the engine */
+    uint16_t pad;         /* RQ_EOF_OK: bytes at the end that may lie past EOF */
+} ferry__rq;
+_Static_assert(sizeof(ferry__rq) <= sizeof(((ferry_io_req *)0)->priv_), "ferry__rq fits priv_");
+_Static_assert(FERRY_IO_REQUEST_MAX / FERRY_IO_ALIGN < (1u << 20), "a piece fits piece_pg");
+_Static_assert(2u * FERRY_IO_DEPTH_MAX <= UINT16_MAX, "outstanding parts fit 16 bits");
+
+static inline ferry__rq *ferry__rq_of(ferry_io_req *r)
+{
+    return (ferry__rq *)(void *)r->priv_;
+}
+
+/*
+ * The process's table of requests submitted through ferry_io_submit and
+ * not yet reaped (live.c), keyed by the request's address. take is one
+ * look-up-and-insert: 1 when r was taken (it is in the table now), 0 when
+ * it was there already (in flight on some engine; nothing written). held
+ * says whether r is there; drop takes a request that take took out.
+ */
+int ferry__io_live_take(ferry_io_req *r);
+int ferry__io_live_held(const ferry_io_req *r);
+void ferry__io_live_drop(ferry_io_req *r);
+
 /* engines */
 extern const ferry__io_ops ferry__io_posix_ops;
 extern const ferry__io_ops ferry__io_uring_ops;
