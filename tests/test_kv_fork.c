@@ -14,6 +14,7 @@
  *    the pool's own): /proc/self/maps shows nothing at its range, the
  *    kernel finds no page there (mincore: ENOMEM), and a read of it in a
  *    grandchild ends that process with SIGSEGV;
+ *  - a child made without fork()'s handlers (_Fork) is refused the same;
  *  - an L1 fill that the kernel refused part way (out of memory) leaves
  *    the pool unregistered with L2: nothing pinned, bytes exact.
  *
@@ -425,6 +426,71 @@ static void test_a_refused_fill_leaves_the_pool_unregistered(void **state)
     in_child(fill_refused, 0);
 }
 
+/* a child made without fork()'s handlers (_Fork, as a raw clone or a
+ * runtime's own fork does): the pid the library keeps must not be its
+ * parent's, or the child's calls go on into a store whose pool it lacks
+ * (a SIGSEGV) and whose workers it lacks (a hang) */
+static void raw_fork_child(int server)
+{
+    (void)server;
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
+    ferry_kv *kv = open_local();
+    unsigned char *img = malloc(IMG);
+    CHECK(img);
+    store_prompt(kv, img, 3);
+    CHECK(ferry_kv_flush(kv) == 0);
+    long opener = (long)getpid();
+    fflush(NULL);
+    pid_t pid = _Fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        alarm(30);
+        int32_t tok[PTOK];
+        tokens_of(tok, 3);
+        refused(ferry_kv_lookup(kv, tok, PTOK, NULL), opener);
+        memset(img, 0x5A, IMG);
+        ferry_kv_buffer b = ft_kv_host_buffer(img, PTOK, TB);
+        refused(ferry_kv_retrieve(kv, tok, PTOK, NULL, &b), opener);
+        for (size_t i = 0; i < IMG; i++)
+            CHECK(img[i] == 0x5A);
+        ferry_kv_close(kv);
+        _exit(0);
+    }
+    int st = reap(pid);
+    if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0))
+        fprintf(stderr, "the _Fork child ended with status %#x\n", st);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    retrieve_prompt(kv, img, 3);
+    ferry_kv_close(kv);
+    free(img);
+#endif
+}
+
+/* (not under TSan: its runtime sees only fork(), so a _Fork child's exit
+ * reports the parent's threads as leaked and fails the child) */
+#if defined(__SANITIZE_THREAD__)
+#define FT_RAW_FORK 0
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define FT_RAW_FORK 0
+#endif
+#endif
+#ifndef FT_RAW_FORK
+#define FT_RAW_FORK 1
+#endif
+
+static void test_a_child_made_without_fork_handlers_is_refused(void **state)
+{
+    (void)state;
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
+    if (!FT_RAW_FORK)
+        skip();
+    in_child(raw_fork_child, 0);
+#else
+    skip();
+#endif
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -445,6 +511,7 @@ int main(void)
         cmocka_unit_test(test_a_forked_child_is_refused_and_has_no_pool),
         cmocka_unit_test(test_a_forked_child_of_a_daemon_client_is_refused),
         cmocka_unit_test(test_a_refused_fill_leaves_the_pool_unregistered),
+        cmocka_unit_test(test_a_child_made_without_fork_handlers_is_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -48,8 +48,10 @@
  * nothing of the store (a warning is logged once a process);
  * ferry_kv_close, ferry_kv_close_begin and ferry_kv_op_free there release
  * nothing. A child opens a store of its own. The check costs one load a
- * call: it relies on fork()'s pthread_atfork handlers (os.fork,
- * multiprocessing and DataLoader workers run them; a raw clone does not).
+ * call: the id is kept in a page the kernel zeroes in every child that
+ * does not share the parent's memory (MADV_WIPEONFORK), so it holds for
+ * fork(), _Fork() and a raw clone alike (before Linux 4.14: fork()'s
+ * pthread_atfork handlers only).
  *
  * One owner per directory. An L2 directory belongs to one open store at a
  * time: ferry_kv_open takes an exclusive lock on it (l2_dir/ferry.lock,

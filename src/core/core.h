@@ -114,8 +114,9 @@ int ferry__cond_init_mono(pthread_cond_t *cv);
 struct timespec ferry__deadline_ms(uint64_t ms);
 /* process CPU time (user + system), seconds */
 double ferry__cpu_seconds(void);
-/* getpid(), without a system call: kept right in fork()'s children by a
- * pthread_atfork handler (pid.c) */
+/* getpid(), without a system call: kept right in every child that does not
+ * share this process's memory (a MADV_WIPEONFORK page; fork()'s handler
+ * where the kernel has none: pid.c) */
 long ferry__pid(void);
 
 #define FERRY__MIN(a, b) ((a) < (b) ? (a) : (b))
