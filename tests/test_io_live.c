@@ -10,7 +10,9 @@
  *     garbage), to one engine or to two: exactly one takes it, the others
  *     get FERRY_EBUSY (or, on the engine its file is not of, -EINVAL
  *     before it was taken), and it comes back once, from the engine that
- *     took it. Run it in the TSan build too.
+ *     took it. Run it in the TSan build too;
+ *   - a deep queue (64k requests submitted at once) keeps the table's
+ *     chains short, and every request leaves the table when reaped.
  */
 /* ferry-test-labels: concurrent */
 /* ferry-test-timeout: 120 */
@@ -23,6 +25,7 @@
 #include <string.h>
 
 #include "ferry_test.h"
+#include "io/io_impl.h"
 
 static char g_dir[256];
 
@@ -276,6 +279,48 @@ static void racing_submits_to_two_engines(void **state)
     ferry_io_close(a);
 }
 
+/* A queue has no fixed bound, and every take and drop walks one chain of
+ * the table: 64k requests queued at once on a depth-1 engine must leave
+ * each chain a few long (with 256 chains each held 256 or more, and
+ * submit and reap walked them for every request: quadratic in the
+ * queue). Once all are reaped the table holds none of them. */
+static void deep_queue_keeps_chains_short(void **state)
+{
+    ferry_io *io = open_io(engine_of(state));
+    if (!io)
+        skip();
+    ferry_file *f = open_file(io, "deep.bin");
+    char *mem = aligned_alloc(4096, 4096);
+    memset(mem, 0x33, 4096);
+    enum { N = 65536 }; /* (writes from one buffer: engine threads only read it) */
+    ferry_io_req *rq = calloc(N, sizeof *rq), **p = calloc(N, sizeof *p);
+    assert_non_null(rq);
+    assert_non_null(p);
+    for (unsigned i = 0; i < N; i++) {
+        rq[i] = (ferry_io_req){.op = FERRY_IO_WRITE, .file = f, .buf = mem, .len = 512,
+                               .offset = (i % 8) * 512};
+        p[i] = &rq[i];
+    }
+    assert_int_equal(ferry_io_submit(io, p, N), N);
+    unsigned longest = ferry__io_live_longest();
+    if (longest > 32)
+        fail_msg("%u requests queued: the table's longest chain holds %u", (unsigned)N, longest);
+    unsigned got = 0;
+    while (got < N) {
+        int k = ferry_io_reap(io, p, 1, N, 10000);
+        assert_true(k > 0);
+        for (int j = 0; j < k; j++)
+            assert_int_equal(p[j]->result, 512);
+        got += (unsigned)k;
+    }
+    assert_int_equal(ferry__io_live_longest(), 0);
+    FT_ASSERT_OK(ferry_file_close(f));
+    ferry_io_close(io);
+    free(p);
+    free(rq);
+    free(mem);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -299,6 +344,7 @@ int main(void)
         PER_ENGINE(in_flight_on_another_engine),
         PER_ENGINE(racing_submits_to_one_engine),
         PER_ENGINE(racing_submits_to_two_engines),
+        PER_ENGINE(deep_queue_keeps_chains_short),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

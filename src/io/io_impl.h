@@ -130,8 +130,8 @@ struct ferry_file {
  */
 typedef struct ferry__rq {
     ferry_io_req *next;   /* io.c: the pending or done list */
-    ferry_io_req *live;   /* live.c: its bucket's chain, from submit until reaped;
-                           * written only under that bucket's lock */
+    ferry_io_req *live;   /* live.c: its chain in the table, from submit until reaped;
+                           * written only under that chain's lock */
     uint64_t cursor;      /* bytes handed to parts */
     unsigned piece_pg : 20; /* split size in FERRY_IO_ALIGN pages */
     unsigned flags : 4;     /* io.c's RQ_* */
@@ -153,10 +153,14 @@ static inline ferry__rq *ferry__rq_of(ferry_io_req *r)
  * look-up-and-insert: 1 when r was taken (it is in the table now), 0 when
  * it was there already (in flight on some engine; nothing written). held
  * says whether r is there; drop takes a request that take took out.
+ * Each walks one chain of requests, a few long at hundreds of thousands
+ * in the table.
  */
 int ferry__io_live_take(ferry_io_req *r);
 int ferry__io_live_held(const ferry_io_req *r);
 void ferry__io_live_drop(ferry_io_req *r);
+/* test seam: the longest chain a take or drop walks now (a scan of all) */
+unsigned ferry__io_live_longest(void);
 
 /* engines */
 extern const ferry__io_ops ferry__io_posix_ops;
