@@ -546,6 +546,48 @@ static void close_drains_io_before_files(void **state)
     free(mem);
 }
 
+/* ---- many requests in flight ---- */
+/* A queue has no fixed bound, and every submit and reap walks one chain of
+ * the process's table of requests in flight: with 64 chains, 32k requests
+ * queued made chains of hundreds and submit and reap quadratic in the
+ * depth. The chains stay a few long; all of them are dropped at reap. */
+static void deep_queues_keep_the_table_chains_short(void **state)
+{
+    (void)state;
+    enum { DEEP = 32768 };
+    const size_t n = 4096;
+    unsigned char *mem = aligned_alloc(4096, 64 * n);
+    memset(mem, 9, 64 * n);
+    ferry_gds_req *rq = calloc(DEEP, sizeof *rq), **p = calloc(DEEP, sizeof *p);
+    assert_non_null(rq);
+    assert_non_null(p);
+    ferry_gds_config c = config(0, 1, "posix");
+    c.depth = 4;
+    ferry_gds *g = NULL;
+    FT_ASSERT_OK(ferry_gds_open(&c, &g));
+    for (int i = 0; i < DEEP; i++) {
+        rq[i] = (ferry_gds_req){FERRY_GDS_WRITE, mem + (i % 64) * n, n, (uint64_t)(i % 64) * n,
+                                NULL, 1, NULL};
+        p[i] = &rq[i];
+    }
+    assert_int_equal(ferry_gds_submit(g, p, DEEP), DEEP);
+    unsigned longest = ferry__gds_live_longest();
+    if (longest > 32)
+        fail_msg("%u requests in flight: the longest chain holds %u", (unsigned)DEEP, longest);
+    for (int got = 0; got < DEEP;) {
+        int r = ferry_gds_reap(g, p, 1, DEEP, -1);
+        assert_true(r > 0);
+        for (int i = 0; i < r; i++)
+            assert_int_equal(p[i]->result, 0);
+        got += r;
+    }
+    assert_int_equal(ferry__gds_live_longest(), 0);
+    ferry_gds_close(g);
+    free(p);
+    free(rq);
+    free(mem);
+}
+
 /* ---- init on one thread while others use the context ---- */
 typedef struct user {
     ferry_gds *g;
@@ -741,6 +783,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(close_waits_for_healthy_drives_when_one_broke, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(close_drains_io_before_files, setup, teardown),
+        cmocka_unit_test_setup_teardown(deep_queues_keep_the_table_chains_short, setup, teardown),
         cmocka_unit_test_setup_teardown(users_while_init_turns_it_on, setup, teardown),
         cmocka_unit_test_setup_teardown(submitters_and_reapers_at_once, setup, teardown),
     };

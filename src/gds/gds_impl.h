@@ -190,5 +190,7 @@ void ferry__gds_reap_seam(ferry__gds_reap_fn fn);
  * it is in flight on already (e->owner itself, or another) */
 ferry_gds *ferry__gds_live_take(ferry__gds_live *e);
 void ferry__gds_live_drop(ferry__gds_live *e);
+/* (tests) the most requests one chain of the table holds now */
+unsigned ferry__gds_live_longest(void);
 
 #endif
