@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "core.h"
@@ -588,6 +589,60 @@ static void deep_queues_keep_the_table_chains_short(void **state)
     free(mem);
 }
 
+/* ---- fork ---- */
+/* (not under TSan: its runtime kills a child that starts threads after a
+ * multi-threaded fork, and a context of the child's starts them) */
+#if defined(__SANITIZE_THREAD__)
+#define FT_UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define FT_UNDER_TSAN 1
+#endif
+#endif
+#ifndef FT_UNDER_TSAN
+#define FT_UNDER_TSAN 0
+#endif
+
+/* a child's copy of a request its parent had in flight is the child's to
+ * submit to a context of its own (before: the table the child inherited
+ * still held it, FERRY_EBUSY for ever) */
+static void a_fork_child_starts_with_no_request_in_flight(void **state)
+{
+    (void)state;
+    if (FT_UNDER_TSAN)
+        skip();
+    const size_t n = 4096;
+    unsigned char *mem = aligned_alloc(4096, n);
+    memset(mem, 3, n);
+    ferry_gds_config c = config(0, 1, "posix");
+    ferry_gds *g = NULL;
+    FT_ASSERT_OK(ferry_gds_open(&c, &g));
+    ferry_gds_req r = {FERRY_GDS_WRITE, mem, n, 0, NULL, 1, NULL}, *p = &r, *done[2];
+    assert_int_equal(ferry_gds_submit(g, &p, 1), 1);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        ferry_gds_config cc = config(1, 1, "posix");
+        ferry_gds *gc = NULL;
+        r.priv_ = NULL;
+        if (ferry_gds_open(&cc, &gc) == 0 && ferry_gds_submit(gc, &p, 1) == 1 &&
+            ferry_gds_reap(gc, done, 1, 2, 5000) == 1 && done[0] == &r && r.result == 0)
+            _exit(0);
+        fprintf(stderr, "child: %s\n", ferry_last_error());
+        _exit(1);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        fail_msg("the child could not submit its copy of a request in flight in its parent "
+                 "(status %d)", st);
+    assert_int_equal(ferry_gds_reap(g, done, 1, 2, -1), 1);
+    assert_ptr_equal(done[0], &r);
+    ferry_gds_close(g);
+    free(mem);
+}
+
 /* ---- init on one thread while others use the context ---- */
 typedef struct user {
     ferry_gds *g;
@@ -784,6 +839,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(close_drains_io_before_files, setup, teardown),
         cmocka_unit_test_setup_teardown(deep_queues_keep_the_table_chains_short, setup, teardown),
+        cmocka_unit_test_setup_teardown(a_fork_child_starts_with_no_request_in_flight, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(users_while_init_turns_it_on, setup, teardown),
         cmocka_unit_test_setup_teardown(submitters_and_reapers_at_once, setup, teardown),
     };

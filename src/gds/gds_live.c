@@ -40,6 +40,28 @@ typedef struct bucket {
 static pthread_mutex_t g_mu[LIVE_LOCKS] = {M64, M64, M64, M64};
 static ferry__gds_live *g_head[LIVE_HEADS]; /* chain i: under g_mu[i % LIVE_LOCKS] */
 
+/* fork: the child starts with an empty table and every lock free (the
+ * parent's contexts' requests are not the child's; a lock another thread
+ * held at the fork stayed held in the child). A child made by _Fork or a
+ * raw clone runs no handler. */
+static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
+
+/* in the child only the forking thread runs: whatever another thread
+ * was doing to the table is gone with it, so the chains start empty and
+ * every lock unheld (one may have been held at the fork) */
+static void fork_child(void)
+{
+    for (unsigned c = 0; c < LIVE_HEADS; c++)
+        g_head[c] = NULL;
+    for (unsigned i = 0; i < LIVE_LOCKS; i++)
+        pthread_mutex_init(&g_mu[i], NULL);
+}
+
+static void atfork_register(void)
+{
+    pthread_atfork(NULL, NULL, fork_child);
+}
+
 static bucket bucket_of(const ferry_gds_req *req)
 {
     uint64_t x = (uint64_t)(uintptr_t)req;
@@ -51,6 +73,7 @@ static bucket bucket_of(const ferry_gds_req *req)
 
 ferry_gds *ferry__gds_live_take(ferry__gds_live *e)
 {
+    pthread_once(&g_atfork_once, atfork_register);
     bucket b = bucket_of(e->req);
     pthread_mutex_lock(b.mu);
     ferry_gds *holder = NULL;

@@ -38,6 +38,31 @@
 static pthread_mutex_t g_mu[LIVE_LOCKS] = {M64, M64, M64, M64};
 static ferry_io_req *g_head[LIVE_HEADS]; /* chain i: under g_mu[i % LIVE_LOCKS] */
 
+/* fork: a child gets the table as the fork left it, the requests of the
+ * parent's engines in it (engines the child does not have: a copy of such
+ * a request submitted to an engine of the child's was FERRY_EBUSY for
+ * ever) and a mutex another thread held at that moment still held (the
+ * child's first submit on that chain hung). The child starts with an
+ * empty table and every lock free. (A child made without the handlers, by _Fork or a raw clone, is
+ * not helped: nothing runs in it.) */
+static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
+
+/* in the child only the forking thread runs: whatever another thread
+ * was doing to the table is gone with it, so the chains start empty and
+ * every lock unheld (one may have been held at the fork) */
+static void fork_child(void)
+{
+    for (unsigned c = 0; c < LIVE_HEADS; c++)
+        g_head[c] = NULL;
+    for (unsigned i = 0; i < LIVE_LOCKS; i++)
+        pthread_mutex_init(&g_mu[i], NULL);
+}
+
+static void atfork_register(void)
+{
+    pthread_atfork(NULL, NULL, fork_child);
+}
+
 static unsigned chain_of(const ferry_io_req *r)
 {
     uint64_t x = (uint64_t)(uintptr_t)r;
@@ -61,6 +86,7 @@ static int in_chain(unsigned c, const ferry_io_req *r)
 
 int ferry__io_live_take(ferry_io_req *r)
 {
+    pthread_once(&g_atfork_once, atfork_register);
     unsigned c = chain_of(r);
     pthread_mutex_lock(lock_of(c));
     int taken = !in_chain(c, r);
