@@ -204,6 +204,10 @@ class Op:
     Op outlives its KVStore: after the store's close() it still answers
     wait() and done() (close finished it: a layerwise store still lacking
     layers was abandoned with FERRY's -ECANCELED, nothing of it stored).
+    In a forked child an Op of the parent's, in flight or ended, is refused:
+    wait, done, cancel, await and the layer calls raise FerryError (EBADF)
+    naming the fork (never the parent's kept result); free and garbage
+    collection forget it, calling no C.
 
     asyncio: `await op` waits on a worker thread of the loop's default
     executor. asyncio.wait_for(op, timeout) timing out, or the awaiting
@@ -247,6 +251,14 @@ class Op:
         finally:
             self._guard.leave()
 
+    def _here(self):
+        """FerryError (EBADF) naming the fork in a forked child: the op, and
+        the result it kept, are its parent's (the child's calls into the
+        library refuse the same way); wait, done, cancel and the layer calls
+        raise it before answering from a kept result."""
+        if self._guard.forked:
+            raise self._guard.refused("the operation", self._call)
+
     def _settle(self, rc):
         """Keep the first result, free the handle; returns the kept result."""
         self._keep_result(rc)
@@ -277,6 +289,7 @@ class Op:
         return rc
 
     def wait(self, timeout=None):
+        self._here()
         if self._result is None:
             ms = _timeout_ms(timeout)
             rc = self._c(lib.ferry_kv_op_wait, ms)
@@ -291,6 +304,7 @@ class Op:
         (an aborted request may free its blocks as soon as this returns).
         Returns True when the cancel stopped it (chunks already moved stay
         moved), False when it had finished anyway (wait() gives its result)."""
+        self._here()
         if self._result is not None:
             return False
         rc = self._c(lib.ferry_kv_op_cancel)
@@ -300,6 +314,7 @@ class Op:
         return rc == -errno.ECANCELED
 
     def done(self):
+        self._here()
         if self._result is not None:
             return True
         rc = self._c(lib.ferry_kv_op_test)
@@ -428,6 +443,7 @@ class LayerOp(Op):
             and len(self._done_layers) < self.num_layers
 
     def wait(self, timeout=None):
+        self._here()
         if self._result is None and self._lacking():
             missing = sorted(set(range(self.num_layers)) - self._done_layers)
             raise FerryError(_FERRY_ESTATE, f"the store still lacks layers {missing} "
@@ -435,6 +451,7 @@ class LayerOp(Op):
         return super().wait(timeout)
 
     def done(self):
+        self._here()
         if self._result is None and self._lacking():
             return False
         return super().done()
@@ -480,6 +497,7 @@ class LayerOp(Op):
         from another thread) makes it raise FerryError (EFAULT) naming the
         move instead of returning the tokens, as wait() does: the tensor
         does not hold them."""
+        self._here()
         ms = _timeout_ms(timeout)
         layer = _layer_index(layer, self.num_layers)
         if self._cuda:   # the stream is the store's: looked up and used inside its guard
@@ -520,6 +538,7 @@ class LayerOp(Op):
         wait_layer's: FerryError (EBADF) once the store is closed). A source
         whose memory moved since store_layers (resize_ past its capacity,
         set_) cancels the store: FerryError (EFAULT), nothing of it stored."""
+        self._here()
         layer = _layer_index(layer, self.num_layers)
         keep = self._keep
         t = keep[0].moved_layer(layer, self.num_layers) if keep else None

@@ -241,3 +241,68 @@ def test_handles_refuse_copy_and_pickle():
         print("ok")
     """)
     assert "ok" in out
+
+
+def test_ops_that_ended_in_the_parent_refuse_in_a_forked_child(where):
+    # ops the parent waited, polled to done, cancelled, or left to its
+    # store's close: their results are the parent's, kept in Python. The
+    # child's wait, done, cancel, await and layer calls raise EBADF naming
+    # the fork (as an op in flight's do), never answer the parent's result;
+    # its free and collection are quiet; the parent's answers stay
+    out = run_child(where, """
+        import asyncio
+        s = store()
+        toks = np.arange(64, dtype=np.int32) + 300000
+        src = kv(64, 7)
+        waited = s.store_async(toks, src)
+        assert waited.wait() == 64
+        dst = torch.zeros_like(src)
+        polled = s.retrieve_async(toks, dst)
+        while not polled.done():
+            time.sleep(0.001)
+        cancelled = s.store_async(toks + 64, kv(64, 8))
+        cancelled.cancel()
+        lay = s.retrieve_layers(toks, torch.zeros_like(src))
+        assert lay.wait_layer(1) == 64 and lay.wait() == 64
+        lstore = s.store_layers(toks + 128, kv(64, 9))
+        lstore.layer_done(0); lstore.layer_done(1)
+        assert lstore.wait() == 64
+        s2 = store(L2 + "-2" if L2 else None)
+        orphan = s2.store_async(toks + 192, kv(64, 10))
+        s2.close()
+        ops = [waited, polled, cancelled, lay, lstore, orphan]
+        def child():
+            for op in ops:
+                refused(op.wait)
+                refused(op.wait, 0)
+                refused(op.done)
+                refused(op.cancel)
+                async def aw():
+                    return await op
+                refused(asyncio.run, aw())
+            refused(lay.wait_layer, 0)
+            refused(lstore.layer_done, 1)
+            refused(lstore.wait_layer, 0)
+            refused(s.lookup, toks)
+            for op in ops:
+                op.free()
+                refused(op.wait)
+            s.close()
+            s2.close()
+            print("child ok", flush=True)
+        in_child(child)
+        def child_gc():
+            global ops, waited, polled, cancelled, lay, lstore, orphan, s, s2
+            del ops, waited, polled, cancelled, lay, lstore, orphan, s, s2
+            import gc; gc.collect()
+        in_child(child_gc)
+        assert waited.wait() == 64 and polled.wait() == 64 and lay.wait() == 64
+        assert lstore.wait() == 64 and orphan.done()
+        assert torch.equal(dst, src)
+        back = torch.zeros_like(src)
+        assert s.retrieve(toks + 128, back) == 64 and torch.equal(back, kv(64, 9))
+        assert s.lookup(toks) == 64
+        s.close()
+        print("parent ok")
+    """)
+    assert "child ok" in out and "parent ok" in out
