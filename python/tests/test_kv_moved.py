@@ -353,3 +353,66 @@ def test_a_paged_layerwise_retrieve_names_only_the_layer_that_moved(how, server)
         s.close()
         print("ok")
     """ % how, server=server)
+
+
+# Known hazard, not fixed (README, Python, "Threads and misuse"): torch's
+# resize_ past capacity frees the old memory in place, whatever holds the
+# storage, and with the GIL let go; nothing a Python caller can hold pins
+# that allocation (the DataPtr has one owner, the StorageImpl, which
+# resize_ hands a new one). A move the call cannot see coming is then a
+# read of unmapped pages (a store: SIGSEGV, the interpreter gone) or a
+# write into memory another allocation took (a retrieve: an unrelated
+# tensor's bytes overwritten, though the call raises EFAULT). These pin
+# down what happens today, deterministically: the move is made just
+# before the C call (after ferry took the address), as an engine thread's
+# resize_ landing while the call runs does. strict: once they pass, the
+# README's paragraph is out of date.
+_HAZARD = ("torch frees a resized storage's memory in place; ferry cannot pin it "
+           "(README: Python, threads and misuse)")
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=_HAZARD)
+def test_a_large_store_source_unmapped_before_the_call_raises_instead_of_crashing():
+    # 64 MiB: past glibc's largest mmap threshold, so the free is a munmap
+    run_child("""
+        import threading
+        s.close()
+        s = ferry.KVStore("big", LAY, l1="256M", chunk_tokens=16)
+        n = 64 * 1024
+        big = torch.ones(2, 2, n, 128, dtype=torch.bfloat16)
+        def resize_in_a_thread():
+            th = threading.Thread(target=lambda: big.resize_(2, 2, 2 * n, 128))
+            th.start()
+            th.join()
+        undo = wrapped("ferry_kv_store", resize_in_a_thread)
+        efault(lambda: s.store(np.arange(n, dtype=np.int32), big))
+        undo()
+        s.close()
+        print("ok")
+    """)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=_HAZARD)
+def test_a_retrieve_destination_freed_before_the_call_leaves_other_tensors_alone():
+    # the 64 MiB munmapped is where the next 64 MiB allocation lands
+    run_child("""
+        import threading
+        s.close()
+        s = ferry.KVStore("big", LAY, l1="256M", chunk_tokens=16)
+        n = 64 * 1024
+        t = np.arange(n, dtype=np.int32)
+        assert s.store(t, torch.ones(2, 2, n, 128, dtype=torch.bfloat16)) == n
+        y = torch.zeros(2, 2, n, 128, dtype=torch.bfloat16)
+        other = []
+        def resize_then_allocate():
+            th = threading.Thread(target=lambda: y.resize_(2, 2, 2 * n, 128))
+            th.start()
+            th.join()
+            other.append(torch.full((2 * 2 * n * 128,), 7.0, dtype=torch.bfloat16))
+        undo = wrapped("ferry_kv_retrieve", resize_then_allocate)
+        efault(lambda: s.retrieve(t, y))
+        undo()
+        assert bool((other[0] == 7.0).all()), "the retrieve wrote into another tensor"
+        s.close()
+        print("ok")
+    """)
