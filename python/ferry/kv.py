@@ -204,10 +204,8 @@ class Op:
     Op outlives its KVStore: after the store's close() it still answers
     wait() and done() (close finished it: a layerwise store still lacking
     layers was abandoned with FERRY's -ECANCELED, nothing of it stored).
-    In a forked child an Op of the parent's, in flight or ended, is refused:
-    wait, done, cancel, await and the layer calls raise FerryError (EBADF)
-    naming the fork (never the parent's kept result); free and garbage
-    collection forget it, calling no C.
+    In a forked child a parent's Op, in flight or ended, raises FerryError
+    (EBADF) naming the fork, never its kept result; free forgets it (no C).
 
     asyncio: `await op` waits on a worker thread of the loop's default
     executor. asyncio.wait_for(op, timeout) timing out, or the awaiting
@@ -252,10 +250,8 @@ class Op:
             self._guard.leave()
 
     def _here(self):
-        """FerryError (EBADF) naming the fork in a forked child: the op, and
-        the result it kept, are its parent's (the child's calls into the
-        library refuse the same way); wait, done, cancel and the layer calls
-        raise it before answering from a kept result."""
+        """In a forked child: FerryError (EBADF) naming the fork, before any
+        answer from a kept result (the op and its result are the parent's)."""
         if self._guard.forked:
             raise self._guard.refused("the operation", self._call)
 
@@ -443,7 +439,6 @@ class LayerOp(Op):
             and len(self._done_layers) < self.num_layers
 
     def wait(self, timeout=None):
-        self._here()
         if self._result is None and self._lacking():
             missing = sorted(set(range(self.num_layers)) - self._done_layers)
             raise FerryError(_FERRY_ESTATE, f"the store still lacks layers {missing} "
@@ -451,7 +446,6 @@ class LayerOp(Op):
         return super().wait(timeout)
 
     def done(self):
-        self._here()
         if self._result is None and self._lacking():
             return False
         return super().done()
@@ -497,7 +491,6 @@ class LayerOp(Op):
         from another thread) makes it raise FerryError (EFAULT) naming the
         move instead of returning the tokens, as wait() does: the tensor
         does not hold them."""
-        self._here()
         ms = _timeout_ms(timeout)
         layer = _layer_index(layer, self.num_layers)
         if self._cuda:   # the stream is the store's: looked up and used inside its guard
@@ -538,7 +531,6 @@ class LayerOp(Op):
         wait_layer's: FerryError (EBADF) once the store is closed). A source
         whose memory moved since store_layers (resize_ past its capacity,
         set_) cancels the store: FerryError (EFAULT), nothing of it stored."""
-        self._here()
         layer = _layer_index(layer, self.num_layers)
         keep = self._keep
         t = keep[0].moved_layer(layer, self.num_layers) if keep else None
