@@ -275,6 +275,10 @@ uint64_t ferry__successor_ops(const ferry__policy *p);
  * same decisions after, past 2^32 of either. -EINVAL for another policy
  * or another multiple */
 int ferry__successor_skip(ferry__policy *p, uint64_t visits, uint64_t touches);
+/* (tests) a successor policy's all-layer count of class c's members
+ * over the visits (halved every 512 visits of layer 0), and in *routed
+ * how many of them were routed (never more); 0 for another policy or c */
+uint64_t ferry__successor_global(const ferry__policy *p, uint32_t c, uint64_t *routed);
 /* (tests) id's class in a successor policy (as of its layer's last visit
  * awake); UINT32_MAX for another policy or an id past its shape */
 uint32_t ferry__successor_class(const ferry__policy *p, uint32_t id);
