@@ -5,7 +5,8 @@
  * predicted use of any listed slot, no current-step expert is evicted (with
  * prefetches in between), runs are deterministic, and resize, forget and
  * prefill keep the structures whole; layers put to sleep wake to the
- * cells they would have had.
+ * cells they would have had; past 2^32 tokens and learned turns it
+ * decides as before.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 
 #include "ferry_test.h"
 #include "moe/moe_internal.h"
+#include "moe_traces.h"
 
 static ferry_moe_trace *gen(const char *model, uint32_t tokens, uint32_t layers, uint32_t experts,
                             uint64_t seed)
@@ -214,6 +216,79 @@ static void sleeping_layers_wake_to_the_cells_they_would_have(void **state)
     ferry_moe_trace_destroy(t);
 }
 
+/* t's steps on a planner of `policy` (a prefetch of the next step every
+ * 5th, so hints are stamped too); at step `at` (when jump) the tokens
+ * leap in whole periods of the ring to 300-316 short of 2^32 and the
+ * learned turns in whole refresh periods to 1,000-1,255 short: the rest
+ * of the trace crosses both. The structures checked every 64 steps */
+static void hits_jumping_tokens(const ferry_moe_trace *t, const char *policy, uint32_t slots,
+                                size_t at, int jump, uint64_t *hits, uint64_t *misses)
+{
+    ferry_moe_planner *p = ft_moe_planner(t, policy, slots);
+    const ferry__policy *r = ferry__planner_policy(p);
+    if (strcmp(policy, "routing") != 0)
+        r = ferry__auto_routing(r);
+    assert_non_null(r);
+    size_t n = ferry_moe_trace_steps(t);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t tok, layer, k;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &k));
+        if (i == at && jump) {
+            uint64_t two32 = UINT64_C(1) << 32;
+            FT_ASSERT_OK(ferry__planner_skip_tokens(p, (two32 - tok - 300) / 17 * 17,
+                                                    (two32 - i - 1000) / 256 * 256));
+        }
+        FT_ASSERT_OK(ferry_moe_planner_ensure(p, layer, ex, k, NULL, NULL, NULL));
+        if (i + 1 < n && i % 5 == 0) {
+            FT_ASSERT_OK(ferry_moe_trace_step(t, i + 1, &tok, &layer, &ex, &k));
+            assert_true(ferry_moe_planner_prefetch(p, layer, ex, k, NULL) >= 0);
+        }
+        char why[256] = "";
+        if (i % 64 == 0 && ferry__routing_check(r, why, sizeof why) != 0)
+            fail_msg("%s, after step %zu: %s", policy, i, why);
+    }
+    ferry_moe_planner_stats st = FERRY_MOE_PLANNER_STATS_INIT;
+    FT_ASSERT_OK(ferry_moe_planner_stats_get(p, &st));
+    *hits = st.hits;
+    *misses = st.misses;
+    ferry_moe_planner_destroy(p);
+}
+
+/* a decode server passes 2^32 tokens within months (days for a shallow
+ * model) and 2^32 learned turns within days: past both, routing (alone,
+ * and as trio's member with its shadow) decides as it did - its features
+ * compare tokens, its ring is the token mod 17, its refreshes go by the
+ * turn count */
+static void routing_decides_alike_past_2_to_the_32_tokens(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = ft_moe_gen("small", 3000, 7);
+    const char *pols[] = {"routing", "trio"};
+    for (size_t k = 0; k < 2; k++) {
+        uint32_t slots = ft_moe_share(t, 25);
+        size_t at = ferry_moe_trace_steps(t) / 2; /* past the early refreshes */
+        uint64_t h0, m0, h1, m1;
+        hits_jumping_tokens(t, pols[k], slots, at, 0, &h0, &m0);
+        hits_jumping_tokens(t, pols[k], slots, at, 1, &h1, &m1);
+        print_message("%s: hits %llu / %llu, misses %llu / %llu\n", pols[k],
+                      (unsigned long long)h0, (unsigned long long)h1, (unsigned long long)m0,
+                      (unsigned long long)m1);
+        assert_int_equal(h0, h1);
+        assert_int_equal(m0, m1);
+    }
+    ferry_moe_planner *p = ft_moe_planner(t, "routing", ft_moe_share(t, 25));
+    ferry__policy *r = (ferry__policy *)ferry__planner_policy(p);
+    assert_int_equal(ferry__routing_skip(NULL, 17, 0), -EINVAL);
+    assert_int_equal(ferry__routing_skip(r, 16, 0), -EINVAL);  /* (the ring's phase) */
+    assert_int_equal(ferry__routing_skip(r, 17, 255), -EINVAL); /* (the refreshes') */
+    assert_int_equal(ferry__routing_skip(r, 17, 256), -EINVAL); /* (early refreshes ahead) */
+    assert_int_equal(ferry__planner_skip_tokens(p, 16, 0), -EINVAL);
+    FT_ASSERT_OK(ferry__routing_skip(r, 17, 0));
+    ferry_moe_planner_destroy(p);
+    ferry_moe_trace_destroy(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -222,6 +297,7 @@ int main(void)
         cmocka_unit_test(same_trace_same_slots),
         cmocka_unit_test(resize_forget_and_prefill_keep_the_structures),
         cmocka_unit_test(sleeping_layers_wake_to_the_cells_they_would_have),
+        cmocka_unit_test(routing_decides_alike_past_2_to_the_32_tokens),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -270,6 +270,50 @@ static void successor_decides_alike_past_2_to_the_32_visits(void **state)
     ferry_moe_trace_destroy(t);
 }
 
+/* an engine that numbers the planner's layers as the model's, dense first
+ * layers included, never routes layer 0, where the all-layer class counts
+ * halve: they grow by E a visit, past 2^32 within 2^18 visits of 16,384
+ * experts (under an hour of a decode loop). Counted in 64 bits the
+ * coldest class's members pass 2^32 and every class's stay at least its
+ * routed ones (a 32-bit count wrapped to 221,470,013: that class's p read
+ * 20 times too high, its experts kept before warmer ones) */
+static void successor_class_counts_outgrow_32_bits_unrouted_layer_0(void **state)
+{
+    (void)state;
+    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
+    o.num_layers = 2;
+    o.num_experts = 16384;
+    o.top_k = 8;
+    o.slots = 2048;
+    o.policy = "successor";
+    ferry_moe_planner *p = NULL;
+    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
+    const ferry__policy *pol = ferry__planner_policy(p);
+    uint64_t rng = 11;
+    for (uint32_t v = 0; v < 280000; v++) { /* layer 1 alone, 8 of 4,096 hot experts */
+        uint32_t ex[8];
+        for (uint32_t i = 0; i < 8; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            ex[i] = i * 512 + (uint32_t)(rng >> 40) % 512;
+        }
+        FT_ASSERT_OK(ferry_moe_planner_ensure(p, 1, ex, 8, NULL, NULL, NULL));
+    }
+    uint64_t most = 0;
+    for (uint32_t c = 0; c < 60; c++) {
+        uint64_t routed = 0, members = ferry__successor_global(pol, c, &routed);
+        if (routed > members)
+            fail_msg("class %u: %llu routed of %llu members", c, (unsigned long long)routed,
+                     (unsigned long long)members);
+        most = members > most ? members : most;
+    }
+    print_message("largest class: %llu members over the visits\n", (unsigned long long)most);
+    assert_true(most > (UINT64_C(1) << 32));
+    uint64_t r;
+    assert_int_equal(ferry__successor_global(NULL, 0, &r), 0);
+    assert_int_equal(ferry__successor_global(pol, 60, &r), 0);
+    ferry_moe_planner_destroy(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -280,6 +324,7 @@ int main(void)
         cmocka_unit_test(successor_refuses_huge_shapes),
         cmocka_unit_test(successor_victims_skip_pins_of_prefetches_and_hints),
         cmocka_unit_test(successor_decides_alike_past_2_to_the_32_visits),
+        cmocka_unit_test(successor_class_counts_outgrow_32_bits_unrouted_layer_0),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -122,6 +122,11 @@ void ferry__hints_next(ferry__hints *h, uint32_t id, uint64_t step);
 /* ---- policies ---- */
 typedef struct ferry__policy ferry__policy;
 
+/* a token index (decode order). 64 bits: a decode loop of a few thousand
+ * layer-steps a second passes 2^32 tokens within months (days for a
+ * shallow model), and "routing" compares tokens and keys a ring by them */
+typedef uint64_t ferry__tok;
+
 /* What a policy may read of the planner. */
 typedef struct ferry__policy_env {
     uint32_t num_layers, num_experts, slots;
@@ -129,7 +134,7 @@ typedef struct ferry__policy_env {
     const uint64_t *pin_step;  /* per slot */
     const uint64_t *pin_now;   /* pin_step[slot] == *pin_now: pinned (a step, or a wave of one) */
     const uint64_t *step;      /* current step (1-based; 0 before the first) */
-    const uint32_t *token;     /* current token index (decode order) */
+    const ferry__tok *token;   /* current token index (decode order) */
     const uint32_t *occupant;  /* per slot: global id or FERRY_MOE_NONE */
     const uint32_t *where;     /* per global id: slot or FERRY_MOE_NONE */
     const ferry_moe_trace *oracle;
@@ -176,6 +181,11 @@ int ferry__routing_check(const ferry__policy *p, char *why, size_t len);
 extern uint64_t ferry__planner_fault_insert;
 /* the planner's policy (tests) */
 const ferry__policy *ferry__planner_policy(const ferry_moe_planner *p);
+/* (tests) the planner's token count as if `tokens` more had passed, and
+ * its routing policy's (the policy, or trio's) with it: the same
+ * decisions after, past 2^32 tokens or turns (ferry__routing_skip). 0, or
+ * that refusal (another policy only counts the tokens) */
+int ferry__planner_skip_tokens(ferry_moe_planner *p, uint64_t tokens, uint64_t turns);
 /* the calibrated probability that a hint of confidence c naming a missing
  * expert is right (c itself before the first hint) */
 double ferry__planner_hint_p(const ferry_moe_planner *p, double c);
@@ -214,6 +224,14 @@ int ferry__auto_overtakes(double challenger, double leader, double var);
  * 1 wakes them all (cells recomputed as if awake). -EINVAL for another
  * policy (auto's routing, while it does not lead) */
 int ferry__routing_sleep(ferry__policy *p, uint32_t stride);
+/* (tests) a routing leader's token stamps (its experts', layers', ring's,
+ * its follower's) as if `tokens` more had passed, a multiple of 17 (the
+ * ring's phase is the token mod 17), and its learned turns `turns` more, a
+ * multiple of 256 (the refresh period) once past the early refreshes:
+ * the same decisions after, past 2^32 of either. Move the planner's
+ * token with it (ferry__planner_skip_tokens). -EINVAL for another policy,
+ * another multiple, or turns before the early refreshes are over */
+int ferry__routing_skip(ferry__policy *p, uint64_t tokens, uint64_t turns);
 /* (tests) the cell of id in a routing leader's model */
 uint32_t ferry__routing_cell(const ferry__policy *p, uint32_t id);
 /* (tests) trio's routing sub-policy, NULL for another policy */
@@ -257,6 +275,10 @@ uint64_t ferry__successor_ops(const ferry__policy *p);
  * same decisions after, past 2^32 of either. -EINVAL for another policy
  * or another multiple */
 int ferry__successor_skip(ferry__policy *p, uint64_t visits, uint64_t touches);
+/* (tests) a successor policy's all-layer count of class c's members
+ * over the visits (halved every 512 visits of layer 0), and in *routed
+ * how many of them were routed (never more); 0 for another policy or c */
+uint64_t ferry__successor_global(const ferry__policy *p, uint32_t c, uint64_t *routed);
 /* (tests) id's class in a successor policy (as of its layer's last visit
  * awake); UINT32_MAX for another policy or an id past its shape */
 uint32_t ferry__successor_class(const ferry__policy *p, uint32_t id);

@@ -61,7 +61,8 @@ struct ferry_moe_planner {
                              call that last saw it */
     uint64_t gen, step, pin_now;
     uint32_t n_pinned;    /* slots with pin_step == pin_now */
-    uint32_t token, last_layer;
+    ferry__tok token;     /* tokens begun - 1 (64 bits: see ferry__tok) */
+    uint32_t last_layer;
     int started;
     /* an open stream: its distinct ids (resident ones first), the next one
      * to serve, the wave buffers */
@@ -368,6 +369,20 @@ const char *ferry_moe_planner_policy(const ferry_moe_planner *p)
 const ferry__policy *ferry__planner_policy(const ferry_moe_planner *p)
 {
     return p->pol;
+}
+
+int ferry__planner_skip_tokens(ferry_moe_planner *p, uint64_t tokens, uint64_t turns)
+{
+    if (!p)
+        return -EINVAL;
+    ferry__policy *r = p->pol->ops == &ferry__policy_routing
+                           ? p->pol
+                           : (ferry__policy *)ferry__auto_routing(p->pol);
+    int rc = r ? ferry__routing_skip(r, tokens, turns) : 0;
+    if (rc < 0)
+        return rc;
+    p->token += tokens;
+    return 0;
 }
 
 double ferry__planner_hint_p(const ferry_moe_planner *p, double c)

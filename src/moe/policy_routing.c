@@ -64,85 +64,18 @@
  * updates whenever an expert resident in the follower changes cell, and
  * a copy of the waits and ranks from each refresh. The leader's end_step
  * runs before the follower's step of the same layer.
+ *
+ * Tokens are 64-bit (ferry__tok): a decode server passes 2^32 tokens
+ * within months, and the features compare tokens and key the ring by
+ * them. The state's layout is in routing_state.h, shared with the test
+ * seams (policy_routing_check.c: the structure checker, the token jump).
  */
 #include <errno.h>
 #include <math.h>
-#include <stdio.h>
 #include <string.h>
 
-#include "moe/moe_internal.h"
+#include "moe/routing_state.h"
 
-#define WIN 8           /* turns of history: the last one + 7 before */
-#define COLD 16         /* turns after which an expert counts as long cold */
-#define RING (COLD + 1) /* routed sets kept per layer */
-#define WINV (WIN + 2)  /* window values: counts 0..7, cold < COLD, colder */
-#define RING_CAP 256u   /* experts of one routed set kept for events: wider
-                           (prefill) sets only miss some cell refreshes */
-#define POP_B 8         /* popularity buckets */
-#define CELLS (2 * WINV * POP_B * 2)
-#define BMW ((CELLS + 63) / 64)
-#define CELL_NONE UINT16_MAX
-#define NONE UINT32_MAX
-
-/* what is known of one expert, kept together: each event touches them all */
-typedef struct xinfo {
-    uint32_t last_tok; /* token of the last route, NONE never */
-    uint32_t bits;     /* bit d: routed d turns before last_tok */
-    uint32_t cnt;      /* routes */
-    uint32_t hint_tok; /* hinted for this token's turn, NONE none */
-    uint16_t cell;     /* cell it is counted in */
-    uint8_t pop;       /* popularity bucket, as of its last route */
-} xinfo;
-
-typedef struct routing {
-    ferry__policy base;
-    /* resident slots by cell: per (layer, cell) a FIFO list of the slots
-     * whose expert is in that cell; per layer a bitmap over cell ranks
-     * (rank 0: the longest wait) of its non-empty lists */
-    uint32_t *lk;              /* per slot: next, prev (NONE at the ends) */
-    uint16_t *scell;           /* per slot: the cell it is listed in, CELL_NONE */
-    uint32_t *ht;              /* [L][CELLS]: head, tail (one cache line) */
-    uint64_t *bm;              /* [L][BMW] */
-    uint64_t *ccbm;            /* [L][BMW] by cell: set where cell_count is non-zero */
-    uint16_t rank[CELLS], at_rank[CELLS];
-    xinfo *x;                  /* per id, one cache line's worth each */
-    /* per layer */
-    uint16_t *cell_count;      /* [L][CELLS] (E <= 16384) */
-    uint64_t *routes;          /* routes seen */
-    uint32_t *turn_tok;        /* token of its last turn, NONE none */
-    uint16_t *ring;            /* [L][RING][ring_cap] routed sets, as experts
-                                  of the layer (E <= 16384) */
-    uint32_t ring_cap;         /* min(E, RING_CAP): a prefill set is cut */
-    /* tournament over layers: the layer whose heap top is predicted
-     * furthest (its next-turn offset included), O(log L) per change */
-    uint32_t *seg;             /* [2 * seg_p] layer of the best leaf below */
-    uint32_t seg_p, seg_tok;
-    double *lval;              /* per layer: value of its top, -inf if empty */
-    uint32_t *ltop;            /* per layer: its candidate slot, NONE if none */
-    /* pinned slots met at the top and taken off their lists until the
-     * step is over (a hit stays listed: most are never a candidate) */
-    uint32_t *parked, n_parked;
-    uint64_t park_step;
-    uint32_t *ring_n, *ring_tok; /* [L][RING] */
-    /* learned */
-    uint64_t opps[CELLS], uses[CELLS]; /* learned over all layers */
-    /* opportunities are counted without a pass over the cells per turn:
-     * a layer's count in cell c, held from its turn t1 to t2, adds
-     * count * (t2 - t1), so opps[c] = sum over layers of count * turns
-     * minus, for every change of a count by d at the layer's turn t,
-     * d * t (kept in corr[c]); folded into opps at each refresh */
-    uint64_t corr[CELLS];
-    uint32_t *lturns;          /* per layer: turns taken */
-    double wait[CELLS];              /* cached 1/lambda - 1 */
-    uint32_t turns;
-    /* a follower's leader (its model is the leader's), a leader's follower */
-    struct routing *lead, *fol;
-    int follower;
-    int stale;                 /* a follower: its leader's end_step moved some
-                                  of its slots, its layer's leaf not updated */
-    uint32_t sleep_stride;     /* > 1: layers not a multiple of it sleep */
-    uint8_t *asleep;           /* per layer (a leader's) */
-} routing;
 
 /* the lists and the tournament, a follower's own */
 static void own_fini(routing *s)
@@ -178,19 +111,6 @@ static void rt_fini(ferry__policy *p)
 static uint16_t cell_of(int last, uint32_t win, uint32_t pop, int hinted)
 {
     return (uint16_t)((((uint32_t)last * WINV + win) * POP_B + pop) * 2 + (uint32_t)hinted);
-}
-
-/* the expected wait, in turns, of a cell: 1/lambda - 1 with lambda =
- * uses / opportunities (a weak prior of 1 in 8 for an empty cell);
- * cached, refreshed every REFRESH turns since lambda drifts slowly */
-#define REFRESH 256
-
-/* cell a goes before cell b in rank order: longer wait first, ties by cell */
-static int rank_before(const routing *s, uint32_t a, uint32_t b)
-{
-    if (s->wait[a] != s->wait[b])
-        return s->wait[a] > s->wait[b];
-    return a < b;
 }
 
 /* fold the counts held since the last refresh into opps, and restart */
@@ -321,11 +241,11 @@ static int rt_init(ferry__policy *p)
     s->cell_count = ferry__calloc((size_t)L * CELLS, sizeof *s->cell_count);
     s->lturns = ferry__calloc(L, sizeof(uint32_t));
     s->routes = ferry__calloc(L, sizeof(uint64_t));
-    s->turn_tok = ferry__malloc((size_t)L * sizeof(uint32_t));
+    s->turn_tok = ferry__malloc((size_t)L * sizeof *s->turn_tok);
     s->ring_cap = E < RING_CAP ? E : RING_CAP;
     s->ring = ferry__malloc((size_t)L * RING * s->ring_cap * sizeof *s->ring);
     s->ring_n = ferry__calloc((size_t)L * RING, sizeof(uint32_t));
-    s->ring_tok = ferry__malloc((size_t)L * RING * sizeof(uint32_t));
+    s->ring_tok = ferry__malloc((size_t)L * RING * sizeof *s->ring_tok);
     s->asleep = ferry__calloc(L, 1);
     if (own < 0 || !s->ccbm || !s->x || !s->cell_count || !s->lturns || !s->routes ||
         !s->turn_tok || !s->ring || !s->ring_n || !s->ring_tok || !s->asleep) {
@@ -334,8 +254,8 @@ static int rt_init(ferry__policy *p)
     }
     for (uint32_t c = 0; c < CELLS; c++)
         s->at_rank[c] = s->rank[c] = (uint16_t)c;
-    memset(s->turn_tok, 0xff, (size_t)L * sizeof(uint32_t));
-    memset(s->ring_tok, 0xff, (size_t)L * RING * sizeof(uint32_t));
+    memset(s->turn_tok, 0xff, (size_t)L * sizeof *s->turn_tok); /* TOK_NONE */
+    memset(s->ring_tok, 0xff, (size_t)L * RING * sizeof *s->ring_tok);
     /* fault it in now (its contents are read only once written): a
      * write per page, not a memset of the whole */
     for (size_t b = 0; b < (size_t)L * RING * s->ring_cap * sizeof *s->ring; b += 4096)
@@ -349,8 +269,8 @@ static int rt_init(ferry__policy *p)
     refresh_waits(s);
     seg_rebuild(s);
     for (size_t i = 0; i < ids; i++) {
-        s->x[i].last_tok = UINT32_MAX;
-        s->x[i].hint_tok = UINT32_MAX;
+        s->x[i].last_tok = TOK_NONE;
+        s->x[i].hint_tok = TOK_NONE;
         s->x[i].cell = c0;
     }
     return 0;
@@ -401,20 +321,21 @@ static const uint16_t hist_base[256] = {HB64(0), HB64(64), HB64(128), HB64(192)}
 
 /* the cell of an expert after its layer's turn at token `tok`: cell_of()
  * of its features, by table */
-static inline uint16_t compute_cell(const xinfo *xi, uint32_t tok)
+static inline uint16_t compute_cell(const xinfo *xi, ferry__tok tok)
 {
-    uint32_t last = xi->last_tok, d = tok - last, a = 0, base;
+    ferry__tok last = xi->last_tok, d = tok - last;
+    uint32_t a = 0, base;
     /* (never routed: bits is 0) */
     if (tok >= last && d < 8)
         a = (xi->bits << d) & 0xffu;
     if (a)
         base = hist_base[a];
     else /* out of the window: how long? */
-        base = (last != UINT32_MAX && d < COLD ? WIN : WIN + 1) * POP_B * 2;
+        base = (last != TOK_NONE && d < COLD ? WIN : WIN + 1) * POP_B * 2;
     return (uint16_t)(base + (uint32_t)xi->pop * 2 + (xi->hint_tok == tok + 1));
 }
 
-/* ---- per-layer lists by cell ----
+/* ---- per-layer lists by cell (the candidate: layer_top, routing_state.h) ----
  * A layer's eviction candidate is the head of its non-empty list of the
  * lowest rank (the longest expected wait): the slot that entered that
  * cell first. Moving a slot between cells is O(1): unlink, append, and a
@@ -422,21 +343,6 @@ static inline uint16_t compute_cell(const xinfo *xi, uint32_t tok)
  * unlisted from its hit (or insert) until end_step lists it again, so the
  * current step's experts are never candidates; only a prefetched one can
  * be listed and pinned. */
-static uint32_t layer_top_cell(const routing *s, uint32_t m)
-{
-    const uint64_t *bm = s->bm + (size_t)m * BMW;
-    for (uint32_t w = 0; w < BMW; w++)
-        if (bm[w])
-            return s->at_rank[w * 64 + (uint32_t)__builtin_ctzll(bm[w])];
-    return CELL_NONE;
-}
-
-static uint32_t layer_top(const routing *s, uint32_t m)
-{
-    uint32_t c = layer_top_cell(s, m);
-    return c == CELL_NONE ? NONE : s->ht[2 * ((size_t)m * CELLS + c)];
-}
-
 static void unlist(routing *s, uint32_t m, uint32_t slot)
 {
     uint16_t c = s->scell[slot];
@@ -483,16 +389,6 @@ static void enlist(routing *s, uint32_t m, uint32_t slot, uint16_t c)
  * turn moves a token on), when the waits are refreshed, and when the token
  * changes (every layer's offset drops by L: a rebuild, O(L) once per token,
  * O(1) amortised per step). */
-static double layer_value(const routing *s, uint32_t m)
-{
-    uint32_t c = layer_top_cell(s, m);
-    if (c == CELL_NONE)
-        return -INFINITY;
-    uint32_t L = s->base.env.num_layers, tok = *s->base.env.token;
-    uint32_t off = s->turn_tok[m] != UINT32_MAX && s->turn_tok[m] >= tok ? 1 : 0;
-    return (double)off * L + m + s->wait[c] * L;
-}
-
 static int seg_better(const routing *s, uint32_t a, uint32_t b)
 {
     if (b == UINT32_MAX)
@@ -519,8 +415,9 @@ static void seg_update(routing *s, uint32_t m)
         lval[m] = -INFINITY;
         ltop[m] = NONE;
     } else {
-        uint32_t L = s->base.env.num_layers, tok = *s->base.env.token;
-        uint32_t off = s->turn_tok[m] != UINT32_MAX && s->turn_tok[m] >= tok ? 1 : 0;
+        uint32_t L = s->base.env.num_layers;
+        ferry__tok tok = *s->base.env.token;
+        uint32_t off = s->turn_tok[m] != TOK_NONE && s->turn_tok[m] >= tok ? 1 : 0;
         lval[m] = (double)off * L + m + s->wait[c] * L;
         ltop[m] = s->ht[2 * ((size_t)m * CELLS + c)];
     }
@@ -659,7 +556,7 @@ static inline void count_move(routing *s, uint32_t m, uint16_t o, uint16_t c)
 
 /* move id (of layer m) to the cell it is in after its layer's turn at
  * tok, keeping the tournament (a hint's move, outside end_step) */
-static void recell(routing *s, uint32_t id, uint32_t m, uint32_t tok)
+static void recell(routing *s, uint32_t id, uint32_t m, ferry__tok tok)
 {
     uint16_t c = compute_cell(&s->x[id], tok), o = s->x[id].cell;
     if (c == o)
@@ -685,10 +582,11 @@ typedef struct stepv {
     uint64_t *bm;           /* the layer's rank bitmap */
     const uint16_t *rank;
     routing *fol;
-    uint32_t m, base, tok;
+    ferry__tok tok;
+    uint32_t m, base;
 } stepv;
 
-static void stepv_init(stepv *v, routing *s, uint32_t m, uint32_t tok)
+static void stepv_init(stepv *v, routing *s, uint32_t m, ferry__tok tok)
 {
     uint32_t E = s->base.env.num_experts;
     v->base = m * E;
@@ -770,7 +668,7 @@ static void unpark(routing *s, uint32_t raw)
     s->n_parked = 0;
 }
 
-static void hint(routing *s, uint32_t id, uint32_t tok);
+static void hint(routing *s, uint32_t id, ferry__tok tok);
 
 static int rt_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
 {
@@ -780,8 +678,8 @@ static int rt_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
      * prefetched one was predicted by the engine for its layer's next
      * turn: hinted, so it is not the first victim of the steps before */
     if (prefetch) {
-        uint32_t tok = *p->env.token;
-        uint32_t next = s->turn_tok[m] == UINT32_MAX || s->turn_tok[m] < tok ? tok : tok + 1;
+        ferry__tok tok = *p->env.token;
+        ferry__tok next = s->turn_tok[m] == TOK_NONE || s->turn_tok[m] < tok ? tok : tok + 1;
         place(s, m, slot, s->x[id].cell);
         if (p->env.where[id] == slot)
             hint(s, id, next);
@@ -804,7 +702,7 @@ static int rt_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slo
     (void)id;
     if (have_free)
         return 1;
-    uint32_t tok = *p->env.token;
+    ferry__tok tok = *p->env.token;
     if (s->seg_tok != tok)
         seg_rebuild(s);
     if (s->n_parked && s->park_step != *p->env.pin_now)
@@ -828,7 +726,7 @@ static int rt_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slo
     }
 }
 
-static const uint16_t *ring_set(const routing *s, uint32_t layer, uint32_t tok, uint32_t *n)
+static const uint16_t *ring_set(const routing *s, uint32_t layer, ferry__tok tok, uint32_t *n)
 {
     size_t r = (size_t)layer * RING + tok % RING;
     if (s->ring_tok[r] != tok) {
@@ -842,12 +740,12 @@ static const uint16_t *ring_set(const routing *s, uint32_t layer, uint32_t tok, 
 /* id (of layer m) is expected at m's next turn: count it there in its
  * hinted cell. Only a turn at token `tok` can be hinted (the layer's last
  * turn must be tok - 1, so its cell can be re-read as of that turn). */
-static void hint(routing *s, uint32_t id, uint32_t tok)
+static void hint(routing *s, uint32_t id, ferry__tok tok)
 {
     uint32_t E = s->base.env.num_experts, m = id / E;
     if (s->x[id].hint_tok == tok || tok == 0)
         return;
-    uint32_t ptok = s->turn_tok[m] == UINT32_MAX ? tok - 1 : s->turn_tok[m];
+    ferry__tok ptok = s->turn_tok[m] == TOK_NONE ? tok - 1 : s->turn_tok[m];
     if (ptok + 1 != tok)
         return;
     s->x[id].hint_tok = tok;
@@ -895,7 +793,7 @@ static void routed_step(routing *s, stepv *v, const uint32_t *ids, uint32_t n, i
      * it is routed: shares drift slowly. */
     static const double thr[POP_B - 1] = {0.35355339, 0.5, 0.70710678, 1.0,
                                           1.41421356, 2.0, 2.82842712};
-    uint32_t tok = v->tok;
+    ferry__tok tok = v->tok;
     double routes = (double)(s->routes[v->m] += n), tr[POP_B - 1];
     for (uint32_t k = 0; k < POP_B - 1; k++)
         tr[k] = thr[k] * routes;
@@ -903,9 +801,10 @@ static void routed_step(routing *s, stepv *v, const uint32_t *ids, uint32_t n, i
     for (uint32_t j = 0; j < n; j++) {
         uint32_t e = ids[j] - v->base;
         xinfo *xi = &v->x[e];
-        uint32_t last = xi->last_tok;
+        ferry__tok last = xi->last_tok;
         if (last != tok) {
-            uint32_t d = tok - last, keep = (last != UINT32_MAX) & (d < 32); /* (no branch) */
+            ferry__tok d = tok - last;
+            uint32_t keep = (last != TOK_NONE) & (d < 32); /* (no branch) */
             xi->bits = keep ? (xi->bits << (d & 31)) | 1u : 1u;
             xi->last_tok = tok;
             xi->cnt++;
@@ -926,7 +825,7 @@ static void routed_step(routing *s, stepv *v, const uint32_t *ids, uint32_t n, i
     }
 }
 
-static void ring_put(routing *s, uint32_t layer, uint32_t tok, uint32_t base, const uint32_t *ids,
+static void ring_put(routing *s, uint32_t layer, ferry__tok tok, uint32_t base, const uint32_t *ids,
                      uint32_t n)
 {
     size_t r = (size_t)layer * RING + tok % RING;
@@ -940,7 +839,7 @@ static void ring_put(routing *s, uint32_t layer, uint32_t tok, uint32_t base, co
 
 /* ---- sleep: features, ring and lists kept, no events, moves or
  * learning; a wake recomputes each cell from the features (ferry__routing_sleep) */
-static void layer_sleep_step(routing *s, uint32_t m, const uint32_t *ids, uint32_t n, uint32_t tok)
+static void layer_sleep_step(routing *s, uint32_t m, const uint32_t *ids, uint32_t n, ferry__tok tok)
 {
     if (!s->asleep[m]) { /* its counts so far folded in (linear) */
         const uint16_t *cc = s->cell_count + (size_t)m * CELLS;
@@ -970,9 +869,10 @@ static void layer_sleep_step(routing *s, uint32_t m, const uint32_t *ids, uint32
 
 static void layer_wake(routing *s, uint32_t m)
 {
-    uint32_t E = s->base.env.num_experts, tok = s->turn_tok[m];
+    uint32_t E = s->base.env.num_experts;
+    ferry__tok tok = s->turn_tok[m];
     s->asleep[m] = 0;
-    if (tok == UINT32_MAX)
+    if (tok == TOK_NONE)
         return; /* never ran: as created */
     xinfo *x = s->x + (size_t)m * E;
     uint16_t *cc = s->cell_count + (size_t)m * CELLS;
@@ -1012,7 +912,7 @@ int ferry__routing_sleep(ferry__policy *p, uint32_t stride)
 static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, uint32_t n)
 {
     routing *s = (routing *)p;
-    uint32_t tok = *p->env.token;
+    ferry__tok tok = *p->env.token;
     if (s->sleep_stride && layer % s->sleep_stride) {
         layer_sleep_step(s, layer, ids, n, tok);
         return;
@@ -1050,8 +950,8 @@ static void rt_end_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, u
     if (tok >= WIN && (set = ring_set(s, layer, tok - WIN, &m)) != NULL)
         for (uint32_t j = 0; j < m; j++) {
             const xinfo *xi = &xl[set[j]];
-            uint32_t d = xi->last_tok - (tok - WIN);
-            if (xi->last_tok != tok && xi->last_tok != UINT32_MAX && d < 32 && (xi->bits >> d & 1u))
+            ferry__tok d = xi->last_tok - (tok - WIN);
+            if (xi->last_tok != tok && xi->last_tok != TOK_NONE && d < 32 && (xi->bits >> d & 1u))
                 step_move(&v, set[j], compute_cell(&xl[set[j]], tok), 0);
         }
     seg_update(s, layer);
@@ -1109,91 +1009,3 @@ const ferry__policy_ops ferry__policy_routing_follower = {
     .remove = rt_remove,
     .victim = rt_victim,
 };
-
-/* ---- invariant checker (tests) ---- */
-#define FAIL(...) (snprintf(why, len, __VA_ARGS__), -EINVAL)
-
-int ferry__routing_check(const ferry__policy *p, char *why, size_t len)
-{
-    const routing *s = (const routing *)p;
-    uint32_t L = p->env.num_layers, E = p->env.num_experts, n = p->env.slots;
-    uint32_t listed = 0;
-    /* ranks: a permutation, in (wait desc, cell asc) order */
-    for (uint32_t r = 0; r < CELLS; r++) {
-        if (s->rank[s->at_rank[r]] != r)
-            return FAIL("rank %u: at_rank %u has rank %u", r, s->at_rank[r], s->rank[s->at_rank[r]]);
-        if (r && !rank_before(s, s->at_rank[r - 1], s->at_rank[r]))
-            return FAIL("rank %u: cell %u out of order after cell %u", r, s->at_rank[r],
-                        s->at_rank[r - 1]);
-    }
-    for (uint32_t m = 0; m < L; m++) {
-        uint64_t sum = 0;
-        for (uint32_t c = 0; c < CELLS; c++) {
-            uint32_t cnt = s->cell_count[(size_t)m * CELLS + c];
-            sum += cnt;
-            int nz = (int)(s->ccbm[(size_t)m * BMW + c / 64] >> (c % 64) & 1u);
-            if (cnt && !nz)
-                return FAIL("layer %u cell %u: count %u, non-zero bit %d", m, c, cnt, nz);
-            size_t lc = (size_t)m * CELLS + c;
-            uint32_t r = s->rank[c], prev = NONE, k = 0;
-            int bit = (int)(s->bm[(size_t)m * BMW + r / 64] >> (r % 64) & 1u);
-            if (bit != (s->ht[2 * lc] != NONE))
-                return FAIL("layer %u cell %u: list %s, bitmap bit %d", m, c,
-                            s->ht[2 * lc] != NONE ? "non-empty" : "empty", bit);
-            for (uint32_t v = s->ht[2 * lc]; v != NONE; prev = v, v = s->lk[2 * v]) {
-                if (v >= n || ++k > n)
-                    return FAIL("layer %u cell %u: list broken at slot %u", m, c, v);
-                uint32_t id = p->env.occupant[v];
-                if (s->lk[2 * v + 1] != prev || s->scell[v] != c)
-                    return FAIL("slot %u: links or cell (%u) disagree with list %u/%u", v,
-                                s->scell[v], m, c);
-                if (id == FERRY_MOE_NONE || id / E != m || s->x[id].cell != c)
-                    return FAIL("slot %u listed in %u/%u holds expert %u (cell %u)", v, m, c, id,
-                                id == FERRY_MOE_NONE ? CELL_NONE : s->x[id].cell);
-                listed++;
-            }
-            if (s->ht[2 * lc + 1] != prev)
-                return FAIL("layer %u cell %u: tail %u, last %u", m, c, s->ht[2 * lc + 1], prev);
-        }
-        if (sum != E)
-            return FAIL("layer %u: cell counts sum to %llu, not %u", m, (unsigned long long)sum, E);
-    }
-    /* between calls every resident slot is listed, but for the pinned ones
-     * a victim choice parked (after a prefetch, until the next step) */
-    uint32_t resident = 0;
-    for (uint32_t v = 0; v < n; v++) {
-        if (p->env.occupant[v] == FERRY_MOE_NONE) {
-            if (s->scell[v] != CELL_NONE)
-                return FAIL("free slot %u is listed in cell %u", v, s->scell[v]);
-            continue;
-        }
-        if (s->scell[v] != CELL_NONE) {
-            resident++;
-            continue;
-        }
-        /* off its list: only a pinned slot parked by a victim choice */
-        int parked = 0;
-        for (uint32_t i = 0; i < s->n_parked && !parked; i++)
-            parked = s->parked[i] == v;
-        if (!ferry__pinned(p, v) || !parked)
-            return FAIL("slot %u (expert %u) is resident and unlisted, %s", v, p->env.occupant[v],
-                        ferry__pinned(p, v) ? "pinned but not parked" : "unpinned");
-    }
-    if (listed != resident)
-        return FAIL("%u slots listed, %u resident", listed, resident);
-    /* the tournament: an awake layer's cached candidate and value are
-     * current (a sleeping one's as it left them); the root, the furthest */
-    if (s->seg_tok == *p->env.token) {
-        double best = -INFINITY;
-        for (uint32_t m = 0; m < L; m++) {
-            if (!(!s->follower && s->asleep[m]) && (s->ltop[m] != layer_top(s, m) || s->lval[m] != layer_value(s, m)))
-                return FAIL("layer %u: cached candidate %u / value stale", m, s->ltop[m]);
-            if (s->ltop[m] != NONE && s->lval[m] > best)
-                best = s->lval[m];
-        }
-        uint32_t w = s->seg[1];
-        if ((w == UINT32_MAX) != (best == -INFINITY) || (w != UINT32_MAX && s->lval[w] != best))
-            return FAIL("tournament root %u is not the furthest layer", w);
-    }
-    return 0;
-}

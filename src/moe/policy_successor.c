@@ -108,7 +108,10 @@ typedef struct succ {
     uint8_t *q8;       /* [Ep] scratch: a visit's quantized shares */
     uint32_t *size;    /* [L][SC_NC] experts in each class */
     uint32_t *kc, *nc; /* [L][SC_NC] */
-    uint32_t kg[SC_NC], ng[SC_NC]; /* all layers' */
+    /* all layers' (64 bits: halved at layer 0's visits alone, they grow
+     * unhalved by E a visit where the engine never routes layer 0, e.g.
+     * a model's dense first layers numbered in: 2^32 within an hour) */
+    uint64_t kg[SC_NC], ng[SC_NC];
     double *pc;        /* [L][SC_NC] */
     uint8_t *ord;      /* [L][SC_NC] classes by p, least first */
     uint8_t *rank;     /* [L][SC_NC] */
@@ -350,16 +353,15 @@ static void sc_count(succ *s, uint32_t layer, const uint16_t *le, uint32_t n, ui
     _Static_assert(SC_NC % 4 == 0, "a layer's class counts in whole registers");
     for (uint32_t c = 0; c < SC_NC; c += 4) {
         __m128i z = _mm_loadu_si128((const __m128i *)(const void *)(size + c));
-        __m128i *a = (__m128i *)(void *)(nc + c), *g = (__m128i *)(void *)(s->ng + c);
+        __m128i *a = (__m128i *)(void *)(nc + c);
         _mm_storeu_si128(a, _mm_add_epi32(_mm_loadu_si128(a), z));
-        _mm_storeu_si128(g, _mm_add_epi32(_mm_loadu_si128(g), z));
     }
 #else
-    for (uint32_t c = 0; c < SC_NC; c++) {
+    for (uint32_t c = 0; c < SC_NC; c++)
         nc[c] += size[c];
-        s->ng[c] += size[c];
-    }
 #endif
+    for (uint32_t c = 0; c < SC_NC; c++)
+        s->ng[c] += size[c];
     for (uint32_t j = 0; j < n; j++) {
         kc[cls[le[j]]]++;
         s->kg[cls[le[j]]]++;
@@ -677,6 +679,15 @@ int ferry__successor_skip(ferry__policy *p, uint64_t visits, uint64_t touches)
     if (s->fv)
         s->fv->clk += touches;
     return 0;
+}
+
+uint64_t ferry__successor_global(const ferry__policy *p, uint32_t c, uint64_t *routed)
+{
+    if (!p || p->ops != &ferry__policy_successor || c >= SC_NC)
+        return 0;
+    const succ *s = (const succ *)p;
+    *routed = s->kg[c];
+    return s->ng[c];
 }
 
 uint32_t ferry__successor_class(const ferry__policy *p, uint32_t id)
