@@ -590,18 +590,6 @@ static void deep_queues_keep_the_table_chains_short(void **state)
 }
 
 /* ---- fork ---- */
-/* (not under TSan: its runtime kills a child that starts threads after a
- * multi-threaded fork, and a context of the child's starts them) */
-#if defined(__SANITIZE_THREAD__)
-#define FT_UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define FT_UNDER_TSAN 1
-#endif
-#endif
-#ifndef FT_UNDER_TSAN
-#define FT_UNDER_TSAN 0
-#endif
 
 /* a child's copy of a request its parent had in flight is the child's to
  * submit to a context of its own (before: the table the child inherited
@@ -609,6 +597,8 @@ static void deep_queues_keep_the_table_chains_short(void **state)
 static void a_fork_child_starts_with_no_request_in_flight(void **state)
 {
     (void)state;
+    /* (not under TSan: its runtime kills a child that starts threads
+     * after a multi-threaded fork, and a context of the child's starts them) */
     if (FT_UNDER_TSAN)
         skip();
     const size_t n = 4096;

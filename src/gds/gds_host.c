@@ -417,7 +417,7 @@ int ferry_gds_submit(ferry_gds *g, ferry_gds_req *const *reqs, unsigned n)
             /* the check and the claim in one step: of threads submitting
              * q at once, to this context or another, one takes it */
             h->req = q;
-            h->reg = (ferry__gds_live){NULL, q, g};
+            h->reg = (ferry__gds_live){{NULL}, q, g};
             ferry_gds *holder = ferry__gds_live_take(&h->reg);
             if (holder) {
                 hop_free_parts(h);
