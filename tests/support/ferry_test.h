@@ -32,6 +32,17 @@
 #ifndef FT_UNDER_TSAN
 #define FT_UNDER_TSAN 0
 #endif
+/* FT_UNDER_ASAN: 1 in an AddressSanitizer build, else 0 */
+#if defined(__SANITIZE_ADDRESS__)
+#define FT_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FT_UNDER_ASAN 1
+#endif
+#endif
+#ifndef FT_UNDER_ASAN
+#define FT_UNDER_ASAN 0
+#endif
 
 /* Fill buf's whole 8-byte words with a mix of their index from seed
  * (splitmix64: no period, so any 8 bytes name where they came from). */
