@@ -317,13 +317,8 @@ static ssize_t hold_first_write(int fd, const void *b, size_t n, off_t o)
 static void write_overlaps_device_copy_with_file_io(void **state)
 {
     (void)state;
-#if defined(__SANITIZE_THREAD__)
-    skip();
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-    skip();
-#endif
-#endif
+    if (FT_UNDER_TSAN)
+        skip();
     env e = open_env("posix");
     g_wio = e.io;
     ferry_file *f = open_file(e.io, "woverlap.bin", 0);

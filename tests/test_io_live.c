@@ -330,18 +330,6 @@ static int setup(void **state)
     return g_dir[0] ? 0 : -1;
 }
 
-/* (not under TSan: its runtime kills a child that starts threads after a
- * multi-threaded fork, and an engine of the child's starts them) */
-#if defined(__SANITIZE_THREAD__)
-#define FT_UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define FT_UNDER_TSAN 1
-#endif
-#endif
-#ifndef FT_UNDER_TSAN
-#define FT_UNDER_TSAN 0
-#endif
 
 /* fork: a child's copy of a request the parent had in flight is the
  * child's to submit to an engine of its own (before, the table the child
@@ -349,6 +337,8 @@ static int setup(void **state)
  * held at the fork stayed held in the child) */
 static void a_fork_child_starts_with_no_request_in_flight(void **state)
 {
+    /* (not under TSan: its runtime kills a child that starts threads
+     * after a multi-threaded fork, and an engine of the child's starts them) */
     if (FT_UNDER_TSAN)
         skip();
     ferry_io *a = open_io(engine_of(state));

@@ -466,24 +466,13 @@ static void raw_fork_child(int server)
 #endif
 }
 
-/* (not under TSan: its runtime sees only fork(), so a _Fork child's exit
- * reports the parent's threads as leaked and fails the child) */
-#if defined(__SANITIZE_THREAD__)
-#define FT_RAW_FORK 0
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define FT_RAW_FORK 0
-#endif
-#endif
-#ifndef FT_RAW_FORK
-#define FT_RAW_FORK 1
-#endif
-
 static void test_a_child_made_without_fork_handlers_is_refused(void **state)
 {
     (void)state;
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
-    if (!FT_RAW_FORK)
+    /* (not under TSan: its runtime sees only fork(), so a _Fork child's
+     * exit reports the parent's threads as leaked and fails the child) */
+    if (FT_UNDER_TSAN)
         skip();
     in_child(raw_fork_child, 0);
 #else

@@ -867,13 +867,8 @@ static void test_fork_with_op_calls_inside(void **state)
     (void)state;
     /* a sanitizer's runtime keeps locks of its own (ASan's allocator, TSan's
      * threads) that a threaded fork leaves held in the child: skipped there */
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-    skip();
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-    skip();
-#endif
-#endif
+    if (FT_UNDER_TSAN || FT_UNDER_ASAN)
+        skip();
     in_child(fork_with_op_calls_inside, 0);
 }
 

@@ -306,9 +306,15 @@ FERRY_API int ferry_gds_transfer_async(ferry_gds *g, int dir, uint64_t slab_off,
  */
 FERRY_API int ferry_gds_stream_sync(ferry_gds *g, ferry_stream *s);
 
-/** Host memory -> slab at slab_off, striped over the drives concurrently. */
+/**
+ * Host memory -> slab at slab_off, striped over the drives concurrently.
+ * Returns only once every engine request it made is back from the drives'
+ * engines, so nothing touches buf after it returned: where a drive's reap
+ * fails, it keeps waiting for them and returns that failure (with a
+ * message naming the drive), not before.
+ */
 FERRY_API int ferry_gds_pwrite(ferry_gds *g, const void *buf, size_t len, uint64_t slab_off);
-/** Slab at slab_off -> host memory. */
+/** Slab at slab_off -> host memory; returns as ferry_gds_pwrite does. */
 FERRY_API int ferry_gds_pread(ferry_gds *g, void *buf, size_t len, uint64_t slab_off);
 
 /* ---- host buffers ---- */

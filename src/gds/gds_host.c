@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "gds_impl.h"
 
@@ -264,6 +265,28 @@ static int hops_submit(ferry_gds *g, hop *const *hops, unsigned m)
     return rc;
 }
 
+/* A synchronous call's reap of a drive failed: its requests are still
+ * the engine's, and they point into this call's frame (the hop, its first
+ * requests) and into the caller's buffer, so the call may not return
+ * before every one of them has come back. It tries again a little later
+ * (a reap that works again, this call's or another thread's, hands them
+ * back), and says why it waits at the rate warnings may repeat. */
+static void host_reap_failed(ferry_gds *g, const hop *h)
+{
+    static ferry__warnlim warned;
+    uint64_t quiet = 0;
+    if (ferry__warn_ok(&warned, &quiet)) {
+        char more[64] = "";
+        if (quiet)
+            snprintf(more, sizeof more, " (%llu more like it held back)",
+                     (unsigned long long)quiet);
+        FERRY_LOGW("%s: waiting for the %zu request(s) of a synchronous %s still in the "
+                   "drive's engine%s", ferry__err_msg(&g->err),
+                   (size_t)atomic_load(&h->left_total), ferry__gds_dirname(h->dir), more);
+    }
+    nanosleep(&(struct timespec){0, 1000000}, NULL); /* 1 ms: no hot spin on a failing queue */
+}
+
 static int host_rw(ferry_gds *g, int dir, void *buf, size_t len, uint64_t slab_off)
 {
     if (!g)
@@ -282,18 +305,31 @@ static int host_rw(ferry_gds *g, int dir, void *buf, size_t len, uint64_t slab_o
     if ((rc = hop_build(g, &h, dir, buf, len, slab_off, piece)) < 0)
         return rc;
     hops_submit(g, &hp, 1);
-    /* wait for our own requests, delivering whatever else completes too */
-    while (rc == 0 && atomic_load(&h.left_total) > 0) {
+    /* wait for our own requests, delivering whatever else completes too,
+     * until the last is back, a failed reap or not (above); the first
+     * failure is the call's result */
+    char why[FERRY__ERRMSG_MAX] = "";
+    while (atomic_load(&h.left_total) > 0) {
         /* h.left[d] changes only under drive d's lock */
-        for (unsigned d = 0; d < g->ndrives && rc == 0; d++) {
+        for (unsigned d = 0; d < g->ndrives; d++) {
             pthread_mutex_lock(&g->drives[d].mu);
             int k = h.left[d] ? pump_drive(g, d, 1, -1) : 0;
             pthread_mutex_unlock(&g->drives[d].mu);
-            if (k < 0)
-                rc = k; /* the engine broke: nothing more will complete */
+            if (k < 0) {
+                if (rc == 0) {
+                    rc = k;
+                    const char *m = ferry_last_error(); /* "gds: drive ...: reap: ..." */
+                    snprintf(why, sizeof why, "%s", m + (strncmp(m, "gds: ", 5) ? 0 : 5));
+                }
+                host_reap_failed(g, &h);
+            }
         }
     }
-    if (rc == 0 && (rc = hop_result(g, &h)) == 0)
+    if (rc < 0)
+        ferry__err_set(&g->err, rc, "gds: %s of %zu bytes at slab offset %llu: %s (returned "
+                       "once its requests were back)", ferry__gds_dirname(dir), len,
+                       (unsigned long long)slab_off, why);
+    else if ((rc = hop_result(g, &h)) == 0)
         atomic_fetch_add(dir == FERRY_GDS_READ ? &g->bytes_read : &g->bytes_written, len);
     hop_free_parts(&h);
     return rc;
@@ -417,7 +453,7 @@ int ferry_gds_submit(ferry_gds *g, ferry_gds_req *const *reqs, unsigned n)
             /* the check and the claim in one step: of threads submitting
              * q at once, to this context or another, one takes it */
             h->req = q;
-            h->reg = (ferry__gds_live){NULL, q, g};
+            h->reg = (ferry__gds_live){{NULL}, q, g};
             ferry_gds *holder = ferry__gds_live_take(&h->reg);
             if (holder) {
                 hop_free_parts(h);

@@ -21,9 +21,10 @@
  * take mu, so mu is never held across it); mu guards the registry
  * (regions, streams, batches, the on flag); each drive's mu guards its
  * ferry_io (single-threaded) and the hops' per-drive counters; amu guards
- * the done list of asynchronous host requests; a bucket lock of
- * gds_live.c guards its requests in flight. Order: hmu before mu; mu
- * before a drive's mu; drives in index order; amu; a live bucket last.
+ * the done list of asynchronous host requests; a chain lock of the
+ * table of requests in flight (gds_live.c over core's live_table.c)
+ * guards its chain. Order: hmu before mu; mu before a drive's mu; drives
+ * in index order; amu; a live chain last.
  * `on` is atomic besides: init sets it (under mu) only after everything
  * it publishes is in place, and callers that take no lock (host
  * transfers, buffer alloc, the accessors) read it once before the rest.
@@ -40,6 +41,7 @@
 #include "core.h"
 #include "driver.h"
 #include "ferry/gds.h"
+#include "live_table.h"
 #include "stripe.h"
 
 typedef struct drive {
@@ -106,8 +108,8 @@ typedef struct seg {
 
 /* an asynchronous host request in the process's table (gds_live.c) */
 typedef struct ferry__gds_live {
-    struct ferry__gds_live *next; /* in its bucket */
-    const ferry_gds_req *req;
+    ferry__live_node node;        /* in the table, from submit until reaped */
+    const ferry_gds_req *req;     /* the key */
     ferry_gds *owner;             /* the context that took it */
 } ferry__gds_live;
 

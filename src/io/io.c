@@ -925,7 +925,12 @@ static void pump(ferry_io *io, int timeout_ms)
 
 /* reqs[k] is in flight already (on this engine or another): FERRY_EBUSY
  * naming it and its engine. Its file is the holder's (the holder checked
- * it, and a request is not the caller's to change until reaped). */
+ * it, and a request is not the caller's to change until reaped). The
+ * table itself cannot name the holder, as gds's does: its node is in the
+ * request's private words, all 32 bytes of them taken, and an owner would
+ * need a word more (a larger public ferry_io_req, or an allocation per
+ * submit). So a caller who switched r->file while in flight is told the
+ * new file's engine. */
 static int submit_busy(ferry_io *io, unsigned k, const ferry_io_req *r)
 {
     const ferry_io *holder = r->file ? r->file->io : NULL;

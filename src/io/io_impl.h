@@ -23,6 +23,7 @@
 
 #include "core.h"
 #include "ferry/io.h"
+#include "live_table.h"
 
 typedef struct ferry__part {
     struct ferry__part *next; /* free list, engine queues */
@@ -130,8 +131,8 @@ struct ferry_file {
  */
 typedef struct ferry__rq {
     ferry_io_req *next;   /* io.c: the pending or done list */
-    ferry_io_req *live;   /* live.c: its chain in the table, from submit until reaped;
-                           * written only under that chain's lock */
+    ferry__live_node live; /* live.c: its link in the table, from submit until reaped;
+                            * written only under that chain's lock */
     uint64_t cursor;      /* bytes handed to parts */
     unsigned piece_pg : 20; /* split size in FERRY_IO_ALIGN pages */
     unsigned flags : 4;     /* io.c's RQ_* */

@@ -17,6 +17,33 @@
 #include "ferry.h"
 #include "ferry/testctl.h"
 
+/* FT_UNDER_TSAN: 1 in a ThreadSanitizer build (GCC's and clang's ways of
+ * saying so), else 0, for the tests it cannot run: its runtime kills a
+ * child that starts threads after a multi-threaded fork, and sees only
+ * fork(), so a _Fork child's exit reports the parent's threads as leaked.
+ * Each skip says which reason is its own. */
+#if defined(__SANITIZE_THREAD__)
+#define FT_UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define FT_UNDER_TSAN 1
+#endif
+#endif
+#ifndef FT_UNDER_TSAN
+#define FT_UNDER_TSAN 0
+#endif
+/* FT_UNDER_ASAN: 1 in an AddressSanitizer build, else 0 */
+#if defined(__SANITIZE_ADDRESS__)
+#define FT_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FT_UNDER_ASAN 1
+#endif
+#endif
+#ifndef FT_UNDER_ASAN
+#define FT_UNDER_ASAN 0
+#endif
+
 /* Fill buf's whole 8-byte words with a mix of their index from seed
  * (splitmix64: no period, so any 8 bytes name where they came from). */
 void ft_fill_mixed(void *buf, size_t bytes, uint64_t seed);
