@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ferry/kv.h"
 #include "ferry/serve.h"
@@ -240,6 +241,74 @@ static void last_error_empty_then_names_the_cause(void **state)
     assert_int_equal(ferry_kv_lookup(f->kv, neg, CT, NULL), -EINVAL);
     assert_non_null(strstr(ferry_kv_last_error(f->kv), "5"));
     assert_non_null(strstr(ferry_last_error(), "5"));
+}
+
+/* the message is the thread's own copy, valid until its fourth next
+ * *_last_error call: three calls later it still reads whole */
+static void last_error_copy_outlives_three_calls(void **state)
+{
+    fx *f = *state;
+    assert_int_equal(ferry_kv_lookup(f->kv, NULL, CT, NULL), -EINVAL);
+    const char *first = ferry_kv_last_error(f->kv);
+    char want[512];
+    snprintf(want, sizeof want, "%s", first);
+    assert_non_null(strstr(want, "no tokens"));
+    int32_t neg[CT];
+    memcpy(neg, f->tok, sizeof neg);
+    neg[9] = -1;
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(ferry_kv_lookup(f->kv, neg, CT, NULL), -EINVAL);
+        (void)ferry_kv_last_error(f->kv);
+    }
+    assert_string_equal(first, want);
+}
+
+/* a stored partial last chunk is found and written only when asked for */
+static void partial_chunk_only_when_asked(void **state)
+{
+    fx *f = *state;
+    const size_t n = 2 * CT + 5;
+    ferry_kv_req part = FERRY_KV_REQ_INIT;
+    part.flags = FERRY_KV_PARTIAL;
+    assert_int_equal(ferry_kv_store(f->kv, f->tok, n, &part, &f->sb), (int)n);
+    assert_int_equal(ferry_kv_lookup(f->kv, f->tok, n, NULL), 2 * CT);
+    assert_int_equal(ferry_kv_lookup(f->kv, f->tok, n, &part), (int)n);
+    memset(f->dst, 0x4E, IMG);
+    assert_int_equal(ferry_kv_retrieve(f->kv, f->tok, n, NULL, &f->db), 2 * CT);
+    for (unsigned p = 0; p < 4; p++)
+        for (size_t i = 0; i < (size_t)(CT)*TB; i++)
+            assert_int_equal(f->dst[((size_t)p * NTOK + 2 * CT) * TB + i], 0x4E);
+    assert_int_equal(ferry_kv_retrieve(f->kv, f->tok, n, &part, &f->db), (int)n);
+    for (unsigned p = 0; p < 4; p++) {
+        assert_memory_equal(f->dst + (size_t)p * NTOK * TB, f->src + (size_t)p * NTOK * TB,
+                            n * TB);
+        for (size_t i = n * TB; i < (size_t)3 * CT * TB; i++)
+            assert_int_equal(f->dst[(size_t)p * NTOK * TB + i], 0x4E);
+    }
+    /* a longer prompt: its third chunk is a whole one, not the partial */
+    assert_int_equal(ferry_kv_lookup(f->kv, f->tok, 3 * CT, &part), 2 * CT);
+    assert_int_equal(ferry_kv_delete(f->kv, f->tok, n, &part), 3);
+    assert_int_equal(ferry_kv_lookup(f->kv, f->tok, n, &part), 0);
+}
+
+/* hashing writes at most max hashes and counts them all */
+static void hash_chunks_writes_at_most_max(void **state)
+{
+    (void)state;
+    int32_t tok[3 * CT + 1];
+    for (unsigned i = 0; i < 3 * CT + 1; i++)
+        tok[i] = (int32_t)i;
+    ferry_kv_hash h[4], all[4];
+    memset(h, 0xCD, sizeof h);
+    assert_int_equal(ferry_kv_hash_chunks(9, tok, 3 * CT + 1, CT, 1, h, 2), 4);
+    assert_int_equal(ferry_kv_hash_chunks(9, tok, 3 * CT + 1, CT, 1, all, 4), 4);
+    assert_memory_equal(h, all, 2 * sizeof *h);
+    const unsigned char *b = (const unsigned char *)&h[2];
+    for (size_t i = 0; i < 2 * sizeof *h; i++)
+        assert_int_equal(b[i], 0xCD);
+    assert_int_equal(ferry_kv_hash_chunks(9, tok, 3 * CT + 1, CT, 0, NULL, 0), 3);
+    assert_int_equal(ferry_kv_hash_chunks(9, NULL, 0, CT, 0, NULL, 0), 0);
+    assert_int_equal(ferry_kv_hash_chunks(9, tok, CT - 1, CT, 0, NULL, 0), 0);
 }
 
 /* ---- the asynchronous forms ---- */
@@ -478,6 +547,31 @@ static void request_too_small_refused(void **state)
     assert_null(op);
 }
 
+/* through a server a pin is the connection's: another client's delete
+ * leaves the chunk (FERRY_ELOCKED), and the pin ends with its store's
+ * close (server only) */
+static void pins_end_with_their_connection(void **state)
+{
+    fx *f = *state;
+    ferry_kv *other = ft_kv_daemon_client(&f->d, config());
+    assert_int_equal(ferry_kv_store(f->kv, f->tok, 2 * CT, NULL, &f->sb), 2 * CT);
+    assert_int_equal(ferry_kv_pin(other, f->tok, 2 * CT, NULL), 2 * CT);
+    assert_int_equal(ferry_kv_delete(f->kv, f->tok, 2 * CT, NULL), FERRY_ELOCKED);
+    assert_int_equal(ferry_kv_unpin(f->kv, f->tok, 2 * CT, NULL), 0); /* not its pins */
+    assert_int_equal(ferry_kv_delete(f->kv, f->tok, 2 * CT, NULL), FERRY_ELOCKED);
+    assert_int_equal(ferry_kv_retrieve(f->kv, f->tok, 2 * CT, NULL, &f->db), 2 * CT);
+    assert_true(same_chunk(f->src, f->dst, 1));
+    ferry_kv_close(other);
+    /* the daemon lets go of the connection's pins once it sees it close */
+    int rc = FERRY_ELOCKED;
+    for (int k = 0; k < 200 && rc == FERRY_ELOCKED; k++) {
+        rc = ferry_kv_delete(f->kv, f->tok, 2 * CT, NULL);
+        if (rc == FERRY_ELOCKED)
+            usleep(10000);
+    }
+    assert_int_equal(rc, 2);
+}
+
 /* ---- stats and metrics ---- */
 
 /* stats_get writes only out->size bytes, leaves size as set; NULL or a
@@ -592,6 +686,9 @@ int main(void)
         BOTH(device_buffer_without_a_device),
         BOTH(negative_block_id_refused),
         BOTH(last_error_empty_then_names_the_cause),
+        BOTH(last_error_copy_outlives_three_calls),
+        BOTH(partial_chunk_only_when_asked),
+        cmocka_unit_test(hash_chunks_writes_at_most_max),
         BOTH(async_tokens_and_salt_may_be_reused_at_once),
         BOTH(cancel_after_the_end_and_null_handles),
         BOTH(layerwise_store_invisible_and_locked_to_others),
@@ -600,6 +697,7 @@ int main(void)
         BOTH(prefetch_counts_what_is_in_l1),
         BOTH(skip_past_the_end_writes_nothing),
         BOTH(request_too_small_refused),
+        cmocka_unit_test_setup_teardown(pins_end_with_their_connection, setup_server, teardown),
         BOTH(stats_honour_size_and_count_calls),
         BOTH(prometheus_sizes_like_snprintf),
         BOTH(close_begin_refuses_new_calls),
