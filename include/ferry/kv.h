@@ -998,6 +998,14 @@ typedef struct ferry_kv_tier_stats {
     uint64_t failures;         /**< allocation or I/O failures in this tier */
 } ferry_kv_tier_stats;
 
+/*
+ * Through a server (cfg->server) the counters are the daemon's store's, all
+ * its clients together. The daemon sees its clients' chunks (reservations,
+ * commits, acquisitions, lookups), not their calls: their stores and
+ * retrieves count in stored_chunks, retrieved_chunks, misses and the byte
+ * counters, but not in stores, retrieves, store_ns or retrieve_ns, which
+ * count only calls made on the daemon's own store (ferry_serve_kv).
+ */
 typedef struct ferry_kv_stats {
     size_t size;               /**< set by the caller: sizeof(ferry_kv_stats) */
     uint64_t lookups;          /**< lookup calls */
