@@ -1000,11 +1000,13 @@ typedef struct ferry_kv_tier_stats {
 
 /*
  * Through a server (cfg->server) the counters are the daemon's store's, all
- * its clients together. The daemon sees its clients' chunks (reservations,
- * commits, acquisitions, lookups), not their calls: their stores and
- * retrieves count in stored_chunks, retrieved_chunks, misses and the byte
- * counters, but not in stores, retrieves, store_ns or retrieve_ns, which
- * count only calls made on the daemon's own store (ferry_serve_kv).
+ * its clients together, but for stores, retrieves, store_ns and
+ * retrieve_ns: those are this client's own calls and their latency, as the
+ * client timed them. The daemon sees its clients' chunks (reservations,
+ * commits, acquisitions, lookups), not their calls: their chunks count in
+ * its stored_chunks, retrieved_chunks, misses and byte counters, and the
+ * daemon's own stores and retrieves (`ferry serve status`, its metrics)
+ * count only calls made on its own store (ferry_serve_kv).
  */
 typedef struct ferry_kv_stats {
     size_t size;               /**< set by the caller: sizeof(ferry_kv_stats) */
