@@ -39,19 +39,35 @@ static void atfork_register(void)
 }
 
 /* t on the list (and the handler registered) before its first insert: a
- * table not listed yet holds nothing a child would have to forget */
+ * table not listed yet holds nothing a child would have to forget. The
+ * list, not the flag, says whether t is on it: a fork between the push
+ * and the flag's store gives a child t listed with the flag clear, and
+ * pushing t again there made it its own successor (the child's next fork
+ * ran its handler round that loop for ever). */
 static void enlist(ferry__live_table *t)
 {
     if (atomic_load_explicit(&t->listed, memory_order_acquire))
         return;
     pthread_once(&g_atfork_once, atfork_register);
     pthread_mutex_lock(&g_list_mu);
-    if (!atomic_load_explicit(&t->listed, memory_order_relaxed)) {
+    const ferry__live_table *x = atomic_load(&g_tables);
+    while (x && x != t)
+        x = x->next_table;
+    if (!x) {
         t->next_table = atomic_load(&g_tables);
         atomic_store(&g_tables, t);
-        atomic_store_explicit(&t->listed, 1, memory_order_release);
     }
+    atomic_store_explicit(&t->listed, 1, memory_order_release);
     pthread_mutex_unlock(&g_list_mu);
+}
+
+/* whether t may hold a key or a chain lock: a table never listed has
+ * neither, and is not locked, as the fork handler would not free a lock of
+ * one (a look-up of a table no take has used yet, in a thread beside a
+ * fork, left that chain's lock held in the child) */
+static int listed(ferry__live_table *t)
+{
+    return atomic_load_explicit(&t->listed, memory_order_acquire);
 }
 
 static unsigned chain_of(const void *key)
@@ -95,6 +111,8 @@ int ferry__live_take(ferry__live_table *t, ferry__live_node *node, ferry__live_s
 
 int ferry__live_held(ferry__live_table *t, const void *key)
 {
+    if (!listed(t))
+        return 0;
     unsigned c = chain_of(key);
     pthread_mutex_lock(lock_of(t, c));
     int held = find(t, c, key) != NULL;
@@ -118,6 +136,8 @@ void ferry__live_drop(ferry__live_table *t, ferry__live_node *node)
 unsigned ferry__live_longest(ferry__live_table *t)
 {
     unsigned most = 0;
+    if (!listed(t))
+        return 0;
     for (unsigned c = 0; c < FERRY__LIVE_HEADS; c++) {
         unsigned n = 0;
         pthread_mutex_lock(lock_of(t, c));

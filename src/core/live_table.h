@@ -81,7 +81,9 @@ typedef void (*ferry__live_seen_fn)(const ferry__live_node *holder, void *arg);
  * unless NULL, is called with it first). pre: node is in no table */
 int ferry__live_take(ferry__live_table *t, ferry__live_node *node, ferry__live_seen_fn seen,
                      void *arg);
-/* whether key is in t now */
+/* whether key is in t now (0 without a lock for a table no take has
+ * used: a lock of a table not yet on the fork handler's list is never
+ * taken) */
 int ferry__live_held(ferry__live_table *t, const void *key);
 /* node, which take put in t, leaves it */
 void ferry__live_drop(ferry__live_table *t, ferry__live_node *node);
