@@ -275,6 +275,11 @@ uint64_t ferry__successor_ops(const ferry__policy *p);
  * same decisions after, past 2^32 of either. -EINVAL for another policy
  * or another multiple */
 int ferry__successor_skip(ferry__policy *p, uint64_t visits, uint64_t touches);
+/* (tests) an arc policy's ghost sequence as if `ghosts` more ghost
+ * entries had come and gone since (in the other list's ring: a ring sits
+ * untouched while every victim comes from the other list): the same
+ * decisions after, past 2^32 ghosts. -EINVAL for another policy */
+int ferry__arc_skip(ferry__policy *p, uint64_t ghosts);
 /* (tests) a successor policy's all-layer count of class c's members
  * over the visits (halved every 512 visits of layer 0), and in *routed
  * how many of them were routed (never more); 0 for another policy or c */
