@@ -6,7 +6,7 @@
  * prefetches in between), runs are deterministic, and resize, forget and
  * prefill keep the structures whole; layers put to sleep wake to the
  * cells they would have had; past 2^32 tokens and learned turns it
- * decides as before.
+ * decides as before, and past 2^32 routes of one expert its cells stay.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -289,6 +289,62 @@ static void routing_decides_alike_past_2_to_the_32_tokens(void **state)
     ferry_moe_trace_destroy(t);
 }
 
+/* the cells of a one-layer routing planner's 16 experts after 128 turns
+ * that route expert 0 and one of the other 15 in turn (expert 0 in the
+ * most popular bucket, the others well inside a lower one), its route
+ * counts scaled by 2^shift before turn 64 (none: 0) */
+static void cells_after_scaled_routes(uint32_t shift, uint32_t *cells)
+{
+    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
+    o.num_layers = 1;
+    o.num_experts = 16;
+    o.top_k = 2;
+    o.slots = 8;
+    o.policy = "routing";
+    ferry_moe_planner *p = NULL;
+    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
+    ferry__policy *r = (ferry__policy *)ferry__planner_policy(p);
+    for (uint32_t t = 0; t < 128; t++) {
+        if (t == 64 && shift)
+            FT_ASSERT_OK(ferry__routing_scale_routes(r, shift));
+        uint32_t ex[2] = {0, 1 + t % 15};
+        FT_ASSERT_OK(ferry_moe_planner_ensure(p, 0, ex, 2, NULL, NULL, NULL));
+    }
+    for (uint32_t e = 0; e < 16; e++)
+        cells[e] = ferry__routing_cell(r, e);
+    ferry_moe_planner_destroy(p);
+}
+
+/* an expert routed at every token passes 2^32 routes as the token count
+ * does (its layer's routes, twice as many here, were 64-bit already):
+ * with its share kept, its popularity bucket, and every expert's cell,
+ * stay as they were (a 32-bit count wrapped to 0 at 2^32 and read the
+ * most popular expert as the least) */
+static void routing_popularity_alike_past_2_to_the_32_routes(void **state)
+{
+    (void)state;
+    uint32_t want[16], got[16];
+    cells_after_scaled_routes(0, want);
+    for (uint32_t shift = 25; shift <= 27; shift++) { /* 64 routes of expert 0: 2^31 .. 2^33 */
+        cells_after_scaled_routes(shift, got);
+        for (uint32_t e = 0; e < 16; e++)
+            if (got[e] != want[e])
+                fail_msg("routes x 2^%u: expert %u in cell %u, not %u", shift, e, got[e],
+                         want[e]);
+    }
+    assert_int_equal(ferry__routing_scale_routes(NULL, 1), -EINVAL);
+    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
+    o.num_layers = 1;
+    o.num_experts = 16;
+    o.slots = 8;
+    o.policy = "routing";
+    ferry_moe_planner *p = NULL;
+    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
+    assert_int_equal(ferry__routing_scale_routes((ferry__policy *)ferry__planner_policy(p), 41),
+                     -EINVAL);
+    ferry_moe_planner_destroy(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -298,6 +354,7 @@ int main(void)
         cmocka_unit_test(resize_forget_and_prefill_keep_the_structures),
         cmocka_unit_test(sleeping_layers_wake_to_the_cells_they_would_have),
         cmocka_unit_test(routing_decides_alike_past_2_to_the_32_tokens),
+        cmocka_unit_test(routing_popularity_alike_past_2_to_the_32_routes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -239,7 +239,8 @@ class _LastCounts:
     """last_counts: what the calling thread's last ensure() found (its step's
     active, missing, fetched, prefetch_hits), not another thread's that came
     in between; a thread that made no ensure() of its own reads the
-    object's last (AttributeError before any)."""
+    object's last (AttributeError before any). In a forked child they are
+    the parent's steps: FerryError (EBADF) naming the fork, as a call."""
 
     _mine = threading.local()   # until __init__ gives the object its own
     _last = None
@@ -250,6 +251,8 @@ class _LastCounts:
 
     @property
     def last_counts(self):
+        if self._where.forked:
+            raise self._where.refused(f"the {type(self).__name__}", "last_counts")
         d = getattr(self._mine, "counts", None) or self._last
         if d is None:
             raise AttributeError(f"{type(self).__name__}.last_counts: no ensure() yet")

@@ -306,3 +306,34 @@ def test_ops_that_ended_in_the_parent_refuse_in_a_forked_child(where):
         print("parent ok")
     """)
     assert "child ok" in out and "parent ok" in out
+
+
+def test_last_counts_refuse_in_a_forked_child():
+    # last_counts is what the parent's last ensure() found, kept in Python:
+    # the child's read raises EBADF naming the fork (as its calls do), never
+    # answers the parent's step; the parent's stays
+    out = run_child(("", None, None), """
+        L, E, S, R = 2, 8, 4, 256
+        banks = [torch.arange(L * E * R, dtype=torch.int32).to(torch.uint8)]
+        pool = ferry.ExpertPool(L, E, S, banks)
+        plan = ferry.Planner(L, E, S)
+        pool.ensure(0, [1, 2])
+        plan.ensure(0, [1, 2])
+        seen = threading.Thread(target=lambda: (pool.ensure(1, [3]), plan.ensure(1, [3])))
+        seen.start()
+        seen.join()
+        want = (pool.last_counts, plan.last_counts)
+        assert want[0]["missing"] == 2 and want[1]["missing"] == 2
+        def child():
+            refused(lambda: pool.last_counts)
+            refused(lambda: plan.last_counts)
+            pool.close()
+            plan.close()
+            print("child ok", flush=True)
+        in_child(child)
+        assert (pool.last_counts, plan.last_counts) == want
+        pool.close()
+        plan.close()
+        print("parent ok")
+    """)
+    assert "child ok" in out and "parent ok" in out

@@ -232,6 +232,11 @@ int ferry__routing_sleep(ferry__policy *p, uint32_t stride);
  * token with it (ferry__planner_skip_tokens). -EINVAL for another policy,
  * another multiple, or turns before the early refreshes are over */
 int ferry__routing_skip(ferry__policy *p, uint64_t tokens, uint64_t turns);
+/* (tests) a routing leader's route counts (each expert's, each layer's)
+ * 2^shift times what they are, shares kept: the same popularity buckets,
+ * as after a run 2^shift times as long with the same shares, past 2^32
+ * routes of one expert. -EINVAL for another policy or a shift past 40 */
+int ferry__routing_scale_routes(ferry__policy *p, uint32_t shift);
 /* (tests) the cell of id in a routing leader's model */
 uint32_t ferry__routing_cell(const ferry__policy *p, uint32_t id);
 /* (tests) trio's routing sub-policy, NULL for another policy */
@@ -275,6 +280,11 @@ uint64_t ferry__successor_ops(const ferry__policy *p);
  * same decisions after, past 2^32 of either. -EINVAL for another policy
  * or another multiple */
 int ferry__successor_skip(ferry__policy *p, uint64_t visits, uint64_t touches);
+/* (tests) an arc policy's ghost sequence as if `ghosts` more ghost
+ * entries had come and gone since (in the other list's ring: a ring sits
+ * untouched while every victim comes from the other list): the same
+ * decisions after, past 2^32 ghosts. -EINVAL for another policy */
+int ferry__arc_skip(ferry__policy *p, uint64_t ghosts);
 /* (tests) a successor policy's all-layer count of class c's members
  * over the visits (halved every 512 visits of layer 0), and in *routed
  * how many of them were routed (never more); 0 for another policy or c */

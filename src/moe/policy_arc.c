@@ -18,7 +18,8 @@
 #include "moe/moe_internal.h"
 
 typedef struct ring {
-    uint32_t *id, *seq;
+    uint32_t *id;
+    uint64_t *seq;      /* its ghost's sequence number (64 bits: see arc) */
     uint32_t cap, head, n; /* entries, live or stale */
     uint32_t live;
 } ring;
@@ -30,8 +31,12 @@ typedef struct arc {
     double *key;
     uint8_t *list;      /* per slot: 0 none, 1 T1, 2 T2 */
     uint8_t *ghost;     /* per id: 0 none, 1 B1, 2 B2 */
-    uint32_t *gseq;     /* per id: sequence of its ghost entry */
-    uint32_t seq;
+    /* per id: sequence number of its ghost entry. 64 bits: while every
+     * victim comes from one list, the other's ring keeps its stale
+     * entries, and a 32-bit sequence come round would make one of them
+     * the live ghost's again (its pop dropping that ghost early) */
+    uint64_t *gseq;
+    uint64_t seq;
     ring b[2];
     double p;           /* target size of T1 */
 } arc;
@@ -85,7 +90,8 @@ static int arc_init(ferry__policy *p)
 static void ring_pop(arc *s, int which)
 {
     ring *r = &s->b[which];
-    uint32_t id = r->id[r->head], sq = r->seq[r->head];
+    uint32_t id = r->id[r->head];
+    uint64_t sq = r->seq[r->head];
     r->head = (r->head + 1) % r->cap;
     r->n--;
     if (s->ghost[id] == which + 1 && s->gseq[id] == sq) {
@@ -177,6 +183,14 @@ static int arc_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *sl
         }
     }
     return -1;
+}
+
+int ferry__arc_skip(ferry__policy *p, uint64_t ghosts)
+{
+    if (!p || p->ops != &ferry__policy_arc)
+        return -EINVAL;
+    ((arc *)p)->seq += ghosts;
+    return 0;
 }
 
 const ferry__policy_ops ferry__policy_arc = {

@@ -35,6 +35,20 @@ int ferry__routing_skip(ferry__policy *p, uint64_t tokens, uint64_t turns)
     return 0;
 }
 
+int ferry__routing_scale_routes(ferry__policy *p, uint32_t shift)
+{
+    if (!p || p->ops != &ferry__policy_routing || shift > 40)
+        return -EINVAL;
+    routing *s = (routing *)p;
+    uint32_t L = p->env.num_layers;
+    size_t ids = (size_t)L * p->env.num_experts;
+    for (size_t i = 0; i < ids; i++)
+        s->x[i].cnt <<= shift;
+    for (uint32_t l = 0; l < L; l++)
+        s->routes[l] <<= shift;
+    return 0;
+}
+
 /* ---- invariant checker (tests) ---- */
 #define FAIL(...) (snprintf(why, len, __VA_ARGS__), -EINVAL)
 
