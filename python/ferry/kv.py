@@ -1024,10 +1024,11 @@ class KVStore(Closing):
 
     def _salt_req(self, salt):
         """A request with only a salt, made once per salt (nothing writes it);
-        an unhashable salt (bytearray, memoryview) gets one of its own."""
+        an unhashable salt (bytearray, a memoryview of one: ValueError) gets
+        one of its own."""
         try:
             req = self._salt_reqs.get(salt)
-        except TypeError:
+        except (TypeError, ValueError):
             return _Req(salt, False)
         if req is None:
             if len(self._salt_reqs) >= 256:
@@ -1099,7 +1100,7 @@ class KVStore(Closing):
                              f"{max(0, name_len * n)} bytes, got {len(names)}")
         try:
             req = self._salt_reqs[salt]
-        except (KeyError, TypeError):   # a salt not seen yet, or unhashable
+        except (KeyError, TypeError, ValueError):   # a salt not seen yet, or unhashable
             req = self._salt_req(salt)
         guard = self._guard
         if not self._h or not guard.enter():

@@ -343,3 +343,25 @@ def test_layout_from_model_and_equality():
     lay = ferry.Layout.from_model(2, 2, 64, "bf16")
     assert lay == LAY and lay.token_bytes == 2 * 2 * 2 * 64 * 2
     assert eval(repr(lay), {"Layout": ferry.Layout}) == lay
+
+
+def test_named_forms_take_every_salt_the_token_forms_take(s):
+    """A salt is str or bytes, bytearray or memoryview (any of them, the
+    same tenant for the same bytes) in the named forms as in the token
+    forms: a memoryview over a bytearray (unhashable) was refused there
+    with "cannot hash writable memoryview object"."""
+    tag = next(_base)
+    names = [f"salted-{tag}-{i}" for i in range(2)]
+    src = kv(32, 20)
+    for salt in (memoryview(bytearray(b"tenant-mv")), bytearray(b"tenant-mv")):
+        assert s.store_named(names, src, salt=salt) == 2
+        assert s.lookup_named(names, salt=salt) == 2
+        assert s.lookup_named([names[0], "z"], salt=salt) == 1          # the array form
+        assert s.lookup_named_packed("".join(names).encode(), len(names[0]), 2,
+                                     salt=salt) == 2
+        assert s.lookup_named(names, salt=b"tenant-mv") == 2
+        assert s.lookup_named(names) == 0
+        dst = torch.zeros_like(src)
+        assert s.retrieve_named(names, dst, salt=salt) == 2 and same(dst, src)
+        assert s.delete_named(names, salt=salt) == 2
+        assert s.lookup_named(names, salt=b"tenant-mv") == 0
