@@ -365,3 +365,79 @@ def test_named_forms_take_every_salt_the_token_forms_take(s):
         assert s.retrieve_named(names, dst, salt=salt) == 2 and same(dst, src)
         assert s.delete_named(names, salt=salt) == 2
         assert s.lookup_named(names, salt=b"tenant-mv") == 0
+
+
+def test_a_wait_that_times_out_leaves_the_op_running_to_its_bytes(opener):
+    """wait(timeout) raises TimeoutError while the op runs and does not stop
+    it; asyncio.wait_for(op, t) timing out does not either: a later wait()
+    or await gives the tokens, and the destination holds their bytes."""
+    s = opener(workers=1)
+    try:
+        n = 64 * CHUNK
+        t = toks(n)
+        src = kv(n, 21)
+        assert s.store(t, src) == n
+        sink = torch.zeros_like(src)
+        timed_out = waited_out = 0
+        for _ in range(20):
+            if timed_out >= 2 and waited_out >= 2:
+                break
+            ahead = [s.retrieve_async(t, sink) for _ in range(6)]
+            dst = torch.zeros_like(src)
+            op = s.retrieve_async(t, dst)
+            try:
+                op.wait(timeout=0)
+            except TimeoutError:
+                timed_out += 1
+            assert op.wait(timeout=60) == n and same(dst, src)
+            dst2 = torch.zeros_like(src)
+            op2 = s.retrieve_async(t, dst2)
+
+            async def main(op2=op2):
+                nonlocal waited_out
+                try:
+                    await asyncio.wait_for(op2, timeout=0.0001)
+                except asyncio.TimeoutError:
+                    waited_out += 1
+                return await op2
+            assert asyncio.run(main()) == n and same(dst2, src)
+            for b in ahead:
+                assert b.wait(timeout=60) == n
+        assert timed_out and waited_out
+    finally:
+        s.close()
+
+
+def test_layer_calls_on_an_ended_op_answer_from_its_end(s):
+    """wait_layer after the op ended answers its result (-ECANCELED after a
+    cancel); layer_done on a store that took every layer, or on a
+    retrieve, is FERRY_ESTATE; on a store cancelled short, -ECANCELED."""
+    t = toks(32)
+    src = kv(32, 22)
+    assert s.store(t, src) == 32
+    dst = torch.zeros_like(src)
+    op = s.retrieve_layers(t, dst)
+    assert op.wait(timeout=30) == 32 and same(dst, src)
+    assert [op.wait_layer(layer) for layer in range(LAY.num_layers)] == [32, 32]
+    with pytest.raises(FerryError) as e:
+        op.layer_done(0)
+    assert e.value.name == "FERRY_ESTATE"
+    st = s.store_layers(toks(32), kv(32, 23))
+    with pytest.raises(FerryError) as e:
+        st.wait_layer(0, timeout=1)
+    assert e.value.name == "FERRY_ESTATE"
+    st.layer_done(0)
+    with pytest.raises(FerryError) as e:
+        st.layer_done(0)                        # done already
+    assert e.value.name == "FERRY_ESTATE"
+    st.layer_done(1)
+    assert st.wait(timeout=30) == 32
+    with pytest.raises(FerryError) as e:
+        st.layer_done(1)
+    assert e.value.name == "FERRY_ESTATE"
+    short = s.store_layers(toks(32), kv(32, 24))
+    short.layer_done(0)
+    assert short.cancel() is True
+    with pytest.raises(FerryError) as e:
+        short.layer_done(1)
+    assert e.value.code == -errno.ECANCELED
