@@ -826,7 +826,9 @@ class KVStore(Closing):
         stops waiting at once and raises FerryError (ECANCELED) naming the
         close (ferry_kv_close_begin: what it stored or loaded whole before
         stays so, nothing torn), so close returns in milliseconds; the
-        others finish. Ops it started stay valid (close finishes them: one
+        others finish. Through a daemon, every store or retrieve still
+        awaiting the daemon's answer counts as waiting (the daemon may hold
+        it for a slot). Ops it started stay valid (close finishes them: one
         waiting for a slot ends ECANCELED) and are freed on their own. Safe
         to call again, and from several threads at once: one releases the
         store, its streams and its device (after every call inside
@@ -962,7 +964,9 @@ class KVStore(Closing):
     def retrieve(self, tokens, kv, block_table=None, *, salt=None, partial=False, statuses=False,
                  skip=0):
         """Load the cached KV of `tokens` into `kv` (same forms as store). Returns
-        the leading tokens loaded; chunks not loaded leave their destination as it was.
+        the leading tokens loaded; every chunk present is copied, past a miss
+        too (statuses=True says which), and chunks not loaded leave their
+        destination as it was.
         skip: leading tokens the engine already holds; nothing below it is written.
         A `kv` another thread resized or re-pointed while the call ran (it does
         not hold the bytes loaded): FerryError (EFAULT)."""
@@ -979,10 +983,12 @@ class KVStore(Closing):
         return Op(self, h, (buf, req, arr), name)
 
     def store_async(self, tokens, kv, block_table=None, *, salt=None, partial=False):
+        """store as an Op: its wait() returns the leading tokens stored."""
         return self._async(lib.ferry_kv_store_async, "store_async", tokens, kv, block_table,
                            salt, partial, False)
 
     def retrieve_async(self, tokens, kv, block_table=None, *, salt=None, partial=False, skip=0):
+        """retrieve as an Op: its wait() returns the leading tokens loaded."""
         return self._async(lib.ferry_kv_retrieve_async, "retrieve_async", tokens, kv,
                            block_table, salt, partial, True, skip)
 
@@ -1024,10 +1030,11 @@ class KVStore(Closing):
 
     def _salt_req(self, salt):
         """A request with only a salt, made once per salt (nothing writes it);
-        an unhashable salt (bytearray, memoryview) gets one of its own."""
+        an unhashable salt (bytearray, a memoryview of one: ValueError) gets
+        one of its own."""
         try:
             req = self._salt_reqs.get(salt)
-        except TypeError:
+        except (TypeError, ValueError):
             return _Req(salt, False)
         if req is None:
             if len(self._salt_reqs) >= 256:
@@ -1099,7 +1106,7 @@ class KVStore(Closing):
                              f"{max(0, name_len * n)} bytes, got {len(names)}")
         try:
             req = self._salt_reqs[salt]
-        except (KeyError, TypeError):   # a salt not seen yet, or unhashable
+        except (KeyError, TypeError, ValueError):   # a salt not seen yet, or unhashable
             req = self._salt_req(salt)
         guard = self._guard
         if not self._h or not guard.enter():
@@ -1124,24 +1131,40 @@ class KVStore(Closing):
         return check(self._call(fn, p, arr.size, req.ptr()), name)
 
     def prefetch(self, tokens, *, salt=None, partial=False):
+        """Bring the leading chunks of `tokens` found only in L2 (or remote) up
+        to L1 in the background; returns the leading tokens in L1 or on
+        their way."""
         return self._tok(lib.ferry_kv_prefetch, "prefetch", tokens, salt, partial)
 
     def pin(self, tokens, *, salt=None, partial=False):
+        """Read-lock the leading cached chunks of `tokens`: no eviction, delete
+        or clear takes them until unpin (or the lock's TTL); returns the
+        leading tokens pinned."""
         return self._tok(lib.ferry_kv_pin, "pin", tokens, salt, partial)
 
     def unpin(self, tokens, *, salt=None, partial=False):
+        """Drop one pin from each leading pinned chunk; returns the tokens unpinned."""
         return self._tok(lib.ferry_kv_unpin, "unpin", tokens, salt, partial)
 
     def delete(self, tokens, *, salt=None, partial=False):
+        """Delete the chunks of `tokens` from every tier; returns the chunks
+        deleted. A locked chunk (pinned, being read or written) stays:
+        FerryError (FERRY_ELOCKED) once the others are deleted."""
         return self._tok(lib.ferry_kv_delete, "delete", tokens, salt, partial)
 
     def clear(self):
+        """Delete every unlocked chunk from the local tiers; returns how many,
+        or FerryError (FERRY_ELOCKED) when locked ones remain."""
         return check(self._call(lib.ferry_kv_clear), "clear")
 
     def flush(self):
+        """Wait until every queued op, write-through and prefetch is done."""
         return check(self._call(lib.ferry_kv_flush), "flush")
 
     def sync(self):
+        """flush(), then make what was written through to a persistent L2
+        durable; returns how many chunks written through since the last
+        sync are durable now (0 without a persistent L2)."""
         return check(self._call(lib.ferry_kv_sync), "sync")
 
     # -- metrics --
