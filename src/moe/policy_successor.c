@@ -108,10 +108,14 @@ typedef struct succ {
     uint8_t *q8;       /* [Ep] scratch: a visit's quantized shares */
     uint32_t *size;    /* [L][SC_NC] experts in each class */
     uint32_t *kc, *nc; /* [L][SC_NC] */
-    /* all layers' (64 bits: halved at layer 0's visits alone, they grow
-     * unhalved by E a visit where the engine never routes layer 0, e.g.
-     * a model's dense first layers numbered in: 2^32 within an hour) */
+    /* all layers', halved at the visits of glead, the lowest layer
+     * counted so far (0 in a decode that routes layer 0; where the engine
+     * numbers a model's dense first layers in, its first MoE layer: halved
+     * at layer 0's alone they grew by E a visit for ever, a whole run's
+     * average rather than a recent one, and past 2^32 within an hour at 32
+     * bits) */
     uint64_t kg[SC_NC], ng[SC_NC];
+    uint32_t glead;
     double *pc;        /* [L][SC_NC] */
     uint8_t *ord;      /* [L][SC_NC] classes by p, least first */
     uint8_t *rank;     /* [L][SC_NC] */
@@ -211,6 +215,7 @@ static int sc_init(ferry__policy *p)
         return -EINVAL;
     s->L = L;
     s->E = E;
+    s->glead = UINT32_MAX; /* no layer counted yet */
     s->Ep = (E + 16) & ~15u; /* a pad byte at least: q8[E] takes unused lanes */
     size_t lp = (size_t)L * s->Ep;
 #if defined(TR_ROWS_AVX2)
@@ -349,6 +354,7 @@ static void sc_count(succ *s, uint32_t layer, const uint16_t *le, uint32_t n, ui
     uint32_t lc = layer * SC_NC;
     const uint8_t *cls = s->cls + (size_t)layer * s->Ep;
     uint32_t *kc = s->kc + lc, *nc = s->nc + lc, *size = s->size + lc;
+    s->glead = layer < s->glead ? layer : s->glead;
 #if defined(__SSE2__)
     _Static_assert(SC_NC % 4 == 0, "a layer's class counts in whole registers");
     for (uint32_t c = 0; c < SC_NC; c += 4) {
@@ -371,7 +377,7 @@ static void sc_count(succ *s, uint32_t layer, const uint16_t *le, uint32_t n, ui
             for (uint32_t c = 0; c < SC_NC; c++) {
                 kc[c] >>= 1;
                 nc[c] >>= 1;
-                if (layer == 0) {
+                if (layer == s->glead) {
                     s->kg[c] >>= 1;
                     s->ng[c] >>= 1;
                 }
