@@ -114,10 +114,10 @@ FERRY_API int ferry_io_open(const ferry_io_options *opt, ferry_io **out);
  * Waits for requests in flight, then frees (completions not yet reaped are
  * dropped; those requests and their buffers are the caller's again, each
  * request free to be submitted anywhere: keep a request's memory until it
- * is reaped or its engine closed). Close the engine's files first (reap
- * or wait for their requests before: ferry_file_close waits for none), and
- * close the engine before the device it was given (it frees its bounce
- * buffers and stream there). NULL does nothing.
+ * is reaped or its engine closed). Close the engine's files first
+ * (ferry_file_close lets the file's requests finish), and close the engine
+ * before the device it was given (it frees its bounce buffers and stream
+ * there). NULL does nothing.
  */
 FERRY_API void ferry_io_close(ferry_io *io);
 /** "posix", "uring" or "cufile". */
@@ -161,7 +161,11 @@ FERRY_API int ferry_file_open(ferry_io *io, const char *path, unsigned flags, fe
  */
 FERRY_API int ferry_file_open_mode(ferry_io *io, const char *path, unsigned flags,
                                    unsigned mode, ferry_file **out);
-/** Close (waits for nothing: reap its requests first). NULL does nothing. */
+/**
+ * Close. Requests on f still queued or in the engine run to their end
+ * first (their completions stay for ferry_io_reap; a request may not name
+ * f once it is closed). NULL does nothing.
+ */
 FERRY_API int ferry_file_close(ferry_file *f);
 FERRY_API const char *ferry_file_path(const ferry_file *f);
 FERRY_API int ferry_file_fd(const ferry_file *f);

@@ -387,11 +387,29 @@ int ferry_file_open_mode(ferry_io *io, const char *path, unsigned flags, unsigne
     return 0;
 }
 
+/* whether the engine still holds a part of a request on f, or a request
+ * on f waits to be dispatched */
+static int file_busy(const ferry_io *io, const ferry_file *f)
+{
+    for (const ferry_io_req *r = io->pend_head; r; r = ferry__rq_of((ferry_io_req *)r)->next)
+        if (r->file == f)
+            return 1;
+    for (unsigned i = 0; io->parts_busy && i < io->nparts; i++)
+        if (io->parts[i].parent && io->parts[i].file == f)
+            return 1;
+    return 0;
+}
+
 int ferry_file_close(ferry_file *f)
 {
     if (!f)
         return 0;
     ferry_io *io = f->io;
+    /* its requests still queued or in the engine run to their end first
+     * (their completions stay for ferry_io_reap): closed under them, the
+     * descriptor would go to the next file opened, and their bytes with it */
+    while (file_busy(io, f))
+        pump(io, -1);
     if (io->ops->file_close)
         io->ops->file_close(io, f);
     int rc = 0;
