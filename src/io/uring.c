@@ -209,16 +209,18 @@ static int ur_buf_unregister(ferry_io *io, void *buf)
  * the kernel took them all */
 static int buf_register_locked(ferry_io *io, ur_st *st, char *buf, size_t len)
 {
+    /* registered already: the same length is a no-op, another (shorter
+     * too: the slots hold the whole first one) is FERRY_EEXIST */
+    size_t have = 0;
     for (unsigned i = 0; i < BUF_SLOTS; i++)
-        if (st->bufs[i].owner == buf) {
-            if (atomic_load_explicit(&st->bufs[i].base, memory_order_relaxed) == buf &&
-                atomic_load_explicit(&st->bufs[i].len, memory_order_relaxed) >=
-                    FERRY__MIN(len, BUF_PIECE))
-                return 0; /* already registered */
-            return ferry__err_set(&io->err, FERRY_EEXIST,
-                                  "io uring: buffer %p is already registered with another length",
-                                  buf);
-        }
+        if (st->bufs[i].owner == buf)
+            have += atomic_load_explicit(&st->bufs[i].len, memory_order_relaxed);
+    if (have == len)
+        return 0;
+    if (have)
+        return ferry__err_set(&io->err, FERRY_EEXIST,
+                              "io uring: buffer %p is already registered with another length "
+                              "(%zu bytes, not %zu)", buf, have, len);
     size_t pieces = (len + BUF_PIECE - 1) / BUF_PIECE, free_slots = 0;
     for (unsigned i = 0; i < BUF_SLOTS; i++)
         free_slots += st->bufs[i].owner == NULL;
