@@ -26,6 +26,8 @@
  *   - ferry_file_close with requests of the file still queued waits for
  *     them: every byte lands in that file, none in a file opened after it
  *     (which may get the same descriptor).
+ * The device-memory ones again on the cufile engine over a fake cuFile
+ * table that does real file I/O.
  */
 /* ferry-test-labels: concurrent */
 #include <errno.h>
@@ -39,6 +41,7 @@
 
 #include "ferry_test.h"
 #include "ferry/io.h"
+#include "io/cufile_api.h"
 #include "io/sys.h"
 
 static char g_dir[256];
@@ -526,6 +529,205 @@ static void file_close_waits_for_its_requests(void **state)
     free(b);
 }
 
+
+/* ---- the cufile engine, through a fake cuFile table ----
+ * The host device stands in for GPU memory (its device pointers are host
+ * addresses), and the fake does real file I/O, so the bytes are checked. */
+static ferry__CUfileError_t cf_ok(void)
+{
+    return (ferry__CUfileError_t){0, 0};
+}
+static ferry__CUfileError_t cf_void(void)
+{
+    return cf_ok();
+}
+static int g_cf_fds[64];
+static unsigned g_cf_nh;
+static ferry__CUfileError_t cf_hreg(ferry__CUfileHandle_t *fh, ferry__CUfileDescr_t *d)
+{
+    g_cf_fds[g_cf_nh % 64] = d->handle.fd;
+    *fh = &g_cf_fds[g_cf_nh++ % 64];
+    return cf_ok();
+}
+static void cf_hdereg(ferry__CUfileHandle_t fh)
+{
+    (void)fh;
+}
+static ferry__CUfileError_t cf_breg(const void *b, size_t n, int fl)
+{
+    (void)b;
+    (void)n;
+    (void)fl;
+    return cf_ok();
+}
+static ferry__CUfileError_t cf_bdereg(const void *b)
+{
+    (void)b;
+    return cf_ok();
+}
+static ssize_t cf_io(void *fh, int w, void *base, size_t n, off_t fo, off_t bo)
+{
+    int fd = *(int *)fh;
+    char *p = (char *)base + bo;
+    return w ? pwrite(fd, p, n, fo) : pread(fd, p, n, fo);
+}
+static ssize_t cf_read(ferry__CUfileHandle_t fh, void *base, size_t n, off_t fo, off_t bo)
+{
+    return cf_io(fh, 0, base, n, fo, bo);
+}
+static ssize_t cf_write(ferry__CUfileHandle_t fh, const void *base, size_t n, off_t fo, off_t bo)
+{
+    return cf_io(fh, 1, (void *)base, n, fo, bo);
+}
+static ferry__CUfileError_t cf_sreg(void *s, unsigned fl)
+{
+    (void)s;
+    (void)fl;
+    return cf_ok();
+}
+static ferry__CUfileError_t cf_sdereg(void *s)
+{
+    (void)s;
+    return cf_ok();
+}
+typedef struct cf_batch_fake {
+    ferry__CUfileIOEvents_t ev[256];
+    unsigned nev;
+} cf_batch_fake;
+static ferry__CUfileError_t cf_setup(ferry__CUfileBatchHandle_t *id, unsigned nr)
+{
+    (void)nr;
+    *id = calloc(1, sizeof(cf_batch_fake));
+    return cf_ok();
+}
+static ferry__CUfileError_t cf_submit(ferry__CUfileBatchHandle_t id, unsigned nr,
+                                      ferry__CUfileIOParams_t *p, unsigned fl)
+{
+    (void)fl;
+    cf_batch_fake *b = id;
+    for (unsigned i = 0; i < nr; i++) {
+        ssize_t r = cf_io(p[i].fh, p[i].opcode == 1, p[i].u.batch.devPtr_base,
+                          p[i].u.batch.size, p[i].u.batch.file_offset,
+                          p[i].u.batch.devPtr_offset);
+        b->ev[b->nev++] = (ferry__CUfileIOEvents_t){p[i].cookie, r < 0 ? 0x40 : 0x10,
+                                                    (size_t)r};
+    }
+    return cf_ok();
+}
+static ferry__CUfileError_t cf_status(ferry__CUfileBatchHandle_t id, unsigned min, unsigned *nr,
+                                      ferry__CUfileIOEvents_t *ev, struct timespec *ts)
+{
+    (void)min;
+    (void)ts;
+    cf_batch_fake *b = id;
+    unsigned k = *nr < b->nev ? *nr : b->nev;
+    memcpy(ev, b->ev, k * sizeof *ev);
+    memmove(b->ev, b->ev + k, (b->nev - k) * sizeof *ev);
+    b->nev -= k;
+    *nr = k;
+    return cf_ok();
+}
+static ferry__CUfileError_t cf_cancel(ferry__CUfileBatchHandle_t id)
+{
+    ((cf_batch_fake *)id)->nev = 0;
+    return cf_ok();
+}
+static void cf_destroy(ferry__CUfileBatchHandle_t id)
+{
+    free(id);
+}
+static const ferry__cufile_api g_cf_fake = {
+    cf_void, cf_void, cf_hreg, cf_hdereg, cf_breg, cf_bdereg, cf_read, cf_write, NULL,
+    NULL, cf_sreg, cf_sdereg, cf_setup, cf_submit, cf_status, cf_cancel, cf_destroy, 1,
+};
+
+/* The promises above that concern device memory, on the cufile engine:
+ * access modes, end of file, zero length, request reuse, vectored reads
+ * refused, and a file closed with its device requests queued. */
+static void cufile_engine_promises(void **state)
+{
+    (void)state;
+    ferry__cufile_set_api(&g_cf_fake);
+    ferry_device_options dopt = FERRY_DEVICE_OPTIONS_INIT;
+    dopt.backend = "host";
+    ferry_device *dev = NULL;
+    FT_ASSERT_OK(ferry_device_open(&dopt, &dev));
+    ferry_io_options o = FERRY_IO_OPTIONS_INIT;
+    o.engine = "cufile";
+    o.depth = 1;
+    o.device = dev;
+    ferry_io *io = NULL;
+    FT_ASSERT_OK(ferry_io_open(&o, &io));
+    ferry_file *f = open_as(io, "cf.bin", RWC | FERRY_FILE_DIRECT);
+    assert_true(ferry_file_is_gds(f));
+    enum { N = 16, LEN = 64 << 10 };
+    ferry_devptr src = 0, dst = 0;
+    FT_ASSERT_OK(ferry_device_alloc(dev, (size_t)N * LEN, &src));
+    FT_ASSERT_OK(ferry_device_alloc(dev, (size_t)N * LEN, &dst));
+    unsigned char *hs = ferry_devptr_host(dev, src), *hd = ferry_devptr_host(dev, dst);
+    ft_fill_pattern(hs, (size_t)N * LEN, 121);
+    /* requests of a file closed while queued land in it (depth 1) */
+    ferry_io_req r[N], *p[N], *d[N];
+    for (int i = 0; i < N; i++) {
+        r[i] = (ferry_io_req){.op = FERRY_IO_WRITE, .file = f, .dev = src + (size_t)i * LEN,
+                              .len = LEN, .offset = (uint64_t)i * LEN};
+        p[i] = &r[i];
+    }
+    assert_int_equal(ferry_io_submit(io, p, N), N);
+    FT_ASSERT_OK(ferry_file_close(f));
+    ferry_file *other = open_as(io, "cf_other.bin", RWC);
+    int got = 0;
+    while (got < N)
+        got += ferry_io_reap(io, d + got, 1, N - (unsigned)got, -1);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(r[i].result, LEN);
+    uint64_t sz = 1;
+    FT_ASSERT_OK(ferry_file_size(other, &sz));
+    assert_int_equal(sz, 0);
+    FT_ASSERT_OK(ferry_file_close(other));
+    unsigned char *hb = abuf((size_t)N * LEN);
+    file_bytes("cf.bin", hb, (size_t)N * LEN, 0);
+    assert_memory_equal(hb, hs, (size_t)N * LEN);
+    /* reuse: the same request reads it back into device memory */
+    f = open_as(io, "cf.bin", FERRY_FILE_READ | FERRY_FILE_DIRECT);
+    r[0] = (ferry_io_req){.op = FERRY_IO_READ, .file = f, .dev = dst, .len = (size_t)N * LEN};
+    memset(hd, 0, (size_t)N * LEN);
+    assert_int_equal(run1(io, &r[0]), (int64_t)N * LEN);
+    assert_memory_equal(hd, hs, (size_t)N * LEN);
+    /* end of file: crossing it, and starting there */
+    r[0].offset = (uint64_t)(N - 1) * LEN;
+    r[0].len = 2 * LEN;
+    assert_int_equal(run1(io, &r[0]), FERRY_ESHORT);
+    has(ferry_io_last_error(io), "end of file");
+    r[0].offset = (uint64_t)N * LEN;
+    r[0].len = 4096;
+    assert_int_equal(run1(io, &r[0]), FERRY_ESHORT);
+    assert_int_equal(ferry_io_read_dev(io, f, NULL, dst, 2 * LEN, (uint64_t)(N - 1) * LEN),
+                     FERRY_ESHORT);
+    /* zero length, writes to a read-only file, vectored reads */
+    r[0].offset = 0;
+    r[0].len = 0;
+    assert_int_equal(run1(io, &r[0]), -EINVAL);
+    assert_int_equal(ferry_io_read_dev(io, f, NULL, dst, 0, 0), -EINVAL);
+    r[0].op = FERRY_IO_WRITE;
+    r[0].len = LEN;
+    assert_int_equal(run1(io, &r[0]), -EBADF);
+    assert_int_equal(ferry_io_write_dev(io, f, NULL, src, LEN, 0), -EBADF);
+    has(ferry_io_last_error(io), "not opened for writing");
+    struct iovec iov[1] = {{hb, 4096}};
+    ferry_io_vreq v = {{.op = FERRY_IO_READV, .file = f, .len = 4096}, iov, 1};
+    assert_int_equal(run1(io, &v.req), FERRY_ENOTSUP);
+    file_bytes("cf.bin", hb, (size_t)N * LEN, 0);
+    assert_memory_equal(hb, hs, (size_t)N * LEN); /* untouched by the refusals */
+    FT_ASSERT_OK(ferry_file_close(f));
+    ferry_io_close(io);
+    FT_ASSERT_OK(ferry_device_free(dev, src));
+    FT_ASSERT_OK(ferry_device_free(dev, dst));
+    ferry_device_close(dev);
+    ferry__cufile_set_api(NULL);
+    free(hb);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -536,6 +738,7 @@ static int teardown(void **state)
 {
     (void)state;
     ferry__sys_set(NULL);
+    ferry__cufile_set_api(NULL);
     ft_rmtree(g_dir);
     return 0;
 }
@@ -555,6 +758,7 @@ int main(void)
         PER_ENGINE(vectored_read_is_not_split),
         PER_ENGINE(register_again_with_another_length),
         PER_ENGINE(file_close_waits_for_its_requests),
+        cmocka_unit_test(cufile_engine_promises),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
