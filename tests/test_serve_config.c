@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ferry_test.h"
@@ -350,6 +351,48 @@ static void the_library_loads_a_file_for_an_embedded_daemon(void **state)
     ft_rmtree(dir);
 }
 
+/* the file's socket reads for an embedded daemon as `ferry serve` reads
+ * it: unix:PATH is PATH (a client's server string names the same
+ * socket), another scheme is refused naming its place; neither is taken
+ * for a file of that name */
+static void an_embedded_daemons_socket_reads_as_the_clis(void **state)
+{
+    (void)state;
+    char dir[256], path[300], sock[300];
+    assert_non_null(ft_tmpdir(dir, sizeof dir));
+    snprintf(path, sizeof path, "%s/ferry.yaml", dir);
+    snprintf(sock, sizeof sock, "%s/ferry.sock", dir);
+    static const char *const forms[] = {"unix:", "unix://"};
+    for (int i = 0; i < 2; i++) {
+        FILE *fp = fopen(path, "w");
+        assert_non_null(fp);
+        fprintf(fp, "model: tiny\nl1_bytes: 4M\nchunk_tokens: 16\nsocket: %s%s\n", forms[i],
+                sock);
+        fclose(fp);
+        ferry_serve_file *f = NULL;
+        FT_ASSERT_OK(ferry_serve_file_load(path, 0, &f));
+        const ferry_serve_config *sc = ferry_serve_file_config(f);
+        assert_string_equal(sc->socket_path, sock);
+        ferry_serve *srv = NULL;
+        FT_ASSERT_OK(ferry_serve_open(sc, &srv));
+        struct stat st;
+        assert_int_equal(stat(sock, &st), 0);
+        assert_true(S_ISSOCK(st.st_mode));
+        assert_int_equal(ferry_serve_close(srv), 0);
+        ferry_serve_file_free(f);
+    }
+    FILE *fp = fopen(path, "w");
+    assert_non_null(fp);
+    fputs("model: tiny\nl1_bytes: 4M\nsocket: tcp://127.0.0.1:9400\n", fp);
+    fclose(fp);
+    ferry_serve_file *f = NULL;
+    assert_int_equal(ferry_serve_file_load(path, 0, &f), -EINVAL);
+    assert_null(f);
+    assert_non_null(strstr(ferry_last_error(), "ferry.yaml:3:1: socket tcp://127.0.0.1:9400: "));
+    assert_non_null(strstr(ferry_last_error(), "accepted: unix:/path/to/ferry.sock"));
+    ft_rmtree(dir);
+}
+
 int main(void)
 {
     /* a developer's own FERRY_<KEY> must not change what these tests read */
@@ -373,6 +416,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_key_is_read),
         cmocka_unit_test(the_library_loads_a_file_for_an_embedded_daemon),
+        cmocka_unit_test(an_embedded_daemons_socket_reads_as_the_clis),
         cmocka_unit_test(a_plain_file_finishes),
         cmocka_unit_test(every_mistake_names_its_place),
         cmocka_unit_test(finishing_checks_what_no_key_shows),

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "serve/serve_config.h"
 #include "dirlock.h"
 
 int cli_usage(const char *cmd, const char *fmt, ...)
@@ -309,27 +310,5 @@ double cli_median(double *v, unsigned n)
 
 const char *cli_parse_socket(const char *addr, const char **path)
 {
-    const char *p = addr;
-    if (!strncmp(p, "unix:", 5)) {
-        p += 5;
-        /* unix:///run/x is unix:/run/x; unix://run/x would name a host */
-        if (!strncmp(p, "//", 2)) {
-            if (p[2] != '/')
-                return "unix://HOST/... names a host; a Unix-domain socket has none";
-            p += 2;
-        }
-        if (!*p)
-            return "names no socket";
-    } else {
-        size_t n = 0;
-        while (isalnum((unsigned char)p[n]) || (n && strchr("+.-", p[n])))
-            n++;
-        if (n && isalpha((unsigned char)p[0]) && !strncmp(p + n, "://", 3))
-            return "an address of another scheme; ferry serve listens on a Unix-domain "
-                   "socket only";
-    }
-    if (!*p)
-        return "empty";
-    *path = p;
-    return NULL;
+    return ferry__serve_socket_parse(addr, path);
 }

@@ -1,7 +1,7 @@
 /*
  * cmd_serve.c - `ferry serve`: the host's KV cache daemon, in the
- * foreground (logs on stderr; SIGTERM or SIGINT: disconnect, flush, sync,
- * close), and `ferry serve status`: a running daemon's tiers, clients, hit
+ * foreground (logs on stderr; SIGTERM, SIGINT or SIGHUP, unless started
+ * with it ignored: disconnect, flush, sync, close), and `ferry serve status`: a running daemon's tiers, clients, hit
  * rates and its own counters (ferry_serve_stats).
  *
  * A start that is refused (the socket in use, the metrics port taken, a
@@ -132,10 +132,31 @@ static void on_http_log(const char *msg)
     say("ferry serve: metrics: %s\n", msg);
 }
 
+/* a stop asked for before the daemon was open: it stops as soon as it is */
+static volatile sig_atomic_t g_stop;
+
 static void on_signal(int sig)
 {
     (void)sig;
-    ferry_serve_stop(g_serve);
+    g_stop = 1;
+    ferry_serve_stop(g_serve); /* (NULL until open: does nothing) */
+}
+
+/* SIGTERM, SIGINT and SIGHUP stop the daemon cleanly from before it opens
+ * (a script that waits for the socket file and then stops it is never a
+ * kill that leaves the file behind); a hang-up (its terminal closed) too,
+ * unless it was started with SIGHUP ignored (nohup) */
+static void on_stop_signals(void)
+{
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    if (sigaction(SIGHUP, NULL, &old) == 0 && old.sa_handler != SIG_IGN)
+        sigaction(SIGHUP, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
 }
 
 static void usage(FILE *f)
@@ -162,7 +183,8 @@ static void usage(FILE *f)
             "                         127.0.0.1:9400 (default: none)\n"
             "  --chunk-tokens N       tokens per chunk (default 256)\n"
             "clients open their store with ferry_kv_config.server = \"unix:PATH\" and the same\n"
-            "layout and chunk size; SIGTERM stops cleanly (flush, sync, close).\n"
+            "layout and chunk size; SIGTERM, SIGINT or SIGHUP (unless ignored, nohup) stops\n"
+            "cleanly (flush, sync, close); the configuration is read once, at start.\n"
             "ferry serve status [--socket PATH]: a running daemon's tiers, clients and hit\n"
             "rates (ferry serve status --help).\n",
             FERRY__SERVE_CONF_MAX_ALLOW);
@@ -314,6 +336,17 @@ static int configure(ferry__serve_conf *c, const char *cmd, int argc, char **arg
 static int socket_of(ferry__serve_conf *c, const char *cmd)
 {
     const char *path = NULL, *why = cli_parse_socket(c->socket, &path);
+    char longer[64];
+    if (!why && strlen(path) >= sizeof ((struct sockaddr_un *)0)->sun_path) {
+        snprintf(longer, sizeof longer, "a path of at most %zu bytes (sun_path)",
+                 sizeof ((struct sockaddr_un *)0)->sun_path - 1);
+        const char *o = ferry__serve_conf_origin(c, "socket");
+        if (!strcmp(o, "--socket"))
+            return cli_bad(cmd, "--socket", c->socket, longer, "too long (%zu bytes)",
+                           strlen(path));
+        return cli_usage(cmd, "%s: socket %s: too long (%zu bytes); accepted: %s",
+                         *o ? o : "the default", c->socket, strlen(path), longer);
+    }
     if (!why) {
         c->socket = path;
         return 0;
@@ -436,6 +469,7 @@ static int run(ferry__serve_conf *c)
     sc.max_clients = (unsigned)c->max_clients;
     sc.send_timeout_ms = (uint32_t)c->send_timeout_ms;
     sc.kv = &c->kv;
+    on_stop_signals();
     int rc = ferry_serve_open(&sc, &g_serve);
     if (rc < 0) {
         say_drop();
@@ -448,8 +482,9 @@ static int run(ferry__serve_conf *c)
         ferry__parse_inet4(c->metrics, &sa);
         http = serve_metrics_start(g_serve, &sa, on_http_log, why, sizeof why);
         if (!http) {
-            ferry_serve_close(g_serve);
-            g_serve = NULL;
+            ferry_serve *open = g_serve;
+            g_serve = NULL; /* (a signal now stops nothing that is freed) */
+            ferry_serve_close(open);
             say_drop();
             fprintf(stderr, "ferry serve: metrics %s: cannot serve HTTP there (%s)\n",
                     c->metrics, why);
@@ -458,18 +493,14 @@ static int run(ferry__serve_conf *c)
         say("ferry serve: metrics on http://%s/metrics\n", c->metrics);
     }
     say_live();
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    if (g_stop)
+        ferry_serve_stop(g_serve);
     fprintf(stderr, "ferry serve: serving on %s (pid %d)\n", c->socket, (int)getpid());
     ferry_serve_run(g_serve);
     serve_metrics_stop(http);
-    rc = ferry_serve_close(g_serve);
+    ferry_serve *open = g_serve;
     g_serve = NULL;
+    rc = ferry_serve_close(open);
     if (rc < 0)
         return cli_fail(SERVE_CMD, "close", rc);
     fprintf(stderr, "ferry serve: stopped cleanly\n");

@@ -67,8 +67,13 @@ typedef struct ferry_serve ferry_serve;
  * is open and the socket listens (it is bound under a temporary name
  * beside it, then linked there): a client that waits for the file may
  * connect as soon as it sees it, and requests wait in the backlog until
- * ferry_serve_run serves them. Errors: -EINVAL, FERRY_EBUSY, -EEXIST (the
- * path is not a socket), the store's and the system's. *out: ferry_serve_close.
+ * ferry_serve_run serves them. What refuses the socket (a path too long
+ * for sun_path, its directory missing, a file there that is no socket, a
+ * live daemon on it, a group that does not exist) is found before the
+ * store is opened: a refused start allocates no pool and creates no L2
+ * slab. Errors: -EINVAL, FERRY_EBUSY, -EEXIST (the path is not a socket),
+ * -ENAMETOOLONG, -ENOENT (no such directory), the store's and the
+ * system's. *out: ferry_serve_close.
  */
 FERRY_API int ferry_serve_open(const ferry_serve_config *cfg, ferry_serve **out);
 /** Accept and serve clients until ferry_serve_stop(); returns 0. */

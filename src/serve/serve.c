@@ -46,8 +46,9 @@ static int addr_of(const char *path, struct sockaddr_un *a, ferry__errbuf *eb)
 }
 
 /* a socket file already at path: a live daemon's (FERRY_EBUSY) or a dead
- * one's (removed) */
-static int clear_stale(const char *path, const struct sockaddr_un *a, ferry__errbuf *eb)
+ * one's (removed when remove is set; else left for the start to replace) */
+static int clear_stale(const char *path, const struct sockaddr_un *a, int remove,
+                       ferry__errbuf *eb)
 {
     struct stat st;
     if (lstat(path, &st) != 0)
@@ -62,11 +63,51 @@ static int clear_stale(const char *path, const struct sockaddr_un *a, ferry__err
     if (live)
         return ferry__err_set(eb, FERRY_EBUSY, "serve: a daemon is already serving on %s",
                               path);
+    if (!remove)
+        return 0;
     if (unlink(path) != 0 && errno != ENOENT)
         return ferry__err_set(eb, -errno, "serve: removing the stale socket %s: %s", path,
                               strerror(errno));
     FERRY_LOGI("serve: replaced the stale socket %s", path);
     return 0;
+}
+
+/* path's directory into dir (cap bytes, at least 2): "." for a bare name */
+static void dir_of(const char *path, char *dir, size_t cap)
+{
+    const char *sl = strrchr(path, '/');
+    size_t n = !sl ? 0 : sl == path ? 1 : (size_t)(sl - path);
+    if (n >= cap)
+        n = cap - 1;
+    memcpy(dir, n ? path : ".", n ? n : 1);
+    dir[n ? n : 1] = 0;
+}
+
+/* what would refuse the socket, found before the store is opened (its
+ * pool allocated, its L2 slab created): a path too long, a directory that
+ * is not there, a file that is no socket, a live daemon on it, a group
+ * that does not exist. A refused
+ * start then leaves nothing behind; listen_locked looks again under the
+ * directory's lock */
+static int socket_usable(const char *path, const char *group, ferry__errbuf *eb)
+{
+    if (group) {
+        struct group gr, *res = NULL;
+        char buf[4096];
+        if (getgrnam_r(group, &gr, buf, sizeof buf, &res) != 0 || !res)
+            return ferry__err_set(eb, -EINVAL, "serve: no group named %s", group);
+    }
+    struct sockaddr_un a;
+    int rc = addr_of(path, &a, eb);
+    if (rc < 0)
+        return rc;
+    char dir[sizeof a.sun_path];
+    struct stat st;
+    dir_of(path, dir, sizeof dir);
+    int e = stat(dir, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+    if (e)
+        return ferry__err_set(eb, -e, "serve: the socket's directory %s: %s", dir, strerror(e));
+    return clear_stale(path, &a, 0, eb);
 }
 
 /* the name a socket is bound under until it listens: beside path, unique
@@ -84,12 +125,9 @@ static int tmp_name(const char *path, char *out, size_t cap)
 static int lock_dir(const char *path)
 {
     char dir[sizeof ((struct sockaddr_un *)0)->sun_path];
-    const char *sl = strrchr(path, '/');
-    size_t n = !sl ? 0 : sl == path ? 1 : (size_t)(sl - path);
-    if (n >= sizeof dir)
+    if (strlen(path) >= sizeof dir)
         return -1;
-    memcpy(dir, n ? path : ".", n ? n : 1);
-    dir[n ? n : 1] = 0;
+    dir_of(path, dir, sizeof dir);
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd >= 0)
         while (flock(fd, LOCK_EX) != 0 && errno == EINTR)
@@ -118,7 +156,7 @@ static int listen_locked(ferry_serve *s, const char *group)
     struct sockaddr_un a, b;
     int rc = addr_of(s->path, &a, &s->err);
     if (rc == 0)
-        rc = clear_stale(s->path, &a, &s->err);
+        rc = clear_stale(s->path, &a, 1, &s->err);
     if (rc < 0)
         return rc;
     b = a;
@@ -130,7 +168,7 @@ static int listen_locked(ferry_serve *s, const char *group)
     if (s->lfd < 0)
         return ferry__err_set(&s->err, -errno, "serve: socket: %s", strerror(errno));
     if (bind(s->lfd, (struct sockaddr *)&b, sizeof b) != 0)
-        return ferry__err_set(&s->err, -errno, "serve: bind %s: %s", at, strerror(errno));
+        return ferry__err_set(&s->err, -errno, "serve: bind %s: %s", s->path, strerror(errno));
     gid_t gid = (gid_t)-1;
     if (group) {
         struct group gr, *res = NULL;
@@ -253,6 +291,8 @@ int ferry_serve_open(const ferry_serve_config *ucfg, ferry_serve **out)
     }
     if (rc == 0 && pipe2(s->stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
         rc = ferry__err_set(&s->err, -errno, "serve open: pipe: %s", strerror(errno));
+    if (rc == 0)
+        rc = socket_usable(s->path, cfg->group, &s->err);
     if (rc == 0)
         rc = host_store(s, cfg->kv);
     if (rc == 0)

@@ -14,6 +14,7 @@
  * event's position. No alias is ever expanded (they are refused), so no
  * input makes the parser do more than read it once.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -845,4 +846,45 @@ int ferry__serve_conf_finish(ferry__serve_conf *c, char *err, size_t errlen)
         c->kv.l2_n_dirs = c->n_l2;
     }
     return 0;
+}
+
+/* ---- the socket ---- */
+
+const char *ferry__serve_socket_parse(const char *addr, const char **path)
+{
+    const char *p = addr;
+    if (!strncmp(p, "unix:", 5)) {
+        p += 5;
+        /* unix:///run/x is unix:/run/x; unix://run/x would name a host */
+        if (!strncmp(p, "//", 2)) {
+            if (p[2] != '/')
+                return "unix://HOST/... names a host; a Unix-domain socket has none";
+            p += 2;
+        }
+        if (!*p)
+            return "names no socket";
+    } else {
+        size_t n = 0;
+        while (isalnum((unsigned char)p[n]) || (n && strchr("+.-", p[n])))
+            n++;
+        if (n && isalpha((unsigned char)p[0]) && !strncmp(p + n, "://", 3))
+            return "an address of another scheme; ferry serve listens on a Unix-domain "
+                   "socket only";
+    }
+    if (!*p)
+        return "empty";
+    *path = p;
+    return NULL;
+}
+
+int ferry__serve_conf_socket(ferry__serve_conf *c, char *err, size_t errlen)
+{
+    const char *path = NULL, *why = ferry__serve_socket_parse(c->socket, &path);
+    if (!why) {
+        c->socket = path;
+        return 0;
+    }
+    snprintf(err, errlen, "%s: socket %s: %s; accepted: unix:/path/to/ferry.sock or "
+             "/path/to/ferry.sock (a Unix-domain socket)", from(c, "socket"), c->socket, why);
+    return -1;
 }

@@ -103,4 +103,12 @@ int ferry__serve_conf_model_layout(const char *model, ferry_kv_layout *l);
  * origins. */
 int ferry__serve_conf_finish(ferry__serve_conf *c, char *err, size_t errlen);
 
+/* An address of the daemon's socket, PATH or unix:PATH (unix:///PATH):
+ * NULL and *path (inside addr), or why it is none (tcp:// or any other
+ * scheme, unix://HOST/..., empty) */
+const char *ferry__serve_socket_parse(const char *addr, const char **path);
+/* c's socket as a path (unix:PATH becomes PATH): 0, or -1 with err naming
+ * where the value came from (another scheme is never taken for a path) */
+int ferry__serve_conf_socket(ferry__serve_conf *c, char *err, size_t errlen);
+
 #endif

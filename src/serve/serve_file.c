@@ -3,7 +3,9 @@
  * the daemon (ferry/serve.h, ferry_serve_file_load): the very reader
  * `ferry serve --config` uses (serve_config.c), the environment's
  * FERRY_<KEY> over it when asked, then a ferry_serve_config ready for
- * ferry_serve_open whose strings and arrays the file handle owns.
+ * ferry_serve_open whose strings and arrays the file handle owns. The
+ * socket is read as the CLI reads it: unix:PATH is PATH, tcp:// or any
+ * other scheme is refused (never bound as a file of that name).
  */
 #include <errno.h>
 #include <string.h>
@@ -31,7 +33,8 @@ int ferry_serve_file_load(const char *path, int env, ferry_serve_file **out)
     char err[512];
     if (ferry__serve_conf_load(&f->c, path, err, sizeof err) < 0 ||
         (env && ferry__serve_conf_env(&f->c, err, sizeof err) < 0) ||
-        ferry__serve_conf_finish(&f->c, err, sizeof err) < 0) {
+        ferry__serve_conf_finish(&f->c, err, sizeof err) < 0 ||
+        ferry__serve_conf_socket(&f->c, err, sizeof err) < 0) {
         ferry_serve_file_free(f);
         return ferry__err_set(NULL, -EINVAL, "%s", err);
     }

@@ -224,8 +224,12 @@ static int recv_reply(ferry_kv *kv, ferry__kvc *c, uint8_t type, uint64_t rid,
     c->cut = 0;
     if (r < 0)
         return r;
-    if (h->type == (FERRY__P_ERROR | FERRY__PROTO_REPLY) && h->rid == rid)
-        return 0; /* the daemon refused the frame: its message follows */
+    /* the daemon refused the frame, or (rid 0, a request id no client
+     * uses) the connection itself before reading a request: past
+     * max_clients, a uid it does not allow (docs/PROTOCOL.md). Its code
+     * and message follow, not a confusion of request ids */
+    if (h->type == (FERRY__P_ERROR | FERRY__PROTO_REPLY) && (h->rid == rid || h->rid == 0))
+        return 0;
     if (h->rid != rid || h->type != (type | FERRY__PROTO_REPLY)) {
         char why[96];
         snprintf(why, sizeof why, "reply %s to request %llu (asked %s, request %llu)",

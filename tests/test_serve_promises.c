@@ -1,0 +1,448 @@
+/*
+ * test_serve_promises.c - `ferry serve` as an operator and an engine team
+ * meet it: the real ferry binary run as a daemon, engines as clients of
+ * it through the public KV API. A refused start (a second daemon on the
+ * socket, a socket whose directory is missing, a path too long for
+ * sun_path) says one line and leaves nothing behind (no socket, no L2
+ * slab); SIGTERM, SIGINT and SIGHUP stop it cleanly (exit 0, the socket
+ * gone, the persistent L2 synced: the next daemon returns the very bytes),
+ * unless SIGHUP was ignored (nohup); --max-clients refuses the one past
+ * it and serves the rest; a client of another geometry is refused naming
+ * both; bytes one client stores another retrieves exactly. Skipped when
+ * the binary is not built.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <libgen.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ferry/kv.h"
+#include "ferry_test.h"
+
+#define CT 16       /* the daemons' --chunk-tokens */
+#define TB 256u     /* model tiny: 2 heads of 64 bf16 values a token and plane */
+#define NTOK (8 * CT)
+
+static char g_ferry[4096];
+static char g_dir[256];
+
+/* ---- the binary ---- */
+
+/* run ferry argv (NULL-terminated): its exit status, stderr (at most len - 1 bytes) */
+static int run(char *const *argv, char *err, size_t len)
+{
+    char pe[320];
+    snprintf(pe, sizeof pe, "%s/err.txt", g_dir);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fe = open(pe, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        int fo = open("/dev/null", O_WRONLY);
+        dup2(fo, 1);
+        dup2(fe, 2);
+        execv(g_ferry, argv);
+        _exit(127);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    FILE *f = fopen(pe, "r");
+    assert_non_null(f);
+    err[fread(err, 1, len - 1, f)] = 0;
+    fclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static int lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
+}
+
+static int exists(const char *path)
+{
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+/* the entries of directory path */
+static int entries(const char *path)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "ls -A '%s' | wc -l", path);
+    FILE *p = popen(cmd, "r");
+    int n = -1;
+    assert_non_null(p);
+    assert_int_equal(fscanf(p, "%d", &n), 1);
+    pclose(p);
+    return n;
+}
+
+static char g_log[320];
+
+/* start `ferry serve --socket sock --model tiny --chunk-tokens 16 --l1 4M`
+ * and extra (NULL-terminated, may be NULL) in the background, SIGHUP
+ * ignored when ign_hup; wait for the socket file (it appears only once the
+ * daemon listens). Its pid */
+static pid_t daemon_start(const char *sock, const char *const *extra, int ign_hup)
+{
+    char *argv[32] = {g_ferry, "serve", "--socket", (char *)sock, "--model", "tiny",
+                      "--chunk-tokens", "16", "--l1", "4M"};
+    int n = 10;
+    for (; extra && *extra && n < 31; extra++)
+        argv[n++] = (char *)*extra;
+    argv[n] = NULL;
+    snprintf(g_log, sizeof g_log, "%s/serve.log", g_dir);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(g_log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        dup2(fd, 2);
+        if (ign_hup)
+            signal(SIGHUP, SIG_IGN);
+        execv(g_ferry, argv);
+        _exit(127);
+    }
+    for (int i = 0; i < 6000 && !exists(sock); i++) {
+        int st = 0;
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            char text[2048] = "";
+            FILE *f = fopen(g_log, "r");
+            if (f) {
+                text[fread(text, 1, sizeof text - 1, f)] = 0;
+                fclose(f);
+            }
+            fail_msg("ferry serve exited before serving: %s", text);
+        }
+        usleep(10000);
+    }
+    if (!exists(sock)) {
+        kill(pid, SIGKILL);
+        fail_msg("ferry serve on %s: no socket within 60 s", sock);
+    }
+    return pid;
+}
+
+/* signal the daemon and wait: its exit status (128 + a signal that ended it) */
+static int daemon_stop(pid_t pid, int sig)
+{
+    kill(pid, sig);
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* ---- an engine: a client of the daemon ---- */
+
+static ferry_kv_config client_config(const char *sock)
+{
+    ferry_kv_config c = FERRY_KV_CONFIG_INIT;
+    c.model = "tiny";
+    c.layout = ft_kv_layout(TB);
+    c.chunk_tokens = CT;
+    c.l1_bytes = 1; /* map the daemon's pool */
+    c.server = sock;
+    c.server_timeout_ms = 5000;
+    return c;
+}
+
+static void tokens(int32_t *t, int n, int seed)
+{
+    for (int i = 0; i < n; i++)
+        t[i] = seed * 100003 + i * 7 + 1;
+}
+
+/* store NTOK tokens of seed's KV (the pattern seed) through a client of sock */
+static void store(const char *sock, int seed)
+{
+    ferry_kv_config c = client_config(sock);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    int32_t t[NTOK];
+    tokens(t, NTOK, seed);
+    size_t bytes = (size_t)NTOK * TB * 4;
+    void *img = malloc(bytes);
+    assert_non_null(img);
+    ft_fill_pattern(img, bytes, (unsigned)seed);
+    ferry_kv_buffer b = ft_kv_host_buffer(img, NTOK, TB);
+    assert_int_equal(ferry_kv_store(kv, t, NTOK, NULL, &b), NTOK);
+    FT_ASSERT_OK(ferry_kv_flush(kv));
+    ferry_kv_close(kv);
+    free(img);
+}
+
+/* retrieve them through another client: the tokens found, and every
+ * byte of those compared */
+static int retrieve(const char *sock, int seed)
+{
+    ferry_kv_config c = client_config(sock);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    int32_t t[NTOK];
+    tokens(t, NTOK, seed);
+    size_t bytes = (size_t)NTOK * TB * 4;
+    void *img = calloc(1, bytes);
+    assert_non_null(img);
+    ferry_kv_buffer b = ft_kv_host_buffer(img, NTOK, TB);
+    int64_t got = ferry_kv_retrieve(kv, t, NTOK, NULL, &b);
+    ferry_kv_close(kv);
+    if (got == NTOK && ft_check_pattern(img, bytes, (unsigned)seed) != -1)
+        fail_msg("retrieved %d tokens whose bytes differ at %ld", NTOK,
+                 ft_check_pattern(img, bytes, (unsigned)seed));
+    free(img);
+    return (int)got;
+}
+
+/* ---- the tests ---- */
+
+/* a refused start says one line and leaves no socket and no L2 slab: a
+ * second daemon on a live daemon's socket, a socket whose directory is
+ * missing, a path too long for sun_path (a usage error, exit 2), a second
+ * daemon on the first's L2 directory */
+static void a_refused_start_leaves_nothing_behind(void **state)
+{
+    (void)state;
+    char sock[320], sock2[320], l2a[320], l2b[320], spec_a[340], spec_b[340], nodir[340];
+    char longp[400];
+    snprintf(sock, sizeof sock, "%s/a.sock", g_dir);
+    snprintf(sock2, sizeof sock2, "%s/b.sock", g_dir);
+    snprintf(l2a, sizeof l2a, "%s/l2a", g_dir);
+    snprintf(l2b, sizeof l2b, "%s/l2b", g_dir);
+    snprintf(spec_a, sizeof spec_a, "%s:8M", l2a);
+    snprintf(spec_b, sizeof spec_b, "%s:8M", l2b);
+    snprintf(nodir, sizeof nodir, "%s/nodir/x.sock", g_dir);
+    snprintf(longp, sizeof longp, "%s/%0*d.sock", g_dir, 110, 0);
+    assert_int_equal(mkdir(l2a, 0700), 0);
+    assert_int_equal(mkdir(l2b, 0700), 0);
+    const char *ea[] = {"--l2", spec_a, NULL};
+    pid_t pid = daemon_start(sock, ea, 0);
+    static char err[1 << 14];
+    struct {
+        const char *sock, *l2, *want;
+        int status;
+    } cases[] = {
+        {sock, spec_b, "already serving", 1},
+        {nodir, spec_b, "the socket's directory", 1},
+        {longp, spec_b, "too long", 2},
+        {sock2, spec_a, "in use by process", 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *argv[] = {g_ferry, "serve", "--socket", (char *)cases[i].sock, "--model", "tiny",
+                        "--chunk-tokens", "16", "--l1", "4M", "--l2", (char *)cases[i].l2, NULL};
+        int st = run(argv, err, sizeof err);
+        int left = entries(l2b);
+        if (st != cases[i].status || lines(err) != 1 || strncmp(err, "ferry serve: ", 13) ||
+            !strstr(err, cases[i].want) || left != 0 || exists(sock2) ||
+            strstr(err, ".sock.") /* (a temporary name the operator never gave) */) {
+            daemon_stop(pid, SIGKILL);
+            fail_msg("case %zu (--socket %s --l2 %s): exit %d (want %d), %d files left in "
+                     "%s, b.sock %s; stderr '%s' (want one line with '%s')",
+                     i, cases[i].sock, cases[i].l2, st, cases[i].status, left, l2b,
+                     exists(sock2) ? "left" : "absent", err, cases[i].want);
+        }
+    }
+    /* the first daemon serves on, and stops cleanly */
+    store(sock, 3);
+    assert_int_equal(retrieve(sock, 3), NTOK);
+    assert_int_equal(daemon_stop(pid, SIGTERM), 0);
+    assert_false(exists(sock));
+}
+
+/* SIGTERM, SIGINT and SIGHUP: a clean stop (exit 0, socket removed, L2
+ * synced: a new daemon on the directory returns the bytes exactly) */
+static void stop_signals_stop_cleanly(void **state)
+{
+    (void)state;
+    char sock[320], l2[320], spec[340];
+    snprintf(sock, sizeof sock, "%s/sig.sock", g_dir);
+    snprintf(l2, sizeof l2, "%s/l2sig", g_dir);
+    snprintf(spec, sizeof spec, "%s:8M", l2);
+    assert_int_equal(mkdir(l2, 0700), 0);
+    const char *e[] = {"--l2", spec, NULL};
+    const int sigs[] = {SIGTERM, SIGINT, SIGHUP};
+    for (int i = 0; i < 3; i++) {
+        pid_t pid = daemon_start(sock, e, 0);
+        store(sock, 10 + i);
+        int st = daemon_stop(pid, sigs[i]);
+        if (st != 0 || exists(sock))
+            fail_msg("%s: exit %d (want 0), socket %s", strsignal(sigs[i]), st,
+                     exists(sock) ? "left behind" : "removed");
+        pid = daemon_start(sock, e, 0);
+        int got = retrieve(sock, 10 + i);
+        assert_int_equal(daemon_stop(pid, SIGTERM), 0);
+        if (got != NTOK)
+            fail_msg("after %s the next daemon returned %d of %d tokens", strsignal(sigs[i]),
+                     got, NTOK);
+    }
+    /* started with SIGHUP ignored (nohup): a hang-up leaves it serving */
+    pid_t pid = daemon_start(sock, e, 1);
+    kill(pid, SIGHUP);
+    usleep(200000);
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, WNOHANG), 0);
+    assert_int_equal(retrieve(sock, 10), NTOK);
+    assert_int_equal(daemon_stop(pid, SIGTERM), 0);
+}
+
+/* a stop right after the socket file appears (a start-up script that waits
+ * for it) is a clean stop too: the signal is never the default kill */
+static void a_stop_as_soon_as_the_socket_appears(void **state)
+{
+    (void)state;
+    char sock[320];
+    snprintf(sock, sizeof sock, "%s/early.sock", g_dir);
+    for (int i = 0; i < 5; i++) {
+        /* (daemon_start polls every 10 ms; this one as fast as it can) */
+        char *argv[] = {g_ferry, "serve", "--socket", sock, "--model", "tiny", "--l1", "4M",
+                        NULL};
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            int fd = open("/dev/null", O_WRONLY);
+            dup2(fd, 2);
+            execv(g_ferry, argv);
+            _exit(127);
+        }
+        while (!exists(sock)) {
+            int st = 0;
+            assert_int_equal(waitpid(pid, &st, WNOHANG), 0);
+        }
+        int st = daemon_stop(pid, SIGTERM);
+        if (st != 0 || exists(sock))
+            fail_msg("try %d: SIGTERM as the socket appeared: exit %d, socket %s", i, st,
+                     exists(sock) ? "left behind" : "removed");
+    }
+}
+
+/* --max-clients 1: the second client is refused naming the limit, the
+ * first is served; once it leaves, another client retrieves its bytes */
+static void max_clients_from_the_flag(void **state)
+{
+    (void)state;
+    char sock[320];
+    snprintf(sock, sizeof sock, "%s/max.sock", g_dir);
+    const char *e[] = {"--max-clients", "1", NULL};
+    pid_t pid = daemon_start(sock, e, 0);
+    ferry_kv_config c = client_config(sock);
+    ferry_kv *a = NULL, *b = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &a));
+    int rc = ferry_kv_open(&c, &b);
+    if (rc != FERRY_EBUSY || !strstr(ferry_last_error(), "max_clients 1")) {
+        daemon_stop(pid, SIGKILL);
+        fail_msg("a second client past --max-clients 1: %d (%s)", rc, ferry_last_error());
+    }
+    assert_int_equal(ferry_kv_lookup(a, (int32_t[CT]){0}, CT, NULL), 0);
+    ferry_kv_close(a);
+    store(sock, 21); /* (a client that waits its turn: the first left) */
+    assert_int_equal(retrieve(sock, 21), NTOK);
+    assert_int_equal(daemon_stop(pid, SIGTERM), 0);
+}
+
+/* a client of another chunk size or layout is refused, naming the
+ * daemon's; the daemon serves the right ones on */
+static void another_geometry_is_refused(void **state)
+{
+    (void)state;
+    char sock[320];
+    snprintf(sock, sizeof sock, "%s/geo.sock", g_dir);
+    pid_t pid = daemon_start(sock, NULL, 0);
+    ferry_kv_config c = client_config(sock);
+    c.chunk_tokens = 2 * CT;
+    ferry_kv *kv = NULL;
+    int rc = ferry_kv_open(&c, &kv);
+    char why[512];
+    snprintf(why, sizeof why, "%s", ferry_last_error());
+    c = client_config(sock);
+    c.layout.num_layers = 3;
+    int rc2 = ferry_kv_open(&c, &kv);
+    if (rc != FERRY_EMISMATCH || rc2 != FERRY_EMISMATCH || !strstr(why, "16 tokens")) {
+        daemon_stop(pid, SIGKILL);
+        fail_msg("another geometry: %d (%s), %d (%s)", rc, why, rc2, ferry_last_error());
+    }
+    store(sock, 31);
+    assert_int_equal(retrieve(sock, 31), NTOK);
+    assert_int_equal(daemon_stop(pid, SIGTERM), 0);
+}
+
+/* --group and --allow-uid (root only: it needs another uid): a uid that
+ * is not allowed is refused naming it, even through a 0660 socket of its
+ * group; --allow-uid lets it in */
+static void allow_uid_from_the_flag(void **state)
+{
+    (void)state;
+    struct group *gr = getgrgid(65534);
+    if (getuid() != 0 || !gr)
+        skip();
+    char group[64], sock[320];
+    snprintf(group, sizeof group, "%s", gr->gr_name);
+    snprintf(sock, sizeof sock, "%s/uid.sock", g_dir);
+    assert_int_equal(chmod(g_dir, 0755), 0);
+    for (int allow = 0; allow < 2; allow++) {
+        const char *e[] = {"--group", group, allow ? "--allow-uid" : NULL, "65534", NULL};
+        pid_t pid = daemon_start(sock, e, 0);
+        struct stat st;
+        assert_int_equal(stat(sock, &st), 0);
+        assert_int_equal(st.st_mode & 0777, 0660);
+        assert_int_equal(st.st_gid, 65534);
+        pid_t ch = fork();
+        assert_true(ch >= 0);
+        if (ch == 0) {
+            if (setgid(65534) != 0 || setuid(65534) != 0)
+                _exit(3);
+            ferry_kv_config c = client_config(sock);
+            c.l1_bytes = 0;
+            ferry_kv *kv = NULL;
+            int rc = ferry_kv_open(&c, &kv);
+            if (rc == 0) {
+                ferry_kv_close(kv);
+                _exit(0);
+            }
+            _exit(rc == -EACCES && strstr(ferry_last_error(), "uid 65534") ? 1 : 2);
+        }
+        int got = ft_child_exit(ch);
+        assert_int_equal(daemon_stop(pid, SIGTERM), 0);
+        assert_int_equal(got, allow ? 0 : 1);
+    }
+    assert_int_equal(chmod(g_dir, 0700), 0);
+}
+
+int main(void)
+{
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        return 77;
+    self[n] = 0;
+    snprintf(g_ferry, sizeof g_ferry, "%s/../ferry", dirname(self));
+    if (access(g_ferry, X_OK) != 0) {
+        fprintf(stderr, "skip: %s not built\n", g_ferry);
+        return 77;
+    }
+    static const char *const vars[] = {"FERRY_L1_BYTES", "FERRY_SOCKET", "FERRY_WORKERS",
+                                       "FERRY_L2_DIR", "FERRY_L2_DIRS", "FERRY_L2_BYTES",
+                                       "FERRY_MODEL", "FERRY_MAX_CLIENTS", "FERRY_GROUP",
+                                       "FERRY_ALLOW_UIDS", "FERRY_LOG", "FERRY_CHUNK_TOKENS"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        unsetenv(vars[i]);
+    ft_tmpdir(g_dir, sizeof g_dir);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(a_refused_start_leaves_nothing_behind),
+        cmocka_unit_test(stop_signals_stop_cleanly),
+        cmocka_unit_test(a_stop_as_soon_as_the_socket_appears),
+        cmocka_unit_test(max_clients_from_the_flag),
+        cmocka_unit_test(another_geometry_is_refused),
+        cmocka_unit_test(allow_uid_from_the_flag),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    ft_rmtree(g_dir);
+    return rc;
+}
