@@ -14,7 +14,8 @@
  *     asynchronous (ferry_gds_last_error after the reap), and the same
  *     transfer works once space is back;
  *   - ferry_gds_buffer_alloc: -EINVAL for len 0 or out NULL, *out set only
- *     on success, aligned, and a round trip through it;
+ *     on success, aligned, registered again with the length asked for as
+ *     a no-op, and a round trip through it;
  *   - ferry_gds_stats_get: -EINVAL without size; bytes counted as moved.
  */
 /* ferry-test-labels: concurrent */
@@ -242,7 +243,10 @@ static void buffer_alloc_and_stats(void **state)
     unsigned char *p = NULL;
     FT_ASSERT_OK(ferry_gds_buffer_alloc(g, 3 * MiB + 100, (void **)&p));
     assert_true(((uintptr_t)p & 4095) == 0);
-    const size_t n = 3 * MiB + 4096;
+    /* registered with the length asked for: again with it is a no-op */
+    FT_ASSERT_OK(ferry_gds_host_register(g, p, 3 * MiB + 100));
+    assert_int_equal(ferry_gds_host_register(g, p, 3 * MiB + 4096), FERRY_EEXIST);
+    const size_t n = 3 * MiB; /* (inside the 3 MiB + 100 asked for) */
     ft_fill_pattern(p, n, 37);
     FT_ASSERT_OK(ferry_gds_pwrite(g, p, n, 4096));
     unsigned char *b = abuf(n);

@@ -22,7 +22,9 @@
  *     space is back;
  *   - a vectored read longer than max_request is -EINVAL;
  *   - registering a buffer again with another length (shorter too) is
- *     FERRY_EEXIST on uring, the first registration intact;
+ *     FERRY_EEXIST on uring naming both lengths, the first registration
+ *     intact; one from ferry_io_buffer_alloc registers again with the
+ *     length it was asked for;
  *   - ferry_file_close with requests of the file still queued waits for
  *     them: every byte lands in that file, none in a file opened after it
  *     (which may get the same descriptor).
@@ -475,8 +477,10 @@ static void register_again_with_another_length(void **state)
     int uring = !strcmp(eng(state), "uring");
     assert_int_equal(ferry_io_register_buffer(io, a, 4096), uring ? FERRY_EEXIST : 0);
     assert_int_equal(ferry_io_register_buffer(io, a, 16384), uring ? FERRY_EEXIST : 0);
-    if (uring)
+    if (uring) {
         has(ferry_io_last_error(io), "another length");
+        has(ferry_io_last_error(io), "(8192 bytes, not 16384)");
+    }
     /* the first registration is intact and works */
     ft_fill_pattern(a, 8192, 101);
     FT_ASSERT_OK(ferry_io_pwrite(io, f, a, 8192, 0));
@@ -487,6 +491,30 @@ static void register_again_with_another_length(void **state)
     FT_ASSERT_OK(ferry_file_close(f));
     ferry_io_close(io);
     free(a);
+    free(b);
+}
+
+/* a buffer from ferry_io_buffer_alloc is registered with the length asked
+ * for: registering it again with that length is the no-op "the same (buf,
+ * len) again" is, though the allocation was rounded up to 4096 */
+static void buffer_alloc_then_register(void **state)
+{
+    ferry_io *io = open_io(eng(state), 4, 0);
+    ferry_file *f = open_as(io, "alloc.bin", RWC);
+    unsigned char *a = NULL, *b = abuf(8192);
+    FT_ASSERT_OK(ferry_io_buffer_alloc(io, 5000, (void **)&a));
+    FT_ASSERT_OK(ferry_io_register_buffer(io, a, 5000));
+    int uring = !strcmp(eng(state), "uring");
+    assert_int_equal(ferry_io_register_buffer(io, a, 8192), uring ? FERRY_EEXIST : 0);
+    if (uring)
+        has(ferry_io_last_error(io), "(5000 bytes, not 8192)");
+    ft_fill_pattern(a, 5000, 102);
+    FT_ASSERT_OK(ferry_io_pwrite(io, f, a, 5000, 0));
+    FT_ASSERT_OK(ferry_io_pread(io, f, b, 5000, 0));
+    assert_memory_equal(b, a, 5000);
+    ferry_io_buffer_free(io, a);
+    FT_ASSERT_OK(ferry_file_close(f));
+    ferry_io_close(io);
     free(b);
 }
 
@@ -757,6 +785,7 @@ int main(void)
         PER_ENGINE(disk_fills_mid_request),
         PER_ENGINE(vectored_read_is_not_split),
         PER_ENGINE(register_again_with_another_length),
+        PER_ENGINE(buffer_alloc_then_register),
         PER_ENGINE(file_close_waits_for_its_requests),
         cmocka_unit_test(cufile_engine_promises),
     };

@@ -338,7 +338,8 @@ FERRY_API int ferry_gds_host_register(ferry_gds *g, void *buf, size_t len);
 FERRY_API int ferry_gds_host_unregister(ferry_gds *g, void *buf);
 /**
  * Allocate len bytes of host memory aligned for the slab (pinned when the
- * context has a device) and registered with the drive queues; free with
+ * context has a device) and registered, (buf, len), with the drive queues
+ * (ferry_gds_host_register of the same again is a no-op); free with
  * ferry_gds_buffer_free before closing the context. Errors: -EINVAL (out
  * NULL, len 0 or too large to round up to the alignment), FERRY_ESTATE
  * (off), -ENOMEM; *out is set only on success.

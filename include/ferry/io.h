@@ -224,8 +224,9 @@ FERRY_API int ferry_io_unregister_buffer(ferry_io *io, void *buf);
 FERRY_API int ferry_io_register_dev(ferry_io *io, ferry_devptr p, size_t len);
 FERRY_API int ferry_io_unregister_dev(ferry_io *io, ferry_devptr p);
 /** Allocate len bytes aligned to FERRY_IO_ALIGN (pinned when the engine has a
- * device) and register them with the engine when it can (best effort);
- * free with ferry_io_buffer_free. */
+ * device) and register them, (buf, len), with the engine when it can (best
+ * effort: registering the same (buf, len) again is a no-op); free with
+ * ferry_io_buffer_free. */
 FERRY_API int ferry_io_buffer_alloc(ferry_io *io, size_t len, void **out);
 FERRY_API void ferry_io_buffer_free(ferry_io *io, void *buf);
 

@@ -685,8 +685,9 @@ int ferry_gds_buffer_alloc(ferry_gds *g, size_t len, void **out)
         if (n >= huge && FERRY__IS_ALIGNED(p, huge))
             madvise(p, n & ~(huge - 1), MADV_HUGEPAGE);
     }
-    /* best effort, as the engines' own buffers: unregistered still works */
-    if (ferry_gds_host_register(g, p, n) < 0)
+    /* best effort, as the engines' own buffers: unregistered still works.
+     * The length asked for: registering (p, len) again is then a no-op */
+    if (ferry_gds_host_register(g, p, len) < 0)
         FERRY_LOGD("gds: buffer %p not registered: %s", p, ferry__err_msg(&g->err));
     *out = p;
     return 0;

@@ -591,8 +591,10 @@ int ferry_io_buffer_alloc(ferry_io *io, size_t len, void **out)
         if (n >= huge && FERRY__IS_ALIGNED(p, huge))
             madvise(p, n & ~(huge - 1), MADV_HUGEPAGE);
     }
-    /* best effort: a registered buffer takes the engine's fast path */
-    if (io->ops->buf_register && io->ops->buf_register(io, p, n) < 0)
+    /* best effort: a registered buffer takes the engine's fast path. The
+     * length asked for, not the rounded one: the caller registering (p,
+     * len) again must find "the same (buf, len)", a no-op (ferry/io.h) */
+    if (io->ops->buf_register && io->ops->buf_register(io, p, len) < 0)
         FERRY_LOGD("io %s: buffer %p not registered: %s", io->ops->name, p,
                    ferry__err_msg(&io->err));
     *out = p;
