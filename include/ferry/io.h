@@ -164,7 +164,9 @@ FERRY_API int ferry_file_open_mode(ferry_io *io, const char *path, unsigned flag
 /**
  * Close. Requests on f still queued or in the engine run to their end
  * first (their completions stay for ferry_io_reap; a request may not name
- * f once it is closed). NULL does nothing.
+ * f once it is closed: a request reaped after the close still holds f in
+ * its file member, which is freed - read nothing through it, e.g.
+ * ferry_file_path(r->file)). NULL does nothing.
  */
 FERRY_API int ferry_file_close(ferry_file *f);
 FERRY_API const char *ferry_file_path(const ferry_file *f);
