@@ -257,6 +257,73 @@ static void a_refused_start_leaves_nothing_behind(void **state)
     assert_false(exists(sock));
 }
 
+/* `ferry serve --socket sock --l2 spec ...` in the background, stderr to log */
+static pid_t spawn_serve(const char *sock, const char *spec, const char *log)
+{
+    char *argv[] = {g_ferry, "serve", "--socket", (char *)sock, "--model", "tiny",
+                    "--chunk-tokens", "16", "--l1", "4M", "--l2", (char *)spec, NULL};
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        dup2(fd, 2);
+        execv(g_ferry, argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* two daemons started on one socket at once, each with an L2 directory of
+ * its own: one serves, the other is refused and leaves its directory as
+ * it found it (empty: no slab of a store it never served) */
+static void two_starts_at_once_one_serves(void **state)
+{
+    (void)state;
+    char sock[320], l2[2][320], spec[2][700], log[2][320];
+    snprintf(sock, sizeof sock, "%s/race.sock", g_dir);
+    for (int d = 0; d < 2; d++) {
+        snprintf(l2[d], sizeof l2[d], "%s/l2race%d", g_dir, d);
+        snprintf(spec[d], sizeof spec[d], "%s:64M", l2[d]);
+        snprintf(log[d], sizeof log[d], "%s/race%d.log", g_dir, d);
+    }
+    for (int t = 0; t < 4; t++) {
+        for (int d = 0; d < 2; d++) {
+            ft_rmtree(l2[d]);
+            assert_int_equal(mkdir(l2[d], 0700), 0);
+        }
+        pid_t pid[2];
+        for (int d = 0; d < 2; d++)
+            pid[d] = spawn_serve(sock, spec[d], log[d]);
+        int loser = -1, st = 0;
+        for (int i = 0; i < 6000 && loser < 0; i++) {
+            for (int d = 0; d < 2 && loser < 0; d++)
+                if (waitpid(pid[d], &st, WNOHANG) == pid[d])
+                    loser = d;
+            if (loser < 0)
+                usleep(10000);
+        }
+        if (loser < 0) {
+            kill(pid[0], SIGKILL);
+            kill(pid[1], SIGKILL);
+            fail_msg("try %d: two daemons on one socket both serve", t);
+        }
+        int winner = !loser, left = entries(l2[loser]);
+        char err[2048] = "";
+        FILE *f = fopen(log[loser], "r");
+        assert_non_null(f);
+        err[fread(err, 1, sizeof err - 1, f)] = 0;
+        fclose(f);
+        for (int i = 0; i < 6000 && !exists(sock); i++)
+            usleep(10000);
+        int wst = daemon_stop(pid[winner], SIGTERM);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 1 || left != 0 || !strstr(err, "race.sock") ||
+            wst != 0)
+            fail_msg("try %d: the refused daemon exited %d, left %d files in %s (want 0); "
+                     "the other stopped with %d; its stderr: '%s'",
+                     t, WIFEXITED(st) ? WEXITSTATUS(st) : -1, left, l2[loser], wst, err);
+    }
+}
+
 /* SIGTERM, SIGINT and SIGHUP: a clean stop (exit 0, socket removed, L2
  * synced: a new daemon on the directory returns the bytes exactly) */
 static void stop_signals_stop_cleanly(void **state)
@@ -436,6 +503,7 @@ int main(void)
     ft_tmpdir(g_dir, sizeof g_dir);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_refused_start_leaves_nothing_behind),
+        cmocka_unit_test(two_starts_at_once_one_serves),
         cmocka_unit_test(stop_signals_stop_cleanly),
         cmocka_unit_test(a_stop_as_soon_as_the_socket_appears),
         cmocka_unit_test(max_clients_from_the_flag),
