@@ -138,8 +138,10 @@ static volatile sig_atomic_t g_stop;
 static void on_signal(int sig)
 {
     (void)sig;
+    int e = errno; /* (the code the interrupted thread may be about to read) */
     g_stop = 1;
-    ferry_serve_stop(g_serve); /* (NULL until open: does nothing) */
+    ferry_serve_stop(g_serve); /* (NULL until open: does nothing; a write) */
+    errno = e;
 }
 
 /* SIGTERM, SIGINT and SIGHUP stop the daemon cleanly from before it opens
