@@ -424,6 +424,16 @@ static void max_clients_from_the_flag(void **state)
                      ferry_last_error());
         }
     }
+    /* the daemon full, `ferry serve status` still shows it (a monitor is
+     * no client of max_clients), and the engine past it is still refused */
+    static char out[1 << 14];
+    char *st_argv[] = {g_ferry, "serve", "status", "--socket", sock, NULL};
+    int st = run(st_argv, out, sizeof out);
+    if (st != 0) {
+        daemon_stop(pid, SIGKILL);
+        fail_msg("ferry serve status of a daemon at --max-clients 1: exit %d: %s", st, out);
+    }
+    assert_int_equal(ferry_kv_open(&c, &b), FERRY_EBUSY);
     assert_int_equal(ferry_kv_lookup(a, (int32_t[CT]){0}, CT, NULL), 0);
     ferry_kv_close(a);
     store(sock, 21); /* (a client that waits its turn: the first left) */
@@ -493,8 +503,31 @@ static void allow_uid_from_the_flag(void **state)
             _exit(rc == -EACCES && strstr(ferry_last_error(), "uid 65534") ? 1 : 2);
         }
         int got = ft_child_exit(ch);
+        /* a monitor (ferry serve status) of that uid: refused alike */
+        char pe[320], err[1024] = "";
+        snprintf(pe, sizeof pe, "%s/status-uid.txt", g_dir);
+        ch = fork();
+        assert_true(ch >= 0);
+        if (ch == 0) {
+            int fe = open(pe, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+            int fo = open("/dev/null", O_WRONLY);
+            dup2(fo, 1);
+            dup2(fe, 2);
+            if (setgid(65534) != 0 || setuid(65534) != 0)
+                _exit(3);
+            execl(g_ferry, g_ferry, "serve", "status", "--socket", sock, (char *)NULL);
+            _exit(127);
+        }
+        int mon = ft_child_exit(ch);
+        FILE *f = fopen(pe, "r");
+        assert_non_null(f);
+        err[fread(err, 1, sizeof err - 1, f)] = 0;
+        fclose(f);
         assert_int_equal(daemon_stop(pid, SIGTERM), 0);
         assert_int_equal(got, allow ? 0 : 1);
+        if (allow ? mon != 0 : mon == 0 || !strstr(err, "uid 65534"))
+            fail_msg("ferry serve status as uid 65534 (%s): exit %d: %s",
+                     allow ? "allowed" : "not allowed", mon, err);
     }
     assert_int_equal(chmod(g_dir, 0700), 0);
 }

@@ -174,7 +174,7 @@ static void usage(FILE *f)
             "                         /run/ferry/ferry.sock; no TCP)\n"
             "  --group NAME           socket 0660 for this group (default: 0600, owner only)\n"
             "  --allow-uid UID        accept this uid too (repeatable, up to %d)\n"
-            "  --max-clients N        connections at once (default 256)\n"
+            "  --max-clients N        engines at once (default 256; serve status is none)\n"
             "  --l1 SIZE              shared-memory pool (default 2G)\n"
             "  --l2 DIR:SIZE          persistent NVMe slab in DIR (an existing directory);\n"
             "                         repeat it for several drives (the same SIZE on each,\n"
@@ -528,19 +528,20 @@ int cmd_serve(int argc, char **argv)
 
 static int xfer(int fd, ferry__proto_buf *b, uint8_t *in, size_t cap, ferry__proto_rd *rd)
 {
-    if (send(fd, b->p, b->len, MSG_NOSIGNAL) != (ssize_t)b->len)
-        return -EIO;
+    /* (a send that fails still reads: a daemon that refused the
+     * connection at accept, a uid it does not allow, said why and closed) */
+    int sent = send(fd, b->p, b->len, MSG_NOSIGNAL) == (ssize_t)b->len;
     uint8_t hb[FERRY__PROTO_HDR];
     size_t got = 0;
     ferry__proto_hdr h;
     char why[128];
     while (got < sizeof hb) {
         struct pollfd p = {fd, POLLIN, 0};
-        if (poll(&p, 1, 2000) <= 0)
-            return -ETIMEDOUT;
+        if (poll(&p, 1, sent ? 2000 : 0) <= 0)
+            return sent ? -ETIMEDOUT : -EIO;
         ssize_t r = recv(fd, hb + got, sizeof hb - got, 0);
         if (r <= 0)
-            return -ECONNRESET;
+            return sent ? -ECONNRESET : -EIO;
         got += (size_t)r;
     }
     if (ferry__proto_hdr_decode(hb, sizeof hb, &h, why, sizeof why) < 0 || h.len > cap)
@@ -693,7 +694,7 @@ int cmd_serve_status(int argc, char **argv)
     q.hdr.type = FERRY__P_HELLO;
     q.hdr.rid = 1;
     q.hello.flags = FERRY__HELLO_NO_POOL | FERRY__HELLO_ANY;
-    char msg[FERRY__PROTO_MAX_MSG + 1];
+    char msg[FERRY__PROTO_MAX_MSG + 1] = "";
     rc = ferry__proto_req_encode(&b, &q);
     if (rc == 0)
         rc = xfer(fd, &b, in, sizeof in, &rd);

@@ -457,7 +457,7 @@ static void accept_one(ferry_serve *s)
         c = NULL;
     }
     pthread_mutex_lock(&s->mu);
-    int full = s->nconns >= s->max_clients;
+    int full = s->nconns >= s->max_clients + FERRY__SRV_MONITORS;
     pthread_mutex_unlock(&s->mu);
     if (!c || full) {
         snprintf(msg, sizeof msg, "%s (max_clients %u)",
