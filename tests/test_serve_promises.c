@@ -48,6 +48,7 @@ static int run(char *const *argv, char *err, size_t len)
         int fo = open("/dev/null", O_WRONLY);
         dup2(fo, 1);
         dup2(fe, 2);
+        alarm(30); /* (a daemon that serves where it should not have: ended) */
         execv(g_ferry, argv);
         _exit(127);
     }
@@ -336,6 +337,39 @@ static void two_starts_at_once_one_serves(void **state)
     }
 }
 
+/* what could never work as meant is a usage error (exit 2, one line naming
+ * the fix, nothing created): --allow-uid without --group (the socket is
+ * 0600: the uid could never reach it), and the client's key
+ * server_timeout_ms in the daemon's config file, as server is */
+static void client_keys_and_unreachable_uids_are_refused(void **state)
+{
+    (void)state;
+    char sock[320], conf[320];
+    snprintf(sock, sizeof sock, "%s/use.sock", g_dir);
+    snprintf(conf, sizeof conf, "%s/use.yaml", g_dir);
+    FILE *f = fopen(conf, "w");
+    assert_non_null(f);
+    fprintf(f, "model: tiny\nchunk_tokens: 16\nl1_bytes: 4M\nserver_timeout_ms: 3000\n");
+    fclose(f);
+    static char err[4096];
+    char *a1[] = {g_ferry, "serve", "--socket", sock, "--model", "tiny", "--l1", "4M",
+                  "--allow-uid", "1001", NULL};
+    int st = run(a1, err, sizeof err);
+    if (st != 2 || lines(err) != 1 || !strstr(err, "--allow-uid") || !strstr(err, "--group") ||
+        exists(sock))
+        fail_msg("--allow-uid without --group: exit %d, socket %s: '%s'", st,
+                 exists(sock) ? "made" : "absent", err);
+    char *a2[] = {g_ferry, "serve", "--socket", sock, "--config", conf, NULL};
+    st = run(a2, err, sizeof err);
+    if (st != 2 || lines(err) != 1 || !strstr(err, "server_timeout_ms") ||
+        !strstr(err, "client's key") || exists(sock))
+        fail_msg("server_timeout_ms in the daemon's config: exit %d, socket %s: '%s'", st,
+                 exists(sock) ? "made" : "absent", err);
+    /* uid 0 reaches a 0600 socket: allowed alone, it is no error */
+    pid_t pid = daemon_start(sock, (const char *[]){"--allow-uid", "0", NULL}, 0);
+    assert_int_equal(daemon_stop(pid, SIGTERM), 0);
+}
+
 /* SIGTERM, SIGINT and SIGHUP: a clean stop (exit 0, socket removed, L2
  * synced: a new daemon on the directory returns the bytes exactly) */
 static void stop_signals_stop_cleanly(void **state)
@@ -554,6 +588,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_refused_start_leaves_nothing_behind),
         cmocka_unit_test(two_starts_at_once_one_serves),
+        cmocka_unit_test(client_keys_and_unreachable_uids_are_refused),
         cmocka_unit_test(stop_signals_stop_cleanly),
         cmocka_unit_test(a_stop_as_soon_as_the_socket_appears),
         cmocka_unit_test(max_clients_from_the_flag),
