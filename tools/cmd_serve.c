@@ -138,8 +138,10 @@ static volatile sig_atomic_t g_stop;
 static void on_signal(int sig)
 {
     (void)sig;
+    int e = errno; /* (the code the interrupted thread may be about to read) */
     g_stop = 1;
-    ferry_serve_stop(g_serve); /* (NULL until open: does nothing) */
+    ferry_serve_stop(g_serve); /* (NULL until open: does nothing; a write) */
+    errno = e;
 }
 
 /* SIGTERM, SIGINT and SIGHUP stop the daemon cleanly from before it opens
@@ -171,8 +173,10 @@ static void usage(FILE *f)
             "  --socket PATH          Unix-domain socket, PATH or unix:PATH (default\n"
             "                         /run/ferry/ferry.sock; no TCP)\n"
             "  --group NAME           socket 0660 for this group (default: 0600, owner only)\n"
-            "  --allow-uid UID        accept this uid too (repeatable, up to %d)\n"
-            "  --max-clients N        connections at once (default 256)\n"
+            "  --allow-uid UID        accept this uid too (repeatable, up to %d); needs\n"
+            "                         --group, a group it is in (else a usage error: the\n"
+            "                         0600 socket keeps any uid but root out)\n"
+            "  --max-clients N        engines at once (default 256; serve status is none)\n"
             "  --l1 SIZE              shared-memory pool (default 2G)\n"
             "  --l2 DIR:SIZE          persistent NVMe slab in DIR (an existing directory);\n"
             "                         repeat it for several drives (the same SIZE on each,\n"
@@ -377,6 +381,17 @@ static int group_and_remote_ok(ferry__serve_conf *c)
     if (c->group && !getgrnam(c->group))
         return bad_value(c, "--group", "group", c->group, "the name of an existing group",
                          "no such group");
+    /* without a group the socket is 0600: an allowed uid other than root
+     * (which any mode admits) could never connect */
+    for (unsigned i = 0; !c->group && i < c->nallow; i++) {
+        if (c->allow[i] == 0)
+            continue;
+        const char *o = ferry__serve_conf_origin(c, "allow_uids");
+        return cli_usage(SERVE_CMD, "%s: uid %u cannot reach the socket without a group (it "
+                         "is 0600); accepted: a group uid %u is in too (--group NAME, or "
+                         "group: NAME; the socket is then 0660)", *o ? o : "--allow-uid",
+                         (unsigned)c->allow[i], (unsigned)c->allow[i]);
+    }
     if (c->kv.remote_url && ferry_remote_url_validate(c->kv.remote_url) < 0) {
         /* the URL is not echoed: it may hold a password (the message quotes
          * what it must) */
@@ -410,6 +425,12 @@ static int parse_flags(ferry__serve_conf *c, int argc, char **argv)
     if (c->kv.server)
         return cli_usage(SERVE_CMD, "%s: server: a client's key; accepted: no server (the "
                          "daemon hosts the store itself)", ferry__serve_conf_origin(c, "server"));
+    /* (how long an engine waits for the daemon: no daemon's setting) */
+    const char *sto = ferry__serve_conf_origin(c, "server_timeout_ms");
+    if (*sto)
+        return cli_usage(SERVE_CMD, "%s: server_timeout_ms: a client's key (how long an engine "
+                         "waits for the daemon); accepted: no server_timeout_ms (set it in "
+                         "the engines' config)", sto);
     int rc = socket_of(c, SERVE_CMD);
     if (rc)
         return rc;
@@ -526,19 +547,20 @@ int cmd_serve(int argc, char **argv)
 
 static int xfer(int fd, ferry__proto_buf *b, uint8_t *in, size_t cap, ferry__proto_rd *rd)
 {
-    if (send(fd, b->p, b->len, MSG_NOSIGNAL) != (ssize_t)b->len)
-        return -EIO;
+    /* (a send that fails still reads: a daemon that refused the
+     * connection at accept, a uid it does not allow, said why and closed) */
+    int sent = send(fd, b->p, b->len, MSG_NOSIGNAL) == (ssize_t)b->len;
     uint8_t hb[FERRY__PROTO_HDR];
     size_t got = 0;
     ferry__proto_hdr h;
     char why[128];
     while (got < sizeof hb) {
         struct pollfd p = {fd, POLLIN, 0};
-        if (poll(&p, 1, 2000) <= 0)
-            return -ETIMEDOUT;
+        if (poll(&p, 1, sent ? 2000 : 0) <= 0)
+            return sent ? -ETIMEDOUT : -EIO;
         ssize_t r = recv(fd, hb + got, sizeof hb - got, 0);
         if (r <= 0)
-            return -ECONNRESET;
+            return sent ? -ECONNRESET : -EIO;
         got += (size_t)r;
     }
     if (ferry__proto_hdr_decode(hb, sizeof hb, &h, why, sizeof why) < 0 || h.len > cap)
@@ -691,7 +713,7 @@ int cmd_serve_status(int argc, char **argv)
     q.hdr.type = FERRY__P_HELLO;
     q.hdr.rid = 1;
     q.hello.flags = FERRY__HELLO_NO_POOL | FERRY__HELLO_ANY;
-    char msg[FERRY__PROTO_MAX_MSG + 1];
+    char msg[FERRY__PROTO_MAX_MSG + 1] = "";
     rc = ferry__proto_req_encode(&b, &q);
     if (rc == 0)
         rc = xfer(fd, &b, in, sizeof in, &rd);

@@ -86,9 +86,8 @@ static void dir_of(const char *path, char *dir, size_t cap)
 /* what would refuse the socket, found before the store is opened (its
  * pool allocated, its L2 slab created): a path too long, a directory that
  * is not there, a file that is no socket, a live daemon on it, a group
- * that does not exist. A refused
- * start then leaves nothing behind; listen_locked looks again under the
- * directory's lock */
+ * that does not exist. A refused start then leaves nothing behind. Called
+ * with the directory locked (lock_dir), held until listen_locked is done */
 static int socket_usable(const char *path, const char *group, ferry__errbuf *eb)
 {
     if (group) {
@@ -133,18 +132,6 @@ static int lock_dir(const char *path)
         while (flock(fd, LOCK_EX) != 0 && errno == EINTR)
             ;
     return fd;
-}
-
-static int listen_locked(ferry_serve *s, const char *group);
-
-/* the socket at path, its directory locked meanwhile */
-static int listen_on(ferry_serve *s, const char *group)
-{
-    int dfd = lock_dir(s->path);
-    int rc = listen_locked(s, group);
-    if (dfd >= 0)
-        close(dfd); /* (the lock goes with it) */
-    return rc;
 }
 
 /* the socket bound, given its owner and mode and listening under a
@@ -291,12 +278,19 @@ int ferry_serve_open(const ferry_serve_config *ucfg, ferry_serve **out)
     }
     if (rc == 0 && pipe2(s->stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
         rc = ferry__err_set(&s->err, -errno, "serve open: pipe: %s", strerror(errno));
+    /* the socket's directory is locked from the check to the listen: of
+     * two daemons started on one path at once, the second looks once the
+     * first listens, and is refused before it opens a store (no L2 slab
+     * of its own left behind). (Starts in that directory take turns.) */
+    int dfd = rc == 0 ? lock_dir(s->path) : -1;
     if (rc == 0)
         rc = socket_usable(s->path, cfg->group, &s->err);
     if (rc == 0)
         rc = host_store(s, cfg->kv);
     if (rc == 0)
-        rc = listen_on(s, cfg->group);
+        rc = listen_locked(s, cfg->group);
+    if (dfd >= 0)
+        close(dfd); /* (the lock goes with it) */
     if (rc < 0) {
         ferry__err_pass(NULL, rc);
         if (s->lfd >= 0)
@@ -463,7 +457,7 @@ static void accept_one(ferry_serve *s)
         c = NULL;
     }
     pthread_mutex_lock(&s->mu);
-    int full = s->nconns >= s->max_clients;
+    int full = s->nconns >= s->max_clients + FERRY__SRV_MONITORS;
     pthread_mutex_unlock(&s->mu);
     if (!c || full) {
         snprintf(msg, sizeof msg, "%s (max_clients %u)",

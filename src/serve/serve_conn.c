@@ -197,6 +197,26 @@ static void on_hello(ferry__srv_conn *c, const ferry__proto_req *q, int *pass_fd
         ferry__proto_reply_begin(&c->out, FERRY__P_HELLO, q->hdr.rid, FERRY_EMISMATCH, msg);
         return;
     }
+    /* an engine counts against max_clients; a monitor does not (its
+     * connections past max_clients are few: FERRY__SRV_MONITORS) */
+    int full = 0;
+    pthread_mutex_lock(&s->mu);
+    if (!any && !c->engine) {
+        full = s->nengines >= s->max_clients;
+        s->nengines += !full;
+        c->engine = !full;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (full) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the daemon serves as many clients as it may (max_clients %u)",
+                 s->max_clients);
+        ferry__srv_warn(s, "serve: refused pid %d: %s", (int)c->pid, msg);
+        atomic_fetch_add(&s->refused, 1);
+        ferry__proto_reply_begin(&c->out, FERRY__P_HELLO, q->hdr.rid, FERRY_EBUSY, msg);
+        c->bye = 1;
+        return;
+    }
     int pool = !(h->flags & FERRY__HELLO_NO_POOL);
     ferry__proto_reply_begin(&c->out, FERRY__P_HELLO, q->hdr.rid, 0, NULL);
     ferry__proto_put_u32(&c->out, l->num_layers);
@@ -580,6 +600,8 @@ static int serve_one(ferry__srv_conn *c)
         ferry__srv_warn(s, "serve: client pid %d reads no replies (%u ms): disconnected",
                         (int)c->pid, s->send_timeout_ms);
     }
+    if (r == 0 && c->bye)
+        r = FERRY_EBUSY; /* (refused at HELLO: its reply said why) */
     return r;
 }
 
@@ -601,6 +623,7 @@ void *ferry__srv_conn_main(void *arg)
     FERRY_LOGD("serve: client pid %d disconnected", (int)c->pid);
     pthread_mutex_lock(&c->s->mu);
     c->s->nconns--;
+    c->s->nengines -= c->engine ? 1u : 0u;
     pthread_mutex_unlock(&c->s->mu);
     atomic_store(&c->done, 1);
     return NULL;

@@ -30,6 +30,10 @@
 #include "kv/kv_slots.h"
 #include "proto/proto.h"
 
+/* connections a daemon takes past max_clients, for monitors alone (HELLO
+ * ANY: ferry serve status): a full daemon still shows its state */
+#define FERRY__SRV_MONITORS 4u
+
 /* why a connection was cut */
 enum { FERRY__SRV_GONE = 1, FERRY__SRV_CLOSING = 2 };
 
@@ -55,6 +59,8 @@ typedef struct ferry__srv_conn {
                                      unread; 0 while it may. A reference: read-ahead
                                      queued for it holds others */
     int hello;                    /* HELLO answered */
+    int engine;                   /* counted in nengines (a HELLO not ANY) */
+    int bye;                      /* its last reply sent: end the connection */
     uint8_t *in;                  /* the request payload */
     size_t in_cap;
     ferry__proto_chunk *ch;       /* its chunks */
@@ -98,6 +104,9 @@ struct ferry_serve {
     pthread_mutex_t mu;
     ferry__srv_conn *conns;
     unsigned nconns;
+    unsigned nengines;            /* connections past a HELLO not ANY: at most
+                                     max_clients; monitors (ferry serve status)
+                                     have FERRY__SRV_MONITORS more connections */
     /* ferry_serve_run's poll set (its thread's alone): the socket, the stop
      * pipe, then each connection not cut yet, watched for a hang-up */
     struct pollfd *watch;

@@ -202,10 +202,49 @@ static uint64_t deadline_of(const ferry__kvc *c)
     return ferry__now_ns() + ((uint64_t)c->timeout_ms + c->wait_ms) * 1000000u;
 }
 
+/* an ERROR reply in c->in that ends the connection (request id 0: the
+ * daemon refused it at accept, past max_clients or a uid it does not
+ * allow, or a frame it could not read): its code and message, the
+ * connection closed */
+static int refused(ferry_kv *kv, ferry__kvc *c, const ferry__proto_hdr *h)
+{
+    ferry__proto_rd rd = {c->in, c->in + h->len, 0};
+    char msg[FERRY__PROTO_MAX_MSG + 1];
+    int32_t rc = ferry__proto_reply_head(&rd, msg, sizeof msg);
+    if (rd.err || rc >= 0)
+        return lost(kv, c, "a malformed reply", ferry__proto_type_name(h->type));
+    ferry__kvc_drop(c);
+    return ferry__kv_err(kv, rc, "kv server %s: %s", c->path, msg);
+}
+
+/* the daemon closed before this client's request went out: the ERROR it
+ * said why in, when one waits unread (0 and *h), else -1 */
+static int pending_refusal(ferry__kvc *c, ferry__proto_hdr *h)
+{
+    uint8_t hb[FERRY__PROTO_HDR];
+    char why[160];
+    uint64_t now = ferry__now_ns(); /* (no wait: it is there or it is not) */
+    if (recv_all(c, hb, sizeof hb, now, NULL) < 0 ||
+        ferry__proto_hdr_decode(hb, sizeof hb, h, why, sizeof why) < 0 ||
+        h->type != (FERRY__P_ERROR | FERRY__PROTO_REPLY) || h->rid != 0)
+        return -1;
+    if (h->len > c->in_cap) {
+        uint8_t *n = ferry__realloc(c->in, h->len);
+        if (!n)
+            return -1;
+        c->in = n;
+        c->in_cap = h->len;
+    }
+    return recv_all(c, c->in, h->len, now, NULL) < 0 ? -1 : 0;
+}
+
 /* send c->out (a whole frame): 0, or a code (connection closed) */
 static int send_out(ferry_kv *kv, ferry__kvc *c, uint64_t deadline)
 {
     int r = send_all(c, c->out.p, c->out.len, deadline);
+    ferry__proto_hdr h;
+    if (r < 0 && r != -ETIMEDOUT && pending_refusal(c, &h) == 0)
+        return refused(kv, c, &h);
     if (r < 0)
         return lost(kv, c, "sending a request", r == -ETIMEDOUT ? "the daemon reads nothing"
                                                                  : ferry_strerror(r));
@@ -224,12 +263,15 @@ static int recv_reply(ferry_kv *kv, ferry__kvc *c, uint8_t type, uint64_t rid,
     c->cut = 0;
     if (r < 0)
         return r;
-    /* the daemon refused the frame, or (rid 0, a request id no client
-     * uses) the connection itself before reading a request: past
-     * max_clients, a uid it does not allow (docs/PROTOCOL.md). Its code
-     * and message follow, not a confusion of request ids */
-    if (h->type == (FERRY__P_ERROR | FERRY__PROTO_REPLY) && (h->rid == rid || h->rid == 0))
+    /* the daemon refused the frame: its code and message follow */
+    if (h->type == (FERRY__P_ERROR | FERRY__PROTO_REPLY) && h->rid == rid)
         return 0;
+    /* (rid 0, a request id no client uses) it refused the connection, at
+     * accept (past max_clients, a uid it does not allow) or for a frame it
+     * could not read, and closed it (docs/PROTOCOL.md): its code and
+     * message, not a confusion of request ids */
+    if (h->type == (FERRY__P_ERROR | FERRY__PROTO_REPLY) && h->rid == 0)
+        return refused(kv, c, h);
     if (h->rid != rid || h->type != (type | FERRY__PROTO_REPLY)) {
         char why[96];
         snprintf(why, sizeof why, "reply %s to request %llu (asked %s, request %llu)",
