@@ -753,16 +753,32 @@ class ExpertPool(_LastCounts, Closing):
         return lib.ferry_moe_planner_policy(self._planner).decode()
 
 
-def replay(trace_path, policy=None, slots=0, expert_bytes=0):
+def _default_slots(t):
+    """`ferry moe replay`'s budget when none is named: 25% of the trace's
+    layers x experts, at least one step's experts (top-k), at most all."""
+    m = lib.ferry_moe_trace_model(t).contents
+    every = m.num_layers * m.num_experts
+    return min(max(int(every * 0.25 + 0.5), m.top_k, 1), every, 1 << 24)
+
+
+def replay(trace_path, policy=None, slots=None, expert_bytes=0):
     """Replay a routing trace (ferry moe gen / engine captures) through a planner
-    (policy None: the library's default, "auto"): a dict with hits, misses,
-    hit_rate, evictions, host_bytes, ns_per_step."""
-    slots, expert_bytes = _u32(slots, "slots"), _u64(expert_bytes, "expert_bytes")
+    of `slots` slots (None: `ferry moe replay`'s default, 25% of the trace's
+    layers x experts, at least its top-k) and `policy` (None: the library's
+    default, "auto"; "belady" too): a dict with policy, slots, steps, hits,
+    misses, hit_rate, evictions, host_bytes (misses x expert_bytes; 0: the
+    trace's) and ns_per_step. FerryError for a trace that does not load and
+    for slots outside 1 .. 2^24 (0 included), as the planner's."""
+    if slots is not None:
+        slots = _u32(slots, "slots")
+    expert_bytes = _u64(expert_bytes, "expert_bytes")
+    pol = _policy_bytes(policy)
     t = ctypes.c_void_p()
     check(lib.ferry_moe_trace_load(os.fsencode(trace_path), ctypes.byref(t)), f"trace {trace_path}")
     try:
+        if slots is None:
+            slots = _default_slots(t)
         r = A.MoeReplayResult()
-        pol = _policy_bytes(policy)
         check(lib.ferry_moe_replay(t, pol, slots, expert_bytes, ctypes.byref(r)),
               "replay")
         out = {f: getattr(r, f) for f, _ in A.MoeReplayResult._fields_}

@@ -18,6 +18,8 @@ hour, public API only:
 - bad input: ids out of range, of float/bool dtype, 2-D; a layer out of
   range; more distinct experts than slots (FERRY_ENOSPACE); a confidence
   that is not a number (a TypeError, where "0.9" and True were taken);
+- replay(path) with no slots replays at the CLI's default budget (it was
+  an EINVAL: "slots 0").
 """
 import errno
 import os
@@ -325,3 +327,15 @@ def test_replay_returns_what_it_says(tmp_path):
         ferry.replay(tmp_path / "missing.jsonl", "lru", 16)
     assert "missing.jsonl" in str(e.value)
 
+
+def test_replay_without_slots_takes_the_clis_default_budget(tmp_path):
+    """replay(path) named no slots: the default 0 was refused (EINVAL,
+    "slots 0"). Now it is `ferry moe replay`'s: 25% of the trace's
+    layers x experts (the small model: 4 x 16 -> 16)."""
+    trace = _trace(tmp_path)
+    r = ferry.replay(str(trace))
+    assert r["slots"] == 16 and r["policy"] == "auto"
+    assert r == {**ferry.replay(str(trace), slots=16), "ns_per_step": r["ns_per_step"]}
+    with pytest.raises(FerryError) as e:
+        ferry.replay(str(trace), slots=0)                 # named 0: refused
+    assert e.value.code == -errno.EINVAL
