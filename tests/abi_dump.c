@@ -108,6 +108,10 @@ int main(void)
     S(ferry_moe_hint_stats); HS(size); HS(hinted); HS(right); HS(wrong); HS(saves); HS(evicted);
     HS(fetched); HS(live); E();
 #undef HS
+#define MM(f) F(ferry_moe_model, f)
+    S(ferry_moe_model); MM(name); MM(num_layers); MM(num_experts); MM(top_k); MM(expert_bytes);
+    E();
+#undef MM
 #define RR(f) F(ferry_moe_replay_result, f)
     S(ferry_moe_replay_result); RR(policy); RR(slots); RR(steps); RR(hits); RR(misses);
     RR(hit_rate); RR(host_bytes); RR(evictions); RR(ns_per_step); E();

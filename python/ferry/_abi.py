@@ -141,6 +141,11 @@ class MoeHintStats(_Sized):
         "hinted", "right", "wrong", "saves", "evicted", "fetched", "live")]
 
 
+class MoeModel(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char * 64), ("num_layers", _u32), ("num_experts", _u32),
+                ("top_k", _u32), ("expert_bytes", _u64)]
+
+
 class MoeReplayResult(ctypes.Structure):
     _fields_ = [("policy", ctypes.c_char * 32), ("slots", _u32), ("steps", _u64), ("hits", _u64),
                 ("misses", _u64), ("hit_rate", _dbl), ("host_bytes", _u64), ("evictions", _u64),
@@ -167,4 +172,5 @@ STRUCTS = {
     "ferry_moe_planner_stats": MoePlannerStats,
     "ferry_moe_hint_stats": MoeHintStats,
     "ferry_moe_replay_result": MoeReplayResult,
+    "ferry_moe_model": MoeModel,
 }

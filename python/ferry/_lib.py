@@ -147,6 +147,7 @@ _PROTOS = {
     "ferry_moe_trace_load": (_c_int, [_cp, ctypes.POINTER(_vp)]),
     "ferry_moe_trace_destroy": (None, [_vp]),
     "ferry_moe_trace_steps": (_c_size, [_vp]),
+    "ferry_moe_trace_model": (ctypes.POINTER(A.MoeModel), [_vp]),
     "ferry_moe_replay": (_c_int, [_vp, _cp, _c_u32, _c_u64, ctypes.POINTER(A.MoeReplayResult)]),
     "ferry_moe_policies": (ctypes.POINTER(_cp), []),
 }

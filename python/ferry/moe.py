@@ -216,11 +216,31 @@ def _plan_dict(plan):
             "src_rows": [plan.src_rows[i] for i in range(n)]}
 
 
+def _confidence(v):
+    """A hint's confidence as a float: a real number (int, float, a numpy or
+    torch real scalar); a string ("0.9", which float() would parse), a bool,
+    None or a sequence is a TypeError naming it. Its range (0..1) is C's."""
+    if isinstance(v, bool) or isinstance(v, (np.bool_, str, bytes)):
+        ok = False
+    elif isinstance(v, (int, float, np.integer, np.floating)):
+        ok = True
+    elif isinstance(v, np.ndarray):
+        ok = v.ndim == 0 and v.dtype.kind in "iuf"
+    elif is_torch(v):
+        ok = v.ndim == 0 and not (v.is_complex() or v.dtype == torch.bool)
+    else:
+        ok = False
+    if not ok:
+        raise TypeError(f"ferry: confidence is a number 0..1, got {type(v).__name__} {v!r}")
+    return float(v)
+
+
 def _hint(handle, layer, steps_ahead, experts, confidence):
     ex, ptr = _u32s(experts)
     layer, steps_ahead = _u32(layer, "layer"), _u32(steps_ahead, "steps_ahead")
+    confidence = _confidence(confidence)
     return check(lib.ferry_moe_planner_hint(handle, layer, steps_ahead, ptr, ex.size,
-                                            float(confidence)), f"hint layer {layer}")
+                                            confidence), f"hint layer {layer}")
 
 
 def _hint_stats(handle):
@@ -301,8 +321,15 @@ class Planner(_LastCounts, Closing):
     @_locked
     def ensure(self, layer, experts):
         """One layer of one step: (the slot of each expert in the order given,
-        the copy plan {"layer", "dst_slots", "src_rows"} of the rows to move).
-        self.last_counts (the calling thread's last) says what the step found."""
+        the copy plan {"layer", "dst_slots", "src_rows"}: copy row
+        src_rows[i] of `layer` into slot dst_slots[i], and every slot
+        returned then holds its expert). A duplicate id shares its slot and
+        row. self.last_counts (the calling thread's last) says what the
+        step found. Raises (nothing changes) FerryError EINVAL for a layer
+        or an expert out of range or no experts, FERRY_ENOSPACE for more
+        distinct experts than slots (split the step: each part's slots are
+        kept only until the next ensure()); TypeError for ids that are not
+        integers, ValueError for ids not one-dimensional."""
         h = self._need()
         ex, ptr = _u32s(experts)
         layer = _u32(layer, "layer")
@@ -322,14 +349,19 @@ class Planner(_LastCounts, Closing):
         """`experts` of `layer` are expected at the step `steps_ahead` layer-steps
         from now (1: the next ensure()), right with probability `confidence`:
         eviction keeps them while that (calibrated) is worth more than what it
-        evicts instead. Returns the distinct experts hinted."""
+        evicts instead. Returns the distinct experts hinted. FerryError
+        EINVAL (nothing hinted) for a layer or expert out of range, no
+        experts, steps_ahead outside 1 .. 2^20 or a confidence outside
+        0..1; TypeError for a confidence that is not a number ("0.9")."""
         return _hint(self._need(), layer, steps_ahead, experts, confidence)
 
     @_locked
     def hint_prefetch(self, max_rows):
         """The copy plan of up to max_rows hinted experts that are missing, the
         most valuable layer first, only those expected to save more copies
-        than they cost ({"layer", "dst_slots", "src_rows"}; empty: none)."""
+        than they cost ({"layer", "dst_slots", "src_rows"}; empty: none).
+        It never evicts the experts of the last ensure(): their slots keep
+        their rows while the step is computed."""
         plan = A.MoeCopyPlan()
         h = self._need()
         max_rows = _u32(max_rows, "max_rows")
@@ -352,14 +384,16 @@ class Planner(_LastCounts, Closing):
 
     @_locked
     def lookup(self, layer, expert):
-        """The slot holding (layer, expert), or None."""
+        """The slot holding (layer, expert), or None (also for a layer or an
+        expert out of range)."""
         h = self._need()
         s = lib.ferry_moe_planner_lookup(h, _u32(layer, "layer"), _u32(expert, "expert"))
         return None if s == 0xFFFFFFFF else s
 
     @_locked
     def forget(self, slot):
-        """The slot's copy failed: it becomes free and its expert missing."""
+        """The slot's copy failed: it becomes free and its expert missing (a
+        free slot: a no-op). FerryError EINVAL for slot >= slots."""
         h = self._need()
         check(lib.ferry_moe_planner_forget(h, _u32(slot, "slot")), f"forget slot {slot}")
 
@@ -540,8 +574,12 @@ class ExpertPool(_LastCounts, Closing):
         """Make every expert of `experts` (layer-local ids) resident at `layer`:
         the planner picks slots (evicting by its policy) and the executor
         copies only the rows that were missing. Returns the slot of each
-        expert, in the order given; self.last_counts (the calling thread's
-        last) says what moved."""
+        expert, in the order given (a duplicate id shares its slot):
+        slot_tensor(b)[slot] is then bank b's row of that expert.
+        self.last_counts (the calling thread's last) says what moved.
+        Errors as Planner.ensure: FERRY_ENOSPACE for more distinct experts
+        than slots (split the step, computing each part before the next
+        ensure(), which may evict it)."""
         self._need()
         ex, _ = _u32s(experts)
         layer = _u32(layer, "layer")
@@ -626,7 +664,8 @@ class ExpertPool(_LastCounts, Closing):
     def hint_prefetch(self, max_rows=8):
         """Copy up to max_rows hinted experts that are missing into slots now
         (those expected to save more copies than they cost, the most valuable
-        layer first), so a later ensure() finds them. Returns the rows copied."""
+        layer first), so a later ensure() finds them; never over the experts
+        of the last ensure(). Returns the rows copied."""
         self._need()
         plan = A.MoeCopyPlan()
         max_rows = _u32(max_rows, "max_rows")
@@ -714,16 +753,32 @@ class ExpertPool(_LastCounts, Closing):
         return lib.ferry_moe_planner_policy(self._planner).decode()
 
 
-def replay(trace_path, policy=None, slots=0, expert_bytes=0):
+def _default_slots(t):
+    """`ferry moe replay`'s budget when none is named: 25% of the trace's
+    layers x experts, at least one step's experts (top-k), at most all."""
+    m = lib.ferry_moe_trace_model(t).contents
+    every = m.num_layers * m.num_experts
+    return min(max(int(every * 0.25 + 0.5), m.top_k, 1), every, 1 << 24)
+
+
+def replay(trace_path, policy=None, slots=None, expert_bytes=0):
     """Replay a routing trace (ferry moe gen / engine captures) through a planner
-    (policy None: the library's default, "auto"): a dict with hits, misses,
-    hit_rate, evictions, host_bytes, ns_per_step."""
-    slots, expert_bytes = _u32(slots, "slots"), _u64(expert_bytes, "expert_bytes")
+    of `slots` slots (None: `ferry moe replay`'s default, 25% of the trace's
+    layers x experts, at least its top-k) and `policy` (None: the library's
+    default, "auto"; "belady" too): a dict with policy, slots, steps, hits,
+    misses, hit_rate, evictions, host_bytes (misses x expert_bytes; 0: the
+    trace's) and ns_per_step. FerryError for a trace that does not load and
+    for slots outside 1 .. 2^24 (0 included), as the planner's."""
+    if slots is not None:
+        slots = _u32(slots, "slots")
+    expert_bytes = _u64(expert_bytes, "expert_bytes")
+    pol = _policy_bytes(policy)
     t = ctypes.c_void_p()
     check(lib.ferry_moe_trace_load(os.fsencode(trace_path), ctypes.byref(t)), f"trace {trace_path}")
     try:
+        if slots is None:
+            slots = _default_slots(t)
         r = A.MoeReplayResult()
-        pol = _policy_bytes(policy)
         check(lib.ferry_moe_replay(t, pol, slots, expert_bytes, ctypes.byref(r)),
               "replay")
         out = {f: getattr(r, f) for f, _ in A.MoeReplayResult._fields_}
