@@ -182,6 +182,27 @@ def tokens_array(tokens):
     return arr, arr.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
 
 
+def is_torch_device(x):
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(x, torch.device)
+
+
+def device_spec(device):
+    """(kind, ordinal) of a device given as "host", "cuda", "cuda:N" or a
+    torch.device of those: ValueError naming what was given otherwise."""
+    spec = str(device) if is_torch_device(device) else device
+    if spec == "host":
+        return "host", 0
+    if isinstance(spec, str) and (spec == "cuda" or spec.startswith("cuda:")):
+        _, _, n = spec.partition(":")
+        if not n or (n.isdigit() and n.isascii()):
+            return "cuda", int(n) if n else 0
+    raise ValueError(f"ferry: device is 'cuda:N' or 'host', got {device!r}")
+
+
 class DeviceMem:
     """What a store opened on a device accepts as device memory: CUDA tensors
     on its ordinal (kind "cuda"), or memory from its own ferry_device_alloc

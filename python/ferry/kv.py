@@ -10,8 +10,9 @@ import numpy as np
 
 from . import _abi as A
 from ._handle import CallGuard, Closing, Opened
-from ._buffers import (CACHE_LAYOUTS, Buffer, DeviceMem, cache_planes, describe, dtype_code,
-                       dtype_name, is_torch, paged_geometry, tokens_array)
+from ._buffers import (CACHE_LAYOUTS, Buffer, DeviceMem, cache_planes, describe, device_spec,
+                       dtype_code, dtype_name, is_torch, is_torch_device, paged_geometry,
+                       tokens_array)
 from ._lib import lib
 from .errors import ELOCKED, FerryError, check, err_name, strerror
 
@@ -722,18 +723,8 @@ class KVStore(Closing):
         return rc
 
     def _open_device(self, device):
-        if is_torch_device(device):
-            device = str(device)
+        kind, ordinal = device_spec(device)
         spec = str(device)
-        if spec == "host":
-            kind, ordinal = "host", 0
-        elif spec == "cuda" or spec.startswith("cuda:"):
-            kind, _, n = spec.partition(":")
-            if n and not n.isdigit():
-                raise ValueError(f"ferry: device is 'cuda:N' or 'host', got {device!r}")
-            ordinal = int(n) if n else 0
-        else:
-            raise ValueError(f"ferry: device is 'cuda:N' or 'host', got {device!r}")
         opt = A.DeviceOptions()
         self._backend = kind.encode()
         opt.backend = self._backend
@@ -1195,14 +1186,6 @@ class KVStore(Closing):
             if n <= need:
                 return buf.value.decode()
             need = n
-
-
-def is_torch_device(x):
-    try:
-        import torch
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(x, torch.device)
 
 
 def quantile(hist, q):

@@ -31,7 +31,7 @@ import numpy as np
 
 from . import _abi as A
 from ._handle import NOT_OPENED, Closing, Opened
-from ._buffers import describe, is_torch, storage_of
+from ._buffers import describe, device_spec, is_torch, is_torch_device, storage_of
 from ._lib import lib
 from .errors import FerryError, check
 
@@ -435,8 +435,21 @@ class _SlotMemory:
         self.slots = self.dev = None
 
 
+class _CudaSlots:
+    """A bank's slots in CUDA memory as __cuda_array_interface__ describes
+    them ([slots, row_bytes] uint8, the slots `stride` bytes apart); the
+    tensor torch makes of it keeps this object, which keeps `mem`."""
+
+    def __init__(self, ptr, slots, row_bytes, stride, mem):
+        self._mem = mem
+        self.__cuda_array_interface__ = {
+            "shape": (slots, row_bytes), "typestr": "|u1", "descr": [("", "|u1")],
+            "data": (int(ptr), False), "strides": (stride, 1), "version": 2}
+
+
 class ExpertPool(_LastCounts, Closing):
-    """Expert slots on a ferry device ("host" here; "cuda" on a GPU), an
+    """Expert slots on a ferry device ("host", or "cuda:N" / a torch.device on
+    a GPU: slot_tensor then gives CUDA tensors on that GPU), an
     eviction planner over them (policy None: the library's default, "auto"),
     and a rows source (host banks or a file).
 
@@ -503,14 +516,17 @@ class ExpertPool(_LastCounts, Closing):
 
     def _open(self, device, policy, rows_file, info):
         g = self.geometry
-        if not isinstance(device, str):
-            raise TypeError(f"ferry: device is a name (\"host\", \"cuda\"), got "
-                            f"{type(device).__name__} {device!r}")
+        if not isinstance(device, str) and not is_torch_device(device):
+            raise TypeError(f"ferry: device is a name (\"host\", \"cuda\", \"cuda:N\") or a "
+                            f"torch.device, got {type(device).__name__} {device!r}")
+        kind, self._ordinal = device_spec(device)
         dopt = A.DeviceOptions()
-        self._backend = device.encode()
+        self._backend = kind.encode()
         dopt.backend = self._backend
+        dopt.ordinal = self._ordinal
         h = ctypes.c_void_p()
-        check(lib.ferry_device_open(ctypes.byref(dopt), ctypes.byref(h)), "device open")
+        check(lib.ferry_device_open(ctypes.byref(dopt), ctypes.byref(h)),
+              f"device {str(device)!r}")
         self._dev = h
         ops, ctx = ctypes.c_void_p(), ctypes.c_void_p()
         check(lib.ferry_moe_device_slots_open(h, ctypes.byref(g), ctypes.byref(ops),
@@ -611,13 +627,12 @@ class ExpertPool(_LastCounts, Closing):
     @_locked
     def slot_tensor(self, bank, dtype=None, shape=None):
         """Bank `bank`'s slots as a tensor [slots, *shape] of dtype (default: the
-        raw bytes, [slots, row_bytes] uint8), viewing the device memory itself
-        (the host device; a GPU's slots are not host memory). The view keeps
-        that memory: after close() it holds the slots' last bytes, and the
-        memory goes with the last view."""
+        raw bytes, [slots, row_bytes] uint8), viewing the device memory itself:
+        on "host" a CPU tensor (or a NumPy array for a NumPy dtype), on
+        "cuda:N" a CUDA tensor on that GPU (through __cuda_array_interface__;
+        torch needed). The view keeps that memory: after close() it holds the
+        slots' last bytes, and the memory goes with the last view."""
         self._need()
-        if self._backend != b"host":
-            raise ValueError("ferry: slot_tensor views host-device slots only")
         bank = _int(bank, "bank")
         if not 0 <= bank < len(self.row_bytes):
             raise IndexError(f"ferry: bank {bank} of {len(self.row_bytes)}")
@@ -625,13 +640,15 @@ class ExpertPool(_LastCounts, Closing):
         p0 = lib.ferry_moe_device_slot_ptr(ctx, bank, 0)
         stride = (lib.ferry_moe_device_slot_ptr(ctx, bank, 1) - p0) if self.slots > 1 else \
             self.row_bytes[bank]
+        rb = self.row_bytes[bank]
+        if self._mem is None:
+            self._mem = _SlotMemory()
+        if self._backend == b"cuda":
+            return self._cuda_view(p0, stride, rb, dtype, shape)
         host = lib.ferry_devptr_host(self._dev, p0)
         if not host:
             raise FerryError(-22, "slot memory is not host-addressable", "slot_tensor")
-        rb = self.row_bytes[bank]
         raw = (ctypes.c_uint8 * (stride * (self.slots - 1) + rb)).from_address(host)
-        if self._mem is None:
-            self._mem = _SlotMemory()
         raw._ferry_mem = self._mem  # every view of raw's bytes holds the memory
         arr = np.lib.stride_tricks.as_strided(np.frombuffer(raw, np.uint8),
                                               shape=(self.slots, rb), strides=(stride, 1))
@@ -645,6 +662,25 @@ class ExpertPool(_LastCounts, Closing):
             return v
         v = arr.view(dtype) if dtype is not None else arr
         return v.reshape((self.slots,) + tuple(shape)) if shape is not None else v
+
+    def _cuda_view(self, p0, stride, rb, dtype, shape):
+        """slot_tensor on a CUDA pool: torch.as_tensor of the slots' device
+        memory, which keeps the _CudaSlots object (and so the memory) alive."""
+        if torch is None:
+            raise ValueError("ferry: slot_tensor of a CUDA pool needs torch")
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise TypeError(f"ferry: a CUDA slot_tensor's dtype is a torch.dtype, got {dtype!r}")
+        # (a torch that takes the interface's device from the current one,
+        # not from the pointer: made current for the call)
+        with torch.cuda.device(self._ordinal):
+            v = torch.as_tensor(_CudaSlots(p0, self.slots, rb, stride, self._mem),
+                                device=f"cuda:{self._ordinal}")
+        if dtype is not None:
+            v = v.view(dtype)
+        if shape is not None:
+            v = v.reshape((self.slots,) + tuple(shape))
+        v._ferry_pool = self
+        return v
 
     @_locked
     def stats(self):

@@ -233,3 +233,60 @@ def test_device_buffers_through_ferry_serve(tmp_path):
             assert torch.equal(dst.cpu(), src_cpu)
     finally:
         d.stop()
+
+
+def test_expert_pool_slot_tensor_on_the_device():
+    """ExpertPool(device=DEVICE): slot_tensor views the slots where they are
+    (a CPU tensor on "host", a CUDA tensor on cuda:N), and after each
+    ensure() every returned slot holds exactly its expert's rows in every
+    bank, as an engine reading the view sees them; the view outlives close()
+    with the slots' last bytes."""
+    L, E, S = 3, 8, 5
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(L, E, 4, 6, generator=g)                       # 96-byte rows
+    v = torch.randint(-999, 999, (L, E, 10), generator=g, dtype=torch.int16)   # 20-byte rows
+    steps = [(0, [1, 2]), (1, [2, 7, 7]), (2, [0, 1, 2, 3]), (0, [5, 6]), (1, [4, 3]),
+             (0, [1, 6]), (2, [7, 6, 5])]
+    with ferry.ExpertPool(L, E, S, [w, v], policy="lru", device=DEVICE) as pool:
+        sw = pool.slot_tensor(0, torch.float32, (4, 6))
+        sv = pool.slot_tensor(1, torch.int16)
+        want = "cpu" if DEVICE == "host" else DEVICE
+        assert str(sw.device) == want and str(sv.device) == want
+        assert sw.shape == (S, 4, 6) and sv.shape == (S, 10)
+        for layer, ex in steps:
+            slots = pool.ensure(layer, ex)
+            for e, s in zip(ex, slots):
+                assert torch.equal(sw[s].cpu(), w[layer, e]), (layer, e, s)
+                assert torch.equal(sv[s].cpu(), v[layer, e]), (layer, e, s)
+        last = sw.cpu().clone()
+    assert torch.equal(sw.cpu(), last)   # the memory stays with the view
+
+
+def test_expert_pool_device_names():
+    w = torch.zeros(2, 4, 8)
+    for bad in ("gpu:0", "cuda:x", "cpu", "cuda:-1", torch.device("cpu")):
+        with pytest.raises(ValueError, match="device is 'cuda:N' or 'host'"):
+            ferry.ExpertPool(2, 4, 2, [w], device=bad)
+    with pytest.raises(TypeError, match="device is a name"):
+        ferry.ExpertPool(2, 4, 2, [w], device=0)
+    if not torch.cuda.is_available():   # no GPU: the driver is refused, naming the device
+        for dev in ("cuda:1", torch.device("cuda", 1)):
+            with pytest.raises(ferry.FerryError, match="cuda:1"):
+                ferry.ExpertPool(2, 4, 2, [w], device=dev)
+    else:   # a GPU: an ordinal past the last is refused, naming it
+        n = torch.cuda.device_count()
+        with pytest.raises(ferry.FerryError, match=f"cuda:{n}"):
+            ferry.ExpertPool(2, 4, 2, [w], device=f"cuda:{n}")
+
+
+def test_cuda_slots_describe_the_slots():
+    """What a CUDA pool's slot_tensor hands torch: the bank's first slot, the
+    slots' stride and row bytes, read-write (torch keeps the object, which
+    keeps the memory)."""
+    from ferry.moe import _CudaSlots
+    mem = object()
+    c = _CudaSlots(0x7f0000001000, 5, 96, 128, mem)
+    ai = c.__cuda_array_interface__
+    assert ai["data"] == (0x7f0000001000, False)
+    assert ai["shape"] == (5, 96) and ai["strides"] == (128, 1) and ai["typestr"] == "|u1"
+    assert c._mem is mem
