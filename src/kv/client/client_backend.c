@@ -56,6 +56,8 @@ static int stats(ferry_kv *kv, ferry_kv_stats *out)
         out->store_ns[i] = atomic_load_explicit(&kv->h_store.b[i], memory_order_relaxed);
         out->retrieve_ns[i] = atomic_load_explicit(&kv->h_retrieve.b[i], memory_order_relaxed);
     }
+    out->store_sum_ns = atomic_load_explicit(&kv->h_store.sum_ns, memory_order_relaxed);
+    out->retrieve_sum_ns = atomic_load_explicit(&kv->h_retrieve.sum_ns, memory_order_relaxed);
     return 0;
 }
 
