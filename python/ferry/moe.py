@@ -24,6 +24,7 @@ The planner alone (no memory, no copies) is ferry.moe.Planner.
 import ctypes
 import errno
 import functools
+import numbers
 import os
 import threading
 
@@ -217,12 +218,13 @@ def _plan_dict(plan):
 
 
 def _confidence(v):
-    """A hint's confidence as a float: a real number (int, float, a numpy or
-    torch real scalar); a string ("0.9", which float() would parse), a bool,
-    None or a sequence is a TypeError naming it. Its range (0..1) is C's."""
+    """A hint's confidence as a float: a real number (int, float, Fraction,
+    a numpy or torch real scalar); a string ("0.9", which float() would
+    parse), a bool, None or a sequence is a TypeError naming it. Its range
+    (0..1) is C's."""
     if isinstance(v, bool) or isinstance(v, (np.bool_, str, bytes)):
         ok = False
-    elif isinstance(v, (int, float, np.integer, np.floating)):
+    elif isinstance(v, numbers.Real):   # (numpy's integers and floats too)
         ok = True
     elif isinstance(v, np.ndarray):
         ok = v.ndim == 0 and v.dtype.kind in "iuf"
