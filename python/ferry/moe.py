@@ -633,7 +633,13 @@ class ExpertPool(_LastCounts, Closing):
         on "host" a CPU tensor (or a NumPy array for a NumPy dtype), on
         "cuda:N" a CUDA tensor on that GPU (through __cuda_array_interface__;
         torch needed). The view keeps that memory: after close() it holds the
-        slots' last bytes, and the memory goes with the last view."""
+        slots' last bytes, and the memory goes with the last view.
+        On a GPU, ensure() returns once its rows landed (any stream then
+        reads them), but its copies, and hint_prefetch()'s, run on ferry's
+        own streams, which do not wait for the engine's: kernels still
+        queued on a slot (the last layer's experts) must be done, e.g.
+        torch.cuda.current_stream().synchronize(), before a later call may
+        copy another expert over it."""
         self._need()
         bank = _int(bank, "bank")
         if not 0 <= bank < len(self.row_bytes):
