@@ -76,6 +76,7 @@ int main(void)
     K(device_copy_calls); K(pool_waits); K(pool_wait_us);
     K(pool_declines); K(retrieve_check_us); K(retrieve_copy_us); K(retrieve_first_bytes_ns);
     K(retrieve_first_chunk_ns); K(retrieve_first_bytes_sum_ns); K(retrieve_first_chunk_sum_ns);
+    K(lookup_sum_ns); K(store_sum_ns); K(retrieve_sum_ns);
     E();
 #undef K
 #define D(f) F(ferry_device_options, f)

@@ -1130,13 +1130,18 @@ static void test_fake_cuda(void **state)
 
 typedef ft_srv srv;
 
-static void srv_start(srv *v)
+static void srv_start_l1(srv *v, uint64_t l1_chunks)
 {
-    ferry_kv_config kc = config(32, NULL);
+    ferry_kv_config kc = config(l1_chunks, NULL);
     ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
     sc.socket_path = g_sock;
     sc.kv = &kc;
     ft_srv_open(v, &sc);
+}
+
+static void srv_start(srv *v)
+{
+    srv_start_l1(v, 32);
 }
 
 static ferry_kv *open_client(void)
@@ -1550,6 +1555,69 @@ static void test_store_last_layer_races_cancel(void **state)
     free(src);
 }
 
+static uint64_t hist_total(const uint64_t *h)
+{
+    uint64_t t = 0;
+    for (int i = 0; i < FERRY_KV_HIST_BUCKETS; i++)
+        t += h[i];
+    return t;
+}
+
+/* one layerwise store and one layerwise retrieve of a prompt longer than
+ * the store's window (its chunks past it staged, then stored as a plain
+ * store would be) count one store call and one retrieve call, and no more
+ * latencies than calls: in process and through a daemon */
+static void layerwise_calls_count_once(ferry_kv *kv, int32_t base)
+{
+    int32_t tok[NTOK];
+    make_tokens(tok, NTOK, base);
+    unsigned char *want = pattern_image((unsigned)base);
+    unsigned char *got = malloc(PLANES * plane_bytes());
+    assert_non_null(got);
+    ferry_kv_buffer sb = contiguous((uintptr_t)want, FERRY_KV_MEM_HOST);
+    ferry_kv_buffer gb = contiguous((uintptr_t)got, FERRY_KV_MEM_HOST);
+    ferry_kv_stats a = FERRY_KV_STATS_INIT, b = FERRY_KV_STATS_INIT;
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &a));
+    ferry_kv_op *op = NULL;
+    FT_ASSERT_OK(ferry_kv_store_layers(kv, tok, NTOK, NULL, &sb, NULL, &op));
+    for (unsigned l = 0; l < L; l++)
+        FT_ASSERT_OK(ferry_kv_op_layer_done(op, l, NULL));
+    assert_int_equal(ferry_kv_op_wait(op, -1), (int)NTOK);
+    ferry_kv_op_free(op);
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &b));
+    assert_int_equal(b.stored_chunks - a.stored_chunks, NCH);
+    if (b.stores - a.stores != 1)
+        fail_msg("one layerwise store counted as %llu store calls",
+                 (unsigned long long)(b.stores - a.stores));
+    assert_true(hist_total(b.store_ns) - hist_total(a.store_ns) <= 1);
+    a = b;
+    FT_ASSERT_OK(ferry_kv_retrieve_layers(kv, tok, NTOK, NULL, &gb, NULL, &op));
+    int rc = ferry_kv_op_wait(op, -1); /* (as many chunks as one op may hold) */
+    assert_true(rc >= (int)CT);
+    ferry_kv_op_free(op);
+    assert_memory_equal(got, want, (size_t)rc * TB);
+    FT_ASSERT_OK(ferry_kv_stats_get(kv, &b));
+    assert_int_equal(b.retrieves - a.retrieves, 1);
+    assert_int_equal(hist_total(b.retrieve_ns) - hist_total(a.retrieve_ns), 1);
+    assert_int_equal(b.stores, a.stores);
+    free(got);
+    free(want);
+}
+
+static void test_layerwise_calls_count_once(void **state)
+{
+    (void)state;
+    ferry_kv *kv = open_store(8, NULL); /* a window of 2 chunks: 3 of 5 staged */
+    layerwise_calls_count_once(kv, 7000);
+    ferry_kv_close(kv);
+    srv v;
+    srv_start_l1(&v, 8);
+    kv = open_client();
+    layerwise_calls_count_once(kv, 8000);
+    ferry_kv_close(kv);
+    ft_srv_close(&v);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 4 && strcmp(argv[1], "--child-store") == 0)
@@ -1567,6 +1635,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_store_last_layer_races_cancel, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fake_cuda, setup, teardown),
         cmocka_unit_test_setup_teardown(test_server, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_layerwise_calls_count_once, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -646,6 +646,44 @@ static void prometheus_sizes_like_snprintf(void **state)
     free(buf);
 }
 
+/* the value of the sample `name` (whole name, labels included) in text */
+static double prom_value(const char *text, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = text; (p = strstr(p, name)) != NULL; p += n)
+        if ((p == text || p[-1] == '\n') && p[n] == ' ')
+            return strtod(p + n + 1, NULL);
+    fail_msg("no sample %s", name);
+    return 0;
+}
+
+/* each latency histogram's _sum and _count describe the same calls: a
+ * count of calls whose sum is 0 s (buckets from one snapshot, sum from
+ * another) reads as calls that took no time. Through a daemon the
+ * lookups are the daemon's, the stores and retrieves the client's own */
+static void prometheus_histograms_sum_what_they_count(void **state)
+{
+    fx *f = *state;
+    assert_int_equal(ferry_kv_store(f->kv, f->tok, 2 * CT, NULL, &f->sb), 2 * CT);
+    assert_int_equal(ferry_kv_lookup(f->kv, f->tok, 3 * CT, NULL), 2 * CT);
+    assert_int_equal(ferry_kv_retrieve(f->kv, f->tok, 3 * CT, NULL, &f->db), 2 * CT);
+    int need = ferry_kv_metrics_prometheus(f->kv, NULL, 0);
+    assert_true(need > 0);
+    char *buf = malloc((size_t)need + 1);
+    assert_non_null(buf);
+    assert_int_equal(ferry_kv_metrics_prometheus(f->kv, buf, (size_t)need + 1), need);
+    static const char *const names[] = {"lookup", "store", "retrieve"};
+    for (int i = 0; i < 3; i++) {
+        char c[96], sum[96];
+        snprintf(c, sizeof c, "ferry_kv_%s_seconds_count", names[i]);
+        snprintf(sum, sizeof sum, "ferry_kv_%s_seconds_sum", names[i]);
+        double count = prom_value(buf, c), s = prom_value(buf, sum);
+        if (count < 1 || !(s > 0))
+            fail_msg("%s: %g calls summing to %g s", names[i], count, s);
+    }
+    free(buf);
+}
+
 /* ---- close ---- */
 
 /* after close_begin every call that begins is refused FERRY_ESTATE "the
@@ -707,6 +745,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(pins_end_with_their_connection, setup_server, teardown),
         BOTH(stats_honour_size_and_count_calls),
         BOTH(prometheus_sizes_like_snprintf),
+        BOTH(prometheus_histograms_sum_what_they_count),
         BOTH(close_begin_refuses_new_calls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -321,6 +321,51 @@ static void successor_class_counts_decay_where_layer_0_is_never_routed(void **st
     ferry_moe_planner_destroy(p);
 }
 
+/* as above, with the policy asleep off a stride of 2 (auto's follower
+ * while LRU leads: ferry__successor_sleep) after a spell awake: layer 1,
+ * the lowest routed, sleeps then, and the all-layer counts must go on
+ * decaying at the layers still counted (they halved at layer 1's visits
+ * alone: never again while it slept) */
+static void successor_class_counts_decay_while_the_lowest_layer_sleeps(void **state)
+{
+    (void)state;
+    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
+    o.num_layers = 4;
+    o.num_experts = 16384;
+    o.top_k = 8;
+    o.slots = 2048;
+    o.policy = "successor";
+    ferry_moe_planner *p = NULL;
+    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
+    ferry__policy *pol = (ferry__policy *)ferry__planner_policy(p);
+    uint64_t rng = 13;
+    const uint32_t visits = 6000;
+    for (uint32_t v = 0; v < visits; v++) { /* layers 1..3, 8 of 4,096 hot experts */
+        if (v == 16)
+            FT_ASSERT_OK(ferry__successor_sleep(pol, 2)); /* layers 1 and 3 asleep */
+        for (uint32_t l = 1; l < 4; l++) {
+            uint32_t ex[8];
+            for (uint32_t i = 0; i < 8; i++) {
+                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                ex[i] = i * 512 + (uint32_t)(rng >> 40) % 512;
+            }
+            FT_ASSERT_OK(ferry_moe_planner_ensure(p, l, ex, 8, NULL, NULL, NULL));
+        }
+    }
+    /* one layer counted, two halving periods */
+    uint64_t most = 0, bound = 2ull * 16384 * 512 + 3ull * 16 * 16384;
+    for (uint32_t c = 0; c < 60; c++) {
+        uint64_t routed = 0, members = ferry__successor_global(pol, c, &routed);
+        most = members > most ? members : most;
+    }
+    print_message("largest class: %llu members (at most %llu)\n", (unsigned long long)most,
+                  (unsigned long long)bound);
+    if (most > bound)
+        fail_msg("the all-layer class counts stopped decaying while layer 1 slept: %llu "
+                 "members, bound %llu", (unsigned long long)most, (unsigned long long)bound);
+    ferry_moe_planner_destroy(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -332,6 +377,7 @@ int main(void)
         cmocka_unit_test(successor_victims_skip_pins_of_prefetches_and_hints),
         cmocka_unit_test(successor_decides_alike_past_2_to_the_32_visits),
         cmocka_unit_test(successor_class_counts_decay_where_layer_0_is_never_routed),
+        cmocka_unit_test(successor_class_counts_decay_while_the_lowest_layer_sleeps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1080,6 +1080,13 @@ typedef struct ferry_kv_stats {
     uint64_t retrieve_first_chunk_ns[FERRY_KV_HIST_BUCKETS];
     uint64_t retrieve_first_bytes_sum_ns;
     uint64_t retrieve_first_chunk_sum_ns;
+    /** the sums in ns of lookup_ns, store_ns and retrieve_ns's latencies
+     *  (a mean over a span of calls; through a server, from the same
+     *  counters as their histograms: the daemon's lookups, the client's
+     *  own stores and retrieves) */
+    uint64_t lookup_sum_ns;
+    uint64_t store_sum_ns;
+    uint64_t retrieve_sum_ns;
 } ferry_kv_stats;
 
 #define FERRY_KV_STATS_INIT \
@@ -1100,7 +1107,8 @@ typedef struct ferry_kv_stats {
      FERRY_FIELD(pool_waits) 0, FERRY_FIELD(pool_wait_us) 0, FERRY_FIELD(pool_declines) 0, \
      FERRY_FIELD(retrieve_check_us) 0, FERRY_FIELD(retrieve_copy_us) 0, \
      FERRY_FIELD(retrieve_first_bytes_ns) {0}, FERRY_FIELD(retrieve_first_chunk_ns) {0}, \
-     FERRY_FIELD(retrieve_first_bytes_sum_ns) 0, FERRY_FIELD(retrieve_first_chunk_sum_ns) 0}
+     FERRY_FIELD(retrieve_first_bytes_sum_ns) 0, FERRY_FIELD(retrieve_first_chunk_sum_ns) 0, \
+     FERRY_FIELD(lookup_sum_ns) 0, FERRY_FIELD(store_sum_ns) 0, FERRY_FIELD(retrieve_sum_ns) 0}
 
 /**
  * A snapshot of the store's counters, as every ferry_<object>_stats_get:

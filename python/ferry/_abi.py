@@ -95,7 +95,9 @@ class KVStats(_Sized):
                                   ("retrieve_first_bytes_ns", _u64 * KV_HIST_BUCKETS),
                                   ("retrieve_first_chunk_ns", _u64 * KV_HIST_BUCKETS),
                                   ("retrieve_first_bytes_sum_ns", _u64),
-                                  ("retrieve_first_chunk_sum_ns", _u64)]
+                                  ("retrieve_first_chunk_sum_ns", _u64),
+                                  ("lookup_sum_ns", _u64), ("store_sum_ns", _u64),
+                                  ("retrieve_sum_ns", _u64)]
 
 
 MOE_MAX_BANKS = 8

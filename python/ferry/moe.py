@@ -24,6 +24,7 @@ The planner alone (no memory, no copies) is ferry.moe.Planner.
 import ctypes
 import errno
 import functools
+import numbers
 import os
 import threading
 
@@ -217,12 +218,13 @@ def _plan_dict(plan):
 
 
 def _confidence(v):
-    """A hint's confidence as a float: a real number (int, float, a numpy or
-    torch real scalar); a string ("0.9", which float() would parse), a bool,
-    None or a sequence is a TypeError naming it. Its range (0..1) is C's."""
+    """A hint's confidence as a float: a real number (int, float, Fraction,
+    a numpy or torch real scalar); a string ("0.9", which float() would
+    parse), a bool, None or a sequence is a TypeError naming it. Its range
+    (0..1) is C's."""
     if isinstance(v, bool) or isinstance(v, (np.bool_, str, bytes)):
         ok = False
-    elif isinstance(v, (int, float, np.integer, np.floating)):
+    elif isinstance(v, numbers.Real):   # (numpy's integers and floats too)
         ok = True
     elif isinstance(v, np.ndarray):
         ok = v.ndim == 0 and v.dtype.kind in "iuf"
@@ -631,7 +633,13 @@ class ExpertPool(_LastCounts, Closing):
         on "host" a CPU tensor (or a NumPy array for a NumPy dtype), on
         "cuda:N" a CUDA tensor on that GPU (through __cuda_array_interface__;
         torch needed). The view keeps that memory: after close() it holds the
-        slots' last bytes, and the memory goes with the last view."""
+        slots' last bytes, and the memory goes with the last view.
+        On a GPU, ensure() returns once its rows landed (any stream then
+        reads them), but its copies, and hint_prefetch()'s, run on ferry's
+        own streams, which do not wait for the engine's: kernels still
+        queued on a slot (the last layer's experts) must be done, e.g.
+        torch.cuda.current_stream().synchronize(), before a later call may
+        copy another expert over it."""
         self._need()
         bank = _int(bank, "bank")
         if not 0 <= bank < len(self.row_bytes):

@@ -22,6 +22,7 @@ hour, public API only:
   an EINVAL: "slots 0").
 """
 import errno
+import fractions
 import os
 import random
 import subprocess
@@ -299,7 +300,8 @@ def test_a_confidence_is_a_number(kind):
                 obj.hint(0, 1, [1], bad)
             assert e.value.code == -errno.EINVAL
         assert obj.hint_stats()["hinted"] == 0
-        for ok in (1, 0.5, np.float32(0.5), np.float64(0.25), torch.tensor(0.75)):
+        for ok in (1, 0.5, np.float32(0.5), np.float64(0.25), torch.tensor(0.75),
+                   np.int64(1), fractions.Fraction(9, 10)):   # any real number
             assert obj.hint(0, 1, [1], ok) == 1
 
 

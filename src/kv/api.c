@@ -38,6 +38,16 @@ static int prepare(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv
     return nch;
 }
 
+int ferry__kv_be_call(ferry_kv *kv, int store, const ferry_kv_hash *ids, size_t nch, size_t n,
+                      const ferry_kv_req *req, const ferry_kv_buffer *buf)
+{
+    uint64_t t0 = ferry__now_ns();
+    atomic_fetch_add(store ? &kv->stores : &kv->retrieves, 1);
+    int rc = (store ? kv->be->store : kv->be->retrieve)(kv, ids, nch, n, req, buf);
+    ferry__kv_hist_record(store ? &kv->h_store : &kv->h_retrieve, ferry__now_ns() - t0);
+    return rc;
+}
+
 /* a blocking store or retrieve (kind: FERRY__KV_OP_*) on this thread */
 static int blocking(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
                     const ferry_kv_req *req, const ferry_kv_buffer *in)
@@ -48,9 +58,9 @@ static int blocking(ferry_kv *kv, int kind, const int32_t *tokens, size_t n,
     int nch = prepare(kv, tokens, n, req, in, buf, what, stack, &ids);
     if (nch < 0)
         return nch;
-    int rc = !nch                         ? 0
-             : kind == FERRY__KV_OP_STORE ? kv->be->store(kv, ids, (size_t)nch, n, req, buf)
-                                          : kv->be->retrieve(kv, ids, (size_t)nch, n, req, buf);
+    int rc = !nch ? 0
+                  : ferry__kv_be_call(kv, kind == FERRY__KV_OP_STORE, ids, (size_t)nch, n, req,
+                                      buf);
     if (ids != stack)
         ferry__free(ids);
     return rc;
@@ -92,8 +102,7 @@ static void op_run(ferry_kv *kv, ferry__kv_job *j)
         return;
     }
     t_cancel = &op->cancel;
-    int rc = (store ? kv->be->store : kv->be->retrieve)(kv, op->ids, op->nchunks, op->n, &op->req,
-                                                        &op->buf);
+    int rc = ferry__kv_be_call(kv, store, op->ids, op->nchunks, op->n, &op->req, &op->buf);
     t_cancel = NULL;
     pthread_mutex_lock(&op->mu);
     op->result = rc;

@@ -78,6 +78,15 @@ typedef struct ferry__kv_backend {
     void (*close_begin)(ferry_kv *kv);
 } ferry__kv_backend;
 
+/*
+ * A store or retrieve through the table (store: 1 for kv->be->store), as
+ * one call: the front counts it (stores or retrieves) and its latency, the
+ * tables count chunks only. A layerwise store's staged chunks go through
+ * the table too (layers_stage.c) without this: that store counted itself.
+ */
+int ferry__kv_be_call(ferry_kv *kv, int store, const ferry_kv_hash *ids, size_t nch, size_t n,
+                      const ferry_kv_req *req, const ferry_kv_buffer *buf);
+
 extern const ferry__kv_backend ferry__kv_backend_store;   /* in process */
 /* ferry_kv_open with cfg->server: a store whose backend is a client */
 int ferry__kv_client_open(const ferry_kv_config *cfg, ferry_kv **out);

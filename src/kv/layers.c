@@ -269,6 +269,8 @@ static void retrieve_run(ferry_kv *kv, ferry__kv_job *j)
     if (r == 0)
         retrieve_copy(kv, op);
     kv->be->lw_release(kv, op);
+    /* (before the op is done: stats read after its wait count it) */
+    ferry__kv_hist_record(&kv->h_retrieve, ferry__now_ns() - t0);
     pthread_mutex_lock(&op->mu);
     int rc = lw->stop;
     for (size_t k = 0; k < lw->nheld; k++) {
@@ -286,7 +288,6 @@ static void retrieve_run(ferry_kv *kv, ferry__kv_job *j)
             lw->st[i] = -ECANCELED;
     finish_locked(op, rc < 0 ? rc : (int)lead_tokens(kv, op));
     pthread_mutex_unlock(&op->mu);
-    ferry__kv_hist_record(&kv->h_retrieve, ferry__now_ns() - t0);
 }
 
 static int retrieve_layers_call(ferry_kv *kv, const int32_t *tokens, size_t n,

@@ -128,6 +128,9 @@ int ferry__kv_local_stats(ferry_kv *kv, ferry_kv_stats *out)
     hist_copy(m.retrieve_first_chunk_ns, &kv->h_first_chunk);
     m.retrieve_first_bytes_sum_ns = LD(kv->h_first_bytes.sum_ns);
     m.retrieve_first_chunk_sum_ns = LD(kv->h_first_chunk.sum_ns);
+    m.lookup_sum_ns = LD(kv->h_lookup.sum_ns);
+    m.store_sum_ns = LD(kv->h_store.sum_ns);
+    m.retrieve_sum_ns = LD(kv->h_retrieve.sum_ns);
     m.retrieve_check_us = LD(kv->rt_check_ns) / 1000u;
     m.retrieve_copy_us = LD(kv->rt_copy_ns) / 1000u;
     memcpy(out, &m, sizeof m);
@@ -198,8 +201,10 @@ static void tier_family(sb *b, const ferry_kv *kv, const ferry_kv_stats *m, cons
     }
 }
 
+/* buckets h and sum_ns from one snapshot (a client's: the daemon's, or
+ * its own calls', as its stats say) */
 static void histogram(sb *b, const char *name, const char *help, const uint64_t *h,
-                      const ferry__kv_hist *src)
+                      uint64_t sum_ns)
 {
     put(b, "# HELP ferry_kv_%s_seconds %s\n# TYPE ferry_kv_%s_seconds histogram\n", name, help,
         name);
@@ -210,7 +215,7 @@ static void histogram(sb *b, const char *name, const char *help, const uint64_t 
             (double)(1ull << i) * 2 / 1e9, (unsigned long long)cum);
     }
     put(b, "ferry_kv_%s_seconds_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
-    put(b, "ferry_kv_%s_seconds_sum %.9f\n", name, (double)LD(src->sum_ns) / 1e9);
+    put(b, "ferry_kv_%s_seconds_sum %.9f\n", name, (double)sum_ns / 1e9);
     put(b, "ferry_kv_%s_seconds_count %llu\n", name, (unsigned long long)cum);
 }
 
@@ -306,15 +311,15 @@ static int metrics_prometheus_call(ferry_kv *kv, char *buf, size_t len)
                 "# TYPE ferry_kv_remote_down gauge\nferry_kv_remote_down %u\n",
             m.remote_down);
     }
-    histogram(&b, "lookup", "Lookup latency.", m.lookup_ns, &kv->h_lookup);
-    histogram(&b, "store", "Store latency.", m.store_ns, &kv->h_store);
-    histogram(&b, "retrieve", "Retrieve latency.", m.retrieve_ns, &kv->h_retrieve);
+    histogram(&b, "lookup", "Lookup latency.", m.lookup_ns, m.lookup_sum_ns);
+    histogram(&b, "store", "Store latency.", m.store_ns, m.store_sum_ns);
+    histogram(&b, "retrieve", "Retrieve latency.", m.retrieve_ns, m.retrieve_sum_ns);
     histogram(&b, "retrieve_first_bytes", "Time until a retrieve's first bytes from L2 are "
               "checked and in the engine's buffer.", m.retrieve_first_bytes_ns,
-              &kv->h_first_bytes);
+              m.retrieve_first_bytes_sum_ns);
     histogram(&b, "retrieve_first_chunk", "Time until a retrieve's first whole chunk from L2 "
               "is checked and in the engine's buffer.", m.retrieve_first_chunk_ns,
-              &kv->h_first_chunk);
+              m.retrieve_first_chunk_sum_ns);
     put(&b, "# HELP ferry_kv_retrieve_check_seconds_total CPU spent checking chunks read from "
             "L2.\n# TYPE ferry_kv_retrieve_check_seconds_total counter\n"
             "ferry_kv_retrieve_check_seconds_total %.6f\n",

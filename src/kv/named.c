@@ -134,9 +134,9 @@ static int named(ferry_kv *kv, int op, const name_src *names, size_t n,
     else if (nch < 0)
         rc = nch;
     else if (op == STORE)
-        rc = kv->be->store(kv, ids, n, ntok, req, &buf);
+        rc = ferry__kv_be_call(kv, 1, ids, n, ntok, req, &buf);
     else if (op == RETRIEVE)
-        rc = kv->be->retrieve(kv, ids, n, ntok, req, &buf);
+        rc = ferry__kv_be_call(kv, 0, ids, n, ntok, req, &buf);
     else if (op == LOOKUP || op == LOOKUP_PACKED)
         rc = ferry__kv_lookup_ids(kv, ids, n, ntok, req);
     else

@@ -109,7 +109,7 @@ typedef struct succ {
     uint32_t *size;    /* [L][SC_NC] experts in each class */
     uint32_t *kc, *nc; /* [L][SC_NC] */
     /* all layers', halved at the visits of glead, the lowest layer
-     * counted so far (0 in a decode that routes layer 0; where the engine
+     * counted so far and awake (0 in a decode that routes layer 0; where the engine
      * numbers a model's dense first layers in, its first MoE layer: halved
      * at layer 0's alone they grew by E a visit for ever, a whole run's
      * average rather than a recent one, and past 2^32 within an hour at 32
@@ -481,6 +481,11 @@ int ferry__successor_sleep(ferry__policy *p, uint32_t stride)
     succ *s = (succ *)p;
     uint32_t was = s->stride, woke = 0;
     s->stride = stride > 1 ? stride : 0;
+    /* glead asleep counts no more visits: the all-layer counts halve at
+     * the lowest layer counted from now on (layer 0, a multiple of every
+     * stride, never sleeps) */
+    if (s->glead != UINT32_MAX && s->stride > 1 && s->glead % s->stride)
+        s->glead = UINT32_MAX;
     for (uint32_t l = 0; l < s->L; l++) { /* the layers awake again: classed as after their last visit */
         if (!(was > 1 && l % was) || (s->stride > 1 && l % s->stride))
             continue;

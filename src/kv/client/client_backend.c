@@ -42,30 +42,9 @@ static int sync(ferry_kv *kv)
     return ferry__kvc_simple(kv, FERRY__P_SYNC);
 }
 
-/* a store or retrieve call: the daemon sees its chunks, not the call, so
- * the client counts its calls and their latency itself (stats) */
-static int store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
-                 const ferry_kv_req *req, const ferry_kv_buffer *buf)
-{
-    uint64_t t0 = ferry__now_ns();
-    atomic_fetch_add(&kv->stores, 1);
-    int rc = ferry__kvc_store(kv, ids, nch, n, req, buf);
-    ferry__kv_hist_record(&kv->h_store, ferry__now_ns() - t0);
-    return rc;
-}
-
-static int retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
-                    const ferry_kv_req *req, const ferry_kv_buffer *buf)
-{
-    uint64_t t0 = ferry__now_ns();
-    atomic_fetch_add(&kv->retrieves, 1);
-    int rc = ferry__kvc_retrieve(kv, ids, nch, n, req, buf);
-    ferry__kv_hist_record(&kv->h_retrieve, ferry__now_ns() - t0);
-    return rc;
-}
-
 /* the daemon's counters, all its clients', but for the calls: this
- * client's own (the daemon sees chunks, not calls; kv.h) */
+ * client's own, which the front counted (ferry__kv_be_call, layers.c: the
+ * daemon sees chunks, not calls; kv.h) */
 static int stats(ferry_kv *kv, ferry_kv_stats *out)
 {
     int rc = ferry__kvc_stats(kv, out, NULL);
@@ -77,6 +56,8 @@ static int stats(ferry_kv *kv, ferry_kv_stats *out)
         out->store_ns[i] = atomic_load_explicit(&kv->h_store.b[i], memory_order_relaxed);
         out->retrieve_ns[i] = atomic_load_explicit(&kv->h_retrieve.b[i], memory_order_relaxed);
     }
+    out->store_sum_ns = atomic_load_explicit(&kv->h_store.sum_ns, memory_order_relaxed);
+    out->retrieve_sum_ns = atomic_load_explicit(&kv->h_retrieve.sum_ns, memory_order_relaxed);
     return 0;
 }
 
@@ -114,8 +95,8 @@ int ferry__kv_client_open(const ferry_kv_config *cfg, ferry_kv **out)
 const ferry__kv_backend ferry__kv_backend_client = {
     .name = "client",
     .lookup = lookup,
-    .store = store,
-    .retrieve = retrieve,
+    .store = ferry__kvc_store,
+    .retrieve = ferry__kvc_retrieve,
     .prefetch = ferry__kvc_prefetch,
     .pin = ferry__kvc_pin,
     .del = ferry__kvc_delete,

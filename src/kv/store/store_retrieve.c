@@ -1016,7 +1016,6 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
                           const ferry_kv_req *req, const ferry_kv_buffer *buf)
 {
     uint64_t t0 = ferry__now_ns();
-    atomic_fetch_add(&kv->retrieves, 1);
     rtv r = {0};
     r.t0 = t0;
     r.kv = kv;
@@ -1055,7 +1054,6 @@ int ferry__kv_do_retrieve(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, si
     for (size_t i = 0; i < nch; i++)
         ferry__kv_set_status(req, i, r.c[i].st);
     rt_free(&r);
-    ferry__kv_hist_record(&kv->h_retrieve, ferry__now_ns() - t0);
     if (atomic_load(&r.first_bytes))
         ferry__kv_hist_record(&kv->h_first_bytes, atomic_load(&r.first_bytes));
     if (atomic_load(&r.first_chunk))

@@ -273,8 +273,6 @@ static void wr_commit(wr *w)
 int ferry__kv_do_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_t n,
                        const ferry_kv_req *req, const ferry_kv_buffer *buf)
 {
-    uint64_t t0 = ferry__now_ns();
-    atomic_fetch_add(&kv->stores, 1);
     wr w = {0};
     w.kv = kv;
     w.ids = ids;
@@ -331,7 +329,6 @@ int ferry__kv_do_store(ferry_kv *kv, const ferry_kv_hash *ids, size_t nch, size_
     int first = w.st[0];
     ferry__free(w.st);
     ferry__free(w.p);
-    ferry__kv_hist_record(&kv->h_store, ferry__now_ns() - t0);
     if (w.copy_rc < 0) {
         atomic_fetch_add(&kv->failures, 1);
         return w.copy_rc;
