@@ -190,16 +190,32 @@ def is_torch_device(x):
     return isinstance(x, torch.device)
 
 
+def _current_cuda():
+    """torch's current CUDA device (torch.cuda.set_device's), 0 without one:
+    what "cuda" without an index means to torch, so a tensor-parallel rank
+    that set its device gets that GPU, not GPU 0."""
+    try:
+        import torch
+        if torch.cuda.is_available():
+            return int(torch.cuda.current_device())
+    except Exception:  # no torch, or a CUDA torch that cannot start here
+        pass
+    return 0
+
+
 def device_spec(device):
     """(kind, ordinal) of a device given as "host", "cuda", "cuda:N" or a
-    torch.device of those: ValueError naming what was given otherwise."""
+    torch.device of those ("cuda" alone: torch's current device, as torch
+    reads it): ValueError naming what was given otherwise."""
     spec = str(device) if is_torch_device(device) else device
     if spec == "host":
         return "host", 0
     if isinstance(spec, str) and (spec == "cuda" or spec.startswith("cuda:")):
         _, _, n = spec.partition(":")
-        if not n or (n.isdigit() and n.isascii()):
-            return "cuda", int(n) if n else 0
+        if not n:
+            return "cuda", _current_cuda()
+        if n.isdigit() and n.isascii():
+            return "cuda", int(n)
     raise ValueError(f"ferry: device is 'cuda:N' or 'host', got {device!r}")
 
 

@@ -589,7 +589,8 @@ class KVStore(Closing):
     scheduler that only asks how much is cached). Use as a context
     manager, or call close().
 
-    device: None (host buffers only), "cuda:N" or "host" (ferry's host-memory
+    device: None (host buffers only), "cuda:N" or a torch.device ("cuda"
+    alone: torch's current device), or "host" (ferry's host-memory
     stand-in for a GPU, for tests). The store opens that ferry_device (its
     L1 pinned through it) and closes it with the store. Buffers given to a
     store on "cuda:N" may be CUDA tensors on cuda:N: ferry copies between

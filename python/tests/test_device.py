@@ -290,3 +290,19 @@ def test_cuda_slots_describe_the_slots():
     assert ai["data"] == (0x7f0000001000, False)
     assert ai["shape"] == (5, 96) and ai["strides"] == (128, 1) and ai["typestr"] == "|u1"
     assert c._mem is mem
+
+
+def test_cuda_without_an_index_is_torchs_current_device(monkeypatch):
+    """"cuda" (or torch.device("cuda")) means torch's current device, as it
+    does to torch: a tensor-parallel rank that called torch.cuda.set_device(3)
+    gets GPU 3, not GPU 0."""
+    from ferry._buffers import device_spec
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert device_spec("cuda") == ("cuda", 3)
+    assert device_spec(torch.device("cuda")) == ("cuda", 3)
+    assert device_spec("cuda:1") == ("cuda", 1)
+    assert device_spec(torch.device("cuda", 2)) == ("cuda", 2)
+    assert device_spec("host") == ("host", 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert device_spec("cuda") == ("cuda", 0)
