@@ -120,3 +120,33 @@ def test_settings_written_as_strings_open_the_same_store_bitwise(model):
         eng.close()
     assert registered_store(NAME) is None
     unregister_store(NAME)
+
+
+@pytest.fixture
+def store(model):
+    lay = ferry.Layout.from_model(model.layers, model.kv_heads, model.head_dim, dtype="f32")
+    s = ferry.KVStore("tiny-llama", lay, l1=64 * CHUNK * lay.token_bytes, chunk_tokens=CHUNK)
+    yield s
+    unregister_store(NAME)
+    s.close()
+
+
+def test_decode_tokens_are_never_stored(model, store):
+    """"Only prompt tokens are stored, in whole chunks; decode tokens are
+    not": a request that decodes past two more chunk boundaries (48, 64)
+    plans no save for them, and ferry holds its prompt's whole chunks alone."""
+    from test_vllm_newest import _decode
+    eng = Engine(model, store)
+    a, _ = prompts()
+    r = Request("d", a)
+    assert eng.admit(r) == 0
+    assert [s.tokens for s in eng.step_new(r).saves] == [a[:32]]
+    r.all_token_ids.append(500)                     # sampled by the prefill
+    for i in range(30):
+        assert _decode(eng, r, 470 + i).saves == []
+    assert r.num_computed_tokens == 70
+    eng.finish(r)
+    assert store.lookup(r.all_token_ids) == 32
+    assert eng.admit(Request("d2", r.all_token_ids)) == 32
+    eng.finish(Request("d2", r.all_token_ids))
+    eng.close()
