@@ -143,7 +143,13 @@ with "ferry.layerwise" it does nothing: layerwise stores end in their step),
 "ferry.kv_cache_layout" (a layout to ask vLLM for). A boolean setting is a
 JSON boolean or one of the strings true/false, 1/0, yes/no, on/off (as a
 YAML file or an environment variable carries it); any other value is
-refused with a ValueError when the connector is built. FerrySecondaryTier, at
+refused with a ValueError when the connector is built. So is a "ferry.*"
+key the connector does not read (a misspelling would switch nothing) and
+a value its setting cannot take: "ferry.chunk_tokens" not a count (a
+decimal string is one), "ferry.l1" not a size, "ferry.l2" not
+"DIR:SIZE" or a list of them, "ferry.layout" short of a field (its "mla"
+is a boolean setting), an empty "ferry.store" or "ferry.model", a
+"ferry.kv_cache_layout" other than NHD or HND; each error names its key. FerrySecondaryTier, at
 the end of this module, is ferry behind vLLM's own OffloadingConnector.
 
 Engine versions: written against vLLM's KVConnectorBase_V1 of 2025-2026
@@ -186,7 +192,7 @@ import numpy as np
 from .. import errors
 from .._buffers import Buffer
 from ..errors import FerryError
-from ..kv import KVStore, Layout, hash_chunks
+from ..kv import KVStore, Layout, hash_chunks, parse_size
 from . import register_store, register_vllm_connector, registered_store
 from . import _l2dir
 from ._settings import flag as _flag, truthy as _truthy
@@ -391,6 +397,89 @@ def _extra(vllm_config):
     return dict(extra)
 
 
+# the settings of kv_connector_extra_config the connector reads (the module
+# docstring's; "ferry.cross_layer_blocks": prefer_cross_layer_blocks)
+_KEYS = ("ferry.store", "ferry.server", "ferry.l1", "ferry.l2", "ferry.model",
+         "ferry.chunk_tokens", "ferry.persistent", "ferry.layout", "ferry.layerwise",
+         "ferry.async_load", "ferry.async_save", "ferry.kv_events", "ferry.kv_cache_layout",
+         "ferry.cross_layer_blocks")
+
+
+def _chunk_tokens(extra):
+    """"ferry.chunk_tokens" (0, the default: the store's own), an integer
+    or its decimal string (a YAML file, an environment variable)."""
+    v = extra.get("ferry.chunk_tokens", 0)
+    text = v.strip() if isinstance(v, str) else None
+    if text is not None and text.isdigit():
+        return int(text)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"ferry: \"ferry.chunk_tokens\" is a count of tokens (0: the "
+                         f"store's default), got {v!r}")
+    return int(v)
+
+
+def _spec_layout(spec):
+    """The Layout of "ferry.layout" ({"num_layers", "num_kv_heads", "head_dim",
+    "dtype", "mla"}); a ValueError naming the setting for anything else."""
+    try:
+        return Layout.from_model(int(spec["num_layers"]), int(spec["num_kv_heads"]),
+                                 int(spec["head_dim"]), spec.get("dtype", "bf16"),
+                                 mla=_truthy(spec.get("mla", False), "\"ferry.layout\"'s mla"))
+    except (KeyError, TypeError, ValueError, AttributeError, FerryError) as e:
+        raise ValueError("ferry: \"ferry.layout\" is {\"num_layers\", \"num_kv_heads\", "
+                         "\"head_dim\", \"dtype\" (default bf16), \"mla\" (default false)}, "
+                         f"got {spec!r}: {e}") from None
+
+
+def _check_extra(extra):
+    """Refuse, when vLLM builds the connector (scheduler and workers alike), a
+    "ferry.*" setting ferry does not know (a misspelling would switch nothing,
+    in silence) and a value its setting cannot take (else a worker fails in
+    register_kv_caches, or the scheduler in vLLM's loop): a ValueError naming
+    the key. Keys outside "ferry." are other components' and left alone."""
+    unknown = sorted(str(k) for k in extra if str(k).startswith("ferry.") and k not in _KEYS)
+    if unknown:
+        raise ValueError(f"ferry: vLLM connector: unknown setting {', '.join(map(repr, unknown))} "
+                         f"in kv_connector_extra_config; ferry reads {', '.join(_KEYS)}")
+    for key in ("ferry.store", "ferry.model"):
+        v = extra.get(key)
+        if key in extra and (not isinstance(v, str) or not v):
+            raise ValueError(f"ferry: \"{key}\" is a non-empty string, got {v!r}")
+    v = extra.get("ferry.server")
+    if v is not None and not isinstance(v, str):
+        raise ValueError(f"ferry: \"ferry.server\" is a `ferry serve` address such as "
+                         f"\"unix:/run/ferry/ferry.sock\", got {v!r}")
+    _chunk_tokens(extra)
+    for key in ("ferry.l1", "ferry.l2"):
+        v = extra.get(key)
+        if v is None:
+            continue
+        try:
+            if key == "ferry.l1":
+                parse_size(v)
+            else:
+                for _, size in _l2dir.split(v, "ferry: \"ferry.l2\" is"):
+                    parse_size(size)
+        except (TypeError, ValueError, FerryError) as e:
+            raise ValueError(f"ferry: \"{key}\" {v!r} is not "
+                             f"{'a size' if key == 'ferry.l1' else 'DIR:SIZE or a list of them'}"
+                             f" (\"8G\", \"512M\", bytes): {e}") from None
+    if extra.get("ferry.layout"):
+        _spec_layout(extra["ferry.layout"])
+    _kv_cache_layout(extra)
+
+
+def _kv_cache_layout(extra):
+    """"ferry.kv_cache_layout": "NHD", "HND" (any case) or None."""
+    want = extra.get("ferry.kv_cache_layout")
+    if not want:
+        return None
+    want = str(want).upper()
+    if want not in ("NHD", "HND"):
+        raise ValueError(f"ferry: \"ferry.kv_cache_layout\" is NHD or HND, got {want!r}")
+    return want
+
+
 def _tp_rank_world(vllm_config, rank=True):
     """This worker's tensor-parallel rank and world size (0, 1 outside vLLM)."""
     pc = getattr(vllm_config, "parallel_config", None)
@@ -572,9 +661,7 @@ def _config_layout(vllm_config, extra, cached=()):
     and with the dtype of that group's spec, the caches' dtype."""
     spec = extra.get("ferry.layout")
     if spec:
-        return Layout.from_model(int(spec["num_layers"]), int(spec["num_kv_heads"]),
-                                 int(spec["head_dim"]), spec.get("dtype", "bf16"),
-                                 mla=bool(spec.get("mla", False)))
+        return _spec_layout(spec)
     mc = getattr(vllm_config, "model_config", None)
     pc = getattr(vllm_config, "parallel_config", None)
     try:
@@ -762,6 +849,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         else:  # vLLM before kv_cache_config was passed to connectors
             super().__init__(vllm_config, role)
         self._extra = _extra(vllm_config)
+        _check_extra(self._extra)
         self._server = self._extra.get("ferry.server") or None
         self._name = self._extra.get("ferry.store", "vllm")
         self._store = None
@@ -915,13 +1003,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         """None: ferry reads the layouts vLLM's backends hand it. A deployment
         that must pin one (to match another connector's) names it in
         "ferry.kv_cache_layout" ("NHD" or "HND")."""
-        want = _extra(vllm_config).get("ferry.kv_cache_layout")
-        if not want:
-            return None
-        want = str(want).upper()
-        if want not in ("NHD", "HND"):
-            raise ValueError(f"ferry: \"ferry.kv_cache_layout\" is NHD or HND, got {want!r}")
-        return want
+        return _kv_cache_layout(_extra(vllm_config))
 
     @property
     def requires_kv_delivery(self):
@@ -964,7 +1046,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         s = KVStore(model=str(e.get("ferry.model", getattr(mc, "model", "vllm"))),
                     layout=_config_layout(self._vllm_config, e, self._cached),
                     server=self._server,
-                    lookup_only=True, chunk_tokens=int(e.get("ferry.chunk_tokens", 0)),
+                    lookup_only=True, chunk_tokens=_chunk_tokens(e),
                     tp_rank=rank, tp_world=world)
         self._opened = True
         return s
@@ -1006,7 +1088,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             rank, world = _tp_rank_world(self._vllm_config)
             found = KVStore(model=str(e.get("ferry.model", getattr(mc, "model", "vllm"))),
                             layout=layout, server=self._server,
-                            chunk_tokens=int(e.get("ferry.chunk_tokens", 0)),
+                            chunk_tokens=_chunk_tokens(e),
                             tp_rank=rank, tp_world=world, device=device)
             register_store(self._name, found)
             self._opened = True
@@ -1017,7 +1099,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             found = KVStore(model=str(e.get("ferry.model", getattr(mc, "model", "vllm"))),
                             layout=layout, l1=e["ferry.l1"],
                             l2=_rank_l2(e.get("ferry.l2"), _rank_name(self._vllm_config)),
-                            chunk_tokens=int(e.get("ferry.chunk_tokens", 0)),
+                            chunk_tokens=_chunk_tokens(e),
                             persistent=_flag(e, "ferry.persistent"),
                             tp_rank=rank, tp_world=world, device=device)
             register_store(self._name, found)

@@ -1,0 +1,152 @@
+"""The vLLM connector's settings as its module docstring promises them.
+
+An engine team's first hour with ferry is kv_connector_extra_config: every
+"ferry.*" key is read when vLLM builds the connector (create_connector,
+vllm/distributed/kv_transfer/kv_connector/factory.py, vllm-project/vllm
+00f4240ee6458263d76cf51ca7901ce1350bb4d1), for the scheduler and each
+worker. A key ferry does not know (a misspelling) or a value its setting
+cannot take is refused there, with a ValueError naming the key, rather than
+switching nothing in silence, or failing later: in a worker's
+register_kv_caches, or in the scheduler's get_num_new_matched_tokens inside
+vLLM's loop (a KeyError for a "ferry.layout" without its head_dim). A value
+written as a string (a YAML file, an environment variable) is read as
+written, as the boolean settings are.
+"""
+import pytest
+import torch
+
+import ferry
+from ferry.adapters import registered_store, unregister_store
+from ferry.adapters import _vllm_base as base
+from ferry.adapters import vllm as vllm_adapter
+from test_adapter_vllm import (CHUNK, NAME, Engine, Request, connector_class, prompts,
+                               serve_a, vllm_config)
+from tiny_llama import TinyLlama
+
+Role = base.KVConnectorRole
+
+# the settings the module docstring names
+KEYS = ("ferry.store", "ferry.server", "ferry.l1", "ferry.l2", "ferry.model",
+        "ferry.chunk_tokens", "ferry.persistent", "ferry.layout", "ferry.layerwise",
+        "ferry.async_load", "ferry.async_save", "ferry.kv_events", "ferry.kv_cache_layout",
+        "ferry.cross_layer_blocks")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return TinyLlama(seed=4321)
+
+
+def build(extra, role):
+    cfg = vllm_config(extra)
+    return connector_class(cfg)(cfg, role, None)
+
+
+@pytest.mark.parametrize("role", [Role.SCHEDULER, Role.WORKER])
+@pytest.mark.parametrize("key", ["ferry.async_laod", "ferry.layer_wise", "ferry.chunk_token",
+                                 "ferry.L1", "ferry.kv_event"])
+def test_a_misspelt_setting_is_refused_naming_it(key, role):
+    """A misspelt key switched nothing, in silence: "ferry.async_laod": true
+    loaded synchronously, "ferry.chunk_token" kept the default chunk."""
+    with pytest.raises(ValueError) as e:
+        build({"ferry.store": NAME, key: True}, role)
+    assert repr(key) in str(e.value)
+    assert "ferry.async_load" in str(e.value)     # the keys it may have meant
+
+
+def test_every_documented_setting_and_other_connectors_keys_are_taken():
+    for role in Role:
+        build({"ferry.store": NAME, "vllm.some_other_setting": 1, "connectors": []}, role)
+    doc = vllm_adapter.__doc__ + vllm_adapter.FerryConnector.prefer_cross_layer_blocks.__doc__
+    for key in KEYS:
+        assert f'"{key}"' in doc
+
+
+BAD = [("ferry.chunk_tokens", "sixteen"), ("ferry.chunk_tokens", -16),
+       ("ferry.chunk_tokens", 16.5), ("ferry.chunk_tokens", True),
+       ("ferry.l2", "nosize"), ("ferry.l2", "/tmp/x:lots"), ("ferry.l2", 5),
+       ("ferry.l1", "lots"), ("ferry.l1", -1),
+       ("ferry.layout", "llama"), ("ferry.layout", {"num_layers": 2}),
+       ("ferry.layout", {"num_layers": 2, "num_kv_heads": 2, "head_dim": 8, "dtype": "bogus"}),
+       ("ferry.layout", {"num_layers": 2, "num_kv_heads": 2, "head_dim": 8, "mla": "nope"}),
+       ("ferry.store", ""), ("ferry.store", 3), ("ferry.server", 5), ("ferry.model", ""),
+       ("ferry.kv_cache_layout", "XYZ")]
+
+
+@pytest.mark.parametrize("role", [Role.SCHEDULER, Role.WORKER])
+@pytest.mark.parametrize("key,value", BAD)
+def test_a_bad_value_is_refused_when_the_connector_is_built(key, value, role):
+    extra = {"ferry.store": NAME, key: value}
+    with pytest.raises(ValueError) as e:
+        build(extra, role)
+    assert repr(key) in str(e.value) or f'"{key}"' in str(e.value)
+
+
+def test_a_layout_whose_mla_is_written_false_is_not_mla(monkeypatch):
+    """"ferry.layout"'s "mla" is a boolean setting like the others:
+    bool("false") is True, and the scheduler's lookup client of a daemon
+    took a GQA model for MLA (one latent, no V)."""
+    seen = {}
+
+    class KVStore:
+        def __init__(self, **kw):
+            seen.update(kw)
+    monkeypatch.setattr(vllm_adapter, "KVStore", KVStore)
+    spec = {"num_layers": 2, "num_kv_heads": 2, "head_dim": 8, "dtype": "f32"}
+    for mla, want in (("false", False), ("0", False), (False, False), ("true", True)):
+        c = build({"ferry.server": "unix:/nonexistent/ferry.sock", "ferry.store": "none-such",
+                   "ferry.layout": dict(spec, mla=mla)}, Role.SCHEDULER)
+        c.store
+        assert seen["layout"] == ferry.Layout.from_model(2, 2, 8, "f32", mla=want), mla
+
+
+def test_settings_written_as_strings_open_the_same_store_bitwise(model):
+    """A chunk size from a YAML file or an environment variable ("16") is the
+    chunk size: the worker's store opens with it, and a prefix one request
+    stored loads bitwise into the next."""
+    eng = Engine(model, extra={"ferry.store": NAME, "ferry.l1": "4M",
+                               "ferry.chunk_tokens": str(CHUNK), "ferry.async_save": "no"})
+    try:
+        assert registered_store(NAME).chunk_tokens == CHUNK
+        kv_a = serve_a(eng)
+        _, b = prompts()
+        rb = Request("b", b)
+        assert eng.admit(rb) == 32
+        eng.step_new(rb)
+        assert torch.equal(model.kv_of(eng.caches, eng.blocks["b"], 32), kv_a)
+        assert eng.errors == set()
+        eng.finish(rb)
+    finally:
+        eng.close()
+    assert registered_store(NAME) is None
+    unregister_store(NAME)
+
+
+@pytest.fixture
+def store(model):
+    lay = ferry.Layout.from_model(model.layers, model.kv_heads, model.head_dim, dtype="f32")
+    s = ferry.KVStore("tiny-llama", lay, l1=64 * CHUNK * lay.token_bytes, chunk_tokens=CHUNK)
+    yield s
+    unregister_store(NAME)
+    s.close()
+
+
+def test_decode_tokens_are_never_stored(model, store):
+    """"Only prompt tokens are stored, in whole chunks; decode tokens are
+    not": a request that decodes past two more chunk boundaries (48, 64)
+    plans no save for them, and ferry holds its prompt's whole chunks alone."""
+    from test_vllm_newest import _decode
+    eng = Engine(model, store)
+    a, _ = prompts()
+    r = Request("d", a)
+    assert eng.admit(r) == 0
+    assert [s.tokens for s in eng.step_new(r).saves] == [a[:32]]
+    r.all_token_ids.append(500)                     # sampled by the prefill
+    for i in range(30):
+        assert _decode(eng, r, 470 + i).saves == []
+    assert r.num_computed_tokens == 70
+    eng.finish(r)
+    assert store.lookup(r.all_token_ids) == 32
+    assert eng.admit(Request("d2", r.all_token_ids)) == 32
+    eng.finish(Request("d2", r.all_token_ids))
+    eng.close()
