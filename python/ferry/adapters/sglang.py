@@ -98,11 +98,18 @@ Stores (extra config):
   directory after a restart reads valid pages: the name keeps the TP rank
   and pipeline stage, the page names carry them too, and a persistent L2
   refuses another model, layout, page size or hash seed.
-  Any other "ferry_" key is refused (a misspelt setting).
-"ferry_key_len": N refuses keys that are not N bytes (SGLang's SHA-256
-hex keys are 64). The flags ("ferry_share_dp", "ferry_persistent") are
-bools, 0 / 1 or strings of one ("false", "on", ...), as a JSON, TOML or
-YAML extra-config file may carry them; any other value is refused.
+  Any other "ferry_" key is refused (a misspelt setting), and so is a
+  "ferry." or "ferry-" key in any case (another adapter's spelling).
+"ferry_key_len": N (1 .. 1024) refuses keys that are not N bytes
+(SGLang's SHA-256 hex keys are 64); "ferry_server_timeout_ms" is 0 ..
+2^32-1 (0: ferry's default); either may be a string of digits. The flags
+("ferry_share_dp", "ferry_persistent") are bools, 0 / 1 or strings of
+one ("false", "on", ...), as a JSON, TOML or YAML extra-config file may
+carry them. A value a setting cannot take (a size that is not one, an L2
+not "DIR:SIZE", a server address not a string, "ferry_store" not a
+non-empty string) is refused when SGLang builds the backend, a
+ValueError naming the key, before any store opens: not when a pool
+registers, nor in SGLang's controller threads, which catch nothing.
 
 Failures. SGLang calls from its controller's threads, which catch
 nothing and are never restarted: a call's own mistakes (bad keys, host
@@ -194,6 +201,51 @@ def _key_list(keys):
     except TypeError:
         raise TypeError(f"ferry: SGLang keys are a list of str or bytes keys, got "
                         f"{type(keys).__name__}") from None
+
+
+def _check_extra(extra):
+    """Refuse, where SGLang builds the backend, a ferry setting ferry does not
+    know (a misspelling would switch nothing, in silence: "ferry_" keys, and
+    "ferry." / "ferry-" ones in any case, the other adapters' spellings) and
+    a value its setting cannot take (else a pool fails when it registers, or
+    every call of SGLang's cache-controller threads raises): a ValueError
+    naming the key. SGLang's own keys (backend_name, interface_v1, ...) are
+    left alone."""
+    pools = {str(p.value) for p in PoolName} | {"kv"}
+
+    def per_pool(k, prefix):
+        return k.startswith(prefix) and k[len(prefix):] in pools
+
+    for k in extra:
+        low = k.lower() if isinstance(k, str) else ""
+        if low.startswith(("ferry_", "ferry.", "ferry-")) and k not in _KEYS and not any(
+                per_pool(k, p) for p in _POOL_KEYS):
+            raise ValueError(f"ferry: SGLang extra config {k!r} is no ferry setting (they "
+                             f"are {', '.join(sorted(_KEYS))} and {', '.join(_POOL_KEYS)}"
+                             "<pool>)")
+    what = "SGLang extra config {!r}".format
+    if "ferry_store" in extra:
+        v = extra["ferry_store"]
+        if not isinstance(v, str) or not v:
+            raise ValueError(f"ferry: {what('ferry_store')} is the non-empty name of a "
+                             f"registered store, got {v!r}")
+    for k, v in extra.items():
+        if not isinstance(k, str) or v is None:
+            continue
+        if k == "ferry_server" or per_pool(k, "ferry_server_"):
+            if not isinstance(v, str):
+                raise ValueError(f"ferry: {what(k)} is a `ferry serve` address such as "
+                                 f"\"unix:/run/ferry/ferry.sock\", got {v!r}")
+        elif k == "ferry_l1" or per_pool(k, "ferry_l1_"):
+            _settings.size(v, what(k))
+        elif k == "ferry_l2" or per_pool(k, "ferry_l2_"):
+            _settings.l2_spec(v, what(k))
+        elif k == "ferry_server_timeout_ms":
+            _settings.count(v, what(k), 0, 2**32 - 1)
+        elif k == "ferry_key_len":
+            _settings.count(v, what(k), 1, _NAME_MAX)
+    for k in ("ferry_share_dp", "ferry_persistent"):
+        _flag(extra, k)
 
 
 def _flag(extra, key):
@@ -465,13 +517,7 @@ class FerryHiCacheStorage(HiCacheStorage):
     def __init__(self, storage_config, kwargs=None):
         c = self.config = storage_config
         self._extra = dict(c.extra_config or {})
-        pools = {str(p.value) for p in PoolName} | {"kv"}
-        for k in self._extra:
-            if isinstance(k, str) and k.startswith("ferry_") and k not in _KEYS and not any(
-                    k.startswith(p) and k[len(p):] in pools for p in _POOL_KEYS):
-                raise ValueError(f"ferry: SGLang extra config {k!r} is no ferry setting (they "
-                                 f"are {', '.join(sorted(_KEYS))} and {', '.join(_POOL_KEYS)}"
-                                 "<pool>)")
+        _check_extra(self._extra)
         self._name = self._extra.get("ferry_store", "sglang")
         self._mla = bool(c.is_mla_model)
         # older SGLangs' configs lack the newer fields (at bb424de23a46 there is
@@ -500,7 +546,7 @@ class FerryHiCacheStorage(HiCacheStorage):
                           f"{self._tp_size}")
         self._persistent = _flag(self._extra, "ferry_persistent")   # refused before any store opens
         kl = self._extra.get("ferry_key_len")
-        self._key_len = int(kl) if kl is not None else None
+        self._key_len = int(str(kl).strip()) if kl is not None else None
         self._key_range = (1, _NAME_MAX) if kl is None else (self._key_len, self._key_len)
         self._pools = {}      # pool name -> (_PageMap, KVStore)
         self._opened = []     # (registry name, store) opened here
@@ -640,9 +686,9 @@ class FerryHiCacheStorage(HiCacheStorage):
         model = self.config.model_name or "sglang"
         server = e.get(f"ferry_server_{key}") or (e.get("ferry_server") if key == "kv" else None)
         if server:
+            timeout = int(str(e.get("ferry_server_timeout_ms") or 0).strip())   # checked
             store = KVStore(model=model, layout=pm.layout, server=server,
-                            chunk_tokens=pm.chunk_tokens,
-                            server_timeout_ms=int(e.get("ferry_server_timeout_ms", 0)))
+                            chunk_tokens=pm.chunk_tokens, server_timeout_ms=timeout)
         else:
             l1 = e.get(f"ferry_l1_{key}", e.get("ferry_l1"))
             if l1 is not None and self._tp_size > 1 and self._replicated(key, pm):
