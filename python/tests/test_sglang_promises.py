@@ -25,7 +25,7 @@ PN = base.PoolName
 @pytest.fixture(autouse=True)
 def _clean():
     yield
-    for n in ("sgl", "sgl.draft", "p", "p.draft"):
+    for n in ("sgl", "sgl.draft", "p", "p.draft", "sglang"):
         s = unregister_store(n)
         if s is not None:
             s.close()
@@ -190,3 +190,31 @@ def test_an_mla_models_draft_pool_of_mha_pages_keeps_each_tp_rank_apart():
         assert torch.equal(bits(p["draft"].kv_buffer[:, 16:24]), bits(w))
     b0.close()
     b1.close()
+
+
+def test_a_second_model_in_one_process_never_reads_the_firsts_store():
+    """The store "ferry_l1" opens is registered as "ferry_store" ("sglang" by
+    default), and a second backend of the process finds it there. Before
+    the fix a backend of another model took it and hit, and read, the
+    first model's pages for the same prompt (SGLang's keys hash token ids
+    only). Now refused naming both models; its own "ferry_store" gives it
+    its own store, empty, and the same model still shares."""
+    pa, pb = MHAHost("page_first", 4), MHAHost("page_first", 4)
+    fill(pa.kv_buffer, 1)
+    a = create_backend({"ferry_l1": "8M"}, {"kv": pa})
+    h = page_hashes(list(range(8)), 4)
+    assert a.batch_set_v1(h, indices(0, 2, 4)) == [True, True]
+    other = build({"ferry_l1": "8M"})
+    other.config.model_name = "another-model"
+    with pytest.raises(ValueError, match="model 'tiny'.*'another-model'"):
+        other.register_mem_pool_host(pb)
+    other = build({"ferry_l1": "8M", "ferry_store": "sgl"})
+    other.config.model_name = "another-model"
+    other.register_mem_pool_host(pb)
+    assert other.batch_exists(h) == 0
+    assert other.batch_get_v1(h, indices(0, 2, 4)) == [False, False]
+    assert torch.count_nonzero(pb.kv_buffer) == 0
+    same = create_backend({"ferry_l1": "8M"}, {"kv": MHAHost("page_first", 4)})
+    assert same.batch_exists(h) == 2 and same.store is a.store
+    for b in (other, same, a):
+        b.close()

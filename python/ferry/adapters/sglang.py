@@ -77,7 +77,11 @@ Stores (extra config):
   one every rank reads, a client of a shared `ferry serve` daemon: SGLang
   writes them from TP rank 0 only, so another rank's in-process store
   stays empty and the least hit over the ranks is 0 (not checked: the
-  registered store is the caller's);
+  registered store is the caller's). The stores ferry_l1 / ferry_server
+  open are registered under that name ("sglang" by default), so a
+  second backend in one process finds them: one of another model
+  (model_name) is refused, for it would read the first model's pages;
+  each model takes its own "ferry_store";
 - "ferry_server": "unix:/run/ferry/ferry.sock" connects the kv pool to a
   `ferry serve` daemon (every TP worker of the host shares its cache); a
   daemon serves one layout, so another pool needs its own daemon,
@@ -680,10 +684,19 @@ class FerryHiCacheStorage(HiCacheStorage):
     def _store_for(self, key, pm):
         reg = self._name if key == "kv" else f"{self._name}.{key}"
         store = registered_store(reg)
+        model = self.config.model_name or "sglang"
         if store is not None:
+            owner = getattr(store, "_ferry_sglang_model", None)
+            if owner is not None and owner != model:
+                # another backend of this process opened it for its model: its
+                # pages are that model's, under the same keys (SGLang's hash
+                # token ids only) and salts (which name no model)
+                raise ValueError(
+                    f"ferry: SGLang pool {key!r}: the store registered as {reg!r} was opened "
+                    f"by a backend of model {owner!r}, and this one serves {model!r}: it "
+                    "would read that model's pages; give each model its own \"ferry_store\"")
             return store
         e = self._extra
-        model = self.config.model_name or "sglang"
         server = e.get(f"ferry_server_{key}") or (e.get("ferry_server") if key == "kv" else None)
         if server:
             timeout = int(str(e.get("ferry_server_timeout_ms") or 0).strip())   # checked
@@ -709,6 +722,7 @@ class FerryHiCacheStorage(HiCacheStorage):
                 e.get(f"ferry_l2_{key}", e.get("ferry_l2")), f"{key}-{self._rank_dir}",
                 _L2_WHAT, self._old_l2(key), _L2_REPLICAS,
                 f"ferry: SGLang pool {key!r} of rank {self._rank_dir}")
+        store._ferry_sglang_model = model
         try:
             register_store(reg, store)
         except ValueError:
