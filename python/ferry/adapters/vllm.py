@@ -147,10 +147,13 @@ refused with a ValueError when the connector is built. So is a "ferry.*"
 key the connector does not read (a misspelling would switch nothing) and
 a value its setting cannot take: "ferry.chunk_tokens" not a count (a
 decimal string is one), "ferry.l1" not a size, "ferry.l2" not
-"DIR:SIZE" or a list of them, "ferry.layout" short of a field (its "mla"
-is a boolean setting), an empty "ferry.store" or "ferry.model", a
-"ferry.kv_cache_layout" other than NHD or HND; each error names its key. FerrySecondaryTier, at
-the end of this module, is ferry behind vLLM's own OffloadingConnector.
+"DIR:SIZE" or a list of them of one SIZE, "ferry.layout" short of a field
+(its "mla" is a boolean setting; its "dtype" ferry's name or vLLM's:
+"bf16" or "bfloat16"), an empty "ferry.store" or "ferry.model", a
+"ferry.kv_cache_layout" other than NHD or HND; each error names its key.
+A setting written as null (JSON null, an empty YAML value) is not set.
+FerrySecondaryTier, at the end of this module, is ferry behind vLLM's own
+OffloadingConnector.
 
 Engine versions: written against vLLM's KVConnectorBase_V1 of 2025-2026
 (three-argument constructor with kv_cache_config, also the older two), up
@@ -181,6 +184,7 @@ import errno
 import hashlib
 import inspect
 import logging
+import numbers
 import os
 import re
 import sys
@@ -392,9 +396,13 @@ class FerryPromMetrics(KVConnectorPromMetrics):
 
 
 def _extra(vllm_config):
+    """kv_connector_extra_config, less its "ferry.*" settings written as null
+    (JSON null, an empty YAML value): such a setting is not set, as a null
+    boolean is false."""
     ktc = getattr(vllm_config, "kv_transfer_config", None)
     extra = getattr(ktc, "kv_connector_extra_config", None) or {}
-    return dict(extra)
+    return {k: v for k, v in dict(extra).items()
+            if not (v is None and str(k).startswith("ferry."))}
 
 
 # the settings of kv_connector_extra_config the connector reads (the module
@@ -412,18 +420,27 @@ def _chunk_tokens(extra):
     text = v.strip() if isinstance(v, str) else None
     if text is not None and text.isdigit():
         return int(text)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
         raise ValueError(f"ferry: \"ferry.chunk_tokens\" is a count of tokens (0: the "
                          f"store's default), got {v!r}")
     return int(v)
 
 
+# vLLM's names of the dtypes a "ferry.layout" may be written with (its
+# --dtype, STR_DTYPE_TO_TORCH_DTYPE) and ferry's for them
+_VLLM_DTYPES = {"bfloat16": "bf16", "half": "f16", "float16": "f16", "float": "f32",
+                "float32": "f32"}
+
+
 def _spec_layout(spec):
     """The Layout of "ferry.layout" ({"num_layers", "num_kv_heads", "head_dim",
-    "dtype", "mla"}); a ValueError naming the setting for anything else."""
+    "dtype" (ferry's name or vLLM's), "mla"}); a ValueError naming the
+    setting for anything else."""
     try:
+        dtype = spec.get("dtype", "bf16")
+        dtype = _VLLM_DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
         return Layout.from_model(int(spec["num_layers"]), int(spec["num_kv_heads"]),
-                                 int(spec["head_dim"]), spec.get("dtype", "bf16"),
+                                 int(spec["head_dim"]), dtype,
                                  mla=_truthy(spec.get("mla", False), "\"ferry.layout\"'s mla"))
     except (KeyError, TypeError, ValueError, AttributeError, FerryError) as e:
         raise ValueError("ferry: \"ferry.layout\" is {\"num_layers\", \"num_kv_heads\", "
@@ -457,9 +474,12 @@ def _check_extra(extra):
         try:
             if key == "ferry.l1":
                 parse_size(v)
-            else:
-                for _, size in _l2dir.split(v, "ferry: \"ferry.l2\" is"):
-                    parse_size(size)
+            else:   # (one SIZE on each directory: the slab is striped evenly)
+                dirs = _l2dir.split(v, "ferry: \"ferry.l2\" is")
+                sizes = {parse_size(size) for _, size in dirs}
+                if len(sizes) != 1:
+                    raise ValueError(f"one SIZE, the same on each directory, got "
+                                     f"{len(sizes) or 'no'} sizes")
         except (TypeError, ValueError, FerryError) as e:
             raise ValueError(f"ferry: \"{key}\" {v!r} is not "
                              f"{'a size' if key == 'ferry.l1' else 'DIR:SIZE or a list of them'}"
