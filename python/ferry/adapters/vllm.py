@@ -2124,6 +2124,11 @@ class FerrySecondaryTier(SecondaryTierManager):
     ("ferry.store": NAME uses a store registered with
     ferry.adapters.register_store instead; it must have been opened with
     FerrySecondaryTier.layout_for(chunk_bytes) and chunk_tokens=TOKENS.)
+    Its settings are l1, l2, persistent (a boolean setting, as the
+    connector's), model, remote and "ferry.store"; any other key of its
+    entry but vLLM's own ("type", "module_path", "backpressure",
+    "tier_name") is refused with a ValueError naming it when vLLM builds
+    the tier, as is l1, l2, ... beside "ferry.store"; a null one is not set.
 
     Each of vLLM's offload keys is one ferry chunk: the primary slot's bytes,
     kept as they are, under the key (ferry's salt; the chunk's tokens are a
@@ -2154,6 +2159,7 @@ class FerrySecondaryTier(SecondaryTierManager):
         self._slots = slots.reshape(-1, self._chunk_bytes)
         self._tokens = [0] * self.TOKENS
         layout = self.layout_for(self._chunk_bytes)
+        config = self._settings(config)
         name = config.pop("ferry.store", None)
         self._own = False
         if name is not None:
@@ -2170,8 +2176,6 @@ class FerrySecondaryTier(SecondaryTierManager):
                                                     "'persistent'"),
                                  remote=config.pop("remote", None), chunk_tokens=self.TOKENS)
             self._own = True
-        if config:
-            log.warning("ferry: secondary tier: unknown settings %s ignored", sorted(config))
         if self.store.layout != layout or self.store.chunk_tokens != self.TOKENS:
             raise ValueError(f"ferry: secondary tier: the store holds {self.store.layout} in "
                              f"{self.store.chunk_tokens}-token chunks; {self._chunk_bytes}-byte "
@@ -2179,6 +2183,32 @@ class FerrySecondaryTier(SecondaryTierManager):
         self._jobs = {}       # job id -> (TransferJob, [(key, Op or None)])
         self._storing = {}    # key -> jobs storing it now
         self._events = []
+
+    # the tier's settings (its entry of "secondary_tiers"), and the keys of
+    # that entry vLLM's SecondaryTierFactory reads itself, which some of its
+    # versions pass on to the tier ("module_path" where only "type" is popped)
+    _SETTINGS = ("l1", "l2", "persistent", "model", "remote", "ferry.store")
+    _VLLM_KEYS = ("type", "module_path", "backpressure", "tier_name")
+
+    @classmethod
+    def _settings(cls, config):
+        """The tier's settings of config, as the connector takes its own:
+        null is not set; a key the tier does not read (a misspelling would
+        switch nothing: "persistant" keeps no L2) is a ValueError naming
+        it, as is a store setting beside "ferry.store" (that store's are
+        its own), when vLLM builds the tier."""
+        config = {k: v for k, v in config.items()
+                  if v is not None and k not in cls._VLLM_KEYS}
+        unknown = sorted(str(k) for k in config if k not in cls._SETTINGS)
+        if unknown:
+            raise ValueError(f"ferry: secondary tier: unknown setting "
+                             f"{', '.join(map(repr, unknown))}; it reads "
+                             f"{', '.join(cls._SETTINGS)}")
+        mine = sorted(k for k in config if k != "ferry.store")
+        if "ferry.store" in config and mine:
+            raise ValueError(f"ferry: secondary tier: with \"ferry.store\" the registered "
+                             f"store's settings are its own: give no {', '.join(mine)}")
+        return config
 
     @classmethod
     def layout_for(cls, chunk_bytes):
