@@ -150,3 +150,68 @@ def test_decode_tokens_are_never_stored(model, store):
     assert eng.admit(Request("d2", r.all_token_ids)) == 32
     eng.finish(Request("d2", r.all_token_ids))
     eng.close()
+
+
+def test_a_null_setting_is_an_unset_one(model):
+    """A setting written as JSON null or an empty YAML value (None) is not set,
+    as a null boolean is false: a worker opens its store with the model name
+    vLLM gives and the store's own chunk size, and a scheduler beside it is
+    built. A null "ferry.model" was refused as not a string, and a null
+    "ferry.l1" passed the check and then failed the worker's
+    register_kv_caches ("an in-process store needs l1")."""
+    nulls = {k: None for k in ("ferry.l2", "ferry.model", "ferry.server", "ferry.layout",
+                               "ferry.kv_cache_layout", "ferry.async_save",
+                               "ferry.persistent")}
+    eng = Engine(model, extra={"ferry.store": NAME, "ferry.l1": "4M",
+                               "ferry.chunk_tokens": CHUNK, **nulls})
+    try:
+        kv_a = serve_a(eng)
+        _, b = prompts()
+        rb = Request("b", b)
+        assert eng.admit(rb) == 32
+        eng.step_new(rb)
+        assert torch.equal(model.kv_of(eng.caches, eng.blocks["b"], 32), kv_a)
+        eng.finish(rb)
+    finally:
+        eng.close()
+    unregister_store(NAME)
+    # a null "ferry.l1" opens nothing: the scheduler is not told its workers
+    # run apart, and a worker finds no store to open
+    for role in Role:
+        build({"ferry.store": NAME, "ferry.l1": None, "ferry.model": None,
+               "ferry.chunk_tokens": None}, role)
+
+
+def test_an_l2_list_the_worker_cannot_open_is_refused_at_build(tmp_path):
+    """"ferry.l2" as a list stripes one size over its directories: a list of
+    unequal sizes, or an empty one, failed only when each worker opened its
+    store (register_kv_caches), after vLLM had built the engine."""
+    for l2 in ([f"{tmp_path}/a:8M", f"{tmp_path}/b:16M"], []):
+        for role in Role:
+            with pytest.raises(ValueError, match="ferry.l2"):
+                build({"ferry.store": NAME, "ferry.l1": "4M", "ferry.l2": l2}, role)
+    build({"ferry.store": NAME, "ferry.l1": "4M",     # one size on each: taken
+           "ferry.l2": [f"{tmp_path}/a:8M", f"{tmp_path}/b:8M"]}, Role.WORKER)
+
+
+def test_counts_and_dtypes_as_python_and_vllm_write_them(monkeypatch):
+    """A chunk size computed with NumPy (np.int64, which KVStore takes) is a
+    count, as it was before the settings were checked; "ferry.layout"'s
+    dtype may be vLLM's own name for it ("bfloat16", "half", "float"), as
+    vLLM's --dtype and model_config say it."""
+    import numpy as np
+    for role in Role:
+        build({"ferry.store": NAME, "ferry.chunk_tokens": np.int64(16)}, role)
+    seen = {}
+
+    class KVStore:
+        def __init__(self, **kw):
+            seen.update(kw)
+    monkeypatch.setattr(vllm_adapter, "KVStore", KVStore)
+    for name, ours in (("bfloat16", "bf16"), ("half", "f16"), ("float16", "f16"),
+                       ("float", "f32"), ("float32", "f32"), ("bf16", "bf16")):
+        c = build({"ferry.server": "unix:/nonexistent/ferry.sock", "ferry.store": "none-such",
+                   "ferry.layout": {"num_layers": 2, "num_kv_heads": 2, "head_dim": 8,
+                                    "dtype": name}}, Role.SCHEDULER)
+        c.store
+        assert seen["layout"] == ferry.Layout.from_model(2, 2, 8, ours), name

@@ -16,6 +16,7 @@ import importlib
 import numpy as np
 import pytest
 
+import ferry
 from ferry.adapters import _vllm_base as base
 
 SLOT = 64 * 1024
@@ -97,3 +98,38 @@ def test_bad_settings_are_refused():
         make_tier(primary, **{"ferry.store": "nowhere"})
     with pytest.raises(ValueError, match="token runs"):
         make_tier(np.zeros((2, 100), np.uint8), l1="1M")
+
+
+def test_an_unknown_setting_is_refused_naming_it(tmp_path):
+    """A misspelt setting switched nothing, with a warning in the scheduler's
+    log: "persistant": True kept no L2 across a restart. It is refused when
+    vLLM builds the tier, naming it, as the connector refuses its own; so is
+    a store setting beside "ferry.store" (the registered store's are its
+    own). The keys of the entry vLLM's factory reads ("type", "module_path",
+    "backpressure", "tier_name": some versions pass them on) and null
+    settings are taken."""
+    primary = np.zeros((2, SLOT), np.uint8)
+    for bad in ({"persistant": True}, {"L1": "1M"}, {"ferry.l1": "1M"}, {"chunk_tokens": 16}):
+        with pytest.raises(ValueError) as e:
+            make_tier(primary, l1="1M", **bad)
+        assert repr(next(iter(bad))) in str(e.value) and "persistent" in str(e.value)
+    from ferry.adapters import register_store, unregister_store
+    from ferry.adapters.vllm import FerrySecondaryTier
+    store = ferry.KVStore("tier", FerrySecondaryTier.layout_for(SLOT), l1="1M",
+                          chunk_tokens=FerrySecondaryTier.TOKENS)
+    register_store("tier-test", store)
+    try:
+        with pytest.raises(ValueError, match="give no l1, l2"):
+            make_tier(primary, **{"ferry.store": "tier-test", "l1": "1M", "l2": "/x:1M"})
+        tier = make_tier(primary, **{"ferry.store": "tier-test", "l1": None})
+        assert tier.store is store
+        tier.shutdown()
+    finally:
+        unregister_store("tier-test")
+        store.close()
+    # (a vLLM whose factory pops "type" alone passes "module_path" on)
+    tier = FerrySecondaryTier(offloading_spec=None, primary_kv_view=memoryview(primary),
+                              tier_type="FerrySecondaryTier", l1="1M", l2=None, model=None,
+                              backpressure={"type": "ema"}, tier_name="ferry",
+                              module_path="ferry.adapters.vllm", persistent="no")
+    tier.shutdown()

@@ -147,10 +147,13 @@ refused with a ValueError when the connector is built. So is a "ferry.*"
 key the connector does not read (a misspelling would switch nothing) and
 a value its setting cannot take: "ferry.chunk_tokens" not a count (a
 decimal string is one), "ferry.l1" not a size, "ferry.l2" not
-"DIR:SIZE" or a list of them, "ferry.layout" short of a field (its "mla"
-is a boolean setting), an empty "ferry.store" or "ferry.model", a
-"ferry.kv_cache_layout" other than NHD or HND; each error names its key. FerrySecondaryTier, at
-the end of this module, is ferry behind vLLM's own OffloadingConnector.
+"DIR:SIZE" or a list of them of one SIZE, "ferry.layout" short of a field
+(its "mla" is a boolean setting; its "dtype" ferry's name or vLLM's:
+"bf16" or "bfloat16"), an empty "ferry.store" or "ferry.model", a
+"ferry.kv_cache_layout" other than NHD or HND; each error names its key.
+A setting written as null (JSON null, an empty YAML value) is not set.
+FerrySecondaryTier, at the end of this module, is ferry behind vLLM's own
+OffloadingConnector.
 
 Engine versions: written against vLLM's KVConnectorBase_V1 of 2025-2026
 (three-argument constructor with kv_cache_config, also the older two), up
@@ -181,6 +184,7 @@ import errno
 import hashlib
 import inspect
 import logging
+import numbers
 import os
 import re
 import sys
@@ -392,9 +396,13 @@ class FerryPromMetrics(KVConnectorPromMetrics):
 
 
 def _extra(vllm_config):
+    """kv_connector_extra_config, less its "ferry.*" settings written as null
+    (JSON null, an empty YAML value): such a setting is not set, as a null
+    boolean is false."""
     ktc = getattr(vllm_config, "kv_transfer_config", None)
     extra = getattr(ktc, "kv_connector_extra_config", None) or {}
-    return dict(extra)
+    return {k: v for k, v in dict(extra).items()
+            if not (v is None and str(k).startswith("ferry."))}
 
 
 # the settings of kv_connector_extra_config the connector reads (the module
@@ -412,18 +420,27 @@ def _chunk_tokens(extra):
     text = v.strip() if isinstance(v, str) else None
     if text is not None and text.isdigit():
         return int(text)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
         raise ValueError(f"ferry: \"ferry.chunk_tokens\" is a count of tokens (0: the "
                          f"store's default), got {v!r}")
     return int(v)
 
 
+# vLLM's names of the dtypes a "ferry.layout" may be written with (its
+# --dtype, STR_DTYPE_TO_TORCH_DTYPE) and ferry's for them
+_VLLM_DTYPES = {"bfloat16": "bf16", "half": "f16", "float16": "f16", "float": "f32",
+                "float32": "f32"}
+
+
 def _spec_layout(spec):
     """The Layout of "ferry.layout" ({"num_layers", "num_kv_heads", "head_dim",
-    "dtype", "mla"}); a ValueError naming the setting for anything else."""
+    "dtype" (ferry's name or vLLM's), "mla"}); a ValueError naming the
+    setting for anything else."""
     try:
+        dtype = spec.get("dtype", "bf16")
+        dtype = _VLLM_DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
         return Layout.from_model(int(spec["num_layers"]), int(spec["num_kv_heads"]),
-                                 int(spec["head_dim"]), spec.get("dtype", "bf16"),
+                                 int(spec["head_dim"]), dtype,
                                  mla=_truthy(spec.get("mla", False), "\"ferry.layout\"'s mla"))
     except (KeyError, TypeError, ValueError, AttributeError, FerryError) as e:
         raise ValueError("ferry: \"ferry.layout\" is {\"num_layers\", \"num_kv_heads\", "
@@ -457,9 +474,12 @@ def _check_extra(extra):
         try:
             if key == "ferry.l1":
                 parse_size(v)
-            else:
-                for _, size in _l2dir.split(v, "ferry: \"ferry.l2\" is"):
-                    parse_size(size)
+            else:   # (one SIZE on each directory: the slab is striped evenly)
+                dirs = _l2dir.split(v, "ferry: \"ferry.l2\" is")
+                sizes = {parse_size(size) for _, size in dirs}
+                if len(sizes) != 1:
+                    raise ValueError(f"one SIZE, the same on each directory, got "
+                                     f"{len(sizes) or 'no'} sizes")
         except (TypeError, ValueError, FerryError) as e:
             raise ValueError(f"ferry: \"{key}\" {v!r} is not "
                              f"{'a size' if key == 'ferry.l1' else 'DIR:SIZE or a list of them'}"
@@ -2104,6 +2124,11 @@ class FerrySecondaryTier(SecondaryTierManager):
     ("ferry.store": NAME uses a store registered with
     ferry.adapters.register_store instead; it must have been opened with
     FerrySecondaryTier.layout_for(chunk_bytes) and chunk_tokens=TOKENS.)
+    Its settings are l1, l2, persistent (a boolean setting, as the
+    connector's), model, remote and "ferry.store"; any other key of its
+    entry but vLLM's own ("type", "module_path", "backpressure",
+    "tier_name") is refused with a ValueError naming it when vLLM builds
+    the tier, as is l1, l2, ... beside "ferry.store"; a null one is not set.
 
     Each of vLLM's offload keys is one ferry chunk: the primary slot's bytes,
     kept as they are, under the key (ferry's salt; the chunk's tokens are a
@@ -2134,6 +2159,7 @@ class FerrySecondaryTier(SecondaryTierManager):
         self._slots = slots.reshape(-1, self._chunk_bytes)
         self._tokens = [0] * self.TOKENS
         layout = self.layout_for(self._chunk_bytes)
+        config = self._settings(config)
         name = config.pop("ferry.store", None)
         self._own = False
         if name is not None:
@@ -2150,8 +2176,6 @@ class FerrySecondaryTier(SecondaryTierManager):
                                                     "'persistent'"),
                                  remote=config.pop("remote", None), chunk_tokens=self.TOKENS)
             self._own = True
-        if config:
-            log.warning("ferry: secondary tier: unknown settings %s ignored", sorted(config))
         if self.store.layout != layout or self.store.chunk_tokens != self.TOKENS:
             raise ValueError(f"ferry: secondary tier: the store holds {self.store.layout} in "
                              f"{self.store.chunk_tokens}-token chunks; {self._chunk_bytes}-byte "
@@ -2159,6 +2183,32 @@ class FerrySecondaryTier(SecondaryTierManager):
         self._jobs = {}       # job id -> (TransferJob, [(key, Op or None)])
         self._storing = {}    # key -> jobs storing it now
         self._events = []
+
+    # the tier's settings (its entry of "secondary_tiers"), and the keys of
+    # that entry vLLM's SecondaryTierFactory reads itself, which some of its
+    # versions pass on to the tier ("module_path" where only "type" is popped)
+    _SETTINGS = ("l1", "l2", "persistent", "model", "remote", "ferry.store")
+    _VLLM_KEYS = ("type", "module_path", "backpressure", "tier_name")
+
+    @classmethod
+    def _settings(cls, config):
+        """The tier's settings of config, as the connector takes its own:
+        null is not set; a key the tier does not read (a misspelling would
+        switch nothing: "persistant" keeps no L2) is a ValueError naming
+        it, as is a store setting beside "ferry.store" (that store's are
+        its own), when vLLM builds the tier."""
+        config = {k: v for k, v in config.items()
+                  if v is not None and k not in cls._VLLM_KEYS}
+        unknown = sorted(str(k) for k in config if k not in cls._SETTINGS)
+        if unknown:
+            raise ValueError(f"ferry: secondary tier: unknown setting "
+                             f"{', '.join(map(repr, unknown))}; it reads "
+                             f"{', '.join(cls._SETTINGS)}")
+        mine = sorted(k for k in config if k != "ferry.store")
+        if "ferry.store" in config and mine:
+            raise ValueError(f"ferry: secondary tier: with \"ferry.store\" the registered "
+                             f"store's settings are its own: give no {', '.join(mine)}")
+        return config
 
     @classmethod
     def layout_for(cls, chunk_bytes):
