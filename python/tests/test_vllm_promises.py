@@ -215,3 +215,32 @@ def test_counts_and_dtypes_as_python_and_vllm_write_them(monkeypatch):
                                     "dtype": name}}, Role.SCHEDULER)
         c.store
         assert seen["layout"] == ferry.Layout.from_model(2, 2, 8, ours), name
+
+
+def test_a_second_model_in_one_process_never_reads_the_firsts_store(model):
+    """The store "ferry.l1" (or "ferry.server") opens is registered under
+    "ferry.store" ("vllm" by default), and a second connector of the same
+    process took whatever store it found there: a connector of another model
+    with the same layout then found, and loaded, the first model's KV for
+    the same prompt (the store's model names the keys). It is refused,
+    naming both models; the same model's connectors still share it."""
+    from test_adapter_vllm import layer_names
+    extra = {"ferry.store": NAME, "ferry.l1": "4M", "ferry.chunk_tokens": CHUNK}
+    eng = Engine(model, extra=extra)
+    try:
+        serve_a(eng)
+        a, _ = prompts()
+        cfg = vllm_config(dict(extra))
+        cfg.model_config.model = "another-model"
+        cls = connector_class(cfg)
+        w = cls(cfg, Role.WORKER, None)
+        with pytest.raises(ValueError, match="'tiny-llama'.*'another-model'"):
+            w.register_kv_caches(dict(zip(layer_names(model), model.new_caches(8, 16))))
+        s = cls(cfg, Role.SCHEDULER, None)
+        with pytest.raises(ValueError, match="give each model its own"):
+            s.get_num_new_matched_tokens(Request("x", a), 0)
+        same = vllm_config(dict(extra))               # the same model: its store, its hits
+        sched = connector_class(same)(same, Role.SCHEDULER, None)
+        assert sched.get_num_new_matched_tokens(Request("y", a), 0)[0] > 0
+    finally:
+        eng.close()

@@ -25,7 +25,9 @@ Where the store comes from (kv_connector_extra_config):
       when they are CUDA tensors) with "ferry.l2", "ferry.model",
       "ferry.chunk_tokens", "ferry.persistent", and registers it under that
       name for a scheduler in the same process (vLLM's single-process
-      executor). A scheduler that finds no store there runs apart from its
+      executor); a connector of another model in that process finding it
+      there is refused, naming both models (it would load the first
+      model's KV: give each model its own "ferry.store"). A scheduler that finds no store there runs apart from its
       workers (multiprocessing executor) and cannot see what they store:
       it is refused when vLLM builds it, with a ValueError naming
       "ferry.server". An L2 directory has one owner, so "ferry.l2": "DIR:SIZE"
@@ -1045,8 +1047,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         if self._store is None:
             # under external_launcher the store registered here is this rank's
             # worker's: the scheduler asks the daemon for every rank's keys
-            self._store = None if self._agree_group is not None else \
-                registered_store(self._name)
+            self._store = None if self._agree_group is not None else self._registered()
             if self._store is None and self._server:
                 self._store = self._open_lookup_client()
             if self._store is None:
@@ -1061,9 +1062,8 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         """The scheduler's client of "ferry.server" for TP rank `rank`'s keys:
         lookups and pins only."""
         e = self._extra
-        mc = getattr(self._vllm_config, "model_config", None)
         _, world = _tp_rank_world(self._vllm_config, rank=False)
-        s = KVStore(model=str(e.get("ferry.model", getattr(mc, "model", "vllm"))),
+        s = KVStore(model=self._model_name(),
                     layout=_config_layout(self._vllm_config, e, self._cached),
                     server=self._server,
                     lookup_only=True, chunk_tokens=_chunk_tokens(e),
@@ -1092,9 +1092,29 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             self._ranks = ranks
         return self._ranks
 
+    def _model_name(self):
+        """The model the keys are of: "ferry.model", else vLLM's model."""
+        mc = getattr(self._vllm_config, "model_config", None)
+        return str(self._extra.get("ferry.model", getattr(mc, "model", "vllm")))
+
+    def _registered(self):
+        """The store registered as "ferry.store", or None. One a connector of
+        this process opened for another model is refused: its chunks are that
+        model's, under the keys this connector would ask (the store's model
+        names them), so a hit would load that model's KV."""
+        found = registered_store(self._name)
+        owner = getattr(found, "_ferry_vllm_model", None)
+        if owner is not None and owner != self._model_name():
+            raise ValueError(
+                f"ferry: vLLM connector: the store registered as {self._name!r} was opened "
+                f"by a connector of model {owner!r}, and this one serves "
+                f"{self._model_name()!r}: it would load that model's KV; give each model its "
+                "own \"ferry.store\"")
+        return found
+
     def _open_store(self, layout, device=None):
         """The worker's store: the registered one, or one opened from the config."""
-        found = registered_store(self._name)
+        found = self._registered()
         if found is not None and self._spmd:
             raise ValueError(
                 f"ferry: vLLM connector: a store is registered as {self._name!r} in this "
@@ -1104,24 +1124,24 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
                 "opens its client of \"ferry.server\" itself")
         if found is None and self._server:
             e = self._extra
-            mc = getattr(self._vllm_config, "model_config", None)
             rank, world = _tp_rank_world(self._vllm_config)
-            found = KVStore(model=str(e.get("ferry.model", getattr(mc, "model", "vllm"))),
+            found = KVStore(model=self._model_name(),
                             layout=layout, server=self._server,
                             chunk_tokens=_chunk_tokens(e),
                             tp_rank=rank, tp_world=world, device=device)
+            found._ferry_vllm_model = self._model_name()
             register_store(self._name, found)
             self._opened = True
         if found is None and "ferry.l1" in self._extra:
             e = self._extra
-            mc = getattr(self._vllm_config, "model_config", None)
             rank, world = _tp_rank_world(self._vllm_config)
-            found = KVStore(model=str(e.get("ferry.model", getattr(mc, "model", "vllm"))),
+            found = KVStore(model=self._model_name(),
                             layout=layout, l1=e["ferry.l1"],
                             l2=_rank_l2(e.get("ferry.l2"), _rank_name(self._vllm_config)),
                             chunk_tokens=_chunk_tokens(e),
                             persistent=_flag(e, "ferry.persistent"),
                             tp_rank=rank, tp_world=world, device=device)
+            found._ferry_vllm_model = self._model_name()
             register_store(self._name, found)
             self._opened = True
         self._store = found
