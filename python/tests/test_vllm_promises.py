@@ -244,3 +244,34 @@ def test_a_second_model_in_one_process_never_reads_the_firsts_store(model):
         assert sched.get_num_new_matched_tokens(Request("y", a), 0)[0] > 0
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)])
+def test_another_engines_scheduler_never_counts_the_first_engines_store(model, tp, pp):
+    """Two engines of one model in one process (LLM objects under
+    VLLM_ENABLE_V1_MULTIPROCESSING=0): the first (TP 1, its worker beside
+    its scheduler) opens and registers the store; the second runs its
+    workers in other processes (TP or PP above one). Its scheduler took the
+    first engine's store as its own and counted that engine's chunks as hits
+    its workers, of other heads and keys, never find (a load error per hit,
+    a failed request under kv_load_failure_policy "fail"). It is refused,
+    naming both engines' parallel sizes; an engine of the same sizes still
+    shares the store."""
+    from types import SimpleNamespace
+    extra = {"ferry.store": NAME, "ferry.l1": "4M", "ferry.chunk_tokens": CHUNK}
+    eng = Engine(model, extra=extra)
+    try:
+        serve_a(eng)
+        a, _ = prompts()
+        cfg = vllm_config(dict(extra))
+        cfg.parallel_config = SimpleNamespace(tensor_parallel_size=tp,
+                                              pipeline_parallel_size=pp)
+        with pytest.raises(ValueError, match=f"TP size 1 and 1 pipeline.*TP size {tp} and {pp} "):
+            s = connector_class(cfg)(cfg, Role.SCHEDULER, None)
+            s.get_num_new_matched_tokens(Request("x", a), 0)
+        same = vllm_config(dict(extra))
+        same.parallel_config = SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1)
+        sched = connector_class(same)(same, Role.SCHEDULER, None)
+        assert sched.get_num_new_matched_tokens(Request("y", a), 0)[0] > 0
+    finally:
+        eng.close()

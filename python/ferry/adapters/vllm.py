@@ -27,7 +27,10 @@ Where the store comes from (kv_connector_extra_config):
       name for a scheduler in the same process (vLLM's single-process
       executor); a connector of another model in that process finding it
       there is refused, naming both models (it would load the first
-      model's KV: give each model its own "ferry.store"). A scheduler that finds no store there runs apart from its
+      model's KV: give each model its own "ferry.store"), and so is one of
+      another TP rank, TP size or pipeline size (another engine: its
+      chunks are other heads and layers, under other keys). A scheduler
+      that finds no store there runs apart from its
       workers (multiprocessing executor) and cannot see what they store:
       it is refused when vLLM builds it, with a ValueError naming
       "ferry.server". An L2 directory has one owner, so "ferry.l2": "DIR:SIZE"
@@ -1097,24 +1100,47 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         mc = getattr(self._vllm_config, "model_config", None)
         return str(self._extra.get("ferry.model", getattr(mc, "model", "vllm")))
 
+    def _owner(self, rank=True):
+        """Whose store a connector opens: (model, TP rank, TP world, pipeline
+        stages); the scheduler's TP rank is None (it asks for every rank)."""
+        r, world = _tp_rank_world(self._vllm_config, rank=rank)
+        return self._model_name(), r if rank else None, world, self._stages
+
     def _registered(self):
         """The store registered as "ferry.store", or None. One a connector of
         this process opened for another model is refused: its chunks are that
         model's, under the keys this connector would ask (the store's model
-        names them), so a hit would load that model's KV."""
+        names them), so a hit would load that model's KV. So is one opened by
+        a worker of another TP rank or size, or of another pipeline (another
+        engine of the process, VLLM_ENABLE_V1_MULTIPROCESSING=0): its keys
+        are that rank's, its chunks only its heads and stage's layers, and a
+        scheduler whose workers run elsewhere would count them as hits its
+        workers never find."""
         found = registered_store(self._name)
-        owner = getattr(found, "_ferry_vllm_model", None)
-        if owner is not None and owner != self._model_name():
+        owner = getattr(found, "_ferry_vllm_owner", None)
+        if owner is None:
+            return found
+        if owner[0] != self._model_name():
             raise ValueError(
                 f"ferry: vLLM connector: the store registered as {self._name!r} was opened "
-                f"by a connector of model {owner!r}, and this one serves "
+                f"by a connector of model {owner[0]!r}, and this one serves "
                 f"{self._model_name()!r}: it would load that model's KV; give each model its "
                 "own \"ferry.store\"")
+        mine = self._owner(rank=self._role != KVConnectorRole.SCHEDULER)
+        if owner[2:] != mine[2:] or (mine[1] is not None and owner[1] != mine[1]):
+            def who(o):
+                rank = "" if o[1] is None else f"TP rank {o[1]} of "
+                return f"{rank}TP size {o[2]} and {o[3]} pipeline stage(s)"
+            raise ValueError(
+                f"ferry: vLLM connector: the store registered as {self._name!r} was opened "
+                f"by a worker of {who(owner)}, and this connector serves {who(mine)}: its "
+                "chunks are that worker's heads and layers under its keys, not this "
+                "engine's; give each engine its own \"ferry.store\"")
         return found
 
     def _open_store(self, layout, device=None):
         """The worker's store: the registered one, or one opened from the config."""
-        found = self._registered()
+        found = registered_store(self._name)
         if found is not None and self._spmd:
             raise ValueError(
                 f"ferry: vLLM connector: a store is registered as {self._name!r} in this "
@@ -1122,6 +1148,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
                 "it holds this rank's chunks alone while the scheduler counts what the "
                 "\"ferry.server\" daemon holds for every rank: register none, each worker "
                 "opens its client of \"ferry.server\" itself")
+        found = self._registered()     # (another model's or engine's: refused)
         if found is None and self._server:
             e = self._extra
             rank, world = _tp_rank_world(self._vllm_config)
@@ -1129,7 +1156,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
                             layout=layout, server=self._server,
                             chunk_tokens=_chunk_tokens(e),
                             tp_rank=rank, tp_world=world, device=device)
-            found._ferry_vllm_model = self._model_name()
+            found._ferry_vllm_owner = self._owner()
             register_store(self._name, found)
             self._opened = True
         if found is None and "ferry.l1" in self._extra:
@@ -1141,7 +1168,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
                             chunk_tokens=_chunk_tokens(e),
                             persistent=_flag(e, "ferry.persistent"),
                             tp_rank=rank, tp_world=world, device=device)
-            found._ferry_vllm_model = self._model_name()
+            found._ferry_vllm_owner = self._owner()
             register_store(self._name, found)
             self._opened = True
         self._store = found
