@@ -1045,7 +1045,8 @@ typedef struct ferry_kv_stats {
     uint64_t remote_gets;          /**< chunk fetches */
     uint64_t remote_get_bytes;     /**< payload bytes fetched and verified */
     uint64_t remote_misses;        /**< fetches that found nothing (gone, or remote down) */
-    uint64_t remote_refused;       /**< values refused: other layout or key, corrupt, newer format */
+    uint64_t remote_refused;       /**< values refused (by a fetch or a lookup's header check):
+                                        other layout or key, corrupt, newer format */
     uint64_t remote_errors;        /**< transport failures and error replies */
     uint64_t remote_degraded;      /**< remote calls answered at once because it was down */
     uint32_t remote_down;          /**< 1 while the remote is marked down */
