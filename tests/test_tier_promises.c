@@ -199,6 +199,89 @@ static void synced_chunks_survive_a_killed_owner(void **state)
     ft_rmtree(dir);
 }
 
+/* the slab's size changes between runs: a chunk found is the chunk stored,
+ * byte for byte, whatever the new size keeps */
+static void reopen_with_another_l2_size_never_gives_other_bytes(void **state)
+{
+    (void)state;
+    char dir[256];
+    ft_tmpdir(dir, sizeof dir);
+    enum { N = 12 * CT };
+    int32_t t[N];
+    make_tokens(t, N, 61);
+    ferry_kv_config c = pslab_config(dir);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    assert_int_equal(store_prompt(kv, t, N), N);
+    assert_int_equal(ferry_kv_sync(kv), N / CT);
+    ferry_kv_close(kv);
+    static const uint64_t sizes[] = {4 * CHUNK, 128 * CHUNK, 64 * CHUNK};
+    for (size_t i = 0; i < 3; i++) {
+        c.l2_bytes = sizes[i];
+        kv = NULL;
+        int rc = ferry_kv_open(&c, &kv);
+        if (rc)
+            fail_msg("l2_bytes %llu: %d %s", (unsigned long long)sizes[i], rc,
+                     ferry_last_error());
+        hbuf d;
+        hbuf_init(&d, N);
+        int got = ferry_kv_retrieve(kv, t, N, NULL, &d.b);
+        assert_true(got >= 0 && got % CT == 0);
+        assert_true(hbuf_ok(&d, t, 0, (size_t)got));
+        assert_true(hbuf_untouched(&d, (size_t)got, N));
+        free(d.mem);
+        ferry_kv_stats m = stats(kv);
+        assert_int_equal(m.corrupt_chunks, 0);
+        /* the slab keeps the size it was made with */
+        assert_int_equal(m.tier[FERRY_KV_TIER_L2].capacity_bytes, 64 * CHUNK);
+        ferry_kv_close(kv);
+    }
+    /* l2_reset makes it anew at the configured size, empty */
+    c.l2_bytes = 32 * CHUNK;
+    c.l2_reset = 1;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    assert_int_equal(stats(kv).tier[FERRY_KV_TIER_L2].capacity_bytes, 32 * CHUNK);
+    assert_int_equal(ferry_kv_lookup(kv, t, N, NULL), 0);
+    ferry_kv_close(kv);
+    ft_rmtree(dir);
+}
+
+/* an L2 larger than the disk: the open fails naming the file, size and
+ * cause, and leaves the directory to a later open of a size that fits */
+static void l2_larger_than_the_disk_fails_and_leaves_room(void **state)
+{
+    (void)state;
+    char dir[256];
+    ft_tmpdir(dir, sizeof dir);
+    for (int persistent = 1; persistent >= 0; persistent--) {
+        ferry_kv_config c = pslab_config(dir);
+        c.l2_persistent = persistent;
+        c.l2_bytes = (uint64_t)1 << 43; /* 8 TiB: more than the test disk */
+        ferry_kv *kv = NULL;
+        int rc = ferry_kv_open(&c, &kv);
+        assert_true(rc < 0);
+        assert_null(kv);
+        const char *msg = ferry_last_error();
+        if (!strstr(msg, dir) || !strstr(msg, "bytes") ||
+            (!strstr(msg, "ENOSPC") && !strstr(msg, "EFBIG") && !strstr(msg, "space")))
+            fail_msg("persistent %d: %d '%s'", persistent, rc, msg);
+        /* the same directory with a size that fits works, bytes compared */
+        c.l2_bytes = 64 * CHUNK;
+        FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+        int32_t t[4 * CT];
+        make_tokens(t, 4 * CT, 70 + (unsigned)persistent);
+        assert_int_equal(store_prompt(kv, t, 4 * CT), 4 * CT);
+        FT_ASSERT_OK(ferry_kv_flush(kv));
+        hbuf d;
+        hbuf_init(&d, 4 * CT);
+        assert_int_equal(ferry_kv_retrieve(kv, t, 4 * CT, NULL, &d.b), 4 * CT);
+        assert_true(hbuf_ok(&d, t, 0, 4 * CT));
+        free(d.mem);
+        ferry_kv_close(kv);
+    }
+    ft_rmtree(dir);
+}
+
 /* ---- remote tier ---- */
 
 static ferry_remote_options g_ro;
@@ -273,6 +356,44 @@ static void remote_ttl_reaches_every_chunk_key(void **state)
             fail_msg("%s: TTL %lld, expected 900..1000", keys[i], ttl);
     }
     ferry_kv_close(kv);
+    ft_redis_destroy(&s);
+}
+
+/* ttl_s 1: once the values expired, a store that had indexed them as
+ * remote-resident misses each chunk, its buffer untouched, and a new
+ * store's lookup finds none */
+static void expired_values_are_misses(void **state)
+{
+    (void)state;
+    if (!g_have_redis)
+        return;
+    ft_redis s;
+    assert_int_equal(ft_redis_start(&s, NULL), 0);
+    char url[128];
+    ferry_kv_config c = remote_config(ft_redis_url(&s, 0, url, sizeof url), "exp:");
+    g_ro.ttl_s = 1;
+    ferry_kv *a = NULL, *b = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &a));
+    FT_ASSERT_OK(ferry_kv_open(&c, &b));
+    enum { N = 3 * CT };
+    int32_t t[N];
+    make_tokens(t, N, 81);
+    assert_int_equal(store_prompt(a, t, N), N);
+    FT_ASSERT_OK(ferry_kv_flush(a));
+    assert_int_equal(ferry_kv_lookup(b, t, N, NULL), N);
+    sleep_ms(2200);
+    hbuf d;
+    hbuf_init(&d, N);
+    assert_int_equal(ferry_kv_retrieve(b, t, N, NULL, &d.b), 0);
+    assert_true(hbuf_untouched(&d, 0, N));
+    free(d.mem);
+    ferry_kv *n = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &n));
+    assert_int_equal(ferry_kv_lookup(n, t, N, NULL), 0);
+    assert_int_equal(ferry_kv_lookup(b, t, N, NULL), 0);
+    ferry_kv_close(n);
+    ferry_kv_close(a);
+    ferry_kv_close(b);
     ft_redis_destroy(&s);
 }
 
@@ -450,7 +571,10 @@ int main(void)
         fprintf(stderr, "redis-server not installed: remote tests pass empty\n");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(synced_chunks_survive_a_killed_owner), /* forks first */
+        cmocka_unit_test(reopen_with_another_l2_size_never_gives_other_bytes),
+        cmocka_unit_test(l2_larger_than_the_disk_fails_and_leaves_room),
         cmocka_unit_test(remote_ttl_reaches_every_chunk_key),
+        cmocka_unit_test(expired_values_are_misses),
         cmocka_unit_test(server_restarted_empty_between_lookup_and_retrieve),
         cmocka_unit_test(value_copied_from_another_key_is_a_miss),
         cmocka_unit_test(unix_socket_url_with_a_database),

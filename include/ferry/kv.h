@@ -378,6 +378,9 @@ typedef struct ferry_kv_config {
      * before the store was closed (or the process died, once their write
      * was acknowledged) are found again by the next ferry_kv_open of the
      * same l2_dir with the same model, TP rank/world, layout and chunk size.
+     * An existing slab keeps the size it was made with: an open with
+     * another l2_bytes uses it as it is (a warning names both sizes);
+     * l2_reset makes it anew, empty, at the size configured.
      */
     int l2_persistent;
     /**
