@@ -393,6 +393,9 @@ static void other_layout_is_refused(void **state)
     assert_true(hbuf_untouched(&d, 0, N));
     assert_int_equal(stats(f).remote_found_chunks, 0);
     assert_int_equal(stats(f).remote_gets, 0);
+    /* refused by its header, once by the lookup and once by the retrieve's
+     * (each stops at chunk 0) */
+    assert_int_equal(stats(f).remote_refused, 2);
 
     /* and a value planted under f's key by another layout is refused on
      * read too: index chunk 0 as remote-resident in f through a lookup of
@@ -423,7 +426,7 @@ static void other_layout_is_refused(void **state)
         assert_int_equal(st[i], 0);
     assert_true(hbuf_untouched(&d, 0, CT));
     assert_true(hbuf_ok(&d, u, CT, N));
-    assert_int_equal(stats(f).remote_refused, 1);
+    assert_int_equal(stats(f).remote_refused, 3);
     /* the refused chunk is forgotten, the others are in L1 */
     ferry_kv_hash hu[4];
     ferry__kv_hash_chain(FERRY_KV_HASH_SEED_DEFAULT, u, N, CT, 0, hu, 4);

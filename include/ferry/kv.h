@@ -378,6 +378,9 @@ typedef struct ferry_kv_config {
      * before the store was closed (or the process died, once their write
      * was acknowledged) are found again by the next ferry_kv_open of the
      * same l2_dir with the same model, TP rank/world, layout and chunk size.
+     * An existing slab keeps the size it was made with: an open with
+     * another l2_bytes uses it as it is (a warning names both sizes);
+     * l2_reset makes it anew, empty, at the size configured.
      */
     int l2_persistent;
     /**
@@ -1045,7 +1048,8 @@ typedef struct ferry_kv_stats {
     uint64_t remote_gets;          /**< chunk fetches */
     uint64_t remote_get_bytes;     /**< payload bytes fetched and verified */
     uint64_t remote_misses;        /**< fetches that found nothing (gone, or remote down) */
-    uint64_t remote_refused;       /**< values refused: other layout or key, corrupt, newer format */
+    uint64_t remote_refused;       /**< values refused (by a fetch or a lookup's header check):
+                                        other layout or key, corrupt, newer format */
     uint64_t remote_errors;        /**< transport failures and error replies */
     uint64_t remote_degraded;      /**< remote calls answered at once because it was down */
     uint32_t remote_down;          /**< 1 while the remote is marked down */

@@ -120,10 +120,12 @@ static int r_read(ferry__kv_tier *t, uint64_t loc, const ferry_kv_hash *id, void
     }
     if (rc == FERRY_ENOTFOUND)
         atomic_fetch_add(&p->misses, 1);
-    else if (rc == FERRY_EMISMATCH || rc == FERRY_ECORRUPT || rc == FERRY_EVERSION ||
-             rc == -ENOBUFS)
+    else if (rc == -ENOBUFS)
         atomic_fetch_add(&p->refused, 1);
-    else if (!counted_by_remote(rc))
+    /* a refusal by header or checksum is in the remote's corrupt and
+     * mismatched counts, which remote_refused adds */
+    else if (rc != FERRY_EMISMATCH && rc != FERRY_ECORRUPT && rc != FERRY_EVERSION &&
+             !counted_by_remote(rc))
         atomic_fetch_add(&p->errors, 1);
     return ferry__err_set(NULL, rc, "kv remote %s: reading chunk %s: %s", ferry_remote_url(p->r),
                           key, ferry_last_error());
@@ -279,6 +281,10 @@ void ferry__kv_remote_counts(ferry__kv_tier *t, ferry_kv_stats *m)
     ferry_remote_stats rm = FERRY_REMOTE_STATS_INIT;
     if (ferry_remote_stats_get(p->r, &rm) == 0) {
         m->remote_errors += rm.errors;
+        /* values refused by their header or checksums, by a get or by a
+         * lookup's header check alike (a lookup that stops at a value of
+         * another layout or key refuses it as much as a get does) */
+        m->remote_refused += rm.corrupt + rm.mismatched;
         m->remote_degraded = rm.degraded;
         m->remote_dropped = rm.dropped;
         m->remote_written = rm.puts_written;
