@@ -52,6 +52,16 @@ def _u32_arg(v, what):
     return int(v)
 
 
+def _u64_arg(v, what):
+    """A 64-bit value C takes as uint64 (the hash seed): as _u32_arg, up to
+    2^64-1 (ctypes would wrap -1 onto 2^64-1, a seed two stores must agree on)."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"ferry: {what} is an integer, got {type(v).__name__} {v!r}")
+    if not 0 <= v < 1 << 64:
+        raise FerryError(-errno.EINVAL, f"{what} {v} is outside 0 .. 2^64-1")
+    return int(v)
+
+
 def _name_bytes(names):
     """Chunk names as a list of bytes (str as UTF-8); TypeError for a name
     that is neither, and for one str or bytes where a sequence belongs."""
@@ -663,7 +673,7 @@ class KVStore(Closing):
         c.tp_rank, c.tp_world = tp_rank, tp_world
         c.layout = layout.c
         c.chunk_tokens = chunk_tokens
-        c.hash_seed = hash_seed
+        c.hash_seed = _u64_arg(hash_seed, "hash_seed")
         c.l1_bytes = parse_size(l1)
         if l2_dir is not None:
             c.l2_dir = self._s(os.fspath(l2_dir))

@@ -482,3 +482,18 @@ def test_clear_leaves_pinned_chunks_and_says_so(s):
     assert s.retrieve(t, dst) == 32 and same(dst, src)
     assert s.unpin(t) == 32
     assert s.clear() >= 2 and s.lookup(t) == 0
+
+
+def test_a_hash_seed_outside_64_bits_is_refused():
+    """hash_seed is a uint64 two stores must agree on: -1 was taken as
+    2^64-1 and 2^64 as 0 (ctypes wraps), a float raised ctypes' own
+    TypeError. Refused naming it; 0 and 2^64-1 open."""
+    lay = ferry.Layout(num_layers=2, num_heads=2, head_dim=8, dtype="f32")
+    for bad in (-1, 1 << 64):
+        with pytest.raises(ferry.FerryError, match="hash_seed"):
+            ferry.KVStore("seed", lay, l1="1M", hash_seed=bad)
+    for bad in (1.5, "7", True):
+        with pytest.raises(TypeError, match="hash_seed"):
+            ferry.KVStore("seed", lay, l1="1M", hash_seed=bad)
+    for good in (0, (1 << 64) - 1, np.uint64(5)):
+        ferry.KVStore("seed", lay, l1="1M", hash_seed=good).close()
