@@ -82,7 +82,10 @@ def _name_bytes(names):
 
 class Layout:
     """The shape of an engine's KV cache on one TP rank: layers, K and V (or
-    one MLA latent), KV heads, head_dim and dtype."""
+    one MLA latent), KV heads, head_dim and dtype. Its fields read as it was
+    made: num_layers, kv, num_heads and head_dim are ints, dtype ferry's
+    name of the element type ("bf16", "fp8", ...: Layout(..., lay.dtype)
+    is the same layout)."""
 
     def __init__(self, num_layers, num_heads, head_dim, dtype="bf16", kv=2):
         self.c = A.KVLayout(num_layers=_u32_arg(num_layers, "num_layers"),
@@ -146,8 +149,10 @@ class Layout:
     cache_layout = None   # which paged layout the engine's caches have, when known
 
     def __getattr__(self, name):
-        if name in ("num_layers", "kv", "num_heads", "head_dim", "dtype"):
+        if name in ("num_layers", "kv", "num_heads", "head_dim"):
             return getattr(self.c, name)
+        if name == "dtype":   # the name a Layout is made with ("bf16"), as repr shows it
+            return dtype_name(self.c.dtype)
         raise AttributeError(name)
 
     def __eq__(self, other):

@@ -497,3 +497,16 @@ def test_a_hash_seed_outside_64_bits_is_refused():
             ferry.KVStore("seed", lay, l1="1M", hash_seed=bad)
     for good in (0, (1 << 64) - 1, np.uint64(5)):
         ferry.KVStore("seed", lay, l1="1M", hash_seed=good).close()
+
+
+def test_a_layouts_fields_read_as_it_was_made():
+    """Layout's dtype reads as the name it was made with (and repr shows),
+    not ferry's internal code: lay.dtype == "bf16", and a Layout made again
+    from its own fields is the same layout."""
+    for dt in ("bf16", "f16", "fp8", "f32", "u8"):
+        lay = ferry.Layout(3, 4, 64, dt)
+        assert lay.dtype == dt
+        assert (lay.num_layers, lay.num_heads, lay.head_dim, lay.kv) == (3, 4, 64, 2)
+        again = ferry.Layout(lay.num_layers, lay.num_heads, lay.head_dim, lay.dtype, kv=lay.kv)
+        assert again == lay and repr(again) == repr(lay)
+    assert ferry.Layout.from_model(2, 1, 512, "bf16", mla=True).kv == 1

@@ -69,6 +69,9 @@ BAD = [("ferry.chunk_tokens", "sixteen"), ("ferry.chunk_tokens", -16),
        ("ferry.layout", "llama"), ("ferry.layout", {"num_layers": 2}),
        ("ferry.layout", {"num_layers": 2, "num_kv_heads": 2, "head_dim": 8, "dtype": "bogus"}),
        ("ferry.layout", {"num_layers": 2, "num_kv_heads": 2, "head_dim": 8, "mla": "nope"}),
+       ("ferry.layout", {"num_layers": 2.5, "num_kv_heads": 2, "head_dim": 8}),
+       ("ferry.layout", {"num_layers": 2, "num_kv_heads": True, "head_dim": 8}),
+       ("ferry.layout", {"num_layers": 2, "num_kv_heads": 2, "head_dim": -8}),
        ("ferry.store", ""), ("ferry.store", 3), ("ferry.server", 5), ("ferry.model", ""),
        ("ferry.kv_cache_layout", "XYZ")]
 
@@ -275,3 +278,22 @@ def test_another_engines_scheduler_never_counts_the_first_engines_store(model, t
         assert sched.get_num_new_matched_tokens(Request("y", a), 0)[0] > 0
     finally:
         eng.close()
+
+
+def test_a_whole_float_is_a_count_in_every_setting(monkeypatch):
+    """A JSON writer may give 16 as 16.0: "ferry.chunk_tokens" takes it as
+    "ferry.layout"'s counts do (one rule for every count), while 16.5 and
+    2.5 layers are refused (above), never cut to 16 or 2."""
+    seen = {}
+
+    class KVStore:
+        def __init__(self, **kw):
+            seen.update(kw)
+    monkeypatch.setattr(vllm_adapter, "KVStore", KVStore)
+    c = build({"ferry.server": "unix:/nonexistent/ferry.sock", "ferry.store": "none-such",
+               "ferry.chunk_tokens": 16.0,
+               "ferry.layout": {"num_layers": 2.0, "num_kv_heads": "2", "head_dim": 8}},
+              Role.SCHEDULER)
+    c.store
+    assert seen["chunk_tokens"] == 16 and type(seen["chunk_tokens"]) is int
+    assert seen["layout"] == ferry.Layout.from_model(2, 2, 8)

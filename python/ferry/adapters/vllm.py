@@ -418,17 +418,28 @@ _KEYS = ("ferry.store", "ferry.server", "ferry.l1", "ferry.l2", "ferry.model",
          "ferry.cross_layer_blocks")
 
 
-def _chunk_tokens(extra):
-    """"ferry.chunk_tokens" (0, the default: the store's own), an integer
-    or its decimal string (a YAML file, an environment variable)."""
-    v = extra.get("ferry.chunk_tokens", 0)
+def _count(v):
+    """A count a setting gives: an integer, its decimal string (a YAML file,
+    an environment variable) or a whole float (16.0, as a JSON writer may
+    give it); None for anything else (a fraction, a negative, a bool)."""
     text = v.strip() if isinstance(v, str) else None
-    if text is not None and text.isdigit():
-        return int(text)
+    if text is not None:
+        return int(text) if text.isdigit() else None
+    if isinstance(v, float) and v.is_integer() and v >= 0:
+        return int(v)
     if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
+        return None
+    return int(v)
+
+
+def _chunk_tokens(extra):
+    """"ferry.chunk_tokens" (0, the default: the store's own): a count (_count)."""
+    v = extra.get("ferry.chunk_tokens", 0)
+    n = _count(v)
+    if n is None:
         raise ValueError(f"ferry: \"ferry.chunk_tokens\" is a count of tokens (0: the "
                          f"store's default), got {v!r}")
-    return int(v)
+    return n
 
 
 # vLLM's names of the dtypes a "ferry.layout" may be written with (its
@@ -444,8 +455,13 @@ def _spec_layout(spec):
     try:
         dtype = spec.get("dtype", "bf16")
         dtype = _VLLM_DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
-        return Layout.from_model(int(spec["num_layers"]), int(spec["num_kv_heads"]),
-                                 int(spec["head_dim"]), dtype,
+        counts = []
+        for field in ("num_layers", "num_kv_heads", "head_dim"):
+            n = _count(spec[field])
+            if n is None:   # (int() would take 2.5 as 2, True as 1)
+                raise ValueError(f"{field} is a count, got {spec[field]!r}")
+            counts.append(n)
+        return Layout.from_model(*counts, dtype,
                                  mla=_truthy(spec.get("mla", False), "\"ferry.layout\"'s mla"))
     except (KeyError, TypeError, ValueError, AttributeError, FerryError) as e:
         raise ValueError("ferry: \"ferry.layout\" is {\"num_layers\", \"num_kv_heads\", "
@@ -1149,27 +1165,22 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
                 "\"ferry.server\" daemon holds for every rank: register none, each worker "
                 "opens its client of \"ferry.server\" itself")
         found = self._registered()     # (another model's or engine's: refused)
-        if found is None and self._server:
-            e = self._extra
+        e = self._extra
+        if found is None and (self._server or "ferry.l1" in e):
             rank, world = _tp_rank_world(self._vllm_config)
-            found = KVStore(model=self._model_name(),
-                            layout=layout, server=self._server,
-                            chunk_tokens=_chunk_tokens(e),
-                            tp_rank=rank, tp_world=world, device=device)
+            where = (dict(server=self._server) if self._server else
+                     dict(l1=e["ferry.l1"],
+                          l2=_rank_l2(e.get("ferry.l2"), _rank_name(self._vllm_config)),
+                          persistent=_flag(e, "ferry.persistent")))
+            found = KVStore(model=self._model_name(), layout=layout,
+                            chunk_tokens=_chunk_tokens(e), tp_rank=rank, tp_world=world,
+                            device=device, **where)
             found._ferry_vllm_owner = self._owner()
-            register_store(self._name, found)
-            self._opened = True
-        if found is None and "ferry.l1" in self._extra:
-            e = self._extra
-            rank, world = _tp_rank_world(self._vllm_config)
-            found = KVStore(model=self._model_name(),
-                            layout=layout, l1=e["ferry.l1"],
-                            l2=_rank_l2(e.get("ferry.l2"), _rank_name(self._vllm_config)),
-                            chunk_tokens=_chunk_tokens(e),
-                            persistent=_flag(e, "ferry.persistent"),
-                            tp_rank=rank, tp_world=world, device=device)
-            found._ferry_vllm_owner = self._owner()
-            register_store(self._name, found)
+            try:
+                register_store(self._name, found)
+            except ValueError:   # (another thread's registered meanwhile)
+                found.close()
+                raise
             self._opened = True
         self._store = found
         return self.store
