@@ -218,3 +218,37 @@ def test_a_second_model_in_one_process_never_reads_the_firsts_store():
     assert same.batch_exists(h) == 2 and same.store is a.store
     for b in (other, same, a):
         b.close()
+
+
+def test_a_store_shared_by_name_across_engines_keeps_to_its_model():
+    """A vLLM connector and an SGLang backend in one process, given one store
+    name: each engine's adapter refused another model's store only when its
+    own kind had opened it (vLLM read a mark SGLang never wrote, and back),
+    so a vLLM engine of another model took the SGLang backend's store and
+    would count, and load, that model's pages. Either adapter now refuses a
+    store either one opened for another model, naming both models; the same
+    model still shares it."""
+    from test_vllm_promises import Role, build as build_vllm
+    pa = MHAHost("page_first", 4)
+    a = create_backend({"ferry_l1": "8M", "ferry_store": "shared"}, {"kv": pa})
+    try:
+        for role in Role:
+            with pytest.raises(ValueError,
+                               match="SGLang adapter for model 'tiny'.*'tiny-llama'"):
+                build_vllm({"ferry.store": "shared"}, role).store
+    finally:
+        a.close()
+    assert registered_store("shared") is None
+    # the other way: a store a vLLM connector opened, found by SGLang
+    import test_vllm_promises as tv
+    model = tv.TinyLlama(seed=4321)
+    extra = {"ferry.store": "shared", "ferry.l1": "4M", "ferry.chunk_tokens": tv.CHUNK}
+    eng = tv.Engine(model, extra=extra)
+    try:
+        assert registered_store("shared") is not None   # (its worker opened it)
+        other = build({"ferry_l1": "8M", "ferry_store": "shared"})
+        with pytest.raises(ValueError, match="vLLM adapter for model 'tiny-llama'.*'tiny'"):
+            other.register_mem_pool_host(MHAHost("page_first", 4))
+        other.close()
+    finally:
+        eng.close()

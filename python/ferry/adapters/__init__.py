@@ -52,6 +52,29 @@ def registered_store(name):
         return _stores.get(name)
 
 
+def _mark_opener(store, engine, model, setup=None):
+    """Record on a store an adapter opened (and registers) which engine
+    ("vLLM", "SGLang"), model and engine-specific setup it serves."""
+    store._ferry_opener = (engine, model, setup)
+
+
+def _check_opener(name, store, me, model, setting):
+    """The (engine, model, setup) that opened the store registered as
+    `name`, or None for one the user opened and registered. A store an
+    adapter of this process (of either engine) opened for another model is
+    refused: its chunks are that model's under the keys this one would ask
+    (SGLang's hash token ids alone, vLLM's name no model), so a hit would
+    load that model's KV. me names the asking adapter, setting the name
+    that would give it a store of its own."""
+    opener = getattr(store, "_ferry_opener", None)
+    if opener is not None and opener[1] != model:
+        raise ValueError(
+            f"ferry: {me}: the store registered as {name!r} was opened by a {opener[0]} "
+            f"adapter for model {opener[1]!r}, and this one serves {model!r}: it would "
+            f"load that model's KV; give each model its own {setting}")
+    return opener
+
+
 def register_vllm_connector():
     """vLLM's general plugin hook (the "vllm.general_plugins" entry point
     "ferry"; vLLM runs these in each of its processes): makes

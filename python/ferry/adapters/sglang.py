@@ -149,7 +149,7 @@ import numpy as np
 from .. import errors
 from ..errors import FerryError
 from ..kv import KVStore, Layout
-from . import register_store, registered_store, unregister_store
+from . import _check_opener, _mark_opener, register_store, registered_store, unregister_store
 from . import _l2dir, _settings
 from ._sglang_base import (SGLANG, UPSTREAM, HiCacheStorage, HiCacheStorageConfig,
                            HiCacheStorageExtraInfo, PoolHitPolicy, PoolName, PoolTransfer,
@@ -685,16 +685,8 @@ class FerryHiCacheStorage(HiCacheStorage):
         reg = self._name if key == "kv" else f"{self._name}.{key}"
         store = registered_store(reg)
         model = self.config.model_name or "sglang"
-        if store is not None:
-            owner = getattr(store, "_ferry_sglang_model", None)
-            if owner is not None and owner != model:
-                # another backend of this process opened it for its model: its
-                # pages are that model's, under the same keys (SGLang's hash
-                # token ids only) and salts (which name no model)
-                raise ValueError(
-                    f"ferry: SGLang pool {key!r}: the store registered as {reg!r} was opened "
-                    f"by a backend of model {owner!r}, and this one serves {model!r}: it "
-                    "would read that model's pages; give each model its own \"ferry_store\"")
+        if store is not None:   # (one another adapter opened for its model: refused)
+            _check_opener(reg, store, f"SGLang pool {key!r}", model, "\"ferry_store\"")
             return store
         e = self._extra
         server = e.get(f"ferry_server_{key}") or (e.get("ferry_server") if key == "kv" else None)
@@ -722,7 +714,7 @@ class FerryHiCacheStorage(HiCacheStorage):
                 e.get(f"ferry_l2_{key}", e.get("ferry_l2")), f"{key}-{self._rank_dir}",
                 _L2_WHAT, self._old_l2(key), _L2_REPLICAS,
                 f"ferry: SGLang pool {key!r} of rank {self._rank_dir}")
-        store._ferry_sglang_model = model
+        _mark_opener(store, "SGLang", model)
         try:
             register_store(reg, store)
         except ValueError:

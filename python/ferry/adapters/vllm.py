@@ -202,7 +202,8 @@ from .. import errors
 from .._buffers import Buffer
 from ..errors import FerryError
 from ..kv import KVStore, Layout, hash_chunks, parse_size
-from . import register_store, register_vllm_connector, registered_store
+from . import (_check_opener, _mark_opener, register_store, register_vllm_connector,
+               registered_store)
 from . import _l2dir
 from ._settings import flag as _flag, truthy as _truthy
 from ._vllm_base import (VLLM, AllBlocksCleared, BlockRemoved, BlockStored, KVConnectorBase_V1,
@@ -1133,15 +1134,11 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         scheduler whose workers run elsewhere would count them as hits its
         workers never find."""
         found = registered_store(self._name)
-        owner = getattr(found, "_ferry_vllm_owner", None)
-        if owner is None:
+        opener = None if found is None else _check_opener(
+            self._name, found, "vLLM connector", self._model_name(), "\"ferry.store\"")
+        if opener is None or opener[0] != "vLLM":
             return found
-        if owner[0] != self._model_name():
-            raise ValueError(
-                f"ferry: vLLM connector: the store registered as {self._name!r} was opened "
-                f"by a connector of model {owner[0]!r}, and this one serves "
-                f"{self._model_name()!r}: it would load that model's KV; give each model its "
-                "own \"ferry.store\"")
+        owner = opener[2]
         mine = self._owner(rank=self._role != KVConnectorRole.SCHEDULER)
         if owner[2:] != mine[2:] or (mine[1] is not None and owner[1] != mine[1]):
             def who(o):
@@ -1175,7 +1172,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
             found = KVStore(model=self._model_name(), layout=layout,
                             chunk_tokens=_chunk_tokens(e), tp_rank=rank, tp_world=world,
                             device=device, **where)
-            found._ferry_vllm_owner = self._owner()
+            _mark_opener(found, "vLLM", self._model_name(), self._owner())
             try:
                 register_store(self._name, found)
             except ValueError:   # (another thread's registered meanwhile)
