@@ -199,20 +199,6 @@ class Engine:
         unregister_store(NAME)
 
 
-@pytest.fixture(scope="module")
-def model():
-    return TinyLlama(seed=4321)
-
-
-@pytest.fixture
-def store(model):
-    lay = ferry.Layout.from_model(model.layers, model.kv_heads, model.head_dim, dtype="f32")
-    s = ferry.KVStore("tiny-llama", lay, l1=64 * CHUNK * lay.token_bytes, chunk_tokens=CHUNK)
-    yield s
-    unregister_store(NAME)
-    s.close()
-
-
 def prompts():
     g = torch.Generator().manual_seed(7)
     a = torch.randint(0, 512, (40,), generator=g).tolist()

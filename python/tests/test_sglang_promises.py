@@ -241,7 +241,8 @@ def test_a_store_shared_by_name_across_engines_keeps_to_its_model():
     assert registered_store("shared") is None
     # the other way: a store a vLLM connector opened, found by SGLang
     import test_vllm_promises as tv
-    model = tv.TinyLlama(seed=4321)
+    from tiny_llama import TinyLlama
+    model = TinyLlama(seed=4321)
     extra = {"ferry.store": "shared", "ferry.l1": "4M", "ferry.chunk_tokens": tv.CHUNK}
     eng = tv.Engine(model, extra=extra)
     try:

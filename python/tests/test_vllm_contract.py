@@ -21,29 +21,13 @@ import time
 import pytest
 import torch
 
-import ferry
-from ferry.adapters import register_store, unregister_store
+from ferry.adapters import register_store
 from ferry.adapters import _vllm_base as base
 from ferry.adapters.vllm import FerryConnector, FerryConnectorStats
 from test_adapter_vllm import (BLOCKS, BS, CHUNK, NAME, Engine, Request, connector_class,
                                layer_names, prompts, serve_a, vllm_config)
-from tiny_llama import TinyLlama
 
 Role = base.KVConnectorRole
-
-
-@pytest.fixture(scope="module")
-def model():
-    return TinyLlama(seed=4321)
-
-
-@pytest.fixture
-def store(model):
-    lay = ferry.Layout.from_model(model.layers, model.kv_heads, model.head_dim, dtype="f32")
-    s = ferry.KVStore("tiny-llama", lay, l1=64 * CHUNK * lay.token_bytes, chunk_tokens=CHUNK)
-    yield s
-    unregister_store(NAME)
-    s.close()
 
 
 class KVCacheBlocks:

@@ -60,20 +60,6 @@ FWD = SimpleNamespace(attn_metadata={}, no_compile_layers={})
 WAITING_FOR_REMOTE_KVS, FINISHED = "WAITING_FOR_REMOTE_KVS", "FINISHED"
 
 
-@pytest.fixture(scope="module")
-def model():
-    return TinyLlama(seed=4321)
-
-
-@pytest.fixture
-def store(model):
-    lay = ferry.Layout.from_model(model.layers, model.kv_heads, model.head_dim, dtype="f32")
-    s = ferry.KVStore("tiny-llama", lay, l1=64 * CHUNK * lay.token_bytes, chunk_tokens=CHUNK)
-    yield s
-    unregister_store(NAME)
-    s.close()
-
-
 def worker_step(w, so, forward=None, calls=None):
     """GPUModelRunner (handle_preemptions) and
     KVConnectorModelRunnerMixin._get_kv_connector_output around one step;

@@ -34,31 +34,15 @@ import pytest
 import torch
 
 import ferry
-from ferry.adapters import unregister_store
 from ferry.adapters import _vllm_base as base
 from ferry.adapters.vllm import FerryConnector, FerrySecondaryTier
 from ferry.adapters import vllm as vllm_adapter
 from test_adapter_vllm import (BLOCKS, BS, CHUNK, NAME, Engine, Request, connector_class,
                                layer_names, prompts, serve_a, vllm_config)
 from test_vllm_contract import empty_output
-from tiny_llama import TinyLlama
 
 Role = base.KVConnectorRole
 FWD = None
-
-
-@pytest.fixture(scope="module")
-def model():
-    return TinyLlama(seed=4321)
-
-
-@pytest.fixture
-def store(model):
-    lay = ferry.Layout.from_model(model.layers, model.kv_heads, model.head_dim, dtype="f32")
-    s = ferry.KVStore("tiny-llama", lay, l1=64 * CHUNK * lay.token_bytes, chunk_tokens=CHUNK)
-    yield s
-    unregister_store(NAME)
-    s.close()
 
 
 class _Later:

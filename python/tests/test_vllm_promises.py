@@ -21,7 +21,6 @@ from ferry.adapters import _vllm_base as base
 from ferry.adapters import vllm as vllm_adapter
 from test_adapter_vllm import (CHUNK, NAME, Engine, Request, connector_class, prompts,
                                serve_a, vllm_config)
-from tiny_llama import TinyLlama
 
 Role = base.KVConnectorRole
 
@@ -30,11 +29,6 @@ KEYS = ("ferry.store", "ferry.server", "ferry.l1", "ferry.l2", "ferry.model",
         "ferry.chunk_tokens", "ferry.persistent", "ferry.layout", "ferry.layerwise",
         "ferry.async_load", "ferry.async_save", "ferry.kv_events", "ferry.kv_cache_layout",
         "ferry.cross_layer_blocks")
-
-
-@pytest.fixture(scope="module")
-def model():
-    return TinyLlama(seed=4321)
 
 
 def build(extra, role):
@@ -123,15 +117,6 @@ def test_settings_written_as_strings_open_the_same_store_bitwise(model):
         eng.close()
     assert registered_store(NAME) is None
     unregister_store(NAME)
-
-
-@pytest.fixture
-def store(model):
-    lay = ferry.Layout.from_model(model.layers, model.kv_heads, model.head_dim, dtype="f32")
-    s = ferry.KVStore("tiny-llama", lay, l1=64 * CHUNK * lay.token_bytes, chunk_tokens=CHUNK)
-    yield s
-    unregister_store(NAME)
-    s.close()
 
 
 def test_decode_tokens_are_never_stored(model, store):
