@@ -19,7 +19,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/core.h"
 #include "ferry/kv.h"
+#include "ferry/serve.h"
 #include "ferry_test.h"
 #include "kv/store/tier_l1_fill.h"
 
@@ -197,12 +199,81 @@ static void close_while_the_thread_is_held_returns(void **state)
     }
 }
 
+static void host_memory(uint64_t total, uint64_t avail)
+{
+    atomic_store(&ferry__test_mem_total, total);
+    atomic_store(&ferry__test_mem_avail, avail);
+}
+
+/* an L1 larger than all the memory the process may have could never be
+ * backed: refused at open, naming both sizes, in process and for a
+ * daemon's shared pool alike (before, it opened, and the thread faulted
+ * the pool in until the OOM killer took the host's largest process) */
+static void an_l1_larger_than_the_hosts_memory_is_refused(void **state)
+{
+    (void)state;
+    host_memory(128 * MiB, 128 * MiB);
+    ferry_kv_config c = config(POOL); /* 256 MiB */
+    ferry_kv *kv = NULL;
+    int rc = ferry_kv_open(&c, &kv);
+    host_memory(0, 0);
+    assert_int_equal(rc, -ENOMEM);
+    assert_null(kv);
+    const char *msg = ferry_last_error();
+    assert_non_null(strstr(msg, "0.25 GiB"));
+    assert_non_null(strstr(msg, "0.12 GiB of memory this process may have"));
+
+    char dir[] = "/tmp/ferry_l1memXXXXXX", sock[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(sock, sizeof sock, "%s/s.sock", dir);
+    ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
+    sc.socket_path = sock;
+    sc.kv = &c;
+    ferry_serve *srv = NULL;
+    host_memory(128 * MiB, 128 * MiB);
+    rc = ferry_serve_open(&sc, &srv);
+    host_memory(0, 0);
+    assert_int_equal(rc, -ENOMEM);
+    assert_null(srv);
+    assert_non_null(strstr(ferry_last_error(), "memory this process may have"));
+    assert_int_equal(access(sock, F_OK), -1); /* (nothing left behind) */
+    assert_int_equal(rmdir(dir), 0);
+}
+
+/* an L1 within the host's memory but above what is available now opens,
+ * and its pages are faulted in ahead only while a reserve stays free
+ * (here none is left above it: the process does not grow by the pool);
+ * chunks stored later still keep their bytes */
+static void the_pool_is_faulted_in_only_while_memory_is_available(void **state)
+{
+    (void)state;
+    if (!kernel_populates())
+        skip();
+    host_memory(4096 * MiB, 64 * MiB + 40 * MiB); /* reserve 128 MiB: none left to fault */
+    uint64_t before = rss();
+    ferry_kv_config c = config(POOL);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    struct timespec ms = {0, 200000000};
+    nanosleep(&ms, NULL); /* (a thread, had one started, would be well into the pool) */
+    assert_true(rss() < before + 32 * MiB);
+    unsigned char *img = malloc(img_bytes());
+    assert_non_null(img);
+    store_prompt(kv, img, 7);
+    retrieve_prompt(kv, img, 7);
+    ferry_kv_close(kv);
+    host_memory(0, 0);
+    free(img);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(open_leaves_the_pool_to_the_thread),
         cmocka_unit_test(stores_before_and_while_the_thread_runs_keep_their_bytes),
         cmocka_unit_test(close_while_the_thread_is_held_returns),
+        cmocka_unit_test(an_l1_larger_than_the_hosts_memory_is_refused),
+        cmocka_unit_test(the_pool_is_faulted_in_only_while_memory_is_available),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -510,8 +510,14 @@ typedef struct ferry_kv ferry_kv;
  * second for 8 GiB; the process's resident memory grows by the whole pool
  * then, as when open did it), while the store is already in use; a store
  * into a page the thread has not reached faults that page itself, and
- * close stops the thread within a step. A pinned pool is faulted in by
- * the pinning, inside open. Errors: -EINVAL (NULL, no model, bad layout, l1_bytes
+ * close stops the thread within a step. The thread faults in only while
+ * the host keeps a reserve of memory available (a 32nd of the memory the
+ * process may have, 64 MiB to 4 GiB; a warning says where it stopped):
+ * the pages past that are taken as chunks arrive. A pool larger than the
+ * memory the process may have (the host's, or its cgroup's limit where
+ * lower) could never be backed and is refused, -ENOMEM naming both sizes;
+ * one larger than the memory available at open is warned of. A pinned
+ * pool is faulted in by the pinning, inside open. Errors: -EINVAL (NULL, no model, bad layout, l1_bytes
  * below one chunk, watermark or evict_fraction outside [0, 1] or NaN, a
  * fraction above the watermark, tp_rank not below tp_world, an unknown
  * policy, more than FERRY_KV_WORKERS_MAX workers, an empty l2_dir; l2_dirs

@@ -5,6 +5,8 @@ it: public API only, bytes compared bitwise, in process and through a
 import asyncio
 import errno
 import itertools
+import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -510,3 +512,24 @@ def test_a_layouts_fields_read_as_it_was_made():
         again = ferry.Layout(lay.num_layers, lay.num_heads, lay.head_dim, lay.dtype, kv=lay.kv)
         assert again == lay and repr(again) == repr(lay)
     assert ferry.Layout.from_model(2, 1, 512, "bf16", mla=True).kv == 1
+
+
+def test_an_l1_larger_than_the_hosts_memory_is_refused(tmp_path):
+    """An L1 that could never be backed is refused when the store opens,
+    naming both sizes, in process and in a `ferry serve` daemon; a daemon's
+    shared pool was faulted in by its thread until the kernel's OOM killer
+    took the host's largest process (the engine, or a bystander)."""
+    host = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    lay = ferry.Layout(2, 2, 64)
+    with pytest.raises(FerryError) as e:
+        ferry.KVStore("too-big", lay, l1=2 * host)
+    assert e.value.code == -errno.ENOMEM
+    assert "memory this process may have" in str(e.value), e.value
+    cli = os.environ.get("FERRY_CLI") or os.path.join(os.path.dirname(__file__), "..", "..",
+                                                      "build", "ferry")
+    sock = tmp_path / "s.sock"
+    r = subprocess.run([cli, "serve", "--socket", str(sock), "--model", "tiny",
+                        "--l1", str(2 * host)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "memory this process may have" in r.stderr, r.stderr
+    assert not sock.exists()

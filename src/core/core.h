@@ -64,6 +64,13 @@ int ferry__err_copy(ferry__errbuf *dst, const ferry__errbuf *src, int code);
  * result stays valid across the next three. */
 const char *ferry__err_msg(const ferry__errbuf *eb);
 
+/* the memory this process may have in all (the host's, or its cgroup's
+ * limit where lower) and what of it is available now (meminfo.c) */
+void ferry__host_memory(uint64_t *total, uint64_t *avail);
+/* test seams: while nonzero, what ferry__host_memory answers */
+extern _Atomic uint64_t ferry__test_mem_total;
+extern _Atomic uint64_t ferry__test_mem_avail;
+
 void ferry__log(int level, const char *fmt, ...) FERRY__PRINTF(2, 3);
 int ferry__log_enabled(int level);
 #define FERRY_LOGE(...) ferry__log(FERRY_LOG_ERROR, __VA_ARGS__)

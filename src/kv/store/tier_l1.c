@@ -220,6 +220,20 @@ int ferry__kv_tier_l1_open(ferry_device *dev, uint64_t slot_bytes, uint64_t capa
     if (capacity > SIZE_MAX / slot_bytes)
         return ferry__err_set(eb, -EOVERFLOW, "kv L1: %llu slots of %llu bytes overflow",
                               (unsigned long long)capacity, (unsigned long long)slot_bytes);
+    uint64_t host, avail, want = capacity * slot_bytes;
+    ferry__host_memory(&host, &avail);
+    if (want > host) /* (it could never be backed: its pages would bring the OOM killer) */
+        return ferry__err_set(eb, -ENOMEM,
+                              "kv L1: a pool of %.2f GiB (%llu slots of %llu bytes) is more "
+                              "than the %.2f GiB of memory this process may have (the host's, "
+                              "or its cgroup's limit); give an L1 that fits beside the engine",
+                              (double)want / (1u << 30), (unsigned long long)capacity,
+                              (unsigned long long)slot_bytes, (double)host / (1u << 30));
+    if (want > avail)
+        FERRY_LOGW("kv L1: a pool of %.2f GiB is more than the %.2f GiB of memory available "
+                   "now: its pages are taken as chunks arrive, and the host may run out of "
+                   "memory before the pool is full",
+                   (double)want / (1u << 30), (double)avail / (1u << 30));
     ferry__kv_tier *t = ferry__calloc(1, sizeof *t);
     l1 *p = ferry__calloc(1, sizeof *p);
     if (!t || !p) {

@@ -19,7 +19,10 @@
  * Close stops the thread between steps (FILL_STEP bytes, a few ms) and
  * joins it before the pool is unmapped; the pages it did not reach are
  * never faulted. A step the kernel refuses (out of memory) ends the
- * thread too. Either way `whole` stays 0, and the L2 pool registration
+ * thread too, and so does one that would leave less memory available
+ * than a reserve (room_for: a 32nd of what the process may have, 64 MiB
+ * to 4 GiB), asked before each step: the kernel does not refuse a shared
+ * pool's pages, it brings the OOM killer onto the host's largest process. Either way `whole` stays 0, and the L2 pool registration
  * (tier_l2_poolreg.c), which waits for the thread, then does not pin the
  * pool: pinning would fault every page left inside one system call that
  * close cannot interrupt, the memory the kernel just refused.
@@ -57,6 +60,31 @@ static void touch_all(unsigned char *pool, size_t bytes)
         pool[off] = 0;
 }
 
+/* the memory left free when faulting the pool in: a 32nd of what the
+ * process may have, between 64 MiB and 4 GiB */
+static uint64_t reserve_of(uint64_t total)
+{
+    uint64_t r = total / 32;
+    return r < ((uint64_t)64 << 20) ? (uint64_t)64 << 20 : r > ((uint64_t)4 << 30) ? (uint64_t)4 << 30 : r;
+}
+
+/* whether n more bytes of the pool may be faulted in now: they leave the
+ * reserve available. Else (said once, at off of bytes) the pool's pages
+ * are taken as chunks arrive: faulted ahead past what is available, the
+ * pool would bring the OOM killer onto the largest process of the host. */
+static int room_for(size_t n, size_t off, size_t bytes)
+{
+    uint64_t total, avail;
+    ferry__host_memory(&total, &avail);
+    if (avail >= n && avail - n >= reserve_of(total))
+        return 1;
+    FERRY_LOGW("kv L1: faulting the pool in stopped at %zu of %zu bytes: %.2f GiB of memory "
+               "is available and %.2f GiB is kept free; the rest of the pool is taken as "
+               "chunks arrive",
+               off, bytes, (double)avail / (1u << 30), (double)reserve_of(total) / (1u << 30));
+    return 0;
+}
+
 /* test seam: wait while the hold says this thread has done its steps */
 static void held(ferry__kv_l1_fill *f, unsigned steps)
 {
@@ -84,7 +112,8 @@ static void fill_range(ferry__kv_l1_fill *f, int seam)
         int e = seam && atomic_load_explicit(&ferry__kv_l1_test_fail_step,
                                              memory_order_relaxed) == steps
                     ? ENOMEM
-                    : populate(f->pool + off, n);
+                : !room_for(n, off, f->to) ? ENOMEM
+                                           : populate(f->pool + off, n);
         if (e) { /* out of memory: what is left faults on first use */
             FERRY_LOGD("kv L1: faulting in %zu bytes at offset %zu of the pool: %s; the rest "
                        "faults on first use",
@@ -126,8 +155,8 @@ void ferry__kv_l1_fill_start(ferry__kv_l1_fill *f, unsigned char *pool, size_t b
         FERRY_LOGD("kv L1: madvise(MADV_HUGEPAGE) on %zu bytes: %s", bytes, strerror(errno));
 #endif
     size_t first = bytes < FILL_STEP ? bytes : FILL_STEP;
-    int e = populate(pool, first);
-    if (e == EINVAL) {
+    int e = room_for(first, 0, bytes) ? populate(pool, first) : ENOMEM;
+    if (e == EINVAL && room_for(bytes, 0, bytes)) {
         touch_all(pool, bytes);
         atomic_store_explicit(&f->whole, 1, memory_order_relaxed);
         return;
