@@ -587,6 +587,30 @@ static void options_that_would_be_ignored_are_refused(void **state)
     assert_non_null(strstr(r->out, "persistence cost"));
 }
 
+/* --create makes the --dir directory; without --dir it would make
+ * nothing (the default directory exists) and was silently ignored. And
+ * --sweep runs --policies, so a --policy beside it would be ignored, as a
+ * --slots beside it is refused */
+static void create_without_dir_and_policy_with_sweep_are_refused(void **state)
+{
+    (void)state;
+    static const char *const cmds[] = {"info", "bench io --size 64K --chunk 64K",
+                                       "bench gds --size 1M --chunk 1M --rounds 1",
+                                       "kv bench --model tiny --docs 1 --doc-tokens 256"};
+    for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+        char args[160];
+        snprintf(args, sizeof args, "%s --create", cmds[i]);
+        expect_usage(args, "--create: it makes the --dir directory", "accepted: --dir DIR");
+    }
+    static run_out r_;
+    run_ferry("moe gen --model small --tokens 16 -o @/pol.jsonl", &r_);
+    assert_int_equal(r_.status, 0);
+    expect_usage("moe replay @/pol.jsonl --sweep --policy lru", "--policy lru",
+                 "--sweep takes --policies");
+    run_ferry("moe replay @/pol.jsonl --sweep --budgets 25% --policies lru --json", &r_);
+    assert_int_equal(r_.status, 0);
+}
+
 /* GET path from 127.0.0.1:port: the whole response (status line first) */
 static void http_get(int port, const char *path, char *out, size_t len)
 {
@@ -1006,6 +1030,7 @@ int main(void)
         cmocka_unit_test(a_refused_serve_says_one_line),
         cmocka_unit_test(the_readmes_options_do_what_it_says),
         cmocka_unit_test(options_that_would_be_ignored_are_refused),
+        cmocka_unit_test(create_without_dir_and_policy_with_sweep_are_refused),
         cmocka_unit_test(serve_status_shows_the_remote),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -1021,17 +1021,51 @@ static void test_many_connections(void **state)
     assert_int_equal(refused, N - 16);
     for (int i = 0; i < N; i++)
         ft_raw_close(&r[i]);
-    /* once they left, a client is served */
+    /* once they left, a client is served (at once: a connection closed
+     * no longer counts) */
     ferry_kv_config c = client_config();
     ferry_kv *kv = NULL;
-    int rc = FERRY_ECONN;
-    for (int i = 0; i < 200 && rc < 0; i++) {
-        rc = ferry_kv_open(&c, &kv);
-        if (rc < 0)
-            usleep(10000);
-    }
-    FT_ASSERT_OK(rc);
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
     ferry_kv_close(kv);
+    ft_srv_close(&v);
+}
+
+/* a client that closed never counts against max_clients: at max_clients
+ * 1, an engine that closes and at once (no retry, no wait) opens again
+ * is served, many times over (an engine restart, a worker respawned);
+ * before, the daemon counted the closed one until its connection's
+ * thread had seen it go, and the new one was refused with FERRY_EBUSY */
+static void test_reconnect_at_max_clients(void **state)
+{
+    (void)state;
+    srv v;
+    ferry_kv_config kc = store_config(16);
+    srv_start_cfg(&v, &kc, 1, 0);
+    ferry_kv_config c = client_config();
+    for (int i = 0; i < 400; i++) {
+        ferry_kv *kv = NULL;
+        int rc = ferry_kv_open(&c, &kv);
+        if (rc != 0)
+            fail_msg("try %d: a client opened right after the last closed, at max_clients 1: "
+                     "%d (%s)", i, rc, ferry_last_error());
+        ferry_kv_close(kv);
+    }
+    /* the connections that count past max_clients (monitors) too: as
+     * many as the daemon takes, all closed, then at once an engine */
+    enum { R = 5 };
+    for (int i = 0; i < 200; i++) {
+        raw r[R];
+        for (int j = 0; j < R; j++)
+            FT_ASSERT_OK(raw_connect(&r[j]));
+        for (int j = 0; j < R; j++)
+            ft_raw_close(&r[j]);
+        ferry_kv *kv = NULL;
+        int rc = ferry_kv_open(&c, &kv);
+        if (rc != 0)
+            fail_msg("try %d: a client opened right after %d connections closed, at "
+                     "max_clients 1: %d (%s)", i, R, rc, ferry_last_error());
+        ferry_kv_close(kv);
+    }
     ft_srv_close(&v);
 }
 
@@ -1682,6 +1716,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bad_frames, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_never_reads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_many_connections, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reconnect_at_max_clients, setup, teardown),
         cmocka_unit_test_setup_teardown(test_other_uid, setup, teardown),
         cmocka_unit_test_setup_teardown(test_socket_owner, setup, teardown),
         cmocka_unit_test_setup_teardown(test_socket_appears_listening, setup, teardown),

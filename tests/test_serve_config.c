@@ -351,6 +351,69 @@ static void the_library_loads_a_file_for_an_embedded_daemon(void **state)
     ft_rmtree(dir);
 }
 
+/* what `ferry serve --config` refuses in a daemon's file the library's
+ * loader refuses too, with the CLI's message: a client's keys (server,
+ * server_timeout_ms, from the file or the environment) and an allowed uid
+ * other than root without a group (the socket would be 0600); with a
+ * group, or uid 0 alone, the file loads */
+static void the_library_refuses_what_the_cli_refuses(void **state)
+{
+    (void)state;
+    char dir[256], path[300];
+    assert_non_null(ft_tmpdir(dir, sizeof dir));
+    snprintf(path, sizeof path, "%s/ferry.yaml", dir);
+    static const struct {
+        const char *extra, *why;
+    } bad[] = {
+        {"server_timeout_ms: 3000\n",
+         "ferry.yaml:3:1: server_timeout_ms: a client's key (how long an engine waits for "
+         "the daemon); accepted: no server_timeout_ms (set it in the engines' config)"},
+        {"server: /run/ferry/other.sock\n",
+         "ferry.yaml:3:1: server: a client's key; accepted: no server (the daemon hosts the "
+         "store itself)"},
+        {"allow_uids: [0, 1234]\n",
+         "ferry.yaml:3:1: uid 1234 cannot reach the socket without a group (it is 0600); "
+         "accepted: a group uid 1234 is in too (--group NAME, or group: NAME; the socket is "
+         "then 0660)"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        FILE *fp = fopen(path, "w");
+        assert_non_null(fp);
+        fprintf(fp, "model: tiny\nl1_bytes: 4M\n%s", bad[i].extra);
+        fclose(fp);
+        ferry_serve_file *f = NULL;
+        int rc = ferry_serve_file_load(path, 0, &f);
+        if (rc != -EINVAL || f || !strstr(ferry_last_error(), bad[i].why))
+            fail_msg("%s: %d, '%s'", bad[i].extra, rc, ferry_last_error());
+    }
+    /* from the environment: its variable named */
+    FILE *fp = fopen(path, "w");
+    assert_non_null(fp);
+    fputs("model: tiny\nl1_bytes: 4M\n", fp);
+    fclose(fp);
+    ferry_serve_file *f = NULL;
+    setenv("FERRY_SERVER_TIMEOUT_MS", "3000", 1);
+    int rc = ferry_serve_file_load(path, 1, &f);
+    unsetenv("FERRY_SERVER_TIMEOUT_MS");
+    if (rc != -EINVAL || f ||
+        !strstr(ferry_last_error(), "FERRY_SERVER_TIMEOUT_MS: server_timeout_ms: a client's"))
+        fail_msg("FERRY_SERVER_TIMEOUT_MS: %d, '%s'", rc, ferry_last_error());
+    /* what the CLI takes, the library takes */
+    static const char *const good[] = {"allow_uids: [1234]\ngroup: ferry\n", "allow_uids: [0]\n"};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        fp = fopen(path, "w");
+        assert_non_null(fp);
+        fprintf(fp, "model: tiny\nl1_bytes: 4M\n%s", good[i]);
+        fclose(fp);
+        f = NULL;
+        if (ferry_serve_file_load(path, 0, &f) != 0)
+            fail_msg("%s: %s", good[i], ferry_last_error());
+        assert_int_equal(ferry_serve_file_config(f)->n_allow_uids, 1);
+        ferry_serve_file_free(f);
+    }
+    ft_rmtree(dir);
+}
+
 /* the file's socket reads for an embedded daemon as `ferry serve` reads
  * it: unix:PATH is PATH (a client's server string names the same
  * socket), another scheme is refused naming its place; neither is taken
@@ -417,6 +480,7 @@ int main(void)
         cmocka_unit_test(every_key_is_read),
         cmocka_unit_test(the_library_loads_a_file_for_an_embedded_daemon),
         cmocka_unit_test(an_embedded_daemons_socket_reads_as_the_clis),
+        cmocka_unit_test(the_library_refuses_what_the_cli_refuses),
         cmocka_unit_test(a_plain_file_finishes),
         cmocka_unit_test(every_mistake_names_its_place),
         cmocka_unit_test(finishing_checks_what_no_key_shows),

@@ -498,6 +498,9 @@ static int check(gopts *o, int create)
         return cli_usage(CMD, "--size %s: not a multiple of --chunk %s; accepted: a multiple of "
                               "--chunk", ferry__size_str(o->size, c1, sizeof c1),
                          ferry__size_str(o->chunk, c2, sizeof c2));
+    if (create && !o->ndirs)
+        return cli_usage(CMD, "--create: it makes the --dir directory, and no --dir "
+                              "was given; accepted: --dir DIR --create");
     if (!o->ndirs)
         o->dirs[o->ndirs++] = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
     for (unsigned d = 0; d < o->ndirs; d++) {

@@ -635,6 +635,9 @@ static int check(opts *o, int create, int chunk_given)
                          o->depth, o->depth, ferry__size_str(top, ch, sizeof ch));
     if (o->plot && !o->sweep)
         return cli_usage(CMD, "--plot %s: needs --sweep", o->plot);
+    if (create && !o->dir)
+        return cli_usage(CMD, "--create: it makes the --dir directory, and no --dir "
+                              "was given; accepted: --dir DIR --create");
     if (!o->dir)
         o->dir = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
     return cli_opt_dir(CMD, "--dir", o->dir, create);

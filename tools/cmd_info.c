@@ -37,6 +37,9 @@ int cmd_info(int argc, char **argv)
         } else
             return cli_unknown("info", a);
     }
+    if (create && !dir)
+        return cli_usage("info", "--create: it makes the --dir directory, and no --dir "
+                                 "was given; accepted: --dir DIR --create");
     if (!dir)
         dir = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
     int drc0 = cli_opt_dir("info", "--dir", dir, create);

@@ -304,6 +304,9 @@ static int parse_check(opts *o, int l2_given, int engine_given, int create, cons
                          (unsigned long long)pool);
     if (o->dir)
         return cli_opt_dir(KVB_CMD, "--dir", o->dir, create);
+    if (create)
+        return cli_usage(KVB_CMD, "--create: it makes the --dir directory, and no --dir "
+                                  "was given; accepted: --dir DIR --create");
     return 0;
 }
 

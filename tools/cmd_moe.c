@@ -526,7 +526,7 @@ int cmd_moe_replay(int argc, char **argv)
     const char *path = NULL, *slots_s = NULL, *policy = "auto", *plot = NULL, *stage = NULL;
     char *budgets = NULL, *policies = NULL;
     uint64_t expert_bytes = 0;
-    int json = 0, sweep = 0;
+    int json = 0, sweep = 0, policy_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -545,6 +545,7 @@ int cmd_moe_replay(int argc, char **argv)
         else if (!strcmp(a, "--policy")) {
             if ((rc = cli_opt_choice(cmd, a, v, ferry_moe_policies(), &k)) == 0)
                 policy = ferry_moe_policies()[k];
+            policy_given = 1;
         } else if (!strcmp(a, "--plot"))
             rc = cli_opt_outfile(cmd, a, v, "a PNG file to write", &plot);
         else if (!strcmp(a, "--stage"))
@@ -578,6 +579,9 @@ int cmd_moe_replay(int argc, char **argv)
     if (sweep && slots_s)
         return cli_usage(cmd, "--slots %s: --sweep takes --budgets; accepted: --slots or "
                               "--sweep [--budgets ...], not both", slots_s);
+    if (sweep && policy_given)
+        return cli_usage(cmd, "--policy %s: --sweep takes --policies; accepted: --policy or "
+                              "--sweep [--policies ...], not both", policy);
     if (!sweep && (budgets || policies))
         return cli_usage(cmd, "%s: needs --sweep", budgets ? "--budgets" : "--policies");
     if (policies) {

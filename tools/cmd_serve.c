@@ -381,17 +381,6 @@ static int group_and_remote_ok(ferry__serve_conf *c)
     if (c->group && !getgrnam(c->group))
         return bad_value(c, "--group", "group", c->group, "the name of an existing group",
                          "no such group");
-    /* without a group the socket is 0600: an allowed uid other than root
-     * (which any mode admits) could never connect */
-    for (unsigned i = 0; !c->group && i < c->nallow; i++) {
-        if (c->allow[i] == 0)
-            continue;
-        const char *o = ferry__serve_conf_origin(c, "allow_uids");
-        return cli_usage(SERVE_CMD, "%s: uid %u cannot reach the socket without a group (it "
-                         "is 0600); accepted: a group uid %u is in too (--group NAME, or "
-                         "group: NAME; the socket is then 0660)", *o ? o : "--allow-uid",
-                         (unsigned)c->allow[i], (unsigned)c->allow[i]);
-    }
     if (c->kv.remote_url && ferry_remote_url_validate(c->kv.remote_url) < 0) {
         /* the URL is not echoed: it may hold a password (the message quotes
          * what it must) */
@@ -422,15 +411,8 @@ static int parse_flags(ferry__serve_conf *c, int argc, char **argv)
     char err[1024];
     if (ferry__serve_conf_finish(c, err, sizeof err) < 0)
         return cli_usage(SERVE_CMD, "%s", err);
-    if (c->kv.server)
-        return cli_usage(SERVE_CMD, "%s: server: a client's key; accepted: no server (the "
-                         "daemon hosts the store itself)", ferry__serve_conf_origin(c, "server"));
-    /* (how long an engine waits for the daemon: no daemon's setting) */
-    const char *sto = ferry__serve_conf_origin(c, "server_timeout_ms");
-    if (*sto)
-        return cli_usage(SERVE_CMD, "%s: server_timeout_ms: a client's key (how long an engine "
-                         "waits for the daemon); accepted: no server_timeout_ms (set it in "
-                         "the engines' config)", sto);
+    if (ferry__serve_conf_daemon(c, err, sizeof err) < 0)
+        return cli_usage(SERVE_CMD, "%s", err);
     int rc = socket_of(c, SERVE_CMD);
     if (rc)
         return rc;

@@ -413,6 +413,27 @@ static int allowed(const ferry_serve *s, uid_t uid)
     return 0;
 }
 
+unsigned ferry__srv_retire_gone(ferry_serve *s)
+{
+    unsigned n = 0;
+    for (ferry__srv_conn *c = s->conns; c; c = c->next) {
+        /* (its fd stays open while it is on the list: reap closes it
+         * after taking it off, under s->mu) */
+        struct pollfd p = {c->fd, 0, 0};
+        if (c->retired || poll(&p, 1, 0) != 1 || !(p.revents & (POLLHUP | POLLERR)))
+            continue;
+        c->retired = 1;
+        s->nconns--;
+        s->nengines -= c->engine ? 1u : 0u;
+        n++;
+        int none = 0;
+        if (atomic_compare_exchange_strong(&c->cut->why, &none, FERRY__SRV_GONE))
+            ferry__kv_ahead_cut(s->kv, c->cut);
+        FERRY_LOGD("serve: client pid %d hung up: no longer counted", (int)c->pid);
+    }
+    return n;
+}
+
 /* how long the listening socket rests after an accept failed for want of
  * something (descriptors, memory) that only a connection ending gives
  * back: its clients wait in the backlog, and the loop does not spin on a
@@ -457,7 +478,8 @@ static void accept_one(ferry_serve *s)
         c = NULL;
     }
     pthread_mutex_lock(&s->mu);
-    int full = s->nconns >= s->max_clients + FERRY__SRV_MONITORS;
+    unsigned most = s->max_clients + FERRY__SRV_MONITORS;
+    int full = s->nconns >= most && !(ferry__srv_retire_gone(s) && s->nconns < most);
     pthread_mutex_unlock(&s->mu);
     if (!c || full) {
         snprintf(msg, sizeof msg, "%s (max_clients %u)",
@@ -645,7 +667,7 @@ int ferry_serve_clients(const ferry_serve *cs, ferry_serve_client *out, size_t m
     size_t n = 0;
     pthread_mutex_lock(&s->mu);
     for (ferry__srv_conn *c = s->conns; c; c = c->next) {
-        if (atomic_load(&c->done))
+        if (c->retired) /* (its client hung up, or its thread ended) */
             continue;
         if (n < max) {
             ferry_serve_client m = {(int32_t)c->pid, (uint32_t)c->uid, atomic_load(&c->waits),

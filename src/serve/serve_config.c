@@ -848,6 +848,36 @@ int ferry__serve_conf_finish(ferry__serve_conf *c, char *err, size_t errlen)
     return 0;
 }
 
+int ferry__serve_conf_daemon(const ferry__serve_conf *c, char *err, size_t errlen)
+{
+    if (c->kv.server) {
+        snprintf(err, errlen, "%s: server: a client's key; accepted: no server (the daemon "
+                 "hosts the store itself)", from(c, "server"));
+        return -1;
+    }
+    /* (how long an engine waits for the daemon: no daemon's setting) */
+    const char *sto = ferry__serve_conf_origin(c, "server_timeout_ms");
+    if (*sto) {
+        snprintf(err, errlen, "%s: server_timeout_ms: a client's key (how long an engine "
+                 "waits for the daemon); accepted: no server_timeout_ms (set it in the "
+                 "engines' config)", sto);
+        return -1;
+    }
+    /* without a group the socket is 0600: an allowed uid other than root
+     * (which any mode admits) could never connect */
+    for (size_t i = 0; !c->group && i < c->nallow; i++) {
+        if (c->allow[i] == 0)
+            continue;
+        const char *o = ferry__serve_conf_origin(c, "allow_uids");
+        snprintf(err, errlen, "%s: uid %u cannot reach the socket without a group (it is "
+                 "0600); accepted: a group uid %u is in too (--group NAME, or group: NAME; "
+                 "the socket is then 0660)", *o ? o : "--allow-uid", (unsigned)c->allow[i],
+                 (unsigned)c->allow[i]);
+        return -1;
+    }
+    return 0;
+}
+
 /* ---- the socket ---- */
 
 const char *ferry__serve_socket_parse(const char *addr, const char **path)

@@ -103,6 +103,13 @@ int ferry__serve_conf_model_layout(const char *model, ferry_kv_layout *l);
  * origins. */
 int ferry__serve_conf_finish(ferry__serve_conf *c, char *err, size_t errlen);
 
+/* What a daemon's config may not hold though each key reads: a client's
+ * keys (server, server_timeout_ms), an allowed uid other than root
+ * without a group (the socket is then 0600: it could never connect).
+ * 0, or -1 with err naming the origin; `ferry serve` and
+ * ferry_serve_file_load refuse the same way. */
+int ferry__serve_conf_daemon(const ferry__serve_conf *c, char *err, size_t errlen);
+
 /* An address of the daemon's socket, PATH or unix:PATH (unix:///PATH):
  * NULL and *path (inside addr), or why it is none (tcp:// or any other
  * scheme, unix://HOST/..., empty) */

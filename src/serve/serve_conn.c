@@ -202,7 +202,8 @@ static void on_hello(ferry__srv_conn *c, const ferry__proto_req *q, int *pass_fd
     int full = 0;
     pthread_mutex_lock(&s->mu);
     if (!any && !c->engine) {
-        full = s->nengines >= s->max_clients;
+        full = s->nengines >= s->max_clients && !(ferry__srv_retire_gone(s) &&
+                                                 s->nengines < s->max_clients);
         s->nengines += !full;
         c->engine = !full;
     }
@@ -622,8 +623,11 @@ void *ferry__srv_conn_main(void *arg)
     shutdown(c->fd, SHUT_RDWR);
     FERRY_LOGD("serve: client pid %d disconnected", (int)c->pid);
     pthread_mutex_lock(&c->s->mu);
-    c->s->nconns--;
-    c->s->nengines -= c->engine ? 1u : 0u;
+    if (!c->retired) {
+        c->retired = 1;
+        c->s->nconns--;
+        c->s->nengines -= c->engine ? 1u : 0u;
+    }
     pthread_mutex_unlock(&c->s->mu);
     atomic_store(&c->done, 1);
     return NULL;

@@ -5,7 +5,9 @@
  * FERRY_<KEY> over it when asked, then a ferry_serve_config ready for
  * ferry_serve_open whose strings and arrays the file handle owns. The
  * socket is read as the CLI reads it: unix:PATH is PATH, tcp:// or any
- * other scheme is refused (never bound as a file of that name).
+ * other scheme is refused (never bound as a file of that name), and what
+ * the CLI refuses in a daemon's config (a client's keys, an allowed uid
+ * without a group) is refused with the same message.
  */
 #include <errno.h>
 #include <string.h>
@@ -34,6 +36,7 @@ int ferry_serve_file_load(const char *path, int env, ferry_serve_file **out)
     if (ferry__serve_conf_load(&f->c, path, err, sizeof err) < 0 ||
         (env && ferry__serve_conf_env(&f->c, err, sizeof err) < 0) ||
         ferry__serve_conf_finish(&f->c, err, sizeof err) < 0 ||
+        ferry__serve_conf_daemon(&f->c, err, sizeof err) < 0 ||
         ferry__serve_conf_socket(&f->c, err, sizeof err) < 0) {
         ferry_serve_file_free(f);
         return ferry__err_set(NULL, -EINVAL, "%s", err);

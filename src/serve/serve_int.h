@@ -12,7 +12,9 @@
  * ferry_serve_run polls every connection for a hang-up (events 0: only
  * POLLHUP / POLLERR, never a request, wake it) and cuts the one whose
  * client went; ferry_serve_close cuts them all, and a connection's thread
- * cuts its own as it ends. A cut connection takes no slot and queues no
+ * cuts its own as it ends. A connection about to be refused for the
+ * limit first has the counted ones whose clients hung up retired
+ * (ferry__srv_retire_gone). A cut connection takes no slot and queues no
  * read-ahead (kv_slots.h), and what read-ahead it had queued and not begun
  * is dropped, its slots given back: nothing is given out to or read for a
  * client that is gone or about to be.
@@ -59,7 +61,10 @@ typedef struct ferry__srv_conn {
                                      unread; 0 while it may. A reference: read-ahead
                                      queued for it holds others */
     int hello;                    /* HELLO answered */
-    int engine;                   /* counted in nengines (a HELLO not ANY) */
+    int engine;                   /* counted in nengines (a HELLO not ANY); s->mu */
+    int retired;                  /* no longer counted in nconns nor nengines: its
+                                     thread ended, or its client hung up
+                                     (ferry__srv_retire_gone); s->mu */
     int bye;                      /* its last reply sent: end the connection */
     uint8_t *in;                  /* the request payload */
     size_t in_cap;
@@ -117,6 +122,12 @@ struct ferry_serve {
     atomic_uint_fast64_t connections, refused, requests, bad_frames, slow_clients, released;
     ferry__warnlim warn;          /* refusals and bad frames can come at any rate */
 };
+
+/* with s->mu held: the connections whose clients hung up (their sockets
+ * show POLLHUP: the peer closed) retired from the counts and cut, so a
+ * client that closed never holds a place under max_clients that a new one
+ * asks for (its thread may not have seen it go yet); how many */
+unsigned ferry__srv_retire_gone(struct ferry_serve *s);
 
 /* serve_conn.c: a connection's thread */
 void *ferry__srv_conn_main(void *arg);
