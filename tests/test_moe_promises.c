@@ -748,6 +748,150 @@ static void a_trace_is_read_from_several_threads_at_once(void **state)
     ferry_moe_trace_destroy(t);
 }
 
+/* moe.h generator: FERRY_MOE_GEN_OPTIONS_MIN_SIZE (up to top_k) is taken
+ * with repeat_next then 0 and not read; repeat_next outside 0.01..0.9
+ * (0 keeps the preset's) is -EINVAL naming it and its range */
+static void gen_repeat_next_and_older_options_are_checked(void **state)
+{
+    (void)state;
+    ferry_moe_gen_options o = FERRY_MOE_GEN_OPTIONS_INIT;
+    o.model = "small";
+    o.tokens = 16;
+    ferry_moe_trace *a = NULL, *b = NULL;
+    FT_ASSERT_OK(ferry_moe_trace_generate(&o, &a));
+    o.size = FERRY_MOE_GEN_OPTIONS_MIN_SIZE;
+    o.repeat_next = 5.0; /* past the size: not read */
+    FT_ASSERT_OK(ferry_moe_trace_generate(&o, &b));
+    assert_int_equal(ferry_moe_trace_steps(a), ferry_moe_trace_steps(b));
+    for (size_t i = 0; i < ferry_moe_trace_steps(a); i++) {
+        const uint32_t *ea, *eb;
+        uint32_t na, nb;
+        FT_ASSERT_OK(ferry_moe_trace_step(a, i, NULL, NULL, &ea, &na));
+        FT_ASSERT_OK(ferry_moe_trace_step(b, i, NULL, NULL, &eb, &nb));
+        assert_int_equal(na, nb);
+        assert_memory_equal(ea, eb, na * sizeof *ea);
+    }
+    ferry_moe_trace_destroy(a);
+    ferry_moe_trace_destroy(b);
+    const double bad[] = {0.005, 0.95, -0.5, 1.0 / 0.0, 0.0 / 0.0};
+    for (size_t i = 0; i < LEN(bad); i++) {
+        o = (ferry_moe_gen_options)FERRY_MOE_GEN_OPTIONS_INIT;
+        o.model = "small";
+        o.tokens = 16;
+        o.repeat_next = bad[i];
+        ferry_moe_trace *t = (ferry_moe_trace *)0x1;
+        assert_int_equal(ferry_moe_trace_generate(&o, &t), -EINVAL);
+        if (!strstr(ferry_last_error(), "repeat_next") || !strstr(ferry_last_error(), "0.9"))
+            fail_msg("repeat_next %g: '%s' names neither it nor its range", bad[i],
+                     ferry_last_error());
+        assert_ptr_equal(t, (ferry_moe_trace *)0x1);
+    }
+    ferry_moe_trace *t = (ferry_moe_trace *)0x1;
+    o = (ferry_moe_gen_options)FERRY_MOE_GEN_OPTIONS_INIT;
+    assert_int_equal(ferry_moe_trace_generate(&o, NULL), -EINVAL);
+    assert_int_equal(ferry_moe_trace_generate(NULL, &t), -EINVAL);
+    assert_ptr_equal(t, (ferry_moe_trace *)0x1);
+}
+
+/* moe.h trace_parse: "len bytes; need not be NUL-terminated"; "Blank
+ * lines are skipped" */
+static void a_parse_reads_len_bytes_and_skips_blank_lines(void **state)
+{
+    (void)state;
+    static const char text[] =
+        "{\"model\":\"m\",\"num_layers\":1,\"num_experts\":4,\"top_k\":1}\n"
+        "\n   \n"
+        "{\"token\":0,\"layer\":0,\"experts\":[1]}\n"
+        "\n"
+        "{\"token\":1,\"layer\":0,\"experts\":[2]}";
+    const size_t len = strlen(text);
+    char *buf = malloc(len); /* no NUL: ASan sees a read past it */
+    memcpy(buf, text, len);
+    ferry_moe_trace *t = NULL;
+    FT_ASSERT_OK(ferry_moe_trace_parse(buf, len, &t));
+    assert_int_equal(ferry_moe_trace_steps(t), 2);
+    ferry_moe_trace_destroy(t);
+    /* a len that ends inside the last record reads only that far */
+    const size_t cut = strstr(text, "{\"token\":1") - text + 10;
+    assert_int_equal(ferry_moe_trace_parse(buf, cut, &t), FERRY_EPARSE);
+    assert_non_null(strstr(ferry_last_error(), "line 6"));
+    free(buf);
+}
+
+/* moe.h gather: "A pending prefetch is finished first and failures are
+ * reported, as for apply": a prefetch whose rows did not land fails the
+ * gather with its error, lists its slots and moves nothing of the gather */
+static int pf_fail(void *c)
+{
+    (void)c;
+    return -EIO;
+}
+
+static void a_gather_reports_the_prefetch_it_finished(void **state)
+{
+    (void)state;
+    ferry_moe_geometry g = geom(4, 8, 8, W);
+    ferry_moe_slot_device_ops ops = fake_ops;
+    ops.flush_prefetch = pf_fail;
+    fake f;
+    memset(&f, 0, sizeof f);
+    ferry_moe_slots *s = NULL;
+    FT_ASSERT_OK(ferry_moe_slots_create(&g, &ops, &f, &s));
+    ferry_moe_rows *rows = NULL;
+    FT_ASSERT_OK(ferry_moe_rows_fn(&g, row_of, NULL, &rows));
+    const uint32_t d[2] = {0, 1}, r[2] = {2, 3};
+    ferry_moe_copy_plan plan = {1, 2, d, r};
+    assert_int_equal(ferry_moe_slots_apply(s, &plan, rows, NULL, NULL), 2);
+    const uint32_t pd[2] = {4, 5}, pr[2] = {6, 7};
+    ferry_moe_copy_plan pre = {2, 2, pd, pr};
+    uint32_t unk[8], nu = 0;
+    assert_int_equal(ferry_moe_slots_prefetch_start(s, &pre, rows, unk, &nu), 2);
+    const int copies = f.copies;
+    const uint32_t gd = 7, gs = 0;
+    ferry_moe_gather_plan gp = {1, &gd, &gs};
+    assert_int_equal(ferry_moe_slots_gather(s, &gp, unk, &nu), -EIO);
+    assert_int_equal(nu, 2);
+    assert_true((unk[0] == 4 && unk[1] == 5) || (unk[0] == 5 && unk[1] == 4));
+    assert_int_equal(f.copies, copies);
+    assert_int_equal(ferry_moe_slots_occupant(s, 7), FERRY_MOE_NONE);
+    assert_int_equal(ferry_moe_slots_occupant(s, 4), FERRY_MOE_NONE);
+    /* and again, once forgotten, it goes through */
+    assert_int_equal(ferry_moe_slots_gather(s, &gp, unk, &nu), 1);
+    assert_int_equal(nu, 0);
+    assert_int_equal(ferry_moe_slots_occupant(s, 7), 8 + 2);
+    ferry_moe_slots_stats st = FERRY_MOE_SLOTS_STATS_INIT;
+    FT_ASSERT_OK(ferry_moe_slots_stats_get(s, &st));
+    assert_int_equal(st.device_bytes, W);
+    assert_int_equal(st.gather_plans, 1);
+    ferry_moe_slots_destroy(s);
+    ferry_moe_rows_destroy(rows);
+}
+
+/* moe.h device slots: -EINVAL for what is missing; a slot pointer of a
+ * context that is not there is 0 */
+static void device_slots_refuse_what_is_missing(void **state)
+{
+    (void)state;
+    ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
+    o.backend = "host";
+    ferry_device *dev = NULL;
+    FT_ASSERT_OK(ferry_device_open(&o, &dev));
+    ferry_moe_geometry g = geom(2, 4, 4, W);
+    const ferry_moe_slot_device_ops *ops = NULL;
+    void *ctx = NULL;
+    assert_int_equal(ferry_moe_device_slots_open(NULL, &g, &ops, &ctx), -EINVAL);
+    assert_int_equal(ferry_moe_device_slots_open(dev, NULL, &ops, &ctx), -EINVAL);
+    assert_int_equal(ferry_moe_device_slots_open(dev, &g, NULL, &ctx), -EINVAL);
+    assert_int_equal(ferry_moe_device_slots_open(dev, &g, &ops, NULL), -EINVAL);
+    assert_null(ctx);
+    assert_int_equal(ferry_moe_device_slot_ptr(NULL, 0, 0), 0);
+    FT_ASSERT_OK(ferry_moe_device_slots_open(dev, &g, &ops, &ctx));
+    assert_true(ferry_moe_device_slot_ptr(ctx, 0, 3) != 0);
+    assert_int_equal(ferry_moe_device_slot_ptr(ctx, 0, 4), 0);
+    ops->destroy(ctx);
+    ferry_device_close(dev);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -765,6 +909,10 @@ int main(void)
         cmocka_unit_test(rows_sources_refuse_what_they_cannot_serve),
         cmocka_unit_test(replay_refuses_as_the_planner_does),
         cmocka_unit_test(a_trace_is_read_from_several_threads_at_once),
+        cmocka_unit_test(gen_repeat_next_and_older_options_are_checked),
+        cmocka_unit_test(a_parse_reads_len_bytes_and_skips_blank_lines),
+        cmocka_unit_test(a_gather_reports_the_prefetch_it_finished),
+        cmocka_unit_test(device_slots_refuse_what_is_missing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
