@@ -515,9 +515,9 @@ static void a_refused_executor_still_releases_its_context(void **state)
         int bad_geometry, destroys;
         const char *what;
     } cases[] = {
-        {sizeof(ferry_moe_slot_device_ops), 1, 0, 1, "write_slot"},
-        {sizeof(ferry_moe_slot_device_ops), 2, 0, 1, "copy_slot"},
-        {sizeof(ferry_moe_slot_device_ops), 3, 0, 1, "flush"},
+        {sizeof(ferry_moe_slot_device_ops), 1, 0, 1, "no write_slot"},
+        {sizeof(ferry_moe_slot_device_ops), 2, 0, 1, "no copy_slot"},
+        {sizeof(ferry_moe_slot_device_ops), 3, 0, 1, "no flush"},
         {sizeof(ferry_moe_slot_device_ops), 0, 1, 1, "num_layers"},
         {offsetof(ferry_moe_slot_device_ops, flush_prefetch), 0, 0, 1, "size"},
         {offsetof(ferry_moe_slot_device_ops, destroy), 0, 0, 0, "size"},
@@ -551,10 +551,12 @@ static void a_refused_executor_still_releases_its_context(void **state)
     memset(&f, 0, sizeof f);
     ferry_moe_slots *s = (ferry_moe_slots *)0x1;
     assert_int_equal(ferry_moe_slots_create(&g, NULL, &f, &s), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "no device ops"));
     assert_int_equal(ferry_moe_slots_create(NULL, &fake_ops, &f, &s), -EINVAL);
     assert_int_equal(f.destroys, 1);
     f.destroys = 0;
     assert_int_equal(ferry_moe_slots_create(&g, &fake_ops, &f, NULL), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "no out"));
     assert_int_equal(f.destroys, 1);
     /* and one that opens hands the same context back, and frees it once */
     f.destroys = 0;
@@ -892,6 +894,164 @@ static void device_slots_refuse_what_is_missing(void **state)
     ferry_device_close(dev);
 }
 
+/* sizes past this header's: a geometry's (its first version is this one)
+ * is refused; a newer header's slot device ops are taken (only those
+ * below this header's sizeof are refused); a newer header's stats are
+ * written as far as this header's sizeof, no further */
+typedef struct newer_ops {
+    ferry_moe_slot_device_ops ops;
+    void (*later)(void *ctx);
+} newer_ops;
+
+static void sizes_past_this_headers_are_handled(void **state)
+{
+    (void)state;
+    ferry_moe_geometry g = geom(2, 8, 4, W);
+    g.size = sizeof g + 8;
+    fake f;
+    memset(&f, 0, sizeof f);
+    ferry_moe_slots *s = (ferry_moe_slots *)0x1;
+    assert_int_equal(ferry_moe_slots_create(&g, &fake_ops, &f, &s), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "geometry size"));
+    ferry_moe_rows *r = (ferry_moe_rows *)0x1;
+    assert_int_equal(ferry_moe_rows_fn(&g, row_of, NULL, &r), -EINVAL);
+    assert_ptr_equal(r, (ferry_moe_rows *)0x1);
+    g.size = sizeof g;
+
+    newer_ops n;
+    n.ops = fake_ops;
+    n.ops.size = sizeof n;
+    n.later = NULL;
+    memset(&f, 0, sizeof f);
+    FT_ASSERT_OK(ferry_moe_slots_create(&g, &n.ops, &f, &s));
+    FT_ASSERT_OK(ferry_moe_rows_fn(&g, row_of, NULL, &r));
+    const uint32_t d = 1, row = 2;
+    ferry_moe_copy_plan plan = {0, 1, &d, &row};
+    assert_int_equal(ferry_moe_slots_apply(s, &plan, r, NULL, NULL), 1);
+    union {
+        ferry_moe_slots_stats s;
+        unsigned char b[sizeof(ferry_moe_slots_stats) + 32];
+    } xs;
+    memset(&xs, 0xab, sizeof xs);
+    xs.s.size = sizeof xs;
+    int rc = ferry_moe_slots_stats_get(s, &xs.s);
+    FT_ASSERT_OK(rc);
+    assert_int_equal(xs.s.size, sizeof xs);
+    assert_int_equal(xs.s.host_rows, 1);
+    for (size_t i = sizeof(ferry_moe_slots_stats); i < sizeof xs; i++)
+        assert_int_equal(xs.b[i], 0xab);
+    ferry_moe_slots_destroy(s);
+    ferry_moe_rows_destroy(r);
+    assert_int_equal(f.destroys, 1);
+
+    ferry_moe_planner *p = mk(1, 4, 4, "lru", NULL);
+    union {
+        ferry_moe_planner_stats s;
+        unsigned char b[sizeof(ferry_moe_planner_stats) + 32];
+    } ps;
+    memset(&ps, 0xab, sizeof ps);
+    ps.s.size = sizeof ps;
+    rc = ferry_moe_planner_stats_get(p, &ps.s);
+    FT_ASSERT_OK(rc);
+    for (size_t i = sizeof(ferry_moe_planner_stats); i < sizeof ps; i++)
+        assert_int_equal(ps.b[i], 0xab);
+    union {
+        ferry_moe_hint_stats s;
+        unsigned char b[sizeof(ferry_moe_hint_stats) + 32];
+    } hs;
+    memset(&hs, 0xab, sizeof hs);
+    hs.s.size = sizeof hs;
+    rc = ferry_moe_planner_hint_stats_get(p, &hs.s);
+    FT_ASSERT_OK(rc);
+    for (size_t i = sizeof(ferry_moe_hint_stats); i < sizeof hs; i++)
+        assert_int_equal(hs.b[i], 0xab);
+    ferry_moe_planner_destroy(p);
+}
+
+/* a NULL executor is answered -EINVAL by every call that takes one */
+static void a_null_executor_is_answered_not_dereferenced(void **state)
+{
+    (void)state;
+    ferry_moe_geometry g = geom(2, 8, 4, W);
+    ferry_moe_rows *r = NULL;
+    FT_ASSERT_OK(ferry_moe_rows_fn(&g, row_of, NULL, &r));
+    const uint32_t d = 1, row = 2;
+    ferry_moe_copy_plan plan = {0, 1, &d, &row};
+    ferry_moe_gather_plan gp = {1, &d, &row};
+    uint32_t unk[4], nu = 7;
+    assert_int_equal(ferry_moe_slots_apply(NULL, &plan, r, unk, &nu), -EINVAL);
+    assert_int_equal(ferry_moe_slots_gather(NULL, &gp, unk, &nu), -EINVAL);
+    assert_int_equal(ferry_moe_slots_prefetch_start(NULL, &plan, r, unk, &nu), -EINVAL);
+    assert_int_equal(ferry_moe_slots_prefetch_finish(NULL, unk, &nu), -EINVAL);
+    ferry_moe_planner *p = mk(2, 8, 4, "lru", NULL);
+    assert_int_equal(ferry_moe_check(p, NULL), -EINVAL);
+    assert_int_equal(ferry_moe_planner_hint(NULL, 0, 1, &d, 1, 0.5), -EINVAL);
+    assert_int_equal(ferry_moe_planner_hint_stats_get(NULL, NULL), -EINVAL);
+    assert_int_equal(ferry_moe_planner_forget(NULL, 0), -EINVAL);
+    assert_int_equal(ferry_moe_planner_resize(NULL, 4), -EINVAL);
+    assert_int_equal(ferry_moe_planner_prefetch(NULL, 0, &d, 1, NULL), -EINVAL);
+    assert_int_equal(ferry_moe_planner_prefill(NULL, 0, NULL, NULL), -EINVAL);
+    assert_int_equal(ferry_moe_planner_stream_begin(NULL, 0, &d, 1, NULL), -EINVAL);
+    ferry_moe_planner_destroy(p);
+    ferry_moe_rows_destroy(r);
+}
+
+/* moe.h slots_create takes ownership of ctx, not of the ops table: an
+ * engine may build its table on a stack frame that ends, or reuse the
+ * memory, once the executor is made */
+static int wrong_calls;
+
+static int wrong_write(void *c, uint32_t bank, uint32_t slot, const void *src, size_t n)
+{
+    (void)c, (void)bank, (void)slot, (void)src, (void)n;
+    wrong_calls++;
+    return -EIO;
+}
+
+static int wrong_flush(void *c)
+{
+    (void)c;
+    wrong_calls++;
+    return -EIO;
+}
+
+static void wrong_destroy(void *c)
+{
+    (void)c;
+    wrong_calls++;
+}
+
+static void the_ops_table_is_the_callers_after_create(void **state)
+{
+    (void)state;
+    ferry_moe_geometry g = geom(2, 8, 4, W);
+    ferry_moe_slot_device_ops *ops = malloc(sizeof *ops);
+    *ops = fake_ops;
+    fake f;
+    memset(&f, 0, sizeof f);
+    ferry_moe_slots *s = NULL;
+    FT_ASSERT_OK(ferry_moe_slots_create(&g, ops, &f, &s));
+    /* the caller's memory now holds something else */
+    ops->write_slot = wrong_write;
+    ops->flush = wrong_flush;
+    ops->destroy = wrong_destroy;
+    ops->size = 1;
+    wrong_calls = 0;
+    ferry_moe_rows *r = NULL;
+    FT_ASSERT_OK(ferry_moe_rows_fn(&g, row_of, NULL, &r));
+    const uint32_t d = 1, row = 2;
+    ferry_moe_copy_plan plan = {0, 1, &d, &row};
+    assert_int_equal(ferry_moe_slots_apply(s, &plan, r, NULL, NULL), 1);
+    assert_int_equal(f.writes, 1);
+    free(ops); /* ASan: nothing reads it from here on */
+    assert_int_equal(ferry_moe_slots_apply(s, &plan, r, NULL, NULL), 1);
+    ferry_moe_slots_destroy(s);
+    ferry_moe_rows_destroy(r);
+    assert_int_equal(wrong_calls, 0);
+    assert_int_equal(f.writes, 2);
+    assert_int_equal(f.destroys, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -913,6 +1073,9 @@ int main(void)
         cmocka_unit_test(a_parse_reads_len_bytes_and_skips_blank_lines),
         cmocka_unit_test(a_gather_reports_the_prefetch_it_finished),
         cmocka_unit_test(device_slots_refuse_what_is_missing),
+        cmocka_unit_test(sizes_past_this_headers_are_handled),
+        cmocka_unit_test(a_null_executor_is_answered_not_dereferenced),
+        cmocka_unit_test(the_ops_table_is_the_callers_after_create),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -523,7 +523,8 @@ FERRY_API int ferry_moe_planner_stream_begin(ferry_moe_planner *p, uint32_t laye
 FERRY_API int ferry_moe_planner_stream_next(ferry_moe_planner *p, ferry_moe_wave *w);
 /**
  * Materialise a whole layer (prefill): ensure() of every expert of layer,
- * when they fit (slots >= num_experts); FERRY_ENOSPACE otherwise: stream
+ * when they fit (slots >= num_experts); -EINVAL for a layer out of range
+ * (whatever the slots), FERRY_ENOSPACE when they do not fit: stream
  * the layer (stream_begin with every expert). Same returns and plan as
  * ensure().
  */
@@ -722,14 +723,19 @@ typedef struct ferry_moe_slots_stats {
 /**
  * The executor over a slot device. Takes ownership of ctx (ops->destroy is
  * called on it by ferry_moe_slots_destroy, and on failure here when
- * ops->size covers destroy; nothing past ops->size is read). Errors:
+ * ops->size covers destroy; nothing past ops->size is read). The ops table
+ * is copied: it stays the caller's and need not outlive this call. Errors:
  * -EINVAL (the geometry outside the ranges above; ops->size below this
- * header's sizeof; ops without write_slot, copy_slot or flush), -ENOMEM.
+ * header's sizeof; ops without write_slot, copy_slot or flush, named),
+ * -ENOMEM.
  */
 FERRY_API int ferry_moe_slots_create(const ferry_moe_geometry *g,
                                      const ferry_moe_slot_device_ops *ops, void *ctx,
                                      ferry_moe_slots **out);
+/** Waits for a pending prefetch, then frees the executor and its device
+ * context. NULL does nothing. */
 FERRY_API void ferry_moe_slots_destroy(ferry_moe_slots *s);
+/** The last error's message ("" for a NULL executor). */
 FERRY_API const char *ferry_moe_slots_last_error(const ferry_moe_slots *s);
 /** The device context the executor was created with. */
 FERRY_API void *ferry_moe_slots_device(const ferry_moe_slots *s);
@@ -787,9 +793,11 @@ FERRY_API int ferry_moe_slots_prefetch_start(ferry_moe_slots *s, const ferry_moe
  */
 FERRY_API int ferry_moe_slots_prefetch_finish(ferry_moe_slots *s, uint32_t *unknown_out,
                                               uint32_t *n_unknown);
-/** Occupant (global expert id) of slot, FERRY_MOE_NONE when unknown. */
+/** Occupant (global expert id) of slot, FERRY_MOE_NONE when unknown (also
+ * out of range). */
 FERRY_API uint32_t ferry_moe_slots_occupant(const ferry_moe_slots *s, uint32_t slot);
-/** Mark a slot unknown (e.g. after the planner dropped it). */
+/** Mark a slot unknown (e.g. after the planner dropped it). -EINVAL when
+ * slot >= slots. */
 FERRY_API int ferry_moe_slots_invalidate(ferry_moe_slots *s, uint32_t slot);
 /** The executor's totals, written as far as out->size says (as
  *  ferry_moe_planner_stats_get). Errors: -EINVAL (NULL, size not set). */
@@ -799,7 +807,8 @@ FERRY_API int ferry_moe_slots_stats_get(const ferry_moe_slots *s, ferry_moe_slot
  * Walk planner and executor and check they agree on every occupant: each
  * slot the executor knows holds what the planner says, and each slot the
  * planner holds is known to the executor. Returns 0, or FERRY_EMISMATCH
- * with a message naming the first slot where they disagree.
+ * with a message naming the first slot where they disagree; -EINVAL for
+ * a NULL planner or executor.
  */
 FERRY_API int ferry_moe_check(const ferry_moe_planner *p, const ferry_moe_slots *s);
 
