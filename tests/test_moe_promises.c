@@ -1052,6 +1052,25 @@ static void the_ops_table_is_the_callers_after_create(void **state)
     assert_int_equal(f.destroys, 1);
 }
 
+/* moe.h hint: "Returns the distinct experts hinted"; ensure: "Duplicate
+ * routes are collapsed" in what prefetch plans too */
+static void duplicates_count_once(void **state)
+{
+    (void)state;
+    ferry_moe_planner *p = mk(2, 8, 8, "lru", NULL);
+    const uint32_t dup[5] = {3, 3, 5, 3, 5};
+    assert_int_equal(ferry_moe_planner_hint(p, 1, 2, dup, 5, 0.9), 2);
+    ferry_moe_hint_stats hs = FERRY_MOE_HINT_STATS_INIT;
+    FT_ASSERT_OK(ferry_moe_planner_hint_stats_get(p, &hs));
+    assert_int_equal(hs.hinted, 2);
+    assert_int_equal(hs.live, 2);
+    ferry_moe_copy_plan plan;
+    assert_int_equal(ferry_moe_planner_prefetch(p, 0, dup, 5, &plan), 2);
+    assert_int_equal(plan.n, 2);
+    assert_int_not_equal(plan.dst_slots[0], plan.dst_slots[1]);
+    ferry_moe_planner_destroy(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1076,6 +1095,7 @@ int main(void)
         cmocka_unit_test(sizes_past_this_headers_are_handled),
         cmocka_unit_test(a_null_executor_is_answered_not_dereferenced),
         cmocka_unit_test(the_ops_table_is_the_callers_after_create),
+        cmocka_unit_test(duplicates_count_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

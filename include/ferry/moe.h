@@ -24,8 +24,8 @@
  * Thread-safety: every object here is used by one thread at a time; distinct
  * objects are independent. (An executor reads a prefetch of rows on a file
  * on a thread of its own, which touches only its device context and rows
- * source until the caller's next call on the executor waits for it.) Traces are immutable after loading and may be
- * read from several threads.
+ * source until the caller's next call on the executor waits for it.)
+ * Traces are immutable after loading and may be read from several threads.
  */
 #ifndef FERRY_MOE_H
 #define FERRY_MOE_H
@@ -575,8 +575,9 @@ enum ferry_moe_route {
 /**
  * A slot device: where slot memory lives and how bytes get there. Every
  * function returns 0 or a negative code and should record a message with
- * ferry_last_error()'s thread buffer (any ferry call that failed does). write_slot/copy_slot may be asynchronous:
- * they only have to have landed when flush returns 0.
+ * ferry_last_error()'s thread buffer (any ferry call that failed does).
+ * write_slot/copy_slot may be asynchronous: they only have to have landed
+ * when flush returns 0.
  */
 typedef struct ferry_moe_slot_device_ops {
     size_t size;  /**< sizeof(ferry_moe_slot_device_ops) */
@@ -683,8 +684,10 @@ FERRY_API int ferry_moe_rows_file_table(const ferry_moe_geometry *g, ferry_io *i
                                         ferry_moe_rows **out);
 /**
  * The caller's own rows: fn returns the host bytes of row `row` of
- * `layer` in `bank` and sets *len to their length, or returns NULL when it has no such row. The bytes must stay valid until the
- * plan using them has been applied. Errors: -EINVAL, -ENOMEM.
+ * `layer` in `bank` and sets *len to their length, or returns NULL when it
+ * has no such row (a plan naming it is then refused whole, -EINVAL). The
+ * bytes must stay valid until the plan using them has been applied.
+ * Errors: -EINVAL (the geometry, a NULL fn), -ENOMEM.
  */
 typedef const void *(*ferry_moe_row_fn)(void *ctx, uint32_t bank, uint32_t layer, uint32_t row,
                                         size_t *len);
@@ -830,7 +833,8 @@ typedef struct ferry_moe_replay_result {
  * Replay trace t through a planner of `slots` slots and `policy` (belady
  * included): a step is one pass at one layer; hits and misses count the
  * step's distinct experts, a hit being resident when the step starts; a
- * step wider than the slots streams through them in waves. host_bytes uses expert_bytes (0: the trace's; any value, saturating at
+ * step wider than the slots streams through them in waves. host_bytes
+ * uses expert_bytes (0: the trace's; any value, saturating at
  * UINT64_MAX). slots: as ferry_moe_planner_options.slots. Errors as
  * ferry_moe_planner_create.
  */
