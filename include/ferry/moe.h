@@ -24,8 +24,8 @@
  * Thread-safety: every object here is used by one thread at a time; distinct
  * objects are independent. (An executor reads a prefetch of rows on a file
  * on a thread of its own, which touches only its device context and rows
- * source until the caller's next call on the executor waits for it.) Traces are immutable after loading and may be
- * read from several threads.
+ * source until the caller's next call on the executor waits for it.)
+ * Traces are immutable after loading and may be read from several threads.
  */
 #ifndef FERRY_MOE_H
 #define FERRY_MOE_H
@@ -523,7 +523,8 @@ FERRY_API int ferry_moe_planner_stream_begin(ferry_moe_planner *p, uint32_t laye
 FERRY_API int ferry_moe_planner_stream_next(ferry_moe_planner *p, ferry_moe_wave *w);
 /**
  * Materialise a whole layer (prefill): ensure() of every expert of layer,
- * when they fit (slots >= num_experts); FERRY_ENOSPACE otherwise: stream
+ * when they fit (slots >= num_experts); -EINVAL for a layer out of range
+ * (whatever the slots), FERRY_ENOSPACE when they do not fit: stream
  * the layer (stream_begin with every expert). Same returns and plan as
  * ensure().
  */
@@ -574,8 +575,9 @@ enum ferry_moe_route {
 /**
  * A slot device: where slot memory lives and how bytes get there. Every
  * function returns 0 or a negative code and should record a message with
- * ferry_last_error()'s thread buffer (any ferry call that failed does). write_slot/copy_slot may be asynchronous:
- * they only have to have landed when flush returns 0.
+ * ferry_last_error()'s thread buffer (any ferry call that failed does).
+ * write_slot/copy_slot may be asynchronous: they only have to have landed
+ * when flush returns 0.
  */
 typedef struct ferry_moe_slot_device_ops {
     size_t size;  /**< sizeof(ferry_moe_slot_device_ops) */
@@ -682,8 +684,10 @@ FERRY_API int ferry_moe_rows_file_table(const ferry_moe_geometry *g, ferry_io *i
                                         ferry_moe_rows **out);
 /**
  * The caller's own rows: fn returns the host bytes of row `row` of
- * `layer` in `bank` and sets *len to their length, or returns NULL when it has no such row. The bytes must stay valid until the
- * plan using them has been applied. Errors: -EINVAL, -ENOMEM.
+ * `layer` in `bank` and sets *len to their length, or returns NULL when it
+ * has no such row (a plan naming it is then refused whole, -EINVAL). The
+ * bytes must stay valid until the plan using them has been applied.
+ * Errors: -EINVAL (the geometry, a NULL fn), -ENOMEM.
  */
 typedef const void *(*ferry_moe_row_fn)(void *ctx, uint32_t bank, uint32_t layer, uint32_t row,
                                         size_t *len);
@@ -722,14 +726,19 @@ typedef struct ferry_moe_slots_stats {
 /**
  * The executor over a slot device. Takes ownership of ctx (ops->destroy is
  * called on it by ferry_moe_slots_destroy, and on failure here when
- * ops->size covers destroy; nothing past ops->size is read). Errors:
+ * ops->size covers destroy; nothing past ops->size is read). The ops table
+ * is copied: it stays the caller's and need not outlive this call. Errors:
  * -EINVAL (the geometry outside the ranges above; ops->size below this
- * header's sizeof; ops without write_slot, copy_slot or flush), -ENOMEM.
+ * header's sizeof; ops without write_slot, copy_slot or flush, named),
+ * -ENOMEM.
  */
 FERRY_API int ferry_moe_slots_create(const ferry_moe_geometry *g,
                                      const ferry_moe_slot_device_ops *ops, void *ctx,
                                      ferry_moe_slots **out);
+/** Waits for a pending prefetch, then frees the executor and its device
+ * context. NULL does nothing. */
 FERRY_API void ferry_moe_slots_destroy(ferry_moe_slots *s);
+/** The last error's message ("" for a NULL executor). */
 FERRY_API const char *ferry_moe_slots_last_error(const ferry_moe_slots *s);
 /** The device context the executor was created with. */
 FERRY_API void *ferry_moe_slots_device(const ferry_moe_slots *s);
@@ -787,9 +796,11 @@ FERRY_API int ferry_moe_slots_prefetch_start(ferry_moe_slots *s, const ferry_moe
  */
 FERRY_API int ferry_moe_slots_prefetch_finish(ferry_moe_slots *s, uint32_t *unknown_out,
                                               uint32_t *n_unknown);
-/** Occupant (global expert id) of slot, FERRY_MOE_NONE when unknown. */
+/** Occupant (global expert id) of slot, FERRY_MOE_NONE when unknown (also
+ * out of range). */
 FERRY_API uint32_t ferry_moe_slots_occupant(const ferry_moe_slots *s, uint32_t slot);
-/** Mark a slot unknown (e.g. after the planner dropped it). */
+/** Mark a slot unknown (e.g. after the planner dropped it). -EINVAL when
+ * slot >= slots. */
 FERRY_API int ferry_moe_slots_invalidate(ferry_moe_slots *s, uint32_t slot);
 /** The executor's totals, written as far as out->size says (as
  *  ferry_moe_planner_stats_get). Errors: -EINVAL (NULL, size not set). */
@@ -799,7 +810,8 @@ FERRY_API int ferry_moe_slots_stats_get(const ferry_moe_slots *s, ferry_moe_slot
  * Walk planner and executor and check they agree on every occupant: each
  * slot the executor knows holds what the planner says, and each slot the
  * planner holds is known to the executor. Returns 0, or FERRY_EMISMATCH
- * with a message naming the first slot where they disagree.
+ * with a message naming the first slot where they disagree; -EINVAL for
+ * a NULL planner or executor.
  */
 FERRY_API int ferry_moe_check(const ferry_moe_planner *p, const ferry_moe_slots *s);
 
@@ -821,7 +833,8 @@ typedef struct ferry_moe_replay_result {
  * Replay trace t through a planner of `slots` slots and `policy` (belady
  * included): a step is one pass at one layer; hits and misses count the
  * step's distinct experts, a hit being resident when the step starts; a
- * step wider than the slots streams through them in waves. host_bytes uses expert_bytes (0: the trace's; any value, saturating at
+ * step wider than the slots streams through them in waves. host_bytes
+ * uses expert_bytes (0: the trace's; any value, saturating at
  * UINT64_MAX). slots: as ferry_moe_planner_options.slots. Errors as
  * ferry_moe_planner_create.
  */

@@ -816,6 +816,9 @@ int ferry_moe_planner_prefill(ferry_moe_planner *p, uint32_t layer, ferry_moe_co
 {
     if (!p)
         return ferry__err_set(NULL, -EINVAL, "moe prefill: no planner");
+    if (layer >= p->L) /* a bad layer is named as such, whatever the slots */
+        return ferry__err_set(&p->err, -EINVAL, "moe prefill: layer %u out of range (model has %u)",
+                              layer, p->L);
     if (p->E > p->slots)
         return ferry__err_set(&p->err, FERRY_ENOSPACE,
                               "moe prefill: layer %u has %u experts, more than the %u slots: "

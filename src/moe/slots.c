@@ -30,7 +30,10 @@
 struct ferry_moe_slots {
     ferry__errbuf err;
     ferry_moe_geometry g;
-    const ferry_moe_slot_device_ops *ops;
+    const ferry_moe_slot_device_ops *ops; /* &ops_own */
+    /* the caller's table copied: it may live on a stack frame that ends
+     * once the executor is made */
+    ferry_moe_slot_device_ops ops_own;
     void *ctx;
     uint32_t *occupant;
     uint32_t *stamp;     /* per slot: gen of the plan that named it */
@@ -121,9 +124,13 @@ int ferry_moe_slots_create(const ferry_moe_geometry *g, const ferry_moe_slot_dev
                             "moe slots: ferry_moe_slot_device_ops size %zu is not accepted: "
                             "accepted %zu (its sizeof here) or more",
                             ops->size, sizeof(ferry_moe_slot_device_ops));
-    if (rc == 0 && (!ops || !ops->write_slot || !ops->copy_slot || !ops->flush || !out))
+    if (rc == 0 && (!ops || !out))
+        rc = ferry__err_set(NULL, -EINVAL, "moe slots: no %s", ops ? "out" : "device ops");
+    if (rc == 0 && (!ops->write_slot || !ops->copy_slot || !ops->flush))
         rc = ferry__err_set(NULL, -EINVAL,
-                            "moe slots: device ops need write_slot, copy_slot and flush");
+                            "moe slots: device ops have no %s (write_slot, copy_slot and flush "
+                            "are required)",
+                            !ops->write_slot ? "write_slot" : !ops->copy_slot ? "copy_slot" : "flush");
     ferry_moe_slots *s = NULL;
     if (rc == 0) {
         s = ferry__calloc(1, sizeof *s);
@@ -152,7 +159,9 @@ int ferry_moe_slots_create(const ferry_moe_geometry *g, const ferry_moe_slot_dev
         return rc;
     }
     s->g = *g;
-    s->ops = ops;
+    s->ops_own = *ops; /* this header's members: ops->size covers them */
+    s->ops_own.size = sizeof s->ops_own;
+    s->ops = &s->ops_own;
     s->ctx = ctx;
     memset(s->occupant, 0xff, (size_t)g->slots * sizeof *s->occupant);
     for (uint32_t b = 0; b < g->banks; b++)

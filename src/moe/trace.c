@@ -165,11 +165,14 @@ int ferry_moe_trace_step_pred(const ferry_moe_trace *t, size_t i, const uint32_t
 
 int ferry_moe_trace_create(const ferry_moe_model *model, ferry_moe_trace **out)
 {
-    if (!model || !out || !model->num_layers || !model->num_experts ||
-        model->num_layers > MAX_LAYERS || model->num_experts > MAX_EXPERTS)
-        return ferry__err_set(NULL, -EINVAL, "moe trace: shape %u layers x %u experts not in 1..%u x 1..%u",
-                              model ? model->num_layers : 0, model ? model->num_experts : 0,
-                              MAX_LAYERS, MAX_EXPERTS);
+    if (!model || !out)
+        return ferry__err_set(NULL, -EINVAL, "moe trace create: no %s", model ? "out" : "model");
+    if (!model->num_layers || model->num_layers > MAX_LAYERS)
+        return ferry__err_set(NULL, -EINVAL, "moe trace: num_layers %u: accepted 1..%u",
+                              model->num_layers, MAX_LAYERS);
+    if (!model->num_experts || model->num_experts > MAX_EXPERTS)
+        return ferry__err_set(NULL, -EINVAL, "moe trace: num_experts %u: accepted 1..%u",
+                              model->num_experts, MAX_EXPERTS);
     /* what ferry_moe_trace_save writes must load back: the reader takes
      * top_k up to num_experts, expert_bytes up to INT64_MAX and a name
      * that is JSON text (UTF-8) */
