@@ -47,7 +47,15 @@ static void slurp(const char *path, char *buf, size_t n)
 
 /* run ferry with args split on spaces ("@" stands for the scratch
  * directory, "@@" for '@'); stdout and stderr kept apart */
+/* run_ferry with standard input from the file in (NULL: the test's own) */
+static void run_ferry_in(const char *args, const char *in, run_out *r);
+
 static void run_ferry(const char *args, run_out *r)
+{
+    run_ferry_in(args, NULL, r);
+}
+
+static void run_ferry_in(const char *args, const char *in, run_out *r)
 {
     char line[2048], *argv[64];
     int argc = 0;
@@ -73,8 +81,10 @@ static void run_ferry(const char *args, run_out *r)
     if (pid == 0) {
         int fo = open(po, O_WRONLY | O_CREAT | O_TRUNC, 0600);
         int fe = open(pe, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fo < 0 || fe < 0)
+        int fi = in ? open(in, O_RDONLY) : 0;
+        if (fo < 0 || fe < 0 || fi < 0)
             _exit(126);
+        dup2(fi, 0);
         dup2(fo, 1);
         dup2(fe, 2);
         execv(g_ferry, argv);
@@ -611,6 +621,28 @@ static void create_without_dir_and_policy_with_sweep_are_refused(void **state)
     assert_int_equal(r_.status, 0);
 }
 
+/* a TRACE of "-" is standard input (it was a file named "-"): the same
+ * replay as of the file; and moe sim's --model, which gives only the
+ * expert bytes, is refused beside --expert-bytes (it was ignored) */
+static void a_dash_trace_is_stdin_and_sim_takes_one_expert_size(void **state)
+{
+    (void)state;
+    static run_out a, b;
+    run_ferry("moe gen --model small --tokens 32 -o @/dash.jsonl", &a);
+    assert_int_equal(a.status, 0);
+    run_ferry("moe replay @/dash.jsonl --slots 25% --policy lru --json", &a);
+    assert_int_equal(a.status, 0);
+    char path[300];
+    snprintf(path, sizeof path, "%s/dash.jsonl", g_dir);
+    run_ferry_in("moe replay - --slots 25% --policy lru --json", path, &b);
+    assert_int_equal(b.status, 0);
+    assert_string_equal(a.out, b.out);
+    run_ferry_in("moe sim - --budgets 25% --policies lru --expert-bytes 1M --json", path, &b);
+    assert_int_equal(b.status, 0);
+    expect_usage("moe sim @/dash.jsonl --expert-bytes 1M --model mixtral-8x7b", "--model",
+                 "accepted: one of the two");
+}
+
 /* GET path from 127.0.0.1:port: the whole response (status line first) */
 static void http_get(int port, const char *path, char *out, size_t len)
 {
@@ -1031,6 +1063,7 @@ int main(void)
         cmocka_unit_test(the_readmes_options_do_what_it_says),
         cmocka_unit_test(options_that_would_be_ignored_are_refused),
         cmocka_unit_test(create_without_dir_and_policy_with_sweep_are_refused),
+        cmocka_unit_test(a_dash_trace_is_stdin_and_sim_takes_one_expert_size),
         cmocka_unit_test(serve_status_shows_the_remote),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

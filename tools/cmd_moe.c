@@ -307,6 +307,11 @@ static void human_bytes(uint64_t b, char *buf, size_t n)
     snprintf(buf, n, "%.1f %s", v, u[i]);
 }
 
+int moe_trace_load(const char *path, const ferry_moe_trace_options *o, ferry_moe_trace **out)
+{
+    return ferry_moe_trace_load_opts(strcmp(path, "-") ? path : "/dev/stdin", o, out);
+}
+
 /* split "a,b,c" into at most max pieces (in place); -1 for an empty piece
  * or more than max */
 int moe_split_list(char *s, char **out, int max)
@@ -456,8 +461,8 @@ static void replay_usage(void)
            "       ferry moe replay TRACE --sweep [--budgets 6.25%%,12.5%%,..] "
            "[--policies a,b,..] [--plot FILE.png] [--json]\n"
            "  (both take --stage S)\n"
-           "  TRACE          a regular file or a pipe of JSON Lines (lines up to 1 MiB,\n"
-           "                 at most %zu steps)\n"
+           "  TRACE          a regular file or a pipe of JSON Lines, - for standard input\n"
+           "                 (lines up to 1 MiB, at most %zu steps)\n"
            "  --slots        top-k..layers x experts, or P%% of layers x experts (the\n"
            "                 layers the trace holds; default 25%%); never adjusted\n"
            "  --policy       one of the policies below (default auto: the hits of\n"
@@ -602,7 +607,7 @@ int cmd_moe_replay(int argc, char **argv)
     ferry_moe_trace_options to = FERRY_MOE_TRACE_OPTIONS_INIT;
     to.stage = stage;
     ferry_moe_trace *t;
-    int rc = ferry_moe_trace_load_opts(path, &to, &t);
+    int rc = moe_trace_load(path, &to, &t);
     if (rc < 0)
         return cli_fail(cmd, "load", rc);
     if (sweep) {

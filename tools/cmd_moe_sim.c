@@ -48,8 +48,9 @@ static void usage(void)
            "  --link-gbs       host -> device, (0, 1e6] (default 25)\n"
            "  --nvme-share     0..1 of the experts' rows on NVMe (default 0), copied at\n"
            "  --nvme-gbs       (0, 1e6], NVMe -> device\n"
-           "  --expert-bytes   1..1T (default: --model's, else the trace's)\n"
-           "  --model          a generator preset whose expert bytes to use\n"
+           "  --expert-bytes   1..1T (default: the trace's)\n"
+           "  --model          a generator preset whose expert bytes to use (instead of\n"
+           "                   --expert-bytes)\n"
            "  --hint-steps     0..1048576 layer-steps ahead (default 1; 0: none)\n"
            "  --hint-accuracy  0..1 (default 0.9; with --hints trace, the predictions'\n"
            "                   confidence)\n"
@@ -361,6 +362,9 @@ int cmd_moe_sim(int argc, char **argv)
     if (!path)
         return cli_usage(cmd, "TRACE is required; accepted: a trace file (ferry moe gen -o FILE "
                               "makes one)");
+    if (o.expert_bytes && preset_bytes)
+        return cli_usage(cmd, "--model: it gives only the expert bytes, and --expert-bytes "
+                              "gives them; accepted: one of the two");
     char bcopy[512], pcopy[256];
     snprintf(bcopy, sizeof bcopy, "%s", b ? b : "12.5%,25%");
     snprintf(pcopy, sizeof pcopy, "%s", pols ? pols : "lru,auto");
@@ -370,7 +374,7 @@ int cmd_moe_sim(int argc, char **argv)
     ferry_moe_trace_options to = FERRY_MOE_TRACE_OPTIONS_INIT;
     to.stage = stage;
     ferry_moe_trace *t;
-    int rc = ferry_moe_trace_load_opts(path, &to, &t);
+    int rc = moe_trace_load(path, &to, &t);
     if (rc < 0)
         return cli_fail(cmd, "load", rc);
     if (o.hint_trace && o.hint_steps && !trace_predicts(t)) {
@@ -380,7 +384,7 @@ int cmd_moe_sim(int argc, char **argv)
                               "with pred_ids", path);
     }
     if (!o.expert_bytes)
-        o.expert_bytes = preset_bytes; /* --expert-bytes first, then --model */
+        o.expert_bytes = preset_bytes; /* (one of the two at most) */
     if (!o.expert_bytes && !ferry_moe_trace_model(t)->expert_bytes) {
         ferry_moe_trace_destroy(t);
         return cli_usage(cmd, "--expert-bytes (or --model) is required: the trace does not say "

@@ -19,6 +19,8 @@ void moe_shape_json(json_t *j, const ferry_moe_trace *t);
 /* split "a,b,c" in place into at most max pieces; -1 for an empty piece or
  * more than max */
 int moe_split_list(char *s, char **out, int max);
+/* ferry_moe_trace_load_opts of a TRACE argument: "-" is standard input */
+int moe_trace_load(const char *path, const ferry_moe_trace_options *o, ferry_moe_trace **out);
 /* "lru, lru-layer, ..." */
 int moe_policy_list(char *acc, size_t n);
 
