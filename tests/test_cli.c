@@ -622,7 +622,7 @@ static void create_without_dir_and_policy_with_sweep_are_refused(void **state)
 }
 
 /* a TRACE of "-" is standard input (it was a file named "-"): the same
- * replay as of the file; and moe sim's --model, which gives only the
+ * replay as of the file, and gen's "-o -" writes the trace there; moe sim's --model, which gives only the
  * expert bytes, is refused beside --expert-bytes (it was ignored) */
 static void a_dash_trace_is_stdin_and_sim_takes_one_expert_size(void **state)
 {
@@ -639,6 +639,17 @@ static void a_dash_trace_is_stdin_and_sim_takes_one_expert_size(void **state)
     assert_string_equal(a.out, b.out);
     run_ferry_in("moe sim - --budgets 25% --policies lru --expert-bytes 1M --json", path, &b);
     assert_int_equal(b.status, 0);
+    /* and gen's "-o -": the trace on stdout (the file's bytes), its summary on stderr */
+    run_ferry("moe gen --model small --tokens 32 -o -", &b);
+    assert_int_equal(b.status, 0);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    static char want[1 << 16];
+    size_t n = fread(want, 1, sizeof want - 1, f);
+    fclose(f);
+    want[n] = 0;
+    assert_string_equal(b.out, want);
+    assert_non_null(strstr(b.err, "small, 4 layers x 16 experts"));
     expect_usage("moe sim @/dash.jsonl --expert-bytes 1M --model mixtral-8x7b", "--model",
                  "accepted: one of the two");
 }

@@ -71,6 +71,8 @@ static void gen_usage(void)
 {
     printf("usage: ferry moe gen [--model M] [--tokens N] [--seed S] [--layers N] "
            "[--experts N] [--top-k N] [--repeat F] [--json] -o FILE\n"
+           "  -o         the trace's file; - writes it to standard output (the summary\n"
+           "             then goes to standard error)\n"
            "  --tokens   1..%u (default 2048); tokens x layers at most %zu steps and\n"
            "             x top-k at most %zu expert ids\n"
            "  --layers 1..1024  --experts 1..16384  --top-k 1..experts (default: the model's)\n"
@@ -115,7 +117,8 @@ static int generate(const char *cmd, const ferry_moe_gen_options *o, ferry_moe_t
 }
 
 /* what moe gen wrote: the trace's shape and its statistics */
-static void gen_report(const ferry_moe_trace *t, const char *outp, int json)
+/* the trace's summary into f (stderr where the trace went to stdout) */
+static void gen_report(FILE *f, const ferry_moe_trace *t, const char *outp, int json)
 {
     ferry__trace_stats st;
     int rc = ferry__trace_stats_compute(t, &st);
@@ -137,18 +140,18 @@ static void gen_report(const ferry_moe_trace *t, const char *outp, int json)
                           st.repeat_next, "within8", st.within8, "median_reuse",
                           st.median_reuse, "cross_lift", st.cross_lift));
         char *s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
-        printf("%s\n", s ? s : "{}");
+        fprintf(f, "%s\n", s ? s : "{}");
         free(s);
         json_decref(j);
     } else {
-        printf("%s: %s, %u layers x %u experts, top-%u, %u tokens, %zu steps\n", outp, tm->name,
+        fprintf(f, "%s: %s, %u layers x %u experts, top-%u, %u tokens, %zu steps\n", outp, tm->name,
                tm->num_layers, tm->num_experts, tm->top_k, ferry_moe_trace_tokens(t),
                ferry_moe_trace_steps(t));
         char cover[48] = "";
         if (top32)
             snprintf(cover, sizeof cover, "top-32 cover %.1f%%, ", 100 * st.top32_cover);
         if (rc == 0)
-            printf("top expert share %.1f%%, %srepeat at next token %.1f%%, "
+            fprintf(f, "top expert share %.1f%%, %srepeat at next token %.1f%%, "
                    "within 8 tokens %.1f%%, median reuse %.0f tokens, cross-layer lift %.1fx\n",
                    100 * st.top1_share, cover, 100 * st.repeat_next, 100 * st.within8,
                    st.median_reuse, st.cross_lift);
@@ -236,12 +239,14 @@ int cmd_moe_gen(int argc, char **argv)
     ferry_moe_trace *t = NULL;
     if ((rc = generate(cmd, &o, &t)) != 0)
         return rc;
-    rc = ferry_moe_trace_save(t, outp);
+    int to_stdout = !strcmp(outp, "-"); /* the trace on stdout, the summary on stderr */
+    rc = ferry_moe_trace_save(t, to_stdout ? "/dev/stdout" : outp);
     if (rc < 0) {
         ferry_moe_trace_destroy(t);
         return cli_fail(cmd, outp, rc);
     }
-    gen_report(t, outp, json);
+    fflush(stdout);
+    gen_report(to_stdout ? stderr : stdout, t, to_stdout ? "(standard output)" : outp, json);
     ferry_moe_trace_destroy(t);
     return 0;
 }
