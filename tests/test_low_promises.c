@@ -1,0 +1,432 @@
+/*
+ * test_low_promises.c - promises of the lower-tier headers (ferry/core.h,
+ * ferry/slab.h, ferry/pslab.h) that no other test checks from outside:
+ * NULL handles and bad arguments fail with a code and a message, sizes
+ * parse exactly or are refused, a read-only store refuses every write and
+ * leaves its files alone, iterate hands back the callback's code.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ferry_test.h"
+#include "io/sys.h"
+
+#define K4 4096u
+#define MiB (1024ull * 1024)
+
+/* the calling thread's message names `what` */
+static void msg_names(const char *what)
+{
+    const char *m = ferry_last_error();
+    if (!strstr(m, what))
+        fail_msg("message \"%s\" does not name \"%s\"", m, what);
+}
+
+/* ---- core.h ---- */
+
+static void parse_size_is_exact_or_refused(void **state)
+{
+    (void)state;
+    uint64_t v = 7;
+    /* integers past 2^53 are bytes, not the nearest double */
+    FT_ASSERT_OK(ferry_parse_size("9007199254740993", &v));
+    assert_true(v == 9007199254740993ull);
+    FT_ASSERT_OK(ferry_parse_size("18446744073709551615", &v));
+    assert_true(v == UINT64_MAX);
+    FT_ASSERT_OK(ferry_parse_size("10000000000000000000", &v));
+    assert_true(v == 10000000000000000000ull);
+    assert_int_equal(ferry_parse_size("15E", &v), -EINVAL); /* no exa suffix */
+    FT_ASSERT_OK(ferry_parse_size("16777215T", &v));
+    assert_true(v == 16777215ull << 40);
+    FT_ASSERT_OK(ferry_parse_size("1.5k", &v));
+    assert_true(v == 1536);
+    /* too large for 64 bits: -EINVAL (the header's one code), out untouched */
+    const char *big[] = {"18446744073709551616", "16777216T", "99999999999999999999999",
+                         "17179869184G", "1e30", "inf"};
+    for (size_t i = 0; i < sizeof big / sizeof *big; i++) {
+        v = 7;
+        int rc = ferry_parse_size(big[i], &v);
+        if (rc != -EINVAL)
+            fail_msg("ferry_parse_size(\"%s\") = %d (%s), want -EINVAL", big[i], rc,
+                     ferry_err_name(rc));
+        assert_true(v == 7);
+        msg_names(big[i]);
+    }
+    assert_int_equal(ferry_parse_size(NULL, &v), -EINVAL);
+    assert_int_equal(ferry_parse_size("8M", NULL), -EINVAL);
+    assert_int_equal(ferry_parse_size("nan", &v), -EINVAL);
+    assert_true(v == 7);
+}
+
+static void log_level_parse_takes_every_name_and_digit(void **state)
+{
+    (void)state;
+    const char *names[] = {"off", "error", "warn", "info", "debug", "trace"};
+    for (int i = 0; i < 6; i++) {
+        char d[2] = {(char)('0' + i), 0};
+        assert_int_equal(ferry_log_level_parse(names[i]), i);
+        assert_int_equal(ferry_log_level_parse(d), i);
+    }
+    assert_int_equal(ferry_log_level_parse(NULL), -1);
+    assert_int_equal(ferry_log_level_parse(""), -1);
+    assert_int_equal(ferry_log_level_parse("6"), -1);
+    assert_int_equal(ferry_log_level_parse("-1"), -1);
+    assert_int_equal(ferry_log_level_parse("33"), -1);
+}
+
+static void *fresh_thread_message(void *arg)
+{
+    (void)arg;
+    return (void *)ferry_last_error();
+}
+
+static void every_code_has_a_name_and_text(void **state)
+{
+    (void)state;
+    for (int c = FERRY_ENODEV; c >= FERRY_ECONN; c--) {
+        assert_non_null(ferry_strerror(c));
+        assert_true(strncmp(ferry_err_name(c), "FERRY_E", 7) == 0);
+        assert_string_not_equal(ferry_err_name(c), "FERRY_EUNKNOWN");
+    }
+    /* a thread that never failed has "" */
+    assert_int_equal(ferry_parse_size("x", &(uint64_t){0}), -EINVAL);
+    pthread_t t;
+    void *m = NULL;
+    assert_int_equal(pthread_create(&t, NULL, fresh_thread_message, NULL), 0);
+    assert_int_equal(pthread_join(t, &m), 0);
+    assert_non_null(m);
+    assert_string_equal((const char *)m, "");
+}
+
+/* ---- slab.h ---- */
+
+static ferry_slab *mk(uint64_t cap)
+{
+    ferry_slab_options o = FERRY_SLAB_OPTIONS_INIT;
+    o.capacity = cap;
+    ferry_slab *s = NULL;
+    FT_ASSERT_OK(ferry_slab_create(&o, &s));
+    return s;
+}
+
+static void slab_null_handle_fails_with_a_message(void **state)
+{
+    (void)state;
+    ferry_slab_destroy(NULL);
+    assert_string_equal(ferry_slab_last_error(NULL), "");
+    assert_int_equal(ferry_slab_capacity(NULL), 0);
+    assert_int_equal(ferry_slab_alignment(NULL), 0);
+    struct {
+        const char *name;
+        int rc;
+    } calls[] = {
+        {"commit", ferry_slab_commit(NULL, 0)},
+        {"read lock", ferry_slab_read_lock(NULL, 0)},
+        {"read unlock", ferry_slab_read_unlock(NULL, 0)},
+        {"write lock", ferry_slab_write_lock(NULL, 0)},
+        {"state", ferry_slab_state(NULL, 0, NULL)},
+        {"check", ferry_slab_check(NULL)},
+    };
+    for (size_t i = 0; i < sizeof calls / sizeof *calls; i++) {
+        assert_int_equal(calls[i].rc, -EINVAL);
+    }
+    /* each records its own message, naming the call */
+    const char *what[] = {"commit", "read lock", "read unlock", "write lock", "state",
+                          "check"};
+    for (int i = 0; i < 6; i++) {
+        ferry_parse_size("x", &(uint64_t){0}); /* another message first */
+        int rc = i == 0   ? ferry_slab_commit(NULL, 0)
+                 : i == 1 ? ferry_slab_read_lock(NULL, 0)
+                 : i == 2 ? ferry_slab_read_unlock(NULL, 0)
+                 : i == 3 ? ferry_slab_write_lock(NULL, 0)
+                 : i == 4 ? ferry_slab_state(NULL, 0, NULL)
+                          : ferry_slab_check(NULL);
+        assert_int_equal(rc, -EINVAL);
+        msg_names(what[i]);
+        msg_names("NULL");
+    }
+    ferry_slab_stats st = FERRY_SLAB_STATS_INIT;
+    assert_int_equal(ferry_slab_stats_get(NULL, &st), -EINVAL);
+    ferry_slab *s = mk(16 * K4);
+    assert_int_equal(ferry_slab_stats_get(s, NULL), -EINVAL);
+    st.size = 0;
+    assert_int_equal(ferry_slab_stats_get(s, &st), -EINVAL);
+    assert_int_equal(st.size, 0);
+    ferry_extent e = {1, 2};
+    assert_int_equal(ferry_slab_alloc_bytes(s, 0, &e), -EINVAL);
+    assert_int_equal(ferry_slab_alloc_bytes(s, 1, NULL), -EINVAL);
+    assert_int_equal(ferry_slab_alloc_bytes(NULL, 1, &e), -EINVAL);
+    assert_int_equal(ferry_slab_alloc(s, NULL, 1, &e), -EINVAL);
+    assert_true(e.offset == 1 && e.size == 2); /* out untouched */
+    FT_ASSERT_OK(ferry_slab_check(s));
+    ferry_slab_destroy(s);
+}
+
+static void slab_layout_refusals(void **state)
+{
+    (void)state;
+    uint64_t n = 99;
+    ferry_shape sh = {1, {8}};
+    int dt = FERRY_DTYPE_F16;
+    ferry_layout l = {1, &sh, 1, &dt};
+    FT_ASSERT_OK(ferry_layout_bytes(&l, &n));
+    assert_int_equal(n, 16);
+    n = 99;
+    ferry_shape deep = {FERRY_SHAPE_MAX_DIMS + 1, {1}};
+    ferry_layout bad = {1, &deep, 1, &dt};
+    assert_int_equal(ferry_layout_bytes(&bad, &n), -EINVAL);
+    msg_names("dims");
+    int unknown = FERRY_DTYPE_COUNT;
+    ferry_layout bad_dt = {1, &sh, 1, &unknown};
+    assert_int_equal(ferry_layout_bytes(&bad_dt, &n), -EINVAL);
+    msg_names("dtype");
+    ferry_shape zero = {2, {8, 0}};
+    ferry_layout bad_zero = {1, &zero, 1, &dt};
+    assert_int_equal(ferry_layout_bytes(&bad_zero, &n), -EINVAL);
+    ferry_layout none = {0, NULL, 0, NULL};
+    assert_int_equal(ferry_layout_bytes(&none, &n), -EINVAL);
+    assert_int_equal(ferry_layout_bytes(NULL, &n), -EINVAL);
+    assert_int_equal(ferry_layout_bytes(&l, NULL), -EINVAL);
+    assert_int_equal(n, 99);
+    /* a scalar is one element */
+    ferry_shape scalar = {0, {0}};
+    ferry_layout sc = {1, &scalar, 1, &dt};
+    FT_ASSERT_OK(ferry_layout_bytes(&sc, &n));
+    assert_int_equal(n, 2);
+    assert_string_equal(ferry_dtype_name(FERRY_DTYPE_COUNT), "?");
+    assert_string_equal(ferry_dtype_name(-1), "?");
+    assert_int_equal(ferry_dtype_size(FERRY_DTYPE_COUNT), 0);
+}
+
+static void slab_state_refusals_on_every_state(void **state)
+{
+    (void)state;
+    ferry_slab *s = mk(16 * K4);
+    ferry_extent e;
+    assert_int_equal(ferry_slab_alloc_bytes(s, 1, &e), 1);
+    /* WRITING: no read unlock, no second write lock */
+    assert_int_equal(ferry_slab_read_unlock(s, e.offset), FERRY_ESTATE);
+    assert_int_equal(ferry_slab_write_lock(s, e.offset), FERRY_ESTATE);
+    FT_ASSERT_OK(ferry_slab_commit(s, e.offset));
+    FT_ASSERT_OK(ferry_slab_read_lock(s, e.offset));
+    /* READING: commit is FERRY_ESTATE (not WRITING) and changes nothing */
+    assert_int_equal(ferry_slab_commit(s, e.offset), FERRY_ESTATE);
+    unsigned r = 0;
+    assert_int_equal(ferry_slab_state(s, e.offset, &r), FERRY_EXTENT_READING);
+    assert_int_equal(r, 1);
+    /* an interior or unaligned offset is no extent */
+    assert_int_equal(ferry_slab_commit(s, e.offset + 1), FERRY_ENOTFOUND);
+    assert_int_equal(ferry_slab_read_lock(s, e.offset + K4 / 2), FERRY_ENOTFOUND);
+    assert_int_equal(ferry_slab_state(s, e.offset + 1, &r), FERRY_EXTENT_ABSENT);
+    assert_int_equal(r, 0);
+    FT_ASSERT_OK(ferry_slab_read_unlock(s, e.offset));
+    /* a WRITING extent may be freed (no read lock) */
+    FT_ASSERT_OK(ferry_slab_write_lock(s, e.offset));
+    FT_ASSERT_OK(ferry_slab_free(s, &e));
+    FT_ASSERT_OK(ferry_slab_check(s));
+    ferry_slab_destroy(s);
+}
+
+/* ---- pslab.h ---- */
+
+static ferry_pslab_options popts(const char *const *dirs, uint64_t bytes, unsigned flags)
+{
+    ferry_pslab_options o = FERRY_PSLAB_OPTIONS_INIT;
+    o.dirs = dirs;
+    o.n_dirs = 1;
+    o.bytes = bytes;
+    o.flags = flags;
+    o.direct = 0;
+    return o;
+}
+
+static void pslab_bad_arguments_are_einval(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = popts(dirs, 1 * MiB, FERRY_PSLAB_CREATE);
+    ferry_pslab *p = NULL;
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p));
+    static char key[FERRY_PSLAB_KEY_MAX + 1];
+    memset(key, 'k', sizeof key);
+    char data[64] = "payload";
+    FT_ASSERT_OK(ferry_pslab_put(p, key, FERRY_PSLAB_KEY_MAX, data, sizeof data));
+    assert_int_equal(ferry_pslab_put(p, key, FERRY_PSLAB_KEY_MAX + 1, data, 1), -EINVAL);
+    assert_int_equal(ferry_pslab_put(p, NULL, 3, data, 1), -EINVAL);
+    assert_int_equal(ferry_pslab_put(p, "k", 1, NULL, 1), -EINVAL);
+    assert_int_equal(ferry_pslab_put(NULL, "k", 1, data, 1), -EINVAL);
+    /* len 1..capacity */
+    char *huge = calloc(1, 2 * MiB);
+    assert_int_equal(ferry_pslab_put(p, "big", 3, huge, 1 * MiB + 1), -EINVAL);
+    msg_names("1048577");
+    free(huge);
+    size_t len = 5;
+    char buf[64];
+    assert_int_equal(ferry_pslab_get(p, key, FERRY_PSLAB_KEY_MAX + 1, buf, sizeof buf, &len),
+                     -EINVAL);
+    assert_int_equal(ferry_pslab_get(p, key, FERRY_PSLAB_KEY_MAX, NULL, sizeof buf, &len),
+                     -EINVAL);
+    assert_int_equal(ferry_pslab_get(p, key, FERRY_PSLAB_KEY_MAX, buf, sizeof buf, NULL),
+                     -EINVAL);
+    assert_int_equal(ferry_pslab_get(NULL, "k", 1, buf, sizeof buf, &len), -EINVAL);
+    assert_int_equal(len, 5);
+    ferry_pslab_info info = {1, 2, 3, 4};
+    assert_int_equal(ferry_pslab_stat(p, "k", 0, &info), -EINVAL);
+    assert_int_equal(ferry_pslab_stat(p, "k", 1, NULL), -EINVAL);
+    assert_int_equal(ferry_pslab_stat(p, "absent", 6, &info), FERRY_ENOTFOUND);
+    assert_int_equal(info.offset, 1); /* untouched */
+    assert_int_equal(ferry_pslab_delete(p, "k", 0), -EINVAL);
+    assert_int_equal(ferry_pslab_delete(p, "absent", 6), FERRY_ENOTFOUND);
+    assert_int_equal(ferry_pslab_forget(p, "k", 0), -EINVAL);
+    assert_int_equal(ferry_pslab_delete(NULL, "k", 1), -EINVAL);
+    assert_int_equal(ferry_pslab_forget(NULL, "k", 1), -EINVAL);
+    assert_int_equal(ferry_pslab_put_many(p, NULL, 1), -EINVAL);
+    assert_int_equal(ferry_pslab_put_many(p, NULL, 0), 0);
+    assert_int_equal(ferry_pslab_iterate(p, NULL, NULL), -EINVAL);
+    assert_int_equal(ferry_pslab_sync(NULL), -EINVAL);
+    assert_int_equal(ferry_pslab_compact(NULL), -EINVAL);
+    assert_int_equal(ferry_pslab_verify(NULL, 0, NULL, NULL, NULL), -EINVAL);
+    ferry_pslab_stats st = FERRY_PSLAB_STATS_INIT;
+    assert_int_equal(ferry_pslab_stats_get(NULL, &st), -EINVAL);
+    assert_int_equal(ferry_pslab_stats_get(p, NULL), -EINVAL);
+    st.size = 0;
+    assert_int_equal(ferry_pslab_stats_get(p, &st), -EINVAL);
+    assert_string_equal(ferry_pslab_last_error(NULL), "");
+    assert_int_equal(ferry_pslab_close(NULL), 0);
+    /* the long key survived all of it */
+    FT_ASSERT_OK(ferry_pslab_get(p, key, FERRY_PSLAB_KEY_MAX, buf, sizeof buf, &len));
+    assert_int_equal(len, sizeof data);
+    assert_string_equal(buf, "payload");
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(d);
+}
+
+static int stop_at_second(const void *key, size_t klen, const ferry_pslab_info *info, void *ctx)
+{
+    (void)key;
+    (void)klen;
+    (void)info;
+    int *n = ctx;
+    return ++*n == 2 ? 42 : 0;
+}
+
+static void pslab_readonly_refuses_writes_and_touches_nothing(void **state)
+{
+    (void)state;
+    char d[256], jpath[300];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = popts(dirs, 1 * MiB, FERRY_PSLAB_CREATE);
+    ferry_pslab *p = NULL;
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p));
+    for (int i = 0; i < 4; i++) {
+        char k[8];
+        snprintf(k, sizeof k, "k%d", i);
+        FT_ASSERT_OK(ferry_pslab_put(p, k, strlen(k), k, strlen(k)));
+    }
+    FT_ASSERT_OK(ferry_pslab_delete(p, "k3", 2));
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    snprintf(jpath, sizeof jpath, "%s/%s", d, FERRY_PSLAB_JOURNAL);
+    struct stat before, after;
+    assert_int_equal(stat(jpath, &before), 0);
+
+    o = popts(dirs, 0, FERRY_PSLAB_READONLY);
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p));
+    assert_int_equal(ferry_pslab_put(p, "n", 1, "v", 1), FERRY_ESTATE);
+    assert_int_equal(ferry_pslab_delete(p, "k0", 2), FERRY_ESTATE);
+    assert_int_equal(ferry_pslab_forget(p, "k1", 2), FERRY_ESTATE);
+    ferry_pslab_item it = {"n", 1, "v", 1, 7};
+    int rc = ferry_pslab_put_many(p, &it, 1);
+    assert_true(rc == 0 || rc == FERRY_ESTATE);
+    assert_int_equal(it.result, FERRY_ESTATE);
+    assert_int_equal(ferry_pslab_compact(p), FERRY_ESTATE);
+    /* iterate hands back the callback's code and stops there */
+    int n = 0;
+    assert_int_equal(ferry_pslab_iterate(p, stop_at_second, &n), 42);
+    assert_int_equal(n, 2);
+    char buf[8];
+    size_t len = 0;
+    FT_ASSERT_OK(ferry_pslab_get(p, "k0", 2, buf, sizeof buf, &len));
+    assert_int_equal(ferry_pslab_get(p, "n", 1, buf, sizeof buf, &len), FERRY_ENOTFOUND);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    assert_int_equal(stat(jpath, &after), 0);
+    assert_int_equal(before.st_size, after.st_size);
+    assert_true(before.st_mtim.tv_sec == after.st_mtim.tv_sec &&
+                before.st_mtim.tv_nsec == after.st_mtim.tv_nsec);
+    ft_rmtree(d);
+}
+
+static int failing_fdatasync(int fd)
+{
+    (void)fd;
+    errno = EIO;
+    return -1;
+}
+
+/* after a failed sync every write is FERRY_ESTATE, put_many included:
+ * a negative code with every result set, and what was stored stays */
+static void pslab_failed_journal_refuses_every_write(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = popts(dirs, 1 * MiB, FERRY_PSLAB_CREATE);
+    ferry_pslab *p = NULL;
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p));
+    FT_ASSERT_OK(ferry_pslab_put(p, "old", 3, "kept", 4));
+    ferry__sys bad = *ferry__sys_default();
+    bad.fdatasync = failing_fdatasync;
+    ferry__sys_set(&bad);
+    int rc = ferry_pslab_put(p, "new", 3, "lost", 4);
+    ferry__sys_set(NULL);
+    assert_int_equal(rc, -EIO);
+    ferry_pslab_stats st = FERRY_PSLAB_STATS_INIT;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &st));
+    assert_int_equal(st.failed, 1);
+    assert_int_equal(ferry_pslab_put(p, "new", 3, "lost", 4), FERRY_ESTATE);
+    ferry_pslab_item items[2] = {{"a", 1, "x", 1, 7}, {"b", 1, "y", 1, 7}};
+    ferry_parse_size("x", &(uint64_t){0}); /* another message first */
+    assert_int_equal(ferry_pslab_put_many(p, items, 2), FERRY_ESTATE);
+    assert_int_equal(items[0].result, FERRY_ESTATE);
+    assert_int_equal(items[1].result, FERRY_ESTATE);
+    msg_names("journal failed");
+    msg_names(d);
+    assert_int_equal(ferry_pslab_delete(p, "old", 3), FERRY_ESTATE);
+    char buf[8];
+    size_t len = 0;
+    assert_int_equal(ferry_pslab_get(p, "a", 1, buf, sizeof buf, &len), FERRY_ENOTFOUND);
+    FT_ASSERT_OK(ferry_pslab_get(p, "old", 3, buf, sizeof buf, &len));
+    assert_memory_equal(buf, "kept", 4);
+    ferry_pslab_close(p);
+    /* a reopen replays what reached the disk */
+    o.flags = 0;
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p));
+    FT_ASSERT_OK(ferry_pslab_get(p, "old", 3, buf, sizeof buf, &len));
+    assert_int_equal(ferry_pslab_put_many(p, items, 2), 2);
+    assert_int_equal(items[0].result, 0);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(d);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(parse_size_is_exact_or_refused),
+        cmocka_unit_test(log_level_parse_takes_every_name_and_digit),
+        cmocka_unit_test(every_code_has_a_name_and_text),
+        cmocka_unit_test(slab_null_handle_fails_with_a_message),
+        cmocka_unit_test(slab_layout_refusals),
+        cmocka_unit_test(slab_state_refusals_on_every_state),
+        cmocka_unit_test(pslab_bad_arguments_are_einval),
+        cmocka_unit_test(pslab_readonly_refuses_writes_and_touches_nothing),
+        cmocka_unit_test(pslab_failed_journal_refuses_every_write),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
