@@ -10,10 +10,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "ferry_test.h"
 #include "io/sys.h"
+#include "pslab/pslab_int.h"
 
 #define K4 4096u
 #define MiB (1024ull * 1024)
@@ -415,6 +418,151 @@ static void pslab_failed_journal_refuses_every_write(void **state)
     ft_rmtree(d);
 }
 
+struct bad_seen {
+    int calls;
+    char key[16];
+    ferry_pslab_info info;
+    int code;
+};
+
+static void note_bad(const void *key, size_t klen, const ferry_pslab_info *info, int code,
+                     void *ctx)
+{
+    struct bad_seen *b = ctx;
+    b->calls++;
+    memcpy(b->key, key, klen < sizeof b->key - 1 ? klen : sizeof b->key - 1);
+    b->info = *info;
+    b->code = code;
+}
+
+/* verify calls report once per bad chunk, with its key, index entry and
+ * FERRY_ECORRUPT; without repair the chunk stays, a get of it is a miss
+ * whose buffer holds none of its bytes */
+static void pslab_verify_reports_each_bad_chunk(void **state)
+{
+    (void)state;
+    char d[256], path[300];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = popts(dirs, 1 * MiB, FERRY_PSLAB_CREATE);
+    ferry_pslab *p = NULL;
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p));
+    char data[3][5000];
+    for (int i = 0; i < 3; i++) {
+        char k[4] = {'c', (char)('0' + i), 0, 0};
+        memset(data[i], 'a' + i, sizeof data[i]);
+        FT_ASSERT_OK(ferry_pslab_put(p, k, 2, data[i], sizeof data[i]));
+    }
+    ferry_pslab_info info;
+    FT_ASSERT_OK(ferry_pslab_stat(p, "c1", 2, &info));
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    snprintf(path, sizeof path, "%s/%s", d, FERRY_PSLAB_FILE);
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, "Z", 1, (off_t)(ferry__pslab_data_off(4096) + info.offset + 7)),
+                     1);
+    close(fd);
+
+    o.flags = 0;
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p));
+    struct bad_seen seen = {0};
+    uint64_t bad = 99;
+    FT_ASSERT_OK(ferry_pslab_verify(p, 0, &bad, note_bad, &seen));
+    assert_int_equal(bad, 1);
+    assert_int_equal(seen.calls, 1);
+    assert_string_equal(seen.key, "c1");
+    assert_int_equal(seen.code, FERRY_ECORRUPT);
+    assert_int_equal(seen.info.offset, info.offset);
+    assert_int_equal(seen.info.length, info.length);
+    assert_int_equal(seen.info.seq, info.seq);
+    /* not repaired: still indexed, and a get refuses it */
+    FT_ASSERT_OK(ferry_pslab_stat(p, "c1", 2, &info));
+    char buf[5000];
+    memset(buf, 'b', sizeof buf);
+    size_t len = 0;
+    assert_int_equal(ferry_pslab_get(p, "c1", 2, buf, sizeof buf, &len), FERRY_ECORRUPT);
+    msg_names("c1");
+    for (size_t i = 0; i < sizeof buf; i++)
+        assert_int_equal(buf[i], 0);
+    FT_ASSERT_OK(ferry_pslab_get(p, "c2", 2, buf, sizeof buf, &len));
+    assert_memory_equal(buf, data[2], sizeof buf);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(d);
+}
+
+/* close returns the final sync's error (SYNC_NONE: it is the first sync)
+ * and frees the store all the same */
+static void pslab_close_returns_the_final_sync_error(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = popts(dirs, 1 * MiB, FERRY_PSLAB_CREATE);
+    o.sync = FERRY_PSLAB_SYNC_NONE;
+    ferry_pslab *p = NULL;
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p));
+    FT_ASSERT_OK(ferry_pslab_put(p, "k", 1, "v", 1));
+    ferry__sys bad = *ferry__sys_default();
+    bad.fdatasync = failing_fdatasync;
+    ferry__sys_set(&bad);
+    int rc = ferry_pslab_close(p);
+    ferry__sys_set(NULL);
+    assert_int_equal(rc, -EIO);
+    msg_names("fdatasync");
+    /* the directory is free again (the lock went with the store) */
+    o.flags = 0;
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p));
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(d);
+}
+
+static int g_syncs;
+static int counting_fdatasync(int fd)
+{
+    g_syncs++;
+    return ferry__sys_default()->fdatasync(fd);
+}
+
+/* SYNC_NONE: puts write without syncing; ferry_pslab_sync() then syncs
+ * the slab file and the journal and makes every put durable (durable_seq) */
+static void pslab_sync_none_is_durable_at_sync(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = popts(dirs, 1 * MiB, FERRY_PSLAB_CREATE);
+    o.sync = FERRY_PSLAB_SYNC_NONE;
+    ferry_pslab *p = NULL;
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p));
+    ferry__sys counting = *ferry__sys_default();
+    counting.fdatasync = counting_fdatasync;
+    ferry__sys_set(&counting);
+    g_syncs = 0;
+    FT_ASSERT_OK(ferry_pslab_put(p, "a", 1, "1", 1));
+    FT_ASSERT_OK(ferry_pslab_put(p, "b", 1, "2", 1));
+    int after_puts = g_syncs;
+    ferry_pslab_info info;
+    FT_ASSERT_OK(ferry_pslab_stat(p, "b", 1, &info));
+    ferry_pslab_stats st = FERRY_PSLAB_STATS_INIT;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &st));
+    assert_true(st.durable_seq < info.seq);
+    FT_ASSERT_OK(ferry_pslab_sync(p));
+    int after_sync = g_syncs;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &st));
+    /* a second sync with nothing new written syncs nothing */
+    FT_ASSERT_OK(ferry_pslab_sync(p));
+    int again = g_syncs;
+    ferry__sys_set(NULL);
+    assert_int_equal(after_puts, 0);
+    assert_true(after_sync >= 2); /* the slab file, then the journal */
+    assert_int_equal(again, after_sync);
+    assert_true(st.durable_seq >= info.seq);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -427,6 +575,9 @@ int main(void)
         cmocka_unit_test(pslab_bad_arguments_are_einval),
         cmocka_unit_test(pslab_readonly_refuses_writes_and_touches_nothing),
         cmocka_unit_test(pslab_failed_journal_refuses_every_write),
+        cmocka_unit_test(pslab_verify_reports_each_bad_chunk),
+        cmocka_unit_test(pslab_close_returns_the_final_sync_error),
+        cmocka_unit_test(pslab_sync_none_is_durable_at_sync),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
