@@ -3,10 +3,13 @@
  * ferry/slab.h, ferry/pslab.h) that no other test checks from outside:
  * NULL handles and bad arguments fail with a code and a message, sizes
  * parse exactly or are refused, a read-only store refuses every write and
- * leaves its files alone, iterate hands back the callback's code.
+ * leaves its files alone, iterate hands back the callback's code; every
+ * pslab call but close from several threads at once on one store.
  */
+/* ferry-test-labels: concurrent */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -564,6 +567,180 @@ static void pslab_sync_none_is_durable_at_sync(void **state)
     ft_rmtree(d);
 }
 
+/* ---- pslab: every call but close from several threads at once ---- */
+
+enum { MT_WRITERS = 3, MT_KEYS = 24, MT_ROUNDS = 40, MT_MAX = 12000 };
+
+typedef struct mt_arg {
+    ferry_pslab *p;
+    int id;
+    _Atomic int *stop;
+    int bad; /* a wrong byte, a refused good call */
+} mt_arg;
+
+/* chunk of writer w, key k, version v: its length and bytes say all three */
+static size_t mt_fill(int w, int k, int v, uint8_t *buf)
+{
+    size_t n = 1000 + (size_t)((w * 131 + k * 17 + v * 7) % (MT_MAX - 1000));
+    ft_fill_pattern(buf, n, (unsigned)(w * 100000 + k * 1000 + v));
+    return n;
+}
+
+static int mt_key(int w, int k, char *key)
+{
+    return snprintf(key, 16, "w%dk%d", w, k);
+}
+
+/* thousands of commits: their syncs only counted */
+static _Atomic long g_nop_syncs;
+static int nop_fdatasync(int fd)
+{
+    (void)fd;
+    atomic_fetch_add(&g_nop_syncs, 1);
+    return 0;
+}
+
+static void *mt_writer(void *arg)
+{
+    mt_arg *a = arg;
+    uint8_t *buf = malloc(MT_MAX), *got = malloc(MT_MAX);
+    for (int v = 0; v < MT_ROUNDS; v++)
+        for (int k = 0; k < MT_KEYS; k++) {
+            char key[16];
+            int kl = mt_key(a->id, k, key);
+            size_t n = mt_fill(a->id, k, v, buf);
+            int rc;
+            if (k % 6 == 5 && v % 2) { /* every other round: forget it */
+                rc = ferry_pslab_forget(a->p, key, (size_t)kl);
+                a->bad += rc != 0 && !(v == 1 && rc == FERRY_ENOTFOUND);
+                continue;
+            }
+            if (k % 4 == 0) {
+                ferry_pslab_item it = {key, (size_t)kl, buf, n, 1};
+                rc = ferry_pslab_put_many(a->p, &it, 1);
+                a->bad += rc != 1 || it.result != 0;
+            } else {
+                a->bad += ferry_pslab_put(a->p, key, (size_t)kl, buf, n) != 0;
+            }
+            size_t len = 0;
+            rc = ferry_pslab_get(a->p, key, (size_t)kl, got, MT_MAX, &len);
+            a->bad += rc != 0 || len != n || memcmp(got, buf, n) != 0;
+        }
+    free(buf);
+    free(got);
+    return NULL;
+}
+
+static int mt_count(const void *key, size_t klen, const ferry_pslab_info *info, void *ctx)
+{
+    (void)key;
+    (void)klen;
+    int *n = ctx;
+    *n += info->length >= 1000 && info->length < MT_MAX;
+    return 0;
+}
+
+/* compaction, verify, iterate, stat, stats and sync while the writers run */
+static void *mt_keeper(void *arg)
+{
+    mt_arg *a = arg;
+    while (!atomic_load(a->stop)) {
+        int rc;
+        switch (a->id) {
+        case 0:
+            a->bad += ferry_pslab_compact(a->p) != 0;
+            break;
+        case 1: {
+            uint64_t bad = 9;
+            rc = ferry_pslab_verify(a->p, 0, &bad, NULL, NULL);
+            a->bad += rc != 0 || bad != 0;
+            break;
+        }
+        case 2: {
+            int n = 0;
+            a->bad += ferry_pslab_iterate(a->p, mt_count, &n) != 0;
+            ferry_pslab_stats st = FERRY_PSLAB_STATS_INIT;
+            a->bad += ferry_pslab_stats_get(a->p, &st) != 0 || st.corrupt != 0;
+            ferry_pslab_info info;
+            rc = ferry_pslab_stat(a->p, "w0k1", 4, &info);
+            a->bad += rc != 0 && rc != FERRY_ENOTFOUND;
+            a->bad += ferry_pslab_sync(a->p) != 0;
+            break;
+        }
+        }
+    }
+    return NULL;
+}
+
+static void pslab_every_call_from_threads_at_once(void **state)
+{
+    (void)state;
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = popts(dirs, 8 * MiB, FERRY_PSLAB_CREATE);
+    o.sync = FERRY_PSLAB_SYNC_BATCH;
+    o.batch_bytes = 256 * 1024;
+    o.batch_ms = 5;
+    o.compact_bytes = 16 * 1024; /* compactions at commits too */
+    ferry_pslab *p = NULL;
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p));
+    ferry__sys fast = *ferry__sys_default();
+    fast.fdatasync = nop_fdatasync;
+    ferry__sys_set(&fast);
+    _Atomic int stop = 0;
+    pthread_t wt[MT_WRITERS], kt[3];
+    mt_arg wa[MT_WRITERS], ka[3];
+    for (int i = 0; i < 3; i++) {
+        ka[i] = (mt_arg){p, i, &stop, 0};
+        assert_int_equal(pthread_create(&kt[i], NULL, mt_keeper, &ka[i]), 0);
+    }
+    for (int i = 0; i < MT_WRITERS; i++) {
+        wa[i] = (mt_arg){p, i, &stop, 0};
+        assert_int_equal(pthread_create(&wt[i], NULL, mt_writer, &wa[i]), 0);
+    }
+    for (int i = 0; i < MT_WRITERS; i++) {
+        assert_int_equal(pthread_join(wt[i], NULL), 0);
+        if (wa[i].bad)
+            fail_msg("writer %d: %d wrong answers (%s)", i, wa[i].bad, ferry_pslab_last_error(p));
+    }
+    atomic_store(&stop, 1);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(pthread_join(kt[i], NULL), 0);
+        if (ka[i].bad)
+            fail_msg("keeper %d: %d wrong answers (%s)", i, ka[i].bad, ferry_pslab_last_error(p));
+    }
+    ferry_pslab_stats st = FERRY_PSLAB_STATS_INIT;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &st));
+    assert_true(st.compactions >= 2);
+    assert_int_equal(st.corrupt, 0);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ferry__sys_set(NULL);
+    /* every key holds its last version, forgotten ones none */
+    o.flags = 0;
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p));
+    uint8_t *buf = malloc(MT_MAX), *got = malloc(MT_MAX);
+    for (int w = 0; w < MT_WRITERS; w++)
+        for (int k = 0; k < MT_KEYS; k++) {
+            char key[16];
+            int kl = mt_key(w, k, key);
+            size_t len = 0;
+            int rc = ferry_pslab_get(p, key, (size_t)kl, got, MT_MAX, &len);
+            if (k % 6 == 5) {
+                assert_int_equal(rc, FERRY_ENOTFOUND);
+                continue;
+            }
+            size_t n = mt_fill(w, k, MT_ROUNDS - 1, buf);
+            FT_ASSERT_OK(rc);
+            assert_int_equal(len, n);
+            assert_memory_equal(got, buf, n);
+        }
+    free(buf);
+    free(got);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(d);
+}
+
 /* ---- remote.h (a redis-server per test) ---- */
 
 static int g_have_redis;
@@ -697,6 +874,7 @@ int main(void)
         cmocka_unit_test(pslab_verify_reports_each_bad_chunk),
         cmocka_unit_test(pslab_close_returns_the_final_sync_error),
         cmocka_unit_test(pslab_sync_none_is_durable_at_sync),
+        cmocka_unit_test(pslab_every_call_from_threads_at_once),
         cmocka_unit_test(remote_flush_times_out_then_drains),
         cmocka_unit_test(remote_close_writes_the_queue),
         cmocka_unit_test(remote_edges_of_sizes_and_down),
