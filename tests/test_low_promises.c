@@ -741,6 +741,50 @@ static void pslab_every_call_from_threads_at_once(void **state)
     ft_rmtree(d);
 }
 
+/* every stats_get writes only out->size bytes and keeps out->size: a
+ * caller built with an older, shorter header is not overrun */
+static void stats_of_an_older_header_write_only_its_bytes(void **state)
+{
+    (void)state;
+    union {
+        ferry_slab_stats st;
+        ferry_pslab_stats pst;
+        unsigned char b[1024];
+    } u;
+    ferry_slab *s = mk(16 * K4);
+    memset(&u, 0xa5, sizeof u);
+    u.st.size = offsetof(ferry_slab_stats, used);
+    FT_ASSERT_OK(ferry_slab_stats_get(s, &u.st));
+    assert_int_equal(u.st.size, offsetof(ferry_slab_stats, used));
+    assert_int_equal(u.st.capacity, 16 * K4);
+    for (size_t i = offsetof(ferry_slab_stats, used); i < sizeof u.b; i++)
+        assert_int_equal(u.b[i], 0xa5);
+    ferry_slab_destroy(s);
+
+    char d[256];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = popts(dirs, 1 * MiB, FERRY_PSLAB_CREATE);
+    ferry_pslab *p = NULL;
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p));
+    memset(&u, 0xa5, sizeof u);
+    u.pst.size = offsetof(ferry_pslab_stats, chunks);
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &u.pst));
+    assert_int_equal(u.pst.capacity, 1 * MiB);
+    for (size_t i = offsetof(ferry_pslab_stats, chunks); i < sizeof u.b; i++)
+        assert_int_equal(u.b[i], 0xa5);
+    /* a newer header's larger struct: this library's bytes, the rest kept */
+    memset(&u, 0xa5, sizeof u);
+    u.pst.size = sizeof u.b;
+    FT_ASSERT_OK(ferry_pslab_stats_get(p, &u.pst));
+    assert_int_equal(u.pst.size, sizeof u.b);
+    assert_int_equal(u.pst.drives, 1);
+    for (size_t i = sizeof(ferry_pslab_stats); i < sizeof u.b; i++)
+        assert_int_equal(u.b[i], 0xa5);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(d);
+}
+
 /* ---- remote.h (a redis-server per test) ---- */
 
 static int g_have_redis;
@@ -875,6 +919,7 @@ int main(void)
         cmocka_unit_test(pslab_close_returns_the_final_sync_error),
         cmocka_unit_test(pslab_sync_none_is_durable_at_sync),
         cmocka_unit_test(pslab_every_call_from_threads_at_once),
+        cmocka_unit_test(stats_of_an_older_header_write_only_its_bytes),
         cmocka_unit_test(remote_flush_times_out_then_drains),
         cmocka_unit_test(remote_close_writes_the_queue),
         cmocka_unit_test(remote_edges_of_sizes_and_down),
