@@ -1146,6 +1146,114 @@ static void a_fork_from_inside_the_load_does_not_deadlock(void **state)
     FT_ASSERT_CHILD_OK(subject, "the loading process (deadlocked on its fork?)");
 }
 
+/* the promises of ferry/device.h that hold on cuda before the driver is
+ * asked: an ordinal the driver lacks is FERRY_ENODEV; 0 bytes, NULL
+ * handles and pointers the device did not hand out are -EINVAL with a
+ * message and reach no driver function; mem_limit caps cuda too; a pin
+ * overlapping a pinned allocation is FERRY_EEXIST; n == 0 moves nothing;
+ * elapsed_ms leaves *ms alone on failure */
+static void cuda_refusals_never_reach_the_driver(void **state)
+{
+    (void)state;
+    ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
+    o.backend = "cuda";
+    o.ordinal = 1;
+    ferry_device *dev = (ferry_device *)0x1;
+    assert_int_equal(ferry_device_open(&o, &dev), FERRY_ENODEV);
+    assert_ptr_equal(dev, (ferry_device *)0x1);
+    assert_msg_has(ferry_last_error(), "1");
+
+    o.ordinal = 0;
+    o.mem_limit = 8192;
+    dev = NULL;
+    FT_ASSERT_OK(ferry_device_open(&o, &dev));
+    ferry_devptr a = 0, b = 0, c = 7;
+    void *h = NULL;
+    char *buf = malloc(1 << 16);
+    int before = g_nlog;
+    assert_int_equal(ferry_device_alloc(dev, 0, &c), -EINVAL);
+    assert_int_equal(ferry_device_host_alloc(dev, 0, &h), -EINVAL);
+    assert_int_equal(ferry_device_pin(dev, buf, 0), -EINVAL);
+    assert_int_equal(ferry_device_alloc(NULL, 64, &c), -EINVAL);
+    assert_int_equal(ferry_device_host_alloc(dev, 64, NULL), -EINVAL);
+    assert_int_equal(ferry_device_free(dev, 0), -EINVAL);
+    assert_int_equal(ferry_device_host_free(dev, buf), -EINVAL);
+    assert_int_equal(ferry_device_unpin(dev, buf), -EINVAL);
+    assert_int_equal(ferry_stream_sync(NULL), -EINVAL);
+    assert_int_equal(ferry_event_query(NULL), -EINVAL);
+    assert_int_equal(ferry_event_sync(NULL), -EINVAL);
+    assert_int_equal(ferry_event_record(NULL, NULL), -EINVAL);
+    assert_int_equal(ferry_stream_wait_event(NULL, NULL), -EINVAL);
+    assert_int_equal(ferry_stream_create(dev, NULL), -EINVAL);
+    assert_int_equal(ferry_event_create(dev, NULL), -EINVAL);
+    assert_int_equal(ferry_device_upload(dev, 0, buf, 1), -EINVAL);
+    assert_int_equal(c, 7);
+    assert_null(h);
+    assert_int_equal(g_nlog, before); /* not one driver call */
+
+    /* mem_limit: 8192 bytes held at once, whatever the backend */
+    FT_ASSERT_OK(ferry_device_alloc(dev, 4096, &a));
+    FT_ASSERT_OK(ferry_device_alloc(dev, 4096, &b));
+    before = g_nlog;
+    assert_int_equal(ferry_device_alloc(dev, 1, &c), -ENOMEM);
+    assert_msg_has(ferry_last_error(), "8192");
+    assert_int_equal(g_nlog, before);
+    assert_int_equal(c, 7);
+    /* a double free is refused before the driver sees it */
+    FT_ASSERT_OK(ferry_device_free(dev, b));
+    before = g_nlog;
+    assert_int_equal(ferry_device_free(dev, b), -EINVAL);
+    assert_int_equal(g_nlog, before);
+    FT_ASSERT_OK(ferry_device_alloc(dev, 4096, &b));
+
+    /* host memory: interior and double frees, overlapping pins */
+    FT_ASSERT_OK(ferry_device_host_alloc(dev, 8192, &h));
+    before = g_nlog;
+    assert_int_equal(ferry_device_host_free(dev, (char *)h + 64), -EINVAL);
+    assert_int_equal(ferry_device_pin(dev, (char *)h + 4096, 4096), FERRY_EEXIST);
+    FT_ASSERT_OK(ferry_device_pin(dev, buf, 1 << 16));
+    assert_int_equal(ferry_device_pin(dev, buf + 100, 10), FERRY_EEXIST);
+    assert_int_equal(ferry_device_unpin(dev, buf + 100), -EINVAL);
+    int pins = g_nlog - before; /* the one good pin */
+    assert_int_equal(pins, 1);
+    FT_ASSERT_OK(ferry_device_unpin(dev, buf));
+    FT_ASSERT_OK(ferry_device_host_free(dev, h));
+    before = g_nlog;
+    assert_int_equal(ferry_device_host_free(dev, h), -EINVAL);
+    assert_int_equal(g_nlog, before);
+
+    /* n == 0 moves nothing */
+    ferry_stream *s = NULL;
+    FT_ASSERT_OK(ferry_stream_create(dev, &s));
+    before = g_nlog;
+    FT_ASSERT_OK(ferry_device_memset(dev, a, 1, 0));
+    FT_ASSERT_OK(ferry_device_upload(dev, a, buf, 0));
+    FT_ASSERT_OK(ferry_device_download(dev, buf, a, 0));
+    FT_ASSERT_OK(ferry_memcpy_htod_async(s, a, buf, 0));
+    FT_ASSERT_OK(ferry_memcpy_dtoh_async(s, buf, a, 0));
+    FT_ASSERT_OK(ferry_memcpy_dtod_async(s, b, a, 0));
+    assert_int_equal(g_nlog, before);
+
+    /* elapsed_ms: *ms untouched when one is not complete */
+    ferry_event *e1 = NULL, *e2 = NULL;
+    FT_ASSERT_OK(ferry_event_create(dev, &e1));
+    FT_ASSERT_OK(ferry_event_create(dev, &e2));
+    FT_ASSERT_OK(ferry_event_record(e1, s));
+    FT_ASSERT_OK(ferry_event_record(e2, s));
+    g_query_not_ready = 1;
+    float ms = -7.0f;
+    assert_int_equal(ferry_event_elapsed_ms(e1, e2, &ms), -EAGAIN);
+    assert_true(ms == -7.0f);
+    g_query_not_ready = 0;
+    ferry_event_destroy(e1);
+    ferry_event_destroy(e2);
+    FT_ASSERT_OK(ferry_stream_destroy(s));
+    FT_ASSERT_OK(ferry_device_free(dev, a));
+    FT_ASSERT_OK(ferry_device_free(dev, b));
+    ferry_device_close(dev);
+    free(buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1169,6 +1277,8 @@ int main(void)
                                         setup_fake, teardown_fake),
         cmocka_unit_test_setup_teardown(engine_streams_and_events_are_used_not_owned,
                                         setup_fake, teardown_fake),
+        cmocka_unit_test_setup_teardown(cuda_refusals_never_reach_the_driver, setup_fake,
+                                        teardown_fake),
         cmocka_unit_test(a_fork_during_the_load_leaves_the_child_a_usable_loader),
         cmocka_unit_test(a_fork_from_inside_the_load_does_not_deadlock),
     };

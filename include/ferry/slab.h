@@ -154,7 +154,8 @@ FERRY_API int ferry_slab_free(ferry_slab *s, const ferry_extent *e);
 /* ---- key states (optional) ---- */
 /** WRITING -> READY. FERRY_ENOTFOUND, FERRY_ESTATE (not WRITING). */
 FERRY_API int ferry_slab_commit(ferry_slab *s, uint64_t offset);
-/** READY -> read-locked (counted). FERRY_ENOTFOUND, FERRY_ENOTREADABLE (WRITING). */
+/** READY -> read-locked (counted). FERRY_ENOTFOUND, FERRY_ENOTREADABLE (WRITING),
+ *  -EOVERFLOW (2^32 - 1 read locks already held). */
 FERRY_API int ferry_slab_read_lock(ferry_slab *s, uint64_t offset);
 /** Drop one read lock. FERRY_ENOTFOUND, FERRY_ESTATE (no read lock held). */
 FERRY_API int ferry_slab_read_unlock(ferry_slab *s, uint64_t offset);

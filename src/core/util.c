@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/resource.h>
 #include <time.h>
 
@@ -19,33 +20,50 @@ int ferry_version_number(void)
     return FERRY_VERSION_NUMBER;
 }
 
+/* the power of two a size suffix letter stands for (0: none) */
+static int size_shift(char c)
+{
+    switch (c) {
+    case 'k': case 'K': return 10;
+    case 'm': case 'M': return 20;
+    case 'g': case 'G': return 30;
+    case 't': case 'T': return 40;
+    default: return 0;
+    }
+}
+
 int ferry_parse_size(const char *s, uint64_t *out)
 {
     if (!s || !*s || !out)
-        return ferry__err_set(NULL, -EINVAL, "size: empty");
+        return ferry__err_set(NULL, -EINVAL, "size: %s", !s ? "NULL" : !out ? "NULL out" : "empty");
     char *end = NULL;
     errno = 0;
     double v = strtod(s, &end);
     if (errno || end == s || v < 0 || isnan(v))
         return ferry__err_set(NULL, -EINVAL, "size '%s': not a number", s);
-    double mul = 1;
-    switch (*end) {
-    case 'k': case 'K': mul = 1024.0; end++; break;
-    case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
-    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
-    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
-    default: break;
-    }
+    const char *num_end = end;
+    int shift = size_shift(*end);
+    if (shift)
+        end++;
     if (*end == 'i' || *end == 'I')
         end++;
     if (*end == 'b' || *end == 'B')
         end++;
     if (*end)
         return ferry__err_set(NULL, -EINVAL, "size '%s': unknown suffix '%s'", s, end);
-    double r = v * mul;
-    if (r > 1.8e19)
-        return ferry__err_set(NULL, -ERANGE, "size '%s': too large", s);
-    *out = (uint64_t)llround(r);
+    /* a plain run of digits is taken exactly (a double holds 53 bits) */
+    if (s + strspn(s, "0123456789") == num_end) {
+        errno = 0;
+        unsigned long long u = strtoull(s, NULL, 10);
+        if (errno == ERANGE || u > (UINT64_MAX >> shift))
+            return ferry__err_set(NULL, -EINVAL, "size '%s': above 2^64 - 1 bytes", s);
+        *out = (uint64_t)u << shift;
+        return 0;
+    }
+    double r = ldexp(v, shift);
+    if (!(r < 18446744073709551616.0)) /* 2^64; inf too */
+        return ferry__err_set(NULL, -EINVAL, "size '%s': above 2^64 - 1 bytes", s);
+    *out = (uint64_t)round(r);
     return 0;
 }
 

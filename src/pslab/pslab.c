@@ -180,11 +180,15 @@ int ferry_pslab_put_many(ferry_pslab *p, ferry_pslab_item *items, size_t n)
     if (!p || (!items && n))
         return ferry__err_set(p ? &p->err : NULL, -EINVAL, "ferry_pslab_put_many: NULL");
     int rc = ferry__pslab_writable(p);
-    if (rc < 0)
+    ferry__pslab_ent **ents = NULL;
+    if (rc == 0 && n && !(ents = ferry__calloc(n, sizeof *ents)))
+        rc = ferry__err_set(&p->err, -ENOMEM, "pslab %s: out of memory staging %zu puts",
+                            p->dirs[0], n);
+    if (rc < 0) { /* nothing stored: every result says why */
+        for (size_t i = 0; i < n; i++)
+            items[i].result = rc;
         return rc;
-    ferry__pslab_ent **ents = n ? ferry__calloc(n, sizeof *ents) : NULL;
-    if (n && !ents)
-        return ferry__err_set(&p->err, -ENOMEM, "pslab %s: out of memory", p->dirs[0]);
+    }
     for (size_t i = 0; i < n; i++)
         items[i].result =
             put_data(p, items[i].key, items[i].klen, items[i].data, items[i].len, &ents[i]);
@@ -207,7 +211,11 @@ int ferry_pslab_put_many(ferry_pslab *p, ferry_pslab_item *items, size_t n)
             queued++;
         }
     }
-    rc = queued ? ferry__pslab_commit_wait(p, p->batch_open) : 0;
+    if (queued)
+        rc = ferry__pslab_commit_wait(p, p->batch_open);
+    else if (n && p->failed) /* nothing stored: the journal failed, as put says */
+        rc = ferry__err_set(&p->err, FERRY_ESTATE, "pslab %s: the journal failed earlier (%s); "
+                            "reopen the store", p->dirs[0], ferry_err_name(p->failed));
     pthread_mutex_unlock(&p->cmu);
     ferry__free(ents);
     size_t ok = 0;

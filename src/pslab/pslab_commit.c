@@ -227,7 +227,7 @@ void ferry__pslab_run_commit(ferry_pslab *p, int force_sync)
         else
             p->jsynced = p->jsize + q.len;
     }
-    size_t nrec = q.n;
+    size_t nrec = q.n, wrote = q.len; /* pend_apply empties q */
     int want_compact = 0;
     if (rc == 0) {
         pthread_mutex_lock(&p->mu);
@@ -269,7 +269,7 @@ void ferry__pslab_run_commit(ferry_pslab *p, int force_sync)
         p->durable = batch;
         if (full)
             p->dirty = 0;
-        else if (q.len)
+        else if (wrote) /* records written, not synced: the next sync must */
             p->dirty = 1;
     }
     p->spare = q;

@@ -632,10 +632,16 @@ static const char *state_name(const used_ent *u)
     return u->state == FERRY_EXTENT_WRITING ? "writing" : "ready";
 }
 
+/* -EINVAL for a call given no slab, recorded for the calling thread */
+static int null_slab(const char *what)
+{
+    return ferry__err_set(NULL, -EINVAL, "slab: %s: NULL slab", what);
+}
+
 int ferry_slab_commit(ferry_slab *s, uint64_t offset)
 {
     if (!s)
-        return -EINVAL;
+        return null_slab("commit");
     int rc = 0;
     pthread_mutex_lock(&s->mu);
     used_ent *u = find_or_err(s, offset, "commit", &rc);
@@ -651,7 +657,7 @@ int ferry_slab_commit(ferry_slab *s, uint64_t offset)
 int ferry_slab_read_lock(ferry_slab *s, uint64_t offset)
 {
     if (!s)
-        return -EINVAL;
+        return null_slab("read lock");
     int rc = 0;
     pthread_mutex_lock(&s->mu);
     used_ent *u = find_or_err(s, offset, "read lock", &rc);
@@ -671,7 +677,7 @@ int ferry_slab_read_lock(ferry_slab *s, uint64_t offset)
 int ferry_slab_read_unlock(ferry_slab *s, uint64_t offset)
 {
     if (!s)
-        return -EINVAL;
+        return null_slab("read unlock");
     int rc = 0;
     pthread_mutex_lock(&s->mu);
     used_ent *u = find_or_err(s, offset, "read unlock", &rc);
@@ -688,7 +694,7 @@ int ferry_slab_read_unlock(ferry_slab *s, uint64_t offset)
 int ferry_slab_write_lock(ferry_slab *s, uint64_t offset)
 {
     if (!s)
-        return -EINVAL;
+        return null_slab("write lock");
     int rc = 0;
     pthread_mutex_lock(&s->mu);
     used_ent *u = find_or_err(s, offset, "write lock", &rc);
@@ -709,7 +715,7 @@ int ferry_slab_write_lock(ferry_slab *s, uint64_t offset)
 int ferry_slab_state(ferry_slab *s, uint64_t offset, unsigned *readers)
 {
     if (!s)
-        return -EINVAL;
+        return null_slab("state");
     pthread_mutex_lock(&s->mu);
     used_ent *u = (offset & (s->align - 1)) ? NULL : u_find(s, offset);
     int st = FERRY_EXTENT_ABSENT;
@@ -825,7 +831,7 @@ static void walk_free(walk *w, uint32_t t, uint64_t lo, uint64_t hi, unsigned de
 int ferry_slab_check(ferry_slab *s)
 {
     if (!s)
-        return -EINVAL;
+        return null_slab("check");
     pthread_mutex_lock(&s->mu);
     walk w = {s, 0, 0, 0, 0, 0};
     walk_free(&w, s->root, 0, UINT64_MAX, 0);
