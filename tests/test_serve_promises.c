@@ -245,6 +245,7 @@ static void a_refused_start_leaves_nothing_behind(void **state)
     } cases[] = {
         {sock, spec_b, "already serving", 1},
         {nodir, spec_b, "the socket's directory", 1},
+        {nodir, spec_b, "create it, or give a socket path in an existing directory", 1},
         {longp, spec_b, "too long", 2},
         {sock2, spec_a, "in use by process", 1},
     };
