@@ -220,6 +220,17 @@ int ferry__kv_tier_l1_open(ferry_device *dev, uint64_t slot_bytes, uint64_t capa
     if (capacity > SIZE_MAX / slot_bytes)
         return ferry__err_set(eb, -EOVERFLOW, "kv L1: %llu slots of %llu bytes overflow",
                               (unsigned long long)capacity, (unsigned long long)slot_bytes);
+    /* a pool larger than the machine's memory is refused here: faulted in,
+     * a shared one (ferry serve's) is never refused by the kernel, whose
+     * OOM killer then ends this process or any other on the host */
+    long pages = sysconf(_SC_PHYS_PAGES), pg = sysconf(_SC_PAGESIZE);
+    uint64_t ram = pages > 0 && pg > 0 ? (uint64_t)pages * (uint64_t)pg : 0;
+    if (ram && capacity * slot_bytes > ram)
+        return ferry__err_set(eb, -ENOMEM,
+                              "kv L1: a pool of %llu bytes is more than this machine's memory "
+                              "(%llu bytes); accepted: an l1_bytes that fits in memory",
+                              (unsigned long long)(capacity * slot_bytes),
+                              (unsigned long long)ram);
     ferry__kv_tier *t = ferry__calloc(1, sizeof *t);
     l1 *p = ferry__calloc(1, sizeof *p);
     if (!t || !p) {
