@@ -23,10 +23,12 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "ferry/kv.h"
 #include "ferry_test.h"
 #include "io/sys.h"
 #include "pslab/pslab_int.h"
@@ -571,6 +573,61 @@ static void test_full_tmpfs_reuses_no_named_extent(void **state)
     assert_int_equal(WEXITSTATUS(st), 0);
 }
 
+/* ---- an L2 larger than the disk's free space ---- */
+
+static _Atomic uint64_t g_asked; /* the largest fallocate asked for */
+
+/* never takes a block: a request is only noted (and fails as a full disk) */
+static int noted_fallocate(int fd, off_t off, off_t len)
+{
+    (void)fd;
+    (void)off;
+    if ((uint64_t)len > g_asked)
+        g_asked = (uint64_t)len;
+    return ENOSPC;
+}
+
+/* README's `KVStore(l2="/nvme/ferry:512G")` on a host with less free: the
+ * store's open asked fallocate for the whole slab, which took the disk's
+ * every free block (other processes on it failing with ENOSPC) for a
+ * minute before it failed. Now the open is refused before any block is
+ * taken, naming the free space; persistent and not. */
+static void test_an_l2_larger_than_the_free_space_takes_no_block(void **state)
+{
+    (void)state;
+    char d[256];
+    assert_non_null(ft_tmpdir(d, sizeof d));
+    struct statvfs sv;
+    assert_int_equal(statvfs(d, &sv), 0);
+    uint64_t room = (uint64_t)sv.f_bavail * sv.f_frsize;
+    static ferry__sys noted;
+    noted = *ferry__sys_default();
+    noted.fallocate = noted_fallocate;
+    for (int persistent = 0; persistent < 2; persistent++) {
+        ferry_kv_config c = FERRY_KV_CONFIG_INIT;
+        c.model = "diskfull";
+        c.layout = ft_kv_layout(256);
+        c.chunk_tokens = 16;
+        c.l1_bytes = 1u << 20;
+        c.l2_dir = d;
+        c.l2_bytes = (room / (1u << 20) + 1024) << 20; /* 1 GiB more than is free */
+        c.l2_persistent = persistent;
+        ferry_kv *kv = NULL;
+        g_asked = 0;
+        ferry__sys_set(&noted);
+        int rc = ferry_kv_open(&c, &kv);
+        ferry__sys_set(NULL);
+        if (rc == 0)
+            ferry_kv_close(kv);
+        if (rc != -ENOSPC || !strstr(ferry_last_error(), "bytes free") || g_asked > room)
+            fail_msg("persistent %d: a %llu-byte L2 with %llu bytes free: open %d, fallocate "
+                     "asked for %llu bytes; '%s'",
+                     persistent, (unsigned long long)c.l2_bytes, (unsigned long long)room, rc,
+                     (unsigned long long)g_asked, ferry_last_error());
+    }
+    ft_rmtree(d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -578,6 +635,7 @@ int main(void)
         cmocka_unit_test(test_enospc_in_a_put_many_append_reuses_no_named_extent),
         cmocka_unit_test(test_failed_journal_sync_reuses_no_named_extent),
         cmocka_unit_test(test_full_tmpfs_reuses_no_named_extent),
+        cmocka_unit_test(test_an_l2_larger_than_the_free_space_takes_no_block),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

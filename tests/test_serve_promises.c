@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -33,6 +34,7 @@
 
 static char g_ferry[4096];
 static char g_dir[256];
+static rlim_t g_as_limit; /* run()'s child: RLIMIT_AS when nonzero */
 
 /* ---- the binary ---- */
 
@@ -49,6 +51,9 @@ static int run(char *const *argv, char *err, size_t len)
         dup2(fo, 1);
         dup2(fe, 2);
         alarm(30); /* (a daemon that serves where it should not have: ended) */
+        struct rlimit as = {g_as_limit, g_as_limit};
+        if (g_as_limit)
+            setrlimit(RLIMIT_AS, &as);
         execv(g_ferry, argv);
         _exit(127);
     }
@@ -242,6 +247,7 @@ static void a_refused_start_leaves_nothing_behind(void **state)
     } cases[] = {
         {sock, spec_b, "already serving", 1},
         {nodir, spec_b, "the socket's directory", 1},
+        {nodir, spec_b, "create it, or give a socket path in an existing directory", 1},
         {longp, spec_b, "too long", 2},
         {sock2, spec_a, "in use by process", 1},
     };
@@ -265,6 +271,32 @@ static void a_refused_start_leaves_nothing_behind(void **state)
     assert_int_equal(retrieve(sock, 3), NTOK);
     assert_int_equal(daemon_stop(pid, SIGTERM), 0);
     assert_false(exists(sock));
+}
+
+/* README's serve.yaml (l1_bytes: 64G) on a host of 23 GiB: the daemon
+ * mapped the pool, served, and faulted it in until the kernel's OOM killer
+ * ended it and another process of the host. A pool larger than the
+ * machine's memory is now refused at start, in one line naming both.
+ * (Run under RLIMIT_AS, so that a daemon that does start cannot take the
+ * host's memory.) */
+static void an_l1_larger_than_memory_is_refused_at_start(void **state)
+{
+    (void)state;
+    char sock[320], l1[32];
+    static char err[1 << 14];
+    snprintf(sock, sizeof sock, "%s/big.sock", g_dir);
+    uint64_t ram = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+    snprintf(l1, sizeof l1, "%lluM", (unsigned long long)(2 * ram >> 20));
+    char *argv[] = {g_ferry, "serve", "--socket", sock, "--model", "tiny", "--chunk-tokens",
+                    "16", "--l1", l1, NULL};
+    g_as_limit = (rlim_t)8 << 30;
+    int st = run(argv, err, sizeof err);
+    g_as_limit = 0;
+    if (st != 1 || lines(err) != 1 || !strstr(err, "of memory this process may have") ||
+        exists(sock))
+        fail_msg("ferry serve --l1 %s on %llu bytes of memory: exit %d (want 1), socket %s; "
+                 "stderr '%s'",
+                 l1, (unsigned long long)ram, st, exists(sock) ? "left" : "absent", err);
 }
 
 /* `ferry serve --socket sock --l2 spec ...` in the background, stderr to log */
@@ -584,6 +616,7 @@ int main(void)
     ft_tmpdir(g_dir, sizeof g_dir);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_refused_start_leaves_nothing_behind),
+        cmocka_unit_test(an_l1_larger_than_memory_is_refused_at_start),
         cmocka_unit_test(two_starts_at_once_one_serves),
         cmocka_unit_test(client_keys_and_unreachable_uids_are_refused),
         cmocka_unit_test(stop_signals_stop_cleanly),

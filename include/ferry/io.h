@@ -179,7 +179,9 @@ FERRY_API const char *ferry_file_fallback_reason(const ferry_file *f);
  * handle registered); 0 when it takes the CPU bounce path. */
 FERRY_API int ferry_file_is_gds(const ferry_file *f);
 FERRY_API int ferry_file_size(ferry_file *f, uint64_t *out);
-/** Reserve [off, off+len) on disk (posix_fallocate). -ENOSPC when full. */
+/** Reserve [off, off+len) on disk (posix_fallocate). -ENOSPC when full, and
+ * before any block is taken when len is more than the file system has free
+ * (beyond what the file holds already). */
 FERRY_API int ferry_file_allocate(ferry_file *f, uint64_t off, uint64_t len);
 FERRY_API int ferry_file_truncate(ferry_file *f, uint64_t len);
 /** fdatasync. */

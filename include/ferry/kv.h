@@ -358,7 +358,7 @@ typedef struct ferry_kv_config {
     ferry_kv_layout layout;      /**< the engine's KV shape on this rank */
     uint32_t chunk_tokens;       /**< 0 -> 256 */
     uint64_t hash_seed;          /**< 0 -> FERRY_KV_HASH_SEED_DEFAULT */
-    uint64_t l1_bytes;           /**< host pool; at least one chunk */
+    uint64_t l1_bytes;           /**< host pool: a chunk .. the memory the process may have */
     const char *l2_dir;          /**< NVMe slab directory, one per store (locked); NULL: no L2 */
     uint64_t l2_bytes;           /**< slab size (with l2_dir) */
     int l2_direct;               /**< O_DIRECT on the slab (falls back when refused) */

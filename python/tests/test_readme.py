@@ -158,3 +158,93 @@ def test_the_vllm_secondary_tier_block_runs_as_printed(tmp_path):
     finish(2)
     assert np.array_equal(primary[3], primary[0])
     tier.shutdown()
+
+
+# ---- the command's examples: the configuration file and the quoted errors ----
+def readme():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        return f.read()
+
+
+def test_the_serve_yaml_block_serves_as_printed(tmp_path):
+    """README's /etc/ferry/serve.yaml, with the machine's places and sizes
+    made this test's (its drives, socket, group, Redis and port; 64G of L1
+    and 2T of L2 made 64M): every key is taken, the daemon serves, `serve
+    status` reads the file's socket, and SIGTERM stops it cleanly."""
+    import grp
+    import shutil
+    import socket
+    import subprocess
+    import time
+    from test_server import cli
+
+    m = re.search(r"^    # /etc/ferry/serve\.yaml\n((?:    .*\n)+)", readme(), re.M)
+    assert m, "README: no serve.yaml block"
+    text = re.sub(r"^    ", "", m.group(1), flags=re.M)
+    keys = re.findall(r"^(\w+):", text, re.M)
+    assert keys == ["model", "chunk_tokens", "l1_bytes", "l2_dirs", "l2_bytes", "remote_url",
+                    "workers", "socket", "group", "allow_uids", "metrics"], keys
+
+    def free_port():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    drives = [tmp_path / "nvme0", tmp_path / "nvme1"]
+    for d in drives:
+        d.mkdir()
+    sock = tmp_path / "ferry.sock"
+    redis = None
+    if shutil.which("redis-server"):
+        rport = free_port()
+        redis = subprocess.Popen(["redis-server", "--port", str(rport), "--save", ""],
+                                 stdout=subprocess.DEVNULL)
+        time.sleep(0.3)
+        text = text.replace("redis://cache:6379/0", f"redis://127.0.0.1:{rport}/0")
+    else:
+        text = re.sub(r"^remote_url:.*\n", "", text, flags=re.M)
+    for old, new in (("64G", "64M"), ("2T ", "64M"), ("/nvme0/ferry", str(drives[0])),
+                     ("/nvme1/ferry", str(drives[1])), ("/run/ferry/ferry.sock", str(sock)),
+                     ("group: ferry ", f"group: {grp.getgrgid(os.getgid()).gr_name} "),
+                     ("127.0.0.1:9400", f"127.0.0.1:{free_port()}")):
+        assert old in text, old
+        text = text.replace(old, new)
+    conf = tmp_path / "serve.yaml"
+    conf.write_text(text)
+    proc = subprocess.Popen([cli(), "serve", "--config", str(conf)], stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        for _ in range(500):
+            if sock.exists() or proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        assert sock.exists(), f"ferry serve exited {proc.poll()}: {proc.stderr.read()}"
+        st = subprocess.run([cli(), "serve", "status", "--config", str(conf)],
+                            capture_output=True, text=True, timeout=30)
+        assert st.returncode == 0 and f"ferry serve on {sock}" in st.stdout, st
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        rc = proc.wait(timeout=30)
+        if redis:
+            redis.terminate()
+            redis.wait(timeout=30)
+    assert rc == 0 and not sock.exists(), (rc, proc.stderr.read())
+
+
+def test_the_quoted_errors_are_what_ferry_says(tmp_path):
+    """The two error lines README quotes, each from the input it names."""
+    import subprocess
+    from test_server import cli
+
+    text = readme()
+    want = re.search(r"\(`(ferry bench io: --size 0: [^`]*?) \.\.\.`\)", text.replace("\n", " "))
+    assert want, "README: no quoted --size 0 error"
+    r = subprocess.run([cli(), "bench", "io", "--size", "0"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.startswith(want.group(1)), r.stderr
+    m = re.search(r"^    \$ ferry serve --config serve\.yaml\n    (ferry serve: .*)$", text, re.M)
+    assert m, "README: no quoted serve.yaml error"
+    conf = tmp_path / "serve.yaml"
+    conf.write_text("model: llama3-8b\nchunk_tokens: 256\nl1_bytes: 64 G\n")
+    r = subprocess.run([cli(), "serve", "--config", "serve.yaml"], capture_output=True,
+                       text=True, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip() == m.group(1), r.stderr

@@ -24,6 +24,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/mman.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "dirlock.h"
@@ -465,6 +466,21 @@ int ferry_file_allocate(ferry_file *f, uint64_t off, uint64_t len)
         return ferry__err_set(&f->io->err, -EINVAL,
                               "file %s: allocate of %llu bytes at offset %llu: bad range", f->path,
                               (unsigned long long)len, (unsigned long long)off);
+    /* more than the file system has free is refused before any block is
+     * taken: fallocate would fill the disk (every process on it then gets
+     * ENOSPC) for minutes before it failed */
+    struct statvfs sv;
+    struct stat st;
+    if (fstatvfs(f->fd, &sv) == 0 && sv.f_blocks && ferry__sys_get()->fstat(f->fd, &st) == 0) {
+        uint64_t have = (uint64_t)st.st_blocks * 512, room = (uint64_t)sv.f_bavail * sv.f_frsize;
+        if (len > have && len - have > room)
+            return ferry__err_set(&f->io->err, -ENOSPC,
+                                  "file %s: allocate of %llu bytes at offset %llu: the file "
+                                  "system has %llu bytes free (ENOSPC); accepted: a size that "
+                                  "fits there, or free space first",
+                                  f->path, (unsigned long long)len, (unsigned long long)off,
+                                  (unsigned long long)room);
+    }
     int e = ferry__sys_get()->fallocate(f->fd, (off_t)off, (off_t)len);
     if (e != 0)
         return ferry__err_set(&f->io->err, -e,

@@ -105,7 +105,10 @@ static int socket_usable(const char *path, const char *group, ferry__errbuf *eb)
     dir_of(path, dir, sizeof dir);
     int e = stat(dir, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
     if (e)
-        return ferry__err_set(eb, -e, "serve: the socket's directory %s: %s", dir, strerror(e));
+        return ferry__err_set(eb, -e,
+                              "serve: the socket's directory %s: %s; create it, or give a socket "
+                              "path in an existing directory",
+                              dir, strerror(e));
     return clear_stale(path, &a, 0, eb);
 }
 
