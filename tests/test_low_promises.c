@@ -251,6 +251,37 @@ static ferry_pslab_options popts(const char *const *dirs, uint64_t bytes, unsign
     return o;
 }
 
+/* one directory given twice (as written, in another spelling, or through
+ * a link) is -EINVAL naming both places, and the store then opens with it
+ * once; it was FERRY_EBUSY saying this very process held the directory */
+static void pslab_one_directory_given_twice_is_einval(void **state)
+{
+    (void)state;
+    char d[256], dot[300], link[300];
+    ft_tmpdir(d, sizeof d);
+    snprintf(dot, sizeof dot, "%s/.", d);
+    snprintf(link, sizeof link, "%s.link", d);
+    assert_int_equal(symlink(d, link), 0);
+    const char *const twice[][2] = {{d, d}, {d, dot}, {link, d}};
+    for (int i = 0; i < 3; i++) {
+        ferry_pslab_options o = popts(twice[i], 2 * MiB, FERRY_PSLAB_CREATE);
+        o.n_dirs = 2;
+        ferry_pslab *p = NULL;
+        int rc = ferry_pslab_open(&o, &p);
+        const char *msg = ferry_last_error();
+        if (rc != -EINVAL || p || !strstr(msg, "are one directory") ||
+            !strstr(msg, twice[i][1]))
+            fail_msg("dirs %s, %s: %d (%s)", twice[i][0], twice[i][1], rc, msg);
+    }
+    const char *once[] = {d};
+    ferry_pslab_options o = popts(once, 2 * MiB, FERRY_PSLAB_CREATE);
+    ferry_pslab *p = NULL;
+    FT_ASSERT_OK(ferry_pslab_open(&o, &p));
+    ferry_pslab_close(p);
+    unlink(link);
+    ft_rmtree(d);
+}
+
 static void pslab_bad_arguments_are_einval(void **state)
 {
     (void)state;
@@ -920,6 +951,7 @@ int main(void)
         cmocka_unit_test(pslab_sync_none_is_durable_at_sync),
         cmocka_unit_test(pslab_every_call_from_threads_at_once),
         cmocka_unit_test(stats_of_an_older_header_write_only_its_bytes),
+        cmocka_unit_test(pslab_one_directory_given_twice_is_einval),
         cmocka_unit_test(remote_flush_times_out_then_drains),
         cmocka_unit_test(remote_close_writes_the_queue),
         cmocka_unit_test(remote_edges_of_sizes_and_down),

@@ -182,6 +182,22 @@ static void pslab_free(ferry_pslab *p)
     ferry__free(p);
 }
 
+/* directory i is none of the ones before it (by device and inode: another
+ * spelling of a path, or a link to it, is the same directory): -EINVAL
+ * naming both, where its lock would say this process holds it */
+static int same_dir_twice(ferry_pslab *p, unsigned i)
+{
+    struct stat a, b;
+    if (stat(p->dirs[i], &a) != 0)
+        return 0; /* (what follows names a directory that is not there) */
+    for (unsigned j = 0; j < i; j++)
+        if (stat(p->dirs[j], &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+            return ferry__err_set(&p->err, -EINVAL, "ferry_pslab_open: directories %u (%s) "
+                                  "and %u (%s) are one directory; give each drive's once",
+                                  j, p->dirs[j], i, p->dirs[i]);
+    return 0;
+}
+
 /* every option in range before any arithmetic on it: 0 or -EINVAL naming the field */
 static int check_options(const ferry_pslab_options *o)
 {
@@ -575,7 +591,8 @@ int ferry_pslab_open(const ferry_pslab_options *uo, ferry_pslab **out)
         goto out;
     rc = 0;
     for (unsigned i = 0; i < o->n_dirs; i++) {
-        if ((rc = ferry__mkdir_p(p->dirs[i], p->mode, mk, &p->err)) < 0)
+        if ((rc = ferry__mkdir_p(p->dirs[i], p->mode, mk, &p->err)) < 0 ||
+            (rc = same_dir_twice(p, i)) < 0)
             goto out;
         if (bare_later_dir(p, o, mk, i))
             continue;
