@@ -608,8 +608,10 @@ static void print_status(ferry__proto_rd *rd, const char *path)
         rd->p += size;
     }
     static const char *const names[FERRY_KV_TIERS] = {"-", "L1", "L2", "remote"};
-    printf("ferry serve on %s: %u clients, %llu chunks indexed\n", path, clients,
-           (unsigned long long)m.chunks);
+    /* (the daemon counts every connection: this status query's among them) */
+    clients -= clients > 0;
+    printf("ferry serve on %s: %u client%s besides this status, %llu chunks indexed\n", path,
+           clients, clients == 1 ? "" : "s", (unsigned long long)m.chunks);
     for (int t = 1; t < FERRY_KV_TIERS; t++) {
         const ferry_kv_tier_stats *ts = &m.tier[t];
         if (t == FERRY_KV_TIER_REMOTE) {
