@@ -1015,6 +1015,46 @@ static void replay_counts_match_a_hand_computed_trace(void **state)
     ferry_moe_trace_destroy(t);
 }
 
+/* one planner of the policy named in ctx->policy made over the tiny trace
+ * (its oracle) and driven through it; any allocation may fail */
+struct heap_oom {
+    const ferry_moe_trace *t;
+    const char *policy;
+};
+
+static int oom_heap_policy(void *ctx)
+{
+    const struct heap_oom *c = ctx;
+    static const uint32_t seq[][2] = {{0, 0}, {1, 0}, {0, 0}, {1, 1}, {0, 1}, {1, 0}};
+    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
+    o.num_layers = 2;
+    o.num_experts = 2;
+    o.slots = 2;
+    o.policy = c->policy;
+    o.oracle = c->t;
+    ferry_moe_planner *p = NULL;
+    int rc = ferry_moe_planner_create(&o, &p);
+    for (uint32_t i = 0; rc >= 0 && i < 6; i++)
+        rc = ferry_moe_planner_ensure(p, seq[i][0], &seq[i][1], 1, NULL, NULL, NULL);
+    ferry_moe_planner_destroy(p);
+    return rc;
+}
+
+/* the policies over one slot heap (lru, lfu, lfru, belady) give back all
+ * they took when an allocation of theirs fails half-way through init */
+static void heap_policies_survive_out_of_memory(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = tiny_trace();
+    static const char *const pols[] = {"lru", "lfu", "lfru", "belady"};
+    for (size_t i = 0; i < sizeof pols / sizeof *pols; i++) {
+        struct heap_oom c = {t, pols[i]};
+        ft_oom_each(100, FT_OOM_STICKY, oom_heap_policy, &c);
+        ft_oom_each(100, 0, oom_heap_policy, &c);
+    }
+    ferry_moe_trace_destroy(t);
+}
+
 static void belady_refuses_steps_off_its_trace(void **state)
 {
     (void)state;
@@ -1195,6 +1235,7 @@ int main(void)
         cmocka_unit_test(save_refuses_what_would_load_differently),
         cmocka_unit_test(replay_counts_match_a_hand_computed_trace),
         cmocka_unit_test(belady_refuses_steps_off_its_trace),
+        cmocka_unit_test(heap_policies_survive_out_of_memory),
         cmocka_unit_test(belady_bounds_every_policy_on_generated_traces),
         cmocka_unit_test(trace_reader_refuses_devices_and_overlong_lines),
     };

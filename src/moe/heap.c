@@ -1,5 +1,6 @@
 /*
- * heap.c - an indexed binary min-heap over slot numbers, and the RNG.
+ * heap.c - an indexed binary min-heap over slot numbers, the base of the
+ * policies built on one such heap, and the RNG.
  *
  * Invariant: h[0..n) is a heap under (key[slot], slot) ascending, and
  * pos[h[i]] == i for every member; pos[s] == UINT32_MAX for non-members.
@@ -162,6 +163,51 @@ uint32_t ferry__heap_first_unpinned(ferry__heap *hp, const uint64_t *pin_step, u
         (void)rc;
     }
     return found;
+}
+
+/* ---- the heap policy base ---- */
+void ferry__heap_policy_fini(ferry__policy *p)
+{
+    ferry__heap_policy *s = (ferry__heap_policy *)p;
+    ferry__heap_fini(&s->heap);
+    ferry__free(s->pos);
+    ferry__free(s->scratch);
+    ferry__free(s->key);
+    s->pos = s->scratch = NULL;
+    s->key = NULL;
+}
+
+int ferry__heap_policy_init(ferry__policy *p)
+{
+    ferry__heap_policy *s = (ferry__heap_policy *)p;
+    uint32_t n = p->env.slots;
+    s->pos = ferry__malloc((size_t)n * sizeof *s->pos);
+    s->scratch = ferry__malloc((size_t)n * sizeof *s->scratch);
+    s->key = ferry__calloc(n, sizeof *s->key);
+    if (!s->pos || !s->scratch || !s->key || ferry__heap_init(&s->heap, n, s->pos, s->key) < 0) {
+        ferry__heap_policy_fini(p);
+        return -ENOMEM;
+    }
+    memset(s->pos, 0xff, (size_t)n * sizeof *s->pos);
+    return 0;
+}
+
+void ferry__heap_policy_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
+{
+    ferry__heap_remove(&((ferry__heap_policy *)p)->heap, slot);
+}
+
+int ferry__heap_policy_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slot)
+{
+    ferry__heap_policy *s = (ferry__heap_policy *)p;
+    if (have_free)
+        return 1;
+    uint32_t v = ferry__heap_first_unpinned(&s->heap, p->env.pin_step, *p->env.pin_now, s->scratch,
+                                            p->env.slots);
+    if (v == UINT32_MAX)
+        return -1;
+    *slot = v;
+    return 0;
 }
 
 /* ---- xoshiro256** seeded by splitmix64 ---- */

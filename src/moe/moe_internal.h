@@ -173,6 +173,25 @@ static inline int ferry__pinned(const ferry__policy *p, uint32_t slot)
     return p->env.pin_step[slot] == *p->env.pin_now;
 }
 
+/* ---- a policy over one heap of every resident slot (heap.c) ----
+ * lru, lfu, lfru and belady: each keys its residents its own way and
+ * evicts the least unpinned one. A policy struct that starts with this
+ * takes init, fini, remove and victim from it; its own init calls
+ * ferry__heap_policy_init first. */
+typedef struct ferry__heap_policy {
+    ferry__policy base;
+    ferry__heap heap;
+    uint32_t *pos, *scratch;  /* per slot */
+    double *key;              /* per slot */
+} ferry__heap_policy;
+
+/* 0, or -ENOMEM with nothing left allocated */
+int ferry__heap_policy_init(ferry__policy *p);
+void ferry__heap_policy_fini(ferry__policy *p);
+void ferry__heap_policy_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted);
+/* 1 when a slot is free, else the least unpinned member (0), or -1 */
+int ferry__heap_policy_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slot);
+
 /* the routing policy's structure checker: 0, or -EINVAL with a message
  * naming the first broken invariant in why (tests) */
 int ferry__routing_check(const ferry__policy *p, char *why, size_t len);

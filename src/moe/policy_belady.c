@@ -13,15 +13,11 @@
  */
 #include <errno.h>
 #include <math.h>
-#include <string.h>
 
 #include "moe/moe_internal.h"
 
 typedef struct belady {
-    ferry__policy base;
-    ferry__heap heap;   /* key: -(next use step) -> top = furthest */
-    uint32_t *pos, *scratch;
-    double *key;
+    ferry__heap_policy hp;  /* key: -(next use step) -> top = furthest */
     uint64_t *next;     /* per route of the trace: next step index using it */
     uint64_t *next_of;  /* per id: next use after the current step */
     uint64_t *stamp;    /* per id: gen when routed in the step being checked */
@@ -34,10 +30,7 @@ typedef struct belady {
 static void bl_fini(ferry__policy *p)
 {
     belady *s = (belady *)p;
-    ferry__heap_fini(&s->heap);
-    ferry__free(s->pos);
-    ferry__free(s->scratch);
-    ferry__free(s->key);
+    ferry__heap_policy_fini(p);
     ferry__free(s->next);
     ferry__free(s->next_of);
     ferry__free(s->stamp);
@@ -47,22 +40,18 @@ static int bl_init(ferry__policy *p)
 {
     belady *s = (belady *)p;
     const ferry_moe_trace *t = p->env.oracle;
-    uint32_t n = p->env.slots;
     size_t ids = (size_t)p->env.num_layers * p->env.num_experts;
     if (!t)
         return -EINVAL;
-    s->pos = ferry__malloc((size_t)n * sizeof *s->pos);
-    s->scratch = ferry__malloc((size_t)n * sizeof *s->scratch);
-    s->key = ferry__calloc(n, sizeof *s->key);
+    if (ferry__heap_policy_init(p) < 0)
+        return -ENOMEM;
     s->next = ferry__malloc((t->n_ex ? t->n_ex : 1) * sizeof *s->next);
     s->next_of = ferry__malloc(ids * sizeof *s->next_of);
     s->stamp = ferry__calloc(ids, sizeof *s->stamp);
-    if (!s->pos || !s->scratch || !s->key || !s->next || !s->next_of || !s->stamp ||
-        ferry__heap_init(&s->heap, n, s->pos, s->key) < 0) {
+    if (!s->next || !s->next_of || !s->stamp) {
         bl_fini(p);
         return -ENOMEM;
     }
-    memset(s->pos, 0xff, (size_t)n * sizeof *s->pos);
     /* next_of doubles as "last seen" during the backward pass */
     for (size_t i = 0; i < ids; i++)
         s->next_of[i] = NEVER;
@@ -116,7 +105,7 @@ static double bl_key(const belady *s, uint32_t id)
 static void bl_hit(ferry__policy *p, uint32_t slot, uint32_t id)
 {
     belady *s = (belady *)p;
-    (void)ferry__heap_set(&s->heap, slot, bl_key(s, id));
+    (void)ferry__heap_set(&s->hp.heap, slot, bl_key(s, id));
 }
 
 static int bl_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
@@ -124,26 +113,7 @@ static int bl_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
     belady *s = (belady *)p;
     if (prefetch)
         return FERRY_ENOTSUP;
-    return ferry__heap_set(&s->heap, slot, bl_key(s, id));
-}
-
-static void bl_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
-{
-    belady *s = (belady *)p;
-    ferry__heap_remove(&s->heap, slot);
-}
-
-static int bl_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slot)
-{
-    belady *s = (belady *)p;
-    if (have_free)
-        return 1;
-    uint32_t v = ferry__heap_first_unpinned(&s->heap, p->env.pin_step, *p->env.pin_now, s->scratch,
-                                            p->env.slots);
-    if (v == UINT32_MAX)
-        return -1;
-    *slot = v;
-    return 0;
+    return ferry__heap_set(&s->hp.heap, slot, bl_key(s, id));
 }
 
 const ferry__policy_ops ferry__policy_belady = {
@@ -155,6 +125,6 @@ const ferry__policy_ops ferry__policy_belady = {
     .begin_step = bl_begin,
     .hit = bl_hit,
     .insert = bl_insert,
-    .remove = bl_remove,
-    .victim = bl_victim,
+    .remove = ferry__heap_policy_remove,
+    .victim = ferry__heap_policy_victim,
 };

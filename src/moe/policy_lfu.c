@@ -19,17 +19,13 @@
  */
 #include <errno.h>
 #include <math.h>
-#include <string.h>
 
 #include "moe/moe_internal.h"
 
 #define LFU_HALF_LIFE_TOKENS 16.0
 
 typedef struct freq {
-    ferry__policy base;
-    ferry__heap heap;
-    uint32_t *pos, *scratch;
-    double *key;
+    ferry__heap_policy hp;
     double *hist;   /* per id: lfu log2 score, or lfru route count */
     int lfru;
 } freq;
@@ -37,22 +33,15 @@ typedef struct freq {
 static int freq_init_common(ferry__policy *p, int lfru)
 {
     freq *s = (freq *)p;
-    uint32_t n = p->env.slots;
     size_t ids = (size_t)p->env.num_layers * p->env.num_experts;
     s->lfru = lfru;
-    s->pos = ferry__malloc((size_t)n * sizeof *s->pos);
-    s->scratch = ferry__malloc((size_t)n * sizeof *s->scratch);
-    s->key = ferry__calloc(n, sizeof *s->key);
+    if (ferry__heap_policy_init(p) < 0)
+        return -ENOMEM;
     s->hist = ferry__malloc(ids * sizeof *s->hist);
-    if (!s->pos || !s->scratch || !s->key || !s->hist ||
-        ferry__heap_init(&s->heap, n, s->pos, s->key) < 0) {
-        ferry__free(s->pos);
-        ferry__free(s->scratch);
-        ferry__free(s->key);
-        ferry__free(s->hist);
+    if (!s->hist) {
+        ferry__heap_policy_fini(p);
         return -ENOMEM;
     }
-    memset(s->pos, 0xff, (size_t)n * sizeof *s->pos);
     for (size_t i = 0; i < ids; i++)
         s->hist[i] = lfru ? 0.0 : -INFINITY;
     return 0;
@@ -71,10 +60,7 @@ static int lfru_init(ferry__policy *p)
 static void freq_fini(ferry__policy *p)
 {
     freq *s = (freq *)p;
-    ferry__heap_fini(&s->heap);
-    ferry__free(s->pos);
-    ferry__free(s->scratch);
-    ferry__free(s->key);
+    ferry__heap_policy_fini(p);
     ferry__free(s->hist);
 }
 
@@ -89,7 +75,7 @@ static double log2add(double a, double b)
 /* record one route of id now and return its key */
 static double freq_touch(freq *s, uint32_t id, int count_it)
 {
-    ferry__policy *p = &s->base;
+    ferry__policy *p = &s->hp.base;
     double now = (double)*p->env.step;
     if (s->lfru) {
         if (count_it)
@@ -106,32 +92,13 @@ static double freq_touch(freq *s, uint32_t id, int count_it)
 static void freq_hit(ferry__policy *p, uint32_t slot, uint32_t id)
 {
     freq *s = (freq *)p;
-    (void)ferry__heap_set(&s->heap, slot, freq_touch(s, id, 1));
+    (void)ferry__heap_set(&s->hp.heap, slot, freq_touch(s, id, 1));
 }
 
 static int freq_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
 {
     freq *s = (freq *)p;
-    return ferry__heap_set(&s->heap, slot, freq_touch(s, id, !prefetch));
-}
-
-static void freq_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
-{
-    freq *s = (freq *)p;
-    ferry__heap_remove(&s->heap, slot);
-}
-
-static int freq_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slot)
-{
-    freq *s = (freq *)p;
-    if (have_free)
-        return 1;
-    uint32_t v = ferry__heap_first_unpinned(&s->heap, p->env.pin_step, *p->env.pin_now, s->scratch,
-                                            p->env.slots);
-    if (v == UINT32_MAX)
-        return -1;
-    *slot = v;
-    return 0;
+    return ferry__heap_set(&s->hp.heap, slot, freq_touch(s, id, !prefetch));
 }
 
 const ferry__policy_ops ferry__policy_lfu = {
@@ -142,8 +109,8 @@ const ferry__policy_ops ferry__policy_lfu = {
     .fini = freq_fini,
     .hit = freq_hit,
     .insert = freq_insert,
-    .remove = freq_remove,
-    .victim = freq_victim,
+    .remove = ferry__heap_policy_remove,
+    .victim = ferry__heap_policy_victim,
 };
 
 const ferry__policy_ops ferry__policy_lfru = {
@@ -154,6 +121,6 @@ const ferry__policy_ops ferry__policy_lfru = {
     .fini = freq_fini,
     .hit = freq_hit,
     .insert = freq_insert,
-    .remove = freq_remove,
-    .victim = freq_victim,
+    .remove = ferry__heap_policy_remove,
+    .victim = ferry__heap_policy_victim,
 };

@@ -22,80 +22,28 @@
 
 #include "moe/moe_internal.h"
 
-typedef struct lru {
-    ferry__policy base;
-    ferry__heap heap;
-    uint32_t *pos, *scratch;
-    double *key;
-} lru;
-
-static int lru_init(ferry__policy *p)
-{
-    lru *s = (lru *)p;
-    uint32_t n = p->env.slots;
-    s->pos = ferry__malloc((size_t)n * sizeof *s->pos);
-    s->scratch = ferry__malloc((size_t)n * sizeof *s->scratch);
-    s->key = ferry__calloc(n, sizeof *s->key);
-    if (!s->pos || !s->scratch || !s->key || ferry__heap_init(&s->heap, n, s->pos, s->key) < 0) {
-        ferry__free(s->pos);
-        ferry__free(s->scratch);
-        ferry__free(s->key);
-        return -ENOMEM;
-    }
-    memset(s->pos, 0xff, (size_t)n * sizeof *s->pos);
-    return 0;
-}
-
-static void lru_fini(ferry__policy *p)
-{
-    lru *s = (lru *)p;
-    ferry__heap_fini(&s->heap);
-    ferry__free(s->pos);
-    ferry__free(s->scratch);
-    ferry__free(s->key);
-}
-
 static void lru_hit(ferry__policy *p, uint32_t slot, uint32_t id)
 {
-    lru *s = (lru *)p;
+    ferry__heap_policy *s = (ferry__heap_policy *)p;
     (void)ferry__heap_set(&s->heap, slot, (double)*p->env.step);
 }
 
 static int lru_insert(ferry__policy *p, uint32_t slot, uint32_t id, int prefetch)
 {
-    lru *s = (lru *)p;
+    ferry__heap_policy *s = (ferry__heap_policy *)p;
     return ferry__heap_set(&s->heap, slot, (double)*p->env.step);
-}
-
-static void lru_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
-{
-    lru *s = (lru *)p;
-    ferry__heap_remove(&s->heap, slot);
-}
-
-static int lru_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slot)
-{
-    lru *s = (lru *)p;
-    if (have_free)
-        return 1;
-    uint32_t v = ferry__heap_first_unpinned(&s->heap, p->env.pin_step, *p->env.pin_now, s->scratch,
-                                            p->env.slots);
-    if (v == UINT32_MAX)
-        return -1;
-    *slot = v;
-    return 0;
 }
 
 const ferry__policy_ops ferry__policy_lru = {
     .name = "lru",
     .describe = "global least recently used (ferrox / mixtral-offloading baseline)",
-    .state_size = sizeof(lru),
-    .init = lru_init,
-    .fini = lru_fini,
+    .state_size = sizeof(ferry__heap_policy),
+    .init = ferry__heap_policy_init,
+    .fini = ferry__heap_policy_fini,
     .hit = lru_hit,
     .insert = lru_insert,
-    .remove = lru_remove,
-    .victim = lru_victim,
+    .remove = ferry__heap_policy_remove,
+    .victim = ferry__heap_policy_victim,
 };
 
 /* ---- per layer ---- */

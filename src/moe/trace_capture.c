@@ -124,6 +124,20 @@ static int record_shape(ferry__trace_parser *ps, json_t *o, size_t line, uint32_
     return 0;
 }
 
+/* where layer is, or would go, in the sorted table of layer ids seen */
+static uint32_t lid_index(const ferry__trace_parser *ps, uint32_t layer)
+{
+    uint32_t lo = 0, hi = ps->n_lid;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (ps->lid[mid] < layer)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* the record's model layer number and its index in the sorted table */
 static int record_layer(ferry__trace_parser *ps, json_t *o, size_t line, uint32_t *layer,
                         uint32_t *li)
@@ -141,14 +155,7 @@ static int record_layer(ferry__trace_parser *ps, json_t *o, size_t line, uint32_
     if (ps->have_header && l >= ps->t->model.num_layers)
         return PERR(line, "field 'layer': layer %" PRIu64 " >= %u layers (header)", l,
                     ps->t->model.num_layers);
-    uint32_t lo = 0, hi = ps->n_lid;
-    while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (ps->lid[mid] < l)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    uint32_t lo = lid_index(ps, (uint32_t)l); /* (l < UINT32_MAX: checked above) */
     if (lo == ps->n_lid || ps->lid[lo] != l) {
         if (ps->n_lid == FERRY_MOE_MAX_LAYERS)
             return PERR(line, "field 'layer': layer %" PRIu64 " is a layer past the %u a trace "
@@ -330,19 +337,6 @@ static void keep_stage(ferry__trace_parser *ps, int si)
         t->poff[w] = ppos;
         t->n_pex = ppos;
     }
-}
-
-static uint32_t lid_index(const ferry__trace_parser *ps, uint32_t layer)
-{
-    uint32_t lo = 0, hi = ps->n_lid;
-    while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (ps->lid[mid] < layer)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
 }
 
 /* layers of the kept steps only, renumbered densely in model order */

@@ -977,10 +977,13 @@ int ferry_remote_get(ferry_remote *r, const void *key, size_t key_len, void *dst
     return get_outcome(r, key, key_len, &g);
 }
 
-/* build one command per key: argv0 [key] extra... into cmds; keys into kbuf */
+/* build one command per key (n > 0): argv0 [key] extra... into cmds; keys
+ * into kbuf. The count is an int's: -EINVAL past INT32_MAX keys. */
 static int batch_cmds(ferry_remote *r, const ferry_remote_key *keys, size_t n, const char *verb,
                       const char *what, ferry__rcmd **cmds_out, uint8_t **kbuf_out)
 {
+    if (n > (size_t)INT32_MAX)
+        return rfail(r, -EINVAL, "remote %s: %s: %zu keys", r->url.redacted, what, n);
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
         int rc = check_key(r, keys[i].data, keys[i].len, what);
@@ -1019,8 +1022,6 @@ int ferry_remote_exists(ferry_remote *r, const ferry_remote_key *keys, size_t n)
     INC(r->exists_calls);
     if (n == 0)
         return 0;
-    if (n > (size_t)INT32_MAX)
-        return rfail(r, -EINVAL, "remote %s: exists: %zu keys", r->url.redacted, n);
     ferry__rcmd *cmds;
     uint8_t *kb;
     int rc = batch_cmds(r, keys, n, "GETRANGE", "exists", &cmds, &kb);
@@ -1081,8 +1082,6 @@ int ferry_remote_delete(ferry_remote *r, const ferry_remote_key *keys, size_t n)
         return ferry__err_set(NULL, -EINVAL, "ferry_remote_delete: NULL argument");
     if (n == 0)
         return 0;
-    if (n > (size_t)INT32_MAX)
-        return rfail(r, -EINVAL, "remote %s: delete: %zu keys", r->url.redacted, n);
     ferry__rcmd *cmds;
     uint8_t *kb;
     int rc = batch_cmds(r, keys, n, "DEL", "delete", &cmds, &kb);

@@ -57,18 +57,28 @@ unsigned ferry_remote_key_slot(const void *key, size_t len)
     return ferry__rcluster_crc16(k ? k : "", len) & 16383u;
 }
 
+/* CLUSTER SLOTS on c before deadline_ns (0: its command timeout); on 0
+ * cmd holds the reply, for ferry__rcmd_release */
+static int cluster_slots(ferry__rconn *c, ferry__rcmd *cmd, uint64_t deadline_ns,
+                         ferry__errbuf *eb)
+{
+    ferry__rcmd *p = cmd;
+    *cmd = (ferry__rcmd){0};
+    cmd->key_arg = -1;
+    cmd->argc = 2;
+    cmd->argv[0] = "CLUSTER";
+    cmd->argvlen[0] = 7;
+    cmd->argv[1] = "SLOTS";
+    cmd->argvlen[1] = 5;
+    cmd->reply_max = FERRY__RREPLY_SLOTS;
+    cmd->reply_elems = FERRY__RREPLY_SLOTS_ELEMS;
+    return ferry__rconn_exchange(c, &p, 1, deadline_ns, eb);
+}
+
 int ferry__rcluster_probe(ferry__rconn *c, ferry__errbuf *eb)
 {
-    ferry__rcmd cmd = {0}, *p = &cmd;
-    cmd.key_arg = -1;
-    cmd.argc = 2;
-    cmd.argv[0] = "CLUSTER";
-    cmd.argvlen[0] = 7;
-    cmd.argv[1] = "SLOTS";
-    cmd.argvlen[1] = 5;
-    cmd.reply_max = FERRY__RREPLY_SLOTS;
-    cmd.reply_elems = FERRY__RREPLY_SLOTS_ELEMS;
-    int rc = ferry__rconn_exchange(c, &p, 1, 0, eb);
+    ferry__rcmd cmd;
+    int rc = cluster_slots(c, &cmd, 0, eb);
     if (rc)
         return rc;
     int is = cmd.reply->type == REDIS_REPLY_ARRAY;
@@ -172,16 +182,8 @@ static int refresh(cluster *c, uint64_t deadline_ns, ferry__errbuf *eb)
         rc = node_conn(c, (int)i, eb);
         if (rc)
             continue;
-        ferry__rcmd cmd = {0}, *p = &cmd;
-        cmd.key_arg = -1;
-        cmd.argc = 2;
-        cmd.argv[0] = "CLUSTER";
-        cmd.argvlen[0] = 7;
-        cmd.argv[1] = "SLOTS";
-        cmd.argvlen[1] = 5;
-        cmd.reply_max = FERRY__RREPLY_SLOTS;
-        cmd.reply_elems = FERRY__RREPLY_SLOTS_ELEMS;
-        rc = ferry__rconn_exchange(&c->nodes[i].conn, &p, 1, deadline_ns, eb);
+        ferry__rcmd cmd;
+        rc = cluster_slots(&c->nodes[i].conn, &cmd, deadline_ns, eb);
         if (rc)
             continue;
         if (cmd.reply->type != REDIS_REPLY_ARRAY) {
