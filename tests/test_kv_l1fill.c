@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -266,6 +267,120 @@ static void the_pool_is_faulted_in_only_while_memory_is_available(void **state)
     free(img);
 }
 
+/* ---- what the process may have, read from a host's files ---- */
+
+static char g_root[64];
+
+/* root/rel holds text (its directories made) */
+static void put(const char *rel, const char *text)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s%s", g_root, rel);
+    for (char *s = p + strlen(g_root) + 1; (s = strchr(s, '/')); s++) {
+        *s = 0;
+        (void)mkdir(p, 0755);
+        *s = '/';
+    }
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* a host of 64 GiB, 60 of them available, its process in cgroup `cg` */
+static void host_of(const char *cg)
+{
+    strcpy(g_root, "/tmp/ferry_meminfoXXXXXX");
+    assert_non_null(mkdtemp(g_root));
+    put("/proc/meminfo", "MemTotal:       67108864 kB\nMemFree:        1048576 kB\n"
+                         "MemAvailable:   62914560 kB\nBuffers:           1024 kB\n");
+    put("/proc/self/cgroup", cg);
+}
+
+static void host_gone(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_root);
+    assert_int_equal(system(cmd), 0);
+}
+
+#define GiB (1024 * MiB)
+
+/* a cgroup's page cache (a model's weights read, the L2 tier's files)
+ * counts in its use but is reclaimed before anything is killed: what is
+ * available is its limit less its working set (use less inactive file
+ * pages). Before, its limit less its whole use: a long-lived container
+ * whose cache filled it had "no memory available", and the pool was
+ * never faulted in ahead */
+static void a_cgroups_page_cache_counts_as_available(void **state)
+{
+    (void)state;
+    host_of("0::/\n");
+    put("/sys/fs/cgroup/memory.max", "17179869184\n");        /* 16 GiB */
+    put("/sys/fs/cgroup/memory.current", "16106127360\n");    /* 15 GiB, */
+    put("/sys/fs/cgroup/memory.stat", "anon 2147483648\nfile 13958643712\n"
+                                      "active_file 1073741824\n"
+                                      "inactive_file 12884901888\n"); /* 12 of it cache */
+    uint64_t total, avail;
+    ferry__host_memory_at(g_root, &total, &avail);
+    host_gone();
+    assert_int_equal(total, 16 * GiB);
+    assert_int_equal(avail, 13 * GiB);
+}
+
+/* a limit set on a cgroup above the process's (a systemd slice, a
+ * Kubernetes pod) bounds it as its own would: the lowest of them is what
+ * the process may have. Before, only its own cgroup's was read */
+static void a_limit_above_the_processs_cgroup_bounds_it(void **state)
+{
+    (void)state;
+    host_of("0::/pod/ctr\n");
+    put("/sys/fs/cgroup/pod/memory.max", "8589934592\n");     /* 8 GiB */
+    put("/sys/fs/cgroup/pod/memory.current", "2147483648\n");
+    put("/sys/fs/cgroup/pod/memory.stat", "inactive_file 0\n");
+    put("/sys/fs/cgroup/pod/ctr/memory.max", "max\n");
+    put("/sys/fs/cgroup/pod/ctr/memory.current", "1073741824\n");
+    uint64_t total, avail;
+    ferry__host_memory_at(g_root, &total, &avail);
+    host_gone();
+    assert_int_equal(total, 8 * GiB);
+    assert_int_equal(avail, 6 * GiB);
+
+    /* cgroup v1: the process's own memory cgroup, not the hierarchy's
+     * root (which says "no limit" with a huge number) */
+    host_of("12:cpu,cpuacct:/svc\n4:memory:/system.slice/ferry.service\n0::/\n");
+    put("/sys/fs/cgroup/memory/memory.limit_in_bytes", "9223372036854771712\n");
+    put("/sys/fs/cgroup/memory/system.slice/ferry.service/memory.limit_in_bytes",
+        "4294967296\n");
+    put("/sys/fs/cgroup/memory/system.slice/ferry.service/memory.usage_in_bytes",
+        "3221225472\n");
+    put("/sys/fs/cgroup/memory/system.slice/ferry.service/memory.stat",
+        "cache 2147483648\ninactive_file 1\ntotal_inactive_file 2147483648\n");
+    ferry__host_memory_at(g_root, &total, &avail);
+    host_gone();
+    assert_int_equal(total, 4 * GiB);
+    assert_int_equal(avail, 3 * GiB);
+}
+
+/* no cgroup limit ("max", v1's huge number, no files): the host's */
+static void without_a_cgroup_limit_the_hosts_memory(void **state)
+{
+    (void)state;
+    const char *cgs[] = {"0::/user.slice/a.scope\n", "4:memory:/x\n0::/\n", "0::/\n"};
+    for (size_t i = 0; i < 3; i++) {
+        host_of(cgs[i]);
+        if (i == 0)
+            put("/sys/fs/cgroup/user.slice/a.scope/memory.max", "max\n");
+        if (i == 1)
+            put("/sys/fs/cgroup/memory/x/memory.limit_in_bytes", "9223372036854771712\n");
+        uint64_t total, avail;
+        ferry__host_memory_at(g_root, &total, &avail);
+        host_gone();
+        assert_int_equal(total, 64 * GiB);
+        assert_int_equal(avail, 60 * GiB);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -274,6 +389,9 @@ int main(void)
         cmocka_unit_test(close_while_the_thread_is_held_returns),
         cmocka_unit_test(an_l1_larger_than_the_hosts_memory_is_refused),
         cmocka_unit_test(the_pool_is_faulted_in_only_while_memory_is_available),
+        cmocka_unit_test(a_cgroups_page_cache_counts_as_available),
+        cmocka_unit_test(a_limit_above_the_processs_cgroup_bounds_it),
+        cmocka_unit_test(without_a_cgroup_limit_the_hosts_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

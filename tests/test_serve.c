@@ -1069,6 +1069,44 @@ static void test_reconnect_at_max_clients(void **state)
     ft_srv_close(&v);
 }
 
+/* an engine that sends its HELLO and hangs up at once, while the one
+ * engine the daemon took hangs up too, takes no place under max_clients
+ * for good: after both went, an engine is served. Before, the HELLO could
+ * find the first still counted, retire both (their sockets hung up) and
+ * then count the second, retired already, so its thread's end never gave
+ * the place back: every engine after was refused with FERRY_EBUSY */
+static void test_hello_then_hang_up_at_max_clients(void **state)
+{
+    (void)state;
+    srv v;
+    ferry_kv_config kc = store_config(16);
+    srv_start_cfg(&v, &kc, 1, 0);
+    ferry_kv_config c = client_config();
+    for (int i = 0; i < 120; i++) {
+        raw a, b;
+        FT_ASSERT_OK(raw_connect(&a));
+        raw_hello(&a, 0);
+        FT_ASSERT_OK(raw_connect(&b));
+        ft_raw_close(&a);
+        ferry__proto_req q;
+        memset(&q, 0, sizeof q);
+        q.hdr.type = FERRY__P_HELLO;
+        q.hello.layout = ft_kv_layout(TB);
+        q.hello.chunk_tokens = CT;
+        q.hello.seed = FERRY_KV_HASH_SEED_DEFAULT;
+        q.hello.flags = FERRY__HELLO_NO_POOL;
+        ft_raw_req(&b, &q);
+        ft_raw_close(&b);
+        ferry_kv *kv = NULL;
+        int rc = ferry_kv_open(&c, &kv);
+        if (rc != 0)
+            fail_msg("try %d: an engine opened after the two before it hung up, at "
+                     "max_clients 1: %d (%s)", i, rc, ferry_last_error());
+        ferry_kv_close(kv);
+    }
+    ft_srv_close(&v);
+}
+
 /* a peer of another uid is refused (needs root to be another uid) */
 static void test_other_uid(void **state)
 {
@@ -1717,6 +1755,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_client_never_reads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_many_connections, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reconnect_at_max_clients, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hello_then_hang_up_at_max_clients, setup, teardown),
         cmocka_unit_test_setup_teardown(test_other_uid, setup, teardown),
         cmocka_unit_test_setup_teardown(test_socket_owner, setup, teardown),
         cmocka_unit_test_setup_teardown(test_socket_appears_listening, setup, teardown),

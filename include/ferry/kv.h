@@ -514,9 +514,11 @@ typedef struct ferry_kv ferry_kv;
  * the host keeps a reserve of memory available (a 32nd of the memory the
  * process may have, 64 MiB to 4 GiB; a warning says where it stopped):
  * the pages past that are taken as chunks arrive. A pool larger than the
- * memory the process may have (the host's, or its cgroup's limit where
- * lower) could never be backed and is refused, -ENOMEM naming both sizes;
- * one larger than the memory available at open is warned of. A pinned
+ * memory the process may have (the host's, or the lowest limit of its
+ * cgroup and those above it where lower) could never be backed and is
+ * refused, -ENOMEM naming both sizes; one larger than the memory
+ * available at open is warned of (a cgroup's inactive page cache counts
+ * as available: it is reclaimed before anything is killed). A pinned
  * pool is faulted in by the pinning, inside open. Errors: -EINVAL (NULL, no model, bad layout, l1_bytes
  * below one chunk, watermark or evict_fraction outside [0, 1] or NaN, a
  * fraction above the watermark, tp_rank not below tp_world, an unknown

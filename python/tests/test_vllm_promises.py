@@ -58,6 +58,7 @@ def test_every_documented_setting_and_other_connectors_keys_are_taken():
 
 BAD = [("ferry.chunk_tokens", "sixteen"), ("ferry.chunk_tokens", -16),
        ("ferry.chunk_tokens", 16.5), ("ferry.chunk_tokens", True),
+       ("ferry.chunk_tokens", "\u00b2"),     # (a digit, not a decimal one: int() refuses it)
        ("ferry.l2", "nosize"), ("ferry.l2", "/tmp/x:lots"), ("ferry.l2", 5),
        ("ferry.l1", "lots"), ("ferry.l1", -1),
        ("ferry.layout", "llama"), ("ferry.layout", {"num_layers": 2}),

@@ -204,8 +204,11 @@ static void on_hello(ferry__srv_conn *c, const ferry__proto_req *q, int *pass_fd
     if (!any && !c->engine) {
         full = s->nengines >= s->max_clients && !(ferry__srv_retire_gone(s) &&
                                                  s->nengines < s->max_clients);
-        s->nengines += !full;
-        c->engine = !full;
+        /* one retired (its client hung up after this HELLO, and this or
+         * another connection's ferry__srv_retire_gone saw it) is never
+         * counted again: its thread's end would not take it off */
+        c->engine = !full && !c->retired;
+        s->nengines += c->engine ? 1u : 0u;
     }
     pthread_mutex_unlock(&s->mu);
     if (full) {

@@ -425,7 +425,7 @@ def _count(v):
     give it); None for anything else (a fraction, a negative, a bool)."""
     text = v.strip() if isinstance(v, str) else None
     if text is not None:
-        return int(text) if text.isdigit() else None
+        return int(text) if text.isdecimal() else None  # (not isdigit: "²" is one)
     if isinstance(v, float) and v.is_integer() and v >= 0:
         return int(v)
     if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
