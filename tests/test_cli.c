@@ -49,6 +49,8 @@ static void slurp(const char *path, char *buf, size_t n)
  * directory, "@@" for '@'); stdout and stderr kept apart */
 /* run_ferry with standard input from the file in (NULL: the test's own) */
 static void run_ferry_in(const char *args, const char *in, run_out *r);
+/* where set (>= 0), the next runs' standard input and output instead */
+static int g_in_fd = -1, g_out_fd = -1;
 
 static void run_ferry(const char *args, run_out *r)
 {
@@ -84,8 +86,8 @@ static void run_ferry_in(const char *args, const char *in, run_out *r)
         int fi = in ? open(in, O_RDONLY) : 0;
         if (fo < 0 || fe < 0 || fi < 0)
             _exit(126);
-        dup2(fi, 0);
-        dup2(fo, 1);
+        dup2(g_in_fd >= 0 ? g_in_fd : fi, 0);
+        dup2(g_out_fd >= 0 ? g_out_fd : fo, 1);
         dup2(fe, 2);
         execv(g_ferry, argv);
         _exit(127);
@@ -654,6 +656,81 @@ static void a_dash_trace_is_stdin_and_sim_takes_one_expert_size(void **state)
                  "accepted: one of the two");
 }
 
+/* the whole of the file at path into buf (n bytes at most, NUL-terminated) */
+static size_t slurp_n(const char *path, char *buf, size_t n)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t got = fread(buf, 1, n - 1, f);
+    buf[got] = 0;
+    fclose(f);
+    return got;
+}
+
+/* "-" is the process's own standard input and output, whatever they are: a
+ * socket (a service's, ssh's) works as a pipe does, and a file opened for
+ * appending keeps what it held (opening /dev/stdout again truncated it, and
+ * opening /dev/stdin or /dev/stdout of a socket failed with ENXIO) */
+static void a_dash_is_the_descriptor_itself(void **state)
+{
+    (void)state;
+    static run_out a, b;
+    static char want[1 << 16], got[1 << 16];
+    run_ferry("moe gen --model small --tokens 32 -o @/own.jsonl", &a);
+    assert_int_equal(a.status, 0);
+    char path[300];
+    snprintf(path, sizeof path, "%s/own.jsonl", g_dir);
+    size_t n = slurp_n(path, want, sizeof want);
+    assert_true(n > 0 && n < 100000);
+
+    /* stdout appending to a file of earlier bytes */
+    char app[300];
+    snprintf(app, sizeof app, "%s/appended.log", g_dir);
+    FILE *f = fopen(app, "w");
+    assert_non_null(f);
+    fputs("earlier line\n", f);
+    fclose(f);
+    g_out_fd = open(app, O_WRONLY | O_APPEND);
+    assert_true(g_out_fd >= 0);
+    run_ferry("moe gen --model small --tokens 32 -o -", &b);
+    close(g_out_fd);
+    g_out_fd = -1;
+    slurp_n(app, got, sizeof got);
+    if (b.status != 0 || strncmp(got, "earlier line\n", 13) || strcmp(got + 13, want))
+        fail_msg("gen -o - >> file: exit %d, '%s'; the file now begins '%.80s'", b.status, b.err,
+                 got);
+
+    /* stdout a socket */
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    g_out_fd = sv[1];
+    run_ferry("moe gen --model small --tokens 32 -o -", &b);
+    g_out_fd = -1;
+    close(sv[1]);
+    size_t m = 0;
+    ssize_t k;
+    while (m < sizeof got - 1 && (k = read(sv[0], got + m, sizeof got - 1 - m)) > 0)
+        m += (size_t)k;
+    got[m] = 0;
+    close(sv[0]);
+    if (b.status != 0 || strcmp(got, want))
+        fail_msg("gen -o - to a socket: exit %d, '%s'; %zu bytes came", b.status, b.err, m);
+
+    /* stdin a socket: the same replay as of the file */
+    run_ferry("moe replay @/own.jsonl --slots 25% --policy lru --json", &a);
+    assert_int_equal(a.status, 0);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    assert_int_equal(write(sv[0], want, n), (ssize_t)n);
+    shutdown(sv[0], SHUT_WR);
+    g_in_fd = sv[1];
+    run_ferry("moe replay - --slots 25% --policy lru --json", &b);
+    g_in_fd = -1;
+    close(sv[0]);
+    close(sv[1]);
+    if (b.status != 0 || strcmp(a.out, b.out))
+        fail_msg("replay - from a socket: exit %d, '%s'", b.status, b.err);
+}
+
 /* GET path from 127.0.0.1:port: the whole response (status line first) */
 static void http_get(int port, const char *path, char *out, size_t len)
 {
@@ -1076,6 +1153,7 @@ int main(void)
         cmocka_unit_test(options_that_would_be_ignored_are_refused),
         cmocka_unit_test(create_without_dir_and_policy_with_sweep_are_refused),
         cmocka_unit_test(a_dash_trace_is_stdin_and_sim_takes_one_expert_size),
+        cmocka_unit_test(a_dash_is_the_descriptor_itself),
         cmocka_unit_test(serve_status_shows_the_remote),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -240,12 +240,13 @@ int cmd_moe_gen(int argc, char **argv)
     if ((rc = generate(cmd, &o, &t)) != 0)
         return rc;
     int to_stdout = !strcmp(outp, "-"); /* the trace on stdout, the summary on stderr */
-    rc = ferry_moe_trace_save(t, to_stdout ? "/dev/stdout" : outp);
+    fflush(stdout);
+    rc = to_stdout ? ferry__moe_trace_save_fd(t, STDOUT_FILENO, "(standard output)")
+                   : ferry_moe_trace_save(t, outp);
     if (rc < 0) {
         ferry_moe_trace_destroy(t);
         return cli_fail(cmd, outp, rc);
     }
-    fflush(stdout);
     gen_report(to_stdout ? stderr : stdout, t, to_stdout ? "(standard output)" : outp, json);
     ferry_moe_trace_destroy(t);
     return 0;
@@ -314,7 +315,9 @@ static void human_bytes(uint64_t b, char *buf, size_t n)
 
 int moe_trace_load(const char *path, const ferry_moe_trace_options *o, ferry_moe_trace **out)
 {
-    return ferry_moe_trace_load_opts(strcmp(path, "-") ? path : "/dev/stdin", o, out);
+    if (!strcmp(path, "-"))
+        return ferry__moe_trace_load_fd(STDIN_FILENO, "(standard input)", o, out);
+    return ferry_moe_trace_load_opts(path, o, out);
 }
 
 /* split "a,b,c" into at most max pieces (in place); -1 for an empty piece

@@ -423,6 +423,12 @@ typedef struct ferry__trace_stats {
 } ferry__trace_stats;
 int ferry__trace_stats_compute(const ferry_moe_trace *t, ferry__trace_stats *out);
 
+/* ferry_moe_trace_load_opts / _save on an open descriptor (not closed; a
+ * socket is taken as a pipe is), named name in messages: the CLI's "-" */
+int ferry__moe_trace_load_fd(int fd, const char *name, const ferry_moe_trace_options *opt,
+                             ferry_moe_trace **out);
+int ferry__moe_trace_save_fd(const ferry_moe_trace *t, int fd, const char *name);
+
 /* ---- the trace generator, one set at a time (tracegen.c) ----
  * ferry_moe_trace_generate() is open + next for every (token, layer) in
  * order + close; the evaluation bench (bench/moe_ceiling.c) also asks the

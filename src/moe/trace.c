@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -818,26 +819,23 @@ int ferry_moe_trace_load(const char *path, ferry_moe_trace **out)
     return ferry_moe_trace_load_opts(path, NULL, out);
 }
 
-int ferry_moe_trace_load_opts(const char *path, const ferry_moe_trace_options *opt,
-                              ferry_moe_trace **out)
+/* parse the stream f (closed here), named path in messages; a socket is
+ * taken as a pipe is where sock_ok */
+static int load_file(FILE *f, const char *path, const ferry_moe_trace_options *opt, int sock_ok,
+                     ferry_moe_trace **out)
 {
-    if (!path || !out)
-        return ferry__err_set(NULL, -EINVAL, "moe trace: no path");
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        int e = errno;
-        return ferry__err_set(NULL, -e, "moe trace %s: open: %s", path, strerror(e));
-    }
     struct stat st;
     if (fstat(fileno(f), &st) != 0) {
         int e = errno;
         fclose(f);
         return ferry__err_set(NULL, -e, "moe trace %s: stat: %s", path, strerror(e));
     }
-    if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode)) {
+    if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode) && !(sock_ok && S_ISSOCK(st.st_mode))) {
+        int tty = isatty(fileno(f));
         fclose(f);
         return ferry__err_set(NULL, -EINVAL, "moe trace %s: not a regular file or a pipe (%s)",
                               path, S_ISDIR(st.st_mode)    ? "a directory"
+                                    : tty                  ? "a terminal"
                                     : S_ISCHR(st.st_mode)  ? "a character device"
                                     : S_ISBLK(st.st_mode)  ? "a block device"
                                     : S_ISSOCK(st.st_mode) ? "a socket"
@@ -861,7 +859,39 @@ int ferry_moe_trace_load_opts(const char *path, const ferry_moe_trace_options *o
     return rc;
 }
 
-int ferry_moe_trace_save(const ferry_moe_trace *t, const char *path)
+int ferry_moe_trace_load_opts(const char *path, const ferry_moe_trace_options *opt,
+                              ferry_moe_trace **out)
+{
+    if (!path || !out)
+        return ferry__err_set(NULL, -EINVAL, "moe trace: no path");
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        int e = errno;
+        return ferry__err_set(NULL, -e, "moe trace %s: open: %s", path, strerror(e));
+    }
+    return load_file(f, path, opt, 0, out);
+}
+
+int ferry__moe_trace_load_fd(int fd, const char *name, const ferry_moe_trace_options *opt,
+                             ferry_moe_trace **out)
+{
+    if (!name || !out)
+        return ferry__err_set(NULL, -EINVAL, "moe trace: no name");
+    /* the descriptor itself, not /dev/stdin opened again: that fails on a
+     * socket (ENXIO) and reads a redirected file from its start */
+    int d = dup(fd);
+    FILE *f = d >= 0 ? fdopen(d, "rb") : NULL;
+    if (!f) {
+        int e = errno;
+        if (d >= 0)
+            close(d);
+        return ferry__err_set(NULL, -e, "moe trace %s: open: %s", name, strerror(e));
+    }
+    return load_file(f, name, opt, 1, out);
+}
+
+/* 0 when t may be written (the checks before a file is opened) */
+static int check_savable(const ferry_moe_trace *t, const char *path)
 {
     if (!t || !path)
         return ferry__err_set(NULL, -EINVAL, "moe trace save: no trace or path");
@@ -879,11 +909,45 @@ int ferry_moe_trace_save(const ferry_moe_trace *t, const char *path)
                                   "token %u layer %u: it would load back in (token, layer) "
                                   "order, not this one",
                                   path, i, t->tok[i], t->layer[i], t->tok[i - 1], t->layer[i - 1]);
+    return 0;
+}
+
+static int save_file(const ferry_moe_trace *t, FILE *f, const char *path);
+
+int ferry_moe_trace_save(const ferry_moe_trace *t, const char *path)
+{
+    int rc = check_savable(t, path);
+    if (rc < 0)
+        return rc;
     FILE *f = fopen(path, "w");
     if (!f) {
         int e = errno;
         return ferry__err_set(NULL, -e, "moe trace save %s: open: %s", path, strerror(e));
     }
+    return save_file(t, f, path);
+}
+
+int ferry__moe_trace_save_fd(const ferry_moe_trace *t, int fd, const char *name)
+{
+    int rc = check_savable(t, name);
+    if (rc < 0)
+        return rc;
+    /* the descriptor itself, not /dev/stdout opened again: that truncated
+     * a file opened for appending and fails on a socket (ENXIO) */
+    int d = dup(fd);
+    FILE *f = d >= 0 ? fdopen(d, "w") : NULL;
+    if (!f) {
+        int e = errno;
+        if (d >= 0)
+            close(d);
+        return ferry__err_set(NULL, -e, "moe trace save %s: open: %s", name, strerror(e));
+    }
+    return save_file(t, f, name);
+}
+
+/* write t to f (closed here), named path in messages */
+static int save_file(const ferry_moe_trace *t, FILE *f, const char *path)
+{
     json_t *h = json_pack("{s:s,s:i,s:i,s:i,s:I}", "model", t->model.name, "num_layers",
                           (int)t->model.num_layers, "num_experts", (int)t->model.num_experts,
                           "top_k", (int)t->model.top_k, "expert_bytes",
