@@ -67,6 +67,32 @@ static void parse_size_is_exact_or_refused(void **state)
     assert_int_equal(ferry_parse_size("8M", NULL), -EINVAL);
     assert_int_equal(ferry_parse_size("nan", &v), -EINVAL);
     assert_true(v == 7);
+    /* the CLI's grammar: no hex, exponent, sign, space or stray "i" (strtod
+     * took 0x10 as 16, 1e3 as 1000, " 8M" as 8 MiB and "1ib" as 1) */
+    const char *bad[] = {"0x10", "1e3", " 8M", "8M ", "+8M", "-0", "1ib", "8MiBx", ".5G", "1.",
+                         "1.5.2", "8 M", "8Mi"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        v = 7;
+        int rc = ferry_parse_size(bad[i], &v);
+        if (rc != -EINVAL || v != 7)
+            fail_msg("ferry_parse_size(\"%s\") = %d, %llu: want -EINVAL, untouched", bad[i], rc,
+                     (unsigned long long)v);
+        msg_names(bad[i]);
+    }
+    /* every documented form */
+    static const struct {
+        const char *s;
+        uint64_t v;
+    } good[] = {{"4096", 4096},   {"256k", 256 << 10},        {"8M", 8 << 20},
+                {"8MB", 8 << 20}, {"8MiB", 8 << 20},          {"2G", 2ull << 30},
+                {"1T", 1ull << 40}, {"1.5G", 3ull << 29},     {"100B", 100},
+                {"0.3K", 307},    {"1.0000000000000000001K", 1024}};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        FT_ASSERT_OK(ferry_parse_size(good[i].s, &v));
+        if (v != good[i].v)
+            fail_msg("ferry_parse_size(\"%s\") = %llu, want %llu", good[i].s,
+                     (unsigned long long)v, (unsigned long long)good[i].v);
+    }
 }
 
 static void log_level_parse_takes_every_name_and_digit(void **state)

@@ -144,9 +144,11 @@ FERRY_API void ferry_set_allocator(const ferry_allocator *a);
 
 /**
  * Parse "8M", "256k", "2G", "4096", "1.5G" into bytes (suffixes K, M, G, T
- * are powers of 1024, "iB"/"B" optional; digits alone are taken exactly,
- * a fraction is rounded to the nearest byte). -EINVAL if bad or above
- * 2^64 - 1 bytes (*out untouched, the message quotes s).
+ * are powers of 1024, then "iB" or "B" optional; digits alone are taken
+ * exactly, a fraction is rounded to the nearest byte). Digits first: no
+ * sign, space, hexadecimal or exponent (as the CLI and the daemon's
+ * config). -EINVAL if bad or above 2^64 - 1 bytes (*out untouched, the
+ * message quotes s).
  */
 FERRY_API int ferry_parse_size(const char *s, uint64_t *out);
 

@@ -36,34 +36,53 @@ int ferry_parse_size(const char *s, uint64_t *out)
 {
     if (!s || !*s || !out)
         return ferry__err_set(NULL, -EINVAL, "size: %s", !s ? "NULL" : !out ? "NULL out" : "empty");
-    char *end = NULL;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || v < 0 || isnan(v))
-        return ferry__err_set(NULL, -EINVAL, "size '%s': not a number", s);
-    const char *num_end = end;
-    int shift = size_shift(*end);
-    if (shift)
-        end++;
-    if (*end == 'i' || *end == 'I')
-        end++;
-    if (*end == 'b' || *end == 'B')
-        end++;
-    if (*end)
-        return ferry__err_set(NULL, -EINVAL, "size '%s': unknown suffix '%s'", s, end);
-    /* a plain run of digits is taken exactly (a double holds 53 bits) */
-    if (s + strspn(s, "0123456789") == num_end) {
-        errno = 0;
-        unsigned long long u = strtoull(s, NULL, 10);
-        if (errno == ERANGE || u > (UINT64_MAX >> shift))
-            return ferry__err_set(NULL, -EINVAL, "size '%s': above 2^64 - 1 bytes", s);
-        *out = (uint64_t)u << shift;
-        return 0;
+    /* digits, an optional fraction, an optional K/M/G/T, then "iB" (after a
+     * suffix) or "B": no sign, space, hex or exponent (strtod's forms) */
+    const char *p = s, *ip_end, *fr = NULL;
+    if (*p < '0' || *p > '9')
+        return ferry__err_set(NULL, -EINVAL, "size '%s': not a number (digits first)", s);
+    if (p[0] == '0' && (p[1] == 'x' || p[1] == 'X'))
+        return ferry__err_set(NULL, -EINVAL, "size '%s': hexadecimal is not accepted", s);
+    p += strspn(p, "0123456789");
+    ip_end = p;
+    if (*p == '.') {
+        fr = ++p;
+        p += strspn(p, "0123456789");
+        if (p == fr)
+            return ferry__err_set(NULL, -EINVAL, "size '%s': no digits after the point", s);
     }
-    double r = ldexp(v, shift);
-    if (!(r < 18446744073709551616.0)) /* 2^64; inf too */
+    int shift = size_shift(*p);
+    if (shift)
+        p++;
+    if (shift && (*p == 'i' || *p == 'I') && (p[1] == 'b' || p[1] == 'B'))
+        p += 2;
+    else if (*p == 'b' || *p == 'B')
+        p++;
+    if (*p)
+        return ferry__err_set(NULL, -EINVAL, "size '%s': unknown suffix '%s' (accepted: K, M, G "
+                              "or T, then an optional iB or B)", s, p);
+    uint64_t ip = 0;
+    for (const char *d = s; d < ip_end; d++) {
+        uint64_t digit = (uint64_t)(*d - '0');
+        if (ip > (UINT64_MAX - digit) / 10)
+            return ferry__err_set(NULL, -EINVAL, "size '%s': above 2^64 - 1 bytes", s);
+        ip = ip * 10 + digit;
+    }
+    if (ip > (UINT64_MAX >> shift))
         return ferry__err_set(NULL, -EINVAL, "size '%s': above 2^64 - 1 bytes", s);
-    *out = (uint64_t)round(r);
+    uint64_t v = ip << shift, f = 0;
+    if (fr) { /* the fraction's bytes, rounded to the nearest (no strtod: a
+                 * locale's decimal comma would read ".5" as 0) */
+        double x = 0, unit = 1;
+        for (const char *d = fr; *d >= '0' && *d <= '9' && unit > 1e-18; d++) {
+            unit /= 10;
+            x += (*d - '0') * unit;
+        }
+        f = (uint64_t)round(ldexp(x, shift));
+    }
+    if (v > UINT64_MAX - f)
+        return ferry__err_set(NULL, -EINVAL, "size '%s': above 2^64 - 1 bytes", s);
+    *out = v + f;
     return 0;
 }
 
