@@ -7,7 +7,8 @@
  * follows transition; it is deterministic, listed, and its routing half
  * stays consistent; while LRU leads its learners sleep off the sampled
  * layers (exact on those, half the work); a challenger takes the lead
- * only past one standard deviation of the score difference.
+ * only past one standard deviation of the score difference. A policy's
+ * line that names a duel it is in names one whose line names it.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -51,6 +52,32 @@ static void trio_is_deterministic_and_listed(void **state)
 {
     (void)state;
     ft_moe_policy_listed_and_deterministic("trio", 12.5);
+}
+
+/* a policy whose line says it is "one of X's" members is named on X's
+ * line (transition is one of trio's three, not of auto's two) */
+static void policy_lines_name_the_duels_they_are_in(void **state)
+{
+    (void)state;
+    int claims = 0;
+    for (const char *const *p = ferry_moe_policies(); *p; p++) {
+        const char *line = ferry_moe_policy_describe(*p);
+        assert_non_null(line);
+        const char *at = strstr(line, "one of ");
+        if (!at)
+            continue;
+        char duel[32];
+        size_t n = strcspn(at + 7, "'");
+        assert_true(n > 0 && n < sizeof duel);
+        memcpy(duel, at + 7, n);
+        duel[n] = '\0';
+        const char *of = ferry_moe_policy_describe(duel);
+        if (!of || !strstr(of, *p))
+            fail_msg("%s's line says it is one of %s's, whose line is \"%s\"", *p, duel,
+                     of ? of : "(no such policy)");
+        claims++;
+    }
+    assert_true(claims > 0);
 }
 
 /* trio's routing and its shadow (which follows the real policy's model)
@@ -173,6 +200,7 @@ int main(void)
         cmocka_unit_test(trio_follows_the_better_of_lru_and_routing),
         cmocka_unit_test(trio_follows_transition_where_it_learns_more),
         cmocka_unit_test(trio_is_deterministic_and_listed),
+        cmocka_unit_test(policy_lines_name_the_duels_they_are_in),
         cmocka_unit_test(trio_keeps_its_structures_through_a_trace),
         cmocka_unit_test(trio_learners_sleep_while_lru_leads),
         cmocka_unit_test(trio_switches_only_past_the_noise),

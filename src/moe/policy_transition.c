@@ -1024,7 +1024,7 @@ static int tr_victim(ferry__policy *p, uint32_t id, int have_free, uint32_t *slo
 const ferry__policy_ops ferry__policy_transition = {
     .name = "transition",
     .describe = "learned same-layer token-to-token transitions, evicting the least p / steps "
-                "to use (one of auto's three)",
+                "to use (one of trio's three)",
     .state_size = sizeof(trans),
     .init = tr_init,
     .fini = tr_fini,
