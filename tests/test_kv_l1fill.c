@@ -274,7 +274,7 @@ static char g_root[64];
 /* root/rel holds text (its directories made) */
 static void put(const char *rel, const char *text)
 {
-    char p[512];
+    char p[4200];
     snprintf(p, sizeof p, "%s%s", g_root, rel);
     for (char *s = p + strlen(g_root) + 1; (s = strchr(s, '/')); s++) {
         *s = 0;
@@ -381,6 +381,65 @@ static void without_a_cgroup_limit_the_hosts_memory(void **state)
     }
 }
 
+/* a host whose MemAvailable is 0 (the kernel's floor under pressure, just
+ * before the OOM killer) has no memory available: not all of it, as a
+ * missing line would say. Before, a 0 read as "missing", and the L1 fill
+ * faulted the pool in on a host with nothing to spare */
+static void a_host_with_no_memory_available_says_so(void **state)
+{
+    (void)state;
+    host_of("0::/\n");
+    put("/proc/meminfo", "MemTotal:       67108864 kB\nMemFree:          131072 kB\n"
+                         "MemAvailable:          0 kB\n");
+    uint64_t total, avail;
+    ferry__host_memory_at(g_root, &total, &avail);
+    host_gone();
+    assert_int_equal(total, 64 * GiB);
+    assert_int_equal(avail, 0);
+}
+
+/* a deep cgroup path (nested containers, long unit names: 1,500 bytes
+ * here, a line of /proc/self/cgroup longer than any fixed buffer) is
+ * walked as a short one: its own limit and its ancestors' bound the
+ * process. Before, a path past 600 bytes read as "no cgroup" and the
+ * host's memory was what the process might have */
+static void a_long_cgroup_path_is_walked_whole(void **state)
+{
+    (void)state;
+    char cg[1700], rel[1600], file[1800];
+    size_t n = 0;
+    for (int i = 0; i < 7; i++) { /* 7 components of 200 bytes */
+        rel[n++] = '/';
+        memset(rel + n, 'a' + i, 200);
+        n += 200;
+    }
+    rel[n] = 0;
+    for (int v = 0; v < 2; v++) {
+        snprintf(cg, sizeof cg, v ? "12:cpu:/\n4:memory:%s\n0::/\n" : "0::%s\n", rel);
+        host_of(cg);
+        const char *base = v ? "/sys/fs/cgroup/memory" : "/sys/fs/cgroup";
+        snprintf(file, sizeof file, "%s%s/%s", base, rel,
+                 v ? "memory.limit_in_bytes" : "memory.max");
+        put(file, "4294967296\n"); /* 4 GiB, its own */
+        snprintf(file, sizeof file, "%s%s/%s", base, rel,
+                 v ? "memory.usage_in_bytes" : "memory.current");
+        put(file, "1073741824\n");
+        /* and 2 GiB on its parent, 1 of them used */
+        snprintf(file, sizeof file, "%s%.*s/%s", base, (int)(n - 201), rel,
+                 v ? "memory.limit_in_bytes" : "memory.max");
+        put(file, "2147483648\n");
+        snprintf(file, sizeof file, "%s%.*s/%s", base, (int)(n - 201), rel,
+                 v ? "memory.usage_in_bytes" : "memory.current");
+        put(file, "1073741824\n");
+        uint64_t total, avail;
+        ferry__host_memory_at(g_root, &total, &avail);
+        host_gone();
+        if (total != 2 * GiB || avail != 1 * GiB)
+            fail_msg("cgroup v%d, a path of %zu bytes: %llu total, %llu available", v ? 1 : 2, n,
+                     (unsigned long long)total, (unsigned long long)avail);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -392,6 +451,8 @@ int main(void)
         cmocka_unit_test(a_cgroups_page_cache_counts_as_available),
         cmocka_unit_test(a_limit_above_the_processs_cgroup_bounds_it),
         cmocka_unit_test(without_a_cgroup_limit_the_hosts_memory),
+        cmocka_unit_test(a_host_with_no_memory_available_says_so),
+        cmocka_unit_test(a_long_cgroup_path_is_walked_whole),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

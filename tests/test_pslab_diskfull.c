@@ -21,7 +21,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
@@ -673,6 +675,84 @@ static void test_root_may_allocate_into_the_reserved_blocks(void **state)
     ft_rmtree(d);
 }
 
+/* uid and gid 0 of a new user namespace for this process, as uid and gid
+ * `out` outside it (a rootless container's root); 0 when done */
+static int become_namespace_root(unsigned out)
+{
+    char m[64];
+    /* (dumpable again after the uid change, or /proc/self stays root's) */
+    if (setgroups(0, NULL) != 0 || setgid(out) != 0 || setuid(out) != 0 ||
+        prctl(PR_SET_DUMPABLE, 1) != 0 || unshare(CLONE_NEWUSER) != 0)
+        return -1;
+    int n = snprintf(m, sizeof m, "0 %u 1\n", out);
+    int fu = open("/proc/self/uid_map", O_WRONLY), fs = open("/proc/self/setgroups", O_WRONLY),
+        fg = open("/proc/self/gid_map", O_WRONLY);
+    int ok = fu >= 0 && fs >= 0 && fg >= 0 && write(fu, m, (size_t)n) == n &&
+             write(fs, "deny", 4) == 4 && write(fg, m, (size_t)n) == n;
+    close(fu);
+    close(fs);
+    close(fg);
+    return ok && geteuid() == 0 ? 0 : -1;
+}
+
+/* root of a user namespace whose uid 0 is another uid outside (rootless
+ * containers) is not the file system's root: ext4 keeps its reserve for
+ * the uid outside, 0 (resuid), and for CAP_SYS_RESOURCE in the host's
+ * namespace. An allocate that only the reserve holds room for is refused
+ * before a block is taken, as anyone's is. Before, geteuid() == 0 was
+ * enough: fallocate ran and took every block others may use. Runs where
+ * the process is root, the file system keeps a reserve of 2 GiB and user
+ * namespaces may be made. */
+static void test_a_user_namespaces_root_keeps_out_of_the_reserve(void **state)
+{
+    (void)state;
+    char d[256];
+    assert_non_null(ft_tmpdir(d, sizeof d));
+    struct statvfs sv;
+    assert_int_equal(statvfs(d, &sv), 0);
+    uint64_t avail = (uint64_t)sv.f_bavail * sv.f_frsize, fr = (uint64_t)sv.f_bfree * sv.f_frsize;
+    if (geteuid() != 0 || fr < avail + (2ull << 30)) {
+        ft_rmtree(d);
+        skip(); /* not root, or no reserve of 2 GiB to speak of */
+    }
+    ferry_io_options o = FERRY_IO_OPTIONS_INIT;
+    o.engine = "posix";
+    ferry_io *io = NULL;
+    FT_ASSERT_OK(ferry_io_open(&o, &io));
+    char path[300];
+    snprintf(path, sizeof path, "%s/reserve.bin", d);
+    ferry_file *f = NULL;
+    FT_ASSERT_OK(ferry_file_open(io, path, FERRY_FILE_READ | FERRY_FILE_WRITE | FERRY_FILE_CREATE,
+                                 &f));
+    static ferry__sys noted;
+    noted = *ferry__sys_default();
+    noted.fallocate = noted_fallocate; /* takes no block: the disk is shared */
+    uint64_t len = avail + (1ull << 30);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (become_namespace_root(65534) != 0)
+            _exit(3); /* (no user namespaces here) */
+        g_asked = 0;
+        ferry__sys_set(&noted);
+        int rc = ferry_file_allocate(f, 0, len);
+        _exit(rc == -ENOSPC && g_asked == 0 ? 0 : g_asked ? 1 : 2);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    ferry_file_close(f);
+    ferry_io_close(io);
+    ft_rmtree(d);
+    assert_true(WIFEXITED(st));
+    if (WEXITSTATUS(st) == 3)
+        skip();
+    if (WEXITSTATUS(st) != 0)
+        fail_msg("a user namespace's root (65534 outside), %llu bytes available to it, %llu "
+                 "free: an allocate of %llu %s",
+                 (unsigned long long)avail, (unsigned long long)fr, (unsigned long long)len,
+                 WEXITSTATUS(st) == 1 ? "went to fallocate" : "failed otherwise");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -682,6 +762,7 @@ int main(void)
         cmocka_unit_test(test_full_tmpfs_reuses_no_named_extent),
         cmocka_unit_test(test_an_l2_larger_than_the_free_space_takes_no_block),
         cmocka_unit_test(test_root_may_allocate_into_the_reserved_blocks),
+        cmocka_unit_test(test_a_user_namespaces_root_keeps_out_of_the_reserve),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -181,8 +181,9 @@ FERRY_API int ferry_file_is_gds(const ferry_file *f);
 FERRY_API int ferry_file_size(ferry_file *f, uint64_t *out);
 /** Reserve [off, off+len) on disk (posix_fallocate). -ENOSPC when full, and
  * before any block is taken when len is more than the file system has free
- * for this process (root: its reserved blocks too), beyond what the file
- * holds already. */
+ * for this process (the host's root: its reserved blocks too; a user
+ * namespace's root is not the host's), beyond what the file holds
+ * already. */
 FERRY_API int ferry_file_allocate(ferry_file *f, uint64_t off, uint64_t len);
 FERRY_API int ferry_file_truncate(ferry_file *f, uint64_t len);
 /** fdatasync. */

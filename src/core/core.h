@@ -128,6 +128,9 @@ double ferry__cpu_seconds(void);
  * share this process's memory (a MADV_WIPEONFORK page; fork()'s handler
  * where the kernel has none: pid.c) */
 long ferry__pid(void);
+/* 1 when this process's effective uid is the host's uid 0 (not a user
+ * namespace's 0 that is another uid outside it): hostroot.c */
+int ferry__host_root(void);
 
 #define FERRY__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define FERRY__MAX(a, b) ((a) > (b) ? (a) : (b))

@@ -20,8 +20,10 @@
  * killer onto whichever process is largest: the engine, the daemon, or a
  * bystander).
  */
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -30,13 +32,9 @@
 _Atomic uint64_t ferry__test_mem_total;
 _Atomic uint64_t ferry__test_mem_avail;
 
-/* the number a one-line file under root holds; 0 where it is missing or
- * says "max" */
-static uint64_t file_u64(const char *root, const char *path)
+/* the number a one-line file holds; 0 where it is missing or says "max" */
+static uint64_t file_u64(const char *p)
 {
-    char p[1024];
-    if (snprintf(p, sizeof p, "%s%s", root, path) >= (int)sizeof p)
-        return 0;
     FILE *f = fopen(p, "re");
     if (!f)
         return 0;
@@ -47,13 +45,11 @@ static uint64_t file_u64(const char *root, const char *path)
     return (uint64_t)v;
 }
 
-/* the value of "key N" in a file of such lines under root (a cgroup's
- * memory.stat); 0 where it is missing */
-static uint64_t key_u64(const char *root, const char *path, const char *key)
+/* the value of "key N" in a file of such lines (a cgroup's memory.stat);
+ * 0 where it is missing */
+static uint64_t key_u64(const char *p, const char *key)
 {
-    char p[1024], line[256];
-    if (snprintf(p, sizeof p, "%s%s", root, path) >= (int)sizeof p)
-        return 0;
+    char line[256];
     FILE *f = fopen(p, "re");
     if (!f)
         return 0;
@@ -67,17 +63,22 @@ static uint64_t key_u64(const char *root, const char *path, const char *key)
 }
 
 /* the path of the process's cgroup of the hierarchy whose controllers are
- * `ctl` ("" for v2's "0::"), from root's /proc/self/cgroup, into out;
- * 0 where it has none */
+ * `ctl` ("" for v2's "0::"), from root's /proc/self/cgroup, into out (""
+ * for the hierarchy's root); 0 where it has none. Lines are read whole:
+ * a cgroup's path may be as long as a file's (PATH_MAX), more than any
+ * line buffer of a fixed size holds */
 static int cgroup_of(const char *root, const char *ctl, char *out, size_t len)
 {
-    char p[1024], line[1024];
-    snprintf(p, sizeof p, "%s/proc/self/cgroup", root);
+    char p[PATH_MAX];
+    if (snprintf(p, sizeof p, "%s/proc/self/cgroup", root) >= (int)sizeof p)
+        return 0;
     FILE *f = fopen(p, "re");
     if (!f)
         return 0;
+    char *line = NULL;
+    size_t cap = 0;
     int found = 0;
-    while (!found && fgets(line, sizeof line, f)) {
+    while (!found && getline(&line, &cap, f) > 0) {
         line[strcspn(line, "\n")] = 0;
         char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
         if (!c2)
@@ -94,6 +95,7 @@ static int cgroup_of(const char *root, const char *ctl, char *out, size_t len)
             found = snprintf(out, len, "%s", c2[1 + strspn(c2 + 1, "/")] ? c2 + 1 : "") <
                     (int)len;
     }
+    free(line);
     fclose(f);
     return found;
 }
@@ -107,26 +109,32 @@ static const cg_files CG_V2 = {"/sys/fs/cgroup", "", "memory.max", "memory.curre
 static const cg_files CG_V1 = {"/sys/fs/cgroup/memory", "memory", "memory.limit_in_bytes",
                                "memory.usage_in_bytes", "memory.stat", "total_inactive_file"};
 
+/* root, base, rel and "/name" into p; 0 where they do not fit */
+static int cg_path(char *p, size_t len, const char *root, const cg_files *k, const char *rel,
+                   const char *name)
+{
+    return snprintf(p, len, "%s%s%s/%s", root, k->base, rel, name) < (int)len;
+}
+
 /* the lowest limit of the process's cgroup and those above it (one
  * mounted as the hierarchy's root in a container included) into *limit,
  * and the least room any leaves (its limit less its working set) into
  * *room; neither touched where none has a limit below host (v1 says "no
- * limit" with a huge number) */
+ * limit" with a huge number). A level whose files' paths are too long to
+ * open is passed over, not the levels above it. */
 static void cgroup_walk(const char *root, const cg_files *k, uint64_t host, uint64_t *limit,
                         uint64_t *room)
 {
-    char rel[600], dir[700], path[800];
+    char rel[PATH_MAX], path[2 * PATH_MAX];
     if (!cgroup_of(root, k->ctl, rel, sizeof rel))
         return;
     for (;;) {
-        snprintf(dir, sizeof dir, "%s%s", k->base, rel);
-        snprintf(path, sizeof path, "%s/%s", dir, k->max);
-        uint64_t lim = file_u64(root, path);
+        uint64_t lim = cg_path(path, sizeof path, root, k, rel, k->max) ? file_u64(path) : 0;
         if (lim && lim < host) {
-            snprintf(path, sizeof path, "%s/%s", dir, k->cur);
-            uint64_t used = file_u64(root, path);
-            snprintf(path, sizeof path, "%s/%s", dir, k->stat);
-            uint64_t inactive = key_u64(root, path, k->inactive);
+            uint64_t used = cg_path(path, sizeof path, root, k, rel, k->cur) ? file_u64(path) : 0;
+            uint64_t inactive = cg_path(path, sizeof path, root, k, rel, k->stat)
+                                    ? key_u64(path, k->inactive)
+                                    : 0;
             used = used > inactive ? used - inactive : 0;
             uint64_t r = lim > used ? lim - used : 0;
             *limit = lim < *limit ? lim : *limit;
@@ -139,28 +147,34 @@ static void cgroup_walk(const char *root, const cg_files *k, uint64_t host, uint
     }
 }
 
-/* MemTotal and MemAvailable of root's /proc/meminfo in bytes (0: none) */
+/* MemTotal and MemAvailable of root's /proc/meminfo in bytes into *total
+ * and *avail; what is missing is left as it was (a MemAvailable of 0 is
+ * the kernel's floor under pressure: none available, not "unknown") */
 static void meminfo(const char *root, uint64_t *total, uint64_t *avail)
 {
-    char p[1024], line[128];
-    *total = *avail = 0;
-    snprintf(p, sizeof p, "%s/proc/meminfo", root);
+    char p[PATH_MAX], line[128];
+    if (snprintf(p, sizeof p, "%s/proc/meminfo", root) >= (int)sizeof p)
+        return;
     FILE *f = fopen(p, "re");
     if (!f)
         return;
     unsigned long long kb;
-    while ((!*total || !*avail) && fgets(line, sizeof line, f)) {
-        if (sscanf(line, "MemTotal: %llu kB", &kb) == 1)
-            *total = (uint64_t)kb << 10;
-        else if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
-            *avail = (uint64_t)kb << 10;
+    int seen = 0;
+    while (seen != 3 && fgets(line, sizeof line, f)) {
+        if (sscanf(line, "MemTotal: %llu kB", &kb) == 1) {
+            *total = kb > UINT64_MAX >> 10 ? UINT64_MAX : (uint64_t)kb << 10;
+            seen |= 1;
+        } else if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+            *avail = kb > UINT64_MAX >> 10 ? UINT64_MAX : (uint64_t)kb << 10;
+            seen |= 2;
+        }
     }
     fclose(f);
 }
 
 void ferry__host_memory_at(const char *root, uint64_t *total, uint64_t *avail)
 {
-    uint64_t t, a;
+    uint64_t t = 0, a = UINT64_MAX; /* (UINT64_MAX: no MemAvailable line) */
     meminfo(root, &t, &a);
     if (!t && !*root) {
         long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
@@ -168,7 +182,7 @@ void ferry__host_memory_at(const char *root, uint64_t *total, uint64_t *avail)
     }
     if (!t)
         t = UINT64_MAX;
-    if (!a)
+    if (a == UINT64_MAX || a > t)
         a = t;
     uint64_t limit = t, room = a;
     cgroup_walk(root, &CG_V2, t, &limit, &room);

@@ -468,12 +468,13 @@ int ferry_file_allocate(ferry_file *f, uint64_t off, uint64_t len)
                               (unsigned long long)len, (unsigned long long)off);
     /* more than the file system has free is refused before any block is
      * taken: fallocate would fill the disk (every process on it then gets
-     * ENOSPC) for minutes before it failed. Root may take the blocks the
-     * file system keeps for it (ext4's reserve): its room is every free one */
+     * ENOSPC) for minutes before it failed. The host's root may take the
+     * blocks the file system keeps for it (ext4's reserve): its room is
+     * every free one (a user namespace's root is not the host's) */
     struct statvfs sv;
     struct stat st;
     if (fstatvfs(f->fd, &sv) == 0 && sv.f_blocks && ferry__sys_get()->fstat(f->fd, &st) == 0) {
-        uint64_t free_blocks = geteuid() == 0 ? sv.f_bfree : sv.f_bavail;
+        uint64_t free_blocks = ferry__host_root() ? sv.f_bfree : sv.f_bavail;
         uint64_t have = (uint64_t)st.st_blocks * 512, room = free_blocks * sv.f_frsize;
         if (len > have && len - have > room)
             return ferry__err_set(&f->io->err, -ENOSPC,
