@@ -148,6 +148,7 @@ enum { PH_IDLE, PH_STORE, PH_RETRIEVE };
 typedef struct {
     atomic_int stop;
     atomic_int daemon_gone; /* the daemon is being stopped: FERRY_ECONN ends a client */
+    int destructive;        /* clients also delete, clear and pin */
     struct {
         atomic_int phase, connected;
         atomic_long stores, stored_tokens, declined, retrieves, found_chunks, missed_chunks;
@@ -220,7 +221,25 @@ static void client_main(int k, uint64_t seed)
         ferry_kv_req q = FERRY_KV_REQ_INIT;
         q.status = status;
         q.max_chunks = PROMPT_CHUNKS;
-        if ((r >> 16) % 5 < 2) {
+        unsigned op = (unsigned)((r >> 16) % 1000);
+        if (g_sh->destructive && op < 60) {
+            /* a delete, a clear, or a pin held across a retrieve of another
+             * prompt: whatever they take away is a miss for the others,
+             * never a wrong byte */
+            int rc = op < 30   ? ferry_kv_delete(kv, t, (size_t)n, NULL)
+                     : op < 32 ? ferry_kv_clear(kv)
+                               : ferry_kv_pin(kv, t, (size_t)n, NULL);
+            if ((rc == FERRY_ECONN || rc == -ECANCELED) && atomic_load(&g_sh->daemon_gone))
+                break;
+            if (rc < 0 && rc != FERRY_ELOCKED)
+                CLIENT_FAIL(k, 12, "%s of prompt %d: %d: %s\n",
+                            op < 30 ? "delete" : op < 32 ? "clear" : "pin", p, rc,
+                            ferry_kv_last_error(kv));
+            if (op >= 32 && rc > 0 && (r >> 40) % 2)
+                (void)ferry_kv_unpin(kv, t, (size_t)n, NULL); /* (else the connection's end) */
+            continue;
+        }
+        if (op < 400) {
             fill(mem, h);
             atomic_store(&g_sh->c[k].phase, PH_STORE);
             int rc = ferry_kv_store(kv, t, (size_t)n, &q, &buf);
@@ -716,11 +735,13 @@ static void stop_under_traffic(chaos_t *x)
     printf("stopped under traffic in %.3f s\n", (double)(now_ns() - t0) / 1e9);
 }
 
-static void chaos_run(daemon_t *d, uint64_t seed, double seconds, int term_live)
+static void chaos_run(daemon_t *d, uint64_t seed, double seconds, int term_live,
+                      int destructive)
 {
     g_sh = mmap(NULL, sizeof *g_sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     assert_true(g_sh != MAP_FAILED);
     memset(g_sh, 0, sizeof *g_sh);
+    g_sh->destructive = destructive;
     signal(SIGPIPE, SIG_IGN);
     assert_non_null(ft_tmpdir(g_dir, sizeof g_dir));
     snprintf(g_sock, sizeof g_sock, "%s/ferry.sock", g_dir);
@@ -835,7 +856,7 @@ static void test_chaos_l1(void **state)
     (void)state;
     static daemon_t d;
     memset(&d, 0, sizeof d);
-    chaos_run(&d, 0xc4a05001ull, run_seconds(), 0);
+    chaos_run(&d, 0xc4a05001ull, run_seconds(), 0, 1);
     daemon_stop(&d);
     chaos_end();
 }
@@ -846,7 +867,7 @@ static void test_chaos_persistent_l2(void **state)
     static daemon_t d;
     memset(&d, 0, sizeof d);
     d.l2 = 1;
-    chaos_run(&d, 0xc4a05002ull, run_seconds(), 1);
+    chaos_run(&d, 0xc4a05002ull, run_seconds(), 1, 0);
     /* restarted on its L2: what it finds is exact, and a whole L1 of new
      * chunks fits (the stop under traffic leaked no slot into the L2) */
     daemon_start(&d);
@@ -865,12 +886,12 @@ static void test_chaos_in_process(void **state)
     memset(&d, 0, sizeof d);
     d.l2 = 1;
     d.in_process = 1;
-    chaos_run(&d, 0xc4a05003ull, run_seconds(), 0);
+    chaos_run(&d, 0xc4a05003ull, run_seconds(), 0, 1);
     daemon_stop(&d);
     chaos_end();
     /* and once more, stopped under traffic */
     d.in_process = 1;
-    chaos_run(&d, 0xc4a05004ull, run_seconds() / 2, 1);
+    chaos_run(&d, 0xc4a05004ull, run_seconds() / 2, 1, 0);
     daemon_start(&d);
     printf("restarted: %ld chunks found, every byte exact\n", verify(1, 1));
     daemon_stop(&d);
