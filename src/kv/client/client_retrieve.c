@@ -28,8 +28,9 @@
  * and a chunk declined by a try that got none is FERRY_ENOSPACE.
  *
  * No byte is trusted before its RELEASE answers 0 (the slot was not
- * reused meanwhile); a chunk whose RELEASE says otherwise is zeroed in a
- * host buffer and is a miss. A stop (cancel, a failed copy, a refused
+ * reused meanwhile); a chunk whose RELEASE says otherwise, or goes
+ * unanswered (the connection lost: the locks went with it), is zeroed in
+ * a host buffer and is a miss. A stop (cancel, a failed copy, a refused
  * request) releases what was acquired and not copied, and reads every
  * reply outstanding, so the connection stays in step for the next call.
  */
