@@ -334,6 +334,7 @@ static void daemon_start(daemon_t *d)
         ft_srv_open(&d->srv, &sc);
         return;
     }
+    fflush(NULL);
     d->pid = ft_srv_fork(&sc, FERRY_LOG_ERROR);
     /* (the socket file appears once the daemon listens) */
     struct stat st;
@@ -452,6 +453,7 @@ static void client_start(chaos_t *x, int k)
     atomic_store(&g_sh->c[k].phase, PH_IDLE);
     atomic_store(&g_sh->c[k].connected, 0);
     uint64_t seed = rnd(x);
+    fflush(NULL); /* (a child never prints what the parent buffered) */
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0)
@@ -509,6 +511,7 @@ static void chaos_slow(chaos_t *x)
     x->raw_conns++;
     x->slow++;
     x->expect_slow++;
+    fflush(NULL);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
