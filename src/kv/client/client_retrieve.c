@@ -28,8 +28,9 @@
  * and a chunk declined by a try that got none is FERRY_ENOSPACE.
  *
  * No byte is trusted before its RELEASE answers 0 (the slot was not
- * reused meanwhile); a chunk whose RELEASE says otherwise is zeroed in a
- * host buffer and is a miss. A stop (cancel, a failed copy, a refused
+ * reused meanwhile); a chunk whose RELEASE says otherwise, or goes
+ * unanswered (the connection lost: the locks went with it), is zeroed in
+ * a host buffer and is a miss. A stop (cancel, a failed copy, a refused
  * request) releases what was acquired and not copied, and reads every
  * reply outstanding, so the connection stays in step for the next call.
  */
@@ -235,6 +236,24 @@ static void copy_out(rpipe *p, rbatch *bt)
     bt->copied = 1;
 }
 
+/* send the RELEASE of what bt holds (nothing held: 0). A connection lost
+ * before it went took the locks with it: the daemon never vouched for the
+ * bytes copied, so they are voided as a failed RELEASE's are (zeroed in a
+ * host buffer, each chunk FERRY_ECONN or its copy's code) and the code is
+ * returned: a chunk is never left written and unvouched for, and the
+ * retrieve reports the lost daemon rather than a miss */
+static int release(rpipe *p, rbatch *bt)
+{
+    if (!bt->held)
+        return 0;
+    int r = p->c->fd < 0 ? ferry__kv_err(p->kv, FERRY_ECONN, "kv server %s: the connection "
+                                         "was lost before a RELEASE", p->c->path)
+                         : send_req(p, FERRY__P_RELEASE, bt->h, bt->held, bt);
+    if (r < 0)
+        on_released(p, bt, NULL, 0, r); /* (held 0 after) */
+    return r;
+}
+
 /* copy out and release what bt holds now (its chunks answered
  * FERRY_ENOSPACE are asked for next, with nothing held, so the daemon
  * may wait for room for them); 0 or the code that stops the retrieve */
@@ -243,11 +262,9 @@ static int let_go(rpipe *p, rbatch *bt)
     if (!bt->held)
         return 0;
     copy_out(p, bt);
-    int r = send_req(p, FERRY__P_RELEASE, bt->h, bt->held, bt);
-    if (r < 0) {
-        bt->held = 0; /* the connection went with the locks */
+    int r = release(p, bt);
+    if (r < 0)
         return r;
-    }
     r = drain(p);
     bt->copied = 0;
     if (r == 0 && bt->copy_rc < 0)
@@ -307,8 +324,9 @@ static int pipe_run(rpipe *p, rbatch *cur, rbatch *nx, const atomic_int *cancel)
             copy_out(p, cur);
         else
             cur->copy_rc = r; /* not copied: released, not retrieved */
-        if (cur->held && p->c->fd >= 0 && send_req(p, FERRY__P_RELEASE, cur->h, cur->held, cur) < 0)
-            cur->held = 0; /* the connection went with the locks */
+        int lost = release(p, cur);
+        if (r == 0 && lost < 0)
+            r = lost;
         if (r == 0 && cur->copy_rc < 0)
             r = cur->copy_rc;
         more = more && r == 0;
