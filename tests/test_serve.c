@@ -607,6 +607,24 @@ static void test_daemon_killed_and_restarted(void **state)
     assert_int_equal(ferry_kv_lookup(kv, tok, 6 * CT, NULL), FERRY_ECONN);
     assert_int_equal(ferry_kv_retrieve(kv, tok, 6 * CT, NULL, &dst.b), FERRY_ECONN);
     assert_true(ferry__now_ns() - t0 < 3000000000ull);
+    /* and each chunk's status says so: a caller's array kept from an
+     * earlier call (0: "retrieved") is never left standing */
+    for (int store = 0; store < 2; store++) {
+        int st[8];
+        for (int i = 0; i < 8; i++)
+            st[i] = 0;
+        ferry_kv_req sr = FERRY_KV_REQ_INIT;
+        sr.status = st;
+        sr.max_chunks = 8;
+        int rc = store ? ferry_kv_store(kv, tok, 6 * CT, &sr, &src.b)
+                       : ferry_kv_retrieve(kv, tok, 6 * CT, &sr, &dst.b);
+        assert_int_equal(rc, FERRY_ECONN);
+        for (int i = 0; i < 6; i++)
+            if (st[i] != FERRY_ECONN)
+                fail_msg("%s with the daemon gone: chunk %d's status %d", store ? "store" :
+                         "retrieve", i, st[i]);
+        assert_int_equal(st[6], 0); /* (past the call's chunks: untouched) */
+    }
     assert_non_null(strstr(ferry_kv_last_error(kv), g_sock));
     /* back: the next call connects again and finds what L2 kept */
     pid = daemon_fork(l2);

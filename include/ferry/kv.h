@@ -623,7 +623,10 @@ typedef struct ferry_kv_req {
      *  FERRY_KV_TIER_NONE. max_chunks entries. */
     uint8_t *tiers;
     /** Out, optional: per chunk, 0 (stored/retrieved/already present) or
-     *  the code that chunk failed with (FERRY_ENOTFOUND for a miss). */
+     *  the code that chunk failed with (FERRY_ENOTFOUND for a miss); a
+     *  store or retrieve that fails before it reaches the chunks (the
+     *  daemon gone) gives each of them its own code, never the array's
+     *  old contents. */
     int *status;
     size_t max_chunks;      /**< entries in tiers/status */
     /**

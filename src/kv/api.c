@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <stddef.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,12 +39,23 @@ static int prepare(ferry_kv *kv, const int32_t *tokens, size_t n, const ferry_kv
     return nch;
 }
 
+/* a status no chunk ever has: set before a backend runs, so a chunk it
+ * left unsaid (a call that failed before it reached the chunks: the
+ * daemon gone, memory) gets the call's code, never the caller's old 0 */
+#define STATUS_UNSAID INT32_MIN
+
 int ferry__kv_be_call(ferry_kv *kv, int store, const ferry_kv_hash *ids, size_t nch, size_t n,
                       const ferry_kv_req *req, const ferry_kv_buffer *buf)
 {
     uint64_t t0 = ferry__now_ns();
+    size_t said = req && req->status ? FERRY__MIN(nch, req->max_chunks) : 0;
+    for (size_t i = 0; i < said; i++)
+        req->status[i] = STATUS_UNSAID;
     atomic_fetch_add(store ? &kv->stores : &kv->retrieves, 1);
     int rc = (store ? kv->be->store : kv->be->retrieve)(kv, ids, nch, n, req, buf);
+    for (size_t i = 0; i < said; i++)
+        if (req->status[i] == STATUS_UNSAID)
+            req->status[i] = rc < 0 ? rc : FERRY_ENOTFOUND;
     ferry__kv_hist_record(store ? &kv->h_store : &kv->h_retrieve, ferry__now_ns() - t0);
     return rc;
 }
