@@ -158,13 +158,13 @@ typedef struct trans {
     uint8_t *tn;                     /* [L][E] lanes used */
     /* per visit scratch (E) */
     double *acc, *wr;
-    uint32_t *umark, *emark, stamp;
-    uint8_t *qv;
+    uint8_t *qv;                     /* the visit's bins (tracked_set), 0 between visits */
     uint16_t *ev, *tk, *miss;
     void *evv;                       /* (E) the visit's successors as rows compare them */
     /* learned */
     uint64_t opps[TR_NC], kG[TR_NC], corr[TR_NC];
     double P[TR_NC], pmin;           /* pmin: the least of the P */
+    uint16_t cbase[TR_NC];           /* a cell less its bin: c - c % TR_NCQ */
     uint16_t srt[TR_NC], rk[TR_NC];  /* the cells by p, least first; each one's rank in it
                                         (equal p, equal rank) */
     uint64_t visits, pgen;
@@ -194,7 +194,7 @@ static void tr_fini(ferry__policy *p)
     ord_fini(&s->o);
     void *arr[] = {s->x, s->last, s->V, s->asleep, s->wk,    s->lt,   s->cc,
                    s->ring, s->ring_n, s->ring_v, s->uset, s->un, s->nprev, s->lv, s->An, s->tn,
-                   s->acc, s->wr,  s->umark, s->emark, s->ev, s->tk, s->miss, s->qv};
+                   s->acc, s->wr,  s->ev, s->tk, s->miss, s->qv};
     for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
         ferry__free(arr[i]);
     ferry__free(s->lanes);
@@ -236,8 +236,6 @@ static int tr_init(ferry__policy *p)
     s->evv = ferry__aligned_alloc(64, (size_t)E * 16);
     s->acc = ferry__calloc(E, sizeof *s->acc);
     s->wr = ferry__malloc((size_t)E * sizeof *s->wr);
-    s->umark = ferry__calloc(E, sizeof *s->umark);
-    s->emark = ferry__calloc(E, sizeof *s->emark);
     s->ev = ferry__malloc(((size_t)2 * E + 1) * sizeof *s->ev); /* (+1: a branchless append) */
     s->qv = ferry__calloc(E, sizeof *s->qv);
     s->tk = ferry__malloc((size_t)E * sizeof *s->tk);
@@ -245,7 +243,7 @@ static int tr_init(ferry__policy *p)
     if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->last || !s->V || !s->asleep || !s->wk ||
         !s->lt || !s->cc || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
         !s->un || !s->nprev || !s->lv || !s->An || !s->tn || !s->lanes || !s->evv || !s->acc || !s->wr ||
-        !s->umark || !s->emark || !s->ev || !s->tk || !s->miss || !s->qv) {
+        !s->ev || !s->tk || !s->miss || !s->qv) {
         tr_fini(p);
         return -ENOMEM;
     }
@@ -267,8 +265,10 @@ static int tr_init(ferry__policy *p)
         s->nprev[l] = -1;
         s->cc[(size_t)l * TR_NC + c0] = (uint16_t)E;
     }
-    for (uint32_t c = 0; c < TR_NC; c++)
+    for (uint32_t c = 0; c < TR_NC; c++) {
         s->srt[c] = (uint16_t)c;
+        s->cbase[c] = (uint16_t)(c - c % TR_NCQ);
+    }
     refresh_p(s); /* the priors */
     return 0;
 }
@@ -519,7 +519,7 @@ static inline void mv_done(trmv *m, trans *s)
 /* expert e (layer-local) gets cell c now: counts, and its slot touched
  * in the lead's order (ord_touch_any's, the order's fields in locals) and
  * the follower's */
-static inline void mv_move(trmv *m, uint32_t e, uint16_t c)
+static inline __attribute__((always_inline)) void mv_move(trmv *m, uint32_t e, uint16_t c)
 {
     struct trx *xe = &m->x[e];
     uint16_t old = xe->cell;
@@ -543,15 +543,6 @@ static inline void mv_move(trmv *m, uint32_t e, uint16_t c)
         ord_touch(m->fo, m->l, slot);
 }
 
-/* e (layer-local) joins the visit's events ev once (marked in emark) */
-static inline void ev_add(uint16_t *ev, uint32_t *emark, uint32_t stamp, uint32_t e, uint32_t *nev)
-{
-    /* (no branch: the routed sets of two visits overlap by chance) */
-    ev[*nev] = (uint16_t)e;
-    *nev += emark[e] != stamp;
-    emark[e] = stamp;
-}
-
 /* a row's lane (expert e, term) summed into acc[e]; e listed in cand at
  * its first term, without a branch: acc is all zero between visits (a
  * lane's count is at least 1, and a sum of positive terms is never -0) */
@@ -567,8 +558,8 @@ static inline __attribute__((always_inline)) void ts_lane(double *acc, uint16_t 
 }
 
 /* the experts the routed set's rows track whose feature's bin is above
- * the lowest: listed in us, marked umark, their bin in qv; the others'
- * is the lowest (0) */
+ * the lowest: listed in us, their bin in qv; the others' is the lowest
+ * (0, as qv holds between visits: the caller zeroes the listed ones) */
 static uint32_t tracked_set(trans *s, uint32_t l, const uint16_t *le, uint32_t n, uint16_t *us)
 {
     uint32_t E = s->base.env.num_experts, nc = 0, nu = 0;
@@ -601,29 +592,15 @@ static uint32_t tracked_set(trans *s, uint32_t l, const uint16_t *le, uint32_t n
         s->o.ops += tn;
     }
     double kk = s->k ? (double)s->k : (double)n, base = wsum * kk / E, inv = 1.0 / n;
-    uint32_t *umark = s->umark, stamp = s->stamp;
     uint8_t *qv = s->qv;
-    for (uint32_t i = 0; i < nc; i++) {
+    for (uint32_t i = 0; i < nc; i++) { /* (no branch: mostly every one is above 0) */
         uint32_t e = cand[i], q = tr_bin((acc[e] + base) * inv);
         acc[e] = 0;
-        if (q) {
-            umark[e] = stamp;
-            qv[e] = (uint8_t)q;
-            us[nu++] = (uint16_t)e;
-        }
+        qv[e] = (uint8_t)q;
+        us[nu] = (uint16_t)e;
+        nu += q != 0;
     }
     return nu;
-}
-
-/* a fresh stamp for the visit's marks */
-static void tr_new_stamp(trans *s)
-{
-    if (++s->stamp == 0) { /* (after 2^32 visits) the marks start over */
-        uint32_t E = s->base.env.num_experts;
-        memset(s->umark, 0, E * sizeof *s->umark);
-        memset(s->emark, 0, E * sizeof *s->emark);
-        s->stamp = 1;
-    }
 }
 
 static void tr_end_visit(trans *s, uint32_t layer)
@@ -680,7 +657,6 @@ static void layer_wake(trans *s, uint32_t l)
         for (uint32_t i = 0; i < s->ring_n[ri]; i++)
             s->x[b + set[i]].hist |= (uint16_t)((1u << back) & TR_HMASK); /* (TR_W: out of it) */
     }
-    tr_new_stamp(s);
     size_t rr = (size_t)l * TR_RING + V % TR_RING;
     uint32_t nu = 0;
     if (V > 0 && s->ring_v[rr] == V && s->ring_n[rr] > 0)
@@ -689,11 +665,11 @@ static void layer_wake(trans *s, uint32_t l)
     uint16_t *cc = s->cc + (size_t)l * TR_NC;
     memset(cc, 0, TR_NC * sizeof *cc);
     for (uint32_t e = 0; e < E; e++) {
-        uint32_t q = s->umark[e] == s->stamp ? s->qv[e] : 0;
-        uint16_t c = tr_cell(s->x[b + e].hist, q);
+        uint16_t c = tr_cell(s->x[b + e].hist, s->qv[e]);
         s->x[b + e].cell = c;
         cc[c]++;
     }
+    memset(s->qv, 0, E * sizeof *s->qv); /* (zero between visits) */
     /* its residents filed again from the least recently used, as their
      * uses while it slept would have (a slept layer's uses touch nothing) */
     const ferry__policy_env *env = &s->base.env;
@@ -734,7 +710,6 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
         return 0;
     s->visits++;
     uint64_t V = ++s->V[layer];
-    tr_new_stamp(s);
     /* this visit's set, layer-local (for the next visit and the one 16
      * later): the step's ids are its layer's, so a subtraction, not a
      * division (an id of another layer would take the division) */
@@ -761,55 +736,55 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
     for (uint32_t j = 0; j < n; j++) /* routed now, counted in the cells of before */
         s->kG[s->x[b + le[j]].cell] += 1;
     learn_pending(s, layer); /* (this visit's alone) */
-    /* history events: routed now, at the last visit, 16 visits ago */
-    uint32_t nev = 0, nold = s->un[layer], nu = 0;
-    uint16_t *us = s->uset + b, *tk = s->tk, *ev = s->ev;
-    uint32_t *emark = s->emark, *umark = s->umark, stamp = s->stamp;
-    const uint8_t *qv = s->qv;
-    for (uint32_t j = 0; j < n; j++)
-        ev_add(ev, emark, stamp, le[j], &nev);
-    uint32_t nr = nev; /* the routed set's events come first */
+    uint32_t nold = s->un[layer], nev = n;
+    uint16_t *us = s->uset + b, *tk = s->tk;
+    const uint8_t *qv = s->qv; /* the bins now: 0 but for the tracked ones */
+    const uint16_t *cb = s->cbase;
+    uint32_t ntk = tracked_set(s, layer, le, n, tk);
+    /* history events, each history brought to this visit, the routed bit
+     * set, then its new cell: routed now, at the last visit, 16 visits
+     * ago, in that order. An expert met again is met at distance 0: the
+     * same history, the same cell, no move (so no marks: the moves are
+     * the first meetings', in the same order) */
+    uint32_t v32 = (uint32_t)V;
+    for (uint32_t j = 0; j < n; j++) {
+        uint32_t e = le[j], d = v32 - mv.x[e].hv;
+        uint16_t h = (uint16_t)((d >= TR_W ? 0 : (mv.x[e].hist << d) & TR_HMASK) | 1u);
+        mv.x[e].hist = h;
+        mv.x[e].hv = v32;
+        mv_move(&mv, e, tr_cell(h, qv[e]));
+    }
     for (uint32_t back = 1; back <= TR_W; back += TR_W - 1) {
         size_t ri = (size_t)layer * TR_RING + (V - back) % TR_RING;
         if (V <= back || s->ring_v[ri] != V - back)
             continue;
         const uint16_t *set = s->ring + ri * E;
-        for (uint32_t i = 0; i < s->ring_n[ri]; i++)
-            ev_add(ev, emark, stamp, set[i], &nev);
+        uint32_t ns = s->ring_n[ri];
+        for (uint32_t i = 0; i < ns; i++) {
+            uint32_t e = set[i], d = v32 - mv.x[e].hv;
+            uint16_t h = (uint16_t)(d >= TR_W ? 0 : (mv.x[e].hist << d) & TR_HMASK);
+            mv.x[e].hist = h;
+            mv.x[e].hv = v32;
+            mv_move(&mv, e, tr_cell(h, qv[e]));
+        }
+        nev += ns;
     }
-    uint32_t ntk = tracked_set(s, layer, le, n, tk);
-    /* each history event's history brought to this visit, the routed bit
-     * set, then its new cell */
-    for (uint32_t i = 0; i < nev; i++) {
-        uint32_t e = ev[i], d = (uint32_t)V - mv.x[e].hv, q = umark[e] == stamp ? qv[e] : 0;
-        uint16_t h = (uint16_t)((d >= TR_W ? 0 : (mv.x[e].hist << d) & TR_HMASK) | (i < nr));
-        mv.x[e].hist = h;
-        mv.x[e].hv = (uint32_t)V;
-        mv_move(&mv, e, tr_cell(h, q));
-    }
-    uint16_t *bm = ev + nev; /* (the scratch past the events) */
-    uint32_t nbm = 0;
-    for (uint32_t i = 0; i < nold; i++) { /* each once, without a branch */
+    /* the bins moved: the last visit's tracked experts, then this one's
+     * (one met before is in its cell already: no move) */
+    for (uint32_t i = 0; i < nold; i++) {
         uint32_t e = us[i];
-        bm[nbm] = (uint16_t)e;
-        nbm += emark[e] != stamp;
-        emark[e] = stamp;
+        mv_move(&mv, e, (uint16_t)(cb[mv.x[e].cell] + qv[e]));
     }
     for (uint32_t i = 0; i < ntk; i++) {
         uint32_t e = tk[i];
-        bm[nbm] = (uint16_t)e;
-        nbm += emark[e] != stamp;
-        emark[e] = stamp;
+        mv_move(&mv, e, (uint16_t)(cb[mv.x[e].cell] + qv[e]));
     }
-    for (uint32_t i = 0; i < nbm; i++) {
-        uint32_t e = bm[i], q = umark[e] == stamp ? qv[e] : 0;
-        uint16_t c = mv.x[e].cell;
-        mv_move(&mv, e, (uint16_t)(c - c % TR_NCQ + q));
-    }
+    uint8_t *qz = s->qv;
+    for (uint32_t i = 0; i < ntk; i++)
+        qz[tk[i]] = 0; /* (zero between visits: its cell holds it now) */
     memcpy(us, tk, ntk * sizeof *us); /* named for the next visit's events */
-    nu = ntk;
     s->o.ops += nold + ntk;
-    s->un[layer] = nu;
+    s->un[layer] = ntk;
     s->o.ops += nev + n;
     mv_done(&mv, s);
     tr_end_visit(s, layer);
