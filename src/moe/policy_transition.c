@@ -85,7 +85,7 @@
 #define TR_NQ 17           /* transition bins: 1 + the edges */
 #define TR_NCQ TR_NQ       /* q values */
 #define TR_NC (2 * (TR_W + 1) * TR_NCQ)
-#define TR_BMW ((TR_NC + 63) / 64)
+#define TR_NCP ((TR_NC + 15) / 16 * 16) /* a layer's cell counts, padded for compares */
 #define TR_M 20.0 /* backoff strength toward the prior */
 #define TR_P_HI 0.45
 #define TR_P_LO 0.08
@@ -107,6 +107,7 @@
 static const double tr_edges[TR_NQ - 1] = {0.01, 0.02, 0.03, 0.05, 0.07, 0.10, 0.13, 0.16,
                                            0.20, 0.25, 0.30, 0.35, 0.40, 0.50, 0.60, 0.70};
 
+#define TR_RK_NONE 0x7fffu /* above every rank (ranks < TR_NC) */
 #define NIL UINT32_MAX
 #define CELL_NONE UINT16_MAX
 
@@ -165,8 +166,9 @@ typedef struct trans {
     uint64_t opps[TR_NC], kG[TR_NC], corr[TR_NC];
     double P[TR_NC], pmin;           /* pmin: the least of the P */
     uint16_t cbase[TR_NC];           /* a cell less its bin: c - c % TR_NCQ */
-    uint16_t srt[TR_NC], rk[TR_NC];  /* the cells by p, least first; each one's rank in it
-                                        (equal p, equal rank) */
+    uint16_t srt[TR_NC];             /* the cells by p, least first */
+    uint16_t rk[TR_NCP];             /* each cell's rank in srt (equal p, equal rank;
+                                        the padding's TR_RK_NONE) */
     uint64_t visits, pgen;
     uint32_t sleep_stride;           /* > 1: layers not a multiple of it may sleep */
     uint8_t *asleep;                 /* [L] */
@@ -269,6 +271,8 @@ static int tr_init(ferry__policy *p)
         s->srt[c] = (uint16_t)c;
         s->cbase[c] = (uint16_t)(c - c % TR_NCQ);
     }
+    for (uint32_t c = TR_NC; c < TR_NCP; c++)
+        s->rk[c] = TR_RK_NONE;
     refresh_p(s); /* the priors */
     return 0;
 }
@@ -836,6 +840,75 @@ static void tr_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
         ord_unfile(&((trans *)p)->o, tr_layer_of((trans *)p, id), slot);
 }
 
+/* the least rank of p, at or above lo, of the cells of cnt (a layer's
+ * counts in o) with one filed, TR_RK_NONE when none; and those cells, in
+ * at[w] bit 2i for cell 16w + i. Eight counts a compare (16 with AVX2,
+ * where wide): ranks as signed, the empty cells and those below lo at
+ * TR_RK_NONE, kept for a second pass against the least */
+#define TR_NCW (TR_NCP / 16)
+#if defined(TR_ROWS_AVX2)
+static __attribute__((target("avx2"), noinline)) uint32_t
+least_rank_avx2(const uint16_t *cnt, const uint16_t *rk, uint32_t lo, uint32_t *at)
+{
+    __m256i z = _mm256_setzero_si256(), none = _mm256_set1_epi16((short)TR_RK_NONE);
+    __m256i lov = _mm256_set1_epi16((short)lo), m = none, key[TR_NCW];
+    for (uint32_t w = 0; w < TR_NCW; w++) {
+        __m256i n = _mm256_loadu_si256((const __m256i *)(const void *)(cnt + 16 * w));
+        __m256i r = _mm256_loadu_si256((const __m256i *)(const void *)(rk + 16 * w));
+        __m256i out = _mm256_or_si256(_mm256_cmpeq_epi16(n, z), _mm256_cmpgt_epi16(lov, r));
+        key[w] = _mm256_blendv_epi8(r, none, out);
+        m = _mm256_min_epi16(m, key[w]);
+    }
+    __m128i h = _mm_min_epi16(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+    h = _mm_min_epi16(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(1, 0, 3, 2)));
+    h = _mm_min_epi16(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(2, 3, 0, 1)));
+    h = _mm_min_epi16(h, _mm_shufflelo_epi16(h, _MM_SHUFFLE(2, 3, 0, 1)));
+    uint32_t r = (uint32_t)_mm_cvtsi128_si32(h) & 0xffffu;
+    __m256i rv = _mm256_broadcastw_epi16(h);
+    for (uint32_t w = 0; w < TR_NCW; w++)
+        at[w] = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi16(key[w], rv)) & 0x55555555u;
+    return r;
+}
+#endif
+
+static uint32_t least_rank(const trans *m, const uint16_t *cnt, uint32_t lo, uint32_t *at)
+{
+    const uint16_t *rk = m->rk;
+#if defined(TR_ROWS_AVX2)
+    if (m->wide)
+        return least_rank_avx2(cnt, rk, lo, at);
+#endif
+#if defined(__SSE2__)
+    __m128i z = _mm_setzero_si128(), none = _mm_set1_epi16((short)TR_RK_NONE);
+    __m128i lov = _mm_set1_epi16((short)lo), mn = none, key[2 * TR_NCW];
+    for (uint32_t c = 0; c < TR_NCP; c += 8) {
+        __m128i n = _mm_loadu_si128((const __m128i *)(const void *)(cnt + c));
+        __m128i r = _mm_loadu_si128((const __m128i *)(const void *)(rk + c));
+        __m128i out = _mm_or_si128(_mm_cmpeq_epi16(n, z), _mm_cmplt_epi16(r, lov));
+        key[c / 8] = _mm_or_si128(_mm_andnot_si128(out, r), _mm_and_si128(out, none));
+        mn = _mm_min_epi16(mn, key[c / 8]);
+    }
+    mn = _mm_min_epi16(mn, _mm_shuffle_epi32(mn, _MM_SHUFFLE(1, 0, 3, 2)));
+    mn = _mm_min_epi16(mn, _mm_shuffle_epi32(mn, _MM_SHUFFLE(2, 3, 0, 1)));
+    mn = _mm_min_epi16(mn, _mm_shufflelo_epi16(mn, _MM_SHUFFLE(2, 3, 0, 1)));
+    uint32_t r = (uint32_t)_mm_cvtsi128_si32(mn) & 0xffffu;
+    __m128i rv = _mm_set1_epi16((short)r);
+    for (uint32_t w = 0; w < TR_NCW; w++)
+        at[w] = ((uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(key[2 * w], rv)) |
+                 (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(key[2 * w + 1], rv)) << 16) &
+                0x55555555u;
+    return r;
+#else
+    uint32_t r = TR_RK_NONE;
+    for (uint32_t c = 0; c < TR_NC; c++)
+        r = cnt[c] && rk[c] >= lo && rk[c] < r ? rk[c] : r;
+    memset(at, 0, TR_NCW * sizeof *at);
+    for (uint32_t c = 0; c < TR_NC; c++)
+        at[c / 16] |= (uint32_t)(cnt[c] && rk[c] == r) << (2 * (c % 16));
+    return r;
+#endif
+}
+
 /* layer l's least filed id of o (pinned ones skipped when unpinned_only),
  * NIL when none: the least p, then touched longer ago (keys are unique).
  * The least rank of p over the layer's non-empty cells, then the ids
@@ -844,39 +917,22 @@ static void tr_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
 static uint32_t layer_least(const trans *m, const ferry__policy *p, trord *o, uint32_t l,
                             int unpinned_only)
 {
-    const uint64_t *nz = o->nz + (size_t)l * TR_BMW;
-    const uint16_t *rk = m->rk;
-    uint32_t best = NIL, ops = 0, lo = 0, b = l * o->E;
+    const uint16_t *cnt = o->cnt + (size_t)l * TR_NCP;
+    uint32_t best = NIL, lo = 0, b = l * o->E, at[TR_NCW];
     uint64_t bk = UINT64_MAX;
     for (;;) {
-        uint32_t r = UINT32_MAX, c1 = 0, ties = 0;
-        for (uint32_t w = 0; w < TR_BMW; w++)
-            for (uint64_t bits = nz[w]; bits; bits &= bits - 1) {
-                uint32_t c = w * 64 + (uint32_t)__builtin_ctzll(bits), rc = rk[c];
-                ops++;
-                if (rc < lo)
-                    continue;
-                ties = rc == r ? ties + 1 : rc < r ? 1 : ties;
-                c1 = rc < r ? c : c1;
-                r = rc < r ? rc : r;
-            }
-        if (r == UINT32_MAX)
+        uint32_t r = least_rank(m, cnt, lo, at);
+        o->ops += TR_NCW;
+        if (r == TR_RK_NONE)
             break;
-        if (ties == 1) {
-            ord_cell_least(o, p, b, (uint16_t)c1, unpinned_only, &best, &bk);
-        } else {
-            for (uint32_t w = 0; w < TR_BMW; w++)
-                for (uint64_t bits = nz[w]; bits; bits &= bits - 1) {
-                    uint32_t c = w * 64 + (uint32_t)__builtin_ctzll(bits);
-                    if (rk[c] == r)
-                        ord_cell_least(o, p, b, (uint16_t)c, unpinned_only, &best, &bk);
-                }
-        }
+        for (uint32_t w = 0; w < TR_NCW; w++) /* (which cell first: keys are unique) */
+            for (uint32_t k = at[w]; k; k &= k - 1)
+                ord_cell_least(o, p, b, (uint16_t)(16 * w + (uint32_t)__builtin_ctz(k) / 2),
+                               unpinned_only, &best, &bk);
         if (best != NIL || !unpinned_only)
             break;
         lo = r + 1;
     }
-    o->ops += ops;
     return best;
 }
 
