@@ -124,6 +124,7 @@ typedef struct trx {
 } trx;
 _Static_assert(sizeof(trx) == 8 && TR_W >= 2 && TR_W <= 16, "an expert's state is 8 bytes");
 _Static_assert(TR_K >= 1 && TR_K <= 255 && TR_REFRESH >= 1, "a row's lanes used fit a byte");
+_Static_assert(TR_REFRESH <= 65536u, "a refresh's fold sums E x TR_REFRESH in 32 bits");
 
 #include "moe/tr_order.h"
 
@@ -144,7 +145,7 @@ typedef struct trans {
     /* per layer */
     uint64_t *V;                     /* visits (64 bits: the ring is V % 17, no wrap) */
     uint32_t *lt;                    /* visits since the last fold */
-    uint16_t *cc;                    /* [L][TR_NC] experts in each cell */
+    uint16_t *cc;                    /* [L][TR_NCP] experts in each cell */
     uint16_t *ring;                  /* [L][TR_RING][E] routed sets (layer-local) */
     uint32_t *ring_n;                /* [L][TR_RING] */
     uint64_t *ring_v;                /* [L][TR_RING] the visit a ring entry holds */
@@ -224,7 +225,7 @@ static int tr_init(ferry__policy *p)
     s->asleep = ferry__calloc(L, 1);
     s->wk = ferry__malloc(((size_t)p->env.slots + 1) * sizeof *s->wk);
     s->lt = ferry__calloc(L, sizeof *s->lt);
-    s->cc = ferry__calloc((size_t)L * TR_NC, sizeof *s->cc);
+    s->cc = ferry__calloc((size_t)L * TR_NCP, sizeof *s->cc);
     s->ring = ferry__malloc((size_t)L * TR_RING * E * sizeof *s->ring);
     s->ring_n = ferry__calloc((size_t)L * TR_RING, sizeof *s->ring_n);
     s->ring_v = ferry__calloc((size_t)L * TR_RING, sizeof *s->ring_v);
@@ -255,7 +256,7 @@ static int tr_init(ferry__policy *p)
     memset(s->uset, 0, ids * sizeof *s->uset);
     memset(s->last, 0, ids * sizeof *s->last); /* (zero already: the pages) */
     memset(s->An, 0, ids * sizeof *s->An);
-    memset(s->cc, 0, (size_t)L * TR_NC * sizeof *s->cc);
+    memset(s->cc, 0, (size_t)L * TR_NCP * sizeof *s->cc);
     for (size_t i = 0; i < ids; i++) { /* no expert (TR_NOBODY), count 0 */
         memset(s->lanes + i * TR_ROW, 0xff, TR_K * sizeof *s->lanes);
         memset(s->lanes + i * TR_ROW + TR_K, 0, TR_K * sizeof *s->lanes);
@@ -265,7 +266,7 @@ static int tr_init(ferry__policy *p)
         s->x[i].cell = c0;
     for (uint32_t l = 0; l < L; l++) {
         s->nprev[l] = -1;
-        s->cc[(size_t)l * TR_NC + c0] = (uint16_t)E;
+        s->cc[(size_t)l * TR_NCP + c0] = (uint16_t)E;
     }
     for (uint32_t c = 0; c < TR_NC; c++) {
         s->srt[c] = (uint16_t)c;
@@ -343,6 +344,40 @@ static __attribute__((target("avx2"), noinline)) void fold_cells_avx2(uint64_t *
     for (; c < TR_NC; c++)
         opps[c] += (uint64_t)cc[c] * t;
 }
+
+/* every layer's counts held since its last fold (lt below 2^16: cc x lt
+ * is one 16 x 16 product; 0: nothing held) into opps, through 32-bit
+ * sums: 16 cells an instruction. A refresh comes every TR_REFRESH visits,
+ * so the layers' lt sum to at most that and a cell's sum to at most E x
+ * TR_REFRESH. The sums sit in each 16 cells' block as the products'
+ * halves interleave: cells 0-3, 8-11, 4-7, 12-15. Returns the layers
+ * folded, their lt now 0 */
+static __attribute__((target("avx2"), noinline)) uint32_t
+fold_all_avx2(uint64_t *opps, const uint16_t *cc, uint32_t *lt, uint32_t L)
+{
+    uint32_t sum[TR_NCP] __attribute__((aligned(32))), folded = 0;
+    memset(sum, 0, TR_NCP * sizeof *sum);
+    for (uint32_t l = 0; l < L; l++) {
+        if (!lt[l] || lt[l] > 0xffffu)
+            continue;
+        __m256i tv = _mm256_set1_epi16((short)lt[l]);
+        const uint16_t *lc = cc + (size_t)l * TR_NCP;
+        for (uint32_t w = 0; w < TR_NCP; w += 16) {
+            __m256i n = _mm256_loadu_si256((const __m256i *)(const void *)(lc + w));
+            __m256i lo = _mm256_mullo_epi16(n, tv), hi = _mm256_mulhi_epu16(n, tv);
+            __m256i *a = (__m256i *)(void *)(sum + w);
+            a[0] = _mm256_add_epi32(a[0], _mm256_unpacklo_epi16(lo, hi));
+            a[1] = _mm256_add_epi32(a[1], _mm256_unpackhi_epi16(lo, hi));
+        }
+        lt[l] = 0;
+        folded++;
+    }
+    for (uint32_t c = 0; c < TR_NC; c++) {
+        uint32_t i = c % 16;
+        opps[c] += sum[c - i + ((i & 3) | (i & 8) >> 1 | (i & 4) << 1)];
+    }
+    return folded;
+}
 #endif
 
 /* layer l's counts held since its last fold into opps: every cell, four
@@ -351,7 +386,7 @@ static __attribute__((target("avx2"), noinline)) void fold_cells_avx2(uint64_t *
  * move) */
 static void fold_layer(trans *s, uint32_t l)
 {
-    const uint16_t *cc = s->cc + (size_t)l * TR_NC;
+    const uint16_t *cc = s->cc + (size_t)l * TR_NCP;
     uint64_t t = s->lt[l];
     if (!t)
         return; /* (asleep, or folded already) */
@@ -398,8 +433,12 @@ static void rank_p(trans *s)
 static void refresh_p(trans *s)
 {
     uint32_t L = s->base.env.num_layers;
+#if defined(TR_ROWS_AVX2)
+    if (s->wide)
+        s->o.ops += fold_all_avx2(s->opps, s->cc, s->lt, L) * (TR_NCP / 16);
+#endif
     for (uint32_t l = 0; l < L; l++)
-        fold_layer(s, l);
+        fold_layer(s, l); /* (the rest: none where wide, but lt past 2^16) */
     for (uint32_t c = 0; c < TR_NC; c++) {
         s->opps[c] -= s->corr[c];
         double prior = c / TR_NCQ >= TR_W + 1 ? TR_P_HI : TR_P_LO;
@@ -499,7 +538,7 @@ static inline void mv_init(trmv *m, trans *s, uint32_t l)
     m->b = l * E;
     m->x = s->x + m->b;
     m->where = s->base.env.where + m->b;
-    m->cc = s->cc + (size_t)l * TR_NC;
+    m->cc = s->cc + (size_t)l * TR_NCP;
     m->corr = s->corr;
     m->t = s->lt[l];
     m->sl = s->o.sl;
@@ -666,7 +705,7 @@ static void layer_wake(trans *s, uint32_t l)
     if (V > 0 && s->ring_v[rr] == V && s->ring_n[rr] > 0)
         nu = tracked_set(s, l, s->ring + rr * E, s->ring_n[rr], s->uset + b);
     s->un[l] = nu;
-    uint16_t *cc = s->cc + (size_t)l * TR_NC;
+    uint16_t *cc = s->cc + (size_t)l * TR_NCP;
     memset(cc, 0, TR_NC * sizeof *cc);
     for (uint32_t e = 0; e < E; e++) {
         uint16_t c = tr_cell(s->x[b + e].hist, s->qv[e]);
