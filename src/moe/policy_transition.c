@@ -70,6 +70,7 @@
  * refused at planner create.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -104,8 +105,11 @@
 #define TR_PREFETCH(a) ((void)(a))
 #endif
 
-static const double tr_edges[TR_NQ - 1] = {0.01, 0.02, 0.03, 0.05, 0.07, 0.10, 0.13, 0.16,
-                                           0.20, 0.25, 0.30, 0.35, 0.40, 0.50, 0.60, 0.70};
+/* the edges, between two that no feature is above or below (not numbers:
+ * every compare with them is false) */
+static const double tr_edges[TR_NQ + 1] = {NAN,  0.01, 0.02, 0.03, 0.05, 0.07, 0.10,
+                                           0.13, 0.16, 0.20, 0.25, 0.30, 0.35, 0.40,
+                                           0.50, 0.60, 0.70, NAN};
 
 #define TR_RK_NONE 0x7fffu /* above every rank (ranks < TR_NC) */
 #define NIL UINT32_MAX
@@ -286,22 +290,17 @@ static const uint8_t tr_bin_lut[101] = {
     15, 15, 15, 15, 15, 15, 15, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16,
     16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16};
 
-/* t's bin: how many edges are <= t */
-static uint32_t tr_bin(double t)
+/* t's bin: how many edges are <= t. The table's, from t x 100 (rounded
+ * down, 0 to 100), is exact but within an edge's rounding, where it is
+ * one off: moved up or down by the edges either side (no branch) */
+static inline uint32_t tr_bin(double t)
 {
     double x = t * 100.0;
-    if (!(x > 0))
-        return 0; /* t <= 0 (or not a number): below every edge */
-    if (x >= 100.0)
-        return TR_NQ - 1;
-    uint32_t i = (uint32_t)x, q = tr_bin_lut[i];
-    double f = x - (double)i;
-    if (f > 1e-9 && f < 1.0 - 1e-9)
-        return q; /* t is clear of every edge: the table is exact */
-    while (q > 0 && tr_edges[q - 1] > t)
-        q--;
-    while (q < TR_NQ - 1 && tr_edges[q] <= t)
-        q++;
+    x = x > 0 ? x : 0; /* (t <= 0 or not a number: below every edge) */
+    x = x < 100.0 ? x : 100.0;
+    uint32_t q = tr_bin_lut[(uint32_t)x];
+    q += t >= tr_edges[q + 1];
+    q -= t < tr_edges[q];
     return q;
 }
 
@@ -590,7 +589,7 @@ static inline __attribute__((always_inline)) void mv_move(trmv *m, uint32_t e, u
  * its first term, without a branch: acc is all zero between visits (a
  * lane's count is at least 1, and a sum of positive terms is never -0) */
 static inline __attribute__((always_inline)) void ts_lane(double *acc, uint16_t *cand,
-                                                          uint32_t *nc, uint32_t e, double term)
+                                                          size_t *nc, uint32_t e, double term)
 {
     double a = acc[e];
     uint64_t bits;
@@ -605,7 +604,8 @@ static inline __attribute__((always_inline)) void ts_lane(double *acc, uint16_t 
  * (0, as qv holds between visits: the caller zeroes the listed ones) */
 static uint32_t tracked_set(trans *s, uint32_t l, const uint16_t *le, uint32_t n, uint16_t *us)
 {
-    uint32_t E = s->base.env.num_experts, nc = 0, nu = 0;
+    uint32_t E = s->base.env.num_experts, nu = 0;
+    size_t nc = 0;
     const uint16_t *An = s->An + (size_t)l * E;
     double wsum = 0;
     double *wr = s->wr;
@@ -636,7 +636,7 @@ static uint32_t tracked_set(trans *s, uint32_t l, const uint16_t *le, uint32_t n
     }
     double kk = s->k ? (double)s->k : (double)n, base = wsum * kk / E, inv = 1.0 / n;
     uint8_t *qv = s->qv;
-    for (uint32_t i = 0; i < nc; i++) { /* (no branch: mostly every one is above 0) */
+    for (size_t i = 0; i < nc; i++) { /* (no branch: mostly every one is above 0) */
         uint32_t e = cand[i], q = tr_bin((acc[e] + base) * inv);
         acc[e] = 0;
         qv[e] = (uint8_t)q;
