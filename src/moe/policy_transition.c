@@ -599,6 +599,59 @@ static inline __attribute__((always_inline)) void ts_lane(double *acc, uint16_t 
     acc[e] = a + term;
 }
 
+#if defined(TR_ROWS_AVX2)
+/* the edges, each in four lanes */
+#define TR_E4(x) {x, x, x, x}
+static const double tr_edges4[TR_NQ - 1][4] __attribute__((aligned(32))) = {
+    TR_E4(0.01), TR_E4(0.02), TR_E4(0.03), TR_E4(0.05), TR_E4(0.07), TR_E4(0.10),
+    TR_E4(0.13), TR_E4(0.16), TR_E4(0.20), TR_E4(0.25), TR_E4(0.30), TR_E4(0.35),
+    TR_E4(0.40), TR_E4(0.50), TR_E4(0.60), TR_E4(0.70)};
+#undef TR_E4
+
+/* tracked_set's bins of cand[0..nc) four at a time: t = (acc + base) x
+ * inv as tr_bin's caller rounds it, its bin the count of edges <= t (an
+ * ordered compare: not a number is below every edge), acc zeroed, the bin
+ * in qv, those above 0 listed in us (*nu of them); returns how many are
+ * done (the rest: fewer than four) */
+static __attribute__((target("avx2"), noinline)) size_t
+bin_avx2(const uint16_t *cand, size_t nc, double *acc, double base, double inv, uint8_t *qv,
+         uint16_t *us, uint32_t *nu)
+{
+    __m256d bv = _mm256_set1_pd(base), iv = _mm256_set1_pd(inv);
+    uint32_t u = *nu;
+    size_t i = 0;
+    for (; i + 4 <= nc; i += 4) {
+        uint32_t e0 = cand[i], e1 = cand[i + 1], e2 = cand[i + 2], e3 = cand[i + 3];
+        __m256d a = _mm256_set_pd(acc[e3], acc[e2], acc[e1], acc[e0]);
+        acc[e0] = acc[e1] = acc[e2] = acc[e3] = 0;
+        __m256d t = _mm256_mul_pd(_mm256_add_pd(a, bv), iv);
+        __m256i q = _mm256_setzero_si256();
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC unroll 16
+#endif
+        for (uint32_t k = 0; k < TR_NQ - 1; k++)
+            q = _mm256_sub_epi64(q, _mm256_castpd_si256(_mm256_cmp_pd(
+                                        t, _mm256_load_pd(tr_edges4[k]), _CMP_GE_OQ)));
+        uint64_t qq[4];
+        _mm256_storeu_si256((__m256i *)(void *)qq, q);
+        qv[e0] = (uint8_t)qq[0];
+        qv[e1] = (uint8_t)qq[1];
+        qv[e2] = (uint8_t)qq[2];
+        qv[e3] = (uint8_t)qq[3];
+        us[u] = (uint16_t)e0;
+        u += qq[0] != 0;
+        us[u] = (uint16_t)e1;
+        u += qq[1] != 0;
+        us[u] = (uint16_t)e2;
+        u += qq[2] != 0;
+        us[u] = (uint16_t)e3;
+        u += qq[3] != 0;
+    }
+    *nu = u;
+    return i;
+}
+#endif
+
 /* the experts the routed set's rows track whose feature's bin is above
  * the lowest: listed in us, their bin in qv; the others' is the lowest
  * (0, as qv holds between visits: the caller zeroes the listed ones) */
@@ -636,7 +689,12 @@ static uint32_t tracked_set(trans *s, uint32_t l, const uint16_t *le, uint32_t n
     }
     double kk = s->k ? (double)s->k : (double)n, base = wsum * kk / E, inv = 1.0 / n;
     uint8_t *qv = s->qv;
-    for (size_t i = 0; i < nc; i++) { /* (no branch: mostly every one is above 0) */
+    size_t i = 0;
+#if defined(TR_ROWS_AVX2)
+    if (s->wide)
+        i = bin_avx2(cand, nc, acc, base, inv, qv, us, &nu);
+#endif
+    for (; i < nc; i++) { /* (no branch: mostly every one is above 0) */
         uint32_t e = cand[i], q = tr_bin((acc[e] + base) * inv);
         acc[e] = 0;
         qv[e] = (uint8_t)q;
