@@ -599,7 +599,56 @@ static inline __attribute__((always_inline)) void ts_lane(double *acc, uint16_t 
     acc[e] = a + term;
 }
 
+/* the routed set le[0..n)'s rows (lanes and lanes used of its layer),
+ * each lane's term (its count x the row's weight wr) summed into acc, the
+ * lanes' experts listed in cand at their first term; returns how many */
+static inline __attribute__((always_inline)) size_t
+ts_rows_in(const uint16_t *lanes, const uint8_t *tn, const uint16_t *le, uint32_t n,
+           const double *wr, double *acc, uint16_t *cand, uint64_t *ops,
+           void (*terms)(const uint16_t *, double, double *))
+{
+    size_t nc = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        uint32_t r = le[j], used = tn[r];
+        const uint16_t *top = lanes + (size_t)r * TR_ROW;
+        double term[TR_K];
+        terms(top + TR_K, wr[j], term);
+        if (used == TR_K) { /* (a full row, the steady state: no loop count) */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC unroll 16
+#endif
+            for (uint32_t i = 0; i < TR_K; i++)
+                ts_lane(acc, cand, &nc, top[i], term[i]);
+        } else {
+            for (uint32_t i = 0; i < used; i++)
+                ts_lane(acc, cand, &nc, top[i], term[i]);
+        }
+        *ops += used;
+    }
+    return nc;
+}
+
 #if defined(TR_ROWS_AVX2)
+/* rowv_terms four lanes an instruction: the same products */
+static inline __attribute__((always_inline, target("avx2"))) void
+rowv_terms_avx2(const uint16_t *tc, double w, double *term)
+{
+    __m256d wv = _mm256_set1_pd(w);
+    for (int h = 0; h < 2; h++) {
+        __m256i c = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(tc + 8 * h)));
+        _mm256_storeu_pd(term + 8 * h, _mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(c)), wv));
+        _mm256_storeu_pd(term + 8 * h + 4,
+                         _mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(c, 1)), wv));
+    }
+}
+
+static __attribute__((target("avx2"), noinline)) size_t
+ts_rows_avx2(const uint16_t *lanes, const uint8_t *tn, const uint16_t *le, uint32_t n,
+             const double *wr, double *acc, uint16_t *cand, uint64_t *ops)
+{
+    return ts_rows_in(lanes, tn, le, n, wr, acc, cand, ops, rowv_terms_avx2);
+}
+
 /* the edges, each in four lanes */
 #define TR_E4(x) {x, x, x, x}
 static const double tr_edges4[TR_NQ - 1][4] __attribute__((aligned(32))) = {
@@ -668,25 +717,14 @@ static uint32_t tracked_set(trans *s, uint32_t l, const uint16_t *le, uint32_t n
     }
     uint16_t *cand = s->ev + E; /* (the second half of the scratch) */
     double *acc = s->acc;
-    for (uint32_t j = 0; j < n; j++) {
-        uint32_t r = le[j];
-        size_t ri = (size_t)l * E + r;
-        const uint16_t *top = s->lanes + ri * TR_ROW, *tc = top + TR_K;
-        double term[TR_K];
-        rowv_terms(tc, wr[j], term);
-        uint32_t tn = s->tn[ri];
-        if (tn == TR_K) { /* (a full row, the steady state: no loop count) */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC unroll 16
+    const uint16_t *lanes = s->lanes + (size_t)l * E * TR_ROW;
+    const uint8_t *tn = s->tn + (size_t)l * E;
+#if defined(TR_ROWS_AVX2)
+    if (s->wide)
+        nc = ts_rows_avx2(lanes, tn, le, n, wr, acc, cand, &s->o.ops);
+    else
 #endif
-            for (uint32_t i = 0; i < TR_K; i++)
-                ts_lane(acc, cand, &nc, top[i], term[i]);
-        } else {
-            for (uint32_t i = 0; i < tn; i++)
-                ts_lane(acc, cand, &nc, top[i], term[i]);
-        }
-        s->o.ops += tn;
-    }
+        nc = ts_rows_in(lanes, tn, le, n, wr, acc, cand, &s->o.ops, rowv_terms);
     double kk = s->k ? (double)s->k : (double)n, base = wsum * kk / E, inv = 1.0 / n;
     uint8_t *qv = s->qv;
     size_t i = 0;
