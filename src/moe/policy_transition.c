@@ -525,7 +525,7 @@ typedef struct trmv {
     uint16_t *cc;          /* the layer's cell counts */
     uint64_t *corr, t;
     trslot *sl;            /* the lead's order: its slots, touched at each move */
-    uint32_t *plist, pn, none, on, ops;
+    uint32_t *plist, pn, none, on;
     const uint32_t *fwhere; /* a follower's slots of the layer's experts, NULL: none */
     trord *fo;              /* its order */
     uint32_t l, b;
@@ -544,7 +544,7 @@ static inline void mv_init(trmv *m, trans *s, uint32_t l)
     m->plist = s->o.plist;
     m->pn = s->o.pn;
     m->none = s->o.n;
-    m->on = m->ops = 0;
+    m->on = 0;
     m->fwhere = s->fol ? s->fol->env.where + m->b : NULL;
     m->fo = s->fol_o;
     m->l = l;
@@ -553,9 +553,12 @@ static inline void mv_init(trmv *m, trans *s, uint32_t l)
 /* the visit's moves' touches of the lead's slots, into its order */
 static inline void mv_done(trmv *m, trans *s)
 {
+    uint32_t listed = m->pn - s->o.pn;
     s->o.pn = m->pn;
-    s->o.ops += m->ops;
-    s->o.lgen[m->l] &= (uint64_t)m->on - 1; /* one filed: 0, find the least again */
+    s->o.ops += listed;
+    /* one listed: 0, find the least again (one listed before is of a
+     * layer whose least is found again already: no pick since) */
+    s->o.lgen[m->l] &= (uint64_t)m->on - 1;
 }
 
 /* expert e (layer-local) gets cell c now: counts, and its slot touched
@@ -576,7 +579,6 @@ static inline __attribute__((always_inline)) void mv_move(trmv *m, uint32_t e, u
     trslot *sv = &m->sl[v];
     on = sv->id != NIL;
     m->on |= on;
-    m->ops += on;
     m->plist[m->pn] = v;
     m->pn += on & !sv->pend;
     sv->pend |= (uint8_t)on;
@@ -914,13 +916,12 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
         uint32_t e = us[i];
         mv_move(&mv, e, (uint16_t)(cb[mv.x[e].cell] + qv[e]));
     }
+    uint8_t *qz = s->qv;
     for (uint32_t i = 0; i < ntk; i++) {
         uint32_t e = tk[i];
-        mv_move(&mv, e, (uint16_t)(cb[mv.x[e].cell] + qv[e]));
+        mv_move(&mv, e, (uint16_t)(cb[mv.x[e].cell] + qz[e]));
+        qz[e] = 0; /* (zero between visits: its cell holds it now) */
     }
-    uint8_t *qz = s->qv;
-    for (uint32_t i = 0; i < ntk; i++)
-        qz[tk[i]] = 0; /* (zero between visits: its cell holds it now) */
     memcpy(us, tk, ntk * sizeof *us); /* named for the next visit's events */
     s->o.ops += nold + ntk;
     s->un[layer] = ntk;
