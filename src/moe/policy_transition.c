@@ -462,6 +462,13 @@ static void learn_transitions(trans *s, uint32_t l, const uint16_t *le, uint32_t
     int wide = s->wide;
     rowv_events(le, n, evs);
     uint8_t *tn = s->tn + b;
+#if defined(TR_ROWS_AVX2)
+    if (wide && np > 0) {
+        rows_learn_avx2(lanes, An, tn, prev, (uint32_t)np, evs, le, n, miss);
+        s->o.ops += (uint64_t)n * (uint32_t)np;
+        return;
+    }
+#endif
     for (int32_t i = 0; i < np; i++)
         tn[prev[i]] = (uint8_t)row_learn(lanes + (size_t)prev[i] * TR_ROW, &An[prev[i]], evs, le,
                                          n, miss, wide);
