@@ -1071,7 +1071,7 @@ static uint32_t layer_least(const trans *m, const ferry__policy *p, trord *o, ui
         for (uint32_t w = 0; w < TR_NCW; w++) /* (which cell first: keys are unique) */
             for (uint32_t k = at[w]; k; k &= k - 1)
                 ord_cell_least(o, p, b, (uint16_t)(16 * w + (uint32_t)__builtin_ctz(k) / 2),
-                               unpinned_only, &best, &bk);
+                               unpinned_only, &best, &bk, m->wide);
         if (best != NIL || !unpinned_only)
             break;
         lo = r + 1;
