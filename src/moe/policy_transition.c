@@ -166,7 +166,6 @@ typedef struct trans {
     /* per visit scratch (E) */
     double *acc, *wr;
     uint8_t *qv;                     /* the visit's bins (tracked_set), 0 between visits */
-    uint32_t *rt;                    /* (E) a learning visit's successors: 1 + index, else 0 */
     uint16_t *ev, *tk, *miss;
     void *evv;                       /* (E) the visit's successors as rows compare them */
     /* learned */
@@ -203,7 +202,7 @@ static void tr_fini(ferry__policy *p)
     ord_fini(&s->o);
     void *arr[] = {s->x, s->last, s->V, s->asleep, s->wk,    s->lt,   s->cc,
                    s->ring, s->ring_n, s->ring_v, s->uset, s->un, s->nprev, s->lv, s->An, s->tn,
-                   s->acc, s->wr,  s->ev, s->rt, s->tk, s->miss, s->qv};
+                   s->acc, s->wr,  s->ev, s->tk, s->miss, s->qv};
     for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
         ferry__free(arr[i]);
     ferry__free(s->lanes);
@@ -247,13 +246,12 @@ static int tr_init(ferry__policy *p)
     s->wr = ferry__malloc((size_t)E * sizeof *s->wr);
     s->ev = ferry__malloc(((size_t)2 * E + 1) * sizeof *s->ev); /* (+1: a branchless append) */
     s->qv = ferry__calloc(E, sizeof *s->qv);
-    s->rt = ferry__calloc(E, sizeof *s->rt);
     s->tk = ferry__malloc((size_t)E * sizeof *s->tk);
     s->miss = ferry__malloc(((size_t)E + 1) * sizeof *s->miss); /* (+1: a branchless append) */
     if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->last || !s->V || !s->asleep || !s->wk ||
         !s->lt || !s->cc || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
         !s->un || !s->nprev || !s->lv || !s->An || !s->tn || !s->lanes || !s->evv || !s->acc || !s->wr ||
-        !s->ev || !s->tk || !s->miss || !s->qv || !s->rt) {
+        !s->ev || !s->tk || !s->miss || !s->qv) {
         tr_fini(p);
         return -ENOMEM;
     }
@@ -413,12 +411,7 @@ static void learn_transitions(trans *s, uint32_t l, const uint16_t *le, uint32_t
     uint8_t *tn = s->tn + b;
 #if defined(TR_ROWS_AVX2)
     if (wide && np > 0) {
-        uint32_t *rt = n <= 32 ? s->rt : NULL;
-        for (uint32_t j = 0; rt && j < n; j++)
-            rt[le[j]] = j + 1;
-        rows_learn_avx2(lanes, An, tn, prev, (uint32_t)np, evs, le, n, miss, rt);
-        for (uint32_t j = 0; rt && j < n; j++)
-            rt[le[j]] = 0;
+        rows_learn_avx2(lanes, An, tn, prev, (uint32_t)np, evs, le, n, miss);
         s->o.ops += (uint64_t)n * (uint32_t)np;
         return;
     }

@@ -298,7 +298,7 @@ static inline __attribute__((always_inline, target("avx2"))) uint32_t rowv_least
  * bytes are lane at's mask over the 16) */
 static inline __attribute__((always_inline, target("avx2"))) uint32_t
 row_learn_avx2_in(uint16_t *top, uint16_t *an, const trev *evs, const uint16_t *le, uint32_t n,
-                  uint16_t *miss, const uint32_t *rt)
+                  uint16_t *miss)
 {
     uint16_t *tc = top + TR_K;
     __m256i t = _mm256_loadu_si256((const __m256i *)(const void *)top);
@@ -313,33 +313,11 @@ row_learn_avx2_in(uint16_t *top, uint16_t *an, const trev *evs, const uint16_t *
     uint32_t k = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi16(t, none));
     uint32_t used = k ? (uint32_t)__builtin_ctz(k) / 2 : TR_K, nm = 0;
     __m256i h = _mm256_setzero_si256();
-    if (rt) { /* each lane's expert looked up: its index in le + 1, 0 if not there */
-        __m256i z = _mm256_setzero_si256(), one = _mm256_set1_epi32(1);
-        __m256i nb = _mm256_set1_epi32(TR_NOBODY), ones = _mm256_cmpeq_epi32(z, z);
-        __m256i i0 = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(t));
-        __m256i i1 = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(t, 1));
-        __m256i g0 = _mm256_mask_i32gather_epi32(z, (const int *)(const void *)rt, i0,
-                                                 _mm256_xor_si256(_mm256_cmpeq_epi32(i0, nb), ones), 4);
-        __m256i g1 = _mm256_mask_i32gather_epi32(z, (const int *)(const void *)rt, i1,
-                                                 _mm256_xor_si256(_mm256_cmpeq_epi32(i1, nb), ones), 4);
-        h = _mm256_permute4x64_epi64(
-            _mm256_packs_epi32(_mm256_cmpgt_epi32(g0, z), _mm256_cmpgt_epi32(g1, z)), 0xd8);
-        /* the successors some lane has: bit g - 1 (a shift past 31: none) */
-        __m256i b = _mm256_or_si256(_mm256_sllv_epi32(one, _mm256_sub_epi32(g0, one)),
-                                    _mm256_sllv_epi32(one, _mm256_sub_epi32(g1, one)));
-        __m128i b4 = _mm_or_si128(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
-        b4 = _mm_or_si128(b4, _mm_shuffle_epi32(b4, _MM_SHUFFLE(1, 0, 3, 2)));
-        b4 = _mm_or_si128(b4, _mm_shuffle_epi32(b4, _MM_SHUFFLE(2, 3, 0, 1)));
-        uint32_t absent = ~(uint32_t)_mm_cvtsi128_si32(b4) & (n < 32 ? (1u << n) - 1 : ~0u);
-        for (; absent; absent &= absent - 1) /* the others, in order */
-            miss[nm++] = (uint16_t)__builtin_ctz(absent);
-    } else {
-        for (uint32_t j = 0; j < n; j++) { /* each that has a lane: +1 (saturating) */
-            __m256i eq = _mm256_cmpeq_epi16(t, _mm256_broadcastsi128_si256(evs[j]));
-            h = _mm256_or_si256(h, eq);
-            miss[nm] = (uint16_t)j;
-            nm += _mm256_movemask_epi8(eq) == 0;
-        }
+    for (uint32_t j = 0; j < n; j++) { /* each that has a lane: +1 (saturating) */
+        __m256i eq = _mm256_cmpeq_epi16(t, _mm256_broadcastsi128_si256(evs[j]));
+        h = _mm256_or_si256(h, eq);
+        miss[nm] = (uint16_t)j;
+        nm += _mm256_movemask_epi8(eq) == 0;
     }
     c = _mm256_subs_epi16(c, h);
     uint32_t full = used + nm > TR_K;
@@ -365,31 +343,19 @@ static __attribute__((target("avx2"), noinline)) uint32_t
 row_learn_avx2(uint16_t *top, uint16_t *an, const trev *evs, const uint16_t *le, uint32_t n,
                uint16_t *miss)
 {
-    return row_learn_avx2_in(top, an, evs, le, n, miss, NULL);
+    return row_learn_avx2_in(top, an, evs, le, n, miss);
 }
 
 /* row_learn_avx2 of the rows prev[0..np) (of lanes, their totals an and
- * lanes used tn): one call a visit. With rt (n <= 32: rt[e] = 1 + e's
- * index in le, 0 for the experts not in it; an unused lane's never read)
- * a row's lanes are looked up in it, two gathers, rather than compared
- * with each successor: the same counts, the same others in the same
- * order */
+ * lanes used tn): one call a visit */
 static __attribute__((unused, target("avx2"), noinline)) void
 rows_learn_avx2(uint16_t *lanes, uint16_t *an, uint8_t *tn, const uint16_t *prev, uint32_t np,
-                const trev *evs, const uint16_t *le, uint32_t n, uint16_t *miss, const uint32_t *rt)
+                const trev *evs, const uint16_t *le, uint32_t n, uint16_t *miss)
 {
-    if (rt && n <= 32)
-        for (uint32_t i = 0; i < np; i++) {
-            uint32_t r = prev[i];
-            tn[r] = (uint8_t)row_learn_avx2_in(lanes + (size_t)r * TR_ROW, &an[r], evs, le, n,
-                                               miss, rt);
-        }
-    else
-        for (uint32_t i = 0; i < np; i++) {
-            uint32_t r = prev[i];
-            tn[r] = (uint8_t)row_learn_avx2_in(lanes + (size_t)r * TR_ROW, &an[r], evs, le, n,
-                                               miss, NULL);
-        }
+    for (uint32_t i = 0; i < np; i++) {
+        uint32_t r = prev[i];
+        tn[r] = (uint8_t)row_learn_avx2_in(lanes + (size_t)r * TR_ROW, &an[r], evs, le, n, miss);
+    }
 }
 #endif
 
