@@ -166,6 +166,7 @@ typedef struct trans {
     /* per visit scratch (E) */
     double *acc, *wr;
     uint8_t *qv;                     /* the visit's bins (tracked_set), 0 between visits */
+    uint32_t *emark, stamp;          /* (E) the visit's events and bins' moves, once each */
     uint16_t *ev, *tk, *miss;
     void *evv;                       /* (E) the visit's successors as rows compare them */
     /* learned */
@@ -202,7 +203,7 @@ static void tr_fini(ferry__policy *p)
     ord_fini(&s->o);
     void *arr[] = {s->x, s->last, s->V, s->asleep, s->wk,    s->lt,   s->cc,
                    s->ring, s->ring_n, s->ring_v, s->uset, s->un, s->nprev, s->lv, s->An, s->tn,
-                   s->acc, s->wr,  s->ev, s->tk, s->miss, s->qv};
+                   s->acc, s->wr,  s->ev, s->emark, s->tk, s->miss, s->qv};
     for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
         ferry__free(arr[i]);
     ferry__free(s->lanes);
@@ -246,12 +247,13 @@ static int tr_init(ferry__policy *p)
     s->wr = ferry__malloc((size_t)E * sizeof *s->wr);
     s->ev = ferry__malloc(((size_t)2 * E + 1) * sizeof *s->ev); /* (+1: a branchless append) */
     s->qv = ferry__calloc(E, sizeof *s->qv);
+    s->emark = ferry__calloc(E, sizeof *s->emark);
     s->tk = ferry__malloc((size_t)E * sizeof *s->tk);
     s->miss = ferry__malloc(((size_t)E + 1) * sizeof *s->miss); /* (+1: a branchless append) */
     if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->last || !s->V || !s->asleep || !s->wk ||
         !s->lt || !s->cc || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
         !s->un || !s->nprev || !s->lv || !s->An || !s->tn || !s->lanes || !s->evv || !s->acc || !s->wr ||
-        !s->ev || !s->tk || !s->miss || !s->qv) {
+        !s->ev || !s->tk || !s->miss || !s->qv || !s->emark) {
         tr_fini(p);
         return -ENOMEM;
     }
@@ -583,6 +585,23 @@ static uint32_t tracked_set(trans *s, uint32_t l, const uint16_t *le, uint32_t n
     return nu;
 }
 
+/* a fresh stamp for the visit's marks */
+static void tr_new_stamp(trans *s)
+{
+    if (++s->stamp == 0) { /* (after 2^32 visits) the marks start over */
+        memset(s->emark, 0, s->base.env.num_experts * sizeof *s->emark);
+        s->stamp = 1;
+    }
+}
+
+/* e (layer-local) joins the visit's events ev once (marked in emark) */
+static inline void ev_add(uint16_t *ev, uint32_t *emark, uint32_t stamp, uint32_t e, uint32_t *nev)
+{
+    ev[*nev] = (uint16_t)e;
+    *nev += emark[e] != stamp;
+    emark[e] = stamp;
+}
+
 static void tr_end_visit(trans *s, uint32_t layer)
 {
     if (s->visits < TR_REFRESH ? !(s->visits & (s->visits - 1)) : s->visits % TR_REFRESH == 0)
@@ -690,6 +709,7 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
         return 0;
     s->visits++;
     uint64_t V = ++s->V[layer];
+    tr_new_stamp(s);
     /* this visit's set, layer-local (for the next visit and the one 16
      * later): the step's ids are its layer's, so a subtraction, not a
      * division (an id of another layer would take the division) */
@@ -716,51 +736,58 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
     for (uint32_t j = 0; j < n; j++) /* routed now, counted in the cells of before */
         s->kG[s->x[b + le[j]].cell] += 1;
     learn_pending(s, layer); /* (this visit's alone) */
-    uint32_t nold = s->un[layer], nev = n;
-    uint16_t *us = s->uset + b, *tk = s->tk;
-    const uint8_t *qv = s->qv; /* the bins now: 0 but for the tracked ones */
-    const uint16_t *cb = s->cbase;
-    uint32_t ntk = tracked_set(s, layer, le, n, tk);
-    /* history events, each history brought to this visit, the routed bit
-     * set, then its new cell: routed now, at the last visit, 16 visits
-     * ago, in that order. An expert met again is met at distance 0: the
-     * same history, the same cell, no move (so no marks: the moves are
-     * the first meetings', in the same order) */
-    uint32_t v32 = (uint32_t)V;
-    for (uint32_t j = 0; j < n; j++) {
-        uint32_t e = le[j], d = v32 - mv.x[e].hv;
-        uint16_t h = (uint16_t)((d >= TR_W ? 0 : (mv.x[e].hist << d) & TR_HMASK) | 1u);
-        mv.x[e].hist = h;
-        mv.x[e].hv = v32;
-        mv_move(&mv, e, tr_cell(h, qv[e]));
-    }
+    /* history events: routed now, at the last visit, 16 visits ago, each
+     * once (marked in emark, without a branch: the sets overlap by chance) */
+    uint32_t nev = 0, nold = s->un[layer];
+    uint16_t *us = s->uset + b, *tk = s->tk, *ev = s->ev;
+    uint32_t *emark = s->emark, stamp = s->stamp;
+    for (uint32_t j = 0; j < n; j++)
+        ev_add(ev, emark, stamp, le[j], &nev);
+    uint32_t nr = nev; /* the routed set's events come first */
     for (uint32_t back = 1; back <= TR_W; back += TR_W - 1) {
         size_t ri = (size_t)layer * TR_RING + (V - back) % TR_RING;
         if (V <= back || s->ring_v[ri] != V - back)
             continue;
         const uint16_t *set = s->ring + ri * E;
-        uint32_t ns = s->ring_n[ri];
-        for (uint32_t i = 0; i < ns; i++) {
-            uint32_t e = set[i], d = v32 - mv.x[e].hv;
-            uint16_t h = (uint16_t)(d >= TR_W ? 0 : (mv.x[e].hist << d) & TR_HMASK);
-            mv.x[e].hist = h;
-            mv.x[e].hv = v32;
-            mv_move(&mv, e, tr_cell(h, qv[e]));
-        }
-        nev += ns;
+        for (uint32_t i = 0; i < s->ring_n[ri]; i++)
+            ev_add(ev, emark, stamp, set[i], &nev);
     }
-    /* the bins moved: the last visit's tracked experts, then this one's
-     * (one met before is in its cell already: no move) */
+    uint32_t ntk = tracked_set(s, layer, le, n, tk);
+    const uint8_t *qv = s->qv; /* the bins now: 0 but for the tracked ones */
+    const uint16_t *cb = s->cbase;
+    /* each history event's history brought to this visit, the routed bit
+     * set, then its new cell */
+    uint32_t v32 = (uint32_t)V;
+    for (uint32_t i = 0; i < nev; i++) {
+        uint32_t e = ev[i], d = v32 - mv.x[e].hv;
+        uint16_t h = (uint16_t)((d >= TR_W ? 0 : (mv.x[e].hist << d) & TR_HMASK) | (i < nr));
+        mv.x[e].hist = h;
+        mv.x[e].hv = v32;
+        mv_move(&mv, e, tr_cell(h, qv[e]));
+    }
+    /* the bins moved: the last visit's tracked experts, then this one's,
+     * each once and none of the events' (in their cells already) */
+    uint16_t *bm = ev + nev; /* (the scratch past the events) */
+    uint32_t nbm = 0;
     for (uint32_t i = 0; i < nold; i++) {
         uint32_t e = us[i];
+        bm[nbm] = (uint16_t)e;
+        nbm += emark[e] != stamp;
+        emark[e] = stamp;
+    }
+    for (uint32_t i = 0; i < ntk; i++) {
+        uint32_t e = tk[i];
+        bm[nbm] = (uint16_t)e;
+        nbm += emark[e] != stamp;
+        emark[e] = stamp;
+    }
+    for (uint32_t i = 0; i < nbm; i++) {
+        uint32_t e = bm[i];
         mv_move(&mv, e, (uint16_t)(cb[mv.x[e].cell] + qv[e]));
     }
     uint8_t *qz = s->qv;
-    for (uint32_t i = 0; i < ntk; i++) {
-        uint32_t e = tk[i];
-        mv_move(&mv, e, (uint16_t)(cb[mv.x[e].cell] + qz[e]));
-        qz[e] = 0; /* (zero between visits: its cell holds it now) */
-    }
+    for (uint32_t i = 0; i < ntk; i++)
+        qz[tk[i]] = 0; /* (zero between visits: its cell holds it now) */
     memcpy(us, tk, ntk * sizeof *us); /* named for the next visit's events */
     s->o.ops += nold + ntk;
     s->un[layer] = ntk;
