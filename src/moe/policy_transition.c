@@ -70,6 +70,7 @@
  * refused at planner create.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -85,7 +86,7 @@
 #define TR_NQ 17           /* transition bins: 1 + the edges */
 #define TR_NCQ TR_NQ       /* q values */
 #define TR_NC (2 * (TR_W + 1) * TR_NCQ)
-#define TR_BMW ((TR_NC + 63) / 64)
+#define TR_NCP ((TR_NC + 15) / 16 * 16) /* a layer's cell counts, padded for compares */
 #define TR_M 20.0 /* backoff strength toward the prior */
 #define TR_P_HI 0.45
 #define TR_P_LO 0.08
@@ -104,9 +105,13 @@
 #define TR_PREFETCH(a) ((void)(a))
 #endif
 
-static const double tr_edges[TR_NQ - 1] = {0.01, 0.02, 0.03, 0.05, 0.07, 0.10, 0.13, 0.16,
-                                           0.20, 0.25, 0.30, 0.35, 0.40, 0.50, 0.60, 0.70};
+/* the edges, between two that no feature is above or below (not numbers:
+ * every compare with them is false) */
+static const double tr_edges[TR_NQ + 1] = {NAN,  0.01, 0.02, 0.03, 0.05, 0.07, 0.10,
+                                           0.13, 0.16, 0.20, 0.25, 0.30, 0.35, 0.40,
+                                           0.50, 0.60, 0.70, NAN};
 
+#define TR_RK_NONE 0x7fffu /* above every rank (ranks < TR_NC) */
 #define NIL UINT32_MAX
 #define CELL_NONE UINT16_MAX
 
@@ -123,8 +128,10 @@ typedef struct trx {
 } trx;
 _Static_assert(sizeof(trx) == 8 && TR_W >= 2 && TR_W <= 16, "an expert's state is 8 bytes");
 _Static_assert(TR_K >= 1 && TR_K <= 255 && TR_REFRESH >= 1, "a row's lanes used fit a byte");
+_Static_assert(TR_REFRESH <= 65536u, "a refresh's fold sums E x TR_REFRESH in 32 bits");
 
 #include "moe/tr_order.h"
+#include "moe/tr_vec.h"
 
 typedef struct trwk { /* a resident of a waking layer: its last use */
     uint64_t last;
@@ -143,7 +150,7 @@ typedef struct trans {
     /* per layer */
     uint64_t *V;                     /* visits (64 bits: the ring is V % 17, no wrap) */
     uint32_t *lt;                    /* visits since the last fold */
-    uint16_t *cc;                    /* [L][TR_NC] experts in each cell */
+    uint16_t *cc;                    /* [L][TR_NCP] experts in each cell */
     uint16_t *ring;                  /* [L][TR_RING][E] routed sets (layer-local) */
     uint32_t *ring_n;                /* [L][TR_RING] */
     uint64_t *ring_v;                /* [L][TR_RING] the visit a ring entry holds */
@@ -158,15 +165,17 @@ typedef struct trans {
     uint8_t *tn;                     /* [L][E] lanes used */
     /* per visit scratch (E) */
     double *acc, *wr;
-    uint32_t *umark, *emark, stamp;
-    uint8_t *qv;
+    uint8_t *qv;                     /* the visit's bins (tracked_set), 0 between visits */
+    uint32_t *emark, stamp;          /* (E) the visit's events and bins' moves, once each */
     uint16_t *ev, *tk, *miss;
     void *evv;                       /* (E) the visit's successors as rows compare them */
     /* learned */
     uint64_t opps[TR_NC], kG[TR_NC], corr[TR_NC];
     double P[TR_NC], pmin;           /* pmin: the least of the P */
-    uint16_t srt[TR_NC], rk[TR_NC];  /* the cells by p, least first; each one's rank in it
-                                        (equal p, equal rank) */
+    uint16_t cbase[TR_NC];           /* a cell less its bin: c - c % TR_NCQ */
+    uint16_t srt[TR_NC];             /* the cells by p, least first */
+    uint16_t rk[TR_NCP];             /* each cell's rank in srt (equal p, equal rank;
+                                        the padding's TR_RK_NONE) */
     uint64_t visits, pgen;
     uint32_t sleep_stride;           /* > 1: layers not a multiple of it may sleep */
     uint8_t *asleep;                 /* [L] */
@@ -194,7 +203,7 @@ static void tr_fini(ferry__policy *p)
     ord_fini(&s->o);
     void *arr[] = {s->x, s->last, s->V, s->asleep, s->wk,    s->lt,   s->cc,
                    s->ring, s->ring_n, s->ring_v, s->uset, s->un, s->nprev, s->lv, s->An, s->tn,
-                   s->acc, s->wr,  s->umark, s->emark, s->ev, s->tk, s->miss, s->qv};
+                   s->acc, s->wr,  s->ev, s->emark, s->tk, s->miss, s->qv};
     for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
         ferry__free(arr[i]);
     ferry__free(s->lanes);
@@ -222,7 +231,7 @@ static int tr_init(ferry__policy *p)
     s->asleep = ferry__calloc(L, 1);
     s->wk = ferry__malloc(((size_t)p->env.slots + 1) * sizeof *s->wk);
     s->lt = ferry__calloc(L, sizeof *s->lt);
-    s->cc = ferry__calloc((size_t)L * TR_NC, sizeof *s->cc);
+    s->cc = ferry__calloc((size_t)L * TR_NCP, sizeof *s->cc);
     s->ring = ferry__malloc((size_t)L * TR_RING * E * sizeof *s->ring);
     s->ring_n = ferry__calloc((size_t)L * TR_RING, sizeof *s->ring_n);
     s->ring_v = ferry__calloc((size_t)L * TR_RING, sizeof *s->ring_v);
@@ -236,16 +245,15 @@ static int tr_init(ferry__policy *p)
     s->evv = ferry__aligned_alloc(64, (size_t)E * 16);
     s->acc = ferry__calloc(E, sizeof *s->acc);
     s->wr = ferry__malloc((size_t)E * sizeof *s->wr);
-    s->umark = ferry__calloc(E, sizeof *s->umark);
-    s->emark = ferry__calloc(E, sizeof *s->emark);
     s->ev = ferry__malloc(((size_t)2 * E + 1) * sizeof *s->ev); /* (+1: a branchless append) */
     s->qv = ferry__calloc(E, sizeof *s->qv);
+    s->emark = ferry__calloc(E, sizeof *s->emark);
     s->tk = ferry__malloc((size_t)E * sizeof *s->tk);
     s->miss = ferry__malloc(((size_t)E + 1) * sizeof *s->miss); /* (+1: a branchless append) */
     if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->last || !s->V || !s->asleep || !s->wk ||
         !s->lt || !s->cc || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
         !s->un || !s->nprev || !s->lv || !s->An || !s->tn || !s->lanes || !s->evv || !s->acc || !s->wr ||
-        !s->umark || !s->emark || !s->ev || !s->tk || !s->miss || !s->qv) {
+        !s->ev || !s->tk || !s->miss || !s->qv || !s->emark) {
         tr_fini(p);
         return -ENOMEM;
     }
@@ -255,7 +263,7 @@ static int tr_init(ferry__policy *p)
     memset(s->uset, 0, ids * sizeof *s->uset);
     memset(s->last, 0, ids * sizeof *s->last); /* (zero already: the pages) */
     memset(s->An, 0, ids * sizeof *s->An);
-    memset(s->cc, 0, (size_t)L * TR_NC * sizeof *s->cc);
+    memset(s->cc, 0, (size_t)L * TR_NCP * sizeof *s->cc);
     for (size_t i = 0; i < ids; i++) { /* no expert (TR_NOBODY), count 0 */
         memset(s->lanes + i * TR_ROW, 0xff, TR_K * sizeof *s->lanes);
         memset(s->lanes + i * TR_ROW + TR_K, 0, TR_K * sizeof *s->lanes);
@@ -265,10 +273,14 @@ static int tr_init(ferry__policy *p)
         s->x[i].cell = c0;
     for (uint32_t l = 0; l < L; l++) {
         s->nprev[l] = -1;
-        s->cc[(size_t)l * TR_NC + c0] = (uint16_t)E;
+        s->cc[(size_t)l * TR_NCP + c0] = (uint16_t)E;
     }
-    for (uint32_t c = 0; c < TR_NC; c++)
+    for (uint32_t c = 0; c < TR_NC; c++) {
         s->srt[c] = (uint16_t)c;
+        s->cbase[c] = (uint16_t)(c - c % TR_NCQ);
+    }
+    for (uint32_t c = TR_NC; c < TR_NCP; c++)
+        s->rk[c] = TR_RK_NONE;
     refresh_p(s); /* the priors */
     return 0;
 }
@@ -281,22 +293,17 @@ static const uint8_t tr_bin_lut[101] = {
     15, 15, 15, 15, 15, 15, 15, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16,
     16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16};
 
-/* t's bin: how many edges are <= t */
-static uint32_t tr_bin(double t)
+/* t's bin: how many edges are <= t. The table's, from t x 100 (rounded
+ * down, 0 to 100), is exact but within an edge's rounding, where it is
+ * one off: moved up or down by the edges either side (no branch) */
+static inline uint32_t tr_bin(double t)
 {
     double x = t * 100.0;
-    if (!(x > 0))
-        return 0; /* t <= 0 (or not a number): below every edge */
-    if (x >= 100.0)
-        return TR_NQ - 1;
-    uint32_t i = (uint32_t)x, q = tr_bin_lut[i];
-    double f = x - (double)i;
-    if (f > 1e-9 && f < 1.0 - 1e-9)
-        return q; /* t is clear of every edge: the table is exact */
-    while (q > 0 && tr_edges[q - 1] > t)
-        q--;
-    while (q < TR_NQ - 1 && tr_edges[q] <= t)
-        q++;
+    x = x > 0 ? x : 0; /* (t <= 0 or not a number: below every edge) */
+    x = x < 100.0 ? x : 100.0;
+    uint32_t q = tr_bin_lut[(uint32_t)x];
+    q += t >= tr_edges[q + 1];
+    q -= t < tr_edges[q];
     return q;
 }
 
@@ -320,26 +327,6 @@ static uint16_t tr_cell(uint32_t h, uint32_t q)
     return (uint16_t)(((h & 1) * (TR_W + 1) + popcount16(h)) * TR_NCQ + q);
 }
 
-/* opps[c] += cc[c] x t over every cell, t > 0: four cells an instruction
- * where the processor has AVX2 (asked at run time, as the rows are) */
-#if defined(TR_ROWS_AVX2)
-static __attribute__((target("avx2"), noinline)) void fold_cells_avx2(uint64_t *opps,
-                                                                       const uint16_t *cc,
-                                                                       uint64_t t)
-{
-    __m256i tv = _mm256_set1_epi64x((long long)t);
-    uint32_t c = 0;
-    for (; c + 4 <= TR_NC; c += 4) {
-        uint64_t four;
-        memcpy(&four, cc + c, sizeof four);
-        __m256i n = _mm256_cvtepu16_epi64(_mm_cvtsi64_si128((long long)four));
-        __m256i *o = (__m256i *)(void *)(opps + c);
-        _mm256_storeu_si256(o, _mm256_add_epi64(_mm256_loadu_si256(o), _mm256_mul_epu32(n, tv)));
-    }
-    for (; c < TR_NC; c++)
-        opps[c] += (uint64_t)cc[c] * t;
-}
-#endif
 
 /* layer l's counts held since its last fold into opps: every cell, four
  * at a time (a layer's 578 counts; a refresh folds each layer's once in
@@ -347,7 +334,7 @@ static __attribute__((target("avx2"), noinline)) void fold_cells_avx2(uint64_t *
  * move) */
 static void fold_layer(trans *s, uint32_t l)
 {
-    const uint16_t *cc = s->cc + (size_t)l * TR_NC;
+    const uint16_t *cc = s->cc + (size_t)l * TR_NCP;
     uint64_t t = s->lt[l];
     if (!t)
         return; /* (asleep, or folded already) */
@@ -394,8 +381,12 @@ static void rank_p(trans *s)
 static void refresh_p(trans *s)
 {
     uint32_t L = s->base.env.num_layers;
+#if defined(TR_ROWS_AVX2)
+    if (s->wide)
+        s->o.ops += fold_all_avx2(s->opps, s->cc, s->lt, L) * (TR_NCP / 16);
+#endif
     for (uint32_t l = 0; l < L; l++)
-        fold_layer(s, l);
+        fold_layer(s, l); /* (the rest: none where wide, but lt past 2^16) */
     for (uint32_t c = 0; c < TR_NC; c++) {
         s->opps[c] -= s->corr[c];
         double prior = c / TR_NCQ >= TR_W + 1 ? TR_P_HI : TR_P_LO;
@@ -420,6 +411,13 @@ static void learn_transitions(trans *s, uint32_t l, const uint16_t *le, uint32_t
     int wide = s->wide;
     rowv_events(le, n, evs);
     uint8_t *tn = s->tn + b;
+#if defined(TR_ROWS_AVX2)
+    if (wide && np > 0) {
+        rows_learn_avx2(lanes, An, tn, prev, (uint32_t)np, evs, le, n, miss);
+        s->o.ops += (uint64_t)n * (uint32_t)np;
+        return;
+    }
+#endif
     for (int32_t i = 0; i < np; i++)
         tn[prev[i]] = (uint8_t)row_learn(lanes + (size_t)prev[i] * TR_ROW, &An[prev[i]], evs, le,
                                          n, miss, wide);
@@ -483,7 +481,7 @@ typedef struct trmv {
     uint16_t *cc;          /* the layer's cell counts */
     uint64_t *corr, t;
     trslot *sl;            /* the lead's order: its slots, touched at each move */
-    uint32_t *plist, pn, none, on, ops;
+    uint32_t *plist, pn, none, on;
     const uint32_t *fwhere; /* a follower's slots of the layer's experts, NULL: none */
     trord *fo;              /* its order */
     uint32_t l, b;
@@ -495,14 +493,14 @@ static inline void mv_init(trmv *m, trans *s, uint32_t l)
     m->b = l * E;
     m->x = s->x + m->b;
     m->where = s->base.env.where + m->b;
-    m->cc = s->cc + (size_t)l * TR_NC;
+    m->cc = s->cc + (size_t)l * TR_NCP;
     m->corr = s->corr;
     m->t = s->lt[l];
     m->sl = s->o.sl;
     m->plist = s->o.plist;
     m->pn = s->o.pn;
     m->none = s->o.n;
-    m->on = m->ops = 0;
+    m->on = 0;
     m->fwhere = s->fol ? s->fol->env.where + m->b : NULL;
     m->fo = s->fol_o;
     m->l = l;
@@ -511,15 +509,18 @@ static inline void mv_init(trmv *m, trans *s, uint32_t l)
 /* the visit's moves' touches of the lead's slots, into its order */
 static inline void mv_done(trmv *m, trans *s)
 {
+    uint32_t listed = m->pn - s->o.pn;
     s->o.pn = m->pn;
-    s->o.ops += m->ops;
-    s->o.lgen[m->l] &= (uint64_t)m->on - 1; /* one filed: 0, find the least again */
+    s->o.ops += listed;
+    /* one listed: 0, find the least again (one listed before is of a
+     * layer whose least is found again already: no pick since) */
+    s->o.lgen[m->l] &= (uint64_t)m->on - 1;
 }
 
 /* expert e (layer-local) gets cell c now: counts, and its slot touched
  * in the lead's order (ord_touch_any's, the order's fields in locals) and
  * the follower's */
-static inline void mv_move(trmv *m, uint32_t e, uint16_t c)
+static inline __attribute__((always_inline)) void mv_move(trmv *m, uint32_t e, uint16_t c)
 {
     struct trx *xe = &m->x[e];
     uint16_t old = xe->cell;
@@ -534,7 +535,6 @@ static inline void mv_move(trmv *m, uint32_t e, uint16_t c)
     trslot *sv = &m->sl[v];
     on = sv->id != NIL;
     m->on |= on;
-    m->ops += on;
     m->plist[m->pn] = v;
     m->pn += on & !sv->pend;
     sv->pend |= (uint8_t)on;
@@ -543,35 +543,14 @@ static inline void mv_move(trmv *m, uint32_t e, uint16_t c)
         ord_touch(m->fo, m->l, slot);
 }
 
-/* e (layer-local) joins the visit's events ev once (marked in emark) */
-static inline void ev_add(uint16_t *ev, uint32_t *emark, uint32_t stamp, uint32_t e, uint32_t *nev)
-{
-    /* (no branch: the routed sets of two visits overlap by chance) */
-    ev[*nev] = (uint16_t)e;
-    *nev += emark[e] != stamp;
-    emark[e] = stamp;
-}
-
-/* a row's lane (expert e, term) summed into acc[e]; e listed in cand at
- * its first term, without a branch: acc is all zero between visits (a
- * lane's count is at least 1, and a sum of positive terms is never -0) */
-static inline __attribute__((always_inline)) void ts_lane(double *acc, uint16_t *cand,
-                                                          uint32_t *nc, uint32_t e, double term)
-{
-    double a = acc[e];
-    uint64_t bits;
-    memcpy(&bits, &a, sizeof bits);
-    cand[*nc] = (uint16_t)e;
-    *nc += bits == 0;
-    acc[e] = a + term;
-}
 
 /* the experts the routed set's rows track whose feature's bin is above
- * the lowest: listed in us, marked umark, their bin in qv; the others'
- * is the lowest (0) */
+ * the lowest: listed in us, their bin in qv; the others' is the lowest
+ * (0, as qv holds between visits: the caller zeroes the listed ones) */
 static uint32_t tracked_set(trans *s, uint32_t l, const uint16_t *le, uint32_t n, uint16_t *us)
 {
-    uint32_t E = s->base.env.num_experts, nc = 0, nu = 0;
+    uint32_t E = s->base.env.num_experts, nu = 0;
+    size_t nc = 0;
     const uint16_t *An = s->An + (size_t)l * E;
     double wsum = 0;
     double *wr = s->wr;
@@ -581,36 +560,27 @@ static uint32_t tracked_set(trans *s, uint32_t l, const uint16_t *le, uint32_t n
     }
     uint16_t *cand = s->ev + E; /* (the second half of the scratch) */
     double *acc = s->acc;
-    for (uint32_t j = 0; j < n; j++) {
-        uint32_t r = le[j];
-        size_t ri = (size_t)l * E + r;
-        const uint16_t *top = s->lanes + ri * TR_ROW, *tc = top + TR_K;
-        double term[TR_K];
-        rowv_terms(tc, wr[j], term);
-        uint32_t tn = s->tn[ri];
-        if (tn == TR_K) { /* (a full row, the steady state: no loop count) */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC unroll 16
+    const uint16_t *lanes = s->lanes + (size_t)l * E * TR_ROW;
+    const uint8_t *tn = s->tn + (size_t)l * E;
+#if defined(TR_ROWS_AVX2)
+    if (s->wide)
+        nc = ts_rows_avx2(lanes, tn, le, n, wr, acc, cand, &s->o.ops);
+    else
 #endif
-            for (uint32_t i = 0; i < TR_K; i++)
-                ts_lane(acc, cand, &nc, top[i], term[i]);
-        } else {
-            for (uint32_t i = 0; i < tn; i++)
-                ts_lane(acc, cand, &nc, top[i], term[i]);
-        }
-        s->o.ops += tn;
-    }
+        nc = ts_rows_in(lanes, tn, le, n, wr, acc, cand, &s->o.ops, rowv_terms);
     double kk = s->k ? (double)s->k : (double)n, base = wsum * kk / E, inv = 1.0 / n;
-    uint32_t *umark = s->umark, stamp = s->stamp;
     uint8_t *qv = s->qv;
-    for (uint32_t i = 0; i < nc; i++) {
+    size_t i = 0;
+#if defined(TR_ROWS_AVX2)
+    if (s->wide)
+        i = bin_avx2(cand, nc, acc, base, inv, qv, us, &nu);
+#endif
+    for (; i < nc; i++) { /* (no branch: mostly every one is above 0) */
         uint32_t e = cand[i], q = tr_bin((acc[e] + base) * inv);
         acc[e] = 0;
-        if (q) {
-            umark[e] = stamp;
-            qv[e] = (uint8_t)q;
-            us[nu++] = (uint16_t)e;
-        }
+        qv[e] = (uint8_t)q;
+        us[nu] = (uint16_t)e;
+        nu += q != 0;
     }
     return nu;
 }
@@ -619,11 +589,17 @@ static uint32_t tracked_set(trans *s, uint32_t l, const uint16_t *le, uint32_t n
 static void tr_new_stamp(trans *s)
 {
     if (++s->stamp == 0) { /* (after 2^32 visits) the marks start over */
-        uint32_t E = s->base.env.num_experts;
-        memset(s->umark, 0, E * sizeof *s->umark);
-        memset(s->emark, 0, E * sizeof *s->emark);
+        memset(s->emark, 0, s->base.env.num_experts * sizeof *s->emark);
         s->stamp = 1;
     }
+}
+
+/* e (layer-local) joins the visit's events ev once (marked in emark) */
+static inline void ev_add(uint16_t *ev, uint32_t *emark, uint32_t stamp, uint32_t e, uint32_t *nev)
+{
+    ev[*nev] = (uint16_t)e;
+    *nev += emark[e] != stamp;
+    emark[e] = stamp;
 }
 
 static void tr_end_visit(trans *s, uint32_t layer)
@@ -680,20 +656,19 @@ static void layer_wake(trans *s, uint32_t l)
         for (uint32_t i = 0; i < s->ring_n[ri]; i++)
             s->x[b + set[i]].hist |= (uint16_t)((1u << back) & TR_HMASK); /* (TR_W: out of it) */
     }
-    tr_new_stamp(s);
     size_t rr = (size_t)l * TR_RING + V % TR_RING;
     uint32_t nu = 0;
     if (V > 0 && s->ring_v[rr] == V && s->ring_n[rr] > 0)
         nu = tracked_set(s, l, s->ring + rr * E, s->ring_n[rr], s->uset + b);
     s->un[l] = nu;
-    uint16_t *cc = s->cc + (size_t)l * TR_NC;
+    uint16_t *cc = s->cc + (size_t)l * TR_NCP;
     memset(cc, 0, TR_NC * sizeof *cc);
     for (uint32_t e = 0; e < E; e++) {
-        uint32_t q = s->umark[e] == s->stamp ? s->qv[e] : 0;
-        uint16_t c = tr_cell(s->x[b + e].hist, q);
+        uint16_t c = tr_cell(s->x[b + e].hist, s->qv[e]);
         s->x[b + e].cell = c;
         cc[c]++;
     }
+    memset(s->qv, 0, E * sizeof *s->qv); /* (zero between visits) */
     /* its residents filed again from the least recently used, as their
      * uses while it slept would have (a slept layer's uses touch nothing) */
     const ferry__policy_env *env = &s->base.env;
@@ -761,11 +736,11 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
     for (uint32_t j = 0; j < n; j++) /* routed now, counted in the cells of before */
         s->kG[s->x[b + le[j]].cell] += 1;
     learn_pending(s, layer); /* (this visit's alone) */
-    /* history events: routed now, at the last visit, 16 visits ago */
-    uint32_t nev = 0, nold = s->un[layer], nu = 0;
+    /* history events: routed now, at the last visit, 16 visits ago, each
+     * once (marked in emark, without a branch: the sets overlap by chance) */
+    uint32_t nev = 0, nold = s->un[layer];
     uint16_t *us = s->uset + b, *tk = s->tk, *ev = s->ev;
-    uint32_t *emark = s->emark, *umark = s->umark, stamp = s->stamp;
-    const uint8_t *qv = s->qv;
+    uint32_t *emark = s->emark, stamp = s->stamp;
     for (uint32_t j = 0; j < n; j++)
         ev_add(ev, emark, stamp, le[j], &nev);
     uint32_t nr = nev; /* the routed set's events come first */
@@ -778,18 +753,23 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
             ev_add(ev, emark, stamp, set[i], &nev);
     }
     uint32_t ntk = tracked_set(s, layer, le, n, tk);
+    const uint8_t *qv = s->qv; /* the bins now: 0 but for the tracked ones */
+    const uint16_t *cb = s->cbase;
     /* each history event's history brought to this visit, the routed bit
      * set, then its new cell */
+    uint32_t v32 = (uint32_t)V;
     for (uint32_t i = 0; i < nev; i++) {
-        uint32_t e = ev[i], d = (uint32_t)V - mv.x[e].hv, q = umark[e] == stamp ? qv[e] : 0;
+        uint32_t e = ev[i], d = v32 - mv.x[e].hv;
         uint16_t h = (uint16_t)((d >= TR_W ? 0 : (mv.x[e].hist << d) & TR_HMASK) | (i < nr));
         mv.x[e].hist = h;
-        mv.x[e].hv = (uint32_t)V;
-        mv_move(&mv, e, tr_cell(h, q));
+        mv.x[e].hv = v32;
+        mv_move(&mv, e, tr_cell(h, qv[e]));
     }
+    /* the bins moved: the last visit's tracked experts, then this one's,
+     * each once and none of the events' (in their cells already) */
     uint16_t *bm = ev + nev; /* (the scratch past the events) */
     uint32_t nbm = 0;
-    for (uint32_t i = 0; i < nold; i++) { /* each once, without a branch */
+    for (uint32_t i = 0; i < nold; i++) {
         uint32_t e = us[i];
         bm[nbm] = (uint16_t)e;
         nbm += emark[e] != stamp;
@@ -802,14 +782,15 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
         emark[e] = stamp;
     }
     for (uint32_t i = 0; i < nbm; i++) {
-        uint32_t e = bm[i], q = umark[e] == stamp ? qv[e] : 0;
-        uint16_t c = mv.x[e].cell;
-        mv_move(&mv, e, (uint16_t)(c - c % TR_NCQ + q));
+        uint32_t e = bm[i];
+        mv_move(&mv, e, (uint16_t)(cb[mv.x[e].cell] + qv[e]));
     }
+    uint8_t *qz = s->qv;
+    for (uint32_t i = 0; i < ntk; i++)
+        qz[tk[i]] = 0; /* (zero between visits: its cell holds it now) */
     memcpy(us, tk, ntk * sizeof *us); /* named for the next visit's events */
-    nu = ntk;
     s->o.ops += nold + ntk;
-    s->un[layer] = nu;
+    s->un[layer] = ntk;
     s->o.ops += nev + n;
     mv_done(&mv, s);
     tr_end_visit(s, layer);
@@ -869,39 +850,22 @@ static void tr_remove(ferry__policy *p, uint32_t slot, uint32_t id, int evicted)
 static uint32_t layer_least(const trans *m, const ferry__policy *p, trord *o, uint32_t l,
                             int unpinned_only)
 {
-    const uint64_t *nz = o->nz + (size_t)l * TR_BMW;
-    const uint16_t *rk = m->rk;
-    uint32_t best = NIL, ops = 0, lo = 0, b = l * o->E;
+    const uint16_t *cnt = o->cnt + (size_t)l * TR_NCP;
+    uint32_t best = NIL, lo = 0, b = l * o->E, at[TR_NCW];
     uint64_t bk = UINT64_MAX;
     for (;;) {
-        uint32_t r = UINT32_MAX, c1 = 0, ties = 0;
-        for (uint32_t w = 0; w < TR_BMW; w++)
-            for (uint64_t bits = nz[w]; bits; bits &= bits - 1) {
-                uint32_t c = w * 64 + (uint32_t)__builtin_ctzll(bits), rc = rk[c];
-                ops++;
-                if (rc < lo)
-                    continue;
-                ties = rc == r ? ties + 1 : rc < r ? 1 : ties;
-                c1 = rc < r ? c : c1;
-                r = rc < r ? rc : r;
-            }
-        if (r == UINT32_MAX)
+        uint32_t r = least_rank(m->rk, m->wide, cnt, lo, at);
+        o->ops += TR_NCW;
+        if (r == TR_RK_NONE)
             break;
-        if (ties == 1) {
-            ord_cell_least(o, p, b, (uint16_t)c1, unpinned_only, &best, &bk);
-        } else {
-            for (uint32_t w = 0; w < TR_BMW; w++)
-                for (uint64_t bits = nz[w]; bits; bits &= bits - 1) {
-                    uint32_t c = w * 64 + (uint32_t)__builtin_ctzll(bits);
-                    if (rk[c] == r)
-                        ord_cell_least(o, p, b, (uint16_t)c, unpinned_only, &best, &bk);
-                }
-        }
+        for (uint32_t w = 0; w < TR_NCW; w++) /* (which cell first: keys are unique) */
+            for (uint32_t k = at[w]; k; k &= k - 1)
+                ord_cell_least(o, p, b, (uint16_t)(16 * w + (uint32_t)__builtin_ctz(k) / 2),
+                               unpinned_only, &best, &bk, m->wide);
         if (best != NIL || !unpinned_only)
             break;
         lo = r + 1;
     }
-    o->ops += ops;
     return best;
 }
 

@@ -296,9 +296,9 @@ static inline __attribute__((always_inline, target("avx2"))) uint32_t rowv_least
  * AVX2 register each: the same counts, halving and placing, half the
  * compares, and a lane taken with one blend (rowv_lane_mask[at]'s 32
  * bytes are lane at's mask over the 16) */
-static __attribute__((target("avx2"), noinline)) uint32_t
-row_learn_avx2(uint16_t *top, uint16_t *an, const trev *evs, const uint16_t *le, uint32_t n,
-               uint16_t *miss)
+static inline __attribute__((always_inline, target("avx2"))) uint32_t
+row_learn_avx2_in(uint16_t *top, uint16_t *an, const trev *evs, const uint16_t *le, uint32_t n,
+                  uint16_t *miss)
 {
     uint16_t *tc = top + TR_K;
     __m256i t = _mm256_loadu_si256((const __m256i *)(const void *)top);
@@ -337,6 +337,25 @@ row_learn_avx2(uint16_t *top, uint16_t *an, const trev *evs, const uint16_t *le,
         tc[used + j] = 1;
     }
     return used + nm;
+}
+
+static __attribute__((target("avx2"), noinline)) uint32_t
+row_learn_avx2(uint16_t *top, uint16_t *an, const trev *evs, const uint16_t *le, uint32_t n,
+               uint16_t *miss)
+{
+    return row_learn_avx2_in(top, an, evs, le, n, miss);
+}
+
+/* row_learn_avx2 of the rows prev[0..np) (of lanes, their totals an and
+ * lanes used tn): one call a visit */
+static __attribute__((unused, target("avx2"), noinline)) void
+rows_learn_avx2(uint16_t *lanes, uint16_t *an, uint8_t *tn, const uint16_t *prev, uint32_t np,
+                const trev *evs, const uint16_t *le, uint32_t n, uint16_t *miss)
+{
+    for (uint32_t i = 0; i < np; i++) {
+        uint32_t r = prev[i];
+        tn[r] = (uint8_t)row_learn_avx2_in(lanes + (size_t)r * TR_ROW, &an[r], evs, le, n, miss);
+    }
 }
 #endif
 

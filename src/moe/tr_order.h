@@ -5,10 +5,12 @@
  * per layer the cached least. A touch is O(1): the slot is listed once and
  * its id keyed again (and its cell's count moved) before the next victim
  * (ord_flush), in the order first touched. A layer's least is found from
- * its non-empty cells' ranks of p and a pass over the layer's ids of the
- * least ones (E ids, eight a compare): nothing grows with the slots.
- * Static functions for that one file; it defines TR_NC, TR_BMW, NIL,
- * CELL_NONE and struct trx before this.
+ * its non-empty cells' ranks of p (a pass over its counts, 8 or 16 a
+ * compare) and a pass over the layer's ids of the least ones (E ids,
+ * eight a compare): nothing grows with the slots.
+ * Static functions for that one file; it defines TR_NC, TR_NCP (TR_NC
+ * rounded up to 16: a layer's counts, the tail zero), NIL, CELL_NONE and
+ * struct trx before this.
  */
 #ifndef FERRY_MOE_TR_ORDER_H
 #define FERRY_MOE_TR_ORDER_H
@@ -30,8 +32,7 @@ typedef struct trord {
     uint16_t *fc;        /* per id: the cell it is filed in, CELL_NONE: not filed */
     uint32_t *fs;        /* per id: its slot while filed */
     uint64_t *key;       /* per id: when it was last touched (the order's clock) */
-    uint16_t *cnt;       /* [L][TR_NC]: ids filed in each cell */
-    uint64_t *nz;        /* [L][TR_BMW]: cells with one filed */
+    uint16_t *cnt;       /* [L][TR_NCP]: ids filed in each cell */
     uint32_t *least;     /* [L]: least filed id, pinned ones too; NIL: none */
     uint64_t *lgen;      /* [L]: the p refresh the least is of; 0: find again */
     uint32_t *plist, pn; /* the touched slots, in the order first touched */
@@ -42,9 +43,10 @@ typedef struct trord {
 
 static void ord_fini(trord *o)
 {
-    void *arr[] = {o->sl, o->fc, o->fs, o->key, o->cnt, o->nz, o->least, o->lgen, o->plist};
+    void *arr[] = {o->sl, o->fc, o->fs, o->key, o->least, o->lgen, o->plist};
     for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
         ferry__free(arr[i]);
+    ferry__free(o->cnt);
     memset(o, 0, sizeof *o);
 }
 
@@ -56,16 +58,16 @@ static int ord_init(trord *o, const ferry__policy_env *env)
     o->fc = ferry__malloc(ids * sizeof *o->fc);
     o->fs = ferry__calloc(ids, sizeof *o->fs);
     o->key = ferry__calloc(ids, sizeof *o->key);
-    o->cnt = ferry__calloc((size_t)L * TR_NC, sizeof *o->cnt);
-    o->nz = ferry__calloc((size_t)L * TR_BMW, sizeof *o->nz);
+    o->cnt = ferry__aligned_alloc(32, (size_t)L * TR_NCP * sizeof *o->cnt);
     o->least = ferry__malloc((size_t)L * sizeof *o->least);
     o->lgen = ferry__calloc(L, sizeof *o->lgen);
     o->plist = ferry__malloc(((size_t)n + 1) * sizeof *o->plist);
-    if (!o->sl || !o->fc || !o->fs || !o->key || !o->cnt || !o->nz || !o->least || !o->lgen ||
+    if (!o->sl || !o->fc || !o->fs || !o->key || !o->cnt || !o->least || !o->lgen ||
         !o->plist) {
         ord_fini(o);
         return -ENOMEM;
     }
+    memset(o->cnt, 0, (size_t)L * TR_NCP * sizeof *o->cnt);
     for (size_t v = 0; v <= n; v++) /* (written now: the pages fault in at create) */
         o->sl[v] = (trslot){NIL, 0, 0, 0};
     memset(o->fc, 0xff, ids * sizeof *o->fc);
@@ -82,10 +84,7 @@ static void ord_unfile(trord *o, uint32_t l, uint32_t slot)
     uint32_t id = s->id;
     if (id == NIL)
         return;
-    size_t lc = (size_t)s->layer * TR_NC;
-    uint16_t c = o->fc[id];
-    if (--o->cnt[lc + c] == 0)
-        o->nz[(size_t)s->layer * TR_BMW + c / 64] &= ~(1ull << (c % 64));
+    o->cnt[(size_t)s->layer * TR_NCP + o->fc[id]]--;
     o->fc[id] = CELL_NONE;
     s->id = NIL;
     o->lgen[l] = 0;
@@ -106,8 +105,7 @@ static void ord_file(trord *o, uint32_t l, uint32_t slot, uint32_t id, uint16_t 
     o->fc[id] = c;
     o->fs[id] = slot;
     o->key[id] = ++o->clock;
-    if (o->cnt[(size_t)l * TR_NC + c]++ == 0)
-        o->nz[(size_t)l * TR_BMW + c / 64] |= 1ull << (c % 64);
+    o->cnt[(size_t)l * TR_NCP + c]++;
     o->lgen[l] = 0;
     o->ops++;
 }
@@ -151,7 +149,7 @@ static inline void ord_touch_any(trord *o, uint32_t l, uint32_t slot)
 static void ord_flush(trord *o, const struct trx *x)
 {
     uint32_t *plist = o->plist, pn = o->pn;
-    uint64_t *nz = o->nz, *key = o->key, clock = o->clock;
+    uint64_t *key = o->key, clock = o->clock;
     uint16_t *fc = o->fc, *cnt = o->cnt;
     trslot *sl = o->sl;
     for (uint32_t i = 0; i < pn; i++) {
@@ -162,13 +160,10 @@ static void ord_flush(trord *o, const struct trx *x)
             continue;
         size_t l = s->layer;
         uint32_t c = fc[id], nc = x[id].cell;
-        uint16_t *lc = cnt + l * TR_NC;
-        uint64_t *lz = nz + l * TR_BMW;
+        uint16_t *lc = cnt + l * TR_NCP;
         /* (no branch on whether the cell changed: a count down and up) */
-        uint32_t left = --lc[c];
-        lz[c / 64] &= ~((uint64_t)(left == 0) << (c % 64));
+        lc[c]--;
         lc[nc]++;
-        lz[nc / 64] |= 1ull << (nc % 64);
         fc[id] = (uint16_t)nc;
         key[id] = ++clock;
     }
@@ -178,13 +173,45 @@ static void ord_flush(trord *o, const struct trx *x)
 }
 
 /* the least-keyed of layer l's ids (b its first) filed in cell c, pinned
- * ones skipped when unpinned_only; best and bk the least so far */
-static void ord_cell_least(trord *o, const ferry__policy *p, uint32_t b, uint16_t c,
-                           int unpinned_only, uint32_t *best, uint64_t *bk)
+ * ones skipped when unpinned_only; best and bk the least so far. Eight
+ * ids a compare (16 with AVX2, where wide) */
+#if defined(TR_ROWS_AVX2)
+static __attribute__((target("avx2"), noinline)) uint32_t
+ord_cell_least_avx2(trord *o, const ferry__policy *p, uint32_t b, uint16_t c, int unpinned_only,
+                    uint32_t *best, uint64_t *bk)
 {
     const uint16_t *fc = o->fc + b;
     const uint64_t *key = o->key + b;
     uint32_t E = o->E, e = 0;
+    __m256i cv = _mm256_set1_epi16((short)c);
+    for (; e + 16 <= E; e += 16) {
+        uint32_t m = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi16(
+                         _mm256_loadu_si256((const __m256i *)(const void *)(fc + e)), cv)) &
+                     0x55555555u;
+        for (; m; m &= m - 1) {
+            uint32_t i = e + (uint32_t)__builtin_ctz(m) / 2;
+            if (key[i] < *bk && !(unpinned_only && ferry__pinned(p, o->fs[b + i]))) {
+                *best = b + i;
+                *bk = key[i];
+            }
+        }
+    }
+    o->ops += E / 16;
+    return e;
+}
+#endif
+
+static void ord_cell_least(trord *o, const ferry__policy *p, uint32_t b, uint16_t c,
+                           int unpinned_only, uint32_t *best, uint64_t *bk, int wide)
+{
+    const uint16_t *fc = o->fc + b;
+    const uint64_t *key = o->key + b;
+    uint32_t E = o->E, e = 0;
+    (void)wide;
+#if defined(TR_ROWS_AVX2)
+    if (wide)
+        e = ord_cell_least_avx2(o, p, b, c, unpinned_only, best, bk);
+#endif
 #if defined(__SSE2__)
     __m128i cv = _mm_set1_epi16((short)c);
     for (; e + 8 <= E; e += 8) {
