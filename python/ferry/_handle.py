@@ -55,6 +55,7 @@ class Opened:
 
 
 NOT_OPENED = object.__new__(Opened)   # an object's before __init__ gives it its own
+REFUSED = object()   # CallGuard.call's answer once the guard ended
 
 
 def _after_fork_in_child():
@@ -118,14 +119,28 @@ class CallGuard(Opened):
     In a forked child the guard is ended, with no call inside (the threads
     that were inside are not in the child) and a fresh lock (the parent's
     may have been held): every enter() refuses, end() returns False.
+
+    Interrupts: a signal handler's exception (KeyboardInterrupt, or an
+    alarm's) is raised in the main thread at whatever bytecode it runs
+    when the C call returns; between enter() and a caller's try, or at
+    the start of leave(), it would leave an entry in `_inside` that no
+    leave takes out, and end() (close, or the exit's garbage collection)
+    would wait for it for ever. call() holds each entry in its own try:
+    the entry is a token of this call, appended in the try and removed in
+    its finally by C methods alone (no Python frame to be interrupted at).
+    end() waits in slices (a leave interrupted before its notify loses
+    no wake-up), and a thread whose end() or release was interrupted
+    goes on with resume().
     """
 
     def __init__(self, what):
         super().__init__()
         self._what = what
-        self._cv = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
         self._inside = []      # one entry per call inside
         self._ended = False
+        self._owner = None     # the thread whose end() returned (or is returning) True
         if not _GIL:
             self.enter, self.leave = self._enter_locked, self._leave_locked
 
@@ -155,18 +170,70 @@ class CallGuard(Opened):
             if self._ended and not self._inside:
                 self._cv.notify_all()
 
+    def call(self, fn, *args):
+        """fn(*args) as one call inside the guard, or REFUSED (ended). The
+        entry is this call's own token, taken out in the finally whatever
+        exception comes at whichever step (see Interrupts above)."""
+        tok = object()
+        inside = self._inside
+        try:
+            if _GIL:
+                inside.append(tok)
+                if self._ended:
+                    return REFUSED
+            else:
+                with self._lock:
+                    if self._ended:
+                        return REFUSED
+                    inside.append(tok)
+            return fn(*args)
+        finally:
+            if _GIL:
+                if tok in inside:
+                    inside.remove(tok)
+            else:
+                with self._lock:
+                    if tok in inside:
+                        inside.remove(tok)
+            if self._ended:      # end() may be waiting for this call
+                with self._lock:
+                    self._cv.notify_all()
+
     def end(self):
-        with self._cv:
+        """True once, to the thread that ends the guard, after every call
+        inside returned; False to the others (and later calls)."""
+        me = threading.get_ident()   # (no call between the two stores below)
+        with self._lock:
             if self._ended:
                 return False
+            self._owner = me
             self._ended = True
+        return self._drained()
+
+    def _drained(self):
+        with self._lock:
             while self._inside:
-                self._cv.wait()
-            return True
+                self._cv.wait(0.05)   # (in slices: a notify an interrupt dropped)
+        return True
+
+    def resume(self):
+        """After end() answered False: True when this thread is the one that
+        ended the guard and has not said over() (an interrupt stopped its
+        end() or the release after it), once the calls inside returned:
+        it releases the handle now, going on from where it stopped."""
+        if self._owner != threading.get_ident():
+            return False
+        return self._drained()
+
+    def over(self):
+        """The thread that ended the guard released the handle."""
+        self._owner = 0
 
     def _after_fork(self):
         super()._after_fork()
-        self._cv = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._owner = 0
         self._inside = []
         self._ended = True
 

@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from . import _abi as A
-from ._handle import CallGuard, Closing, Opened
+from ._handle import REFUSED, CallGuard, Closing, Opened
 from ._buffers import (CACHE_LAYOUTS, Buffer, DeviceMem, cache_planes, describe, device_spec,
                        dtype_code, dtype_name, is_torch, is_torch_device, paged_geometry,
                        tokens_array)
@@ -255,15 +255,13 @@ class Op:
         """fn(handle, *args), or None when the handle was freed already, once
         the free (in whichever thread) kept the op's end (FerryError in a
         forked child: the op is its parent's)."""
-        if not self._guard.enter():
+        rc = self._guard.call(fn, self._h, *args)
+        if rc is REFUSED:
             if self._guard.forked:
                 raise self._guard.refused("the operation", self._call)
             self._freed.wait()
             return None
-        try:
-            return fn(self._h, *args)
-        finally:
-            self._guard.leave()
+        return rc
 
     def _here(self):
         """In a forked child: FerryError (EBADF) naming the fork, before any
@@ -339,25 +337,27 @@ class Op:
     def free(self):
         """Let the operation go (waiting for it if it still runs). Calls on it
         in other threads finish first; later calls answer from its result."""
-        if not self._guard.end():
+        # (an interrupt anywhere below leaves the guard this thread's: its
+        # next free, __del__'s, resumes from where it stopped)
+        if not self._guard.end() and not self._guard.resume():
             if not self._guard.forked:
                 self._freed.wait()    # another free is letting it go: until it has
             return
-        try:
-            if self._result is None:
-                # ferry_kv_op_free waits for the op anyway: wait first and keep
-                # its end for the calls that come later. A layerwise store still
-                # lacking layers answers the wait FERRY_ESTATE at once; free
-                # abandons it, as a cancel does (-ECANCELED)
-                rc = lib.ferry_kv_op_wait(self._h, -1)
-                if rc == _FERRY_ESTATE:
-                    rc = lib.ferry_kv_op_cancel(self._h)
-                self._keep_result(rc)
-            lib.ferry_kv_op_free(self._h)
-            self._h = None
-            self._keep = None
-        finally:
-            self._freed.set()
+        if self._h and self._result is None:
+            # ferry_kv_op_free waits for the op anyway: wait first and keep
+            # its end for the calls that come later. A layerwise store still
+            # lacking layers answers the wait FERRY_ESTATE at once; free
+            # abandons it, as a cancel does (-ECANCELED)
+            rc = lib.ferry_kv_op_wait(self._h, -1)
+            if rc == _FERRY_ESTATE:
+                rc = lib.ferry_kv_op_cancel(self._h)
+            self._keep_result(rc)
+        h, self._h = self._h, None   # (taken first: never freed twice)
+        if h:
+            lib.ferry_kv_op_free(h)
+        self._keep = None            # the op is over: its buffers may go
+        self._guard.over()
+        self._freed.set()
 
     def __await__(self):
         loop = asyncio.get_running_loop()
@@ -366,10 +366,16 @@ class Op:
     __reduce_ex__ = Closing.__reduce_ex__
 
     def __del__(self):
-        try:
-            self.free()
-        except Exception:  # interpreter shutdown
-            pass
+        # the buffers go with this object: the op must be over first, so a
+        # free an interrupt (KeyboardInterrupt) stopped is made again
+        for _ in range(100):
+            try:
+                self.free()
+                return
+            except Exception:  # interpreter shutdown
+                return
+            except BaseException:
+                continue
 
 
 def _moved_error(moved, what, store, call, left=None):
@@ -726,12 +732,10 @@ class KVStore(Closing):
 
     def _call(self, fn, *args):
         """fn(handle, *args) as one call inside the store: close() waits for it."""
-        if not self._h or not self._guard.enter():
+        h = self._h   # (valid while a call is inside: close() frees it after its end())
+        rc = self._guard.call(fn, h, *args) if h else REFUSED
+        if rc is REFUSED:
             raise self._guard.refused("the store", "KVStore")
-        try:
-            rc = fn(self._h, *args)
-        finally:
-            self._guard.leave()
         if rc == _FERRY_ESTATE and self._closing:
             # C refused it ("the store is closing"): it came in after close()
             # began, as one the guard refuses does
@@ -845,37 +849,40 @@ class KVStore(Closing):
             return
         # begin the close inside the guard: the calls inside stop waiting for
         # slots, and no close below can free the handle while this is in it
-        if self._h and guard.enter():
-            try:
-                self._closing = True
-                lib.ferry_kv_close_begin(self._h)
-            finally:
-                guard.leave()
-        if not guard.end():      # another close released, or is releasing, it all
+        h = self._h
+        if h:
+            guard.call(self._close_begin, h)
+        # another close released (or is releasing) it all
+        if not guard.end() and not guard.resume():
             if guard.forked:     # a forked child's copy: the parent's to release
                 self._h = self._dev = None
                 self._streams = {}
                 return
             self._released.wait()
             return
+        # each handle is taken before it is released (an interrupt between
+        # the steps: this thread's next close goes on, never frees one twice)
         try:
-            if self._h:
-                lib.ferry_kv_close(self._h)
-                self._h = None
-            for s in self._streams.values():
-                lib.ferry_stream_destroy(s)
-            self._streams = {}
-            if self._dev:
+            h, self._h = self._h, None
+            if h:
+                lib.ferry_kv_close(h)
+            while self._streams:
+                lib.ferry_stream_destroy(self._streams.popitem()[1])
+            dev, self._dev = self._dev, None
+            if dev:
                 hold, self._devhold = self._devhold, None
                 if hold is not None:   # closed now, or with the last device_empty() tensor
-                    hold.dev = self._dev
-                    self._dev = None
+                    hold.dev = dev
                     del hold
                 else:
-                    lib.ferry_device_close(self._dev)
-                    self._dev = None
+                    lib.ferry_device_close(dev)
+            guard.over()
         finally:
             self._released.set()
+
+    def _close_begin(self, h):
+        self._closing = True
+        lib.ferry_kv_close_begin(h)
 
     # -- lookups --
     def lookup(self, tokens, *, salt=None, partial=False):
@@ -985,9 +992,13 @@ class KVStore(Closing):
         buf = self._buffer(data, block_table, writable)
         req = _Req(salt, partial, 0, skip)
         self._sync_engine(buf)
+        # the Op holds the handle (and the buffers) before C hands it out: an
+        # interrupt as the call returns drops the Op, whose free waits for the
+        # op, never a handle in flight whose buffers nothing holds
         h = ctypes.c_void_p()
+        op = Op(self, h, (buf, req, arr), name)
         check(self._call(fn, p, arr.size, req.ptr(), ctypes.byref(buf.c), ctypes.byref(h)), name)
-        return Op(self, h, (buf, req, arr), name)
+        return op
 
     def store_async(self, tokens, kv, block_table=None, *, salt=None, partial=False):
         """store as an Op: its wait() returns the leading tokens stored."""
@@ -1006,11 +1017,12 @@ class KVStore(Closing):
         if writable:   # a retrieve writes the engine's memory: its pending reads first
             self._sync_engine(buf)
         opt = A.KVLayersOpt()
-        h = ctypes.c_void_p()
+        h = ctypes.c_void_p()   # (held by the op before the call: as _async's)
+        op = LayerOp(self, h, (buf, req, arr, opt), name, self.layout.num_layers,
+                     fn is lib.ferry_kv_store_layers)
         check(self._call(fn, p, arr.size, req.ptr(), ctypes.byref(buf.c), ctypes.byref(opt),
                          ctypes.byref(h)), name)
-        return LayerOp(self, h, (buf, req, arr, opt), name, self.layout.num_layers,
-                       fn is lib.ferry_kv_store_layers)
+        return op
 
     def retrieve_layers(self, tokens, kv, block_table=None, *, salt=None, partial=False, skip=0):
         """Start a layer-by-layer retrieve into `kv` (forms as retrieve): the
@@ -1116,14 +1128,13 @@ class KVStore(Closing):
         except (KeyError, TypeError, ValueError):   # a salt not seen yet, or unhashable
             req = self._salt_req(salt)
         guard = self._guard
-        if not self._h or not guard.enter():
+        h = self._h
+        # sizes as ctypes objects: argtypes then passes them on unconverted
+        rc = guard.call(lib.ferry_kv_lookup_named_packed, h, names,
+                        _SIZES[name_len] if name_len < _NSIZES else name_len,
+                        _SIZES[n] if n < _NSIZES else n, req.c) if h else REFUSED
+        if rc is REFUSED:
             raise guard.refused("the store", "KVStore")
-        try:   # sizes as ctypes objects: argtypes then passes them on unconverted
-            rc = lib.ferry_kv_lookup_named_packed(
-                self._h, names, _SIZES[name_len] if name_len < _NSIZES else name_len,
-                _SIZES[n] if n < _NSIZES else n, req.c)
-        finally:
-            guard.leave()
         if rc == _FERRY_ESTATE and self._closing:   # (as _call says)
             raise guard.refused("the store", "KVStore")
         return rc if rc >= 0 else check(rc, "lookup_named")
