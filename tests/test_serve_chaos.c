@@ -28,7 +28,7 @@
  * process (so a ThreadSanitizer build sees the daemon's threads).
  */
 /* ferry-test-labels: concurrent */
-/* ferry-test-timeout: 120 */
+/* ferry-test-timeout: 300 */
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -57,6 +57,9 @@
 #define N (PROMPT_CHUNKS * CT)
 #define CLIENTS 7
 #define SEND_TIMEOUT_MS 200
+/* the bounds on waits (a hang fails within them) stretched for a loaded
+ * CI machine and the sanitizers' slower daemons: 2x plain, 4x ASan, 8x TSan */
+#define SLOW (FT_UNDER_TSAN ? 8 : FT_UNDER_ASAN ? 4 : 2)
 #define MAX_RAW 64
 #define MAX_SLOW 2 /* slow clients at once */
 /* engines served at once: the clients, the chaos's raw connection and its
@@ -340,13 +343,13 @@ static void daemon_start(daemon_t *d)
     d->pid = ft_srv_fork(&sc, FERRY_LOG_ERROR);
     /* (the socket file appears once the daemon listens) */
     struct stat st;
-    for (int i = 0; i < 1000 && lstat(g_sock, &st) != 0; i++)
+    for (int i = 0; i < 1000 * SLOW && lstat(g_sock, &st) != 0; i++)
         usleep(5000);
     assert_int_equal(lstat(g_sock, &st), 0);
 }
 
 /* a SIGTERM (a process) or ferry_serve_stop (a thread): it stops within
- * 5 s, cleanly (exit 0), its socket removed */
+ * 5 s (x SLOW), cleanly (exit 0), its socket removed */
 static void daemon_stop(daemon_t *d)
 {
     if (d->in_process) {
@@ -355,10 +358,10 @@ static void daemon_stop(daemon_t *d)
         assert_int_equal(kill(d->pid, SIGTERM), 0);
         int ws = 0;
         pid_t got = 0;
-        for (int i = 0; i < 500 && (got = waitpid(d->pid, &ws, WNOHANG)) == 0; i++)
+        for (int i = 0; i < 500 * SLOW && (got = waitpid(d->pid, &ws, WNOHANG)) == 0; i++)
             usleep(10000);
         if (got == 0)
-            fail_msg("the daemon did not stop within 5 s of SIGTERM");
+            fail_msg("the daemon did not stop within %d s of SIGTERM", 5 * SLOW);
         d->pid = 0;
         if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
             fail_msg("the daemon ended with %s %d after SIGTERM",
@@ -376,7 +379,7 @@ static int raw_hello(ft_raw *r, int pool)
 {
     if (ft_raw_connect(r, g_sock) < 0)
         return -1;
-    struct timeval tv = {5, 0}; /* (a daemon that hangs fails the test) */
+    struct timeval tv = {5 * SLOW, 0}; /* (a daemon that hangs fails the test) */
     setsockopt(r->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     ferry__proto_req q;
     memset(&q, 0, sizeof q);
@@ -506,7 +509,7 @@ static void chaos_kill(chaos_t *x, int ph)
 
 /* a client that pipelines PINGs and reads nothing (a child process): the
  * daemon must disconnect it within its send timeout, and count it once.
- * It exits 0 once disconnected, 1 if still connected after 5 s */
+ * It exits 0 once disconnected, 1 if still connected after 5 s (x SLOW) */
 static void chaos_slow(chaos_t *x)
 {
     if (x->nslow == MAX_SLOW)
@@ -520,7 +523,7 @@ static void chaos_slow(chaos_t *x)
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
-        alarm(5);
+        alarm(5 * SLOW);
         ferry__proto_req q;
         memset(&q, 0, sizeof q);
         q.hdr.type = FERRY__P_PING;
@@ -546,8 +549,8 @@ static void slow_reap(chaos_t *x, int all)
             continue;
         }
         if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
-            fail_msg("a client that reads no replies was not disconnected within 5 s "
-                     "(send_timeout_ms %d): %s %d", SEND_TIMEOUT_MS,
+            fail_msg("a client that reads no replies was not disconnected within %d s "
+                     "(send_timeout_ms %d): %s %d", 5 * SLOW, SEND_TIMEOUT_MS,
                      WIFEXITED(ws) ? "exit" : "signal",
                      WIFEXITED(ws) ? WEXITSTATUS(ws) : WTERMSIG(ws));
         x->slow_pid[i] = x->slow_pid[--x->nslow];
@@ -785,11 +788,11 @@ static void chaos_run(daemon_t *d, uint64_t seed, double seconds, int term_live,
     for (int k = 0; k < CLIENTS; k++) {
         int ws = 0;
         pid_t got = 0;
-        for (int i = 0; i < 1500 && (got = waitpid(x.pid[k], &ws, WNOHANG)) == 0; i++)
+        for (int i = 0; i < 1500 * SLOW && (got = waitpid(x.pid[k], &ws, WNOHANG)) == 0; i++)
             usleep(10000);
         if (got == 0) {
             kill(x.pid[k], SIGKILL);
-            fail_msg("client %d did not finish within 15 s of being told to stop", k);
+            fail_msg("client %d did not finish within %d s of being told to stop", k, 15 * SLOW);
         }
         x.pid[k] = 0;
         client_reaped(k, ws, 0);
@@ -940,7 +943,7 @@ static void *proxy_main(void *arg)
     static uint8_t buf[1 << 20];
     for (;;) {
         struct pollfd p[2] = {{cfd, POLLIN, 0}, {up.fd, POLLIN, 0}};
-        if (poll(p, 2, 5000) <= 0)
+        if (poll(p, 2, 5000 * SLOW) <= 0)
             break;
         if (p[0].revents) { /* the client's bytes, as they come */
             ssize_t k = recv(cfd, buf, sizeof buf, 0);
