@@ -18,6 +18,7 @@ import errno
 import os
 import sys
 import threading
+import time
 import weakref
 
 from .errors import FerryError
@@ -92,6 +93,42 @@ class Closing:
             pass
 
 
+class Signal:
+    """A one-shot event whose wait no interrupt can wedge. threading.Event
+    runs Python code (its Condition's __enter__, wait, notify) holding an
+    internal lock: a signal handler's exception (KeyboardInterrupt) landing
+    there leaves that lock held, and every later set() or wait() blocks
+    for ever. Here set() stores a flag, then releases a plain lock held
+    since __init__; wait() reads the flag and waits on the lock in slices,
+    never holding it past a release in the same C step. An interrupt in
+    either leaves at worst the lock held: the flag, read every slice, is
+    then the answer."""
+
+    __slots__ = ("_flag", "_lock")
+
+    def __init__(self):
+        self._flag = False
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def is_set(self):
+        return self._flag
+
+    def set(self):
+        if self._flag:
+            return
+        self._flag = True
+        try:
+            self._lock.release()
+        except RuntimeError:   # (a set() an interrupt stopped, made again)
+            pass
+
+    def wait(self):
+        while not self._flag:
+            if self._lock.acquire(timeout=0.05):
+                self._lock.release()
+
+
 class CallGuard(Opened):
     """Calls on a C handle from several threads, and the handle's end.
 
@@ -106,15 +143,13 @@ class CallGuard(Opened):
     bytecode runs alone, so the guard's steps fall in one order that every
     thread sees:
     - enter appends to `_inside`, then reads `_ended`; end sets `_ended`,
-      then (holding `_cv`) reads `_inside`. An enter that read False did
-      so before end set it, so its append came before end's read: end
-      waits for it. An enter that read True takes itself out and refuses.
-    - leave pops, then reads `_ended`; when True it notifies under `_cv`.
-      end reads `_inside` and waits without letting `_cv` go in between,
-      so a leave's notify comes before the read (which then sees its pop)
-      or after the wait began (which it wakes): no wake-up is lost.
+      then reads `_inside` until it is empty. An enter that read False
+      did so before end set it, so its append came before end's reads:
+      end waits for it. An enter that read True takes itself out and
+      refuses.
+    - leave pops; end's next read sees it.
     list.append and list.pop are single atomic steps. An interpreter
-    without the GIL gives no such order: there both take `_cv`.
+    without the GIL gives no such order: there both take `_lock`.
 
     In a forked child the guard is ended, with no call inside (the threads
     that were inside are not in the child) and a fresh lock (the parent's
@@ -128,16 +163,16 @@ class CallGuard(Opened):
     would wait for it for ever. call() holds each entry in its own try:
     the entry is a token of this call, appended in the try and removed in
     its finally by C methods alone (no Python frame to be interrupted at).
-    end() waits in slices (a leave interrupted before its notify loses
-    no wake-up), and a thread whose end() or release was interrupted
-    goes on with resume().
+    end() polls `_inside` in short sleeps, holding no lock and waiting on
+    no threading.Condition (whose Python code an interrupt can stop with
+    its lock held, or let go, wedging every later wait), and a thread
+    whose end() or release was interrupted goes on with resume().
     """
 
     def __init__(self, what):
         super().__init__()
         self._what = what
-        self._lock = threading.Lock()
-        self._cv = threading.Condition(self._lock)
+        self._lock = threading.Lock()   # (only `with`: its release cannot be skipped)
         self._inside = []      # one entry per call inside
         self._ended = False
         self._owner = None     # the thread whose end() returned (or is returning) True
@@ -153,22 +188,17 @@ class CallGuard(Opened):
 
     def leave(self):
         self._inside.pop()
-        if self._ended:          # end() may be waiting for this call
-            with self._cv:
-                self._cv.notify_all()
 
     def _enter_locked(self):
-        with self._cv:
+        with self._lock:
             if self._ended:
                 return False
             self._inside.append(None)
             return True
 
     def _leave_locked(self):
-        with self._cv:
+        with self._lock:
             self._inside.pop()
-            if self._ended and not self._inside:
-                self._cv.notify_all()
 
     def call(self, fn, *args):
         """fn(*args) as one call inside the guard, or REFUSED (ended). The
@@ -195,9 +225,6 @@ class CallGuard(Opened):
                 with self._lock:
                     if tok in inside:
                         inside.remove(tok)
-            if self._ended:      # end() may be waiting for this call
-                with self._lock:
-                    self._cv.notify_all()
 
     def end(self):
         """True once, to the thread that ends the guard, after every call
@@ -211,9 +238,10 @@ class CallGuard(Opened):
         return self._drained()
 
     def _drained(self):
-        with self._lock:
-            while self._inside:
-                self._cv.wait(0.05)   # (in slices: a notify an interrupt dropped)
+        pause = 0.0001
+        while self._inside:   # (no lock, no notify: nothing an interrupt can leave held)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)
         return True
 
     def resume(self):
@@ -232,7 +260,6 @@ class CallGuard(Opened):
     def _after_fork(self):
         super()._after_fork()
         self._lock = threading.Lock()
-        self._cv = threading.Condition(self._lock)
         self._owner = 0
         self._inside = []
         self._ended = True

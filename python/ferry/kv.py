@@ -3,13 +3,15 @@ import asyncio
 import ctypes
 import errno
 import os
+import atexit
 import threading
 import time
+import weakref
 
 import numpy as np
 
 from . import _abi as A
-from ._handle import REFUSED, CallGuard, Closing, Opened
+from ._handle import REFUSED, CallGuard, Closing, Opened, Signal
 from ._buffers import (CACHE_LAYOUTS, Buffer, DeviceMem, cache_planes, describe, device_spec,
                        dtype_code, dtype_name, is_torch, is_torch_device, paged_geometry,
                        tokens_array)
@@ -249,7 +251,11 @@ class Op:
         self._stores = call.startswith("store")
         self._left = None     # why a moved store's delete left some of it (_forget)
         self._guard = CallGuard(call)
-        self._freed = threading.Event()   # set once free() kept the end and let go
+        self._freed = Signal()   # set once free() kept the end and let go
+        # in the registry of ops in flight from before the C call hands out
+        # the handle until it is freed: holds the handle and the buffers
+        self._flight = _Flight(self, kv, handle, keep, self._guard, self._freed,
+                               self._stores)
 
     def _c(self, fn, *args):
         """fn(handle, *args), or None when the handle was freed already, once
@@ -343,21 +349,11 @@ class Op:
             if not self._guard.forked:
                 self._freed.wait()    # another free is letting it go: until it has
             return
-        if self._h and self._result is None:
-            # ferry_kv_op_free waits for the op anyway: wait first and keep
-            # its end for the calls that come later. A layerwise store still
-            # lacking layers answers the wait FERRY_ESTATE at once; free
-            # abandons it, as a cancel does (-ECANCELED)
-            rc = lib.ferry_kv_op_wait(self._h, -1)
-            if rc == _FERRY_ESTATE:
-                rc = lib.ferry_kv_op_cancel(self._h)
-            self._keep_result(rc)
-        h, self._h = self._h, None   # (taken first: never freed twice)
-        if h:
-            lib.ferry_kv_op_free(h)
+        self._flight.release(self._keep_result if self._result is None else None,
+                             self._let_go)
+
+    def _let_go(self):
         self._keep = None            # the op is over: its buffers may go
-        self._guard.over()
-        self._freed.set()
 
     def __await__(self):
         loop = asyncio.get_running_loop()
@@ -366,16 +362,110 @@ class Op:
     __reduce_ex__ = Closing.__reduce_ex__
 
     def __del__(self):
-        # the buffers go with this object: the op must be over first, so a
-        # free an interrupt (KeyboardInterrupt) stopped is made again
-        for _ in range(100):
+        # the buffers go with this object once the op is over; a free an
+        # interrupt (KeyboardInterrupt) stopped, even at this line, leaves
+        # the op in the registry of ops in flight (its handle and buffers
+        # held): the reaper frees it (_reap)
+        try:
+            self.free()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+class _Flight:
+    """An op whose C handle is not freed yet, in the registry `_flying`
+    from before the C call hands the handle out until ferry_kv_op_free
+    returned: it holds the handle and the buffers the op reads or writes,
+    so neither goes with an Op whose __del__ an interrupt stopped (at its
+    first line, before any free). Its Op frees it (free(), __del__); once
+    that Op is gone (`op()` is None) with the flight still here, the
+    reaper does: at the next call that moves KV (any store's), at its
+    store's close(), and at the exit."""
+
+    def __init__(self, op, kv, hv, keep, guard, freed, stores):
+        self.op = weakref.ref(op)
+        self.kv = weakref.ref(kv)
+        self.hv = hv              # the ctypes handle the C call fills
+        self.keep = keep
+        self.guard = guard
+        self.freed = freed
+        self.stores = stores
+        _flying.add(self)
+
+    def release(self, settle, let_go=None):
+        """By the thread that ended the op's guard: wait for the C op (a
+        layerwise store still lacking layers is abandoned, as a cancel
+        does), settle(rc) with its end (None: kept already), free the
+        handle, let the buffers go (let_go(): the Op's hold on them). Made again from the start after an
+        interrupt (resume): each step is done at most once."""
+        hv = self.hv
+        if hv and hv.value and settle is not None:
+            # ferry_kv_op_free waits for the op anyway: wait first and keep
+            # its end for the calls that come later
+            rc = lib.ferry_kv_op_wait(hv, -1)
+            if rc == _FERRY_ESTATE:
+                rc = lib.ferry_kv_op_cancel(hv)
+            settle(rc)
+        h = hv.value if hv else None
+        if h:
+            hv.value = None      # (taken first: never freed twice)
+            lib.ferry_kv_op_free(h)
+        if let_go is not None:
+            let_go()
+        self.keep = None
+        _flying.discard(self)
+        self.freed.set()         # (before over(): an interrupt between leaves
+        self.guard.over()        # this thread's resume() to go on, never a wait)
+
+    def _settle_orphan(self, rc):
+        """An orphan's end: a store whose source moved in flight deletes
+        what it stored (as its Op's wait would have)."""
+        keep = self.keep
+        kv = self.kv()
+        if self.stores and keep and kv is not None and rc != -errno.ECANCELED \
+                and keep[0].moved_from() is not None:
+            kv._forget_stored(keep[2], keep[1])
+
+    def reap(self, block):
+        """Free an orphan (its Op gone): at once when its C side is over
+        (or a layerwise store still lacking layers, which no one can give
+        them now), else only when `block`. False when it is still here."""
+        if self.op() is not None:
+            return False
+        g = self.guard
+        if not block:
+            rc = g.call(lib.ferry_kv_op_wait, self.hv, 0) if self.hv.value else 0
+            if rc == -errno.ETIMEDOUT:
+                return False
+        if not g.end() and not g.resume():
+            return False         # another thread frees it
+        self.release(self._settle_orphan)
+        return True
+
+
+_flying = set()   # every _Flight of this process (sets: atomic add and discard)
+
+
+def _reap(block=False, kv=None):
+    """Free the orphans of the registry (all, or those of store `kv`)."""
+    if not _flying:
+        return
+    for f in list(_flying):
+        if kv is None or f.kv() is kv:
             try:
-                self.free()
-                return
-            except Exception:  # interpreter shutdown
-                return
-            except BaseException:
-                continue
+                f.reap(block)
+            except FerryError:   # (a forked child: the parent's, not freed here)
+                _flying.discard(f)
+
+
+def _reap_at_exit():
+    try:
+        _reap(block=True)
+    except Exception:  # the library going away
+        pass
+
+
+atexit.register(_reap_at_exit)
 
 
 def _moved_error(moved, what, store, call, left=None):
@@ -639,7 +729,7 @@ class KVStore(Closing):
         self._h = None
         self._closing = False   # close() began the C store's close (ferry_kv_close_begin)
         self._guard = CallGuard("KVStore")
-        self._released = threading.Event()   # set once close() released everything
+        self._released = Signal()   # set once close() released everything
         self._salt_reqs = {}
         self._dev = None
         self._devmem = None
@@ -866,6 +956,7 @@ class KVStore(Closing):
             h, self._h = self._h, None
             if h:
                 lib.ferry_kv_close(h)
+            _reap(block=True, kv=self)   # orphans of it (close finished them)
             while self._streams:
                 lib.ferry_stream_destroy(self._streams.popitem()[1])
             dev, self._dev = self._dev, None
@@ -905,6 +996,7 @@ class KVStore(Closing):
     # -- moving KV --
     def _op(self, fn, name, tokens, data, block_table, salt, partial, writable, statuses,
             skip=0):
+        _reap()   # ops dropped by an interrupted __del__, over since
         arr, p = tokens_array(tokens)
         buf = self._buffer(data, block_table, writable)
         n = -(-arr.size // self.chunk_tokens) if statuses else 0
@@ -988,6 +1080,7 @@ class KVStore(Closing):
                         partial, True, statuses, skip)
 
     def _async(self, fn, name, tokens, data, block_table, salt, partial, writable, skip=0):
+        _reap()   # ops dropped by an interrupted __del__, over since
         arr, p = tokens_array(tokens)
         buf = self._buffer(data, block_table, writable)
         req = _Req(salt, partial, 0, skip)
@@ -1011,6 +1104,7 @@ class KVStore(Closing):
                            block_table, salt, partial, True, skip)
 
     def _layers(self, fn, name, tokens, data, block_table, salt, partial, writable, skip=0):
+        _reap()   # ops dropped by an interrupted __del__, over since
         arr, p = tokens_array(tokens)
         buf = self._buffer(data, block_table, writable)
         req = _Req(salt, partial, 0, skip)

@@ -186,8 +186,29 @@ def _locked(fn):
                 return self._forget_forked()
             raise self._where.refused(f"the {type(self).__name__}", fn.__name__)
         with self._lock:
+            if self._pending is not None and fn.__name__ != "close":
+                self._settle_pending()
             return fn(self, *args, **kwargs)
     return call
+
+
+class _Plans:
+    """The plan of the call inside (ensure, hint_prefetch) until it is
+    returned or copied: `_pending`, set before the C call that fills it.
+    An exception (an interrupt as a C call returns, or inside the drop
+    itself: _drop_plan is a loop of C calls, each a point it can land
+    at) leaves it set, and the next call (any thread's) drops its slots
+    first (_settle_pending), so the planner (and the pool's slots) never
+    keep an expert in a slot its row did not reach. A drop made twice
+    forgets slots already free: a no-op."""
+
+    _pending = None
+
+    def _settle_pending(self):
+        plan = self._pending
+        if plan is not None:
+            _drop_plan(self._planner_h(), plan, self._slots_h())
+            self._pending = None
 
 
 def _policy_bytes(policy):
@@ -281,7 +302,7 @@ class _LastCounts:
         return d
 
 
-class Planner(_LastCounts, Closing):
+class Planner(_Plans, _LastCounts, Closing):
     """The planner of ferry/moe.h alone: which expert lives in which of
     `slots` slots, decided by an eviction policy (None: the library's
     default, "auto"), with no memory and no copies - ensure() returns the slots
@@ -308,12 +329,20 @@ class Planner(_LastCounts, Closing):
 
     @_locked
     def close(self):
-        if getattr(self, "_h", None):
-            lib.ferry_moe_planner_destroy(self._h)
-            self._h = None
+        # taken before it is destroyed: a close an interrupt (KeyboardInterrupt
+        # as the C call returns) cut short, made again, never destroys it twice
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            lib.ferry_moe_planner_destroy(h)
 
     def _forget_forked(self):
         self._h = None
+
+    def _planner_h(self):
+        return self._h
+
+    def _slots_h(self):
+        return None
 
     def _need(self):
         if not self._h:
@@ -337,14 +366,17 @@ class Planner(_LastCounts, Closing):
         layer = _u32(layer, "layer")
         slots = (ctypes.c_uint32 * max(ex.size, 1))()
         plan, counts = A.MoeCopyPlan(), A.MoeCounts()
-        try:   # until the plan is returned, an interrupt drops what it placed
+        self._pending = plan   # until the plan is returned, an interrupt drops what it placed
+        try:
             check(lib.ferry_moe_planner_ensure(h, layer, ptr, ex.size, slots, ctypes.byref(plan),
                                                ctypes.byref(counts)), f"ensure layer {layer}")
             self._counted(counts)
-            return [slots[i] for i in range(ex.size)], _plan_dict(plan)
+            out = [slots[i] for i in range(ex.size)], _plan_dict(plan)
         except BaseException:
-            _drop_plan(h, plan)
+            self._settle_pending()
             raise
+        self._pending = None
+        return out
 
     @_locked
     def hint(self, layer, steps_ahead, experts, confidence=1.0):
@@ -367,13 +399,16 @@ class Planner(_LastCounts, Closing):
         plan = A.MoeCopyPlan()
         h = self._need()
         max_rows = _u32(max_rows, "max_rows")
-        try:   # as ensure(): an interrupt before the plan is returned drops it
+        self._pending = plan   # as ensure(): an interrupt before the plan is returned drops it
+        try:
             check(lib.ferry_moe_planner_hint_prefetch(h, max_rows, ctypes.byref(plan)),
                   "hint prefetch")
-            return _plan_dict(plan)
+            out = _plan_dict(plan)
         except BaseException:
-            _drop_plan(h, plan)
+            self._settle_pending()
             raise
+        self._pending = None
+        return out
 
     @_locked
     def hint_stats(self):
@@ -449,7 +484,7 @@ class _CudaSlots:
             "data": (int(ptr), False), "strides": (stride, 1), "version": 2}
 
 
-class ExpertPool(_LastCounts, Closing):
+class ExpertPool(_Plans, _LastCounts, Closing):
     """Expert slots on a ferry device ("host", or "cuda:N" / a torch.device on
     a GPU: slot_tensor then gives CUDA tensors on that GPU), an
     eviction planner over them (policy None: the library's default, "auto"),
@@ -574,13 +609,19 @@ class ExpertPool(_LastCounts, Closing):
                          ("_io", lib.ferry_io_close),
                          ("_dev", lib.ferry_device_close)):
             h = getattr(self, attr, None)
-            if h:
-                fn(h)
+            if h:   # (taken first: a close an interrupt cut short never frees it twice)
                 setattr(self, attr, None)
+                fn(h)
         del mem
 
     def _forget_forked(self):
         self._dev = self._planner = self._slots = self._rows = self._io = self._mem = None
+
+    def _planner_h(self):
+        return self._planner
+
+    def _slots_h(self):
+        return self._slots
 
     def _need(self):
         if not self._planner:
@@ -604,6 +645,7 @@ class ExpertPool(_LastCounts, Closing):
         n = ex.size
         slots = (ctypes.c_uint32 * max(n, 1))()
         plan, counts = A.MoeCopyPlan(), A.MoeCounts()
+        self._pending = plan   # (_Plans: dropped unless copied whole)
         try:
             check(lib.ferry_moe_planner_ensure(self._planner, layer,
                                                ex.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)),
@@ -611,12 +653,14 @@ class ExpertPool(_LastCounts, Closing):
                   f"ensure layer {layer}")
             self._apply(plan, f"apply layer {layer}")
         except FerryError:
+            self._pending = None
             raise   # the planner changed nothing, or _apply settled the plan's slots
         except BaseException:
             # an interrupt (SIGINT surfaces after the C call it came in) between
             # the plan and the end of its copy: none of the plan's slots is trusted
-            _drop_plan(self._planner, plan, self._slots)
+            self._settle_pending()
             raise
+        self._pending = None
         self._counted(counts)
         return [slots[i] for i in range(n)]
 
@@ -713,17 +757,20 @@ class ExpertPool(_LastCounts, Closing):
         self._need()
         plan = A.MoeCopyPlan()
         max_rows = _u32(max_rows, "max_rows")
-        try:   # as ensure()
+        self._pending = plan   # as ensure()
+        try:
             n = check(lib.ferry_moe_planner_hint_prefetch(self._planner, max_rows,
                                                           ctypes.byref(plan)), "hint prefetch")
             if n:
                 self._apply(plan, f"apply hint prefetch of layer {plan.layer}")
-            return n
         except FerryError:
+            self._pending = None
             raise
         except BaseException:
-            _drop_plan(self._planner, plan, self._slots)
+            self._settle_pending()
             raise
+        self._pending = None
+        return n
 
     def _apply(self, plan, what):
         """Copy a plan's rows; slots a failure leaves unknown are forgotten by
