@@ -157,7 +157,10 @@ def test_an_interrupt_anywhere_in_a_call_leaves_the_store_usable_and_closable(ur
                 d = torch.zeros_like(src)
                 n = s.retrieve(t + 200000 + 64 * i, d)
                 assert n in (0, 64) and (n == 0 or same(d, src)), (i, n)
-        assert done > 0 and hit > 0, (done, hit)
+        # (every call may be cut on a loaded machine: a call through the
+        # daemon can take longer than the timer's 137 us; what matters is
+        # that some were cut, and that the store is exact and closes after)
+        assert hit > 0, (done, hit)
         dst = torch.zeros_like(src)
         assert s.retrieve(t, dst) == 64 and same(dst, src)
         assert s.lookup_named([b"a", b"b"]) == 2
