@@ -266,6 +266,39 @@ def test_the_interpreter_exits_with_work_in_flight(url, how):
     assert p.returncode == 0 and "exiting" in p.stdout, (p.returncode, p.stdout, p.stderr)
 
 
+def test_a_call_costs_the_same_with_many_ops_alive():
+    """Ops kept alive (futures an engine holds, finished but not waited)
+    cost a later call nothing: with 20,000 of them a retrieve is about as
+    fast as with none (the orphans' reaper visits the ops gone alone). The
+    bound is 10x for a cost that grew 100x when each call walked them."""
+    run_child("", """
+        s = store()
+        src = kv(16, 4)
+        t = np.arange(16, dtype=np.int32) + 3000000
+        assert s.store(t, src) == 16
+        dst = torch.zeros_like(src)
+        def per_call():
+            best = None
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for _ in range(200):
+                    s.retrieve(t, dst)
+                d = (time.perf_counter() - t0) / 200
+                best = d if best is None else min(best, d)
+            return best
+        alone = per_call()
+        ops = [s.retrieve_async(t, torch.zeros_like(src)) for _ in range(20000)]
+        ops[-1].wait()
+        crowded = per_call()
+        assert crowded < 10 * alone, (alone, crowded)
+        assert all(op.wait() == 16 for op in ops)
+        del ops
+        gc.collect()
+        assert same(dst, src) and closes(s)
+        print("ok", alone, crowded)
+    """, timeout=300)
+
+
 def test_close_from_another_thread_mid_op(url):
     run_child(url, """
         N = 4096
