@@ -384,9 +384,7 @@ class _Flight:
     the ops alive: a call costs the same with 10,000 ops in flight."""
 
     def __init__(self, op, kv, hv, keep, guard, freed, stores):
-        self.op = _OpRef(op, _orphans.add)   # (C alone: no frame an interrupt stops)
-        self.op.flight = self
-        hash(self.op)             # (kept: the callback hashes it once the Op is gone)
+        self.op = _GONE
         self.kv = weakref.ref(kv)
         self.hv = hv              # the ctypes handle the C call fills
         self.keep = keep
@@ -394,6 +392,12 @@ class _Flight:
         self.freed = freed
         self.stores = stores
         self.lock = threading.Lock()   # (only `with`: its release cannot be skipped)
+        # the reference last, once the flight is whole: an interrupt above
+        # stops the Op's construction before any C call hands a handle out
+        ref = _OpRef(op, _orphans.add)   # (C alone: no frame an interrupt stops)
+        ref.flight = self
+        hash(ref)                 # (kept: the callback hashes it once the Op is gone)
+        self.op = ref
         _flying.add(self)
 
     def release(self, settle, let_go=None):
@@ -478,8 +482,8 @@ def _reap(block=False, kv=None):
     if not _orphans:
         return
     for ref in list(_orphans):
-        f = ref.flight
-        if f.freed.is_set():      # its Op freed it (or a reaper did)
+        f = getattr(ref, "flight", None)   # (None: an Op whose construction stopped)
+        if f is None or f.freed.is_set():   # its Op freed it (or a reaper did)
             _orphans.discard(ref)
         elif f.guard.forked:      # a forked child's: the parent's, never freed here
             f.keep = None         # (no C op of the child writes into it)
