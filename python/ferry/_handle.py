@@ -237,6 +237,10 @@ class CallGuard(Opened):
             self._ended = True
         return self._drained()
 
+    def drain(self):
+        """After end() (in any thread): once every call inside returned."""
+        return self._drained()
+
     def _drained(self):
         pause = 0.0001
         while self._inside:   # (no lock, no notify: nothing an interrupt can leave held)

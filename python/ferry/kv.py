@@ -265,7 +265,7 @@ class Op:
         if rc is REFUSED:
             if self._guard.forked:
                 raise self._guard.refused("the operation", self._call)
-            self._freed.wait()
+            self._flight.finish(self._keep_result, self._let_go)   # (see free)
             return None
         return rc
 
@@ -343,14 +343,13 @@ class Op:
     def free(self):
         """Let the operation go (waiting for it if it still runs). Calls on it
         in other threads finish first; later calls answer from its result."""
-        # (an interrupt anywhere below leaves the guard this thread's: its
-        # next free, __del__'s, resumes from where it stopped)
-        if not self._guard.end() and not self._guard.resume():
-            if not self._guard.forked:
-                self._freed.wait()    # another free is letting it go: until it has
+        # the first end() stops new calls; then any thread finishes the
+        # release, one at a time: a free an interrupt stopped in one thread
+        # (which may never come back to it) is gone on with by the next
+        # thread that frees the op or calls it, never waited for
+        if not self._guard.end() and self._guard.forked:
             return
-        self._flight.release(self._keep_result if self._result is None else None,
-                             self._let_go)
+        self._flight.finish(self._keep_result, self._let_go)
 
     def _let_go(self):
         self._keep = None            # the op is over: its buffers may go
@@ -380,24 +379,34 @@ class _Flight:
     first line, before any free). Its Op frees it (free(), __del__); once
     that Op is gone (`op()` is None) with the flight still here, the
     reaper does: at the next call that moves KV (any store's), at its
-    store's close(), and at the exit."""
+    store's close(), and at the exit. The reaper visits the orphans alone
+    (`_orphans`, which the Op's weak reference joins as the Op goes), never
+    the ops alive: a call costs the same with 10,000 ops in flight."""
 
     def __init__(self, op, kv, hv, keep, guard, freed, stores):
-        self.op = weakref.ref(op)
+        self.op = _GONE
         self.kv = weakref.ref(kv)
         self.hv = hv              # the ctypes handle the C call fills
         self.keep = keep
         self.guard = guard
         self.freed = freed
         self.stores = stores
+        self.lock = threading.Lock()   # (only `with`: its release cannot be skipped)
+        # the reference last, once the flight is whole: an interrupt above
+        # stops the Op's construction before any C call hands a handle out
+        ref = _OpRef(op, _orphans.add)   # (C alone: no frame an interrupt stops)
+        ref.flight = self
+        hash(ref)                 # (kept: the callback hashes it once the Op is gone)
+        self.op = ref
         _flying.add(self)
 
     def release(self, settle, let_go=None):
-        """By the thread that ended the op's guard: wait for the C op (a
+        """By finish() alone: wait for the C op (a
         layerwise store still lacking layers is abandoned, as a cancel
         does), settle(rc) with its end (None: kept already), free the
-        handle, let the buffers go (let_go(): the Op's hold on them). Made again from the start after an
-        interrupt (resume): each step is done at most once."""
+        handle, let the buffers go (let_go(): the Op's hold on them).
+        Made again from the start after an interrupt: each step is done
+        at most once."""
         hv = self.hv
         if hv and hv.value and settle is not None:
             # ferry_kv_op_free waits for the op anyway: wait first and keep
@@ -414,8 +423,21 @@ class _Flight:
             let_go()
         self.keep = None
         _flying.discard(self)
-        self.freed.set()         # (before over(): an interrupt between leaves
-        self.guard.over()        # this thread's resume() to go on, never a wait)
+        self.op = _GONE           # (its reference goes: no orphan to visit)
+        self.freed.set()
+
+    def finish(self, settle, let_go=None):
+        """Once the op's guard is ended, by any thread: after the calls
+        inside returned, release (settle: as release says; it keeps the
+        first end alone), unless done. One thread at a time, under a lock
+        `with` takes: an interrupt anywhere lets it go, and the next
+        thread (or this one, again) goes on from the step it reached."""
+        if self.freed.is_set():
+            return
+        with self.lock:
+            if not self.freed.is_set():
+                self.guard.drain()
+                self.release(settle, let_go)
 
     def _settle_orphan(self, rc):
         """An orphan's end: a store whose source moved in flight deletes
@@ -437,25 +459,39 @@ class _Flight:
             rc = g.call(lib.ferry_kv_op_wait, self.hv, 0) if self.hv.value else 0
             if rc == -errno.ETIMEDOUT:
                 return False
-        if not g.end() and not g.resume():
-            return False         # another thread frees it
-        self.release(self._settle_orphan)
+        g.end()
+        self.finish(self._settle_orphan)
         return True
 
 
-_flying = set()   # every _Flight of this process (sets: atomic add and discard)
+class _OpRef(weakref.ref):
+    """A weak reference to an Op that names its flight."""
+    __slots__ = ("flight",)
+
+
+def _GONE():
+    return None
+
+
+_flying = set()    # every _Flight of this process (sets: atomic add and discard)
+_orphans = set()   # the _OpRef of each Op gone whose flight may still be here
 
 
 def _reap(block=False, kv=None):
     """Free the orphans of the registry (all, or those of store `kv`)."""
-    if not _flying:
+    if not _orphans:
         return
-    for f in list(_flying):
-        if kv is None or f.kv() is kv:
-            try:
-                f.reap(block)
-            except FerryError:   # (a forked child: the parent's, not freed here)
-                _flying.discard(f)
+    for ref in list(_orphans):
+        f = getattr(ref, "flight", None)   # (None: an Op whose construction stopped)
+        if f is None or f.freed.is_set():   # its Op freed it (or a reaper did)
+            _orphans.discard(ref)
+        elif f.guard.forked:      # a forked child's: the parent's, never freed here
+            f.keep = None         # (no C op of the child writes into it)
+            _flying.discard(f)
+            _orphans.discard(ref)
+        elif kv is None or f.kv() is kv:
+            if f.reap(block):
+                _orphans.discard(ref)
 
 
 def _reap_at_exit():
