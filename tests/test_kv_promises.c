@@ -562,14 +562,18 @@ static void pins_end_with_their_connection(void **state)
     assert_int_equal(ferry_kv_retrieve(f->kv, f->tok, 2 * CT, NULL, &f->db), 2 * CT);
     assert_true(same_chunk(f->src, f->dst, 1));
     ferry_kv_close(other);
-    /* the daemon lets go of the connection's pins once it sees it close */
+    /* the daemon lets go of the connection's pins once it sees it close
+     * (a pin at a time: a delete between two deletes the one let go and
+     * answers FERRY_ELOCKED for the other, so the last delete may find
+     * one chunk left); then both are gone */
     int rc = FERRY_ELOCKED;
     for (int k = 0; k < 200 && rc == FERRY_ELOCKED; k++) {
         rc = ferry_kv_delete(f->kv, f->tok, 2 * CT, NULL);
         if (rc == FERRY_ELOCKED)
             usleep(10000);
     }
-    assert_int_equal(rc, 2);
+    assert_true(rc == 1 || rc == 2);
+    assert_int_equal(ferry_kv_lookup(f->kv, f->tok, 2 * CT, NULL), 0);
 }
 
 /* ---- stats and metrics ---- */
