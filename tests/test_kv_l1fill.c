@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "core/meminfo.h"
 #include "ferry/kv.h"
 #include "ferry/serve.h"
 #include "ferry_test.h"
@@ -440,6 +441,116 @@ static void a_long_cgroup_path_is_walked_whole(void **state)
     }
 }
 
+/* the fill asks how much memory is available before each 8 MiB step (32
+ * of them here) and finds the process's cgroups once, when it starts: one
+ * walk of their directories for the fill and one for open's own check.
+ * Before, every step read /proc/self/cgroup and opened each level's files
+ * by path again (18 to 121 us a step) */
+static void the_fill_finds_the_cgroups_once(void **state)
+{
+    (void)state;
+    if (!kernel_populates())
+        skip();
+    atomic_store(&ferry__test_mem_walks, 0);
+    uint64_t before = rss();
+    ferry_kv_config c = config(POOL);
+    ferry_kv *kv = NULL;
+    FT_ASSERT_OK(ferry_kv_open(&c, &kv));
+    double end = now_s() + 60;
+    while (rss() < before + POOL - 8 * MiB && now_s() < end) {
+        struct timespec ms = {0, 5000000};
+        nanosleep(&ms, NULL);
+    }
+    assert_true(rss() >= before + POOL - 8 * MiB);
+    ferry_kv_close(kv);
+    unsigned long walks = atomic_load(&ferry__test_mem_walks);
+    if (walks > 2)
+        fail_msg("a fill of %llu steps walked the cgroups %lu times",
+                 (unsigned long long)(POOL / (8 * MiB)), walks);
+}
+
+/* ... and still reads their numbers at every step: a limit lowered while
+ * the pool is being faulted in stops it (the thread held after its first
+ * step, the limit then lowered to leave less than the reserve) */
+static void a_limit_lowered_during_the_fill_stops_it(void **state)
+{
+    (void)state;
+    if (!kernel_populates())
+        skip();
+    host_of("0::/ctr\n");
+    put("/sys/fs/cgroup/ctr/memory.max", "17179869184\n"); /* 16 GiB */
+    put("/sys/fs/cgroup/ctr/memory.current", "1073741824\n");
+    put("/sys/fs/cgroup/ctr/memory.stat", "inactive_file 0\n");
+    atomic_store(&ferry__test_mem_root, g_root);
+    hold(1);
+    uint64_t before = rss();
+    ferry_kv_config c = config(POOL);
+    ferry_kv *kv = NULL;
+    int rc = ferry_kv_open(&c, &kv);
+    put("/sys/fs/cgroup/ctr/memory.max", "1107296256\n"); /* 1 GiB + 32 MiB: 32 MiB left */
+    hold(0);
+    struct timespec ms = {0, 200000000};
+    nanosleep(&ms, NULL); /* (the thread, had it gone on, would be well into the pool) */
+    uint64_t grown = rss() - before;
+    if (rc == 0)
+        ferry_kv_close(kv);
+    atomic_store(&ferry__test_mem_root, NULL);
+    host_gone();
+    assert_int_equal(rc, 0);
+    if (grown >= 32 * MiB)
+        fail_msg("the process grew by %llu MiB after the limit left 32 MiB",
+                 (unsigned long long)(grown / MiB));
+}
+
+/* a cgroup limit of 0 is a limit: nothing may be had, and an L1 is
+ * refused naming the file that says so (v2 memory.max, v1
+ * memory.limit_in_bytes). Before, a 0 read as "no limit" and the host's
+ * memory was what the process might have */
+static void a_cgroup_limit_of_0_is_a_limit(void **state)
+{
+    (void)state;
+    for (int v = 0; v < 2; v++) {
+        const char *file = v ? "/sys/fs/cgroup/memory/ctr/memory.limit_in_bytes"
+                             : "/sys/fs/cgroup/ctr/memory.max";
+        host_of(v ? "4:memory:/ctr\n0::/\n" : "0::/ctr\n");
+        put(file, "0\n");
+        uint64_t total, avail;
+        ferry__host_memory_at(g_root, &total, &avail);
+        atomic_store(&ferry__test_mem_root, g_root);
+        ferry_kv_config c = config(POOL);
+        ferry_kv *kv = NULL;
+        int rc = ferry_kv_open(&c, &kv);
+        atomic_store(&ferry__test_mem_root, NULL);
+        if (rc == 0)
+            ferry_kv_close(kv);
+        char want[256];
+        snprintf(want, sizeof want, "limit of 0 bytes in %s%s", g_root, file);
+        const char *msg = ferry_last_error();
+        host_gone();
+        if (total != 0 || avail != 0 || rc != -ENOMEM || !strstr(msg, want))
+            fail_msg("cgroup v%d, %s of 0: %llu total, %llu available; open %d: '%s'",
+                     v ? 1 : 2, file, (unsigned long long)total, (unsigned long long)avail, rc,
+                     msg);
+    }
+}
+
+/* a kernel without MemAvailable (before 3.14): what is available is its
+ * own approximation, MemFree + Buffers + Cached. Before, all of the
+ * host's memory read as available, and the fill faulted on */
+static void without_memavailable_free_buffers_and_cache(void **state)
+{
+    (void)state;
+    host_of("0::/\n");
+    put("/proc/meminfo", "MemTotal:       67108864 kB\nMemFree:         1048576 kB\n"
+                         "Buffers:            1024 kB\nCached:         10485760 kB\n"
+                         "SwapCached:      4194304 kB\n");
+    uint64_t total, avail;
+    ferry__host_memory_at(g_root, &total, &avail);
+    host_gone();
+    assert_int_equal(total, 64 * GiB);
+    assert_int_equal(avail, 11 * GiB + MiB);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -453,6 +564,10 @@ int main(void)
         cmocka_unit_test(without_a_cgroup_limit_the_hosts_memory),
         cmocka_unit_test(a_host_with_no_memory_available_says_so),
         cmocka_unit_test(a_long_cgroup_path_is_walked_whole),
+        cmocka_unit_test(the_fill_finds_the_cgroups_once),
+        cmocka_unit_test(a_limit_lowered_during_the_fill_stops_it),
+        cmocka_unit_test(a_cgroup_limit_of_0_is_a_limit),
+        cmocka_unit_test(without_memavailable_free_buffers_and_cache),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -19,7 +19,19 @@
  * faulted past what is available brings the kernel's out-of-memory
  * killer onto whichever process is largest: the engine, the daemon, or a
  * bystander).
+ *
+ * A limit of 0 is a limit (nothing may be had); only v2's "max" and v1's
+ * huge number (any limit at or above the host's memory) mean none. A
+ * kernel without MemAvailable (before 3.14) has what it had then:
+ * MemFree + Buffers + Cached, the kernel's own approximation of it.
+ *
+ * The process's cgroups are found once by a watch (meminfo.h): the L1 fill
+ * asks before each 8 MiB step, and finding them anew (/proc/self/cgroup
+ * read, every level's files opened by path) cost 18 to 121 us a step
+ * where re-reading the numbers of files held open costs a few.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -28,37 +40,57 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "core/meminfo.h"
 
 _Atomic uint64_t ferry__test_mem_total;
 _Atomic uint64_t ferry__test_mem_avail;
+_Atomic unsigned long ferry__test_mem_walks;
+const char *_Atomic ferry__test_mem_root;
 
-/* the number a one-line file holds; 0 where it is missing or says "max" */
-static uint64_t file_u64(const char *p)
+/* fd's text from its start (a kernel file makes it anew at each read from
+ * offset 0) into buf, NUL-terminated; 0 where none could be read */
+static int text_of(int fd, char *buf, size_t cap)
 {
-    FILE *f = fopen(p, "re");
-    if (!f)
+    size_t got = 0;
+    while (fd >= 0 && got < cap - 1) {
+        ssize_t r = pread(fd, buf + got, cap - 1 - got, (off_t)got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    buf[got] = 0;
+    return got > 0;
+}
+
+/* the number a one-line file holds into *v; 0 where it holds none ("max",
+ * v2's word for no limit; a file missing or empty) */
+static int num_of(int fd, uint64_t *v)
+{
+    char buf[64], *end;
+    if (!text_of(fd, buf, sizeof buf) || buf[0] < '0' || buf[0] > '9')
         return 0;
-    unsigned long long v = 0;
-    if (fscanf(f, "%llu", &v) != 1)
-        v = 0;
-    fclose(f);
-    return (uint64_t)v;
+    errno = 0;
+    unsigned long long n = strtoull(buf, &end, 10);
+    if (errno || (*end && *end != '\n'))
+        return 0;
+    *v = (uint64_t)n;
+    return 1;
 }
 
 /* the value of "key N" in a file of such lines (a cgroup's memory.stat);
  * 0 where it is missing */
-static uint64_t key_u64(const char *p, const char *key)
+static uint64_t key_of(int fd, const char *key)
 {
-    char line[256];
-    FILE *f = fopen(p, "re");
-    if (!f)
+    char buf[8192];
+    if (!text_of(fd, buf, sizeof buf))
         return 0;
     size_t kl = strlen(key);
     unsigned long long v = 0;
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, key, kl) && line[kl] == ' ' && sscanf(line + kl, " %llu", &v) == 1)
+    for (const char *l = buf; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL)
+        if (!strncmp(l, key, kl) && l[kl] == ' ' && sscanf(l + kl, " %llu", &v) == 1)
             break;
-    fclose(f);
     return (uint64_t)v;
 }
 
@@ -101,82 +133,190 @@ static int cgroup_of(const char *root, const char *ctl, char *out, size_t len)
 }
 
 typedef struct cg_files {
-    const char *base, *ctl, *max, *cur, *stat, *inactive;
+    const char *base, *ctl, *file[3], *inactive; /* file: limit, use, stat */
 } cg_files;
 
-static const cg_files CG_V2 = {"/sys/fs/cgroup", "", "memory.max", "memory.current",
-                               "memory.stat", "inactive_file"};
-static const cg_files CG_V1 = {"/sys/fs/cgroup/memory", "memory", "memory.limit_in_bytes",
-                               "memory.usage_in_bytes", "memory.stat", "total_inactive_file"};
+static const cg_files CG[2] = {
+    {"/sys/fs/cgroup", "", {"memory.max", "memory.current", "memory.stat"}, "inactive_file"},
+    {"/sys/fs/cgroup/memory",
+     "memory",
+     {"memory.limit_in_bytes", "memory.usage_in_bytes", "memory.stat"},
+     "total_inactive_file"},
+};
 
-/* root, base, rel and "/name" into p; 0 where they do not fit */
+/* root, base, rel's first n bytes and "/name" into p; 0 where they do not fit */
 static int cg_path(char *p, size_t len, const char *root, const cg_files *k, const char *rel,
-                   const char *name)
+                   size_t n, const char *name)
 {
-    return snprintf(p, len, "%s%s%s/%s", root, k->base, rel, name) < (int)len;
+    return snprintf(p, len, "%s%s%.*s/%s", root, k->base, (int)n, rel, name) < (int)len;
 }
 
-/* the lowest limit of the process's cgroup and those above it (one
- * mounted as the hierarchy's root in a container included) into *limit,
- * and the least room any leaves (its limit less its working set) into
- * *room; neither touched where none has a limit below host (v1 says "no
- * limit" with a huge number). A level whose files' paths are too long to
- * open is passed over, not the levels above it. */
-static void cgroup_walk(const char *root, const cg_files *k, uint64_t host, uint64_t *limit,
-                        uint64_t *room)
+static int open_ro(const char *p)
 {
-    char rel[PATH_MAX], path[2 * PATH_MAX];
-    if (!cgroup_of(root, k->ctl, rel, sizeof rel))
-        return;
-    for (;;) {
-        uint64_t lim = cg_path(path, sizeof path, root, k, rel, k->max) ? file_u64(path) : 0;
-        if (lim && lim < host) {
-            uint64_t used = cg_path(path, sizeof path, root, k, rel, k->cur) ? file_u64(path) : 0;
-            uint64_t inactive = cg_path(path, sizeof path, root, k, rel, k->stat)
-                                    ? key_u64(path, k->inactive)
-                                    : 0;
+    int fd;
+    do
+        fd = open(p, O_RDONLY | O_CLOEXEC);
+    while (fd < 0 && errno == EINTR);
+    return fd;
+}
+
+/* the length of rel's parent (rel's first n bytes, n > 0: "/a/b" -> "/a") */
+static size_t parent_of(const char *rel, size_t n)
+{
+    while (n > 0 && rel[--n] != '/')
+        ;
+    return n;
+}
+
+void ferry__memwatch_open(ferry__memwatch *w, const char *root)
+{
+    memset(w, 0, sizeof *w);
+    w->seams = !root;
+    if (!root)
+        root = atomic_load_explicit(&ferry__test_mem_root, memory_order_relaxed);
+    w->root = root ? root : "";
+    w->lim_cg = -1;
+    char p[2 * PATH_MAX];
+    w->meminfo = snprintf(p, sizeof p, "%s/proc/meminfo", w->root) < (int)sizeof p ? open_ro(p)
+                                                                                     : -1;
+    atomic_fetch_add_explicit(&ferry__test_mem_walks, 1, memory_order_relaxed);
+    for (int c = 0; c < 2; c++) {
+        for (int l = 0; l < FERRY__MEMWATCH_HELD; l++)
+            w->cg[c].fd[l][0] = w->cg[c].fd[l][1] = w->cg[c].fd[l][2] = -2;
+        w->cg[c].on = cgroup_of(w->root, CG[c].ctl, w->cg[c].rel, sizeof w->cg[c].rel);
+        size_t n = strlen(w->cg[c].rel);
+        /* the deepest levels' limits, each to the hierarchy's root (their
+         * use and stat are opened when a limit is first read); a level whose
+         * files' paths are too long to open is passed over, not those above */
+        for (int l = 0; w->cg[c].on && l < FERRY__MEMWATCH_HELD; l++) {
+            w->cg[c].fd[l][0] =
+                cg_path(p, sizeof p, w->root, &CG[c], w->cg[c].rel, n, CG[c].file[0])
+                    ? open_ro(p)
+                    : -1;
+            if (!n)
+                break;
+            n = parent_of(w->cg[c].rel, n);
+        }
+    }
+}
+
+void ferry__memwatch_close(ferry__memwatch *w)
+{
+    if (w->meminfo >= 0)
+        close(w->meminfo);
+    w->meminfo = -1;
+    for (int c = 0; c < 2; c++)
+        for (int l = 0; l < FERRY__MEMWATCH_HELD; l++)
+            for (int i = 0; i < 3; i++) {
+                if (w->cg[c].fd[l][i] >= 0)
+                    close(w->cg[c].fd[l][i]);
+                w->cg[c].fd[l][i] = -2;
+            }
+}
+
+/* hierarchy c's file i of the level at rel's first n bytes (level l from
+ * the deepest): held open from the first time it is asked for (-2: not
+ * yet), or opened now where the level is above those held (*opened) */
+static int level_fd(ferry__memwatch *w, int c, int l, size_t n, int i, int *opened)
+{
+    char p[2 * PATH_MAX];
+    int *held = l < FERRY__MEMWATCH_HELD ? &w->cg[c].fd[l][i] : NULL;
+    if (held && *held != -2)
+        return *held;
+    int fd = cg_path(p, sizeof p, w->root, &CG[c], w->cg[c].rel, n, CG[c].file[i]) ? open_ro(p)
+                                                                                    : -1;
+    if (held)
+        *held = fd;
+    else
+        *opened |= fd >= 0 ? 1 << i : 0;
+    return fd;
+}
+
+/* the limit, use and inactive file pages of hierarchy c's level at rel's
+ * first n bytes (level l from the deepest); 0 where it has no limit below
+ * host (none, "max", or v1's huge number for none) */
+static int level_read(ferry__memwatch *w, int c, int l, size_t n, uint64_t host, uint64_t *lim,
+                      uint64_t *used, uint64_t *inactive)
+{
+    int fd[3], opened = 0;
+    fd[0] = level_fd(w, c, l, n, 0, &opened);
+    int have = num_of(fd[0], lim) && *lim < host;
+    *used = 0;
+    *inactive = 0;
+    if (have) {
+        fd[1] = level_fd(w, c, l, n, 1, &opened);
+        fd[2] = level_fd(w, c, l, n, 2, &opened);
+        if (!num_of(fd[1], used))
+            *used = 0;
+        *inactive = key_of(fd[2], CG[c].inactive);
+    }
+    for (int i = 0; i < 3; i++)
+        if (opened & 1 << i)
+            close(fd[i]);
+    return have;
+}
+
+/* the lowest limit of the process's cgroup and those above it in
+ * hierarchy c (one mounted as the hierarchy's root in a container
+ * included) into *limit, and the least room any leaves (its limit less
+ * its working set) into *room; neither touched where none has a limit
+ * below host (v1 says "no limit" with a huge number) */
+static void cgroup_read(ferry__memwatch *w, int c, uint64_t host, uint64_t *limit, uint64_t *room)
+{
+    size_t n = strlen(w->cg[c].rel);
+    for (int l = 0; w->cg[c].on; l++) {
+        uint64_t lim = 0, used, inactive;
+        if (level_read(w, c, l, n, host, &lim, &used, &inactive)) {
             used = used > inactive ? used - inactive : 0;
             uint64_t r = lim > used ? lim - used : 0;
-            *limit = lim < *limit ? lim : *limit;
+            if (lim < *limit) {
+                *limit = lim;
+                w->lim_cg = c;
+                w->lim_len = n;
+            }
             *room = r < *room ? r : *room;
         }
-        if (!*rel)
+        if (!n)
             break;
-        char *slash = strrchr(rel, '/');
-        *slash = 0; /* (rel starts with one: "/a" becomes "", the base) */
+        n = parent_of(w->cg[c].rel, n);
     }
 }
 
-/* MemTotal and MemAvailable of root's /proc/meminfo in bytes into *total
- * and *avail; what is missing is left as it was (a MemAvailable of 0 is
- * the kernel's floor under pressure: none available, not "unknown") */
-static void meminfo(const char *root, uint64_t *total, uint64_t *avail)
+/* MemTotal and MemAvailable of /proc/meminfo in bytes into *total and
+ * *avail; what is missing is left as it was (a MemAvailable of 0 is the
+ * kernel's floor under pressure: none available, not "unknown"). A
+ * kernel without MemAvailable (before 3.14): MemFree + Buffers + Cached */
+static void meminfo(int fd, uint64_t *total, uint64_t *avail)
 {
-    char p[PATH_MAX], line[128];
-    if (snprintf(p, sizeof p, "%s/proc/meminfo", root) >= (int)sizeof p)
+    char buf[4096];
+    if (!text_of(fd, buf, sizeof buf))
         return;
-    FILE *f = fopen(p, "re");
-    if (!f)
-        return;
-    unsigned long long kb;
-    int seen = 0;
-    while (seen != 3 && fgets(line, sizeof line, f)) {
-        if (sscanf(line, "MemTotal: %llu kB", &kb) == 1) {
-            *total = kb > UINT64_MAX >> 10 ? UINT64_MAX : (uint64_t)kb << 10;
-            seen |= 1;
-        } else if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
-            *avail = kb > UINT64_MAX >> 10 ? UINT64_MAX : (uint64_t)kb << 10;
-            seen |= 2;
+    static const char *const key[] = {"MemTotal:", "MemAvailable:", "MemFree:", "Buffers:",
+                                      "Cached:"};
+    uint64_t v[5] = {0};
+    unsigned seen = 0;
+    for (const char *l = buf; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL)
+        for (int k = 0; k < 5; k++) {
+            unsigned long long kb;
+            size_t kl = strlen(key[k]);
+            if (!strncmp(l, key[k], kl) && sscanf(l + kl, " %llu", &kb) == 1) {
+                v[k] = kb > UINT64_MAX >> 10 ? UINT64_MAX : (uint64_t)kb << 10;
+                seen |= 1u << k;
+            }
         }
-    }
-    fclose(f);
+    if (seen & 1)
+        *total = v[0];
+    if (seen & 2)
+        *avail = v[1];
+    else if ((seen & 0x1c) == 0x1c) /* (each under 2^54: no overflow) */
+        *avail = v[2] + v[3] + v[4];
 }
 
-void ferry__host_memory_at(const char *root, uint64_t *total, uint64_t *avail)
+void ferry__memwatch_read(ferry__memwatch *w, uint64_t *total, uint64_t *avail)
 {
     uint64_t t = 0, a = UINT64_MAX; /* (UINT64_MAX: no MemAvailable line) */
-    meminfo(root, &t, &a);
-    if (!t && !*root) {
+    meminfo(w->meminfo, &t, &a);
+    if (!t && !*w->root) {
         long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
         t = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
     }
@@ -185,19 +325,43 @@ void ferry__host_memory_at(const char *root, uint64_t *total, uint64_t *avail)
     if (a == UINT64_MAX || a > t)
         a = t;
     uint64_t limit = t, room = a;
-    cgroup_walk(root, &CG_V2, t, &limit, &room);
-    cgroup_walk(root, &CG_V1, t, &limit, &room);
+    w->lim_cg = -1;
+    cgroup_read(w, 0, t, &limit, &room);
+    cgroup_read(w, 1, t, &limit, &room);
     *total = limit;
     *avail = room < limit ? room : limit;
+    if (!w->seams)
+        return;
+    uint64_t tt = atomic_load_explicit(&ferry__test_mem_total, memory_order_relaxed);
+    uint64_t ta = atomic_load_explicit(&ferry__test_mem_avail, memory_order_relaxed);
+    if (tt) {
+        *total = tt;
+        w->lim_cg = -1;
+    }
+    if (ta || tt)
+        *avail = ta ? ta : *avail < *total ? *avail : *total;
+}
+
+int ferry__memwatch_limit_file(const ferry__memwatch *w, char *out, size_t len)
+{
+    if (w->lim_cg < 0)
+        return 0;
+    const cg_files *k = &CG[w->lim_cg];
+    return cg_path(out, len, w->root, k, w->cg[w->lim_cg].rel, w->lim_len, k->file[0]);
+}
+
+void ferry__host_memory_at(const char *root, uint64_t *total, uint64_t *avail)
+{
+    ferry__memwatch w;
+    ferry__memwatch_open(&w, root);
+    ferry__memwatch_read(&w, total, avail);
+    ferry__memwatch_close(&w);
 }
 
 void ferry__host_memory(uint64_t *total, uint64_t *avail)
 {
-    ferry__host_memory_at("", total, avail);
-    uint64_t tt = atomic_load_explicit(&ferry__test_mem_total, memory_order_relaxed);
-    uint64_t ta = atomic_load_explicit(&ferry__test_mem_avail, memory_order_relaxed);
-    if (tt)
-        *total = tt;
-    if (ta || tt)
-        *avail = ta ? ta : *avail < *total ? *avail : *total;
+    ferry__memwatch w;
+    ferry__memwatch_open(&w, NULL);
+    ferry__memwatch_read(&w, total, avail);
+    ferry__memwatch_close(&w);
 }

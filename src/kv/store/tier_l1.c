@@ -33,10 +33,12 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "core/meminfo.h"
 #include "kv/kv_impl.h"
 #include "kv/store/tier_l1_fill.h"
 
@@ -221,14 +223,23 @@ int ferry__kv_tier_l1_open(ferry_device *dev, uint64_t slot_bytes, uint64_t capa
         return ferry__err_set(eb, -EOVERFLOW, "kv L1: %llu slots of %llu bytes overflow",
                               (unsigned long long)capacity, (unsigned long long)slot_bytes);
     uint64_t host, avail, want = capacity * slot_bytes;
-    ferry__host_memory(&host, &avail);
+    ferry__memwatch mw; /* (the cgroup file of a limit named: a limit of 0 is one) */
+    char file[FERRY__MEMWATCH_PATH], why[FERRY__MEMWATCH_PATH + 64];
+    ferry__memwatch_open(&mw, NULL);
+    ferry__memwatch_read(&mw, &host, &avail);
+    if (ferry__memwatch_limit_file(&mw, file, sizeof file))
+        snprintf(why, sizeof why, "the limit of %llu bytes in %s", (unsigned long long)host,
+                 file);
+    else
+        snprintf(why, sizeof why, "the host's, or its cgroup's limit");
+    ferry__memwatch_close(&mw);
     if (want > host) /* (it could never be backed: its pages would bring the OOM killer) */
         return ferry__err_set(eb, -ENOMEM,
                               "kv L1: a pool of %.2f GiB (%llu slots of %llu bytes) is more "
-                              "than the %.2f GiB of memory this process may have (the host's, "
-                              "or its cgroup's limit); give an L1 that fits beside the engine",
+                              "than the %.2f GiB of memory this process may have (%s); give "
+                              "an L1 that fits beside the engine",
                               (double)want / (1u << 30), (unsigned long long)capacity,
-                              (unsigned long long)slot_bytes, (double)host / (1u << 30));
+                              (unsigned long long)slot_bytes, (double)host / (1u << 30), why);
     if (want > avail)
         FERRY_LOGW("kv L1: a pool of %.2f GiB is more than the %.2f GiB of memory available "
                    "now: its pages are taken as chunks arrive, and the host may run out of "

@@ -21,7 +21,9 @@
  * never faulted. A step the kernel refuses (out of memory) ends the
  * thread too, and so does one that would leave less memory available
  * than a reserve (room_for: a 32nd of what the process may have, 64 MiB
- * to 4 GiB), asked before each step: the kernel does not refuse a shared
+ * to 4 GiB), asked before each step (of a watch, core/meminfo.h, that
+ * found the process's cgroups once, when the fill started: only their
+ * numbers are read again): the kernel does not refuse a shared
  * pool's pages, it brings the OOM killer onto the host's largest process. Either way `whole` stays 0, and the L2 pool registration
  * (tier_l2_poolreg.c), which waits for the thread, then does not pin the
  * pool: pinning would fault every page left inside one system call that
@@ -35,6 +37,7 @@
 #include <time.h>
 
 #include "core/core.h"
+#include "core/meminfo.h"
 
 #define FILL_STEP ((size_t)8 << 20)
 
@@ -71,11 +74,16 @@ static uint64_t reserve_of(uint64_t total)
 /* whether n more bytes of the pool may be faulted in now: they leave the
  * reserve available. Else (said once, at off of bytes) the pool's pages
  * are taken as chunks arrive: faulted ahead past what is available, the
- * pool would bring the OOM killer onto the largest process of the host. */
-static int room_for(size_t n, size_t off, size_t bytes)
+ * pool would bring the OOM killer onto the largest process of the host.
+ * Asked of the fill's watch (its cgroups found once, at the start), or
+ * anew where it has none (out of memory for it). */
+static int room_for(ferry__kv_l1_fill *f, size_t n, size_t off, size_t bytes)
 {
     uint64_t total, avail;
-    ferry__host_memory(&total, &avail);
+    if (f->mem)
+        ferry__memwatch_read(f->mem, &total, &avail);
+    else
+        ferry__host_memory(&total, &avail);
     if (avail >= n && avail - n >= reserve_of(total))
         return 1;
     FERRY_LOGW("kv L1: faulting the pool in stopped at %zu of %zu bytes: %.2f GiB of memory "
@@ -112,7 +120,7 @@ static void fill_range(ferry__kv_l1_fill *f, int seam)
         int e = seam && atomic_load_explicit(&ferry__kv_l1_test_fail_step,
                                              memory_order_relaxed) == steps
                     ? ENOMEM
-                : !room_for(n, off, f->to) ? ENOMEM
+                : !room_for(f, n, off, f->to) ? ENOMEM
                                            : populate(f->pool + off, n);
         if (e) { /* out of memory: what is left faults on first use */
             FERRY_LOGD("kv L1: faulting in %zu bytes at offset %zu of the pool: %s; the rest "
@@ -125,10 +133,21 @@ static void fill_range(ferry__kv_l1_fill *f, int seam)
     atomic_store_explicit(&f->whole, 1, memory_order_relaxed);
 }
 
+/* the watch the fill asked of, closed (its files) and freed */
+static void mem_done(ferry__kv_l1_fill *f)
+{
+    if (!f->mem)
+        return;
+    ferry__memwatch_close(f->mem);
+    ferry__free(f->mem);
+    f->mem = NULL;
+}
+
 static void *fill_main(void *arg)
 {
     ferry__kv_l1_fill *f = arg;
     fill_range(f, 1);
+    mem_done(f);
     atomic_store_explicit(&f->busy, 0, memory_order_release); /* (whole and err before) */
     return NULL;
 }
@@ -154,21 +173,26 @@ void ferry__kv_l1_fill_start(ferry__kv_l1_fill *f, unsigned char *pool, size_t b
     if (madvise(pool, bytes, MADV_HUGEPAGE) != 0)
         FERRY_LOGD("kv L1: madvise(MADV_HUGEPAGE) on %zu bytes: %s", bytes, strerror(errno));
 #endif
+    if ((f->mem = ferry__malloc(sizeof *f->mem)) != NULL)
+        ferry__memwatch_open(f->mem, NULL);
     size_t first = bytes < FILL_STEP ? bytes : FILL_STEP;
-    int e = room_for(first, 0, bytes) ? populate(pool, first) : ENOMEM;
-    if (e == EINVAL && room_for(bytes, 0, bytes)) {
+    int e = room_for(f, first, 0, bytes) ? populate(pool, first) : ENOMEM;
+    if (e == EINVAL && room_for(f, bytes, 0, bytes)) {
         touch_all(pool, bytes);
         atomic_store_explicit(&f->whole, 1, memory_order_relaxed);
+        mem_done(f);
         return;
     }
     if (e) {
         FERRY_LOGD("kv L1: faulting in the pool's first %zu bytes: %s; pages fault on first use",
                    first, strerror(e));
         atomic_store_explicit(&f->err, e, memory_order_relaxed);
+        mem_done(f);
         return;
     }
     if (first == bytes) {
         atomic_store_explicit(&f->whole, 1, memory_order_relaxed);
+        mem_done(f);
         return;
     }
     f->pool = pool;
@@ -185,6 +209,7 @@ void ferry__kv_l1_fill_start(ferry__kv_l1_fill *f, unsigned char *pool, size_t b
     FERRY_LOGD("kv L1: no thread to fault the pool in (%s): faulting %zu bytes now", strerror(e),
                bytes - first);
     fill_range(f, 0);
+    mem_done(f);
 }
 
 void ferry__kv_l1_fill_stop(ferry__kv_l1_fill *f)

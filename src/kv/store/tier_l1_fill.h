@@ -9,8 +9,12 @@
 #include <stdatomic.h>
 #include <stddef.h>
 
+struct ferry__memwatch;
+
 typedef struct ferry__kv_l1_fill {
     unsigned char *pool;
+    struct ferry__memwatch *mem; /* the memory asked of before each step (the
+                                  * thread's, freed when it ends; NULL: asked anew) */
     size_t from, to;      /* what the thread has left to fault: [from, to) */
     pthread_t th;
     int on;               /* th runs (joined by _stop) */
