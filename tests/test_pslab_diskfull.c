@@ -26,12 +26,14 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include "ferry/kv.h"
 #include "ferry_test.h"
+#include "io/room.h"
 #include "io/sys.h"
 #include "pslab/pslab_int.h"
 
@@ -753,6 +755,113 @@ static void test_a_user_namespaces_root_keeps_out_of_the_reserve(void **state)
                  WEXITSTATUS(st) == 1 ? "went to fallocate" : "failed otherwise");
 }
 
+/* an L2 striped over two directories of one file system (two
+ * directories of one drive, l2_bytes on each): each part alone fits its
+ * free space, both together do not. Before, each part was checked alone,
+ * so the first one's fallocate took its blocks and the last one's failed
+ * after the disk was full; now the open is refused before any block is
+ * taken (no fallocate asked), naming the free bytes and the total;
+ * persistent (pslab) and not (gds) */
+static void test_parts_on_one_file_system_are_summed(void **state)
+{
+    (void)state;
+    char d0[256], d1[256];
+    assert_non_null(ft_tmpdir(d0, sizeof d0));
+    assert_non_null(ft_tmpdir(d1, sizeof d1));
+    struct statvfs sv;
+    assert_int_equal(statvfs(d0, &sv), 0);
+    uint64_t room = (uint64_t)(geteuid() == 0 ? sv.f_bfree : sv.f_bavail) * sv.f_frsize;
+    static ferry__sys noted;
+    noted = *ferry__sys_default();
+    noted.fallocate = noted_fallocate;
+    const char *dirs[2] = {d0, d1};
+    for (int persistent = 0; persistent < 2; persistent++) {
+        ferry_kv_config c = FERRY_KV_CONFIG_INIT;
+        c.model = "diskfull";
+        c.layout = ft_kv_layout(256);
+        c.chunk_tokens = 16;
+        c.l1_bytes = 1u << 20;
+        c.l2_dirs = dirs;
+        c.l2_n_dirs = 2;
+        c.l2_bytes = (room / 10 * 6) & ~(((uint64_t)64 << 20) - 1); /* 60% on each */
+        c.l2_persistent = persistent;
+        ferry_kv *kv = NULL;
+        g_asked = 0;
+        ferry__sys_set(&noted);
+        int rc = ferry_kv_open(&c, &kv);
+        ferry__sys_set(NULL);
+        if (rc == 0)
+            ferry_kv_close(kv);
+        const char *msg = ferry_last_error();
+        if (rc != -ENOSPC || !strstr(msg, "bytes free and 2 files on it ask") || g_asked)
+            fail_msg("persistent %d: two parts of %llu bytes with %llu bytes free: open %d, "
+                     "fallocate asked for %llu bytes; '%s'",
+                     persistent, (unsigned long long)c.l2_bytes, (unsigned long long)room, rc,
+                     (unsigned long long)g_asked, msg);
+    }
+    ft_rmtree(d0);
+    ft_rmtree(d1);
+}
+
+/* a file system as statfs says it of every fd: 4 GiB free, 1 GiB of it
+ * to anyone, of type g_fs_type */
+static unsigned long g_fs_type;
+static int fake_fstatfs(int fd, struct statfs *st)
+{
+    (void)fd;
+    memset(st, 0, sizeof *st);
+    st->f_type = (__fsword_t)g_fs_type;
+    st->f_bsize = st->f_frsize = 4096;
+    st->f_blocks = (fsblkcnt_t)(64ull << 30) / 4096;
+    st->f_bfree = (fsblkcnt_t)(4ull << 30) / 4096;
+    st->f_bavail = (fsblkcnt_t)(1ull << 30) / 4096;
+    return 0;
+}
+
+/* btrfs's f_bfree is no root reserve (its allocator cannot hand those
+ * blocks to anyone): even the host's root has only f_bavail there, and
+ * an allocate past it is refused before fallocate. ext4's is (the root
+ * may take it, as before). Before, the root counted f_bfree on btrfs too */
+static void test_btrfs_free_blocks_are_no_root_reserve(void **state)
+{
+    (void)state;
+    char d[256];
+    assert_non_null(ft_tmpdir(d, sizeof d));
+    ferry_io_options o = FERRY_IO_OPTIONS_INIT;
+    o.engine = "posix";
+    ferry_io *io = NULL;
+    FT_ASSERT_OK(ferry_io_open(&o, &io));
+    char path[300];
+    snprintf(path, sizeof path, "%s/btrfs.bin", d);
+    ferry_file *f = NULL;
+    FT_ASSERT_OK(ferry_file_open(io, path, FERRY_FILE_READ | FERRY_FILE_WRITE | FERRY_FILE_CREATE,
+                                 &f));
+    static ferry__sys noted;
+    noted = *ferry__sys_default();
+    noted.fallocate = noted_fallocate; /* takes no block */
+    const unsigned long types[2] = {0x9123683EUL /* btrfs */, 0xEF53UL /* ext4 */};
+    for (int k = 0; k < 2; k++) {
+        g_fs_type = types[k];
+        g_asked = 0;
+        atomic_store(&ferry__test_fstatfs, fake_fstatfs);
+        ferry__sys_set(&noted);
+        int rc = ferry_file_allocate(f, 0, 2ull << 30);
+        ferry__sys_set(NULL);
+        atomic_store(&ferry__test_fstatfs, NULL);
+        if (k == 0 && (rc != -ENOSPC || g_asked || !strstr(ferry_last_error(), "1073741824")))
+            fail_msg("btrfs, 1 GiB available, 4 GiB free: an allocate of 2 GiB: %d, fallocate "
+                     "asked %llu; '%s'",
+                     rc, (unsigned long long)g_asked, ferry_last_error());
+        if (k == 1 && (g_asked == 2ull << 30) != (ferry__host_root() == 1))
+            fail_msg("ext4, 1 GiB available, 4 GiB free, %s the host's root: an allocate of "
+                     "2 GiB: %d, fallocate asked %llu",
+                     ferry__host_root() ? "as" : "not as", rc, (unsigned long long)g_asked);
+    }
+    ferry_file_close(f);
+    ferry_io_close(io);
+    ft_rmtree(d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -763,6 +872,8 @@ int main(void)
         cmocka_unit_test(test_an_l2_larger_than_the_free_space_takes_no_block),
         cmocka_unit_test(test_root_may_allocate_into_the_reserved_blocks),
         cmocka_unit_test(test_a_user_namespaces_root_keeps_out_of_the_reserve),
+        cmocka_unit_test(test_parts_on_one_file_system_are_summed),
+        cmocka_unit_test(test_btrfs_free_blocks_are_no_root_reserve),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

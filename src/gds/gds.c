@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "dirlock.h"
+#include "io/room.h"
 #include "gds_impl.h"
 #include "sized.h"
 
@@ -241,6 +242,21 @@ static int init_locked(ferry_gds *g, const ferry_gds_config *cfg)
     g->size = FERRY__ALIGN_UP(cfg->bytes, (uint64_t)align);
     g->fallback[0] = 0;
     g->ndrives = cfg->n_dirs;
+
+    /* the slab files on one file system together, before any is made:
+     * checked one by one, each fits where their sum does not, and the last
+     * one's allocate fails after those before it filled the disk */
+    uint64_t part[FERRY_GDS_MAX_DIRS];
+    for (unsigned i = 0; i < g->ndrives; i++)
+        part[i] = ferry__stripe_share(g->size, g->stripe, g->ndrives, i);
+    char what[64];
+    snprintf(what, sizeof what, "gds: slab of %llu bytes", (unsigned long long)g->size);
+    if ((rc = ferry__fs_room_check(cfg->dirs, FERRY_GDS_SLAB_NAME, part, g->ndrives, what,
+                                   &g->err)) < 0) {
+        g->ndrives = 0;
+        g->size = 0;
+        return rc;
+    }
 
     /* the driver */
     int auto_pick = 0;

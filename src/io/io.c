@@ -24,11 +24,11 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/mman.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "dirlock.h"
 #include "io_impl.h"
+#include "room.h"
 #include "sized.h"
 #include "sys.h"
 
@@ -469,13 +469,12 @@ int ferry_file_allocate(ferry_file *f, uint64_t off, uint64_t len)
     /* more than the file system has free is refused before any block is
      * taken: fallocate would fill the disk (every process on it then gets
      * ENOSPC) for minutes before it failed. The host's root may take the
-     * blocks the file system keeps for it (ext4's reserve): its room is
-     * every free one (a user namespace's root is not the host's) */
-    struct statvfs sv;
+     * blocks the file system keeps for it (ext4's reserve, not btrfs's
+     * f_bfree): room.c (a user namespace's root is not the host's) */
     struct stat st;
-    if (fstatvfs(f->fd, &sv) == 0 && sv.f_blocks && ferry__sys_get()->fstat(f->fd, &st) == 0) {
-        uint64_t free_blocks = ferry__host_root() ? sv.f_bfree : sv.f_bavail;
-        uint64_t have = (uint64_t)st.st_blocks * 512, room = free_blocks * sv.f_frsize;
+    uint64_t room;
+    if (ferry__fs_room(f->fd, &room) == 0 && ferry__sys_get()->fstat(f->fd, &st) == 0) {
+        uint64_t have = (uint64_t)st.st_blocks * 512;
         if (len > have && len - have > room)
             return ferry__err_set(&f->io->err, -ENOSPC,
                                   "file %s: allocate of %llu bytes at offset %llu: the file "

@@ -22,6 +22,7 @@
 #include <xxhash.h>
 
 #include "core/dirlock.h"
+#include "io/room.h"
 #include "pslab/pslab_impl.h"
 #include "sized.h"
 
@@ -49,6 +50,14 @@ static int create_store(ferry_pslab *p, const ferry__pslab_geom *g)
     memset(blk, 0, p->data_off);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
+    /* the parts on one file system together, before any is made: checked
+     * one by one, each fits where their sum does not, and the last one's
+     * allocate fails after those before it filled the disk */
+    uint64_t part[FERRY_PSLAB_MAX_DIRS];
+    for (unsigned i = 0; i < g->drives; i++)
+        part[i] = p->data_off + p->share;
+    rc = ferry__fs_room_check((const char *const *)p->dirs, FERRY_PSLAB_FILE, part, g->drives,
+                              "pslab: creating the slab files", &p->err);
     for (unsigned i = 0; i < g->drives && rc >= 0; i++) {
         char path[PATH_MAX_];
         ferry__pslab_slab_path(p, i, path, sizeof path);
