@@ -165,8 +165,11 @@ class CallGuard(Opened):
     its finally by C methods alone (no Python frame to be interrupted at).
     end() polls `_inside` in short sleeps, holding no lock and waiting on
     no threading.Condition (whose Python code an interrupt can stop with
-    its lock held, or let go, wedging every later wait), and a thread
-    whose end() or release was interrupted goes on with resume().
+    its lock held, or let go, wedging every later wait). The release
+    after end() is any thread's to finish, under a lock of the handle's
+    that only `with` takes (KVStore.close, _Flight.finish): an end() or
+    release an interrupt stopped is gone on with by the next thread that
+    closes (or frees), never waited for by it.
     """
 
     def __init__(self, what):
@@ -175,7 +178,6 @@ class CallGuard(Opened):
         self._lock = threading.Lock()   # (only `with`: its release cannot be skipped)
         self._inside = []      # one entry per call inside
         self._ended = False
-        self._owner = None     # the thread whose end() returned (or is returning) True
         if not _GIL:
             self.enter, self.leave = self._enter_locked, self._leave_locked
 
@@ -229,11 +231,9 @@ class CallGuard(Opened):
     def end(self):
         """True once, to the thread that ends the guard, after every call
         inside returned; False to the others (and later calls)."""
-        me = threading.get_ident()   # (no call between the two stores below)
         with self._lock:
             if self._ended:
                 return False
-            self._owner = me
             self._ended = True
         return self._drained()
 
@@ -248,23 +248,9 @@ class CallGuard(Opened):
             pause = min(pause * 2, 0.005)
         return True
 
-    def resume(self):
-        """After end() answered False: True when this thread is the one that
-        ended the guard and has not said over() (an interrupt stopped its
-        end() or the release after it), once the calls inside returned:
-        it releases the handle now, going on from where it stopped."""
-        if self._owner != threading.get_ident():
-            return False
-        return self._drained()
-
-    def over(self):
-        """The thread that ended the guard released the handle."""
-        self._owner = 0
-
     def _after_fork(self):
         super()._after_fork()
         self._lock = threading.Lock()
-        self._owner = 0
         self._inside = []
         self._ended = True
 

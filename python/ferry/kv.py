@@ -765,7 +765,8 @@ class KVStore(Closing):
         self._h = None
         self._closing = False   # close() began the C store's close (ferry_kv_close_begin)
         self._guard = CallGuard("KVStore")
-        self._released = Signal()   # set once close() released everything
+        self._released = False   # close() released everything
+        self._close_lock = threading.Lock()   # one close() at a time releases
         self._salt_reqs = {}
         self._dev = None
         self._devmem = None
@@ -969,43 +970,53 @@ class KVStore(Closing):
         waiting for a slot ends ECANCELED) and are freed on their own. Safe
         to call again, and from several threads at once: one releases the
         store, its streams and its device (after every call inside
-        returned), the others return once it has."""
+        returned), the others return once it has. A close an interrupt
+        (KeyboardInterrupt) stopped is finished by the next close() from
+        any thread: none waits for the interrupted one to come back."""
         guard = getattr(self, "_guard", None)
         if guard is None:
             return
-        # begin the close inside the guard: the calls inside stop waiting for
-        # slots, and no close below can free the handle while this is in it
-        h = self._h
-        if h:
-            guard.call(self._close_begin, h)
-        # another close released (or is releasing) it all
-        if not guard.end() and not guard.resume():
-            if guard.forked:     # a forked child's copy: the parent's to release
-                self._h = self._dev = None
-                self._streams = {}
-                return
-            self._released.wait()
+        if guard.forked:     # a forked child's copy: the parent's to release
+            self._h = self._dev = None
+            self._streams = {}
             return
-        # each handle is taken before it is released (an interrupt between
-        # the steps: this thread's next close goes on, never frees one twice)
-        try:
-            h, self._h = self._h, None
-            if h:
-                lib.ferry_kv_close(h)
-            _reap(block=True, kv=self)   # orphans of it (close finished them)
-            while self._streams:
-                lib.ferry_stream_destroy(self._streams.popitem()[1])
-            dev, self._dev = self._dev, None
-            if dev:
-                hold, self._devhold = self._devhold, None
-                if hold is not None:   # closed now, or with the last device_empty() tensor
-                    hold.dev = dev
-                    del hold
-                else:
-                    lib.ferry_device_close(dev)
-            guard.over()
-        finally:
-            self._released.set()
+        if self._released:
+            return
+        # begin the close inside the guard: the calls inside stop waiting for
+        # slots, and no close can free the handle while this is in it
+        h = self._h
+        if h and not guard.ended:
+            guard.call(self._close_begin, h)
+        # the first end() refuses new calls; then any thread finishes the
+        # release, one at a time, as an op's free does (_Flight.finish): a
+        # close an interrupt stopped in one thread (which may never come
+        # back to it) is gone on with by the next close, never waited for
+        guard.end()
+        with self._close_lock:    # (only `with`: its release cannot be skipped)
+            if not self._released:
+                guard.drain()
+                self._release()
+
+    def _release(self):
+        """By close() alone, under _close_lock, once no call is inside:
+        free the store, its orphan ops, streams and device. Each handle is
+        taken before it is released: a release an interrupt stopped, made
+        again from the start (by any thread), frees none twice."""
+        h, self._h = self._h, None
+        if h:
+            lib.ferry_kv_close(h)
+        _reap(block=True, kv=self)   # orphans of it (close finished them)
+        while self._streams:
+            lib.ferry_stream_destroy(self._streams.popitem()[1])
+        dev, self._dev = self._dev, None
+        if dev:
+            hold, self._devhold = self._devhold, None
+            if hold is not None:   # closed now, or with the last device_empty() tensor
+                hold.dev = dev
+                del hold
+            else:
+                lib.ferry_device_close(dev)
+        self._released = True
 
     def _close_begin(self, h):
         self._closing = True

@@ -337,3 +337,34 @@ def test_last_counts_refuse_in_a_forked_child():
         print("parent ok")
     """)
     assert "child ok" in out and "parent ok" in out
+
+
+def test_the_adapters_store_registry_works_in_a_child_forked_mid_call():
+    """A thread inside register_store (its lock held, here while the name
+    hashes) as the process forks: the child has the lock held by a thread
+    it lacks, and its first registered_store() (a vLLM worker forked from
+    its engine building its connector) hung for ever. Now the child's
+    registry starts with a lock of its own and answers."""
+    out = run_child(("", None, None), """
+        from ferry import adapters
+        inside = threading.Event()
+        class SlowName(str):
+            def __hash__(self):
+                inside.set()
+                time.sleep(2)
+                return str.__hash__(self)
+        adapters.register_store("kept", "a store")
+        th = threading.Thread(target=adapters.register_store, args=(SlowName("slow"), "b"))
+        th.start()
+        assert inside.wait(10)
+        def child():
+            assert adapters.registered_store("kept") == "a store"
+            adapters.register_store("mine", "c")
+            assert adapters.unregister_store("mine") == "c"
+            print("child ok", flush=True)
+        in_child(child)
+        th.join(10)
+        assert adapters.registered_store("slow") == "b"
+        print("ok")
+    """)
+    assert "child ok" in out and out.rstrip().endswith("ok")

@@ -10,7 +10,8 @@ no hang, a loud refusal.
 - asyncio: an awaited retrieve cancelled or timed out, its destination
   dropped and its memory reused: the op writes only the memory it holds;
 - an Op dropped in flight, the interpreter exiting with ops in flight or
-  a daemon client open, close() from another thread mid-op;
+  a daemon client open, close() from another thread mid-op, close()
+  interrupted in one thread and made in several others at once;
 - a daemon SIGKILLed mid-retrieve: FerryError, never a partial hit, and
   a daemon restarted on the socket serves the old client again;
 - destinations that cannot take the bytes: read-only, non-contiguous,
@@ -415,6 +416,69 @@ def pytest_raises(exc):
 """)
 
 
+def test_an_interrupted_close_is_finished_by_any_thread_closing_it(url, tmp_path):
+    """close() in the main thread, under an interval timer raising
+    KeyboardInterrupt, while other threads are inside calls on the store;
+    then four threads close it at once. Before the fix an interrupt in the
+    main thread's close (its wait for the calls inside, or its release)
+    left the other threads' close waiting for ever for a release only the
+    main thread could finish, or returning with the store never released.
+    Now every close returns, the store is released once (in process its
+    L2 directory, which one store at a time may hold, opens again; a
+    double release is the child's crash), and every call after it raises
+    FerryError (EBADF) naming the close."""
+    run_child(url, """
+        D = TMP
+        def open_store():
+            if URL:
+                return store()
+            return ferry.KVStore("edges", LAY, l1="4M", l2=f"{D}/l2:4M", chunk_tokens=16)
+        src = kv(64, 9)
+        t = np.arange(64, dtype=np.int32) + 4100000
+        hit = 0
+        for r in range(40):
+            s = open_store()
+            assert s.store(t, src) == 64
+            def inside():   # calls inside the store until it is closed
+                while True:
+                    try:
+                        s.lookup(t)
+                    except FerryError as e:
+                        assert e.code == -errno.EBADF, e
+                        return
+            callers = [threading.Thread(target=inside, daemon=True) for _ in range(2)]
+            for c in callers:
+                c.start()
+            time.sleep(0.002)
+            signal.setitimer(signal.ITIMER_REAL, 0.00005 * (1 + r % 7), 0.000137)
+            try:
+                armed = True
+                s.close()
+                armed = False
+            except KeyboardInterrupt:
+                armed = False
+                hit += 1
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            closers = [threading.Thread(target=s.close, daemon=True) for _ in range(4)]
+            for c in closers:
+                c.start()
+            for c in closers + callers:
+                c.join(10)
+                assert not c.is_alive(), f"round {r}: a close (or a call) hung"
+            try:
+                s.lookup(t)
+                raise AssertionError("a call after close went through")
+            except FerryError as e:
+                assert e.code == -errno.EBADF and "closed" in str(e), e
+            assert closes(s), "a close after the others hung"
+            if not URL:      # released: its L2 directory opens again, its chunks in it
+                with open_store() as again:
+                    assert again.lookup(t) in (0, 64)
+        assert hit > 0, hit
+        print("ok", hit)
+    """.replace("TMP", repr(str(tmp_path))), pre=INTERRUPTS, timeout=180)
+
+
 # -- a daemon killed --------------------------------------------------------
 
 def test_a_daemon_killed_mid_retrieve_is_an_error_never_a_partial_hit(tmp_path):
@@ -574,3 +638,57 @@ def test_an_interrupt_in_a_moe_call_leaves_it_exact_and_closable(what):
         gc.collect()
         print("ok", done, hit)
     """.replace("WHAT", repr(what)), pre=INTERRUPTS)
+
+
+@pytest.mark.parametrize("what", ["pool", "planner"])
+def test_an_interrupted_moe_close_is_finished_by_any_thread_closing_it(what):
+    """As KVStore's: ExpertPool / Planner close() in the main thread under an
+    interval timer raising KeyboardInterrupt, threads inside ensure() meanwhile,
+    then four threads closing it at once: every close returns, the handles
+    are released once (twice: the child's crash), and each call after the
+    close raises FerryError (EBADF)."""
+    run_child("", """
+        L, E, S = 2, 8, 4
+        banks = [torch.arange(L * E * 16, dtype=torch.float32).reshape(L, E, 16)]
+        hit = 0
+        for r in range(60):
+            p = ferry.ExpertPool(L, E, S, banks=banks) if WHAT == "pool" else \\
+                ferry.Planner(L, E, S)
+            def inside(k):
+                while True:
+                    try:
+                        p.ensure(k % L, [(k + j) % E for j in range(2)])
+                        k += 1
+                    except FerryError as e:
+                        assert e.code == -errno.EBADF, e
+                        return
+            callers = [threading.Thread(target=inside, args=(i,), daemon=True)
+                       for i in range(2)]
+            for c in callers:
+                c.start()
+            time.sleep(0.001)
+            signal.setitimer(signal.ITIMER_REAL, 0.00003 * (1 + r % 7), 0.000137)
+            try:
+                armed = True
+                p.close()
+                armed = False
+            except KeyboardInterrupt:
+                armed = False
+                hit += 1
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            closers = [threading.Thread(target=p.close, daemon=True) for _ in range(4)]
+            for c in closers:
+                c.start()
+            for c in closers + callers:
+                c.join(10)
+                assert not c.is_alive(), f"round {r}: a close (or a call) hung"
+            for call in (lambda: p.ensure(0, [1]), p.stats, p.hint_stats):
+                try:
+                    call()
+                    raise AssertionError("a call after close went through")
+                except FerryError as e:
+                    assert e.code == -errno.EBADF and "closed" in str(e), e
+            assert closes(p), "a close after the others hung"
+        assert hit > 0, hit
+        print("ok", hit)
+    """.replace("WHAT", repr(what)), pre=INTERRUPTS, timeout=180)

@@ -253,3 +253,49 @@ def test_a_store_shared_by_name_across_engines_keeps_to_its_model():
         other.close()
     finally:
         eng.close()
+
+
+# ---- counts: one rule with vLLM's (ferry.adapters._settings.count) ----
+
+COUNT_GOOD = [16, 16.0, "16", " 16 "]
+COUNT_BAD = [16.5, True, "0x10", -1, float("nan"), float("inf"), "16.0", "1_000"]
+
+
+@pytest.mark.parametrize("value", COUNT_GOOD, ids=repr)
+def test_a_count_is_an_int_its_decimal_string_or_a_whole_float(monkeypatch, value):
+    """"ferry_key_len" and "ferry_server_timeout_ms" by the rule vLLM's
+    count settings share: 16 whichever way it is written (a whole float
+    passed the build, then int("16.0") raised as the pool registered)."""
+    from ferry.adapters import sglang
+    seen = {}
+
+    class KVStore:
+        def __init__(self, **kw):
+            seen.update(kw)
+            self.layout, self.chunk_tokens = kw["layout"], kw["chunk_tokens"]
+
+        def close(self):
+            pass
+    monkeypatch.setattr(sglang, "KVStore", KVStore)
+    b = create_backend({"ferry_server": "unix:/nonexistent/ferry.sock",
+                        "ferry_server_timeout_ms": value, "ferry_key_len": value},
+                       {"kv": MHAHost("page_first", 4)})
+    assert seen["server_timeout_ms"] == 16 and type(seen["server_timeout_ms"]) is int
+    b.close()
+    monkeypatch.undo()
+    b = create_backend({"ferry_store": "sgl", "ferry_l1": "8M", "ferry_key_len": value},
+                       {"kv": MHAHost("page_first", 4)})
+    assert b.batch_exists(["k" * 16]) == 0
+    with pytest.raises(ValueError, match="keys are 16 bytes"):
+        b.batch_exists(["short"])
+    b.close()
+
+
+@pytest.mark.parametrize("value", COUNT_BAD, ids=repr)
+@pytest.mark.parametrize("key", ["ferry_key_len", "ferry_server_timeout_ms"])
+def test_a_count_that_is_no_whole_number_is_refused_naming_it(key, value):
+    with pytest.raises(ValueError) as e:
+        build({"ferry_store": "sgl", "ferry_l1": "4M", key: value})
+    msg = str(e.value)
+    assert repr(key) in msg and repr(value) in msg and "whole float" in msg, msg
+    assert registered_store("sgl") is None

@@ -283,3 +283,44 @@ def test_a_whole_float_is_a_count_in_every_setting(monkeypatch):
     c.store
     assert seen["chunk_tokens"] == 16 and type(seen["chunk_tokens"]) is int
     assert seen["layout"] == ferry.Layout.from_model(2, 2, 8)
+
+
+# ---- counts: one rule with SGLang's (ferry.adapters._settings.count) ----
+
+COUNT_GOOD = [16, 16.0, "16", " 16 "]
+COUNT_BAD = [16.5, True, "0x10", -1, float("nan"), float("inf"), "16.0", "1_000"]
+
+
+@pytest.mark.parametrize("value", COUNT_GOOD, ids=repr)
+def test_a_count_is_an_int_its_decimal_string_or_a_whole_float(monkeypatch, value):
+    """"ferry.chunk_tokens" and "ferry.layout"'s counts by the rule SGLang's
+    count settings share: the store opens with 16 whichever way 16 is
+    written."""
+    seen = {}
+
+    class KVStore:
+        def __init__(self, **kw):
+            seen.update(kw)
+    monkeypatch.setattr(vllm_adapter, "KVStore", KVStore)
+    spec = {"num_layers": value, "num_kv_heads": 2, "head_dim": value, "dtype": "f32"}
+    c = build({"ferry.server": "unix:/nonexistent/ferry.sock", "ferry.store": "none-such",
+               "ferry.chunk_tokens": value, "ferry.layout": spec}, Role.SCHEDULER)
+    c.store
+    assert seen["chunk_tokens"] == 16 and type(seen["chunk_tokens"]) is int
+    assert seen["layout"] == ferry.Layout.from_model(16, 2, 16, "f32")
+
+
+@pytest.mark.parametrize("value", COUNT_BAD, ids=repr)
+@pytest.mark.parametrize("where", ["chunk_tokens", "layout"])
+def test_a_count_that_is_no_whole_number_is_refused_naming_it(value, where):
+    """16.5, a bool, a hex or float string, a negative, NaN: a ValueError
+    naming the setting, the value and what a count may be written as."""
+    if where == "chunk_tokens":
+        extra, key = {"ferry.chunk_tokens": value}, "ferry.chunk_tokens"
+    else:
+        extra = {"ferry.layout": {"num_layers": 2, "num_kv_heads": value, "head_dim": 8}}
+        key = "num_kv_heads"
+    with pytest.raises(ValueError) as e:
+        build(dict(extra, **{"ferry.store": NAME}), Role.WORKER)
+    msg = str(e.value)
+    assert key in msg and repr(value) in msg and "whole float" in msg, msg

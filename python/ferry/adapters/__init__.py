@@ -23,10 +23,22 @@ another shape needs a daemon of its own, "ferry_server_<pool>", or an
 in-process store; see ferry.adapters.sglang).
 """
 import logging
+import os
 import threading
 
 _log = logging.getLogger("ferry.vllm")
 _lock = threading.Lock()
+
+
+def _after_fork_in_child():
+    # a thread inside a registry call at the fork holds _lock in the child,
+    # where that thread is not: a lock of the child's own (the stores in
+    # the registry are the parent's; their calls refuse, naming the fork)
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 _stores = {}
 
 

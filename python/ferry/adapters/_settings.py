@@ -1,7 +1,11 @@
 """Settings as engines hand them over: an engine's extra config may come
 from JSON, a YAML or TOML file or an environment variable, so a boolean
 may arrive as a string, and bool("false") would be True."""
+import math
+import numbers
+import re
 
+_DECIMAL = re.compile(r"[+-]?[0-9]+")   # (not str.isdecimal: "\u0661" is one)
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "", "none")
 
@@ -57,15 +61,27 @@ def l2_spec(value, what):
 
 
 def count(value, what, lo, hi):
-    """An integer setting in lo .. hi: an int, or a string of one (a YAML or
-    TOML file may quote it); a bool or anything else raises ValueError
-    naming `what`."""
-    try:
-        if isinstance(value, bool) or isinstance(value, float):
-            raise ValueError
-        n = int(str(value).strip()) if isinstance(value, str) else int(value)
-    except (TypeError, ValueError):
-        n = None
+    """An integer setting in lo .. hi, the one rule of every engine's count
+    settings: an int (numpy's too), its decimal string (a YAML or TOML file
+    or an environment variable may quote it; ASCII digits, an optional
+    sign, spaces around) or a whole float (16.0, as a JSON writer may give
+    it). A bool, a fraction, NaN or an infinity, any other string ("0x10",
+    "1_000", "16.0") or type, and a value outside lo .. hi raise ValueError
+    naming `what`, the value and what is accepted."""
+    n = None
+    if isinstance(value, str):
+        text = value.strip()
+        if _DECIMAL.fullmatch(text):
+            n = int(text)
+    elif isinstance(value, bool):
+        pass
+    elif isinstance(value, numbers.Integral):
+        n = int(value)
+    elif isinstance(value, numbers.Real):
+        f = float(value)
+        if math.isfinite(f) and f.is_integer():
+            n = int(f)
     if n is None or not lo <= n <= hi:
-        raise ValueError(f"ferry: {what} is an integer in {lo} .. {hi}, got {value!r}")
+        raise ValueError(f"ferry: {what} is an integer in {lo} .. {hi} (an int, a string of "
+                         f"its decimal digits or a whole float such as 16.0), got {value!r}")
     return n

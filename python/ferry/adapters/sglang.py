@@ -106,7 +106,8 @@ Stores (extra config):
   "ferry." or "ferry-" key in any case (another adapter's spelling).
 "ferry_key_len": N (1 .. 1024) refuses keys that are not N bytes
 (SGLang's SHA-256 hex keys are 64); "ferry_server_timeout_ms" is 0 ..
-2^32-1 (0: ferry's default); either may be a string of digits. The flags
+2^32-1 (0: ferry's default); either may be a string of digits or a whole
+float (16.0; 16.5, a bool or "0x10" is refused). The flags
 ("ferry_share_dp", "ferry_persistent") are bools, 0 / 1 or strings of
 one ("false", "on", ...), as a JSON, TOML or YAML extra-config file may
 carry them. A value a setting cannot take (a size that is not one, an L2
@@ -245,11 +246,24 @@ def _check_extra(extra):
         elif k == "ferry_l2" or per_pool(k, "ferry_l2_"):
             _settings.l2_spec(v, what(k))
         elif k == "ferry_server_timeout_ms":
-            _settings.count(v, what(k), 0, 2**32 - 1)
+            _timeout_ms(v)
         elif k == "ferry_key_len":
-            _settings.count(v, what(k), 1, _NAME_MAX)
+            _key_len(v)
     for k in ("ferry_share_dp", "ferry_persistent"):
         _flag(extra, k)
+
+
+def _timeout_ms(v):
+    """"ferry_server_timeout_ms" (None: 0, ferry's default) by the rule of
+    every engine's count settings (_settings.count)."""
+    if v is None:
+        return 0
+    return _settings.count(v, "SGLang extra config 'ferry_server_timeout_ms'", 0, 2**32 - 1)
+
+
+def _key_len(v):
+    """"ferry_key_len", by the same rule."""
+    return _settings.count(v, "SGLang extra config 'ferry_key_len'", 1, _NAME_MAX)
 
 
 def _flag(extra, key):
@@ -550,7 +564,7 @@ class FerryHiCacheStorage(HiCacheStorage):
                           f"{self._tp_size}")
         self._persistent = _flag(self._extra, "ferry_persistent")   # refused before any store opens
         kl = self._extra.get("ferry_key_len")
-        self._key_len = int(str(kl).strip()) if kl is not None else None
+        self._key_len = _key_len(kl) if kl is not None else None
         self._key_range = (1, _NAME_MAX) if kl is None else (self._key_len, self._key_len)
         self._pools = {}      # pool name -> (_PageMap, KVStore)
         self._opened = []     # (registry name, store) opened here
@@ -691,7 +705,7 @@ class FerryHiCacheStorage(HiCacheStorage):
         e = self._extra
         server = e.get(f"ferry_server_{key}") or (e.get("ferry_server") if key == "kv" else None)
         if server:
-            timeout = int(str(e.get("ferry_server_timeout_ms") or 0).strip())   # checked
+            timeout = _timeout_ms(e.get("ferry_server_timeout_ms"))
             store = KVStore(model=model, layout=pm.layout, server=server,
                             chunk_tokens=pm.chunk_tokens, server_timeout_ms=timeout)
         else:

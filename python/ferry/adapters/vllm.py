@@ -151,7 +151,8 @@ YAML file or an environment variable carries it); any other value is
 refused with a ValueError when the connector is built. So is a "ferry.*"
 key the connector does not read (a misspelling would switch nothing) and
 a value its setting cannot take: "ferry.chunk_tokens" not a count (a
-decimal string is one), "ferry.l1" not a size, "ferry.l2" not
+decimal string or a whole float such as 16.0 is one; so in
+"ferry.layout"), "ferry.l1" not a size, "ferry.l2" not
 "DIR:SIZE" or a list of them of one SIZE, "ferry.layout" short of a field
 (its "mla" is a boolean setting; its "dtype" ferry's name or vLLM's:
 "bf16" or "bfloat16"), an empty "ferry.store" or "ferry.model", a
@@ -189,7 +190,6 @@ import errno
 import hashlib
 import inspect
 import logging
-import numbers
 import os
 import re
 import sys
@@ -205,7 +205,7 @@ from ..kv import KVStore, Layout, hash_chunks, parse_size
 from . import (_check_opener, _mark_opener, register_store, register_vllm_connector,
                registered_store)
 from . import _l2dir
-from ._settings import flag as _flag, truthy as _truthy
+from ._settings import count as _count, flag as _flag, truthy as _truthy
 from ._vllm_base import (VLLM, AllBlocksCleared, BlockRemoved, BlockStored, KVConnectorBase_V1,
                          KVConnectorMetadata, KVConnectorPromMetrics, KVConnectorRole,
                          KVConnectorStats, KVConnectorTransferResults, SupportsHMA)
@@ -419,28 +419,14 @@ _KEYS = ("ferry.store", "ferry.server", "ferry.l1", "ferry.l2", "ferry.model",
          "ferry.cross_layer_blocks")
 
 
-def _count(v):
-    """A count a setting gives: an integer, its decimal string (a YAML file,
-    an environment variable) or a whole float (16.0, as a JSON writer may
-    give it); None for anything else (a fraction, a negative, a bool)."""
-    text = v.strip() if isinstance(v, str) else None
-    if text is not None:
-        return int(text) if text.isdecimal() else None  # (not isdigit: "²" is one)
-    if isinstance(v, float) and v.is_integer() and v >= 0:
-        return int(v)
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
-        return None
-    return int(v)
+_U32 = 2**32 - 1
 
 
 def _chunk_tokens(extra):
-    """"ferry.chunk_tokens" (0, the default: the store's own): a count (_count)."""
-    v = extra.get("ferry.chunk_tokens", 0)
-    n = _count(v)
-    if n is None:
-        raise ValueError(f"ferry: \"ferry.chunk_tokens\" is a count of tokens (0: the "
-                         f"store's default), got {v!r}")
-    return n
+    """"ferry.chunk_tokens" (0, the default: the store's own): a count
+    (_settings.count, the rule of every engine's count settings)."""
+    return _count(extra.get("ferry.chunk_tokens", 0),
+                  "\"ferry.chunk_tokens\" (tokens a chunk; 0: the store's default)", 0, _U32)
 
 
 # vLLM's names of the dtypes a "ferry.layout" may be written with (its
@@ -458,16 +444,13 @@ def _spec_layout(spec):
         dtype = _VLLM_DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
         counts = []
         for field in ("num_layers", "num_kv_heads", "head_dim"):
-            n = _count(spec[field])
-            if n is None:   # (int() would take 2.5 as 2, True as 1)
-                raise ValueError(f"{field} is a count, got {spec[field]!r}")
-            counts.append(n)
+            counts.append(_count(spec[field], field, 1, _U32))   # (int() takes 2.5, True)
         return Layout.from_model(*counts, dtype,
                                  mla=_truthy(spec.get("mla", False), "\"ferry.layout\"'s mla"))
     except (KeyError, TypeError, ValueError, AttributeError, FerryError) as e:
         raise ValueError("ferry: \"ferry.layout\" is {\"num_layers\", \"num_kv_heads\", "
                          "\"head_dim\", \"dtype\" (default bf16), \"mla\" (default false)}, "
-                         f"got {spec!r}: {e}") from None
+                         f"got {spec!r}: {str(e).removeprefix('ferry: ')}") from None
 
 
 def _check_extra(extra):
