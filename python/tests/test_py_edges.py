@@ -394,10 +394,13 @@ def test_close_from_another_thread_mid_op(url):
                 n = op.wait(timeout=30)
                 assert n == N and same(dst, src)
             except FerryError as e:
-                # refused whole: chunks not loaded are as they were
+                # refused whole: a chunk not loaded is as it was, or, where
+                # the daemon's bytes it could no longer vouch for had
+                # reached it, zeroed (ferry_kv_close_begin in kv.h)
                 for c in range(0, N, 16):
                     d = dst[:, :, c:c + 16]
-                    assert same(d, src[:, :, c:c + 16]) or torch.all(d == 3.0)
+                    assert (same(d, src[:, :, c:c + 16]) or bool(torch.all(d == 3.0))
+                            or bool(torch.all(d == 0))), (c, str(e), d.flatten()[:8])
             th.join(30)
             assert not th.is_alive(), "close hung"
             with pytest_raises(FerryError):
