@@ -844,8 +844,6 @@ static void stats_of_an_older_header_write_only_its_bytes(void **state)
 
 /* ---- remote.h (a redis-server per test) ---- */
 
-static int g_have_redis;
-
 static ferry_remote *remote_open(ft_redis *srv, uint32_t command_timeout_ms)
 {
     char url[128];
@@ -865,36 +863,31 @@ static ferry_remote *remote_open(ft_redis *srv, uint32_t command_timeout_ms)
  * server hangs, and 0 once the writer got through; nothing is lost */
 static void remote_flush_times_out_then_drains(void **state)
 {
-    (void)state;
-    if (!g_have_redis)
+    ft_redis *srv = *state;
+    if (!srv)
         return;
-    ft_redis srv;
-    assert_int_equal(ft_redis_start(&srv, NULL), 0);
-    ferry_remote *r = remote_open(&srv, 5000);
+    ferry_remote *r = remote_open(srv, 5000);
     FT_ASSERT_OK(ferry_remote_put_sync(r, "warm", 4, "w", 1));
-    ft_redis_pause(&srv);
+    ft_redis_pause(srv);
     FT_ASSERT_OK(ferry_remote_put(r, "q", 1, "queued", 6));
     ferry_parse_size("x", &(uint64_t){0}); /* another message first */
     assert_int_equal(ferry_remote_flush(r, 100), -ETIMEDOUT);
     msg_names("still queued after 100 ms");
-    ft_redis_resume(&srv);
+    ft_redis_resume(srv);
     FT_ASSERT_OK(ferry_remote_flush(r, 0));
     char dst[16];
     assert_int_equal(ferry_remote_get(r, "q", 1, dst, sizeof dst), 6);
     assert_memory_equal(dst, "queued", 6);
     ferry_remote_close(r);
-    ft_redis_destroy(&srv);
 }
 
 /* close writes what is queued before it returns */
 static void remote_close_writes_the_queue(void **state)
 {
-    (void)state;
-    if (!g_have_redis)
+    ft_redis *srv = *state;
+    if (!srv)
         return;
-    ft_redis srv;
-    assert_int_equal(ft_redis_start(&srv, NULL), 0);
-    ferry_remote *r = remote_open(&srv, 2000);
+    ferry_remote *r = remote_open(srv, 2000);
     enum { N = 200 };
     uint8_t v[512];
     for (int i = 0; i < N; i++) {
@@ -904,7 +897,7 @@ static void remote_close_writes_the_queue(void **state)
         FT_ASSERT_OK(ferry_remote_put(r, k, strlen(k), v, sizeof v));
     }
     ferry_remote_close(r);
-    r = remote_open(&srv, 2000);
+    r = remote_open(srv, 2000);
     for (int i = 0; i < N; i++) {
         char k[16];
         snprintf(k, sizeof k, "c%d", i);
@@ -912,7 +905,6 @@ static void remote_close_writes_the_queue(void **state)
         assert_int_equal(ft_check_pattern(v, sizeof v, (unsigned)i), -1);
     }
     ferry_remote_close(r);
-    ft_redis_destroy(&srv);
 }
 
 /* an empty payload round-trips (data may be NULL with len 0); a buffer
@@ -920,12 +912,10 @@ static void remote_close_writes_the_queue(void **state)
  * down, exists is 0 and a get a miss, both without I/O */
 static void remote_edges_of_sizes_and_down(void **state)
 {
-    (void)state;
-    if (!g_have_redis)
+    ft_redis *srv = *state;
+    if (!srv)
         return;
-    ft_redis srv;
-    assert_int_equal(ft_redis_start(&srv, NULL), 0);
-    ferry_remote *r = remote_open(&srv, 300);
+    ferry_remote *r = remote_open(srv, 300);
     FT_ASSERT_OK(ferry_remote_put_sync(r, "empty", 5, NULL, 0));
     char dst[64];
     assert_int_equal(ferry_remote_get(r, "empty", 5, dst, sizeof dst), 0);
@@ -941,7 +931,7 @@ static void remote_edges_of_sizes_and_down(void **state)
     assert_int_equal(ferry_remote_exists(r, bad, 1), -EINVAL);
     assert_int_equal(ferry_remote_delete(r, bad, 1), -EINVAL);
     /* down: the hung server costs one timeout, then answers come at once */
-    ft_redis_pause(&srv);
+    ft_redis_pause(srv);
     assert_int_equal(ferry_remote_get(r, "five", 4, dst, sizeof dst), FERRY_ENOTFOUND);
     ferry_remote_stats st = FERRY_REMOTE_STATS_INIT;
     FT_ASSERT_OK(ferry_remote_stats_get(r, &st));
@@ -952,16 +942,13 @@ static void remote_edges_of_sizes_and_down(void **state)
     msg_names("down");
     FT_ASSERT_OK(ferry_remote_stats_get(r, &st));
     assert_int_equal(st.degraded, deg + 2);
-    ft_redis_resume(&srv);
+    ft_redis_resume(srv);
     ferry_remote_close(r);
-    ft_redis_destroy(&srv);
 }
 
 int main(void)
 {
-    g_have_redis = ft_redis_available();
-    if (!g_have_redis)
-        fprintf(stderr, "redis-server not installed: remote tests pass empty\n");
+    ft_redis_check();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(parse_size_is_exact_or_refused),
         cmocka_unit_test(log_level_parse_takes_every_name_and_digit),
@@ -978,9 +965,9 @@ int main(void)
         cmocka_unit_test(pslab_every_call_from_threads_at_once),
         cmocka_unit_test(stats_of_an_older_header_write_only_its_bytes),
         cmocka_unit_test(pslab_one_directory_given_twice_is_einval),
-        cmocka_unit_test(remote_flush_times_out_then_drains),
-        cmocka_unit_test(remote_close_writes_the_queue),
-        cmocka_unit_test(remote_edges_of_sizes_and_down),
+        FT_REDIS_TEST(remote_flush_times_out_then_drains),
+        FT_REDIS_TEST(remote_close_writes_the_queue),
+        FT_REDIS_TEST(remote_edges_of_sizes_and_down),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,21 +11,8 @@
 #include <unistd.h>
 
 #include "ferry_test.h"
+#include "moe_traces.h"
 #include "moe/moe_internal.h"
-
-static ferry_moe_planner *mk(uint32_t L, uint32_t E, uint32_t slots, const char *policy,
-                             const ferry_moe_trace *oracle)
-{
-    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
-    o.num_layers = L;
-    o.num_experts = E;
-    o.slots = slots;
-    o.policy = policy;
-    o.oracle = oracle;
-    ferry_moe_planner *p = NULL;
-    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
-    return p;
-}
 
 /* occupant and lookup are inverse maps, and no expert is in two slots */
 static void assert_consistent(const ferry_moe_planner *p, uint32_t L, uint32_t E)
@@ -49,7 +36,7 @@ static void assert_consistent(const ferry_moe_planner *p, uint32_t L, uint32_t E
 static void ensure_collapses_duplicates_and_counts(void **state)
 {
     (void)state;
-    ferry_moe_planner *p = mk(2, 8, 8, "lru", NULL);
+    ferry_moe_planner *p = ft_moe_mk(2, 8, 8, "lru", NULL);
     uint32_t route[] = {5, 2, 5, 7}, slots[4];
     ferry_moe_copy_plan plan;
     ferry_moe_counts c;
@@ -76,7 +63,7 @@ static void ensure_collapses_duplicates_and_counts(void **state)
 static void a_resident_route_is_a_warm_step_with_an_empty_plan(void **state)
 {
     (void)state;
-    ferry_moe_planner *p = mk(1, 4, 4, "lru", NULL);
+    ferry_moe_planner *p = ft_moe_mk(1, 4, 4, "lru", NULL);
     uint32_t route[] = {1, 3}, slots[2];
     ferry_moe_copy_plan plan;
     ferry_moe_counts c;
@@ -99,7 +86,7 @@ static void lru_evicts_least_recent_with_lowest_slot_ties(void **state)
 {
     (void)state;
     /* 2 layers x 2 experts, 2 slots: each layer's step needs both slots */
-    ferry_moe_planner *p = mk(2, 2, 2, "lru", NULL);
+    ferry_moe_planner *p = ft_moe_mk(2, 2, 2, "lru", NULL);
     uint32_t a[] = {0}, b[] = {1}, slots[1];
     assert_int_equal(ferry_moe_planner_ensure(p, 0, a, 1, slots, NULL, NULL), 1);
     assert_int_equal(slots[0], 0);
@@ -129,7 +116,7 @@ static void every_policy_keeps_the_current_step_resident(void **state)
         if (!strcmp(pols[i], "belady"))
             continue;
         for (uint32_t slots = E; slots <= 3 * E; slots += E) {
-            ferry_moe_planner *p = mk(L, E, slots, pols[i], NULL);
+            ferry_moe_planner *p = ft_moe_mk(L, E, slots, pols[i], NULL);
             ferry__rng r;
             ferry__rng_seed(&r, 42 + slots);
             for (int t = 0; t < 300; t++) {
@@ -176,7 +163,7 @@ static void every_policy_fits_a_step_in_as_few_slots_as_it_routes(void **state)
             continue;
         for (uint32_t K = 1; K <= 3; K++)
             for (uint32_t slots = K; slots <= 2 * K; slots++) {
-                ferry_moe_planner *p = mk(L, E, slots, pols[i], NULL);
+                ferry_moe_planner *p = ft_moe_mk(L, E, slots, pols[i], NULL);
                 ferry__rng r;
                 ferry__rng_seed(&r, 7 * slots + K);
                 for (int t = 0; t < 200; t++)
@@ -231,7 +218,7 @@ static void a_step_that_fails_part_way_places_nothing(void **state)
     for (int i = 0; pols[i]; i++) {
         if (!strcmp(pols[i], "belady"))
             continue;
-        ferry_moe_planner *p = mk(L, E, 10, pols[i], NULL);
+        ferry_moe_planner *p = ft_moe_mk(L, E, 10, pols[i], NULL);
         uint32_t held[10];
         for (uint32_t s = 0; s < 10; s++)
             held[s] = FERRY_MOE_NONE;
@@ -275,7 +262,7 @@ static void a_step_that_fails_part_way_places_nothing(void **state)
 static void bad_routes_fail_and_change_nothing(void **state)
 {
     (void)state;
-    ferry_moe_planner *p = mk(2, 4, 4, "routing", NULL);
+    ferry_moe_planner *p = ft_moe_mk(2, 4, 4, "routing", NULL);
     uint32_t ok[] = {1}, big[] = {1, 4};
     assert_int_equal(ferry_moe_planner_ensure(p, 0, ok, 1, NULL, NULL, NULL), 1);
     ferry_moe_planner_stats before = FERRY_MOE_PLANNER_STATS_INIT, after = FERRY_MOE_PLANNER_STATS_INIT;
@@ -365,7 +352,7 @@ static void planner_options_are_range_checked(void **state)
     assert_non_null(strstr(ferry_last_error(), "options size 0"));
 
     /* the smallest shape; resize keeps the same slot range */
-    p = mk(1, 1, 1, "lru", NULL);
+    p = ft_moe_mk(1, 1, 1, "lru", NULL);
     assert_int_equal(ferry_moe_planner_resize(p, (1u << 24) + 1), -EINVAL);
     assert_non_null(strstr(ferry_moe_planner_last_error(p), "new_slots 16777217"));
     assert_int_equal(ferry_moe_planner_resize(p, UINT32_MAX), -EINVAL);
@@ -435,7 +422,7 @@ static void older_planner_options_prefix_is_accepted(void **state)
 static void forget_frees_the_slot_and_the_expert_misses_again(void **state)
 {
     (void)state;
-    ferry_moe_planner *p = mk(1, 4, 4, "s3fifo", NULL);
+    ferry_moe_planner *p = ft_moe_mk(1, 4, 4, "s3fifo", NULL);
     uint32_t route[] = {2, 3}, slots[2];
     assert_int_equal(ferry_moe_planner_ensure(p, 0, route, 2, slots, NULL, NULL), 2);
     FT_ASSERT_OK(ferry_moe_planner_forget(p, slots[0]));
@@ -458,7 +445,7 @@ static void forget_frees_the_slot_and_the_expert_misses_again(void **state)
 static void a_miss_takes_the_lowest_free_slot(void **state)
 {
     (void)state;
-    ferry_moe_planner *p = mk(1, 64, 16, "lru", NULL);
+    ferry_moe_planner *p = ft_moe_mk(1, 64, 16, "lru", NULL);
     uint8_t used[32] = {0};
     uint32_t n = 16, e = 0, slot;
     /* expected: the lowest slot not in use */
@@ -499,7 +486,7 @@ static void a_miss_takes_the_lowest_free_slot(void **state)
 static void resize_grows_and_drops_occupants_past_the_end(void **state)
 {
     (void)state;
-    ferry_moe_planner *p = mk(2, 4, 8, "lfu", NULL);
+    ferry_moe_planner *p = ft_moe_mk(2, 4, 8, "lfu", NULL);
     ferry_moe_copy_plan plan;
     assert_int_equal(ferry_moe_planner_prefill(p, 0, &plan, NULL), 4);
     assert_int_equal(ferry_moe_planner_prefill(p, 1, &plan, NULL), 4);
@@ -524,7 +511,7 @@ static void prefetch_brings_experts_in_without_evicting_the_step(void **state)
     (void)state;
     const char *pols[] = {"lru", "lru-layer", "lfu", "lfru", "s3fifo", "routing"};
     for (size_t i = 0; i < sizeof pols / sizeof pols[0]; i++) {
-        ferry_moe_planner *p = mk(2, 4, 4, pols[i], NULL);
+        ferry_moe_planner *p = ft_moe_mk(2, 4, 4, pols[i], NULL);
         uint32_t step[] = {0, 1}, next[] = {0, 1, 2};
         assert_int_equal(ferry_moe_planner_ensure(p, 0, step, 2, NULL, NULL, NULL), 2);
         /* 2 free slots, 3 asked: the third would need a victim, and the
@@ -536,7 +523,7 @@ static void prefetch_brings_experts_in_without_evicting_the_step(void **state)
         assert_consistent(p, 2, 4);
         ferry_moe_planner_destroy(p);
 
-        p = mk(2, 4, 6, pols[i], NULL);
+        p = ft_moe_mk(2, 4, 6, pols[i], NULL);
         assert_int_equal(ferry_moe_planner_ensure(p, 0, step, 2, NULL, NULL, NULL), 2);
         assert_int_equal(ferry_moe_planner_prefetch(p, 1, next, 3, &plan), 3);
         assert_int_equal(plan.layer, 1);
@@ -717,7 +704,7 @@ static int oom_resize(void *ctx)
 {
     (void)ctx;
     ft_oom_pause();
-    ferry_moe_planner *p = mk(3, 8, 12, "lru-layer", NULL);
+    ferry_moe_planner *p = ft_moe_mk(3, 8, 12, "lru-layer", NULL);
     FT_ASSERT_OK(ferry_moe_planner_prefill(p, 1, NULL, NULL));
     int64_t before = ft_alloc_live();
     ft_oom_resume();
@@ -740,7 +727,7 @@ static int oom_resize_soft(void *ctx)
 {
     (void)ctx;
     ft_oom_pause();
-    ferry_moe_planner *p = mk(1, 8, 3, "lru", NULL);
+    ferry_moe_planner *p = ft_moe_mk(1, 8, 3, "lru", NULL);
     uint32_t fill[] = {0, 1, 2}, zero[] = {0}, three[] = {3}, next[] = {4, 5};
     assert_int_equal(ferry_moe_planner_ensure(p, 0, fill, 3, NULL, NULL, NULL), 3);
     assert_int_equal(ferry_moe_planner_hint(p, 0, 2, zero, 1, 1.0), 1);
@@ -818,7 +805,7 @@ static void saved_traces_load_back_identical(void **state)
 static void a_refused_prefetch_leaves_the_pins_as_they_were(void **state)
 {
     (void)state;
-    ferry_moe_planner *p = mk(1, 8, 4, "lru", NULL);
+    ferry_moe_planner *p = ft_moe_mk(1, 8, 4, "lru", NULL);
     uint32_t all[] = {0, 1, 2, 3}, zero[] = {0}, many[] = {1, 2, 3, 4, 5}, four[] = {4};
     assert_int_equal(ferry_moe_planner_ensure(p, 0, all, 4, NULL, NULL, NULL), 4);
     assert_int_equal(ferry_moe_planner_ensure(p, 0, zero, 1, NULL, NULL, NULL), 0);
@@ -843,7 +830,7 @@ static void a_resize_keeps_the_steps_pins(void **state)
     ferry_moe_copy_plan plan;
     const char *const pols[] = {"lru", "lfu", "s3fifo", "arc", "auto", "routing"};
     for (size_t i = 0; i < sizeof pols / sizeof pols[0]; i++) {
-        ferry_moe_planner *p = mk(1, 8, 2, pols[i], NULL);
+        ferry_moe_planner *p = ft_moe_mk(1, 8, 2, pols[i], NULL);
         assert_int_equal(ferry_moe_planner_ensure(p, 0, both, 2, NULL, NULL, NULL), 2);
         assert_int_equal(ferry_moe_planner_ensure(p, 0, zero, 1, NULL, NULL, NULL), 0);
         uint32_t s0 = ferry_moe_planner_lookup(p, 0, 0);
@@ -1059,7 +1046,7 @@ static void belady_refuses_steps_off_its_trace(void **state)
 {
     (void)state;
     ferry_moe_trace *t = tiny_trace();
-    ferry_moe_planner *p = mk(2, 2, 2, "belady", t);
+    ferry_moe_planner *p = ft_moe_mk(2, 2, 2, "belady", t);
     uint32_t e0 = 0, e1 = 1;
     assert_int_equal(ferry_moe_planner_ensure(p, 1, &e0, 1, NULL, NULL, NULL), -EINVAL);
     assert_non_null(strstr(ferry_last_error(), "belady"));

@@ -10,19 +10,8 @@
 #include <string.h>
 
 #include "ferry_test.h"
+#include "moe_traces.h"
 #include "moe/moe_internal.h"
-
-static ferry_moe_planner *mk(uint32_t L, uint32_t E, uint32_t slots, const char *policy)
-{
-    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
-    o.num_layers = L;
-    o.num_experts = E;
-    o.slots = slots;
-    o.policy = policy;
-    ferry_moe_planner *p = NULL;
-    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
-    return p;
-}
 
 static void decode_runs_with_a_budget_below_a_layer(void **state)
 {
@@ -31,7 +20,7 @@ static void decode_runs_with_a_budget_below_a_layer(void **state)
     for (const char *const *pol = ferry_moe_policies(); *pol; pol++) {
         if (!strcmp(*pol, "belady"))
             continue;
-        ferry_moe_planner *p = mk(4, 64, 6, *pol);
+        ferry_moe_planner *p = ft_moe_mk(4, 64, 6, *pol, NULL);
         ferry__rng r;
         ferry__rng_seed(&r, 7);
         for (int step = 0; step < 400; step++) {
@@ -53,7 +42,7 @@ static void decode_runs_with_a_budget_below_a_layer(void **state)
 static void a_step_wider_than_the_slots_is_refused_and_changes_nothing(void **state)
 {
     (void)state;
-    ferry_moe_planner *p = mk(2, 16, 4, "lru");
+    ferry_moe_planner *p = ft_moe_mk(2, 16, 4, "lru", NULL);
     uint32_t a[] = {1, 2, 3}, wide[] = {4, 5, 6, 7, 8};
     assert_int_equal(ferry_moe_planner_ensure(p, 0, a, 3, NULL, NULL, NULL), 3);
     ferry_moe_planner_stats b = FERRY_MOE_PLANNER_STATS_INIT, c = FERRY_MOE_PLANNER_STATS_INIT;
@@ -171,7 +160,7 @@ static void prefill_streams_a_layer_through_the_slots_in_waves(void **state)
             continue;
         rig x;
         rig_open(&x, 6);
-        ferry_moe_planner *p = mk(L, E, 6, *pol);
+        ferry_moe_planner *p = ft_moe_mk(L, E, 6, *pol, NULL);
         uint32_t waves;
         /* cold: every expert copied, 16 through 6 slots: 6 + 6 + 4 */
         assert_int_equal(stream_layer(&x, p, 0, 6, &waves), E);
@@ -298,7 +287,7 @@ static void lru_layer_divides_by_the_layers_a_capture_logged(void **state)
 static void the_routing_policy_stays_consistent_through_waves(void **state)
 {
     (void)state;
-    ferry_moe_planner *p = mk(3, 32, 5, "routing");
+    ferry_moe_planner *p = ft_moe_mk(3, 32, 5, "routing", NULL);
     ferry__rng r;
     ferry__rng_seed(&r, 3);
     uint32_t all[32];
@@ -331,7 +320,7 @@ static void a_prefetch_that_cannot_fit_places_nothing(void **state)
 {
     (void)state;
     /* 6 slots; the step pins 4; a prefetch of 3 misses cannot fit whole */
-    ferry_moe_planner *p = mk(2, 16, 6, "lru");
+    ferry_moe_planner *p = ft_moe_mk(2, 16, 6, "lru", NULL);
     uint32_t now[] = {0, 1, 2, 3}, three[] = {5, 6, 7}, two[] = {5, 6};
     assert_int_equal(ferry_moe_planner_ensure(p, 0, now, 4, NULL, NULL, NULL), 4);
     ferry_moe_copy_plan plan;

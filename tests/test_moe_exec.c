@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "ferry_test.h"
+#include "moe_traces.h"
 #include "moe/moe_internal.h"
 
 #define W 64 /* row width of the small tests */
@@ -149,17 +150,6 @@ static const void *named_row(void *ctx, uint32_t bank, uint32_t layer, uint32_t 
     return n->rows + ((size_t)layer * n->experts + row) * n->width;
 }
 
-static ferry_moe_geometry geom(uint32_t layers, uint32_t experts, uint32_t slots, size_t width)
-{
-    ferry_moe_geometry g = FERRY_MOE_GEOMETRY_INIT;
-    g.num_layers = layers;
-    g.num_experts = experts;
-    g.slots = slots;
-    g.banks = 1;
-    g.row_bytes[0] = width;
-    return g;
-}
-
 static ferry_device *host_dev(void)
 {
     ferry_device_options o = FERRY_DEVICE_OPTIONS_INIT;
@@ -264,14 +254,14 @@ static void geometries_are_range_checked(void **state)
             free(msgs[k]);
         }
     }
-    ferry_moe_geometry g = geom(1, 1, 1, 64);
+    ferry_moe_geometry g = ft_moe_geom(1, 1, 1, 64);
     g.size = 1;
     assert_int_equal(ferry_moe_slots_create(&g, &fake_ops, NULL, NULL), -EINVAL);
     assert_non_null(strstr(ferry_last_error(), "geometry size 1"));
 
     /* the sources' own sizes: a bank that wraps the address space, a file
      * bank that would end past the largest offset */
-    g = geom(1, 1, 1, 4096);
+    g = ft_moe_geom(1, 1, 1, 4096);
     void *base[1] = {(void *)(UINTPTR_MAX - 100)};
     ferry_moe_rows *r = NULL;
     assert_int_equal(ferry_moe_rows_host(&g, base, NULL, 0, &r), -EINVAL);
@@ -290,7 +280,7 @@ static void a_slot_pair_copies_the_way_the_caller_asked(void **state)
 {
     (void)state;
     ferry_device *dev = host_dev();
-    ferry_moe_geometry g = geom(1, 4, 4, W);
+    ferry_moe_geometry g = ft_moe_geom(1, 4, 4, W);
     named rows_mem;
     named_init(&rows_mem, 1, 4, W);
     ferry_moe_rows *rows;
@@ -345,7 +335,7 @@ static void a_plan_lands_each_expert_in_the_slot_it_named(void **state)
 {
     (void)state;
     ferry_device *dev = host_dev();
-    ferry_moe_geometry g = geom(1, 4, 4, W);
+    ferry_moe_geometry g = ft_moe_geom(1, 4, 4, W);
     named rows_mem;
     named_init(&rows_mem, 1, 4, W);
     ferry_moe_rows *rows;
@@ -398,7 +388,7 @@ static void a_plan_lands_each_expert_in_the_slot_it_named(void **state)
 static void a_warm_step_makes_no_device_call(void **state)
 {
     (void)state;
-    ferry_moe_geometry g = geom(2, 4, 4, W);
+    ferry_moe_geometry g = ft_moe_geom(2, 4, 4, W);
     fake f;
     fake_init(&f, &g);
     ferry_moe_slots *s;
@@ -420,7 +410,7 @@ static void a_warm_step_makes_no_device_call(void **state)
 static void invalid_plans_are_refused_before_any_byte_moves(void **state)
 {
     (void)state;
-    ferry_moe_geometry g = geom(2, 4, 4, W);
+    ferry_moe_geometry g = ft_moe_geom(2, 4, 4, W);
     fake f;
     fake_init(&f, &g);
     named rows_mem;
@@ -485,7 +475,7 @@ static void forget_all(ferry_moe_planner *p, const uint32_t *unknown, uint32_t n
 static void failures_leave_planner_and_executor_agreeing(void **state)
 {
     (void)state;
-    ferry_moe_geometry g = geom(2, 8, 8, W);
+    ferry_moe_geometry g = ft_moe_geom(2, 8, 8, W);
     fake f;
     fake_init(&f, &g);
     named rows_mem;
@@ -576,7 +566,7 @@ static void a_faulty_device_never_desynchronises_the_pool(void **state)
     ferry_moe_trace *t;
     FT_ASSERT_OK(ferry_moe_trace_generate(&go, &t));
     const ferry_moe_model *m = ferry_moe_trace_model(t);
-    ferry_moe_geometry g = geom(m->num_layers, m->num_experts, m->num_experts + 4, W);
+    ferry_moe_geometry g = ft_moe_geom(m->num_layers, m->num_experts, m->num_experts + 4, W);
     g.banks = 2;
     g.row_bytes[1] = 3 * W;
     void *banks[2];
@@ -645,7 +635,7 @@ static void a_pin_budget_splits_layers_into_classes(void **state)
 {
     (void)state;
     ferry_device *dev = host_dev();
-    ferry_moe_geometry g = geom(3, 4, 4, 4096);
+    ferry_moe_geometry g = ft_moe_geom(3, 4, 4, 4096);
     void *bank = NULL;
     assert_int_equal(posix_memalign(&bank, 4096, 3 * 4 * 4096), 0);
     memset(bank, 1, 3 * 4 * 4096);
@@ -691,7 +681,7 @@ static void nvme_rows_land_in_their_slots(void **state)
     io_o.device = dev;
     ferry_io *io;
     FT_ASSERT_OK(ferry_io_open(&io_o, &io));
-    ferry_moe_geometry g = geom(L, E, 4, w0);
+    ferry_moe_geometry g = ft_moe_geom(L, E, 4, w0);
     g.banks = 2;
     g.row_bytes[1] = w1;
     ferry_moe_rows *rows;
@@ -782,7 +772,7 @@ static void an_executor_outlives_the_engine_of_its_staged_rows(void **state)
     char dir[256], path[300];
     ft_tmpdir(dir, sizeof dir);
     snprintf(path, sizeof path, "%s/experts.bin", dir);
-    ferry_moe_geometry g = geom(1, 2, 2, 4096);
+    ferry_moe_geometry g = ft_moe_geom(1, 2, 2, 4096);
     uint8_t img[2 * 4096];
     ft_fill_pattern(img, sizeof img, 3);
     int fd = open(path, O_CREAT | O_WRONLY | O_TRUNC, 0600);
@@ -833,7 +823,7 @@ static void count_destroy(void *ctx)
 static void out_of_memory_and_device_faults_leak_nothing(void **state)
 {
     (void)state;
-    ferry_moe_geometry g = geom(2, 4, 6, W);
+    ferry_moe_geometry g = ft_moe_geom(2, 4, 6, W);
     ft_oom_each(50, FT_OOM_STICKY, oom_slots, &g);
     /* the device refuses the arena: nothing is left allocated on it */
     ferry_device *dev = host_dev();
@@ -879,7 +869,7 @@ static void a_prefetch_overlaps_and_then_hits(void **state)
 {
     (void)state;
     ferry_device *dev = host_dev();
-    ferry_moe_geometry g = geom(2, 8, 10, W);
+    ferry_moe_geometry g = ft_moe_geom(2, 8, 10, W);
     named rows_mem;
     named_init(&rows_mem, 2, 8, W);
     ferry_moe_rows *rows;
@@ -998,7 +988,7 @@ static void eight_banks_land_whole(void **state)
     (void)state;
     enum { NB = FERRY_MOE_MAX_BANKS };
     const uint32_t L = 2, E = 4;
-    ferry_moe_geometry g = geom(L, E, 4, 64);
+    ferry_moe_geometry g = ft_moe_geom(L, E, 4, 64);
     g.banks = NB;
     size_t off[NB], total = 0;
     for (int b = 0; b < NB; b++) {
@@ -1064,7 +1054,7 @@ static void rows_read_through_an_offset_table(void **state)
     (void)state;
     enum { NB = 3 };
     const uint32_t L = 2, E = 3;
-    ferry_moe_geometry g = geom(L, E, 4, 96);
+    ferry_moe_geometry g = ft_moe_geom(L, E, 4, 96);
     g.banks = NB;
     g.row_bytes[1] = 160;
     g.row_bytes[2] = 64;

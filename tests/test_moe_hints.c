@@ -14,19 +14,8 @@
 #include <string.h>
 
 #include "ferry_test.h"
+#include "moe_traces.h"
 #include "moe/moe_internal.h"
-
-static ferry_moe_planner *mk(uint32_t L, uint32_t E, uint32_t slots, const char *policy)
-{
-    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
-    o.num_layers = L;
-    o.num_experts = E;
-    o.slots = slots;
-    o.policy = policy;
-    ferry_moe_planner *p = NULL;
-    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
-    return p;
-}
 
 static void step1(ferry_moe_planner *p, uint32_t layer, uint32_t e)
 {
@@ -78,7 +67,7 @@ static void a_hinted_expert_survives_until_its_step_under_every_policy(void **st
 {
     (void)state;
     for (size_t k = 0; k < sizeof online / sizeof *online; k++) {
-        ferry_moe_planner *p = mk(1, 16, 4, online[k]);
+        ferry_moe_planner *p = ft_moe_mk(1, 16, 4, online[k], NULL);
         for (uint32_t e = 0; e < 4; e++)
             step1(p, 0, e);
         uint32_t x = 0;
@@ -108,7 +97,7 @@ static void a_hinted_expert_survives_until_its_step_under_every_policy(void **st
 static void a_hint_expires_at_its_step_and_counts_wrong(void **state)
 {
     (void)state;
-    ferry_moe_planner *p = mk(1, 16, 4, "lru");
+    ferry_moe_planner *p = ft_moe_mk(1, 16, 4, "lru", NULL);
     for (uint32_t e = 0; e < 4; e++)
         step1(p, 0, e);
     uint32_t x = 0;
@@ -132,7 +121,7 @@ static void a_hint_expires_at_its_step_and_counts_wrong(void **state)
 static void hints_of_one_expert_merge_and_protect_until_the_latest(void **state)
 {
     (void)state;
-    ferry_moe_planner *p = mk(1, 16, 4, "lru");
+    ferry_moe_planner *p = ft_moe_mk(1, 16, 4, "lru", NULL);
     for (uint32_t e = 0; e < 4; e++)
         step1(p, 0, e);
     uint32_t x = 0;
@@ -157,7 +146,7 @@ static void the_least_confident_then_the_farthest_hint_goes_first(void **state)
 {
     (void)state;
     /* every slot hinted: a step's miss evicts the hint of least value */
-    ferry_moe_planner *p = mk(1, 16, 4, "lru");
+    ferry_moe_planner *p = ft_moe_mk(1, 16, 4, "lru", NULL);
     for (uint32_t e = 0; e < 4; e++)
         step1(p, 0, e);
     const double conf[4] = {0.9, 0.5, 0.9, 0.9}; /* each worth keeping */
@@ -174,7 +163,7 @@ static void the_least_confident_then_the_farthest_hint_goes_first(void **state)
     ferry_moe_planner_destroy(p);
 
     /* the same confidence: the farthest goes first */
-    p = mk(1, 16, 4, "lru");
+    p = ft_moe_mk(1, 16, 4, "lru", NULL);
     for (uint32_t e = 0; e < 4; e++)
         step1(p, 0, e);
     const uint32_t ahead[4] = {2, 7, 4, 3};
@@ -190,7 +179,7 @@ static void a_step_wider_than_the_unhinted_slots_still_succeeds(void **state)
 {
     (void)state;
     for (size_t k = 0; k < sizeof online / sizeof *online; k++) {
-        ferry_moe_planner *p = mk(2, 16, 4, online[k]);
+        ferry_moe_planner *p = ft_moe_mk(2, 16, 4, online[k], NULL);
         uint32_t all[4] = {0, 1, 2, 3};
         FT_ASSERT_OK(ferry_moe_planner_ensure(p, 0, all, 4, NULL, NULL, NULL));
         assert_int_equal(ferry_moe_planner_hint(p, 0, 10, all, 4, 1.0), 4);
@@ -222,7 +211,7 @@ static void a_step_wider_than_the_unhinted_slots_still_succeeds(void **state)
 static void hint_prefetch_brings_the_best_missing_hints_in(void **state)
 {
     (void)state;
-    ferry_moe_planner *p = mk(2, 8, 4, "lru");
+    ferry_moe_planner *p = ft_moe_mk(2, 8, 4, "lru", NULL);
     step1(p, 0, 0);
     uint32_t next[2] = {2, 3};
     FT_ASSERT_OK(ferry_moe_planner_hint(p, 1, 1, next, 2, 0.9));
@@ -274,7 +263,7 @@ static void a_hint_prefetch_that_fails_part_way_places_nothing(void **state)
     (void)state;
     for (size_t k = 0; k < sizeof online / sizeof *online; k++) {
         for (uint64_t at = 2; at <= 3; at++) {
-            ferry_moe_planner *p = mk(2, 8, 6, online[k]);
+            ferry_moe_planner *p = ft_moe_mk(2, 8, 6, online[k], NULL);
             step1(p, 0, 0);
             uint32_t next[3] = {2, 3, 4};
             FT_ASSERT_OK(ferry_moe_planner_hint(p, 1, 1, next, 3, 1.0));
@@ -309,7 +298,7 @@ static void a_hint_prefetch_that_fails_part_way_places_nothing(void **state)
 static void hint_prefetch_never_evicts_a_hint_worth_as_much(void **state)
 {
     (void)state;
-    ferry_moe_planner *p = mk(2, 8, 2, "lru");
+    ferry_moe_planner *p = ft_moe_mk(2, 8, 2, "lru", NULL);
     step1(p, 0, 0);
     step1(p, 1, 4); /* 4 is pinned by this step; 0 is LRU's victim */
     uint32_t x = 0, y = 5;
@@ -333,7 +322,7 @@ static void prefetch_and_forget_keep_the_pin_counts_with_hints(void **state)
     /* a prefetch names a hinted expert that a victim search soft pinned:
      * it is the prefetch's now, and the refusal of a too-large prefetch
      * still counts it */
-    ferry_moe_planner *p = mk(1, 16, 4, "lru");
+    ferry_moe_planner *p = ft_moe_mk(1, 16, 4, "lru", NULL);
     for (uint32_t e = 0; e < 4; e++)
         step1(p, 0, e);
     uint32_t h2[2] = {0, 1};
@@ -377,7 +366,7 @@ static void a_hint_protects_only_when_surer_than_the_victims_return(void **state
     const uint32_t cyc[5] = {0, 1, 2, 3, 4};
     uint32_t far = 15;
     for (int sure = 0; sure < 2; sure++) {
-        ferry_moe_planner *p = mk(1, 16, 4, "lru");
+        ferry_moe_planner *p = ft_moe_mk(1, 16, 4, "lru", NULL);
         FT_ASSERT_OK(ferry_moe_planner_hint(p, 0, 1000, &far, 1, 1.0)); /* the table on */
         cycle_steps(p, cyc, 5, 200); /* ends with 4; resident: 1 2 3 4, 1 the LRU */
         assert_true(resident(p, 0, 1));
@@ -394,7 +383,7 @@ static void a_hint_protects_only_when_surer_than_the_victims_return(void **state
         ferry_moe_planner_destroy(p);
     }
     /* where evictions do not come back (a fresh planner), 90% protects */
-    ferry_moe_planner *p = mk(1, 16, 4, "lru");
+    ferry_moe_planner *p = ft_moe_mk(1, 16, 4, "lru", NULL);
     cycle_steps(p, cyc, 4, 4);
     uint32_t x = 0;
     FT_ASSERT_OK(ferry_moe_planner_hint(p, 0, 3, &x, 1, 0.9));
@@ -406,7 +395,7 @@ static void a_hint_protects_only_when_surer_than_the_victims_return(void **state
 static void hint_prefetch_scales_with_confidence(void **state)
 {
     (void)state;
-    ferry_moe_planner *p = mk(2, 8, 4, "lru");
+    ferry_moe_planner *p = ft_moe_mk(2, 8, 4, "lru", NULL);
     const uint32_t cyc[4] = {0, 1, 2, 3};
     cycle_steps(p, cyc, 4, 4); /* every slot full, none pinned but 3 */
     ferry_moe_copy_plan plan;
@@ -438,7 +427,7 @@ static void hints_that_do_not_come_true_lose_their_rows(void **state)
     (void)state;
     /* stated 90% sure, always wrong: the first rounds prefetch, then the
      * calibration has seen enough and no more rows go */
-    ferry_moe_planner *p = mk(1, 64, 8, "lru");
+    ferry_moe_planner *p = ft_moe_mk(1, 64, 8, "lru", NULL);
     uint32_t fetched = 0, late = 0;
     for (uint32_t r = 0; r < 60; r++) {
         uint32_t guess = 32 + r % 32, truth = r % 8;
@@ -456,7 +445,7 @@ static void hints_that_do_not_come_true_lose_their_rows(void **state)
     assert_int_equal(hstats(p).wrong, 60);
     /* stated 60% sure and always right: trusted more than stated */
     ferry_moe_planner_destroy(p);
-    p = mk(1, 64, 8, "lru");
+    p = ft_moe_mk(1, 64, 8, "lru", NULL);
     for (uint32_t r = 0; r < 40; r++) {
         uint32_t guess = 32 + r % 32;
         FT_ASSERT_OK(ferry_moe_planner_hint(p, 0, 1, &guess, 1, 0.6));
@@ -469,7 +458,7 @@ static void hints_that_do_not_come_true_lose_their_rows(void **state)
 static void bad_hints_are_refused_and_change_nothing(void **state)
 {
     (void)state;
-    ferry_moe_planner *p = mk(2, 8, 4, "lru");
+    ferry_moe_planner *p = ft_moe_mk(2, 8, 4, "lru", NULL);
     uint32_t ok = 1, bad = 8;
     assert_int_equal(ferry_moe_planner_hint(NULL, 0, 1, &ok, 1, 0.5), -EINVAL);
     assert_int_equal(ferry_moe_planner_hint(p, 2, 1, &ok, 1, 0.5), -EINVAL);
@@ -539,7 +528,7 @@ static void random_hints_never_fail_a_step(void **state)
     for (size_t k = 0; k < sizeof online / sizeof *online; k++) {
         ferry__rng r;
         ferry__rng_seed(&r, 7 + k);
-        ferry_moe_planner *p = mk(L, E, 6, online[k]);
+        ferry_moe_planner *p = ft_moe_mk(L, E, 6, online[k], NULL);
         for (uint32_t i = 0; i < 3000; i++) {
             uint32_t layer = i % L, ex[K], hx[K];
             for (int j = 0; j < K; j++)
@@ -619,7 +608,7 @@ static void hinted_plans_move_the_right_bytes_through_an_executor(void **state)
     ferry_moe_slots *x;
     FT_ASSERT_OK(ferry_moe_device_slots_open(dev, &g, &ops, &ctx));
     FT_ASSERT_OK(ferry_moe_slots_create(&g, ops, ctx, &x));
-    ferry_moe_planner *p = mk(XL, XE, XSLOTS, "auto");
+    ferry_moe_planner *p = ft_moe_mk(XL, XE, XSLOTS, "auto", NULL);
     ferry__rng r;
     ferry__rng_seed(&r, 11);
     for (uint32_t i = 0; i < 600; i++) {

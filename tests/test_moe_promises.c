@@ -15,23 +15,10 @@
 #include <unistd.h>
 
 #include "ferry_test.h"
+#include "moe_traces.h"
 
 #define W 64
 #define LEN(a) (sizeof(a) / sizeof((a)[0]))
-
-static ferry_moe_planner *mk(uint32_t layers, uint32_t experts, uint32_t slots, const char *policy,
-                             const ferry_moe_trace *oracle)
-{
-    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
-    o.num_layers = layers;
-    o.num_experts = experts;
-    o.slots = slots;
-    o.policy = policy;
-    o.oracle = oracle;
-    ferry_moe_planner *p = NULL;
-    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
-    return p;
-}
 
 static ferry_moe_trace *small_trace(uint32_t layers, uint32_t experts, uint32_t tokens)
 {
@@ -49,17 +36,6 @@ static ferry_moe_trace *small_trace(uint32_t layers, uint32_t experts, uint32_t 
             FT_ASSERT_OK(ferry_moe_trace_append(t, tk, l, &e, 1));
         }
     return t;
-}
-
-static ferry_moe_geometry geom(uint32_t layers, uint32_t experts, uint32_t slots, size_t width)
-{
-    ferry_moe_geometry g = FERRY_MOE_GEOMETRY_INIT;
-    g.num_layers = layers;
-    g.num_experts = experts;
-    g.slots = slots;
-    g.banks = 1;
-    g.row_bytes[0] = width;
-    return g;
 }
 
 /* ---- a counting fake slot device ---- */
@@ -151,7 +127,7 @@ static void every_listed_name_is_taken_and_described(void **state)
         const char *d = ferry_moe_policy_describe(pol[n]);
         if (!d || !*d || strchr(d, '\n'))
             fail_msg("policy '%s': description '%s' is not one line", pol[n], d ? d : "(null)");
-        ferry_moe_planner *p = mk(2, 8, 4, pol[n], oracle);
+        ferry_moe_planner *p = ft_moe_mk(2, 8, 4, pol[n], oracle);
         assert_string_equal(ferry_moe_planner_policy(p), pol[n]);
         ferry_moe_planner_destroy(p);
     }
@@ -400,7 +376,7 @@ static void planner_options_beyond_the_shape_are_refused(void **state)
 static void planner_slot_calls_refuse_what_is_out_of_range(void **state)
 {
     (void)state;
-    ferry_moe_planner *p = mk(2, 8, 4, "lru", NULL);
+    ferry_moe_planner *p = ft_moe_mk(2, 8, 4, "lru", NULL);
     const uint32_t two[2] = {1, 5};
     assert_int_equal(ferry_moe_planner_ensure(p, 0, two, 2, NULL, NULL, NULL), 2);
     ferry_moe_planner_stats a = FERRY_MOE_PLANNER_STATS_INIT, b = FERRY_MOE_PLANNER_STATS_INIT;
@@ -438,7 +414,7 @@ static void planner_slot_calls_refuse_what_is_out_of_range(void **state)
 static void stats_are_written_only_as_far_as_their_size(void **state)
 {
     (void)state;
-    ferry_moe_planner *p = mk(2, 8, 4, "lru", NULL);
+    ferry_moe_planner *p = ft_moe_mk(2, 8, 4, "lru", NULL);
     const uint32_t e = 3;
     assert_int_equal(ferry_moe_planner_ensure(p, 0, &e, 1, NULL, NULL, NULL), 1);
     assert_int_equal(ferry_moe_planner_hint(p, 1, 1, &e, 1, 0.9), 1);
@@ -473,7 +449,7 @@ static void stats_are_written_only_as_far_as_their_size(void **state)
         assert_int_equal(hs.b[i], 0xab);
     ferry_moe_planner_destroy(p);
 
-    ferry_moe_geometry g = geom(4, 8, 4, W);
+    ferry_moe_geometry g = ft_moe_geom(4, 8, 4, W);
     fake f;
     memset(&f, 0, sizeof f);
     ferry_moe_slots *s = NULL;
@@ -508,7 +484,7 @@ static void stats_are_written_only_as_far_as_their_size(void **state)
 static void a_refused_executor_still_releases_its_context(void **state)
 {
     (void)state;
-    ferry_moe_geometry g = geom(2, 8, 4, W);
+    ferry_moe_geometry g = ft_moe_geom(2, 8, 4, W);
     struct {
         size_t size;
         int drop; /* 1 write_slot, 2 copy_slot, 3 flush */
@@ -573,7 +549,7 @@ static void a_refused_executor_still_releases_its_context(void **state)
 static void executor_slot_calls_refuse_what_is_out_of_range(void **state)
 {
     (void)state;
-    ferry_moe_geometry g = geom(4, 8, 4, W);
+    ferry_moe_geometry g = ft_moe_geom(4, 8, 4, W);
     fake f;
     memset(&f, 0, sizeof f);
     for (uint32_t l = 0; l < 4; l++)
@@ -623,7 +599,7 @@ static void executor_slot_calls_refuse_what_is_out_of_range(void **state)
 static void rows_sources_refuse_what_they_cannot_serve(void **state)
 {
     (void)state;
-    ferry_moe_geometry g = geom(4, 8, 4, W);
+    ferry_moe_geometry g = ft_moe_geom(4, 8, 4, W);
     g.banks = 2;
     g.row_bytes[1] = W;
     static uint8_t bank0[4 * 8 * W];
@@ -663,7 +639,7 @@ static void rows_sources_refuse_what_they_cannot_serve(void **state)
     /* a row the fn does not have: refused whole, nothing moves */
     fake f;
     memset(&f, 0, sizeof f);
-    ferry_moe_geometry g5 = geom(5, 8, 4, W); /* row_of has 4 layers */
+    ferry_moe_geometry g5 = ft_moe_geom(5, 8, 4, W); /* row_of has 4 layers */
     ferry_moe_slots *s = NULL;
     FT_ASSERT_OK(ferry_moe_slots_create(&g5, &fake_ops, &f, &s));
     FT_ASSERT_OK(ferry_moe_rows_fn(&g5, row_of, NULL, &r));
@@ -832,7 +808,7 @@ static int pf_fail(void *c)
 static void a_gather_reports_the_prefetch_it_finished(void **state)
 {
     (void)state;
-    ferry_moe_geometry g = geom(4, 8, 8, W);
+    ferry_moe_geometry g = ft_moe_geom(4, 8, 8, W);
     ferry_moe_slot_device_ops ops = fake_ops;
     ops.flush_prefetch = pf_fail;
     fake f;
@@ -878,7 +854,7 @@ static void device_slots_refuse_what_is_missing(void **state)
     o.backend = "host";
     ferry_device *dev = NULL;
     FT_ASSERT_OK(ferry_device_open(&o, &dev));
-    ferry_moe_geometry g = geom(2, 4, 4, W);
+    ferry_moe_geometry g = ft_moe_geom(2, 4, 4, W);
     const ferry_moe_slot_device_ops *ops = NULL;
     void *ctx = NULL;
     assert_int_equal(ferry_moe_device_slots_open(NULL, &g, &ops, &ctx), -EINVAL);
@@ -906,7 +882,7 @@ typedef struct newer_ops {
 static void sizes_past_this_headers_are_handled(void **state)
 {
     (void)state;
-    ferry_moe_geometry g = geom(2, 8, 4, W);
+    ferry_moe_geometry g = ft_moe_geom(2, 8, 4, W);
     g.size = sizeof g + 8;
     fake f;
     memset(&f, 0, sizeof f);
@@ -944,7 +920,7 @@ static void sizes_past_this_headers_are_handled(void **state)
     ferry_moe_rows_destroy(r);
     assert_int_equal(f.destroys, 1);
 
-    ferry_moe_planner *p = mk(1, 4, 4, "lru", NULL);
+    ferry_moe_planner *p = ft_moe_mk(1, 4, 4, "lru", NULL);
     union {
         ferry_moe_planner_stats s;
         unsigned char b[sizeof(ferry_moe_planner_stats) + 32];
@@ -972,7 +948,7 @@ static void sizes_past_this_headers_are_handled(void **state)
 static void a_null_executor_is_answered_not_dereferenced(void **state)
 {
     (void)state;
-    ferry_moe_geometry g = geom(2, 8, 4, W);
+    ferry_moe_geometry g = ft_moe_geom(2, 8, 4, W);
     ferry_moe_rows *r = NULL;
     FT_ASSERT_OK(ferry_moe_rows_fn(&g, row_of, NULL, &r));
     const uint32_t d = 1, row = 2;
@@ -983,7 +959,7 @@ static void a_null_executor_is_answered_not_dereferenced(void **state)
     assert_int_equal(ferry_moe_slots_gather(NULL, &gp, unk, &nu), -EINVAL);
     assert_int_equal(ferry_moe_slots_prefetch_start(NULL, &plan, r, unk, &nu), -EINVAL);
     assert_int_equal(ferry_moe_slots_prefetch_finish(NULL, unk, &nu), -EINVAL);
-    ferry_moe_planner *p = mk(2, 8, 4, "lru", NULL);
+    ferry_moe_planner *p = ft_moe_mk(2, 8, 4, "lru", NULL);
     assert_int_equal(ferry_moe_check(p, NULL), -EINVAL);
     assert_int_equal(ferry_moe_planner_hint(NULL, 0, 1, &d, 1, 0.5), -EINVAL);
     assert_int_equal(ferry_moe_planner_hint_stats_get(NULL, NULL), -EINVAL);
@@ -1024,7 +1000,7 @@ static void wrong_destroy(void *c)
 static void the_ops_table_is_the_callers_after_create(void **state)
 {
     (void)state;
-    ferry_moe_geometry g = geom(2, 8, 4, W);
+    ferry_moe_geometry g = ft_moe_geom(2, 8, 4, W);
     ferry_moe_slot_device_ops *ops = malloc(sizeof *ops);
     *ops = fake_ops;
     fake f;
@@ -1057,7 +1033,7 @@ static void the_ops_table_is_the_callers_after_create(void **state)
 static void duplicates_count_once(void **state)
 {
     (void)state;
-    ferry_moe_planner *p = mk(2, 8, 8, "lru", NULL);
+    ferry_moe_planner *p = ft_moe_mk(2, 8, 8, "lru", NULL);
     const uint32_t dup[5] = {3, 3, 5, 3, 5};
     assert_int_equal(ferry_moe_planner_hint(p, 1, 2, dup, 5, 0.9), 2);
     ferry_moe_hint_stats hs = FERRY_MOE_HINT_STATS_INIT;

@@ -34,14 +34,7 @@ static ferry_moe_trace *gen(const char *model, uint32_t tokens, uint32_t layers,
 static ferry_moe_planner *mk(const ferry_moe_trace *t, uint32_t slots)
 {
     const ferry_moe_model *m = ferry_moe_trace_model(t);
-    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
-    o.num_layers = m->num_layers;
-    o.num_experts = m->num_experts;
-    o.slots = slots;
-    o.policy = "routing";
-    ferry_moe_planner *p = NULL;
-    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
-    return p;
+    return ft_moe_mk(m->num_layers, m->num_experts, slots, "routing", NULL);
 }
 
 static void check(const ferry_moe_planner *p, size_t step)

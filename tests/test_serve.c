@@ -39,6 +39,9 @@
 #define PLANES 4u
 #define CHUNK (PLANES * CT * TB)
 
+/* how long a daemon process may take to exit after SIGTERM */
+#define DAEMON_STOP_MS 60000
+
 static char g_dir[256];
 static char g_sock[300];
 
@@ -85,8 +88,7 @@ static void srv_start(srv *v, uint64_t l1_chunks)
 static int setup(void **state)
 {
     (void)state;
-    ft_tmpdir(g_dir, sizeof g_dir);
-    snprintf(g_sock, sizeof g_sock, "%s/ferry.sock", g_dir);
+    ft_sock_dir(g_dir, sizeof g_dir, g_sock, sizeof g_sock);
     signal(SIGPIPE, SIG_IGN);
     return 0;
 }
@@ -390,18 +392,8 @@ static void raw_send_bytes(raw *r, const void *p, size_t n)
 
 static void raw_hello(raw *r, int pool)
 {
-    ferry__proto_req q;
-    memset(&q, 0, sizeof q);
-    q.hdr.type = FERRY__P_HELLO;
-    q.hello.layout = ft_kv_layout(TB);
-    q.hello.chunk_tokens = CT;
-    q.hello.seed = FERRY_KV_HASH_SEED_DEFAULT;
-    q.hello.flags = pool ? 0 : FERRY__HELLO_NO_POOL;
-    ft_raw_req(r, &q);
-    int32_t rc;
     char msg[256];
-    assert_int_equal(ft_raw_reply(r, &rc, msg, sizeof msg), 0);
-    assert_int_equal(rc, 0);
+    assert_int_equal(ft_raw_hello(r, TB, CT, pool, msg, sizeof msg), 0);
     assert_int_equal(pool ? r->pool_fd >= 0 : r->pool_fd < 0, 1);
 }
 
@@ -555,18 +547,7 @@ static pid_t daemon_fork(const char *l2dir)
     ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
     sc.socket_path = g_sock;
     sc.kv = &kc;
-    pid_t pid = ft_srv_fork(&sc, -1);
-    /* wait until it answers */
-    for (int i = 0; i < 500; i++) {
-        raw r;
-        int rc = raw_connect(&r);
-        ft_raw_close(&r);
-        if (rc == 0)
-            return pid;
-        usleep(10000);
-    }
-    fail_msg("the daemon never answered");
-    return pid;
+    return ft_srv_fork_ready(&sc, -1, FT_SRV_READY_CONNECT, 5000);
 }
 
 static void test_daemon_killed_and_restarted(void **state)
@@ -638,10 +619,7 @@ static void test_daemon_killed_and_restarted(void **state)
     assert_true(same_tokens(&src, &dst, 0, 6 * CT));
     assert_int_equal(ferry_kv_lookup(kv, tok, 6 * CT, &r), 6 * CT);
     assert_int_equal(tiers[0], FERRY_KV_TIER_L1); /* promoted */
-    kill(pid, SIGTERM);
-    waitpid(pid, &ws, 0);
-    assert_true(WIFEXITED(ws));
-    assert_int_equal(WEXITSTATUS(ws), 0);
+    ft_srv_fork_stop(pid, DAEMON_STOP_MS);
     ferry_kv_close(kv);
     free(src.mem);
     free(dst.mem);
@@ -671,10 +649,8 @@ static void test_prefetch(void **state)
     hbuf_init(&dst, NCH * CT, 0);
     assert_int_equal(ferry_kv_store(kv, tok, NCH * CT, NULL, &src.b), NCH * CT);
     assert_int_equal(ferry_kv_sync(kv), NCH);
-    int ws;
     ferry_kv_close(kv);
-    kill(pid, SIGTERM); /* L1 goes with it; L2 stays */
-    waitpid(pid, &ws, 0);
+    ft_srv_fork_stop(pid, DAEMON_STOP_MS); /* L1 goes with it; L2 stays */
     pid = daemon_fork(l2);
     FT_ASSERT_OK(ferry_kv_open(&c, &kv));
     uint8_t tiers[NCH];
@@ -714,10 +690,7 @@ static void test_prefetch(void **state)
     raw_ping(&w);
     ft_raw_close(&w);
     ferry_kv_close(kv);
-    kill(pid, SIGTERM);
-    waitpid(pid, &ws, 0);
-    assert_true(WIFEXITED(ws));
-    assert_int_equal(WEXITSTATUS(ws), 0);
+    ft_srv_fork_stop(pid, DAEMON_STOP_MS);
     free(src.mem);
     free(dst.mem);
 }
@@ -1019,12 +992,7 @@ static void test_many_connections(void **state)
         FT_ASSERT_OK(raw_connect(&r[i]));
     for (int i = 0; i < N; i++) {
         ferry__proto_req q;
-        memset(&q, 0, sizeof q);
-        q.hdr.type = FERRY__P_HELLO;
-        q.hello.layout = ft_kv_layout(TB);
-        q.hello.chunk_tokens = CT;
-        q.hello.seed = FERRY_KV_HASH_SEED_DEFAULT;
-        q.hello.flags = FERRY__HELLO_NO_POOL;
+        ft_raw_hello_req(&q, TB, CT, 0);
         q.hdr.rid = 1;
         FT_ASSERT_OK(ferry__proto_req_encode(&r[i].out, &q));
         send(r[i].fd, r[i].out.p, r[i].out.len, MSG_NOSIGNAL);
@@ -1107,12 +1075,7 @@ static void test_hello_then_hang_up_at_max_clients(void **state)
         FT_ASSERT_OK(raw_connect(&b));
         ft_raw_close(&a);
         ferry__proto_req q;
-        memset(&q, 0, sizeof q);
-        q.hdr.type = FERRY__P_HELLO;
-        q.hello.layout = ft_kv_layout(TB);
-        q.hello.chunk_tokens = CT;
-        q.hello.seed = FERRY_KV_HASH_SEED_DEFAULT;
-        q.hello.flags = FERRY__HELLO_NO_POOL;
+        ft_raw_hello_req(&q, TB, CT, 0);
         ft_raw_req(&b, &q);
         ft_raw_close(&b);
         ferry_kv *kv = NULL;

@@ -339,13 +339,9 @@ static void daemon_start(daemon_t *d)
         ft_srv_open(&d->srv, &sc);
         return;
     }
-    fflush(NULL);
-    d->pid = ft_srv_fork(&sc, FERRY_LOG_ERROR);
-    /* (the socket file appears once the daemon listens) */
-    struct stat st;
-    for (int i = 0; i < 1000 * SLOW && lstat(g_sock, &st) != 0; i++)
-        usleep(5000);
-    assert_int_equal(lstat(g_sock, &st), 0);
+    /* (the socket file appears once the daemon listens; a connection to
+     * see it would count among the daemon's) */
+    d->pid = ft_srv_fork_ready(&sc, FERRY_LOG_ERROR, FT_SRV_READY_FILE, 5000 * SLOW);
 }
 
 /* a SIGTERM (a process) or ferry_serve_stop (a thread): it stops within
@@ -355,18 +351,8 @@ static void daemon_stop(daemon_t *d)
     if (d->in_process) {
         ft_srv_close(&d->srv);
     } else {
-        assert_int_equal(kill(d->pid, SIGTERM), 0);
-        int ws = 0;
-        pid_t got = 0;
-        for (int i = 0; i < 500 * SLOW && (got = waitpid(d->pid, &ws, WNOHANG)) == 0; i++)
-            usleep(10000);
-        if (got == 0)
-            fail_msg("the daemon did not stop within %d s of SIGTERM", 5 * SLOW);
+        ft_srv_fork_stop(d->pid, 5000 * SLOW);
         d->pid = 0;
-        if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
-            fail_msg("the daemon ended with %s %d after SIGTERM",
-                     WIFEXITED(ws) ? "exit" : "signal",
-                     WIFEXITED(ws) ? WEXITSTATUS(ws) : WTERMSIG(ws));
     }
     struct stat st;
     assert_int_equal(lstat(g_sock, &st), -1);
@@ -381,17 +367,8 @@ static int raw_hello(ft_raw *r, int pool)
         return -1;
     struct timeval tv = {5 * SLOW, 0}; /* (a daemon that hangs fails the test) */
     setsockopt(r->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    ferry__proto_req q;
-    memset(&q, 0, sizeof q);
-    q.hdr.type = FERRY__P_HELLO;
-    q.hello.layout = ft_kv_layout(TB);
-    q.hello.chunk_tokens = CT;
-    q.hello.seed = FERRY_KV_HASH_SEED_DEFAULT;
-    q.hello.flags = pool ? 0 : FERRY__HELLO_NO_POOL;
-    ft_raw_req(r, &q);
-    int32_t rc;
     char msg[256];
-    assert_int_equal(ft_raw_reply(r, &rc, msg, sizeof msg), 0);
+    int32_t rc = ft_raw_hello(r, TB, CT, pool, msg, sizeof msg);
     if (rc < 0)
         fail_msg("HELLO: %d %s", rc, msg);
     return 0;
@@ -754,8 +731,7 @@ static void chaos_run(daemon_t *d, uint64_t seed, double seconds, int term_live,
     memset(g_sh, 0, sizeof *g_sh);
     g_sh->destructive = destructive;
     signal(SIGPIPE, SIG_IGN);
-    assert_non_null(ft_tmpdir(g_dir, sizeof g_dir));
-    snprintf(g_sock, sizeof g_sock, "%s/ferry.sock", g_dir);
+    ft_sock_dir(g_dir, sizeof g_dir, g_sock, sizeof g_sock);
     snprintf(g_l2, sizeof g_l2, "%s/l2", g_dir);
     assert_int_equal(mkdir(g_l2, 0700), 0);
     daemon_start(d);

@@ -33,8 +33,6 @@
 #define CHUNK (PLANES * CT * TB)
 #define MODEL "tier-promises-model"
 
-static int g_have_redis;
-
 static void sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -306,6 +304,13 @@ static ferry_kv_config remote_config(const char *url, const char *prefix)
     return c;
 }
 
+/* remote_config for the server s, its database 0 */
+static ferry_kv_config remote_config_of(const ft_redis *s, const char *prefix)
+{
+    static char url[128];
+    return remote_config(ft_redis_url(s, 0, url, sizeof url), prefix);
+}
+
 /* the keys under prefix, sorted; returns how many (at most max) */
 static int list_keys(const ft_redis *s, const char *prefix, char keys[][96], int max)
 {
@@ -333,13 +338,10 @@ static long long key_ttl(const ft_redis *s, const char *key)
 /* remote_options.ttl_s: every chunk a store writes through expires */
 static void remote_ttl_reaches_every_chunk_key(void **state)
 {
-    (void)state;
-    if (!g_have_redis)
+    ft_redis *s = *state;
+    if (!s)
         return;
-    ft_redis s;
-    assert_int_equal(ft_redis_start(&s, NULL), 0);
-    char url[128];
-    ferry_kv_config c = remote_config(ft_redis_url(&s, 0, url, sizeof url), "ttl:");
+    ferry_kv_config c = remote_config_of(s, "ttl:");
     g_ro.ttl_s = 1000;
     ferry_kv *kv = NULL;
     FT_ASSERT_OK(ferry_kv_open(&c, &kv));
@@ -349,14 +351,13 @@ static void remote_ttl_reaches_every_chunk_key(void **state)
     assert_int_equal(store_prompt(kv, t, N), N);
     FT_ASSERT_OK(ferry_kv_flush(kv));
     char keys[8][96];
-    assert_int_equal(list_keys(&s, "ttl:", keys, 8), N / CT);
+    assert_int_equal(list_keys(s, "ttl:", keys, 8), N / CT);
     for (int i = 0; i < N / CT; i++) {
-        long long ttl = key_ttl(&s, keys[i]);
+        long long ttl = key_ttl(s, keys[i]);
         if (!(ttl > 900 && ttl <= 1000))
             fail_msg("%s: TTL %lld, expected 900..1000", keys[i], ttl);
     }
     ferry_kv_close(kv);
-    ft_redis_destroy(&s);
 }
 
 /* ttl_s 1: once the values expired, a store that had indexed them as
@@ -364,13 +365,10 @@ static void remote_ttl_reaches_every_chunk_key(void **state)
  * store's lookup finds none */
 static void expired_values_are_misses(void **state)
 {
-    (void)state;
-    if (!g_have_redis)
+    ft_redis *s = *state;
+    if (!s)
         return;
-    ft_redis s;
-    assert_int_equal(ft_redis_start(&s, NULL), 0);
-    char url[128];
-    ferry_kv_config c = remote_config(ft_redis_url(&s, 0, url, sizeof url), "exp:");
+    ferry_kv_config c = remote_config_of(s, "exp:");
     g_ro.ttl_s = 1;
     ferry_kv *a = NULL, *b = NULL;
     FT_ASSERT_OK(ferry_kv_open(&c, &a));
@@ -394,7 +392,6 @@ static void expired_values_are_misses(void **state)
     ferry_kv_close(n);
     ferry_kv_close(a);
     ferry_kv_close(b);
-    ft_redis_destroy(&s);
 }
 
 /* b indexes a's chunks as remote; the server restarts empty; b's retrieve
@@ -402,13 +399,10 @@ static void expired_values_are_misses(void **state)
  * longer claims them */
 static void server_restarted_empty_between_lookup_and_retrieve(void **state)
 {
-    (void)state;
-    if (!g_have_redis)
+    ft_redis *s = *state;
+    if (!s)
         return;
-    ft_redis s;
-    assert_int_equal(ft_redis_start(&s, NULL), 0);
-    char url[128];
-    ferry_kv_config c = remote_config(ft_redis_url(&s, 0, url, sizeof url), "rst:");
+    ferry_kv_config c = remote_config_of(s, "rst:");
     ferry_kv *a = NULL, *b = NULL;
     FT_ASSERT_OK(ferry_kv_open(&c, &a));
     FT_ASSERT_OK(ferry_kv_open(&c, &b));
@@ -424,8 +418,8 @@ static void server_restarted_empty_between_lookup_and_retrieve(void **state)
     assert_int_equal(ferry_kv_lookup(b, t, N, &r), N);
     for (int i = 0; i < 4; i++)
         assert_int_equal(tiers[i], FERRY_KV_TIER_REMOTE);
-    ft_redis_stop(&s);
-    assert_int_equal(ft_redis_restart(&s), 0);
+    ft_redis_stop(s);
+    assert_int_equal(ft_redis_restart(s), 0);
     hbuf d;
     hbuf_init(&d, N);
     int st[4];
@@ -449,20 +443,16 @@ static void server_restarted_empty_between_lookup_and_retrieve(void **state)
     free(d.mem);
     ferry_kv_close(a);
     ferry_kv_close(b);
-    ft_redis_destroy(&s);
 }
 
 /* another chunk's value copied under a chunk's key (same layout, same
  * prefix): a miss for that chunk, never the other chunk's bytes */
 static void value_copied_from_another_key_is_a_miss(void **state)
 {
-    (void)state;
-    if (!g_have_redis)
+    ft_redis *s = *state;
+    if (!s)
         return;
-    ft_redis s;
-    assert_int_equal(ft_redis_start(&s, NULL), 0);
-    char url[128];
-    ferry_kv_config c = remote_config(ft_redis_url(&s, 0, url, sizeof url), "cp:");
+    ferry_kv_config c = remote_config_of(s, "cp:");
     ferry_kv *a = NULL;
     FT_ASSERT_OK(ferry_kv_open(&c, &a));
     int32_t t1[CT], t2[CT];
@@ -471,14 +461,14 @@ static void value_copied_from_another_key_is_a_miss(void **state)
     char k1[1][96], k2[2][96];
     assert_int_equal(store_prompt(a, t1, CT), CT);
     FT_ASSERT_OK(ferry_kv_flush(a));
-    assert_int_equal(list_keys(&s, "cp:", k1, 1), 1);
+    assert_int_equal(list_keys(s, "cp:", k1, 1), 1);
     assert_int_equal(store_prompt(a, t2, CT), CT);
     FT_ASSERT_OK(ferry_kv_flush(a));
-    assert_int_equal(list_keys(&s, "cp:", k2, 2), 2);
+    assert_int_equal(list_keys(s, "cp:", k2, 2), 2);
     const char *other = strcmp(k2[0], k1[0]) ? k2[0] : k2[1];
     const char *copy[] = {"COPY", other, k1[0], "REPLACE", NULL};
     char out[32];
-    assert_int_equal(ft_redis_cmd(&s, out, sizeof out, copy), REDIS_REPLY_INTEGER);
+    assert_int_equal(ft_redis_cmd(s, out, sizeof out, copy), REDIS_REPLY_INTEGER);
     ferry_kv *b = NULL;
     FT_ASSERT_OK(ferry_kv_open(&c, &b));
     hbuf d;
@@ -498,19 +488,16 @@ static void value_copied_from_another_key_is_a_miss(void **state)
     free(d.mem);
     ferry_kv_close(a);
     ferry_kv_close(b);
-    ft_redis_destroy(&s);
 }
 
 /* unix:// with a database number: shared end to end, and only in that db */
 static void unix_socket_url_with_a_database(void **state)
 {
-    (void)state;
-    if (!g_have_redis)
+    ft_redis *s = *state;
+    if (!s)
         return;
-    ft_redis s;
-    assert_int_equal(ft_redis_start(&s, NULL), 0);
     char url[512];
-    snprintf(url, sizeof url, "unix://%s?db=3", s.sock);
+    snprintf(url, sizeof url, "unix://%s?db=3", s->sock);
     ferry_kv_config c = remote_config(url, "ux:");
     ferry_kv *a = NULL, *b = NULL;
     FT_ASSERT_OK(ferry_kv_open(&c, &a));
@@ -526,7 +513,7 @@ static void unix_socket_url_with_a_database(void **state)
     assert_true(hbuf_ok(&d, t, 0, N));
     free(d.mem);
     /* db 3 holds them, db 0 does not */
-    redisContext *rc = redisConnect("127.0.0.1", s.port);
+    redisContext *rc = redisConnect("127.0.0.1", s->port);
     assert_true(rc && !rc->err);
     redisReply *rep = redisCommand(rc, "DBSIZE");
     assert_int_equal(rep->integer, 0);
@@ -538,7 +525,6 @@ static void unix_socket_url_with_a_database(void **state)
     redisFree(rc);
     ferry_kv_close(a);
     ferry_kv_close(b);
-    ft_redis_destroy(&s);
 }
 
 /* a bad URL fails the open naming what is wrong, never the password */
@@ -566,18 +552,16 @@ static void bad_url_is_named_without_its_password(void **state)
 
 int main(void)
 {
-    g_have_redis = ft_redis_available();
-    if (!g_have_redis)
-        fprintf(stderr, "redis-server not installed: remote tests pass empty\n");
+    ft_redis_check();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(synced_chunks_survive_a_killed_owner), /* forks first */
         cmocka_unit_test(reopen_with_another_l2_size_never_gives_other_bytes),
         cmocka_unit_test(l2_larger_than_the_disk_fails_and_leaves_room),
-        cmocka_unit_test(remote_ttl_reaches_every_chunk_key),
-        cmocka_unit_test(expired_values_are_misses),
-        cmocka_unit_test(server_restarted_empty_between_lookup_and_retrieve),
-        cmocka_unit_test(value_copied_from_another_key_is_a_miss),
-        cmocka_unit_test(unix_socket_url_with_a_database),
+        FT_REDIS_TEST(remote_ttl_reaches_every_chunk_key),
+        FT_REDIS_TEST(expired_values_are_misses),
+        FT_REDIS_TEST(server_restarted_empty_between_lookup_and_retrieve),
+        FT_REDIS_TEST(value_copied_from_another_key_is_a_miss),
+        FT_REDIS_TEST(unix_socket_url_with_a_database),
         cmocka_unit_test(bad_url_is_named_without_its_password),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -9,6 +9,31 @@
 #include "ferry_test.h"
 #include "moe/moe_internal.h"
 
+ferry_moe_planner *ft_moe_mk(uint32_t L, uint32_t E, uint32_t slots, const char *policy,
+                             const ferry_moe_trace *oracle)
+{
+    ferry_moe_planner_options o = FERRY_MOE_PLANNER_OPTIONS_INIT;
+    o.num_layers = L;
+    o.num_experts = E;
+    o.slots = slots;
+    o.policy = policy;
+    o.oracle = oracle;
+    ferry_moe_planner *p = NULL;
+    FT_ASSERT_OK(ferry_moe_planner_create(&o, &p));
+    return p;
+}
+
+ferry_moe_geometry ft_moe_geom(uint32_t L, uint32_t E, uint32_t slots, size_t width)
+{
+    ferry_moe_geometry g = FERRY_MOE_GEOMETRY_INIT;
+    g.num_layers = L;
+    g.num_experts = E;
+    g.slots = slots;
+    g.banks = 1;
+    g.row_bytes[0] = width;
+    return g;
+}
+
 ferry_moe_trace *ft_moe_gen(const char *model, uint32_t tokens, uint64_t seed)
 {
     ferry_moe_gen_options go = FERRY_MOE_GEN_OPTIONS_INIT;

@@ -1,16 +1,23 @@
 /*
- * moe_traces.h - traces and replays the MoE tests share: a generator
- * trace, a share of a trace's experts as slots, a planner for a trace, a
- * replay's hit rate, and
- * a trace with a learnable same-layer token-to-token structure.
+ * moe_traces.h - set-ups, traces and replays the MoE tests share: a
+ * planner or a geometry of a shape, a generator trace, a share of a
+ * trace's experts as slots, a planner for a trace, a replay's hit rate,
+ * and a trace with a learnable same-layer token-to-token structure.
  */
 #ifndef FERRY_TEST_MOE_TRACES_H
 #define FERRY_TEST_MOE_TRACES_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "ferry/moe.h"
 
+/* a planner of L layers of E experts with `slots`, `policy` and `oracle`
+ * (both may be NULL: the defaults) (fails the test on an error) */
+ferry_moe_planner *ft_moe_mk(uint32_t L, uint32_t E, uint32_t slots, const char *policy,
+                             const ferry_moe_trace *oracle);
+/* L layers of E experts in `slots`, one bank of rows `width` bytes */
+ferry_moe_geometry ft_moe_geom(uint32_t L, uint32_t E, uint32_t slots, size_t width);
 /* the generator's trace of a preset (fails the test on an error) */
 ferry_moe_trace *ft_moe_gen(const char *model, uint32_t tokens, uint64_t seed);
 /* pct % of the trace's layers x experts, as slots */

@@ -290,6 +290,43 @@ int ft_redis_cmd(const ft_redis *r, char *out, size_t outlen, const char *const 
     return ft_redis_cmd_bin(r, out, outlen, n, a, l);
 }
 
+int ft_redis_check(void)
+{
+    int have = ft_redis_available();
+    if (!have)
+        fprintf(stderr, "redis-server not installed: remote tests pass empty\n");
+    return have;
+}
+
+int ft_redis_setup(void **state)
+{
+    *state = NULL;
+    if (!ft_redis_available())
+        return 0;
+    ft_redis *r = malloc(sizeof *r);
+    if (!r)
+        return -1;
+    if (ft_redis_start(r, NULL) != 0) {
+        fprintf(stderr, "redis-server did not start\n");
+        ft_redis_destroy(r);
+        free(r);
+        return -1;
+    }
+    *state = r;
+    return 0;
+}
+
+int ft_redis_teardown(void **state)
+{
+    ft_redis *r = *state;
+    if (r) {
+        ft_redis_destroy(r);
+        free(r);
+    }
+    *state = NULL;
+    return 0;
+}
+
 static int run_cli_create(ft_redis_cluster *c)
 {
     char addr[3][32];

@@ -48,6 +48,25 @@ int ft_redis_cmd(const ft_redis *r, char *out, size_t outlen, const char *const 
 int ft_redis_cmd_bin(const ft_redis *r, char *out, size_t outlen, int argc, const char **argv,
                      const size_t *lens);
 
+/* ---- a server per cmocka test ----
+ * main calls ft_redis_check() once; each test that wants its own server
+ * is listed as FT_REDIS_TEST(name) and begins
+ *     ft_redis *s = *state;
+ *     if (!s)
+ *         return;
+ * and the server is stopped and its directory removed after it, failed
+ * or not. */
+/* 1 when redis-server can be run here; else 0, saying on stderr that the
+ * remote tests pass empty */
+int ft_redis_check(void);
+/* cmocka setup: *state a started ft_redis (no extra args), NULL when
+ * redis-server is not installed; -1 (the test fails) when it cannot
+ * start */
+int ft_redis_setup(void **state);
+/* cmocka teardown: ft_redis_destroy of ft_redis_setup's server */
+int ft_redis_teardown(void **state);
+#define FT_REDIS_TEST(f) cmocka_unit_test_setup_teardown(f, ft_redis_setup, ft_redis_teardown)
+
 typedef struct ft_redis_cluster {
     ft_redis node[3];
     char ids[3][48]; /* node ids */

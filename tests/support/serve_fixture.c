@@ -8,7 +8,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "ferry_test.h"
@@ -60,6 +62,62 @@ pid_t ft_srv_fork(const ferry_serve_config *sc, int log_level)
         _exit(ferry_serve_close(g_child) < 0 ? 4 : 0);
     }
     return pid;
+}
+
+/* 1 once the daemon at sock listens, by `how` (FT_SRV_READY_*) */
+static int srv_listens(const char *sock, int how)
+{
+    if (how == FT_SRV_READY_FILE) {
+        struct stat st;
+        return lstat(sock, &st) == 0;
+    }
+    ft_raw r;
+    int rc = ft_raw_connect(&r, sock);
+    ft_raw_close(&r);
+    return rc == 0;
+}
+
+pid_t ft_srv_fork_ready(const ferry_serve_config *sc, int log_level, int how,
+                        unsigned timeout_ms)
+{
+    fflush(NULL); /* (a child never prints what the parent buffered) */
+    pid_t pid = ft_srv_fork(sc, log_level);
+    for (unsigned waited = 0; !srv_listens(sc->socket_path, how); waited += 5) {
+        int ws;
+        if (waitpid(pid, &ws, WNOHANG) == pid)
+            fail_msg("the daemon ended (%s %d) before it listened on %s",
+                     WIFEXITED(ws) ? "exit" : "signal",
+                     WIFEXITED(ws) ? WEXITSTATUS(ws) : WTERMSIG(ws), sc->socket_path);
+        if (waited >= timeout_ms)
+            fail_msg("the daemon never answered on %s within %u ms", sc->socket_path,
+                     timeout_ms);
+        usleep(5000);
+    }
+    return pid;
+}
+
+void ft_srv_fork_stop(pid_t pid, unsigned timeout_ms)
+{
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    int ws = 0;
+    pid_t got = 0;
+    for (unsigned waited = 0; (got = waitpid(pid, &ws, WNOHANG)) == 0; waited += 10) {
+        if (waited >= timeout_ms)
+            fail_msg("the daemon did not stop within %u ms of SIGTERM", timeout_ms);
+        usleep(10000);
+    }
+    assert_int_equal(got, pid);
+    if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
+        fail_msg("the daemon ended with %s %d after SIGTERM", WIFEXITED(ws) ? "exit" : "signal",
+                 WIFEXITED(ws) ? WEXITSTATUS(ws) : WTERMSIG(ws));
+}
+
+void ft_sock_dir(char *dir, size_t dlen, char *sock, size_t slen)
+{
+    ft_tmpdir(dir, dlen);
+    if (!dir[0])
+        fail_msg("no temporary directory for the daemon's socket");
+    snprintf(sock, slen, "%s/ferry.sock", dir);
 }
 
 ssize_t ft_recv_fd(int sock, void *buf, size_t n, int flags, int *fd)
@@ -118,8 +176,7 @@ int ft_send_fd(int sock, const void *buf, size_t n, int fd)
 void ft_kv_daemon_start(ft_kv_daemon *d, const ferry_kv_config *kc)
 {
     memset(d, 0, sizeof *d);
-    assert_non_null(ft_tmpdir(d->dir, sizeof d->dir));
-    snprintf(d->sock, sizeof d->sock, "%s/ferry.sock", d->dir);
+    ft_sock_dir(d->dir, sizeof d->dir, d->sock, sizeof d->sock);
     ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
     sc.socket_path = d->sock;
     sc.kv = kc;
@@ -194,4 +251,25 @@ int ft_raw_reply(ft_raw *r, int32_t *rc, char *msg, size_t len)
     r->rd = (ferry__proto_rd){r->in, r->in + r->h.len, 0};
     *rc = ferry__proto_reply_head(&r->rd, msg, len);
     return 0;
+}
+
+void ft_raw_hello_req(ferry__proto_req *q, unsigned token_bytes, uint32_t chunk_tokens, int pool)
+{
+    memset(q, 0, sizeof *q);
+    q->hdr.type = FERRY__P_HELLO;
+    q->hello.layout = ft_kv_layout(token_bytes);
+    q->hello.chunk_tokens = chunk_tokens;
+    q->hello.seed = FERRY_KV_HASH_SEED_DEFAULT;
+    q->hello.flags = pool ? 0 : FERRY__HELLO_NO_POOL;
+}
+
+int32_t ft_raw_hello(ft_raw *r, unsigned token_bytes, uint32_t chunk_tokens, int pool, char *msg,
+                     size_t len)
+{
+    ferry__proto_req q;
+    ft_raw_hello_req(&q, token_bytes, chunk_tokens, pool);
+    ft_raw_req(r, &q);
+    int32_t rc;
+    assert_int_equal(ft_raw_reply(r, &rc, msg, len), 0);
+    return rc;
 }

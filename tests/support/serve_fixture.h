@@ -45,6 +45,23 @@ void ft_kv_daemon_stop(ft_kv_daemon *d);
  * stderr), 4 when the close failed. Returns the child's pid at once: the
  * caller waits until the daemon answers. */
 pid_t ft_srv_fork(const ferry_serve_config *sc, int log_level);
+/* how ft_srv_fork_ready knows the daemon listens: a connection to its
+ * socket accepted (a killed daemon's socket file left behind does not
+ * count), or the socket file there (no connection made: for the tests
+ * that count the daemon's connections) */
+enum { FT_SRV_READY_CONNECT, FT_SRV_READY_FILE };
+/* ft_srv_fork (stdio flushed first), then wait at most timeout_ms until
+ * the daemon listens on sc->socket_path (`how`); fails the test if it
+ * never does. Returns the child's pid. */
+pid_t ft_srv_fork_ready(const ferry_serve_config *sc, int log_level, int how,
+                        unsigned timeout_ms);
+/* SIGTERM to a daemon of ft_srv_fork and wait at most timeout_ms: fails
+ * the test unless it exits 0 within them */
+void ft_srv_fork_stop(pid_t pid, unsigned timeout_ms);
+
+/* a fresh temporary directory into dir and the path of a socket in it,
+ * "DIR/ferry.sock", into sock (fails the test on an error) */
+void ft_sock_dir(char *dir, size_t dlen, char *sock, size_t slen);
 
 /* one recvmsg of at most n bytes into buf with flags, taking a descriptor
  * passed with them (SCM_RIGHTS) into *fd; *fd is left as it was when none
@@ -73,5 +90,13 @@ void ft_raw_req(ft_raw *r, ferry__proto_req *q);
 /* one reply: 0 and r->h, r->rd after its head (*rc its code, msg its
  * message), or -1 when the daemon closed the connection */
 int ft_raw_reply(ft_raw *r, int32_t *rc, char *msg, size_t len);
+/* *q: a HELLO for ft_kv_layout(token_bytes) in chunk_tokens chunks, the
+ * default hash seed, asking for the pool (pool 1) or not
+ * (FERRY__HELLO_NO_POOL); its rid still 0 */
+void ft_raw_hello_req(ferry__proto_req *q, unsigned token_bytes, uint32_t chunk_tokens, int pool);
+/* that HELLO sent on r (ft_raw_req) and its reply read: the reply's code,
+ * msg its message; fails the test when the daemon closed the connection */
+int32_t ft_raw_hello(ft_raw *r, unsigned token_bytes, uint32_t chunk_tokens, int pool, char *msg,
+                     size_t len);
 
 #endif
