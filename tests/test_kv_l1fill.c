@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -612,6 +613,41 @@ static void the_cgroup_mounts_are_read_from_mountinfo(void **state)
     }
 }
 
+/* a watch opened while the process has no descriptor to spare (at its
+ * RLIMIT_NOFILE: an engine's sockets) cannot open its files; the limit
+ * they hold is not thereby absent: they are opened at a later read, once
+ * descriptors are free again. Before, the watch of a whole fill read its
+ * cgroup as limitless (the host's 64 GiB) from then on, and the pool was
+ * faulted in past the cgroup's limit */
+static void a_watch_short_of_descriptors_opens_its_files_later(void **state)
+{
+    (void)state;
+    host_of("0::/ctr\n");
+    put("/sys/fs/cgroup/ctr/memory.max", "2147483648\n");
+    put("/sys/fs/cgroup/ctr/memory.current", "1073741824\n");
+    struct rlimit old, none;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    int lowest = dup(0); /* (every descriptor below it is taken) */
+    assert_true(lowest >= 0);
+    close(lowest);
+    none = old;
+    none.rlim_cur = (rlim_t)lowest;
+    uint64_t total[2], avail[2];
+    ferry__memwatch w;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &none), 0);
+    ferry__memwatch_open(&w, g_root);
+    ferry__memwatch_read(&w, &total[0], &avail[0]);
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    ferry__memwatch_read(&w, &total[1], &avail[1]);
+    ferry__memwatch_close(&w);
+    host_gone();
+    if (total[1] != 2 * GiB || avail[1] != 1 * GiB)
+        fail_msg("opened short of descriptors: %llu total, %llu available; once they are free "
+                 "again: %llu, %llu",
+                 (unsigned long long)total[0], (unsigned long long)avail[0],
+                 (unsigned long long)total[1], (unsigned long long)avail[1]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -630,6 +666,7 @@ int main(void)
         cmocka_unit_test(a_cgroup_limit_of_0_is_a_limit),
         cmocka_unit_test(without_memavailable_free_buffers_and_cache),
         cmocka_unit_test(the_cgroup_mounts_are_read_from_mountinfo),
+        cmocka_unit_test(a_watch_short_of_descriptors_opens_its_files_later),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -102,6 +102,13 @@ static uint64_t key_of(int fd, const char *key)
     return (uint64_t)v;
 }
 
+/* whether an open's errno e is for want of descriptors or memory (the
+ * file is there: asked again later), not for the file's absence */
+static int short_of(int e)
+{
+    return e == EMFILE || e == ENFILE || e == ENOMEM;
+}
+
 /* whether the comma-separated list holds word */
 static int has_word(const char *list, const char *word)
 {
@@ -119,14 +126,16 @@ static int has_word(const char *list, const char *word)
  * `ctl` ("" for v2's "0::"), from root's /proc/self/cgroup ("" for the
  * hierarchy's root; the caller frees it); NULL where it has none. Lines
  * are read whole: a cgroup's path may be longer than a file's (PATH_MAX) */
-static char *cgroup_of(const char *root, const char *ctl)
+static char *cgroup_of(const char *root, const char *ctl, int *again)
 {
     char p[PATH_MAX];
     if (snprintf(p, sizeof p, "%s/proc/self/cgroup", root) >= (int)sizeof p)
         return NULL;
     FILE *f = fopen(p, "re");
-    if (!f)
+    if (!f) {
+        *again |= short_of(errno);
         return NULL;
+    }
     char *line = NULL;
     size_t cap = 0;
     int found = 0;
@@ -184,15 +193,18 @@ static long shown_below(const char *mroot, const char *rel)
  * it (a container's /sys/fs/cgroup without a cgroup namespace shows its
  * own cgroup, the host's whole hierarchy is elsewhere); where none shows
  * it (a cgroup namespace's paths), the first, and rel whole. 0 where the
- * file cannot be read */
-static int mounts_of(const char *root, char *const rel[2], char *mp[2], size_t skip[2])
+ * file cannot be read (*again: for now) */
+static int mounts_of(const char *root, char *const rel[2], char *mp[2], size_t skip[2],
+                     int *again)
 {
     char p[PATH_MAX];
     FILE *f = snprintf(p, sizeof p, "%s/proc/self/mountinfo", root) < (int)sizeof p
                   ? fopen(p, "re")
                   : NULL;
-    if (!f)
+    if (!f) {
+        *again |= short_of(errno);
         return 0;
+    }
     char *line = NULL;
     size_t cap = 0;
     long best[2] = {-2, -2}; /* (-2: none yet; -1: one that does not show rel) */
@@ -267,12 +279,16 @@ static int cg_path(char *p, size_t len, const char *root, const char *dir, size_
     return snprintf(p, len, "%s%.*s/%s", root, (int)n, dir, name) < (int)len;
 }
 
-static int open_ro(const char *p)
+/* p opened to read; -1 where it cannot be (*again |= 1 where it may be
+ * later: no descriptor or memory for it now) */
+static int open_ro(const char *p, int *again)
 {
     int fd;
     do
         fd = open(p, O_RDONLY | O_CLOEXEC);
     while (fd < 0 && errno == EINTR);
+    if (fd < 0)
+        *again |= short_of(errno);
     return fd;
 }
 
@@ -294,18 +310,19 @@ void ferry__memwatch_open(ferry__memwatch *w, const char *root)
     w->root = root ? root : "";
     w->lim_cg = -1;
     char p[2 * PATH_MAX];
-    w->meminfo = snprintf(p, sizeof p, "%s/proc/meminfo", w->root) < (int)sizeof p ? open_ro(p)
-                                                                                     : -1;
+    w->meminfo = snprintf(p, sizeof p, "%s/proc/meminfo", w->root) < (int)sizeof p
+                     ? open_ro(p, &w->again)
+                     : -1;
     atomic_fetch_add_explicit(&ferry__test_mem_walks, 1, memory_order_relaxed);
     char *rel[2], *mp[2] = {NULL, NULL};
     size_t skip[2] = {0, 0};
     for (int c = 0; c < 2; c++)
-        rel[c] = cgroup_of(w->root, CG[c].ctl);
-    int mounts = mounts_of(w->root, rel, mp, skip);
+        rel[c] = cgroup_of(w->root, CG[c].ctl, &w->again);
+    int mounts = mounts_of(w->root, rel, mp, skip, &w->again);
     for (int c = 0; c < 2; c++) {
         for (int l = 0; l < FERRY__MEMWATCH_HELD; l++)
             w->cg[c].fd[l][0] = w->cg[c].fd[l][1] = w->cg[c].fd[l][2] = -2;
-        if (rel[c] && (mp[c] || !mounts))
+        if (rel[c] && (mp[c] || (!mounts && !w->again)))
             place(w, c, mp[c] ? mp[c] : CG[c].base, rel[c] + skip[c]);
         free(rel[c]);
         free(mp[c]);
@@ -315,7 +332,9 @@ void ferry__memwatch_open(ferry__memwatch *w, const char *root)
          * files' paths are too long to open is passed over, not those above */
         for (int l = 0; w->cg[c].on && l < FERRY__MEMWATCH_HELD; l++) {
             w->cg[c].fd[l][0] =
-                cg_path(p, sizeof p, w->root, w->cg[c].dir, n, CG[c].file[0]) ? open_ro(p) : -1;
+                cg_path(p, sizeof p, w->root, w->cg[c].dir, n, CG[c].file[0])
+                    ? open_ro(p, &w->again)
+                    : -1;
             if (n == w->cg[c].top)
                 break;
             n = parent_of(w, c, n);
@@ -346,9 +365,11 @@ static int level_fd(ferry__memwatch *w, int c, int l, size_t n, int i, int *open
     int *held = l < FERRY__MEMWATCH_HELD ? &w->cg[c].fd[l][i] : NULL;
     if (held && *held != -2)
         return *held;
-    int fd = cg_path(p, sizeof p, w->root, w->cg[c].dir, n, CG[c].file[i]) ? open_ro(p) : -1;
+    int again = 0;
+    int fd = cg_path(p, sizeof p, w->root, w->cg[c].dir, n, CG[c].file[i]) ? open_ro(p, &again)
+                                                                            : -1;
     if (held)
-        *held = fd;
+        *held = again ? -2 : fd; /* (-2: asked again at the next read) */
     else
         *opened |= fd >= 0 ? 1 << i : 0;
     return fd;
@@ -436,6 +457,11 @@ static void meminfo(int fd, uint64_t *total, uint64_t *avail)
 
 void ferry__memwatch_read(ferry__memwatch *w, uint64_t *total, uint64_t *avail)
 {
+    if (w->again) { /* (what it found short of descriptors or memory, found anew) */
+        const char *root = w->seams ? NULL : w->root;
+        ferry__memwatch_close(w);
+        ferry__memwatch_open(w, root);
+    }
     uint64_t t = 0, a = UINT64_MAX; /* (UINT64_MAX: no MemAvailable line) */
     meminfo(w->meminfo, &t, &a);
     if (!t && !*w->root) {

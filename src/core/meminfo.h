@@ -24,6 +24,8 @@ typedef struct ferry__memwatch {
     const char *root;  /* the files under it ("": this host's) */
     int seams;         /* this host's, the test seams apply */
     int meminfo;       /* root's /proc/meminfo, or -1 */
+    int again;         /* a file went unopened for want of descriptors or memory:
+                        * the cgroups are found anew at the next read */
     struct {
         int on;                            /* the process has a cgroup there, mounted */
         char dir[FERRY__MEMWATCH_PATH];    /* its directory (under root) ... */
@@ -42,7 +44,8 @@ typedef struct ferry__memwatch {
  * outlive the watch). Never fails: what cannot be opened is read as absent. */
 void ferry__memwatch_open(ferry__memwatch *w, const char *root);
 /* what the process may have in all and what is available now, as
- * ferry__host_memory says, from the numbers the watch's files hold now */
+ * ferry__host_memory says, from the numbers the watch's files hold now
+ * (found anew first where the open was short of descriptors or memory) */
 void ferry__memwatch_read(ferry__memwatch *w, uint64_t *total, uint64_t *avail);
 /* the cgroup file whose limit the last read's total is, into out; 0 where
  * the total is the host's memory (or a test's figure) */
