@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -551,6 +552,102 @@ static void without_memavailable_free_buffers_and_cache(void **state)
     assert_int_equal(avail, 11 * GiB + MiB);
 }
 
+/* where the hierarchies are mounted is read from /proc/self/mountinfo,
+ * not assumed: a hybrid host mounts v2 at /sys/fs/cgroup/unified (with
+ * the memory controller where v1 has none: cgroup_no_v1=memory); v1's
+ * memory may be mounted elsewhere (a mount point's space escaped as \040);
+ * a container without a cgroup namespace mounts its own cgroup (the
+ * mount's root, /system.slice/docker-1.scope) at /sys/fs/cgroup, its
+ * process's path below it, and the container's own system.slice there is
+ * not the host's. Before, v2 was read at /sys/fs/cgroup and v1 at
+ * /sys/fs/cgroup/memory only: the first two limits were missed (the
+ * host's 64 GiB), and in the container the process's path was looked up
+ * whole under the mount point, its own cgroup missed and the container's
+ * system.slice (512 MiB) taken for the host's */
+static void the_cgroup_mounts_are_read_from_mountinfo(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *cgroup, *mountinfo, *limit, *use;
+        uint64_t total, avail;
+    } host[] = {
+        {"4:cpu:/ctr\n0::/ctr\n",
+         "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
+         "32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime shared:7 - cgroup cgroup rw,cpu\n"
+         "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime shared:5 - cgroup2 cgroup2 rw\n",
+         "/sys/fs/cgroup/unified/ctr/memory.max", "/sys/fs/cgroup/unified/ctr/memory.current",
+         2 * GiB, 1 * GiB},
+        {"3:memory:/apps\n0::/\n",
+         "22 1 0:20 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"
+         "40 1 0:33 / /dev/mem\\040cg rw,nosuid - cgroup none rw,memory\n",
+         "/dev/mem cg/apps/memory.limit_in_bytes", "/dev/mem cg/apps/memory.usage_in_bytes",
+         3 * GiB, 2 * GiB},
+        {"0::/system.slice/docker-1.scope/app\n",
+         "900 880 0:27 /system.slice/docker-1.scope /sys/fs/cgroup ro,nosuid - cgroup2 cgroup "
+         "rw,nsdelegate\n",
+         "/sys/fs/cgroup/app/memory.max", "/sys/fs/cgroup/app/memory.current", 1 * GiB, 0},
+    };
+    for (size_t i = 0; i < FERRY__ARRAY_LEN(host); i++) {
+        host_of(host[i].cgroup);
+        put("/proc/self/mountinfo", host[i].mountinfo);
+        put(host[i].limit, i == 0 ? "2147483648\n" : i == 1 ? "3221225472\n" : "1073741824\n");
+        put(host[i].use, "1073741824\n");
+        if (i == 2) { /* the container's own limit, and a cgroup of it that is not the process's */
+            put("/sys/fs/cgroup/memory.max", "4294967296\n");
+            put("/sys/fs/cgroup/system.slice/memory.max", "536870912\n");
+        }
+        uint64_t total, avail;
+        ferry__memwatch w;
+        ferry__memwatch_open(&w, g_root);
+        ferry__memwatch_read(&w, &total, &avail);
+        char file[FERRY__MEMWATCH_PATH] = "", want[FERRY__MEMWATCH_PATH];
+        (void)ferry__memwatch_limit_file(&w, file, sizeof file);
+        ferry__memwatch_close(&w);
+        snprintf(want, sizeof want, "%s%s", g_root, host[i].limit);
+        host_gone();
+        if (total != host[i].total || avail != host[i].avail || strcmp(file, want))
+            fail_msg("host %zu: %llu total, %llu available, the limit in '%s'; expected %llu, "
+                     "%llu, '%s'",
+                     i, (unsigned long long)total, (unsigned long long)avail, file,
+                     (unsigned long long)host[i].total, (unsigned long long)host[i].avail, want);
+    }
+}
+
+/* a watch opened while the process has no descriptor to spare (at its
+ * RLIMIT_NOFILE: an engine's sockets) cannot open its files; the limit
+ * they hold is not thereby absent: they are opened at a later read, once
+ * descriptors are free again. Before, the watch of a whole fill read its
+ * cgroup as limitless (the host's 64 GiB) from then on, and the pool was
+ * faulted in past the cgroup's limit */
+static void a_watch_short_of_descriptors_opens_its_files_later(void **state)
+{
+    (void)state;
+    host_of("0::/ctr\n");
+    put("/sys/fs/cgroup/ctr/memory.max", "2147483648\n");
+    put("/sys/fs/cgroup/ctr/memory.current", "1073741824\n");
+    struct rlimit old, none;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    int lowest = dup(0); /* (every descriptor below it is taken) */
+    assert_true(lowest >= 0);
+    close(lowest);
+    none = old;
+    none.rlim_cur = (rlim_t)lowest;
+    uint64_t total[2], avail[2];
+    ferry__memwatch w;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &none), 0);
+    ferry__memwatch_open(&w, g_root);
+    ferry__memwatch_read(&w, &total[0], &avail[0]);
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    ferry__memwatch_read(&w, &total[1], &avail[1]);
+    ferry__memwatch_close(&w);
+    host_gone();
+    if (total[1] != 2 * GiB || avail[1] != 1 * GiB)
+        fail_msg("opened short of descriptors: %llu total, %llu available; once they are free "
+                 "again: %llu, %llu",
+                 (unsigned long long)total[0], (unsigned long long)avail[0],
+                 (unsigned long long)total[1], (unsigned long long)avail[1]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -568,6 +665,8 @@ int main(void)
         cmocka_unit_test(a_limit_lowered_during_the_fill_stops_it),
         cmocka_unit_test(a_cgroup_limit_of_0_is_a_limit),
         cmocka_unit_test(without_memavailable_free_buffers_and_cache),
+        cmocka_unit_test(the_cgroup_mounts_are_read_from_mountinfo),
+        cmocka_unit_test(a_watch_short_of_descriptors_opens_its_files_later),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

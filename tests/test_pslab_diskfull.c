@@ -31,6 +31,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "ferry/gds.h"
 #include "ferry/kv.h"
 #include "ferry_test.h"
 #include "io/room.h"
@@ -804,8 +805,9 @@ static void test_parts_on_one_file_system_are_summed(void **state)
 }
 
 /* a file system as statfs says it of every fd: 4 GiB free, 1 GiB of it
- * to anyone, of type g_fs_type */
+ * (or g_fake_avail) to anyone, of type g_fs_type */
 static unsigned long g_fs_type;
+static uint64_t g_fake_avail; /* (0: 1 GiB) */
 static int fake_fstatfs(int fd, struct statfs *st)
 {
     (void)fd;
@@ -814,7 +816,7 @@ static int fake_fstatfs(int fd, struct statfs *st)
     st->f_bsize = st->f_frsize = 4096;
     st->f_blocks = (fsblkcnt_t)(64ull << 30) / 4096;
     st->f_bfree = (fsblkcnt_t)(4ull << 30) / 4096;
-    st->f_bavail = (fsblkcnt_t)(1ull << 30) / 4096;
+    st->f_bavail = (fsblkcnt_t)(g_fake_avail ? g_fake_avail : 1ull << 30) / 4096;
     return 0;
 }
 
@@ -862,6 +864,59 @@ static void test_btrfs_free_blocks_are_no_root_reserve(void **state)
     ft_rmtree(d);
 }
 
+/* a directory still to be made is counted on its nearest existing
+ * ancestor's file system, but a file of the slab's name in that ancestor
+ * (a store of an earlier run, one directory up) is not the file the new
+ * directory's part replaces: its blocks are not freed by it. Here 64 MiB
+ * are available (statfs's seam), two parts of 48 MiB ask 96, and the
+ * ancestor holds 40 MiB of an old slab. Before, those 40 MiB counted as
+ * freed (104 >= 96), the check passed and the first part's fallocate was
+ * asked on a disk that could not hold both */
+static void test_a_file_in_the_ancestor_of_a_new_directory_is_not_freed(void **state)
+{
+    (void)state;
+    char d0[256], up[256], d1[300], old[320];
+    assert_non_null(ft_tmpdir(d0, sizeof d0));
+    assert_non_null(ft_tmpdir(up, sizeof up));
+    snprintf(d1, sizeof d1, "%s/new", up);
+    snprintf(old, sizeof old, "%s/%s", up, FERRY_GDS_SLAB_NAME);
+    int fd = open(old, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(posix_fallocate(fd, 0, 40 << 20), 0); /* (real blocks) */
+    close(fd);
+    static ferry__sys noted;
+    noted = *ferry__sys_default();
+    noted.fallocate = noted_fallocate;
+    g_fs_type = 0x9123683EUL; /* (btrfs: f_bavail alone, root or not) */
+    g_fake_avail = 64ull << 20;
+    const char *dirs[2] = {d0, d1};
+    ferry_kv_config c = FERRY_KV_CONFIG_INIT;
+    c.model = "diskfull";
+    c.layout = ft_kv_layout(256);
+    c.chunk_tokens = 16;
+    c.l1_bytes = 1u << 20;
+    c.l2_dirs = dirs;
+    c.l2_n_dirs = 2;
+    c.l2_bytes = 48u << 20;
+    ferry_kv *kv = NULL;
+    g_asked = 0;
+    atomic_store(&ferry__test_fstatfs, fake_fstatfs);
+    ferry__sys_set(&noted);
+    int rc = ferry_kv_open(&c, &kv);
+    ferry__sys_set(NULL);
+    atomic_store(&ferry__test_fstatfs, NULL);
+    g_fake_avail = 0;
+    if (rc == 0)
+        ferry_kv_close(kv);
+    const char *msg = ferry_last_error();
+    if (rc != -ENOSPC || !strstr(msg, "67108864 bytes free and 2 files on it ask") || g_asked)
+        fail_msg("two parts of 48 MiB, 64 MiB free, 40 MiB of another slab one directory up: "
+                 "open %d, fallocate asked for %llu bytes; '%s'",
+                 rc, (unsigned long long)g_asked, msg);
+    ft_rmtree(d0);
+    ft_rmtree(up);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -874,6 +929,7 @@ int main(void)
         cmocka_unit_test(test_a_user_namespaces_root_keeps_out_of_the_reserve),
         cmocka_unit_test(test_parts_on_one_file_system_are_summed),
         cmocka_unit_test(test_btrfs_free_blocks_are_no_root_reserve),
+        cmocka_unit_test(test_a_file_in_the_ancestor_of_a_new_directory_is_not_freed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

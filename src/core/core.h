@@ -67,8 +67,8 @@ const char *ferry__err_msg(const ferry__errbuf *eb);
 /* the memory this process may have in all (the host's, or its cgroup's
  * limit where lower) and what of it is available now (meminfo.c) */
 void ferry__host_memory(uint64_t *total, uint64_t *avail);
-/* the same, of the files under root ("": this host's /proc and
- * /sys/fs/cgroup), without the test seams below */
+/* the same, of the files under root ("": this host's /proc and the
+ * cgroup mounts its mountinfo names), without the test seams below */
 void ferry__host_memory_at(const char *root, uint64_t *total, uint64_t *avail);
 /* test seams: while nonzero, what ferry__host_memory answers */
 extern _Atomic uint64_t ferry__test_mem_total;

@@ -20,6 +20,13 @@
  * killer onto whichever process is largest: the engine, the daemon, or a
  * bystander).
  *
+ * The hierarchies are read where /proc/self/mountinfo says they are
+ * mounted (v2 is /sys/fs/cgroup/unified on a hybrid host; v1's memory
+ * controller may be anywhere), the process's cgroup below a mount of a
+ * part of the hierarchy (a container without a cgroup namespace has its
+ * own cgroup at /sys/fs/cgroup) found by the mount's root; where the file
+ * cannot be read, /sys/fs/cgroup and /sys/fs/cgroup/memory.
+ *
  * A limit of 0 is a limit (nothing may be had); only v2's "max" and v1's
  * huge number (any limit at or above the host's memory) mean none. A
  * kernel without MemAvailable (before 3.14) has what it had then:
@@ -95,19 +102,40 @@ static uint64_t key_of(int fd, const char *key)
     return (uint64_t)v;
 }
 
+/* whether an open's errno e is for want of descriptors or memory (the
+ * file is there: asked again later), not for the file's absence */
+static int short_of(int e)
+{
+    return e == EMFILE || e == ENFILE || e == ENOMEM;
+}
+
+/* whether the comma-separated list holds word */
+static int has_word(const char *list, const char *word)
+{
+    size_t wl = strlen(word);
+    for (const char *s = list; *s;) {
+        size_t n = strcspn(s, ",");
+        if (n == wl && !strncmp(s, word, n))
+            return 1;
+        s += n + (s[n] == ',');
+    }
+    return 0;
+}
+
 /* the path of the process's cgroup of the hierarchy whose controllers are
- * `ctl` ("" for v2's "0::"), from root's /proc/self/cgroup, into out (""
- * for the hierarchy's root); 0 where it has none. Lines are read whole:
- * a cgroup's path may be as long as a file's (PATH_MAX), more than any
- * line buffer of a fixed size holds */
-static int cgroup_of(const char *root, const char *ctl, char *out, size_t len)
+ * `ctl` ("" for v2's "0::"), from root's /proc/self/cgroup ("" for the
+ * hierarchy's root; the caller frees it); NULL where it has none. Lines
+ * are read whole: a cgroup's path may be longer than a file's (PATH_MAX) */
+static char *cgroup_of(const char *root, const char *ctl, int *again)
 {
     char p[PATH_MAX];
     if (snprintf(p, sizeof p, "%s/proc/self/cgroup", root) >= (int)sizeof p)
-        return 0;
+        return NULL;
     FILE *f = fopen(p, "re");
-    if (!f)
-        return 0;
+    if (!f) {
+        *again |= short_of(errno);
+        return NULL;
+    }
     char *line = NULL;
     size_t cap = 0;
     int found = 0;
@@ -117,20 +145,99 @@ static int cgroup_of(const char *root, const char *ctl, char *out, size_t len)
         if (!c2)
             continue;
         *c1 = *c2 = 0;
-        const char *ctls = c1 + 1;
-        int match = !*ctl ? !*ctls && !strcmp(line, "0") : 0;
-        for (const char *s = ctls; *ctl && *s && !match;) { /* (a comma-separated list) */
-            size_t n = strcspn(s, ",");
-            match = n == strlen(ctl) && !strncmp(s, ctl, n);
-            s += n + (s[n] == ',');
+        int match = !*ctl ? !c1[1] && !strcmp(line, "0") : has_word(c1 + 1, ctl);
+        if (match && c2[1] == '/' && !strstr(c2 + 1, "/..")) {
+            const char *rel = c2[1 + strspn(c2 + 1, "/")] ? c2 + 1 : "";
+            memmove(line, rel, strlen(rel) + 1);
+            found = 1;
         }
-        if (match && c2[1] == '/' && !strstr(c2 + 1, "/.."))
-            found = snprintf(out, len, "%s", c2[1 + strspn(c2 + 1, "/")] ? c2 + 1 : "") <
-                    (int)len;
+    }
+    fclose(f);
+    if (!found)
+        free(line);
+    return found ? line : NULL;
+}
+
+/* mountinfo's octal escapes (\040 a space, \011, \012, \134) undone in s */
+static void unescape(char *s)
+{
+    char *o = s;
+    for (; *s; s++, o++) {
+        if (s[0] == '\\' && s[1] >= '0' && s[1] <= '3' && s[2] >= '0' && s[2] <= '7' &&
+            s[3] >= '0' && s[3] <= '7') {
+            *o = (char)((s[1] - '0') << 6 | (s[2] - '0') << 3 | (s[3] - '0'));
+            s += 3;
+        } else {
+            *o = *s;
+        }
+    }
+    *o = 0;
+}
+
+/* the bytes of the cgroup path rel a mount of root mroot (its own path in
+ * the hierarchy) leaves out: mroot's length where it is rel or one of its
+ * ancestors ("/": 0); -1 where rel is not below it */
+static long shown_below(const char *mroot, const char *rel)
+{
+    size_t n = strlen(mroot);
+    while (n > 0 && mroot[n - 1] == '/')
+        n--;
+    return strncmp(mroot, rel, n) || (rel[n] && rel[n] != '/') ? -1 : (long)n;
+}
+
+/* the mount point of each hierarchy c whose rel[c] is set (v2: a cgroup2
+ * mount; v1: a cgroup one with the memory controller) from root's
+ * /proc/self/mountinfo into mp[c] (the caller frees it; NULL: none
+ * mounted), and into skip[c] the bytes of rel[c] above it. Of several
+ * mounts, the one showing the process's cgroup and the most levels above
+ * it (a container's /sys/fs/cgroup without a cgroup namespace shows its
+ * own cgroup, the host's whole hierarchy is elsewhere); where none shows
+ * it (a cgroup namespace's paths), the first, and rel whole. 0 where the
+ * file cannot be read (*again: for now) */
+static int mounts_of(const char *root, char *const rel[2], char *mp[2], size_t skip[2],
+                     int *again)
+{
+    char p[PATH_MAX];
+    FILE *f = snprintf(p, sizeof p, "%s/proc/self/mountinfo", root) < (int)sizeof p
+                  ? fopen(p, "re")
+                  : NULL;
+    if (!f) {
+        *again |= short_of(errno);
+        return 0;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    long best[2] = {-2, -2}; /* (-2: none yet; -1: one that does not show rel) */
+    while (getline(&line, &cap, f) > 0) {
+        char *fld[64], *save = NULL;
+        int n = 0, dash = -1;
+        for (char *t = strtok_r(line, " \n", &save); t && n < 64; t = strtok_r(NULL, " \n", &save))
+            if (!strcmp(fld[n++] = t, "-") && dash < 0 && n > 6)
+                dash = n - 1;
+        if (dash < 0 || dash + 3 >= n)
+            continue;
+        const char *type = fld[dash + 1], *opts = fld[dash + 3];
+        int c = !strcmp(type, "cgroup2") ? 0
+                : !strcmp(type, "cgroup") && has_word(opts, "memory") ? 1
+                : -1;
+        if (c < 0 || !rel[c])
+            continue;
+        unescape(fld[3]);
+        unescape(fld[4]);
+        long s = shown_below(fld[3], rel[c]);
+        if (best[c] == -2 || (s >= 0 && (best[c] < 0 || s < best[c]))) {
+            char *m = strdup(fld[4]);
+            if (!m)
+                continue;
+            free(mp[c]);
+            mp[c] = m;
+            best[c] = s;
+            skip[c] = s > 0 ? (size_t)s : 0;
+        }
     }
     free(line);
     fclose(f);
-    return found;
+    return 1;
 }
 
 typedef struct cg_files {
@@ -145,26 +252,51 @@ static const cg_files CG[2] = {
      "total_inactive_file"},
 };
 
-/* root, base, rel's first n bytes and "/name" into p; 0 where they do not fit */
-static int cg_path(char *p, size_t len, const char *root, const cg_files *k, const char *rel,
-                   size_t n, const char *name)
+/* hierarchy c's directory of the process's cgroup: mount point mp ("/" as
+ * "") and the cgroup's path below it, rel; where they do not fit, the
+ * lowest of its ancestors that does (the levels below it have paths too
+ * long to open) */
+static void place(ferry__memwatch *w, int c, const char *mp, const char *rel)
 {
-    return snprintf(p, len, "%s%s%.*s/%s", root, k->base, (int)n, rel, name) < (int)len;
+    char *d = w->cg[c].dir;
+    size_t cap = sizeof w->cg[c].dir, m = strcmp(mp, "/") ? strlen(mp) : 0, n = strlen(rel);
+    if (m >= cap)
+        return;
+    while (n > 0 && m + n >= cap)
+        while (n > 0 && rel[--n] != '/')
+            ;
+    memcpy(d, mp, m);
+    memcpy(d + m, rel, n);
+    d[m + n] = 0;
+    w->cg[c].top = m;
+    w->cg[c].on = 1;
 }
 
-static int open_ro(const char *p)
+/* root, dir's first n bytes and "/name" into p; 0 where they do not fit */
+static int cg_path(char *p, size_t len, const char *root, const char *dir, size_t n,
+                   const char *name)
+{
+    return snprintf(p, len, "%s%.*s/%s", root, (int)n, dir, name) < (int)len;
+}
+
+/* p opened to read; -1 where it cannot be (*again |= 1 where it may be
+ * later: no descriptor or memory for it now) */
+static int open_ro(const char *p, int *again)
 {
     int fd;
     do
         fd = open(p, O_RDONLY | O_CLOEXEC);
     while (fd < 0 && errno == EINTR);
+    if (fd < 0)
+        *again |= short_of(errno);
     return fd;
 }
 
-/* the length of rel's parent (rel's first n bytes, n > 0: "/a/b" -> "/a") */
-static size_t parent_of(const char *rel, size_t n)
+/* the length of the parent of hierarchy c's level at dir's first n bytes
+ * (n above the mount point: "/m/a/b" -> "/m/a") */
+static size_t parent_of(const ferry__memwatch *w, int c, size_t n)
 {
-    while (n > 0 && rel[--n] != '/')
+    while (n > w->cg[c].top && w->cg[c].dir[--n] != '/')
         ;
     return n;
 }
@@ -178,25 +310,34 @@ void ferry__memwatch_open(ferry__memwatch *w, const char *root)
     w->root = root ? root : "";
     w->lim_cg = -1;
     char p[2 * PATH_MAX];
-    w->meminfo = snprintf(p, sizeof p, "%s/proc/meminfo", w->root) < (int)sizeof p ? open_ro(p)
-                                                                                     : -1;
+    w->meminfo = snprintf(p, sizeof p, "%s/proc/meminfo", w->root) < (int)sizeof p
+                     ? open_ro(p, &w->again)
+                     : -1;
     atomic_fetch_add_explicit(&ferry__test_mem_walks, 1, memory_order_relaxed);
+    char *rel[2], *mp[2] = {NULL, NULL};
+    size_t skip[2] = {0, 0};
+    for (int c = 0; c < 2; c++)
+        rel[c] = cgroup_of(w->root, CG[c].ctl, &w->again);
+    int mounts = mounts_of(w->root, rel, mp, skip, &w->again);
     for (int c = 0; c < 2; c++) {
         for (int l = 0; l < FERRY__MEMWATCH_HELD; l++)
             w->cg[c].fd[l][0] = w->cg[c].fd[l][1] = w->cg[c].fd[l][2] = -2;
-        w->cg[c].on = cgroup_of(w->root, CG[c].ctl, w->cg[c].rel, sizeof w->cg[c].rel);
-        size_t n = strlen(w->cg[c].rel);
-        /* the deepest levels' limits, each to the hierarchy's root (their
-         * use and stat are opened when a limit is first read); a level whose
+        if (rel[c] && (mp[c] || (!mounts && !w->again)))
+            place(w, c, mp[c] ? mp[c] : CG[c].base, rel[c] + skip[c]);
+        free(rel[c]);
+        free(mp[c]);
+        size_t n = strlen(w->cg[c].dir);
+        /* the deepest levels' limits, each to the mount point (their use
+         * and stat are opened when a limit is first read); a level whose
          * files' paths are too long to open is passed over, not those above */
         for (int l = 0; w->cg[c].on && l < FERRY__MEMWATCH_HELD; l++) {
             w->cg[c].fd[l][0] =
-                cg_path(p, sizeof p, w->root, &CG[c], w->cg[c].rel, n, CG[c].file[0])
-                    ? open_ro(p)
+                cg_path(p, sizeof p, w->root, w->cg[c].dir, n, CG[c].file[0])
+                    ? open_ro(p, &w->again)
                     : -1;
-            if (!n)
+            if (n == w->cg[c].top)
                 break;
-            n = parent_of(w->cg[c].rel, n);
+            n = parent_of(w, c, n);
         }
     }
 }
@@ -224,10 +365,11 @@ static int level_fd(ferry__memwatch *w, int c, int l, size_t n, int i, int *open
     int *held = l < FERRY__MEMWATCH_HELD ? &w->cg[c].fd[l][i] : NULL;
     if (held && *held != -2)
         return *held;
-    int fd = cg_path(p, sizeof p, w->root, &CG[c], w->cg[c].rel, n, CG[c].file[i]) ? open_ro(p)
-                                                                                    : -1;
+    int again = 0;
+    int fd = cg_path(p, sizeof p, w->root, w->cg[c].dir, n, CG[c].file[i]) ? open_ro(p, &again)
+                                                                            : -1;
     if (held)
-        *held = fd;
+        *held = again ? -2 : fd; /* (-2: asked again at the next read) */
     else
         *opened |= fd >= 0 ? 1 << i : 0;
     return fd;
@@ -258,13 +400,13 @@ static int level_read(ferry__memwatch *w, int c, int l, size_t n, uint64_t host,
 }
 
 /* the lowest limit of the process's cgroup and those above it in
- * hierarchy c (one mounted as the hierarchy's root in a container
- * included) into *limit, and the least room any leaves (its limit less
+ * hierarchy c, up to its mount point (a container's own cgroup, where
+ * it has no cgroup namespace), into *limit, and the least room any leaves (its limit less
  * its working set) into *room; neither touched where none has a limit
  * below host (v1 says "no limit" with a huge number) */
 static void cgroup_read(ferry__memwatch *w, int c, uint64_t host, uint64_t *limit, uint64_t *room)
 {
-    size_t n = strlen(w->cg[c].rel);
+    size_t n = strlen(w->cg[c].dir);
     for (int l = 0; w->cg[c].on; l++) {
         uint64_t lim = 0, used, inactive;
         if (level_read(w, c, l, n, host, &lim, &used, &inactive)) {
@@ -277,9 +419,9 @@ static void cgroup_read(ferry__memwatch *w, int c, uint64_t host, uint64_t *limi
             }
             *room = r < *room ? r : *room;
         }
-        if (!n)
+        if (n == w->cg[c].top)
             break;
-        n = parent_of(w->cg[c].rel, n);
+        n = parent_of(w, c, n);
     }
 }
 
@@ -315,6 +457,11 @@ static void meminfo(int fd, uint64_t *total, uint64_t *avail)
 
 void ferry__memwatch_read(ferry__memwatch *w, uint64_t *total, uint64_t *avail)
 {
+    if (w->again) { /* (what it found short of descriptors or memory, found anew) */
+        const char *root = w->seams ? NULL : w->root;
+        ferry__memwatch_close(w);
+        ferry__memwatch_open(w, root);
+    }
     uint64_t t = 0, a = UINT64_MAX; /* (UINT64_MAX: no MemAvailable line) */
     meminfo(w->meminfo, &t, &a);
     if (!t && !*w->root) {
@@ -347,8 +494,8 @@ int ferry__memwatch_limit_file(const ferry__memwatch *w, char *out, size_t len)
 {
     if (w->lim_cg < 0)
         return 0;
-    const cg_files *k = &CG[w->lim_cg];
-    return cg_path(out, len, w->root, k, w->cg[w->lim_cg].rel, w->lim_len, k->file[0]);
+    return cg_path(out, len, w->root, w->cg[w->lim_cg].dir, w->lim_len,
+                   CG[w->lim_cg].file[0]);
 }
 
 void ferry__host_memory_at(const char *root, uint64_t *total, uint64_t *avail)

@@ -24,21 +24,28 @@ typedef struct ferry__memwatch {
     const char *root;  /* the files under it ("": this host's) */
     int seams;         /* this host's, the test seams apply */
     int meminfo;       /* root's /proc/meminfo, or -1 */
+    int again;         /* a file went unopened for want of descriptors or memory:
+                        * the cgroups are found anew at the next read */
     struct {
-        int on;                            /* the process has a cgroup there */
-        char rel[FERRY__MEMWATCH_PATH];    /* its path ("": the hierarchy's root) */
+        int on;                            /* the process has a cgroup there, mounted */
+        char dir[FERRY__MEMWATCH_PATH];    /* its directory (under root) ... */
+        size_t top;                        /* ... below the mount point, dir's first top bytes */
         int fd[FERRY__MEMWATCH_HELD][3];   /* limit, use, stat of each level, or -1 */
     } cg[2];                               /* v2, v1 */
     int lim_cg;        /* the limit the last read's total is: in cg[lim_cg] ... */
-    size_t lim_len;    /* ... at rel's first lim_len bytes (lim_cg -1: none) */
+    size_t lim_len;    /* ... at dir's first lim_len bytes (lim_cg -1: none) */
 } ferry__memwatch;
 
-/* find the process's cgroups and open their files: root NULL for this
+/* find the process's cgroups (/proc/self/cgroup) and where their
+ * hierarchies are mounted (/proc/self/mountinfo: v2 as cgroup2, v1's with
+ * the memory controller; /sys/fs/cgroup and /sys/fs/cgroup/memory where
+ * it cannot be read), and open their files: root NULL for this
  * host's (and the test seams), else the files under root (which must
  * outlive the watch). Never fails: what cannot be opened is read as absent. */
 void ferry__memwatch_open(ferry__memwatch *w, const char *root);
 /* what the process may have in all and what is available now, as
- * ferry__host_memory says, from the numbers the watch's files hold now */
+ * ferry__host_memory says, from the numbers the watch's files hold now
+ * (found anew first where the open was short of descriptors or memory) */
 void ferry__memwatch_read(ferry__memwatch *w, uint64_t *total, uint64_t *avail);
 /* the cgroup file whose limit the last read's total is, into out; 0 where
  * the total is the host's memory (or a test's figure) */

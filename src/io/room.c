@@ -57,16 +57,17 @@ typedef struct fs_sum {
     unsigned files;
 } fs_sum;
 
-/* dir, or its nearest existing ancestor, opened */
-static int open_dir(const char *dir)
+/* dir, or its nearest existing ancestor, opened; *itself: it was dir */
+static int open_dir(const char *dir, int *itself)
 {
     char d[PATH_MAX];
     if (snprintf(d, sizeof d, "%s", dir) >= (int)sizeof d)
         return -1;
-    for (;;) {
+    for (*itself = 1;;) {
         int fd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (fd >= 0 || errno != ENOENT)
             return fd;
+        *itself = 0;
         char *slash = strrchr(d, '/');
         while (slash && slash > d && slash[1] == 0) { /* ("a/b/": "a/b") */
             *slash = 0;
@@ -85,14 +86,16 @@ static int open_dir(const char *dir)
 static int add_file(fs_sum *fs, unsigned *nfs, unsigned max, const char *dir, const char *name,
                     uint64_t bytes)
 {
-    int fd = open_dir(dir);
+    int itself;
+    int fd = open_dir(dir, &itself);
     struct stat st, fst;
     uint64_t room;
     if (fd < 0)
         return 0;
     int ok = fstat(fd, &st) == 0 && ferry__fs_room(fd, &room) == 0;
-    /* the file there now is made anew: its blocks are freed first */
-    uint64_t freed = ok && fstatat(fd, name, &fst, 0) == 0 && S_ISREG(fst.st_mode) &&
+    /* the file there now is made anew: its blocks are freed first (not a
+     * file of that name in the ancestor of a directory still to be made) */
+    uint64_t freed = ok && itself && fstatat(fd, name, &fst, 0) == 0 && S_ISREG(fst.st_mode) &&
                              fst.st_dev == st.st_dev
                          ? (uint64_t)fst.st_blocks * 512
                          : 0;
