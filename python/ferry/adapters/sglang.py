@@ -63,7 +63,10 @@ too), and the TP rank. An MLA model's pages are the same on every TP
 rank: one key for all, written by TP rank 0 only, read by all; but not
 its mamba state (its heads are split over TP, and SGLang backs it up on
 every rank) nor a pool of MHA pages (a draft model's): those keep the TP
-rank. With
+rank. SGLang backs such a draft pool up from TP rank 0 alone (any backend
+but Mooncake), so at TP > 1 the other ranks' draft pages are never stored,
+their prefixes miss, and the least hit over the ranks is 0: no prefix is
+restored while it is registered (warned when it registers). With
 should_split_heads (tp_lcm_size > tp_size, page_head), a rank's kv (and
 draft) page is tp_lcm_size / tp_size head groups, each stored under the TP
 rank it would have at TP = tp_lcm_size, so instances of different TP sizes
@@ -670,6 +673,20 @@ class FerryHiCacheStorage(HiCacheStorage):
                 f"{self._tp} of {self._tp_size} of a{'n MLA' if self._mla else ' non-MLA'} "
                 "model: only a rank whose pages TP rank 0 of an MLA model writes may hold "
                 "one; this rank's pages would never be stored")
+        if self._mla and self._tp_size > 1 and key in ("draft", "draft_swa") and \
+                pm.kind == "mha":
+            # HybridCacheController.should_backup (sgl-project/sglang
+            # 00343773d3293d382f0b39101f36b656d30ad2f0, mem_cache/hybrid_cache/
+            # hybrid_cache_controller.py): under an MLA model a TP rank above 0
+            # backs up MHA draft pools for backend "mooncake" only
+            log.warning(
+                "ferry: SGLang pool %r holds MHA pages (each TP rank its own heads, under "
+                "its own keys) beside an MLA model at TP %d: SGLang backs it up from TP "
+                "rank 0 alone for any storage backend but \"mooncake\", so the other "
+                "ranks' pages are never stored and their prefixes read as misses; SGLang "
+                "takes the least hit over the ranks, so no prefix is restored from ferry "
+                "while this pool is registered (and no rank reads another's heads)",
+                key, self._tp_size)
         old = self._pools.get(key)
         if old is not None:
             if old[0].layout != pm.layout or old[0].chunk_tokens != pm.chunk_tokens:

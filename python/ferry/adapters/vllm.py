@@ -58,7 +58,11 @@ Where the store comes from (kv_connector_extra_config):
       workers' layout is the caches of a KV cache group: a speculative
       drafter's layers are among them) and its dtype that of the group's
       KV cache spec (an fp8 KV cache is uint8), or of cache_config.cache_dtype
-      on a vLLM that passes no kv_cache_config. "ferry.chunk_tokens" must match the daemon's.
+      on a vLLM that passes no kv_cache_config ("ferry.layout"'s dtype may
+      be vLLM's cache dtype name: "fp8", "fp8_e4m3", "fp8_e5m2" are u8, as
+      the workers' caches). A quantized KV cache's format (cache_dtype but
+      "auto" and plain float ones; "fp8" is fp8_e4m3) is in every key: one
+      format's chunks are never another's, though their layouts are one. "ferry.chunk_tokens" must match the daemon's.
       With pipeline parallelism every stage's worker is the same TP rank of
       the same model, but holds only its stage's layers: each stage's chunks
       are keyed apart, and the scheduler counts a chunk as a hit only once
@@ -435,13 +439,46 @@ _VLLM_DTYPES = {"bfloat16": "bf16", "half": "f16", "float16": "f16", "float": "f
                 "float32": "f32"}
 
 
+# vLLM's quantized KV cache dtypes (cache_config.cache_dtype) and the ferry
+# dtype of the caches its workers register for them (STR_DTYPE_TO_TORCH_DTYPE,
+# vllm/utils/torch_utils.py at vllm-project/vllm 0024350b5da3: torch.uint8 but
+# for fp8_inc's float8_e4m3fn and int8_per_token_head's int8). "fp8" is
+# vLLM's name here, its caches uint8: ferry's own "fp8" code would be a
+# layout no worker has, which the daemon refuses
+_QUANT_CACHE_DTYPES = {"fp8": "u8", "fp8_e4m3": "u8", "fp8_e5m2": "u8", "fp8_ds_mla": "u8",
+                       "fp8_per_token_head": "u8", "int4_per_token_head": "u8",
+                       "int8_per_token_head": "i8", "fp8_inc": "fp8", "nvfp4": "u8",
+                       "nvfp4_4over6": "u8"}
+# vLLM's names of one cache format: "fp8" is fp8_e4m3 (CacheConfig.cache_dtype's
+# documentation; modelopt's "fp8" maps to "fp8_e4m3",
+# MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP)
+_KV_FORMAT_ALIASES = {"fp8": "fp8_e4m3"}
+
+
+def _kv_format(vllm_config):
+    """The format of a quantized KV cache (cache_config.cache_dtype), None for
+    the model's dtype or a plain float one. vLLM holds fp8_e4m3, fp8_e5m2
+    and its other byte formats alike as torch.uint8 caches: one layout, the
+    same bytes per token, where the same byte is another value. So the
+    format goes into every salt (scheduler's lookups, workers' loads and
+    stores), and an fp8_e5m2 engine never finds an fp8_e4m3 engine's chunks
+    in a shared daemon or a persistent L2 ("fp8" and "fp8_e4m3", one
+    format, share them). A bf16 cache's layout is another (2 bytes a value):
+    no store or daemon holds both."""
+    name = getattr(getattr(vllm_config, "cache_config", None), "cache_dtype", None)
+    if not isinstance(name, str) or name == "auto" or name in _CACHE_DTYPES:
+        return None
+    return _KV_FORMAT_ALIASES.get(name, name)
+
+
 def _spec_layout(spec):
     """The Layout of "ferry.layout" ({"num_layers", "num_kv_heads", "head_dim",
     "dtype" (ferry's name or vLLM's), "mla"}); a ValueError naming the
     setting for anything else."""
     try:
         dtype = spec.get("dtype", "bf16")
-        dtype = _VLLM_DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
+        if isinstance(dtype, str):
+            dtype = _VLLM_DTYPES.get(dtype) or _QUANT_CACHE_DTYPES.get(dtype, dtype)
         counts = []
         for field in ("num_layers", "num_kv_heads", "head_dim"):
             counts.append(_count(spec[field], field, 1, _U32))   # (int() takes 2.5, True)
@@ -724,7 +761,7 @@ def _embeds_digest(embeds):
 
 
 # the tags _salt_of and _group_salt join a salt's parts with ("\0lora\0name")
-_SALT_TAGS = frozenset(("lora", "mm", "embeds", "ferry-group", "ferry-pp"))
+_SALT_TAGS = frozenset(("lora", "mm", "embeds", "ferry-group", "ferry-pp", "kv-dtype"))
 
 
 def _salt_part(s, tags=True):
@@ -888,6 +925,7 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         pc = getattr(vllm_config, "parallel_config", None)
         self._stages = int(getattr(pc, "pipeline_parallel_size", 1) or 1)
         self._stage = 0     # the worker's pipeline stage (register_kv_caches)
+        self._kv_format = _kv_format(vllm_config)   # a quantized cache's, in every salt
         self._cached = [g for g in self._groups if g.kind != "skipped"]
         skipped = [g for g in self._groups if g.kind == "skipped"]
         dcp = int(getattr(pc, "decode_context_parallel_size", 1) or 1)
@@ -1255,6 +1293,8 @@ class FerryConnector(KVConnectorBase_V1, SupportsHMA):
         if st.salted and prompt_len <= st.prompt_len:
             return
         salt = _salt_of(request)
+        if self._kv_format is not None:     # (see _kv_format)
+            salt = f"{salt or ''}\0kv-dtype\0{self._kv_format}"
         if st.salted and salt != st.salt:
             self._unpin(st)
             st.saved = 0
