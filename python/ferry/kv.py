@@ -766,7 +766,9 @@ class KVStore(Closing):
         self._closing = False   # close() began the C store's close (ferry_kv_close_begin)
         self._guard = CallGuard("KVStore")
         self._released = False   # close() released everything
-        self._close_lock = threading.Lock()   # one close() at a time releases
+        # one close() at a time releases; an RLock to know its owner: a
+        # close() inside this thread's own (a signal handler's, a __del__'s)
+        self._close_lock = threading.RLock()
         self._salt_reqs = {}
         self._dev = None
         self._devmem = None
@@ -972,7 +974,9 @@ class KVStore(Closing):
         store, its streams and its device (after every call inside
         returned), the others return once it has. A close an interrupt
         (KeyboardInterrupt) stopped is finished by the next close() from
-        any thread: none waits for the interrupted one to come back."""
+        any thread: none waits for the interrupted one to come back. A
+        close() made inside the same thread's release (a signal handler's,
+        a __del__'s) returns at once: the release below it goes on."""
         guard = getattr(self, "_guard", None)
         if guard is None:
             return
@@ -992,7 +996,14 @@ class KVStore(Closing):
         # close an interrupt stopped in one thread (which may never come
         # back to it) is gone on with by the next close, never waited for
         guard.end()
-        with self._close_lock:    # (only `with`: its release cannot be skipped)
+        lock = self._close_lock
+        if lock._is_owned():
+            # a close() made inside this thread's own release (a signal
+            # handler's, a __del__'s): waiting for the lock would wait for
+            # this thread, for ever. The close below it goes on once this
+            # returns (or, interrupted, the next close() finishes it)
+            return
+        with lock:    # (only `with`: its release cannot be skipped)
             if not self._released:
                 guard.drain()
                 self._release()

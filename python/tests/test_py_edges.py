@@ -482,6 +482,44 @@ def test_an_interrupted_close_is_finished_by_any_thread_closing_it(url, tmp_path
     """.replace("TMP", repr(str(tmp_path))), pre=INTERRUPTS, timeout=180)
 
 
+def test_a_close_made_inside_a_close_of_the_same_thread_returns(url, tmp_path):
+    """A signal handler that closes the store (a SIGTERM handler's shutdown)
+    runs between two bytecodes of the main thread, which may be inside
+    close() itself, holding its release lock (after the C close returned,
+    say). Before the fix that nested close() waited for the lock its own
+    thread held: the process hung for ever. Now it returns (the close below
+    it finishes the release once the handler is over), the store is
+    released once and every call after it raises FerryError (EBADF)."""
+    run_child(url, """
+        D = TMP
+        cur = None
+        nested = 0
+        def on_alarm(sig, frame):
+            global nested
+            nested += 1
+            cur.close()
+        signal.signal(signal.SIGALRM, on_alarm)
+        t = np.arange(64, dtype=np.int32) + 4200000
+        src = kv(64, 3)
+        for r in range(120):
+            if URL:
+                cur = store()
+            else:
+                cur = ferry.KVStore("edges", LAY, l1="4M", l2=f"{D}/l2:4M", chunk_tokens=16)
+            assert cur.store(t, src) == 64
+            signal.setitimer(signal.ITIMER_REAL, 0.00005 * (1 + r % 40))
+            cur.close()
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            try:
+                cur.lookup(t)
+                raise AssertionError("a call after close went through")
+            except FerryError as e:
+                assert e.code == -errno.EBADF and "closed" in str(e), e
+        assert nested > 0, nested
+        print("ok", nested)
+    """.replace("TMP", repr(str(tmp_path))), timeout=60)
+
+
 # -- a daemon killed --------------------------------------------------------
 
 def test_a_daemon_killed_mid_retrieve_is_an_error_never_a_partial_hit(tmp_path):

@@ -9,6 +9,8 @@ the stand-ins of tests/sglang_pools.py (which name the upstream commit
 they mirror); bytes compared where KV moves."""
 import os
 
+import fractions
+
 import pytest
 import torch
 
@@ -298,4 +300,17 @@ def test_a_count_that_is_no_whole_number_is_refused_naming_it(key, value):
         build({"ferry_store": "sgl", "ferry_l1": "4M", key: value})
     msg = str(e.value)
     assert repr(key) in msg and repr(value) in msg and "whole float" in msg, msg
+    assert registered_store("sgl") is None
+
+
+COUNT_HUGE = ["1" * 5000, fractions.Fraction(10**400)]
+
+
+@pytest.mark.parametrize("value", COUNT_HUGE, ids=["5000 digits", "huge Fraction"])
+@pytest.mark.parametrize("key", ["ferry_key_len", "ferry_server_timeout_ms"])
+def test_a_count_too_long_for_int_is_refused_naming_it(key, value):
+    with pytest.raises(ValueError) as e:
+        build({"ferry_store": "sgl", "ferry_l1": "4M", key: value})
+    msg = str(e.value)
+    assert repr(key) in msg and "whole float" in msg, msg
     assert registered_store("sgl") is None

@@ -12,6 +12,8 @@ vLLM's loop (a KeyError for a "ferry.layout" without its head_dim). A value
 written as a string (a YAML file, an environment variable) is read as
 written, as the boolean settings are.
 """
+import fractions
+
 import pytest
 import torch
 
@@ -324,3 +326,23 @@ def test_a_count_that_is_no_whole_number_is_refused_naming_it(value, where):
         build(dict(extra, **{"ferry.store": NAME}), Role.WORKER)
     msg = str(e.value)
     assert key in msg and repr(value) in msg and "whole float" in msg, msg
+
+
+COUNT_HUGE = ["1" * 5000, fractions.Fraction(10**400)]
+
+
+@pytest.mark.parametrize("where", ["chunk_tokens", "layout"])
+@pytest.mark.parametrize("value", COUNT_HUGE, ids=["5000 digits", "huge Fraction"])
+def test_a_count_too_long_for_int_is_refused_naming_it(value, where):
+    """A decimal string past int()'s 4300 digits, or a number float() cannot
+    hold, is a count out of range: the ValueError names the setting, not
+    int()'s digit limit (or an OverflowError the build let through)."""
+    if where == "chunk_tokens":
+        extra, key = {"ferry.chunk_tokens": value}, "ferry.chunk_tokens"
+    else:
+        extra = {"ferry.layout": {"num_layers": 2, "num_kv_heads": value, "head_dim": 8}}
+        key = "num_kv_heads"
+    with pytest.raises(ValueError) as e:
+        build(dict(extra, **{"ferry.store": NAME}), Role.WORKER)
+    msg = str(e.value)
+    assert key in msg and "whole float" in msg, msg

@@ -69,18 +69,21 @@ def count(value, what, lo, hi):
     "1_000", "16.0") or type, and a value outside lo .. hi raise ValueError
     naming `what`, the value and what is accepted."""
     n = None
-    if isinstance(value, str):
-        text = value.strip()
-        if _DECIMAL.fullmatch(text):
-            n = int(text)
-    elif isinstance(value, bool):
-        pass
-    elif isinstance(value, numbers.Integral):
-        n = int(value)
-    elif isinstance(value, numbers.Real):
-        f = float(value)
-        if math.isfinite(f) and f.is_integer():
-            n = int(f)
+    try:
+        if isinstance(value, str):
+            text = value.strip()
+            if _DECIMAL.fullmatch(text):
+                n = int(text)   # (ValueError past int()'s digit limit: out of range)
+        elif isinstance(value, bool):
+            pass
+        elif isinstance(value, numbers.Integral):
+            n = int(value)
+        elif isinstance(value, numbers.Real):
+            f = float(value)    # (OverflowError: a Fraction past any float)
+            if math.isfinite(f) and f.is_integer():
+                n = int(f)
+    except (ValueError, OverflowError, TypeError):
+        n = None
     if n is None or not lo <= n <= hi:
         raise ValueError(f"ferry: {what} is an integer in {lo} .. {hi} (an int, a string of "
                          f"its decimal digits or a whole float such as 16.0), got {value!r}")
