@@ -48,6 +48,12 @@ pid_t ft_srv_fork(const ferry_serve_config *sc, int log_level)
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
+        /* a SIGTERM sent before the handler is in place waits for it (a
+         * stop asked at once after ready must still end in exit 0) */
+        sigset_t term, old;
+        sigemptyset(&term);
+        sigaddset(&term, SIGTERM);
+        sigprocmask(SIG_BLOCK, &term, &old);
         if (log_level >= 0)
             ferry_log_set_level(log_level);
         if (ferry_serve_open(sc, &g_child) < 0) {
@@ -58,6 +64,7 @@ pid_t ft_srv_fork(const ferry_serve_config *sc, int log_level)
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = child_term;
         sigaction(SIGTERM, &sa, NULL);
+        sigprocmask(SIG_SETMASK, &old, NULL);
         ferry_serve_run(g_child);
         _exit(ferry_serve_close(g_child) < 0 ? 4 : 0);
     }
@@ -77,6 +84,14 @@ static int srv_listens(const char *sock, int how)
     return rc == 0;
 }
 
+/* a daemon a failed wait leaves must not outlive the test (it holds
+ * CTest's output pipes: the run would wait for its timeout) */
+static void srv_kill(pid_t pid)
+{
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
 pid_t ft_srv_fork_ready(const ferry_serve_config *sc, int log_level, int how,
                         unsigned timeout_ms)
 {
@@ -88,9 +103,11 @@ pid_t ft_srv_fork_ready(const ferry_serve_config *sc, int log_level, int how,
             fail_msg("the daemon ended (%s %d) before it listened on %s",
                      WIFEXITED(ws) ? "exit" : "signal",
                      WIFEXITED(ws) ? WEXITSTATUS(ws) : WTERMSIG(ws), sc->socket_path);
-        if (waited >= timeout_ms)
+        if (waited >= timeout_ms) {
+            srv_kill(pid);
             fail_msg("the daemon never answered on %s within %u ms", sc->socket_path,
                      timeout_ms);
+        }
         usleep(5000);
     }
     return pid;
@@ -102,8 +119,10 @@ void ft_srv_fork_stop(pid_t pid, unsigned timeout_ms)
     int ws = 0;
     pid_t got = 0;
     for (unsigned waited = 0; (got = waitpid(pid, &ws, WNOHANG)) == 0; waited += 10) {
-        if (waited >= timeout_ms)
+        if (waited >= timeout_ms) {
+            srv_kill(pid);
             fail_msg("the daemon did not stop within %u ms of SIGTERM", timeout_ms);
+        }
         usleep(10000);
     }
     assert_int_equal(got, pid);
