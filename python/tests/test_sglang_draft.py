@@ -119,3 +119,30 @@ def test_an_mla_draft_pool_at_tp_2_is_not_warned_of(caplog):
         for n in ("m", "m.draft"):
             unregister_store(n)
         s.close()
+
+
+def test_an_mha_draft_pool_is_warned_of_only_beside_an_mla_target_above_tp_1(caplog):
+    """At TP 1 rank 0 backs every pool up, and beside an MHA target every
+    rank backs its own pages up (backup_skip is for MLA models only): no
+    prefix misses for the draft pool's sake, nothing to warn of."""
+    for mla, tp in ((True, (0, 1)), (False, (0, 2)), (False, (1, 2))):
+        kv = ferry.Layout(2, 1, 64, "bf16", kv=1) if mla else \
+            ferry.Layout(2, 2, 64, "bf16", kv=2)
+        s = ferry.KVStore("tiny", kv, l1="8M", chunk_tokens=4)
+        sd = ferry.KVStore("tiny", ferry.Layout(2, 2, 64, "bf16", kv=2), l1="8M",
+                           chunk_tokens=4)
+        ferry.adapters.register_store("w", s)
+        ferry.adapters.register_store("w.draft", sd)
+        caplog.clear()
+        try:
+            with caplog.at_level(logging.WARNING, logger="ferry.sglang"):
+                pools = {"kv": (MLAHost if mla else MHAHost)("page_first", 4),
+                         "draft": MHAHost("page_first", 4)}
+                b = create_backend({"ferry_store": "w"}, pools, mla=mla, tp=tp)
+            assert not [m for m in caplog.messages if "mooncake" in m], (mla, tp)
+            b.close()
+        finally:
+            for n in ("w", "w.draft"):
+                unregister_store(n)
+            s.close()
+            sd.close()

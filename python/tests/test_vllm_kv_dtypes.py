@@ -133,3 +133,65 @@ def test_a_cache_salt_spelled_as_the_format_tag_is_no_format(engines):
     r = Request("r", a, salt="\0kv-dtype\0fp8_e5m2")
     assert other.admit(r) == 0
     other.finish(r)
+
+
+def _daemon_scheduler_layout(monkeypatch, cache_dtype):
+    """The layout a "ferry.server" scheduler says to the daemon on a vLLM
+    that passes no kv_cache_config: model_config's, with
+    cache_config.cache_dtype's dtype."""
+    opened = []
+
+    class Client:
+        def __init__(self, **kw):
+            opened.append(kw)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(vllm_adapter, "KVStore", Client)
+    cfg = tav.vllm_config({"ferry.server": "unix:/nonexistent", "ferry.store": "elsewhere"})
+    cfg.model_config = SimpleNamespace(model="m", dtype=torch.bfloat16, use_mla=False,
+                                       get_num_layers=lambda pc: 2,
+                                       get_num_kv_heads=lambda pc: 2, get_head_size=lambda: 64)
+    cfg.cache_config.cache_dtype = cache_dtype
+    c = FerryConnector(cfg, Role.SCHEDULER)
+    try:
+        c.store
+    finally:
+        c._store = None
+    return opened[0]["layout"]
+
+
+@pytest.mark.parametrize("cache_dtype,torch_dtype", [
+    pytest.param("fp8_inc", getattr(torch, "float8_e4m3fn", None), marks=pytest.mark.skipif(
+        not hasattr(torch, "float8_e4m3fn"), reason="a torch without float8")),
+    ("int8_per_token_head", torch.int8),
+    ("fp8_e5m2", torch.uint8), ("turboquant_k8v4", torch.uint8), ("nvfp4", torch.uint8),
+    ("bfloat16", torch.bfloat16), ("auto", torch.bfloat16)])
+def test_a_daemon_schedulers_dtype_is_the_one_vllm_makes_the_caches_of(monkeypatch, cache_dtype,
+                                                                      torch_dtype):
+    """Where vLLM's get_kv_cache_torch_dtype cannot be asked, ferry reads
+    vLLM's STR_DTYPE_TO_TORCH_DTYPE as it knows it (vllm-project/vllm
+    0024350b5da3ad174435e62a15273c0d3caba57b, vllm/utils/torch_utils.py).
+    Before, every name but the float ones was taken as uint8: fp8_inc
+    (float8_e4m3fn caches) and int8_per_token_head (int8) said a layout no
+    worker registers, which the daemon refuses."""
+    caches = [torch.zeros(2, 8, 16, 2, 64, dtype=torch_dtype) for _ in range(2)]
+    assert _daemon_scheduler_layout(monkeypatch, cache_dtype) == \
+        ferry.Layout.from_kv_caches(caches)
+
+
+def test_a_cache_dtype_ferry_does_not_know_is_refused_by_its_name(monkeypatch):
+    """Before, a cache_dtype ferry did not know was taken as uint8 in
+    silence; now the scheduler's store is refused, naming it."""
+    with pytest.raises(ValueError, match="'fp9_e3m4'.*ferry.layout"):
+        _daemon_scheduler_layout(monkeypatch, "fp9_e3m4")
+
+
+def test_a_ferry_layout_of_vllms_turboquant_name_is_uint8(monkeypatch):
+    """vLLM's turboquant caches are uint8 (STR_DTYPE_TO_TORCH_DTYPE at
+    0024350b); "ferry.layout" refused the name."""
+    lay = _scheduler_layout(monkeypatch, {"ferry.layout": {
+        "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "dtype": "turboquant_k8v4"}},
+        "turboquant_k8v4")
+    assert lay == ferry.Layout.from_model(2, 2, 64, "u8")

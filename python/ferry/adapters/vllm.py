@@ -448,7 +448,9 @@ _VLLM_DTYPES = {"bfloat16": "bf16", "half": "f16", "float16": "f16", "float": "f
 _QUANT_CACHE_DTYPES = {"fp8": "u8", "fp8_e4m3": "u8", "fp8_e5m2": "u8", "fp8_ds_mla": "u8",
                        "fp8_per_token_head": "u8", "int4_per_token_head": "u8",
                        "int8_per_token_head": "i8", "fp8_inc": "fp8", "nvfp4": "u8",
-                       "nvfp4_4over6": "u8"}
+                       "nvfp4_4over6": "u8", "turboquant_k8v4": "u8",
+                       "turboquant_4bit_nc": "u8", "turboquant_k3v4_nc": "u8",
+                       "turboquant_3bit_nc": "u8"}
 # vLLM's names of one cache format: "fp8" is fp8_e4m3 (CacheConfig.cache_dtype's
 # documentation; modelopt's "fp8" maps to "fp8_e4m3",
 # MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP)
@@ -685,8 +687,8 @@ def _name_old_l2(d, sub):
 
 
 # vLLM's KV cache dtypes by name, where vLLM is not there to ask
-# (STR_DTYPE_TO_TORCH_DTYPE, vllm/utils/torch_utils.py): a quantized cache is
-# stored as bytes
+# (STR_DTYPE_TO_TORCH_DTYPE, vllm/utils/torch_utils.py): the float ones
+# (the quantized ones are _QUANT_CACHE_DTYPES)
 _CACHE_DTYPES = {"float32": "float32", "float": "float32", "half": "float16",
                  "float16": "float16", "bfloat16": "bfloat16", "int8": "int8"}
 
@@ -694,7 +696,10 @@ _CACHE_DTYPES = {"float32": "float32", "float": "float32", "half": "float16",
 def _cache_dtype(vllm_config, model_dtype):
     """The dtype of vLLM's KV caches from cache_config.cache_dtype ("auto":
     the model's): vLLM's own get_kv_cache_torch_dtype where it has one, else
-    an fp8 name (and any other quantized one) is torch.uint8."""
+    vLLM's table as ferry knows it (_CACHE_DTYPES, _QUANT_CACHE_DTYPES: not
+    every quantized cache is uint8). A name neither knows is a ValueError
+    naming it: a layout guessed for it would be refused by the daemon, or
+    would read other bytes."""
     name = getattr(getattr(vllm_config, "cache_config", None), "cache_dtype", None)
     if not isinstance(name, str) or name == "auto" or torch is None:
         return model_dtype
@@ -710,7 +715,16 @@ def _cache_dtype(vllm_config, model_dtype):
             return get_kv_cache_torch_dtype(name, model_dtype)
         except ValueError:
             pass
-    return getattr(torch, _CACHE_DTYPES.get(name, "uint8"))
+    if name in _CACHE_DTYPES:
+        return getattr(torch, _CACHE_DTYPES[name])
+    quant = {"u8": "uint8", "i8": "int8", "fp8": "float8_e4m3fn"}.get(
+        _QUANT_CACHE_DTYPES.get(name))
+    if quant is None or not hasattr(torch, quant):
+        raise ValueError(f"ferry: vLLM connector: cache_config.cache_dtype {name!r} is no KV "
+                         "cache dtype ferry knows (vLLM's: auto, "
+                         f"{', '.join(sorted(set(_CACHE_DTYPES) | set(_QUANT_CACHE_DTYPES)))}); "
+                         "give \"ferry.layout\" with the dtype of the caches the workers register")
+    return getattr(torch, quant)
 
 
 def _config_layout(vllm_config, extra, cached=()):
