@@ -524,8 +524,9 @@ static inline __attribute__((always_inline)) void mv_move(trmv *m, uint32_t e, u
 {
     struct trx *xe = &m->x[e];
     uint16_t old = xe->cell;
-    if (old == c)
-        return;
+    /* (no branch on whether it moved: a count down and up, a correction
+     * off and on, and a touch only where it moved) */
+    uint32_t moved = old != c;
     m->cc[old]--;
     m->cc[c]++;
     m->corr[old] -= m->t; /* a count down by one at fold-visit t */
@@ -533,14 +534,18 @@ static inline __attribute__((always_inline)) void mv_move(trmv *m, uint32_t e, u
     xe->cell = c;
     uint32_t v = m->where[e] < m->none ? m->where[e] : m->none, on;
     trslot *sv = &m->sl[v];
-    on = sv->id != NIL;
+    on = (sv->id != NIL) & moved;
     m->on |= on;
     m->plist[m->pn] = v;
     m->pn += on & !sv->pend;
     sv->pend |= (uint8_t)on;
-    uint32_t slot; /* (a follower's shadow holds the layers it samples alone) */
-    if (__builtin_expect(m->fwhere != NULL, 0) && (slot = m->fwhere[e]) != FERRY_MOE_NONE)
-        ord_touch(m->fo, m->l, slot);
+    if (__builtin_expect(m->fwhere != NULL, 0)) { /* (a follower's shadow holds the layers it
+                                                   * samples alone) */
+        uint32_t slot = m->fwhere[e];
+        slot = moved ? slot : FERRY_MOE_NONE;
+        if (slot != FERRY_MOE_NONE)
+            ord_touch(m->fo, m->l, slot);
+    }
 }
 
 
