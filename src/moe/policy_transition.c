@@ -738,8 +738,11 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
     s->lt[layer]++;
     trmv mv;
     mv_init(&mv, s, layer);
-    for (uint32_t j = 0; j < n; j++) /* routed now, counted in the cells of before */
+    for (uint32_t j = 0; j < n; j++) { /* routed now, counted in the cells of before */
         s->kG[s->x[b + le[j]].cell] += 1;
+        TR_PREFETCH(s->lanes + (b + le[j]) * TR_ROW); /* (tracked_set's rows, */
+        TR_PREFETCH(s->tn + b + le[j]); /* asked for while the last visit's learn) */
+    }
     learn_pending(s, layer); /* (this visit's alone) */
     /* history events: routed now, at the last visit, 16 visits ago, each
      * once (marked in emark, without a branch: the sets overlap by chance) */
