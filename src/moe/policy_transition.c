@@ -520,7 +520,8 @@ static inline void mv_done(trmv *m, trans *s)
 /* expert e (layer-local) gets cell c now: counts, and its slot touched
  * in the lead's order (ord_touch_any's, the order's fields in locals) and
  * the follower's */
-static inline __attribute__((always_inline)) void mv_move(trmv *m, uint32_t e, uint16_t c)
+static inline __attribute__((always_inline)) void mv_move(trmv *m, uint32_t e, uint16_t c,
+                                                          int fol)
 {
     struct trx *xe = &m->x[e];
     uint16_t old = xe->cell;
@@ -539,13 +540,49 @@ static inline __attribute__((always_inline)) void mv_move(trmv *m, uint32_t e, u
     m->plist[m->pn] = v;
     m->pn += on & !sv->pend;
     sv->pend |= (uint8_t)on;
-    if (__builtin_expect(m->fwhere != NULL, 0)) { /* (a follower's shadow holds the layers it
-                                                   * samples alone) */
+    if (fol) { /* (a follower's shadow holds the layers it samples alone) */
         uint32_t slot = m->fwhere[e];
         slot = moved ? slot : FERRY_MOE_NONE;
         if (slot != FERRY_MOE_NONE)
             ord_touch(m->fo, m->l, slot);
     }
+}
+
+/* the visit's moves, its layer's arrays in registers: each history event
+ * ev[0..nev) brought to visit v32 (routed now: the first nr), in its new
+ * cell; then the bins moved (listed past the events, nbm of them) */
+static inline __attribute__((always_inline)) void
+visit_moves_in(trmv *mp, const uint16_t *ev, uint32_t nev, uint32_t nr, uint32_t v32, uint32_t nbm,
+               const uint8_t *qv, const uint16_t *cb, int fol)
+{
+    trmv m = *mp;
+    for (uint32_t i = 0; i < nev; i++) {
+        uint32_t e = ev[i], d = v32 - m.x[e].hv;
+        uint16_t h = (uint16_t)((d >= TR_W ? 0 : (m.x[e].hist << d) & TR_HMASK) | (i < nr));
+        m.x[e].hist = h;
+        m.x[e].hv = v32;
+        mv_move(&m, e, tr_cell(h, qv[e]), fol);
+    }
+    const uint16_t *bm = ev + nev;
+    for (uint32_t i = 0; i < nbm; i++) {
+        uint32_t e = bm[i];
+        mv_move(&m, e, (uint16_t)(cb[m.x[e].cell] + qv[e]), fol);
+    }
+    *mp = m;
+}
+
+static __attribute__((noinline)) void visit_moves(trmv *m, const uint16_t *ev, uint32_t nev,
+                                                  uint32_t nr, uint32_t v32, uint32_t nbm,
+                                                  const uint8_t *qv, const uint16_t *cb)
+{
+    visit_moves_in(m, ev, nev, nr, v32, nbm, qv, cb, 0);
+}
+
+static __attribute__((noinline)) void visit_moves_fol(trmv *m, const uint16_t *ev, uint32_t nev,
+                                                      uint32_t nr, uint32_t v32, uint32_t nbm,
+                                                      const uint8_t *qv, const uint16_t *cb)
+{
+    visit_moves_in(m, ev, nev, nr, v32, nbm, qv, cb, 1);
 }
 
 
@@ -761,20 +798,8 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
             ev_add(ev, emark, stamp, set[i], &nev);
     }
     uint32_t ntk = tracked_set(s, layer, le, n, tk);
-    const uint8_t *qv = s->qv; /* the bins now: 0 but for the tracked ones */
-    const uint16_t *cb = s->cbase;
-    /* each history event's history brought to this visit, the routed bit
-     * set, then its new cell */
-    uint32_t v32 = (uint32_t)V;
-    for (uint32_t i = 0; i < nev; i++) {
-        uint32_t e = ev[i], d = v32 - mv.x[e].hv;
-        uint16_t h = (uint16_t)((d >= TR_W ? 0 : (mv.x[e].hist << d) & TR_HMASK) | (i < nr));
-        mv.x[e].hist = h;
-        mv.x[e].hv = v32;
-        mv_move(&mv, e, tr_cell(h, qv[e]));
-    }
     /* the bins moved: the last visit's tracked experts, then this one's,
-     * each once and none of the events' (in their cells already) */
+     * each once and none of the events' (moved with their history) */
     uint16_t *bm = ev + nev; /* (the scratch past the events) */
     uint32_t nbm = 0;
     for (uint32_t i = 0; i < nold; i++) {
@@ -789,10 +814,10 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
         nbm += emark[e] != stamp;
         emark[e] = stamp;
     }
-    for (uint32_t i = 0; i < nbm; i++) {
-        uint32_t e = bm[i];
-        mv_move(&mv, e, (uint16_t)(cb[mv.x[e].cell] + qv[e]));
-    }
+    if (__builtin_expect(mv.fwhere != NULL, 0))
+        visit_moves_fol(&mv, ev, nev, nr, (uint32_t)V, nbm, s->qv, s->cbase);
+    else
+        visit_moves(&mv, ev, nev, nr, (uint32_t)V, nbm, s->qv, s->cbase);
     uint8_t *qz = s->qv;
     for (uint32_t i = 0; i < ntk; i++)
         qz[tk[i]] = 0; /* (zero between visits: its cell holds it now) */
