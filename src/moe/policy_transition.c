@@ -176,6 +176,7 @@ typedef struct trans {
     uint16_t srt[TR_NC];             /* the cells by p, least first */
     uint16_t rk[TR_NCP];             /* each cell's rank in srt (equal p, equal rank;
                                         the padding's TR_RK_NONE) */
+    uint32_t nr0;                    /* the cells of rank 0: srt[0..nr0) */
     uint64_t visits, pgen;
     uint32_t sleep_stride;           /* > 1: layers not a multiple of it may sleep */
     uint8_t *asleep;                 /* [L] */
@@ -370,9 +371,11 @@ static void rank_p(trans *s)
     }
     uint16_t r = 0;
     s->rk[srt[0]] = 0;
+    s->nr0 = 1;
     for (uint32_t i = 1; i < TR_NC; i++) {
         r = (uint16_t)(r + (P[srt[i]] != P[srt[i - 1]]));
         s->rk[srt[i]] = r;
+        s->nr0 += r == 0;
     }
     s->o.ops += TR_NC;
 }
@@ -886,6 +889,15 @@ static uint32_t layer_least(const trans *m, const ferry__policy *p, trord *o, ui
     const uint16_t *cnt = o->cnt + (size_t)l * TR_NCP;
     uint32_t best = NIL, lo = 0, b = l * o->E, at[TR_NCW];
     uint64_t bk = UINT64_MAX;
+    if (cnt[m->srt[0]]) { /* (mostly: the least p's cell holds one) rank 0 */
+        for (uint32_t i = 0; i < m->nr0; i++)
+            if (cnt[m->srt[i]])
+                ord_cell_least(o, p, b, m->srt[i], unpinned_only, &best, &bk, m->wide);
+        o->ops += m->nr0;
+        if (best != NIL || !unpinned_only)
+            return best;
+        lo = 1;
+    }
     for (;;) {
         uint32_t r = least_rank(m->rk, m->wide, cnt, lo, at);
         o->ops += TR_NCW;
