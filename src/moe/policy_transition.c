@@ -556,7 +556,7 @@ static inline __attribute__((always_inline)) void mv_move(trmv *m, uint32_t e, u
  * cell; then the bins moved (listed past the events, nbm of them) */
 static inline __attribute__((always_inline)) void
 visit_moves_in(trmv *mp, const uint16_t *ev, uint32_t nev, uint32_t nr, uint32_t v32, uint32_t nbm,
-               const uint8_t *qv, const uint16_t *cb, int fol)
+               uint8_t *qv, const uint16_t *cb, int fol)
 {
     trmv m = *mp;
     for (uint32_t i = 0; i < nev; i++) {
@@ -565,25 +565,27 @@ visit_moves_in(trmv *mp, const uint16_t *ev, uint32_t nev, uint32_t nr, uint32_t
         m.x[e].hist = h;
         m.x[e].hv = v32;
         mv_move(&m, e, tr_cell(h, qv[e]), fol);
+        qv[e] = 0; /* (zero between visits: its cell holds it now) */
     }
     const uint16_t *bm = ev + nev;
     for (uint32_t i = 0; i < nbm; i++) {
         uint32_t e = bm[i];
         mv_move(&m, e, (uint16_t)(cb[m.x[e].cell] + qv[e]), fol);
+        qv[e] = 0;
     }
     *mp = m;
 }
 
 static __attribute__((noinline)) void visit_moves(trmv *m, const uint16_t *ev, uint32_t nev,
                                                   uint32_t nr, uint32_t v32, uint32_t nbm,
-                                                  const uint8_t *qv, const uint16_t *cb)
+                                                  uint8_t *qv, const uint16_t *cb)
 {
     visit_moves_in(m, ev, nev, nr, v32, nbm, qv, cb, 0);
 }
 
 static __attribute__((noinline)) void visit_moves_fol(trmv *m, const uint16_t *ev, uint32_t nev,
                                                       uint32_t nr, uint32_t v32, uint32_t nbm,
-                                                      const uint8_t *qv, const uint16_t *cb)
+                                                      uint8_t *qv, const uint16_t *cb)
 {
     visit_moves_in(m, ev, nev, nr, v32, nbm, qv, cb, 1);
 }
@@ -821,9 +823,6 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
         visit_moves_fol(&mv, ev, nev, nr, (uint32_t)V, nbm, s->qv, s->cbase);
     else
         visit_moves(&mv, ev, nev, nr, (uint32_t)V, nbm, s->qv, s->cbase);
-    uint8_t *qz = s->qv;
-    for (uint32_t i = 0; i < ntk; i++)
-        qz[tk[i]] = 0; /* (zero between visits: its cell holds it now) */
     memcpy(us, tk, ntk * sizeof *us); /* named for the next visit's events */
     s->o.ops += nold + ntk;
     s->un[layer] = ntk;
