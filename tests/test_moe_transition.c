@@ -184,6 +184,30 @@ static void transition_lists_choose_as_the_scan(void **state)
     assert_true(checked > 100000);
 }
 
+/* one layer of four experts whose routed pair alternates, A = {0, 1}
+ * then B = {2, 3}, at top_k + 1 slots: the cell of least p is the routed
+ * pair's (what is routed now never follows itself), whose residents the
+ * step pins, so a victim is the least of the next rank (the other pair's,
+ * resident, unpinned) */
+static void transition_looks_past_a_pinned_least_cell(void **state)
+{
+    (void)state;
+    ferry_moe_model m = {.num_layers = 1, .num_experts = 4, .top_k = 2};
+    snprintf(m.name, sizeof m.name, "alternate");
+    ferry_moe_trace *t;
+    FT_ASSERT_OK(ferry_moe_trace_create(&m, &t));
+    for (uint32_t tk = 0; tk < 400; tk++) {
+        uint32_t ex[2] = {tk % 2 * 2, tk % 2 * 2 + 1};
+        FT_ASSERT_OK(ferry_moe_trace_append(t, tk, 0, ex, 2));
+    }
+    uint64_t checked = 0;
+    verify_replay(t, "transition", 3, &checked);
+    verify_replay(t, "trio", 3, &checked);
+    print_message("%llu victims checked against the scan\n", (unsigned long long)checked);
+    assert_true(checked >= 700);
+    ferry_moe_trace_destroy(t);
+}
+
 /* a planner's transition work per layer-step on trace t at `slots`:
  * the mean after the first token, and the most of one step */
 static void work_per_step(const ferry_moe_trace *t, uint32_t slots, double *mean, uint64_t *most,
@@ -504,6 +528,7 @@ int main(void)
         cmocka_unit_test(transition_survives_counter_halving),
         cmocka_unit_test(transition_refuses_huge_shapes),
         cmocka_unit_test(transition_lists_choose_as_the_scan),
+        cmocka_unit_test(transition_looks_past_a_pinned_least_cell),
         cmocka_unit_test(transition_work_does_not_grow_with_slots),
         cmocka_unit_test(transition_steady_work_does_not_grow_with_slots),
         cmocka_unit_test(transition_wakes_to_the_cells_it_would_have),

@@ -176,6 +176,7 @@ typedef struct trans {
     uint16_t srt[TR_NC];             /* the cells by p, least first */
     uint16_t rk[TR_NCP];             /* each cell's rank in srt (equal p, equal rank;
                                         the padding's TR_RK_NONE) */
+    uint32_t nr0;                    /* the cells of rank 0: srt[0..nr0) */
     uint64_t visits, pgen;
     uint32_t sleep_stride;           /* > 1: layers not a multiple of it may sleep */
     uint8_t *asleep;                 /* [L] */
@@ -370,9 +371,11 @@ static void rank_p(trans *s)
     }
     uint16_t r = 0;
     s->rk[srt[0]] = 0;
+    s->nr0 = 1;
     for (uint32_t i = 1; i < TR_NC; i++) {
         r = (uint16_t)(r + (P[srt[i]] != P[srt[i - 1]]));
         s->rk[srt[i]] = r;
+        s->nr0 += r == 0;
     }
     s->o.ops += TR_NC;
 }
@@ -520,12 +523,14 @@ static inline void mv_done(trmv *m, trans *s)
 /* expert e (layer-local) gets cell c now: counts, and its slot touched
  * in the lead's order (ord_touch_any's, the order's fields in locals) and
  * the follower's */
-static inline __attribute__((always_inline)) void mv_move(trmv *m, uint32_t e, uint16_t c)
+static inline __attribute__((always_inline)) void mv_move(trmv *m, uint32_t e, uint16_t c,
+                                                          int fol)
 {
     struct trx *xe = &m->x[e];
     uint16_t old = xe->cell;
-    if (old == c)
-        return;
+    /* (no branch on whether it moved: a count down and up, a correction
+     * off and on, and a touch only where it moved) */
+    uint32_t moved = old != c;
     m->cc[old]--;
     m->cc[c]++;
     m->corr[old] -= m->t; /* a count down by one at fold-visit t */
@@ -533,14 +538,56 @@ static inline __attribute__((always_inline)) void mv_move(trmv *m, uint32_t e, u
     xe->cell = c;
     uint32_t v = m->where[e] < m->none ? m->where[e] : m->none, on;
     trslot *sv = &m->sl[v];
-    on = sv->id != NIL;
+    on = (sv->id != NIL) & moved;
     m->on |= on;
     m->plist[m->pn] = v;
     m->pn += on & !sv->pend;
     sv->pend |= (uint8_t)on;
-    uint32_t slot; /* (a follower's shadow holds the layers it samples alone) */
-    if (__builtin_expect(m->fwhere != NULL, 0) && (slot = m->fwhere[e]) != FERRY_MOE_NONE)
-        ord_touch(m->fo, m->l, slot);
+    if (fol) { /* (a follower's shadow holds the layers it samples alone) */
+        uint32_t slot = m->fwhere[e];
+        slot = moved ? slot : FERRY_MOE_NONE;
+        if (slot != FERRY_MOE_NONE)
+            ord_touch(m->fo, m->l, slot);
+    }
+}
+
+/* the visit's moves, its layer's arrays in registers: each history event
+ * ev[0..nev) brought to visit v32 (routed now: the first nr), in its new
+ * cell; then the bins moved (listed past the events, nbm of them) */
+static inline __attribute__((always_inline)) void
+visit_moves_in(trmv *mp, const uint16_t *ev, uint32_t nev, uint32_t nr, uint32_t v32, uint32_t nbm,
+               uint8_t *qv, const uint16_t *cb, int fol)
+{
+    trmv m = *mp;
+    for (uint32_t i = 0; i < nev; i++) {
+        uint32_t e = ev[i], d = v32 - m.x[e].hv;
+        uint16_t h = (uint16_t)((d >= TR_W ? 0 : (m.x[e].hist << d) & TR_HMASK) | (i < nr));
+        m.x[e].hist = h;
+        m.x[e].hv = v32;
+        mv_move(&m, e, tr_cell(h, qv[e]), fol);
+        qv[e] = 0; /* (zero between visits: its cell holds it now) */
+    }
+    const uint16_t *bm = ev + nev;
+    for (uint32_t i = 0; i < nbm; i++) {
+        uint32_t e = bm[i];
+        mv_move(&m, e, (uint16_t)(cb[m.x[e].cell] + qv[e]), fol);
+        qv[e] = 0;
+    }
+    *mp = m;
+}
+
+static __attribute__((noinline)) void visit_moves(trmv *m, const uint16_t *ev, uint32_t nev,
+                                                  uint32_t nr, uint32_t v32, uint32_t nbm,
+                                                  uint8_t *qv, const uint16_t *cb)
+{
+    visit_moves_in(m, ev, nev, nr, v32, nbm, qv, cb, 0);
+}
+
+static __attribute__((noinline)) void visit_moves_fol(trmv *m, const uint16_t *ev, uint32_t nev,
+                                                      uint32_t nr, uint32_t v32, uint32_t nbm,
+                                                      uint8_t *qv, const uint16_t *cb)
+{
+    visit_moves_in(m, ev, nev, nr, v32, nbm, qv, cb, 1);
 }
 
 
@@ -733,8 +780,11 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
     s->lt[layer]++;
     trmv mv;
     mv_init(&mv, s, layer);
-    for (uint32_t j = 0; j < n; j++) /* routed now, counted in the cells of before */
+    for (uint32_t j = 0; j < n; j++) { /* routed now, counted in the cells of before */
         s->kG[s->x[b + le[j]].cell] += 1;
+        TR_PREFETCH(s->lanes + (b + le[j]) * TR_ROW); /* (tracked_set's rows, */
+        TR_PREFETCH(s->tn + b + le[j]); /* asked for while the last visit's learn) */
+    }
     learn_pending(s, layer); /* (this visit's alone) */
     /* history events: routed now, at the last visit, 16 visits ago, each
      * once (marked in emark, without a branch: the sets overlap by chance) */
@@ -753,20 +803,8 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
             ev_add(ev, emark, stamp, set[i], &nev);
     }
     uint32_t ntk = tracked_set(s, layer, le, n, tk);
-    const uint8_t *qv = s->qv; /* the bins now: 0 but for the tracked ones */
-    const uint16_t *cb = s->cbase;
-    /* each history event's history brought to this visit, the routed bit
-     * set, then its new cell */
-    uint32_t v32 = (uint32_t)V;
-    for (uint32_t i = 0; i < nev; i++) {
-        uint32_t e = ev[i], d = v32 - mv.x[e].hv;
-        uint16_t h = (uint16_t)((d >= TR_W ? 0 : (mv.x[e].hist << d) & TR_HMASK) | (i < nr));
-        mv.x[e].hist = h;
-        mv.x[e].hv = v32;
-        mv_move(&mv, e, tr_cell(h, qv[e]));
-    }
     /* the bins moved: the last visit's tracked experts, then this one's,
-     * each once and none of the events' (in their cells already) */
+     * each once and none of the events' (moved with their history) */
     uint16_t *bm = ev + nev; /* (the scratch past the events) */
     uint32_t nbm = 0;
     for (uint32_t i = 0; i < nold; i++) {
@@ -781,13 +819,10 @@ static int tr_begin_step(ferry__policy *p, uint32_t layer, const uint32_t *ids, 
         nbm += emark[e] != stamp;
         emark[e] = stamp;
     }
-    for (uint32_t i = 0; i < nbm; i++) {
-        uint32_t e = bm[i];
-        mv_move(&mv, e, (uint16_t)(cb[mv.x[e].cell] + qv[e]));
-    }
-    uint8_t *qz = s->qv;
-    for (uint32_t i = 0; i < ntk; i++)
-        qz[tk[i]] = 0; /* (zero between visits: its cell holds it now) */
+    if (__builtin_expect(mv.fwhere != NULL, 0))
+        visit_moves_fol(&mv, ev, nev, nr, (uint32_t)V, nbm, s->qv, s->cbase);
+    else
+        visit_moves(&mv, ev, nev, nr, (uint32_t)V, nbm, s->qv, s->cbase);
     memcpy(us, tk, ntk * sizeof *us); /* named for the next visit's events */
     s->o.ops += nold + ntk;
     s->un[layer] = ntk;
@@ -853,6 +888,15 @@ static uint32_t layer_least(const trans *m, const ferry__policy *p, trord *o, ui
     const uint16_t *cnt = o->cnt + (size_t)l * TR_NCP;
     uint32_t best = NIL, lo = 0, b = l * o->E, at[TR_NCW];
     uint64_t bk = UINT64_MAX;
+    if (cnt[m->srt[0]]) { /* (mostly: the least p's cell holds one) rank 0 */
+        for (uint32_t i = 0; i < m->nr0; i++)
+            if (cnt[m->srt[i]])
+                ord_cell_least(o, p, b, m->srt[i], unpinned_only, &best, &bk, m->wide);
+        o->ops += m->nr0;
+        if (best != NIL || !unpinned_only)
+            return best;
+        lo = 1;
+    }
     for (;;) {
         uint32_t r = least_rank(m->rk, m->wide, cnt, lo, at);
         o->ops += TR_NCW;

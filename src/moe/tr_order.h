@@ -199,6 +199,47 @@ ord_cell_least_avx2(trord *o, const ferry__policy *p, uint32_t b, uint16_t c, in
     o->ops += E / 16;
     return e;
 }
+
+/* the same without pinned ones to skip and without a branch on the ids
+ * (how many of 16 are in the cell is a coin toss to the predictor): the
+ * keys, all below 2^63, four a register, the others' raised to the most;
+ * the least of each lane and its index, and of those the least */
+static __attribute__((target("avx2"), noinline)) uint32_t
+ord_cell_min_avx2(trord *o, uint32_t b, uint16_t c, uint32_t *best, uint64_t *bk)
+{
+    const uint16_t *fc = o->fc + b;
+    const uint64_t *key = o->key + b;
+    uint32_t E = o->E, e = 0;
+    __m256i cv = _mm256_set1_epi16((short)c), most = _mm256_set1_epi64x(INT64_MAX);
+    __m256i m0 = most, m1 = most, i0 = _mm256_setzero_si256(), i1 = i0;
+    __m256i ix = _mm256_set_epi64x(3, 2, 1, 0), four = _mm256_set1_epi64x(4);
+    for (; e + 8 <= E; e += 8) {
+        __m128i eq = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)(const void *)(fc + e)),
+                                     _mm256_castsi256_si128(cv));
+        __m256i q0 = _mm256_cvtepi16_epi64(eq), q1 = _mm256_cvtepi16_epi64(_mm_srli_si128(eq, 8));
+        __m256i k0 = _mm256_blendv_epi8(most, _mm256_loadu_si256((const __m256i *)(const void *)(key + e)), q0);
+        __m256i k1 = _mm256_blendv_epi8(most, _mm256_loadu_si256((const __m256i *)(const void *)(key + e + 4)), q1);
+        __m256i lt0 = _mm256_cmpgt_epi64(m0, k0), lt1 = _mm256_cmpgt_epi64(m1, k1);
+        m0 = _mm256_blendv_epi8(m0, k0, lt0);
+        i0 = _mm256_blendv_epi8(i0, ix, lt0);
+        ix = _mm256_add_epi64(ix, four);
+        m1 = _mm256_blendv_epi8(m1, k1, lt1);
+        i1 = _mm256_blendv_epi8(i1, ix, lt1);
+        ix = _mm256_add_epi64(ix, four);
+    }
+    uint64_t mk[8], mi[8];
+    _mm256_storeu_si256((__m256i *)(void *)mk, m0);
+    _mm256_storeu_si256((__m256i *)(void *)(mk + 4), m1);
+    _mm256_storeu_si256((__m256i *)(void *)mi, i0);
+    _mm256_storeu_si256((__m256i *)(void *)(mi + 4), i1);
+    for (uint32_t j = 0; j < 8; j++) { /* (keys are unique: any order) */
+        int lt = mk[j] < *bk && mk[j] != (uint64_t)INT64_MAX;
+        *best = lt ? b + (uint32_t)mi[j] : *best;
+        *bk = lt ? mk[j] : *bk;
+    }
+    o->ops += E / 8;
+    return e;
+}
 #endif
 
 static void ord_cell_least(trord *o, const ferry__policy *p, uint32_t b, uint16_t c,
@@ -209,7 +250,9 @@ static void ord_cell_least(trord *o, const ferry__policy *p, uint32_t b, uint16_
     uint32_t E = o->E, e = 0;
     (void)wide;
 #if defined(TR_ROWS_AVX2)
-    if (wide)
+    if (wide && !unpinned_only)
+        e = ord_cell_min_avx2(o, b, c, best, bk);
+    else if (wide)
         e = ord_cell_least_avx2(o, p, b, c, unpinned_only, best, bk);
 #endif
 #if defined(__SSE2__)

@@ -125,11 +125,53 @@ rowv_terms_avx2(const uint16_t *tc, double w, double *term)
     }
 }
 
+/* ts_rows_in with a full row's lanes four at a time: their sums loaded
+ * into one register, each term added, stored back, and those that were 0
+ * listed, in lane order (a row's lanes are distinct experts, so the four
+ * are four sums; the adds are the same, in the same order) */
 static __attribute__((target("avx2"), noinline)) size_t
 ts_rows_avx2(const uint16_t *lanes, const uint8_t *tn, const uint16_t *le, uint32_t n,
              const double *wr, double *acc, uint16_t *cand, uint64_t *ops)
 {
-    return ts_rows_in(lanes, tn, le, n, wr, acc, cand, ops, rowv_terms_avx2);
+    size_t nc = 0;
+    __m256d z = _mm256_setzero_pd();
+    for (uint32_t j = 0; j < n; j++) {
+        uint32_t r = le[j], used = tn[r];
+        const uint16_t *top = lanes + (size_t)r * TR_ROW;
+        *ops += used;
+        if (used != TR_K) { /* (a row not yet full: a lane at a time) */
+            double term[TR_K];
+            rowv_terms_avx2(top + TR_K, wr[j], term);
+            for (uint32_t i = 0; i < used; i++)
+                ts_lane(acc, cand, &nc, top[i], term[i]);
+            continue;
+        }
+        __m256d wv = _mm256_set1_pd(wr[j]);
+        for (uint32_t g = 0; g < TR_K; g += 4) {
+            __m256d term = _mm256_mul_pd(
+                _mm256_cvtepi32_pd(_mm_cvtepu16_epi32(
+                    _mm_loadl_epi64((const __m128i *)(const void *)(top + TR_K + g)))),
+                wv);
+            uint32_t e0 = top[g], e1 = top[g + 1], e2 = top[g + 2], e3 = top[g + 3];
+            __m256d a = _mm256_set_pd(acc[e3], acc[e2], acc[e1], acc[e0]);
+            uint32_t fresh = (uint32_t)_mm256_movemask_pd(_mm256_cmp_pd(a, z, _CMP_EQ_OQ));
+            a = _mm256_add_pd(a, term);
+            __m128d lo = _mm256_castpd256_pd128(a), hi = _mm256_extractf128_pd(a, 1);
+            _mm_storel_pd(acc + e0, lo);
+            _mm_storeh_pd(acc + e1, lo);
+            _mm_storel_pd(acc + e2, hi);
+            _mm_storeh_pd(acc + e3, hi);
+            cand[nc] = (uint16_t)e0;
+            nc += fresh & 1;
+            cand[nc] = (uint16_t)e1;
+            nc += fresh >> 1 & 1;
+            cand[nc] = (uint16_t)e2;
+            nc += fresh >> 2 & 1;
+            cand[nc] = (uint16_t)e3;
+            nc += fresh >> 3;
+        }
+    }
+    return nc;
 }
 
 /* the edges, each in four lanes */
