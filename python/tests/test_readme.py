@@ -19,6 +19,7 @@ that raises, or uses a name the reader was not told to have, fails here.
   and promoted back through it.
 """
 import importlib
+from types import SimpleNamespace
 import os
 import re
 
@@ -133,7 +134,10 @@ def test_the_vllm_secondary_tier_block_runs_as_printed(tmp_path):
     slot = 64 * 1024
     primary = np.zeros((4, slot), np.uint8)
     primary[0] = np.arange(slot, dtype=np.uint64).astype(np.uint8)
-    tier = cls(offloading_spec=None, primary_kv_view=memoryview(primary),
+    vllm_config = SimpleNamespace(   # (the fields of vLLM's the tier reads)
+        model_config=SimpleNamespace(model="org/model", revision=None, dtype="torch.bfloat16"),
+        cache_config=SimpleNamespace(cache_dtype="auto", block_size=16))
+    tier = cls(vllm_config=vllm_config, primary_kv_view=memoryview(primary),
                tier_type="FerrySecondaryTier", **conf)
     ctx = base.ReqContext(req_id="r")
     key = b"k" * 36

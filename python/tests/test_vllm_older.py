@@ -200,10 +200,10 @@ def test_the_secondary_tiers_persistent_setting_is_read_as_written(monkeypatch):
             self.chunk_tokens = kw["chunk_tokens"]
     monkeypatch.setattr(vllm_adapter, "KVStore", KVStore)
     view = memoryview(bytearray(4 * 64)).cast("B", (4, 64))
-    FerrySecondaryTier(None, view, l1="1M", persistent="false")
+    FerrySecondaryTier(None, view, l1="1M", model="m", persistent="false")
     assert seen["persistent"] is False
     with pytest.raises(ValueError, match="persistent"):
-        FerrySecondaryTier(None, view, l1="1M", persistent="maybe")
+        FerrySecondaryTier(None, view, l1="1M", model="m", persistent="maybe")
 
 
 class _Backend:

@@ -12,6 +12,7 @@ array of slots viewed through a memoryview, as the tiering manager passes it.
 """
 import time
 import importlib
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,6 +21,11 @@ import ferry
 from ferry.adapters import _vllm_base as base
 
 SLOT = 64 * 1024
+# the OffloadingSpec the tier is built with: its vllm_config (the fields the
+# tier reads; test_vllm_tier_keys.py for what they change)
+SPEC = SimpleNamespace(vllm_config=SimpleNamespace(
+    model_config=SimpleNamespace(model="org/model", revision=None, dtype="torch.bfloat16"),
+    cache_config=SimpleNamespace(cache_dtype="auto", block_size=16)))
 
 
 def make_tier(primary, **extra):
@@ -28,7 +34,7 @@ def make_tier(primary, **extra):
     conf = dict(conf)
     cls = getattr(importlib.import_module(conf.pop("module_path")), conf.pop("type"))
     assert issubclass(cls, base.SecondaryTierManager)
-    return cls(offloading_spec=None, primary_kv_view=memoryview(primary),
+    return cls(offloading_spec=SPEC, primary_kv_view=memoryview(primary),
                tier_type="FerrySecondaryTier", **conf)
 
 
@@ -80,7 +86,7 @@ def test_a_promotion_of_a_lost_chunk_is_reported_failed():
     k0, k1 = b"a" * 36, b"b" * 36
     tier.submit_store(job(1, [k0, k1], [0, 1], False))
     poll(tier, 1)
-    tier.store.delete([0] * tier.TOKENS, salt=k1)            # evicted meanwhile
+    tier.store.delete([0] * tier.TOKENS, salt=tier.salt(k1))   # evicted meanwhile
     primary[3] = 0
     tier.submit_load(job(2, [k0, k1], [2, 3], True))
     tier.drain_jobs()
@@ -128,7 +134,7 @@ def test_an_unknown_setting_is_refused_naming_it(tmp_path):
         unregister_store("tier-test")
         store.close()
     # (a vLLM whose factory pops "type" alone passes "module_path" on)
-    tier = FerrySecondaryTier(offloading_spec=None, primary_kv_view=memoryview(primary),
+    tier = FerrySecondaryTier(offloading_spec=SPEC, primary_kv_view=memoryview(primary),
                               tier_type="FerrySecondaryTier", l1="1M", l2=None, model=None,
                               backpressure={"type": "ema"}, tier_name="ferry",
                               module_path="ferry.adapters.vllm", persistent="no")

@@ -2201,6 +2201,67 @@ if VLLM:
 
 
 # ==== ferry behind vLLM's own OffloadingConnector ====
+def _tier_ranks(vllm_config):
+    """The tier's place in vLLM's topology: "tp<rank>of<world>-pp..-pcp..",
+    and DCP's size. A rank comes from vLLM's groups where this process is
+    one (external_launcher, one process); vLLM's scheduler process, whose
+    primary slot holds every worker's part, is "all" at a world above one."""
+    pc = getattr(vllm_config, "parallel_config", None)
+    parts = []
+    for name, attr, rank_of in (
+            ("tp", "tensor_parallel_size", lambda d: d.get_tensor_model_parallel_rank()),
+            ("pp", "pipeline_parallel_size", lambda d: d.get_pp_group().rank_in_group),
+            ("pcp", "prefill_context_parallel_size", lambda d: d.get_pcp_group().rank_in_group)):
+        world = int(getattr(pc, attr, 1) or 1)
+        rank = 0
+        if world > 1:
+            try:
+                import vllm.distributed as dist
+                rank = int(rank_of(dist))
+            except (ImportError, AssertionError, AttributeError, RuntimeError, TypeError):
+                rank = "all"    # (groups not initialized here: vLLM's scheduler)
+        parts.append(f"{name}{rank}of{world}")
+    dcp = int(getattr(pc, "decode_context_parallel_size", 1) or 1)
+    return "-".join(parts) + f"-dcp{dcp}"
+
+
+def _tier_identity(vllm_config, model, slot_bytes):
+    """What the bytes of one of vLLM's primary slots are, the offload key
+    aside: vLLM's offload keys hash the tokens alone (chained from a seed
+    that PYTHONHASHSEED fixes across restarts), so the same prompt gives the
+    same key under another model, cache dtype, geometry, rank or KV layout.
+    The tier salts every key with this, and another engine never finds,
+    let alone loads, this one's chunks in a persistent L2, a remote or a
+    registered store. model: the tier's "model" setting, else vLLM's
+    model and revision. A ValueError without vllm_config or model."""
+    if vllm_config is None:
+        if model is None:
+            raise ValueError(
+                "ferry: secondary tier: no vllm_config to tell the model, cache dtype and "
+                "ranks its chunks are of (vLLM's offload keys hash the tokens alone, so "
+                "another model's chunks would load as this one's): give \"model\", a name "
+                "that changes with the model, its dtype, the cache dtype and the rank")
+        return f"ferry-tier/1;model={model};slot={slot_bytes}"
+    mc = getattr(vllm_config, "model_config", None)
+    cc = getattr(vllm_config, "cache_config", None)
+    ac = getattr(vllm_config, "attention_config", None)
+    ktc = getattr(vllm_config, "kv_transfer_config", None)
+    extra = getattr(ktc, "kv_connector_extra_config", None) or {}
+    if model is None:
+        model = f"{getattr(mc, 'model', None)}@{getattr(mc, 'revision', None)}"
+    cache = getattr(cc, "cache_dtype", None)
+    cache = _KV_FORMAT_ALIASES.get(cache, cache) if isinstance(cache, str) else cache
+    fields = (
+        ("model", model), ("dtype", getattr(mc, "dtype", None)),
+        ("quant", getattr(mc, "quantization", None)), ("kv", cache),
+        ("block", getattr(cc, "block_size", None)),
+        ("offload_block", extra.get("block_size") if isinstance(extra, dict) else None),
+        ("slot", slot_bytes), ("ranks", _tier_ranks(vllm_config)),
+        ("backend", getattr(ac, "backend", None) or os.environ.get("VLLM_ATTENTION_BACKEND")),
+        ("layout", os.environ.get("VLLM_KV_CACHE_LAYOUT")))
+    return "ferry-tier/1;" + ";".join(f"{k}={v}" for k, v in fields)
+
+
 class FerrySecondaryTier(SecondaryTierManager):
     """ferry as a secondary tier of vLLM's TieringOffloadingSpec: vLLM's CPU
     tier stays the primary (the one that moves KV to and from the GPU); ferry's
@@ -2224,8 +2285,17 @@ class FerrySecondaryTier(SecondaryTierManager):
 
     Each of vLLM's offload keys is one ferry chunk: the primary slot's bytes,
     kept as they are, under the key (ferry's salt; the chunk's tokens are a
-    fixed filler). Every method runs in vLLM's scheduler process and returns
-    at once: submit_store and submit_load start ferry's asynchronous store or
+    fixed filler) after the tier's identity (_tier_identity: vLLM's model,
+    revision and dtype, the cache dtype, block and slot sizes, TP, PP and
+    PCP ranks and sizes, attention backend and KV layout; the "model"
+    setting, where given, stands for the model and revision). vLLM's keys
+    hash the tokens alone, so without it a persistent L2, a remote or a
+    registered store kept across a change of any of these would load
+    another engine's bytes for the same prompt. Without vllm_config
+    (vLLM's, or its OffloadingSpec's) the tier needs "model", and is a
+    ValueError saying so; "model" may be given beside "ferry.store".
+    Every method runs in vLLM's scheduler process and returns at once:
+    submit_store and submit_load start ferry's asynchronous store or
     retrieve straight from or into the primary slots (their buffers stay
     pinned by vLLM until the job is reported), get_finished_jobs polls them.
     A promotion whose chunk failed its checksum or was evicted is reported
@@ -2252,6 +2322,16 @@ class FerrySecondaryTier(SecondaryTierManager):
         self._tokens = [0] * self.TOKENS
         layout = self.layout_for(self._chunk_bytes)
         config = self._settings(config)
+        if vllm_config is None:   # (vLLM before vllm_config= passed its OffloadingSpec's)
+            vllm_config = getattr(offloading_spec, "vllm_config", None)
+        model = config.pop("model", None)
+        if model is not None and (not isinstance(model, str) or not model):
+            raise ValueError(f"ferry: secondary tier: \"model\" is a non-empty string, "
+                             f"got {model!r}")
+        self.identity = _tier_identity(vllm_config, None if model is None else str(model),
+                                       self._chunk_bytes)
+        self._prefix = hashlib.blake2b(self.identity.encode(), digest_size=32).digest()
+        log.info("ferry: secondary tier: chunks keyed under %s", self.identity)
         name = config.pop("ferry.store", None)
         self._own = False
         if name is not None:
@@ -2262,7 +2342,8 @@ class FerrySecondaryTier(SecondaryTierManager):
             if "l1" not in config:
                 raise ValueError("ferry: secondary tier needs \"l1\" (its host pool size) or "
                                  "\"ferry.store\"")
-            self.store = KVStore(model=str(config.pop("model", "vllm-offload")), layout=layout,
+            self.store = KVStore(model="vllm-offload" if model is None else str(model),
+                                 layout=layout,
                                  l1=config.pop("l1"), l2=config.pop("l2", None),
                                  persistent=_truthy(config.pop("persistent", False),
                                                     "'persistent'"),
@@ -2296,7 +2377,7 @@ class FerrySecondaryTier(SecondaryTierManager):
             raise ValueError(f"ferry: secondary tier: unknown setting "
                              f"{', '.join(map(repr, unknown))}; it reads "
                              f"{', '.join(cls._SETTINGS)}")
-        mine = sorted(k for k in config if k != "ferry.store")
+        mine = sorted(k for k in config if k not in ("ferry.store", "model"))
         if "ferry.store" in config and mine:
             raise ValueError(f"ferry: secondary tier: with \"ferry.store\" the registered "
                              f"store's settings are its own: give no {', '.join(mine)}")
@@ -2315,6 +2396,12 @@ class FerrySecondaryTier(SecondaryTierManager):
             heads *= 2
         return Layout(1, heads, per // heads, "u8", kv=1)
 
+    def salt(self, key):
+        """The salt (bytes) the chunk of one of vLLM's offload keys is under
+        in self.store: a fixed-length digest of the tier's identity
+        (self.identity), then the key."""
+        return self._prefix + key
+
     def _slot(self, chunk_id):
         return self._slots[int(chunk_id)].reshape(1, 1, self.TOKENS, -1)
 
@@ -2322,7 +2409,7 @@ class FerrySecondaryTier(SecondaryTierManager):
         if key in self._storing:
             return LookupResult.RETRY
         try:
-            hit = self.store.lookup(self._tokens, salt=bytes(key))
+            hit = self.store.lookup(self._tokens, salt=self.salt(bytes(key)))
         except FerryError as e:
             log.warning("ferry: secondary tier: lookup: %s", e)
             return LookupResult.MISS
@@ -2334,8 +2421,9 @@ class FerrySecondaryTier(SecondaryTierManager):
             key = bytes(key)
             op = None
             try:
-                if self.store.lookup(self._tokens, salt=key) < self.TOKENS:
-                    op = self.store.store_async(self._tokens, self._slot(cid), salt=key)
+                if self.store.lookup(self._tokens, salt=self.salt(key)) < self.TOKENS:
+                    op = self.store.store_async(self._tokens, self._slot(cid),
+                                                salt=self.salt(key))
                     self._storing[key] = self._storing.get(key, 0) + 1
                 else:
                     op = True   # present already
@@ -2349,7 +2437,8 @@ class FerrySecondaryTier(SecondaryTierManager):
         for key, cid in zip(job_metadata.keys, job_metadata.chunk_ids):
             key = bytes(key)
             try:
-                op = self.store.retrieve_async(self._tokens, self._slot(cid), salt=key)
+                op = self.store.retrieve_async(self._tokens, self._slot(cid),
+                                               salt=self.salt(key))
             except FerryError as e:
                 log.warning("ferry: secondary tier: load of job %d: %s", job_metadata.job_id, e)
                 op = None
