@@ -242,6 +242,43 @@ static void sizes_parse_with_suffixes(void **state)
     assert_int_equal(v, 77); /* untouched on failure */
 }
 
+/* a lowercase b is bits to many: refused, with the byte spellings to use;
+ * every upper-case B form reads as before */
+static void sizes_with_a_lowercase_b_are_refused(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *s, *hint;
+    } bits[] = {{"64Gb", "64G, 64GiB or 64GB"}, {"8Mb", "8M, 8MiB or 8MB"},
+                {"1kb", "1K, 1KiB or 1KB"},     {"8Mib", "8M, 8MiB or 8MB"},
+                {"1.5gb", "1.5G, 1.5GiB or 1.5GB"}, {"100b", "100 or 100B"},
+                {"2TIb", "2T, 2TiB or 2TB"}};
+    for (size_t i = 0; i < sizeof bits / sizeof *bits; i++) {
+        uint64_t v = 77;
+        int rc = ferry_parse_size(bits[i].s, &v);
+        if (rc != -EINVAL || v != 77)
+            fail_msg("ferry_parse_size(\"%s\") = %d, %llu: want -EINVAL, untouched", bits[i].s,
+                     rc, (unsigned long long)v);
+        const char *m = ferry_last_error();
+        if (!strstr(m, bits[i].s) || !strstr(m, "bits") || !strstr(m, bits[i].hint))
+            fail_msg("message for \"%s\": \"%s\" (want it to say bits and \"%s\")", bits[i].s,
+                     m, bits[i].hint);
+    }
+    static const struct {
+        const char *s;
+        uint64_t v;
+    } bytes[] = {{"64G", 64ull << 30}, {"64GB", 64ull << 30}, {"64GiB", 64ull << 30},
+                 {"64gB", 64ull << 30}, {"64giB", 64ull << 30}, {"64GIB", 64ull << 30},
+                 {"1k", 1024},          {"1KB", 1024},          {"100B", 100}};
+    for (size_t i = 0; i < sizeof bytes / sizeof *bytes; i++) {
+        uint64_t v = 0;
+        FT_ASSERT_OK(ferry_parse_size(bytes[i].s, &v));
+        if (v != bytes[i].v)
+            fail_msg("ferry_parse_size(\"%s\") = %llu, want %llu", bytes[i].s,
+                     (unsigned long long)v, (unsigned long long)bytes[i].v);
+    }
+}
+
 /* every errno has its name, and the new library code too */
 static void every_errno_has_a_name(void **state)
 {
@@ -469,6 +506,7 @@ int main(void)
         cmocka_unit_test(env_bad_values_are_warned_of),
         cmocka_unit_test(allocation_hook_injects_oom),
         cmocka_unit_test(sizes_parse_with_suffixes),
+        cmocka_unit_test(sizes_with_a_lowercase_b_are_refused),
         cmocka_unit_test(version_matches_macros),
         cmocka_unit_test(every_errno_has_a_name),
         cmocka_unit_test(directory_lock_has_one_owner),

@@ -147,7 +147,9 @@ FERRY_API void ferry_set_allocator(const ferry_allocator *a);
  * are powers of 1024, then "iB" or "B" optional; digits alone are taken
  * exactly, a fraction is rounded to the nearest byte). Digits first: no
  * sign, space, hexadecimal or exponent (as the CLI and the daemon's
- * config). -EINVAL if bad or above 2^64 - 1 bytes (*out untouched, the
+ * config). A lowercase "b" ("64Gb", "8Mib", "1kb", "100b") is refused,
+ * not read as bytes: it means bits to many; the message says to write G,
+ * GiB or GB. -EINVAL if bad or above 2^64 - 1 bytes (*out untouched, the
  * message quotes s).
  */
 FERRY_API int ferry_parse_size(const char *s, uint64_t *out);
