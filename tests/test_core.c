@@ -2,8 +2,10 @@
  * test_core.c - error codes, messages, logging levels, the allocation hook,
  * size parsing and the version.
  */
+/* ferry-test-labels: concurrent */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -121,6 +123,95 @@ static void log_levels_filter_and_parse(void **state)
     assert_int_equal(g_logged, 1);
     ferry_log_set_callback(NULL, NULL);
     ferry_log_set_level(FERRY_LOG_WARN);
+}
+
+/* the level is clamped to OFF..TRACE, as the header says */
+static void log_level_out_of_range_is_clamped(void **state)
+{
+    (void)state;
+    ferry_log_set_level(99);
+    assert_int_equal(ferry_log_get_level(), FERRY_LOG_TRACE);
+    ferry_log_set_level(-5);
+    assert_int_equal(ferry_log_get_level(), FERRY_LOG_OFF);
+    ferry_log_set_level(FERRY_LOG_TRACE + 1);
+    assert_int_equal(ferry_log_get_level(), FERRY_LOG_TRACE);
+    ferry_log_set_level(FERRY_LOG_WARN);
+    assert_int_equal(ferry_log_get_level(), FERRY_LOG_WARN);
+}
+
+/* a callback replaced while other threads log: each call gets the pair's
+ * own ctx (never another callback's), and once ferry_log_set_callback
+ * returned no thread is inside the pair it replaced nor enters it (its ctx
+ * is marked retired then; the callback looks at entry and after a pause) */
+#define SWAP_PAIRS 3000
+typedef struct {
+    char tag;
+    atomic_int retired;
+} swap_ctx;
+static swap_ctx g_swap[SWAP_PAIRS];
+static atomic_int g_swap_stop, g_swap_calls, g_swap_mixed, g_swap_late;
+
+static void swap_check(char tag, void *ctx)
+{
+    swap_ctx *c = ctx;
+    atomic_fetch_add(&g_swap_calls, 1);
+    if (c->tag != tag)
+        atomic_fetch_add(&g_swap_mixed, 1);
+    if (atomic_load(&c->retired))
+        atomic_fetch_add(&g_swap_late, 1);
+    for (volatile int i = 0; i < 2000; i++) /* a callback that takes a while */
+        ;
+    if (atomic_load(&c->retired))
+        atomic_fetch_add(&g_swap_late, 1);
+}
+
+static void swap_cb_a(int level, const char *msg, void *ctx)
+{
+    (void)level;
+    (void)msg;
+    swap_check('a', ctx);
+}
+
+static void swap_cb_b(int level, const char *msg, void *ctx)
+{
+    (void)level;
+    (void)msg;
+    swap_check('b', ctx);
+}
+
+static void *swap_logger(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&g_swap_stop))
+        ferry__log(FERRY_LOG_ERROR, "line");
+    return NULL;
+}
+
+static void log_callback_swaps_whole_pairs_while_threads_log(void **state)
+{
+    (void)state;
+    ferry_log_set_level(FERRY_LOG_WARN);
+    g_swap[0].tag = 'a';
+    ferry_log_set_callback(swap_cb_a, &g_swap[0]);
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, swap_logger, NULL), 0);
+    for (int k = 1; k < SWAP_PAIRS; k++) {
+        /* each pair called a few times before the next: the swaps meet calls */
+        int c0 = atomic_load(&g_swap_calls);
+        for (int w = 0; w < 100000 && atomic_load(&g_swap_calls) < c0 + 3; w++)
+            sched_yield();
+        g_swap[k].tag = k % 2 ? 'b' : 'a';
+        ferry_log_set_callback(k % 2 ? swap_cb_b : swap_cb_a, &g_swap[k]);
+        atomic_store(&g_swap[k - 1].retired, 1);
+    }
+    atomic_store(&g_swap_stop, 1);
+    for (int i = 0; i < 3; i++)
+        pthread_join(th[i], NULL);
+    ferry_log_set_callback(NULL, NULL);
+    assert_true(atomic_load(&g_swap_calls) >= SWAP_PAIRS);
+    assert_int_equal(atomic_load(&g_swap_mixed), 0);
+    assert_int_equal(atomic_load(&g_swap_late), 0);
 }
 
 /* the library's environment variables: a valid value reads as before, a
@@ -502,6 +593,8 @@ int main(void)
         cmocka_unit_test(error_messages_go_to_handle_and_thread),
         cmocka_unit_test(error_locks_are_free_in_a_forked_child),
         cmocka_unit_test(log_levels_filter_and_parse),
+        cmocka_unit_test(log_level_out_of_range_is_clamped),
+        cmocka_unit_test(log_callback_swaps_whole_pairs_while_threads_log),
         cmocka_unit_test(env_values_read_as_their_readers_do),
         cmocka_unit_test(env_bad_values_are_warned_of),
         cmocka_unit_test(allocation_hook_injects_oom),

@@ -115,8 +115,23 @@ typedef void (*ferry_log_fn)(int level, const char *msg, void *ctx);
  * (off|error|warn|info|debug|trace or 0..5; default warn).
  */
 FERRY_API int ferry_log_get_level(void);
+/**
+ * Set the level. A level out of FERRY_LOG_OFF..FERRY_LOG_TRACE is clamped
+ * to the nearer end (-1 reads as off, 9 as trace); nothing is returned, so
+ * validate a user's value with ferry_log_level_parse first. Thread-safe:
+ * any thread may log while another sets the level.
+ */
 FERRY_API void ferry_log_set_level(int level);
-/** Route log lines to fn (NULL restores stderr). */
+/**
+ * Route log lines to fn, called with ctx (fn NULL restores stderr).
+ * Thread-safe, while other threads log and against other setters: the pair
+ * (fn, ctx) is replaced as one, so a logging thread calls either the old
+ * fn with the old ctx or the new fn with the new ctx, never a mix. When
+ * this returns, no thread is inside the previous callback nor will enter
+ * it: the previous ctx may be freed then. It waits for the calls of the
+ * previous callback in progress, so it must not be called from inside a
+ * log callback (it would wait for itself).
+ */
 FERRY_API void ferry_log_set_callback(ferry_log_fn fn, void *ctx);
 /** Parse "warn", "debug", "3", ...; -1 when unknown. */
 FERRY_API int ferry_log_level_parse(const char *s);
