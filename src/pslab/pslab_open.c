@@ -488,6 +488,12 @@ static void undo_made(const ferry_pslab *p, const pslab_made *m, unsigned i)
     for (size_t k = 0; k < MADE_N && p->lockfd[i] >= 0; k++) {
         if ((m->had[i] & (1u << k)) || (!made_dir && k < MADE_N - 1))
             continue;
+        /* the lock file only when no other opener holds it: a read-only
+         * one sharing it (verified before) would keep a lock on a file
+         * the name no longer has, which an owner would not see */
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+        if (k == MADE_N - 1 && fcntl(p->lockfd[i], F_OFD_SETLK, &fl) != 0)
+            continue;
         snprintf(b, sizeof b, "%s/%s", p->dirs[i], made_names[k]);
         if (unlink(b) == 0)
             FERRY_LOGD("pslab: refused open: removed %s, which it made", b);
