@@ -144,6 +144,15 @@ static void the_issue_cases_are_usage_errors(void **state)
     assert_false(exists("t.jsonl"));
     expect_usage("bench io --chunk 1G --size 64M --dir @", "--chunk 1G", "--size 64M");
     expect_usage("bench io --size 0x100000 --dir @", "--size 0x100000", "hexadecimal");
+    /* a lowercase b is bits to many: refused with the byte spellings (it
+     * read as bytes: --size 64Gb ran a 64 GiB benchmark) */
+    /* (each then refused for its --depth 0 if the size were taken) */
+    expect_usage("bench io --size 64Gb --depth 0 --dir @", "--size 64Gb", "bits");
+    expect_usage("bench io --chunk 8Mb --depth 0 --dir @", "--chunk 8Mb", "64G, 64GiB or 64GB");
+    expect_usage("bench gds --size 1kb --depth 0 --dir @", "--size 1kb", "bits");
+    expect_usage("bench io --size 4096b --depth 0 --dir @", "--size 4096b", "4096 or 4096B");
+    expect_usage("bench io --size 8GB --depth 0 --dir @", "--depth 0", NULL);
+    expect_usage("bench io --size 8GiB --depth 0 --dir @", "--depth 0", NULL);
     expect_usage("moe bench --row-bytes 99999T", "--row-bytes 99999T", "accepted: ");
 }
 

@@ -2,8 +2,10 @@
  * test_core.c - error codes, messages, logging levels, the allocation hook,
  * size parsing and the version.
  */
+/* ferry-test-labels: concurrent */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -123,6 +125,95 @@ static void log_levels_filter_and_parse(void **state)
     ferry_log_set_level(FERRY_LOG_WARN);
 }
 
+/* the level is clamped to OFF..TRACE, as the header says */
+static void log_level_out_of_range_is_clamped(void **state)
+{
+    (void)state;
+    ferry_log_set_level(99);
+    assert_int_equal(ferry_log_get_level(), FERRY_LOG_TRACE);
+    ferry_log_set_level(-5);
+    assert_int_equal(ferry_log_get_level(), FERRY_LOG_OFF);
+    ferry_log_set_level(FERRY_LOG_TRACE + 1);
+    assert_int_equal(ferry_log_get_level(), FERRY_LOG_TRACE);
+    ferry_log_set_level(FERRY_LOG_WARN);
+    assert_int_equal(ferry_log_get_level(), FERRY_LOG_WARN);
+}
+
+/* a callback replaced while other threads log: each call gets the pair's
+ * own ctx (never another callback's), and once ferry_log_set_callback
+ * returned no thread is inside the pair it replaced nor enters it (its ctx
+ * is marked retired then; the callback looks at entry and after a pause) */
+#define SWAP_PAIRS 300
+typedef struct {
+    char tag;
+    atomic_int retired;
+} swap_ctx;
+static swap_ctx g_swap[SWAP_PAIRS];
+static atomic_int g_swap_stop, g_swap_calls, g_swap_mixed, g_swap_late;
+
+static void swap_check(char tag, void *ctx)
+{
+    swap_ctx *c = ctx;
+    atomic_fetch_add(&g_swap_calls, 1);
+    if (c->tag != tag)
+        atomic_fetch_add(&g_swap_mixed, 1);
+    if (atomic_load(&c->retired))
+        atomic_fetch_add(&g_swap_late, 1);
+    for (volatile int i = 0; i < 2000; i++) /* a callback that takes a while */
+        ;
+    if (atomic_load(&c->retired))
+        atomic_fetch_add(&g_swap_late, 1);
+}
+
+static void swap_cb_a(int level, const char *msg, void *ctx)
+{
+    (void)level;
+    (void)msg;
+    swap_check('a', ctx);
+}
+
+static void swap_cb_b(int level, const char *msg, void *ctx)
+{
+    (void)level;
+    (void)msg;
+    swap_check('b', ctx);
+}
+
+static void *swap_logger(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&g_swap_stop))
+        ferry__log(FERRY_LOG_ERROR, "line");
+    return NULL;
+}
+
+static void log_callback_swaps_whole_pairs_while_threads_log(void **state)
+{
+    (void)state;
+    ferry_log_set_level(FERRY_LOG_WARN);
+    g_swap[0].tag = 'a';
+    ferry_log_set_callback(swap_cb_a, &g_swap[0]);
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, swap_logger, NULL), 0);
+    for (int k = 1; k < SWAP_PAIRS; k++) {
+        /* each pair called before the next: the swaps meet calls */
+        int c0 = atomic_load(&g_swap_calls);
+        for (int w = 0; w < 100000 && atomic_load(&g_swap_calls) < c0 + 1; w++)
+            sched_yield();
+        g_swap[k].tag = k % 2 ? 'b' : 'a';
+        ferry_log_set_callback(k % 2 ? swap_cb_b : swap_cb_a, &g_swap[k]);
+        atomic_store(&g_swap[k - 1].retired, 1);
+    }
+    atomic_store(&g_swap_stop, 1);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    ferry_log_set_callback(NULL, NULL);
+    assert_true(atomic_load(&g_swap_calls) >= SWAP_PAIRS);
+    assert_int_equal(atomic_load(&g_swap_mixed), 0);
+    assert_int_equal(atomic_load(&g_swap_late), 0);
+}
+
 /* the library's environment variables: a valid value reads as before, a
  * bad one as unset and is flagged; the read depth's rules are the store's
  * own (ferry__kv_read_depth, read at each retrieve) */
@@ -240,6 +331,43 @@ static void sizes_parse_with_suffixes(void **state)
     assert_int_equal(ferry_parse_size("-1", &v), -EINVAL);
     assert_int_equal(ferry_parse_size("abc", &v), -EINVAL);
     assert_int_equal(v, 77); /* untouched on failure */
+}
+
+/* a lowercase b is bits to many: refused, with the byte spellings to use;
+ * every upper-case B form reads as before */
+static void sizes_with_a_lowercase_b_are_refused(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *s, *hint;
+    } bits[] = {{"64Gb", "64G, 64GiB or 64GB"}, {"8Mb", "8M, 8MiB or 8MB"},
+                {"1kb", "1K, 1KiB or 1KB"},     {"8Mib", "8M, 8MiB or 8MB"},
+                {"1.5gb", "1.5G, 1.5GiB or 1.5GB"}, {"100b", "100 or 100B"},
+                {"2TIb", "2T, 2TiB or 2TB"}};
+    for (size_t i = 0; i < sizeof bits / sizeof *bits; i++) {
+        uint64_t v = 77;
+        int rc = ferry_parse_size(bits[i].s, &v);
+        if (rc != -EINVAL || v != 77)
+            fail_msg("ferry_parse_size(\"%s\") = %d, %llu: want -EINVAL, untouched", bits[i].s,
+                     rc, (unsigned long long)v);
+        const char *m = ferry_last_error();
+        if (!strstr(m, bits[i].s) || !strstr(m, "bits") || !strstr(m, bits[i].hint))
+            fail_msg("message for \"%s\": \"%s\" (want it to say bits and \"%s\")", bits[i].s,
+                     m, bits[i].hint);
+    }
+    static const struct {
+        const char *s;
+        uint64_t v;
+    } bytes[] = {{"64G", 64ull << 30}, {"64GB", 64ull << 30}, {"64GiB", 64ull << 30},
+                 {"64gB", 64ull << 30}, {"64giB", 64ull << 30}, {"64GIB", 64ull << 30},
+                 {"1k", 1024},          {"1KB", 1024},          {"100B", 100}};
+    for (size_t i = 0; i < sizeof bytes / sizeof *bytes; i++) {
+        uint64_t v = 0;
+        FT_ASSERT_OK(ferry_parse_size(bytes[i].s, &v));
+        if (v != bytes[i].v)
+            fail_msg("ferry_parse_size(\"%s\") = %llu, want %llu", bytes[i].s,
+                     (unsigned long long)v, (unsigned long long)bytes[i].v);
+    }
 }
 
 /* every errno has its name, and the new library code too */
@@ -465,10 +593,13 @@ int main(void)
         cmocka_unit_test(error_messages_go_to_handle_and_thread),
         cmocka_unit_test(error_locks_are_free_in_a_forked_child),
         cmocka_unit_test(log_levels_filter_and_parse),
+        cmocka_unit_test(log_level_out_of_range_is_clamped),
+        cmocka_unit_test(log_callback_swaps_whole_pairs_while_threads_log),
         cmocka_unit_test(env_values_read_as_their_readers_do),
         cmocka_unit_test(env_bad_values_are_warned_of),
         cmocka_unit_test(allocation_hook_injects_oom),
         cmocka_unit_test(sizes_parse_with_suffixes),
+        cmocka_unit_test(sizes_with_a_lowercase_b_are_refused),
         cmocka_unit_test(version_matches_macros),
         cmocka_unit_test(every_errno_has_a_name),
         cmocka_unit_test(directory_lock_has_one_owner),

@@ -2303,6 +2303,104 @@ static void test_opens_without_create_make_no_file(void **state)
     ft_rmtree(d);
 }
 
+/* the names in dir, sorted, joined by '/' ("" when empty, "-" when it is not there) */
+static void dir_names(const char *dir, char *out, size_t n)
+{
+    struct dirent **v = NULL;
+    int k = scandir(dir, &v, NULL, alphasort);
+    snprintf(out, n, "%s", k < 0 ? "-" : "");
+    for (int i = 0; i < k; i++) {
+        if (strcmp(v[i]->d_name, ".") && strcmp(v[i]->d_name, ".."))
+            snprintf(out + strlen(out), n - strlen(out), "%s/", v[i]->d_name);
+        free(v[i]);
+    }
+    free(v);
+}
+
+/* a refused CREATE leaves the file system as it found it: the directories
+ * it made and the lock files in them are gone again; a directory that was
+ * there keeps what it held (a lock file it held too) and no lock file is
+ * left where there was none */
+static void test_refused_create_leaves_what_it_found(void **state)
+{
+    (void)state;
+    char d[256], m[300], e[300], f[300], g[300], before[512], after[512], path[400];
+    ft_tmpdir(d, sizeof d);
+    snprintf(m, sizeof m, "%s/new/sub", d);
+    snprintf(e, sizeof e, "%s/store", d);
+    snprintf(f, sizeof f, "%s/plain", d);
+    snprintf(g, sizeof g, "%s/made", d);
+    ferry_pslab *p = NULL;
+    /* one directory twice; no size; both with two levels of new directories */
+    const char *twice[] = {m, m}, *one[] = {m};
+    ferry_pslab_options o = opts(twice, 2, 4 * MiB);
+    assert_int_equal(ferry_pslab_open(&o, &p), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "one directory"));
+    assert_int_equal(dir_entries(d), 0);
+    o = opts(one, 1, 0);
+    assert_int_equal(ferry_pslab_open(&o, &p), -EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "needs a size"));
+    assert_int_equal(dir_entries(d), 0);
+    /* a directory that is there, with a file of the user's and none of ours */
+    assert_int_equal(mkdir(f, 0700), 0);
+    path_in(f, "keep.txt", path, sizeof path);
+    FILE *fp = fopen(path, "w");
+    assert_non_null(fp);
+    fclose(fp);
+    const char *ftwice[] = {f, f};
+    o = opts(ftwice, 2, 4 * MiB);
+    assert_int_equal(ferry_pslab_open(&o, &p), -EINVAL);
+    dir_names(f, after, sizeof after);
+    assert_string_equal(after, "keep.txt/");
+    /* a store whose lock another process holds: the new directory given
+     * with it is gone again, the store's files are as they were */
+    const char *edirs[] = {e};
+    o = opts(edirs, 1, 4 * MiB);
+    p = open_ok(&o);
+    put_k(p, 1, 1);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    dir_names(e, before, sizeof before);
+    int go[2], held[2];
+    assert_int_equal(pipe(go), 0);
+    assert_int_equal(pipe(held), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(20);
+        close(go[1]);
+        ferry_pslab *q = NULL;
+        int rc = ferry_pslab_open(&o, &q);
+        char c = rc == 0 ? 'y' : 'n';
+        (void)!write(held[1], &c, 1);
+        (void)!read(go[0], &c, 1); /* until the parent is done */
+        _exit(rc == 0 && ferry_pslab_close(q) == 0 ? 0 : 1);
+    }
+    close(go[0]);
+    char c = 0;
+    assert_int_equal(read(held[0], &c, 1), 1);
+    assert_int_equal(c, 'y');
+    const char *withe[] = {g, e}, *ebefore[] = {e, g};
+    for (int k = 0; k < 2; k++) {
+        o = opts(k ? ebefore : withe, 2, 4 * MiB);
+        assert_int_equal(ferry_pslab_open(&o, &p), FERRY_EBUSY);
+        assert_int_equal(dir_entries(g), -1);
+        dir_names(e, after, sizeof after);
+        assert_string_equal(after, before);
+    }
+    close(go[1]);
+    FT_ASSERT_CHILD_OK(pid, "the store's other owner");
+    close(held[0]);
+    close(held[1]);
+    dir_names(d, after, sizeof after);
+    assert_string_equal(after, "plain/store/");
+    /* and the store opens as before */
+    o = opts(edirs, 1, 4 * MiB);
+    p = open_ok(&o);
+    assert_true(has_k(p, 1, 1));
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(d);
+}
+
 /* a later directory holding nothing of a store, given to an open that may
  * not create (read-only, or a plain writable open as --repair makes): the
  * open is refused as before and leaves no lock file there; a directory
@@ -2618,6 +2716,7 @@ int main(void)
         cmocka_unit_test(test_created_files_are_private_unless_a_mode_is_given),
         cmocka_unit_test(test_another_tag_is_refused_and_reset_only_when_asked),
         cmocka_unit_test(test_opens_without_create_make_no_file),
+        cmocka_unit_test(test_refused_create_leaves_what_it_found),
         cmocka_unit_test(test_full_batch_slab_reuses_forgotten_extents_without_a_sync),
         cmocka_unit_test(test_journal_byte_flip_campaign_never_returns_older_values),
         cmocka_unit_test(test_journal_damage_drops_the_key_one_byte_names_else_all_before),

@@ -269,9 +269,154 @@ static void test_kill_both_sides(void **state)
     ft_rmtree(g_dir);
 }
 
+/* ---- a retrieve out of memory at each of its allocations ---- */
+
+#define OOM_CHUNKS 12                      /* a prompt: one batch of a 96-slot pool */
+#define OOM_N (OOM_CHUNKS * CT)
+#define OOM_L1 96
+static pid_t g_oom_daemon;
+
+static void oom_fill(unsigned char *mem, const int32_t *t, int ntok)
+{
+    for (unsigned pl = 0; pl < PLANES; pl++)
+        for (int i = 0; i < ntok; i++)
+            for (unsigned b = 0; b < TB; b++)
+                mem[((size_t)pl * OOM_N + (size_t)i) * TB + b] = byte_of(t[i], i, pl, b);
+}
+
+/* chunk c of mem: 1 exact, 2 all zero (voided), 3 untouched (0xee), 0 else */
+static int oom_chunk(const unsigned char *mem, const int32_t *t, int c)
+{
+    int ex = 1, zero = 1, ee = 1;
+    for (unsigned pl = 0; pl < PLANES; pl++)
+        for (int i = c * CT; i < (c + 1) * CT; i++)
+            for (unsigned b = 0; b < TB; b++) {
+                unsigned char v = mem[((size_t)pl * OOM_N + (size_t)i) * TB + b];
+                ex &= v == byte_of(t[i], i, pl, b);
+                zero &= v == 0;
+                ee &= v == 0xee;
+            }
+    return ex ? 1 : zero ? 2 : ee ? 3 : 0;
+}
+
+static ferry_kv *oom_client(void)
+{
+    ferry_kv_config c = store_config();
+    c.l1_bytes = (uint64_t)OOM_L1 * PLANES * CT * TB;
+    c.server = g_sock;
+    c.server_timeout_ms = 5000;
+    ferry_kv *kv = NULL;
+    for (int i = 0; i < 1000 && ferry_kv_open(&c, &kv) < 0; i++)
+        usleep(5000);
+    assert_non_null(kv);
+    return kv;
+}
+
+/*
+ * A retrieve whose k-th allocation fails, for every k: what it returns is
+ * exact (a chunk it reports found has the stored bytes; the others hold
+ * the stored bytes, zeros or what was there), and afterwards the daemon
+ * holds no read lock of it: once the same client stored a whole pool of
+ * newer chunks, none of the retrieved ones is left. (A RELEASE that could
+ * not be encoded was never sent, over a connection that stayed up: its
+ * chunks stayed locked for the lock TTL, five minutes, and outlived the
+ * pool's turnover.)
+ */
+static void test_retrieve_out_of_memory_leaves_no_lock(void **state)
+{
+    (void)state;
+    setup_dirs();
+    signal(SIGPIPE, SIG_IGN);
+    ferry_kv_config kc = store_config();
+    kc.l1_bytes = (uint64_t)OOM_L1 * PLANES * CT * TB;
+    ferry_serve_config sc = FERRY_SERVE_CONFIG_INIT;
+    sc.socket_path = g_sock;
+    sc.kv = &kc;
+    pid_t d = g_oom_daemon = ft_srv_fork(&sc, FERRY_LOG_ERROR);
+    unsigned char *mem = malloc((size_t)PLANES * OOM_N * TB);
+    assert_non_null(mem);
+    ferry_kv_buffer b = FERRY_KV_BUFFER_INIT;
+    b.layout = ft_kv_layout(TB);
+    b.base = (uint64_t)(uintptr_t)mem;
+    b.capacity_tokens = OOM_N;
+    int32_t t[OOM_N];
+    int fresh = 0, refused = 1;
+    ft_alloc_install(0, 0); /* (the daemon's child keeps libc's) */
+    for (uint64_t k = 1; refused && k < 200; k++) {
+        ferry_kv *a = oom_client(), *r = oom_client();
+        for (int i = 0; i < OOM_N; i++)
+            t[i] = 5000000 + fresh++;
+        oom_fill(mem, t, OOM_N);
+        assert_int_equal(ferry_kv_store(a, t, OOM_N, NULL, &b), OOM_N);
+        memset(mem, 0xee, (size_t)PLANES * OOM_N * TB);
+        uint64_t f0 = ft_alloc_failures();
+        ft_alloc_fail_next(k);
+        int rc = ferry_kv_retrieve(r, t, OOM_N, NULL, &b);
+        ft_alloc_fail_next(0); /* none from here */
+        refused = ft_alloc_failures() != f0;
+        if (!refused)
+            assert_int_equal(rc, OOM_N);
+        if (rc < 0 && rc != -ENOMEM)
+            fail_msg("allocation %llu refused: retrieve %d (%s)", (unsigned long long)k, rc,
+                     ferry_last_error());
+        for (int c = 0; c < OOM_CHUNKS; c++) {
+            int v = oom_chunk(mem, t, c);
+            if (v == 0 || (c * CT < rc && v != 1))
+                fail_msg("allocation %llu refused: retrieve %d, chunk %d is %s",
+                         (unsigned long long)k, rc, c, v == 0 ? "other bytes" : "not found");
+        }
+        /* a whole pool of new chunks through the retrieving client */
+        int32_t old[OOM_N];
+        memcpy(old, t, sizeof old);
+        for (int p = 0; p < OOM_L1 / OOM_CHUNKS; p++) {
+            for (int i = 0; i < OOM_N; i++)
+                t[i] = 5000000 + fresh++;
+            oom_fill(mem, t, OOM_N);
+            int sr = ferry_kv_store(r, t, OOM_N, NULL, &b);
+            if (sr != OOM_N)
+                fail_msg("allocation %llu refused in a retrieve: then a store of a pool's "
+                         "prompt %d answered %d (%s): the retrieve's chunks are still locked",
+                         (unsigned long long)k, p, sr, sr < 0 ? ferry_last_error() : "");
+        }
+        /* a pool's worth of newer chunks: the retrieved ones made room,
+         * unless locked */
+        int kept = ferry_kv_lookup(r, old, OOM_N, NULL);
+        if (kept != 0)
+            fail_msg("allocation %llu refused in a retrieve (%d: %s): %d of its tokens "
+                     "outlived a pool of newer chunks: still read-locked", (unsigned long long)k,
+                     rc, rc < 0 ? ferry_last_error() : "", kept);
+        ferry_kv_close(r);
+        ferry_kv_close(a);
+    }
+    ft_alloc_reset();
+    assert_false(refused);
+    free(mem);
+    g_oom_daemon = 0;
+    kill(d, SIGTERM);
+    int ws;
+    waitpid(d, &ws, 0);
+    assert_true(WIFEXITED(ws));
+    assert_int_equal(WEXITSTATUS(ws), 0);
+    ft_rmtree(g_dir);
+}
+
+/* a failed run's daemon is not left running */
+static int oom_teardown(void **state)
+{
+    (void)state;
+    ft_alloc_reset();
+    if (g_oom_daemon > 0) {
+        kill(g_oom_daemon, SIGKILL);
+        waitpid(g_oom_daemon, NULL, 0);
+        g_oom_daemon = 0;
+    }
+    return 0;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_retrieve_out_of_memory_leaves_no_lock, oom_teardown),
         cmocka_unit_test(test_kill_both_sides),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

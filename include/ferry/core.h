@@ -115,8 +115,23 @@ typedef void (*ferry_log_fn)(int level, const char *msg, void *ctx);
  * (off|error|warn|info|debug|trace or 0..5; default warn).
  */
 FERRY_API int ferry_log_get_level(void);
+/**
+ * Set the level. A level out of FERRY_LOG_OFF..FERRY_LOG_TRACE is clamped
+ * to the nearer end (-1 reads as off, 9 as trace); nothing is returned, so
+ * validate a user's value with ferry_log_level_parse first. Thread-safe:
+ * any thread may log while another sets the level.
+ */
 FERRY_API void ferry_log_set_level(int level);
-/** Route log lines to fn (NULL restores stderr). */
+/**
+ * Route log lines to fn, called with ctx (fn NULL restores stderr).
+ * Thread-safe, while other threads log and against other setters: the pair
+ * (fn, ctx) is replaced as one, so a logging thread calls either the old
+ * fn with the old ctx or the new fn with the new ctx, never a mix. When
+ * this returns, no thread is inside the previous callback nor will enter
+ * it: the previous ctx may be freed then. It waits for the calls of the
+ * previous callback in progress, so it must not be called from inside a
+ * log callback (it would wait for itself).
+ */
 FERRY_API void ferry_log_set_callback(ferry_log_fn fn, void *ctx);
 /** Parse "warn", "debug", "3", ...; -1 when unknown. */
 FERRY_API int ferry_log_level_parse(const char *s);
@@ -147,7 +162,9 @@ FERRY_API void ferry_set_allocator(const ferry_allocator *a);
  * are powers of 1024, then "iB" or "B" optional; digits alone are taken
  * exactly, a fraction is rounded to the nearest byte). Digits first: no
  * sign, space, hexadecimal or exponent (as the CLI and the daemon's
- * config). -EINVAL if bad or above 2^64 - 1 bytes (*out untouched, the
+ * config). A lowercase "b" ("64Gb", "8Mib", "1kb", "100b") is refused,
+ * not read as bytes: it means bits to many; the message says to write G,
+ * GiB or GB. -EINVAL if bad or above 2^64 - 1 bytes (*out untouched, the
  * message quotes s).
  */
 FERRY_API int ferry_parse_size(const char *s, uint64_t *out);

@@ -223,7 +223,11 @@ typedef struct ferry_pslab_options {
  * drives in another order), FERRY_ECORRUPT (bad magic or header checksum,
  * a slab file shorter than its geometry), -ENOSPC (creating: the disk is
  * too small), -ENOMEM, I/O errors. Every failure names the file and the
- * cause (ferry_last_error()). *out owned by the caller: ferry_pslab_close().
+ * cause (ferry_last_error()). A refused open removes the directories it
+ * made (FERRY_PSLAB_CREATE) and the lock files it made, with the files of
+ * ours it made in a directory it made; a directory or file that was there
+ * before is left as it was (a reset's marker too: it outlives an
+ * unfinished reset). *out owned by the caller: ferry_pslab_close().
  */
 FERRY_API int ferry_pslab_open(const ferry_pslab_options *opt, ferry_pslab **out);
 /**

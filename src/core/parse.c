@@ -70,9 +70,15 @@ const char *ferry__parse_number(const char *s, int bytes, uint64_t *out)
     default: break;
     }
     if (bytes) {
-        if (mul > 1 && (*p == 'i' || *p == 'I') && (p[1] == 'B' || p[1] == 'b'))
+        /* a lowercase b is a bit to many readers: refused, not guessed */
+        if ((mul > 1 && (*p == 'i' || *p == 'I') && p[1] == 'b') || *p == 'b')
+            return mul > 1 ? "a lowercase b means bits; for bytes write the unit alone or "
+                             "with iB or B (e.g. 64G, 64GiB or 64GB)"
+                           : "a lowercase b means bits; for bytes write the number alone or "
+                             "with B (e.g. 4096 or 4096B)";
+        if (mul > 1 && (*p == 'i' || *p == 'I') && p[1] == 'B')
             p += 2;
-        else if (*p == 'B' || *p == 'b')
+        else if (*p == 'B')
             p++;
     }
     if (*p)

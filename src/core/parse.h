@@ -9,8 +9,9 @@
 #include <stdint.h>
 
 /* The number in s with binary suffixes (bytes nonzero: K, M, G, T,
- * "iB"/"B"; bytes 0: K, M, G), without a range: NULL and *out, or the
- * reason it is not one (static text). */
+ * "iB"/"B", never a lowercase "b": bits to many, refused; bytes 0: K, M,
+ * G), without a range: NULL and *out, or the reason it is not one (static
+ * text). */
 const char *ferry__parse_number(const char *s, int bytes, uint64_t *out);
 /* "127.0.0.1:9400" (an IPv4 address, a port 0..65535) into *sa: 0, or -1 */
 int ferry__parse_inet4(const char *addr, struct sockaddr_in *sa);

@@ -1,6 +1,7 @@
 /*
  * util.c - version, size parsing and clocks.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -37,7 +38,8 @@ int ferry_parse_size(const char *s, uint64_t *out)
     if (!s || !*s || !out)
         return ferry__err_set(NULL, -EINVAL, "size: %s", !s ? "NULL" : !out ? "NULL out" : "empty");
     /* digits, an optional fraction, an optional K/M/G/T, then "iB" (after a
-     * suffix) or "B": no sign, space, hex or exponent (strtod's forms) */
+     * suffix) or "B" (never "b": bits to many): no sign, space, hex or
+     * exponent (strtod's forms) */
     const char *p = s, *ip_end, *fr = NULL;
     if (*p < '0' || *p > '9')
         return ferry__err_set(NULL, -EINVAL, "size '%s': not a number (digits first)", s);
@@ -51,12 +53,25 @@ int ferry_parse_size(const char *s, uint64_t *out)
         if (p == fr)
             return ferry__err_set(NULL, -EINVAL, "size '%s': no digits after the point", s);
     }
+    const char *sfx = p;
     int shift = size_shift(*p);
     if (shift)
         p++;
-    if (shift && (*p == 'i' || *p == 'I') && (p[1] == 'b' || p[1] == 'B'))
+    /* a lowercase b is a bit to many readers ("64Gb" is 8 GB to them, 64
+     * GiB to a reader of "B"): refused rather than guessed either way */
+    const char *b = shift && (*p == 'i' || *p == 'I') ? p + 1 : p;
+    if (*b == 'b') {
+        int n = (int)(sfx - s);
+        if (!shift)
+            return ferry__err_set(NULL, -EINVAL, "size '%s': a lowercase 'b' means bits; for "
+                                  "bytes write %.*s or %.*sB", s, n, s, n, s);
+        char u = (char)toupper((unsigned char)*sfx);
+        return ferry__err_set(NULL, -EINVAL, "size '%s': a lowercase 'b' means bits; for bytes "
+                              "write %.*s%c, %.*s%ciB or %.*s%cB", s, n, s, u, n, s, u, n, s, u);
+    }
+    if (shift && (*p == 'i' || *p == 'I') && p[1] == 'B')
         p += 2;
-    else if (*p == 'b' || *p == 'B')
+    else if (*p == 'B')
         p++;
     if (*p)
         return ferry__err_set(NULL, -EINVAL, "size '%s': unknown suffix '%s' (accepted: K, M, G "

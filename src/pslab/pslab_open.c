@@ -8,7 +8,12 @@
  * and renames the journal into place last, and a reset removes the journal
  * first, so a crash in either leaves no store or a whole one, never a mix.
  * An open that fails frees all it made and keeps the first failure's
- * message. A close commits what is queued and leaves a history-free
+ * message; on disk it leaves what it found: the files of ours it made in
+ * a directory whose lock it held (the lock file last, still held: a
+ * later opener of the name finds its own file, and one that opened the
+ * removed file meanwhile sees it is not the name's and locks again) and
+ * the directories it made (empty by then), never a file or directory
+ * that was there before. A close commits what is queued and leaves a history-free
  * journal, so a record damaged later can only cost its own chunk.
  */
 #include <errno.h>
@@ -437,6 +442,126 @@ static int bare_later_dir(const ferry_pslab *p, const ferry_pslab_options *o, in
     return 1;
 }
 
+/* what an open made on disk, so that a refused one removes it again. Not
+ * the reset marker: it outlives a reset that did not finish on purpose */
+static const char *const made_names[] = {FERRY_PSLAB_FILE, FERRY_PSLAB_JOURNAL,
+                                         FERRY__PSLAB_JOURNAL_TMP,
+                                         FERRY_PSLAB_LOCK}; /* (the lock last) */
+#define MADE_N (sizeof made_names / sizeof made_names[0])
+typedef struct {
+    size_t kept[FERRY_PSLAB_MAX_DIRS]; /* length of dirs[i]'s longest prefix that was there */
+    unsigned had[FERRY_PSLAB_MAX_DIRS]; /* bit k: made_names[k] was there (when locked) */
+} pslab_made;
+
+/* the end of the path's last name before `end` (trailing slashes skipped) */
+static size_t name_start(const char *d, size_t end)
+{
+    while (end > 1 && d[end - 1] == '/')
+        end--;
+    while (end > 0 && d[end - 1] != '/')
+        end--;
+    return end;
+}
+
+/* before ferry__mkdir_p(d): how much of d is there (its length: all of it) */
+static size_t kept_prefix(const char *d)
+{
+    char b[PATH_MAX_];
+    size_t n = strlen(d);
+    struct stat st;
+    memcpy(b, d, n + 1);
+    while (n > 0) {
+        b[n] = 0;
+        if (stat(b, &st) == 0)
+            return n;
+        size_t k = name_start(b, n);
+        while (k > 1 && b[k - 1] == '/')
+            k--; /* "a//b" -> "a" */
+        if (k == n || (k == 1 && b[0] == '/'))
+            return k; /* "/" or a relative first name: the start is there */
+        n = k;
+    }
+    return 0;
+}
+
+/* the lock file of dirs[i] if this open made it (and holds it); the
+ * other files of ours it made there too when it made the directory (in
+ * one that was there, a slab file without a journal is no store, and a
+ * reset's files are the reset's to finish); then the directories made for
+ * it, deepest first, while empty ("." and ".." names are no directory of
+ * ours) */
+static void undo_made(const ferry_pslab *p, const pslab_made *m, unsigned i)
+{
+    char b[PATH_MAX_];
+    int made_dir = m->kept[i] < strlen(p->dirs[i]);
+    for (size_t k = 0; k < MADE_N && p->lockfd[i] >= 0; k++) {
+        if ((m->had[i] & (1u << k)) || (!made_dir && k < MADE_N - 1))
+            continue;
+        /* the lock file only when no other opener holds it: a read-only
+         * one sharing it (verified before) would keep a lock on a file
+         * the name no longer has, which an owner would not see */
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+        if (k == MADE_N - 1 && fcntl(p->lockfd[i], F_OFD_SETLK, &fl) != 0)
+            continue;
+        snprintf(b, sizeof b, "%s/%s", p->dirs[i], made_names[k]);
+        if (unlink(b) == 0)
+            FERRY_LOGD("pslab: refused open: removed %s, which it made", b);
+    }
+    size_t n = strlen(p->dirs[i]);
+    memcpy(b, p->dirs[i], n + 1);
+    while (n > m->kept[i]) {
+        size_t k = name_start(b, n);
+        const char *nm = b + k;
+        size_t len = n - k;
+        while (len && nm[len - 1] == '/')
+            len--;
+        b[n] = 0;
+        if (!(len == 1 && nm[0] == '.') && !(len == 2 && nm[0] == '.' && nm[1] == '.') &&
+            rmdir(b) == 0)
+            FERRY_LOGD("pslab: refused open: removed directory %s, which it made", b);
+        while (k > 0 && b[k - 1] == '/')
+            k--;
+        n = k;
+    }
+}
+
+/* the files of made_names in dir that are there: bit k for made_names[k] */
+static unsigned present(const char *dir)
+{
+    unsigned bits = 0;
+    for (size_t k = 0; k < MADE_N; k++) {
+        char b[PATH_MAX_];
+        struct stat st;
+        snprintf(b, sizeof b, "%s/%s", dir, made_names[k]);
+        if (lstat(b, &st) == 0 || errno != ENOENT)
+            bits |= 1u << k;
+    }
+    return bits;
+}
+
+/* dirs[i]'s lock, on the file its name has now: an opener refused
+ * meanwhile removes the lock file it made, and one that opened that file
+ * before would hold a lock on a file no later opener sees */
+static int lock_dir(ferry_pslab *p, unsigned i, int ro)
+{
+    char path[PATH_MAX_ + 16];
+    snprintf(path, sizeof path, "%s/%s", p->dirs[i], FERRY_PSLAB_LOCK);
+    for (int tries = 0;; tries++) {
+        int rc = ferry__dir_lock(p->dirs[i], p->mode, ro, "pslab", &p->err, &p->lockfd[i]);
+        if (rc < 0)
+            return rc;
+        struct stat a, b;
+        if (fstat(p->lockfd[i], &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev &&
+            a.st_ino == b.st_ino)
+            return 0;
+        ferry__dir_unlock(p->lockfd[i]);
+        p->lockfd[i] = -1;
+        if (tries == 100)
+            return ferry__err_set(&p->err, FERRY_EBUSY, "pslab: lock file %s keeps being "
+                                  "replaced while it is taken", path);
+    }
+}
+
 /* a handle for o (checked), its locks, settings, directories and tag copied; no file touched */
 static int pslab_new(const ferry_pslab_options *o, ferry_pslab **out)
 {
@@ -596,16 +721,23 @@ int ferry_pslab_open(const ferry_pslab_options *uo, ferry_pslab **out)
      * two stores on one slab hand each other's bytes back */
     int ro = (o->flags & FERRY_PSLAB_READONLY) != 0;
     int mk = !ro && (o->flags & FERRY_PSLAB_CREATE);
+    pslab_made made;
+    memset(&made, 0, sizeof made);
+    for (unsigned i = 0; i < o->n_dirs; i++)
+        made.kept[i] = strlen(p->dirs[i]);
     if (!mk && (rc = nothing_here(p, o)) <= 0)
         goto out;
     rc = 0;
     for (unsigned i = 0; i < o->n_dirs; i++) {
+        if (mk)
+            made.kept[i] = kept_prefix(p->dirs[i]);
         if ((rc = ferry__mkdir_p(p->dirs[i], p->mode, mk, &p->err)) < 0 ||
             (rc = same_dir_twice(p, i)) < 0)
             goto out;
         if (bare_later_dir(p, o, mk, i))
             continue;
-        if ((rc = ferry__dir_lock(p->dirs[i], p->mode, ro, "pslab", &p->err, &p->lockfd[i])) < 0)
+        made.had[i] = present(p->dirs[i]);
+        if ((rc = lock_dir(p, i, ro)) < 0)
             goto out;
     }
 
@@ -653,6 +785,8 @@ out:
     /* keep the message of the failure, not of the cleanup */
     {
         ferry__errbuf keep = p->err;
+        for (unsigned i = o->n_dirs; i-- > 0;)
+            undo_made(p, &made, i);
         pslab_free(p);
         return ferry__err_set(NULL, rc, "%s", keep.msg[0] ? keep.msg : ferry_strerror(rc));
     }

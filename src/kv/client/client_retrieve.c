@@ -30,7 +30,11 @@
  * No byte is trusted before its RELEASE answers 0 (the slot was not
  * reused meanwhile); a chunk whose RELEASE says otherwise, or goes
  * unanswered (the connection lost: the locks went with it), is zeroed in
- * a host buffer and is a miss. A stop (cancel, a failed copy, a refused
+ * a host buffer and is a miss. A RELEASE cannot fail to be encoded: the
+ * frame buffer is grown at the start for the largest request of the
+ * retrieve, before anything is acquired (were it refused anyway, the
+ * connection is closed, so the daemon drops the locks at once rather than
+ * at their TTL). A stop (cancel, a failed copy, a refused
  * request) releases what was acquired and not copied, and reads every
  * reply outstanding, so the connection stays in step for the next call.
  */
@@ -86,9 +90,17 @@ static int send_req(rpipe *p, int t, ferry__proto_chunk *ch, size_t m, rbatch *b
     q.hdr.rid = ++c->rid;
     q.n = (uint32_t)m;
     q.chunks = ch;
-    if (ferry__proto_req_encode(&c->out, &q) < 0)
-        return ferry__kv_err(p->kv, -ENOMEM, "kv server: out of memory for a %s of %zu chunks",
-                             ferry__proto_type_name((unsigned)t), m);
+    if (ferry__proto_req_encode(&c->out, &q) < 0) {
+        /* (not for want of memory: reserve_frames grew the buffer) a
+         * RELEASE not sent would keep the locks until their TTL: the
+         * connection goes, and they with it */
+        if (t == FERRY__P_RELEASE)
+            ferry__kvc_drop(c);
+        return ferry__kv_err(p->kv, -ENOMEM, "kv server: out of memory for a %s of %zu chunks%s",
+                             ferry__proto_type_name((unsigned)t), m,
+                             t == FERRY__P_RELEASE ? " (the connection is closed: the daemon "
+                                                     "drops its locks)" : "");
+    }
     int r = ferry__kvc_send(p->kv, c);
     if (r < 0)
         return r;
@@ -349,6 +361,27 @@ static int pipe_run(rpipe *p, rbatch *cur, rbatch *nx, const atomic_int *cancel)
     return r;
 }
 
+/* grow c->out for the largest frame this retrieve sends - a PREFETCH or
+ * ACQUIRE of `ahead` chunks, a RELEASE of a batch - by encoding them once
+ * now, with nothing acquired: later encodings fit and allocate nothing */
+static int reserve_frames(ferry_kv *kv, ferry__kvc *c, size_t b, size_t ahead)
+{
+    static const int types[] = {FERRY__P_PREFETCH, FERRY__P_RELEASE};
+    memset(c->ch, 0, ahead * sizeof *c->ch);
+    for (size_t i = 0; i < FERRY__ARRAY_LEN(types); i++) {
+        ferry__proto_req q;
+        memset(&q, 0, sizeof q);
+        q.hdr.type = (uint8_t)types[i];
+        q.n = (uint32_t)(types[i] == FERRY__P_RELEASE ? b : ahead);
+        q.chunks = c->ch;
+        int r = ferry__proto_req_encode(&c->out, &q);
+        if (r < 0)
+            return ferry__kv_err(kv, r, "kv retrieve: out of memory for the frames of %zu "
+                                 "chunks", ahead);
+    }
+    return 0;
+}
+
 int ferry__kvc_retrieve_run(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *ids, size_t nch,
                             size_t n, const ferry_kv_buffer *buf, ferry_stream *s, int *st,
                             uint64_t skip, const atomic_int *cancel)
@@ -362,6 +395,8 @@ int ferry__kvc_retrieve_run(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *id
     ferry__proto_chunk *h = ferry__malloc(2 * b * sizeof *h);
     int r = h ? ferry__kvc_chunks(kv, c, 3 * b)
               : ferry__kv_err(kv, -ENOMEM, "kv retrieve: out of memory for %zu chunks", 2 * b);
+    if (r == 0)
+        r = reserve_frames(kv, c, b, 3 * b);
     if (r < 0) {
         ferry__free(h);
         return r;
@@ -373,6 +408,7 @@ int ferry__kvc_retrieve_run(ferry_kv *kv, ferry__kvc *c, const ferry_kv_hash *id
     /* a stop: the replies still due are read; what they hold is let go */
     int d = drain(&p);
     rbatch *left = cur.held ? &cur : nx.held ? &nx : NULL;
+    /* (a RELEASE that cannot go closes the connection: the locks go with it) */
     if (left && c->fd >= 0 && send_req(&p, FERRY__P_RELEASE, left->h, left->held, left) == 0) {
         left->copy_rc = r < 0 ? r : FERRY_ECONN; /* nothing was copied: not retrieved */
         (void)drain(&p);
