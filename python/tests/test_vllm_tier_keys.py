@@ -198,3 +198,53 @@ def test_a_registered_store_shared_by_two_models_keeps_them_apart():
     finally:
         unregister_store("tier-keys")
         store.close()
+
+
+def offloading_config(model="org/model-a", cache_dtype="auto", tp=1, layers=("l0", "l1")):
+    """The OffloadingConfig a vLLM whose OffloadingSpec holds no vllm_config
+    gives (OffloadingSpec.__init__(config), vllm/v1/kv_offload/base.py at
+    vllm-project/vllm 0105e232b7fa; its fields, vllm/v1/kv_offload/config.py
+    at 006f89ace7ca; TieringOffloadingSpec passes itself to the factory,
+    vllm/v1/kv_offload/tiering/spec.py at 0078e9d2b020). Its scheduler's
+    parallel rank is 0 whatever the TP."""
+    return SimpleNamespace(config=SimpleNamespace(
+        groups=(SimpleNamespace(tokens_per_block=16, layer_names=tuple(layers)),),
+        worker_kv_bytes_per_block=SLOT // max(tp, 1), enable_kv_cache_events=False,
+        extra_config={}, engine_id="e",
+        model=SimpleNamespace(name=model, dtype=cache_dtype),
+        cache=SimpleNamespace(tokens_per_hash=16, blocks_per_chunk=1),
+        parallel=SimpleNamespace(rank=0, world_size=tp, tp_size=tp, pp_size=1, pcp_size=1,
+                                 dcp_size=1, data_parallel_index=0,
+                                 is_parallelism_agnostic=False),
+        replicated_layout=False))
+
+
+@pytest.mark.parametrize("first, then", [
+    ({"model": "org/model-a"}, {"model": "org/model-b"}),
+    ({"cache_dtype": "fp8_e4m3"}, {"cache_dtype": "fp8_e5m2"}),
+    ({"tp": 1}, {"tp": 2}),
+    ({"layers": ("l0", "l1")}, {"layers": ("l0", "l1", "draft.l0")}),
+], ids=["model", "cache-dtype", "tp", "groups"])
+def test_a_vllm_that_gives_an_offloading_config_keys_by_it(tmp_path, first, then):
+    """The README's tier entry, no "model", on a vLLM whose OffloadingSpec
+    carries an OffloadingConfig and no vllm_config: the tier starts, keys
+    its chunks by that config, and another engine's misses."""
+    want = store_then_close(tmp_path, None, offloading_spec=offloading_config(**first))
+    assert_all_missed(*reopen_and_load(tmp_path, None,
+                                       offloading_spec=offloading_config(**then)))
+    looked, res, slots = reopen_and_load(tmp_path, None,
+                                         offloading_spec=offloading_config(**first))
+    assert looked == [base.LookupResult.HIT] * 3 and res.success is True
+    assert np.array_equal(slots, want)
+
+
+def test_an_offloading_configs_fp8_is_fp8_e4m3_and_its_scheduler_rank_is_all():
+    primary = np.zeros((2, SLOT), np.uint8)
+    a = make_tier(primary, None, l1="1M", offloading_spec=offloading_config(cache_dtype="fp8"))
+    b = make_tier(primary, None, l1="1M",
+                  offloading_spec=offloading_config(cache_dtype="fp8_e4m3"))
+    assert a.identity == b.identity and a.salt(KEYS[0]) == b.salt(KEYS[0])
+    c = make_tier(primary, None, l1="1M", offloading_spec=offloading_config(tp=2))
+    assert "tpallof2" in c.identity
+    for t in (a, b, c):
+        t.shutdown()

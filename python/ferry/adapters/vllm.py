@@ -2201,18 +2201,21 @@ if VLLM:
 
 
 # ==== ferry behind vLLM's own OffloadingConnector ====
-def _tier_ranks(vllm_config):
+def _tier_ranks(vllm_config, sizes=None):
     """The tier's place in vLLM's topology: "tp<rank>of<world>-pp..-pcp..",
     and DCP's size. A rank comes from vLLM's groups where this process is
     one (external_launcher, one process); vLLM's scheduler process, whose
-    primary slot holds every worker's part, is "all" at a world above one."""
-    pc = getattr(vllm_config, "parallel_config", None)
+    primary slot holds every worker's part, is "all" at a world above one.
+    sizes: the parallel config's sizes by vLLM's ParallelConfig names, where
+    they come from elsewhere (an OffloadingConfig's parallel)."""
+    pc = getattr(vllm_config, "parallel_config", None) if sizes is None else None
+    sizes = sizes or {}
     parts = []
     for name, attr, rank_of in (
             ("tp", "tensor_parallel_size", lambda d: d.get_tensor_model_parallel_rank()),
             ("pp", "pipeline_parallel_size", lambda d: d.get_pp_group().rank_in_group),
             ("pcp", "prefill_context_parallel_size", lambda d: d.get_pcp_group().rank_in_group)):
-        world = int(getattr(pc, attr, 1) or 1)
+        world = int(sizes.get(attr, getattr(pc, attr, 1)) or 1)
         rank = 0
         if world > 1:
             try:
@@ -2221,11 +2224,48 @@ def _tier_ranks(vllm_config):
             except (ImportError, AssertionError, AttributeError, RuntimeError, TypeError):
                 rank = "all"    # (groups not initialized here: vLLM's scheduler)
         parts.append(f"{name}{rank}of{world}")
-    dcp = int(getattr(pc, "decode_context_parallel_size", 1) or 1)
+    dcp = int(sizes.get("decode_context_parallel_size",
+                        getattr(pc, "decode_context_parallel_size", 1)) or 1)
     return "-".join(parts) + f"-dcp{dcp}"
 
 
-def _tier_identity(vllm_config, model, slot_bytes):
+def _offload_identity(config, model, slot_bytes):
+    """_tier_identity from the OffloadingConfig a vLLM whose OffloadingSpec
+    holds no vllm_config gives its tiers (offloading_spec.config:
+    OffloadingSpec.__init__(config) in vllm/v1/kv_offload/base.py, the
+    fields of vllm/v1/kv_offload/config.py at vllm-project/vllm 0105e232b7fa
+    / 006f89ace7ca): its model's name, the cache dtype (cache_config's
+    name: "auto" is the model's), tokens a hash, blocks a chunk, the KV
+    cache groups (tokens a block, layer names), a worker's bytes a block,
+    the parallel sizes and the replicated layout. It tells no revision,
+    model dtype or quantization: "model" names them where engines differ."""
+    mc = getattr(config, "model", None)
+    cc = getattr(config, "cache", None)
+    pc = getattr(config, "parallel", None)
+    if model is None:
+        model = str(getattr(mc, "name", None))
+    cache = getattr(mc, "dtype", None)
+    cache = _KV_FORMAT_ALIASES.get(cache, cache) if isinstance(cache, str) else cache
+    groups = "|".join(f"{getattr(g, 'tokens_per_block', None)}:"
+                      f"{','.join(map(str, getattr(g, 'layer_names', None) or ()))}"
+                      for g in (getattr(config, "groups", None) or ()))
+    sizes = {attr: getattr(pc, name, 1) for attr, name in (
+        ("tensor_parallel_size", "tp_size"), ("pipeline_parallel_size", "pp_size"),
+        ("prefill_context_parallel_size", "pcp_size"),
+        ("decode_context_parallel_size", "dcp_size"))}
+    fields = (
+        ("model", model), ("kv", cache),
+        ("hash_block", getattr(cc, "tokens_per_hash", None)),
+        ("chunk_blocks", getattr(cc, "blocks_per_chunk", None)), ("groups", groups),
+        ("worker_bytes", getattr(config, "worker_kv_bytes_per_block", None)),
+        ("slot", slot_bytes), ("ranks", _tier_ranks(None, sizes)),
+        ("replicated", bool(getattr(config, "replicated_layout", False))),
+        ("backend", os.environ.get("VLLM_ATTENTION_BACKEND")),
+        ("layout", os.environ.get("VLLM_KV_CACHE_LAYOUT")))
+    return "ferry-tier/1;offload;" + ";".join(f"{k}={v}" for k, v in fields)
+
+
+def _tier_identity(vllm_config, model, slot_bytes, offload_config=None):
     """What the bytes of one of vLLM's primary slots are, the offload key
     aside: vLLM's offload keys hash the tokens alone (chained from a seed
     that PYTHONHASHSEED fixes across restarts), so the same prompt gives the
@@ -2233,7 +2273,11 @@ def _tier_identity(vllm_config, model, slot_bytes):
     The tier salts every key with this, and another engine never finds,
     let alone loads, this one's chunks in a persistent L2, a remote or a
     registered store. model: the tier's "model" setting, else vLLM's
-    model and revision. A ValueError without vllm_config or model."""
+    model and revision. offload_config: where vLLM gives no vllm_config,
+    its OffloadingSpec's OffloadingConfig (_offload_identity). A
+    ValueError with neither and no model."""
+    if vllm_config is None and offload_config is not None:
+        return _offload_identity(offload_config, model, slot_bytes)
     if vllm_config is None:
         if model is None:
             raise ValueError(
@@ -2292,8 +2336,11 @@ class FerrySecondaryTier(SecondaryTierManager):
     hash the tokens alone, so without it a persistent L2, a remote or a
     registered store kept across a change of any of these would load
     another engine's bytes for the same prompt. Without vllm_config
-    (vLLM's, or its OffloadingSpec's) the tier needs "model", and is a
-    ValueError saying so; "model" may be given beside "ferry.store".
+    (vLLM's, or its OffloadingSpec's) the identity comes from the
+    OffloadingSpec's OffloadingConfig (_offload_identity: no revision,
+    model dtype or quantization there); without either the tier needs
+    "model", and is a ValueError saying so; "model" may be given beside
+    "ferry.store".
     Every method runs in vLLM's scheduler process and returns at once:
     submit_store and submit_load start ferry's asynchronous store or
     retrieve straight from or into the primary slots (their buffers stay
@@ -2322,14 +2369,17 @@ class FerrySecondaryTier(SecondaryTierManager):
         self._tokens = [0] * self.TOKENS
         layout = self.layout_for(self._chunk_bytes)
         config = self._settings(config)
-        if vllm_config is None:   # (vLLM before vllm_config= passed its OffloadingSpec's)
-            vllm_config = getattr(offloading_spec, "vllm_config", None)
+        offload_config = None
+        if vllm_config is None:   # (a vLLM that passes its OffloadingSpec: its vllm_config,
+            vllm_config = getattr(offloading_spec, "vllm_config", None)   # or, newer, its
+            if vllm_config is None:                                        # OffloadingConfig)
+                offload_config = getattr(offloading_spec, "config", None)
         model = config.pop("model", None)
         if model is not None and (not isinstance(model, str) or not model):
             raise ValueError(f"ferry: secondary tier: \"model\" is a non-empty string, "
                              f"got {model!r}")
         self.identity = _tier_identity(vllm_config, None if model is None else str(model),
-                                       self._chunk_bytes)
+                                       self._chunk_bytes, offload_config)
         self._prefix = hashlib.blake2b(self.identity.encode(), digest_size=32).digest()
         log.info("ferry: secondary tier: chunks keyed under %s", self.identity)
         name = config.pop("ferry.store", None)
