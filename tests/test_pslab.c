@@ -2401,6 +2401,36 @@ static void test_refused_create_leaves_what_it_found(void **state)
     ft_rmtree(d);
 }
 
+/* a refused read-only open of a store without a lock file (copied without
+ * it) removes the one it made (no one else holds it); the store then
+ * opens as before */
+static void test_refused_readonly_open_removes_its_lock_file(void **state)
+{
+    (void)state;
+    char d[256], lock[400], slab[400], aside[400];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {d};
+    ferry_pslab_options o = opts(dirs, 1, 4 * MiB);
+    ferry_pslab *p = open_ok(&o);
+    put_k(p, 1, 1);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    path_in(d, FERRY_PSLAB_LOCK, lock, sizeof lock);
+    path_in(d, FERRY_PSLAB_FILE, slab, sizeof slab);
+    path_in(d, "slab.aside", aside, sizeof aside);
+    assert_int_equal(unlink(lock), 0);
+    assert_int_equal(rename(slab, aside), 0); /* refused after the lock: no slab file */
+    o.flags = FERRY_PSLAB_READONLY;
+    assert_true(ferry_pslab_open(&o, &p) < 0);
+    struct stat st;
+    if (stat(lock, &st) == 0)
+        fail_msg("a refused read-only open left the lock file %s it made", lock);
+    assert_int_equal(rename(aside, slab), 0);
+    o.flags = 0;
+    p = open_ok(&o);
+    FT_ASSERT_OK(ferry_pslab_close(p));
+    ft_rmtree(d);
+}
+
 /* a later directory holding nothing of a store, given to an open that may
  * not create (read-only, or a plain writable open as --repair makes): the
  * open is refused as before and leaves no lock file there; a directory
@@ -2717,6 +2747,7 @@ int main(void)
         cmocka_unit_test(test_another_tag_is_refused_and_reset_only_when_asked),
         cmocka_unit_test(test_opens_without_create_make_no_file),
         cmocka_unit_test(test_refused_create_leaves_what_it_found),
+        cmocka_unit_test(test_refused_readonly_open_removes_its_lock_file),
         cmocka_unit_test(test_full_batch_slab_reuses_forgotten_extents_without_a_sync),
         cmocka_unit_test(test_journal_byte_flip_campaign_never_returns_older_values),
         cmocka_unit_test(test_journal_damage_drops_the_key_one_byte_names_else_all_before),

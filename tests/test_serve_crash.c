@@ -322,9 +322,8 @@ static ferry_kv *oom_client(void)
  * chunks stayed locked for the lock TTL, five minutes, and outlived the
  * pool's turnover.)
  */
-static void test_retrieve_out_of_memory_leaves_no_lock(void **state)
+static void oom_leaves_no_lock(int prefetch)
 {
-    (void)state;
     setup_dirs();
     signal(SIGPIPE, SIG_IGN);
     ferry_kv_config kc = store_config();
@@ -351,17 +350,18 @@ static void test_retrieve_out_of_memory_leaves_no_lock(void **state)
         memset(mem, 0xee, (size_t)PLANES * OOM_N * TB);
         uint64_t f0 = ft_alloc_failures();
         ft_alloc_fail_next(k);
-        int rc = ferry_kv_retrieve(r, t, OOM_N, NULL, &b);
+        int rc = prefetch ? ferry_kv_prefetch(r, t, OOM_N, NULL)
+                          : ferry_kv_retrieve(r, t, OOM_N, NULL, &b);
         ft_alloc_fail_next(0); /* none from here */
         refused = ft_alloc_failures() != f0;
         if (!refused)
             assert_int_equal(rc, OOM_N);
         if (rc < 0 && rc != -ENOMEM)
-            fail_msg("allocation %llu refused: retrieve %d (%s)", (unsigned long long)k, rc,
-                     ferry_last_error());
+            fail_msg("allocation %llu refused: %s %d (%s)", (unsigned long long)k,
+                     prefetch ? "prefetch" : "retrieve", rc, ferry_last_error());
         for (int c = 0; c < OOM_CHUNKS; c++) {
             int v = oom_chunk(mem, t, c);
-            if (v == 0 || (c * CT < rc && v != 1))
+            if (prefetch ? v != 3 : v == 0 || (c * CT < rc && v != 1))
                 fail_msg("allocation %llu refused: retrieve %d, chunk %d is %s",
                          (unsigned long long)k, rc, c, v == 0 ? "other bytes" : "not found");
         }
@@ -382,9 +382,10 @@ static void test_retrieve_out_of_memory_leaves_no_lock(void **state)
          * unless locked */
         int kept = ferry_kv_lookup(r, old, OOM_N, NULL);
         if (kept != 0)
-            fail_msg("allocation %llu refused in a retrieve (%d: %s): %d of its tokens "
+            fail_msg("allocation %llu refused in a %s (%d: %s): %d of its tokens "
                      "outlived a pool of newer chunks: still read-locked", (unsigned long long)k,
-                     rc, rc < 0 ? ferry_last_error() : "", kept);
+                     prefetch ? "prefetch" : "retrieve", rc, rc < 0 ? ferry_last_error() : "",
+                     kept);
         ferry_kv_close(r);
         ferry_kv_close(a);
     }
@@ -398,6 +399,20 @@ static void test_retrieve_out_of_memory_leaves_no_lock(void **state)
     assert_true(WIFEXITED(ws));
     assert_int_equal(WEXITSTATUS(ws), 0);
     ft_rmtree(g_dir);
+}
+
+static void test_retrieve_out_of_memory_leaves_no_lock(void **state)
+{
+    (void)state;
+    oom_leaves_no_lock(0);
+}
+
+/* the same for a prefetch, whose RELEASE (of the chunks an ACQUIRE
+ * found) is a larger frame than the ACQUIRE and grows the frame buffer */
+static void test_prefetch_out_of_memory_leaves_no_lock(void **state)
+{
+    (void)state;
+    oom_leaves_no_lock(1);
 }
 
 /* a failed run's daemon is not left running */
@@ -417,6 +432,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_retrieve_out_of_memory_leaves_no_lock, oom_teardown),
+        cmocka_unit_test_teardown(test_prefetch_out_of_memory_leaves_no_lock, oom_teardown),
         cmocka_unit_test(test_kill_both_sides),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

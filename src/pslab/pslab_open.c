@@ -484,6 +484,34 @@ static size_t kept_prefix(const char *d)
     return 0;
 }
 
+/* no opener but this one holds the lock of fd (path's file): 1 once it
+ * is taken exclusively, kept until the caller closes *w (>= 0 when a
+ * second descriptor took it), else 0. A read-only open's descriptor
+ * cannot take a write lock (EBADF): one opened for writing takes it once
+ * the shared lock is let go, and only on the file fd has */
+static int lock_alone(int fd, const char *path, int *w)
+{
+    struct flock ex = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    struct flock un = {.l_type = F_UNLCK, .l_whence = SEEK_SET};
+    *w = -1;
+    if (fcntl(fd, F_OFD_SETLK, &ex) == 0)
+        return 1;
+    if (errno != EBADF)
+        return 0;
+    int x = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    struct stat a, b;
+    if (x < 0)
+        return 0;
+    if (fstat(fd, &a) != 0 || fstat(x, &b) != 0 || a.st_dev != b.st_dev ||
+        a.st_ino != b.st_ino || fcntl(fd, F_OFD_SETLK, &un) != 0 ||
+        fcntl(x, F_OFD_SETLK, &ex) != 0) {
+        close(x);
+        return 0;
+    }
+    *w = x;
+    return 1;
+}
+
 /* the lock file of dirs[i] if this open made it (and holds it); the
  * other files of ours it made there too when it made the directory (in
  * one that was there, a slab file without a journal is no store, and a
@@ -497,15 +525,17 @@ static void undo_made(const ferry_pslab *p, const pslab_made *m, unsigned i)
     for (size_t k = 0; k < MADE_N && p->lockfd[i] >= 0; k++) {
         if ((m->had[i] & (1u << k)) || (!made_dir && k < MADE_N - 1))
             continue;
+        snprintf(b, sizeof b, "%s/%s", p->dirs[i], made_names[k]);
         /* the lock file only when no other opener holds it: a read-only
          * one sharing it (verified before) would keep a lock on a file
          * the name no longer has, which an owner would not see */
-        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
-        if (k == MADE_N - 1 && fcntl(p->lockfd[i], F_OFD_SETLK, &fl) != 0)
+        int w = -1;
+        if (k == MADE_N - 1 && !lock_alone(p->lockfd[i], b, &w))
             continue;
-        snprintf(b, sizeof b, "%s/%s", p->dirs[i], made_names[k]);
         if (unlink(b) == 0)
             FERRY_LOGD("pslab: refused open: removed %s, which it made", b);
+        if (w >= 0)
+            close(w);
     }
     size_t n = strlen(p->dirs[i]);
     memcpy(b, p->dirs[i], n + 1);
@@ -736,9 +766,12 @@ int ferry_pslab_open(const ferry_pslab_options *uo, ferry_pslab **out)
             goto out;
         if (bare_later_dir(p, o, mk, i))
             continue;
+        /* the lock file as found before the lock; the others once it is
+         * held too: an owner that held it meanwhile may have made them */
         made.had[i] = present(p->dirs[i]);
         if ((rc = lock_dir(p, i, ro)) < 0)
             goto out;
+        made.had[i] |= present(p->dirs[i]) & ~(1u << (MADE_N - 1));
     }
 
     /* the commit lane: posix, one request at a time (the journal is appended in order) */

@@ -45,9 +45,18 @@ int ferry__kvc_send_chunks(ferry_kv *kv, ferry__kvc *c, int t, size_t n, uint64_
     q.n = (uint32_t)n;
     q.chunks = c->ch;
     q.tokens = tokens;
-    if (ferry__proto_req_encode(&c->out, &q) < 0)
-        return ferry__kv_err(kv, -ENOMEM, "kv server: out of memory for a %s of %zu chunks",
-                             ferry__proto_type_name((unsigned)t), n);
+    if (ferry__proto_req_encode(&c->out, &q) < 0) {
+        /* a RELEASE is a larger frame than the ACQUIRE before it, so its
+         * encoding may be the one to grow the buffer: one not sent would
+         * keep the read locks until their TTL, so the connection goes,
+         * and they with it (a prefetch's, a layerwise retrieve's, pins') */
+        if (t == FERRY__P_RELEASE)
+            ferry__kvc_drop(c);
+        return ferry__kv_err(kv, -ENOMEM, "kv server: out of memory for a %s of %zu chunks%s",
+                             ferry__proto_type_name((unsigned)t), n,
+                             t == FERRY__P_RELEASE ? " (the connection is closed: the daemon "
+                                                     "drops its locks)" : "");
+    }
     return ferry__kvc_roundtrip(kv, c, rd, rc);
 }
 
