@@ -208,6 +208,64 @@ static void transition_looks_past_a_pinned_least_cell(void **state)
     ferry_moe_trace_destroy(t);
 }
 
+/* shapes whose experts a layer are no multiple of the 8 or 16 ids the
+ * vector compares take (1, 3, 5, 17, 33), top_k odd, 1 or all of them,
+ * one layer or a few, at top_k, top_k + 1, a quarter and every slot:
+ * each victim is the scan's, and the AVX2 forms (the least of a cell, a
+ * full row's sums four at a time) decide as the SSE2 and scalar ones do,
+ * step by step (the same residents after every step) */
+static void transition_odd_shapes_decide_as_the_scan_and_narrow(void **state)
+{
+    (void)state;
+    static const uint32_t shapes[][3] = {{3, 1, 1},  {2, 3, 3},  {3, 5, 3},  {1, 5, 1},
+                                         {4, 17, 5}, {2, 17, 17}, {3, 33, 7}, {1, 33, 3},
+                                         {2, 33, 33}};
+    uint64_t checked = 0, steps = 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        ferry_moe_gen_options go = FERRY_MOE_GEN_OPTIONS_INIT;
+        go.tokens = 160;
+        go.seed = 3 + i;
+        go.num_layers = shapes[i][0];
+        go.num_experts = shapes[i][1];
+        go.top_k = shapes[i][2];
+        ferry_moe_trace *t;
+        FT_ASSERT_OK(ferry_moe_trace_generate(&go, &t));
+        uint32_t L = shapes[i][0], E = shapes[i][1], K = shapes[i][2];
+        uint32_t budgets[] = {K, K + 1, L * E / 4, L * E};
+        for (size_t j = 0; j < sizeof budgets / sizeof *budgets; j++) {
+            uint32_t slots = budgets[j];
+            if (slots < K || slots > L * E)
+                continue;
+            verify_replay(t, "transition", slots, &checked);
+            verify_replay(t, "trio", slots, &checked);
+            ferry_moe_planner *w = ft_moe_planner(t, "transition", slots);
+            ferry__transition_narrow = 1;
+            ferry_moe_planner *nr = ft_moe_planner(t, "transition", slots);
+            ferry__transition_narrow = 0;
+            size_t n = ferry_moe_trace_steps(t);
+            for (size_t s = 0; s < n; s++, steps++) {
+                uint32_t tok, layer, k;
+                const uint32_t *ex;
+                FT_ASSERT_OK(ferry_moe_trace_step(t, s, &tok, &layer, &ex, &k));
+                FT_ASSERT_OK(ferry_moe_planner_ensure(w, layer, ex, k, NULL, NULL, NULL));
+                FT_ASSERT_OK(ferry_moe_planner_ensure(nr, layer, ex, k, NULL, NULL, NULL));
+                for (uint32_t v = 0; v < slots; v++)
+                    if (ferry_moe_planner_occupant(w, v) != ferry_moe_planner_occupant(nr, v))
+                        fail_msg("%ux%u top-%u at %u slots, step %zu: slot %u holds %u, "
+                                 "narrow %u", L, E, K, slots, s, v,
+                                 ferry_moe_planner_occupant(w, v),
+                                 ferry_moe_planner_occupant(nr, v));
+            }
+            ferry_moe_planner_destroy(w);
+            ferry_moe_planner_destroy(nr);
+        }
+        ferry_moe_trace_destroy(t);
+    }
+    print_message("%llu victims checked against the scan, %llu steps against narrow\n",
+                  (unsigned long long)checked, (unsigned long long)steps);
+    assert_true(checked > 10000);
+}
+
 /* a planner's transition work per layer-step on trace t at `slots`:
  * the mean after the first token, and the most of one step */
 static void work_per_step(const ferry_moe_trace *t, uint32_t slots, double *mean, uint64_t *most,
@@ -529,6 +587,7 @@ int main(void)
         cmocka_unit_test(transition_refuses_huge_shapes),
         cmocka_unit_test(transition_lists_choose_as_the_scan),
         cmocka_unit_test(transition_looks_past_a_pinned_least_cell),
+        cmocka_unit_test(transition_odd_shapes_decide_as_the_scan_and_narrow),
         cmocka_unit_test(transition_work_does_not_grow_with_slots),
         cmocka_unit_test(transition_steady_work_does_not_grow_with_slots),
         cmocka_unit_test(transition_wakes_to_the_cells_it_would_have),
