@@ -502,6 +502,103 @@ static void directory_lock_is_not_a_forked_childs(void **state)
     ft_rmtree(dir);
 }
 
+/* another process makes g_theirs between a mkdir_p's start and its mkdir */
+static char g_theirs[300];
+static void theirs_made_first(int step, const char *path)
+{
+    if (step == FERRY__DIRLOCK_MKDIR && strcmp(path, g_theirs) == 0)
+        (void)mkdir(path, 0700);
+}
+
+/* what a mkdir_p made is what its own mkdir calls made: below the prefix
+ * it reports kept, and none that was there or that another process made
+ * meanwhile; "." ".." and empty names make nothing; a failed one removes
+ * what it made */
+static void mkdir_p_reports_the_directories_it_made(void **state)
+{
+    (void)state;
+    char dir[256], p[700];
+    ft_tmpdir(dir, sizeof dir);
+    size_t n = strlen(dir), kept = 0;
+    ferry__errbuf eb = {0};
+    snprintf(p, sizeof p, "%s/a/b/", dir);
+    FT_ASSERT_OK(ferry__mkdir_p_made(p, 0, 1, &kept, &eb));
+    assert_int_equal(kept, n);
+    FT_ASSERT_OK(ferry__mkdir_p_made(p, 0, 1, &kept, &eb));
+    assert_int_equal(kept, strlen(p)); /* all there: none made */
+    snprintf(p, sizeof p, "%s/a/./c//d", dir);
+    FT_ASSERT_OK(ferry__mkdir_p_made(p, 0, 1, &kept, &eb));
+    assert_int_equal(kept, n + 2); /* ".../a" was there */
+    snprintf(p, sizeof p, "%s/a/c/d", dir);
+    FT_ASSERT_OK(ferry__mkdir_p_made(p, 0, 0, &kept, &eb)); /* (no create) */
+    assert_int_equal(kept, strlen(p));
+    snprintf(g_theirs, sizeof g_theirs, "%s/t", dir);
+    snprintf(p, sizeof p, "%s/t/u", dir);
+    ferry__dirlock_seam(theirs_made_first);
+    int rc = ferry__mkdir_p_made(p, 0, 1, &kept, &eb);
+    ferry__dirlock_seam(NULL);
+    FT_ASSERT_OK(rc);
+    assert_int_equal(kept, strlen(g_theirs)); /* t is another's, u ours */
+    /* a name too long after a new directory: refused, the new one gone */
+    snprintf(p, sizeof p, "%s/new/%0300d", dir, 0);
+    assert_int_equal(ferry__mkdir_p_made(p, 0, 1, &kept, &eb), -ENAMETOOLONG);
+    assert_int_equal(kept, strlen(p));
+    assert_non_null(strstr(eb.msg, "mkdir"));
+    struct stat st;
+    snprintf(p, sizeof p, "%s/new", dir);
+    assert_int_equal(stat(p, &st), -1);
+    ft_rmtree(dir);
+}
+
+/* another opener's cleanup: the lock file removed once, between the
+ * locker's open of it and its lock (dirlock's seam) */
+static int g_removals;
+static void lock_file_removed(int step, const char *path)
+{
+    if (step == FERRY__DIRLOCK_LOCK && g_removals > 0) {
+        g_removals--;
+        (void)unlink(path);
+    }
+}
+
+/* a lock file removed while it is being taken (a refused opener removes
+ * the one it made): the lock is held on the file the name has when the
+ * call returns, exclusive or shared, so a second locker in another
+ * process is refused rather than taking a new file as a second owner */
+static void directory_lock_is_on_the_file_the_name_has(void **state)
+{
+    (void)state;
+    char dir[256], lock[400];
+    ft_tmpdir(dir, sizeof dir);
+    snprintf(lock, sizeof lock, "%s/%s", dir, FERRY__LOCK_FILE);
+    ferry__errbuf eb = {0};
+    for (int shared = 0; shared < 2; shared++) {
+        int fd = -1;
+        g_removals = 1;
+        ferry__dirlock_seam(lock_file_removed);
+        int rc = ferry__dir_lock(dir, 0, shared, "test", &eb, &fd);
+        ferry__dirlock_seam(NULL);
+        FT_ASSERT_OK(rc);
+        assert_int_equal(g_removals, 0); /* (the seam ran) */
+        struct stat held, named;
+        assert_int_equal(fstat(fd, &held), 0);
+        assert_int_equal(stat(lock, &named), 0);
+        if (held.st_dev != named.st_dev || held.st_ino != named.st_ino)
+            fail_msg("%s lock held on inode %llu, the name %s has inode %llu",
+                     shared ? "a shared" : "an exclusive", (unsigned long long)held.st_ino,
+                     lock, (unsigned long long)named.st_ino);
+        fflush(NULL);
+        pid_t c = fork();
+        if (c == 0) {
+            int f = -1;
+            _exit(ferry__dir_lock(dir, 0, 0, "child", NULL, &f) == FERRY_EBUSY ? 0 : 1);
+        }
+        FT_ASSERT_CHILD_OK(c, "a second locker, refused");
+        ferry__dir_unlock(fd);
+    }
+    ft_rmtree(dir);
+}
+
 /* a warning at the rate of the I/O: the first few, then one a second
  * carrying how many were held back */
 static void repeated_warnings_are_rate_limited(void **state)
@@ -604,6 +701,8 @@ int main(void)
         cmocka_unit_test(every_errno_has_a_name),
         cmocka_unit_test(directory_lock_has_one_owner),
         cmocka_unit_test(directory_lock_is_not_a_forked_childs),
+        cmocka_unit_test(directory_lock_is_on_the_file_the_name_has),
+        cmocka_unit_test(mkdir_p_reports_the_directories_it_made),
         cmocka_unit_test(repeated_warnings_are_rate_limited),
         cmocka_unit_test(sized_structs_take_prefixes_and_write_what_the_caller_knows),
     };

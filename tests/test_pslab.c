@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "dirlock.h"
 #include "ferry_test.h"
 #include "io/sys.h"
 #include "pslab/pslab_int.h"
@@ -2401,6 +2402,43 @@ static void test_refused_create_leaves_what_it_found(void **state)
     ft_rmtree(d);
 }
 
+/* what another process does between the open's look at a directory and
+ * its mkdir: makes the directory g_theirs itself (dirlock's seam) */
+static char g_theirs[400];
+static void theirs_made_first(int step, const char *path)
+{
+    if (step == FERRY__DIRLOCK_MKDIR && strcmp(path, g_theirs) == 0)
+        (void)mkdir(path, 0700);
+}
+
+/* a refused CREATE removes only the directories its own mkdir made: one
+ * that another process made while the open was making it stays (it is
+ * empty: an open that thought it its own would remove it), and a new
+ * directory the open made under it is gone */
+static void test_refused_create_keeps_a_directory_another_made(void **state)
+{
+    (void)state;
+    char d[256], sub[420];
+    ft_tmpdir(d, sizeof d);
+    const char *dirs[] = {g_theirs};
+    for (int deeper = 0; deeper < 2; deeper++) {
+        snprintf(g_theirs, sizeof g_theirs, "%s/theirs%d", d, deeper);
+        snprintf(sub, sizeof sub, "%s/sub", g_theirs);
+        dirs[0] = deeper ? sub : g_theirs;
+        ferry_pslab_options o = opts(dirs, 1, 0); /* no size: refused once locked */
+        ferry_pslab *p = NULL;
+        ferry__dirlock_seam(theirs_made_first);
+        int rc = ferry_pslab_open(&o, &p);
+        ferry__dirlock_seam(NULL);
+        assert_int_equal(rc, -EINVAL);
+        assert_non_null(strstr(ferry_last_error(), "needs a size"));
+        if (dir_entries(g_theirs) != 0)
+            fail_msg("a refused open removed (or left files in) %s, which another process "
+                     "made: %d entries", g_theirs, dir_entries(g_theirs));
+    }
+    ft_rmtree(d);
+}
+
 /* a refused read-only open of a store without a lock file (copied without
  * it) removes the one it made (no one else holds it); the store then
  * opens as before */
@@ -2748,6 +2786,7 @@ int main(void)
         cmocka_unit_test(test_opens_without_create_make_no_file),
         cmocka_unit_test(test_refused_create_leaves_what_it_found),
         cmocka_unit_test(test_refused_readonly_open_removes_its_lock_file),
+        cmocka_unit_test(test_refused_create_keeps_a_directory_another_made),
         cmocka_unit_test(test_full_batch_slab_reuses_forgotten_extents_without_a_sync),
         cmocka_unit_test(test_journal_byte_flip_campaign_never_returns_older_values),
         cmocka_unit_test(test_journal_damage_drops_the_key_one_byte_names_else_all_before),

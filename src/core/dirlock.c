@@ -11,6 +11,13 @@
  * The owner writes its pid into the file so a refused opener can name it
  * (the lock itself cannot: F_OFD_GETLK reports pid -1).
  *
+ * A lock counts only on the file the name has: an opener refused after it
+ * made the lock file removes it again (pslab), and whoever opened that file
+ * before the removal and locked it after would hold a lock no later opener
+ * sees - two owners. So once the lock is held, the descriptor's file is
+ * compared with the name's (device and inode), and on a difference it is
+ * let go and the name's file opened and locked again.
+ *
  * Fork: a forked child inherits the owner's descriptor, and with it a
  * reference to the locked description: the lock would then outlive the
  * owner's unlock (and the owner's death) for as long as the child lives
@@ -28,6 +35,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -60,10 +68,59 @@ int ferry__mode_check(unsigned mode, const char *what, ferry__errbuf *eb)
     return 0;
 }
 
+static _Atomic(ferry__dirlock_seam_fn) g_seam;
+
+void ferry__dirlock_seam(ferry__dirlock_seam_fn fn)
+{
+    atomic_store(&g_seam, fn);
+}
+
+static void seam(int step, const char *path)
+{
+    ferry__dirlock_seam_fn fn = atomic_load(&g_seam);
+    if (fn)
+        fn(step, path);
+}
+
+/* the name p[s..i) is empty, "." or "..": no directory a mkdir makes */
+static int no_new_name(const char *p, size_t s, size_t i)
+{
+    size_t len = i - s;
+    return len == 0 || (len == 1 && p[s] == '.') || (len == 2 && p[s] == '.' && p[s + 1] == '.');
+}
+
+/* rmdir p's directories deepest first from the one that ends before
+ * `end` up to (not) the one ending at `own`, while empty ("." and ".."
+ * name none): those a failed ferry__mkdir_p_made made */
+static void unmake(char *p, size_t end, size_t own)
+{
+    while (end > 0 && p[end - 1] == '/')
+        end--;
+    while (end > own) {
+        p[end] = 0;
+        size_t s = end;
+        while (s > 0 && p[s - 1] != '/')
+            s--;
+        if (!no_new_name(p, s, end))
+            rmdir(p);
+        while (s > 0 && p[s - 1] == '/')
+            s--;
+        end = s;
+    }
+}
+
 int ferry__mkdir_p(const char *dir, unsigned mode, int create, ferry__errbuf *eb)
+{
+    return ferry__mkdir_p_made(dir, mode, create, NULL, eb);
+}
+
+int ferry__mkdir_p_made(const char *dir, unsigned mode, int create, size_t *kept,
+                        ferry__errbuf *eb)
 {
     char p[4096];
     size_t n = dir ? strlen(dir) : 0;
+    if (kept)
+        *kept = n;
     if (n == 0 || n >= sizeof p)
         return ferry__err_set(eb, -EINVAL, "directory name %s", n ? "too long" : "empty");
     struct stat st;
@@ -73,18 +130,35 @@ int ferry__mkdir_p(const char *dir, unsigned mode, int create, ferry__errbuf *eb
             return ferry__err_set(eb, -e, "directory %s: %s", dir, strerror(e));
         }
     } else {
+        /* a directory is this call's only when its mkdir returned 0: one
+         * there already (EEXIST), made by another meanwhile too, is not */
+        size_t last = 0, own = 0; /* the end of the last name that was there */
         memcpy(p, dir, n + 1);
-        for (size_t i = 1; i <= n; i++) {
+        for (size_t i = 1, s = p[0] == '/'; i <= n; i++) {
             if (p[i] != '/' && p[i] != 0)
+                continue;
+            size_t at = s;
+            s = i + 1;
+            if (no_new_name(p, at, i))
                 continue;
             char c = p[i];
             p[i] = 0;
-            if (mkdir(p, (mode_t)ferry__dir_mode(mode)) < 0 && errno != EEXIST) {
-                int e = errno;
-                return ferry__err_set(eb, -e, "mkdir %s: %s", p, strerror(e));
-            }
+            seam(FERRY__DIRLOCK_MKDIR, p);
+            int r = mkdir(p, (mode_t)ferry__dir_mode(mode));
             p[i] = c;
+            last = i;
+            if (r == 0)
+                continue;
+            if (errno != EEXIST) {
+                int e = errno;
+                ferry__err_set(eb, -e, "mkdir %s: %s", (p[i] = 0, p), strerror(e));
+                unmake(p, at, own); /* (a failed call leaves none of its own) */
+                return -e;
+            }
+            own = i;
         }
+        if (kept)
+            *kept = own == last ? n : own;
         if (stat(dir, &st) < 0) {
             int e = errno;
             return ferry__err_set(eb, -e, "directory %s: %s", dir, strerror(e));
@@ -190,6 +264,40 @@ static int lock_fd(int fd, short type, int wait)
     }
 }
 
+/* the lock of path's file, opened (created but where a shared lock may
+ * not): 0 and *fd, 1 (the lock is another's: *fd still open, to name its
+ * holder), or -errno set in eb */
+static int lock_file(const char *path, unsigned mode, int shared, const char *what,
+                     ferry__errbuf *eb, int *fd)
+{
+    *fd = open(path, (shared ? O_RDONLY : O_RDWR) | O_CREAT | O_CLOEXEC,
+               (mode_t)ferry__file_mode(mode));
+    if (*fd < 0 && shared && (errno == EACCES || errno == EROFS))
+        *fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (*fd < 0) {
+        int e = errno;
+        return ferry__err_set(eb, -e, "%s: lock file %s: %s", what, path, strerror(e));
+    }
+    seam(FERRY__DIRLOCK_LOCK, path);
+    int rc = lock_fd(*fd, shared ? F_RDLCK : F_WRLCK, 0);
+    if (rc == -EAGAIN || rc == -EACCES)
+        return 1;
+    if (rc < 0) {
+        close(*fd);
+        *fd = -1;
+        return ferry__err_set(eb, rc, "%s: locking %s: %s", what, path, strerror(-rc));
+    }
+    return 0;
+}
+
+/* fd's file is the one path names now */
+static int still_named(int fd, const char *path)
+{
+    struct stat a, b;
+    return fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+}
+
 int ferry__dir_lock(const char *dir, unsigned mode, int shared, const char *what,
                     ferry__errbuf *eb, int *fd_out)
 {
@@ -198,16 +306,20 @@ int ferry__dir_lock(const char *dir, unsigned mode, int shared, const char *what
         return ferry__err_set(eb, -EINVAL, "%s: no directory to lock", what);
     if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, FERRY__LOCK_FILE) >= sizeof path)
         return ferry__err_set(eb, -ENAMETOOLONG, "%s: directory name %s too long", what, dir);
-    int fd = open(path, (shared ? O_RDONLY : O_RDWR) | O_CREAT | O_CLOEXEC,
-                  (mode_t)ferry__file_mode(mode));
-    if (fd < 0 && shared && (errno == EACCES || errno == EROFS))
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        return ferry__err_set(eb, -e, "%s: lock file %s: %s", what, path, strerror(e));
+    /* the lock counts only on the file the name has once it is held: an
+     * opener that made the lock file removes it when it is refused (pslab),
+     * and a lock on the file it removed is one no later opener sees */
+    int fd = -1, rc = 0, tries = 0;
+    while ((rc = lock_file(path, mode, shared, what, eb, &fd)) == 0 && !still_named(fd, path)) {
+        close(fd);
+        fd = -1;
+        if (++tries == 100)
+            return ferry__err_set(eb, FERRY_EBUSY, "%s: lock file %s keeps being replaced "
+                                  "while it is taken", what, path);
     }
-    int rc = lock_fd(fd, shared ? F_RDLCK : F_WRLCK, 0);
-    if (rc == -EAGAIN || rc == -EACCES) {
+    if (rc < 0)
+        return rc;
+    if (rc == 1) {
         int pid = holder_pid(fd);
         close(fd);
         if (pid)
@@ -219,10 +331,6 @@ int ferry__dir_lock(const char *dir, unsigned mode, int shared, const char *what
                               "%s: directory %s is in use by another opener (lock %s); one "
                               "directory has one owner: give each rank and store its own",
                               what, dir, path);
-    }
-    if (rc < 0) {
-        close(fd);
-        return ferry__err_set(eb, rc, "%s: locking %s: %s", what, path, strerror(-rc));
     }
     if (held_add(fd) < 0) {
         close(fd);

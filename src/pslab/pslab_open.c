@@ -449,7 +449,7 @@ static const char *const made_names[] = {FERRY_PSLAB_FILE, FERRY_PSLAB_JOURNAL,
                                          FERRY_PSLAB_LOCK}; /* (the lock last) */
 #define MADE_N (sizeof made_names / sizeof made_names[0])
 typedef struct {
-    size_t kept[FERRY_PSLAB_MAX_DIRS]; /* length of dirs[i]'s longest prefix that was there */
+    size_t kept[FERRY_PSLAB_MAX_DIRS]; /* length of dirs[i]'s longest prefix not made here */
     unsigned had[FERRY_PSLAB_MAX_DIRS]; /* bit k: made_names[k] was there (when locked) */
 } pslab_made;
 
@@ -461,27 +461,6 @@ static size_t name_start(const char *d, size_t end)
     while (end > 0 && d[end - 1] != '/')
         end--;
     return end;
-}
-
-/* before ferry__mkdir_p(d): how much of d is there (its length: all of it) */
-static size_t kept_prefix(const char *d)
-{
-    char b[PATH_MAX_];
-    size_t n = strlen(d);
-    struct stat st;
-    memcpy(b, d, n + 1);
-    while (n > 0) {
-        b[n] = 0;
-        if (stat(b, &st) == 0)
-            return n;
-        size_t k = name_start(b, n);
-        while (k > 1 && b[k - 1] == '/')
-            k--; /* "a//b" -> "a" */
-        if (k == n || (k == 1 && b[0] == '/'))
-            return k; /* "/" or a relative first name: the start is there */
-        n = k;
-    }
-    return 0;
 }
 
 /* no opener but this one holds the lock of fd (path's file): 1 once it
@@ -567,29 +546,6 @@ static unsigned present(const char *dir)
             bits |= 1u << k;
     }
     return bits;
-}
-
-/* dirs[i]'s lock, on the file its name has now: an opener refused
- * meanwhile removes the lock file it made, and one that opened that file
- * before would hold a lock on a file no later opener sees */
-static int lock_dir(ferry_pslab *p, unsigned i, int ro)
-{
-    char path[PATH_MAX_ + 16];
-    snprintf(path, sizeof path, "%s/%s", p->dirs[i], FERRY_PSLAB_LOCK);
-    for (int tries = 0;; tries++) {
-        int rc = ferry__dir_lock(p->dirs[i], p->mode, ro, "pslab", &p->err, &p->lockfd[i]);
-        if (rc < 0)
-            return rc;
-        struct stat a, b;
-        if (fstat(p->lockfd[i], &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev &&
-            a.st_ino == b.st_ino)
-            return 0;
-        ferry__dir_unlock(p->lockfd[i]);
-        p->lockfd[i] = -1;
-        if (tries == 100)
-            return ferry__err_set(&p->err, FERRY_EBUSY, "pslab: lock file %s keeps being "
-                                  "replaced while it is taken", path);
-    }
 }
 
 /* a handle for o (checked), its locks, settings, directories and tag copied; no file touched */
@@ -759,9 +715,7 @@ int ferry_pslab_open(const ferry_pslab_options *uo, ferry_pslab **out)
         goto out;
     rc = 0;
     for (unsigned i = 0; i < o->n_dirs; i++) {
-        if (mk)
-            made.kept[i] = kept_prefix(p->dirs[i]);
-        if ((rc = ferry__mkdir_p(p->dirs[i], p->mode, mk, &p->err)) < 0 ||
+        if ((rc = ferry__mkdir_p_made(p->dirs[i], p->mode, mk, &made.kept[i], &p->err)) < 0 ||
             (rc = same_dir_twice(p, i)) < 0)
             goto out;
         if (bare_later_dir(p, o, mk, i))
@@ -769,7 +723,7 @@ int ferry_pslab_open(const ferry_pslab_options *uo, ferry_pslab **out)
         /* the lock file as found before the lock; the others once it is
          * held too: an owner that held it meanwhile may have made them */
         made.had[i] = present(p->dirs[i]);
-        if ((rc = lock_dir(p, i, ro)) < 0)
+        if ((rc = ferry__dir_lock(p->dirs[i], p->mode, ro, "pslab", &p->err, &p->lockfd[i])) < 0)
             goto out;
         made.had[i] |= present(p->dirs[i]) & ~(1u << (MADE_N - 1));
     }
