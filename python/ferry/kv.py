@@ -991,8 +991,10 @@ class KVStore(Closing):
         returned), the others return once it has. A close an interrupt
         (KeyboardInterrupt) stopped is finished by the next close() from
         any thread: none waits for the interrupted one to come back. A
-        close() made inside the same thread's release (a signal handler's,
-        a __del__'s) returns at once: the release below it goes on."""
+        close() made inside a call of its own thread on the store, or in
+        its own close (a signal handler's, a __del__'s), returns at once:
+        later calls are refused, and the call (or close) below it releases
+        the store as it leaves."""
         guard = getattr(self, "_guard", None)
         if guard is None:
             return
