@@ -15,11 +15,15 @@ of the parent's, gone with the child). The parent's handles go on
 unchanged. A child opens its own handles (as a spawned process does).
 """
 import errno
+import operator
 import os
 import sys
 import threading
 import time
 import weakref
+from collections import deque
+from functools import partial
+from threading import get_ident
 
 from .errors import FerryError
 
@@ -68,6 +72,17 @@ def _after_fork_in_child():
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def free_and_forget(free, h, forget, *args):
+    """free(h), then forget(*args) (which takes h out of the place where a
+    release made again would find it), as one step that no interrupt
+    splits. A signal handler's exception lands between two bytecodes:
+    taking a handle out before its free leaks it when it lands between
+    them, taking it out after frees it twice on the next try. Both calls
+    here run from C (a deque consuming a map), with no bytecode between
+    them, so the handle is findable until it is freed and freed once."""
+    deque(map(operator.call, (partial(free, h), partial(forget, *args))), 0)
 
 
 class Closing:
@@ -170,43 +185,60 @@ class CallGuard(Opened):
     that only `with` takes (KVStore.close, _Flight.finish): an end() or
     release an interrupt stopped is gone on with by the next thread that
     closes (or frees), never waited for by it.
+
+    A close inside a call of its own thread: a signal handler (or a
+    __del__, or a weakref callback) runs between two bytecodes of the
+    thread it interrupts, which may be inside a call on this very handle
+    (between enter and the C call, or between two C calls of one entry:
+    device_empty's). Waiting there for the calls inside to return would
+    wait for that thread, which cannot go on until the handler returns:
+    for ever. So each entry names its thread, and drain() waits for the
+    other threads' calls alone: with one of its own thread's inside it
+    returns False at once, and the release is that call's to make as it
+    leaves: the last call out of an ended guard runs `on_last` (end()'s),
+    whichever thread it is in. The release never comes between two C
+    calls of one entry, and `on_last` is idempotent (released once).
     """
 
     def __init__(self, what):
         super().__init__()
         self._what = what
-        self._lock = threading.Lock()   # (only `with`: its release cannot be skipped)
+        # (only `with`: its release cannot be skipped; an RLock: an end() made
+        # by a signal handler inside this thread's own end() goes through)
+        self._lock = threading.RLock()
         self._inside = []      # one entry per call inside
         self._ended = False
+        self._on_last = None   # what the last call out does once ended (end())
         if not _GIL:
             self.enter, self.leave = self._enter_locked, self._leave_locked
 
     def enter(self):
-        self._inside.append(None)
+        tok = (get_ident(), None)   # (this thread's: drain() tells its own apart)
+        self._inside.append(tok)
         if self._ended:
-            self.leave()
+            self._inside.remove(tok)
             return False
         return True
 
     def leave(self):
-        self._inside.pop()
+        self._inside.remove((get_ident(), None))
 
     def _enter_locked(self):
         with self._lock:
             if self._ended:
                 return False
-            self._inside.append(None)
+            self._inside.append((get_ident(), None))
             return True
 
     def _leave_locked(self):
         with self._lock:
-            self._inside.pop()
+            self._inside.remove((get_ident(), None))
 
     def call(self, fn, *args):
         """fn(*args) as one call inside the guard, or REFUSED (ended). The
         entry is this call's own token, taken out in the finally whatever
         exception comes at whichever step (see Interrupts above)."""
-        tok = object()
+        tok = (get_ident(), object())   # (this call's alone, naming its thread)
         inside = self._inside
         try:
             if _GIL:
@@ -227,32 +259,59 @@ class CallGuard(Opened):
                 with self._lock:
                     if tok in inside:
                         inside.remove(tok)
+            if self._ended and not inside:
+                self._last_out()
 
-    def end(self):
-        """True once, to the thread that ends the guard, after every call
-        inside returned; False to the others (and later calls)."""
+    def _last_out(self):
+        """The last call out of an ended guard: on_last (the release, which
+        a close inside a call of its own thread left to it)."""
+        fn = self._on_last
+        if fn is not None:
+            fn()
+
+    def end(self, on_last=None):
+        """Refuse every call from now on, then drain(): True once, to the
+        thread that ended the guard, after every call inside returned;
+        False to the others (and later calls), and at once to a caller
+        with a call of its own thread inside (see drain). on_last: the
+        release, run by the last call out of the ended guard (made
+        idempotent by its owner)."""
         with self._lock:
+            if on_last is not None and self._on_last is None:
+                self._on_last = on_last   # (before _ended: a call out that sees one sees it)
             if self._ended:
                 return False
             self._ended = True
-        return self._drained()
+        return self.drain()
 
     def drain(self):
-        """After end() (in any thread): once every call inside returned."""
-        return self._drained()
-
-    def _drained(self):
+        """After end() (in any thread): True once every call inside returned;
+        False at once while a call of this thread is inside (the caller is a
+        signal handler, a __del__ or a weakref callback run inside it, and
+        that call would never return while this waits): then the release
+        is that call's (or a later caller's) as it leaves (on_last)."""
+        me = get_ident()
         pause = 0.0001
-        while self._inside:   # (no lock, no notify: nothing an interrupt can leave held)
-            time.sleep(pause)
+        while True:
+            inside = list(self._inside)   # (one C step: a copy no append changes)
+            if not inside:
+                return True
+            for t in inside:
+                if t[0] == me:
+                    return False
+            time.sleep(pause)   # (no lock, no notify: nothing an interrupt can leave held)
             pause = min(pause * 2, 0.005)
-        return True
+
+    def released(self):
+        """Once the release is done: on_last goes (with what it holds)."""
+        self._on_last = None
 
     def _after_fork(self):
         super()._after_fork()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._inside = []
         self._ended = True
+        self._on_last = None
 
     @property
     def ended(self):

@@ -7,11 +7,12 @@ import atexit
 import threading
 import time
 import weakref
+from functools import partial
 
 import numpy as np
 
 from . import _abi as A
-from ._handle import REFUSED, CallGuard, Closing, Opened, Signal
+from ._handle import REFUSED, CallGuard, Closing, Opened, Signal, free_and_forget
 from ._buffers import (CACHE_LAYOUTS, Buffer, DeviceMem, cache_planes, describe, device_spec,
                        dtype_code, dtype_name, is_torch, is_torch_device, paged_geometry,
                        tokens_array)
@@ -347,9 +348,13 @@ class Op:
         # release, one at a time: a free an interrupt stopped in one thread
         # (which may never come back to it) is gone on with by the next
         # thread that frees the op or calls it, never waited for
-        if not self._guard.end() and self._guard.forked:
+        # (a free inside a call of its own thread on the op - a signal
+        # handler's, a __del__'s - waits for nothing: that call finishes
+        # it as it leaves, CallGuard.on_last)
+        fin = partial(self._flight.finish, self._keep_result, self._let_go)
+        if not self._guard.end(fin) and self._guard.forked:
             return
-        self._flight.finish(self._keep_result, self._let_go)
+        fin()
 
     def _let_go(self):
         self._keep = None            # the op is over: its buffers may go
@@ -391,7 +396,9 @@ class _Flight:
         self.guard = guard
         self.freed = freed
         self.stores = stores
-        self.lock = threading.Lock()   # (only `with`: its release cannot be skipped)
+        # one finish at a time (only `with`: its release cannot be skipped);
+        # an RLock to know its owner (a free inside this thread's own finish)
+        self.lock = threading.RLock()
         # the reference last, once the flight is whole: an interrupt above
         # stops the Op's construction before any C call hands a handle out
         ref = _OpRef(op, _orphans.add)   # (C alone: no frame an interrupt stops)
@@ -416,15 +423,15 @@ class _Flight:
                 rc = lib.ferry_kv_op_cancel(hv)
             settle(rc)
         h = hv.value if hv else None
-        if h:
-            hv.value = None      # (taken first: never freed twice)
-            lib.ferry_kv_op_free(h)
+        if h:   # (freed and taken out in one step: never twice, never leaked)
+            free_and_forget(lib.ferry_kv_op_free, h, setattr, hv, "value", None)
         if let_go is not None:
             let_go()
         self.keep = None
         _flying.discard(self)
         self.op = _GONE           # (its reference goes: no orphan to visit)
         self.freed.set()
+        self.guard.released()     # (on_last goes, with the Op it holds)
 
     def finish(self, settle, let_go=None):
         """Once the op's guard is ended, by any thread: after the calls
@@ -434,9 +441,17 @@ class _Flight:
         thread (or this one, again) goes on from the step it reached."""
         if self.freed.is_set():
             return
-        with self.lock:
-            if not self.freed.is_set():
-                self.guard.drain()
+        lock = self.lock
+        if lock._is_owned():
+            # a free (or wait) made inside this thread's own finish (a signal
+            # handler's, a __del__'s): waiting for the lock would wait for
+            # this thread, for ever. The finish below it goes on once this
+            # returns (or, interrupted, the next free or call finishes it)
+            return
+        with lock:
+            # (drain False: a call of this thread is inside the op, which
+            # finishes it as it leaves: CallGuard.on_last)
+            if not self.freed.is_set() and self.guard.drain():
                 self.release(settle, let_go)
 
     def _settle_orphan(self, rc):
@@ -459,8 +474,9 @@ class _Flight:
             rc = g.call(lib.ferry_kv_op_wait, self.hv, 0) if self.hv.value else 0
             if rc == -errno.ETIMEDOUT:
                 return False
-        g.end()
-        self.finish(self._settle_orphan)
+        fin = partial(self.finish, self._settle_orphan)
+        g.end(fin)
+        fin()
         return True
 
 
@@ -975,8 +991,10 @@ class KVStore(Closing):
         returned), the others return once it has. A close an interrupt
         (KeyboardInterrupt) stopped is finished by the next close() from
         any thread: none waits for the interrupted one to come back. A
-        close() made inside the same thread's release (a signal handler's,
-        a __del__'s) returns at once: the release below it goes on."""
+        close() made inside a call of its own thread on the store, or in
+        its own close (a signal handler's, a __del__'s), returns at once:
+        later calls are refused, and the call (or close) below it releases
+        the store as it leaves."""
         guard = getattr(self, "_guard", None)
         if guard is None:
             return
@@ -994,40 +1012,49 @@ class KVStore(Closing):
         # the first end() refuses new calls; then any thread finishes the
         # release, one at a time, as an op's free does (_Flight.finish): a
         # close an interrupt stopped in one thread (which may never come
-        # back to it) is gone on with by the next close, never waited for
-        guard.end()
+        # back to it) is gone on with by the next close, never waited for.
+        # A close inside a call of its own thread (a signal handler's, a
+        # __del__'s) waits for nothing: that call releases as it leaves
+        guard.end(self._finish_close)
+        self._finish_close()
+
+    def _finish_close(self):
+        """The release, once the guard ended: by close(), or by the last call
+        out of the guard (CallGuard.on_last). Returns without it while this
+        thread holds the release lock (a close inside its own release:
+        that release goes on once this returns) or has a call inside the
+        store (which releases as it leaves)."""
         lock = self._close_lock
         if lock._is_owned():
-            # a close() made inside this thread's own release (a signal
-            # handler's, a __del__'s): waiting for the lock would wait for
-            # this thread, for ever. The close below it goes on once this
-            # returns (or, interrupted, the next close() finishes it)
             return
         with lock:    # (only `with`: its release cannot be skipped)
-            if not self._released:
-                guard.drain()
+            if not self._released and self._guard.drain():
                 self._release()
 
     def _release(self):
-        """By close() alone, under _close_lock, once no call is inside:
-        free the store, its orphan ops, streams and device. Each handle is
-        taken before it is released: a release an interrupt stopped, made
-        again from the start (by any thread), frees none twice."""
-        h, self._h = self._h, None
-        if h:
-            lib.ferry_kv_close(h)
+        """By _finish_close alone, under _close_lock, once no call is
+        inside: free the store, its orphan ops, streams and device. Each
+        handle stays where a release made again finds it until it is
+        freed, and is taken out in the same step (free_and_forget): a
+        release an interrupt stopped, made again (by any thread), frees
+        each once and leaks none."""
+        if self._h:
+            free_and_forget(lib.ferry_kv_close, self._h, setattr, self, "_h", None)
         _reap(block=True, kv=self)   # orphans of it (close finished them)
-        while self._streams:
-            lib.ferry_stream_destroy(self._streams.popitem()[1])
-        dev, self._dev = self._dev, None
-        if dev:
-            hold, self._devhold = self._devhold, None
+        streams = self._streams
+        while streams:
+            k = next(iter(streams))
+            free_and_forget(lib.ferry_stream_destroy, streams[k], streams.pop, k)
+        if self._dev:
+            hold = self._devhold
             if hold is not None:   # closed now, or with the last device_empty() tensor
-                hold.dev = dev
-                del hold
+                hold.dev = self._dev   # (made again after an interrupt: the same)
+                self._dev = None
+                self._devhold = hold = None
             else:
-                lib.ferry_device_close(dev)
+                free_and_forget(lib.ferry_device_close, self._dev, setattr, self, "_dev", None)
         self._released = True
+        self._guard.released()
 
     def _close_begin(self, h):
         self._closing = True

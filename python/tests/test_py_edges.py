@@ -520,6 +520,190 @@ def test_a_close_made_inside_a_close_of_the_same_thread_returns(url, tmp_path):
     """.replace("TMP", repr(str(tmp_path))), timeout=60)
 
 
+HANDLER_CLOSES = """
+D = TMP
+cur = None        # what the alarm's handler closes (or frees)
+nested = 0
+def reopen_l2(within=5):
+    # the store released its L2 directory (released once): it opens again
+    t0 = time.monotonic()
+    while True:
+        try:
+            ferry.KVStore("edges", LAY, l1="4M", l2=f"{D}/l2:4M", chunk_tokens=16).close()
+            return
+        except FerryError:
+            if time.monotonic() - t0 > within:
+                raise
+            time.sleep(0.01)
+def l2_store(**kw):
+    if URL:
+        return store()
+    return ferry.KVStore("edges", LAY, l1="4M", l2=f"{D}/l2:4M", chunk_tokens=16, **kw)
+def closed_after(call):
+    try:
+        call()
+    except FerryError as e:
+        assert e.code == -errno.EBADF and "closed" in str(e), e
+        return
+    raise AssertionError("a call after close went through")
+"""
+
+
+@pytest.mark.parametrize("what", ["retrieve", "lookup", "async", "device_empty"])
+def test_a_close_made_inside_a_call_of_the_same_thread_returns(url, tmp_path, what):
+    """A SIGTERM (here SIGALRM) handler that closes the store runs between
+    two bytecodes of the main thread, which may be inside a call on that
+    store (between entering it and the C call, or between the C calls of
+    device_empty). Before the fix that close waited for its own thread's
+    call to leave: the process hung for ever. Now it returns at once, new
+    calls raise FerryError (EBADF, "closed"), and the call inside releases
+    the store as it leaves (once: its L2 directory opens again)."""
+    run_child(url, """
+        def on_alarm(sig, frame):
+            global nested
+            nested += 1
+            cur.close()
+        signal.signal(signal.SIGALRM, on_alarm)
+        t = np.arange(64, dtype=np.int32) + 4300000
+        src = kv(64, 3)
+        dst = torch.zeros_like(src)
+        kept = []
+        for r in range(150):
+            if WHAT == "device_empty":
+                cur = ferry.KVStore("edges", LAY, l1="4M", l2=f"{D}/l2:4M", chunk_tokens=16,
+                                    device="host") if not URL else store()
+            else:
+                cur = l2_store()
+            assert cur.store(t, src) == 64
+            signal.setitimer(signal.ITIMER_REAL, 0.00002 * (1 + r % 50))
+            t0 = time.monotonic()
+            try:
+                while time.monotonic() - t0 < 2:
+                    if WHAT == "retrieve":
+                        assert cur.retrieve(t, dst) == 64 and same(dst, src)
+                    elif WHAT == "lookup":
+                        assert cur.lookup(t) == 64
+                    elif WHAT == "async":
+                        assert cur.retrieve_async(t, dst).wait() == 64
+                    elif URL:
+                        cur.lookup(t)
+                    else:
+                        x = cur.device_empty((4, 64), torch.bfloat16)
+                        x.fill_(1.5)
+                        kept.append(x)
+            except FerryError as e:   # (an op in flight the close ended: ECANCELED)
+                assert e.code == -errno.EBADF and "closed" in str(e) or \
+                    WHAT == "async" and e.code == -errno.ECANCELED, e
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            closed_after(lambda: cur.lookup(t))
+            cur.close()
+            if not URL:
+                reopen_l2()
+            kept = kept[-8:]
+            for x in kept:        # device_empty memory outlives the store
+                assert float(x[0, 0]) == 1.5
+        assert nested > 0, nested
+        print("ok", nested)
+    """.replace("WHAT", repr(what)), pre=HANDLER_CLOSES.replace("TMP", repr(str(tmp_path))),
+        timeout=150)
+
+
+@pytest.mark.parametrize("how", ["free", "wait", "close"])
+def test_an_op_freed_inside_its_own_threads_wait_or_free_returns(url, tmp_path, how):
+    """A signal handler that frees (or waits on) an op, or closes its store,
+    while the same thread is inside that op's wait() or free() (its C call,
+    or its finish holding the op's lock): before the fix it waited for its
+    own thread: for ever. Now it returns, the op's result stays exact, the
+    op is freed once, and the store closes and releases its L2 directory."""
+    run_child(url, """
+        op = None
+        def on_alarm(sig, frame):
+            global nested
+            nested += 1
+            if HOW == "free":
+                op.free()
+            elif HOW == "wait":
+                try:
+                    op.wait()
+                except FerryError as e:   # (the free below it had not kept a result)
+                    assert e.code == -errno.EINVAL, e
+            else:
+                cur.close()
+        signal.signal(signal.SIGALRM, on_alarm)
+        t = np.arange(64, dtype=np.int32) + 4400000
+        src = kv(64, 4)
+        for r in range(10):
+            cur = l2_store()
+            assert cur.store(t, src) == 64
+            for i in range(40):
+                dst = torch.zeros_like(src)
+                try:
+                    op = cur.retrieve_async(t, dst)
+                except FerryError as e:
+                    assert HOW == "close" and e.code == -errno.EBADF, e
+                    break
+                signal.setitimer(signal.ITIMER_REAL, 0.00001 * (1 + (r * 40 + i) % 60))
+                try:
+                    n = op.wait() if i % 2 else None
+                    op.free()
+                    n = op.wait()
+                    assert n == 64 and same(dst, src), n
+                except FerryError as e:   # freed (by the handler) before it finished
+                    assert e.code == -errno.EINVAL or \
+                        HOW == "close" and e.code == -errno.ECANCELED, e
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                op.free()
+            cur.close()
+            closed_after(lambda: cur.lookup(t))
+            if not URL:
+                reopen_l2()
+        assert nested > 0, nested
+        print("ok", nested)
+    """.replace("HOW", repr(how)), pre=HANDLER_CLOSES.replace("TMP", repr(str(tmp_path))),
+        timeout=150)
+
+
+def test_a_release_interrupted_anywhere_is_finished_once(url, tmp_path):
+    """A KeyboardInterrupt at any point of close()'s release (the store,
+    its device, their handles): a later close() finishes it, freeing each
+    handle once (no double free, no crash) and leaking none: the L2
+    directory opens again, and device_empty memory stays readable."""
+    run_child(url, """
+        armed = False
+        def on_alarm(sig, frame):
+            if armed:
+                raise KeyboardInterrupt
+        signal.signal(signal.SIGALRM, on_alarm)
+        t = np.arange(64, dtype=np.int32) + 4500000
+        src = kv(64, 5)
+        hit = 0
+        for r in range(200):
+            cur = ferry.KVStore("edges", LAY, l1="4M", l2=f"{D}/l2:4M", chunk_tokens=16,
+                                device="host") if not URL else store()
+            assert cur.store(t, src) == 64
+            x = cur.device_empty((4, 64), torch.bfloat16) if not URL else None
+            signal.setitimer(signal.ITIMER_REAL, 0.00001 * (1 + r % 100))
+            try:
+                armed = True
+                cur.close()
+                armed = False
+            except KeyboardInterrupt:
+                armed = False
+                hit += 1
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            armed = False
+            cur.close()
+            closed_after(lambda: cur.lookup(t))
+            if x is not None:
+                x.fill_(2.0)
+                assert float(x[3, 63]) == 2.0
+                del x
+            if not URL:
+                reopen_l2()
+        print("ok", hit)
+    """, pre=HANDLER_CLOSES.replace("TMP", repr(str(tmp_path))), timeout=150)
+
+
 # -- a daemon killed --------------------------------------------------------
 
 def test_a_daemon_killed_mid_retrieve_is_an_error_never_a_partial_hit(tmp_path):
