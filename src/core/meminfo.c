@@ -54,6 +54,7 @@ _Atomic uint64_t ferry__test_mem_total;
 _Atomic uint64_t ferry__test_mem_avail;
 _Atomic unsigned long ferry__test_mem_walks;
 const char *_Atomic ferry__test_mem_root;
+int (*_Atomic ferry__test_mem_open)(const char *path);
 
 /* fd's text from its start (a kernel file makes it anew at each read from
  * offset 0) into buf, NUL-terminated; 0 where none could be read */
@@ -109,6 +110,34 @@ static int short_of(int e)
     return e == EMFILE || e == ENFILE || e == ENOMEM;
 }
 
+/* p opened to read (by the test seam's opener where one is set); -1
+ * where it cannot be (*again |= 1 where it may be later: no descriptor or
+ * memory for it now) */
+static int open_ro(const char *p, int *again)
+{
+    int (*opener)(const char *) =
+        atomic_load_explicit(&ferry__test_mem_open, memory_order_relaxed);
+    int fd;
+    do
+        fd = opener ? opener(p) : open(p, O_RDONLY | O_CLOEXEC);
+    while (fd < 0 && errno == EINTR);
+    if (fd < 0)
+        *again |= short_of(errno);
+    return fd;
+}
+
+/* p opened to read as a stream, as open_ro */
+static FILE *fopen_ro(const char *p, int *again)
+{
+    int fd = open_ro(p, again);
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    if (fd >= 0 && !f) {
+        *again |= short_of(errno);
+        close(fd);
+    }
+    return f;
+}
+
 /* whether the comma-separated list holds word */
 static int has_word(const char *list, const char *word)
 {
@@ -131,11 +160,9 @@ static char *cgroup_of(const char *root, const char *ctl, int *again)
     char p[PATH_MAX];
     if (snprintf(p, sizeof p, "%s/proc/self/cgroup", root) >= (int)sizeof p)
         return NULL;
-    FILE *f = fopen(p, "re");
-    if (!f) {
-        *again |= short_of(errno);
+    FILE *f = fopen_ro(p, again);
+    if (!f)
         return NULL;
-    }
     char *line = NULL;
     size_t cap = 0;
     int found = 0;
@@ -199,12 +226,10 @@ static int mounts_of(const char *root, char *const rel[2], char *mp[2], size_t s
 {
     char p[PATH_MAX];
     FILE *f = snprintf(p, sizeof p, "%s/proc/self/mountinfo", root) < (int)sizeof p
-                  ? fopen(p, "re")
+                  ? fopen_ro(p, again)
                   : NULL;
-    if (!f) {
-        *again |= short_of(errno);
+    if (!f)
         return 0;
-    }
     char *line = NULL;
     size_t cap = 0;
     long best[2] = {-2, -2}; /* (-2: none yet; -1: one that does not show rel) */
@@ -224,6 +249,12 @@ static int mounts_of(const char *root, char *const rel[2], char *mp[2], size_t s
             continue;
         unescape(fld[3]);
         unescape(fld[4]);
+        /* a root or mount point not absolute, or going up (a line short
+         * of fields, a file not the kernel's): never a path to open, not
+         * one relative to the working directory or outside root */
+        if (fld[3][0] != '/' || fld[4][0] != '/' || strstr(fld[3], "/..") ||
+            strstr(fld[4], "/.."))
+            continue;
         long s = shown_below(fld[3], rel[c]);
         if (best[c] == -2 || (s >= 0 && (best[c] < 0 || s < best[c]))) {
             char *m = strdup(fld[4]);
@@ -277,19 +308,6 @@ static int cg_path(char *p, size_t len, const char *root, const char *dir, size_
                    const char *name)
 {
     return snprintf(p, len, "%s%.*s/%s", root, (int)n, dir, name) < (int)len;
-}
-
-/* p opened to read; -1 where it cannot be (*again |= 1 where it may be
- * later: no descriptor or memory for it now) */
-static int open_ro(const char *p, int *again)
-{
-    int fd;
-    do
-        fd = open(p, O_RDONLY | O_CLOEXEC);
-    while (fd < 0 && errno == EINTR);
-    if (fd < 0)
-        *again |= short_of(errno);
-    return fd;
 }
 
 /* the length of the parent of hierarchy c's level at dir's first n bytes

@@ -57,5 +57,8 @@ void ferry__memwatch_close(ferry__memwatch *w);
  * set, the root that stands for this host's files */
 extern _Atomic unsigned long ferry__test_mem_walks;
 extern const char *_Atomic ferry__test_mem_root;
+/* fuzz seam: while set, every file the readers open (its whole path,
+ * root first) is opened by it: a descriptor to read, or -1 and errno */
+extern int (*_Atomic ferry__test_mem_open)(const char *path);
 
 #endif

@@ -18,9 +18,11 @@
 
 const char *ferry__size_str(uint64_t v, char *buf, size_t n)
 {
-    static const char suf[] = "KMGTP";
+    /* the suffixes a size is read with (parse_number): 2^50 is "1024T",
+     * not a "1P" no flag or key would take */
+    static const char suf[] = "KMGT";
     int i = -1;
-    while (v && v % 1024 == 0 && i < 4) {
+    while (v && v % 1024 == 0 && i < 3) {
         v /= 1024;
         i++;
     }
@@ -44,10 +46,11 @@ const char *ferry__parse_number(const char *s, int bytes, uint64_t *out)
     const char *p = s;
     int big = 0;
     for (; *p >= '0' && *p <= '9'; p++) {
-        if (ip > (UINT64_MAX - 9) / 10)
-            big = 1;
+        uint64_t d = (uint64_t)(*p - '0');
+        if (big || ip > (UINT64_MAX - d) / 10)
+            big = 1; /* (exactly: 18446744073709551615 is a number) */
         else
-            ip = ip * 10 + (uint64_t)(*p - '0');
+            ip = ip * 10 + d;
     }
     uint64_t frac = 0, scale = 1;
     if (*p == '.') {
