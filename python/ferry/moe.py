@@ -31,7 +31,7 @@ import threading
 import numpy as np
 
 from . import _abi as A
-from ._handle import NOT_OPENED, Closing, Opened
+from ._handle import NOT_OPENED, Closing, Opened, free_and_forget
 from ._buffers import describe, device_spec, is_torch, is_torch_device, storage_of
 from ._lib import lib
 from .errors import FerryError, check
@@ -178,18 +178,67 @@ def _locked(fn):
     and a close() from another thread waits for the call inside. In a
     forked child the object is its parent's: calls raise FerryError (EBADF)
     before the lock (a thread the child lacks may have held it), and close()
-    forgets the handles, calling no C (ferry/_handle.py)."""
+    forgets the handles, calling no C (ferry/_handle.py).
+
+    After close() calls raise FerryError (EBADF), checked under the lock.
+    A close() made inside a call of its own thread (a signal handler's, a
+    __del__'s, a weakref callback's, run between two bytecodes of that
+    call, which may be between two C calls on the handles) only marks the
+    object closed (_Life.close): the call goes on, and the release is made
+    by the outermost call of the thread as it leaves the lock."""
+    name = fn.__name__
+
     @functools.wraps(fn)
     def call(self, *args, **kwargs):
-        if self._where.forked:
-            if fn.__name__ == "close":
-                return self._forget_forked()
-            raise self._where.refused(f"the {type(self).__name__}", fn.__name__)
-        with self._lock:
-            if self._pending is not None and fn.__name__ != "close":
-                self._settle_pending()
-            return fn(self, *args, **kwargs)
+        where = self._where
+        if where.forked:
+            raise where.refused(f"the {type(self).__name__}", name)
+        try:
+            with self._lock:
+                if self._closed:
+                    raise where.refused(f"the {type(self).__name__}", name)
+                if self._pending is not None:
+                    self._settle_pending()
+                return fn(self, *args, **kwargs)
+        finally:
+            if self._closed:   # (closed during the call: released as it leaves)
+                self._finish_close()
     return call
+
+
+class _Life:
+    """close() and the release of the object's handles.
+
+    close() marks the object closed (every later call raises), then
+    releases the handles under the object's lock: after the call inside
+    (another thread's) returned. A close() inside a call of its own thread
+    finds the lock its own and returns at once: waiting would wait for
+    the call it interrupted, and releasing would free the handles under
+    it; that call releases them as it leaves (_locked). The release frees
+    each handle and takes it out in one step (free_and_forget): a release
+    an interrupt stopped, made again by the next close() (or the garbage
+    collection's), frees each handle once and leaks none."""
+
+    _closed = False
+
+    def close(self):
+        if self._where.forked:
+            return self._forget_forked()
+        self._closed = True
+        self._finish_close()
+
+    def _finish_close(self):
+        lock = self._lock
+        if lock._is_owned():   # (a call of this thread is inside: it releases as it leaves)
+            return
+        with lock:    # (only `with`: its release cannot be skipped)
+            self._pending = None
+            self._release()
+
+    def _free(self, attr, fn):
+        h = getattr(self, attr, None)
+        if h:
+            free_and_forget(fn, h, setattr, self, attr, None)
 
 
 class _Plans:
@@ -302,7 +351,7 @@ class _LastCounts:
         return d
 
 
-class Planner(_Plans, _LastCounts, Closing):
+class Planner(_Life, _Plans, _LastCounts, Closing):
     """The planner of ferry/moe.h alone: which expert lives in which of
     `slots` slots, decided by an eviction policy (None: the library's
     default, "auto"), with no memory and no copies - ensure() returns the slots
@@ -327,13 +376,8 @@ class Planner(_Plans, _LastCounts, Closing):
         self._h = h
         self.num_layers, self.num_experts, self.slots = num_layers, num_experts, slots
 
-    @_locked
-    def close(self):
-        # taken before it is destroyed: a close an interrupt (KeyboardInterrupt
-        # as the C call returns) cut short, made again, never destroys it twice
-        h, self._h = getattr(self, "_h", None), None
-        if h:
-            lib.ferry_moe_planner_destroy(h)
+    def _release(self):
+        self._free("_h", lib.ferry_moe_planner_destroy)
 
     def _forget_forked(self):
         self._h = None
@@ -462,14 +506,18 @@ class _SlotMemory:
         self.where = Opened()
 
     def __del__(self):
+        # (each freed and taken out in one step: never twice, whatever
+        # interrupts this; the slots before the device they live on)
         try:
-            if self.slots and not self.where.forked:
-                lib.ferry_moe_slots_destroy(self.slots)
-            if self.dev and not self.where.forked:
-                lib.ferry_device_close(self.dev)
+            if self.where.forked:
+                self.slots = self.dev = None
+            if self.slots:
+                free_and_forget(lib.ferry_moe_slots_destroy, self.slots, setattr, self,
+                                "slots", None)
+            if self.dev:
+                free_and_forget(lib.ferry_device_close, self.dev, setattr, self, "dev", None)
         except Exception:  # interpreter shutdown: the library may be gone
             pass
-        self.slots = self.dev = None
 
 
 class _CudaSlots:
@@ -484,7 +532,7 @@ class _CudaSlots:
             "data": (int(ptr), False), "strides": (stride, 1), "version": 2}
 
 
-class ExpertPool(_Plans, _LastCounts, Closing):
+class ExpertPool(_Life, _Plans, _LastCounts, Closing):
     """Expert slots on a ferry device ("host", or "cuda:N" / a torch.device on
     a GPU: slot_tensor then gives CUDA tensors on that GPU), an
     eviction planner over them (policy None: the library's default, "auto"),
@@ -492,7 +540,9 @@ class ExpertPool(_Plans, _LastCounts, Closing):
 
     Threads: calls from several threads are serialized (one ensure at a
     time, as the C objects require); close() waits for the call inside, and
-    calls after it raise FerryError (EBADF).
+    calls after it raise FerryError (EBADF). A close() made inside a call
+    of its own thread (a signal handler's, a __del__'s) returns at once:
+    the call goes on and frees the pool as it returns.
 
     Banks: the pool reads the memory the bank tensors had when it was made
     (it keeps their storages). A bank resized past its capacity or given
@@ -595,24 +645,26 @@ class ExpertPool(_Plans, _LastCounts, Closing):
         self._planner = p
 
     # -- life --
-    @_locked
-    def close(self):
+    def _release(self):
+        """The planner and rows go now; the slots and the device after them,
+        or, while slot_tensor views hold the slots' memory, with the last
+        of them (handed to it: each step made again after an interrupt is
+        the same, _mem dropped last)."""
+        self._free("_planner", lib.ferry_moe_planner_destroy)
+        self._free("_rows", lib.ferry_moe_rows_destroy)
         mem = getattr(self, "_mem", None)
         if mem is not None:
-            # slot_tensor views hold the slots' memory: it goes with the last
-            # of them (now, when none is left), the device after it
-            mem.slots, mem.dev = getattr(self, "_slots", None), getattr(self, "_dev", None)
-            self._slots = self._dev = self._mem = None
-        for attr, fn in (("_planner", lib.ferry_moe_planner_destroy),
-                         ("_rows", lib.ferry_moe_rows_destroy),
-                         ("_slots", lib.ferry_moe_slots_destroy),
-                         ("_io", lib.ferry_io_close),
-                         ("_dev", lib.ferry_device_close)):
-            h = getattr(self, attr, None)
-            if h:   # (taken first: a close an interrupt cut short never frees it twice)
-                setattr(self, attr, None)
-                fn(h)
-        del mem
+            if self._slots:
+                mem.slots = self._slots
+                self._slots = None
+        self._free("_slots", lib.ferry_moe_slots_destroy)
+        self._free("_io", lib.ferry_io_close)
+        if mem is not None:
+            if self._dev:
+                mem.dev = self._dev
+                self._dev = None
+            self._mem = None   # (the memory goes now when no view holds it)
+        self._free("_dev", lib.ferry_device_close)
 
     def _forget_forked(self):
         self._dev = self._planner = self._slots = self._rows = self._io = self._mem = None
