@@ -550,6 +550,51 @@ static void mkdir_p_reports_the_directories_it_made(void **state)
     ft_rmtree(dir);
 }
 
+/* another opener's cleanup removes g_gone (an empty directory it made)
+ * once, just before the mkdir_p that found it there makes a name in it */
+static char g_gone[300], g_under[300];
+static void theirs_removed(int step, const char *path)
+{
+    if (step == FERRY__DIRLOCK_MKDIR && g_gone[0] && strcmp(path, g_under) == 0) {
+        (void)rmdir(g_gone);
+        g_gone[0] = 0;
+    }
+}
+
+/* a directory that was there when a mkdir_p came to it, removed by its
+ * maker (a refused opener's cleanup, a failed mkdir_p's) before the
+ * mkdir_p made the next name in it: made again, not "No such file" for
+ * a directory the caller asked to be made - and this call's own now */
+static void mkdir_p_makes_again_what_another_removed(void **state)
+{
+    (void)state;
+    char dir[256], p[700];
+    ft_tmpdir(dir, sizeof dir);
+    ferry__errbuf eb = {0};
+    size_t kept = 0;
+    snprintf(g_gone, sizeof g_gone, "%s/x", dir);
+    snprintf(g_under, sizeof g_under, "%s/x/y", dir);
+    snprintf(p, sizeof p, "%s/x/y/z", dir);
+    assert_int_equal(mkdir(g_gone, 0700), 0); /* another's, empty */
+    ferry__dirlock_seam(theirs_removed);
+    int rc = ferry__mkdir_p_made(p, 0, 1, &kept, &eb);
+    ferry__dirlock_seam(NULL);
+    if (rc != 0)
+        fail_msg("mkdir_p %s, its parent removed by another meanwhile: %d (%s)", p, rc, eb.msg);
+    assert_int_equal(g_gone[0], 0); /* (the seam ran) */
+    struct stat st;
+    assert_int_equal(stat(p, &st), 0);
+    assert_true(S_ISDIR(st.st_mode));
+    assert_int_equal(kept, strlen(dir)); /* x made again: by this call */
+    /* a name under one that is no directory (a dangling link) still fails */
+    snprintf(p, sizeof p, "%s/link", dir);
+    assert_int_equal(symlink("nowhere", p), 0);
+    snprintf(p, sizeof p, "%s/link/a", dir);
+    assert_int_equal(ferry__mkdir_p_made(p, 0, 1, &kept, &eb), -ENOENT);
+    assert_int_equal(kept, strlen(p));
+    ft_rmtree(dir);
+}
+
 /* another opener's cleanup: the lock file removed once, between the
  * locker's open of it and its lock (dirlock's seam) */
 static int g_removals;
@@ -703,6 +748,7 @@ int main(void)
         cmocka_unit_test(directory_lock_is_not_a_forked_childs),
         cmocka_unit_test(directory_lock_is_on_the_file_the_name_has),
         cmocka_unit_test(mkdir_p_reports_the_directories_it_made),
+        cmocka_unit_test(mkdir_p_makes_again_what_another_removed),
         cmocka_unit_test(repeated_warnings_are_rate_limited),
         cmocka_unit_test(sized_structs_take_prefixes_and_write_what_the_caller_knows),
     };

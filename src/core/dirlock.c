@@ -109,6 +109,48 @@ static void unmake(char *p, size_t end, size_t own)
     }
 }
 
+/* one pass of mkdir over the names of dir (n bytes, copied into p): 0
+ * and *own, *last (the end of the last name that was there, of the last
+ * name tried), 1 where a name's parent, there a moment before, is gone
+ * (another opener's cleanup removed the empty directory it made: a new
+ * pass makes it) and `again`, or -errno set in eb; a pass that does not
+ * return 0 removes the directories it made */
+static int make_pass(char *p, const char *dir, size_t n, unsigned mode, int again, size_t *own,
+                     size_t *last, ferry__errbuf *eb)
+{
+    *own = *last = 0;
+    memcpy(p, dir, n + 1);
+    for (size_t i = 1, s = p[0] == '/'; i <= n; i++) {
+        if (p[i] != '/' && p[i] != 0)
+            continue;
+        size_t at = s;
+        s = i + 1;
+        if (no_new_name(p, at, i))
+            continue;
+        char c = p[i];
+        p[i] = 0;
+        seam(FERRY__DIRLOCK_MKDIR, p);
+        int r = mkdir(p, (mode_t)ferry__dir_mode(mode));
+        p[i] = c;
+        size_t prev = *last;
+        *last = i;
+        if (r == 0)
+            continue;
+        if (errno != EEXIST) {
+            int e = errno;
+            if (e == ENOENT && prev && again) {
+                unmake(p, at, *own);
+                return 1;
+            }
+            ferry__err_set(eb, -e, "mkdir %s: %s", (p[i] = 0, p), strerror(e));
+            unmake(p, at, *own); /* (a failed call leaves none of its own) */
+            return -e;
+        }
+        *own = i;
+    }
+    return 0;
+}
+
 int ferry__mkdir_p(const char *dir, unsigned mode, int create, ferry__errbuf *eb)
 {
     return ferry__mkdir_p_made(dir, mode, create, NULL, eb);
@@ -131,32 +173,15 @@ int ferry__mkdir_p_made(const char *dir, unsigned mode, int create, size_t *kept
         }
     } else {
         /* a directory is this call's only when its mkdir returned 0: one
-         * there already (EEXIST), made by another meanwhile too, is not */
-        size_t last = 0, own = 0; /* the end of the last name that was there */
-        memcpy(p, dir, n + 1);
-        for (size_t i = 1, s = p[0] == '/'; i <= n; i++) {
-            if (p[i] != '/' && p[i] != 0)
-                continue;
-            size_t at = s;
-            s = i + 1;
-            if (no_new_name(p, at, i))
-                continue;
-            char c = p[i];
-            p[i] = 0;
-            seam(FERRY__DIRLOCK_MKDIR, p);
-            int r = mkdir(p, (mode_t)ferry__dir_mode(mode));
-            p[i] = c;
-            last = i;
-            if (r == 0)
-                continue;
-            if (errno != EEXIST) {
-                int e = errno;
-                ferry__err_set(eb, -e, "mkdir %s: %s", (p[i] = 0, p), strerror(e));
-                unmake(p, at, own); /* (a failed call leaves none of its own) */
-                return -e;
-            }
-            own = i;
-        }
+         * there already (EEXIST), made by another meanwhile too, is not.
+         * One there that another's cleanup removes (empty) before this
+         * call made the next name in it is made again (a few times) */
+        size_t last = 0, own = 0;
+        int rc, tries = 0;
+        while ((rc = make_pass(p, dir, n, mode, ++tries < 16, &own, &last, eb)) == 1)
+            ;
+        if (rc < 0)
+            return rc;
         if (kept)
             *kept = own == last ? n : own;
         if (stat(dir, &st) < 0) {

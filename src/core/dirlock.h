@@ -21,7 +21,9 @@ unsigned ferry__dir_mode(unsigned mode);
 int ferry__mode_check(unsigned mode, const char *what, ferry__errbuf *eb);
 
 /* make dir and its parents (ferry__dir_mode(mode)) when create, else only
- * check it exists; -ENOTDIR when it is not a directory */
+ * check it exists; -ENOTDIR when it is not a directory. A parent that was
+ * there but is removed before the name in it is made (the empty directory
+ * of another opener's cleanup) is made again, a few times at most */
 int ferry__mkdir_p(const char *dir, unsigned mode, int create, ferry__errbuf *eb);
 /* the same, and *kept (kept non-NULL): the length of dir's longest prefix
  * this call did not make - every directory below it was made by this
