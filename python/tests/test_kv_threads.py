@@ -263,7 +263,14 @@ def test_wait_with_a_negative_infinite_or_huge_timeout():
         rop = s.retrieve_layers(np.arange(64, dtype=np.int32) + 7,
                                 torch.zeros(2, 2, 64, 128, dtype=torch.bfloat16))
         assert rop.wait_layer(1, timeout=10**400) == 64
-        assert rop.wait(timeout=-float("inf")) == 64
+        # the op ends once its chunks were let go, which may follow the last
+        # layer's landing (kv.h): a test then is done or still running
+        try:
+            n = rop.wait(timeout=-float("inf"))
+        except TimeoutError:
+            n = rop.wait(timeout=10**400)
+        assert n == 64
+        assert rop.wait(timeout=-float("inf")) == 64     # ended: answers from its end
         op = s.store_async(np.arange(32, dtype=np.int32) + 5, x[:, :, :32].contiguous())
         assert op.wait(timeout=10**400) == 32
     finally:
