@@ -1144,6 +1144,19 @@ long ferry__transition_cells_differ(const ferry__policy *a, const ferry__policy 
     return d;
 }
 
+long ferry__transition_rows_differ(const ferry__policy *a, const ferry__policy *b)
+{
+    if (!a || !b || a->ops != &ferry__policy_transition || b->ops != &ferry__policy_transition ||
+        a->env.num_layers != b->env.num_layers || a->env.num_experts != b->env.num_experts)
+        return -1;
+    const trans *x = (const trans *)a, *y = (const trans *)b;
+    long d = 0;
+    for (size_t i = 0; i < (size_t)a->env.num_layers * a->env.num_experts; i++)
+        d += x->An[i] != y->An[i] || x->tn[i] != y->tn[i] ||
+             memcmp(x->lanes + i * TR_ROW, y->lanes + i * TR_ROW, TR_ROW * sizeof *x->lanes);
+    return d;
+}
+
 int ferry__transition_skip(ferry__policy *p, uint64_t visits)
 {
     if (!p || p->ops != &ferry__policy_transition || visits % TR_RING)
