@@ -250,7 +250,8 @@ static int tr_init(ferry__policy *p)
     s->qv = ferry__calloc(E, sizeof *s->qv);
     s->emark = ferry__calloc(E, sizeof *s->emark);
     s->tk = ferry__malloc((size_t)E * sizeof *s->tk);
-    s->miss = ferry__malloc(((size_t)E + 1) * sizeof *s->miss); /* (+1: a branchless append) */
+    /* (+1: a branchless append; 8 at least: the AVX2 rows read 8) */
+    s->miss = ferry__calloc((size_t)E + 8, sizeof *s->miss);
     if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->last || !s->V || !s->asleep || !s->wk ||
         !s->lt || !s->cc || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
         !s->un || !s->nprev || !s->lv || !s->An || !s->tn || !s->lanes || !s->evv || !s->acc || !s->wr ||

@@ -347,14 +347,15 @@ rowv_rounds_avx2(__m256i *tp, __m256i *cp, __m128i mv, uint32_t k)
 
 /* row_learn_in with the row's 16 lanes of experts and of counts in one
  * AVX2 register each: the same counts, halving and placing, half the
- * compares; the newcomers placed in rounds (rowv_rounds_avx2), the rest,
- * if any, one at a time (rowv_lane_mask[at]'s 32 bytes are lane at's mask
- * over the 16: one blend) */
+ * compares; the newcomers (their experts listed in miss, which has room
+ * for 8 at least) placed in rounds (rowv_rounds_avx2), the rest, if any,
+ * one at a time (rowv_lane_mask[at]'s 32 bytes are lane at's mask over the
+ * 16: one blend) */
 static inline __attribute__((always_inline, target("avx2"))) uint32_t
 row_learn_avx2_in(uint16_t *top, uint16_t *an, const trev *evs, const uint16_t *le, uint32_t n,
                   uint16_t *miss)
 {
-    uint16_t *tc = top + TR_K, mv[9];
+    uint16_t *tc = top + TR_K;
     __m256i t = _mm256_loadu_si256((const __m256i *)(const void *)top);
     __m256i c = _mm256_loadu_si256((const __m256i *)(const void *)tc);
     __m256i none = _mm256_set1_epi16((short)TR_NOBODY);
@@ -366,18 +367,16 @@ row_learn_avx2_in(uint16_t *top, uint16_t *an, const trev *evs, const uint16_t *
     *an = (uint16_t)(*an + 1);
     uint32_t nm = 0;
     __m256i h = _mm256_setzero_si256();
-    memset(mv, 0, sizeof mv);
     for (uint32_t j = 0; j < n; j++) { /* each that has a lane: +1 (saturating) */
         __m256i eq = _mm256_cmpeq_epi16(t, _mm256_broadcastsi128_si256(evs[j]));
         h = _mm256_or_si256(h, eq);
-        miss[nm] = (uint16_t)j;
-        mv[nm < 8 ? nm : 8] = le[j];
+        miss[nm] = le[j]; /* (the newcomers' experts) */
         nm += _mm256_movemask_epi8(eq) == 0;
     }
     c = _mm256_subs_epi16(c, h);
     /* the newcomers, in order, each the first least lane (an unused one,
      * at count 0, while any is left) */
-    uint32_t j = rowv_rounds_avx2(&t, &c, _mm_loadu_si128((const __m128i *)(const void *)mv), nm);
+    uint32_t j = rowv_rounds_avx2(&t, &c, _mm_loadu_si128((const __m128i *)(const void *)miss), nm);
     if (__builtin_expect(j < nm, 0)) {
         uint32_t k = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi16(t, none));
         uint32_t used = k ? (uint32_t)__builtin_ctz(k) / 2 : TR_K;
@@ -385,7 +384,7 @@ row_learn_avx2_in(uint16_t *top, uint16_t *an, const trev *evs, const uint16_t *
             uint32_t at = used < TR_K ? used++ : rowv_least_avx2(c);
             __m256i lm = _mm256_loadu_si256((const __m256i *)(const void *)rowv_lane_mask[at]);
             c = _mm256_subs_epi16(c, lm);
-            t = _mm256_blendv_epi8(t, _mm256_broadcastsi128_si256(evs[miss[j]]), lm);
+            t = _mm256_blendv_epi8(t, _mm256_set1_epi16((short)miss[j]), lm);
         }
     }
     _mm256_storeu_si256((__m256i *)(void *)top, t);
