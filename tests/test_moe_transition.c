@@ -568,6 +568,41 @@ static void transition_rows_place_as_the_serial_rule(void **state)
     }
 }
 
+/* the order's keys are below 2^31, renumbered in their order before the
+ * clock would pass: a planner whose clock is moved on to 300 below that
+ * part way (so that it wraps within a few steps) evicts as one whose is
+ * not, step by step, and its clock is renumbered (below the slots) */
+static void transition_keys_renumbered_decide_alike(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = ft_moe_gen("deepseek-v3", 64, 9);
+    uint32_t slots = ft_moe_share(t, 12.5);
+    ferry_moe_planner *a = ft_moe_planner(t, "transition", slots);
+    ferry_moe_planner *b = ft_moe_planner(t, "transition", slots);
+    ferry__policy *pb = (ferry__policy *)ferry__planner_policy(b);
+    size_t n = ferry_moe_trace_steps(t), renumbered = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t tok, layer, k;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &k));
+        if (i == n / 3 || i == 2 * n / 3)
+            ferry__transition_clock(pb, INT32_MAX - 300);
+        uint32_t before = ferry__transition_clock(pb, 0);
+        FT_ASSERT_OK(ferry_moe_planner_ensure(a, layer, ex, k, NULL, NULL, NULL));
+        FT_ASSERT_OK(ferry_moe_planner_ensure(b, layer, ex, k, NULL, NULL, NULL));
+        renumbered += ferry__transition_clock(pb, 0) < before;
+        for (uint32_t v = 0; v < slots; v++)
+            if (ferry_moe_planner_occupant(a, v) != ferry_moe_planner_occupant(b, v))
+                fail_msg("step %zu: slot %u holds %u, renumbered %u", i, v,
+                         ferry_moe_planner_occupant(a, v), ferry_moe_planner_occupant(b, v));
+    }
+    print_message("%zu steps, %zu renumberings, the same residents\n", n, renumbered);
+    assert_int_equal(renumbered, 2);
+    ferry_moe_planner_destroy(a);
+    ferry_moe_planner_destroy(b);
+    ferry_moe_trace_destroy(t);
+}
+
 /* step by step, a planner whose rows and folds are SSE2's and scalar
  * holds every expert in the cell the AVX2 one does (its rows' counts
  * give the same bins), and evicts the same */
@@ -657,6 +692,7 @@ int main(void)
         cmocka_unit_test(transition_rows_count_the_same_narrow),
         cmocka_unit_test(transition_narrow_keeps_the_same_cells),
         cmocka_unit_test(transition_rows_place_as_the_serial_rule),
+        cmocka_unit_test(transition_keys_renumbered_decide_alike),
         cmocka_unit_test(transition_decides_alike_past_2_to_the_32_visits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

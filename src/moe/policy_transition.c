@@ -191,7 +191,8 @@ size_t ferry__transition_bytes(uint32_t num_layers, uint32_t num_experts)
     /* per id: its row's lanes, its place in the ring of routed sets, what
      * is known of it, its last use, its row's total, its place in the
      * tracked set and its row's lanes used; and in the victims' order, its
-     * cell, slot and key */
+     * cell, slot and key (counted at 8 bytes, though 4 now: the shapes
+     * refused, and auto's members, as they were) */
     size_t per_id = TR_K * 2 * sizeof(uint16_t) + TR_RING * sizeof(uint16_t) + sizeof(trx) +
                     sizeof(uint64_t) + 2 * sizeof(uint16_t) + 1 + sizeof(uint16_t) +
                     sizeof(uint32_t) + sizeof(uint64_t);
@@ -1175,6 +1176,14 @@ int ferry__transition_skip(ferry__policy *p, uint64_t visits)
             s->x[(size_t)l * E + e].hv = (uint32_t)(s->x[(size_t)l * E + e].hv + visits);
     }
     return 0;
+}
+
+uint32_t ferry__transition_clock(ferry__policy *p, uint32_t to)
+{
+    trord *o = &((trans *)p)->o;
+    to = to < TR_KEY_TOP ? to : TR_KEY_TOP;
+    o->clock = p->ops == &ferry__policy_transition && to > o->clock ? to : o->clock;
+    return p->ops == &ferry__policy_transition ? o->clock : 0;
 }
 
 uint64_t ferry__transition_ops(const ferry__policy *p)
