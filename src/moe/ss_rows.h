@@ -413,7 +413,9 @@ rows_learn_avx2(uint16_t *lanes, uint16_t *an, uint8_t *tn, const uint16_t *prev
 }
 #endif
 
-/* row_learn_in, or its AVX2 form (a row in two registers) where wide */
+/* row_learn_in, or its AVX2 form (a row in two registers) where wide;
+ * miss is scratch of n + 8 entries at least (the AVX2 form reads 8 as one
+ * register), zeroed once so that none is read unwritten */
 static inline uint32_t row_learn(uint16_t *top, uint16_t *an, const trev *evs, const uint16_t *le,
                                  uint32_t n, uint16_t *miss, int wide)
 {
