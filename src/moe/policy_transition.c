@@ -1180,10 +1180,11 @@ int ferry__transition_skip(ferry__policy *p, uint64_t visits)
 
 uint32_t ferry__transition_clock(ferry__policy *p, uint32_t to)
 {
+    if (p->ops != &ferry__policy_transition)
+        return 0;
     trord *o = &((trans *)p)->o;
-    to = to < TR_KEY_TOP ? to : TR_KEY_TOP;
-    o->clock = p->ops == &ferry__policy_transition && to > o->clock ? to : o->clock;
-    return p->ops == &ferry__policy_transition ? o->clock : 0;
+    o->clock = to > o->clock ? (to < TR_KEY_TOP ? to : TR_KEY_TOP) : o->clock;
+    return o->clock;
 }
 
 uint64_t ferry__transition_ops(const ferry__policy *p)
