@@ -505,6 +505,104 @@ static void transition_rows_count_the_same_narrow(void **state)
     }
 }
 
+/* the rows' newcomers placed in rounds (AVX2, where the processor has
+ * it) as the serial rule places them one at a time (SSE2): the same rows
+ * at every step, on rows whose least counts come near the most a count
+ * holds (one layer of 17 experts, all routed: a row's 16 lanes each gain
+ * one a visit until the total halves them), on steps of more than 8
+ * newcomers a row (top_k 12 of 40: the first 8 in rounds) and on the
+ * generator's DeepSeek-V3 */
+static void transition_rows_place_as_the_serial_rule(void **state)
+{
+    (void)state;
+    static const uint32_t shapes[][4] = {{1, 17, 17, 33500}, {1, 40, 12, 3000}, {3, 33, 9, 1500}};
+    for (size_t i = 0; i < 4; i++) {
+        ferry_moe_trace *t;
+        if (i == 3) {
+            t = ft_moe_gen("deepseek-v3", 96, 5);
+        } else {
+            ferry_moe_model m = {.num_layers = shapes[i][0], .num_experts = shapes[i][1],
+                                 .top_k = shapes[i][2]};
+            snprintf(m.name, sizeof m.name, "rows");
+            FT_ASSERT_OK(ferry_moe_trace_create(&m, &t));
+            uint64_t r = 88172645463325252ull + i;
+            for (uint32_t tk = 0; tk < shapes[i][3]; tk++)
+                for (uint32_t l = 0; l < m.num_layers; l++) {
+                    uint32_t ex[64], k = m.top_k, E = m.num_experts, o = 0;
+                    r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+                    for (uint32_t j = 0; j < k; j++) /* k distinct (layer-local), drifting */
+                        ex[j] = (uint32_t)(r % 5 + tk / 7 + j * (j < 4 ? 1 : 3)) % E;
+                    for (uint32_t j = 1; j < k; j++)
+                        for (o = 0; o < j; o++)
+                            if (ex[o] == ex[j]) {
+                                ex[j] = (ex[j] + 1) % E;
+                                o = (uint32_t)-1;
+                            }
+                    FT_ASSERT_OK(ferry_moe_trace_append(t, tk, l, ex, k));
+                }
+        }
+        uint32_t slots = ft_moe_share(t, 25), k0 = t->model.top_k + 1;
+        uint32_t ids = t->model.num_layers * t->model.num_experts;
+        slots = slots > k0 ? slots : k0;
+        slots = slots < ids ? slots : ids;
+        ferry_moe_planner *w = ft_moe_planner(t, "transition", slots);
+        ferry__transition_narrow = 1;
+        ferry_moe_planner *nr = ft_moe_planner(t, "transition", slots);
+        ferry__transition_narrow = 0;
+        const ferry__policy *a = ferry__planner_policy(w), *z = ferry__planner_policy(nr);
+        size_t n = ferry_moe_trace_steps(t);
+        for (size_t s = 0; s < n; s++) {
+            uint32_t tok, layer, k;
+            const uint32_t *ex;
+            FT_ASSERT_OK(ferry_moe_trace_step(t, s, &tok, &layer, &ex, &k));
+            FT_ASSERT_OK(ferry_moe_planner_ensure(w, layer, ex, k, NULL, NULL, NULL));
+            FT_ASSERT_OK(ferry_moe_planner_ensure(nr, layer, ex, k, NULL, NULL, NULL));
+            long d = ferry__transition_rows_differ(a, z);
+            if (d != 0)
+                fail_msg("shape %zu, step %zu: %ld rows differ from the serial rule's", i, s, d);
+        }
+        print_message("shape %zu: %zu steps, the same rows\n", i, n);
+        ferry_moe_planner_destroy(w);
+        ferry_moe_planner_destroy(nr);
+        ferry_moe_trace_destroy(t);
+    }
+}
+
+/* the order's keys are below 2^31, renumbered in their order before the
+ * clock would pass: a planner whose clock is moved on to 300 below that
+ * part way (so that it wraps within a few steps) evicts as one whose is
+ * not, step by step, and its clock is renumbered (below the slots) */
+static void transition_keys_renumbered_decide_alike(void **state)
+{
+    (void)state;
+    ferry_moe_trace *t = ft_moe_gen("deepseek-v3", 64, 9);
+    uint32_t slots = ft_moe_share(t, 12.5);
+    ferry_moe_planner *a = ft_moe_planner(t, "transition", slots);
+    ferry_moe_planner *b = ft_moe_planner(t, "transition", slots);
+    ferry__policy *pb = (ferry__policy *)ferry__planner_policy(b);
+    size_t n = ferry_moe_trace_steps(t), renumbered = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t tok, layer, k;
+        const uint32_t *ex;
+        FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &k));
+        if (i == n / 3 || i == 2 * n / 3)
+            ferry__transition_clock(pb, INT32_MAX - 300);
+        uint32_t before = ferry__transition_clock(pb, 0);
+        FT_ASSERT_OK(ferry_moe_planner_ensure(a, layer, ex, k, NULL, NULL, NULL));
+        FT_ASSERT_OK(ferry_moe_planner_ensure(b, layer, ex, k, NULL, NULL, NULL));
+        renumbered += ferry__transition_clock(pb, 0) < before;
+        for (uint32_t v = 0; v < slots; v++)
+            if (ferry_moe_planner_occupant(a, v) != ferry_moe_planner_occupant(b, v))
+                fail_msg("step %zu: slot %u holds %u, renumbered %u", i, v,
+                         ferry_moe_planner_occupant(a, v), ferry_moe_planner_occupant(b, v));
+    }
+    print_message("%zu steps, %zu renumberings, the same residents\n", n, renumbered);
+    assert_int_equal(renumbered, 2);
+    ferry_moe_planner_destroy(a);
+    ferry_moe_planner_destroy(b);
+    ferry_moe_trace_destroy(t);
+}
+
 /* step by step, a planner whose rows and folds are SSE2's and scalar
  * holds every expert in the cell the AVX2 one does (its rows' counts
  * give the same bins), and evicts the same */
@@ -593,6 +691,8 @@ int main(void)
         cmocka_unit_test(transition_wakes_to_the_cells_it_would_have),
         cmocka_unit_test(transition_rows_count_the_same_narrow),
         cmocka_unit_test(transition_narrow_keeps_the_same_cells),
+        cmocka_unit_test(transition_rows_place_as_the_serial_rule),
+        cmocka_unit_test(transition_keys_renumbered_decide_alike),
         cmocka_unit_test(transition_decides_alike_past_2_to_the_32_visits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -348,6 +348,13 @@ int ferry__transition_skip(ferry__policy *p, uint64_t visits);
 /* (tests) how many ids' cells differ between two transition policies of
  * one shape (the layers asleep in either skipped); -1 if not both */
 long ferry__transition_cells_differ(const ferry__policy *a, const ferry__policy *b);
+/* (tests) how many ids' rows (successors, counts, total, lanes used)
+ * differ between two transition policies of one shape; -1 if not both */
+long ferry__transition_rows_differ(const ferry__policy *a, const ferry__policy *b);
+/* (tests) a transition policy's order's clock moved on to `to` (if
+ * later: every key stays below it; at most 2^31 - 2, the most a key is)
+ * and returned; 0 for another policy */
+uint32_t ferry__transition_clock(ferry__policy *p, uint32_t to);
 /* (tests) the work a transition policy or follower has done: events,
  * filings, layers and cells visited (0 for another policy) */
 uint64_t ferry__transition_ops(const ferry__policy *p);

@@ -240,7 +240,7 @@ static int sc_init(ferry__policy *p)
     s->rank = ferry__calloc((size_t)L * SC_NC, sizeof *s->rank);
     s->lmin = ferry__calloc(L, sizeof *s->lmin);
     s->le = ferry__malloc(((size_t)E + 1) * sizeof *s->le);
-    s->miss = ferry__malloc(((size_t)E + 1) * sizeof *s->miss);
+    s->miss = ferry__calloc((size_t)E + 8, sizeof *s->miss); /* (row_learn: E + 8) */
     s->evv = ferry__aligned_alloc(64, (size_t)E * sizeof(trev));
     if (!s->lanes || !s->an || !s->V || !s->ring || !s->ring_n || !s->rl || !s->h || !s->hc ||
         !s->cls || !s->res || !s->q8 || !s->size || !s->kc || !s->nc || !s->pc || !s->ord ||

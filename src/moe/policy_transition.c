@@ -191,7 +191,8 @@ size_t ferry__transition_bytes(uint32_t num_layers, uint32_t num_experts)
     /* per id: its row's lanes, its place in the ring of routed sets, what
      * is known of it, its last use, its row's total, its place in the
      * tracked set and its row's lanes used; and in the victims' order, its
-     * cell, slot and key */
+     * cell, slot and key (counted at 8 bytes, though 4 now: the shapes
+     * refused, and auto's members, as they were) */
     size_t per_id = TR_K * 2 * sizeof(uint16_t) + TR_RING * sizeof(uint16_t) + sizeof(trx) +
                     sizeof(uint64_t) + 2 * sizeof(uint16_t) + 1 + sizeof(uint16_t) +
                     sizeof(uint32_t) + sizeof(uint64_t);
@@ -250,7 +251,8 @@ static int tr_init(ferry__policy *p)
     s->qv = ferry__calloc(E, sizeof *s->qv);
     s->emark = ferry__calloc(E, sizeof *s->emark);
     s->tk = ferry__malloc((size_t)E * sizeof *s->tk);
-    s->miss = ferry__malloc(((size_t)E + 1) * sizeof *s->miss); /* (+1: a branchless append) */
+    /* (+1: a branchless append; 8 at least: the AVX2 rows read 8) */
+    s->miss = ferry__calloc((size_t)E + 8, sizeof *s->miss);
     if (ord_init(&s->o, &p->env) < 0 || !s->x || !s->last || !s->V || !s->asleep || !s->wk ||
         !s->lt || !s->cc || !s->ring || !s->ring_n || !s->ring_v || !s->uset ||
         !s->un || !s->nprev || !s->lv || !s->An || !s->tn || !s->lanes || !s->evv || !s->acc || !s->wr ||
@@ -1144,6 +1146,19 @@ long ferry__transition_cells_differ(const ferry__policy *a, const ferry__policy 
     return d;
 }
 
+long ferry__transition_rows_differ(const ferry__policy *a, const ferry__policy *b)
+{
+    if (!a || !b || a->ops != &ferry__policy_transition || b->ops != &ferry__policy_transition ||
+        a->env.num_layers != b->env.num_layers || a->env.num_experts != b->env.num_experts)
+        return -1;
+    const trans *x = (const trans *)a, *y = (const trans *)b;
+    long d = 0;
+    for (size_t i = 0; i < (size_t)a->env.num_layers * a->env.num_experts; i++)
+        d += x->An[i] != y->An[i] || x->tn[i] != y->tn[i] ||
+             memcmp(x->lanes + i * TR_ROW, y->lanes + i * TR_ROW, TR_ROW * sizeof *x->lanes);
+    return d;
+}
+
 int ferry__transition_skip(ferry__policy *p, uint64_t visits)
 {
     if (!p || p->ops != &ferry__policy_transition || visits % TR_RING)
@@ -1161,6 +1176,15 @@ int ferry__transition_skip(ferry__policy *p, uint64_t visits)
             s->x[(size_t)l * E + e].hv = (uint32_t)(s->x[(size_t)l * E + e].hv + visits);
     }
     return 0;
+}
+
+uint32_t ferry__transition_clock(ferry__policy *p, uint32_t to)
+{
+    if (p->ops != &ferry__policy_transition)
+        return 0;
+    trord *o = &((trans *)p)->o;
+    o->clock = to > o->clock ? (to < TR_KEY_TOP ? to : TR_KEY_TOP) : o->clock;
+    return o->clock;
 }
 
 uint64_t ferry__transition_ops(const ferry__policy *p)

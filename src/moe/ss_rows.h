@@ -292,10 +292,65 @@ static inline __attribute__((always_inline, target("avx2"))) uint32_t rowv_least
     return (uint32_t)__builtin_ctz(k) / 2;
 }
 
+/* S's lanes (in: all ones in each) up to each lane, itself excluded (its
+ * rank in S), and S's size in every lane */
+static inline __attribute__((always_inline, target("avx2"))) __m256i
+rowv_rank_avx2(__m256i in, __m256i *size)
+{
+    const __m256i b7 = _mm256_set1_epi16(0x0f0e); /* each half's lane 7, in all its lanes */
+    __m256i s1 = _mm256_and_si256(in, _mm256_set1_epi16(1));
+    __m256i x = _mm256_add_epi16(s1, _mm256_slli_si256(s1, 2));
+    x = _mm256_add_epi16(x, _mm256_slli_si256(x, 4));
+    x = _mm256_add_epi16(x, _mm256_slli_si256(x, 8));
+    __m256i lo = _mm256_shuffle_epi8(x, b7);
+    x = _mm256_add_epi16(x, _mm256_permute2x128_si256(lo, lo, 0x08));
+    __m256i hi = _mm256_shuffle_epi8(x, b7);
+    *size = _mm256_permute2x128_si256(hi, hi, 0x11);
+    return _mm256_sub_epi16(x, s1);
+}
+
+/* a row's first placements without a branch: the serial rule (each
+ * newcomer the first least lane, which then holds one more) gives, where
+ * the least count is u (below TR_CNT - 1: no add saturates), the first
+ * newcomers to the lanes at u in lane order, one each, and the next ones to
+ * the lanes then at u + 1 (those at u + 1 before, and those at u if all of
+ * them took one) in lane order: lane i of a set, of rank r in it, takes
+ * newcomer r (the first set) or |first set| + r (the second) where that is
+ * below k, its expert from mv (the newcomers' experts, the first 8) by a
+ * byte shuffle, its count one more; a lane in both keeps the second.
+ * Returns the newcomers placed: the row is as the serial rule leaves it
+ * after that many */
+static inline __attribute__((always_inline, target("avx2"))) uint32_t
+rowv_rounds_avx2(__m256i *tp, __m256i *cp, __m128i mv, uint32_t k)
+{
+    __m256i t = *tp, c = *cp, mb = _mm256_broadcastsi128_si256(mv);
+    __m128i m = _mm_min_epu16(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+    uint32_t u = (uint32_t)_mm_cvtsi128_si32(_mm_minpos_epu16(m)) & 0xffffu;
+    k = k < 8 ? k : 8; /* (mv holds the first 8) */
+    k = u < TR_CNT - 1 ? k : 0;
+    __m256i kv = _mm256_set1_epi16((short)k), n1, n2;
+    __m256i in1 = _mm256_cmpeq_epi16(c, _mm256_set1_epi16((short)u));
+    __m256i in2 = _mm256_or_si256(in1, _mm256_cmpeq_epi16(c, _mm256_set1_epi16((short)(u + 1))));
+    __m256i r1 = rowv_rank_avx2(in1, &n1), r2 = _mm256_add_epi16(rowv_rank_avx2(in2, &n2), n1);
+    __m256i take1 = _mm256_and_si256(in1, _mm256_cmpgt_epi16(kv, r1));
+    __m256i take2 = _mm256_and_si256(in2, _mm256_cmpgt_epi16(kv, r2));
+    __m256i s1 = _mm256_or_si256(_mm256_slli_epi16(r1, 1), _mm256_slli_epi16(r1, 9));
+    __m256i s2 = _mm256_or_si256(_mm256_slli_epi16(r2, 1), _mm256_slli_epi16(r2, 9));
+    __m256i b = _mm256_set1_epi16(0x0100);
+    t = _mm256_blendv_epi8(t, _mm256_shuffle_epi8(mb, _mm256_add_epi16(s1, b)), take1);
+    t = _mm256_blendv_epi8(t, _mm256_shuffle_epi8(mb, _mm256_add_epi16(s2, b)), take2);
+    *tp = t;
+    *cp = _mm256_sub_epi16(_mm256_sub_epi16(c, take1), take2);
+    uint32_t placed = (uint32_t)_mm256_extract_epi16(_mm256_add_epi16(n1, n2), 0);
+    return placed < k ? placed : k;
+}
+
 /* row_learn_in with the row's 16 lanes of experts and of counts in one
  * AVX2 register each: the same counts, halving and placing, half the
- * compares, and a lane taken with one blend (rowv_lane_mask[at]'s 32
- * bytes are lane at's mask over the 16) */
+ * compares; the newcomers (their experts listed in miss, which has room
+ * for 8 at least) placed in rounds (rowv_rounds_avx2), the rest, if any,
+ * one at a time (rowv_lane_mask[at]'s 32 bytes are lane at's mask over the
+ * 16: one blend) */
 static inline __attribute__((always_inline, target("avx2"))) uint32_t
 row_learn_avx2_in(uint16_t *top, uint16_t *an, const trev *evs, const uint16_t *le, uint32_t n,
                   uint16_t *miss)
@@ -310,33 +365,32 @@ row_learn_avx2_in(uint16_t *top, uint16_t *an, const trev *evs, const uint16_t *
         *an >>= 1;
     }
     *an = (uint16_t)(*an + 1);
-    uint32_t k = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi16(t, none));
-    uint32_t used = k ? (uint32_t)__builtin_ctz(k) / 2 : TR_K, nm = 0;
+    uint32_t nm = 0;
     __m256i h = _mm256_setzero_si256();
     for (uint32_t j = 0; j < n; j++) { /* each that has a lane: +1 (saturating) */
         __m256i eq = _mm256_cmpeq_epi16(t, _mm256_broadcastsi128_si256(evs[j]));
         h = _mm256_or_si256(h, eq);
-        miss[nm] = (uint16_t)j;
+        miss[nm] = le[j]; /* (the newcomers' experts) */
         nm += _mm256_movemask_epi8(eq) == 0;
     }
     c = _mm256_subs_epi16(c, h);
-    uint32_t full = used + nm > TR_K;
-    if (full) /* not room for all: the others in order, each the least lane */
-        for (uint32_t j = 0; j < nm; j++) {
+    /* the newcomers, in order, each the first least lane (an unused one,
+     * at count 0, while any is left) */
+    uint32_t j = rowv_rounds_avx2(&t, &c, _mm_loadu_si128((const __m128i *)(const void *)miss), nm);
+    if (__builtin_expect(j < nm, 0)) {
+        uint32_t k = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi16(t, none));
+        uint32_t used = k ? (uint32_t)__builtin_ctz(k) / 2 : TR_K;
+        for (; j < nm; j++) {
             uint32_t at = used < TR_K ? used++ : rowv_least_avx2(c);
             __m256i lm = _mm256_loadu_si256((const __m256i *)(const void *)rowv_lane_mask[at]);
             c = _mm256_subs_epi16(c, lm);
-            t = _mm256_blendv_epi8(t, _mm256_broadcastsi128_si256(evs[miss[j]]), lm);
+            t = _mm256_blendv_epi8(t, _mm256_set1_epi16((short)miss[j]), lm);
         }
+    }
     _mm256_storeu_si256((__m256i *)(void *)top, t);
     _mm256_storeu_si256((__m256i *)(void *)tc, c);
-    if (full)
-        return TR_K;
-    for (uint32_t j = 0; j < nm; j++) { /* new successors into unused lanes */
-        top[used + j] = le[miss[j]];
-        tc[used + j] = 1;
-    }
-    return used + nm;
+    uint32_t k = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi16(t, none));
+    return k ? (uint32_t)__builtin_ctz(k) / 2 : TR_K;
 }
 
 static __attribute__((target("avx2"), noinline)) uint32_t
@@ -359,7 +413,9 @@ rows_learn_avx2(uint16_t *lanes, uint16_t *an, uint8_t *tn, const uint16_t *prev
 }
 #endif
 
-/* row_learn_in, or its AVX2 form (a row in two registers) where wide */
+/* row_learn_in, or its AVX2 form (a row in two registers) where wide;
+ * miss is scratch of n + 8 entries at least (the AVX2 form reads 8 as one
+ * register), zeroed once so that none is read unwritten */
 static inline uint32_t row_learn(uint16_t *top, uint16_t *an, const trev *evs, const uint16_t *le,
                                  uint32_t n, uint16_t *miss, int wide)
 {

@@ -19,6 +19,9 @@
 #include <emmintrin.h>
 #endif
 
+#define TR_KEY_MOST 0x7fffffffu         /* above every key (signed compares) */
+#define TR_KEY_TOP (TR_KEY_MOST - 1u)   /* the most a key is */
+
 typedef struct trslot {
     uint32_t id;    /* the id filed in it, NIL: none */
     uint16_t layer; /* while filed: its layer */
@@ -31,19 +34,21 @@ typedef struct trord {
     trslot *sl;          /* per slot, and sl[n]: a slot never filed */
     uint16_t *fc;        /* per id: the cell it is filed in, CELL_NONE: not filed */
     uint32_t *fs;        /* per id: its slot while filed */
-    uint64_t *key;       /* per id: when it was last touched (the order's clock) */
+    uint32_t *key;       /* per id: when it was last touched (the order's clock, at most
+                            TR_KEY_TOP: renumbered, in order, before it would pass) */
     uint16_t *cnt;       /* [L][TR_NCP]: ids filed in each cell */
     uint32_t *least;     /* [L]: least filed id, pinned ones too; NIL: none */
     uint64_t *lgen;      /* [L]: the p refresh the least is of; 0: find again */
     uint32_t *plist, pn; /* the touched slots, in the order first touched */
-    uint64_t clock;
+    uint64_t *rn;        /* [slots]: a renumbering's scratch */
+    uint32_t clock;
     uint32_t n, E;       /* slots; experts a layer */
     uint64_t ops;        /* work done: events, filings, layers and cells visited (tests) */
 } trord;
 
 static void ord_fini(trord *o)
 {
-    void *arr[] = {o->sl, o->fc, o->fs, o->key, o->least, o->lgen, o->plist};
+    void *arr[] = {o->sl, o->fc, o->fs, o->key, o->least, o->lgen, o->plist, o->rn};
     for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
         ferry__free(arr[i]);
     ferry__free(o->cnt);
@@ -62,8 +67,9 @@ static int ord_init(trord *o, const ferry__policy_env *env)
     o->least = ferry__malloc((size_t)L * sizeof *o->least);
     o->lgen = ferry__calloc(L, sizeof *o->lgen);
     o->plist = ferry__malloc(((size_t)n + 1) * sizeof *o->plist);
+    o->rn = ferry__malloc(((size_t)n + 1) * sizeof *o->rn);
     if (!o->sl || !o->fc || !o->fs || !o->key || !o->cnt || !o->least || !o->lgen ||
-        !o->plist) {
+        !o->plist || !o->rn) {
         ord_fini(o);
         return -ENOMEM;
     }
@@ -92,6 +98,27 @@ static void ord_unfile(trord *o, uint32_t l, uint32_t slot)
     o->ops++;
 }
 
+static int u64_cmp(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* the filed ids' keys renumbered 1, 2, .. in their order (the clock
+ * then their number): what a victim compares is the keys' order, so the
+ * same victims; after about 2^31 touches */
+static void ord_renumber(trord *o)
+{
+    uint32_t m = 0;
+    for (uint32_t v = 0; v < o->n; v++)
+        if (o->sl[v].id != NIL)
+            o->rn[m++] = (uint64_t)o->key[o->sl[v].id] << 32 | o->sl[v].id;
+    qsort(o->rn, m, sizeof *o->rn, u64_cmp);
+    for (uint32_t i = 0; i < m; i++)
+        o->key[(uint32_t)o->rn[i]] = i + 1;
+    o->clock = m;
+}
+
 /* id (of layer l) filed in slot and cell c, touched now (its slot empty:
  * unfiled first; the id's slot before, if it is filed elsewhere, too) */
 static void ord_file(trord *o, uint32_t l, uint32_t slot, uint32_t id, uint16_t c)
@@ -104,6 +131,8 @@ static void ord_file(trord *o, uint32_t l, uint32_t slot, uint32_t id, uint16_t 
     s->layer = (uint16_t)l;
     o->fc[id] = c;
     o->fs[id] = slot;
+    if (o->clock >= TR_KEY_TOP)
+        ord_renumber(o);
     o->key[id] = ++o->clock;
     o->cnt[(size_t)l * TR_NCP + c]++;
     o->lgen[l] = 0;
@@ -148,8 +177,9 @@ static inline void ord_touch_any(trord *o, uint32_t l, uint32_t slot)
  * filing since. */
 static void ord_flush(trord *o, const struct trx *x)
 {
-    uint32_t *plist = o->plist, pn = o->pn;
-    uint64_t *key = o->key, clock = o->clock;
+    if (o->pn > TR_KEY_TOP - o->clock)
+        ord_renumber(o);
+    uint32_t *plist = o->plist, pn = o->pn, *key = o->key, clock = o->clock;
     uint16_t *fc = o->fc, *cnt = o->cnt;
     trslot *sl = o->sl;
     for (uint32_t i = 0; i < pn; i++) {
@@ -167,7 +197,7 @@ static void ord_flush(trord *o, const struct trx *x)
         fc[id] = (uint16_t)nc;
         key[id] = ++clock;
     }
-    o->ops += 2 * (uint64_t)(clock - o->clock);
+    o->ops += 2 * (uint64_t)(clock - o->clock); /* (no wrap: see above) */
     o->clock = clock;
     o->pn = 0;
 }
@@ -181,7 +211,7 @@ ord_cell_least_avx2(trord *o, const ferry__policy *p, uint32_t b, uint16_t c, in
                     uint32_t *best, uint64_t *bk)
 {
     const uint16_t *fc = o->fc + b;
-    const uint64_t *key = o->key + b;
+    const uint32_t *key = o->key + b;
     uint32_t E = o->E, e = 0;
     __m256i cv = _mm256_set1_epi16((short)c);
     for (; e + 16 <= E; e += 16) {
@@ -202,40 +232,40 @@ ord_cell_least_avx2(trord *o, const ferry__policy *p, uint32_t b, uint16_t c, in
 
 /* the same without pinned ones to skip and without a branch on the ids
  * (how many of 16 are in the cell is a coin toss to the predictor): the
- * keys, all below 2^63, four a register, the others' raised to the most;
- * the least of each lane and its index, and of those the least */
+ * keys (below TR_KEY_MOST), eight a register, the others' raised to
+ * TR_KEY_MOST; the least of each lane and its index, and of those the
+ * least */
 static __attribute__((target("avx2"), noinline)) uint32_t
 ord_cell_min_avx2(trord *o, uint32_t b, uint16_t c, uint32_t *best, uint64_t *bk)
 {
     const uint16_t *fc = o->fc + b;
-    const uint64_t *key = o->key + b;
+    const uint32_t *key = o->key + b;
     uint32_t E = o->E, e = 0;
-    __m256i cv = _mm256_set1_epi16((short)c), most = _mm256_set1_epi64x(INT64_MAX);
+    __m256i cv = _mm256_set1_epi16((short)c), most = _mm256_set1_epi32(TR_KEY_MOST);
     __m256i m0 = most, m1 = most, i0 = _mm256_setzero_si256(), i1 = i0;
-    __m256i ix = _mm256_set_epi64x(3, 2, 1, 0), four = _mm256_set1_epi64x(4);
-    for (; e + 8 <= E; e += 8) {
-        __m128i eq = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)(const void *)(fc + e)),
-                                     _mm256_castsi256_si128(cv));
-        __m256i q0 = _mm256_cvtepi16_epi64(eq), q1 = _mm256_cvtepi16_epi64(_mm_srli_si128(eq, 8));
+    __m256i ix = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), eight = _mm256_set1_epi32(8);
+    for (; e + 16 <= E; e += 16) {
+        __m256i eq = _mm256_cmpeq_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(fc + e)), cv);
+        __m256i q0 = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(eq));
+        __m256i q1 = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(eq, 1));
         __m256i k0 = _mm256_blendv_epi8(most, _mm256_loadu_si256((const __m256i *)(const void *)(key + e)), q0);
-        __m256i k1 = _mm256_blendv_epi8(most, _mm256_loadu_si256((const __m256i *)(const void *)(key + e + 4)), q1);
-        __m256i lt0 = _mm256_cmpgt_epi64(m0, k0), lt1 = _mm256_cmpgt_epi64(m1, k1);
+        __m256i k1 = _mm256_blendv_epi8(most, _mm256_loadu_si256((const __m256i *)(const void *)(key + e + 8)), q1);
+        __m256i lt0 = _mm256_cmpgt_epi32(m0, k0), lt1 = _mm256_cmpgt_epi32(m1, k1);
         m0 = _mm256_blendv_epi8(m0, k0, lt0);
         i0 = _mm256_blendv_epi8(i0, ix, lt0);
-        ix = _mm256_add_epi64(ix, four);
+        ix = _mm256_add_epi32(ix, eight);
         m1 = _mm256_blendv_epi8(m1, k1, lt1);
         i1 = _mm256_blendv_epi8(i1, ix, lt1);
-        ix = _mm256_add_epi64(ix, four);
+        ix = _mm256_add_epi32(ix, eight);
     }
-    uint64_t mk[8], mi[8];
-    _mm256_storeu_si256((__m256i *)(void *)mk, m0);
-    _mm256_storeu_si256((__m256i *)(void *)(mk + 4), m1);
-    _mm256_storeu_si256((__m256i *)(void *)mi, i0);
-    _mm256_storeu_si256((__m256i *)(void *)(mi + 4), i1);
-    for (uint32_t j = 0; j < 8; j++) { /* (keys are unique: any order) */
-        int lt = mk[j] < *bk && mk[j] != (uint64_t)INT64_MAX;
-        *best = lt ? b + (uint32_t)mi[j] : *best;
-        *bk = lt ? mk[j] : *bk;
+    __m256i lt = _mm256_cmpgt_epi32(m0, m1); /* (keys are unique: any order) */
+    uint32_t mk[8], mi[8];
+    _mm256_storeu_si256((__m256i *)(void *)mk, _mm256_blendv_epi8(m0, m1, lt));
+    _mm256_storeu_si256((__m256i *)(void *)mi, _mm256_blendv_epi8(i0, i1, lt));
+    for (uint32_t j = 0; j < 8; j++) {
+        int less = mk[j] < *bk && mk[j] != TR_KEY_MOST;
+        *best = less ? b + mi[j] : *best;
+        *bk = less ? mk[j] : *bk;
     }
     o->ops += E / 8;
     return e;
@@ -246,7 +276,7 @@ static void ord_cell_least(trord *o, const ferry__policy *p, uint32_t b, uint16_
                            int unpinned_only, uint32_t *best, uint64_t *bk, int wide)
 {
     const uint16_t *fc = o->fc + b;
-    const uint64_t *key = o->key + b;
+    const uint32_t *key = o->key + b;
     uint32_t E = o->E, e = 0;
     (void)wide;
 #if defined(TR_ROWS_AVX2)
