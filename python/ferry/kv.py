@@ -727,12 +727,15 @@ class _DeviceMemory:
         self.where = Opened()
 
     def __del__(self):
+        # (freed and taken out in one step: an interrupt as the close
+        # returns leaves nothing for a second finalization to close again)
         try:
-            if self.dev and not self.where.forked:
-                lib.ferry_device_close(self.dev)
+            if self.where.forked:
+                self.dev = None
+            if self.dev:
+                free_and_forget(lib.ferry_device_close, self.dev, setattr, self, "dev", None)
         except Exception:  # interpreter shutdown: the library may be gone
             pass
-        self.dev = None
 
 
 class KVStore(Closing):

@@ -704,6 +704,46 @@ def test_a_release_interrupted_anywhere_is_finished_once(url, tmp_path):
     """, pre=HANDLER_CLOSES.replace("TMP", repr(str(tmp_path))), timeout=150)
 
 
+def test_device_memory_closes_its_device_once_whatever_interrupts_it():
+    """The device a closed store hands to its device_empty() tensors closes
+    with the last of them (_DeviceMemory's finalizer). A KeyboardInterrupt
+    as ferry_device_close returned (a signal that arrived during it)
+    skipped the line that forgot the handle: the holder still named the
+    closed device, for a second finalization to close again - a double
+    free. Now the close and the forgetting are one step. (The close is a
+    C stand-in, usleep, that the alarm interrupts: it lands as it returns.)"""
+    run_child("", """
+        import ctypes
+        from ferry import kv as K
+        hits = []
+        def on_alarm(sig, frame):
+            hits.append(sig)
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGALRM, on_alarm)
+        libc = ctypes.CDLL(None)
+        libc.usleep.argtypes = [ctypes.c_uint]
+        real = K.lib
+        class Lib:   # ferry_device_close(dev): C alone, 0.5 s unless interrupted
+            ferry_device_close = libc.usleep
+        K.lib = Lib
+        try:
+            hold = K._DeviceMemory()
+            hold.dev = 500000   # (the "handle" the stand-in closes)
+            signal.setitimer(signal.ITIMER_REAL, 0.02)
+            t0 = time.monotonic()
+            try:
+                hold.__del__()
+            except KeyboardInterrupt:
+                pass
+            took = time.monotonic() - t0
+        finally:
+            K.lib = real
+        assert hits and took < 0.4, (hits, took)   # (interrupted inside the close)
+        assert hold.dev is None, hold.dev   # closed once: nothing left to close again
+        print("ok")
+    """)
+
+
 # -- a daemon killed --------------------------------------------------------
 
 def test_a_daemon_killed_mid_retrieve_is_an_error_never_a_partial_hit(tmp_path):
