@@ -350,11 +350,12 @@ class Op:
         # thread that frees the op or calls it, never waited for
         # (a free inside a call of its own thread on the op - a signal
         # handler's, a __del__'s - waits for nothing: that call finishes
-        # it as it leaves, CallGuard.on_last)
-        fin = partial(self._flight.finish, self._keep_result, self._let_go)
-        if not self._guard.end(fin) and self._guard.forked:
+        # it as it leaves, CallGuard.on_last, which holds the Op weakly: a
+        # free an interrupt stopped leaves the Op free to go, its flight
+        # then an orphan for the reaper)
+        if not self._guard.end(self._flight.finish_by_op) and self._guard.forked:
             return
-        fin()
+        self._flight.finish(self._keep_result, self._let_go)
 
     def _let_go(self):
         self._keep = None            # the op is over: its buffers may go
@@ -453,6 +454,17 @@ class _Flight:
             # finishes it as it leaves: CallGuard.on_last)
             if not self.freed.is_set() and self.guard.drain():
                 self.release(settle, let_go)
+
+    def finish_by_op(self):
+        """finish() as its Op's free() makes it, or as the reaper does once
+        the Op is gone: the guard's on_last, which must not hold the Op
+        (the registry of flights holds the guard: a strong reference would
+        keep the Op, and its buffers, for ever once a free was stopped)."""
+        op = self.op()
+        if op is None:
+            self.finish(self._settle_orphan)
+        else:
+            self.finish(op._keep_result, op._let_go)
 
     def _settle_orphan(self, rc):
         """An orphan's end: a store whose source moved in flight deletes

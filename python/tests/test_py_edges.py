@@ -704,6 +704,100 @@ def test_a_release_interrupted_anywhere_is_finished_once(url, tmp_path):
     """, pre=HANDLER_CLOSES.replace("TMP", repr(str(tmp_path))), timeout=150)
 
 
+def test_an_op_whose_free_an_interrupt_stopped_goes_with_its_last_reference(url, tmp_path):
+    """A KeyboardInterrupt inside Op.free() after it ended the op's guard
+    (in its release: the C wait, the free of the handle): the op is left
+    to the reaper, which frees it once its Op is gone. The release the
+    guard kept for its last call out held the Op itself, and the registry
+    of ops in flight held that: the Op never went, the reaper never saw
+    it, and its handle and buffers (here the destination tensor) were
+    held for ever. Now that release holds the Op weakly: the destination
+    goes with the last reference and the store's close."""
+    run_child(url, """
+        import weakref
+        from ferry import kv as K
+        armed = False
+        def on_alarm(sig, frame):
+            if armed:
+                raise KeyboardInterrupt
+        signal.signal(signal.SIGALRM, on_alarm)
+        t = np.arange(64, dtype=np.int32) + 4600000
+        src = kv(64, 6)
+        window = 0
+        cur = l2_store()
+        assert cur.store(t, src) == 64
+        for r in range(400):
+            dst = torch.zeros_like(src)
+            gone = weakref.ref(dst)
+            op = cur.retrieve_async(t, dst)
+            signal.setitimer(signal.ITIMER_REAL, 0.000005 * (1 + r % 80))
+            try:
+                armed = True
+                op.free()
+                armed = False
+            except KeyboardInterrupt:
+                armed = False
+                window += op._guard.ended and not op._freed.is_set()
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            armed = False
+            del op, dst
+            gc.collect()
+            K._reap(block=True)   # (as the next call that moves KV, or close)
+            assert gone() is None, r   # the destination went with the op
+            assert not K._flying, (r, len(K._flying))
+        cur.close()
+        assert window > 0, window
+        print("ok", window)
+    """, pre=HANDLER_CLOSES.replace("TMP", repr(str(tmp_path))), timeout=150)
+
+
+def test_a_call_after_close_is_refused_at_once_while_another_thread_releases(url, tmp_path):
+    """A call made after close() is refused (FerryError EBADF) at once,
+    even while another thread's close is still releasing the store. Each
+    call out of an ended guard ran the release, waiting for the close's
+    lock: a thread inside an orphan op's release (its lock held: a store
+    op whose source moved deletes what it stored, a call on the store)
+    waited on the close, which waited on it to reap that orphan - for
+    ever. Now only a close made inside a call of its own thread leaves
+    the release to the calls out."""
+    run_child(url, """
+        from ferry import kv as K
+        t = np.arange(64, dtype=np.int32) + 4700000
+        src = kv(64, 7)
+        cur = store()
+        assert cur.store(t, src) == 64
+        dst = torch.zeros_like(src)
+        op = cur.retrieve_async(t, dst)
+        op.free = lambda: None   # (its free never made: an orphan once it goes)
+        flight = op._flight
+        del op
+        gc.collect()
+        assert flight.op() is None and not flight.freed.is_set()
+        holding, refused, out = threading.Event(), threading.Event(), []
+        def reaper():   # a thread inside the orphan's release (its lock held)
+            with flight.lock:
+                holding.set()
+                while not cur._guard.ended:   # (the close below has begun)
+                    pass
+                try:
+                    cur.lookup(t)   # (as the orphan's delete of what it stored)
+                except FerryError as e:
+                    out.append(e.code)
+                refused.set()
+        th = threading.Thread(target=reaper, daemon=True)
+        th.start()
+        assert holding.wait(10)
+        closer = threading.Thread(target=cur.close, daemon=True)
+        closer.start()
+        assert refused.wait(10), "the refused call waited on the close, which waited on it"
+        assert out == [-errno.EBADF], out
+        closer.join(10)
+        assert not closer.is_alive()
+        assert flight.freed.is_set()   # the close reaped the orphan
+        print("ok")
+    """, pre=HANDLER_CLOSES.replace("TMP", repr(str(tmp_path))), timeout=90)
+
+
 def test_device_memory_closes_its_device_once_whatever_interrupts_it():
     """The device a closed store hands to its device_empty() tensors closes
     with the last of them (_DeviceMemory's finalizer). A KeyboardInterrupt
