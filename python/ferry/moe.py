@@ -565,7 +565,8 @@ class ExpertPool(_Life, _Plans, _LastCounts, Closing):
     time, as the C objects require); close() waits for the call inside, and
     calls after it raise FerryError (EBADF). A close() made inside a call
     of its own thread (a signal handler's, a __del__'s) returns at once:
-    the call goes on and frees the pool as it returns.
+    the call goes on and frees the pool as it returns; any other call made
+    there raises FerryError (EBUSY) naming the call in progress.
 
     Banks: the pool reads the memory the bank tensors had when it was made
     (it keeps their storages). A bank resized past its capacity or given
