@@ -489,7 +489,11 @@ class _Flight:
         fin = partial(self.finish, self._settle_orphan)
         g.end(fin)
         fin()
-        return True
+        # (not freed yet: a finish of this thread's is under way - a signal
+        # handler's reap inside it - or a call of its own thread is inside,
+        # which frees it as it leaves. Kept an orphan until then: a finish
+        # an interrupt stops is the next reap's to make)
+        return self.freed.is_set()
 
 
 class _OpRef(weakref.ref):

@@ -798,6 +798,36 @@ def test_a_call_after_close_is_refused_at_once_while_another_thread_releases(url
     """, pre=HANDLER_CLOSES.replace("TMP", repr(str(tmp_path))), timeout=90)
 
 
+def test_an_orphan_whose_release_a_reap_came_inside_stays_to_be_reaped(url, tmp_path):
+    """A reap (a signal handler's call that moves KV, or its close) made
+    inside its own thread's release of an orphan op (the orphan's lock
+    that thread's): it leaves that release to go on, and the orphan
+    stayed out of the registry of orphans all the same; when an
+    interrupt then stopped the release, no reaper ever saw the orphan
+    again - its handle and buffers held for ever. Now it stays an orphan
+    until it is freed, and the next reap frees it."""
+    run_child(url, """
+        from ferry import kv as K
+        t = np.arange(64, dtype=np.int32) + 4800000
+        src = kv(64, 8)
+        cur = store()
+        assert cur.store(t, src) == 64
+        op = cur.retrieve_async(t, torch.zeros_like(src))
+        op.free = lambda: None   # (its free never made: an orphan once it goes)
+        flight = op._flight
+        del op
+        gc.collect()
+        assert flight.op() is None and not flight.freed.is_set()
+        with flight.lock:   # (this thread inside the orphan's release...)
+            K._reap(block=True)   # (...and a reap inside it: it goes on)
+        assert not flight.freed.is_set()   # (that release stopped there)
+        K._reap(block=True)
+        assert flight.freed.is_set() and flight not in K._flying
+        cur.close()
+        print("ok")
+    """, pre=HANDLER_CLOSES.replace("TMP", repr(str(tmp_path))), timeout=90)
+
+
 def test_device_memory_closes_its_device_once_whatever_interrupts_it():
     """The device a closed store hands to its device_empty() tensors closes
     with the last of them (_DeviceMemory's finalizer). A KeyboardInterrupt
