@@ -198,6 +198,11 @@ class CallGuard(Opened):
     leaves: the last call out of an ended guard runs `on_last` (end()'s),
     whichever thread it is in. The release never comes between two C
     calls of one entry, and `on_last` is idempotent (released once).
+    Only such a drain() makes the calls out run it (`_owed`): otherwise
+    the thread that ended the guard releases, and a call out (a refused
+    one too) never waits for it - a refused call of a thread that holds
+    a lock the release takes (an op's, while the store's close reaps
+    that op) would wait on it for ever.
     """
 
     def __init__(self, what):
@@ -209,6 +214,7 @@ class CallGuard(Opened):
         self._inside = []      # one entry per call inside
         self._ended = False
         self._on_last = None   # what the last call out does once ended (end())
+        self._owed = False     # a drain() left the release to a call inside
         if not _GIL:
             self.enter, self.leave = self._enter_locked, self._leave_locked
 
@@ -259,7 +265,7 @@ class CallGuard(Opened):
                 with self._lock:
                     if tok in inside:
                         inside.remove(tok)
-            if self._ended and not inside:
+            if self._owed and self._ended and not inside:
                 self._last_out()
 
     def _last_out(self):
@@ -298,6 +304,7 @@ class CallGuard(Opened):
                 return True
             for t in inside:
                 if t[0] == me:
+                    self._owed = True   # (before the False: its call out sees it)
                     return False
             time.sleep(pause)   # (no lock, no notify: nothing an interrupt can leave held)
             pause = min(pause * 2, 0.005)
@@ -312,6 +319,7 @@ class CallGuard(Opened):
         self._inside = []
         self._ended = True
         self._on_last = None
+        self._owed = False
 
     @property
     def ended(self):

@@ -350,11 +350,12 @@ class Op:
         # thread that frees the op or calls it, never waited for
         # (a free inside a call of its own thread on the op - a signal
         # handler's, a __del__'s - waits for nothing: that call finishes
-        # it as it leaves, CallGuard.on_last)
-        fin = partial(self._flight.finish, self._keep_result, self._let_go)
-        if not self._guard.end(fin) and self._guard.forked:
+        # it as it leaves, CallGuard.on_last, which holds the Op weakly: a
+        # free an interrupt stopped leaves the Op free to go, its flight
+        # then an orphan for the reaper)
+        if not self._guard.end(self._flight.finish_by_op) and self._guard.forked:
             return
-        fin()
+        self._flight.finish(self._keep_result, self._let_go)
 
     def _let_go(self):
         self._keep = None            # the op is over: its buffers may go
@@ -454,6 +455,17 @@ class _Flight:
             if not self.freed.is_set() and self.guard.drain():
                 self.release(settle, let_go)
 
+    def finish_by_op(self):
+        """finish() as its Op's free() makes it, or as the reaper does once
+        the Op is gone: the guard's on_last, which must not hold the Op
+        (the registry of flights holds the guard: a strong reference would
+        keep the Op, and its buffers, for ever once a free was stopped)."""
+        op = self.op()
+        if op is None:
+            self.finish(self._settle_orphan)
+        else:
+            self.finish(op._keep_result, op._let_go)
+
     def _settle_orphan(self, rc):
         """An orphan's end: a store whose source moved in flight deletes
         what it stored (as its Op's wait would have)."""
@@ -477,7 +489,11 @@ class _Flight:
         fin = partial(self.finish, self._settle_orphan)
         g.end(fin)
         fin()
-        return True
+        # (not freed yet: a finish of this thread's is under way - a signal
+        # handler's reap inside it - or a call of its own thread is inside,
+        # which frees it as it leaves. Kept an orphan until then: a finish
+        # an interrupt stops is the next reap's to make)
+        return self.freed.is_set()
 
 
 class _OpRef(weakref.ref):
@@ -727,12 +743,15 @@ class _DeviceMemory:
         self.where = Opened()
 
     def __del__(self):
+        # (freed and taken out in one step: an interrupt as the close
+        # returns leaves nothing for a second finalization to close again)
         try:
-            if self.dev and not self.where.forked:
-                lib.ferry_device_close(self.dev)
+            if self.where.forked:
+                self.dev = None
+            if self.dev:
+                free_and_forget(lib.ferry_device_close, self.dev, setattr, self, "dev", None)
         except Exception:  # interpreter shutdown: the library may be gone
             pass
-        self.dev = None
 
 
 class KVStore(Closing):

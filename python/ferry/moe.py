@@ -185,7 +185,14 @@ def _locked(fn):
     __del__'s, a weakref callback's, run between two bytecodes of that
     call, which may be between two C calls on the handles) only marks the
     object closed (_Life.close): the call goes on, and the release is made
-    by the outermost call of the thread as it leaves the lock."""
+    by the outermost call of the thread as it leaves the lock.
+
+    Any other call made inside a call of its own thread on the object (a
+    signal handler's ensure() inside ensure()) is refused, FerryError
+    (EBUSY) naming the object and the call in progress: the lock is that
+    thread's own and lets it in, where it would settle (drop) the outer
+    call's pending plan, whose rows the outer call then copies into slots
+    the planner no longer counts as theirs."""
     name = fn.__name__
 
     @functools.wraps(fn)
@@ -197,13 +204,28 @@ def _locked(fn):
             with self._lock:
                 if self._closed:
                     raise where.refused(f"the {type(self).__name__}", name)
-                if self._pending is not None:
-                    self._settle_pending()
-                return fn(self, *args, **kwargs)
+                busy = self._busy
+                if busy is not None:   # (before the try: the outer call's mark stays)
+                    raise _reentered(self, name, busy)
+                try:
+                    self._busy = name   # (only the lock's holder reads or writes it)
+                    if self._pending is not None:
+                        self._settle_pending()
+                    return fn(self, *args, **kwargs)
+                finally:
+                    self._busy = None
         finally:
             if self._closed:   # (closed during the call: released as it leaves)
                 self._finish_close()
     return call
+
+
+def _reentered(obj, name, busy):
+    kind = type(obj).__name__
+    return FerryError(-errno.EBUSY, f"{name}() was called on the {kind} inside its own "
+                      f"thread's {busy}() on it (a signal handler's, a __del__'s or a weakref "
+                      f"callback's call): one call at a time, only close() may come in",
+                      f"{kind}.{name}")
 
 
 class _Life:
@@ -220,6 +242,7 @@ class _Life:
     collection's), frees each handle once and leaks none."""
 
     _closed = False
+    _busy = None   # the name of the call inside (_locked), under the lock
 
     def close(self):
         if self._where.forked:
@@ -542,7 +565,8 @@ class ExpertPool(_Life, _Plans, _LastCounts, Closing):
     time, as the C objects require); close() waits for the call inside, and
     calls after it raise FerryError (EBADF). A close() made inside a call
     of its own thread (a signal handler's, a __del__'s) returns at once:
-    the call goes on and frees the pool as it returns.
+    the call goes on and frees the pool as it returns; any other call made
+    there raises FerryError (EBUSY) naming the call in progress.
 
     Banks: the pool reads the memory the bank tensors had when it was made
     (it keeps their storages). A bank resized past its capacity or given

@@ -368,3 +368,38 @@ def test_the_adapters_store_registry_works_in_a_child_forked_mid_call():
         print("ok")
     """)
     assert "child ok" in out and out.rstrip().endswith("ok")
+
+
+def test_the_sglang_backend_works_in_a_child_forked_mid_call():
+    """A thread of the parent inside a FerryHiCacheStorage call that holds
+    its lock (its metrics, counts) or its warning lock as the process
+    forks (an engine forking a worker while its cache controller's
+    threads run): the child has those locks held by a thread it lacks,
+    and its first get_stats() (or any call counting pages) hung for ever.
+    Now the child's backend starts with locks of its own and answers."""
+    out = run_child(("", None, None), """
+        sys.path.insert(0, {tests!r})
+        from ferry.adapters.sglang import FerryHiCacheStorage
+        from sglang_pools import storage_config
+        b = FerryHiCacheStorage(storage_config({{"ferry_store": "forked"}}), {{}})
+        inside, leave = threading.Event(), threading.Event()
+        def busy():   # (as a backup thread between two steps of its call)
+            with b._lock, b._warn_lock:
+                inside.set()
+                leave.wait(10)
+        th = threading.Thread(target=busy)
+        th.start()
+        assert inside.wait(10)
+        def child():
+            s = b.get_stats()
+            assert s.prefetch_pgs == [] and s.backup_pgs == [], s
+            with b._warn_lock:
+                pass
+            print("child ok", flush=True)
+        in_child(child)
+        leave.set()
+        th.join(10)
+        assert b.get_stats() is not None
+        print("ok")
+    """.format(tests=os.path.dirname(os.path.abspath(__file__))))
+    assert "child ok" in out and out.rstrip().endswith("ok")

@@ -190,3 +190,54 @@ def test_a_close_interrupted_anywhere_is_finished_by_the_next(tmp_path, kind):
         assert hit > 0, hit
         print("ok", hit)
     """.replace("KIND_", repr(kind)), tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["pool", "planner"])
+def test_a_call_inside_a_call_of_its_own_thread_is_refused(tmp_path, kind):
+    """A signal handler (or a __del__) that calls stats() (or any call but
+    close) on the object its thread is inside ensure() of: the object's
+    reentrant lock let it in, where it dropped the outer call's pending
+    plan, and the outer call then copied that plan's rows into slots the
+    planner no longer held for them (the planner and the slots disagreed,
+    a slot answered another expert's bytes). Now it raises FerryError
+    (EBUSY) naming the call in progress, and the outer call is exact."""
+    run_child("""
+        KIND = KIND_
+        let_in = refused = 0
+        def on_alarm(sig, frame):
+            global let_in, refused
+            try:   # (read-only: made between two calls it changes nothing)
+                cur.stats()
+                let_in += 1
+            except FerryError as e:
+                assert e.code == -errno.EBUSY and "stats() was called on the " in str(e) \\
+                    and "inside its own thread's ensure()" in str(e), e
+                refused += 1
+        signal.signal(signal.SIGALRM, on_alarm)
+        layer, ex = 0, [0]
+        for r in range(20):
+            cur = pool("banks") if KIND == "pool" else ferry.Planner(L, E, S, expert_bytes=RB)
+            view = cur.slot_tensor(0) if KIND == "pool" else None
+            for i in range(300):
+                layer = (layer + 1) % L
+                ex = [int(x) for x in experts()]
+                # one alarm per call, 5 us .. 300 us in: before, inside, after it
+                signal.setitimer(signal.ITIMER_REAL, 0.000005 * (1 + (r * 300 + i) % 60))
+                if KIND == "pool":
+                    got = cur.ensure(layer, ex)
+                else:
+                    got, plan = cur.ensure(layer, ex)
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                for e, s in zip(ex, got):
+                    if KIND == "pool":   # the outer call's slots hold its rows
+                        assert torch.equal(view[s], BANK[layer * E + e]), (r, e, s)
+                    else:                # the planner still holds them there
+                        assert cur.lookup(layer, e) == s, (r, e, s)
+                if KIND == "pool":
+                    cur.check()
+            if KIND == "pool":
+                del view
+            cur.close()
+        assert refused > 0, (refused, let_in)   # (let in: between two calls)
+        print("ok", refused, let_in)
+    """.replace("KIND_", repr(kind)), tmp_path)

@@ -704,6 +704,170 @@ def test_a_release_interrupted_anywhere_is_finished_once(url, tmp_path):
     """, pre=HANDLER_CLOSES.replace("TMP", repr(str(tmp_path))), timeout=150)
 
 
+def test_an_op_whose_free_an_interrupt_stopped_goes_with_its_last_reference(url, tmp_path):
+    """A KeyboardInterrupt inside Op.free() after it ended the op's guard
+    (in its release: the C wait, the free of the handle): the op is left
+    to the reaper, which frees it once its Op is gone. The release the
+    guard kept for its last call out held the Op itself, and the registry
+    of ops in flight held that: the Op never went, the reaper never saw
+    it, and its handle and buffers (here the destination tensor) were
+    held for ever. Now that release holds the Op weakly: the destination
+    goes with the last reference and the store's close."""
+    run_child(url, """
+        import weakref
+        from ferry import kv as K
+        armed = False
+        def on_alarm(sig, frame):
+            if armed:
+                raise KeyboardInterrupt
+        signal.signal(signal.SIGALRM, on_alarm)
+        t = np.arange(64, dtype=np.int32) + 4600000
+        src = kv(64, 6)
+        window = 0
+        cur = l2_store()
+        assert cur.store(t, src) == 64
+        for r in range(400):
+            dst = torch.zeros_like(src)
+            gone = weakref.ref(dst)
+            op = cur.retrieve_async(t, dst)
+            signal.setitimer(signal.ITIMER_REAL, 0.000005 * (1 + r % 80))
+            try:
+                armed = True
+                op.free()
+                armed = False
+            except KeyboardInterrupt:
+                armed = False
+                window += op._guard.ended and not op._freed.is_set()
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            armed = False
+            del op, dst
+            gc.collect()
+            K._reap(block=True)   # (as the next call that moves KV, or close)
+            assert gone() is None, r   # the destination went with the op
+            assert not K._flying, (r, len(K._flying))
+        cur.close()
+        assert window > 0, window
+        print("ok", window)
+    """, pre=HANDLER_CLOSES.replace("TMP", repr(str(tmp_path))), timeout=150)
+
+
+def test_a_call_after_close_is_refused_at_once_while_another_thread_releases(url, tmp_path):
+    """A call made after close() is refused (FerryError EBADF) at once,
+    even while another thread's close is still releasing the store. Each
+    call out of an ended guard ran the release, waiting for the close's
+    lock: a thread inside an orphan op's release (its lock held: a store
+    op whose source moved deletes what it stored, a call on the store)
+    waited on the close, which waited on it to reap that orphan - for
+    ever. Now only a close made inside a call of its own thread leaves
+    the release to the calls out."""
+    run_child(url, """
+        from ferry import kv as K
+        t = np.arange(64, dtype=np.int32) + 4700000
+        src = kv(64, 7)
+        cur = store()
+        assert cur.store(t, src) == 64
+        dst = torch.zeros_like(src)
+        op = cur.retrieve_async(t, dst)
+        op.free = lambda: None   # (its free never made: an orphan once it goes)
+        flight = op._flight
+        del op
+        gc.collect()
+        assert flight.op() is None and not flight.freed.is_set()
+        holding, refused, out = threading.Event(), threading.Event(), []
+        def reaper():   # a thread inside the orphan's release (its lock held)
+            with flight.lock:
+                holding.set()
+                while not cur._guard.ended:   # (the close below has begun)
+                    pass
+                try:
+                    cur.lookup(t)   # (as the orphan's delete of what it stored)
+                except FerryError as e:
+                    out.append(e.code)
+                refused.set()
+        th = threading.Thread(target=reaper, daemon=True)
+        th.start()
+        assert holding.wait(10)
+        closer = threading.Thread(target=cur.close, daemon=True)
+        closer.start()
+        assert refused.wait(10), "the refused call waited on the close, which waited on it"
+        assert out == [-errno.EBADF], out
+        closer.join(10)
+        assert not closer.is_alive()
+        assert flight.freed.is_set()   # the close reaped the orphan
+        print("ok")
+    """, pre=HANDLER_CLOSES.replace("TMP", repr(str(tmp_path))), timeout=90)
+
+
+def test_an_orphan_whose_release_a_reap_came_inside_stays_to_be_reaped(url, tmp_path):
+    """A reap (a signal handler's call that moves KV, or its close) made
+    inside its own thread's release of an orphan op (the orphan's lock
+    that thread's): it leaves that release to go on, and the orphan
+    stayed out of the registry of orphans all the same; when an
+    interrupt then stopped the release, no reaper ever saw the orphan
+    again - its handle and buffers held for ever. Now it stays an orphan
+    until it is freed, and the next reap frees it."""
+    run_child(url, """
+        from ferry import kv as K
+        t = np.arange(64, dtype=np.int32) + 4800000
+        src = kv(64, 8)
+        cur = store()
+        assert cur.store(t, src) == 64
+        op = cur.retrieve_async(t, torch.zeros_like(src))
+        op.free = lambda: None   # (its free never made: an orphan once it goes)
+        flight = op._flight
+        del op
+        gc.collect()
+        assert flight.op() is None and not flight.freed.is_set()
+        with flight.lock:   # (this thread inside the orphan's release...)
+            K._reap(block=True)   # (...and a reap inside it: it goes on)
+        assert not flight.freed.is_set()   # (that release stopped there)
+        K._reap(block=True)
+        assert flight.freed.is_set() and flight not in K._flying
+        cur.close()
+        print("ok")
+    """, pre=HANDLER_CLOSES.replace("TMP", repr(str(tmp_path))), timeout=90)
+
+
+def test_device_memory_closes_its_device_once_whatever_interrupts_it():
+    """The device a closed store hands to its device_empty() tensors closes
+    with the last of them (_DeviceMemory's finalizer). A KeyboardInterrupt
+    as ferry_device_close returned (a signal that arrived during it)
+    skipped the line that forgot the handle: the holder still named the
+    closed device, for a second finalization to close again - a double
+    free. Now the close and the forgetting are one step. (The close is a
+    C stand-in, usleep, that the alarm interrupts: it lands as it returns.)"""
+    run_child("", """
+        import ctypes
+        from ferry import kv as K
+        hits = []
+        def on_alarm(sig, frame):
+            hits.append(sig)
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGALRM, on_alarm)
+        libc = ctypes.CDLL(None)
+        libc.usleep.argtypes = [ctypes.c_uint]
+        real = K.lib
+        class Lib:   # ferry_device_close(dev): C alone, 0.5 s unless interrupted
+            ferry_device_close = libc.usleep
+        K.lib = Lib
+        try:
+            hold = K._DeviceMemory()
+            hold.dev = 500000   # (the "handle" the stand-in closes)
+            signal.setitimer(signal.ITIMER_REAL, 0.02)
+            t0 = time.monotonic()
+            try:
+                hold.__del__()
+            except KeyboardInterrupt:
+                pass
+            took = time.monotonic() - t0
+        finally:
+            K.lib = real
+        assert hits and took < 0.4, (hits, took)   # (interrupted inside the close)
+        assert hold.dev is None, hold.dev   # closed once: nothing left to close again
+        print("ok")
+    """)
+
+
 # -- a daemon killed --------------------------------------------------------
 
 def test_a_daemon_killed_mid_retrieve_is_an_error_never_a_partial_hit(tmp_path):

@@ -146,6 +146,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from operator import itemgetter
 
 import numpy as np
@@ -171,6 +172,23 @@ _SKIPPABLE = {errors.ENOSPACE, errors.ELOCKED, -errno.ENOMEM}
 # closed backend or store still raises (EBADF: the owner closed it, and
 # no later call can succeed)
 _WARN_EVERY_S = 10.0
+# every backend of this process, by id (a backend need not hash): its locks
+# are renewed in a forked child
+_backends = weakref.WeakValueDictionary()
+
+
+def _after_fork_in_child():
+    # a thread of the parent's inside a backend's call at the fork (its
+    # _lock or _warn_lock held) is not in the child, where that lock stays
+    # held: the child's first call taking it hung for ever. Each backend
+    # gets locks of its own (its stores are the parent's: their calls
+    # refuse, naming the fork), as the adapters' store registry does
+    for b in list(_backends.values()):
+        b._lock = threading.Lock()
+        b._warn_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 # the extra-config settings ferry reads (SGLang reads none of them): any
 # other "ferry_" key is a misspelling, refused; the per-pool forms take a
 # pool name (PoolName's values) after the setting
@@ -573,6 +591,7 @@ class FerryHiCacheStorage(HiCacheStorage):
         self._opened = []     # (registry name, store) opened here
         self._lock = threading.Lock()
         self._warn_lock = threading.Lock()   # _warned_at, _rows_warned
+        _backends[id(self)] = self   # (a forked child renews both locks)
         self._warned_at = {}        # (pool, error code) -> _failed's last warning of it
         self._rows_warned = set()   # V4 row pools warned of host indices not their pages
         self._counts = {}
