@@ -509,16 +509,20 @@ static void transition_rows_count_the_same_narrow(void **state)
  * it) as the serial rule places them one at a time (SSE2): the same rows
  * at every step, on rows whose least counts come near the most a count
  * holds (one layer of 17 experts, all routed: a row's 16 lanes each gain
- * one a visit until the total halves them), on steps of more than 8
+ * one a visit until the total halves them; and 18 of 20 at random, so
+ * that a row's least count is one below the most with fewer lanes at it
+ * than newcomers, which the serial rule then gives to the first lane at
+ * the most, again and again, not one each), on steps of more than 8
  * newcomers a row (top_k 12 of 40: the first 8 in rounds) and on the
  * generator's DeepSeek-V3 */
 static void transition_rows_place_as_the_serial_rule(void **state)
 {
     (void)state;
-    static const uint32_t shapes[][4] = {{1, 17, 17, 33500}, {1, 40, 12, 3000}, {3, 33, 9, 1500}};
-    for (size_t i = 0; i < 4; i++) {
+    static const uint32_t shapes[][4] = {{1, 17, 17, 33500}, {1, 20, 18, 33500}, {1, 40, 12, 3000},
+                                         {3, 33, 9, 1500}};
+    for (size_t i = 0; i < 5; i++) {
         ferry_moe_trace *t;
-        if (i == 3) {
+        if (i == 4) {
             t = ft_moe_gen("deepseek-v3", 96, 5);
         } else {
             ferry_moe_model m = {.num_layers = shapes[i][0], .num_experts = shapes[i][1],
@@ -532,6 +536,8 @@ static void transition_rows_place_as_the_serial_rule(void **state)
                     r ^= r << 13, r ^= r >> 7, r ^= r << 17;
                     for (uint32_t j = 0; j < k; j++) /* k distinct (layer-local), drifting */
                         ex[j] = (uint32_t)(r % 5 + tk / 7 + j * (j < 4 ? 1 : 3)) % E;
+                    for (uint32_t j = 0; j < k && i == 1; j++) /* (or at random) */
+                        ex[j] = (uint32_t)((r >> (j % 48)) + 7 * j) % E;
                     for (uint32_t j = 1; j < k; j++)
                         for (o = 0; o < j; o++)
                             if (ex[o] == ex[j]) {
