@@ -509,16 +509,20 @@ static void transition_rows_count_the_same_narrow(void **state)
  * it) as the serial rule places them one at a time (SSE2): the same rows
  * at every step, on rows whose least counts come near the most a count
  * holds (one layer of 17 experts, all routed: a row's 16 lanes each gain
- * one a visit until the total halves them), on steps of more than 8
+ * one a visit until the total halves them; and 18 of 20 at random, so
+ * that a row's least count is one below the most with fewer lanes at it
+ * than newcomers, which the serial rule then gives to the first lane at
+ * the most, again and again, not one each), on steps of more than 8
  * newcomers a row (top_k 12 of 40: the first 8 in rounds) and on the
  * generator's DeepSeek-V3 */
 static void transition_rows_place_as_the_serial_rule(void **state)
 {
     (void)state;
-    static const uint32_t shapes[][4] = {{1, 17, 17, 33500}, {1, 40, 12, 3000}, {3, 33, 9, 1500}};
-    for (size_t i = 0; i < 4; i++) {
+    static const uint32_t shapes[][4] = {{1, 17, 17, 33500}, {1, 20, 18, 33500}, {1, 40, 12, 3000},
+                                         {3, 33, 9, 1500}};
+    for (size_t i = 0; i < 5; i++) {
         ferry_moe_trace *t;
-        if (i == 3) {
+        if (i == 4) {
             t = ft_moe_gen("deepseek-v3", 96, 5);
         } else {
             ferry_moe_model m = {.num_layers = shapes[i][0], .num_experts = shapes[i][1],
@@ -532,6 +536,8 @@ static void transition_rows_place_as_the_serial_rule(void **state)
                     r ^= r << 13, r ^= r >> 7, r ^= r << 17;
                     for (uint32_t j = 0; j < k; j++) /* k distinct (layer-local), drifting */
                         ex[j] = (uint32_t)(r % 5 + tk / 7 + j * (j < 4 ? 1 : 3)) % E;
+                    for (uint32_t j = 0; j < k && i == 1; j++) /* (or at random) */
+                        ex[j] = (uint32_t)((r >> (j % 48)) + 7 * j) % E;
                     for (uint32_t j = 1; j < k; j++)
                         for (o = 0; o < j; o++)
                             if (ex[o] == ex[j]) {
@@ -601,6 +607,63 @@ static void transition_keys_renumbered_decide_alike(void **state)
     ferry_moe_planner_destroy(a);
     ferry_moe_planner_destroy(b);
     ferry_moe_trace_destroy(t);
+}
+
+/* the keys renumbered at any step decide alike on odd shapes, the SSE2
+ * rows and scalar folds too: a planner whose clock is moved on to the
+ * top every few steps (a renumbering at the next filing or victim, most
+ * steps that evict) keeps the residents of one whose is not; 1 to 17
+ * experts a layer, more than 8 newcomers a visit, at the fewest slots a
+ * step takes, one more and half */
+static void transition_keys_renumbered_often_decide_alike(void **state)
+{
+    (void)state;
+    static const uint32_t shapes[][3] = {{3, 1, 1}, {3, 5, 2}, {1, 9, 1}, {3, 17, 17}, {2, 40, 12}};
+    for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {
+        ferry_moe_gen_options go = FERRY_MOE_GEN_OPTIONS_INIT;
+        go.tokens = 400;
+        go.seed = 3 + sh;
+        go.num_layers = shapes[sh][0];
+        go.num_experts = shapes[sh][1];
+        go.top_k = shapes[sh][2];
+        ferry_moe_trace *t = NULL;
+        FT_ASSERT_OK(ferry_moe_trace_generate(&go, &t));
+        uint32_t ids = go.num_layers * go.num_experts, k = go.top_k;
+        uint32_t budgets[] = {k, k + 1 < ids ? k + 1 : ids, (ids + k) / 2};
+        for (size_t bi = 0; bi < 3; bi++)
+            for (int narrow = 0; narrow < 2; narrow++) {
+                ferry__transition_narrow = narrow;
+                ferry_moe_planner *a = ft_moe_planner(t, "transition", budgets[bi]);
+                ferry_moe_planner *b = ft_moe_planner(t, "transition", budgets[bi]);
+                ferry__transition_narrow = 0;
+                ferry__policy *pb = (ferry__policy *)ferry__planner_policy(b);
+                size_t n = ferry_moe_trace_steps(t), renumbered = 0;
+                for (size_t i = 0; i < n; i++) {
+                    uint32_t tok, layer, kk;
+                    const uint32_t *ex;
+                    FT_ASSERT_OK(ferry_moe_trace_step(t, i, &tok, &layer, &ex, &kk));
+                    if (i % 5 == 0)
+                        ferry__transition_clock(pb, INT32_MAX - 1 - (uint32_t)(i % 3));
+                    uint32_t before = ferry__transition_clock(pb, 0);
+                    FT_ASSERT_OK(ferry_moe_planner_ensure(a, layer, ex, kk, NULL, NULL, NULL));
+                    FT_ASSERT_OK(ferry_moe_planner_ensure(b, layer, ex, kk, NULL, NULL, NULL));
+                    renumbered += ferry__transition_clock(pb, 0) < before;
+                    for (uint32_t v = 0; v < budgets[bi]; v++)
+                        if (ferry_moe_planner_occupant(a, v) != ferry_moe_planner_occupant(b, v))
+                            fail_msg("%u x %u top-%u, %u slots%s, step %zu: slot %u holds %u, "
+                                     "renumbered %u", go.num_layers, go.num_experts, k, budgets[bi],
+                                     narrow ? " (narrow)" : "", i, v, ferry_moe_planner_occupant(a, v),
+                                     ferry_moe_planner_occupant(b, v));
+                }
+                print_message("%u x %u top-%u, %u slots%s: %zu renumberings\n", go.num_layers,
+                              go.num_experts, k, budgets[bi], narrow ? " (narrow)" : "", renumbered);
+                if (budgets[bi] < ids) /* (every fifth step moves the clock) */
+                    assert_true(renumbered > 0);
+                ferry_moe_planner_destroy(a);
+                ferry_moe_planner_destroy(b);
+            }
+        ferry_moe_trace_destroy(t);
+    }
 }
 
 /* step by step, a planner whose rows and folds are SSE2's and scalar
@@ -693,6 +756,7 @@ int main(void)
         cmocka_unit_test(transition_narrow_keeps_the_same_cells),
         cmocka_unit_test(transition_rows_place_as_the_serial_rule),
         cmocka_unit_test(transition_keys_renumbered_decide_alike),
+        cmocka_unit_test(transition_keys_renumbered_often_decide_alike),
         cmocka_unit_test(transition_decides_alike_past_2_to_the_32_visits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
