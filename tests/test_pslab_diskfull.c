@@ -635,6 +635,36 @@ static void test_an_l2_larger_than_the_free_space_takes_no_block(void **state)
     ft_rmtree(d);
 }
 
+/* a posix engine and the file `name` in directory d, with a system
+ * table whose fallocate takes no block (the disk is shared): set it with
+ * ferry__sys_set(&t->noted) around the call under test */
+typedef struct {
+    ferry_io *io;
+    ferry_file *f;
+    ferry__sys noted;
+} noted_file;
+
+static void noted_file_open(noted_file *t, const char *d, const char *name)
+{
+    ferry_io_options o = FERRY_IO_OPTIONS_INIT;
+    o.engine = "posix";
+    t->io = NULL;
+    FT_ASSERT_OK(ferry_io_open(&o, &t->io));
+    char path[300];
+    snprintf(path, sizeof path, "%s/%s", d, name);
+    t->f = NULL;
+    FT_ASSERT_OK(ferry_file_open(t->io, path,
+                                 FERRY_FILE_READ | FERRY_FILE_WRITE | FERRY_FILE_CREATE, &t->f));
+    t->noted = *ferry__sys_default();
+    t->noted.fallocate = noted_fallocate;
+}
+
+static void noted_file_close(noted_file *t)
+{
+    ferry_file_close(t->f);
+    ferry_io_close(t->io);
+}
+
 /* root writes into the blocks an ext4 keeps for it (5% by default; this
  * machine's / keeps more than half its free space): an allocate that only
  * they hold room for worked, and must not be refused as "no free space".
@@ -651,30 +681,19 @@ static void test_root_may_allocate_into_the_reserved_blocks(void **state)
         ft_rmtree(d);
         skip(); /* not root, or no reserve of 2 GiB to speak of */
     }
-    ferry_io_options o = FERRY_IO_OPTIONS_INIT;
-    o.engine = "posix";
-    ferry_io *io = NULL;
-    FT_ASSERT_OK(ferry_io_open(&o, &io));
-    char path[300];
-    snprintf(path, sizeof path, "%s/reserve.bin", d);
-    ferry_file *f = NULL;
-    FT_ASSERT_OK(ferry_file_open(io, path, FERRY_FILE_READ | FERRY_FILE_WRITE | FERRY_FILE_CREATE,
-                                 &f));
-    static ferry__sys noted;
-    noted = *ferry__sys_default();
-    noted.fallocate = noted_fallocate; /* takes no block: the disk is shared */
+    static noted_file t;
+    noted_file_open(&t, d, "reserve.bin");
     uint64_t len = avail + (1ull << 30);
     g_asked = 0;
-    ferry__sys_set(&noted);
-    int rc = ferry_file_allocate(f, 0, len);
+    ferry__sys_set(&t.noted);
+    int rc = ferry_file_allocate(t.f, 0, len);
     ferry__sys_set(NULL);
     if (g_asked != len)
         fail_msg("root, %llu bytes available to others, %llu free: an allocate of %llu was "
                  "refused before fallocate (%d, '%s')",
                  (unsigned long long)avail, (unsigned long long)fr, (unsigned long long)len, rc,
                  ferry_last_error());
-    ferry_file_close(f);
-    ferry_io_close(io);
+    noted_file_close(&t);
     ft_rmtree(d);
 }
 
@@ -718,18 +737,8 @@ static void test_a_user_namespaces_root_keeps_out_of_the_reserve(void **state)
         ft_rmtree(d);
         skip(); /* not root, or no reserve of 2 GiB to speak of */
     }
-    ferry_io_options o = FERRY_IO_OPTIONS_INIT;
-    o.engine = "posix";
-    ferry_io *io = NULL;
-    FT_ASSERT_OK(ferry_io_open(&o, &io));
-    char path[300];
-    snprintf(path, sizeof path, "%s/reserve.bin", d);
-    ferry_file *f = NULL;
-    FT_ASSERT_OK(ferry_file_open(io, path, FERRY_FILE_READ | FERRY_FILE_WRITE | FERRY_FILE_CREATE,
-                                 &f));
-    static ferry__sys noted;
-    noted = *ferry__sys_default();
-    noted.fallocate = noted_fallocate; /* takes no block: the disk is shared */
+    static noted_file t;
+    noted_file_open(&t, d, "reserve.bin");
     uint64_t len = avail + (1ull << 30);
     pid_t pid = fork();
     assert_true(pid >= 0);
@@ -737,14 +746,13 @@ static void test_a_user_namespaces_root_keeps_out_of_the_reserve(void **state)
         if (become_namespace_root(65534) != 0)
             _exit(3); /* (no user namespaces here) */
         g_asked = 0;
-        ferry__sys_set(&noted);
-        int rc = ferry_file_allocate(f, 0, len);
+        ferry__sys_set(&t.noted);
+        int rc = ferry_file_allocate(t.f, 0, len);
         _exit(rc == -ENOSPC && g_asked == 0 ? 0 : g_asked ? 1 : 2);
     }
     int st = 0;
     assert_int_equal(waitpid(pid, &st, 0), pid);
-    ferry_file_close(f);
-    ferry_io_close(io);
+    noted_file_close(&t);
     ft_rmtree(d);
     assert_true(WIFEXITED(st));
     if (WEXITSTATUS(st) == 3)
@@ -829,25 +837,15 @@ static void test_btrfs_free_blocks_are_no_root_reserve(void **state)
     (void)state;
     char d[256];
     assert_non_null(ft_tmpdir(d, sizeof d));
-    ferry_io_options o = FERRY_IO_OPTIONS_INIT;
-    o.engine = "posix";
-    ferry_io *io = NULL;
-    FT_ASSERT_OK(ferry_io_open(&o, &io));
-    char path[300];
-    snprintf(path, sizeof path, "%s/btrfs.bin", d);
-    ferry_file *f = NULL;
-    FT_ASSERT_OK(ferry_file_open(io, path, FERRY_FILE_READ | FERRY_FILE_WRITE | FERRY_FILE_CREATE,
-                                 &f));
-    static ferry__sys noted;
-    noted = *ferry__sys_default();
-    noted.fallocate = noted_fallocate; /* takes no block */
+    static noted_file t;
+    noted_file_open(&t, d, "btrfs.bin");
     const unsigned long types[2] = {0x9123683EUL /* btrfs */, 0xEF53UL /* ext4 */};
     for (int k = 0; k < 2; k++) {
         g_fs_type = types[k];
         g_asked = 0;
         atomic_store(&ferry__test_fstatfs, fake_fstatfs);
-        ferry__sys_set(&noted);
-        int rc = ferry_file_allocate(f, 0, 2ull << 30);
+        ferry__sys_set(&t.noted);
+        int rc = ferry_file_allocate(t.f, 0, 2ull << 30);
         ferry__sys_set(NULL);
         atomic_store(&ferry__test_fstatfs, NULL);
         if (k == 0 && (rc != -ENOSPC || g_asked || !strstr(ferry_last_error(), "1073741824")))
@@ -859,8 +857,7 @@ static void test_btrfs_free_blocks_are_no_root_reserve(void **state)
                      "2 GiB: %d, fallocate asked %llu",
                      ferry__host_root() ? "as" : "not as", rc, (unsigned long long)g_asked);
     }
-    ferry_file_close(f);
-    ferry_io_close(io);
+    noted_file_close(&t);
     ft_rmtree(d);
 }
 
